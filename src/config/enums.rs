@@ -1,0 +1,169 @@
+//! Small closed vocabularies of the configuration (serde names follow Megatron-LM where it has one).
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// Defines a kebab/snake-named enum with serde, Display and FromStr that agree on the names.
+macro_rules! named_enum {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        pub enum $name {
+            $($(#[$vmeta])* #[serde(rename = $text)] $variant),+
+        }
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+            /// The configuration-file spelling.
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+        }
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result { f.write_str(self.as_str()) }
+        }
+        impl FromStr for $name {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    _ => Err(format!(
+                        "unknown value '{s}' (expected one of: {})",
+                        [$($text),+].join(", ")
+                    )),
+                }
+            }
+        }
+    };
+}
+
+named_enum!(
+    /// Pipeline schedule. Stages are numbered globally 0..pp*vpp-1.
+    ScheduleKind {
+        /// All forwards, then all backwards (Huang et al. 2019, GPipe).
+        Gpipe => "gpipe",
+        /// One-forward-one-backward (PipeDream-Flush; Narayanan et al. 2021).
+        OneFOneB => "1f1b",
+        /// Megatron-LM's interleaved 1F1B with `vpp` model chunks per rank.
+        Interleaved1F1B => "interleaved-1f1b",
+        /// Zero-bubble ZB-H1 (Qi et al. 2024): backward split into input (I) and weight (W) gradients.
+        ZbH1 => "zb-h1",
+        /// Zero-bubble ZB-V (Qi et al. 2024): two chunks per rank in a V shape.
+        ZbV => "zb-v",
+        /// DeepSeek's DualPipe, V-shaped single-direction form (DualPipeV).
+        DualPipeV => "dualpipe-v",
+    }
+);
+
+named_enum!(
+    /// How context-parallel ranks exchange keys and values.
+    CpComm {
+        /// Ring attention with a contiguous sequence split (Liu et al. 2023, Ring Attention).
+        P2p => "p2p",
+        /// Ring attention with the load-balanced zigzag split (2*cp chunks).
+        Zigzag => "zigzag",
+        /// All-gather K/V before attention, reduce-scatter dK/dV after (Megatron's all-gather CP).
+        Allgather => "allgather",
+        /// DeepSpeed-Ulysses all-to-all of Q/K/V and output (needs heads divisible by cp).
+        A2a => "a2a",
+    }
+);
+
+named_enum!(
+    /// Numeric type of weights and activations during the step.
+    Precision {
+        Bf16 => "bf16",
+        Fp16 => "fp16",
+        /// FP8 matmuls (Transformer Engine): bf16 weights kept, linear inputs saved in 1 byte.
+        Fp8 => "fp8",
+        Fp32 => "fp32",
+    }
+);
+
+named_enum!(
+    /// Element type of a stored buffer.
+    Dtype {
+        Fp32 => "fp32",
+        Bf16 => "bf16",
+        Fp16 => "fp16",
+        Fp8 => "fp8",
+    }
+);
+
+impl Dtype {
+    /// Bytes per element.
+    pub fn bytes(self) -> u64 {
+        match self {
+            Dtype::Fp32 => 4,
+            Dtype::Bf16 | Dtype::Fp16 => 2,
+            Dtype::Fp8 => 1,
+        }
+    }
+}
+
+named_enum!(
+    /// Activation recomputation (Korthikanti et al. 2022).
+    Recompute {
+        None => "none",
+        /// Recompute the core attention only (softmax, dropout, attention over V).
+        Selective => "selective",
+        /// Recompute whole layers from their saved inputs.
+        Full => "full",
+    }
+);
+
+named_enum!(
+    /// How attention FLOPs are counted for model FLOPs.
+    FlopsAttention {
+        /// Half of the s x s scores for a causal mask (Megatron-LM's current accounting).
+        Causal => "causal",
+        /// All s x s scores (Narayanan et al. 2021; PaLM's MFU).
+        Full => "full",
+    }
+);
+
+named_enum!(
+    /// MLP non-linearity.
+    Activation {
+        Swiglu => "swiglu",
+        Gelu => "gelu",
+    }
+);
+
+named_enum!(
+    /// Normalisation layer.
+    Normalization {
+        Rmsnorm => "rmsnorm",
+        Layernorm => "layernorm",
+    }
+);
+
+named_enum!(
+    /// Position embedding.
+    PositionEmbedding {
+        /// Rotary (Su et al. 2021): no parameters.
+        Rope => "rope",
+        /// Learned absolute positions (GPT-2/3): max_position_embeddings x hidden parameters.
+        Learned => "learned",
+        None => "none",
+    }
+);
+
+named_enum!(
+    /// Full fine-tuning / pre-training, or LoRA adapters on frozen base weights (Hu et al. 2021).
+    TrainingMode {
+        Full => "full",
+        Lora => "lora",
+    }
+);
+
+named_enum!(
+    /// Linear projections that LoRA adapters can target.
+    LoraTarget {
+        Qkv => "qkv",
+        Proj => "proj",
+        Fc1 => "fc1",
+        Fc2 => "fc2",
+    }
+);

@@ -1,0 +1,9 @@
+//! parsim: plans the parallel layout of large-language-model training.
+//!
+//! One configuration (model, cluster, parallel mix, training settings) goes in; out come
+//! parameter counts, FLOPs, per-GPU memory, communication, a pipeline timeline and a step
+//! time. Every figure is a sum over one op ledger ([`model`]).
+
+pub mod config;
+pub mod report;
+pub mod schedule;

@@ -1,0 +1,17 @@
+//! The `parsim` binary: parses the command line, runs it, and turns errors into a message
+//! with its cause chain and a nonzero exit code.
+
+mod cli;
+
+use clap::Parser;
+
+fn main() {
+    let parsed = cli::Cli::parse();
+    if let Err(err) = cli::run(parsed) {
+        eprintln!("error: {err}");
+        for cause in err.chain().skip(1) {
+            eprintln!("  caused by: {cause}");
+        }
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,1 @@
+//! Human tables, JSON, SVG/PNG charts (plotters) and Chrome-trace timelines.

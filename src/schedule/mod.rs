@@ -1,0 +1,3 @@
+//! Pipeline schedules as per-rank action lists, and an event simulator that plays them.
+
+pub use crate::config::ScheduleKind;
