@@ -5,5 +5,6 @@
 //! time. Every figure is a sum over one op ledger ([`model`]).
 
 pub mod config;
+pub mod layout;
 pub mod report;
 pub mod schedule;

@@ -1,6 +1,165 @@
 //! Configuration: model, cluster, parallel mix and training settings (serde), presets,
 //! Hugging Face `config.json` import, GPU profiles and validation.
+//!
+//! Loading is layered: built-in defaults, then a model base (preset or HF config), then the
+//! file, then command-line overrides; the merged document is deserialized once, so type errors
+//! name the field. [`Config::resolve`] validates the result into a [`Resolved`] configuration.
 
+mod cluster;
 mod enums;
+mod error;
+mod gpu;
+pub mod hf;
+pub mod load;
+mod model;
+mod parallel;
+pub mod presets;
+mod resolve;
+mod training;
+mod validate;
 
+pub use cluster::ClusterConfig;
 pub use enums::*;
+pub use error::{ConfigError, Violation};
+pub use gpu::{Efficiency, GpuProfile, Link, Links, PeakFlops};
+pub use model::{MlaConfig, ModelConfig};
+pub use parallel::ParallelConfig;
+pub use resolve::{PipelinePlacement, Resolved};
+pub use training::{LoraConfig, TrainingConfig};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// A whole configuration. Every field has a default: Llama-3-8B, seq 8192, 8 x H100 SXM,
+/// TP 2 with SP, DP 4, ZeRO-1, micro batch 1, global batch 64, selective recompute.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub model: ModelConfig,
+    #[serde(default)]
+    pub cluster: ClusterConfig,
+    #[serde(default)]
+    pub parallel: ParallelConfig,
+    #[serde(default)]
+    pub training: TrainingConfig,
+}
+
+/// One layer of configuration input: a document and where it came from.
+#[derive(Debug, Clone)]
+pub struct Layer {
+    /// Shown in errors (a file path, or "command line").
+    pub origin: String,
+    /// Directory that relative paths in the document (e.g. `model.hf_config`) are relative to.
+    pub base_dir: Option<PathBuf>,
+    pub value: Value,
+}
+
+impl Layer {
+    /// A layer read from a TOML or JSON file.
+    pub fn from_file(path: &Path) -> Result<Layer, ConfigError> {
+        Ok(Layer {
+            origin: path.display().to_string(),
+            base_dir: path.parent().map(Path::to_path_buf),
+            value: load::parse_document_file(path)?,
+        })
+    }
+
+    /// A layer of command-line overrides (an object shaped like the file).
+    pub fn overrides(value: Value) -> Layer {
+        Layer {
+            origin: "command line".into(),
+            base_dir: None,
+            value,
+        }
+    }
+}
+
+/// Where the model's base shape comes from.
+enum ModelBase {
+    Preset(String),
+    HfConfig(PathBuf),
+}
+
+impl Config {
+    /// Merges layers over the defaults. A layer whose `[model]` names `preset` or `hf_config`
+    /// restarts the model from that base: model fields of earlier layers are dropped, its own
+    /// and later layers' model fields apply on top.
+    pub fn from_layers(layers: &[Layer]) -> Result<Config, ConfigError> {
+        let mut base: Option<ModelBase> = None;
+        let mut start = 0;
+        for (i, layer) in layers.iter().enumerate() {
+            let Some(model) = layer.value.get("model") else {
+                continue;
+            };
+            if let Some(p) = model.get("preset") {
+                let name = p.as_str().ok_or_else(|| ConfigError::Field {
+                    origin: layer.origin.clone(),
+                    field: "model.preset".into(),
+                    message: "must be a string".into(),
+                })?;
+                base = Some(ModelBase::Preset(name.to_string()));
+                start = i;
+            }
+            if let Some(p) = model.get("hf_config") {
+                let path = p.as_str().ok_or_else(|| ConfigError::Field {
+                    origin: layer.origin.clone(),
+                    field: "model.hf_config".into(),
+                    message: "must be a path string".into(),
+                })?;
+                let path = match &layer.base_dir {
+                    Some(dir) if Path::new(path).is_relative() => dir.join(path),
+                    _ => PathBuf::from(path),
+                };
+                base = Some(ModelBase::HfConfig(path));
+                start = i;
+            }
+        }
+        let model = match base {
+            None => ModelConfig::default(),
+            Some(ModelBase::Preset(name)) => {
+                presets::preset(&name).ok_or_else(|| ConfigError::UnknownName {
+                    field: "model.preset",
+                    value: name,
+                    known: presets::PRESET_NAMES.join(", "),
+                    hint: "or give the model's fields, or --model-config HF_CONFIG_JSON",
+                })?
+            }
+            Some(ModelBase::HfConfig(path)) => hf::import_file(&path)?,
+        };
+        let defaults = Config {
+            model,
+            ..Config::default()
+        };
+        let mut merged = serde_json::to_value(&defaults).expect("config serializes");
+        for (i, layer) in layers.iter().enumerate() {
+            let mut v = layer.value.clone();
+            if let Some(obj) = v.as_object_mut() {
+                if i < start {
+                    obj.remove("model");
+                } else if let Some(Value::Object(m)) = obj.get_mut("model") {
+                    m.remove("preset");
+                    m.remove("hf_config");
+                }
+            }
+            load::merge(&mut merged, v);
+        }
+        let origin = layers
+            .iter()
+            .map(|l| l.origin.as_str())
+            .collect::<Vec<_>>()
+            .join(" + ");
+        let origin = if origin.is_empty() {
+            "defaults".to_string()
+        } else {
+            origin
+        };
+        load::from_value(merged, &origin)
+    }
+
+    /// Serializes as TOML (the CLI's file format).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("config serializes to TOML")
+    }
+}

@@ -1,0 +1,22 @@
+//! The cluster: which GPU, how many, how many per node.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// A profile name from calibration/ (e.g. `h100-sxm`) or a path to a profile TOML.
+    pub gpu: String,
+    pub num_gpus: u32,
+    pub gpus_per_node: u32,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            gpu: "h100-sxm".into(),
+            num_gpus: 8,
+            gpus_per_node: 8,
+        }
+    }
+}

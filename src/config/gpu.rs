@@ -1,0 +1,165 @@
+//! Hardware profiles: peak rates, memory, links and efficiencies of one GPU kind, loaded from
+//! the TOML files shipped in calibration/ (embedded in the binary) or from a user's file.
+
+use super::enums::Precision;
+use super::error::ConfigError;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Dense tensor-core peak rates in FLOP/s per dtype. `fp32` is the TF32 rate used for fp32 matmuls.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeakFlops {
+    pub bf16: f64,
+    pub fp16: f64,
+    /// `None` on GPUs without FP8 tensor cores.
+    pub fp8: Option<f64>,
+    pub fp32: f64,
+}
+
+/// One class of link (NVLink inside a node, the network across nodes).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Link {
+    /// Per GPU, per direction.
+    pub bandwidth_bytes_per_s: f64,
+    pub latency_s: f64,
+    /// Achieved fraction of the bandwidth for large messages.
+    pub efficiency: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Links {
+    pub intra_node: Link,
+    pub inter_node: Link,
+}
+
+/// Achieved fractions of peak (fitted by calibration).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Efficiency {
+    pub matmul: f64,
+    pub attention: f64,
+    pub memory_bound: f64,
+}
+
+/// A GPU kind's profile (DESIGN.md, Calibration).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuProfile {
+    pub name: String,
+    pub description: String,
+    /// Device memory as the driver reports it.
+    pub memory_bytes: u64,
+    /// Memory outside tensors: CUDA context, library workspaces.
+    pub runtime_overhead_bytes: u64,
+    pub hbm_bytes_per_s: f64,
+    pub peak_flops: PeakFlops,
+    pub links: Links,
+    pub efficiency: Efficiency,
+    /// Field (or group of fields) -> where its value comes from.
+    #[serde(default)]
+    pub provenance: BTreeMap<String, String>,
+}
+
+/// The profiles shipped in calibration/, embedded so the binary works from any directory.
+const SHIPPED: &[(&str, &str)] = &[
+    ("a100-40g", include_str!("../../calibration/a100-40g.toml")),
+    ("a100-80g", include_str!("../../calibration/a100-80g.toml")),
+    ("h100-sxm", include_str!("../../calibration/h100-sxm.toml")),
+    ("h200", include_str!("../../calibration/h200.toml")),
+    ("b200", include_str!("../../calibration/b200.toml")),
+    ("mi300x", include_str!("../../calibration/mi300x.toml")),
+];
+
+impl GpuProfile {
+    /// Names of the shipped profiles.
+    pub fn shipped_names() -> Vec<&'static str> {
+        SHIPPED.iter().map(|(n, _)| *n).collect()
+    }
+
+    /// A shipped profile by name, or a profile file when `name_or_path` ends in `.toml` or
+    /// names an existing file.
+    pub fn load(name_or_path: &str) -> Result<GpuProfile, ConfigError> {
+        if let Some((_, text)) = SHIPPED.iter().find(|(n, _)| *n == name_or_path) {
+            return Self::parse(text, name_or_path);
+        }
+        let path = Path::new(name_or_path);
+        if name_or_path.ends_with(".toml") || path.is_file() {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+                path: path.display().to_string(),
+                source,
+            })?;
+            return Self::parse(&text, name_or_path);
+        }
+        Err(ConfigError::UnknownName {
+            field: "cluster.gpu",
+            value: name_or_path.to_string(),
+            known: Self::shipped_names().join(", "),
+            hint: "or give the path of a profile TOML file",
+        })
+    }
+
+    /// Parses profile TOML; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<GpuProfile, ConfigError> {
+        let profile: GpuProfile = super::load::parse_toml_typed(text, origin)?;
+        profile.check(origin)?;
+        Ok(profile)
+    }
+
+    /// Rejects non-positive or non-finite rates and sizes.
+    fn check(&self, origin: &str) -> Result<(), ConfigError> {
+        let positive = [
+            ("hbm_bytes_per_s", self.hbm_bytes_per_s),
+            ("peak_flops.bf16", self.peak_flops.bf16),
+            ("peak_flops.fp16", self.peak_flops.fp16),
+            ("peak_flops.fp32", self.peak_flops.fp32),
+            (
+                "links.intra_node.bandwidth_bytes_per_s",
+                self.links.intra_node.bandwidth_bytes_per_s,
+            ),
+            (
+                "links.inter_node.bandwidth_bytes_per_s",
+                self.links.inter_node.bandwidth_bytes_per_s,
+            ),
+            ("efficiency.matmul", self.efficiency.matmul),
+            ("efficiency.attention", self.efficiency.attention),
+            ("efficiency.memory_bound", self.efficiency.memory_bound),
+            (
+                "links.intra_node.efficiency",
+                self.links.intra_node.efficiency,
+            ),
+            (
+                "links.inter_node.efficiency",
+                self.links.inter_node.efficiency,
+            ),
+        ];
+        for (field, v) in positive {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(ConfigError::Profile {
+                    origin: origin.to_string(),
+                    message: format!("{field} must be a positive finite number, got {v}"),
+                });
+            }
+        }
+        if self.memory_bytes == 0 {
+            return Err(ConfigError::Profile {
+                origin: origin.to_string(),
+                message: "memory_bytes must be positive".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Dense peak FLOP/s for the matmul dtype of `precision`, if the GPU has it.
+    pub fn peak_flops_for(&self, precision: Precision) -> Option<f64> {
+        match precision {
+            Precision::Bf16 => Some(self.peak_flops.bf16),
+            Precision::Fp16 => Some(self.peak_flops.fp16),
+            Precision::Fp8 => self.peak_flops.fp8,
+            Precision::Fp32 => Some(self.peak_flops.fp32),
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! The model architecture: a decoder-only transformer, dense or mixture-of-experts, with
+//! MHA, GQA or multi-head latent attention (MLA, DeepSeek-V2/V3).
+
+use super::enums::{Activation, Normalization, PositionEmbedding};
+use serde::{Deserialize, Serialize};
+
+/// Multi-head latent attention (DeepSeek-V2, "DeepSeek-V2: A Strong, Economical, and Efficient
+/// Mixture-of-Experts Language Model"): low-rank compressed queries and a joint low-rank KV
+/// latent, with a decoupled rotary part of the query/key heads.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MlaConfig {
+    /// Rank of the query compression (0 = plain `hidden -> heads x qk_head_dim` projection).
+    pub q_lora_rank: u64,
+    /// Rank of the joint key/value latent.
+    pub kv_lora_rank: u64,
+    /// Per-head query/key dimension without rotary.
+    pub qk_nope_head_dim: u64,
+    /// Per-head rotary query/key dimension (the rotary key is shared by all heads).
+    pub qk_rope_head_dim: u64,
+    /// Per-head value dimension.
+    pub v_head_dim: u64,
+}
+
+impl MlaConfig {
+    /// Query/key head dimension seen by the attention core.
+    pub fn qk_head_dim(&self) -> u64 {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+}
+
+/// The architecture. Field names follow Megatron-LM's arguments.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// A display name (the preset's, or the imported config's architecture).
+    pub name: String,
+    pub num_layers: u32,
+    pub hidden_size: u64,
+    pub num_attention_heads: u32,
+    /// Key/value heads (GQA); equal to the attention heads for MHA.
+    pub num_query_groups: u32,
+    /// Per-head dimension; `None` means hidden_size / num_attention_heads.
+    pub kv_channels: Option<u64>,
+    /// Dense MLP intermediate size.
+    pub ffn_hidden_size: u64,
+    /// Unpadded vocabulary size.
+    pub vocab_size: u64,
+    /// Megatron's `--make-vocab-size-divisible-by N`: pad the vocabulary to a multiple of
+    /// N x TP. 1 means no padding (the most loaded TP rank holds ceil(V/TP) rows).
+    pub make_vocab_size_divisible_by: u64,
+    pub max_position_embeddings: u64,
+    pub position_embedding: PositionEmbedding,
+    pub activation: Activation,
+    pub normalization: Normalization,
+    /// Biases on every linear layer (GPT-2/3).
+    pub add_bias_linear: bool,
+    /// Biases on the QKV projection only (Qwen2).
+    pub add_qkv_bias: bool,
+    pub tied_embeddings: bool,
+    /// Dropout after attention/MLP and on embeddings; 0 stores no masks.
+    pub hidden_dropout: f64,
+    /// Dropout on the attention probabilities; 0 stores no mask.
+    pub attention_dropout: f64,
+    /// Multi-head latent attention; `None` for MHA/GQA.
+    pub mla: Option<MlaConfig>,
+    /// Routed experts per MoE layer (0 = dense model).
+    pub num_experts: u32,
+    pub moe_router_topk: u32,
+    /// Intermediate size of one routed expert.
+    pub moe_ffn_hidden_size: u64,
+    /// Intermediate size of the shared experts together (0 = none); DeepSeek's
+    /// n_shared_experts x moe_intermediate_size.
+    pub moe_shared_expert_intermediate_size: u64,
+    /// The first k layers are dense (DeepSeek-V3: 3).
+    pub moe_first_k_dense: u32,
+    /// Router carries a per-expert score-correction bias (DeepSeek-V3's aux-loss-free balancing).
+    pub moe_router_bias: bool,
+    /// Tokens of the hottest expert relative to a uniform share (1.0 = perfectly balanced).
+    pub moe_load_imbalance: f64,
+    /// Multi-token-prediction modules (DeepSeek-V3); placed on the last pipeline stage.
+    pub mtp_num_layers: u32,
+}
+
+impl Default for ModelConfig {
+    /// Llama-3-8B (Meta, "The Llama 3 Herd of Models", Table 3).
+    fn default() -> Self {
+        ModelConfig {
+            name: "llama3-8b".into(),
+            num_layers: 32,
+            hidden_size: 4096,
+            num_attention_heads: 32,
+            num_query_groups: 8,
+            kv_channels: None,
+            ffn_hidden_size: 14336,
+            vocab_size: 128256,
+            make_vocab_size_divisible_by: 1,
+            max_position_embeddings: 8192,
+            position_embedding: PositionEmbedding::Rope,
+            activation: Activation::Swiglu,
+            normalization: Normalization::Rmsnorm,
+            add_bias_linear: false,
+            add_qkv_bias: false,
+            tied_embeddings: false,
+            hidden_dropout: 0.0,
+            attention_dropout: 0.0,
+            mla: None,
+            num_experts: 0,
+            moe_router_topk: 0,
+            moe_ffn_hidden_size: 0,
+            moe_shared_expert_intermediate_size: 0,
+            moe_first_k_dense: 0,
+            moe_router_bias: false,
+            moe_load_imbalance: 1.0,
+            mtp_num_layers: 0,
+        }
+    }
+}
+
+impl ModelConfig {
+    /// Per-head dimension of queries and keys (and values, outside MLA).
+    pub fn head_dim(&self) -> u64 {
+        self.kv_channels
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1) as u64)
+    }
+
+    /// True when the model has routed experts.
+    pub fn is_moe(&self) -> bool {
+        self.num_experts > 0
+    }
+
+    /// True when layer `layer` (0-based) is a mixture-of-experts layer.
+    pub fn is_moe_layer(&self, layer: u32) -> bool {
+        self.is_moe() && layer >= self.moe_first_k_dense
+    }
+
+    /// Number of MoE layers among the decoder layers.
+    pub fn num_moe_layers(&self) -> u32 {
+        if self.is_moe() {
+            self.num_layers.saturating_sub(self.moe_first_k_dense)
+        } else {
+            0
+        }
+    }
+
+    /// Vocabulary rows after Megatron's padding to a multiple of N x TP (N = 1: none).
+    pub fn padded_vocab_size(&self, tp: u32) -> u64 {
+        let n = self.make_vocab_size_divisible_by;
+        if n <= 1 {
+            return self.vocab_size;
+        }
+        let multiple = n * tp as u64;
+        self.vocab_size.div_ceil(multiple) * multiple
+    }
+}

@@ -1,0 +1,70 @@
+//! The parallel mix: tensor, sequence, context, pipeline, data (with ZeRO) and expert parallelism.
+
+use super::enums::{CpComm, ScheduleKind};
+use serde::{Deserialize, Serialize};
+
+/// How the model and the batch are split over the GPUs. World = tp x cp x pp x dp; ep folds into dp.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParallelConfig {
+    /// Tensor parallel degree (Megatron column/row split of the linear layers).
+    pub tp: u32,
+    /// Sequence parallelism with TP (Korthikanti et al. 2022); turned off when tp = 1.
+    pub sp: bool,
+    /// Context parallel degree (every activation split along the sequence).
+    pub cp: u32,
+    pub cp_comm: CpComm,
+    /// Pipeline parallel degree.
+    pub pp: u32,
+    /// Virtual pipeline stages (model chunks) per pipeline rank.
+    pub vpp: u32,
+    pub schedule: ScheduleKind,
+    /// Expert parallel degree (divides dp x cp... here: dp, as Megatron folds EP into DP).
+    pub ep: u32,
+    /// Tensor parallel degree of the routed experts; `None` = 1 (Megatron's MoE recipes
+    /// use expert TP 1 with EP).
+    pub expert_tp: Option<u32>,
+    /// ZeRO stage: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters.
+    pub zero: u8,
+    /// Data parallel degree; `None` = derived from the GPU count.
+    pub dp: Option<u32>,
+    /// Rank order, fastest-varying first (Megatron: tp-cp-ep-dp-pp).
+    pub order: String,
+    /// Megatron's `--decoder-first-pipeline-num-layers`: layers on the first pipeline stage.
+    pub first_stage_layers: Option<u32>,
+    /// Megatron's `--decoder-last-pipeline-num-layers`: layers on the last pipeline stage.
+    pub last_stage_layers: Option<u32>,
+}
+
+impl Default for ParallelConfig {
+    fn default() -> Self {
+        ParallelConfig {
+            tp: 2,
+            sp: true,
+            cp: 1,
+            cp_comm: CpComm::P2p,
+            pp: 1,
+            vpp: 1,
+            schedule: ScheduleKind::OneFOneB,
+            ep: 1,
+            expert_tp: None,
+            zero: 1,
+            dp: None,
+            order: "tp-cp-ep-dp-pp".into(),
+            first_stage_layers: None,
+            last_stage_layers: None,
+        }
+    }
+}
+
+impl ParallelConfig {
+    /// Expert tensor-parallel degree (default 1).
+    pub fn etp(&self) -> u32 {
+        self.expert_tp.unwrap_or(1)
+    }
+
+    /// True when sequence parallelism is in effect (requested and tp > 1).
+    pub fn sp_active(&self) -> bool {
+        self.sp && self.tp > 1
+    }
+}

@@ -1,0 +1,103 @@
+//! A validated configuration with its derived quantities: DP, microbatches, layer placement.
+
+use super::{Config, ConfigError, GpuProfile, ScheduleKind};
+use serde::Serialize;
+use std::ops::Range;
+
+/// Which layers each global pipeline stage (model chunk) holds and which rank runs it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PipelinePlacement {
+    /// Pipeline rank of each global stage 0..pp*vpp.
+    pub stage_rank: Vec<u32>,
+    /// Decoder layers of each global stage (contiguous, in stage order).
+    pub stage_layers: Vec<Range<u32>>,
+}
+
+impl PipelinePlacement {
+    /// Places `per_rank_layers[r] / vpp` layers on each chunk; stage s runs on rank s mod pp
+    /// (Megatron's loop placement) or, for V-shaped schedules, stages r and 2pp-1-r on rank r.
+    pub fn new(pp: u32, vpp: u32, per_rank_layers: &[u32], schedule: ScheduleKind) -> Self {
+        let stages = pp * vpp;
+        let v_shape = matches!(schedule, ScheduleKind::ZbV | ScheduleKind::DualPipeV);
+        let stage_rank: Vec<u32> = (0..stages)
+            .map(|s| {
+                if v_shape && s >= pp {
+                    2 * pp - 1 - s
+                } else {
+                    s % pp
+                }
+            })
+            .collect();
+        let mut next = 0;
+        let stage_layers = stage_rank
+            .iter()
+            .map(|&r| {
+                let n = per_rank_layers[r as usize] / vpp;
+                let range = next..next + n;
+                next += n;
+                range
+            })
+            .collect();
+        PipelinePlacement {
+            stage_rank,
+            stage_layers,
+        }
+    }
+
+    /// Global stages held by pipeline rank `rank`, in stage order.
+    pub fn stages_of_rank(&self, rank: u32) -> impl Iterator<Item = usize> + '_ {
+        self.stage_rank
+            .iter()
+            .enumerate()
+            .filter(move |(_, &r)| r == rank)
+            .map(|(s, _)| s)
+    }
+
+    pub fn num_stages(&self) -> usize {
+        self.stage_rank.len()
+    }
+}
+
+/// A configuration that passed validation, with DP derived and SP normalised.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub config: Config,
+    pub gpu: GpuProfile,
+    /// Data-parallel degree (EP folds into it).
+    pub dp: u32,
+    /// Microbatches per pipeline per step: global batch / (micro batch x dp).
+    pub microbatches: u32,
+    pub placement: PipelinePlacement,
+    /// Non-fatal adjustments and caveats, shown to the user.
+    pub warnings: Vec<String>,
+}
+
+impl Resolved {
+    /// Validates `config` (loading its GPU profile) into a resolved configuration.
+    pub fn new(config: Config) -> Result<Resolved, ConfigError> {
+        let gpu = GpuProfile::load(&config.cluster.gpu)?;
+        Self::with_gpu(config, gpu)
+    }
+
+    /// As [`Resolved::new`] with an already-loaded profile.
+    pub fn with_gpu(config: Config, gpu: GpuProfile) -> Result<Resolved, ConfigError> {
+        super::validate::resolve(config, gpu)
+    }
+
+    /// Total GPUs.
+    pub fn world(&self) -> u32 {
+        self.config.cluster.num_gpus
+    }
+
+    /// Expert data-parallel degree: world / (expert TP x EP x PP).
+    pub fn expert_dp(&self) -> u32 {
+        let p = &self.config.parallel;
+        self.world() / (p.etp() * p.ep * p.pp)
+    }
+
+    /// The group that holds replicas of dense parameters (Megatron's distributed optimizer
+    /// shards over DP x CP).
+    pub fn dense_replicas(&self) -> u32 {
+        self.dp * self.config.parallel.cp
+    }
+}

@@ -1,0 +1,83 @@
+//! Training settings: batch, sequence, precision, recomputation, optimizer, fine-tuning mode.
+
+use super::enums::{Dtype, FlopsAttention, LoraTarget, Precision, Recompute, TrainingMode};
+use serde::{Deserialize, Serialize};
+
+/// LoRA adapters (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraConfig {
+    pub rank: u64,
+    pub targets: Vec<LoraTarget>,
+}
+
+impl Default for LoraConfig {
+    fn default() -> Self {
+        LoraConfig {
+            rank: 16,
+            targets: vec![LoraTarget::Qkv, LoraTarget::Proj],
+        }
+    }
+}
+
+/// One training step's settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainingConfig {
+    pub seq_length: u64,
+    pub micro_batch_size: u64,
+    pub global_batch_size: u64,
+    pub precision: Precision,
+    /// Gradient accumulation buffer dtype (Megatron's fp32 `main_grad` by default).
+    pub grad_dtype: Dtype,
+    pub recompute: Recompute,
+    /// Fused attention (FlashAttention): no s x s tensors are saved.
+    pub flash_attention: bool,
+    pub flops_attention: FlopsAttention,
+    pub mode: TrainingMode,
+    pub lora: LoraConfig,
+}
+
+impl Default for TrainingConfig {
+    fn default() -> Self {
+        TrainingConfig {
+            seq_length: 8192,
+            micro_batch_size: 1,
+            global_batch_size: 64,
+            precision: Precision::Bf16,
+            grad_dtype: Dtype::Fp32,
+            recompute: Recompute::Selective,
+            flash_attention: true,
+            flops_attention: FlopsAttention::Causal,
+            mode: TrainingMode::Full,
+            lora: LoraConfig::default(),
+        }
+    }
+}
+
+impl TrainingConfig {
+    /// Bytes of one weight element during the step.
+    pub fn weight_bytes(&self) -> u64 {
+        match self.precision {
+            Precision::Fp32 => 4,
+            _ => 2,
+        }
+    }
+
+    /// Bytes of one saved activation element (fp8 saves linear inputs in 1 byte; see the ledger).
+    pub fn activation_bytes(&self) -> u64 {
+        match self.precision {
+            Precision::Fp32 => 4,
+            _ => 2,
+        }
+    }
+
+    /// Bytes of Adam state per trainable parameter: fp32 master copy (unless training in fp32)
+    /// plus two fp32 moments.
+    pub fn optimizer_bytes_per_param(&self) -> u64 {
+        match self.precision {
+            Precision::Fp32 => 8,
+            _ => 12,
+        }
+    }
+}
