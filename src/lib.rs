@@ -4,7 +4,12 @@
 //! parameter counts, FLOPs, per-GPU memory, communication, a pipeline timeline and a step
 //! time. Every figure is a sum over one op ledger ([`model`]).
 
+pub mod comm;
 pub mod config;
+pub mod estimate;
 pub mod layout;
+pub mod memory;
+pub mod model;
 pub mod report;
 pub mod schedule;
+pub mod time;

@@ -1,5 +1,9 @@
 //! The `parsim` command line (clap). Each subcommand lives in its own file.
 
+mod config_args;
+mod estimate;
+mod layout;
+
 use clap::{Parser, Subcommand};
 
 /// parsim: plan, simulate and run the parallel layout of LLM training.
@@ -11,9 +15,17 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {}
+pub enum Command {
+    /// Parameters, FLOPs, per-GPU memory, communication and step time of one configuration.
+    Estimate(estimate::EstimateArgs),
+    /// Rank coordinates (tp, cp, ep, dp, pp) and process groups.
+    Layout(layout::LayoutArgs),
+}
 
 /// Runs the parsed command.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {}
+    match cli.command {
+        Command::Estimate(a) => estimate::run(a),
+        Command::Layout(a) => layout::run(a),
+    }
 }

@@ -1,0 +1,213 @@
+//! Configuration flags shared by the subcommands. What the user typed becomes one override
+//! layer (shaped like the file) that is merged over the file, so flags and files go through
+//! the same deserialization and validation.
+
+use clap::Args;
+use parsim::config::{
+    Activation, Config, CpComm, Dtype, FlopsAttention, Layer, Precision, Recompute, Resolved,
+    ScheduleKind, TrainingMode,
+};
+use serde_json::{json, Map, Value};
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct ConfigArgs {
+    /// Configuration file (TOML, or JSON by extension); flags override it.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Model preset (gpt3-175b, llama2-7b, llama2-70b, llama3-8b, llama3-70b, llama3-405b, mixtral-8x7b, deepseek-v3).
+    #[arg(long, value_name = "PRESET", conflicts_with = "model_config")]
+    pub model: Option<String>,
+    /// A Hugging Face config.json to import the model from.
+    #[arg(long, value_name = "HF_CONFIG_JSON")]
+    pub model_config: Option<PathBuf>,
+    /// Tensor-parallel degree.
+    #[arg(long)]
+    pub tp: Option<u32>,
+    /// Turn sequence parallelism on (needs tp > 1).
+    #[arg(long, overrides_with = "no_sp")]
+    pub sp: bool,
+    /// Turn sequence parallelism off.
+    #[arg(long)]
+    pub no_sp: bool,
+    /// Context-parallel degree.
+    #[arg(long)]
+    pub cp: Option<u32>,
+    /// Context-parallel exchange: p2p, zigzag, allgather, a2a.
+    #[arg(long)]
+    pub cp_comm: Option<CpComm>,
+    /// Pipeline-parallel degree.
+    #[arg(long)]
+    pub pp: Option<u32>,
+    /// Virtual pipeline stages (model chunks) per pipeline rank.
+    #[arg(long)]
+    pub vpp: Option<u32>,
+    /// Pipeline schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v, dualpipe-v.
+    #[arg(long)]
+    pub schedule: Option<ScheduleKind>,
+    /// Expert-parallel degree.
+    #[arg(long)]
+    pub ep: Option<u32>,
+    /// Tensor-parallel degree of the routed experts.
+    #[arg(long)]
+    pub expert_tp: Option<u32>,
+    /// ZeRO stage 0-3.
+    #[arg(long)]
+    pub zero: Option<u8>,
+    /// Data-parallel degree (derived from --gpus when left out).
+    #[arg(long)]
+    pub dp: Option<u32>,
+    /// Rank order, fastest first (default tp-cp-ep-dp-pp).
+    #[arg(long)]
+    pub order: Option<String>,
+    /// Layers on the first pipeline stage (Megatron's --decoder-first-pipeline-num-layers).
+    #[arg(long)]
+    pub first_stage_layers: Option<u32>,
+    /// Layers on the last pipeline stage (Megatron's --decoder-last-pipeline-num-layers).
+    #[arg(long)]
+    pub last_stage_layers: Option<u32>,
+    /// Number of GPUs.
+    #[arg(long)]
+    pub gpus: Option<u32>,
+    /// GPUs per node.
+    #[arg(long)]
+    pub gpus_per_node: Option<u32>,
+    /// GPU profile name (a100-40g, a100-80g, h100-sxm, h200, b200, mi300x) or profile TOML path.
+    #[arg(long)]
+    pub gpu: Option<String>,
+    /// Sequence length.
+    #[arg(long)]
+    pub seq: Option<u64>,
+    /// Micro batch size.
+    #[arg(long)]
+    pub mbs: Option<u64>,
+    /// Global batch size.
+    #[arg(long)]
+    pub gbs: Option<u64>,
+    /// Precision: bf16, fp16, fp8, fp32.
+    #[arg(long)]
+    pub precision: Option<Precision>,
+    /// Gradient buffer dtype: fp32, bf16.
+    #[arg(long)]
+    pub grad_dtype: Option<Dtype>,
+    /// Activation recomputation: none, selective, full.
+    #[arg(long)]
+    pub recompute: Option<Recompute>,
+    /// Fused (flash) attention on or off.
+    #[arg(long, value_name = "BOOL")]
+    pub flash_attention: Option<bool>,
+    /// Pad the vocabulary to a multiple of N x TP (Megatron; 1 = no padding).
+    #[arg(long, value_name = "N")]
+    pub make_vocab_size_divisible_by: Option<u64>,
+    /// Attention FLOPs counting: causal (Megatron-LM today) or full (Narayanan et al. 2021, PaLM).
+    #[arg(long)]
+    pub flops_attention: Option<FlopsAttention>,
+    /// Training mode: full or lora.
+    #[arg(long)]
+    pub mode: Option<TrainingMode>,
+    /// LoRA rank (with --mode lora).
+    #[arg(long)]
+    pub lora_rank: Option<u64>,
+    /// MLP activation: swiglu or gelu.
+    #[arg(long)]
+    pub activation: Option<Activation>,
+    /// MoE load imbalance: the hottest expert's tokens over a uniform share (>= 1).
+    #[arg(long)]
+    pub moe_load_imbalance: Option<f64>,
+    /// Multi-token-prediction modules (DeepSeek-V3), on the last pipeline stage.
+    #[arg(long)]
+    pub mtp_layers: Option<u32>,
+}
+
+fn put<T: serde::Serialize>(map: &mut Map<String, Value>, section: &str, key: &str, v: Option<T>) {
+    if let Some(v) = v {
+        let sec = map.entry(section).or_insert_with(|| json!({}));
+        sec[key] = serde_json::to_value(v).expect("flag value serializes");
+    }
+}
+
+impl ConfigArgs {
+    /// The flags as one override layer.
+    pub fn overrides(&self) -> Value {
+        let mut m = Map::new();
+        put(&mut m, "model", "preset", self.model.clone());
+        put(
+            &mut m,
+            "model",
+            "hf_config",
+            self.model_config.as_ref().map(|p| p.display().to_string()),
+        );
+        put(
+            &mut m,
+            "model",
+            "make_vocab_size_divisible_by",
+            self.make_vocab_size_divisible_by,
+        );
+        put(&mut m, "model", "activation", self.activation);
+        put(
+            &mut m,
+            "model",
+            "moe_load_imbalance",
+            self.moe_load_imbalance,
+        );
+        put(&mut m, "model", "mtp_num_layers", self.mtp_layers);
+        put(&mut m, "parallel", "tp", self.tp);
+        if self.sp || self.no_sp {
+            put(&mut m, "parallel", "sp", Some(self.sp && !self.no_sp));
+        }
+        put(&mut m, "parallel", "cp", self.cp);
+        put(&mut m, "parallel", "cp_comm", self.cp_comm);
+        put(&mut m, "parallel", "pp", self.pp);
+        put(&mut m, "parallel", "vpp", self.vpp);
+        put(&mut m, "parallel", "schedule", self.schedule);
+        put(&mut m, "parallel", "ep", self.ep);
+        put(&mut m, "parallel", "expert_tp", self.expert_tp);
+        put(&mut m, "parallel", "zero", self.zero);
+        put(&mut m, "parallel", "dp", self.dp);
+        put(&mut m, "parallel", "order", self.order.clone());
+        put(
+            &mut m,
+            "parallel",
+            "first_stage_layers",
+            self.first_stage_layers,
+        );
+        put(
+            &mut m,
+            "parallel",
+            "last_stage_layers",
+            self.last_stage_layers,
+        );
+        put(&mut m, "cluster", "num_gpus", self.gpus);
+        put(&mut m, "cluster", "gpus_per_node", self.gpus_per_node);
+        put(&mut m, "cluster", "gpu", self.gpu.clone());
+        put(&mut m, "training", "seq_length", self.seq);
+        put(&mut m, "training", "micro_batch_size", self.mbs);
+        put(&mut m, "training", "global_batch_size", self.gbs);
+        put(&mut m, "training", "precision", self.precision);
+        put(&mut m, "training", "grad_dtype", self.grad_dtype);
+        put(&mut m, "training", "recompute", self.recompute);
+        put(&mut m, "training", "flash_attention", self.flash_attention);
+        put(&mut m, "training", "flops_attention", self.flops_attention);
+        put(&mut m, "training", "mode", self.mode);
+        if let Some(r) = self.lora_rank {
+            let sec = m.entry("training").or_insert_with(|| json!({}));
+            sec["lora"] = json!({ "rank": r });
+        }
+        Value::Object(m)
+    }
+
+    /// The merged configuration (file, then flags).
+    pub fn load(&self) -> anyhow::Result<Config> {
+        let mut layers = Vec::new();
+        if let Some(path) = &self.config {
+            layers.push(Layer::from_file(path)?);
+        }
+        layers.push(Layer::overrides(self.overrides()));
+        Ok(Config::from_layers(&layers)?)
+    }
+
+    /// The merged and validated configuration.
+    pub fn resolve(&self) -> anyhow::Result<Resolved> {
+        Ok(Resolved::new(self.load()?)?)
+    }
+}

@@ -1,0 +1,50 @@
+//! `parsim layout`: rank coordinates and process groups of a configuration.
+
+use super::config_args::ConfigArgs;
+use clap::Args;
+use parsim::layout::Layout;
+
+#[derive(Debug, Args)]
+pub struct LayoutArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Print every group (default: the first few of each kind).
+    #[arg(long)]
+    pub all: bool,
+    /// Show only the coordinates and groups of this rank.
+    #[arg(long)]
+    pub rank: Option<u32>,
+    /// Print JSON: every rank's coordinates and every group.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: LayoutArgs) -> anyhow::Result<()> {
+    let resolved = args.config.resolve()?;
+    let layout = Layout::of(&resolved);
+    if let Some(r) = args.rank {
+        anyhow::ensure!(
+            r < layout.world(),
+            "--rank {r} is out of range: the world has {} ranks (0..{})",
+            layout.world(),
+            layout.world()
+        );
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&parsim::report::layout::layout_json(&layout))?
+        );
+    } else {
+        print!(
+            "{}",
+            parsim::report::layout::layout_text(
+                &layout,
+                &resolved.config.parallel.order,
+                args.all,
+                args.rank
+            )
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,253 @@
+//! Per-rank memory, pipeline stage by pipeline stage: weights, gradients, optimizer states
+//! (sharded by ZeRO over the group that really holds replicas), activations of the in-flight
+//! microbatches, and buffers.
+
+use crate::config::{Recompute, Resolved, ScheduleKind};
+use crate::model::{Block, GroupBytes, Ledger, ParamSums};
+use serde::Serialize;
+
+/// Sums of one block computed once (the estimate multiplies them by layer counts).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BlockSummary {
+    pub params: ParamSums,
+    /// Saved bytes per microbatch under the configured recompute.
+    pub saved: u64,
+    /// Saved bytes per microbatch without recomputation (what a recomputed layer rebuilds).
+    pub saved_all: u64,
+    pub temp: u64,
+    /// Wire bytes per microbatch, per group, recomputation included.
+    pub comm: GroupBytes,
+    pub model_flops: f64,
+    /// This rank's FLOPs per microbatch, forward / input-gradient / weight-gradient.
+    pub rank_fwd: f64,
+    pub rank_dgrad: f64,
+    pub rank_wgrad: f64,
+    /// Forward FLOPs rerun by recomputation: model count, this rank.
+    pub recompute_model: f64,
+    pub recompute_rank: f64,
+}
+
+impl BlockSummary {
+    pub fn of(b: &Block, recompute: Recompute) -> BlockSummary {
+        let mf = b.model_flops();
+        let rf = b.rank_flops();
+        let (recompute_model, recompute_rank) = b.recompute_flops(recompute);
+        BlockSummary {
+            params: b.params(),
+            saved: b.saved_bytes(recompute),
+            saved_all: b.saved_all_bytes(),
+            temp: b.temp_bytes(),
+            comm: b.comm_bytes(recompute),
+            model_flops: mf.total(),
+            rank_fwd: rf.fwd,
+            rank_dgrad: rf.dgrad,
+            rank_wgrad: rf.wgrad,
+            recompute_model,
+            recompute_rank,
+        }
+    }
+}
+
+/// Block summaries of a ledger.
+#[derive(Debug, Clone)]
+pub struct LedgerSummary {
+    pub embedding: BlockSummary,
+    pub dense: BlockSummary,
+    pub moe: Option<BlockSummary>,
+    pub output: BlockSummary,
+    pub mtp: Option<BlockSummary>,
+}
+
+impl LedgerSummary {
+    pub fn of(l: &Ledger, recompute: Recompute) -> LedgerSummary {
+        LedgerSummary {
+            embedding: BlockSummary::of(&l.embedding, recompute),
+            dense: BlockSummary::of(&l.dense, recompute),
+            moe: l.moe.as_ref().map(|b| BlockSummary::of(b, recompute)),
+            output: BlockSummary::of(&l.output, recompute),
+            mtp: l.mtp.as_ref().map(|b| BlockSummary::of(b, recompute)),
+        }
+    }
+}
+
+/// What one global pipeline stage (model chunk) holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ChunkContents {
+    pub stage: usize,
+    pub embedding: bool,
+    pub dense_layers: u32,
+    pub moe_layers: u32,
+    pub output: bool,
+    pub mtp_layers: u32,
+}
+
+impl ChunkContents {
+    /// The chunk's blocks with their multiplicities.
+    pub fn blocks<'a>(
+        &self,
+        s: &'a LedgerSummary,
+    ) -> impl Iterator<Item = (&'a BlockSummary, u64)> {
+        let items: [(Option<&'a BlockSummary>, u64); 5] = [
+            (Some(&s.embedding), self.embedding as u64),
+            (Some(&s.dense), self.dense_layers as u64),
+            (s.moe.as_ref(), self.moe_layers as u64),
+            (Some(&s.output), self.output as u64),
+            (s.mtp.as_ref(), self.mtp_layers as u64),
+        ];
+        items
+            .into_iter()
+            .filter_map(|(b, n)| b.filter(|_| n > 0).map(|b| (b, n)))
+    }
+}
+
+/// The chunks of every pipeline rank, in stage order.
+pub fn chunks_per_rank(r: &Resolved) -> Vec<Vec<ChunkContents>> {
+    let m = &r.config.model;
+    let pl = &r.placement;
+    let last = pl.num_stages() - 1;
+    let mut out = vec![Vec::new(); r.config.parallel.pp as usize];
+    for (stage, layers) in pl.stage_layers.iter().enumerate() {
+        let moe_layers = layers.clone().filter(|&l| m.is_moe_layer(l)).count() as u32;
+        out[pl.stage_rank[stage] as usize].push(ChunkContents {
+            stage,
+            embedding: stage == 0,
+            dense_layers: layers.len() as u32 - moe_layers,
+            moe_layers,
+            output: stage == last,
+            mtp_layers: if stage == last { m.mtp_num_layers } else { 0 },
+        });
+    }
+    out
+}
+
+/// Chunk activation sets live at once on pipeline rank `rank` (closed forms; the schedule
+/// simulator measures the same). GPipe keeps all m; 1F1B and ZB-H1 keep p - rank (Narayanan
+/// et al. 2021; Qi et al. 2024); Megatron's interleaved 1F1B keeps its warm-up count
+/// 2(p - rank - 1) + (v - 1)p plus one; ZB-V keeps p stage-sets (2p chunks, Qi et al. 2024);
+/// DualPipe keeps p + 1 stage-sets (DeepSeek's DualPipe README). Capped at m x v.
+pub fn inflight_chunks(kind: ScheduleKind, p: u32, v: u32, m: u32, rank: u32) -> u32 {
+    let n = match kind {
+        ScheduleKind::Gpipe => m,
+        ScheduleKind::OneFOneB | ScheduleKind::ZbH1 => p - rank,
+        ScheduleKind::Interleaved1F1B => 2 * (p - rank - 1) + (v - 1) * p + 1,
+        ScheduleKind::ZbV => 2 * p,
+        ScheduleKind::DualPipeV => 2 * (p + 1),
+    };
+    n.min(m * v)
+}
+
+/// Memory of one pipeline rank (the most loaded rank of that stage), in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct StageMemory {
+    pub stage: u32,
+    pub weights: u64,
+    pub gradients: u64,
+    pub optimizer: u64,
+    pub activations: u64,
+    pub buffers: u64,
+    pub total: u64,
+}
+
+/// Parameters held by one pipeline rank (before ZeRO-3 sharding).
+pub fn rank_params(chunks: &[ChunkContents], s: &LedgerSummary) -> ParamSums {
+    let mut p = ParamSums::default();
+    for c in chunks {
+        for (b, n) in c.blocks(s) {
+            p.add(&b.params, n);
+        }
+    }
+    p
+}
+
+/// Memory of pipeline rank `rank` holding `chunks`, with `inflight` chunk activation sets.
+pub fn stage_memory(
+    r: &Resolved,
+    s: &LedgerSummary,
+    l: &Ledger,
+    rank: u32,
+    chunks: &[ChunkContents],
+    inflight: u32,
+) -> StageMemory {
+    let tr = &r.config.training;
+    let par = &r.config.parallel;
+    let d = &l.dims;
+    let p = rank_params(chunks, s);
+    let dense_rep = r.dense_replicas() as u64;
+    let expert_rep = r.expert_dp() as u64;
+    let shard = |n: u64, reps: u64| n.div_ceil(reps);
+    let w = tr.weight_bytes();
+    let g = tr.grad_dtype.bytes();
+    let o = tr.optimizer_bytes_per_param();
+    let zero = par.zero;
+    let weights = if zero >= 3 {
+        (shard(p.rank_dense, dense_rep) + shard(p.rank_expert, expert_rep)) * w
+    } else {
+        p.rank() * w
+    };
+    let grads = if zero >= 2 {
+        (shard(p.rank_dense_trainable, dense_rep) + shard(p.rank_expert_trainable, expert_rep)) * g
+    } else {
+        (p.rank_dense_trainable + p.rank_expert_trainable) * g
+    };
+    let optimizer = if zero >= 1 {
+        (shard(p.rank_dense_trainable, dense_rep) + shard(p.rank_expert_trainable, expert_rep)) * o
+    } else {
+        (p.rank_dense_trainable + p.rank_expert_trainable) * o
+    };
+
+    // Activations: the in-flight chunk sets, each the average chunk of this rank.
+    let v = chunks.len().max(1) as u64;
+    let per_microbatch: u64 = chunks
+        .iter()
+        .flat_map(|c| c.blocks(s))
+        .map(|(b, n)| b.saved * n)
+        .sum();
+    let mut activations = (per_microbatch * inflight as u64).div_ceil(v);
+    if tr.recompute == Recompute::Full {
+        // The layer being recomputed holds its full activations during its backward.
+        let rebuilt = chunks
+            .iter()
+            .flat_map(|c| c.blocks(s))
+            .filter(|(b, _)| b.saved != b.saved_all)
+            .map(|(b, _)| b.saved_all)
+            .max()
+            .unwrap_or(0);
+        activations += rebuilt;
+    }
+
+    // Buffers: runtime overhead, the SP all-gather buffer, pipeline send/receive buffers,
+    // ZeRO-3's gathered layer and its prefetch, and the largest transient of any op.
+    let mut buffers = r.gpu.runtime_overhead_bytes;
+    if d.sp {
+        buffers += d.n * d.h * d.act;
+    }
+    if par.pp > 1 {
+        buffers += 2 * d.residual_bytes();
+    }
+    if zero >= 3 {
+        let largest_layer = chunks
+            .iter()
+            .flat_map(|c| c.blocks(s))
+            .map(|(b, _)| b.params.rank())
+            .max()
+            .unwrap_or(0);
+        buffers += 2 * largest_layer * w;
+    }
+    buffers += chunks
+        .iter()
+        .flat_map(|c| c.blocks(s))
+        .map(|(b, _)| b.temp)
+        .max()
+        .unwrap_or(0);
+    let _ = rank;
+    let total = weights + grads + optimizer + activations + buffers;
+    StageMemory {
+        stage: rank,
+        weights,
+        gradients: grads,
+        optimizer,
+        activations,
+        buffers,
+        total,
+    }
+}

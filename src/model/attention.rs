@@ -1,0 +1,293 @@
+//! The attention block: norm, QKV projection (MHA/GQA) or multi-head latent attention's
+//! low-rank projections (DeepSeek-V2), rotary, the attention core with its context-parallel
+//! exchange, the output projection and dropout.
+
+use super::dims::Dims;
+use super::linear::{lora_adapter, row_bias, tp_comm, Linear, Split};
+use super::norm::{dropout, norm};
+use super::op::{Collective, CollectiveKind, Flops, Op, OpKind, Phase};
+use crate::config::{CpComm, LoraTarget, ModelConfig, PositionEmbedding, TrainingConfig};
+use crate::layout::GroupKind;
+
+fn targeted(tr: &TrainingConfig, d: &Dims, target: LoraTarget) -> Option<u64> {
+    (d.lora && tr.lora.targets.contains(&target)).then_some(tr.lora.rank)
+}
+
+/// Appends a linear layer (and its LoRA adapter and row-parallel bias) to `ops`.
+pub fn push_linear(
+    ops: &mut Vec<Op>,
+    lin: Linear,
+    d: &Dims,
+    lora: Option<u64>,
+    bias_name: &'static str,
+    lora_name: &'static str,
+) {
+    ops.push(lin.op(d));
+    if lin.bias && lin.split == Split::Row {
+        ops.push(row_bias(bias_name, lin.out_features, lin.trainable));
+    }
+    if let Some(r) = lora {
+        ops.push(lora_adapter(lora_name, &lin, r, d));
+    }
+}
+
+/// Appends the attention block's ops.
+pub fn attention_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Dims) {
+    let trainable = !d.lora;
+    ops.push(norm("attn.norm", m.normalization, d.h, d.n_sp, d));
+    let bias = m.add_bias_linear;
+    // (heads on this rank, q/k head dim, v head dim, K/V heads on this rank)
+    let (a_r, dqk, dv, g_r) = match &m.mla {
+        None => {
+            let qkv = Linear {
+                name: "attn.qkv",
+                in_features: d.h,
+                out_features: (d.a + 2 * d.g) * d.d,
+                split: Split::Column,
+                bias: bias || m.add_qkv_bias,
+                trainable,
+                save_input: true,
+                communicate: true,
+                sp_gathered_input: true,
+            };
+            push_linear(
+                ops,
+                qkv,
+                d,
+                targeted(tr, d, LoraTarget::Qkv),
+                "attn.qkv_bias",
+                "attn.qkv_lora",
+            );
+            (d.a / d.t, d.d, d.d, d.g / d.t)
+        }
+        Some(mla) => {
+            // Simplification: the down projections are replicated over TP and run on the
+            // gathered sequence; the latent gradients are all-reduced over TP in backward.
+            let dqk = mla.qk_head_dim();
+            let latent_q = mla.q_lora_rank;
+            if latent_q > 0 {
+                let down = Linear {
+                    name: "attn.q_down",
+                    in_features: d.h,
+                    out_features: latent_q,
+                    split: Split::Replicated,
+                    bias: false,
+                    trainable,
+                    save_input: true,
+                    communicate: false,
+                    sp_gathered_input: true,
+                };
+                ops.push(down.op(d).comm(tp_comm(
+                    d,
+                    CollectiveKind::AllReduce,
+                    Phase::Backward,
+                    d.n * latent_q * d.act,
+                )));
+                ops.push(norm("attn.q_norm", m.normalization, latent_q, d.n, d));
+                let up = Linear {
+                    name: "attn.q_up",
+                    in_features: latent_q,
+                    out_features: d.a * dqk,
+                    split: Split::Column,
+                    bias: false,
+                    trainable,
+                    save_input: true,
+                    communicate: false,
+                    sp_gathered_input: false,
+                };
+                ops.push(up.op(d));
+            } else {
+                let q = Linear {
+                    name: "attn.q",
+                    in_features: d.h,
+                    out_features: d.a * dqk,
+                    split: Split::Column,
+                    bias: false,
+                    trainable,
+                    save_input: true,
+                    communicate: false,
+                    sp_gathered_input: true,
+                };
+                ops.push(q.op(d));
+            }
+            let kv_down = Linear {
+                name: "attn.kv_down",
+                in_features: d.h,
+                out_features: mla.kv_lora_rank + mla.qk_rope_head_dim,
+                split: Split::Replicated,
+                bias: false,
+                trainable,
+                save_input: false,
+                communicate: false,
+                sp_gathered_input: true,
+            };
+            let kv_grad = d.n * mla.kv_lora_rank * d.act;
+            let mut kv_down_op = kv_down.op(d).comm(tp_comm(
+                d,
+                CollectiveKind::AllReduce,
+                Phase::Backward,
+                kv_grad,
+            ));
+            // With SP the block input is gathered once for both down projections (forward, and
+            // again in backward for their weight gradients).
+            if d.sp && d.t > 1 {
+                let full_in = d.n * d.h * d.act;
+                kv_down_op = kv_down_op
+                    .comm(tp_comm(
+                        d,
+                        CollectiveKind::AllGather,
+                        Phase::Forward,
+                        full_in,
+                    ))
+                    .comm(tp_comm(
+                        d,
+                        CollectiveKind::AllGather,
+                        Phase::Backward,
+                        full_in,
+                    ));
+            }
+            ops.push(kv_down_op);
+            ops.push(norm(
+                "attn.kv_norm",
+                m.normalization,
+                mla.kv_lora_rank,
+                d.n,
+                d,
+            ));
+            let kv_up = Linear {
+                name: "attn.kv_up",
+                in_features: mla.kv_lora_rank,
+                out_features: d.a * (mla.qk_nope_head_dim + mla.v_head_dim),
+                split: Split::Column,
+                bias: false,
+                trainable,
+                save_input: true,
+                communicate: false,
+                sp_gathered_input: false,
+            };
+            ops.push(kv_up.op(d));
+            (d.a / d.t, dqk, mla.v_head_dim, d.a / d.t)
+        }
+    };
+    if m.position_embedding == PositionEmbedding::Rope {
+        let rope_bytes = d.n * (a_r * dqk + g_r * dqk) * d.act;
+        ops.push(Op::new(
+            "attn.rotary",
+            OpKind::MemoryBound {
+                bytes: 2 * rope_bytes,
+            },
+        ));
+    }
+    ops.push(core_attention(d, a_r, g_r, dqk, dv));
+    let proj = Linear {
+        name: "attn.proj",
+        in_features: d.a * dv,
+        out_features: d.h,
+        split: Split::Row,
+        bias,
+        trainable,
+        save_input: true,
+        communicate: true,
+        sp_gathered_input: true,
+    };
+    push_linear(
+        ops,
+        proj,
+        d,
+        targeted(tr, d, LoraTarget::Proj),
+        "attn.proj_bias",
+        "attn.proj_lora",
+    );
+    ops.push(dropout("attn.dropout", d.n_sp, d.h, d.hidden_dropout));
+}
+
+/// The attention core on this rank: a_r query heads and g_r K/V heads of this TP rank, over
+/// the local sequence shard, with the context-parallel exchange of K/V.
+fn core_attention(d: &Dims, a_r: u64, g_r: u64, dqk: u64, dv: u64) -> Op {
+    let (s, b) = (d.s as f64, d.b as f64);
+    let a = d.a as f64;
+    // QK^T and softmax(.)V over all s x s pairs, 2 FLOPs per multiply-add.
+    let full = 2.0 * b * s * s * a * (dqk + dv) as f64;
+    let mut op = Op::new("attn.core", OpKind::Attention);
+    op.recomputed_by_selective = true;
+    op.model_flops = Flops {
+        fwd: full * d.attn_model_fraction,
+        dgrad: 2.0 * full * d.attn_model_fraction,
+        wgrad: 0.0,
+    };
+    let per_rank = full * d.attn_hw_fraction / (d.t * d.c) as f64;
+    op.rank_flops = Flops {
+        fwd: per_rank,
+        dgrad: 2.0 * per_rank,
+        wgrad: 0.0,
+    };
+    let q = d.n * a_r * dqk * d.act;
+    let k = d.n * g_r * dqk * d.act;
+    let v = d.n * g_r * dv * d.act;
+    if d.flash {
+        // FlashAttention keeps Q, K, V and the fp32 log-sum-exp of each query row; the output
+        // is the projection's saved input.
+        let lse = d.b * a_r * (d.s / d.c) * 4;
+        op = op
+            .save("q", q)
+            .save("k", k)
+            .save("v", v)
+            .save_selective("softmax_lse", lse);
+    } else {
+        // Korthikanti et al. 2022: Q and K for QK^T, the softmax output, the dropout mask and
+        // output, and V; s x s tensors per head of this rank.
+        let scores = d.b * a_r * d.s * d.s;
+        op = op
+            .save("q", q)
+            .save("k", k)
+            .save("v", v)
+            .save_selective("softmax", scores * d.act);
+        if d.attention_dropout {
+            op = op
+                .save_selective("dropout_mask", scores)
+                .save_selective("dropout_out", scores * d.act);
+        }
+    }
+    if d.c > 1 {
+        let kv = k + v;
+        let cp = |kind, phase, bytes, count| Collective {
+            kind,
+            group: GroupKind::Cp,
+            group_size: d.c as u32,
+            phase,
+            payload_bytes: bytes,
+            count,
+        };
+        let steps = (d.c - 1) as u32;
+        op = match d.cp_comm {
+            // Ring attention: K/V blocks travel cp-1 hops forward; K/V and dK/dV backward.
+            CpComm::P2p | CpComm::Zigzag => op
+                .comm(cp(CollectiveKind::SendRecv, Phase::Forward, kv, steps))
+                .comm(cp(CollectiveKind::SendRecv, Phase::Backward, kv, steps))
+                .comm(cp(CollectiveKind::SendRecv, Phase::Backward, kv, steps))
+                .temp(4 * kv),
+            // All-gather K/V forward (only the local shard is saved), again in backward, and
+            // reduce-scatter dK/dV.
+            CpComm::Allgather => op
+                .comm(cp(CollectiveKind::AllGather, Phase::Forward, d.c * kv, 1))
+                .comm(cp(CollectiveKind::AllGather, Phase::Backward, d.c * kv, 1))
+                .comm(cp(
+                    CollectiveKind::ReduceScatter,
+                    Phase::Backward,
+                    d.c * kv,
+                    1,
+                ))
+                .temp(2 * d.c * kv),
+            // Ulysses: all-to-all Q/K/V to head shards and the output back; reversed backward.
+            CpComm::A2a => {
+                let o = d.n * a_r * dv * d.act;
+                op.comm(cp(CollectiveKind::AllToAll, Phase::Forward, q + kv, 1))
+                    .comm(cp(CollectiveKind::AllToAll, Phase::Forward, o, 1))
+                    .comm(cp(CollectiveKind::AllToAll, Phase::Backward, q + kv, 1))
+                    .comm(cp(CollectiveKind::AllToAll, Phase::Backward, o, 1))
+                    .temp(q + kv + o)
+            }
+        };
+    }
+    op
+}

@@ -1,0 +1,102 @@
+//! The shapes one rank works on for one microbatch, derived once from a resolved configuration.
+//! Letters as in Korthikanti et al. 2022: s sequence, b micro batch, h hidden, a heads,
+//! t tensor-parallel degree; plus c (context parallel), g (KV heads), d (head dim), V (vocab).
+
+use crate::config::{CpComm, FlopsAttention, Precision, Resolved, TrainingMode};
+use serde::Serialize;
+
+/// Per-rank shapes and byte sizes of one microbatch.
+#[derive(Debug, Clone, Serialize)]
+pub struct Dims {
+    pub s: u64,
+    pub b: u64,
+    pub h: u64,
+    pub a: u64,
+    pub g: u64,
+    pub d: u64,
+    pub v: u64,
+    pub t: u64,
+    pub c: u64,
+    pub sp: bool,
+    /// Tokens of the whole microbatch: s x b.
+    pub tokens: u64,
+    /// Tokens on this CP rank: s x b / c.
+    pub n: u64,
+    /// Tokens in the sequence-parallel regions (norms, dropout, residual): n / t with SP, else n.
+    pub n_sp: u64,
+    /// Bytes of a saved activation element.
+    pub act: u64,
+    /// Bytes of a saved linear-layer input (1 under fp8, as Transformer Engine keeps fp8 casts).
+    pub lin: u64,
+    /// Bytes of a weight element.
+    pub weight: u64,
+    /// Fraction of the s x s scores counted in model FLOPs (0.5 causal, 1 full).
+    pub attn_model_fraction: f64,
+    /// Fraction of the s x s scores a rank really computes (flash skips masked blocks).
+    pub attn_hw_fraction: f64,
+    pub flash: bool,
+    pub cp_comm: CpComm,
+    pub attention_dropout: bool,
+    pub hidden_dropout: bool,
+    /// LoRA: base weights frozen.
+    pub lora: bool,
+    pub ep: u64,
+    pub etp: u64,
+}
+
+impl Dims {
+    pub fn new(r: &Resolved) -> Dims {
+        let m = &r.config.model;
+        let p = &r.config.parallel;
+        let tr = &r.config.training;
+        let t = p.tp as u64;
+        let c = p.cp as u64;
+        let tokens = tr.seq_length * tr.micro_batch_size;
+        let n = tokens / c;
+        let sp = p.sp_active();
+        Dims {
+            s: tr.seq_length,
+            b: tr.micro_batch_size,
+            h: m.hidden_size,
+            a: m.num_attention_heads as u64,
+            g: m.num_query_groups as u64,
+            d: m.head_dim(),
+            v: m.padded_vocab_size(p.tp),
+            t,
+            c,
+            sp,
+            tokens,
+            n,
+            n_sp: if sp { n / t } else { n },
+            act: tr.activation_bytes(),
+            lin: if tr.precision == Precision::Fp8 {
+                1
+            } else {
+                tr.activation_bytes()
+            },
+            weight: tr.weight_bytes(),
+            attn_model_fraction: match tr.flops_attention {
+                FlopsAttention::Causal => 0.5,
+                FlopsAttention::Full => 1.0,
+            },
+            attn_hw_fraction: if tr.flash_attention { 0.5 } else { 1.0 },
+            flash: tr.flash_attention,
+            cp_comm: p.cp_comm,
+            attention_dropout: m.attention_dropout > 0.0,
+            hidden_dropout: m.hidden_dropout > 0.0,
+            lora: tr.mode == TrainingMode::Lora,
+            ep: p.ep as u64,
+            etp: p.etp() as u64,
+        }
+    }
+
+    /// Rows of the vocabulary on the most loaded TP rank (ceil(V / t) when not padded).
+    pub fn vocab_rank(&self) -> u64 {
+        self.v.div_ceil(self.t)
+    }
+
+    /// Bytes of the residual stream of this rank's tokens in the SP region: n_sp x h.
+    pub fn residual_bytes(&self) -> u64 {
+        self.n_sp * self.h * self.act
+    }
+}

@@ -1,0 +1,186 @@
+//! Linear layers as Megatron-LM shards them (Shoeybi et al. 2019): column-parallel (output
+//! features split over TP), row-parallel (input features split), or replicated; with sequence
+//! parallelism (Korthikanti et al. 2022) the column-parallel input is all-gathered forward and
+//! re-gathered in backward (only the sequence shard is saved), and the row-parallel output
+//! reduce-scattered; without SP the input gradient (column) and output (row) are all-reduced.
+
+use super::dims::Dims;
+use super::op::{Collective, CollectiveKind, Flops, Op, OpKind, ParamClass, Params, Phase};
+use crate::layout::GroupKind;
+
+/// How a linear layer's weight is split over TP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    Column,
+    Row,
+    Replicated,
+}
+
+/// A linear layer `in_features -> out_features` (unsharded sizes).
+#[derive(Debug, Clone, Copy)]
+pub struct Linear {
+    pub name: &'static str,
+    pub in_features: u64,
+    pub out_features: u64,
+    pub split: Split,
+    /// Column-parallel bias (sharded) or, for row-parallel, see [`row_bias`].
+    pub bias: bool,
+    pub trainable: bool,
+    /// Saves its input for the weight gradient (false when another op already saves the same tensor).
+    pub save_input: bool,
+    /// Issues the TP collectives of its input/output (false for a second projection that
+    /// shares an already-gathered input).
+    pub communicate: bool,
+    /// Its input is the all-gathered sequence-parallel activation, so with SP only the
+    /// sequence shard is saved (false for inputs that are already whole on every TP rank).
+    pub sp_gathered_input: bool,
+}
+
+/// A TP collective on the `t` ranks of the tensor-parallel group.
+pub fn tp_comm(d: &Dims, kind: CollectiveKind, phase: Phase, bytes: u64) -> Collective {
+    Collective {
+        kind,
+        group: GroupKind::Tp,
+        group_size: d.t as u32,
+        phase,
+        payload_bytes: bytes,
+        count: 1,
+    }
+}
+
+impl Linear {
+    /// The op for this layer on one rank, over the n tokens of this CP rank.
+    pub fn op(&self, d: &Dims) -> Op {
+        let (i, o, t) = (self.in_features, self.out_features, d.t);
+        let (rank_in, rank_out, class) = match self.split {
+            Split::Column => (i, o.div_ceil(t), ParamClass::TpSharded),
+            Split::Row => (i.div_ceil(t), o, ParamClass::TpSharded),
+            Split::Replicated => (i, o, ParamClass::TpReplicated),
+        };
+        let bias_total = if self.bias && self.split == Split::Column {
+            o
+        } else {
+            0
+        };
+        let bias_rank = if self.bias && self.split == Split::Column {
+            rank_out
+        } else {
+            0
+        };
+        let mut op = Op::new(
+            self.name,
+            OpKind::Matmul {
+                m: d.n,
+                n: rank_out,
+                k: rank_in,
+            },
+        );
+        op.params = Some(Params {
+            total: i * o + bias_total,
+            rank: rank_in * rank_out + bias_rank,
+            class,
+            trainable: self.trainable,
+        });
+        op.model_flops = Flops::matmul(2.0 * d.tokens as f64 * i as f64 * o as f64, self.trainable);
+        op.rank_flops = Flops::matmul(
+            2.0 * d.n as f64 * rank_in as f64 * rank_out as f64,
+            self.trainable,
+        );
+        if self.save_input {
+            let rows = match self.split {
+                Split::Column | Split::Replicated if d.sp && self.sp_gathered_input => d.n_sp,
+                _ => d.n,
+            };
+            op = op.save("input", rows * rank_in * d.lin);
+        }
+        if self.communicate && t > 1 {
+            let full_in = d.n * i * d.act;
+            let full_out = d.n * o * d.act;
+            op = match (self.split, d.sp) {
+                (Split::Column, true) => op
+                    .comm(tp_comm(
+                        d,
+                        CollectiveKind::AllGather,
+                        Phase::Forward,
+                        full_in,
+                    ))
+                    .comm(tp_comm(
+                        d,
+                        CollectiveKind::AllGather,
+                        Phase::Backward,
+                        full_in,
+                    ))
+                    .comm(tp_comm(
+                        d,
+                        CollectiveKind::ReduceScatter,
+                        Phase::Backward,
+                        full_in,
+                    )),
+                (Split::Column, false) => op.comm(tp_comm(
+                    d,
+                    CollectiveKind::AllReduce,
+                    Phase::Backward,
+                    full_in,
+                )),
+                (Split::Row, true) => op
+                    .comm(tp_comm(
+                        d,
+                        CollectiveKind::ReduceScatter,
+                        Phase::Forward,
+                        full_out,
+                    ))
+                    .comm(tp_comm(
+                        d,
+                        CollectiveKind::AllGather,
+                        Phase::Backward,
+                        full_out,
+                    )),
+                (Split::Row, false) => op.comm(tp_comm(
+                    d,
+                    CollectiveKind::AllReduce,
+                    Phase::Forward,
+                    full_out,
+                )),
+                (Split::Replicated, _) => op,
+            };
+        }
+        op
+    }
+}
+
+/// A row-parallel layer's bias: added after the reduction, so replicated on every TP rank.
+pub fn row_bias(name: &'static str, features: u64, trainable: bool) -> Op {
+    let mut op = Op::new(name, OpKind::MemoryBound { bytes: 0 });
+    op.params = Some(Params {
+        total: features,
+        rank: features,
+        class: ParamClass::TpReplicated,
+        trainable,
+    });
+    op
+}
+
+/// A LoRA adapter (Hu et al. 2021) beside a frozen linear: A (in x r) and B (r x out), split
+/// over TP like the base layer (counted as TP-sharded), saving the rank-r intermediate.
+pub fn lora_adapter(name: &'static str, base: &Linear, rank: u64, d: &Dims) -> Op {
+    let (i, o) = (base.in_features, base.out_features);
+    let total = i * rank + rank * o;
+    let per_rank = total.div_ceil(d.t);
+    let mut op = Op::new(
+        name,
+        OpKind::Matmul {
+            m: d.n,
+            n: rank,
+            k: i,
+        },
+    );
+    op.params = Some(Params {
+        total,
+        rank: per_rank,
+        class: ParamClass::TpSharded,
+        trainable: true,
+    });
+    op.model_flops = Flops::matmul(2.0 * d.tokens as f64 * total as f64, true);
+    op.rank_flops = Flops::matmul(2.0 * d.n as f64 * per_rank as f64, true);
+    op.save("lora_intermediate", d.n * rank * d.act)
+}

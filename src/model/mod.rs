@@ -1,0 +1,315 @@
+//! The op ledger: one description of the model as blocks of ops (DESIGN.md). Parameter counts,
+//! FLOPs, activation memory and communication are all sums over it.
+//!
+//! A [`Ledger`] is built once per configuration, with one block per kind (embedding, dense
+//! layer, MoE layer, output, MTP module), each sized for one microbatch on the most loaded rank.
+
+mod attention;
+mod dims;
+mod embedding;
+mod linear;
+mod mlp;
+mod moe;
+mod norm;
+pub mod op;
+
+pub use dims::Dims;
+pub use moe::rank_load_factor;
+pub use op::{Collective, CollectiveKind, Flops, Op, OpKind, ParamClass, Params, Phase, Saved};
+
+use crate::config::{Recompute, Resolved};
+use crate::layout::GroupKind;
+use serde::Serialize;
+
+/// What a block is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockKind {
+    Embedding,
+    DenseLayer,
+    MoeLayer,
+    Output,
+    Mtp,
+}
+
+/// Parameter sums of a block.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ParamSums {
+    /// Unsharded count (one model replica).
+    pub total: u64,
+    /// This rank's non-expert parameters.
+    pub rank_dense: u64,
+    /// This rank's routed-expert parameters.
+    pub rank_expert: u64,
+    pub rank_dense_trainable: u64,
+    pub rank_expert_trainable: u64,
+    /// Unsharded count of TP-replicated parameters (norms, router, row biases).
+    pub tp_replicated: u64,
+    /// Unsharded count of routed-expert parameters.
+    pub expert_total: u64,
+}
+
+impl ParamSums {
+    pub fn rank(&self) -> u64 {
+        self.rank_dense + self.rank_expert
+    }
+
+    pub fn add(&mut self, o: &ParamSums, times: u64) {
+        self.total += o.total * times;
+        self.rank_dense += o.rank_dense * times;
+        self.rank_expert += o.rank_expert * times;
+        self.rank_dense_trainable += o.rank_dense_trainable * times;
+        self.rank_expert_trainable += o.rank_expert_trainable * times;
+        self.tp_replicated += o.tp_replicated * times;
+        self.expert_total += o.expert_total * times;
+    }
+}
+
+/// Wire bytes per communication group (the DESIGN.md keys).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct GroupBytes {
+    pub tp: f64,
+    pub cp: f64,
+    pub pp: f64,
+    pub dp: f64,
+    pub ep: f64,
+}
+
+impl GroupBytes {
+    pub fn add_group(&mut self, g: GroupKind, bytes: f64) {
+        match g {
+            GroupKind::Tp => self.tp += bytes,
+            GroupKind::Cp => self.cp += bytes,
+            GroupKind::Pp => self.pp += bytes,
+            GroupKind::Ep => self.ep += bytes,
+            GroupKind::Dp | GroupKind::ExpertDp | GroupKind::DpCp => self.dp += bytes,
+        }
+    }
+
+    pub fn add(&mut self, o: &GroupBytes, k: f64) {
+        self.tp += o.tp * k;
+        self.cp += o.cp * k;
+        self.pp += o.pp * k;
+        self.dp += o.dp * k;
+        self.ep += o.ep * k;
+    }
+
+    pub fn max(&mut self, o: &GroupBytes) {
+        self.tp = self.tp.max(o.tp);
+        self.cp = self.cp.max(o.cp);
+        self.pp = self.pp.max(o.pp);
+        self.dp = self.dp.max(o.dp);
+        self.ep = self.ep.max(o.ep);
+    }
+
+    pub fn total(&self) -> f64 {
+        self.tp + self.cp + self.pp + self.dp + self.ep
+    }
+}
+
+/// A block of ops: a transformer layer, or the embedding/output ends.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Block {
+    pub kind: BlockKind,
+    pub ops: Vec<Op>,
+    /// The layer's input (the residual stream shard), which full recompute keeps.
+    pub input_bytes: u64,
+}
+
+impl Block {
+    /// Transformer layers (and MTP modules) are what activation recomputation applies to.
+    pub fn is_layer(&self) -> bool {
+        matches!(
+            self.kind,
+            BlockKind::DenseLayer | BlockKind::MoeLayer | BlockKind::Mtp
+        )
+    }
+
+    pub fn params(&self) -> ParamSums {
+        let mut s = ParamSums::default();
+        for p in self.ops.iter().filter_map(|o| o.params) {
+            s.total += p.total;
+            match p.class {
+                ParamClass::Expert => {
+                    s.rank_expert += p.rank;
+                    s.expert_total += p.total;
+                    if p.trainable {
+                        s.rank_expert_trainable += p.rank;
+                    }
+                }
+                ParamClass::TpSharded | ParamClass::TpReplicated => {
+                    s.rank_dense += p.rank;
+                    if p.trainable {
+                        s.rank_dense_trainable += p.rank;
+                    }
+                    if p.class == ParamClass::TpReplicated {
+                        s.tp_replicated += p.total;
+                    }
+                }
+            }
+        }
+        s
+    }
+
+    /// Every saved tensor's bytes (no recomputation).
+    pub fn saved_all_bytes(&self) -> u64 {
+        self.ops
+            .iter()
+            .flat_map(|o| &o.saved)
+            .map(|s| s.bytes)
+            .sum()
+    }
+
+    /// Bytes kept from forward to backward for one microbatch under `recompute`.
+    pub fn saved_bytes(&self, recompute: Recompute) -> u64 {
+        match recompute {
+            Recompute::None => self.saved_all_bytes(),
+            Recompute::Selective => self
+                .ops
+                .iter()
+                .flat_map(|o| &o.saved)
+                .filter(|s| !s.selective)
+                .map(|s| s.bytes)
+                .sum(),
+            Recompute::Full if self.is_layer() => self.input_bytes,
+            Recompute::Full => self.saved_all_bytes(),
+        }
+    }
+
+    /// The largest transient allocation of any op.
+    pub fn temp_bytes(&self) -> u64 {
+        self.ops.iter().map(|o| o.temp_bytes).max().unwrap_or(0)
+    }
+
+    fn sum_flops(&self, rank: bool) -> Flops {
+        let mut f = Flops::default();
+        for o in &self.ops {
+            f.add(if rank { &o.rank_flops } else { &o.model_flops });
+        }
+        f
+    }
+
+    /// Model FLOPs of one microbatch through this block (all ranks of one replica).
+    pub fn model_flops(&self) -> Flops {
+        self.sum_flops(false)
+    }
+
+    /// FLOPs this rank executes for one microbatch (without recomputation).
+    pub fn rank_flops(&self) -> Flops {
+        self.sum_flops(true)
+    }
+
+    fn recomputed<'a>(&'a self, recompute: Recompute) -> impl Iterator<Item = &'a Op> + 'a {
+        let layer = self.is_layer();
+        self.ops.iter().filter(move |o| match recompute {
+            Recompute::None => false,
+            Recompute::Selective => o.recomputed_by_selective,
+            Recompute::Full => layer,
+        })
+    }
+
+    /// Forward FLOPs rerun in backward under `recompute`: (model count, this rank).
+    pub fn recompute_flops(&self, recompute: Recompute) -> (f64, f64) {
+        self.recomputed(recompute).fold((0.0, 0.0), |(m, r), o| {
+            (m + o.model_flops.fwd, r + o.rank_flops.fwd)
+        })
+    }
+
+    /// Wire bytes per group for one microbatch, including forward collectives that
+    /// recomputation issues again.
+    pub fn comm_bytes(&self, recompute: Recompute) -> GroupBytes {
+        let mut g = GroupBytes::default();
+        for o in &self.ops {
+            for c in &o.comms {
+                g.add_group(c.group, c.wire_bytes());
+            }
+        }
+        for o in self.recomputed(recompute) {
+            for c in o.comms.iter().filter(|c| c.phase == Phase::Forward) {
+                g.add_group(c.group, c.wire_bytes());
+            }
+        }
+        g
+    }
+}
+
+/// The ledger of one configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ledger {
+    pub dims: Dims,
+    pub embedding: Block,
+    pub dense: Block,
+    pub moe: Option<Block>,
+    pub output: Block,
+    pub mtp: Option<Block>,
+}
+
+impl Ledger {
+    /// Builds the ledger of a resolved configuration.
+    pub fn build(r: &Resolved) -> Ledger {
+        let d = Dims::new(r);
+        let m = &r.config.model;
+        let tr = &r.config.training;
+        let input_bytes = d.residual_bytes();
+        let layer = |kind: BlockKind| {
+            let mut ops = Vec::with_capacity(24);
+            attention::attention_block(&mut ops, m, tr, &d);
+            match kind {
+                BlockKind::MoeLayer => moe::moe_block(&mut ops, m, tr, &d),
+                _ => mlp::mlp_block(&mut ops, m, tr, &d),
+            }
+            Block {
+                kind,
+                ops,
+                input_bytes,
+            }
+        };
+        let dense = layer(BlockKind::DenseLayer);
+        let moe = m.is_moe().then(|| layer(BlockKind::MoeLayer));
+        let mut emb_ops = Vec::with_capacity(4);
+        embedding::embedding_block(&mut emb_ops, m, &d);
+        let mut out_ops = Vec::with_capacity(4);
+        let last_stage_has_embedding =
+            r.placement.stage_rank.last() == r.placement.stage_rank.first();
+        let owns = !m.tied_embeddings || !last_stage_has_embedding;
+        embedding::output_block(&mut out_ops, m, &d, owns, m.tied_embeddings && owns);
+        let mtp = (m.mtp_num_layers > 0).then(|| {
+            let mut ops = Vec::new();
+            embedding::mtp_prelude(&mut ops, m, &d);
+            let body = moe.as_ref().unwrap_or(&dense);
+            ops.extend(body.ops.iter().cloned());
+            let mut head = Vec::new();
+            embedding::output_block(&mut head, m, &d, false, false);
+            ops.extend(head);
+            Block {
+                kind: BlockKind::Mtp,
+                ops,
+                input_bytes,
+            }
+        });
+        Ledger {
+            embedding: Block {
+                kind: BlockKind::Embedding,
+                ops: emb_ops,
+                input_bytes: 0,
+            },
+            output: Block {
+                kind: BlockKind::Output,
+                ops: out_ops,
+                input_bytes: 0,
+            },
+            dense,
+            moe,
+            mtp,
+            dims: d,
+        }
+    }
+
+    /// The block of decoder layer `layer` (0-based).
+    pub fn layer(&self, layer: u32, model: &crate::config::ModelConfig) -> &Block {
+        match &self.moe {
+            Some(moe) if model.is_moe_layer(layer) => moe,
+            _ => &self.dense,
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! The mixture-of-experts block (Shazeer et al. 2017; Megatron-Core's MoE): a top-k router,
+//! routed experts split over the EP group and dispatched/combined by all-to-all, optional
+//! shared experts, and the load imbalance of the hottest rank.
+
+use super::dims::Dims;
+use super::mlp::{activation_op, fc1_width, mlp_body, mlp_norm};
+use super::norm::dropout;
+use super::op::{Collective, CollectiveKind, Flops, Op, OpKind, ParamClass, Params, Phase};
+use crate::config::{ModelConfig, TrainingConfig};
+use crate::layout::GroupKind;
+
+/// Tokens of the hottest EP rank over a uniform share. A rank hosts E/ep experts; with the
+/// hottest expert at `imbalance` times its share and the others at theirs, the rank's load is
+/// 1 + (imbalance - 1) / (E / ep).
+pub fn rank_load_factor(imbalance: f64, experts: u64, ep: u64) -> f64 {
+    let local = (experts / ep).max(1) as f64;
+    1.0 + (imbalance - 1.0) / local
+}
+
+/// Appends the MoE block (norm, router, dispatch, experts, combine, shared experts, dropout).
+pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Dims) {
+    mlp_norm(ops, m, d);
+    let e = m.num_experts as u64;
+    let k = m.moe_router_topk as u64;
+    let f = m.moe_ffn_hidden_size;
+    let trainable = !d.lora;
+    // Megatron-Core routes the sequence-parallel shard of tokens on every rank.
+    let local = d.n_sp;
+    let routed = local * k;
+    let hot = (routed as f64 * rank_load_factor(m.moe_load_imbalance, e, d.ep)).ceil() as u64;
+
+    let mut router = Op::new(
+        "moe.router",
+        OpKind::Matmul {
+            m: local,
+            n: e,
+            k: d.h,
+        },
+    );
+    router.params = Some(Params {
+        total: d.h * e,
+        rank: d.h * e,
+        class: ParamClass::TpReplicated,
+        trainable,
+    });
+    router.model_flops = Flops::matmul(2.0 * (d.tokens * d.h * e) as f64, trainable);
+    router.rank_flops = Flops::matmul(2.0 * (local * d.h * e) as f64, trainable);
+    // Input (the normed hidden state, also the dispatch input), fp32 logits for the softmax,
+    // and the chosen probabilities (fp32) and expert indices (int64).
+    ops.push(
+        router
+            .save("input", local * d.h * d.act)
+            .save("logits", local * e * 4)
+            .save("routing", routed * (4 + 8)),
+    );
+    if m.moe_router_bias {
+        let mut bias = Op::new("moe.router_bias", OpKind::MemoryBound { bytes: 0 });
+        bias.params = Some(Params {
+            total: e,
+            rank: e,
+            class: ParamClass::TpReplicated,
+            trainable: false,
+        });
+        ops.push(bias);
+    }
+
+    let a2a = |phase, bytes| Collective {
+        kind: CollectiveKind::AllToAll,
+        group: GroupKind::Ep,
+        group_size: d.ep as u32,
+        phase,
+        payload_bytes: bytes,
+        count: 1,
+    };
+    let tokens_bytes = routed * d.h * d.act;
+    // Dispatch: permute the top-k copies of each token, all-to-all them to their experts.
+    ops.push(
+        Op::new(
+            "moe.dispatch",
+            OpKind::MemoryBound {
+                bytes: 2 * tokens_bytes,
+            },
+        )
+        .comm(a2a(Phase::Forward, tokens_bytes))
+        .comm(a2a(Phase::Backward, tokens_bytes))
+        .temp(2 * tokens_bytes),
+    );
+
+    // Routed experts on this rank: E/ep experts, each split over expert TP.
+    let width = fc1_width(m.activation, f);
+    let local_experts = e / d.ep;
+    let expert = |name, rows: u64, i: u64, o: u64, split_out: bool| {
+        let (ri, ro) = if split_out {
+            (i, o.div_ceil(d.etp))
+        } else {
+            (i.div_ceil(d.etp), o)
+        };
+        let mut op = Op::new(
+            name,
+            OpKind::Matmul {
+                m: rows,
+                n: ro,
+                k: ri,
+            },
+        );
+        op.params = Some(Params {
+            total: e * i * o,
+            rank: local_experts * ri * ro,
+            class: ParamClass::Expert,
+            trainable,
+        });
+        op.model_flops = Flops::matmul(2.0 * (d.tokens * k) as f64 * (i * o) as f64, trainable);
+        op.rank_flops = Flops::matmul(2.0 * rows as f64 * (ri * ro) as f64, trainable);
+        op.save("input", rows * ri * d.lin)
+    };
+    ops.push(expert("moe.experts.fc1", hot, d.h, width, true));
+    ops.push(activation_op(
+        "moe.experts.act",
+        hot,
+        width.div_ceil(d.etp),
+        d,
+    ));
+    ops.push(expert("moe.experts.fc2", hot, f, d.h, false));
+
+    // Combine: all-to-all back, unpermute, weight by the router probabilities (the expert
+    // outputs are saved for the probabilities' gradient).
+    ops.push(
+        Op::new(
+            "moe.combine",
+            OpKind::MemoryBound {
+                bytes: 2 * tokens_bytes,
+            },
+        )
+        .comm(a2a(Phase::Forward, tokens_bytes))
+        .comm(a2a(Phase::Backward, tokens_bytes))
+        .save("expert_outputs", tokens_bytes)
+        .temp(2 * tokens_bytes),
+    );
+
+    if m.moe_shared_expert_intermediate_size > 0 {
+        let names = [
+            "moe.shared.fc1",
+            "moe.shared.act",
+            "moe.shared.fc2",
+            "moe.shared.fc2_bias",
+            "moe.shared.fc1_lora",
+            "moe.shared.fc2_lora",
+        ];
+        // Its input is the router's saved input.
+        mlp_body(
+            ops,
+            names,
+            m.moe_shared_expert_intermediate_size,
+            m,
+            tr,
+            d,
+            false,
+        );
+    }
+    ops.push(dropout("mlp.dropout", d.n_sp, d.h, d.hidden_dropout));
+}

@@ -1,0 +1,212 @@
+//! One op of the ledger: what it owns (parameters and their sharding), what it costs (FLOPs
+//! forward, input gradient, weight gradient), what it keeps for backward, what it allocates
+//! transiently, and which collectives it issues.
+
+use crate::layout::GroupKind;
+use serde::Serialize;
+
+/// How an op's parameters are laid out over ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ParamClass {
+    /// Split over TP (column- or row-parallel weights, vocab-parallel embedding).
+    TpSharded,
+    /// A full copy on every TP rank (norms, row-parallel biases, router, position embedding).
+    TpReplicated,
+    /// Routed experts: split over EP (whole experts) and expert TP.
+    Expert,
+}
+
+/// Parameters of one op: the unsharded count and the most loaded rank's shard.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Params {
+    pub total: u64,
+    pub rank: u64,
+    pub class: ParamClass,
+    /// False for LoRA's frozen base weights and DeepSeek's rule-updated router bias.
+    pub trainable: bool,
+}
+
+/// FLOPs of one op for one microbatch, split as zero-bubble schedules split the backward.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct Flops {
+    pub fwd: f64,
+    /// Input gradient (the I of zero-bubble schedules).
+    pub dgrad: f64,
+    /// Weight gradient (W).
+    pub wgrad: f64,
+}
+
+impl Flops {
+    /// A matmul of 2*m*n*k FLOPs forward, the same for the input and (if trained) weight gradient.
+    pub fn matmul(mnk2: f64, trainable: bool) -> Flops {
+        Flops {
+            fwd: mnk2,
+            dgrad: mnk2,
+            wgrad: if trainable { mnk2 } else { 0.0 },
+        }
+    }
+
+    pub fn total(&self) -> f64 {
+        self.fwd + self.dgrad + self.wgrad
+    }
+
+    pub fn scaled(&self, k: f64) -> Flops {
+        Flops {
+            fwd: self.fwd * k,
+            dgrad: self.dgrad * k,
+            wgrad: self.wgrad * k,
+        }
+    }
+
+    pub fn add(&mut self, o: &Flops) {
+        self.fwd += o.fwd;
+        self.dgrad += o.dgrad;
+        self.wgrad += o.wgrad;
+    }
+}
+
+/// What an op costs on this rank, for the time model.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum OpKind {
+    /// A GEMM of [m x k] . [k x n] on this rank (one microbatch).
+    Matmul { m: u64, n: u64, k: u64 },
+    /// The attention core (scores, softmax, weighted sum).
+    Attention,
+    /// Bandwidth-bound: bytes read and written on this rank, forward.
+    MemoryBound { bytes: u64 },
+}
+
+/// A tensor kept from forward to backward.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Saved {
+    pub name: &'static str,
+    pub bytes: u64,
+    /// Dropped (and recomputed) under selective recompute: the core-attention internals.
+    pub selective: bool,
+}
+
+/// Collective kinds with NCCL's semantics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CollectiveKind {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    AllToAll,
+    SendRecv,
+}
+
+/// Forward or backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Forward,
+    Backward,
+}
+
+/// A collective issued by an op, `count` times per microbatch.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Collective {
+    pub kind: CollectiveKind,
+    pub group: GroupKind,
+    pub group_size: u32,
+    pub phase: Phase,
+    /// The full buffer: all-reduce's buffer, all-gather's output, reduce-scatter's input,
+    /// all-to-all's send buffer, a send's message.
+    pub payload_bytes: u64,
+    pub count: u32,
+}
+
+impl Collective {
+    /// Bytes each rank sends on the wire per call with ring algorithms: all-reduce
+    /// 2(n-1)/n B, all-gather and reduce-scatter (n-1)/n B, all-to-all (n-1)/n B, send B.
+    pub fn wire_bytes_per_call(&self) -> f64 {
+        let n = self.group_size as f64;
+        let b = self.payload_bytes as f64;
+        match self.kind {
+            CollectiveKind::AllReduce => 2.0 * (n - 1.0) / n * b,
+            CollectiveKind::AllGather
+            | CollectiveKind::ReduceScatter
+            | CollectiveKind::AllToAll => (n - 1.0) / n * b,
+            CollectiveKind::SendRecv => b,
+        }
+    }
+
+    /// Wire bytes of all `count` calls.
+    pub fn wire_bytes(&self) -> f64 {
+        self.wire_bytes_per_call() * self.count as f64
+    }
+}
+
+/// One op of the ledger, sized for one microbatch on the most loaded rank of its kind.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Op {
+    pub name: &'static str,
+    pub kind: OpKind,
+    pub params: Option<Params>,
+    /// Model FLOPs of the whole microbatch (all ranks of one model replica), counted as
+    /// Megatron-LM counts them (attention per `training.flops_attention`).
+    pub model_flops: Flops,
+    /// FLOPs this rank executes.
+    pub rank_flops: Flops,
+    /// Selective recompute reruns this op's forward.
+    pub recomputed_by_selective: bool,
+    pub saved: Vec<Saved>,
+    /// Transient bytes alive while the op runs (not kept for backward).
+    pub temp_bytes: u64,
+    pub comms: Vec<Collective>,
+}
+
+impl Op {
+    /// An op with no parameters, FLOPs, saved tensors or communication.
+    pub fn new(name: &'static str, kind: OpKind) -> Op {
+        Op {
+            name,
+            kind,
+            params: None,
+            model_flops: Flops::default(),
+            rank_flops: Flops::default(),
+            recomputed_by_selective: false,
+            saved: Vec::new(),
+            temp_bytes: 0,
+            comms: Vec::new(),
+        }
+    }
+
+    pub fn save(mut self, name: &'static str, bytes: u64) -> Op {
+        if bytes > 0 {
+            self.saved.push(Saved {
+                name,
+                bytes,
+                selective: false,
+            });
+        }
+        self
+    }
+
+    /// Saves a tensor that selective recompute drops.
+    pub fn save_selective(mut self, name: &'static str, bytes: u64) -> Op {
+        if bytes > 0 {
+            self.saved.push(Saved {
+                name,
+                bytes,
+                selective: true,
+            });
+        }
+        self
+    }
+
+    pub fn comm(mut self, c: Collective) -> Op {
+        if c.group_size > 1 && c.payload_bytes > 0 && c.count > 0 {
+            self.comms.push(c);
+        }
+        self
+    }
+
+    pub fn temp(mut self, bytes: u64) -> Op {
+        self.temp_bytes = self.temp_bytes.max(bytes);
+        self
+    }
+}

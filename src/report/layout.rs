@@ -1,0 +1,108 @@
+//! Text and JSON for `parsim layout`.
+
+use crate::layout::{GroupKind, Layout};
+use serde_json::{json, Value};
+use std::fmt::Write;
+
+/// Shown per kind unless `all`.
+const PREVIEW_GROUPS: usize = 4;
+
+fn list(g: &[u32]) -> String {
+    if g.len() > 2 && g.windows(2).all(|w| w[1] == w[0] + 1) {
+        format!("[{}..{}]", g[0], g[g.len() - 1])
+    } else {
+        format!(
+            "[{}]",
+            g.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+        )
+    }
+}
+
+/// Degrees, then each group kind with its groups.
+pub fn layout_text(l: &Layout, order: &str, all: bool, rank: Option<u32>) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "world {} = tp {} x cp {} x pp {} x dp {} (ep {} within dp); order {order} (fastest first); {} GPUs per node",
+        l.world(),
+        l.tp,
+        l.cp,
+        l.pp,
+        l.dp,
+        l.ep,
+        l.gpus_per_node
+    );
+    if let Some(r) = rank {
+        let c = l.coords(r);
+        let _ = writeln!(
+            out,
+            "rank {r}: tp {} cp {} ep {} dp {} pp {} (node {})",
+            c.tp,
+            c.cp,
+            c.ep,
+            c.dp,
+            c.pp,
+            l.node_of(r)
+        );
+        for kind in GroupKind::ALL {
+            let g = l.group_of(kind, r);
+            let cross = if l.crosses_nodes(&g) {
+                " (crosses nodes)"
+            } else {
+                ""
+            };
+            let _ = writeln!(out, "  {:<9} {}{cross}", kind.as_str(), list(&g));
+        }
+        return out;
+    }
+    for kind in GroupKind::ALL {
+        let groups = l.groups(kind);
+        let crossing = groups.iter().filter(|g| l.crosses_nodes(g)).count();
+        let _ = writeln!(
+            out,
+            "{} groups: {} of size {}{}",
+            kind.as_str(),
+            groups.len(),
+            groups.first().map_or(0, Vec::len),
+            if crossing > 0 {
+                format!(", {crossing} cross nodes")
+            } else {
+                String::new()
+            }
+        );
+        let shown = if all {
+            groups.len()
+        } else {
+            PREVIEW_GROUPS.min(groups.len())
+        };
+        for g in &groups[..shown] {
+            let _ = writeln!(out, "  {}", list(g));
+        }
+        if shown < groups.len() {
+            let _ = writeln!(
+                out,
+                "  ... ({} more; --all shows every group)",
+                groups.len() - shown
+            );
+        }
+    }
+    out
+}
+
+/// Every rank's coordinates and every group.
+pub fn layout_json(l: &Layout) -> Value {
+    let ranks: Vec<Value> = (0..l.world())
+        .map(|r| json!({"rank": r, "node": l.node_of(r), "coords": l.coords(r)}))
+        .collect();
+    let mut groups = serde_json::Map::new();
+    for kind in GroupKind::ALL {
+        groups.insert(kind.as_str().to_string(), json!(l.groups(kind)));
+    }
+    json!({
+        "world": l.world(),
+        "degrees": {"tp": l.tp, "cp": l.cp, "ep": l.ep, "dp": l.dp, "pp": l.pp},
+        "gpus_per_node": l.gpus_per_node,
+        "ranks": ranks,
+        "groups": groups,
+    })
+}

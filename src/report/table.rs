@@ -1,0 +1,199 @@
+//! Aligned tables for `parsim estimate`.
+
+use super::format::{bytes, count, flops, gib, grouped, seconds};
+use crate::estimate::Estimate;
+use comfy_table::{presets, CellAlignment, Table};
+use std::fmt::Write;
+
+fn table(header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_style(presets::UTF8_HORIZONTAL_ONLY);
+    t.set_header(header.to_vec());
+    t
+}
+
+fn right_align(t: &mut Table, from: usize) {
+    let n = t.column_count();
+    for i in from..n {
+        if let Some(c) = t.column_mut(i) {
+            c.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+}
+
+/// The whole estimate as text.
+pub fn estimate_text(e: &Estimate) -> String {
+    let c = &e.config;
+    let p = &c.parallel;
+    let tr = &c.training;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "parsim estimate: {} on {} x {} ({} per node)",
+        c.model.name, c.cluster.num_gpus, e.gpu, c.cluster.gpus_per_node
+    );
+    let _ = writeln!(
+        out,
+        "  TP {}{} | CP {} ({}) | PP {} x VPP {} ({}) | DP {} | EP {} | ZeRO-{}",
+        p.tp,
+        if p.sp { " + SP" } else { "" },
+        p.cp,
+        p.cp_comm,
+        p.pp,
+        p.vpp,
+        p.schedule,
+        p.dp.unwrap_or(0),
+        p.ep,
+        p.zero
+    );
+    let _ = writeln!(
+        out,
+        "  seq {} | micro batch {} | global batch {} | {} microbatches per pipeline | {} | recompute {}\n",
+        tr.seq_length, tr.micro_batch_size, tr.global_batch_size, e.schedule.microbatches, tr.precision, tr.recompute
+    );
+
+    let pr = &e.params;
+    let mut t = table(&["parameters", "count", "exact"]);
+    let mut row = |name: &str, v: u64| {
+        t.add_row(vec![name.to_string(), count(v as f64), grouped(v)]);
+    };
+    row("total", pr.total);
+    if pr.activated_per_token != pr.total {
+        row("activated per token", pr.activated_per_token);
+    }
+    row("embedding", pr.embedding);
+    if pr.output_layer > 0 {
+        row("output layer", pr.output_layer);
+    }
+    row("per dense layer", pr.per_layer_dense);
+    if let Some(m) = pr.per_layer_moe {
+        row("per MoE layer", m);
+    }
+    row("most loaded GPU", pr.per_gpu_max);
+    if pr.trainable != pr.total {
+        row("trainable", pr.trainable);
+    }
+    right_align(&mut t, 1);
+    let _ = writeln!(out, "{t}\n");
+
+    let mem = &e.memory;
+    let mut t = table(&[
+        "pp stage",
+        "weights",
+        "grads",
+        "optimizer",
+        "activations",
+        "buffers",
+        "total GiB",
+        "of capacity",
+    ]);
+    for s in &mem.stages {
+        t.add_row(vec![
+            s.stage.to_string(),
+            gib(s.weights),
+            gib(s.gradients),
+            gib(s.optimizer),
+            gib(s.activations),
+            gib(s.buffers),
+            gib(s.total),
+            format!("{:.0}%", 100.0 * s.total as f64 / mem.capacity_bytes as f64),
+        ]);
+    }
+    right_align(&mut t, 0);
+    let _ = writeln!(
+        out,
+        "memory per GPU in GiB (capacity {} GiB)",
+        gib(mem.capacity_bytes)
+    );
+    let _ = writeln!(out, "{t}");
+    let _ = writeln!(
+        out,
+        "  {}: most loaded GPU needs {} GiB of {} GiB\n",
+        if mem.fits { "FITS" } else { "DOES NOT FIT" },
+        gib(mem.per_gpu_max_bytes),
+        gib(mem.capacity_bytes)
+    );
+
+    let f = &e.flops;
+    let mut t = table(&["FLOPs", "value"]);
+    t.add_row(vec![
+        "per step (model)".to_string(),
+        flops(f.per_step_model),
+    ]);
+    t.add_row(vec![
+        "per step (hardware, with recompute)".to_string(),
+        flops(f.per_step_hardware),
+    ]);
+    t.add_row(vec![
+        "per token (model)".to_string(),
+        flops(f.per_token_model),
+    ]);
+    right_align(&mut t, 1);
+    let _ = writeln!(out, "{t}\n");
+
+    let cm = &e.communication;
+    let b = cm.per_step_bytes_per_gpu;
+    let mut t = table(&["group", "size", "crosses nodes", "sent per step per GPU"]);
+    for (name, v) in [
+        ("tp", b.tp),
+        ("cp", b.cp),
+        ("pp", b.pp),
+        ("dp", b.dp),
+        ("ep", b.ep),
+    ] {
+        let info = cm
+            .groups
+            .iter()
+            .find(|g| g.group.as_str() == if name == "dp" { "dp_cp" } else { name });
+        let (size, crosses) = info.map_or((1, false), |g| (g.size, g.crosses_nodes));
+        t.add_row(vec![
+            name.to_string(),
+            size.to_string(),
+            if size > 1 {
+                if crosses { "yes" } else { "no" }.to_string()
+            } else {
+                "-".into()
+            },
+            bytes(v as f64),
+        ]);
+    }
+    right_align(&mut t, 1);
+    let _ = writeln!(
+        out,
+        "communication (ring algorithms; dp includes the CP replicas of dense weights)"
+    );
+    let _ = writeln!(out, "{t}\n");
+
+    let tm = &e.time;
+    let th = &e.throughput;
+    let mut t = table(&["time", "value"]);
+    t.add_row(vec!["step".to_string(), seconds(tm.step_s)]);
+    t.add_row(vec!["  compute".to_string(), seconds(tm.compute_s)]);
+    t.add_row(vec![
+        "  exposed communication".to_string(),
+        seconds(tm.exposed_comm_s),
+    ]);
+    t.add_row(vec![
+        format!(
+            "  pipeline bubble ({:.1}% of compute)",
+            100.0 * e.schedule.bubble_fraction
+        ),
+        seconds(tm.bubble_s),
+    ]);
+    t.add_row(vec!["  optimizer".to_string(), seconds(tm.optimizer_s)]);
+    t.add_row(vec![
+        "tokens/s".to_string(),
+        format!("{:.0}", th.tokens_per_s),
+    ]);
+    t.add_row(vec![
+        "model TFLOP/s per GPU".to_string(),
+        format!("{:.1}", th.tflops_per_gpu),
+    ]);
+    t.add_row(vec!["MFU".to_string(), format!("{:.1}%", 100.0 * th.mfu)]);
+    right_align(&mut t, 1);
+    let _ = writeln!(out, "{t}");
+    for w in &e.warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
+    out
+}
