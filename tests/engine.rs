@@ -1,0 +1,12 @@
+//! Engine tests: every value is derived independently of the code (published counts, closed
+//! forms from the literature, or properties that must hold), with the source in a comment.
+
+mod engine {
+    pub mod activations;
+    pub mod common;
+    pub mod flops;
+    pub mod hf_import;
+    pub mod memory;
+    pub mod params;
+    pub mod properties;
+}

@@ -1,0 +1,75 @@
+//! Weights + gradients + optimizer per parameter (Rajbhandari et al. 2020, "ZeRO", Sec. 3:
+//! mixed-precision Adam keeps 2 + 2 + 12 bytes; Megatron keeps fp32 main gradients, so 2 + 4
+//! + 12 = 18 bytes without ZeRO, and its distributed optimizer (ZeRO-1) 6 + 12/d).
+
+use super::common::est;
+use serde_json::json;
+
+fn model_states(e: &parsim::estimate::Estimate) -> u64 {
+    let s = &e.memory.stages[0];
+    s.weights + s.gradients + s.optimizer
+}
+
+#[test]
+fn eighteen_bytes_per_parameter_without_zero() {
+    for (tp, pp) in [(1u32, 1u32), (2, 1), (1, 4), (4, 2)] {
+        let e = est(json!({"model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": tp * pp},
+                           "parallel": {"tp": tp, "pp": pp, "zero": 0, "sp": tp > 1},
+                           "training": {"seq_length": 4096, "global_batch_size": 8}}));
+        let p = {
+            let r = super::common::resolve(json!({"model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": tp * pp},
+                               "parallel": {"tp": tp, "pp": pp, "zero": 0, "sp": tp > 1},
+                               "training": {"seq_length": 4096, "global_batch_size": 8}}));
+            let l = parsim::model::Ledger::build(&r);
+            let s = parsim::memory::LedgerSummary::of(&l, r.config.training.recompute);
+            parsim::memory::rank_params(&parsim::memory::chunks_per_rank(&r)[0], &s).rank()
+        };
+        assert_eq!(model_states(&e), 18 * p, "tp {tp} pp {pp}");
+    }
+}
+
+#[test]
+fn zero1_is_six_plus_twelve_over_d() {
+    // Llama-2-7B (6,738,415,616 parameters, divisible by 8) on one TP/PP rank.
+    let p: u64 = 6_738_415_616;
+    for (dp, cp) in [(8u32, 1u32), (4, 2), (2, 1)] {
+        let e = est(json!({"model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": dp * cp},
+                           "parallel": {"tp": 1, "cp": cp, "zero": 1, "sp": false},
+                           "training": {"seq_length": 4096, "global_batch_size": 8 * dp as u64}}));
+        let d = (dp * cp) as u64;
+        // The distributed optimizer shards over DP x CP (Megatron's data-parallel group with
+        // context parallelism; its theoretical-memory report divides by DP alone).
+        assert_eq!(model_states(&e), 6 * p + 12 * p / d, "dp {dp} cp {cp}");
+    }
+}
+
+#[test]
+fn zero2_and_zero3_shard_gradients_then_weights() {
+    // ZeRO paper, Fig. 1: P_os+g = 2 + 14/d (with fp32 grads: 2 + 16/d), P_os+g+p = 18/d here.
+    let p: u64 = 6_738_415_616;
+    let run = |zero: u8| {
+        let e = est(json!({"model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": 8},
+                           "parallel": {"tp": 1, "zero": zero, "sp": false},
+                           "training": {"seq_length": 4096, "global_batch_size": 8}}));
+        model_states(&e)
+    };
+    assert_eq!(run(2), 2 * p + 16 * p / 8);
+    assert_eq!(run(3), 18 * p / 8);
+}
+
+#[test]
+fn lora_freezes_the_base() {
+    // Frozen base weights carry no gradients or optimizer state (Hu et al. 2021): only the
+    // adapters, r(in + out) per targeted projection, do.
+    let e = est(json!({"model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": 1},
+                       "parallel": {"tp": 1, "zero": 0, "sp": false},
+                       "training": {"seq_length": 4096, "global_batch_size": 1, "mode": "lora",
+                                    "lora": {"rank": 8, "targets": ["qkv", "proj"]}}}));
+    // qkv: 4096 -> 3 x 4096; proj: 4096 -> 4096.
+    let adapters: u64 = 32 * 8 * ((4096 + 3 * 4096) + (4096 + 4096));
+    let s = &e.memory.stages[0];
+    assert_eq!(e.params.trainable, adapters);
+    assert_eq!(s.gradients, adapters * 4);
+    assert_eq!(s.optimizer, adapters * 12);
+    assert_eq!(s.weights, (6_738_415_616 + adapters) * 2);
+}
