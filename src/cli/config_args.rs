@@ -112,11 +112,21 @@ pub struct ConfigArgs {
     #[arg(long)]
     pub activation: Option<Activation>,
     /// MoE load imbalance: the hottest expert's tokens over a uniform share (>= 1).
-    #[arg(long)]
+    #[arg(long, value_parser = finite_f64)]
     pub moe_load_imbalance: Option<f64>,
     /// Multi-token-prediction modules (DeepSeek-V3), on the last pipeline stage.
     #[arg(long)]
     pub mtp_layers: Option<u32>,
+}
+
+/// Parses a finite float (JSON has no NaN or infinity, so they are refused here).
+fn finite_f64(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if v.is_finite() {
+        Ok(v)
+    } else {
+        Err(format!("must be a finite number, got {s}"))
+    }
 }
 
 fn put<T: serde::Serialize>(map: &mut Map<String, Value>, section: &str, key: &str, v: Option<T>) {

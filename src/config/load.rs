@@ -48,12 +48,39 @@ pub fn parse_toml(text: &str, origin: &str) -> Result<Value, ConfigError> {
             message: e.message().to_string(),
         }
     })?;
+    if let Some((field, v)) = non_finite(&toml::Value::Table(table.clone()), String::new()) {
+        return Err(ConfigError::Field {
+            origin: origin.to_string(),
+            field,
+            message: format!("must be a finite number, got {v}"),
+        });
+    }
     serde_json::to_value(table).map_err(|e| ConfigError::Parse {
         origin: origin.to_string(),
         line: 0,
         column: 0,
         message: e.to_string(),
     })
+}
+
+/// The dotted path and value of the first NaN or infinite float (JSON cannot carry them).
+fn non_finite(v: &toml::Value, path: String) -> Option<(String, f64)> {
+    match v {
+        toml::Value::Float(f) if !f.is_finite() => Some((path, *f)),
+        toml::Value::Table(t) => t.iter().find_map(|(k, v)| {
+            let p = if path.is_empty() {
+                k.clone()
+            } else {
+                format!("{path}.{k}")
+            };
+            non_finite(v, p)
+        }),
+        toml::Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .find_map(|(i, v)| non_finite(v, format!("{path}[{i}]"))),
+        _ => None,
+    }
 }
 
 /// Deserializes TOML text straight into `T`, naming the failing field.

@@ -32,7 +32,13 @@ fn layer_bytes(s: u64, b: u64, h: u64, a: u64, t: u64, sp: bool, recompute: Reco
 
 fn shapes() -> impl Strategy<Value = (u64, u64, u64, u64, u64)> {
     // s, b, heads, head dim, t (t divides the heads and s).
-    (1u64..=8, 1u64..=4, prop::sample::select(vec![8u64, 16, 32, 96]), prop::sample::select(vec![32u64, 64, 128]), 0u32..=3)
+    (
+        1u64..=8,
+        1u64..=4,
+        prop::sample::select(vec![8u64, 16, 32, 96]),
+        prop::sample::select(vec![32u64, 64, 128]),
+        0u32..=3,
+    )
         .prop_map(|(s, b, a, d, tl)| (s * 256, b, a, d, 1u64 << tl))
 }
 
@@ -82,8 +88,10 @@ fn flash_attention_keeps_no_quadratic_term() {
     // With a fused kernel only Q, K, V (the output is the projection's input) and the fp32
     // log-sum-exp of each row are kept: doubling s exactly doubles the layer's bytes.
     let bytes = |s: u64| {
-        let r = resolve(json!({"cluster": {"num_gpus": 1}, "parallel": {"tp": 1, "sp": false},
-            "training": {"seq_length": s, "global_batch_size": 1, "recompute": "none"}}));
+        let r = resolve(
+            json!({"cluster": {"num_gpus": 1}, "parallel": {"tp": 1, "sp": false},
+            "training": {"seq_length": s, "global_batch_size": 1, "recompute": "none"}}),
+        );
         Ledger::build(&r).dense.saved_bytes(Recompute::None)
     };
     assert_eq!(bytes(8192), 2 * bytes(4096));

@@ -4,7 +4,16 @@ use super::common::est;
 use serde_json::json;
 
 /// A GPT-style MHA model with f = 4h and a B x s batch on one GPU.
-fn gpt(l: u64, h: u64, a: u64, v: u64, s: u64, batch: u64, counting: &str, recompute: &str) -> parsim::estimate::Estimate {
+fn gpt(
+    l: u64,
+    h: u64,
+    a: u64,
+    v: u64,
+    s: u64,
+    batch: u64,
+    counting: &str,
+    recompute: &str,
+) -> parsim::estimate::Estimate {
     est(json!({
         "model": {"name": "gpt", "num_layers": l, "hidden_size": h, "num_attention_heads": a,
                   "num_query_groups": a, "ffn_hidden_size": 4 * h, "vocab_size": v,
@@ -37,8 +46,13 @@ fn model_flops_causal_equal_megatron_formula() {
     for (l, h, a, v, s, b) in SHAPES {
         let e = gpt(l, h, a, v, s, b, "causal", "none");
         let (lf, hf, vf, sf, bf) = (l as f64, h as f64, v as f64, s as f64, b as f64);
-        let expect = 72.0 * bf * sf * lf * hf * hf * (1.0 + sf / (12.0 * hf) + vf / (12.0 * lf * hf));
-        assert!(close(e.flops.per_step_model, expect), "{} vs {expect}", e.flops.per_step_model);
+        let expect =
+            72.0 * bf * sf * lf * hf * hf * (1.0 + sf / (12.0 * hf) + vf / (12.0 * lf * hf));
+        assert!(
+            close(e.flops.per_step_model, expect),
+            "{} vs {expect}",
+            e.flops.per_step_model
+        );
     }
 }
 
@@ -48,7 +62,8 @@ fn model_flops_full_equal_narayanan_2021() {
     for (l, h, a, v, s, b) in SHAPES {
         let e = gpt(l, h, a, v, s, b, "full", "none");
         let (lf, hf, vf, sf, bf) = (l as f64, h as f64, v as f64, s as f64, b as f64);
-        let expect = 72.0 * bf * sf * lf * hf * hf * (1.0 + sf / (6.0 * hf) + vf / (12.0 * lf * hf));
+        let expect =
+            72.0 * bf * sf * lf * hf * hf * (1.0 + sf / (6.0 * hf) + vf / (12.0 * lf * hf));
         assert!(close(e.flops.per_step_model, expect));
         assert!(close(e.flops.per_token_model, expect / (bf * sf)));
     }
@@ -61,7 +76,8 @@ fn hardware_flops_with_full_recompute_equal_narayanan_2021() {
     for (l, h, a, v, s, b) in SHAPES {
         let e = gpt(l, h, a, v, s, b, "full", "full");
         let (lf, hf, vf, sf, bf) = (l as f64, h as f64, v as f64, s as f64, b as f64);
-        let expect = 96.0 * bf * sf * lf * hf * hf * (1.0 + sf / (6.0 * hf) + vf / (16.0 * lf * hf));
+        let expect =
+            96.0 * bf * sf * lf * hf * hf * (1.0 + sf / (6.0 * hf) + vf / (16.0 * lf * hf));
         assert!(close(e.flops.per_step_hardware, expect));
     }
 }
@@ -71,8 +87,10 @@ fn per_token_layer(model: serde_json::Value) -> f64 {
     let run = |layers: u64| {
         let mut m = model.clone();
         m["num_layers"] = layers.into();
-        est(json!({"model": m, "cluster": {"num_gpus": 1}, "parallel": {"tp": 1, "sp": false},
-                   "training": {"seq_length": 1024, "global_batch_size": 1}}))
+        est(
+            json!({"model": m, "cluster": {"num_gpus": 1}, "parallel": {"tp": 1, "sp": false},
+                   "training": {"seq_length": 1024, "global_batch_size": 1}}),
+        )
         .flops
         .per_token_model
     };

@@ -6,7 +6,10 @@ use super::common::est;
 use serde_json::json;
 
 fn fixture(name: &str) -> String {
-    format!("{}/tests/fixtures/hf/{name}.json", env!("CARGO_MANIFEST_DIR"))
+    format!(
+        "{}/tests/fixtures/hf/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    )
 }
 
 fn total(name: &str) -> u64 {
@@ -30,14 +33,20 @@ fn published_counts() {
 
 #[test]
 fn deepseek_v3_import_matches_the_preset() {
-    let preset = est(json!({"model": {"preset": "deepseek-v3"}, "cluster": {"num_gpus": 1},
-                            "parallel": {"tp": 1, "sp": false}, "training": {"seq_length": 1024, "global_batch_size": 1}}));
+    let preset = est(
+        json!({"model": {"preset": "deepseek-v3"}, "cluster": {"num_gpus": 1},
+                            "parallel": {"tp": 1, "sp": false}, "training": {"seq_length": 1024, "global_batch_size": 1}}),
+    );
     assert_eq!(total("deepseek-v3"), preset.params.total);
 }
 
 #[test]
 fn unsupported_architecture_is_a_clear_error() {
-    let err = parsim::config::hf::import_file(std::path::Path::new(&fixture("unsupported"))).unwrap_err();
+    let err =
+        parsim::config::hf::import_file(std::path::Path::new(&fixture("unsupported"))).unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("FalconForCausalLM") && msg.contains("LlamaForCausalLM"), "{msg}");
+    assert!(
+        msg.contains("FalconForCausalLM") && msg.contains("LlamaForCausalLM"),
+        "{msg}"
+    );
 }

@@ -13,13 +13,17 @@ fn model_states(e: &parsim::estimate::Estimate) -> u64 {
 #[test]
 fn eighteen_bytes_per_parameter_without_zero() {
     for (tp, pp) in [(1u32, 1u32), (2, 1), (1, 4), (4, 2)] {
-        let e = est(json!({"model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": tp * pp},
+        let e = est(
+            json!({"model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": tp * pp},
                            "parallel": {"tp": tp, "pp": pp, "zero": 0, "sp": tp > 1},
-                           "training": {"seq_length": 4096, "global_batch_size": 8}}));
+                           "training": {"seq_length": 4096, "global_batch_size": 8}}),
+        );
         let p = {
-            let r = super::common::resolve(json!({"model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": tp * pp},
+            let r = super::common::resolve(
+                json!({"model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": tp * pp},
                                "parallel": {"tp": tp, "pp": pp, "zero": 0, "sp": tp > 1},
-                               "training": {"seq_length": 4096, "global_batch_size": 8}}));
+                               "training": {"seq_length": 4096, "global_batch_size": 8}}),
+            );
             let l = parsim::model::Ledger::build(&r);
             let s = parsim::memory::LedgerSummary::of(&l, r.config.training.recompute);
             parsim::memory::rank_params(&parsim::memory::chunks_per_rank(&r)[0], &s).rank()
@@ -33,9 +37,11 @@ fn zero1_is_six_plus_twelve_over_d() {
     // Llama-2-7B (6,738,415,616 parameters, divisible by 8) on one TP/PP rank.
     let p: u64 = 6_738_415_616;
     for (dp, cp) in [(8u32, 1u32), (4, 2), (2, 1)] {
-        let e = est(json!({"model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": dp * cp},
+        let e = est(
+            json!({"model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": dp * cp},
                            "parallel": {"tp": 1, "cp": cp, "zero": 1, "sp": false},
-                           "training": {"seq_length": 4096, "global_batch_size": 8 * dp as u64}}));
+                           "training": {"seq_length": 4096, "global_batch_size": 8 * dp as u64}}),
+        );
         let d = (dp * cp) as u64;
         // The distributed optimizer shards over DP x CP (Megatron's data-parallel group with
         // context parallelism; its theoretical-memory report divides by DP alone).
@@ -48,9 +54,11 @@ fn zero2_and_zero3_shard_gradients_then_weights() {
     // ZeRO paper, Fig. 1: P_os+g = 2 + 14/d (with fp32 grads: 2 + 16/d), P_os+g+p = 18/d here.
     let p: u64 = 6_738_415_616;
     let run = |zero: u8| {
-        let e = est(json!({"model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": 8},
+        let e = est(
+            json!({"model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": 8},
                            "parallel": {"tp": 1, "zero": zero, "sp": false},
-                           "training": {"seq_length": 4096, "global_batch_size": 8}}));
+                           "training": {"seq_length": 4096, "global_batch_size": 8}}),
+        );
         model_states(&e)
     };
     assert_eq!(run(2), 2 * p + 16 * p / 8);
@@ -61,10 +69,12 @@ fn zero2_and_zero3_shard_gradients_then_weights() {
 fn lora_freezes_the_base() {
     // Frozen base weights carry no gradients or optimizer state (Hu et al. 2021): only the
     // adapters, r(in + out) per targeted projection, do.
-    let e = est(json!({"model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": 1},
+    let e = est(
+        json!({"model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": 1},
                        "parallel": {"tp": 1, "zero": 0, "sp": false},
                        "training": {"seq_length": 4096, "global_batch_size": 1, "mode": "lora",
-                                    "lora": {"rank": 8, "targets": ["qkv", "proj"]}}}));
+                                    "lora": {"rank": 8, "targets": ["qkv", "proj"]}}}),
+    );
     // qkv: 4096 -> 3 x 4096; proj: 4096 -> 4096.
     let adapters: u64 = 32 * 8 * ((4096 + 3 * 4096) + (4096 + 4096));
     let s = &e.memory.stages[0];

@@ -66,7 +66,10 @@ fn deepseek_v3_mtp_module_adds_one_moe_layer_and_its_projection() {
     }));
     let h = 7168u64;
     let moe_layer = base.params.per_layer_moe.unwrap();
-    assert_eq!(with.params.total - base.params.total, 3 * h + 2 * h * h + moe_layer);
+    assert_eq!(
+        with.params.total - base.params.total,
+        3 * h + 2 * h * h + moe_layer
+    );
 }
 
 #[test]

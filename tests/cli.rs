@@ -1,0 +1,471 @@
+//! CLI tests: every validation rule gives a clear error naming the field and the rule, a
+//! nonzero exit, and no panic; the JSON output follows the DESIGN.md contract.
+
+use assert_cmd::cargo::cargo_bin_cmd;
+use predicates::prelude::*;
+use std::io::Write;
+
+fn parsim() -> assert_cmd::Command {
+    cargo_bin_cmd!("parsim")
+}
+
+/// Runs `parsim estimate ARGS`, expects exit code 1 and every fragment in stderr.
+fn rejects(args: &[&str], fragments: &[&str]) {
+    let mut cmd = parsim();
+    cmd.arg("estimate").args(args);
+    let mut assert = cmd
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("panicked").not());
+    for f in fragments {
+        assert = assert.stderr(predicate::str::contains(*f));
+    }
+}
+
+fn temp_file(ext: &str, text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::Builder::new().suffix(ext).tempfile().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f
+}
+
+#[test]
+fn world_size_must_divide() {
+    rejects(
+        &["--gpus", "12", "--tp", "8"],
+        &[
+            "cluster.num_gpus",
+            "world size 12 must be divisible by tp x cp x pp",
+        ],
+    );
+}
+
+#[test]
+fn given_dp_is_checked() {
+    rejects(
+        &["--dp", "3"],
+        &[
+            "parallel.dp",
+            "dp = 3 but num_gpus / (tp x cp x pp) = 8 / 2 = 4",
+        ],
+    );
+}
+
+#[test]
+fn heads_must_divide_by_tp() {
+    rejects(
+        &["--tp", "3", "--gpus", "3"],
+        &[
+            "parallel.tp",
+            "num_attention_heads (32) must be divisible by tp (3)",
+        ],
+    );
+}
+
+#[test]
+fn kv_heads_must_divide_by_tp() {
+    rejects(
+        &["--tp", "16", "--gpus", "16"],
+        &[
+            "parallel.tp",
+            "num_query_groups (KV heads, 8) must be divisible by tp (16)",
+        ],
+    );
+}
+
+#[test]
+fn ulysses_needs_heads_divisible_by_its_degree() {
+    rejects(
+        &[
+            "--tp",
+            "1",
+            "--cp",
+            "16",
+            "--gpus",
+            "16",
+            "--cp-comm",
+            "a2a",
+            "--gbs",
+            "16",
+        ],
+        &["parallel.cp", "Ulysses (cp_comm = a2a)", "KV heads (8)"],
+    );
+}
+
+#[test]
+fn layers_must_split_into_chunks() {
+    rejects(
+        &["--pp", "5", "--gpus", "10"],
+        &[
+            "model.num_layers",
+            "32 layers do not split evenly into pp x vpp = 5 x 1",
+            "first_stage_layers",
+        ],
+    );
+    rejects(
+        &[
+            "--pp",
+            "2",
+            "--vpp",
+            "3",
+            "--gpus",
+            "4",
+            "--schedule",
+            "interleaved-1f1b",
+        ],
+        &["model.num_layers", "pp x vpp = 2 x 3"],
+    );
+}
+
+#[test]
+fn uneven_first_and_last_stage_is_accepted() {
+    // 32 = 2 + 4 x 7 + 2 over pp = 6 (Megatron's --decoder-first/last-pipeline-num-layers).
+    parsim()
+        .args([
+            "estimate",
+            "--pp",
+            "6",
+            "--gpus",
+            "12",
+            "--gbs",
+            "60",
+            "--first-stage-layers",
+            "2",
+            "--last-stage-layers",
+            "2",
+        ])
+        .assert()
+        .success();
+    rejects(
+        &[
+            "--pp",
+            "6",
+            "--gpus",
+            "12",
+            "--gbs",
+            "60",
+            "--first-stage-layers",
+            "3",
+            "--last-stage-layers",
+            "2",
+        ],
+        &["do not split evenly into 4 ranks"],
+    );
+}
+
+#[test]
+fn global_batch_must_divide() {
+    rejects(
+        &["--gbs", "30"],
+        &[
+            "training.global_batch_size",
+            "micro_batch_size x dp = 1 x 4 = 4",
+            "use 28 or 32",
+        ],
+    );
+}
+
+#[test]
+fn interleaved_schedule_constraints() {
+    rejects(
+        &["--schedule", "interleaved-1f1b", "--vpp", "2"],
+        &["parallel.schedule", "interleaved-1f1b needs pp >= 2"],
+    );
+    rejects(
+        &[
+            "--schedule",
+            "interleaved-1f1b",
+            "--pp",
+            "2",
+            "--gpus",
+            "16",
+        ],
+        &["parallel.vpp", "needs vpp >= 2"],
+    );
+    rejects(
+        &["--pp", "2", "--vpp", "2", "--gpus", "16"],
+        &["parallel.vpp", "1f1b runs one model chunk per rank"],
+    );
+    rejects(
+        &["--schedule", "zb-v", "--pp", "2", "--gpus", "16"],
+        &["parallel.vpp", "zb-v places exactly 2 chunks"],
+    );
+}
+
+#[test]
+fn unknown_preset_and_gpu() {
+    rejects(
+        &["--model", "gpt5"],
+        &["model.preset", "unknown value 'gpt5'", "llama3-70b"],
+    );
+    rejects(
+        &["--gpu", "v100"],
+        &["cluster.gpu", "unknown value 'v100'", "h100-sxm"],
+    );
+}
+
+#[test]
+fn zero_and_nan_sizes() {
+    rejects(&["--tp", "0"], &["parallel.tp", "must be at least 1"]);
+    rejects(
+        &["--seq", "0"],
+        &["training.seq_length", "must be at least 1"],
+    );
+    rejects(
+        &["--moe-load-imbalance", "0.5"],
+        &["model.moe_load_imbalance", "finite number >= 1"],
+    );
+    parsim()
+        .args(["estimate", "--moe-load-imbalance", "NaN"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("must be a finite number"));
+    let f = temp_file(".toml", "[model]\nhidden_size = -4096\n");
+    rejects(
+        &["-c", f.path().to_str().unwrap()],
+        &["model.hidden_size", "invalid value: integer `-4096`"],
+    );
+    let f = temp_file(".toml", "[model]\nhidden_dropout = nan\n");
+    rejects(
+        &["-c", f.path().to_str().unwrap()],
+        &["model.hidden_dropout", "must be a finite number, got NaN"],
+    );
+    // A negative number on the command line is rejected by the argument parser (exit 2).
+    parsim().args(["estimate", "--seq", "-5"]).assert().code(2);
+}
+
+#[test]
+fn unparsable_files_name_line_and_column() {
+    let f = temp_file(".toml", "[parallel]\ntp = 2\npp = = 4\n");
+    rejects(&["-c", f.path().to_str().unwrap()], &[":3:"]);
+    let f = temp_file(".json", "{\n  \"parallel\": {\"tp\": 2,,}\n}\n");
+    rejects(&["-c", f.path().to_str().unwrap()], &[":2:"]);
+    let f = temp_file(".toml", "[parallel]\ntensor_parallel = 2\n");
+    rejects(
+        &["-c", f.path().to_str().unwrap()],
+        &["parallel.tensor_parallel", "unknown field"],
+    );
+    rejects(
+        &["-c", "/nonexistent/parsim.toml"],
+        &["cannot read /nonexistent/parsim.toml"],
+    );
+}
+
+#[test]
+fn other_rules() {
+    rejects(&["--zero", "4"], &["parallel.zero", "must be 0, 1, 2 or 3"]);
+    rejects(
+        &["--gpu", "a100-80g", "--precision", "fp8"],
+        &["training.precision", "fp8 needs FP8 tensor cores"],
+    );
+    rejects(
+        &["--ep", "2"],
+        &["parallel.ep", "expert parallelism needs experts"],
+    );
+    rejects(
+        &[
+            "--model",
+            "mixtral-8x7b",
+            "--ep",
+            "8",
+            "--tp",
+            "1",
+            "--gpus",
+            "4",
+            "--gbs",
+            "4",
+        ],
+        &["parallel.ep", "ep (8) must divide dp (4)"],
+    );
+    rejects(
+        &[
+            "--model",
+            "mixtral-8x7b",
+            "--ep",
+            "3",
+            "--tp",
+            "1",
+            "--gpus",
+            "6",
+            "--gbs",
+            "6",
+        ],
+        &["parallel.ep", "num_experts (8) must be divisible by ep (3)"],
+    );
+    rejects(
+        &["--order", "tp-dp-pp"],
+        &["parallel.order", "must name tp, cp, ep, dp and pp"],
+    );
+    rejects(
+        &["--cp", "2", "--gpus", "16", "--flash-attention", "false"],
+        &["training.flash_attention"],
+    );
+    rejects(
+        &["--model", "gpt3-175b", "--seq", "4096", "--tp", "8"],
+        &["training.seq_length", "max_position_embeddings (2048)"],
+    );
+    rejects(
+        &["--model", "mixtral-8x7b", "--no-sp"],
+        &[
+            "parallel.sp",
+            "MoE layers with tp > 1 need sequence parallelism",
+        ],
+    );
+}
+
+#[test]
+fn all_violations_are_listed_at_once() {
+    rejects(
+        &["--tp", "3", "--gbs", "7", "--gpus", "9"],
+        &["parallel.tp", "training.global_batch_size"],
+    );
+}
+
+#[test]
+fn sp_with_tp_one_is_turned_off_with_a_warning() {
+    parsim()
+        .args(["estimate", "--tp", "1", "--sp", "--json"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("parallel.sp ignored"))
+        .stdout(predicate::str::contains("\"sp\": false"));
+}
+
+#[test]
+fn default_estimate_runs_and_fits() {
+    parsim()
+        .arg("estimate")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("llama3-8b on 8 x h100-sxm"))
+        .stdout(predicate::str::contains("FITS"));
+}
+
+#[test]
+fn json_follows_the_contract() {
+    let out = parsim().args(["estimate", "--json"]).output().unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in [
+        "config",
+        "params",
+        "flops",
+        "memory",
+        "communication",
+        "schedule",
+        "time",
+        "throughput",
+        "warnings",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key}");
+    }
+    for key in ["total", "embedding", "per_layer", "per_gpu_max"] {
+        assert!(v["params"][key].is_u64(), "params.{key}");
+    }
+    for key in ["per_step_model", "per_step_hardware", "per_token_model"] {
+        assert!(v["flops"][key].is_f64(), "flops.{key}");
+    }
+    assert!(v["memory"]["per_gpu_max_bytes"].is_u64());
+    assert!(v["memory"]["capacity_bytes"].is_u64());
+    assert!(v["memory"]["fits"].is_boolean());
+    let stage = &v["memory"]["stages"][0];
+    for key in [
+        "stage",
+        "weights",
+        "gradients",
+        "optimizer",
+        "activations",
+        "buffers",
+        "total",
+    ] {
+        assert!(stage[key].is_u64(), "stages[0].{key}");
+    }
+    let sum: u64 = [
+        "weights",
+        "gradients",
+        "optimizer",
+        "activations",
+        "buffers",
+    ]
+    .iter()
+    .map(|k| stage[*k].as_u64().unwrap())
+    .sum();
+    assert_eq!(sum, stage["total"].as_u64().unwrap());
+    for key in ["tp", "cp", "pp", "dp", "ep"] {
+        assert!(
+            v["communication"]["per_step_bytes_per_gpu"][key].is_u64(),
+            "communication.{key}"
+        );
+    }
+    assert!(v["schedule"]["bubble_fraction"].is_f64());
+    assert!(v["schedule"]["peak_inflight_microbatches"].is_array());
+    for key in [
+        "step_s",
+        "compute_s",
+        "exposed_comm_s",
+        "bubble_s",
+        "optimizer_s",
+    ] {
+        assert!(v["time"][key].is_f64(), "time.{key}");
+    }
+    for key in ["tokens_per_s", "tflops_per_gpu", "mfu"] {
+        assert!(v["throughput"][key].is_f64(), "throughput.{key}");
+    }
+    assert_eq!(v["config"]["parallel"]["dp"], 4);
+}
+
+#[test]
+fn config_file_and_flags_layer() {
+    // The file sets the model and TP; a flag overrides TP.
+    let f = temp_file(
+        ".toml",
+        "[model]\npreset = \"llama3-70b\"\n[parallel]\ntp = 8\n[cluster]\nnum_gpus = 64\n",
+    );
+    let out = parsim()
+        .args([
+            "estimate",
+            "--json",
+            "-c",
+            f.path().to_str().unwrap(),
+            "--tp",
+            "4",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["config"]["model"]["name"], "llama3-70b");
+    assert_eq!(v["config"]["parallel"]["tp"], 4);
+    assert_eq!(v["config"]["parallel"]["dp"], 16);
+    assert_eq!(v["params"]["total"], 70_553_706_496u64);
+}
+
+#[test]
+fn layout_prints_megatron_cp_groups() {
+    // Megatron-LM context-parallel docs: TP 8, CP 2 on 16 GPUs.
+    parsim()
+        .args([
+            "layout", "--tp", "8", "--cp", "2", "--gpus", "16", "--gbs", "1", "--all",
+        ])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("tp groups: 2 of size 8"))
+        .stdout(predicate::str::contains("[0..7]"))
+        .stdout(predicate::str::contains("[8..15]"))
+        .stdout(predicate::str::contains("[7, 15]"))
+        .stdout(predicate::str::contains(
+            "cp groups: 8 of size 2, 8 cross nodes",
+        ));
+}
+
+#[test]
+fn layout_rank_out_of_range_is_an_error() {
+    parsim()
+        .args(["layout", "--rank", "99"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("--rank 99 is out of range"));
+}
