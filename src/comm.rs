@@ -18,20 +18,31 @@ fn coll(kind: CollectiveKind, group: GroupKind, size: u32, payload: u64, count: 
     }
 }
 
-/// Data-parallel traffic of one step for `params` parameters (`trainable` of them) replicated
-/// over `n` ranks: ZeRO-0 all-reduces gradients once per step; ZeRO-1 reduce-scatters them and
-/// all-gathers updated parameters once per step; ZeRO-2 reduce-scatters every microbatch (the
-/// gradients are sharded); ZeRO-3 also all-gathers parameters before each forward and backward.
-pub fn dp_collectives(
-    zero: u8,
-    n: u32,
-    params: u64,
-    trainable: u64,
-    grad_bytes: u64,
-    weight_bytes: u64,
-    microbatches: u32,
-    group: GroupKind,
-) -> Vec<Collective> {
+/// Parameters replicated over a data-parallel group, and how they are kept.
+#[derive(Debug, Clone, Copy)]
+pub struct Replicas {
+    pub group: GroupKind,
+    /// Ranks holding a replica.
+    pub n: u32,
+    pub params: u64,
+    pub trainable: u64,
+    pub grad_bytes: u64,
+    pub weight_bytes: u64,
+}
+
+/// Data-parallel traffic of one step: ZeRO-0 all-reduces gradients once per step; ZeRO-1
+/// reduce-scatters them and all-gathers updated parameters once per step; ZeRO-2
+/// reduce-scatters every microbatch (the gradients are sharded); ZeRO-3 also all-gathers
+/// parameters before each forward and backward.
+pub fn dp_collectives(zero: u8, r: Replicas, microbatches: u32) -> Vec<Collective> {
+    let Replicas {
+        group,
+        n,
+        params,
+        trainable,
+        grad_bytes,
+        weight_bytes,
+    } = r;
     if n <= 1 || params == 0 {
         return Vec::new();
     }
@@ -89,29 +100,25 @@ pub fn rank_step_bytes(
     }
     let p = rank_params(chunks, s);
     let (gb, wb) = (tr.grad_dtype.bytes(), tr.weight_bytes());
-    for c in dp_collectives(
-        par.zero,
-        r.dense_replicas(),
-        p.rank_dense,
-        p.rank_dense_trainable,
-        gb,
-        wb,
-        m,
-        GroupKind::DpCp,
-    ) {
-        g.dp += c.wire_bytes();
-    }
-    for c in dp_collectives(
-        par.zero,
-        r.expert_dp(),
-        p.rank_expert,
-        p.rank_expert_trainable,
-        gb,
-        wb,
-        m,
-        GroupKind::ExpertDp,
-    ) {
-        g.dp += c.wire_bytes();
+    let dense = Replicas {
+        group: GroupKind::DpCp,
+        n: r.dense_replicas(),
+        params: p.rank_dense,
+        trainable: p.rank_dense_trainable,
+        grad_bytes: gb,
+        weight_bytes: wb,
+    };
+    let experts = Replicas {
+        group: GroupKind::ExpertDp,
+        n: r.expert_dp(),
+        params: p.rank_expert,
+        trainable: p.rank_expert_trainable,
+        ..dense
+    };
+    for set in [dense, experts] {
+        for c in dp_collectives(par.zero, set, m) {
+            g.dp += c.wire_bytes();
+        }
     }
     // With SP, gradients of TP-replicated weights (norms, router) differ per TP rank and are
     // all-reduced over TP once per step (Megatron's allreduce of layernorm grads).

@@ -239,7 +239,6 @@ pub fn stage_memory(
         .map(|(b, _)| b.temp)
         .max()
         .unwrap_or(0);
-    let _ = rank;
     let total = weights + grads + optimizer + activations + buffers;
     StageMemory {
         stage: rank,

@@ -3,10 +3,12 @@
 
 mod engine {
     pub mod activations;
+    pub mod comm;
     pub mod common;
     pub mod flops;
     pub mod hf_import;
     pub mod memory;
     pub mod params;
+    pub mod profiles;
     pub mod properties;
 }

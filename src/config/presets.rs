@@ -16,7 +16,8 @@ pub const PRESET_NAMES: &[&str] = &[
 ];
 
 /// A Llama-style dense model (RMSNorm, SwiGLU, rotary, untied, no biases).
-fn llama(name: &str, l: u32, h: u64, a: u32, g: u32, f: u64, v: u64, ctx: u64) -> ModelConfig {
+/// `heads` is (attention heads, KV heads).
+fn llama(name: &str, l: u32, h: u64, (a, g): (u32, u32), f: u64, v: u64, ctx: u64) -> ModelConfig {
     ModelConfig {
         name: name.into(),
         num_layers: l,
@@ -57,18 +58,18 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
             ..ModelConfig::default()
         },
         // Touvron et al. 2023 ("Llama 2"), Table 1 and the released config.json files.
-        "llama2-7b" => llama(name, 32, 4096, 32, 32, 11008, 32000, 4096),
-        "llama2-70b" => llama(name, 80, 8192, 64, 8, 28672, 32000, 4096),
+        "llama2-7b" => llama(name, 32, 4096, (32, 32), 11008, 32000, 4096),
+        "llama2-70b" => llama(name, 80, 8192, (64, 8), 28672, 32000, 4096),
         // Meta 2024 ("The Llama 3 Herd of Models"), Table 3.
-        "llama3-8b" => llama(name, 32, 4096, 32, 8, 14336, 128256, 8192),
-        "llama3-70b" => llama(name, 80, 8192, 64, 8, 28672, 128256, 8192),
-        "llama3-405b" => llama(name, 126, 16384, 128, 8, 53248, 128256, 8192),
+        "llama3-8b" => llama(name, 32, 4096, (32, 8), 14336, 128256, 8192),
+        "llama3-70b" => llama(name, 80, 8192, (64, 8), 28672, 128256, 8192),
+        "llama3-405b" => llama(name, 126, 16384, (128, 8), 53248, 128256, 8192),
         // Jiang et al. 2024 ("Mixtral of Experts"), Table 1: 8 experts, top-2, every layer MoE.
         "mixtral-8x7b" => ModelConfig {
             num_experts: 8,
             moe_router_topk: 2,
             moe_ffn_hidden_size: 14336,
-            ..llama(name, 32, 4096, 32, 8, 14336, 32000, 32768)
+            ..llama(name, 32, 4096, (32, 8), 14336, 32000, 32768)
         },
         // DeepSeek-AI 2024 ("DeepSeek-V3 Technical Report"), Sec. 4.2, and its config.json:
         // 61 layers, hidden 7168, 128 heads, MLA (q rank 1536, kv rank 512, nope 128, rope 64,

@@ -336,7 +336,6 @@ pub fn resolve(mut config: Config, gpu: GpuProfile) -> Result<Resolved, ConfigEr
     }
 
     // Schedules and virtual stages.
-    let v_shape = matches!(p.schedule, ScheduleKind::ZbV | ScheduleKind::DualPipeV);
     match p.schedule {
         ScheduleKind::Interleaved1F1B => {
             if p.pp < 2 {
@@ -384,7 +383,6 @@ pub fn resolve(mut config: Config, gpu: GpuProfile) -> Result<Resolved, ConfigEr
             }
         }
     }
-    let _ = v_shape;
 
     // Layer split over pipeline ranks.
     let mut per_rank_layers: Vec<u32> = Vec::new();
@@ -566,11 +564,7 @@ fn split_layers(
         }
         return Err(v);
     }
-    let mid = if middle_ranks > 0 {
-        rest / middle_ranks
-    } else {
-        0
-    };
+    let mid = rest.checked_div(middle_ranks).unwrap_or(0);
     Ok((0..pp)
         .map(|r| match (r, first, last) {
             (0, Some(f), _) => f,

@@ -3,14 +3,12 @@
 use super::common::est;
 use serde_json::json;
 
+/// l, h, a, V, s, B.
+type Shape = (u64, u64, u64, u64, u64, u64);
+
 /// A GPT-style MHA model with f = 4h and a B x s batch on one GPU.
 fn gpt(
-    l: u64,
-    h: u64,
-    a: u64,
-    v: u64,
-    s: u64,
-    batch: u64,
+    (l, h, a, v, s, batch): Shape,
     counting: &str,
     recompute: &str,
 ) -> parsim::estimate::Estimate {
@@ -31,7 +29,7 @@ fn close(a: f64, b: f64) -> bool {
     ((a - b) / b).abs() < 1e-12
 }
 
-const SHAPES: [(u64, u64, u64, u64, u64, u64); 4] = [
+const SHAPES: [Shape; 4] = [
     // l, h, a, V, s, B
     (96, 12288, 96, 51200, 2048, 8),
     (24, 2048, 16, 50304, 4096, 4),
@@ -44,7 +42,7 @@ fn model_flops_causal_equal_megatron_formula() {
     // Megatron-LM (training.py num_floating_point_operations) with causal attention:
     // 72 B s l h^2 (1 + s/(12h) + V/(12 l h)).
     for (l, h, a, v, s, b) in SHAPES {
-        let e = gpt(l, h, a, v, s, b, "causal", "none");
+        let e = gpt((l, h, a, v, s, b), "causal", "none");
         let (lf, hf, vf, sf, bf) = (l as f64, h as f64, v as f64, s as f64, b as f64);
         let expect =
             72.0 * bf * sf * lf * hf * hf * (1.0 + sf / (12.0 * hf) + vf / (12.0 * lf * hf));
@@ -60,7 +58,7 @@ fn model_flops_causal_equal_megatron_formula() {
 fn model_flops_full_equal_narayanan_2021() {
     // Narayanan et al. 2021, Sec. 5.1: 72 B s l h^2 (1 + s/(6h) + V/(12 l h)).
     for (l, h, a, v, s, b) in SHAPES {
-        let e = gpt(l, h, a, v, s, b, "full", "none");
+        let e = gpt((l, h, a, v, s, b), "full", "none");
         let (lf, hf, vf, sf, bf) = (l as f64, h as f64, v as f64, s as f64, b as f64);
         let expect =
             72.0 * bf * sf * lf * hf * hf * (1.0 + sf / (6.0 * hf) + vf / (12.0 * lf * hf));
@@ -74,7 +72,7 @@ fn hardware_flops_with_full_recompute_equal_narayanan_2021() {
     // Narayanan et al. 2021, Sec. 5.1, with activation recomputation (one extra forward of
     // every layer, not of the output layer): 96 B s l h^2 (1 + s/(6h) + V/(16 l h)).
     for (l, h, a, v, s, b) in SHAPES {
-        let e = gpt(l, h, a, v, s, b, "full", "full");
+        let e = gpt((l, h, a, v, s, b), "full", "full");
         let (lf, hf, vf, sf, bf) = (l as f64, h as f64, v as f64, s as f64, b as f64);
         let expect =
             96.0 * bf * sf * lf * hf * hf * (1.0 + sf / (6.0 * hf) + vf / (16.0 * lf * hf));
