@@ -1,0 +1,614 @@
+//! Plays a Plan on the CPU backend: one thread per rank, each running its action list for a
+//! number of steps, with gradient accumulation over microbatches, activation recomputation,
+//! split backward (I then W), data parallelism with ZeRO 1/2/3 (Rajbhandari et al. 2020) over
+//! a flat parameter buffer, and Adam.
+//!
+//! ZeRO here, as Megatron's distributed optimizer: the rank's parameters are one flat buffer
+//! split into `dp` contiguous shards of ceil(P / dp) elements.
+//! - 0: full gradients, all-reduced over DP at the step; Adam on every parameter.
+//! - 1: full gradients, reduce-scattered at the step; Adam on the shard; updated shards
+//!   all-gathered.
+//! - 2: as 1, but each block's gradients are reduce-scattered into the shard as soon as they
+//!   are computed (one block-sized bucket at a time), so only the shard is kept.
+//! - 3: as 2, and the parameters too are kept as a shard: a block is all-gathered before use
+//!   and freed after; two gathered blocks are live at a time (the one in use and the next,
+//!   as a prefetch would hold them).
+
+use crate::backend::cpu::memory::{self, Category, MemoryBreakdown};
+use crate::backend::cpu::{CpuComm, Group, Tensor, World};
+use crate::backend::{Collectives, ReduceOp, TensorOps};
+use crate::error::ExecError;
+use crate::model::ends::{embedding_bwd, embedding_fwd, output_bwd, output_fwd, OutputSaved};
+use crate::model::layer::{layer_bwd, layer_fwd, LayerSaved};
+use crate::model::params::{init_range, layout_len, rank_layout, BlockKind, BlockLayout};
+use crate::model::{data, Ctx, WTask};
+use crate::plan::{Action, Coords, Plan, RankPlan, Recompute};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Range;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// How to run.
+#[derive(Debug, Clone, Copy)]
+pub struct RunOptions {
+    /// Steps in all (warm-up included).
+    pub steps: u32,
+    /// Leading steps left out of the timing.
+    pub warmup: u32,
+    /// Collect every parameter (as global tensors) after the last step.
+    pub export_params: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            steps: 3,
+            warmup: 1,
+            export_params: false,
+        }
+    }
+}
+
+/// One rank's measurements.
+#[derive(Debug, Clone, Serialize)]
+pub struct RankReport {
+    pub rank: u32,
+    pub coords: Coords,
+    /// Seconds of each timed step.
+    pub step_s: Vec<f64>,
+    /// Tracked bytes by category at the moment of the peak total.
+    pub peak: MemoryBreakdown,
+}
+
+impl RankReport {
+    /// Median of the timed steps.
+    pub fn median_step_s(&self) -> f64 {
+        median(&self.step_s)
+    }
+}
+
+/// The median of a list (0 when empty).
+pub fn median(xs: &[f64]) -> f64 {
+    if xs.is_empty() {
+        return 0.0;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let k = v.len();
+    if k % 2 == 1 {
+        v[k / 2]
+    } else {
+        0.5 * (v[k / 2 - 1] + v[k / 2])
+    }
+}
+
+/// A whole run.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    pub world: u32,
+    /// The global mean token loss of every step (warm-up included), computed on the
+    /// parameters before that step's update.
+    pub loss: Vec<f64>,
+    pub ranks: Vec<RankReport>,
+    /// Global parameter tensors after the last step (flat, row-major), when asked for.
+    pub params: Option<BTreeMap<String, Vec<f32>>>,
+}
+
+struct RankOutput {
+    report: RankReport,
+    loss_sums: Vec<f64>,
+    params: Vec<(String, usize, f32)>,
+}
+
+/// Runs `plan` on CPU threads.
+pub fn run_cpu(plan: &Plan, opts: &RunOptions) -> Result<RunReport, ExecError> {
+    plan.validate()?;
+    if opts.steps == 0 || opts.warmup >= opts.steps {
+        return Err(ExecError::Plan(format!(
+            "steps ({}) must exceed warmup ({})",
+            opts.steps, opts.warmup
+        )));
+    }
+    let world = World::new(plan.ranks.len());
+    let results: Vec<Result<RankOutput, ExecError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = plan
+            .ranks
+            .iter()
+            .map(|rp| {
+                let world = Arc::clone(&world);
+                s.spawn(move || {
+                    let comm = CpuComm::new(rp.rank, Arc::clone(&world));
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_rank(plan, rp, &comm, opts)));
+                    let r = match r {
+                        Ok(r) => r,
+                        Err(e) => Err(ExecError::Rank {
+                            rank: rp.rank,
+                            message: e
+                                .downcast_ref::<String>()
+                                .cloned()
+                                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                                .unwrap_or_else(|| "panic".into()),
+                        }),
+                    };
+                    if r.is_err() {
+                        world.abort();
+                    }
+                    r
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(ExecError::Rank {
+                        rank: u32::MAX,
+                        message: "thread died".into(),
+                    })
+                })
+            })
+            .collect()
+    });
+    // Report the first real failure rather than the ranks that gave up because of it.
+    if let Some(e) = results.iter().find_map(|r| match r {
+        Err(e) if !matches!(e, ExecError::Aborted { .. }) => Some(e.to_string()),
+        _ => None,
+    }) {
+        return Err(ExecError::Plan(e));
+    }
+    let outs: Vec<RankOutput> = results.into_iter().collect::<Result<_, _>>()?;
+    let tokens = (plan.global_batch() * plan.model.seq) as f64;
+    let loss = (0..opts.steps as usize)
+        .map(|i| outs.iter().map(|o| o.loss_sums[i]).sum::<f64>() / tokens)
+        .collect();
+    let params = opts.export_params.then(|| {
+        let mut acc: HashMap<String, Vec<(usize, f32)>> = HashMap::new();
+        for o in &outs {
+            for (name, i, v) in &o.params {
+                acc.entry(name.clone()).or_default().push((*i, *v));
+            }
+        }
+        acc.into_iter()
+            .map(|(name, mut items)| {
+                items.sort_by_key(|x| x.0);
+                items.dedup_by_key(|x| x.0);
+                (name, items.into_iter().map(|x| x.1).collect())
+            })
+            .collect()
+    });
+    Ok(RunReport {
+        world: plan.world(),
+        loss,
+        ranks: outs.into_iter().map(|o| o.report).collect(),
+        params,
+    })
+}
+
+enum BlockSaved {
+    Embedding(Vec<u32>),
+    Layer(Box<LayerSaved>),
+    LayerInput(Tensor),
+    Output(OutputSaved),
+}
+
+type BlockTasks = Vec<(usize, Vec<WTask>)>;
+
+/// A block's parameters: a range of the full flat buffer, or a gathered copy (ZeRO-3).
+enum Handle {
+    Flat(Range<usize>),
+    Gathered(Rc<Tensor>),
+}
+
+struct Rank<'a> {
+    plan: &'a Plan,
+    rp: &'a RankPlan,
+    ctx: Ctx<'a>,
+    dp: Group,
+    blocks: Vec<BlockLayout>,
+    stage_blocks: HashMap<u32, Range<usize>>,
+    zero: u8,
+    /// This rank's ZeRO shard of the flat buffer.
+    shard: Range<usize>,
+    params: Tensor,
+    grads: Tensor,
+    m: Tensor,
+    v: Tensor,
+    step: u32,
+    cache: VecDeque<(usize, Rc<Tensor>)>,
+    saved: HashMap<(u32, u32), Vec<BlockSaved>>,
+    wtasks: HashMap<(u32, u32), BlockTasks>,
+    mailbox: HashMap<(u32, u32, bool), Tensor>,
+    send_buf: Option<Tensor>,
+    recv_buf: Option<Tensor>,
+    loss_sum: f64,
+    grad_scale: f32,
+}
+
+fn tag(stage: u32, mb: u32, grad: bool) -> u64 {
+    ((stage as u64) << 33) | ((mb as u64) << 1) | grad as u64
+}
+
+fn run_rank(plan: &Plan, rp: &RankPlan, comm: &CpuComm, opts: &RunOptions) -> Result<RankOutput, ExecError> {
+    memory::reset_peak();
+    let tp = comm.group(&rp.tp_group);
+    let dp = comm.group(&rp.dp_group);
+    let ctx = Ctx::new(plan, comm, tp, rp.coords.tp);
+    let blocks = rank_layout(plan, rp.coords.tp, &rp.stages);
+    let mut stage_blocks = HashMap::new();
+    for &s in &rp.stages {
+        let idx: Vec<usize> = (0..blocks.len()).filter(|&i| blocks[i].stage == s).collect();
+        let r = match (idx.first(), idx.last()) {
+            (Some(&a), Some(&b)) => a..b + 1,
+            _ => 0..0,
+        };
+        stage_blocks.insert(s, r);
+    }
+    let total = layout_len(&blocks);
+    let dps = dp.size();
+    let per = total.div_ceil(dps);
+    let shard = (dp.index * per).min(total)..((dp.index + 1) * per).min(total);
+    let zero = plan.parallel.zero;
+    let prange = if zero >= 3 { shard.clone() } else { 0..total };
+    let mut pdata = vec![0.0f32; prange.len()];
+    init_range(plan.seed, &blocks, prange.clone(), &mut pdata);
+    let params = Tensor::from_vec(Category::Weights, &[prange.len()], pdata);
+    let glen = if zero >= 2 { shard.len() } else { total };
+    let olen = if zero >= 1 { shard.len() } else { total };
+    let n_sp = ctx.n_sp;
+    let h = plan.model.hidden;
+    let pp = plan.parallel.pp > 1;
+    let mut rank = Rank {
+        plan,
+        rp,
+        dp,
+        blocks,
+        stage_blocks,
+        zero,
+        shard,
+        params,
+        grads: Tensor::zeros(Category::Gradients, &[glen]),
+        m: Tensor::zeros(Category::Optimizer, &[olen]),
+        v: Tensor::zeros(Category::Optimizer, &[olen]),
+        step: 0,
+        cache: VecDeque::new(),
+        saved: HashMap::new(),
+        wtasks: HashMap::new(),
+        mailbox: HashMap::new(),
+        send_buf: pp.then(|| Tensor::zeros(Category::Buffers, &[n_sp, h])),
+        recv_buf: pp.then(|| Tensor::zeros(Category::Buffers, &[n_sp, h])),
+        loss_sum: 0.0,
+        grad_scale: 1.0 / (plan.global_batch() * plan.model.seq) as f32,
+        ctx,
+    };
+    let mut step_s = Vec::new();
+    let mut loss_sums = Vec::new();
+    for step in 0..opts.steps {
+        let t0 = Instant::now();
+        rank.loss_sum = 0.0;
+        for a in &rp.actions {
+            rank.act(*a)?;
+        }
+        let dt = t0.elapsed().as_secs_f64();
+        if step >= opts.warmup {
+            step_s.push(dt);
+        }
+        loss_sums.push(rank.loss_sum);
+    }
+    let peak = memory::peak();
+    let params = if opts.export_params { rank.export()? } else { Vec::new() };
+    Ok(RankOutput {
+        report: RankReport {
+            rank: rp.rank,
+            coords: rp.coords,
+            step_s,
+            peak,
+        },
+        loss_sums,
+        params,
+    })
+}
+
+impl<'a> Rank<'a> {
+    fn act(&mut self, a: Action) -> Result<(), ExecError> {
+        match a {
+            Action::Forward { stage, mb } => self.forward(stage, mb),
+            Action::Backward { stage, mb } => self.backward_input(stage, mb, true),
+            Action::BackwardInput { stage, mb } => self.backward_input(stage, mb, false),
+            Action::BackwardWeight { stage, mb } => {
+                let tasks = self.wtasks.remove(&(stage, mb)).ok_or_else(|| {
+                    ExecError::Plan(format!("W(stage {stage}, mb {mb}) before its I on rank {}", self.rp.rank))
+                })?;
+                for (bi, ts) in tasks {
+                    self.run_tasks(bi, ts)?;
+                }
+                Ok(())
+            }
+            Action::SendActivation { to, stage, mb } => self.send(to, stage, mb, false),
+            Action::SendGrad { to, stage, mb } => self.send(to, stage, mb, true),
+            Action::RecvActivation { from, stage, mb } => self.recv(from, stage, mb, false),
+            Action::RecvGrad { from, stage, mb } => self.recv(from, stage, mb, true),
+            Action::OptimizerStep => self.optimizer_step(),
+        }
+    }
+
+    fn missing(&self, what: &str, stage: u32, mb: u32) -> ExecError {
+        ExecError::Plan(format!(
+            "rank {}: no {what} for stage {stage}, microbatch {mb} (actions out of order)",
+            self.rp.rank
+        ))
+    }
+
+    fn send(&mut self, to: u32, stage: u32, mb: u32, grad: bool) -> Result<(), ExecError> {
+        let t = self
+            .mailbox
+            .remove(&(stage, mb, grad))
+            .ok_or_else(|| self.missing("tensor to send", stage, mb))?;
+        let buf = self.send_buf.as_mut().expect("pp buffers");
+        buf.data_mut().copy_from_slice(t.data());
+        drop(t);
+        self.ctx.comm.send(to, tag(stage, mb, grad), buf.data())
+    }
+
+    fn recv(&mut self, from: u32, stage: u32, mb: u32, grad: bool) -> Result<(), ExecError> {
+        let buf = self.recv_buf.as_mut().expect("pp buffers");
+        self.ctx.comm.recv(from, tag(stage, mb, grad), buf.data_mut())?;
+        let cat = if grad { Category::Buffers } else { Category::Activations };
+        let t = Tensor::copy_of(cat, buf.shape(), buf.data());
+        self.mailbox.insert((stage, mb, grad), t);
+        Ok(())
+    }
+
+    /// The parameters of block `bi` (gathering them over DP under ZeRO-3).
+    fn handle(&mut self, bi: usize) -> Result<Handle, ExecError> {
+        let r = self.blocks[bi].range.clone();
+        if self.zero < 3 {
+            return Ok(Handle::Flat(r));
+        }
+        if let Some((_, t)) = self.cache.iter().find(|(b, _)| *b == bi) {
+            return Ok(Handle::Gathered(Rc::clone(t)));
+        }
+        if self.cache.len() == 2 {
+            self.cache.pop_front();
+        }
+        let mut t = Tensor::zeros(Category::Buffers, &[r.len()]);
+        self.ctx
+            .comm
+            .gather_range(&self.dp, self.shard.start, self.params.data(), r, t.data_mut())?;
+        let t = Rc::new(t);
+        self.cache.push_back((bi, Rc::clone(&t)));
+        Ok(Handle::Gathered(t))
+    }
+
+    fn forward(&mut self, stage: u32, mb: u32) -> Result<(), ExecError> {
+        let bidx = self.stage_blocks.get(&stage).cloned().ok_or_else(|| self.missing("chunk", stage, mb))?;
+        let (tokens, targets) = data::microbatch(&self.plan.model, self.plan.seed, self.plan.microbatches, self.rp.coords.dp, mb);
+        let mut x = if matches!(self.blocks[bidx.start].kind, BlockKind::Embedding) {
+            None
+        } else {
+            Some(
+                self.mailbox
+                    .remove(&(stage.wrapping_sub(1), mb, false))
+                    .ok_or_else(|| self.missing("input activation", stage, mb))?,
+            )
+        };
+        let mut saved = Vec::with_capacity(bidx.len());
+        let mut targets = Some(targets);
+        for bi in bidx {
+            let h = self.handle(bi)?;
+            let p: &[f32] = match &h {
+                Handle::Flat(r) => &self.params.data()[r.clone()],
+                Handle::Gathered(t) => t.data(),
+            };
+            let l = &self.blocks[bi];
+            match l.kind {
+                BlockKind::Embedding => {
+                    x = Some(embedding_fwd(&mut self.ctx, l, p, &tokens)?);
+                    saved.push(BlockSaved::Embedding(tokens.clone()));
+                }
+                BlockKind::Layer(_) => {
+                    let input = x.take().expect("layer input");
+                    let (y, s) = layer_fwd(&mut self.ctx, l, p, input)?;
+                    if self.ctx.recompute == Recompute::Full {
+                        saved.push(BlockSaved::LayerInput(s.x));
+                    } else {
+                        saved.push(BlockSaved::Layer(Box::new(s)));
+                    }
+                    x = Some(y);
+                }
+                BlockKind::Output => {
+                    let input = x.take().expect("output input");
+                    let (loss, s) = output_fwd(&mut self.ctx, l, p, input, targets.take().expect("targets"))?;
+                    if self.rp.coords.tp == 0 {
+                        self.loss_sum += loss;
+                    }
+                    saved.push(BlockSaved::Output(s));
+                }
+            }
+        }
+        if let Some(y) = x {
+            self.mailbox.insert((stage, mb, false), y);
+        }
+        self.saved.insert((stage, mb), saved);
+        Ok(())
+    }
+
+    /// Input gradients of a chunk; the weight-gradient tasks run at once (`immediate`, a full
+    /// backward) or wait for the W action.
+    fn backward_input(&mut self, stage: u32, mb: u32, immediate: bool) -> Result<(), ExecError> {
+        let bidx = self.stage_blocks.get(&stage).cloned().ok_or_else(|| self.missing("chunk", stage, mb))?;
+        let saved = self
+            .saved
+            .remove(&(stage, mb))
+            .ok_or_else(|| self.missing("forward", stage, mb))?;
+        let mut dy = if matches!(self.blocks[bidx.end - 1].kind, BlockKind::Output) {
+            None
+        } else {
+            Some(
+                self.mailbox
+                    .remove(&(stage + 1, mb, true))
+                    .ok_or_else(|| self.missing("output gradient", stage, mb))?,
+            )
+        };
+        let mut held: BlockTasks = Vec::new();
+        for (bi, s) in bidx.rev().zip(saved.into_iter().rev()) {
+            let h = self.handle(bi)?;
+            let p: &[f32] = match &h {
+                Handle::Flat(r) => &self.params.data()[r.clone()],
+                Handle::Gathered(t) => t.data(),
+            };
+            let l = &self.blocks[bi];
+            let tasks = match s {
+                BlockSaved::Output(os) => {
+                    let (dx, t) = output_bwd(&mut self.ctx, l, p, os, self.grad_scale)?;
+                    dy = Some(dx);
+                    t
+                }
+                BlockSaved::Layer(ls) => {
+                    let (dx, t) = layer_bwd(&mut self.ctx, l, p, *ls, dy.take().expect("grad"))?;
+                    dy = Some(dx);
+                    t
+                }
+                BlockSaved::LayerInput(x) => {
+                    let (y, ls) = layer_fwd(&mut self.ctx, l, p, x)?;
+                    drop(y);
+                    let (dx, t) = layer_bwd(&mut self.ctx, l, p, ls, dy.take().expect("grad"))?;
+                    dy = Some(dx);
+                    t
+                }
+                BlockSaved::Embedding(tokens) => embedding_bwd(&mut self.ctx, tokens, dy.take().expect("grad"))?,
+            };
+            drop(h);
+            if immediate {
+                self.run_tasks(bi, tasks)?;
+            } else {
+                held.push((bi, tasks.into_iter().map(WTask::hold).collect()));
+            }
+        }
+        if let Some(dx) = dy {
+            self.mailbox.insert((stage, mb, true), dx);
+        }
+        if !immediate {
+            self.wtasks.insert((stage, mb), held);
+        }
+        Ok(())
+    }
+
+    /// Runs block `bi`'s weight-gradient tasks into its gradients (ZeRO-2/3: into a bucket
+    /// that is reduce-scattered into the shard).
+    fn run_tasks(&mut self, bi: usize, tasks: Vec<WTask>) -> Result<(), ExecError> {
+        let l = &self.blocks[bi];
+        if self.zero < 2 {
+            let g = &mut self.grads.data_mut()[l.range.clone()];
+            for t in tasks {
+                t.run(&mut self.ctx, l, g)?;
+            }
+            return Ok(());
+        }
+        let mut bucket = Tensor::zeros(Category::Buffers, &[l.range.len()]);
+        for t in tasks {
+            t.run(&mut self.ctx, l, bucket.data_mut())?;
+        }
+        if self.ctx.sp {
+            for t in l.tensors.iter().filter(|t| t.tp_replicated) {
+                self.ctx
+                    .comm
+                    .all_reduce(&self.ctx.tp, &mut bucket.data_mut()[t.range()], ReduceOp::Sum)?;
+            }
+        }
+        self.ctx.comm.reduce_scatter_range(
+            &self.dp,
+            l.range.start,
+            bucket.data(),
+            self.shard.clone(),
+            self.grads.data_mut(),
+        )
+    }
+
+    fn optimizer_step(&mut self) -> Result<(), ExecError> {
+        self.step += 1;
+        let comm = self.ctx.comm;
+        if self.zero < 2 && self.ctx.sp {
+            // Sequence parallelism: norm gradients are partial sums over the sequence shards.
+            for b in &self.blocks {
+                for t in b.tensors.iter().filter(|t| t.tp_replicated) {
+                    let r = b.range.start + t.offset..b.range.start + t.offset + t.len();
+                    comm.all_reduce(&self.ctx.tp, &mut self.grads.data_mut()[r], ReduceOp::Sum)?;
+                }
+            }
+        }
+        let sh = self.shard.clone();
+        let adam = self.plan.adam;
+        match self.zero {
+            0 => {
+                comm.all_reduce(&self.dp, self.grads.data_mut(), ReduceOp::Sum)?;
+                self.ctx.ops.adam(
+                    &adam,
+                    self.step,
+                    self.params.data_mut(),
+                    self.grads.data(),
+                    self.m.data_mut(),
+                    self.v.data_mut(),
+                );
+            }
+            1 | 2 => {
+                if self.zero == 1 {
+                    // Staging copy of the send side (NCCL's buffers, untracked).
+                    let all = self.grads.data().to_vec();
+                    self.grads.data_mut()[sh.clone()].fill(0.0);
+                    comm.reduce_scatter_range(&self.dp, 0, &all, sh.clone(), &mut self.grads.data_mut()[sh.clone()])?;
+                }
+                let g: &[f32] = if self.zero == 1 { &self.grads.data()[sh.clone()] } else { self.grads.data() };
+                self.ctx.ops.adam(
+                    &adam,
+                    self.step,
+                    &mut self.params.data_mut()[sh.clone()],
+                    g,
+                    self.m.data_mut(),
+                    self.v.data_mut(),
+                );
+                let mine = self.params.data()[sh.clone()].to_vec();
+                let total = self.params.len();
+                comm.gather_range(&self.dp, sh.start, &mine, 0..total, self.params.data_mut())?;
+            }
+            _ => {
+                self.cache.clear();
+                self.ctx.ops.adam(
+                    &adam,
+                    self.step,
+                    self.params.data_mut(),
+                    self.grads.data(),
+                    self.m.data_mut(),
+                    self.v.data_mut(),
+                );
+            }
+        }
+        self.grads.data_mut().fill(0.0);
+        Ok(())
+    }
+
+    /// Every parameter element with its global tensor name and index.
+    fn export(&mut self) -> Result<Vec<(String, usize, f32)>, ExecError> {
+        let total = layout_len(&self.blocks);
+        let full: Vec<f32> = if self.zero >= 3 {
+            let mut out = vec![0.0; total];
+            self.ctx
+                .comm
+                .gather_range(&self.dp, self.shard.start, self.params.data(), 0..total, &mut out)?;
+            out
+        } else {
+            self.params.data().to_vec()
+        };
+        let mut out = Vec::with_capacity(total);
+        for b in &self.blocks {
+            for t in &b.tensors {
+                for i in 0..t.len() {
+                    let (s, gi) = t.global_of(i);
+                    out.push((s.name.clone(), gi, full[b.range.start + t.offset + i]));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
