@@ -1,5 +1,7 @@
 //! The `parsim` command line (clap). Each subcommand lives in its own file.
 
+mod schedule;
+
 use clap::{Parser, Subcommand};
 
 /// parsim: plan, simulate and run the parallel layout of LLM training.
@@ -11,9 +13,14 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {}
+pub enum Command {
+    /// Simulate and draw pipeline schedules (GPipe, 1F1B, interleaved, ZB-H1, ZB-V, DualPipe-V).
+    Schedule(schedule::ScheduleArgs),
+}
 
 /// Runs the parsed command.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {}
+    match cli.command {
+        Command::Schedule(args) => schedule::run(args),
+    }
 }

@@ -1,1 +1,7 @@
 //! Human tables, JSON, SVG/PNG charts (plotters) and Chrome-trace timelines.
+
+pub mod ascii_timeline;
+pub mod chrome_trace;
+pub mod gantt;
+pub mod schedule_json;
+pub mod table_schedule;
