@@ -30,11 +30,14 @@ pub struct ScheduleArgs {
     #[arg(long, default_value = "interleaved-1f1b")]
     pub schedule: ScheduleKind,
 
-    /// Forward time of one chunk (any unit; traces read it as seconds).
+    /// Forward time of one rank's share of the model (any unit; traces read it as seconds).
+    /// With vpp chunks per rank each chunk takes 1/vpp of it, so schedules compare on the
+    /// same model.
     #[arg(long, default_value_t = 1.0)]
     pub f: f64,
 
-    /// Backward time of one chunk. With --w it is the input-gradient part I only.
+    /// Backward time of one rank's share of the model (split over chunks like --f). With
+    /// --w it is the input-gradient part I only.
     #[arg(long, default_value_t = 2.0)]
     pub b: f64,
 
@@ -112,7 +115,7 @@ pub fn run(args: ScheduleArgs) -> Result<()> {
     let options = GenerateOptions {
         microbatch_group_size: args.microbatch_group_size,
     };
-    let mut runs: Vec<(Program, Simulation)> = Vec::new();
+    let mut runs: Vec<(Program, Simulation, Costs)> = Vec::new();
     for &kind in &kinds {
         // In a comparison each schedule runs with its own chunk count, except that --vpp
         // applies to interleaved-1f1b.
@@ -123,14 +126,22 @@ pub fn run(args: ScheduleArgs) -> Result<()> {
         };
         let program = generate_with(kind, args.pp, vpp, args.microbatches, &options)
             .with_context(|| format!("cannot generate the {kind} schedule"))?;
-        let costs = Costs::uniform(args.pp, vpp, args.f, args.b, args.w, args.p2p)
-            .and_then(|c| c.with_overlap_factor(args.overlap_factor))
-            .context("bad --f/--b/--w/--p2p/--overlap-factor")?;
+        let per_chunk = 1.0 / vpp.max(1) as f64;
+        let costs = Costs::uniform(
+            args.pp,
+            vpp,
+            args.f * per_chunk,
+            args.b * per_chunk,
+            args.w.map(|w| w * per_chunk),
+            args.p2p,
+        )
+        .and_then(|c| c.with_overlap_factor(args.overlap_factor))
+        .context("bad --f/--b/--w/--p2p/--overlap-factor")?;
         let sim = simulate(&program, &costs)
             .with_context(|| format!("cannot simulate the {kind} schedule"))?;
-        runs.push((program, sim));
+        runs.push((program, sim, costs));
     }
-    let refs: Vec<(&Program, &Simulation)> = runs.iter().map(|(p, s)| (p, s)).collect();
+    let refs: Vec<(&Program, &Simulation)> = runs.iter().map(|(p, s, _)| (p, s)).collect();
 
     let size = args.size.unwrap_or_else(|| gantt::default_size(&refs));
     if let Some(path) = &args.svg {
@@ -169,7 +180,7 @@ pub fn run(args: ScheduleArgs) -> Result<()> {
     if args.compare.is_some() {
         writeln!(
             out,
-            "pp {}, {} microbatches, F = {}, B = {}{}, p2p = {}",
+            "pp {}, {} microbatches, per rank share: F = {}, B = {}{}, p2p = {}",
             args.pp,
             args.microbatches,
             args.f,
@@ -179,7 +190,8 @@ pub fn run(args: ScheduleArgs) -> Result<()> {
                 .unwrap_or_default(),
             args.p2p
         )?;
-        writeln!(out, "{}", table_schedule::compare_table(&refs))?;
+        let with_costs: Vec<_> = runs.iter().map(|(p, s, c)| (p, s, c)).collect();
+        writeln!(out, "{}", table_schedule::compare_table(&with_costs))?;
         return Ok(());
     }
     let color = std::io::stdout().is_terminal();

@@ -7,7 +7,7 @@
 //! backward in the two halves of one bar. The title gives the bubble share. Several schedules
 //! are stacked on one time axis, and a legend closes the picture.
 //!
-//! PNG text needs a font: the DejaVu Sans shipped in `assets/fonts` is registered with
+//! Text needs a font (PNG to render it, SVG to measure it): the DejaVu Sans shipped in `assets/fonts` is registered with
 //! plotters (feature `ab_glyph`) before drawing, since the system font path is not built in.
 
 use crate::schedule::{ActionKind, Overlap, Program, Simulation};
@@ -64,6 +64,8 @@ pub fn write_svg(
     size: (u32, u32),
 ) -> Result<(), GanttError> {
     check(runs, size)?;
+    // SVG text is measured for layout, which needs the font as well.
+    ensure_font()?;
     let root = SVGBackend::new(path, size).into_drawing_area();
     draw(&root, runs).map_err(|e| draw_err(path, e))?;
     root.present().map_err(|e| draw_err(path, e))
