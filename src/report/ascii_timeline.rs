@@ -44,7 +44,7 @@ pub fn render(program: &Program, sim: &Simulation, color: bool, max_columns: usi
             width = width.max(label(a.kind, a.microbatch, a.stage).len());
         }
     }
-    if !(sim.makespan > 0.0) || !min_dur.is_finite() {
+    if sim.makespan.is_nan() || sim.makespan <= 0.0 || !min_dur.is_finite() {
         return String::from("(empty timeline)\n");
     }
     let max_columns = max_columns.max(8);
