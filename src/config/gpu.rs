@@ -70,7 +70,11 @@ pub struct GemmShape {
 impl Default for GemmShape {
     /// H100 SXM: 132 SMs; cuBLAS's common 128 x 256 bf16 tile.
     fn default() -> Self {
-        GemmShape { sms: 132, tile_m: 128, tile_n: 256 }
+        GemmShape {
+            sms: 132,
+            tile_m: 128,
+            tile_n: 256,
+        }
     }
 }
 
@@ -158,7 +162,10 @@ impl GpuProfile {
             ("efficiency.matmul", self.efficiency.matmul),
             ("efficiency.attention", self.efficiency.attention),
             ("efficiency.memory_bound", self.efficiency.memory_bound),
-            ("efficiency.kernel_overhead_s", self.efficiency.kernel_overhead_s.max(1e-30)),
+            (
+                "efficiency.kernel_overhead_s",
+                self.efficiency.kernel_overhead_s.max(1e-30),
+            ),
             (
                 "links.intra_node.efficiency",
                 self.links.intra_node.efficiency,
@@ -182,11 +189,17 @@ impl GpuProfile {
                 message: "gemm.sms, gemm.tile_m and gemm.tile_n must be positive".into(),
             });
         }
-        for (field, v) in [("efficiency.matmul", self.efficiency.matmul), ("efficiency.attention", self.efficiency.attention), ("efficiency.memory_bound", self.efficiency.memory_bound)] {
+        for (field, v) in [
+            ("efficiency.matmul", self.efficiency.matmul),
+            ("efficiency.attention", self.efficiency.attention),
+            ("efficiency.memory_bound", self.efficiency.memory_bound),
+        ] {
             if v > 1.0 {
                 return Err(ConfigError::Profile {
                     origin: origin.to_string(),
-                    message: format!("{field} is a fraction of peak and must be at most 1, got {v}"),
+                    message: format!(
+                        "{field} is a fraction of peak and must be at most 1, got {v}"
+                    ),
                 });
             }
         }
