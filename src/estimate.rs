@@ -276,6 +276,100 @@ fn dp_tail_s(
     tail
 }
 
+/// Per-stage durations of one microbatch (F, I, W with exposed communication) and the hop
+/// costs between stages: the schedule simulator's input.
+fn stage_costs(
+    r: &Resolved,
+    s: &LedgerSummary,
+    ledger: &Ledger,
+    chunks: &[Vec<ChunkContents>],
+    links: &Links,
+) -> Result<(Vec<ChunkTimes>, Costs), EstimateError> {
+    let par = &r.config.parallel;
+    let stages = r.placement.num_stages();
+    let mut chunk_times = vec![ChunkTimes::default(); stages];
+    for c in chunks.iter().flatten() {
+        let mut t = ChunkTimes::default();
+        for (b, n) in c.blocks(s) {
+            let k = n as f64;
+            let bt = &b.times;
+            t.fwd += k * (bt.fwd_s + bt.exposed_fwd_s());
+            t.input_grad += k * (bt.dgrad_s + bt.recompute_s + bt.exposed_bwd_s());
+            t.weight_grad += k * bt.wgrad_s;
+            t.compute += k * (bt.fwd_s + bt.dgrad_s + bt.recompute_s + bt.wgrad_s);
+            t.exposed.add(&bt.exposed_fwd, k);
+            t.exposed.add(&bt.exposed_bwd, k);
+        }
+        let fwd_compute = t.fwd - t.exposed.total();
+        let (zf, zb) =
+            per_microbatch_dp_s(r, links, s, c, fwd_compute, t.input_grad + t.weight_grad);
+        t.fwd += zf;
+        t.input_grad += zb;
+        t.exposed.dp += zf + zb;
+        chunk_times[c.stage] = t;
+    }
+    let hop_bytes = ledger.dims.residual_bytes();
+    let hop_s = links.collective_s(GroupKind::Pp, CollectiveKind::SendRecv, hop_bytes, par.pp)
+        - if par.pp > 1 {
+            links_latency(links, GroupKind::Pp)
+        } else {
+            0.0
+        };
+    let costs = Costs::from_split(
+        chunk_times.iter().map(|t| t.fwd).collect(),
+        chunk_times.iter().map(|t| t.input_grad).collect(),
+        chunk_times.iter().map(|t| t.weight_grad).collect(),
+        if par.pp > 1 {
+            links_latency(links, GroupKind::Pp)
+        } else {
+            0.0
+        },
+        vec![hop_s.max(0.0); stages.saturating_sub(1)],
+    )?;
+    Ok((chunk_times, costs))
+}
+
+/// The schedule program and per-stage costs the estimate simulates (for `parsim schedule
+/// --config`).
+pub fn pipeline(r: &Resolved) -> Result<(crate::schedule::Program, Costs), EstimateError> {
+    let ledger = Ledger::build(r);
+    let layout = Layout::of(r);
+    let links = Links::new(&layout, &r.gpu);
+    let tr = &r.config.training;
+    let par = &r.config.parallel;
+    let peak = r
+        .gpu
+        .peak_flops_for(tr.precision)
+        .unwrap_or(r.gpu.peak_flops.bf16);
+    let timing = TimingContext {
+        rates: Rates {
+            gpu: &r.gpu,
+            peak_flops: peak,
+            element_bytes: tr.weight_bytes(),
+        },
+        links: &links,
+        overlaps: overlaps(r),
+        cp_comm: par.cp_comm,
+    };
+    let s = LedgerSummary::timed(&ledger, tr.recompute, Some(&timing));
+    let chunks = chunks_per_rank(r);
+    let (_, costs) = stage_costs(r, &s, &ledger, &chunks, &links)?;
+    Ok((
+        generate(par.schedule, par.pp, par.vpp, r.microbatches)?,
+        costs,
+    ))
+}
+
+/// The overlap switches of a configuration.
+fn overlaps(r: &Resolved) -> Overlaps {
+    let par = &r.config.parallel;
+    Overlaps {
+        tp_comm: par.tp_comm_overlap,
+        cp_ring: par.cp_comm_overlap,
+        ep: par.schedule == ScheduleKind::DualPipeV,
+    }
+}
+
 /// Runs every part of the estimate.
 pub fn estimate(r: &Resolved) -> Result<Estimate, EstimateError> {
     let ledger = Ledger::build(r);
@@ -296,11 +390,7 @@ pub fn estimate(r: &Resolved) -> Result<Estimate, EstimateError> {
             element_bytes: tr.weight_bytes(),
         },
         links: &links,
-        overlaps: Overlaps {
-            tp_comm: par.tp_comm_overlap,
-            cp_ring: par.cp_comm_overlap,
-            ep: par.schedule == ScheduleKind::DualPipeV,
-        },
+        overlaps: overlaps(r),
         cp_comm: par.cp_comm,
     };
     let s = LedgerSummary::timed(&ledger, tr.recompute, Some(&timing));
@@ -359,47 +449,7 @@ pub fn estimate(r: &Resolved) -> Result<Estimate, EstimateError> {
     let per_step_hardware = (model_per_mb + recompute_per_mb) * microbatches_per_step;
     let tokens_per_step = (tr.global_batch_size * tr.seq_length) as f64;
 
-    // Per-stage durations for the schedule simulator.
-    let stages = r.placement.num_stages();
-    let mut chunk_times = vec![ChunkTimes::default(); stages];
-    for c in chunks.iter().flatten() {
-        let mut t = ChunkTimes::default();
-        for (b, n) in c.blocks(&s) {
-            let k = n as f64;
-            let bt = &b.times;
-            t.fwd += k * (bt.fwd_s + bt.exposed_fwd_s());
-            t.input_grad += k * (bt.dgrad_s + bt.recompute_s + bt.exposed_bwd_s());
-            t.weight_grad += k * bt.wgrad_s;
-            t.compute += k * (bt.fwd_s + bt.dgrad_s + bt.recompute_s + bt.wgrad_s);
-            t.exposed.add(&bt.exposed_fwd, k);
-            t.exposed.add(&bt.exposed_bwd, k);
-        }
-        let fwd_compute = t.fwd - t.exposed.total();
-        let (zf, zb) =
-            per_microbatch_dp_s(r, &links, &s, c, fwd_compute, t.input_grad + t.weight_grad);
-        t.fwd += zf;
-        t.input_grad += zb;
-        t.exposed.dp += zf + zb;
-        chunk_times[c.stage] = t;
-    }
-    let hop_bytes = ledger.dims.residual_bytes();
-    let hop_s = links.collective_s(GroupKind::Pp, CollectiveKind::SendRecv, hop_bytes, par.pp)
-        - if par.pp > 1 {
-            links_latency(&links, GroupKind::Pp)
-        } else {
-            0.0
-        };
-    let costs = Costs::from_split(
-        chunk_times.iter().map(|t| t.fwd).collect(),
-        chunk_times.iter().map(|t| t.input_grad).collect(),
-        chunk_times.iter().map(|t| t.weight_grad).collect(),
-        if par.pp > 1 {
-            links_latency(&links, GroupKind::Pp)
-        } else {
-            0.0
-        },
-        vec![hop_s.max(0.0); stages.saturating_sub(1)],
-    )?;
+    let (chunk_times, costs) = stage_costs(r, &s, &ledger, &chunks, &links)?;
     let program = generate(par.schedule, par.pp, par.vpp, r.microbatches)?;
     let sim = simulate(&program, &costs)?;
 

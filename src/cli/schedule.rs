@@ -86,8 +86,10 @@ pub struct ScheduleArgs {
     /// Widest ASCII timeline, in time steps.
     #[arg(long, default_value_t = 120)]
     pub max_columns: usize,
-    // integration point: `--config FILE` (per-stage F/I/W durations and hop costs from the
-    // engine's op ledger, via `Costs::from_split`) is wired by the engine issue, not here.
+    /// Take the schedule and per-stage durations (F, I, W and hop costs, in seconds) from the
+    /// engine for this configuration file instead of --pp/--vpp/--microbatches/--f/--b/--w.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["compare", "f", "b", "w", "p2p", "pp", "vpp", "microbatches", "schedule"])]
+    pub config: Option<PathBuf>,
 }
 
 fn parse_size(s: &str) -> Result<(u32, u32), String> {
@@ -116,7 +118,14 @@ pub fn run(args: ScheduleArgs) -> Result<()> {
         microbatch_group_size: args.microbatch_group_size,
     };
     let mut runs: Vec<(Program, Simulation, Costs)> = Vec::new();
-    for &kind in &kinds {
+    if let Some(path) = &args.config {
+        let cfg = parsim::config::Config::from_layers(&[parsim::config::Layer::from_file(path)?])?;
+        let resolved = parsim::config::Resolved::new(cfg)?;
+        let (program, costs) = parsim::estimate::pipeline(&resolved)?;
+        let sim = simulate(&program, &costs).context("cannot simulate the configured schedule")?;
+        runs.push((program, sim, costs));
+    }
+    for &kind in kinds.iter().filter(|_| args.config.is_none()) {
         // In a comparison each schedule runs with its own chunk count, except that --vpp
         // applies to interleaved-1f1b.
         let vpp = match (args.vpp, kind) {
