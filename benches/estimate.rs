@@ -20,14 +20,14 @@ fn bench(c: &mut Criterion) {
     let r = resolved();
     c.bench_function(
         "estimate llama3-405b on 16384 x h100 (tp8 pp16 dp128)",
-        |b| b.iter(|| black_box(parsim::estimate::estimate(black_box(&r)))),
+        |b| b.iter(|| black_box(parsim::estimate::estimate(black_box(&r)).expect("estimate"))),
     );
     let cfg = r.config.clone();
     let gpu = r.gpu.clone();
     c.bench_function("validate + estimate llama3-405b on 16384 x h100", |b| {
         b.iter(|| {
             let r = Resolved::with_gpu(black_box(cfg.clone()), gpu.clone()).expect("valid");
-            black_box(parsim::estimate::estimate(&r))
+            black_box(parsim::estimate::estimate(&r).expect("estimate"))
         })
     });
 }

@@ -141,3 +141,107 @@ pub fn rank_step_bytes(
     }
     g
 }
+
+/// Seconds of a ring collective: alpha + factor x B / bandwidth, with the ring factors
+/// 2(n-1)/n (all-reduce), (n-1)/n (all-gather, reduce-scatter, all-to-all) and 1 (send).
+pub fn ring_s(kind: CollectiveKind, bytes: f64, n: u32, bandwidth: f64, latency_s: f64) -> f64 {
+    if n <= 1 || bytes <= 0.0 {
+        return 0.0;
+    }
+    let nf = n as f64;
+    let factor = match kind {
+        CollectiveKind::AllReduce => 2.0 * (nf - 1.0) / nf,
+        CollectiveKind::AllGather | CollectiveKind::ReduceScatter | CollectiveKind::AllToAll => {
+            (nf - 1.0) / nf
+        }
+        CollectiveKind::SendRecv => 1.0,
+    };
+    latency_s + factor * bytes / bandwidth
+}
+
+/// How one group kind sits on the cluster: its size, members per node, nodes spanned.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GroupGeometry {
+    pub size: u32,
+    pub per_node: u32,
+    pub nodes: u32,
+}
+
+/// Link classes of every group kind of one configuration (from the rank layout).
+#[derive(Debug, Clone)]
+pub struct Links {
+    pub intra: crate::config::Link,
+    pub inter: crate::config::Link,
+    geometry: [GroupGeometry; 7],
+}
+
+impl Links {
+    /// Reads each group kind's geometry off the group of rank 0 (all groups of a kind have the
+    /// same shape when ranks fill nodes in order).
+    pub fn new(layout: &crate::layout::Layout, gpu: &crate::config::GpuProfile) -> Links {
+        let geometry = GroupKind::ALL.map(|k| {
+            let g = layout.group_of(k, 0);
+            let nodes = {
+                let mut n: Vec<u32> = g.iter().map(|&r| layout.node_of(r)).collect();
+                n.dedup();
+                n.len() as u32
+            };
+            let first = layout.node_of(g[0]);
+            let per_node = g.iter().filter(|&&r| layout.node_of(r) == first).count() as u32;
+            GroupGeometry {
+                size: g.len() as u32,
+                per_node,
+                nodes,
+            }
+        });
+        Links {
+            intra: gpu.links.intra_node.clone(),
+            inter: gpu.links.inter_node.clone(),
+            geometry,
+        }
+    }
+
+    pub fn geometry(&self, kind: GroupKind) -> GroupGeometry {
+        self.geometry[GroupKind::ALL
+            .iter()
+            .position(|&k| k == kind)
+            .expect("known kind")]
+    }
+
+    /// True when the group kind spans nodes (so it runs on the inter-node links).
+    pub fn crosses_nodes(&self, kind: GroupKind) -> bool {
+        self.geometry(kind).nodes > 1
+    }
+
+    /// Seconds of one collective of `payload` bytes over `n` ranks of group `kind`. Inside a node
+    /// it runs on NVLink; across nodes an all-reduce is hierarchical (reduce-scatter in the node,
+    /// all-reduce across nodes on 1/k of the data, all-gather in the node) and the others run
+    /// at the inter-node link.
+    pub fn collective_s(&self, kind: GroupKind, coll: CollectiveKind, payload: u64, n: u32) -> f64 {
+        let g = self.geometry(kind);
+        let b = payload as f64;
+        let link = |l: &crate::config::Link| l.bandwidth_bytes_per_s * l.efficiency;
+        if g.nodes <= 1 || n <= 1 {
+            return ring_s(coll, b, n, link(&self.intra), self.intra.latency_s);
+        }
+        if coll == CollectiveKind::AllReduce && g.per_node > 1 {
+            let k = g.per_node;
+            let intra = ring_s(
+                CollectiveKind::ReduceScatter,
+                b,
+                k,
+                link(&self.intra),
+                self.intra.latency_s,
+            );
+            let inter = ring_s(
+                CollectiveKind::AllReduce,
+                b / k as f64,
+                g.nodes,
+                link(&self.inter),
+                self.inter.latency_s,
+            );
+            return 2.0 * intra + inter;
+        }
+        ring_s(coll, b, n, link(&self.inter), self.inter.latency_s)
+    }
+}

@@ -2,14 +2,16 @@
 //! communication per group, the pipeline schedule, step time and throughput, shaped as the
 //! DESIGN.md output contract.
 
-use crate::comm::rank_step_bytes;
-use crate::config::{Config, Resolved};
+use crate::comm::{dp_collectives, rank_step_bytes, Links, Replicas};
+use crate::config::{Config, Resolved, ScheduleKind};
 use crate::layout::{GroupKind, Layout};
 use crate::memory::{
-    chunks_per_rank, inflight_chunks, rank_params, stage_memory, LedgerSummary, StageMemory,
+    chunks_per_rank, rank_params, stage_memory, ChunkContents, LedgerSummary, StageMemory,
+    TimingContext,
 };
-use crate::model::{GroupBytes, Ledger};
-use crate::time::{step_time, StageWork, StepTime};
+use crate::model::{CollectiveKind, GroupBytes, Ledger};
+use crate::schedule::{generate, simulate, Costs, ScheduleError};
+use crate::time::{GroupSeconds, Overlaps, Rates, StepTime};
 use serde::Serialize;
 
 /// Adam's HBM traffic per updated parameter: read the fp32 gradient (4), read and write the
@@ -119,17 +121,279 @@ pub struct Estimate {
     pub schedule: ScheduleReport,
     pub time: StepTime,
     pub throughput: Throughput,
+    /// One line: what bounds the step.
+    pub verdict: String,
     pub warnings: Vec<String>,
 }
 
+/// Why an estimate could not be made (the configuration validated, but its schedule did not).
+#[derive(Debug, thiserror::Error)]
+pub enum EstimateError {
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
+}
+
+/// Per-stage durations of one chunk for one microbatch, with its exposed communication.
+#[derive(Debug, Clone, Copy, Default)]
+struct ChunkTimes {
+    fwd: f64,
+    input_grad: f64,
+    weight_grad: f64,
+    compute: f64,
+    exposed: GroupSeconds,
+}
+
+/// ZeRO-2/3 collectives issued every microbatch for a chunk's parameters, exposed beyond the
+/// compute they overlap with: (forward, backward) seconds.
+fn per_microbatch_dp_s(
+    r: &Resolved,
+    links: &Links,
+    s: &LedgerSummary,
+    c: &ChunkContents,
+    fwd_compute: f64,
+    bwd_compute: f64,
+) -> (f64, f64) {
+    let par = &r.config.parallel;
+    if par.zero < 2 {
+        return (0.0, 0.0);
+    }
+    let tr = &r.config.training;
+    let p = rank_params(std::slice::from_ref(c), s);
+    let (gb, wb) = (tr.grad_dtype.bytes(), tr.weight_bytes());
+    let mut fwd = 0.0;
+    let mut bwd = 0.0;
+    for (kind, n, params, trainable) in [
+        (
+            GroupKind::DpCp,
+            r.dense_replicas(),
+            p.rank_dense,
+            p.rank_dense_trainable,
+        ),
+        (
+            GroupKind::ExpertDp,
+            r.expert_dp(),
+            p.rank_expert,
+            p.rank_expert_trainable,
+        ),
+    ] {
+        if n <= 1 {
+            continue;
+        }
+        let rs = links.collective_s(kind, CollectiveKind::ReduceScatter, trainable * gb, n);
+        bwd += rs;
+        if par.zero >= 3 {
+            let ag = links.collective_s(kind, CollectiveKind::AllGather, params * wb, n);
+            fwd += ag;
+            bwd += ag;
+        }
+    }
+    let fwd_exposed = if par.overlap_param_gather {
+        (fwd - fwd_compute).max(0.0)
+    } else {
+        fwd
+    };
+    let bwd_exposed = if par.overlap_grad_reduce {
+        (bwd - bwd_compute).max(0.0)
+    } else {
+        bwd
+    };
+    (fwd_exposed, bwd_exposed)
+}
+
+/// Data-parallel work left after a rank's last backward: the last gradient bucket (all of it
+/// without `overlap_grad_reduce`), the parameter all-gather of ZeRO-1/2 unless overlapped with
+/// the next forward, the tied-embedding and TP-replicated gradient all-reduces.
+fn dp_tail_s(
+    r: &Resolved,
+    links: &Links,
+    s: &LedgerSummary,
+    l: &Ledger,
+    chunks: &[ChunkContents],
+) -> f64 {
+    let par = &r.config.parallel;
+    let tr = &r.config.training;
+    let p = rank_params(chunks, s);
+    let (gb, wb) = (tr.grad_dtype.bytes(), tr.weight_bytes());
+    let bucket_params = par
+        .ddp_bucket_size
+        .unwrap_or_else(|| 40_000_000u64.max(1_000_000 * r.dp as u64));
+    let mut tail = 0.0;
+    for (kind, n, params, trainable) in [
+        (
+            GroupKind::DpCp,
+            r.dense_replicas(),
+            p.rank_dense,
+            p.rank_dense_trainable,
+        ),
+        (
+            GroupKind::ExpertDp,
+            r.expert_dp(),
+            p.rank_expert,
+            p.rank_expert_trainable,
+        ),
+    ] {
+        let set = Replicas {
+            group: kind,
+            n,
+            params,
+            trainable,
+            grad_bytes: gb,
+            weight_bytes: wb,
+        };
+        for c in dp_collectives(par.zero, set, 1) {
+            let gather = c.kind == CollectiveKind::AllGather;
+            if gather && (par.zero >= 3 || par.overlap_param_gather) {
+                continue;
+            }
+            let bytes = if !gather && par.overlap_grad_reduce {
+                c.payload_bytes.min(bucket_params * gb)
+            } else {
+                c.payload_bytes
+            };
+            tail += links.collective_s(kind, c.kind, bytes, n);
+        }
+    }
+    let last = r.placement.num_stages() - 1;
+    let ends = chunks.iter().any(|c| c.embedding || c.output);
+    let split = r.placement.stage_rank[0] != r.placement.stage_rank[last];
+    if r.config.model.tied_embeddings && split && ends && !l.dims.lora {
+        let emb = l.dims.vocab_rank() * l.dims.h * gb;
+        tail += links.collective_s(GroupKind::Pp, CollectiveKind::AllReduce, emb, 2);
+    }
+    if l.dims.sp && !l.dims.lora {
+        let replicated: u64 = chunks
+            .iter()
+            .flat_map(|c| c.blocks(s))
+            .map(|(b, n)| b.params.tp_replicated * n)
+            .sum();
+        tail += links.collective_s(
+            GroupKind::Tp,
+            CollectiveKind::AllReduce,
+            replicated * gb,
+            par.tp,
+        );
+    }
+    tail
+}
+
+/// Per-stage durations of one microbatch (F, I, W with exposed communication) and the hop
+/// costs between stages: the schedule simulator's input.
+fn stage_costs(
+    r: &Resolved,
+    s: &LedgerSummary,
+    ledger: &Ledger,
+    chunks: &[Vec<ChunkContents>],
+    links: &Links,
+) -> Result<(Vec<ChunkTimes>, Costs), EstimateError> {
+    let par = &r.config.parallel;
+    let stages = r.placement.num_stages();
+    let mut chunk_times = vec![ChunkTimes::default(); stages];
+    for c in chunks.iter().flatten() {
+        let mut t = ChunkTimes::default();
+        for (b, n) in c.blocks(s) {
+            let k = n as f64;
+            let bt = &b.times;
+            t.fwd += k * (bt.fwd_s + bt.exposed_fwd_s());
+            t.input_grad += k * (bt.dgrad_s + bt.recompute_s + bt.exposed_bwd_s());
+            t.weight_grad += k * bt.wgrad_s;
+            t.compute += k * (bt.fwd_s + bt.dgrad_s + bt.recompute_s + bt.wgrad_s);
+            t.exposed.add(&bt.exposed_fwd, k);
+            t.exposed.add(&bt.exposed_bwd, k);
+        }
+        let fwd_compute = t.fwd - t.exposed.total();
+        let (zf, zb) =
+            per_microbatch_dp_s(r, links, s, c, fwd_compute, t.input_grad + t.weight_grad);
+        t.fwd += zf;
+        t.input_grad += zb;
+        t.exposed.dp += zf + zb;
+        chunk_times[c.stage] = t;
+    }
+    let hop_bytes = ledger.dims.residual_bytes();
+    let hop_s = links.collective_s(GroupKind::Pp, CollectiveKind::SendRecv, hop_bytes, par.pp)
+        - if par.pp > 1 {
+            links_latency(links, GroupKind::Pp)
+        } else {
+            0.0
+        };
+    let costs = Costs::from_split(
+        chunk_times.iter().map(|t| t.fwd).collect(),
+        chunk_times.iter().map(|t| t.input_grad).collect(),
+        chunk_times.iter().map(|t| t.weight_grad).collect(),
+        if par.pp > 1 {
+            links_latency(links, GroupKind::Pp)
+        } else {
+            0.0
+        },
+        vec![hop_s.max(0.0); stages.saturating_sub(1)],
+    )?;
+    Ok((chunk_times, costs))
+}
+
+/// The schedule program and per-stage costs the estimate simulates (for `parsim schedule
+/// --config`).
+pub fn pipeline(r: &Resolved) -> Result<(crate::schedule::Program, Costs), EstimateError> {
+    let ledger = Ledger::build(r);
+    let layout = Layout::of(r);
+    let links = Links::new(&layout, &r.gpu);
+    let tr = &r.config.training;
+    let par = &r.config.parallel;
+    let peak = r
+        .gpu
+        .peak_flops_for(tr.precision)
+        .unwrap_or(r.gpu.peak_flops.bf16);
+    let timing = TimingContext {
+        rates: Rates {
+            gpu: &r.gpu,
+            peak_flops: peak,
+            element_bytes: tr.weight_bytes(),
+        },
+        links: &links,
+        overlaps: overlaps(r),
+        cp_comm: par.cp_comm,
+    };
+    let s = LedgerSummary::timed(&ledger, tr.recompute, Some(&timing));
+    let chunks = chunks_per_rank(r);
+    let (_, costs) = stage_costs(r, &s, &ledger, &chunks, &links)?;
+    Ok((
+        generate(par.schedule, par.pp, par.vpp, r.microbatches)?,
+        costs,
+    ))
+}
+
+/// The overlap switches of a configuration.
+fn overlaps(r: &Resolved) -> Overlaps {
+    let par = &r.config.parallel;
+    Overlaps {
+        tp_comm: par.tp_comm_overlap,
+        cp_ring: par.cp_comm_overlap,
+        ep: par.schedule == ScheduleKind::DualPipeV,
+    }
+}
+
 /// Runs every part of the estimate.
-pub fn estimate(r: &Resolved) -> Estimate {
+pub fn estimate(r: &Resolved) -> Result<Estimate, EstimateError> {
     let ledger = Ledger::build(r);
     let cfg = &r.config;
     let tr = &cfg.training;
     let par = &cfg.parallel;
     let m = &cfg.model;
-    let s = LedgerSummary::of(&ledger, tr.recompute);
+    let layout = Layout::of(r);
+    let links = Links::new(&layout, &r.gpu);
+    let peak = r
+        .gpu
+        .peak_flops_for(tr.precision)
+        .unwrap_or(r.gpu.peak_flops.bf16);
+    let timing = TimingContext {
+        rates: Rates {
+            gpu: &r.gpu,
+            peak_flops: peak,
+            element_bytes: tr.weight_bytes(),
+        },
+        links: &links,
+        overlaps: overlaps(r),
+        cp_comm: par.cp_comm,
+    };
+    let s = LedgerSummary::timed(&ledger, tr.recompute, Some(&timing));
 
     // Parameters.
     let moe_layers = m.num_moe_layers() as u64;
@@ -153,31 +417,22 @@ pub fn estimate(r: &Resolved) -> Estimate {
     } else {
         total
     };
-    let trainable_total: u64 = ledger
-        .embedding
-        .ops
-        .iter()
-        .chain(&ledger.output.ops)
-        .filter_map(|o| o.params)
-        .filter(|p| p.trainable)
-        .map(|p| p.total)
-        .sum::<u64>()
-        + [
-            (&ledger.dense, dense_layers),
-            (ledger.moe.as_ref().unwrap_or(&ledger.dense), moe_layers),
-        ]
-        .iter()
-        .chain(ledger.mtp.as_ref().map(|b| (b, mtp)).iter())
-        .map(|(b, n)| {
-            n * b
-                .ops
-                .iter()
-                .filter_map(|o| o.params)
-                .filter(|p| p.trainable)
-                .map(|p| p.total)
-                .sum::<u64>()
-        })
-        .sum::<u64>();
+    let trainable_of = |b: &crate::model::Block| -> u64 {
+        b.ops
+            .iter()
+            .filter_map(|o| o.params)
+            .filter(|p| p.trainable)
+            .map(|p| p.total)
+            .sum()
+    };
+    let trainable_total = trainable_of(&ledger.embedding)
+        + trainable_of(&ledger.output)
+        + dense_layers * trainable_of(&ledger.dense)
+        + ledger
+            .moe
+            .as_ref()
+            .map_or(0, |b| moe_layers * trainable_of(b))
+        + ledger.mtp.as_ref().map_or(0, |b| mtp * trainable_of(b));
 
     let chunks = chunks_per_rank(r);
     let per_gpu_max = chunks
@@ -194,70 +449,72 @@ pub fn estimate(r: &Resolved) -> Estimate {
     let per_step_hardware = (model_per_mb + recompute_per_mb) * microbatches_per_step;
     let tokens_per_step = (tr.global_batch_size * tr.seq_length) as f64;
 
-    // Memory, communication and the slowest stage's work, per pipeline rank.
-    let layout = Layout::of(r);
-    let peak = r
-        .gpu
-        .peak_flops_for(tr.precision)
-        .unwrap_or(r.gpu.peak_flops.bf16);
-    let rate = peak * r.gpu.efficiency.matmul;
-    let mut stages = Vec::with_capacity(chunks.len());
-    let mut inflight = Vec::with_capacity(chunks.len());
+    let (chunk_times, costs) = stage_costs(r, &s, &ledger, &chunks, &links)?;
+    let program = generate(par.schedule, par.pp, par.vpp, r.microbatches)?;
+    let sim = simulate(&program, &costs)?;
+
+    // Memory, communication volume, and each rank's finish: its last action, then the
+    // data-parallel tail and the optimizer step.
+    let mut memory_stages = Vec::with_capacity(chunks.len());
     let mut comm = GroupBytes::default();
-    let mut work = StageWork::default();
-    let mut optimizer_params = 0f64;
+    let mut critical = (f64::MIN, 0usize, 0.0, 0.0);
     for (rank, ch) in chunks.iter().enumerate() {
-        let n = inflight_chunks(par.schedule, par.pp, par.vpp, r.microbatches, rank as u32);
-        inflight.push(n);
-        stages.push(stage_memory(r, &s, &ledger, rank as u32, ch, n));
+        let inflight = sim.peak_inflight[rank];
+        memory_stages.push(stage_memory(r, &s, &ledger, rank as u32, ch, inflight));
         comm.max(&rank_step_bytes(r, &s, &ledger, ch));
-        let mut w = StageWork::default();
-        for (b, k) in ch.iter().flat_map(|c| c.blocks(&s)) {
-            let k = k as f64;
-            w.fwd_s += k * b.rank_fwd / rate;
-            w.dgrad_s += k * (b.rank_dgrad + b.recompute_rank) / rate;
-            w.wgrad_s += k * b.rank_wgrad / rate;
-        }
-        if w.fwd_s + w.dgrad_s + w.wgrad_s > work.fwd_s + work.dgrad_s + work.wgrad_s {
-            work = w;
-        }
         let p = rank_params(ch, &s);
         let updated = if par.zero >= 1 {
-            p.rank_dense_trainable as f64 / r.dense_replicas() as f64
-                + p.rank_expert_trainable as f64 / r.expert_dp() as f64
+            p.rank_dense_trainable.div_ceil(r.dense_replicas() as u64)
+                + p.rank_expert_trainable.div_ceil(r.expert_dp() as u64)
         } else {
-            (p.rank_dense_trainable + p.rank_expert_trainable) as f64
+            p.rank_dense_trainable + p.rank_expert_trainable
         };
-        optimizer_params = optimizer_params.max(updated);
+        let optimizer_s = timing
+            .rates
+            .memory_s((updated as f64 * ADAM_BYTES_PER_PARAM) as u64);
+        let tail = dp_tail_s(r, &links, &s, &ledger, ch);
+        let finish = sim.timeline[rank].last().map_or(0.0, |span| span.end);
+        let end = finish + tail + optimizer_s;
+        if end > critical.0 {
+            critical = (end, rank, tail, optimizer_s);
+        }
     }
-    let per_gpu_max_bytes = stages.iter().map(|st| st.total).max().unwrap_or(0);
-    let time = step_time(
-        r,
-        &layout,
-        &work,
-        &comm,
-        optimizer_params * ADAM_BYTES_PER_PARAM,
-    );
-    let ideal = r.microbatches as f64 * (work.fwd_s + work.dgrad_s + work.wgrad_s);
-    let bubble_fraction = if ideal > 0.0 {
-        time.bubble_s / ideal
-    } else {
-        0.0
+    let (step_s, crit, dp_tail, optimizer_s) = critical;
+    let crit_chunks = &chunks[crit];
+    let mb = r.microbatches as f64;
+    let compute_s = mb
+        * crit_chunks
+            .iter()
+            .map(|c| chunk_times[c.stage].compute)
+            .sum::<f64>();
+    let mut by_group = GroupSeconds::default();
+    for c in crit_chunks {
+        by_group.add(&chunk_times[c.stage].exposed, mb);
+    }
+    by_group.dp += dp_tail;
+    let finish = sim.timeline[crit].last().map_or(0.0, |span| span.end);
+    let bubble_s = (finish - sim.busy[crit]).max(0.0);
+    let time = StepTime {
+        step_s,
+        compute_s,
+        exposed_comm_s: by_group.total(),
+        exposed_comm_by_group_s: by_group,
+        bubble_s,
+        dp_tail_s: dp_tail,
+        optimizer_s,
     };
+    let per_gpu_max_bytes = memory_stages.iter().map(|st| st.total).max().unwrap_or(0);
     let world = r.world() as f64;
-
-    let mut warnings = r.warnings.clone();
-    warnings.push("time: closed-form model (efficiency x peak, textbook bubble); the op-level time model is not built yet".into());
     let groups = GroupKind::ALL
         .iter()
         .map(|&g| GroupInfo {
             group: g,
-            size: layout.group_of(g, 0).len() as u32,
-            crosses_nodes: layout.group_crosses_nodes(g, 0),
+            size: links.geometry(g).size,
+            crosses_nodes: links.crosses_nodes(g),
         })
         .collect();
-
-    Estimate {
+    let fits = per_gpu_max_bytes <= r.gpu.memory_bytes;
+    Ok(Estimate {
         config: cfg.clone(),
         gpu: r.gpu.name.clone(),
         params: ParamReport {
@@ -284,8 +541,8 @@ pub fn estimate(r: &Resolved) -> Estimate {
         memory: MemoryReport {
             per_gpu_max_bytes,
             capacity_bytes: r.gpu.memory_bytes,
-            fits: per_gpu_max_bytes <= r.gpu.memory_bytes,
-            stages,
+            fits,
+            stages: memory_stages,
         },
         communication: CommReport {
             per_step_bytes_per_gpu: comm.into(),
@@ -296,16 +553,87 @@ pub fn estimate(r: &Resolved) -> Estimate {
             pp: par.pp,
             vpp: par.vpp,
             microbatches: r.microbatches,
-            bubble_fraction,
-            peak_inflight_microbatches: inflight,
+            bubble_fraction: sim.bubble_fraction,
+            peak_inflight_microbatches: sim.peak_inflight.clone(),
         },
         time,
         throughput: Throughput {
-            tokens_per_s: tokens_per_step / time.step_s,
-            tflops_per_gpu: per_step_model / time.step_s / world / 1e12,
-            hardware_tflops_per_gpu: per_step_hardware / time.step_s / world / 1e12,
-            mfu: per_step_model / (time.step_s * world * peak),
+            tokens_per_s: tokens_per_step / step_s,
+            tflops_per_gpu: per_step_model / step_s / world / 1e12,
+            hardware_tflops_per_gpu: per_step_hardware / step_s / world / 1e12,
+            mfu: per_step_model / (step_s * world * peak),
         },
-        warnings,
+        verdict: verdict(&time, fits, per_gpu_max_bytes, r.gpu.memory_bytes),
+        warnings: r.warnings.clone(),
+    })
+}
+
+fn links_latency(links: &Links, g: GroupKind) -> f64 {
+    if links.crosses_nodes(g) {
+        links.inter.latency_s
+    } else {
+        links.intra.latency_s
+    }
+}
+
+/// One line naming what bounds the step.
+pub fn verdict(t: &StepTime, fits: bool, need: u64, capacity: u64) -> String {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    if !fits {
+        return format!(
+            "does not fit: the most loaded GPU needs {:.1} GiB of {:.1} GiB (more TP/PP/CP, a higher ZeRO stage or more recomputation)",
+            gib(need),
+            gib(capacity)
+        );
+    }
+    let g = &t.exposed_comm_by_group_s;
+    let parts = [
+        (
+            "compute",
+            t.compute_s,
+            "compute-bound: raise GEMM efficiency or cut recomputation",
+        ),
+        (
+            "pipeline bubble",
+            t.bubble_s,
+            "bubble-bound: more microbatches, interleaving or a zero-bubble schedule",
+        ),
+        (
+            "TP communication",
+            g.tp,
+            "TP-communication-bound: lower TP, keep TP inside a node, or --tp-comm-overlap",
+        ),
+        (
+            "CP communication",
+            g.cp,
+            "CP-communication-bound: overlap the ring or lower CP",
+        ),
+        (
+            "DP communication",
+            g.dp,
+            "DP-communication-bound: overlap gradient reduction, bigger batches per rank",
+        ),
+        (
+            "EP communication",
+            g.ep,
+            "EP-communication-bound: keep EP inside a node, or overlap the all-to-all",
+        ),
+        (
+            "optimizer",
+            t.optimizer_s,
+            "optimizer-bound: shard the optimizer (ZeRO-1)",
+        ),
+    ];
+    let (name, secs, advice) = parts
+        .iter()
+        .fold(parts[0], |a, b| if b.1 > a.1 { *b } else { a });
+    let share = 100.0 * secs / t.step_s.max(f64::MIN_POSITIVE);
+    if name == "compute" {
+        format!("compute-bound: {share:.0}% of the step is compute")
+    } else {
+        format!(
+            "{advice} ({name} is {share:.0}% of the step, compute {:.0}%)",
+            100.0 * t.compute_s / t.step_s.max(f64::MIN_POSITIVE)
+        )
     }
 }

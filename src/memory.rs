@@ -2,8 +2,10 @@
 //! (sharded by ZeRO over the group that really holds replicas), activations of the in-flight
 //! microbatches, and buffers.
 
-use crate::config::{Recompute, Resolved, ScheduleKind};
+use crate::comm::Links;
+use crate::config::{Recompute, Resolved};
 use crate::model::{Block, GroupBytes, Ledger, ParamSums};
+use crate::time::{block_times, BlockTimes, Overlaps, Rates};
 use serde::Serialize;
 
 /// Sums of one block computed once (the estimate multiplies them by layer counts).
@@ -25,10 +27,26 @@ pub struct BlockSummary {
     /// Forward FLOPs rerun by recomputation: model count, this rank.
     pub recompute_model: f64,
     pub recompute_rank: f64,
+    /// Per-microbatch times on this rank (zero when summarised without a time model).
+    pub times: BlockTimes,
+}
+
+/// What the time model needs to time a block.
+#[derive(Debug, Clone, Copy)]
+pub struct TimingContext<'a> {
+    pub rates: Rates<'a>,
+    pub links: &'a Links,
+    pub overlaps: Overlaps,
+    pub cp_comm: crate::config::CpComm,
 }
 
 impl BlockSummary {
     pub fn of(b: &Block, recompute: Recompute) -> BlockSummary {
+        Self::timed(b, recompute, None)
+    }
+
+    /// Summarises a block, timing it when a context is given.
+    pub fn timed(b: &Block, recompute: Recompute, t: Option<&TimingContext>) -> BlockSummary {
         let mf = b.model_flops();
         let rf = b.rank_flops();
         let (recompute_model, recompute_rank) = b.recompute_flops(recompute);
@@ -44,6 +62,9 @@ impl BlockSummary {
             rank_wgrad: rf.wgrad,
             recompute_model,
             recompute_rank,
+            times: t.map_or_else(BlockTimes::default, |t| {
+                block_times(b, &t.rates, t.links, t.overlaps, recompute, t.cp_comm)
+            }),
         }
     }
 }
@@ -59,13 +80,19 @@ pub struct LedgerSummary {
 }
 
 impl LedgerSummary {
+    /// Sums without times (parameters, memory, FLOPs, communication volume).
     pub fn of(l: &Ledger, recompute: Recompute) -> LedgerSummary {
+        Self::timed(l, recompute, None)
+    }
+
+    /// Sums with per-block times.
+    pub fn timed(l: &Ledger, recompute: Recompute, t: Option<&TimingContext>) -> LedgerSummary {
         LedgerSummary {
-            embedding: BlockSummary::of(&l.embedding, recompute),
-            dense: BlockSummary::of(&l.dense, recompute),
-            moe: l.moe.as_ref().map(|b| BlockSummary::of(b, recompute)),
-            output: BlockSummary::of(&l.output, recompute),
-            mtp: l.mtp.as_ref().map(|b| BlockSummary::of(b, recompute)),
+            embedding: BlockSummary::timed(&l.embedding, recompute, t),
+            dense: BlockSummary::timed(&l.dense, recompute, t),
+            moe: l.moe.as_ref().map(|b| BlockSummary::timed(b, recompute, t)),
+            output: BlockSummary::timed(&l.output, recompute, t),
+            mtp: l.mtp.as_ref().map(|b| BlockSummary::timed(b, recompute, t)),
         }
     }
 }
@@ -118,22 +145,6 @@ pub fn chunks_per_rank(r: &Resolved) -> Vec<Vec<ChunkContents>> {
         });
     }
     out
-}
-
-/// Chunk activation sets live at once on pipeline rank `rank` (closed forms; the schedule
-/// simulator measures the same). GPipe keeps all m; 1F1B and ZB-H1 keep p - rank (Narayanan
-/// et al. 2021; Qi et al. 2024); Megatron's interleaved 1F1B keeps its warm-up count
-/// 2(p - rank - 1) + (v - 1)p plus one; ZB-V keeps p stage-sets (2p chunks, Qi et al. 2024);
-/// DualPipe keeps p + 1 stage-sets (DeepSeek's DualPipe README). Capped at m x v.
-pub fn inflight_chunks(kind: ScheduleKind, p: u32, v: u32, m: u32, rank: u32) -> u32 {
-    let n = match kind {
-        ScheduleKind::Gpipe => m,
-        ScheduleKind::OneFOneB | ScheduleKind::ZbH1 => p - rank,
-        ScheduleKind::Interleaved1F1B => 2 * (p - rank - 1) + (v - 1) * p + 1,
-        ScheduleKind::ZbV => 2 * p,
-        ScheduleKind::DualPipeV => 2 * (p + 1),
-    };
-    n.min(m * v)
 }
 
 /// Memory of one pipeline rank (the most loaded rank of that stage), in bytes.

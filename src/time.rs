@@ -1,90 +1,220 @@
-//! Step time, closed form: compute at an efficiency of peak, the textbook pipeline bubble, TP
-//! and EP communication exposed, DP/CP/PP communication assumed hidden, and the optimizer
-//! step bandwidth-bound. The time-model issue replaces this with the op-level model and the
-//! schedule simulator; until then `estimate` says so in its warnings.
+//! The time model: compute time per op from the ledger (GEMMs by a roofline with wave
+//! quantisation, attention at a fused-kernel efficiency, memory-bound ops by bytes over HBM
+//! bandwidth), communication exposed per the overlap switches, per-stage durations for the
+//! schedule simulator, and the step's breakdown.
+//!
+//! Efficiency is data (STYLE.md, Calculon): every constant lives in the GPU profile, where
+//! calibration fits it.
 
-use crate::config::{Resolved, ScheduleKind};
-use crate::layout::{GroupKind, Layout};
-use crate::model::GroupBytes;
+use crate::comm::Links;
+use crate::config::{CpComm, GpuProfile, Recompute};
+use crate::layout::GroupKind;
+use crate::model::{Block, CollectiveKind, GroupBytes, Op, OpKind, Phase};
 use serde::Serialize;
 
-/// Step time and its parts, in seconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct StepTime {
-    pub step_s: f64,
-    pub compute_s: f64,
-    pub exposed_comm_s: f64,
-    pub bubble_s: f64,
-    pub optimizer_s: f64,
+/// The rates one op runs at: matmul peak for its dtype and the profile's efficiencies.
+#[derive(Debug, Clone, Copy)]
+pub struct Rates<'a> {
+    pub gpu: &'a GpuProfile,
+    /// Dense peak FLOP/s for the training dtype.
+    pub peak_flops: f64,
+    /// Bytes of one GEMM operand element.
+    pub element_bytes: u64,
 }
 
-/// Per-microbatch compute of the slowest stage, split as zero-bubble schedules split it.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct StageWork {
-    pub fwd_s: f64,
-    pub dgrad_s: f64,
-    pub wgrad_s: f64,
-}
+impl Rates<'_> {
+    /// Seconds for an [m x k] . [k x n] GEMM: the slower of compute (at `efficiency.matmul`,
+    /// divided by the wave-quantisation efficiency of its output tiles) and memory (operands
+    /// and result over HBM), plus the kernel overhead.
+    pub fn gemm_s(&self, m: u64, n: u64, k: u64) -> f64 {
+        if m == 0 || n == 0 || k == 0 {
+            return 0.0;
+        }
+        let g = &self.gpu.gemm;
+        let tiles = m.div_ceil(g.tile_m as u64) * n.div_ceil(g.tile_n as u64);
+        let sms = g.sms as u64;
+        let waves = tiles.div_ceil(sms);
+        let wave_efficiency = tiles as f64 / (waves * sms) as f64;
+        let flops = 2.0 * m as f64 * n as f64 * k as f64;
+        let e = &self.gpu.efficiency;
+        let compute = flops / (self.peak_flops * e.matmul * wave_efficiency);
+        let bytes = (m * k + k * n + m * n) as f64 * self.element_bytes as f64;
+        let memory = bytes / (self.gpu.hbm_bytes_per_s * e.memory_bound);
+        compute.max(memory) + e.kernel_overhead_s
+    }
 
-/// Closed-form pipeline bubble, idle time per rank. 1F1B and GPipe: (p-1)(F+B) (Narayanan et al.
-/// 2021); interleaved: that over v; ZB-H1: (p-1)(F+B-2W) (DualPipe README, ZB1P); ZB-V: the
-/// same with chunk-sized times; DualPipe-V: (p/2-1)(F&B+B-3W) with F&B = F+B (no overlap gain).
-pub fn bubble_s(kind: ScheduleKind, p: u32, v: u32, w: &StageWork) -> f64 {
-    let pm1 = (p - 1) as f64;
-    let (f, b, wg) = (w.fwd_s, w.dgrad_s + w.wgrad_s, w.wgrad_s);
-    match kind {
-        ScheduleKind::Gpipe | ScheduleKind::OneFOneB => pm1 * (f + b),
-        ScheduleKind::Interleaved1F1B => pm1 * (f + b) / v as f64,
-        ScheduleKind::ZbH1 => pm1 * (f + b - 2.0 * wg),
-        ScheduleKind::ZbV => pm1 * (f + b - 2.0 * wg) / 2.0,
-        ScheduleKind::DualPipeV => {
-            ((p as f64 / 2.0 - 1.0).max(0.0)) * ((f + b) / 2.0 + b / 2.0 - 1.5 * wg)
+    /// Seconds to stream `bytes` through HBM once, plus the kernel overhead.
+    pub fn memory_s(&self, bytes: u64) -> f64 {
+        if bytes == 0 {
+            return 0.0;
+        }
+        let e = &self.gpu.efficiency;
+        bytes as f64 / (self.gpu.hbm_bytes_per_s * e.memory_bound) + e.kernel_overhead_s
+    }
+
+    /// Seconds of attention-core FLOPs at the fused kernel's efficiency.
+    pub fn attention_s(&self, flops: f64) -> f64 {
+        if flops <= 0.0 {
+            return 0.0;
+        }
+        let e = &self.gpu.efficiency;
+        flops / (self.peak_flops * e.attention) + e.kernel_overhead_s
+    }
+
+    /// Compute seconds of one op: (forward, input gradient, weight gradient).
+    pub fn op_s(&self, op: &Op) -> (f64, f64, f64) {
+        match op.kind {
+            OpKind::Matmul { m, n, k } => {
+                let f = &op.rank_flops;
+                let fwd = if f.fwd > 0.0 {
+                    self.gemm_s(m, n, k)
+                } else {
+                    0.0
+                };
+                // dX = dY . W^T is [m x n] . [n x k]; dW = X^T . dY is [k x m] . [m x n].
+                let dgrad = if f.dgrad > 0.0 {
+                    self.gemm_s(m, k, n)
+                } else {
+                    0.0
+                };
+                let wgrad = if f.wgrad > 0.0 {
+                    self.gemm_s(k, n, m)
+                } else {
+                    0.0
+                };
+                (fwd, dgrad, wgrad)
+            }
+            OpKind::Attention => (
+                self.attention_s(op.rank_flops.fwd),
+                self.attention_s(op.rank_flops.dgrad),
+                0.0,
+            ),
+            // Backward reads the output gradient and the saved input and writes the input gradient.
+            OpKind::MemoryBound { bytes } => (self.memory_s(bytes), self.memory_s(2 * bytes), 0.0),
         }
     }
 }
 
-/// Seconds to move `bytes` over the link class the group uses.
-fn link_s(r: &Resolved, layout: &Layout, kind: GroupKind, bytes: f64) -> f64 {
-    if bytes <= 0.0 {
-        return 0.0;
-    }
-    let link = if layout.group_crosses_nodes(kind, 0) {
-        &r.gpu.links.inter_node
-    } else {
-        &r.gpu.links.intra_node
-    };
-    bytes / (link.bandwidth_bytes_per_s * link.efficiency)
+/// Which overlaps are on (ParallelConfig's switches, resolved for one configuration).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Overlaps {
+    pub tp_comm: bool,
+    pub cp_ring: bool,
+    /// EP all-to-all hidden behind compute (DualPipe's overlapped forward-backward slots).
+    pub ep: bool,
 }
 
-/// The closed-form step time of the slowest pipeline rank.
-pub fn step_time(
-    r: &Resolved,
-    layout: &Layout,
-    work: &StageWork,
-    comm: &GroupBytes,
-    optimizer_bytes: f64,
-) -> StepTime {
-    let peak = r
-        .gpu
-        .peak_flops_for(r.config.training.precision)
-        .unwrap_or(r.gpu.peak_flops.bf16);
-    let _ = peak;
-    let m = r.microbatches as f64;
-    let compute_s = m * (work.fwd_s + work.dgrad_s + work.wgrad_s);
-    let p = r.config.parallel.pp;
-    let bubble = if p > 1 {
-        bubble_s(r.config.parallel.schedule, p, r.config.parallel.vpp, work)
-    } else {
-        0.0
-    };
-    let exposed =
-        link_s(r, layout, GroupKind::Tp, comm.tp) + link_s(r, layout, GroupKind::Ep, comm.ep);
-    let optimizer_s = optimizer_bytes / (r.gpu.hbm_bytes_per_s * r.gpu.efficiency.memory_bound);
-    StepTime {
-        step_s: compute_s + bubble + exposed + optimizer_s,
-        compute_s,
-        exposed_comm_s: exposed,
-        bubble_s: bubble,
-        optimizer_s,
+/// Seconds per group, for breakdowns.
+pub type GroupSeconds = GroupBytes;
+
+/// Per-microbatch times of one block on this rank.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BlockTimes {
+    pub fwd_s: f64,
+    pub dgrad_s: f64,
+    pub wgrad_s: f64,
+    /// Forward rerun by recomputation (in the backward, before the input gradient).
+    pub recompute_s: f64,
+    /// Exposed communication in the forward and backward, per group.
+    pub exposed_fwd: GroupSeconds,
+    pub exposed_bwd: GroupSeconds,
+}
+
+impl BlockTimes {
+    pub fn exposed_fwd_s(&self) -> f64 {
+        self.exposed_fwd.total()
     }
+
+    pub fn exposed_bwd_s(&self) -> f64 {
+        self.exposed_bwd.total()
+    }
+}
+
+/// Times one block: compute per op and the communication each op leaves exposed.
+pub fn block_times(
+    b: &Block,
+    rates: &Rates,
+    links: &Links,
+    overlaps: Overlaps,
+    recompute: Recompute,
+    cp_comm: CpComm,
+) -> BlockTimes {
+    let mut t = BlockTimes::default();
+    let layer = b.is_layer();
+    for op in &b.ops {
+        let (f, d, w) = rates.op_s(op);
+        t.fwd_s += f;
+        t.dgrad_s += d;
+        t.wgrad_s += w;
+        let rerun = match recompute {
+            Recompute::None => false,
+            Recompute::Selective => op.recomputed_by_selective,
+            Recompute::Full => layer,
+        };
+        if rerun {
+            t.recompute_s += f;
+        }
+        for c in &op.comms {
+            let comm_s =
+                links.collective_s(c.group, c.kind, c.payload_bytes, c.group_size) * c.count as f64;
+            let compute_s = match c.phase {
+                Phase::Forward => f,
+                Phase::Backward => d + w,
+            };
+            let exposed = match c.group {
+                GroupKind::Tp if overlaps.tp_comm => (comm_s - compute_s).max(0.0),
+                // Ring attention: each of the cp-1 hops hides behind the attention on the
+                // block at hand (one cp-th of the core's compute).
+                GroupKind::Cp
+                    if overlaps.cp_ring && matches!(cp_comm, CpComm::P2p | CpComm::Zigzag) =>
+                {
+                    let steps = c.count.max(1) as f64;
+                    let per_block = compute_s / (steps + 1.0);
+                    steps * (comm_s / steps - per_block).max(0.0)
+                }
+                GroupKind::Ep if overlaps.ep => (comm_s - compute_s).max(0.0),
+                _ => comm_s,
+            };
+            let rerun_comm = rerun && c.phase == Phase::Forward;
+            let slot = match c.phase {
+                Phase::Forward => &mut t.exposed_fwd,
+                Phase::Backward => &mut t.exposed_bwd,
+            };
+            slot.add_group(c.group, exposed);
+            if rerun_comm {
+                t.exposed_bwd.add_group(c.group, exposed);
+            }
+        }
+    }
+    t
+}
+
+/// Step time and its parts, in seconds (DESIGN.md `time`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct StepTime {
+    pub step_s: f64,
+    /// Compute of the busiest pipeline rank (recomputation included).
+    pub compute_s: f64,
+    /// Exposed communication of that rank plus the data-parallel tail.
+    pub exposed_comm_s: f64,
+    /// Exposed communication per group (pp: point-to-point transfers on the critical path are
+    /// part of the simulated bubble, so this is 0 unless measured separately).
+    pub exposed_comm_by_group_s: GroupSeconds,
+    /// Idle time of the busiest rank in the simulated schedule.
+    pub bubble_s: f64,
+    /// Data-parallel gradient reduction and parameter gather left after the last backward.
+    pub dp_tail_s: f64,
+    pub optimizer_s: f64,
+}
+
+/// The collective kinds' time on one link, for tests and the CLI: alpha + factor x B / bw.
+pub fn isolated_collective_s(
+    kind: CollectiveKind,
+    bytes: u64,
+    n: u32,
+    bandwidth: f64,
+    latency_s: f64,
+    efficiency: f64,
+) -> f64 {
+    crate::comm::ring_s(kind, bytes as f64, n, bandwidth * efficiency, latency_s)
 }

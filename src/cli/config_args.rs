@@ -117,6 +117,21 @@ pub struct ConfigArgs {
     /// Multi-token-prediction modules (DeepSeek-V3), on the last pipeline stage.
     #[arg(long)]
     pub mtp_layers: Option<u32>,
+    /// Overlap TP collectives with the GEMMs they feed (Megatron's --tp-comm-overlap).
+    #[arg(long)]
+    pub tp_comm_overlap: bool,
+    /// Expose the DP gradient reduction instead of overlapping it with backward.
+    #[arg(long)]
+    pub no_overlap_grad_reduce: bool,
+    /// Expose ZeRO parameter all-gathers instead of overlapping them with forward.
+    #[arg(long)]
+    pub no_overlap_param_gather: bool,
+    /// Expose the ring-attention K/V exchange instead of overlapping it with attention.
+    #[arg(long)]
+    pub no_cp_comm_overlap: bool,
+    /// DP gradient bucket size in parameters (Megatron's --ddp-bucket-size).
+    #[arg(long)]
+    pub ddp_bucket_size: Option<u64>,
 }
 
 /// Parses a finite float (JSON has no NaN or infinity, so they are refused here).
@@ -187,6 +202,19 @@ impl ConfigArgs {
             "last_stage_layers",
             self.last_stage_layers,
         );
+        if self.tp_comm_overlap {
+            put(&mut m, "parallel", "tp_comm_overlap", Some(true));
+        }
+        if self.no_overlap_grad_reduce {
+            put(&mut m, "parallel", "overlap_grad_reduce", Some(false));
+        }
+        if self.no_overlap_param_gather {
+            put(&mut m, "parallel", "overlap_param_gather", Some(false));
+        }
+        if self.no_cp_comm_overlap {
+            put(&mut m, "parallel", "cp_comm_overlap", Some(false));
+        }
+        put(&mut m, "parallel", "ddp_bucket_size", self.ddp_bucket_size);
         put(&mut m, "cluster", "num_gpus", self.gpus);
         put(&mut m, "cluster", "gpus_per_node", self.gpus_per_node);
         put(&mut m, "cluster", "gpu", self.gpu.clone());

@@ -14,7 +14,7 @@ pub struct EstimateArgs {
 
 pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
     let resolved = args.config.resolve()?;
-    let est = parsim::estimate::estimate(&resolved);
+    let est = parsim::estimate::estimate(&resolved)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&est)?);
     } else {

@@ -3,6 +3,7 @@
 mod config_args;
 mod estimate;
 mod layout;
+mod schedule;
 
 use clap::{Parser, Subcommand};
 
@@ -18,6 +19,8 @@ pub struct Cli {
 pub enum Command {
     /// Parameters, FLOPs, per-GPU memory, communication and step time of one configuration.
     Estimate(estimate::EstimateArgs),
+    /// Simulate and draw pipeline schedules (GPipe, 1F1B, interleaved, ZB-H1, ZB-V, DualPipe-V).
+    Schedule(schedule::ScheduleArgs),
     /// Rank coordinates (tp, cp, ep, dp, pp) and process groups.
     Layout(layout::LayoutArgs),
 }
@@ -26,6 +29,7 @@ pub enum Command {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Estimate(a) => estimate::run(a),
+        Command::Schedule(a) => schedule::run(a),
         Command::Layout(a) => layout::run(a),
     }
 }

@@ -40,9 +40,42 @@ pub struct Links {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Efficiency {
+    /// Fraction of the dense peak a large, well-shaped GEMM reaches.
     pub matmul: f64,
+    /// Fraction of the dense peak the fused attention kernel reaches.
     pub attention: f64,
+    /// Fraction of the HBM bandwidth memory-bound kernels reach.
     pub memory_bound: f64,
+    /// Fixed cost of one kernel launch (and its tail), per GEMM or memory-bound op.
+    #[serde(default = "default_kernel_overhead_s")]
+    pub kernel_overhead_s: f64,
+}
+
+fn default_kernel_overhead_s() -> f64 {
+    4.0e-6
+}
+
+/// The GEMM shape model: output tiles spread over the streaming multiprocessors in waves
+/// (wave quantisation: a last, partial wave costs a full one).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GemmShape {
+    /// Streaming multiprocessors (compute units).
+    pub sms: u32,
+    /// Output tile rows and columns of one thread block.
+    pub tile_m: u32,
+    pub tile_n: u32,
+}
+
+impl Default for GemmShape {
+    /// H100 SXM: 132 SMs; cuBLAS's common 128 x 256 bf16 tile.
+    fn default() -> Self {
+        GemmShape {
+            sms: 132,
+            tile_m: 128,
+            tile_n: 256,
+        }
+    }
 }
 
 /// A GPU kind's profile (DESIGN.md, Calibration).
@@ -59,6 +92,8 @@ pub struct GpuProfile {
     pub peak_flops: PeakFlops,
     pub links: Links,
     pub efficiency: Efficiency,
+    #[serde(default)]
+    pub gemm: GemmShape,
     /// Field (or group of fields) -> where its value comes from.
     #[serde(default)]
     pub provenance: BTreeMap<String, String>,
@@ -128,6 +163,10 @@ impl GpuProfile {
             ("efficiency.attention", self.efficiency.attention),
             ("efficiency.memory_bound", self.efficiency.memory_bound),
             (
+                "efficiency.kernel_overhead_s",
+                self.efficiency.kernel_overhead_s.max(1e-30),
+            ),
+            (
                 "links.intra_node.efficiency",
                 self.links.intra_node.efficiency,
             ),
@@ -141,6 +180,26 @@ impl GpuProfile {
                 return Err(ConfigError::Profile {
                     origin: origin.to_string(),
                     message: format!("{field} must be a positive finite number, got {v}"),
+                });
+            }
+        }
+        if self.gemm.sms == 0 || self.gemm.tile_m == 0 || self.gemm.tile_n == 0 {
+            return Err(ConfigError::Profile {
+                origin: origin.to_string(),
+                message: "gemm.sms, gemm.tile_m and gemm.tile_n must be positive".into(),
+            });
+        }
+        for (field, v) in [
+            ("efficiency.matmul", self.efficiency.matmul),
+            ("efficiency.attention", self.efficiency.attention),
+            ("efficiency.memory_bound", self.efficiency.memory_bound),
+        ] {
+            if v > 1.0 {
+                return Err(ConfigError::Profile {
+                    origin: origin.to_string(),
+                    message: format!(
+                        "{field} is a fraction of peak and must be at most 1, got {v}"
+                    ),
                 });
             }
         }

@@ -21,7 +21,7 @@ mod validate;
 pub use cluster::ClusterConfig;
 pub use enums::*;
 pub use error::{ConfigError, Violation};
-pub use gpu::{Efficiency, GpuProfile, Link, Links, PeakFlops};
+pub use gpu::{Efficiency, GemmShape, GpuProfile, Link, Links, PeakFlops};
 pub use model::{MlaConfig, ModelConfig};
 pub use parallel::ParallelConfig;
 pub use resolve::{PipelinePlacement, Resolved};

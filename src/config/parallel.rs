@@ -34,6 +34,19 @@ pub struct ParallelConfig {
     pub first_stage_layers: Option<u32>,
     /// Megatron's `--decoder-last-pipeline-num-layers`: layers on the last pipeline stage.
     pub last_stage_layers: Option<u32>,
+    /// Megatron's `--tp-comm-overlap`: TP collectives overlapped with the GEMMs they feed
+    /// (exposed only where the communication outlasts the GEMM). Off: TP communication exposed.
+    pub tp_comm_overlap: bool,
+    /// Megatron's `--overlap-grad-reduce`: DP gradient reduction overlapped with backward, all
+    /// but the last bucket.
+    pub overlap_grad_reduce: bool,
+    /// Megatron's `--overlap-param-gather`: ZeRO parameter all-gathers overlapped with forward.
+    pub overlap_param_gather: bool,
+    /// Megatron's `--ddp-bucket-size` in parameters; `None` = max(40M, 1M x dp), its default.
+    pub ddp_bucket_size: Option<u64>,
+    /// Ring attention sends the next K/V block while computing on the current one (exposed =
+    /// max(0, transfer - compute) per ring step). Off: the exchange is exposed.
+    pub cp_comm_overlap: bool,
 }
 
 impl Default for ParallelConfig {
@@ -53,6 +66,11 @@ impl Default for ParallelConfig {
             order: "tp-cp-ep-dp-pp".into(),
             first_stage_layers: None,
             last_stage_layers: None,
+            tp_comm_overlap: false,
+            overlap_grad_reduce: true,
+            overlap_param_gather: true,
+            ddp_bucket_size: None,
+            cp_comm_overlap: true,
         }
     }
 }

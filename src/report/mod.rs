@@ -1,5 +1,10 @@
 //! Human tables, JSON, SVG/PNG charts (plotters) and Chrome-trace timelines.
 
+pub mod ascii_timeline;
+pub mod chrome_trace;
 pub mod format;
+pub mod gantt;
 pub mod layout;
+pub mod schedule_json;
 pub mod table;
+pub mod table_schedule;

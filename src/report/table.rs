@@ -7,7 +7,7 @@ use std::fmt::Write;
 
 fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
-    t.load_style(presets::UTF8_HORIZONTAL_ONLY);
+    t.load_style(presets::UTF8_BORDERS_ONLY);
     t.set_header(header.to_vec());
     t
 }
@@ -166,21 +166,24 @@ pub fn estimate_text(e: &Estimate) -> String {
 
     let tm = &e.time;
     let th = &e.throughput;
-    let mut t = table(&["time", "value"]);
-    t.add_row(vec!["step".to_string(), seconds(tm.step_s)]);
-    t.add_row(vec!["  compute".to_string(), seconds(tm.compute_s)]);
-    t.add_row(vec![
-        "  exposed communication".to_string(),
-        seconds(tm.exposed_comm_s),
-    ]);
-    t.add_row(vec![
-        format!(
-            "  pipeline bubble ({:.1}% of compute)",
-            100.0 * e.schedule.bubble_fraction
-        ),
-        seconds(tm.bubble_s),
-    ]);
-    t.add_row(vec!["  optimizer".to_string(), seconds(tm.optimizer_s)]);
+    let g = &tm.exposed_comm_by_group_s;
+    let share = |x: f64| format!("{:.1}%", 100.0 * x / tm.step_s.max(f64::MIN_POSITIVE));
+    let mut t = table(&["step time", "seconds", "share"]);
+    let mut row = |name: &str, v: f64| {
+        t.add_row(vec![name.to_string(), seconds(v), share(v)]);
+    };
+    row("step", tm.step_s);
+    row("  compute (busiest pipeline rank)", tm.compute_s);
+    for (name, v) in [("tp", g.tp), ("cp", g.cp), ("ep", g.ep), ("dp", g.dp)] {
+        if v > 0.0 {
+            row(&format!("  exposed {name} communication"), v);
+        }
+    }
+    row("  pipeline bubble (simulated)", tm.bubble_s);
+    row("  optimizer step", tm.optimizer_s);
+    right_align(&mut t, 1);
+    let _ = writeln!(out, "{t}");
+    let mut t = table(&["throughput", "value"]);
     t.add_row(vec![
         "tokens/s".to_string(),
         format!("{:.0}", th.tokens_per_s),
@@ -189,9 +192,18 @@ pub fn estimate_text(e: &Estimate) -> String {
         "model TFLOP/s per GPU".to_string(),
         format!("{:.1}", th.tflops_per_gpu),
     ]);
+    t.add_row(vec![
+        "hardware TFLOP/s per GPU (with recompute)".to_string(),
+        format!("{:.1}", th.hardware_tflops_per_gpu),
+    ]);
     t.add_row(vec!["MFU".to_string(), format!("{:.1}%", 100.0 * th.mfu)]);
+    t.add_row(vec![
+        format!("bubble ({}, of ideal compute)", e.schedule.name),
+        format!("{:.1}%", 100.0 * e.schedule.bubble_fraction),
+    ]);
     right_align(&mut t, 1);
-    let _ = writeln!(out, "{t}");
+    let _ = writeln!(out, "{t}\n");
+    let _ = writeln!(out, "verdict: {}", e.verdict);
     for w in &e.warnings {
         let _ = writeln!(out, "warning: {w}");
     }

@@ -12,7 +12,7 @@ pub fn resolve(overlay: Value) -> Resolved {
 
 /// Estimates the defaults overlaid with a JSON document.
 pub fn est(overlay: Value) -> Estimate {
-    estimate(&resolve(overlay))
+    estimate(&resolve(overlay)).expect("estimate")
 }
 
 /// A single-GPU configuration of a preset (no parallelism).

@@ -1,0 +1,223 @@
+//! `parsim schedule`: generate, simulate, print and draw pipeline schedules.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use parsim::report::{ascii_timeline, chrome_trace, gantt, schedule_json, table_schedule};
+use parsim::schedule::{
+    generate_with, natural_vpp, simulate, Costs, GenerateOptions, Program, ScheduleKind, Simulation,
+};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+/// Simulate a pipeline schedule and show its timeline (ASCII, SVG/PNG Gantt, Chrome trace,
+/// JSON), or compare several.
+#[derive(Debug, Args)]
+pub struct ScheduleArgs {
+    /// Pipeline ranks (parallel.pp).
+    #[arg(long, default_value_t = 4)]
+    pub pp: u32,
+
+    /// Model chunks per rank (parallel.vpp). Default: 2 for interleaved-1f1b, zb-v and
+    /// dualpipe-v, 1 for the others.
+    #[arg(long)]
+    pub vpp: Option<u32>,
+
+    /// Microbatches per step.
+    #[arg(long, default_value_t = 8)]
+    pub microbatches: u32,
+
+    /// Schedule: gpipe | 1f1b | interleaved-1f1b | zb-h1 | zb-v | dualpipe-v.
+    #[arg(long, default_value = "interleaved-1f1b")]
+    pub schedule: ScheduleKind,
+
+    /// Forward time of one rank's share of the model (any unit; traces read it as seconds).
+    /// With vpp chunks per rank each chunk takes 1/vpp of it, so schedules compare on the
+    /// same model.
+    #[arg(long, default_value_t = 1.0)]
+    pub f: f64,
+
+    /// Backward time of one rank's share of the model (split over chunks like --f). With
+    /// --w it is the input-gradient part I only.
+    #[arg(long, default_value_t = 2.0)]
+    pub b: f64,
+
+    /// Weight-gradient time W: the backward splits into I = b and W = w (B = b + w). Without
+    /// it, split schedules use I = W = b/2.
+    #[arg(long)]
+    pub w: Option<f64>,
+
+    /// Point-to-point latency of one hop between ranks.
+    #[arg(long, default_value_t = 0.0)]
+    pub p2p: f64,
+
+    /// DualPipe-V overlapped F&B slot duration as a fraction of F + B, in (0, 1].
+    #[arg(long, default_value_t = 1.0)]
+    pub overlap_factor: f64,
+
+    /// Megatron's microbatch_group_size_per_vp_stage for interleaved-1f1b (default: pp).
+    #[arg(long)]
+    pub microbatch_group_size: Option<u32>,
+
+    /// Compare several schedules (comma-separated), e.g.
+    /// 1f1b,interleaved-1f1b,zb-h1,zb-v,dualpipe-v.
+    #[arg(long, value_delimiter = ',')]
+    pub compare: Option<Vec<ScheduleKind>>,
+
+    /// Write an SVG Gantt chart.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+
+    /// Write a PNG Gantt chart.
+    #[arg(long, value_name = "FILE")]
+    pub png: Option<PathBuf>,
+
+    /// Chart width and height in pixels (default: 1400 wide, about 26 pixels per rank row).
+    #[arg(long, value_name = "WxH", value_parser = parse_size)]
+    pub size: Option<(u32, u32)>,
+
+    /// Write a Chrome trace-event JSON (one track per rank; open in Perfetto).
+    #[arg(long, value_name = "FILE")]
+    pub chrome_trace: Option<PathBuf>,
+
+    /// Print the timelines as JSON instead of the ASCII timeline.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Widest ASCII timeline, in time steps.
+    #[arg(long, default_value_t = 120)]
+    pub max_columns: usize,
+    /// Take the schedule and per-stage durations (F, I, W and hop costs, in seconds) from the
+    /// engine for this configuration file instead of --pp/--vpp/--microbatches/--f/--b/--w.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["compare", "f", "b", "w", "p2p", "pp", "vpp", "microbatches", "schedule"])]
+    pub config: Option<PathBuf>,
+}
+
+fn parse_size(s: &str) -> Result<(u32, u32), String> {
+    let (w, h) = s
+        .split_once(['x', 'X'])
+        .ok_or_else(|| format!("expected WIDTHxHEIGHT, e.g. 1400x600 (got '{s}')"))?;
+    let w: u32 = w
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad width in '{s}'"))?;
+    let h: u32 = h
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad height in '{s}'"))?;
+    Ok((w, h))
+}
+
+/// Runs `parsim schedule`.
+pub fn run(args: ScheduleArgs) -> Result<()> {
+    let kinds: Vec<ScheduleKind> = match &args.compare {
+        Some(list) if !list.is_empty() => list.clone(),
+        Some(_) => bail!("--compare needs at least one schedule name"),
+        None => vec![args.schedule],
+    };
+    let options = GenerateOptions {
+        microbatch_group_size: args.microbatch_group_size,
+    };
+    let mut runs: Vec<(Program, Simulation, Costs)> = Vec::new();
+    if let Some(path) = &args.config {
+        let cfg = parsim::config::Config::from_layers(&[parsim::config::Layer::from_file(path)?])?;
+        let resolved = parsim::config::Resolved::new(cfg)?;
+        let (program, costs) = parsim::estimate::pipeline(&resolved)?;
+        let sim = simulate(&program, &costs).context("cannot simulate the configured schedule")?;
+        runs.push((program, sim, costs));
+    }
+    for &kind in kinds.iter().filter(|_| args.config.is_none()) {
+        // In a comparison each schedule runs with its own chunk count, except that --vpp
+        // applies to interleaved-1f1b.
+        let vpp = match (args.vpp, kind) {
+            (Some(v), _) if args.compare.is_none() => v,
+            (Some(v), ScheduleKind::Interleaved1F1B) => v,
+            _ => natural_vpp(kind),
+        };
+        let program = generate_with(kind, args.pp, vpp, args.microbatches, &options)
+            .with_context(|| format!("cannot generate the {kind} schedule"))?;
+        let per_chunk = 1.0 / vpp.max(1) as f64;
+        let costs = Costs::uniform(
+            args.pp,
+            vpp,
+            args.f * per_chunk,
+            args.b * per_chunk,
+            args.w.map(|w| w * per_chunk),
+            args.p2p,
+        )
+        .and_then(|c| c.with_overlap_factor(args.overlap_factor))
+        .context("bad --f/--b/--w/--p2p/--overlap-factor")?;
+        let sim = simulate(&program, &costs)
+            .with_context(|| format!("cannot simulate the {kind} schedule"))?;
+        runs.push((program, sim, costs));
+    }
+    let refs: Vec<(&Program, &Simulation)> = runs.iter().map(|(p, s, _)| (p, s)).collect();
+
+    let size = args.size.unwrap_or_else(|| gantt::default_size(&refs));
+    if let Some(path) = &args.svg {
+        gantt::write_svg(path, &refs, size)?;
+        eprintln!("wrote {} ({}x{} SVG)", path.display(), size.0, size.1);
+    }
+    if let Some(path) = &args.png {
+        gantt::write_png(path, &refs, size)?;
+        eprintln!("wrote {} ({}x{} PNG)", path.display(), size.0, size.1);
+    }
+    if let Some(path) = &args.chrome_trace {
+        let trace = chrome_trace::chrome_trace(&refs);
+        std::fs::write(path, serde_json::to_vec(&trace)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!(
+            "wrote {} (Chrome trace; open in ui.perfetto.dev)",
+            path.display()
+        );
+    }
+
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if args.json {
+        let docs: Vec<_> = refs
+            .iter()
+            .map(|(p, s)| schedule_json::schedule_json(p, s))
+            .collect();
+        if args.compare.is_some() {
+            serde_json::to_writer_pretty(&mut out, &docs)?;
+        } else {
+            serde_json::to_writer_pretty(&mut out, &docs[0])?;
+        }
+        writeln!(out)?;
+        return Ok(());
+    }
+    if args.compare.is_some() {
+        writeln!(
+            out,
+            "pp {}, {} microbatches, per rank share: F = {}, B = {}{}, p2p = {}",
+            args.pp,
+            args.microbatches,
+            args.f,
+            args.b,
+            args.w
+                .map(|w| format!(" (I = {}, W = {w})", args.b))
+                .unwrap_or_default(),
+            args.p2p
+        )?;
+        let with_costs: Vec<_> = runs.iter().map(|(p, s, c)| (p, s, c)).collect();
+        writeln!(out, "{}", table_schedule::compare_table(&with_costs))?;
+        return Ok(());
+    }
+    let color = std::io::stdout().is_terminal();
+    let (p, s) = refs[0];
+    write!(
+        out,
+        "{}",
+        ascii_timeline::render(p, s, color, args.max_columns)
+    )?;
+    writeln!(
+        out,
+        "makespan {} | bubble {:.1}% of ideal compute | idle {:.1}% of makespan | \
+         peak live activation sets per rank: {:?}",
+        s.makespan,
+        100.0 * s.bubble_fraction,
+        100.0 * s.idle_over_makespan,
+        s.peak_inflight
+    )?;
+    Ok(())
+}

@@ -1,0 +1,172 @@
+//! The simulator on hand-built programs: deadlocks and malformed programs are reported as
+//! errors (never a hang or a panic), timing follows the dataflow rules, and random sizes
+//! never break generation or simulation.
+
+use parsim::schedule::{
+    generate, natural_vpp, simulate, Action, ActionKind, Costs, Placement, Program, ScheduleError,
+    ScheduleKind,
+};
+use proptest::prelude::*;
+
+fn program(pp: u32, m: u32, ranks: Vec<Vec<Action>>) -> Program {
+    Program {
+        kind: ScheduleKind::OneFOneB,
+        pp,
+        vpp: 1,
+        microbatches: m,
+        placement: Placement::Loop,
+        ranks,
+    }
+}
+
+fn a(kind: ActionKind, stage: u32, mb: u32) -> Action {
+    Action::new(kind, stage, mb)
+}
+
+#[test]
+fn cross_rank_cycle_is_a_deadlock() {
+    use ActionKind::*;
+    // rank 1 wants B(1, 0) before it has run F(1, 0): it waits for itself forever, and rank 0
+    // waits for rank 1's gradient.
+    let p = program(
+        2,
+        1,
+        vec![vec![a(F, 0, 0), a(B, 0, 0)], vec![a(B, 1, 0), a(F, 1, 0)]],
+    );
+    let costs = Costs::uniform(2, 1, 1.0, 1.0, None, 0.0).unwrap();
+    match simulate(&p, &costs) {
+        Err(ScheduleError::Deadlock(msg)) => assert!(msg.contains("rank 1"), "{msg}"),
+        other => panic!("expected a deadlock, got {other:?}"),
+    }
+}
+
+#[test]
+fn only_true_cycles_deadlock() {
+    use ActionKind::*;
+    let costs = Costs::uniform(2, 1, 1.0, 1.0, None, 0.0).unwrap();
+    // Backwards in different microbatch orders on the two ranks: rank 0 waits a while for
+    // B(1, 1), but rank 1 gets there without needing rank 0, so this is no deadlock.
+    let p = program(
+        2,
+        2,
+        vec![
+            vec![a(F, 0, 0), a(F, 0, 1), a(B, 0, 1), a(B, 0, 0)],
+            vec![a(F, 1, 0), a(B, 1, 0), a(F, 1, 1), a(B, 1, 1)],
+        ],
+    );
+    assert!(simulate(&p, &costs).is_ok());
+    // Rank 1 starts with F(1, 1), which needs F(0, 1); rank 0 runs that only after B(0, 0),
+    // which needs B(1, 0), which rank 1 runs last: a cycle.
+    let p = program(
+        2,
+        2,
+        vec![
+            vec![a(F, 0, 0), a(B, 0, 0), a(F, 0, 1), a(B, 0, 1)],
+            vec![a(F, 1, 1), a(B, 1, 1), a(F, 1, 0), a(B, 1, 0)],
+        ],
+    );
+    assert!(matches!(
+        simulate(&p, &costs),
+        Err(ScheduleError::Deadlock(_))
+    ));
+}
+
+#[test]
+fn malformed_programs_are_rejected() {
+    use ActionKind::*;
+    let costs = Costs::uniform(2, 1, 1.0, 1.0, None, 0.0).unwrap();
+    // missing backward
+    let p = program(2, 1, vec![vec![a(F, 0, 0), a(B, 0, 0)], vec![a(F, 1, 0)]]);
+    assert!(matches!(
+        simulate(&p, &costs),
+        Err(ScheduleError::InvalidProgram(_))
+    ));
+    // stage on the wrong rank
+    let p = program(
+        2,
+        1,
+        vec![vec![a(F, 1, 0), a(B, 1, 0)], vec![a(F, 0, 0), a(B, 0, 0)]],
+    );
+    assert!(matches!(
+        simulate(&p, &costs),
+        Err(ScheduleError::InvalidProgram(_))
+    ));
+    // duplicated forward
+    let p = program(
+        2,
+        1,
+        vec![
+            vec![a(F, 0, 0), a(F, 0, 0), a(B, 0, 0)],
+            vec![a(F, 1, 0), a(B, 1, 0)],
+        ],
+    );
+    assert!(matches!(
+        simulate(&p, &costs),
+        Err(ScheduleError::InvalidProgram(_))
+    ));
+    // costs for the wrong number of stages
+    let p = generate(ScheduleKind::OneFOneB, 2, 1, 2).unwrap();
+    let wrong = Costs::uniform(3, 1, 1.0, 1.0, None, 0.0).unwrap();
+    assert!(matches!(
+        simulate(&p, &wrong),
+        Err(ScheduleError::BadCosts(_))
+    ));
+}
+
+#[test]
+fn bad_costs_are_rejected() {
+    assert!(Costs::uniform(2, 1, f64::NAN, 1.0, None, 0.0).is_err());
+    assert!(Costs::uniform(2, 1, 1.0, -1.0, None, 0.0).is_err());
+    assert!(Costs::uniform(2, 1, 1.0, 1.0, None, f64::INFINITY).is_err());
+    let c = Costs::uniform(2, 1, 1.0, 1.0, None, 0.0).unwrap();
+    assert!(c.clone().with_overlap_factor(0.0).is_err());
+    assert!(c.with_overlap_factor(1.5).is_err());
+}
+
+/// Two ranks, one microbatch, by hand: F on rank 0 [0,1), hop 0.5 + 0.25, F on rank 1
+/// [1.75, 3.75), B on rank 1 [3.75, 6.75), hop, B on rank 0 [7.5, 9.5).
+#[test]
+fn hop_costs_and_per_stage_durations_are_charged() {
+    let p = generate(ScheduleKind::OneFOneB, 2, 1, 1).unwrap();
+    let c = Costs::from_unsplit(vec![1.0, 2.0], vec![2.0, 3.0], 0.5, vec![0.25]).unwrap();
+    let s = simulate(&p, &c).unwrap();
+    let r0 = &s.timeline[0];
+    let r1 = &s.timeline[1];
+    assert_eq!((r0[0].start, r0[0].end), (0.0, 1.0));
+    assert_eq!((r1[0].start, r1[0].end), (1.75, 3.75));
+    assert_eq!((r1[1].start, r1[1].end), (3.75, 6.75));
+    assert_eq!((r0[1].start, r0[1].end), (7.5, 9.5));
+    assert_eq!(s.makespan, 9.5);
+    assert_eq!(s.busy, vec![3.0, 5.0]);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn random_sizes_generate_and_simulate_or_fail_cleanly(
+        kind_ix in 0usize..6,
+        pp in 1u32..10,
+        m in 1u32..40,
+        f in 0.1f64..3.0,
+        b in 0.1f64..3.0,
+        w in proptest::option::of(0.1f64..3.0),
+        p2p in 0.0f64..0.5,
+    ) {
+        let kind = ScheduleKind::ALL[kind_ix];
+        let vpp = natural_vpp(kind);
+        match generate(kind, pp, vpp, m) {
+            Ok(program) => {
+                let costs = Costs::uniform(pp, vpp, f, b, w, p2p).unwrap();
+                let s = simulate(&program, &costs).unwrap();
+                prop_assert!(s.makespan > 0.0);
+                prop_assert!(s.idle.iter().all(|x| *x >= -1e-9));
+                prop_assert!(s.bubble_fraction >= -1e-12);
+            }
+            Err(e) => {
+                // only the documented microbatch rules reject these sizes
+                let msg = e.to_string();
+                prop_assert!(msg.contains("microbatches"), "{}", msg);
+            }
+        }
+    }
+}
