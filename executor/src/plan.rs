@@ -187,7 +187,13 @@ impl Plan {
     }
 
     /// A one-rank plan: every microbatch forward then backward, then the optimizer.
-    pub fn single_rank(model: ModelShape, adam: AdamConfig, seed: u64, microbatches: u32, recompute: Recompute) -> Plan {
+    pub fn single_rank(
+        model: ModelShape,
+        adam: AdamConfig,
+        seed: u64,
+        microbatches: u32,
+        recompute: Recompute,
+    ) -> Plan {
         let mut actions = Vec::new();
         for mb in 0..microbatches {
             actions.push(Action::Forward { stage: 0, mb });
@@ -238,19 +244,31 @@ impl Plan {
             return err("model sizes must be positive".into());
         }
         if m.heads % m.kv_heads != 0 {
-            return err(format!("heads ({}) must be a multiple of kv_heads ({})", m.heads, m.kv_heads));
+            return err(format!(
+                "heads ({}) must be a multiple of kv_heads ({})",
+                m.heads, m.kv_heads
+            ));
         }
         if m.heads % t != 0 || m.kv_heads % t != 0 {
-            return err(format!("heads ({}) and kv_heads ({}) must be divisible by tp ({t})", m.heads, m.kv_heads));
+            return err(format!(
+                "heads ({}) and kv_heads ({}) must be divisible by tp ({t})",
+                m.heads, m.kv_heads
+            ));
         }
         if m.ffn % t != 0 || m.vocab % t != 0 {
-            return err(format!("ffn ({}) and padded vocab ({}) must be divisible by tp ({t})", m.ffn, m.vocab));
+            return err(format!(
+                "ffn ({}) and padded vocab ({}) must be divisible by tp ({t})",
+                m.ffn, m.vocab
+            ));
         }
         if m.head_dim % 2 != 0 {
             return err(format!("head_dim ({}) must be even for rotary", m.head_dim));
         }
         if p.sp && m.tokens() % t != 0 {
-            return err(format!("tokens per microbatch ({}) must be divisible by tp ({t}) with sp", m.tokens()));
+            return err(format!(
+                "tokens per microbatch ({}) must be divisible by tp ({t}) with sp",
+                m.tokens()
+            ));
         }
         if p.zero > 3 {
             return err(format!("zero stage {} (0..=3)", p.zero));
@@ -260,13 +278,19 @@ impl Plan {
         }
         let world = (p.tp * p.pp * p.dp) as usize;
         if self.ranks.len() != world {
-            return err(format!("{} rank plans for world tp x pp x dp = {world}", self.ranks.len()));
+            return err(format!(
+                "{} rank plans for world tp x pp x dp = {world}",
+                self.ranks.len()
+            ));
         }
         for (i, r) in self.ranks.iter().enumerate() {
             if r.rank as usize != i {
                 return err(format!("rank plan {i} has rank {}", r.rank));
             }
-            if r.tp_group.len() != t || r.dp_group.len() != p.dp as usize || r.pp_group.len() != p.pp as usize {
+            if r.tp_group.len() != t
+                || r.dp_group.len() != p.dp as usize
+                || r.pp_group.len() != p.pp as usize
+            {
                 return err(format!("rank {i}: group sizes do not match tp/dp/pp"));
             }
             for s in &r.stages {

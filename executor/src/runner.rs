@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// How to run.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct RunOptions {
     /// Steps in all (warm-up included).
     pub steps: u32,
@@ -39,6 +39,12 @@ pub struct RunOptions {
     pub warmup: u32,
     /// Collect every parameter (as global tensors) after the last step.
     pub export_params: bool,
+    /// Skip the optimizer and collect the accumulated gradients of the last step instead
+    /// (ZeRO 0/1 only: the full gradients, summed over data parallelism).
+    pub export_grads: bool,
+    /// Added to parameter elements (global tensor, flat index, delta) after initialisation:
+    /// finite differences.
+    pub perturb: Vec<(String, usize, f32)>,
 }
 
 impl Default for RunOptions {
@@ -47,6 +53,8 @@ impl Default for RunOptions {
             steps: 3,
             warmup: 1,
             export_params: false,
+            export_grads: false,
+            perturb: Vec::new(),
         }
     }
 }
@@ -94,17 +102,41 @@ pub struct RunReport {
     pub ranks: Vec<RankReport>,
     /// Global parameter tensors after the last step (flat, row-major), when asked for.
     pub params: Option<BTreeMap<String, Vec<f32>>>,
+    /// Global gradient tensors of the last step, when asked for.
+    pub grads: Option<BTreeMap<String, Vec<f32>>>,
 }
 
 struct RankOutput {
     report: RankReport,
     loss_sums: Vec<f64>,
     params: Vec<(String, usize, f32)>,
+    grads: Vec<(String, usize, f32)>,
+}
+
+fn assemble(items: Vec<&[(String, usize, f32)]>) -> BTreeMap<String, Vec<f32>> {
+    let mut acc: HashMap<String, Vec<(usize, f32)>> = HashMap::new();
+    for list in items {
+        for (name, i, v) in list {
+            acc.entry(name.clone()).or_default().push((*i, *v));
+        }
+    }
+    acc.into_iter()
+        .map(|(name, mut items)| {
+            items.sort_by_key(|x| x.0);
+            items.dedup_by_key(|x| x.0);
+            (name, items.into_iter().map(|x| x.1).collect())
+        })
+        .collect()
 }
 
 /// Runs `plan` on CPU threads.
 pub fn run_cpu(plan: &Plan, opts: &RunOptions) -> Result<RunReport, ExecError> {
     plan.validate()?;
+    if opts.export_grads && plan.parallel.zero >= 2 {
+        return Err(ExecError::Plan(
+            "export_grads needs zero 0 or 1 (full gradients)".into(),
+        ));
+    }
     if opts.steps == 0 || opts.warmup >= opts.steps {
         return Err(ExecError::Plan(format!(
             "steps ({}) must exceed warmup ({})",
@@ -120,7 +152,9 @@ pub fn run_cpu(plan: &Plan, opts: &RunOptions) -> Result<RunReport, ExecError> {
                 let world = Arc::clone(&world);
                 s.spawn(move || {
                     let comm = CpuComm::new(rp.rank, Arc::clone(&world));
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_rank(plan, rp, &comm, opts)));
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        run_rank(plan, rp, &comm, opts)
+                    }));
                     let r = match r {
                         Ok(r) => r,
                         Err(e) => Err(ExecError::Rank {
@@ -163,26 +197,18 @@ pub fn run_cpu(plan: &Plan, opts: &RunOptions) -> Result<RunReport, ExecError> {
     let loss = (0..opts.steps as usize)
         .map(|i| outs.iter().map(|o| o.loss_sums[i]).sum::<f64>() / tokens)
         .collect();
-    let params = opts.export_params.then(|| {
-        let mut acc: HashMap<String, Vec<(usize, f32)>> = HashMap::new();
-        for o in &outs {
-            for (name, i, v) in &o.params {
-                acc.entry(name.clone()).or_default().push((*i, *v));
-            }
-        }
-        acc.into_iter()
-            .map(|(name, mut items)| {
-                items.sort_by_key(|x| x.0);
-                items.dedup_by_key(|x| x.0);
-                (name, items.into_iter().map(|x| x.1).collect())
-            })
-            .collect()
-    });
+    let params = opts
+        .export_params
+        .then(|| assemble(outs.iter().map(|o| o.params.as_slice()).collect()));
+    let grads = opts
+        .export_grads
+        .then(|| assemble(outs.iter().map(|o| o.grads.as_slice()).collect()));
     Ok(RunReport {
         world: plan.world(),
         loss,
         ranks: outs.into_iter().map(|o| o.report).collect(),
         params,
+        grads,
     })
 }
 
@@ -230,7 +256,12 @@ fn tag(stage: u32, mb: u32, grad: bool) -> u64 {
     ((stage as u64) << 33) | ((mb as u64) << 1) | grad as u64
 }
 
-fn run_rank(plan: &Plan, rp: &RankPlan, comm: &CpuComm, opts: &RunOptions) -> Result<RankOutput, ExecError> {
+fn run_rank(
+    plan: &Plan,
+    rp: &RankPlan,
+    comm: &CpuComm,
+    opts: &RunOptions,
+) -> Result<RankOutput, ExecError> {
     memory::reset_peak();
     let tp = comm.group(&rp.tp_group);
     let dp = comm.group(&rp.dp_group);
@@ -238,7 +269,9 @@ fn run_rank(plan: &Plan, rp: &RankPlan, comm: &CpuComm, opts: &RunOptions) -> Re
     let blocks = rank_layout(plan, rp.coords.tp, &rp.stages);
     let mut stage_blocks = HashMap::new();
     for &s in &rp.stages {
-        let idx: Vec<usize> = (0..blocks.len()).filter(|&i| blocks[i].stage == s).collect();
+        let idx: Vec<usize> = (0..blocks.len())
+            .filter(|&i| blocks[i].stage == s)
+            .collect();
         let r = match (idx.first(), idx.last()) {
             (Some(&a), Some(&b)) => a..b + 1,
             _ => 0..0,
@@ -253,6 +286,19 @@ fn run_rank(plan: &Plan, rp: &RankPlan, comm: &CpuComm, opts: &RunOptions) -> Re
     let prange = if zero >= 3 { shard.clone() } else { 0..total };
     let mut pdata = vec![0.0f32; prange.len()];
     init_range(plan.seed, &blocks, prange.clone(), &mut pdata);
+    for (name, gi, delta) in &opts.perturb {
+        for b in &blocks {
+            for t in &b.tensors {
+                for i in 0..t.len() {
+                    let (s, g) = t.global_of(i);
+                    let flat = b.range.start + t.offset + i;
+                    if &s.name == name && g == *gi && prange.contains(&flat) {
+                        pdata[flat - prange.start] += delta;
+                    }
+                }
+            }
+        }
+    }
     let params = Tensor::from_vec(Category::Weights, &[prange.len()], pdata);
     let glen = if zero >= 2 { shard.len() } else { total };
     let olen = if zero >= 1 { shard.len() } else { total };
@@ -288,6 +334,10 @@ fn run_rank(plan: &Plan, rp: &RankPlan, comm: &CpuComm, opts: &RunOptions) -> Re
         let t0 = Instant::now();
         rank.loss_sum = 0.0;
         for a in &rp.actions {
+            if opts.export_grads && *a == Action::OptimizerStep {
+                rank.reduce_for_export()?;
+                continue;
+            }
             rank.act(*a)?;
         }
         let dt = t0.elapsed().as_secs_f64();
@@ -297,7 +347,16 @@ fn run_rank(plan: &Plan, rp: &RankPlan, comm: &CpuComm, opts: &RunOptions) -> Re
         loss_sums.push(rank.loss_sum);
     }
     let peak = memory::peak();
-    let params = if opts.export_params { rank.export()? } else { Vec::new() };
+    let params = if opts.export_params {
+        rank.export()?
+    } else {
+        Vec::new()
+    };
+    let grads = if opts.export_grads {
+        rank.export_grads()
+    } else {
+        Vec::new()
+    };
     Ok(RankOutput {
         report: RankReport {
             rank: rp.rank,
@@ -307,6 +366,7 @@ fn run_rank(plan: &Plan, rp: &RankPlan, comm: &CpuComm, opts: &RunOptions) -> Re
         },
         loss_sums,
         params,
+        grads,
     })
 }
 
@@ -318,7 +378,10 @@ impl<'a> Rank<'a> {
             Action::BackwardInput { stage, mb } => self.backward_input(stage, mb, false),
             Action::BackwardWeight { stage, mb } => {
                 let tasks = self.wtasks.remove(&(stage, mb)).ok_or_else(|| {
-                    ExecError::Plan(format!("W(stage {stage}, mb {mb}) before its I on rank {}", self.rp.rank))
+                    ExecError::Plan(format!(
+                        "W(stage {stage}, mb {mb}) before its I on rank {}",
+                        self.rp.rank
+                    ))
                 })?;
                 for (bi, ts) in tasks {
                     self.run_tasks(bi, ts)?;
@@ -353,8 +416,14 @@ impl<'a> Rank<'a> {
 
     fn recv(&mut self, from: u32, stage: u32, mb: u32, grad: bool) -> Result<(), ExecError> {
         let buf = self.recv_buf.as_mut().expect("pp buffers");
-        self.ctx.comm.recv(from, tag(stage, mb, grad), buf.data_mut())?;
-        let cat = if grad { Category::Buffers } else { Category::Activations };
+        self.ctx
+            .comm
+            .recv(from, tag(stage, mb, grad), buf.data_mut())?;
+        let cat = if grad {
+            Category::Buffers
+        } else {
+            Category::Activations
+        };
         let t = Tensor::copy_of(cat, buf.shape(), buf.data());
         self.mailbox.insert((stage, mb, grad), t);
         Ok(())
@@ -373,17 +442,31 @@ impl<'a> Rank<'a> {
             self.cache.pop_front();
         }
         let mut t = Tensor::zeros(Category::Buffers, &[r.len()]);
-        self.ctx
-            .comm
-            .gather_range(&self.dp, self.shard.start, self.params.data(), r, t.data_mut())?;
+        self.ctx.comm.gather_range(
+            &self.dp,
+            self.shard.start,
+            self.params.data(),
+            r,
+            t.data_mut(),
+        )?;
         let t = Rc::new(t);
         self.cache.push_back((bi, Rc::clone(&t)));
         Ok(Handle::Gathered(t))
     }
 
     fn forward(&mut self, stage: u32, mb: u32) -> Result<(), ExecError> {
-        let bidx = self.stage_blocks.get(&stage).cloned().ok_or_else(|| self.missing("chunk", stage, mb))?;
-        let (tokens, targets) = data::microbatch(&self.plan.model, self.plan.seed, self.plan.microbatches, self.rp.coords.dp, mb);
+        let bidx = self
+            .stage_blocks
+            .get(&stage)
+            .cloned()
+            .ok_or_else(|| self.missing("chunk", stage, mb))?;
+        let (tokens, targets) = data::microbatch(
+            &self.plan.model,
+            self.plan.seed,
+            self.plan.microbatches,
+            self.rp.coords.dp,
+            mb,
+        );
         let mut x = if matches!(self.blocks[bidx.start].kind, BlockKind::Embedding) {
             None
         } else {
@@ -419,7 +502,8 @@ impl<'a> Rank<'a> {
                 }
                 BlockKind::Output => {
                     let input = x.take().expect("output input");
-                    let (loss, s) = output_fwd(&mut self.ctx, l, p, input, targets.take().expect("targets"))?;
+                    let (loss, s) =
+                        output_fwd(&mut self.ctx, l, p, input, targets.take().expect("targets"))?;
                     if self.rp.coords.tp == 0 {
                         self.loss_sum += loss;
                     }
@@ -437,7 +521,11 @@ impl<'a> Rank<'a> {
     /// Input gradients of a chunk; the weight-gradient tasks run at once (`immediate`, a full
     /// backward) or wait for the W action.
     fn backward_input(&mut self, stage: u32, mb: u32, immediate: bool) -> Result<(), ExecError> {
-        let bidx = self.stage_blocks.get(&stage).cloned().ok_or_else(|| self.missing("chunk", stage, mb))?;
+        let bidx = self
+            .stage_blocks
+            .get(&stage)
+            .cloned()
+            .ok_or_else(|| self.missing("chunk", stage, mb))?;
         let saved = self
             .saved
             .remove(&(stage, mb))
@@ -477,7 +565,9 @@ impl<'a> Rank<'a> {
                     dy = Some(dx);
                     t
                 }
-                BlockSaved::Embedding(tokens) => embedding_bwd(&mut self.ctx, tokens, dy.take().expect("grad"))?,
+                BlockSaved::Embedding(tokens) => {
+                    embedding_bwd(&mut self.ctx, tokens, dy.take().expect("grad"))?
+                }
             };
             drop(h);
             if immediate {
@@ -512,9 +602,11 @@ impl<'a> Rank<'a> {
         }
         if self.ctx.sp {
             for t in l.tensors.iter().filter(|t| t.tp_replicated) {
-                self.ctx
-                    .comm
-                    .all_reduce(&self.ctx.tp, &mut bucket.data_mut()[t.range()], ReduceOp::Sum)?;
+                self.ctx.comm.all_reduce(
+                    &self.ctx.tp,
+                    &mut bucket.data_mut()[t.range()],
+                    ReduceOp::Sum,
+                )?;
             }
         }
         self.ctx.comm.reduce_scatter_range(
@@ -557,9 +649,19 @@ impl<'a> Rank<'a> {
                     // Staging copy of the send side (NCCL's buffers, untracked).
                     let all = self.grads.data().to_vec();
                     self.grads.data_mut()[sh.clone()].fill(0.0);
-                    comm.reduce_scatter_range(&self.dp, 0, &all, sh.clone(), &mut self.grads.data_mut()[sh.clone()])?;
+                    comm.reduce_scatter_range(
+                        &self.dp,
+                        0,
+                        &all,
+                        sh.clone(),
+                        &mut self.grads.data_mut()[sh.clone()],
+                    )?;
                 }
-                let g: &[f32] = if self.zero == 1 { &self.grads.data()[sh.clone()] } else { self.grads.data() };
+                let g: &[f32] = if self.zero == 1 {
+                    &self.grads.data()[sh.clone()]
+                } else {
+                    self.grads.data()
+                };
                 self.ctx.ops.adam(
                     &adam,
                     self.step,
@@ -588,14 +690,49 @@ impl<'a> Rank<'a> {
         Ok(())
     }
 
+    /// Sums the gradients over TP (SP norm partials) and DP, as the optimizer step would.
+    fn reduce_for_export(&mut self) -> Result<(), ExecError> {
+        let comm = self.ctx.comm;
+        if self.ctx.sp {
+            for b in &self.blocks {
+                for t in b.tensors.iter().filter(|t| t.tp_replicated) {
+                    let r = b.range.start + t.offset..b.range.start + t.offset + t.len();
+                    comm.all_reduce(&self.ctx.tp, &mut self.grads.data_mut()[r], ReduceOp::Sum)?;
+                }
+            }
+        }
+        comm.all_reduce(&self.dp, self.grads.data_mut(), ReduceOp::Sum)
+    }
+
+    fn export_grads(&self) -> Vec<(String, usize, f32)> {
+        let mut out = Vec::new();
+        for b in &self.blocks {
+            for t in &b.tensors {
+                for i in 0..t.len() {
+                    let (s, gi) = t.global_of(i);
+                    out.push((
+                        s.name.clone(),
+                        gi,
+                        self.grads.data()[b.range.start + t.offset + i],
+                    ));
+                }
+            }
+        }
+        out
+    }
+
     /// Every parameter element with its global tensor name and index.
     fn export(&mut self) -> Result<Vec<(String, usize, f32)>, ExecError> {
         let total = layout_len(&self.blocks);
         let full: Vec<f32> = if self.zero >= 3 {
             let mut out = vec![0.0; total];
-            self.ctx
-                .comm
-                .gather_range(&self.dp, self.shard.start, self.params.data(), 0..total, &mut out)?;
+            self.ctx.comm.gather_range(
+                &self.dp,
+                self.shard.start,
+                self.params.data(),
+                0..total,
+                &mut out,
+            )?;
             out
         } else {
             self.params.data().to_vec()

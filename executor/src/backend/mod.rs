@@ -24,7 +24,12 @@ pub trait Collectives {
     /// `out` = concatenation of every member's `input` in member order.
     fn all_gather(&self, g: &Self::Group, input: &[f32], out: &mut [f32]) -> Result<(), ExecError>;
     /// `out` = this member's slice of the element-wise sum of every member's `input`.
-    fn reduce_scatter(&self, g: &Self::Group, input: &[f32], out: &mut [f32]) -> Result<(), ExecError>;
+    fn reduce_scatter(
+        &self,
+        g: &Self::Group,
+        input: &[f32],
+        out: &mut [f32],
+    ) -> Result<(), ExecError>;
     /// Member i's j-th slice goes to member j's i-th slice.
     fn all_to_all(&self, g: &Self::Group, input: &[f32], out: &mut [f32]) -> Result<(), ExecError>;
     /// Member `root`'s buffer to every member.
@@ -61,16 +66,51 @@ pub trait TensorOps {
     fn linear_fwd(&self, x: &[f32], w: &[f32], n: usize, i: usize, o: usize, y: &mut [f32]);
     /// dx[n, i] (+)= dy[n, o] . w[o, i].
     #[allow(clippy::too_many_arguments)]
-    fn linear_dgrad(&self, dy: &[f32], w: &[f32], n: usize, i: usize, o: usize, dx: &mut [f32], acc: bool);
+    fn linear_dgrad(
+        &self,
+        dy: &[f32],
+        w: &[f32],
+        n: usize,
+        i: usize,
+        o: usize,
+        dx: &mut [f32],
+        acc: bool,
+    );
     /// dw[o, i] += dy^T . x.
     fn linear_wgrad(&self, dy: &[f32], x: &[f32], n: usize, i: usize, o: usize, dw: &mut [f32]);
     fn norm_fwd(&self, kind: Norm, x: &[f32], p: &[f32], h: usize, eps: f32, y: &mut [f32]);
     #[allow(clippy::too_many_arguments)]
-    fn norm_dgrad(&self, kind: Norm, x: &[f32], p: &[f32], dy: &[f32], h: usize, eps: f32, dx: &mut [f32]);
+    fn norm_dgrad(
+        &self,
+        kind: Norm,
+        x: &[f32],
+        p: &[f32],
+        dy: &[f32],
+        h: usize,
+        eps: f32,
+        dx: &mut [f32],
+    );
     fn norm_wgrad(&self, kind: Norm, x: &[f32], dy: &[f32], h: usize, eps: f32, dp: &mut [f32]);
     #[allow(clippy::too_many_arguments)]
-    fn rotary(&self, x: &mut [f32], rows: usize, heads: usize, d: usize, seq: usize, theta: f32, inverse: bool);
+    fn rotary(
+        &self,
+        x: &mut [f32],
+        rows: usize,
+        heads: usize,
+        d: usize,
+        seq: usize,
+        theta: f32,
+        inverse: bool,
+    );
     fn act_fwd(&self, kind: Activation, u: &[f32], n: usize, f: usize, out: &mut [f32]);
-    fn act_bwd(&self, kind: Activation, u: &[f32], dout: &[f32], n: usize, f: usize, du: &mut [f32]);
+    fn act_bwd(
+        &self,
+        kind: Activation,
+        u: &[f32],
+        dout: &[f32],
+        n: usize,
+        f: usize,
+        du: &mut [f32],
+    );
     fn adam(&self, c: &AdamConfig, t: u32, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]);
 }

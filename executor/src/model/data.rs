@@ -14,7 +14,13 @@ fn token(seed: u64, vocab: usize, seq_len: usize, j: usize, pos: usize) -> u32 {
 }
 
 /// (inputs, targets) of microbatch `mb` of data-parallel rank `dp_rank`, rows batch-major.
-pub fn microbatch(m: &ModelShape, seed: u64, microbatches: u32, dp_rank: u32, mb: u32) -> (Vec<u32>, Vec<u32>) {
+pub fn microbatch(
+    m: &ModelShape,
+    seed: u64,
+    microbatches: u32,
+    dp_rank: u32,
+    mb: u32,
+) -> (Vec<u32>, Vec<u32>) {
     let first = (dp_rank as usize * microbatches as usize + mb as usize) * m.micro_batch;
     let mut x = Vec::with_capacity(m.tokens());
     let mut y = Vec::with_capacity(m.tokens());

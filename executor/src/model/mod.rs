@@ -62,7 +62,11 @@ impl<'a> Ctx<'a> {
     }
 
     /// Runs `f` on the column-parallel input: the SP all-gather of `x`, or `x` itself.
-    pub fn with_gathered<R>(&mut self, x: &[f32], f: impl FnOnce(&mut Self, &[f32]) -> R) -> Result<R, ExecError> {
+    pub fn with_gathered<R>(
+        &mut self,
+        x: &[f32],
+        f: impl FnOnce(&mut Self, &[f32]) -> R,
+    ) -> Result<R, ExecError> {
         if self.sp {
             self.gather_into_buf(x)?;
             let buf = self.sp_buf.take().expect("sp buffer");
@@ -77,13 +81,19 @@ impl<'a> Ctx<'a> {
     /// A partial sum [n, h] reduced over TP into the SP region: reduce-scatter to [n_sp, h]
     /// with SP, all-reduce otherwise (row-parallel output forward; column-parallel input
     /// gradient backward).
-    pub fn reduce_to_region(&mut self, mut partial: Tensor, cat: Category) -> Result<Tensor, ExecError> {
+    pub fn reduce_to_region(
+        &mut self,
+        mut partial: Tensor,
+        cat: Category,
+    ) -> Result<Tensor, ExecError> {
         if self.sp {
             let mut out = Tensor::zeros(cat, &[self.n_sp, self.rd.h]);
-            self.comm.reduce_scatter(&self.tp, partial.data(), out.data_mut())?;
+            self.comm
+                .reduce_scatter(&self.tp, partial.data(), out.data_mut())?;
             Ok(out)
         } else {
-            self.comm.all_reduce(&self.tp, partial.data_mut(), ReduceOp::Sum)?;
+            self.comm
+                .all_reduce(&self.tp, partial.data_mut(), ReduceOp::Sum)?;
             Ok(partial.recat(cat))
         }
     }
@@ -114,7 +124,11 @@ pub enum WTask {
         gather_x: bool,
     },
     /// Norm gain (and bias) gradient from the saved input and the output gradient.
-    Norm { tensor: usize, x: Tensor, dy: Tensor },
+    Norm {
+        tensor: usize,
+        x: Tensor,
+        dy: Tensor,
+    },
     /// Embedding rows: dE[id - lo] += dY[t].
     Embedding { tokens: Vec<u32>, dy: Tensor },
 }
@@ -124,7 +138,14 @@ impl WTask {
     pub fn hold(self) -> WTask {
         let a = Category::Activations;
         match self {
-            WTask::Linear { tensor, x, dy, i, o, gather_x } => WTask::Linear {
+            WTask::Linear {
+                tensor,
+                x,
+                dy,
+                i,
+                o,
+                gather_x,
+            } => WTask::Linear {
                 tensor,
                 x: x.recat(a),
                 dy: dy.recat(a),
@@ -145,23 +166,39 @@ impl WTask {
     }
 
     /// Accumulates into `grad`, the block's gradient (block-local offsets from `layout`).
-    pub fn run(self, ctx: &mut Ctx, layout: &params::BlockLayout, grad: &mut [f32]) -> Result<(), ExecError> {
+    pub fn run(
+        self,
+        ctx: &mut Ctx,
+        layout: &params::BlockLayout,
+        grad: &mut [f32],
+    ) -> Result<(), ExecError> {
         let h = ctx.rd.h;
         let eps = ctx.plan.model.norm_eps;
         let norm = ctx.plan.model.norm;
         match self {
-            WTask::Linear { tensor, x, dy, i, o, gather_x } => {
+            WTask::Linear {
+                tensor,
+                x,
+                dy,
+                i,
+                o,
+                gather_x,
+            } => {
                 let r = layout.tensors[tensor].range();
                 let n = ctx.n;
                 if gather_x && ctx.sp {
-                    ctx.with_gathered(x.data(), |c, xg| c.ops.linear_wgrad(dy.data(), xg, n, i, o, &mut grad[r]))?;
+                    ctx.with_gathered(x.data(), |c, xg| {
+                        c.ops.linear_wgrad(dy.data(), xg, n, i, o, &mut grad[r])
+                    })?;
                 } else {
-                    ctx.ops.linear_wgrad(dy.data(), x.data(), n, i, o, &mut grad[r]);
+                    ctx.ops
+                        .linear_wgrad(dy.data(), x.data(), n, i, o, &mut grad[r]);
                 }
             }
             WTask::Norm { tensor, x, dy } => {
                 let r = layout.tensors[tensor].range();
-                ctx.ops.norm_wgrad(norm, x.data(), dy.data(), h, eps, &mut grad[r]);
+                ctx.ops
+                    .norm_wgrad(norm, x.data(), dy.data(), h, eps, &mut grad[r]);
             }
             WTask::Embedding { tokens, dy } => {
                 let t = &layout.tensors[0];

@@ -169,7 +169,13 @@ impl Builder {
     }
 }
 
-fn seg(name: String, global_cols: usize, rows: Range<usize>, cols: Range<usize>, std: f32) -> Segment {
+fn seg(
+    name: String,
+    global_cols: usize,
+    rows: Range<usize>,
+    cols: Range<usize>,
+    std: f32,
+) -> Segment {
     Segment {
         name,
         global_cols,
@@ -208,7 +214,13 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, stages: &[u32]) -> Vec<BlockLayout
                 b.push(
                     rd.v_r,
                     h,
-                    vec![seg("embedding.weight".into(), h, r * rd.v_r..(r + 1) * rd.v_r, 0..h, std)],
+                    vec![seg(
+                        "embedding.weight".into(),
+                        h,
+                        r * rd.v_r..(r + 1) * rd.v_r,
+                        0..h,
+                        std,
+                    )],
                     false,
                 )
             });
@@ -228,7 +240,18 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, stages: &[u32]) -> Vec<BlockLayout
                     ],
                     false,
                 );
-                b.push(h, qa, vec![seg(format!("{p}.wo"), m.heads * d, 0..h, r * qa..(r + 1) * qa, std)], false);
+                b.push(
+                    h,
+                    qa,
+                    vec![seg(
+                        format!("{p}.wo"),
+                        m.heads * d,
+                        0..h,
+                        r * qa..(r + 1) * qa,
+                        std,
+                    )],
+                    false,
+                );
                 b.norm(&format!("{p}.mlp_norm"), m.norm, h);
                 let f = rd.f_r;
                 let fc1 = match m.activation {
@@ -236,10 +259,23 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, stages: &[u32]) -> Vec<BlockLayout
                         seg(format!("{p}.w_gate"), h, r * f..(r + 1) * f, 0..h, std),
                         seg(format!("{p}.w_up"), h, r * f..(r + 1) * f, 0..h, std),
                     ],
-                    Activation::Gelu => vec![seg(format!("{p}.w_fc1"), h, r * f..(r + 1) * f, 0..h, std)],
+                    Activation::Gelu => {
+                        vec![seg(format!("{p}.w_fc1"), h, r * f..(r + 1) * f, 0..h, std)]
+                    }
                 };
                 b.push(rd.fc1_r, h, fc1, false);
-                b.push(h, f, vec![seg(format!("{p}.w_down"), m.ffn, 0..h, r * f..(r + 1) * f, std)], false);
+                b.push(
+                    h,
+                    f,
+                    vec![seg(
+                        format!("{p}.w_down"),
+                        m.ffn,
+                        0..h,
+                        r * f..(r + 1) * f,
+                        std,
+                    )],
+                    false,
+                );
             });
         }
         if st.output {
@@ -248,7 +284,13 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, stages: &[u32]) -> Vec<BlockLayout
                 b.push(
                     rd.v_r,
                     h,
-                    vec![seg("output.weight".into(), h, r * rd.v_r..(r + 1) * rd.v_r, 0..h, std)],
+                    vec![seg(
+                        "output.weight".into(),
+                        h,
+                        r * rd.v_r..(r + 1) * rd.v_r,
+                        0..h,
+                        std,
+                    )],
                     false,
                 );
             });
@@ -271,7 +313,9 @@ fn splitmix64(mut z: u64) -> u64 {
 
 fn name_hash(s: &str) -> u64 {
     // FNV-1a, stable across platforms and runs.
-    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// A deterministic uniform in [-1, 1) from (seed, stream, index).

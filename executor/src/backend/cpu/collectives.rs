@@ -92,7 +92,12 @@ impl World {
         for m in &self.mailboxes {
             m.cv.notify_all();
         }
-        for g in self.groups.lock().unwrap_or_else(|e| e.into_inner()).values() {
+        for g in self
+            .groups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
             g.cv.notify_all();
         }
     }
@@ -117,7 +122,10 @@ impl CpuComm {
     pub fn group(&self, members: &[u32]) -> Group {
         let mut m = members.to_vec();
         m.sort_unstable();
-        let index = m.iter().position(|&r| r == self.rank).expect("rank is a member of its group");
+        let index = m
+            .iter()
+            .position(|&r| r == self.rank)
+            .expect("rank is a member of its group");
         let state = lock(&self.world.groups)
             .entry(m.clone())
             .or_insert_with(|| {
@@ -162,13 +170,21 @@ impl CpuComm {
                     seconds: TIMEOUT.as_secs(),
                 });
             }
-            st = g.cv.wait_timeout(st, POLL).unwrap_or_else(|e| e.into_inner()).0;
+            st =
+                g.cv.wait_timeout(st, POLL)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
         }
         Ok(())
     }
 
     /// Deposits `(lo, data)`, returns every member's contribution in member order.
-    fn exchange(&self, g: &Group, lo: usize, data: Vec<f32>) -> Result<Vec<Contribution>, ExecError> {
+    fn exchange(
+        &self,
+        g: &Group,
+        lo: usize,
+        data: Vec<f32>,
+    ) -> Result<Vec<Contribution>, ExecError> {
         let st = &g.state;
         lock(&st.slots)[g.index] = Some((lo, Arc::new(data)));
         self.barrier(st)?;
@@ -186,7 +202,10 @@ fn reduce_into(out: &mut [f32], parts: &[&[f32]], op: ReduceOp) {
     for p in &parts[1..] {
         match op {
             ReduceOp::Sum => out.iter_mut().zip(p.iter()).for_each(|(o, x)| *o += x),
-            ReduceOp::Max => out.iter_mut().zip(p.iter()).for_each(|(o, x)| *o = o.max(*x)),
+            ReduceOp::Max => out
+                .iter_mut()
+                .zip(p.iter())
+                .for_each(|(o, x)| *o = o.max(*x)),
         }
     }
 }
@@ -218,7 +237,11 @@ impl Collectives for CpuComm {
     }
 
     fn reduce_scatter(&self, g: &Group, input: &[f32], out: &mut [f32]) -> Result<(), ExecError> {
-        assert_eq!(input.len(), out.len() * g.size(), "reduce-scatter input size");
+        assert_eq!(
+            input.len(),
+            out.len() * g.size(),
+            "reduce-scatter input size"
+        );
         if g.size() == 1 {
             out.copy_from_slice(input);
             return Ok(());
@@ -250,7 +273,11 @@ impl Collectives for CpuComm {
         if g.size() == 1 {
             return Ok(());
         }
-        let mine = if g.index == root { buf.to_vec() } else { Vec::new() };
+        let mine = if g.index == root {
+            buf.to_vec()
+        } else {
+            Vec::new()
+        };
         let all = self.exchange(g, 0, mine)?;
         buf.copy_from_slice(&all[root].1);
         Ok(())
@@ -285,7 +312,11 @@ impl Collectives for CpuComm {
                     seconds: TIMEOUT.as_secs(),
                 });
             }
-            q = mb.cv.wait_timeout(q, POLL).unwrap_or_else(|e| e.into_inner()).0;
+            q = mb
+                .cv
+                .wait_timeout(q, POLL)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
 

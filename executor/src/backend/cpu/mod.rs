@@ -21,7 +21,16 @@ impl TensorOps for CpuOps {
     fn linear_fwd(&self, x: &[f32], w: &[f32], n: usize, i: usize, o: usize, y: &mut [f32]) {
         ops::gemm::linear_fwd(x, w, n, i, o, y)
     }
-    fn linear_dgrad(&self, dy: &[f32], w: &[f32], n: usize, i: usize, o: usize, dx: &mut [f32], acc: bool) {
+    fn linear_dgrad(
+        &self,
+        dy: &[f32],
+        w: &[f32],
+        n: usize,
+        i: usize,
+        o: usize,
+        dx: &mut [f32],
+        acc: bool,
+    ) {
         ops::gemm::linear_dgrad(dy, w, n, i, o, dx, acc)
     }
     fn linear_wgrad(&self, dy: &[f32], x: &[f32], n: usize, i: usize, o: usize, dw: &mut [f32]) {
@@ -30,19 +39,45 @@ impl TensorOps for CpuOps {
     fn norm_fwd(&self, kind: Norm, x: &[f32], p: &[f32], h: usize, eps: f32, y: &mut [f32]) {
         ops::norm::norm_fwd(kind, x, p, h, eps, y)
     }
-    fn norm_dgrad(&self, kind: Norm, x: &[f32], p: &[f32], dy: &[f32], h: usize, eps: f32, dx: &mut [f32]) {
+    fn norm_dgrad(
+        &self,
+        kind: Norm,
+        x: &[f32],
+        p: &[f32],
+        dy: &[f32],
+        h: usize,
+        eps: f32,
+        dx: &mut [f32],
+    ) {
         ops::norm::norm_dgrad(kind, x, p, dy, h, eps, dx)
     }
     fn norm_wgrad(&self, kind: Norm, x: &[f32], dy: &[f32], h: usize, eps: f32, dp: &mut [f32]) {
         ops::norm::norm_wgrad(kind, x, dy, h, eps, dp)
     }
-    fn rotary(&self, x: &mut [f32], rows: usize, heads: usize, d: usize, seq: usize, theta: f32, inverse: bool) {
+    fn rotary(
+        &self,
+        x: &mut [f32],
+        rows: usize,
+        heads: usize,
+        d: usize,
+        seq: usize,
+        theta: f32,
+        inverse: bool,
+    ) {
         ops::rotary::rotary(x, rows, heads, d, seq, theta, inverse)
     }
     fn act_fwd(&self, kind: Activation, u: &[f32], n: usize, f: usize, out: &mut [f32]) {
         ops::activation::act_fwd(kind, u, n, f, out)
     }
-    fn act_bwd(&self, kind: Activation, u: &[f32], dout: &[f32], n: usize, f: usize, du: &mut [f32]) {
+    fn act_bwd(
+        &self,
+        kind: Activation,
+        u: &[f32],
+        dout: &[f32],
+        n: usize,
+        f: usize,
+        du: &mut [f32],
+    ) {
         ops::activation::act_bwd(kind, u, dout, n, f, du)
     }
     fn adam(&self, c: &AdamConfig, t: u32, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {

@@ -75,10 +75,20 @@ fn softmax_rows(sc: &mut [f32], s: usize, lse_out: Option<&mut [f32]>) {
 }
 
 /// o = softmax(q k^T / sqrt(d), causal) v; returns what `keep` asks to save.
-pub fn attn_fwd(sh: &AttnShape, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], keep: Keep) -> AttnSaved {
+pub fn attn_fwd(
+    sh: &AttnShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    o: &mut [f32],
+    keep: Keep,
+) -> AttnSaved {
     let s = sh.s;
     let mut probs = match keep {
-        Keep::Probs => Some(Tensor::zeros(Category::Activations, &[sh.b, sh.heads, s, s])),
+        Keep::Probs => Some(Tensor::zeros(
+            Category::Activations,
+            &[sh.b, sh.heads, s, s],
+        )),
         _ => None,
     };
     let mut lse = match keep {
@@ -94,7 +104,12 @@ pub fn attn_fwd(sh: &AttnShape, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], 
                 None => scratch.data_mut(),
             };
             scores(sh, q, k, bi, hq, sc);
-            softmax_rows(sc, s, lse.as_mut().map(|l| &mut l.data_mut()[idx * s..(idx + 1) * s]));
+            softmax_rows(
+                sc,
+                s,
+                lse.as_mut()
+                    .map(|l| &mut l.data_mut()[idx * s..(idx + 1) * s]),
+            );
             let (qv, kv) = sh.views(bi, hq);
             gemm(1.0, sc, View::rm(s, s), v, kv, 0.0, o, qv);
         }
@@ -143,7 +158,11 @@ pub fn attn_bwd(
                     let lse = &l.data()[idx * s..(idx + 1) * s];
                     for i in 0..s {
                         for j in 0..s {
-                            pb[i * s + j] = if j <= i { (pb[i * s + j] - lse[i]).exp() } else { 0.0 };
+                            pb[i * s + j] = if j <= i {
+                                (pb[i * s + j] - lse[i]).exp()
+                            } else {
+                                0.0
+                            };
                         }
                     }
                     p_buf.data()
@@ -167,7 +186,11 @@ pub fn attn_bwd(
                 let prow = &p[i * s..(i + 1) * s];
                 let dot: f32 = row[..=i].iter().zip(&prow[..=i]).map(|(a, b)| a * b).sum();
                 for j in 0..s {
-                    row[j] = if j <= i { prow[j] * (row[j] - dot) } else { 0.0 };
+                    row[j] = if j <= i {
+                        prow[j] * (row[j] - dot)
+                    } else {
+                        0.0
+                    };
                 }
             }
             // dQ = dS K * scale; dK += dS^T Q * scale

@@ -55,14 +55,29 @@ impl View {
 }
 
 /// C = alpha * A . B + beta * C for strided views (beta = 0 overwrites C, NaNs included).
-pub fn gemm(alpha: f32, a: &[f32], av: View, b: &[f32], bv: View, beta: f32, c: &mut [f32], cv: View) {
+pub fn gemm(
+    alpha: f32,
+    a: &[f32],
+    av: View,
+    b: &[f32],
+    bv: View,
+    beta: f32,
+    c: &mut [f32],
+    cv: View,
+) {
     assert_eq!(av.cols, bv.rows, "gemm inner dimensions");
     assert_eq!((av.rows, bv.cols), (cv.rows, cv.cols), "gemm output shape");
     if cv.rows == 0 || cv.cols == 0 {
         return;
     }
-    assert!(av.last() < a.len().max(1) || av.cols == 0, "gemm: A out of bounds");
-    assert!(bv.last() < b.len().max(1) || av.cols == 0, "gemm: B out of bounds");
+    assert!(
+        av.last() < a.len().max(1) || av.cols == 0,
+        "gemm: A out of bounds"
+    );
+    assert!(
+        bv.last() < b.len().max(1) || av.cols == 0,
+        "gemm: B out of bounds"
+    );
     assert!(cv.last() < c.len(), "gemm: C out of bounds");
     if av.cols == 0 {
         for i in 0..cv.rows {
@@ -97,15 +112,50 @@ pub fn gemm(alpha: f32, a: &[f32], av: View, b: &[f32], bv: View, beta: f32, c: 
 
 /// Y[n, o] = X[n, i] . W[o, i]^T (a linear layer's forward).
 pub fn linear_fwd(x: &[f32], w: &[f32], n: usize, i: usize, o: usize, y: &mut [f32]) {
-    gemm(1.0, x, View::rm(n, i), w, View::rm(o, i).t(), 0.0, y, View::rm(n, o));
+    gemm(
+        1.0,
+        x,
+        View::rm(n, i),
+        w,
+        View::rm(o, i).t(),
+        0.0,
+        y,
+        View::rm(n, o),
+    );
 }
 
 /// dX[n, i] (+)= dY[n, o] . W[o, i].
-pub fn linear_dgrad(dy: &[f32], w: &[f32], n: usize, i: usize, o: usize, dx: &mut [f32], acc: bool) {
-    gemm(1.0, dy, View::rm(n, o), w, View::rm(o, i), if acc { 1.0 } else { 0.0 }, dx, View::rm(n, i));
+pub fn linear_dgrad(
+    dy: &[f32],
+    w: &[f32],
+    n: usize,
+    i: usize,
+    o: usize,
+    dx: &mut [f32],
+    acc: bool,
+) {
+    gemm(
+        1.0,
+        dy,
+        View::rm(n, o),
+        w,
+        View::rm(o, i),
+        if acc { 1.0 } else { 0.0 },
+        dx,
+        View::rm(n, i),
+    );
 }
 
 /// dW[o, i] += dY[n, o]^T . X[n, i].
 pub fn linear_wgrad(dy: &[f32], x: &[f32], n: usize, i: usize, o: usize, dw: &mut [f32]) {
-    gemm(1.0, dy, View::rm(n, o).t(), x, View::rm(n, i), 1.0, dw, View::rm(o, i));
+    gemm(
+        1.0,
+        dy,
+        View::rm(n, o).t(),
+        x,
+        View::rm(n, i),
+        1.0,
+        dw,
+        View::rm(o, i),
+    );
 }

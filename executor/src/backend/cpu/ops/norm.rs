@@ -36,10 +36,22 @@ pub fn norm_fwd(kind: Norm, x: &[f32], params: &[f32], h: usize, eps: f32, y: &m
 }
 
 /// dx = d norm(x) / dx . dy (written, not accumulated).
-pub fn norm_dgrad(kind: Norm, x: &[f32], params: &[f32], dy: &[f32], h: usize, eps: f32, dx: &mut [f32]) {
+pub fn norm_dgrad(
+    kind: Norm,
+    x: &[f32],
+    params: &[f32],
+    dy: &[f32],
+    h: usize,
+    eps: f32,
+    dx: &mut [f32],
+) {
     let gamma = &params[..h];
     let hf = h as f32;
-    for ((xr, dyr), dxr) in x.chunks_exact(h).zip(dy.chunks_exact(h)).zip(dx.chunks_exact_mut(h)) {
+    for ((xr, dyr), dxr) in x
+        .chunks_exact(h)
+        .zip(dy.chunks_exact(h))
+        .zip(dx.chunks_exact_mut(h))
+    {
         let (mean, rstd) = stats(kind, xr, eps);
         // g = dy * gamma; xhat = (x - mean) * rstd
         let mut sum_g = 0.0f32;

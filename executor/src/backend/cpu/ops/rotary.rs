@@ -3,7 +3,15 @@
 
 /// Rotates `heads` heads of `d` features per row, in place; `inverse` applies the transpose
 /// (the backward of the rotation).
-pub fn rotary(x: &mut [f32], rows: usize, heads: usize, d: usize, seq: usize, theta: f32, inverse: bool) {
+pub fn rotary(
+    x: &mut [f32],
+    rows: usize,
+    heads: usize,
+    d: usize,
+    seq: usize,
+    theta: f32,
+    inverse: bool,
+) {
     let half = d / 2;
     let inv_freq: Vec<f32> = (0..half)
         .map(|j| 1.0 / theta.powf(2.0 * j as f32 / d as f32))

@@ -1,0 +1,6 @@
+//! The executor against the single-rank run and the engine's memory prediction.
+
+#[path = "executor/common.rs"]
+mod common;
+#[path = "executor/equivalence.rs"]
+mod equivalence;
