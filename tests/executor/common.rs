@@ -35,11 +35,12 @@ impl Mix {
 }
 
 /// The small model of the acceptance test: 8 layers (so that pp 4 x vpp 2 has a layer per
-/// chunk), hidden 64, 4 heads, 2 KV heads, seq 32, vocab 128; fp32 on the CPU profile.
+/// chunk), hidden 64, 8 heads and 4 KV heads (GQA; Megatron splits K/V heads over TP, so TP 4
+/// needs at least 4 of them), seq 32, vocab 128; fp32 on the CPU profile.
 pub fn config(mix: &Mix, gbs: u64, flash: bool, norm: &str, act: &str) -> Value {
     json!({
         "model": {
-            "num_layers": 8, "hidden_size": 64, "num_attention_heads": 4, "num_query_groups": 2,
+            "num_layers": 8, "hidden_size": 64, "num_attention_heads": 8, "num_query_groups": 4,
             "ffn_hidden_size": 128, "vocab_size": 128, "make_vocab_size_divisible_by": 1,
             "activation": act, "normalization": norm, "tied_embeddings": false,
             "hidden_dropout": 0.0, "attention_dropout": 0.0, "add_bias_linear": false,
