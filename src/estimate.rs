@@ -459,8 +459,14 @@ pub fn estimate(r: &Resolved) -> Result<Estimate, EstimateError> {
     let mut comm = GroupBytes::default();
     let mut critical = (f64::MIN, 0usize, 0.0, 0.0);
     for (rank, ch) in chunks.iter().enumerate() {
-        let inflight = sim.peak_inflight[rank];
-        memory_stages.push(stage_memory(r, &s, &ledger, rank as u32, ch, inflight));
+        memory_stages.push(stage_memory(
+            r,
+            &s,
+            &ledger,
+            rank as u32,
+            ch,
+            &program.ranks[rank],
+        ));
         comm.max(&rank_step_bytes(r, &s, &ledger, ch));
         let p = rank_params(ch, &s);
         let updated = if par.zero >= 1 {

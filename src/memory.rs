@@ -5,6 +5,7 @@
 use crate::comm::Links;
 use crate::config::{Recompute, Resolved};
 use crate::model::{Block, GroupBytes, Ledger, ParamSums};
+use crate::schedule::{Action, ActionKind};
 use crate::time::{block_times, BlockTimes, Overlaps, Rates};
 use serde::Serialize;
 
@@ -16,6 +17,11 @@ pub struct BlockSummary {
     pub saved: u64,
     /// Saved bytes per microbatch without recomputation (what a recomputed layer rebuilds).
     pub saved_all: u64,
+    /// Bytes held from a split backward's I to its W per microbatch
+    /// ([`Block::wgrad_pending_bytes`]).
+    pub wgrad_pending: u64,
+    /// The largest transient of the block's backward ([`Block::backward_temp_bytes`]).
+    pub backward_temp: u64,
     pub temp: u64,
     /// Wire bytes per microbatch, per group, recomputation included.
     pub comm: GroupBytes,
@@ -54,6 +60,8 @@ impl BlockSummary {
             params: b.params(),
             saved: b.saved_bytes(recompute),
             saved_all: b.saved_all_bytes(),
+            wgrad_pending: 0,
+            backward_temp: 0,
             temp: b.temp_bytes(),
             comm: b.comm_bytes(recompute),
             model_flops: mf.total(),
@@ -87,12 +95,17 @@ impl LedgerSummary {
 
     /// Sums with per-block times.
     pub fn timed(l: &Ledger, recompute: Recompute, t: Option<&TimingContext>) -> LedgerSummary {
+        let sum = |b: &Block| BlockSummary {
+            wgrad_pending: b.wgrad_pending_bytes(l.dims.act),
+            backward_temp: b.backward_temp_bytes(l.dims.residual_bytes()),
+            ..BlockSummary::timed(b, recompute, t)
+        };
         LedgerSummary {
-            embedding: BlockSummary::timed(&l.embedding, recompute, t),
-            dense: BlockSummary::timed(&l.dense, recompute, t),
-            moe: l.moe.as_ref().map(|b| BlockSummary::timed(b, recompute, t)),
-            output: BlockSummary::timed(&l.output, recompute, t),
-            mtp: l.mtp.as_ref().map(|b| BlockSummary::timed(b, recompute, t)),
+            embedding: sum(&l.embedding),
+            dense: sum(&l.dense),
+            moe: l.moe.as_ref().map(sum),
+            output: sum(&l.output),
+            mtp: l.mtp.as_ref().map(sum),
         }
     }
 }
@@ -170,14 +183,50 @@ pub fn rank_params(chunks: &[ChunkContents], s: &LedgerSummary) -> ParamSums {
     p
 }
 
-/// Memory of pipeline rank `rank` holding `chunks`, with `inflight` chunk activation sets.
+/// Peak activation bytes of a pipeline rank playing `actions` over its `chunks`: a chunk's
+/// saved set lives from its F to its B; a split backward (Qi et al. 2024) frees the set at I
+/// but keeps what W needs (each linear layer's input and output gradient) until W. Each chunk
+/// is counted with its own contents (the first holds the embedding, the last the output layer
+/// and its fp32 softmax).
+pub fn activation_peak(actions: &[Action], chunks: &[ChunkContents], s: &LedgerSummary) -> u64 {
+    let per_chunk = |stage: u32, f: fn(&BlockSummary) -> u64| -> u64 {
+        chunks
+            .iter()
+            .filter(|c| c.stage == stage as usize)
+            .flat_map(|c| c.blocks(s))
+            .map(|(b, n)| f(b) * n)
+            .sum()
+    };
+    let mut live: i128 = 0;
+    let mut peak: i128 = 0;
+    for a in actions {
+        let saved = per_chunk(a.stage, |b| b.saved) as i128;
+        match a.kind {
+            ActionKind::F => live += saved,
+            ActionKind::B => live -= saved,
+            ActionKind::I => {
+                let pending = per_chunk(a.stage, |b| b.wgrad_pending) as i128;
+                // The pending set is built while the saved set is freed: the larger of the two
+                // is the worst point of the pass.
+                peak = peak.max(live + (pending - saved).max(0));
+                live += pending - saved;
+            }
+            ActionKind::W => live -= per_chunk(a.stage, |b| b.wgrad_pending) as i128,
+        }
+        peak = peak.max(live);
+    }
+    peak.max(0) as u64
+}
+
+/// Memory of pipeline rank `rank` holding `chunks` and playing `actions` (its list from the
+/// schedule generator).
 pub fn stage_memory(
     r: &Resolved,
     s: &LedgerSummary,
     l: &Ledger,
     rank: u32,
     chunks: &[ChunkContents],
-    inflight: u32,
+    actions: &[Action],
 ) -> StageMemory {
     let tr = &r.config.training;
     let par = &r.config.parallel;
@@ -206,28 +255,24 @@ pub fn stage_memory(
         (p.rank_dense_trainable + p.rank_expert_trainable) * o
     };
 
-    // Activations: the in-flight chunk sets, each the average chunk of this rank.
-    let v = chunks.len().max(1) as u64;
-    let per_microbatch: u64 = chunks
-        .iter()
-        .flat_map(|c| c.blocks(s))
-        .map(|(b, n)| b.saved * n)
-        .sum();
-    let mut activations = (per_microbatch * inflight as u64).div_ceil(v);
+    // Activations: the chunk sets live at the worst moment of this rank's action list.
+    let mut activations = activation_peak(actions, chunks, s);
     if tr.recompute == Recompute::Full {
-        // The layer being recomputed holds its full activations during its backward.
+        // The layer being recomputed holds its full activations during its backward (its
+        // input is already counted among the kept ones).
         let rebuilt = chunks
             .iter()
             .flat_map(|c| c.blocks(s))
             .filter(|(b, _)| b.saved != b.saved_all)
-            .map(|(b, _)| b.saved_all)
+            .map(|(b, _)| b.saved_all - b.saved)
             .max()
             .unwrap_or(0);
         activations += rebuilt;
     }
 
     // Buffers: runtime overhead, the SP all-gather buffer, pipeline send/receive buffers,
-    // ZeRO-3's gathered layer and its prefetch, and the largest transient of any op.
+    // ZeRO-2/3's gradient bucket and ZeRO-3's gathered blocks, and the largest transient of
+    // any op, forward or backward.
     let mut buffers = r.gpu.runtime_overhead_bytes;
     if d.sp {
         buffers += d.n * d.h * d.act;
@@ -235,19 +280,31 @@ pub fn stage_memory(
     if par.pp > 1 {
         buffers += 2 * d.residual_bytes();
     }
-    if zero >= 3 {
-        let largest_layer = chunks
-            .iter()
-            .flat_map(|c| c.blocks(s))
-            .map(|(b, _)| b.params.rank())
-            .max()
-            .unwrap_or(0);
-        buffers += 2 * largest_layer * w;
+    if zero >= 2 {
+        // ZeRO-2/3 produce a block's gradients at full size before reduce-scattering them into
+        // the shard: one block-sized gradient bucket (DeepSpeed's reduce bucket). ZeRO-3 also
+        // gathers a block's weights: in forward the block in use and the prefetched next one,
+        // in backward the block in use and its gradient bucket.
+        let largest = |f: fn(&ParamSums) -> u64| {
+            chunks
+                .iter()
+                .flat_map(|c| c.blocks(s))
+                .map(|(b, _)| f(&b.params))
+                .max()
+                .unwrap_or(0)
+        };
+        let bucket = largest(|p| p.rank_dense_trainable + p.rank_expert_trainable) * g;
+        buffers += if zero >= 3 {
+            let gathered = largest(ParamSums::rank) * w;
+            gathered + gathered.max(bucket)
+        } else {
+            bucket
+        };
     }
     buffers += chunks
         .iter()
         .flat_map(|c| c.blocks(s))
-        .map(|(b, _)| b.temp)
+        .map(|(b, _)| b.temp.max(b.backward_temp))
         .max()
         .unwrap_or(0);
     let total = weights + grads + optimizer + activations + buffers;

@@ -4,3 +4,5 @@
 mod common;
 #[path = "executor/equivalence.rs"]
 mod equivalence;
+#[path = "executor/memory.rs"]
+mod memory;

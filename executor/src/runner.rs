@@ -11,8 +11,9 @@
 //! - 2: as 1, but each block's gradients are reduce-scattered into the shard as soon as they
 //!   are computed (one block-sized bucket at a time), so only the shard is kept.
 //! - 3: as 2, and the parameters too are kept as a shard: a block is all-gathered before use
-//!   and freed after; two gathered blocks are live at a time (the one in use and the next,
-//!   as a prefetch would hold them).
+//!   and freed after; in forward two gathered blocks are live at a time (the one in use and
+//!   the next, as a prefetch would hold them), in backward the one in use and its gradient
+//!   bucket.
 
 use crate::backend::cpu::memory::{self, Category, MemoryBreakdown};
 use crate::backend::cpu::{CpuComm, Group, Tensor, World};
@@ -518,8 +519,8 @@ impl<'a> Rank<'a> {
         Ok(())
     }
 
-    /// Input gradients of a chunk; the weight-gradient tasks run at once (`immediate`, a full
-    /// backward) or wait for the W action.
+    /// Input gradients of a chunk. The weight-gradient tasks run as soon as the backward
+    /// produces them (`immediate`, a full backward) or wait for the W action.
     fn backward_input(&mut self, stage: u32, mb: u32, immediate: bool) -> Result<(), ExecError> {
         let bidx = self
             .stage_blocks
@@ -541,39 +542,66 @@ impl<'a> Rank<'a> {
         };
         let mut held: BlockTasks = Vec::new();
         for (bi, s) in bidx.rev().zip(saved.into_iter().rev()) {
+            // ZeRO-3 in backward: the block in use and its gradient bucket, nothing else.
+            self.cache.retain(|(b, _)| *b == bi);
             let h = self.handle(bi)?;
             let p: &[f32] = match &h {
                 Handle::Flat(r) => &self.params.data()[r.clone()],
                 Handle::Gathered(t) => t.data(),
             };
             let l = &self.blocks[bi];
-            let tasks = match s {
-                BlockSaved::Output(os) => {
-                    let (dx, t) = output_bwd(&mut self.ctx, l, p, os, self.grad_scale)?;
-                    dy = Some(dx);
-                    t
+            let mut bucket = (immediate && self.zero >= 2)
+                .then(|| Tensor::zeros(Category::Buffers, &[l.range.len()]));
+            let grads = &mut self.grads;
+            let mut kept = Vec::new();
+            let mut sink = |c: &mut Ctx, t: WTask| -> Result<(), ExecError> {
+                if !immediate {
+                    kept.push(t.hold(c, l));
+                    return Ok(());
                 }
-                BlockSaved::Layer(ls) => {
-                    let (dx, t) = layer_bwd(&mut self.ctx, l, p, *ls, dy.take().expect("grad"))?;
-                    dy = Some(dx);
-                    t
-                }
-                BlockSaved::LayerInput(x) => {
-                    let (y, ls) = layer_fwd(&mut self.ctx, l, p, x)?;
-                    drop(y);
-                    let (dx, t) = layer_bwd(&mut self.ctx, l, p, ls, dy.take().expect("grad"))?;
-                    dy = Some(dx);
-                    t
-                }
-                BlockSaved::Embedding(tokens) => {
-                    embedding_bwd(&mut self.ctx, tokens, dy.take().expect("grad"))?
+                match bucket.as_mut() {
+                    Some(b) => t.run(c, l, b.data_mut()),
+                    None => t.run(c, l, &mut grads.data_mut()[l.range.clone()]),
                 }
             };
+            let ctx = &mut self.ctx;
+            match s {
+                BlockSaved::Output(os) => {
+                    dy = Some(output_bwd(ctx, l, p, os, self.grad_scale, &mut sink)?);
+                }
+                BlockSaved::Layer(ls) => {
+                    dy = Some(layer_bwd(
+                        ctx,
+                        l,
+                        p,
+                        *ls,
+                        dy.take().expect("grad"),
+                        &mut sink,
+                    )?);
+                }
+                BlockSaved::LayerInput(x) => {
+                    let (y, ls) = layer_fwd(ctx, l, p, x)?;
+                    drop(y);
+                    dy = Some(layer_bwd(
+                        ctx,
+                        l,
+                        p,
+                        ls,
+                        dy.take().expect("grad"),
+                        &mut sink,
+                    )?);
+                }
+                BlockSaved::Embedding(tokens) => {
+                    embedding_bwd(ctx, tokens, dy.take().expect("grad"), &mut sink)?
+                }
+            }
+            drop(sink);
             drop(h);
-            if immediate {
-                self.run_tasks(bi, tasks)?;
-            } else {
-                held.push((bi, tasks.into_iter().map(WTask::hold).collect()));
+            if let Some(b) = bucket {
+                self.flush_bucket(bi, b)?;
+            }
+            if !immediate {
+                held.push((bi, kept));
             }
         }
         if let Some(dx) = dy {
@@ -585,8 +613,7 @@ impl<'a> Rank<'a> {
         Ok(())
     }
 
-    /// Runs block `bi`'s weight-gradient tasks into its gradients (ZeRO-2/3: into a bucket
-    /// that is reduce-scattered into the shard).
+    /// Runs block `bi`'s held weight-gradient tasks (a W action).
     fn run_tasks(&mut self, bi: usize, tasks: Vec<WTask>) -> Result<(), ExecError> {
         let l = &self.blocks[bi];
         if self.zero < 2 {
@@ -596,10 +623,18 @@ impl<'a> Rank<'a> {
             }
             return Ok(());
         }
+        self.cache.clear();
         let mut bucket = Tensor::zeros(Category::Buffers, &[l.range.len()]);
         for t in tasks {
             t.run(&mut self.ctx, l, bucket.data_mut())?;
         }
+        self.flush_bucket(bi, bucket)
+    }
+
+    /// ZeRO-2/3: sums a block's gradient bucket over TP where SP split the norms' tokens, and
+    /// reduce-scatters it over DP into this rank's gradient shard.
+    fn flush_bucket(&mut self, bi: usize, mut bucket: Tensor) -> Result<(), ExecError> {
+        let l = &self.blocks[bi];
         if self.ctx.sp {
             for t in l.tensors.iter().filter(|t| t.tp_replicated) {
                 self.ctx.comm.all_reduce(

@@ -31,11 +31,11 @@ const NORMS: [&str; 2] = ["rmsnorm", "layernorm"];
 const ACTS: [&str; 2] = ["swiglu", "gelu"];
 /// Values per knob: tp, sp, pp, schedule, dp, zero, recompute, flash, norm, activation.
 const SIZES: [usize; 10] = [3, 2, 3, 6, 2, 4, 3, 2, 2, 2];
-const GBS: u64 = 16;
+pub const GBS: u64 = 16;
 
-type Row = [usize; 10];
+pub type Row = [usize; 10];
 
-fn mix_of(r: &Row) -> (Mix, bool, &'static str, &'static str) {
+pub fn mix_of(r: &Row) -> (Mix, bool, &'static str, &'static str) {
     let (schedule, vpp) = SCHEDULES[r[3]];
     (
         Mix {
@@ -71,7 +71,7 @@ fn pairs(r: &Row) -> impl Iterator<Item = (usize, usize, usize, usize)> + '_ {
 }
 
 /// A pairwise covering array over the valid rows, and the pairs no valid row has.
-fn covering_array() -> (Vec<Row>, BTreeSet<(usize, usize, usize, usize)>) {
+pub fn covering_array() -> (Vec<Row>, BTreeSet<(usize, usize, usize, usize)>) {
     let mut all: Vec<Row> = vec![[0; 10]];
     for (k, &n) in SIZES.iter().enumerate() {
         all = all

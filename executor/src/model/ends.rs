@@ -2,7 +2,7 @@
 //! layer and vocab-parallel cross-entropy (last stage), as Megatron-LM shards them.
 
 use super::params::BlockLayout;
-use super::{Ctx, WTask};
+use super::{Ctx, Sink, WTask};
 use crate::backend::cpu::{Category, Tensor};
 use crate::backend::{Collectives, ReduceOp, TensorOps};
 use crate::error::ExecError;
@@ -30,9 +30,15 @@ pub fn embedding_fwd(
 }
 
 /// Embedding backward: only the weight-gradient task (the tokens have no gradient).
-pub fn embedding_bwd(ctx: &mut Ctx, tokens: Vec<u32>, dy: Tensor) -> Result<Vec<WTask>, ExecError> {
+pub fn embedding_bwd(
+    ctx: &mut Ctx,
+    tokens: Vec<u32>,
+    dy: Tensor,
+    sink: &mut Sink,
+) -> Result<(), ExecError> {
     let dyg = ctx.expand_grad(&dy)?;
-    Ok(vec![WTask::Embedding { tokens, dy: dyg }])
+    drop(dy);
+    sink(ctx, WTask::Embedding { tokens, dy: dyg })
 }
 
 /// What the output block keeps: the final norm's input, the output layer's input (sequence
@@ -124,14 +130,15 @@ pub fn output_fwd(
     ))
 }
 
-/// Backward of the loss `scale * sum of token losses`: dx [n_sp, h] and the weight tasks.
+/// Backward of the loss `scale * sum of token losses`: dx [n_sp, h]; weight tasks to `sink`.
 pub fn output_bwd(
     ctx: &mut Ctx,
     l: &BlockLayout,
     p: &[f32],
     s: OutputSaved,
     scale: f32,
-) -> Result<(Tensor, Vec<WTask>), ExecError> {
+    sink: &mut Sink,
+) -> Result<Tensor, ExecError> {
     let m = &ctx.plan.model;
     let (h, v_r, n, n_sp) = (ctx.rd.h, ctx.rd.v_r, ctx.n, ctx.n_sp);
     let OutputSaved {
@@ -164,14 +171,17 @@ pub fn output_bwd(
     );
     let d_lnf = ctx.reduce_to_region(part, Category::Buffers)?;
     let sp = ctx.sp;
-    let mut tasks = vec![WTask::Linear {
-        tensor: 1,
-        x: lnf,
-        dy: dlogits,
-        i: h,
-        o: v_r,
-        gather_x: sp,
-    }];
+    sink(
+        ctx,
+        WTask::Linear {
+            tensor: 1,
+            x: lnf,
+            dy: dlogits,
+            i: h,
+            o: v_r,
+            gather_x: sp,
+        },
+    )?;
     let mut dx = Tensor::zeros(Category::Buffers, &[n_sp, h]);
     ctx.ops.norm_dgrad(
         m.norm,
@@ -182,10 +192,13 @@ pub fn output_bwd(
         m.norm_eps,
         dx.data_mut(),
     );
-    tasks.push(WTask::Norm {
-        tensor: 0,
-        x,
-        dy: d_lnf,
-    });
-    Ok((dx, tasks))
+    sink(
+        ctx,
+        WTask::Norm {
+            tensor: 0,
+            x,
+            dy: d_lnf,
+        },
+    )?;
+    Ok(dx)
 }

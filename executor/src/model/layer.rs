@@ -6,7 +6,7 @@
 //! projection and fc2 inputs, and the activation's input.
 
 use super::params::BlockLayout;
-use super::{add, Ctx, WTask};
+use super::{add, Ctx, Sink, WTask};
 use crate::backend::cpu::ops::attention::{attn_bwd, attn_fwd, AttnSaved, AttnShape, Keep};
 use crate::backend::cpu::{Category, Tensor};
 use crate::backend::TensorOps;
@@ -164,14 +164,16 @@ pub fn layer_fwd(
     ))
 }
 
-/// Input gradient of one layer: dx [n_sp, h] from dy [n_sp, h], and the weight-gradient tasks.
+/// Input gradient of one layer: dx [n_sp, h] from dy [n_sp, h]; each weight-gradient task goes
+/// to `sink` as soon as its tensors exist (so a full backward frees them at once).
 pub fn layer_bwd(
     ctx: &mut Ctx,
     l: &BlockLayout,
     p: &[f32],
     s: LayerSaved,
     dy: Tensor,
-) -> Result<(Tensor, Vec<WTask>), ExecError> {
+    sink: &mut Sink,
+) -> Result<Tensor, ExecError> {
     let m = &ctx.plan.model;
     let (norm, eps, theta, seq) = (m.norm, m.norm_eps, m.rope_theta, m.seq);
     let act_kind = m.activation;
@@ -179,7 +181,6 @@ pub fn layer_bwd(
     let (n, n_sp, h, d) = (ctx.n, ctx.n_sp, rd.h, rd.d);
     let b = Category::Buffers;
     let sp = ctx.sp;
-    let mut tasks = Vec::with_capacity(6);
     let LayerSaved {
         x,
         ln1,
@@ -206,14 +207,17 @@ pub fn layer_bwd(
         d_act.data_mut(),
         false,
     );
-    tasks.push(WTask::Linear {
-        tensor: FC2,
-        x: act,
-        dy: dyg,
-        i: rd.f_r,
-        o: h,
-        gather_x: false,
-    });
+    sink(
+        ctx,
+        WTask::Linear {
+            tensor: FC2,
+            x: act,
+            dy: dyg,
+            i: rd.f_r,
+            o: h,
+            gather_x: false,
+        },
+    )?;
     let mut du = Tensor::zeros(b, &[n, rd.fc1_r]);
     ctx.ops
         .act_bwd(act_kind, u.data(), d_act.data(), n, rd.f_r, du.data_mut());
@@ -229,14 +233,17 @@ pub fn layer_bwd(
         false,
     );
     let d_ln2 = ctx.reduce_to_region(part, b)?;
-    tasks.push(WTask::Linear {
-        tensor: FC1,
-        x: ln2,
-        dy: du,
-        i: h,
-        o: rd.fc1_r,
-        gather_x: sp,
-    });
+    sink(
+        ctx,
+        WTask::Linear {
+            tensor: FC1,
+            x: ln2,
+            dy: du,
+            i: h,
+            o: rd.fc1_r,
+            gather_x: sp,
+        },
+    )?;
     let mut dx1 = Tensor::zeros(b, &[n_sp, h]);
     ctx.ops.norm_dgrad(
         norm,
@@ -251,11 +258,14 @@ pub fn layer_bwd(
         *o += g;
     }
     drop(dy);
-    tasks.push(WTask::Norm {
-        tensor: MLP_NORM,
-        x: x1,
-        dy: d_ln2,
-    });
+    sink(
+        ctx,
+        WTask::Norm {
+            tensor: MLP_NORM,
+            x: x1,
+            dy: d_ln2,
+        },
+    )?;
 
     // Attention: projection (row-parallel), core, rotary, QKV (column-parallel), norm.
     let qw = rd.a_r * d;
@@ -271,14 +281,17 @@ pub fn layer_bwd(
         d_o.data_mut(),
         false,
     );
-    tasks.push(WTask::Linear {
-        tensor: PROJ,
-        x: o,
-        dy: dxg,
-        i: qw,
-        o: h,
-        gather_x: false,
-    });
+    sink(
+        ctx,
+        WTask::Linear {
+            tensor: PROJ,
+            x: o,
+            dy: dxg,
+            i: qw,
+            o: h,
+            gather_x: false,
+        },
+    )?;
     let mut dq = Tensor::zeros(b, &[n, qw]);
     let mut dk = Tensor::zeros(b, &[n, kw]);
     let mut dv = Tensor::zeros(b, &[n, kw]);
@@ -318,14 +331,17 @@ pub fn layer_bwd(
         false,
     );
     let d_ln1 = ctx.reduce_to_region(part, b)?;
-    tasks.push(WTask::Linear {
-        tensor: QKV,
-        x: ln1,
-        dy: dqkv,
-        i: h,
-        o: qkv_r,
-        gather_x: sp,
-    });
+    sink(
+        ctx,
+        WTask::Linear {
+            tensor: QKV,
+            x: ln1,
+            dy: dqkv,
+            i: h,
+            o: qkv_r,
+            gather_x: sp,
+        },
+    )?;
     let mut dx = Tensor::zeros(b, &[n_sp, h]);
     ctx.ops.norm_dgrad(
         norm,
@@ -339,10 +355,13 @@ pub fn layer_bwd(
     for (o, g) in dx.data_mut().iter_mut().zip(dx1.data()) {
         *o += g;
     }
-    tasks.push(WTask::Norm {
-        tensor: ATTN_NORM,
-        x,
-        dy: d_ln1,
-    });
-    Ok((dx, tasks))
+    sink(
+        ctx,
+        WTask::Norm {
+            tensor: ATTN_NORM,
+            x,
+            dy: d_ln1,
+        },
+    )?;
+    Ok(dx)
 }

@@ -131,13 +131,35 @@ pub enum WTask {
     },
     /// Embedding rows: dE[id - lo] += dY[t].
     Embedding { tokens: Vec<u32>, dy: Tensor },
+    /// A gradient already computed (a norm's, when its task is held for a W action: the
+    /// norm's input and output gradient need not wait).
+    Ready { tensor: usize, grad: Tensor },
 }
 
+/// Where a backward pass sends its weight-gradient tasks: run at once, or held.
+pub type Sink<'s> = dyn FnMut(&mut Ctx, WTask) -> Result<(), ExecError> + 's;
+
 impl WTask {
-    /// Keeps the task's tensors as activations while it waits for its W action.
-    pub fn hold(self) -> WTask {
+    /// Keeps the task's tensors as activations while it waits for its W action; a norm's
+    /// (small) gradient is computed now, so its input and output gradient are freed.
+    pub fn hold(self, ctx: &Ctx, layout: &params::BlockLayout) -> WTask {
         let a = Category::Activations;
         match self {
+            WTask::Norm { tensor, x, dy } => {
+                let t = &layout.tensors[tensor];
+                let mut grad = Tensor::zeros(a, &[t.len()]);
+                let m = &ctx.plan.model;
+                ctx.ops.norm_wgrad(
+                    m.norm,
+                    x.data(),
+                    dy.data(),
+                    ctx.rd.h,
+                    m.norm_eps,
+                    grad.data_mut(),
+                );
+                WTask::Ready { tensor, grad }
+            }
+            WTask::Ready { tensor, grad } => WTask::Ready { tensor, grad },
             WTask::Linear {
                 tensor,
                 x,
@@ -152,11 +174,6 @@ impl WTask {
                 i,
                 o,
                 gather_x,
-            },
-            WTask::Norm { tensor, x, dy } => WTask::Norm {
-                tensor,
-                x: x.recat(a),
-                dy: dy.recat(a),
             },
             WTask::Embedding { tokens, dy } => WTask::Embedding {
                 tokens,
@@ -199,6 +216,15 @@ impl WTask {
                 let r = layout.tensors[tensor].range();
                 ctx.ops
                     .norm_wgrad(norm, x.data(), dy.data(), h, eps, &mut grad[r]);
+            }
+            WTask::Ready {
+                tensor,
+                grad: ready,
+            } => {
+                let r = layout.tensors[tensor].range();
+                for (g, x) in grad[r].iter_mut().zip(ready.data()) {
+                    *g += x;
+                }
             }
             WTask::Embedding { tokens, dy } => {
                 let t = &layout.tensors[0];
