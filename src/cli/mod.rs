@@ -2,6 +2,7 @@
 
 mod config_args;
 mod estimate;
+mod execute;
 mod layout;
 mod schedule;
 
@@ -23,6 +24,8 @@ pub enum Command {
     Schedule(schedule::ScheduleArgs),
     /// Rank coordinates (tp, cp, ep, dp, pp) and process groups.
     Layout(layout::LayoutArgs),
+    /// Run the configuration for real (CPU threads) and compare with the prediction.
+    Execute(execute::ExecuteArgs),
 }
 
 /// Runs the parsed command.
@@ -31,5 +34,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Estimate(a) => estimate::run(a),
         Command::Schedule(a) => schedule::run(a),
         Command::Layout(a) => layout::run(a),
+        Command::Execute(a) => execute::run(a),
     }
 }
