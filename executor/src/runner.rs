@@ -16,6 +16,7 @@
 //!   bucket.
 
 use crate::backend::cpu::memory::{self, Category, MemoryBreakdown};
+use crate::backend::cpu::ops::gemm;
 use crate::backend::cpu::{CpuComm, Group, Tensor, World};
 use crate::backend::{Collectives, ReduceOp, TensorOps};
 use crate::error::ExecError;
@@ -69,6 +70,9 @@ pub struct RankReport {
     pub step_s: Vec<f64>,
     /// Tracked bytes by category at the moment of the peak total.
     pub peak: MemoryBreakdown,
+    /// FLOPs and seconds of this rank's GEMMs over all steps.
+    pub gemm_flops: f64,
+    pub gemm_seconds: f64,
 }
 
 impl RankReport {
@@ -348,6 +352,7 @@ fn run_rank(
         loss_sums.push(rank.loss_sum);
     }
     let peak = memory::peak();
+    let (gemm_flops, gemm_seconds) = gemm::gemm_stats();
     let params = if opts.export_params {
         rank.export()?
     } else {
@@ -364,6 +369,8 @@ fn run_rank(
             coords: rp.coords,
             step_s,
             peak,
+            gemm_flops,
+            gemm_seconds,
         },
         loss_sums,
         params,

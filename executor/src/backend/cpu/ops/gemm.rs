@@ -1,5 +1,25 @@
 //! Matrix multiplication through `matrixmultiply`'s sgemm (packed, SIMD micro-kernels), with
-//! transposes expressed as strides.
+//! transposes expressed as strides. Each thread (rank) counts its GEMM FLOPs and seconds, so a
+//! step can report the rate its matmuls ran at ([`gemm_stats`]).
+
+use std::cell::Cell;
+use std::time::Instant;
+
+thread_local! {
+    static GEMM_FLOPS: Cell<f64> = const { Cell::new(0.0) };
+    static GEMM_SECONDS: Cell<f64> = const { Cell::new(0.0) };
+}
+
+/// (FLOPs, seconds) of this thread's GEMMs since the last [`reset_gemm_stats`].
+pub fn gemm_stats() -> (f64, f64) {
+    (GEMM_FLOPS.with(Cell::get), GEMM_SECONDS.with(Cell::get))
+}
+
+/// Zeroes this thread's GEMM counters.
+pub fn reset_gemm_stats() {
+    GEMM_FLOPS.with(|c| c.set(0.0));
+    GEMM_SECONDS.with(|c| c.set(0.0));
+}
 
 /// A strided matrix view: element (i, j) at `offset + i * rs + j * cs`.
 #[derive(Debug, Clone, Copy)]
@@ -88,6 +108,7 @@ pub fn gemm(
         }
         return;
     }
+    let t0 = Instant::now();
     // SAFETY: every index the kernel touches lies within the views, whose last elements were
     // bounds-checked above; A and B are only read, C is borrowed mutably and does not alias them.
     unsafe {
@@ -108,6 +129,9 @@ pub fn gemm(
             cv.cs as isize,
         );
     }
+    let dt = t0.elapsed().as_secs_f64();
+    GEMM_FLOPS.with(|c| c.set(c.get() + 2.0 * (av.rows * av.cols * bv.cols) as f64));
+    GEMM_SECONDS.with(|c| c.set(c.get() + dt));
 }
 
 /// Y[n, o] = X[n, i] . W[o, i]^T (a linear layer's forward).
