@@ -187,31 +187,64 @@ pub fn rank_params(chunks: &[ChunkContents], s: &LedgerSummary) -> ParamSums {
 /// saved set lives from its F to its B; a split backward (Qi et al. 2024) frees the set at I
 /// but keeps what W needs (each linear layer's input and output gradient) until W. Each chunk
 /// is counted with its own contents (the first holds the embedding, the last the output layer
-/// and its fp32 softmax).
-pub fn activation_peak(actions: &[Action], chunks: &[ChunkContents], s: &LedgerSummary) -> u64 {
-    let per_chunk = |stage: u32, f: fn(&BlockSummary) -> u64| -> u64 {
-        chunks
-            .iter()
-            .filter(|c| c.stage == stage as usize)
-            .flat_map(|c| c.blocks(s))
-            .map(|(b, n)| f(b) * n)
-            .sum()
+/// and its fp32 softmax). Under full recompute a layer's whole set exists while its forward
+/// runs and while it is rebuilt in backward, on top of the kept inputs.
+pub fn activation_peak(
+    actions: &[Action],
+    chunks: &[ChunkContents],
+    s: &LedgerSummary,
+    recompute: Recompute,
+) -> u64 {
+    #[derive(Default, Clone, Copy)]
+    struct Chunk {
+        saved: i128,
+        pending: i128,
+        /// Saved bytes of the output block, which comes after the layers: freed first in
+        /// backward, created last in forward.
+        tail: i128,
+        /// Full recompute: what the layer being rebuilt adds to its kept input.
+        rebuilt: i128,
+    }
+    let chunk = |stage: u32| -> Chunk {
+        let mut c = Chunk::default();
+        for ch in chunks.iter().filter(|c| c.stage == stage as usize) {
+            for (b, n) in ch.blocks(s) {
+                let n = n as i128;
+                c.saved += b.saved as i128 * n;
+                c.pending += b.wgrad_pending as i128 * n;
+                if recompute == Recompute::Full && b.saved != b.saved_all {
+                    c.rebuilt = c.rebuilt.max((b.saved_all - b.saved) as i128);
+                }
+            }
+            if ch.output {
+                c.tail += s.output.saved as i128;
+            }
+        }
+        c
     };
     let mut live: i128 = 0;
     let mut peak: i128 = 0;
     for a in actions {
-        let saved = per_chunk(a.stage, |b| b.saved) as i128;
+        let c = chunk(a.stage);
         match a.kind {
-            ActionKind::F => live += saved,
-            ActionKind::B => live -= saved,
-            ActionKind::I => {
-                let pending = per_chunk(a.stage, |b| b.wgrad_pending) as i128;
-                // The pending set is built while the saved set is freed: the larger of the two
-                // is the worst point of the pass.
-                peak = peak.max(live + (pending - saved).max(0));
-                live += pending - saved;
+            ActionKind::F => {
+                live += c.saved;
+                // Full recompute: each layer's forward builds its whole set before keeping
+                // only its input; the last layer does so before the output block's set exists.
+                peak = peak.max(live - c.tail + c.rebuilt);
             }
-            ActionKind::W => live -= per_chunk(a.stage, |b| b.wgrad_pending) as i128,
+            ActionKind::B | ActionKind::I => {
+                // Backward frees the output block's set first, then rebuilds layer by layer.
+                peak = peak.max(live - c.tail + c.rebuilt);
+                if a.kind == ActionKind::I {
+                    // The pending set is built while the saved set is freed.
+                    peak = peak.max(live + (c.pending - c.saved).max(0));
+                    live += c.pending - c.saved;
+                } else {
+                    live -= c.saved;
+                }
+            }
+            ActionKind::W => live -= c.pending,
         }
         peak = peak.max(live);
     }
@@ -256,23 +289,10 @@ pub fn stage_memory(
     };
 
     // Activations: the chunk sets live at the worst moment of this rank's action list.
-    let mut activations = activation_peak(actions, chunks, s);
-    if tr.recompute == Recompute::Full {
-        // The layer being recomputed holds its full activations during its backward (its
-        // input is already counted among the kept ones).
-        let rebuilt = chunks
-            .iter()
-            .flat_map(|c| c.blocks(s))
-            .filter(|(b, _)| b.saved != b.saved_all)
-            .map(|(b, _)| b.saved_all - b.saved)
-            .max()
-            .unwrap_or(0);
-        activations += rebuilt;
-    }
+    let activations = activation_peak(actions, chunks, s, tr.recompute);
 
     // Buffers: runtime overhead, the SP all-gather buffer, pipeline send/receive buffers,
-    // ZeRO-2/3's gradient bucket and ZeRO-3's gathered blocks, and the largest transient of
-    // any op, forward or backward.
+    // then ZeRO's gathered blocks and gradient bucket and the ops' transients by phase.
     let mut buffers = r.gpu.runtime_overhead_bytes;
     if d.sp {
         buffers += d.n * d.h * d.act;
@@ -280,33 +300,44 @@ pub fn stage_memory(
     if par.pp > 1 {
         buffers += 2 * d.residual_bytes();
     }
-    if zero >= 2 {
-        // ZeRO-2/3 produce a block's gradients at full size before reduce-scattering them into
-        // the shard: one block-sized gradient bucket (DeepSpeed's reduce bucket). ZeRO-3 also
-        // gathers a block's weights: in forward the block in use and the prefetched next one,
-        // in backward the block in use and its gradient bucket.
-        let largest = |f: fn(&ParamSums) -> u64| {
-            chunks
-                .iter()
-                .flat_map(|c| c.blocks(s))
-                .map(|(b, _)| f(&b.params))
-                .max()
-                .unwrap_or(0)
-        };
-        let bucket = largest(|p| p.rank_dense_trainable + p.rank_expert_trainable) * g;
-        buffers += if zero >= 3 {
-            let gathered = largest(ParamSums::rank) * w;
-            gathered + gathered.max(bucket)
-        } else {
-            bucket
-        };
-    }
-    buffers += chunks
-        .iter()
-        .flat_map(|c| c.blocks(s))
-        .map(|(b, _)| b.temp.max(b.backward_temp))
-        .max()
-        .unwrap_or(0);
+    // The rest depends on the phase; the largest phase counts.
+    // - forward: ZeRO-3's gathered block and the prefetched next one, and the largest
+    //   forward transient of any op;
+    // - backward: ZeRO-3's gathered block, ZeRO-2/3's gradient bucket (a block's gradients
+    //   at full size before they are reduce-scattered into the shard, as DeepSpeed's reduce
+    //   bucket), and the largest backward transient; a split backward (zero-bubble
+    //   schedules) fills the bucket only in its W pass, where nothing else is transient.
+    let largest = |f: fn(&ParamSums) -> u64| {
+        chunks
+            .iter()
+            .flat_map(|c| c.blocks(s))
+            .map(|(b, _)| f(&b.params))
+            .max()
+            .unwrap_or(0)
+    };
+    let largest_of = |f: fn(&BlockSummary) -> u64| {
+        chunks
+            .iter()
+            .flat_map(|c| c.blocks(s))
+            .map(|(b, _)| f(b))
+            .max()
+            .unwrap_or(0)
+    };
+    let gathered = if zero >= 3 {
+        largest(ParamSums::rank) * w
+    } else {
+        0
+    };
+    let bucket = if zero >= 2 {
+        largest(|p| p.rank_dense_trainable + p.rank_expert_trainable) * g
+    } else {
+        0
+    };
+    let split = actions.iter().any(|a| a.kind == ActionKind::I);
+    let forward = 2 * gathered + largest_of(|b| b.temp);
+    let backward = gathered + if split { 0 } else { bucket } + largest_of(|b| b.backward_temp);
+    let weight_pass = if split { bucket } else { 0 };
+    buffers += forward.max(backward).max(weight_pass);
     let total = weights + grads + optimizer + activations + buffers;
     StageMemory {
         stage: rank,

@@ -70,6 +70,8 @@ pub struct RankReport {
     pub step_s: Vec<f64>,
     /// Tracked bytes by category at the moment of the peak total.
     pub peak: MemoryBreakdown,
+    /// Each category's own maximum (reached at different moments).
+    pub category_max: MemoryBreakdown,
     /// FLOPs and seconds of this rank's GEMMs over all steps.
     pub gemm_flops: f64,
     pub gemm_seconds: f64,
@@ -352,6 +354,7 @@ fn run_rank(
         loss_sums.push(rank.loss_sum);
     }
     let peak = memory::peak();
+    let category_max = memory::category_max();
     let (gemm_flops, gemm_seconds) = gemm::gemm_stats();
     let params = if opts.export_params {
         rank.export()?
@@ -369,6 +372,7 @@ fn run_rank(
             coords: rp.coords,
             step_s,
             peak,
+            category_max,
             gemm_flops,
             gemm_seconds,
         },
@@ -557,8 +561,10 @@ impl<'a> Rank<'a> {
                 Handle::Gathered(t) => t.data(),
             };
             let l = &self.blocks[bi];
-            let mut bucket = (immediate && self.zero >= 2)
-                .then(|| Tensor::zeros(Category::Buffers, &[l.range.len()]));
+            // ZeRO-2/3: the gradient bucket is allocated at the first weight gradient, after a
+            // full recompute's forward rerun.
+            let mut bucket: Option<Tensor> = None;
+            let use_bucket = immediate && self.zero >= 2;
             let grads = &mut self.grads;
             let mut kept = Vec::new();
             let mut sink = |c: &mut Ctx, t: WTask| -> Result<(), ExecError> {
@@ -566,9 +572,12 @@ impl<'a> Rank<'a> {
                     kept.push(t.hold(c, l));
                     return Ok(());
                 }
-                match bucket.as_mut() {
-                    Some(b) => t.run(c, l, b.data_mut()),
-                    None => t.run(c, l, &mut grads.data_mut()[l.range.clone()]),
+                if use_bucket {
+                    let b = bucket
+                        .get_or_insert_with(|| Tensor::zeros(Category::Buffers, &[l.range.len()]));
+                    t.run(c, l, b.data_mut())
+                } else {
+                    t.run(c, l, &mut grads.data_mut()[l.range.clone()])
                 }
             };
             let ctx = &mut self.ctx;

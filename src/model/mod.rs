@@ -203,7 +203,8 @@ impl Block {
     /// The largest transient of this block's backward: the gradient arriving from the block
     /// above (`incoming` bytes, residual-sized) plus the widest gradient one op produces while
     /// the tensor it is the gradient of is still held (an op's input gradient is as large as
-    /// the input it saved: the activation's n x fc1 / t, or dQ, dK, dV beside Q, K, V).
+    /// the input it saved: the activation's n x fc1 / t, or dQ, dK, dV beside Q, K, V; or,
+    /// with SP, an n x h partial sum before its reduce-scatter).
     pub fn backward_temp_bytes(&self, incoming: u64) -> u64 {
         let widest = self
             .ops
@@ -217,7 +218,9 @@ impl Block {
             })
             .max()
             .unwrap_or(0);
-        incoming + widest
+        // With SP a column-parallel layer's input gradient is an n x h partial sum before its
+        // reduce-scatter, as large as the row-parallel output before its own (the op's `temp`).
+        incoming + widest.max(self.temp_bytes())
     }
 
     /// The largest transient allocation of any op.

@@ -112,5 +112,7 @@ pub trait TensorOps {
         f: usize,
         du: &mut [f32],
     );
+    /// As `act_bwd`, overwriting the input `u` with its gradient.
+    fn act_bwd_inplace(&self, kind: Activation, u: &mut [f32], dout: &[f32], n: usize, f: usize);
     fn adam(&self, c: &AdamConfig, t: u32, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]);
 }

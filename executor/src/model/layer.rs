@@ -218,10 +218,12 @@ pub fn layer_bwd(
             gather_x: false,
         },
     )?;
-    let mut du = Tensor::zeros(b, &[n, rd.fc1_r]);
+    // In place: the activation's input is needed by nothing else, so its gradient takes its
+    // buffer (no n x fc1 transient).
+    let mut du = u.recat(b);
     ctx.ops
-        .act_bwd(act_kind, u.data(), d_act.data(), n, rd.f_r, du.data_mut());
-    drop((d_act, u));
+        .act_bwd_inplace(act_kind, du.data_mut(), d_act.data(), n, rd.f_r);
+    drop(d_act);
     let mut part = Tensor::zeros(b, &[n, h]);
     ctx.ops.linear_dgrad(
         du.data(),

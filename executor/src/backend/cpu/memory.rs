@@ -50,6 +50,8 @@ struct Tracker {
     live: MemoryBreakdown,
     /// The breakdown at the moment the total was highest.
     peak: MemoryBreakdown,
+    /// Each category's own maximum (at different moments).
+    max: MemoryBreakdown,
 }
 
 thread_local! {
@@ -63,6 +65,9 @@ pub(crate) fn alloc(c: Category, bytes: u64) {
         if t.live.total() > t.peak.total() {
             t.peak = t.live;
         }
+        let v = *t.live.slot(c);
+        let m = t.max.slot(c);
+        *m = (*m).max(v);
     });
 }
 
@@ -84,10 +89,16 @@ pub fn peak() -> MemoryBreakdown {
     TRACKER.with(|t| t.borrow().peak)
 }
 
+/// Each category's own maximum since the last [`reset_peak`] (reached at different moments).
+pub fn category_max() -> MemoryBreakdown {
+    TRACKER.with(|t| t.borrow().max)
+}
+
 /// Starts a new peak measurement from what is live now.
 pub fn reset_peak() {
     TRACKER.with(|t| {
         let mut t = t.borrow_mut();
         t.peak = t.live;
+        t.max = t.live;
     });
 }

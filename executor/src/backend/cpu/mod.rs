@@ -80,6 +80,9 @@ impl TensorOps for CpuOps {
     ) {
         ops::activation::act_bwd(kind, u, dout, n, f, du)
     }
+    fn act_bwd_inplace(&self, kind: Activation, u: &mut [f32], dout: &[f32], n: usize, f: usize) {
+        ops::activation::act_bwd_inplace(kind, u, dout, n, f)
+    }
     fn adam(&self, c: &AdamConfig, t: u32, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
         ops::adam::adam_step(c, t, p, g, m, v)
     }

@@ -55,3 +55,52 @@ pub fn act_bwd(kind: Activation, u: &[f32], dout: &[f32], n: usize, f: usize, du
         }
     }
 }
+
+/// `act_bwd` writing the gradient over the input (each output element reads only the input
+/// elements it overwrites).
+pub fn act_bwd_inplace(kind: Activation, u: &mut [f32], dout: &[f32], n: usize, f: usize) {
+    match kind {
+        Activation::Swiglu => {
+            for r in 0..n {
+                let (g, up) = u[r * 2 * f..(r + 1) * 2 * f].split_at_mut(f);
+                for j in 0..f {
+                    let s = sigmoid(g[j]);
+                    let silu = g[j] * s;
+                    let d = dout[r * f + j];
+                    let dg = d * up[j] * s * (1.0 + g[j] * (1.0 - s));
+                    up[j] = d * silu;
+                    g[j] = dg;
+                }
+            }
+        }
+        Activation::Gelu => {
+            for (x, &d) in u.iter_mut().zip(dout) {
+                let v = *x;
+                let inner = GELU_C * (v + 0.044715 * v * v * v);
+                let t = inner.tanh();
+                let dinner = GELU_C * (1.0 + 3.0 * 0.044715 * v * v);
+                *x = d * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * dinner);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_place_backward_equals_the_out_of_place_one() {
+        for kind in [Activation::Swiglu, Activation::Gelu] {
+            let (n, f) = (3, 4);
+            let w = if kind == Activation::Swiglu { 2 * f } else { f };
+            let u: Vec<f32> = (0..n * w).map(|i| (i as f32 * 0.37).sin() * 2.0).collect();
+            let dout: Vec<f32> = (0..n * f).map(|i| (i as f32 * 0.11).cos()).collect();
+            let mut du = vec![0.0; n * w];
+            act_bwd(kind, &u, &dout, n, f, &mut du);
+            let mut inplace = u.clone();
+            act_bwd_inplace(kind, &mut inplace, &dout, n, f);
+            assert_eq!(du, inplace);
+        }
+    }
+}
