@@ -611,7 +611,7 @@ impl<'a> Rank<'a> {
                     embedding_bwd(ctx, tokens, dy.take().expect("grad"), &mut sink)?
                 }
             }
-            drop(sink);
+
             drop(h);
             if let Some(b) = bucket {
                 self.flush_bucket(bi, b)?;

@@ -34,6 +34,8 @@ const SIZES: [usize; 10] = [3, 2, 3, 6, 2, 4, 3, 2, 2, 2];
 pub const GBS: u64 = 16;
 
 pub type Row = [usize; 10];
+/// (knob a, value, knob b, value).
+pub type Pair = (usize, usize, usize, usize);
 
 pub fn mix_of(r: &Row) -> (Mix, bool, &'static str, &'static str) {
     let (schedule, vpp) = SCHEDULES[r[3]];
@@ -66,12 +68,12 @@ fn valid(r: &Row) -> bool {
     lower(&res, &options()).is_ok()
 }
 
-fn pairs(r: &Row) -> impl Iterator<Item = (usize, usize, usize, usize)> + '_ {
+fn pairs(r: &Row) -> impl Iterator<Item = Pair> + '_ {
     (0..10).flat_map(move |a| (a + 1..10).map(move |b| (a, r[a], b, r[b])))
 }
 
 /// A pairwise covering array over the valid rows, and the pairs no valid row has.
-pub fn covering_array() -> (Vec<Row>, BTreeSet<(usize, usize, usize, usize)>) {
+pub fn covering_array() -> (Vec<Row>, BTreeSet<Pair>) {
     let mut all: Vec<Row> = vec![[0; 10]];
     for (k, &n) in SIZES.iter().enumerate() {
         all = all
@@ -100,10 +102,10 @@ pub fn covering_array() -> (Vec<Row>, BTreeSet<(usize, usize, usize, usize)>) {
         .flat_map(|r| pairs(r).collect::<Vec<_>>())
         .collect();
     let mut impossible = BTreeSet::new();
-    for a in 0..10 {
-        for b in a + 1..10 {
-            for va in 0..SIZES[a] {
-                for vb in 0..SIZES[b] {
+    for (a, &na) in SIZES.iter().enumerate() {
+        for (b, &nb) in SIZES.iter().enumerate().skip(a + 1) {
+            for va in 0..na {
+                for vb in 0..nb {
                     if !uncovered.contains(&(a, va, b, vb)) {
                         impossible.insert((a, va, b, vb));
                     }

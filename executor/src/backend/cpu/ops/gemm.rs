@@ -75,6 +75,7 @@ impl View {
 }
 
 /// C = alpha * A . B + beta * C for strided views (beta = 0 overwrites C, NaNs included).
+#[allow(clippy::too_many_arguments)]
 pub fn gemm(
     alpha: f32,
     a: &[f32],
