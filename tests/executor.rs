@@ -8,3 +8,5 @@ mod common;
 mod equivalence;
 #[path = "executor/memory.rs"]
 mod memory;
+#[path = "executor/plan.rs"]
+mod plan;
