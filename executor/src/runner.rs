@@ -253,7 +253,6 @@ struct Rank<'a> {
     saved: HashMap<(u32, u32), Vec<BlockSaved>>,
     wtasks: HashMap<(u32, u32), BlockTasks>,
     mailbox: HashMap<(u32, u32, bool), Tensor>,
-    send_buf: Option<Tensor>,
     recv_buf: Option<Tensor>,
     loss_sum: f64,
     grad_scale: f32,
@@ -329,7 +328,6 @@ fn run_rank(
         saved: HashMap::new(),
         wtasks: HashMap::new(),
         mailbox: HashMap::new(),
-        send_buf: pp.then(|| Tensor::zeros(Category::Buffers, &[n_sp, h])),
         recv_buf: pp.then(|| Tensor::zeros(Category::Buffers, &[n_sp, h])),
         loss_sum: 0.0,
         grad_scale: 1.0 / (plan.global_batch() * plan.model.seq) as f32,
@@ -415,15 +413,14 @@ impl<'a> Rank<'a> {
         ))
     }
 
+    /// Sends a chunk's output (or input gradient) straight from its tensor, which is the
+    /// pipeline send buffer until then, and frees it.
     fn send(&mut self, to: u32, stage: u32, mb: u32, grad: bool) -> Result<(), ExecError> {
         let t = self
             .mailbox
             .remove(&(stage, mb, grad))
             .ok_or_else(|| self.missing("tensor to send", stage, mb))?;
-        let buf = self.send_buf.as_mut().expect("pp buffers");
-        buf.data_mut().copy_from_slice(t.data());
-        drop(t);
-        self.ctx.comm.send(to, tag(stage, mb, grad), buf.data())
+        self.ctx.comm.send(to, tag(stage, mb, grad), t.data())
     }
 
     fn recv(&mut self, from: u32, stage: u32, mb: u32, grad: bool) -> Result<(), ExecError> {
@@ -485,7 +482,8 @@ impl<'a> Rank<'a> {
             Some(
                 self.mailbox
                     .remove(&(stage.wrapping_sub(1), mb, false))
-                    .ok_or_else(|| self.missing("input activation", stage, mb))?,
+                    .ok_or_else(|| self.missing("input activation", stage, mb))?
+                    .recat(Category::Activations),
             )
         };
         let mut saved = Vec::with_capacity(bidx.len());
@@ -524,7 +522,8 @@ impl<'a> Rank<'a> {
             }
         }
         if let Some(y) = x {
-            self.mailbox.insert((stage, mb, false), y);
+            // Waiting to be sent (or handed to the next chunk on this rank): a send buffer.
+            self.mailbox.insert((stage, mb, false), y.recat(Category::Buffers));
         }
         self.saved.insert((stage, mb), saved);
         Ok(())
