@@ -523,7 +523,8 @@ impl<'a> Rank<'a> {
         }
         if let Some(y) = x {
             // Waiting to be sent (or handed to the next chunk on this rank): a send buffer.
-            self.mailbox.insert((stage, mb, false), y.recat(Category::Buffers));
+            self.mailbox
+                .insert((stage, mb, false), y.recat(Category::Buffers));
         }
         self.saved.insert((stage, mb), saved);
         Ok(())

@@ -88,7 +88,11 @@ fn measured_peak_memory_matches_the_prediction_per_rank() {
         let worst = worst_percent(&res);
         eprintln!("{worst:+.2}% {mix:?} flash {flash} {norm} {act}");
         if worst.abs() > 2.0 {
-            for x in res.iter().filter(|x| ((x.1 as f64 - x.2 as f64) / x.2 as f64 * 100.0).abs() > 2.0).take(2) {
+            for x in res
+                .iter()
+                .filter(|x| ((x.1 as f64 - x.2 as f64) / x.2 as f64 * 100.0).abs() > 2.0)
+                .take(2)
+            {
                 eprintln!("   {x:?}");
             }
         }
