@@ -201,3 +201,68 @@ fn a_changed_model_is_detected() {
     let r = std::panic::catch_unwind(|| compare("other seed", &got, &reference));
     assert!(r.is_err());
 }
+
+#[test]
+fn gradients_of_one_step_match_the_single_rank_run() {
+    // The accumulated gradients themselves (before Adam), for mixes that keep full gradients.
+    let mixes = [
+        Mix {
+            tp: 4,
+            sp: true,
+            ..Mix::single()
+        },
+        Mix {
+            tp: 2,
+            pp: 4,
+            vpp: 2,
+            schedule: "zb-v",
+            recompute: "selective",
+            ..Mix::single()
+        },
+        Mix {
+            tp: 2,
+            sp: true,
+            pp: 2,
+            dp: 2,
+            zero: 1,
+            schedule: "zb-h1",
+            recompute: "full",
+            ..Mix::single()
+        },
+        Mix {
+            pp: 2,
+            vpp: 2,
+            schedule: "dualpipe-v",
+            dp: 2,
+            ..Mix::single()
+        },
+    ];
+    let opts = parsim_executor::runner::RunOptions {
+        steps: 1,
+        warmup: 0,
+        export_grads: true,
+        ..Default::default()
+    };
+    let reference = parsim_executor::runner::run_cpu(
+        &plan(config(&Mix::single(), GBS, true, "layernorm", "swiglu")),
+        &opts,
+    )
+    .expect("runs");
+    let rg = reference.grads.as_ref().expect("grads");
+    for m in &mixes {
+        let got = parsim_executor::runner::run_cpu(
+            &plan(config(m, GBS, true, "layernorm", "swiglu")),
+            &opts,
+        )
+        .expect("runs");
+        let gg = got.grads.as_ref().expect("grads");
+        assert_eq!(rg.len(), gg.len());
+        let mut worst = 0.0f64;
+        for (name, want) in rg {
+            let d = rel_diff(&gg[name], want);
+            worst = worst.max(d);
+            assert!(d <= 1e-5, "{m:?}: gradient of {name} differs by {d:e}");
+        }
+        eprintln!("{m:?}: worst gradient difference {worst:e}");
+    }
+}
