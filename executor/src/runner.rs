@@ -61,6 +61,20 @@ impl Default for RunOptions {
     }
 }
 
+/// Seconds a rank spent per kind of action, per timed step (mean).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct PhaseTimes {
+    pub forward_s: f64,
+    /// Full backward (B) and input-gradient (I) passes, with their weight gradients for B.
+    pub backward_s: f64,
+    /// Weight-gradient passes (W) of a split backward.
+    pub backward_weight_s: f64,
+    /// Sends and receives, waiting included.
+    pub p2p_s: f64,
+    /// Data-parallel reduction and Adam.
+    pub optimizer_s: f64,
+}
+
 /// One rank's measurements.
 #[derive(Debug, Clone, Serialize)]
 pub struct RankReport {
@@ -68,6 +82,8 @@ pub struct RankReport {
     pub coords: Coords,
     /// Seconds of each timed step.
     pub step_s: Vec<f64>,
+    /// Where the timed steps' time went.
+    pub phases: PhaseTimes,
     /// Tracked bytes by category at the moment of the peak total.
     pub peak: MemoryBreakdown,
     /// Each category's own maximum (reached at different moments).
@@ -335,21 +351,46 @@ fn run_rank(
     };
     let mut step_s = Vec::new();
     let mut loss_sums = Vec::new();
+    let mut phases = PhaseTimes::default();
     for step in 0..opts.steps {
         let t0 = Instant::now();
         rank.loss_sum = 0.0;
         for a in &rp.actions {
+            let ta = Instant::now();
             if opts.export_grads && *a == Action::OptimizerStep {
                 rank.reduce_for_export()?;
                 continue;
             }
             rank.act(*a)?;
+            if step >= opts.warmup {
+                let dt = ta.elapsed().as_secs_f64();
+                let slot = match a {
+                    Action::Forward { .. } => &mut phases.forward_s,
+                    Action::Backward { .. } | Action::BackwardInput { .. } => {
+                        &mut phases.backward_s
+                    }
+                    Action::BackwardWeight { .. } => &mut phases.backward_weight_s,
+                    Action::OptimizerStep => &mut phases.optimizer_s,
+                    _ => &mut phases.p2p_s,
+                };
+                *slot += dt;
+            }
         }
         let dt = t0.elapsed().as_secs_f64();
         if step >= opts.warmup {
             step_s.push(dt);
         }
         loss_sums.push(rank.loss_sum);
+    }
+    let timed = (opts.steps - opts.warmup) as f64;
+    for x in [
+        &mut phases.forward_s,
+        &mut phases.backward_s,
+        &mut phases.backward_weight_s,
+        &mut phases.p2p_s,
+        &mut phases.optimizer_s,
+    ] {
+        *x /= timed;
     }
     let peak = memory::peak();
     let category_max = memory::category_max();
@@ -369,6 +410,7 @@ fn run_rank(
             rank: rp.rank,
             coords: rp.coords,
             step_s,
+            phases,
             peak,
             category_max,
             gemm_flops,

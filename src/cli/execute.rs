@@ -9,7 +9,7 @@ use comfy_table::{presets, CellAlignment, Table};
 use parsim::config::{Dtype, Precision, Resolved};
 use parsim::plan::{lower, LowerOptions};
 use parsim::report::format::{bytes, seconds};
-use parsim_executor::runner::{median, run_cpu, RunOptions};
+use parsim_executor::runner::{median, run_cpu, PhaseTimes, RunOptions};
 use serde::Serialize;
 
 /// Execution backends.
@@ -67,6 +67,8 @@ struct RankOut {
     rank: u32,
     coords: CoordsOut,
     step_s: f64,
+    /// Mean seconds per timed step by kind of action (forward, backward, W, p2p, optimizer).
+    phases: PhaseTimes,
     peak_bytes: u64,
     memory: MemoryOut,
     predicted_peak_bytes: u64,
@@ -175,6 +177,7 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
                         pp: r.coords.pp,
                     },
                     step_s: r.median_step_s(),
+                    phases: r.phases,
                     peak_bytes: r.peak.total(),
                     memory: MemoryOut {
                         weights: r.peak.weights,
