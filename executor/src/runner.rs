@@ -209,11 +209,12 @@ pub fn run_cpu(plan: &Plan, opts: &RunOptions) -> Result<RunReport, ExecError> {
             .collect()
     });
     // Report the first real failure rather than the ranks that gave up because of it.
-    if let Some(e) = results.iter().find_map(|r| match r {
-        Err(e) if !matches!(e, ExecError::Aborted { .. }) => Some(e.to_string()),
-        _ => None,
-    }) {
-        return Err(ExecError::Plan(e));
+    let mut results = results;
+    if let Some(i) = results
+        .iter()
+        .position(|r| matches!(r, Err(e) if !matches!(e, ExecError::Aborted { .. })))
+    {
+        results.swap_remove(i)?;
     }
     let outs: Vec<RankOutput> = results.into_iter().collect::<Result<_, _>>()?;
     let tokens = (plan.global_batch() * plan.model.seq) as f64;

@@ -37,7 +37,13 @@ fn execute_json_follows_the_design_contract() {
         for k in ["tp", "cp", "ep", "dp", "pp"] {
             assert!(r["coords"][k].is_u64(), "{k}");
         }
-        for k in ["forward_s", "backward_s", "backward_weight_s", "p2p_s", "optimizer_s"] {
+        for k in [
+            "forward_s",
+            "backward_s",
+            "backward_weight_s",
+            "p2p_s",
+            "optimizer_s",
+        ] {
             assert!(r["phases"][k].as_f64().unwrap() >= 0.0, "{k}");
         }
         assert!(r["phases"]["forward_s"].as_f64().unwrap() > 0.0);
