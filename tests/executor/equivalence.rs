@@ -206,6 +206,13 @@ fn a_changed_model_is_detected() {
 fn gradients_of_one_step_match_the_single_rank_run() {
     // The accumulated gradients themselves (before Adam), for mixes that keep full gradients.
     let mixes = [
+        // Interleaved 1F1B with four chunks per rank (the array uses two).
+        Mix {
+            pp: 2,
+            vpp: 4,
+            schedule: "interleaved-1f1b",
+            ..Mix::single()
+        },
         Mix {
             tp: 4,
             sp: true,
