@@ -12,4 +12,5 @@ pub mod memory;
 pub mod model;
 pub mod report;
 pub mod schedule;
+pub mod search;
 pub mod time;

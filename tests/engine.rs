@@ -11,4 +11,5 @@ mod engine {
     pub mod params;
     pub mod profiles;
     pub mod properties;
+    pub mod time;
 }

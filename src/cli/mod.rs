@@ -4,6 +4,7 @@ mod config_args;
 mod estimate;
 mod layout;
 mod schedule;
+mod search;
 
 use clap::{Parser, Subcommand};
 
@@ -21,6 +22,8 @@ pub enum Command {
     Estimate(estimate::EstimateArgs),
     /// Simulate and draw pipeline schedules (GPipe, 1F1B, interleaved, ZB-H1, ZB-V, DualPipe-V).
     Schedule(schedule::ScheduleArgs),
+    /// Rank every valid parallel mix for a model and a GPU count.
+    Search(search::SearchArgs),
     /// Rank coordinates (tp, cp, ep, dp, pp) and process groups.
     Layout(layout::LayoutArgs),
 }
@@ -30,6 +33,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Estimate(a) => estimate::run(a),
         Command::Schedule(a) => schedule::run(a),
+        Command::Search(a) => search::run(a),
         Command::Layout(a) => layout::run(a),
     }
 }
