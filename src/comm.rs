@@ -214,9 +214,12 @@ impl Links {
     }
 
     /// Seconds of one collective of `payload` bytes over `n` ranks of group `kind`. Inside a node
-    /// it runs on NVLink; across nodes an all-reduce is hierarchical (reduce-scatter in the node,
-    /// all-reduce across nodes on 1/k of the data, all-gather in the node) and the others run
-    /// at the inter-node link.
+    /// it runs on NVLink. Across nodes, with k > 1 members per node, the collectives NCCL
+    /// builds from rings are hierarchical: every GPU drives its own NIC, so each node moves
+    /// only 1/k of the data per GPU across the network. An all-reduce is a reduce-scatter in
+    /// the node, an all-reduce across nodes on 1/k of the data and an all-gather in the node;
+    /// an all-gather is an all-gather across nodes of 1/k of the output, then one in the node
+    /// (a reduce-scatter the reverse). All-to-all and send/recv run at the inter-node link.
     pub fn collective_s(&self, kind: GroupKind, coll: CollectiveKind, payload: u64, n: u32) -> f64 {
         let g = self.geometry(kind);
         let b = payload as f64;
@@ -241,6 +244,22 @@ impl Links {
                 self.inter.latency_s,
             );
             return 2.0 * intra + inter;
+        }
+        if matches!(
+            coll,
+            CollectiveKind::AllGather | CollectiveKind::ReduceScatter
+        ) && g.per_node > 1
+        {
+            let k = g.per_node;
+            let intra = ring_s(coll, b, k, link(&self.intra), self.intra.latency_s);
+            let inter = ring_s(
+                coll,
+                b / k as f64,
+                g.nodes,
+                link(&self.inter),
+                self.inter.latency_s,
+            );
+            return intra + inter;
         }
         ring_s(coll, b, n, link(&self.inter), self.inter.latency_s)
     }

@@ -52,13 +52,33 @@ impl Rates<'_> {
         bytes as f64 / (self.gpu.hbm_bytes_per_s * e.memory_bound) + e.kernel_overhead_s
     }
 
-    /// Seconds of attention-core FLOPs at the fused kernel's efficiency.
+    /// Seconds of attention-core FLOPs at the fused kernel's efficiency. The core runs at
+    /// most at the bf16 rate: FP8 training (Transformer Engine's recipe) casts the linear
+    /// layers' GEMMs, not the attention kernel.
     pub fn attention_s(&self, flops: f64) -> f64 {
         if flops <= 0.0 {
             return 0.0;
         }
         let e = &self.gpu.efficiency;
-        flops / (self.peak_flops * e.attention) + e.kernel_overhead_s
+        let peak = self.peak_flops.min(self.gpu.peak_flops.bf16);
+        flops / (peak * e.attention) + e.kernel_overhead_s
+    }
+
+    /// HBM bytes an unfused attention core streams in its forward: the s x s scores are
+    /// written by QK^T, read and written by the softmax and read by the product with V (4x
+    /// the saved softmax); with attention dropout, the dropout reads the probabilities and
+    /// writes its output and mask, which the product with V reads instead (2x its output
+    /// plus the mask). Zero for a fused (flash) kernel, which saves no s x s tensor.
+    pub fn unfused_attention_bytes(op: &Op) -> u64 {
+        op.saved
+            .iter()
+            .map(|t| match t.name {
+                "softmax" => 4 * t.bytes,
+                "dropout_out" => 2 * t.bytes,
+                "dropout_mask" => t.bytes,
+                _ => 0,
+            })
+            .sum()
     }
 
     /// Compute seconds of one op: (forward, input gradient, weight gradient).
@@ -84,11 +104,18 @@ impl Rates<'_> {
                 };
                 (fwd, dgrad, wgrad)
             }
-            OpKind::Attention => (
-                self.attention_s(op.rank_flops.fwd),
-                self.attention_s(op.rank_flops.dgrad),
-                0.0,
-            ),
+            // An unfused core also streams its s x s tensors. Backward moves about 1.5 times
+            // the forward's bytes: the product with V reads the probabilities and writes
+            // their gradient, the dropout and softmax backward read it (with the mask and
+            // the probabilities) and write theirs, which both products for dQ and dK read.
+            OpKind::Attention => {
+                let bytes = Self::unfused_attention_bytes(op);
+                (
+                    self.attention_s(op.rank_flops.fwd) + self.memory_s(bytes),
+                    self.attention_s(op.rank_flops.dgrad) + self.memory_s(bytes * 3 / 2),
+                    0.0,
+                )
+            }
             // Backward reads the output gradient and the saved input and writes the input gradient.
             OpKind::MemoryBound { bytes } => (self.memory_s(bytes), self.memory_s(2 * bytes), 0.0),
         }
