@@ -143,8 +143,11 @@ pub fn inconsistent_rows(cases: &[Case]) -> Vec<(usize, String)> {
     out
 }
 
+/// Every readable row with its role, and the reasons of the unreadable ones.
+pub type RoledCases = (Vec<(Case, Role)>, Vec<String>);
+
 /// Reads the shipped data set and assigns roles (the split of [`fit::is_training`]).
-pub fn cases_with_roles() -> Result<(Vec<(Case, Role)>, Vec<String>), CalibrateError> {
+pub fn cases_with_roles() -> Result<RoledCases, CalibrateError> {
     let mut cases = Vec::new();
     let mut unreadable = Vec::new();
     for c in published::shipped()? {

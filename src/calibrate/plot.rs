@@ -18,6 +18,11 @@ fn ensure_font() -> bool {
         .get_or_init(|| plotters::style::register_font(FONT, FontStyle::Normal, FONT_BYTES).is_ok())
 }
 
+/// Axis labels (TFLOP/s).
+const TICKS: [f64; 10] = [
+    100.0, 125.0, 150.0, 200.0, 300.0, 400.0, 500.0, 700.0, 1000.0, 1500.0,
+];
+
 fn colour(s: Source) -> RGBColor {
     match s {
         Source::Narayanan2021 => RGBColor(31, 119, 180),
@@ -64,12 +69,17 @@ pub fn write_png(path: &Path, e: &Evaluation) -> Result<(), CalibrateError> {
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(60)
-        .build_cartesian_2d((lo..hi).log_scale(), (lo..hi).log_scale())
+        .build_cartesian_2d(
+            (lo..hi).log_scale().with_key_points(TICKS.to_vec()),
+            (lo..hi).log_scale().with_key_points(TICKS.to_vec()),
+        )
         .map_err(|x| err(x.to_string()))?;
     chart
         .configure_mesh()
         .x_desc("published TFLOP/s per GPU (source's FLOPs convention)")
         .y_desc("predicted TFLOP/s per GPU")
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| format!("{v:.0}"))
         .label_style((FONT, 14))
         .axis_desc_style((FONT, 15))
         .draw()

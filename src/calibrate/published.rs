@@ -319,7 +319,9 @@ pub fn load(text: &str) -> Result<Vec<Result<Case, PublishedError>>, PublishedEr
 
 /// A GPT of Narayanan et al. 2021 / Megatron-LM: LayerNorm, GeLU, biases, learned positions,
 /// dropout 0.1 (Megatron's defaults).
-fn gpt(name: &str, l: u32, h: u64, a: u32, f: u64, v: u64, s: u64, tied: bool) -> ModelConfig {
+/// `shape` is (layers, hidden, heads, FFN).
+fn gpt(name: &str, shape: (u32, u64, u32, u64), v: u64, s: u64, tied: bool) -> ModelConfig {
+    let (l, h, a, f) = shape;
     ModelConfig {
         name: name.into(),
         num_layers: l,
@@ -379,10 +381,12 @@ fn narayanan(i: usize, r: &NarayananRow, approximate: bool) -> Result<Case, Publ
     let config = Config {
         model: gpt(
             &r.model,
-            r.num_layers,
-            r.hidden_size,
-            r.num_attention_heads,
-            r.ffn_hidden_size,
+            (
+                r.num_layers,
+                r.hidden_size,
+                r.num_attention_heads,
+                r.ffn_hidden_size,
+            ),
             r.vocab_size,
             r.seq_len,
             true,
@@ -454,10 +458,7 @@ fn megatron(i: usize, r: &MegatronRow, approximate: bool) -> Result<Case, Publis
     let config = Config {
         model: gpt(
             &r.model,
-            r.num_layers,
-            h,
-            r.num_attention_heads,
-            4 * h,
+            (r.num_layers, h, r.num_attention_heads, 4 * h),
             r.vocab_size,
             r.seq_len,
             false,
