@@ -47,7 +47,7 @@ fn main() -> anyhow::Result<()> {
         let a = e.held_out(Some(s), false);
         let b = e.held_out(Some(s), true);
         println!(
-            "{:19} held out {:3}: median {:5.1}% worst {:5.1}% | fully specified {:3}: median {:5.1}% worst {:5.1}%",
+            "{:19} held out {:3}: median {:5.1}% worst {:5.1}% | checked {:3}: median {:5.1}% worst {:5.1}%",
             s.short(),
             a.n,
             100.0 * a.median,

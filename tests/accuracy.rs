@@ -147,7 +147,7 @@ fn held_out_rows_are_within_the_bound() {
         let a = e.held_out(Some(s), false);
         let b = e.held_out(Some(s), true);
         println!(
-            "{:19} held out {:3}: median {:5.1}% worst {:5.1}% | fully specified {:3}: median {:5.1}% worst {:5.1}%",
+            "{:19} held out {:3}: median {:5.1}% worst {:5.1}% | checked {:3}: median {:5.1}% worst {:5.1}%",
             s.short(),
             a.n,
             100.0 * a.median,
