@@ -264,3 +264,57 @@ impl Links {
         ring_s(coll, b, n, link(&self.inter), self.inter.latency_s)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Link;
+
+    fn links(per_node: u32, nodes: u32) -> Links {
+        let g = GroupGeometry {
+            size: per_node * nodes,
+            per_node,
+            nodes,
+        };
+        Links {
+            intra: Link {
+                bandwidth_bytes_per_s: 400e9,
+                latency_s: 5e-6,
+                efficiency: 1.0,
+            },
+            inter: Link {
+                bandwidth_bytes_per_s: 50e9,
+                latency_s: 1e-5,
+                efficiency: 1.0,
+            },
+            geometry: [g; 7],
+        }
+    }
+
+    /// Across nodes with k ranks per node, an all-gather or reduce-scatter is a ring across the
+    /// nodes on 1/k of the data plus a ring inside the node on all of it.
+    #[test]
+    fn inter_node_gather_and_scatter_are_hierarchical() {
+        let l = links(8, 4);
+        let b = 8e9;
+        for kind in [CollectiveKind::AllGather, CollectiveKind::ReduceScatter] {
+            let t = l.collective_s(GroupKind::DpCp, kind, b as u64, 32);
+            let want = (5e-6 + 7.0 / 8.0 * b / 400e9) + (1e-5 + 3.0 / 4.0 * (b / 8.0) / 50e9);
+            assert!((t / want - 1.0).abs() < 1e-9, "{kind:?}: {t} vs {want}");
+            // Far cheaper than pushing the whole payload through one NIC per GPU.
+            let flat = ring_s(kind, b, 32, 50e9, 1e-5);
+            assert!(t < 0.3 * flat);
+        }
+        // One rank per node: nothing to share inside the node, the flat ring on the network.
+        let l = links(1, 4);
+        let t = l.collective_s(GroupKind::DpCp, CollectiveKind::AllGather, 1 << 30, 4);
+        let flat = ring_s(
+            CollectiveKind::AllGather,
+            (1u64 << 30) as f64,
+            4,
+            50e9,
+            1e-5,
+        );
+        assert!((t / flat - 1.0).abs() < 1e-12);
+    }
+}

@@ -245,3 +245,55 @@ pub fn isolated_collective_s(
 ) -> f64 {
     crate::comm::ring_s(kind, bytes as f64, n, bandwidth * efficiency, latency_s)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rates(gpu: &GpuProfile) -> Rates<'_> {
+        Rates {
+            gpu,
+            peak_flops: gpu.peak_flops.bf16,
+            element_bytes: 2,
+        }
+    }
+
+    /// An unfused core pays for streaming its s x s tensors; a fused one does not.
+    #[test]
+    fn unfused_attention_streams_its_scores() {
+        let gpu = GpuProfile::load("a100-80g").unwrap();
+        let r = rates(&gpu);
+        let mut core = Op::new("attn.core", OpKind::Attention);
+        core.rank_flops.fwd = 1e12;
+        core.rank_flops.dgrad = 2e12;
+        let fused = r.op_s(&core);
+        let s = 1u64 << 30;
+        let unfused = core
+            .clone()
+            .save_selective("softmax", s)
+            .save_selective("dropout_mask", s / 2)
+            .save_selective("dropout_out", s);
+        assert_eq!(
+            Rates::unfused_attention_bytes(&unfused),
+            4 * s + s / 2 + 2 * s
+        );
+        let t = r.op_s(&unfused);
+        let bw = gpu.hbm_bytes_per_s * gpu.efficiency.memory_bound;
+        let fwd_extra = (4 * s + s / 2 + 2 * s) as f64 / bw;
+        assert!((t.0 - fused.0 - fwd_extra - gpu.efficiency.kernel_overhead_s).abs() < 1e-9);
+        assert!(t.1 > fused.1 + 1.4 * fwd_extra);
+    }
+
+    /// FP8 training runs the attention kernel at the bf16 rate.
+    #[test]
+    fn attention_runs_at_most_at_the_bf16_rate() {
+        let gpu = GpuProfile::load("h100-sxm").unwrap();
+        let bf16 = rates(&gpu);
+        let fp8 = Rates {
+            peak_flops: gpu.peak_flops.fp8.unwrap(),
+            ..bf16
+        };
+        assert_eq!(bf16.attention_s(1e12), fp8.attention_s(1e12));
+        assert!(fp8.gemm_s(8192, 8192, 8192) < bf16.gemm_s(8192, 8192, 8192));
+    }
+}
