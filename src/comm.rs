@@ -214,9 +214,12 @@ impl Links {
     }
 
     /// Seconds of one collective of `payload` bytes over `n` ranks of group `kind`. Inside a node
-    /// it runs on NVLink; across nodes an all-reduce is hierarchical (reduce-scatter in the node,
-    /// all-reduce across nodes on 1/k of the data, all-gather in the node) and the others run
-    /// at the inter-node link.
+    /// it runs on NVLink. Across nodes, with k > 1 members per node, the collectives NCCL
+    /// builds from rings are hierarchical: every GPU drives its own NIC, so each node moves
+    /// only 1/k of the data per GPU across the network. An all-reduce is a reduce-scatter in
+    /// the node, an all-reduce across nodes on 1/k of the data and an all-gather in the node;
+    /// an all-gather is an all-gather across nodes of 1/k of the output, then one in the node
+    /// (a reduce-scatter the reverse). All-to-all and send/recv run at the inter-node link.
     pub fn collective_s(&self, kind: GroupKind, coll: CollectiveKind, payload: u64, n: u32) -> f64 {
         let g = self.geometry(kind);
         let b = payload as f64;
@@ -242,6 +245,76 @@ impl Links {
             );
             return 2.0 * intra + inter;
         }
+        if matches!(
+            coll,
+            CollectiveKind::AllGather | CollectiveKind::ReduceScatter
+        ) && g.per_node > 1
+        {
+            let k = g.per_node;
+            let intra = ring_s(coll, b, k, link(&self.intra), self.intra.latency_s);
+            let inter = ring_s(
+                coll,
+                b / k as f64,
+                g.nodes,
+                link(&self.inter),
+                self.inter.latency_s,
+            );
+            return intra + inter;
+        }
         ring_s(coll, b, n, link(&self.inter), self.inter.latency_s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Link;
+
+    fn links(per_node: u32, nodes: u32) -> Links {
+        let g = GroupGeometry {
+            size: per_node * nodes,
+            per_node,
+            nodes,
+        };
+        Links {
+            intra: Link {
+                bandwidth_bytes_per_s: 400e9,
+                latency_s: 5e-6,
+                efficiency: 1.0,
+            },
+            inter: Link {
+                bandwidth_bytes_per_s: 50e9,
+                latency_s: 1e-5,
+                efficiency: 1.0,
+            },
+            geometry: [g; 7],
+        }
+    }
+
+    /// Across nodes with k ranks per node, an all-gather or reduce-scatter is a ring across the
+    /// nodes on 1/k of the data plus a ring inside the node on all of it.
+    #[test]
+    fn inter_node_gather_and_scatter_are_hierarchical() {
+        let l = links(8, 4);
+        let b = 8e9;
+        for kind in [CollectiveKind::AllGather, CollectiveKind::ReduceScatter] {
+            let t = l.collective_s(GroupKind::DpCp, kind, b as u64, 32);
+            let want = (5e-6 + 7.0 / 8.0 * b / 400e9) + (1e-5 + 3.0 / 4.0 * (b / 8.0) / 50e9);
+            assert!((t / want - 1.0).abs() < 1e-9, "{kind:?}: {t} vs {want}");
+            // Far cheaper than pushing the whole payload through one NIC per GPU.
+            let flat = ring_s(kind, b, 32, 50e9, 1e-5);
+            assert!(t < 0.3 * flat);
+        }
+        // One rank per node: nothing to share inside the node, the flat ring on the network.
+        let l = links(1, 4);
+        let t = l.collective_s(GroupKind::DpCp, CollectiveKind::AllGather, 1 << 30, 4);
+        let flat = ring_s(
+            CollectiveKind::AllGather,
+            (1u64 << 30) as f64,
+            4,
+            50e9,
+            1e-5,
+        );
+        assert!((t / flat - 1.0).abs() < 1e-12);
     }
 }

@@ -6,17 +6,21 @@ use crate::comm::{dp_collectives, rank_step_bytes, Links, Replicas};
 use crate::config::{Config, Resolved, ScheduleKind};
 use crate::layout::{GroupKind, Layout};
 use crate::memory::{
-    chunks_per_rank, rank_params, stage_memory, ChunkContents, LedgerSummary, StageMemory,
-    TimingContext,
+    chunks_per_rank, rank_params, stage_memory, ChunkContents, LedgerSummary, Pipeline,
+    StageMemory, TimingContext,
 };
 use crate::model::{CollectiveKind, GroupBytes, Ledger};
-use crate::schedule::{generate, simulate, Costs, ScheduleError};
+use crate::schedule::{generate, simulate_extrapolated, Costs, ScheduleError};
 use crate::time::{GroupSeconds, Overlaps, Rates, StepTime};
 use serde::Serialize;
 
 /// Adam's HBM traffic per updated parameter: read the fp32 gradient (4), read and write the
 /// fp32 master weight and both moments (24), write the bf16 weight (2).
 pub const ADAM_BYTES_PER_PARAM: f64 = 30.0;
+
+/// Programs of at most this many (stage, microbatch) cells are generated in full for the
+/// memory walk ([`crate::memory::activation_peak`]).
+const MAX_WALKED_CELLS: u64 = 1 << 16;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ParamReport {
@@ -370,208 +374,308 @@ fn overlaps(r: &Resolved) -> Overlaps {
     }
 }
 
+/// Everything an estimate needs before the schedule simulation: the ledger, per-block times,
+/// per-stage costs, and what each rank does after its last backward. Search uses its lower
+/// bounds to skip simulating mixes that cannot win.
+pub struct Prepared<'a> {
+    r: &'a Resolved,
+    ledger: Ledger,
+    s: LedgerSummary,
+    links: Links,
+    chunks: Vec<Vec<ChunkContents>>,
+    chunk_times: Vec<ChunkTimes>,
+    costs: Costs,
+    /// Per pipeline rank: (data-parallel tail, optimizer step) seconds.
+    after: Vec<(f64, f64)>,
+    peak: f64,
+}
+
+impl<'a> Prepared<'a> {
+    /// Builds the ledger and the per-stage costs; `links` may be passed in when many
+    /// configurations share one layout.
+    pub fn new(r: &'a Resolved, links: Option<Links>) -> Result<Prepared<'a>, EstimateError> {
+        let tr = &r.config.training;
+        let par = &r.config.parallel;
+        let ledger = Ledger::build(r);
+        let links = links.unwrap_or_else(|| Links::new(&Layout::of(r), &r.gpu));
+        let peak = r
+            .gpu
+            .peak_flops_for(tr.precision)
+            .unwrap_or(r.gpu.peak_flops.bf16);
+        let timing = TimingContext {
+            rates: Rates {
+                gpu: &r.gpu,
+                peak_flops: peak,
+                element_bytes: tr.weight_bytes(),
+            },
+            links: &links,
+            overlaps: overlaps(r),
+            cp_comm: par.cp_comm,
+        };
+        let s = LedgerSummary::timed(&ledger, tr.recompute, Some(&timing));
+        let chunks = chunks_per_rank(r);
+        let (chunk_times, costs) = stage_costs(r, &s, &ledger, &chunks, &links)?;
+        let after = chunks
+            .iter()
+            .map(|ch| {
+                let p = rank_params(ch, &s);
+                let updated = if par.zero >= 1 {
+                    p.rank_dense_trainable.div_ceil(r.dense_replicas() as u64)
+                        + p.rank_expert_trainable.div_ceil(r.expert_dp() as u64)
+                } else {
+                    p.rank_dense_trainable + p.rank_expert_trainable
+                };
+                let optimizer_s = timing
+                    .rates
+                    .memory_s((updated as f64 * ADAM_BYTES_PER_PARAM) as u64);
+                (dp_tail_s(r, &links, &s, &ledger, ch), optimizer_s)
+            })
+            .collect();
+        Ok(Prepared {
+            r,
+            ledger,
+            s,
+            links,
+            chunks,
+            chunk_times,
+            costs,
+            after,
+            peak,
+        })
+    }
+
+    /// A lower bound of the step time: every rank finishes no earlier than its busy time, then
+    /// runs its data-parallel tail and optimizer step.
+    pub fn time_lower_bound(&self) -> f64 {
+        let m = self.r.microbatches as f64;
+        self.chunks
+            .iter()
+            .zip(&self.after)
+            .map(|(ch, (tail, opt))| {
+                let busy: f64 = ch
+                    .iter()
+                    .map(|c| {
+                        let t = &self.chunk_times[c.stage];
+                        t.fwd + t.input_grad + t.weight_grad
+                    })
+                    .sum();
+                m * busy + tail + opt
+            })
+            .fold(0.0, f64::max)
+    }
+
+    /// A lower bound of the most loaded rank's memory: one activation set in flight.
+    pub fn memory_lower_bound(&self) -> u64 {
+        self.chunks
+            .iter()
+            .enumerate()
+            .map(|(rank, ch)| {
+                let one = Pipeline::Inflight {
+                    sets: 1,
+                    split: false,
+                };
+                stage_memory(self.r, &self.s, &self.ledger, rank as u32, ch, one).total
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Simulates the schedule and assembles the estimate.
+    pub fn finish(self) -> Result<Estimate, EstimateError> {
+        let Prepared {
+            r,
+            ledger,
+            s,
+            links,
+            chunks,
+            chunk_times,
+            costs,
+            after,
+            peak,
+        } = self;
+        let cfg = &r.config;
+        let tr = &cfg.training;
+        let par = &cfg.parallel;
+        let m = &cfg.model;
+
+        // Parameters.
+        let moe_layers = m.num_moe_layers() as u64;
+        let dense_layers = m.num_layers as u64 - moe_layers;
+        let mtp = m.mtp_num_layers as u64;
+        let layer_sum = |f: &dyn Fn(&crate::memory::BlockSummary) -> f64| -> f64 {
+            let mut x = f(&s.embedding) + f(&s.output) + dense_layers as f64 * f(&s.dense);
+            if let Some(b) = &s.moe {
+                x += moe_layers as f64 * f(b);
+            }
+            if let Some(b) = &s.mtp {
+                x += mtp as f64 * f(b);
+            }
+            x
+        };
+        let total = layer_sum(&|b| b.params.total as f64) as u64;
+        let expert_total = layer_sum(&|b| b.params.expert_total as f64);
+        let activated = if m.is_moe() {
+            let k = m.moe_router_topk as f64 / m.num_experts as f64;
+            (total as f64 - expert_total * (1.0 - k)).round() as u64
+        } else {
+            total
+        };
+        let trainable_of = |b: &crate::model::Block| -> u64 {
+            b.ops
+                .iter()
+                .filter_map(|o| o.params)
+                .filter(|p| p.trainable)
+                .map(|p| p.total)
+                .sum()
+        };
+        let trainable_total = trainable_of(&ledger.embedding)
+            + trainable_of(&ledger.output)
+            + dense_layers * trainable_of(&ledger.dense)
+            + ledger
+                .moe
+                .as_ref()
+                .map_or(0, |b| moe_layers * trainable_of(b))
+            + ledger.mtp.as_ref().map_or(0, |b| mtp * trainable_of(b));
+        let per_gpu_max = chunks
+            .iter()
+            .map(|c| rank_params(c, &s).rank())
+            .max()
+            .unwrap_or(0);
+
+        // FLOPs.
+        let microbatches_per_step = (tr.global_batch_size / tr.micro_batch_size) as f64;
+        let model_per_mb = layer_sum(&|b| b.model_flops);
+        let recompute_per_mb = layer_sum(&|b| b.recompute_model);
+        let per_step_model = model_per_mb * microbatches_per_step;
+        let per_step_hardware = (model_per_mb + recompute_per_mb) * microbatches_per_step;
+        let tokens_per_step = (tr.global_batch_size * tr.seq_length) as f64;
+
+        let sim = simulate_extrapolated(par.schedule, par.pp, par.vpp, r.microbatches, &costs)?;
+
+        // Memory, communication volume, and each rank's finish: its last action, then the
+        // data-parallel tail and the optimizer step.
+        let mut memory_stages = Vec::with_capacity(chunks.len());
+        let mut comm = GroupBytes::default();
+        let mut critical = (f64::MIN, 0usize, 0.0, 0.0);
+        // Activations walk each rank's action list when the program is short enough to
+        // generate (the memory of `parsim execute` runs is compared with it); longer programs,
+        // which the simulation extrapolates, use the peak count of live chunk sets.
+        let program = if par.pp as u64 * par.vpp as u64 * r.microbatches as u64 <= MAX_WALKED_CELLS
+        {
+            Some(generate(par.schedule, par.pp, par.vpp, r.microbatches)?)
+        } else {
+            None
+        };
+        for (rank, ch) in chunks.iter().enumerate() {
+            let pipeline = match &program {
+                Some(p) => Pipeline::Actions(&p.ranks[rank]),
+                None => Pipeline::Inflight {
+                    sets: sim.peak_inflight[rank],
+                    split: matches!(par.schedule, ScheduleKind::ZbH1 | ScheduleKind::ZbV),
+                },
+            };
+            memory_stages.push(stage_memory(r, &s, &ledger, rank as u32, ch, pipeline));
+            comm.max(&rank_step_bytes(r, &s, &ledger, ch));
+            let (tail, optimizer_s) = after[rank];
+            let finish = sim.finish[rank];
+            let end = finish + tail + optimizer_s;
+            if end > critical.0 {
+                critical = (end, rank, tail, optimizer_s);
+            }
+        }
+        let (step_s, crit, dp_tail, optimizer_s) = critical;
+        let crit_chunks = &chunks[crit];
+        let mb = r.microbatches as f64;
+        let compute_s = mb
+            * crit_chunks
+                .iter()
+                .map(|c| chunk_times[c.stage].compute)
+                .sum::<f64>();
+        let mut by_group = GroupSeconds::default();
+        for c in crit_chunks {
+            by_group.add(&chunk_times[c.stage].exposed, mb);
+        }
+        by_group.dp += dp_tail;
+        let finish = sim.finish[crit];
+        let bubble_s = (finish - sim.busy[crit]).max(0.0);
+        let time = StepTime {
+            step_s,
+            compute_s,
+            exposed_comm_s: by_group.total(),
+            exposed_comm_by_group_s: by_group,
+            bubble_s,
+            dp_tail_s: dp_tail,
+            optimizer_s,
+        };
+        let per_gpu_max_bytes = memory_stages.iter().map(|st| st.total).max().unwrap_or(0);
+        let world = r.world() as f64;
+        let groups = GroupKind::ALL
+            .iter()
+            .map(|&g| GroupInfo {
+                group: g,
+                size: links.geometry(g).size,
+                crosses_nodes: links.crosses_nodes(g),
+            })
+            .collect();
+        let fits = per_gpu_max_bytes <= r.gpu.memory_bytes;
+        Ok(Estimate {
+            config: cfg.clone(),
+            gpu: r.gpu.name.clone(),
+            params: ParamReport {
+                total,
+                embedding: s.embedding.params.total,
+                output_layer: s.output.params.total
+                    - ledger.output.ops[0].params.map_or(0, |p| p.total),
+                per_layer: s
+                    .dense
+                    .params
+                    .total
+                    .max(s.moe.map_or(0, |b| b.params.total)),
+                per_layer_dense: s.dense.params.total,
+                per_layer_moe: s.moe.map(|b| b.params.total),
+                per_gpu_max,
+                activated_per_token: activated,
+                trainable: trainable_total,
+            },
+            flops: FlopsReport {
+                per_step_model,
+                per_step_hardware,
+                per_token_model: per_step_model / tokens_per_step,
+            },
+            memory: MemoryReport {
+                per_gpu_max_bytes,
+                capacity_bytes: r.gpu.memory_bytes,
+                fits,
+                stages: memory_stages,
+            },
+            communication: CommReport {
+                per_step_bytes_per_gpu: comm.into(),
+                groups,
+            },
+            schedule: ScheduleReport {
+                name: par.schedule.to_string(),
+                pp: par.pp,
+                vpp: par.vpp,
+                microbatches: r.microbatches,
+                bubble_fraction: sim.bubble_fraction,
+                peak_inflight_microbatches: sim.peak_inflight.clone(),
+            },
+            time,
+            throughput: Throughput {
+                tokens_per_s: tokens_per_step / step_s,
+                tflops_per_gpu: per_step_model / step_s / world / 1e12,
+                hardware_tflops_per_gpu: per_step_hardware / step_s / world / 1e12,
+                mfu: per_step_model / (step_s * world * peak),
+            },
+            verdict: verdict(&time, fits, per_gpu_max_bytes, r.gpu.memory_bytes),
+            warnings: r.warnings.clone(),
+        })
+    }
+}
+
 /// Runs every part of the estimate.
 pub fn estimate(r: &Resolved) -> Result<Estimate, EstimateError> {
-    let ledger = Ledger::build(r);
-    let cfg = &r.config;
-    let tr = &cfg.training;
-    let par = &cfg.parallel;
-    let m = &cfg.model;
-    let layout = Layout::of(r);
-    let links = Links::new(&layout, &r.gpu);
-    let peak = r
-        .gpu
-        .peak_flops_for(tr.precision)
-        .unwrap_or(r.gpu.peak_flops.bf16);
-    let timing = TimingContext {
-        rates: Rates {
-            gpu: &r.gpu,
-            peak_flops: peak,
-            element_bytes: tr.weight_bytes(),
-        },
-        links: &links,
-        overlaps: overlaps(r),
-        cp_comm: par.cp_comm,
-    };
-    let s = LedgerSummary::timed(&ledger, tr.recompute, Some(&timing));
-
-    // Parameters.
-    let moe_layers = m.num_moe_layers() as u64;
-    let dense_layers = m.num_layers as u64 - moe_layers;
-    let mtp = m.mtp_num_layers as u64;
-    let layer_sum = |f: &dyn Fn(&crate::memory::BlockSummary) -> f64| -> f64 {
-        let mut x = f(&s.embedding) + f(&s.output) + dense_layers as f64 * f(&s.dense);
-        if let Some(b) = &s.moe {
-            x += moe_layers as f64 * f(b);
-        }
-        if let Some(b) = &s.mtp {
-            x += mtp as f64 * f(b);
-        }
-        x
-    };
-    let total = layer_sum(&|b| b.params.total as f64) as u64;
-    let expert_total = layer_sum(&|b| b.params.expert_total as f64);
-    let activated = if m.is_moe() {
-        let k = m.moe_router_topk as f64 / m.num_experts as f64;
-        (total as f64 - expert_total * (1.0 - k)).round() as u64
-    } else {
-        total
-    };
-    let trainable_of = |b: &crate::model::Block| -> u64 {
-        b.ops
-            .iter()
-            .filter_map(|o| o.params)
-            .filter(|p| p.trainable)
-            .map(|p| p.total)
-            .sum()
-    };
-    let trainable_total = trainable_of(&ledger.embedding)
-        + trainable_of(&ledger.output)
-        + dense_layers * trainable_of(&ledger.dense)
-        + ledger
-            .moe
-            .as_ref()
-            .map_or(0, |b| moe_layers * trainable_of(b))
-        + ledger.mtp.as_ref().map_or(0, |b| mtp * trainable_of(b));
-
-    let chunks = chunks_per_rank(r);
-    let per_gpu_max = chunks
-        .iter()
-        .map(|c| rank_params(c, &s).rank())
-        .max()
-        .unwrap_or(0);
-
-    // FLOPs.
-    let microbatches_per_step = (tr.global_batch_size / tr.micro_batch_size) as f64;
-    let model_per_mb = layer_sum(&|b| b.model_flops);
-    let recompute_per_mb = layer_sum(&|b| b.recompute_model);
-    let per_step_model = model_per_mb * microbatches_per_step;
-    let per_step_hardware = (model_per_mb + recompute_per_mb) * microbatches_per_step;
-    let tokens_per_step = (tr.global_batch_size * tr.seq_length) as f64;
-
-    let (chunk_times, costs) = stage_costs(r, &s, &ledger, &chunks, &links)?;
-    let program = generate(par.schedule, par.pp, par.vpp, r.microbatches)?;
-    let sim = simulate(&program, &costs)?;
-
-    // Memory, communication volume, and each rank's finish: its last action, then the
-    // data-parallel tail and the optimizer step.
-    let mut memory_stages = Vec::with_capacity(chunks.len());
-    let mut comm = GroupBytes::default();
-    let mut critical = (f64::MIN, 0usize, 0.0, 0.0);
-    for (rank, ch) in chunks.iter().enumerate() {
-        memory_stages.push(stage_memory(
-            r,
-            &s,
-            &ledger,
-            rank as u32,
-            ch,
-            &program.ranks[rank],
-        ));
-        comm.max(&rank_step_bytes(r, &s, &ledger, ch));
-        let p = rank_params(ch, &s);
-        let updated = if par.zero >= 1 {
-            p.rank_dense_trainable.div_ceil(r.dense_replicas() as u64)
-                + p.rank_expert_trainable.div_ceil(r.expert_dp() as u64)
-        } else {
-            p.rank_dense_trainable + p.rank_expert_trainable
-        };
-        let optimizer_s = timing
-            .rates
-            .memory_s((updated as f64 * ADAM_BYTES_PER_PARAM) as u64);
-        let tail = dp_tail_s(r, &links, &s, &ledger, ch);
-        let finish = sim.timeline[rank].last().map_or(0.0, |span| span.end);
-        let end = finish + tail + optimizer_s;
-        if end > critical.0 {
-            critical = (end, rank, tail, optimizer_s);
-        }
-    }
-    let (step_s, crit, dp_tail, optimizer_s) = critical;
-    let crit_chunks = &chunks[crit];
-    let mb = r.microbatches as f64;
-    let compute_s = mb
-        * crit_chunks
-            .iter()
-            .map(|c| chunk_times[c.stage].compute)
-            .sum::<f64>();
-    let mut by_group = GroupSeconds::default();
-    for c in crit_chunks {
-        by_group.add(&chunk_times[c.stage].exposed, mb);
-    }
-    by_group.dp += dp_tail;
-    let finish = sim.timeline[crit].last().map_or(0.0, |span| span.end);
-    let bubble_s = (finish - sim.busy[crit]).max(0.0);
-    let time = StepTime {
-        step_s,
-        compute_s,
-        exposed_comm_s: by_group.total(),
-        exposed_comm_by_group_s: by_group,
-        bubble_s,
-        dp_tail_s: dp_tail,
-        optimizer_s,
-    };
-    let per_gpu_max_bytes = memory_stages.iter().map(|st| st.total).max().unwrap_or(0);
-    let world = r.world() as f64;
-    let groups = GroupKind::ALL
-        .iter()
-        .map(|&g| GroupInfo {
-            group: g,
-            size: links.geometry(g).size,
-            crosses_nodes: links.crosses_nodes(g),
-        })
-        .collect();
-    let fits = per_gpu_max_bytes <= r.gpu.memory_bytes;
-    Ok(Estimate {
-        config: cfg.clone(),
-        gpu: r.gpu.name.clone(),
-        params: ParamReport {
-            total,
-            embedding: s.embedding.params.total,
-            output_layer: s.output.params.total
-                - ledger.output.ops[0].params.map_or(0, |p| p.total),
-            per_layer: s
-                .dense
-                .params
-                .total
-                .max(s.moe.map_or(0, |b| b.params.total)),
-            per_layer_dense: s.dense.params.total,
-            per_layer_moe: s.moe.map(|b| b.params.total),
-            per_gpu_max,
-            activated_per_token: activated,
-            trainable: trainable_total,
-        },
-        flops: FlopsReport {
-            per_step_model,
-            per_step_hardware,
-            per_token_model: per_step_model / tokens_per_step,
-        },
-        memory: MemoryReport {
-            per_gpu_max_bytes,
-            capacity_bytes: r.gpu.memory_bytes,
-            fits,
-            stages: memory_stages,
-        },
-        communication: CommReport {
-            per_step_bytes_per_gpu: comm.into(),
-            groups,
-        },
-        schedule: ScheduleReport {
-            name: par.schedule.to_string(),
-            pp: par.pp,
-            vpp: par.vpp,
-            microbatches: r.microbatches,
-            bubble_fraction: sim.bubble_fraction,
-            peak_inflight_microbatches: sim.peak_inflight.clone(),
-        },
-        time,
-        throughput: Throughput {
-            tokens_per_s: tokens_per_step / step_s,
-            tflops_per_gpu: per_step_model / step_s / world / 1e12,
-            hardware_tflops_per_gpu: per_step_hardware / step_s / world / 1e12,
-            mfu: per_step_model / (step_s * world * peak),
-        },
-        verdict: verdict(&time, fits, per_gpu_max_bytes, r.gpu.memory_bytes),
-        warnings: r.warnings.clone(),
-    })
+    Prepared::new(r, None)?.finish()
 }
 
 fn links_latency(links: &Links, g: GroupKind) -> f64 {

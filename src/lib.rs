@@ -4,6 +4,7 @@
 //! parameter counts, FLOPs, per-GPU memory, communication, a pipeline timeline and a step
 //! time. Every figure is a sum over one op ledger ([`model`]).
 
+pub mod calibrate;
 pub mod comm;
 pub mod config;
 pub mod estimate;
@@ -13,4 +14,5 @@ pub mod model;
 pub mod plan;
 pub mod report;
 pub mod schedule;
+pub mod search;
 pub mod time;

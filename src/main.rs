@@ -6,6 +6,12 @@ mod cli;
 use clap::Parser;
 
 fn main() {
+    // Like other Unix tools, end quietly when the reader of stdout goes away (`| head`).
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let parsed = cli::Cli::parse();
     if let Err(err) = cli::run(parsed) {
         eprintln!("error: {err}");

@@ -251,15 +251,25 @@ pub fn activation_peak(
     peak.max(0) as u64
 }
 
-/// Memory of pipeline rank `rank` holding `chunks` and playing `actions` (its list from the
-/// schedule generator).
+/// What a pipeline rank runs, for its activation peak.
+#[derive(Debug, Clone, Copy)]
+pub enum Pipeline<'a> {
+    /// Its action list from the schedule generator: the exact walk of [`activation_peak`].
+    Actions(&'a [Action]),
+    /// Only the peak number of live chunk sets (programs too long to walk, or a lower bound):
+    /// that many sets of the rank's average chunk, plus the layer full recompute rebuilds;
+    /// `split` when the schedule splits its backward (its W pass fills the gradient bucket).
+    Inflight { sets: u32, split: bool },
+}
+
+/// Memory of pipeline rank `rank` holding `chunks` and running `pipeline`.
 pub fn stage_memory(
     r: &Resolved,
     s: &LedgerSummary,
     l: &Ledger,
     rank: u32,
     chunks: &[ChunkContents],
-    actions: &[Action],
+    pipeline: Pipeline,
 ) -> StageMemory {
     let tr = &r.config.training;
     let par = &r.config.parallel;
@@ -289,7 +299,29 @@ pub fn stage_memory(
     };
 
     // Activations: the chunk sets live at the worst moment of this rank's action list.
-    let activations = activation_peak(actions, chunks, s, tr.recompute);
+    let (activations, split) = match pipeline {
+        Pipeline::Actions(actions) => (
+            activation_peak(actions, chunks, s, tr.recompute),
+            actions.iter().any(|a| a.kind == ActionKind::I),
+        ),
+        Pipeline::Inflight { sets, split } => {
+            // That many sets of the rank's average chunk, plus the layer being rebuilt.
+            let v = chunks.len().max(1) as u64;
+            let per_microbatch: u64 = chunks
+                .iter()
+                .flat_map(|c| c.blocks(s))
+                .map(|(b, n)| b.saved * n)
+                .sum();
+            let rebuilt = chunks
+                .iter()
+                .flat_map(|c| c.blocks(s))
+                .filter(|(b, _)| tr.recompute == Recompute::Full && b.saved != b.saved_all)
+                .map(|(b, _)| b.saved_all - b.saved)
+                .max()
+                .unwrap_or(0);
+            ((per_microbatch * sets as u64).div_ceil(v) + rebuilt, split)
+        }
+    };
 
     // Buffers: runtime overhead, the SP all-gather buffer, pipeline send/receive buffers,
     // then ZeRO's gathered blocks and gradient bucket and the ops' transients by phase.
@@ -333,7 +365,6 @@ pub fn stage_memory(
     } else {
         0
     };
-    let split = actions.iter().any(|a| a.kind == ActionKind::I);
     let forward = 2 * gathered + largest_of(|b| b.temp);
     let backward = gathered + if split { 0 } else { bucket } + largest_of(|b| b.backward_temp);
     let weight_pass = if split { bucket } else { 0 };

@@ -52,13 +52,33 @@ impl Rates<'_> {
         bytes as f64 / (self.gpu.hbm_bytes_per_s * e.memory_bound) + e.kernel_overhead_s
     }
 
-    /// Seconds of attention-core FLOPs at the fused kernel's efficiency.
+    /// Seconds of attention-core FLOPs at the fused kernel's efficiency. The core runs at
+    /// most at the bf16 rate: FP8 training (Transformer Engine's recipe) casts the linear
+    /// layers' GEMMs, not the attention kernel.
     pub fn attention_s(&self, flops: f64) -> f64 {
         if flops <= 0.0 {
             return 0.0;
         }
         let e = &self.gpu.efficiency;
-        flops / (self.peak_flops * e.attention) + e.kernel_overhead_s
+        let peak = self.peak_flops.min(self.gpu.peak_flops.bf16);
+        flops / (peak * e.attention) + e.kernel_overhead_s
+    }
+
+    /// HBM bytes an unfused attention core streams in its forward: the s x s scores are
+    /// written by QK^T, read and written by the softmax and read by the product with V (4x
+    /// the saved softmax); with attention dropout, the dropout reads the probabilities and
+    /// writes its output and mask, which the product with V reads instead (2x its output
+    /// plus the mask). Zero for a fused (flash) kernel, which saves no s x s tensor.
+    pub fn unfused_attention_bytes(op: &Op) -> u64 {
+        op.saved
+            .iter()
+            .map(|t| match t.name {
+                "softmax" => 4 * t.bytes,
+                "dropout_out" => 2 * t.bytes,
+                "dropout_mask" => t.bytes,
+                _ => 0,
+            })
+            .sum()
     }
 
     /// Compute seconds of one op: (forward, input gradient, weight gradient).
@@ -84,11 +104,18 @@ impl Rates<'_> {
                 };
                 (fwd, dgrad, wgrad)
             }
-            OpKind::Attention => (
-                self.attention_s(op.rank_flops.fwd),
-                self.attention_s(op.rank_flops.dgrad),
-                0.0,
-            ),
+            // An unfused core also streams its s x s tensors. Backward moves about 1.5 times
+            // the forward's bytes: the product with V reads the probabilities and writes
+            // their gradient, the dropout and softmax backward read it (with the mask and
+            // the probabilities) and write theirs, which both products for dQ and dK read.
+            OpKind::Attention => {
+                let bytes = Self::unfused_attention_bytes(op);
+                (
+                    self.attention_s(op.rank_flops.fwd) + self.memory_s(bytes),
+                    self.attention_s(op.rank_flops.dgrad) + self.memory_s(bytes * 3 / 2),
+                    0.0,
+                )
+            }
             // Backward reads the output gradient and the saved input and writes the input gradient.
             OpKind::MemoryBound { bytes } => (self.memory_s(bytes), self.memory_s(2 * bytes), 0.0),
         }
@@ -217,4 +244,56 @@ pub fn isolated_collective_s(
     efficiency: f64,
 ) -> f64 {
     crate::comm::ring_s(kind, bytes as f64, n, bandwidth * efficiency, latency_s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rates(gpu: &GpuProfile) -> Rates<'_> {
+        Rates {
+            gpu,
+            peak_flops: gpu.peak_flops.bf16,
+            element_bytes: 2,
+        }
+    }
+
+    /// An unfused core pays for streaming its s x s tensors; a fused one does not.
+    #[test]
+    fn unfused_attention_streams_its_scores() {
+        let gpu = GpuProfile::load("a100-80g").unwrap();
+        let r = rates(&gpu);
+        let mut core = Op::new("attn.core", OpKind::Attention);
+        core.rank_flops.fwd = 1e12;
+        core.rank_flops.dgrad = 2e12;
+        let fused = r.op_s(&core);
+        let s = 1u64 << 30;
+        let unfused = core
+            .clone()
+            .save_selective("softmax", s)
+            .save_selective("dropout_mask", s / 2)
+            .save_selective("dropout_out", s);
+        assert_eq!(
+            Rates::unfused_attention_bytes(&unfused),
+            4 * s + s / 2 + 2 * s
+        );
+        let t = r.op_s(&unfused);
+        let bw = gpu.hbm_bytes_per_s * gpu.efficiency.memory_bound;
+        let fwd_extra = (4 * s + s / 2 + 2 * s) as f64 / bw;
+        assert!((t.0 - fused.0 - fwd_extra - gpu.efficiency.kernel_overhead_s).abs() < 1e-9);
+        assert!(t.1 > fused.1 + 1.4 * fwd_extra);
+    }
+
+    /// FP8 training runs the attention kernel at the bf16 rate.
+    #[test]
+    fn attention_runs_at_most_at_the_bf16_rate() {
+        let gpu = GpuProfile::load("h100-sxm").unwrap();
+        let bf16 = rates(&gpu);
+        let fp8 = Rates {
+            peak_flops: gpu.peak_flops.fp8.unwrap(),
+            ..bf16
+        };
+        assert_eq!(bf16.attention_s(1e12), fp8.attention_s(1e12));
+        assert!(fp8.gemm_s(8192, 8192, 8192) < bf16.gemm_s(8192, 8192, 8192));
+    }
 }

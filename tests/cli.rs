@@ -469,3 +469,90 @@ fn layout_rank_out_of_range_is_an_error() {
         .code(1)
         .stderr(predicate::str::contains("--rank 99 is out of range"));
 }
+
+#[test]
+fn search_json_has_the_contract_keys() {
+    let out = parsim()
+        .args([
+            "search",
+            "--model",
+            "llama2-7b",
+            "--gpus",
+            "8",
+            "--seq",
+            "2048",
+            "--gbs",
+            "32",
+            "--mbs-max",
+            "1",
+            "--top",
+            "3",
+            "--constraint",
+            "pp<=2",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in ["candidates", "pruned", "evaluated", "elapsed_s", "top"] {
+        assert!(v.get(key).is_some(), "missing {key}");
+    }
+    let top = v["top"].as_array().unwrap();
+    assert!(!top.is_empty() && top.len() <= 3);
+    for t in top {
+        assert!(t["memory"]["fits"].as_bool().unwrap());
+        assert!(t["config"]["parallel"]["pp"].as_u64().unwrap() <= 2);
+        assert!(t["time"]["step_s"].is_f64());
+    }
+}
+
+#[test]
+fn search_rejects_a_bad_constraint() {
+    parsim()
+        .args([
+            "search",
+            "--model",
+            "llama2-7b",
+            "--gpus",
+            "8",
+            "--constraint",
+            "tensor<=2",
+        ])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("--constraint 'tensor<=2'"))
+        .stderr(predicate::str::contains("KNOB OP VALUE"));
+}
+
+#[test]
+fn schedule_takes_durations_from_a_configuration() {
+    let f = temp_file(".toml", "[model]\npreset = \"llama3-70b\"\n[cluster]\nnum_gpus = 64\n[parallel]\ntp = 8\npp = 4\nvpp = 5\nschedule = \"interleaved-1f1b\"\n[training]\nglobal_batch_size = 64\n");
+    let out = parsim()
+        .args(["schedule", "--json", "--config", f.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["pp"], 4);
+    assert_eq!(v["vpp"], 5);
+    assert_eq!(v["microbatches"], 32);
+    // Interleaved with uneven end stages: close to (p-1)/(v m) = 3/160 of ideal compute.
+    let bubble = v["bubble_fraction"].as_f64().unwrap();
+    assert!(bubble > 0.0 && bubble < 0.05, "{bubble}");
+    // The same run through estimate reports the same bubble.
+    let est = parsim()
+        .args(["estimate", "--json", "-c", f.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let e: serde_json::Value = serde_json::from_slice(&est.stdout).unwrap();
+    assert!((e["schedule"]["bubble_fraction"].as_f64().unwrap() - bubble).abs() < 1e-9);
+}

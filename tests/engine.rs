@@ -11,4 +11,6 @@ mod engine {
     pub mod params;
     pub mod profiles;
     pub mod properties;
+    pub mod robustness;
+    pub mod time;
 }

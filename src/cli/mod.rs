@@ -5,6 +5,7 @@ mod estimate;
 mod execute;
 mod layout;
 mod schedule;
+mod search;
 
 use clap::{Parser, Subcommand};
 
@@ -22,6 +23,8 @@ pub enum Command {
     Estimate(estimate::EstimateArgs),
     /// Simulate and draw pipeline schedules (GPipe, 1F1B, interleaved, ZB-H1, ZB-V, DualPipe-V).
     Schedule(schedule::ScheduleArgs),
+    /// Rank every valid parallel mix for a model and a GPU count.
+    Search(search::SearchArgs),
     /// Rank coordinates (tp, cp, ep, dp, pp) and process groups.
     Layout(layout::LayoutArgs),
     /// Run the configuration for real (CPU threads) and compare with the prediction.
@@ -33,6 +36,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Estimate(a) => estimate::run(a),
         Command::Schedule(a) => schedule::run(a),
+        Command::Search(a) => search::run(a),
         Command::Layout(a) => layout::run(a),
         Command::Execute(a) => execute::run(a),
     }

@@ -87,6 +87,111 @@ pub fn resolve(mut config: Config, gpu: GpuProfile) -> Result<Resolved, ConfigEr
             .hint("1.0 means perfectly balanced routing"),
         );
     }
+    // Upper bounds far beyond any real run, so that every byte and FLOP count fits in 64 bits.
+    let at_most: [(&str, u64, u64); 19] = [
+        ("model.num_layers", m.num_layers as u64, 10_000),
+        ("model.hidden_size", m.hidden_size, 1 << 20),
+        (
+            "model.num_attention_heads",
+            m.num_attention_heads as u64,
+            1 << 16,
+        ),
+        ("model.ffn_hidden_size", m.ffn_hidden_size, 1 << 22),
+        ("model.vocab_size", m.vocab_size, 1 << 28),
+        ("model.kv_channels", m.kv_channels.unwrap_or(1), 1 << 16),
+        ("model.num_experts", m.num_experts as u64, 1 << 16),
+        ("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size, 1 << 22),
+        (
+            "model.moe_shared_expert_intermediate_size",
+            m.moe_shared_expert_intermediate_size,
+            1 << 22,
+        ),
+        ("model.mtp_num_layers", m.mtp_num_layers as u64, 64),
+        (
+            "model.make_vocab_size_divisible_by",
+            m.make_vocab_size_divisible_by,
+            1 << 16,
+        ),
+        ("cluster.num_gpus", c.num_gpus as u64, 1 << 24),
+        ("cluster.gpus_per_node", c.gpus_per_node as u64, 1 << 12),
+        ("training.seq_length", t.seq_length, 1 << 24),
+        ("training.micro_batch_size", t.micro_batch_size, 1 << 16),
+        ("training.global_batch_size", t.global_batch_size, 1 << 32),
+        ("training.lora.rank", t.lora.rank, 1 << 16),
+        ("parallel.vpp", p.vpp as u64, 1 << 10),
+        (
+            "model.max_position_embeddings",
+            m.max_position_embeddings,
+            1 << 32,
+        ),
+    ];
+    for (field, v, max) in at_most {
+        if v > max {
+            errs.push(Violation::new(
+                field,
+                format!("must be at most {max}, got {v}"),
+            ));
+        }
+    }
+    if t.seq_length.saturating_mul(t.micro_batch_size) > 1 << 32 {
+        errs.push(Violation::new(
+            "training.micro_batch_size",
+            format!(
+                "seq_length x micro_batch_size must be at most 2^32 tokens, got {} x {}",
+                t.seq_length, t.micro_batch_size
+            ),
+        ));
+    }
+    if let Some(mla) = &m.mla {
+        for (field, v) in [
+            ("model.mla.q_lora_rank", mla.q_lora_rank),
+            ("model.mla.kv_lora_rank", mla.kv_lora_rank),
+            ("model.mla.qk_nope_head_dim", mla.qk_nope_head_dim),
+            ("model.mla.qk_rope_head_dim", mla.qk_rope_head_dim),
+            ("model.mla.v_head_dim", mla.v_head_dim),
+        ] {
+            if v > 1 << 16 {
+                errs.push(Violation::new(
+                    field,
+                    format!("must be at most 65536, got {v}"),
+                ));
+            }
+        }
+    }
+    if errs.is_empty() {
+        // Whole-model size, in floating point: at most 10^15 parameters.
+        let (l, h, f, v) = (
+            m.num_layers as f64,
+            m.hidden_size as f64,
+            m.ffn_hidden_size.max(m.moe_ffn_hidden_size) as f64,
+            m.vocab_size as f64,
+        );
+        let experts = (m.num_experts as f64).max(1.0);
+        let d = m
+            .kv_channels
+            .unwrap_or(m.hidden_size / m.num_attention_heads as u64) as f64;
+        let rough =
+            l * (4.0 * h * d * m.num_attention_heads as f64 + 3.0 * h * f * experts) + 2.0 * v * h;
+        if rough > 1e15 {
+            errs.push(Violation::new(
+                "model",
+                format!("about {rough:.2e} parameters: at most 10^15 are supported"),
+            ));
+        }
+        // Without a fused kernel the s x s scores are materialised.
+        if !t.flash_attention {
+            let scores = t.micro_batch_size as f64
+                * m.num_attention_heads as f64
+                * (t.seq_length as f64).powi(2)
+                * 4.0;
+            if scores > (1u64 << 50) as f64 {
+                errs.push(
+                    Violation::new("training.flash_attention", format!("without a fused kernel the s x s attention scores take {scores:.2e} bytes per layer"))
+                        .hint("set training.flash_attention = true"),
+                );
+            }
+        }
+    }
     if !errs.is_empty() {
         return Err(ConfigError::Invalid(errs));
     }

@@ -215,7 +215,15 @@ fn core_attention(d: &Dims, a_r: u64, g_r: u64, dqk: u64, dv: u64) -> Op {
         dgrad: 2.0 * full * d.attn_model_fraction,
         wgrad: 0.0,
     };
-    let per_rank = full * d.attn_hw_fraction / (d.t * d.c) as f64;
+    // A contiguous ring under a causal mask loads the last CP rank most: rank r computes
+    // r + 1/2 of its blocks' c^2 pairs, so the hottest does (2cp - 1)/cp of the average
+    // (zigzag, all-gather and Ulysses balance it).
+    let hottest = if d.c > 1 && d.cp_comm == CpComm::P2p {
+        (2 * d.c - 1) as f64 / d.c as f64
+    } else {
+        1.0
+    };
+    let per_rank = full * d.attn_hw_fraction / (d.t * d.c) as f64 * hottest;
     op.rank_flops = Flops {
         fwd: per_rank,
         dgrad: 2.0 * per_rank,

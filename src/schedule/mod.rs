@@ -22,6 +22,7 @@ pub mod closed_form;
 mod costs;
 mod dualpipe_v;
 mod error;
+mod extrapolate;
 mod gpipe;
 mod interleaved;
 mod one_f_one_b;
@@ -33,6 +34,7 @@ pub use crate::config::ScheduleKind;
 pub use action::{rank_of_stage, Action, ActionKind, Overlap, Placement, Program};
 pub use costs::Costs;
 pub use error::ScheduleError;
+pub use extrapolate::{simulate_extrapolated, PipelineSummary};
 pub use simulate::{check_program, peak_live, simulate, Simulation, Span};
 
 /// Knobs beyond the four sizes.

@@ -1,0 +1,51 @@
+//! `parsim search` for Llama-3-405B on 16,384 H100s at seq 8192, global batch 2048 (issue goal:
+//! under 2 s on 2 cores). Prints candidates and simulated mixes per second.
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use parsim::config::{Config, Layer};
+use parsim::search::{search, SearchSpec};
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+fn spec() -> SearchSpec {
+    let base = Config::from_layers(&[Layer::overrides(serde_json::json!({
+        "model": {"preset": "llama3-405b"},
+        "cluster": {"num_gpus": 16384, "gpus_per_node": 8, "gpu": "h100-sxm"},
+        "training": {"seq_length": 8192, "global_batch_size": 2048}
+    }))])
+    .expect("config");
+    SearchSpec {
+        base,
+        mbs_max: 4,
+        top: 10,
+        constraints: vec![],
+        exhaustive: false,
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let spec = spec();
+    let cancel = AtomicBool::new(false);
+    let t = Instant::now();
+    let once = search(&spec, &|_, _| {}, &cancel).expect("search");
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "search llama3-405b x 16384 h100: {} candidates in {:.3} s = {:.0} candidates/s ({} simulated, {} skipped by the step-time bound, {} by memory)",
+        once.candidates,
+        secs,
+        once.candidates as f64 / secs,
+        once.evaluated,
+        once.pruned.time_bound,
+        once.pruned.memory_bound
+    );
+    let mut group = c.benchmark_group("search");
+    group.sample_size(10);
+    group.throughput(Throughput::Elements(once.candidates));
+    group.bench_function("llama3-405b on 16384 x h100, seq 8192, gbs 2048", |b| {
+        b.iter(|| search(&spec, &|_, _| {}, &cancel).expect("search"))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,80 @@
+//! Predicts every published row (calibration/data/published-throughput.json) and prints
+//! predicted vs published TFLOP/s. `--fit` refits each GPU family on the fitting rows first
+//! (Nelder-Mead, see `parsim::calibrate::fit`); `--write` also writes docs/accuracy.md and
+//! docs/accuracy.png. The fitted values go into calibration/*.toml by hand (the test checks
+//! that they equal what the fit returns).
+//!
+//! `cargo run --release --example fit_published -- --fit --write`
+
+use parsim::calibrate::{self, fit::Family};
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let refit = args.iter().any(|a| a == "--fit");
+    let write = args.iter().any(|a| a == "--write");
+    let t = std::time::Instant::now();
+    let fits = if refit {
+        calibrate::fit_all()?
+    } else {
+        Vec::new()
+    };
+    for f in &fits {
+        println!(
+            "{}: matmul {:.3} attention {:.3} memory_bound {:.3} (objective {:.5}, {} evaluations, {} rows)",
+            f.family.name(),
+            f.params.matmul,
+            f.params.attention,
+            f.params.memory_bound,
+            f.objective,
+            f.evaluations,
+            f.rows
+        );
+    }
+    let params: Vec<_> = if refit {
+        fits.iter().map(|f| (f.family, f.params)).collect()
+    } else {
+        Family::ALL
+            .iter()
+            .map(|&f| Ok((f, calibrate::shipped_params(f)?)))
+            .collect::<Result<_, calibrate::CalibrateError>>()?
+    };
+    let e = calibrate::evaluate(&params)?;
+    print!(
+        "{}",
+        e.text_table(&["held out", "fit", "out of scope", "inconsistent"])
+    );
+    for s in parsim::calibrate::published::Source::ALL {
+        let a = e.held_out(Some(s), false);
+        let b = e.held_out(Some(s), true);
+        println!(
+            "{:19} held out {:3}: median {:5.1}% worst {:5.1}% | checked {:3}: median {:5.1}% worst {:5.1}%",
+            s.short(),
+            a.n,
+            100.0 * a.median,
+            100.0 * a.worst,
+            b.n,
+            100.0 * b.median,
+            100.0 * b.worst
+        );
+    }
+    let a = e.held_out(None, false);
+    println!(
+        "all held out {}: median {:.1}% worst {:.1}%; violations {}",
+        a.n,
+        100.0 * a.median,
+        100.0 * a.worst,
+        e.violations().len()
+    );
+    if write {
+        let fits = if fits.is_empty() {
+            calibrate::fit_all()?
+        } else {
+            fits
+        };
+        std::fs::write("docs/accuracy.md", calibrate::markdown(&e, &fits))?;
+        calibrate::plot::write_png(std::path::Path::new("docs/accuracy.png"), &e)?;
+        println!("wrote docs/accuracy.md and docs/accuracy.png");
+    }
+    eprintln!("{:.1} s", t.elapsed().as_secs_f64());
+    Ok(())
+}

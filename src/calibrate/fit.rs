@@ -1,0 +1,404 @@
+//! Fitting a GPU family's efficiencies to published throughput: Nelder-Mead on the mean
+//! squared log-error of predicted vs published TFLOP/s per GPU over the fitting rows, each
+//! source weighted equally.
+
+use super::published::{Case, Source};
+use crate::config::{ConfigError, GpuProfile, Resolved};
+use crate::estimate::{estimate, EstimateError};
+
+/// GPUs that share one set of fitted efficiencies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    /// A100 40GB and 80GB (same SM, clocks and NVLink; Narayanan et al. 2021 and llm-foundry).
+    A100,
+    /// H100 SXM (Megatron-Core 2024 and llm-foundry); H200, B200 and MI300X reuse it.
+    H100,
+}
+
+impl Family {
+    pub const ALL: [Family; 2] = [Family::A100, Family::H100];
+
+    /// The family a shipped profile belongs to (the GPU whose data calibrates it).
+    pub fn of(gpu: &str) -> Family {
+        if gpu.starts_with("a100") {
+            Family::A100
+        } else {
+            Family::H100
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::A100 => "A100",
+            Family::H100 => "H100",
+        }
+    }
+
+    /// Shipped profiles that take this family's fitted values.
+    pub fn profiles(self) -> &'static [&'static str] {
+        match self {
+            Family::A100 => &["a100-40g", "a100-80g"],
+            Family::H100 => &["h100-sxm", "h200", "b200", "mi300x"],
+        }
+    }
+}
+
+/// The fitted parameters of one family.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Params {
+    /// `efficiency.matmul`.
+    pub matmul: f64,
+    /// `efficiency.attention`.
+    pub attention: f64,
+    /// `efficiency.memory_bound`.
+    pub memory_bound: f64,
+    /// `links.intra_node.efficiency`.
+    pub intra_link: f64,
+}
+
+impl Params {
+    /// Names in the profile, in the order of [`Params::to_vec`].
+    pub const FIELDS: [&'static str; 4] = [
+        "efficiency.matmul",
+        "efficiency.attention",
+        "efficiency.memory_bound",
+        "links.intra_node.efficiency",
+    ];
+
+    /// The values a profile carries.
+    pub fn of(p: &GpuProfile) -> Params {
+        Params {
+            matmul: p.efficiency.matmul,
+            attention: p.efficiency.attention,
+            memory_bound: p.efficiency.memory_bound,
+            intra_link: p.links.intra_node.efficiency,
+        }
+    }
+
+    pub fn to_vec(self) -> [f64; 4] {
+        [
+            self.matmul,
+            self.attention,
+            self.memory_bound,
+            self.intra_link,
+        ]
+    }
+
+    pub fn from_slice(x: &[f64]) -> Params {
+        Params {
+            matmul: x[0],
+            attention: x[1],
+            memory_bound: x[2],
+            intra_link: x[3],
+        }
+    }
+
+    /// Writes the values into a profile.
+    pub fn apply(self, p: &mut GpuProfile) {
+        p.efficiency.matmul = self.matmul;
+        p.efficiency.attention = self.attention;
+        p.efficiency.memory_bound = self.memory_bound;
+        p.links.intra_node.efficiency = self.intra_link;
+    }
+}
+
+/// Why a row could not be predicted.
+#[derive(Debug, thiserror::Error)]
+pub enum FitError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Estimate(#[from] EstimateError),
+    #[error("no rows to fit for {0}")]
+    NoRows(&'static str),
+}
+
+/// parsim's prediction for one published row.
+#[derive(Debug, Clone, Copy)]
+pub struct Prediction {
+    pub step_s: f64,
+    /// TFLOP/s per GPU counted in the source's convention.
+    pub tflops: f64,
+    /// Predicted / published - 1.
+    pub error: f64,
+    /// parsim's own model FLOPs of the step over the source's count (a check of the FLOPs).
+    pub flops_ratio: f64,
+    /// The estimate says the configuration fits in memory.
+    pub fits: bool,
+    /// Predicted peak memory of the most loaded GPU over its capacity.
+    pub memory_fraction: f64,
+}
+
+/// Predicts one row with `profile` (already carrying the efficiencies to use).
+pub fn predict(case: &Case, profile: &GpuProfile) -> Result<Prediction, FitError> {
+    let r = Resolved::with_gpu(case.config.clone(), profile.clone())?;
+    let e = estimate(&r)?;
+    let flops = case.convention_flops();
+    let tflops = flops / e.time.step_s / r.world() as f64 / 1e12;
+    let own = if case.config.training.recompute == crate::config::Recompute::Full
+        && case.source == Source::Narayanan2021
+    {
+        e.flops.per_step_hardware
+    } else {
+        e.flops.per_step_model
+    };
+    Ok(Prediction {
+        step_s: e.time.step_s,
+        tflops,
+        error: tflops / case.published_tflops - 1.0,
+        flops_ratio: own / flops,
+        fits: e.memory.fits,
+        memory_fraction: e.memory.per_gpu_max_bytes as f64 / e.memory.capacity_bytes as f64,
+    })
+}
+
+/// The train/test split: within each (source, GPU) group, rows alternate in data order,
+/// the first, third, ... fit and the second, fourth, ... are held out. The tables are
+/// ordered by model size then sequence or scale, so both halves span every size.
+pub fn is_training(case: &Case, cases: &[Case]) -> bool {
+    let position = cases
+        .iter()
+        .filter(|c| c.source == case.source && c.gpu == case.gpu && c.index < case.index)
+        .count();
+    position % 2 == 0
+}
+
+/// Loads a shipped profile and applies `params`.
+pub fn profile_with(gpu: &str, params: Params) -> Result<GpuProfile, FitError> {
+    let mut p = GpuProfile::load(gpu)?;
+    params.apply(&mut p);
+    Ok(p)
+}
+
+/// Weighted mean squared log-error of `params` over `rows` (each source weighs the same).
+/// Rows that fail to estimate count as a large error.
+pub fn objective(rows: &[&Case], params: Params) -> f64 {
+    let mut sum = 0.0;
+    let mut weight = 0.0;
+    let per_source = |s: Source| rows.iter().filter(|c| c.source == s).count().max(1) as f64;
+    let mut profiles: Vec<(&str, GpuProfile)> = Vec::new();
+    for c in rows {
+        if !profiles.iter().any(|(n, _)| *n == c.gpu) {
+            match profile_with(c.gpu, params) {
+                Ok(p) => profiles.push((c.gpu, p)),
+                Err(_) => return f64::INFINITY,
+            }
+        }
+        let profile = &profiles
+            .iter()
+            .find(|(n, _)| *n == c.gpu)
+            .expect("loaded")
+            .1;
+        let w = 1.0 / per_source(c.source);
+        let e = match predict(c, profile) {
+            Ok(p) => (1.0 + p.error).ln(),
+            Err(_) => 1.0,
+        };
+        sum += w * e * e;
+        weight += w;
+    }
+    if weight == 0.0 {
+        f64::INFINITY
+    } else {
+        sum / weight
+    }
+}
+
+/// How many of [`Params::FIELDS`] are fitted (the rest keep the profile's value).
+pub const FITTED: usize = 3;
+
+/// Bounds of each fitted value: efficiencies stay in (lo, 1].
+const LO: f64 = 0.05;
+const HI: f64 = 1.0;
+
+fn to_unbounded(p: Params) -> Vec<f64> {
+    p.to_vec()
+        .iter()
+        .map(|&v| {
+            let u = ((v - LO) / (HI - LO)).clamp(1e-6, 1.0 - 1e-6);
+            (u / (1.0 - u)).ln()
+        })
+        .collect()
+}
+
+fn from_unbounded(x: &[f64]) -> Params {
+    let v: Vec<f64> = x
+        .iter()
+        .map(|&z| LO + (HI - LO) / (1.0 + (-z).exp()))
+        .collect();
+    Params::from_slice(&v)
+}
+
+/// The result of fitting one family.
+#[derive(Debug, Clone)]
+pub struct FitResult {
+    pub family: Family,
+    pub params: Params,
+    pub objective: f64,
+    pub evaluations: usize,
+    pub rows: usize,
+}
+
+/// Fits `family`'s efficiencies on `rows` from `start` by Nelder-Mead (Nelder and Mead 1965)
+/// in logit space, so every efficiency stays inside (0.05, 1).
+pub fn fit(family: Family, rows: &[&Case], start: Params) -> Result<FitResult, FitError> {
+    if rows.is_empty() {
+        return Err(FitError::NoRows(family.name()));
+    }
+    // The fitted coordinates: the first `n` of [`Params::FIELDS`]; the rest keep `start`.
+    let n = FITTED;
+    let x0 = to_unbounded(start);
+    let full = |x: &[f64]| -> Params {
+        let mut z = x0.clone();
+        z[..n].copy_from_slice(&x[..n]);
+        from_unbounded(&z)
+    };
+    let f = |x: &[f64]| objective(rows, full(x));
+    let (x, fx, evaluations) = nelder_mead(f, &x0[..n], 0.3, 1e-7, 400);
+    Ok(FitResult {
+        family,
+        params: round_params(full(&x)),
+        objective: fx,
+        evaluations,
+        rows: rows.len(),
+    })
+}
+
+/// Profile values are written with three decimals.
+pub fn round_params(p: Params) -> Params {
+    let r = |v: f64| (v * 1000.0).round() / 1000.0;
+    Params {
+        matmul: r(p.matmul),
+        attention: r(p.attention),
+        memory_bound: r(p.memory_bound),
+        intra_link: r(p.intra_link),
+    }
+}
+
+/// Minimises `f` from `x0` with the Nelder-Mead simplex (standard coefficients: reflection 1,
+/// expansion 2, contraction 0.5, shrink 0.5). Stops when the simplex's values differ by less
+/// than `ftol` or after `max_evals` evaluations. Returns (argmin, min, evaluations).
+pub fn nelder_mead(
+    f: impl Fn(&[f64]) -> f64,
+    x0: &[f64],
+    step: f64,
+    ftol: f64,
+    max_evals: usize,
+) -> (Vec<f64>, f64, usize) {
+    let n = x0.len();
+    let evals = std::cell::Cell::new(0usize);
+    let eval = |x: &[f64]| {
+        evals.set(evals.get() + 1);
+        f(x)
+    };
+    let mut simplex: Vec<(Vec<f64>, f64)> = Vec::with_capacity(n + 1);
+    simplex.push((x0.to_vec(), eval(x0)));
+    for i in 0..n {
+        let mut x = x0.to_vec();
+        x[i] += step;
+        let fx = eval(&x);
+        simplex.push((x, fx));
+    }
+    loop {
+        simplex.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let (best, worst) = (simplex[0].1, simplex[n].1);
+        if (worst - best).abs() <= ftol * (1.0 + best.abs()) || evals.get() >= max_evals {
+            break;
+        }
+        let centroid: Vec<f64> = (0..n)
+            .map(|j| simplex[..n].iter().map(|(x, _)| x[j]).sum::<f64>() / n as f64)
+            .collect();
+        let along = |t: f64| -> Vec<f64> {
+            centroid
+                .iter()
+                .zip(&simplex[n].0)
+                .map(|(c, w)| c + t * (c - w))
+                .collect()
+        };
+        let xr = along(1.0);
+        let fr = eval(&xr);
+        if fr < simplex[0].1 {
+            let xe = along(2.0);
+            let fe = eval(&xe);
+            simplex[n] = if fe < fr { (xe, fe) } else { (xr, fr) };
+        } else if fr < simplex[n - 1].1 {
+            simplex[n] = (xr, fr);
+        } else {
+            let (xc, fc) = if fr < simplex[n].1 {
+                let x = along(0.5);
+                let fx = eval(&x);
+                (x, fx)
+            } else {
+                let x = along(-0.5);
+                let fx = eval(&x);
+                (x, fx)
+            };
+            if fc < fr.min(simplex[n].1) {
+                simplex[n] = (xc, fc);
+            } else {
+                let x_best = simplex[0].0.clone();
+                for (x, fx) in simplex.iter_mut().skip(1) {
+                    for (xi, bi) in x.iter_mut().zip(&x_best) {
+                        *xi = bi + 0.5 * (*xi - bi);
+                    }
+                    *fx = eval(x);
+                }
+            }
+        }
+    }
+    simplex.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let (x, fx) = simplex.swap_remove(0);
+    (x, fx, evals.get())
+}
+
+/// Median and largest absolute error of a set of relative errors.
+pub fn summary(errors: &[f64]) -> (f64, f64) {
+    if errors.is_empty() {
+        return (0.0, 0.0);
+    }
+    let mut a: Vec<f64> = errors.iter().map(|e| e.abs()).collect();
+    a.sort_by(f64::total_cmp);
+    let n = a.len();
+    let median = if n % 2 == 1 {
+        a[n / 2]
+    } else {
+        0.5 * (a[n / 2 - 1] + a[n / 2])
+    };
+    (median, a[n - 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nelder_mead_finds_a_quadratic_minimum() {
+        let f = |x: &[f64]| (x[0] - 1.0).powi(2) + 3.0 * (x[1] + 2.0).powi(2);
+        let (x, fx, _) = nelder_mead(f, &[0.0, 0.0], 0.5, 1e-14, 2000);
+        assert!(
+            (x[0] - 1.0).abs() < 1e-4 && (x[1] + 2.0).abs() < 1e-4,
+            "{x:?}"
+        );
+        assert!(fx < 1e-8);
+    }
+
+    #[test]
+    fn logit_round_trip() {
+        let p = Params {
+            matmul: 0.7,
+            attention: 0.4,
+            memory_bound: 0.9,
+            intra_link: 0.6,
+        };
+        let q = from_unbounded(&to_unbounded(p));
+        for (a, b) in p.to_vec().iter().zip(q.to_vec()) {
+            assert!((a - b).abs() < 1e-9);
+        }
+    }
+
+    #[test]
+    fn summary_median_and_worst() {
+        assert_eq!(summary(&[0.1, -0.3, 0.2]), (0.2, 0.3));
+        assert_eq!(summary(&[0.1, -0.4, 0.2, 0.3]), (0.25, 0.4));
+    }
+}

@@ -1,0 +1,192 @@
+//! `parsim search`: rank every valid parallel mix for a model and a GPU count.
+
+use super::config_args::ConfigArgs;
+use anyhow::Context;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use parsim::config::Precision;
+use parsim::report::format::{gib, seconds};
+use parsim::search::{search, Constraint, Ranked, SearchSpec};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Args)]
+pub struct SearchArgs {
+    /// Configuration file for the model, cluster and training settings (its parallel section is searched).
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Model preset.
+    #[arg(long, value_name = "PRESET", conflicts_with = "model_config")]
+    pub model: Option<String>,
+    /// A Hugging Face config.json.
+    #[arg(long, value_name = "HF_CONFIG_JSON")]
+    pub model_config: Option<PathBuf>,
+    /// Number of GPUs.
+    #[arg(long)]
+    pub gpus: Option<u32>,
+    /// GPUs per node.
+    #[arg(long)]
+    pub gpus_per_node: Option<u32>,
+    /// GPU profile.
+    #[arg(long)]
+    pub gpu: Option<String>,
+    /// Sequence length.
+    #[arg(long)]
+    pub seq: Option<u64>,
+    /// Global batch size.
+    #[arg(long)]
+    pub gbs: Option<u64>,
+    /// Precision: bf16, fp16, fp8, fp32.
+    #[arg(long)]
+    pub precision: Option<Precision>,
+    /// Largest micro batch size tried (powers of two from 1).
+    #[arg(long, default_value_t = 4)]
+    pub mbs_max: u64,
+    /// How many mixes to list.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// Filters such as `tp<=4`, `pp=1`, `schedule!=gpipe` (repeatable).
+    #[arg(long = "constraint", value_name = "KNOB OP VALUE")]
+    pub constraints: Vec<String>,
+    /// Simulate every candidate that may fit instead of skipping those whose step-time lower
+    /// bound cannot beat the leaders (slower; the same answer).
+    #[arg(long)]
+    pub exhaustive: bool,
+    /// Print `{candidates, pruned, evaluated, elapsed_s, top: [estimates]}` as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn row(i: usize, r: &Ranked) -> Vec<String> {
+    let e = &r.estimate;
+    vec![
+        (i + 1).to_string(),
+        r.mix.to_string(),
+        seconds(e.time.step_s),
+        format!("{:.0}", e.throughput.tokens_per_s),
+        format!("{:.1}%", 100.0 * e.throughput.mfu),
+        gib(e.memory.per_gpu_max_bytes),
+        e.verdict.split(':').next().unwrap_or("").to_string(),
+    ]
+}
+
+fn table(title: &str, rows: &[Ranked]) -> String {
+    let mut t = comfy_table::Table::new();
+    t.load_style(comfy_table::presets::UTF8_BORDERS_ONLY);
+    t.set_header(vec![
+        "#", title, "step", "tokens/s", "MFU", "GiB", "bound by",
+    ]);
+    for (i, r) in rows.iter().enumerate() {
+        t.add_row(row(i, r));
+    }
+    t.to_string()
+}
+
+pub fn run(args: SearchArgs) -> anyhow::Result<()> {
+    let cfg_args = ConfigArgs {
+        config: args.config.clone(),
+        model: args.model.clone(),
+        model_config: args.model_config.clone(),
+        gpus: args.gpus,
+        gpus_per_node: args.gpus_per_node,
+        gpu: args.gpu.clone(),
+        seq: args.seq,
+        gbs: args.gbs,
+        precision: args.precision,
+        ..ConfigArgs::default()
+    };
+    let base = cfg_args.load()?;
+    let constraints = args
+        .constraints
+        .iter()
+        .map(|c| Constraint::parse(c))
+        .collect::<Result<Vec<_>, _>>()?;
+    let spec = SearchSpec {
+        base,
+        mbs_max: args.mbs_max,
+        top: args.top,
+        constraints,
+        exhaustive: args.exhaustive,
+    };
+
+    let cancel = Arc::new(AtomicBool::new(false));
+    {
+        let cancel = cancel.clone();
+        // A second handler cannot be installed (e.g. in tests running in one process): ignore.
+        let _ = ctrlc::set_handler(move || cancel.store(true, Ordering::Relaxed));
+    }
+    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::hidden());
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} searching [{bar:40}] {pos}/{len} mixes ({per_sec}, eta {eta})",
+        )
+        .context("progress template")?
+        .progress_chars("=> "),
+    );
+    let started = Instant::now();
+    let shown = Mutex::new(false);
+    let progress = |done: u64, total: u64| {
+        bar.set_length(total);
+        bar.set_position(done);
+        if started.elapsed() > Duration::from_secs(1) {
+            if let Ok(mut s) = shown.lock() {
+                if !*s {
+                    bar.set_draw_target(ProgressDrawTarget::stderr());
+                    *s = true;
+                }
+            }
+        }
+    };
+    let result = search(&spec, &progress, &cancel)?;
+    bar.finish_and_clear();
+
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+        return Ok(());
+    }
+    let p = &result.pruned;
+    let m = &spec.base.model;
+    println!(
+        "search: {} on {} x {} ({} per node), seq {}, global batch {}",
+        m.name,
+        spec.base.cluster.num_gpus,
+        spec.base.cluster.gpu,
+        spec.base.cluster.gpus_per_node,
+        spec.base.training.seq_length,
+        spec.base.training.global_batch_size
+    );
+    println!(
+        "{} candidates: {} by constraints, {} invalid, {} cannot fit even with one microbatch in flight, {} cannot beat the leaders (step-time lower bound), {} simulated ({} of them do not fit) in {:.2} s ({:.0} candidates/s){}",
+        result.candidates,
+        p.constraint,
+        p.invalid,
+        p.memory_bound,
+        p.time_bound,
+        result.evaluated,
+        p.memory,
+        result.elapsed_s,
+        result.candidates as f64 / result.elapsed_s.max(1e-9),
+        if result.interrupted { " -- INTERRUPTED, partial results" } else { "" }
+    );
+    if result.top.is_empty() {
+        println!("no mix fits: more GPUs, a GPU with more memory, or a shorter sequence");
+        return Ok(());
+    }
+    println!(
+        "\ntop {} by step time\n{}",
+        result.top.len(),
+        table("mix", &result.top)
+    );
+    println!(
+        "\nbest per schedule\n{}",
+        table("mix", &result.best_per_schedule)
+    );
+    println!(
+        "\nbest per ZeRO stage\n{}",
+        table("mix", &result.best_per_zero)
+    );
+    println!("\nverdict for #1: {}", result.top[0].estimate.verdict);
+    Ok(())
+}

@@ -1,0 +1,116 @@
+//! Long pipelines without long simulations. Once a schedule reaches its steady state, the
+//! bottleneck rank never idles again: each further group of pp microbatches adds exactly that
+//! rank's busy time per group to the makespan (and to every rank's finish), so the makespan is
+//! linear in m. With uneven stages the bottleneck first spends the slack it had in the warm-up,
+//! which can take many groups. [`simulate_extrapolated`] therefore simulates m0 and m0 + pp
+//! microbatches, and only when the makespan's slope equals the bottleneck's busy rate does it
+//! extend the line to m; otherwise it doubles m0 and tries again (falling back to simulating
+//! m itself). Peaks of live activation sets saturate before that (GPipe's, which is m, is read
+//! off its definition). Tests compare it with full simulations.
+
+use super::{generate, simulate, Costs, ScheduleError, ScheduleKind};
+
+/// The parts of a simulation the estimate needs, for the full microbatch count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PipelineSummary {
+    pub makespan: f64,
+    /// When each rank ends its last action.
+    pub finish: Vec<f64>,
+    /// Compute time per rank.
+    pub busy: Vec<f64>,
+    pub peak_inflight: Vec<u32>,
+    /// (makespan - max busy) / max busy (Megatron's convention).
+    pub bubble_fraction: f64,
+    /// True when the figures were extended from two shorter simulations.
+    pub extrapolated: bool,
+}
+
+fn summary(sim: &super::Simulation) -> PipelineSummary {
+    PipelineSummary {
+        makespan: sim.makespan,
+        finish: sim
+            .timeline
+            .iter()
+            .map(|t| t.last().map_or(0.0, |s| s.end))
+            .collect(),
+        busy: sim.busy.clone(),
+        peak_inflight: sim.peak_inflight.clone(),
+        bubble_fraction: sim.bubble_fraction,
+        extrapolated: false,
+    }
+}
+
+/// The shortest run that is already in steady state, with the same remainder mod pp (so the
+/// interleaved schedule's microbatch groups keep their shape).
+fn base_microbatches(kind: ScheduleKind, pp: u32, m: u32) -> u32 {
+    let floor = match kind {
+        ScheduleKind::ZbV | ScheduleKind::DualPipeV => 6 * pp,
+        _ => 4 * pp,
+    };
+    floor + m % pp
+}
+
+/// Simulates `kind` over `m` microbatches with `costs`, extrapolating long runs.
+pub fn simulate_extrapolated(
+    kind: ScheduleKind,
+    pp: u32,
+    vpp: u32,
+    m: u32,
+    costs: &Costs,
+) -> Result<PipelineSummary, ScheduleError> {
+    let m0 = base_microbatches(kind, pp, m);
+    if pp <= 1 || m <= m0 + pp {
+        return Ok(summary(&simulate(&generate(kind, pp, vpp, m)?, costs)?));
+    }
+    let mut m0 = m0;
+    let (a, b) = loop {
+        if m0 + pp >= m {
+            return Ok(summary(&simulate(&generate(kind, pp, vpp, m)?, costs)?));
+        }
+        let a = summary(&simulate(&generate(kind, pp, vpp, m0)?, costs)?);
+        let b = summary(&simulate(&generate(kind, pp, vpp, m0 + pp)?, costs)?);
+        let slope = b.makespan - a.makespan;
+        let bottleneck = a
+            .busy
+            .iter()
+            .zip(&b.busy)
+            .map(|(x, y)| y - x)
+            .fold(0.0, f64::max);
+        if (slope - bottleneck).abs() <= 1e-9 * bottleneck.max(f64::MIN_POSITIVE) {
+            break (a, b);
+        }
+        m0 = 2 * m0 - m0 % pp + m % pp;
+    };
+    let groups = (m - m0) as f64 / pp as f64;
+    let extend = |x: f64, y: f64| x + (y - x) * groups;
+    let finish: Vec<f64> = a
+        .finish
+        .iter()
+        .zip(&b.finish)
+        .map(|(x, y)| extend(*x, *y))
+        .collect();
+    let busy: Vec<f64> = a
+        .busy
+        .iter()
+        .zip(&b.busy)
+        .map(|(x, y)| extend(*x, *y))
+        .collect();
+    let makespan = extend(a.makespan, b.makespan);
+    let max_busy = busy.iter().copied().fold(0.0, f64::max);
+    let peak_inflight = match kind {
+        ScheduleKind::Gpipe => vec![m * vpp; pp as usize],
+        _ => b.peak_inflight,
+    };
+    Ok(PipelineSummary {
+        makespan,
+        finish,
+        busy,
+        peak_inflight,
+        bubble_fraction: if max_busy > 0.0 {
+            (makespan - max_busy) / max_busy
+        } else {
+            0.0
+        },
+        extrapolated: true,
+    })
+}

@@ -1,0 +1,161 @@
+//! Search: the step-time bound never changes the answer, the 70B case finds a mix that
+//! fits, and the ranking is stable under small changes of the efficiency parameters.
+
+use parsim::config::{Config, GpuProfile, Layer, Resolved};
+use parsim::estimate::estimate;
+use parsim::search::{search, Constraint, SearchSpec};
+use std::sync::atomic::AtomicBool;
+
+/// Selects one efficiency parameter of a profile.
+type Field = fn(&mut GpuProfile) -> &mut f64;
+
+fn base(v: serde_json::Value) -> Config {
+    Config::from_layers(&[Layer::overrides(v)]).unwrap()
+}
+
+fn run(spec: &SearchSpec) -> parsim::search::SearchResult {
+    search(spec, &|_, _| {}, &AtomicBool::new(false)).unwrap()
+}
+
+#[test]
+fn bound_gives_the_same_answer_as_exhaustive() {
+    let b = base(
+        serde_json::json!({"model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": 16},
+                                    "training": {"seq_length": 4096, "global_batch_size": 64}}),
+    );
+    let mut spec = SearchSpec {
+        base: b,
+        mbs_max: 2,
+        top: 12,
+        constraints: vec![],
+        exhaustive: false,
+    };
+    let fast = run(&spec);
+    spec.exhaustive = true;
+    let full = run(&spec);
+    assert_eq!(fast.candidates, full.candidates);
+    assert!(
+        fast.evaluated < full.evaluated,
+        "the bound skips simulations"
+    );
+    let key = |r: &parsim::search::Ranked| (r.mix.to_string(), r.estimate.time.step_s.to_bits());
+    assert_eq!(
+        fast.top.iter().map(key).collect::<Vec<_>>(),
+        full.top.iter().map(key).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        fast.best_per_schedule.iter().map(key).collect::<Vec<_>>(),
+        full.best_per_schedule.iter().map(key).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        fast.best_per_zero.iter().map(key).collect::<Vec<_>>(),
+        full.best_per_zero.iter().map(key).collect::<Vec<_>>()
+    );
+    // Every candidate is accounted for.
+    assert_eq!(
+        fast.pruned.constraint
+            + fast.pruned.invalid
+            + fast.pruned.memory_bound
+            + fast.pruned.time_bound
+            + fast.evaluated,
+        fast.candidates
+    );
+}
+
+#[test]
+fn constraints_filter_the_candidates() {
+    let b = base(
+        serde_json::json!({"model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": 16},
+                                    "training": {"seq_length": 4096, "global_batch_size": 64}}),
+    );
+    let constraints = vec![
+        Constraint::parse("tp<=2").unwrap(),
+        Constraint::parse("pp=2").unwrap(),
+    ];
+    let r = run(&SearchSpec {
+        base: b,
+        mbs_max: 2,
+        top: 50,
+        constraints,
+        exhaustive: false,
+    });
+    assert!(r.pruned.constraint > 0);
+    assert!(!r.top.is_empty());
+    for m in r.top.iter().map(|r| r.mix) {
+        assert!(m.tp <= 2 && m.pp == 2, "{m}");
+    }
+}
+
+#[test]
+fn llama3_70b_on_64_h100_fits_and_ranks_stably() {
+    // The case: llama3-70b on 64 x H100 at seq 8192, global batch 512.
+    let b = base(
+        serde_json::json!({"model": {"preset": "llama3-70b"}, "cluster": {"num_gpus": 64, "gpu": "h100-sxm"},
+                                    "training": {"seq_length": 8192, "global_batch_size": 512}}),
+    );
+    let r = run(&SearchSpec {
+        base: b.clone(),
+        mbs_max: 2,
+        top: 10,
+        constraints: vec![],
+        exhaustive: false,
+    });
+    assert!(!r.top.is_empty());
+    let best = &r.top[0].estimate;
+    assert!(best.memory.fits && best.memory.per_gpu_max_bytes <= best.memory.capacity_bytes);
+
+    // Re-estimate the ranked mixes with each efficiency parameter moved by +-1%: any two mixes
+    // more than 5% apart keep their order.
+    let mut mixes: Vec<_> = r.top.iter().map(|x| x.mix).collect();
+    mixes.extend(r.best_per_schedule.iter().map(|x| x.mix));
+    mixes.extend(r.best_per_zero.iter().map(|x| x.mix));
+    mixes.dedup();
+    let gpu = GpuProfile::load("h100-sxm").unwrap();
+    let steps = |g: &GpuProfile| -> Vec<f64> {
+        mixes
+            .iter()
+            .map(|m| {
+                estimate(&Resolved::with_gpu(m.apply(&b), g.clone()).unwrap())
+                    .unwrap()
+                    .time
+                    .step_s
+            })
+            .collect()
+    };
+    let base_steps = steps(&gpu);
+    let knobs: [(&str, Field); 6] = [
+        ("efficiency.matmul", |g| &mut g.efficiency.matmul),
+        ("efficiency.attention", |g| &mut g.efficiency.attention),
+        ("efficiency.memory_bound", |g| {
+            &mut g.efficiency.memory_bound
+        }),
+        ("efficiency.kernel_overhead_s", |g| {
+            &mut g.efficiency.kernel_overhead_s
+        }),
+        ("links.intra_node.efficiency", |g| {
+            &mut g.links.intra_node.efficiency
+        }),
+        ("links.inter_node.efficiency", |g| {
+            &mut g.links.inter_node.efficiency
+        }),
+    ];
+    for (name, field) in knobs {
+        for factor in [0.99, 1.01] {
+            let mut g = gpu.clone();
+            *field(&mut g) *= factor;
+            let moved = steps(&g);
+            for i in 0..mixes.len() {
+                for j in 0..mixes.len() {
+                    if base_steps[i] * 1.05 < base_steps[j] {
+                        assert!(
+                            moved[i] < moved[j],
+                            "{name} x{factor}: {} vs {}",
+                            mixes[i],
+                            mixes[j]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
