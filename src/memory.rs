@@ -222,10 +222,14 @@ pub fn activation_peak(
         }
         c
     };
+    let by_stage: std::collections::HashMap<u32, Chunk> = chunks
+        .iter()
+        .map(|c| (c.stage as u32, chunk(c.stage as u32)))
+        .collect();
     let mut live: i128 = 0;
     let mut peak: i128 = 0;
     for a in actions {
-        let c = chunk(a.stage);
+        let c = by_stage.get(&a.stage).copied().unwrap_or_default();
         match a.kind {
             ActionKind::F => {
                 live += c.saved;

@@ -178,24 +178,39 @@ impl Block {
 
     /// Bytes a split backward keeps from the input-gradient pass (I) to the weight-gradient
     /// pass (W) for one microbatch (Qi et al. 2024): each linear layer's saved input and its
-    /// output gradient (m x n elements of `act` bytes), the embedding's output gradient, and
+    /// output gradient (m x n elements of `act` bytes; the sequence shard of it with SP for
+    /// a row-parallel layer), the embedding's output gradient, and
     /// the small gradients of the other parameters (norms), computed in I and held in fp32.
     pub fn wgrad_pending_bytes(&self, act: u64) -> u64 {
         self.ops
             .iter()
             .filter_map(|o| o.params.filter(|p| p.trainable).map(|p| (o, p)))
-            .map(|(o, p)| match o.kind {
-                OpKind::Matmul { m, n, .. } => {
-                    let input: u64 = o
-                        .saved
-                        .iter()
-                        .filter(|s| s.name == "input")
-                        .map(|s| s.bytes)
-                        .sum();
-                    input + m * n * act
+            .map(|(o, p)| {
+                // With SP an output that is reduce-scattered forward has its gradient
+                // all-gathered backward; W keeps only this rank's sequence shard of it and
+                // gathers it again (as it does the shard of a column-parallel input).
+                let shards = o
+                    .comms
+                    .iter()
+                    .find(|c| {
+                        c.kind == CollectiveKind::ReduceScatter
+                            && c.phase == Phase::Forward
+                            && c.group == crate::layout::GroupKind::Tp
+                    })
+                    .map_or(1, |c| c.group_size as u64);
+                match o.kind {
+                    OpKind::Matmul { m, n, .. } => {
+                        let input: u64 = o
+                            .saved
+                            .iter()
+                            .filter(|s| s.name == "input")
+                            .map(|s| s.bytes)
+                            .sum();
+                        input + m * n * act / shards
+                    }
+                    OpKind::MemoryBound { bytes } if o.name == "embedding.word" => bytes / shards,
+                    _ => p.rank * 4,
                 }
-                OpKind::MemoryBound { bytes } if o.name == "embedding.word" => bytes,
-                _ => p.rank * 4,
             })
             .sum()
     }

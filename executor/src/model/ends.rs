@@ -38,7 +38,14 @@ pub fn embedding_bwd(
 ) -> Result<(), ExecError> {
     let dyg = ctx.expand_grad(&dy)?;
     drop(dy);
-    sink(ctx, WTask::Embedding { tokens, dy: dyg })
+    sink(
+        ctx,
+        WTask::Embedding {
+            tokens,
+            dy: dyg,
+            dy_shard: false,
+        },
+    )
 }
 
 /// What the output block keeps: the final norm's input, the output layer's input (sequence
@@ -180,6 +187,8 @@ pub fn output_bwd(
             i: h,
             o: v_r,
             gather_x: sp,
+            dy_gathered: false,
+            dy_shard: false,
         },
     )?;
     let mut dx = Tensor::zeros(Category::Buffers, &[n_sp, h]);

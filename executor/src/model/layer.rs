@@ -216,6 +216,8 @@ pub fn layer_bwd(
             i: rd.f_r,
             o: h,
             gather_x: false,
+            dy_gathered: sp,
+            dy_shard: false,
         },
     )?;
     // In place: the activation's input is needed by nothing else, so its gradient takes its
@@ -244,6 +246,8 @@ pub fn layer_bwd(
             i: h,
             o: rd.fc1_r,
             gather_x: sp,
+            dy_gathered: false,
+            dy_shard: false,
         },
     )?;
     let mut dx1 = Tensor::zeros(b, &[n_sp, h]);
@@ -292,6 +296,8 @@ pub fn layer_bwd(
             i: qw,
             o: h,
             gather_x: false,
+            dy_gathered: sp,
+            dy_shard: false,
         },
     )?;
     let mut dq = Tensor::zeros(b, &[n, qw]);
@@ -342,6 +348,8 @@ pub fn layer_bwd(
             i: h,
             o: qkv_r,
             gather_x: sp,
+            dy_gathered: false,
+            dy_shard: false,
         },
     )?;
     let mut dx = Tensor::zeros(b, &[n_sp, h]);

@@ -111,10 +111,24 @@ impl<'a> Ctx<'a> {
     }
 }
 
+impl Ctx<'_> {
+    /// This TP rank's sequence shard (rows) of a full-sequence tensor [n, c], as an activation.
+    pub fn own_shard(&self, full: &Tensor) -> Tensor {
+        let c = full.cols();
+        let lo = self.rd.tp_rank * self.n_sp * c;
+        Tensor::copy_of(
+            Category::Activations,
+            &[self.n_sp, c],
+            &full.data()[lo..lo + self.n_sp * c],
+        )
+    }
+}
+
 /// Weight-gradient work left by an input-gradient pass.
 pub enum WTask {
     /// dW += dY^T X for the block tensor `tensor` [o, i]; X is gathered over SP first when
-    /// `gather_x` (only its sequence shard was saved).
+    /// `gather_x` (only its sequence shard was saved), and so is dY when `dy_shard` (a held
+    /// row-parallel task keeps only its shard of the all-gathered output gradient).
     Linear {
         tensor: usize,
         x: Tensor,
@@ -122,6 +136,9 @@ pub enum WTask {
         i: usize,
         o: usize,
         gather_x: bool,
+        /// dY is the SP all-gather of every rank's shard (a row-parallel output gradient).
+        dy_gathered: bool,
+        dy_shard: bool,
     },
     /// Norm gain (and bias) gradient from the saved input and the output gradient.
     Norm {
@@ -129,8 +146,12 @@ pub enum WTask {
         x: Tensor,
         dy: Tensor,
     },
-    /// Embedding rows: dE[id - lo] += dY[t].
-    Embedding { tokens: Vec<u32>, dy: Tensor },
+    /// Embedding rows: dE[id - lo] += dY[t] (dY gathered over SP first when `dy_shard`).
+    Embedding {
+        tokens: Vec<u32>,
+        dy: Tensor,
+        dy_shard: bool,
+    },
     /// A gradient already computed (a norm's, when its task is held for a W action: the
     /// norm's input and output gradient need not wait).
     Ready { tensor: usize, grad: Tensor },
@@ -167,18 +188,43 @@ impl WTask {
                 i,
                 o,
                 gather_x,
-            } => WTask::Linear {
-                tensor,
-                x: x.recat(a),
-                dy: dy.recat(a),
-                i,
-                o,
-                gather_x,
-            },
-            WTask::Embedding { tokens, dy } => WTask::Embedding {
+                dy_gathered,
+                dy_shard,
+            } => {
+                // A row-parallel output gradient was all-gathered from sequence shards: keep
+                // this rank's shard only and gather it again in W, as the input is.
+                let shard = ctx.sp && dy_gathered && !dy_shard;
+                WTask::Linear {
+                    tensor,
+                    x: x.recat(a),
+                    dy: if shard {
+                        ctx.own_shard(&dy)
+                    } else {
+                        dy.recat(a)
+                    },
+                    i,
+                    o,
+                    gather_x,
+                    dy_gathered,
+                    dy_shard: dy_shard || shard,
+                }
+            }
+            WTask::Embedding {
                 tokens,
-                dy: dy.recat(a),
-            },
+                dy,
+                dy_shard,
+            } => {
+                let shard = ctx.sp && !dy_shard;
+                WTask::Embedding {
+                    tokens,
+                    dy: if shard {
+                        ctx.own_shard(&dy)
+                    } else {
+                        dy.recat(a)
+                    },
+                    dy_shard: dy_shard || shard,
+                }
+            }
         }
     }
 
@@ -200,9 +246,12 @@ impl WTask {
                 i,
                 o,
                 gather_x,
+                dy_shard,
+                ..
             } => {
                 let r = layout.tensors[tensor].range();
                 let n = ctx.n;
+                let dy = if dy_shard { ctx.expand_grad(&dy)? } else { dy };
                 if gather_x && ctx.sp {
                     ctx.with_gathered(x.data(), |c, xg| {
                         c.ops.linear_wgrad(dy.data(), xg, n, i, o, &mut grad[r])
@@ -226,7 +275,12 @@ impl WTask {
                     *g += x;
                 }
             }
-            WTask::Embedding { tokens, dy } => {
+            WTask::Embedding {
+                tokens,
+                dy,
+                dy_shard,
+            } => {
+                let dy = if dy_shard { ctx.expand_grad(&dy)? } else { dy };
                 let t = &layout.tensors[0];
                 let lo = ctx.rd.tp_rank * ctx.rd.v_r;
                 let g = &mut grad[t.range()];
