@@ -1,5 +1,6 @@
 //! The `parsim` command line (clap). Each subcommand lives in its own file.
 
+mod calibrate;
 mod config_args;
 mod estimate;
 mod layout;
@@ -26,6 +27,8 @@ pub enum Command {
     Search(search::SearchArgs),
     /// Rank coordinates (tp, cp, ep, dp, pp) and process groups.
     Layout(layout::LayoutArgs),
+    /// Fit a hardware profile to measured step times and peak memory (JSONL).
+    Calibrate(calibrate::CalibrateArgs),
 }
 
 /// Runs the parsed command.
@@ -35,5 +38,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Schedule(a) => schedule::run(a),
         Command::Search(a) => search::run(a),
         Command::Layout(a) => layout::run(a),
+        Command::Calibrate(a) => calibrate::run(a),
     }
 }
