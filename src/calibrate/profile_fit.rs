@@ -28,7 +28,7 @@ pub struct FitParam {
 }
 
 impl FitParam {
-    fn to_u(&self, v: f64) -> f64 {
+    fn coordinate_of(&self, v: f64) -> f64 {
         if self.log_scale {
             v.max(1e-12).ln()
         } else {
@@ -37,7 +37,7 @@ impl FitParam {
         }
     }
 
-    fn from_u(&self, u: f64) -> f64 {
+    fn value_of(&self, u: f64) -> f64 {
         if self.log_scale {
             u.exp()
         } else {
@@ -259,11 +259,11 @@ pub fn fit_profile(
         return Err(ProfileFitError::NothingToFit);
     }
 
-    let u0: Vec<f64> = PARAMS.iter().map(|p| p.to_u((p.get)(base))).collect();
+    let u0: Vec<f64> = PARAMS.iter().map(|p| p.coordinate_of((p.get)(base))).collect();
     let profile_at = |u: &[f64], idx: &[usize]| {
         let mut g = base.clone();
         for (k, &j) in idx.iter().enumerate() {
-            (PARAMS[j].set)(&mut g, PARAMS[j].from_u(u[k]));
+            (PARAMS[j].set)(&mut g, PARAMS[j].value_of(u[k]));
         }
         g
     };
@@ -405,7 +405,7 @@ pub fn fit_profile(
             for (k, &j) in free.iter().enumerate() {
                 let sd = (s2 * inv[(k, k)]).max(0.0).sqrt();
                 let u = u_at(&x)[j];
-                let (a, b) = (PARAMS[j].from_u(u - t * sd), PARAMS[j].from_u(u + t * sd));
+                let (a, b) = (PARAMS[j].value_of(u - t * sd), PARAMS[j].value_of(u + t * sd));
                 if a.is_finite() && b.is_finite() {
                     ci[j] = Some((a.min(b), a.max(b)));
                 }
