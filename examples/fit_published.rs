@@ -20,11 +20,12 @@ fn main() -> anyhow::Result<()> {
     };
     for f in &fits {
         println!(
-            "{}: matmul {:.3} attention {:.3} memory_bound {:.3} (objective {:.5}, {} evaluations, {} rows)",
+            "{}: matmul {:.3} attention {:.3} memory_bound {:.3} overlap_interference {:.3} (objective {:.5}, {} evaluations, {} rows)",
             f.family.name(),
             f.params.matmul,
             f.params.attention,
             f.params.memory_bound,
+            f.params.overlap_interference,
             f.objective,
             f.evaluations,
             f.rows

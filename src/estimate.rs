@@ -191,13 +191,15 @@ fn per_microbatch_dp_s(
             bwd += ag;
         }
     }
+    let interference = r.gpu.efficiency.overlap_interference;
+    let hidden = |comm: f64, exposed: f64| exposed + interference * (comm - exposed);
     let fwd_exposed = if par.overlap_param_gather {
-        (fwd - fwd_compute).max(0.0)
+        hidden(fwd, (fwd - fwd_compute).max(0.0))
     } else {
         fwd
     };
     let bwd_exposed = if par.overlap_grad_reduce {
-        (bwd - bwd_compute).max(0.0)
+        hidden(bwd, (bwd - bwd_compute).max(0.0))
     } else {
         bwd
     };
@@ -244,17 +246,28 @@ fn dp_tail_s(
             grad_bytes: gb,
             weight_bytes: wb,
         };
+        let interference = r.gpu.efficiency.overlap_interference;
         for c in dp_collectives(par.zero, set, 1) {
-            let gather = c.kind == CollectiveKind::AllGather;
-            if gather && (par.zero >= 3 || par.overlap_param_gather) {
+            let full = links.collective_s(kind, c.kind, c.payload_bytes, n);
+            if c.kind == CollectiveKind::AllGather {
+                // ZeRO-3 gathers are per microbatch (in the stage costs); ZeRO-1/2 gather the
+                // updated weights once, hidden behind the next forward when overlapped.
+                if par.zero < 3 {
+                    tail += if par.overlap_param_gather {
+                        interference * full
+                    } else {
+                        full
+                    };
+                }
                 continue;
             }
-            let bytes = if !gather && par.overlap_grad_reduce {
-                c.payload_bytes.min(bucket_params * gb)
+            if par.overlap_grad_reduce {
+                let last =
+                    links.collective_s(kind, c.kind, c.payload_bytes.min(bucket_params * gb), n);
+                tail += last + interference * (full - last).max(0.0);
             } else {
-                c.payload_bytes
-            };
-            tail += links.collective_s(kind, c.kind, bytes, n);
+                tail += full;
+            }
         }
     }
     let last = r.placement.num_stages() - 1;

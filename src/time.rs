@@ -202,6 +202,8 @@ pub fn block_times(
                 GroupKind::Ep if overlaps.ep => (comm_s - compute_s).max(0.0),
                 _ => comm_s,
             };
+            // Hidden communication still slows the compute it overlaps.
+            let exposed = exposed + rates.gpu.efficiency.overlap_interference * (comm_s - exposed);
             let rerun_comm = rerun && c.phase == Phase::Forward;
             let slot = match c.phase {
                 Phase::Forward => &mut t.exposed_fwd,

@@ -143,3 +143,92 @@ pub fn write_png(path: &Path, e: &Evaluation) -> Result<(), CalibrateError> {
         .map_err(|x| err(x.to_string()))?;
     root.present().map_err(|x| err(x.to_string()))
 }
+
+/// Writes `parsim calibrate --png`: predicted vs measured step time per configuration, before
+/// the fit (grey crosses) and after (filled: fitting rows, hollow: held out), log axes.
+pub fn write_fit_png(
+    path: &Path,
+    fit: &super::profile_fit::ProfileFit,
+) -> Result<(), CalibrateError> {
+    let err = |m: String| CalibrateError::Plot {
+        path: path.display().to_string(),
+        message: m,
+    };
+    if !ensure_font() {
+        return Err(err("the shipped font could not be loaded".into()));
+    }
+    let all = fit
+        .rows
+        .iter()
+        .flat_map(|r| [r.measured_s, r.before_s, r.after_s]);
+    let hi = all.clone().fold(f64::MIN_POSITIVE, f64::max) * 1.2;
+    let lo = all.fold(hi, f64::min) / 1.2;
+    let root = BitMapBackend::new(path, (820, 760)).into_drawing_area();
+    root.fill(&WHITE).map_err(|x| err(x.to_string()))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "parsim calibrate: predicted vs measured step time (log axes)",
+            (FONT, 20),
+        )
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d((lo..hi).log_scale(), (lo..hi).log_scale())
+        .map_err(|x| err(x.to_string()))?;
+    chart
+        .configure_mesh()
+        .x_desc("measured seconds per step")
+        .y_desc("predicted seconds per step")
+        .x_label_formatter(&|v| format!("{v:.3}"))
+        .y_label_formatter(&|v| format!("{v:.3}"))
+        .label_style((FONT, 13))
+        .axis_desc_style((FONT, 14))
+        .draw()
+        .map_err(|x| err(x.to_string()))?;
+    chart
+        .draw_series(LineSeries::new([(lo, lo), (hi, hi)], BLACK.stroke_width(2)))
+        .map_err(|x| err(x.to_string()))?
+        .label("y = x")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
+    let grey = RGBColor(150, 150, 150);
+    chart
+        .draw_series(
+            fit.rows
+                .iter()
+                .map(|r| Cross::new((r.measured_s, r.before_s), 5, grey.stroke_width(1))),
+        )
+        .map_err(|x| err(x.to_string()))?
+        .label("before the fit")
+        .legend(move |(x, y)| Cross::new((x + 10, y), 5, grey.stroke_width(1)));
+    let blue = RGBColor(31, 119, 180);
+    chart
+        .draw_series(
+            fit.rows
+                .iter()
+                .filter(|r| r.role != "held out")
+                .map(|r| Circle::new((r.measured_s, r.after_s), 5, blue.filled())),
+        )
+        .map_err(|x| err(x.to_string()))?
+        .label("after, fitting rows")
+        .legend(move |(x, y)| Circle::new((x + 10, y), 5, blue.filled()));
+    let red = RGBColor(214, 39, 40);
+    chart
+        .draw_series(
+            fit.rows
+                .iter()
+                .filter(|r| r.role == "held out")
+                .map(|r| Circle::new((r.measured_s, r.after_s), 6, red.stroke_width(2))),
+        )
+        .map_err(|x| err(x.to_string()))?
+        .label("after, held out")
+        .legend(move |(x, y)| Circle::new((x + 10, y), 6, red.stroke_width(2)));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .label_font((FONT, 13))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|x| err(x.to_string()))?;
+    root.present().map_err(|x| err(x.to_string()))
+}

@@ -75,6 +75,9 @@ pub struct ConfigArgs {
     /// GPU profile name (a100-40g, a100-80g, h100-sxm, h200, b200, mi300x) or profile TOML path.
     #[arg(long)]
     pub gpu: Option<String>,
+    /// A hardware profile TOML (e.g. one written by `parsim calibrate`); the same as --gpu PATH.
+    #[arg(long, value_name = "FILE", conflicts_with = "gpu")]
+    pub profile: Option<PathBuf>,
     /// Sequence length.
     #[arg(long)]
     pub seq: Option<u64>,
@@ -218,6 +221,12 @@ impl ConfigArgs {
         put(&mut m, "cluster", "num_gpus", self.gpus);
         put(&mut m, "cluster", "gpus_per_node", self.gpus_per_node);
         put(&mut m, "cluster", "gpu", self.gpu.clone());
+        put(
+            &mut m,
+            "cluster",
+            "gpu",
+            self.profile.as_ref().map(|p| p.display().to_string()),
+        );
         put(&mut m, "training", "seq_length", self.seq);
         put(&mut m, "training", "micro_batch_size", self.mbs);
         put(&mut m, "training", "global_batch_size", self.gbs);

@@ -1,5 +1,6 @@
 //! The `parsim` command line (clap). Each subcommand lives in its own file.
 
+mod calibrate;
 mod config_args;
 mod estimate;
 mod execute;
@@ -29,6 +30,8 @@ pub enum Command {
     Layout(layout::LayoutArgs),
     /// Run the configuration for real (CPU threads) and compare with the prediction.
     Execute(execute::ExecuteArgs),
+    /// Fit a hardware profile to measured step times and peak memory (JSONL).
+    Calibrate(calibrate::CalibrateArgs),
 }
 
 /// Runs the parsed command.
@@ -39,5 +42,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Search(a) => search::run(a),
         Command::Layout(a) => layout::run(a),
         Command::Execute(a) => execute::run(a),
+        Command::Calibrate(a) => calibrate::run(a),
     }
 }

@@ -49,6 +49,10 @@ pub struct Efficiency {
     /// Fixed cost of one kernel launch (and its tail), per GEMM or memory-bound op.
     #[serde(default = "default_kernel_overhead_s")]
     pub kernel_overhead_s: f64,
+    /// Fraction of *overlapped* communication time that still lengthens the step: concurrent
+    /// NCCL kernels take SMs and HBM bandwidth from the compute they hide behind. 0 = free.
+    #[serde(default)]
+    pub overlap_interference: f64,
 }
 
 fn default_kernel_overhead_s() -> f64 {
@@ -188,6 +192,13 @@ impl GpuProfile {
             return Err(ConfigError::Profile {
                 origin: origin.to_string(),
                 message: "gemm.sms, gemm.tile_m and gemm.tile_n must be positive".into(),
+            });
+        }
+        let oi = self.efficiency.overlap_interference;
+        if !(oi.is_finite() && (0.0..=1.0).contains(&oi)) {
+            return Err(ConfigError::Profile {
+                origin: origin.to_string(),
+                message: format!("efficiency.overlap_interference must be in [0, 1], got {oi}"),
             });
         }
         for (field, v) in [

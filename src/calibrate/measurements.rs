@@ -1,0 +1,130 @@
+//! Measurement files for `parsim calibrate --measurements FILE.jsonl`: one JSON object per
+//! line, `{"config": {...a parsim configuration...}, "step_s": 1.23, "peak_bytes": 123,
+//! "label": "optional", "holdout": false}`. The configuration is the same document as a
+//! `--config` file (model preset or fields, cluster, parallel, training); `peak_bytes` is
+//! optional. Lines that are empty or start with `#` are skipped. Every error names the line.
+
+use crate::config::{Config, ConfigError, Layer, Resolved};
+use serde_json::Value;
+use std::path::Path;
+
+/// One measured run.
+#[derive(Debug, Clone)]
+pub struct Measurement {
+    /// 1-based line in the file.
+    pub line: usize,
+    pub label: String,
+    pub config: Config,
+    pub step_s: f64,
+    pub peak_bytes: Option<u64>,
+    /// Forced into the held-out set.
+    pub holdout: bool,
+}
+
+impl Measurement {
+    /// The configuration validated against `gpu` (the profile being fitted).
+    pub fn resolve(&self, gpu: &crate::config::GpuProfile) -> Result<Resolved, ConfigError> {
+        Resolved::with_gpu(self.config.clone(), gpu.clone())
+    }
+}
+
+/// Why a measurement file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum MeasurementError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: {message}")]
+    Line {
+        path: String,
+        line: usize,
+        message: String,
+    },
+    #[error("{path}: no measurements (every line is empty or a comment)")]
+    Empty { path: String },
+}
+
+/// Reads and checks a measurement file.
+pub fn read(path: &Path) -> Result<Vec<Measurement>, MeasurementError> {
+    let text = std::fs::read_to_string(path).map_err(|source| MeasurementError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    parse(&text, &path.display().to_string())
+}
+
+/// Parses measurement text; `origin` names it in errors.
+pub fn parse(text: &str, origin: &str) -> Result<Vec<Measurement>, MeasurementError> {
+    let mut out = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = i + 1;
+        let t = raw.trim();
+        if t.is_empty() || t.starts_with('#') {
+            continue;
+        }
+        let err = |message: String| MeasurementError::Line {
+            path: origin.to_string(),
+            line,
+            message,
+        };
+        let v: Value = serde_json::from_str(t).map_err(|e| err(format!("not JSON: {e}")))?;
+        let obj = v
+            .as_object()
+            .ok_or_else(|| err("expected a JSON object".into()))?;
+        let config = obj
+            .get("config")
+            .ok_or_else(|| err("missing field `config` (a parsim configuration object)".into()))?;
+        if !config.is_object() {
+            return Err(err("`config` must be an object".into()));
+        }
+        let step_s = obj
+            .get("step_s")
+            .ok_or_else(|| err("missing field `step_s` (measured seconds per step)".into()))?
+            .as_f64()
+            .ok_or_else(|| err("`step_s` must be a number".into()))?;
+        if !(step_s.is_finite() && step_s > 0.0) {
+            return Err(err(format!(
+                "`step_s` must be a positive number of seconds, got {step_s}"
+            )));
+        }
+        let peak_bytes =
+            match obj.get("peak_bytes") {
+                None | Some(Value::Null) => None,
+                Some(p) => Some(p.as_u64().filter(|&b| b > 0).ok_or_else(|| {
+                    err(format!("`peak_bytes` must be a positive integer, got {p}"))
+                })?),
+            };
+        let label = obj
+            .get("label")
+            .and_then(Value::as_str)
+            .map_or_else(|| format!("line {line}"), str::to_string);
+        let holdout = obj.get("holdout").and_then(Value::as_bool).unwrap_or(false);
+        let layer = Layer {
+            origin: format!("{origin}:{line}"),
+            base_dir: Path::new(origin).parent().map(Path::to_path_buf),
+            value: serde_json::json!(config),
+        };
+        let config =
+            Config::from_layers(&[layer]).map_err(|e| err(format!("configuration: {e}")))?;
+        // Validate now so a bad configuration is reported with its line.
+        Resolved::new(config.clone())
+            .map_err(|e| err(format!("configuration does not validate: {e}")))?;
+        out.push(Measurement {
+            line,
+            label,
+            config,
+            step_s,
+            peak_bytes,
+            holdout,
+        });
+    }
+    if out.is_empty() {
+        return Err(MeasurementError::Empty {
+            path: origin.to_string(),
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,181 @@
+//! `parsim calibrate`: fit a hardware profile to measurements gathered elsewhere (a JSONL file
+//! of configuration + measured step time + measured peak memory), report predicted vs measured
+//! before and after, and write the fitted profile.
+
+use anyhow::Context;
+use clap::Args;
+use parsim::calibrate::measurements;
+use parsim::calibrate::profile_fit::{fit_profile, ProfileFit};
+use parsim::config::GpuProfile;
+use parsim::report::format::{gib, seconds};
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub struct CalibrateArgs {
+    /// Measurements, one JSON object per line: {"config": {...}, "step_s": 1.2, "peak_bytes": 123, "holdout": false}.
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub measurements: PathBuf,
+    /// The profile to start from (a shipped name such as h100-sxm, or a profile TOML).
+    #[arg(long, value_name = "BASE")]
+    pub profile: String,
+    /// Where to write the fitted profile (TOML).
+    #[arg(long, value_name = "NEW.toml")]
+    pub out: Option<PathBuf>,
+    /// Print every measurement, predicted before and after.
+    #[arg(long)]
+    pub report: bool,
+    /// Draw predicted vs measured step time (before and after) as a PNG scatter plot.
+    #[arg(long, value_name = "FILE")]
+    pub png: Option<PathBuf>,
+    /// Print the fit as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn pct(x: Option<(f64, f64)>) -> String {
+    x.map_or("-".into(), |(m, w)| {
+        format!("median {:.1}%, worst {:.1}%", 100.0 * m, 100.0 * w)
+    })
+}
+
+fn print_fit(f: &ProfileFit, report: bool) {
+    let mut t = comfy_table::Table::new();
+    t.load_style(comfy_table::presets::UTF8_BORDERS_ONLY);
+    t.set_header(vec![
+        "parameter",
+        "before",
+        "after",
+        "95% CI",
+        "identifiable",
+    ]);
+    let num = |v: f64| {
+        if v != 0.0 && v.abs() < 1e-3 {
+            format!("{v:.3e}")
+        } else {
+            format!("{v:.4}")
+        }
+    };
+    for p in &f.params {
+        let fitted = p.note.starts_with("fitted");
+        t.add_row(vec![
+            p.name.clone(),
+            num(p.before),
+            num(p.after),
+            p.ci95
+                .map_or("-".into(), |(a, b)| format!("[{}, {}]", num(a), num(b))),
+            match (p.identifiable, fitted) {
+                (true, true) => "yes".into(),
+                (true, false) => "yes, but not fitted: more parameters than measurements".into(),
+                (false, _) => "NO: kept at base".to_string(),
+            },
+        ]);
+    }
+    t.add_row(vec![
+        "runtime_overhead_bytes".to_string(),
+        gib(f.runtime_overhead_bytes.0) + " GiB",
+        gib(f.runtime_overhead_bytes.1) + " GiB",
+        "-".into(),
+        if f.rows.iter().any(|r| r.measured_peak_bytes.is_some()) {
+            "yes".into()
+        } else {
+            "NO: no peak_bytes given".into()
+        },
+    ]);
+    println!("{t}");
+    println!(
+        "fit: R^2 {:.4} on log step time, residual spread {:.2}% (rms), {} degrees of freedom",
+        f.r2,
+        100.0 * f.residual_rms,
+        f.degrees_of_freedom
+    );
+    for role in ["fit", "held out"] {
+        println!(
+            "{role:9} step time before: {} | after: {}   peak memory before: {} | after: {}",
+            pct(f.summary(role, false, false)),
+            pct(f.summary(role, false, true)),
+            pct(f.summary(role, true, false)),
+            pct(f.summary(role, true, true))
+        );
+    }
+    let outliers: Vec<String> = f
+        .rows
+        .iter()
+        .filter(|r| r.role == "outlier")
+        .map(|r| format!("line {}", r.line))
+        .collect();
+    if !outliers.is_empty() {
+        println!(
+            "outliers set aside (beyond 3 MADs): {}",
+            outliers.join(", ")
+        );
+    }
+    if report {
+        let mut t = comfy_table::Table::new();
+        t.load_style(comfy_table::presets::UTF8_BORDERS_ONLY);
+        t.set_header(vec![
+            "line",
+            "label",
+            "role",
+            "measured",
+            "before",
+            "after",
+            "peak measured",
+            "before",
+            "after",
+        ]);
+        for r in &f.rows {
+            t.add_row(vec![
+                r.line.to_string(),
+                r.label.clone(),
+                r.role.to_string(),
+                seconds(r.measured_s),
+                format!(
+                    "{} ({:+.1}%)",
+                    seconds(r.before_s),
+                    100.0 * r.step_error(false)
+                ),
+                format!(
+                    "{} ({:+.1}%)",
+                    seconds(r.after_s),
+                    100.0 * r.step_error(true)
+                ),
+                r.measured_peak_bytes
+                    .map_or("-".into(), |b| gib(b) + " GiB"),
+                r.peak_error(false).map_or(gib(r.before_peak_bytes), |e| {
+                    format!("{} ({:+.1}%)", gib(r.before_peak_bytes), 100.0 * e)
+                }),
+                r.peak_error(true).map_or(gib(r.after_peak_bytes), |e| {
+                    format!("{} ({:+.1}%)", gib(r.after_peak_bytes), 100.0 * e)
+                }),
+            ]);
+        }
+        println!("{t}");
+    }
+}
+
+pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
+    let base = GpuProfile::load(&args.profile)?;
+    let ms = measurements::read(&args.measurements)?;
+    let origin = args.measurements.display().to_string();
+    let fit = fit_profile(&base, &ms, &origin)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&fit)?);
+    } else {
+        print_fit(&fit, args.report);
+    }
+    if let Some(path) = &args.png {
+        parsim::calibrate::plot::write_fit_png(path, &fit)?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(path) = &args.out {
+        let text = toml::to_string(&fit.profile).context("serializing the fitted profile")?;
+        let header = format!(
+            "# {}: fitted by `parsim calibrate` from {origin}; provenance below.\n",
+            fit.profile.name
+        );
+        std::fs::write(path, header + &text)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,215 @@
+//! `parsim calibrate`: recovers a known profile from measurements it generated (a second
+//! method: the true parameters are known), reports what the measurements cannot identify, and
+//! rejects bad measurement files with the line number.
+
+use assert_cmd::cargo::cargo_bin_cmd;
+use parsim::calibrate::measurements;
+use parsim::calibrate::profile_fit::fit_profile;
+use parsim::config::{Config, GpuProfile, Layer, Resolved};
+use predicates::prelude::*;
+use serde_json::{json, Value};
+
+/// A small Llama-like model so the fit runs quickly.
+fn config(tp: u32, pp: u32, dp: u32, seq: u64, hidden: u64, gpn: u32) -> Value {
+    json!({
+        "model": {"preset": "llama3-8b", "num_layers": 8, "hidden_size": hidden, "num_attention_heads": 16,
+                  "num_query_groups": 8, "ffn_hidden_size": 3 * hidden, "vocab_size": 32000},
+        "cluster": {"num_gpus": tp * pp * dp, "gpus_per_node": gpn},
+        "parallel": {"tp": tp, "sp": tp > 1, "pp": pp, "zero": 1},
+        "training": {"seq_length": seq, "micro_batch_size": 1, "global_batch_size": 8 * dp as u64}
+    })
+}
+
+fn truth() -> GpuProfile {
+    let mut g = GpuProfile::load("h100-sxm").unwrap();
+    g.efficiency.matmul = 0.55;
+    g.efficiency.attention = 0.35;
+    g.efficiency.memory_bound = 0.5;
+    g.runtime_overhead_bytes = 2 << 30;
+    g
+}
+
+/// Measurement lines produced by the true profile.
+fn lines(configs: &[Value], truth: &GpuProfile) -> String {
+    configs
+        .iter()
+        .map(|c| {
+            let cfg = Config::from_layers(&[Layer::overrides(c.clone())]).unwrap();
+            let e = parsim::estimate::estimate(&Resolved::with_gpu(cfg, truth.clone()).unwrap())
+                .unwrap();
+            json!({"config": c, "step_s": e.time.step_s, "peak_bytes": e.memory.per_gpu_max_bytes})
+                .to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn recovers_a_known_profile_and_predicts_held_out_runs() {
+    let configs = [
+        config(1, 1, 1, 1024, 2048, 8),
+        config(1, 1, 1, 8192, 2048, 8),
+        config(2, 1, 1, 2048, 4096, 8),
+        config(4, 1, 2, 4096, 4096, 8),
+        config(1, 2, 1, 2048, 1024, 8),
+        config(8, 1, 1, 16384, 4096, 8),
+        config(1, 1, 4, 4096, 2048, 8),
+        config(2, 2, 2, 1024, 2048, 8),
+        config(1, 1, 1, 2048, 8192, 8),
+        config(4, 1, 1, 8192, 2048, 8),
+        config(1, 4, 1, 4096, 4096, 8),
+        config(2, 1, 4, 2048, 1024, 8),
+    ];
+    let text = lines(&configs, &truth());
+    let ms = measurements::parse(&text, "synthetic.jsonl").unwrap();
+    let base = GpuProfile::load("h100-sxm").unwrap();
+    let fit = fit_profile(&base, &ms, "synthetic.jsonl").unwrap();
+    let (held_median, held_worst) = fit.summary("held out", false, true).unwrap();
+    let (before_median, _) = fit.summary("held out", false, false).unwrap();
+    assert!(
+        held_worst < 0.01,
+        "held-out step time within 1% after the fit: {held_worst}"
+    );
+    assert!(
+        before_median > held_median,
+        "the fit improves on the base profile"
+    );
+    assert!(fit.r2 > 0.999, "R^2 {}", fit.r2);
+    let (_, mem_worst) = fit.summary("held out", true, true).unwrap();
+    assert!(
+        mem_worst < 0.005,
+        "held-out peak memory within 0.5%: {mem_worst}"
+    );
+    assert!(
+        (fit.profile.runtime_overhead_bytes as i64 - (2i64 << 30)).abs() < (1 << 20),
+        "overhead {}",
+        fit.profile.runtime_overhead_bytes
+    );
+    let matmul = fit
+        .params
+        .iter()
+        .find(|p| p.name == "efficiency.matmul")
+        .unwrap();
+    assert!(
+        (matmul.after - 0.55).abs() < 0.03,
+        "matmul {}",
+        matmul.after
+    );
+    // Fitted values carry their provenance.
+    assert!(fit.profile.provenance["efficiency.matmul"].contains("synthetic.jsonl"));
+}
+
+#[test]
+fn parameters_the_measurements_cannot_see_are_reported() {
+    // Single-GPU runs only: no collective runs, so link efficiencies and the overlap
+    // interference cannot be identified.
+    let configs = [
+        config(1, 1, 1, 1024, 2048, 8),
+        config(1, 1, 1, 4096, 2048, 8),
+        config(1, 1, 1, 2048, 4096, 8),
+        config(1, 1, 1, 8192, 1024, 8),
+    ];
+    let text = lines(&configs, &truth());
+    let ms = measurements::parse(&text, "single.jsonl").unwrap();
+    let fit = fit_profile(&GpuProfile::load("h100-sxm").unwrap(), &ms, "single.jsonl").unwrap();
+    for name in [
+        "links.intra_node.efficiency",
+        "links.inter_node.efficiency",
+        "efficiency.overlap_interference",
+    ] {
+        let p = fit.params.iter().find(|p| p.name == name).unwrap();
+        assert!(!p.identifiable, "{name}");
+        assert_eq!(p.before, p.after, "{name} is kept, not silently moved");
+        assert!(p.note.contains("not identifiable"), "{}", p.note);
+    }
+}
+
+#[test]
+fn bad_measurement_files_name_the_line() {
+    let good = json!({"config": {}, "step_s": 1.0}).to_string();
+    let cases = [
+        (
+            format!("{good}\n\n{}", json!({"config": {}})),
+            "x.jsonl:3: missing field `step_s`",
+        ),
+        (
+            format!("# comment\n{}", json!({"config": {}, "step_s": -2.0})),
+            "x.jsonl:2: `step_s` must be a positive number",
+        ),
+        (
+            format!("{good}\n{}", json!({"step_s": 1.0})),
+            "x.jsonl:2: missing field `config`",
+        ),
+        (
+            json!({"config": {"parallel": {"tp": 3}}, "step_s": 1.0}).to_string(),
+            "x.jsonl:1: configuration does not validate",
+        ),
+        ("{not json".to_string(), "x.jsonl:1: not JSON"),
+        (
+            json!({"config": {}, "step_s": 1.0, "peak_bytes": -5}).to_string(),
+            "x.jsonl:1: `peak_bytes` must be a positive integer",
+        ),
+        ("# only a comment\n".to_string(), "no measurements"),
+    ];
+    for (text, expect) in cases {
+        let e = measurements::parse(&text, "x.jsonl")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(expect), "{e} does not contain {expect}");
+    }
+}
+
+#[test]
+fn cli_writes_a_profile_that_estimate_uses() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("m.jsonl");
+    let configs = [
+        config(1, 1, 1, 1024, 2048, 8),
+        config(2, 1, 1, 2048, 2048, 8),
+        config(1, 1, 2, 4096, 1024, 8),
+        config(1, 2, 1, 2048, 2048, 8),
+        config(2, 1, 2, 1024, 1024, 8),
+    ];
+    std::fs::write(&m, lines(&configs, &truth())).unwrap();
+    let out = dir.path().join("fitted.toml");
+    let png = dir.path().join("fit.png");
+    cargo_bin_cmd!("parsim")
+        .args([
+            "calibrate",
+            "--measurements",
+            m.to_str().unwrap(),
+            "--profile",
+            "h100-sxm",
+            "--out",
+            out.to_str().unwrap(),
+            "--png",
+            png.to_str().unwrap(),
+            "--report",
+        ])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("efficiency.matmul"))
+        .stdout(predicate::str::contains("held out"));
+    assert!(std::fs::metadata(&png).unwrap().len() > 1000);
+    let fitted = GpuProfile::load(out.to_str().unwrap()).unwrap();
+    assert_eq!(fitted.name, "h100-sxm");
+    cargo_bin_cmd!("parsim")
+        .args(["estimate", "--profile", out.to_str().unwrap()])
+        .assert()
+        .success();
+    // A broken measurement file is an error with its line, exit 1, no panic.
+    std::fs::write(&m, "{\"config\": {}, \"step_s\": \"fast\"}\n").unwrap();
+    cargo_bin_cmd!("parsim")
+        .args([
+            "calibrate",
+            "--measurements",
+            m.to_str().unwrap(),
+            "--profile",
+            "h100-sxm",
+        ])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains(
+            "m.jsonl:1: `step_s` must be a number",
+        ));
+}
