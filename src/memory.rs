@@ -183,18 +183,54 @@ pub fn rank_params(chunks: &[ChunkContents], s: &LedgerSummary) -> ParamSums {
     p
 }
 
+/// Buffers beyond the fixed ones (SP gather, pipeline send/receive, runtime), by phase.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PhaseBuffers {
+    /// While any block runs forward: ZeRO-3's gathered block and its prefetch, and the
+    /// largest forward transient of any op.
+    pub forward: u64,
+    /// While the output block runs backward: its gathered weights, gradient bucket and
+    /// backward transient.
+    pub output_backward: u64,
+    /// While a decoder layer (or the embedding) runs backward: the same for the largest one.
+    pub layer_backward: u64,
+    /// During a split backward's W pass: the gradient bucket alone.
+    pub weight_pass: u64,
+}
+
+impl PhaseBuffers {
+    pub fn max(&self) -> u64 {
+        self.forward
+            .max(self.output_backward)
+            .max(self.layer_backward)
+            .max(self.weight_pass)
+    }
+}
+
+/// The activation peak of a rank, and the worst moment of activations plus phase buffers.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ActivationPeak {
+    /// The most activation bytes live at once.
+    pub activations: u64,
+    /// The most activation bytes plus the buffers of the phase running at that moment.
+    pub with_buffers: u64,
+}
+
 /// Peak activation bytes of a pipeline rank playing `actions` over its `chunks`: a chunk's
 /// saved set lives from its F to its B; a split backward (Qi et al. 2024) frees the set at I
 /// but keeps what W needs (each linear layer's input and output gradient) until W. Each chunk
 /// is counted with its own contents (the first holds the embedding, the last the output layer
 /// and its fp32 softmax). Under full recompute a layer's whole set exists while its forward
-/// runs and while it is rebuilt in backward, on top of the kept inputs.
+/// runs and while it is rebuilt in backward, on top of the kept inputs. Each moment is also
+/// taken with the buffers of the phase that runs then (`phase`), since activations and
+/// buffers peak at different times.
 pub fn activation_peak(
     actions: &[Action],
     chunks: &[ChunkContents],
     s: &LedgerSummary,
     recompute: Recompute,
-) -> u64 {
+    phase: &PhaseBuffers,
+) -> ActivationPeak {
     #[derive(Default, Clone, Copy)]
     struct Chunk {
         saved: i128,
@@ -226,8 +262,19 @@ pub fn activation_peak(
         .iter()
         .map(|c| (c.stage as u32, chunk(c.stage as u32)))
         .collect();
+    let (fwd, out_bwd, layer_bwd, wpass) = (
+        phase.forward as i128,
+        phase.output_backward as i128,
+        phase.layer_backward as i128,
+        phase.weight_pass as i128,
+    );
     let mut live: i128 = 0;
     let mut peak: i128 = 0;
+    let mut with: i128 = 0;
+    let mut at = |a: i128, buf: i128, peak: &mut i128| {
+        *peak = (*peak).max(a);
+        with = with.max(a + buf);
+    };
     for a in actions {
         let c = by_stage.get(&a.stage).copied().unwrap_or_default();
         match a.kind {
@@ -235,24 +282,35 @@ pub fn activation_peak(
                 live += c.saved;
                 // Full recompute: each layer's forward builds its whole set before keeping
                 // only its input; the last layer does so before the output block's set exists.
-                peak = peak.max(live - c.tail + c.rebuilt);
+                at(live - c.tail + c.rebuilt, fwd, &mut peak);
+                at(live, fwd, &mut peak);
             }
             ActionKind::B | ActionKind::I => {
-                // Backward frees the output block's set first, then rebuilds layer by layer.
-                peak = peak.max(live - c.tail + c.rebuilt);
+                // The output block's backward runs first, with everything still live; then
+                // the layers, rebuilt one by one under full recompute.
+                if c.tail > 0 {
+                    at(live, out_bwd, &mut peak);
+                }
+                at(live - c.tail + c.rebuilt, layer_bwd, &mut peak);
                 if a.kind == ActionKind::I {
                     // The pending set is built while the saved set is freed.
-                    peak = peak.max(live + (c.pending - c.saved).max(0));
+                    at(live + (c.pending - c.saved).max(0), layer_bwd, &mut peak);
                     live += c.pending - c.saved;
                 } else {
                     live -= c.saved;
                 }
             }
-            ActionKind::W => live -= c.pending,
+            ActionKind::W => {
+                at(live, wpass, &mut peak);
+                live -= c.pending;
+            }
         }
-        peak = peak.max(live);
+        at(live, 0, &mut peak);
     }
-    peak.max(0) as u64
+    ActivationPeak {
+        activations: peak.max(0) as u64,
+        with_buffers: with.max(0) as u64,
+    }
 }
 
 /// What a pipeline rank runs, for its activation peak.
@@ -302,13 +360,62 @@ pub fn stage_memory(
         (p.rank_dense_trainable + p.rank_expert_trainable) * o
     };
 
-    // Activations: the chunk sets live at the worst moment of this rank's action list.
-    let (activations, split) = match pipeline {
-        Pipeline::Actions(actions) => (
-            activation_peak(actions, chunks, s, tr.recompute),
-            actions.iter().any(|a| a.kind == ActionKind::I),
-        ),
-        Pipeline::Inflight { sets, split } => {
+    // Buffers: runtime overhead, the SP all-gather buffer, pipeline send/receive buffers,
+    // then, by phase, ZeRO's gathered blocks and gradient bucket and the ops' transients:
+    // - forward: ZeRO-3's gathered block and the prefetched next one, and the largest
+    //   forward transient of any op;
+    // - backward of a block: its gathered weights (ZeRO-3), its gradient bucket (ZeRO-2/3: a
+    //   block's gradients at full size before they are reduce-scattered into the shard, as
+    //   DeepSpeed's reduce bucket) and its backward transient; a split backward (zero-bubble
+    //   schedules) fills the bucket only in its W pass, where nothing else is transient.
+    let mut fixed = r.gpu.runtime_overhead_bytes;
+    if d.sp {
+        fixed += d.n * d.h * d.act;
+    }
+    if par.pp > 1 {
+        fixed += 2 * d.residual_bytes();
+    }
+    let blocks = || chunks.iter().flat_map(|c| c.blocks(s)).map(|(b, _)| b);
+    let gathered_of = |b: &BlockSummary| if zero >= 3 { b.params.rank() * w } else { 0 };
+    let bucket_of = |b: &BlockSummary| {
+        if zero >= 2 {
+            (b.params.rank_dense_trainable + b.params.rank_expert_trainable) * g
+        } else {
+            0
+        }
+    };
+    let split = match pipeline {
+        Pipeline::Actions(actions) => actions.iter().any(|a| a.kind == ActionKind::I),
+        Pipeline::Inflight { split, .. } => split,
+    };
+    let backward_of =
+        |b: &BlockSummary| gathered_of(b) + if split { 0 } else { bucket_of(b) } + b.backward_temp;
+    let has_output = chunks.iter().any(|c| c.output);
+    let phase = PhaseBuffers {
+        forward: 2 * blocks().map(gathered_of).max().unwrap_or(0)
+            + blocks().map(|b| b.temp).max().unwrap_or(0),
+        output_backward: if has_output {
+            backward_of(&s.output)
+        } else {
+            0
+        },
+        layer_backward: blocks()
+            .filter(|b| !std::ptr::eq(*b, &s.output))
+            .map(backward_of)
+            .max()
+            .unwrap_or(0),
+        weight_pass: if split {
+            blocks().map(bucket_of).max().unwrap_or(0)
+        } else {
+            0
+        },
+    };
+
+    // Activations: the chunk sets live at the worst moment of this rank's action list; the
+    // total takes each moment with the buffers of the phase running then.
+    let peak = match pipeline {
+        Pipeline::Actions(actions) => activation_peak(actions, chunks, s, tr.recompute, &phase),
+        Pipeline::Inflight { sets, .. } => {
             // That many sets of the rank's average chunk, plus the layer being rebuilt.
             let v = chunks.len().max(1) as u64;
             let per_microbatch: u64 = chunks
@@ -316,64 +423,22 @@ pub fn stage_memory(
                 .flat_map(|c| c.blocks(s))
                 .map(|(b, n)| b.saved * n)
                 .sum();
-            let rebuilt = chunks
-                .iter()
-                .flat_map(|c| c.blocks(s))
-                .filter(|(b, _)| tr.recompute == Recompute::Full && b.saved != b.saved_all)
-                .map(|(b, _)| b.saved_all - b.saved)
+            let rebuilt = blocks()
+                .filter(|b| tr.recompute == Recompute::Full && b.saved != b.saved_all)
+                .map(|b| b.saved_all - b.saved)
                 .max()
                 .unwrap_or(0);
-            ((per_microbatch * sets as u64).div_ceil(v) + rebuilt, split)
+            let a = (per_microbatch * sets as u64).div_ceil(v) + rebuilt;
+            ActivationPeak {
+                activations: a,
+                with_buffers: a + phase.max(),
+            }
         }
     };
-
-    // Buffers: runtime overhead, the SP all-gather buffer, pipeline send/receive buffers,
-    // then ZeRO's gathered blocks and gradient bucket and the ops' transients by phase.
-    let mut buffers = r.gpu.runtime_overhead_bytes;
-    if d.sp {
-        buffers += d.n * d.h * d.act;
-    }
-    if par.pp > 1 {
-        buffers += 2 * d.residual_bytes();
-    }
-    // The rest depends on the phase; the largest phase counts.
-    // - forward: ZeRO-3's gathered block and the prefetched next one, and the largest
-    //   forward transient of any op;
-    // - backward: ZeRO-3's gathered block, ZeRO-2/3's gradient bucket (a block's gradients
-    //   at full size before they are reduce-scattered into the shard, as DeepSpeed's reduce
-    //   bucket), and the largest backward transient; a split backward (zero-bubble
-    //   schedules) fills the bucket only in its W pass, where nothing else is transient.
-    let largest = |f: fn(&ParamSums) -> u64| {
-        chunks
-            .iter()
-            .flat_map(|c| c.blocks(s))
-            .map(|(b, _)| f(&b.params))
-            .max()
-            .unwrap_or(0)
-    };
-    let largest_of = |f: fn(&BlockSummary) -> u64| {
-        chunks
-            .iter()
-            .flat_map(|c| c.blocks(s))
-            .map(|(b, _)| f(b))
-            .max()
-            .unwrap_or(0)
-    };
-    let gathered = if zero >= 3 {
-        largest(ParamSums::rank) * w
-    } else {
-        0
-    };
-    let bucket = if zero >= 2 {
-        largest(|p| p.rank_dense_trainable + p.rank_expert_trainable) * g
-    } else {
-        0
-    };
-    let forward = 2 * gathered + largest_of(|b| b.temp);
-    let backward = gathered + if split { 0 } else { bucket } + largest_of(|b| b.backward_temp);
-    let weight_pass = if split { bucket } else { 0 };
-    buffers += forward.max(backward).max(weight_pass);
-    let total = weights + grads + optimizer + activations + buffers;
+    let activations = peak.activations;
+    let buffers = fixed + phase.max();
+    // The worst moment, not the sum of each category's worst (which can be larger).
+    let total = weights + grads + optimizer + fixed + peak.with_buffers;
     StageMemory {
         stage: rank,
         weights,
