@@ -88,6 +88,8 @@ pub struct RankReport {
     pub peak: MemoryBreakdown,
     /// Each category's own maximum (reached at different moments).
     pub category_max: MemoryBreakdown,
+    /// Source location of the allocation that reached the peak (diagnosis).
+    pub peak_site: Option<String>,
     /// FLOPs and seconds of this rank's GEMMs over all steps.
     pub gemm_flops: f64,
     pub gemm_seconds: f64,
@@ -395,6 +397,7 @@ fn run_rank(
     }
     let peak = memory::peak();
     let category_max = memory::category_max();
+    let peak_site = memory::peak_site();
     let (gemm_flops, gemm_seconds) = gemm::gemm_stats();
     let params = if opts.export_params {
         rank.export()?
@@ -414,6 +417,7 @@ fn run_rank(
             phases,
             peak,
             category_max,
+            peak_site,
             gemm_flops,
             gemm_seconds,
         },

@@ -45,14 +45,15 @@ pub fn compare(
                 p.total(),
                 s.total,
                 format!(
-                    "w {} g {} o {} a {} b {} (own maxima a {} b {})",
+                    "w {} g {} o {} a {} b {} (own maxima a {} b {}; peak at {:?})",
                     p.weights,
                     p.gradients,
                     p.optimizer,
                     p.activations,
                     p.buffers,
                     c.activations,
-                    c.buffers
+                    c.buffers,
+                    r.peak_site
                 ),
                 format!(
                     "w {} g {} o {} a {} b {}",
@@ -96,13 +97,13 @@ fn measured_peak_memory_matches_the_prediction_per_rank() {
                 eprintln!("   {x:?}");
             }
         }
-        assert!(worst.abs() <= 3.0, "{mix:?}: {worst:+.2}% {res:#?}");
+        assert!(worst.abs() <= 2.5, "{mix:?}: {worst:+.2}% {res:#?}");
         if worst.abs() > 2.0 {
             over.push((worst, mix));
         }
     }
-    // At most two mixes of the array lie between 2% and 3% (see docs/executor.md).
-    assert!(over.len() <= 2, "mixes beyond 2%: {over:?}");
+    // At most one mix of the array lies beyond 2% (ZB-V, by 2.05%: see docs/executor.md).
+    assert!(over.len() <= 1, "mixes beyond 2%: {over:?}");
 }
 
 #[test]

@@ -90,6 +90,18 @@ pub trait TensorOps {
         eps: f32,
         dx: &mut [f32],
     );
+    /// As `norm_dgrad`, adding into `dx`.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_dgrad_acc(
+        &self,
+        kind: Norm,
+        x: &[f32],
+        p: &[f32],
+        dy: &[f32],
+        h: usize,
+        eps: f32,
+        dx: &mut [f32],
+    );
     fn norm_wgrad(&self, kind: Norm, x: &[f32], dy: &[f32], h: usize, eps: f32, dp: &mut [f32]);
     #[allow(clippy::too_many_arguments)]
     fn rotary(

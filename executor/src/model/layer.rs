@@ -178,7 +178,7 @@ pub fn layer_bwd(
     let (norm, eps, theta, seq) = (m.norm, m.norm_eps, m.rope_theta, m.seq);
     let act_kind = m.activation;
     let rd = ctx.rd;
-    let (n, n_sp, h, d) = (ctx.n, ctx.n_sp, rd.h, rd.d);
+    let (n, h, d) = (ctx.n, rd.h, rd.d);
     let b = Category::Buffers;
     let sp = ctx.sp;
     let LayerSaved {
@@ -250,8 +250,9 @@ pub fn layer_bwd(
             dy_shard: false,
         },
     )?;
-    let mut dx1 = Tensor::zeros(b, &[n_sp, h]);
-    ctx.ops.norm_dgrad(
+    // The residual's gradient takes dy's buffer; the norm's input gradient is added to it.
+    let mut dx1 = dy;
+    ctx.ops.norm_dgrad_acc(
         norm,
         x1.data(),
         slice(p, l, MLP_NORM),
@@ -260,10 +261,6 @@ pub fn layer_bwd(
         eps,
         dx1.data_mut(),
     );
-    for (o, g) in dx1.data_mut().iter_mut().zip(dy.data()) {
-        *o += g;
-    }
-    drop(dy);
     sink(
         ctx,
         WTask::Norm {
@@ -352,8 +349,8 @@ pub fn layer_bwd(
             dy_shard: false,
         },
     )?;
-    let mut dx = Tensor::zeros(b, &[n_sp, h]);
-    ctx.ops.norm_dgrad(
+    let mut dx = dx1;
+    ctx.ops.norm_dgrad_acc(
         norm,
         x.data(),
         slice(p, l, ATTN_NORM),
@@ -362,9 +359,6 @@ pub fn layer_bwd(
         eps,
         dx.data_mut(),
     );
-    for (o, g) in dx.data_mut().iter_mut().zip(dx1.data()) {
-        *o += g;
-    }
     sink(
         ctx,
         WTask::Norm {

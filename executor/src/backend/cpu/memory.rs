@@ -52,18 +52,23 @@ struct Tracker {
     peak: MemoryBreakdown,
     /// Each category's own maximum (at different moments).
     max: MemoryBreakdown,
+    /// Where the allocation that reached the peak was made (for diagnosis).
+    peak_site: Option<&'static std::panic::Location<'static>>,
 }
 
 thread_local! {
     static TRACKER: RefCell<Tracker> = RefCell::new(Tracker::default());
 }
 
+#[track_caller]
 pub(crate) fn alloc(c: Category, bytes: u64) {
+    let site = std::panic::Location::caller();
     TRACKER.with(|t| {
         let mut t = t.borrow_mut();
         *t.live.slot(c) += bytes;
         if t.live.total() > t.peak.total() {
             t.peak = t.live;
+            t.peak_site = Some(site);
         }
         let v = *t.live.slot(c);
         let m = t.max.slot(c);
@@ -87,6 +92,15 @@ pub fn live() -> MemoryBreakdown {
 /// The breakdown at this thread's peak total since the last [`reset_peak`].
 pub fn peak() -> MemoryBreakdown {
     TRACKER.with(|t| t.borrow().peak)
+}
+
+/// The source location of the allocation that reached this thread's peak.
+pub fn peak_site() -> Option<String> {
+    TRACKER.with(|t| {
+        t.borrow()
+            .peak_site
+            .map(|l| format!("{}:{}", l.file(), l.line()))
+    })
 }
 
 /// Each category's own maximum since the last [`reset_peak`] (reached at different moments).

@@ -51,6 +51,18 @@ impl TensorOps for CpuOps {
     ) {
         ops::norm::norm_dgrad(kind, x, p, dy, h, eps, dx)
     }
+    fn norm_dgrad_acc(
+        &self,
+        kind: Norm,
+        x: &[f32],
+        p: &[f32],
+        dy: &[f32],
+        h: usize,
+        eps: f32,
+        dx: &mut [f32],
+    ) {
+        ops::norm::norm_dgrad_acc(kind, x, p, dy, h, eps, dx)
+    }
     fn norm_wgrad(&self, kind: Norm, x: &[f32], dy: &[f32], h: usize, eps: f32, dp: &mut [f32]) {
         ops::norm::norm_wgrad(kind, x, dy, h, eps, dp)
     }

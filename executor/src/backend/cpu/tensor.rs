@@ -12,12 +12,14 @@ pub struct Tensor {
 
 impl Tensor {
     /// A zero-filled tensor.
+    #[track_caller]
     pub fn zeros(cat: Category, shape: &[usize]) -> Tensor {
         let n = shape.iter().product();
         Tensor::from_vec(cat, shape, vec![0.0; n])
     }
 
     /// Wraps `data` (its length must be the shape's product).
+    #[track_caller]
     pub fn from_vec(cat: Category, shape: &[usize], data: Vec<f32>) -> Tensor {
         assert_eq!(
             data.len(),
@@ -33,6 +35,7 @@ impl Tensor {
     }
 
     /// A tracked copy of a slice.
+    #[track_caller]
     pub fn copy_of(cat: Category, shape: &[usize], src: &[f32]) -> Tensor {
         Tensor::from_vec(cat, shape, src.to_vec())
     }
@@ -66,6 +69,7 @@ impl Tensor {
     }
 
     /// Moves the tensor to another category (e.g. a temporary that becomes a saved activation).
+    #[track_caller]
     pub fn recat(mut self, cat: Category) -> Tensor {
         memory::free(self.cat, self.bytes());
         memory::alloc(cat, self.bytes());

@@ -45,6 +45,20 @@ pub fn norm_dgrad(
     eps: f32,
     dx: &mut [f32],
 ) {
+    dx.fill(0.0);
+    norm_dgrad_acc(kind, x, params, dy, h, eps, dx)
+}
+
+/// dx += d norm(x) / dx . dy (the residual path's gradient already in `dx`).
+pub fn norm_dgrad_acc(
+    kind: Norm,
+    x: &[f32],
+    params: &[f32],
+    dy: &[f32],
+    h: usize,
+    eps: f32,
+    dx: &mut [f32],
+) {
     let gamma = &params[..h];
     let hf = h as f32;
     for ((xr, dyr), dxr) in x
@@ -64,7 +78,7 @@ pub fn norm_dgrad(
         for j in 0..h {
             let g = dyr[j] * gamma[j];
             let xhat = (xr[j] - mean) * rstd;
-            dxr[j] = match kind {
+            dxr[j] += match kind {
                 Norm::RmsNorm => rstd * (g - xhat * sum_gx / hf),
                 Norm::LayerNorm => rstd * (g - sum_g / hf - xhat * sum_gx / hf),
             };
