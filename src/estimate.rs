@@ -6,8 +6,8 @@ use crate::comm::{dp_collectives, rank_step_bytes, Links, Replicas};
 use crate::config::{Config, Resolved, ScheduleKind};
 use crate::layout::{GroupKind, Layout};
 use crate::memory::{
-    chunks_per_rank, rank_params, stage_memory, ChunkContents, LedgerSummary, StageMemory,
-    TimingContext,
+    chunks_per_rank, rank_params, stage_memory, ChunkContents, LedgerSummary, Pipeline,
+    StageMemory, TimingContext,
 };
 use crate::model::{CollectiveKind, GroupBytes, Ledger};
 use crate::schedule::{generate, simulate_extrapolated, Costs, ScheduleError};
@@ -17,6 +17,10 @@ use serde::Serialize;
 /// Adam's HBM traffic per updated parameter: read the fp32 gradient (4), read and write the
 /// fp32 master weight and both moments (24), write the bf16 weight (2).
 pub const ADAM_BYTES_PER_PARAM: f64 = 30.0;
+
+/// Programs of at most this many (stage, microbatch) cells are generated in full for the
+/// memory walk ([`crate::memory::activation_peak`]).
+const MAX_WALKED_CELLS: u64 = 1 << 16;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ParamReport {
@@ -478,7 +482,13 @@ impl<'a> Prepared<'a> {
         self.chunks
             .iter()
             .enumerate()
-            .map(|(rank, ch)| stage_memory(self.r, &self.s, &self.ledger, rank as u32, ch, 1).total)
+            .map(|(rank, ch)| {
+                let one = Pipeline::Inflight {
+                    sets: 1,
+                    split: false,
+                };
+                stage_memory(self.r, &self.s, &self.ledger, rank as u32, ch, one).total
+            })
             .max()
             .unwrap_or(0)
     }
@@ -560,9 +570,24 @@ impl<'a> Prepared<'a> {
         let mut memory_stages = Vec::with_capacity(chunks.len());
         let mut comm = GroupBytes::default();
         let mut critical = (f64::MIN, 0usize, 0.0, 0.0);
+        // Activations walk each rank's action list when the program is short enough to
+        // generate (the memory of `parsim execute` runs is compared with it); longer programs,
+        // which the simulation extrapolates, use the peak count of live chunk sets.
+        let program = if par.pp as u64 * par.vpp as u64 * r.microbatches as u64 <= MAX_WALKED_CELLS
+        {
+            Some(generate(par.schedule, par.pp, par.vpp, r.microbatches)?)
+        } else {
+            None
+        };
         for (rank, ch) in chunks.iter().enumerate() {
-            let inflight = sim.peak_inflight[rank];
-            memory_stages.push(stage_memory(r, &s, &ledger, rank as u32, ch, inflight));
+            let pipeline = match &program {
+                Some(p) => Pipeline::Actions(&p.ranks[rank]),
+                None => Pipeline::Inflight {
+                    sets: sim.peak_inflight[rank],
+                    split: matches!(par.schedule, ScheduleKind::ZbH1 | ScheduleKind::ZbV),
+                },
+            };
+            memory_stages.push(stage_memory(r, &s, &ledger, rank as u32, ch, pipeline));
             comm.max(&rank_step_bytes(r, &s, &ledger, ch));
             let (tail, optimizer_s) = after[rank];
             let finish = sim.finish[rank];

@@ -11,6 +11,7 @@ pub mod estimate;
 pub mod layout;
 pub mod memory;
 pub mod model;
+pub mod plan;
 pub mod report;
 pub mod schedule;
 pub mod search;

@@ -5,6 +5,7 @@
 use crate::comm::Links;
 use crate::config::{Recompute, Resolved};
 use crate::model::{Block, GroupBytes, Ledger, ParamSums};
+use crate::schedule::{Action, ActionKind};
 use crate::time::{block_times, BlockTimes, Overlaps, Rates};
 use serde::Serialize;
 
@@ -16,6 +17,11 @@ pub struct BlockSummary {
     pub saved: u64,
     /// Saved bytes per microbatch without recomputation (what a recomputed layer rebuilds).
     pub saved_all: u64,
+    /// Bytes held from a split backward's I to its W per microbatch
+    /// ([`Block::wgrad_pending_bytes`]).
+    pub wgrad_pending: u64,
+    /// The largest transient of the block's backward ([`Block::backward_temp_bytes`]).
+    pub backward_temp: u64,
     pub temp: u64,
     /// Wire bytes per microbatch, per group, recomputation included.
     pub comm: GroupBytes,
@@ -54,6 +60,8 @@ impl BlockSummary {
             params: b.params(),
             saved: b.saved_bytes(recompute),
             saved_all: b.saved_all_bytes(),
+            wgrad_pending: 0,
+            backward_temp: 0,
             temp: b.temp_bytes(),
             comm: b.comm_bytes(recompute),
             model_flops: mf.total(),
@@ -87,12 +95,17 @@ impl LedgerSummary {
 
     /// Sums with per-block times.
     pub fn timed(l: &Ledger, recompute: Recompute, t: Option<&TimingContext>) -> LedgerSummary {
+        let sum = |b: &Block| BlockSummary {
+            wgrad_pending: b.wgrad_pending_bytes(l.dims.act),
+            backward_temp: b.backward_temp_bytes(l.dims.residual_bytes()),
+            ..BlockSummary::timed(b, recompute, t)
+        };
         LedgerSummary {
-            embedding: BlockSummary::timed(&l.embedding, recompute, t),
-            dense: BlockSummary::timed(&l.dense, recompute, t),
-            moe: l.moe.as_ref().map(|b| BlockSummary::timed(b, recompute, t)),
-            output: BlockSummary::timed(&l.output, recompute, t),
-            mtp: l.mtp.as_ref().map(|b| BlockSummary::timed(b, recompute, t)),
+            embedding: sum(&l.embedding),
+            dense: sum(&l.dense),
+            moe: l.moe.as_ref().map(sum),
+            output: sum(&l.output),
+            mtp: l.mtp.as_ref().map(sum),
         }
     }
 }
@@ -170,14 +183,93 @@ pub fn rank_params(chunks: &[ChunkContents], s: &LedgerSummary) -> ParamSums {
     p
 }
 
-/// Memory of pipeline rank `rank` holding `chunks`, with `inflight` chunk activation sets.
+/// Peak activation bytes of a pipeline rank playing `actions` over its `chunks`: a chunk's
+/// saved set lives from its F to its B; a split backward (Qi et al. 2024) frees the set at I
+/// but keeps what W needs (each linear layer's input and output gradient) until W. Each chunk
+/// is counted with its own contents (the first holds the embedding, the last the output layer
+/// and its fp32 softmax). Under full recompute a layer's whole set exists while its forward
+/// runs and while it is rebuilt in backward, on top of the kept inputs.
+pub fn activation_peak(
+    actions: &[Action],
+    chunks: &[ChunkContents],
+    s: &LedgerSummary,
+    recompute: Recompute,
+) -> u64 {
+    #[derive(Default, Clone, Copy)]
+    struct Chunk {
+        saved: i128,
+        pending: i128,
+        /// Saved bytes of the output block, which comes after the layers: freed first in
+        /// backward, created last in forward.
+        tail: i128,
+        /// Full recompute: what the layer being rebuilt adds to its kept input.
+        rebuilt: i128,
+    }
+    let chunk = |stage: u32| -> Chunk {
+        let mut c = Chunk::default();
+        for ch in chunks.iter().filter(|c| c.stage == stage as usize) {
+            for (b, n) in ch.blocks(s) {
+                let n = n as i128;
+                c.saved += b.saved as i128 * n;
+                c.pending += b.wgrad_pending as i128 * n;
+                if recompute == Recompute::Full && b.saved != b.saved_all {
+                    c.rebuilt = c.rebuilt.max((b.saved_all - b.saved) as i128);
+                }
+            }
+            if ch.output {
+                c.tail += s.output.saved as i128;
+            }
+        }
+        c
+    };
+    let mut live: i128 = 0;
+    let mut peak: i128 = 0;
+    for a in actions {
+        let c = chunk(a.stage);
+        match a.kind {
+            ActionKind::F => {
+                live += c.saved;
+                // Full recompute: each layer's forward builds its whole set before keeping
+                // only its input; the last layer does so before the output block's set exists.
+                peak = peak.max(live - c.tail + c.rebuilt);
+            }
+            ActionKind::B | ActionKind::I => {
+                // Backward frees the output block's set first, then rebuilds layer by layer.
+                peak = peak.max(live - c.tail + c.rebuilt);
+                if a.kind == ActionKind::I {
+                    // The pending set is built while the saved set is freed.
+                    peak = peak.max(live + (c.pending - c.saved).max(0));
+                    live += c.pending - c.saved;
+                } else {
+                    live -= c.saved;
+                }
+            }
+            ActionKind::W => live -= c.pending,
+        }
+        peak = peak.max(live);
+    }
+    peak.max(0) as u64
+}
+
+/// What a pipeline rank runs, for its activation peak.
+#[derive(Debug, Clone, Copy)]
+pub enum Pipeline<'a> {
+    /// Its action list from the schedule generator: the exact walk of [`activation_peak`].
+    Actions(&'a [Action]),
+    /// Only the peak number of live chunk sets (programs too long to walk, or a lower bound):
+    /// that many sets of the rank's average chunk, plus the layer full recompute rebuilds;
+    /// `split` when the schedule splits its backward (its W pass fills the gradient bucket).
+    Inflight { sets: u32, split: bool },
+}
+
+/// Memory of pipeline rank `rank` holding `chunks` and running `pipeline`.
 pub fn stage_memory(
     r: &Resolved,
     s: &LedgerSummary,
     l: &Ledger,
     rank: u32,
     chunks: &[ChunkContents],
-    inflight: u32,
+    pipeline: Pipeline,
 ) -> StageMemory {
     let tr = &r.config.training;
     let par = &r.config.parallel;
@@ -206,28 +298,33 @@ pub fn stage_memory(
         (p.rank_dense_trainable + p.rank_expert_trainable) * o
     };
 
-    // Activations: the in-flight chunk sets, each the average chunk of this rank.
-    let v = chunks.len().max(1) as u64;
-    let per_microbatch: u64 = chunks
-        .iter()
-        .flat_map(|c| c.blocks(s))
-        .map(|(b, n)| b.saved * n)
-        .sum();
-    let mut activations = (per_microbatch * inflight as u64).div_ceil(v);
-    if tr.recompute == Recompute::Full {
-        // The layer being recomputed holds its full activations during its backward.
-        let rebuilt = chunks
-            .iter()
-            .flat_map(|c| c.blocks(s))
-            .filter(|(b, _)| b.saved != b.saved_all)
-            .map(|(b, _)| b.saved_all)
-            .max()
-            .unwrap_or(0);
-        activations += rebuilt;
-    }
+    // Activations: the chunk sets live at the worst moment of this rank's action list.
+    let (activations, split) = match pipeline {
+        Pipeline::Actions(actions) => (
+            activation_peak(actions, chunks, s, tr.recompute),
+            actions.iter().any(|a| a.kind == ActionKind::I),
+        ),
+        Pipeline::Inflight { sets, split } => {
+            // That many sets of the rank's average chunk, plus the layer being rebuilt.
+            let v = chunks.len().max(1) as u64;
+            let per_microbatch: u64 = chunks
+                .iter()
+                .flat_map(|c| c.blocks(s))
+                .map(|(b, n)| b.saved * n)
+                .sum();
+            let rebuilt = chunks
+                .iter()
+                .flat_map(|c| c.blocks(s))
+                .filter(|(b, _)| tr.recompute == Recompute::Full && b.saved != b.saved_all)
+                .map(|(b, _)| b.saved_all - b.saved)
+                .max()
+                .unwrap_or(0);
+            ((per_microbatch * sets as u64).div_ceil(v) + rebuilt, split)
+        }
+    };
 
     // Buffers: runtime overhead, the SP all-gather buffer, pipeline send/receive buffers,
-    // ZeRO-3's gathered layer and its prefetch, and the largest transient of any op.
+    // then ZeRO's gathered blocks and gradient bucket and the ops' transients by phase.
     let mut buffers = r.gpu.runtime_overhead_bytes;
     if d.sp {
         buffers += d.n * d.h * d.act;
@@ -235,21 +332,43 @@ pub fn stage_memory(
     if par.pp > 1 {
         buffers += 2 * d.residual_bytes();
     }
-    if zero >= 3 {
-        let largest_layer = chunks
+    // The rest depends on the phase; the largest phase counts.
+    // - forward: ZeRO-3's gathered block and the prefetched next one, and the largest
+    //   forward transient of any op;
+    // - backward: ZeRO-3's gathered block, ZeRO-2/3's gradient bucket (a block's gradients
+    //   at full size before they are reduce-scattered into the shard, as DeepSpeed's reduce
+    //   bucket), and the largest backward transient; a split backward (zero-bubble
+    //   schedules) fills the bucket only in its W pass, where nothing else is transient.
+    let largest = |f: fn(&ParamSums) -> u64| {
+        chunks
             .iter()
             .flat_map(|c| c.blocks(s))
-            .map(|(b, _)| b.params.rank())
+            .map(|(b, _)| f(&b.params))
             .max()
-            .unwrap_or(0);
-        buffers += 2 * largest_layer * w;
-    }
-    buffers += chunks
-        .iter()
-        .flat_map(|c| c.blocks(s))
-        .map(|(b, _)| b.temp)
-        .max()
-        .unwrap_or(0);
+            .unwrap_or(0)
+    };
+    let largest_of = |f: fn(&BlockSummary) -> u64| {
+        chunks
+            .iter()
+            .flat_map(|c| c.blocks(s))
+            .map(|(b, _)| f(b))
+            .max()
+            .unwrap_or(0)
+    };
+    let gathered = if zero >= 3 {
+        largest(ParamSums::rank) * w
+    } else {
+        0
+    };
+    let bucket = if zero >= 2 {
+        largest(|p| p.rank_dense_trainable + p.rank_expert_trainable) * g
+    } else {
+        0
+    };
+    let forward = 2 * gathered + largest_of(|b| b.temp);
+    let backward = gathered + if split { 0 } else { bucket } + largest_of(|b| b.backward_temp);
+    let weight_pass = if split { bucket } else { 0 };
+    buffers += forward.max(backward).max(weight_pass);
     let total = weights + grads + optimizer + activations + buffers;
     StageMemory {
         stage: rank,

@@ -1,2 +1,17 @@
-//! parsim-executor: plays a Plan (shard shapes, process groups, per-rank actions) on a backend.
-//! The Plan types and backends arrive with the executor issues; this crate knows nothing of models.
+//! parsim-executor: plays a [`Plan`](plan::Plan) (shard shapes, process groups, per-rank
+//! actions) on a backend and measures it. It knows nothing of models, presets or
+//! configuration files: the engine (`parsim::plan`) lowers a configuration into a Plan.
+//!
+//! Backends implement [`backend::TensorOps`] and [`backend::Collectives`]; the `cpu` backend
+//! runs ranks as threads in fp32 and is the reference for correctness: any supported mix gives
+//! the loss and parameters of the single-rank run.
+
+pub mod backend;
+pub mod error;
+pub mod model;
+pub mod plan;
+pub mod runner;
+
+pub use error::ExecError;
+pub use plan::Plan;
+pub use runner::{run_cpu, RunOptions, RunReport};

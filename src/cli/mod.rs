@@ -3,6 +3,7 @@
 mod calibrate;
 mod config_args;
 mod estimate;
+mod execute;
 mod layout;
 mod schedule;
 mod search;
@@ -29,6 +30,8 @@ pub enum Command {
     Layout(layout::LayoutArgs),
     /// Fit a hardware profile to measured step times and peak memory (JSONL).
     Calibrate(calibrate::CalibrateArgs),
+    /// Run the configuration for real (CPU threads) and compare with the prediction.
+    Execute(execute::ExecuteArgs),
 }
 
 /// Runs the parsed command.
@@ -39,5 +42,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Search(a) => search::run(a),
         Command::Layout(a) => layout::run(a),
         Command::Calibrate(a) => calibrate::run(a),
+        Command::Execute(a) => execute::run(a),
     }
 }

@@ -111,6 +111,7 @@ const SHIPPED: &[(&str, &str)] = &[
     ("h200", include_str!("../../calibration/h200.toml")),
     ("b200", include_str!("../../calibration/b200.toml")),
     ("mi300x", include_str!("../../calibration/mi300x.toml")),
+    ("cpu", include_str!("../../calibration/cpu.toml")),
 ];
 
 impl GpuProfile {

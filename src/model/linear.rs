@@ -122,7 +122,10 @@ impl Linear {
                     Phase::Backward,
                     full_in,
                 )),
+                // The unreduced output (n x h) exists before the reduce-scatter shrinks it to
+                // the sequence shard: a transient t times the output.
                 (Split::Row, true) => op
+                    .temp(full_out)
                     .comm(tp_comm(
                         d,
                         CollectiveKind::ReduceScatter,

@@ -176,6 +176,53 @@ impl Block {
         }
     }
 
+    /// Bytes a split backward keeps from the input-gradient pass (I) to the weight-gradient
+    /// pass (W) for one microbatch (Qi et al. 2024): each linear layer's saved input and its
+    /// output gradient (m x n elements of `act` bytes), the embedding's output gradient, and
+    /// the small gradients of the other parameters (norms), computed in I and held in fp32.
+    pub fn wgrad_pending_bytes(&self, act: u64) -> u64 {
+        self.ops
+            .iter()
+            .filter_map(|o| o.params.filter(|p| p.trainable).map(|p| (o, p)))
+            .map(|(o, p)| match o.kind {
+                OpKind::Matmul { m, n, .. } => {
+                    let input: u64 = o
+                        .saved
+                        .iter()
+                        .filter(|s| s.name == "input")
+                        .map(|s| s.bytes)
+                        .sum();
+                    input + m * n * act
+                }
+                OpKind::MemoryBound { bytes } if o.name == "embedding.word" => bytes,
+                _ => p.rank * 4,
+            })
+            .sum()
+    }
+
+    /// The largest transient of this block's backward: the gradient arriving from the block
+    /// above (`incoming` bytes, residual-sized) plus the widest gradient one op produces while
+    /// the tensor it is the gradient of is still held (an op's input gradient is as large as
+    /// the input it saved: the activation's n x fc1 / t, or dQ, dK, dV beside Q, K, V; or,
+    /// with SP, an n x h partial sum before its reduce-scatter).
+    pub fn backward_temp_bytes(&self, incoming: u64) -> u64 {
+        let widest = self
+            .ops
+            .iter()
+            .map(|o| {
+                o.saved
+                    .iter()
+                    .filter(|s| !s.selective)
+                    .map(|s| s.bytes)
+                    .sum::<u64>()
+            })
+            .max()
+            .unwrap_or(0);
+        // With SP a column-parallel layer's input gradient is an n x h partial sum before its
+        // reduce-scatter, as large as the row-parallel output before its own (the op's `temp`).
+        incoming + widest.max(self.temp_bytes())
+    }
+
     /// The largest transient allocation of any op.
     pub fn temp_bytes(&self) -> u64 {
         self.ops.iter().map(|o| o.temp_bytes).max().unwrap_or(0)

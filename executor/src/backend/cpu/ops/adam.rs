@@ -1,0 +1,18 @@
+//! Adam (Kingma and Ba 2015) with decoupled weight decay (Loshchilov and Hutter 2019), on a
+//! contiguous shard of the flat parameter buffer: element-wise, so sharding (ZeRO) does not
+//! change the result.
+
+use crate::plan::AdamConfig;
+
+/// One update at step `t` (1-based).
+pub fn adam_step(c: &AdamConfig, t: u32, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+    let bc1 = 1.0 - c.beta1.powi(t as i32);
+    let bc2 = 1.0 - c.beta2.powi(t as i32);
+    for i in 0..p.len() {
+        m[i] = c.beta1 * m[i] + (1.0 - c.beta1) * g[i];
+        v[i] = c.beta2 * v[i] + (1.0 - c.beta2) * g[i] * g[i];
+        let mhat = m[i] / bc1;
+        let vhat = v[i] / bc2;
+        p[i] -= c.lr * (mhat / (vhat.sqrt() + c.eps) + c.weight_decay * p[i]);
+    }
+}

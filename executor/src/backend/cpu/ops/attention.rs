@@ -1,0 +1,201 @@
+//! Causal grouped-query attention (Ainslie et al. 2023), forward and backward, one (batch,
+//! head) at a time with [s, s] scratch. With `flash` it keeps only the per-row log-sum-exp
+//! (Dao et al. 2022) and rebuilds the probabilities in backward; otherwise it keeps the softmax
+//! (Korthikanti et al. 2022). Without either (selective recompute) backward recomputes the
+//! softmax from Q and K.
+
+use super::gemm::{gemm, View};
+use crate::backend::cpu::memory::Category;
+use crate::backend::cpu::tensor::Tensor;
+
+/// Shapes of one attention call on one rank.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    /// Sequences in the microbatch.
+    pub b: usize,
+    pub s: usize,
+    /// Query heads on this rank.
+    pub heads: usize,
+    /// K/V heads on this rank.
+    pub kv_heads: usize,
+    pub d: usize,
+}
+
+impl AttnShape {
+    fn views(&self, bi: usize, hq: usize) -> (View, View) {
+        let (s, d) = (self.s, self.d);
+        let hk = hq / (self.heads / self.kv_heads);
+        let q = View::block(s, d, self.heads * d, bi * s * self.heads * d + hq * d);
+        let kv = View::block(s, d, self.kv_heads * d, bi * s * self.kv_heads * d + hk * d);
+        (q, kv)
+    }
+
+    fn scale(&self) -> f32 {
+        1.0 / (self.d as f32).sqrt()
+    }
+}
+
+/// What the forward keeps for backward.
+pub enum AttnSaved {
+    /// The softmax, [b, heads, s, s].
+    Probs(Tensor),
+    /// The log-sum-exp of each query row, [b, heads, s].
+    Lse(Tensor),
+    /// Nothing (selective recompute).
+    None,
+}
+
+/// Scores into `sc` and the row-wise softmax in place; returns nothing. Masked entries are 0.
+fn scores(sh: &AttnShape, q: &[f32], k: &[f32], bi: usize, hq: usize, sc: &mut [f32]) {
+    let (qv, kv) = sh.views(bi, hq);
+    let s = sh.s;
+    gemm(sh.scale(), q, qv, k, kv.t(), 0.0, sc, View::rm(s, s));
+}
+
+fn softmax_rows(sc: &mut [f32], s: usize, lse_out: Option<&mut [f32]>) {
+    let mut lse_store = lse_out;
+    for i in 0..s {
+        let row = &mut sc[i * s..(i + 1) * s];
+        let max = row[..=i].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0f32;
+        for x in row[..=i].iter_mut() {
+            *x = (*x - max).exp();
+            sum += *x;
+        }
+        for x in row[..=i].iter_mut() {
+            *x /= sum;
+        }
+        for x in row[i + 1..].iter_mut() {
+            *x = 0.0;
+        }
+        if let Some(l) = lse_store.as_deref_mut() {
+            l[i] = max + sum.ln();
+        }
+    }
+}
+
+/// o = softmax(q k^T / sqrt(d), causal) v; returns what `keep` asks to save.
+pub fn attn_fwd(
+    sh: &AttnShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    o: &mut [f32],
+    keep: Keep,
+) -> AttnSaved {
+    let s = sh.s;
+    let mut probs = match keep {
+        Keep::Probs => Some(Tensor::zeros(
+            Category::Activations,
+            &[sh.b, sh.heads, s, s],
+        )),
+        _ => None,
+    };
+    let mut lse = match keep {
+        Keep::Lse => Some(Tensor::zeros(Category::Activations, &[sh.b, sh.heads, s])),
+        _ => None,
+    };
+    let mut scratch = Tensor::zeros(Category::Buffers, &[s, s]);
+    for bi in 0..sh.b {
+        for hq in 0..sh.heads {
+            let idx = bi * sh.heads + hq;
+            let sc = match probs.as_mut() {
+                Some(p) => &mut p.data_mut()[idx * s * s..(idx + 1) * s * s],
+                None => scratch.data_mut(),
+            };
+            scores(sh, q, k, bi, hq, sc);
+            softmax_rows(
+                sc,
+                s,
+                lse.as_mut()
+                    .map(|l| &mut l.data_mut()[idx * s..(idx + 1) * s]),
+            );
+            let (qv, kv) = sh.views(bi, hq);
+            gemm(1.0, sc, View::rm(s, s), v, kv, 0.0, o, qv);
+        }
+    }
+    match (probs, lse) {
+        (Some(p), _) => AttnSaved::Probs(p),
+        (_, Some(l)) => AttnSaved::Lse(l),
+        _ => AttnSaved::None,
+    }
+}
+
+/// What the attention forward saves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    Probs,
+    Lse,
+    Nothing,
+}
+
+/// dq (written), dk and dv (written) from do.
+#[allow(clippy::too_many_arguments)]
+pub fn attn_bwd(
+    sh: &AttnShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    saved: &AttnSaved,
+    dout: &[f32],
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dv: &mut [f32],
+) {
+    let s = sh.s;
+    dk.fill(0.0);
+    dv.fill(0.0);
+    let mut p_buf = Tensor::zeros(Category::Buffers, &[s, s]);
+    let mut dp = Tensor::zeros(Category::Buffers, &[s, s]);
+    for bi in 0..sh.b {
+        for hq in 0..sh.heads {
+            let idx = bi * sh.heads + hq;
+            let p: &[f32] = match saved {
+                AttnSaved::Probs(t) => &t.data()[idx * s * s..(idx + 1) * s * s],
+                AttnSaved::Lse(l) => {
+                    let pb = p_buf.data_mut();
+                    scores(sh, q, k, bi, hq, pb);
+                    let lse = &l.data()[idx * s..(idx + 1) * s];
+                    for i in 0..s {
+                        for j in 0..s {
+                            pb[i * s + j] = if j <= i {
+                                (pb[i * s + j] - lse[i]).exp()
+                            } else {
+                                0.0
+                            };
+                        }
+                    }
+                    p_buf.data()
+                }
+                AttnSaved::None => {
+                    let pb = p_buf.data_mut();
+                    scores(sh, q, k, bi, hq, pb);
+                    softmax_rows(pb, s, None);
+                    p_buf.data()
+                }
+            };
+            let (qv, kv) = sh.views(bi, hq);
+            // dV += P^T dO
+            gemm(1.0, p, View::rm(s, s).t(), dout, qv, 1.0, dv, kv);
+            // dP = dO V^T
+            let dpd = dp.data_mut();
+            gemm(1.0, dout, qv, v, kv.t(), 0.0, dpd, View::rm(s, s));
+            // dS = P * (dP - rowsum(dP * P))
+            for i in 0..s {
+                let row = &mut dpd[i * s..(i + 1) * s];
+                let prow = &p[i * s..(i + 1) * s];
+                let dot: f32 = row[..=i].iter().zip(&prow[..=i]).map(|(a, b)| a * b).sum();
+                for j in 0..s {
+                    row[j] = if j <= i {
+                        prow[j] * (row[j] - dot)
+                    } else {
+                        0.0
+                    };
+                }
+            }
+            // dQ = dS K * scale; dK += dS^T Q * scale
+            gemm(sh.scale(), dpd, View::rm(s, s), k, kv, 0.0, dq, qv);
+            gemm(sh.scale(), dpd, View::rm(s, s).t(), q, qv, 1.0, dk, kv);
+        }
+    }
+}

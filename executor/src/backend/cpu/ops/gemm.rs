@@ -1,0 +1,186 @@
+//! Matrix multiplication through `matrixmultiply`'s sgemm (packed, SIMD micro-kernels), with
+//! transposes expressed as strides. Each thread (rank) counts its GEMM FLOPs and seconds, so a
+//! step can report the rate its matmuls ran at ([`gemm_stats`]).
+
+use std::cell::Cell;
+use std::time::Instant;
+
+thread_local! {
+    static GEMM_FLOPS: Cell<f64> = const { Cell::new(0.0) };
+    static GEMM_SECONDS: Cell<f64> = const { Cell::new(0.0) };
+}
+
+/// (FLOPs, seconds) of this thread's GEMMs since the last [`reset_gemm_stats`].
+pub fn gemm_stats() -> (f64, f64) {
+    (GEMM_FLOPS.with(Cell::get), GEMM_SECONDS.with(Cell::get))
+}
+
+/// Zeroes this thread's GEMM counters.
+pub fn reset_gemm_stats() {
+    GEMM_FLOPS.with(|c| c.set(0.0));
+    GEMM_SECONDS.with(|c| c.set(0.0));
+}
+
+/// A strided matrix view: element (i, j) at `offset + i * rs + j * cs`.
+#[derive(Debug, Clone, Copy)]
+pub struct View {
+    pub rows: usize,
+    pub cols: usize,
+    pub rs: usize,
+    pub cs: usize,
+    pub offset: usize,
+}
+
+impl View {
+    /// A row-major [rows, cols] matrix.
+    pub fn rm(rows: usize, cols: usize) -> View {
+        View {
+            rows,
+            cols,
+            rs: cols,
+            cs: 1,
+            offset: 0,
+        }
+    }
+
+    /// The transpose of this view (no copy).
+    pub fn t(self) -> View {
+        View {
+            rows: self.cols,
+            cols: self.rows,
+            rs: self.cs,
+            cs: self.rs,
+            offset: self.offset,
+        }
+    }
+
+    /// A row-major block of a wider matrix with row stride `ld`.
+    pub fn block(rows: usize, cols: usize, ld: usize, offset: usize) -> View {
+        View {
+            rows,
+            cols,
+            rs: ld,
+            cs: 1,
+            offset,
+        }
+    }
+
+    fn last(&self) -> usize {
+        if self.rows == 0 || self.cols == 0 {
+            self.offset
+        } else {
+            self.offset + (self.rows - 1) * self.rs + (self.cols - 1) * self.cs
+        }
+    }
+}
+
+/// C = alpha * A . B + beta * C for strided views (beta = 0 overwrites C, NaNs included).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    alpha: f32,
+    a: &[f32],
+    av: View,
+    b: &[f32],
+    bv: View,
+    beta: f32,
+    c: &mut [f32],
+    cv: View,
+) {
+    assert_eq!(av.cols, bv.rows, "gemm inner dimensions");
+    assert_eq!((av.rows, bv.cols), (cv.rows, cv.cols), "gemm output shape");
+    if cv.rows == 0 || cv.cols == 0 {
+        return;
+    }
+    assert!(
+        av.last() < a.len().max(1) || av.cols == 0,
+        "gemm: A out of bounds"
+    );
+    assert!(
+        bv.last() < b.len().max(1) || av.cols == 0,
+        "gemm: B out of bounds"
+    );
+    assert!(cv.last() < c.len(), "gemm: C out of bounds");
+    if av.cols == 0 {
+        for i in 0..cv.rows {
+            for j in 0..cv.cols {
+                let x = &mut c[cv.offset + i * cv.rs + j * cv.cs];
+                *x = if beta == 0.0 { 0.0 } else { beta * *x };
+            }
+        }
+        return;
+    }
+    let t0 = Instant::now();
+    // SAFETY: every index the kernel touches lies within the views, whose last elements were
+    // bounds-checked above; A and B are only read, C is borrowed mutably and does not alias them.
+    unsafe {
+        matrixmultiply::sgemm(
+            av.rows,
+            av.cols,
+            bv.cols,
+            alpha,
+            a.as_ptr().add(av.offset),
+            av.rs as isize,
+            av.cs as isize,
+            b.as_ptr().add(bv.offset),
+            bv.rs as isize,
+            bv.cs as isize,
+            beta,
+            c.as_mut_ptr().add(cv.offset),
+            cv.rs as isize,
+            cv.cs as isize,
+        );
+    }
+    let dt = t0.elapsed().as_secs_f64();
+    GEMM_FLOPS.with(|c| c.set(c.get() + 2.0 * (av.rows * av.cols * bv.cols) as f64));
+    GEMM_SECONDS.with(|c| c.set(c.get() + dt));
+}
+
+/// Y[n, o] = X[n, i] . W[o, i]^T (a linear layer's forward).
+pub fn linear_fwd(x: &[f32], w: &[f32], n: usize, i: usize, o: usize, y: &mut [f32]) {
+    gemm(
+        1.0,
+        x,
+        View::rm(n, i),
+        w,
+        View::rm(o, i).t(),
+        0.0,
+        y,
+        View::rm(n, o),
+    );
+}
+
+/// dX[n, i] (+)= dY[n, o] . W[o, i].
+pub fn linear_dgrad(
+    dy: &[f32],
+    w: &[f32],
+    n: usize,
+    i: usize,
+    o: usize,
+    dx: &mut [f32],
+    acc: bool,
+) {
+    gemm(
+        1.0,
+        dy,
+        View::rm(n, o),
+        w,
+        View::rm(o, i),
+        if acc { 1.0 } else { 0.0 },
+        dx,
+        View::rm(n, i),
+    );
+}
+
+/// dW[o, i] += dY[n, o]^T . X[n, i].
+pub fn linear_wgrad(dy: &[f32], x: &[f32], n: usize, i: usize, o: usize, dw: &mut [f32]) {
+    gemm(
+        1.0,
+        dy,
+        View::rm(n, o).t(),
+        x,
+        View::rm(n, i),
+        1.0,
+        dw,
+        View::rm(o, i),
+    );
+}

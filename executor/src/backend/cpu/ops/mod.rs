@@ -1,0 +1,8 @@
+//! The CPU backend's tensor ops, one family per file, each forward and backward.
+
+pub mod activation;
+pub mod adam;
+pub mod attention;
+pub mod gemm;
+pub mod norm;
+pub mod rotary;

@@ -1,0 +1,34 @@
+//! Rotary position embedding (Su et al. 2021, RoFormer), in the rotate-half layout of GPT-NeoX
+//! and Llama: feature j pairs with j + d/2 within each head. Position = row mod seq.
+
+/// Rotates `heads` heads of `d` features per row, in place; `inverse` applies the transpose
+/// (the backward of the rotation).
+pub fn rotary(
+    x: &mut [f32],
+    rows: usize,
+    heads: usize,
+    d: usize,
+    seq: usize,
+    theta: f32,
+    inverse: bool,
+) {
+    let half = d / 2;
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|j| 1.0 / theta.powf(2.0 * j as f32 / d as f32))
+        .collect();
+    let sign = if inverse { -1.0 } else { 1.0 };
+    for r in 0..rows {
+        let pos = (r % seq) as f32;
+        for hd in 0..heads {
+            let base = (r * heads + hd) * d;
+            for j in 0..half {
+                let (s, c) = (pos * inv_freq[j]).sin_cos();
+                let s = sign * s;
+                let x1 = x[base + j];
+                let x2 = x[base + j + half];
+                x[base + j] = x1 * c - x2 * s;
+                x[base + j + half] = x1 * s + x2 * c;
+            }
+        }
+    }
+}

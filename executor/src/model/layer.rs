@@ -1,0 +1,369 @@
+//! One decoder layer: norm, QKV (column-parallel), rotary, causal GQA attention, output
+//! projection (row-parallel), residual; norm, fc1 (column-parallel), SwiGLU/GeLU, fc2
+//! (row-parallel), residual. Saves exactly what the engine's op ledger counts (docs/engine.md):
+//! each norm's input, the QKV and fc1 inputs (sequence shards with SP), Q, K, V, the softmax
+//! (or the log-sum-exp with flash attention; neither under selective recompute), the
+//! projection and fc2 inputs, and the activation's input.
+
+use super::params::BlockLayout;
+use super::{add, Ctx, Sink, WTask};
+use crate::backend::cpu::ops::attention::{attn_bwd, attn_fwd, AttnSaved, AttnShape, Keep};
+use crate::backend::cpu::{Category, Tensor};
+use crate::backend::TensorOps;
+use crate::error::ExecError;
+use crate::plan::Recompute;
+
+const ATTN_NORM: usize = 0;
+const QKV: usize = 1;
+const PROJ: usize = 2;
+const MLP_NORM: usize = 3;
+const FC1: usize = 4;
+const FC2: usize = 5;
+
+/// What a layer keeps from forward to backward.
+pub struct LayerSaved {
+    pub x: Tensor,
+    pub ln1: Tensor,
+    pub q: Tensor,
+    pub k: Tensor,
+    pub v: Tensor,
+    pub attn: AttnSaved,
+    pub o: Tensor,
+    pub x1: Tensor,
+    pub ln2: Tensor,
+    pub u: Tensor,
+    pub act: Tensor,
+}
+
+fn slice<'p>(p: &'p [f32], l: &BlockLayout, t: usize) -> &'p [f32] {
+    &p[l.tensors[t].range()]
+}
+
+fn attn_shape(ctx: &Ctx) -> AttnShape {
+    let m = &ctx.plan.model;
+    AttnShape {
+        b: m.micro_batch,
+        s: m.seq,
+        heads: ctx.rd.a_r,
+        kv_heads: ctx.rd.g_r,
+        d: ctx.rd.d,
+    }
+}
+
+/// Forward of one layer on the residual shard `x` [n_sp, h]; returns the output and the
+/// saved tensors (the caller keeps only `x` under full recompute).
+pub fn layer_fwd(
+    ctx: &mut Ctx,
+    l: &BlockLayout,
+    p: &[f32],
+    x: Tensor,
+) -> Result<(Tensor, LayerSaved), ExecError> {
+    let m = &ctx.plan.model;
+    let (norm, eps, theta, seq) = (m.norm, m.norm_eps, m.rope_theta, m.seq);
+    let keep = match (ctx.recompute, m.flash) {
+        (Recompute::Selective, _) => Keep::Nothing,
+        (_, true) => Keep::Lse,
+        (_, false) => Keep::Probs,
+    };
+    let rd = ctx.rd;
+    let (n, n_sp, h, d) = (ctx.n, ctx.n_sp, rd.h, rd.d);
+    let act_kind = m.activation;
+    let a = Category::Activations;
+
+    let mut ln1 = Tensor::zeros(a, &[n_sp, h]);
+    ctx.ops.norm_fwd(
+        norm,
+        x.data(),
+        slice(p, l, ATTN_NORM),
+        h,
+        eps,
+        ln1.data_mut(),
+    );
+    let qkv_r = rd.qkv_r();
+    let mut qkv = Tensor::zeros(Category::Buffers, &[n, qkv_r]);
+    ctx.with_gathered(ln1.data(), |c, xg| {
+        c.ops
+            .linear_fwd(xg, slice(p, l, QKV), n, h, qkv_r, qkv.data_mut())
+    })?;
+    let (qw, kw) = (rd.a_r * d, rd.g_r * d);
+    let mut q = Tensor::zeros(a, &[n, qw]);
+    let mut k = Tensor::zeros(a, &[n, kw]);
+    let mut v = Tensor::zeros(a, &[n, kw]);
+    for r in 0..n {
+        let row = &qkv.data()[r * qkv_r..(r + 1) * qkv_r];
+        q.data_mut()[r * qw..(r + 1) * qw].copy_from_slice(&row[..qw]);
+        k.data_mut()[r * kw..(r + 1) * kw].copy_from_slice(&row[qw..qw + kw]);
+        v.data_mut()[r * kw..(r + 1) * kw].copy_from_slice(&row[qw + kw..]);
+    }
+    drop(qkv);
+    ctx.ops
+        .rotary(q.data_mut(), n, rd.a_r, d, seq, theta, false);
+    ctx.ops
+        .rotary(k.data_mut(), n, rd.g_r, d, seq, theta, false);
+    let mut o = Tensor::zeros(a, &[n, qw]);
+    let attn = attn_fwd(
+        &attn_shape(ctx),
+        q.data(),
+        k.data(),
+        v.data(),
+        o.data_mut(),
+        keep,
+    );
+    let mut partial = Tensor::zeros(Category::Buffers, &[n, h]);
+    ctx.ops
+        .linear_fwd(o.data(), slice(p, l, PROJ), n, qw, h, partial.data_mut());
+    let attn_out = ctx.reduce_to_region(partial, Category::Buffers)?;
+    let x1 = add(x.data(), attn_out.data(), &[n_sp, h], a);
+    drop(attn_out);
+
+    let mut ln2 = Tensor::zeros(a, &[n_sp, h]);
+    ctx.ops.norm_fwd(
+        norm,
+        x1.data(),
+        slice(p, l, MLP_NORM),
+        h,
+        eps,
+        ln2.data_mut(),
+    );
+    let fc1 = rd.fc1_r;
+    let mut u = Tensor::zeros(a, &[n, fc1]);
+    ctx.with_gathered(ln2.data(), |c, xg| {
+        c.ops
+            .linear_fwd(xg, slice(p, l, FC1), n, h, fc1, u.data_mut())
+    })?;
+    let mut act = Tensor::zeros(a, &[n, rd.f_r]);
+    ctx.ops
+        .act_fwd(act_kind, u.data(), n, rd.f_r, act.data_mut());
+    let mut partial = Tensor::zeros(Category::Buffers, &[n, h]);
+    ctx.ops.linear_fwd(
+        act.data(),
+        slice(p, l, FC2),
+        n,
+        rd.f_r,
+        h,
+        partial.data_mut(),
+    );
+    let mlp_out = ctx.reduce_to_region(partial, Category::Buffers)?;
+    let y = add(x1.data(), mlp_out.data(), &[n_sp, h], a);
+    drop(mlp_out);
+    Ok((
+        y,
+        LayerSaved {
+            x,
+            ln1,
+            q,
+            k,
+            v,
+            attn,
+            o,
+            x1,
+            ln2,
+            u,
+            act,
+        },
+    ))
+}
+
+/// Input gradient of one layer: dx [n_sp, h] from dy [n_sp, h]; each weight-gradient task goes
+/// to `sink` as soon as its tensors exist (so a full backward frees them at once).
+pub fn layer_bwd(
+    ctx: &mut Ctx,
+    l: &BlockLayout,
+    p: &[f32],
+    s: LayerSaved,
+    dy: Tensor,
+    sink: &mut Sink,
+) -> Result<Tensor, ExecError> {
+    let m = &ctx.plan.model;
+    let (norm, eps, theta, seq) = (m.norm, m.norm_eps, m.rope_theta, m.seq);
+    let act_kind = m.activation;
+    let rd = ctx.rd;
+    let (n, n_sp, h, d) = (ctx.n, ctx.n_sp, rd.h, rd.d);
+    let b = Category::Buffers;
+    let sp = ctx.sp;
+    let LayerSaved {
+        x,
+        ln1,
+        q,
+        k,
+        v,
+        attn,
+        o,
+        x1,
+        ln2,
+        u,
+        act,
+    } = s;
+
+    // MLP: fc2 (row-parallel), activation, fc1 (column-parallel), norm.
+    let dyg = ctx.expand_grad(&dy)?;
+    let mut d_act = Tensor::zeros(b, &[n, rd.f_r]);
+    ctx.ops.linear_dgrad(
+        dyg.data(),
+        slice(p, l, FC2),
+        n,
+        rd.f_r,
+        h,
+        d_act.data_mut(),
+        false,
+    );
+    sink(
+        ctx,
+        WTask::Linear {
+            tensor: FC2,
+            x: act,
+            dy: dyg,
+            i: rd.f_r,
+            o: h,
+            gather_x: false,
+        },
+    )?;
+    // In place: the activation's input is needed by nothing else, so its gradient takes its
+    // buffer (no n x fc1 transient).
+    let mut du = u.recat(b);
+    ctx.ops
+        .act_bwd_inplace(act_kind, du.data_mut(), d_act.data(), n, rd.f_r);
+    drop(d_act);
+    let mut part = Tensor::zeros(b, &[n, h]);
+    ctx.ops.linear_dgrad(
+        du.data(),
+        slice(p, l, FC1),
+        n,
+        h,
+        rd.fc1_r,
+        part.data_mut(),
+        false,
+    );
+    let d_ln2 = ctx.reduce_to_region(part, b)?;
+    sink(
+        ctx,
+        WTask::Linear {
+            tensor: FC1,
+            x: ln2,
+            dy: du,
+            i: h,
+            o: rd.fc1_r,
+            gather_x: sp,
+        },
+    )?;
+    let mut dx1 = Tensor::zeros(b, &[n_sp, h]);
+    ctx.ops.norm_dgrad(
+        norm,
+        x1.data(),
+        slice(p, l, MLP_NORM),
+        d_ln2.data(),
+        h,
+        eps,
+        dx1.data_mut(),
+    );
+    for (o, g) in dx1.data_mut().iter_mut().zip(dy.data()) {
+        *o += g;
+    }
+    drop(dy);
+    sink(
+        ctx,
+        WTask::Norm {
+            tensor: MLP_NORM,
+            x: x1,
+            dy: d_ln2,
+        },
+    )?;
+
+    // Attention: projection (row-parallel), core, rotary, QKV (column-parallel), norm.
+    let qw = rd.a_r * d;
+    let kw = rd.g_r * d;
+    let dxg = ctx.expand_grad(&dx1)?;
+    let mut d_o = Tensor::zeros(b, &[n, qw]);
+    ctx.ops.linear_dgrad(
+        dxg.data(),
+        slice(p, l, PROJ),
+        n,
+        qw,
+        h,
+        d_o.data_mut(),
+        false,
+    );
+    sink(
+        ctx,
+        WTask::Linear {
+            tensor: PROJ,
+            x: o,
+            dy: dxg,
+            i: qw,
+            o: h,
+            gather_x: false,
+        },
+    )?;
+    let mut dq = Tensor::zeros(b, &[n, qw]);
+    let mut dk = Tensor::zeros(b, &[n, kw]);
+    let mut dv = Tensor::zeros(b, &[n, kw]);
+    attn_bwd(
+        &attn_shape(ctx),
+        q.data(),
+        k.data(),
+        v.data(),
+        &attn,
+        d_o.data(),
+        dq.data_mut(),
+        dk.data_mut(),
+        dv.data_mut(),
+    );
+    drop((q, k, v, attn, d_o));
+    ctx.ops
+        .rotary(dq.data_mut(), n, rd.a_r, d, seq, theta, true);
+    ctx.ops
+        .rotary(dk.data_mut(), n, rd.g_r, d, seq, theta, true);
+    let qkv_r = rd.qkv_r();
+    let mut dqkv = Tensor::zeros(b, &[n, qkv_r]);
+    for r in 0..n {
+        let row = &mut dqkv.data_mut()[r * qkv_r..(r + 1) * qkv_r];
+        row[..qw].copy_from_slice(&dq.data()[r * qw..(r + 1) * qw]);
+        row[qw..qw + kw].copy_from_slice(&dk.data()[r * kw..(r + 1) * kw]);
+        row[qw + kw..].copy_from_slice(&dv.data()[r * kw..(r + 1) * kw]);
+    }
+    drop((dq, dk, dv));
+    let mut part = Tensor::zeros(b, &[n, h]);
+    ctx.ops.linear_dgrad(
+        dqkv.data(),
+        slice(p, l, QKV),
+        n,
+        h,
+        qkv_r,
+        part.data_mut(),
+        false,
+    );
+    let d_ln1 = ctx.reduce_to_region(part, b)?;
+    sink(
+        ctx,
+        WTask::Linear {
+            tensor: QKV,
+            x: ln1,
+            dy: dqkv,
+            i: h,
+            o: qkv_r,
+            gather_x: sp,
+        },
+    )?;
+    let mut dx = Tensor::zeros(b, &[n_sp, h]);
+    ctx.ops.norm_dgrad(
+        norm,
+        x.data(),
+        slice(p, l, ATTN_NORM),
+        d_ln1.data(),
+        h,
+        eps,
+        dx.data_mut(),
+    );
+    for (o, g) in dx.data_mut().iter_mut().zip(dx1.data()) {
+        *o += g;
+    }
+    sink(
+        ctx,
+        WTask::Norm {
+            tensor: ATTN_NORM,
+            x,
+            dy: d_ln1,
+        },
+    )?;
+    Ok(dx)
+}

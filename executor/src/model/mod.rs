@@ -1,0 +1,255 @@
+//! The decoder-only transformer on one rank, Megatron-style (Shoeybi et al. 2019): column-
+//! parallel QKV and fc1, row-parallel output projection and fc2, vocab-parallel embedding,
+//! output layer and cross-entropy; with sequence parallelism (Korthikanti et al. 2022) the
+//! norms and residuals run on sequence shards, the column-parallel input is all-gathered
+//! (forward, and again in backward for the weight gradient, since only the shard is saved) and
+//! the row-parallel output reduce-scattered; the reverse in backward.
+//!
+//! Backward is split as zero-bubble schedules split it (Qi et al. 2024): `*_bwd` computes the
+//! input gradient and returns [`WTask`]s, the weight-gradient work, run at once for a full
+//! backward or later for a W action.
+
+pub mod data;
+pub mod ends;
+pub mod layer;
+pub mod params;
+
+use crate::backend::cpu::{Category, CpuComm, CpuOps, Group, Tensor};
+use crate::backend::{Collectives, ReduceOp, TensorOps};
+use crate::error::ExecError;
+use crate::plan::{Plan, Recompute};
+use params::RankDims;
+
+/// What one rank needs to run model code.
+pub struct Ctx<'a> {
+    pub plan: &'a Plan,
+    pub rd: RankDims,
+    pub ops: CpuOps,
+    pub comm: &'a CpuComm,
+    pub tp: Group,
+    pub sp: bool,
+    pub recompute: Recompute,
+    /// Tokens of a microbatch, and of its sequence-parallel shard.
+    pub n: usize,
+    pub n_sp: usize,
+    /// Megatron's global buffer for the SP all-gather of the column-parallel input (n x h).
+    pub sp_buf: Option<Tensor>,
+}
+
+impl<'a> Ctx<'a> {
+    pub fn new(plan: &'a Plan, comm: &'a CpuComm, tp: Group, tp_rank: u32) -> Ctx<'a> {
+        let rd = RankDims::new(plan, tp_rank);
+        let sp = plan.parallel.sp && plan.parallel.tp > 1;
+        let n = plan.model.tokens();
+        Ctx {
+            plan,
+            rd,
+            ops: CpuOps,
+            comm,
+            tp,
+            sp,
+            recompute: plan.parallel.recompute,
+            n,
+            n_sp: if sp { n / rd.t } else { n },
+            sp_buf: sp.then(|| Tensor::zeros(Category::Buffers, &[n, rd.h])),
+        }
+    }
+
+    /// Gathers a sequence shard [n_sp, h] into the SP buffer (SP only).
+    fn gather_into_buf(&mut self, x: &[f32]) -> Result<(), ExecError> {
+        let buf = self.sp_buf.as_mut().expect("sp buffer");
+        self.comm.all_gather(&self.tp, x, buf.data_mut())
+    }
+
+    /// Runs `f` on the column-parallel input: the SP all-gather of `x`, or `x` itself.
+    pub fn with_gathered<R>(
+        &mut self,
+        x: &[f32],
+        f: impl FnOnce(&mut Self, &[f32]) -> R,
+    ) -> Result<R, ExecError> {
+        if self.sp {
+            self.gather_into_buf(x)?;
+            let buf = self.sp_buf.take().expect("sp buffer");
+            let r = f(self, buf.data());
+            self.sp_buf = Some(buf);
+            Ok(r)
+        } else {
+            Ok(f(self, x))
+        }
+    }
+
+    /// A partial sum [n, h] reduced over TP into the SP region: reduce-scatter to [n_sp, h]
+    /// with SP, all-reduce otherwise (row-parallel output forward; column-parallel input
+    /// gradient backward).
+    pub fn reduce_to_region(
+        &mut self,
+        mut partial: Tensor,
+        cat: Category,
+    ) -> Result<Tensor, ExecError> {
+        if self.sp {
+            let mut out = Tensor::zeros(cat, &[self.n_sp, self.rd.h]);
+            self.comm
+                .reduce_scatter(&self.tp, partial.data(), out.data_mut())?;
+            Ok(out)
+        } else {
+            self.comm
+                .all_reduce(&self.tp, partial.data_mut(), ReduceOp::Sum)?;
+            Ok(partial.recat(cat))
+        }
+    }
+
+    /// The full-sequence gradient [n, h] of a row-parallel output from its region gradient:
+    /// all-gather with SP, a copy otherwise (the gradient is already whole on every TP rank).
+    pub fn expand_grad(&mut self, dy: &Tensor) -> Result<Tensor, ExecError> {
+        let mut out = Tensor::zeros(Category::Buffers, &[self.n, self.rd.h]);
+        if self.sp {
+            self.comm.all_gather(&self.tp, dy.data(), out.data_mut())?;
+        } else {
+            out.data_mut().copy_from_slice(dy.data());
+        }
+        Ok(out)
+    }
+}
+
+/// Weight-gradient work left by an input-gradient pass.
+pub enum WTask {
+    /// dW += dY^T X for the block tensor `tensor` [o, i]; X is gathered over SP first when
+    /// `gather_x` (only its sequence shard was saved).
+    Linear {
+        tensor: usize,
+        x: Tensor,
+        dy: Tensor,
+        i: usize,
+        o: usize,
+        gather_x: bool,
+    },
+    /// Norm gain (and bias) gradient from the saved input and the output gradient.
+    Norm {
+        tensor: usize,
+        x: Tensor,
+        dy: Tensor,
+    },
+    /// Embedding rows: dE[id - lo] += dY[t].
+    Embedding { tokens: Vec<u32>, dy: Tensor },
+    /// A gradient already computed (a norm's, when its task is held for a W action: the
+    /// norm's input and output gradient need not wait).
+    Ready { tensor: usize, grad: Tensor },
+}
+
+/// Where a backward pass sends its weight-gradient tasks: run at once, or held.
+pub type Sink<'s> = dyn FnMut(&mut Ctx, WTask) -> Result<(), ExecError> + 's;
+
+impl WTask {
+    /// Keeps the task's tensors as activations while it waits for its W action; a norm's
+    /// (small) gradient is computed now, so its input and output gradient are freed.
+    pub fn hold(self, ctx: &Ctx, layout: &params::BlockLayout) -> WTask {
+        let a = Category::Activations;
+        match self {
+            WTask::Norm { tensor, x, dy } => {
+                let t = &layout.tensors[tensor];
+                let mut grad = Tensor::zeros(a, &[t.len()]);
+                let m = &ctx.plan.model;
+                ctx.ops.norm_wgrad(
+                    m.norm,
+                    x.data(),
+                    dy.data(),
+                    ctx.rd.h,
+                    m.norm_eps,
+                    grad.data_mut(),
+                );
+                WTask::Ready { tensor, grad }
+            }
+            WTask::Ready { tensor, grad } => WTask::Ready { tensor, grad },
+            WTask::Linear {
+                tensor,
+                x,
+                dy,
+                i,
+                o,
+                gather_x,
+            } => WTask::Linear {
+                tensor,
+                x: x.recat(a),
+                dy: dy.recat(a),
+                i,
+                o,
+                gather_x,
+            },
+            WTask::Embedding { tokens, dy } => WTask::Embedding {
+                tokens,
+                dy: dy.recat(a),
+            },
+        }
+    }
+
+    /// Accumulates into `grad`, the block's gradient (block-local offsets from `layout`).
+    pub fn run(
+        self,
+        ctx: &mut Ctx,
+        layout: &params::BlockLayout,
+        grad: &mut [f32],
+    ) -> Result<(), ExecError> {
+        let h = ctx.rd.h;
+        let eps = ctx.plan.model.norm_eps;
+        let norm = ctx.plan.model.norm;
+        match self {
+            WTask::Linear {
+                tensor,
+                x,
+                dy,
+                i,
+                o,
+                gather_x,
+            } => {
+                let r = layout.tensors[tensor].range();
+                let n = ctx.n;
+                if gather_x && ctx.sp {
+                    ctx.with_gathered(x.data(), |c, xg| {
+                        c.ops.linear_wgrad(dy.data(), xg, n, i, o, &mut grad[r])
+                    })?;
+                } else {
+                    ctx.ops
+                        .linear_wgrad(dy.data(), x.data(), n, i, o, &mut grad[r]);
+                }
+            }
+            WTask::Norm { tensor, x, dy } => {
+                let r = layout.tensors[tensor].range();
+                ctx.ops
+                    .norm_wgrad(norm, x.data(), dy.data(), h, eps, &mut grad[r]);
+            }
+            WTask::Ready {
+                tensor,
+                grad: ready,
+            } => {
+                let r = layout.tensors[tensor].range();
+                for (g, x) in grad[r].iter_mut().zip(ready.data()) {
+                    *g += x;
+                }
+            }
+            WTask::Embedding { tokens, dy } => {
+                let t = &layout.tensors[0];
+                let lo = ctx.rd.tp_rank * ctx.rd.v_r;
+                let g = &mut grad[t.range()];
+                for (row, &id) in tokens.iter().enumerate() {
+                    let id = id as usize;
+                    if id >= lo && id < lo + ctx.rd.v_r {
+                        let dst = &mut g[(id - lo) * h..(id - lo + 1) * h];
+                        for (d, s) in dst.iter_mut().zip(&dy.data()[row * h..(row + 1) * h]) {
+                            *d += s;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// y = a + b, a new tensor of category `cat`.
+pub fn add(a: &[f32], b: &[f32], shape: &[usize], cat: Category) -> Tensor {
+    let mut t = Tensor::zeros(cat, shape);
+    for ((o, x), y) in t.data_mut().iter_mut().zip(a).zip(b) {
+        *o = x + y;
+    }
+    t
+}

@@ -1,0 +1,354 @@
+//! A rank's parameters as one flat buffer carved into blocks (embedding, decoder layers, the
+//! output block), each block into tensors, each tensor into segments of global tensors. The
+//! table is computed once from the Plan (as llm.c's `fill_in_parameter_sizes`), so ZeRO can
+//! shard the flat buffer into contiguous ranges (Megatron's distributed optimizer) and every
+//! element knows its global tensor and index, which makes initialisation independent of the
+//! parallel mix.
+
+use crate::plan::{Activation, Norm, Plan};
+use std::ops::Range;
+
+/// Which block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockKind {
+    Embedding,
+    Layer(u32),
+    /// Final norm, output layer (and the cross-entropy, which has no parameters).
+    Output,
+}
+
+/// A rectangle of a global tensor that a local tensor holds (stacked by rows).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Segment {
+    pub name: String,
+    pub global_cols: usize,
+    pub rows: Range<usize>,
+    pub cols: Range<usize>,
+    pub init: Init,
+}
+
+/// How a global tensor is initialised.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Init {
+    /// Uniform with this standard deviation, mean 0.
+    Uniform(f32),
+    /// 1 + uniform(std): norm gains.
+    One(f32),
+}
+
+/// A local tensor: `rows` x `cols` at `offset` from the start of its block.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalTensor {
+    pub offset: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub segments: Vec<Segment>,
+    /// TP-replicated (norms): gradients are summed over TP when sequence parallelism splits
+    /// the tokens.
+    pub tp_replicated: bool,
+}
+
+impl LocalTensor {
+    pub fn len(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn range(&self) -> Range<usize> {
+        self.offset..self.offset + self.len()
+    }
+
+    /// Global tensor name and flat index of local element `i`.
+    pub fn global_of(&self, i: usize) -> (&Segment, usize) {
+        let (r, c) = (i / self.cols, i % self.cols);
+        let mut row0 = 0;
+        for s in &self.segments {
+            let n = s.rows.len();
+            if r < row0 + n {
+                let gr = s.rows.start + (r - row0);
+                let gc = s.cols.start + c;
+                return (s, gr * s.global_cols + gc);
+            }
+            row0 += n;
+        }
+        unreachable!("segments cover the tensor")
+    }
+}
+
+/// One block's tensors and where the block lies in the flat buffer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockLayout {
+    pub kind: BlockKind,
+    /// Global stage the block belongs to.
+    pub stage: u32,
+    pub range: Range<usize>,
+    pub tensors: Vec<LocalTensor>,
+}
+
+/// Per-rank sizes of the sharded dimensions.
+#[derive(Debug, Clone, Copy)]
+pub struct RankDims {
+    pub h: usize,
+    pub d: usize,
+    /// Query and K/V heads on this rank.
+    pub a_r: usize,
+    pub g_r: usize,
+    pub f_r: usize,
+    /// fc1 width on this rank: 2 f_r for SwiGLU, f_r for GeLU.
+    pub fc1_r: usize,
+    pub v_r: usize,
+    pub t: usize,
+    pub tp_rank: usize,
+}
+
+impl RankDims {
+    pub fn new(plan: &Plan, tp_rank: u32) -> RankDims {
+        let m = &plan.model;
+        let t = plan.parallel.tp as usize;
+        let f_r = m.ffn / t;
+        RankDims {
+            h: m.hidden,
+            d: m.head_dim,
+            a_r: m.heads / t,
+            g_r: m.kv_heads / t,
+            f_r,
+            fc1_r: match m.activation {
+                Activation::Swiglu => 2 * f_r,
+                Activation::Gelu => f_r,
+            },
+            v_r: m.vocab / t,
+            t,
+            tp_rank: tp_rank as usize,
+        }
+    }
+
+    pub fn qkv_r(&self) -> usize {
+        (self.a_r + 2 * self.g_r) * self.d
+    }
+}
+
+struct Builder {
+    tensors: Vec<LocalTensor>,
+    next: usize,
+}
+
+impl Builder {
+    fn push(&mut self, rows: usize, cols: usize, segments: Vec<Segment>, tp_replicated: bool) {
+        self.tensors.push(LocalTensor {
+            offset: self.next,
+            rows,
+            cols,
+            segments,
+            tp_replicated,
+        });
+        self.next += rows * cols;
+    }
+
+    fn norm(&mut self, name: &str, kind: Norm, h: usize) {
+        let mut segs = vec![Segment {
+            name: format!("{name}.weight"),
+            global_cols: h,
+            rows: 0..1,
+            cols: 0..h,
+            init: Init::One(0.1),
+        }];
+        if kind == Norm::LayerNorm {
+            segs.push(Segment {
+                name: format!("{name}.bias"),
+                global_cols: h,
+                rows: 0..1,
+                cols: 0..h,
+                init: Init::Uniform(0.1),
+            });
+        }
+        let rows = segs.len();
+        self.push(rows, h, segs, true);
+    }
+}
+
+fn seg(
+    name: String,
+    global_cols: usize,
+    rows: Range<usize>,
+    cols: Range<usize>,
+    std: f32,
+) -> Segment {
+    Segment {
+        name,
+        global_cols,
+        rows,
+        cols,
+        init: Init::Uniform(std),
+    }
+}
+
+/// The blocks of a rank holding `stages`, in execution order, laid out back to back.
+pub fn rank_layout(plan: &Plan, tp_rank: u32, stages: &[u32]) -> Vec<BlockLayout> {
+    let m = &plan.model;
+    let rd = RankDims::new(plan, tp_rank);
+    let (h, d, r) = (rd.h, rd.d, rd.tp_rank);
+    let std = m.init_std;
+    let mut blocks = Vec::new();
+    let mut next = 0;
+    let mut emit = |kind: BlockKind, stage: u32, fill: &dyn Fn(&mut Builder)| {
+        let mut b = Builder {
+            tensors: Vec::new(),
+            next: 0,
+        };
+        fill(&mut b);
+        blocks.push(BlockLayout {
+            kind,
+            stage,
+            range: next..next + b.next,
+            tensors: b.tensors,
+        });
+        next += b.next;
+    };
+    for &s in stages {
+        let st = &plan.stages[s as usize];
+        if st.embedding {
+            emit(BlockKind::Embedding, s, &|b| {
+                b.push(
+                    rd.v_r,
+                    h,
+                    vec![seg(
+                        "embedding.weight".into(),
+                        h,
+                        r * rd.v_r..(r + 1) * rd.v_r,
+                        0..h,
+                        std,
+                    )],
+                    false,
+                )
+            });
+        }
+        for l in st.layers.clone() {
+            emit(BlockKind::Layer(l), s, &|b| {
+                let p = format!("layers.{l}");
+                b.norm(&format!("{p}.attn_norm"), m.norm, h);
+                let (qa, kg) = (rd.a_r * d, rd.g_r * d);
+                b.push(
+                    rd.qkv_r(),
+                    h,
+                    vec![
+                        seg(format!("{p}.wq"), h, r * qa..(r + 1) * qa, 0..h, std),
+                        seg(format!("{p}.wk"), h, r * kg..(r + 1) * kg, 0..h, std),
+                        seg(format!("{p}.wv"), h, r * kg..(r + 1) * kg, 0..h, std),
+                    ],
+                    false,
+                );
+                b.push(
+                    h,
+                    qa,
+                    vec![seg(
+                        format!("{p}.wo"),
+                        m.heads * d,
+                        0..h,
+                        r * qa..(r + 1) * qa,
+                        std,
+                    )],
+                    false,
+                );
+                b.norm(&format!("{p}.mlp_norm"), m.norm, h);
+                let f = rd.f_r;
+                let fc1 = match m.activation {
+                    Activation::Swiglu => vec![
+                        seg(format!("{p}.w_gate"), h, r * f..(r + 1) * f, 0..h, std),
+                        seg(format!("{p}.w_up"), h, r * f..(r + 1) * f, 0..h, std),
+                    ],
+                    Activation::Gelu => {
+                        vec![seg(format!("{p}.w_fc1"), h, r * f..(r + 1) * f, 0..h, std)]
+                    }
+                };
+                b.push(rd.fc1_r, h, fc1, false);
+                b.push(
+                    h,
+                    f,
+                    vec![seg(
+                        format!("{p}.w_down"),
+                        m.ffn,
+                        0..h,
+                        r * f..(r + 1) * f,
+                        std,
+                    )],
+                    false,
+                );
+            });
+        }
+        if st.output {
+            emit(BlockKind::Output, s, &|b| {
+                b.norm("final_norm", m.norm, h);
+                b.push(
+                    rd.v_r,
+                    h,
+                    vec![seg(
+                        "output.weight".into(),
+                        h,
+                        r * rd.v_r..(r + 1) * rd.v_r,
+                        0..h,
+                        std,
+                    )],
+                    false,
+                );
+            });
+        }
+    }
+    blocks
+}
+
+/// Total elements of a layout.
+pub fn layout_len(blocks: &[BlockLayout]) -> usize {
+    blocks.last().map(|b| b.range.end).unwrap_or(0)
+}
+
+fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn name_hash(s: &str) -> u64 {
+    // FNV-1a, stable across platforms and runs.
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// A deterministic uniform in [-1, 1) from (seed, stream, index).
+pub fn uniform(seed: u64, stream: u64, index: u64) -> f32 {
+    let x = splitmix64(seed ^ splitmix64(stream ^ splitmix64(index)));
+    ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+/// The initial value of element `index` of global tensor `seg`.
+pub fn init_value(seed: u64, seg: &Segment, index: usize) -> f32 {
+    let u = uniform(seed, name_hash(&seg.name), index as u64);
+    let sqrt3 = 3.0f32.sqrt();
+    match seg.init {
+        Init::Uniform(std) => std * sqrt3 * u,
+        Init::One(std) => 1.0 + std * sqrt3 * u,
+    }
+}
+
+/// Fills `out` with elements `range` of the rank's flat buffer.
+pub fn init_range(seed: u64, blocks: &[BlockLayout], range: Range<usize>, out: &mut [f32]) {
+    for b in blocks {
+        if b.range.end <= range.start || b.range.start >= range.end {
+            continue;
+        }
+        for t in &b.tensors {
+            let lo = b.range.start + t.offset;
+            for i in 0..t.len() {
+                let flat = lo + i;
+                if range.contains(&flat) {
+                    let (s, gi) = t.global_of(i);
+                    out[flat - range.start] = init_value(seed, s, gi);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! The Plan: everything a backend needs to run a training step, and nothing about presets or
+//! configuration files. Per rank: its coordinates, its process groups, the pipeline stages
+//! (model chunks) it holds, and its ordered actions. The engine lowers a configuration into a
+//! Plan (`parsim::plan`), so prediction and execution describe the same work.
+
+use crate::error::ExecError;
+use serde::Serialize;
+use std::ops::Range;
+
+/// Normalisation layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Norm {
+    RmsNorm,
+    LayerNorm,
+}
+
+/// MLP activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Activation {
+    Swiglu,
+    Gelu,
+}
+
+/// Activation recomputation (Korthikanti et al. 2022).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Recompute {
+    None,
+    /// Drops the attention core's softmax (or log-sum-exp) and recomputes it in backward.
+    Selective,
+    /// Keeps each layer's input only and reruns the layer's forward in backward.
+    Full,
+}
+
+/// The model's shape (unsharded sizes).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelShape {
+    pub num_layers: u32,
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub ffn: usize,
+    /// Rows of the embedding and output layer (padded vocabulary; divisible by tp).
+    pub vocab: usize,
+    /// Synthetic tokens are drawn from 0..data_vocab (<= vocab).
+    pub data_vocab: usize,
+    pub seq: usize,
+    pub micro_batch: usize,
+    pub norm: Norm,
+    pub norm_eps: f32,
+    pub activation: Activation,
+    pub rope_theta: f32,
+    /// Fused attention: keep the log-sum-exp instead of the softmax.
+    pub flash: bool,
+    /// Standard deviation of the (uniform) initialisation of weight matrices.
+    pub init_std: f32,
+}
+
+impl ModelShape {
+    /// Tokens of one microbatch.
+    pub fn tokens(&self) -> usize {
+        self.seq * self.micro_batch
+    }
+}
+
+/// The parallel mix as the executor needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Parallelism {
+    pub tp: u32,
+    /// Megatron sequence parallelism (only with tp > 1).
+    pub sp: bool,
+    pub pp: u32,
+    pub vpp: u32,
+    pub dp: u32,
+    /// ZeRO stage 0..=3 (Rajbhandari et al. 2020).
+    pub zero: u8,
+    pub recompute: Recompute,
+}
+
+/// Adam hyper-parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct AdamConfig {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+}
+
+impl Default for AdamConfig {
+    fn default() -> Self {
+        AdamConfig {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        }
+    }
+}
+
+/// One global pipeline stage (model chunk).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StagePlan {
+    pub stage: u32,
+    /// The pipeline rank that runs it.
+    pub pp_rank: u32,
+    /// Decoder layers (contiguous).
+    pub layers: Range<u32>,
+    pub embedding: bool,
+    pub output: bool,
+}
+
+/// One action of a rank, in execution order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Action {
+    /// Forward of `stage` for microbatch `mb`.
+    Forward { stage: u32, mb: u32 },
+    /// Full backward (input and weight gradients).
+    Backward { stage: u32, mb: u32 },
+    /// Input-gradient part of a split backward (zero-bubble schedules, Qi et al. 2024).
+    BackwardInput { stage: u32, mb: u32 },
+    /// Weight-gradient part of a split backward.
+    BackwardWeight { stage: u32, mb: u32 },
+    /// Send the output of `stage` for `mb` to global rank `to`.
+    SendActivation { to: u32, stage: u32, mb: u32 },
+    /// Receive the output of `stage` for `mb` from global rank `from`.
+    RecvActivation { from: u32, stage: u32, mb: u32 },
+    /// Send the input gradient of `stage` for `mb` to global rank `to`.
+    SendGrad { to: u32, stage: u32, mb: u32 },
+    /// Receive the input gradient of `stage` for `mb` from global rank `from`.
+    RecvGrad { from: u32, stage: u32, mb: u32 },
+    /// Reduce gradients over data parallelism (ZeRO as configured) and run Adam.
+    OptimizerStep,
+}
+
+/// A rank's coordinates (Megatron order tp-cp-ep-dp-pp by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+pub struct Coords {
+    pub tp: u32,
+    pub cp: u32,
+    pub ep: u32,
+    pub dp: u32,
+    pub pp: u32,
+}
+
+/// What one rank does.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RankPlan {
+    pub rank: u32,
+    pub coords: Coords,
+    /// Members (global ranks, ascending) of this rank's groups.
+    pub tp_group: Vec<u32>,
+    pub dp_group: Vec<u32>,
+    pub pp_group: Vec<u32>,
+    /// Global stages this rank holds, ascending.
+    pub stages: Vec<u32>,
+    /// One step's actions.
+    pub actions: Vec<Action>,
+}
+
+/// A whole plan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Plan {
+    pub model: ModelShape,
+    pub parallel: Parallelism,
+    pub adam: AdamConfig,
+    /// Seed of the initialisation and of the synthetic tokens.
+    pub seed: u64,
+    /// Microbatches per data-parallel rank per step.
+    pub microbatches: u32,
+    /// Schedule name, for reports.
+    pub schedule: String,
+    pub stages: Vec<StagePlan>,
+    pub ranks: Vec<RankPlan>,
+}
+
+impl Plan {
+    /// World size.
+    pub fn world(&self) -> u32 {
+        self.ranks.len() as u32
+    }
+
+    /// Sequences per step over all data-parallel ranks.
+    pub fn global_batch(&self) -> usize {
+        self.microbatches as usize * self.model.micro_batch * self.parallel.dp as usize
+    }
+
+    /// A one-rank plan: every microbatch forward then backward, then the optimizer.
+    pub fn single_rank(
+        model: ModelShape,
+        adam: AdamConfig,
+        seed: u64,
+        microbatches: u32,
+        recompute: Recompute,
+    ) -> Plan {
+        let mut actions = Vec::new();
+        for mb in 0..microbatches {
+            actions.push(Action::Forward { stage: 0, mb });
+            actions.push(Action::Backward { stage: 0, mb });
+        }
+        actions.push(Action::OptimizerStep);
+        Plan {
+            stages: vec![StagePlan {
+                stage: 0,
+                pp_rank: 0,
+                layers: 0..model.num_layers,
+                embedding: true,
+                output: true,
+            }],
+            model,
+            parallel: Parallelism {
+                tp: 1,
+                sp: false,
+                pp: 1,
+                vpp: 1,
+                dp: 1,
+                zero: 0,
+                recompute,
+            },
+            adam,
+            seed,
+            microbatches,
+            schedule: "single".into(),
+            ranks: vec![RankPlan {
+                rank: 0,
+                coords: Coords::default(),
+                tp_group: vec![0],
+                dp_group: vec![0],
+                pp_group: vec![0],
+                stages: vec![0],
+                actions,
+            }],
+        }
+    }
+
+    /// Checks shapes and divisibility; names the offending quantity.
+    pub fn validate(&self) -> Result<(), ExecError> {
+        let m = &self.model;
+        let p = &self.parallel;
+        let t = p.tp as usize;
+        let err = |s: String| Err(ExecError::Plan(s));
+        if m.heads == 0 || m.kv_heads == 0 || m.hidden == 0 || m.seq == 0 || m.micro_batch == 0 {
+            return err("model sizes must be positive".into());
+        }
+        if m.heads % m.kv_heads != 0 {
+            return err(format!(
+                "heads ({}) must be a multiple of kv_heads ({})",
+                m.heads, m.kv_heads
+            ));
+        }
+        if m.heads % t != 0 || m.kv_heads % t != 0 {
+            return err(format!(
+                "heads ({}) and kv_heads ({}) must be divisible by tp ({t})",
+                m.heads, m.kv_heads
+            ));
+        }
+        if m.ffn % t != 0 || m.vocab % t != 0 {
+            return err(format!(
+                "ffn ({}) and padded vocab ({}) must be divisible by tp ({t})",
+                m.ffn, m.vocab
+            ));
+        }
+        if m.head_dim % 2 != 0 {
+            return err(format!("head_dim ({}) must be even for rotary", m.head_dim));
+        }
+        if p.sp && m.tokens() % t != 0 {
+            return err(format!(
+                "tokens per microbatch ({}) must be divisible by tp ({t}) with sp",
+                m.tokens()
+            ));
+        }
+        if p.zero > 3 {
+            return err(format!("zero stage {} (0..=3)", p.zero));
+        }
+        if m.data_vocab == 0 || m.data_vocab > m.vocab {
+            return err("data_vocab must lie in 1..=vocab".into());
+        }
+        let world = (p.tp * p.pp * p.dp) as usize;
+        if self.ranks.len() != world {
+            return err(format!(
+                "{} rank plans for world tp x pp x dp = {world}",
+                self.ranks.len()
+            ));
+        }
+        for (i, r) in self.ranks.iter().enumerate() {
+            if r.rank as usize != i {
+                return err(format!("rank plan {i} has rank {}", r.rank));
+            }
+            if r.tp_group.len() != t
+                || r.dp_group.len() != p.dp as usize
+                || r.pp_group.len() != p.pp as usize
+            {
+                return err(format!("rank {i}: group sizes do not match tp/dp/pp"));
+            }
+            for s in &r.stages {
+                if self.stages.get(*s as usize).map(|st| st.pp_rank) != Some(r.coords.pp) {
+                    return err(format!("rank {i} holds stage {s} of another pipeline rank"));
+                }
+            }
+        }
+        Ok(())
+    }
+}

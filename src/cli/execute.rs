@@ -1,0 +1,271 @@
+//! `parsim execute`: lowers the configuration into a Plan, runs it on a backend, and prints per
+//! rank the loss, the step time and the peak tracked memory next to the engine's prediction for
+//! the same configuration (on the backend's hardware profile: `cpu`, fp32).
+
+use super::config_args::ConfigArgs;
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use comfy_table::{presets, CellAlignment, Table};
+use parsim::config::{Dtype, Precision, Resolved};
+use parsim::plan::{lower, LowerOptions};
+use parsim::report::format::{bytes, seconds};
+use parsim_executor::runner::{median, run_cpu, PhaseTimes, RunOptions};
+use serde::Serialize;
+
+/// Execution backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// Ranks as threads of this process, fp32 (the reference).
+    Cpu,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecuteArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Backend to run on.
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub backend: Backend,
+    /// Training steps in all (warm-up included).
+    #[arg(long, default_value_t = 3)]
+    pub steps: u32,
+    /// Leading steps left out of the timing.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: u32,
+    /// Seed of the initialisation and of the synthetic tokens.
+    #[arg(long, default_value_t = 1234)]
+    pub seed: u64,
+    /// Print the DESIGN.md JSON object instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The largest run the CPU backend accepts (threads, and host memory by the prediction).
+const MAX_CPU_RANKS: u32 = 256;
+const MAX_CPU_BYTES: u64 = 32 << 30;
+
+#[derive(Debug, Serialize)]
+struct CoordsOut {
+    tp: u32,
+    cp: u32,
+    ep: u32,
+    dp: u32,
+    pp: u32,
+}
+
+#[derive(Debug, Serialize)]
+struct MemoryOut {
+    weights: u64,
+    gradients: u64,
+    optimizer: u64,
+    activations: u64,
+    buffers: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct RankOut {
+    rank: u32,
+    coords: CoordsOut,
+    step_s: f64,
+    /// Mean seconds per timed step by kind of action (forward, backward, W, p2p, optimizer).
+    phases: PhaseTimes,
+    peak_bytes: u64,
+    memory: MemoryOut,
+    predicted_peak_bytes: u64,
+    predicted_memory: MemoryOut,
+}
+
+#[derive(Debug, Serialize)]
+struct ExecuteOut {
+    backend: &'static str,
+    world_size: u32,
+    steps: u32,
+    /// Global mean token loss of each timed step.
+    loss: Vec<f64>,
+    step_s: f64,
+    ranks: Vec<RankOut>,
+    warnings: Vec<String>,
+}
+
+/// The configuration on the backend's own profile: the CPU runs fp32 on the `cpu` profile.
+fn resolve_for_backend(args: &ExecuteArgs) -> anyhow::Result<Resolved> {
+    let mut cfg = args.config.load()?;
+    let mut notes = Vec::new();
+    if cfg.cluster.gpu != "cpu" {
+        notes.push(format!(
+            "cluster.gpu = \"{}\" replaced by \"cpu\": the prediction uses the CPU backend's profile",
+            cfg.cluster.gpu
+        ));
+        cfg.cluster.gpu = "cpu".into();
+    }
+    if cfg.training.precision != Precision::Fp32 || cfg.training.grad_dtype != Dtype::Fp32 {
+        notes.push(
+            "training.precision and grad_dtype set to fp32: the CPU backend computes in fp32"
+                .into(),
+        );
+        cfg.training.precision = Precision::Fp32;
+        cfg.training.grad_dtype = Dtype::Fp32;
+    }
+    let mut r = Resolved::new(cfg)?;
+    r.warnings.extend(notes);
+    Ok(r)
+}
+
+pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
+    if args.steps == 0 || args.warmup >= args.steps {
+        bail!(
+            "--steps ({}) must be larger than --warmup ({}): at least one timed step",
+            args.steps,
+            args.warmup
+        );
+    }
+    let resolved = resolve_for_backend(&args)?;
+    let world = resolved.world();
+    if world > MAX_CPU_RANKS {
+        bail!("cluster.num_gpus: the cpu backend runs one thread per rank; {world} ranks is more than {MAX_CPU_RANKS}");
+    }
+    let est = parsim::estimate::estimate(&resolved).context("estimating the same configuration")?;
+    let predicted: Vec<_> = est.memory.stages.clone();
+    let total_predicted = predicted.iter().map(|s| s.total).max().unwrap_or(0) * world as u64;
+    if total_predicted > MAX_CPU_BYTES {
+        bail!(
+            "the cpu backend would need about {} of host memory for {world} ranks (limit {}); use a smaller model, sequence or batch",
+            bytes(total_predicted as f64),
+            bytes(MAX_CPU_BYTES as f64)
+        );
+    }
+    let plan = lower(
+        &resolved,
+        &LowerOptions {
+            seed: args.seed,
+            ..LowerOptions::default()
+        },
+    )?;
+    let report = match args.backend {
+        Backend::Cpu => run_cpu(
+            &plan,
+            &RunOptions {
+                steps: args.steps,
+                warmup: args.warmup,
+                ..RunOptions::default()
+            },
+        )?,
+    };
+    let timed = (args.warmup as usize)..(args.steps as usize);
+    // A step ends when its slowest rank ends.
+    let per_step: Vec<f64> = (0..timed.len())
+        .map(|i| report.ranks.iter().map(|r| r.step_s[i]).fold(0.0, f64::max))
+        .collect();
+    let out = ExecuteOut {
+        backend: "cpu",
+        world_size: report.world,
+        steps: args.steps,
+        loss: report.loss[timed].to_vec(),
+        step_s: median(&per_step),
+        ranks: report
+            .ranks
+            .iter()
+            .map(|r| {
+                let p = &predicted[r.coords.pp as usize];
+                RankOut {
+                    rank: r.rank,
+                    coords: CoordsOut {
+                        tp: r.coords.tp,
+                        cp: r.coords.cp,
+                        ep: r.coords.ep,
+                        dp: r.coords.dp,
+                        pp: r.coords.pp,
+                    },
+                    step_s: r.median_step_s(),
+                    phases: r.phases,
+                    peak_bytes: r.peak.total(),
+                    memory: MemoryOut {
+                        weights: r.peak.weights,
+                        gradients: r.peak.gradients,
+                        optimizer: r.peak.optimizer,
+                        activations: r.peak.activations,
+                        buffers: r.peak.buffers,
+                    },
+                    predicted_peak_bytes: p.total,
+                    predicted_memory: MemoryOut {
+                        weights: p.weights,
+                        gradients: p.gradients,
+                        optimizer: p.optimizer,
+                        activations: p.activations,
+                        buffers: p.buffers,
+                    },
+                }
+            })
+            .collect(),
+        warnings: resolved.warnings.clone(),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        print!("{}", text(&out));
+    }
+    Ok(())
+}
+
+fn text(o: &ExecuteOut) -> String {
+    let mut s = format!(
+        "backend {}, {} ranks, {} steps; median step {}\nloss per timed step: {}\n",
+        o.backend,
+        o.world_size,
+        o.steps,
+        seconds(o.step_s),
+        o.loss
+            .iter()
+            .map(|l| format!("{l:.6}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let mut t = Table::new();
+    t.load_style(presets::UTF8_BORDERS_ONLY);
+    t.set_header(vec![
+        "rank",
+        "tp",
+        "dp",
+        "pp",
+        "step",
+        "weights",
+        "grads",
+        "optimizer",
+        "activations",
+        "buffers",
+        "peak",
+        "predicted",
+        "diff",
+    ]);
+    for r in &o.ranks {
+        let diff = (r.peak_bytes as f64 - r.predicted_peak_bytes as f64)
+            / r.predicted_peak_bytes.max(1) as f64
+            * 100.0;
+        t.add_row(vec![
+            r.rank.to_string(),
+            r.coords.tp.to_string(),
+            r.coords.dp.to_string(),
+            r.coords.pp.to_string(),
+            seconds(r.step_s),
+            bytes(r.memory.weights as f64),
+            bytes(r.memory.gradients as f64),
+            bytes(r.memory.optimizer as f64),
+            bytes(r.memory.activations as f64),
+            bytes(r.memory.buffers as f64),
+            bytes(r.peak_bytes as f64),
+            bytes(r.predicted_peak_bytes as f64),
+            format!("{diff:+.2}%"),
+        ]);
+    }
+    for i in 4..13 {
+        if let Some(c) = t.column_mut(i) {
+            c.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    s.push_str(&t.to_string());
+    s.push('\n');
+    for w in &o.warnings {
+        s.push_str(&format!("warning: {w}\n"));
+    }
+    s
+}

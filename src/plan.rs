@@ -1,0 +1,297 @@
+//! Lowers a resolved configuration into the executor's [`Plan`]: the model's shape, each
+//! rank's coordinates and process groups (from [`Layout`], Megatron order tp-cp-ep-dp-pp by
+//! default), the pipeline stages, and each rank's ordered actions, taken from the schedule
+//! generator ([`crate::schedule::generate`]) so the executor runs exactly the timeline that
+//! `parsim schedule` draws. Sends and receives are made explicit: a forward receives its input
+//! from the rank of the previous stage and sends its output to the next one (the reverse for
+//! backward), unless both stages sit on the same rank (the bottom of a V).
+
+use crate::config::{
+    Activation, Normalization, PositionEmbedding, Recompute, Resolved, TrainingMode,
+};
+use crate::layout::{Coords as LCoords, GroupKind, Layout};
+use crate::schedule::{self, ActionKind, ScheduleError};
+use parsim_executor::plan::{
+    self as xp, Action, AdamConfig, Coords, ModelShape, Parallelism, Plan, RankPlan, StagePlan,
+};
+
+/// Why a configuration cannot be executed (yet).
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("{field}: {message}")]
+    Unsupported {
+        field: &'static str,
+        message: String,
+    },
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
+}
+
+/// Knobs of the execution that the configuration does not hold.
+#[derive(Debug, Clone, Copy)]
+pub struct LowerOptions {
+    pub seed: u64,
+    pub adam: AdamConfig,
+    /// Standard deviation of the weight initialisation.
+    pub init_std: f32,
+    pub norm_eps: f32,
+    pub rope_theta: f32,
+}
+
+impl Default for LowerOptions {
+    fn default() -> Self {
+        LowerOptions {
+            seed: 1234,
+            adam: AdamConfig::default(),
+            init_std: 0.02,
+            norm_eps: 1e-5,
+            rope_theta: 10000.0,
+        }
+    }
+}
+
+fn unsupported(field: &'static str, message: impl Into<String>) -> PlanError {
+    PlanError::Unsupported {
+        field,
+        message: message.into(),
+    }
+}
+
+/// Refuses what the executor does not run yet, naming the field.
+fn check(r: &Resolved) -> Result<(), PlanError> {
+    let m = &r.config.model;
+    let p = &r.config.parallel;
+    let t = &r.config.training;
+    if p.cp > 1 {
+        return Err(unsupported(
+            "parallel.cp",
+            format!(
+                "context parallelism (cp = {}) is not executed yet; use cp = 1",
+                p.cp
+            ),
+        ));
+    }
+    if p.ep > 1 || m.num_experts > 0 {
+        return Err(unsupported("parallel.ep", "mixture-of-experts layers and expert parallelism are not executed yet; use a dense model with ep = 1"));
+    }
+    if m.mla.is_some() {
+        return Err(unsupported(
+            "model.mla",
+            "multi-head latent attention is not executed yet",
+        ));
+    }
+    if m.mtp_num_layers > 0 {
+        return Err(unsupported(
+            "model.mtp_num_layers",
+            "multi-token prediction is not executed yet; use 0",
+        ));
+    }
+    if m.tied_embeddings {
+        return Err(unsupported(
+            "model.tied_embeddings",
+            "the executor runs untied embeddings; set tied_embeddings = false",
+        ));
+    }
+    if m.add_bias_linear || m.add_qkv_bias {
+        return Err(unsupported(
+            "model.add_bias_linear",
+            "linear biases are not executed; set add_bias_linear = add_qkv_bias = false",
+        ));
+    }
+    if m.hidden_dropout > 0.0 || m.attention_dropout > 0.0 {
+        return Err(unsupported("model.hidden_dropout", "dropout is not executed (it would make runs differ); set hidden_dropout = attention_dropout = 0"));
+    }
+    if m.position_embedding != PositionEmbedding::Rope {
+        return Err(unsupported(
+            "model.position_embedding",
+            "the executor runs rotary positions; set position_embedding = \"rope\"",
+        ));
+    }
+    if t.mode != TrainingMode::Full {
+        return Err(unsupported(
+            "training.mode",
+            "LoRA is not executed yet; use mode = \"full\"",
+        ));
+    }
+    let v = m.padded_vocab_size(p.tp);
+    if v % p.tp as u64 != 0 {
+        return Err(unsupported("model.vocab_size", format!("the vocabulary ({v}) must be divisible by tp ({}); set make_vocab_size_divisible_by", p.tp)));
+    }
+    if m.ffn_hidden_size % p.tp as u64 != 0 {
+        return Err(unsupported(
+            "model.ffn_hidden_size",
+            format!(
+                "ffn_hidden_size ({}) must be divisible by tp ({})",
+                m.ffn_hidden_size, p.tp
+            ),
+        ));
+    }
+    if m.head_dim() % 2 != 0 {
+        return Err(unsupported(
+            "model.kv_channels",
+            "the head dimension must be even for rotary positions",
+        ));
+    }
+    let tokens = t.seq_length * t.micro_batch_size;
+    if p.sp_active() && tokens % p.tp as u64 != 0 {
+        return Err(unsupported("training.seq_length", format!("seq_length x micro_batch_size ({tokens}) must be divisible by tp ({}) with sequence parallelism", p.tp)));
+    }
+    Ok(())
+}
+
+/// The Plan of a resolved configuration.
+pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
+    check(r)?;
+    let m = &r.config.model;
+    let p = &r.config.parallel;
+    let t = &r.config.training;
+    let layout = Layout::of(r);
+    let program = schedule::generate(p.schedule, p.pp, p.vpp, r.microbatches)?;
+    let nstages = program.num_stages();
+    if nstages as usize != r.placement.num_stages() {
+        return Err(unsupported(
+            "parallel.vpp",
+            format!(
+                "the schedule has {nstages} stages, the layer placement {}",
+                r.placement.num_stages()
+            ),
+        ));
+    }
+    let stages: Vec<StagePlan> = (0..nstages)
+        .map(|s| StagePlan {
+            stage: s,
+            pp_rank: program.rank_of_stage(s),
+            layers: r.placement.stage_layers[s as usize].clone(),
+            embedding: s == 0,
+            output: s == nstages - 1,
+        })
+        .collect();
+    for (s, st) in stages.iter().enumerate() {
+        if st.pp_rank != r.placement.stage_rank[s] {
+            return Err(unsupported(
+                "parallel.schedule",
+                "the schedule's stage placement differs from the layer placement",
+            ));
+        }
+    }
+    let ranks = (0..layout.world())
+        .map(|rank| {
+            let c = layout.coords(rank);
+            let peer = |stage: u32| {
+                layout.rank(LCoords {
+                    pp: program.rank_of_stage(stage),
+                    ..c
+                })
+            };
+            let me = c.pp;
+            let mut actions = Vec::new();
+            for a in &program.ranks[me as usize] {
+                let (s, mb) = (a.stage, a.microbatch);
+                match a.kind {
+                    ActionKind::F => {
+                        if s > 0 && program.rank_of_stage(s - 1) != me {
+                            actions.push(Action::RecvActivation {
+                                from: peer(s - 1),
+                                stage: s - 1,
+                                mb,
+                            });
+                        }
+                        actions.push(Action::Forward { stage: s, mb });
+                        if s + 1 < nstages && program.rank_of_stage(s + 1) != me {
+                            actions.push(Action::SendActivation {
+                                to: peer(s + 1),
+                                stage: s,
+                                mb,
+                            });
+                        }
+                    }
+                    ActionKind::B | ActionKind::I => {
+                        if s + 1 < nstages && program.rank_of_stage(s + 1) != me {
+                            actions.push(Action::RecvGrad {
+                                from: peer(s + 1),
+                                stage: s + 1,
+                                mb,
+                            });
+                        }
+                        actions.push(if a.kind == ActionKind::B {
+                            Action::Backward { stage: s, mb }
+                        } else {
+                            Action::BackwardInput { stage: s, mb }
+                        });
+                        if s > 0 && program.rank_of_stage(s - 1) != me {
+                            actions.push(Action::SendGrad {
+                                to: peer(s - 1),
+                                stage: s,
+                                mb,
+                            });
+                        }
+                    }
+                    ActionKind::W => actions.push(Action::BackwardWeight { stage: s, mb }),
+                }
+            }
+            actions.push(Action::OptimizerStep);
+            RankPlan {
+                rank,
+                coords: Coords {
+                    tp: c.tp,
+                    cp: c.cp,
+                    ep: c.ep,
+                    dp: c.dp,
+                    pp: c.pp,
+                },
+                tp_group: layout.group_of(GroupKind::Tp, rank),
+                dp_group: layout.group_of(GroupKind::DpCp, rank),
+                pp_group: layout.group_of(GroupKind::Pp, rank),
+                stages: (0..nstages)
+                    .filter(|&s| program.rank_of_stage(s) == me)
+                    .collect(),
+                actions,
+            }
+        })
+        .collect();
+    Ok(Plan {
+        model: ModelShape {
+            num_layers: m.num_layers,
+            hidden: m.hidden_size as usize,
+            heads: m.num_attention_heads as usize,
+            kv_heads: m.num_query_groups as usize,
+            head_dim: m.head_dim() as usize,
+            ffn: m.ffn_hidden_size as usize,
+            vocab: m.padded_vocab_size(p.tp) as usize,
+            data_vocab: m.vocab_size as usize,
+            seq: t.seq_length as usize,
+            micro_batch: t.micro_batch_size as usize,
+            norm: match m.normalization {
+                Normalization::Rmsnorm => xp::Norm::RmsNorm,
+                Normalization::Layernorm => xp::Norm::LayerNorm,
+            },
+            norm_eps: o.norm_eps,
+            activation: match m.activation {
+                Activation::Swiglu => xp::Activation::Swiglu,
+                Activation::Gelu => xp::Activation::Gelu,
+            },
+            rope_theta: o.rope_theta,
+            flash: t.flash_attention,
+            init_std: o.init_std,
+        },
+        parallel: Parallelism {
+            tp: p.tp,
+            sp: p.sp_active(),
+            pp: p.pp,
+            vpp: p.vpp,
+            dp: r.dp,
+            zero: p.zero,
+            recompute: match t.recompute {
+                Recompute::None => xp::Recompute::None,
+                Recompute::Selective => xp::Recompute::Selective,
+                Recompute::Full => xp::Recompute::Full,
+            },
+        },
+        adam: o.adam,
+        seed: o.seed,
+        microbatches: r.microbatches,
+        schedule: p.schedule.as_str().to_string(),
+        stages,
+        ranks,
+    })
+}

@@ -1,0 +1,12 @@
+//! The executor against the single-rank run and the engine's memory prediction.
+
+#[path = "executor/cli.rs"]
+mod cli;
+#[path = "executor/common.rs"]
+mod common;
+#[path = "executor/equivalence.rs"]
+mod equivalence;
+#[path = "executor/memory.rs"]
+mod memory;
+#[path = "executor/plan.rs"]
+mod plan;

@@ -1,0 +1,110 @@
+//! `parsim execute`: the JSON contract, the comparison with the prediction, and clear errors.
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+fn parsim() -> Command {
+    Command::cargo_bin("parsim").expect("binary")
+}
+
+const SMALL: &str = "tests/fixtures/executor_small.toml";
+
+#[test]
+fn execute_json_follows_the_design_contract() {
+    let out = parsim()
+        .args([
+            "execute", "--config", SMALL, "--steps", "2", "--warmup", "1", "--json",
+        ])
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["backend"], "cpu");
+    assert_eq!(v["world_size"], 8);
+    assert_eq!(v["steps"], 2);
+    assert_eq!(v["loss"].as_array().unwrap().len(), 1);
+    let loss = v["loss"][0].as_f64().unwrap();
+    // Near ln(128) at initialisation.
+    assert!(loss > 4.0 && loss < 5.5, "{loss}");
+    assert!(v["step_s"].as_f64().unwrap() > 0.0);
+    let ranks = v["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 8);
+    for r in ranks {
+        for k in ["tp", "cp", "ep", "dp", "pp"] {
+            assert!(r["coords"][k].is_u64(), "{k}");
+        }
+        for k in [
+            "forward_s",
+            "backward_s",
+            "backward_weight_s",
+            "p2p_s",
+            "optimizer_s",
+        ] {
+            assert!(r["phases"][k].as_f64().unwrap() >= 0.0, "{k}");
+        }
+        assert!(r["phases"]["forward_s"].as_f64().unwrap() > 0.0);
+        let m = &r["memory"];
+        let sum: u64 = [
+            "weights",
+            "gradients",
+            "optimizer",
+            "activations",
+            "buffers",
+        ]
+        .iter()
+        .map(|k| m[k].as_u64().unwrap())
+        .sum();
+        assert_eq!(sum, r["peak_bytes"].as_u64().unwrap());
+        let pred = r["predicted_peak_bytes"].as_u64().unwrap() as f64;
+        let meas = sum as f64;
+        assert!(
+            (meas - pred).abs() / pred <= 0.02,
+            "rank {}: {meas} vs {pred}",
+            r["rank"]
+        );
+    }
+}
+
+#[test]
+fn execute_prints_tables_with_the_prediction() {
+    let out = parsim()
+        .args(["execute", "--config", SMALL, "--steps", "2"])
+        .output()
+        .expect("runs");
+    assert!(out.status.success());
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        s.contains("predicted") && s.contains("loss per timed step"),
+        "{s}"
+    );
+}
+
+#[test]
+fn unsupported_mixes_and_bad_flags_are_clear_errors() {
+    for (args, needle) in [
+        (vec!["--cp", "2"], "parallel.cp"),
+        (vec!["--steps", "1", "--warmup", "1"], "--steps"),
+        (vec!["--tp", "3"], "parallel.tp"),
+    ] {
+        let out = parsim()
+            .args(["execute", "--config", SMALL])
+            .args(&args)
+            .output()
+            .expect("runs");
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn a_model_too_large_for_the_cpu_is_refused() {
+    let out = parsim().args(["execute"]).output().expect("runs");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("host memory"));
+}

@@ -1,0 +1,181 @@
+//! Measured peak tracked bytes per rank against the engine's prediction for the same
+//! configuration (CPU profile: no runtime overhead; fp32), over the same pairwise covering
+//! array as the equivalence test.
+//!
+//! The engine sums each category's worst moment (weights, gradients, optimizer states, the
+//! activation peak of the rank's action list, the worst phase's buffers); the executor
+//! measures the worst moment of the sum. They describe the same tensors, so they agree within
+//! 2% except where the categories' worst moments do not coincide or where a pass holds more
+//! transients at once than the engine's one-op model (documented in docs/executor.md).
+
+use super::common::*;
+use super::equivalence::{covering_array, mix_of, GBS};
+use parsim::estimate::estimate;
+use parsim::plan::lower;
+use parsim_executor::runner::{run_cpu, RunOptions};
+
+/// Per rank: (rank, measured peak, predicted, measured breakdown, predicted breakdown).
+pub fn compare(
+    mix: &Mix,
+    flash: bool,
+    norm: &str,
+    act: &str,
+    gbs: u64,
+) -> Vec<(u32, u64, u64, String, String)> {
+    let res = resolve(config(mix, gbs, flash, norm, act));
+    let est = estimate(&res).expect("estimate");
+    let plan = lower(&res, &options()).expect("lowers");
+    let rep = run_cpu(
+        &plan,
+        &RunOptions {
+            steps: 2,
+            warmup: 0,
+            ..RunOptions::default()
+        },
+    )
+    .expect("runs");
+    rep.ranks
+        .iter()
+        .map(|r| {
+            let s = &est.memory.stages[r.coords.pp as usize];
+            let p = r.peak;
+            let c = r.category_max;
+            (
+                r.rank,
+                p.total(),
+                s.total,
+                format!(
+                    "w {} g {} o {} a {} b {} (own maxima a {} b {})",
+                    p.weights,
+                    p.gradients,
+                    p.optimizer,
+                    p.activations,
+                    p.buffers,
+                    c.activations,
+                    c.buffers
+                ),
+                format!(
+                    "w {} g {} o {} a {} b {}",
+                    s.weights, s.gradients, s.optimizer, s.activations, s.buffers
+                ),
+            )
+        })
+        .collect()
+}
+
+fn worst_percent(res: &[(u32, u64, u64, String, String)]) -> f64 {
+    res.iter()
+        .map(|(_, m, p, _, _)| (*m as f64 - *p as f64) / *p as f64 * 100.0)
+        .fold(0.0f64, |a, b| if b.abs() > a.abs() { b } else { a })
+}
+
+#[test]
+fn measured_peak_memory_matches_the_prediction_per_rank() {
+    let (rows, _) = covering_array();
+    let mut over = Vec::new();
+    for r in &rows {
+        let (mix, flash, norm, act) = mix_of(r);
+        let res = compare(&mix, flash, norm, act, GBS);
+        // Weights, gradients and optimizer states are the same tensors: exactly equal.
+        for (rank, _, _, mb, pb) in &res {
+            let head = |s: &str| s.split(" a ").next().unwrap_or("").to_string();
+            assert_eq!(
+                head(mb),
+                head(pb),
+                "{mix:?} rank {rank}: weights/gradients/optimizer"
+            );
+        }
+        let worst = worst_percent(&res);
+        eprintln!("{worst:+.2}% {mix:?} flash {flash} {norm} {act}");
+        if worst.abs() > 2.0 {
+            for x in res
+                .iter()
+                .filter(|x| ((x.1 as f64 - x.2 as f64) / x.2 as f64 * 100.0).abs() > 2.0)
+                .take(2)
+            {
+                eprintln!("   {x:?}");
+            }
+        }
+        assert!(worst.abs() <= 3.0, "{mix:?}: {worst:+.2}% {res:#?}");
+        if worst.abs() > 2.0 {
+            over.push((worst, mix));
+        }
+    }
+    // At most two mixes of the array lie between 2% and 3% (see docs/executor.md).
+    assert!(over.len() <= 2, "mixes beyond 2%: {over:?}");
+}
+
+#[test]
+fn single_mixes_are_within_two_percent() {
+    let mixes = [
+        Mix::single(),
+        Mix {
+            tp: 2,
+            sp: true,
+            ..Mix::single()
+        },
+        Mix {
+            recompute: "full",
+            ..Mix::single()
+        },
+        Mix {
+            pp: 4,
+            schedule: "gpipe",
+            ..Mix::single()
+        },
+        Mix {
+            pp: 2,
+            vpp: 2,
+            schedule: "interleaved-1f1b",
+            ..Mix::single()
+        },
+        Mix {
+            pp: 2,
+            schedule: "zb-h1",
+            ..Mix::single()
+        },
+        Mix {
+            pp: 2,
+            vpp: 2,
+            schedule: "dualpipe-v",
+            ..Mix::single()
+        },
+        Mix {
+            dp: 2,
+            zero: 2,
+            ..Mix::single()
+        },
+        Mix {
+            dp: 2,
+            zero: 3,
+            ..Mix::single()
+        },
+    ];
+    for m in &mixes {
+        for flash in [true, false] {
+            let res = compare(m, flash, "rmsnorm", "swiglu", 8);
+            let worst = worst_percent(&res);
+            assert!(
+                worst.abs() <= 2.0,
+                "{m:?} flash {flash}: {worst:+.2}% {res:#?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_comparison_can_fail() {
+    // A prediction for another configuration (twice the micro batch) is far off.
+    let m = Mix::single();
+    let res = resolve(config(&m, 8, true, "rmsnorm", "swiglu"));
+    let mut other = config(&m, 8, true, "rmsnorm", "swiglu");
+    other["training"]["micro_batch_size"] = 2.into();
+    let est = estimate(&resolve(other)).expect("estimate");
+    let plan = lower(&res, &options()).expect("lowers");
+    let rep = run_cpu(&plan, &RunOptions::default()).expect("runs");
+    let (meas, pred) = (
+        rep.ranks[0].peak.total() as f64,
+        est.memory.stages[0].total as f64,
+    );
+    assert!((meas - pred).abs() / pred > 0.02);
+}
