@@ -474,7 +474,7 @@ impl ParsimApp {
             let mut action = SearchAction::None;
             Panel::right("search")
                 .resizable(true)
-                .default_size(300.0)
+                .default_size(340.0)
                 .show(ui, |ui| {
                     action = search_panel::ui(ui, &mut self.search, &view)
                 });
@@ -508,6 +508,11 @@ impl ParsimApp {
                         ui.multiply_opacity(0.4);
                     }
                     self.timeline_panel(ui, r);
+                }
+                // Fill the panel, so that it keeps the size the user gave it.
+                let rest = ui.available_size();
+                if rest.y > 0.0 {
+                    ui.allocate_space(rest);
                 }
             });
 

@@ -46,49 +46,51 @@ pub fn ui(ui: &mut Ui, e: &Estimate) {
     ui.add_space(4.0);
     let c = &e.communication.per_step_bytes_per_gpu;
     let g = &e.time.exposed_comm_by_group_s;
-    ui.collapsing("Communication per step, per GPU", |ui| {
-        Grid::new("comm")
-            .striped(true)
-            .num_columns(4)
-            .show(ui, |ui| {
-                ui.strong("group");
-                ui.strong("size");
-                ui.strong("sent");
-                ui.strong("exposed");
-                ui.end_row();
-                let size = |name: &str| {
-                    e.communication
-                        .groups
-                        .iter()
-                        .find(|gi| format!("{:?}", gi.group).eq_ignore_ascii_case(name))
-                        .map(|gi| {
-                            format!(
-                                "{}{}",
-                                gi.size,
-                                if gi.crosses_nodes {
-                                    " (inter-node)"
-                                } else {
-                                    ""
-                                }
-                            )
-                        })
-                        .unwrap_or_default()
-                };
-                for (name, b, s) in [
-                    ("TP", c.tp, g.tp),
-                    ("CP", c.cp, g.cp),
-                    ("PP", c.pp, g.pp),
-                    ("DP", c.dp, g.dp),
-                    ("EP", c.ep, g.ep),
-                ] {
-                    ui.label(name);
-                    ui.label(size(name));
-                    ui.label(bytes(b as f64));
-                    ui.label(seconds(s));
+    egui::CollapsingHeader::new("Communication per step, per GPU")
+        .default_open(true)
+        .show(ui, |ui| {
+            Grid::new("comm")
+                .striped(true)
+                .num_columns(4)
+                .show(ui, |ui| {
+                    ui.strong("group");
+                    ui.strong("size");
+                    ui.strong("sent");
+                    ui.strong("exposed");
                     ui.end_row();
-                }
-            });
-    });
+                    let size = |name: &str| {
+                        e.communication
+                            .groups
+                            .iter()
+                            .find(|gi| format!("{:?}", gi.group).eq_ignore_ascii_case(name))
+                            .map(|gi| {
+                                format!(
+                                    "{}{}",
+                                    gi.size,
+                                    if gi.crosses_nodes {
+                                        " (inter-node)"
+                                    } else {
+                                        ""
+                                    }
+                                )
+                            })
+                            .unwrap_or_default()
+                    };
+                    for (name, b, s) in [
+                        ("TP", c.tp, g.tp),
+                        ("CP", c.cp, g.cp),
+                        ("PP", c.pp, g.pp),
+                        ("DP", c.dp, g.dp),
+                        ("EP", c.ep, g.ep),
+                    ] {
+                        ui.label(name);
+                        ui.label(size(name));
+                        ui.label(bytes(b as f64));
+                        ui.label(seconds(s));
+                        ui.end_row();
+                    }
+                });
+        });
     for w in &e.warnings {
         ui.label(RichText::new(format!("note: {w}")).small().weak());
     }

@@ -36,7 +36,7 @@ pub fn preset_of(config: &Config) -> Option<&'static str> {
 /// Data-parallel degree implied by the GPU count, if the model-parallel product divides it.
 pub fn derived_dp(config: &Config) -> Option<u64> {
     let p = &config.parallel;
-    let mp = p.tp as u64 * p.cp as u64 * p.pp as u64;
+    let mp = (p.tp as u64 * p.cp as u64).saturating_mul(p.pp as u64);
     let n = config.cluster.num_gpus as u64;
     (mp > 0 && n.is_multiple_of(mp)).then(|| n / mp)
 }
@@ -301,13 +301,12 @@ fn model(ui: &mut Ui, c: &mut Config, p: Option<&Problems>) {
 fn training(ui: &mut Ui, c: &mut Config, p: Option<&Problems>) {
     let par = &c.parallel;
     let z = if par.cp_comm == CpComm::Zigzag { 2 } else { 1 };
-    let seq_step = par.cp.max(1) as u64
-        * z
-        * if par.sp && par.tp > 1 {
-            par.tp as u64
-        } else {
-            1
-        };
+    let tp_step = if par.sp && par.tp > 1 {
+        par.tp as u64
+    } else {
+        1
+    };
+    let seq_step = (par.cp.max(1) as u64 * z).saturating_mul(tp_step);
     let dp = derived_dp(c).unwrap_or(1);
     let t = &mut c.training;
     row(
@@ -518,7 +517,7 @@ fn cluster(ui: &mut Ui, c: &mut Config, p: Option<&Problems>) {
     });
     errors(ui, p, "cluster.gpu");
     let par = &c.parallel;
-    let mp = par.tp as u64 * par.cp as u64 * par.pp as u64;
+    let mp = (par.tp as u64 * par.cp as u64).saturating_mul(par.pp as u64);
     row(
         ui,
         "GPUs",

@@ -94,6 +94,8 @@ pub fn ui(ui: &mut Ui, e: &Estimate, height: f32) {
         .allow_drag(false)
         .allow_scroll(false)
         .allow_boxed_zoom(false)
+        .show_crosshair(false)
+        .show_x(false)
         .include_y(0.0)
         .include_y(top * 1.08)
         .include_x(-0.6)

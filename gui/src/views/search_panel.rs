@@ -127,7 +127,7 @@ pub fn ui(ui: &mut Ui, opt: &mut SearchOptions, view: &SearchView) -> SearchActi
                     for (i, t) in r.top.iter().enumerate() {
                         let e = &t.estimate;
                         let text = format!(
-                            "{}. {}\n    {} · MFU {:.1}% · {:.1} GiB",
+                            "{}. {}\n      {} · MFU {:.1}% · {:.1} GiB",
                             i + 1,
                             t.mix,
                             seconds(e.time.step_s),
@@ -135,7 +135,7 @@ pub fn ui(ui: &mut Ui, opt: &mut SearchOptions, view: &SearchView) -> SearchActi
                             e.memory.per_gpu_max_bytes as f64 / (1u64 << 30) as f64
                         );
                         if ui
-                            .selectable_label(false, RichText::new(text).monospace())
+                            .selectable_label(false, text)
                             .on_hover_text("Load this mix")
                             .clicked()
                         {

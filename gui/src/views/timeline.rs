@@ -163,7 +163,7 @@ fn paint_grid(c: &Canvas, ui: &Ui, axis: Option<Rect>) {
             c.painter.text(
                 Pos2::new(x, a.top() + 2.0),
                 Align2::CENTER_TOP,
-                seconds(t),
+                if k == 0 { "0".to_string() } else { seconds(t) },
                 FontId::proportional(10.0),
                 text,
             );
@@ -182,10 +182,24 @@ fn bar_y(row: Rect, a: &Action) -> (f32, f32) {
     }
 }
 
+/// Bars narrower than this (in points) are merged with their neighbours into one grey "busy"
+/// band, so a zoomed-out view of a long schedule draws at most about one rectangle per pixel.
+const MIN_BAR: f32 = 1.5;
+
 /// The rows' backgrounds (idle), the bars and their chunk numbers; returns the hovered action
 /// as (rank, index) if the pointer is over one.
-fn paint_bars(c: &Canvas, run: &Run, row_h: f32, hover: Option<Pos2>) -> Option<(usize, usize)> {
-    let idle = Color32::from_gray(225);
+fn paint_bars(
+    c: &Canvas,
+    run: &Run,
+    row_h: f32,
+    hover: Option<Pos2>,
+    dark: bool,
+) -> Option<(usize, usize)> {
+    let (idle, busy) = if dark {
+        (Color32::from_gray(58), Color32::from_gray(150))
+    } else {
+        (Color32::from_gray(225), Color32::from_gray(120))
+    };
     let (t_lo, t_hi) = (c.t0, c.t0 + c.span);
     let mut hovered = None;
     for (r, (acts, spans)) in run.program.ranks.iter().zip(&run.sim.timeline).enumerate() {
@@ -195,15 +209,36 @@ fn paint_bars(c: &Canvas, run: &Run, row_h: f32, hover: Option<Pos2>) -> Option<
         );
         c.painter
             .rect_filled(row.shrink2(Vec2::new(0.0, 1.0)), 0.0, idle);
+        let (y0, y1) = (row.top() + 1.0, row.bottom() - 1.0);
+        // A run of merged narrow bars, [x0, x1], not drawn yet.
+        let mut merged: Option<(f32, f32)> = None;
+        let flush = |m: &mut Option<(f32, f32)>| {
+            if let Some((a, b)) = m.take() {
+                let band = Rect::from_min_max(Pos2::new(a, y0), Pos2::new(b.max(a + 1.0), y1));
+                c.painter.rect_filled(band, 0.0, busy);
+            }
+        };
         let first = spans.partition_point(|s| s.end < t_lo);
         for (k, (a, s)) in acts.iter().zip(spans).enumerate().skip(first) {
             if s.start > t_hi {
                 break;
             }
-            let (y0, y1) = bar_y(row, a);
             let x0 = c.x(s.start).max(c.rect.left());
-            let x1 = c.x(s.end).min(c.rect.right()).max(x0 + 1.0);
-            let bar = Rect::from_min_max(Pos2::new(x0, y0), Pos2::new(x1, y1));
+            let x1 = c.x(s.end).min(c.rect.right());
+            if x1 - x0 < MIN_BAR {
+                merged = match merged {
+                    Some((a, b)) if x0 <= b + 1.0 => Some((a, b.max(x1))),
+                    other => {
+                        let mut o = other;
+                        flush(&mut o);
+                        Some((x0, x1))
+                    }
+                };
+                continue;
+            }
+            flush(&mut merged);
+            let (by0, by1) = bar_y(row, a);
+            let bar = Rect::from_min_max(Pos2::new(x0, by0), Pos2::new(x1, by1));
             c.painter
                 .rect_filled(bar, 1.0, action_color(a.microbatch, a.kind));
             if x1 - x0 > 4.0 {
@@ -214,7 +249,7 @@ fn paint_bars(c: &Canvas, run: &Run, row_h: f32, hover: Option<Pos2>) -> Option<
                     StrokeKind::Inside,
                 );
             }
-            let h = y1 - y0;
+            let h = by1 - by0;
             if x1 - x0 >= 12.0 && h >= 9.0 {
                 c.painter.text(
                     bar.center(),
@@ -234,6 +269,7 @@ fn paint_bars(c: &Canvas, run: &Run, row_h: f32, hover: Option<Pos2>) -> Option<
                 );
             }
         }
+        flush(&mut merged);
     }
     hovered
 }
@@ -342,7 +378,7 @@ fn chart(
         )
     });
     paint_grid(&c, ui, axis_rect);
-    let hovered = paint_bars(&c, run, row_h, response.hover_pos());
+    let hovered = paint_bars(&c, run, row_h, response.hover_pos(), ui.visuals().dark_mode);
     handle_zoom_pan(ui, &response, &c, opt, makespan);
     if let Some((r, k)) = hovered {
         response.on_hover_ui_at_pointer(|ui| details(ui, run, r, k));
@@ -396,43 +432,56 @@ pub fn ui(
         .flatten()
         .filter_map(Result::ok)
         .any(|r| r.program.splits_backward());
-    let charts = 1 + usize::from(compare.is_some());
+    // Each chart takes its share (by rank count) of the height that is really left when it is
+    // drawn, less what still has to come under it (headers, the time axis, the legend), so the
+    // content never outgrows the panel and the panel keeps its size from frame to frame.
     let text_h = ui.text_style_height(&egui::TextStyle::Body) + ui.spacing().item_spacing.y;
-    let avail = ui.available_height() - text_h * (charts as f32 + 1.5) - AXIS_H;
-    let rows: f32 = [Some(run), compare.as_ref().map(|c| c.1)]
-        .into_iter()
-        .flatten()
-        .map(|r| r.map_or(2.0, |r| r.program.pp as f32))
-        .sum();
-    let per_row = (avail / rows.max(1.0)).max(2.0);
-
-    let draw = |ui: &mut Ui, opt: &mut TimelineOptions, r: Result<&Run, &str>, last: bool| match r {
-        Ok(run) => {
-            ui.label(RichText::new(header(&run.program, &run.sim)).strong());
-            chart(
-                ui,
-                opt,
-                run,
-                makespan,
-                per_row * run.program.pp as f32 + if last { AXIS_H } else { 0.0 },
-                last,
-            );
-        }
-        Err(why) => {
-            let color = ui.visuals().error_fg_color;
-            ui.add(egui::Label::new(RichText::new(why).color(color)).wrap());
-        }
-    };
-    draw(ui, opt, run, compare.is_none());
-    if let Some((kind, r)) = compare {
-        ui.add_space(2.0);
+    let legend_h = 20.0 + ui.spacing().item_spacing.y;
+    let entries: Vec<(Option<ScheduleKind>, Result<&Run, &str>)> = std::iter::once((None, run))
+        .chain(compare.map(|(k, r)| (Some(k), r)))
+        .collect();
+    for (i, (kind, r)) in entries.iter().enumerate() {
+        let later = &entries[i + 1..];
+        let last = !later.iter().any(|(_, r)| r.is_ok());
         match r {
-            Ok(_) => draw(ui, opt, r, true),
+            Ok(run) => {
+                if i > 0 {
+                    ui.add_space(2.0);
+                }
+                ui.label(RichText::new(header(&run.program, &run.sim)).strong());
+                let rows_left: f32 = entries[i..]
+                    .iter()
+                    .filter_map(|(_, r)| r.ok())
+                    .map(|r| r.program.pp as f32)
+                    .sum();
+                let below: f32 = later
+                    .iter()
+                    .map(|(_, r)| {
+                        if r.is_ok() {
+                            text_h + 2.0
+                        } else {
+                            2.0 * text_h
+                        }
+                    })
+                    .sum();
+                let avail = ui.available_height() - legend_h - below - AXIS_H - 2.0;
+                let share = (avail * run.program.pp as f32 / rows_left.max(1.0)).max(0.0);
+                chart(
+                    ui,
+                    opt,
+                    run,
+                    makespan,
+                    share + if last { AXIS_H } else { 0.0 },
+                    last,
+                );
+            }
             Err(why) => {
                 let color = ui.visuals().error_fg_color;
-                ui.add(
-                    egui::Label::new(RichText::new(format!("{kind}: {why}")).color(color)).wrap(),
-                );
+                let text = match kind {
+                    Some(k) => format!("{k}: {why}"),
+                    None => why.to_string(),
+                };
+                ui.add(egui::Label::new(RichText::new(text).color(color)).wrap());
             }
         }
     }
