@@ -341,3 +341,137 @@ fn hovering_a_bar_shows_its_details() {
         assert!(h.query_by_label(&line).is_some(), "tooltip lacks {line:?}");
     }
 }
+
+#[test]
+fn extreme_and_broken_configurations_never_panic_the_window() {
+    let mut h = harness(ParsimApp::default());
+    let valid = h
+        .state()
+        .session
+        .last_valid
+        .as_ref()
+        .unwrap()
+        .estimate
+        .memory
+        .per_gpu_max_bytes;
+    let edits: Vec<fn(&mut Config)> = vec![
+        |c| c.parallel.tp = 0,
+        |c| c.parallel.pp = 0,
+        |c| c.parallel.vpp = 0,
+        |c| c.parallel.cp = 0,
+        |c| c.cluster.num_gpus = 0,
+        |c| c.cluster.gpus_per_node = 0,
+        |c| c.model.num_layers = 0,
+        |c| c.model.num_attention_heads = 0,
+        |c| c.model.num_query_groups = 0,
+        |c| c.training.micro_batch_size = 0,
+        |c| c.training.global_batch_size = 0,
+        |c| c.training.seq_length = 0,
+        |c| {
+            c.parallel.tp = u32::MAX;
+            c.parallel.cp = u32::MAX;
+            c.parallel.pp = u32::MAX;
+            c.cluster.num_gpus = u32::MAX;
+        },
+        |c| c.training.global_batch_size = u64::MAX,
+        |c| c.training.seq_length = u64::MAX,
+        |c| c.model.hidden_size = u64::MAX,
+        |c| c.model.num_experts = u32::MAX,
+        |c| c.cluster.gpu = "does-not-exist.toml".into(),
+        |c| c.parallel.order = "pp".into(),
+        |c| c.parallel.zero = 9,
+        // Valid but large: a timeline too long to draw.
+        |c| {
+            c.parallel.schedule = ScheduleKind::OneFOneB;
+            c.parallel.vpp = 1;
+            c.training.global_batch_size = 1 << 20;
+        },
+    ];
+    for (i, edit) in edits.iter().enumerate() {
+        let mut c = default_config();
+        edit(&mut c);
+        h.state_mut().session.config = c;
+        h.run();
+        // Either rejected (drag values clamp some values back into range, which is fine)
+        // with the last valid results still there to show, or valid.
+        let s = &h.state().session;
+        assert!(s.last_valid.is_some(), "edit {i}");
+        assert!(
+            s.is_current()
+                || s.problems
+                    .as_ref()
+                    .is_some_and(|p| !p.violations.is_empty())
+        );
+    }
+    // Back to the defaults: the same figures as at the start.
+    h.state_mut().session.config = default_config();
+    h.run();
+    assert!(h.state().session.is_current());
+    assert_eq!(
+        h.state()
+            .session
+            .last_valid
+            .as_ref()
+            .unwrap()
+            .estimate
+            .memory
+            .per_gpu_max_bytes,
+        valid
+    );
+}
+
+#[test]
+fn wheel_zooms_drag_pans_and_double_click_fits_the_timeline() {
+    // 60 Hz steps, so that two clicks fall within egui's double-click delay.
+    let mut h = Harness::builder()
+        .with_size([1600.0, 1000.0])
+        .with_step_dt(1.0 / 60.0)
+        .build_ui_state(|ui, app: &mut ParsimApp| app.show(ui), ParsimApp::default());
+    h.run();
+    let header = h.get_by_label_contains(" actions · ").rect();
+    let at = egui::pos2(header.center().x, header.bottom() + 20.0);
+    h.hover_at(at);
+    h.event(egui::Event::MouseWheel {
+        unit: egui::MouseWheelUnit::Point,
+        delta: egui::vec2(0.0, 240.0),
+        phase: egui::TouchPhase::Move,
+        source: egui::MouseWheelSource::Unknown,
+        modifiers: egui::Modifiers::NONE,
+    });
+    for _ in 0..30 {
+        h.step();
+    }
+    let zoom = h.state().timeline.zoom;
+    assert!(zoom > 1.5, "zoom {zoom}");
+    assert!(
+        h.state().timeline.offset > 0.0,
+        "zoomed around the pointer, not the left edge"
+    );
+
+    let before = h.state().timeline.offset;
+    h.drag_at(at);
+    h.step();
+    h.hover_at(at + egui::vec2(60.0, 0.0));
+    h.step();
+    h.drop_at(at + egui::vec2(60.0, 0.0));
+    h.step();
+    assert!(
+        h.state().timeline.offset < before,
+        "dragging right shows earlier times"
+    );
+
+    h.hover_at(at);
+    h.step();
+    for pressed in [true, false, true, false] {
+        h.event(egui::Event::PointerButton {
+            pos: at,
+            button: egui::PointerButton::Primary,
+            pressed,
+            modifiers: egui::Modifiers::NONE,
+        });
+        h.step();
+    }
+    h.run();
+    assert_eq!(h.state().timeline.zoom, 1.0);
+    assert_eq!(h.state().timeline.offset, 0.0);
+}

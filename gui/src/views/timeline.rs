@@ -45,7 +45,7 @@ impl Default for TimelineOptions {
         TimelineOptions {
             zoom: 1.0,
             offset: 0.0,
-            row_height: 24.0,
+            row_height: 36.0,
             compare: false,
             compare_with: ScheduleKind::OneFOneB,
         }
