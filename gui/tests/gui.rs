@@ -475,3 +475,19 @@ fn wheel_zooms_drag_pans_and_double_click_fits_the_timeline() {
     assert_eq!(h.state().timeline.zoom, 1.0);
     assert_eq!(h.state().timeline.offset, 0.0);
 }
+
+#[test]
+fn a_preset_that_does_not_fit_is_flagged_with_the_engines_figure() {
+    let mut h = harness(ParsimApp::default());
+    pick(&mut h, "Preset", "llama3-70b");
+
+    let mut expected = default_config();
+    expected.model = parsim::config::presets::preset("llama3-70b").unwrap();
+    assert_eq!(h.state().session.config, expected);
+    let headline = text_of(&h, "Peak memory per GPU");
+    assert!(
+        headline.starts_with(&engine_memory(&expected)),
+        "{headline}"
+    );
+    assert!(headline.ends_with("(does not fit)"), "{headline}");
+}
