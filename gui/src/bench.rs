@@ -86,12 +86,59 @@ pub fn run(iterations: usize, compare: bool) -> BenchReport {
     }
     BenchReport {
         label: format!(
-            "llama3-405b on 16384 x h100-sxm (tp8 pp16 dp128, 16 microbatches){}",
+            "recompute, llama3-405b on 16384 x h100-sxm (tp8 pp16 dp128, 16 microbatches){}",
             if compare {
                 ", comparing with zb-h1"
             } else {
                 ""
             }
+        ),
+        samples,
+        invalid,
+    }
+}
+
+/// Times `iterations` whole frames after an edit, headless: the recompute, the egui pass that
+/// lays out and paints every view of [`ParsimApp`](crate::ParsimApp) into a 1600 x 1000 window,
+/// and tessellation into triangles (everything but the GPU upload and draw).
+pub fn run_frames(iterations: usize, compare: bool) -> BenchReport {
+    use std::time::Instant;
+    let ctx = egui::Context::default();
+    let mut app = crate::ParsimApp::new(Session::new(large_config()));
+    app.timeline.compare = compare;
+    app.timeline.compare_with = ScheduleKind::ZbH1;
+    let input = || egui::RawInput {
+        screen_rect: Some(egui::Rect::from_min_size(
+            egui::Pos2::ZERO,
+            egui::vec2(1600.0, 1000.0),
+        )),
+        ..Default::default()
+    };
+    let frame = |app: &mut crate::ParsimApp| {
+        let mut out = ctx.run_ui(input(), |ui| app.show(ui));
+        let shapes = std::mem::take(&mut out.shapes);
+        let ppp = out.pixels_per_point;
+        // No renderer here to upload the font atlas to.
+        out.drop_without_applying_deltas();
+        let prims = ctx.tessellate(shapes, ppp);
+        std::hint::black_box(prims);
+    };
+    for _ in 0..5 {
+        frame(&mut app); // fonts, first layout
+    }
+    let mut samples = Vec::with_capacity(iterations);
+    let mut invalid = 0;
+    for i in 0..iterations {
+        edit(&mut app.session.config, i);
+        let start = Instant::now();
+        frame(&mut app);
+        samples.push(start.elapsed());
+        invalid += usize::from(!app.session.is_current());
+    }
+    BenchReport {
+        label: format!(
+            "whole frame (recompute, egui layout and painting, tessellation; no GPU) at 1600x1000, llama3-405b on 16384 x h100-sxm{}",
+            if compare { ", comparing with zb-h1" } else { "" }
         ),
         samples,
         invalid,
@@ -107,5 +154,12 @@ mod tests {
         let r = run(12, true);
         assert_eq!(r.invalid, 0);
         assert_eq!(r.samples.len(), 12);
+    }
+
+    #[test]
+    fn frames_draw_after_every_edit() {
+        let r = run_frames(6, true);
+        assert_eq!(r.invalid, 0);
+        assert_eq!(r.samples.len(), 6);
     }
 }

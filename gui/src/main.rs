@@ -58,10 +58,17 @@ fn bench(iterations: usize) -> Result<()> {
     if iterations == 0 {
         bail!("--iterations must be at least 1");
     }
-    for compare in [false, true] {
-        let r = parsim_gui::bench::run(iterations, compare);
+    let runs = [false, true]
+        .into_iter()
+        .map(|c| parsim_gui::bench::run(iterations, c))
+        .chain(
+            [false, true]
+                .into_iter()
+                .map(|c| parsim_gui::bench::run_frames(iterations, c)),
+        );
+    for r in runs {
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-        println!("recompute after a change, {}:", r.label);
+        println!("after a change: {}", r.label);
         let over = r.samples.iter().filter(|d| d.as_secs_f64() > 0.016).count();
         println!(
             "  {} edits: median {:.3} ms, p95 {:.3} ms, p99 {:.3} ms, max {:.3} ms; {over} over the 16 ms budget{}",
