@@ -546,6 +546,10 @@ impl ParsimApp {
             ui.ctx()
                 .request_repaint_after(std::time::Duration::from_millis(100));
         }
+        if self.session.is_stale() {
+            // Changed after this frame's refresh (a file opened, a search result loaded).
+            ui.ctx().request_repaint();
+        }
     }
 
     /// Drives `--screenshot`: after the layout settles (and a `--search` finishes), asks the

@@ -292,6 +292,14 @@ impl Session {
         self.last_recompute = start.elapsed();
     }
 
+    /// True when the configuration changed since it was last evaluated (a file was opened or
+    /// a search result loaded after this frame's refresh).
+    pub fn is_stale(&self) -> bool {
+        self.evaluated
+            .as_ref()
+            .is_none_or(|(c, k)| *c != self.config || *k != self.compare)
+    }
+
     /// True when the shown results are those of the current configuration.
     pub fn is_current(&self) -> bool {
         self.problems.is_none() && self.last_valid.is_some()
