@@ -609,4 +609,15 @@ impl eframe::App for ParsimApp {
         let ctx = ui.ctx().clone();
         self.drive_screenshot(&ctx);
     }
+
+    /// For `--screenshot`, hides the pointer (Xvfb parks it mid-screen, where it would open
+    /// hover tooltips in the picture).
+    fn raw_input_hook(&mut self, _ctx: &egui::Context, raw_input: &mut egui::RawInput) {
+        if self.screenshot.is_some() {
+            raw_input
+                .events
+                .retain(|e| !matches!(e, egui::Event::PointerMoved(_)));
+            raw_input.events.push(egui::Event::PointerGone);
+        }
+    }
 }
