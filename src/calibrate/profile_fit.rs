@@ -259,7 +259,10 @@ pub fn fit_profile(
         return Err(ProfileFitError::NothingToFit);
     }
 
-    let u0: Vec<f64> = PARAMS.iter().map(|p| p.coordinate_of((p.get)(base))).collect();
+    let u0: Vec<f64> = PARAMS
+        .iter()
+        .map(|p| p.coordinate_of((p.get)(base)))
+        .collect();
     let profile_at = |u: &[f64], idx: &[usize]| {
         let mut g = base.clone();
         for (k, &j) in idx.iter().enumerate() {
@@ -405,7 +408,10 @@ pub fn fit_profile(
             for (k, &j) in free.iter().enumerate() {
                 let sd = (s2 * inv[(k, k)]).max(0.0).sqrt();
                 let u = u_at(&x)[j];
-                let (a, b) = (PARAMS[j].value_of(u - t * sd), PARAMS[j].value_of(u + t * sd));
+                let (a, b) = (
+                    PARAMS[j].value_of(u - t * sd),
+                    PARAMS[j].value_of(u + t * sd),
+                );
                 if a.is_finite() && b.is_finite() {
                     ci[j] = Some((a.min(b), a.max(b)));
                 }

@@ -1,6 +1,6 @@
 //! The `parsim` command line (clap). Each subcommand lives in its own file.
 
-mod calibrate;
+pub(crate) mod calibrate;
 mod config_args;
 mod estimate;
 mod execute;
