@@ -11,6 +11,7 @@ pub mod measurements;
 pub mod plot;
 pub mod profile_fit;
 pub mod published;
+pub mod sweep;
 
 use fit::{Family, Params, Prediction};
 use published::{Case, PublishedError, Source};

@@ -179,3 +179,80 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// `parsim execute --calibrate`: run the sweep on the CPU backend, fit the CPU profile, write
+/// it (and the measurements beside it, as its provenance).
+pub fn run_execute_calibrate(
+    sweep: Option<&std::path::Path>,
+    out: Option<&std::path::Path>,
+    steps: u32,
+    warmup: u32,
+    json: bool,
+) -> anyhow::Result<()> {
+    use indicatif::{ProgressBar, ProgressStyle};
+    use parsim::calibrate::sweep;
+    let points = match sweep {
+        Some(p) => sweep::read_sweep(p)?,
+        None => sweep::default_cpu_sweep(),
+    };
+    anyhow::ensure!(!points.is_empty(), "the sweep has no points");
+    let bar = ProgressBar::new(points.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} measuring [{bar:30}] {pos}/{len} {msg}")
+            .context("progress template")?
+            .progress_chars("=> "),
+    );
+    let mut ms = Vec::with_capacity(points.len());
+    for (i, p) in points.iter().enumerate() {
+        bar.set_message(p.label.clone());
+        ms.push(sweep::measure_cpu(p, i, steps, warmup)?);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let base = GpuProfile::load("cpu")?;
+    let date = std::process::Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .unwrap_or_default();
+    let host = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let jsonl_path = out.map(|o| o.with_extension("jsonl"));
+    let origin = format!(
+        "{} (CPU backend sweep, {}, {})",
+        jsonl_path
+            .as_ref()
+            .map_or("the sweep".into(), |p| p.display().to_string()),
+        date.trim(),
+        host
+    );
+    let mut fit = fit_profile(&base, &ms, &origin)?;
+    // The CPU tracker counts only the run's own tensors: keep its runtime overhead at zero.
+    fit.profile.runtime_overhead_bytes = 0;
+    fit.profile.provenance.remove("runtime_overhead_bytes");
+    if json {
+        println!("{}", serde_json::to_string_pretty(&fit)?);
+    } else {
+        print_fit(&fit, true);
+    }
+    if let (Some(path), Some(jsonl)) = (out, jsonl_path) {
+        std::fs::write(&jsonl, parsim::calibrate::sweep::to_jsonl(&ms))
+            .with_context(|| format!("cannot write {}", jsonl.display()))?;
+        let header = format!(
+            "# {}: fitted by `parsim execute --calibrate` from {origin}; provenance below.\n",
+            fit.profile.name
+        );
+        std::fs::write(path, header + &toml::to_string(&fit.profile)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("wrote {} and {}", path.display(), jsonl.display());
+    }
+    Ok(())
+}

@@ -38,6 +38,17 @@ pub struct ExecuteArgs {
     /// Print the DESIGN.md JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// Calibrate: run a sweep of plans on the backend, fit the CPU profile's efficiencies to
+    /// the measurements, and print predicted vs measured (docs/calibration.md).
+    #[arg(long)]
+    pub calibrate: bool,
+    /// With --calibrate: the sweep (JSONL: {"label", "config", "holdout"} per line); default:
+    /// the built-in CPU sweep.
+    #[arg(long, value_name = "FILE", requires = "calibrate")]
+    pub sweep: Option<std::path::PathBuf>,
+    /// With --calibrate: write the fitted profile here (and the measurements beside it, .jsonl).
+    #[arg(long, value_name = "NAME.toml", requires = "calibrate")]
+    pub out: Option<std::path::PathBuf>,
 }
 
 /// The largest run the CPU backend accepts (threads, and host memory by the prediction).
@@ -112,6 +123,21 @@ fn resolve_for_backend(args: &ExecuteArgs) -> anyhow::Result<Resolved> {
 }
 
 pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
+    if args.calibrate {
+        anyhow::ensure!(
+            args.warmup < args.steps,
+            "--steps ({}) must be larger than --warmup ({})",
+            args.steps,
+            args.warmup
+        );
+        return super::calibrate::run_execute_calibrate(
+            args.sweep.as_deref(),
+            args.out.as_deref(),
+            args.steps.max(4),
+            args.warmup,
+            args.json,
+        );
+    }
     if args.steps == 0 || args.warmup >= args.steps {
         bail!(
             "--steps ({}) must be larger than --warmup ({}): at least one timed step",

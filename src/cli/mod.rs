@@ -1,6 +1,6 @@
 //! The `parsim` command line (clap). Each subcommand lives in its own file.
 
-mod calibrate;
+pub(crate) mod calibrate;
 mod config_args;
 mod estimate;
 mod execute;
@@ -28,10 +28,10 @@ pub enum Command {
     Search(search::SearchArgs),
     /// Rank coordinates (tp, cp, ep, dp, pp) and process groups.
     Layout(layout::LayoutArgs),
-    /// Run the configuration for real (CPU threads) and compare with the prediction.
-    Execute(execute::ExecuteArgs),
     /// Fit a hardware profile to measured step times and peak memory (JSONL).
     Calibrate(calibrate::CalibrateArgs),
+    /// Run the configuration for real (CPU threads) and compare with the prediction.
+    Execute(execute::ExecuteArgs),
 }
 
 /// Runs the parsed command.
@@ -41,7 +41,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Schedule(a) => schedule::run(a),
         Command::Search(a) => search::run(a),
         Command::Layout(a) => layout::run(a),
-        Command::Execute(a) => execute::run(a),
         Command::Calibrate(a) => calibrate::run(a),
+        Command::Execute(a) => execute::run(a),
     }
 }

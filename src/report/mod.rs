@@ -5,6 +5,7 @@ pub mod chrome_trace;
 pub mod format;
 pub mod gantt;
 pub mod layout;
+pub mod memory_chart;
 pub mod schedule_json;
 pub mod table;
 pub mod table_schedule;

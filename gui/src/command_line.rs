@@ -1,0 +1,302 @@
+//! The `parsim estimate` command line that reproduces the current view.
+//!
+//! Flags mirror `src/cli/config_args.rs`. Each flag is built together with the override it
+//! stands for, and the overrides are merged the way the CLI merges them
+//! (`Config::from_layers`); only when that gives back exactly the configuration on screen are
+//! the flags offered. A model that is no preset (edited layers, heads, ...) has no flags, so
+//! then the command names a saved configuration file instead.
+
+use crate::views::config_panel::preset_of;
+use parsim::config::presets::preset;
+use parsim::config::{Config, Layer};
+use serde_json::{json, Map, Value};
+
+/// A command line and, when it needs one, what to do first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommandLine {
+    pub text: String,
+    /// Set when the command reads a file that must be saved first.
+    pub note: Option<String>,
+}
+
+/// Quotes `s` for a POSIX shell when it holds anything but safe characters.
+fn quote(s: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "-_./=:,+".contains(c);
+    if !s.is_empty() && s.chars().all(safe) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// Flags and the override document they stand for, built side by side.
+#[derive(Default)]
+struct Flags {
+    args: Vec<String>,
+    doc: Map<String, Value>,
+}
+
+impl Flags {
+    fn set(&mut self, section: &str, key: &str, v: Value) {
+        let sec = self.doc.entry(section).or_insert_with(|| json!({}));
+        sec[key] = v;
+    }
+
+    /// `--flag value` for `section.key`.
+    fn value(&mut self, flag: &str, section: &str, key: &str, v: impl serde::Serialize + ToString) {
+        self.args
+            .push(format!("--{flag} {}", quote(&v.to_string())));
+        self.set(
+            section,
+            key,
+            serde_json::to_value(&v).unwrap_or(Value::Null),
+        );
+    }
+
+    /// A bare switch setting `section.key` to `v`.
+    fn switch(&mut self, flag: &str, section: &str, key: &str, v: bool) {
+        self.args.push(format!("--{flag}"));
+        self.set(section, key, Value::Bool(v));
+    }
+}
+
+/// The flags for `c` (preset model assumed) and their override document.
+fn flags(c: &Config, model: &str) -> Flags {
+    let d = Config::default();
+    let mut f = Flags::default();
+    let (m, p, t, k) = (&c.model, &c.parallel, &c.training, &c.cluster);
+    f.value("model", "model", "preset", model);
+    f.value("gpu", "cluster", "gpu", &k.gpu);
+    f.value("gpus", "cluster", "num_gpus", k.num_gpus);
+    if k.gpus_per_node != d.cluster.gpus_per_node {
+        f.value("gpus-per-node", "cluster", "gpus_per_node", k.gpus_per_node);
+    }
+    f.value("tp", "parallel", "tp", p.tp);
+    if p.sp != d.parallel.sp {
+        if p.sp {
+            f.switch("sp", "parallel", "sp", true);
+        } else {
+            f.switch("no-sp", "parallel", "sp", false);
+        }
+    }
+    if p.cp != d.parallel.cp {
+        f.value("cp", "parallel", "cp", p.cp);
+    }
+    if p.cp_comm != d.parallel.cp_comm {
+        f.value("cp-comm", "parallel", "cp_comm", p.cp_comm);
+    }
+    f.value("pp", "parallel", "pp", p.pp);
+    if p.vpp != d.parallel.vpp {
+        f.value("vpp", "parallel", "vpp", p.vpp);
+    }
+    if p.schedule != d.parallel.schedule {
+        f.value("schedule", "parallel", "schedule", p.schedule);
+    }
+    if p.ep != d.parallel.ep {
+        f.value("ep", "parallel", "ep", p.ep);
+    }
+    if let Some(v) = p.expert_tp {
+        f.value("expert-tp", "parallel", "expert_tp", v);
+    }
+    if p.zero != d.parallel.zero {
+        f.value("zero", "parallel", "zero", p.zero);
+    }
+    if let Some(v) = p.dp {
+        f.value("dp", "parallel", "dp", v);
+    }
+    if p.order != d.parallel.order {
+        f.value("order", "parallel", "order", &p.order);
+    }
+    if let Some(v) = p.first_stage_layers {
+        f.value("first-stage-layers", "parallel", "first_stage_layers", v);
+    }
+    if let Some(v) = p.last_stage_layers {
+        f.value("last-stage-layers", "parallel", "last_stage_layers", v);
+    }
+    if p.tp_comm_overlap {
+        f.switch("tp-comm-overlap", "parallel", "tp_comm_overlap", true);
+    }
+    if !p.overlap_grad_reduce {
+        f.switch(
+            "no-overlap-grad-reduce",
+            "parallel",
+            "overlap_grad_reduce",
+            false,
+        );
+    }
+    if !p.overlap_param_gather {
+        f.switch(
+            "no-overlap-param-gather",
+            "parallel",
+            "overlap_param_gather",
+            false,
+        );
+    }
+    if !p.cp_comm_overlap {
+        f.switch("no-cp-comm-overlap", "parallel", "cp_comm_overlap", false);
+    }
+    if let Some(v) = p.ddp_bucket_size {
+        f.value("ddp-bucket-size", "parallel", "ddp_bucket_size", v);
+    }
+    if t.seq_length != d.training.seq_length {
+        f.value("seq", "training", "seq_length", t.seq_length);
+    }
+    f.value("mbs", "training", "micro_batch_size", t.micro_batch_size);
+    f.value("gbs", "training", "global_batch_size", t.global_batch_size);
+    if t.precision != d.training.precision {
+        f.value("precision", "training", "precision", t.precision);
+    }
+    if t.grad_dtype != d.training.grad_dtype {
+        f.value("grad-dtype", "training", "grad_dtype", t.grad_dtype);
+    }
+    if t.recompute != d.training.recompute {
+        f.value("recompute", "training", "recompute", t.recompute);
+    }
+    if t.flash_attention != d.training.flash_attention {
+        f.value(
+            "flash-attention",
+            "training",
+            "flash_attention",
+            t.flash_attention,
+        );
+    }
+    if t.flops_attention != d.training.flops_attention {
+        f.value(
+            "flops-attention",
+            "training",
+            "flops_attention",
+            t.flops_attention,
+        );
+    }
+    if t.mode != d.training.mode {
+        f.value("mode", "training", "mode", t.mode);
+    }
+    if t.lora.rank != d.training.lora.rank {
+        f.args.push(format!("--lora-rank {}", t.lora.rank));
+        f.set("training", "lora", json!({ "rank": t.lora.rank }));
+    }
+    if let Some(base) = preset(model) {
+        if m.make_vocab_size_divisible_by != base.make_vocab_size_divisible_by {
+            f.value(
+                "make-vocab-size-divisible-by",
+                "model",
+                "make_vocab_size_divisible_by",
+                m.make_vocab_size_divisible_by,
+            );
+        }
+        if m.activation != base.activation {
+            f.value("activation", "model", "activation", m.activation);
+        }
+        if m.moe_load_imbalance != base.moe_load_imbalance {
+            f.value(
+                "moe-load-imbalance",
+                "model",
+                "moe_load_imbalance",
+                m.moe_load_imbalance,
+            );
+        }
+        if m.mtp_num_layers != base.mtp_num_layers {
+            f.value("mtp-layers", "model", "mtp_num_layers", m.mtp_num_layers);
+        }
+    }
+    f
+}
+
+/// The preset a model comes from once the fields that have flags are set back to the
+/// preset's own values.
+fn flag_preset(c: &Config) -> Option<&'static str> {
+    parsim::config::presets::PRESET_NAMES
+        .iter()
+        .copied()
+        .find(|&n| {
+            let Some(base) = preset(n) else { return false };
+            let mut m = c.model.clone();
+            m.make_vocab_size_divisible_by = base.make_vocab_size_divisible_by;
+            m.activation = base.activation;
+            m.moe_load_imbalance = base.moe_load_imbalance;
+            m.mtp_num_layers = base.mtp_num_layers;
+            m == base
+        })
+}
+
+/// The `parsim estimate` command for `config`. `saved` is the file the configuration was last
+/// saved to or opened from, if it still holds exactly this configuration.
+pub fn command_line(config: &Config, saved: Option<&str>) -> CommandLine {
+    if let Some(model) = preset_of(config).or_else(|| flag_preset(config)) {
+        let f = flags(config, model);
+        let back = Config::from_layers(&[Layer::overrides(Value::Object(f.doc))]);
+        if back.as_ref().ok() == Some(config) {
+            return CommandLine {
+                text: format!("parsim estimate {}", f.args.join(" ")),
+                note: None,
+            };
+        }
+    }
+    match saved {
+        Some(path) => CommandLine {
+            text: format!("parsim estimate --config {}", quote(path)),
+            note: None,
+        },
+        None => CommandLine {
+            text: "parsim estimate --config parsim-gui.toml".into(),
+            note: Some(
+                "this model has no command-line flags: save the configuration as parsim-gui.toml first (File > Save as…)"
+                    .into(),
+            ),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::default_config;
+
+    #[test]
+    fn defaults_give_flags_that_rebuild_the_configuration() {
+        let c = command_line(&default_config(), None);
+        assert_eq!(c.note, None);
+        assert!(c.text.starts_with("parsim estimate --model llama3-8b"));
+        for flag in [
+            "--tp 2",
+            "--pp 4",
+            "--vpp 2",
+            "--schedule interleaved-1f1b",
+            "--gbs 8",
+            "--gpus 8",
+        ] {
+            assert!(c.text.contains(flag), "{flag} missing from {}", c.text);
+        }
+    }
+
+    #[test]
+    fn switches_and_model_flags() {
+        let mut cfg = default_config();
+        cfg.parallel.sp = false;
+        cfg.parallel.overlap_grad_reduce = false;
+        cfg.model.mtp_num_layers = 1;
+        cfg.training.recompute = parsim::config::Recompute::Full;
+        let c = command_line(&cfg, None);
+        assert_eq!(c.note, None, "{}", c.text);
+        for flag in [
+            "--no-sp",
+            "--no-overlap-grad-reduce",
+            "--mtp-layers 1",
+            "--recompute full",
+        ] {
+            assert!(c.text.contains(flag), "{flag} missing from {}", c.text);
+        }
+    }
+
+    #[test]
+    fn an_edited_model_needs_a_file() {
+        let mut cfg = default_config();
+        cfg.model.num_layers = 16;
+        let c = command_line(&cfg, None);
+        assert!(c.note.is_some());
+        assert_eq!(
+            command_line(&cfg, Some("my run.toml")).text,
+            "parsim estimate --config 'my run.toml'"
+        );
+    }
+}

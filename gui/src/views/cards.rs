@@ -1,0 +1,97 @@
+//! Headline figures as cards (parameters, FLOPs per step, step time, tokens/s, TFLOP/s per GPU,
+//! MFU, bubble), the verdict, and communication per parallel group.
+
+use egui::{Frame, Grid, RichText, Ui};
+use parsim::estimate::Estimate;
+use parsim::report::format::{bytes, count, flops, seconds};
+
+/// The cards' titles and values, in display order.
+pub fn card_values(e: &Estimate) -> Vec<(&'static str, String)> {
+    vec![
+        ("Parameters", count(e.params.total as f64)),
+        ("FLOPs per step", flops(e.flops.per_step_model)),
+        ("Step time", seconds(e.time.step_s)),
+        ("Tokens/s", count(e.throughput.tokens_per_s)),
+        (
+            "TFLOP/s per GPU",
+            format!("{:.0}", e.throughput.tflops_per_gpu),
+        ),
+        ("MFU", format!("{:.1}%", 100.0 * e.throughput.mfu)),
+        (
+            "Bubble",
+            format!("{:.1}%", 100.0 * e.schedule.bubble_fraction),
+        ),
+    ]
+}
+
+fn card(ui: &mut Ui, title: &str, value: &str) {
+    Frame::group(ui.style()).inner_margin(8.0).show(ui, |ui| {
+        ui.set_min_width(112.0);
+        ui.vertical(|ui| {
+            ui.label(RichText::new(title).small().weak());
+            ui.label(RichText::new(value).size(19.0).strong());
+        });
+    });
+}
+
+/// Draws the cards, the verdict, the communication table and the engine's warnings.
+pub fn ui(ui: &mut Ui, e: &Estimate) {
+    ui.horizontal_wrapped(|ui| {
+        for (t, v) in card_values(e) {
+            card(ui, t, &v);
+        }
+    });
+    ui.add_space(4.0);
+    ui.label(RichText::new(&e.verdict).italics());
+    ui.add_space(4.0);
+    let c = &e.communication.per_step_bytes_per_gpu;
+    let g = &e.time.exposed_comm_by_group_s;
+    egui::CollapsingHeader::new("Communication per step, per GPU")
+        .default_open(true)
+        .show(ui, |ui| {
+            Grid::new("comm")
+                .striped(true)
+                .num_columns(4)
+                .show(ui, |ui| {
+                    ui.strong("group");
+                    ui.strong("size");
+                    ui.strong("sent");
+                    ui.strong("exposed");
+                    ui.end_row();
+                    let size = |name: &str| {
+                        e.communication
+                            .groups
+                            .iter()
+                            .find(|gi| format!("{:?}", gi.group).eq_ignore_ascii_case(name))
+                            .map(|gi| {
+                                format!(
+                                    "{}{}",
+                                    gi.size,
+                                    if gi.crosses_nodes {
+                                        " (inter-node)"
+                                    } else {
+                                        ""
+                                    }
+                                )
+                            })
+                            .unwrap_or_default()
+                    };
+                    for (name, b, s) in [
+                        ("TP", c.tp, g.tp),
+                        ("CP", c.cp, g.cp),
+                        ("PP", c.pp, g.pp),
+                        ("DP", c.dp, g.dp),
+                        ("EP", c.ep, g.ep),
+                    ] {
+                        ui.label(name);
+                        ui.label(size(name));
+                        ui.label(bytes(b as f64));
+                        ui.label(seconds(s));
+                        ui.end_row();
+                    }
+                });
+        });
+    for w in &e.warnings {
+        ui.label(RichText::new(format!("note: {w}")).small().weak());
+    }
+}

@@ -1,0 +1,239 @@
+//! The calibration sweep of `parsim execute --calibrate`: plans chosen to separate the time
+//! model's parameters (GEMMs across size and shape, attention across sequence lengths,
+//! memory-bound layers, TP/PP/DP collectives), run on the executor and turned into
+//! [`Measurement`]s for [`super::profile_fit::fit_profile`].
+//!
+//! The CPU backend runs ranks as threads of one process: the sweep keeps every run within the
+//! machine's cores so that each rank has its own core, as the model assumes one device per rank.
+
+use super::measurements::Measurement;
+use crate::config::{Config, ConfigError, Dtype, Layer, Precision, Resolved};
+use crate::plan::{lower, LowerOptions, PlanError};
+use parsim_executor::runner::{median, run_cpu, RunOptions};
+use serde_json::{json, Value};
+use std::path::Path;
+
+/// One configuration of the sweep.
+#[derive(Debug, Clone)]
+pub struct SweepPoint {
+    pub label: String,
+    pub config: Config,
+    /// Held out of the fit, to check the fitted profile on runs it did not see.
+    pub holdout: bool,
+}
+
+/// Why a sweep could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum SweepError {
+    #[error("sweep point '{label}': {source}")]
+    Config { label: String, source: ConfigError },
+    #[error("sweep point '{label}': {source}")]
+    Plan { label: String, source: PlanError },
+    #[error("sweep point '{label}': {message}")]
+    Run { label: String, message: String },
+    #[error("{path}:{line}: {message}")]
+    File {
+        path: String,
+        line: usize,
+        message: String,
+    },
+}
+
+/// A configuration prepared for the CPU backend: its profile, fp32 everywhere.
+pub fn for_cpu(mut c: Config) -> Config {
+    c.cluster.gpu = "cpu".into();
+    c.training.precision = Precision::Fp32;
+    c.training.grad_dtype = Dtype::Fp32;
+    c
+}
+
+fn point(label: &str, holdout: bool, v: Value) -> SweepPoint {
+    let base = json!({
+        "model": {"name": label, "num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "num_query_groups": 2,
+                  "ffn_hidden_size": 256, "vocab_size": 256, "max_position_embeddings": 4096},
+        "cluster": {"num_gpus": 1, "gpus_per_node": 2},
+        "parallel": {"tp": 1, "sp": false, "pp": 1, "zero": 0},
+        "training": {"seq_length": 128, "micro_batch_size": 1, "global_batch_size": 2, "recompute": "none"}
+    });
+    let cfg = Config::from_layers(&[Layer::overrides(base), Layer::overrides(v)])
+        .expect("built-in sweep point parses");
+    SweepPoint {
+        label: label.to_string(),
+        config: for_cpu(cfg),
+        holdout,
+    }
+}
+
+/// The built-in CPU sweep (at most 2 ranks per run). Held-out points use model shapes and
+/// parallel mixes that no fitting point has.
+pub fn default_cpu_sweep() -> Vec<SweepPoint> {
+    vec![
+        point("gemm-small h128", false, json!({})),
+        point(
+            "gemm-large h384 f1024",
+            false,
+            json!({"model": {"hidden_size": 384, "num_attention_heads": 6, "num_query_groups": 6, "ffn_hidden_size": 1024}}),
+        ),
+        point(
+            "gemm-wide f2048",
+            false,
+            json!({"model": {"hidden_size": 256, "ffn_hidden_size": 2048}}),
+        ),
+        point(
+            "attention s512",
+            false,
+            json!({"model": {"hidden_size": 64}, "training": {"seq_length": 512}}),
+        ),
+        point(
+            "attention s1024 h128",
+            false,
+            json!({"training": {"seq_length": 1024}}),
+        ),
+        point(
+            "kernels h32 l8",
+            false,
+            json!({"model": {"num_layers": 8, "hidden_size": 32, "ffn_hidden_size": 64}, "training": {"seq_length": 64, "global_batch_size": 8}}),
+        ),
+        point(
+            "tp2 sp h256",
+            false,
+            json!({"model": {"hidden_size": 256, "ffn_hidden_size": 512}, "cluster": {"num_gpus": 2}, "parallel": {"tp": 2, "sp": true}}),
+        ),
+        point(
+            "dp2 zero1 h256",
+            false,
+            json!({"model": {"hidden_size": 256, "ffn_hidden_size": 512}, "cluster": {"num_gpus": 2}, "parallel": {"zero": 1}, "training": {"global_batch_size": 4}}),
+        ),
+        point(
+            "pp2 1f1b h256",
+            false,
+            json!({"model": {"hidden_size": 256, "ffn_hidden_size": 512, "num_layers": 4}, "cluster": {"num_gpus": 2}, "parallel": {"pp": 2}, "training": {"global_batch_size": 4}}),
+        ),
+        point(
+            "recompute full h256",
+            false,
+            json!({"model": {"hidden_size": 256, "ffn_hidden_size": 512}, "training": {"recompute": "full"}}),
+        ),
+        // Held out: other shapes and mixes.
+        point(
+            "held-out h192 s384 l3",
+            true,
+            json!({"model": {"num_layers": 3, "hidden_size": 192, "num_attention_heads": 6, "num_query_groups": 3, "ffn_hidden_size": 768}, "training": {"seq_length": 384}}),
+        ),
+        point(
+            "held-out tp2 pp1 h320",
+            true,
+            json!({"model": {"hidden_size": 320, "num_attention_heads": 8, "num_query_groups": 4, "ffn_hidden_size": 896}, "cluster": {"num_gpus": 2}, "parallel": {"tp": 2, "sp": true}, "training": {"seq_length": 256}}),
+        ),
+        point(
+            "held-out pp2 zb-h1 h192",
+            true,
+            json!({"model": {"hidden_size": 192, "num_attention_heads": 6, "num_query_groups": 3, "ffn_hidden_size": 512, "num_layers": 4}, "cluster": {"num_gpus": 2}, "parallel": {"pp": 2, "schedule": "zb-h1"}, "training": {"global_batch_size": 4, "recompute": "selective"}}),
+        ),
+    ]
+}
+
+/// Reads a sweep file: one JSON object per line, `{"label": "...", "config": {...},
+/// "holdout": false}`; comments (`#`) and empty lines skipped.
+pub fn read_sweep(path: &Path) -> Result<Vec<SweepPoint>, SweepError> {
+    let origin = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| SweepError::File {
+        path: origin.clone(),
+        line: 0,
+        message: e.to_string(),
+    })?;
+    let mut out = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let t = raw.trim();
+        if t.is_empty() || t.starts_with('#') {
+            continue;
+        }
+        let err = |message: String| SweepError::File {
+            path: origin.clone(),
+            line: i + 1,
+            message,
+        };
+        let v: Value = serde_json::from_str(t).map_err(|e| err(format!("not JSON: {e}")))?;
+        let config = v
+            .get("config")
+            .filter(|c| c.is_object())
+            .ok_or_else(|| err("missing object `config`".into()))?;
+        let cfg = Config::from_layers(&[Layer::overrides(config.clone())])
+            .map_err(|e| err(e.to_string()))?;
+        out.push(SweepPoint {
+            label: v
+                .get("label")
+                .and_then(Value::as_str)
+                .map_or_else(|| format!("line {}", i + 1), str::to_string),
+            config: for_cpu(cfg),
+            holdout: v.get("holdout").and_then(Value::as_bool).unwrap_or(false),
+        });
+    }
+    Ok(out)
+}
+
+/// Runs one point on the CPU backend: the median step (a step ends with its slowest rank)
+/// and the largest tracked peak of any rank.
+pub fn measure_cpu(
+    p: &SweepPoint,
+    index: usize,
+    steps: u32,
+    warmup: u32,
+) -> Result<Measurement, SweepError> {
+    let r = Resolved::new(p.config.clone()).map_err(|source| SweepError::Config {
+        label: p.label.clone(),
+        source,
+    })?;
+    let plan = lower(&r, &LowerOptions::default()).map_err(|source| SweepError::Plan {
+        label: p.label.clone(),
+        source,
+    })?;
+    let report = run_cpu(
+        &plan,
+        &RunOptions {
+            steps,
+            warmup,
+            ..RunOptions::default()
+        },
+    )
+    .map_err(|e| SweepError::Run {
+        label: p.label.clone(),
+        message: e.to_string(),
+    })?;
+    // Each rank's `step_s` holds the timed steps only.
+    let timed = report
+        .ranks
+        .iter()
+        .map(|k| k.step_s.len())
+        .min()
+        .unwrap_or(0);
+    let per_step: Vec<f64> = (0..timed)
+        .map(|i| report.ranks.iter().map(|k| k.step_s[i]).fold(0.0, f64::max))
+        .collect();
+    let peak = report
+        .ranks
+        .iter()
+        .map(|k| k.peak.total())
+        .max()
+        .unwrap_or(0);
+    Ok(Measurement {
+        line: index + 1,
+        label: p.label.clone(),
+        config: p.config.clone(),
+        step_s: median(&per_step),
+        peak_bytes: (peak > 0).then_some(peak),
+        holdout: p.holdout,
+    })
+}
+
+/// The measurements as JSONL (the `parsim calibrate --measurements` format), kept next to the
+/// fitted profile as its provenance.
+pub fn to_jsonl(ms: &[Measurement]) -> String {
+    ms.iter()
+        .map(|m| {
+            json!({"label": m.label, "config": m.config, "step_s": m.step_s, "peak_bytes": m.peak_bytes, "holdout": m.holdout}).to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
+}

@@ -1,0 +1,256 @@
+//! Per-GPU memory as a stacked bar chart (SVG and PNG through plotters): one bar per pipeline
+//! rank, stacked weights, gradients, optimizer states, activations and buffers, in GiB, with a
+//! line at the GPU's capacity. Bars over the capacity get a red outline and the title turns
+//! red when the most loaded GPU does not fit.
+//!
+//! Text needs a font: the DejaVu Sans shipped in `assets/fonts` is registered with plotters
+//! (feature `ab_glyph`) before drawing, as in [`super::gantt`].
+
+use crate::estimate::MemoryReport;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use std::path::Path;
+use std::sync::OnceLock;
+use thiserror::Error;
+
+const FONT: &str = "sans-serif";
+static FONT_BYTES: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// The stacked components, bottom first, with their colours.
+pub const PARTS: [(&str, RGBColor); 5] = [
+    ("weights", RGBColor(76, 120, 168)),
+    ("gradients", RGBColor(245, 133, 24)),
+    ("optimizer", RGBColor(84, 162, 75)),
+    ("activations", RGBColor(178, 121, 162)),
+    ("buffers", RGBColor(157, 117, 93)),
+];
+
+/// Why a chart could not be drawn.
+#[derive(Debug, Error)]
+pub enum MemoryChartError {
+    /// No pipeline stage to draw.
+    #[error("nothing to draw: the memory report has no stages")]
+    Empty,
+    /// The requested size is too small to hold the chart.
+    #[error("chart size {width}x{height} is too small (at least 320x200)")]
+    TooSmall { width: u32, height: u32 },
+    /// The shipped font could not be loaded.
+    #[error("the shipped font assets/fonts/DejaVuSans.ttf could not be loaded")]
+    Font,
+    /// plotters failed (for example, the file could not be written).
+    #[error("cannot draw the chart to {path}: {message}")]
+    Draw { path: String, message: String },
+}
+
+/// Registers the shipped font once; later calls return the first outcome.
+fn ensure_font() -> Result<(), MemoryChartError> {
+    static DONE: OnceLock<bool> = OnceLock::new();
+    let ok = *DONE.get_or_init(|| {
+        plotters::style::register_font(FONT, FontStyle::Normal, FONT_BYTES).is_ok()
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(MemoryChartError::Font)
+    }
+}
+
+/// A size that gives every pipeline rank about 60 pixels (at least 640 wide).
+pub fn default_size(m: &MemoryReport) -> (u32, u32) {
+    ((160 + 60 * m.stages.len().min(64) as u32).max(640), 480)
+}
+
+/// Writes an SVG chart of `m` of `size` pixels to `path`.
+pub fn write_svg(path: &Path, m: &MemoryReport, size: (u32, u32)) -> Result<(), MemoryChartError> {
+    check(m, size)?;
+    ensure_font()?;
+    let root = SVGBackend::new(path, size).into_drawing_area();
+    draw(&root, m).map_err(|e| draw_err(path, e))?;
+    root.present().map_err(|e| draw_err(path, e))
+}
+
+/// Writes a PNG chart of `m` of `size` pixels to `path`.
+pub fn write_png(path: &Path, m: &MemoryReport, size: (u32, u32)) -> Result<(), MemoryChartError> {
+    check(m, size)?;
+    ensure_font()?;
+    let root = BitMapBackend::new(path, size).into_drawing_area();
+    draw(&root, m).map_err(|e| draw_err(path, e))?;
+    root.present().map_err(|e| draw_err(path, e))
+}
+
+fn check(m: &MemoryReport, size: (u32, u32)) -> Result<(), MemoryChartError> {
+    if m.stages.is_empty() {
+        return Err(MemoryChartError::Empty);
+    }
+    if size.0 < 320 || size.1 < 200 {
+        return Err(MemoryChartError::TooSmall {
+            width: size.0,
+            height: size.1,
+        });
+    }
+    Ok(())
+}
+
+fn draw_err<E: std::error::Error + Send + Sync>(
+    path: &Path,
+    e: DrawingAreaErrorKind<E>,
+) -> MemoryChartError {
+    MemoryChartError::Draw {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    }
+}
+
+fn draw<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    m: &MemoryReport,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    root.fill(&WHITE)?;
+    let capacity = m.capacity_bytes as f64 / GIB;
+    let top = m
+        .stages
+        .iter()
+        .map(|s| s.total as f64 / GIB)
+        .fold(capacity, f64::max)
+        * 1.1;
+    let n = m.stages.len();
+    let title = format!(
+        "Peak memory per GPU: {:.2} GiB of {:.2} GiB ({})",
+        m.per_gpu_max_bytes as f64 / GIB,
+        capacity,
+        if m.fits { "fits" } else { "does not fit" }
+    );
+    let title_color = if m.fits { BLACK } else { RED };
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, (FONT, 18).into_font().color(&title_color))
+        .margin(10)
+        .margin_right(24)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d(-0.5..(n as f64 - 0.5), 0.0..top)?;
+    let step = (n / 16).max(1);
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n.min(17))
+        .x_label_formatter(&|x| {
+            let r = x.round();
+            if (x - r).abs() < 1e-6 && r >= 0.0 && (r as usize) % step == 0 {
+                format!("{}", r as usize)
+            } else {
+                String::new()
+            }
+        })
+        .x_desc("pipeline rank")
+        .y_desc("GiB")
+        .label_style((FONT, 12))
+        .axis_desc_style((FONT, 13))
+        .draw()?;
+
+    for (i, (name, color)) in PARTS.iter().enumerate() {
+        let bars = m.stages.iter().enumerate().map(|(k, s)| {
+            let parts = [
+                s.weights,
+                s.gradients,
+                s.optimizer,
+                s.activations,
+                s.buffers,
+            ];
+            let below: u64 = parts[..i].iter().sum();
+            let y0 = below as f64 / GIB;
+            let y1 = (below + parts[i]) as f64 / GIB;
+            let x = k as f64;
+            Rectangle::new([(x - 0.35, y0), (x + 0.35, y1)], color.filled())
+        });
+        chart
+            .draw_series(bars)?
+            .label(*name)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+    }
+    let over = m
+        .stages
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.total > m.capacity_bytes)
+        .map(|(k, s)| {
+            let x = k as f64;
+            Rectangle::new(
+                [(x - 0.35, 0.0), (x + 0.35, s.total as f64 / GIB)],
+                RED.stroke_width(2),
+            )
+        });
+    chart.draw_series(over)?;
+    let line = if m.fits { BLACK } else { RED };
+    chart
+        .draw_series(LineSeries::new(
+            [(-0.5, capacity), (n as f64 - 0.5, capacity)],
+            line.stroke_width(2),
+        ))?
+        .label(format!("capacity {capacity:.1} GiB"))
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 12, y)], line.stroke_width(2)));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FONT, 12))
+        .draw()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::StageMemory;
+
+    fn report(total_gib: &[u64], capacity_gib: u64) -> MemoryReport {
+        let stages: Vec<StageMemory> = total_gib
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| StageMemory {
+                stage: i as u32,
+                weights: t << 29,
+                gradients: t << 28,
+                optimizer: t << 28,
+                activations: 0,
+                buffers: 0,
+                total: t << 30,
+            })
+            .collect();
+        MemoryReport {
+            per_gpu_max_bytes: total_gib.iter().max().copied().unwrap_or(0) << 30,
+            capacity_bytes: capacity_gib << 30,
+            fits: total_gib.iter().all(|&t| t <= capacity_gib),
+            stages,
+        }
+    }
+
+    #[test]
+    fn writes_svg_and_png() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = report(&[30, 40, 90, 20], 80);
+        let svg = dir.path().join("m.svg");
+        write_svg(&svg, &m, default_size(&m)).unwrap();
+        let text = std::fs::read_to_string(&svg).unwrap();
+        assert!(text.contains("does not fit"));
+        assert!(text.contains("capacity 80.0 GiB"));
+        let png = dir.path().join("m.png");
+        write_png(&png, &m, (640, 400)).unwrap();
+        assert!(std::fs::metadata(&png).unwrap().len() > 1000);
+    }
+
+    #[test]
+    fn rejects_empty_and_tiny() {
+        let m = report(&[], 80);
+        assert!(matches!(
+            write_svg(Path::new("x.svg"), &m, (640, 480)),
+            Err(MemoryChartError::Empty)
+        ));
+        let m = report(&[1], 80);
+        assert!(matches!(
+            write_svg(Path::new("x.svg"), &m, (100, 100)),
+            Err(MemoryChartError::TooSmall { .. })
+        ));
+    }
+}
