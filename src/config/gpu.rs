@@ -98,6 +98,11 @@ pub struct GpuProfile {
     pub efficiency: Efficiency,
     #[serde(default)]
     pub gemm: GemmShape,
+    /// s x s fp32 score tiles the attention kernel keeps in device memory while it runs (one
+    /// in forward, this many in backward): 0 for fused kernels, whose tiles live on chip; the
+    /// CPU backend's kernel materialises a row of heads' scores at a time.
+    #[serde(default)]
+    pub attention_score_tiles: u32,
     /// Field (or group of fields) -> where its value comes from.
     #[serde(default)]
     pub provenance: BTreeMap<String, String>,

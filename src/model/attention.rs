@@ -256,6 +256,13 @@ fn core_attention(d: &Dims, a_r: u64, g_r: u64, dqk: u64, dv: u64) -> Op {
                 .save_selective("dropout_out", scores * d.act);
         }
     }
+    if d.attention_score_tiles > 0 {
+        // A kernel that materialises scores: one s x s fp32 tile per call in forward, the
+        // profile's count in backward (probabilities and their gradient).
+        let tile = (d.s / d.c) * (d.s / d.c) * 4;
+        op = op.temp(tile);
+        op.backward_scratch_bytes = d.attention_score_tiles * tile;
+    }
     if d.c > 1 {
         let kv = k + v;
         let cp = |kind, phase, bytes, count| Collective {

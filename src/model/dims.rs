@@ -42,6 +42,8 @@ pub struct Dims {
     pub lora: bool,
     pub ep: u64,
     pub etp: u64,
+    /// Score tiles the attention kernel materialises (the profile's `attention_score_tiles`).
+    pub attention_score_tiles: u64,
 }
 
 impl Dims {
@@ -87,6 +89,7 @@ impl Dims {
             lora: tr.mode == TrainingMode::Lora,
             ep: p.ep as u64,
             etp: p.etp() as u64,
+            attention_score_tiles: r.gpu.attention_score_tiles as u64,
         }
     }
 

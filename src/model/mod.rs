@@ -230,6 +230,7 @@ impl Block {
                     .filter(|s| !s.selective)
                     .map(|s| s.bytes)
                     .sum::<u64>()
+                    + o.backward_scratch_bytes
             })
             .max()
             .unwrap_or(0);

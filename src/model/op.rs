@@ -156,6 +156,9 @@ pub struct Op {
     pub saved: Vec<Saved>,
     /// Transient bytes alive while the op runs (not kept for backward).
     pub temp_bytes: u64,
+    /// Working memory the op's backward holds beside the gradients it produces (attention
+    /// kernels that materialise score tiles).
+    pub backward_scratch_bytes: u64,
     pub comms: Vec<Collective>,
 }
 
@@ -171,6 +174,7 @@ impl Op {
             recomputed_by_selective: false,
             saved: Vec::new(),
             temp_bytes: 0,
+            backward_scratch_bytes: 0,
             comms: Vec::new(),
         }
     }
