@@ -392,8 +392,14 @@ fn json_follows_the_contract() {
     // `total` is the worst moment: at most the sum of each category's own maximum, at least
     // the weights, gradients and optimizer states that live all the time.
     let total = stage["total"].as_u64().unwrap();
-    let states: u64 = ["weights", "gradients", "optimizer"].iter().map(|k| stage[*k].as_u64().unwrap()).sum();
-    assert!(states <= total && total <= sum, "{states} <= {total} <= {sum}");
+    let states: u64 = ["weights", "gradients", "optimizer"]
+        .iter()
+        .map(|k| stage[*k].as_u64().unwrap())
+        .sum();
+    assert!(
+        states <= total && total <= sum,
+        "{states} <= {total} <= {sum}"
+    );
     for key in ["tp", "cp", "pp", "dp", "ep"] {
         assert!(
             v["communication"]["per_step_bytes_per_gpu"][key].is_u64(),

@@ -259,14 +259,25 @@ pub fn fit_profile(
         return Err(ProfileFitError::NothingToFit);
     }
 
+    // Start strictly inside the bounds: a value on its bound is a flat spot in logit space.
     let u0: Vec<f64> = PARAMS
         .iter()
-        .map(|p| p.coordinate_of((p.get)(base)))
+        .map(|p| {
+            let v = (p.get)(base);
+            let v = if p.log_scale {
+                v
+            } else {
+                v.clamp(p.lo + 0.02 * (p.hi - p.lo), p.hi - 0.02 * (p.hi - p.lo))
+            };
+            p.coordinate_of(v)
+        })
         .collect();
+    // The base profile with the parameters `idx` taken from `u` (a full-length coordinate
+    // vector); every other field keeps its exact base value.
     let profile_at = |u: &[f64], idx: &[usize]| {
         let mut g = base.clone();
-        for (k, &j) in idx.iter().enumerate() {
-            (PARAMS[j].set)(&mut g, PARAMS[j].value_of(u[k]));
+        for &j in idx {
+            (PARAMS[j].set)(&mut g, PARAMS[j].value_of(u[j]));
         }
         g
     };
@@ -278,13 +289,23 @@ pub fn fit_profile(
 
     // Identifiability: how much a step of 0.05 in each transformed parameter moves any
     // fitting prediction (in log time).
-    let all: Vec<usize> = (0..PARAMS.len()).collect();
     let base_logs = log_pred(&train, base)?;
     let mut identifiable = vec![false; PARAMS.len()];
     for j in 0..PARAMS.len() {
-        let mut u = u0.clone();
-        u[j] += 0.05;
-        let moved = log_pred(&train, &profile_at(&u, &all))?;
+        // Move the value itself by 5% of its range toward the interior (a time by 20%): a
+        // step in logit coordinates would not move a value sitting on its bound.
+        let p = &PARAMS[j];
+        let v = (p.get)(base);
+        let moved_v = if p.log_scale {
+            v * 1.2
+        } else if v > 0.5 * (p.lo + p.hi) {
+            v - 0.05 * (p.hi - p.lo)
+        } else {
+            v + 0.05 * (p.hi - p.lo)
+        };
+        let mut g = base.clone();
+        (p.set)(&mut g, moved_v);
+        let moved = log_pred(&train, &g)?;
         let sens = moved
             .iter()
             .zip(&base_logs)
@@ -316,7 +337,7 @@ pub fn fit_profile(
             for (k, &j) in free.iter().enumerate() {
                 u[j] = x[k];
             }
-            sse(rows, &profile_at(&u, &all))
+            sse(rows, &profile_at(&u, &free))
         };
         let (mut x, mut fx, _) = nelder_mead(f, start, 0.3, 1e-12, 600);
         for _ in 0..6 {
@@ -343,7 +364,7 @@ pub fn fit_profile(
     };
 
     // Outliers: beyond 3 scaled MADs of the log residuals, then refit once.
-    let mut fitted = profile_at(&u_at(&x), &all);
+    let mut fitted = profile_at(&u_at(&x), &free);
     let resid: Vec<f64> = log_pred(&train, &fitted)?
         .iter()
         .zip(&train)
@@ -360,7 +381,22 @@ pub fn fit_profile(
     let kept: Vec<usize> = train.iter().copied().filter(|&i| !outlier[i]).collect();
     if kept.len() < train.len() {
         x = fit_on(&kept, &x);
-        fitted = profile_at(&u_at(&x), &all);
+        fitted = profile_at(&u_at(&x), &free);
+    }
+
+    // Profiles carry 4 decimals of a fitted fraction and 4 significant figures of a time.
+    for &j in &free {
+        let p = &PARAMS[j];
+        let v = (p.get)(&fitted);
+        let rounded = if !p.log_scale {
+            (v * 1e4).round() / 1e4
+        } else if v > 0.0 {
+            let scale = 10f64.powi(3 - v.log10().floor() as i32);
+            (v * scale).round() / scale
+        } else {
+            v
+        };
+        (p.set)(&mut fitted, rounded);
     }
 
     // Goodness of fit and Gauss-Newton confidence intervals on the kept fitting rows.
@@ -393,9 +429,9 @@ pub fn fit_profile(
         for (k, &j) in free.iter().enumerate() {
             let mut u = u_at(&x);
             u[j] += h;
-            let up = log_pred(&kept, &profile_at(&u, &all))?;
+            let up = log_pred(&kept, &profile_at(&u, &free))?;
             u[j] -= 2.0 * h;
-            let dn = log_pred(&kept, &profile_at(&u, &all))?;
+            let dn = log_pred(&kept, &profile_at(&u, &free))?;
             for r in 0..kept.len() {
                 jac[(r, k)] = (up[r] - dn[r]) / (2.0 * h);
             }

@@ -237,3 +237,26 @@ pub fn to_jsonl(ms: &[Measurement]) -> String {
         .join("\n")
         + "\n"
 }
+
+/// Measures every point `repeats` times in interleaved passes and keeps, per point, the run
+/// with the smallest median step: interference from other work on the machine only ever adds
+/// time, so the fastest repeat is the best estimate of the undisturbed run.
+pub fn measure_all_cpu(
+    points: &[SweepPoint],
+    steps: u32,
+    warmup: u32,
+    repeats: u32,
+    mut progress: impl FnMut(usize),
+) -> Result<Vec<Measurement>, SweepError> {
+    let mut best: Vec<Option<Measurement>> = vec![None; points.len()];
+    for _ in 0..repeats.max(1) {
+        for (i, p) in points.iter().enumerate() {
+            let m = measure_cpu(p, i, steps, warmup)?;
+            if best[i].as_ref().is_none_or(|b| m.step_s < b.step_s) {
+                best[i] = Some(m);
+            }
+            progress(i);
+        }
+    }
+    Ok(best.into_iter().flatten().collect())
+}

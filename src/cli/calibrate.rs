@@ -196,18 +196,14 @@ pub fn run_execute_calibrate(
         None => sweep::default_cpu_sweep(),
     };
     anyhow::ensure!(!points.is_empty(), "the sweep has no points");
-    let bar = ProgressBar::new(points.len() as u64);
+    const REPEATS: u32 = 2;
+    let bar = ProgressBar::new(REPEATS as u64 * points.len() as u64);
     bar.set_style(
-        ProgressStyle::with_template("{spinner} measuring [{bar:30}] {pos}/{len} {msg}")
+        ProgressStyle::with_template("{spinner} measuring [{bar:30}] {pos}/{len} runs")
             .context("progress template")?
             .progress_chars("=> "),
     );
-    let mut ms = Vec::with_capacity(points.len());
-    for (i, p) in points.iter().enumerate() {
-        bar.set_message(p.label.clone());
-        ms.push(sweep::measure_cpu(p, i, steps, warmup)?);
-        bar.inc(1);
-    }
+    let ms = sweep::measure_all_cpu(&points, steps, warmup, REPEATS, |_| bar.inc(1))?;
     bar.finish_and_clear();
     let base = GpuProfile::load("cpu")?;
     let date = std::process::Command::new("date")

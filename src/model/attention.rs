@@ -257,10 +257,11 @@ fn core_attention(d: &Dims, a_r: u64, g_r: u64, dqk: u64, dv: u64) -> Op {
         }
     }
     if d.attention_score_tiles > 0 {
-        // A kernel that materialises scores: one s x s fp32 tile per call in forward, the
-        // profile's count in backward (probabilities and their gradient).
+        // A kernel that materialises scores holds the profile's count of s x s fp32 tiles in
+        // backward (probabilities and their gradient), beside dQ, dK, dV and the held
+        // activations. Its forward tile lives only inside the call, before the layer's later
+        // activations exist, so it never adds to the peak.
         let tile = (d.s / d.c) * (d.s / d.c) * 4;
-        op = op.temp(tile);
         op.backward_scratch_bytes = d.attention_score_tiles * tile;
     }
     if d.c > 1 {

@@ -182,37 +182,7 @@ impl Block {
     /// a row-parallel layer), the embedding's output gradient, and
     /// the small gradients of the other parameters (norms), computed in I and held in fp32.
     pub fn wgrad_pending_bytes(&self, act: u64) -> u64 {
-        self.ops
-            .iter()
-            .filter_map(|o| o.params.filter(|p| p.trainable).map(|p| (o, p)))
-            .map(|(o, p)| {
-                // With SP an output that is reduce-scattered forward has its gradient
-                // all-gathered backward; W keeps only this rank's sequence shard of it and
-                // gathers it again (as it does the shard of a column-parallel input).
-                let shards = o
-                    .comms
-                    .iter()
-                    .find(|c| {
-                        c.kind == CollectiveKind::ReduceScatter
-                            && c.phase == Phase::Forward
-                            && c.group == crate::layout::GroupKind::Tp
-                    })
-                    .map_or(1, |c| c.group_size as u64);
-                match o.kind {
-                    OpKind::Matmul { m, n, .. } => {
-                        let input: u64 = o
-                            .saved
-                            .iter()
-                            .filter(|s| s.name == "input")
-                            .map(|s| s.bytes)
-                            .sum();
-                        input + m * n * act / shards
-                    }
-                    OpKind::MemoryBound { bytes } if o.name == "embedding.word" => bytes / shards,
-                    _ => p.rank * 4,
-                }
-            })
-            .sum()
+        self.ops.iter().map(|o| op_wgrad_pending(o, act)).sum()
     }
 
     /// The largest transient of this block's backward: the gradient arriving from the block
@@ -221,6 +191,9 @@ impl Block {
     /// the input it saved: the activation's n x fc1 / t, or dQ, dK, dV beside Q, K, V; or,
     /// with SP, an n x h partial sum before its reduce-scatter).
     pub fn backward_temp_bytes(&self, incoming: u64) -> u64 {
+        // Conservative: the widest op's transient (plus its kernel scratch) on top of the
+        // block's whole saved set, although later ops' saved tensors may already be freed (a
+        // finer walk over the op order fitted the executor worse on split backwards).
         let widest = self
             .ops
             .iter()
@@ -293,6 +266,39 @@ impl Block {
             }
         }
         g
+    }
+}
+
+/// What a split backward's W pass needs of one op, held from its I pass (Qi et al. 2024):
+/// a trainable linear layer's input and its output gradient.
+pub fn op_wgrad_pending(o: &Op, act: u64) -> u64 {
+    let Some(p) = o.params.filter(|p| p.trainable) else {
+        return 0;
+    };
+    // With SP an output that is reduce-scattered forward has its gradient all-gathered
+    // backward; W keeps only this rank's sequence shard of it and gathers it again (as it
+    // does the shard of a column-parallel input).
+    let shards = o
+        .comms
+        .iter()
+        .find(|c| {
+            c.kind == CollectiveKind::ReduceScatter
+                && c.phase == Phase::Forward
+                && c.group == crate::layout::GroupKind::Tp
+        })
+        .map_or(1, |c| c.group_size as u64);
+    match o.kind {
+        OpKind::Matmul { m, n, .. } => {
+            let input: u64 = o
+                .saved
+                .iter()
+                .filter(|s| s.name == "input")
+                .map(|s| s.bytes)
+                .sum();
+            input + m * n * act / shards
+        }
+        OpKind::MemoryBound { bytes } if o.name == "embedding.word" => bytes / shards,
+        _ => p.rank * 4,
     }
 }
 
