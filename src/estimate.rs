@@ -349,31 +349,11 @@ fn stage_costs(
 /// The schedule program and per-stage costs the estimate simulates (for `parsim schedule
 /// --config`).
 pub fn pipeline(r: &Resolved) -> Result<(crate::schedule::Program, Costs), EstimateError> {
-    let ledger = Ledger::build(r);
-    let layout = Layout::of(r);
-    let links = Links::new(&layout, &r.gpu);
-    let tr = &r.config.training;
     let par = &r.config.parallel;
-    let peak = r
-        .gpu
-        .peak_flops_for(tr.precision)
-        .unwrap_or(r.gpu.peak_flops.bf16);
-    let timing = TimingContext {
-        rates: Rates {
-            gpu: &r.gpu,
-            peak_flops: peak,
-            element_bytes: tr.weight_bytes(),
-        },
-        links: &links,
-        overlaps: overlaps(r),
-        cp_comm: par.cp_comm,
-    };
-    let s = LedgerSummary::timed(&ledger, tr.recompute, Some(&timing));
-    let chunks = chunks_per_rank(r);
-    let (_, costs) = stage_costs(r, &s, &ledger, &chunks, &links)?;
+    let prepared = Prepared::new(r, None)?;
     Ok((
         generate(par.schedule, par.pp, par.vpp, r.microbatches)?,
-        costs,
+        prepared.costs,
     ))
 }
 

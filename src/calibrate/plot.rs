@@ -7,16 +7,8 @@ use super::{CalibrateError, Evaluation, Role};
 use crate::calibrate::published::Source;
 use plotters::prelude::*;
 use std::path::Path;
-use std::sync::OnceLock;
 
-const FONT: &str = "sans-serif";
-static FONT_BYTES: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
-
-fn ensure_font() -> bool {
-    static DONE: OnceLock<bool> = OnceLock::new();
-    *DONE
-        .get_or_init(|| plotters::style::register_font(FONT, FontStyle::Normal, FONT_BYTES).is_ok())
-}
+use crate::report::font::{ensure as ensure_font, FONT};
 
 /// Axis labels (TFLOP/s).
 const TICKS: [f64; 10] = [

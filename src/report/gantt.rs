@@ -15,11 +15,9 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::path::Path;
-use std::sync::OnceLock;
 use thiserror::Error;
 
-const FONT: &str = "sans-serif";
-static FONT_BYTES: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
+use super::font::FONT;
 
 /// Why a chart could not be drawn.
 #[derive(Debug, Error)]
@@ -38,13 +36,9 @@ pub enum GanttError {
     Draw { path: String, message: String },
 }
 
-/// Registers the shipped font once; later calls return the first outcome.
+/// Registers the shipped font ([`super::font`]).
 fn ensure_font() -> Result<(), GanttError> {
-    static DONE: OnceLock<bool> = OnceLock::new();
-    let ok = *DONE.get_or_init(|| {
-        plotters::style::register_font(FONT, FontStyle::Normal, FONT_BYTES).is_ok()
-    });
-    if ok {
+    if super::font::ensure() {
         Ok(())
     } else {
         Err(GanttError::Font)

@@ -10,11 +10,9 @@ use crate::estimate::MemoryReport;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::Path;
-use std::sync::OnceLock;
 use thiserror::Error;
 
-const FONT: &str = "sans-serif";
-static FONT_BYTES: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
+use super::font::FONT;
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// The stacked components, bottom first, with their colours.
@@ -43,13 +41,9 @@ pub enum MemoryChartError {
     Draw { path: String, message: String },
 }
 
-/// Registers the shipped font once; later calls return the first outcome.
+/// Registers the shipped font ([`super::font`]).
 fn ensure_font() -> Result<(), MemoryChartError> {
-    static DONE: OnceLock<bool> = OnceLock::new();
-    let ok = *DONE.get_or_init(|| {
-        plotters::style::register_font(FONT, FontStyle::Normal, FONT_BYTES).is_ok()
-    });
-    if ok {
+    if super::font::ensure() {
         Ok(())
     } else {
         Err(MemoryChartError::Font)

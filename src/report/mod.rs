@@ -2,6 +2,7 @@
 
 pub mod ascii_timeline;
 pub mod chrome_trace;
+pub mod font;
 pub mod format;
 pub mod gantt;
 pub mod layout;
