@@ -179,20 +179,22 @@ impl Links {
     /// Reads each group kind's geometry off the group of rank 0 (all groups of a kind have the
     /// same shape when ranks fill nodes in order).
     pub fn new(layout: &crate::layout::Layout, gpu: &crate::config::GpuProfile) -> Links {
+        // Kinds that vary the same non-trivial axes (e.g. dp and expert_dp when ep = 1) share
+        // one computation.
+        let mut seen: Vec<(Vec<usize>, GroupGeometry)> = Vec::with_capacity(7);
         let geometry = GroupKind::ALL.map(|k| {
-            let g = layout.group_of(k, 0);
-            let nodes = {
-                let mut n: Vec<u32> = g.iter().map(|&r| layout.node_of(r)).collect();
-                n.dedup();
-                n.len() as u32
-            };
-            let first = layout.node_of(g[0]);
-            let per_node = g.iter().filter(|&&r| layout.node_of(r) == first).count() as u32;
-            GroupGeometry {
-                size: g.len() as u32,
+            let axes = layout.varied_axes(k);
+            if let Some((_, g)) = seen.iter().find(|(a, _)| *a == axes) {
+                return *g;
+            }
+            let (size, per_node, nodes) = layout.group_geometry(k, 0);
+            let g = GroupGeometry {
+                size,
                 per_node,
                 nodes,
-            }
+            };
+            seen.push((axes, g));
+            g
         });
         Links {
             intra: gpu.links.intra_node.clone(),

@@ -10,7 +10,10 @@ use crate::memory::{
     StageMemory, TimingContext,
 };
 use crate::model::{CollectiveKind, GroupBytes, Ledger};
-use crate::schedule::{generate, simulate_extrapolated, Costs, ScheduleError};
+use crate::schedule::{
+    generate, simulate, simulate_extrapolated, simulates_in_full, Costs, PipelineSummary,
+    ScheduleError,
+};
 use crate::time::{GroupSeconds, Overlaps, Rates, StepTime};
 use serde::Serialize;
 
@@ -543,8 +546,6 @@ impl<'a> Prepared<'a> {
         let per_step_hardware = (model_per_mb + recompute_per_mb) * microbatches_per_step;
         let tokens_per_step = (tr.global_batch_size * tr.seq_length) as f64;
 
-        let sim = simulate_extrapolated(par.schedule, par.pp, par.vpp, r.microbatches, &costs)?;
-
         // Memory, communication volume, and each rank's finish: its last action, then the
         // data-parallel tail and the optimizer step.
         let mut memory_stages = Vec::with_capacity(chunks.len());
@@ -558,6 +559,14 @@ impl<'a> Prepared<'a> {
             Some(generate(par.schedule, par.pp, par.vpp, r.microbatches)?)
         } else {
             None
+        };
+        // One generation serves both the memory walk and, when it would not be extrapolated
+        // anyway, the simulation.
+        let sim = match &program {
+            Some(p) if simulates_in_full(par.schedule, par.pp, r.microbatches) => {
+                PipelineSummary::of(&simulate(p, &costs)?)
+            }
+            _ => simulate_extrapolated(par.schedule, par.pp, par.vpp, r.microbatches, &costs)?,
         };
         for (rank, ch) in chunks.iter().enumerate() {
             let pipeline = match &program {

@@ -249,9 +249,11 @@ impl Layout {
     /// Members (ascending) of the `kind` group that contains `rank`.
     pub fn group_of(&self, kind: GroupKind, rank: u32) -> Vec<u32> {
         let base = self.digits(rank);
-        let varied: Vec<usize> = kind.axes().iter().map(|a| self.position(*a)).collect();
+        // Fastest-varying axis first: then the members come out in increasing rank order.
+        let mut varied: Vec<usize> = kind.axes().iter().map(|a| self.position(*a)).collect();
+        varied.sort_unstable();
         let size: u32 = varied.iter().map(|&i| self.axes[i].1).product();
-        let mut members: Vec<u32> = (0..size)
+        let members: Vec<u32> = (0..size)
             .map(|mut k| {
                 let mut d = base;
                 for &i in &varied {
@@ -261,8 +263,50 @@ impl Layout {
                 self.compose(&d)
             })
             .collect();
-        members.sort_unstable();
+        debug_assert!(members.windows(2).all(|w| w[0] < w[1]));
         members
+    }
+
+    /// Positions (fastest first) of the axes a `kind` group varies along that have more than one
+    /// rank: two kinds with the same list have the same groups.
+    pub fn varied_axes(&self, kind: GroupKind) -> Vec<usize> {
+        let mut v: Vec<usize> = kind
+            .axes()
+            .iter()
+            .map(|a| self.position(*a))
+            .filter(|&i| self.axes[i].1 > 1)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Size, members in the first member's node, and nodes spanned of the `kind` group that
+    /// contains `rank`, without building the member list.
+    pub fn group_geometry(&self, kind: GroupKind, rank: u32) -> (u32, u32, u32) {
+        let base = self.digits(rank);
+        let varied = self.varied_axes(kind);
+        let size: u32 = varied.iter().map(|&i| self.axes[i].1).product();
+        let (mut first, mut per_node, mut nodes, mut last) = (u32::MAX, 0, 0, u32::MAX);
+        for mut k in 0..size {
+            let mut d = base;
+            for &i in &varied {
+                d[i] = k % self.axes[i].1;
+                k /= self.axes[i].1;
+            }
+            // Members come in increasing rank order, so nodes do too.
+            let node = self.node_of(self.compose(&d));
+            if first == u32::MAX {
+                first = node;
+            }
+            if node == first {
+                per_node += 1;
+            }
+            if node != last {
+                nodes += 1;
+                last = node;
+            }
+        }
+        (size, per_node, nodes)
     }
 
     /// Every group of `kind`, ordered by their lowest rank.
@@ -378,6 +422,30 @@ mod tests {
                             (c0.tp, c0.cp, c0.pp, c0.dp / 2)
                         ),
                         _ => {}
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn geometry_without_the_member_list_equals_the_member_list() {
+        for order in ["tp-cp-ep-dp-pp", "pp-dp-ep-cp-tp", "tp-pp-dp-cp-ep"] {
+            for gpn in [1, 4, 8, 16] {
+                let l = Layout::new(order, 4, 2, 2, 8, 4, gpn).unwrap();
+                for kind in GroupKind::ALL {
+                    for rank in [0, 5, 77, l.world() - 1] {
+                        let g = l.group_of(kind, rank);
+                        let mut nodes: Vec<u32> = g.iter().map(|&r| l.node_of(r)).collect();
+                        let first = nodes[0];
+                        let per_node = nodes.iter().filter(|&&n| n == first).count() as u32;
+                        nodes.dedup();
+                        let expect = (g.len() as u32, per_node, nodes.len() as u32);
+                        assert_eq!(
+                            l.group_geometry(kind, rank),
+                            expect,
+                            "{order} gpn {gpn} {kind} rank {rank}"
+                        );
                     }
                 }
             }

@@ -258,7 +258,8 @@ pub fn activation_peak(
         }
         c
     };
-    let by_stage: std::collections::HashMap<u32, Chunk> = chunks
+    // A rank holds one or two chunks: a short list beats a hash map.
+    let by_stage: Vec<(u32, Chunk)> = chunks
         .iter()
         .map(|c| (c.stage as u32, chunk(c.stage as u32)))
         .collect();
@@ -276,7 +277,11 @@ pub fn activation_peak(
         with = with.max(a + buf);
     };
     for a in actions {
-        let c = by_stage.get(&a.stage).copied().unwrap_or_default();
+        let c = by_stage
+            .iter()
+            .find(|(st, _)| *st == a.stage)
+            .map(|(_, c)| *c)
+            .unwrap_or_default();
         match a.kind {
             ActionKind::F => {
                 live += c.saved;

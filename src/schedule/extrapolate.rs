@@ -25,6 +25,19 @@ pub struct PipelineSummary {
     pub extrapolated: bool,
 }
 
+impl PipelineSummary {
+    /// The summary of a full simulation.
+    pub fn of(sim: &super::Simulation) -> PipelineSummary {
+        summary(sim)
+    }
+}
+
+/// True when [`simulate_extrapolated`] would simulate all `m` microbatches itself (so a
+/// caller holding the program can simulate it directly).
+pub fn simulates_in_full(kind: ScheduleKind, pp: u32, m: u32) -> bool {
+    pp <= 1 || m <= base_microbatches(kind, pp, m) + pp
+}
+
 fn summary(sim: &super::Simulation) -> PipelineSummary {
     PipelineSummary {
         makespan: sim.makespan,

@@ -34,7 +34,7 @@ pub use crate::config::ScheduleKind;
 pub use action::{rank_of_stage, Action, ActionKind, Overlap, Placement, Program};
 pub use costs::Costs;
 pub use error::ScheduleError;
-pub use extrapolate::{simulate_extrapolated, PipelineSummary};
+pub use extrapolate::{simulate_extrapolated, simulates_in_full, PipelineSummary};
 pub use simulate::{check_program, peak_live, simulate, Simulation, Span};
 
 /// Knobs beyond the four sizes.
