@@ -222,9 +222,7 @@ fn cpu_sweep_measures_real_runs_that_calibrate_can_read_back() {
     let points: Vec<_> = sweep::default_cpu_sweep()
         .into_iter()
         .filter(|p| {
-            p.label.starts_with("gemm-small")
-                || p.label.starts_with("kernels")
-                || p.label.starts_with("tp2")
+            ["gemm-small h128", "kernels h32 l8", "tp2 sp h256"].contains(&p.label.as_str())
         })
         .collect();
     assert_eq!(points.len(), 3);

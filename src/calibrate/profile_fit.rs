@@ -437,12 +437,19 @@ pub fn fit_profile(
             }
         }
         let s2 = ss_res / dof as f64;
-        if let Some(inv) = (jac.transpose() * &jac).try_inverse() {
+        // A parameter fitted onto its bound has a flat (zero) column: leave it out so the
+        // others still get intervals; it is reported as sitting on its bound.
+        let live: Vec<usize> = (0..free.len())
+            .filter(|&k| (0..kept.len()).map(|r| jac[(r, k)].powi(2)).sum::<f64>() > 1e-12)
+            .collect();
+        let reduced = jac.select_columns(live.iter());
+        if let Some(inv) = (reduced.transpose() * &reduced).try_inverse() {
             let t = StudentsT::new(0.0, 1.0, dof as f64)
                 .map(|d| d.inverse_cdf(0.975))
                 .unwrap_or(f64::NAN);
-            for (k, &j) in free.iter().enumerate() {
-                let sd = (s2 * inv[(k, k)]).max(0.0).sqrt();
+            for (c, &k) in live.iter().enumerate() {
+                let j = free[k];
+                let sd = (s2 * inv[(c, c)]).max(0.0).sqrt();
                 let u = u_at(&x)[j];
                 let (a, b) = (
                     PARAMS[j].value_of(u - t * sd),
@@ -485,9 +492,13 @@ pub fn fit_profile(
         let is_free = free.contains(&j);
         let note = if is_free {
             match ci[j] {
-                Some((a, b)) => format!("{stamp}; 95% CI [{a:.4}, {b:.4}]; R^2 {r2:.3}"),
+                Some((a, b)) => format!(
+                    "{stamp}; 95% CI [{a:.4}, {b:.4}]; R^2 {r2:.3}; residual spread {:.1}% rms",
+                    100.0 * residual_rms
+                ),
                 None => format!(
-                    "{stamp}; no confidence interval (too few degrees of freedom or collinear)"
+                    "{stamp}; R^2 {r2:.3}; residual spread {:.1}% rms; no confidence interval (on its bound, too few degrees of freedom, or collinear)",
+                    100.0 * residual_rms
                 ),
             }
         } else if identifiable[j] {

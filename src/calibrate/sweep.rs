@@ -114,6 +114,21 @@ pub fn default_cpu_sweep() -> Vec<SweepPoint> {
             false,
             json!({"model": {"hidden_size": 256, "ffn_hidden_size": 512}, "training": {"recompute": "full"}}),
         ),
+        point(
+            "tp2 sp h384 s128",
+            false,
+            json!({"model": {"hidden_size": 384, "num_attention_heads": 6, "num_query_groups": 6, "ffn_hidden_size": 768}, "cluster": {"num_gpus": 2}, "parallel": {"tp": 2, "sp": true}}),
+        ),
+        point(
+            "tp2 h128 s512",
+            false,
+            json!({"cluster": {"num_gpus": 2}, "parallel": {"tp": 2, "sp": false}, "training": {"seq_length": 512}}),
+        ),
+        point(
+            "dp2 zero2 h128",
+            false,
+            json!({"cluster": {"num_gpus": 2}, "parallel": {"zero": 2}, "training": {"global_batch_size": 4}}),
+        ),
         // Held out: other shapes and mixes.
         point(
             "held-out h192 s384 l3",
