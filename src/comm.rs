@@ -30,6 +30,28 @@ pub struct Replicas {
     pub weight_bytes: u64,
 }
 
+/// The two replica sets of a rank's parameters: dense weights over DP x CP (the distributed
+/// optimizer's group), routed experts over the expert data-parallel group.
+pub fn replica_sets(r: &Resolved, p: &crate::model::ParamSums) -> [Replicas; 2] {
+    let tr = &r.config.training;
+    let dense = Replicas {
+        group: GroupKind::DpCp,
+        n: r.dense_replicas(),
+        params: p.rank_dense,
+        trainable: p.rank_dense_trainable,
+        grad_bytes: tr.grad_dtype.bytes(),
+        weight_bytes: tr.weight_bytes(),
+    };
+    let experts = Replicas {
+        group: GroupKind::ExpertDp,
+        n: r.expert_dp(),
+        params: p.rank_expert,
+        trainable: p.rank_expert_trainable,
+        ..dense
+    };
+    [dense, experts]
+}
+
 /// Data-parallel traffic of one step: ZeRO-0 all-reduces gradients once per step; ZeRO-1
 /// reduce-scatters them and all-gathers updated parameters once per step; ZeRO-2
 /// reduce-scatters every microbatch (the gradients are sharded); ZeRO-3 also all-gathers
@@ -98,24 +120,7 @@ pub fn rank_step_bytes(
         let emb = l.dims.vocab_rank() * l.dims.h * tr.grad_dtype.bytes();
         g.pp += coll(CollectiveKind::AllReduce, GroupKind::Pp, 2, emb, 1).wire_bytes();
     }
-    let p = rank_params(chunks, s);
-    let (gb, wb) = (tr.grad_dtype.bytes(), tr.weight_bytes());
-    let dense = Replicas {
-        group: GroupKind::DpCp,
-        n: r.dense_replicas(),
-        params: p.rank_dense,
-        trainable: p.rank_dense_trainable,
-        grad_bytes: gb,
-        weight_bytes: wb,
-    };
-    let experts = Replicas {
-        group: GroupKind::ExpertDp,
-        n: r.expert_dp(),
-        params: p.rank_expert,
-        trainable: p.rank_expert_trainable,
-        ..dense
-    };
-    for set in [dense, experts] {
+    for set in replica_sets(r, &rank_params(chunks, s)) {
         for c in dp_collectives(par.zero, set, m) {
             g.dp += c.wire_bytes();
         }
@@ -133,7 +138,7 @@ pub fn rank_step_bytes(
                 CollectiveKind::AllReduce,
                 GroupKind::Tp,
                 par.tp,
-                replicated * gb,
+                replicated * tr.grad_dtype.bytes(),
                 1,
             )
             .wire_bytes();

@@ -2,7 +2,7 @@
 //! communication per group, the pipeline schedule, step time and throughput, shaped as the
 //! DESIGN.md output contract.
 
-use crate::comm::{dp_collectives, rank_step_bytes, Links, Replicas};
+use crate::comm::{dp_collectives, rank_step_bytes, replica_sets, Links, Replicas};
 use crate::config::{Config, Resolved, ScheduleKind};
 use crate::layout::{GroupKind, Layout};
 use crate::memory::{
@@ -164,25 +164,17 @@ fn per_microbatch_dp_s(
     if par.zero < 2 {
         return (0.0, 0.0);
     }
-    let tr = &r.config.training;
-    let p = rank_params(std::slice::from_ref(c), s);
-    let (gb, wb) = (tr.grad_dtype.bytes(), tr.weight_bytes());
     let mut fwd = 0.0;
     let mut bwd = 0.0;
-    for (kind, n, params, trainable) in [
-        (
-            GroupKind::DpCp,
-            r.dense_replicas(),
-            p.rank_dense,
-            p.rank_dense_trainable,
-        ),
-        (
-            GroupKind::ExpertDp,
-            r.expert_dp(),
-            p.rank_expert,
-            p.rank_expert_trainable,
-        ),
-    ] {
+    for set in replica_sets(r, &rank_params(std::slice::from_ref(c), s)) {
+        let Replicas {
+            group: kind,
+            n,
+            params,
+            trainable,
+            grad_bytes: gb,
+            weight_bytes: wb,
+        } = set;
         if n <= 1 {
             continue;
         }
@@ -194,15 +186,14 @@ fn per_microbatch_dp_s(
             bwd += ag;
         }
     }
-    let interference = r.gpu.efficiency.overlap_interference;
-    let hidden = |comm: f64, exposed: f64| exposed + interference * (comm - exposed);
+    let e = &r.gpu.efficiency;
     let fwd_exposed = if par.overlap_param_gather {
-        hidden(fwd, (fwd - fwd_compute).max(0.0))
+        e.charged_s(fwd, (fwd - fwd_compute).max(0.0))
     } else {
         fwd
     };
     let bwd_exposed = if par.overlap_grad_reduce {
-        hidden(bwd, (bwd - bwd_compute).max(0.0))
+        e.charged_s(bwd, (bwd - bwd_compute).max(0.0))
     } else {
         bwd
     };
@@ -221,35 +212,14 @@ fn dp_tail_s(
 ) -> f64 {
     let par = &r.config.parallel;
     let tr = &r.config.training;
-    let p = rank_params(chunks, s);
-    let (gb, wb) = (tr.grad_dtype.bytes(), tr.weight_bytes());
+    let gb = tr.grad_dtype.bytes();
     let bucket_params = par
         .ddp_bucket_size
         .unwrap_or_else(|| 40_000_000u64.max(1_000_000 * r.dp as u64));
+    let e = &r.gpu.efficiency;
     let mut tail = 0.0;
-    for (kind, n, params, trainable) in [
-        (
-            GroupKind::DpCp,
-            r.dense_replicas(),
-            p.rank_dense,
-            p.rank_dense_trainable,
-        ),
-        (
-            GroupKind::ExpertDp,
-            r.expert_dp(),
-            p.rank_expert,
-            p.rank_expert_trainable,
-        ),
-    ] {
-        let set = Replicas {
-            group: kind,
-            n,
-            params,
-            trainable,
-            grad_bytes: gb,
-            weight_bytes: wb,
-        };
-        let interference = r.gpu.efficiency.overlap_interference;
+    for set in replica_sets(r, &rank_params(chunks, s)) {
+        let (kind, n) = (set.group, set.n);
         for c in dp_collectives(par.zero, set, 1) {
             let full = links.collective_s(kind, c.kind, c.payload_bytes, n);
             if c.kind == CollectiveKind::AllGather {
@@ -257,7 +227,7 @@ fn dp_tail_s(
                 // updated weights once, hidden behind the next forward when overlapped.
                 if par.zero < 3 {
                     tail += if par.overlap_param_gather {
-                        interference * full
+                        e.charged_s(full, 0.0)
                     } else {
                         full
                     };
@@ -267,7 +237,7 @@ fn dp_tail_s(
             if par.overlap_grad_reduce {
                 let last =
                     links.collective_s(kind, c.kind, c.payload_bytes.min(bucket_params * gb), n);
-                tail += last + interference * (full - last).max(0.0);
+                tail += e.charged_s(full, last.min(full));
             } else {
                 tail += full;
             }

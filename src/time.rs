@@ -9,7 +9,7 @@
 use crate::comm::Links;
 use crate::config::{CpComm, GpuProfile, Recompute};
 use crate::layout::GroupKind;
-use crate::model::{Block, CollectiveKind, GroupBytes, Op, OpKind, Phase};
+use crate::model::{Block, GroupBytes, Op, OpKind, Phase};
 use serde::Serialize;
 
 /// The rates one op runs at: matmul peak for its dtype and the profile's efficiencies.
@@ -203,7 +203,7 @@ pub fn block_times(
                 _ => comm_s,
             };
             // Hidden communication still slows the compute it overlaps.
-            let exposed = exposed + rates.gpu.efficiency.overlap_interference * (comm_s - exposed);
+            let exposed = rates.gpu.efficiency.charged_s(comm_s, exposed);
             let rerun_comm = rerun && c.phase == Phase::Forward;
             let slot = match c.phase {
                 Phase::Forward => &mut t.exposed_fwd,
@@ -234,18 +234,6 @@ pub struct StepTime {
     /// Data-parallel gradient reduction and parameter gather left after the last backward.
     pub dp_tail_s: f64,
     pub optimizer_s: f64,
-}
-
-/// The collective kinds' time on one link, for tests and the CLI: alpha + factor x B / bw.
-pub fn isolated_collective_s(
-    kind: CollectiveKind,
-    bytes: u64,
-    n: u32,
-    bandwidth: f64,
-    latency_s: f64,
-    efficiency: f64,
-) -> f64 {
-    crate::comm::ring_s(kind, bytes as f64, n, bandwidth * efficiency, latency_s)
 }
 
 #[cfg(test)]

@@ -55,6 +55,14 @@ pub struct Efficiency {
     pub overlap_interference: f64,
 }
 
+impl Efficiency {
+    /// Seconds a transfer of `comm_s` costs the step when only `exposed_s` of it is exposed:
+    /// the exposed part plus `overlap_interference` of the part hidden behind compute.
+    pub fn charged_s(&self, comm_s: f64, exposed_s: f64) -> f64 {
+        exposed_s + self.overlap_interference * (comm_s - exposed_s).max(0.0)
+    }
+}
+
 fn default_kernel_overhead_s() -> f64 {
     4.0e-6
 }

@@ -373,12 +373,4 @@ impl Ledger {
             dims: d,
         }
     }
-
-    /// The block of decoder layer `layer` (0-based).
-    pub fn layer(&self, layer: u32, model: &crate::config::ModelConfig) -> &Block {
-        match &self.moe {
-            Some(moe) if model.is_moe_layer(layer) => moe,
-            _ => &self.dense,
-        }
-    }
 }
