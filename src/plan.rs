@@ -7,7 +7,7 @@
 //! backward), unless both stages sit on the same rank (the bottom of a V).
 
 use crate::config::{
-    Activation, Normalization, PositionEmbedding, Recompute, Resolved, TrainingMode,
+    Activation, CpComm, Normalization, PositionEmbedding, Recompute, Resolved, TrainingMode,
 };
 use crate::layout::{Coords as LCoords, GroupKind, Layout};
 use crate::schedule::{self, ActionKind, ScheduleError};
@@ -62,13 +62,10 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
     let m = &r.config.model;
     let p = &r.config.parallel;
     let t = &r.config.training;
-    if p.cp > 1 {
+    if p.cp > 1 && !t.flash_attention {
         return Err(unsupported(
-            "parallel.cp",
-            format!(
-                "context parallelism (cp = {}) is not executed yet; use cp = 1",
-                p.cp
-            ),
+            "training.flash_attention",
+            "context parallelism merges partial attention outputs by their log-sum-exp; set flash_attention = true",
         ));
     }
     if p.ep > 1 || m.num_experts > 0 {
@@ -132,9 +129,9 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
             "the head dimension must be even for rotary positions",
         ));
     }
-    let tokens = t.seq_length * t.micro_batch_size;
+    let tokens = t.seq_length * t.micro_batch_size / p.cp as u64;
     if p.sp_active() && tokens % p.tp as u64 != 0 {
-        return Err(unsupported("training.seq_length", format!("seq_length x micro_batch_size ({tokens}) must be divisible by tp ({}) with sequence parallelism", p.tp)));
+        return Err(unsupported("training.seq_length", format!("seq_length x micro_batch_size / cp ({tokens}) must be divisible by tp ({}) with sequence parallelism", p.tp)));
     }
     Ok(())
 }
@@ -240,6 +237,7 @@ pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
                     pp: c.pp,
                 },
                 tp_group: layout.group_of(GroupKind::Tp, rank),
+                cp_group: layout.group_of(GroupKind::Cp, rank),
                 dp_group: layout.group_of(GroupKind::DpCp, rank),
                 pp_group: layout.group_of(GroupKind::Pp, rank),
                 stages: (0..nstages)
@@ -277,6 +275,13 @@ pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
         parallel: Parallelism {
             tp: p.tp,
             sp: p.sp_active(),
+            cp: p.cp,
+            cp_comm: match p.cp_comm {
+                CpComm::P2p => xp::CpComm::Ring,
+                CpComm::Zigzag => xp::CpComm::Zigzag,
+                CpComm::Allgather => xp::CpComm::AllGather,
+                CpComm::A2a => xp::CpComm::A2a,
+            },
             pp: p.pp,
             vpp: p.vpp,
             dp: r.dp,

@@ -4,6 +4,8 @@
 mod cli;
 #[path = "executor/common.rs"]
 mod common;
+#[path = "executor/cp.rs"]
+mod cp;
 #[path = "executor/equivalence.rs"]
 mod equivalence;
 #[path = "executor/memory.rs"]

@@ -31,6 +31,46 @@ pub enum Recompute {
     Full,
 }
 
+/// How context parallelism exchanges K/V (Liu et al. 2023 Ring Attention; Megatron's CP;
+/// Jacobs et al. 2023 DeepSpeed-Ulysses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum CpComm {
+    /// Ring of K/V blocks over contiguous sequence shards (causal work grows with the rank).
+    Ring,
+    /// The same ring over the load-balanced layout: rank r holds chunks r and 2cp-1-r.
+    Zigzag,
+    /// All-gather K/V before attention, reduce-scatter dK/dV after (load-balanced layout).
+    AllGather,
+    /// Ulysses: all-to-all Q/K/V to head shards of the whole sequence, and the output back.
+    A2a,
+}
+
+impl CpComm {
+    /// Whether the sequence is cut into 2cp chunks, rank r holding chunks r and 2cp-1-r.
+    pub fn load_balanced(self) -> bool {
+        matches!(self, CpComm::Zigzag | CpComm::AllGather)
+    }
+
+    /// Positions (within one sequence of `seq`) of the rows CP rank `rank` of `cp` holds.
+    pub fn positions(self, seq: usize, cp: usize, rank: usize) -> Vec<u32> {
+        if cp <= 1 {
+            return (0..seq as u32).collect();
+        }
+        if self.load_balanced() {
+            let c = seq / (2 * cp);
+            let early = rank * c;
+            let late = (2 * cp - 1 - rank) * c;
+            (early..early + c)
+                .chain(late..late + c)
+                .map(|p| p as u32)
+                .collect()
+        } else {
+            let c = seq / cp;
+            (rank * c..(rank + 1) * c).map(|p| p as u32).collect()
+        }
+    }
+}
+
 /// The model's shape (unsharded sizes).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModelShape {
@@ -69,6 +109,9 @@ pub struct Parallelism {
     pub tp: u32,
     /// Megatron sequence parallelism (only with tp > 1).
     pub sp: bool,
+    /// Context parallelism: every activation split along the sequence over `cp` ranks.
+    pub cp: u32,
+    pub cp_comm: CpComm,
     pub pp: u32,
     pub vpp: u32,
     pub dp: u32,
@@ -151,6 +194,9 @@ pub struct RankPlan {
     pub coords: Coords,
     /// Members (global ranks, ascending) of this rank's groups.
     pub tp_group: Vec<u32>,
+    /// Ranks with the same TP, PP and DP coordinates (the context-parallel ring).
+    pub cp_group: Vec<u32>,
+    /// Data parallelism together with context parallelism (gradients are reduced over both).
     pub dp_group: Vec<u32>,
     pub pp_group: Vec<u32>,
     /// Global stages this rank holds, ascending.
@@ -183,6 +229,7 @@ impl Plan {
 
     /// Sequences per step over all data-parallel ranks.
     pub fn global_batch(&self) -> usize {
+        // Context-parallel ranks share their sequences.
         self.microbatches as usize * self.model.micro_batch * self.parallel.dp as usize
     }
 
@@ -212,6 +259,8 @@ impl Plan {
             parallel: Parallelism {
                 tp: 1,
                 sp: false,
+                cp: 1,
+                cp_comm: CpComm::Ring,
                 pp: 1,
                 vpp: 1,
                 dp: 1,
@@ -226,6 +275,7 @@ impl Plan {
                 rank: 0,
                 coords: Coords::default(),
                 tp_group: vec![0],
+                cp_group: vec![0],
                 dp_group: vec![0],
                 pp_group: vec![0],
                 stages: vec![0],
@@ -264,10 +314,37 @@ impl Plan {
         if m.head_dim % 2 != 0 {
             return err(format!("head_dim ({}) must be even for rotary", m.head_dim));
         }
-        if p.sp && m.tokens() % t != 0 {
+        let c = p.cp.max(1) as usize;
+        if p.cp == 0 {
+            return err("cp must be at least 1".into());
+        }
+        if c > 1 {
+            let chunks = if p.cp_comm.load_balanced() { 2 * c } else { c };
+            if m.seq % chunks != 0 {
+                return err(format!(
+                    "seq ({}) must be divisible by {chunks} ({} chunks of cp {c})",
+                    m.seq,
+                    if p.cp_comm.load_balanced() {
+                        "2 cp"
+                    } else {
+                        "cp"
+                    }
+                ));
+            }
+            if p.cp_comm == CpComm::A2a && ((m.heads / t) % c != 0 || (m.kv_heads / t) % c != 0) {
+                return err(format!(
+                    "Ulysses (a2a) needs the heads ({}) and kv_heads ({}) of a TP rank (tp {t}) divisible by cp ({c})",
+                    m.heads, m.kv_heads
+                ));
+            }
+            if !m.flash {
+                return err("context parallelism needs flash attention (the ring merges partial outputs by their log-sum-exp)".into());
+            }
+        }
+        if p.sp && (m.tokens() / c) % t != 0 {
             return err(format!(
-                "tokens per microbatch ({}) must be divisible by tp ({t}) with sp",
-                m.tokens()
+                "tokens per microbatch and CP rank ({}) must be divisible by tp ({t}) with sp",
+                m.tokens() / c
             ));
         }
         if p.zero > 3 {
@@ -276,10 +353,10 @@ impl Plan {
         if m.data_vocab == 0 || m.data_vocab > m.vocab {
             return err("data_vocab must lie in 1..=vocab".into());
         }
-        let world = (p.tp * p.pp * p.dp) as usize;
+        let world = (p.tp * p.cp * p.pp * p.dp) as usize;
         if self.ranks.len() != world {
             return err(format!(
-                "{} rank plans for world tp x pp x dp = {world}",
+                "{} rank plans for world tp x cp x pp x dp = {world}",
                 self.ranks.len()
             ));
         }
@@ -288,10 +365,11 @@ impl Plan {
                 return err(format!("rank plan {i} has rank {}", r.rank));
             }
             if r.tp_group.len() != t
-                || r.dp_group.len() != p.dp as usize
+                || r.cp_group.len() != c
+                || r.dp_group.len() != p.dp as usize * c
                 || r.pp_group.len() != p.pp as usize
             {
-                return err(format!("rank {i}: group sizes do not match tp/dp/pp"));
+                return err(format!("rank {i}: group sizes do not match tp/cp/dp/pp"));
             }
             for s in &r.stages {
                 if self.stages.get(*s as usize).map(|st| st.pp_rank) != Some(r.coords.pp) {

@@ -20,6 +20,7 @@ use crate::backend::cpu::ops::gemm;
 use crate::backend::cpu::{CpuComm, Group, Tensor, World};
 use crate::backend::{Collectives, ReduceOp, TensorOps};
 use crate::error::ExecError;
+use crate::model::cp::CpStats;
 use crate::model::ends::{embedding_bwd, embedding_fwd, output_bwd, output_fwd, OutputSaved};
 use crate::model::layer::{layer_bwd, layer_fwd, LayerSaved};
 use crate::model::params::{init_range, layout_len, rank_layout, BlockKind, BlockLayout};
@@ -93,6 +94,9 @@ pub struct RankReport {
     /// FLOPs and seconds of this rank's GEMMs over all steps.
     pub gemm_flops: f64,
     pub gemm_seconds: f64,
+    /// Context-parallel attention: per ring step compute and communication seconds (timed
+    /// steps, summed), and the causal work (cp > 1).
+    pub cp: Option<CpStats>,
 }
 
 impl RankReport {
@@ -290,7 +294,7 @@ fn run_rank(
     memory::reset_peak();
     let tp = comm.group(&rp.tp_group);
     let dp = comm.group(&rp.dp_group);
-    let ctx = Ctx::new(plan, comm, tp, rp.coords.tp);
+    let ctx = Ctx::new(plan, comm, tp, rp.coords.tp, comm.group(&rp.cp_group));
     let blocks = rank_layout(plan, rp.coords.tp, &rp.stages);
     let mut stage_blocks = HashMap::new();
     for &s in &rp.stages {
@@ -356,6 +360,9 @@ fn run_rank(
     let mut loss_sums = Vec::new();
     let mut phases = PhaseTimes::default();
     for step in 0..opts.steps {
+        if let Some(cp) = rank.ctx.cp.as_mut() {
+            cp.timing = step >= opts.warmup;
+        }
         let t0 = Instant::now();
         rank.loss_sum = 0.0;
         for a in &rp.actions {
@@ -420,6 +427,7 @@ fn run_rank(
             peak_site,
             gemm_flops,
             gemm_seconds,
+            cp: rank.ctx.cp.as_ref().map(|c| c.stats.clone()),
         },
         loss_sums,
         params,
@@ -516,6 +524,7 @@ impl<'a> Rank<'a> {
             .get(&stage)
             .cloned()
             .ok_or_else(|| self.missing("chunk", stage, mb))?;
+        self.ctx.mb = mb;
         let (tokens, targets) = data::microbatch(
             &self.plan.model,
             self.plan.seed,
@@ -523,6 +532,15 @@ impl<'a> Rank<'a> {
             self.rp.coords.dp,
             mb,
         );
+        let (tokens, targets) = if self.ctx.cp.is_some() {
+            let (seq, pos) = (self.plan.model.seq, &self.ctx.positions);
+            (
+                data::at_positions(&tokens, seq, pos),
+                data::at_positions(&targets, seq, pos),
+            )
+        } else {
+            (tokens, targets)
+        };
         let mut x = if matches!(self.blocks[bidx.start].kind, BlockKind::Embedding) {
             None
         } else {
@@ -585,6 +603,7 @@ impl<'a> Rank<'a> {
             .get(&stage)
             .cloned()
             .ok_or_else(|| self.missing("chunk", stage, mb))?;
+        self.ctx.mb = mb;
         let saved = self
             .saved
             .remove(&(stage, mb))
@@ -643,7 +662,10 @@ impl<'a> Rank<'a> {
                     )?);
                 }
                 BlockSaved::LayerInput(x) => {
-                    let (y, ls) = layer_fwd(ctx, l, p, x)?;
+                    ctx.recomputing = true;
+                    let r = layer_fwd(ctx, l, p, x);
+                    ctx.recomputing = false;
+                    let (y, ls) = r?;
                     drop(y);
                     dy = Some(layer_bwd(
                         ctx,

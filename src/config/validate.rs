@@ -358,15 +358,17 @@ pub fn resolve(mut config: Config, gpu: GpuProfile) -> Result<Resolved, ConfigEr
             .hint("set training.flash_attention = true or parallel.cp = 1"),
         );
     }
-    let seq_div = p.cp as u64 * if p.cp_comm == CpComm::Zigzag { 2 } else { 1 };
+    // Zigzag and all-gather CP cut the sequence into 2 cp chunks (the load-balanced layout).
+    let balanced = matches!(p.cp_comm, CpComm::Zigzag | CpComm::Allgather);
+    let seq_div = p.cp as u64 * if balanced { 2 } else { 1 };
     if t.seq_length % seq_div != 0 {
         errs.push(Violation::new(
             "training.seq_length",
             format!(
                 "must be divisible by {} (cp{}), got {}",
                 seq_div,
-                if p.cp_comm == CpComm::Zigzag {
-                    " x 2 for zigzag"
+                if balanced {
+                    " x 2 for the load-balanced layout of zigzag and allgather"
                 } else {
                     ""
                 },

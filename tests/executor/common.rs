@@ -11,6 +11,9 @@ use serde_json::{json, Value};
 pub struct Mix {
     pub tp: u32,
     pub sp: bool,
+    pub cp: u32,
+    /// p2p | zigzag | allgather | a2a
+    pub cp_comm: &'static str,
     pub pp: u32,
     pub vpp: u32,
     pub schedule: &'static str,
@@ -24,6 +27,8 @@ impl Mix {
         Mix {
             tp: 1,
             sp: false,
+            cp: 1,
+            cp_comm: "p2p",
             pp: 1,
             vpp: 1,
             schedule: "1f1b",
@@ -47,10 +52,10 @@ pub fn config(mix: &Mix, gbs: u64, flash: bool, norm: &str, act: &str) -> Value 
             "add_qkv_bias": false, "position_embedding": "rope", "max_position_embeddings": 32,
             "num_experts": 0
         },
-        "cluster": {"gpu": "cpu", "num_gpus": mix.tp * mix.pp * mix.dp, "gpus_per_node": 64},
+        "cluster": {"gpu": "cpu", "num_gpus": mix.tp * mix.cp * mix.pp * mix.dp, "gpus_per_node": 64},
         "parallel": {
             "tp": mix.tp, "sp": mix.sp, "pp": mix.pp, "vpp": mix.vpp, "schedule": mix.schedule,
-            "dp": mix.dp, "zero": mix.zero, "cp": 1, "ep": 1
+            "dp": mix.dp, "zero": mix.zero, "cp": mix.cp, "cp_comm": mix.cp_comm, "ep": 1
         },
         "training": {
             "seq_length": 32, "micro_batch_size": 1, "global_batch_size": gbs,

@@ -43,6 +43,8 @@ pub fn mix_of(r: &Row) -> (Mix, bool, &'static str, &'static str) {
         Mix {
             tp: [1, 2, 4][r[0]],
             sp: r[1] == 1,
+            cp: 1,
+            cp_comm: "p2p",
             pp: [1, 2, 4][r[2]],
             vpp,
             schedule,
@@ -132,7 +134,7 @@ pub fn covering_array() -> (Vec<Row>, BTreeSet<Pair>) {
     (rows, impossible)
 }
 
-fn compare(label: &str, got: &RunReport, reference: &RunReport) {
+pub fn compare(label: &str, got: &RunReport, reference: &RunReport) {
     let l0 = (got.loss[0] - reference.loss[0]).abs() / reference.loss[0].abs();
     assert!(
         l0 <= 1e-5,

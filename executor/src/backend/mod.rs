@@ -103,6 +103,7 @@ pub trait TensorOps {
         dx: &mut [f32],
     );
     fn norm_wgrad(&self, kind: Norm, x: &[f32], dy: &[f32], h: usize, eps: f32, dp: &mut [f32]);
+    /// Rotary embedding in place; row r of a sequence sits at `positions[r % positions.len()]`.
     #[allow(clippy::too_many_arguments)]
     fn rotary(
         &self,
@@ -110,7 +111,7 @@ pub trait TensorOps {
         rows: usize,
         heads: usize,
         d: usize,
-        seq: usize,
+        positions: &[u32],
         theta: f32,
         inverse: bool,
     );

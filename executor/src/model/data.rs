@@ -32,3 +32,11 @@ pub fn microbatch(
     }
     (x, y)
 }
+
+/// The rows of a batch-major token list [b, seq] at `positions` of each sequence (a context-
+/// parallel rank's share).
+pub fn at_positions(x: &[u32], seq: usize, positions: &[u32]) -> Vec<u32> {
+    x.chunks_exact(seq)
+        .flat_map(|row| positions.iter().map(move |&p| row[p as usize]))
+        .collect()
+}

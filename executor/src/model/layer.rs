@@ -5,8 +5,8 @@
 //! (or the log-sum-exp with flash attention; neither under selective recompute), the
 //! projection and fc2 inputs, and the activation's input.
 
-use super::params::BlockLayout;
-use super::{add, Ctx, Sink, WTask};
+use super::params::{BlockKind, BlockLayout};
+use super::{add, cp, Ctx, Sink, WTask};
 use crate::backend::cpu::ops::attention::{attn_bwd, attn_fwd, AttnSaved, AttnShape, Keep};
 use crate::backend::cpu::{Category, Tensor};
 use crate::backend::TensorOps;
@@ -39,6 +39,14 @@ fn slice<'p>(p: &'p [f32], l: &BlockLayout, t: usize) -> &'p [f32] {
     &p[l.tensors[t].range()]
 }
 
+/// The global index of a decoder layer's block.
+fn layer_index(l: &BlockLayout) -> u32 {
+    match l.kind {
+        BlockKind::Layer(i) => i,
+        _ => 0,
+    }
+}
+
 fn attn_shape(ctx: &Ctx) -> AttnShape {
     let m = &ctx.plan.model;
     AttnShape {
@@ -59,7 +67,7 @@ pub fn layer_fwd(
     x: Tensor,
 ) -> Result<(Tensor, LayerSaved), ExecError> {
     let m = &ctx.plan.model;
-    let (norm, eps, theta, seq) = (m.norm, m.norm_eps, m.rope_theta, m.seq);
+    let (norm, eps, theta) = (m.norm, m.norm_eps, m.rope_theta);
     let keep = match (ctx.recompute, m.flash) {
         (Recompute::Selective, _) => Keep::Nothing,
         (_, true) => Keep::Lse,
@@ -97,18 +105,24 @@ pub fn layer_fwd(
     }
     drop(qkv);
     ctx.ops
-        .rotary(q.data_mut(), n, rd.a_r, d, seq, theta, false);
+        .rotary(q.data_mut(), n, rd.a_r, d, &ctx.positions, theta, false);
     ctx.ops
-        .rotary(k.data_mut(), n, rd.g_r, d, seq, theta, false);
-    let mut o = Tensor::zeros(a, &[n, qw]);
-    let attn = attn_fwd(
-        &attn_shape(ctx),
-        q.data(),
-        k.data(),
-        v.data(),
-        o.data_mut(),
-        keep,
-    );
+        .rotary(k.data_mut(), n, rd.g_r, d, &ctx.positions, theta, false);
+    let (o, q, k, v, attn) = if ctx.cp.is_some() {
+        let (o, c) = cp::forward(ctx, layer_index(l), q, k, v, keep)?;
+        (o, c.q, c.k, c.v, c.attn)
+    } else {
+        let mut o = Tensor::zeros(a, &[n, qw]);
+        let attn = attn_fwd(
+            &attn_shape(ctx),
+            q.data(),
+            k.data(),
+            v.data(),
+            o.data_mut(),
+            keep,
+        );
+        (o, q, k, v, attn)
+    };
     let mut partial = Tensor::zeros(Category::Buffers, &[n, h]);
     ctx.ops
         .linear_fwd(o.data(), slice(p, l, PROJ), n, qw, h, partial.data_mut());
@@ -175,7 +189,7 @@ pub fn layer_bwd(
     sink: &mut Sink,
 ) -> Result<Tensor, ExecError> {
     let m = &ctx.plan.model;
-    let (norm, eps, theta, seq) = (m.norm, m.norm_eps, m.rope_theta, m.seq);
+    let (norm, eps, theta) = (m.norm, m.norm_eps, m.rope_theta);
     let act_kind = m.activation;
     let rd = ctx.rd;
     let (n, h, d) = (ctx.n, rd.h, rd.d);
@@ -284,6 +298,8 @@ pub fn layer_bwd(
         d_o.data_mut(),
         false,
     );
+    // Context parallelism needs rowsum(dO * O) before the output goes to the weight gradient.
+    let delta = ctx.cp.is_some().then(|| cp::row_delta(ctx, &d_o, &o));
     sink(
         ctx,
         WTask::Linear {
@@ -297,25 +313,31 @@ pub fn layer_bwd(
             dy_shard: false,
         },
     )?;
-    let mut dq = Tensor::zeros(b, &[n, qw]);
-    let mut dk = Tensor::zeros(b, &[n, kw]);
-    let mut dv = Tensor::zeros(b, &[n, kw]);
-    attn_bwd(
-        &attn_shape(ctx),
-        q.data(),
-        k.data(),
-        v.data(),
-        &attn,
-        d_o.data(),
-        dq.data_mut(),
-        dk.data_mut(),
-        dv.data_mut(),
-    );
-    drop((q, k, v, attn, d_o));
+    let (mut dq, mut dk, dv) = if let Some(delta) = delta {
+        let saved = cp::CoreSaved { q, k, v, attn };
+        cp::backward(ctx, layer_index(l), saved, delta, d_o)?
+    } else {
+        let mut dq = Tensor::zeros(b, &[n, qw]);
+        let mut dk = Tensor::zeros(b, &[n, kw]);
+        let mut dv = Tensor::zeros(b, &[n, kw]);
+        attn_bwd(
+            &attn_shape(ctx),
+            q.data(),
+            k.data(),
+            v.data(),
+            &attn,
+            d_o.data(),
+            dq.data_mut(),
+            dk.data_mut(),
+            dv.data_mut(),
+        );
+        drop((q, k, v, attn, d_o));
+        (dq, dk, dv)
+    };
     ctx.ops
-        .rotary(dq.data_mut(), n, rd.a_r, d, seq, theta, true);
+        .rotary(dq.data_mut(), n, rd.a_r, d, &ctx.positions, theta, true);
     ctx.ops
-        .rotary(dk.data_mut(), n, rd.g_r, d, seq, theta, true);
+        .rotary(dk.data_mut(), n, rd.g_r, d, &ctx.positions, theta, true);
     let qkv_r = rd.qkv_r();
     let mut dqkv = Tensor::zeros(b, &[n, qkv_r]);
     for r in 0..n {

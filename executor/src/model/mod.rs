@@ -9,6 +9,7 @@
 //! input gradient and returns [`WTask`]s, the weight-gradient work, run at once for a full
 //! backward or later for a W action.
 
+pub mod cp;
 pub mod data;
 pub mod ends;
 pub mod layer;
@@ -29,18 +30,32 @@ pub struct Ctx<'a> {
     pub tp: Group,
     pub sp: bool,
     pub recompute: Recompute,
-    /// Tokens of a microbatch, and of its sequence-parallel shard.
+    /// Tokens of a microbatch on this CP rank, and of its sequence-parallel shard.
     pub n: usize,
     pub n_sp: usize,
+    /// Positions (within a sequence) of this rank's rows: 0..seq without CP.
+    pub positions: Vec<u32>,
+    /// Context parallelism (cp > 1).
+    pub cp: Option<cp::CpCtx>,
+    /// The microbatch being run (tags of CP messages).
+    pub mb: u32,
+    /// A full recomputation's forward rerun is in progress.
+    pub recomputing: bool,
     /// Megatron's global buffer for the SP all-gather of the column-parallel input (n x h).
     pub sp_buf: Option<Tensor>,
 }
 
 impl<'a> Ctx<'a> {
-    pub fn new(plan: &'a Plan, comm: &'a CpuComm, tp: Group, tp_rank: u32) -> Ctx<'a> {
+    /// `cp` is this rank's context-parallel group (a group of one without CP).
+    pub fn new(plan: &'a Plan, comm: &'a CpuComm, tp: Group, tp_rank: u32, cp: Group) -> Ctx<'a> {
         let rd = RankDims::new(plan, tp_rank);
         let sp = plan.parallel.sp && plan.parallel.tp > 1;
-        let n = plan.model.tokens();
+        let m = &plan.model;
+        let c = cp.size();
+        let cp_comm = plan.parallel.cp_comm;
+        let positions = cp_comm.positions(m.seq, c, cp.index);
+        let cp = (c > 1).then(|| cp::CpCtx::new(cp, cp_comm, m.seq));
+        let n = plan.model.tokens() / c;
         Ctx {
             plan,
             rd,
@@ -51,6 +66,10 @@ impl<'a> Ctx<'a> {
             recompute: plan.parallel.recompute,
             n,
             n_sp: if sp { n / rd.t } else { n },
+            positions,
+            cp,
+            mb: 0,
+            recomputing: false,
             sp_buf: sp.then(|| Tensor::zeros(Category::Buffers, &[n, rd.h])),
         }
     }

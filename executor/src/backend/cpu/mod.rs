@@ -72,11 +72,11 @@ impl TensorOps for CpuOps {
         rows: usize,
         heads: usize,
         d: usize,
-        seq: usize,
+        positions: &[u32],
         theta: f32,
         inverse: bool,
     ) {
-        ops::rotary::rotary(x, rows, heads, d, seq, theta, inverse)
+        ops::rotary::rotary(x, rows, heads, d, positions, theta, inverse)
     }
     fn act_fwd(&self, kind: Activation, u: &[f32], n: usize, f: usize, out: &mut [f32]) {
         ops::activation::act_fwd(kind, u, n, f, out)

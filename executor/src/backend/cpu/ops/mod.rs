@@ -3,6 +3,7 @@
 pub mod activation;
 pub mod adam;
 pub mod attention;
+pub mod flash;
 pub mod gemm;
 pub mod norm;
 pub mod rotary;

@@ -1,5 +1,6 @@
 //! Rotary position embedding (Su et al. 2021, RoFormer), in the rotate-half layout of GPT-NeoX
-//! and Llama: feature j pairs with j + d/2 within each head. Position = row mod seq.
+//! and Llama: feature j pairs with j + d/2 within each head. Row r of a sequence sits at
+//! position `positions[r mod positions.len()]` (context parallelism holds non-contiguous rows).
 
 /// Rotates `heads` heads of `d` features per row, in place; `inverse` applies the transpose
 /// (the backward of the rotation).
@@ -8,7 +9,7 @@ pub fn rotary(
     rows: usize,
     heads: usize,
     d: usize,
-    seq: usize,
+    positions: &[u32],
     theta: f32,
     inverse: bool,
 ) {
@@ -18,7 +19,7 @@ pub fn rotary(
         .collect();
     let sign = if inverse { -1.0 } else { 1.0 };
     for r in 0..rows {
-        let pos = (r % seq) as f32;
+        let pos = positions[r % positions.len()] as f32;
         for hd in 0..heads {
             let base = (r * heads + hd) * d;
             for j in 0..half {

@@ -1,0 +1,427 @@
+//! Causal block attention with the online softmax (Milakov & Gimelshein 2018; Dao et al. 2022
+//! FlashAttention; Liu et al. 2023 Ring Attention): the local queries meet one block of keys
+//! and values at a time, each block is merged into a running output by its running row maximum
+//! and sum, and the backward rebuilds each block's probabilities from the final log-sum-exp.
+//! Rows carry their sequence positions, so the same kernel serves contiguous, zigzag and
+//! gathered layouts; the causal mask compares positions, and a pair of position runs that is
+//! entirely in the future is skipped.
+
+use super::gemm::{gemm, View};
+
+/// Shapes shared by the query and key sides: `b` sequences, `hq` query heads and `hk` K/V
+/// heads of `d` features (GQA: query head h reads K/V head h / (hq / hk)).
+#[derive(Debug, Clone, Copy)]
+pub struct BlockShape {
+    pub b: usize,
+    pub hq: usize,
+    pub hk: usize,
+    pub d: usize,
+}
+
+impl BlockShape {
+    fn scale(&self) -> f32 {
+        1.0 / (self.d as f32).sqrt()
+    }
+}
+
+/// One side of a block: rows of `b` sequences, [b, pos.len(), heads, d] row-major, row i of a
+/// sequence at position `pos[i]`, processed in runs of at most `tile` rows.
+#[derive(Debug, Clone, Copy)]
+pub struct Side<'a> {
+    pub pos: &'a [u32],
+    pub tile: usize,
+}
+
+impl Side<'_> {
+    fn rows(&self) -> usize {
+        self.pos.len()
+    }
+
+    /// Runs of consecutive positions, cut at `tile` rows: (first row, rows).
+    fn runs(&self) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        for i in 1..=self.pos.len() {
+            let cut = i == self.pos.len()
+                || self.pos[i] != self.pos[i - 1] + 1
+                || i - start == self.tile.max(1);
+            if cut {
+                out.push((start, i - start));
+                start = i;
+            }
+        }
+        out
+    }
+}
+
+/// Keys of a query row at position `qp` among a run of keys starting at position `k0` (the run
+/// holds consecutive positions): the unmasked prefix length.
+fn visible(qp: u32, k0: u32, len: usize) -> usize {
+    if qp < k0 {
+        0
+    } else {
+        ((qp - k0) as usize + 1).min(len)
+    }
+}
+
+/// Running statistics of the online softmax, [b, hq, rows] each.
+pub struct Online<'a> {
+    /// Running row maximum of the scaled scores (-inf before any key).
+    pub max: &'a mut [f32],
+    /// Running sum of exp(score - max).
+    pub sum: &'a mut [f32],
+}
+
+/// Views of head `h` of sequence `bi` over rows `r0..r0 + n` of a [b, rows, heads, d] tensor.
+fn head_view(
+    rows: usize,
+    heads: usize,
+    d: usize,
+    bi: usize,
+    h: usize,
+    r0: usize,
+    n: usize,
+) -> View {
+    View::block(n, d, heads * d, ((bi * rows + r0) * heads + h) * d)
+}
+
+/// Merges one K/V block into the running output `acc` ([b, q rows, hq, d], unnormalised) and
+/// statistics. `tile` is scratch of at least (q tile x k tile). Returns the unmasked score
+/// elements computed (the causal work).
+#[allow(clippy::too_many_arguments)]
+pub fn forward_block(
+    sh: &BlockShape,
+    q: &[f32],
+    qs: Side,
+    k: &[f32],
+    v: &[f32],
+    ks: Side,
+    acc: &mut [f32],
+    st: &mut Online,
+    tile: &mut [f32],
+) -> u64 {
+    let (sq, sk, d) = (qs.rows(), ks.rows(), sh.d);
+    let group = sh.hq / sh.hk;
+    let (qruns, kruns) = (qs.runs(), ks.runs());
+    let mut work = 0u64;
+    for bi in 0..sh.b {
+        for h in 0..sh.hq {
+            let kh = h / group;
+            let stat0 = (bi * sh.hq + h) * sq;
+            for &(r0, rn) in &qruns {
+                let (qlo, qhi) = (qs.pos[r0], qs.pos[r0 + rn - 1]);
+                for &(c0, cn) in &kruns {
+                    let k0 = ks.pos[c0];
+                    if k0 > qhi {
+                        continue;
+                    }
+                    let full = ks.pos[c0 + cn - 1] <= qlo;
+                    let qv = head_view(sq, sh.hq, d, bi, h, r0, rn);
+                    let kv = head_view(sk, sh.hk, d, bi, kh, c0, cn);
+                    let tv = View::rm(rn, cn);
+                    gemm(sh.scale(), q, qv, k, kv.t(), 0.0, tile, tv);
+                    for i in 0..rn {
+                        let n_vis = if full {
+                            cn
+                        } else {
+                            visible(qs.pos[r0 + i], k0, cn)
+                        };
+                        let row = &mut tile[i * cn..(i + 1) * cn];
+                        let si = stat0 + r0 + i;
+                        work += n_vis as u64;
+                        if n_vis == 0 {
+                            row.fill(0.0);
+                            continue;
+                        }
+                        let m_old = st.max[si];
+                        let m_new = row[..n_vis].iter().copied().fold(m_old, f32::max);
+                        let alpha = if m_old == f32::NEG_INFINITY {
+                            0.0
+                        } else {
+                            (m_old - m_new).exp()
+                        };
+                        let mut s = 0.0f32;
+                        for x in row[..n_vis].iter_mut() {
+                            *x = (*x - m_new).exp();
+                            s += *x;
+                        }
+                        row[n_vis..].fill(0.0);
+                        st.max[si] = m_new;
+                        st.sum[si] = st.sum[si] * alpha + s;
+                        if alpha != 1.0 {
+                            let o = ((bi * sq + r0 + i) * sh.hq + h) * d;
+                            acc[o..o + d].iter_mut().for_each(|x| *x *= alpha);
+                        }
+                    }
+                    gemm(1.0, tile, tv, v, kv, 1.0, acc, qv);
+                }
+            }
+        }
+    }
+    work
+}
+
+/// Normalises the running output into `o` (in place) and writes the log-sum-exp.
+pub fn finish(sh: &BlockShape, rows: usize, o: &mut [f32], st: &Online, lse: &mut [f32]) {
+    for bi in 0..sh.b {
+        for h in 0..sh.hq {
+            for i in 0..rows {
+                let si = (bi * sh.hq + h) * rows + i;
+                let (m, l) = (st.max[si], st.sum[si]);
+                lse[si] = m + l.ln();
+                let off = ((bi * rows + i) * sh.hq + h) * sh.d;
+                o[off..off + sh.d].iter_mut().for_each(|x| *x /= l);
+            }
+        }
+    }
+}
+
+/// delta[b, rows, hq] = rowsum(dO * O) per head (FlashAttention-2's D, which replaces the row
+/// sum of dP * P when the probabilities of a row are spread over blocks).
+pub fn delta(sh: &BlockShape, rows: usize, dout: &[f32], o: &[f32], out: &mut [f32]) {
+    for bi in 0..sh.b {
+        for i in 0..rows {
+            for h in 0..sh.hq {
+                let off = ((bi * rows + i) * sh.hq + h) * sh.d;
+                out[(bi * rows + i) * sh.hq + h] = dout[off..off + sh.d]
+                    .iter()
+                    .zip(&o[off..off + sh.d])
+                    .map(|(a, b)| a * b)
+                    .sum();
+            }
+        }
+    }
+}
+
+/// Gradients of one K/V block: dQ (local rows) += , dK and dV (the block's rows) += , from
+/// the final log-sum-exp [b, hq, rows] and `delta` [b, rows, hq] ([`delta`]).
+/// `p_tile` and `dp_tile` are scratch of at least (q tile x k tile) each. Returns the unmasked
+/// score elements.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_block(
+    sh: &BlockShape,
+    q: &[f32],
+    qs: Side,
+    k: &[f32],
+    v: &[f32],
+    ks: Side,
+    dout: &[f32],
+    lse: &[f32],
+    delta: &[f32],
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dv: &mut [f32],
+    p_tile: &mut [f32],
+    dp_tile: &mut [f32],
+) -> u64 {
+    let (sq, sk, d) = (qs.rows(), ks.rows(), sh.d);
+    let group = sh.hq / sh.hk;
+    let (qruns, kruns) = (qs.runs(), ks.runs());
+    let scale = sh.scale();
+    let mut work = 0u64;
+    for bi in 0..sh.b {
+        for h in 0..sh.hq {
+            let kh = h / group;
+            let stat0 = (bi * sh.hq + h) * sq;
+            for &(r0, rn) in &qruns {
+                let (qlo, qhi) = (qs.pos[r0], qs.pos[r0 + rn - 1]);
+                for &(c0, cn) in &kruns {
+                    let k0 = ks.pos[c0];
+                    if k0 > qhi {
+                        continue;
+                    }
+                    let full = ks.pos[c0 + cn - 1] <= qlo;
+                    let qv = head_view(sq, sh.hq, d, bi, h, r0, rn);
+                    let kv = head_view(sk, sh.hk, d, bi, kh, c0, cn);
+                    let tv = View::rm(rn, cn);
+                    gemm(scale, q, qv, k, kv.t(), 0.0, p_tile, tv);
+                    for i in 0..rn {
+                        let n_vis = if full {
+                            cn
+                        } else {
+                            visible(qs.pos[r0 + i], k0, cn)
+                        };
+                        work += n_vis as u64;
+                        let l = lse[stat0 + r0 + i];
+                        let row = &mut p_tile[i * cn..(i + 1) * cn];
+                        row[..n_vis].iter_mut().for_each(|x| *x = (*x - l).exp());
+                        row[n_vis..].fill(0.0);
+                    }
+                    // dV += P^T dO; dP = dO V^T
+                    gemm(1.0, p_tile, tv.t(), dout, qv, 1.0, dv, kv);
+                    gemm(1.0, dout, qv, v, kv.t(), 0.0, dp_tile, tv);
+                    // dS = P * (dP - D)
+                    for i in 0..rn {
+                        let dl = delta[(bi * sq + r0 + i) * sh.hq + h];
+                        let (p, dp) = (
+                            &p_tile[i * cn..(i + 1) * cn],
+                            &mut dp_tile[i * cn..(i + 1) * cn],
+                        );
+                        for (x, &pj) in dp.iter_mut().zip(p) {
+                            *x = pj * (*x - dl);
+                        }
+                    }
+                    // dQ += scale dS K; dK += scale dS^T Q
+                    gemm(scale, dp_tile, tv, k, kv, 1.0, dq, qv);
+                    gemm(scale, dp_tile, tv.t(), q, qv, 1.0, dk, kv);
+                }
+            }
+        }
+    }
+    work
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::ops::attention::{attn_bwd, attn_fwd, AttnSaved, AttnShape, Keep};
+
+    fn rand(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 33) as f32 / (1u64 << 31) as f32) - 0.5
+            })
+            .collect()
+    }
+
+    fn rel(a: &[f32], b: &[f32]) -> f32 {
+        let num: f32 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
+        let den: f32 = b.iter().map(|y| y * y).sum();
+        (num / den).sqrt()
+    }
+
+    /// Blocked (several K/V blocks in an arbitrary order, zigzag positions) against the
+    /// reference kernel that materialises the whole softmax: forward output and all gradients.
+    #[test]
+    fn blocks_in_any_order_match_the_whole_softmax() {
+        let (b, s, hq, hk, d) = (2, 16, 4, 2, 8);
+        let sh = BlockShape { b, hq, hk, d };
+        let q = rand(b * s * hq * d, 1);
+        let k = rand(b * s * hk * d, 2);
+        let v = rand(b * s * hk * d, 3);
+        let dout = rand(b * s * hq * d, 4);
+        let ash = AttnShape {
+            b,
+            s,
+            heads: hq,
+            kv_heads: hk,
+            d,
+        };
+        let mut o_ref = vec![0.0; q.len()];
+        let saved = attn_fwd(&ash, &q, &k, &v, &mut o_ref, Keep::Probs);
+        let (mut dq_ref, mut dk_ref, mut dv_ref) =
+            (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+        attn_bwd(
+            &ash,
+            &q,
+            &k,
+            &v,
+            &saved,
+            &dout,
+            &mut dq_ref,
+            &mut dk_ref,
+            &mut dv_ref,
+        );
+        drop(saved);
+        let _ = AttnSaved::None;
+
+        // K/V cut into 4 blocks of 4 positions, visited in the order 2, 0, 3, 1; queries whole.
+        let pos: Vec<u32> = (0..s as u32).collect();
+        let block = |x: &[f32], heads: usize, j: usize| -> Vec<f32> {
+            let mut out = Vec::new();
+            for bi in 0..b {
+                let lo = (bi * s + j * 4) * heads * d;
+                out.extend_from_slice(&x[lo..lo + 4 * heads * d]);
+            }
+            out
+        };
+        let qs = Side { pos: &pos, tile: 5 };
+        let mut acc = vec![0.0; q.len()];
+        let (mut mx, mut sm) = (vec![f32::NEG_INFINITY; b * hq * s], vec![0.0; b * hq * s]);
+        let mut tile = vec![0.0; 5 * 4];
+        let order = [2usize, 0, 3, 1];
+        let mut work = 0;
+        for &j in &order {
+            let kp: Vec<u32> = (j as u32 * 4..j as u32 * 4 + 4).collect();
+            let ks = Side { pos: &kp, tile: 4 };
+            let mut st = Online {
+                max: &mut mx,
+                sum: &mut sm,
+            };
+            work += forward_block(
+                &sh,
+                &q,
+                qs,
+                &block(&k, hk, j),
+                &block(&v, hk, j),
+                ks,
+                &mut acc,
+                &mut st,
+                &mut tile,
+            );
+        }
+        // Causal work: s(s+1)/2 per (sequence, head).
+        assert_eq!(work as usize, b * hq * s * (s + 1) / 2);
+        let mut lse = vec![0.0; b * hq * s];
+        finish(
+            &sh,
+            s,
+            &mut acc,
+            &Online {
+                max: &mut mx,
+                sum: &mut sm,
+            },
+            &mut lse,
+        );
+        assert!(rel(&acc, &o_ref) < 1e-5, "forward {}", rel(&acc, &o_ref));
+
+        let mut dl = vec![0.0; b * hq * s];
+        delta(&sh, s, &dout, &acc, &mut dl);
+        let mut dq = vec![0.0; q.len()];
+        let (mut dk, mut dv) = (vec![0.0; k.len()], vec![0.0; v.len()]);
+        let (mut pt, mut dpt) = (vec![0.0; 20], vec![0.0; 20]);
+        for &j in &order {
+            let kp: Vec<u32> = (j as u32 * 4..j as u32 * 4 + 4).collect();
+            let ks = Side { pos: &kp, tile: 4 };
+            let (mut dkb, mut dvb) = (vec![0.0; b * 4 * hk * d], vec![0.0; b * 4 * hk * d]);
+            backward_block(
+                &sh,
+                &q,
+                qs,
+                &block(&k, hk, j),
+                &block(&v, hk, j),
+                ks,
+                &dout,
+                &lse,
+                &dl,
+                &mut dq,
+                &mut dkb,
+                &mut dvb,
+                &mut pt,
+                &mut dpt,
+            );
+            for bi in 0..b {
+                let lo = (bi * s + j * 4) * hk * d;
+                let n = 4 * hk * d;
+                dk[lo..lo + n].copy_from_slice(&dkb[bi * n..(bi + 1) * n]);
+                dv[lo..lo + n].copy_from_slice(&dvb[bi * n..(bi + 1) * n]);
+            }
+        }
+        assert!(rel(&dq, &dq_ref) < 1e-5, "dq {}", rel(&dq, &dq_ref));
+        assert!(rel(&dk, &dk_ref) < 1e-5, "dk {}", rel(&dk, &dk_ref));
+        assert!(rel(&dv, &dv_ref) < 1e-5, "dv {}", rel(&dv, &dv_ref));
+    }
+
+    #[test]
+    fn runs_cut_at_gaps_and_tiles() {
+        let pos = [0u32, 1, 2, 7, 8, 9, 10];
+        let s = Side { pos: &pos, tile: 3 };
+        assert_eq!(s.runs(), vec![(0, 3), (3, 3), (6, 1)]);
+    }
+}

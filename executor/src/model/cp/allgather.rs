@@ -1,0 +1,167 @@
+//! All-gather context parallelism (Megatron's `all_gather` CP comm type): K and V are
+//! all-gathered over the CP group before attention and only the local shard is saved; backward
+//! gathers them again and reduce-scatters dK and dV. The sequence uses the load-balanced layout
+//! (rank r holds chunks r and 2cp - 1 - r), so the causal work is even. The gathered K/V are
+//! visited one source rank's block at a time, so score tiles stay (s/cp)^2.
+
+use super::{saved_lse, shape, timed, CoreSaved, Stats};
+use crate::backend::cpu::ops::attention::{AttnSaved, Keep};
+use crate::backend::cpu::ops::flash::{self, Side};
+use crate::backend::cpu::{Category, Tensor};
+use crate::backend::Collectives;
+use crate::error::ExecError;
+use crate::model::Ctx;
+
+/// Gathers K and V over the CP group: [cp x k.len()] each, source-rank major.
+fn gather(ctx: &Ctx, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor, f64), ExecError> {
+    let cp = ctx.cp.as_ref().expect("cp context");
+    let size = cp.size;
+    let mut gk = Tensor::zeros(Category::Buffers, &[size * k.len()]);
+    let mut gv = Tensor::zeros(Category::Buffers, &[size * v.len()]);
+    let (r, dt) = timed(|| -> Result<(), ExecError> {
+        ctx.comm.all_gather(&cp.group, k.data(), gk.data_mut())?;
+        ctx.comm.all_gather(&cp.group, v.data(), gv.data_mut())
+    });
+    r?;
+    Ok((gk, gv, dt))
+}
+
+/// Output and log-sum-exp of the local queries against the gathered K/V.
+fn pass(ctx: &mut Ctx, q: &Tensor, gk: &Tensor, gv: &Tensor, count: bool) -> (Tensor, Tensor, f64) {
+    let sh = shape(ctx);
+    let cp = ctx.cp.as_ref().expect("cp context");
+    let (me, size) = (cp.rank, cp.size);
+    let s_loc = cp.positions[me].len();
+    let blk = gk.len() / size;
+    let mut acc = Tensor::zeros(Category::Activations, &[q.rows(), q.cols()]);
+    let mut st = Stats::new(sh.b * sh.hq * s_loc);
+    let mut tile = Tensor::zeros(Category::Buffers, &[s_loc, s_loc]);
+    let qs = Side {
+        pos: &cp.positions[me],
+        tile: s_loc,
+    };
+    let (work, compute_s) = timed(|| {
+        (0..size)
+            .map(|src| {
+                flash::forward_block(
+                    &sh,
+                    q.data(),
+                    qs,
+                    &gk.data()[src * blk..(src + 1) * blk],
+                    &gv.data()[src * blk..(src + 1) * blk],
+                    Side {
+                        pos: &cp.positions[src],
+                        tile: s_loc,
+                    },
+                    acc.data_mut(),
+                    &mut st.online(),
+                    tile.data_mut(),
+                )
+            })
+            .sum::<u64>()
+    });
+    drop(tile);
+    let mut lse = Tensor::zeros(Category::Buffers, &[sh.b * sh.hq * s_loc]);
+    flash::finish(&sh, s_loc, acc.data_mut(), &st.online(), lse.data_mut());
+    if count {
+        ctx.cp.as_mut().expect("cp context").stats.score_elements += work;
+    }
+    (acc, lse, compute_s)
+}
+
+pub fn forward(
+    ctx: &mut Ctx,
+    _layer: u32,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    keep: Keep,
+) -> Result<(Tensor, CoreSaved), ExecError> {
+    let (gk, gv, comm_s) = gather(ctx, &k, &v)?;
+    let count = !ctx.recomputing;
+    let (o, lse, compute_s) = pass(ctx, &q, &gk, &gv, count);
+    drop((gk, gv));
+    ctx.cp
+        .as_mut()
+        .expect("cp context")
+        .record(false, 0, compute_s, comm_s);
+    let attn = saved_lse(keep, lse);
+    Ok((o, CoreSaved { q, k, v, attn }))
+}
+
+pub fn backward(
+    ctx: &mut Ctx,
+    _layer: u32,
+    s: CoreSaved,
+    delta: Tensor,
+    dout: Tensor,
+) -> Result<(Tensor, Tensor, Tensor), ExecError> {
+    let CoreSaved { q, k, v, attn } = s;
+    let (gk, gv, mut comm_s) = gather(ctx, &k, &v)?;
+    let lse = match attn {
+        AttnSaved::Lse(l) => l,
+        // Selective recomputation: the forward once more on the gathered K/V.
+        _ => {
+            let (o2, lse, _) = pass(ctx, &q, &gk, &gv, false);
+            drop(o2);
+            lse
+        }
+    };
+    let sh = shape(ctx);
+    let cp = ctx.cp.as_ref().expect("cp context");
+    let (me, size) = (cp.rank, cp.size);
+    let s_loc = cp.positions[me].len();
+    let blk = k.len();
+    let b = Category::Buffers;
+    let mut dq = Tensor::zeros(b, &[q.rows(), q.cols()]);
+    let mut gdk = Tensor::zeros(b, &[size * blk]);
+    let mut gdv = Tensor::zeros(b, &[size * blk]);
+    let mut p_tile = Tensor::zeros(b, &[s_loc, s_loc]);
+    let mut dp_tile = Tensor::zeros(b, &[s_loc, s_loc]);
+    let qs = Side {
+        pos: &cp.positions[me],
+        tile: s_loc,
+    };
+    let compute_s = timed(|| {
+        for src in 0..size {
+            let r = src * blk..(src + 1) * blk;
+            flash::backward_block(
+                &sh,
+                q.data(),
+                qs,
+                &gk.data()[r.clone()],
+                &gv.data()[r.clone()],
+                Side {
+                    pos: &cp.positions[src],
+                    tile: s_loc,
+                },
+                dout.data(),
+                lse.data(),
+                delta.data(),
+                dq.data_mut(),
+                &mut gdk.data_mut()[r.clone()],
+                &mut gdv.data_mut()[r],
+                p_tile.data_mut(),
+                dp_tile.data_mut(),
+            );
+        }
+    })
+    .1;
+    drop((gk, gv, p_tile, dp_tile, delta, lse, dout));
+    let mut dk = Tensor::zeros(b, &[k.rows(), k.cols()]);
+    let mut dv = Tensor::zeros(b, &[v.rows(), v.cols()]);
+    let (r, dt) = timed(|| -> Result<(), ExecError> {
+        ctx.comm
+            .reduce_scatter(&cp.group, gdk.data(), dk.data_mut())?;
+        ctx.comm
+            .reduce_scatter(&cp.group, gdv.data(), dv.data_mut())
+    });
+    r?;
+    comm_s += dt;
+    drop((gdk, gdv, q, k, v));
+    ctx.cp
+        .as_mut()
+        .expect("cp context")
+        .record(true, 0, compute_s, comm_s);
+    Ok((dq, dk, dv))
+}

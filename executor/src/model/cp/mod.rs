@@ -1,0 +1,209 @@
+//! Context parallelism's attention core (every other op is token-wise and runs unchanged on the
+//! rank's sequence shard): the ring of K/V blocks (Liu et al. 2023, Ring Attention; zigzag as
+//! Megatron's CP balances it), the all-gather of K/V (Megatron's all-gather CP), and
+//! DeepSpeed-Ulysses' all-to-alls (Jacobs et al. 2023). Each needs flash attention's log-sum-exp,
+//! so CP runs keep it (or recompute it under selective recomputation).
+
+mod allgather;
+mod ring;
+mod ulysses;
+
+use super::Ctx;
+use crate::backend::cpu::ops::attention::{AttnSaved, Keep};
+use crate::backend::cpu::ops::flash::{self, BlockShape, Online};
+use crate::backend::cpu::{Category, Group, Tensor};
+use crate::error::ExecError;
+use crate::plan::CpComm;
+use serde::Serialize;
+use std::time::Instant;
+
+/// Seconds of one ring step (summed over the timed steps' calls).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct StepTime {
+    pub compute_s: f64,
+    pub comm_s: f64,
+}
+
+/// What a rank measured of its context-parallel attention.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CpStats {
+    /// Unmasked score elements of the forward attention (recomputation excluded), all steps.
+    pub score_elements: u64,
+    /// Per ring step (index t = 0..cp; one step for Ulysses): forward and backward times.
+    pub forward: Vec<StepTime>,
+    pub backward: Vec<StepTime>,
+}
+
+/// A rank's context-parallel state.
+pub struct CpCtx {
+    pub group: Group,
+    /// This rank's index in the CP group (its CP coordinate).
+    pub rank: usize,
+    pub size: usize,
+    pub comm: CpComm,
+    /// Positions (within a sequence) of every CP rank's rows.
+    pub positions: Vec<Vec<u32>>,
+    pub stats: CpStats,
+    /// Whether times are being recorded (the timed steps).
+    pub timing: bool,
+}
+
+impl CpCtx {
+    pub fn new(group: Group, comm: CpComm, seq: usize) -> CpCtx {
+        let size = group.size();
+        CpCtx {
+            rank: group.index,
+            positions: (0..size).map(|r| comm.positions(seq, size, r)).collect(),
+            group,
+            size,
+            comm,
+            stats: CpStats::default(),
+            timing: false,
+        }
+    }
+
+    fn next(&self) -> u32 {
+        self.group.members()[(self.rank + 1) % self.size]
+    }
+
+    fn prev(&self) -> u32 {
+        self.group.members()[(self.rank + self.size - 1) % self.size]
+    }
+
+    fn record(&mut self, backward: bool, step: usize, compute_s: f64, comm_s: f64) {
+        if !self.timing {
+            return;
+        }
+        let v = if backward {
+            &mut self.stats.backward
+        } else {
+            &mut self.stats.forward
+        };
+        if v.len() <= step {
+            v.resize(step + 1, StepTime::default());
+        }
+        v[step].compute_s += compute_s;
+        v[step].comm_s += comm_s;
+    }
+}
+
+/// Which pass a message belongs to (tags must not collide between them).
+#[derive(Debug, Clone, Copy)]
+enum Pass {
+    Forward = 1,
+    Recompute = 2,
+    Backward = 3,
+}
+
+/// Message tag of a CP exchange: the top bit keeps it apart from pipeline tags.
+fn tag(layer: u32, mb: u32, pass: Pass, step: usize, part: u64) -> u64 {
+    (1u64 << 63)
+        | ((layer as u64) << 40)
+        | ((mb as u64 & 0xFF_FFFF) << 16)
+        | ((pass as u64) << 12)
+        | ((step as u64 & 0xFF) << 4)
+        | part
+}
+
+/// What the attention core keeps for backward under CP: Q, K, V (head shards of the whole
+/// sequence with Ulysses, sequence shards otherwise) and the log-sum-exp, unless recomputed.
+pub struct CoreSaved {
+    pub q: Tensor,
+    pub k: Tensor,
+    pub v: Tensor,
+    pub attn: AttnSaved,
+}
+
+/// The running statistics of the online softmax as tracked tensors.
+struct Stats {
+    max: Tensor,
+    sum: Tensor,
+}
+
+impl Stats {
+    fn new(len: usize) -> Stats {
+        let mut max = Tensor::zeros(Category::Buffers, &[len]);
+        max.data_mut().fill(f32::NEG_INFINITY);
+        Stats {
+            max,
+            sum: Tensor::zeros(Category::Buffers, &[len]),
+        }
+    }
+
+    fn online(&mut self) -> Online<'_> {
+        Online {
+            max: self.max.data_mut(),
+            sum: self.sum.data_mut(),
+        }
+    }
+}
+
+/// Runs `f`, returning its result and the seconds it took.
+fn timed<R>(f: impl FnOnce() -> R) -> (R, f64) {
+    let t = Instant::now();
+    let r = f();
+    (r, t.elapsed().as_secs_f64())
+}
+
+/// The shape of this rank's attention (its TP share of the heads).
+fn shape(ctx: &Ctx) -> BlockShape {
+    BlockShape {
+        b: ctx.plan.model.micro_batch,
+        hq: ctx.rd.a_r,
+        hk: ctx.rd.g_r,
+        d: ctx.rd.d,
+    }
+}
+
+/// Forward of the attention core of layer `layer` on the sequence shards `q`, `k`, `v`
+/// (rotary applied): the output [n, a_r d] (the projection's input) and what backward needs.
+pub fn forward(
+    ctx: &mut Ctx,
+    layer: u32,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    keep: Keep,
+) -> Result<(Tensor, CoreSaved), ExecError> {
+    let comm = ctx.cp.as_ref().map(|c| c.comm).expect("cp context");
+    match comm {
+        CpComm::Ring | CpComm::Zigzag => ring::forward(ctx, layer, q, k, v, keep),
+        CpComm::AllGather => allgather::forward(ctx, layer, q, k, v, keep),
+        CpComm::A2a => ulysses::forward(ctx, layer, q, k, v, keep),
+    }
+}
+
+/// FlashAttention-2's D = rowsum(dO * O) per row and head of the sequence shard, [n, a_r]:
+/// computed before the output `o` goes to the projection's weight gradient.
+pub fn row_delta(ctx: &Ctx, dout: &Tensor, o: &Tensor) -> Tensor {
+    let sh = shape(ctx);
+    let rows = dout.rows() / sh.b;
+    let mut out = Tensor::zeros(Category::Buffers, &[sh.b * rows * sh.hq]);
+    flash::delta(&sh, rows, dout.data(), o.data(), out.data_mut());
+    out
+}
+
+/// Backward of the attention core: dQ, dK, dV as sequence shards [n, ..] (rotary not yet
+/// undone) from the output gradient `dout` and its [`row_delta`].
+pub fn backward(
+    ctx: &mut Ctx,
+    layer: u32,
+    s: CoreSaved,
+    delta: Tensor,
+    dout: Tensor,
+) -> Result<(Tensor, Tensor, Tensor), ExecError> {
+    let comm = ctx.cp.as_ref().map(|c| c.comm).expect("cp context");
+    match comm {
+        CpComm::Ring | CpComm::Zigzag => ring::backward(ctx, layer, s, delta, dout),
+        CpComm::AllGather => allgather::backward(ctx, layer, s, delta, dout),
+        CpComm::A2a => ulysses::backward(ctx, layer, s, delta, dout),
+    }
+}
+
+/// The log-sum-exp to keep (`Keep::Lse`) or nothing (selective recomputation).
+fn saved_lse(keep: Keep, lse: Tensor) -> AttnSaved {
+    match keep {
+        Keep::Nothing => AttnSaved::None,
+        _ => AttnSaved::Lse(lse.recat(Category::Activations)),
+    }
+}

@@ -1,0 +1,282 @@
+//! Ring attention (Liu et al. 2023): K/V blocks travel cp - 1 hops around the CP ring; each
+//! step merges the visiting block into the running output by the online softmax while the next
+//! block is in flight (its receive buffer is allocated before the step computes, as a
+//! double-buffered implementation holds it). Backward sends K/V around again, with a dK/dV
+//! accumulator that follows each block from its first visitor back to its home rank (cp - 1
+//! hops each). Under a causal mask a block wholly in a rank's future is skipped; the contiguous
+//! layout leaves rank r with r + 1/2 blocks of work, the zigzag layout every rank with cp.
+
+use super::{saved_lse, shape, tag, timed, CoreSaved, Pass, Stats};
+use crate::backend::cpu::ops::attention::{AttnSaved, Keep};
+use crate::backend::cpu::ops::flash::{self, Side};
+use crate::backend::cpu::{Category, Tensor};
+use crate::backend::Collectives;
+use crate::error::ExecError;
+use crate::model::Ctx;
+
+const KEYS: u64 = 0;
+const VALUES: u64 = 1;
+const GRADS: u64 = 2;
+
+/// The forward pass of the ring; returns (output, lse).
+fn pass(
+    ctx: &mut Ctx,
+    layer: u32,
+    which: Pass,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+) -> Result<(Tensor, Tensor), ExecError> {
+    let sh = shape(ctx);
+    let mb = ctx.mb;
+    let count = matches!(which, Pass::Forward);
+    let cp = ctx.cp.as_mut().expect("cp context");
+    let (me, size) = (cp.rank, cp.size);
+    let (next, prev) = (cp.next(), cp.prev());
+    let s_loc = cp.positions[me].len();
+    let kv_len = k.len();
+    let mut acc = Tensor::zeros(Category::Activations, &[q.rows(), q.cols()]);
+    let mut st = Stats::new(sh.b * sh.hq * s_loc);
+    let mut tile = Tensor::zeros(Category::Buffers, &[s_loc, s_loc]);
+    let mut cur: Option<Tensor> = None;
+    for t in 0..size {
+        let src = (me + size - t) % size;
+        let mut comm_s = 0.0;
+        let mut nxt = None;
+        if t + 1 < size {
+            let (kb, vb) = match &cur {
+                None => (k.data(), v.data()),
+                Some(c) => c.data().split_at(kv_len),
+            };
+            let (r, dt) = timed(|| -> Result<(), ExecError> {
+                ctx.comm.send(next, tag(layer, mb, which, t, KEYS), kb)?;
+                ctx.comm.send(next, tag(layer, mb, which, t, VALUES), vb)
+            });
+            r?;
+            comm_s += dt;
+            nxt = Some(Tensor::zeros(Category::Buffers, &[2 * kv_len]));
+        }
+        let cp = ctx.cp.as_ref().expect("cp context");
+        let (kb, vb) = match &cur {
+            None => (k.data(), v.data()),
+            Some(c) => c.data().split_at(kv_len),
+        };
+        let qs = Side {
+            pos: &cp.positions[me],
+            tile: s_loc,
+        };
+        let ks = Side {
+            pos: &cp.positions[src],
+            tile: s_loc,
+        };
+        let (work, compute_s) = timed(|| {
+            flash::forward_block(
+                &sh,
+                q.data(),
+                qs,
+                kb,
+                vb,
+                ks,
+                acc.data_mut(),
+                &mut st.online(),
+                tile.data_mut(),
+            )
+        });
+        if let Some(mut n) = nxt {
+            let (nk, nv) = n.data_mut().split_at_mut(kv_len);
+            let (r, dt) = timed(|| -> Result<(), ExecError> {
+                ctx.comm.recv(prev, tag(layer, mb, which, t, KEYS), nk)?;
+                ctx.comm.recv(prev, tag(layer, mb, which, t, VALUES), nv)
+            });
+            r?;
+            comm_s += dt;
+            cur = Some(n);
+        }
+        let cp = ctx.cp.as_mut().expect("cp context");
+        if count {
+            cp.stats.score_elements += work;
+        }
+        cp.record(false, t, compute_s, comm_s);
+    }
+    drop((cur, tile));
+    let mut lse = Tensor::zeros(Category::Buffers, &[sh.b * sh.hq * s_loc]);
+    flash::finish(&sh, s_loc, acc.data_mut(), &st.online(), lse.data_mut());
+    Ok((acc, lse))
+}
+
+pub fn forward(
+    ctx: &mut Ctx,
+    layer: u32,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    keep: Keep,
+) -> Result<(Tensor, CoreSaved), ExecError> {
+    let which = if ctx.recomputing {
+        Pass::Recompute
+    } else {
+        Pass::Forward
+    };
+    let (o, lse) = pass(ctx, layer, which, &q, &k, &v)?;
+    let attn = saved_lse(keep, lse);
+    Ok((o, CoreSaved { q, k, v, attn }))
+}
+
+pub fn backward(
+    ctx: &mut Ctx,
+    layer: u32,
+    s: CoreSaved,
+    delta: Tensor,
+    dout: Tensor,
+) -> Result<(Tensor, Tensor, Tensor), ExecError> {
+    let CoreSaved { q, k, v, attn } = s;
+    let lse = match attn {
+        AttnSaved::Lse(l) => l,
+        // Selective recomputation: the forward ring again, for the log-sum-exp.
+        _ => pass(ctx, layer, Pass::Recompute, &q, &k, &v)?.1,
+    };
+    let sh = shape(ctx);
+    let mb = ctx.mb;
+    let cp = ctx.cp.as_ref().expect("cp context");
+    let (me, size) = (cp.rank, cp.size);
+    let (next, prev) = (cp.next(), cp.prev());
+    let s_loc = cp.positions[me].len();
+    let kv_len = k.len();
+    let b = Category::Buffers;
+    let mut dq = Tensor::zeros(b, &[q.rows(), q.cols()]);
+    let mut dk = Tensor::zeros(b, &[k.rows(), k.cols()]);
+    let mut dv = Tensor::zeros(b, &[v.rows(), v.cols()]);
+    let mut p_tile = Tensor::zeros(b, &[s_loc, s_loc]);
+    let mut dp_tile = Tensor::zeros(b, &[s_loc, s_loc]);
+    let mut cur: Option<Tensor> = None;
+    let mut acc: Option<Tensor> = None;
+    let which = Pass::Backward;
+    for t in 0..size {
+        let src = (me + size - t) % size;
+        let mut comm_s = 0.0;
+        // Post the next step's buffers (K/V, and the dK/dV accumulator from step 2 on).
+        let nxt = (t + 1 < size).then(|| Tensor::zeros(b, &[2 * kv_len]));
+        let nxt_acc = (t + 1 < size && t >= 1).then(|| Tensor::zeros(b, &[2 * kv_len]));
+        if t + 1 < size {
+            let (kb, vb) = match &cur {
+                None => (k.data(), v.data()),
+                Some(c) => c.data().split_at(kv_len),
+            };
+            let (r, dt) = timed(|| -> Result<(), ExecError> {
+                ctx.comm.send(next, tag(layer, mb, which, t, KEYS), kb)?;
+                ctx.comm.send(next, tag(layer, mb, which, t, VALUES), vb)
+            });
+            r?;
+            comm_s += dt;
+        }
+        let cp = ctx.cp.as_ref().expect("cp context");
+        let qs = Side {
+            pos: &cp.positions[me],
+            tile: s_loc,
+        };
+        let ks = Side {
+            pos: &cp.positions[src],
+            tile: s_loc,
+        };
+        let compute_s = if t == 0 {
+            timed(|| {
+                flash::backward_block(
+                    &sh,
+                    q.data(),
+                    qs,
+                    k.data(),
+                    v.data(),
+                    ks,
+                    dout.data(),
+                    lse.data(),
+                    delta.data(),
+                    dq.data_mut(),
+                    dk.data_mut(),
+                    dv.data_mut(),
+                    p_tile.data_mut(),
+                    dp_tile.data_mut(),
+                )
+            })
+            .1
+        } else {
+            let c = cur.as_ref().expect("visiting block");
+            let (kb, vb) = c.data().split_at(kv_len);
+            // The first visitor starts the block's accumulator.
+            let mut a = acc
+                .take()
+                .unwrap_or_else(|| Tensor::zeros(b, &[2 * kv_len]));
+            let (dkb, dvb) = a.data_mut().split_at_mut(kv_len);
+            let dt = timed(|| {
+                flash::backward_block(
+                    &sh,
+                    q.data(),
+                    qs,
+                    kb,
+                    vb,
+                    ks,
+                    dout.data(),
+                    lse.data(),
+                    delta.data(),
+                    dq.data_mut(),
+                    dkb,
+                    dvb,
+                    p_tile.data_mut(),
+                    dp_tile.data_mut(),
+                )
+            })
+            .1;
+            // On to the next rank (the block's home after the last step).
+            let (r, ct) = timed(|| {
+                ctx.comm
+                    .send(next, tag(layer, mb, which, t, GRADS), a.data())
+            });
+            r?;
+            comm_s += ct;
+            dt
+        };
+        if let Some(mut n) = nxt {
+            let (nk, nv) = n.data_mut().split_at_mut(kv_len);
+            let (r, dt) = timed(|| -> Result<(), ExecError> {
+                ctx.comm.recv(prev, tag(layer, mb, which, t, KEYS), nk)?;
+                ctx.comm.recv(prev, tag(layer, mb, which, t, VALUES), nv)
+            });
+            r?;
+            comm_s += dt;
+            cur = Some(n);
+        }
+        if let Some(mut a) = nxt_acc {
+            let (r, dt) = timed(|| {
+                ctx.comm
+                    .recv(prev, tag(layer, mb, which, t, GRADS), a.data_mut())
+            });
+            r?;
+            comm_s += dt;
+            acc = Some(a);
+        }
+        ctx.cp
+            .as_mut()
+            .expect("cp context")
+            .record(true, t, compute_s, comm_s);
+    }
+    drop((cur, acc, p_tile, dp_tile, delta, lse, q, k, v, dout));
+    if size > 1 {
+        // This rank's own block comes home with every other rank's contribution.
+        let mut home = Tensor::zeros(b, &[2 * kv_len]);
+        let (r, dt) = timed(|| {
+            ctx.comm.recv(
+                prev,
+                tag(layer, mb, which, size - 1, GRADS),
+                home.data_mut(),
+            )
+        });
+        r?;
+        let (hk, hv) = home.data().split_at(kv_len);
+        dk.data_mut().iter_mut().zip(hk).for_each(|(x, y)| *x += y);
+        dv.data_mut().iter_mut().zip(hv).for_each(|(x, y)| *x += y);
+        ctx.cp
+            .as_mut()
+            .expect("cp context")
+            .record(true, size - 1, 0.0, dt);
+    }
+    Ok((dq, dk, dv))
+}
