@@ -20,8 +20,12 @@ pub struct BlockSummary {
     /// Bytes held from a split backward's I to its W per microbatch
     /// ([`Block::wgrad_pending_bytes`]).
     pub wgrad_pending: u64,
-    /// The largest transient of the block's backward ([`Block::backward_temp_bytes`]).
+    /// The largest transient of the block's full backward ([`Block::backward_temp_full_bytes`]).
     pub backward_temp: u64,
+    /// The same for a split backward's input-gradient pass ([`Block::backward_temp_bytes`]).
+    pub backward_temp_split: u64,
+    /// The largest forward transient above the block's saved set
+    /// ([`Block::forward_temp_bytes`]).
     pub temp: u64,
     /// Wire bytes per microbatch, per group, recomputation included.
     pub comm: GroupBytes,
@@ -62,7 +66,8 @@ impl BlockSummary {
             saved_all: b.saved_all_bytes(),
             wgrad_pending: 0,
             backward_temp: 0,
-            temp: b.temp_bytes(),
+            backward_temp_split: 0,
+            temp: b.forward_temp_bytes(recompute),
             comm: b.comm_bytes(recompute),
             model_flops: mf.total(),
             rank_fwd: rf.fwd,
@@ -95,16 +100,20 @@ impl LedgerSummary {
 
     /// Sums with per-block times.
     pub fn timed(l: &Ledger, recompute: Recompute, t: Option<&TimingContext>) -> LedgerSummary {
-        let sum = |b: &Block| BlockSummary {
+        // The gradient arriving from the block above (residual-sized); the output block's
+        // backward starts from the loss, with no incoming gradient.
+        let sum_with = |b: &Block, incoming: u64| BlockSummary {
             wgrad_pending: b.wgrad_pending_bytes(l.dims.act),
-            backward_temp: b.backward_temp_bytes(l.dims.residual_bytes()),
+            backward_temp: b.backward_temp_full_bytes(incoming),
+            backward_temp_split: b.backward_temp_bytes(incoming),
             ..BlockSummary::timed(b, recompute, t)
         };
+        let sum = |b: &Block| sum_with(b, l.dims.residual_bytes());
         LedgerSummary {
             embedding: sum(&l.embedding),
             dense: sum(&l.dense),
             moe: l.moe.as_ref().map(sum),
-            output: sum(&l.output),
+            output: sum_with(&l.output, 0),
             mtp: l.mtp.as_ref().map(sum),
         }
     }
@@ -377,8 +386,15 @@ pub fn stage_memory(
     if d.sp {
         fixed += d.n * d.h * d.act;
     }
+    // Pipeline: the receive buffer, and a send buffer. A chunk's output waits in it from its
+    // forward to the send right after (a forward transient), unless the next stage sits on
+    // the same rank (the bottom of a V), where it waits for that chunk's forward.
+    let handoff = chunks
+        .iter()
+        .any(|a| chunks.iter().any(|b| b.stage == a.stage + 1));
+    let pp_send = if par.pp > 1 { d.residual_bytes() } else { 0 };
     if par.pp > 1 {
-        fixed += 2 * d.residual_bytes();
+        fixed += pp_send + if handoff { pp_send } else { 0 };
     }
     let blocks = || chunks.iter().flat_map(|c| c.blocks(s)).map(|(b, _)| b);
     let gathered_of = |b: &BlockSummary| if zero >= 3 { b.params.rank() * w } else { 0 };
@@ -393,12 +409,22 @@ pub fn stage_memory(
         Pipeline::Actions(actions) => actions.iter().any(|a| a.kind == ActionKind::I),
         Pipeline::Inflight { split, .. } => split,
     };
-    let backward_of =
-        |b: &BlockSummary| gathered_of(b) + if split { 0 } else { bucket_of(b) } + b.backward_temp;
+    let backward_of = |b: &BlockSummary| {
+        gathered_of(b)
+            + if split {
+                b.backward_temp_split
+            } else {
+                bucket_of(b) + b.backward_temp
+            }
+    };
     let has_output = chunks.iter().any(|c| c.output);
     let phase = PhaseBuffers {
         forward: 2 * blocks().map(gathered_of).max().unwrap_or(0)
-            + blocks().map(|b| b.temp).max().unwrap_or(0),
+            + blocks()
+                .map(|b| b.temp)
+                .max()
+                .unwrap_or(0)
+                .max(if handoff { 0 } else { pp_send }),
         output_backward: if has_output {
             backward_of(&s.output)
         } else {

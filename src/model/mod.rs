@@ -185,31 +185,74 @@ impl Block {
         self.ops.iter().map(|o| op_wgrad_pending(o, act)).sum()
     }
 
-    /// The largest transient of this block's backward: the gradient arriving from the block
-    /// above (`incoming` bytes, residual-sized) plus the widest gradient one op produces while
-    /// the tensor it is the gradient of is still held (an op's input gradient is as large as
-    /// the input it saved: the activation's n x fc1 / t, or dQ, dK, dV beside Q, K, V; or,
-    /// with SP, an n x h partial sum before its reduce-scatter).
+    /// The largest transient of this block's backward when a split backward (Qi et al. 2024)
+    /// holds every weight gradient's inputs until its W pass: the gradient arriving from the
+    /// block above (`incoming` bytes, residual-sized) plus the widest gradient one op produces
+    /// while the tensor it is the gradient of is still held (an op's input gradient is as large
+    /// as the input it saved: the activation's n x fc1 / t, or dQ, dK, dV beside Q, K, V; or,
+    /// with SP, an n x h partial sum before its reduce-scatter), on top of the block's whole
+    /// saved set.
     pub fn backward_temp_bytes(&self, incoming: u64) -> u64 {
-        // Conservative: the widest op's transient (plus its kernel scratch) on top of the
-        // block's whole saved set, although later ops' saved tensors may already be freed (a
-        // finer walk over the op order fitted the executor worse on split backwards).
-        let widest = self
-            .ops
-            .iter()
-            .map(|o| {
-                o.saved
-                    .iter()
-                    .filter(|s| !s.selective)
-                    .map(|s| s.bytes)
-                    .sum::<u64>()
-                    + o.backward_scratch_bytes
-            })
-            .max()
-            .unwrap_or(0);
+        let widest = self.ops.iter().map(Self::op_transient).max().unwrap_or(0);
         // With SP a column-parallel layer's input gradient is an n x h partial sum before its
         // reduce-scatter, as large as the row-parallel output before its own (the op's `temp`).
         incoming + widest.max(self.temp_bytes())
+    }
+
+    /// As [`Self::backward_temp_bytes`] for a full backward, whose weight gradients run at
+    /// once: when op j's backward runs, the saved tensors of the ops after it are already
+    /// freed, and the gradient of its output (`Op::grad_out_bytes`) is held beside its own
+    /// (or its `temp`, the SP partial sum's size). Relative to the block's whole saved set.
+    pub fn backward_temp_full_bytes(&self, incoming: u64) -> u64 {
+        let mut later = 0u64;
+        let mut worst = 0u64;
+        for o in self.ops.iter().rev() {
+            let here = (Self::op_transient(o) + o.grad_out_bytes).max(o.temp_bytes);
+            worst = worst.max(here.saturating_sub(later));
+            later += o
+                .saved
+                .iter()
+                .filter(|s| !s.selective)
+                .map(|s| s.bytes)
+                .sum::<u64>();
+        }
+        incoming + worst
+    }
+
+    /// An op's saved (non-selective) bytes, the size of the gradients it produces, plus its
+    /// backward scratch.
+    fn op_transient(o: &Op) -> u64 {
+        o.saved
+            .iter()
+            .filter(|s| !s.selective)
+            .map(|s| s.bytes)
+            .sum::<u64>()
+            + o.backward_scratch_bytes
+    }
+
+    /// The largest forward transient above the block's whole saved set: op j's transient
+    /// lives before the saved tensors of the ops after it exist (none of them are kept under
+    /// full recomputation of a layer).
+    pub fn forward_temp_bytes(&self, recompute: Recompute) -> u64 {
+        let kept = |o: &Op| -> u64 {
+            match recompute {
+                Recompute::Full if self.is_layer() => 0,
+                Recompute::Selective => o
+                    .saved
+                    .iter()
+                    .filter(|s| !s.selective)
+                    .map(|s| s.bytes)
+                    .sum(),
+                _ => o.saved.iter().map(|s| s.bytes).sum(),
+            }
+        };
+        let mut later = 0u64;
+        let mut worst = 0u64;
+        for o in self.ops.iter().rev() {
+            worst = worst.max(o.temp_bytes.saturating_sub(later));
+            later += kept(o);
+        }
+        worst
     }
 
     /// The largest transient allocation of any op.

@@ -159,6 +159,9 @@ pub struct Op {
     /// Working memory the op's backward holds beside the gradients it produces (attention
     /// kernels that materialise score tiles).
     pub backward_scratch_bytes: u64,
+    /// The gradient of the op's output, held while its backward runs (set where it is not
+    /// already counted as another op's transient: the attention core's dO).
+    pub grad_out_bytes: u64,
     pub comms: Vec<Collective>,
 }
 
@@ -175,6 +178,7 @@ impl Op {
             saved: Vec::new(),
             temp_bytes: 0,
             backward_scratch_bytes: 0,
+            grad_out_bytes: 0,
             comms: Vec::new(),
         }
     }

@@ -64,7 +64,7 @@ pub fn compare(
         .collect()
 }
 
-fn worst_percent(res: &[(u32, u64, u64, String, String)]) -> f64 {
+pub fn worst_percent(res: &[(u32, u64, u64, String, String)]) -> f64 {
     res.iter()
         .map(|(_, m, p, _, _)| (*m as f64 - *p as f64) / *p as f64 * 100.0)
         .fold(0.0f64, |a, b| if b.abs() > a.abs() { b } else { a })
