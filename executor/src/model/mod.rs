@@ -12,6 +12,7 @@
 pub mod data;
 pub mod ends;
 pub mod layer;
+pub mod moe;
 pub mod params;
 
 use crate::backend::cpu::{Category, CpuComm, CpuOps, Group, Tensor};
@@ -34,6 +35,12 @@ pub struct Ctx<'a> {
     pub n_sp: usize,
     /// Megatron's global buffer for the SP all-gather of the column-parallel input (n x h).
     pub sp_buf: Option<Tensor>,
+    /// Expert parallelism: the EP group (MoE models only).
+    pub ep: Option<Group>,
+    /// Sum over the forwards run of each MoE layer's load-balancing loss, and the assignments
+    /// the expert capacity dropped.
+    pub moe_aux_loss: f64,
+    pub moe_dropped: u64,
 }
 
 impl<'a> Ctx<'a> {
@@ -52,6 +59,9 @@ impl<'a> Ctx<'a> {
             n,
             n_sp: if sp { n / rd.t } else { n },
             sp_buf: sp.then(|| Tensor::zeros(Category::Buffers, &[n, rd.h])),
+            ep: None,
+            moe_aux_loss: 0.0,
+            moe_dropped: 0,
         }
     }
 
@@ -155,6 +165,15 @@ pub enum WTask {
     /// A gradient already computed (a norm's, when its task is held for a W action: the
     /// norm's input and output gradient need not wait).
     Ready { tensor: usize, grad: Tensor },
+    /// dW += dY^T X for tensor `tensor` [o, i] of an MoE layer's experts block (rows: those
+    /// the expert received); the caller runs it against that block.
+    Expert {
+        tensor: usize,
+        x: Tensor,
+        dy: Tensor,
+        i: usize,
+        o: usize,
+    },
 }
 
 /// Where a backward pass sends its weight-gradient tasks: run at once, or held.
@@ -181,6 +200,19 @@ impl WTask {
                 WTask::Ready { tensor, grad }
             }
             WTask::Ready { tensor, grad } => WTask::Ready { tensor, grad },
+            WTask::Expert {
+                tensor,
+                x,
+                dy,
+                i,
+                o,
+            } => WTask::Expert {
+                tensor,
+                x: x.recat(a),
+                dy: dy.recat(a),
+                i,
+                o,
+            },
             WTask::Linear {
                 tensor,
                 x,
@@ -228,7 +260,13 @@ impl WTask {
         }
     }
 
-    /// Accumulates into `grad`, the block's gradient (block-local offsets from `layout`).
+    /// True for a task of an MoE layer's experts block.
+    pub fn is_expert(&self) -> bool {
+        matches!(self, WTask::Expert { .. })
+    }
+
+    /// Accumulates into `grad`, the block's gradient (block-local offsets from `layout`; for
+    /// [`WTask::Expert`], the experts block's).
     pub fn run(
         self,
         ctx: &mut Ctx,
@@ -265,6 +303,18 @@ impl WTask {
                 let r = layout.tensors[tensor].range();
                 ctx.ops
                     .norm_wgrad(norm, x.data(), dy.data(), h, eps, &mut grad[r]);
+            }
+            WTask::Expert {
+                tensor,
+                x,
+                dy,
+                i,
+                o,
+            } => {
+                let r = layout.tensors[tensor].range();
+                let rows = x.len() / i.max(1);
+                ctx.ops
+                    .linear_wgrad(dy.data(), x.data(), rows, i, o, &mut grad[r]);
             }
             WTask::Ready {
                 tensor,
