@@ -8,5 +8,7 @@ mod common;
 mod equivalence;
 #[path = "executor/memory.rs"]
 mod memory;
+#[path = "executor/moe.rs"]
+mod moe;
 #[path = "executor/plan.rs"]
 mod plan;
