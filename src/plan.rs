@@ -338,7 +338,7 @@ pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
             rope_theta: o.rope_theta,
             flash: t.flash_attention,
             init_std: o.init_std,
-            moe: m.is_moe().then(|| MoeShape {
+            moe: m.is_moe().then_some(MoeShape {
                 num_experts: m.num_experts as usize,
                 top_k: m.moe_router_topk as usize,
                 ffn: m.moe_ffn_hidden_size as usize,

@@ -21,7 +21,7 @@ pub fn rank_load_factor(imbalance: f64, experts: u64, ep: u64) -> f64 {
 /// `--moe-expert-capacity-factor`): each of its E/ep experts takes at most
 /// ceil(factor x local x k / E) tokens from each of the ep source ranks; `None` without one.
 pub fn capacity_limit(factor: f64, local: u64, k: u64, experts: u64, ep: u64) -> Option<u64> {
-    if !(factor > 0.0) || experts == 0 {
+    if factor.is_nan() || factor <= 0.0 || experts == 0 {
         return None;
     }
     let per_source = (factor * (local * k) as f64 / experts as f64).ceil() as u64;
