@@ -12,7 +12,8 @@ use crate::config::{
 use crate::layout::{Coords as LCoords, GroupKind, Layout};
 use crate::schedule::{self, ActionKind, ScheduleError};
 use parsim_executor::plan::{
-    self as xp, Action, AdamConfig, Coords, ModelShape, Parallelism, Plan, RankPlan, StagePlan,
+    self as xp, Action, AdamConfig, Coords, ModelShape, MoeShape, Parallelism, Plan, RankPlan,
+    StagePlan,
 };
 
 /// Why a configuration cannot be executed (yet).
@@ -68,9 +69,7 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
             "context parallelism merges partial attention outputs by their log-sum-exp; set flash_attention = true",
         ));
     }
-    if p.ep > 1 || m.num_experts > 0 {
-        return Err(unsupported("parallel.ep", "mixture-of-experts layers and expert parallelism are not executed yet; use a dense model with ep = 1"));
-    }
+    check_moe(r)?;
     if m.mla.is_some() {
         return Err(unsupported(
             "model.mla",
@@ -132,6 +131,70 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
     let tokens = t.seq_length * t.micro_batch_size / p.cp as u64;
     if p.sp_active() && tokens % p.tp as u64 != 0 {
         return Err(unsupported("training.seq_length", format!("seq_length x micro_batch_size / cp ({tokens}) must be divisible by tp ({}) with sequence parallelism", p.tp)));
+    }
+    Ok(())
+}
+
+/// Refuses the mixture-of-experts features the executor does not run, naming the field.
+fn check_moe(r: &Resolved) -> Result<(), PlanError> {
+    let m = &r.config.model;
+    let p = &r.config.parallel;
+    if !m.is_moe() {
+        if p.ep > 1 {
+            return Err(unsupported(
+                "parallel.ep",
+                format!(
+                    "expert parallelism (ep = {}) needs model.num_experts > 0",
+                    p.ep
+                ),
+            ));
+        }
+        return Ok(());
+    }
+    if m.moe_shared_expert_intermediate_size > 0 {
+        return Err(unsupported(
+            "model.moe_shared_expert_intermediate_size",
+            "shared experts are not executed; set it to 0",
+        ));
+    }
+    if m.moe_router_bias {
+        return Err(unsupported(
+            "model.moe_router_bias",
+            "the router's score-correction bias is not executed; set moe_router_bias = false",
+        ));
+    }
+    if p.tp > 1 {
+        return Err(unsupported(
+            "parallel.tp",
+            format!("MoE layers are executed with tp = 1 only (tp = {})", p.tp),
+        ));
+    }
+    if p.etp() > 1 {
+        return Err(unsupported(
+            "parallel.expert_tp",
+            format!(
+                "expert tensor parallelism is not executed (expert_tp = {}); use 1",
+                p.etp()
+            ),
+        ));
+    }
+    if p.cp > 1 {
+        return Err(unsupported(
+            "parallel.cp",
+            format!(
+                "MoE layers are not executed with context parallelism (cp = {}); use cp = 1",
+                p.cp
+            ),
+        ));
+    }
+    if m.num_experts % p.ep != 0 || r.dp % p.ep != 0 {
+        return Err(unsupported(
+            "parallel.ep",
+            format!(
+                "ep ({}) must divide num_experts ({}) and dp ({})",
+                p.ep, m.num_experts, r.dp
+            ),
+        ));
     }
     Ok(())
 }
@@ -240,6 +303,8 @@ pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
                 cp_group: layout.group_of(GroupKind::Cp, rank),
                 dp_group: layout.group_of(GroupKind::DpCp, rank),
                 pp_group: layout.group_of(GroupKind::Pp, rank),
+                ep_group: layout.group_of(GroupKind::Ep, rank),
+                expert_dp_group: layout.group_of(GroupKind::ExpertDp, rank),
                 stages: (0..nstages)
                     .filter(|&s| program.rank_of_stage(s) == me)
                     .collect(),
@@ -271,6 +336,14 @@ pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
             rope_theta: o.rope_theta,
             flash: t.flash_attention,
             init_std: o.init_std,
+            moe: m.is_moe().then_some(MoeShape {
+                num_experts: m.num_experts as usize,
+                top_k: m.moe_router_topk as usize,
+                ffn: m.moe_ffn_hidden_size as usize,
+                first_k_dense: m.moe_first_k_dense,
+                capacity_factor: m.moe_capacity_factor as f32,
+                aux_loss_coeff: m.moe_aux_loss_coeff as f32,
+            }),
         },
         parallel: Parallelism {
             tp: p.tp,
@@ -285,6 +358,7 @@ pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
             pp: p.pp,
             vpp: p.vpp,
             dp: r.dp,
+            ep: p.ep,
             zero: p.zero,
             recompute: match t.recompute {
                 Recompute::None => xp::Recompute::None,

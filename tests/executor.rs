@@ -10,5 +10,7 @@ mod cp;
 mod equivalence;
 #[path = "executor/memory.rs"]
 mod memory;
+#[path = "executor/moe.rs"]
+mod moe;
 #[path = "executor/plan.rs"]
 mod plan;

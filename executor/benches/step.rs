@@ -88,6 +88,7 @@ fn main() {
         rope_theta: 10000.0,
         flash: true,
         init_std: 0.02,
+        moe: None,
     };
     let plan = Plan::single_rank(model, AdamConfig::default(), 1, 1, Recompute::None);
     let steps = 3;

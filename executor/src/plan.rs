@@ -94,12 +94,36 @@ pub struct ModelShape {
     pub flash: bool,
     /// Standard deviation of the (uniform) initialisation of weight matrices.
     pub init_std: f32,
+    /// Mixture-of-experts layers (`None`: a dense model).
+    pub moe: Option<MoeShape>,
+}
+
+/// The routed experts of the MoE layers (Shazeer et al. 2017; Megatron-Core's MoE): a
+/// replicated router (hidden -> experts), softmax then top-k, experts as the dense MLP (no
+/// biases) with their own intermediate size. No shared experts, no router bias.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MoeShape {
+    pub num_experts: usize,
+    pub top_k: usize,
+    /// Intermediate size of one expert.
+    pub ffn: usize,
+    /// The first layers are dense (Megatron's `--moe-layer-freq` with leading dense layers).
+    pub first_k_dense: u32,
+    /// Expert capacity = ceil(factor x tokens x k / experts) per source microbatch; 0 = none.
+    pub capacity_factor: f32,
+    /// Coefficient of the load-balancing loss (Fedus et al. 2021, eq. 4); 0 = none.
+    pub aux_loss_coeff: f32,
 }
 
 impl ModelShape {
     /// Tokens of one microbatch.
     pub fn tokens(&self) -> usize {
         self.seq * self.micro_batch
+    }
+
+    /// True when decoder layer `layer` (0-based) is a mixture-of-experts layer.
+    pub fn is_moe_layer(&self, layer: u32) -> bool {
+        self.moe.as_ref().is_some_and(|m| layer >= m.first_k_dense)
     }
 }
 
@@ -115,6 +139,8 @@ pub struct Parallelism {
     pub pp: u32,
     pub vpp: u32,
     pub dp: u32,
+    /// Expert parallelism (divides dp; experts split over the EP group).
+    pub ep: u32,
     /// ZeRO stage 0..=3 (Rajbhandari et al. 2020).
     pub zero: u8,
     pub recompute: Recompute,
@@ -199,6 +225,10 @@ pub struct RankPlan {
     /// Data parallelism together with context parallelism (gradients are reduced over both).
     pub dp_group: Vec<u32>,
     pub pp_group: Vec<u32>,
+    /// Expert parallelism: the ranks among which the experts are split (size ep), and the
+    /// ranks holding the same experts (size dp / ep), over which expert gradients reduce.
+    pub ep_group: Vec<u32>,
+    pub expert_dp_group: Vec<u32>,
     /// Global stages this rank holds, ascending.
     pub stages: Vec<u32>,
     /// One step's actions.
@@ -264,6 +294,7 @@ impl Plan {
                 pp: 1,
                 vpp: 1,
                 dp: 1,
+                ep: 1,
                 zero: 0,
                 recompute,
             },
@@ -278,6 +309,8 @@ impl Plan {
                 cp_group: vec![0],
                 dp_group: vec![0],
                 pp_group: vec![0],
+                ep_group: vec![0],
+                expert_dp_group: vec![0],
                 stages: vec![0],
                 actions,
             }],
@@ -353,6 +386,40 @@ impl Plan {
         if m.data_vocab == 0 || m.data_vocab > m.vocab {
             return err("data_vocab must lie in 1..=vocab".into());
         }
+        let ep = p.ep.max(1) as usize;
+        if p.ep == 0 || p.dp % p.ep != 0 {
+            return err(format!("ep ({}) must divide dp ({})", p.ep, p.dp));
+        }
+        if let Some(moe) = &m.moe {
+            if moe.num_experts == 0 || moe.num_experts % ep != 0 {
+                return err(format!(
+                    "num_experts ({}) must be positive and divisible by ep ({ep})",
+                    moe.num_experts
+                ));
+            }
+            if moe.top_k == 0 || moe.top_k > moe.num_experts {
+                return err(format!(
+                    "moe top_k ({}) must lie in 1..=num_experts ({})",
+                    moe.top_k, moe.num_experts
+                ));
+            }
+            if moe.ffn == 0 {
+                return err("moe ffn must be positive".into());
+            }
+            if t > 1 {
+                return err(format!("MoE layers run with tp = 1 only (tp = {t})"));
+            }
+            for (name, v) in [
+                ("capacity_factor", moe.capacity_factor),
+                ("aux_loss_coeff", moe.aux_loss_coeff),
+            ] {
+                if !(v.is_finite() && v >= 0.0) {
+                    return err(format!("moe {name} must be finite and >= 0, got {v}"));
+                }
+            }
+        } else if ep > 1 {
+            return err(format!("ep = {ep} needs MoE layers"));
+        }
         let world = (p.tp * p.cp * p.pp * p.dp) as usize;
         if self.ranks.len() != world {
             return err(format!(
@@ -370,6 +437,14 @@ impl Plan {
                 || r.pp_group.len() != p.pp as usize
             {
                 return err(format!("rank {i}: group sizes do not match tp/cp/dp/pp"));
+            }
+            if r.ep_group.len() != ep || r.expert_dp_group.len() != p.dp as usize / ep {
+                return err(format!(
+                    "rank {i}: ep group ({}) and expert-dp group ({}) must have ep ({ep}) and dp / ep ({}) members",
+                    r.ep_group.len(),
+                    r.expert_dp_group.len(),
+                    p.dp as usize / ep
+                ));
             }
             for s in &r.stages {
                 if self.stages.get(*s as usize).map(|st| st.pp_rank) != Some(r.coords.pp) {

@@ -14,6 +14,10 @@
 //!   and freed after; in forward two gathered blocks are live at a time (the one in use and
 //!   the next, as a prefetch would hold them), in backward the one in use and its gradient
 //!   bucket.
+//!
+//! Mixture-of-experts models keep their experts in a second flat buffer (an expert *space*),
+//! as Megatron keeps expert parameters apart: everything above applies to it with the
+//! expert-data-parallel group (the ranks holding the same experts) in place of DP.
 
 use crate::backend::cpu::memory::{self, Category, MemoryBreakdown};
 use crate::backend::cpu::ops::gemm;
@@ -22,8 +26,11 @@ use crate::backend::{Collectives, ReduceOp, TensorOps};
 use crate::error::ExecError;
 use crate::model::cp::CpStats;
 use crate::model::ends::{embedding_bwd, embedding_fwd, output_bwd, output_fwd, OutputSaved};
+use crate::model::layer::Experts;
 use crate::model::layer::{layer_bwd, layer_fwd, LayerSaved};
-use crate::model::params::{init_range, layout_len, rank_layout, BlockKind, BlockLayout};
+use crate::model::params::{
+    init_range, layout_len, rank_layout, BlockKind, BlockLayout, DENSE_SPACE, EXPERT_SPACE,
+};
 use crate::model::{data, Ctx, WTask};
 use crate::plan::{Action, Coords, Plan, RankPlan, Recompute};
 use serde::Serialize;
@@ -97,6 +104,8 @@ pub struct RankReport {
     /// Context-parallel attention: per ring step compute and communication seconds (timed
     /// steps, summed), and the causal work (cp > 1).
     pub cp: Option<CpStats>,
+    /// Token-to-expert assignments the expert capacity dropped, over all steps (MoE).
+    pub moe_dropped: u64,
 }
 
 impl RankReport {
@@ -126,8 +135,12 @@ pub fn median(xs: &[f64]) -> f64 {
 pub struct RunReport {
     pub world: u32,
     /// The global mean token loss of every step (warm-up included), computed on the
-    /// parameters before that step's update.
+    /// parameters before that step's update; with MoE layers it includes the load-balancing
+    /// loss.
     pub loss: Vec<f64>,
+    /// The load-balancing part of `loss` (Fedus et al. 2021, eq. 4): per MoE layer and
+    /// microbatch, averaged over the microbatches of the step and summed over the layers.
+    pub aux_loss: Vec<f64>,
     pub ranks: Vec<RankReport>,
     /// Global parameter tensors after the last step (flat, row-major), when asked for.
     pub params: Option<BTreeMap<String, Vec<f32>>>,
@@ -138,6 +151,7 @@ pub struct RunReport {
 struct RankOutput {
     report: RankReport,
     loss_sums: Vec<f64>,
+    aux_sums: Vec<f64>,
     params: Vec<(String, usize, f32)>,
     grads: Vec<(String, usize, f32)>,
 }
@@ -227,6 +241,9 @@ pub fn run_cpu(plan: &Plan, opts: &RunOptions) -> Result<RunReport, ExecError> {
     let loss = (0..opts.steps as usize)
         .map(|i| outs.iter().map(|o| o.loss_sums[i]).sum::<f64>() / tokens)
         .collect();
+    let aux_loss = (0..opts.steps as usize)
+        .map(|i| outs.iter().map(|o| o.aux_sums[i]).sum::<f64>() / tokens)
+        .collect();
     let params = opts
         .export_params
         .then(|| assemble(outs.iter().map(|o| o.params.as_slice()).collect()));
@@ -236,6 +253,7 @@ pub fn run_cpu(plan: &Plan, opts: &RunOptions) -> Result<RunReport, ExecError> {
     Ok(RunReport {
         world: plan.world(),
         loss,
+        aux_loss,
         ranks: outs.into_iter().map(|o| o.report).collect(),
         params,
         grads,
@@ -247,30 +265,40 @@ enum BlockSaved {
     Layer(Box<LayerSaved>),
     LayerInput(Tensor),
     Output(OutputSaved),
+    /// An MoE layer's experts block: its state is saved with its layer.
+    Experts,
 }
 
 type BlockTasks = Vec<(usize, Vec<WTask>)>;
 
 /// A block's parameters: a range of the full flat buffer, or a gathered copy (ZeRO-3).
 enum Handle {
-    Flat(Range<usize>),
+    Flat(usize, Range<usize>),
     Gathered(Rc<Tensor>),
+}
+
+fn params_of<'p>(params: &'p [Tensor; 2], h: &'p Handle) -> &'p [f32] {
+    match h {
+        Handle::Flat(space, r) => &params[*space].data()[r.clone()],
+        Handle::Gathered(t) => t.data(),
+    }
 }
 
 struct Rank<'a> {
     plan: &'a Plan,
     rp: &'a RankPlan,
     ctx: Ctx<'a>,
-    dp: Group,
+    /// Per space (dense, experts): the group over which gradients reduce and ZeRO shards
+    /// (DP, expert DP), this rank's shard, parameters, gradients and Adam moments.
+    groups: [Group; 2],
     blocks: Vec<BlockLayout>,
     stage_blocks: HashMap<u32, Range<usize>>,
     zero: u8,
-    /// This rank's ZeRO shard of the flat buffer.
-    shard: Range<usize>,
-    params: Tensor,
-    grads: Tensor,
-    m: Tensor,
-    v: Tensor,
+    shards: [Range<usize>; 2],
+    params: [Tensor; 2],
+    grads: [Tensor; 2],
+    m: [Tensor; 2],
+    v: [Tensor; 2],
     step: u32,
     cache: VecDeque<(usize, Rc<Tensor>)>,
     saved: HashMap<(u32, u32), Vec<BlockSaved>>,
@@ -294,8 +322,13 @@ fn run_rank(
     memory::reset_peak();
     let tp = comm.group(&rp.tp_group);
     let dp = comm.group(&rp.dp_group);
-    let ctx = Ctx::new(plan, comm, tp, rp.coords.tp, comm.group(&rp.cp_group));
-    let blocks = rank_layout(plan, rp.coords.tp, &rp.stages);
+    let mut ctx = Ctx::new(plan, comm, tp, rp.coords.tp, comm.group(&rp.cp_group));
+    let ep = comm.group(&rp.ep_group);
+    let ep_rank = ep.index as u32;
+    if plan.model.moe.is_some() {
+        ctx.ep = Some(ep);
+    }
+    let blocks = rank_layout(plan, rp.coords.tp, ep_rank, &rp.stages);
     let mut stage_blocks = HashMap::new();
     for &s in &rp.stages {
         let idx: Vec<usize> = (0..blocks.len())
@@ -307,45 +340,57 @@ fn run_rank(
         };
         stage_blocks.insert(s, r);
     }
-    let total = layout_len(&blocks);
-    let dps = dp.size();
-    let per = total.div_ceil(dps);
-    let shard = (dp.index * per).min(total)..((dp.index + 1) * per).min(total);
     let zero = plan.parallel.zero;
-    let prange = if zero >= 3 { shard.clone() } else { 0..total };
-    let mut pdata = vec![0.0f32; prange.len()];
-    init_range(plan.seed, &blocks, prange.clone(), &mut pdata);
-    for (name, gi, delta) in &opts.perturb {
-        for b in &blocks {
-            for t in &b.tensors {
-                for i in 0..t.len() {
-                    let (s, g) = t.global_of(i);
-                    let flat = b.range.start + t.offset + i;
-                    if &s.name == name && g == *gi && prange.contains(&flat) {
-                        pdata[flat - prange.start] += delta;
+    let groups = [dp, comm.group(&rp.expert_dp_group)];
+    let space = |sp: usize| {
+        let g = &groups[sp];
+        let total = layout_len(&blocks, sp);
+        let per = total.div_ceil(g.size());
+        let shard = (g.index * per).min(total)..((g.index + 1) * per).min(total);
+        let prange = if zero >= 3 { shard.clone() } else { 0..total };
+        let mut pdata = vec![0.0f32; prange.len()];
+        init_range(plan.seed, &blocks, sp, prange.clone(), &mut pdata);
+        for (name, gi, delta) in &opts.perturb {
+            for b in blocks.iter().filter(|b| b.space == sp) {
+                for t in &b.tensors {
+                    for i in 0..t.len() {
+                        let (s, g) = t.global_of(i);
+                        let flat = b.range.start + t.offset + i;
+                        if &s.name == name && g == *gi && prange.contains(&flat) {
+                            pdata[flat - prange.start] += delta;
+                        }
                     }
                 }
             }
         }
-    }
-    let params = Tensor::from_vec(Category::Weights, &[prange.len()], pdata);
-    let glen = if zero >= 2 { shard.len() } else { total };
-    let olen = if zero >= 1 { shard.len() } else { total };
+        let params = Tensor::from_vec(Category::Weights, &[prange.len()], pdata);
+        let glen = if zero >= 2 { shard.len() } else { total };
+        let olen = if zero >= 1 { shard.len() } else { total };
+        (
+            shard,
+            params,
+            Tensor::zeros(Category::Gradients, &[glen]),
+            Tensor::zeros(Category::Optimizer, &[olen]),
+            Tensor::zeros(Category::Optimizer, &[olen]),
+        )
+    };
+    let (s0, p0, g0, m0, v0) = space(DENSE_SPACE);
+    let (s1, p1, g1, m1, v1) = space(EXPERT_SPACE);
     let n_sp = ctx.n_sp;
     let h = plan.model.hidden;
     let pp = plan.parallel.pp > 1;
     let mut rank = Rank {
         plan,
         rp,
-        dp,
+        groups,
         blocks,
         stage_blocks,
         zero,
-        shard,
-        params,
-        grads: Tensor::zeros(Category::Gradients, &[glen]),
-        m: Tensor::zeros(Category::Optimizer, &[olen]),
-        v: Tensor::zeros(Category::Optimizer, &[olen]),
+        shards: [s0, s1],
+        params: [p0, p1],
+        grads: [g0, g1],
+        m: [m0, m1],
+        v: [v0, v1],
         step: 0,
         cache: VecDeque::new(),
         saved: HashMap::new(),
@@ -358,6 +403,7 @@ fn run_rank(
     };
     let mut step_s = Vec::new();
     let mut loss_sums = Vec::new();
+    let mut aux_sums = Vec::new();
     let mut phases = PhaseTimes::default();
     for step in 0..opts.steps {
         if let Some(cp) = rank.ctx.cp.as_mut() {
@@ -365,6 +411,7 @@ fn run_rank(
         }
         let t0 = Instant::now();
         rank.loss_sum = 0.0;
+        rank.ctx.moe_aux_loss = 0.0;
         for a in &rp.actions {
             let ta = Instant::now();
             if opts.export_grads && *a == Action::OptimizerStep {
@@ -390,7 +437,12 @@ fn run_rank(
         if step >= opts.warmup {
             step_s.push(dt);
         }
-        loss_sums.push(rank.loss_sum);
+        // The load-balancing loss of each microbatch, weighted by its tokens so that the
+        // division by the step's tokens averages it over the microbatches.
+        let aux = rank.ctx.moe_aux_loss * rank.ctx.n as f64;
+        let aux = if rp.coords.tp == 0 { aux } else { 0.0 };
+        loss_sums.push(rank.loss_sum + aux);
+        aux_sums.push(aux);
     }
     let timed = (opts.steps - opts.warmup) as f64;
     for x in [
@@ -428,8 +480,10 @@ fn run_rank(
             gemm_flops,
             gemm_seconds,
             cp: rank.ctx.cp.as_ref().map(|c| c.stats.clone()),
+            moe_dropped: rank.ctx.moe_dropped,
         },
         loss_sums,
+        aux_sums,
         params,
         grads,
     })
@@ -493,11 +547,12 @@ impl<'a> Rank<'a> {
         Ok(())
     }
 
-    /// The parameters of block `bi` (gathering them over DP under ZeRO-3).
+    /// The parameters of block `bi` (gathering them over its space's group under ZeRO-3).
     fn handle(&mut self, bi: usize) -> Result<Handle, ExecError> {
         let r = self.blocks[bi].range.clone();
+        let sp = self.blocks[bi].space;
         if self.zero < 3 {
-            return Ok(Handle::Flat(r));
+            return Ok(Handle::Flat(sp, r));
         }
         if let Some((_, t)) = self.cache.iter().find(|(b, _)| *b == bi) {
             return Ok(Handle::Gathered(Rc::clone(t)));
@@ -507,15 +562,26 @@ impl<'a> Rank<'a> {
         }
         let mut t = Tensor::zeros(Category::Buffers, &[r.len()]);
         self.ctx.comm.gather_range(
-            &self.dp,
-            self.shard.start,
-            self.params.data(),
+            &self.groups[sp],
+            self.shards[sp].start,
+            self.params[sp].data(),
             r,
             t.data_mut(),
         )?;
         let t = Rc::new(t);
         self.cache.push_back((bi, Rc::clone(&t)));
         Ok(Handle::Gathered(t))
+    }
+
+    /// The experts block of the MoE layer of block `bi`, when it is one.
+    fn experts_of(&self, bi: usize) -> Option<usize> {
+        match (
+            self.blocks[bi].kind,
+            self.blocks.get(bi + 1).map(|b| b.kind),
+        ) {
+            (BlockKind::Layer(l), Some(BlockKind::Experts(e))) if l == e => Some(bi + 1),
+            _ => None,
+        }
     }
 
     fn forward(&mut self, stage: u32, mb: u32) -> Result<(), ExecError> {
@@ -554,10 +620,21 @@ impl<'a> Rank<'a> {
         let mut saved = Vec::with_capacity(bidx.len());
         let mut targets = Some(targets);
         for bi in bidx {
+            if matches!(self.blocks[bi].kind, BlockKind::Experts(_)) {
+                // Run with its layer.
+                saved.push(BlockSaved::Experts);
+                continue;
+            }
             let h = self.handle(bi)?;
-            let p: &[f32] = match &h {
-                Handle::Flat(r) => &self.params.data()[r.clone()],
-                Handle::Gathered(t) => t.data(),
+            let ei = self.experts_of(bi);
+            let eh = match ei {
+                Some(ei) => Some(self.handle(ei)?),
+                None => None,
+            };
+            let p = params_of(&self.params, &h);
+            let experts: Experts = match (ei, &eh) {
+                (Some(ei), Some(eh)) => Some((&self.blocks[ei], params_of(&self.params, eh))),
+                _ => None,
             };
             let l = &self.blocks[bi];
             match l.kind {
@@ -567,7 +644,7 @@ impl<'a> Rank<'a> {
                 }
                 BlockKind::Layer(_) => {
                     let input = x.take().expect("layer input");
-                    let (y, s) = layer_fwd(&mut self.ctx, l, p, input)?;
+                    let (y, s) = layer_fwd(&mut self.ctx, l, p, experts, input)?;
                     if self.ctx.recompute == Recompute::Full {
                         saved.push(BlockSaved::LayerInput(s.x));
                     } else {
@@ -584,6 +661,7 @@ impl<'a> Rank<'a> {
                     }
                     saved.push(BlockSaved::Output(s));
                 }
+                BlockKind::Experts(_) => {}
             }
         }
         if let Some(y) = x {
@@ -619,17 +697,29 @@ impl<'a> Rank<'a> {
         };
         let mut held: BlockTasks = Vec::new();
         for (bi, s) in bidx.rev().zip(saved.into_iter().rev()) {
-            // ZeRO-3 in backward: the block in use and its gradient bucket, nothing else.
-            self.cache.retain(|(b, _)| *b == bi);
+            if matches!(s, BlockSaved::Experts) {
+                // Its backward runs with its layer's.
+                continue;
+            }
+            let ei = self.experts_of(bi);
+            // ZeRO-3 in backward: the block in use (with its experts) and its gradient bucket.
+            self.cache.retain(|(b, _)| *b == bi || Some(*b) == ei);
             let h = self.handle(bi)?;
-            let p: &[f32] = match &h {
-                Handle::Flat(r) => &self.params.data()[r.clone()],
-                Handle::Gathered(t) => t.data(),
+            let eh = match ei {
+                Some(ei) => Some(self.handle(ei)?),
+                None => None,
+            };
+            let p = params_of(&self.params, &h);
+            let experts: Experts = match (ei, &eh) {
+                (Some(ei), Some(eh)) => Some((&self.blocks[ei], params_of(&self.params, eh))),
+                _ => None,
             };
             let l = &self.blocks[bi];
+            let le = ei.map(|ei| &self.blocks[ei]);
             // ZeRO-2/3: the gradient bucket is allocated at the first weight gradient, after a
             // full recompute's forward rerun.
             let mut bucket: Option<Tensor> = None;
+            let mut ebucket: Option<Tensor> = None;
             let use_bucket = immediate && self.zero >= 2;
             let grads = &mut self.grads;
             let mut kept = Vec::new();
@@ -638,12 +728,20 @@ impl<'a> Rank<'a> {
                     kept.push(t.hold(c, l));
                     return Ok(());
                 }
-                if use_bucket {
-                    let b = bucket
-                        .get_or_insert_with(|| Tensor::zeros(Category::Buffers, &[l.range.len()]));
-                    t.run(c, l, b.data_mut())
+                let (tl, bk, sp) = if t.is_expert() {
+                    let le = le.ok_or_else(|| {
+                        ExecError::Plan("an expert gradient without an experts block".into())
+                    })?;
+                    (le, &mut ebucket, EXPERT_SPACE)
                 } else {
-                    t.run(c, l, &mut grads.data_mut()[l.range.clone()])
+                    (l, &mut bucket, DENSE_SPACE)
+                };
+                if use_bucket {
+                    let b = bk
+                        .get_or_insert_with(|| Tensor::zeros(Category::Buffers, &[tl.range.len()]));
+                    t.run(c, tl, b.data_mut())
+                } else {
+                    t.run(c, tl, &mut grads[sp].data_mut()[tl.range.clone()])
                 }
             };
             let ctx = &mut self.ctx;
@@ -656,21 +754,26 @@ impl<'a> Rank<'a> {
                         ctx,
                         l,
                         p,
+                        experts,
                         *ls,
                         dy.take().expect("grad"),
                         &mut sink,
                     )?);
                 }
                 BlockSaved::LayerInput(x) => {
+                    // The rerun's load-balancing loss and drops were counted in forward.
+                    let stats = (ctx.moe_aux_loss, ctx.moe_dropped);
                     ctx.recomputing = true;
-                    let r = layer_fwd(ctx, l, p, x);
+                    let r = layer_fwd(ctx, l, p, experts, x);
                     ctx.recomputing = false;
                     let (y, ls) = r?;
+                    (ctx.moe_aux_loss, ctx.moe_dropped) = stats;
                     drop(y);
                     dy = Some(layer_bwd(
                         ctx,
                         l,
                         p,
+                        experts,
                         ls,
                         dy.take().expect("grad"),
                         &mut sink,
@@ -679,11 +782,19 @@ impl<'a> Rank<'a> {
                 BlockSaved::Embedding(tokens) => {
                     embedding_bwd(ctx, tokens, dy.take().expect("grad"), &mut sink)?
                 }
+                BlockSaved::Experts => {}
             }
 
-            drop(h);
+            drop((h, eh));
             if let Some(b) = bucket {
                 self.flush_bucket(bi, b)?;
+            }
+            if let (Some(ei), true) = (ei, use_bucket) {
+                // Every member of the expert-DP group flushes, even with no tokens routed here.
+                let b = ebucket.unwrap_or_else(|| {
+                    Tensor::zeros(Category::Buffers, &[self.blocks[ei].range.len()])
+                });
+                self.flush_bucket(ei, b)?;
             }
             if !immediate {
                 held.push((bi, kept));
@@ -698,26 +809,45 @@ impl<'a> Rank<'a> {
         Ok(())
     }
 
-    /// Runs block `bi`'s held weight-gradient tasks (a W action).
+    /// Runs block `bi`'s held weight-gradient tasks (a W action), its experts' included.
     fn run_tasks(&mut self, bi: usize, tasks: Vec<WTask>) -> Result<(), ExecError> {
+        let ei = self.experts_of(bi);
         let l = &self.blocks[bi];
+        let le = ei.map(|ei| &self.blocks[ei]);
+        let no_block = || ExecError::Plan("an expert gradient without an experts block".into());
         if self.zero < 2 {
-            let g = &mut self.grads.data_mut()[l.range.clone()];
             for t in tasks {
-                t.run(&mut self.ctx, l, g)?;
+                if t.is_expert() {
+                    let le = le.ok_or_else(no_block)?;
+                    let g = &mut self.grads[EXPERT_SPACE].data_mut()[le.range.clone()];
+                    t.run(&mut self.ctx, le, g)?;
+                } else {
+                    let g = &mut self.grads[DENSE_SPACE].data_mut()[l.range.clone()];
+                    t.run(&mut self.ctx, l, g)?;
+                }
             }
             return Ok(());
         }
         self.cache.clear();
         let mut bucket = Tensor::zeros(Category::Buffers, &[l.range.len()]);
+        let mut ebucket = le.map(|le| Tensor::zeros(Category::Buffers, &[le.range.len()]));
         for t in tasks {
-            t.run(&mut self.ctx, l, bucket.data_mut())?;
+            if t.is_expert() {
+                let (le, b) = le.zip(ebucket.as_mut()).ok_or_else(no_block)?;
+                t.run(&mut self.ctx, le, b.data_mut())?;
+            } else {
+                t.run(&mut self.ctx, l, bucket.data_mut())?;
+            }
         }
-        self.flush_bucket(bi, bucket)
+        self.flush_bucket(bi, bucket)?;
+        if let (Some(ei), Some(b)) = (ei, ebucket) {
+            self.flush_bucket(ei, b)?;
+        }
+        Ok(())
     }
 
     /// ZeRO-2/3: sums a block's gradient bucket over TP where SP split the norms' tokens, and
-    /// reduce-scatters it over DP into this rank's gradient shard.
+    /// reduce-scatters it over its space's group (DP or expert DP) into this rank's shard.
     fn flush_bucket(&mut self, bi: usize, mut bucket: Tensor) -> Result<(), ExecError> {
         let l = &self.blocks[bi];
         if self.ctx.sp {
@@ -729,13 +859,38 @@ impl<'a> Rank<'a> {
                 )?;
             }
         }
+        let sp = l.space;
         self.ctx.comm.reduce_scatter_range(
-            &self.dp,
+            &self.groups[sp],
             l.range.start,
             bucket.data(),
-            self.shard.clone(),
-            self.grads.data_mut(),
+            self.shards[sp].clone(),
+            self.grads[sp].data_mut(),
         )
+    }
+
+    /// Sums the SP norm partials of the dense gradients over TP.
+    fn reduce_sp_norms(&mut self) -> Result<(), ExecError> {
+        let comm = self.ctx.comm;
+        for b in self.blocks.iter().filter(|b| b.space == DENSE_SPACE) {
+            for t in b.tensors.iter().filter(|t| t.tp_replicated) {
+                let r = b.range.start + t.offset..b.range.start + t.offset + t.len();
+                comm.all_reduce(
+                    &self.ctx.tp,
+                    &mut self.grads[DENSE_SPACE].data_mut()[r],
+                    ReduceOp::Sum,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The spaces that hold parameters (the same on every member of a space's group).
+    fn spaces(&self) -> Vec<usize> {
+        [DENSE_SPACE, EXPERT_SPACE]
+            .into_iter()
+            .filter(|&sp| layout_len(&self.blocks, sp) > 0)
+            .collect()
     }
 
     fn optimizer_step(&mut self) -> Result<(), ExecError> {
@@ -743,85 +898,87 @@ impl<'a> Rank<'a> {
         let comm = self.ctx.comm;
         if self.zero < 2 && self.ctx.sp {
             // Sequence parallelism: norm gradients are partial sums over the sequence shards.
-            for b in &self.blocks {
-                for t in b.tensors.iter().filter(|t| t.tp_replicated) {
-                    let r = b.range.start + t.offset..b.range.start + t.offset + t.len();
-                    comm.all_reduce(&self.ctx.tp, &mut self.grads.data_mut()[r], ReduceOp::Sum)?;
-                }
-            }
+            self.reduce_sp_norms()?;
         }
-        let sh = self.shard.clone();
         let adam = self.plan.adam;
-        match self.zero {
-            0 => {
-                comm.all_reduce(&self.dp, self.grads.data_mut(), ReduceOp::Sum)?;
-                self.ctx.ops.adam(
-                    &adam,
-                    self.step,
-                    self.params.data_mut(),
-                    self.grads.data(),
-                    self.m.data_mut(),
-                    self.v.data_mut(),
-                );
-            }
-            1 | 2 => {
-                if self.zero == 1 {
-                    // Staging copy of the send side (NCCL's buffers, untracked).
-                    let all = self.grads.data().to_vec();
-                    self.grads.data_mut()[sh.clone()].fill(0.0);
-                    comm.reduce_scatter_range(
-                        &self.dp,
-                        0,
-                        &all,
-                        sh.clone(),
-                        &mut self.grads.data_mut()[sh.clone()],
-                    )?;
-                }
-                let g: &[f32] = if self.zero == 1 {
-                    &self.grads.data()[sh.clone()]
-                } else {
-                    self.grads.data()
-                };
-                self.ctx.ops.adam(
-                    &adam,
-                    self.step,
-                    &mut self.params.data_mut()[sh.clone()],
-                    g,
-                    self.m.data_mut(),
-                    self.v.data_mut(),
-                );
-                let mine = self.params.data()[sh.clone()].to_vec();
-                let total = self.params.len();
-                comm.gather_range(&self.dp, sh.start, &mine, 0..total, self.params.data_mut())?;
-            }
-            _ => {
-                self.cache.clear();
-                self.ctx.ops.adam(
-                    &adam,
-                    self.step,
-                    self.params.data_mut(),
-                    self.grads.data(),
-                    self.m.data_mut(),
-                    self.v.data_mut(),
-                );
-            }
+        if self.zero >= 3 {
+            self.cache.clear();
         }
-        self.grads.data_mut().fill(0.0);
+        for sp in self.spaces() {
+            let sh = self.shards[sp].clone();
+            let g = &self.groups[sp];
+            let (params, grads) = (&mut self.params[sp], &mut self.grads[sp]);
+            let (m, v) = (&mut self.m[sp], &mut self.v[sp]);
+            match self.zero {
+                0 => {
+                    comm.all_reduce(g, grads.data_mut(), ReduceOp::Sum)?;
+                    self.ctx.ops.adam(
+                        &adam,
+                        self.step,
+                        params.data_mut(),
+                        grads.data(),
+                        m.data_mut(),
+                        v.data_mut(),
+                    );
+                }
+                1 | 2 => {
+                    if self.zero == 1 {
+                        // Staging copy of the send side (NCCL's buffers, untracked).
+                        let all = grads.data().to_vec();
+                        grads.data_mut()[sh.clone()].fill(0.0);
+                        comm.reduce_scatter_range(
+                            g,
+                            0,
+                            &all,
+                            sh.clone(),
+                            &mut grads.data_mut()[sh.clone()],
+                        )?;
+                    }
+                    let gs: &[f32] = if self.zero == 1 {
+                        &grads.data()[sh.clone()]
+                    } else {
+                        grads.data()
+                    };
+                    self.ctx.ops.adam(
+                        &adam,
+                        self.step,
+                        &mut params.data_mut()[sh.clone()],
+                        gs,
+                        m.data_mut(),
+                        v.data_mut(),
+                    );
+                    let mine = params.data()[sh.clone()].to_vec();
+                    let total = params.len();
+                    comm.gather_range(g, sh.start, &mine, 0..total, params.data_mut())?;
+                }
+                _ => {
+                    self.ctx.ops.adam(
+                        &adam,
+                        self.step,
+                        params.data_mut(),
+                        grads.data(),
+                        m.data_mut(),
+                        v.data_mut(),
+                    );
+                }
+            }
+            grads.data_mut().fill(0.0);
+        }
         Ok(())
     }
 
-    /// Sums the gradients over TP (SP norm partials) and DP, as the optimizer step would.
+    /// Sums the gradients over TP (SP norm partials) and DP (expert DP for the experts), as
+    /// the optimizer step would.
     fn reduce_for_export(&mut self) -> Result<(), ExecError> {
-        let comm = self.ctx.comm;
         if self.ctx.sp {
-            for b in &self.blocks {
-                for t in b.tensors.iter().filter(|t| t.tp_replicated) {
-                    let r = b.range.start + t.offset..b.range.start + t.offset + t.len();
-                    comm.all_reduce(&self.ctx.tp, &mut self.grads.data_mut()[r], ReduceOp::Sum)?;
-                }
-            }
+            self.reduce_sp_norms()?;
         }
-        comm.all_reduce(&self.dp, self.grads.data_mut(), ReduceOp::Sum)
+        for sp in self.spaces() {
+            self.ctx
+                .comm
+                .all_reduce(&self.groups[sp], self.grads[sp].data_mut(), ReduceOp::Sum)?;
+        }
+        Ok(())
     }
 
     fn export_grads(&self) -> Vec<(String, usize, f32)> {
@@ -833,7 +990,7 @@ impl<'a> Rank<'a> {
                     out.push((
                         s.name.clone(),
                         gi,
-                        self.grads.data()[b.range.start + t.offset + i],
+                        self.grads[b.space].data()[b.range.start + t.offset + i],
                     ));
                 }
             }
@@ -843,26 +1000,33 @@ impl<'a> Rank<'a> {
 
     /// Every parameter element with its global tensor name and index.
     fn export(&mut self) -> Result<Vec<(String, usize, f32)>, ExecError> {
-        let total = layout_len(&self.blocks);
-        let full: Vec<f32> = if self.zero >= 3 {
-            let mut out = vec![0.0; total];
-            self.ctx.comm.gather_range(
-                &self.dp,
-                self.shard.start,
-                self.params.data(),
-                0..total,
-                &mut out,
-            )?;
-            out
-        } else {
-            self.params.data().to_vec()
-        };
-        let mut out = Vec::with_capacity(total);
+        let mut full: [Vec<f32>; 2] = [Vec::new(), Vec::new()];
+        for sp in self.spaces() {
+            let total = layout_len(&self.blocks, sp);
+            full[sp] = if self.zero >= 3 {
+                let mut out = vec![0.0; total];
+                self.ctx.comm.gather_range(
+                    &self.groups[sp],
+                    self.shards[sp].start,
+                    self.params[sp].data(),
+                    0..total,
+                    &mut out,
+                )?;
+                out
+            } else {
+                self.params[sp].data().to_vec()
+            };
+        }
+        let mut out = Vec::new();
         for b in &self.blocks {
             for t in &b.tensors {
                 for i in 0..t.len() {
                     let (s, gi) = t.global_of(i);
-                    out.push((s.name.clone(), gi, full[b.range.start + t.offset + i]));
+                    out.push((
+                        s.name.clone(),
+                        gi,
+                        full[b.space][b.range.start + t.offset + i],
+                    ));
                 }
             }
         }

@@ -76,6 +76,46 @@ fn gather_scatter_all_to_all_and_broadcast() {
 }
 
 #[test]
+fn all_to_all_v_delivers_variable_slices_after_a_count_exchange() {
+    // Member i sends (i + j) % 3 elements to member j, valued 100 i + 10 j + position; one
+    // sends nothing to some member, so empty slices occur.
+    let n = 3u32;
+    let count = |i: u32, j: u32| ((i + j) % 3) as usize;
+    let out = on_ranks(n, |r, c| {
+        let g = c.group(&[0, 1, 2]);
+        let send_counts: Vec<usize> = (0..n).map(|j| count(r, j)).collect();
+        let input: Vec<f32> = (0..n)
+            .flat_map(|j| (0..count(r, j)).map(move |p| (100 * r + 10 * j) as f32 + p as f32))
+            .collect();
+        // Counts first (NCCL-style), with the fixed-size all-to-all.
+        let counts_f: Vec<f32> = send_counts.iter().map(|&x| x as f32).collect();
+        let mut got = vec![0.0; n as usize];
+        c.all_to_all(&g, &counts_f, &mut got).unwrap();
+        let recv_counts: Vec<usize> = got.iter().map(|&x| x as usize).collect();
+        let mut out = vec![0.0; recv_counts.iter().sum()];
+        c.all_to_all_v(&g, &input, &send_counts, &mut out, &recv_counts)
+            .unwrap();
+        // A wrong expectation is an error, not a panic or a hang.
+        let mut wrong = recv_counts.clone();
+        wrong.rotate_left(1);
+        let mut out2 = vec![0.0; wrong.iter().sum()];
+        let bad = c.all_to_all_v(&g, &input, &send_counts, &mut out2, &wrong);
+        let detected = bad.is_err() == (wrong != recv_counts);
+        (recv_counts, out, detected)
+    });
+    for (r, (recv_counts, got, wrong_detected)) in out.iter().enumerate() {
+        let r = r as u32;
+        let want_counts: Vec<usize> = (0..n).map(|i| count(i, r)).collect();
+        assert_eq!(recv_counts, &want_counts);
+        let want: Vec<f32> = (0..n)
+            .flat_map(|i| (0..count(i, r)).map(move |p| (100 * i + 10 * r) as f32 + p as f32))
+            .collect();
+        assert_eq!(got, &want);
+        assert!(wrong_detected);
+    }
+}
+
+#[test]
 fn groups_are_independent_and_send_recv_matches_tags() {
     let out = on_ranks(4, |r, c| {
         // Two groups of two run their collectives concurrently.
@@ -155,6 +195,7 @@ fn a_failing_rank_stops_the_run_with_its_error_instead_of_hanging() {
         rope_theta: 10000.0,
         flash: true,
         init_std: 0.02,
+        moe: None,
     };
     let mut plan = Plan::single_rank(model, AdamConfig::default(), 1, 1, Recompute::None);
     plan.ranks[0].actions = vec![

@@ -1,9 +1,10 @@
 //! The single-rank run against finite differences: every op's backward (norms, rotary,
 //! causal GQA attention with and without flash, SwiGLU and GeLU, vocab cross-entropy, the
 //! embedding) is checked through the loss of a tiny model, for a sample of elements of every
-//! parameter tensor. Central differences of the f64-accumulated mean loss.
+//! parameter tensor. Central differences of the f64-accumulated mean loss. Mixture-of-experts
+//! layers too: router, softmax, top-k gates, experts, the load-balancing loss, dropping.
 
-use parsim_executor::plan::{Activation, AdamConfig, ModelShape, Norm, Plan, Recompute};
+use parsim_executor::plan::{Activation, AdamConfig, ModelShape, MoeShape, Norm, Plan, Recompute};
 use parsim_executor::runner::{run_cpu, RunOptions};
 
 fn tiny(norm: Norm, activation: Activation, flash: bool) -> ModelShape {
@@ -24,6 +25,7 @@ fn tiny(norm: Norm, activation: Activation, flash: bool) -> ModelShape {
         rope_theta: 10000.0,
         flash,
         init_std: 0.4,
+        moe: None,
     }
 }
 
@@ -43,13 +45,14 @@ fn loss(plan: &Plan, perturb: Vec<(String, usize, f32)>) -> f64 {
 }
 
 fn check(norm: Norm, activation: Activation, flash: bool, recompute: Recompute) {
-    let plan = Plan::single_rank(
-        tiny(norm, activation, flash),
-        AdamConfig::default(),
-        3,
-        2,
-        recompute,
-    );
+    check_shape(tiny(norm, activation, flash), recompute);
+}
+
+/// Checks every tensor of the single-rank run of `shape`; returns the run's dropped
+/// assignments.
+fn check_shape(shape: ModelShape, recompute: Recompute) -> u64 {
+    let (norm, activation, flash) = (shape.norm, shape.activation, shape.flash);
+    let plan = Plan::single_rank(shape, AdamConfig::default(), 3, 2, recompute);
     let base = run_cpu(
         &plan,
         &RunOptions {
@@ -60,6 +63,7 @@ fn check(norm: Norm, activation: Activation, flash: bool, recompute: Recompute) 
         },
     )
     .expect("runs");
+    let dropped = base.ranks[0].moe_dropped;
     let grads = base.grads.expect("grads");
     assert!(grads.len() >= 10);
     let delta = 2e-3f32;
@@ -86,6 +90,39 @@ fn check(norm: Norm, activation: Activation, flash: bool, recompute: Recompute) 
         }
     }
     assert!(checked > 50);
+    dropped
+}
+
+fn tiny_moe(activation: Activation, top_k: usize, cf: f32, first_k_dense: u32) -> ModelShape {
+    ModelShape {
+        moe: Some(MoeShape {
+            num_experts: 4,
+            top_k,
+            ffn: 6,
+            first_k_dense,
+            capacity_factor: cf,
+            aux_loss_coeff: 0.1,
+        }),
+        ..tiny(Norm::RmsNorm, activation, true)
+    }
+}
+
+#[test]
+fn moe_router_gates_experts_and_aux_loss_match_finite_differences() {
+    // Top-2 (two gates per token) after a dense layer; top-1 in every layer.
+    assert_eq!(
+        check_shape(tiny_moe(Activation::Swiglu, 2, 0.0, 1), Recompute::None),
+        0
+    );
+    check_shape(tiny_moe(Activation::Gelu, 1, 0.0, 0), Recompute::Selective);
+}
+
+#[test]
+fn moe_with_dropped_tokens_matches_finite_differences() {
+    // Capacity ceil(1.0 x 12 tokens x 2 / 4) = 6 per expert; some experts get more choices.
+    let dropped = check_shape(tiny_moe(Activation::Swiglu, 2, 1.0, 0), Recompute::Full);
+    assert!(dropped > 0, "no assignment was dropped");
+    eprintln!("dropped assignments: {dropped}");
 }
 
 #[test]

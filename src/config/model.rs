@@ -78,6 +78,15 @@ pub struct ModelConfig {
     pub moe_router_bias: bool,
     /// Tokens of the hottest expert relative to a uniform share (1.0 = perfectly balanced).
     pub moe_load_imbalance: f64,
+    /// Megatron's `--moe-expert-capacity-factor`: each expert takes at most
+    /// ceil(factor x tokens x topk / num_experts) of a rank's routed tokens and drops the least
+    /// probable beyond (Lepikhin et al. 2020, GShard). 0 = no capacity, no dropping.
+    #[serde(default)]
+    pub moe_capacity_factor: f64,
+    /// Megatron's `--moe-aux-loss-coeff`: weight of the load-balancing loss (Fedus et al.
+    /// 2021, Switch Transformer eq. 4); 0 = none.
+    #[serde(default)]
+    pub moe_aux_loss_coeff: f64,
     /// Multi-token-prediction modules (DeepSeek-V3); placed on the last pipeline stage.
     pub mtp_num_layers: u32,
 }
@@ -112,6 +121,8 @@ impl Default for ModelConfig {
             moe_first_k_dense: 0,
             moe_router_bias: false,
             moe_load_imbalance: 1.0,
+            moe_capacity_factor: 0.0,
+            moe_aux_loss_coeff: 0.0,
             mtp_num_layers: 0,
         }
     }

@@ -87,6 +87,24 @@ pub fn resolve(mut config: Config, gpu: GpuProfile) -> Result<Resolved, ConfigEr
             .hint("1.0 means perfectly balanced routing"),
         );
     }
+    for (field, v, what) in [
+        (
+            "model.moe_capacity_factor",
+            m.moe_capacity_factor,
+            "0 means no capacity (no dropping)",
+        ),
+        (
+            "model.moe_aux_loss_coeff",
+            m.moe_aux_loss_coeff,
+            "0 means no load-balancing loss",
+        ),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            errs.push(
+                Violation::new(field, format!("must be a finite number >= 0, got {v}")).hint(what),
+            );
+        }
+    }
     // Upper bounds far beyond any real run, so that every byte and FLOP count fits in 64 bits.
     let at_most: [(&str, u64, u64); 19] = [
         ("model.num_layers", m.num_layers as u64, 10_000),

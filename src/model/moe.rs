@@ -17,6 +17,17 @@ pub fn rank_load_factor(imbalance: f64, experts: u64, ep: u64) -> f64 {
     1.0 + (imbalance - 1.0) / local
 }
 
+/// Tokens the hottest EP rank can receive under an expert capacity (Megatron's
+/// `--moe-expert-capacity-factor`): each of its E/ep experts takes at most
+/// ceil(factor x local x k / E) tokens from each of the ep source ranks; `None` without one.
+pub fn capacity_limit(factor: f64, local: u64, k: u64, experts: u64, ep: u64) -> Option<u64> {
+    if factor.is_nan() || factor <= 0.0 || experts == 0 {
+        return None;
+    }
+    let per_source = (factor * (local * k) as f64 / experts as f64).ceil() as u64;
+    Some((experts / ep.max(1)) * ep.max(1) * per_source)
+}
+
 /// Appends the MoE block (norm, router, dispatch, experts, combine, shared experts, dropout).
 pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Dims) {
     mlp_norm(ops, m, d);
@@ -27,7 +38,11 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
     // Megatron-Core routes the sequence-parallel shard of tokens on every rank.
     let local = d.n_sp;
     let routed = local * k;
-    let hot = (routed as f64 * rank_load_factor(m.moe_load_imbalance, e, d.ep)).ceil() as u64;
+    let mut hot = (routed as f64 * rank_load_factor(m.moe_load_imbalance, e, d.ep)).ceil() as u64;
+    // A capacity drops what the hottest rank's experts cannot take.
+    if let Some(cap) = capacity_limit(m.moe_capacity_factor, local, k, e, d.ep) {
+        hot = hot.min(cap);
+    }
 
     let mut router = Op::new(
         "moe.router",
@@ -158,4 +173,55 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         );
     }
     ops.push(dropout("mlp.dropout", d.n_sp, d.h, d.hidden_dropout));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, Layer, Resolved};
+    use crate::model::op::OpKind;
+    use crate::model::Ledger;
+
+    /// Rows of the expert fc1 matmul of the hottest rank: 8 experts over ep 2 (4 a rank),
+    /// top-2, 32 tokens a rank, the hottest expert at twice its share.
+    fn expert_rows(capacity_factor: f64) -> u64 {
+        let v = serde_json::json!({
+            "model": {
+                "num_layers": 2, "hidden_size": 64, "num_attention_heads": 8,
+                "num_query_groups": 4, "ffn_hidden_size": 128, "vocab_size": 128,
+                "num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 64,
+                "moe_load_imbalance": 2.0, "moe_capacity_factor": capacity_factor
+            },
+            "cluster": {"gpu": "cpu", "num_gpus": 2, "gpus_per_node": 8},
+            "parallel": {"tp": 1, "pp": 1, "ep": 2},
+            "training": {"seq_length": 32, "micro_batch_size": 1, "global_batch_size": 16}
+        });
+        let cfg = Config::from_layers(&[Layer::overrides(v)]).expect("loads");
+        let r = Resolved::new(cfg).expect("validates");
+        let ledger = Ledger::build(&r);
+        let op = ledger
+            .moe
+            .expect("moe block")
+            .ops
+            .into_iter()
+            .find(|o| o.name == "moe.experts.fc1")
+            .expect("fc1");
+        match op.kind {
+            OpKind::Matmul { m, .. } => m,
+            k => panic!("{k:?}"),
+        }
+    }
+
+    #[test]
+    fn a_capacity_factor_caps_the_hottest_ranks_tokens() {
+        // Uniform share: 32 tokens x top-2 = 64 routed rows a rank. The hottest expert at 2x
+        // its share makes the rank's load 1 + (2 - 1) / 4 = 1.25, i.e. 80 rows. A capacity of
+        // ceil(1.0 x 32 x 2 / 8) = 8 tokens per expert per source rank lets the rank's 4
+        // experts take 4 x 2 sources x 8 = 64 rows; a factor of 1.5 (12 each: 96) does not bind.
+        assert_eq!(expert_rows(0.0), 80);
+        assert_eq!(expert_rows(1.0), 64);
+        assert_eq!(expert_rows(1.5), 80);
+        assert_eq!(capacity_limit(1.0, 32, 2, 8, 2), Some(64));
+        assert_eq!(capacity_limit(0.0, 32, 2, 8, 2), None);
+    }
 }

@@ -32,6 +32,19 @@ pub trait Collectives {
     ) -> Result<(), ExecError>;
     /// Member i's j-th slice goes to member j's i-th slice.
     fn all_to_all(&self, g: &Self::Group, input: &[f32], out: &mut [f32]) -> Result<(), ExecError>;
+    /// Variable-size all-to-all (as NCCL users build it from grouped send/recv, with the counts
+    /// exchanged first): member i's `input` is `send_counts[j]` elements for each member j in
+    /// member order; `out` receives, in member order, what each member j sent to i, and
+    /// `recv_counts[j]` must equal member j's `send_counts[i]` (exchange the counts with
+    /// [`Collectives::all_to_all`] beforehand).
+    fn all_to_all_v(
+        &self,
+        g: &Self::Group,
+        input: &[f32],
+        send_counts: &[usize],
+        out: &mut [f32],
+        recv_counts: &[usize],
+    ) -> Result<(), ExecError>;
     /// Member `root`'s buffer to every member.
     fn broadcast(&self, g: &Self::Group, buf: &mut [f32], root: usize) -> Result<(), ExecError>;
     /// Buffered: returns at once.

@@ -3,8 +3,10 @@
 //! (row-parallel), residual. Saves exactly what the engine's op ledger counts (docs/engine.md):
 //! each norm's input, the QKV and fc1 inputs (sequence shards with SP), Q, K, V, the softmax
 //! (or the log-sum-exp with flash attention; neither under selective recompute), the
-//! projection and fc2 inputs, and the activation's input.
+//! projection and fc2 inputs, and the activation's input. An MoE layer runs the experts block
+//! of `moe.rs` after the pre-MLP norm instead of the dense MLP.
 
+use super::moe::{moe_bwd, moe_fwd, MoeSaved};
 use super::params::{BlockKind, BlockLayout};
 use super::{add, cp, Ctx, Sink, WTask};
 use crate::backend::cpu::ops::attention::{attn_bwd, attn_fwd, AttnSaved, AttnShape, Keep};
@@ -33,7 +35,12 @@ pub struct LayerSaved {
     pub ln2: Tensor,
     pub u: Tensor,
     pub act: Tensor,
+    /// An MoE layer's experts block (then `u` and `act` are empty).
+    pub moe: Option<Box<MoeSaved>>,
 }
+
+/// An MoE layer's experts block and its parameters.
+pub type Experts<'e> = Option<(&'e BlockLayout, &'e [f32])>;
 
 fn slice<'p>(p: &'p [f32], l: &BlockLayout, t: usize) -> &'p [f32] {
     &p[l.tensors[t].range()]
@@ -64,6 +71,7 @@ pub fn layer_fwd(
     ctx: &mut Ctx,
     l: &BlockLayout,
     p: &[f32],
+    experts: Experts,
     x: Tensor,
 ) -> Result<(Tensor, LayerSaved), ExecError> {
     let m = &ctx.plan.model;
@@ -139,6 +147,30 @@ pub fn layer_fwd(
         eps,
         ln2.data_mut(),
     );
+    if let Some((le, pe)) = experts {
+        let (out, ms) = moe_fwd(ctx, l, p, le, pe, &ln2)?;
+        let y = add(x1.data(), out.data(), &[n_sp, h], a);
+        let empty = || Tensor::zeros(a, &[0]);
+        let moe = Some(Box::new(ms));
+        let (u, act) = (empty(), empty());
+        return Ok((
+            y,
+            LayerSaved {
+                x,
+                ln1,
+                q,
+                k,
+                v,
+                attn,
+                o,
+                x1,
+                ln2,
+                u,
+                act,
+                moe,
+            },
+        ));
+    }
     let fc1 = rd.fc1_r;
     let mut u = Tensor::zeros(a, &[n, fc1]);
     ctx.with_gathered(ln2.data(), |c, xg| {
@@ -174,6 +206,7 @@ pub fn layer_fwd(
             ln2,
             u,
             act,
+            moe: None,
         },
     ))
 }
@@ -184,6 +217,7 @@ pub fn layer_bwd(
     ctx: &mut Ctx,
     l: &BlockLayout,
     p: &[f32],
+    experts: Experts,
     s: LayerSaved,
     dy: Tensor,
     sink: &mut Sink,
@@ -207,63 +241,75 @@ pub fn layer_bwd(
         ln2,
         u,
         act,
+        moe,
     } = s;
 
-    // MLP: fc2 (row-parallel), activation, fc1 (column-parallel), norm.
-    let dyg = ctx.expand_grad(&dy)?;
-    let mut d_act = Tensor::zeros(b, &[n, rd.f_r]);
-    ctx.ops.linear_dgrad(
-        dyg.data(),
-        slice(p, l, FC2),
-        n,
-        rd.f_r,
-        h,
-        d_act.data_mut(),
-        false,
-    );
-    sink(
-        ctx,
-        WTask::Linear {
-            tensor: FC2,
-            x: act,
-            dy: dyg,
-            i: rd.f_r,
-            o: h,
-            gather_x: false,
-            dy_gathered: sp,
-            dy_shard: false,
-        },
-    )?;
-    // In place: the activation's input is needed by nothing else, so its gradient takes its
-    // buffer (no n x fc1 transient).
-    let mut du = u.recat(b);
-    ctx.ops
-        .act_bwd_inplace(act_kind, du.data_mut(), d_act.data(), n, rd.f_r);
-    drop(d_act);
-    let mut part = Tensor::zeros(b, &[n, h]);
-    ctx.ops.linear_dgrad(
-        du.data(),
-        slice(p, l, FC1),
-        n,
-        h,
-        rd.fc1_r,
-        part.data_mut(),
-        false,
-    );
-    let d_ln2 = ctx.reduce_to_region(part, b)?;
-    sink(
-        ctx,
-        WTask::Linear {
-            tensor: FC1,
-            x: ln2,
-            dy: du,
-            i: h,
-            o: rd.fc1_r,
-            gather_x: sp,
-            dy_gathered: false,
-            dy_shard: false,
-        },
-    )?;
+    // MLP: fc2 (row-parallel), activation, fc1 (column-parallel), norm; or the experts.
+    let d_ln2 = match (moe, experts) {
+        (Some(ms), Some((le, pe))) => moe_bwd(ctx, l, p, pe, le, ln2, *ms, &dy, sink)?,
+        (Some(_), None) | (None, Some(_)) => {
+            return Err(ExecError::Plan(
+                "an MoE layer's saved state and experts block disagree".into(),
+            ))
+        }
+        (None, None) => {
+            let dyg = ctx.expand_grad(&dy)?;
+            let mut d_act = Tensor::zeros(b, &[n, rd.f_r]);
+            ctx.ops.linear_dgrad(
+                dyg.data(),
+                slice(p, l, FC2),
+                n,
+                rd.f_r,
+                h,
+                d_act.data_mut(),
+                false,
+            );
+            sink(
+                ctx,
+                WTask::Linear {
+                    tensor: FC2,
+                    x: act,
+                    dy: dyg,
+                    i: rd.f_r,
+                    o: h,
+                    gather_x: false,
+                    dy_gathered: sp,
+                    dy_shard: false,
+                },
+            )?;
+            // In place: the activation's input is needed by nothing else, so its gradient takes its
+            // buffer (no n x fc1 transient).
+            let mut du = u.recat(b);
+            ctx.ops
+                .act_bwd_inplace(act_kind, du.data_mut(), d_act.data(), n, rd.f_r);
+            drop(d_act);
+            let mut part = Tensor::zeros(b, &[n, h]);
+            ctx.ops.linear_dgrad(
+                du.data(),
+                slice(p, l, FC1),
+                n,
+                h,
+                rd.fc1_r,
+                part.data_mut(),
+                false,
+            );
+            let d_ln2 = ctx.reduce_to_region(part, b)?;
+            sink(
+                ctx,
+                WTask::Linear {
+                    tensor: FC1,
+                    x: ln2,
+                    dy: du,
+                    i: h,
+                    o: rd.fc1_r,
+                    gather_x: sp,
+                    dy_gathered: false,
+                    dy_shard: false,
+                },
+            )?;
+            d_ln2
+        }
+    };
     // The residual's gradient takes dy's buffer; the norm's input gradient is added to it.
     let mut dx1 = dy;
     ctx.ops.norm_dgrad_acc(

@@ -13,6 +13,7 @@ pub mod cp;
 pub mod data;
 pub mod ends;
 pub mod layer;
+pub mod moe;
 pub mod params;
 
 use crate::backend::cpu::{Category, CpuComm, CpuOps, Group, Tensor};
@@ -43,6 +44,12 @@ pub struct Ctx<'a> {
     pub recomputing: bool,
     /// Megatron's global buffer for the SP all-gather of the column-parallel input (n x h).
     pub sp_buf: Option<Tensor>,
+    /// Expert parallelism: the EP group (MoE models only).
+    pub ep: Option<Group>,
+    /// Sum over the forwards run of each MoE layer's load-balancing loss, and the assignments
+    /// the expert capacity dropped.
+    pub moe_aux_loss: f64,
+    pub moe_dropped: u64,
 }
 
 impl<'a> Ctx<'a> {
@@ -71,6 +78,9 @@ impl<'a> Ctx<'a> {
             mb: 0,
             recomputing: false,
             sp_buf: sp.then(|| Tensor::zeros(Category::Buffers, &[n, rd.h])),
+            ep: None,
+            moe_aux_loss: 0.0,
+            moe_dropped: 0,
         }
     }
 
@@ -174,6 +184,15 @@ pub enum WTask {
     /// A gradient already computed (a norm's, when its task is held for a W action: the
     /// norm's input and output gradient need not wait).
     Ready { tensor: usize, grad: Tensor },
+    /// dW += dY^T X for tensor `tensor` [o, i] of an MoE layer's experts block (rows: those
+    /// the expert received); the caller runs it against that block.
+    Expert {
+        tensor: usize,
+        x: Tensor,
+        dy: Tensor,
+        i: usize,
+        o: usize,
+    },
 }
 
 /// Where a backward pass sends its weight-gradient tasks: run at once, or held.
@@ -200,6 +219,19 @@ impl WTask {
                 WTask::Ready { tensor, grad }
             }
             WTask::Ready { tensor, grad } => WTask::Ready { tensor, grad },
+            WTask::Expert {
+                tensor,
+                x,
+                dy,
+                i,
+                o,
+            } => WTask::Expert {
+                tensor,
+                x: x.recat(a),
+                dy: dy.recat(a),
+                i,
+                o,
+            },
             WTask::Linear {
                 tensor,
                 x,
@@ -247,7 +279,13 @@ impl WTask {
         }
     }
 
-    /// Accumulates into `grad`, the block's gradient (block-local offsets from `layout`).
+    /// True for a task of an MoE layer's experts block.
+    pub fn is_expert(&self) -> bool {
+        matches!(self, WTask::Expert { .. })
+    }
+
+    /// Accumulates into `grad`, the block's gradient (block-local offsets from `layout`; for
+    /// [`WTask::Expert`], the experts block's).
     pub fn run(
         self,
         ctx: &mut Ctx,
@@ -284,6 +322,18 @@ impl WTask {
                 let r = layout.tensors[tensor].range();
                 ctx.ops
                     .norm_wgrad(norm, x.data(), dy.data(), h, eps, &mut grad[r]);
+            }
+            WTask::Expert {
+                tensor,
+                x,
+                dy,
+                i,
+                o,
+            } => {
+                let r = layout.tensors[tensor].range();
+                let rows = x.len() / i.max(1);
+                ctx.ops
+                    .linear_wgrad(dy.data(), x.data(), rows, i, o, &mut grad[r]);
             }
             WTask::Ready {
                 tensor,

@@ -4,6 +4,11 @@
 //! shard the flat buffer into contiguous ranges (Megatron's distributed optimizer) and every
 //! element knows its global tensor and index, which makes initialisation independent of the
 //! parallel mix.
+//!
+//! Mixture-of-experts layers put their routed experts in a block of their own
+//! ([`BlockKind::Experts`]) in a second flat buffer ([`EXPERT_SPACE`]), as Megatron keeps expert
+//! parameters in their own buffers: dense parameters reduce (and ZeRO-shard) over DP, expert
+//! parameters over the expert-data-parallel group.
 
 use crate::plan::{Activation, Norm, Plan};
 use std::ops::Range;
@@ -15,7 +20,14 @@ pub enum BlockKind {
     Layer(u32),
     /// Final norm, output layer (and the cross-entropy, which has no parameters).
     Output,
+    /// The routed experts of MoE layer l held by this rank (fc1 and fc2 of each).
+    Experts(u32),
 }
+
+/// The flat buffer of dense parameters.
+pub const DENSE_SPACE: usize = 0;
+/// The flat buffer of expert parameters.
+pub const EXPERT_SPACE: usize = 1;
 
 /// A rectangle of a global tensor that a local tensor holds (stacked by rows).
 #[derive(Debug, Clone, PartialEq)]
@@ -84,6 +96,9 @@ pub struct BlockLayout {
     pub kind: BlockKind,
     /// Global stage the block belongs to.
     pub stage: u32,
+    /// The flat buffer it lies in: [`DENSE_SPACE`] or [`EXPERT_SPACE`].
+    pub space: usize,
+    /// Its range in that buffer.
     pub range: Range<usize>,
     pub tensors: Vec<LocalTensor>,
 }
@@ -185,27 +200,34 @@ fn seg(
     }
 }
 
-/// The blocks of a rank holding `stages`, in execution order, laid out back to back.
-pub fn rank_layout(plan: &Plan, tp_rank: u32, stages: &[u32]) -> Vec<BlockLayout> {
+/// The blocks of a rank holding `stages`, in execution order, laid out back to back (each in
+/// its space); an MoE layer's experts block follows its layer block. `ep_rank` holds experts
+/// ep_rank E/ep .. (ep_rank + 1) E/ep.
+pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> Vec<BlockLayout> {
     let m = &plan.model;
     let rd = RankDims::new(plan, tp_rank);
     let (h, d, r) = (rd.h, rd.d, rd.tp_rank);
     let std = m.init_std;
     let mut blocks = Vec::new();
-    let mut next = 0;
+    let mut next = [0usize; 2];
     let mut emit = |kind: BlockKind, stage: u32, fill: &dyn Fn(&mut Builder)| {
         let mut b = Builder {
             tensors: Vec::new(),
             next: 0,
         };
         fill(&mut b);
+        let space = match kind {
+            BlockKind::Experts(_) => EXPERT_SPACE,
+            _ => DENSE_SPACE,
+        };
         blocks.push(BlockLayout {
             kind,
             stage,
-            range: next..next + b.next,
+            space,
+            range: next[space]..next[space] + b.next,
             tensors: b.tensors,
         });
-        next += b.next;
+        next[space] += b.next;
     };
     for &s in stages {
         let st = &plan.stages[s as usize];
@@ -253,6 +275,17 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, stages: &[u32]) -> Vec<BlockLayout
                     false,
                 );
                 b.norm(&format!("{p}.mlp_norm"), m.norm, h);
+                if let (true, Some(moe)) = (m.is_moe_layer(l), &m.moe) {
+                    // The router, replicated: hidden -> experts.
+                    let e = moe.num_experts;
+                    b.push(
+                        e,
+                        h,
+                        vec![seg(format!("{p}.router"), h, 0..e, 0..h, std)],
+                        false,
+                    );
+                    return;
+                }
                 let f = rd.f_r;
                 let fc1 = match m.activation {
                     Activation::Swiglu => vec![
@@ -277,6 +310,32 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, stages: &[u32]) -> Vec<BlockLayout
                     false,
                 );
             });
+            if let (true, Some(moe)) = (m.is_moe_layer(l), &m.moe) {
+                emit(BlockKind::Experts(l), s, &|b| {
+                    let per = moe.num_experts / plan.parallel.ep.max(1) as usize;
+                    let f = moe.ffn;
+                    let w1 = match m.activation {
+                        Activation::Swiglu => 2 * f,
+                        Activation::Gelu => f,
+                    };
+                    for e in ep_rank as usize * per..(ep_rank as usize + 1) * per {
+                        // fc1 holds the gate rows then the up rows under SwiGLU.
+                        let q = format!("layers.{l}.experts.{e}");
+                        b.push(
+                            w1,
+                            h,
+                            vec![seg(format!("{q}.fc1"), h, 0..w1, 0..h, std)],
+                            false,
+                        );
+                        b.push(
+                            h,
+                            f,
+                            vec![seg(format!("{q}.fc2"), f, 0..h, 0..f, std)],
+                            false,
+                        );
+                    }
+                });
+            }
         }
         if st.output {
             emit(BlockKind::Output, s, &|b| {
@@ -299,9 +358,14 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, stages: &[u32]) -> Vec<BlockLayout
     blocks
 }
 
-/// Total elements of a layout.
-pub fn layout_len(blocks: &[BlockLayout]) -> usize {
-    blocks.last().map(|b| b.range.end).unwrap_or(0)
+/// Total elements of a layout's space `space`.
+pub fn layout_len(blocks: &[BlockLayout], space: usize) -> usize {
+    blocks
+        .iter()
+        .filter(|b| b.space == space)
+        .map(|b| b.range.end)
+        .max()
+        .unwrap_or(0)
 }
 
 fn splitmix64(mut z: u64) -> u64 {
@@ -334,9 +398,15 @@ pub fn init_value(seed: u64, seg: &Segment, index: usize) -> f32 {
     }
 }
 
-/// Fills `out` with elements `range` of the rank's flat buffer.
-pub fn init_range(seed: u64, blocks: &[BlockLayout], range: Range<usize>, out: &mut [f32]) {
-    for b in blocks {
+/// Fills `out` with elements `range` of the rank's flat buffer of space `space`.
+pub fn init_range(
+    seed: u64,
+    blocks: &[BlockLayout],
+    space: usize,
+    range: Range<usize>,
+    out: &mut [f32],
+) {
+    for b in blocks.iter().filter(|b| b.space == space) {
         if b.range.end <= range.start || b.range.start >= range.end {
             continue;
         }

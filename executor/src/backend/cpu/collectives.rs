@@ -269,6 +269,55 @@ impl Collectives for CpuComm {
         Ok(())
     }
 
+    fn all_to_all_v(
+        &self,
+        g: &Group,
+        input: &[f32],
+        send_counts: &[usize],
+        out: &mut [f32],
+        recv_counts: &[usize],
+    ) -> Result<(), ExecError> {
+        let size = g.size();
+        let bad = |what: String| Err(ExecError::Plan(format!("all_to_all_v: {what}")));
+        if send_counts.len() != size || recv_counts.len() != size {
+            return bad(format!("{size} counts expected"));
+        }
+        if send_counts.iter().sum::<usize>() != input.len()
+            || recv_counts.iter().sum::<usize>() != out.len()
+        {
+            return bad("buffer lengths differ from the sums of the counts".into());
+        }
+        // The send counts travel with the data (bit patterns of u32 halves, exact), so every
+        // member finds its slice in every contribution.
+        let mut dep = Vec::with_capacity(2 * size + input.len());
+        for &c in send_counts {
+            dep.push(f32::from_bits(c as u32));
+            dep.push(f32::from_bits((c as u64 >> 32) as u32));
+        }
+        dep.extend_from_slice(input);
+        let all = if size == 1 {
+            vec![(0, Arc::new(dep))]
+        } else {
+            self.exchange(g, 0, dep)?
+        };
+        let mut at = 0;
+        for (j, (_, d)) in all.iter().enumerate() {
+            let count =
+                |k: usize| d[2 * k].to_bits() as usize | ((d[2 * k + 1].to_bits() as usize) << 32);
+            let lo = 2 * size + (0..g.index).map(count).sum::<usize>();
+            let n = count(g.index);
+            if n != recv_counts[j] {
+                return bad(format!(
+                    "member {j} sends {n} elements, {} expected",
+                    recv_counts[j]
+                ));
+            }
+            out[at..at + n].copy_from_slice(&d[lo..lo + n]);
+            at += n;
+        }
+        Ok(())
+    }
+
     fn broadcast(&self, g: &Group, buf: &mut [f32], root: usize) -> Result<(), ExecError> {
         if g.size() == 1 {
             return Ok(());

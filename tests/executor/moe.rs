@@ -1,0 +1,319 @@
+//! Mixture-of-experts layers and expert parallelism against the single-rank run: EP 2 and 4
+//! (dp = ep and dp = 2 ep), top-1 and top-2, ZeRO 0-3, with pipeline stages, with dropping
+//! (the same assignments dropped); the load-balancing loss against a closed form; refusals.
+
+use super::common::*;
+use parsim::config::{Config, Layer, Resolved};
+use parsim::plan::lower;
+use parsim_executor::runner::{run_cpu, RunOptions, RunReport};
+use serde_json::Value;
+
+const GBS: u64 = 8;
+
+/// One MoE mix.
+#[derive(Debug, Clone, Copy)]
+struct Moe {
+    ep: u32,
+    dp: u32,
+    pp: u32,
+    schedule: &'static str,
+    zero: u8,
+    recompute: &'static str,
+    experts: u32,
+    top_k: u32,
+    first_dense: u32,
+    capacity_factor: f64,
+    aux_coeff: f64,
+}
+
+const BASE: Moe = Moe {
+    ep: 1,
+    dp: 1,
+    pp: 1,
+    schedule: "1f1b",
+    zero: 0,
+    recompute: "none",
+    experts: 8,
+    top_k: 2,
+    first_dense: 0,
+    capacity_factor: 0.0,
+    aux_coeff: 0.01,
+};
+
+impl Moe {
+    /// The single-rank run of the same model.
+    fn single(&self) -> Moe {
+        Moe {
+            ep: 1,
+            dp: 1,
+            pp: 1,
+            zero: 0,
+            recompute: "none",
+            schedule: "1f1b",
+            ..*self
+        }
+    }
+}
+
+/// The small test model with 4 layers, 8 experts of ffn 64 (hidden 64, seq 32).
+fn moe_config(c: &Moe) -> Value {
+    let mix = Mix {
+        pp: c.pp,
+        dp: c.dp,
+        zero: c.zero,
+        schedule: c.schedule,
+        recompute: c.recompute,
+        ..Mix::single()
+    };
+    let mut v = config(&mix, GBS, true, "rmsnorm", "swiglu");
+    let m = &mut v["model"];
+    m["num_layers"] = 4.into();
+    m["num_experts"] = c.experts.into();
+    m["moe_router_topk"] = c.top_k.into();
+    m["moe_ffn_hidden_size"] = 64.into();
+    m["moe_first_k_dense"] = c.first_dense.into();
+    m["moe_capacity_factor"] = c.capacity_factor.into();
+    m["moe_aux_loss_coeff"] = c.aux_coeff.into();
+    v["parallel"]["ep"] = c.ep.into();
+    v
+}
+
+fn compare(label: &str, got: &RunReport, reference: &RunReport) {
+    let l0 = (got.loss[0] - reference.loss[0]).abs() / reference.loss[0].abs();
+    assert!(
+        l0 <= 1e-5,
+        "{label}: loss {} vs {} (rel {l0:e})",
+        got.loss[0],
+        reference.loss[0]
+    );
+    let a0 = (got.aux_loss[0] - reference.aux_loss[0]).abs();
+    assert!(
+        a0 <= 1e-5 * reference.aux_loss[0].abs().max(1e-12),
+        "{label}: aux loss {} vs {}",
+        got.aux_loss[0],
+        reference.aux_loss[0]
+    );
+    let rp = reference.params.as_ref().expect("params");
+    let gp = got.params.as_ref().expect("params");
+    assert_eq!(rp.len(), gp.len(), "{label}: parameter tensors");
+    let mut worst = 0.0f64;
+    for (name, want) in rp {
+        let have = gp
+            .get(name)
+            .unwrap_or_else(|| panic!("{label}: missing {name}"));
+        let d = rel_diff(have, want);
+        worst = worst.max(d);
+        assert!(
+            d <= 1e-5,
+            "{label}: {name} differs by {d:e} relative after 3 steps"
+        );
+    }
+    eprintln!("ok: {label}: loss rel {l0:e}, worst parameter rel {worst:e}");
+}
+
+fn dropped(r: &RunReport) -> u64 {
+    r.ranks.iter().map(|x| x.moe_dropped).sum()
+}
+
+fn check(mixes: &[Moe]) -> Vec<(u64, u64)> {
+    let mut drops = Vec::new();
+    for c in mixes {
+        let reference = run(&plan(moe_config(&c.single())), 3);
+        let got = run(&plan(moe_config(c)), 3);
+        compare(&format!("{c:?}"), &got, &reference);
+        drops.push((dropped(&got), dropped(&reference)));
+    }
+    drops
+}
+
+#[test]
+fn expert_parallelism_matches_the_single_rank_run() {
+    let mixes = [
+        // EP 2 = DP, top-1.
+        Moe {
+            ep: 2,
+            dp: 2,
+            top_k: 1,
+            ..BASE
+        },
+        // EP 2, DP 4 (expert DP 2), top-2, a dense first layer, ZeRO-1.
+        Moe {
+            ep: 2,
+            dp: 4,
+            first_dense: 1,
+            zero: 1,
+            ..BASE
+        },
+        // EP 4 = DP, top-2, ZeRO-2.
+        Moe {
+            ep: 4,
+            dp: 4,
+            zero: 2,
+            ..BASE
+        },
+        // EP 4, DP 8, top-1, ZeRO-3.
+        Moe {
+            ep: 4,
+            dp: 8,
+            top_k: 1,
+            zero: 3,
+            ..BASE
+        },
+    ];
+    for (got, reference) in check(&mixes) {
+        assert_eq!((got, reference), (0, 0), "no capacity, no drops");
+    }
+}
+
+#[test]
+fn expert_parallelism_with_pipeline_schedules_and_recompute() {
+    // Split backward (ZB-H1: the all-to-alls in I, expert weight gradients in W) and full
+    // recompute (the dispatch reruns in backward).
+    check(&[
+        Moe {
+            ep: 2,
+            dp: 2,
+            pp: 2,
+            schedule: "zb-h1",
+            zero: 1,
+            first_dense: 1,
+            ..BASE
+        },
+        Moe {
+            ep: 2,
+            dp: 4,
+            pp: 2,
+            schedule: "1f1b",
+            zero: 3,
+            recompute: "full",
+            ..BASE
+        },
+    ]);
+}
+
+#[test]
+fn dropped_tokens_match_the_single_rank_run() {
+    // Capacity ceil(1.0 x 32 tokens x k / 8) per expert and source microbatch: 4 (top-1),
+    // 8 (top-2); the router is not balanced at initialisation, so some experts overflow.
+    let drops = check(&[
+        Moe {
+            ep: 2,
+            dp: 4,
+            top_k: 2,
+            capacity_factor: 1.0,
+            zero: 1,
+            ..BASE
+        },
+        Moe {
+            ep: 4,
+            dp: 4,
+            top_k: 1,
+            capacity_factor: 1.0,
+            ..BASE
+        },
+    ]);
+    for (got, reference) in drops {
+        eprintln!("dropped assignments over 3 steps: {got} (single rank {reference})");
+        assert!(reference > 0, "the capacity dropped nothing");
+        assert_eq!(got, reference, "the same assignments are dropped");
+    }
+}
+
+#[test]
+fn the_load_balancing_loss_has_its_closed_form_when_every_expert_is_chosen() {
+    // Switch Transformer eq. 4 (Fedus et al. 2021): coeff E sum_i f_i P_i. With top-k = E every
+    // token sends one slot to every expert, so f_i = 1/E and the loss is coeff sum_i P_i =
+    // coeff (the router probabilities of a token sum to 1), whatever the router's weights. Three
+    // MoE layers (after one dense) add 3 coeff to the step loss.
+    let coeff = 0.25;
+    let c = Moe {
+        experts: 4,
+        top_k: 4,
+        first_dense: 1,
+        aux_coeff: coeff,
+        ..BASE
+    };
+    let with = run(&plan(moe_config(&c)), 1);
+    let without = run(
+        &plan(moe_config(&Moe {
+            aux_coeff: 0.0,
+            ..c
+        })),
+        1,
+    );
+    let want = 3.0 * coeff;
+    assert!(
+        (with.aux_loss[0] - want).abs() < 1e-6,
+        "{}",
+        with.aux_loss[0]
+    );
+    assert_eq!(without.aux_loss[0], 0.0);
+    let diff = with.loss[0] - without.loss[0];
+    assert!((diff - want).abs() < 1e-6, "{diff}");
+    // The same under expert parallelism.
+    let ep = run(&plan(moe_config(&Moe { ep: 4, dp: 4, ..c })), 1);
+    assert!((ep.aux_loss[0] - want).abs() < 1e-6, "{}", ep.aux_loss[0]);
+}
+
+fn config_error(v: Value) -> String {
+    let cfg = Config::from_layers(&[Layer::overrides(v)]).expect("config loads");
+    match Resolved::new(cfg) {
+        Err(e) => e.to_string(),
+        Ok(r) => lower(&r, &options()).unwrap_err().to_string(),
+    }
+}
+
+#[test]
+fn unsupported_moe_mixes_are_refused_by_field() {
+    // 8 experts over ep 3 (dp 3).
+    let mut v = moe_config(&Moe {
+        ep: 3,
+        dp: 3,
+        ..BASE
+    });
+    v["cluster"]["num_gpus"] = 3.into();
+    let e = config_error(v);
+    assert!(
+        e.contains("parallel.ep") && e.contains("num_experts"),
+        "{e}"
+    );
+    let cases: [(&str, &str, Value); 3] = [
+        ("model", "moe_shared_expert_intermediate_size", 64.into()),
+        ("model", "moe_router_bias", true.into()),
+        ("model", "moe_capacity_factor", (-1.0).into()),
+    ];
+    for (section, field, value) in cases {
+        let mut v = moe_config(&BASE);
+        v[section][field] = value;
+        let e = config_error(v);
+        assert!(e.contains(&format!("{section}.{field}")), "{field}: {e}");
+    }
+    let mut v = moe_config(&BASE);
+    v["model"]["moe_aux_loss_coeff"] = (-0.5).into();
+    let e = config_error(v);
+    assert!(
+        e.contains("model.moe_aux_loss_coeff") && e.contains(">= 0"),
+        "{e}"
+    );
+    // Tensor parallelism with MoE layers.
+    let mut v = moe_config(&BASE);
+    v["parallel"]["tp"] = 2.into();
+    v["parallel"]["sp"] = true.into();
+    v["cluster"]["num_gpus"] = 2.into();
+    let e = config_error(v);
+    assert!(e.starts_with("parallel.tp"), "{e}");
+}
+
+#[test]
+fn the_executor_refuses_experts_not_divisible_by_ep() {
+    let mut p = plan(moe_config(&Moe {
+        ep: 2,
+        dp: 2,
+        ..BASE
+    }));
+    if let Some(m) = p.model.moe.as_mut() {
+        m.num_experts = 7;
+    }
+    let e = run_cpu(&p, &RunOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("num_experts (7)") && e.contains("ep (2)"), "{e}");
+}
