@@ -9,6 +9,7 @@ use comfy_table::{presets, CellAlignment, Table};
 use parsim::config::{Dtype, Precision, Resolved};
 use parsim::plan::{lower, LowerOptions};
 use parsim::report::format::{bytes, seconds};
+use parsim_executor::model::cp::{CpStats, StepTime};
 use parsim_executor::runner::{median, run_cpu, PhaseTimes, RunOptions};
 use serde::Serialize;
 
@@ -84,6 +85,12 @@ struct RankOut {
     memory: MemoryOut,
     predicted_peak_bytes: u64,
     predicted_memory: MemoryOut,
+    /// Context parallelism: per ring step compute/communication seconds (timed steps,
+    /// summed) and the causal work (unmasked score elements, all steps).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cp: Option<CpStats>,
+    /// MoE: token-to-expert assignments dropped by the expert capacity, all steps.
+    moe_dropped: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -220,6 +227,8 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
                         activations: p.activations,
                         buffers: p.buffers,
                     },
+                    cp: r.cp.clone(),
+                    moe_dropped: r.moe_dropped,
                 }
             })
             .collect(),
@@ -251,6 +260,8 @@ fn text(o: &ExecuteOut) -> String {
     t.set_header(vec![
         "rank",
         "tp",
+        "cp",
+        "ep",
         "dp",
         "pp",
         "step",
@@ -270,6 +281,8 @@ fn text(o: &ExecuteOut) -> String {
         t.add_row(vec![
             r.rank.to_string(),
             r.coords.tp.to_string(),
+            r.coords.cp.to_string(),
+            r.coords.ep.to_string(),
             r.coords.dp.to_string(),
             r.coords.pp.to_string(),
             seconds(r.step_s),
@@ -283,15 +296,66 @@ fn text(o: &ExecuteOut) -> String {
             format!("{diff:+.2}%"),
         ]);
     }
-    for i in 4..13 {
+    for i in 6..15 {
         if let Some(c) = t.column_mut(i) {
             c.set_cell_alignment(CellAlignment::Right);
         }
     }
     s.push_str(&t.to_string());
     s.push('\n');
+    s.push_str(&cp_text(o));
     for w in &o.warnings {
         s.push_str(&format!("warning: {w}\n"));
     }
+    s
+}
+
+/// Context parallelism: each ring step's compute and communication, averaged over the ranks
+/// (the engine hides step t's exchange behind its compute when the exchange is shorter), and
+/// the spread of the causal work over the ranks.
+fn cp_text(o: &ExecuteOut) -> String {
+    let stats: Vec<&CpStats> = o.ranks.iter().filter_map(|r| r.cp.as_ref()).collect();
+    if stats.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "context parallelism, per step of the exchange (mean over ranks, per timed step):\n",
+    );
+    // `loss` holds one entry per timed step.
+    let per = o.loss.len().max(1) as f64 * stats.len() as f64;
+    for (label, pick) in [
+        (
+            "forward",
+            (|c: &CpStats| c.forward.clone()) as fn(&CpStats) -> Vec<StepTime>,
+        ),
+        ("backward", |c: &CpStats| c.backward.clone()),
+    ] {
+        let n = stats.iter().map(|c| pick(c).len()).max().unwrap_or(0);
+        for t in 0..n {
+            let (mut comp, mut comm) = (0.0, 0.0);
+            for c in &stats {
+                if let Some(x) = pick(c).get(t) {
+                    comp += x.compute_s;
+                    comm += x.comm_s;
+                }
+            }
+            let (comp, comm) = (comp / per, comm / per);
+            s.push_str(&format!(
+                "  {label} step {t}: compute {}, communication {}{}\n",
+                seconds(comp),
+                seconds(comm),
+                if comm <= comp { " (hideable)" } else { "" }
+            ));
+        }
+    }
+    let work: Vec<u64> = stats.iter().map(|c| c.score_elements).collect();
+    let (lo, hi) = (
+        work.iter().copied().min().unwrap_or(0),
+        work.iter().copied().max().unwrap_or(0),
+    );
+    s.push_str(&format!(
+        "  causal work (unmasked scores) per rank: min {lo}, max {hi} (max/min {:.2})\n",
+        hi as f64 / lo.max(1) as f64
+    ));
     s
 }

@@ -86,7 +86,7 @@ fn execute_prints_tables_with_the_prediction() {
 #[test]
 fn unsupported_mixes_and_bad_flags_are_clear_errors() {
     for (args, needle) in [
-        (vec!["--cp", "2"], "parallel.cp"),
+        (vec!["--mode", "lora"], "training.mode"),
         (vec!["--steps", "1", "--warmup", "1"], "--steps"),
         (vec!["--tp", "3"], "parallel.tp"),
     ] {
@@ -107,4 +107,31 @@ fn a_model_too_large_for_the_cpu_is_refused() {
     let out = parsim().args(["execute"]).output().expect("runs");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("host memory"));
+}
+
+#[test]
+fn execute_reports_the_ring_steps_under_context_parallelism() {
+    let out = parsim()
+        .args([
+            "execute",
+            "--config",
+            SMALL,
+            "--cp",
+            "2",
+            "--cp-comm",
+            "zigzag",
+        ])
+        .args(["--steps", "2", "--warmup", "1"])
+        .output()
+        .expect("runs");
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Two ring steps forward and backward, and zigzag's even causal work (max/min 1.00).
+    for needle in ["forward step 1", "backward step 1", "max/min 1.00"] {
+        assert!(s.contains(needle), "{needle}: {s}");
+    }
 }

@@ -83,13 +83,28 @@ fn every_schedule_lowers_to_matching_sends_and_receives() {
 }
 
 #[test]
-fn context_and_expert_parallelism_are_refused_by_name() {
+fn unexecutable_fields_are_refused_by_name() {
+    // Context parallelism merges partial outputs by their log-sum-exp: flash attention only.
     let mut v = config(&Mix::single(), 16, true, "rmsnorm", "swiglu");
     v["parallel"]["cp"] = 2.into();
     v["cluster"]["num_gpus"] = 2.into();
-    let r = resolve(v);
-    let e = parsim::plan::lower(&r, &options()).unwrap_err().to_string();
-    assert!(e.starts_with("parallel.cp"), "{e}");
+    v["training"]["flash_attention"] = false.into();
+    let e = match parsim::config::Config::from_layers(&[parsim::config::Layer::overrides(v)]) {
+        Ok(cfg) => match parsim::config::Resolved::new(cfg) {
+            Ok(r) => parsim::plan::lower(&r, &options()).unwrap_err().to_string(),
+            Err(e) => e.to_string(),
+        },
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("training.flash_attention"), "{e}");
+    // The lowered CP plan passes the executor's own checks, and names its groups.
+    let mut v = config(&Mix::single(), 16, true, "rmsnorm", "swiglu");
+    v["parallel"]["cp"] = 2.into();
+    v["cluster"]["num_gpus"] = 2.into();
+    let p = parsim::plan::lower(&resolve(v), &options()).expect("lowers");
+    p.validate().expect("valid");
+    assert_eq!(p.ranks[0].cp_group, vec![0, 1]);
+    assert_eq!(p.ranks[1].dp_group, vec![0, 1]);
     let mut v = config(&Mix::single(), 16, true, "rmsnorm", "swiglu");
     v["model"]["tied_embeddings"] = true.into();
     let e = parsim::plan::lower(&resolve(v), &options())
