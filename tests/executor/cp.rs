@@ -70,6 +70,16 @@ fn every_comm_kind_matches_the_single_rank_run() {
                         .expect_err("invalid")
                         .to_string();
                     assert!(err.contains("cp_comm") || err.contains("Ulysses"), "{err}");
+                    // With 8 KV heads (MHA) it divides: against that model's single rank.
+                    let mha = |m: &Mix| {
+                        let mut v = config(m, GBS, true, "rmsnorm", "swiglu");
+                        v["model"]["num_query_groups"] = 8.into();
+                        v
+                    };
+                    let reference = run(&plan(mha(&Mix::single())), 3);
+                    let got = run(&plan(mha(&mix)), 3);
+                    compare(&format!("cp {cp} {kind} {name} (MHA)"), &got, &reference);
+                    ran += 1;
                     continue;
                 }
                 let got = run(&plan(cfg), 3);
@@ -78,7 +88,7 @@ fn every_comm_kind_matches_the_single_rank_run() {
             }
         }
     }
-    assert_eq!(ran, 31);
+    assert_eq!(ran, 32);
 }
 
 #[test]
