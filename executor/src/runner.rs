@@ -574,6 +574,17 @@ impl<'a> Rank<'a> {
     }
 
     /// The experts block of the MoE layer of block `bi`, when it is one.
+    /// The parameters of block `bi` and of its experts block (MoE layers), gathered under
+    /// ZeRO-3.
+    fn block_handles(&mut self, bi: usize) -> Result<(Handle, Option<(usize, Handle)>), ExecError> {
+        let h = self.handle(bi)?;
+        let e = match self.experts_of(bi) {
+            Some(ei) => Some((ei, self.handle(ei)?)),
+            None => None,
+        };
+        Ok((h, e))
+    }
+
     fn experts_of(&self, bi: usize) -> Option<usize> {
         match (
             self.blocks[bi].kind,
@@ -625,17 +636,11 @@ impl<'a> Rank<'a> {
                 saved.push(BlockSaved::Experts);
                 continue;
             }
-            let h = self.handle(bi)?;
-            let ei = self.experts_of(bi);
-            let eh = match ei {
-                Some(ei) => Some(self.handle(ei)?),
-                None => None,
-            };
+            let (h, eh) = self.block_handles(bi)?;
             let p = params_of(&self.params, &h);
-            let experts: Experts = match (ei, &eh) {
-                (Some(ei), Some(eh)) => Some((&self.blocks[ei], params_of(&self.params, eh))),
-                _ => None,
-            };
+            let experts: Experts = eh
+                .as_ref()
+                .map(|(ei, eh)| (&self.blocks[*ei], params_of(&self.params, eh)));
             let l = &self.blocks[bi];
             match l.kind {
                 BlockKind::Embedding => {
@@ -704,16 +709,11 @@ impl<'a> Rank<'a> {
             let ei = self.experts_of(bi);
             // ZeRO-3 in backward: the block in use (with its experts) and its gradient bucket.
             self.cache.retain(|(b, _)| *b == bi || Some(*b) == ei);
-            let h = self.handle(bi)?;
-            let eh = match ei {
-                Some(ei) => Some(self.handle(ei)?),
-                None => None,
-            };
+            let (h, eh) = self.block_handles(bi)?;
             let p = params_of(&self.params, &h);
-            let experts: Experts = match (ei, &eh) {
-                (Some(ei), Some(eh)) => Some((&self.blocks[ei], params_of(&self.params, eh))),
-                _ => None,
-            };
+            let experts: Experts = eh
+                .as_ref()
+                .map(|(ei, eh)| (&self.blocks[*ei], params_of(&self.params, eh)));
             let l = &self.blocks[bi];
             let le = ei.map(|ei| &self.blocks[ei]);
             // ZeRO-2/3: the gradient bucket is allocated at the first weight gradient, after a

@@ -22,7 +22,7 @@
 
 use super::params::BlockLayout;
 use super::{Ctx, Sink, WTask};
-use crate::backend::cpu::{Category, Tensor};
+use crate::backend::cpu::{Category, Group, Tensor};
 use crate::backend::{Collectives, TensorOps};
 use crate::error::ExecError;
 use crate::plan::{Activation, MoeShape};
@@ -187,6 +187,28 @@ fn scale(v: &[usize], by: usize) -> Vec<usize> {
     v.iter().map(|x| x * by).collect()
 }
 
+/// Sends rows of width `h` (`send_rows` to each EP member) and returns the rows received
+/// (`recv_rows` from each) as a new tensor of category `cat`.
+fn exchange_rows(
+    ctx: &Ctx,
+    ep: &Group,
+    send: &Tensor,
+    send_rows: &[usize],
+    recv_rows: &[usize],
+    h: usize,
+    cat: Category,
+) -> Result<Tensor, ExecError> {
+    let mut recv = Tensor::zeros(cat, &[recv_rows.iter().sum(), h]);
+    ctx.comm.all_to_all_v(
+        ep,
+        send.data(),
+        &scale(send_rows, h),
+        recv.data_mut(),
+        &scale(recv_rows, h),
+    )?;
+    Ok(recv)
+}
+
 /// Forward of the MoE block on the normed input `ln2` [n, h] (the router's parameters in
 /// `p`/`l`, the rank's experts in `pe`/`le`); returns the combined expert output [n, h].
 pub fn moe_fwd(
@@ -238,15 +260,8 @@ pub fn moe_fwd(
         send.data_mut()[i * h..(i + 1) * h]
             .copy_from_slice(&ln2.data()[r.token * h..(r.token + 1) * h]);
     }
-    let total_recv: usize = recv_rows.iter().sum();
-    let mut recv = Tensor::zeros(b, &[total_recv, h]);
-    ctx.comm.all_to_all_v(
-        &ep,
-        send.data(),
-        &scale(&send_rows, h),
-        recv.data_mut(),
-        &scale(&recv_rows, h),
-    )?;
+    let recv = exchange_rows(ctx, &ep, &send, &send_rows, &recv_rows, h, b)?;
+    let total_recv = recv.rows();
     drop(send);
 
     let f = moe.ffn;
@@ -285,14 +300,7 @@ pub fn moe_fwd(
         acts.push(act);
     }
     drop(recv);
-    let mut y = Tensor::zeros(a, &[routing.routes.len(), h]);
-    ctx.comm.all_to_all_v(
-        &ep,
-        back.data(),
-        &scale(&recv_rows, h),
-        y.data_mut(),
-        &scale(&send_rows, h),
-    )?;
+    let y = exchange_rows(ctx, &ep, &back, &recv_rows, &send_rows, h, a)?;
     drop(back);
     let mut out = Tensor::zeros(b, &[n, h]);
     for (i, r) in routing.routes.iter().enumerate() {
@@ -364,15 +372,8 @@ pub fn moe_bwd(
         }
     }
     drop(y);
-    let total_recv: usize = recv_rows.iter().sum();
-    let mut drecv = Tensor::zeros(bcat, &[total_recv, h]);
-    ctx.comm.all_to_all_v(
-        &ep,
-        dsend.data(),
-        &scale(&send_rows, h),
-        drecv.data_mut(),
-        &scale(&recv_rows, h),
-    )?;
+    let drecv = exchange_rows(ctx, &ep, &dsend, &send_rows, &recv_rows, h, bcat)?;
+    let total_recv = drecv.rows();
     drop(dsend);
 
     let f = moe.ffn;
@@ -445,14 +446,7 @@ pub fn moe_bwd(
         }
     }
     drop(drecv);
-    let mut dx_routes = Tensor::zeros(bcat, &[routes.len(), h]);
-    ctx.comm.all_to_all_v(
-        &ep,
-        dback.data(),
-        &scale(&recv_rows, h),
-        dx_routes.data_mut(),
-        &scale(&send_rows, h),
-    )?;
+    let dx_routes = exchange_rows(ctx, &ep, &dback, &recv_rows, &send_rows, h, bcat)?;
     drop(dback);
     let mut d_ln2 = Tensor::zeros(bcat, &[n, h]);
     for (i, r) in routes.iter().enumerate() {

@@ -18,6 +18,44 @@ const KEYS: u64 = 0;
 const VALUES: u64 = 1;
 const GRADS: u64 = 2;
 
+/// Sends a K/V block to the next rank; returns the seconds it took.
+fn send_kv(ctx: &Ctx, to: u32, tags: (u64, u64), k: &[f32], v: &[f32]) -> Result<f64, ExecError> {
+    let (r, dt) = timed(|| -> Result<(), ExecError> {
+        ctx.comm.send(to, tags.0, k)?;
+        ctx.comm.send(to, tags.1, v)
+    });
+    r.map(|()| dt)
+}
+
+/// Receives a K/V block (K then V, `kv_len` each) into `buf`; returns the seconds it took.
+fn recv_kv(
+    ctx: &Ctx,
+    from: u32,
+    tags: (u64, u64),
+    buf: &mut Tensor,
+    kv_len: usize,
+) -> Result<f64, ExecError> {
+    let (k, v) = buf.data_mut().split_at_mut(kv_len);
+    let (r, dt) = timed(|| -> Result<(), ExecError> {
+        ctx.comm.recv(from, tags.0, k)?;
+        ctx.comm.recv(from, tags.1, v)
+    });
+    r.map(|()| dt)
+}
+
+/// The visiting block's K and V: this rank's own at the first step, else the received block.
+fn block<'t>(
+    cur: &'t Option<Tensor>,
+    k: &'t Tensor,
+    v: &'t Tensor,
+    kv_len: usize,
+) -> (&'t [f32], &'t [f32]) {
+    match cur {
+        None => (k.data(), v.data()),
+        Some(c) => c.data().split_at(kv_len),
+    }
+}
+
 /// The forward pass of the ring; returns (output, lse).
 fn pass(
     ctx: &mut Ctx,
@@ -43,24 +81,16 @@ fn pass(
         let src = (me + size - t) % size;
         let mut comm_s = 0.0;
         let mut nxt = None;
+        let tags = (
+            tag(layer, mb, which, t, KEYS),
+            tag(layer, mb, which, t, VALUES),
+        );
+        let (kb, vb) = block(&cur, k, v, kv_len);
         if t + 1 < size {
-            let (kb, vb) = match &cur {
-                None => (k.data(), v.data()),
-                Some(c) => c.data().split_at(kv_len),
-            };
-            let (r, dt) = timed(|| -> Result<(), ExecError> {
-                ctx.comm.send(next, tag(layer, mb, which, t, KEYS), kb)?;
-                ctx.comm.send(next, tag(layer, mb, which, t, VALUES), vb)
-            });
-            r?;
-            comm_s += dt;
+            comm_s += send_kv(ctx, next, tags, kb, vb)?;
             nxt = Some(Tensor::zeros(Category::Buffers, &[2 * kv_len]));
         }
         let cp = ctx.cp.as_ref().expect("cp context");
-        let (kb, vb) = match &cur {
-            None => (k.data(), v.data()),
-            Some(c) => c.data().split_at(kv_len),
-        };
         let qs = Side {
             pos: &cp.positions[me],
             tile: s_loc,
@@ -83,13 +113,7 @@ fn pass(
             )
         });
         if let Some(mut n) = nxt {
-            let (nk, nv) = n.data_mut().split_at_mut(kv_len);
-            let (r, dt) = timed(|| -> Result<(), ExecError> {
-                ctx.comm.recv(prev, tag(layer, mb, which, t, KEYS), nk)?;
-                ctx.comm.recv(prev, tag(layer, mb, which, t, VALUES), nv)
-            });
-            r?;
-            comm_s += dt;
+            comm_s += recv_kv(ctx, prev, tags, &mut n, kv_len)?;
             cur = Some(n);
         }
         let cp = ctx.cp.as_mut().expect("cp context");
@@ -157,17 +181,13 @@ pub fn backward(
         // Post the next step's buffers (K/V, and the dK/dV accumulator from step 2 on).
         let nxt = (t + 1 < size).then(|| Tensor::zeros(b, &[2 * kv_len]));
         let nxt_acc = (t + 1 < size && t >= 1).then(|| Tensor::zeros(b, &[2 * kv_len]));
+        let tags = (
+            tag(layer, mb, which, t, KEYS),
+            tag(layer, mb, which, t, VALUES),
+        );
         if t + 1 < size {
-            let (kb, vb) = match &cur {
-                None => (k.data(), v.data()),
-                Some(c) => c.data().split_at(kv_len),
-            };
-            let (r, dt) = timed(|| -> Result<(), ExecError> {
-                ctx.comm.send(next, tag(layer, mb, which, t, KEYS), kb)?;
-                ctx.comm.send(next, tag(layer, mb, which, t, VALUES), vb)
-            });
-            r?;
-            comm_s += dt;
+            let (kb, vb) = block(&cur, &k, &v, kv_len);
+            comm_s += send_kv(ctx, next, tags, kb, vb)?;
         }
         let cp = ctx.cp.as_ref().expect("cp context");
         let qs = Side {
@@ -235,13 +255,7 @@ pub fn backward(
             dt
         };
         if let Some(mut n) = nxt {
-            let (nk, nv) = n.data_mut().split_at_mut(kv_len);
-            let (r, dt) = timed(|| -> Result<(), ExecError> {
-                ctx.comm.recv(prev, tag(layer, mb, which, t, KEYS), nk)?;
-                ctx.comm.recv(prev, tag(layer, mb, which, t, VALUES), nv)
-            });
-            r?;
-            comm_s += dt;
+            comm_s += recv_kv(ctx, prev, tags, &mut n, kv_len)?;
             cur = Some(n);
         }
         if let Some(mut a) = nxt_acc {

@@ -36,35 +36,34 @@ impl Geo {
             .sum()
     }
 
-    /// Sequence shards [b, s_loc, H, e] -> send chunks, chunk j holding head group j.
-    fn pack_seq(&self, xs: &[(&[f32], Part)], out: &mut [f32]) {
-        let parts: Vec<Part> = xs.iter().map(|x| x.1).collect();
-        let chunk = self.chunk(&parts);
+    /// Walks the sequence-shard side [b, s_loc, H, e]: for chunk j (head group j), each part
+    /// and row, `f(part, offset in the shard, offset in the chunk buffer, width)`.
+    fn walk_seq(&self, parts: &[Part], mut f: impl FnMut(usize, usize, usize, usize)) {
+        let chunk = self.chunk(parts);
         for j in 0..self.cp {
             let mut off = j * chunk;
-            for (x, p) in xs {
+            for (t, p) in parts.iter().enumerate() {
                 let w = p.heads / self.cp * p.e;
                 for row in 0..self.b * self.s_loc {
-                    let src = (row * p.heads) * p.e + j * w;
-                    out[off..off + w].copy_from_slice(&x[src..src + w]);
+                    f(t, row * p.heads * p.e + j * w, off, w);
                     off += w;
                 }
             }
         }
     }
 
-    /// Received chunks (chunk i: rank i's rows of this head group) -> head shards [b, s, Hl, e].
-    fn unpack_head(&self, recv: &[f32], parts: &[Part], outs: &mut [&mut [f32]]) {
+    /// Walks the head-shard side [b, s, Hl, e]: for chunk j (rank j's rows), each part and
+    /// row, `f(part, offset in the head shard, offset in the chunk buffer, width)`.
+    fn walk_head(&self, parts: &[Part], mut f: impl FnMut(usize, usize, usize, usize)) {
         let chunk = self.chunk(parts);
         let s = self.s_loc * self.cp;
-        for i in 0..self.cp {
-            let mut off = i * chunk;
-            for (p, out) in parts.iter().zip(outs.iter_mut()) {
+        for j in 0..self.cp {
+            let mut off = j * chunk;
+            for (t, p) in parts.iter().enumerate() {
                 let w = p.heads / self.cp * p.e;
                 for bi in 0..self.b {
                     for il in 0..self.s_loc {
-                        let dst = (bi * s + i * self.s_loc + il) * w;
-                        out[dst..dst + w].copy_from_slice(&recv[off..off + w]);
+                        f(t, (bi * s + j * self.s_loc + il) * w, off, w);
                         off += w;
                     }
                 }
@@ -72,40 +71,34 @@ impl Geo {
         }
     }
 
-    /// Head shards [b, s, Hl, e] -> send chunks, chunk j holding rank j's rows.
-    fn pack_head(&self, xs: &[(&[f32], Part)], out: &mut [f32]) {
+    /// Sequence shards -> send chunks, chunk j holding head group j.
+    fn pack_seq(&self, xs: &[(&[f32], Part)], out: &mut [f32]) {
         let parts: Vec<Part> = xs.iter().map(|x| x.1).collect();
-        let chunk = self.chunk(&parts);
-        let s = self.s_loc * self.cp;
-        for j in 0..self.cp {
-            let mut off = j * chunk;
-            for (x, p) in xs {
-                let w = p.heads / self.cp * p.e;
-                for bi in 0..self.b {
-                    for il in 0..self.s_loc {
-                        let src = (bi * s + j * self.s_loc + il) * w;
-                        out[off..off + w].copy_from_slice(&x[src..src + w]);
-                        off += w;
-                    }
-                }
-            }
-        }
+        self.walk_seq(&parts, |t, x, c, w| {
+            out[c..c + w].copy_from_slice(&xs[t].0[x..x + w])
+        });
     }
 
     /// Received chunks (chunk i: head group i of this rank's rows) -> sequence shards.
     fn unpack_seq(&self, recv: &[f32], parts: &[Part], outs: &mut [&mut [f32]]) {
-        let chunk = self.chunk(parts);
-        for i in 0..self.cp {
-            let mut off = i * chunk;
-            for (p, out) in parts.iter().zip(outs.iter_mut()) {
-                let w = p.heads / self.cp * p.e;
-                for row in 0..self.b * self.s_loc {
-                    let dst = (row * p.heads) * p.e + i * w;
-                    out[dst..dst + w].copy_from_slice(&recv[off..off + w]);
-                    off += w;
-                }
-            }
-        }
+        self.walk_seq(parts, |t, x, c, w| {
+            outs[t][x..x + w].copy_from_slice(&recv[c..c + w])
+        });
+    }
+
+    /// Head shards -> send chunks, chunk j holding rank j's rows.
+    fn pack_head(&self, xs: &[(&[f32], Part)], out: &mut [f32]) {
+        let parts: Vec<Part> = xs.iter().map(|x| x.1).collect();
+        self.walk_head(&parts, |t, x, c, w| {
+            out[c..c + w].copy_from_slice(&xs[t].0[x..x + w])
+        });
+    }
+
+    /// Received chunks (chunk i: rank i's rows of this head group) -> head shards [b, s, Hl, e].
+    fn unpack_head(&self, recv: &[f32], parts: &[Part], outs: &mut [&mut [f32]]) {
+        self.walk_head(parts, |t, x, c, w| {
+            outs[t][x..x + w].copy_from_slice(&recv[c..c + w])
+        });
     }
 }
 

@@ -85,6 +85,71 @@ fn head_view(
     View::block(n, d, heads * d, ((bi * rows + r0) * heads + h) * d)
 }
 
+/// One (sequence, query head, query run, key run) meeting that is not wholly masked.
+struct Pair<'a> {
+    bi: usize,
+    h: usize,
+    /// First query row of the run and its row count; keys in the run.
+    r0: usize,
+    rn: usize,
+    cn: usize,
+    /// Query and K/V head views over the runs, and the [rn, cn] score tile.
+    qv: View,
+    kv: View,
+    tv: View,
+    /// Index of the run's first row in the [b, hq, rows] statistics.
+    stat0: usize,
+    full: bool,
+    k0: u32,
+    qpos: &'a [u32],
+}
+
+impl Pair<'_> {
+    /// Unmasked keys of query row `i` of the run.
+    fn visible(&self, i: usize) -> usize {
+        if self.full {
+            self.cn
+        } else {
+            visible(self.qpos[self.r0 + i], self.k0, self.cn)
+        }
+    }
+}
+
+/// Calls `f` for every meeting of a query run and a key run that the causal mask leaves
+/// anything of, per sequence and query head.
+fn for_each_pair(sh: &BlockShape, qs: Side, ks: Side, mut f: impl FnMut(&Pair)) {
+    let (sq, sk, d) = (qs.rows(), ks.rows(), sh.d);
+    let group = sh.hq / sh.hk;
+    let (qruns, kruns) = (qs.runs(), ks.runs());
+    for bi in 0..sh.b {
+        for h in 0..sh.hq {
+            for &(r0, rn) in &qruns {
+                let (qlo, qhi) = (qs.pos[r0], qs.pos[r0 + rn - 1]);
+                for &(c0, cn) in &kruns {
+                    let k0 = ks.pos[c0];
+                    if k0 > qhi {
+                        continue;
+                    }
+                    f(&Pair {
+                        bi,
+                        h,
+                        r0,
+                        rn,
+                        cn,
+                        qv: head_view(sq, sh.hq, d, bi, h, r0, rn),
+                        kv: head_view(sk, sh.hk, d, bi, h / group, c0, cn),
+                        tv: View::rm(rn, cn),
+                        stat0: (bi * sh.hq + h) * sq + r0,
+                        full: ks.pos[c0 + cn - 1] <= qlo,
+                        k0,
+                        qpos: qs.pos,
+                    });
+                }
+            }
+        }
+    }
+}
+
 /// Merges one K/V block into the running output `acc` ([b, q rows, hq, d], unnormalised) and
 /// statistics. `tile` is scratch of at least (q tile x k tile). Returns the unmasked score
 /// elements computed (the causal work).
@@ -100,64 +165,43 @@ pub fn forward_block(
     st: &mut Online,
     tile: &mut [f32],
 ) -> u64 {
-    let (sq, sk, d) = (qs.rows(), ks.rows(), sh.d);
-    let group = sh.hq / sh.hk;
-    let (qruns, kruns) = (qs.runs(), ks.runs());
+    let d = sh.d;
+    let sq = qs.rows();
     let mut work = 0u64;
-    for bi in 0..sh.b {
-        for h in 0..sh.hq {
-            let kh = h / group;
-            let stat0 = (bi * sh.hq + h) * sq;
-            for &(r0, rn) in &qruns {
-                let (qlo, qhi) = (qs.pos[r0], qs.pos[r0 + rn - 1]);
-                for &(c0, cn) in &kruns {
-                    let k0 = ks.pos[c0];
-                    if k0 > qhi {
-                        continue;
-                    }
-                    let full = ks.pos[c0 + cn - 1] <= qlo;
-                    let qv = head_view(sq, sh.hq, d, bi, h, r0, rn);
-                    let kv = head_view(sk, sh.hk, d, bi, kh, c0, cn);
-                    let tv = View::rm(rn, cn);
-                    gemm(sh.scale(), q, qv, k, kv.t(), 0.0, tile, tv);
-                    for i in 0..rn {
-                        let n_vis = if full {
-                            cn
-                        } else {
-                            visible(qs.pos[r0 + i], k0, cn)
-                        };
-                        let row = &mut tile[i * cn..(i + 1) * cn];
-                        let si = stat0 + r0 + i;
-                        work += n_vis as u64;
-                        if n_vis == 0 {
-                            row.fill(0.0);
-                            continue;
-                        }
-                        let m_old = st.max[si];
-                        let m_new = row[..n_vis].iter().copied().fold(m_old, f32::max);
-                        let alpha = if m_old == f32::NEG_INFINITY {
-                            0.0
-                        } else {
-                            (m_old - m_new).exp()
-                        };
-                        let mut s = 0.0f32;
-                        for x in row[..n_vis].iter_mut() {
-                            *x = (*x - m_new).exp();
-                            s += *x;
-                        }
-                        row[n_vis..].fill(0.0);
-                        st.max[si] = m_new;
-                        st.sum[si] = st.sum[si] * alpha + s;
-                        if alpha != 1.0 {
-                            let o = ((bi * sq + r0 + i) * sh.hq + h) * d;
-                            acc[o..o + d].iter_mut().for_each(|x| *x *= alpha);
-                        }
-                    }
-                    gemm(1.0, tile, tv, v, kv, 1.0, acc, qv);
-                }
+    for_each_pair(sh, qs, ks, |pr| {
+        let (rn, cn) = (pr.rn, pr.cn);
+        gemm(sh.scale(), q, pr.qv, k, pr.kv.t(), 0.0, tile, pr.tv);
+        for i in 0..rn {
+            let n_vis = pr.visible(i);
+            let row = &mut tile[i * cn..(i + 1) * cn];
+            let si = pr.stat0 + i;
+            work += n_vis as u64;
+            if n_vis == 0 {
+                row.fill(0.0);
+                continue;
+            }
+            let m_old = st.max[si];
+            let m_new = row[..n_vis].iter().copied().fold(m_old, f32::max);
+            let alpha = if m_old == f32::NEG_INFINITY {
+                0.0
+            } else {
+                (m_old - m_new).exp()
+            };
+            let mut sum = 0.0f32;
+            for x in row[..n_vis].iter_mut() {
+                *x = (*x - m_new).exp();
+                sum += *x;
+            }
+            row[n_vis..].fill(0.0);
+            st.max[si] = m_new;
+            st.sum[si] = st.sum[si] * alpha + sum;
+            if alpha != 1.0 {
+                let o = ((pr.bi * sq + pr.r0 + i) * sh.hq + pr.h) * d;
+                acc[o..o + d].iter_mut().for_each(|x| *x *= alpha);
             }
         }
-    }
+        gemm(1.0, tile, pr.tv, v, pr.kv, 1.0, acc, pr.qv);
+    });
     work
 }
 
@@ -214,60 +258,38 @@ pub fn backward_block(
     p_tile: &mut [f32],
     dp_tile: &mut [f32],
 ) -> u64 {
-    let (sq, sk, d) = (qs.rows(), ks.rows(), sh.d);
-    let group = sh.hq / sh.hk;
-    let (qruns, kruns) = (qs.runs(), ks.runs());
+    let sq = qs.rows();
     let scale = sh.scale();
     let mut work = 0u64;
-    for bi in 0..sh.b {
-        for h in 0..sh.hq {
-            let kh = h / group;
-            let stat0 = (bi * sh.hq + h) * sq;
-            for &(r0, rn) in &qruns {
-                let (qlo, qhi) = (qs.pos[r0], qs.pos[r0 + rn - 1]);
-                for &(c0, cn) in &kruns {
-                    let k0 = ks.pos[c0];
-                    if k0 > qhi {
-                        continue;
-                    }
-                    let full = ks.pos[c0 + cn - 1] <= qlo;
-                    let qv = head_view(sq, sh.hq, d, bi, h, r0, rn);
-                    let kv = head_view(sk, sh.hk, d, bi, kh, c0, cn);
-                    let tv = View::rm(rn, cn);
-                    gemm(scale, q, qv, k, kv.t(), 0.0, p_tile, tv);
-                    for i in 0..rn {
-                        let n_vis = if full {
-                            cn
-                        } else {
-                            visible(qs.pos[r0 + i], k0, cn)
-                        };
-                        work += n_vis as u64;
-                        let l = lse[stat0 + r0 + i];
-                        let row = &mut p_tile[i * cn..(i + 1) * cn];
-                        row[..n_vis].iter_mut().for_each(|x| *x = (*x - l).exp());
-                        row[n_vis..].fill(0.0);
-                    }
-                    // dV += P^T dO; dP = dO V^T
-                    gemm(1.0, p_tile, tv.t(), dout, qv, 1.0, dv, kv);
-                    gemm(1.0, dout, qv, v, kv.t(), 0.0, dp_tile, tv);
-                    // dS = P * (dP - D)
-                    for i in 0..rn {
-                        let dl = delta[(bi * sq + r0 + i) * sh.hq + h];
-                        let (p, dp) = (
-                            &p_tile[i * cn..(i + 1) * cn],
-                            &mut dp_tile[i * cn..(i + 1) * cn],
-                        );
-                        for (x, &pj) in dp.iter_mut().zip(p) {
-                            *x = pj * (*x - dl);
-                        }
-                    }
-                    // dQ += scale dS K; dK += scale dS^T Q
-                    gemm(scale, dp_tile, tv, k, kv, 1.0, dq, qv);
-                    gemm(scale, dp_tile, tv.t(), q, qv, 1.0, dk, kv);
-                }
+    for_each_pair(sh, qs, ks, |pr| {
+        let (rn, cn, tv) = (pr.rn, pr.cn, pr.tv);
+        gemm(scale, q, pr.qv, k, pr.kv.t(), 0.0, p_tile, tv);
+        for i in 0..rn {
+            let n_vis = pr.visible(i);
+            work += n_vis as u64;
+            let l = lse[pr.stat0 + i];
+            let row = &mut p_tile[i * cn..(i + 1) * cn];
+            row[..n_vis].iter_mut().for_each(|x| *x = (*x - l).exp());
+            row[n_vis..].fill(0.0);
+        }
+        // dV += P^T dO; dP = dO V^T
+        gemm(1.0, p_tile, tv.t(), dout, pr.qv, 1.0, dv, pr.kv);
+        gemm(1.0, dout, pr.qv, v, pr.kv.t(), 0.0, dp_tile, tv);
+        // dS = P * (dP - D)
+        for i in 0..rn {
+            let dl = delta[(pr.bi * sq + pr.r0 + i) * sh.hq + pr.h];
+            let (p, dp) = (
+                &p_tile[i * cn..(i + 1) * cn],
+                &mut dp_tile[i * cn..(i + 1) * cn],
+            );
+            for (x, &pj) in dp.iter_mut().zip(p) {
+                *x = pj * (*x - dl);
             }
         }
-    }
+        // dQ += scale dS K; dK += scale dS^T Q
+        gemm(scale, dp_tile, tv, k, pr.kv, 1.0, dq, pr.qv);
+        gemm(scale, dp_tile, tv.t(), q, pr.qv, 1.0, dk, pr.kv);
+    });
     work
 }
 
