@@ -2,19 +2,20 @@
 //! communication per group, the pipeline schedule, step time and throughput, shaped as the
 //! DESIGN.md output contract.
 
-use crate::comm::{dp_collectives, rank_step_bytes, replica_sets, Links, Replicas};
+use crate::comm::{dp_collectives, rank_step_bytes, replica_sets, Replicas};
 use crate::config::{Config, Resolved, ScheduleKind};
 use crate::layout::{GroupKind, Layout};
-use crate::memory::{
-    chunks_per_rank, rank_params, stage_memory, ChunkContents, LedgerSummary, Pipeline,
-    StageMemory, TimingContext,
+use crate::memory::{stage_memory, Pipeline, StageMemory};
+use crate::model::{
+    chunks_per_rank, rank_params, BlockSummary, ChunkContents, CollectiveKind, GroupBytes,
+    GroupSeconds, Ledger, LedgerSummary,
 };
-use crate::model::{CollectiveKind, GroupBytes, Ledger};
+use crate::network::Network;
 use crate::schedule::{
     generate, simulate, simulate_extrapolated, simulates_in_full, Costs, PipelineSummary,
     ScheduleError,
 };
-use crate::time::{GroupSeconds, Overlaps, Rates, StepTime};
+use crate::time::{Overlaps, Rates, StepTime, TimingContext};
 use serde::Serialize;
 
 /// Adam's HBM traffic per updated parameter: read the fp32 gradient (4), read and write the
@@ -154,7 +155,7 @@ struct ChunkTimes {
 /// compute they overlap with: (forward, backward) seconds.
 fn per_microbatch_dp_s(
     r: &Resolved,
-    links: &Links,
+    links: &Network,
     s: &LedgerSummary,
     c: &ChunkContents,
     fwd_compute: f64,
@@ -205,7 +206,7 @@ fn per_microbatch_dp_s(
 /// the next forward, the tied-embedding and TP-replicated gradient all-reduces.
 fn dp_tail_s(
     r: &Resolved,
-    links: &Links,
+    links: &Network,
     s: &LedgerSummary,
     l: &Ledger,
     chunks: &[ChunkContents],
@@ -273,7 +274,7 @@ fn stage_costs(
     s: &LedgerSummary,
     ledger: &Ledger,
     chunks: &[Vec<ChunkContents>],
-    links: &Links,
+    links: &Network,
 ) -> Result<(Vec<ChunkTimes>, Costs), EstimateError> {
     let par = &r.config.parallel;
     let stages = r.placement.num_stages();
@@ -301,7 +302,7 @@ fn stage_costs(
     let hop_bytes = ledger.dims.residual_bytes();
     let hop_s = links.collective_s(GroupKind::Pp, CollectiveKind::SendRecv, hop_bytes, par.pp)
         - if par.pp > 1 {
-            links_latency(links, GroupKind::Pp)
+            links.latency_s(GroupKind::Pp)
         } else {
             0.0
         };
@@ -310,7 +311,7 @@ fn stage_costs(
         chunk_times.iter().map(|t| t.input_grad).collect(),
         chunk_times.iter().map(|t| t.weight_grad).collect(),
         if par.pp > 1 {
-            links_latency(links, GroupKind::Pp)
+            links.latency_s(GroupKind::Pp)
         } else {
             0.0
         },
@@ -347,7 +348,7 @@ pub struct Prepared<'a> {
     r: &'a Resolved,
     ledger: Ledger,
     s: LedgerSummary,
-    links: Links,
+    links: Network,
     chunks: Vec<Vec<ChunkContents>>,
     chunk_times: Vec<ChunkTimes>,
     costs: Costs,
@@ -359,11 +360,11 @@ pub struct Prepared<'a> {
 impl<'a> Prepared<'a> {
     /// Builds the ledger and the per-stage costs; `links` may be passed in when many
     /// configurations share one layout.
-    pub fn new(r: &'a Resolved, links: Option<Links>) -> Result<Prepared<'a>, EstimateError> {
+    pub fn new(r: &'a Resolved, links: Option<Network>) -> Result<Prepared<'a>, EstimateError> {
         let tr = &r.config.training;
         let par = &r.config.parallel;
         let ledger = Ledger::build(r);
-        let links = links.unwrap_or_else(|| Links::new(&Layout::of(r), &r.gpu));
+        let links = links.unwrap_or_else(|| Network::new(&Layout::of(r), &r.gpu));
         let peak = r
             .gpu
             .peak_flops_for(tr.precision)
@@ -374,11 +375,13 @@ impl<'a> Prepared<'a> {
                 peak_flops: peak,
                 element_bytes: tr.weight_bytes(),
             },
-            links: &links,
+            network: &links,
             overlaps: overlaps(r),
             cp_comm: par.cp_comm,
         };
-        let s = LedgerSummary::timed(&ledger, tr.recompute, Some(&timing));
+        let s = LedgerSummary::timed(&ledger, tr.recompute, |b| {
+            timing.block_times(b, tr.recompute)
+        });
         let chunks = chunks_per_rank(r);
         let (chunk_times, costs) = stage_costs(r, &s, &ledger, &chunks, &links)?;
         let after = chunks
@@ -468,7 +471,7 @@ impl<'a> Prepared<'a> {
         let moe_layers = m.num_moe_layers() as u64;
         let dense_layers = m.num_layers as u64 - moe_layers;
         let mtp = m.mtp_num_layers as u64;
-        let layer_sum = |f: &dyn Fn(&crate::memory::BlockSummary) -> f64| -> f64 {
+        let layer_sum = |f: &dyn Fn(&BlockSummary) -> f64| -> f64 {
             let mut x = f(&s.embedding) + f(&s.output) + dense_layers as f64 * f(&s.dense);
             if let Some(b) = &s.moe {
                 x += moe_layers as f64 * f(b);
@@ -648,14 +651,6 @@ impl<'a> Prepared<'a> {
 /// Runs every part of the estimate.
 pub fn estimate(r: &Resolved) -> Result<Estimate, EstimateError> {
     Prepared::new(r, None)?.finish()
-}
-
-fn links_latency(links: &Links, g: GroupKind) -> f64 {
-    if links.crosses_nodes(g) {
-        links.inter.latency_s
-    } else {
-        links.intra.latency_s
-    }
 }
 
 /// One line naming what bounds the step.

@@ -11,6 +11,7 @@ pub mod estimate;
 pub mod layout;
 pub mod memory;
 pub mod model;
+pub mod network;
 pub mod plan;
 pub mod report;
 pub mod schedule;

@@ -3,10 +3,10 @@
 //! recomputation), prune what cannot be valid or cannot fit (a memory lower bound, before any
 //! timing), estimate the rest on all cores, and rank the mixes that fit by step time.
 
-use crate::comm::Links;
 use crate::config::{Config, ConfigError, CpComm, GpuProfile, Recompute, Resolved, ScheduleKind};
 use crate::estimate::{Estimate, Prepared};
 use crate::layout::Layout;
+use crate::network::Network;
 use rayon::prelude::*;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -415,7 +415,7 @@ enum Screened {
 }
 
 /// Layout-dependent link geometry, computed once per (tp, cp, ep, pp).
-type LinkCache = HashMap<(u32, u32, u32, u32), Links>;
+type LinkCache = HashMap<(u32, u32, u32, u32), Network>;
 
 fn link_cache(mixes: &[Mix], base: &Config, gpu: &GpuProfile) -> LinkCache {
     let n = base.cluster.num_gpus;
@@ -436,7 +436,7 @@ fn link_cache(mixes: &[Mix], base: &Config, gpu: &GpuProfile) -> LinkCache {
                 base.cluster.gpus_per_node,
             )
             .ok()?;
-            Some(((tp, cp, ep, pp), Links::new(&layout, gpu)))
+            Some(((tp, cp, ep, pp), Network::new(&layout, gpu)))
         })
         .collect()
 }

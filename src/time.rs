@@ -6,10 +6,10 @@
 //! Efficiency is data (STYLE.md, Calculon): every constant lives in the GPU profile, where
 //! calibration fits it.
 
-use crate::comm::Links;
 use crate::config::{CpComm, GpuProfile, Recompute};
 use crate::layout::GroupKind;
-use crate::model::{Block, GroupBytes, Op, OpKind, Phase};
+use crate::model::{Block, BlockTimes, GroupSeconds, Op, OpKind, Phase};
+use crate::network::Network;
 use serde::Serialize;
 
 /// The rates one op runs at: matmul peak for its dtype and the profile's efficiencies.
@@ -131,29 +131,26 @@ pub struct Overlaps {
     pub ep: bool,
 }
 
-/// Seconds per group, for breakdowns.
-pub type GroupSeconds = GroupBytes;
-
-/// Per-microbatch times of one block on this rank.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct BlockTimes {
-    pub fwd_s: f64,
-    pub dgrad_s: f64,
-    pub wgrad_s: f64,
-    /// Forward rerun by recomputation (in the backward, before the input gradient).
-    pub recompute_s: f64,
-    /// Exposed communication in the forward and backward, per group.
-    pub exposed_fwd: GroupSeconds,
-    pub exposed_bwd: GroupSeconds,
+/// What the time model needs to time a block.
+#[derive(Debug, Clone, Copy)]
+pub struct TimingContext<'a> {
+    pub rates: Rates<'a>,
+    pub network: &'a Network,
+    pub overlaps: Overlaps,
+    pub cp_comm: CpComm,
 }
 
-impl BlockTimes {
-    pub fn exposed_fwd_s(&self) -> f64 {
-        self.exposed_fwd.total()
-    }
-
-    pub fn exposed_bwd_s(&self) -> f64 {
-        self.exposed_bwd.total()
+impl TimingContext<'_> {
+    /// Times one block under `recompute` ([`block_times`]).
+    pub fn block_times(&self, b: &Block, recompute: Recompute) -> BlockTimes {
+        block_times(
+            b,
+            &self.rates,
+            self.network,
+            self.overlaps,
+            recompute,
+            self.cp_comm,
+        )
     }
 }
 
@@ -161,29 +158,24 @@ impl BlockTimes {
 pub fn block_times(
     b: &Block,
     rates: &Rates,
-    links: &Links,
+    network: &Network,
     overlaps: Overlaps,
     recompute: Recompute,
     cp_comm: CpComm,
 ) -> BlockTimes {
     let mut t = BlockTimes::default();
-    let layer = b.is_layer();
     for op in &b.ops {
         let (f, d, w) = rates.op_s(op);
         t.fwd_s += f;
         t.dgrad_s += d;
         t.wgrad_s += w;
-        let rerun = match recompute {
-            Recompute::None => false,
-            Recompute::Selective => op.recomputed_by_selective,
-            Recompute::Full => layer,
-        };
+        let rerun = b.reruns(op, recompute);
         if rerun {
             t.recompute_s += f;
         }
         for c in &op.comms {
-            let comm_s =
-                links.collective_s(c.group, c.kind, c.payload_bytes, c.group_size) * c.count as f64;
+            let comm_s = network.collective_s(c.group, c.kind, c.payload_bytes, c.group_size)
+                * c.count as f64;
             let compute_s = match c.phase {
                 Phase::Forward => f,
                 Phase::Backward => d + w,

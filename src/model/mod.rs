@@ -12,10 +12,15 @@ mod mlp;
 mod moe;
 mod norm;
 pub mod op;
+pub mod summary;
 
 pub use dims::Dims;
 pub use moe::rank_load_factor;
 pub use op::{Collective, CollectiveKind, Flops, Op, OpKind, ParamClass, Params, Phase, Saved};
+pub use summary::{
+    chunks_per_rank, rank_params, BlockSummary, BlockTimes, ChunkContents, GroupSeconds,
+    LedgerSummary,
+};
 
 use crate::config::{Recompute, Resolved};
 use crate::layout::GroupKind;
@@ -278,13 +283,19 @@ impl Block {
         self.sum_flops(true)
     }
 
-    fn recomputed<'a>(&'a self, recompute: Recompute) -> impl Iterator<Item = &'a Op> + 'a {
-        let layer = self.is_layer();
-        self.ops.iter().filter(move |o| match recompute {
+    /// True when `recompute` reruns op `o` of this block in its backward: the ops selective
+    /// recompute marks, or every op of a layer under full recompute.
+    pub fn reruns(&self, o: &Op, recompute: Recompute) -> bool {
+        match recompute {
             Recompute::None => false,
             Recompute::Selective => o.recomputed_by_selective,
-            Recompute::Full => layer,
-        })
+            Recompute::Full => self.is_layer(),
+        }
+    }
+
+    /// The ops `recompute` reruns in backward.
+    pub fn recomputed<'a>(&'a self, recompute: Recompute) -> impl Iterator<Item = &'a Op> + 'a {
+        self.ops.iter().filter(move |o| self.reruns(o, recompute))
     }
 
     /// Forward FLOPs rerun in backward under `recompute`: (model count, this rank).

@@ -25,8 +25,8 @@ fn eighteen_bytes_per_parameter_without_zero() {
                                "training": {"seq_length": 4096, "global_batch_size": 8}}),
             );
             let l = parsim::model::Ledger::build(&r);
-            let s = parsim::memory::LedgerSummary::of(&l, r.config.training.recompute);
-            parsim::memory::rank_params(&parsim::memory::chunks_per_rank(&r)[0], &s).rank()
+            let s = parsim::model::LedgerSummary::of(&l, r.config.training.recompute);
+            parsim::model::rank_params(&parsim::model::chunks_per_rank(&r)[0], &s).rank()
         };
         assert_eq!(model_states(&e), 18 * p, "tp {tp} pp {pp}");
     }

@@ -1,8 +1,8 @@
 //! Invariants that must hold for any configuration.
 
 use super::common::{est, resolve};
-use parsim::memory::{chunks_per_rank, rank_params, LedgerSummary};
 use parsim::model::Ledger;
+use parsim::model::{chunks_per_rank, rank_params, LedgerSummary};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 

@@ -2,10 +2,10 @@
 //! and the step-time breakdown adding up.
 
 use super::common::{est, resolve};
-use parsim::comm::{ring_s, Links};
 use parsim::config::GpuProfile;
 use parsim::layout::{GroupKind, Layout};
 use parsim::model::CollectiveKind;
+use parsim::network::{ring_s, Network};
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -46,7 +46,7 @@ fn tp_inside_a_node_uses_nvlink_and_dp_across_nodes_the_network() {
     let gpu = GpuProfile::load("h100-sxm").unwrap();
     // 32 GPUs, 8 per node, TP 8: TP groups are whole nodes; DP 4 spans 4 nodes.
     let layout = Layout::new("tp-cp-ep-dp-pp", 8, 1, 1, 4, 1, 8).unwrap();
-    let links = Links::new(&layout, &gpu);
+    let links = Network::new(&layout, &gpu);
     assert!(!links.crosses_nodes(GroupKind::Tp));
     assert!(links.crosses_nodes(GroupKind::Dp));
     let b = 256u64 << 20;
@@ -64,7 +64,7 @@ fn tp_inside_a_node_uses_nvlink_and_dp_across_nodes_the_network() {
     // 16 GPUs with TP 1, DP 16: 8 per node over 2 nodes -> hierarchical all-reduce:
     // reduce-scatter in the node, all-reduce of B/8 across 2 nodes, all-gather in the node.
     let layout = Layout::new("tp-cp-ep-dp-pp", 1, 1, 1, 16, 1, 8).unwrap();
-    let links = Links::new(&layout, &gpu);
+    let links = Network::new(&layout, &gpu);
     let t = links.collective_s(GroupKind::Dp, CollectiveKind::AllReduce, b, 16);
     let bf = b as f64;
     let rs = intra.latency_s + 7.0 / 8.0 * bf / (intra.bandwidth_bytes_per_s * intra.efficiency);

@@ -1,0 +1,197 @@
+//! The ledger's aggregates: each block's sums computed once (parameters, saved and transient
+//! bytes, wire bytes, FLOPs, and its times when a time model is given), and which blocks each
+//! pipeline rank's chunks hold.
+
+use super::{Block, GroupBytes, Ledger, ParamSums};
+use crate::config::{Recompute, Resolved};
+
+/// Seconds per group, for breakdowns.
+pub type GroupSeconds = GroupBytes;
+
+/// Per-microbatch times of one block on this rank.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BlockTimes {
+    pub fwd_s: f64,
+    pub dgrad_s: f64,
+    pub wgrad_s: f64,
+    /// Forward rerun by recomputation (in the backward, before the input gradient).
+    pub recompute_s: f64,
+    /// Exposed communication in the forward and backward, per group.
+    pub exposed_fwd: GroupSeconds,
+    pub exposed_bwd: GroupSeconds,
+}
+
+impl BlockTimes {
+    pub fn exposed_fwd_s(&self) -> f64 {
+        self.exposed_fwd.total()
+    }
+
+    pub fn exposed_bwd_s(&self) -> f64 {
+        self.exposed_bwd.total()
+    }
+}
+
+/// Sums of one block computed once (the estimate multiplies them by layer counts).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BlockSummary {
+    pub params: ParamSums,
+    /// Saved bytes per microbatch under the configured recompute.
+    pub saved: u64,
+    /// Saved bytes per microbatch without recomputation (what a recomputed layer rebuilds).
+    pub saved_all: u64,
+    /// Bytes held from a split backward's I to its W per microbatch
+    /// ([`Block::wgrad_pending_bytes`]).
+    pub wgrad_pending: u64,
+    /// The largest transient of the block's full backward ([`Block::backward_temp_full_bytes`]).
+    pub backward_temp: u64,
+    /// The same for a split backward's input-gradient pass ([`Block::backward_temp_bytes`]).
+    pub backward_temp_split: u64,
+    /// The largest forward transient above the block's saved set
+    /// ([`Block::forward_temp_bytes`]).
+    pub temp: u64,
+    /// Wire bytes per microbatch, per group, recomputation included.
+    pub comm: GroupBytes,
+    pub model_flops: f64,
+    /// This rank's FLOPs per microbatch, forward / input-gradient / weight-gradient.
+    pub rank_fwd: f64,
+    pub rank_dgrad: f64,
+    pub rank_wgrad: f64,
+    /// Forward FLOPs rerun by recomputation: model count, this rank.
+    pub recompute_model: f64,
+    pub recompute_rank: f64,
+    /// Per-microbatch times on this rank (zero when summarised without a time model).
+    pub times: BlockTimes,
+}
+
+impl BlockSummary {
+    pub fn of(b: &Block, recompute: Recompute) -> BlockSummary {
+        Self::timed(b, recompute, BlockTimes::default())
+    }
+
+    /// Summarises a block with its times (from the time model).
+    pub fn timed(b: &Block, recompute: Recompute, times: BlockTimes) -> BlockSummary {
+        let mf = b.model_flops();
+        let rf = b.rank_flops();
+        let (recompute_model, recompute_rank) = b.recompute_flops(recompute);
+        BlockSummary {
+            params: b.params(),
+            saved: b.saved_bytes(recompute),
+            saved_all: b.saved_all_bytes(),
+            wgrad_pending: 0,
+            backward_temp: 0,
+            backward_temp_split: 0,
+            temp: b.forward_temp_bytes(recompute),
+            comm: b.comm_bytes(recompute),
+            model_flops: mf.total(),
+            rank_fwd: rf.fwd,
+            rank_dgrad: rf.dgrad,
+            rank_wgrad: rf.wgrad,
+            recompute_model,
+            recompute_rank,
+            times,
+        }
+    }
+}
+
+/// Block summaries of a ledger.
+#[derive(Debug, Clone)]
+pub struct LedgerSummary {
+    pub embedding: BlockSummary,
+    pub dense: BlockSummary,
+    pub moe: Option<BlockSummary>,
+    pub output: BlockSummary,
+    pub mtp: Option<BlockSummary>,
+}
+
+impl LedgerSummary {
+    /// Sums without times (parameters, memory, FLOPs, communication volume).
+    pub fn of(l: &Ledger, recompute: Recompute) -> LedgerSummary {
+        Self::timed(l, recompute, |_| BlockTimes::default())
+    }
+
+    /// Sums with per-block times, `times` timing one block (the time model's
+    /// `TimingContext::block_times`).
+    pub fn timed(
+        l: &Ledger,
+        recompute: Recompute,
+        times: impl Fn(&Block) -> BlockTimes,
+    ) -> LedgerSummary {
+        // The gradient arriving from the block above (residual-sized); the output block's
+        // backward starts from the loss, with no incoming gradient.
+        let sum_with = |b: &Block, incoming: u64| BlockSummary {
+            wgrad_pending: b.wgrad_pending_bytes(l.dims.act),
+            backward_temp: b.backward_temp_full_bytes(incoming),
+            backward_temp_split: b.backward_temp_bytes(incoming),
+            ..BlockSummary::timed(b, recompute, times(b))
+        };
+        let sum = |b: &Block| sum_with(b, l.dims.residual_bytes());
+        LedgerSummary {
+            embedding: sum(&l.embedding),
+            dense: sum(&l.dense),
+            moe: l.moe.as_ref().map(sum),
+            output: sum_with(&l.output, 0),
+            mtp: l.mtp.as_ref().map(sum),
+        }
+    }
+}
+
+/// What one global pipeline stage (model chunk) holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ChunkContents {
+    pub stage: usize,
+    pub embedding: bool,
+    pub dense_layers: u32,
+    pub moe_layers: u32,
+    pub output: bool,
+    pub mtp_layers: u32,
+}
+
+impl ChunkContents {
+    /// The chunk's blocks with their multiplicities.
+    pub fn blocks<'a>(
+        &self,
+        s: &'a LedgerSummary,
+    ) -> impl Iterator<Item = (&'a BlockSummary, u64)> {
+        let items: [(Option<&'a BlockSummary>, u64); 5] = [
+            (Some(&s.embedding), self.embedding as u64),
+            (Some(&s.dense), self.dense_layers as u64),
+            (s.moe.as_ref(), self.moe_layers as u64),
+            (Some(&s.output), self.output as u64),
+            (s.mtp.as_ref(), self.mtp_layers as u64),
+        ];
+        items
+            .into_iter()
+            .filter_map(|(b, n)| b.filter(|_| n > 0).map(|b| (b, n)))
+    }
+}
+
+/// The chunks of every pipeline rank, in stage order.
+pub fn chunks_per_rank(r: &Resolved) -> Vec<Vec<ChunkContents>> {
+    let m = &r.config.model;
+    let pl = &r.placement;
+    let last = pl.num_stages() - 1;
+    let mut out = vec![Vec::new(); r.config.parallel.pp as usize];
+    for (stage, layers) in pl.stage_layers.iter().enumerate() {
+        let moe_layers = layers.clone().filter(|&l| m.is_moe_layer(l)).count() as u32;
+        out[pl.stage_rank[stage] as usize].push(ChunkContents {
+            stage,
+            embedding: stage == 0,
+            dense_layers: layers.len() as u32 - moe_layers,
+            moe_layers,
+            output: stage == last,
+            mtp_layers: if stage == last { m.mtp_num_layers } else { 0 },
+        });
+    }
+    out
+}
+
+/// Parameters held by one pipeline rank (before ZeRO-3 sharding).
+pub fn rank_params(chunks: &[ChunkContents], s: &LedgerSummary) -> ParamSums {
+    let mut p = ParamSums::default();
+    for c in chunks {
+        for (b, n) in c.blocks(s) {
+            p.add(&b.params, n);
+        }
+    }
+    p
+}
