@@ -15,8 +15,8 @@ mod model;
 mod parallel;
 pub mod presets;
 mod resolve;
+mod rules;
 mod training;
-mod validate;
 
 pub use cluster::ClusterConfig;
 pub use enums::*;

@@ -1,6 +1,6 @@
 //! A validated configuration with its derived quantities: DP, microbatches, layer placement.
 
-use super::{Config, ConfigError, GpuProfile, ScheduleKind};
+use super::{rules, Config, ConfigError, GpuProfile, ScheduleKind};
 use serde::Serialize;
 use std::ops::Range;
 
@@ -80,8 +80,33 @@ impl Resolved {
     }
 
     /// As [`Resolved::new`] with an already-loaded profile.
-    pub fn with_gpu(config: Config, gpu: GpuProfile) -> Result<Resolved, ConfigError> {
-        super::validate::resolve(config, gpu)
+    pub fn with_gpu(mut config: Config, gpu: GpuProfile) -> Result<Resolved, ConfigError> {
+        rules::check(&config, &gpu)?;
+        let warnings = rules::warnings(&config);
+        let p = &config.parallel;
+        let t = &config.training;
+        let dp = rules::data_parallel(&config).expect("checked: the world divides");
+        let microbatches = t.global_batch_size / (t.micro_batch_size * dp);
+        let per_rank_layers = rules::split_layers(
+            config.model.num_layers,
+            p.pp,
+            p.vpp,
+            p.first_stage_layers,
+            p.last_stage_layers,
+        )
+        .expect("checked: the layers split");
+        let placement = PipelinePlacement::new(p.pp, p.vpp, &per_rank_layers, p.schedule);
+        // Megatron turns SP off without TP.
+        config.parallel.sp = p.sp && p.tp > 1;
+        config.parallel.dp = Some(dp as u32);
+        Ok(Resolved {
+            config,
+            gpu,
+            dp: dp as u32,
+            microbatches: microbatches as u32,
+            placement,
+            warnings,
+        })
     }
 
     /// Total GPUs.

@@ -1,0 +1,54 @@
+//! Batch: the global batch splits into microbatches over data parallelism.
+
+use super::super::{Config, Violation};
+use super::data_parallel;
+
+/// The global batch is a multiple of micro batch x DP, in at most 2^32 microbatches.
+pub fn batch(cfg: &Config) -> Vec<Violation> {
+    let t = &cfg.training;
+    let dp = data_parallel(cfg).unwrap_or(0);
+    let mut errs = Vec::new();
+    if dp > 0 {
+        let per_step = t.micro_batch_size * dp;
+        if t.global_batch_size % per_step != 0 {
+            errs.push(
+                Violation::new(
+                    "training.global_batch_size",
+                    format!(
+                        "must be divisible by micro_batch_size x dp = {} x {dp} = {per_step}, got {}",
+                        t.micro_batch_size, t.global_batch_size
+                    ),
+                )
+                .hint(format!(
+                    "use {} or {}",
+                    (t.global_batch_size / per_step).max(1) * per_step,
+                    (t.global_batch_size / per_step + 1) * per_step
+                )),
+            );
+        } else {
+            let microbatches = t.global_batch_size / per_step;
+            if microbatches > u32::MAX as u64 {
+                errs.push(Violation::new(
+                    "training.global_batch_size",
+                    "too many microbatches",
+                ));
+            }
+        }
+    }
+    errs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{fields, with};
+    use super::*;
+
+    #[test]
+    fn the_global_batch_splits_over_dp() {
+        assert!(batch(&Config::default()).is_empty());
+        // dp 4 x micro batch 1: 62 is not a multiple of 4.
+        let v = batch(&with(|c| c.training.global_batch_size = 62));
+        assert_eq!(fields(&v), ["training.global_batch_size"]);
+        assert_eq!(v[0].hint.as_deref(), Some("use 60 or 64"));
+    }
+}

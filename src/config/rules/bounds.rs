@@ -1,0 +1,264 @@
+//! Sizes: positive where they divide, within [0, 1) where they are probabilities, and below
+//! bounds far beyond any real run so that every byte and FLOP count fits in 64 bits.
+
+use super::super::{Config, Violation};
+
+/// Every size rule; the other groups run only when these pass.
+pub fn sizes(cfg: &Config) -> Vec<Violation> {
+    let mut errs = positive(cfg);
+    errs.extend(ranges(cfg));
+    errs.extend(upper(cfg));
+    errs
+}
+
+/// Sizes that must be positive.
+pub fn positive(cfg: &Config) -> Vec<Violation> {
+    let (m, c, p, t) = (&cfg.model, &cfg.cluster, &cfg.parallel, &cfg.training);
+    let mut errs = Vec::new();
+    let positive: [(&str, u64); 14] = [
+        ("model.num_layers", m.num_layers as u64),
+        ("model.hidden_size", m.hidden_size),
+        ("model.num_attention_heads", m.num_attention_heads as u64),
+        ("model.num_query_groups", m.num_query_groups as u64),
+        ("model.ffn_hidden_size", m.ffn_hidden_size),
+        ("model.vocab_size", m.vocab_size),
+        (
+            "model.make_vocab_size_divisible_by",
+            m.make_vocab_size_divisible_by,
+        ),
+        ("cluster.num_gpus", c.num_gpus as u64),
+        ("cluster.gpus_per_node", c.gpus_per_node as u64),
+        ("training.seq_length", t.seq_length),
+        ("training.micro_batch_size", t.micro_batch_size),
+        ("training.global_batch_size", t.global_batch_size),
+        ("parallel.tp", p.tp as u64),
+        ("parallel.cp", p.cp as u64),
+    ];
+    for (field, v) in positive {
+        if v == 0 {
+            errs.push(Violation::new(field, "must be at least 1, got 0"));
+        }
+    }
+    for (field, v) in [
+        ("parallel.pp", p.pp),
+        ("parallel.vpp", p.vpp),
+        ("parallel.ep", p.ep),
+    ] {
+        if v == 0 {
+            errs.push(Violation::new(field, "must be at least 1, got 0"));
+        }
+    }
+    if p.expert_tp == Some(0) {
+        errs.push(Violation::new(
+            "parallel.expert_tp",
+            "must be at least 1, got 0",
+        ));
+    }
+    if p.dp == Some(0) {
+        errs.push(Violation::new("parallel.dp", "must be at least 1, got 0"));
+    }
+    errs
+}
+
+/// Dropout probabilities in [0, 1); MoE factors finite and at least their neutral value.
+pub fn ranges(cfg: &Config) -> Vec<Violation> {
+    let m = &cfg.model;
+    let mut errs = Vec::new();
+    for (field, v) in [
+        ("model.hidden_dropout", m.hidden_dropout),
+        ("model.attention_dropout", m.attention_dropout),
+    ] {
+        if !(v.is_finite() && (0.0..1.0).contains(&v)) {
+            errs.push(Violation::new(field, format!("must be in [0, 1), got {v}")));
+        }
+    }
+    if !(m.moe_load_imbalance.is_finite() && m.moe_load_imbalance >= 1.0) {
+        errs.push(
+            Violation::new(
+                "model.moe_load_imbalance",
+                format!(
+                    "must be a finite number >= 1 (the hottest expert's tokens over a uniform share), got {}",
+                    m.moe_load_imbalance
+                ),
+            )
+            .hint("1.0 means perfectly balanced routing"),
+        );
+    }
+    for (field, v, what) in [
+        (
+            "model.moe_capacity_factor",
+            m.moe_capacity_factor,
+            "0 means no capacity (no dropping)",
+        ),
+        (
+            "model.moe_aux_loss_coeff",
+            m.moe_aux_loss_coeff,
+            "0 means no load-balancing loss",
+        ),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            errs.push(
+                Violation::new(field, format!("must be a finite number >= 0, got {v}")).hint(what),
+            );
+        }
+    }
+    errs
+}
+
+/// Upper bounds far beyond any real run, so that every byte and FLOP count fits in 64 bits.
+pub fn upper(cfg: &Config) -> Vec<Violation> {
+    let (m, c, p, t) = (&cfg.model, &cfg.cluster, &cfg.parallel, &cfg.training);
+    let mut errs = Vec::new();
+    let at_most: [(&str, u64, u64); 19] = [
+        ("model.num_layers", m.num_layers as u64, 10_000),
+        ("model.hidden_size", m.hidden_size, 1 << 20),
+        (
+            "model.num_attention_heads",
+            m.num_attention_heads as u64,
+            1 << 16,
+        ),
+        ("model.ffn_hidden_size", m.ffn_hidden_size, 1 << 22),
+        ("model.vocab_size", m.vocab_size, 1 << 28),
+        ("model.kv_channels", m.kv_channels.unwrap_or(1), 1 << 16),
+        ("model.num_experts", m.num_experts as u64, 1 << 16),
+        ("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size, 1 << 22),
+        (
+            "model.moe_shared_expert_intermediate_size",
+            m.moe_shared_expert_intermediate_size,
+            1 << 22,
+        ),
+        ("model.mtp_num_layers", m.mtp_num_layers as u64, 64),
+        (
+            "model.make_vocab_size_divisible_by",
+            m.make_vocab_size_divisible_by,
+            1 << 16,
+        ),
+        ("cluster.num_gpus", c.num_gpus as u64, 1 << 24),
+        ("cluster.gpus_per_node", c.gpus_per_node as u64, 1 << 12),
+        ("training.seq_length", t.seq_length, 1 << 24),
+        ("training.micro_batch_size", t.micro_batch_size, 1 << 16),
+        ("training.global_batch_size", t.global_batch_size, 1 << 32),
+        ("training.lora.rank", t.lora.rank, 1 << 16),
+        ("parallel.vpp", p.vpp as u64, 1 << 10),
+        (
+            "model.max_position_embeddings",
+            m.max_position_embeddings,
+            1 << 32,
+        ),
+    ];
+    for (field, v, max) in at_most {
+        if v > max {
+            errs.push(Violation::new(
+                field,
+                format!("must be at most {max}, got {v}"),
+            ));
+        }
+    }
+    if t.seq_length.saturating_mul(t.micro_batch_size) > 1 << 32 {
+        errs.push(Violation::new(
+            "training.micro_batch_size",
+            format!(
+                "seq_length x micro_batch_size must be at most 2^32 tokens, got {} x {}",
+                t.seq_length, t.micro_batch_size
+            ),
+        ));
+    }
+    if let Some(mla) = &m.mla {
+        for (field, v) in [
+            ("model.mla.q_lora_rank", mla.q_lora_rank),
+            ("model.mla.kv_lora_rank", mla.kv_lora_rank),
+            ("model.mla.qk_nope_head_dim", mla.qk_nope_head_dim),
+            ("model.mla.qk_rope_head_dim", mla.qk_rope_head_dim),
+            ("model.mla.v_head_dim", mla.v_head_dim),
+        ] {
+            if v > 1 << 16 {
+                errs.push(Violation::new(
+                    field,
+                    format!("must be at most 65536, got {v}"),
+                ));
+            }
+        }
+    }
+    errs
+}
+
+/// The whole model at most 10^15 parameters, and unfused attention scores at most 2^50 bytes
+/// per layer (checked once the sizes are in range).
+pub fn model_size(cfg: &Config) -> Vec<Violation> {
+    let (m, t) = (&cfg.model, &cfg.training);
+    let mut errs = Vec::new();
+    // Whole-model size, in floating point: at most 10^15 parameters.
+    let (l, h, f, v) = (
+        m.num_layers as f64,
+        m.hidden_size as f64,
+        m.ffn_hidden_size.max(m.moe_ffn_hidden_size) as f64,
+        m.vocab_size as f64,
+    );
+    let experts = (m.num_experts as f64).max(1.0);
+    let d = m
+        .kv_channels
+        .unwrap_or(m.hidden_size / m.num_attention_heads as u64) as f64;
+    let rough =
+        l * (4.0 * h * d * m.num_attention_heads as f64 + 3.0 * h * f * experts) + 2.0 * v * h;
+    if rough > 1e15 {
+        errs.push(Violation::new(
+            "model",
+            format!("about {rough:.2e} parameters: at most 10^15 are supported"),
+        ));
+    }
+    // Without a fused kernel the s x s scores are materialised.
+    if !t.flash_attention {
+        let scores = t.micro_batch_size as f64
+            * m.num_attention_heads as f64
+            * (t.seq_length as f64).powi(2)
+            * 4.0;
+        if scores > (1u64 << 50) as f64 {
+            errs.push(
+                Violation::new("training.flash_attention", format!("without a fused kernel the s x s attention scores take {scores:.2e} bytes per layer"))
+                    .hint("set training.flash_attention = true"),
+            );
+        }
+    }
+    errs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{fields, with};
+    use super::*;
+
+    #[test]
+    fn zero_sizes_are_named() {
+        let v = sizes(&with(|c| c.model.hidden_size = 0));
+        assert_eq!(fields(&v), ["model.hidden_size"]);
+        assert_eq!(v[0].rule, "must be at least 1, got 0");
+    }
+
+    #[test]
+    fn probabilities_stay_below_one() {
+        let v = ranges(&with(|c| c.model.attention_dropout = 1.0));
+        assert_eq!(fields(&v), ["model.attention_dropout"]);
+        assert!(ranges(&Config::default()).is_empty());
+    }
+
+    #[test]
+    fn huge_sizes_are_bounded() {
+        let v = upper(&with(|c| c.model.num_layers = 10_001));
+        assert_eq!(fields(&v), ["model.num_layers"]);
+        let v = upper(&with(|c| {
+            c.training.seq_length = 1 << 20;
+            c.training.micro_batch_size = 1 << 13;
+        }));
+        assert_eq!(fields(&v), ["training.micro_batch_size"]);
+    }
+
+    #[test]
+    fn a_quadrillion_parameters_is_too_many() {
+        let v = model_size(&with(|c| {
+            c.model.num_layers = 10_000;
+            c.model.hidden_size = 1 << 18;
+        }));
+        assert_eq!(fields(&v), ["model"]);
+        assert!(model_size(&Config::default()).is_empty());
+    }
+}

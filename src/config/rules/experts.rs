@@ -1,0 +1,130 @@
+//! Mixture of experts: routing and expert sizes, and expert parallelism's fit in the
+//! data-parallel group (Megatron-Core folds EP into DP).
+
+use super::super::{Config, Violation};
+use super::{data_parallel, divisors, fmt_list};
+
+/// An MoE model routes to 1..=num_experts experts of positive size; a dense one has no EP.
+pub fn model(cfg: &Config) -> Vec<Violation> {
+    let (m, p) = (&cfg.model, &cfg.parallel);
+    let mut errs = Vec::new();
+    if m.is_moe() {
+        if m.moe_router_topk == 0 || m.moe_router_topk > m.num_experts {
+            errs.push(Violation::new(
+                "model.moe_router_topk",
+                format!(
+                    "must be in 1..={} (num_experts), got {}",
+                    m.num_experts, m.moe_router_topk
+                ),
+            ));
+        }
+        if m.moe_ffn_hidden_size == 0 {
+            errs.push(Violation::new(
+                "model.moe_ffn_hidden_size",
+                "must be at least 1 for an MoE model",
+            ));
+        }
+        if m.moe_first_k_dense > m.num_layers {
+            errs.push(Violation::new(
+                "model.moe_first_k_dense",
+                format!(
+                    "must be at most num_layers ({}), got {}",
+                    m.num_layers, m.moe_first_k_dense
+                ),
+            ));
+        }
+    } else if p.ep > 1 {
+        errs.push(
+            Violation::new(
+                "parallel.ep",
+                format!(
+                    "expert parallelism needs experts, but model.num_experts = 0 (ep = {})",
+                    p.ep
+                ),
+            )
+            .hint("set parallel.ep = 1 for a dense model"),
+        );
+    }
+    errs
+}
+
+/// EP divides DP and the experts; expert TP x EP divides TP x CP x DP.
+pub fn expert_parallel(cfg: &Config) -> Vec<Violation> {
+    let (m, p) = (&cfg.model, &cfg.parallel);
+    let dp = data_parallel(cfg).unwrap_or(0);
+    let mut errs = Vec::new();
+    if dp > 0 && p.ep > 1 {
+        if dp % p.ep as u64 != 0 {
+            errs.push(
+                Violation::new("parallel.ep", format!("ep ({}) must divide dp ({dp}): expert parallelism folds into data parallelism", p.ep))
+                    .hint(format!("use ep in {{{}}}", fmt_list(&divisors(dp)))),
+            );
+        }
+        if m.num_experts % p.ep != 0 {
+            errs.push(Violation::new(
+                "parallel.ep",
+                format!(
+                    "num_experts ({}) must be divisible by ep ({})",
+                    m.num_experts, p.ep
+                ),
+            ));
+        }
+    }
+    let etp = p.etp() as u64;
+    if dp > 0 && (p.tp as u64 * p.cp as u64 * dp) % (etp * p.ep as u64) != 0 {
+        errs.push(Violation::new(
+            "parallel.expert_tp",
+            format!(
+                "expert_tp x ep ({etp} x {}) must divide tp x cp x dp ({})",
+                p.ep,
+                p.tp as u64 * p.cp as u64 * dp
+            ),
+        ));
+    }
+    errs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{fields, with};
+    use super::*;
+
+    fn moe(c: &mut Config) {
+        c.model.num_experts = 8;
+        c.model.moe_router_topk = 2;
+        c.model.moe_ffn_hidden_size = 1024;
+    }
+
+    #[test]
+    fn routing_picks_at_most_every_expert() {
+        assert!(model(&with(moe)).is_empty());
+        let v = model(&with(|c| {
+            moe(c);
+            c.model.moe_router_topk = 9;
+        }));
+        assert_eq!(fields(&v), ["model.moe_router_topk"]);
+    }
+
+    #[test]
+    fn a_dense_model_has_no_expert_parallelism() {
+        let v = model(&with(|c| c.parallel.ep = 2));
+        assert_eq!(fields(&v), ["parallel.ep"]);
+    }
+
+    #[test]
+    fn ep_divides_dp_and_the_experts() {
+        // Default: dp 4.
+        assert!(expert_parallel(&with(|c| {
+            moe(c);
+            c.parallel.ep = 4;
+        }))
+        .is_empty());
+        let v = expert_parallel(&with(|c| {
+            moe(c);
+            c.model.num_experts = 6;
+            c.parallel.ep = 4;
+        }));
+        assert_eq!(fields(&v), ["parallel.ep"]);
+        assert!(v[0].rule.starts_with("num_experts (6)"));
+    }
+}

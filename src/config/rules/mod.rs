@@ -1,0 +1,140 @@
+//! Validation as rule groups: each group is a small function returning the violations it
+//! finds, so a user sees every problem at once and each rule is tested on its own. Bounds run
+//! first (the other groups divide by sizes they guarantee positive); [`super::Resolved`] is
+//! built only from a configuration that passed.
+
+mod batch;
+mod bounds;
+mod context;
+mod experts;
+mod lora;
+mod parallel;
+mod pipeline;
+mod precision;
+mod shape;
+
+pub use pipeline::split_layers;
+
+use super::{Config, ConfigError, GpuProfile, PositionEmbedding, Violation};
+
+/// Divisors of `n` in increasing order (for hints).
+pub fn divisors(n: u64) -> Vec<u64> {
+    (1..=n).filter(|d| n % d == 0).collect()
+}
+
+/// `1, 2, 4` for a hint.
+fn fmt_list(v: &[u64]) -> String {
+    v.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// Data-parallel degree: num_gpus / (tp x cp x pp), or None when it does not divide (the
+/// parallel-degree group reports that).
+pub fn data_parallel(c: &Config) -> Option<u64> {
+    let p = &c.parallel;
+    let model_parallel = p.tp as u64 * p.cp as u64 * p.pp as u64;
+    let world = c.cluster.num_gpus as u64;
+    (model_parallel > 0 && world % model_parallel == 0).then(|| world / model_parallel)
+}
+
+/// Every rule group, in the order their violations are listed.
+pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
+    let mut errs = bounds::sizes(c);
+    if errs.is_empty() {
+        errs.extend(bounds::model_size(c));
+    }
+    if !errs.is_empty() {
+        return Err(ConfigError::Invalid(errs));
+    }
+    let groups: [&dyn Fn() -> Vec<Violation>; 15] = [
+        &|| shape::heads(c),
+        &|| experts::model(c),
+        &|| shape::mla(c),
+        &|| parallel::world(c),
+        &|| parallel::tensor(c),
+        &|| context::context_parallel(c),
+        &|| context::sequence_parallel(c),
+        &|| experts::expert_parallel(c),
+        &|| parallel::options(c),
+        &|| pipeline::schedule(c),
+        &|| pipeline::layer_split(c),
+        &|| batch::batch(c),
+        &|| precision::hardware(c, gpu),
+        &|| precision::positions(c),
+        &|| lora::lora(c),
+    ];
+    let errs: Vec<Violation> = groups.iter().flat_map(|g| g()).collect();
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid(errs))
+    }
+}
+
+/// Non-fatal adjustments and caveats of a valid configuration, shown to the user.
+pub fn warnings(c: &Config) -> Vec<String> {
+    let (m, p, t) = (&c.model, &c.parallel, &c.training);
+    let mut w = Vec::new();
+    if p.tp > c.cluster.gpus_per_node {
+        w.push(format!(
+            "parallel.tp = {} exceeds cluster.gpus_per_node = {}: tensor parallelism crosses nodes",
+            p.tp, c.cluster.gpus_per_node
+        ));
+    }
+    if p.sp && p.tp == 1 {
+        w.push(
+            "parallel.sp ignored: sequence parallelism needs tp > 1 (turned off, as Megatron does)"
+                .into(),
+        );
+    }
+    // A learned position embedding shorter than the sequence is an error (precision.rs).
+    if m.position_embedding != PositionEmbedding::Learned
+        && t.seq_length > m.max_position_embeddings
+    {
+        w.push(format!(
+            "training.seq_length {} exceeds the model's max_position_embeddings {} (rotary positions extrapolate)",
+            t.seq_length, m.max_position_embeddings
+        ));
+    }
+    w
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::super::{Config, Violation};
+
+    /// The default configuration (valid) changed by `f`.
+    pub fn with(f: impl FnOnce(&mut Config)) -> Config {
+        let mut c = Config::default();
+        f(&mut c);
+        c
+    }
+
+    /// The fields the violations name.
+    pub fn fields(v: &[Violation]) -> Vec<&str> {
+        v.iter().map(|v| v.field.as_str()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::with;
+    use super::*;
+
+    #[test]
+    fn the_default_passes_every_group() {
+        let gpu = GpuProfile::load("h100-sxm").unwrap();
+        assert!(check(&Config::default(), &gpu).is_ok());
+        assert!(warnings(&Config::default()).is_empty());
+    }
+
+    #[test]
+    fn tp_beyond_a_node_and_sp_without_tp_warn() {
+        let w = warnings(&with(|c| {
+            c.parallel.tp = 16;
+            c.cluster.num_gpus = 16;
+        }));
+        assert!(w[0].contains("crosses nodes"), "{w:?}");
+        let w = warnings(&with(|c| c.parallel.tp = 1));
+        assert!(w[0].starts_with("parallel.sp ignored"), "{w:?}");
+    }
+}

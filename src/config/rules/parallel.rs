@@ -1,0 +1,144 @@
+//! Parallel degrees: the world splits into TP x CP x PP x DP, TP divides the heads, and the
+//! ZeRO stage and rank order are known.
+
+use super::super::{Config, Violation};
+use super::{divisors, fmt_list};
+
+/// The world size is a multiple of TP x CP x PP, and a given DP is the quotient.
+pub fn world(cfg: &Config) -> Vec<Violation> {
+    let (c, p) = (&cfg.cluster, &cfg.parallel);
+    let mut errs = Vec::new();
+    let model_parallel = p.tp as u64 * p.cp as u64 * p.pp as u64;
+    let world = c.num_gpus as u64;
+    if world % model_parallel != 0 {
+        errs.push(
+            Violation::new(
+                "cluster.num_gpus",
+                format!(
+                    "world size {world} must be divisible by tp x cp x pp = {} x {} x {} = {model_parallel}",
+                    p.tp, p.cp, p.pp
+                ),
+            )
+            .hint(format!("use a multiple of {model_parallel} GPUs, or change tp/cp/pp")),
+        );
+    } else {
+        let dp = world / model_parallel;
+        if let Some(given) = p.dp {
+            if given as u64 != dp {
+                errs.push(
+                    Violation::new(
+                        "parallel.dp",
+                        format!(
+                            "dp = {given} but num_gpus / (tp x cp x pp) = {world} / {model_parallel} = {dp}"
+                        ),
+                    )
+                    .hint(format!(
+                        "leave dp out to derive it, or set cluster.num_gpus = {}",
+                        model_parallel * given as u64
+                    )),
+                );
+            }
+        }
+    }
+    errs
+}
+
+/// TP divides the attention heads and (without MLA) the KV heads.
+pub fn tensor(cfg: &Config) -> Vec<Violation> {
+    let (m, p) = (&cfg.model, &cfg.parallel);
+    let heads = m.num_attention_heads as u64;
+    let groups = m.num_query_groups as u64;
+    let mut errs = Vec::new();
+    if heads % p.tp as u64 != 0 {
+        errs.push(
+            Violation::new(
+                "parallel.tp",
+                format!(
+                    "num_attention_heads ({heads}) must be divisible by tp ({})",
+                    p.tp
+                ),
+            )
+            .hint(format!("use tp in {{{}}}", fmt_list(&divisors(heads)))),
+        );
+    }
+    if m.mla.is_none() && groups % p.tp as u64 != 0 {
+        errs.push(
+            Violation::new(
+                "parallel.tp",
+                format!(
+                    "num_query_groups (KV heads, {groups}) must be divisible by tp ({})",
+                    p.tp
+                ),
+            )
+            .hint(format!("use tp in {{{}}}", fmt_list(&divisors(groups)))),
+        );
+    }
+    errs
+}
+
+/// ZeRO stage 0-3; the rank order names each axis once.
+pub fn options(cfg: &Config) -> Vec<Violation> {
+    let p = &cfg.parallel;
+    let mut errs = Vec::new();
+    if p.zero > 3 {
+        errs.push(Violation::new(
+            "parallel.zero",
+            format!("ZeRO stage must be 0, 1, 2 or 3, got {}", p.zero),
+        ));
+    }
+    if let Err(msg) = check_order(&p.order) {
+        errs.push(
+            Violation::new("parallel.order", msg)
+                .hint("e.g. tp-cp-ep-dp-pp (Megatron's order, fastest first)"),
+        );
+    }
+    errs
+}
+
+/// The rank order must name tp, cp, ep, dp and pp once each.
+fn check_order(order: &str) -> Result<(), String> {
+    let mut names: Vec<&str> = order.split('-').collect();
+    names.sort_unstable();
+    if names == ["cp", "dp", "ep", "pp", "tp"] {
+        Ok(())
+    } else {
+        Err(format!(
+            "'{order}' must name tp, cp, ep, dp and pp once each, separated by '-'"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{fields, with};
+    use super::*;
+
+    #[test]
+    fn the_world_splits_into_the_degrees() {
+        assert!(world(&Config::default()).is_empty());
+        let v = world(&with(|c| c.cluster.num_gpus = 7));
+        assert_eq!(fields(&v), ["cluster.num_gpus"]);
+        let v = world(&with(|c| c.parallel.dp = Some(2)));
+        assert_eq!(fields(&v), ["parallel.dp"]);
+    }
+
+    #[test]
+    fn tp_divides_heads_and_kv_heads() {
+        let v = tensor(&with(|c| {
+            c.parallel.tp = 16;
+            c.cluster.num_gpus = 16;
+        }));
+        assert_eq!(fields(&v), ["parallel.tp"]);
+        assert!(v[0].rule.contains("num_query_groups"));
+    }
+
+    #[test]
+    fn zero_stage_and_order_are_known() {
+        let v = options(&with(|c| {
+            c.parallel.zero = 4;
+            c.parallel.order = "tp-dp-pp".into();
+        }));
+        assert_eq!(fields(&v), ["parallel.zero", "parallel.order"]);
+        assert!(check_order("pp-dp-ep-cp-tp").is_ok());
+    }
+}
