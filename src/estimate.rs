@@ -8,7 +8,7 @@ use crate::layout::{GroupKind, Layout};
 use crate::memory::{stage_memory, Pipeline, StageMemory};
 use crate::model::{
     chunks_per_rank, rank_params, BlockSummary, ChunkContents, CollectiveKind, GroupBytes,
-    GroupSeconds, Ledger, LedgerSummary,
+    GroupSeconds, Ledger, LedgerSummary, OptimizerState,
 };
 use crate::network::Network;
 use crate::schedule::{
@@ -17,10 +17,6 @@ use crate::schedule::{
 };
 use crate::time::{Overlaps, Rates, StepTime, TimingContext};
 use serde::Serialize;
-
-/// Adam's HBM traffic per updated parameter: read the fp32 gradient (4), read and write the
-/// fp32 master weight and both moments (24), write the bf16 weight (2).
-pub const ADAM_BYTES_PER_PARAM: f64 = 30.0;
 
 /// Programs of at most this many (stage, microbatch) cells are generated in full for the
 /// memory walk ([`crate::memory::activation_peak`]).
@@ -396,7 +392,7 @@ impl<'a> Prepared<'a> {
                 };
                 let optimizer_s = timing
                     .rates
-                    .memory_s((updated as f64 * ADAM_BYTES_PER_PARAM) as u64);
+                    .memory_s(updated * OptimizerState::of(tr).step_bytes_per_param());
                 (dp_tail_s(r, &links, &s, &ledger, ch), optimizer_s)
             })
             .collect();

@@ -3,7 +3,9 @@
 //! microbatches, and buffers.
 
 use crate::config::{Recompute, Resolved};
-use crate::model::{rank_params, BlockSummary, ChunkContents, Ledger, LedgerSummary};
+use crate::model::{
+    rank_params, BlockSummary, ChunkContents, Ledger, LedgerSummary, OptimizerState,
+};
 use crate::schedule::{Action, ActionKind};
 use serde::Serialize;
 
@@ -183,7 +185,7 @@ pub fn stage_memory(
     let shard = |n: u64, reps: u64| n.div_ceil(reps);
     let w = tr.weight_bytes();
     let g = tr.grad_dtype.bytes();
-    let o = tr.optimizer_bytes_per_param();
+    let o = OptimizerState::of(tr).state_bytes_per_param();
     let zero = par.zero;
     let weights = if zero >= 3 {
         (shard(p.rank_dense, dense_rep) + shard(p.rank_expert, expert_rep)) * w

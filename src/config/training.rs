@@ -71,13 +71,4 @@ impl TrainingConfig {
             _ => 2,
         }
     }
-
-    /// Bytes of Adam state per trainable parameter: fp32 master copy (unless training in fp32)
-    /// plus two fp32 moments.
-    pub fn optimizer_bytes_per_param(&self) -> u64 {
-        match self.precision {
-            Precision::Fp32 => 8,
-            _ => 12,
-        }
-    }
 }

@@ -12,11 +12,13 @@ mod mlp;
 mod moe;
 mod norm;
 pub mod op;
+mod optimizer;
 pub mod summary;
 
 pub use dims::Dims;
 pub use moe::rank_load_factor;
 pub use op::{Collective, CollectiveKind, Flops, Op, OpKind, ParamClass, Params, Phase, Saved};
+pub use optimizer::OptimizerState;
 pub use summary::{
     chunks_per_rank, rank_params, BlockSummary, BlockTimes, ChunkContents, GroupSeconds,
     LedgerSummary,
