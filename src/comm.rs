@@ -90,16 +90,89 @@ pub fn dp_collectives(zero: u8, r: Replicas, microbatches: u32) -> Vec<Collectiv
     }
 }
 
-/// Wire bytes per step sent by pipeline rank `rank`'s GPUs, per group.
+/// What a collective outside the blocks' ops is for: when it runs and what it moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepRole {
+    /// Data-parallel gradient all-reduce or reduce-scatter (ZeRO 0-3).
+    GradReduce,
+    /// Data-parallel all-gather of updated (ZeRO-1/2) or sharded (ZeRO-3) parameters.
+    ParamGather,
+    /// The two copies of tied embeddings on different pipeline ranks sum their gradients.
+    TiedEmbeddingGrads,
+    /// With SP, TP-replicated weights (norms, router) sum their gradients over TP
+    /// (Megatron's all-reduce of layernorm gradients).
+    ReplicatedGrads,
+}
+
+/// A collective a pipeline rank issues for its parameters rather than per op.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepCollective {
+    pub role: StepRole,
+    pub coll: Collective,
+}
+
+/// The step-level collectives of pipeline rank holding `chunks`, built once for both the
+/// volume (here) and the time model (the estimate's data-parallel tail): each replica set's
+/// data-parallel traffic ([`dp_collectives`]), the tied-embedding gradient all-reduce when
+/// the two ends sit on different ranks, and with SP the all-reduce of TP-replicated gradients.
+pub fn step_collectives(
+    r: &Resolved,
+    s: &LedgerSummary,
+    l: &Ledger,
+    chunks: &[ChunkContents],
+) -> Vec<StepCollective> {
+    let par = &r.config.parallel;
+    let gb = r.config.training.grad_dtype.bytes();
+    let mut out = Vec::with_capacity(6);
+    for set in replica_sets(r, &rank_params(chunks, s)) {
+        for c in dp_collectives(par.zero, set, r.microbatches) {
+            let role = match c.kind {
+                CollectiveKind::AllGather => StepRole::ParamGather,
+                _ => StepRole::GradReduce,
+            };
+            out.push(StepCollective { role, coll: c });
+        }
+    }
+    let last = r.placement.num_stages() - 1;
+    let split = r.placement.stage_rank[0] != r.placement.stage_rank[last];
+    let holds_end = chunks.iter().any(|c| c.embedding || c.output);
+    if r.config.model.tied_embeddings && split && holds_end && !l.dims.lora {
+        let emb = l.dims.vocab_rank() * l.dims.h * gb;
+        out.push(StepCollective {
+            role: StepRole::TiedEmbeddingGrads,
+            coll: coll(CollectiveKind::AllReduce, GroupKind::Pp, 2, emb, 1),
+        });
+    }
+    if l.dims.sp && !l.dims.lora {
+        let replicated: u64 = chunks
+            .iter()
+            .flat_map(|c| c.blocks(s))
+            .map(|(b, n)| b.params.tp_replicated * n)
+            .sum();
+        out.push(StepCollective {
+            role: StepRole::ReplicatedGrads,
+            coll: coll(
+                CollectiveKind::AllReduce,
+                GroupKind::Tp,
+                par.tp,
+                replicated * gb,
+                1,
+            ),
+        });
+    }
+    out
+}
+
+/// Wire bytes per step sent by pipeline rank `rank`'s GPUs, per group: its blocks' collectives
+/// for every microbatch, pipeline sends, and its step-level collectives.
 pub fn rank_step_bytes(
     r: &Resolved,
     s: &LedgerSummary,
     l: &Ledger,
     chunks: &[ChunkContents],
+    step: &[StepCollective],
 ) -> GroupBytes {
     let m = r.microbatches;
-    let tr = &r.config.training;
-    let par = &r.config.parallel;
     let mut g = GroupBytes::default();
     for c in chunks {
         for (b, n) in c.blocks(s) {
@@ -114,37 +187,8 @@ pub fn rank_step_bytes(
         let sends = (c.stage != last) as u32 + (c.stage != 0) as u32;
         g.pp += boundary * (sends * m) as f64;
     }
-    // Tied embeddings split over stages: the two copies' gradients are all-reduced once.
-    let first_rank = r.placement.stage_rank[0];
-    let last_rank = r.placement.stage_rank[last];
-    let holds_end = chunks.iter().any(|c| c.embedding || c.output);
-    if r.config.model.tied_embeddings && first_rank != last_rank && holds_end && !l.dims.lora {
-        let emb = l.dims.vocab_rank() * l.dims.h * tr.grad_dtype.bytes();
-        g.pp += coll(CollectiveKind::AllReduce, GroupKind::Pp, 2, emb, 1).wire_bytes();
-    }
-    for set in replica_sets(r, &rank_params(chunks, s)) {
-        for c in dp_collectives(par.zero, set, m) {
-            g.dp += c.wire_bytes();
-        }
-    }
-    // With SP, gradients of TP-replicated weights (norms, router) differ per TP rank and are
-    // all-reduced over TP once per step (Megatron's allreduce of layernorm grads).
-    if l.dims.sp {
-        let replicated: u64 = chunks
-            .iter()
-            .flat_map(|c| c.blocks(s))
-            .map(|(b, n)| b.params.tp_replicated * n)
-            .sum();
-        if !l.dims.lora {
-            g.tp += coll(
-                CollectiveKind::AllReduce,
-                GroupKind::Tp,
-                par.tp,
-                replicated * tr.grad_dtype.bytes(),
-                1,
-            )
-            .wire_bytes();
-        }
+    for sc in step {
+        g.add_group(sc.coll.group, sc.coll.wire_bytes());
     }
     g
 }

@@ -2,7 +2,9 @@
 //! communication per group, the pipeline schedule, step time and throughput, shaped as the
 //! DESIGN.md output contract.
 
-use crate::comm::{dp_collectives, rank_step_bytes, replica_sets, Replicas};
+use crate::comm::{
+    dp_collectives, rank_step_bytes, replica_sets, step_collectives, StepCollective, StepRole,
+};
 use crate::config::{Config, Resolved, ScheduleKind};
 use crate::layout::{GroupKind, Layout};
 use crate::memory::{stage_memory, Pipeline, StageMemory};
@@ -147,8 +149,10 @@ struct ChunkTimes {
     exposed: GroupSeconds,
 }
 
-/// ZeRO-2/3 collectives issued every microbatch for a chunk's parameters, exposed beyond the
-/// compute they overlap with: (forward, backward) seconds.
+/// ZeRO-2/3 collectives issued every microbatch for a chunk's parameters (the chunk's own
+/// [`dp_collectives`]: the gradient reduce-scatter in backward, ZeRO-3's parameter all-gather
+/// before forward and backward), exposed beyond the compute they overlap with: (forward,
+/// backward) seconds.
 fn per_microbatch_dp_s(
     r: &Resolved,
     links: &Network,
@@ -164,23 +168,16 @@ fn per_microbatch_dp_s(
     let mut fwd = 0.0;
     let mut bwd = 0.0;
     for set in replica_sets(r, &rank_params(std::slice::from_ref(c), s)) {
-        let Replicas {
-            group: kind,
-            n,
-            params,
-            trainable,
-            grad_bytes: gb,
-            weight_bytes: wb,
-        } = set;
-        if n <= 1 {
-            continue;
-        }
-        let rs = links.collective_s(kind, CollectiveKind::ReduceScatter, trainable * gb, n);
-        bwd += rs;
-        if par.zero >= 3 {
-            let ag = links.collective_s(kind, CollectiveKind::AllGather, params * wb, n);
-            fwd += ag;
-            bwd += ag;
+        for dc in dp_collectives(par.zero, set, 1) {
+            let t = links.collective_s(dc.group, dc.kind, dc.payload_bytes, dc.group_size);
+            match dc.kind {
+                CollectiveKind::AllGather if par.zero >= 3 => {
+                    fwd += t;
+                    bwd += t;
+                }
+                CollectiveKind::AllGather => {}
+                _ => bwd += t,
+            }
         }
     }
     let e = &r.gpu.efficiency;
@@ -197,68 +194,36 @@ fn per_microbatch_dp_s(
     (fwd_exposed, bwd_exposed)
 }
 
-/// Data-parallel work left after a rank's last backward: the last gradient bucket (all of it
-/// without `overlap_grad_reduce`), the parameter all-gather of ZeRO-1/2 unless overlapped with
-/// the next forward, the tied-embedding and TP-replicated gradient all-reduces.
-fn dp_tail_s(
-    r: &Resolved,
-    links: &Network,
-    s: &LedgerSummary,
-    l: &Ledger,
-    chunks: &[ChunkContents],
-) -> f64 {
+/// Data-parallel work left after a rank's last backward, from its step-level collectives:
+/// the last gradient bucket (all of it without `overlap_grad_reduce`), the parameter
+/// all-gather of ZeRO-1/2 unless overlapped with the next forward, the tied-embedding and
+/// TP-replicated gradient all-reduces.
+fn dp_tail_s(r: &Resolved, links: &Network, step: &[StepCollective]) -> f64 {
     let par = &r.config.parallel;
-    let tr = &r.config.training;
-    let gb = tr.grad_dtype.bytes();
+    let gb = r.config.training.grad_dtype.bytes();
     let bucket_params = par
         .ddp_bucket_size
         .unwrap_or_else(|| 40_000_000u64.max(1_000_000 * r.dp as u64));
     let e = &r.gpu.efficiency;
     let mut tail = 0.0;
-    for set in replica_sets(r, &rank_params(chunks, s)) {
-        let (kind, n) = (set.group, set.n);
-        for c in dp_collectives(par.zero, set, 1) {
-            let full = links.collective_s(kind, c.kind, c.payload_bytes, n);
-            if c.kind == CollectiveKind::AllGather {
-                // ZeRO-3 gathers are per microbatch (in the stage costs); ZeRO-1/2 gather the
-                // updated weights once, hidden behind the next forward when overlapped.
-                if par.zero < 3 {
-                    tail += if par.overlap_param_gather {
-                        e.charged_s(full, 0.0)
-                    } else {
-                        full
-                    };
-                }
-                continue;
+    for StepCollective { role, coll: c } in step {
+        let full = links.collective_s(c.group, c.kind, c.payload_bytes, c.group_size);
+        tail += match role {
+            // ZeRO-3 gathers are per microbatch (in the stage costs); ZeRO-1/2 gather the
+            // updated weights once, hidden behind the next forward when overlapped.
+            StepRole::ParamGather if par.zero >= 3 => 0.0,
+            StepRole::ParamGather if par.overlap_param_gather => e.charged_s(full, 0.0),
+            StepRole::GradReduce if par.overlap_grad_reduce => {
+                let last = links.collective_s(
+                    c.group,
+                    c.kind,
+                    c.payload_bytes.min(bucket_params * gb),
+                    c.group_size,
+                );
+                e.charged_s(full, last.min(full))
             }
-            if par.overlap_grad_reduce {
-                let last =
-                    links.collective_s(kind, c.kind, c.payload_bytes.min(bucket_params * gb), n);
-                tail += e.charged_s(full, last.min(full));
-            } else {
-                tail += full;
-            }
-        }
-    }
-    let last = r.placement.num_stages() - 1;
-    let ends = chunks.iter().any(|c| c.embedding || c.output);
-    let split = r.placement.stage_rank[0] != r.placement.stage_rank[last];
-    if r.config.model.tied_embeddings && split && ends && !l.dims.lora {
-        let emb = l.dims.vocab_rank() * l.dims.h * gb;
-        tail += links.collective_s(GroupKind::Pp, CollectiveKind::AllReduce, emb, 2);
-    }
-    if l.dims.sp && !l.dims.lora {
-        let replicated: u64 = chunks
-            .iter()
-            .flat_map(|c| c.blocks(s))
-            .map(|(b, n)| b.params.tp_replicated * n)
-            .sum();
-        tail += links.collective_s(
-            GroupKind::Tp,
-            CollectiveKind::AllReduce,
-            replicated * gb,
-            par.tp,
-        );
+            _ => full,
+        };
     }
     tail
 }
@@ -346,6 +311,8 @@ pub struct Prepared<'a> {
     s: LedgerSummary,
     links: Network,
     chunks: Vec<Vec<ChunkContents>>,
+    /// Per pipeline rank: its step-level collectives.
+    step: Vec<Vec<StepCollective>>,
     chunk_times: Vec<ChunkTimes>,
     costs: Costs,
     /// Per pipeline rank: (data-parallel tail, optimizer step) seconds.
@@ -380,9 +347,14 @@ impl<'a> Prepared<'a> {
         });
         let chunks = chunks_per_rank(r);
         let (chunk_times, costs) = stage_costs(r, &s, &ledger, &chunks, &links)?;
+        let step: Vec<Vec<StepCollective>> = chunks
+            .iter()
+            .map(|ch| step_collectives(r, &s, &ledger, ch))
+            .collect();
         let after = chunks
             .iter()
-            .map(|ch| {
+            .zip(&step)
+            .map(|(ch, step)| {
                 let p = rank_params(ch, &s);
                 let updated = if par.zero >= 1 {
                     p.rank_dense_trainable.div_ceil(r.dense_replicas() as u64)
@@ -393,7 +365,7 @@ impl<'a> Prepared<'a> {
                 let optimizer_s = timing
                     .rates
                     .memory_s(updated * OptimizerState::of(tr).step_bytes_per_param());
-                (dp_tail_s(r, &links, &s, &ledger, ch), optimizer_s)
+                (dp_tail_s(r, &links, step), optimizer_s)
             })
             .collect();
         Ok(Prepared {
@@ -402,6 +374,7 @@ impl<'a> Prepared<'a> {
             s,
             links,
             chunks,
+            step,
             chunk_times,
             costs,
             after,
@@ -453,6 +426,7 @@ impl<'a> Prepared<'a> {
             s,
             links,
             chunks,
+            step,
             chunk_times,
             costs,
             after,
@@ -546,7 +520,7 @@ impl<'a> Prepared<'a> {
                 },
             };
             memory_stages.push(stage_memory(r, &s, &ledger, rank as u32, ch, pipeline));
-            comm.max(&rank_step_bytes(r, &s, &ledger, ch));
+            comm.max(&rank_step_bytes(r, &s, &ledger, ch, &step[rank]));
             let (tail, optimizer_s) = after[rank];
             let finish = sim.finish[rank];
             let end = finish + tail + optimizer_s;
