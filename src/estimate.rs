@@ -10,7 +10,7 @@ use crate::layout::{GroupKind, Layout};
 use crate::memory::{stage_memory, Pipeline, StageMemory};
 use crate::model::{
     chunks_per_rank, rank_params, BlockSummary, ChunkContents, CollectiveKind, GroupBytes,
-    GroupSeconds, Ledger, LedgerSummary, OptimizerState,
+    GroupSeconds, Ledger, LedgerSummary, OpRole, OptimizerState,
 };
 use crate::network::Network;
 use crate::schedule::{
@@ -570,7 +570,14 @@ impl<'a> Prepared<'a> {
                 total,
                 embedding: s.embedding.params.total,
                 output_layer: s.output.params.total
-                    - ledger.output.ops[0].params.map_or(0, |p| p.total),
+                    - ledger
+                        .output
+                        .ops
+                        .iter()
+                        .filter(|o| o.role == OpRole::FinalNorm)
+                        .filter_map(|o| o.params)
+                        .map(|p| p.total)
+                        .sum::<u64>(),
                 per_layer: s
                     .dense
                     .params

@@ -8,7 +8,7 @@
 
 use crate::config::{CpComm, GpuProfile, Recompute};
 use crate::layout::GroupKind;
-use crate::model::{Block, BlockTimes, GroupSeconds, Op, OpKind, Phase};
+use crate::model::{Block, BlockTimes, GroupSeconds, Op, OpKind, Phase, TensorRole};
 use crate::network::Network;
 use serde::Serialize;
 
@@ -72,10 +72,10 @@ impl Rates<'_> {
     pub fn unfused_attention_bytes(op: &Op) -> u64 {
         op.saved
             .iter()
-            .map(|t| match t.name {
-                "softmax" => 4 * t.bytes,
-                "dropout_out" => 2 * t.bytes,
-                "dropout_mask" => t.bytes,
+            .map(|t| match t.role {
+                TensorRole::Softmax => 4 * t.bytes,
+                TensorRole::DropoutOut => 2 * t.bytes,
+                TensorRole::DropoutMask => t.bytes,
                 _ => 0,
             })
             .sum()
@@ -252,9 +252,9 @@ mod tests {
         let s = 1u64 << 30;
         let unfused = core
             .clone()
-            .save_selective("softmax", s)
-            .save_selective("dropout_mask", s / 2)
-            .save_selective("dropout_out", s);
+            .save_selective(TensorRole::Softmax, s)
+            .save_selective(TensorRole::DropoutMask, s / 2)
+            .save_selective(TensorRole::DropoutOut, s);
         assert_eq!(
             Rates::unfused_attention_bytes(&unfused),
             4 * s + s / 2 + 2 * s

@@ -5,7 +5,7 @@
 use super::dims::Dims;
 use super::linear::{lora_adapter, row_bias, tp_comm, Linear, Split};
 use super::norm::{dropout, norm};
-use super::op::{Collective, CollectiveKind, Flops, Op, OpKind, Phase};
+use super::op::{Collective, CollectiveKind, Flops, Op, OpKind, Phase, TensorRole};
 use crate::config::{CpComm, LoraTarget, ModelConfig, PositionEmbedding, TrainingConfig};
 use crate::layout::GroupKind;
 
@@ -237,23 +237,23 @@ fn core_attention(d: &Dims, a_r: u64, g_r: u64, dqk: u64, dv: u64) -> Op {
         // is the projection's saved input.
         let lse = d.b * a_r * (d.s / d.c) * 4;
         op = op
-            .save("q", q)
-            .save("k", k)
-            .save("v", v)
-            .save_selective("softmax_lse", lse);
+            .save(TensorRole::Query, q)
+            .save(TensorRole::Key, k)
+            .save(TensorRole::Value, v)
+            .save_selective(TensorRole::SoftmaxLse, lse);
     } else {
         // Korthikanti et al. 2022: Q and K for QK^T, the softmax output, the dropout mask and
         // output, and V; s x s tensors per head of this rank.
         let scores = d.b * a_r * d.s * d.s;
         op = op
-            .save("q", q)
-            .save("k", k)
-            .save("v", v)
-            .save_selective("softmax", scores * d.act);
+            .save(TensorRole::Query, q)
+            .save(TensorRole::Key, k)
+            .save(TensorRole::Value, v)
+            .save_selective(TensorRole::Softmax, scores * d.act);
         if d.attention_dropout {
             op = op
-                .save_selective("dropout_mask", scores)
-                .save_selective("dropout_out", scores * d.act);
+                .save_selective(TensorRole::DropoutMask, scores)
+                .save_selective(TensorRole::DropoutOut, scores * d.act);
         }
     }
     // A kernel that materialises scores holds the profile's count of (s/cp)^2 fp32 tiles in

@@ -4,7 +4,7 @@
 use super::dims::Dims;
 use super::linear::{tp_comm, Linear, Split};
 use super::norm::{dropout, norm};
-use super::op::{CollectiveKind, Op, OpKind, ParamClass, Params, Phase};
+use super::op::{CollectiveKind, Op, OpKind, OpRole, ParamClass, Params, Phase, TensorRole};
 use crate::config::{ModelConfig, PositionEmbedding};
 
 /// Vocab-parallel word embedding (+ learned positions, + dropout). Each TP rank looks up its
@@ -12,7 +12,8 @@ use crate::config::{ModelConfig, PositionEmbedding};
 pub fn embedding_block(ops: &mut Vec<Op>, m: &ModelConfig, d: &Dims) {
     let trainable = !d.lora;
     let partial = d.n * d.h * d.act;
-    let mut word = Op::new("embedding.word", OpKind::MemoryBound { bytes: partial });
+    let mut word = Op::new("embedding.word", OpKind::MemoryBound { bytes: partial })
+        .with_role(OpRole::WordEmbedding);
     word.params = Some(Params {
         total: d.v * d.h,
         rank: d.vocab_rank() * d.h,
@@ -69,7 +70,7 @@ pub fn output_block(
     owns_weight: bool,
     copy_of_tied: bool,
 ) {
-    ops.push(norm("output.norm", m.normalization, d.h, d.n_sp, d));
+    ops.push(norm("output.norm", m.normalization, d.h, d.n_sp, d).with_role(OpRole::FinalNorm));
     let trainable = !d.lora;
     let lin = Linear {
         name: "output.layer",
@@ -103,7 +104,7 @@ pub fn output_block(
             bytes: logits + 2 * probs,
         },
     )
-    .save("softmax_fp32", probs)
+    .save(TensorRole::Probabilities, probs)
     .temp(logits);
     let small = tp_comm(d, CollectiveKind::AllReduce, Phase::Forward, d.n * 4);
     ce = ce.comm(crate::model::op::Collective { count: 3, ..small });

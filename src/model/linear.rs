@@ -5,7 +5,9 @@
 //! reduce-scattered; without SP the input gradient (column) and output (row) are all-reduced.
 
 use super::dims::Dims;
-use super::op::{Collective, CollectiveKind, Flops, Op, OpKind, ParamClass, Params, Phase};
+use super::op::{
+    Collective, CollectiveKind, Flops, Op, OpKind, ParamClass, Params, Phase, TensorRole,
+};
 use crate::layout::GroupKind;
 
 /// How a linear layer's weight is split over TP.
@@ -91,7 +93,7 @@ impl Linear {
                 Split::Column | Split::Replicated if d.sp && self.sp_gathered_input => d.n_sp,
                 _ => d.n,
             };
-            op = op.save("input", rows * rank_in * d.lin);
+            op = op.save(TensorRole::Input, rows * rank_in * d.lin);
         }
         if self.communicate && t > 1 {
             let full_in = d.n * i * d.act;
@@ -185,5 +187,5 @@ pub fn lora_adapter(name: &'static str, base: &Linear, rank: u64, d: &Dims) -> O
     });
     op.model_flops = Flops::matmul(2.0 * d.tokens as f64 * total as f64, true);
     op.rank_flops = Flops::matmul(2.0 * d.n as f64 * per_rank as f64, true);
-    op.save("lora_intermediate", d.n * rank * d.act)
+    op.save(TensorRole::LoraIntermediate, d.n * rank * d.act)
 }

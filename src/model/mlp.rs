@@ -4,7 +4,7 @@ use super::attention::push_linear;
 use super::dims::Dims;
 use super::linear::{Linear, Split};
 use super::norm::{dropout, norm};
-use super::op::{Op, OpKind};
+use super::op::{Op, OpKind, TensorRole};
 use crate::config::{Activation, LoraTarget, ModelConfig, TrainingConfig};
 
 /// Width of the first projection: f for GeLU, 2f (gate and up, fused) for SwiGLU.
@@ -18,7 +18,7 @@ pub fn fc1_width(act: Activation, f: u64) -> u64 {
 /// The element-wise activation on `rows` x `width` (its input is saved for backward).
 pub fn activation_op(name: &'static str, rows: u64, width: u64, d: &Dims) -> Op {
     let bytes = rows * width * d.act;
-    Op::new(name, OpKind::MemoryBound { bytes: 2 * bytes }).save("input", bytes)
+    Op::new(name, OpKind::MemoryBound { bytes: 2 * bytes }).save(TensorRole::Input, bytes)
 }
 
 /// Appends the pre-MLP norm (shared by dense and MoE layers).

@@ -17,7 +17,10 @@ pub mod summary;
 
 pub use dims::Dims;
 pub use moe::rank_load_factor;
-pub use op::{Collective, CollectiveKind, Flops, Op, OpKind, ParamClass, Params, Phase, Saved};
+pub use op::{
+    Collective, CollectiveKind, Flops, Op, OpKind, OpRole, ParamClass, Params, Phase, Saved,
+    TensorRole,
+};
 pub use optimizer::OptimizerState;
 pub use summary::{
     chunks_per_rank, rank_params, BlockSummary, BlockTimes, ChunkContents, GroupSeconds,
@@ -348,12 +351,12 @@ pub fn op_wgrad_pending(o: &Op, act: u64) -> u64 {
             let input: u64 = o
                 .saved
                 .iter()
-                .filter(|s| s.name == "input")
+                .filter(|s| s.role == TensorRole::Input)
                 .map(|s| s.bytes)
                 .sum();
             input + m * n * act / shards
         }
-        OpKind::MemoryBound { bytes } if o.name == "embedding.word" => bytes / shards,
+        OpKind::MemoryBound { bytes } if o.role == OpRole::WordEmbedding => bytes / shards,
         _ => p.rank * 4,
     }
 }

@@ -5,7 +5,9 @@
 use super::dims::Dims;
 use super::mlp::{activation_op, fc1_width, mlp_body, mlp_norm};
 use super::norm::dropout;
-use super::op::{Collective, CollectiveKind, Flops, Op, OpKind, ParamClass, Params, Phase};
+use super::op::{
+    Collective, CollectiveKind, Flops, Op, OpKind, ParamClass, Params, Phase, TensorRole,
+};
 use crate::config::{ModelConfig, TrainingConfig};
 use crate::layout::GroupKind;
 
@@ -64,9 +66,9 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
     // and the chosen probabilities (fp32) and expert indices (int64).
     ops.push(
         router
-            .save("input", local * d.h * d.act)
-            .save("logits", local * e * 4)
-            .save("routing", routed * (4 + 8)),
+            .save(TensorRole::Input, local * d.h * d.act)
+            .save(TensorRole::Logits, local * e * 4)
+            .save(TensorRole::Routing, routed * (4 + 8)),
     );
     if m.moe_router_bias {
         let mut bias = Op::new("moe.router_bias", OpKind::MemoryBound { bytes: 0 });
@@ -126,7 +128,7 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         });
         op.model_flops = Flops::matmul(2.0 * (d.tokens * k) as f64 * (i * o) as f64, trainable);
         op.rank_flops = Flops::matmul(2.0 * rows as f64 * (ri * ro) as f64, trainable);
-        op.save("input", rows * ri * d.lin)
+        op.save(TensorRole::Input, rows * ri * d.lin)
     };
     ops.push(expert("moe.experts.fc1", hot, d.h, width, true));
     ops.push(activation_op(
@@ -148,7 +150,7 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         )
         .comm(a2a(Phase::Forward, tokens_bytes))
         .comm(a2a(Phase::Backward, tokens_bytes))
-        .save("expert_outputs", tokens_bytes)
+        .save(TensorRole::ExpertOutputs, tokens_bytes)
         .temp(2 * tokens_bytes),
     );
 

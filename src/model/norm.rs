@@ -1,7 +1,7 @@
 //! Normalisation and dropout ops (memory-bound, TP-replicated parameters).
 
 use super::dims::Dims;
-use super::op::{Op, OpKind, ParamClass, Params};
+use super::op::{Op, OpKind, ParamClass, Params, TensorRole};
 use crate::config::Normalization;
 
 /// A LayerNorm (weight + bias) or RMSNorm (weight) over `features`, on `rows` tokens, saving
@@ -20,7 +20,7 @@ pub fn norm(name: &'static str, kind: Normalization, features: u64, rows: u64, d
         class: ParamClass::TpReplicated,
         trainable: !d.lora,
     });
-    op.save("input", bytes)
+    op.save(TensorRole::Input, bytes)
 }
 
 /// Dropout on `rows` x `features`: saves a 1-byte mask when the rate is nonzero.
@@ -33,7 +33,7 @@ pub fn dropout(name: &'static str, rows: u64, features: u64, enabled: bool) -> O
         },
     );
     if enabled {
-        op.save("mask", bytes)
+        op.save(TensorRole::DropoutMask, bytes)
     } else {
         op
     }

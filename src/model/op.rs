@@ -78,10 +78,50 @@ pub enum OpKind {
     MemoryBound { bytes: u64 },
 }
 
+/// What a saved tensor is, for the models that treat some tensors specially (the unfused
+/// attention core's s x s tensors, a linear layer's input kept for its weight gradient).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TensorRole {
+    /// The op's input (a linear layer's X for dW = X^T dY; a norm's or activation's input).
+    Input,
+    Query,
+    Key,
+    Value,
+    /// The attention core's s x s softmax probabilities (unfused kernels).
+    Softmax,
+    /// Log-sum-exp of each attention row (fused kernels).
+    SoftmaxLse,
+    /// A dropout mask (1 byte per element).
+    DropoutMask,
+    /// The attention dropout's s x s output (unfused kernels).
+    DropoutOut,
+    /// The output layer's fp32 softmax probabilities kept by the cross-entropy.
+    Probabilities,
+    Logits,
+    /// MoE routing weights and indices.
+    Routing,
+    /// The routed experts' outputs, kept for the combine's backward.
+    ExpertOutputs,
+    /// LoRA's rank-r intermediate x A.
+    LoraIntermediate,
+}
+
+/// What an op is, where another model needs to find it (the word embedding's output gradient
+/// for a split backward, the final norm's parameters apart from the output layer's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpRole {
+    WordEmbedding,
+    FinalNorm,
+    #[default]
+    Other,
+}
+
 /// A tensor kept from forward to backward.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Saved {
-    pub name: &'static str,
+    pub role: TensorRole,
     pub bytes: u64,
     /// Dropped (and recomputed) under selective recompute: the core-attention internals.
     pub selective: bool,
@@ -152,6 +192,7 @@ impl Collective {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Op {
     pub name: &'static str,
+    pub role: OpRole,
     pub kind: OpKind,
     pub params: Option<Params>,
     /// Model FLOPs of the whole microbatch (all ranks of one model replica), counted as
@@ -178,6 +219,7 @@ impl Op {
     pub fn new(name: &'static str, kind: OpKind) -> Op {
         Op {
             name,
+            role: OpRole::Other,
             kind,
             params: None,
             model_flops: Flops::default(),
@@ -191,10 +233,16 @@ impl Op {
         }
     }
 
-    pub fn save(mut self, name: &'static str, bytes: u64) -> Op {
+    /// The same op in role `role`.
+    pub fn with_role(mut self, role: OpRole) -> Op {
+        self.role = role;
+        self
+    }
+
+    pub fn save(mut self, role: TensorRole, bytes: u64) -> Op {
         if bytes > 0 {
             self.saved.push(Saved {
-                name,
+                role,
                 bytes,
                 selective: false,
             });
@@ -203,10 +251,10 @@ impl Op {
     }
 
     /// Saves a tensor that selective recompute drops.
-    pub fn save_selective(mut self, name: &'static str, bytes: u64) -> Op {
+    pub fn save_selective(mut self, role: TensorRole, bytes: u64) -> Op {
         if bytes > 0 {
             self.saved.push(Saved {
-                name,
+                role,
                 bytes,
                 selective: true,
             });
