@@ -211,10 +211,9 @@ pub fn stage_memory(
     //   block's gradients at full size before they are reduce-scattered into the shard, as
     //   DeepSpeed's reduce bucket) and its backward transient; a split backward (zero-bubble
     //   schedules) fills the bucket only in its W pass, where nothing else is transient.
+    let blocks = || chunks.iter().flat_map(|c| c.blocks(s)).map(|(b, _)| b);
     let mut fixed = r.gpu.runtime_overhead_bytes;
-    if d.sp {
-        fixed += d.n * d.h * d.act;
-    }
+    fixed += blocks().map(|b| b.sp_gather).max().unwrap_or(0);
     // Pipeline: the receive buffer, and a send buffer. A chunk's output waits in it from its
     // forward to the send right after (a forward transient), unless the next stage sits on
     // the same rank (the bottom of a V), where it waits for that chunk's forward.
@@ -225,7 +224,6 @@ pub fn stage_memory(
     if par.pp > 1 {
         fixed += pp_send + if handoff { pp_send } else { 0 };
     }
-    let blocks = || chunks.iter().flat_map(|c| c.blocks(s)).map(|(b, _)| b);
     let gathered_of = |b: &BlockSummary| if zero >= 3 { b.params.rank() * w } else { 0 };
     let bucket_of = |b: &BlockSummary| {
         if zero >= 2 {

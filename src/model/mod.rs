@@ -265,6 +265,23 @@ impl Block {
         worst
     }
 
+    /// The largest sequence-parallel gather (Korthikanti et al. 2022): the widest input an op
+    /// all-gathers over TP in its forward, which lives in a buffer reused by every layer
+    /// (Megatron's global memory buffer). Zero without SP.
+    pub fn sp_gather_bytes(&self) -> u64 {
+        self.ops
+            .iter()
+            .flat_map(|o| &o.comms)
+            .filter(|c| {
+                c.kind == CollectiveKind::AllGather
+                    && c.group == GroupKind::Tp
+                    && c.phase == Phase::Forward
+            })
+            .map(|c| c.payload_bytes)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The largest transient allocation of any op.
     pub fn temp_bytes(&self) -> u64 {
         self.ops.iter().map(|o| o.temp_bytes).max().unwrap_or(0)

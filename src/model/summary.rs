@@ -49,6 +49,8 @@ pub struct BlockSummary {
     /// The largest forward transient above the block's saved set
     /// ([`Block::forward_temp_bytes`]).
     pub temp: u64,
+    /// The sequence-parallel gather buffer this block needs ([`Block::sp_gather_bytes`]).
+    pub sp_gather: u64,
     /// Wire bytes per microbatch, per group, recomputation included.
     pub comm: GroupBytes,
     pub model_flops: f64,
@@ -81,6 +83,7 @@ impl BlockSummary {
             backward_temp: 0,
             backward_temp_split: 0,
             temp: b.forward_temp_bytes(recompute),
+            sp_gather: b.sp_gather_bytes(),
             comm: b.comm_bytes(recompute),
             model_flops: mf.total(),
             rank_fwd: rf.fwd,
