@@ -418,41 +418,31 @@ impl<'a> Prepared<'a> {
             .unwrap_or(0)
     }
 
-    /// Simulates the schedule and assembles the estimate.
-    pub fn finish(self) -> Result<Estimate, EstimateError> {
-        let Prepared {
-            r,
-            ledger,
-            s,
-            links,
-            chunks,
-            step,
-            chunk_times,
-            costs,
-            after,
-            peak,
-        } = self;
-        let cfg = &r.config;
-        let tr = &cfg.training;
-        let par = &cfg.parallel;
-        let m = &cfg.model;
+    /// `f` summed over every block of one model replica (per microbatch).
+    fn layer_sum(&self, f: impl Fn(&BlockSummary) -> f64) -> f64 {
+        let m = &self.r.config.model;
+        let s = &self.s;
+        let moe_layers = m.num_moe_layers() as u64;
+        let dense_layers = m.num_layers as u64 - moe_layers;
+        let mut x = f(&s.embedding) + f(&s.output) + dense_layers as f64 * f(&s.dense);
+        if let Some(b) = &s.moe {
+            x += moe_layers as f64 * f(b);
+        }
+        if let Some(b) = &s.mtp {
+            x += m.mtp_num_layers as f64 * f(b);
+        }
+        x
+    }
 
-        // Parameters.
+    /// Parameter counts: whole model, per block kind, the most loaded GPU, activated per token.
+    fn param_report(&self) -> ParamReport {
+        let m = &self.r.config.model;
+        let (s, ledger) = (&self.s, &self.ledger);
         let moe_layers = m.num_moe_layers() as u64;
         let dense_layers = m.num_layers as u64 - moe_layers;
         let mtp = m.mtp_num_layers as u64;
-        let layer_sum = |f: &dyn Fn(&BlockSummary) -> f64| -> f64 {
-            let mut x = f(&s.embedding) + f(&s.output) + dense_layers as f64 * f(&s.dense);
-            if let Some(b) = &s.moe {
-                x += moe_layers as f64 * f(b);
-            }
-            if let Some(b) = &s.mtp {
-                x += mtp as f64 * f(b);
-            }
-            x
-        };
-        let total = layer_sum(&|b| b.params.total as f64) as u64;
-        let expert_total = layer_sum(&|b| b.params.expert_total as f64);
+        let total = self.layer_sum(|b| b.params.total as f64) as u64;
+        let expert_total = self.layer_sum(|b| b.params.expert_total as f64);
         let activated = if m.is_moe() {
             let k = m.moe_router_topk as f64 / m.num_experts as f64;
             (total as f64 - expert_total * (1.0 - k)).round() as u64
@@ -475,18 +465,72 @@ impl<'a> Prepared<'a> {
                 .as_ref()
                 .map_or(0, |b| moe_layers * trainable_of(b))
             + ledger.mtp.as_ref().map_or(0, |b| mtp * trainable_of(b));
-        let per_gpu_max = chunks
+        let per_gpu_max = self
+            .chunks
             .iter()
-            .map(|c| rank_params(c, &s).rank())
+            .map(|c| rank_params(c, s).rank())
             .max()
             .unwrap_or(0);
+        let final_norm: u64 = ledger
+            .output
+            .ops
+            .iter()
+            .filter(|o| o.role == OpRole::FinalNorm)
+            .filter_map(|o| o.params)
+            .map(|p| p.total)
+            .sum();
+        ParamReport {
+            total,
+            embedding: s.embedding.params.total,
+            output_layer: s.output.params.total - final_norm,
+            per_layer: s
+                .dense
+                .params
+                .total
+                .max(s.moe.map_or(0, |b| b.params.total)),
+            per_layer_dense: s.dense.params.total,
+            per_layer_moe: s.moe.map(|b| b.params.total),
+            per_gpu_max,
+            activated_per_token: activated,
+            trainable: trainable_total,
+        }
+    }
 
-        // FLOPs.
+    /// FLOPs per step: model (Megatron's count) and hardware (recomputation included).
+    fn flops_report(&self) -> FlopsReport {
+        let tr = &self.r.config.training;
         let microbatches_per_step = (tr.global_batch_size / tr.micro_batch_size) as f64;
-        let model_per_mb = layer_sum(&|b| b.model_flops);
-        let recompute_per_mb = layer_sum(&|b| b.recompute_model);
+        let model_per_mb = self.layer_sum(|b| b.model_flops);
+        let recompute_per_mb = self.layer_sum(|b| b.recompute_model);
         let per_step_model = model_per_mb * microbatches_per_step;
-        let per_step_hardware = (model_per_mb + recompute_per_mb) * microbatches_per_step;
+        let tokens_per_step = (tr.global_batch_size * tr.seq_length) as f64;
+        FlopsReport {
+            per_step_model,
+            per_step_hardware: (model_per_mb + recompute_per_mb) * microbatches_per_step,
+            per_token_model: per_step_model / tokens_per_step,
+        }
+    }
+
+    /// Simulates the schedule and assembles the estimate.
+    pub fn finish(self) -> Result<Estimate, EstimateError> {
+        let params = self.param_report();
+        let flops = self.flops_report();
+        let Prepared {
+            r,
+            ledger,
+            s,
+            links,
+            chunks,
+            step,
+            chunk_times,
+            costs,
+            after,
+            peak,
+        } = self;
+        let cfg = &r.config;
+        let tr = &cfg.training;
+        let par = &cfg.parallel;
+        let (per_step_model, per_step_hardware) = (flops.per_step_model, flops.per_step_hardware);
         let tokens_per_step = (tr.global_batch_size * tr.seq_length) as f64;
 
         // Memory, communication volume, and each rank's finish: its last action, then the
@@ -566,34 +610,8 @@ impl<'a> Prepared<'a> {
         Ok(Estimate {
             config: cfg.clone(),
             gpu: r.gpu.name.clone(),
-            params: ParamReport {
-                total,
-                embedding: s.embedding.params.total,
-                output_layer: s.output.params.total
-                    - ledger
-                        .output
-                        .ops
-                        .iter()
-                        .filter(|o| o.role == OpRole::FinalNorm)
-                        .filter_map(|o| o.params)
-                        .map(|p| p.total)
-                        .sum::<u64>(),
-                per_layer: s
-                    .dense
-                    .params
-                    .total
-                    .max(s.moe.map_or(0, |b| b.params.total)),
-                per_layer_dense: s.dense.params.total,
-                per_layer_moe: s.moe.map(|b| b.params.total),
-                per_gpu_max,
-                activated_per_token: activated,
-                trainable: trainable_total,
-            },
-            flops: FlopsReport {
-                per_step_model,
-                per_step_hardware,
-                per_token_model: per_step_model / tokens_per_step,
-            },
+            params,
+            flops,
             memory: MemoryReport {
                 per_gpu_max_bytes,
                 capacity_bytes: r.gpu.memory_bytes,
