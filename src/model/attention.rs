@@ -6,7 +6,9 @@ use super::dims::Dims;
 use super::linear::{lora_adapter, row_bias, tp_comm, Linear, Split};
 use super::norm::{dropout, norm};
 use super::op::{Collective, CollectiveKind, Flops, Op, OpKind, Phase, TensorRole};
-use crate::config::{CpComm, LoraTarget, ModelConfig, PositionEmbedding, TrainingConfig};
+use crate::config::{
+    CpComm, LoraTarget, MlaConfig, ModelConfig, PositionEmbedding, TrainingConfig,
+};
 use crate::layout::GroupKind;
 
 fn targeted(tr: &TrainingConfig, d: &Dims, target: LoraTarget) -> Option<u64> {
@@ -60,114 +62,7 @@ pub fn attention_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, 
             );
             (d.a / d.t, d.d, d.d, d.g / d.t)
         }
-        Some(mla) => {
-            // Simplification: the down projections are replicated over TP and run on the
-            // gathered sequence; the latent gradients are all-reduced over TP in backward.
-            let dqk = mla.qk_head_dim();
-            let latent_q = mla.q_lora_rank;
-            if latent_q > 0 {
-                let down = Linear {
-                    name: "attn.q_down",
-                    in_features: d.h,
-                    out_features: latent_q,
-                    split: Split::Replicated,
-                    bias: false,
-                    trainable,
-                    save_input: true,
-                    communicate: false,
-                    sp_gathered_input: true,
-                };
-                ops.push(down.op(d).comm(tp_comm(
-                    d,
-                    CollectiveKind::AllReduce,
-                    Phase::Backward,
-                    d.n * latent_q * d.act,
-                )));
-                ops.push(norm("attn.q_norm", m.normalization, latent_q, d.n, d));
-                let up = Linear {
-                    name: "attn.q_up",
-                    in_features: latent_q,
-                    out_features: d.a * dqk,
-                    split: Split::Column,
-                    bias: false,
-                    trainable,
-                    save_input: true,
-                    communicate: false,
-                    sp_gathered_input: false,
-                };
-                ops.push(up.op(d));
-            } else {
-                let q = Linear {
-                    name: "attn.q",
-                    in_features: d.h,
-                    out_features: d.a * dqk,
-                    split: Split::Column,
-                    bias: false,
-                    trainable,
-                    save_input: true,
-                    communicate: false,
-                    sp_gathered_input: true,
-                };
-                ops.push(q.op(d));
-            }
-            let kv_down = Linear {
-                name: "attn.kv_down",
-                in_features: d.h,
-                out_features: mla.kv_lora_rank + mla.qk_rope_head_dim,
-                split: Split::Replicated,
-                bias: false,
-                trainable,
-                save_input: false,
-                communicate: false,
-                sp_gathered_input: true,
-            };
-            let kv_grad = d.n * mla.kv_lora_rank * d.act;
-            let mut kv_down_op = kv_down.op(d).comm(tp_comm(
-                d,
-                CollectiveKind::AllReduce,
-                Phase::Backward,
-                kv_grad,
-            ));
-            // With SP the block input is gathered once for both down projections (forward, and
-            // again in backward for their weight gradients).
-            if d.sp && d.t > 1 {
-                let full_in = d.n * d.h * d.act;
-                kv_down_op = kv_down_op
-                    .comm(tp_comm(
-                        d,
-                        CollectiveKind::AllGather,
-                        Phase::Forward,
-                        full_in,
-                    ))
-                    .comm(tp_comm(
-                        d,
-                        CollectiveKind::AllGather,
-                        Phase::Backward,
-                        full_in,
-                    ));
-            }
-            ops.push(kv_down_op);
-            ops.push(norm(
-                "attn.kv_norm",
-                m.normalization,
-                mla.kv_lora_rank,
-                d.n,
-                d,
-            ));
-            let kv_up = Linear {
-                name: "attn.kv_up",
-                in_features: mla.kv_lora_rank,
-                out_features: d.a * (mla.qk_nope_head_dim + mla.v_head_dim),
-                split: Split::Column,
-                bias: false,
-                trainable,
-                save_input: true,
-                communicate: false,
-                sp_gathered_input: false,
-            };
-            ops.push(kv_up.op(d));
-            (d.a / d.t, dqk, mla.v_head_dim, d.a / d.t)
-        }
+        Some(mla) => mla_projections(ops, m, mla, d),
     };
     if m.position_embedding == PositionEmbedding::Rope {
         let rope_bytes = d.n * (a_r * dqk + g_r * dqk) * d.act;
@@ -202,6 +97,125 @@ pub fn attention_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, 
 }
 
 /// The attention core on this rank: a_r query heads and g_r K/V heads of this TP rank, over
+
+/// MLA's projections (DeepSeek-V2): the query through an optional low-rank latent, keys and
+/// values through a joint latent with a decoupled rotary key. Returns (heads on this rank, q/k
+/// head dim, v head dim, K/V heads on this rank).
+fn mla_projections(
+    ops: &mut Vec<Op>,
+    m: &ModelConfig,
+    mla: &MlaConfig,
+    d: &Dims,
+) -> (u64, u64, u64, u64) {
+    let trainable = !d.lora;
+    // Simplification: the down projections are replicated over TP and run on the
+    // gathered sequence; the latent gradients are all-reduced over TP in backward.
+    let dqk = mla.qk_head_dim();
+    let latent_q = mla.q_lora_rank;
+    if latent_q > 0 {
+        let down = Linear {
+            name: "attn.q_down",
+            in_features: d.h,
+            out_features: latent_q,
+            split: Split::Replicated,
+            bias: false,
+            trainable,
+            save_input: true,
+            communicate: false,
+            sp_gathered_input: true,
+        };
+        ops.push(down.op(d).comm(tp_comm(
+            d,
+            CollectiveKind::AllReduce,
+            Phase::Backward,
+            d.n * latent_q * d.act,
+        )));
+        ops.push(norm("attn.q_norm", m.normalization, latent_q, d.n, d));
+        let up = Linear {
+            name: "attn.q_up",
+            in_features: latent_q,
+            out_features: d.a * dqk,
+            split: Split::Column,
+            bias: false,
+            trainable,
+            save_input: true,
+            communicate: false,
+            sp_gathered_input: false,
+        };
+        ops.push(up.op(d));
+    } else {
+        let q = Linear {
+            name: "attn.q",
+            in_features: d.h,
+            out_features: d.a * dqk,
+            split: Split::Column,
+            bias: false,
+            trainable,
+            save_input: true,
+            communicate: false,
+            sp_gathered_input: true,
+        };
+        ops.push(q.op(d));
+    }
+    let kv_down = Linear {
+        name: "attn.kv_down",
+        in_features: d.h,
+        out_features: mla.kv_lora_rank + mla.qk_rope_head_dim,
+        split: Split::Replicated,
+        bias: false,
+        trainable,
+        save_input: false,
+        communicate: false,
+        sp_gathered_input: true,
+    };
+    let kv_grad = d.n * mla.kv_lora_rank * d.act;
+    let mut kv_down_op = kv_down.op(d).comm(tp_comm(
+        d,
+        CollectiveKind::AllReduce,
+        Phase::Backward,
+        kv_grad,
+    ));
+    // With SP the block input is gathered once for both down projections (forward, and
+    // again in backward for their weight gradients).
+    if d.sp && d.t > 1 {
+        let full_in = d.n * d.h * d.act;
+        kv_down_op = kv_down_op
+            .comm(tp_comm(
+                d,
+                CollectiveKind::AllGather,
+                Phase::Forward,
+                full_in,
+            ))
+            .comm(tp_comm(
+                d,
+                CollectiveKind::AllGather,
+                Phase::Backward,
+                full_in,
+            ));
+    }
+    ops.push(kv_down_op);
+    ops.push(norm(
+        "attn.kv_norm",
+        m.normalization,
+        mla.kv_lora_rank,
+        d.n,
+        d,
+    ));
+    let kv_up = Linear {
+        name: "attn.kv_up",
+        in_features: mla.kv_lora_rank,
+        out_features: d.a * (mla.qk_nope_head_dim + mla.v_head_dim),
+        split: Split::Column,
+        bias: false,
+        trainable,
+        save_input: true,
+        communicate: false,
+        sp_gathered_input: false,
+    };
+    ops.push(kv_up.op(d));
+    (d.a / d.t, dqk, mla.v_head_dim, d.a / d.t)
+}
+
 /// the local sequence shard, with the context-parallel exchange of K/V.
 fn core_attention(d: &Dims, a_r: u64, g_r: u64, dqk: u64, dv: u64) -> Op {
     let (s, b) = (d.s as f64, d.b as f64);
