@@ -54,30 +54,10 @@ const NOT_DONE: f64 = f64::NAN;
 /// Plays `program` with `costs`. Errors: costs for the wrong number of stages, an invalid
 /// program (missing, duplicated or misplaced actions), or a deadlock.
 pub fn simulate(program: &Program, costs: &Costs) -> Result<Simulation, ScheduleError> {
-    costs.validate()?;
+    check_inputs(program, costs)?;
     let stages = program.num_stages();
     let m = program.microbatches;
-    if costs.num_stages() != stages as usize {
-        return Err(ScheduleError::BadCosts(format!(
-            "costs describe {} stages but the program has pp * vpp = {stages}",
-            costs.num_stages()
-        )));
-    }
-    if program.ranks.len() != program.pp as usize {
-        return Err(ScheduleError::InvalidProgram(format!(
-            "{} rank lists for parallel.pp = {}",
-            program.ranks.len(),
-            program.pp
-        )));
-    }
     let cells = stages as u64 * m as u64;
-    if cells >= 1 << 31 {
-        return Err(ScheduleError::TooLarge {
-            stages: stages as u64,
-            microbatches: m,
-        });
-    }
-    check_program(program)?;
 
     let pp = program.pp as usize;
     let placement = program.placement;
@@ -213,6 +193,45 @@ pub fn simulate(program: &Program, costs: &Costs) -> Result<Simulation, Schedule
         }
     }
 
+    if let Some(err) = deadlock(program, &pc) {
+        return Err(err);
+    }
+
+    Ok(summarise(program, timeline, &free, busy))
+}
+
+/// The program and costs describe the same stages, and the cells fit the simulator's indices.
+fn check_inputs(program: &Program, costs: &Costs) -> Result<(), ScheduleError> {
+    costs.validate()?;
+    let stages = program.num_stages();
+    let m = program.microbatches;
+    if costs.num_stages() != stages as usize {
+        return Err(ScheduleError::BadCosts(format!(
+            "costs describe {} stages but the program has pp * vpp = {stages}",
+            costs.num_stages()
+        )));
+    }
+    if program.ranks.len() != program.pp as usize {
+        return Err(ScheduleError::InvalidProgram(format!(
+            "{} rank lists for parallel.pp = {}",
+            program.ranks.len(),
+            program.pp
+        )));
+    }
+    let cells = stages as u64 * m as u64;
+    if cells >= 1 << 31 {
+        return Err(ScheduleError::TooLarge {
+            stages: stages as u64,
+            microbatches: m,
+        });
+    }
+    check_program(program)?;
+    Ok(())
+}
+
+/// The deadlock error when some rank could not finish its action list.
+fn deadlock(program: &Program, pc: &[usize]) -> Option<ScheduleError> {
+    let pp = program.pp as usize;
     let stuck: Vec<usize> = (0..pp)
         .filter(|&r| pc[r] < program.ranks[r].len())
         .collect();
@@ -227,14 +246,24 @@ pub fn simulate(program: &Program, costs: &Costs) -> Result<Simulation, Schedule
                 )
             })
             .collect();
-        return Err(ScheduleError::Deadlock(format!(
+        return Some(ScheduleError::Deadlock(format!(
             "{} of {} ranks cannot proceed: {}",
             stuck.len(),
             pp,
             detail.join("; ")
         )));
     }
+    None
+}
 
+/// Makespan, idle times, bubble fraction and peak in-flight sets of a finished simulation.
+fn summarise(
+    program: &Program,
+    timeline: Vec<Vec<Span>>,
+    free: &[f64],
+    busy: Vec<f64>,
+) -> Simulation {
+    let pp = program.pp as usize;
     let makespan = free.iter().cloned().fold(0.0, f64::max);
     let idle: Vec<f64> = busy.iter().map(|b| makespan - b).collect();
     let max_busy = busy.iter().cloned().fold(0.0, f64::max);
@@ -249,7 +278,7 @@ pub fn simulate(program: &Program, costs: &Costs) -> Result<Simulation, Schedule
         0.0
     };
     let peak_inflight = program.ranks.iter().map(|a| peak_live(a)).collect();
-    Ok(Simulation {
+    Simulation {
         timeline,
         makespan,
         busy,
@@ -257,7 +286,7 @@ pub fn simulate(program: &Program, costs: &Costs) -> Result<Simulation, Schedule
         bubble_fraction,
         idle_over_makespan,
         peak_inflight,
-    })
+    }
 }
 
 /// Peak live activation sets of one rank's action list: +1 at each F, -1 after the action
