@@ -96,8 +96,6 @@ pub fn attention_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, 
     ops.push(dropout("attn.dropout", d.n_sp, d.h, d.hidden_dropout));
 }
 
-/// The attention core on this rank: a_r query heads and g_r K/V heads of this TP rank, over
-
 /// MLA's projections (DeepSeek-V2): the query through an optional low-rank latent, keys and
 /// values through a joint latent with a decoupled rotary key. Returns (heads on this rank, q/k
 /// head dim, v head dim, K/V heads on this rank).
@@ -216,6 +214,7 @@ fn mla_projections(
     (d.a / d.t, dqk, mla.v_head_dim, d.a / d.t)
 }
 
+/// The attention core on this rank: a_r query heads and g_r K/V heads of this TP rank, over
 /// the local sequence shard, with the context-parallel exchange of K/V.
 fn core_attention(d: &Dims, a_r: u64, g_r: u64, dqk: u64, dv: u64) -> Op {
     let (s, b) = (d.s as f64, d.b as f64);
