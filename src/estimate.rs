@@ -7,7 +7,7 @@ use crate::comm::{
 };
 use crate::config::{Config, Resolved, ScheduleKind};
 use crate::layout::{GroupKind, Layout};
-use crate::memory::{stage_memory, Pipeline, StageMemory};
+use crate::memory::{stage_memory, updated_params, Pipeline, StageMemory};
 use crate::model::{
     chunks_per_rank, rank_params, BlockSummary, ChunkContents, CollectiveKind, GroupBytes,
     GroupSeconds, Ledger, LedgerSummary, OpRole, OptimizerState,
@@ -356,12 +356,7 @@ impl<'a> Prepared<'a> {
             .zip(&step)
             .map(|(ch, step)| {
                 let p = rank_params(ch, &s);
-                let updated = if par.zero >= 1 {
-                    p.rank_dense_trainable.div_ceil(r.dense_replicas() as u64)
-                        + p.rank_expert_trainable.div_ceil(r.expert_dp() as u64)
-                } else {
-                    p.rank_dense_trainable + p.rank_expert_trainable
-                };
+                let updated = updated_params(r, &p);
                 let optimizer_s = timing
                     .rates
                     .memory_s(updated * OptimizerState::of(tr).step_bytes_per_param());

@@ -4,7 +4,7 @@
 
 use crate::config::{Recompute, Resolved};
 use crate::model::{
-    rank_params, BlockSummary, ChunkContents, Ledger, LedgerSummary, OptimizerState,
+    rank_params, BlockSummary, ChunkContents, Ledger, LedgerSummary, OptimizerState, ParamSums,
 };
 use crate::schedule::{Action, ActionKind};
 use serde::Serialize;
@@ -167,6 +167,19 @@ pub enum Pipeline<'a> {
     Inflight { sets: u32, split: bool },
 }
 
+/// Trainable parameters whose optimizer state a rank holds and updates: its shard over the
+/// replica group under ZeRO-1 and above (Rajbhandari et al. 2020), else all of them. Memory
+/// holds [`OptimizerState::state_bytes_per_param`] for each; the step streams
+/// [`OptimizerState::step_bytes_per_param`].
+pub fn updated_params(r: &Resolved, p: &ParamSums) -> u64 {
+    if r.config.parallel.zero >= 1 {
+        p.rank_dense_trainable.div_ceil(r.dense_replicas() as u64)
+            + p.rank_expert_trainable.div_ceil(r.expert_dp() as u64)
+    } else {
+        p.rank_dense_trainable + p.rank_expert_trainable
+    }
+}
+
 /// Memory of pipeline rank `rank` holding `chunks` and running `pipeline`.
 pub fn stage_memory(
     r: &Resolved,
@@ -197,11 +210,7 @@ pub fn stage_memory(
     } else {
         (p.rank_dense_trainable + p.rank_expert_trainable) * g
     };
-    let optimizer = if zero >= 1 {
-        (shard(p.rank_dense_trainable, dense_rep) + shard(p.rank_expert_trainable, expert_rep)) * o
-    } else {
-        (p.rank_dense_trainable + p.rank_expert_trainable) * o
-    };
+    let optimizer = updated_params(r, &p) * o;
 
     // Buffers: runtime overhead, the SP all-gather buffer, pipeline send/receive buffers,
     // then, by phase, ZeRO's gathered blocks and gradient bucket and the ops' transients:
