@@ -192,3 +192,47 @@ pub fn rank_step_bytes(
     }
     g
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, Layer};
+    use crate::model::chunks_per_rank;
+
+    fn resolved(v: serde_json::Value) -> Resolved {
+        Resolved::new(Config::from_layers(&[Layer::overrides(v)]).expect("loads")).expect("valid")
+    }
+
+    /// Tied embeddings split over two pipeline ranks, TP 2 with SP, ZeRO-1: each rank's list
+    /// holds the DP reduce-scatter and gather, the tied-embedding and the norm all-reduces, and
+    /// the volume is their wire bytes.
+    #[test]
+    fn step_collectives_are_the_one_list_volume_is_summed_from() {
+        let r = resolved(serde_json::json!({
+            "model": {"tied_embeddings": true},
+            "cluster": {"num_gpus": 16},
+            "parallel": {"tp": 2, "pp": 2, "zero": 1},
+        }));
+        let l = Ledger::build(&r);
+        let s = LedgerSummary::of(&l, r.config.training.recompute);
+        for ch in chunks_per_rank(&r) {
+            let step = step_collectives(&r, &s, &l, &ch);
+            let roles: Vec<StepRole> = step.iter().map(|c| c.role).collect();
+            assert_eq!(
+                roles,
+                [
+                    StepRole::GradReduce,
+                    StepRole::ParamGather,
+                    StepRole::TiedEmbeddingGrads,
+                    StepRole::ReplicatedGrads
+                ]
+            );
+            let with = rank_step_bytes(&r, &s, &l, &ch, &step);
+            let without = rank_step_bytes(&r, &s, &l, &ch, &[]);
+            let dp: f64 = step[..2].iter().map(|c| c.coll.wire_bytes()).sum();
+            assert_eq!(with.dp - without.dp, dp);
+            assert_eq!(with.pp - without.pp, step[2].coll.wire_bytes());
+            assert_eq!(with.tp - without.tp, step[3].coll.wire_bytes());
+        }
+    }
+}

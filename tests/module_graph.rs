@@ -113,6 +113,23 @@ fn src_modules_import_one_way() {
         }
     }
     assert!(top.contains_key("model") && top.contains_key("network"));
+    // The engine's modules in DESIGN.md's order: each imports only those before it.
+    let order = [
+        "config", "layout", "model", "network", "time", "schedule", "memory", "comm", "estimate",
+        "search",
+    ];
+    let rank = |m: &str| order.iter().position(|o| *o == m);
+    for (from, tos) in &top {
+        for to in tos {
+            if let (Some(a), Some(b)) = (rank(from), rank(to)) {
+                let same_tier = matches!((from.as_str(), to.as_str()), ("comm", "memory"));
+                assert!(
+                    b < a && !same_tier,
+                    "{from} imports {to}, against DESIGN.md's order {order:?}"
+                );
+            }
+        }
+    }
     if let Some(c) = find_cycle(&top) {
         panic!("import cycle between modules: {}", c.join(" -> "));
     }
