@@ -155,7 +155,7 @@ struct ChunkTimes {
 /// backward) seconds.
 fn per_microbatch_dp_s(
     r: &Resolved,
-    links: &Network,
+    network: &Network,
     s: &LedgerSummary,
     c: &ChunkContents,
     fwd_compute: f64,
@@ -169,7 +169,7 @@ fn per_microbatch_dp_s(
     let mut bwd = 0.0;
     for set in replica_sets(r, &rank_params(std::slice::from_ref(c), s)) {
         for dc in dp_collectives(par.zero, set, 1) {
-            let t = links.collective_s(dc.group, dc.kind, dc.payload_bytes, dc.group_size);
+            let t = network.collective_s(dc.group, dc.kind, dc.payload_bytes, dc.group_size);
             match dc.kind {
                 CollectiveKind::AllGather if par.zero >= 3 => {
                     fwd += t;
@@ -198,7 +198,7 @@ fn per_microbatch_dp_s(
 /// the last gradient bucket (all of it without `overlap_grad_reduce`), the parameter
 /// all-gather of ZeRO-1/2 unless overlapped with the next forward, the tied-embedding and
 /// TP-replicated gradient all-reduces.
-fn dp_tail_s(r: &Resolved, links: &Network, step: &[StepCollective]) -> f64 {
+fn dp_tail_s(r: &Resolved, network: &Network, step: &[StepCollective]) -> f64 {
     let par = &r.config.parallel;
     let gb = r.config.training.grad_dtype.bytes();
     let bucket_params = par
@@ -207,14 +207,14 @@ fn dp_tail_s(r: &Resolved, links: &Network, step: &[StepCollective]) -> f64 {
     let e = &r.gpu.efficiency;
     let mut tail = 0.0;
     for StepCollective { role, coll: c } in step {
-        let full = links.collective_s(c.group, c.kind, c.payload_bytes, c.group_size);
+        let full = network.collective_s(c.group, c.kind, c.payload_bytes, c.group_size);
         tail += match role {
             // ZeRO-3 gathers are per microbatch (in the stage costs); ZeRO-1/2 gather the
             // updated weights once, hidden behind the next forward when overlapped.
             StepRole::ParamGather if par.zero >= 3 => 0.0,
             StepRole::ParamGather if par.overlap_param_gather => e.charged_s(full, 0.0),
             StepRole::GradReduce if par.overlap_grad_reduce => {
-                let last = links.collective_s(
+                let last = network.collective_s(
                     c.group,
                     c.kind,
                     c.payload_bytes.min(bucket_params * gb),
@@ -235,7 +235,7 @@ fn stage_costs(
     s: &LedgerSummary,
     ledger: &Ledger,
     chunks: &[Vec<ChunkContents>],
-    links: &Network,
+    network: &Network,
 ) -> Result<(Vec<ChunkTimes>, Costs), EstimateError> {
     let par = &r.config.parallel;
     let stages = r.placement.num_stages();
@@ -254,16 +254,16 @@ fn stage_costs(
         }
         let fwd_compute = t.fwd - t.exposed.total();
         let (zf, zb) =
-            per_microbatch_dp_s(r, links, s, c, fwd_compute, t.input_grad + t.weight_grad);
+            per_microbatch_dp_s(r, network, s, c, fwd_compute, t.input_grad + t.weight_grad);
         t.fwd += zf;
         t.input_grad += zb;
         t.exposed.dp += zf + zb;
         chunk_times[c.stage] = t;
     }
     let hop_bytes = ledger.dims.residual_bytes();
-    let hop_s = links.collective_s(GroupKind::Pp, CollectiveKind::SendRecv, hop_bytes, par.pp)
+    let hop_s = network.collective_s(GroupKind::Pp, CollectiveKind::SendRecv, hop_bytes, par.pp)
         - if par.pp > 1 {
-            links.latency_s(GroupKind::Pp)
+            network.latency_s(GroupKind::Pp)
         } else {
             0.0
         };
@@ -272,7 +272,7 @@ fn stage_costs(
         chunk_times.iter().map(|t| t.input_grad).collect(),
         chunk_times.iter().map(|t| t.weight_grad).collect(),
         if par.pp > 1 {
-            links.latency_s(GroupKind::Pp)
+            network.latency_s(GroupKind::Pp)
         } else {
             0.0
         },
@@ -309,7 +309,7 @@ pub struct Prepared<'a> {
     r: &'a Resolved,
     ledger: Ledger,
     s: LedgerSummary,
-    links: Network,
+    network: Network,
     chunks: Vec<Vec<ChunkContents>>,
     /// Per pipeline rank: its step-level collectives.
     step: Vec<Vec<StepCollective>>,
@@ -321,13 +321,13 @@ pub struct Prepared<'a> {
 }
 
 impl<'a> Prepared<'a> {
-    /// Builds the ledger and the per-stage costs; `links` may be passed in when many
+    /// Builds the ledger and the per-stage costs; `network` may be passed in when many
     /// configurations share one layout.
-    pub fn new(r: &'a Resolved, links: Option<Network>) -> Result<Prepared<'a>, EstimateError> {
+    pub fn new(r: &'a Resolved, network: Option<Network>) -> Result<Prepared<'a>, EstimateError> {
         let tr = &r.config.training;
         let par = &r.config.parallel;
         let ledger = Ledger::build(r);
-        let links = links.unwrap_or_else(|| Network::new(&Layout::of(r), &r.gpu));
+        let network = network.unwrap_or_else(|| Network::new(&Layout::of(r), &r.gpu));
         let peak = r
             .gpu
             .peak_flops_for(tr.precision)
@@ -338,7 +338,7 @@ impl<'a> Prepared<'a> {
                 peak_flops: peak,
                 element_bytes: tr.weight_bytes(),
             },
-            network: &links,
+            network: &network,
             overlaps: overlaps(r),
             cp_comm: par.cp_comm,
         };
@@ -346,7 +346,7 @@ impl<'a> Prepared<'a> {
             timing.block_times(b, tr.recompute)
         });
         let chunks = chunks_per_rank(r);
-        let (chunk_times, costs) = stage_costs(r, &s, &ledger, &chunks, &links)?;
+        let (chunk_times, costs) = stage_costs(r, &s, &ledger, &chunks, &network)?;
         let step: Vec<Vec<StepCollective>> = chunks
             .iter()
             .map(|ch| step_collectives(r, &s, &ledger, ch))
@@ -360,14 +360,14 @@ impl<'a> Prepared<'a> {
                 let optimizer_s = timing
                     .rates
                     .memory_s(updated * OptimizerState::of(tr).step_bytes_per_param());
-                (dp_tail_s(r, &links, step), optimizer_s)
+                (dp_tail_s(r, &network, step), optimizer_s)
             })
             .collect();
         Ok(Prepared {
             r,
             ledger,
             s,
-            links,
+            network,
             chunks,
             step,
             chunk_times,
@@ -514,7 +514,7 @@ impl<'a> Prepared<'a> {
             r,
             ledger,
             s,
-            links,
+            network,
             chunks,
             step,
             chunk_times,
@@ -597,8 +597,8 @@ impl<'a> Prepared<'a> {
             .iter()
             .map(|&g| GroupInfo {
                 group: g,
-                size: links.geometry(g).size,
-                crosses_nodes: links.crosses_nodes(g),
+                size: network.geometry(g).size,
+                crosses_nodes: network.crosses_nodes(g),
             })
             .collect();
         let fits = per_gpu_max_bytes <= r.gpu.memory_bytes;

@@ -415,9 +415,9 @@ enum Screened {
 }
 
 /// Layout-dependent link geometry, computed once per (tp, cp, ep, pp).
-type LinkCache = HashMap<(u32, u32, u32, u32), Network>;
+type NetworkCache = HashMap<(u32, u32, u32, u32), Network>;
 
-fn link_cache(mixes: &[Mix], base: &Config, gpu: &GpuProfile) -> LinkCache {
+fn network_cache(mixes: &[Mix], base: &Config, gpu: &GpuProfile) -> NetworkCache {
     let n = base.cluster.num_gpus;
     let mut keys: Vec<(u32, u32, u32, u32)> =
         mixes.iter().map(|m| (m.tp, m.cp, m.ep, m.pp)).collect();
@@ -446,7 +446,7 @@ fn resolve(mix: &Mix, spec: &SearchSpec, gpu: &GpuProfile) -> Option<Resolved> {
 }
 
 /// Phase 1: validity, the memory lower bound and the step-time lower bound; no simulation.
-fn screen(mix: &Mix, spec: &SearchSpec, gpu: &GpuProfile, links: &LinkCache) -> Screened {
+fn screen(mix: &Mix, spec: &SearchSpec, gpu: &GpuProfile, links: &NetworkCache) -> Screened {
     let dp = spec.base.cluster.num_gpus / (mix.tp * mix.cp * mix.pp);
     if !spec.constraints.iter().all(|c| c.holds(mix, dp)) {
         return Screened::Constraint;
@@ -519,7 +519,7 @@ pub fn search(
     let gpu = GpuProfile::load(&spec.base.cluster.gpu)?;
     let mixes = enumerate(&spec.base, spec.mbs_max);
     let total = mixes.len() as u64;
-    let links = link_cache(&mixes, &spec.base, &gpu);
+    let links = network_cache(&mixes, &spec.base, &gpu);
 
     // Phase 1: screen every candidate.
     let done = AtomicU64::new(0);
