@@ -127,6 +127,30 @@ mod tests {
         assert!(warnings(&Config::default()).is_empty());
     }
 
+    /// Violations of several groups come in the groups' order, each group's in its own.
+    #[test]
+    fn groups_report_in_order() {
+        let gpu = GpuProfile::load("h100-sxm").unwrap();
+        let c = with(|c| {
+            c.cluster.num_gpus = 17;
+            c.parallel.tp = 3;
+            c.parallel.zero = 9;
+        });
+        let Err(ConfigError::Invalid(v)) = check(&c, &gpu) else {
+            panic!("invalid")
+        };
+        assert_eq!(
+            test_support::fields(&v),
+            [
+                "cluster.num_gpus",
+                "parallel.tp",
+                "parallel.tp",
+                "training.seq_length",
+                "parallel.zero"
+            ]
+        );
+    }
+
     #[test]
     fn tp_beyond_a_node_and_sp_without_tp_warn() {
         let w = warnings(&with(|c| {
