@@ -8,6 +8,7 @@ use parsim::calibrate::measurements;
 use parsim::calibrate::profile_fit::{fit_profile, ProfileFit};
 use parsim::config::GpuProfile;
 use parsim::report::format::{gib, seconds};
+use parsim::report::table::table;
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -39,15 +40,7 @@ fn pct(x: Option<(f64, f64)>) -> String {
 }
 
 fn print_fit(f: &ProfileFit, report: bool) {
-    let mut t = comfy_table::Table::new();
-    t.load_style(comfy_table::presets::UTF8_BORDERS_ONLY);
-    t.set_header(vec![
-        "parameter",
-        "before",
-        "after",
-        "95% CI",
-        "identifiable",
-    ]);
+    let mut t = table(&["parameter", "before", "after", "95% CI", "identifiable"]);
     let num = |v: f64| {
         if v != 0.0 && v.abs() < 1e-3 {
             format!("{v:.3e}")
@@ -110,9 +103,7 @@ fn print_fit(f: &ProfileFit, report: bool) {
         );
     }
     if report {
-        let mut t = comfy_table::Table::new();
-        t.load_style(comfy_table::presets::UTF8_BORDERS_ONLY);
-        t.set_header(vec![
+        let mut t = table(&[
             "line",
             "label",
             "role",
