@@ -8,7 +8,7 @@ use parsim::report::format::{gib, seconds};
 use parsim::report::table;
 use parsim::search::{search, Constraint, Ranked, SearchSpec};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Search the parallel mix: the configuration file, model, cluster and training settings are
@@ -88,17 +88,13 @@ pub fn run(args: SearchArgs) -> anyhow::Result<()> {
         .progress_chars("=> "),
     );
     let started = Instant::now();
-    let shown = Mutex::new(false);
+    let shown = AtomicBool::new(false);
     let progress = |done: u64, total: u64| {
         bar.set_length(total);
         bar.set_position(done);
-        if started.elapsed() > Duration::from_secs(1) {
-            if let Ok(mut s) = shown.lock() {
-                if !*s {
-                    bar.set_draw_target(ProgressDrawTarget::stderr());
-                    *s = true;
-                }
-            }
+        // The bar appears once a search has run for a second; the first thread there shows it.
+        if started.elapsed() > Duration::from_secs(1) && !shown.swap(true, Ordering::Relaxed) {
+            bar.set_draw_target(ProgressDrawTarget::stderr());
         }
     };
     let result = search(&spec, &progress, &cancel)?;

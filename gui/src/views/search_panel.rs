@@ -104,7 +104,7 @@ pub fn ui(ui: &mut Ui, opt: &mut SearchOptions, view: &SearchView) -> SearchActi
         None => {}
         Some(Err(e)) => {
             let color = ui.visuals().error_fg_color;
-            ui.add(egui::Label::new(RichText::new(e.to_string()).color(color)).wrap());
+            ui.add(egui::Label::new(RichText::new(e.clone()).color(color)).wrap());
         }
         Some(Ok(r)) => {
             ui.label(
