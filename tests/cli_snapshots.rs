@@ -142,6 +142,14 @@ fn layout_groups() {
 }
 
 #[test]
+fn layout_one_rank() {
+    cli_snapshot!(
+        "layout_one_rank",
+        ["layout", "--tp", "2", "--pp", "2", "--gpus", "16", "--gbs", "8", "--rank", "5"]
+    );
+}
+
+#[test]
 fn schedule_ascii() {
     cli_snapshot!("schedule_ascii", ["schedule"]);
 }
