@@ -22,54 +22,46 @@ impl std::fmt::Debug for ProfileField {
     }
 }
 
-/// `efficiency.matmul`: achieved share of peak on GEMMs.
-pub const MATMUL: ProfileField = ProfileField {
-    name: "efficiency.matmul",
-    get: |g| g.efficiency.matmul,
-    set: |g, v| g.efficiency.matmul = v,
-};
+/// Declares a [`ProfileField`] constant for the profile field at `path`, named after it.
+macro_rules! profile_field {
+    ($(#[$doc:meta])* $constant:ident: $first:ident $(. $rest:ident)*) => {
+        $(#[$doc])*
+        pub const $constant: ProfileField = ProfileField {
+            name: concat!(stringify!($first) $(, ".", stringify!($rest))*),
+            get: |g| g.$first$(.$rest)*,
+            set: |g, v| g.$first$(.$rest)* = v,
+        };
+    };
+}
 
-/// `efficiency.attention`: achieved share of peak in the attention core.
-pub const ATTENTION: ProfileField = ProfileField {
-    name: "efficiency.attention",
-    get: |g| g.efficiency.attention,
-    set: |g, v| g.efficiency.attention = v,
-};
-
-/// `efficiency.memory_bound`: achieved share of memory bandwidth on elementwise ops.
-pub const MEMORY_BOUND: ProfileField = ProfileField {
-    name: "efficiency.memory_bound",
-    get: |g| g.efficiency.memory_bound,
-    set: |g, v| g.efficiency.memory_bound = v,
-};
-
-/// `efficiency.kernel_overhead_s`: fixed launch cost per kernel, in seconds.
-pub const KERNEL_OVERHEAD_S: ProfileField = ProfileField {
-    name: "efficiency.kernel_overhead_s",
-    get: |g| g.efficiency.kernel_overhead_s,
-    set: |g, v| g.efficiency.kernel_overhead_s = v,
-};
-
-/// `efficiency.overlap_interference`: how much overlapped communication slows compute.
-pub const OVERLAP_INTERFERENCE: ProfileField = ProfileField {
-    name: "efficiency.overlap_interference",
-    get: |g| g.efficiency.overlap_interference,
-    set: |g, v| g.efficiency.overlap_interference = v,
-};
-
-/// `links.intra_node.efficiency`: achieved share of NVLink bandwidth.
-pub const INTRA_LINK: ProfileField = ProfileField {
-    name: "links.intra_node.efficiency",
-    get: |g| g.links.intra_node.efficiency,
-    set: |g, v| g.links.intra_node.efficiency = v,
-};
-
-/// `links.inter_node.efficiency`: achieved share of the network's bandwidth.
-pub const INTER_LINK: ProfileField = ProfileField {
-    name: "links.inter_node.efficiency",
-    get: |g| g.links.inter_node.efficiency,
-    set: |g, v| g.links.inter_node.efficiency = v,
-};
+profile_field!(
+    /// `efficiency.matmul`: achieved share of peak on GEMMs.
+    MATMUL: efficiency.matmul
+);
+profile_field!(
+    /// `efficiency.attention`: achieved share of peak in the attention core.
+    ATTENTION: efficiency.attention
+);
+profile_field!(
+    /// `efficiency.memory_bound`: achieved share of memory bandwidth on elementwise ops.
+    MEMORY_BOUND: efficiency.memory_bound
+);
+profile_field!(
+    /// `efficiency.kernel_overhead_s`: fixed launch cost per kernel, in seconds.
+    KERNEL_OVERHEAD_S: efficiency.kernel_overhead_s
+);
+profile_field!(
+    /// `efficiency.overlap_interference`: how much overlapped communication slows compute.
+    OVERLAP_INTERFERENCE: efficiency.overlap_interference
+);
+profile_field!(
+    /// `links.intra_node.efficiency`: achieved share of NVLink bandwidth.
+    INTRA_LINK: links.intra_node.efficiency
+);
+profile_field!(
+    /// `links.inter_node.efficiency`: achieved share of the network's bandwidth.
+    INTER_LINK: links.inter_node.efficiency
+);
 
 /// How a field's value maps to the unbounded coordinate an optimiser moves.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -127,6 +119,13 @@ mod tests {
                 "{scale:?} {v} {back}"
             );
         }
+    }
+
+    #[test]
+    fn names_are_the_dotted_paths() {
+        assert_eq!(MATMUL.name, "efficiency.matmul");
+        assert_eq!(INTRA_LINK.name, "links.intra_node.efficiency");
+        assert_eq!(KERNEL_OVERHEAD_S.name, "efficiency.kernel_overhead_s");
     }
 
     #[test]
