@@ -199,6 +199,6 @@ fn filters_hide_timings_and_paths() {
         insta::assert_snapshot!(
             text,
             @"7308 candidates in [ELAPSED] s ([RATE] candidates/s) [ROOT]/tests"
-        )
+        );
     });
 }

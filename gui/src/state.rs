@@ -197,7 +197,7 @@ pub fn evaluate(
             let msg = panic
                 .downcast_ref::<String>()
                 .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .or_else(|| panic.downcast_ref::<&str>().map(ToString::to_string))
                 .unwrap_or_else(|| "unknown".into());
             Err(Problems::general(format!(
                 "the engine failed on this configuration ({msg}); please report it"

@@ -18,6 +18,7 @@ use statrs::distribution::{ContinuousCDF, StudentsT};
 use std::collections::BTreeMap;
 
 /// A fitted profile field and the change of variables it is fitted in.
+#[derive(Debug)]
 pub struct FitParam {
     pub field: ProfileField,
     /// A time is fitted in log space, a fraction in logit space between its bounds.
@@ -34,7 +35,7 @@ impl FitParam {
     }
 
     fn set(&self, g: &mut GpuProfile, v: f64) {
-        (self.field.set)(g, v)
+        (self.field.set)(g, v);
     }
 
     /// The bounds of a fraction; `None` for a time.
@@ -189,7 +190,7 @@ fn collapse(ms: &[Measurement]) -> Vec<Group<'_>> {
         .collect()
 }
 
-fn predict(g: &Group, profile: &GpuProfile) -> Result<(f64, u64), ProfileFitError> {
+fn predict(g: &Group<'_>, profile: &GpuProfile) -> Result<(f64, u64), ProfileFitError> {
     let err = |e: String| ProfileFitError::Predict {
         line: g.first.line,
         message: e,
@@ -201,7 +202,7 @@ fn predict(g: &Group, profile: &GpuProfile) -> Result<(f64, u64), ProfileFitErro
 
 /// Which configurations are held out: those marked `holdout` when any is, else every fourth
 /// (when there are at least four).
-fn held_out(groups: &[Group]) -> Vec<bool> {
+fn held_out(groups: &[Group<'_>]) -> Vec<bool> {
     let any_marked = groups.iter().any(|g| g.holdout);
     groups
         .iter()
@@ -414,9 +415,7 @@ impl<'a> Fitter<'a> {
             .collect();
         let reduced = jac.select_columns(live.iter());
         if let Some(inv) = (reduced.transpose() * &reduced).try_inverse() {
-            let t = StudentsT::new(0.0, 1.0, dof as f64)
-                .map(|d| d.inverse_cdf(0.975))
-                .unwrap_or(f64::NAN);
+            let t = StudentsT::new(0.0, 1.0, dof as f64).map_or(f64::NAN, |d| d.inverse_cdf(0.975));
             let u = self.u_at(x, free);
             for (c, &k) in live.iter().enumerate() {
                 let j = free[k];
@@ -481,7 +480,7 @@ struct Outcome<'a> {
 }
 
 /// One report per parameter; the provenance of each fitted one is written into `fitted`.
-fn param_reports(base: &GpuProfile, fitted: &mut GpuProfile, o: &Outcome) -> Vec<ParamReport> {
+fn param_reports(base: &GpuProfile, fitted: &mut GpuProfile, o: &Outcome<'_>) -> Vec<ParamReport> {
     let (stamp, r2, rms) = (o.stamp, o.r2, 100.0 * o.residual_rms);
     let mut params = Vec::new();
     for (j, p) in PARAMS.iter().enumerate() {
@@ -517,7 +516,7 @@ fn param_reports(base: &GpuProfile, fitted: &mut GpuProfile, o: &Outcome) -> Vec
 
 /// Every configuration predicted under `base` and `fitted`, with its role in the fit.
 fn row_reports(
-    groups: &[Group],
+    groups: &[Group<'_>],
     base: &GpuProfile,
     fitted: &GpuProfile,
     held: &[bool],

@@ -75,9 +75,11 @@ pub fn run(args: SearchArgs) -> anyhow::Result<()> {
 
     let cancel = Arc::new(AtomicBool::new(false));
     {
-        let cancel = cancel.clone();
+        let cancel = Arc::clone(&cancel);
         // A second handler cannot be installed (e.g. in tests running in one process): ignore.
-        let _ = ctrlc::set_handler(move || cancel.store(true, Ordering::Relaxed));
+        drop(ctrlc::set_handler(move || {
+            cancel.store(true, Ordering::Relaxed)
+        }));
     }
     let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::hidden());
     bar.set_style(

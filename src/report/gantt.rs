@@ -21,6 +21,7 @@ use super::colors::{action_color, action_text_color};
 use super::font::FONT;
 
 /// Stacked Gantt charts of simulated schedules sharing one time axis.
+#[derive(Debug)]
 pub struct Gantt<'a>(pub &'a [(&'a Program, &'a Simulation)]);
 
 impl Chart for Gantt<'_> {
@@ -137,7 +138,7 @@ fn draw_one<DB: DrawingBackend>(
     let font_px = (row_px * 0.55).clamp(7.0, 12.0);
     let mut bars: Vec<Rectangle<(f64, f64)>> = Vec::new();
     let mut outlines: Vec<Rectangle<(f64, f64)>> = Vec::new();
-    let mut labels: Vec<Text<(f64, f64), String>> = Vec::new();
+    let mut labels: Vec<Text<'_, (f64, f64), String>> = Vec::new();
     for (r, (acts, spans)) in program.ranks.iter().zip(&sim.timeline).enumerate() {
         let y0 = band(r as u32) + 0.08;
         let y1 = band(r as u32) + 0.92;

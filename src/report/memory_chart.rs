@@ -18,6 +18,7 @@ use super::font::FONT;
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// The per-GPU memory chart of one estimate.
+#[derive(Debug)]
 pub struct MemoryChart<'a>(pub &'a MemoryReport);
 
 impl Chart for MemoryChart<'_> {

@@ -30,6 +30,7 @@ impl Default for SearchOptions {
 }
 
 /// What the search panel shows.
+#[derive(Debug)]
 pub struct SearchView<'a> {
     /// Progress (done, total) while a search runs.
     pub running: Option<(u64, u64)>,
@@ -49,7 +50,7 @@ pub enum SearchAction {
 }
 
 /// Draws the panel; returns the user's request.
-pub fn ui(ui: &mut Ui, opt: &mut SearchOptions, view: &SearchView) -> SearchAction {
+pub fn ui(ui: &mut Ui, opt: &mut SearchOptions, view: &SearchView<'_>) -> SearchAction {
     let mut action = SearchAction::None;
     ui.heading("Search");
     ui.label(

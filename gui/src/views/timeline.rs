@@ -127,7 +127,7 @@ fn tick_step(span: f64, n: f64) -> f64 {
 }
 
 /// Vertical grid lines at the ticks, and their labels under the chart when `axis` is set.
-fn paint_grid(c: &Canvas, ui: &Ui, axis: Option<Rect>) {
+fn paint_grid(c: &Canvas<'_>, ui: &Ui, axis: Option<Rect>) {
     let step = tick_step(c.span, (c.rect.width() / 110.0).max(2.0) as f64);
     let first = (c.t0 / step).ceil() as i64;
     let last = ((c.t0 + c.span) / step).floor() as i64;
@@ -167,7 +167,7 @@ const MIN_BAR: f32 = 1.5;
 /// The rows' backgrounds (idle), the bars and their chunk numbers; returns the hovered action
 /// as (rank, index) if the pointer is over one.
 fn paint_bars(
-    c: &Canvas,
+    c: &Canvas<'_>,
     run: &Run,
     row_h: f32,
     hover: Option<Pos2>,
@@ -256,7 +256,7 @@ fn paint_bars(
 fn handle_zoom_pan(
     ui: &Ui,
     response: &Response,
-    c: &Canvas,
+    c: &Canvas<'_>,
     opt: &mut TimelineOptions,
     makespan: f64,
 ) {
