@@ -78,7 +78,7 @@ pub fn run(args: SearchArgs) -> anyhow::Result<()> {
         let cancel = Arc::clone(&cancel);
         // A second handler cannot be installed (e.g. in tests running in one process): ignore.
         drop(ctrlc::set_handler(move || {
-            cancel.store(true, Ordering::Relaxed)
+            cancel.store(true, Ordering::Relaxed);
         }));
     }
     let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::hidden());
