@@ -53,8 +53,14 @@ pub struct FlopsReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryReport {
     pub per_gpu_max_bytes: u64,
+    /// Device memory as the driver reports it.
     pub capacity_bytes: u64,
+    /// True when the most loaded GPU needs at most `usable_bytes` (the margin kept free).
     pub fits: bool,
+    /// Fraction of the capacity kept free for allocator fragmentation and reserve.
+    pub margin_fraction: f64,
+    /// The capacity less the margin: what "fits" is measured against.
+    pub usable_bytes: u64,
     pub stages: Vec<StageMemory>,
 }
 
@@ -601,7 +607,8 @@ impl<'a> Prepared<'a> {
                 crosses_nodes: network.crosses_nodes(g),
             })
             .collect();
-        let fits = per_gpu_max_bytes <= r.gpu.memory_bytes;
+        let usable_bytes = r.gpu.usable_memory_bytes();
+        let fits = per_gpu_max_bytes <= usable_bytes;
         Ok(Estimate {
             config: cfg.clone(),
             gpu: r.gpu.name.clone(),
@@ -611,6 +618,8 @@ impl<'a> Prepared<'a> {
                 per_gpu_max_bytes,
                 capacity_bytes: r.gpu.memory_bytes,
                 fits,
+                margin_fraction: r.gpu.memory_margin_fraction,
+                usable_bytes,
                 stages: memory_stages,
             },
             communication: CommReport {
@@ -632,7 +641,7 @@ impl<'a> Prepared<'a> {
                 hardware_tflops_per_gpu: per_step_hardware / step_s / world / 1e12,
                 mfu: per_step_model / (step_s * world * peak),
             },
-            verdict: verdict(&time, fits, per_gpu_max_bytes, r.gpu.memory_bytes),
+            verdict: verdict_with_margin(&time, per_gpu_max_bytes, &r.gpu),
             warnings: r.warnings.clone(),
         })
     }
@@ -641,6 +650,23 @@ impl<'a> Prepared<'a> {
 /// Runs every part of the estimate.
 pub fn estimate(r: &Resolved) -> Result<Estimate, EstimateError> {
     Prepared::new(r, None)?.finish()
+}
+
+/// [`verdict`] measured against the usable memory: a configuration that fits the device but
+/// not its margin is named as such.
+pub fn verdict_with_margin(t: &StepTime, need: u64, gpu: &crate::config::GpuProfile) -> String {
+    let usable = gpu.usable_memory_bytes();
+    if need > usable && need <= gpu.memory_bytes {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        return format!(
+            "does not fit with the memory margin: the most loaded GPU needs {:.1} GiB, {:.1} GiB of {:.1} GiB usable ({:.0}% kept free; --memory-margin)",
+            gib(need),
+            gib(usable),
+            gib(gpu.memory_bytes),
+            100.0 * gpu.memory_margin_fraction
+        );
+    }
+    verdict(t, need <= usable, need, gpu.memory_bytes)
 }
 
 /// One line naming what bounds the step.

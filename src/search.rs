@@ -458,7 +458,7 @@ fn screen(mix: &Mix, spec: &SearchSpec, gpu: &GpuProfile, links: &NetworkCache) 
     let Ok(prep) = Prepared::new(&r, cached) else {
         return Screened::Invalid;
     };
-    if prep.memory_lower_bound() > gpu.memory_bytes {
+    if prep.memory_lower_bound() > r.gpu.usable_memory_bytes() {
         return Screened::MemoryBound;
     }
     Screened::Open {

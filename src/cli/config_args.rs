@@ -46,6 +46,26 @@ pub struct WorkloadArgs {
     /// Precision: bf16, fp16, fp8, fp32.
     #[arg(long)]
     pub precision: Option<Precision>,
+    /// Fraction of GPU memory kept free for allocator fragmentation and reserve, e.g. 0.1 or
+    /// 10% [default: the profile's memory_margin_fraction, 0.05 when it names none].
+    #[arg(long, value_name = "FRACTION", value_parser = margin_fraction)]
+    pub memory_margin: Option<f64>,
+}
+
+/// Parses a memory margin: a fraction in [0, 1) or a percentage such as `10%`.
+fn margin_fraction(s: &str) -> Result<f64, String> {
+    let (text, per) = match s.strip_suffix('%') {
+        Some(p) => (p, 100.0),
+        None => (s, 1.0),
+    };
+    let v = text.trim().parse::<f64>().map_err(|e| format!("{e}"))? / per;
+    if v.is_finite() && (0.0..1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!(
+            "must be a fraction in [0, 1) or a percentage below 100%, got {s}"
+        ))
+    }
 }
 
 impl SourceArgs {
@@ -81,6 +101,7 @@ impl WorkloadArgs {
         put(m, "training", "seq_length", self.seq);
         put(m, "training", "global_batch_size", self.gbs);
         put(m, "training", "precision", self.precision);
+        put(m, "cluster", "memory_margin_fraction", self.memory_margin);
     }
 
     /// The file and model source with these flags over them (for `search`).

@@ -12,7 +12,7 @@ pub struct EstimateArgs {
     pub json: bool,
 }
 
-pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
+pub fn run(args: EstimateArgs) -> anyhow::Result<super::Outcome> {
     let resolved = args.config.resolve()?;
     let est = parsim::estimate::estimate(&resolved)?;
     if args.json {
@@ -20,5 +20,9 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
     } else {
         print!("{}", parsim::report::table::estimate_text(&est));
     }
-    Ok(())
+    Ok(if est.memory.fits {
+        super::Outcome::Ok
+    } else {
+        super::Outcome::DoesNotFit
+    })
 }

@@ -10,9 +10,41 @@ mod search;
 
 use clap::{Parser, Subcommand};
 
+/// The exit statuses, for `--help` (docs/planning.md repeats them).
+pub const EXIT_CODES_HELP: &str = "\
+Exit status:
+  0    success (estimate: the configuration fits; search: some mix fits)
+  1    invalid input or another error (the message names it)
+  2    a command-line syntax error (from the argument parser)
+  3    does not fit: the estimated configuration, or no mix in a search, fits in GPU memory
+       with the memory margin
+  130  interrupted (Ctrl-C): a search printed what it had evaluated";
+
+/// What a command that ran to the end concluded; `main` turns it into the exit status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Exit 0.
+    Ok,
+    /// Exit 3: does not fit, or no mix fits.
+    DoesNotFit,
+    /// Exit 130: interrupted, partial results printed.
+    Interrupted,
+}
+
+impl Outcome {
+    /// The process exit status.
+    pub fn code(self) -> i32 {
+        match self {
+            Outcome::Ok => 0,
+            Outcome::DoesNotFit => 3,
+            Outcome::Interrupted => 130,
+        }
+    }
+}
+
 /// parsim: plan, simulate and run the parallel layout of LLM training.
 #[derive(Debug, Parser)]
-#[command(name = "parsim", version, about)]
+#[command(name = "parsim", version, about, after_long_help = EXIT_CODES_HELP)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -21,6 +53,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Parameters, FLOPs, per-GPU memory, communication and step time of one configuration.
+    #[command(after_long_help = EXIT_CODES_HELP)]
     Estimate(estimate::EstimateArgs),
     /// Simulate and draw pipeline schedules (GPipe, 1F1B, interleaved, ZB-H1, ZB-V, DualPipe-V).
     Schedule(schedule::ScheduleArgs),
@@ -28,6 +61,7 @@ pub enum Command {
     ///
     /// A --config file gives the model, cluster and training settings; its parallel section
     /// is what is searched.
+    #[command(after_long_help = EXIT_CODES_HELP)]
     Search(search::SearchArgs),
     /// Rank coordinates (tp, cp, ep, dp, pp) and process groups.
     Layout(layout::LayoutArgs),
@@ -38,13 +72,14 @@ pub enum Command {
 }
 
 /// Runs the parsed command.
-pub fn run(cli: Cli) -> anyhow::Result<()> {
+pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
+    let done = |r: anyhow::Result<()>| r.map(|()| Outcome::Ok);
     match cli.command {
         Command::Estimate(a) => estimate::run(a),
-        Command::Schedule(a) => schedule::run(a),
+        Command::Schedule(a) => done(schedule::run(a)),
         Command::Search(a) => search::run(a),
-        Command::Layout(a) => layout::run(a),
-        Command::Calibrate(a) => calibrate::run(a),
-        Command::Execute(a) => execute::run(a),
+        Command::Layout(a) => done(layout::run(a)),
+        Command::Calibrate(a) => done(calibrate::run(a)),
+        Command::Execute(a) => done(execute::run(a)),
     }
 }

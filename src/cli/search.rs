@@ -1,6 +1,7 @@
 //! `parsim search`: rank every valid parallel mix for a model and a GPU count.
 
 use super::config_args::{SourceArgs, WorkloadArgs};
+use super::Outcome;
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -58,7 +59,7 @@ fn ranked_table(title: &str, rows: &[Ranked]) -> String {
     t.to_string()
 }
 
-pub fn run(args: SearchArgs) -> anyhow::Result<()> {
+pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
     let base = args.workload.load(&args.source)?;
     let constraints = args
         .constraints
@@ -102,9 +103,16 @@ pub fn run(args: SearchArgs) -> anyhow::Result<()> {
     let result = search(&spec, &progress, &cancel)?;
     bar.finish_and_clear();
 
+    let outcome = if result.interrupted {
+        Outcome::Interrupted
+    } else if result.top.is_empty() {
+        Outcome::DoesNotFit
+    } else {
+        Outcome::Ok
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
-        return Ok(());
+        return Ok(outcome);
     }
     let p = &result.pruned;
     let m = &spec.base.model;
@@ -132,7 +140,7 @@ pub fn run(args: SearchArgs) -> anyhow::Result<()> {
     );
     if result.top.is_empty() {
         println!("no mix fits: more GPUs, a GPU with more memory, or a shorter sequence");
-        return Ok(());
+        return Ok(outcome);
     }
     println!(
         "\ntop {} by step time\n{}",
@@ -148,5 +156,5 @@ pub fn run(args: SearchArgs) -> anyhow::Result<()> {
         ranked_table("mix", &result.best_per_zero)
     );
     println!("\nverdict for #1: {}", result.top[0].estimate.verdict);
-    Ok(())
+    Ok(outcome)
 }

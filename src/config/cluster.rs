@@ -9,6 +9,10 @@ pub struct ClusterConfig {
     pub gpu: String,
     pub num_gpus: u32,
     pub gpus_per_node: u32,
+    /// Overrides the profile's `memory_margin_fraction` (`--memory-margin`): the fraction of
+    /// device memory kept free for allocator fragmentation and reserve.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_margin_fraction: Option<f64>,
 }
 
 impl Default for ClusterConfig {
@@ -17,6 +21,7 @@ impl Default for ClusterConfig {
             gpu: "h100-sxm".into(),
             num_gpus: 8,
             gpus_per_node: 8,
+            memory_margin_fraction: None,
         }
     }
 }

@@ -63,6 +63,14 @@ impl Efficiency {
     }
 }
 
+/// The memory margin when a profile names none: 5% of device memory, the order of the
+/// fragmentation PyTorch's caching allocator shows on large training runs.
+pub const DEFAULT_MEMORY_MARGIN_FRACTION: f64 = 0.05;
+
+fn default_memory_margin_fraction() -> f64 {
+    DEFAULT_MEMORY_MARGIN_FRACTION
+}
+
 fn default_kernel_overhead_s() -> f64 {
     4.0e-6
 }
@@ -100,6 +108,11 @@ pub struct GpuProfile {
     pub memory_bytes: u64,
     /// Memory outside tensors: CUDA context, library workspaces.
     pub runtime_overhead_bytes: u64,
+    /// Fraction of `memory_bytes` kept free for the allocator's fragmentation and reserve
+    /// (PyTorch's caching allocator rounds blocks up and cannot always reuse freed ones), so
+    /// that "fits" means fits with room. Default [`DEFAULT_MEMORY_MARGIN_FRACTION`].
+    #[serde(default = "default_memory_margin_fraction")]
+    pub memory_margin_fraction: f64,
     pub hbm_bytes_per_s: f64,
     pub peak_flops: PeakFlops,
     pub links: Links,
@@ -128,6 +141,12 @@ const SHIPPED: &[(&str, &str)] = &[
 ];
 
 impl GpuProfile {
+    /// Device memory a configuration may use: `memory_bytes` less the margin.
+    pub fn usable_memory_bytes(&self) -> u64 {
+        let margin = self.memory_margin_fraction.clamp(0.0, 1.0);
+        (self.memory_bytes as f64 * (1.0 - margin)).floor() as u64
+    }
+
     /// Names of the shipped profiles.
     pub fn shipped_names() -> Vec<&'static str> {
         SHIPPED.iter().map(|(n, _)| *n).collect()
@@ -205,6 +224,13 @@ impl GpuProfile {
             return Err(ConfigError::Profile {
                 origin: origin.to_string(),
                 message: "gemm.sms, gemm.tile_m and gemm.tile_n must be positive".into(),
+            });
+        }
+        let margin = self.memory_margin_fraction;
+        if !(margin.is_finite() && (0.0..1.0).contains(&margin)) {
+            return Err(ConfigError::Profile {
+                origin: origin.to_string(),
+                message: format!("memory_margin_fraction must be in [0, 1), got {margin}"),
             });
         }
         let oi = self.efficiency.overlap_interference;

@@ -80,7 +80,17 @@ impl Resolved {
     }
 
     /// As [`Resolved::new`] with an already-loaded profile.
-    pub fn with_gpu(mut config: Config, gpu: GpuProfile) -> Result<Resolved, ConfigError> {
+    pub fn with_gpu(mut config: Config, mut gpu: GpuProfile) -> Result<Resolved, ConfigError> {
+        if let Some(margin) = config.cluster.memory_margin_fraction {
+            if !(margin.is_finite() && (0.0..1.0).contains(&margin)) {
+                return Err(ConfigError::Field {
+                    origin: "configuration".into(),
+                    field: "cluster.memory_margin_fraction".into(),
+                    message: format!("must be in [0, 1), got {margin}"),
+                });
+            }
+            gpu.memory_margin_fraction = margin;
+        }
         rules::check(&config, &gpu)?;
         let warnings = rules::warnings(&config);
         let p = &config.parallel;

@@ -183,6 +183,8 @@ mod tests {
             per_gpu_max_bytes: total_gib.iter().max().copied().unwrap_or(0) << 30,
             capacity_bytes: capacity_gib << 30,
             fits: total_gib.iter().all(|&t| t <= capacity_gib),
+            margin_fraction: 0.0,
+            usable_bytes: capacity_gib << 30,
             stages,
         }
     }

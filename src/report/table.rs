@@ -142,10 +142,12 @@ fn memory_section(out: &mut String, e: &Estimate) {
     let _ = writeln!(out, "{t}");
     let _ = writeln!(
         out,
-        "  {}: most loaded GPU needs {} GiB of {} GiB\n",
+        "  {}: most loaded GPU needs {} GiB of {} GiB ({} GiB usable, {:.0}% margin)\n",
         if mem.fits { "FITS" } else { "DOES NOT FIT" },
         gib(mem.per_gpu_max_bytes),
-        gib(mem.capacity_bytes)
+        gib(mem.capacity_bytes),
+        gib(mem.usable_bytes),
+        100.0 * mem.margin_fraction
     );
 }
 

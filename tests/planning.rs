@@ -1,0 +1,139 @@
+//! Planner features: the memory margin, exit codes, inverse questions (GPU-count ranges,
+//! the largest micro batch, defaults for `--gpus` alone), `compare`, CSV output, and `search`
+//! honouring every training flag.
+
+use assert_cmd::cargo::cargo_bin_cmd;
+use predicates::prelude::*;
+
+fn parsim() -> assert_cmd::Command {
+    cargo_bin_cmd!("parsim")
+}
+
+/// Runs `parsim ARGS --json`, expects `code`, and parses stdout.
+fn json(args: &[&str], code: i32) -> serde_json::Value {
+    let out = parsim().args(args).arg("--json").output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn memory_margin_is_reported_and_decides_fits() {
+    let v = json(&["estimate"], 0);
+    let m = &v["memory"];
+    assert_eq!(m["margin_fraction"].as_f64(), Some(0.05));
+    let capacity = m["capacity_bytes"].as_u64().unwrap();
+    let usable = m["usable_bytes"].as_u64().unwrap();
+    assert_eq!(usable, (capacity as f64 * 0.95).floor() as u64);
+    // The default needs about 70% of the device: a 35% margin leaves too little.
+    let v = json(&["estimate", "--memory-margin", "35%"], 3);
+    assert_eq!(v["memory"]["fits"], false);
+    assert_eq!(v["memory"]["margin_fraction"].as_f64(), Some(0.35));
+    assert!(v["verdict"]
+        .as_str()
+        .unwrap()
+        .contains("does not fit with the memory margin"));
+    let v = json(&["estimate", "--memory-margin", "0.25"], 0);
+    assert_eq!(v["memory"]["fits"], true);
+}
+
+#[test]
+fn memory_margin_out_of_range_is_invalid_input() {
+    parsim()
+        .args(["estimate", "--memory-margin", "1.5"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("fraction in [0, 1)"));
+    let profile = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    let text = parsim::config::GpuProfile::load("h100-sxm").unwrap();
+    let mut value = toml::Value::try_from(&text).unwrap();
+    value["memory_margin_fraction"] = toml::Value::Float(1.0);
+    std::fs::write(profile.path(), toml::to_string(&value).unwrap()).unwrap();
+    parsim()
+        .args(["estimate", "--profile", profile.path().to_str().unwrap()])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains(
+            "memory_margin_fraction must be in [0, 1)",
+        ));
+}
+
+#[test]
+fn search_ranks_only_mixes_that_fit_with_the_margin() {
+    let args = [
+        "search",
+        "--model",
+        "llama3-8b",
+        "--gpus",
+        "8",
+        "--seq",
+        "8192",
+        "--gbs",
+        "64",
+        "--top",
+        "20",
+    ];
+    let tight = json(&[&args[..], &["--memory-margin", "0.3"]].concat(), 0);
+    for t in tight["top"].as_array().unwrap() {
+        let m = &t["memory"];
+        assert!(m["per_gpu_max_bytes"].as_u64() <= m["usable_bytes"].as_u64());
+        assert!(m["usable_bytes"].as_u64().unwrap() < m["capacity_bytes"].as_u64().unwrap());
+    }
+    let loose = json(&[&args[..], &["--memory-margin", "0"]].concat(), 0);
+    let most = |v: &serde_json::Value| {
+        v["top"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["memory"]["per_gpu_max_bytes"].as_u64().unwrap())
+            .max()
+            .unwrap()
+    };
+    assert!(most(&loose) > most(&tight));
+}
+
+#[test]
+fn exit_codes_are_documented_in_help() {
+    for cmd in [
+        &["--help"][..],
+        &["estimate", "--help"],
+        &["search", "--help"],
+    ] {
+        parsim()
+            .args(cmd)
+            .assert()
+            .success()
+            .stdout(predicate::str::contains("Exit status:"))
+            .stdout(predicate::str::contains("3    does not fit"));
+    }
+}
+
+#[test]
+fn not_fitting_exits_3_and_invalid_input_exits_1() {
+    parsim()
+        .args([
+            "estimate",
+            "--model",
+            "llama3-70b",
+            "--tp",
+            "1",
+            "--gpus",
+            "8",
+        ])
+        .assert()
+        .code(3)
+        .stdout(predicate::str::contains("DOES NOT FIT"));
+    parsim()
+        .args(["estimate", "--gpus", "12", "--tp", "8"])
+        .assert()
+        .code(1);
+    parsim()
+        .args(["search", "--model", "llama3-405b", "--gpus", "8"])
+        .assert()
+        .code(3)
+        .stdout(predicate::str::contains("no mix fits"));
+}
