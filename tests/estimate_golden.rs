@@ -381,7 +381,8 @@ fn estimate_json_matches_recorded_outputs() {
             .arg("--json")
             .output()
             .unwrap();
-        if !out.status.success() {
+        // Exit status 3 is a configuration that does not fit: its JSON is still compared.
+        if !matches!(out.status.code(), Some(0 | 3)) {
             failures.push(format!(
                 "{name}: estimate {args:?} failed:\n{}",
                 String::from_utf8_lossy(&out.stderr)
