@@ -137,3 +137,83 @@ fn not_fitting_exits_3_and_invalid_input_exits_1() {
         .code(3)
         .stdout(predicate::str::contains("no mix fits"));
 }
+
+/// `search --json` for llama3-8b on 8 GPUs with `extra` flags.
+fn small_search(extra: &[&str]) -> serde_json::Value {
+    let base = [
+        "search",
+        "--model",
+        "llama3-8b",
+        "--gpus",
+        "8",
+        "--seq",
+        "4096",
+        "--gbs",
+        "64",
+        "--top",
+        "3",
+    ];
+    json(&[&base[..], extra].concat(), 0)
+}
+
+fn best_step_s(v: &serde_json::Value) -> f64 {
+    v["top"][0]["time"]["step_s"].as_f64().unwrap()
+}
+
+#[test]
+fn search_honours_training_flags_for_every_candidate() {
+    let plain = small_search(&[]);
+    let cases: [(&[&str], &str, &str, serde_json::Value); 5] = [
+        (
+            &["--mode", "lora", "--lora-rank", "16"],
+            "training",
+            "mode",
+            "lora".into(),
+        ),
+        (
+            &["--recompute", "full"],
+            "training",
+            "recompute",
+            "full".into(),
+        ),
+        (
+            &["--precision", "fp8"],
+            "training",
+            "precision",
+            "fp8".into(),
+        ),
+        (
+            &["--grad-dtype", "bf16"],
+            "training",
+            "grad_dtype",
+            "bf16".into(),
+        ),
+        (
+            &["--no-overlap-grad-reduce"],
+            "parallel",
+            "overlap_grad_reduce",
+            false.into(),
+        ),
+    ];
+    for (flags, section, key, want) in cases {
+        let v = small_search(flags);
+        let top = v["top"].as_array().unwrap();
+        assert!(!top.is_empty(), "{flags:?}");
+        for t in top {
+            assert_eq!(t["config"][section][key], want, "{flags:?}");
+        }
+        assert_ne!(
+            best_step_s(&v),
+            best_step_s(&plain),
+            "{flags:?} changed nothing"
+        );
+    }
+}
+
+#[test]
+fn search_takes_the_overlap_switches() {
+    let v = small_search(&["--tp-comm-overlap", "--constraint", "tp=2"]);
+    assert_eq!(v["top"][0]["config"]["parallel"]["tp_comm_overlap"], true);
+    let plain = small_search(&["--constraint", "tp=2"]);
+    assert!(best_step_s(&v) < best_step_s(&plain));
+}

@@ -104,11 +104,13 @@ impl WorkloadArgs {
         put(m, "cluster", "memory_margin_fraction", self.memory_margin);
     }
 
-    /// The file and model source with these flags over them (for `search`).
-    pub fn load(&self, source: &SourceArgs) -> anyhow::Result<Config> {
+    /// The file and model source with these flags and the training flags over them (for
+    /// `search`).
+    pub fn load(&self, source: &SourceArgs, training: &TrainingArgs) -> anyhow::Result<Config> {
         let mut m = Map::new();
         source.put_overrides(&mut m);
         self.put_overrides(&mut m);
+        training.put_overrides(&mut m);
         source.load_with(Value::Object(m))
     }
 }
@@ -165,12 +167,20 @@ pub struct ConfigArgs {
     /// Layers on the last pipeline stage (Megatron's --decoder-last-pipeline-num-layers).
     #[arg(long)]
     pub last_stage_layers: Option<u32>,
-    /// A hardware profile TOML (e.g. one written by `parsim calibrate`); the same as --gpu PATH.
-    #[arg(long, value_name = "FILE", conflicts_with = "gpu")]
-    pub profile: Option<PathBuf>,
     /// Micro batch size.
     #[arg(long)]
     pub mbs: Option<u64>,
+    #[command(flatten)]
+    pub training: TrainingArgs,
+}
+
+/// Training, precision, model-variant and overlap settings that are neither searched nor part of
+/// the parallel mix: `estimate` and `search` both take them.
+#[derive(Debug, Clone, Default, Args)]
+pub struct TrainingArgs {
+    /// A hardware profile TOML (e.g. one written by `parsim calibrate`); the same as --gpu PATH.
+    #[arg(long, value_name = "FILE", conflicts_with = "gpu")]
+    pub profile: Option<PathBuf>,
     /// Gradient buffer dtype: fp32, bf16.
     #[arg(long)]
     pub grad_dtype: Option<Dtype>,
@@ -235,26 +245,55 @@ fn put<T: serde::Serialize>(map: &mut Map<String, Value>, section: &str, key: &s
     }
 }
 
+impl TrainingArgs {
+    /// Adds these flags to the override layer `m`.
+    fn put_overrides(&self, m: &mut Map<String, Value>) {
+        put(
+            m,
+            "model",
+            "make_vocab_size_divisible_by",
+            self.make_vocab_size_divisible_by,
+        );
+        put(m, "model", "activation", self.activation);
+        put(m, "model", "moe_load_imbalance", self.moe_load_imbalance);
+        put(m, "model", "mtp_num_layers", self.mtp_layers);
+        if self.tp_comm_overlap {
+            put(m, "parallel", "tp_comm_overlap", Some(true));
+        }
+        if self.no_overlap_grad_reduce {
+            put(m, "parallel", "overlap_grad_reduce", Some(false));
+        }
+        if self.no_overlap_param_gather {
+            put(m, "parallel", "overlap_param_gather", Some(false));
+        }
+        if self.no_cp_comm_overlap {
+            put(m, "parallel", "cp_comm_overlap", Some(false));
+        }
+        put(m, "parallel", "ddp_bucket_size", self.ddp_bucket_size);
+        put(
+            m,
+            "cluster",
+            "gpu",
+            self.profile.as_ref().map(|p| p.display().to_string()),
+        );
+        put(m, "training", "grad_dtype", self.grad_dtype);
+        put(m, "training", "recompute", self.recompute);
+        put(m, "training", "flash_attention", self.flash_attention);
+        put(m, "training", "flops_attention", self.flops_attention);
+        put(m, "training", "mode", self.mode);
+        if let Some(r) = self.lora_rank {
+            let sec = m.entry("training").or_insert_with(|| json!({}));
+            sec["lora"] = json!({ "rank": r });
+        }
+    }
+}
+
 impl ConfigArgs {
     /// The flags as one override layer.
     pub fn overrides(&self) -> Value {
         let mut m = Map::new();
         self.source.put_overrides(&mut m);
         self.workload.put_overrides(&mut m);
-        put(
-            &mut m,
-            "model",
-            "make_vocab_size_divisible_by",
-            self.make_vocab_size_divisible_by,
-        );
-        put(&mut m, "model", "activation", self.activation);
-        put(
-            &mut m,
-            "model",
-            "moe_load_imbalance",
-            self.moe_load_imbalance,
-        );
-        put(&mut m, "model", "mtp_num_layers", self.mtp_layers);
         put(&mut m, "parallel", "tp", self.tp);
         if self.sp || self.no_sp {
             put(&mut m, "parallel", "sp", Some(self.sp && !self.no_sp));
@@ -281,35 +320,8 @@ impl ConfigArgs {
             "last_stage_layers",
             self.last_stage_layers,
         );
-        if self.tp_comm_overlap {
-            put(&mut m, "parallel", "tp_comm_overlap", Some(true));
-        }
-        if self.no_overlap_grad_reduce {
-            put(&mut m, "parallel", "overlap_grad_reduce", Some(false));
-        }
-        if self.no_overlap_param_gather {
-            put(&mut m, "parallel", "overlap_param_gather", Some(false));
-        }
-        if self.no_cp_comm_overlap {
-            put(&mut m, "parallel", "cp_comm_overlap", Some(false));
-        }
-        put(&mut m, "parallel", "ddp_bucket_size", self.ddp_bucket_size);
-        put(
-            &mut m,
-            "cluster",
-            "gpu",
-            self.profile.as_ref().map(|p| p.display().to_string()),
-        );
         put(&mut m, "training", "micro_batch_size", self.mbs);
-        put(&mut m, "training", "grad_dtype", self.grad_dtype);
-        put(&mut m, "training", "recompute", self.recompute);
-        put(&mut m, "training", "flash_attention", self.flash_attention);
-        put(&mut m, "training", "flops_attention", self.flops_attention);
-        put(&mut m, "training", "mode", self.mode);
-        if let Some(r) = self.lora_rank {
-            let sec = m.entry("training").or_insert_with(|| json!({}));
-            sec["lora"] = json!({ "rank": r });
-        }
+        self.training.put_overrides(&mut m);
         Value::Object(m)
     }
 

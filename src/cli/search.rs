@@ -1,6 +1,6 @@
 //! `parsim search`: rank every valid parallel mix for a model and a GPU count.
 
-use super::config_args::{SourceArgs, WorkloadArgs};
+use super::config_args::{SourceArgs, TrainingArgs, WorkloadArgs};
 use super::Outcome;
 use anyhow::Context;
 use clap::Args;
@@ -20,6 +20,10 @@ pub struct SearchArgs {
     pub source: SourceArgs,
     #[command(flatten)]
     pub workload: WorkloadArgs,
+    /// Training settings kept for every candidate; `--recompute` limits the search to that
+    /// recomputation.
+    #[command(flatten)]
+    pub training: TrainingArgs,
     /// Largest micro batch size tried (powers of two from 1).
     #[arg(long, default_value_t = 4)]
     pub mbs_max: u64,
@@ -60,12 +64,15 @@ fn ranked_table(title: &str, rows: &[Ranked]) -> String {
 }
 
 pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
-    let base = args.workload.load(&args.source)?;
-    let constraints = args
+    let base = args.workload.load(&args.source, &args.training)?;
+    let mut constraints = args
         .constraints
         .iter()
         .map(|c| Constraint::parse(c))
         .collect::<Result<Vec<_>, _>>()?;
+    if let Some(r) = args.training.recompute {
+        constraints.push(Constraint::parse(&format!("recompute={}", r.as_str()))?);
+    }
     let spec = SearchSpec {
         base,
         mbs_max: args.mbs_max,
