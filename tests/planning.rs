@@ -217,3 +217,73 @@ fn search_takes_the_overlap_switches() {
     let plain = small_search(&["--constraint", "tp=2"]);
     assert!(best_step_s(&v) < best_step_s(&plain));
 }
+
+#[test]
+fn estimate_mbs_max_picks_the_largest_micro_batch_that_fits() {
+    let args = [
+        "estimate",
+        "--model",
+        "llama3-8b",
+        "--gpus",
+        "8",
+        "--seq",
+        "2048",
+    ];
+    let v = json(&[&args[..], &["--mbs", "max"]].concat(), 0);
+    let best = v["config"]["training"]["micro_batch_size"]
+        .as_u64()
+        .unwrap();
+    assert!(best >= 2, "{best}");
+    assert_eq!(v["memory"]["fits"], true);
+    // The next micro batch that divides the batch per replica does not fit.
+    let per_replica = v["config"]["training"]["global_batch_size"]
+        .as_u64()
+        .unwrap()
+        / 4;
+    let next = (best + 1..=per_replica)
+        .find(|b| per_replica % b == 0)
+        .unwrap();
+    let mbs = next.to_string();
+    json(&[&args[..], &["--mbs", &mbs]].concat(), 3);
+    parsim()
+        .args(args)
+        .args(["--mbs", "max"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(format!(
+            "largest micro batch that fits: {best}"
+        )));
+    parsim()
+        .args(["layout", "--mbs", "max"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("only `parsim estimate`"));
+}
+
+#[test]
+fn gpus_alone_picks_degrees_that_divide_and_says_so() {
+    let out = parsim()
+        .args(["estimate", "--model", "llama3-8b", "--gpus", "1", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "valid input that does not fit");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["config"]["parallel"]["tp"], 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("note: the default tp 2"), "{stderr}");
+    // An explicit --tp is kept, and refused when it does not divide.
+    parsim()
+        .args(["estimate", "--gpus", "1", "--tp", "2"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("world size 1"));
+    // Small enough to fit on one GPU.
+    parsim()
+        .args(["estimate", "--gpus", "1", "--seq", "1024", "--model-config"])
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/hf/gpt2.json"
+        ))
+        .assert()
+        .success();
+}

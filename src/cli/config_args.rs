@@ -92,6 +92,20 @@ impl SourceArgs {
     }
 }
 
+impl SourceArgs {
+    /// True when the configuration file sets tp, cp, pp or dp.
+    fn file_sets_degrees(&self) -> anyhow::Result<bool> {
+        let Some(path) = &self.config else {
+            return Ok(false);
+        };
+        let layer = Layer::from_file(path)?;
+        let parallel = &layer.value["parallel"];
+        Ok(["tp", "cp", "pp", "dp"]
+            .iter()
+            .any(|k| parallel.get(k).is_some()))
+    }
+}
+
 impl WorkloadArgs {
     /// Adds the cluster and workload flags to the override layer `m`.
     fn put_overrides(&self, m: &mut Map<String, Value>) {
@@ -167,9 +181,9 @@ pub struct ConfigArgs {
     /// Layers on the last pipeline stage (Megatron's --decoder-last-pipeline-num-layers).
     #[arg(long)]
     pub last_stage_layers: Option<u32>,
-    /// Micro batch size.
-    #[arg(long)]
-    pub mbs: Option<u64>,
+    /// Micro batch size, or `max` (estimate): the largest that fits.
+    #[arg(long, value_name = "N|max", value_parser = micro_batch)]
+    pub mbs: Option<MicroBatch>,
     #[command(flatten)]
     pub training: TrainingArgs,
 }
@@ -226,6 +240,23 @@ pub struct TrainingArgs {
     /// DP gradient bucket size in parameters (Megatron's --ddp-bucket-size).
     #[arg(long)]
     pub ddp_bucket_size: Option<u64>,
+}
+
+/// `--mbs`: a micro batch size, or the largest that fits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MicroBatch {
+    Size(u64),
+    /// `max`: `estimate` tries every micro batch that divides the batch per replica.
+    Max,
+}
+
+fn micro_batch(s: &str) -> Result<MicroBatch, String> {
+    if s.eq_ignore_ascii_case("max") {
+        return Ok(MicroBatch::Max);
+    }
+    s.parse::<u64>()
+        .map(MicroBatch::Size)
+        .map_err(|e| format!("expected a micro batch size or `max`: {e}"))
 }
 
 /// Parses a finite float (JSON has no NaN or infinity, so they are refused here).
@@ -320,14 +351,40 @@ impl ConfigArgs {
             "last_stage_layers",
             self.last_stage_layers,
         );
-        put(&mut m, "training", "micro_batch_size", self.mbs);
+        if let Some(MicroBatch::Size(n)) = self.mbs {
+            put(&mut m, "training", "micro_batch_size", Some(n));
+        }
         self.training.put_overrides(&mut m);
         Value::Object(m)
     }
 
-    /// The merged configuration (file, then flags).
+    /// The merged configuration (file, then flags). With `--gpus` alone (no tp, cp, pp or dp
+    /// from a flag or the file), degrees that do not divide the GPU count are lowered, with a
+    /// note on stderr.
     pub fn load(&self) -> anyhow::Result<Config> {
-        self.source.load_with(self.overrides())
+        if self.mbs == Some(MicroBatch::Max) {
+            anyhow::bail!("--mbs max: only `parsim estimate` looks for the largest micro batch");
+        }
+        let mut config = self.source.load_with(self.overrides())?;
+        let degrees_given = self.tp.is_some()
+            || self.cp.is_some()
+            || self.pp.is_some()
+            || self.dp.is_some()
+            || self.source.file_sets_degrees()?;
+        if self.workload.gpus.is_some() && !degrees_given {
+            if let Some(note) = super::gpu_defaults::fit_degrees(&mut config) {
+                eprintln!("note: {note}");
+            }
+        }
+        Ok(config)
+    }
+
+    /// These flags with `--mbs N`.
+    pub fn with_mbs(&self, mbs: u64) -> ConfigArgs {
+        ConfigArgs {
+            mbs: Some(MicroBatch::Size(mbs)),
+            ..self.clone()
+        }
     }
 
     /// The merged and validated configuration.

@@ -1,7 +1,10 @@
 //! `parsim estimate`: parameters, FLOPs, memory, communication and step time of one configuration.
 
-use super::config_args::ConfigArgs;
+use super::config_args::{ConfigArgs, MicroBatch};
+use super::Outcome;
 use clap::Args;
+use parsim::estimate::Estimate;
+use parsim::report::format::gib;
 
 #[derive(Debug, Args)]
 pub struct EstimateArgs {
@@ -12,17 +15,69 @@ pub struct EstimateArgs {
     pub json: bool,
 }
 
-pub fn run(args: EstimateArgs) -> anyhow::Result<super::Outcome> {
-    let resolved = args.config.resolve()?;
-    let est = parsim::estimate::estimate(&resolved)?;
+pub fn run(args: EstimateArgs) -> anyhow::Result<Outcome> {
+    let (est, note) = if args.config.mbs == Some(MicroBatch::Max) {
+        let (est, note) = largest_fitting_mbs(&args.config)?;
+        (est, Some(note))
+    } else {
+        (parsim::estimate::estimate(&args.config.resolve()?)?, None)
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&est)?);
+        if let Some(note) = &note {
+            eprintln!("note: {note}");
+        }
     } else {
         print!("{}", parsim::report::table::estimate_text(&est));
+        if let Some(note) = &note {
+            println!("{note}");
+        }
     }
     Ok(if est.memory.fits {
-        super::Outcome::Ok
+        Outcome::Ok
     } else {
-        super::Outcome::DoesNotFit
+        Outcome::DoesNotFit
     })
+}
+
+/// `--mbs max`: tries every micro batch that divides the batch per data-parallel replica, from
+/// 1 up, until one does not fit (memory grows with the micro batch); returns the estimate of
+/// the largest that fits (of micro batch 1 when none does) and a line saying what was found.
+fn largest_fitting_mbs(config: &ConfigArgs) -> anyhow::Result<(Estimate, String)> {
+    let first = config.with_mbs(1).resolve()?;
+    let per_replica = first.config.training.global_batch_size / u64::from(first.dp.max(1));
+    let mut best = parsim::estimate::estimate(&first)?;
+    if !best.memory.fits {
+        let note = format!(
+            "no micro batch fits: micro batch 1 needs {} GiB of {} GiB usable",
+            gib(best.memory.per_gpu_max_bytes),
+            gib(best.memory.usable_bytes)
+        );
+        return Ok((best, note));
+    }
+    let mut stopped = None;
+    for mbs in (2..=per_replica).filter(|b| per_replica % b == 0) {
+        // A micro batch a schedule rule refuses is skipped, not an error.
+        let Ok(r) = config.with_mbs(mbs).resolve() else {
+            continue;
+        };
+        let e = parsim::estimate::estimate(&r)?;
+        if !e.memory.fits {
+            stopped = Some((mbs, e.memory.per_gpu_max_bytes, e.memory.usable_bytes));
+            break;
+        }
+        best = e;
+    }
+    let chosen = best.config.training.micro_batch_size;
+    let note = match stopped {
+        Some((mbs, need, usable)) => format!(
+            "largest micro batch that fits: {chosen} (micro batch {mbs} needs {} GiB of {} GiB usable)",
+            gib(need),
+            gib(usable)
+        ),
+        None => format!(
+            "largest micro batch that fits: {chosen} (the whole batch per replica, {per_replica})"
+        ),
+    };
+    Ok((best, note))
 }

@@ -4,6 +4,7 @@ pub(crate) mod calibrate;
 mod config_args;
 mod estimate;
 mod execute;
+mod gpu_defaults;
 mod layout;
 mod schedule;
 mod search;
