@@ -14,6 +14,7 @@ pub mod model;
 pub mod network;
 pub mod plan;
 pub mod report;
+pub mod scaling;
 pub mod schedule;
 pub mod search;
 pub mod time;

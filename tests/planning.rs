@@ -287,3 +287,104 @@ fn gpus_alone_picks_degrees_that_divide_and_says_so() {
         .assert()
         .success();
 }
+
+const RANGE_SEARCH: [&str; 9] = [
+    "search",
+    "--model",
+    "llama3-8b",
+    "--gpus",
+    "1..8",
+    "--seq",
+    "4096",
+    "--gbs",
+    "32",
+];
+
+#[test]
+fn search_over_a_gpu_range_finds_the_smallest_count_that_fits() {
+    let v = json(&RANGE_SEARCH, 0);
+    assert_eq!(v["smallest_fitting_gpus"], 2);
+    let gpus: Vec<u64> = v["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["gpus"].as_u64().unwrap())
+        .collect();
+    assert_eq!(gpus, [1, 2, 4, 8]);
+    assert!(v["points"][0]["best"].is_null());
+    assert_eq!(v["points"][3]["best"]["config"]["cluster"]["num_gpus"], 8);
+}
+
+#[test]
+fn search_over_a_gpu_range_prints_a_table_and_draws_a_png() {
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("sweep.png");
+    let out = parsim()
+        .args(RANGE_SEARCH)
+        .arg("--png")
+        .arg(&png)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("smallest GPU count that fits: 2"), "{text}");
+    assert!(text.contains("no mix fits"), "{text}");
+    let bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&bytes[1..4], b"PNG");
+    // None fits: exit 3.
+    parsim()
+        .args(["search", "--model", "llama3-405b", "--gpus", "1..4"])
+        .assert()
+        .code(3)
+        .stdout(predicate::str::contains("no GPU count from 1 to 4 fits"));
+    // A range is for search only; --png needs a range.
+    parsim()
+        .args(["estimate", "--gpus", "8..16"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("only `parsim search`"));
+    parsim()
+        .args(["search", "--gpus", "8", "--png", "x.png"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("give --gpus LOW..HIGH"));
+}
+
+/// Parses CSV without quoted commas in the checked columns: the header and the rows.
+fn csv_rows(text: &str) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut lines = text
+        .lines()
+        .map(|l| l.split(',').map(String::from).collect::<Vec<_>>());
+    let header = lines.next().unwrap();
+    (header, lines.collect())
+}
+
+#[test]
+fn search_csv_has_one_row_per_ranked_mix_with_unrounded_numbers() {
+    let out = parsim()
+        .args([
+            "search",
+            "--model",
+            "llama3-8b",
+            "--gpus",
+            "8",
+            "--top",
+            "3",
+            "--csv",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let (header, rows) = csv_rows(&String::from_utf8(out.stdout).unwrap());
+    assert_eq!(&header[..3], ["rank", "mix", "tp"]);
+    assert_eq!(rows.len(), 3);
+    let step = header.iter().position(|h| h == "step_s").unwrap();
+    let steps: Vec<f64> = rows.iter().map(|r| r[step].parse().unwrap()).collect();
+    assert!(steps.windows(2).all(|w| w[0] <= w[1]));
+    let out = parsim().args(RANGE_SEARCH).arg("--csv").output().unwrap();
+    let (header, rows) = csv_rows(&String::from_utf8(out.stdout).unwrap());
+    assert_eq!(&header[..2], ["gpus", "fits"]);
+    assert_eq!(rows.len(), 4);
+    assert_eq!(rows[0][1], "false");
+    assert_eq!(rows[1][1], "true");
+}

@@ -7,6 +7,7 @@ use parsim::config::{
     Activation, Config, CpComm, Dtype, FlopsAttention, Layer, Precision, Recompute, Resolved,
     ScheduleKind, TrainingMode,
 };
+use parsim::scaling::GpuRange;
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 
@@ -28,9 +29,10 @@ pub struct SourceArgs {
 /// The cluster and the workload: what `search` keeps fixed while it searches the parallel mix.
 #[derive(Debug, Clone, Default, Args)]
 pub struct WorkloadArgs {
-    /// Number of GPUs.
-    #[arg(long)]
-    pub gpus: Option<u32>,
+    /// Number of GPUs; `search` also takes a range LOW..HIGH (the powers of two inside it
+    /// and both ends).
+    #[arg(long, value_name = "N|LOW..HIGH", value_parser = gpu_count)]
+    pub gpus: Option<GpuCount>,
     /// GPUs per node.
     #[arg(long)]
     pub gpus_per_node: Option<u32>,
@@ -109,7 +111,9 @@ impl SourceArgs {
 impl WorkloadArgs {
     /// Adds the cluster and workload flags to the override layer `m`.
     fn put_overrides(&self, m: &mut Map<String, Value>) {
-        put(m, "cluster", "num_gpus", self.gpus);
+        if let Some(GpuCount::One(n)) = self.gpus {
+            put(m, "cluster", "num_gpus", Some(n));
+        }
         put(m, "cluster", "gpus_per_node", self.gpus_per_node);
         put(m, "cluster", "gpu", self.gpu.clone());
         put(m, "training", "seq_length", self.seq);
@@ -242,6 +246,34 @@ pub struct TrainingArgs {
     pub ddp_bucket_size: Option<u64>,
 }
 
+/// `--gpus`: a count, or a range for `search`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuCount {
+    One(u32),
+    Range(GpuRange),
+}
+
+fn gpu_count(s: &str) -> Result<GpuCount, String> {
+    if s.contains("..") {
+        return GpuRange::parse(s)
+            .map(GpuCount::Range)
+            .map_err(|e| e.to_string());
+    }
+    s.parse::<u32>()
+        .map(GpuCount::One)
+        .map_err(|e| format!("expected a GPU count or LOW..HIGH: {e}"))
+}
+
+impl WorkloadArgs {
+    /// The `--gpus LOW..HIGH` range, if one was given.
+    pub fn gpu_range(&self) -> Option<GpuRange> {
+        match self.gpus {
+            Some(GpuCount::Range(r)) => Some(r),
+            _ => None,
+        }
+    }
+}
+
 /// `--mbs`: a micro batch size, or the largest that fits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MicroBatch {
@@ -364,6 +396,9 @@ impl ConfigArgs {
     pub fn load(&self) -> anyhow::Result<Config> {
         if self.mbs == Some(MicroBatch::Max) {
             anyhow::bail!("--mbs max: only `parsim estimate` looks for the largest micro batch");
+        }
+        if self.workload.gpu_range().is_some() {
+            anyhow::bail!("--gpus LOW..HIGH: only `parsim search` takes a range of GPU counts");
         }
         let mut config = self.source.load_with(self.overrides())?;
         let degrees_given = self.tp.is_some()

@@ -8,6 +8,7 @@ mod gpu_defaults;
 mod layout;
 mod schedule;
 mod search;
+mod search_range;
 
 use clap::{Parser, Subcommand};
 

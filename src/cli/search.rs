@@ -5,6 +5,7 @@ use super::Outcome;
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use parsim::report::csv::Csv;
 use parsim::report::format::{gib, seconds};
 use parsim::report::table;
 use parsim::search::{search, Constraint, Ranked, SearchSpec};
@@ -37,9 +38,74 @@ pub struct SearchArgs {
     /// bound cannot beat the leaders (slower; the same answer).
     #[arg(long)]
     pub exhaustive: bool,
-    /// Print `{candidates, pruned, evaluated, elapsed_s, top: [estimates]}` as JSON.
-    #[arg(long)]
+    /// Print `{candidates, pruned, evaluated, elapsed_s, top: [estimates]}` as JSON (with a
+    /// GPU range: `{range, smallest_fitting_gpus, points: [{gpus, best}]}`).
+    #[arg(long, conflicts_with = "csv")]
     pub json: bool,
+    /// Print the ranking (with a GPU range: the best mix per count) as CSV, numbers unrounded.
+    #[arg(long)]
+    pub csv: bool,
+    /// With --gpus LOW..HIGH: draw the best step time and tokens/s against GPUs as a PNG.
+    #[arg(long, value_name = "FILE")]
+    pub png: Option<std::path::PathBuf>,
+}
+
+/// The CSV columns of one ranked mix (after a leading column the caller names).
+pub(super) const CSV_COLUMNS: &[&str] = &[
+    "mix",
+    "tp",
+    "cp",
+    "cp_comm",
+    "pp",
+    "vpp",
+    "schedule",
+    "ep",
+    "dp",
+    "zero",
+    "mbs",
+    "recompute",
+    "step_s",
+    "tokens_per_s",
+    "mfu",
+    "per_gpu_max_bytes",
+    "usable_bytes",
+    "verdict",
+];
+
+/// The [`CSV_COLUMNS`] fields of `r`.
+pub(super) fn csv_fields(r: &Ranked) -> Vec<String> {
+    let (m, e) = (&r.mix, &r.estimate);
+    vec![
+        m.to_string(),
+        m.tp.to_string(),
+        m.cp.to_string(),
+        m.cp_comm.to_string(),
+        m.pp.to_string(),
+        m.vpp.to_string(),
+        m.schedule.to_string(),
+        m.ep.to_string(),
+        e.config.parallel.dp.unwrap_or(0).to_string(),
+        m.zero.to_string(),
+        m.mbs.to_string(),
+        m.recompute.to_string(),
+        e.time.step_s.to_string(),
+        e.throughput.tokens_per_s.to_string(),
+        e.throughput.mfu.to_string(),
+        e.memory.per_gpu_max_bytes.to_string(),
+        e.memory.usable_bytes.to_string(),
+        e.verdict.clone(),
+    ]
+}
+
+/// A flag set by Ctrl-C: the search stops early and reports what it has.
+pub(super) fn cancel_on_ctrl_c() -> Arc<AtomicBool> {
+    let cancel = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&cancel);
+    // A second handler cannot be installed (e.g. in tests running in one process): ignore.
+    drop(ctrlc::set_handler(move || {
+        flag.store(true, Ordering::Relaxed);
+    }));
+    cancel
 }
 
 fn row(i: usize, r: &Ranked) -> Vec<String> {
@@ -80,15 +146,13 @@ pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
         constraints,
         exhaustive: args.exhaustive,
     };
-
-    let cancel = Arc::new(AtomicBool::new(false));
-    {
-        let cancel = Arc::clone(&cancel);
-        // A second handler cannot be installed (e.g. in tests running in one process): ignore.
-        drop(ctrlc::set_handler(move || {
-            cancel.store(true, Ordering::Relaxed);
-        }));
+    if let Some(range) = args.workload.gpu_range() {
+        return super::search_range::run(&spec, range, &args);
     }
+    if args.png.is_some() {
+        anyhow::bail!("--png draws a sweep over GPU counts: give --gpus LOW..HIGH");
+    }
+    let cancel = cancel_on_ctrl_c();
     let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::hidden());
     bar.set_style(
         ProgressStyle::with_template(
@@ -119,6 +183,14 @@ pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
+        return Ok(outcome);
+    }
+    if args.csv {
+        let mut csv = Csv::new(&[&["rank"], CSV_COLUMNS].concat());
+        for (i, r) in result.top.iter().enumerate() {
+            csv.row(std::iter::once((i + 1).to_string()).chain(csv_fields(r)));
+        }
+        print!("{}", csv.finish());
         return Ok(outcome);
     }
     let p = &result.pruned;
