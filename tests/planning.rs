@@ -388,3 +388,85 @@ fn search_csv_has_one_row_per_ranked_mix_with_unrounded_numbers() {
     assert_eq!(rows[0][1], "false");
     assert_eq!(rows[1][1], "true");
 }
+
+/// Snapshots stdout and the exit code of `parsim ARGS` as `tests/snapshots/NAME.snap`.
+fn snapshot(name: &str, args: &[&str]) {
+    let out = parsim().args(args).env("NO_COLOR", "1").output().unwrap();
+    let text = format!(
+        "args: parsim {}\nexit: {}\n----- stdout -----\n{}",
+        args.join(" "),
+        out.status.code().map_or("signal".into(), |c| c.to_string()),
+        String::from_utf8_lossy(&out.stdout),
+    );
+    let mut s = insta::Settings::clone_current();
+    s.set_prepend_module_to_snapshot(false);
+    s.bind(|| insta::assert_snapshot!(name, text));
+}
+
+const COMPARE: [&str; 8] = [
+    "compare",
+    "--base",
+    "--model llama3-70b --gpus 64 --seq 4096 --gbs 128",
+    "--set",
+    "--tp 8 --pp 4",
+    "--set",
+    "--tp 4 --pp 4 --recompute full",
+    "--csv",
+];
+
+#[test]
+fn compare_text_marks_differences() {
+    snapshot("planning_compare_text", &COMPARE[..7]);
+    snapshot("planning_search_gpu_range_text", &RANGE_SEARCH);
+}
+
+#[test]
+fn compare_json_and_csv_hold_every_quantity() {
+    let v = json(&COMPARE[..7], 0);
+    assert_eq!(v["labels"][0], "--tp 8 --pp 4");
+    let metrics = v["metrics"].as_array().unwrap();
+    let find = |name: &str| metrics.iter().find(|m| m["name"] == name).unwrap();
+    assert_eq!(find("optimizer")["differs"], false);
+    assert_eq!(find("activations")["differs"], true);
+    let step = find("step")["values"].as_array().unwrap();
+    assert_eq!(step[1], v["estimates"][1]["time"]["step_s"]);
+    for section in ["memory", "time", "throughput"] {
+        assert!(metrics.iter().any(|m| m["section"] == section));
+    }
+    let out = parsim().args(COMPARE).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next().unwrap(),
+        "section,quantity,unit,differs,--tp 8 --pp 4,--tp 4 --pp 4 --recompute full"
+    );
+    assert!(text.contains("\ntime,step,seconds,true,"));
+}
+
+#[test]
+fn compare_takes_files_and_exits_3_when_one_does_not_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.toml");
+    let b = dir.path().join("b.toml");
+    std::fs::write(&a, "[model]\npreset = \"llama3-8b\"\n[parallel]\ntp = 2\n").unwrap();
+    std::fs::write(&b, "[model]\npreset = \"llama3-8b\"\n[parallel]\ntp = 1\n").unwrap();
+    parsim()
+        .arg("compare")
+        .args([&a, &b])
+        .assert()
+        .code(3)
+        .stdout(predicate::str::contains("a.toml"))
+        .stdout(predicate::str::contains("b.toml"))
+        .stdout(predicate::str::contains("NO"));
+    parsim()
+        .args(["compare", "--set", "--tp 2"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("at least two configurations"));
+    parsim()
+        .args(["compare", "--set", "--tq 2", "--set", "--tp 1"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("--tq"));
+}

@@ -1,6 +1,7 @@
 //! The `parsim` command line (clap). Each subcommand lives in its own file.
 
 pub(crate) mod calibrate;
+mod compare;
 mod config_args;
 mod estimate;
 mod execute;
@@ -15,11 +16,12 @@ use clap::{Parser, Subcommand};
 /// The exit statuses, for `--help` (docs/planning.md repeats them).
 pub const EXIT_CODES_HELP: &str = "\
 Exit status:
-  0    success (estimate: the configuration fits; search: some mix fits)
+  0    success (estimate: the configuration fits; search: some mix fits; compare: every
+       configuration fits)
   1    invalid input or another error (the message names it)
   2    a command-line syntax error (from the argument parser)
-  3    does not fit: the estimated configuration, or no mix in a search, fits in GPU memory
-       with the memory margin
+  3    does not fit: the estimated configuration (a compared one), or no mix in a search,
+       fits in GPU memory with the memory margin
   130  interrupted (Ctrl-C): a search printed what it had evaluated";
 
 /// What a command that ran to the end concluded; `main` turns it into the exit status.
@@ -65,6 +67,12 @@ pub enum Command {
     /// is what is searched.
     #[command(after_long_help = EXIT_CODES_HELP)]
     Search(search::SearchArgs),
+    /// Two or more configurations side by side: memory by category, time breakdown and
+    /// throughput, with the differences from the first marked.
+    ///
+    /// Exits 3 when any of them does not fit.
+    #[command(after_long_help = EXIT_CODES_HELP)]
+    Compare(compare::CompareArgs),
     /// Rank coordinates (tp, cp, ep, dp, pp) and process groups.
     Layout(layout::LayoutArgs),
     /// Fit a hardware profile to measured step times and peak memory (JSONL).
@@ -80,6 +88,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Estimate(a) => estimate::run(a),
         Command::Schedule(a) => done(schedule::run(a)),
         Command::Search(a) => search::run(a),
+        Command::Compare(a) => compare::run(a),
         Command::Layout(a) => done(layout::run(a)),
         Command::Calibrate(a) => done(calibrate::run(a)),
         Command::Execute(a) => done(execute::run(a)),

@@ -4,6 +4,7 @@ pub mod ascii_timeline;
 pub mod chart;
 pub mod chrome_trace;
 pub mod colors;
+pub mod compare;
 pub mod csv;
 pub mod font;
 pub mod format;
