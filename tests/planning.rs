@@ -470,3 +470,22 @@ fn compare_takes_files_and_exits_3_when_one_does_not_fit() {
         .code(1)
         .stderr(predicate::str::contains("--tq"));
 }
+
+#[test]
+fn schedule_table_as_csv() {
+    let out = parsim()
+        .args(["schedule", "--compare", "1f1b,zb-v,dualpipe-v", "--csv"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let (header, rows) = csv_rows(&String::from_utf8(out.stdout).unwrap());
+    assert_eq!(&header[..2], ["schedule", "pp"]);
+    let names: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
+    assert_eq!(names, ["1f1b", "zb-v", "dualpipe-v"]);
+    // 1F1B, pp 4, 8 microbatches: bubble (p-1)/m = 0.375, simulated and textbook.
+    assert_eq!(rows[0][5], "0.375");
+    assert_eq!(rows[0][6], "0.375");
+    // One schedule without --compare: one row.
+    let out = parsim().args(["schedule", "--csv"]).output().unwrap();
+    assert_eq!(String::from_utf8(out.stdout).unwrap().lines().count(), 2);
+}

@@ -80,8 +80,13 @@ pub struct ScheduleArgs {
     pub chrome_trace: Option<PathBuf>,
 
     /// Print the timelines as JSON instead of the ASCII timeline.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "csv")]
     pub json: bool,
+
+    /// Print the schedule table (one row per schedule, as --compare shows it) as CSV,
+    /// numbers unrounded.
+    #[arg(long)]
+    pub csv: bool,
 
     /// Widest ASCII timeline, in time steps.
     #[arg(long, default_value_t = 120)]
@@ -184,6 +189,11 @@ pub fn run(args: ScheduleArgs) -> Result<()> {
             serde_json::to_writer_pretty(&mut out, &docs[0])?;
         }
         writeln!(out)?;
+        return Ok(());
+    }
+    if args.csv {
+        let with_costs: Vec<_> = runs.iter().map(|(p, s, c)| (p, s, c)).collect();
+        write!(out, "{}", table_schedule::compare_csv(&with_costs))?;
         return Ok(());
     }
     if args.compare.is_some() {
