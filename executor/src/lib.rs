@@ -8,10 +8,13 @@
 
 pub mod backend;
 pub mod error;
+pub mod memory;
 pub mod model;
 pub mod plan;
+pub mod report;
 pub mod runner;
 
 pub use error::ExecError;
 pub use plan::Plan;
-pub use runner::{run_cpu, RunOptions, RunReport};
+pub use report::RunReport;
+pub use runner::{run_cpu, RunOptions};

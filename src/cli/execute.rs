@@ -9,9 +9,10 @@ use comfy_table::{presets, CellAlignment, Table};
 use parsim::config::{Dtype, Precision, Resolved};
 use parsim::plan::{lower, LowerOptions};
 use parsim::report::format::{bytes, seconds};
-use parsim_executor::model::cp::{CpStats, StepTime};
-use parsim_executor::runner::{median, run_cpu, PhaseTimes, RunOptions};
+use parsim_executor::report::{CpStats, PhaseTimes, StepTime};
+use parsim_executor::runner::{run_cpu, RunOptions};
 use serde::Serialize;
+use statrs::statistics::{Data, Median};
 
 /// Execution backends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -194,7 +195,7 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
         world_size: report.world,
         steps: args.steps,
         loss: report.loss[timed].to_vec(),
-        step_s: median(&per_step),
+        step_s: Data::new(per_step).median(),
         ranks: report
             .ranks
             .iter()

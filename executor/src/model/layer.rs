@@ -12,7 +12,7 @@ use super::{add, cp, Ctx, Sink, WTask};
 use crate::backend::cpu::ops::attention::{attn_bwd, attn_fwd, AttnSaved, AttnShape, Keep};
 use crate::backend::cpu::{Category, Tensor};
 use crate::backend::TensorOps;
-use crate::error::ExecError;
+use crate::error::{ExecError, StateError};
 use crate::plan::Recompute;
 
 const ATTN_NORM: usize = 0;
@@ -247,11 +247,7 @@ pub fn layer_bwd(
     // MLP: fc2 (row-parallel), activation, fc1 (column-parallel), norm; or the experts.
     let d_ln2 = match (moe, experts) {
         (Some(ms), Some((le, pe))) => moe_bwd(ctx, l, p, pe, le, ln2, *ms, &dy, sink)?,
-        (Some(_), None) | (None, Some(_)) => {
-            return Err(ExecError::Plan(
-                "an MoE layer's saved state and experts block disagree".into(),
-            ))
-        }
+        (Some(_), None) | (None, Some(_)) => return Err(StateError::MoeSavedMismatch.into()),
         (None, None) => {
             let dyg = ctx.expand_grad(&dy)?;
             let mut d_act = Tensor::zeros(b, &[n, rd.f_r]);

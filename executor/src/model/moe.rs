@@ -24,7 +24,7 @@ use super::params::BlockLayout;
 use super::{Ctx, Sink, WTask};
 use crate::backend::cpu::{Category, Group, Tensor};
 use crate::backend::{Collectives, TensorOps};
-use crate::error::ExecError;
+use crate::error::{ExecError, StateError};
 use crate::plan::{Activation, MoeShape};
 
 /// The router's tensor in an MoE layer's block (after attn_norm, QKV, wo, mlp_norm).
@@ -152,7 +152,7 @@ fn moe_of<'c>(ctx: &'c Ctx) -> Result<&'c MoeShape, ExecError> {
         .model
         .moe
         .as_ref()
-        .ok_or_else(|| ExecError::Plan("an MoE layer in a model without MoeShape".into()))
+        .ok_or_else(|| ExecError::from(StateError::MoeWithoutShape))
 }
 
 fn fc1_width(act: Activation, f: usize) -> usize {
@@ -240,7 +240,7 @@ pub fn moe_fwd(
     let ep = ctx
         .ep
         .clone()
-        .ok_or_else(|| ExecError::Plan("an MoE layer without an EP group".into()))?;
+        .ok_or_else(|| ExecError::from(StateError::MoeWithoutEpGroup))?;
     let members = ep.size();
     let local = e / members;
     // Rows per (destination member, local expert), exchanged first.
@@ -347,7 +347,7 @@ pub fn moe_bwd(
     let ep = ctx
         .ep
         .clone()
-        .ok_or_else(|| ExecError::Plan("an MoE layer without an EP group".into()))?;
+        .ok_or_else(|| ExecError::from(StateError::MoeWithoutEpGroup))?;
     let MoeSaved {
         probs,
         routing,

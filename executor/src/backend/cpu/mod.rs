@@ -2,15 +2,14 @@
 //! `matrixmultiply`, collectives over shared memory. The reference for correctness.
 
 pub mod collectives;
-pub mod memory;
 pub mod ops;
 pub mod tensor;
 
 use super::TensorOps;
 use crate::plan::{Activation, AdamConfig, Norm};
 
+pub use crate::memory::{Category, MemoryBreakdown};
 pub use collectives::{CpuComm, Group, World};
-pub use memory::{Category, MemoryBreakdown};
 pub use tensor::Tensor;
 
 /// The CPU tensor ops.

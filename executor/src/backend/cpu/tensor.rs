@@ -1,7 +1,7 @@
 //! fp32 tensors of the CPU backend: a row-major buffer with a shape and a memory category,
 //! counted by the rank's tracker from creation to drop.
 
-use super::memory::{self, Category};
+use crate::memory::{self, Category};
 
 /// A tracked, row-major fp32 tensor.
 pub struct Tensor {

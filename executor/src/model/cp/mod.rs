@@ -14,25 +14,8 @@ use crate::backend::cpu::ops::flash::{self, BlockShape, Online};
 use crate::backend::cpu::{Category, Group, Tensor};
 use crate::error::ExecError;
 use crate::plan::CpComm;
-use serde::Serialize;
+use crate::report::{CpStats, StepTime};
 use std::time::Instant;
-
-/// Seconds of one ring step (summed over the timed steps' calls).
-#[derive(Debug, Clone, Copy, Default, Serialize)]
-pub struct StepTime {
-    pub compute_s: f64,
-    pub comm_s: f64,
-}
-
-/// What a rank measured of its context-parallel attention.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct CpStats {
-    /// Unmasked score elements of the forward attention (recomputation excluded), all steps.
-    pub score_elements: u64,
-    /// Per ring step (index t = 0..cp; one step for Ulysses): forward and backward times.
-    pub forward: Vec<StepTime>,
-    pub backward: Vec<StepTime>,
-}
 
 /// A rank's context-parallel state.
 pub struct CpCtx {

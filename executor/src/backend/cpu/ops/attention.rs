@@ -5,8 +5,8 @@
 //! softmax from Q and K.
 
 use super::gemm::{gemm, View};
-use crate::backend::cpu::memory::Category;
 use crate::backend::cpu::tensor::Tensor;
+use crate::memory::Category;
 
 /// Shapes of one attention call on one rank.
 #[derive(Debug, Clone, Copy)]

@@ -1,4 +1,4 @@
-//! Per-rank memory tracker: every live [`Tensor`](super::tensor::Tensor) adds its bytes to its
+//! Per-rank memory tracker: every live [`Tensor`](crate::backend::cpu::Tensor) adds its bytes to its
 //! category while it lives. Ranks are threads, so the tracker is thread-local: a rank sees
 //! exactly its own tensors. Communication staging inside the collectives (the shared slots
 //! that stand in for NCCL's internal channel buffers) is not tracked, as PyTorch's allocator

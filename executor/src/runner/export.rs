@@ -1,0 +1,96 @@
+//! Test and finite-difference export: every parameter (or gradient) element of a rank with
+//! its global tensor name and index, and their assembly into global tensors.
+
+use super::rank::Rank;
+use crate::backend::{Collectives, ReduceOp};
+use crate::error::ExecError;
+use crate::model::params::layout_len;
+use std::collections::{BTreeMap, HashMap};
+
+/// (global tensor name, flat index in it, value).
+pub(super) type Element = (String, usize, f32);
+
+/// Global tensors from every rank's elements (duplicates, e.g. TP-replicated norms, once).
+pub(super) fn assemble(items: Vec<&[Element]>) -> BTreeMap<String, Vec<f32>> {
+    let mut acc: HashMap<String, Vec<(usize, f32)>> = HashMap::new();
+    for list in items {
+        for (name, i, v) in list {
+            acc.entry(name.clone()).or_default().push((*i, *v));
+        }
+    }
+    acc.into_iter()
+        .map(|(name, mut items)| {
+            items.sort_by_key(|x| x.0);
+            items.dedup_by_key(|x| x.0);
+            (name, items.into_iter().map(|x| x.1).collect())
+        })
+        .collect()
+}
+
+impl Rank<'_> {
+    /// Sums the gradients over TP (SP norm partials) and DP (expert DP for the experts), as
+    /// the optimizer step would.
+    pub(super) fn reduce_for_export(&mut self) -> Result<(), ExecError> {
+        if self.ctx.sp {
+            self.reduce_sp_norms()?;
+        }
+        for sp in self.spaces() {
+            self.ctx
+                .comm
+                .all_reduce(&self.groups[sp], self.grads[sp].data_mut(), ReduceOp::Sum)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn export_grads(&self) -> Vec<Element> {
+        let mut out = Vec::new();
+        for b in &self.blocks {
+            for t in &b.tensors {
+                for i in 0..t.len() {
+                    let (s, gi) = t.global_of(i);
+                    out.push((
+                        s.name.clone(),
+                        gi,
+                        self.grads[b.space].data()[b.range.start + t.offset + i],
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    /// Every parameter element with its global tensor name and index.
+    pub(super) fn export(&mut self) -> Result<Vec<Element>, ExecError> {
+        let mut full: [Vec<f32>; 2] = [Vec::new(), Vec::new()];
+        for sp in self.spaces() {
+            let total = layout_len(&self.blocks, sp);
+            full[sp] = if self.zero >= 3 {
+                let mut out = vec![0.0; total];
+                self.ctx.comm.gather_range(
+                    &self.groups[sp],
+                    self.shards[sp].start,
+                    self.params[sp].data(),
+                    0..total,
+                    &mut out,
+                )?;
+                out
+            } else {
+                self.params[sp].data().to_vec()
+            };
+        }
+        let mut out = Vec::new();
+        for b in &self.blocks {
+            for t in &b.tensors {
+                for i in 0..t.len() {
+                    let (s, gi) = t.global_of(i);
+                    out.push((
+                        s.name.clone(),
+                        gi,
+                        full[b.space][b.range.start + t.offset + i],
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    }
+}

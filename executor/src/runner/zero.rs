@@ -1,0 +1,251 @@
+//! ZeRO over a rank's flat parameter buffers (Rajbhandari et al. 2020), as Megatron's
+//! distributed optimizer shards them: sharding of each space (dense, experts) over its group,
+//! the ZeRO-3 gather cache, the gradient buckets of ZeRO 2/3, and the optimizer step per stage.
+//!
+//! The rank's parameters are one flat buffer split into `dp` contiguous shards of
+//! ceil(P / dp) elements.
+//! - 0: full gradients, all-reduced over DP at the step; Adam on every parameter.
+//! - 1: full gradients, reduce-scattered at the step; Adam on the shard; updated shards
+//!   all-gathered.
+//! - 2: as 1, but each block's gradients are reduce-scattered into the shard as soon as they
+//!   are computed (one block-sized bucket at a time), so only the shard is kept.
+//! - 3: as 2, and the parameters too are kept as a shard: a block is all-gathered before use
+//!   and freed after; in forward two gathered blocks are live at a time (the one in use and
+//!   the next, as a prefetch would hold them), in backward the one in use and its gradient
+//!   bucket.
+//!
+//! Mixture-of-experts models keep their experts in a second flat buffer (an expert *space*),
+//! as Megatron keeps expert parameters apart: everything above applies to it with the
+//! expert-data-parallel group (the ranks holding the same experts) in place of DP.
+
+use super::rank::Rank;
+use crate::backend::cpu::{Category, Group, Tensor};
+use crate::backend::{Collectives, ReduceOp, TensorOps};
+use crate::error::ExecError;
+use crate::model::params::{init_range, layout_len, BlockLayout, DENSE_SPACE, EXPERT_SPACE};
+use crate::plan::Plan;
+use std::ops::Range;
+use std::rc::Rc;
+
+/// One space's state on a rank: its shard of the flat buffer, parameters (whole, or the
+/// shard under ZeRO-3), gradients (whole, or the shard under ZeRO 2/3) and Adam moments
+/// (whole under ZeRO-0, else the shard).
+pub(super) type SpaceState = (Range<usize>, Tensor, Tensor, Tensor, Tensor);
+
+/// Initialises space `sp` of `blocks` for a member of `group` (its ZeRO group), with the
+/// finite-difference perturbations applied.
+pub(super) fn init_space(
+    plan: &Plan,
+    blocks: &[BlockLayout],
+    g: &Group,
+    sp: usize,
+    perturb: &[(String, usize, f32)],
+) -> SpaceState {
+    let zero = plan.parallel.zero;
+    let total = layout_len(blocks, sp);
+    let per = total.div_ceil(g.size());
+    let shard = (g.index * per).min(total)..((g.index + 1) * per).min(total);
+    let prange = if zero >= 3 { shard.clone() } else { 0..total };
+    let mut pdata = vec![0.0f32; prange.len()];
+    init_range(plan.seed, blocks, sp, prange.clone(), &mut pdata);
+    for (name, gi, delta) in perturb {
+        for b in blocks.iter().filter(|b| b.space == sp) {
+            for t in &b.tensors {
+                for i in 0..t.len() {
+                    let (s, g) = t.global_of(i);
+                    let flat = b.range.start + t.offset + i;
+                    if &s.name == name && g == *gi && prange.contains(&flat) {
+                        pdata[flat - prange.start] += delta;
+                    }
+                }
+            }
+        }
+    }
+    let params = Tensor::from_vec(Category::Weights, &[prange.len()], pdata);
+    let glen = if zero >= 2 { shard.len() } else { total };
+    let olen = if zero >= 1 { shard.len() } else { total };
+    (
+        shard,
+        params,
+        Tensor::zeros(Category::Gradients, &[glen]),
+        Tensor::zeros(Category::Optimizer, &[olen]),
+        Tensor::zeros(Category::Optimizer, &[olen]),
+    )
+}
+
+/// A block's parameters: a range of the full flat buffer, or a gathered copy (ZeRO-3).
+pub(super) enum Handle {
+    Flat(usize, Range<usize>),
+    Gathered(Rc<Tensor>),
+}
+
+pub(super) fn params_of<'p>(params: &'p [Tensor; 2], h: &'p Handle) -> &'p [f32] {
+    match h {
+        Handle::Flat(space, r) => &params[*space].data()[r.clone()],
+        Handle::Gathered(t) => t.data(),
+    }
+}
+
+impl Rank<'_> {
+    /// The parameters of block `bi` (gathering them over its space's group under ZeRO-3).
+    pub(super) fn handle(&mut self, bi: usize) -> Result<Handle, ExecError> {
+        let r = self.blocks[bi].range.clone();
+        let sp = self.blocks[bi].space;
+        if self.zero < 3 {
+            return Ok(Handle::Flat(sp, r));
+        }
+        if let Some((_, t)) = self.cache.iter().find(|(b, _)| *b == bi) {
+            return Ok(Handle::Gathered(Rc::clone(t)));
+        }
+        if self.cache.len() == 2 {
+            self.cache.pop_front();
+        }
+        let mut t = Tensor::zeros(Category::Buffers, &[r.len()]);
+        self.ctx.comm.gather_range(
+            &self.groups[sp],
+            self.shards[sp].start,
+            self.params[sp].data(),
+            r,
+            t.data_mut(),
+        )?;
+        let t = Rc::new(t);
+        self.cache.push_back((bi, Rc::clone(&t)));
+        Ok(Handle::Gathered(t))
+    }
+
+    /// The experts block of the MoE layer of block `bi`, when it is one.
+    /// The parameters of block `bi` and of its experts block (MoE layers), gathered under
+    /// ZeRO-3.
+    pub(super) fn block_handles(
+        &mut self,
+        bi: usize,
+    ) -> Result<(Handle, Option<(usize, Handle)>), ExecError> {
+        let h = self.handle(bi)?;
+        let e = match self.experts_of(bi) {
+            Some(ei) => Some((ei, self.handle(ei)?)),
+            None => None,
+        };
+        Ok((h, e))
+    }
+
+    /// ZeRO-2/3: sums a block's gradient bucket over TP where SP split the norms' tokens, and
+    /// reduce-scatters it over its space's group (DP or expert DP) into this rank's shard.
+    pub(super) fn flush_bucket(&mut self, bi: usize, mut bucket: Tensor) -> Result<(), ExecError> {
+        let l = &self.blocks[bi];
+        if self.ctx.sp {
+            for t in l.tensors.iter().filter(|t| t.tp_replicated) {
+                self.ctx.comm.all_reduce(
+                    &self.ctx.tp,
+                    &mut bucket.data_mut()[t.range()],
+                    ReduceOp::Sum,
+                )?;
+            }
+        }
+        let sp = l.space;
+        self.ctx.comm.reduce_scatter_range(
+            &self.groups[sp],
+            l.range.start,
+            bucket.data(),
+            self.shards[sp].clone(),
+            self.grads[sp].data_mut(),
+        )
+    }
+
+    /// Sums the SP norm partials of the dense gradients over TP.
+    pub(super) fn reduce_sp_norms(&mut self) -> Result<(), ExecError> {
+        let comm = self.ctx.comm;
+        for b in self.blocks.iter().filter(|b| b.space == DENSE_SPACE) {
+            for t in b.tensors.iter().filter(|t| t.tp_replicated) {
+                let r = b.range.start + t.offset..b.range.start + t.offset + t.len();
+                comm.all_reduce(
+                    &self.ctx.tp,
+                    &mut self.grads[DENSE_SPACE].data_mut()[r],
+                    ReduceOp::Sum,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The spaces that hold parameters (the same on every member of a space's group).
+    pub(super) fn spaces(&self) -> Vec<usize> {
+        [DENSE_SPACE, EXPERT_SPACE]
+            .into_iter()
+            .filter(|&sp| layout_len(&self.blocks, sp) > 0)
+            .collect()
+    }
+
+    pub(super) fn optimizer_step(&mut self) -> Result<(), ExecError> {
+        self.step += 1;
+        let comm = self.ctx.comm;
+        if self.zero < 2 && self.ctx.sp {
+            // Sequence parallelism: norm gradients are partial sums over the sequence shards.
+            self.reduce_sp_norms()?;
+        }
+        let adam = self.plan.adam;
+        if self.zero >= 3 {
+            self.cache.clear();
+        }
+        for sp in self.spaces() {
+            let sh = self.shards[sp].clone();
+            let g = &self.groups[sp];
+            let (params, grads) = (&mut self.params[sp], &mut self.grads[sp]);
+            let (m, v) = (&mut self.m[sp], &mut self.v[sp]);
+            match self.zero {
+                0 => {
+                    comm.all_reduce(g, grads.data_mut(), ReduceOp::Sum)?;
+                    self.ctx.ops.adam(
+                        &adam,
+                        self.step,
+                        params.data_mut(),
+                        grads.data(),
+                        m.data_mut(),
+                        v.data_mut(),
+                    );
+                }
+                1 | 2 => {
+                    if self.zero == 1 {
+                        // Staging copy of the send side (NCCL's buffers, untracked).
+                        let all = grads.data().to_vec();
+                        grads.data_mut()[sh.clone()].fill(0.0);
+                        comm.reduce_scatter_range(
+                            g,
+                            0,
+                            &all,
+                            sh.clone(),
+                            &mut grads.data_mut()[sh.clone()],
+                        )?;
+                    }
+                    let gs: &[f32] = if self.zero == 1 {
+                        &grads.data()[sh.clone()]
+                    } else {
+                        grads.data()
+                    };
+                    self.ctx.ops.adam(
+                        &adam,
+                        self.step,
+                        &mut params.data_mut()[sh.clone()],
+                        gs,
+                        m.data_mut(),
+                        v.data_mut(),
+                    );
+                    let mine = params.data()[sh.clone()].to_vec();
+                    let total = params.len();
+                    comm.gather_range(g, sh.start, &mine, 0..total, params.data_mut())?;
+                }
+                _ => {
+                    self.ctx.ops.adam(
+                        &adam,
+                        self.step,
+                        params.data_mut(),
+                        grads.data(),
+                        m.data_mut(),
+                        v.data_mut(),
+                    );
+                }
+            }
+            grads.data_mut().fill(0.0);
+        }
+        Ok(())
+    }
+}
