@@ -18,7 +18,7 @@ pub fn embedding_fwd(
     let (h, v_r) = (ctx.rd.h, ctx.rd.v_r);
     let lo = ctx.rd.tp_rank * v_r;
     let e = &p[l.tensors[0].range()];
-    let mut partial = Tensor::zeros(Category::Buffers, &[ctx.n, h]);
+    let mut partial = ctx.ops.zeros(Category::Buffers, &[ctx.n, h]);
     for (row, &id) in tokens.iter().enumerate() {
         let id = id as usize;
         if id >= lo && id < lo + v_r {
@@ -68,7 +68,7 @@ pub fn output_fwd(
 ) -> Result<(f64, OutputSaved), ExecError> {
     let m = &ctx.plan.model;
     let (h, v_r, n, n_sp) = (ctx.rd.h, ctx.rd.v_r, ctx.n, ctx.n_sp);
-    let mut lnf = Tensor::zeros(Category::Activations, &[n_sp, h]);
+    let mut lnf = ctx.ops.zeros(Category::Activations, &[n_sp, h]);
     ctx.ops.norm_fwd(
         m.norm,
         x.data(),
@@ -77,7 +77,7 @@ pub fn output_fwd(
         m.norm_eps,
         lnf.data_mut(),
     );
-    let mut logits = Tensor::zeros(Category::Buffers, &[n, v_r]);
+    let mut logits = ctx.ops.zeros(Category::Buffers, &[n, v_r]);
     let w = &p[l.tensors[1].range()];
     ctx.with_gathered(lnf.data(), |c, xg| {
         c.ops.linear_fwd(xg, w, n, h, v_r, logits.data_mut())
@@ -89,7 +89,7 @@ pub fn output_fwd(
         .map(|r| r.iter().copied().fold(f32::NEG_INFINITY, f32::max))
         .collect();
     ctx.comm.all_reduce(&ctx.tp, &mut max, ReduceOp::Max)?;
-    let mut probs = Tensor::zeros(Category::Activations, &[n, v_r]);
+    let mut probs = ctx.ops.zeros(Category::Activations, &[n, v_r]);
     let mut sum = vec![0.0f32; n];
     for r in 0..n {
         let (src, dst) = (
@@ -166,7 +166,7 @@ pub fn output_bwd(
         }
         g.iter_mut().for_each(|x| *x *= scale);
     }
-    let mut part = Tensor::zeros(Category::Buffers, &[n, h]);
+    let mut part = ctx.ops.zeros(Category::Buffers, &[n, h]);
     ctx.ops.linear_dgrad(
         dlogits.data(),
         &p[l.tensors[1].range()],
@@ -191,7 +191,7 @@ pub fn output_bwd(
             dy_shard: false,
         },
     )?;
-    let mut dx = Tensor::zeros(Category::Buffers, &[n_sp, h]);
+    let mut dx = ctx.ops.zeros(Category::Buffers, &[n_sp, h]);
     ctx.ops.norm_dgrad(
         m.norm,
         x.data(),

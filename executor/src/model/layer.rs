@@ -8,7 +8,7 @@
 
 use super::moe::{moe_bwd, moe_fwd, MoeSaved};
 use super::params::{BlockKind, BlockLayout};
-use super::{add, cp, Ctx, Sink, WTask};
+use super::{cp, Ctx, Sink, WTask};
 use crate::backend::cpu::ops::attention::{attn_bwd, attn_fwd, AttnSaved, AttnShape, Keep};
 use crate::backend::cpu::{Category, Tensor};
 use crate::backend::TensorOps;
@@ -86,7 +86,7 @@ pub fn layer_fwd(
     let act_kind = m.activation;
     let a = Category::Activations;
 
-    let mut ln1 = Tensor::zeros(a, &[n_sp, h]);
+    let mut ln1 = ctx.ops.zeros(a, &[n_sp, h]);
     ctx.ops.norm_fwd(
         norm,
         x.data(),
@@ -96,15 +96,15 @@ pub fn layer_fwd(
         ln1.data_mut(),
     );
     let qkv_r = rd.qkv_r();
-    let mut qkv = Tensor::zeros(Category::Buffers, &[n, qkv_r]);
+    let mut qkv = ctx.ops.zeros(Category::Buffers, &[n, qkv_r]);
     ctx.with_gathered(ln1.data(), |c, xg| {
         c.ops
             .linear_fwd(xg, slice(p, l, QKV), n, h, qkv_r, qkv.data_mut())
     })?;
     let (qw, kw) = (rd.a_r * d, rd.g_r * d);
-    let mut q = Tensor::zeros(a, &[n, qw]);
-    let mut k = Tensor::zeros(a, &[n, kw]);
-    let mut v = Tensor::zeros(a, &[n, kw]);
+    let mut q = ctx.ops.zeros(a, &[n, qw]);
+    let mut k = ctx.ops.zeros(a, &[n, kw]);
+    let mut v = ctx.ops.zeros(a, &[n, kw]);
     for r in 0..n {
         let row = &qkv.data()[r * qkv_r..(r + 1) * qkv_r];
         q.data_mut()[r * qw..(r + 1) * qw].copy_from_slice(&row[..qw]);
@@ -120,8 +120,9 @@ pub fn layer_fwd(
         let (o, c) = cp::forward(ctx, layer_index(l), q, k, v, keep)?;
         (o, c.q, c.k, c.v, c.attn)
     } else {
-        let mut o = Tensor::zeros(a, &[n, qw]);
+        let mut o = ctx.ops.zeros(a, &[n, qw]);
         let attn = attn_fwd(
+            &ctx.ops,
             &attn_shape(ctx),
             q.data(),
             k.data(),
@@ -131,14 +132,14 @@ pub fn layer_fwd(
         );
         (o, q, k, v, attn)
     };
-    let mut partial = Tensor::zeros(Category::Buffers, &[n, h]);
+    let mut partial = ctx.ops.zeros(Category::Buffers, &[n, h]);
     ctx.ops
         .linear_fwd(o.data(), slice(p, l, PROJ), n, qw, h, partial.data_mut());
     let attn_out = ctx.reduce_to_region(partial, Category::Buffers)?;
-    let x1 = add(x.data(), attn_out.data(), &[n_sp, h], a);
+    let x1 = ctx.ops.add(x.data(), attn_out.data(), &[n_sp, h], a);
     drop(attn_out);
 
-    let mut ln2 = Tensor::zeros(a, &[n_sp, h]);
+    let mut ln2 = ctx.ops.zeros(a, &[n_sp, h]);
     ctx.ops.norm_fwd(
         norm,
         x1.data(),
@@ -149,8 +150,8 @@ pub fn layer_fwd(
     );
     if let Some((le, pe)) = experts {
         let (out, ms) = moe_fwd(ctx, l, p, le, pe, &ln2)?;
-        let y = add(x1.data(), out.data(), &[n_sp, h], a);
-        let empty = || Tensor::zeros(a, &[0]);
+        let y = ctx.ops.add(x1.data(), out.data(), &[n_sp, h], a);
+        let empty = || ctx.ops.zeros(a, &[0]);
         let moe = Some(Box::new(ms));
         let (u, act) = (empty(), empty());
         return Ok((
@@ -172,15 +173,15 @@ pub fn layer_fwd(
         ));
     }
     let fc1 = rd.fc1_r;
-    let mut u = Tensor::zeros(a, &[n, fc1]);
+    let mut u = ctx.ops.zeros(a, &[n, fc1]);
     ctx.with_gathered(ln2.data(), |c, xg| {
         c.ops
             .linear_fwd(xg, slice(p, l, FC1), n, h, fc1, u.data_mut())
     })?;
-    let mut act = Tensor::zeros(a, &[n, rd.f_r]);
+    let mut act = ctx.ops.zeros(a, &[n, rd.f_r]);
     ctx.ops
         .act_fwd(act_kind, u.data(), n, rd.f_r, act.data_mut());
-    let mut partial = Tensor::zeros(Category::Buffers, &[n, h]);
+    let mut partial = ctx.ops.zeros(Category::Buffers, &[n, h]);
     ctx.ops.linear_fwd(
         act.data(),
         slice(p, l, FC2),
@@ -190,7 +191,7 @@ pub fn layer_fwd(
         partial.data_mut(),
     );
     let mlp_out = ctx.reduce_to_region(partial, Category::Buffers)?;
-    let y = add(x1.data(), mlp_out.data(), &[n_sp, h], a);
+    let y = ctx.ops.add(x1.data(), mlp_out.data(), &[n_sp, h], a);
     drop(mlp_out);
     Ok((
         y,
@@ -250,7 +251,7 @@ pub fn layer_bwd(
         (Some(_), None) | (None, Some(_)) => return Err(StateError::MoeSavedMismatch.into()),
         (None, None) => {
             let dyg = ctx.expand_grad(&dy)?;
-            let mut d_act = Tensor::zeros(b, &[n, rd.f_r]);
+            let mut d_act = ctx.ops.zeros(b, &[n, rd.f_r]);
             ctx.ops.linear_dgrad(
                 dyg.data(),
                 slice(p, l, FC2),
@@ -279,7 +280,7 @@ pub fn layer_bwd(
             ctx.ops
                 .act_bwd_inplace(act_kind, du.data_mut(), d_act.data(), n, rd.f_r);
             drop(d_act);
-            let mut part = Tensor::zeros(b, &[n, h]);
+            let mut part = ctx.ops.zeros(b, &[n, h]);
             ctx.ops.linear_dgrad(
                 du.data(),
                 slice(p, l, FC1),
@@ -330,7 +331,7 @@ pub fn layer_bwd(
     let qw = rd.a_r * d;
     let kw = rd.g_r * d;
     let dxg = ctx.expand_grad(&dx1)?;
-    let mut d_o = Tensor::zeros(b, &[n, qw]);
+    let mut d_o = ctx.ops.zeros(b, &[n, qw]);
     ctx.ops.linear_dgrad(
         dxg.data(),
         slice(p, l, PROJ),
@@ -359,10 +360,11 @@ pub fn layer_bwd(
         let saved = cp::CoreSaved { q, k, v, attn };
         cp::backward(ctx, layer_index(l), saved, delta, d_o)?
     } else {
-        let mut dq = Tensor::zeros(b, &[n, qw]);
-        let mut dk = Tensor::zeros(b, &[n, kw]);
-        let mut dv = Tensor::zeros(b, &[n, kw]);
+        let mut dq = ctx.ops.zeros(b, &[n, qw]);
+        let mut dk = ctx.ops.zeros(b, &[n, kw]);
+        let mut dv = ctx.ops.zeros(b, &[n, kw]);
         attn_bwd(
+            &ctx.ops,
             &attn_shape(ctx),
             q.data(),
             k.data(),
@@ -381,7 +383,7 @@ pub fn layer_bwd(
     ctx.ops
         .rotary(dk.data_mut(), n, rd.g_r, d, &ctx.positions, theta, true);
     let qkv_r = rd.qkv_r();
-    let mut dqkv = Tensor::zeros(b, &[n, qkv_r]);
+    let mut dqkv = ctx.ops.zeros(b, &[n, qkv_r]);
     for r in 0..n {
         let row = &mut dqkv.data_mut()[r * qkv_r..(r + 1) * qkv_r];
         row[..qw].copy_from_slice(&dq.data()[r * qw..(r + 1) * qw]);
@@ -389,7 +391,7 @@ pub fn layer_bwd(
         row[qw + kw..].copy_from_slice(&dv.data()[r * kw..(r + 1) * kw]);
     }
     drop((dq, dk, dv));
-    let mut part = Tensor::zeros(b, &[n, h]);
+    let mut part = ctx.ops.zeros(b, &[n, h]);
     ctx.ops.linear_dgrad(
         dqkv.data(),
         slice(p, l, QKV),

@@ -63,10 +63,10 @@ impl<'a> Ctx<'a> {
         let positions = cp_comm.positions(m.seq, c, cp.index);
         let cp = (c > 1).then(|| cp::CpCtx::new(cp, cp_comm, m.seq));
         let n = plan.model.tokens() / c;
+        let ops = CpuOps::new();
         Ctx {
             plan,
             rd,
-            ops: CpuOps,
             comm,
             tp,
             sp,
@@ -77,7 +77,8 @@ impl<'a> Ctx<'a> {
             cp,
             mb: 0,
             recomputing: false,
-            sp_buf: sp.then(|| Tensor::zeros(Category::Buffers, &[n, rd.h])),
+            sp_buf: sp.then(|| ops.zeros(Category::Buffers, &[n, rd.h])),
+            ops,
             ep: None,
             moe_aux_loss: 0.0,
             moe_dropped: 0,
@@ -116,7 +117,7 @@ impl<'a> Ctx<'a> {
         cat: Category,
     ) -> Result<Tensor, ExecError> {
         if self.sp {
-            let mut out = Tensor::zeros(cat, &[self.n_sp, self.rd.h]);
+            let mut out = self.ops.zeros(cat, &[self.n_sp, self.rd.h]);
             self.comm
                 .reduce_scatter(&self.tp, partial.data(), out.data_mut())?;
             Ok(out)
@@ -130,7 +131,7 @@ impl<'a> Ctx<'a> {
     /// The full-sequence gradient [n, h] of a row-parallel output from its region gradient:
     /// all-gather with SP, a copy otherwise (the gradient is already whole on every TP rank).
     pub fn expand_grad(&mut self, dy: &Tensor) -> Result<Tensor, ExecError> {
-        let mut out = Tensor::zeros(Category::Buffers, &[self.n, self.rd.h]);
+        let mut out = self.ops.zeros(Category::Buffers, &[self.n, self.rd.h]);
         if self.sp {
             self.comm.all_gather(&self.tp, dy.data(), out.data_mut())?;
         } else {
@@ -145,7 +146,7 @@ impl Ctx<'_> {
     pub fn own_shard(&self, full: &Tensor) -> Tensor {
         let c = full.cols();
         let lo = self.rd.tp_rank * self.n_sp * c;
-        Tensor::copy_of(
+        self.ops.copy_of(
             Category::Activations,
             &[self.n_sp, c],
             &full.data()[lo..lo + self.n_sp * c],
@@ -206,7 +207,7 @@ impl WTask {
         match self {
             WTask::Norm { tensor, x, dy } => {
                 let t = &layout.tensors[tensor];
-                let mut grad = Tensor::zeros(a, &[t.len()]);
+                let mut grad = ctx.ops.zeros(a, &[t.len()]);
                 let m = &ctx.plan.model;
                 ctx.ops.norm_wgrad(
                     m.norm,
@@ -366,13 +367,4 @@ impl WTask {
         }
         Ok(())
     }
-}
-
-/// y = a + b, a new tensor of category `cat`.
-pub fn add(a: &[f32], b: &[f32], shape: &[usize], cat: Category) -> Tensor {
-    let mut t = Tensor::zeros(cat, shape);
-    for ((o, x), y) in t.data_mut().iter_mut().zip(a).zip(b) {
-        *o = x + y;
-    }
-    t
 }

@@ -198,7 +198,7 @@ fn exchange_rows(
     h: usize,
     cat: Category,
 ) -> Result<Tensor, ExecError> {
-    let mut recv = Tensor::zeros(cat, &[recv_rows.iter().sum(), h]);
+    let mut recv = ctx.ops.zeros(cat, &[recv_rows.iter().sum(), h]);
     ctx.comm.all_to_all_v(
         ep,
         send.data(),
@@ -223,7 +223,7 @@ pub fn moe_fwd(
     let (n, h) = (ctx.n, ctx.rd.h);
     let e = moe.num_experts;
     let (a, b) = (Category::Activations, Category::Buffers);
-    let mut probs = Tensor::zeros(a, &[n, e]);
+    let mut probs = ctx.ops.zeros(a, &[n, e]);
     ctx.ops.linear_fwd(
         ln2.data(),
         &p[l.tensors[ROUTER].range()],
@@ -255,7 +255,7 @@ pub fn moe_fwd(
     let send_rows: Vec<usize> = counts.chunks(local).map(|c| c.iter().sum()).collect();
     let recv_rows: Vec<usize> = recv_expert_rows.iter().map(|c| c.iter().sum()).collect();
 
-    let mut send = Tensor::zeros(b, &[routing.routes.len(), h]);
+    let mut send = ctx.ops.zeros(b, &[routing.routes.len(), h]);
     for (i, r) in routing.routes.iter().enumerate() {
         send.data_mut()[i * h..(i + 1) * h]
             .copy_from_slice(&ln2.data()[r.token * h..(r.token + 1) * h]);
@@ -267,26 +267,26 @@ pub fn moe_fwd(
     let f = moe.ffn;
     let w1 = fc1_width(ctx.plan.model.activation, f);
     let act_kind = ctx.plan.model.activation;
-    let mut back = Tensor::zeros(b, &[total_recv, h]);
+    let mut back = ctx.ops.zeros(b, &[total_recv, h]);
     let (mut xs, mut us, mut acts) = (Vec::new(), Vec::new(), Vec::new());
     for j in 0..local {
         let spans = expert_rows(&recv_expert_rows, j);
         let c: usize = spans.iter().map(|s| s.1).sum();
-        let mut x = Tensor::zeros(a, &[c, h]);
+        let mut x = ctx.ops.zeros(a, &[c, h]);
         let mut at = 0;
         for &(lo, rows) in &spans {
             x.data_mut()[at * h..(at + rows) * h]
                 .copy_from_slice(&recv.data()[lo * h..(lo + rows) * h]);
             at += rows;
         }
-        let mut u = Tensor::zeros(a, &[c, w1]);
-        let mut act = Tensor::zeros(a, &[c, f]);
+        let mut u = ctx.ops.zeros(a, &[c, w1]);
+        let mut act = ctx.ops.zeros(a, &[c, f]);
         if c > 0 {
             let w_fc1 = &pe[le.tensors[2 * j].range()];
             let w_fc2 = &pe[le.tensors[2 * j + 1].range()];
             ctx.ops.linear_fwd(x.data(), w_fc1, c, h, w1, u.data_mut());
             ctx.ops.act_fwd(act_kind, u.data(), c, f, act.data_mut());
-            let mut y = Tensor::zeros(b, &[c, h]);
+            let mut y = ctx.ops.zeros(b, &[c, h]);
             ctx.ops.linear_fwd(act.data(), w_fc2, c, f, h, y.data_mut());
             let mut at = 0;
             for &(lo, rows) in &spans {
@@ -302,7 +302,7 @@ pub fn moe_fwd(
     drop(recv);
     let y = exchange_rows(ctx, &ep, &back, &recv_rows, &send_rows, h, a)?;
     drop(back);
-    let mut out = Tensor::zeros(b, &[n, h]);
+    let mut out = ctx.ops.zeros(b, &[n, h]);
     for (i, r) in routing.routes.iter().enumerate() {
         let dst = &mut out.data_mut()[r.token * h..(r.token + 1) * h];
         for (o, v) in dst.iter_mut().zip(&y.data()[i * h..(i + 1) * h]) {
@@ -361,8 +361,8 @@ pub fn moe_bwd(
     } = s;
     let routes = &routing.routes;
     // Combine: d y_r = gate_r dy[t]; d gate_r = dy[t] . y_r.
-    let mut dprobs = Tensor::zeros(bcat, &[n, e]);
-    let mut dsend = Tensor::zeros(bcat, &[routes.len(), h]);
+    let mut dprobs = ctx.ops.zeros(bcat, &[n, e]);
+    let mut dsend = ctx.ops.zeros(bcat, &[routes.len(), h]);
     for (i, r) in routes.iter().enumerate() {
         let g = &dy.data()[r.token * h..(r.token + 1) * h];
         let yr = &y.data()[i * h..(i + 1) * h];
@@ -379,14 +379,14 @@ pub fn moe_bwd(
     let f = moe.ffn;
     let act_kind = ctx.plan.model.activation;
     let w1 = fc1_width(act_kind, f);
-    let mut dback = Tensor::zeros(bcat, &[total_recv, h]);
+    let mut dback = ctx.ops.zeros(bcat, &[total_recv, h]);
     for (j, ((x, u), act)) in xs.into_iter().zip(us).zip(acts).enumerate() {
         let spans = expert_rows(&recv_expert_rows, j);
         let c: usize = spans.iter().map(|s| s.1).sum();
         if c == 0 {
             continue;
         }
-        let mut dyj = Tensor::zeros(bcat, &[c, h]);
+        let mut dyj = ctx.ops.zeros(bcat, &[c, h]);
         let mut at = 0;
         for &(lo, rows) in &spans {
             dyj.data_mut()[at * h..(at + rows) * h]
@@ -394,7 +394,7 @@ pub fn moe_bwd(
             at += rows;
         }
         let (t1, t2) = (2 * j, 2 * j + 1);
-        let mut dact = Tensor::zeros(bcat, &[c, f]);
+        let mut dact = ctx.ops.zeros(bcat, &[c, f]);
         ctx.ops.linear_dgrad(
             dyj.data(),
             &pe[le.tensors[t2].range()],
@@ -418,7 +418,7 @@ pub fn moe_bwd(
         ctx.ops
             .act_bwd_inplace(act_kind, du.data_mut(), dact.data(), c, f);
         drop(dact);
-        let mut dx = Tensor::zeros(bcat, &[c, h]);
+        let mut dx = ctx.ops.zeros(bcat, &[c, h]);
         ctx.ops.linear_dgrad(
             du.data(),
             &pe[le.tensors[t1].range()],
@@ -448,7 +448,7 @@ pub fn moe_bwd(
     drop(drecv);
     let dx_routes = exchange_rows(ctx, &ep, &dback, &recv_rows, &send_rows, h, bcat)?;
     drop(dback);
-    let mut d_ln2 = Tensor::zeros(bcat, &[n, h]);
+    let mut d_ln2 = ctx.ops.zeros(bcat, &[n, h]);
     for (i, r) in routes.iter().enumerate() {
         let dst = &mut d_ln2.data_mut()[r.token * h..(r.token + 1) * h];
         for (d, v) in dst.iter_mut().zip(&dx_routes.data()[i * h..(i + 1) * h]) {

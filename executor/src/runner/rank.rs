@@ -6,11 +6,10 @@
 use super::export::Element;
 use super::zero::params_of;
 use super::{zero, RunOptions};
-use crate::backend::cpu::ops::gemm;
 use crate::backend::cpu::{CpuComm, Group, Tensor};
 use crate::backend::Collectives;
 use crate::error::{ExecError, StateError};
-use crate::memory::{self, Category};
+use crate::memory::Category;
 use crate::model::ends::{embedding_bwd, embedding_fwd, output_bwd, output_fwd, OutputSaved};
 use crate::model::layer::Experts;
 use crate::model::layer::{layer_bwd, layer_fwd, LayerSaved};
@@ -79,7 +78,6 @@ pub(super) fn run_rank(
     comm: &CpuComm,
     opts: &RunOptions,
 ) -> Result<RankOutput, ExecError> {
-    memory::reset_peak();
     let tp = comm.group(&rp.tp_group);
     let dp = comm.group(&rp.dp_group);
     let mut ctx = Ctx::new(plan, comm, tp, rp.coords.tp, comm.group(&rp.cp_group));
@@ -102,7 +100,8 @@ pub(super) fn run_rank(
     }
     let zero = plan.parallel.zero;
     let groups = [dp, comm.group(&rp.expert_dp_group)];
-    let space = |sp: usize| zero::init_space(plan, &blocks, &groups[sp], sp, &opts.perturb);
+    let space =
+        |sp: usize| zero::init_space(&ctx.ops, plan, &blocks, &groups[sp], sp, &opts.perturb);
     let (s0, p0, g0, m0, v0) = space(DENSE_SPACE);
     let (s1, p1, g1, m1, v1) = space(EXPERT_SPACE);
     let n_sp = ctx.n_sp;
@@ -125,7 +124,7 @@ pub(super) fn run_rank(
         saved: HashMap::new(),
         wtasks: HashMap::new(),
         mailbox: HashMap::new(),
-        recv_buf: pp.then(|| Tensor::zeros(Category::Buffers, &[n_sp, h])),
+        recv_buf: pp.then(|| ctx.ops.zeros(Category::Buffers, &[n_sp, h])),
         loss_sum: 0.0,
         grad_scale: 1.0 / (plan.global_batch() * plan.model.seq) as f32,
         ctx,
@@ -183,10 +182,10 @@ pub(super) fn run_rank(
     ] {
         *x /= timed;
     }
-    let peak = memory::peak();
-    let category_max = memory::category_max();
-    let peak_site = memory::peak_site();
-    let (gemm_flops, gemm_seconds) = gemm::gemm_stats();
+    let tracker = rank.ctx.ops.memory();
+    let (peak, category_max, peak_site) =
+        (tracker.peak(), tracker.category_max(), tracker.peak_site());
+    let (gemm_flops, gemm_seconds) = rank.ctx.ops.gemm_counter().get();
     let params = if opts.export_params {
         rank.export()?
     } else {
@@ -275,7 +274,7 @@ impl<'a> Rank<'a> {
         } else {
             Category::Activations
         };
-        let t = Tensor::copy_of(cat, buf.shape(), buf.data());
+        let t = self.ctx.ops.copy_of(cat, buf.shape(), buf.data());
         self.mailbox.insert((stage, mb, grad), t);
         Ok(())
     }
@@ -431,8 +430,8 @@ impl<'a> Rank<'a> {
                     (l, &mut bucket, DENSE_SPACE)
                 };
                 if use_bucket {
-                    let b = bk
-                        .get_or_insert_with(|| Tensor::zeros(Category::Buffers, &[tl.range.len()]));
+                    let b =
+                        bk.get_or_insert_with(|| c.ops.zeros(Category::Buffers, &[tl.range.len()]));
                     t.run(c, tl, b.data_mut())
                 } else {
                     t.run(c, tl, &mut grads[sp].data_mut()[tl.range.clone()])
@@ -486,7 +485,9 @@ impl<'a> Rank<'a> {
             if let (Some(ei), true) = (ei, use_bucket) {
                 // Every member of the expert-DP group flushes, even with no tokens routed here.
                 let b = ebucket.unwrap_or_else(|| {
-                    Tensor::zeros(Category::Buffers, &[self.blocks[ei].range.len()])
+                    self.ctx
+                        .ops
+                        .zeros(Category::Buffers, &[self.blocks[ei].range.len()])
                 });
                 self.flush_bucket(ei, b)?;
             }
@@ -523,8 +524,8 @@ impl<'a> Rank<'a> {
             return Ok(());
         }
         self.cache.clear();
-        let mut bucket = Tensor::zeros(Category::Buffers, &[l.range.len()]);
-        let mut ebucket = le.map(|le| Tensor::zeros(Category::Buffers, &[le.range.len()]));
+        let mut bucket = self.ctx.ops.zeros(Category::Buffers, &[l.range.len()]);
+        let mut ebucket = le.map(|le| self.ctx.ops.zeros(Category::Buffers, &[le.range.len()]));
         for t in tasks {
             if t.is_expert() {
                 let (le, b) = le.zip(ebucket.as_mut()).ok_or_else(no_block)?;

@@ -19,7 +19,7 @@
 //! expert-data-parallel group (the ranks holding the same experts) in place of DP.
 
 use super::rank::Rank;
-use crate::backend::cpu::{Category, Group, Tensor};
+use crate::backend::cpu::{Category, CpuOps, Group, Tensor};
 use crate::backend::{Collectives, ReduceOp, TensorOps};
 use crate::error::ExecError;
 use crate::model::params::{init_range, layout_len, BlockLayout, DENSE_SPACE, EXPERT_SPACE};
@@ -35,6 +35,7 @@ pub(super) type SpaceState = (Range<usize>, Tensor, Tensor, Tensor, Tensor);
 /// Initialises space `sp` of `blocks` for a member of `group` (its ZeRO group), with the
 /// finite-difference perturbations applied.
 pub(super) fn init_space(
+    ops: &CpuOps,
     plan: &Plan,
     blocks: &[BlockLayout],
     g: &Group,
@@ -61,15 +62,15 @@ pub(super) fn init_space(
             }
         }
     }
-    let params = Tensor::from_vec(Category::Weights, &[prange.len()], pdata);
+    let params = ops.from_vec(Category::Weights, &[prange.len()], pdata);
     let glen = if zero >= 2 { shard.len() } else { total };
     let olen = if zero >= 1 { shard.len() } else { total };
     (
         shard,
         params,
-        Tensor::zeros(Category::Gradients, &[glen]),
-        Tensor::zeros(Category::Optimizer, &[olen]),
-        Tensor::zeros(Category::Optimizer, &[olen]),
+        ops.zeros(Category::Gradients, &[glen]),
+        ops.zeros(Category::Optimizer, &[olen]),
+        ops.zeros(Category::Optimizer, &[olen]),
     )
 }
 
@@ -100,7 +101,7 @@ impl Rank<'_> {
         if self.cache.len() == 2 {
             self.cache.pop_front();
         }
-        let mut t = Tensor::zeros(Category::Buffers, &[r.len()]);
+        let mut t = self.ctx.ops.zeros(Category::Buffers, &[r.len()]);
         self.ctx.comm.gather_range(
             &self.groups[sp],
             self.shards[sp].start,

@@ -8,17 +8,69 @@ pub mod tensor;
 use super::TensorOps;
 use crate::plan::{Activation, AdamConfig, Norm};
 
-pub use crate::memory::{Category, MemoryBreakdown};
+pub use crate::memory::{Category, MemoryBreakdown, MemoryTracker};
 pub use collectives::{CpuComm, Group, World};
+use ops::gemm::GemmCounter;
 pub use tensor::Tensor;
 
-/// The CPU tensor ops.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct CpuOps;
+/// One rank's CPU device: its tensor ops, the allocation of its tensors, its memory tracker
+/// and its GEMM counters (per rank, so ranks that share a thread, or a rank whose tensors
+/// are freed on another thread, still count apart). Clones share the tracker and counters.
+#[derive(Debug, Clone, Default)]
+pub struct CpuOps {
+    memory: MemoryTracker,
+    gemm: GemmCounter,
+}
+
+impl CpuOps {
+    /// A device with its own tracker and counters.
+    pub fn new() -> CpuOps {
+        CpuOps::default()
+    }
+
+    /// The device's memory tracker.
+    pub fn memory(&self) -> &MemoryTracker {
+        &self.memory
+    }
+
+    /// The device's GEMM FLOPs and seconds.
+    pub fn gemm_counter(&self) -> &GemmCounter {
+        &self.gemm
+    }
+
+    /// A zero-filled tensor.
+    #[track_caller]
+    pub fn zeros(&self, cat: Category, shape: &[usize]) -> Tensor {
+        let n = shape.iter().product();
+        Tensor::new(&self.memory, cat, shape, vec![0.0; n])
+    }
+
+    /// Wraps `data` (its length must be the shape's product).
+    #[track_caller]
+    pub fn from_vec(&self, cat: Category, shape: &[usize], data: Vec<f32>) -> Tensor {
+        Tensor::new(&self.memory, cat, shape, data)
+    }
+
+    /// y = a + b, a new tensor of category `cat` (the residual add).
+    #[track_caller]
+    pub fn add(&self, a: &[f32], b: &[f32], shape: &[usize], cat: Category) -> Tensor {
+        let mut t = self.zeros(cat, shape);
+        for ((o, x), y) in t.data_mut().iter_mut().zip(a).zip(b) {
+            *o = x + y;
+        }
+        t
+    }
+
+    /// A tracked copy of a slice.
+    #[track_caller]
+    pub fn copy_of(&self, cat: Category, shape: &[usize], src: &[f32]) -> Tensor {
+        Tensor::new(&self.memory, cat, shape, src.to_vec())
+    }
+}
 
 impl TensorOps for CpuOps {
     fn linear_fwd(&self, x: &[f32], w: &[f32], n: usize, i: usize, o: usize, y: &mut [f32]) {
-        ops::gemm::linear_fwd(x, w, n, i, o, y)
+        ops::gemm::linear_fwd(&self.gemm, x, w, n, i, o, y)
     }
     fn linear_dgrad(
         &self,
@@ -30,10 +82,10 @@ impl TensorOps for CpuOps {
         dx: &mut [f32],
         acc: bool,
     ) {
-        ops::gemm::linear_dgrad(dy, w, n, i, o, dx, acc)
+        ops::gemm::linear_dgrad(&self.gemm, dy, w, n, i, o, dx, acc)
     }
     fn linear_wgrad(&self, dy: &[f32], x: &[f32], n: usize, i: usize, o: usize, dw: &mut [f32]) {
-        ops::gemm::linear_wgrad(dy, x, n, i, o, dw)
+        ops::gemm::linear_wgrad(&self.gemm, dy, x, n, i, o, dw)
     }
     fn norm_fwd(&self, kind: Norm, x: &[f32], p: &[f32], h: usize, eps: f32, y: &mut [f32]) {
         ops::norm::norm_fwd(kind, x, p, h, eps, y)

@@ -16,8 +16,8 @@ use crate::model::Ctx;
 fn gather(ctx: &Ctx, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor, f64), ExecError> {
     let cp = ctx.cp.as_ref().expect("cp context");
     let size = cp.size;
-    let mut gk = Tensor::zeros(Category::Buffers, &[size * k.len()]);
-    let mut gv = Tensor::zeros(Category::Buffers, &[size * v.len()]);
+    let mut gk = ctx.ops.zeros(Category::Buffers, &[size * k.len()]);
+    let mut gv = ctx.ops.zeros(Category::Buffers, &[size * v.len()]);
     let (r, dt) = timed(|| -> Result<(), ExecError> {
         ctx.comm.all_gather(&cp.group, k.data(), gk.data_mut())?;
         ctx.comm.all_gather(&cp.group, v.data(), gv.data_mut())
@@ -33,9 +33,9 @@ fn pass(ctx: &mut Ctx, q: &Tensor, gk: &Tensor, gv: &Tensor, count: bool) -> (Te
     let (me, size) = (cp.rank, cp.size);
     let s_loc = cp.positions[me].len();
     let blk = gk.len() / size;
-    let mut acc = Tensor::zeros(Category::Activations, &[q.rows(), q.cols()]);
-    let mut st = Stats::new(sh.b * sh.hq * s_loc);
-    let mut tile = Tensor::zeros(Category::Buffers, &[s_loc, s_loc]);
+    let mut acc = ctx.ops.zeros(Category::Activations, &[q.rows(), q.cols()]);
+    let mut st = Stats::new(&ctx.ops, sh.b * sh.hq * s_loc);
+    let mut tile = ctx.ops.zeros(Category::Buffers, &[s_loc, s_loc]);
     let qs = Side {
         pos: &cp.positions[me],
         tile: s_loc,
@@ -44,6 +44,7 @@ fn pass(ctx: &mut Ctx, q: &Tensor, gk: &Tensor, gv: &Tensor, count: bool) -> (Te
         (0..size)
             .map(|src| {
                 flash::forward_block(
+                    ctx.ops.gemm_counter(),
                     &sh,
                     q.data(),
                     qs,
@@ -61,7 +62,7 @@ fn pass(ctx: &mut Ctx, q: &Tensor, gk: &Tensor, gv: &Tensor, count: bool) -> (Te
             .sum::<u64>()
     });
     drop(tile);
-    let mut lse = Tensor::zeros(Category::Buffers, &[sh.b * sh.hq * s_loc]);
+    let mut lse = ctx.ops.zeros(Category::Buffers, &[sh.b * sh.hq * s_loc]);
     flash::finish(&sh, s_loc, acc.data_mut(), &st.online(), lse.data_mut());
     if count {
         ctx.cp.as_mut().expect("cp context").stats.score_elements += work;
@@ -113,11 +114,11 @@ pub fn backward(
     let s_loc = cp.positions[me].len();
     let blk = k.len();
     let b = Category::Buffers;
-    let mut dq = Tensor::zeros(b, &[q.rows(), q.cols()]);
-    let mut gdk = Tensor::zeros(b, &[size * blk]);
-    let mut gdv = Tensor::zeros(b, &[size * blk]);
-    let mut p_tile = Tensor::zeros(b, &[s_loc, s_loc]);
-    let mut dp_tile = Tensor::zeros(b, &[s_loc, s_loc]);
+    let mut dq = ctx.ops.zeros(b, &[q.rows(), q.cols()]);
+    let mut gdk = ctx.ops.zeros(b, &[size * blk]);
+    let mut gdv = ctx.ops.zeros(b, &[size * blk]);
+    let mut p_tile = ctx.ops.zeros(b, &[s_loc, s_loc]);
+    let mut dp_tile = ctx.ops.zeros(b, &[s_loc, s_loc]);
     let qs = Side {
         pos: &cp.positions[me],
         tile: s_loc,
@@ -126,6 +127,7 @@ pub fn backward(
         for src in 0..size {
             let r = src * blk..(src + 1) * blk;
             flash::backward_block(
+                ctx.ops.gemm_counter(),
                 &sh,
                 q.data(),
                 qs,
@@ -148,8 +150,8 @@ pub fn backward(
     })
     .1;
     drop((gk, gv, p_tile, dp_tile, delta, lse, dout));
-    let mut dk = Tensor::zeros(b, &[k.rows(), k.cols()]);
-    let mut dv = Tensor::zeros(b, &[v.rows(), v.cols()]);
+    let mut dk = ctx.ops.zeros(b, &[k.rows(), k.cols()]);
+    let mut dv = ctx.ops.zeros(b, &[v.rows(), v.cols()]);
     let (r, dt) = timed(|| -> Result<(), ExecError> {
         ctx.comm
             .reduce_scatter(&cp.group, gdk.data(), dk.data_mut())?;

@@ -11,7 +11,7 @@ mod ulysses;
 use super::Ctx;
 use crate::backend::cpu::ops::attention::{AttnSaved, Keep};
 use crate::backend::cpu::ops::flash::{self, BlockShape, Online};
-use crate::backend::cpu::{Category, Group, Tensor};
+use crate::backend::cpu::{Category, CpuOps, Group, Tensor};
 use crate::error::ExecError;
 use crate::plan::CpComm;
 use crate::report::{CpStats, StepTime};
@@ -104,12 +104,12 @@ struct Stats {
 }
 
 impl Stats {
-    fn new(len: usize) -> Stats {
-        let mut max = Tensor::zeros(Category::Buffers, &[len]);
+    fn new(ops: &CpuOps, len: usize) -> Stats {
+        let mut max = ops.zeros(Category::Buffers, &[len]);
         max.data_mut().fill(f32::NEG_INFINITY);
         Stats {
             max,
-            sum: Tensor::zeros(Category::Buffers, &[len]),
+            sum: ops.zeros(Category::Buffers, &[len]),
         }
     }
 
@@ -161,7 +161,7 @@ pub fn forward(
 pub fn row_delta(ctx: &Ctx, dout: &Tensor, o: &Tensor) -> Tensor {
     let sh = shape(ctx);
     let rows = dout.rows() / sh.b;
-    let mut out = Tensor::zeros(Category::Buffers, &[sh.b * rows * sh.hq]);
+    let mut out = ctx.ops.zeros(Category::Buffers, &[sh.b * rows * sh.hq]);
     flash::delta(&sh, rows, dout.data(), o.data(), out.data_mut());
     out
 }

@@ -73,9 +73,9 @@ fn pass(
     let (next, prev) = (cp.next(), cp.prev());
     let s_loc = cp.positions[me].len();
     let kv_len = k.len();
-    let mut acc = Tensor::zeros(Category::Activations, &[q.rows(), q.cols()]);
-    let mut st = Stats::new(sh.b * sh.hq * s_loc);
-    let mut tile = Tensor::zeros(Category::Buffers, &[s_loc, s_loc]);
+    let mut acc = ctx.ops.zeros(Category::Activations, &[q.rows(), q.cols()]);
+    let mut st = Stats::new(&ctx.ops, sh.b * sh.hq * s_loc);
+    let mut tile = ctx.ops.zeros(Category::Buffers, &[s_loc, s_loc]);
     let mut cur: Option<Tensor> = None;
     for t in 0..size {
         let src = (me + size - t) % size;
@@ -88,7 +88,7 @@ fn pass(
         let (kb, vb) = block(&cur, k, v, kv_len);
         if t + 1 < size {
             comm_s += send_kv(ctx, next, tags, kb, vb)?;
-            nxt = Some(Tensor::zeros(Category::Buffers, &[2 * kv_len]));
+            nxt = Some(ctx.ops.zeros(Category::Buffers, &[2 * kv_len]));
         }
         let cp = ctx.cp.as_ref().expect("cp context");
         let qs = Side {
@@ -101,6 +101,7 @@ fn pass(
         };
         let (work, compute_s) = timed(|| {
             flash::forward_block(
+                ctx.ops.gemm_counter(),
                 &sh,
                 q.data(),
                 qs,
@@ -123,7 +124,7 @@ fn pass(
         cp.record(false, t, compute_s, comm_s);
     }
     drop((cur, tile));
-    let mut lse = Tensor::zeros(Category::Buffers, &[sh.b * sh.hq * s_loc]);
+    let mut lse = ctx.ops.zeros(Category::Buffers, &[sh.b * sh.hq * s_loc]);
     flash::finish(&sh, s_loc, acc.data_mut(), &st.online(), lse.data_mut());
     Ok((acc, lse))
 }
@@ -167,11 +168,11 @@ pub fn backward(
     let s_loc = cp.positions[me].len();
     let kv_len = k.len();
     let b = Category::Buffers;
-    let mut dq = Tensor::zeros(b, &[q.rows(), q.cols()]);
-    let mut dk = Tensor::zeros(b, &[k.rows(), k.cols()]);
-    let mut dv = Tensor::zeros(b, &[v.rows(), v.cols()]);
-    let mut p_tile = Tensor::zeros(b, &[s_loc, s_loc]);
-    let mut dp_tile = Tensor::zeros(b, &[s_loc, s_loc]);
+    let mut dq = ctx.ops.zeros(b, &[q.rows(), q.cols()]);
+    let mut dk = ctx.ops.zeros(b, &[k.rows(), k.cols()]);
+    let mut dv = ctx.ops.zeros(b, &[v.rows(), v.cols()]);
+    let mut p_tile = ctx.ops.zeros(b, &[s_loc, s_loc]);
+    let mut dp_tile = ctx.ops.zeros(b, &[s_loc, s_loc]);
     let mut cur: Option<Tensor> = None;
     let mut acc: Option<Tensor> = None;
     let which = Pass::Backward;
@@ -179,8 +180,8 @@ pub fn backward(
         let src = (me + size - t) % size;
         let mut comm_s = 0.0;
         // Post the next step's buffers (K/V, and the dK/dV accumulator from step 2 on).
-        let nxt = (t + 1 < size).then(|| Tensor::zeros(b, &[2 * kv_len]));
-        let nxt_acc = (t + 1 < size && t >= 1).then(|| Tensor::zeros(b, &[2 * kv_len]));
+        let nxt = (t + 1 < size).then(|| ctx.ops.zeros(b, &[2 * kv_len]));
+        let nxt_acc = (t + 1 < size && t >= 1).then(|| ctx.ops.zeros(b, &[2 * kv_len]));
         let tags = (
             tag(layer, mb, which, t, KEYS),
             tag(layer, mb, which, t, VALUES),
@@ -201,6 +202,7 @@ pub fn backward(
         let compute_s = if t == 0 {
             timed(|| {
                 flash::backward_block(
+                    ctx.ops.gemm_counter(),
                     &sh,
                     q.data(),
                     qs,
@@ -224,10 +226,11 @@ pub fn backward(
             // The first visitor starts the block's accumulator.
             let mut a = acc
                 .take()
-                .unwrap_or_else(|| Tensor::zeros(b, &[2 * kv_len]));
+                .unwrap_or_else(|| ctx.ops.zeros(b, &[2 * kv_len]));
             let (dkb, dvb) = a.data_mut().split_at_mut(kv_len);
             let dt = timed(|| {
                 flash::backward_block(
+                    ctx.ops.gemm_counter(),
                     &sh,
                     q.data(),
                     qs,
@@ -275,7 +278,7 @@ pub fn backward(
     drop((cur, acc, p_tile, dp_tile, delta, lse, q, k, v, dout));
     if size > 1 {
         // This rank's own block comes home with every other rank's contribution.
-        let mut home = Tensor::zeros(b, &[2 * kv_len]);
+        let mut home = ctx.ops.zeros(b, &[2 * kv_len]);
         let (r, dt) = timed(|| {
             ctx.comm.recv(
                 prev,

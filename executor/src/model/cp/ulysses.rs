@@ -8,7 +8,7 @@
 use super::{saved_lse, shape, timed, CoreSaved, Stats};
 use crate::backend::cpu::ops::attention::{AttnSaved, Keep};
 use crate::backend::cpu::ops::flash::{self, BlockShape, Side};
-use crate::backend::cpu::{Category, Tensor};
+use crate::backend::cpu::{Category, CpuOps, Tensor};
 use crate::backend::Collectives;
 use crate::error::ExecError;
 use crate::model::Ctx;
@@ -123,7 +123,7 @@ fn setup(ctx: &Ctx) -> (Geo, BlockShape, Vec<u32>) {
 /// All-to-all of `send` over the CP group into a new buffer of category `cat`.
 fn exchange(ctx: &Ctx, send: &Tensor, cat: Category) -> Result<(Tensor, f64), ExecError> {
     let cp = ctx.cp.as_ref().expect("cp context");
-    let mut recv = Tensor::zeros(cat, &[send.len()]);
+    let mut recv = ctx.ops.zeros(cat, &[send.len()]);
     let (r, dt) = timed(|| ctx.comm.all_to_all(&cp.group, send.data(), recv.data_mut()));
     r?;
     Ok((recv, dt))
@@ -131,6 +131,7 @@ fn exchange(ctx: &Ctx, send: &Tensor, cat: Category) -> Result<(Tensor, f64), Ex
 
 /// Attention of the head group over the whole sequence: (unnormalised output, lse, work).
 fn attend(
+    ops: &CpuOps,
     geo: &Geo,
     sh: &BlockShape,
     all: &[u32],
@@ -143,10 +144,11 @@ fn attend(
         pos: all,
         tile: geo.s_loc,
     };
-    let mut acc = Tensor::zeros(Category::Buffers, &[q.rows(), q.cols()]);
-    let mut st = Stats::new(sh.b * sh.hq * s);
-    let mut tile = Tensor::zeros(Category::Buffers, &[geo.s_loc, geo.s_loc]);
+    let mut acc = ops.zeros(Category::Buffers, &[q.rows(), q.cols()]);
+    let mut st = Stats::new(ops, sh.b * sh.hq * s);
+    let mut tile = ops.zeros(Category::Buffers, &[geo.s_loc, geo.s_loc]);
     let work = flash::forward_block(
+        ops.gemm_counter(),
         sh,
         q.data(),
         side,
@@ -158,7 +160,7 @@ fn attend(
         tile.data_mut(),
     );
     drop(tile);
-    let mut lse = Tensor::zeros(Category::Buffers, &[sh.b * sh.hq * s]);
+    let mut lse = ops.zeros(Category::Buffers, &[sh.b * sh.hq * s]);
     flash::finish(sh, s, acc.data_mut(), &st.online(), lse.data_mut());
     (acc, lse, work)
 }
@@ -179,7 +181,7 @@ pub fn forward(
         Part { heads: g_r, e: d },
     ];
     let b = Category::Buffers;
-    let mut send = Tensor::zeros(b, &[q.len() + k.len() + v.len()]);
+    let mut send = ctx.ops.zeros(b, &[q.len() + k.len() + v.len()]);
     geo.pack_seq(
         &[
             (q.data(), parts[0]),
@@ -194,23 +196,23 @@ pub fn forward(
     let (recv, mut comm_s) = exchange(ctx, &send, b)?;
     drop(send);
     let a = Category::Activations;
-    let mut qh = Tensor::zeros(a, &[rows, sh.hq * d]);
-    let mut kh = Tensor::zeros(a, &[rows, sh.hk * d]);
-    let mut vh = Tensor::zeros(a, &[rows, sh.hk * d]);
+    let mut qh = ctx.ops.zeros(a, &[rows, sh.hq * d]);
+    let mut kh = ctx.ops.zeros(a, &[rows, sh.hk * d]);
+    let mut vh = ctx.ops.zeros(a, &[rows, sh.hk * d]);
     geo.unpack_head(
         recv.data(),
         &parts,
         &mut [qh.data_mut(), kh.data_mut(), vh.data_mut()],
     );
     drop(recv);
-    let ((oh, lse, work), compute_s) = timed(|| attend(&geo, &sh, &all, &qh, &kh, &vh));
-    let mut send = Tensor::zeros(b, &[oh.len()]);
+    let ((oh, lse, work), compute_s) = timed(|| attend(&ctx.ops, &geo, &sh, &all, &qh, &kh, &vh));
+    let mut send = ctx.ops.zeros(b, &[oh.len()]);
     geo.pack_head(&[(oh.data(), parts[0])], send.data_mut());
     drop(oh);
     let (recv, dt) = exchange(ctx, &send, b)?;
     comm_s += dt;
     drop(send);
-    let mut o = Tensor::zeros(a, &[geo.b * geo.s_loc, a_r * d]);
+    let mut o = ctx.ops.zeros(a, &[geo.b * geo.s_loc, a_r * d]);
     geo.unpack_seq(recv.data(), &parts[..1], &mut [o.data_mut()]);
     drop(recv);
     let cp = ctx.cp.as_mut().expect("cp context");
@@ -242,13 +244,13 @@ pub fn backward(
     let lse = match attn {
         AttnSaved::Lse(l) => l,
         // Selective recomputation: the head group's attention again (no communication).
-        _ => attend(&geo, &sh, &all, &q, &k, &v).1,
+        _ => attend(&ctx.ops, &geo, &sh, &all, &q, &k, &v).1,
     };
     let (a_r, g_r, d) = (ctx.rd.a_r, ctx.rd.g_r, ctx.rd.d);
     let b = Category::Buffers;
     let seq_rows = geo.b * geo.s_loc;
     let out_parts = [Part { heads: a_r, e: d }, Part { heads: a_r, e: 1 }];
-    let mut send = Tensor::zeros(b, &[dout.len() + d_rows.len()]);
+    let mut send = ctx.ops.zeros(b, &[dout.len() + d_rows.len()]);
     geo.pack_seq(
         &[(dout.data(), out_parts[0]), (d_rows.data(), out_parts[1])],
         send.data_mut(),
@@ -258,25 +260,26 @@ pub fn backward(
     drop(send);
     let s = geo.s_loc * geo.cp;
     let rows = geo.b * s;
-    let mut doh = Tensor::zeros(b, &[rows, sh.hq * d]);
-    let mut delta = Tensor::zeros(b, &[rows * sh.hq]);
+    let mut doh = ctx.ops.zeros(b, &[rows, sh.hq * d]);
+    let mut delta = ctx.ops.zeros(b, &[rows * sh.hq]);
     geo.unpack_head(
         recv.data(),
         &out_parts,
         &mut [doh.data_mut(), delta.data_mut()],
     );
     drop(recv);
-    let mut dqh = Tensor::zeros(b, &[rows, sh.hq * d]);
-    let mut dkh = Tensor::zeros(b, &[rows, sh.hk * d]);
-    let mut dvh = Tensor::zeros(b, &[rows, sh.hk * d]);
-    let mut p_tile = Tensor::zeros(b, &[geo.s_loc, geo.s_loc]);
-    let mut dp_tile = Tensor::zeros(b, &[geo.s_loc, geo.s_loc]);
+    let mut dqh = ctx.ops.zeros(b, &[rows, sh.hq * d]);
+    let mut dkh = ctx.ops.zeros(b, &[rows, sh.hk * d]);
+    let mut dvh = ctx.ops.zeros(b, &[rows, sh.hk * d]);
+    let mut p_tile = ctx.ops.zeros(b, &[geo.s_loc, geo.s_loc]);
+    let mut dp_tile = ctx.ops.zeros(b, &[geo.s_loc, geo.s_loc]);
     let side = Side {
         pos: &all,
         tile: geo.s_loc,
     };
     let compute_s = timed(|| {
         flash::backward_block(
+            ctx.ops.gemm_counter(),
             &sh,
             q.data(),
             side,
@@ -300,7 +303,7 @@ pub fn backward(
         Part { heads: g_r, e: d },
         Part { heads: g_r, e: d },
     ];
-    let mut send = Tensor::zeros(b, &[dqh.len() + dkh.len() + dvh.len()]);
+    let mut send = ctx.ops.zeros(b, &[dqh.len() + dkh.len() + dvh.len()]);
     geo.pack_head(
         &[
             (dqh.data(), parts[0]),
@@ -313,9 +316,9 @@ pub fn backward(
     let (recv, dt) = exchange(ctx, &send, b)?;
     comm_s += dt;
     drop(send);
-    let mut dq = Tensor::zeros(b, &[seq_rows, a_r * d]);
-    let mut dk = Tensor::zeros(b, &[seq_rows, g_r * d]);
-    let mut dv = Tensor::zeros(b, &[seq_rows, g_r * d]);
+    let mut dq = ctx.ops.zeros(b, &[seq_rows, a_r * d]);
+    let mut dk = ctx.ops.zeros(b, &[seq_rows, g_r * d]);
+    let mut dv = ctx.ops.zeros(b, &[seq_rows, g_r * d]);
     geo.unpack_seq(
         recv.data(),
         &parts,

@@ -4,8 +4,9 @@
 //! (Korthikanti et al. 2022). Without either (selective recompute) backward recomputes the
 //! softmax from Q and K.
 
-use super::gemm::{gemm, View};
+use super::gemm::{gemm, GemmCounter, View};
 use crate::backend::cpu::tensor::Tensor;
+use crate::backend::cpu::CpuOps;
 use crate::memory::Category;
 
 /// Shapes of one attention call on one rank.
@@ -46,10 +47,18 @@ pub enum AttnSaved {
 }
 
 /// Scores into `sc` and the row-wise softmax in place; returns nothing. Masked entries are 0.
-fn scores(sh: &AttnShape, q: &[f32], k: &[f32], bi: usize, hq: usize, sc: &mut [f32]) {
+fn scores(
+    g: &GemmCounter,
+    sh: &AttnShape,
+    q: &[f32],
+    k: &[f32],
+    bi: usize,
+    hq: usize,
+    sc: &mut [f32],
+) {
     let (qv, kv) = sh.views(bi, hq);
     let s = sh.s;
-    gemm(sh.scale(), q, qv, k, kv.t(), 0.0, sc, View::rm(s, s));
+    gemm(g, sh.scale(), q, qv, k, kv.t(), 0.0, sc, View::rm(s, s));
 }
 
 fn softmax_rows(sc: &mut [f32], s: usize, lse_out: Option<&mut [f32]>) {
@@ -76,6 +85,7 @@ fn softmax_rows(sc: &mut [f32], s: usize, lse_out: Option<&mut [f32]>) {
 
 /// o = softmax(q k^T / sqrt(d), causal) v; returns what `keep` asks to save.
 pub fn attn_fwd(
+    dev: &CpuOps,
     sh: &AttnShape,
     q: &[f32],
     k: &[f32],
@@ -84,18 +94,16 @@ pub fn attn_fwd(
     keep: Keep,
 ) -> AttnSaved {
     let s = sh.s;
+    let g = dev.gemm_counter();
     let mut probs = match keep {
-        Keep::Probs => Some(Tensor::zeros(
-            Category::Activations,
-            &[sh.b, sh.heads, s, s],
-        )),
+        Keep::Probs => Some(dev.zeros(Category::Activations, &[sh.b, sh.heads, s, s])),
         _ => None,
     };
     let mut lse = match keep {
-        Keep::Lse => Some(Tensor::zeros(Category::Activations, &[sh.b, sh.heads, s])),
+        Keep::Lse => Some(dev.zeros(Category::Activations, &[sh.b, sh.heads, s])),
         _ => None,
     };
-    let mut scratch = Tensor::zeros(Category::Buffers, &[s, s]);
+    let mut scratch = dev.zeros(Category::Buffers, &[s, s]);
     for bi in 0..sh.b {
         for hq in 0..sh.heads {
             let idx = bi * sh.heads + hq;
@@ -103,7 +111,7 @@ pub fn attn_fwd(
                 Some(p) => &mut p.data_mut()[idx * s * s..(idx + 1) * s * s],
                 None => scratch.data_mut(),
             };
-            scores(sh, q, k, bi, hq, sc);
+            scores(g, sh, q, k, bi, hq, sc);
             softmax_rows(
                 sc,
                 s,
@@ -111,7 +119,7 @@ pub fn attn_fwd(
                     .map(|l| &mut l.data_mut()[idx * s..(idx + 1) * s]),
             );
             let (qv, kv) = sh.views(bi, hq);
-            gemm(1.0, sc, View::rm(s, s), v, kv, 0.0, o, qv);
+            gemm(g, 1.0, sc, View::rm(s, s), v, kv, 0.0, o, qv);
         }
     }
     match (probs, lse) {
@@ -132,6 +140,7 @@ pub enum Keep {
 /// dq (written), dk and dv (written) from do.
 #[allow(clippy::too_many_arguments)]
 pub fn attn_bwd(
+    dev: &CpuOps,
     sh: &AttnShape,
     q: &[f32],
     k: &[f32],
@@ -143,10 +152,11 @@ pub fn attn_bwd(
     dv: &mut [f32],
 ) {
     let s = sh.s;
+    let g = dev.gemm_counter();
     dk.fill(0.0);
     dv.fill(0.0);
-    let mut p_buf = Tensor::zeros(Category::Buffers, &[s, s]);
-    let mut dp = Tensor::zeros(Category::Buffers, &[s, s]);
+    let mut p_buf = dev.zeros(Category::Buffers, &[s, s]);
+    let mut dp = dev.zeros(Category::Buffers, &[s, s]);
     for bi in 0..sh.b {
         for hq in 0..sh.heads {
             let idx = bi * sh.heads + hq;
@@ -154,7 +164,7 @@ pub fn attn_bwd(
                 AttnSaved::Probs(t) => &t.data()[idx * s * s..(idx + 1) * s * s],
                 AttnSaved::Lse(l) => {
                     let pb = p_buf.data_mut();
-                    scores(sh, q, k, bi, hq, pb);
+                    scores(g, sh, q, k, bi, hq, pb);
                     let lse = &l.data()[idx * s..(idx + 1) * s];
                     for i in 0..s {
                         for j in 0..s {
@@ -169,17 +179,17 @@ pub fn attn_bwd(
                 }
                 AttnSaved::None => {
                     let pb = p_buf.data_mut();
-                    scores(sh, q, k, bi, hq, pb);
+                    scores(g, sh, q, k, bi, hq, pb);
                     softmax_rows(pb, s, None);
                     p_buf.data()
                 }
             };
             let (qv, kv) = sh.views(bi, hq);
             // dV += P^T dO
-            gemm(1.0, p, View::rm(s, s).t(), dout, qv, 1.0, dv, kv);
+            gemm(g, 1.0, p, View::rm(s, s).t(), dout, qv, 1.0, dv, kv);
             // dP = dO V^T
             let dpd = dp.data_mut();
-            gemm(1.0, dout, qv, v, kv.t(), 0.0, dpd, View::rm(s, s));
+            gemm(g, 1.0, dout, qv, v, kv.t(), 0.0, dpd, View::rm(s, s));
             // dS = P * (dP - rowsum(dP * P))
             for i in 0..s {
                 let row = &mut dpd[i * s..(i + 1) * s];
@@ -194,8 +204,8 @@ pub fn attn_bwd(
                 }
             }
             // dQ = dS K * scale; dK += dS^T Q * scale
-            gemm(sh.scale(), dpd, View::rm(s, s), k, kv, 0.0, dq, qv);
-            gemm(sh.scale(), dpd, View::rm(s, s).t(), q, qv, 1.0, dk, kv);
+            gemm(g, sh.scale(), dpd, View::rm(s, s), k, kv, 0.0, dq, qv);
+            gemm(g, sh.scale(), dpd, View::rm(s, s).t(), q, qv, 1.0, dk, kv);
         }
     }
 }
