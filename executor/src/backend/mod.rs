@@ -1,11 +1,429 @@
-//! The two traits a backend implements: tensor ops and collectives. The `cpu` backend is the
-//! reference; the `cuda` backend (a later issue) implements the same traits on device buffers.
+//! What a backend implements. [`Backend`] names its device tensor, event, process group and
+//! per-rank device; the device allocates, uploads and downloads tensors, counts them in the
+//! rank's [`MemoryTracker`], and runs the [`TensorOps`] and [`DeviceCollectives`] of a training
+//! step on device tensors, every one fallible. Model code calls these and touches no element
+//! on the host (Burn and candle structure their backends the same way: associated storage
+//! types, monomorphised model code).
+//!
+//! The `cpu` backend is the reference; the `cuda` backend (a later issue) implements the same
+//! traits on device buffers. [`Collectives`] is the host-slice layer the CPU collectives are
+//! built on.
 
 pub mod cpu;
 
 use crate::error::ExecError;
+use crate::memory::{Category, MemoryTracker};
 use crate::plan::{Activation, AdamConfig, Norm};
 use std::ops::Range;
+
+/// Element type of a device tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DType {
+    /// IEEE single precision: master weights, gradients, optimizer states, the fp32 recipe.
+    #[default]
+    F32,
+    /// bfloat16 (8-bit exponent, 7-bit mantissa): activations and weight copies of the
+    /// mixed-precision recipe.
+    Bf16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size_bytes(self) -> u64 {
+        match self {
+            DType::F32 => 4,
+            DType::Bf16 => 2,
+        }
+    }
+}
+
+/// What every device tensor tells about itself.
+pub trait DeviceTensor {
+    fn shape(&self) -> &[usize];
+    fn dtype(&self) -> DType;
+    fn category(&self) -> Category;
+    /// Elements.
+    fn len(&self) -> usize {
+        self.shape().iter().product()
+    }
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Rows (the first dimension).
+    fn rows(&self) -> usize {
+        self.shape().first().copied().unwrap_or(0)
+    }
+    /// Elements per row.
+    fn cols(&self) -> usize {
+        self.shape().iter().skip(1).product()
+    }
+    /// Bytes the tensor's elements take.
+    fn size_bytes(&self) -> u64 {
+        self.len() as u64 * self.dtype().size_bytes()
+    }
+}
+
+/// Elements `range` of a tensor seen flat: a parameter of a flat buffer, a ZeRO shard, a row
+/// block.
+#[derive(Debug)]
+pub struct View<'t, T> {
+    pub tensor: &'t T,
+    pub range: Range<usize>,
+}
+
+impl<T> Clone for View<'_, T> {
+    fn clone(&self) -> Self {
+        View {
+            tensor: self.tensor,
+            range: self.range.clone(),
+        }
+    }
+}
+
+impl<'t, T: DeviceTensor> View<'t, T> {
+    /// The whole tensor.
+    pub fn all(tensor: &'t T) -> View<'t, T> {
+        View {
+            range: 0..tensor.len(),
+            tensor,
+        }
+    }
+
+    /// Elements `r` of this view (relative to its start).
+    pub fn sub(&self, r: Range<usize>) -> View<'t, T> {
+        debug_assert!(r.end <= self.range.len());
+        View {
+            tensor: self.tensor,
+            range: self.range.start + r.start..self.range.start + r.end,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.range.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.range.is_empty()
+    }
+}
+
+/// Writable elements `range` of a tensor seen flat: a gradient slice, a shard.
+#[derive(Debug)]
+pub struct ViewMut<'t, T> {
+    pub tensor: &'t mut T,
+    pub range: Range<usize>,
+}
+
+impl<'t, T: DeviceTensor> ViewMut<'t, T> {
+    /// The whole tensor.
+    pub fn all(tensor: &'t mut T) -> ViewMut<'t, T> {
+        ViewMut {
+            range: 0..tensor.len(),
+            tensor,
+        }
+    }
+
+    /// Elements `r` of this view (relative to its start), reborrowed.
+    pub fn sub(&mut self, r: Range<usize>) -> ViewMut<'_, T> {
+        debug_assert!(r.end <= self.range.len());
+        ViewMut {
+            range: self.range.start + r.start..self.range.start + r.end,
+            tensor: self.tensor,
+        }
+    }
+
+    /// The same elements, reborrowed.
+    pub fn reborrow(&mut self) -> ViewMut<'_, T> {
+        ViewMut {
+            range: self.range.clone(),
+            tensor: self.tensor,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.range.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.range.is_empty()
+    }
+}
+
+/// A backend: its associated types. Model code is generic over `B: Backend` and monomorphised
+/// per backend.
+pub trait Backend: Sized + 'static {
+    /// A tensor in device memory, with its shape, dtype and memory category.
+    type Tensor: DeviceTensor;
+    /// A point in a device stream that another stream (or the host) can wait for.
+    type Event;
+    /// A process group (NCCL communicator, or the CPU's shared-memory group).
+    type Group;
+    /// One rank's device: allocation, the rank's tracker, tensor ops.
+    type Device: Device<Self>;
+    /// One rank's collectives on device tensors.
+    type Comm: DeviceCollectives<Self>;
+}
+
+/// One rank's device: allocation, upload and download (download only for the loss, exports and
+/// tests), events, and the tensor ops.
+pub trait Device<B: Backend>: TensorOps<B> {
+    /// The rank's tracker of requested and reserved bytes by category.
+    fn memory(&self) -> &MemoryTracker;
+    /// A zero-filled tensor.
+    fn alloc(&self, cat: Category, dtype: DType, shape: &[usize]) -> Result<B::Tensor, ExecError>;
+    /// A tensor holding `data` (rounded to `dtype`).
+    fn upload(
+        &self,
+        cat: Category,
+        dtype: DType,
+        shape: &[usize],
+        data: &[f32],
+    ) -> Result<B::Tensor, ExecError>;
+    /// The elements of a view, widened to f32.
+    fn download(&self, t: View<'_, B::Tensor>) -> Result<Vec<f32>, ExecError>;
+    /// Moves a tensor to another memory category (a temporary kept as an activation).
+    fn recat(&self, t: B::Tensor, cat: Category) -> B::Tensor;
+    /// An event at the current point of the compute stream.
+    fn record(&self) -> Result<B::Event, ExecError>;
+    /// Makes the compute stream wait for `e`.
+    fn wait(&self, e: &B::Event) -> Result<(), ExecError>;
+}
+
+/// Collectives on device tensors, with NCCL's semantics within a group (see [`Collectives`]
+/// for each one's contract), plus point-to-point messages.
+pub trait DeviceCollectives<B: Backend> {
+    fn all_reduce(
+        &self,
+        g: &B::Group,
+        buf: ViewMut<'_, B::Tensor>,
+        op: ReduceOp,
+    ) -> Result<(), ExecError>;
+    fn all_gather(
+        &self,
+        g: &B::Group,
+        input: View<'_, B::Tensor>,
+        out: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
+    fn reduce_scatter(
+        &self,
+        g: &B::Group,
+        input: View<'_, B::Tensor>,
+        out: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
+    fn all_to_all(
+        &self,
+        g: &B::Group,
+        input: View<'_, B::Tensor>,
+        out: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
+    fn send(&self, to: u32, tag: u64, data: View<'_, B::Tensor>) -> Result<(), ExecError>;
+    fn recv(&self, from: u32, tag: u64, out: ViewMut<'_, B::Tensor>) -> Result<(), ExecError>;
+    /// See [`Collectives::gather_range`].
+    fn gather_range(
+        &self,
+        g: &B::Group,
+        mine_lo: usize,
+        mine: View<'_, B::Tensor>,
+        want: Range<usize>,
+        out: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
+    /// See [`Collectives::reduce_scatter_range`].
+    fn reduce_scatter_range(
+        &self,
+        g: &B::Group,
+        input_lo: usize,
+        input: View<'_, B::Tensor>,
+        mine: Range<usize>,
+        out: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
+}
+
+/// Shape of a causal GQA attention over whole sequences: `b` sequences of `s` positions,
+/// `heads` query heads sharing `kv_heads` K/V heads of width `d`; rows are (sequence, position).
+#[derive(Debug, Clone, Copy)]
+pub struct AttnDims {
+    pub b: usize,
+    pub s: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub d: usize,
+}
+
+/// The tensor ops of a training step on device tensors, each with its backward; every op is
+/// fallible (a device kernel can fail to launch). Row-major; `n` rows of `i` inputs and `o`
+/// outputs for linear layers (weights [o, i]). Accumulation is fp32 whatever the tensors'
+/// dtype.
+pub trait TensorOps<B: Backend> {
+    /// y[n, o] = x[n, i] . w[o, i]^T.
+    fn linear_fwd(
+        &self,
+        x: &B::Tensor,
+        w: View<'_, B::Tensor>,
+        dims: (usize, usize, usize),
+        y: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// dx[n, i] (+)= dy[n, o] . w[o, i].
+    fn linear_dgrad(
+        &self,
+        dy: &B::Tensor,
+        w: View<'_, B::Tensor>,
+        dims: (usize, usize, usize),
+        dx: &mut B::Tensor,
+        acc: bool,
+    ) -> Result<(), ExecError>;
+    /// dw[o, i] += dy^T . x.
+    fn linear_wgrad(
+        &self,
+        dy: &B::Tensor,
+        x: &B::Tensor,
+        dims: (usize, usize, usize),
+        dw: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
+    /// Norm over rows of `h` with gain (and bias for LayerNorm) `p`.
+    fn norm_fwd(
+        &self,
+        kind: Norm,
+        x: &B::Tensor,
+        p: View<'_, B::Tensor>,
+        eps: f32,
+        y: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// dx (+)= the norm's input gradient.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_dgrad(
+        &self,
+        kind: Norm,
+        x: &B::Tensor,
+        p: View<'_, B::Tensor>,
+        dy: &B::Tensor,
+        eps: f32,
+        dx: &mut B::Tensor,
+        acc: bool,
+    ) -> Result<(), ExecError>;
+    /// dp += the gain (and bias) gradient.
+    fn norm_wgrad(
+        &self,
+        kind: Norm,
+        x: &B::Tensor,
+        dy: &B::Tensor,
+        eps: f32,
+        dp: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
+    /// Rotary embedding in place on [rows, heads * d]; row r of a sequence sits at
+    /// `positions[r % positions.len()]`.
+    fn rotary(
+        &self,
+        x: &mut B::Tensor,
+        heads: usize,
+        positions: &[u32],
+        theta: f32,
+        inverse: bool,
+    ) -> Result<(), ExecError>;
+    /// out[n, f] = act(u[n, f or 2f]) (SwiGLU halves its input).
+    fn act_fwd(
+        &self,
+        kind: Activation,
+        u: &B::Tensor,
+        out: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// The activation's input gradient, overwriting its input `u`.
+    fn act_bwd_inplace(
+        &self,
+        kind: Activation,
+        u: &mut B::Tensor,
+        dout: &B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// out = a + b.
+    fn add(&self, a: &B::Tensor, b: &B::Tensor, out: &mut B::Tensor) -> Result<(), ExecError>;
+    /// y += alpha * x.
+    fn axpy(
+        &self,
+        alpha: f32,
+        x: View<'_, B::Tensor>,
+        y: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
+    /// dst = src (converting the dtype: fp32 to bf16 rounds to nearest even).
+    fn copy(&self, src: View<'_, B::Tensor>, dst: ViewMut<'_, B::Tensor>) -> Result<(), ExecError>;
+    /// Splits the rows of a fused projection [n, q + k + v] into q [n, q], k [n, k], v [n, v].
+    fn qkv_split(
+        &self,
+        qkv: &B::Tensor,
+        q: &mut B::Tensor,
+        k: &mut B::Tensor,
+        v: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// The inverse of [`TensorOps::qkv_split`].
+    fn qkv_merge(
+        &self,
+        q: &B::Tensor,
+        k: &B::Tensor,
+        v: &B::Tensor,
+        qkv: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// out[r] = table[tokens[r] - lo] for the tokens in this shard's rows lo..lo + rows,
+    /// zeros for the others (vocab-parallel embedding).
+    fn embedding_gather(
+        &self,
+        table: View<'_, B::Tensor>,
+        tokens: &[u32],
+        lo: usize,
+        out: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// grad[tokens[r] - lo] += dy[r] for the tokens in this shard (embedding weight gradient).
+    fn embedding_scatter_add(
+        &self,
+        dy: &B::Tensor,
+        tokens: &[u32],
+        lo: usize,
+        grad: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
+    /// Vocab-parallel cross-entropy, first piece: the row maximum of the logits shard [n, v].
+    fn ce_row_max(&self, logits: &B::Tensor, max: &mut B::Tensor) -> Result<(), ExecError>;
+    /// Second piece: probs = exp(logits - max) and its row sums.
+    fn ce_exp(
+        &self,
+        logits: &B::Tensor,
+        max: &B::Tensor,
+        probs: &mut B::Tensor,
+        sum: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// Third piece: the logit of each row's target where this shard (columns lo..) holds it,
+    /// 0 elsewhere.
+    fn ce_target_logit(
+        &self,
+        logits: &B::Tensor,
+        targets: &[u32],
+        lo: usize,
+        out: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// Last piece: normalises `probs` by the global row sums and returns the sum over rows of
+    /// log(sum) + max - target logit (the only host read of the forward).
+    fn ce_loss(
+        &self,
+        probs: &mut B::Tensor,
+        sum: &B::Tensor,
+        max: &B::Tensor,
+        target_logit: &B::Tensor,
+    ) -> Result<f64, ExecError>;
+    /// Backward, in place: dlogits = scale * (probs - onehot(target)).
+    fn ce_grad(
+        &self,
+        probs: &mut B::Tensor,
+        targets: &[u32],
+        lo: usize,
+        scale: f32,
+    ) -> Result<(), ExecError>;
+    /// Adam on fp32 master weights `p` with gradient `g` and moments `m`, `v`.
+    fn adam(
+        &self,
+        c: &AdamConfig,
+        t: u32,
+        p: ViewMut<'_, B::Tensor>,
+        g: View<'_, B::Tensor>,
+        m: &mut B::Tensor,
+        v: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+}
 
 /// Reduction of an all-reduce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,8 +491,9 @@ pub trait Collectives {
     ) -> Result<(), ExecError>;
 }
 
-/// The tensor ops of a training step, each with its backward; row-major fp32 slices.
-pub trait TensorOps {
+/// The CPU's kernels on host fp32 slices, each with its backward: what the CPU backend's
+/// [`TensorOps`] run on its tensors' storage.
+pub trait HostOps {
     /// y[n, o] = x[n, i] . w[o, i]^T.
     fn linear_fwd(&self, x: &[f32], w: &[f32], n: usize, i: usize, o: usize, y: &mut [f32]);
     /// dx[n, i] (+)= dy[n, o] . w[o, i].

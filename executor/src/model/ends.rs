@@ -4,7 +4,7 @@
 use super::params::BlockLayout;
 use super::{Ctx, Sink, WTask};
 use crate::backend::cpu::{Category, Tensor};
-use crate::backend::{Collectives, ReduceOp, TensorOps};
+use crate::backend::{DeviceCollectives, ReduceOp, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 
 /// Embedding forward: each TP rank looks up its vocabulary rows (zeros elsewhere) and the
@@ -12,20 +12,14 @@ use crate::error::ExecError;
 pub fn embedding_fwd(
     ctx: &mut Ctx,
     l: &BlockLayout,
-    p: &[f32],
+    p: View<'_, Tensor>,
     tokens: &[u32],
 ) -> Result<Tensor, ExecError> {
     let (h, v_r) = (ctx.rd.h, ctx.rd.v_r);
     let lo = ctx.rd.tp_rank * v_r;
-    let e = &p[l.tensors[0].range()];
     let mut partial = ctx.ops.zeros(Category::Buffers, &[ctx.n, h]);
-    for (row, &id) in tokens.iter().enumerate() {
-        let id = id as usize;
-        if id >= lo && id < lo + v_r {
-            partial.data_mut()[row * h..(row + 1) * h]
-                .copy_from_slice(&e[(id - lo) * h..(id - lo + 1) * h]);
-        }
-    }
+    ctx.ops
+        .embedding_gather(p.sub(l.tensors[0].range()), tokens, lo, &mut partial)?;
     ctx.reduce_to_region(partial, Category::Activations)
 }
 
@@ -62,7 +56,7 @@ pub struct OutputSaved {
 pub fn output_fwd(
     ctx: &mut Ctx,
     l: &BlockLayout,
-    p: &[f32],
+    p: View<'_, Tensor>,
     x: Tensor,
     targets: Vec<u32>,
 ) -> Result<(f64, OutputSaved), ExecError> {
@@ -71,61 +65,34 @@ pub fn output_fwd(
     let mut lnf = ctx.ops.zeros(Category::Activations, &[n_sp, h]);
     ctx.ops.norm_fwd(
         m.norm,
-        x.data(),
-        &p[l.tensors[0].range()],
-        h,
+        &x,
+        p.sub(l.tensors[0].range()),
         m.norm_eps,
-        lnf.data_mut(),
-    );
+        &mut lnf,
+    )?;
     let mut logits = ctx.ops.zeros(Category::Buffers, &[n, v_r]);
-    let w = &p[l.tensors[1].range()];
-    ctx.with_gathered(lnf.data(), |c, xg| {
-        c.ops.linear_fwd(xg, w, n, h, v_r, logits.data_mut())
+    let w = p.sub(l.tensors[1].range());
+    ctx.with_gathered(&lnf, |c, xg| {
+        c.ops.linear_fwd(xg, w, (n, h, v_r), &mut logits)
     })?;
     let lo = ctx.rd.tp_rank * v_r;
-    let lg = logits.data();
-    let mut max: Vec<f32> = lg
-        .chunks_exact(v_r)
-        .map(|r| r.iter().copied().fold(f32::NEG_INFINITY, f32::max))
-        .collect();
-    ctx.comm.all_reduce(&ctx.tp, &mut max, ReduceOp::Max)?;
-    let mut probs = ctx.ops.zeros(Category::Activations, &[n, v_r]);
-    let mut sum = vec![0.0f32; n];
-    for r in 0..n {
-        let (src, dst) = (
-            &lg[r * v_r..(r + 1) * v_r],
-            &mut probs.data_mut()[r * v_r..(r + 1) * v_r],
-        );
-        let mut s = 0.0;
-        for (o, &z) in dst.iter_mut().zip(src) {
-            *o = (z - max[r]).exp();
-            s += *o;
-        }
-        sum[r] = s;
-    }
-    ctx.comm.all_reduce(&ctx.tp, &mut sum, ReduceOp::Sum)?;
-    let mut target_logit: Vec<f32> = targets
-        .iter()
-        .enumerate()
-        .map(|(r, &t)| {
-            let t = t as usize;
-            if t >= lo && t < lo + v_r {
-                lg[r * v_r + t - lo]
-            } else {
-                0.0
-            }
-        })
-        .collect();
+    let row = |ctx: &Ctx| ctx.ops.zeros(Category::Buffers, &[n]);
+    let mut max = row(ctx);
+    ctx.ops.ce_row_max(&logits, &mut max)?;
     ctx.comm
-        .all_reduce(&ctx.tp, &mut target_logit, ReduceOp::Sum)?;
+        .all_reduce(&ctx.tp, ViewMut::all(&mut max), ReduceOp::Max)?;
+    let mut probs = ctx.ops.zeros(Category::Activations, &[n, v_r]);
+    let mut sum = row(ctx);
+    ctx.ops.ce_exp(&logits, &max, &mut probs, &mut sum)?;
+    ctx.comm
+        .all_reduce(&ctx.tp, ViewMut::all(&mut sum), ReduceOp::Sum)?;
+    let mut target_logit = row(ctx);
+    ctx.ops
+        .ce_target_logit(&logits, &targets, lo, &mut target_logit)?;
+    ctx.comm
+        .all_reduce(&ctx.tp, ViewMut::all(&mut target_logit), ReduceOp::Sum)?;
     drop(logits);
-    let mut loss = 0.0f64;
-    for r in 0..n {
-        for o in &mut probs.data_mut()[r * v_r..(r + 1) * v_r] {
-            *o /= sum[r];
-        }
-        loss += (sum[r].ln() + max[r] - target_logit[r]) as f64;
-    }
+    let loss = ctx.ops.ce_loss(&mut probs, &sum, &max, &target_logit)?;
     Ok((
         loss,
         OutputSaved {
@@ -141,7 +108,7 @@ pub fn output_fwd(
 pub fn output_bwd(
     ctx: &mut Ctx,
     l: &BlockLayout,
-    p: &[f32],
+    p: View<'_, Tensor>,
     s: OutputSaved,
     scale: f32,
     sink: &mut Sink,
@@ -156,26 +123,15 @@ pub fn output_bwd(
     } = s;
     let lo = ctx.rd.tp_rank * v_r;
     let mut dlogits = probs.recat(Category::Buffers);
-    {
-        let g = dlogits.data_mut();
-        for (r, &t) in targets.iter().enumerate() {
-            let t = t as usize;
-            if t >= lo && t < lo + v_r {
-                g[r * v_r + t - lo] -= 1.0;
-            }
-        }
-        g.iter_mut().for_each(|x| *x *= scale);
-    }
+    ctx.ops.ce_grad(&mut dlogits, &targets, lo, scale)?;
     let mut part = ctx.ops.zeros(Category::Buffers, &[n, h]);
     ctx.ops.linear_dgrad(
-        dlogits.data(),
-        &p[l.tensors[1].range()],
-        n,
-        h,
-        v_r,
-        part.data_mut(),
+        &dlogits,
+        p.sub(l.tensors[1].range()),
+        (n, h, v_r),
+        &mut part,
         false,
-    );
+    )?;
     let d_lnf = ctx.reduce_to_region(part, Category::Buffers)?;
     let sp = ctx.sp;
     sink(
@@ -194,13 +150,13 @@ pub fn output_bwd(
     let mut dx = ctx.ops.zeros(Category::Buffers, &[n_sp, h]);
     ctx.ops.norm_dgrad(
         m.norm,
-        x.data(),
-        &p[l.tensors[0].range()],
-        d_lnf.data(),
-        h,
+        &x,
+        p.sub(l.tensors[0].range()),
+        &d_lnf,
         m.norm_eps,
-        dx.data_mut(),
-    );
+        &mut dx,
+        false,
+    )?;
     sink(
         ctx,
         WTask::Norm {

@@ -8,10 +8,10 @@
 
 use super::moe::{moe_bwd, moe_fwd, MoeSaved};
 use super::params::{BlockKind, BlockLayout};
-use super::{cp, Ctx, Sink, WTask};
+use super::{cp, host, Ctx, Sink, WTask};
 use crate::backend::cpu::ops::attention::{attn_bwd, attn_fwd, AttnSaved, AttnShape, Keep};
 use crate::backend::cpu::{Category, Tensor};
-use crate::backend::TensorOps;
+use crate::backend::{TensorOps, View};
 use crate::error::{ExecError, StateError};
 use crate::plan::Recompute;
 
@@ -40,10 +40,11 @@ pub struct LayerSaved {
 }
 
 /// An MoE layer's experts block and its parameters.
-pub type Experts<'e> = Option<(&'e BlockLayout, &'e [f32])>;
+pub type Experts<'e> = Option<(&'e BlockLayout, View<'e, Tensor>)>;
 
-fn slice<'p>(p: &'p [f32], l: &BlockLayout, t: usize) -> &'p [f32] {
-    &p[l.tensors[t].range()]
+/// Tensor `t` of block `l` within the block's parameters `p`.
+fn slice<'p>(p: &View<'p, Tensor>, l: &BlockLayout, t: usize) -> View<'p, Tensor> {
+    p.sub(l.tensors[t].range())
 }
 
 /// The global index of a decoder layer's block.
@@ -70,7 +71,7 @@ fn attn_shape(ctx: &Ctx) -> AttnShape {
 pub fn layer_fwd(
     ctx: &mut Ctx,
     l: &BlockLayout,
-    p: &[f32],
+    p: View<'_, Tensor>,
     experts: Experts,
     x: Tensor,
 ) -> Result<(Tensor, LayerSaved), ExecError> {
@@ -87,35 +88,24 @@ pub fn layer_fwd(
     let a = Category::Activations;
 
     let mut ln1 = ctx.ops.zeros(a, &[n_sp, h]);
-    ctx.ops.norm_fwd(
-        norm,
-        x.data(),
-        slice(p, l, ATTN_NORM),
-        h,
-        eps,
-        ln1.data_mut(),
-    );
+    ctx.ops
+        .norm_fwd(norm, &x, slice(&p, l, ATTN_NORM), eps, &mut ln1)?;
     let qkv_r = rd.qkv_r();
     let mut qkv = ctx.ops.zeros(Category::Buffers, &[n, qkv_r]);
-    ctx.with_gathered(ln1.data(), |c, xg| {
+    ctx.with_gathered(&ln1, |c, xg| {
         c.ops
-            .linear_fwd(xg, slice(p, l, QKV), n, h, qkv_r, qkv.data_mut())
+            .linear_fwd(xg, slice(&p, l, QKV), (n, h, qkv_r), &mut qkv)
     })?;
     let (qw, kw) = (rd.a_r * d, rd.g_r * d);
     let mut q = ctx.ops.zeros(a, &[n, qw]);
     let mut k = ctx.ops.zeros(a, &[n, kw]);
     let mut v = ctx.ops.zeros(a, &[n, kw]);
-    for r in 0..n {
-        let row = &qkv.data()[r * qkv_r..(r + 1) * qkv_r];
-        q.data_mut()[r * qw..(r + 1) * qw].copy_from_slice(&row[..qw]);
-        k.data_mut()[r * kw..(r + 1) * kw].copy_from_slice(&row[qw..qw + kw]);
-        v.data_mut()[r * kw..(r + 1) * kw].copy_from_slice(&row[qw + kw..]);
-    }
+    ctx.ops.qkv_split(&qkv, &mut q, &mut k, &mut v)?;
     drop(qkv);
     ctx.ops
-        .rotary(q.data_mut(), n, rd.a_r, d, &ctx.positions, theta, false);
+        .rotary(&mut q, rd.a_r, &ctx.positions, theta, false)?;
     ctx.ops
-        .rotary(k.data_mut(), n, rd.g_r, d, &ctx.positions, theta, false);
+        .rotary(&mut k, rd.g_r, &ctx.positions, theta, false)?;
     let (o, q, k, v, attn) = if ctx.cp.is_some() {
         let (o, c) = cp::forward(ctx, layer_index(l), q, k, v, keep)?;
         (o, c.q, c.k, c.v, c.attn)
@@ -134,23 +124,19 @@ pub fn layer_fwd(
     };
     let mut partial = ctx.ops.zeros(Category::Buffers, &[n, h]);
     ctx.ops
-        .linear_fwd(o.data(), slice(p, l, PROJ), n, qw, h, partial.data_mut());
+        .linear_fwd(&o, slice(&p, l, PROJ), (n, qw, h), &mut partial)?;
     let attn_out = ctx.reduce_to_region(partial, Category::Buffers)?;
-    let x1 = ctx.ops.add(x.data(), attn_out.data(), &[n_sp, h], a);
+    let mut x1 = ctx.ops.zeros(a, &[n_sp, h]);
+    ctx.ops.add(&x, &attn_out, &mut x1)?;
     drop(attn_out);
 
     let mut ln2 = ctx.ops.zeros(a, &[n_sp, h]);
-    ctx.ops.norm_fwd(
-        norm,
-        x1.data(),
-        slice(p, l, MLP_NORM),
-        h,
-        eps,
-        ln2.data_mut(),
-    );
+    ctx.ops
+        .norm_fwd(norm, &x1, slice(&p, l, MLP_NORM), eps, &mut ln2)?;
     if let Some((le, pe)) = experts {
-        let (out, ms) = moe_fwd(ctx, l, p, le, pe, &ln2)?;
-        let y = ctx.ops.add(x1.data(), out.data(), &[n_sp, h], a);
+        let (out, ms) = moe_fwd(ctx, l, host(&p), le, host(&pe), &ln2)?;
+        let mut y = ctx.ops.zeros(a, &[n_sp, h]);
+        ctx.ops.add(&x1, &out, &mut y)?;
         let empty = || ctx.ops.zeros(a, &[0]);
         let moe = Some(Box::new(ms));
         let (u, act) = (empty(), empty());
@@ -174,24 +160,17 @@ pub fn layer_fwd(
     }
     let fc1 = rd.fc1_r;
     let mut u = ctx.ops.zeros(a, &[n, fc1]);
-    ctx.with_gathered(ln2.data(), |c, xg| {
-        c.ops
-            .linear_fwd(xg, slice(p, l, FC1), n, h, fc1, u.data_mut())
+    ctx.with_gathered(&ln2, |c, xg| {
+        c.ops.linear_fwd(xg, slice(&p, l, FC1), (n, h, fc1), &mut u)
     })?;
     let mut act = ctx.ops.zeros(a, &[n, rd.f_r]);
-    ctx.ops
-        .act_fwd(act_kind, u.data(), n, rd.f_r, act.data_mut());
+    ctx.ops.act_fwd(act_kind, &u, &mut act)?;
     let mut partial = ctx.ops.zeros(Category::Buffers, &[n, h]);
-    ctx.ops.linear_fwd(
-        act.data(),
-        slice(p, l, FC2),
-        n,
-        rd.f_r,
-        h,
-        partial.data_mut(),
-    );
+    ctx.ops
+        .linear_fwd(&act, slice(&p, l, FC2), (n, rd.f_r, h), &mut partial)?;
     let mlp_out = ctx.reduce_to_region(partial, Category::Buffers)?;
-    let y = ctx.ops.add(x1.data(), mlp_out.data(), &[n_sp, h], a);
+    let mut y = ctx.ops.zeros(a, &[n_sp, h]);
+    ctx.ops.add(&x1, &mlp_out, &mut y)?;
     drop(mlp_out);
     Ok((
         y,
@@ -217,7 +196,7 @@ pub fn layer_fwd(
 pub fn layer_bwd(
     ctx: &mut Ctx,
     l: &BlockLayout,
-    p: &[f32],
+    p: View<'_, Tensor>,
     experts: Experts,
     s: LayerSaved,
     dy: Tensor,
@@ -247,20 +226,15 @@ pub fn layer_bwd(
 
     // MLP: fc2 (row-parallel), activation, fc1 (column-parallel), norm; or the experts.
     let d_ln2 = match (moe, experts) {
-        (Some(ms), Some((le, pe))) => moe_bwd(ctx, l, p, pe, le, ln2, *ms, &dy, sink)?,
+        (Some(ms), Some((le, pe))) => {
+            moe_bwd(ctx, l, host(&p), host(&pe), le, ln2, *ms, &dy, sink)?
+        }
         (Some(_), None) | (None, Some(_)) => return Err(StateError::MoeSavedMismatch.into()),
         (None, None) => {
             let dyg = ctx.expand_grad(&dy)?;
             let mut d_act = ctx.ops.zeros(b, &[n, rd.f_r]);
-            ctx.ops.linear_dgrad(
-                dyg.data(),
-                slice(p, l, FC2),
-                n,
-                rd.f_r,
-                h,
-                d_act.data_mut(),
-                false,
-            );
+            ctx.ops
+                .linear_dgrad(&dyg, slice(&p, l, FC2), (n, rd.f_r, h), &mut d_act, false)?;
             sink(
                 ctx,
                 WTask::Linear {
@@ -277,19 +251,11 @@ pub fn layer_bwd(
             // In place: the activation's input is needed by nothing else, so its gradient takes its
             // buffer (no n x fc1 transient).
             let mut du = u.recat(b);
-            ctx.ops
-                .act_bwd_inplace(act_kind, du.data_mut(), d_act.data(), n, rd.f_r);
+            ctx.ops.act_bwd_inplace(act_kind, &mut du, &d_act)?;
             drop(d_act);
             let mut part = ctx.ops.zeros(b, &[n, h]);
-            ctx.ops.linear_dgrad(
-                du.data(),
-                slice(p, l, FC1),
-                n,
-                h,
-                rd.fc1_r,
-                part.data_mut(),
-                false,
-            );
+            ctx.ops
+                .linear_dgrad(&du, slice(&p, l, FC1), (n, h, rd.fc1_r), &mut part, false)?;
             let d_ln2 = ctx.reduce_to_region(part, b)?;
             sink(
                 ctx,
@@ -309,15 +275,15 @@ pub fn layer_bwd(
     };
     // The residual's gradient takes dy's buffer; the norm's input gradient is added to it.
     let mut dx1 = dy;
-    ctx.ops.norm_dgrad_acc(
+    ctx.ops.norm_dgrad(
         norm,
-        x1.data(),
-        slice(p, l, MLP_NORM),
-        d_ln2.data(),
-        h,
+        &x1,
+        slice(&p, l, MLP_NORM),
+        &d_ln2,
         eps,
-        dx1.data_mut(),
-    );
+        &mut dx1,
+        true,
+    )?;
     sink(
         ctx,
         WTask::Norm {
@@ -332,15 +298,8 @@ pub fn layer_bwd(
     let kw = rd.g_r * d;
     let dxg = ctx.expand_grad(&dx1)?;
     let mut d_o = ctx.ops.zeros(b, &[n, qw]);
-    ctx.ops.linear_dgrad(
-        dxg.data(),
-        slice(p, l, PROJ),
-        n,
-        qw,
-        h,
-        d_o.data_mut(),
-        false,
-    );
+    ctx.ops
+        .linear_dgrad(&dxg, slice(&p, l, PROJ), (n, qw, h), &mut d_o, false)?;
     // Context parallelism needs rowsum(dO * O) before the output goes to the weight gradient.
     let delta = ctx.cp.is_some().then(|| cp::row_delta(ctx, &d_o, &o));
     sink(
@@ -379,28 +338,16 @@ pub fn layer_bwd(
         (dq, dk, dv)
     };
     ctx.ops
-        .rotary(dq.data_mut(), n, rd.a_r, d, &ctx.positions, theta, true);
+        .rotary(&mut dq, rd.a_r, &ctx.positions, theta, true)?;
     ctx.ops
-        .rotary(dk.data_mut(), n, rd.g_r, d, &ctx.positions, theta, true);
+        .rotary(&mut dk, rd.g_r, &ctx.positions, theta, true)?;
     let qkv_r = rd.qkv_r();
     let mut dqkv = ctx.ops.zeros(b, &[n, qkv_r]);
-    for r in 0..n {
-        let row = &mut dqkv.data_mut()[r * qkv_r..(r + 1) * qkv_r];
-        row[..qw].copy_from_slice(&dq.data()[r * qw..(r + 1) * qw]);
-        row[qw..qw + kw].copy_from_slice(&dk.data()[r * kw..(r + 1) * kw]);
-        row[qw + kw..].copy_from_slice(&dv.data()[r * kw..(r + 1) * kw]);
-    }
+    ctx.ops.qkv_merge(&dq, &dk, &dv, &mut dqkv)?;
     drop((dq, dk, dv));
     let mut part = ctx.ops.zeros(b, &[n, h]);
-    ctx.ops.linear_dgrad(
-        dqkv.data(),
-        slice(p, l, QKV),
-        n,
-        h,
-        qkv_r,
-        part.data_mut(),
-        false,
-    );
+    ctx.ops
+        .linear_dgrad(&dqkv, slice(&p, l, QKV), (n, h, qkv_r), &mut part, false)?;
     let d_ln1 = ctx.reduce_to_region(part, b)?;
     sink(
         ctx,
@@ -416,15 +363,15 @@ pub fn layer_bwd(
         },
     )?;
     let mut dx = dx1;
-    ctx.ops.norm_dgrad_acc(
+    ctx.ops.norm_dgrad(
         norm,
-        x.data(),
-        slice(p, l, ATTN_NORM),
-        d_ln1.data(),
-        h,
+        &x,
+        slice(&p, l, ATTN_NORM),
+        &d_ln1,
         eps,
-        dx.data_mut(),
-    );
+        &mut dx,
+        true,
+    )?;
     sink(
         ctx,
         WTask::Norm {

@@ -17,7 +17,7 @@ pub mod moe;
 pub mod params;
 
 use crate::backend::cpu::{Category, CpuComm, CpuOps, Group, Tensor};
-use crate::backend::{Collectives, ReduceOp, TensorOps};
+use crate::backend::{DeviceCollectives, ReduceOp, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 use crate::plan::{Plan, Recompute};
 use params::RankDims;
@@ -86,25 +86,26 @@ impl<'a> Ctx<'a> {
     }
 
     /// Gathers a sequence shard [n_sp, h] into the SP buffer (SP only).
-    fn gather_into_buf(&mut self, x: &[f32]) -> Result<(), ExecError> {
+    fn gather_into_buf(&mut self, x: &Tensor) -> Result<(), ExecError> {
         let buf = self.sp_buf.as_mut().expect("sp buffer");
-        self.comm.all_gather(&self.tp, x, buf.data_mut())
+        self.comm
+            .all_gather(&self.tp, View::all(x), ViewMut::all(buf))
     }
 
     /// Runs `f` on the column-parallel input: the SP all-gather of `x`, or `x` itself.
     pub fn with_gathered<R>(
         &mut self,
-        x: &[f32],
-        f: impl FnOnce(&mut Self, &[f32]) -> R,
+        x: &Tensor,
+        f: impl FnOnce(&mut Self, &Tensor) -> Result<R, ExecError>,
     ) -> Result<R, ExecError> {
         if self.sp {
             self.gather_into_buf(x)?;
             let buf = self.sp_buf.take().expect("sp buffer");
-            let r = f(self, buf.data());
+            let r = f(self, &buf);
             self.sp_buf = Some(buf);
-            Ok(r)
+            r
         } else {
-            Ok(f(self, x))
+            f(self, x)
         }
     }
 
@@ -119,11 +120,11 @@ impl<'a> Ctx<'a> {
         if self.sp {
             let mut out = self.ops.zeros(cat, &[self.n_sp, self.rd.h]);
             self.comm
-                .reduce_scatter(&self.tp, partial.data(), out.data_mut())?;
+                .reduce_scatter(&self.tp, View::all(&partial), ViewMut::all(&mut out))?;
             Ok(out)
         } else {
             self.comm
-                .all_reduce(&self.tp, partial.data_mut(), ReduceOp::Sum)?;
+                .all_reduce(&self.tp, ViewMut::all(&mut partial), ReduceOp::Sum)?;
             Ok(partial.recat(cat))
         }
     }
@@ -133,9 +134,10 @@ impl<'a> Ctx<'a> {
     pub fn expand_grad(&mut self, dy: &Tensor) -> Result<Tensor, ExecError> {
         let mut out = self.ops.zeros(Category::Buffers, &[self.n, self.rd.h]);
         if self.sp {
-            self.comm.all_gather(&self.tp, dy.data(), out.data_mut())?;
+            self.comm
+                .all_gather(&self.tp, View::all(dy), ViewMut::all(&mut out))?;
         } else {
-            out.data_mut().copy_from_slice(dy.data());
+            self.ops.copy(View::all(dy), ViewMut::all(&mut out))?;
         }
         Ok(out)
     }
@@ -143,14 +145,15 @@ impl<'a> Ctx<'a> {
 
 impl Ctx<'_> {
     /// This TP rank's sequence shard (rows) of a full-sequence tensor [n, c], as an activation.
-    pub fn own_shard(&self, full: &Tensor) -> Tensor {
+    pub fn own_shard(&self, full: &Tensor) -> Result<Tensor, ExecError> {
         let c = full.cols();
         let lo = self.rd.tp_rank * self.n_sp * c;
-        self.ops.copy_of(
-            Category::Activations,
-            &[self.n_sp, c],
-            &full.data()[lo..lo + self.n_sp * c],
-        )
+        let mut out = self.ops.zeros(Category::Activations, &[self.n_sp, c]);
+        self.ops.copy(
+            View::all(full).sub(lo..lo + self.n_sp * c),
+            ViewMut::all(&mut out),
+        )?;
+        Ok(out)
     }
 }
 
@@ -202,21 +205,15 @@ pub type Sink<'s> = dyn FnMut(&mut Ctx, WTask) -> Result<(), ExecError> + 's;
 impl WTask {
     /// Keeps the task's tensors as activations while it waits for its W action; a norm's
     /// (small) gradient is computed now, so its input and output gradient are freed.
-    pub fn hold(self, ctx: &Ctx, layout: &params::BlockLayout) -> WTask {
+    pub fn hold(self, ctx: &Ctx, layout: &params::BlockLayout) -> Result<WTask, ExecError> {
         let a = Category::Activations;
-        match self {
+        Ok(match self {
             WTask::Norm { tensor, x, dy } => {
                 let t = &layout.tensors[tensor];
                 let mut grad = ctx.ops.zeros(a, &[t.len()]);
                 let m = &ctx.plan.model;
-                ctx.ops.norm_wgrad(
-                    m.norm,
-                    x.data(),
-                    dy.data(),
-                    ctx.rd.h,
-                    m.norm_eps,
-                    grad.data_mut(),
-                );
+                ctx.ops
+                    .norm_wgrad(m.norm, &x, &dy, m.norm_eps, ViewMut::all(&mut grad))?;
                 WTask::Ready { tensor, grad }
             }
             WTask::Ready { tensor, grad } => WTask::Ready { tensor, grad },
@@ -250,7 +247,7 @@ impl WTask {
                     tensor,
                     x: x.recat(a),
                     dy: if shard {
-                        ctx.own_shard(&dy)
+                        ctx.own_shard(&dy)?
                     } else {
                         dy.recat(a)
                     },
@@ -270,14 +267,14 @@ impl WTask {
                 WTask::Embedding {
                     tokens,
                     dy: if shard {
-                        ctx.own_shard(&dy)
+                        ctx.own_shard(&dy)?
                     } else {
                         dy.recat(a)
                     },
                     dy_shard: dy_shard || shard,
                 }
             }
-        }
+        })
     }
 
     /// True for a task of an MoE layer's experts block.
@@ -291,9 +288,8 @@ impl WTask {
         self,
         ctx: &mut Ctx,
         layout: &params::BlockLayout,
-        grad: &mut [f32],
+        mut grad: ViewMut<'_, Tensor>,
     ) -> Result<(), ExecError> {
-        let h = ctx.rd.h;
         let eps = ctx.plan.model.norm_eps;
         let norm = ctx.plan.model.norm;
         match self {
@@ -311,18 +307,16 @@ impl WTask {
                 let n = ctx.n;
                 let dy = if dy_shard { ctx.expand_grad(&dy)? } else { dy };
                 if gather_x && ctx.sp {
-                    ctx.with_gathered(x.data(), |c, xg| {
-                        c.ops.linear_wgrad(dy.data(), xg, n, i, o, &mut grad[r])
+                    ctx.with_gathered(&x, |c, xg| {
+                        c.ops.linear_wgrad(&dy, xg, (n, i, o), grad.sub(r))
                     })?;
                 } else {
-                    ctx.ops
-                        .linear_wgrad(dy.data(), x.data(), n, i, o, &mut grad[r]);
+                    ctx.ops.linear_wgrad(&dy, &x, (n, i, o), grad.sub(r))?;
                 }
             }
             WTask::Norm { tensor, x, dy } => {
                 let r = layout.tensors[tensor].range();
-                ctx.ops
-                    .norm_wgrad(norm, x.data(), dy.data(), h, eps, &mut grad[r]);
+                ctx.ops.norm_wgrad(norm, &x, &dy, eps, grad.sub(r))?;
             }
             WTask::Expert {
                 tensor,
@@ -333,17 +327,14 @@ impl WTask {
             } => {
                 let r = layout.tensors[tensor].range();
                 let rows = x.len() / i.max(1);
-                ctx.ops
-                    .linear_wgrad(dy.data(), x.data(), rows, i, o, &mut grad[r]);
+                ctx.ops.linear_wgrad(&dy, &x, (rows, i, o), grad.sub(r))?;
             }
             WTask::Ready {
                 tensor,
                 grad: ready,
             } => {
                 let r = layout.tensors[tensor].range();
-                for (g, x) in grad[r].iter_mut().zip(ready.data()) {
-                    *g += x;
-                }
+                ctx.ops.axpy(1.0, View::all(&ready), grad.sub(r))?;
             }
             WTask::Embedding {
                 tokens,
@@ -351,20 +342,17 @@ impl WTask {
                 dy_shard,
             } => {
                 let dy = if dy_shard { ctx.expand_grad(&dy)? } else { dy };
-                let t = &layout.tensors[0];
+                let r = layout.tensors[0].range();
                 let lo = ctx.rd.tp_rank * ctx.rd.v_r;
-                let g = &mut grad[t.range()];
-                for (row, &id) in tokens.iter().enumerate() {
-                    let id = id as usize;
-                    if id >= lo && id < lo + ctx.rd.v_r {
-                        let dst = &mut g[(id - lo) * h..(id - lo + 1) * h];
-                        for (d, s) in dst.iter_mut().zip(&dy.data()[row * h..(row + 1) * h]) {
-                            *d += s;
-                        }
-                    }
-                }
+                ctx.ops
+                    .embedding_scatter_add(&dy, &tokens, lo, grad.sub(r))?;
             }
         }
         Ok(())
     }
+}
+
+/// The host elements of a parameter view, for the model code not yet on device ops (MoE).
+pub(crate) fn host<'a>(v: &View<'a, Tensor>) -> &'a [f32] {
+    &v.tensor.data()[v.range.clone()]
 }

@@ -23,7 +23,7 @@
 use super::params::BlockLayout;
 use super::{Ctx, Sink, WTask};
 use crate::backend::cpu::{Category, Group, Tensor};
-use crate::backend::{Collectives, TensorOps};
+use crate::backend::{Collectives, HostOps};
 use crate::error::{ExecError, StateError};
 use crate::plan::{Activation, MoeShape};
 

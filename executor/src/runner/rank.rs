@@ -7,7 +7,7 @@ use super::export::Element;
 use super::zero::params_of;
 use super::{zero, RunOptions};
 use crate::backend::cpu::{CpuComm, Group, Tensor};
-use crate::backend::Collectives;
+use crate::backend::{Collectives, ViewMut};
 use crate::error::{ExecError, StateError};
 use crate::memory::Category;
 use crate::model::ends::{embedding_bwd, embedding_fwd, output_bwd, output_fwd, OutputSaved};
@@ -419,7 +419,7 @@ impl<'a> Rank<'a> {
             let mut kept = Vec::new();
             let mut sink = |c: &mut Ctx, t: WTask| -> Result<(), ExecError> {
                 if !immediate {
-                    kept.push(t.hold(c, l));
+                    kept.push(t.hold(c, l)?);
                     return Ok(());
                 }
                 let (tl, bk, sp) = if t.is_expert() {
@@ -432,9 +432,16 @@ impl<'a> Rank<'a> {
                 if use_bucket {
                     let b =
                         bk.get_or_insert_with(|| c.ops.zeros(Category::Buffers, &[tl.range.len()]));
-                    t.run(c, tl, b.data_mut())
+                    t.run(c, tl, ViewMut::all(b))
                 } else {
-                    t.run(c, tl, &mut grads[sp].data_mut()[tl.range.clone()])
+                    t.run(
+                        c,
+                        tl,
+                        ViewMut {
+                            tensor: &mut grads[sp],
+                            range: tl.range.clone(),
+                        },
+                    )
                 }
             };
             let ctx = &mut self.ctx;
@@ -457,7 +464,7 @@ impl<'a> Rank<'a> {
                     // The rerun's load-balancing loss and drops were counted in forward.
                     let stats = (ctx.moe_aux_loss, ctx.moe_dropped);
                     ctx.recomputing = true;
-                    let r = layer_fwd(ctx, l, p, experts, x);
+                    let r = layer_fwd(ctx, l, p.clone(), experts.clone(), x);
                     ctx.recomputing = false;
                     let (y, ls) = r?;
                     (ctx.moe_aux_loss, ctx.moe_dropped) = stats;
@@ -514,10 +521,16 @@ impl<'a> Rank<'a> {
             for t in tasks {
                 if t.is_expert() {
                     let le = le.ok_or_else(no_block)?;
-                    let g = &mut self.grads[EXPERT_SPACE].data_mut()[le.range.clone()];
+                    let g = ViewMut {
+                        tensor: &mut self.grads[EXPERT_SPACE],
+                        range: le.range.clone(),
+                    };
                     t.run(&mut self.ctx, le, g)?;
                 } else {
-                    let g = &mut self.grads[DENSE_SPACE].data_mut()[l.range.clone()];
+                    let g = ViewMut {
+                        tensor: &mut self.grads[DENSE_SPACE],
+                        range: l.range.clone(),
+                    };
                     t.run(&mut self.ctx, l, g)?;
                 }
             }
@@ -529,9 +542,9 @@ impl<'a> Rank<'a> {
         for t in tasks {
             if t.is_expert() {
                 let (le, b) = le.zip(ebucket.as_mut()).ok_or_else(no_block)?;
-                t.run(&mut self.ctx, le, b.data_mut())?;
+                t.run(&mut self.ctx, le, ViewMut::all(b))?;
             } else {
-                t.run(&mut self.ctx, l, bucket.data_mut())?;
+                t.run(&mut self.ctx, l, ViewMut::all(&mut bucket))?;
             }
         }
         self.flush_bucket(bi, bucket)?;

@@ -20,7 +20,7 @@
 
 use super::rank::Rank;
 use crate::backend::cpu::{Category, CpuOps, Group, Tensor};
-use crate::backend::{Collectives, ReduceOp, TensorOps};
+use crate::backend::{Collectives, HostOps, ReduceOp, View};
 use crate::error::ExecError;
 use crate::model::params::{init_range, layout_len, BlockLayout, DENSE_SPACE, EXPERT_SPACE};
 use crate::plan::Plan;
@@ -80,10 +80,13 @@ pub(super) enum Handle {
     Gathered(Rc<Tensor>),
 }
 
-pub(super) fn params_of<'p>(params: &'p [Tensor; 2], h: &'p Handle) -> &'p [f32] {
+pub(super) fn params_of<'p>(params: &'p [Tensor; 2], h: &'p Handle) -> View<'p, Tensor> {
     match h {
-        Handle::Flat(space, r) => &params[*space].data()[r.clone()],
-        Handle::Gathered(t) => t.data(),
+        Handle::Flat(space, r) => View {
+            tensor: &params[*space],
+            range: r.clone(),
+        },
+        Handle::Gathered(t) => View::all(t),
     }
 }
 

@@ -2,14 +2,16 @@
 //! `matrixmultiply`, collectives over shared memory. The reference for correctness.
 
 pub mod collectives;
+pub mod device;
 pub mod ops;
 pub mod tensor;
 
-use super::TensorOps;
+use super::HostOps;
 use crate::plan::{Activation, AdamConfig, Norm};
 
 pub use crate::memory::{Category, MemoryBreakdown, MemoryTracker};
 pub use collectives::{CpuComm, Group, World};
+pub use device::{Cpu, CpuEvent};
 use ops::gemm::GemmCounter;
 pub use tensor::Tensor;
 
@@ -51,16 +53,6 @@ impl CpuOps {
         Tensor::new(&self.memory, cat, shape, data)
     }
 
-    /// y = a + b, a new tensor of category `cat` (the residual add).
-    #[track_caller]
-    pub fn add(&self, a: &[f32], b: &[f32], shape: &[usize], cat: Category) -> Tensor {
-        let mut t = self.zeros(cat, shape);
-        for ((o, x), y) in t.data_mut().iter_mut().zip(a).zip(b) {
-            *o = x + y;
-        }
-        t
-    }
-
     /// A tracked copy of a slice.
     #[track_caller]
     pub fn copy_of(&self, cat: Category, shape: &[usize], src: &[f32]) -> Tensor {
@@ -68,7 +60,7 @@ impl CpuOps {
     }
 }
 
-impl TensorOps for CpuOps {
+impl HostOps for CpuOps {
     fn linear_fwd(&self, x: &[f32], w: &[f32], n: usize, i: usize, o: usize, y: &mut [f32]) {
         ops::gemm::linear_fwd(&self.gemm, x, w, n, i, o, y)
     }

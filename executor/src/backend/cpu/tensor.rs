@@ -1,15 +1,31 @@
-//! fp32 tensors of the CPU backend: a row-major buffer with a shape and a memory category,
+//! Tensors of the CPU backend: a row-major buffer with a shape, a dtype and a memory category,
 //! counted by the tracker of the rank that allocated it, from creation to drop. Tensors are
-//! made by the rank's device ([`CpuOps`](super::CpuOps)).
+//! made by the rank's device ([`CpuOps`](super::CpuOps)). A bf16 tensor keeps its elements as
+//! f32 values that are exactly bf16 numbers (every write rounds), and counts 2 bytes per
+//! element, as the device would hold it.
 
+use crate::backend::{DType, DeviceTensor};
 use crate::memory::{Category, MemoryTracker};
 
-/// A tracked, row-major fp32 tensor.
+/// A tracked, row-major tensor.
 pub struct Tensor {
     data: Vec<f32>,
     tracker: MemoryTracker,
     shape: Vec<usize>,
     cat: Category,
+    dtype: DType,
+}
+
+impl DeviceTensor for Tensor {
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn category(&self) -> Category {
+        self.cat
+    }
 }
 
 impl Tensor {
@@ -21,18 +37,31 @@ impl Tensor {
         shape: &[usize],
         data: Vec<f32>,
     ) -> Tensor {
+        Tensor::typed(tracker, cat, DType::F32, shape, data)
+    }
+
+    /// As [`Tensor::new`] with a dtype (a bf16 tensor's `data` must hold bf16 values).
+    #[track_caller]
+    pub(crate) fn typed(
+        tracker: &MemoryTracker,
+        cat: Category,
+        dtype: DType,
+        shape: &[usize],
+        data: Vec<f32>,
+    ) -> Tensor {
         assert_eq!(
             data.len(),
             shape.iter().product::<usize>(),
             "tensor data does not match shape {shape:?}"
         );
-        let bytes = 4 * data.len() as u64;
+        let bytes = dtype.size_bytes() * data.len() as u64;
         tracker.alloc(cat, bytes, bytes);
         Tensor {
             data,
             tracker: tracker.clone(),
             shape: shape.to_vec(),
             cat,
+            dtype,
         }
     }
 
@@ -57,7 +86,7 @@ impl Tensor {
     }
 
     pub fn bytes(&self) -> u64 {
-        4 * self.data.len() as u64
+        self.dtype.size_bytes() * self.data.len() as u64
     }
 
     pub fn category(&self) -> Category {

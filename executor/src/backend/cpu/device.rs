@@ -1,0 +1,472 @@
+//! The CPU backend's [`Backend`]: its tensors are host buffers, its device the rank's
+//! [`CpuOps`], its collectives the shared-memory [`CpuComm`]. Every op runs to completion
+//! before it returns, so events are plain markers. A write into a bf16 tensor rounds each
+//! element to bf16 (nearest, ties to even) after fp32 accumulation, where a GPU kernel would
+//! round when storing its fp32 result.
+
+use super::ops::{activation, adam, cross_entropy, elementwise, gemm, layout, norm, rotary};
+use super::{CpuComm, CpuOps, Group, Tensor};
+use crate::backend::{
+    Backend, Collectives, DType, Device, DeviceCollectives, DeviceTensor, ReduceOp, TensorOps,
+    View, ViewMut,
+};
+use crate::error::ExecError;
+use crate::memory::{Category, MemoryTracker};
+use crate::plan::{Activation, AdamConfig, Norm};
+use std::ops::Range;
+
+/// The CPU backend (ranks as threads, tensors in host memory).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cpu;
+
+/// A point in the CPU's (synchronous) stream: already reached when made.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuEvent;
+
+impl Backend for Cpu {
+    type Tensor = Tensor;
+    type Event = CpuEvent;
+    type Group = Group;
+    type Device = CpuOps;
+    type Comm = CpuComm;
+}
+
+/// Rounds `r` of `t` to bf16 when `t` is a bf16 tensor.
+fn store(t: &mut Tensor, r: Range<usize>) {
+    if t.dtype() == DType::Bf16 {
+        elementwise::round_bf16_slice(&mut t.data_mut()[r]);
+    }
+}
+
+fn store_all(t: &mut Tensor) {
+    let n = t.len();
+    store(t, 0..n);
+}
+
+fn src<'a>(v: &'a View<'_, Tensor>) -> &'a [f32] {
+    &v.tensor.data()[v.range.clone()]
+}
+
+fn dst<'a>(v: &'a mut ViewMut<'_, Tensor>) -> &'a mut [f32] {
+    &mut v.tensor.data_mut()[v.range.clone()]
+}
+
+impl Device<Cpu> for CpuOps {
+    fn memory(&self) -> &MemoryTracker {
+        CpuOps::memory(self)
+    }
+
+    #[track_caller]
+    fn alloc(&self, cat: Category, dtype: DType, shape: &[usize]) -> Result<Tensor, ExecError> {
+        let n = shape.iter().product();
+        Ok(Tensor::typed(
+            self.memory(),
+            cat,
+            dtype,
+            shape,
+            vec![0.0; n],
+        ))
+    }
+
+    #[track_caller]
+    fn upload(
+        &self,
+        cat: Category,
+        dtype: DType,
+        shape: &[usize],
+        data: &[f32],
+    ) -> Result<Tensor, ExecError> {
+        let mut t = Tensor::typed(self.memory(), cat, dtype, shape, data.to_vec());
+        store_all(&mut t);
+        Ok(t)
+    }
+
+    fn download(&self, t: View<'_, Tensor>) -> Result<Vec<f32>, ExecError> {
+        Ok(src(&t).to_vec())
+    }
+
+    fn recat(&self, t: Tensor, cat: Category) -> Tensor {
+        t.recat(cat)
+    }
+
+    fn record(&self) -> Result<CpuEvent, ExecError> {
+        Ok(CpuEvent)
+    }
+
+    fn wait(&self, _e: &CpuEvent) -> Result<(), ExecError> {
+        Ok(())
+    }
+}
+
+impl TensorOps<Cpu> for CpuOps {
+    fn linear_fwd(
+        &self,
+        x: &Tensor,
+        w: View<'_, Tensor>,
+        (n, i, o): (usize, usize, usize),
+        y: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let g = self.gemm_counter();
+        gemm::linear_fwd(g, x.data(), src(&w), n, i, o, y.data_mut());
+        store_all(y);
+        Ok(())
+    }
+
+    fn linear_dgrad(
+        &self,
+        dy: &Tensor,
+        w: View<'_, Tensor>,
+        (n, i, o): (usize, usize, usize),
+        dx: &mut Tensor,
+        acc: bool,
+    ) -> Result<(), ExecError> {
+        let g = self.gemm_counter();
+        gemm::linear_dgrad(g, dy.data(), src(&w), n, i, o, dx.data_mut(), acc);
+        store_all(dx);
+        Ok(())
+    }
+
+    fn linear_wgrad(
+        &self,
+        dy: &Tensor,
+        x: &Tensor,
+        (n, i, o): (usize, usize, usize),
+        mut dw: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        let g = self.gemm_counter();
+        gemm::linear_wgrad(g, dy.data(), x.data(), n, i, o, dst(&mut dw));
+        let r = dw.range.clone();
+        store(dw.tensor, r);
+        Ok(())
+    }
+
+    fn norm_fwd(
+        &self,
+        kind: Norm,
+        x: &Tensor,
+        p: View<'_, Tensor>,
+        eps: f32,
+        y: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        norm::norm_fwd(kind, x.data(), src(&p), x.cols(), eps, y.data_mut());
+        store_all(y);
+        Ok(())
+    }
+
+    fn norm_dgrad(
+        &self,
+        kind: Norm,
+        x: &Tensor,
+        p: View<'_, Tensor>,
+        dy: &Tensor,
+        eps: f32,
+        dx: &mut Tensor,
+        acc: bool,
+    ) -> Result<(), ExecError> {
+        let h = x.cols();
+        if acc {
+            norm::norm_dgrad_acc(kind, x.data(), src(&p), dy.data(), h, eps, dx.data_mut());
+        } else {
+            norm::norm_dgrad(kind, x.data(), src(&p), dy.data(), h, eps, dx.data_mut());
+        }
+        store_all(dx);
+        Ok(())
+    }
+
+    fn norm_wgrad(
+        &self,
+        kind: Norm,
+        x: &Tensor,
+        dy: &Tensor,
+        eps: f32,
+        mut dp: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        norm::norm_wgrad(kind, x.data(), dy.data(), x.cols(), eps, dst(&mut dp));
+        let r = dp.range.clone();
+        store(dp.tensor, r);
+        Ok(())
+    }
+
+    fn rotary(
+        &self,
+        x: &mut Tensor,
+        heads: usize,
+        positions: &[u32],
+        theta: f32,
+        inverse: bool,
+    ) -> Result<(), ExecError> {
+        let (rows, d) = (x.rows(), x.cols() / heads.max(1));
+        rotary::rotary(x.data_mut(), rows, heads, d, positions, theta, inverse);
+        store_all(x);
+        Ok(())
+    }
+
+    fn act_fwd(&self, kind: Activation, u: &Tensor, out: &mut Tensor) -> Result<(), ExecError> {
+        let (n, f) = (out.rows(), out.cols());
+        activation::act_fwd(kind, u.data(), n, f, out.data_mut());
+        store_all(out);
+        Ok(())
+    }
+
+    fn act_bwd_inplace(
+        &self,
+        kind: Activation,
+        u: &mut Tensor,
+        dout: &Tensor,
+    ) -> Result<(), ExecError> {
+        let (n, f) = (dout.rows(), dout.cols());
+        activation::act_bwd_inplace(kind, u.data_mut(), dout.data(), n, f);
+        store_all(u);
+        Ok(())
+    }
+
+    fn add(&self, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<(), ExecError> {
+        elementwise::add(a.data(), b.data(), out.data_mut());
+        store_all(out);
+        Ok(())
+    }
+
+    fn axpy(
+        &self,
+        alpha: f32,
+        x: View<'_, Tensor>,
+        mut y: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        elementwise::axpy(alpha, src(&x), dst(&mut y));
+        let r = y.range.clone();
+        store(y.tensor, r);
+        Ok(())
+    }
+
+    fn copy(&self, s: View<'_, Tensor>, mut d: ViewMut<'_, Tensor>) -> Result<(), ExecError> {
+        dst(&mut d).copy_from_slice(src(&s));
+        let r = d.range.clone();
+        store(d.tensor, r);
+        Ok(())
+    }
+
+    fn qkv_split(
+        &self,
+        qkv: &Tensor,
+        q: &mut Tensor,
+        k: &mut Tensor,
+        v: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let n = qkv.rows();
+        layout::qkv_split(qkv.data(), q.data_mut(), k.data_mut(), v.data_mut(), n);
+        for t in [q, k, v] {
+            store_all(t);
+        }
+        Ok(())
+    }
+
+    fn qkv_merge(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        qkv: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let n = qkv.rows();
+        layout::qkv_merge(q.data(), k.data(), v.data(), qkv.data_mut(), n);
+        store_all(qkv);
+        Ok(())
+    }
+
+    fn embedding_gather(
+        &self,
+        table: View<'_, Tensor>,
+        tokens: &[u32],
+        lo: usize,
+        out: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let h = out.cols();
+        layout::embedding_gather(src(&table), tokens, lo, h, out.data_mut());
+        store_all(out);
+        Ok(())
+    }
+
+    fn embedding_scatter_add(
+        &self,
+        dy: &Tensor,
+        tokens: &[u32],
+        lo: usize,
+        mut grad: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        let h = dy.cols();
+        layout::embedding_scatter_add(dy.data(), tokens, lo, h, dst(&mut grad));
+        let r = grad.range.clone();
+        store(grad.tensor, r);
+        Ok(())
+    }
+
+    fn ce_row_max(&self, logits: &Tensor, max: &mut Tensor) -> Result<(), ExecError> {
+        cross_entropy::row_max(logits.data(), logits.cols(), max.data_mut());
+        Ok(())
+    }
+
+    fn ce_exp(
+        &self,
+        logits: &Tensor,
+        max: &Tensor,
+        probs: &mut Tensor,
+        sum: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let v = logits.cols();
+        cross_entropy::exp_rows(
+            logits.data(),
+            v,
+            max.data(),
+            probs.data_mut(),
+            sum.data_mut(),
+        );
+        Ok(())
+    }
+
+    fn ce_target_logit(
+        &self,
+        logits: &Tensor,
+        targets: &[u32],
+        lo: usize,
+        out: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let v = logits.cols();
+        cross_entropy::target_logit(logits.data(), v, targets, lo, out.data_mut());
+        Ok(())
+    }
+
+    fn ce_loss(
+        &self,
+        probs: &mut Tensor,
+        sum: &Tensor,
+        max: &Tensor,
+        target_logit: &Tensor,
+    ) -> Result<f64, ExecError> {
+        let v = probs.cols();
+        let l = cross_entropy::loss(
+            probs.data_mut(),
+            v,
+            sum.data(),
+            max.data(),
+            target_logit.data(),
+        );
+        Ok(l)
+    }
+
+    fn ce_grad(
+        &self,
+        probs: &mut Tensor,
+        targets: &[u32],
+        lo: usize,
+        scale: f32,
+    ) -> Result<(), ExecError> {
+        let v = probs.cols();
+        cross_entropy::grad(probs.data_mut(), v, targets, lo, scale);
+        store_all(probs);
+        Ok(())
+    }
+
+    fn adam(
+        &self,
+        c: &AdamConfig,
+        t: u32,
+        mut p: ViewMut<'_, Tensor>,
+        g: View<'_, Tensor>,
+        m: &mut Tensor,
+        v: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        adam::adam_step(c, t, dst(&mut p), src(&g), m.data_mut(), v.data_mut());
+        Ok(())
+    }
+}
+
+/// Collectives on tensors run the host-slice collectives on their storage; a bf16 result is
+/// rounded once, after the fp32 reduction (NCCL's bf16 reductions also round per hop).
+impl DeviceCollectives<Cpu> for CpuComm {
+    fn all_reduce(
+        &self,
+        g: &Group,
+        mut buf: ViewMut<'_, Tensor>,
+        op: ReduceOp,
+    ) -> Result<(), ExecError> {
+        Collectives::all_reduce(self, g, dst(&mut buf), op)?;
+        let r = buf.range.clone();
+        store(buf.tensor, r);
+        Ok(())
+    }
+
+    fn all_gather(
+        &self,
+        g: &Group,
+        input: View<'_, Tensor>,
+        mut out: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        Collectives::all_gather(self, g, src(&input), dst(&mut out))?;
+        let r = out.range.clone();
+        store(out.tensor, r);
+        Ok(())
+    }
+
+    fn reduce_scatter(
+        &self,
+        g: &Group,
+        input: View<'_, Tensor>,
+        mut out: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        Collectives::reduce_scatter(self, g, src(&input), dst(&mut out))?;
+        let r = out.range.clone();
+        store(out.tensor, r);
+        Ok(())
+    }
+
+    fn all_to_all(
+        &self,
+        g: &Group,
+        input: View<'_, Tensor>,
+        mut out: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        Collectives::all_to_all(self, g, src(&input), dst(&mut out))?;
+        let r = out.range.clone();
+        store(out.tensor, r);
+        Ok(())
+    }
+
+    fn send(&self, to: u32, tag: u64, data: View<'_, Tensor>) -> Result<(), ExecError> {
+        Collectives::send(self, to, tag, src(&data))
+    }
+
+    fn recv(&self, from: u32, tag: u64, mut out: ViewMut<'_, Tensor>) -> Result<(), ExecError> {
+        Collectives::recv(self, from, tag, dst(&mut out))?;
+        let r = out.range.clone();
+        store(out.tensor, r);
+        Ok(())
+    }
+
+    fn gather_range(
+        &self,
+        g: &Group,
+        mine_lo: usize,
+        mine: View<'_, Tensor>,
+        want: Range<usize>,
+        mut out: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        Collectives::gather_range(self, g, mine_lo, src(&mine), want, dst(&mut out))?;
+        let r = out.range.clone();
+        store(out.tensor, r);
+        Ok(())
+    }
+
+    fn reduce_scatter_range(
+        &self,
+        g: &Group,
+        input_lo: usize,
+        input: View<'_, Tensor>,
+        mine: Range<usize>,
+        mut out: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        Collectives::reduce_scatter_range(self, g, input_lo, src(&input), mine, dst(&mut out))?;
+        let r = out.range.clone();
+        store(out.tensor, r);
+        Ok(())
+    }
+}
