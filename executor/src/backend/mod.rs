@@ -13,7 +13,7 @@ pub mod cpu;
 
 use crate::error::ExecError;
 use crate::memory::{Category, MemoryTracker};
-use crate::plan::{Activation, AdamConfig, Norm};
+use crate::plan::{Activation, AdamConfig, MoeShape, Norm};
 use std::ops::Range;
 
 /// Element type of a device tensor.
@@ -216,6 +216,15 @@ pub trait DeviceCollectives<B: Backend> {
         input: View<'_, B::Tensor>,
         out: ViewMut<'_, B::Tensor>,
     ) -> Result<(), ExecError>;
+    /// See [`Collectives::all_to_all_v`] (counts in elements).
+    fn all_to_all_v(
+        &self,
+        g: &B::Group,
+        input: View<'_, B::Tensor>,
+        send_counts: &[usize],
+        out: ViewMut<'_, B::Tensor>,
+        recv_counts: &[usize],
+    ) -> Result<(), ExecError>;
     fn send(&self, to: u32, tag: u64, data: View<'_, B::Tensor>) -> Result<(), ExecError>;
     fn recv(&self, from: u32, tag: u64, out: ViewMut<'_, B::Tensor>) -> Result<(), ExecError>;
     /// See [`Collectives::gather_range`].
@@ -238,15 +247,61 @@ pub trait DeviceCollectives<B: Backend> {
     ) -> Result<(), ExecError>;
 }
 
-/// Shape of a causal GQA attention over whole sequences: `b` sequences of `s` positions,
-/// `heads` query heads sharing `kv_heads` K/V heads of width `d`; rows are (sequence, position).
+/// Shapes of one causal grouped-query attention call on one rank: `b` sequences of `s`
+/// positions, `heads` query heads sharing `kv_heads` K/V heads of width `d`; rows are
+/// (sequence, position), columns (head, feature).
 #[derive(Debug, Clone, Copy)]
-pub struct AttnDims {
+pub struct AttnShape {
+    /// Sequences in the microbatch.
     pub b: usize,
     pub s: usize,
+    /// Query heads on this rank.
     pub heads: usize,
+    /// K/V heads on this rank.
     pub kv_heads: usize,
     pub d: usize,
+}
+
+/// One kept assignment of a token to an expert (MoE routing: host metadata, as the split
+/// sizes of the dispatch all-to-all are on the host for NCCL too).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Route {
+    pub token: usize,
+    pub expert: usize,
+    pub gate: f32,
+}
+
+/// The router's decisions for one microbatch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Routing {
+    /// Kept assignments ordered by expert, then token.
+    pub routes: Vec<Route>,
+    /// Fraction of the n k routed slots that chose each expert (before dropping).
+    pub fraction: Vec<f64>,
+    /// Assignments dropped by the capacity.
+    pub dropped: usize,
+}
+
+/// What the attention forward saves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// The softmax (no flash attention).
+    Probs,
+    /// The per-row log-sum-exp (flash attention).
+    Lse,
+    /// Nothing (selective recompute).
+    Nothing,
+}
+
+/// What the attention forward kept for backward.
+#[derive(Debug)]
+pub enum AttnSaved<T> {
+    /// The softmax, [b, heads, s, s].
+    Probs(T),
+    /// The log-sum-exp of each query row, [b, heads, s].
+    Lse(T),
+    /// Nothing (selective recompute).
+    None,
 }
 
 /// The tensor ops of a training step on device tensors, each with its backward; every op is
@@ -412,6 +467,72 @@ pub trait TensorOps<B: Backend> {
         targets: &[u32],
         lo: usize,
         scale: f32,
+    ) -> Result<(), ExecError>;
+    /// Causal GQA attention o = softmax(q k^T / sqrt(d)) v over whole sequences; returns what
+    /// `keep` asks to save.
+    fn attn_fwd(
+        &self,
+        sh: &AttnShape,
+        q: &B::Tensor,
+        k: &B::Tensor,
+        v: &B::Tensor,
+        o: &mut B::Tensor,
+        keep: Keep,
+    ) -> Result<AttnSaved<B::Tensor>, ExecError>;
+    /// dq, dk and dv (written) from do.
+    #[allow(clippy::too_many_arguments)]
+    fn attn_bwd(
+        &self,
+        sh: &AttnShape,
+        q: &B::Tensor,
+        k: &B::Tensor,
+        v: &B::Tensor,
+        saved: &AttnSaved<B::Tensor>,
+        dout: &B::Tensor,
+        dq: &mut B::Tensor,
+        dk: &mut B::Tensor,
+        dv: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// MoE router: softmax of `logits` [n, E] in place (they become the probabilities), then
+    /// top-k with the capacity's drops; returns the routing and the load-balancing loss.
+    fn moe_route(
+        &self,
+        logits: &mut B::Tensor,
+        moe: &MoeShape,
+    ) -> Result<(Routing, f64), ExecError>;
+    /// Token permutation: out[i] = src[rows[i]].
+    fn gather_rows(
+        &self,
+        src: &B::Tensor,
+        rows: &[usize],
+        out: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// Its inverse, adding: out[rows[i]] += w_i src[i] (w_i = 1 without weights).
+    fn scatter_add_rows(
+        &self,
+        src: &B::Tensor,
+        rows: &[usize],
+        weights: Option<&[f32]>,
+        out: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// Backward of the gated combine: gate gradients into `dprobs` [n, E], the routed rows'
+    /// gradients into `dsend` [routes, h].
+    fn moe_combine_bwd(
+        &self,
+        dy: &B::Tensor,
+        y: &B::Tensor,
+        routes: &[Route],
+        dprobs: &mut B::Tensor,
+        dsend: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// Backward of the router in place: `d` [n, E] (probabilities' gradient, plus
+    /// `aux_scale` f_i of the load-balancing loss) becomes the logits' gradient.
+    fn moe_router_bwd(
+        &self,
+        d: &mut B::Tensor,
+        probs: &B::Tensor,
+        fraction: &[f64],
+        aux_scale: f64,
     ) -> Result<(), ExecError>;
     /// Adam on fp32 master weights `p` with gradient `g` and moments `m`, `v`.
     fn adam(

@@ -8,8 +8,8 @@
 
 use super::moe::{moe_bwd, moe_fwd, MoeSaved};
 use super::params::{BlockKind, BlockLayout};
-use super::{cp, host, Ctx, Sink, WTask};
-use crate::backend::cpu::ops::attention::{attn_bwd, attn_fwd, AttnSaved, AttnShape, Keep};
+use super::{cp, Ctx, Sink, WTask};
+use crate::backend::cpu::ops::attention::{AttnSaved, AttnShape, Keep};
 use crate::backend::cpu::{Category, Tensor};
 use crate::backend::{TensorOps, View};
 use crate::error::{ExecError, StateError};
@@ -111,15 +111,9 @@ pub fn layer_fwd(
         (o, c.q, c.k, c.v, c.attn)
     } else {
         let mut o = ctx.ops.zeros(a, &[n, qw]);
-        let attn = attn_fwd(
-            &ctx.ops,
-            &attn_shape(ctx),
-            q.data(),
-            k.data(),
-            v.data(),
-            o.data_mut(),
-            keep,
-        );
+        let attn = ctx
+            .ops
+            .attn_fwd(&attn_shape(ctx), &q, &k, &v, &mut o, keep)?;
         (o, q, k, v, attn)
     };
     let mut partial = ctx.ops.zeros(Category::Buffers, &[n, h]);
@@ -134,7 +128,7 @@ pub fn layer_fwd(
     ctx.ops
         .norm_fwd(norm, &x1, slice(&p, l, MLP_NORM), eps, &mut ln2)?;
     if let Some((le, pe)) = experts {
-        let (out, ms) = moe_fwd(ctx, l, host(&p), le, host(&pe), &ln2)?;
+        let (out, ms) = moe_fwd(ctx, l, p.clone(), le, pe, &ln2)?;
         let mut y = ctx.ops.zeros(a, &[n_sp, h]);
         ctx.ops.add(&x1, &out, &mut y)?;
         let empty = || ctx.ops.zeros(a, &[0]);
@@ -226,9 +220,7 @@ pub fn layer_bwd(
 
     // MLP: fc2 (row-parallel), activation, fc1 (column-parallel), norm; or the experts.
     let d_ln2 = match (moe, experts) {
-        (Some(ms), Some((le, pe))) => {
-            moe_bwd(ctx, l, host(&p), host(&pe), le, ln2, *ms, &dy, sink)?
-        }
+        (Some(ms), Some((le, pe))) => moe_bwd(ctx, l, p.clone(), pe, le, ln2, *ms, &dy, sink)?,
         (Some(_), None) | (None, Some(_)) => return Err(StateError::MoeSavedMismatch.into()),
         (None, None) => {
             let dyg = ctx.expand_grad(&dy)?;
@@ -322,18 +314,17 @@ pub fn layer_bwd(
         let mut dq = ctx.ops.zeros(b, &[n, qw]);
         let mut dk = ctx.ops.zeros(b, &[n, kw]);
         let mut dv = ctx.ops.zeros(b, &[n, kw]);
-        attn_bwd(
-            &ctx.ops,
+        ctx.ops.attn_bwd(
             &attn_shape(ctx),
-            q.data(),
-            k.data(),
-            v.data(),
+            &q,
+            &k,
+            &v,
             &attn,
-            d_o.data(),
-            dq.data_mut(),
-            dk.data_mut(),
-            dv.data_mut(),
-        );
+            &d_o,
+            &mut dq,
+            &mut dk,
+            &mut dv,
+        )?;
         drop((q, k, v, attn, d_o));
         (dq, dk, dv)
     };

@@ -351,8 +351,3 @@ impl WTask {
         Ok(())
     }
 }
-
-/// The host elements of a parameter view, for the model code not yet on device ops (MoE).
-pub(crate) fn host<'a>(v: &View<'a, Tensor>) -> &'a [f32] {
-    &v.tensor.data()[v.range.clone()]
-}

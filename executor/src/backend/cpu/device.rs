@@ -4,15 +4,17 @@
 //! element to bf16 (nearest, ties to even) after fp32 accumulation, where a GPU kernel would
 //! round when storing its fp32 result.
 
-use super::ops::{activation, adam, cross_entropy, elementwise, gemm, layout, norm, rotary};
+use super::ops::{
+    activation, adam, attention, cross_entropy, elementwise, gemm, layout, moe, norm, rotary,
+};
 use super::{CpuComm, CpuOps, Group, Tensor};
 use crate::backend::{
-    Backend, Collectives, DType, Device, DeviceCollectives, DeviceTensor, ReduceOp, TensorOps,
-    View, ViewMut,
+    AttnSaved, AttnShape, Backend, Collectives, DType, Device, DeviceCollectives, DeviceTensor,
+    Keep, ReduceOp, Route, Routing, TensorOps, View, ViewMut,
 };
 use crate::error::ExecError;
 use crate::memory::{Category, MemoryTracker};
-use crate::plan::{Activation, AdamConfig, Norm};
+use crate::plan::{Activation, AdamConfig, MoeShape, Norm};
 use std::ops::Range;
 
 /// The CPU backend (ranks as threads, tensors in host memory).
@@ -366,6 +368,114 @@ impl TensorOps<Cpu> for CpuOps {
         Ok(())
     }
 
+    fn attn_fwd(
+        &self,
+        sh: &AttnShape,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        o: &mut Tensor,
+        keep: Keep,
+    ) -> Result<AttnSaved<Tensor>, ExecError> {
+        let saved = attention::attn_fwd(self, sh, q.data(), k.data(), v.data(), o.data_mut(), keep);
+        store_all(o);
+        Ok(saved)
+    }
+
+    fn attn_bwd(
+        &self,
+        sh: &AttnShape,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        saved: &AttnSaved<Tensor>,
+        dout: &Tensor,
+        dq: &mut Tensor,
+        dk: &mut Tensor,
+        dv: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        attention::attn_bwd(
+            self,
+            sh,
+            q.data(),
+            k.data(),
+            v.data(),
+            saved,
+            dout.data(),
+            dq.data_mut(),
+            dk.data_mut(),
+            dv.data_mut(),
+        );
+        for t in [dq, dk, dv] {
+            store_all(t);
+        }
+        Ok(())
+    }
+
+    fn moe_route(&self, logits: &mut Tensor, moe: &MoeShape) -> Result<(Routing, f64), ExecError> {
+        let (n, e) = (logits.rows(), logits.cols());
+        moe::softmax_rows(logits.data_mut(), e);
+        let r = moe::route(logits.data(), n, moe);
+        let aux = moe::aux_loss(moe.aux_loss_coeff, logits.data(), n, &r.fraction);
+        store_all(logits);
+        Ok((r, aux))
+    }
+
+    fn gather_rows(&self, src: &Tensor, rows: &[usize], out: &mut Tensor) -> Result<(), ExecError> {
+        let h = src.cols();
+        moe::gather_rows(src.data(), rows, h, out.data_mut());
+        store_all(out);
+        Ok(())
+    }
+
+    fn scatter_add_rows(
+        &self,
+        src: &Tensor,
+        rows: &[usize],
+        weights: Option<&[f32]>,
+        out: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let h = out.cols();
+        moe::scatter_add_rows(src.data(), rows, weights, h, out.data_mut());
+        store_all(out);
+        Ok(())
+    }
+
+    fn moe_combine_bwd(
+        &self,
+        dy: &Tensor,
+        y: &Tensor,
+        routes: &[Route],
+        dprobs: &mut Tensor,
+        dsend: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let (h, e) = (dy.cols(), dprobs.cols());
+        moe::combine_bwd(
+            dy.data(),
+            y.data(),
+            routes,
+            h,
+            e,
+            dprobs.data_mut(),
+            dsend.data_mut(),
+        );
+        store_all(dprobs);
+        store_all(dsend);
+        Ok(())
+    }
+
+    fn moe_router_bwd(
+        &self,
+        d: &mut Tensor,
+        probs: &Tensor,
+        fraction: &[f64],
+        aux_scale: f64,
+    ) -> Result<(), ExecError> {
+        moe::router_bwd(d.data_mut(), probs.data(), fraction, aux_scale);
+        store_all(d);
+        Ok(())
+    }
+
     fn adam(
         &self,
         c: &AdamConfig,
@@ -426,6 +536,27 @@ impl DeviceCollectives<Cpu> for CpuComm {
         mut out: ViewMut<'_, Tensor>,
     ) -> Result<(), ExecError> {
         Collectives::all_to_all(self, g, src(&input), dst(&mut out))?;
+        let r = out.range.clone();
+        store(out.tensor, r);
+        Ok(())
+    }
+
+    fn all_to_all_v(
+        &self,
+        g: &Group,
+        input: View<'_, Tensor>,
+        send_counts: &[usize],
+        mut out: ViewMut<'_, Tensor>,
+        recv_counts: &[usize],
+    ) -> Result<(), ExecError> {
+        Collectives::all_to_all_v(
+            self,
+            g,
+            src(&input),
+            send_counts,
+            dst(&mut out),
+            recv_counts,
+        )?;
         let r = out.range.clone();
         store(out.tensor, r);
         Ok(())

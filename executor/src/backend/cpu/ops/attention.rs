@@ -7,20 +7,8 @@
 use super::gemm::{gemm, GemmCounter, View};
 use crate::backend::cpu::tensor::Tensor;
 use crate::backend::cpu::CpuOps;
+pub use crate::backend::{AttnShape, Keep};
 use crate::memory::Category;
-
-/// Shapes of one attention call on one rank.
-#[derive(Debug, Clone, Copy)]
-pub struct AttnShape {
-    /// Sequences in the microbatch.
-    pub b: usize,
-    pub s: usize,
-    /// Query heads on this rank.
-    pub heads: usize,
-    /// K/V heads on this rank.
-    pub kv_heads: usize,
-    pub d: usize,
-}
 
 impl AttnShape {
     fn views(&self, bi: usize, hq: usize) -> (View, View) {
@@ -36,15 +24,8 @@ impl AttnShape {
     }
 }
 
-/// What the forward keeps for backward.
-pub enum AttnSaved {
-    /// The softmax, [b, heads, s, s].
-    Probs(Tensor),
-    /// The log-sum-exp of each query row, [b, heads, s].
-    Lse(Tensor),
-    /// Nothing (selective recompute).
-    None,
-}
+/// What the CPU attention forward keeps for backward.
+pub type AttnSaved = crate::backend::AttnSaved<Tensor>;
 
 /// Scores into `sc` and the row-wise softmax in place; returns nothing. Masked entries are 0.
 fn scores(
@@ -127,14 +108,6 @@ pub fn attn_fwd(
         (_, Some(l)) => AttnSaved::Lse(l),
         _ => AttnSaved::None,
     }
-}
-
-/// What the attention forward saves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Keep {
-    Probs,
-    Lse,
-    Nothing,
 }
 
 /// dq (written), dk and dv (written) from do.

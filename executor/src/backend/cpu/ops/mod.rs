@@ -8,5 +8,6 @@ pub mod elementwise;
 pub mod flash;
 pub mod gemm;
 pub mod layout;
+pub mod moe;
 pub mod norm;
 pub mod rotary;
