@@ -282,6 +282,48 @@ pub struct Routing {
     pub dropped: usize,
 }
 
+/// Shapes shared by the query and key sides of a block attention: `b` sequences, `hq` query
+/// heads and `hk` K/V heads of `d` features (GQA: query head h reads K/V head h / (hq / hk)).
+#[derive(Debug, Clone, Copy)]
+pub struct BlockShape {
+    pub b: usize,
+    pub hq: usize,
+    pub hk: usize,
+    pub d: usize,
+}
+
+/// One side of a block attention: rows of `b` sequences, [b, pos.len(), heads, d] row-major,
+/// row i of a sequence at position `pos[i]`, processed in runs of at most `tile` rows.
+#[derive(Debug, Clone, Copy)]
+pub struct Side<'a> {
+    pub pos: &'a [u32],
+    pub tile: usize,
+}
+
+/// The geometry of a Ulysses all-to-all: `b` sequences of `cp` shards of `s_loc` rows.
+#[derive(Debug, Clone, Copy)]
+pub struct UlyssesGeo {
+    pub b: usize,
+    pub s_loc: usize,
+    pub cp: usize,
+}
+
+/// One tensor of a Ulysses all-to-all: its heads on the sequence side and features per head.
+#[derive(Debug, Clone, Copy)]
+pub struct UlyssesPart {
+    pub heads: usize,
+    pub e: usize,
+}
+
+/// Which side of a Ulysses exchange a tensor is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UlyssesLayout {
+    /// Sequence shards [b, s_loc, H, e]; chunk j of the buffer holds head group j.
+    Seq,
+    /// Head shards of the whole sequence [b, s, H / cp, e]; chunk j holds rank j's rows.
+    Head,
+}
+
 /// What the attention forward saves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Keep {
@@ -533,6 +575,81 @@ pub trait TensorOps<B: Backend> {
         probs: &B::Tensor,
         fraction: &[f64],
         aux_scale: f64,
+    ) -> Result<(), ExecError>;
+    /// Every element of `t` set to `value`.
+    fn fill(&self, t: &mut B::Tensor, value: f32) -> Result<(), ExecError>;
+    /// Block attention forward: merges one K/V block into the running output `acc` and the
+    /// online-softmax statistics `max`, `sum` ([b, hq, q rows] each); `tile` is scratch of at
+    /// least (q tile x k tile). Returns the unmasked score elements (the causal work).
+    #[allow(clippy::too_many_arguments)]
+    fn flash_fwd_block(
+        &self,
+        sh: &BlockShape,
+        q: &B::Tensor,
+        qs: Side<'_>,
+        k: View<'_, B::Tensor>,
+        v: View<'_, B::Tensor>,
+        ks: Side<'_>,
+        acc: &mut B::Tensor,
+        max: &mut B::Tensor,
+        sum: &mut B::Tensor,
+        tile: &mut B::Tensor,
+    ) -> Result<u64, ExecError>;
+    /// The merge's end: normalises `acc` in place and writes the log-sum-exp.
+    fn flash_finish(
+        &self,
+        sh: &BlockShape,
+        rows: usize,
+        acc: &mut B::Tensor,
+        max: &B::Tensor,
+        sum: &B::Tensor,
+        lse: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// FlashAttention-2's D = rowsum(dO * O) per row and head, [b, rows, hq].
+    fn flash_delta(
+        &self,
+        sh: &BlockShape,
+        rows: usize,
+        dout: &B::Tensor,
+        o: &B::Tensor,
+        out: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// Block attention backward: dQ (local rows) +=, dK and dV (the block's rows) +=, from
+    /// the final log-sum-exp and D; `p_tile`, `dp_tile` are scratch. Returns the work.
+    #[allow(clippy::too_many_arguments)]
+    fn flash_bwd_block(
+        &self,
+        sh: &BlockShape,
+        q: &B::Tensor,
+        qs: Side<'_>,
+        k: View<'_, B::Tensor>,
+        v: View<'_, B::Tensor>,
+        ks: Side<'_>,
+        dout: &B::Tensor,
+        lse: &B::Tensor,
+        delta: &B::Tensor,
+        dq: &mut B::Tensor,
+        dk: ViewMut<'_, B::Tensor>,
+        dv: ViewMut<'_, B::Tensor>,
+        p_tile: &mut B::Tensor,
+        dp_tile: &mut B::Tensor,
+    ) -> Result<u64, ExecError>;
+    /// Ulysses pack: tensors on side `from` into the all-to-all send buffer `out`.
+    fn ulysses_pack(
+        &self,
+        geo: &UlyssesGeo,
+        from: UlyssesLayout,
+        xs: &[(&B::Tensor, UlyssesPart)],
+        out: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// Ulysses unpack: the received buffer into tensors on side `to`.
+    fn ulysses_unpack(
+        &self,
+        geo: &UlyssesGeo,
+        to: UlyssesLayout,
+        recv: &B::Tensor,
+        parts: &[UlyssesPart],
+        outs: &mut [&mut B::Tensor],
     ) -> Result<(), ExecError>;
     /// Adam on fp32 master weights `p` with gradient `g` and moments `m`, `v`.
     fn adam(

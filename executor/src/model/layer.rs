@@ -293,7 +293,10 @@ pub fn layer_bwd(
     ctx.ops
         .linear_dgrad(&dxg, slice(&p, l, PROJ), (n, qw, h), &mut d_o, false)?;
     // Context parallelism needs rowsum(dO * O) before the output goes to the weight gradient.
-    let delta = ctx.cp.is_some().then(|| cp::row_delta(ctx, &d_o, &o));
+    let delta = match ctx.cp {
+        Some(_) => Some(cp::row_delta(ctx, &d_o, &o)?),
+        None => None,
+    };
     sink(
         ctx,
         WTask::Linear {

@@ -5,12 +5,14 @@
 //! round when storing its fp32 result.
 
 use super::ops::{
-    activation, adam, attention, cross_entropy, elementwise, gemm, layout, moe, norm, rotary,
+    activation, adam, attention, cross_entropy, elementwise, flash, gemm, layout, moe, norm,
+    rotary, ulysses,
 };
 use super::{CpuComm, CpuOps, Group, Tensor};
 use crate::backend::{
-    AttnSaved, AttnShape, Backend, Collectives, DType, Device, DeviceCollectives, DeviceTensor,
-    Keep, ReduceOp, Route, Routing, TensorOps, View, ViewMut,
+    AttnSaved, AttnShape, Backend, BlockShape, Collectives, DType, Device, DeviceCollectives,
+    DeviceTensor, Keep, ReduceOp, Route, Routing, Side, TensorOps, UlyssesGeo, UlyssesLayout,
+    UlyssesPart, View, ViewMut,
 };
 use crate::error::ExecError;
 use crate::memory::{Category, MemoryTracker};
@@ -473,6 +475,150 @@ impl TensorOps<Cpu> for CpuOps {
     ) -> Result<(), ExecError> {
         moe::router_bwd(d.data_mut(), probs.data(), fraction, aux_scale);
         store_all(d);
+        Ok(())
+    }
+
+    fn fill(&self, t: &mut Tensor, value: f32) -> Result<(), ExecError> {
+        t.data_mut().fill(value);
+        store_all(t);
+        Ok(())
+    }
+
+    fn flash_fwd_block(
+        &self,
+        sh: &BlockShape,
+        q: &Tensor,
+        qs: Side<'_>,
+        k: View<'_, Tensor>,
+        v: View<'_, Tensor>,
+        ks: Side<'_>,
+        acc: &mut Tensor,
+        max: &mut Tensor,
+        sum: &mut Tensor,
+        tile: &mut Tensor,
+    ) -> Result<u64, ExecError> {
+        let mut st = flash::Online {
+            max: max.data_mut(),
+            sum: sum.data_mut(),
+        };
+        let work = flash::forward_block(
+            self.gemm_counter(),
+            sh,
+            q.data(),
+            qs,
+            src(&k),
+            src(&v),
+            ks,
+            acc.data_mut(),
+            &mut st,
+            tile.data_mut(),
+        );
+        store_all(acc);
+        Ok(work)
+    }
+
+    fn flash_finish(
+        &self,
+        sh: &BlockShape,
+        rows: usize,
+        acc: &mut Tensor,
+        max: &Tensor,
+        sum: &Tensor,
+        lse: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        flash::finish(
+            sh,
+            rows,
+            acc.data_mut(),
+            max.data(),
+            sum.data(),
+            lse.data_mut(),
+        );
+        store_all(acc);
+        Ok(())
+    }
+
+    fn flash_delta(
+        &self,
+        sh: &BlockShape,
+        rows: usize,
+        dout: &Tensor,
+        o: &Tensor,
+        out: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        flash::delta(sh, rows, dout.data(), o.data(), out.data_mut());
+        Ok(())
+    }
+
+    fn flash_bwd_block(
+        &self,
+        sh: &BlockShape,
+        q: &Tensor,
+        qs: Side<'_>,
+        k: View<'_, Tensor>,
+        v: View<'_, Tensor>,
+        ks: Side<'_>,
+        dout: &Tensor,
+        lse: &Tensor,
+        delta: &Tensor,
+        dq: &mut Tensor,
+        mut dk: ViewMut<'_, Tensor>,
+        mut dv: ViewMut<'_, Tensor>,
+        p_tile: &mut Tensor,
+        dp_tile: &mut Tensor,
+    ) -> Result<u64, ExecError> {
+        let work = flash::backward_block(
+            self.gemm_counter(),
+            sh,
+            q.data(),
+            qs,
+            src(&k),
+            src(&v),
+            ks,
+            dout.data(),
+            lse.data(),
+            delta.data(),
+            dq.data_mut(),
+            dst(&mut dk),
+            dst(&mut dv),
+            p_tile.data_mut(),
+            dp_tile.data_mut(),
+        );
+        store_all(dq);
+        let (rk, rv) = (dk.range.clone(), dv.range.clone());
+        store(dk.tensor, rk);
+        store(dv.tensor, rv);
+        Ok(work)
+    }
+
+    fn ulysses_pack(
+        &self,
+        geo: &UlyssesGeo,
+        from: UlyssesLayout,
+        xs: &[(&Tensor, UlyssesPart)],
+        out: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let hx: Vec<(&[f32], UlyssesPart)> = xs.iter().map(|(t, p)| (t.data(), *p)).collect();
+        ulysses::pack(geo, from, &hx, out.data_mut());
+        store_all(out);
+        Ok(())
+    }
+
+    fn ulysses_unpack(
+        &self,
+        geo: &UlyssesGeo,
+        to: UlyssesLayout,
+        recv: &Tensor,
+        parts: &[UlyssesPart],
+        outs: &mut [&mut Tensor],
+    ) -> Result<(), ExecError> {
+        {
+            let mut ho: Vec<&mut [f32]> = outs.iter_mut().map(|t| t.data_mut()).collect();
+            ulysses::unpack(geo, to, recv.data(), parts, &mut ho);
+        }
+        for t in outs.iter_mut() {
+            store_all(t);
+        }
         Ok(())
     }
 

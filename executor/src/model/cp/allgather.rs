@@ -6,9 +6,9 @@
 
 use super::{saved_lse, shape, timed, CoreSaved, Stats};
 use crate::backend::cpu::ops::attention::{AttnSaved, Keep};
-use crate::backend::cpu::ops::flash::{self, Side};
+use crate::backend::cpu::ops::flash::Side;
 use crate::backend::cpu::{Category, Tensor};
-use crate::backend::Collectives;
+use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 use crate::model::Ctx;
 
@@ -19,55 +19,66 @@ fn gather(ctx: &Ctx, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor, f64), Ex
     let mut gk = ctx.ops.zeros(Category::Buffers, &[size * k.len()]);
     let mut gv = ctx.ops.zeros(Category::Buffers, &[size * v.len()]);
     let (r, dt) = timed(|| -> Result<(), ExecError> {
-        ctx.comm.all_gather(&cp.group, k.data(), gk.data_mut())?;
-        ctx.comm.all_gather(&cp.group, v.data(), gv.data_mut())
+        ctx.comm
+            .all_gather(&cp.group, View::all(k), ViewMut::all(&mut gk))?;
+        ctx.comm
+            .all_gather(&cp.group, View::all(v), ViewMut::all(&mut gv))
     });
     r?;
     Ok((gk, gv, dt))
 }
 
-/// Output and log-sum-exp of the local queries against the gathered K/V.
-fn pass(ctx: &mut Ctx, q: &Tensor, gk: &Tensor, gv: &Tensor, count: bool) -> (Tensor, Tensor, f64) {
+/// Output and log-sum-exp of the local queries against the gathered K/V, and the seconds.
+fn pass(
+    ctx: &mut Ctx,
+    q: &Tensor,
+    gk: &Tensor,
+    gv: &Tensor,
+    count: bool,
+) -> Result<(Tensor, Tensor, f64), ExecError> {
     let sh = shape(ctx);
     let cp = ctx.cp.as_ref().expect("cp context");
     let (me, size) = (cp.rank, cp.size);
     let s_loc = cp.positions[me].len();
     let blk = gk.len() / size;
     let mut acc = ctx.ops.zeros(Category::Activations, &[q.rows(), q.cols()]);
-    let mut st = Stats::new(&ctx.ops, sh.b * sh.hq * s_loc);
+    let mut st = Stats::new(&ctx.ops, sh.b * sh.hq * s_loc)?;
     let mut tile = ctx.ops.zeros(Category::Buffers, &[s_loc, s_loc]);
     let qs = Side {
         pos: &cp.positions[me],
         tile: s_loc,
     };
-    let (work, compute_s) = timed(|| {
-        (0..size)
-            .map(|src| {
-                flash::forward_block(
-                    ctx.ops.gemm_counter(),
-                    &sh,
-                    q.data(),
-                    qs,
-                    &gk.data()[src * blk..(src + 1) * blk],
-                    &gv.data()[src * blk..(src + 1) * blk],
-                    Side {
-                        pos: &cp.positions[src],
-                        tile: s_loc,
-                    },
-                    acc.data_mut(),
-                    &mut st.online(),
-                    tile.data_mut(),
-                )
-            })
-            .sum::<u64>()
+    let (work, compute_s) = timed(|| -> Result<u64, ExecError> {
+        let mut work = 0;
+        for src in 0..size {
+            let r = src * blk..(src + 1) * blk;
+            work += ctx.ops.flash_fwd_block(
+                &sh,
+                q,
+                qs,
+                View::all(gk).sub(r.clone()),
+                View::all(gv).sub(r),
+                Side {
+                    pos: &cp.positions[src],
+                    tile: s_loc,
+                },
+                &mut acc,
+                &mut st.max,
+                &mut st.sum,
+                &mut tile,
+            )?;
+        }
+        Ok(work)
     });
+    let work = work?;
     drop(tile);
     let mut lse = ctx.ops.zeros(Category::Buffers, &[sh.b * sh.hq * s_loc]);
-    flash::finish(&sh, s_loc, acc.data_mut(), &st.online(), lse.data_mut());
+    ctx.ops
+        .flash_finish(&sh, s_loc, &mut acc, &st.max, &st.sum, &mut lse)?;
     if count {
         ctx.cp.as_mut().expect("cp context").stats.score_elements += work;
     }
-    (acc, lse, compute_s)
+    Ok((acc, lse, compute_s))
 }
 
 pub fn forward(
@@ -80,7 +91,7 @@ pub fn forward(
 ) -> Result<(Tensor, CoreSaved), ExecError> {
     let (gk, gv, comm_s) = gather(ctx, &k, &v)?;
     let count = !ctx.recomputing;
-    let (o, lse, compute_s) = pass(ctx, &q, &gk, &gv, count);
+    let (o, lse, compute_s) = pass(ctx, &q, &gk, &gv, count)?;
     drop((gk, gv));
     ctx.cp
         .as_mut()
@@ -103,7 +114,7 @@ pub fn backward(
         AttnSaved::Lse(l) => l,
         // Selective recomputation: the forward once more on the gathered K/V.
         _ => {
-            let (o2, lse, _) = pass(ctx, &q, &gk, &gv, false);
+            let (o2, lse, _) = pass(ctx, &q, &gk, &gv, false)?;
             drop(o2);
             lse
         }
@@ -123,40 +134,40 @@ pub fn backward(
         pos: &cp.positions[me],
         tile: s_loc,
     };
-    let compute_s = timed(|| {
+    let (r, compute_s) = timed(|| -> Result<(), ExecError> {
         for src in 0..size {
             let r = src * blk..(src + 1) * blk;
-            flash::backward_block(
-                ctx.ops.gemm_counter(),
+            ctx.ops.flash_bwd_block(
                 &sh,
-                q.data(),
+                &q,
                 qs,
-                &gk.data()[r.clone()],
-                &gv.data()[r.clone()],
+                View::all(&gk).sub(r.clone()),
+                View::all(&gv).sub(r.clone()),
                 Side {
                     pos: &cp.positions[src],
                     tile: s_loc,
                 },
-                dout.data(),
-                lse.data(),
-                delta.data(),
-                dq.data_mut(),
-                &mut gdk.data_mut()[r.clone()],
-                &mut gdv.data_mut()[r],
-                p_tile.data_mut(),
-                dp_tile.data_mut(),
-            );
+                &dout,
+                &lse,
+                &delta,
+                &mut dq,
+                ViewMut::all(&mut gdk).sub(r.clone()),
+                ViewMut::all(&mut gdv).sub(r),
+                &mut p_tile,
+                &mut dp_tile,
+            )?;
         }
-    })
-    .1;
+        Ok(())
+    });
+    r?;
     drop((gk, gv, p_tile, dp_tile, delta, lse, dout));
     let mut dk = ctx.ops.zeros(b, &[k.rows(), k.cols()]);
     let mut dv = ctx.ops.zeros(b, &[v.rows(), v.cols()]);
     let (r, dt) = timed(|| -> Result<(), ExecError> {
         ctx.comm
-            .reduce_scatter(&cp.group, gdk.data(), dk.data_mut())?;
+            .reduce_scatter(&cp.group, View::all(&gdk), ViewMut::all(&mut dk))?;
         ctx.comm
-            .reduce_scatter(&cp.group, gdv.data(), dv.data_mut())
+            .reduce_scatter(&cp.group, View::all(&gdv), ViewMut::all(&mut dv))
     });
     r?;
     comm_s += dt;

@@ -10,8 +10,9 @@ mod ulysses;
 
 use super::Ctx;
 use crate::backend::cpu::ops::attention::{AttnSaved, Keep};
-use crate::backend::cpu::ops::flash::{self, BlockShape, Online};
+use crate::backend::cpu::ops::flash::BlockShape;
 use crate::backend::cpu::{Category, CpuOps, Group, Tensor};
+use crate::backend::TensorOps;
 use crate::error::ExecError;
 use crate::plan::CpComm;
 use crate::report::{CpStats, StepTime};
@@ -104,20 +105,14 @@ struct Stats {
 }
 
 impl Stats {
-    fn new(ops: &CpuOps, len: usize) -> Stats {
+    /// Statistics before any key: maximum -inf, sum 0.
+    fn new(ops: &CpuOps, len: usize) -> Result<Stats, ExecError> {
         let mut max = ops.zeros(Category::Buffers, &[len]);
-        max.data_mut().fill(f32::NEG_INFINITY);
-        Stats {
+        ops.fill(&mut max, f32::NEG_INFINITY)?;
+        Ok(Stats {
             max,
             sum: ops.zeros(Category::Buffers, &[len]),
-        }
-    }
-
-    fn online(&mut self) -> Online<'_> {
-        Online {
-            max: self.max.data_mut(),
-            sum: self.sum.data_mut(),
-        }
+        })
     }
 }
 
@@ -158,12 +153,12 @@ pub fn forward(
 
 /// FlashAttention-2's D = rowsum(dO * O) per row and head of the sequence shard, [n, a_r]:
 /// computed before the output `o` goes to the projection's weight gradient.
-pub fn row_delta(ctx: &Ctx, dout: &Tensor, o: &Tensor) -> Tensor {
+pub fn row_delta(ctx: &Ctx, dout: &Tensor, o: &Tensor) -> Result<Tensor, ExecError> {
     let sh = shape(ctx);
     let rows = dout.rows() / sh.b;
     let mut out = ctx.ops.zeros(Category::Buffers, &[sh.b * rows * sh.hq]);
-    flash::delta(&sh, rows, dout.data(), o.data(), out.data_mut());
-    out
+    ctx.ops.flash_delta(&sh, rows, dout, o, &mut out)?;
+    Ok(out)
 }
 
 /// Backward of the attention core: dQ, dK, dV as sequence shards [n, ..] (rotary not yet

@@ -8,18 +8,26 @@
 
 use super::{saved_lse, shape, tag, timed, CoreSaved, Pass, Stats};
 use crate::backend::cpu::ops::attention::{AttnSaved, Keep};
-use crate::backend::cpu::ops::flash::{self, Side};
+use crate::backend::cpu::ops::flash::Side;
 use crate::backend::cpu::{Category, Tensor};
-use crate::backend::Collectives;
+use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 use crate::model::Ctx;
 
 const KEYS: u64 = 0;
 const VALUES: u64 = 1;
-const GRADS: u64 = 2;
+/// The dK and dV accumulators travel as two messages.
+const GRADS_K: u64 = 2;
+const GRADS_V: u64 = 3;
 
 /// Sends a K/V block to the next rank; returns the seconds it took.
-fn send_kv(ctx: &Ctx, to: u32, tags: (u64, u64), k: &[f32], v: &[f32]) -> Result<f64, ExecError> {
+fn send_kv(
+    ctx: &Ctx,
+    to: u32,
+    tags: (u64, u64),
+    k: View<'_, Tensor>,
+    v: View<'_, Tensor>,
+) -> Result<f64, ExecError> {
     let (r, dt) = timed(|| -> Result<(), ExecError> {
         ctx.comm.send(to, tags.0, k)?;
         ctx.comm.send(to, tags.1, v)
@@ -35,10 +43,11 @@ fn recv_kv(
     buf: &mut Tensor,
     kv_len: usize,
 ) -> Result<f64, ExecError> {
-    let (k, v) = buf.data_mut().split_at_mut(kv_len);
     let (r, dt) = timed(|| -> Result<(), ExecError> {
-        ctx.comm.recv(from, tags.0, k)?;
-        ctx.comm.recv(from, tags.1, v)
+        ctx.comm
+            .recv(from, tags.0, ViewMut::all(buf).sub(0..kv_len))?;
+        ctx.comm
+            .recv(from, tags.1, ViewMut::all(buf).sub(kv_len..2 * kv_len))
     });
     r.map(|()| dt)
 }
@@ -49,10 +58,13 @@ fn block<'t>(
     k: &'t Tensor,
     v: &'t Tensor,
     kv_len: usize,
-) -> (&'t [f32], &'t [f32]) {
+) -> (View<'t, Tensor>, View<'t, Tensor>) {
     match cur {
-        None => (k.data(), v.data()),
-        Some(c) => c.data().split_at(kv_len),
+        None => (View::all(k), View::all(v)),
+        Some(c) => (
+            View::all(c).sub(0..kv_len),
+            View::all(c).sub(kv_len..2 * kv_len),
+        ),
     }
 }
 
@@ -74,7 +86,7 @@ fn pass(
     let s_loc = cp.positions[me].len();
     let kv_len = k.len();
     let mut acc = ctx.ops.zeros(Category::Activations, &[q.rows(), q.cols()]);
-    let mut st = Stats::new(&ctx.ops, sh.b * sh.hq * s_loc);
+    let mut st = Stats::new(&ctx.ops, sh.b * sh.hq * s_loc)?;
     let mut tile = ctx.ops.zeros(Category::Buffers, &[s_loc, s_loc]);
     let mut cur: Option<Tensor> = None;
     for t in 0..size {
@@ -87,7 +99,7 @@ fn pass(
         );
         let (kb, vb) = block(&cur, k, v, kv_len);
         if t + 1 < size {
-            comm_s += send_kv(ctx, next, tags, kb, vb)?;
+            comm_s += send_kv(ctx, next, tags, kb.clone(), vb.clone())?;
             nxt = Some(ctx.ops.zeros(Category::Buffers, &[2 * kv_len]));
         }
         let cp = ctx.cp.as_ref().expect("cp context");
@@ -100,19 +112,20 @@ fn pass(
             tile: s_loc,
         };
         let (work, compute_s) = timed(|| {
-            flash::forward_block(
-                ctx.ops.gemm_counter(),
+            ctx.ops.flash_fwd_block(
                 &sh,
-                q.data(),
+                q,
                 qs,
                 kb,
                 vb,
                 ks,
-                acc.data_mut(),
-                &mut st.online(),
-                tile.data_mut(),
+                &mut acc,
+                &mut st.max,
+                &mut st.sum,
+                &mut tile,
             )
         });
+        let work = work?;
         if let Some(mut n) = nxt {
             comm_s += recv_kv(ctx, prev, tags, &mut n, kv_len)?;
             cur = Some(n);
@@ -125,7 +138,8 @@ fn pass(
     }
     drop((cur, tile));
     let mut lse = ctx.ops.zeros(Category::Buffers, &[sh.b * sh.hq * s_loc]);
-    flash::finish(&sh, s_loc, acc.data_mut(), &st.online(), lse.data_mut());
+    ctx.ops
+        .flash_finish(&sh, s_loc, &mut acc, &st.max, &st.sum, &mut lse)?;
     Ok((acc, lse))
 }
 
@@ -174,14 +188,15 @@ pub fn backward(
     let mut p_tile = ctx.ops.zeros(b, &[s_loc, s_loc]);
     let mut dp_tile = ctx.ops.zeros(b, &[s_loc, s_loc]);
     let mut cur: Option<Tensor> = None;
-    let mut acc: Option<Tensor> = None;
+    let mut acc: Option<(Tensor, Tensor)> = None;
     let which = Pass::Backward;
     for t in 0..size {
         let src = (me + size - t) % size;
         let mut comm_s = 0.0;
         // Post the next step's buffers (K/V, and the dK/dV accumulator from step 2 on).
         let nxt = (t + 1 < size).then(|| ctx.ops.zeros(b, &[2 * kv_len]));
-        let nxt_acc = (t + 1 < size && t >= 1).then(|| ctx.ops.zeros(b, &[2 * kv_len]));
+        let nxt_acc = (t + 1 < size && t >= 1)
+            .then(|| (ctx.ops.zeros(b, &[kv_len]), ctx.ops.zeros(b, &[kv_len])));
         let tags = (
             tag(layer, mb, which, t, KEYS),
             tag(layer, mb, which, t, VALUES),
@@ -200,58 +215,62 @@ pub fn backward(
             tile: s_loc,
         };
         let compute_s = if t == 0 {
-            timed(|| {
-                flash::backward_block(
-                    ctx.ops.gemm_counter(),
+            let (r, dt) = timed(|| {
+                ctx.ops.flash_bwd_block(
                     &sh,
-                    q.data(),
+                    &q,
                     qs,
-                    k.data(),
-                    v.data(),
+                    View::all(&k),
+                    View::all(&v),
                     ks,
-                    dout.data(),
-                    lse.data(),
-                    delta.data(),
-                    dq.data_mut(),
-                    dk.data_mut(),
-                    dv.data_mut(),
-                    p_tile.data_mut(),
-                    dp_tile.data_mut(),
+                    &dout,
+                    &lse,
+                    &delta,
+                    &mut dq,
+                    ViewMut::all(&mut dk),
+                    ViewMut::all(&mut dv),
+                    &mut p_tile,
+                    &mut dp_tile,
                 )
-            })
-            .1
+            });
+            r?;
+            dt
         } else {
             let c = cur.as_ref().expect("visiting block");
-            let (kb, vb) = c.data().split_at(kv_len);
-            // The first visitor starts the block's accumulator.
-            let mut a = acc
-                .take()
-                .unwrap_or_else(|| ctx.ops.zeros(b, &[2 * kv_len]));
-            let (dkb, dvb) = a.data_mut().split_at_mut(kv_len);
-            let dt = timed(|| {
-                flash::backward_block(
-                    ctx.ops.gemm_counter(),
+            let (kb, vb) = (
+                View::all(c).sub(0..kv_len),
+                View::all(c).sub(kv_len..2 * kv_len),
+            );
+            // The first visitor starts the block's accumulators (dK, dV).
+            let (mut ak, mut av) = match acc.take() {
+                Some(a) => a,
+                None => (ctx.ops.zeros(b, &[kv_len]), ctx.ops.zeros(b, &[kv_len])),
+            };
+            let (r, dt) = timed(|| {
+                ctx.ops.flash_bwd_block(
                     &sh,
-                    q.data(),
+                    &q,
                     qs,
                     kb,
                     vb,
                     ks,
-                    dout.data(),
-                    lse.data(),
-                    delta.data(),
-                    dq.data_mut(),
-                    dkb,
-                    dvb,
-                    p_tile.data_mut(),
-                    dp_tile.data_mut(),
+                    &dout,
+                    &lse,
+                    &delta,
+                    &mut dq,
+                    ViewMut::all(&mut ak),
+                    ViewMut::all(&mut av),
+                    &mut p_tile,
+                    &mut dp_tile,
                 )
-            })
-            .1;
+            });
+            r?;
             // On to the next rank (the block's home after the last step).
-            let (r, ct) = timed(|| {
+            let (r, ct) = timed(|| -> Result<(), ExecError> {
                 ctx.comm
-                    .send(next, tag(layer, mb, which, t, GRADS), a.data())
+                    .send(next, tag(layer, mb, which, t, GRADS_K), View::all(&ak))?;
+                ctx.comm
+                    .send(next, tag(layer, mb, which, t, GRADS_V), View::all(&av))
             });
             r?;
             comm_s += ct;
@@ -261,14 +280,22 @@ pub fn backward(
             comm_s += recv_kv(ctx, prev, tags, &mut n, kv_len)?;
             cur = Some(n);
         }
-        if let Some(mut a) = nxt_acc {
-            let (r, dt) = timed(|| {
-                ctx.comm
-                    .recv(prev, tag(layer, mb, which, t, GRADS), a.data_mut())
+        if let Some((mut ak, mut av)) = nxt_acc {
+            let (r, dt) = timed(|| -> Result<(), ExecError> {
+                ctx.comm.recv(
+                    prev,
+                    tag(layer, mb, which, t, GRADS_K),
+                    ViewMut::all(&mut ak),
+                )?;
+                ctx.comm.recv(
+                    prev,
+                    tag(layer, mb, which, t, GRADS_V),
+                    ViewMut::all(&mut av),
+                )
             });
             r?;
             comm_s += dt;
-            acc = Some(a);
+            acc = Some((ak, av));
         }
         ctx.cp
             .as_mut()
@@ -278,18 +305,23 @@ pub fn backward(
     drop((cur, acc, p_tile, dp_tile, delta, lse, q, k, v, dout));
     if size > 1 {
         // This rank's own block comes home with every other rank's contribution.
-        let mut home = ctx.ops.zeros(b, &[2 * kv_len]);
-        let (r, dt) = timed(|| {
+        let (mut hk, mut hv) = (ctx.ops.zeros(b, &[kv_len]), ctx.ops.zeros(b, &[kv_len]));
+        let last = size - 1;
+        let (r, dt) = timed(|| -> Result<(), ExecError> {
             ctx.comm.recv(
                 prev,
-                tag(layer, mb, which, size - 1, GRADS),
-                home.data_mut(),
+                tag(layer, mb, which, last, GRADS_K),
+                ViewMut::all(&mut hk),
+            )?;
+            ctx.comm.recv(
+                prev,
+                tag(layer, mb, which, last, GRADS_V),
+                ViewMut::all(&mut hv),
             )
         });
         r?;
-        let (hk, hv) = home.data().split_at(kv_len);
-        dk.data_mut().iter_mut().zip(hk).for_each(|(x, y)| *x += y);
-        dv.data_mut().iter_mut().zip(hv).for_each(|(x, y)| *x += y);
+        ctx.ops.axpy(1.0, View::all(&hk), ViewMut::all(&mut dk))?;
+        ctx.ops.axpy(1.0, View::all(&hv), ViewMut::all(&mut dv))?;
         ctx.cp
             .as_mut()
             .expect("cp context")

@@ -7,29 +7,12 @@
 //! entirely in the future is skipped.
 
 use super::gemm::{gemm, GemmCounter, View};
-
-/// Shapes shared by the query and key sides: `b` sequences, `hq` query heads and `hk` K/V
-/// heads of `d` features (GQA: query head h reads K/V head h / (hq / hk)).
-#[derive(Debug, Clone, Copy)]
-pub struct BlockShape {
-    pub b: usize,
-    pub hq: usize,
-    pub hk: usize,
-    pub d: usize,
-}
+pub use crate::backend::{BlockShape, Side};
 
 impl BlockShape {
     fn scale(&self) -> f32 {
         1.0 / (self.d as f32).sqrt()
     }
-}
-
-/// One side of a block: rows of `b` sequences, [b, pos.len(), heads, d] row-major, row i of a
-/// sequence at position `pos[i]`, processed in runs of at most `tile` rows.
-#[derive(Debug, Clone, Copy)]
-pub struct Side<'a> {
-    pub pos: &'a [u32],
-    pub tile: usize,
 }
 
 impl Side<'_> {
@@ -207,12 +190,19 @@ pub fn forward_block(
 }
 
 /// Normalises the running output into `o` (in place) and writes the log-sum-exp.
-pub fn finish(sh: &BlockShape, rows: usize, o: &mut [f32], st: &Online, lse: &mut [f32]) {
+pub fn finish(
+    sh: &BlockShape,
+    rows: usize,
+    o: &mut [f32],
+    max: &[f32],
+    sum: &[f32],
+    lse: &mut [f32],
+) {
     for bi in 0..sh.b {
         for h in 0..sh.hq {
             for i in 0..rows {
                 let si = (bi * sh.hq + h) * rows + i;
-                let (m, l) = (st.max[si], st.sum[si]);
+                let (m, l) = (max[si], sum[si]);
                 lse[si] = m + l.ln();
                 let off = ((bi * rows + i) * sh.hq + h) * sh.d;
                 o[off..off + sh.d].iter_mut().for_each(|x| *x /= l);
@@ -397,16 +387,7 @@ mod tests {
         // Causal work: s(s+1)/2 per (sequence, head).
         assert_eq!(work as usize, b * hq * s * (s + 1) / 2);
         let mut lse = vec![0.0; b * hq * s];
-        finish(
-            &sh,
-            s,
-            &mut acc,
-            &Online {
-                max: &mut mx,
-                sum: &mut sm,
-            },
-            &mut lse,
-        );
+        finish(&sh, s, &mut acc, &mx, &sm, &mut lse);
         assert!(rel(&acc, &o_ref) < 1e-5, "forward {}", rel(&acc, &o_ref));
 
         let mut dl = vec![0.0; b * hq * s];

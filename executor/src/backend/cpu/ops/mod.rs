@@ -11,3 +11,4 @@ pub mod layout;
 pub mod moe;
 pub mod norm;
 pub mod rotary;
+pub mod ulysses;
