@@ -157,11 +157,21 @@ pub trait Backend: Sized + 'static {
     /// A point in a device stream that another stream (or the host) can wait for.
     type Event;
     /// A process group (NCCL communicator, or the CPU's shared-memory group).
-    type Group;
+    type Group: ProcessGroup + Clone;
     /// One rank's device: allocation, the rank's tracker, tensor ops.
     type Device: Device<Self>;
     /// One rank's collectives on device tensors.
     type Comm: DeviceCollectives<Self>;
+}
+
+/// A process group as one member sees it.
+pub trait ProcessGroup {
+    /// Members.
+    fn size(&self) -> usize;
+    /// This member's index among the members.
+    fn index(&self) -> usize;
+    /// The members' global ranks, in member order.
+    fn members(&self) -> &[u32];
 }
 
 /// One rank's device: allocation, upload and download (download only for the loss, exports and
@@ -216,6 +226,10 @@ pub trait DeviceCollectives<B: Backend> {
         input: View<'_, B::Tensor>,
         out: ViewMut<'_, B::Tensor>,
     ) -> Result<(), ExecError>;
+    /// All-to-all of host counts (split sizes of a following [`DeviceCollectives::all_to_all_v`]):
+    /// `send` holds `send.len() / size` counts per member; returns what each member sent this
+    /// one, in member order.
+    fn all_to_all_counts(&self, g: &B::Group, send: &[usize]) -> Result<Vec<usize>, ExecError>;
     /// See [`Collectives::all_to_all_v`] (counts in elements).
     fn all_to_all_v(
         &self,

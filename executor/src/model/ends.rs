@@ -3,32 +3,33 @@
 
 use super::params::BlockLayout;
 use super::{Ctx, Sink, WTask};
-use crate::backend::cpu::{Category, Tensor};
+use crate::backend::{Backend, Device};
 use crate::backend::{DeviceCollectives, ReduceOp, TensorOps, View, ViewMut};
 use crate::error::ExecError;
+use crate::memory::Category;
 
 /// Embedding forward: each TP rank looks up its vocabulary rows (zeros elsewhere) and the
 /// partial sums are all-reduced, or reduce-scattered into the sequence shard with SP.
-pub fn embedding_fwd(
-    ctx: &mut Ctx,
+pub fn embedding_fwd<B: Backend>(
+    ctx: &mut Ctx<B>,
     l: &BlockLayout,
-    p: View<'_, Tensor>,
+    p: View<'_, B::Tensor>,
     tokens: &[u32],
-) -> Result<Tensor, ExecError> {
+) -> Result<B::Tensor, ExecError> {
     let (h, v_r) = (ctx.rd.h, ctx.rd.v_r);
     let lo = ctx.rd.tp_rank * v_r;
-    let mut partial = ctx.ops.zeros(Category::Buffers, &[ctx.n, h]);
+    let mut partial = ctx.zeros(Category::Buffers, &[ctx.n, h])?;
     ctx.ops
         .embedding_gather(p.sub(l.tensors[0].range()), tokens, lo, &mut partial)?;
     ctx.reduce_to_region(partial, Category::Activations)
 }
 
 /// Embedding backward: only the weight-gradient task (the tokens have no gradient).
-pub fn embedding_bwd(
-    ctx: &mut Ctx,
+pub fn embedding_bwd<B: Backend>(
+    ctx: &mut Ctx<B>,
     tokens: Vec<u32>,
-    dy: Tensor,
-    sink: &mut Sink,
+    dy: B::Tensor,
+    sink: &mut Sink<B>,
 ) -> Result<(), ExecError> {
     let dyg = ctx.expand_grad(&dy)?;
     drop(dy);
@@ -44,25 +45,25 @@ pub fn embedding_bwd(
 
 /// What the output block keeps: the final norm's input, the output layer's input (sequence
 /// shard with SP) and the fp32 softmax of the vocab-parallel cross-entropy.
-pub struct OutputSaved {
-    pub x: Tensor,
-    pub lnf: Tensor,
-    pub probs: Tensor,
+pub struct OutputSaved<B: Backend> {
+    pub x: B::Tensor,
+    pub lnf: B::Tensor,
+    pub probs: B::Tensor,
     pub targets: Vec<u32>,
 }
 
 /// Final norm, output layer, vocab-parallel cross-entropy (three small TP all-reduces: the row
 /// maximum, the sum of exponentials, the target logit). Returns the sum of token losses.
-pub fn output_fwd(
-    ctx: &mut Ctx,
+pub fn output_fwd<B: Backend>(
+    ctx: &mut Ctx<B>,
     l: &BlockLayout,
-    p: View<'_, Tensor>,
-    x: Tensor,
+    p: View<'_, B::Tensor>,
+    x: B::Tensor,
     targets: Vec<u32>,
-) -> Result<(f64, OutputSaved), ExecError> {
+) -> Result<(f64, OutputSaved<B>), ExecError> {
     let m = &ctx.plan.model;
     let (h, v_r, n, n_sp) = (ctx.rd.h, ctx.rd.v_r, ctx.n, ctx.n_sp);
-    let mut lnf = ctx.ops.zeros(Category::Activations, &[n_sp, h]);
+    let mut lnf = ctx.zeros(Category::Activations, &[n_sp, h])?;
     ctx.ops.norm_fwd(
         m.norm,
         &x,
@@ -70,23 +71,23 @@ pub fn output_fwd(
         m.norm_eps,
         &mut lnf,
     )?;
-    let mut logits = ctx.ops.zeros(Category::Buffers, &[n, v_r]);
+    let mut logits = ctx.zeros(Category::Buffers, &[n, v_r])?;
     let w = p.sub(l.tensors[1].range());
     ctx.with_gathered(&lnf, |c, xg| {
         c.ops.linear_fwd(xg, w, (n, h, v_r), &mut logits)
     })?;
     let lo = ctx.rd.tp_rank * v_r;
-    let row = |ctx: &Ctx| ctx.ops.zeros(Category::Buffers, &[n]);
-    let mut max = row(ctx);
+    let row = |ctx: &Ctx<B>| ctx.zeros(Category::Buffers, &[n]);
+    let mut max = row(ctx)?;
     ctx.ops.ce_row_max(&logits, &mut max)?;
     ctx.comm
         .all_reduce(&ctx.tp, ViewMut::all(&mut max), ReduceOp::Max)?;
-    let mut probs = ctx.ops.zeros(Category::Activations, &[n, v_r]);
-    let mut sum = row(ctx);
+    let mut probs = ctx.zeros(Category::Activations, &[n, v_r])?;
+    let mut sum = row(ctx)?;
     ctx.ops.ce_exp(&logits, &max, &mut probs, &mut sum)?;
     ctx.comm
         .all_reduce(&ctx.tp, ViewMut::all(&mut sum), ReduceOp::Sum)?;
-    let mut target_logit = row(ctx);
+    let mut target_logit = row(ctx)?;
     ctx.ops
         .ce_target_logit(&logits, &targets, lo, &mut target_logit)?;
     ctx.comm
@@ -105,14 +106,14 @@ pub fn output_fwd(
 }
 
 /// Backward of the loss `scale * sum of token losses`: dx [n_sp, h]; weight tasks to `sink`.
-pub fn output_bwd(
-    ctx: &mut Ctx,
+pub fn output_bwd<B: Backend>(
+    ctx: &mut Ctx<B>,
     l: &BlockLayout,
-    p: View<'_, Tensor>,
-    s: OutputSaved,
+    p: View<'_, B::Tensor>,
+    s: OutputSaved<B>,
     scale: f32,
-    sink: &mut Sink,
-) -> Result<Tensor, ExecError> {
+    sink: &mut Sink<B>,
+) -> Result<B::Tensor, ExecError> {
     let m = &ctx.plan.model;
     let (h, v_r, n, n_sp) = (ctx.rd.h, ctx.rd.v_r, ctx.n, ctx.n_sp);
     let OutputSaved {
@@ -122,9 +123,9 @@ pub fn output_bwd(
         targets,
     } = s;
     let lo = ctx.rd.tp_rank * v_r;
-    let mut dlogits = probs.recat(Category::Buffers);
+    let mut dlogits = ctx.ops.recat(probs, Category::Buffers);
     ctx.ops.ce_grad(&mut dlogits, &targets, lo, scale)?;
-    let mut part = ctx.ops.zeros(Category::Buffers, &[n, h]);
+    let mut part = ctx.zeros(Category::Buffers, &[n, h])?;
     ctx.ops.linear_dgrad(
         &dlogits,
         p.sub(l.tensors[1].range()),
@@ -147,7 +148,7 @@ pub fn output_bwd(
             dy_shard: false,
         },
     )?;
-    let mut dx = ctx.ops.zeros(Category::Buffers, &[n_sp, h]);
+    let mut dx = ctx.zeros(Category::Buffers, &[n_sp, h])?;
     ctx.ops.norm_dgrad(
         m.norm,
         &x,

@@ -9,10 +9,11 @@
 use super::moe::{moe_bwd, moe_fwd, MoeSaved};
 use super::params::{BlockKind, BlockLayout};
 use super::{cp, Ctx, Sink, WTask};
-use crate::backend::cpu::ops::attention::{AttnSaved, AttnShape, Keep};
-use crate::backend::cpu::{Category, Tensor};
+use crate::backend::{AttnSaved, AttnShape, Keep};
+use crate::backend::{Backend, Device, DeviceTensor};
 use crate::backend::{TensorOps, View};
 use crate::error::{ExecError, StateError};
+use crate::memory::Category;
 use crate::plan::Recompute;
 
 const ATTN_NORM: usize = 0;
@@ -23,27 +24,27 @@ const FC1: usize = 4;
 const FC2: usize = 5;
 
 /// What a layer keeps from forward to backward.
-pub struct LayerSaved {
-    pub x: Tensor,
-    pub ln1: Tensor,
-    pub q: Tensor,
-    pub k: Tensor,
-    pub v: Tensor,
-    pub attn: AttnSaved,
-    pub o: Tensor,
-    pub x1: Tensor,
-    pub ln2: Tensor,
-    pub u: Tensor,
-    pub act: Tensor,
+pub struct LayerSaved<B: Backend> {
+    pub x: B::Tensor,
+    pub ln1: B::Tensor,
+    pub q: B::Tensor,
+    pub k: B::Tensor,
+    pub v: B::Tensor,
+    pub attn: AttnSaved<B::Tensor>,
+    pub o: B::Tensor,
+    pub x1: B::Tensor,
+    pub ln2: B::Tensor,
+    pub u: B::Tensor,
+    pub act: B::Tensor,
     /// An MoE layer's experts block (then `u` and `act` are empty).
-    pub moe: Option<Box<MoeSaved>>,
+    pub moe: Option<Box<MoeSaved<B>>>,
 }
 
 /// An MoE layer's experts block and its parameters.
-pub type Experts<'e> = Option<(&'e BlockLayout, View<'e, Tensor>)>;
+pub type Experts<'e, B> = Option<(&'e BlockLayout, View<'e, <B as Backend>::Tensor>)>;
 
-/// Tensor `t` of block `l` within the block's parameters `p`.
-fn slice<'p>(p: &View<'p, Tensor>, l: &BlockLayout, t: usize) -> View<'p, Tensor> {
+/// B::Tensor `t` of block `l` within the block's parameters `p`.
+fn slice<'p, T: DeviceTensor>(p: &View<'p, T>, l: &BlockLayout, t: usize) -> View<'p, T> {
     p.sub(l.tensors[t].range())
 }
 
@@ -55,7 +56,7 @@ fn layer_index(l: &BlockLayout) -> u32 {
     }
 }
 
-fn attn_shape(ctx: &Ctx) -> AttnShape {
+fn attn_shape<B: Backend>(ctx: &Ctx<B>) -> AttnShape {
     let m = &ctx.plan.model;
     AttnShape {
         b: m.micro_batch,
@@ -68,13 +69,13 @@ fn attn_shape(ctx: &Ctx) -> AttnShape {
 
 /// Forward of one layer on the residual shard `x` [n_sp, h]; returns the output and the
 /// saved tensors (the caller keeps only `x` under full recompute).
-pub fn layer_fwd(
-    ctx: &mut Ctx,
+pub fn layer_fwd<B: Backend>(
+    ctx: &mut Ctx<B>,
     l: &BlockLayout,
-    p: View<'_, Tensor>,
-    experts: Experts,
-    x: Tensor,
-) -> Result<(Tensor, LayerSaved), ExecError> {
+    p: View<'_, B::Tensor>,
+    experts: Experts<B>,
+    x: B::Tensor,
+) -> Result<(B::Tensor, LayerSaved<B>), ExecError> {
     let m = &ctx.plan.model;
     let (norm, eps, theta) = (m.norm, m.norm_eps, m.rope_theta);
     let keep = match (ctx.recompute, m.flash) {
@@ -87,19 +88,19 @@ pub fn layer_fwd(
     let act_kind = m.activation;
     let a = Category::Activations;
 
-    let mut ln1 = ctx.ops.zeros(a, &[n_sp, h]);
+    let mut ln1 = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops
         .norm_fwd(norm, &x, slice(&p, l, ATTN_NORM), eps, &mut ln1)?;
     let qkv_r = rd.qkv_r();
-    let mut qkv = ctx.ops.zeros(Category::Buffers, &[n, qkv_r]);
+    let mut qkv = ctx.zeros(Category::Buffers, &[n, qkv_r])?;
     ctx.with_gathered(&ln1, |c, xg| {
         c.ops
             .linear_fwd(xg, slice(&p, l, QKV), (n, h, qkv_r), &mut qkv)
     })?;
     let (qw, kw) = (rd.a_r * d, rd.g_r * d);
-    let mut q = ctx.ops.zeros(a, &[n, qw]);
-    let mut k = ctx.ops.zeros(a, &[n, kw]);
-    let mut v = ctx.ops.zeros(a, &[n, kw]);
+    let mut q = ctx.zeros(a, &[n, qw])?;
+    let mut k = ctx.zeros(a, &[n, kw])?;
+    let mut v = ctx.zeros(a, &[n, kw])?;
     ctx.ops.qkv_split(&qkv, &mut q, &mut k, &mut v)?;
     drop(qkv);
     ctx.ops
@@ -110,30 +111,30 @@ pub fn layer_fwd(
         let (o, c) = cp::forward(ctx, layer_index(l), q, k, v, keep)?;
         (o, c.q, c.k, c.v, c.attn)
     } else {
-        let mut o = ctx.ops.zeros(a, &[n, qw]);
+        let mut o = ctx.zeros(a, &[n, qw])?;
         let attn = ctx
             .ops
             .attn_fwd(&attn_shape(ctx), &q, &k, &v, &mut o, keep)?;
         (o, q, k, v, attn)
     };
-    let mut partial = ctx.ops.zeros(Category::Buffers, &[n, h]);
+    let mut partial = ctx.zeros(Category::Buffers, &[n, h])?;
     ctx.ops
         .linear_fwd(&o, slice(&p, l, PROJ), (n, qw, h), &mut partial)?;
     let attn_out = ctx.reduce_to_region(partial, Category::Buffers)?;
-    let mut x1 = ctx.ops.zeros(a, &[n_sp, h]);
+    let mut x1 = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops.add(&x, &attn_out, &mut x1)?;
     drop(attn_out);
 
-    let mut ln2 = ctx.ops.zeros(a, &[n_sp, h]);
+    let mut ln2 = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops
         .norm_fwd(norm, &x1, slice(&p, l, MLP_NORM), eps, &mut ln2)?;
     if let Some((le, pe)) = experts {
         let (out, ms) = moe_fwd(ctx, l, p.clone(), le, pe, &ln2)?;
-        let mut y = ctx.ops.zeros(a, &[n_sp, h]);
+        let mut y = ctx.zeros(a, &[n_sp, h])?;
         ctx.ops.add(&x1, &out, &mut y)?;
-        let empty = || ctx.ops.zeros(a, &[0]);
+        let empty = || ctx.zeros(a, &[0]);
         let moe = Some(Box::new(ms));
-        let (u, act) = (empty(), empty());
+        let (u, act) = (empty()?, empty()?);
         return Ok((
             y,
             LayerSaved {
@@ -153,17 +154,17 @@ pub fn layer_fwd(
         ));
     }
     let fc1 = rd.fc1_r;
-    let mut u = ctx.ops.zeros(a, &[n, fc1]);
+    let mut u = ctx.zeros(a, &[n, fc1])?;
     ctx.with_gathered(&ln2, |c, xg| {
         c.ops.linear_fwd(xg, slice(&p, l, FC1), (n, h, fc1), &mut u)
     })?;
-    let mut act = ctx.ops.zeros(a, &[n, rd.f_r]);
+    let mut act = ctx.zeros(a, &[n, rd.f_r])?;
     ctx.ops.act_fwd(act_kind, &u, &mut act)?;
-    let mut partial = ctx.ops.zeros(Category::Buffers, &[n, h]);
+    let mut partial = ctx.zeros(Category::Buffers, &[n, h])?;
     ctx.ops
         .linear_fwd(&act, slice(&p, l, FC2), (n, rd.f_r, h), &mut partial)?;
     let mlp_out = ctx.reduce_to_region(partial, Category::Buffers)?;
-    let mut y = ctx.ops.zeros(a, &[n_sp, h]);
+    let mut y = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops.add(&x1, &mlp_out, &mut y)?;
     drop(mlp_out);
     Ok((
@@ -187,15 +188,15 @@ pub fn layer_fwd(
 
 /// Input gradient of one layer: dx [n_sp, h] from dy [n_sp, h]; each weight-gradient task goes
 /// to `sink` as soon as its tensors exist (so a full backward frees them at once).
-pub fn layer_bwd(
-    ctx: &mut Ctx,
+pub fn layer_bwd<B: Backend>(
+    ctx: &mut Ctx<B>,
     l: &BlockLayout,
-    p: View<'_, Tensor>,
-    experts: Experts,
-    s: LayerSaved,
-    dy: Tensor,
-    sink: &mut Sink,
-) -> Result<Tensor, ExecError> {
+    p: View<'_, B::Tensor>,
+    experts: Experts<B>,
+    s: LayerSaved<B>,
+    dy: B::Tensor,
+    sink: &mut Sink<B>,
+) -> Result<B::Tensor, ExecError> {
     let m = &ctx.plan.model;
     let (norm, eps, theta) = (m.norm, m.norm_eps, m.rope_theta);
     let act_kind = m.activation;
@@ -224,7 +225,7 @@ pub fn layer_bwd(
         (Some(_), None) | (None, Some(_)) => return Err(StateError::MoeSavedMismatch.into()),
         (None, None) => {
             let dyg = ctx.expand_grad(&dy)?;
-            let mut d_act = ctx.ops.zeros(b, &[n, rd.f_r]);
+            let mut d_act = ctx.zeros(b, &[n, rd.f_r])?;
             ctx.ops
                 .linear_dgrad(&dyg, slice(&p, l, FC2), (n, rd.f_r, h), &mut d_act, false)?;
             sink(
@@ -242,10 +243,10 @@ pub fn layer_bwd(
             )?;
             // In place: the activation's input is needed by nothing else, so its gradient takes its
             // buffer (no n x fc1 transient).
-            let mut du = u.recat(b);
+            let mut du = ctx.ops.recat(u, b);
             ctx.ops.act_bwd_inplace(act_kind, &mut du, &d_act)?;
             drop(d_act);
-            let mut part = ctx.ops.zeros(b, &[n, h]);
+            let mut part = ctx.zeros(b, &[n, h])?;
             ctx.ops
                 .linear_dgrad(&du, slice(&p, l, FC1), (n, h, rd.fc1_r), &mut part, false)?;
             let d_ln2 = ctx.reduce_to_region(part, b)?;
@@ -289,7 +290,7 @@ pub fn layer_bwd(
     let qw = rd.a_r * d;
     let kw = rd.g_r * d;
     let dxg = ctx.expand_grad(&dx1)?;
-    let mut d_o = ctx.ops.zeros(b, &[n, qw]);
+    let mut d_o = ctx.zeros(b, &[n, qw])?;
     ctx.ops
         .linear_dgrad(&dxg, slice(&p, l, PROJ), (n, qw, h), &mut d_o, false)?;
     // Context parallelism needs rowsum(dO * O) before the output goes to the weight gradient.
@@ -314,9 +315,9 @@ pub fn layer_bwd(
         let saved = cp::CoreSaved { q, k, v, attn };
         cp::backward(ctx, layer_index(l), saved, delta, d_o)?
     } else {
-        let mut dq = ctx.ops.zeros(b, &[n, qw]);
-        let mut dk = ctx.ops.zeros(b, &[n, kw]);
-        let mut dv = ctx.ops.zeros(b, &[n, kw]);
+        let mut dq = ctx.zeros(b, &[n, qw])?;
+        let mut dk = ctx.zeros(b, &[n, kw])?;
+        let mut dv = ctx.zeros(b, &[n, kw])?;
         ctx.ops.attn_bwd(
             &attn_shape(ctx),
             &q,
@@ -336,10 +337,10 @@ pub fn layer_bwd(
     ctx.ops
         .rotary(&mut dk, rd.g_r, &ctx.positions, theta, true)?;
     let qkv_r = rd.qkv_r();
-    let mut dqkv = ctx.ops.zeros(b, &[n, qkv_r]);
+    let mut dqkv = ctx.zeros(b, &[n, qkv_r])?;
     ctx.ops.qkv_merge(&dq, &dk, &dv, &mut dqkv)?;
     drop((dq, dk, dv));
-    let mut part = ctx.ops.zeros(b, &[n, h]);
+    let mut part = ctx.zeros(b, &[n, h])?;
     ctx.ops
         .linear_dgrad(&dqkv, slice(&p, l, QKV), (n, h, qkv_r), &mut part, false)?;
     let d_ln1 = ctx.reduce_to_region(part, b)?;

@@ -6,7 +6,7 @@
 //! the row-parallel output reduce-scattered; the reverse in backward.
 //!
 //! Backward is split as zero-bubble schedules split it (Qi et al. 2024): `*_bwd` computes the
-//! input gradient and returns [`WTask`]s, the weight-gradient work, run at once for a full
+//! input gradient and returns [`WTask<B>`]s, the weight-gradient work, run at once for a full
 //! backward or later for a W action.
 
 pub mod cp;
@@ -16,19 +16,33 @@ pub mod layer;
 pub mod moe;
 pub mod params;
 
-use crate::backend::cpu::{Category, CpuComm, CpuOps, Group, Tensor};
-use crate::backend::{DeviceCollectives, ReduceOp, TensorOps, View, ViewMut};
+use crate::backend::{
+    Backend, DType, Device, DeviceCollectives, DeviceTensor, ProcessGroup, ReduceOp, TensorOps,
+    View, ViewMut,
+};
 use crate::error::ExecError;
+use crate::memory::Category;
 use crate::plan::{Plan, Recompute};
 use params::RankDims;
 
-/// What one rank needs to run model code.
-pub struct Ctx<'a> {
+/// A zero-filled fp32 tensor on `ops`' device.
+#[track_caller]
+pub fn zeros<B: Backend>(
+    ops: &B::Device,
+    cat: Category,
+    shape: &[usize],
+) -> Result<B::Tensor, ExecError> {
+    ops.alloc(cat, DType::F32, shape)
+}
+
+/// What one rank needs to run model code on backend `B`.
+pub struct Ctx<'a, B: Backend> {
     pub plan: &'a Plan,
     pub rd: RankDims,
-    pub ops: CpuOps,
-    pub comm: &'a CpuComm,
-    pub tp: Group,
+    /// The rank's device: allocation, memory tracker, tensor ops.
+    pub ops: B::Device,
+    pub comm: &'a B::Comm,
+    pub tp: B::Group,
     pub sp: bool,
     pub recompute: Recompute,
     /// Tokens of a microbatch on this CP rank, and of its sequence-parallel shard.
@@ -37,34 +51,44 @@ pub struct Ctx<'a> {
     /// Positions (within a sequence) of this rank's rows: 0..seq without CP.
     pub positions: Vec<u32>,
     /// Context parallelism (cp > 1).
-    pub cp: Option<cp::CpCtx>,
+    pub cp: Option<cp::CpCtx<B>>,
     /// The microbatch being run (tags of CP messages).
     pub mb: u32,
     /// A full recomputation's forward rerun is in progress.
     pub recomputing: bool,
     /// Megatron's global buffer for the SP all-gather of the column-parallel input (n x h).
-    pub sp_buf: Option<Tensor>,
+    pub sp_buf: Option<B::Tensor>,
     /// Expert parallelism: the EP group (MoE models only).
-    pub ep: Option<Group>,
+    pub ep: Option<B::Group>,
     /// Sum over the forwards run of each MoE layer's load-balancing loss, and the assignments
     /// the expert capacity dropped.
     pub moe_aux_loss: f64,
     pub moe_dropped: u64,
 }
 
-impl<'a> Ctx<'a> {
+impl<'a, B: Backend> Ctx<'a, B> {
     /// `cp` is this rank's context-parallel group (a group of one without CP).
-    pub fn new(plan: &'a Plan, comm: &'a CpuComm, tp: Group, tp_rank: u32, cp: Group) -> Ctx<'a> {
+    pub fn new(
+        plan: &'a Plan,
+        ops: B::Device,
+        comm: &'a B::Comm,
+        tp: B::Group,
+        tp_rank: u32,
+        cp: B::Group,
+    ) -> Result<Ctx<'a, B>, ExecError> {
         let rd = RankDims::new(plan, tp_rank);
         let sp = plan.parallel.sp && plan.parallel.tp > 1;
         let m = &plan.model;
         let c = cp.size();
         let cp_comm = plan.parallel.cp_comm;
-        let positions = cp_comm.positions(m.seq, c, cp.index);
+        let positions = cp_comm.positions(m.seq, c, cp.index());
         let cp = (c > 1).then(|| cp::CpCtx::new(cp, cp_comm, m.seq));
         let n = plan.model.tokens() / c;
-        let ops = CpuOps::new();
-        Ctx {
+        let sp_buf = match sp {
+            true => Some(zeros::<B>(&ops, Category::Buffers, &[n, rd.h])?),
+            false => None,
+        };
+        Ok(Ctx {
             plan,
             rd,
             comm,
@@ -77,16 +101,22 @@ impl<'a> Ctx<'a> {
             cp,
             mb: 0,
             recomputing: false,
-            sp_buf: sp.then(|| ops.zeros(Category::Buffers, &[n, rd.h])),
+            sp_buf,
             ops,
             ep: None,
             moe_aux_loss: 0.0,
             moe_dropped: 0,
-        }
+        })
+    }
+
+    /// A zero-filled fp32 tensor on the rank's device.
+    #[track_caller]
+    pub fn zeros(&self, cat: Category, shape: &[usize]) -> Result<B::Tensor, ExecError> {
+        zeros::<B>(&self.ops, cat, shape)
     }
 
     /// Gathers a sequence shard [n_sp, h] into the SP buffer (SP only).
-    fn gather_into_buf(&mut self, x: &Tensor) -> Result<(), ExecError> {
+    fn gather_into_buf(&mut self, x: &B::Tensor) -> Result<(), ExecError> {
         let buf = self.sp_buf.as_mut().expect("sp buffer");
         self.comm
             .all_gather(&self.tp, View::all(x), ViewMut::all(buf))
@@ -95,8 +125,8 @@ impl<'a> Ctx<'a> {
     /// Runs `f` on the column-parallel input: the SP all-gather of `x`, or `x` itself.
     pub fn with_gathered<R>(
         &mut self,
-        x: &Tensor,
-        f: impl FnOnce(&mut Self, &Tensor) -> Result<R, ExecError>,
+        x: &B::Tensor,
+        f: impl FnOnce(&mut Self, &B::Tensor) -> Result<R, ExecError>,
     ) -> Result<R, ExecError> {
         if self.sp {
             self.gather_into_buf(x)?;
@@ -114,25 +144,25 @@ impl<'a> Ctx<'a> {
     /// gradient backward).
     pub fn reduce_to_region(
         &mut self,
-        mut partial: Tensor,
+        mut partial: B::Tensor,
         cat: Category,
-    ) -> Result<Tensor, ExecError> {
+    ) -> Result<B::Tensor, ExecError> {
         if self.sp {
-            let mut out = self.ops.zeros(cat, &[self.n_sp, self.rd.h]);
+            let mut out = self.zeros(cat, &[self.n_sp, self.rd.h])?;
             self.comm
                 .reduce_scatter(&self.tp, View::all(&partial), ViewMut::all(&mut out))?;
             Ok(out)
         } else {
             self.comm
                 .all_reduce(&self.tp, ViewMut::all(&mut partial), ReduceOp::Sum)?;
-            Ok(partial.recat(cat))
+            Ok(self.ops.recat(partial, cat))
         }
     }
 
     /// The full-sequence gradient [n, h] of a row-parallel output from its region gradient:
     /// all-gather with SP, a copy otherwise (the gradient is already whole on every TP rank).
-    pub fn expand_grad(&mut self, dy: &Tensor) -> Result<Tensor, ExecError> {
-        let mut out = self.ops.zeros(Category::Buffers, &[self.n, self.rd.h]);
+    pub fn expand_grad(&mut self, dy: &B::Tensor) -> Result<B::Tensor, ExecError> {
+        let mut out = self.zeros(Category::Buffers, &[self.n, self.rd.h])?;
         if self.sp {
             self.comm
                 .all_gather(&self.tp, View::all(dy), ViewMut::all(&mut out))?;
@@ -143,12 +173,12 @@ impl<'a> Ctx<'a> {
     }
 }
 
-impl Ctx<'_> {
+impl<B: Backend> Ctx<'_, B> {
     /// This TP rank's sequence shard (rows) of a full-sequence tensor [n, c], as an activation.
-    pub fn own_shard(&self, full: &Tensor) -> Result<Tensor, ExecError> {
+    pub fn own_shard(&self, full: &B::Tensor) -> Result<B::Tensor, ExecError> {
         let c = full.cols();
         let lo = self.rd.tp_rank * self.n_sp * c;
-        let mut out = self.ops.zeros(Category::Activations, &[self.n_sp, c]);
+        let mut out = self.zeros(Category::Activations, &[self.n_sp, c])?;
         self.ops.copy(
             View::all(full).sub(lo..lo + self.n_sp * c),
             ViewMut::all(&mut out),
@@ -158,14 +188,14 @@ impl Ctx<'_> {
 }
 
 /// Weight-gradient work left by an input-gradient pass.
-pub enum WTask {
+pub enum WTask<B: Backend> {
     /// dW += dY^T X for the block tensor `tensor` [o, i]; X is gathered over SP first when
     /// `gather_x` (only its sequence shard was saved), and so is dY when `dy_shard` (a held
     /// row-parallel task keeps only its shard of the all-gathered output gradient).
     Linear {
         tensor: usize,
-        x: Tensor,
-        dy: Tensor,
+        x: B::Tensor,
+        dy: B::Tensor,
         i: usize,
         o: usize,
         gather_x: bool,
@@ -176,41 +206,41 @@ pub enum WTask {
     /// Norm gain (and bias) gradient from the saved input and the output gradient.
     Norm {
         tensor: usize,
-        x: Tensor,
-        dy: Tensor,
+        x: B::Tensor,
+        dy: B::Tensor,
     },
     /// Embedding rows: dE[id - lo] += dY[t] (dY gathered over SP first when `dy_shard`).
     Embedding {
         tokens: Vec<u32>,
-        dy: Tensor,
+        dy: B::Tensor,
         dy_shard: bool,
     },
     /// A gradient already computed (a norm's, when its task is held for a W action: the
     /// norm's input and output gradient need not wait).
-    Ready { tensor: usize, grad: Tensor },
+    Ready { tensor: usize, grad: B::Tensor },
     /// dW += dY^T X for tensor `tensor` [o, i] of an MoE layer's experts block (rows: those
     /// the expert received); the caller runs it against that block.
     Expert {
         tensor: usize,
-        x: Tensor,
-        dy: Tensor,
+        x: B::Tensor,
+        dy: B::Tensor,
         i: usize,
         o: usize,
     },
 }
 
 /// Where a backward pass sends its weight-gradient tasks: run at once, or held.
-pub type Sink<'s> = dyn FnMut(&mut Ctx, WTask) -> Result<(), ExecError> + 's;
+pub type Sink<'s, B> = dyn FnMut(&mut Ctx<B>, WTask<B>) -> Result<(), ExecError> + 's;
 
-impl WTask {
+impl<B: Backend> WTask<B> {
     /// Keeps the task's tensors as activations while it waits for its W action; a norm's
     /// (small) gradient is computed now, so its input and output gradient are freed.
-    pub fn hold(self, ctx: &Ctx, layout: &params::BlockLayout) -> Result<WTask, ExecError> {
+    pub fn hold(self, ctx: &Ctx<B>, layout: &params::BlockLayout) -> Result<WTask<B>, ExecError> {
         let a = Category::Activations;
         Ok(match self {
             WTask::Norm { tensor, x, dy } => {
                 let t = &layout.tensors[tensor];
-                let mut grad = ctx.ops.zeros(a, &[t.len()]);
+                let mut grad = ctx.zeros(a, &[t.len()])?;
                 let m = &ctx.plan.model;
                 ctx.ops
                     .norm_wgrad(m.norm, &x, &dy, m.norm_eps, ViewMut::all(&mut grad))?;
@@ -225,8 +255,8 @@ impl WTask {
                 o,
             } => WTask::Expert {
                 tensor,
-                x: x.recat(a),
-                dy: dy.recat(a),
+                x: ctx.ops.recat(x, a),
+                dy: ctx.ops.recat(dy, a),
                 i,
                 o,
             },
@@ -245,11 +275,11 @@ impl WTask {
                 let shard = ctx.sp && dy_gathered && !dy_shard;
                 WTask::Linear {
                     tensor,
-                    x: x.recat(a),
+                    x: ctx.ops.recat(x, a),
                     dy: if shard {
                         ctx.own_shard(&dy)?
                     } else {
-                        dy.recat(a)
+                        ctx.ops.recat(dy, a)
                     },
                     i,
                     o,
@@ -269,7 +299,7 @@ impl WTask {
                     dy: if shard {
                         ctx.own_shard(&dy)?
                     } else {
-                        dy.recat(a)
+                        ctx.ops.recat(dy, a)
                     },
                     dy_shard: dy_shard || shard,
                 }
@@ -286,9 +316,9 @@ impl WTask {
     /// [`WTask::Expert`], the experts block's).
     pub fn run(
         self,
-        ctx: &mut Ctx,
+        ctx: &mut Ctx<B>,
         layout: &params::BlockLayout,
-        mut grad: ViewMut<'_, Tensor>,
+        mut grad: ViewMut<'_, B::Tensor>,
     ) -> Result<(), ExecError> {
         let eps = ctx.plan.model.norm_eps;
         let norm = ctx.plan.model.norm;

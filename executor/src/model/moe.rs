@@ -22,9 +22,10 @@
 
 use super::params::BlockLayout;
 use super::{Ctx, Sink, WTask};
-use crate::backend::cpu::{Category, Group, Tensor};
-use crate::backend::{Collectives, DeviceCollectives, TensorOps, View, ViewMut};
+use crate::backend::{Backend, Device, DeviceTensor, ProcessGroup};
+use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
 use crate::error::{ExecError, StateError};
+use crate::memory::Category;
 use crate::plan::{Activation, MoeShape};
 
 pub use crate::backend::{Route, Routing};
@@ -33,9 +34,9 @@ pub use crate::backend::{Route, Routing};
 pub const ROUTER: usize = 4;
 
 /// What an MoE block keeps for backward (besides the norm's input and output).
-pub struct MoeSaved {
+pub struct MoeSaved<B: Backend> {
     /// Router probabilities [n, E].
-    probs: Tensor,
+    probs: B::Tensor,
     routing: Routing,
     /// Rows sent to each EP member and received from each, and, per source member, the rows
     /// of each local expert.
@@ -43,14 +44,14 @@ pub struct MoeSaved {
     recv_rows: Vec<usize>,
     recv_expert_rows: Vec<Vec<usize>>,
     /// Per local expert: its input rows, fc1 output (the activation's input), activation output.
-    x: Vec<Tensor>,
-    u: Vec<Tensor>,
-    act: Vec<Tensor>,
+    x: Vec<B::Tensor>,
+    u: Vec<B::Tensor>,
+    act: Vec<B::Tensor>,
     /// The expert outputs of the kept assignments [routes, h] (for the gates' gradient).
-    y: Tensor,
+    y: B::Tensor,
 }
 
-fn moe_of<'c>(ctx: &'c Ctx) -> Result<&'c MoeShape, ExecError> {
+fn moe_of<'c, B: Backend>(ctx: &'c Ctx<B>) -> Result<&'c MoeShape, ExecError> {
     ctx.plan
         .model
         .moe
@@ -77,31 +78,22 @@ fn expert_rows(recv_expert_rows: &[Vec<usize>], j: usize) -> Vec<(usize, usize)>
     out
 }
 
-/// Counts as exact f32 bit patterns (for the fixed-size count exchange, host metadata).
-fn to_bits(c: &[usize]) -> Vec<f32> {
-    c.iter().map(|&x| f32::from_bits(x as u32)).collect()
-}
-
-fn from_bits(c: &[f32]) -> Vec<usize> {
-    c.iter().map(|x| x.to_bits() as usize).collect()
-}
-
 fn scale(v: &[usize], by: usize) -> Vec<usize> {
     v.iter().map(|x| x * by).collect()
 }
 
 /// Sends rows of width `h` (`send_rows` to each EP member) and returns the rows received
 /// (`recv_rows` from each) as a new tensor of category `cat`.
-fn exchange_rows(
-    ctx: &Ctx,
-    ep: &Group,
-    send: &Tensor,
+fn exchange_rows<B: Backend>(
+    ctx: &Ctx<B>,
+    ep: &B::Group,
+    send: &B::Tensor,
     send_rows: &[usize],
     recv_rows: &[usize],
     h: usize,
     cat: Category,
-) -> Result<Tensor, ExecError> {
-    let mut recv = ctx.ops.zeros(cat, &[recv_rows.iter().sum(), h]);
+) -> Result<B::Tensor, ExecError> {
+    let mut recv = ctx.zeros(cat, &[recv_rows.iter().sum(), h])?;
     DeviceCollectives::all_to_all_v(
         ctx.comm,
         ep,
@@ -114,10 +106,10 @@ fn exchange_rows(
 }
 
 /// Copies row spans between tensors of width `h`: `(from row, to row, rows)` each.
-fn copy_spans(
-    ctx: &Ctx,
-    src: &Tensor,
-    dst: &mut Tensor,
+fn copy_spans<B: Backend>(
+    ctx: &Ctx<B>,
+    src: &B::Tensor,
+    dst: &mut B::Tensor,
     h: usize,
     spans: impl Iterator<Item = (usize, usize, usize)>,
 ) -> Result<(), ExecError> {
@@ -141,19 +133,19 @@ fn gathered_spans(spans: &[(usize, usize)]) -> impl Iterator<Item = (usize, usiz
 
 /// Forward of the MoE block on the normed input `ln2` [n, h] (the router's parameters in
 /// `p`/`l`, the rank's experts in `pe`/`le`); returns the combined expert output [n, h].
-pub fn moe_fwd(
-    ctx: &mut Ctx,
+pub fn moe_fwd<B: Backend>(
+    ctx: &mut Ctx<B>,
     l: &BlockLayout,
-    p: View<'_, Tensor>,
+    p: View<'_, B::Tensor>,
     le: &BlockLayout,
-    pe: View<'_, Tensor>,
-    ln2: &Tensor,
-) -> Result<(Tensor, MoeSaved), ExecError> {
+    pe: View<'_, B::Tensor>,
+    ln2: &B::Tensor,
+) -> Result<(B::Tensor, MoeSaved<B>), ExecError> {
     let moe = moe_of(ctx)?.clone();
     let (n, h) = (ctx.n, ctx.rd.h);
     let e = moe.num_experts;
     let (a, b) = (Category::Activations, Category::Buffers);
-    let mut probs = ctx.ops.zeros(a, &[n, e]);
+    let mut probs = ctx.zeros(a, &[n, e])?;
     ctx.ops
         .linear_fwd(ln2, p.sub(l.tensors[ROUTER].range()), (n, h, e), &mut probs)?;
     let (routing, aux) = ctx.ops.moe_route(&mut probs, &moe)?;
@@ -171,15 +163,13 @@ pub fn moe_fwd(
     for r in &routing.routes {
         counts[r.expert] += 1;
     }
-    let mut got = vec![0.0f32; e];
-    Collectives::all_to_all(ctx.comm, &ep, &to_bits(&counts), &mut got)?;
-    let recv_expert_rows: Vec<Vec<usize>> =
-        from_bits(&got).chunks(local).map(|c| c.to_vec()).collect();
+    let got = ctx.comm.all_to_all_counts(&ep, &counts)?;
+    let recv_expert_rows: Vec<Vec<usize>> = got.chunks(local).map(|c| c.to_vec()).collect();
     let send_rows: Vec<usize> = counts.chunks(local).map(|c| c.iter().sum()).collect();
     let recv_rows: Vec<usize> = recv_expert_rows.iter().map(|c| c.iter().sum()).collect();
 
     let tokens: Vec<usize> = routing.routes.iter().map(|r| r.token).collect();
-    let mut send = ctx.ops.zeros(b, &[tokens.len(), h]);
+    let mut send = ctx.zeros(b, &[tokens.len(), h])?;
     ctx.ops.gather_rows(ln2, &tokens, &mut send)?;
     let recv = exchange_rows(ctx, &ep, &send, &send_rows, &recv_rows, h, b)?;
     let total_recv = recv.rows();
@@ -188,21 +178,21 @@ pub fn moe_fwd(
     let f = moe.ffn;
     let w1 = fc1_width(ctx.plan.model.activation, f);
     let act_kind = ctx.plan.model.activation;
-    let mut back = ctx.ops.zeros(b, &[total_recv, h]);
+    let mut back = ctx.zeros(b, &[total_recv, h])?;
     let (mut xs, mut us, mut acts) = (Vec::new(), Vec::new(), Vec::new());
     for j in 0..local {
         let spans = expert_rows(&recv_expert_rows, j);
         let c: usize = spans.iter().map(|s| s.1).sum();
-        let mut x = ctx.ops.zeros(a, &[c, h]);
+        let mut x = ctx.zeros(a, &[c, h])?;
         copy_spans(ctx, &recv, &mut x, h, gathered_spans(&spans))?;
-        let mut u = ctx.ops.zeros(a, &[c, w1]);
-        let mut act = ctx.ops.zeros(a, &[c, f]);
+        let mut u = ctx.zeros(a, &[c, w1])?;
+        let mut act = ctx.zeros(a, &[c, f])?;
         if c > 0 {
             let w_fc1 = pe.sub(le.tensors[2 * j].range());
             let w_fc2 = pe.sub(le.tensors[2 * j + 1].range());
             ctx.ops.linear_fwd(&x, w_fc1, (c, h, w1), &mut u)?;
             ctx.ops.act_fwd(act_kind, &u, &mut act)?;
-            let mut y = ctx.ops.zeros(b, &[c, h]);
+            let mut y = ctx.zeros(b, &[c, h])?;
             ctx.ops.linear_fwd(&act, w_fc2, (c, f, h), &mut y)?;
             let back_spans = gathered_spans(&spans).map(|(lo, at, rows)| (at, lo, rows));
             copy_spans(ctx, &y, &mut back, h, back_spans)?;
@@ -214,7 +204,7 @@ pub fn moe_fwd(
     drop(recv);
     let y = exchange_rows(ctx, &ep, &back, &recv_rows, &send_rows, h, a)?;
     drop(back);
-    let mut out = ctx.ops.zeros(b, &[n, h]);
+    let mut out = ctx.zeros(b, &[n, h])?;
     let gates: Vec<f32> = routing.routes.iter().map(|r| r.gate).collect();
     ctx.ops
         .scatter_add_rows(&y, &tokens, Some(&gates), &mut out)?;
@@ -238,17 +228,17 @@ pub fn moe_fwd(
 /// the router's weight-gradient task (input `ln2`) and the experts' ([`WTask::Expert`]) go to
 /// `sink`.
 #[allow(clippy::too_many_arguments)]
-pub fn moe_bwd(
-    ctx: &mut Ctx,
+pub fn moe_bwd<B: Backend>(
+    ctx: &mut Ctx<B>,
     l: &BlockLayout,
-    p: View<'_, Tensor>,
-    pe: View<'_, Tensor>,
+    p: View<'_, B::Tensor>,
+    pe: View<'_, B::Tensor>,
     le: &BlockLayout,
-    ln2: Tensor,
-    s: MoeSaved,
-    dy: &Tensor,
-    sink: &mut Sink,
-) -> Result<Tensor, ExecError> {
+    ln2: B::Tensor,
+    s: MoeSaved<B>,
+    dy: &B::Tensor,
+    sink: &mut Sink<B>,
+) -> Result<B::Tensor, ExecError> {
     let moe = moe_of(ctx)?.clone();
     let (n, h) = (ctx.n, ctx.rd.h);
     let e = moe.num_experts;
@@ -270,8 +260,8 @@ pub fn moe_bwd(
     } = s;
     let routes = &routing.routes;
     // Combine: d y_r = gate_r dy[t]; d gate_r = dy[t] . y_r.
-    let mut dprobs = ctx.ops.zeros(bcat, &[n, e]);
-    let mut dsend = ctx.ops.zeros(bcat, &[routes.len(), h]);
+    let mut dprobs = ctx.zeros(bcat, &[n, e])?;
+    let mut dsend = ctx.zeros(bcat, &[routes.len(), h])?;
     ctx.ops
         .moe_combine_bwd(dy, &y, routes, &mut dprobs, &mut dsend)?;
     drop(y);
@@ -282,17 +272,17 @@ pub fn moe_bwd(
     let f = moe.ffn;
     let act_kind = ctx.plan.model.activation;
     let w1 = fc1_width(act_kind, f);
-    let mut dback = ctx.ops.zeros(bcat, &[total_recv, h]);
+    let mut dback = ctx.zeros(bcat, &[total_recv, h])?;
     for (j, ((x, u), act)) in xs.into_iter().zip(us).zip(acts).enumerate() {
         let spans = expert_rows(&recv_expert_rows, j);
         let c: usize = spans.iter().map(|s| s.1).sum();
         if c == 0 {
             continue;
         }
-        let mut dyj = ctx.ops.zeros(bcat, &[c, h]);
+        let mut dyj = ctx.zeros(bcat, &[c, h])?;
         copy_spans(ctx, &drecv, &mut dyj, h, gathered_spans(&spans))?;
         let (t1, t2) = (2 * j, 2 * j + 1);
-        let mut dact = ctx.ops.zeros(bcat, &[c, f]);
+        let mut dact = ctx.zeros(bcat, &[c, f])?;
         ctx.ops.linear_dgrad(
             &dyj,
             pe.sub(le.tensors[t2].range()),
@@ -310,10 +300,10 @@ pub fn moe_bwd(
                 o: h,
             },
         )?;
-        let mut du = u.recat(bcat);
+        let mut du = ctx.ops.recat(u, bcat);
         ctx.ops.act_bwd_inplace(act_kind, &mut du, &dact)?;
         drop(dact);
-        let mut dx = ctx.ops.zeros(bcat, &[c, h]);
+        let mut dx = ctx.zeros(bcat, &[c, h])?;
         ctx.ops.linear_dgrad(
             &du,
             pe.sub(le.tensors[t1].range()),
@@ -337,7 +327,7 @@ pub fn moe_bwd(
     drop(drecv);
     let dx_routes = exchange_rows(ctx, &ep, &dback, &recv_rows, &send_rows, h, bcat)?;
     drop(dback);
-    let mut d_ln2 = ctx.ops.zeros(bcat, &[n, h]);
+    let mut d_ln2 = ctx.zeros(bcat, &[n, h])?;
     let tokens: Vec<usize> = routes.iter().map(|r| r.token).collect();
     ctx.ops
         .scatter_add_rows(&dx_routes, &tokens, None, &mut d_ln2)?;

@@ -6,7 +6,7 @@
 use super::export::Element;
 use super::zero::params_of;
 use super::{zero, RunOptions};
-use crate::backend::cpu::{CpuComm, Group, Tensor};
+use crate::backend::cpu::{Cpu, CpuComm, CpuOps, Group, Tensor};
 use crate::backend::{Collectives, ViewMut};
 use crate::error::{ExecError, StateError};
 use crate::memory::Category;
@@ -33,20 +33,20 @@ pub(super) struct RankOutput {
 
 enum BlockSaved {
     Embedding(Vec<u32>),
-    Layer(Box<LayerSaved>),
+    Layer(Box<LayerSaved<Cpu>>),
     LayerInput(Tensor),
-    Output(OutputSaved),
+    Output(OutputSaved<Cpu>),
     /// An MoE layer's experts block: its state is saved with its layer.
     Experts,
 }
 
-type BlockTasks = Vec<(usize, Vec<WTask>)>;
+type BlockTasks = Vec<(usize, Vec<WTask<Cpu>>)>;
 
 /// One rank's state across steps.
 pub(super) struct Rank<'a> {
     pub(super) plan: &'a Plan,
     pub(super) rp: &'a RankPlan,
-    pub(super) ctx: Ctx<'a>,
+    pub(super) ctx: Ctx<'a, Cpu>,
     /// Per space (dense, experts): the group over which gradients reduce and ZeRO shards
     /// (DP, expert DP), this rank's shard, parameters, gradients and Adam moments.
     pub(super) groups: [Group; 2],
@@ -80,7 +80,14 @@ pub(super) fn run_rank(
 ) -> Result<RankOutput, ExecError> {
     let tp = comm.group(&rp.tp_group);
     let dp = comm.group(&rp.dp_group);
-    let mut ctx = Ctx::new(plan, comm, tp, rp.coords.tp, comm.group(&rp.cp_group));
+    let mut ctx = Ctx::<Cpu>::new(
+        plan,
+        CpuOps::new(),
+        comm,
+        tp,
+        rp.coords.tp,
+        comm.group(&rp.cp_group),
+    )?;
     let ep = comm.group(&rp.ep_group);
     let ep_rank = ep.index as u32;
     if plan.model.moe.is_some() {
@@ -332,7 +339,7 @@ impl<'a> Rank<'a> {
             }
             let (h, eh) = self.block_handles(bi)?;
             let p = params_of(&self.params, &h);
-            let experts: Experts = eh
+            let experts: Experts<Cpu> = eh
                 .as_ref()
                 .map(|(ei, eh)| (&self.blocks[*ei], params_of(&self.params, eh)));
             let l = &self.blocks[bi];
@@ -405,7 +412,7 @@ impl<'a> Rank<'a> {
             self.cache.retain(|(b, _)| *b == bi || Some(*b) == ei);
             let (h, eh) = self.block_handles(bi)?;
             let p = params_of(&self.params, &h);
-            let experts: Experts = eh
+            let experts: Experts<Cpu> = eh
                 .as_ref()
                 .map(|(ei, eh)| (&self.blocks[*ei], params_of(&self.params, eh)));
             let l = &self.blocks[bi];
@@ -417,7 +424,7 @@ impl<'a> Rank<'a> {
             let use_bucket = immediate && self.zero >= 2;
             let grads = &mut self.grads;
             let mut kept = Vec::new();
-            let mut sink = |c: &mut Ctx, t: WTask| -> Result<(), ExecError> {
+            let mut sink = |c: &mut Ctx<Cpu>, t: WTask<Cpu>| -> Result<(), ExecError> {
                 if !immediate {
                     kept.push(t.hold(c, l)?);
                     return Ok(());
@@ -512,7 +519,7 @@ impl<'a> Rank<'a> {
     }
 
     /// Runs block `bi`'s held weight-gradient tasks (a W action), its experts' included.
-    fn run_tasks(&mut self, bi: usize, tasks: Vec<WTask>) -> Result<(), ExecError> {
+    fn run_tasks(&mut self, bi: usize, tasks: Vec<WTask<Cpu>>) -> Result<(), ExecError> {
         let ei = self.experts_of(bi);
         let l = &self.blocks[bi];
         let le = ei.map(|ei| &self.blocks[ei]);

@@ -11,8 +11,8 @@ use super::ops::{
 use super::{CpuComm, CpuOps, Group, Tensor};
 use crate::backend::{
     AttnSaved, AttnShape, Backend, BlockShape, Collectives, DType, Device, DeviceCollectives,
-    DeviceTensor, Keep, ReduceOp, Route, Routing, Side, TensorOps, UlyssesGeo, UlyssesLayout,
-    UlyssesPart, View, ViewMut,
+    DeviceTensor, Keep, ProcessGroup, ReduceOp, Route, Routing, Side, TensorOps, UlyssesGeo,
+    UlyssesLayout, UlyssesPart, View, ViewMut,
 };
 use crate::error::ExecError;
 use crate::memory::{Category, MemoryTracker};
@@ -26,6 +26,18 @@ pub struct Cpu;
 /// A point in the CPU's (synchronous) stream: already reached when made.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CpuEvent;
+
+impl ProcessGroup for Group {
+    fn size(&self) -> usize {
+        Group::size(self)
+    }
+    fn index(&self) -> usize {
+        self.index
+    }
+    fn members(&self) -> &[u32] {
+        Group::members(self)
+    }
+}
 
 impl Backend for Cpu {
     type Tensor = Tensor;
@@ -685,6 +697,14 @@ impl DeviceCollectives<Cpu> for CpuComm {
         let r = out.range.clone();
         store(out.tensor, r);
         Ok(())
+    }
+
+    fn all_to_all_counts(&self, g: &Group, send: &[usize]) -> Result<Vec<usize>, ExecError> {
+        // Counts travel as exact f32 bit patterns.
+        let bits: Vec<f32> = send.iter().map(|&x| f32::from_bits(x as u32)).collect();
+        let mut got = vec![0.0f32; send.len()];
+        Collectives::all_to_all(self, g, &bits, &mut got)?;
+        Ok(got.iter().map(|x| x.to_bits() as usize).collect())
     }
 
     fn all_to_all_v(

@@ -4,20 +4,25 @@
 //! (rank r holds chunks r and 2cp - 1 - r), so the causal work is even. The gathered K/V are
 //! visited one source rank's block at a time, so score tiles stay (s/cp)^2.
 
-use super::{saved_lse, shape, timed, CoreSaved, Stats};
-use crate::backend::cpu::ops::attention::{AttnSaved, Keep};
-use crate::backend::cpu::ops::flash::Side;
-use crate::backend::cpu::{Category, Tensor};
+use super::{saved_lse, shape, timed, CoreSaved, Grads, Stats};
+use crate::backend::Side;
+use crate::backend::{AttnSaved, Keep};
+use crate::backend::{Backend, DeviceTensor};
 use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
 use crate::error::ExecError;
+use crate::memory::Category;
 use crate::model::Ctx;
 
 /// Gathers K and V over the CP group: [cp x k.len()] each, source-rank major.
-fn gather(ctx: &Ctx, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor, f64), ExecError> {
+fn gather<B: Backend>(
+    ctx: &Ctx<B>,
+    k: &B::Tensor,
+    v: &B::Tensor,
+) -> Result<(B::Tensor, B::Tensor, f64), ExecError> {
     let cp = ctx.cp.as_ref().expect("cp context");
     let size = cp.size;
-    let mut gk = ctx.ops.zeros(Category::Buffers, &[size * k.len()]);
-    let mut gv = ctx.ops.zeros(Category::Buffers, &[size * v.len()]);
+    let mut gk = ctx.zeros(Category::Buffers, &[size * k.len()])?;
+    let mut gv = ctx.zeros(Category::Buffers, &[size * v.len()])?;
     let (r, dt) = timed(|| -> Result<(), ExecError> {
         ctx.comm
             .all_gather(&cp.group, View::all(k), ViewMut::all(&mut gk))?;
@@ -29,21 +34,21 @@ fn gather(ctx: &Ctx, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor, f64), Ex
 }
 
 /// Output and log-sum-exp of the local queries against the gathered K/V, and the seconds.
-fn pass(
-    ctx: &mut Ctx,
-    q: &Tensor,
-    gk: &Tensor,
-    gv: &Tensor,
+fn pass<B: Backend>(
+    ctx: &mut Ctx<B>,
+    q: &B::Tensor,
+    gk: &B::Tensor,
+    gv: &B::Tensor,
     count: bool,
-) -> Result<(Tensor, Tensor, f64), ExecError> {
+) -> Result<(B::Tensor, B::Tensor, f64), ExecError> {
     let sh = shape(ctx);
     let cp = ctx.cp.as_ref().expect("cp context");
     let (me, size) = (cp.rank, cp.size);
     let s_loc = cp.positions[me].len();
     let blk = gk.len() / size;
-    let mut acc = ctx.ops.zeros(Category::Activations, &[q.rows(), q.cols()]);
-    let mut st = Stats::new(&ctx.ops, sh.b * sh.hq * s_loc)?;
-    let mut tile = ctx.ops.zeros(Category::Buffers, &[s_loc, s_loc]);
+    let mut acc = ctx.zeros(Category::Activations, &[q.rows(), q.cols()])?;
+    let mut st = Stats::<B>::new(&ctx.ops, sh.b * sh.hq * s_loc)?;
+    let mut tile = ctx.zeros(Category::Buffers, &[s_loc, s_loc])?;
     let qs = Side {
         pos: &cp.positions[me],
         tile: s_loc,
@@ -72,7 +77,7 @@ fn pass(
     });
     let work = work?;
     drop(tile);
-    let mut lse = ctx.ops.zeros(Category::Buffers, &[sh.b * sh.hq * s_loc]);
+    let mut lse = ctx.zeros(Category::Buffers, &[sh.b * sh.hq * s_loc])?;
     ctx.ops
         .flash_finish(&sh, s_loc, &mut acc, &st.max, &st.sum, &mut lse)?;
     if count {
@@ -81,14 +86,14 @@ fn pass(
     Ok((acc, lse, compute_s))
 }
 
-pub fn forward(
-    ctx: &mut Ctx,
+pub fn forward<B: Backend>(
+    ctx: &mut Ctx<B>,
     _layer: u32,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    q: B::Tensor,
+    k: B::Tensor,
+    v: B::Tensor,
     keep: Keep,
-) -> Result<(Tensor, CoreSaved), ExecError> {
+) -> Result<(B::Tensor, CoreSaved<B>), ExecError> {
     let (gk, gv, comm_s) = gather(ctx, &k, &v)?;
     let count = !ctx.recomputing;
     let (o, lse, compute_s) = pass(ctx, &q, &gk, &gv, count)?;
@@ -97,17 +102,17 @@ pub fn forward(
         .as_mut()
         .expect("cp context")
         .record(false, 0, compute_s, comm_s);
-    let attn = saved_lse(keep, lse);
+    let attn = saved_lse::<B>(&ctx.ops, keep, lse);
     Ok((o, CoreSaved { q, k, v, attn }))
 }
 
-pub fn backward(
-    ctx: &mut Ctx,
+pub fn backward<B: Backend>(
+    ctx: &mut Ctx<B>,
     _layer: u32,
-    s: CoreSaved,
-    delta: Tensor,
-    dout: Tensor,
-) -> Result<(Tensor, Tensor, Tensor), ExecError> {
+    s: CoreSaved<B>,
+    delta: B::Tensor,
+    dout: B::Tensor,
+) -> Result<Grads<B>, ExecError> {
     let CoreSaved { q, k, v, attn } = s;
     let (gk, gv, mut comm_s) = gather(ctx, &k, &v)?;
     let lse = match attn {
@@ -125,11 +130,11 @@ pub fn backward(
     let s_loc = cp.positions[me].len();
     let blk = k.len();
     let b = Category::Buffers;
-    let mut dq = ctx.ops.zeros(b, &[q.rows(), q.cols()]);
-    let mut gdk = ctx.ops.zeros(b, &[size * blk]);
-    let mut gdv = ctx.ops.zeros(b, &[size * blk]);
-    let mut p_tile = ctx.ops.zeros(b, &[s_loc, s_loc]);
-    let mut dp_tile = ctx.ops.zeros(b, &[s_loc, s_loc]);
+    let mut dq = ctx.zeros(b, &[q.rows(), q.cols()])?;
+    let mut gdk = ctx.zeros(b, &[size * blk])?;
+    let mut gdv = ctx.zeros(b, &[size * blk])?;
+    let mut p_tile = ctx.zeros(b, &[s_loc, s_loc])?;
+    let mut dp_tile = ctx.zeros(b, &[s_loc, s_loc])?;
     let qs = Side {
         pos: &cp.positions[me],
         tile: s_loc,
@@ -161,8 +166,8 @@ pub fn backward(
     });
     r?;
     drop((gk, gv, p_tile, dp_tile, delta, lse, dout));
-    let mut dk = ctx.ops.zeros(b, &[k.rows(), k.cols()]);
-    let mut dv = ctx.ops.zeros(b, &[v.rows(), v.cols()]);
+    let mut dk = ctx.zeros(b, &[k.rows(), k.cols()])?;
+    let mut dv = ctx.zeros(b, &[v.rows(), v.cols()])?;
     let (r, dt) = timed(|| -> Result<(), ExecError> {
         ctx.comm
             .reduce_scatter(&cp.group, View::all(&gdk), ViewMut::all(&mut dk))?;

@@ -6,12 +6,13 @@
 //! hops each). Under a causal mask a block wholly in a rank's future is skipped; the contiguous
 //! layout leaves rank r with r + 1/2 blocks of work, the zigzag layout every rank with cp.
 
-use super::{saved_lse, shape, tag, timed, CoreSaved, Pass, Stats};
-use crate::backend::cpu::ops::attention::{AttnSaved, Keep};
-use crate::backend::cpu::ops::flash::Side;
-use crate::backend::cpu::{Category, Tensor};
+use super::{saved_lse, shape, tag, timed, CoreSaved, Grads, Pass, Stats};
+use crate::backend::Side;
+use crate::backend::{AttnSaved, Keep};
+use crate::backend::{Backend, DeviceTensor};
 use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
 use crate::error::ExecError;
+use crate::memory::Category;
 use crate::model::Ctx;
 
 const KEYS: u64 = 0;
@@ -21,12 +22,12 @@ const GRADS_K: u64 = 2;
 const GRADS_V: u64 = 3;
 
 /// Sends a K/V block to the next rank; returns the seconds it took.
-fn send_kv(
-    ctx: &Ctx,
+fn send_kv<B: Backend>(
+    ctx: &Ctx<B>,
     to: u32,
     tags: (u64, u64),
-    k: View<'_, Tensor>,
-    v: View<'_, Tensor>,
+    k: View<'_, B::Tensor>,
+    v: View<'_, B::Tensor>,
 ) -> Result<f64, ExecError> {
     let (r, dt) = timed(|| -> Result<(), ExecError> {
         ctx.comm.send(to, tags.0, k)?;
@@ -36,11 +37,11 @@ fn send_kv(
 }
 
 /// Receives a K/V block (K then V, `kv_len` each) into `buf`; returns the seconds it took.
-fn recv_kv(
-    ctx: &Ctx,
+fn recv_kv<B: Backend>(
+    ctx: &Ctx<B>,
     from: u32,
     tags: (u64, u64),
-    buf: &mut Tensor,
+    buf: &mut B::Tensor,
     kv_len: usize,
 ) -> Result<f64, ExecError> {
     let (r, dt) = timed(|| -> Result<(), ExecError> {
@@ -53,12 +54,12 @@ fn recv_kv(
 }
 
 /// The visiting block's K and V: this rank's own at the first step, else the received block.
-fn block<'t>(
-    cur: &'t Option<Tensor>,
-    k: &'t Tensor,
-    v: &'t Tensor,
+fn block<'t, B: Backend>(
+    cur: &'t Option<B::Tensor>,
+    k: &'t B::Tensor,
+    v: &'t B::Tensor,
     kv_len: usize,
-) -> (View<'t, Tensor>, View<'t, Tensor>) {
+) -> (View<'t, B::Tensor>, View<'t, B::Tensor>) {
     match cur {
         None => (View::all(k), View::all(v)),
         Some(c) => (
@@ -69,14 +70,14 @@ fn block<'t>(
 }
 
 /// The forward pass of the ring; returns (output, lse).
-fn pass(
-    ctx: &mut Ctx,
+fn pass<B: Backend>(
+    ctx: &mut Ctx<B>,
     layer: u32,
     which: Pass,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-) -> Result<(Tensor, Tensor), ExecError> {
+    q: &B::Tensor,
+    k: &B::Tensor,
+    v: &B::Tensor,
+) -> Result<(B::Tensor, B::Tensor), ExecError> {
     let sh = shape(ctx);
     let mb = ctx.mb;
     let count = matches!(which, Pass::Forward);
@@ -85,10 +86,10 @@ fn pass(
     let (next, prev) = (cp.next(), cp.prev());
     let s_loc = cp.positions[me].len();
     let kv_len = k.len();
-    let mut acc = ctx.ops.zeros(Category::Activations, &[q.rows(), q.cols()]);
-    let mut st = Stats::new(&ctx.ops, sh.b * sh.hq * s_loc)?;
-    let mut tile = ctx.ops.zeros(Category::Buffers, &[s_loc, s_loc]);
-    let mut cur: Option<Tensor> = None;
+    let mut acc = ctx.zeros(Category::Activations, &[q.rows(), q.cols()])?;
+    let mut st = Stats::<B>::new(&ctx.ops, sh.b * sh.hq * s_loc)?;
+    let mut tile = ctx.zeros(Category::Buffers, &[s_loc, s_loc])?;
+    let mut cur: Option<B::Tensor> = None;
     for t in 0..size {
         let src = (me + size - t) % size;
         let mut comm_s = 0.0;
@@ -97,10 +98,10 @@ fn pass(
             tag(layer, mb, which, t, KEYS),
             tag(layer, mb, which, t, VALUES),
         );
-        let (kb, vb) = block(&cur, k, v, kv_len);
+        let (kb, vb) = block::<B>(&cur, k, v, kv_len);
         if t + 1 < size {
             comm_s += send_kv(ctx, next, tags, kb.clone(), vb.clone())?;
-            nxt = Some(ctx.ops.zeros(Category::Buffers, &[2 * kv_len]));
+            nxt = Some(ctx.zeros(Category::Buffers, &[2 * kv_len])?);
         }
         let cp = ctx.cp.as_ref().expect("cp context");
         let qs = Side {
@@ -137,37 +138,37 @@ fn pass(
         cp.record(false, t, compute_s, comm_s);
     }
     drop((cur, tile));
-    let mut lse = ctx.ops.zeros(Category::Buffers, &[sh.b * sh.hq * s_loc]);
+    let mut lse = ctx.zeros(Category::Buffers, &[sh.b * sh.hq * s_loc])?;
     ctx.ops
         .flash_finish(&sh, s_loc, &mut acc, &st.max, &st.sum, &mut lse)?;
     Ok((acc, lse))
 }
 
-pub fn forward(
-    ctx: &mut Ctx,
+pub fn forward<B: Backend>(
+    ctx: &mut Ctx<B>,
     layer: u32,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    q: B::Tensor,
+    k: B::Tensor,
+    v: B::Tensor,
     keep: Keep,
-) -> Result<(Tensor, CoreSaved), ExecError> {
+) -> Result<(B::Tensor, CoreSaved<B>), ExecError> {
     let which = if ctx.recomputing {
         Pass::Recompute
     } else {
         Pass::Forward
     };
     let (o, lse) = pass(ctx, layer, which, &q, &k, &v)?;
-    let attn = saved_lse(keep, lse);
+    let attn = saved_lse::<B>(&ctx.ops, keep, lse);
     Ok((o, CoreSaved { q, k, v, attn }))
 }
 
-pub fn backward(
-    ctx: &mut Ctx,
+pub fn backward<B: Backend>(
+    ctx: &mut Ctx<B>,
     layer: u32,
-    s: CoreSaved,
-    delta: Tensor,
-    dout: Tensor,
-) -> Result<(Tensor, Tensor, Tensor), ExecError> {
+    s: CoreSaved<B>,
+    delta: B::Tensor,
+    dout: B::Tensor,
+) -> Result<Grads<B>, ExecError> {
     let CoreSaved { q, k, v, attn } = s;
     let lse = match attn {
         AttnSaved::Lse(l) => l,
@@ -182,27 +183,32 @@ pub fn backward(
     let s_loc = cp.positions[me].len();
     let kv_len = k.len();
     let b = Category::Buffers;
-    let mut dq = ctx.ops.zeros(b, &[q.rows(), q.cols()]);
-    let mut dk = ctx.ops.zeros(b, &[k.rows(), k.cols()]);
-    let mut dv = ctx.ops.zeros(b, &[v.rows(), v.cols()]);
-    let mut p_tile = ctx.ops.zeros(b, &[s_loc, s_loc]);
-    let mut dp_tile = ctx.ops.zeros(b, &[s_loc, s_loc]);
-    let mut cur: Option<Tensor> = None;
-    let mut acc: Option<(Tensor, Tensor)> = None;
+    let mut dq = ctx.zeros(b, &[q.rows(), q.cols()])?;
+    let mut dk = ctx.zeros(b, &[k.rows(), k.cols()])?;
+    let mut dv = ctx.zeros(b, &[v.rows(), v.cols()])?;
+    let mut p_tile = ctx.zeros(b, &[s_loc, s_loc])?;
+    let mut dp_tile = ctx.zeros(b, &[s_loc, s_loc])?;
+    let mut cur: Option<B::Tensor> = None;
+    let mut acc: Option<(B::Tensor, B::Tensor)> = None;
     let which = Pass::Backward;
     for t in 0..size {
         let src = (me + size - t) % size;
         let mut comm_s = 0.0;
         // Post the next step's buffers (K/V, and the dK/dV accumulator from step 2 on).
-        let nxt = (t + 1 < size).then(|| ctx.ops.zeros(b, &[2 * kv_len]));
-        let nxt_acc = (t + 1 < size && t >= 1)
-            .then(|| (ctx.ops.zeros(b, &[kv_len]), ctx.ops.zeros(b, &[kv_len])));
+        let nxt = match t + 1 < size {
+            true => Some(ctx.zeros(b, &[2 * kv_len])?),
+            false => None,
+        };
+        let nxt_acc = match t + 1 < size && t >= 1 {
+            true => Some((ctx.zeros(b, &[kv_len])?, ctx.zeros(b, &[kv_len])?)),
+            false => None,
+        };
         let tags = (
             tag(layer, mb, which, t, KEYS),
             tag(layer, mb, which, t, VALUES),
         );
         if t + 1 < size {
-            let (kb, vb) = block(&cur, &k, &v, kv_len);
+            let (kb, vb) = block::<B>(&cur, &k, &v, kv_len);
             comm_s += send_kv(ctx, next, tags, kb, vb)?;
         }
         let cp = ctx.cp.as_ref().expect("cp context");
@@ -244,7 +250,7 @@ pub fn backward(
             // The first visitor starts the block's accumulators (dK, dV).
             let (mut ak, mut av) = match acc.take() {
                 Some(a) => a,
-                None => (ctx.ops.zeros(b, &[kv_len]), ctx.ops.zeros(b, &[kv_len])),
+                None => (ctx.zeros(b, &[kv_len])?, ctx.zeros(b, &[kv_len])?),
             };
             let (r, dt) = timed(|| {
                 ctx.ops.flash_bwd_block(
@@ -305,7 +311,7 @@ pub fn backward(
     drop((cur, acc, p_tile, dp_tile, delta, lse, q, k, v, dout));
     if size > 1 {
         // This rank's own block comes home with every other rank's contribution.
-        let (mut hk, mut hv) = (ctx.ops.zeros(b, &[kv_len]), ctx.ops.zeros(b, &[kv_len]));
+        let (mut hk, mut hv) = (ctx.zeros(b, &[kv_len])?, ctx.zeros(b, &[kv_len])?);
         let last = size - 1;
         let (r, dt) = timed(|| -> Result<(), ExecError> {
             ctx.comm.recv(

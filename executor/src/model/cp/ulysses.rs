@@ -5,14 +5,16 @@
 //! FlashAttention-2's row statistic D = rowsum(dO * O) travel together, then dQ, dK, dV return).
 //! Needs the heads and K/V heads of a TP rank divisible by cp; the layout is contiguous.
 
-use super::{saved_lse, shape, timed, CoreSaved, Stats};
-use crate::backend::cpu::ops::attention::{AttnSaved, Keep};
-use crate::backend::cpu::ops::flash::{BlockShape, Side};
-use crate::backend::cpu::{Category, CpuOps, Tensor};
+use super::{saved_lse, shape, timed, CoreSaved, Grads, Stats};
+use crate::backend::{AttnSaved, Keep};
+use crate::backend::{Backend, DeviceTensor};
+use crate::backend::{BlockShape, Side};
 use crate::backend::{
     DeviceCollectives, TensorOps, UlyssesGeo, UlyssesLayout, UlyssesPart, View, ViewMut,
 };
 use crate::error::ExecError;
+use crate::memory::Category;
+use crate::model::zeros;
 use crate::model::Ctx;
 
 type Geo = UlyssesGeo;
@@ -20,7 +22,7 @@ type Part = UlyssesPart;
 use UlyssesLayout::{Head, Seq};
 
 /// The exchange's geometry and the head-group attention shape of this rank.
-fn setup(ctx: &Ctx) -> (Geo, BlockShape, Vec<u32>) {
+fn setup<B: Backend>(ctx: &Ctx<B>) -> (Geo, BlockShape, Vec<u32>) {
     let sh = shape(ctx);
     let cp = ctx.cp.as_ref().expect("cp context");
     let geo = Geo {
@@ -38,9 +40,13 @@ fn setup(ctx: &Ctx) -> (Geo, BlockShape, Vec<u32>) {
 }
 
 /// All-to-all of `send` over the CP group into a new buffer of category `cat`.
-fn exchange(ctx: &Ctx, send: &Tensor, cat: Category) -> Result<(Tensor, f64), ExecError> {
+fn exchange<B: Backend>(
+    ctx: &Ctx<B>,
+    send: &B::Tensor,
+    cat: Category,
+) -> Result<(B::Tensor, f64), ExecError> {
     let cp = ctx.cp.as_ref().expect("cp context");
-    let mut recv = ctx.ops.zeros(cat, &[send.len()]);
+    let mut recv = ctx.zeros(cat, &[send.len()])?;
     let (r, dt) = timed(|| {
         ctx.comm
             .all_to_all(&cp.group, View::all(send), ViewMut::all(&mut recv))
@@ -50,23 +56,23 @@ fn exchange(ctx: &Ctx, send: &Tensor, cat: Category) -> Result<(Tensor, f64), Ex
 }
 
 /// Attention of the head group over the whole sequence: (normalised output, lse, work).
-fn attend(
-    ops: &CpuOps,
+fn attend<B: Backend>(
+    ops: &B::Device,
     geo: &Geo,
     sh: &BlockShape,
     all: &[u32],
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-) -> Result<(Tensor, Tensor, u64), ExecError> {
+    q: &B::Tensor,
+    k: &B::Tensor,
+    v: &B::Tensor,
+) -> Result<(B::Tensor, B::Tensor, u64), ExecError> {
     let s = all.len();
     let side = Side {
         pos: all,
         tile: geo.s_loc,
     };
-    let mut acc = ops.zeros(Category::Buffers, &[q.rows(), q.cols()]);
-    let mut st = Stats::new(ops, sh.b * sh.hq * s)?;
-    let mut tile = ops.zeros(Category::Buffers, &[geo.s_loc, geo.s_loc]);
+    let mut acc = zeros::<B>(ops, Category::Buffers, &[q.rows(), q.cols()])?;
+    let mut st = Stats::<B>::new(ops, sh.b * sh.hq * s)?;
+    let mut tile = zeros::<B>(ops, Category::Buffers, &[geo.s_loc, geo.s_loc])?;
     let work = ops.flash_fwd_block(
         sh,
         q,
@@ -80,19 +86,19 @@ fn attend(
         &mut tile,
     )?;
     drop(tile);
-    let mut lse = ops.zeros(Category::Buffers, &[sh.b * sh.hq * s]);
+    let mut lse = zeros::<B>(ops, Category::Buffers, &[sh.b * sh.hq * s])?;
     ops.flash_finish(sh, s, &mut acc, &st.max, &st.sum, &mut lse)?;
     Ok((acc, lse, work))
 }
 
-pub fn forward(
-    ctx: &mut Ctx,
+pub fn forward<B: Backend>(
+    ctx: &mut Ctx<B>,
     _layer: u32,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    q: B::Tensor,
+    k: B::Tensor,
+    v: B::Tensor,
     keep: Keep,
-) -> Result<(Tensor, CoreSaved), ExecError> {
+) -> Result<(B::Tensor, CoreSaved<B>), ExecError> {
     let (geo, sh, all) = setup(ctx);
     let (a_r, g_r, d) = (ctx.rd.a_r, ctx.rd.g_r, ctx.rd.d);
     let parts = [
@@ -101,7 +107,7 @@ pub fn forward(
         Part { heads: g_r, e: d },
     ];
     let b = Category::Buffers;
-    let mut send = ctx.ops.zeros(b, &[q.len() + k.len() + v.len()]);
+    let mut send = ctx.zeros(b, &[q.len() + k.len() + v.len()])?;
     ctx.ops.ulysses_pack(
         &geo,
         Seq,
@@ -114,22 +120,22 @@ pub fn forward(
     let (recv, mut comm_s) = exchange(ctx, &send, b)?;
     drop(send);
     let a = Category::Activations;
-    let mut qh = ctx.ops.zeros(a, &[rows, sh.hq * d]);
-    let mut kh = ctx.ops.zeros(a, &[rows, sh.hk * d]);
-    let mut vh = ctx.ops.zeros(a, &[rows, sh.hk * d]);
+    let mut qh = ctx.zeros(a, &[rows, sh.hq * d])?;
+    let mut kh = ctx.zeros(a, &[rows, sh.hk * d])?;
+    let mut vh = ctx.zeros(a, &[rows, sh.hk * d])?;
     ctx.ops
         .ulysses_unpack(&geo, Head, &recv, &parts, &mut [&mut qh, &mut kh, &mut vh])?;
     drop(recv);
-    let (r, compute_s) = timed(|| attend(&ctx.ops, &geo, &sh, &all, &qh, &kh, &vh));
+    let (r, compute_s) = timed(|| attend::<B>(&ctx.ops, &geo, &sh, &all, &qh, &kh, &vh));
     let (oh, lse, work) = r?;
-    let mut send = ctx.ops.zeros(b, &[oh.len()]);
+    let mut send = ctx.zeros(b, &[oh.len()])?;
     ctx.ops
         .ulysses_pack(&geo, Head, &[(&oh, parts[0])], &mut send)?;
     drop(oh);
     let (recv, dt) = exchange(ctx, &send, b)?;
     comm_s += dt;
     drop(send);
-    let mut o = ctx.ops.zeros(a, &[geo.b * geo.s_loc, a_r * d]);
+    let mut o = ctx.zeros(a, &[geo.b * geo.s_loc, a_r * d])?;
     ctx.ops
         .ulysses_unpack(&geo, Seq, &recv, &parts[..1], &mut [&mut o])?;
     drop(recv);
@@ -138,7 +144,7 @@ pub fn forward(
         cp.stats.score_elements += work;
     }
     cp.record(false, 0, compute_s, comm_s);
-    let attn = saved_lse(keep, lse);
+    let attn = saved_lse::<B>(&ctx.ops, keep, lse);
     Ok((
         o,
         CoreSaved {
@@ -150,25 +156,25 @@ pub fn forward(
     ))
 }
 
-pub fn backward(
-    ctx: &mut Ctx,
+pub fn backward<B: Backend>(
+    ctx: &mut Ctx<B>,
     _layer: u32,
-    s: CoreSaved,
-    d_rows: Tensor,
-    dout: Tensor,
-) -> Result<(Tensor, Tensor, Tensor), ExecError> {
+    s: CoreSaved<B>,
+    d_rows: B::Tensor,
+    dout: B::Tensor,
+) -> Result<Grads<B>, ExecError> {
     let (geo, sh, all) = setup(ctx);
     let CoreSaved { q, k, v, attn } = s;
     let lse = match attn {
         AttnSaved::Lse(l) => l,
         // Selective recomputation: the head group's attention again (no communication).
-        _ => attend(&ctx.ops, &geo, &sh, &all, &q, &k, &v)?.1,
+        _ => attend::<B>(&ctx.ops, &geo, &sh, &all, &q, &k, &v)?.1,
     };
     let (a_r, g_r, d) = (ctx.rd.a_r, ctx.rd.g_r, ctx.rd.d);
     let b = Category::Buffers;
     let seq_rows = geo.b * geo.s_loc;
     let out_parts = [Part { heads: a_r, e: d }, Part { heads: a_r, e: 1 }];
-    let mut send = ctx.ops.zeros(b, &[dout.len() + d_rows.len()]);
+    let mut send = ctx.zeros(b, &[dout.len() + d_rows.len()])?;
     ctx.ops.ulysses_pack(
         &geo,
         Seq,
@@ -180,16 +186,16 @@ pub fn backward(
     drop(send);
     let s = geo.s_loc * geo.cp;
     let rows = geo.b * s;
-    let mut doh = ctx.ops.zeros(b, &[rows, sh.hq * d]);
-    let mut delta = ctx.ops.zeros(b, &[rows * sh.hq]);
+    let mut doh = ctx.zeros(b, &[rows, sh.hq * d])?;
+    let mut delta = ctx.zeros(b, &[rows * sh.hq])?;
     ctx.ops
         .ulysses_unpack(&geo, Head, &recv, &out_parts, &mut [&mut doh, &mut delta])?;
     drop(recv);
-    let mut dqh = ctx.ops.zeros(b, &[rows, sh.hq * d]);
-    let mut dkh = ctx.ops.zeros(b, &[rows, sh.hk * d]);
-    let mut dvh = ctx.ops.zeros(b, &[rows, sh.hk * d]);
-    let mut p_tile = ctx.ops.zeros(b, &[geo.s_loc, geo.s_loc]);
-    let mut dp_tile = ctx.ops.zeros(b, &[geo.s_loc, geo.s_loc]);
+    let mut dqh = ctx.zeros(b, &[rows, sh.hq * d])?;
+    let mut dkh = ctx.zeros(b, &[rows, sh.hk * d])?;
+    let mut dvh = ctx.zeros(b, &[rows, sh.hk * d])?;
+    let mut p_tile = ctx.zeros(b, &[geo.s_loc, geo.s_loc])?;
+    let mut dp_tile = ctx.zeros(b, &[geo.s_loc, geo.s_loc])?;
     let side = Side {
         pos: &all,
         tile: geo.s_loc,
@@ -219,7 +225,7 @@ pub fn backward(
         Part { heads: g_r, e: d },
         Part { heads: g_r, e: d },
     ];
-    let mut send = ctx.ops.zeros(b, &[dqh.len() + dkh.len() + dvh.len()]);
+    let mut send = ctx.zeros(b, &[dqh.len() + dkh.len() + dvh.len()])?;
     ctx.ops.ulysses_pack(
         &geo,
         Head,
@@ -230,9 +236,9 @@ pub fn backward(
     let (recv, dt) = exchange(ctx, &send, b)?;
     comm_s += dt;
     drop(send);
-    let mut dq = ctx.ops.zeros(b, &[seq_rows, a_r * d]);
-    let mut dk = ctx.ops.zeros(b, &[seq_rows, g_r * d]);
-    let mut dv = ctx.ops.zeros(b, &[seq_rows, g_r * d]);
+    let mut dq = ctx.zeros(b, &[seq_rows, a_r * d])?;
+    let mut dk = ctx.zeros(b, &[seq_rows, g_r * d])?;
+    let mut dv = ctx.zeros(b, &[seq_rows, g_r * d])?;
     ctx.ops
         .ulysses_unpack(&geo, Seq, &recv, &parts, &mut [&mut dq, &mut dk, &mut dv])?;
     drop(recv);
