@@ -191,6 +191,8 @@ pub trait Device<B: Backend>: TensorOps<B> {
     ) -> Result<B::Tensor, ExecError>;
     /// The elements of a view, widened to f32.
     fn download(&self, t: View<'_, B::Tensor>) -> Result<Vec<f32>, ExecError>;
+    /// FLOPs and seconds of the device's matrix multiplications so far.
+    fn gemm_stats(&self) -> (f64, f64);
     /// Moves a tensor to another memory category (a temporary kept as an activation).
     fn recat(&self, t: B::Tensor, cat: Category) -> B::Tensor;
     /// An event at the current point of the compute stream.
@@ -202,6 +204,24 @@ pub trait Device<B: Backend>: TensorOps<B> {
 /// Collectives on device tensors, with NCCL's semantics within a group (see [`Collectives`]
 /// for each one's contract), plus point-to-point messages.
 pub trait DeviceCollectives<B: Backend> {
+    /// This rank's handle on the group of `members` (global ranks, in member order).
+    fn group(&self, members: &[u32]) -> Result<B::Group, ExecError>;
+    /// In-place reduce-scatter of a flat buffer held whole by every member: afterwards
+    /// `buf[mine]` is the sum over members of their `buf[mine]` (ZeRO-1's gradient step).
+    fn reduce_scatter_in_place(
+        &self,
+        g: &B::Group,
+        buf: &mut B::Tensor,
+        mine: Range<usize>,
+    ) -> Result<(), ExecError>;
+    /// In-place all-gather of a flat buffer whose shard `mine` is this member's: afterwards
+    /// every member holds every member's shard (the updated parameters of ZeRO 1/2).
+    fn all_gather_in_place(
+        &self,
+        g: &B::Group,
+        buf: &mut B::Tensor,
+        mine: Range<usize>,
+    ) -> Result<(), ExecError>;
     fn all_reduce(
         &self,
         g: &B::Group,

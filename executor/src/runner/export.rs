@@ -2,8 +2,9 @@
 //! its global tensor name and index, and their assembly into global tensors.
 
 use super::rank::Rank;
-use crate::backend::{Collectives, ReduceOp};
+use crate::backend::{Backend, Device, DeviceCollectives, ReduceOp, View, ViewMut};
 use crate::error::ExecError;
+use crate::memory::Category;
 use crate::model::params::layout_len;
 use std::collections::{BTreeMap, HashMap};
 
@@ -27,7 +28,7 @@ pub(super) fn assemble(items: Vec<&[Element]>) -> BTreeMap<String, Vec<f32>> {
         .collect()
 }
 
-impl Rank<'_> {
+impl<B: Backend> Rank<'_, B> {
     /// Sums the gradients over TP (SP norm partials) and DP (expert DP for the experts), as
     /// the optimizer step would.
     pub(super) fn reduce_for_export(&mut self) -> Result<(), ExecError> {
@@ -35,14 +36,20 @@ impl Rank<'_> {
             self.reduce_sp_norms()?;
         }
         for sp in self.spaces() {
-            self.ctx
-                .comm
-                .all_reduce(&self.groups[sp], self.grads[sp].data_mut(), ReduceOp::Sum)?;
+            self.ctx.comm.all_reduce(
+                &self.groups[sp],
+                ViewMut::all(&mut self.grads[sp]),
+                ReduceOp::Sum,
+            )?;
         }
         Ok(())
     }
 
-    pub(super) fn export_grads(&self) -> Vec<Element> {
+    pub(super) fn export_grads(&self) -> Result<Vec<Element>, ExecError> {
+        let full = [
+            self.ctx.ops.download(View::all(&self.grads[0]))?,
+            self.ctx.ops.download(View::all(&self.grads[1]))?,
+        ];
         let mut out = Vec::new();
         for b in &self.blocks {
             for t in &b.tensors {
@@ -51,12 +58,12 @@ impl Rank<'_> {
                     out.push((
                         s.name.clone(),
                         gi,
-                        self.grads[b.space].data()[b.range.start + t.offset + i],
+                        full[b.space][b.range.start + t.offset + i],
                     ));
                 }
             }
         }
-        out
+        Ok(out)
     }
 
     /// Every parameter element with its global tensor name and index.
@@ -65,17 +72,17 @@ impl Rank<'_> {
         for sp in self.spaces() {
             let total = layout_len(&self.blocks, sp);
             full[sp] = if self.zero >= 3 {
-                let mut out = vec![0.0; total];
+                let mut out = self.ctx.zeros(Category::Buffers, &[total])?;
                 self.ctx.comm.gather_range(
                     &self.groups[sp],
                     self.shards[sp].start,
-                    self.params[sp].data(),
+                    View::all(&self.params[sp]),
                     0..total,
-                    &mut out,
+                    ViewMut::all(&mut out),
                 )?;
-                out
+                self.ctx.ops.download(View::all(&out))?
             } else {
-                self.params[sp].data().to_vec()
+                self.ctx.ops.download(View::all(&self.params[sp]))?
             };
         }
         let mut out = Vec::new();

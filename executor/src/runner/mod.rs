@@ -6,7 +6,7 @@ mod export;
 mod rank;
 mod zero;
 
-use crate::backend::cpu::{CpuComm, World};
+use crate::backend::cpu::{Cpu, CpuComm, CpuOps, World};
 use crate::error::{ExecError, OptionsError};
 use crate::plan::Plan;
 pub use crate::report::{PhaseTimes, RankReport, RunReport};
@@ -68,7 +68,7 @@ pub fn run_cpu(plan: &Plan, opts: &RunOptions) -> Result<RunReport, ExecError> {
                 s.spawn(move || {
                     let comm = CpuComm::new(rp.rank, Arc::clone(&world));
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        run_rank(plan, rp, &comm, opts)
+                        run_rank::<Cpu>(plan, rp, CpuOps::new(), &comm, opts)
                     }));
                     let r = match r {
                         Ok(r) => r,

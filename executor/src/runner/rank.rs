@@ -6,8 +6,7 @@
 use super::export::Element;
 use super::zero::params_of;
 use super::{zero, RunOptions};
-use crate::backend::cpu::{Cpu, CpuComm, CpuOps, Group, Tensor};
-use crate::backend::{Collectives, ViewMut};
+use crate::backend::{Backend, Device, DeviceCollectives, DeviceTensor, TensorOps, View, ViewMut};
 use crate::error::{ExecError, StateError};
 use crate::memory::Category;
 use crate::model::ends::{embedding_bwd, embedding_fwd, output_bwd, output_fwd, OutputSaved};
@@ -31,39 +30,39 @@ pub(super) struct RankOutput {
     pub(super) grads: Vec<Element>,
 }
 
-enum BlockSaved {
+enum BlockSaved<B: Backend> {
     Embedding(Vec<u32>),
-    Layer(Box<LayerSaved<Cpu>>),
-    LayerInput(Tensor),
-    Output(OutputSaved<Cpu>),
+    Layer(Box<LayerSaved<B>>),
+    LayerInput(B::Tensor),
+    Output(OutputSaved<B>),
     /// An MoE layer's experts block: its state is saved with its layer.
     Experts,
 }
 
-type BlockTasks = Vec<(usize, Vec<WTask<Cpu>>)>;
+type BlockTasks<B> = Vec<(usize, Vec<WTask<B>>)>;
 
 /// One rank's state across steps.
-pub(super) struct Rank<'a> {
+pub(super) struct Rank<'a, B: Backend> {
     pub(super) plan: &'a Plan,
     pub(super) rp: &'a RankPlan,
-    pub(super) ctx: Ctx<'a, Cpu>,
+    pub(super) ctx: Ctx<'a, B>,
     /// Per space (dense, experts): the group over which gradients reduce and ZeRO shards
     /// (DP, expert DP), this rank's shard, parameters, gradients and Adam moments.
-    pub(super) groups: [Group; 2],
+    pub(super) groups: [B::Group; 2],
     pub(super) blocks: Vec<BlockLayout>,
     stage_blocks: HashMap<u32, Range<usize>>,
     pub(super) zero: u8,
     pub(super) shards: [Range<usize>; 2],
-    pub(super) params: [Tensor; 2],
-    pub(super) grads: [Tensor; 2],
-    pub(super) m: [Tensor; 2],
-    pub(super) v: [Tensor; 2],
+    pub(super) params: [B::Tensor; 2],
+    pub(super) grads: [B::Tensor; 2],
+    pub(super) m: [B::Tensor; 2],
+    pub(super) v: [B::Tensor; 2],
     pub(super) step: u32,
-    pub(super) cache: VecDeque<(usize, Rc<Tensor>)>,
-    saved: HashMap<(u32, u32), Vec<BlockSaved>>,
-    wtasks: HashMap<(u32, u32), BlockTasks>,
-    mailbox: HashMap<(u32, u32, bool), Tensor>,
-    recv_buf: Option<Tensor>,
+    pub(super) cache: VecDeque<(usize, Rc<B::Tensor>)>,
+    saved: HashMap<(u32, u32), Vec<BlockSaved<B>>>,
+    wtasks: HashMap<(u32, u32), BlockTasks<B>>,
+    mailbox: HashMap<(u32, u32, bool), B::Tensor>,
+    recv_buf: Option<B::Tensor>,
     pub(super) loss_sum: f64,
     pub(super) grad_scale: f32,
 }
@@ -72,24 +71,19 @@ fn tag(stage: u32, mb: u32, grad: bool) -> u64 {
     ((stage as u64) << 33) | ((mb as u64) << 1) | grad as u64
 }
 
-pub(super) fn run_rank(
+pub(super) fn run_rank<B: Backend>(
     plan: &Plan,
     rp: &RankPlan,
-    comm: &CpuComm,
+    ops: B::Device,
+    comm: &B::Comm,
     opts: &RunOptions,
 ) -> Result<RankOutput, ExecError> {
-    let tp = comm.group(&rp.tp_group);
-    let dp = comm.group(&rp.dp_group);
-    let mut ctx = Ctx::<Cpu>::new(
-        plan,
-        CpuOps::new(),
-        comm,
-        tp,
-        rp.coords.tp,
-        comm.group(&rp.cp_group),
-    )?;
-    let ep = comm.group(&rp.ep_group);
-    let ep_rank = ep.index as u32;
+    let tp = comm.group(&rp.tp_group)?;
+    let dp = comm.group(&rp.dp_group)?;
+    let cp = comm.group(&rp.cp_group)?;
+    let mut ctx = Ctx::<B>::new(plan, ops, comm, tp, rp.coords.tp, cp)?;
+    let ep = comm.group(&rp.ep_group)?;
+    let ep_rank = crate::backend::ProcessGroup::index(&ep) as u32;
     if plan.model.moe.is_some() {
         ctx.ep = Some(ep);
     }
@@ -106,14 +100,18 @@ pub(super) fn run_rank(
         stage_blocks.insert(s, r);
     }
     let zero = plan.parallel.zero;
-    let groups = [dp, comm.group(&rp.expert_dp_group)];
+    let groups = [dp, comm.group(&rp.expert_dp_group)?];
     let space =
-        |sp: usize| zero::init_space(&ctx.ops, plan, &blocks, &groups[sp], sp, &opts.perturb);
-    let (s0, p0, g0, m0, v0) = space(DENSE_SPACE);
-    let (s1, p1, g1, m1, v1) = space(EXPERT_SPACE);
+        |sp: usize| zero::init_space::<B>(&ctx.ops, plan, &blocks, &groups[sp], sp, &opts.perturb);
+    let (s0, p0, g0, m0, v0) = space(DENSE_SPACE)?;
+    let (s1, p1, g1, m1, v1) = space(EXPERT_SPACE)?;
     let n_sp = ctx.n_sp;
     let h = plan.model.hidden;
     let pp = plan.parallel.pp > 1;
+    let recv_buf = match pp {
+        true => Some(ctx.zeros(Category::Buffers, &[n_sp, h])?),
+        false => None,
+    };
     let mut rank = Rank {
         plan,
         rp,
@@ -131,7 +129,7 @@ pub(super) fn run_rank(
         saved: HashMap::new(),
         wtasks: HashMap::new(),
         mailbox: HashMap::new(),
-        recv_buf: pp.then(|| ctx.ops.zeros(Category::Buffers, &[n_sp, h])),
+        recv_buf,
         loss_sum: 0.0,
         grad_scale: 1.0 / (plan.global_batch() * plan.model.seq) as f32,
         ctx,
@@ -192,14 +190,14 @@ pub(super) fn run_rank(
     let tracker = rank.ctx.ops.memory();
     let (peak, category_max, peak_site) =
         (tracker.peak(), tracker.category_max(), tracker.peak_site());
-    let (gemm_flops, gemm_seconds) = rank.ctx.ops.gemm_counter().get();
+    let (gemm_flops, gemm_seconds) = rank.ctx.ops.gemm_stats();
     let params = if opts.export_params {
         rank.export()?
     } else {
         Vec::new()
     };
     let grads = if opts.export_grads {
-        rank.export_grads()
+        rank.export_grads()?
     } else {
         Vec::new()
     };
@@ -224,7 +222,7 @@ pub(super) fn run_rank(
     })
 }
 
-impl<'a> Rank<'a> {
+impl<'a, B: Backend> Rank<'a, B> {
     fn act(&mut self, a: Action) -> Result<(), ExecError> {
         match a {
             Action::Forward { stage, mb } => self.forward(stage, mb),
@@ -268,20 +266,21 @@ impl<'a> Rank<'a> {
             .mailbox
             .remove(&(stage, mb, grad))
             .ok_or_else(|| self.missing("tensor to send", stage, mb))?;
-        self.ctx.comm.send(to, tag(stage, mb, grad), t.data())
+        self.ctx.comm.send(to, tag(stage, mb, grad), View::all(&t))
     }
 
     fn recv(&mut self, from: u32, stage: u32, mb: u32, grad: bool) -> Result<(), ExecError> {
         let buf = self.recv_buf.as_mut().expect("pp buffers");
         self.ctx
             .comm
-            .recv(from, tag(stage, mb, grad), buf.data_mut())?;
+            .recv(from, tag(stage, mb, grad), ViewMut::all(buf))?;
         let cat = if grad {
             Category::Buffers
         } else {
             Category::Activations
         };
-        let t = self.ctx.ops.copy_of(cat, buf.shape(), buf.data());
+        let mut t = self.ctx.zeros(cat, buf.shape())?;
+        self.ctx.ops.copy(View::all(buf), ViewMut::all(&mut t))?;
         self.mailbox.insert((stage, mb, grad), t);
         Ok(())
     }
@@ -322,12 +321,11 @@ impl<'a> Rank<'a> {
         let mut x = if matches!(self.blocks[bidx.start].kind, BlockKind::Embedding) {
             None
         } else {
-            Some(
-                self.mailbox
-                    .remove(&(stage.wrapping_sub(1), mb, false))
-                    .ok_or_else(|| self.missing("input activation", stage, mb))?
-                    .recat(Category::Activations),
-            )
+            let t = self
+                .mailbox
+                .remove(&(stage.wrapping_sub(1), mb, false))
+                .ok_or_else(|| self.missing("input activation", stage, mb))?;
+            Some(self.ctx.ops.recat(t, Category::Activations))
         };
         let mut saved = Vec::with_capacity(bidx.len());
         let mut targets = Some(targets);
@@ -339,7 +337,7 @@ impl<'a> Rank<'a> {
             }
             let (h, eh) = self.block_handles(bi)?;
             let p = params_of(&self.params, &h);
-            let experts: Experts<Cpu> = eh
+            let experts: Experts<B> = eh
                 .as_ref()
                 .map(|(ei, eh)| (&self.blocks[*ei], params_of(&self.params, eh)));
             let l = &self.blocks[bi];
@@ -373,7 +371,7 @@ impl<'a> Rank<'a> {
         if let Some(y) = x {
             // Waiting to be sent (or handed to the next chunk on this rank): a send buffer.
             self.mailbox
-                .insert((stage, mb, false), y.recat(Category::Buffers));
+                .insert((stage, mb, false), self.ctx.ops.recat(y, Category::Buffers));
         }
         self.saved.insert((stage, mb), saved);
         Ok(())
@@ -401,7 +399,7 @@ impl<'a> Rank<'a> {
                     .ok_or_else(|| self.missing("output gradient", stage, mb))?,
             )
         };
-        let mut held: BlockTasks = Vec::new();
+        let mut held: BlockTasks<B> = Vec::new();
         for (bi, s) in bidx.rev().zip(saved.into_iter().rev()) {
             if matches!(s, BlockSaved::Experts) {
                 // Its backward runs with its layer's.
@@ -412,19 +410,19 @@ impl<'a> Rank<'a> {
             self.cache.retain(|(b, _)| *b == bi || Some(*b) == ei);
             let (h, eh) = self.block_handles(bi)?;
             let p = params_of(&self.params, &h);
-            let experts: Experts<Cpu> = eh
+            let experts: Experts<B> = eh
                 .as_ref()
                 .map(|(ei, eh)| (&self.blocks[*ei], params_of(&self.params, eh)));
             let l = &self.blocks[bi];
             let le = ei.map(|ei| &self.blocks[ei]);
             // ZeRO-2/3: the gradient bucket is allocated at the first weight gradient, after a
             // full recompute's forward rerun.
-            let mut bucket: Option<Tensor> = None;
-            let mut ebucket: Option<Tensor> = None;
+            let mut bucket: Option<B::Tensor> = None;
+            let mut ebucket: Option<B::Tensor> = None;
             let use_bucket = immediate && self.zero >= 2;
             let grads = &mut self.grads;
             let mut kept = Vec::new();
-            let mut sink = |c: &mut Ctx<Cpu>, t: WTask<Cpu>| -> Result<(), ExecError> {
+            let mut sink = |c: &mut Ctx<B>, t: WTask<B>| -> Result<(), ExecError> {
                 if !immediate {
                     kept.push(t.hold(c, l)?);
                     return Ok(());
@@ -437,8 +435,10 @@ impl<'a> Rank<'a> {
                     (l, &mut bucket, DENSE_SPACE)
                 };
                 if use_bucket {
-                    let b =
-                        bk.get_or_insert_with(|| c.ops.zeros(Category::Buffers, &[tl.range.len()]));
+                    if bk.is_none() {
+                        *bk = Some(c.zeros(Category::Buffers, &[tl.range.len()])?);
+                    }
+                    let b = bk.as_mut().expect("bucket");
                     t.run(c, tl, ViewMut::all(b))
                 } else {
                     t.run(
@@ -498,11 +498,12 @@ impl<'a> Rank<'a> {
             }
             if let (Some(ei), true) = (ei, use_bucket) {
                 // Every member of the expert-DP group flushes, even with no tokens routed here.
-                let b = ebucket.unwrap_or_else(|| {
-                    self.ctx
-                        .ops
-                        .zeros(Category::Buffers, &[self.blocks[ei].range.len()])
-                });
+                let b = match ebucket {
+                    Some(b) => b,
+                    None => self
+                        .ctx
+                        .zeros(Category::Buffers, &[self.blocks[ei].range.len()])?,
+                };
                 self.flush_bucket(ei, b)?;
             }
             if !immediate {
@@ -519,7 +520,7 @@ impl<'a> Rank<'a> {
     }
 
     /// Runs block `bi`'s held weight-gradient tasks (a W action), its experts' included.
-    fn run_tasks(&mut self, bi: usize, tasks: Vec<WTask<Cpu>>) -> Result<(), ExecError> {
+    fn run_tasks(&mut self, bi: usize, tasks: Vec<WTask<B>>) -> Result<(), ExecError> {
         let ei = self.experts_of(bi);
         let l = &self.blocks[bi];
         let le = ei.map(|ei| &self.blocks[ei]);
@@ -544,8 +545,11 @@ impl<'a> Rank<'a> {
             return Ok(());
         }
         self.cache.clear();
-        let mut bucket = self.ctx.ops.zeros(Category::Buffers, &[l.range.len()]);
-        let mut ebucket = le.map(|le| self.ctx.ops.zeros(Category::Buffers, &[le.range.len()]));
+        let mut bucket = self.ctx.zeros(Category::Buffers, &[l.range.len()])?;
+        let mut ebucket = match le {
+            Some(le) => Some(self.ctx.zeros(Category::Buffers, &[le.range.len()])?),
+            None => None,
+        };
         for t in tasks {
             if t.is_expert() {
                 let (le, b) = le.zip(ebucket.as_mut()).ok_or_else(no_block)?;

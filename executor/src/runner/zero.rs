@@ -19,9 +19,11 @@
 //! expert-data-parallel group (the ranks holding the same experts) in place of DP.
 
 use super::rank::Rank;
-use crate::backend::cpu::{Category, CpuOps, Group, Tensor};
-use crate::backend::{Collectives, HostOps, ReduceOp, View};
+use crate::backend::{
+    Backend, DType, Device, DeviceCollectives, ProcessGroup, ReduceOp, TensorOps, View, ViewMut,
+};
 use crate::error::ExecError;
+use crate::memory::Category;
 use crate::model::params::{init_range, layout_len, BlockLayout, DENSE_SPACE, EXPERT_SPACE};
 use crate::plan::Plan;
 use std::ops::Range;
@@ -30,22 +32,28 @@ use std::rc::Rc;
 /// One space's state on a rank: its shard of the flat buffer, parameters (whole, or the
 /// shard under ZeRO-3), gradients (whole, or the shard under ZeRO 2/3) and Adam moments
 /// (whole under ZeRO-0, else the shard).
-pub(super) type SpaceState = (Range<usize>, Tensor, Tensor, Tensor, Tensor);
+pub(super) type SpaceState<B> = (
+    Range<usize>,
+    <B as Backend>::Tensor,
+    <B as Backend>::Tensor,
+    <B as Backend>::Tensor,
+    <B as Backend>::Tensor,
+);
 
 /// Initialises space `sp` of `blocks` for a member of `group` (its ZeRO group), with the
 /// finite-difference perturbations applied.
-pub(super) fn init_space(
-    ops: &CpuOps,
+pub(super) fn init_space<B: Backend>(
+    ops: &B::Device,
     plan: &Plan,
     blocks: &[BlockLayout],
-    g: &Group,
+    g: &B::Group,
     sp: usize,
     perturb: &[(String, usize, f32)],
-) -> SpaceState {
+) -> Result<SpaceState<B>, ExecError> {
     let zero = plan.parallel.zero;
     let total = layout_len(blocks, sp);
     let per = total.div_ceil(g.size());
-    let shard = (g.index * per).min(total)..((g.index + 1) * per).min(total);
+    let shard = (g.index() * per).min(total)..((g.index() + 1) * per).min(total);
     let prange = if zero >= 3 { shard.clone() } else { 0..total };
     let mut pdata = vec![0.0f32; prange.len()];
     init_range(plan.seed, blocks, sp, prange.clone(), &mut pdata);
@@ -62,25 +70,33 @@ pub(super) fn init_space(
             }
         }
     }
-    let params = ops.from_vec(Category::Weights, &[prange.len()], pdata);
+    // The initial values are made on the host (the seeded generator) and uploaded once.
+    let params = ops.upload(Category::Weights, DType::F32, &[prange.len()], &pdata)?;
+    drop(pdata);
     let glen = if zero >= 2 { shard.len() } else { total };
     let olen = if zero >= 1 { shard.len() } else { total };
-    (
+    Ok((
         shard,
         params,
-        ops.zeros(Category::Gradients, &[glen]),
-        ops.zeros(Category::Optimizer, &[olen]),
-        ops.zeros(Category::Optimizer, &[olen]),
-    )
+        ops.alloc(Category::Gradients, DType::F32, &[glen])?,
+        ops.alloc(Category::Optimizer, DType::F32, &[olen])?,
+        ops.alloc(Category::Optimizer, DType::F32, &[olen])?,
+    ))
 }
 
 /// A block's parameters: a range of the full flat buffer, or a gathered copy (ZeRO-3).
-pub(super) enum Handle {
+/// A block's parameters and its experts block's (index, parameters).
+pub(super) type BlockHandles<T> = (Handle<T>, Option<(usize, Handle<T>)>);
+
+pub(super) enum Handle<T> {
     Flat(usize, Range<usize>),
-    Gathered(Rc<Tensor>),
+    Gathered(Rc<T>),
 }
 
-pub(super) fn params_of<'p>(params: &'p [Tensor; 2], h: &'p Handle) -> View<'p, Tensor> {
+pub(super) fn params_of<'p, T: crate::backend::DeviceTensor>(
+    params: &'p [T; 2],
+    h: &'p Handle<T>,
+) -> View<'p, T> {
     match h {
         Handle::Flat(space, r) => View {
             tensor: &params[*space],
@@ -90,9 +106,9 @@ pub(super) fn params_of<'p>(params: &'p [Tensor; 2], h: &'p Handle) -> View<'p, 
     }
 }
 
-impl Rank<'_> {
+impl<B: Backend> Rank<'_, B> {
     /// The parameters of block `bi` (gathering them over its space's group under ZeRO-3).
-    pub(super) fn handle(&mut self, bi: usize) -> Result<Handle, ExecError> {
+    pub(super) fn handle(&mut self, bi: usize) -> Result<Handle<B::Tensor>, ExecError> {
         let r = self.blocks[bi].range.clone();
         let sp = self.blocks[bi].space;
         if self.zero < 3 {
@@ -104,13 +120,13 @@ impl Rank<'_> {
         if self.cache.len() == 2 {
             self.cache.pop_front();
         }
-        let mut t = self.ctx.ops.zeros(Category::Buffers, &[r.len()]);
+        let mut t = self.ctx.zeros(Category::Buffers, &[r.len()])?;
         self.ctx.comm.gather_range(
             &self.groups[sp],
             self.shards[sp].start,
-            self.params[sp].data(),
+            View::all(&self.params[sp]),
             r,
-            t.data_mut(),
+            ViewMut::all(&mut t),
         )?;
         let t = Rc::new(t);
         self.cache.push_back((bi, Rc::clone(&t)));
@@ -123,7 +139,7 @@ impl Rank<'_> {
     pub(super) fn block_handles(
         &mut self,
         bi: usize,
-    ) -> Result<(Handle, Option<(usize, Handle)>), ExecError> {
+    ) -> Result<BlockHandles<B::Tensor>, ExecError> {
         let h = self.handle(bi)?;
         let e = match self.experts_of(bi) {
             Some(ei) => Some((ei, self.handle(ei)?)),
@@ -134,13 +150,17 @@ impl Rank<'_> {
 
     /// ZeRO-2/3: sums a block's gradient bucket over TP where SP split the norms' tokens, and
     /// reduce-scatters it over its space's group (DP or expert DP) into this rank's shard.
-    pub(super) fn flush_bucket(&mut self, bi: usize, mut bucket: Tensor) -> Result<(), ExecError> {
+    pub(super) fn flush_bucket(
+        &mut self,
+        bi: usize,
+        mut bucket: B::Tensor,
+    ) -> Result<(), ExecError> {
         let l = &self.blocks[bi];
         if self.ctx.sp {
             for t in l.tensors.iter().filter(|t| t.tp_replicated) {
                 self.ctx.comm.all_reduce(
                     &self.ctx.tp,
-                    &mut bucket.data_mut()[t.range()],
+                    ViewMut::all(&mut bucket).sub(t.range()),
                     ReduceOp::Sum,
                 )?;
             }
@@ -149,9 +169,9 @@ impl Rank<'_> {
         self.ctx.comm.reduce_scatter_range(
             &self.groups[sp],
             l.range.start,
-            bucket.data(),
+            View::all(&bucket),
             self.shards[sp].clone(),
-            self.grads[sp].data_mut(),
+            ViewMut::all(&mut self.grads[sp]),
         )
     }
 
@@ -163,7 +183,10 @@ impl Rank<'_> {
                 let r = b.range.start + t.offset..b.range.start + t.offset + t.len();
                 comm.all_reduce(
                     &self.ctx.tp,
-                    &mut self.grads[DENSE_SPACE].data_mut()[r],
+                    ViewMut {
+                        tensor: &mut self.grads[DENSE_SPACE],
+                        range: r,
+                    },
                     ReduceOp::Sum,
                 )?;
             }
@@ -195,60 +218,48 @@ impl Rank<'_> {
             let g = &self.groups[sp];
             let (params, grads) = (&mut self.params[sp], &mut self.grads[sp]);
             let (m, v) = (&mut self.m[sp], &mut self.v[sp]);
+            let ops = &self.ctx.ops;
             match self.zero {
                 0 => {
-                    comm.all_reduce(g, grads.data_mut(), ReduceOp::Sum)?;
-                    self.ctx.ops.adam(
+                    comm.all_reduce(g, ViewMut::all(grads), ReduceOp::Sum)?;
+                    ops.adam(
                         &adam,
                         self.step,
-                        params.data_mut(),
-                        grads.data(),
-                        m.data_mut(),
-                        v.data_mut(),
-                    );
+                        ViewMut::all(params),
+                        View::all(grads),
+                        m,
+                        v,
+                    )?;
                 }
                 1 | 2 => {
-                    if self.zero == 1 {
-                        // Staging copy of the send side (NCCL's buffers, untracked).
-                        let all = grads.data().to_vec();
-                        grads.data_mut()[sh.clone()].fill(0.0);
-                        comm.reduce_scatter_range(
-                            g,
-                            0,
-                            &all,
-                            sh.clone(),
-                            &mut grads.data_mut()[sh.clone()],
-                        )?;
-                    }
-                    let gs: &[f32] = if self.zero == 1 {
-                        &grads.data()[sh.clone()]
+                    let gs = if self.zero == 1 {
+                        comm.reduce_scatter_in_place(g, grads, sh.clone())?;
+                        View::all(grads).sub(sh.clone())
                     } else {
-                        grads.data()
+                        View::all(grads)
                     };
-                    self.ctx.ops.adam(
+                    ops.adam(
                         &adam,
                         self.step,
-                        &mut params.data_mut()[sh.clone()],
+                        ViewMut::all(params).sub(sh.clone()),
                         gs,
-                        m.data_mut(),
-                        v.data_mut(),
-                    );
-                    let mine = params.data()[sh.clone()].to_vec();
-                    let total = params.len();
-                    comm.gather_range(g, sh.start, &mine, 0..total, params.data_mut())?;
+                        m,
+                        v,
+                    )?;
+                    comm.all_gather_in_place(g, params, sh.clone())?;
                 }
                 _ => {
-                    self.ctx.ops.adam(
+                    ops.adam(
                         &adam,
                         self.step,
-                        params.data_mut(),
-                        grads.data(),
-                        m.data_mut(),
-                        v.data_mut(),
-                    );
+                        ViewMut::all(params),
+                        View::all(grads),
+                        m,
+                        v,
+                    )?;
                 }
             }
-            grads.data_mut().fill(0.0);
+            self.ctx.ops.fill(grads, 0.0)?;
         }
         Ok(())
     }

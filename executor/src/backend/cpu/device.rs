@@ -101,6 +101,10 @@ impl Device<Cpu> for CpuOps {
         Ok(src(&t).to_vec())
     }
 
+    fn gemm_stats(&self) -> (f64, f64) {
+        self.gemm_counter().get()
+    }
+
     fn recat(&self, t: Tensor, cat: Category) -> Tensor {
         t.recat(cat)
     }
@@ -651,6 +655,45 @@ impl TensorOps<Cpu> for CpuOps {
 /// Collectives on tensors run the host-slice collectives on their storage; a bf16 result is
 /// rounded once, after the fp32 reduction (NCCL's bf16 reductions also round per hop).
 impl DeviceCollectives<Cpu> for CpuComm {
+    fn group(&self, members: &[u32]) -> Result<Group, ExecError> {
+        Ok(CpuComm::group(self, members))
+    }
+
+    fn reduce_scatter_in_place(
+        &self,
+        g: &Group,
+        buf: &mut Tensor,
+        mine: Range<usize>,
+    ) -> Result<(), ExecError> {
+        // Staging copy of the send side (NCCL's buffers, untracked).
+        let all = buf.data().to_vec();
+        buf.data_mut()[mine.clone()].fill(0.0);
+        Collectives::reduce_scatter_range(
+            self,
+            g,
+            0,
+            &all,
+            mine.clone(),
+            &mut buf.data_mut()[mine.clone()],
+        )?;
+        store(buf, mine);
+        Ok(())
+    }
+
+    fn all_gather_in_place(
+        &self,
+        g: &Group,
+        buf: &mut Tensor,
+        mine: Range<usize>,
+    ) -> Result<(), ExecError> {
+        // Staging copy of this member's shard (NCCL's buffers, untracked).
+        let shard = buf.data()[mine.clone()].to_vec();
+        let total = buf.len();
+        Collectives::gather_range(self, g, mine.start, &shard, 0..total, buf.data_mut())?;
+        store_all(buf);
+        Ok(())
+    }
+
     fn all_reduce(
         &self,
         g: &Group,
