@@ -235,6 +235,28 @@ pub struct RankPlan {
     pub actions: Vec<Action>,
 }
 
+/// The arithmetic recipe of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub enum Precision {
+    /// Everything fp32: the equivalence reference.
+    #[default]
+    Fp32,
+    /// The GPU's mixed-precision recipe: bf16 activations and weight copies, fp32 master
+    /// weights (kept with the optimizer states), gradients and Adam moments; matmuls and
+    /// reductions accumulate in fp32 and round to bf16 where their outputs are stored.
+    Bf16,
+}
+
+impl Precision {
+    /// The dtype of activations and weight copies.
+    pub fn compute_dtype(self) -> crate::backend::DType {
+        match self {
+            Precision::Fp32 => crate::backend::DType::F32,
+            Precision::Bf16 => crate::backend::DType::Bf16,
+        }
+    }
+}
+
 /// A whole plan.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Plan {

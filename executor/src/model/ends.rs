@@ -77,12 +77,12 @@ pub fn output_fwd<B: Backend>(
         c.ops.linear_fwd(xg, w, (n, h, v_r), &mut logits)
     })?;
     let lo = ctx.rd.tp_rank * v_r;
-    let row = |ctx: &Ctx<B>| ctx.zeros(Category::Buffers, &[n]);
+    let row = |ctx: &Ctx<B>| ctx.zeros_f32(Category::Buffers, &[n]);
     let mut max = row(ctx)?;
     ctx.ops.ce_row_max(&logits, &mut max)?;
     ctx.comm
         .all_reduce(&ctx.tp, ViewMut::all(&mut max), ReduceOp::Max)?;
-    let mut probs = ctx.zeros(Category::Activations, &[n, v_r])?;
+    let mut probs = ctx.zeros_f32(Category::Activations, &[n, v_r])?;
     let mut sum = row(ctx)?;
     ctx.ops.ce_exp(&logits, &max, &mut probs, &mut sum)?;
     ctx.comm

@@ -41,6 +41,8 @@ pub struct Ctx<'a, B: Backend> {
     pub rd: RankDims,
     /// The rank's device: allocation, memory tracker, tensor ops.
     pub ops: B::Device,
+    /// dtype of activations, activation gradients and weight copies (bf16 in mixed precision).
+    pub act_dtype: DType,
     pub comm: &'a B::Comm,
     pub tp: B::Group,
     pub sp: bool,
@@ -75,6 +77,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
         tp: B::Group,
         tp_rank: u32,
         cp: B::Group,
+        act_dtype: DType,
     ) -> Result<Ctx<'a, B>, ExecError> {
         let rd = RankDims::new(plan, tp_rank);
         let sp = plan.parallel.sp && plan.parallel.tp > 1;
@@ -85,7 +88,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
         let cp = (c > 1).then(|| cp::CpCtx::new(cp, cp_comm, m.seq));
         let n = plan.model.tokens() / c;
         let sp_buf = match sp {
-            true => Some(zeros::<B>(&ops, Category::Buffers, &[n, rd.h])?),
+            true => Some(ops.alloc(Category::Buffers, act_dtype, &[n, rd.h])?),
             false => None,
         };
         Ok(Ctx {
@@ -103,15 +106,23 @@ impl<'a, B: Backend> Ctx<'a, B> {
             recomputing: false,
             sp_buf,
             ops,
+            act_dtype,
             ep: None,
             moe_aux_loss: 0.0,
             moe_dropped: 0,
         })
     }
 
-    /// A zero-filled fp32 tensor on the rank's device.
+    /// A zero-filled tensor of the activation dtype on the rank's device.
     #[track_caller]
     pub fn zeros(&self, cat: Category, shape: &[usize]) -> Result<B::Tensor, ExecError> {
+        self.ops.alloc(cat, self.act_dtype, shape)
+    }
+
+    /// A zero-filled fp32 tensor whatever the recipe (statistics, the loss's softmax,
+    /// gradient buckets).
+    #[track_caller]
+    pub fn zeros_f32(&self, cat: Category, shape: &[usize]) -> Result<B::Tensor, ExecError> {
         zeros::<B>(&self.ops, cat, shape)
     }
 

@@ -71,7 +71,22 @@ impl<B: Backend> Rank<'_, B> {
         let mut full: [Vec<f32>; 2] = [Vec::new(), Vec::new()];
         for sp in self.spaces() {
             let total = layout_len(&self.blocks, sp);
-            full[sp] = if self.zero >= 3 {
+            full[sp] = if let Some(w) = self.master[sp].as_ref() {
+                // Mixed precision: the fp32 master weights are the parameters.
+                if self.zero >= 1 {
+                    let mut out = self.ctx.zeros_f32(Category::Buffers, &[total])?;
+                    self.ctx.comm.gather_range(
+                        &self.groups[sp],
+                        self.shards[sp].start,
+                        View::all(w),
+                        0..total,
+                        ViewMut::all(&mut out),
+                    )?;
+                    self.ctx.ops.download(View::all(&out))?
+                } else {
+                    self.ctx.ops.download(View::all(w))?
+                }
+            } else if self.zero >= 3 {
                 let mut out = self.ctx.zeros(Category::Buffers, &[total])?;
                 self.ctx.comm.gather_range(
                     &self.groups[sp],

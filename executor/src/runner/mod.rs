@@ -8,7 +8,7 @@ mod zero;
 
 use crate::backend::cpu::{Cpu, CpuComm, CpuOps, World};
 use crate::error::{ExecError, OptionsError};
-use crate::plan::Plan;
+use crate::plan::{Plan, Precision};
 pub use crate::report::{PhaseTimes, RankReport, RunReport};
 use rank::{run_rank, RankOutput};
 use std::sync::Arc;
@@ -28,6 +28,8 @@ pub struct RunOptions {
     /// Added to parameter elements (global tensor, flat index, delta) after initialisation:
     /// finite differences.
     pub perturb: Vec<(String, usize, f32)>,
+    /// fp32, or the bf16 mixed-precision recipe.
+    pub precision: Precision,
 }
 
 impl Default for RunOptions {
@@ -38,6 +40,7 @@ impl Default for RunOptions {
             export_params: false,
             export_grads: false,
             perturb: Vec::new(),
+            precision: Precision::Fp32,
         }
     }
 }

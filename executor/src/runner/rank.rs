@@ -54,6 +54,8 @@ pub(super) struct Rank<'a, B: Backend> {
     pub(super) zero: u8,
     pub(super) shards: [Range<usize>; 2],
     pub(super) params: [B::Tensor; 2],
+    /// Mixed precision: the fp32 master weights per space.
+    pub(super) master: [Option<B::Tensor>; 2],
     pub(super) grads: [B::Tensor; 2],
     pub(super) m: [B::Tensor; 2],
     pub(super) v: [B::Tensor; 2],
@@ -81,7 +83,8 @@ pub(super) fn run_rank<B: Backend>(
     let tp = comm.group(&rp.tp_group)?;
     let dp = comm.group(&rp.dp_group)?;
     let cp = comm.group(&rp.cp_group)?;
-    let mut ctx = Ctx::<B>::new(plan, ops, comm, tp, rp.coords.tp, cp)?;
+    let act_dtype = opts.precision.compute_dtype();
+    let mut ctx = Ctx::<B>::new(plan, ops, comm, tp, rp.coords.tp, cp, act_dtype)?;
     let ep = comm.group(&rp.ep_group)?;
     let ep_rank = crate::backend::ProcessGroup::index(&ep) as u32;
     if plan.model.moe.is_some() {
@@ -101,10 +104,19 @@ pub(super) fn run_rank<B: Backend>(
     }
     let zero = plan.parallel.zero;
     let groups = [dp, comm.group(&rp.expert_dp_group)?];
-    let space =
-        |sp: usize| zero::init_space::<B>(&ctx.ops, plan, &blocks, &groups[sp], sp, &opts.perturb);
-    let (s0, p0, g0, m0, v0) = space(DENSE_SPACE)?;
-    let (s1, p1, g1, m1, v1) = space(EXPERT_SPACE)?;
+    let space = |sp: usize| {
+        let g = &groups[sp];
+        zero::init_space::<B>(
+            &ctx.ops,
+            plan,
+            &blocks,
+            g,
+            sp,
+            &opts.perturb,
+            opts.precision,
+        )
+    };
+    let (d, e) = (space(DENSE_SPACE)?, space(EXPERT_SPACE)?);
     let n_sp = ctx.n_sp;
     let h = plan.model.hidden;
     let pp = plan.parallel.pp > 1;
@@ -119,11 +131,12 @@ pub(super) fn run_rank<B: Backend>(
         blocks,
         stage_blocks,
         zero,
-        shards: [s0, s1],
-        params: [p0, p1],
-        grads: [g0, g1],
-        m: [m0, m1],
-        v: [v0, v1],
+        shards: [d.shard, e.shard],
+        params: [d.params, e.params],
+        master: [d.master, e.master],
+        grads: [d.grads, e.grads],
+        m: [d.m, e.m],
+        v: [d.v, e.v],
         step: 0,
         cache: VecDeque::new(),
         saved: HashMap::new(),
@@ -436,7 +449,7 @@ impl<'a, B: Backend> Rank<'a, B> {
                 };
                 if use_bucket {
                     if bk.is_none() {
-                        *bk = Some(c.zeros(Category::Buffers, &[tl.range.len()])?);
+                        *bk = Some(c.zeros_f32(Category::Buffers, &[tl.range.len()])?);
                     }
                     let b = bk.as_mut().expect("bucket");
                     t.run(c, tl, ViewMut::all(b))
@@ -502,7 +515,7 @@ impl<'a, B: Backend> Rank<'a, B> {
                     Some(b) => b,
                     None => self
                         .ctx
-                        .zeros(Category::Buffers, &[self.blocks[ei].range.len()])?,
+                        .zeros_f32(Category::Buffers, &[self.blocks[ei].range.len()])?,
                 };
                 self.flush_bucket(ei, b)?;
             }
@@ -545,9 +558,9 @@ impl<'a, B: Backend> Rank<'a, B> {
             return Ok(());
         }
         self.cache.clear();
-        let mut bucket = self.ctx.zeros(Category::Buffers, &[l.range.len()])?;
+        let mut bucket = self.ctx.zeros_f32(Category::Buffers, &[l.range.len()])?;
         let mut ebucket = match le {
-            Some(le) => Some(self.ctx.zeros(Category::Buffers, &[le.range.len()])?),
+            Some(le) => Some(self.ctx.zeros_f32(Category::Buffers, &[le.range.len()])?),
             None => None,
         };
         for t in tasks {

@@ -25,20 +25,26 @@ use crate::backend::{
 use crate::error::ExecError;
 use crate::memory::Category;
 use crate::model::params::{init_range, layout_len, BlockLayout, DENSE_SPACE, EXPERT_SPACE};
-use crate::plan::Plan;
+use crate::plan::{Plan, Precision};
 use std::ops::Range;
 use std::rc::Rc;
 
-/// One space's state on a rank: its shard of the flat buffer, parameters (whole, or the
-/// shard under ZeRO-3), gradients (whole, or the shard under ZeRO 2/3) and Adam moments
-/// (whole under ZeRO-0, else the shard).
-pub(super) type SpaceState<B> = (
-    Range<usize>,
-    <B as Backend>::Tensor,
-    <B as Backend>::Tensor,
-    <B as Backend>::Tensor,
-    <B as Backend>::Tensor,
-);
+/// One space's state on a rank.
+pub(super) struct Space<T> {
+    /// This rank's shard of the flat buffer.
+    pub(super) shard: Range<usize>,
+    /// The parameters the model reads (whole, or the shard under ZeRO-3): fp32, or the bf16
+    /// weight copy in mixed precision.
+    pub(super) params: T,
+    /// Mixed precision: the fp32 master weights, kept with the optimizer states (whole under
+    /// ZeRO-0, else the shard).
+    pub(super) master: Option<T>,
+    /// fp32 gradients (whole, or the shard under ZeRO 2/3).
+    pub(super) grads: T,
+    /// Adam moments (whole under ZeRO-0, else the shard).
+    pub(super) m: T,
+    pub(super) v: T,
+}
 
 /// Initialises space `sp` of `blocks` for a member of `group` (its ZeRO group), with the
 /// finite-difference perturbations applied.
@@ -49,42 +55,55 @@ pub(super) fn init_space<B: Backend>(
     g: &B::Group,
     sp: usize,
     perturb: &[(String, usize, f32)],
-) -> Result<SpaceState<B>, ExecError> {
+    precision: Precision,
+) -> Result<Space<B::Tensor>, ExecError> {
     let zero = plan.parallel.zero;
     let total = layout_len(blocks, sp);
     let per = total.div_ceil(g.size());
     let shard = (g.index() * per).min(total)..((g.index() + 1) * per).min(total);
-    let prange = if zero >= 3 { shard.clone() } else { 0..total };
-    let mut pdata = vec![0.0f32; prange.len()];
-    init_range(plan.seed, blocks, sp, prange.clone(), &mut pdata);
-    for (name, gi, delta) in perturb {
-        for b in blocks.iter().filter(|b| b.space == sp) {
-            for t in &b.tensors {
-                for i in 0..t.len() {
-                    let (s, g) = t.global_of(i);
-                    let flat = b.range.start + t.offset + i;
-                    if &s.name == name && g == *gi && prange.contains(&flat) {
-                        pdata[flat - prange.start] += delta;
+    // The initial values of a range, made on the host (the seeded generator) and uploaded.
+    let values = |range: Range<usize>| {
+        let mut data = vec![0.0f32; range.len()];
+        init_range(plan.seed, blocks, sp, range.clone(), &mut data);
+        for (name, gi, delta) in perturb {
+            for b in blocks.iter().filter(|b| b.space == sp) {
+                for t in &b.tensors {
+                    for i in 0..t.len() {
+                        let (s, g) = t.global_of(i);
+                        let flat = b.range.start + t.offset + i;
+                        if &s.name == name && g == *gi && range.contains(&flat) {
+                            data[flat - range.start] += delta;
+                        }
                     }
                 }
             }
         }
-    }
-    // The initial values are made on the host (the seeded generator) and uploaded once.
-    let params = ops.upload(Category::Weights, DType::F32, &[prange.len()], &pdata)?;
-    drop(pdata);
+        data
+    };
+    let prange = if zero >= 3 { shard.clone() } else { 0..total };
+    let orange = if zero >= 1 { shard.clone() } else { 0..total };
+    let dtype = precision.compute_dtype();
+    let params = ops.upload(Category::Weights, dtype, &[prange.len()], &values(prange))?;
+    let master = match precision {
+        Precision::Fp32 => None,
+        Precision::Bf16 => Some(ops.upload(
+            Category::Optimizer,
+            DType::F32,
+            &[orange.len()],
+            &values(orange.clone()),
+        )?),
+    };
     let glen = if zero >= 2 { shard.len() } else { total };
-    let olen = if zero >= 1 { shard.len() } else { total };
-    Ok((
+    Ok(Space {
         shard,
         params,
-        ops.alloc(Category::Gradients, DType::F32, &[glen])?,
-        ops.alloc(Category::Optimizer, DType::F32, &[olen])?,
-        ops.alloc(Category::Optimizer, DType::F32, &[olen])?,
-    ))
+        master,
+        grads: ops.alloc(Category::Gradients, DType::F32, &[glen])?,
+        m: ops.alloc(Category::Optimizer, DType::F32, &[orange.len()])?,
+        v: ops.alloc(Category::Optimizer, DType::F32, &[orange.len()])?,
+    })
 }
 
-/// A block's parameters: a range of the full flat buffer, or a gathered copy (ZeRO-3).
 /// A block's parameters and its experts block's (index, parameters).
 pub(super) type BlockHandles<T> = (Handle<T>, Option<(usize, Handle<T>)>);
 
@@ -219,17 +238,14 @@ impl<B: Backend> Rank<'_, B> {
             let (params, grads) = (&mut self.params[sp], &mut self.grads[sp]);
             let (m, v) = (&mut self.m[sp], &mut self.v[sp]);
             let ops = &self.ctx.ops;
+            // Adam updates the fp32 master weights where mixed precision keeps them, else
+            // the parameters themselves; the bf16 copy is then rewritten from the master.
+            let master = self.master[sp].as_mut();
             match self.zero {
                 0 => {
                     comm.all_reduce(g, ViewMut::all(grads), ReduceOp::Sum)?;
-                    ops.adam(
-                        &adam,
-                        self.step,
-                        ViewMut::all(params),
-                        View::all(grads),
-                        m,
-                        v,
-                    )?;
+                    let target = master.map_or_else(|| ViewMut::all(&mut *params), ViewMut::all);
+                    ops.adam(&adam, self.step, target, View::all(grads), m, v)?;
                 }
                 1 | 2 => {
                     let gs = if self.zero == 1 {
@@ -238,26 +254,30 @@ impl<B: Backend> Rank<'_, B> {
                     } else {
                         View::all(grads)
                     };
-                    ops.adam(
-                        &adam,
-                        self.step,
-                        ViewMut::all(params).sub(sh.clone()),
-                        gs,
-                        m,
-                        v,
-                    )?;
+                    match master {
+                        Some(w) => {
+                            ops.adam(&adam, self.step, ViewMut::all(&mut *w), gs, m, v)?;
+                            ops.copy(View::all(w), ViewMut::all(params).sub(sh.clone()))?;
+                        }
+                        None => {
+                            let target = ViewMut {
+                                tensor: &mut *params,
+                                range: sh.clone(),
+                            };
+                            ops.adam(&adam, self.step, target, gs, m, v)?;
+                        }
+                    }
                     comm.all_gather_in_place(g, params, sh.clone())?;
+                    self.ctx.ops.fill(grads, 0.0)?;
+                    continue;
                 }
                 _ => {
-                    ops.adam(
-                        &adam,
-                        self.step,
-                        ViewMut::all(params),
-                        View::all(grads),
-                        m,
-                        v,
-                    )?;
+                    let target = master.map_or_else(|| ViewMut::all(&mut *params), ViewMut::all);
+                    ops.adam(&adam, self.step, target, View::all(grads), m, v)?;
                 }
+            }
+            if let Some(w) = self.master[sp].as_ref() {
+                self.ctx.ops.copy(View::all(w), ViewMut::all(params))?;
             }
             self.ctx.ops.fill(grads, 0.0)?;
         }

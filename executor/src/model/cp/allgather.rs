@@ -77,7 +77,7 @@ fn pass<B: Backend>(
     });
     let work = work?;
     drop(tile);
-    let mut lse = ctx.zeros(Category::Buffers, &[sh.b * sh.hq * s_loc])?;
+    let mut lse = ctx.zeros_f32(Category::Buffers, &[sh.b * sh.hq * s_loc])?;
     ctx.ops
         .flash_finish(&sh, s_loc, &mut acc, &st.max, &st.sum, &mut lse)?;
     if count {

@@ -168,7 +168,7 @@ pub fn row_delta<B: Backend>(
 ) -> Result<B::Tensor, ExecError> {
     let sh = shape(ctx);
     let rows = dout.rows() / sh.b;
-    let mut out = ctx.zeros(Category::Buffers, &[sh.b * rows * sh.hq])?;
+    let mut out = ctx.zeros_f32(Category::Buffers, &[sh.b * rows * sh.hq])?;
     ctx.ops.flash_delta(&sh, rows, dout, o, &mut out)?;
     Ok(out)
 }

@@ -187,7 +187,7 @@ pub fn backward<B: Backend>(
     let s = geo.s_loc * geo.cp;
     let rows = geo.b * s;
     let mut doh = ctx.zeros(b, &[rows, sh.hq * d])?;
-    let mut delta = ctx.zeros(b, &[rows * sh.hq])?;
+    let mut delta = ctx.zeros_f32(b, &[rows * sh.hq])?;
     ctx.ops
         .ulysses_unpack(&geo, Head, &recv, &out_parts, &mut [&mut doh, &mut delta])?;
     drop(recv);
