@@ -395,7 +395,16 @@ impl TensorOps<Cpu> for CpuOps {
         o: &mut Tensor,
         keep: Keep,
     ) -> Result<AttnSaved<Tensor>, ExecError> {
-        let saved = attention::attn_fwd(self, sh, q.data(), k.data(), v.data(), o.data_mut(), keep);
+        let saved = attention::attn_fwd(
+            self,
+            sh,
+            q.data(),
+            k.data(),
+            v.data(),
+            o.data_mut(),
+            keep,
+            q.dtype(),
+        );
         store_all(o);
         Ok(saved)
     }

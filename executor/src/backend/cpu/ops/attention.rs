@@ -4,9 +4,11 @@
 //! (Korthikanti et al. 2022). Without either (selective recompute) backward recomputes the
 //! softmax from Q and K.
 
+use super::elementwise::round_bf16_slice;
 use super::gemm::{gemm, GemmCounter, View};
 use crate::backend::cpu::tensor::Tensor;
 use crate::backend::cpu::CpuOps;
+use crate::backend::DType;
 pub use crate::backend::{AttnShape, Keep};
 use crate::memory::Category;
 
@@ -64,7 +66,10 @@ fn softmax_rows(sc: &mut [f32], s: usize, lse_out: Option<&mut [f32]>) {
     }
 }
 
-/// o = softmax(q k^T / sqrt(d), causal) v; returns what `keep` asks to save.
+/// o = softmax(q k^T / sqrt(d), causal) v; returns what `keep` asks to save. The
+/// probabilities are stored in `probs_dtype` (rounded before they multiply V, as a bf16 softmax
+/// kernel's output would be).
+#[allow(clippy::too_many_arguments)]
 pub fn attn_fwd(
     dev: &CpuOps,
     sh: &AttnShape,
@@ -73,11 +78,18 @@ pub fn attn_fwd(
     v: &[f32],
     o: &mut [f32],
     keep: Keep,
+    probs_dtype: DType,
 ) -> AttnSaved {
     let s = sh.s;
     let g = dev.gemm_counter();
     let mut probs = match keep {
-        Keep::Probs => Some(dev.zeros(Category::Activations, &[sh.b, sh.heads, s, s])),
+        Keep::Probs => Some(Tensor::typed(
+            dev.memory(),
+            Category::Activations,
+            probs_dtype,
+            &[sh.b, sh.heads, s, s],
+            vec![0.0; sh.b * sh.heads * s * s],
+        )),
         _ => None,
     };
     let mut lse = match keep {
@@ -99,6 +111,9 @@ pub fn attn_fwd(
                 lse.as_mut()
                     .map(|l| &mut l.data_mut()[idx * s..(idx + 1) * s]),
             );
+            if probs_dtype == DType::Bf16 {
+                round_bf16_slice(sc);
+            }
             let (qv, kv) = sh.views(bi, hq);
             gemm(g, 1.0, sc, View::rm(s, s), v, kv, 0.0, o, qv);
         }

@@ -330,7 +330,16 @@ mod tests {
         };
         let mut o_ref = vec![0.0; q.len()];
         let dev = CpuOps::new();
-        let saved = attn_fwd(&dev, &ash, &q, &k, &v, &mut o_ref, Keep::Probs);
+        let saved = attn_fwd(
+            &dev,
+            &ash,
+            &q,
+            &k,
+            &v,
+            &mut o_ref,
+            Keep::Probs,
+            crate::backend::DType::F32,
+        );
         let (mut dq_ref, mut dk_ref, mut dv_ref) =
             (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
         attn_bwd(
