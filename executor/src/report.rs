@@ -51,6 +51,9 @@ pub struct RankReport {
     pub peak: MemoryBreakdown,
     /// Each category's own maximum (reached at different moments).
     pub category_max: MemoryBreakdown,
+    /// Bytes the backend's allocator reserved at its peak (the CPU allocates exactly: equal
+    /// to `peak`; a caching device allocator rounds up).
+    pub reserved_peak: MemoryBreakdown,
     /// Source location of the allocation that reached the peak (diagnosis).
     pub peak_site: Option<String>,
     /// FLOPs and seconds of this rank's GEMMs over all steps.

@@ -108,6 +108,8 @@ fn bf16_tensors_count_two_bytes_and_master_weights_join_the_optimizer_states() {
     assert_eq!(b.gradients, 4 * params);
     assert_eq!(b.optimizer, 12 * params);
     assert_eq!(a.optimizer, 8 * params);
+    // The CPU allocates exactly: reserved bytes are the requested ones.
+    assert_eq!(bf16.ranks[0].reserved_peak, bf16.ranks[0].peak);
     // Activations are (mostly) bf16: fewer bytes, but not half (the loss's softmax is fp32).
     assert!(b.activations < a.activations && 2 * b.activations > a.activations);
 }

@@ -685,7 +685,10 @@ pub trait TensorOps<B: Backend> {
         parts: &[UlyssesPart],
         outs: &mut [&mut B::Tensor],
     ) -> Result<(), ExecError>;
-    /// Adam on fp32 master weights `p` with gradient `g` and moments `m`, `v`.
+    /// Adam on fp32 master weights `p` with gradient `g` and moments `m`, `v`; with
+    /// `weight_copy`, also writes the updated weights there (the bf16 copy the model reads, in
+    /// the same pass, as a fused mixed-precision optimizer kernel does).
+    #[allow(clippy::too_many_arguments)]
     fn adam(
         &self,
         c: &AdamConfig,
@@ -694,6 +697,7 @@ pub trait TensorOps<B: Backend> {
         g: View<'_, B::Tensor>,
         m: &mut B::Tensor,
         v: &mut B::Tensor,
+        weight_copy: Option<ViewMut<'_, B::Tensor>>,
     ) -> Result<(), ExecError>;
 }
 

@@ -203,6 +203,7 @@ pub(super) fn run_rank<B: Backend>(
     let tracker = rank.ctx.ops.memory();
     let (peak, category_max, peak_site) =
         (tracker.peak(), tracker.category_max(), tracker.peak_site());
+    let reserved_peak = tracker.reserved_peak();
     let (gemm_flops, gemm_seconds) = rank.ctx.ops.gemm_stats();
     let params = if opts.export_params {
         rank.export()?
@@ -222,6 +223,7 @@ pub(super) fn run_rank<B: Backend>(
             phases,
             peak,
             category_max,
+            reserved_peak,
             peak_site,
             gemm_flops,
             gemm_seconds,

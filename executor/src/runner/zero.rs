@@ -20,7 +20,8 @@
 
 use super::rank::Rank;
 use crate::backend::{
-    Backend, DType, Device, DeviceCollectives, ProcessGroup, ReduceOp, TensorOps, View, ViewMut,
+    Backend, DType, Device, DeviceCollectives, DeviceTensor, ProcessGroup, ReduceOp, TensorOps,
+    View, ViewMut,
 };
 use crate::error::ExecError;
 use crate::memory::Category;
@@ -238,48 +239,33 @@ impl<B: Backend> Rank<'_, B> {
             let (params, grads) = (&mut self.params[sp], &mut self.grads[sp]);
             let (m, v) = (&mut self.m[sp], &mut self.v[sp]);
             let ops = &self.ctx.ops;
-            // Adam updates the fp32 master weights where mixed precision keeps them, else
-            // the parameters themselves; the bf16 copy is then rewritten from the master.
-            let master = self.master[sp].as_mut();
             match self.zero {
-                0 => {
-                    comm.all_reduce(g, ViewMut::all(grads), ReduceOp::Sum)?;
-                    let target = master.map_or_else(|| ViewMut::all(&mut *params), ViewMut::all);
-                    ops.adam(&adam, self.step, target, View::all(grads), m, v)?;
-                }
-                1 | 2 => {
-                    let gs = if self.zero == 1 {
-                        comm.reduce_scatter_in_place(g, grads, sh.clone())?;
-                        View::all(grads).sub(sh.clone())
-                    } else {
-                        View::all(grads)
-                    };
-                    match master {
-                        Some(w) => {
-                            ops.adam(&adam, self.step, ViewMut::all(&mut *w), gs, m, v)?;
-                            ops.copy(View::all(w), ViewMut::all(params).sub(sh.clone()))?;
-                        }
-                        None => {
-                            let target = ViewMut {
-                                tensor: &mut *params,
-                                range: sh.clone(),
-                            };
-                            ops.adam(&adam, self.step, target, gs, m, v)?;
-                        }
-                    }
-                    comm.all_gather_in_place(g, params, sh.clone())?;
-                    self.ctx.ops.fill(grads, 0.0)?;
-                    continue;
-                }
-                _ => {
-                    let target = master.map_or_else(|| ViewMut::all(&mut *params), ViewMut::all);
-                    ops.adam(&adam, self.step, target, View::all(grads), m, v)?;
-                }
+                0 => comm.all_reduce(g, ViewMut::all(grads), ReduceOp::Sum)?,
+                1 => comm.reduce_scatter_in_place(g, grads, sh.clone())?,
+                _ => {}
             }
-            if let Some(w) = self.master[sp].as_ref() {
-                self.ctx.ops.copy(View::all(w), ViewMut::all(params))?;
+            // The parameters this rank updates (its shard under ZeRO 1/2, all it holds
+            // otherwise) and their gradient.
+            let sharded = matches!(self.zero, 1 | 2);
+            let upd = if sharded { sh.clone() } else { 0..params.len() };
+            let gs = if self.zero == 1 {
+                View::all(&*grads).sub(sh.clone())
+            } else {
+                View::all(&*grads)
+            };
+            let pv = ViewMut {
+                tensor: &mut *params,
+                range: upd,
+            };
+            // Mixed precision: Adam updates the fp32 master weights and writes the bf16 copy.
+            match self.master[sp].as_mut() {
+                Some(w) => ops.adam(&adam, self.step, ViewMut::all(w), gs, m, v, Some(pv))?,
+                None => ops.adam(&adam, self.step, pv, gs, m, v, None)?,
             }
-            self.ctx.ops.fill(grads, 0.0)?;
+            if sharded {
+                comm.all_gather_in_place(g, params, sh.clone())?;
+            }
+            ops.fill(grads, 0.0)?;
         }
         Ok(())
     }

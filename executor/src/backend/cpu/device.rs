@@ -655,8 +655,14 @@ impl TensorOps<Cpu> for CpuOps {
         g: View<'_, Tensor>,
         m: &mut Tensor,
         v: &mut Tensor,
+        weight_copy: Option<ViewMut<'_, Tensor>>,
     ) -> Result<(), ExecError> {
         adam::adam_step(c, t, dst(&mut p), src(&g), m.data_mut(), v.data_mut());
+        if let Some(mut w) = weight_copy {
+            dst(&mut w).copy_from_slice(&p.tensor.data()[p.range.clone()]);
+            let r = w.range.clone();
+            store(w.tensor, r);
+        }
         Ok(())
     }
 }
