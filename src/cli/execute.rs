@@ -110,7 +110,7 @@ struct ExecuteOut {
 /// The arithmetic of the run: fp32 (the default, whatever the configuration file says), or the
 /// bf16 mixed-precision recipe when `--precision bf16` is given on the command line.
 fn run_precision(args: &ExecuteArgs) -> anyhow::Result<Precision> {
-    match args.config.precision {
+    match args.config.workload.precision {
         None | Some(Precision::Fp32) => Ok(Precision::Fp32),
         Some(Precision::Bf16) => Ok(Precision::Bf16),
         Some(p) => bail!("--precision {p}: the cpu backend runs fp32 or bf16"),
