@@ -87,7 +87,11 @@ impl<'a, B: Backend> Ctx<'a, B> {
         let positions = cp_comm.positions(m.seq, c, cp.index());
         let cp = (c > 1).then(|| cp::CpCtx::new(cp, cp_comm, m.seq));
         let n = plan.model.tokens() / c;
-        let sp_buf = if sp { Some(ops.alloc(Category::Buffers, act_dtype, &[n, rd.h])?) } else { None };
+        let sp_buf = if sp {
+            Some(ops.alloc(Category::Buffers, act_dtype, &[n, rd.h])?)
+        } else {
+            None
+        };
         Ok(Ctx {
             plan,
             rd,

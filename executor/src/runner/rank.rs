@@ -120,7 +120,11 @@ pub(super) fn run_rank<B: Backend>(
     let n_sp = ctx.n_sp;
     let h = plan.model.hidden;
     let pp = plan.parallel.pp > 1;
-    let recv_buf = if pp { Some(ctx.zeros(Category::Buffers, &[n_sp, h])?) } else { None };
+    let recv_buf = if pp {
+        Some(ctx.zeros(Category::Buffers, &[n_sp, h])?)
+    } else {
+        None
+    };
     let mut rank = Rank {
         plan,
         rp,

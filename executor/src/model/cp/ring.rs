@@ -195,8 +195,16 @@ pub fn backward<B: Backend>(
         let src = (me + size - t) % size;
         let mut comm_s = 0.0;
         // Post the next step's buffers (K/V, and the dK/dV accumulator from step 2 on).
-        let nxt = if t + 1 < size { Some(ctx.zeros(b, &[2 * kv_len])?) } else { None };
-        let nxt_acc = if t + 1 < size && t >= 1 { Some((ctx.zeros(b, &[kv_len])?, ctx.zeros(b, &[kv_len])?)) } else { None };
+        let nxt = if t + 1 < size {
+            Some(ctx.zeros(b, &[2 * kv_len])?)
+        } else {
+            None
+        };
+        let nxt_acc = if t + 1 < size && t >= 1 {
+            Some((ctx.zeros(b, &[kv_len])?, ctx.zeros(b, &[kv_len])?))
+        } else {
+            None
+        };
         let tags = (
             tag(layer, mb, which, t, KEYS),
             tag(layer, mb, which, t, VALUES),
