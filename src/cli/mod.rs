@@ -7,6 +7,7 @@ mod estimate;
 mod execute;
 mod gpu_defaults;
 mod layout;
+mod ranked;
 mod schedule;
 mod search;
 mod search_range;

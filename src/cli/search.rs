@@ -1,6 +1,8 @@
 //! `parsim search`: rank every valid parallel mix for a model and a GPU count.
 
 use super::config_args::{SourceArgs, TrainingArgs, WorkloadArgs};
+use super::ranked::{cancel_on_ctrl_c, csv_fields, CSV_COLUMNS};
+use super::search_range::Output;
 use super::Outcome;
 use anyhow::Context;
 use clap::Args;
@@ -10,7 +12,6 @@ use parsim::report::format::{gib, seconds};
 use parsim::report::table;
 use parsim::search::{search, Constraint, Ranked, SearchSpec};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Search the parallel mix: the configuration file, model, cluster and training settings are
@@ -48,64 +49,6 @@ pub struct SearchArgs {
     /// With --gpus LOW..HIGH: draw the best step time and tokens/s against GPUs as a PNG.
     #[arg(long, value_name = "FILE")]
     pub png: Option<std::path::PathBuf>,
-}
-
-/// The CSV columns of one ranked mix (after a leading column the caller names).
-pub(super) const CSV_COLUMNS: &[&str] = &[
-    "mix",
-    "tp",
-    "cp",
-    "cp_comm",
-    "pp",
-    "vpp",
-    "schedule",
-    "ep",
-    "dp",
-    "zero",
-    "mbs",
-    "recompute",
-    "step_s",
-    "tokens_per_s",
-    "mfu",
-    "per_gpu_max_bytes",
-    "usable_bytes",
-    "verdict",
-];
-
-/// The [`CSV_COLUMNS`] fields of `r`.
-pub(super) fn csv_fields(r: &Ranked) -> Vec<String> {
-    let (m, e) = (&r.mix, &r.estimate);
-    vec![
-        m.to_string(),
-        m.tp.to_string(),
-        m.cp.to_string(),
-        m.cp_comm.to_string(),
-        m.pp.to_string(),
-        m.vpp.to_string(),
-        m.schedule.to_string(),
-        m.ep.to_string(),
-        e.config.parallel.dp.unwrap_or(0).to_string(),
-        m.zero.to_string(),
-        m.mbs.to_string(),
-        m.recompute.to_string(),
-        e.time.step_s.to_string(),
-        e.throughput.tokens_per_s.to_string(),
-        e.throughput.mfu.to_string(),
-        e.memory.per_gpu_max_bytes.to_string(),
-        e.memory.usable_bytes.to_string(),
-        e.verdict.clone(),
-    ]
-}
-
-/// A flag set by Ctrl-C: the search stops early and reports what it has.
-pub(super) fn cancel_on_ctrl_c() -> Arc<AtomicBool> {
-    let cancel = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&cancel);
-    // A second handler cannot be installed (e.g. in tests running in one process): ignore.
-    drop(ctrlc::set_handler(move || {
-        flag.store(true, Ordering::Relaxed);
-    }));
-    cancel
 }
 
 fn row(i: usize, r: &Ranked) -> Vec<String> {
@@ -147,7 +90,12 @@ pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
         exhaustive: args.exhaustive,
     };
     if let Some(range) = args.workload.gpu_range() {
-        return super::search_range::run(&spec, range, &args);
+        let output = Output {
+            json: args.json,
+            csv: args.csv,
+            png: args.png.as_deref(),
+        };
+        return super::search_range::run(&spec, range, &output);
     }
     if args.png.is_some() {
         anyhow::bail!("--png draws a sweep over GPU counts: give --gpus LOW..HIGH");

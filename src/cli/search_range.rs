@@ -1,7 +1,7 @@
 //! `parsim search --gpus LOW..HIGH`: the best mix at each GPU count of a range, the smallest
 //! count where one fits, as a table, CSV, JSON or a PNG of step time and tokens/s.
 
-use super::search::{cancel_on_ctrl_c, csv_fields, SearchArgs, CSV_COLUMNS};
+use super::ranked::{cancel_on_ctrl_c, csv_fields, CSV_COLUMNS};
 use super::Outcome;
 use anyhow::Context;
 use parsim::report::csv::Csv;
@@ -10,8 +10,16 @@ use parsim::report::{scaling_chart, table};
 use parsim::scaling::{search_range, GpuRange, ScalingResult};
 use parsim::search::SearchSpec;
 
+/// How to print a range search.
+pub struct Output<'a> {
+    pub json: bool,
+    pub csv: bool,
+    /// Draw the sweep as a PNG here.
+    pub png: Option<&'a std::path::Path>,
+}
+
 /// Searches every count of `range` and prints the result as `args` asks.
-pub fn run(spec: &SearchSpec, range: GpuRange, args: &SearchArgs) -> anyhow::Result<Outcome> {
+pub fn run(spec: &SearchSpec, range: GpuRange, args: &Output<'_>) -> anyhow::Result<Outcome> {
     let cancel = cancel_on_ctrl_c();
     let progress = |i: usize, n: usize| {
         if !args.json && !args.csv {
@@ -19,7 +27,7 @@ pub fn run(spec: &SearchSpec, range: GpuRange, args: &SearchArgs) -> anyhow::Res
         }
     };
     let result = search_range(spec, range, &progress, &cancel)?;
-    if let Some(path) = &args.png {
+    if let Some(path) = args.png {
         scaling_chart::write_png(path, &result, scaling_chart::DEFAULT_SIZE)
             .with_context(|| format!("--png {}", path.display()))?;
     }

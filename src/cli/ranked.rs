@@ -1,0 +1,64 @@
+//! What `search` and `search --gpus LOW..HIGH` share: the CSV columns of a ranked mix and the
+//! Ctrl-C flag.
+
+use parsim::search::Ranked;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// The CSV columns of one ranked mix (after a leading column the caller names).
+pub const CSV_COLUMNS: &[&str] = &[
+    "mix",
+    "tp",
+    "cp",
+    "cp_comm",
+    "pp",
+    "vpp",
+    "schedule",
+    "ep",
+    "dp",
+    "zero",
+    "mbs",
+    "recompute",
+    "step_s",
+    "tokens_per_s",
+    "mfu",
+    "per_gpu_max_bytes",
+    "usable_bytes",
+    "verdict",
+];
+
+/// The [`CSV_COLUMNS`] fields of `r`.
+pub fn csv_fields(r: &Ranked) -> Vec<String> {
+    let (m, e) = (&r.mix, &r.estimate);
+    vec![
+        m.to_string(),
+        m.tp.to_string(),
+        m.cp.to_string(),
+        m.cp_comm.to_string(),
+        m.pp.to_string(),
+        m.vpp.to_string(),
+        m.schedule.to_string(),
+        m.ep.to_string(),
+        e.config.parallel.dp.unwrap_or(0).to_string(),
+        m.zero.to_string(),
+        m.mbs.to_string(),
+        m.recompute.to_string(),
+        e.time.step_s.to_string(),
+        e.throughput.tokens_per_s.to_string(),
+        e.throughput.mfu.to_string(),
+        e.memory.per_gpu_max_bytes.to_string(),
+        e.memory.usable_bytes.to_string(),
+        e.verdict.clone(),
+    ]
+}
+
+/// A flag set by Ctrl-C: the search stops early and reports what it has.
+pub fn cancel_on_ctrl_c() -> Arc<AtomicBool> {
+    let cancel = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&cancel);
+    // A second handler cannot be installed (e.g. in tests running in one process): ignore.
+    drop(ctrlc::set_handler(move || {
+        flag.store(true, Ordering::Relaxed);
+    }));
+    cancel
+}
