@@ -21,8 +21,8 @@ Exit status:
        configuration fits)
   1    invalid input or another error (the message names it)
   2    a command-line syntax error (from the argument parser)
-  3    does not fit: the estimated configuration (a compared one), or no mix in a search,
-       fits in GPU memory with the memory margin
+  3    does not fit: the estimated configuration (a compared one), or no mix of a search (at
+       any GPU count of a range), fits in GPU memory with the memory margin
   130  interrupted (Ctrl-C): a search printed what it had evaluated";
 
 /// What a command that ran to the end concluded; `main` turns it into the exit status.
