@@ -144,7 +144,7 @@ pub fn run(args: SearchArgs) -> anyhow::Result<()> {
 
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
-        return Ok(());
+        return finish(&result);
     }
     let p = &result.pruned;
     let m = &spec.base.model;
@@ -172,7 +172,7 @@ pub fn run(args: SearchArgs) -> anyhow::Result<()> {
     );
     if result.top.is_empty() {
         println!("no mix fits: more GPUs, a GPU with more memory, or a shorter sequence");
-        return Ok(());
+        return finish(&result);
     }
     println!(
         "\ntop {} by step time\n{}",
@@ -188,5 +188,17 @@ pub fn run(args: SearchArgs) -> anyhow::Result<()> {
         table("mix", &result.best_per_zero)
     );
     println!("\nverdict for #1: {}", result.top[0].estimate.verdict);
+    finish(&result)
+}
+
+/// Exit status 130 (the shell's code for SIGINT) once an interrupted search has printed
+/// what it found, so scripts do not take partial results for a full answer.
+fn finish(result: &parsim::search::SearchResult) -> anyhow::Result<()> {
+    if result.interrupted {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        eprintln!("search interrupted: the results above cover only the mixes evaluated");
+        std::process::exit(130);
+    }
     Ok(())
 }

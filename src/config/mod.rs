@@ -25,6 +25,7 @@ pub use gpu::{Efficiency, GemmShape, GpuProfile, Link, Links, PeakFlops};
 pub use model::{MlaConfig, ModelConfig};
 pub use parallel::ParallelConfig;
 pub use resolve::{PipelinePlacement, Resolved};
+pub use rules::check_base;
 pub use training::{LoraConfig, TrainingConfig};
 
 use serde::{Deserialize, Serialize};

@@ -28,6 +28,11 @@ pub enum GanttError {
     /// The requested size is too small to hold the chart.
     #[error("chart size {width}x{height} is too small (at least 320x160 per schedule)")]
     TooSmall { width: u32, height: u32 },
+    /// The requested size is beyond [`MAX_SIDE_PX`] (the bitmap alone would take gigabytes).
+    #[error(
+        "chart size {width}x{height} is too large (--size: at most {MAX_SIDE_PX} pixels a side)"
+    )]
+    TooLarge { width: u32, height: u32 },
     /// The shipped font could not be loaded.
     #[error("the shipped font assets/fonts/DejaVuSans.ttf could not be loaded")]
     Font,
@@ -44,6 +49,10 @@ fn ensure_font() -> Result<(), GanttError> {
         Err(GanttError::Font)
     }
 }
+
+/// The widest and tallest chart drawn, in pixels: an 8192 x 8192 PNG is 200 MB of RGB
+/// before encoding; plotters panics on sizes near 65536.
+pub const MAX_SIDE_PX: u32 = 8192;
 
 /// A size that gives every rank row about 26 pixels.
 pub fn default_size(runs: &[(&Program, &Simulation)]) -> (u32, u32) {
@@ -82,7 +91,13 @@ fn check(runs: &[(&Program, &Simulation)], size: (u32, u32)) -> Result<(), Gantt
     if runs.is_empty() {
         return Err(GanttError::Empty);
     }
-    if size.0 < 320 || size.1 < 160 * runs.len() as u32 {
+    if size.0 > MAX_SIDE_PX || size.1 > MAX_SIDE_PX {
+        return Err(GanttError::TooLarge {
+            width: size.0,
+            height: size.1,
+        });
+    }
+    if size.0 < 320 || (size.1 as u64) < 160 * runs.len() as u64 {
         return Err(GanttError::TooSmall {
             width: size.0,
             height: size.1,

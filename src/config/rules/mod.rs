@@ -70,6 +70,26 @@ pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
     }
 }
 
+/// The size rules of a base configuration whose parallel section and micro batch are still
+/// to be chosen (`parsim search`): a zero GPU count, sequence or global batch is named here
+/// instead of every mix failing validation and the search answering "no mix fits".
+pub fn check_base(c: &Config) -> Result<(), ConfigError> {
+    let mut probe = c.clone();
+    probe.parallel = Default::default();
+    probe.parallel.tp = 1;
+    probe.parallel.cp = 1;
+    probe.parallel.pp = 1;
+    probe.parallel.vpp = 1;
+    probe.parallel.ep = 1;
+    probe.training.micro_batch_size = 1;
+    let errs = bounds::sizes(&probe);
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid(errs))
+    }
+}
+
 /// Non-fatal adjustments and caveats of a valid configuration, shown to the user.
 pub fn warnings(c: &Config) -> Vec<String> {
     let (m, p, t) = (&c.model, &c.parallel, &c.training);

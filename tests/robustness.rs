@@ -1,0 +1,247 @@
+//! Issue 18, robustness: every input that crashed, blew up memory, printed infinity or was
+//! accepted without a word has a test here (each failed before its fix). Inputs either finish
+//! in bounded memory with finite numbers, or are refused with the field or flag named.
+
+use assert_cmd::cargo::cargo_bin_cmd;
+use predicates::prelude::*;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+fn parsim() -> assert_cmd::Command {
+    cargo_bin_cmd!("parsim")
+}
+
+/// Runs `parsim ARGS`, expects exit code 1, no panic, and every fragment in stderr.
+fn refuses(args: &[&str], fragments: &[&str]) {
+    let mut assert = parsim()
+        .args(args)
+        .timeout(Duration::from_secs(60))
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("panicked").not());
+    for f in fragments {
+        assert = assert.stderr(predicate::str::contains(*f));
+    }
+}
+
+/// Runs `parsim ARGS`, expects success and every fragment in stderr (warnings).
+fn warns(args: &[&str], fragments: &[&str]) {
+    let mut assert = parsim()
+        .args(args)
+        .timeout(Duration::from_secs(60))
+        .assert()
+        .success();
+    for f in fragments {
+        assert = assert.stderr(predicate::str::contains(*f));
+    }
+}
+
+fn temp_file(ext: &str, text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::Builder::new().suffix(ext).tempfile().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f
+}
+
+/// Optional fields, null when unset; every other null is a NaN or an infinity that
+/// serde_json wrote as null.
+const OPTIONAL_KEYS: [&str; 10] = [
+    "kv_channels",
+    "mla",
+    "ddp_bucket_size",
+    "expert_tp",
+    "first_stage_layers",
+    "last_stage_layers",
+    "per_layer_moe",
+    "dp",
+    "hf_config",
+    "preset",
+];
+
+/// No null (other than an unset optional field), NaN or infinity in a JSON document.
+fn assert_all_numbers(text: &str) {
+    if let Err(e) = check_numbers(text) {
+        panic!("{e}");
+    }
+}
+
+/// [`assert_all_numbers`] as a result, for the fuzz test to print the input with it.
+fn check_numbers(text: &str) -> Result<(), String> {
+    let v: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
+    fn walk(v: &serde_json::Value, path: &str, key: &str) -> Result<(), String> {
+        match v {
+            serde_json::Value::Null if OPTIONAL_KEYS.contains(&key) => Ok(()),
+            serde_json::Value::Null => Err(format!("null at {path}")),
+            serde_json::Value::Number(n) if !n.as_f64().is_some_and(f64::is_finite) => {
+                Err(format!("{n} at {path}"))
+            }
+            serde_json::Value::Array(a) => a
+                .iter()
+                .enumerate()
+                .try_for_each(|(i, x)| walk(x, &format!("{path}[{i}]"), key)),
+            serde_json::Value::Object(o) => o
+                .iter()
+                .try_for_each(|(k, x)| walk(x, &format!("{path}.{k}"), k)),
+            _ => Ok(()),
+        }
+    }
+    walk(&v, "$", "")
+}
+
+// ---- search ----------------------------------------------------------------------------
+
+#[test]
+fn search_with_a_huge_mbs_max_does_not_wrap() {
+    // mbs x dp wrapped to 0 and the remainder panicked.
+    parsim()
+        .args([
+            "search",
+            "--gpus",
+            "8",
+            "--mbs-max",
+            "2305843009213693952",
+            "--top",
+            "1",
+        ])
+        .timeout(Duration::from_secs(120))
+        .assert()
+        .success();
+    // The shift wrapped and the loop never ended.
+    parsim()
+        .args(["search", "--gpus", "1", "--gbs", "1"])
+        .args(["--mbs-max", "9223372036854775808", "--top", "1"])
+        .timeout(Duration::from_secs(60))
+        .assert()
+        .success();
+}
+
+#[test]
+fn search_refuses_zero_sizes_and_top() {
+    refuses(
+        &["search", "--gbs", "0"],
+        &["training.global_batch_size", "at least 1"],
+    );
+    refuses(
+        &["search", "--gpus", "0", "--seq", "0"],
+        &["cluster.num_gpus", "training.seq_length"],
+    );
+    refuses(&["search", "--top", "0"], &["--top must be at least 1"]);
+}
+
+#[cfg(unix)]
+#[test]
+fn an_interrupted_search_exits_130() {
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin!("parsim"))
+        .args(["search", "--model", "llama3-405b", "--gpus", "16384"])
+        .args(["--gpus-per-node", "8", "--mbs-max", "64", "--exhaustive"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: signalling the child this test spawned.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let start = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    assert!(start.elapsed() < Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(130), "status {:?}", out.status);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("INTERRUPTED"));
+}
+
+// ---- schedule --------------------------------------------------------------------------
+
+#[test]
+fn schedule_refuses_huge_charts_naming_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("x.png");
+    for size in ["65536x65536", "37000x37000"] {
+        parsim()
+            .args(["schedule", "--png", png.to_str().unwrap(), "--size", size])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains("--size").and(predicate::str::contains("8192")));
+    }
+    assert!(!png.exists());
+}
+
+#[test]
+fn long_schedules_are_refused_with_the_limit() {
+    for (pp, m) in [("4", "100000000"), ("10000", "100000")] {
+        refuses(
+            &["schedule", "--pp", pp, "--microbatches", m],
+            &["too large to simulate", "4194304"],
+        );
+    }
+}
+
+#[test]
+fn overflowing_durations_are_refused_not_printed_as_null() {
+    refuses(
+        &["schedule", "--f=1e308", "--b=1e308", "--json"],
+        &["makespan overflows"],
+    );
+}
+
+#[test]
+fn schedule_names_flags_it_ignores() {
+    warns(
+        &[
+            "schedule",
+            "--schedule",
+            "1f1b",
+            "--w",
+            "1",
+            "--overlap-factor",
+            "0.5",
+        ],
+        &["--w ignored", "--overlap-factor ignored"],
+    );
+    warns(
+        &[
+            "schedule",
+            "--schedule",
+            "1f1b",
+            "--microbatch-group-size",
+            "4",
+        ],
+        &["--microbatch-group-size ignored"],
+    );
+    warns(
+        &[
+            "schedule",
+            "--compare",
+            "1f1b,interleaved-1f1b",
+            "--vpp",
+            "4",
+        ],
+        &["--vpp 4 applies only to interleaved-1f1b"],
+    );
+    refuses(
+        &["schedule", "--max-columns", "0"],
+        &["--max-columns must be at least 8"],
+    );
+}
+
+// ---- estimate --------------------------------------------------------------------------
+
+#[test]
+fn a_huge_global_batch_on_one_stage_is_extrapolated() {
+    // pp = 1 simulated every one of 2^30 microbatches: 24 GiB and an abort.
+    for gbs in ["4294967296", "1073741824"] {
+        let start = Instant::now();
+        let out = parsim()
+            .args(["estimate", "--gbs", gbs, "--json"])
+            .timeout(Duration::from_secs(60))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(start.elapsed() < Duration::from_secs(30));
+        assert_all_numbers(&String::from_utf8_lossy(&out.stdout));
+    }
+}
