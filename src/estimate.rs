@@ -137,6 +137,10 @@ pub struct Estimate {
 pub enum EstimateError {
     #[error(transparent)]
     Schedule(#[from] ScheduleError),
+    /// A figure overflowed (e.g. a profile's latencies add up past the largest float): no
+    /// null or infinity is printed as a result.
+    #[error("the estimated {quantity} is not a finite number ({value}): the configuration's or the hardware profile's figures overflow")]
+    NonFinite { quantity: &'static str, value: f64 },
 }
 
 /// Per-stage durations of one chunk for one microbatch, with its exposed communication.
@@ -602,6 +606,16 @@ impl<'a> Prepared<'a> {
             })
             .collect();
         let fits = per_gpu_max_bytes <= r.gpu.memory_bytes;
+        for (quantity, value) in [
+            ("step time", step_s),
+            ("compute time", time.compute_s),
+            ("exposed communication", time.exposed_comm_s),
+            ("bubble fraction", sim.bubble_fraction),
+        ] {
+            if !value.is_finite() {
+                return Err(EstimateError::NonFinite { quantity, value });
+            }
+        }
         Ok(Estimate {
             config: cfg.clone(),
             gpu: r.gpu.name.clone(),

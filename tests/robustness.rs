@@ -245,3 +245,117 @@ fn a_huge_global_batch_on_one_stage_is_extrapolated() {
         assert_all_numbers(&String::from_utf8_lossy(&out.stdout));
     }
 }
+
+#[test]
+fn huge_layouts_are_refused_in_json_naming_the_limit() {
+    refuses(
+        &[
+            "layout", "--gpus", "16777216", "--tp", "8", "--gbs", "2097152", "--json",
+        ],
+        &["--json", "at most 65536 ranks"],
+    );
+}
+
+// ---- hardware profiles -----------------------------------------------------------------
+
+/// The shipped H100 profile with `key = value` replaced in `section` (e.g. `links.intra_node`).
+fn profile_with(section: &str, key: &str, value: &str) -> tempfile::NamedTempFile {
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("calibration/h100-sxm.toml"),
+    )
+    .unwrap();
+    let mut current = String::new();
+    let mut replaced = false;
+    let lines: Vec<String> = text
+        .lines()
+        .map(|l| {
+            if l.starts_with('[') {
+                current = l[1..l.find(']').unwrap()].to_string();
+            }
+            if current == section && l.split('=').next().unwrap().trim() == key {
+                replaced = true;
+                format!("{key} = {value}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    assert!(replaced, "{section}.{key} not in the profile");
+    temp_file(".toml", &(lines.join("\n") + "\n"))
+}
+
+#[test]
+fn profiles_refuse_impossible_figures_naming_the_field() {
+    for (section, key, value, field) in [
+        (
+            "links.intra_node",
+            "efficiency",
+            "1.5",
+            "links.intra_node.efficiency",
+        ),
+        (
+            "links.inter_node",
+            "latency_s",
+            "-1e-6",
+            "links.inter_node.latency_s",
+        ),
+        (
+            "links.intra_node",
+            "latency_s",
+            "1e308",
+            "links.intra_node.latency_s",
+        ),
+        (
+            "efficiency",
+            "kernel_overhead_s",
+            "-4e-6",
+            "efficiency.kernel_overhead_s",
+        ),
+        ("peak_flops", "fp8", "0", "peak_flops.fp8"),
+    ] {
+        let f = profile_with(section, key, value);
+        refuses(
+            &["estimate", "--profile", f.path().to_str().unwrap()],
+            &[field],
+        );
+    }
+}
+
+// ---- configurations --------------------------------------------------------------------
+
+#[test]
+fn configurations_refuse_what_was_accepted_without_a_word() {
+    let cases: [(&str, &str); 6] = [
+        ("[model]\nkv_channels = 0\n", "model.kv_channels"),
+        (
+            "[parallel]\nddp_bucket_size = 0\n",
+            "parallel.ddp_bucket_size",
+        ),
+        ("[training]\ngrad_dtype = \"fp8\"\n", "training.grad_dtype"),
+        ("[training]\ngrad_dtype = \"fp16\"\n", "training.grad_dtype"),
+        (
+            "[model]\npreset = \"mixtral-8x7b\"\nmoe_load_imbalance = 1e300\n[parallel]\ntp = 2\n",
+            "model.moe_load_imbalance",
+        ),
+        (
+            "[training]\nmode = \"lora\"\n[training.lora]\nrank = 1000000\n",
+            "training.lora.rank",
+        ),
+    ];
+    for (toml, field) in cases {
+        let f = temp_file(".toml", toml);
+        refuses(
+            &["estimate", "--config", f.path().to_str().unwrap()],
+            &[field],
+        );
+    }
+    let f = temp_file(
+        ".toml",
+        "[model]\npreset = \"mixtral-8x7b\"\nmoe_first_k_dense = 32\n\
+         [cluster]\nnum_gpus = 64\n[parallel]\ntp = 1\nep = 8\n",
+    );
+    refuses(
+        &["estimate", "--config", f.path().to_str().unwrap()],
+        &["model.moe_first_k_dense", "no MoE layer"],
+    );
+}

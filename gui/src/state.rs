@@ -135,6 +135,9 @@ fn estimate_problems(e: &EstimateError) -> Problems {
         EstimateError::Schedule(s) => Problems {
             violations: vec![Violation::new(schedule_field(s), s.to_string())],
         },
+        EstimateError::NonFinite { .. } => Problems {
+            violations: vec![Violation::new("cluster.gpu", e.to_string())],
+        },
     }
 }
 

@@ -63,6 +63,9 @@ impl Efficiency {
     }
 }
 
+/// The largest latency or kernel overhead a profile may give, in seconds.
+const MAX_FIXED_COST_S: f64 = 1.0;
+
 fn default_kernel_overhead_s() -> f64 {
     4.0e-6
 }
@@ -181,10 +184,6 @@ impl GpuProfile {
             ("efficiency.attention", self.efficiency.attention),
             ("efficiency.memory_bound", self.efficiency.memory_bound),
             (
-                "efficiency.kernel_overhead_s",
-                self.efficiency.kernel_overhead_s.max(1e-30),
-            ),
-            (
                 "links.intra_node.efficiency",
                 self.links.intra_node.efficiency,
             ),
@@ -193,7 +192,8 @@ impl GpuProfile {
                 self.links.inter_node.efficiency,
             ),
         ];
-        for (field, v) in positive {
+        let fp8 = self.peak_flops.fp8.map(|v| ("peak_flops.fp8", v));
+        for (field, v) in positive.into_iter().chain(fp8) {
             if !(v.is_finite() && v > 0.0) {
                 return Err(ConfigError::Profile {
                     origin: origin.to_string(),
@@ -207,6 +207,31 @@ impl GpuProfile {
                 message: "gemm.sms, gemm.tile_m and gemm.tile_n must be positive".into(),
             });
         }
+        // Fixed costs: non-negative, and at most a second (a larger one is a unit mistake and
+        // overflows the step time to infinity).
+        for (field, v) in [
+            (
+                "links.intra_node.latency_s",
+                self.links.intra_node.latency_s,
+            ),
+            (
+                "links.inter_node.latency_s",
+                self.links.inter_node.latency_s,
+            ),
+            (
+                "efficiency.kernel_overhead_s",
+                self.efficiency.kernel_overhead_s,
+            ),
+        ] {
+            if !(v.is_finite() && (0.0..=MAX_FIXED_COST_S).contains(&v)) {
+                return Err(ConfigError::Profile {
+                    origin: origin.to_string(),
+                    message: format!(
+                        "{field} must be in [0, {MAX_FIXED_COST_S}] seconds, got {v:?}"
+                    ),
+                });
+            }
+        }
         let oi = self.efficiency.overlap_interference;
         if !(oi.is_finite() && (0.0..=1.0).contains(&oi)) {
             return Err(ConfigError::Profile {
@@ -218,12 +243,20 @@ impl GpuProfile {
             ("efficiency.matmul", self.efficiency.matmul),
             ("efficiency.attention", self.efficiency.attention),
             ("efficiency.memory_bound", self.efficiency.memory_bound),
+            (
+                "links.intra_node.efficiency",
+                self.links.intra_node.efficiency,
+            ),
+            (
+                "links.inter_node.efficiency",
+                self.links.inter_node.efficiency,
+            ),
         ] {
             if v > 1.0 {
                 return Err(ConfigError::Profile {
                     origin: origin.to_string(),
                     message: format!(
-                        "{field} is a fraction of peak and must be at most 1, got {v}"
+                        "{field} is an achieved fraction (of peak or of bandwidth) and must be at most 1, got {v}"
                     ),
                 });
             }

@@ -57,6 +57,21 @@ pub fn positive(cfg: &Config) -> Vec<Violation> {
     if p.dp == Some(0) {
         errs.push(Violation::new("parallel.dp", "must be at least 1, got 0"));
     }
+    if m.kv_channels == Some(0) {
+        errs.push(
+            Violation::new("model.kv_channels", "must be at least 1, got 0")
+                .hint("leave it out for hidden_size / num_attention_heads"),
+        );
+    }
+    if p.ddp_bucket_size == Some(0) {
+        errs.push(
+            Violation::new(
+                "parallel.ddp_bucket_size",
+                "must be at least 1 parameter, got 0",
+            )
+            .hint("leave it out for one bucket per chunk (Megatron's default)"),
+        );
+    }
     errs
 }
 
@@ -260,5 +275,18 @@ mod tests {
         }));
         assert_eq!(fields(&v), ["model"]);
         assert!(model_size(&Config::default()).is_empty());
+    }
+
+    /// Issue 18: both were accepted and divided by later.
+    #[test]
+    fn zero_kv_channels_and_bucket_size_are_named() {
+        let v = sizes(&with(|c| {
+            c.model.kv_channels = Some(0);
+            c.parallel.ddp_bucket_size = Some(0);
+        }));
+        assert_eq!(
+            fields(&v),
+            ["model.kv_channels", "parallel.ddp_bucket_size"]
+        );
     }
 }

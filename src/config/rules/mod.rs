@@ -45,7 +45,7 @@ pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
     if !errs.is_empty() {
         return Err(ConfigError::Invalid(errs));
     }
-    let groups: [&dyn Fn() -> Vec<Violation>; 15] = [
+    let groups: [&dyn Fn() -> Vec<Violation>; 16] = [
         &|| shape::heads(c),
         &|| experts::model(c),
         &|| shape::mla(c),
@@ -59,6 +59,7 @@ pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
         &|| pipeline::layer_split(c),
         &|| batch::batch(c),
         &|| precision::hardware(c, gpu),
+        &|| precision::gradients(c),
         &|| precision::positions(c),
         &|| lora::lora(c),
     ];
