@@ -359,3 +359,94 @@ fn configurations_refuse_what_was_accepted_without_a_word() {
         &["model.moe_first_k_dense", "no MoE layer"],
     );
 }
+
+// ---- Hugging Face configs, JSON configs, measurement lines -----------------------------
+
+fn fixture(name: &str) -> serde_json::Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hf")
+        .join(name);
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// `fixture` with `key` set to `value`, imported; the error text if it is refused.
+fn import_with(name: &str, key: &str, value: serde_json::Value) -> Result<(), String> {
+    let mut v = fixture(name);
+    v[key] = value;
+    parsim::config::hf::import(&v, name)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+#[test]
+fn hf_values_of_the_wrong_type_are_refused_not_defaulted() {
+    use serde_json::json;
+    let e = import_with("llama3-8b.json", "tie_word_embeddings", json!("yes")).unwrap_err();
+    assert!(e.contains("tie_word_embeddings"), "{e}");
+    let e = import_with("llama3-8b.json", "attention_dropout", json!("0.5")).unwrap_err();
+    assert!(e.contains("attention_dropout"), "{e}");
+    let e = import_with("mixtral-8x7b.json", "num_local_experts", json!(0)).unwrap_err();
+    assert!(e.contains("num_local_experts"), "{e}");
+    let e = import_with("deepseek-v3.json", "n_shared_experts", json!(u64::MAX)).unwrap_err();
+    assert!(e.contains("n_shared_experts"), "{e}");
+    // Null still means "absent".
+    import_with(
+        "llama3-8b.json",
+        "tie_word_embeddings",
+        serde_json::Value::Null,
+    )
+    .unwrap();
+}
+
+#[test]
+fn json_configs_refuse_duplicate_keys_like_toml() {
+    let f = temp_file(
+        ".json",
+        r#"{"training": {"global_batch_size": 64, "global_batch_size": 128}}"#,
+    );
+    refuses(
+        &["estimate", "--config", f.path().to_str().unwrap()],
+        &["duplicate key `global_batch_size`"],
+    );
+}
+
+#[test]
+fn measurement_lines_refuse_wrong_types_unknown_keys_and_impossible_figures() {
+    use parsim::calibrate::measurements::parse;
+    let cases = [
+        (
+            r#"{"config": {}, "step_s": 1.0, "holdout": "yes"}"#,
+            "`holdout`",
+        ),
+        (
+            r#"{"config": {}, "step_s": 1.0, "stepp_s": 2.0}"#,
+            "unknown field `stepp_s`",
+        ),
+        (r#"{"config": {}, "step_s": 1e-300}"#, "`step_s`"),
+        (
+            r#"{"config": {}, "step_s": 1.0, "step_s": 2.0}"#,
+            "duplicate key `step_s`",
+        ),
+    ];
+    for (line, fragment) in cases {
+        let e = parse(line, "m.jsonl").expect_err(line).to_string();
+        assert!(e.contains(fragment), "{line}: {e}");
+        assert!(e.contains("m.jsonl:1"), "{e}");
+    }
+    parse(
+        r#"{"config": {}, "step_s": 1.0, "holdout": true}"#,
+        "m.jsonl",
+    )
+    .unwrap();
+    // A peak above the device's memory is named (a warning: synthetic data may hold one).
+    let ms = parse(
+        r#"{"config": {}, "step_s": 1.0, "peak_bytes": 1000000000000000}"#,
+        "m.jsonl",
+    )
+    .unwrap();
+    let w = parsim::calibrate::measurements::peak_warnings(&ms, "m.jsonl");
+    assert!(
+        w.len() == 1 && w[0].contains("m.jsonl:1: `peak_bytes`"),
+        "{w:?}"
+    );
+}
