@@ -450,3 +450,53 @@ fn measurement_lines_refuse_wrong_types_unknown_keys_and_impossible_figures() {
         "{w:?}"
     );
 }
+
+// ---- flags that were silently ignored --------------------------------------------------
+
+#[test]
+fn estimate_names_flags_it_ignores() {
+    warns(&["estimate", "--lora-rank", "16"], &["--lora-rank ignored"]);
+    warns(
+        &[
+            "estimate",
+            "--expert-tp",
+            "1",
+            "--moe-load-imbalance",
+            "1.5",
+        ],
+        &["--expert-tp ignored", "--moe-load-imbalance ignored"],
+    );
+    let f = temp_file(".toml", "[model]\nnum_layers = 16\n");
+    warns(
+        &[
+            "estimate",
+            "--model",
+            "llama3-8b",
+            "--config",
+            f.path().to_str().unwrap(),
+        ],
+        &["--model replaces the model of", "(num_layers) are ignored"],
+    );
+}
+
+// ---- execute ---------------------------------------------------------------------------
+
+/// `execute` assumed 32 GiB of host memory; it now reads the machine's and names it.
+#[cfg(target_os = "linux")]
+#[test]
+fn execute_names_the_host_memory_it_read() {
+    let avail = parsim::host::available_bytes().expect("/proc/meminfo");
+    assert!(avail > 0);
+    refuses(
+        &[
+            "execute",
+            "--model",
+            "llama3-8b",
+            "--gpus",
+            "8",
+            "--tp",
+            "2",
+        ],
+        &["of host memory", "/proc/meminfo MemAvailable"],
+    );
+}

@@ -243,14 +243,71 @@ impl ConfigArgs {
         Value::Object(m)
     }
 
-    /// The merged configuration (file, then flags).
+    /// The merged configuration (file, then flags); flags it ignores are named on stderr.
     pub fn load(&self) -> anyhow::Result<Config> {
         let mut layers = Vec::new();
         if let Some(path) = &self.config {
             layers.push(Layer::from_file(path)?);
         }
         layers.push(Layer::overrides(self.overrides()));
-        Ok(Config::from_layers(&layers)?)
+        let cfg = Config::from_layers(&layers)?;
+        for w in self.ignored(&layers[..layers.len() - 1], &cfg) {
+            eprintln!("warning: {w}");
+        }
+        Ok(cfg)
+    }
+
+    /// Flags (and file fields) that the merged configuration `cfg` does not use, each named:
+    /// they were silently dropped before.
+    fn ignored(&self, files: &[Layer], cfg: &Config) -> Vec<String> {
+        let mut w = Vec::new();
+        if self.lora_rank.is_some() && cfg.training.mode != TrainingMode::Lora {
+            w.push("--lora-rank ignored: training.mode is full (add --mode lora)".to_string());
+        }
+        if !cfg.model.is_moe() {
+            let model = &cfg.model.name;
+            if self.expert_tp.is_some() {
+                w.push(format!(
+                    "--expert-tp ignored: {model} is dense (model.num_experts = 0)"
+                ));
+            }
+            if self.moe_load_imbalance.is_some() {
+                w.push(format!(
+                    "--moe-load-imbalance ignored: {model} is dense (model.num_experts = 0)"
+                ));
+            }
+        }
+        let restart = if self.model.is_some() {
+            Some("--model")
+        } else if self.model_config.is_some() {
+            Some("--model-config")
+        } else {
+            None
+        };
+        if let Some(flag) = restart {
+            for layer in files {
+                let Some(model) = layer.value.get("model").and_then(Value::as_object) else {
+                    continue;
+                };
+                let dropped: Vec<&str> = model
+                    .keys()
+                    .map(String::as_str)
+                    .filter(|k| !matches!(*k, "preset" | "hf_config"))
+                    .collect();
+                if !model.is_empty() {
+                    w.push(format!(
+                        "{flag} replaces the model of {}: its [model] fields{} are ignored",
+                        layer.origin,
+                        if dropped.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({})", dropped.join(", "))
+                        }
+                    ));
+                }
+            }
+        }
+        w
     }
 
     /// The merged and validated configuration.
