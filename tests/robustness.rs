@@ -500,3 +500,52 @@ fn execute_names_the_host_memory_it_read() {
         &["of host memory", "/proc/meminfo MemAvailable"],
     );
 }
+
+// ---- found by tests/fuzz.rs ------------------------------------------------------------
+
+#[test]
+fn fuzz_findings_are_refused_or_finish() {
+    // A bucket of 2^64 - 1 parameters overflowed; 2^32 - 1 query groups took minutes in the
+    // divisor hints.
+    for (json, field) in [
+        (
+            r#"{"parallel": {"ddp_bucket_size": 18446744073709551615}}"#,
+            "parallel.ddp_bucket_size",
+        ),
+        (
+            r#"{"model": {"num_query_groups": 4294967295}}"#,
+            "model.num_query_groups",
+        ),
+    ] {
+        let f = temp_file(".json", json);
+        refuses(
+            &["estimate", "--config", f.path().to_str().unwrap()],
+            &[field],
+        );
+    }
+    // GPT-2's default n_inner = 4 n_embd overflowed.
+    let e = import_with("gpt2.json", "n_embd", serde_json::json!(u64::MAX)).unwrap_err();
+    assert!(e.contains("n_embd"), "{e}");
+    // 2^31 microbatches: ZeRO-3's 2 x microbatches gathers and GPipe's live activations
+    // overflowed.
+    let out = parsim()
+        .args([
+            "search",
+            "--gbs",
+            "4294967296",
+            "--model",
+            "llama3-8b",
+            "--gpus",
+            "8",
+        ])
+        .args(["--top", "1", "--json"])
+        .timeout(Duration::from_secs(120))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_all_numbers(&String::from_utf8_lossy(&out.stdout));
+}

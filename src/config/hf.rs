@@ -225,7 +225,12 @@ fn gpt2(f: &Fields) -> Result<ModelConfig, ConfigError> {
         num_attention_heads: heads,
         num_query_groups: heads,
         kv_channels: None,
-        ffn_hidden_size: f.opt_u64("n_inner")?.unwrap_or(4 * hidden),
+        ffn_hidden_size: match f.opt_u64("n_inner")? {
+            Some(n) => n,
+            None => hidden
+                .checked_mul(4)
+                .ok_or_else(|| f.err(format!("`n_embd` = {hidden} is too large")))?,
+        },
         vocab_size: f.u64("vocab_size")?,
         max_position_embeddings: f.opt_u64("n_positions")?.unwrap_or(1024),
         position_embedding: PositionEmbedding::Learned,

@@ -124,7 +124,7 @@ pub fn ranges(cfg: &Config) -> Vec<Violation> {
 pub fn upper(cfg: &Config) -> Vec<Violation> {
     let (m, c, p, t) = (&cfg.model, &cfg.cluster, &cfg.parallel, &cfg.training);
     let mut errs = Vec::new();
-    let at_most: [(&str, u64, u64); 19] = [
+    let at_most: [(&str, u64, u64); 21] = [
         ("model.num_layers", m.num_layers as u64, 10_000),
         ("model.hidden_size", m.hidden_size, 1 << 20),
         (
@@ -136,6 +136,12 @@ pub fn upper(cfg: &Config) -> Vec<Violation> {
         ("model.vocab_size", m.vocab_size, 1 << 28),
         ("model.kv_channels", m.kv_channels.unwrap_or(1), 1 << 16),
         ("model.num_experts", m.num_experts as u64, 1 << 16),
+        ("model.num_query_groups", m.num_query_groups as u64, 1 << 16),
+        (
+            "parallel.ddp_bucket_size",
+            p.ddp_bucket_size.unwrap_or(1),
+            1 << 40,
+        ),
         ("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size, 1 << 22),
         (
             "model.moe_shared_expert_intermediate_size",
