@@ -476,7 +476,7 @@ impl ParsimApp {
                 .resizable(true)
                 .default_size(340.0)
                 .show(ui, |ui| {
-                    action = search_panel::ui(ui, &mut self.search, &view)
+                    action = search_panel::ui(ui, &mut self.search, &view);
                 });
             match action {
                 SearchAction::None => {}
@@ -586,7 +586,7 @@ impl ParsimApp {
             let bytes: Vec<u8> = img
                 .pixels
                 .iter()
-                .flat_map(|c| c.to_srgba_unmultiplied())
+                .flat_map(egui::Color32::to_srgba_unmultiplied)
                 .collect();
             let result = image::RgbaImage::from_raw(w as u32, h as u32, bytes)
                 .ok_or_else(|| "screenshot has the wrong size".to_string())

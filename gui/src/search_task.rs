@@ -91,7 +91,7 @@ impl SearchTask {
         let r = self.shared.result.lock().ok()?.take();
         if r.is_some() {
             if let Some(h) = self.handle.take() {
-                let _ = h.join();
+                drop(h.join());
             }
         }
         r

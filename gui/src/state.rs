@@ -8,7 +8,7 @@
 
 use parsim::config::{Config, ConfigError, GpuProfile, Resolved, ScheduleKind, Violation};
 use parsim::estimate::{estimate, pipeline, Estimate, EstimateError};
-use parsim::schedule::{simulate, Program, ScheduleError, Simulation};
+use parsim::schedule::{simulate, Program, Simulation};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
@@ -35,15 +35,9 @@ pub fn default_config() -> Config {
     c
 }
 
-/// The virtual-stage count a schedule needs, keeping `current` where the schedule allows it:
-/// interleaved 1F1B needs at least 2, the V shapes exactly 2, the others exactly 1.
-pub fn vpp_for(kind: ScheduleKind, current: u32) -> u32 {
-    match kind {
-        ScheduleKind::Interleaved1F1B => current.max(2),
-        ScheduleKind::ZbV | ScheduleKind::DualPipeV => 2,
-        ScheduleKind::Gpipe | ScheduleKind::OneFOneB | ScheduleKind::ZbH1 => 1,
-    }
-}
+/// The virtual-stage count a schedule needs, keeping `current` where the schedule allows it
+/// (the engine's rule).
+pub use parsim::schedule::vpp_for;
 
 /// `config` with its schedule replaced by `kind` (and `vpp` adapted to it), for comparing two
 /// schedules on the same model and cluster.
@@ -114,26 +108,10 @@ pub fn config_problems(e: &ConfigError) -> Problems {
     Problems { violations: v }
 }
 
-/// The field a schedule error is about (each message names it; see `parsim::schedule`).
-pub fn schedule_field(e: &ScheduleError) -> &'static str {
-    match e {
-        ScheduleError::ZeroPp { .. } => "parallel.pp",
-        ScheduleError::ZeroVpp { .. }
-        | ScheduleError::VppMustBeOne { .. }
-        | ScheduleError::VppMustBeTwo { .. } => "parallel.vpp",
-        ScheduleError::ZeroMicrobatches { .. }
-        | ScheduleError::InterleavedTooFewMicrobatches { .. }
-        | ScheduleError::InterleavedGroupOutOfRange { .. }
-        | ScheduleError::InterleavedRemainder { .. }
-        | ScheduleError::DualPipeTooFewMicrobatches { .. } => "training.global_batch_size",
-        _ => "parallel.schedule",
-    }
-}
-
 fn estimate_problems(e: &EstimateError) -> Problems {
     match e {
         EstimateError::Schedule(s) => Problems {
-            violations: vec![Violation::new(schedule_field(s), s.to_string())],
+            violations: vec![Violation::new(s.field(), s.to_string())],
         },
         EstimateError::NonFinite { .. } => Problems {
             violations: vec![Violation::new("cluster.gpu", e.to_string())],
@@ -222,7 +200,7 @@ pub fn evaluate(
             let msg = panic
                 .downcast_ref::<String>()
                 .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .or_else(|| panic.downcast_ref::<&str>().map(ToString::to_string))
                 .unwrap_or_else(|| "unknown".into());
             Err(Problems::general(format!(
                 "the engine failed on this configuration ({msg}); please report it"

@@ -2,6 +2,7 @@
 //! squared log-error of predicted vs published TFLOP/s per GPU over the fitting rows, each
 //! source weighted equally.
 
+use super::fields::{self, median, ProfileField, Scale};
 use super::published::{Case, Source};
 use crate::config::{ConfigError, GpuProfile, Resolved};
 use crate::estimate::{estimate, EstimateError};
@@ -59,24 +60,27 @@ pub struct Params {
 }
 
 impl Params {
+    /// The profile fields, in the order of [`Params::to_vec`].
+    pub const PROFILE_FIELDS: [ProfileField; 5] = [
+        fields::MATMUL,
+        fields::ATTENTION,
+        fields::MEMORY_BOUND,
+        fields::OVERLAP_INTERFERENCE,
+        fields::INTRA_LINK,
+    ];
+
     /// Names in the profile, in the order of [`Params::to_vec`].
     pub const FIELDS: [&'static str; 5] = [
-        "efficiency.matmul",
-        "efficiency.attention",
-        "efficiency.memory_bound",
-        "efficiency.overlap_interference",
-        "links.intra_node.efficiency",
+        Self::PROFILE_FIELDS[0].name,
+        Self::PROFILE_FIELDS[1].name,
+        Self::PROFILE_FIELDS[2].name,
+        Self::PROFILE_FIELDS[3].name,
+        Self::PROFILE_FIELDS[4].name,
     ];
 
     /// The values a profile carries.
     pub fn of(p: &GpuProfile) -> Params {
-        Params {
-            matmul: p.efficiency.matmul,
-            attention: p.efficiency.attention,
-            memory_bound: p.efficiency.memory_bound,
-            overlap_interference: p.efficiency.overlap_interference,
-            intra_link: p.links.intra_node.efficiency,
-        }
+        Params::from_slice(&Self::PROFILE_FIELDS.map(|f| (f.get)(p)))
     }
 
     pub fn to_vec(self) -> [f64; 5] {
@@ -101,11 +105,9 @@ impl Params {
 
     /// Writes the values into a profile.
     pub fn apply(self, p: &mut GpuProfile) {
-        p.efficiency.matmul = self.matmul;
-        p.efficiency.attention = self.attention;
-        p.efficiency.memory_bound = self.memory_bound;
-        p.efficiency.overlap_interference = self.overlap_interference;
-        p.links.intra_node.efficiency = self.intra_link;
+        for (f, v) in Self::PROFILE_FIELDS.iter().zip(self.to_vec()) {
+            (f.set)(p, v);
+        }
     }
 }
 
@@ -214,27 +216,29 @@ pub fn objective(rows: &[&Case], params: Params) -> f64 {
 /// How many of [`Params::FIELDS`] are fitted (the rest keep the profile's value).
 pub const FITTED: usize = 4;
 
-/// Bounds of each value, in the order of [`Params::FIELDS`]: efficiencies stay in (0.05, 1],
-/// the overlap interference in [0, 1].
-const LO: [f64; 5] = [0.05, 0.05, 0.05, 0.0, 0.05];
-const HI: f64 = 1.0;
+/// The change of variables of each value, in the order of [`Params::FIELDS`]: efficiencies
+/// stay in (0.05, 1], the overlap interference in [0, 1].
+const SCALES: [Scale; 5] = [
+    Scale::Logit { lo: 0.05, hi: 1.0 },
+    Scale::Logit { lo: 0.05, hi: 1.0 },
+    Scale::Logit { lo: 0.05, hi: 1.0 },
+    Scale::Logit { lo: 0.0, hi: 1.0 },
+    Scale::Logit { lo: 0.05, hi: 1.0 },
+];
 
 fn to_unbounded(p: Params) -> Vec<f64> {
     p.to_vec()
         .iter()
-        .zip(LO)
-        .map(|(&v, lo)| {
-            let u = ((v - lo) / (HI - lo)).clamp(1e-6, 1.0 - 1e-6);
-            (u / (1.0 - u)).ln()
-        })
+        .zip(SCALES)
+        .map(|(&v, scale)| scale.to_unbounded(v))
         .collect()
 }
 
 fn from_unbounded(x: &[f64]) -> Params {
     let v: Vec<f64> = x
         .iter()
-        .zip(LO)
-        .map(|(&z, lo)| lo + (HI - lo) / (1.0 + (-z).exp()))
+        .zip(SCALES)
+        .map(|(&z, scale)| scale.from_unbounded(z))
         .collect();
     Params::from_slice(&v)
 }
@@ -273,20 +277,8 @@ pub fn fit(family: Family, rows: &[&Case], start: Params) -> Result<FitResult, F
             from_unbounded(&z)
         };
         let f = |x: &[f64]| objective(rows, full(x));
-        let (mut x, mut fx, e) = nelder_mead(f, &x0[..n], 0.3, 1e-9, 400);
+        let (x, fx, e) = nelder_mead_restarted(f, &x0[..n], 1e-9, 400, 8);
         evaluations += e;
-        for _ in 0..8 {
-            let (x2, f2, e2) = nelder_mead(f, &x, 0.3, 1e-9, 400);
-            evaluations += e2;
-            let improved = f2 < fx - 1e-9;
-            if f2 < fx {
-                x = x2;
-                fx = f2;
-            }
-            if !improved {
-                break;
-            }
-        }
         if best.as_ref().is_none_or(|b| fx < b.1) {
             best = Some((x, fx, x0.clone()));
         }
@@ -394,20 +386,40 @@ pub fn nelder_mead(
     (x, fx, evals.get())
 }
 
+/// [`nelder_mead`] (initial step 0.3) from `x0`, then restarted from its optimum up to
+/// `restarts` times until a restart improves the minimum by less than `ftol`: a fresh simplex
+/// escapes the collapsed one a first run can stop in. Returns (argmin, min, evaluations).
+pub fn nelder_mead_restarted(
+    f: impl Fn(&[f64]) -> f64,
+    x0: &[f64],
+    ftol: f64,
+    max_evals: usize,
+    restarts: usize,
+) -> (Vec<f64>, f64, usize) {
+    let (mut x, mut fx, mut evaluations) = nelder_mead(&f, x0, 0.3, ftol, max_evals);
+    for _ in 0..restarts {
+        let (x2, f2, e2) = nelder_mead(&f, &x, 0.3, ftol, max_evals);
+        evaluations += e2;
+        let improved = f2 < fx - ftol;
+        if f2 < fx {
+            x = x2;
+            fx = f2;
+        }
+        if !improved {
+            break;
+        }
+    }
+    (x, fx, evaluations)
+}
+
 /// Median and largest absolute error of a set of relative errors.
 pub fn summary(errors: &[f64]) -> (f64, f64) {
     if errors.is_empty() {
         return (0.0, 0.0);
     }
-    let mut a: Vec<f64> = errors.iter().map(|e| e.abs()).collect();
-    a.sort_by(f64::total_cmp);
-    let n = a.len();
-    let median = if n % 2 == 1 {
-        a[n / 2]
-    } else {
-        0.5 * (a[n / 2 - 1] + a[n / 2])
-    };
-    (median, a[n - 1])
+    let abs: Vec<f64> = errors.iter().map(|e| e.abs()).collect();
+    let worst = abs.iter().copied().fold(0.0, f64::max);
+    (median(abs), worst)
 }
 
 #[cfg(test)]

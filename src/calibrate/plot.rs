@@ -1,14 +1,17 @@
 //! The scatter plot of docs/accuracy.png: predicted vs published TFLOP/s per GPU, one colour
 //! per source, held-out rows filled and fitting rows hollow, with the y = x line and the
-//! +-10% and +-25% bands. Text uses the DejaVu Sans shipped in `assets/fonts` (registered with
-//! plotters, as `report::gantt` does).
+//! +-10% and +-25% bands; and the before/after plot of `parsim calibrate --png`. Both are
+//! [`Chart`]s, written by `report::chart` (size check, shipped font, PNG writer).
 
+use super::profile_fit::ProfileFit;
 use super::{CalibrateError, Evaluation, Role};
 use crate::calibrate::published::Source;
 use plotters::prelude::*;
 use std::path::Path;
 
-use crate::report::font::{ensure as ensure_font, FONT};
+use crate::report::chart::{self, Chart, DrawResult};
+use crate::report::font::FONT;
+use plotters::coord::Shift;
 
 /// Axis labels (TFLOP/s).
 const TICKS: [f64; 10] = [
@@ -25,13 +28,30 @@ fn colour(s: Source) -> RGBColor {
 
 /// Writes the scatter plot (PNG) of every predicted row of `e` to `path`.
 pub fn write_png(path: &Path, e: &Evaluation) -> Result<(), CalibrateError> {
-    let err = |m: String| CalibrateError::Plot {
-        path: path.display().to_string(),
-        message: m,
-    };
-    if !ensure_font() {
-        return Err(err("the shipped font could not be loaded".into()));
+    write(path, &AccuracyScatter(e), (900, 820))
+}
+
+/// Predicted vs published TFLOP/s of every predicted row of an evaluation.
+struct AccuracyScatter<'a>(&'a Evaluation);
+
+impl Chart for AccuracyScatter<'_> {
+    fn empty(&self) -> Option<&'static str> {
+        None
     }
+
+    fn min_size(&self) -> (u32, u32) {
+        (320, 320)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB::ErrorType> {
+        draw_accuracy(root, self.0)
+    }
+}
+
+fn draw_accuracy<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    e: &Evaluation,
+) -> DrawResult<DB::ErrorType> {
     let points: Vec<(f64, f64, Source, bool, bool)> = e
         .rows
         .iter()
@@ -54,9 +74,8 @@ pub fn write_png(path: &Path, e: &Evaluation) -> Result<(), CalibrateError> {
         .fold(100.0_f64, f64::max)
         * 1.05;
     let lo = points.iter().map(|p| p.0.min(p.1)).fold(hi, f64::min) * 0.95;
-    let root = BitMapBackend::new(path, (900, 820)).into_drawing_area();
-    root.fill(&WHITE).map_err(|x| err(x.to_string()))?;
-    let mut chart = ChartBuilder::on(&root)
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(root)
         .caption("parsim vs published TFLOP/s per GPU (log axes)", (FONT, 22))
         .margin(15)
         .x_label_area_size(45)
@@ -64,8 +83,7 @@ pub fn write_png(path: &Path, e: &Evaluation) -> Result<(), CalibrateError> {
         .build_cartesian_2d(
             (lo..hi).log_scale().with_key_points(TICKS.to_vec()),
             (lo..hi).log_scale().with_key_points(TICKS.to_vec()),
-        )
-        .map_err(|x| err(x.to_string()))?;
+        )?;
     chart
         .configure_mesh()
         .x_desc("published TFLOP/s per GPU (source's FLOPs convention)")
@@ -74,8 +92,7 @@ pub fn write_png(path: &Path, e: &Evaluation) -> Result<(), CalibrateError> {
         .y_label_formatter(&|v| format!("{v:.0}"))
         .label_style((FONT, 14))
         .axis_desc_style((FONT, 15))
-        .draw()
-        .map_err(|x| err(x.to_string()))?;
+        .draw()?;
     for (k, style, label) in [
         (1.0, BLACK.stroke_width(2), "y = x"),
         (1.10, RGBColor(120, 120, 120).stroke_width(1), "+-10%"),
@@ -83,9 +100,7 @@ pub fn write_png(path: &Path, e: &Evaluation) -> Result<(), CalibrateError> {
         (1.25, RGBColor(200, 200, 200).stroke_width(1), "+-25%"),
         (0.75, RGBColor(200, 200, 200).stroke_width(1), ""),
     ] {
-        let s = chart
-            .draw_series(LineSeries::new([(lo, lo * k), (hi, hi * k)], style))
-            .map_err(|x| err(x.to_string()))?;
+        let s = chart.draw_series(LineSeries::new([(lo, lo * k), (hi, hi * k)], style))?;
         if !label.is_empty() {
             s.label(label)
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
@@ -99,8 +114,7 @@ pub fn write_png(path: &Path, e: &Evaluation) -> Result<(), CalibrateError> {
             .map(|p| (p.0, p.1))
             .collect();
         chart
-            .draw_series(held.iter().map(|&p| Circle::new(p, 4, c.filled())))
-            .map_err(|x| err(x.to_string()))?
+            .draw_series(held.iter().map(|&p| Circle::new(p, 4, c.filled())))?
             .label(format!("{} held out", src.short()))
             .legend(move |(x, y)| Circle::new((x + 10, y), 4, c.filled()));
         let fitted: Vec<_> = points
@@ -109,8 +123,7 @@ pub fn write_png(path: &Path, e: &Evaluation) -> Result<(), CalibrateError> {
             .map(|p| (p.0, p.1))
             .collect();
         chart
-            .draw_series(fitted.iter().map(|&p| Circle::new(p, 4, c.stroke_width(1))))
-            .map_err(|x| err(x.to_string()))?
+            .draw_series(fitted.iter().map(|&p| Circle::new(p, 4, c.stroke_width(1))))?
             .label(format!("{} fitting", src.short()))
             .legend(move |(x, y)| Circle::new((x + 10, y), 4, c.stroke_width(1)));
     }
@@ -121,43 +134,50 @@ pub fn write_png(path: &Path, e: &Evaluation) -> Result<(), CalibrateError> {
             excluded
                 .iter()
                 .map(|&p| Cross::new(p, 4, grey.stroke_width(1))),
-        )
-        .map_err(|x| err(x.to_string()))?
+        )?
         .label("out of scope (fp8) / inconsistent")
         .legend(move |(x, y)| Cross::new((x + 10, y), 4, grey.stroke_width(1)));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font((FONT, 13))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|x| err(x.to_string()))?;
-    root.present().map_err(|x| err(x.to_string()))
+    legend(&mut chart)
 }
 
 /// Writes `parsim calibrate --png`: predicted vs measured step time per configuration, before
 /// the fit (grey crosses) and after (filled: fitting rows, hollow: held out), log axes.
-pub fn write_fit_png(
-    path: &Path,
-    fit: &super::profile_fit::ProfileFit,
-) -> Result<(), CalibrateError> {
-    let err = |m: String| CalibrateError::Plot {
-        path: path.display().to_string(),
-        message: m,
-    };
-    if !ensure_font() {
-        return Err(err("the shipped font could not be loaded".into()));
+pub fn write_fit_png(path: &Path, fit: &ProfileFit) -> Result<(), CalibrateError> {
+    write(path, &FitScatter(fit), (820, 760))
+}
+
+/// Predicted (before and after the fit) vs measured step time of every configuration.
+struct FitScatter<'a>(&'a ProfileFit);
+
+impl Chart for FitScatter<'_> {
+    fn empty(&self) -> Option<&'static str> {
+        self.0
+            .rows
+            .is_empty()
+            .then_some("the fit has no measurements")
     }
+
+    fn min_size(&self) -> (u32, u32) {
+        (320, 320)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB::ErrorType> {
+        draw_fit(root, self.0)
+    }
+}
+
+fn draw_fit<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    fit: &ProfileFit,
+) -> DrawResult<DB::ErrorType> {
     let all = fit
         .rows
         .iter()
         .flat_map(|r| [r.measured_s, r.before_s, r.after_s]);
     let hi = all.clone().fold(f64::MIN_POSITIVE, f64::max) * 1.2;
     let lo = all.fold(hi, f64::min) / 1.2;
-    let root = BitMapBackend::new(path, (820, 760)).into_drawing_area();
-    root.fill(&WHITE).map_err(|x| err(x.to_string()))?;
-    let mut chart = ChartBuilder::on(&root)
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(root)
         .caption(
             "parsim calibrate: predicted vs measured step time (log axes)",
             (FONT, 20),
@@ -165,8 +185,7 @@ pub fn write_fit_png(
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(70)
-        .build_cartesian_2d((lo..hi).log_scale(), (lo..hi).log_scale())
-        .map_err(|x| err(x.to_string()))?;
+        .build_cartesian_2d((lo..hi).log_scale(), (lo..hi).log_scale())?;
     chart
         .configure_mesh()
         .x_desc("measured seconds per step")
@@ -175,11 +194,9 @@ pub fn write_fit_png(
         .y_label_formatter(&|v| format!("{v:.3}"))
         .label_style((FONT, 13))
         .axis_desc_style((FONT, 14))
-        .draw()
-        .map_err(|x| err(x.to_string()))?;
+        .draw()?;
     chart
-        .draw_series(LineSeries::new([(lo, lo), (hi, hi)], BLACK.stroke_width(2)))
-        .map_err(|x| err(x.to_string()))?
+        .draw_series(LineSeries::new([(lo, lo), (hi, hi)], BLACK.stroke_width(2)))?
         .label("y = x")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
     let grey = RGBColor(150, 150, 150);
@@ -188,8 +205,7 @@ pub fn write_fit_png(
             fit.rows
                 .iter()
                 .map(|r| Cross::new((r.measured_s, r.before_s), 5, grey.stroke_width(1))),
-        )
-        .map_err(|x| err(x.to_string()))?
+        )?
         .label("before the fit")
         .legend(move |(x, y)| Cross::new((x + 10, y), 5, grey.stroke_width(1)));
     let blue = RGBColor(31, 119, 180);
@@ -199,8 +215,7 @@ pub fn write_fit_png(
                 .iter()
                 .filter(|r| r.role != "held out")
                 .map(|r| Circle::new((r.measured_s, r.after_s), 5, blue.filled())),
-        )
-        .map_err(|x| err(x.to_string()))?
+        )?
         .label("after, fitting rows")
         .legend(move |(x, y)| Circle::new((x + 10, y), 5, blue.filled()));
     let red = RGBColor(214, 39, 40);
@@ -210,10 +225,16 @@ pub fn write_fit_png(
                 .iter()
                 .filter(|r| r.role == "held out")
                 .map(|r| Circle::new((r.measured_s, r.after_s), 6, red.stroke_width(2))),
-        )
-        .map_err(|x| err(x.to_string()))?
+        )?
         .label("after, held out")
         .legend(move |(x, y)| Circle::new((x + 10, y), 6, red.stroke_width(2)));
+    legend(&mut chart)
+}
+
+/// The series legend of both plots, top left.
+fn legend<'a, DB: DrawingBackend + 'a, X: Ranged, Y: Ranged>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
+) -> DrawResult<DB::ErrorType> {
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperLeft)
@@ -221,6 +242,12 @@ pub fn write_fit_png(
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
-        .map_err(|x| err(x.to_string()))?;
-    root.present().map_err(|x| err(x.to_string()))
+}
+
+/// Writes `plot` as a PNG of `size` pixels to `path`.
+fn write(path: &Path, plot: &impl Chart, size: (u32, u32)) -> Result<(), CalibrateError> {
+    chart::write_png(path, plot, size).map_err(|e| CalibrateError::Plot {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })
 }

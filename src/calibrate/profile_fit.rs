@@ -7,7 +7,8 @@
 //! median; after a first fit, measurements whose log residual lies more than 3 scaled MADs
 //! from the median are set aside as outliers and the fit is repeated once.
 
-use super::fit::nelder_mead;
+use super::fields::{self, median, ProfileField, Scale};
+use super::fit::nelder_mead_restarted;
 use super::measurements::Measurement;
 use crate::config::GpuProfile;
 use crate::estimate::estimate;
@@ -16,93 +17,68 @@ use serde::Serialize;
 use statrs::distribution::{ContinuousCDF, StudentsT};
 use std::collections::BTreeMap;
 
-/// A fitted profile field: how to read and write it and its bounds.
+/// A fitted profile field and the change of variables it is fitted in.
+#[derive(Debug)]
 pub struct FitParam {
-    pub name: &'static str,
-    get: fn(&GpuProfile) -> f64,
-    set: fn(&mut GpuProfile, f64),
-    lo: f64,
-    hi: f64,
-    /// Fitted in log space (a time), else in logit space between lo and hi.
-    log_scale: bool,
+    pub field: ProfileField,
+    /// A time is fitted in log space, a fraction in logit space between its bounds.
+    pub scale: Scale,
 }
 
 impl FitParam {
-    fn coordinate_of(&self, v: f64) -> f64 {
-        if self.log_scale {
-            v.max(1e-12).ln()
-        } else {
-            let x = ((v - self.lo) / (self.hi - self.lo)).clamp(1e-6, 1.0 - 1e-6);
-            (x / (1.0 - x)).ln()
-        }
+    pub fn name(&self) -> &'static str {
+        self.field.name
     }
 
-    fn value_of(&self, u: f64) -> f64 {
-        if self.log_scale {
-            u.exp()
-        } else {
-            self.lo + (self.hi - self.lo) / (1.0 + (-u).exp())
+    fn get(&self, g: &GpuProfile) -> f64 {
+        (self.field.get)(g)
+    }
+
+    fn set(&self, g: &mut GpuProfile, v: f64) {
+        (self.field.set)(g, v);
+    }
+
+    /// The bounds of a fraction; `None` for a time.
+    fn bounds(&self) -> Option<(f64, f64)> {
+        match self.scale {
+            Scale::Logit { lo, hi } => Some((lo, hi)),
+            Scale::Log => None,
         }
     }
 }
+
+const FRACTION: Scale = Scale::Logit { lo: 0.01, hi: 1.0 };
+const SHARE: Scale = Scale::Logit { lo: 0.0, hi: 1.0 };
 
 /// The step-time parameters `calibrate` fits (runtime overhead is fitted from memory).
 pub const PARAMS: [FitParam; 7] = [
     FitParam {
-        name: "efficiency.matmul",
-        get: |g| g.efficiency.matmul,
-        set: |g, v| g.efficiency.matmul = v,
-        lo: 0.01,
-        hi: 1.0,
-        log_scale: false,
+        field: fields::MATMUL,
+        scale: FRACTION,
     },
     FitParam {
-        name: "efficiency.attention",
-        get: |g| g.efficiency.attention,
-        set: |g, v| g.efficiency.attention = v,
-        lo: 0.01,
-        hi: 1.0,
-        log_scale: false,
+        field: fields::ATTENTION,
+        scale: FRACTION,
     },
     FitParam {
-        name: "efficiency.memory_bound",
-        get: |g| g.efficiency.memory_bound,
-        set: |g, v| g.efficiency.memory_bound = v,
-        lo: 0.01,
-        hi: 1.0,
-        log_scale: false,
+        field: fields::MEMORY_BOUND,
+        scale: FRACTION,
     },
     FitParam {
-        name: "efficiency.kernel_overhead_s",
-        get: |g| g.efficiency.kernel_overhead_s,
-        set: |g, v| g.efficiency.kernel_overhead_s = v,
-        lo: 0.0,
-        hi: 0.0,
-        log_scale: true,
+        field: fields::KERNEL_OVERHEAD_S,
+        scale: Scale::Log,
     },
     FitParam {
-        name: "efficiency.overlap_interference",
-        get: |g| g.efficiency.overlap_interference,
-        set: |g, v| g.efficiency.overlap_interference = v,
-        lo: 0.0,
-        hi: 1.0,
-        log_scale: false,
+        field: fields::OVERLAP_INTERFERENCE,
+        scale: SHARE,
     },
     FitParam {
-        name: "links.intra_node.efficiency",
-        get: |g| g.links.intra_node.efficiency,
-        set: |g, v| g.links.intra_node.efficiency = v,
-        lo: 0.01,
-        hi: 1.0,
-        log_scale: false,
+        field: fields::INTRA_LINK,
+        scale: FRACTION,
     },
     FitParam {
-        name: "links.inter_node.efficiency",
-        get: |g| g.links.inter_node.efficiency,
-        set: |g, v| g.links.inter_node.efficiency = v,
-        lo: 0.01,
-        hi: 1.0,
-        log_scale: false,
+        field: fields::INTER_LINK,
+        scale: FRACTION,
     },
 ];
 
@@ -184,16 +160,6 @@ struct Group<'a> {
     holdout: bool,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        0.5 * (v[n / 2 - 1] + v[n / 2])
-    }
-}
-
 fn collapse(ms: &[Measurement]) -> Vec<Group<'_>> {
     let mut by: BTreeMap<String, Vec<&Measurement>> = BTreeMap::new();
     let mut order = Vec::new();
@@ -224,7 +190,7 @@ fn collapse(ms: &[Measurement]) -> Vec<Group<'_>> {
         .collect()
 }
 
-fn predict(g: &Group, profile: &GpuProfile) -> Result<(f64, u64), ProfileFitError> {
+fn predict(g: &Group<'_>, profile: &GpuProfile) -> Result<(f64, u64), ProfileFitError> {
     let err = |e: String| ProfileFitError::Predict {
         line: g.first.line,
         message: e,
@@ -234,16 +200,11 @@ fn predict(g: &Group, profile: &GpuProfile) -> Result<(f64, u64), ProfileFitErro
     Ok((e.time.step_s, e.memory.per_gpu_max_bytes))
 }
 
-/// Fits `base`'s parameters to `ms`. Rows marked `holdout` are held out; when none are, every
-/// fourth configuration is (if there are at least four).
-pub fn fit_profile(
-    base: &GpuProfile,
-    ms: &[Measurement],
-    origin: &str,
-) -> Result<ProfileFit, ProfileFitError> {
-    let groups = collapse(ms);
+/// Which configurations are held out: those marked `holdout` when any is, else every fourth
+/// (when there are at least four).
+fn held_out(groups: &[Group<'_>]) -> Vec<bool> {
     let any_marked = groups.iter().any(|g| g.holdout);
-    let held: Vec<bool> = groups
+    groups
         .iter()
         .enumerate()
         .map(|(i, g)| {
@@ -253,185 +214,195 @@ pub fn fit_profile(
                 groups.len() >= 4 && i % 4 == 3
             }
         })
-        .collect();
-    let train: Vec<usize> = (0..groups.len()).filter(|&i| !held[i]).collect();
-    if train.is_empty() {
-        return Err(ProfileFitError::NothingToFit);
+        .collect()
+}
+
+/// The fit's working state: the base profile, the collapsed measurements and their log step
+/// times, and the starting coordinates of every parameter in [`PARAMS`].
+struct Fitter<'a> {
+    base: &'a GpuProfile,
+    groups: &'a [Group<'a>],
+    /// Log of each group's measured step time.
+    measured: Vec<f64>,
+    /// Unbounded coordinates of the base values, strictly inside the bounds.
+    u0: Vec<f64>,
+}
+
+impl<'a> Fitter<'a> {
+    fn new(base: &'a GpuProfile, groups: &'a [Group<'a>]) -> Self {
+        // Start strictly inside the bounds: a value on its bound is a flat spot in logit space.
+        let u0 = PARAMS
+            .iter()
+            .map(|p| {
+                let v = p.get(base);
+                let v = match p.bounds() {
+                    None => v,
+                    Some((lo, hi)) => v.clamp(lo + 0.02 * (hi - lo), hi - 0.02 * (hi - lo)),
+                };
+                p.scale.to_unbounded(v)
+            })
+            .collect();
+        Fitter {
+            base,
+            groups,
+            measured: groups.iter().map(|g| g.step_s.ln()).collect(),
+            u0,
+        }
     }
 
-    // Start strictly inside the bounds: a value on its bound is a flat spot in logit space.
-    let u0: Vec<f64> = PARAMS
-        .iter()
-        .map(|p| {
-            let v = (p.get)(base);
-            let v = if p.log_scale {
-                v
-            } else {
-                v.clamp(p.lo + 0.02 * (p.hi - p.lo), p.hi - 0.02 * (p.hi - p.lo))
-            };
-            p.coordinate_of(v)
-        })
-        .collect();
-    // The base profile with the parameters `idx` taken from `u` (a full-length coordinate
-    // vector); every other field keeps its exact base value.
-    let profile_at = |u: &[f64], idx: &[usize]| {
-        let mut g = base.clone();
+    /// The base profile with the parameters `idx` taken from `u` (a full-length coordinate
+    /// vector); every other field keeps its exact base value.
+    fn profile_at(&self, u: &[f64], idx: &[usize]) -> GpuProfile {
+        let mut g = self.base.clone();
         for &j in idx {
-            (PARAMS[j].set)(&mut g, PARAMS[j].value_of(u[j]));
+            PARAMS[j].set(&mut g, PARAMS[j].scale.from_unbounded(u[j]));
         }
         g
-    };
-    let log_pred = |rows: &[usize], g: &GpuProfile| -> Result<Vec<f64>, ProfileFitError> {
-        rows.iter()
-            .map(|&i| predict(&groups[i], g).map(|(s, _)| s.ln()))
-            .collect()
-    };
-
-    // Identifiability: how much a step of 0.05 in each transformed parameter moves any
-    // fitting prediction (in log time).
-    let base_logs = log_pred(&train, base)?;
-    let mut identifiable = vec![false; PARAMS.len()];
-    for j in 0..PARAMS.len() {
-        // Move the value itself by 5% of its range toward the interior (a time by 20%): a
-        // step in logit coordinates would not move a value sitting on its bound.
-        let p = &PARAMS[j];
-        let v = (p.get)(base);
-        let moved_v = if p.log_scale {
-            v * 1.2
-        } else if v > 0.5 * (p.lo + p.hi) {
-            v - 0.05 * (p.hi - p.lo)
-        } else {
-            v + 0.05 * (p.hi - p.lo)
-        };
-        let mut g = base.clone();
-        (p.set)(&mut g, moved_v);
-        let moved = log_pred(&train, &g)?;
-        let sens = moved
-            .iter()
-            .zip(&base_logs)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f64::max);
-        identifiable[j] = sens > 1e-4;
     }
-    let mut free: Vec<usize> = (0..PARAMS.len()).filter(|&j| identifiable[j]).collect();
-    // More parameters than measurements cannot be fitted: keep the most sensitive ones.
-    free.truncate(train.len().saturating_sub(1).max(1).min(free.len()));
 
-    let measured: Vec<f64> = groups.iter().map(|g| g.step_s.ln()).collect();
-    let sse = |rows: &[usize], g: &GpuProfile| -> f64 {
-        match log_pred(rows, g) {
-            Ok(p) => rows
-                .iter()
-                .zip(p)
-                .map(|(&i, x)| (x - measured[i]).powi(2))
-                .sum(),
-            Err(_) => f64::INFINITY,
-        }
-    };
-    let fit_on = |rows: &[usize], start: &[f64]| -> Vec<f64> {
-        if free.is_empty() {
-            return Vec::new();
-        }
-        let f = |x: &[f64]| {
-            let mut u = u0.clone();
-            for (k, &j) in free.iter().enumerate() {
-                u[j] = x[k];
-            }
-            sse(rows, &profile_at(&u, &free))
-        };
-        let (mut x, mut fx, _) = nelder_mead(f, start, 0.3, 1e-12, 600);
-        for _ in 0..6 {
-            let (x2, f2, _) = nelder_mead(f, &x, 0.3, 1e-12, 600);
-            let improved = f2 < fx - 1e-12;
-            if f2 < fx {
-                x = x2;
-                fx = f2;
-            }
-            if !improved {
-                break;
-            }
-        }
-        x
-    };
-    let start: Vec<f64> = free.iter().map(|&j| u0[j]).collect();
-    let mut x = fit_on(&train, &start);
-    let u_at = |x: &[f64]| {
-        let mut u = u0.clone();
+    /// The full coordinate vector with the `free` parameters taken from `x`.
+    fn u_at(&self, x: &[f64], free: &[usize]) -> Vec<f64> {
+        let mut u = self.u0.clone();
         for (k, &j) in free.iter().enumerate() {
             u[j] = x[k];
         }
         u
-    };
+    }
 
-    // Outliers: beyond 3 scaled MADs of the log residuals, then refit once.
-    let mut fitted = profile_at(&u_at(&x), &free);
-    let resid: Vec<f64> = log_pred(&train, &fitted)?
-        .iter()
-        .zip(&train)
-        .map(|(p, &i)| p - measured[i])
-        .collect();
-    let med = median(resid.clone());
-    let mad = 1.4826 * median(resid.iter().map(|r| (r - med).abs()).collect());
-    let mut outlier = vec![false; groups.len()];
-    if mad > 0.0 && train.len() > free.len() + 2 {
-        for (k, &i) in train.iter().enumerate() {
-            outlier[i] = (resid[k] - med).abs() > 3.0 * mad;
+    /// Predicted log step times of the groups `rows` under profile `g`.
+    fn log_pred(&self, rows: &[usize], g: &GpuProfile) -> Result<Vec<f64>, ProfileFitError> {
+        rows.iter()
+            .map(|&i| predict(&self.groups[i], g).map(|(s, _)| s.ln()))
+            .collect()
+    }
+
+    /// Sum of squared log residuals over `rows` (infinite when a prediction fails).
+    fn sse(&self, rows: &[usize], g: &GpuProfile) -> f64 {
+        match self.log_pred(rows, g) {
+            Ok(p) => rows
+                .iter()
+                .zip(p)
+                .map(|(&i, x)| (x - self.measured[i]).powi(2))
+                .sum(),
+            Err(_) => f64::INFINITY,
         }
     }
-    let kept: Vec<usize> = train.iter().copied().filter(|&i| !outlier[i]).collect();
-    if kept.len() < train.len() {
-        x = fit_on(&kept, &x);
-        fitted = profile_at(&u_at(&x), &free);
+
+    /// Identifiability: whether moving each parameter moves any fitting prediction (in log
+    /// time) by more than 1e-4.
+    fn identifiable(&self, train: &[usize]) -> Result<Vec<bool>, ProfileFitError> {
+        let base_logs = self.log_pred(train, self.base)?;
+        PARAMS
+            .iter()
+            .map(|p| {
+                // Move the value itself by 5% of its range toward the interior (a time by
+                // 20%): a step in logit coordinates would not move a value sitting on its bound.
+                let v = p.get(self.base);
+                let moved_v = match p.bounds() {
+                    None => v * 1.2,
+                    Some((lo, hi)) if v > 0.5 * (lo + hi) => v - 0.05 * (hi - lo),
+                    Some((lo, hi)) => v + 0.05 * (hi - lo),
+                };
+                let mut g = self.base.clone();
+                p.set(&mut g, moved_v);
+                let moved = self.log_pred(train, &g)?;
+                let sens = moved
+                    .iter()
+                    .zip(&base_logs)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f64::max);
+                Ok(sens > 1e-4)
+            })
+            .collect()
     }
 
-    // Profiles carry 4 decimals of a fitted fraction and 4 significant figures of a time.
-    for &j in &free {
-        let p = &PARAMS[j];
-        let v = (p.get)(&fitted);
-        let rounded = if !p.log_scale {
-            (v * 1e4).round() / 1e4
-        } else if v > 0.0 {
-            let scale = 10f64.powi(3 - v.log10().floor() as i32);
-            (v * scale).round() / scale
+    /// Nelder-Mead on the `free` coordinates over `rows` from `start`, restarted from its
+    /// optimum until it stops improving.
+    fn fit_on(&self, rows: &[usize], start: &[f64], free: &[usize]) -> Vec<f64> {
+        if free.is_empty() {
+            return Vec::new();
+        }
+        let f = |x: &[f64]| self.sse(rows, &self.profile_at(&self.u_at(x, free), free));
+        nelder_mead_restarted(f, start, 1e-12, 600, 6).0
+    }
+
+    /// Fitting rows whose log residual under `fitted` lies beyond 3 scaled MADs of the median
+    /// (only when there are enough rows to spare).
+    fn outliers(
+        &self,
+        train: &[usize],
+        fitted: &GpuProfile,
+        n_free: usize,
+    ) -> Result<Vec<bool>, ProfileFitError> {
+        let resid: Vec<f64> = self
+            .log_pred(train, fitted)?
+            .iter()
+            .zip(train)
+            .map(|(p, &i)| p - self.measured[i])
+            .collect();
+        let med = median(resid.clone());
+        let mad = 1.4826 * median(resid.iter().map(|r| (r - med).abs()).collect());
+        let mut outlier = vec![false; self.groups.len()];
+        if mad > 0.0 && train.len() > n_free + 2 {
+            for (k, &i) in train.iter().enumerate() {
+                outlier[i] = (resid[k] - med).abs() > 3.0 * mad;
+            }
+        }
+        Ok(outlier)
+    }
+
+    /// R^2 of log step times and the rms relative step-time error over `kept` under `fitted`.
+    fn goodness(
+        &self,
+        kept: &[usize],
+        fitted: &GpuProfile,
+    ) -> Result<(f64, f64, f64), ProfileFitError> {
+        let logs = self.log_pred(kept, fitted)?;
+        let measured = &self.measured;
+        let ss_res: f64 = kept
+            .iter()
+            .zip(&logs)
+            .map(|(&i, p)| (p - measured[i]).powi(2))
+            .sum();
+        let mean = kept.iter().map(|&i| measured[i]).sum::<f64>() / kept.len() as f64;
+        let ss_tot: f64 = kept.iter().map(|&i| (measured[i] - mean).powi(2)).sum();
+        let r2 = if ss_tot > 0.0 {
+            1.0 - ss_res / ss_tot
         } else {
-            v
+            f64::NAN
         };
-        (p.set)(&mut fitted, rounded);
+        let residual_rms = (kept
+            .iter()
+            .zip(&logs)
+            .map(|(&i, p)| (p.exp() / measured[i].exp() - 1.0).powi(2))
+            .sum::<f64>()
+            / kept.len() as f64)
+            .sqrt();
+        Ok((ss_res, r2, residual_rms))
     }
 
-    // Goodness of fit and Gauss-Newton confidence intervals on the kept fitting rows.
-    let logs = log_pred(&kept, &fitted)?;
-    let res: Vec<f64> = kept
-        .iter()
-        .zip(&logs)
-        .map(|(&i, p)| p - measured[i])
-        .collect();
-    let ss_res: f64 = res.iter().map(|r| r * r).sum();
-    let mean = kept.iter().map(|&i| measured[i]).sum::<f64>() / kept.len() as f64;
-    let ss_tot: f64 = kept.iter().map(|&i| (measured[i] - mean).powi(2)).sum();
-    let r2 = if ss_tot > 0.0 {
-        1.0 - ss_res / ss_tot
-    } else {
-        f64::NAN
-    };
-    let residual_rms = (kept
-        .iter()
-        .zip(&logs)
-        .map(|(&i, p)| (p.exp() / measured[i].exp() - 1.0).powi(2))
-        .sum::<f64>()
-        / kept.len() as f64)
-        .sqrt();
-    let dof = kept.len().saturating_sub(free.len());
-    let mut ci: Vec<Option<(f64, f64)>> = vec![None; PARAMS.len()];
-    if dof > 0 && !free.is_empty() {
+    /// 95% confidence intervals of the `free` parameters at coordinates `x` (Student's t on
+    /// the Gauss-Newton covariance of the log residuals over `kept`), by index into [`PARAMS`].
+    fn confidence_intervals(
+        &self,
+        kept: &[usize],
+        x: &[f64],
+        free: &[usize],
+        ss_res: f64,
+    ) -> Result<Vec<Option<(f64, f64)>>, ProfileFitError> {
+        let mut ci: Vec<Option<(f64, f64)>> = vec![None; PARAMS.len()];
+        let dof = kept.len().saturating_sub(free.len());
+        if dof == 0 || free.is_empty() {
+            return Ok(ci);
+        }
         let h = 1e-4;
         let mut jac = DMatrix::<f64>::zeros(kept.len(), free.len());
         for (k, &j) in free.iter().enumerate() {
-            let mut u = u_at(&x);
+            let mut u = self.u_at(x, free);
             u[j] += h;
-            let up = log_pred(&kept, &profile_at(&u, &free))?;
+            let up = self.log_pred(kept, &self.profile_at(&u, free))?;
             u[j] -= 2.0 * h;
-            let dn = log_pred(&kept, &profile_at(&u, &free))?;
+            let dn = self.log_pred(kept, &self.profile_at(&u, free))?;
             for r in 0..kept.len() {
                 jac[(r, k)] = (up[r] - dn[r]) / (2.0 * h);
             }
@@ -444,91 +415,117 @@ pub fn fit_profile(
             .collect();
         let reduced = jac.select_columns(live.iter());
         if let Some(inv) = (reduced.transpose() * &reduced).try_inverse() {
-            let t = StudentsT::new(0.0, 1.0, dof as f64)
-                .map(|d| d.inverse_cdf(0.975))
-                .unwrap_or(f64::NAN);
+            let t = StudentsT::new(0.0, 1.0, dof as f64).map_or(f64::NAN, |d| d.inverse_cdf(0.975));
+            let u = self.u_at(x, free);
             for (c, &k) in live.iter().enumerate() {
                 let j = free[k];
                 let sd = (s2 * inv[(c, c)]).max(0.0).sqrt();
-                let u = u_at(&x)[j];
+                let scale = PARAMS[j].scale;
                 let (a, b) = (
-                    PARAMS[j].value_of(u - t * sd),
-                    PARAMS[j].value_of(u + t * sd),
+                    scale.from_unbounded(u[j] - t * sd),
+                    scale.from_unbounded(u[j] + t * sd),
                 );
                 if a.is_finite() && b.is_finite() {
                     ci[j] = Some((a.min(b), a.max(b)));
                 }
             }
         }
+        Ok(ci)
     }
 
-    // Runtime overhead from memory: the median gap between measured and predicted peaks.
-    let mem_rows: Vec<usize> = kept
-        .iter()
-        .copied()
-        .filter(|&i| groups[i].peak.is_some())
-        .collect();
-    let overhead_before = base.runtime_overhead_bytes;
-    if !mem_rows.is_empty() {
+    /// Runtime overhead from memory: the median gap between measured and predicted peaks
+    /// over `mem_rows` (None when no row has a measured peak).
+    fn runtime_overhead(&self, mem_rows: &[usize], fitted: &GpuProfile) -> Option<u64> {
+        if mem_rows.is_empty() {
+            return None;
+        }
+        let overhead_before = self.base.runtime_overhead_bytes;
         let gaps: Vec<f64> = mem_rows
             .iter()
             .map(|&i| {
-                let (_, p) = predict(&groups[i], &fitted).unwrap_or((0.0, 0));
-                groups[i].peak.unwrap_or(0) as f64 - (p as f64 - overhead_before as f64)
+                let g = &self.groups[i];
+                let (_, p) = predict(g, fitted).unwrap_or((0.0, 0));
+                g.peak.unwrap_or(0) as f64 - (p as f64 - overhead_before as f64)
             })
             .collect();
-        fitted.runtime_overhead_bytes = median(gaps).max(0.0).round() as u64;
+        Some(median(gaps).max(0.0).round() as u64)
     }
+}
 
-    let stamp = format!(
-        "fitted by `parsim calibrate` from {origin} ({} measurements, {} configurations)",
-        ms.len(),
-        groups.len()
-    );
+/// Profiles carry 4 decimals of a fitted fraction and 4 significant figures of a time.
+fn round_fitted(fitted: &mut GpuProfile, free: &[usize]) {
+    for &j in free {
+        let p = &PARAMS[j];
+        let v = p.get(fitted);
+        let rounded = if p.bounds().is_some() {
+            (v * 1e4).round() / 1e4
+        } else if v > 0.0 {
+            let scale = 10f64.powi(3 - v.log10().floor() as i32);
+            (v * scale).round() / scale
+        } else {
+            v
+        };
+        p.set(fitted, rounded);
+    }
+}
+
+/// What the fit found, for [`param_reports`].
+struct Outcome<'a> {
+    stamp: &'a str,
+    free: &'a [usize],
+    identifiable: &'a [bool],
+    ci: &'a [Option<(f64, f64)>],
+    r2: f64,
+    residual_rms: f64,
+}
+
+/// One report per parameter; the provenance of each fitted one is written into `fitted`.
+fn param_reports(base: &GpuProfile, fitted: &mut GpuProfile, o: &Outcome<'_>) -> Vec<ParamReport> {
+    let (stamp, r2, rms) = (o.stamp, o.r2, 100.0 * o.residual_rms);
     let mut params = Vec::new();
     for (j, p) in PARAMS.iter().enumerate() {
-        let before = (p.get)(base);
-        let after = (p.get)(&fitted);
-        let is_free = free.contains(&j);
+        let is_free = o.free.contains(&j);
         let note = if is_free {
-            match ci[j] {
+            match o.ci[j] {
                 Some((a, b)) => format!(
-                    "{stamp}; 95% CI [{a:.4}, {b:.4}]; R^2 {r2:.3}; residual spread {:.1}% rms",
-                    100.0 * residual_rms
+                    "{stamp}; 95% CI [{a:.4}, {b:.4}]; R^2 {r2:.3}; residual spread {rms:.1}% rms"
                 ),
                 None => format!(
-                    "{stamp}; R^2 {r2:.3}; residual spread {:.1}% rms; no confidence interval (on its bound, too few degrees of freedom, or collinear)",
-                    100.0 * residual_rms
+                    "{stamp}; R^2 {r2:.3}; residual spread {rms:.1}% rms; no confidence interval (on its bound, too few degrees of freedom, or collinear)"
                 ),
             }
-        } else if identifiable[j] {
+        } else if o.identifiable[j] {
             "identifiable, but there are more parameters than measurements: kept".to_string()
         } else {
             "not identifiable from these measurements (no prediction depends on it): kept at the base value".to_string()
         };
         if is_free {
-            fitted.provenance.insert(p.name.to_string(), note.clone());
+            fitted.provenance.insert(p.name().to_string(), note.clone());
         }
         params.push(ParamReport {
-            name: p.name.to_string(),
-            before,
-            after,
-            ci95: ci[j],
-            identifiable: identifiable[j],
+            name: p.name().to_string(),
+            before: p.get(base),
+            after: p.get(fitted),
+            ci95: o.ci[j],
+            identifiable: o.identifiable[j],
             note,
         });
     }
-    if !mem_rows.is_empty() {
-        fitted.provenance.insert(
-            "runtime_overhead_bytes".into(),
-            format!("{stamp}; median gap between measured and predicted peak memory over {} configurations", mem_rows.len()),
-        );
-    }
+    params
+}
 
+/// Every configuration predicted under `base` and `fitted`, with its role in the fit.
+fn row_reports(
+    groups: &[Group<'_>],
+    base: &GpuProfile,
+    fitted: &GpuProfile,
+    held: &[bool],
+    outlier: &[bool],
+) -> Result<Vec<RowReport>, ProfileFitError> {
     let mut rows = Vec::with_capacity(groups.len());
     for (i, g) in groups.iter().enumerate() {
         let (bs, bp) = predict(g, base)?;
-        let (a_s, ap) = predict(g, &fitted)?;
+        let (a_s, ap) = predict(g, fitted)?;
         rows.push(RowReport {
             label: g.first.label.clone(),
             line: g.first.line,
@@ -548,6 +545,77 @@ pub fn fit_profile(
             after_peak_bytes: ap,
         });
     }
+    Ok(rows)
+}
+
+/// Fits `base`'s parameters to `ms`. Rows marked `holdout` are held out; when none are, every
+/// fourth configuration is (if there are at least four).
+pub fn fit_profile(
+    base: &GpuProfile,
+    ms: &[Measurement],
+    origin: &str,
+) -> Result<ProfileFit, ProfileFitError> {
+    let groups = collapse(ms);
+    let held = held_out(&groups);
+    let train: Vec<usize> = (0..groups.len()).filter(|&i| !held[i]).collect();
+    if train.is_empty() {
+        return Err(ProfileFitError::NothingToFit);
+    }
+    let fitter = Fitter::new(base, &groups);
+
+    let identifiable = fitter.identifiable(&train)?;
+    let mut free: Vec<usize> = (0..PARAMS.len()).filter(|&j| identifiable[j]).collect();
+    // More parameters than measurements cannot be fitted: keep the most sensitive ones.
+    free.truncate(train.len().saturating_sub(1).max(1).min(free.len()));
+
+    let start: Vec<f64> = free.iter().map(|&j| fitter.u0[j]).collect();
+    let mut x = fitter.fit_on(&train, &start, &free);
+    // Outliers: beyond 3 scaled MADs of the log residuals, then refit once.
+    let mut fitted = fitter.profile_at(&fitter.u_at(&x, &free), &free);
+    let outlier = fitter.outliers(&train, &fitted, free.len())?;
+    let kept: Vec<usize> = train.iter().copied().filter(|&i| !outlier[i]).collect();
+    if kept.len() < train.len() {
+        x = fitter.fit_on(&kept, &x, &free);
+        fitted = fitter.profile_at(&fitter.u_at(&x, &free), &free);
+    }
+    round_fitted(&mut fitted, &free);
+
+    // Goodness of fit and Gauss-Newton confidence intervals on the kept fitting rows.
+    let (ss_res, r2, residual_rms) = fitter.goodness(&kept, &fitted)?;
+    let dof = kept.len().saturating_sub(free.len());
+    let ci = fitter.confidence_intervals(&kept, &x, &free, ss_res)?;
+
+    let mem_rows: Vec<usize> = kept
+        .iter()
+        .copied()
+        .filter(|&i| groups[i].peak.is_some())
+        .collect();
+    let overhead_before = base.runtime_overhead_bytes;
+    if let Some(overhead) = fitter.runtime_overhead(&mem_rows, &fitted) {
+        fitted.runtime_overhead_bytes = overhead;
+    }
+
+    let stamp = format!(
+        "fitted by `parsim calibrate` from {origin} ({} measurements, {} configurations)",
+        ms.len(),
+        groups.len()
+    );
+    let outcome = Outcome {
+        stamp: &stamp,
+        free: &free,
+        identifiable: &identifiable,
+        ci: &ci,
+        r2,
+        residual_rms,
+    };
+    let params = param_reports(base, &mut fitted, &outcome);
+    if !mem_rows.is_empty() {
+        fitted.provenance.insert(
+            "runtime_overhead_bytes".into(),
+            format!("{stamp}; median gap between measured and predicted peak memory over {} configurations", mem_rows.len()),
+        );
+    }
+    let rows = row_reports(&groups, base, &fitted, &held, &outlier)?;
     Ok(ProfileFit {
         profile: fitted,
         params,

@@ -8,6 +8,7 @@ use parsim::calibrate::measurements;
 use parsim::calibrate::profile_fit::{fit_profile, ProfileFit};
 use parsim::config::GpuProfile;
 use parsim::report::format::{gib, seconds};
+use parsim::report::table::table;
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -39,15 +40,7 @@ fn pct(x: Option<(f64, f64)>) -> String {
 }
 
 fn print_fit(f: &ProfileFit, report: bool) {
-    let mut t = comfy_table::Table::new();
-    t.load_style(comfy_table::presets::UTF8_BORDERS_ONLY);
-    t.set_header(vec![
-        "parameter",
-        "before",
-        "after",
-        "95% CI",
-        "identifiable",
-    ]);
+    let mut t = table(&["parameter", "before", "after", "95% CI", "identifiable"]);
     let num = |v: f64| {
         if v != 0.0 && v.abs() < 1e-3 {
             format!("{v:.3e}")
@@ -110,9 +103,7 @@ fn print_fit(f: &ProfileFit, report: bool) {
         );
     }
     if report {
-        let mut t = comfy_table::Table::new();
-        t.load_style(comfy_table::presets::UTF8_BORDERS_ONLY);
-        t.set_header(vec![
+        let mut t = table(&[
             "line",
             "label",
             "role",
@@ -183,6 +174,10 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs of each sweep point in `parsim execute --calibrate` (the fastest is kept: interference
+/// from other work only ever adds time).
+const REPEATS: u32 = 2;
+
 /// `parsim execute --calibrate`: run the sweep on the CPU backend, fit the CPU profile, write
 /// it (and the measurements beside it, as its provenance).
 pub fn run_execute_calibrate(
@@ -199,7 +194,6 @@ pub fn run_execute_calibrate(
         None => sweep::default_cpu_sweep(),
     };
     anyhow::ensure!(!points.is_empty(), "the sweep has no points");
-    const REPEATS: u32 = 2;
     let bar = ProgressBar::new(REPEATS as u64 * points.len() as u64);
     bar.set_style(
         ProgressStyle::with_template("{spinner} measuring [{bar:30}] {pos}/{len} runs")
@@ -243,7 +237,7 @@ pub fn run_execute_calibrate(
         print_fit(&fit, true);
     }
     if let (Some(path), Some(jsonl)) = (out, jsonl_path) {
-        std::fs::write(&jsonl, parsim::calibrate::sweep::to_jsonl(&ms))
+        std::fs::write(&jsonl, sweep::to_jsonl(&ms))
             .with_context(|| format!("cannot write {}", jsonl.display()))?;
         let header = format!(
             "# {}: fitted by `parsim execute --calibrate` from {origin}; provenance below.\n",

@@ -10,8 +10,10 @@ use parsim::config::{
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 
+/// Where the configuration starts from: a file, and the model from a preset or a Hugging Face
+/// config.json. Shared by every subcommand that reads a configuration.
 #[derive(Debug, Clone, Default, Args)]
-pub struct ConfigArgs {
+pub struct SourceArgs {
     /// Configuration file (TOML, or JSON by extension); flags override it.
     #[arg(long, short = 'c', value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -21,6 +23,118 @@ pub struct ConfigArgs {
     /// A Hugging Face config.json to import the model from.
     #[arg(long, value_name = "HF_CONFIG_JSON")]
     pub model_config: Option<PathBuf>,
+}
+
+/// The cluster and the workload: what `search` keeps fixed while it searches the parallel mix.
+#[derive(Debug, Clone, Default, Args)]
+pub struct WorkloadArgs {
+    /// Number of GPUs.
+    #[arg(long)]
+    pub gpus: Option<u32>,
+    /// GPUs per node.
+    #[arg(long)]
+    pub gpus_per_node: Option<u32>,
+    /// GPU profile name (a100-40g, a100-80g, h100-sxm, h200, b200, mi300x) or profile TOML path.
+    #[arg(long)]
+    pub gpu: Option<String>,
+    /// Sequence length.
+    #[arg(long)]
+    pub seq: Option<u64>,
+    /// Global batch size.
+    #[arg(long)]
+    pub gbs: Option<u64>,
+    /// Precision: bf16, fp16, fp8, fp32.
+    #[arg(long)]
+    pub precision: Option<Precision>,
+}
+
+impl SourceArgs {
+    /// Adds the model source to the override layer `m`.
+    fn put_overrides(&self, m: &mut Map<String, Value>) {
+        put(m, "model", "preset", self.model.clone());
+        put(
+            m,
+            "model",
+            "hf_config",
+            self.model_config.as_ref().map(|p| p.display().to_string()),
+        );
+    }
+
+    /// The configuration file's layer (none without a file) under the override layer
+    /// `overrides`, merged.
+    pub fn load_with(&self, overrides: Value) -> anyhow::Result<Config> {
+        let mut layers = Vec::new();
+        if let Some(path) = &self.config {
+            layers.push(Layer::from_file(path)?);
+        }
+        layers.push(Layer::overrides(overrides));
+        let cfg = Config::from_layers(&layers)?;
+        for w in self.dropped_model(&layers[..layers.len() - 1]) {
+            eprintln!("warning: {w}");
+        }
+        Ok(cfg)
+    }
+
+    /// The model fields of the files that `--model` or `--model-config` replaces, named
+    /// (they were silently discarded before).
+    fn dropped_model(&self, files: &[Layer]) -> Vec<String> {
+        let flag = match (&self.model, &self.model_config) {
+            (Some(_), _) => "--model",
+            (None, Some(_)) => "--model-config",
+            (None, None) => return Vec::new(),
+        };
+        files
+            .iter()
+            .filter_map(|layer| {
+                let model = layer.value.get("model")?.as_object()?;
+                let dropped: Vec<&str> = model
+                    .keys()
+                    .map(String::as_str)
+                    .filter(|k| !matches!(*k, "preset" | "hf_config"))
+                    .collect();
+                (!model.is_empty()).then(|| {
+                    format!(
+                        "{flag} replaces the model of {}: its [model] fields{} are ignored",
+                        layer.origin,
+                        if dropped.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({})", dropped.join(", "))
+                        }
+                    )
+                })
+            })
+            .collect()
+    }
+}
+
+impl WorkloadArgs {
+    /// Adds the cluster and workload flags to the override layer `m`.
+    fn put_overrides(&self, m: &mut Map<String, Value>) {
+        put(m, "cluster", "num_gpus", self.gpus);
+        put(m, "cluster", "gpus_per_node", self.gpus_per_node);
+        put(m, "cluster", "gpu", self.gpu.clone());
+        put(m, "training", "seq_length", self.seq);
+        put(m, "training", "global_batch_size", self.gbs);
+        put(m, "training", "precision", self.precision);
+    }
+
+    /// The file and model source with these flags over them (for `search`).
+    pub fn load(&self, source: &SourceArgs) -> anyhow::Result<Config> {
+        let mut m = Map::new();
+        source.put_overrides(&mut m);
+        self.put_overrides(&mut m);
+        source.load_with(Value::Object(m))
+    }
+}
+
+/// Every configuration flag: the source, the cluster and workload, and the rest.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ConfigArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
     /// Tensor-parallel degree.
     #[arg(long)]
     pub tp: Option<u32>,
@@ -66,30 +180,12 @@ pub struct ConfigArgs {
     /// Layers on the last pipeline stage (Megatron's --decoder-last-pipeline-num-layers).
     #[arg(long)]
     pub last_stage_layers: Option<u32>,
-    /// Number of GPUs.
-    #[arg(long)]
-    pub gpus: Option<u32>,
-    /// GPUs per node.
-    #[arg(long)]
-    pub gpus_per_node: Option<u32>,
-    /// GPU profile name (a100-40g, a100-80g, h100-sxm, h200, b200, mi300x) or profile TOML path.
-    #[arg(long)]
-    pub gpu: Option<String>,
     /// A hardware profile TOML (e.g. one written by `parsim calibrate`); the same as --gpu PATH.
     #[arg(long, value_name = "FILE", conflicts_with = "gpu")]
     pub profile: Option<PathBuf>,
-    /// Sequence length.
-    #[arg(long)]
-    pub seq: Option<u64>,
     /// Micro batch size.
     #[arg(long)]
     pub mbs: Option<u64>,
-    /// Global batch size.
-    #[arg(long)]
-    pub gbs: Option<u64>,
-    /// Precision: bf16, fp16, fp8, fp32.
-    #[arg(long)]
-    pub precision: Option<Precision>,
     /// Gradient buffer dtype: fp32, bf16.
     #[arg(long)]
     pub grad_dtype: Option<Dtype>,
@@ -158,13 +254,8 @@ impl ConfigArgs {
     /// The flags as one override layer.
     pub fn overrides(&self) -> Value {
         let mut m = Map::new();
-        put(&mut m, "model", "preset", self.model.clone());
-        put(
-            &mut m,
-            "model",
-            "hf_config",
-            self.model_config.as_ref().map(|p| p.display().to_string()),
-        );
+        self.source.put_overrides(&mut m);
+        self.workload.put_overrides(&mut m);
         put(
             &mut m,
             "model",
@@ -218,19 +309,13 @@ impl ConfigArgs {
             put(&mut m, "parallel", "cp_comm_overlap", Some(false));
         }
         put(&mut m, "parallel", "ddp_bucket_size", self.ddp_bucket_size);
-        put(&mut m, "cluster", "num_gpus", self.gpus);
-        put(&mut m, "cluster", "gpus_per_node", self.gpus_per_node);
-        put(&mut m, "cluster", "gpu", self.gpu.clone());
         put(
             &mut m,
             "cluster",
             "gpu",
             self.profile.as_ref().map(|p| p.display().to_string()),
         );
-        put(&mut m, "training", "seq_length", self.seq);
         put(&mut m, "training", "micro_batch_size", self.mbs);
-        put(&mut m, "training", "global_batch_size", self.gbs);
-        put(&mut m, "training", "precision", self.precision);
         put(&mut m, "training", "grad_dtype", self.grad_dtype);
         put(&mut m, "training", "recompute", self.recompute);
         put(&mut m, "training", "flash_attention", self.flash_attention);
@@ -245,21 +330,16 @@ impl ConfigArgs {
 
     /// The merged configuration (file, then flags); flags it ignores are named on stderr.
     pub fn load(&self) -> anyhow::Result<Config> {
-        let mut layers = Vec::new();
-        if let Some(path) = &self.config {
-            layers.push(Layer::from_file(path)?);
-        }
-        layers.push(Layer::overrides(self.overrides()));
-        let cfg = Config::from_layers(&layers)?;
-        for w in self.ignored(&layers[..layers.len() - 1], &cfg) {
+        let cfg = self.source.load_with(self.overrides())?;
+        for w in self.ignored(&cfg) {
             eprintln!("warning: {w}");
         }
         Ok(cfg)
     }
 
-    /// Flags (and file fields) that the merged configuration `cfg` does not use, each named:
-    /// they were silently dropped before.
-    fn ignored(&self, files: &[Layer], cfg: &Config) -> Vec<String> {
+    /// Flags that the merged configuration `cfg` does not use, each named: they were
+    /// silently dropped before.
+    fn ignored(&self, cfg: &Config) -> Vec<String> {
         let mut w = Vec::new();
         if self.lora_rank.is_some() && cfg.training.mode != TrainingMode::Lora {
             w.push("--lora-rank ignored: training.mode is full (add --mode lora)".to_string());
@@ -275,36 +355,6 @@ impl ConfigArgs {
                 w.push(format!(
                     "--moe-load-imbalance ignored: {model} is dense (model.num_experts = 0)"
                 ));
-            }
-        }
-        let restart = if self.model.is_some() {
-            Some("--model")
-        } else if self.model_config.is_some() {
-            Some("--model-config")
-        } else {
-            None
-        };
-        if let Some(flag) = restart {
-            for layer in files {
-                let Some(model) = layer.value.get("model").and_then(Value::as_object) else {
-                    continue;
-                };
-                let dropped: Vec<&str> = model
-                    .keys()
-                    .map(String::as_str)
-                    .filter(|k| !matches!(*k, "preset" | "hf_config"))
-                    .collect();
-                if !model.is_empty() {
-                    w.push(format!(
-                        "{flag} replaces the model of {}: its [model] fields{} are ignored",
-                        layer.origin,
-                        if dropped.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" ({})", dropped.join(", "))
-                        }
-                    ));
-                }
             }
         }
         w

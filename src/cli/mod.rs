@@ -25,6 +25,9 @@ pub enum Command {
     /// Simulate and draw pipeline schedules (GPipe, 1F1B, interleaved, ZB-H1, ZB-V, DualPipe-V).
     Schedule(schedule::ScheduleArgs),
     /// Rank every valid parallel mix for a model and a GPU count.
+    ///
+    /// A --config file gives the model, cluster and training settings; its parallel section
+    /// is what is searched.
     Search(search::SearchArgs),
     /// Rank coordinates (tp, cp, ep, dp, pp) and process groups.
     Layout(layout::LayoutArgs),

@@ -104,7 +104,7 @@ fn parse_size(s: &str) -> Result<(u32, u32), String> {
         .trim()
         .parse()
         .map_err(|_| format!("bad height in '{s}'"))?;
-    let most = gantt::MAX_SIDE_PX;
+    let most = parsim::report::chart::MAX_SIDE_PX;
     if w > most || h > most {
         return Err(format!(
             "{w}x{h} is too large: at most {most} pixels a side"

@@ -1,46 +1,24 @@
 //! `parsim search`: rank every valid parallel mix for a model and a GPU count.
 
-use super::config_args::ConfigArgs;
+use super::config_args::{SourceArgs, WorkloadArgs};
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use parsim::config::Precision;
 use parsim::report::format::{gib, seconds};
+use parsim::report::table;
 use parsim::search::{search, Constraint, Ranked, SearchSpec};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Search the parallel mix: the configuration file, model, cluster and training settings are
+/// kept; the file's parallel section is searched.
 #[derive(Debug, Args)]
 pub struct SearchArgs {
-    /// Configuration file for the model, cluster and training settings (its parallel section is searched).
-    #[arg(long, short = 'c', value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Model preset.
-    #[arg(long, value_name = "PRESET", conflicts_with = "model_config")]
-    pub model: Option<String>,
-    /// A Hugging Face config.json.
-    #[arg(long, value_name = "HF_CONFIG_JSON")]
-    pub model_config: Option<PathBuf>,
-    /// Number of GPUs.
-    #[arg(long)]
-    pub gpus: Option<u32>,
-    /// GPUs per node.
-    #[arg(long)]
-    pub gpus_per_node: Option<u32>,
-    /// GPU profile.
-    #[arg(long)]
-    pub gpu: Option<String>,
-    /// Sequence length.
-    #[arg(long)]
-    pub seq: Option<u64>,
-    /// Global batch size.
-    #[arg(long)]
-    pub gbs: Option<u64>,
-    /// Precision: bf16, fp16, fp8, fp32.
-    #[arg(long)]
-    pub precision: Option<Precision>,
+    #[command(flatten)]
+    pub source: SourceArgs,
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
     /// Largest micro batch size tried (powers of two from 1).
     #[arg(long, default_value_t = 4)]
     pub mbs_max: u64,
@@ -72,12 +50,8 @@ fn row(i: usize, r: &Ranked) -> Vec<String> {
     ]
 }
 
-fn table(title: &str, rows: &[Ranked]) -> String {
-    let mut t = comfy_table::Table::new();
-    t.load_style(comfy_table::presets::UTF8_BORDERS_ONLY);
-    t.set_header(vec![
-        "#", title, "step", "tokens/s", "MFU", "GiB", "bound by",
-    ]);
+fn ranked_table(title: &str, rows: &[Ranked]) -> String {
+    let mut t = table::table(&["#", title, "step", "tokens/s", "MFU", "GiB", "bound by"]);
     for (i, r) in rows.iter().enumerate() {
         t.add_row(row(i, r));
     }
@@ -85,19 +59,7 @@ fn table(title: &str, rows: &[Ranked]) -> String {
 }
 
 pub fn run(args: SearchArgs) -> anyhow::Result<()> {
-    let cfg_args = ConfigArgs {
-        config: args.config.clone(),
-        model: args.model.clone(),
-        model_config: args.model_config.clone(),
-        gpus: args.gpus,
-        gpus_per_node: args.gpus_per_node,
-        gpu: args.gpu.clone(),
-        seq: args.seq,
-        gbs: args.gbs,
-        precision: args.precision,
-        ..ConfigArgs::default()
-    };
-    let base = cfg_args.load()?;
+    let base = args.workload.load(&args.source)?;
     let constraints = args
         .constraints
         .iter()
@@ -113,9 +75,11 @@ pub fn run(args: SearchArgs) -> anyhow::Result<()> {
 
     let cancel = Arc::new(AtomicBool::new(false));
     {
-        let cancel = cancel.clone();
+        let cancel = Arc::clone(&cancel);
         // A second handler cannot be installed (e.g. in tests running in one process): ignore.
-        let _ = ctrlc::set_handler(move || cancel.store(true, Ordering::Relaxed));
+        drop(ctrlc::set_handler(move || {
+            cancel.store(true, Ordering::Relaxed);
+        }));
     }
     let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::hidden());
     bar.set_style(
@@ -126,17 +90,13 @@ pub fn run(args: SearchArgs) -> anyhow::Result<()> {
         .progress_chars("=> "),
     );
     let started = Instant::now();
-    let shown = Mutex::new(false);
+    let shown = AtomicBool::new(false);
     let progress = |done: u64, total: u64| {
         bar.set_length(total);
         bar.set_position(done);
-        if started.elapsed() > Duration::from_secs(1) {
-            if let Ok(mut s) = shown.lock() {
-                if !*s {
-                    bar.set_draw_target(ProgressDrawTarget::stderr());
-                    *s = true;
-                }
-            }
+        // The bar appears once a search has run for a second; the first thread there shows it.
+        if started.elapsed() > Duration::from_secs(1) && !shown.swap(true, Ordering::Relaxed) {
+            bar.set_draw_target(ProgressDrawTarget::stderr());
         }
     };
     let result = search(&spec, &progress, &cancel)?;
@@ -177,15 +137,15 @@ pub fn run(args: SearchArgs) -> anyhow::Result<()> {
     println!(
         "\ntop {} by step time\n{}",
         result.top.len(),
-        table("mix", &result.top)
+        ranked_table("mix", &result.top)
     );
     println!(
         "\nbest per schedule\n{}",
-        table("mix", &result.best_per_schedule)
+        ranked_table("mix", &result.best_per_schedule)
     );
     println!(
         "\nbest per ZeRO stage\n{}",
-        table("mix", &result.best_per_zero)
+        ranked_table("mix", &result.best_per_zero)
     );
     println!("\nverdict for #1: {}", result.top[0].estimate.verdict);
     finish(&result)

@@ -7,52 +7,37 @@
 //! backward in the two halves of one bar. The title gives the bubble share. Several schedules
 //! are stacked on one time axis, and a legend closes the picture.
 //!
-//! Text needs a font (PNG to render it, SVG to measure it): the DejaVu Sans shipped in `assets/fonts` is registered with
-//! plotters (feature `ab_glyph`) before drawing, since the system font path is not built in.
+//! The writers, the size check and the font are [`super::chart`]'s; the colours are
+//! [`super::colors`]' (the GUI's timeline uses the same).
 
 use crate::schedule::{ActionKind, Overlap, Program, Simulation};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::path::Path;
-use thiserror::Error;
 
+use super::chart::{self, rgb, Chart, ChartError, DrawResult};
+use super::colors::{action_color, action_text_color};
 use super::font::FONT;
 
-/// Why a chart could not be drawn.
-#[derive(Debug, Error)]
-pub enum GanttError {
-    /// No schedule given.
-    #[error("nothing to draw: no schedule given")]
-    Empty,
-    /// The requested size is too small to hold the chart.
-    #[error("chart size {width}x{height} is too small (at least 320x160 per schedule)")]
-    TooSmall { width: u32, height: u32 },
-    /// The requested size is beyond [`MAX_SIDE_PX`] (the bitmap alone would take gigabytes).
-    #[error(
-        "chart size {width}x{height} is too large (--size: at most {MAX_SIDE_PX} pixels a side)"
-    )]
-    TooLarge { width: u32, height: u32 },
-    /// The shipped font could not be loaded.
-    #[error("the shipped font assets/fonts/DejaVuSans.ttf could not be loaded")]
-    Font,
-    /// plotters failed (for example, the file could not be written).
-    #[error("cannot draw the chart to {path}: {message}")]
-    Draw { path: String, message: String },
-}
+/// Stacked Gantt charts of simulated schedules sharing one time axis.
+#[derive(Debug)]
+pub struct Gantt<'a>(pub &'a [(&'a Program, &'a Simulation)]);
 
-/// Registers the shipped font ([`super::font`]).
-fn ensure_font() -> Result<(), GanttError> {
-    if super::font::ensure() {
-        Ok(())
-    } else {
-        Err(GanttError::Font)
+impl Chart for Gantt<'_> {
+    fn empty(&self) -> Option<&'static str> {
+        self.0.is_empty().then_some("no schedule given")
+    }
+
+    /// At least 320 wide and 160 high per schedule.
+    fn min_size(&self) -> (u32, u32) {
+        (320, 160 * self.0.len() as u32)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB::ErrorType> {
+        draw(root, self.0)
     }
 }
-
-/// The widest and tallest chart drawn, in pixels: an 8192 x 8192 PNG is 200 MB of RGB
-/// before encoding; plotters panics on sizes near 65536.
-pub const MAX_SIDE_PX: u32 = 8192;
 
 /// A size that gives every rank row about 26 pixels.
 pub fn default_size(runs: &[(&Program, &Simulation)]) -> (u32, u32) {
@@ -65,13 +50,8 @@ pub fn write_svg(
     path: &Path,
     runs: &[(&Program, &Simulation)],
     size: (u32, u32),
-) -> Result<(), GanttError> {
-    check(runs, size)?;
-    // SVG text is measured for layout, which needs the font as well.
-    ensure_font()?;
-    let root = SVGBackend::new(path, size).into_drawing_area();
-    draw(&root, runs).map_err(|e| draw_err(path, e))?;
-    root.present().map_err(|e| draw_err(path, e))
+) -> Result<(), ChartError> {
+    chart::write_svg(path, &Gantt(runs), size)
 }
 
 /// Writes a PNG Gantt chart of `runs` (stacked) of `size` pixels to `path`.
@@ -79,63 +59,9 @@ pub fn write_png(
     path: &Path,
     runs: &[(&Program, &Simulation)],
     size: (u32, u32),
-) -> Result<(), GanttError> {
-    check(runs, size)?;
-    ensure_font()?;
-    let root = BitMapBackend::new(path, size).into_drawing_area();
-    draw(&root, runs).map_err(|e| draw_err(path, e))?;
-    root.present().map_err(|e| draw_err(path, e))
+) -> Result<(), ChartError> {
+    chart::write_png(path, &Gantt(runs), size)
 }
-
-fn check(runs: &[(&Program, &Simulation)], size: (u32, u32)) -> Result<(), GanttError> {
-    if runs.is_empty() {
-        return Err(GanttError::Empty);
-    }
-    if size.0 > MAX_SIDE_PX || size.1 > MAX_SIDE_PX {
-        return Err(GanttError::TooLarge {
-            width: size.0,
-            height: size.1,
-        });
-    }
-    if size.0 < 320 || (size.1 as u64) < 160 * runs.len() as u64 {
-        return Err(GanttError::TooSmall {
-            width: size.0,
-            height: size.1,
-        });
-    }
-    Ok(())
-}
-
-fn draw_err<E: std::error::Error + Send + Sync>(
-    path: &Path,
-    e: DrawingAreaErrorKind<E>,
-) -> GanttError {
-    GanttError::Draw {
-        path: path.display().to_string(),
-        message: e.to_string(),
-    }
-}
-
-/// Colour of an action: hue from the microbatch, shade from the kind.
-pub fn action_color(microbatch: u32, kind: ActionKind) -> HSLColor {
-    let hue = (microbatch as f64 * 0.618_033_988_75).fract();
-    let light = match kind {
-        ActionKind::F => 0.80,
-        ActionKind::I => 0.60,
-        ActionKind::B => 0.42,
-        ActionKind::W => 0.28,
-    };
-    HSLColor(hue, 0.65, light)
-}
-
-fn text_color(kind: ActionKind) -> RGBColor {
-    match kind {
-        ActionKind::F | ActionKind::I => BLACK,
-        ActionKind::B | ActionKind::W => WHITE,
-    }
-}
-
-type DrawResult<E> = Result<(), DrawingAreaErrorKind<E>>;
 
 fn draw<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
@@ -212,7 +138,7 @@ fn draw_one<DB: DrawingBackend>(
     let font_px = (row_px * 0.55).clamp(7.0, 12.0);
     let mut bars: Vec<Rectangle<(f64, f64)>> = Vec::new();
     let mut outlines: Vec<Rectangle<(f64, f64)>> = Vec::new();
-    let mut labels: Vec<Text<(f64, f64), String>> = Vec::new();
+    let mut labels: Vec<Text<'_, (f64, f64), String>> = Vec::new();
     for (r, (acts, spans)) in program.ranks.iter().zip(&sim.timeline).enumerate() {
         let y0 = band(r as u32) + 0.08;
         let y1 = band(r as u32) + 0.92;
@@ -222,7 +148,7 @@ fn draw_one<DB: DrawingBackend>(
                 Overlap::First => ((y0 + y1) / 2.0, y1),
                 Overlap::Second => (y0, (y0 + y1) / 2.0),
             };
-            let color = action_color(a.microbatch, a.kind);
+            let color = rgb(action_color(a.microbatch, a.kind));
             bars.push(Rectangle::new([(s.start, lo), (s.end, hi)], color.filled()));
             outlines.push(Rectangle::new(
                 [(s.start, lo), (s.end, hi)],
@@ -234,7 +160,7 @@ fn draw_one<DB: DrawingBackend>(
                 let fsize = font_px.min(height_px * 0.9);
                 let style = (FONT, fsize)
                     .into_font()
-                    .color(&text_color(a.kind))
+                    .color(&rgb(action_text_color(a.kind)))
                     .pos(Pos::new(HPos::Center, VPos::Center));
                 labels.push(Text::new(
                     program.chunk_of_stage(a.stage).to_string(),
@@ -288,7 +214,7 @@ fn draw_legend<DB: DrawingBackend>(
         }
         area.draw(&Rectangle::new(
             [(x, y), (x + 22, y + 16)],
-            action_color(0, kind).filled(),
+            rgb(action_color(0, kind)).filled(),
         ))?;
         area.draw(&Text::new(name.to_string(), (x + 28, y + 2), text.clone()))?;
         x += 40 + 9 * name.len() as i32;
@@ -303,7 +229,7 @@ fn draw_legend<DB: DrawingBackend>(
     for mb in 0..m.min(16) {
         area.draw(&Rectangle::new(
             [(x, y), (x + 22, y + 16)],
-            action_color(mb, ActionKind::I).filled(),
+            rgb(action_color(mb, ActionKind::I)).filled(),
         ))?;
         area.draw(&Text::new(
             mb.to_string(),

@@ -1,5 +1,6 @@
 //! Text and JSON for `parsim layout`.
 
+use super::table::table;
 use crate::layout::{GroupKind, Layout};
 use serde_json::{json, Value};
 use std::fmt::Write;
@@ -44,15 +45,13 @@ pub fn layout_text(l: &Layout, order: &str, all: bool, rank: Option<u32>) -> Str
             c.pp,
             l.node_of(r)
         );
+        let mut t = table(&["group", "ranks", "crosses nodes"]);
         for kind in GroupKind::ALL {
             let g = l.group_of(kind, r);
-            let cross = if l.crosses_nodes(&g) {
-                " (crosses nodes)"
-            } else {
-                ""
-            };
-            let _ = writeln!(out, "  {:<9} {}{cross}", kind.as_str(), list(&g));
+            let cross = if l.crosses_nodes(&g) { "yes" } else { "no" };
+            t.add_row(vec![kind.as_str().to_string(), list(&g), cross.to_string()]);
         }
+        let _ = writeln!(out, "{t}");
         return out;
     }
     for kind in GroupKind::ALL {

@@ -3,51 +3,60 @@
 //! line at the GPU's capacity. Bars over the capacity get a red outline and the title turns
 //! red when the most loaded GPU does not fit.
 //!
-//! Text needs a font: the DejaVu Sans shipped in `assets/fonts` is registered with plotters
-//! (feature `ab_glyph`) before drawing, as in [`super::gantt`].
+//! The writers, the size check and the font are [`super::chart`]'s; the component colours
+//! are [`super::colors::MEMORY_PARTS`] (the GUI's memory chart uses the same).
 
 use crate::estimate::MemoryReport;
+use crate::memory::StageMemory;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::Path;
-use thiserror::Error;
 
+use super::chart::{self, rgb, Chart, ChartError, DrawResult};
+use super::colors::MEMORY_PARTS;
 use super::font::FONT;
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// The stacked components, bottom first, with their colours.
-pub const PARTS: [(&str, RGBColor); 5] = [
-    ("weights", RGBColor(76, 120, 168)),
-    ("gradients", RGBColor(245, 133, 24)),
-    ("optimizer", RGBColor(84, 162, 75)),
-    ("activations", RGBColor(178, 121, 162)),
-    ("buffers", RGBColor(157, 117, 93)),
-];
+/// The per-GPU memory chart of one estimate.
+#[derive(Debug)]
+pub struct MemoryChart<'a>(pub &'a MemoryReport);
 
-/// Why a chart could not be drawn.
-#[derive(Debug, Error)]
-pub enum MemoryChartError {
-    /// No pipeline stage to draw.
-    #[error("nothing to draw: the memory report has no stages")]
-    Empty,
-    /// The requested size is too small to hold the chart.
-    #[error("chart size {width}x{height} is too small (at least 320x200)")]
-    TooSmall { width: u32, height: u32 },
-    /// The shipped font could not be loaded.
-    #[error("the shipped font assets/fonts/DejaVuSans.ttf could not be loaded")]
-    Font,
-    /// plotters failed (for example, the file could not be written).
-    #[error("cannot draw the chart to {path}: {message}")]
-    Draw { path: String, message: String },
+impl Chart for MemoryChart<'_> {
+    fn empty(&self) -> Option<&'static str> {
+        self.0
+            .stages
+            .is_empty()
+            .then_some("the memory report has no stages")
+    }
+
+    fn min_size(&self) -> (u32, u32) {
+        (320, 200)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB::ErrorType> {
+        draw(root, self.0)
+    }
 }
 
-/// Registers the shipped font ([`super::font`]).
-fn ensure_font() -> Result<(), MemoryChartError> {
-    if super::font::ensure() {
-        Ok(())
-    } else {
-        Err(MemoryChartError::Font)
-    }
+/// Bytes of each component of one stage, in [`MEMORY_PARTS`] order.
+pub fn stage_parts(s: &StageMemory) -> [u64; 5] {
+    [
+        s.weights,
+        s.gradients,
+        s.optimizer,
+        s.activations,
+        s.buffers,
+    ]
+}
+
+/// The title line: the most loaded GPU against the capacity, in GiB.
+pub fn headline(m: &MemoryReport) -> String {
+    format!(
+        "Peak memory per GPU: {:.2} GiB of {:.2} GiB ({})",
+        m.per_gpu_max_bytes as f64 / GIB,
+        m.capacity_bytes as f64 / GIB,
+        if m.fits { "fits" } else { "does not fit" }
+    )
 }
 
 /// A size that gives every pipeline rank about 60 pixels (at least 640 wide).
@@ -56,50 +65,19 @@ pub fn default_size(m: &MemoryReport) -> (u32, u32) {
 }
 
 /// Writes an SVG chart of `m` of `size` pixels to `path`.
-pub fn write_svg(path: &Path, m: &MemoryReport, size: (u32, u32)) -> Result<(), MemoryChartError> {
-    check(m, size)?;
-    ensure_font()?;
-    let root = SVGBackend::new(path, size).into_drawing_area();
-    draw(&root, m).map_err(|e| draw_err(path, e))?;
-    root.present().map_err(|e| draw_err(path, e))
+pub fn write_svg(path: &Path, m: &MemoryReport, size: (u32, u32)) -> Result<(), ChartError> {
+    chart::write_svg(path, &MemoryChart(m), size)
 }
 
 /// Writes a PNG chart of `m` of `size` pixels to `path`.
-pub fn write_png(path: &Path, m: &MemoryReport, size: (u32, u32)) -> Result<(), MemoryChartError> {
-    check(m, size)?;
-    ensure_font()?;
-    let root = BitMapBackend::new(path, size).into_drawing_area();
-    draw(&root, m).map_err(|e| draw_err(path, e))?;
-    root.present().map_err(|e| draw_err(path, e))
-}
-
-fn check(m: &MemoryReport, size: (u32, u32)) -> Result<(), MemoryChartError> {
-    if m.stages.is_empty() {
-        return Err(MemoryChartError::Empty);
-    }
-    if size.0 < 320 || size.1 < 200 {
-        return Err(MemoryChartError::TooSmall {
-            width: size.0,
-            height: size.1,
-        });
-    }
-    Ok(())
-}
-
-fn draw_err<E: std::error::Error + Send + Sync>(
-    path: &Path,
-    e: DrawingAreaErrorKind<E>,
-) -> MemoryChartError {
-    MemoryChartError::Draw {
-        path: path.display().to_string(),
-        message: e.to_string(),
-    }
+pub fn write_png(path: &Path, m: &MemoryReport, size: (u32, u32)) -> Result<(), ChartError> {
+    chart::write_png(path, &MemoryChart(m), size)
 }
 
 fn draw<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     m: &MemoryReport,
-) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+) -> DrawResult<DB::ErrorType> {
     root.fill(&WHITE)?;
     let capacity = m.capacity_bytes as f64 / GIB;
     let top = m
@@ -109,12 +87,7 @@ fn draw<DB: DrawingBackend>(
         .fold(capacity, f64::max)
         * 1.1;
     let n = m.stages.len();
-    let title = format!(
-        "Peak memory per GPU: {:.2} GiB of {:.2} GiB ({})",
-        m.per_gpu_max_bytes as f64 / GIB,
-        capacity,
-        if m.fits { "fits" } else { "does not fit" }
-    );
+    let title = headline(m);
     let title_color = if m.fits { BLACK } else { RED };
     let mut chart = ChartBuilder::on(root)
         .caption(title, (FONT, 18).into_font().color(&title_color))
@@ -142,15 +115,10 @@ fn draw<DB: DrawingBackend>(
         .axis_desc_style((FONT, 13))
         .draw()?;
 
-    for (i, (name, color)) in PARTS.iter().enumerate() {
+    for (i, (name, color)) in MEMORY_PARTS.iter().enumerate() {
+        let color = rgb(*color);
         let bars = m.stages.iter().enumerate().map(|(k, s)| {
-            let parts = [
-                s.weights,
-                s.gradients,
-                s.optimizer,
-                s.activations,
-                s.buffers,
-            ];
+            let parts = stage_parts(s);
             let below: u64 = parts[..i].iter().sum();
             let y0 = below as f64 / GIB;
             let y1 = (below + parts[i]) as f64 / GIB;
@@ -196,7 +164,6 @@ fn draw<DB: DrawingBackend>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::StageMemory;
 
     fn report(total_gib: &[u64], capacity_gib: u64) -> MemoryReport {
         let stages: Vec<StageMemory> = total_gib
@@ -239,12 +206,12 @@ mod tests {
         let m = report(&[], 80);
         assert!(matches!(
             write_svg(Path::new("x.svg"), &m, (640, 480)),
-            Err(MemoryChartError::Empty)
+            Err(ChartError::Empty { .. })
         ));
         let m = report(&[1], 80);
         assert!(matches!(
             write_svg(Path::new("x.svg"), &m, (100, 100)),
-            Err(MemoryChartError::TooSmall { .. })
+            Err(ChartError::TooSmall { .. })
         ));
     }
 }

@@ -1,7 +1,9 @@
 //! Human tables, JSON, SVG/PNG charts (plotters) and Chrome-trace timelines.
 
 pub mod ascii_timeline;
+pub mod chart;
 pub mod chrome_trace;
+pub mod colors;
 pub mod font;
 pub mod format;
 pub mod gantt;

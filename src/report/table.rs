@@ -5,28 +5,56 @@ use crate::estimate::Estimate;
 use comfy_table::{presets, CellAlignment, Table};
 use std::fmt::Write;
 
-fn table(header: &[&str]) -> Table {
+/// A table in the style of every human table of parsim (UTF-8 borders only) with `header`.
+pub fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
     t.load_style(presets::UTF8_BORDERS_ONLY);
     t.set_header(header.to_vec());
     t
 }
 
-fn right_align(t: &mut Table, from: usize) {
+/// Right-aligns the columns from `from` on (numbers).
+pub fn right_align(t: &mut Table, from: usize) {
     let n = t.column_count();
-    for i in from..n {
+    right_align_columns(t, from..n);
+}
+
+/// Right-aligns the columns `columns` (numbers).
+pub fn right_align_columns(t: &mut Table, columns: std::ops::Range<usize>) {
+    for i in columns {
         if let Some(c) = t.column_mut(i) {
             c.set_cell_alignment(CellAlignment::Right);
         }
     }
 }
 
-/// The whole estimate as text.
+/// The whole estimate as text: the configuration, then one table per kind of figure, then
+/// the verdict and warnings.
 pub fn estimate_text(e: &Estimate) -> String {
+    let mut out = String::new();
+    header(&mut out, e);
+    let _ = writeln!(out, "{}\n", params_table(e));
+    memory_section(&mut out, e);
+    let _ = writeln!(out, "{}\n", flops_table(e));
+    let _ = writeln!(
+        out,
+        "communication (ring algorithms; dp includes the CP replicas of dense weights)"
+    );
+    let _ = writeln!(out, "{}\n", communication_table(e));
+    let _ = writeln!(out, "{}", time_table(e));
+    let _ = writeln!(out, "{}\n", throughput_table(e));
+    let _ = writeln!(out, "verdict: {}", e.verdict);
+    for w in &e.warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
+    out
+}
+
+/// The model, cluster, parallel mix and training settings, in three lines.
+fn header(out: &mut String, e: &Estimate) {
     let c = &e.config;
     let p = &c.parallel;
     let tr = &c.training;
-    let mut out = String::new();
     let _ = writeln!(
         out,
         "parsim estimate: {} on {} x {} ({} per node)",
@@ -51,7 +79,10 @@ pub fn estimate_text(e: &Estimate) -> String {
         "  seq {} | micro batch {} | global batch {} | {} microbatches per pipeline | {} | recompute {}\n",
         tr.seq_length, tr.micro_batch_size, tr.global_batch_size, e.schedule.microbatches, tr.precision, tr.recompute
     );
+}
 
+/// Parameter counts: total, per layer, on the most loaded GPU.
+fn params_table(e: &Estimate) -> Table {
     let pr = &e.params;
     let mut t = table(&["parameters", "count", "exact"]);
     let mut row = |name: &str, v: u64| {
@@ -74,8 +105,11 @@ pub fn estimate_text(e: &Estimate) -> String {
         row("trainable", pr.trainable);
     }
     right_align(&mut t, 1);
-    let _ = writeln!(out, "{t}\n");
+    t
+}
 
+/// Memory per pipeline stage in GiB, and whether the most loaded GPU fits.
+fn memory_section(out: &mut String, e: &Estimate) {
     let mem = &e.memory;
     let mut t = table(&[
         "pp stage",
@@ -113,7 +147,10 @@ pub fn estimate_text(e: &Estimate) -> String {
         gib(mem.per_gpu_max_bytes),
         gib(mem.capacity_bytes)
     );
+}
 
+/// FLOPs per step and per token.
+fn flops_table(e: &Estimate) -> Table {
     let f = &e.flops;
     let mut t = table(&["FLOPs", "value"]);
     t.add_row(vec![
@@ -129,8 +166,11 @@ pub fn estimate_text(e: &Estimate) -> String {
         flops(f.per_token_model),
     ]);
     right_align(&mut t, 1);
-    let _ = writeln!(out, "{t}\n");
+    t
+}
 
+/// Bytes each GPU sends per step, per process group.
+fn communication_table(e: &Estimate) -> Table {
     let cm = &e.communication;
     let b = cm.per_step_bytes_per_gpu;
     let mut t = table(&["group", "size", "crosses nodes", "sent per step per GPU"]);
@@ -158,14 +198,12 @@ pub fn estimate_text(e: &Estimate) -> String {
         ]);
     }
     right_align(&mut t, 1);
-    let _ = writeln!(
-        out,
-        "communication (ring algorithms; dp includes the CP replicas of dense weights)"
-    );
-    let _ = writeln!(out, "{t}\n");
+    t
+}
 
+/// The step time and its parts.
+fn time_table(e: &Estimate) -> Table {
     let tm = &e.time;
-    let th = &e.throughput;
     let g = &tm.exposed_comm_by_group_s;
     let share = |x: f64| format!("{:.1}%", 100.0 * x / tm.step_s.max(f64::MIN_POSITIVE));
     let mut t = table(&["step time", "seconds", "share"]);
@@ -182,7 +220,12 @@ pub fn estimate_text(e: &Estimate) -> String {
     row("  pipeline bubble (simulated)", tm.bubble_s);
     row("  optimizer step", tm.optimizer_s);
     right_align(&mut t, 1);
-    let _ = writeln!(out, "{t}");
+    t
+}
+
+/// Tokens per second, TFLOP/s per GPU, MFU and the bubble.
+fn throughput_table(e: &Estimate) -> Table {
+    let th = &e.throughput;
     let mut t = table(&["throughput", "value"]);
     t.add_row(vec![
         "tokens/s".to_string(),
@@ -202,10 +245,5 @@ pub fn estimate_text(e: &Estimate) -> String {
         format!("{:.1}%", 100.0 * e.schedule.bubble_fraction),
     ]);
     right_align(&mut t, 1);
-    let _ = writeln!(out, "{t}\n");
-    let _ = writeln!(out, "verdict: {}", e.verdict);
-    for w in &e.warnings {
-        let _ = writeln!(out, "warning: {w}");
-    }
-    out
+    t
 }

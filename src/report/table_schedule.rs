@@ -46,7 +46,7 @@ pub fn compare_table(runs: &[(&Program, &Simulation, &Costs)]) -> Table {
             ),
             _ => "-".into(),
         };
-        let peaks: Vec<String> = s.peak_inflight.iter().map(|x| x.to_string()).collect();
+        let peaks: Vec<String> = s.peak_inflight.iter().map(ToString::to_string).collect();
         t.add_row(vec![
             Cell::new(p.kind.as_str()),
             Cell::new(p.vpp).set_alignment(CellAlignment::Right),

@@ -113,3 +113,27 @@ pub enum ScheduleError {
     #[error("pipeline deadlock: {0}")]
     Deadlock(String),
 }
+
+impl ScheduleError {
+    /// The configuration field at fault, as its message names it: `parallel.pp`,
+    /// `parallel.vpp`, `training.global_batch_size` (which sets the microbatch count) or
+    /// `parallel.schedule` for the rest. Front ends attach the error to that field.
+    pub fn field(&self) -> &'static str {
+        match self {
+            ScheduleError::ZeroPp { .. } => "parallel.pp",
+            ScheduleError::ZeroVpp { .. }
+            | ScheduleError::VppMustBeOne { .. }
+            | ScheduleError::VppMustBeTwo { .. } => "parallel.vpp",
+            ScheduleError::ZeroMicrobatches { .. }
+            | ScheduleError::InterleavedTooFewMicrobatches { .. }
+            | ScheduleError::InterleavedGroupOutOfRange { .. }
+            | ScheduleError::InterleavedRemainder { .. }
+            | ScheduleError::DualPipeTooFewMicrobatches { .. } => "training.global_batch_size",
+            ScheduleError::TooLarge { .. }
+            | ScheduleError::NonFinite { .. }
+            | ScheduleError::BadCosts(_)
+            | ScheduleError::InvalidProgram(_)
+            | ScheduleError::Deadlock(_) => "parallel.schedule",
+        }
+    }
+}

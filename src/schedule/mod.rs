@@ -61,6 +61,16 @@ pub fn natural_vpp(kind: ScheduleKind) -> u32 {
     }
 }
 
+/// The `vpp` schedule `kind` runs with when the user had `current`: interleaved 1F1B keeps
+/// any `current` of at least [`natural_vpp`] (it takes several chunks per rank), every other
+/// schedule takes exactly its [`natural_vpp`].
+pub fn vpp_for(kind: ScheduleKind, current: u32) -> u32 {
+    match kind {
+        ScheduleKind::Interleaved1F1B => current.max(natural_vpp(kind)),
+        _ => natural_vpp(kind),
+    }
+}
+
 /// Model-parameter copies each rank keeps, relative to 1F1B on the same number of ranks.
 ///
 /// All schedules here keep one: DualPipe-V's two chunks per rank are each 1/(2p) of the model.

@@ -5,40 +5,15 @@
 use egui::{Color32, RichText, Ui};
 use egui_plot::{Bar, BarChart, HLine, Legend, Plot};
 use parsim::estimate::Estimate;
-use parsim::memory::StageMemory;
+use parsim::report::colors::MEMORY_PARTS;
+use parsim::report::memory_chart::{self, stage_parts};
 
 /// Bytes in a GiB (2^30, as nvidia-smi and PyTorch report).
 pub const GIB: f64 = (1u64 << 30) as f64;
 
-/// The stacked components, bottom first, with their colours.
-pub const PARTS: [(&str, Color32); 5] = [
-    ("weights", Color32::from_rgb(76, 120, 168)),
-    ("gradients", Color32::from_rgb(245, 133, 24)),
-    ("optimizer", Color32::from_rgb(84, 162, 75)),
-    ("activations", Color32::from_rgb(178, 121, 162)),
-    ("buffers", Color32::from_rgb(157, 117, 93)),
-];
-
-/// Bytes of component `i` (in [`PARTS`] order) of one stage.
-pub fn part_bytes(s: &StageMemory, i: usize) -> u64 {
-    [
-        s.weights,
-        s.gradients,
-        s.optimizer,
-        s.activations,
-        s.buffers,
-    ][i]
-}
-
-/// The headline line: the most loaded GPU against the capacity.
+/// The headline line: the most loaded GPU against the capacity (the engine's chart title).
 pub fn headline(e: &Estimate) -> String {
-    let m = &e.memory;
-    format!(
-        "Peak memory per GPU: {:.2} GiB of {:.2} GiB ({})",
-        m.per_gpu_max_bytes as f64 / GIB,
-        m.capacity_bytes as f64 / GIB,
-        if m.fits { "fits" } else { "does not fit" }
-    )
+    memory_chart::headline(&e.memory)
 }
 
 /// Draws the headline and the chart, `height` points tall.
@@ -49,14 +24,15 @@ pub fn ui(ui: &mut Ui, e: &Estimate, height: f32) {
     ui.label(if m.fits { text } else { text.color(red) });
 
     let capacity = m.capacity_bytes as f64 / GIB;
-    let mut charts: Vec<BarChart> = Vec::with_capacity(PARTS.len());
-    for (i, (name, color)) in PARTS.iter().enumerate() {
+    let mut charts: Vec<BarChart> = Vec::with_capacity(MEMORY_PARTS.len());
+    for (i, (name, color)) in MEMORY_PARTS.iter().enumerate() {
+        let color = &Color32::from_rgb(color.0, color.1, color.2);
         let bars = m
             .stages
             .iter()
             .map(|s| {
                 let over = s.total > m.capacity_bytes;
-                let bar = Bar::new(s.stage as f64, part_bytes(s, i) as f64 / GIB)
+                let bar = Bar::new(s.stage as f64, stage_parts(s)[i] as f64 / GIB)
                     .width(0.7)
                     .name(format!("rank {}", s.stage));
                 if over {

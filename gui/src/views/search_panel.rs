@@ -30,6 +30,7 @@ impl Default for SearchOptions {
 }
 
 /// What the search panel shows.
+#[derive(Debug)]
 pub struct SearchView<'a> {
     /// Progress (done, total) while a search runs.
     pub running: Option<(u64, u64)>,
@@ -49,7 +50,7 @@ pub enum SearchAction {
 }
 
 /// Draws the panel; returns the user's request.
-pub fn ui(ui: &mut Ui, opt: &mut SearchOptions, view: &SearchView) -> SearchAction {
+pub fn ui(ui: &mut Ui, opt: &mut SearchOptions, view: &SearchView<'_>) -> SearchAction {
     let mut action = SearchAction::None;
     ui.heading("Search");
     ui.label(
@@ -104,7 +105,7 @@ pub fn ui(ui: &mut Ui, opt: &mut SearchOptions, view: &SearchView) -> SearchActi
         None => {}
         Some(Err(e)) => {
             let color = ui.visuals().error_fg_color;
-            ui.add(egui::Label::new(RichText::new(e.to_string()).color(color)).wrap());
+            ui.add(egui::Label::new(RichText::new(e.clone()).color(color)).wrap());
         }
         Some(Ok(r)) => {
             ui.label(

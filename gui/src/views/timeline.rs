@@ -17,6 +17,7 @@ use egui::{
     Ui, Vec2,
 };
 use parsim::config::ScheduleKind;
+use parsim::report::colors::{self, Rgb};
 use parsim::report::format::seconds;
 use parsim::schedule::{Action, ActionKind, Overlap, Program, Simulation};
 
@@ -80,42 +81,19 @@ impl Canvas<'_> {
     }
 }
 
-/// HSL (all in 0..1) to a colour.
-fn hsl(h: f64, s: f64, l: f64) -> Color32 {
-    let c = (1.0 - (2.0 * l - 1.0).abs()) * s;
-    let hp = h.rem_euclid(1.0) * 6.0;
-    let x = c * (1.0 - (hp % 2.0 - 1.0).abs());
-    let (r, g, b) = match hp as u32 {
-        0 => (c, x, 0.0),
-        1 => (x, c, 0.0),
-        2 => (0.0, c, x),
-        3 => (0.0, x, c),
-        4 => (x, 0.0, c),
-        _ => (c, 0.0, x),
-    };
-    let m = l - c / 2.0;
-    let u = |v: f64| ((v + m) * 255.0).round().clamp(0.0, 255.0) as u8;
-    Color32::from_rgb(u(r), u(g), u(b))
+/// One of the engine's shared colours as egui's.
+fn color32(c: Rgb) -> Color32 {
+    Color32::from_rgb(c.0, c.1, c.2)
 }
 
-/// Colour of an action: hue from the microbatch (golden-ratio steps), shade from the kind;
-/// the same scheme as `parsim::report::gantt::action_color`.
+/// Colour of an action: the engine's scheme ([`colors::action_color`]), as in the CLI's
+/// Gantt charts.
 pub fn action_color(microbatch: u32, kind: ActionKind) -> Color32 {
-    let hue = (microbatch as f64 * 0.618_033_988_75).fract();
-    let light = match kind {
-        ActionKind::F => 0.80,
-        ActionKind::I => 0.60,
-        ActionKind::B => 0.42,
-        ActionKind::W => 0.28,
-    };
-    hsl(hue, 0.65, light)
+    color32(colors::action_color(microbatch, kind))
 }
 
 fn text_color(kind: ActionKind) -> Color32 {
-    match kind {
-        ActionKind::F | ActionKind::I => Color32::BLACK,
-        ActionKind::B | ActionKind::W => Color32::WHITE,
-    }
+    color32(colors::action_text_color(kind))
 }
 
 /// The header line of a run: schedule, sizes, action count, bubble and makespan.
@@ -149,7 +127,7 @@ fn tick_step(span: f64, n: f64) -> f64 {
 }
 
 /// Vertical grid lines at the ticks, and their labels under the chart when `axis` is set.
-fn paint_grid(c: &Canvas, ui: &Ui, axis: Option<Rect>) {
+fn paint_grid(c: &Canvas<'_>, ui: &Ui, axis: Option<Rect>) {
     let step = tick_step(c.span, (c.rect.width() / 110.0).max(2.0) as f64);
     let first = (c.t0 / step).ceil() as i64;
     let last = ((c.t0 + c.span) / step).floor() as i64;
@@ -189,7 +167,7 @@ const MIN_BAR: f32 = 1.5;
 /// The rows' backgrounds (idle), the bars and their chunk numbers; returns the hovered action
 /// as (rank, index) if the pointer is over one.
 fn paint_bars(
-    c: &Canvas,
+    c: &Canvas<'_>,
     run: &Run,
     row_h: f32,
     hover: Option<Pos2>,
@@ -278,7 +256,7 @@ fn paint_bars(
 fn handle_zoom_pan(
     ui: &Ui,
     response: &Response,
-    c: &Canvas,
+    c: &Canvas<'_>,
     opt: &mut TimelineOptions,
     makespan: f64,
 ) {
@@ -499,8 +477,11 @@ mod tests {
         let w = action_color(0, ActionKind::W);
         assert!(f.r() > f.g() && f.r() > f.b());
         assert!(w.r() < f.r());
-        assert_eq!(hsl(0.0, 0.0, 1.0), Color32::WHITE);
-        assert_eq!(hsl(0.5, 1.0, 0.5), Color32::from_rgb(0, 255, 255));
+        assert_eq!(color32(colors::hsl(0.0, 0.0, 1.0)), Color32::WHITE);
+        assert_eq!(
+            color32(colors::hsl(0.5, 1.0, 0.5)),
+            Color32::from_rgb(0, 255, 255)
+        );
     }
 
     #[test]
