@@ -337,8 +337,10 @@ fn fuzz_hugging_face_files_in_process() {
         let input = v.to_string();
         run_case("hf config", i, &input, || {
             let model = parsim::config::hf::import(&v, "fuzz.json").ok()?;
-            let mut cfg = Config::default();
-            cfg.model = model;
+            let cfg = Config {
+                model,
+                ..Config::default()
+            };
             let resolved = Resolved::new(cfg).ok()?;
             let est = parsim::estimate::estimate(&resolved).ok()?;
             Some(serde_json::to_value(&est).unwrap())

@@ -131,7 +131,7 @@ fn search_refuses_zero_sizes_and_top() {
 #[cfg(unix)]
 #[test]
 fn an_interrupted_search_exits_130() {
-    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin!("parsim"))
+    let child = std::process::Command::new(assert_cmd::cargo::cargo_bin!("parsim"))
         .args(["search", "--model", "llama3-405b", "--gpus", "16384"])
         .args(["--gpus-per-node", "8", "--mbs-max", "64", "--exhaustive"])
         .stdout(std::process::Stdio::piped())

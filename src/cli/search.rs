@@ -104,7 +104,8 @@ pub fn run(args: SearchArgs) -> anyhow::Result<()> {
 
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
-        return finish(&result);
+        exit_if_interrupted(&result);
+        return Ok(());
     }
     let p = &result.pruned;
     let m = &spec.base.model;
@@ -132,7 +133,8 @@ pub fn run(args: SearchArgs) -> anyhow::Result<()> {
     );
     if result.top.is_empty() {
         println!("no mix fits: more GPUs, a GPU with more memory, or a shorter sequence");
-        return finish(&result);
+        exit_if_interrupted(&result);
+        return Ok(());
     }
     println!(
         "\ntop {} by step time\n{}",
@@ -148,17 +150,18 @@ pub fn run(args: SearchArgs) -> anyhow::Result<()> {
         ranked_table("mix", &result.best_per_zero)
     );
     println!("\nverdict for #1: {}", result.top[0].estimate.verdict);
-    finish(&result)
+    exit_if_interrupted(&result);
+    Ok(())
 }
 
 /// Exit status 130 (the shell's code for SIGINT) once an interrupted search has printed
 /// what it found, so scripts do not take partial results for a full answer.
-fn finish(result: &parsim::search::SearchResult) -> anyhow::Result<()> {
+fn exit_if_interrupted(result: &parsim::search::SearchResult) {
     if result.interrupted {
         use std::io::Write;
-        let _ = std::io::stdout().flush();
+        // Nothing to do if stdout is gone: the exit status still tells.
+        std::io::stdout().flush().ok();
         eprintln!("search interrupted: the results above cover only the mixes evaluated");
         std::process::exit(130);
     }
-    Ok(())
 }
