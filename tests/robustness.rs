@@ -44,7 +44,7 @@ fn temp_file(ext: &str, text: &str) -> tempfile::NamedTempFile {
 
 /// Optional fields, null when unset; every other null is a NaN or an infinity that
 /// serde_json wrote as null.
-const OPTIONAL_KEYS: [&str; 10] = [
+const OPTIONAL_KEYS: [&str; 12] = [
     "kv_channels",
     "mla",
     "ddp_bucket_size",
@@ -55,6 +55,8 @@ const OPTIONAL_KEYS: [&str; 10] = [
     "dp",
     "hf_config",
     "preset",
+    "ci95",
+    "measured_peak_bytes",
 ];
 
 /// No null (other than an unset optional field), NaN or infinity in a JSON document.
@@ -540,6 +542,42 @@ fn fuzz_findings_are_refused_or_finish() {
         ])
         .args(["--top", "1", "--json"])
         .timeout(Duration::from_secs(120))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_all_numbers(&String::from_utf8_lossy(&out.stdout));
+}
+
+// ---- calibrate -------------------------------------------------------------------------
+
+/// `step_s: 1e-300` gave an infinite fit; the extremes still accepted give finite JSON.
+#[test]
+fn calibrate_refuses_absurd_steps_and_reports_finite_numbers() {
+    let bad = temp_file(".jsonl", "{\"config\": {}, \"step_s\": 1e-300}\n");
+    refuses(
+        &[
+            "calibrate",
+            "--measurements",
+            bad.path().to_str().unwrap(),
+            "--profile",
+            "h100-sxm",
+        ],
+        &["`step_s`"],
+    );
+    let edge = temp_file(
+        ".jsonl",
+        "{\"config\": {\"training\": {\"global_batch_size\": 8}}, \"step_s\": 1e-6}\n\
+         {\"config\": {\"cluster\": {\"num_gpus\": 16}}, \"step_s\": 1e7, \"peak_bytes\": 1}\n\
+         {\"config\": {}, \"step_s\": 1e7, \"holdout\": true}\n",
+    );
+    let out = parsim()
+        .args(["calibrate", "--measurements", edge.path().to_str().unwrap()])
+        .args(["--profile", "h100-sxm", "--json"])
+        .timeout(Duration::from_secs(60))
         .output()
         .unwrap();
     assert!(

@@ -8,13 +8,13 @@ use parsim::layout::Layout;
 pub struct LayoutArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
-    /// Print every group (default: the first few of each kind).
+    /// Print every group (default: the first few of each kind; worlds of at most 65536 ranks).
     #[arg(long)]
     pub all: bool,
     /// Show only the coordinates and groups of this rank.
     #[arg(long)]
     pub rank: Option<u32>,
-    /// Print JSON: every rank's coordinates and every group.
+    /// Print JSON: every rank's coordinates and every group (worlds of at most 65536 ranks).
     #[arg(long)]
     pub json: bool,
 }

@@ -22,7 +22,7 @@ pub struct ScheduleArgs {
     #[arg(long)]
     pub vpp: Option<u32>,
 
-    /// Microbatches per step.
+    /// Microbatches per step (pp x vpp x microbatches at most 2^22 = 4194304).
     #[arg(long, default_value_t = 8)]
     pub microbatches: u32,
 
@@ -71,7 +71,8 @@ pub struct ScheduleArgs {
     #[arg(long, value_name = "FILE")]
     pub png: Option<PathBuf>,
 
-    /// Chart width and height in pixels (default: 1400 wide, about 26 pixels per rank row).
+    /// Chart width and height in pixels (default: 1400 wide, about 26 pixels per rank row;
+    /// at most 8192 a side).
     #[arg(long, value_name = "WxH", value_parser = parse_size)]
     pub size: Option<(u32, u32)>,
 
@@ -83,7 +84,7 @@ pub struct ScheduleArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// Widest ASCII timeline, in time steps.
+    /// Widest ASCII timeline, in time steps (at least 8).
     #[arg(long, default_value_t = 120)]
     pub max_columns: usize,
     /// Take the schedule and per-stage durations (F, I, W and hop costs, in seconds) from the
