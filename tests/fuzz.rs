@@ -484,8 +484,35 @@ fn fuzz_command_lines() {
         ("--mode", &["lora", "full"]),
         ("--precision", &["fp8", "fp32"]),
     ];
-    for i in 0..24 {
-        let mut args: Vec<String> = vec![r.pick(&["estimate", "layout", "search"]).to_string()];
+    // `schedule`'s own flags (the others answer exit 2 to them).
+    let schedule_values: &[(&str, &[&str])] = &[
+        ("--pp", &["0", "1", "4", "10000"]),
+        ("--vpp", &["0", "1", "2", "3"]),
+        ("--microbatches", &["0", "1", "8", "100000000"]),
+        (
+            "--schedule",
+            &["gpipe", "1f1b", "zb-h1", "zb-v", "dualpipe-v"],
+        ),
+        ("--f", &["1", "1e308", "-1", "nan", "0"]),
+        ("--b", &["2", "1e308", "inf"]),
+        ("--w", &["0", "1", "1e308"]),
+        ("--p2p", &["0", "0.5", "1e308"]),
+        ("--overlap-factor", &["0", "0.5", "1", "2"]),
+        ("--microbatch-group-size", &["0", "4", "1000"]),
+        (
+            "--compare",
+            &["1f1b,zb-v", "gpipe,interleaved-1f1b,dualpipe-v"],
+        ),
+        ("--max-columns", &["0", "8", "100000"]),
+    ];
+    for i in 0..36 {
+        let command = r.pick(&["estimate", "layout", "search", "schedule"]);
+        let flag_values = if command == "schedule" {
+            schedule_values
+        } else {
+            flag_values
+        };
+        let mut args: Vec<String> = vec![command.to_string()];
         for _ in 0..r.below(5) {
             let (flag, values) = flag_values[r.below(flag_values.len())];
             args.push(flag.to_string());
