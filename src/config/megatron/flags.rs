@@ -344,16 +344,17 @@ impl State {
         if let Some(n) = norm {
             self.set("model", "normalization", json!(n));
         }
-        let pos =
-            match self.word("--position-embedding-type") {
-                Some("rope") => Some("rope"),
-                Some("learned_absolute") => Some("learned"),
-                Some("none") => Some("none"),
-                Some(other) => return Err(format!(
+        let pos = match self.word("--position-embedding-type") {
+            Some("rope") => Some("rope"),
+            Some("learned_absolute") => Some("learned"),
+            Some("none") => Some("none"),
+            Some(other) => {
+                return Err(format!(
                     "--position-embedding-type: unknown '{other}' (rope, learned_absolute, none)"
-                )),
-                None => defines.then_some("learned"),
-            };
+                ))
+            }
+            None => defines.then_some("learned"),
+        };
         if let Some(p) = pos {
             self.set("model", "position_embedding", json!(p));
         }
