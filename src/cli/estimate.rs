@@ -7,7 +7,7 @@ use clap::Args;
 pub struct EstimateArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
-    /// Print the DESIGN.md JSON object instead of tables.
+    /// Print the JSON object of docs/design.md's output contract instead of tables.
     #[arg(long)]
     pub json: bool,
     /// Print the configuration as a Megatron-LM launch (torchrun ... pretrain_gpt.py with its
