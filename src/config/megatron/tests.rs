@@ -120,8 +120,10 @@ fn comparable(mut cfg: Config) -> Config {
 #[test]
 fn printed_arguments_import_to_the_same_configuration() {
     let mut cases = vec![Config::default()];
-    let mut big = Config::default();
-    big.model = presets::preset("llama3-70b").unwrap();
+    let mut big = Config {
+        model: presets::preset("llama3-70b").unwrap(),
+        ..Config::default()
+    };
     big.cluster.num_gpus = 256;
     big.parallel.tp = 8;
     big.parallel.cp = 4;
@@ -132,8 +134,10 @@ fn printed_arguments_import_to_the_same_configuration() {
     big.training.recompute = crate::config::Recompute::Full;
     big.training.precision = Precision::Fp8;
     cases.push(big);
-    let mut moe = Config::default();
-    moe.model = presets::preset("deepseek-v3").unwrap();
+    let mut moe = Config {
+        model: presets::preset("deepseek-v3").unwrap(),
+        ..Config::default()
+    };
     moe.cluster.num_gpus = 2048;
     moe.parallel.tp = 1;
     moe.parallel.sp = false;
