@@ -10,6 +10,7 @@
 //! Every flag that has no counterpart is named in [`MegatronImport::ignored`].
 
 mod flags;
+mod nemo;
 mod print;
 mod shell;
 
@@ -54,13 +55,17 @@ impl MegatronImport {
 }
 
 /// Reads a Megatron-LM launch: a script (`torchrun ... pretrain_gpt.py ARGS`, with variables,
-/// arrays and line continuations) or a bare argument list. `origin` names it in errors.
+/// arrays and line continuations) or a bare argument list; NeMo's Hydra overrides
+/// (`model.tensor_model_parallel_size=2`, `trainer.devices=8`) are read as the Megatron flags
+/// they configure. `origin` names it in errors.
 pub fn import(text: &str, origin: &str) -> Result<MegatronImport, ConfigError> {
     let script = shell::parse(text);
-    let (launcher, args) = pick_command(&script.commands);
+    let (mut launcher, args) = pick_command(&script.commands);
+    let nemo = nemo::take_overrides(&args);
+    launcher.extend(nemo.launcher);
     let mut state = flags::State::default();
     state.launcher(&launcher);
-    for (flag, values) in split_flags(&args) {
+    for (flag, values) in split_flags(&nemo.rest).into_iter().chain(nemo.flags) {
         state
             .apply(&flag, &values)
             .map_err(|message| ConfigError::Import {
@@ -85,7 +90,7 @@ pub fn import(text: &str, origin: &str) -> Result<MegatronImport, ConfigError> {
 
 /// The launcher words (before the training script) and the training script's arguments. The
 /// training script is the last `pretrain*.py` (else any `*.py`) command; without one, every
-/// word from the first `--flag` on is an argument.
+/// word from the first `--flag` or Hydra override on is an argument.
 fn pick_command(commands: &[Vec<String>]) -> (Vec<String>, Vec<String>) {
     let find = |pred: &dyn Fn(&str) -> bool| {
         commands.iter().rev().find_map(|words| {
@@ -104,7 +109,9 @@ fn pick_command(commands: &[Vec<String>]) -> (Vec<String>, Vec<String>) {
         return found;
     }
     let all: Vec<String> = commands.iter().flatten().cloned().collect();
-    let start = all.iter().position(|w| w.starts_with("--"));
+    let start = all
+        .iter()
+        .position(|w| w.starts_with("--") || w.starts_with("model.") || w.starts_with("trainer."));
     (
         Vec::new(),
         start.map_or_else(Vec::new, |i| all[i..].to_vec()),

@@ -168,3 +168,29 @@ fn printed_arguments_import_to_the_same_configuration() {
         );
     }
 }
+
+#[test]
+fn nemo_hydra_overrides_import_as_their_megatron_flags() {
+    let text = "python megatron_gpt_pretraining.py --config-path=conf --config-name=megatron_llama \\\n\
+                trainer.devices=8 trainer.num_nodes=2 trainer.precision=bf16-mixed \\\n\
+                model.tensor_model_parallel_size=4 model.pipeline_model_parallel_size=2 \\\n\
+                model.sequence_parallel=True model.micro_batch_size=1 model.global_batch_size=64 \\\n\
+                model.encoder_seq_length=4096 model.optim.name=distributed_fused_adam \\\n\
+                model.optim.lr=3e-4 model.activations_checkpoint_granularity=selective\n";
+    let (cfg, imp) = imported(text);
+    assert_eq!((cfg.cluster.num_gpus, cfg.cluster.gpus_per_node), (16, 8));
+    assert_eq!(
+        (cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.zero),
+        (4, 2, 1)
+    );
+    assert!(cfg.parallel.sp);
+    assert_eq!(cfg.training.seq_length, 4096);
+    assert_eq!(cfg.training.precision, Precision::Bf16);
+    assert_eq!(cfg.training.recompute, crate::config::Recompute::Selective);
+    assert!(
+        imp.ignored.iter().any(|f| f == "model.optim.lr"),
+        "{:?}",
+        imp.ignored
+    );
+    assert!(imp.ignored.iter().any(|f| f == "--config-path"));
+}
