@@ -305,10 +305,19 @@ impl State {
         if let Some(f) = ffn {
             self.set("model", "ffn_hidden_size", json!(f));
         }
+        let gqa = self.on("--group-query-attention");
         let groups = match self.ints.get("--num-query-groups").copied() {
-            Some(g) if self.on("--group-query-attention") => Some(g),
-            _ if defines => self.ints.get("--num-attention-heads").copied(),
-            _ => None,
+            Some(g) if gqa => Some(g),
+            Some(g) => {
+                self.notes.push(format!(
+                    "--num-query-groups {g} without --group-query-attention: Megatron uses one group per head"
+                ));
+                defines
+                    .then(|| self.ints.get("--num-attention-heads").copied())
+                    .flatten()
+            }
+            None if defines => self.ints.get("--num-attention-heads").copied(),
+            None => None,
         };
         if let Some(g) = groups {
             self.set("model", "num_query_groups", json!(g));
