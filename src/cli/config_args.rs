@@ -138,7 +138,7 @@ pub struct ConfigArgs {
     /// Tensor-parallel degree. [default from config: 2]
     #[arg(long)]
     pub tp: Option<u32>,
-    /// Turn sequence parallelism on (needs tp > 1).
+    /// Turn sequence parallelism on (needs tp > 1). [default from config: on]
     #[arg(long, overrides_with = "no_sp")]
     pub sp: bool,
     /// Turn sequence parallelism off.
