@@ -199,12 +199,129 @@ fn check_moe(r: &Resolved) -> Result<(), PlanError> {
     Ok(())
 }
 
-/// The Plan of a resolved configuration.
-pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
-    check(r)?;
+/// One rank's actions: the schedule's compute actions with the pipeline sends and
+/// receives they need, then the optimizer step.
+fn rank_actions(program: &schedule::Program, me: u32, peer: impl Fn(u32) -> u32) -> Vec<Action> {
+    let nstages = program.num_stages();
+    let mut actions = Vec::new();
+    for a in &program.ranks[me as usize] {
+        let (s, mb) = (a.stage, a.microbatch);
+        match a.kind {
+            ActionKind::F => {
+                if s > 0 && program.rank_of_stage(s - 1) != me {
+                    actions.push(Action::RecvActivation {
+                        from: peer(s - 1),
+                        stage: s - 1,
+                        mb,
+                    });
+                }
+                actions.push(Action::Forward { stage: s, mb });
+                if s + 1 < nstages && program.rank_of_stage(s + 1) != me {
+                    actions.push(Action::SendActivation {
+                        to: peer(s + 1),
+                        stage: s,
+                        mb,
+                    });
+                }
+            }
+            ActionKind::B | ActionKind::I => {
+                if s + 1 < nstages && program.rank_of_stage(s + 1) != me {
+                    actions.push(Action::RecvGrad {
+                        from: peer(s + 1),
+                        stage: s + 1,
+                        mb,
+                    });
+                }
+                actions.push(if a.kind == ActionKind::B {
+                    Action::Backward { stage: s, mb }
+                } else {
+                    Action::BackwardInput { stage: s, mb }
+                });
+                if s > 0 && program.rank_of_stage(s - 1) != me {
+                    actions.push(Action::SendGrad {
+                        to: peer(s - 1),
+                        stage: s,
+                        mb,
+                    });
+                }
+            }
+            ActionKind::W => actions.push(Action::BackwardWeight { stage: s, mb }),
+        }
+    }
+    actions.push(Action::OptimizerStep);
+    actions
+}
+
+/// The executor's model shape of a resolved configuration.
+fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
     let m = &r.config.model;
     let p = &r.config.parallel;
     let t = &r.config.training;
+    ModelShape {
+        num_layers: m.num_layers,
+        hidden: m.hidden_size as usize,
+        heads: m.num_attention_heads as usize,
+        kv_heads: m.num_query_groups as usize,
+        head_dim: m.head_dim() as usize,
+        ffn: m.ffn_hidden_size as usize,
+        vocab: m.padded_vocab_size(p.tp) as usize,
+        data_vocab: m.vocab_size as usize,
+        seq: t.seq_length as usize,
+        micro_batch: t.micro_batch_size as usize,
+        norm: match m.normalization {
+            Normalization::Rmsnorm => xp::Norm::RmsNorm,
+            Normalization::Layernorm => xp::Norm::LayerNorm,
+        },
+        norm_eps: o.norm_eps,
+        activation: match m.activation {
+            Activation::Swiglu => xp::Activation::Swiglu,
+            Activation::Gelu => xp::Activation::Gelu,
+        },
+        rope_theta: o.rope_theta,
+        flash: t.flash_attention,
+        init_std: o.init_std,
+        moe: m.is_moe().then_some(MoeShape {
+            num_experts: m.num_experts as usize,
+            top_k: m.moe_router_topk as usize,
+            ffn: m.moe_ffn_hidden_size as usize,
+            first_k_dense: m.moe_first_k_dense,
+            capacity_factor: m.moe_capacity_factor as f32,
+            aux_loss_coeff: m.moe_aux_loss_coeff as f32,
+        }),
+    }
+}
+
+/// The executor's parallel degrees of a resolved configuration.
+fn parallelism(r: &Resolved) -> Parallelism {
+    let p = &r.config.parallel;
+    let t = &r.config.training;
+    Parallelism {
+        tp: p.tp,
+        sp: p.sp_active(),
+        cp: p.cp,
+        cp_comm: match p.cp_comm {
+            CpComm::P2p => xp::CpComm::Ring,
+            CpComm::Zigzag => xp::CpComm::Zigzag,
+            CpComm::Allgather => xp::CpComm::AllGather,
+            CpComm::A2a => xp::CpComm::A2a,
+        },
+        pp: p.pp,
+        vpp: p.vpp,
+        dp: r.dp,
+        ep: p.ep,
+        zero: p.zero,
+        recompute: match t.recompute {
+            Recompute::None => xp::Recompute::None,
+            Recompute::Selective => xp::Recompute::Selective,
+            Recompute::Full => xp::Recompute::Full,
+        },
+    }
+}
+
+/// The Plan of a resolved configuration.
+pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
+    check(r)?;
+    let p = &r.config.parallel;
     let layout = Layout::of(r);
     let program = schedule::generate(p.schedule, p.pp, p.vpp, r.microbatches)?;
     let nstages = program.num_stages();
@@ -244,52 +361,7 @@ pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
                 })
             };
             let me = c.pp;
-            let mut actions = Vec::new();
-            for a in &program.ranks[me as usize] {
-                let (s, mb) = (a.stage, a.microbatch);
-                match a.kind {
-                    ActionKind::F => {
-                        if s > 0 && program.rank_of_stage(s - 1) != me {
-                            actions.push(Action::RecvActivation {
-                                from: peer(s - 1),
-                                stage: s - 1,
-                                mb,
-                            });
-                        }
-                        actions.push(Action::Forward { stage: s, mb });
-                        if s + 1 < nstages && program.rank_of_stage(s + 1) != me {
-                            actions.push(Action::SendActivation {
-                                to: peer(s + 1),
-                                stage: s,
-                                mb,
-                            });
-                        }
-                    }
-                    ActionKind::B | ActionKind::I => {
-                        if s + 1 < nstages && program.rank_of_stage(s + 1) != me {
-                            actions.push(Action::RecvGrad {
-                                from: peer(s + 1),
-                                stage: s + 1,
-                                mb,
-                            });
-                        }
-                        actions.push(if a.kind == ActionKind::B {
-                            Action::Backward { stage: s, mb }
-                        } else {
-                            Action::BackwardInput { stage: s, mb }
-                        });
-                        if s > 0 && program.rank_of_stage(s - 1) != me {
-                            actions.push(Action::SendGrad {
-                                to: peer(s - 1),
-                                stage: s,
-                                mb,
-                            });
-                        }
-                    }
-                    ActionKind::W => actions.push(Action::BackwardWeight { stage: s, mb }),
-                }
-            }
-            actions.push(Action::OptimizerStep);
+            let actions = rank_actions(&program, me, peer);
             RankPlan {
                 rank,
                 coords: Coords {
@@ -313,59 +385,8 @@ pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
         })
         .collect();
     Ok(Plan {
-        model: ModelShape {
-            num_layers: m.num_layers,
-            hidden: m.hidden_size as usize,
-            heads: m.num_attention_heads as usize,
-            kv_heads: m.num_query_groups as usize,
-            head_dim: m.head_dim() as usize,
-            ffn: m.ffn_hidden_size as usize,
-            vocab: m.padded_vocab_size(p.tp) as usize,
-            data_vocab: m.vocab_size as usize,
-            seq: t.seq_length as usize,
-            micro_batch: t.micro_batch_size as usize,
-            norm: match m.normalization {
-                Normalization::Rmsnorm => xp::Norm::RmsNorm,
-                Normalization::Layernorm => xp::Norm::LayerNorm,
-            },
-            norm_eps: o.norm_eps,
-            activation: match m.activation {
-                Activation::Swiglu => xp::Activation::Swiglu,
-                Activation::Gelu => xp::Activation::Gelu,
-            },
-            rope_theta: o.rope_theta,
-            flash: t.flash_attention,
-            init_std: o.init_std,
-            moe: m.is_moe().then_some(MoeShape {
-                num_experts: m.num_experts as usize,
-                top_k: m.moe_router_topk as usize,
-                ffn: m.moe_ffn_hidden_size as usize,
-                first_k_dense: m.moe_first_k_dense,
-                capacity_factor: m.moe_capacity_factor as f32,
-                aux_loss_coeff: m.moe_aux_loss_coeff as f32,
-            }),
-        },
-        parallel: Parallelism {
-            tp: p.tp,
-            sp: p.sp_active(),
-            cp: p.cp,
-            cp_comm: match p.cp_comm {
-                CpComm::P2p => xp::CpComm::Ring,
-                CpComm::Zigzag => xp::CpComm::Zigzag,
-                CpComm::Allgather => xp::CpComm::AllGather,
-                CpComm::A2a => xp::CpComm::A2a,
-            },
-            pp: p.pp,
-            vpp: p.vpp,
-            dp: r.dp,
-            ep: p.ep,
-            zero: p.zero,
-            recompute: match t.recompute {
-                Recompute::None => xp::Recompute::None,
-                Recompute::Selective => xp::Recompute::Selective,
-                Recompute::Full => xp::Recompute::Full,
-            },
-        },
+        model: model_shape(r, o),
+        parallel: parallelism(r),
         adam: o.adam,
         seed: o.seed,
         microbatches: r.microbatches,

@@ -1,5 +1,7 @@
 //! The executor against the single-rank run and the engine's memory prediction.
 
+#[path = "executor/bf16.rs"]
+mod bf16;
 #[path = "executor/cli.rs"]
 mod cli;
 #[path = "executor/common.rs"]

@@ -6,7 +6,7 @@
 //! step's GEMM FLOPs and the rate they ran at inside the step (the "matmul share" of the goal:
 //! >= 70% of the peak), and the whole step's achieved GFLOP/s.
 
-use parsim_executor::backend::cpu::ops::gemm::{gemm, gemm_stats, reset_gemm_stats, View};
+use parsim_executor::backend::cpu::ops::gemm::{gemm, GemmCounter, View};
 use parsim_executor::plan::{Activation, AdamConfig, ModelShape, Norm, Plan, Recompute};
 use parsim_executor::runner::{run_cpu, RunOptions};
 use std::time::Instant;
@@ -15,7 +15,9 @@ fn gemm_rate(m: usize, k: usize, n: usize, reps: usize) -> f64 {
     let a = vec![0.5f32; m * k];
     let b = vec![0.25f32; k * n];
     let mut c = vec![0.0f32; m * n];
+    let counter = GemmCounter::new();
     gemm(
+        &counter,
         1.0,
         &a,
         View::rm(m, k),
@@ -28,6 +30,7 @@ fn gemm_rate(m: usize, k: usize, n: usize, reps: usize) -> f64 {
     let t = Instant::now();
     for _ in 0..reps {
         gemm(
+            &counter,
             1.0,
             &a,
             View::rm(m, k),
@@ -92,9 +95,7 @@ fn main() {
     };
     let plan = Plan::single_rank(model, AdamConfig::default(), 1, 1, Recompute::None);
     let steps = 3;
-    // The runner's rank thread is not this one: count GEMMs of a separate run in this thread
-    // by timing the whole step and the GEMM counters reported from the rank.
-    reset_gemm_stats();
+    // The rank's device counts its own GEMMs and reports them.
     let t = Instant::now();
     let report = run_cpu(
         &plan,
@@ -109,7 +110,6 @@ fn main() {
     let r = &report.ranks[0];
     let step_s = r.median_step_s();
     let (gflop, gsec) = (r.gemm_flops / steps as f64, r.gemm_seconds / steps as f64);
-    let _ = gemm_stats();
     println!(
         "step: {:.3} s median of {} timed ({wall:.1} s in all), loss {:.4}",
         step_s,

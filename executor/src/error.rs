@@ -1,14 +1,151 @@
-//! Errors of the executor.
+//! Errors of the executor: a plan or options that cannot run, actions out of order, a
+//! collective called inconsistently, a rank's model state that contradicts its plan, and the
+//! failure, abort or timeout of a rank.
 
 /// Why a Plan could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
     #[error("invalid plan: {0}")]
-    Plan(String),
+    Plan(#[from] PlanError),
+    #[error("invalid run options: {0}")]
+    Options(#[from] OptionsError),
+    /// An action found nothing to work on: the plan's actions are out of order.
+    #[error("rank {rank}: no {what} for stage {stage}, microbatch {mb} (actions out of order)")]
+    OutOfOrder {
+        rank: u32,
+        what: &'static str,
+        stage: u32,
+        mb: u32,
+    },
+    #[error("W(stage {stage}, mb {mb}) before its I on rank {rank}")]
+    WeightBeforeInput { rank: u32, stage: u32, mb: u32 },
+    /// A collective was called with arguments that cannot match.
+    #[error("{op}: {reason}")]
+    Collective {
+        op: &'static str,
+        reason: CollectiveError,
+    },
+    /// A rank's model state contradicts its plan (an executor bug, not bad input).
+    #[error("inconsistent model state: {0}")]
+    State(#[from] StateError),
     #[error("rank {rank} failed: {message}")]
     Rank { rank: u32, message: String },
     #[error("rank {rank} stopped waiting because another rank failed")]
     Aborted { rank: u32 },
     #[error("rank {rank} waited more than {seconds} s for a message or collective (deadlock?)")]
     Timeout { rank: u32, seconds: u64 },
+}
+
+/// A Plan that fails [`Plan::validate`](crate::plan::Plan::validate), naming the quantity.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    #[error("model sizes must be positive")]
+    NonPositiveSizes,
+    #[error("heads ({heads}) must be a multiple of kv_heads ({kv_heads})")]
+    HeadsNotMultipleOfKvHeads { heads: usize, kv_heads: usize },
+    #[error("heads ({heads}) and kv_heads ({kv_heads}) must be divisible by tp ({tp})")]
+    HeadsNotDivisibleByTp {
+        heads: usize,
+        kv_heads: usize,
+        tp: usize,
+    },
+    #[error("ffn ({ffn}) and padded vocab ({vocab}) must be divisible by tp ({tp})")]
+    FfnVocabNotDivisibleByTp { ffn: usize, vocab: usize, tp: usize },
+    #[error("head_dim ({head_dim}) must be even for rotary")]
+    OddHeadDim { head_dim: usize },
+    #[error("cp must be at least 1")]
+    ZeroCp,
+    #[error("seq ({seq}) must be divisible by {chunks} ({per} chunks of cp {cp})")]
+    SeqNotDivisibleByCpChunks {
+        seq: usize,
+        chunks: usize,
+        per: &'static str,
+        cp: usize,
+    },
+    #[error("Ulysses (a2a) needs the heads ({heads}) and kv_heads ({kv_heads}) of a TP rank (tp {tp}) divisible by cp ({cp})")]
+    UlyssesHeads {
+        heads: usize,
+        kv_heads: usize,
+        tp: usize,
+        cp: usize,
+    },
+    #[error("context parallelism needs flash attention (the ring merges partial outputs by their log-sum-exp)")]
+    CpWithoutFlash,
+    #[error("tokens per microbatch and CP rank ({tokens}) must be divisible by tp ({tp}) with sp")]
+    SpTokensNotDivisible { tokens: usize, tp: usize },
+    #[error("zero stage {zero} (0..=3)")]
+    ZeroStage { zero: u8 },
+    #[error("data_vocab ({data_vocab}) must lie in 1..=vocab ({vocab})")]
+    DataVocab { data_vocab: usize, vocab: usize },
+    #[error("ep ({ep}) must divide dp ({dp})")]
+    EpNotDividingDp { ep: u32, dp: u32 },
+    #[error("num_experts ({num_experts}) must be positive and divisible by ep ({ep})")]
+    ExpertsNotDivisibleByEp { num_experts: usize, ep: usize },
+    #[error("moe top_k ({top_k}) must lie in 1..=num_experts ({num_experts})")]
+    TopK { top_k: usize, num_experts: usize },
+    #[error("moe ffn must be positive")]
+    ZeroMoeFfn,
+    #[error("MoE layers run with tp = 1 only (tp = {tp})")]
+    MoeWithTp { tp: usize },
+    #[error("moe {name} must be finite and >= 0, got {value}")]
+    MoeCoefficient { name: &'static str, value: f32 },
+    #[error("ep = {ep} needs MoE layers")]
+    EpWithoutMoe { ep: usize },
+    #[error("{ranks} rank plans for world tp x cp x pp x dp = {world}")]
+    RankCount { ranks: usize, world: usize },
+    #[error("rank plan {index} has rank {rank}")]
+    RankNumber { index: usize, rank: u32 },
+    #[error("rank {rank}: group sizes do not match tp/cp/dp/pp")]
+    GroupSizes { rank: usize },
+    #[error("rank {rank}: ep group ({ep_group}) and expert-dp group ({expert_dp_group}) must have ep ({ep}) and dp / ep ({expert_dp}) members")]
+    ExpertGroupSizes {
+        rank: usize,
+        ep_group: usize,
+        expert_dp_group: usize,
+        ep: usize,
+        expert_dp: usize,
+    },
+    #[error("rank {rank} holds stage {stage} of another pipeline rank")]
+    ForeignStage { rank: usize, stage: u32 },
+}
+
+/// Run options that cannot apply to a plan.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum OptionsError {
+    #[error("export_grads needs zero 0 or 1 (full gradients), not zero {zero}")]
+    ExportGradsNeedsFullGradients { zero: u8 },
+    #[error("steps ({steps}) must exceed warmup ({warmup})")]
+    StepsNotAboveWarmup { steps: u32, warmup: u32 },
+}
+
+/// Arguments of a collective that cannot match.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CollectiveError {
+    #[error("{expected} counts expected, got {send} send and {recv} receive counts")]
+    CountCount {
+        expected: usize,
+        send: usize,
+        recv: usize,
+    },
+    #[error("buffer lengths differ from the sums of the counts")]
+    CountSums,
+    #[error("member {member} sends {sent} elements, {expected} expected")]
+    CountMismatch {
+        member: usize,
+        sent: usize,
+        expected: usize,
+    },
+}
+
+/// A rank's model state that contradicts its plan.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StateError {
+    #[error("an MoE layer in a model without MoeShape")]
+    MoeWithoutShape,
+    #[error("an MoE layer without an EP group")]
+    MoeWithoutEpGroup,
+    #[error("an expert gradient without an experts block")]
+    ExpertGradientWithoutBlock,
+    #[error("an MoE layer's saved state and experts block disagree")]
+    MoeSavedMismatch,
 }

@@ -2,16 +2,20 @@
 //! actions) on a backend and measures it. It knows nothing of models, presets or
 //! configuration files: the engine (`parsim::plan`) lowers a configuration into a Plan.
 //!
-//! Backends implement [`backend::TensorOps`] and [`backend::Collectives`]; the `cpu` backend
+//! Backends implement [`backend::Backend`]: device tensors, [`backend::TensorOps`] and
+//! [`backend::DeviceCollectives`] on them, a per-rank memory tracker; the `cpu` backend
 //! runs ranks as threads in fp32 and is the reference for correctness: any supported mix gives
 //! the loss and parameters of the single-rank run.
 
 pub mod backend;
 pub mod error;
+pub mod memory;
 pub mod model;
 pub mod plan;
+pub mod report;
 pub mod runner;
 
 pub use error::ExecError;
 pub use plan::Plan;
-pub use runner::{run_cpu, RunOptions, RunReport};
+pub use report::RunReport;
+pub use runner::{run_cpu, RunOptions};

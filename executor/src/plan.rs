@@ -3,7 +3,7 @@
 //! (model chunks) it holds, and its ordered actions. The engine lowers a configuration into a
 //! Plan (`parsim::plan`), so prediction and execution describe the same work.
 
-use crate::error::ExecError;
+use crate::error::PlanError;
 use serde::Serialize;
 use std::ops::Range;
 
@@ -235,6 +235,28 @@ pub struct RankPlan {
     pub actions: Vec<Action>,
 }
 
+/// The arithmetic recipe of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub enum Precision {
+    /// Everything fp32: the equivalence reference.
+    #[default]
+    Fp32,
+    /// The GPU's mixed-precision recipe: bf16 activations and weight copies, fp32 master
+    /// weights (kept with the optimizer states), gradients and Adam moments; matmuls and
+    /// reductions accumulate in fp32 and round to bf16 where their outputs are stored.
+    Bf16,
+}
+
+impl Precision {
+    /// The dtype of activations and weight copies.
+    pub fn compute_dtype(self) -> crate::backend::DType {
+        match self {
+            Precision::Fp32 => crate::backend::DType::F32,
+            Precision::Bf16 => crate::backend::DType::Bf16,
+        }
+    }
+}
+
 /// A whole plan.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Plan {
@@ -318,137 +340,147 @@ impl Plan {
     }
 
     /// Checks shapes and divisibility; names the offending quantity.
-    pub fn validate(&self) -> Result<(), ExecError> {
+    pub fn validate(&self) -> Result<(), PlanError> {
         let m = &self.model;
         let p = &self.parallel;
         let t = p.tp as usize;
-        let err = |s: String| Err(ExecError::Plan(s));
         if m.heads == 0 || m.kv_heads == 0 || m.hidden == 0 || m.seq == 0 || m.micro_batch == 0 {
-            return err("model sizes must be positive".into());
+            return Err(PlanError::NonPositiveSizes);
         }
         if m.heads % m.kv_heads != 0 {
-            return err(format!(
-                "heads ({}) must be a multiple of kv_heads ({})",
-                m.heads, m.kv_heads
-            ));
+            return Err(PlanError::HeadsNotMultipleOfKvHeads {
+                heads: m.heads,
+                kv_heads: m.kv_heads,
+            });
         }
         if m.heads % t != 0 || m.kv_heads % t != 0 {
-            return err(format!(
-                "heads ({}) and kv_heads ({}) must be divisible by tp ({t})",
-                m.heads, m.kv_heads
-            ));
+            return Err(PlanError::HeadsNotDivisibleByTp {
+                heads: m.heads,
+                kv_heads: m.kv_heads,
+                tp: t,
+            });
         }
         if m.ffn % t != 0 || m.vocab % t != 0 {
-            return err(format!(
-                "ffn ({}) and padded vocab ({}) must be divisible by tp ({t})",
-                m.ffn, m.vocab
-            ));
+            return Err(PlanError::FfnVocabNotDivisibleByTp {
+                ffn: m.ffn,
+                vocab: m.vocab,
+                tp: t,
+            });
         }
         if m.head_dim % 2 != 0 {
-            return err(format!("head_dim ({}) must be even for rotary", m.head_dim));
+            return Err(PlanError::OddHeadDim {
+                head_dim: m.head_dim,
+            });
         }
         let c = p.cp.max(1) as usize;
         if p.cp == 0 {
-            return err("cp must be at least 1".into());
+            return Err(PlanError::ZeroCp);
         }
         if c > 1 {
-            let chunks = if p.cp_comm.load_balanced() { 2 * c } else { c };
+            let balanced = p.cp_comm.load_balanced();
+            let chunks = if balanced { 2 * c } else { c };
             if m.seq % chunks != 0 {
-                return err(format!(
-                    "seq ({}) must be divisible by {chunks} ({} chunks of cp {c})",
-                    m.seq,
-                    if p.cp_comm.load_balanced() {
-                        "2 cp"
-                    } else {
-                        "cp"
-                    }
-                ));
+                return Err(PlanError::SeqNotDivisibleByCpChunks {
+                    seq: m.seq,
+                    chunks,
+                    per: if balanced { "2 cp" } else { "cp" },
+                    cp: c,
+                });
             }
             if p.cp_comm == CpComm::A2a && ((m.heads / t) % c != 0 || (m.kv_heads / t) % c != 0) {
-                return err(format!(
-                    "Ulysses (a2a) needs the heads ({}) and kv_heads ({}) of a TP rank (tp {t}) divisible by cp ({c})",
-                    m.heads, m.kv_heads
-                ));
+                return Err(PlanError::UlyssesHeads {
+                    heads: m.heads,
+                    kv_heads: m.kv_heads,
+                    tp: t,
+                    cp: c,
+                });
             }
             if !m.flash {
-                return err("context parallelism needs flash attention (the ring merges partial outputs by their log-sum-exp)".into());
+                return Err(PlanError::CpWithoutFlash);
             }
         }
         if p.sp && (m.tokens() / c) % t != 0 {
-            return err(format!(
-                "tokens per microbatch and CP rank ({}) must be divisible by tp ({t}) with sp",
-                m.tokens() / c
-            ));
+            return Err(PlanError::SpTokensNotDivisible {
+                tokens: m.tokens() / c,
+                tp: t,
+            });
         }
         if p.zero > 3 {
-            return err(format!("zero stage {} (0..=3)", p.zero));
+            return Err(PlanError::ZeroStage { zero: p.zero });
         }
         if m.data_vocab == 0 || m.data_vocab > m.vocab {
-            return err("data_vocab must lie in 1..=vocab".into());
+            return Err(PlanError::DataVocab {
+                data_vocab: m.data_vocab,
+                vocab: m.vocab,
+            });
         }
         let ep = p.ep.max(1) as usize;
         if p.ep == 0 || p.dp % p.ep != 0 {
-            return err(format!("ep ({}) must divide dp ({})", p.ep, p.dp));
+            return Err(PlanError::EpNotDividingDp { ep: p.ep, dp: p.dp });
         }
         if let Some(moe) = &m.moe {
             if moe.num_experts == 0 || moe.num_experts % ep != 0 {
-                return err(format!(
-                    "num_experts ({}) must be positive and divisible by ep ({ep})",
-                    moe.num_experts
-                ));
+                return Err(PlanError::ExpertsNotDivisibleByEp {
+                    num_experts: moe.num_experts,
+                    ep,
+                });
             }
             if moe.top_k == 0 || moe.top_k > moe.num_experts {
-                return err(format!(
-                    "moe top_k ({}) must lie in 1..=num_experts ({})",
-                    moe.top_k, moe.num_experts
-                ));
+                return Err(PlanError::TopK {
+                    top_k: moe.top_k,
+                    num_experts: moe.num_experts,
+                });
             }
             if moe.ffn == 0 {
-                return err("moe ffn must be positive".into());
+                return Err(PlanError::ZeroMoeFfn);
             }
             if t > 1 {
-                return err(format!("MoE layers run with tp = 1 only (tp = {t})"));
+                return Err(PlanError::MoeWithTp { tp: t });
             }
             for (name, v) in [
                 ("capacity_factor", moe.capacity_factor),
                 ("aux_loss_coeff", moe.aux_loss_coeff),
             ] {
                 if !(v.is_finite() && v >= 0.0) {
-                    return err(format!("moe {name} must be finite and >= 0, got {v}"));
+                    return Err(PlanError::MoeCoefficient { name, value: v });
                 }
             }
         } else if ep > 1 {
-            return err(format!("ep = {ep} needs MoE layers"));
+            return Err(PlanError::EpWithoutMoe { ep });
         }
         let world = (p.tp * p.cp * p.pp * p.dp) as usize;
         if self.ranks.len() != world {
-            return err(format!(
-                "{} rank plans for world tp x cp x pp x dp = {world}",
-                self.ranks.len()
-            ));
+            return Err(PlanError::RankCount {
+                ranks: self.ranks.len(),
+                world,
+            });
         }
         for (i, r) in self.ranks.iter().enumerate() {
             if r.rank as usize != i {
-                return err(format!("rank plan {i} has rank {}", r.rank));
+                return Err(PlanError::RankNumber {
+                    index: i,
+                    rank: r.rank,
+                });
             }
             if r.tp_group.len() != t
                 || r.cp_group.len() != c
                 || r.dp_group.len() != p.dp as usize * c
                 || r.pp_group.len() != p.pp as usize
             {
-                return err(format!("rank {i}: group sizes do not match tp/cp/dp/pp"));
+                return Err(PlanError::GroupSizes { rank: i });
             }
             if r.ep_group.len() != ep || r.expert_dp_group.len() != p.dp as usize / ep {
-                return err(format!(
-                    "rank {i}: ep group ({}) and expert-dp group ({}) must have ep ({ep}) and dp / ep ({}) members",
-                    r.ep_group.len(),
-                    r.expert_dp_group.len(),
-                    p.dp as usize / ep
-                ));
+                return Err(PlanError::ExpertGroupSizes {
+                    rank: i,
+                    ep_group: r.ep_group.len(),
+                    expert_dp_group: r.expert_dp_group.len(),
+                    ep,
+                    expert_dp: p.dp as usize / ep,
+                });
             }
             for s in &r.stages {
                 if self.stages.get(*s as usize).map(|st| st.pp_rank) != Some(r.coords.pp) {
-                    return err(format!("rank {i} holds stage {s} of another pipeline rank"));
+                    return Err(PlanError::ForeignStage { rank: i, stage: *s });
                 }
             }
         }

@@ -9,8 +9,9 @@
 use super::measurements::Measurement;
 use crate::config::{Config, ConfigError, Dtype, Layer, Precision, Resolved};
 use crate::plan::{lower, LowerOptions, PlanError};
-use parsim_executor::runner::{median, run_cpu, RunOptions};
+use parsim_executor::runner::{run_cpu, RunOptions};
 use serde_json::{json, Value};
+use statrs::statistics::{Data, Median};
 use std::path::Path;
 
 /// One configuration of the sweep.
@@ -235,7 +236,7 @@ pub fn measure_cpu(
         line: index + 1,
         label: p.label.clone(),
         config: p.config.clone(),
-        step_s: median(&per_step),
+        step_s: Data::new(per_step).median(),
         peak_bytes: (peak > 0).then_some(peak),
         holdout: p.holdout,
     })

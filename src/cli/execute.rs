@@ -1,6 +1,7 @@
 //! `parsim execute`: lowers the configuration into a Plan, runs it on a backend, and prints per
 //! rank the loss, the step time and the peak tracked memory next to the engine's prediction for
-//! the same configuration (on the backend's hardware profile: `cpu`, fp32).
+//! the same configuration (on the backend's hardware profile: `cpu`, with the run's precision:
+//! fp32, or bf16 mixed precision with `--precision bf16`).
 
 use super::config_args::ConfigArgs;
 use anyhow::{bail, Context};
@@ -9,9 +10,10 @@ use comfy_table::{presets, CellAlignment, Table};
 use parsim::config::{Dtype, Precision, Resolved};
 use parsim::plan::{lower, LowerOptions};
 use parsim::report::format::{bytes, seconds};
-use parsim_executor::model::cp::{CpStats, StepTime};
-use parsim_executor::runner::{median, run_cpu, PhaseTimes, RunOptions};
+use parsim_executor::report::{CpStats, PhaseTimes, StepTime};
+use parsim_executor::runner::{run_cpu, RunOptions};
 use serde::Serialize;
+use statrs::statistics::{Data, Median};
 
 /// Execution backends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -105,7 +107,18 @@ struct ExecuteOut {
     warnings: Vec<String>,
 }
 
-/// The configuration on the backend's own profile: the CPU runs fp32 on the `cpu` profile.
+/// The arithmetic of the run: fp32 (the default, whatever the configuration file says), or the
+/// bf16 mixed-precision recipe when `--precision bf16` is given on the command line.
+fn run_precision(args: &ExecuteArgs) -> anyhow::Result<Precision> {
+    match args.config.workload.precision {
+        None | Some(Precision::Fp32) => Ok(Precision::Fp32),
+        Some(Precision::Bf16) => Ok(Precision::Bf16),
+        Some(p) => bail!("--precision {p}: the cpu backend runs fp32 or bf16"),
+    }
+}
+
+/// The configuration on the backend's own profile: the CPU runs on the `cpu` profile, in fp32
+/// or bf16 mixed precision (fp32 gradients), as [`run_precision`] says.
 fn resolve_for_backend(args: &ExecuteArgs) -> anyhow::Result<Resolved> {
     let mut cfg = args.config.load()?;
     let mut notes = Vec::new();
@@ -116,12 +129,12 @@ fn resolve_for_backend(args: &ExecuteArgs) -> anyhow::Result<Resolved> {
         ));
         cfg.cluster.gpu = "cpu".into();
     }
-    if cfg.training.precision != Precision::Fp32 || cfg.training.grad_dtype != Dtype::Fp32 {
-        notes.push(
-            "training.precision and grad_dtype set to fp32: the CPU backend computes in fp32"
-                .into(),
-        );
-        cfg.training.precision = Precision::Fp32;
+    let precision = run_precision(args)?;
+    if cfg.training.precision != precision || cfg.training.grad_dtype != Dtype::Fp32 {
+        notes.push(format!(
+            "training.precision set to {precision} and grad_dtype to fp32: the CPU backend runs {precision} (--precision bf16 for the mixed-precision recipe) with fp32 gradients"
+        ));
+        cfg.training.precision = precision;
         cfg.training.grad_dtype = Dtype::Fp32;
     }
     let mut r = Resolved::new(cfg)?;
@@ -180,6 +193,10 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
             &RunOptions {
                 steps: args.steps,
                 warmup: args.warmup,
+                precision: match run_precision(&args)? {
+                    Precision::Bf16 => parsim_executor::plan::Precision::Bf16,
+                    _ => parsim_executor::plan::Precision::Fp32,
+                },
                 ..RunOptions::default()
             },
         )?,
@@ -194,7 +211,7 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
         world_size: report.world,
         steps: args.steps,
         loss: report.loss[timed].to_vec(),
-        step_s: median(&per_step),
+        step_s: Data::new(per_step).median(),
         ranks: report
             .ranks
             .iter()

@@ -135,3 +135,50 @@ fn execute_reports_the_ring_steps_under_context_parallelism() {
         assert!(s.contains(needle), "{needle}: {s}");
     }
 }
+
+#[test]
+fn execute_precision_bf16_runs_the_mixed_recipe_against_its_own_prediction() {
+    let run = |precision: &str| -> Value {
+        let out = parsim()
+            .args([
+                "execute",
+                "--config",
+                SMALL,
+                "--steps",
+                "2",
+                "--warmup",
+                "1",
+                "--json",
+                "--precision",
+                precision,
+            ])
+            .output()
+            .expect("runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("json")
+    };
+    let (fp32, bf16) = (run("fp32"), run("bf16"));
+    for r in bf16["ranks"].as_array().unwrap() {
+        // The prediction follows the precision: bf16 weights (2 bytes per parameter, half
+        // of fp32's), and the measurement is within 2% of it.
+        let (peak, pred) = (
+            r["peak_bytes"].as_u64().unwrap() as f64,
+            r["predicted_peak_bytes"].as_u64().unwrap() as f64,
+        );
+        assert!((peak - pred).abs() / pred <= 0.02, "{peak} vs {pred}");
+    }
+    let w = |v: &Value| v["ranks"][0]["memory"]["weights"].as_u64().unwrap();
+    assert_eq!(2 * w(&bf16), w(&fp32));
+    let (l32, l16) = (
+        fp32["loss"][0].as_f64().unwrap(),
+        bf16["loss"][0].as_f64().unwrap(),
+    );
+    assert!(
+        l16 != l32 && ((l16 - l32) / l32).abs() < 1e-2,
+        "{l16} vs {l32}"
+    );
+}

@@ -1,11 +1,705 @@
-//! The two traits a backend implements: tensor ops and collectives. The `cpu` backend is the
-//! reference; the `cuda` backend (a later issue) implements the same traits on device buffers.
+//! What a backend implements. [`Backend`] names its device tensor, event, process group and
+//! per-rank device; the device allocates, uploads and downloads tensors, counts them in the
+//! rank's [`MemoryTracker`], and runs the [`TensorOps`] and [`DeviceCollectives`] of a training
+//! step on device tensors, every one fallible. Model code calls these and touches no element
+//! on the host (Burn and candle structure their backends the same way: associated storage
+//! types, monomorphised model code).
+//!
+//! The `cpu` backend is the reference; the `cuda` backend (a later issue) implements the same
+//! traits on device buffers. [`Collectives`] is the host-slice layer the CPU collectives are
+//! built on.
 
 pub mod cpu;
 
 use crate::error::ExecError;
-use crate::plan::{Activation, AdamConfig, Norm};
+use crate::memory::{Category, MemoryTracker};
+use crate::plan::{Activation, AdamConfig, MoeShape, Norm};
 use std::ops::Range;
+
+/// Element type of a device tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DType {
+    /// IEEE single precision: master weights, gradients, optimizer states, the fp32 recipe.
+    #[default]
+    F32,
+    /// bfloat16 (8-bit exponent, 7-bit mantissa): activations and weight copies of the
+    /// mixed-precision recipe.
+    Bf16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size_bytes(self) -> u64 {
+        match self {
+            DType::F32 => 4,
+            DType::Bf16 => 2,
+        }
+    }
+}
+
+/// What every device tensor tells about itself.
+pub trait DeviceTensor {
+    fn shape(&self) -> &[usize];
+    fn dtype(&self) -> DType;
+    fn category(&self) -> Category;
+    /// Elements.
+    fn len(&self) -> usize {
+        self.shape().iter().product()
+    }
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Rows (the first dimension).
+    fn rows(&self) -> usize {
+        self.shape().first().copied().unwrap_or(0)
+    }
+    /// Elements per row.
+    fn cols(&self) -> usize {
+        self.shape().iter().skip(1).product()
+    }
+    /// Bytes the tensor's elements take.
+    fn size_bytes(&self) -> u64 {
+        self.len() as u64 * self.dtype().size_bytes()
+    }
+}
+
+/// Elements `range` of a tensor seen flat: a parameter of a flat buffer, a ZeRO shard, a row
+/// block.
+#[derive(Debug)]
+pub struct View<'t, T> {
+    pub tensor: &'t T,
+    pub range: Range<usize>,
+}
+
+impl<T> Clone for View<'_, T> {
+    fn clone(&self) -> Self {
+        View {
+            tensor: self.tensor,
+            range: self.range.clone(),
+        }
+    }
+}
+
+impl<'t, T: DeviceTensor> View<'t, T> {
+    /// The whole tensor.
+    pub fn all(tensor: &'t T) -> View<'t, T> {
+        View {
+            range: 0..tensor.len(),
+            tensor,
+        }
+    }
+
+    /// Elements `r` of this view (relative to its start).
+    pub fn sub(&self, r: Range<usize>) -> View<'t, T> {
+        debug_assert!(r.end <= self.range.len());
+        View {
+            tensor: self.tensor,
+            range: self.range.start + r.start..self.range.start + r.end,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.range.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.range.is_empty()
+    }
+}
+
+/// Writable elements `range` of a tensor seen flat: a gradient slice, a shard.
+#[derive(Debug)]
+pub struct ViewMut<'t, T> {
+    pub tensor: &'t mut T,
+    pub range: Range<usize>,
+}
+
+impl<'t, T: DeviceTensor> ViewMut<'t, T> {
+    /// The whole tensor.
+    pub fn all(tensor: &'t mut T) -> ViewMut<'t, T> {
+        ViewMut {
+            range: 0..tensor.len(),
+            tensor,
+        }
+    }
+
+    /// Elements `r` of this view (relative to its start), reborrowed.
+    pub fn sub(&mut self, r: Range<usize>) -> ViewMut<'_, T> {
+        debug_assert!(r.end <= self.range.len());
+        ViewMut {
+            range: self.range.start + r.start..self.range.start + r.end,
+            tensor: self.tensor,
+        }
+    }
+
+    /// The same elements, reborrowed.
+    pub fn reborrow(&mut self) -> ViewMut<'_, T> {
+        ViewMut {
+            range: self.range.clone(),
+            tensor: self.tensor,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.range.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.range.is_empty()
+    }
+}
+
+/// A backend: its associated types. Model code is generic over `B: Backend` and monomorphised
+/// per backend.
+pub trait Backend: Sized + 'static {
+    /// A tensor in device memory, with its shape, dtype and memory category.
+    type Tensor: DeviceTensor;
+    /// A point in a device stream that another stream (or the host) can wait for.
+    type Event;
+    /// A process group (NCCL communicator, or the CPU's shared-memory group).
+    type Group: ProcessGroup + Clone;
+    /// One rank's device: allocation, the rank's tracker, tensor ops.
+    type Device: Device<Self>;
+    /// One rank's collectives on device tensors.
+    type Comm: DeviceCollectives<Self>;
+}
+
+/// A process group as one member sees it.
+pub trait ProcessGroup {
+    /// Members.
+    fn size(&self) -> usize;
+    /// This member's index among the members.
+    fn index(&self) -> usize;
+    /// The members' global ranks, in member order.
+    fn members(&self) -> &[u32];
+}
+
+/// One rank's device: allocation, upload and download (download only for the loss, exports and
+/// tests), events, and the tensor ops.
+pub trait Device<B: Backend>: TensorOps<B> {
+    /// The rank's tracker of requested and reserved bytes by category.
+    fn memory(&self) -> &MemoryTracker;
+    /// A zero-filled tensor.
+    fn alloc(&self, cat: Category, dtype: DType, shape: &[usize]) -> Result<B::Tensor, ExecError>;
+    /// A tensor holding `data` (rounded to `dtype`).
+    fn upload(
+        &self,
+        cat: Category,
+        dtype: DType,
+        shape: &[usize],
+        data: &[f32],
+    ) -> Result<B::Tensor, ExecError>;
+    /// The elements of a view, widened to f32.
+    fn download(&self, t: View<'_, B::Tensor>) -> Result<Vec<f32>, ExecError>;
+    /// FLOPs and seconds of the device's matrix multiplications so far.
+    fn gemm_stats(&self) -> (f64, f64);
+    /// Moves a tensor to another memory category (a temporary kept as an activation).
+    fn recat(&self, t: B::Tensor, cat: Category) -> B::Tensor;
+    /// An event at the current point of the compute stream.
+    fn record(&self) -> Result<B::Event, ExecError>;
+    /// Makes the compute stream wait for `e`.
+    fn wait(&self, e: &B::Event) -> Result<(), ExecError>;
+}
+
+/// Collectives on device tensors, with NCCL's semantics within a group (see [`Collectives`]
+/// for each one's contract), plus point-to-point messages.
+pub trait DeviceCollectives<B: Backend> {
+    /// This rank's handle on the group of `members` (global ranks, in member order).
+    fn group(&self, members: &[u32]) -> Result<B::Group, ExecError>;
+    /// In-place reduce-scatter of a flat buffer held whole by every member: afterwards
+    /// `buf[mine]` is the sum over members of their `buf[mine]` (ZeRO-1's gradient step).
+    fn reduce_scatter_in_place(
+        &self,
+        g: &B::Group,
+        buf: &mut B::Tensor,
+        mine: Range<usize>,
+    ) -> Result<(), ExecError>;
+    /// In-place all-gather of a flat buffer whose shard `mine` is this member's: afterwards
+    /// every member holds every member's shard (the updated parameters of ZeRO 1/2).
+    fn all_gather_in_place(
+        &self,
+        g: &B::Group,
+        buf: &mut B::Tensor,
+        mine: Range<usize>,
+    ) -> Result<(), ExecError>;
+    fn all_reduce(
+        &self,
+        g: &B::Group,
+        buf: ViewMut<'_, B::Tensor>,
+        op: ReduceOp,
+    ) -> Result<(), ExecError>;
+    fn all_gather(
+        &self,
+        g: &B::Group,
+        input: View<'_, B::Tensor>,
+        out: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
+    fn reduce_scatter(
+        &self,
+        g: &B::Group,
+        input: View<'_, B::Tensor>,
+        out: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
+    fn all_to_all(
+        &self,
+        g: &B::Group,
+        input: View<'_, B::Tensor>,
+        out: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
+    /// All-to-all of host counts (split sizes of a following [`DeviceCollectives::all_to_all_v`]):
+    /// `send` holds `send.len() / size` counts per member; returns what each member sent this
+    /// one, in member order.
+    fn all_to_all_counts(&self, g: &B::Group, send: &[usize]) -> Result<Vec<usize>, ExecError>;
+    /// See [`Collectives::all_to_all_v`] (counts in elements).
+    fn all_to_all_v(
+        &self,
+        g: &B::Group,
+        input: View<'_, B::Tensor>,
+        send_counts: &[usize],
+        out: ViewMut<'_, B::Tensor>,
+        recv_counts: &[usize],
+    ) -> Result<(), ExecError>;
+    fn send(&self, to: u32, tag: u64, data: View<'_, B::Tensor>) -> Result<(), ExecError>;
+    fn recv(&self, from: u32, tag: u64, out: ViewMut<'_, B::Tensor>) -> Result<(), ExecError>;
+    /// See [`Collectives::gather_range`].
+    fn gather_range(
+        &self,
+        g: &B::Group,
+        mine_lo: usize,
+        mine: View<'_, B::Tensor>,
+        want: Range<usize>,
+        out: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
+    /// See [`Collectives::reduce_scatter_range`].
+    fn reduce_scatter_range(
+        &self,
+        g: &B::Group,
+        input_lo: usize,
+        input: View<'_, B::Tensor>,
+        mine: Range<usize>,
+        out: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
+}
+
+/// Shapes of one causal grouped-query attention call on one rank: `b` sequences of `s`
+/// positions, `heads` query heads sharing `kv_heads` K/V heads of width `d`; rows are
+/// (sequence, position), columns (head, feature).
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    /// Sequences in the microbatch.
+    pub b: usize,
+    pub s: usize,
+    /// Query heads on this rank.
+    pub heads: usize,
+    /// K/V heads on this rank.
+    pub kv_heads: usize,
+    pub d: usize,
+}
+
+/// One kept assignment of a token to an expert (MoE routing: host metadata, as the split
+/// sizes of the dispatch all-to-all are on the host for NCCL too).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Route {
+    pub token: usize,
+    pub expert: usize,
+    pub gate: f32,
+}
+
+/// The router's decisions for one microbatch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Routing {
+    /// Kept assignments ordered by expert, then token.
+    pub routes: Vec<Route>,
+    /// Fraction of the n k routed slots that chose each expert (before dropping).
+    pub fraction: Vec<f64>,
+    /// Assignments dropped by the capacity.
+    pub dropped: usize,
+}
+
+/// Shapes shared by the query and key sides of a block attention: `b` sequences, `hq` query
+/// heads and `hk` K/V heads of `d` features (GQA: query head h reads K/V head h / (hq / hk)).
+#[derive(Debug, Clone, Copy)]
+pub struct BlockShape {
+    pub b: usize,
+    pub hq: usize,
+    pub hk: usize,
+    pub d: usize,
+}
+
+/// One side of a block attention: rows of `b` sequences, [b, pos.len(), heads, d] row-major,
+/// row i of a sequence at position `pos[i]`, processed in runs of at most `tile` rows.
+#[derive(Debug, Clone, Copy)]
+pub struct Side<'a> {
+    pub pos: &'a [u32],
+    pub tile: usize,
+}
+
+/// The geometry of a Ulysses all-to-all: `b` sequences of `cp` shards of `s_loc` rows.
+#[derive(Debug, Clone, Copy)]
+pub struct UlyssesGeo {
+    pub b: usize,
+    pub s_loc: usize,
+    pub cp: usize,
+}
+
+/// One tensor of a Ulysses all-to-all: its heads on the sequence side and features per head.
+#[derive(Debug, Clone, Copy)]
+pub struct UlyssesPart {
+    pub heads: usize,
+    pub e: usize,
+}
+
+/// Which side of a Ulysses exchange a tensor is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UlyssesLayout {
+    /// Sequence shards [b, s_loc, H, e]; chunk j of the buffer holds head group j.
+    Seq,
+    /// Head shards of the whole sequence [b, s, H / cp, e]; chunk j holds rank j's rows.
+    Head,
+}
+
+/// What the attention forward saves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// The softmax (no flash attention).
+    Probs,
+    /// The per-row log-sum-exp (flash attention).
+    Lse,
+    /// Nothing (selective recompute).
+    Nothing,
+}
+
+/// What the attention forward kept for backward.
+#[derive(Debug)]
+pub enum AttnSaved<T> {
+    /// The softmax, [b, heads, s, s].
+    Probs(T),
+    /// The log-sum-exp of each query row, [b, heads, s].
+    Lse(T),
+    /// Nothing (selective recompute).
+    None,
+}
+
+/// The tensor ops of a training step on device tensors, each with its backward; every op is
+/// fallible (a device kernel can fail to launch). Row-major; `n` rows of `i` inputs and `o`
+/// outputs for linear layers (weights [o, i]). Accumulation is fp32 whatever the tensors'
+/// dtype.
+pub trait TensorOps<B: Backend> {
+    /// y[n, o] = x[n, i] . w[o, i]^T.
+    fn linear_fwd(
+        &self,
+        x: &B::Tensor,
+        w: View<'_, B::Tensor>,
+        dims: (usize, usize, usize),
+        y: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// dx[n, i] (+)= dy[n, o] . w[o, i].
+    fn linear_dgrad(
+        &self,
+        dy: &B::Tensor,
+        w: View<'_, B::Tensor>,
+        dims: (usize, usize, usize),
+        dx: &mut B::Tensor,
+        acc: bool,
+    ) -> Result<(), ExecError>;
+    /// dw[o, i] += dy^T . x.
+    fn linear_wgrad(
+        &self,
+        dy: &B::Tensor,
+        x: &B::Tensor,
+        dims: (usize, usize, usize),
+        dw: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
+    /// Norm over rows of `h` with gain (and bias for LayerNorm) `p`.
+    fn norm_fwd(
+        &self,
+        kind: Norm,
+        x: &B::Tensor,
+        p: View<'_, B::Tensor>,
+        eps: f32,
+        y: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// dx (+)= the norm's input gradient.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_dgrad(
+        &self,
+        kind: Norm,
+        x: &B::Tensor,
+        p: View<'_, B::Tensor>,
+        dy: &B::Tensor,
+        eps: f32,
+        dx: &mut B::Tensor,
+        acc: bool,
+    ) -> Result<(), ExecError>;
+    /// dp += the gain (and bias) gradient.
+    fn norm_wgrad(
+        &self,
+        kind: Norm,
+        x: &B::Tensor,
+        dy: &B::Tensor,
+        eps: f32,
+        dp: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
+    /// Rotary embedding in place on [rows, heads * d]; row r of a sequence sits at
+    /// `positions[r % positions.len()]`.
+    fn rotary(
+        &self,
+        x: &mut B::Tensor,
+        heads: usize,
+        positions: &[u32],
+        theta: f32,
+        inverse: bool,
+    ) -> Result<(), ExecError>;
+    /// out[n, f] = act(u[n, f or 2f]) (SwiGLU halves its input).
+    fn act_fwd(
+        &self,
+        kind: Activation,
+        u: &B::Tensor,
+        out: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// The activation's input gradient, overwriting its input `u`.
+    fn act_bwd_inplace(
+        &self,
+        kind: Activation,
+        u: &mut B::Tensor,
+        dout: &B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// out = a + b.
+    fn add(&self, a: &B::Tensor, b: &B::Tensor, out: &mut B::Tensor) -> Result<(), ExecError>;
+    /// y += alpha * x.
+    fn axpy(
+        &self,
+        alpha: f32,
+        x: View<'_, B::Tensor>,
+        y: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
+    /// dst = src (converting the dtype: fp32 to bf16 rounds to nearest even).
+    fn copy(&self, src: View<'_, B::Tensor>, dst: ViewMut<'_, B::Tensor>) -> Result<(), ExecError>;
+    /// Splits the rows of a fused projection [n, q + k + v] into q [n, q], k [n, k], v [n, v].
+    fn qkv_split(
+        &self,
+        qkv: &B::Tensor,
+        q: &mut B::Tensor,
+        k: &mut B::Tensor,
+        v: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// The inverse of [`TensorOps::qkv_split`].
+    fn qkv_merge(
+        &self,
+        q: &B::Tensor,
+        k: &B::Tensor,
+        v: &B::Tensor,
+        qkv: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// out[r] = table[tokens[r] - lo] for the tokens in this shard's rows lo..lo + rows,
+    /// zeros for the others (vocab-parallel embedding).
+    fn embedding_gather(
+        &self,
+        table: View<'_, B::Tensor>,
+        tokens: &[u32],
+        lo: usize,
+        out: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// grad[tokens[r] - lo] += dy[r] for the tokens in this shard (embedding weight gradient).
+    fn embedding_scatter_add(
+        &self,
+        dy: &B::Tensor,
+        tokens: &[u32],
+        lo: usize,
+        grad: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
+    /// Vocab-parallel cross-entropy, first piece: the row maximum of the logits shard [n, v].
+    fn ce_row_max(&self, logits: &B::Tensor, max: &mut B::Tensor) -> Result<(), ExecError>;
+    /// Second piece: probs = exp(logits - max) and its row sums.
+    fn ce_exp(
+        &self,
+        logits: &B::Tensor,
+        max: &B::Tensor,
+        probs: &mut B::Tensor,
+        sum: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// Third piece: the logit of each row's target where this shard (columns lo..) holds it,
+    /// 0 elsewhere.
+    fn ce_target_logit(
+        &self,
+        logits: &B::Tensor,
+        targets: &[u32],
+        lo: usize,
+        out: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// Last piece: normalises `probs` by the global row sums and returns the sum over rows of
+    /// log(sum) + max - target logit (the only host read of the forward).
+    fn ce_loss(
+        &self,
+        probs: &mut B::Tensor,
+        sum: &B::Tensor,
+        max: &B::Tensor,
+        target_logit: &B::Tensor,
+    ) -> Result<f64, ExecError>;
+    /// Backward, in place: dlogits = scale * (probs - onehot(target)).
+    fn ce_grad(
+        &self,
+        probs: &mut B::Tensor,
+        targets: &[u32],
+        lo: usize,
+        scale: f32,
+    ) -> Result<(), ExecError>;
+    /// Causal GQA attention o = softmax(q k^T / sqrt(d)) v over whole sequences; returns what
+    /// `keep` asks to save.
+    fn attn_fwd(
+        &self,
+        sh: &AttnShape,
+        q: &B::Tensor,
+        k: &B::Tensor,
+        v: &B::Tensor,
+        o: &mut B::Tensor,
+        keep: Keep,
+    ) -> Result<AttnSaved<B::Tensor>, ExecError>;
+    /// dq, dk and dv (written) from do.
+    #[allow(clippy::too_many_arguments)]
+    fn attn_bwd(
+        &self,
+        sh: &AttnShape,
+        q: &B::Tensor,
+        k: &B::Tensor,
+        v: &B::Tensor,
+        saved: &AttnSaved<B::Tensor>,
+        dout: &B::Tensor,
+        dq: &mut B::Tensor,
+        dk: &mut B::Tensor,
+        dv: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// MoE router: softmax of `logits` [n, E] in place (they become the probabilities), then
+    /// top-k with the capacity's drops; returns the routing and the load-balancing loss.
+    fn moe_route(
+        &self,
+        logits: &mut B::Tensor,
+        moe: &MoeShape,
+    ) -> Result<(Routing, f64), ExecError>;
+    /// Token permutation: out[i] = src[rows[i]].
+    fn gather_rows(
+        &self,
+        src: &B::Tensor,
+        rows: &[usize],
+        out: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// Its inverse, adding: out[rows[i]] += w_i src[i] (w_i = 1 without weights).
+    fn scatter_add_rows(
+        &self,
+        src: &B::Tensor,
+        rows: &[usize],
+        weights: Option<&[f32]>,
+        out: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// Backward of the gated combine: gate gradients into `dprobs` [n, E], the routed rows'
+    /// gradients into `dsend` [routes, h].
+    fn moe_combine_bwd(
+        &self,
+        dy: &B::Tensor,
+        y: &B::Tensor,
+        routes: &[Route],
+        dprobs: &mut B::Tensor,
+        dsend: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// Backward of the router in place: `d` [n, E] (probabilities' gradient, plus
+    /// `aux_scale` f_i of the load-balancing loss) becomes the logits' gradient.
+    fn moe_router_bwd(
+        &self,
+        d: &mut B::Tensor,
+        probs: &B::Tensor,
+        fraction: &[f64],
+        aux_scale: f64,
+    ) -> Result<(), ExecError>;
+    /// Every element of `t` set to `value`.
+    fn fill(&self, t: &mut B::Tensor, value: f32) -> Result<(), ExecError>;
+    /// Block attention forward: merges one K/V block into the running output `acc` and the
+    /// online-softmax statistics `max`, `sum` ([b, hq, q rows] each); `tile` is scratch of at
+    /// least (q tile x k tile). Returns the unmasked score elements (the causal work).
+    #[allow(clippy::too_many_arguments)]
+    fn flash_fwd_block(
+        &self,
+        sh: &BlockShape,
+        q: &B::Tensor,
+        qs: Side<'_>,
+        k: View<'_, B::Tensor>,
+        v: View<'_, B::Tensor>,
+        ks: Side<'_>,
+        acc: &mut B::Tensor,
+        max: &mut B::Tensor,
+        sum: &mut B::Tensor,
+        tile: &mut B::Tensor,
+    ) -> Result<u64, ExecError>;
+    /// The merge's end: normalises `acc` in place and writes the log-sum-exp.
+    fn flash_finish(
+        &self,
+        sh: &BlockShape,
+        rows: usize,
+        acc: &mut B::Tensor,
+        max: &B::Tensor,
+        sum: &B::Tensor,
+        lse: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// FlashAttention-2's D = rowsum(dO * O) per row and head, [b, rows, hq].
+    fn flash_delta(
+        &self,
+        sh: &BlockShape,
+        rows: usize,
+        dout: &B::Tensor,
+        o: &B::Tensor,
+        out: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// Block attention backward: dQ (local rows) +=, dK and dV (the block's rows) +=, from
+    /// the final log-sum-exp and D; `p_tile`, `dp_tile` are scratch. Returns the work.
+    #[allow(clippy::too_many_arguments)]
+    fn flash_bwd_block(
+        &self,
+        sh: &BlockShape,
+        q: &B::Tensor,
+        qs: Side<'_>,
+        k: View<'_, B::Tensor>,
+        v: View<'_, B::Tensor>,
+        ks: Side<'_>,
+        dout: &B::Tensor,
+        lse: &B::Tensor,
+        delta: &B::Tensor,
+        dq: &mut B::Tensor,
+        dk: ViewMut<'_, B::Tensor>,
+        dv: ViewMut<'_, B::Tensor>,
+        p_tile: &mut B::Tensor,
+        dp_tile: &mut B::Tensor,
+    ) -> Result<u64, ExecError>;
+    /// Ulysses pack: tensors on side `from` into the all-to-all send buffer `out`.
+    fn ulysses_pack(
+        &self,
+        geo: &UlyssesGeo,
+        from: UlyssesLayout,
+        xs: &[(&B::Tensor, UlyssesPart)],
+        out: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// Ulysses unpack: the received buffer into tensors on side `to`.
+    fn ulysses_unpack(
+        &self,
+        geo: &UlyssesGeo,
+        to: UlyssesLayout,
+        recv: &B::Tensor,
+        parts: &[UlyssesPart],
+        outs: &mut [&mut B::Tensor],
+    ) -> Result<(), ExecError>;
+    /// Adam on fp32 master weights `p` with gradient `g` and moments `m`, `v`; with
+    /// `weight_copy`, also writes the updated weights there (the bf16 copy the model reads, in
+    /// the same pass, as a fused mixed-precision optimizer kernel does).
+    #[allow(clippy::too_many_arguments)]
+    fn adam(
+        &self,
+        c: &AdamConfig,
+        t: u32,
+        p: ViewMut<'_, B::Tensor>,
+        g: View<'_, B::Tensor>,
+        m: &mut B::Tensor,
+        v: &mut B::Tensor,
+        weight_copy: Option<ViewMut<'_, B::Tensor>>,
+    ) -> Result<(), ExecError>;
+}
 
 /// Reduction of an all-reduce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,74 +765,4 @@ pub trait Collectives {
         mine: Range<usize>,
         out: &mut [f32],
     ) -> Result<(), ExecError>;
-}
-
-/// The tensor ops of a training step, each with its backward; row-major fp32 slices.
-pub trait TensorOps {
-    /// y[n, o] = x[n, i] . w[o, i]^T.
-    fn linear_fwd(&self, x: &[f32], w: &[f32], n: usize, i: usize, o: usize, y: &mut [f32]);
-    /// dx[n, i] (+)= dy[n, o] . w[o, i].
-    #[allow(clippy::too_many_arguments)]
-    fn linear_dgrad(
-        &self,
-        dy: &[f32],
-        w: &[f32],
-        n: usize,
-        i: usize,
-        o: usize,
-        dx: &mut [f32],
-        acc: bool,
-    );
-    /// dw[o, i] += dy^T . x.
-    fn linear_wgrad(&self, dy: &[f32], x: &[f32], n: usize, i: usize, o: usize, dw: &mut [f32]);
-    fn norm_fwd(&self, kind: Norm, x: &[f32], p: &[f32], h: usize, eps: f32, y: &mut [f32]);
-    #[allow(clippy::too_many_arguments)]
-    fn norm_dgrad(
-        &self,
-        kind: Norm,
-        x: &[f32],
-        p: &[f32],
-        dy: &[f32],
-        h: usize,
-        eps: f32,
-        dx: &mut [f32],
-    );
-    /// As `norm_dgrad`, adding into `dx`.
-    #[allow(clippy::too_many_arguments)]
-    fn norm_dgrad_acc(
-        &self,
-        kind: Norm,
-        x: &[f32],
-        p: &[f32],
-        dy: &[f32],
-        h: usize,
-        eps: f32,
-        dx: &mut [f32],
-    );
-    fn norm_wgrad(&self, kind: Norm, x: &[f32], dy: &[f32], h: usize, eps: f32, dp: &mut [f32]);
-    /// Rotary embedding in place; row r of a sequence sits at `positions[r % positions.len()]`.
-    #[allow(clippy::too_many_arguments)]
-    fn rotary(
-        &self,
-        x: &mut [f32],
-        rows: usize,
-        heads: usize,
-        d: usize,
-        positions: &[u32],
-        theta: f32,
-        inverse: bool,
-    );
-    fn act_fwd(&self, kind: Activation, u: &[f32], n: usize, f: usize, out: &mut [f32]);
-    fn act_bwd(
-        &self,
-        kind: Activation,
-        u: &[f32],
-        dout: &[f32],
-        n: usize,
-        f: usize,
-        du: &mut [f32],
-    );
-    /// As `act_bwd`, overwriting the input `u` with its gradient.
-    fn act_bwd_inplace(&self, kind: Activation, u: &mut [f32], dout: &[f32], n: usize, f: usize);
-    fn adam(&self, c: &AdamConfig, t: u32, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]);
 }

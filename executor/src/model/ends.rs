@@ -3,38 +3,33 @@
 
 use super::params::BlockLayout;
 use super::{Ctx, Sink, WTask};
-use crate::backend::cpu::{Category, Tensor};
-use crate::backend::{Collectives, ReduceOp, TensorOps};
+use crate::backend::{Backend, Device};
+use crate::backend::{DeviceCollectives, ReduceOp, TensorOps, View, ViewMut};
 use crate::error::ExecError;
+use crate::memory::Category;
 
 /// Embedding forward: each TP rank looks up its vocabulary rows (zeros elsewhere) and the
 /// partial sums are all-reduced, or reduce-scattered into the sequence shard with SP.
-pub fn embedding_fwd(
-    ctx: &mut Ctx,
+pub fn embedding_fwd<B: Backend>(
+    ctx: &mut Ctx<B>,
     l: &BlockLayout,
-    p: &[f32],
+    p: View<'_, B::Tensor>,
     tokens: &[u32],
-) -> Result<Tensor, ExecError> {
+) -> Result<B::Tensor, ExecError> {
     let (h, v_r) = (ctx.rd.h, ctx.rd.v_r);
     let lo = ctx.rd.tp_rank * v_r;
-    let e = &p[l.tensors[0].range()];
-    let mut partial = Tensor::zeros(Category::Buffers, &[ctx.n, h]);
-    for (row, &id) in tokens.iter().enumerate() {
-        let id = id as usize;
-        if id >= lo && id < lo + v_r {
-            partial.data_mut()[row * h..(row + 1) * h]
-                .copy_from_slice(&e[(id - lo) * h..(id - lo + 1) * h]);
-        }
-    }
+    let mut partial = ctx.zeros(Category::Buffers, &[ctx.n, h])?;
+    ctx.ops
+        .embedding_gather(p.sub(l.tensors[0].range()), tokens, lo, &mut partial)?;
     ctx.reduce_to_region(partial, Category::Activations)
 }
 
 /// Embedding backward: only the weight-gradient task (the tokens have no gradient).
-pub fn embedding_bwd(
-    ctx: &mut Ctx,
+pub fn embedding_bwd<B: Backend>(
+    ctx: &mut Ctx<B>,
     tokens: Vec<u32>,
-    dy: Tensor,
-    sink: &mut Sink,
+    dy: B::Tensor,
+    sink: &mut Sink<B>,
 ) -> Result<(), ExecError> {
     let dyg = ctx.expand_grad(&dy)?;
     drop(dy);
@@ -50,82 +45,55 @@ pub fn embedding_bwd(
 
 /// What the output block keeps: the final norm's input, the output layer's input (sequence
 /// shard with SP) and the fp32 softmax of the vocab-parallel cross-entropy.
-pub struct OutputSaved {
-    pub x: Tensor,
-    pub lnf: Tensor,
-    pub probs: Tensor,
+pub struct OutputSaved<B: Backend> {
+    pub x: B::Tensor,
+    pub lnf: B::Tensor,
+    pub probs: B::Tensor,
     pub targets: Vec<u32>,
 }
 
 /// Final norm, output layer, vocab-parallel cross-entropy (three small TP all-reduces: the row
 /// maximum, the sum of exponentials, the target logit). Returns the sum of token losses.
-pub fn output_fwd(
-    ctx: &mut Ctx,
+pub fn output_fwd<B: Backend>(
+    ctx: &mut Ctx<B>,
     l: &BlockLayout,
-    p: &[f32],
-    x: Tensor,
+    p: View<'_, B::Tensor>,
+    x: B::Tensor,
     targets: Vec<u32>,
-) -> Result<(f64, OutputSaved), ExecError> {
+) -> Result<(f64, OutputSaved<B>), ExecError> {
     let m = &ctx.plan.model;
     let (h, v_r, n, n_sp) = (ctx.rd.h, ctx.rd.v_r, ctx.n, ctx.n_sp);
-    let mut lnf = Tensor::zeros(Category::Activations, &[n_sp, h]);
+    let mut lnf = ctx.zeros(Category::Activations, &[n_sp, h])?;
     ctx.ops.norm_fwd(
         m.norm,
-        x.data(),
-        &p[l.tensors[0].range()],
-        h,
+        &x,
+        p.sub(l.tensors[0].range()),
         m.norm_eps,
-        lnf.data_mut(),
-    );
-    let mut logits = Tensor::zeros(Category::Buffers, &[n, v_r]);
-    let w = &p[l.tensors[1].range()];
-    ctx.with_gathered(lnf.data(), |c, xg| {
-        c.ops.linear_fwd(xg, w, n, h, v_r, logits.data_mut())
+        &mut lnf,
+    )?;
+    let mut logits = ctx.zeros(Category::Buffers, &[n, v_r])?;
+    let w = p.sub(l.tensors[1].range());
+    ctx.with_gathered(&lnf, |c, xg| {
+        c.ops.linear_fwd(xg, w, (n, h, v_r), &mut logits)
     })?;
     let lo = ctx.rd.tp_rank * v_r;
-    let lg = logits.data();
-    let mut max: Vec<f32> = lg
-        .chunks_exact(v_r)
-        .map(|r| r.iter().copied().fold(f32::NEG_INFINITY, f32::max))
-        .collect();
-    ctx.comm.all_reduce(&ctx.tp, &mut max, ReduceOp::Max)?;
-    let mut probs = Tensor::zeros(Category::Activations, &[n, v_r]);
-    let mut sum = vec![0.0f32; n];
-    for r in 0..n {
-        let (src, dst) = (
-            &lg[r * v_r..(r + 1) * v_r],
-            &mut probs.data_mut()[r * v_r..(r + 1) * v_r],
-        );
-        let mut s = 0.0;
-        for (o, &z) in dst.iter_mut().zip(src) {
-            *o = (z - max[r]).exp();
-            s += *o;
-        }
-        sum[r] = s;
-    }
-    ctx.comm.all_reduce(&ctx.tp, &mut sum, ReduceOp::Sum)?;
-    let mut target_logit: Vec<f32> = targets
-        .iter()
-        .enumerate()
-        .map(|(r, &t)| {
-            let t = t as usize;
-            if t >= lo && t < lo + v_r {
-                lg[r * v_r + t - lo]
-            } else {
-                0.0
-            }
-        })
-        .collect();
+    let row = |ctx: &Ctx<B>| ctx.zeros_f32(Category::Buffers, &[n]);
+    let mut max = row(ctx)?;
+    ctx.ops.ce_row_max(&logits, &mut max)?;
     ctx.comm
-        .all_reduce(&ctx.tp, &mut target_logit, ReduceOp::Sum)?;
+        .all_reduce(&ctx.tp, ViewMut::all(&mut max), ReduceOp::Max)?;
+    let mut probs = ctx.zeros_f32(Category::Activations, &[n, v_r])?;
+    let mut sum = row(ctx)?;
+    ctx.ops.ce_exp(&logits, &max, &mut probs, &mut sum)?;
+    ctx.comm
+        .all_reduce(&ctx.tp, ViewMut::all(&mut sum), ReduceOp::Sum)?;
+    let mut target_logit = row(ctx)?;
+    ctx.ops
+        .ce_target_logit(&logits, &targets, lo, &mut target_logit)?;
+    ctx.comm
+        .all_reduce(&ctx.tp, ViewMut::all(&mut target_logit), ReduceOp::Sum)?;
     drop(logits);
-    let mut loss = 0.0f64;
-    for r in 0..n {
-        for o in &mut probs.data_mut()[r * v_r..(r + 1) * v_r] {
-            *o /= sum[r];
-        }
-        loss += (sum[r].ln() + max[r] - target_logit[r]) as f64;
-    }
+    let loss = ctx.ops.ce_loss(&mut probs, &sum, &max, &target_logit)?;
     Ok((
         loss,
         OutputSaved {
@@ -138,14 +106,14 @@ pub fn output_fwd(
 }
 
 /// Backward of the loss `scale * sum of token losses`: dx [n_sp, h]; weight tasks to `sink`.
-pub fn output_bwd(
-    ctx: &mut Ctx,
+pub fn output_bwd<B: Backend>(
+    ctx: &mut Ctx<B>,
     l: &BlockLayout,
-    p: &[f32],
-    s: OutputSaved,
+    p: View<'_, B::Tensor>,
+    s: OutputSaved<B>,
     scale: f32,
-    sink: &mut Sink,
-) -> Result<Tensor, ExecError> {
+    sink: &mut Sink<B>,
+) -> Result<B::Tensor, ExecError> {
     let m = &ctx.plan.model;
     let (h, v_r, n, n_sp) = (ctx.rd.h, ctx.rd.v_r, ctx.n, ctx.n_sp);
     let OutputSaved {
@@ -155,27 +123,16 @@ pub fn output_bwd(
         targets,
     } = s;
     let lo = ctx.rd.tp_rank * v_r;
-    let mut dlogits = probs.recat(Category::Buffers);
-    {
-        let g = dlogits.data_mut();
-        for (r, &t) in targets.iter().enumerate() {
-            let t = t as usize;
-            if t >= lo && t < lo + v_r {
-                g[r * v_r + t - lo] -= 1.0;
-            }
-        }
-        g.iter_mut().for_each(|x| *x *= scale);
-    }
-    let mut part = Tensor::zeros(Category::Buffers, &[n, h]);
+    let mut dlogits = ctx.ops.recat(probs, Category::Buffers);
+    ctx.ops.ce_grad(&mut dlogits, &targets, lo, scale)?;
+    let mut part = ctx.zeros(Category::Buffers, &[n, h])?;
     ctx.ops.linear_dgrad(
-        dlogits.data(),
-        &p[l.tensors[1].range()],
-        n,
-        h,
-        v_r,
-        part.data_mut(),
+        &dlogits,
+        p.sub(l.tensors[1].range()),
+        (n, h, v_r),
+        &mut part,
         false,
-    );
+    )?;
     let d_lnf = ctx.reduce_to_region(part, Category::Buffers)?;
     let sp = ctx.sp;
     sink(
@@ -191,16 +148,16 @@ pub fn output_bwd(
             dy_shard: false,
         },
     )?;
-    let mut dx = Tensor::zeros(Category::Buffers, &[n_sp, h]);
+    let mut dx = ctx.zeros(Category::Buffers, &[n_sp, h])?;
     ctx.ops.norm_dgrad(
         m.norm,
-        x.data(),
-        &p[l.tensors[0].range()],
-        d_lnf.data(),
-        h,
+        &x,
+        p.sub(l.tensors[0].range()),
+        &d_lnf,
         m.norm_eps,
-        dx.data_mut(),
-    );
+        &mut dx,
+        false,
+    )?;
     sink(
         ctx,
         WTask::Norm {

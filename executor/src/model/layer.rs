@@ -8,11 +8,12 @@
 
 use super::moe::{moe_bwd, moe_fwd, MoeSaved};
 use super::params::{BlockKind, BlockLayout};
-use super::{add, cp, Ctx, Sink, WTask};
-use crate::backend::cpu::ops::attention::{attn_bwd, attn_fwd, AttnSaved, AttnShape, Keep};
-use crate::backend::cpu::{Category, Tensor};
-use crate::backend::TensorOps;
-use crate::error::ExecError;
+use super::{cp, Ctx, Sink, WTask};
+use crate::backend::{AttnSaved, AttnShape, Keep};
+use crate::backend::{Backend, Device, DeviceTensor};
+use crate::backend::{TensorOps, View};
+use crate::error::{ExecError, StateError};
+use crate::memory::Category;
 use crate::plan::Recompute;
 
 const ATTN_NORM: usize = 0;
@@ -23,27 +24,28 @@ const FC1: usize = 4;
 const FC2: usize = 5;
 
 /// What a layer keeps from forward to backward.
-pub struct LayerSaved {
-    pub x: Tensor,
-    pub ln1: Tensor,
-    pub q: Tensor,
-    pub k: Tensor,
-    pub v: Tensor,
-    pub attn: AttnSaved,
-    pub o: Tensor,
-    pub x1: Tensor,
-    pub ln2: Tensor,
-    pub u: Tensor,
-    pub act: Tensor,
+pub struct LayerSaved<B: Backend> {
+    pub x: B::Tensor,
+    pub ln1: B::Tensor,
+    pub q: B::Tensor,
+    pub k: B::Tensor,
+    pub v: B::Tensor,
+    pub attn: AttnSaved<B::Tensor>,
+    pub o: B::Tensor,
+    pub x1: B::Tensor,
+    pub ln2: B::Tensor,
+    pub u: B::Tensor,
+    pub act: B::Tensor,
     /// An MoE layer's experts block (then `u` and `act` are empty).
-    pub moe: Option<Box<MoeSaved>>,
+    pub moe: Option<Box<MoeSaved<B>>>,
 }
 
 /// An MoE layer's experts block and its parameters.
-pub type Experts<'e> = Option<(&'e BlockLayout, &'e [f32])>;
+pub type Experts<'e, B> = Option<(&'e BlockLayout, View<'e, <B as Backend>::Tensor>)>;
 
-fn slice<'p>(p: &'p [f32], l: &BlockLayout, t: usize) -> &'p [f32] {
-    &p[l.tensors[t].range()]
+/// B::Tensor `t` of block `l` within the block's parameters `p`.
+fn slice<'p, T: DeviceTensor>(p: &View<'p, T>, l: &BlockLayout, t: usize) -> View<'p, T> {
+    p.sub(l.tensors[t].range())
 }
 
 /// The global index of a decoder layer's block.
@@ -54,7 +56,7 @@ fn layer_index(l: &BlockLayout) -> u32 {
     }
 }
 
-fn attn_shape(ctx: &Ctx) -> AttnShape {
+fn attn_shape<B: Backend>(ctx: &Ctx<B>) -> AttnShape {
     let m = &ctx.plan.model;
     AttnShape {
         b: m.micro_batch,
@@ -67,13 +69,13 @@ fn attn_shape(ctx: &Ctx) -> AttnShape {
 
 /// Forward of one layer on the residual shard `x` [n_sp, h]; returns the output and the
 /// saved tensors (the caller keeps only `x` under full recompute).
-pub fn layer_fwd(
-    ctx: &mut Ctx,
+pub fn layer_fwd<B: Backend>(
+    ctx: &mut Ctx<B>,
     l: &BlockLayout,
-    p: &[f32],
-    experts: Experts,
-    x: Tensor,
-) -> Result<(Tensor, LayerSaved), ExecError> {
+    p: View<'_, B::Tensor>,
+    experts: Experts<B>,
+    x: B::Tensor,
+) -> Result<(B::Tensor, LayerSaved<B>), ExecError> {
     let m = &ctx.plan.model;
     let (norm, eps, theta) = (m.norm, m.norm_eps, m.rope_theta);
     let keep = match (ctx.recompute, m.flash) {
@@ -86,73 +88,53 @@ pub fn layer_fwd(
     let act_kind = m.activation;
     let a = Category::Activations;
 
-    let mut ln1 = Tensor::zeros(a, &[n_sp, h]);
-    ctx.ops.norm_fwd(
-        norm,
-        x.data(),
-        slice(p, l, ATTN_NORM),
-        h,
-        eps,
-        ln1.data_mut(),
-    );
+    let mut ln1 = ctx.zeros(a, &[n_sp, h])?;
+    ctx.ops
+        .norm_fwd(norm, &x, slice(&p, l, ATTN_NORM), eps, &mut ln1)?;
     let qkv_r = rd.qkv_r();
-    let mut qkv = Tensor::zeros(Category::Buffers, &[n, qkv_r]);
-    ctx.with_gathered(ln1.data(), |c, xg| {
+    let mut qkv = ctx.zeros(Category::Buffers, &[n, qkv_r])?;
+    ctx.with_gathered(&ln1, |c, xg| {
         c.ops
-            .linear_fwd(xg, slice(p, l, QKV), n, h, qkv_r, qkv.data_mut())
+            .linear_fwd(xg, slice(&p, l, QKV), (n, h, qkv_r), &mut qkv)
     })?;
     let (qw, kw) = (rd.a_r * d, rd.g_r * d);
-    let mut q = Tensor::zeros(a, &[n, qw]);
-    let mut k = Tensor::zeros(a, &[n, kw]);
-    let mut v = Tensor::zeros(a, &[n, kw]);
-    for r in 0..n {
-        let row = &qkv.data()[r * qkv_r..(r + 1) * qkv_r];
-        q.data_mut()[r * qw..(r + 1) * qw].copy_from_slice(&row[..qw]);
-        k.data_mut()[r * kw..(r + 1) * kw].copy_from_slice(&row[qw..qw + kw]);
-        v.data_mut()[r * kw..(r + 1) * kw].copy_from_slice(&row[qw + kw..]);
-    }
+    let mut q = ctx.zeros(a, &[n, qw])?;
+    let mut k = ctx.zeros(a, &[n, kw])?;
+    let mut v = ctx.zeros(a, &[n, kw])?;
+    ctx.ops.qkv_split(&qkv, &mut q, &mut k, &mut v)?;
     drop(qkv);
     ctx.ops
-        .rotary(q.data_mut(), n, rd.a_r, d, &ctx.positions, theta, false);
+        .rotary(&mut q, rd.a_r, &ctx.positions, theta, false)?;
     ctx.ops
-        .rotary(k.data_mut(), n, rd.g_r, d, &ctx.positions, theta, false);
+        .rotary(&mut k, rd.g_r, &ctx.positions, theta, false)?;
     let (o, q, k, v, attn) = if ctx.cp.is_some() {
         let (o, c) = cp::forward(ctx, layer_index(l), q, k, v, keep)?;
         (o, c.q, c.k, c.v, c.attn)
     } else {
-        let mut o = Tensor::zeros(a, &[n, qw]);
-        let attn = attn_fwd(
-            &attn_shape(ctx),
-            q.data(),
-            k.data(),
-            v.data(),
-            o.data_mut(),
-            keep,
-        );
+        let mut o = ctx.zeros(a, &[n, qw])?;
+        let attn = ctx
+            .ops
+            .attn_fwd(&attn_shape(ctx), &q, &k, &v, &mut o, keep)?;
         (o, q, k, v, attn)
     };
-    let mut partial = Tensor::zeros(Category::Buffers, &[n, h]);
+    let mut partial = ctx.zeros(Category::Buffers, &[n, h])?;
     ctx.ops
-        .linear_fwd(o.data(), slice(p, l, PROJ), n, qw, h, partial.data_mut());
+        .linear_fwd(&o, slice(&p, l, PROJ), (n, qw, h), &mut partial)?;
     let attn_out = ctx.reduce_to_region(partial, Category::Buffers)?;
-    let x1 = add(x.data(), attn_out.data(), &[n_sp, h], a);
+    let mut x1 = ctx.zeros(a, &[n_sp, h])?;
+    ctx.ops.add(&x, &attn_out, &mut x1)?;
     drop(attn_out);
 
-    let mut ln2 = Tensor::zeros(a, &[n_sp, h]);
-    ctx.ops.norm_fwd(
-        norm,
-        x1.data(),
-        slice(p, l, MLP_NORM),
-        h,
-        eps,
-        ln2.data_mut(),
-    );
+    let mut ln2 = ctx.zeros(a, &[n_sp, h])?;
+    ctx.ops
+        .norm_fwd(norm, &x1, slice(&p, l, MLP_NORM), eps, &mut ln2)?;
     if let Some((le, pe)) = experts {
-        let (out, ms) = moe_fwd(ctx, l, p, le, pe, &ln2)?;
-        let y = add(x1.data(), out.data(), &[n_sp, h], a);
-        let empty = || Tensor::zeros(a, &[0]);
+        let (out, ms) = moe_fwd(ctx, l, p.clone(), le, pe, &ln2)?;
+        let mut y = ctx.zeros(a, &[n_sp, h])?;
+        ctx.ops.add(&x1, &out, &mut y)?;
+        let empty = || ctx.zeros(a, &[0]);
         let moe = Some(Box::new(ms));
-        let (u, act) = (empty(), empty());
+        let (u, act) = (empty()?, empty()?);
         return Ok((
             y,
             LayerSaved {
@@ -172,25 +154,18 @@ pub fn layer_fwd(
         ));
     }
     let fc1 = rd.fc1_r;
-    let mut u = Tensor::zeros(a, &[n, fc1]);
-    ctx.with_gathered(ln2.data(), |c, xg| {
-        c.ops
-            .linear_fwd(xg, slice(p, l, FC1), n, h, fc1, u.data_mut())
+    let mut u = ctx.zeros(a, &[n, fc1])?;
+    ctx.with_gathered(&ln2, |c, xg| {
+        c.ops.linear_fwd(xg, slice(&p, l, FC1), (n, h, fc1), &mut u)
     })?;
-    let mut act = Tensor::zeros(a, &[n, rd.f_r]);
+    let mut act = ctx.zeros(a, &[n, rd.f_r])?;
+    ctx.ops.act_fwd(act_kind, &u, &mut act)?;
+    let mut partial = ctx.zeros(Category::Buffers, &[n, h])?;
     ctx.ops
-        .act_fwd(act_kind, u.data(), n, rd.f_r, act.data_mut());
-    let mut partial = Tensor::zeros(Category::Buffers, &[n, h]);
-    ctx.ops.linear_fwd(
-        act.data(),
-        slice(p, l, FC2),
-        n,
-        rd.f_r,
-        h,
-        partial.data_mut(),
-    );
+        .linear_fwd(&act, slice(&p, l, FC2), (n, rd.f_r, h), &mut partial)?;
     let mlp_out = ctx.reduce_to_region(partial, Category::Buffers)?;
-    let y = add(x1.data(), mlp_out.data(), &[n_sp, h], a);
+    let mut y = ctx.zeros(a, &[n_sp, h])?;
+    ctx.ops.add(&x1, &mlp_out, &mut y)?;
     drop(mlp_out);
     Ok((
         y,
@@ -213,15 +188,15 @@ pub fn layer_fwd(
 
 /// Input gradient of one layer: dx [n_sp, h] from dy [n_sp, h]; each weight-gradient task goes
 /// to `sink` as soon as its tensors exist (so a full backward frees them at once).
-pub fn layer_bwd(
-    ctx: &mut Ctx,
+pub fn layer_bwd<B: Backend>(
+    ctx: &mut Ctx<B>,
     l: &BlockLayout,
-    p: &[f32],
-    experts: Experts,
-    s: LayerSaved,
-    dy: Tensor,
-    sink: &mut Sink,
-) -> Result<Tensor, ExecError> {
+    p: View<'_, B::Tensor>,
+    experts: Experts<B>,
+    s: LayerSaved<B>,
+    dy: B::Tensor,
+    sink: &mut Sink<B>,
+) -> Result<B::Tensor, ExecError> {
     let m = &ctx.plan.model;
     let (norm, eps, theta) = (m.norm, m.norm_eps, m.rope_theta);
     let act_kind = m.activation;
@@ -246,24 +221,13 @@ pub fn layer_bwd(
 
     // MLP: fc2 (row-parallel), activation, fc1 (column-parallel), norm; or the experts.
     let d_ln2 = match (moe, experts) {
-        (Some(ms), Some((le, pe))) => moe_bwd(ctx, l, p, pe, le, ln2, *ms, &dy, sink)?,
-        (Some(_), None) | (None, Some(_)) => {
-            return Err(ExecError::Plan(
-                "an MoE layer's saved state and experts block disagree".into(),
-            ))
-        }
+        (Some(ms), Some((le, pe))) => moe_bwd(ctx, l, p.clone(), pe, le, ln2, *ms, &dy, sink)?,
+        (Some(_), None) | (None, Some(_)) => return Err(StateError::MoeSavedMismatch.into()),
         (None, None) => {
             let dyg = ctx.expand_grad(&dy)?;
-            let mut d_act = Tensor::zeros(b, &[n, rd.f_r]);
-            ctx.ops.linear_dgrad(
-                dyg.data(),
-                slice(p, l, FC2),
-                n,
-                rd.f_r,
-                h,
-                d_act.data_mut(),
-                false,
-            );
+            let mut d_act = ctx.zeros(b, &[n, rd.f_r])?;
+            ctx.ops
+                .linear_dgrad(&dyg, slice(&p, l, FC2), (n, rd.f_r, h), &mut d_act, false)?;
             sink(
                 ctx,
                 WTask::Linear {
@@ -279,20 +243,12 @@ pub fn layer_bwd(
             )?;
             // In place: the activation's input is needed by nothing else, so its gradient takes its
             // buffer (no n x fc1 transient).
-            let mut du = u.recat(b);
-            ctx.ops
-                .act_bwd_inplace(act_kind, du.data_mut(), d_act.data(), n, rd.f_r);
+            let mut du = ctx.ops.recat(u, b);
+            ctx.ops.act_bwd_inplace(act_kind, &mut du, &d_act)?;
             drop(d_act);
-            let mut part = Tensor::zeros(b, &[n, h]);
-            ctx.ops.linear_dgrad(
-                du.data(),
-                slice(p, l, FC1),
-                n,
-                h,
-                rd.fc1_r,
-                part.data_mut(),
-                false,
-            );
+            let mut part = ctx.zeros(b, &[n, h])?;
+            ctx.ops
+                .linear_dgrad(&du, slice(&p, l, FC1), (n, h, rd.fc1_r), &mut part, false)?;
             let d_ln2 = ctx.reduce_to_region(part, b)?;
             sink(
                 ctx,
@@ -312,15 +268,15 @@ pub fn layer_bwd(
     };
     // The residual's gradient takes dy's buffer; the norm's input gradient is added to it.
     let mut dx1 = dy;
-    ctx.ops.norm_dgrad_acc(
+    ctx.ops.norm_dgrad(
         norm,
-        x1.data(),
-        slice(p, l, MLP_NORM),
-        d_ln2.data(),
-        h,
+        &x1,
+        slice(&p, l, MLP_NORM),
+        &d_ln2,
         eps,
-        dx1.data_mut(),
-    );
+        &mut dx1,
+        true,
+    )?;
     sink(
         ctx,
         WTask::Norm {
@@ -334,18 +290,14 @@ pub fn layer_bwd(
     let qw = rd.a_r * d;
     let kw = rd.g_r * d;
     let dxg = ctx.expand_grad(&dx1)?;
-    let mut d_o = Tensor::zeros(b, &[n, qw]);
-    ctx.ops.linear_dgrad(
-        dxg.data(),
-        slice(p, l, PROJ),
-        n,
-        qw,
-        h,
-        d_o.data_mut(),
-        false,
-    );
+    let mut d_o = ctx.zeros(b, &[n, qw])?;
+    ctx.ops
+        .linear_dgrad(&dxg, slice(&p, l, PROJ), (n, qw, h), &mut d_o, false)?;
     // Context parallelism needs rowsum(dO * O) before the output goes to the weight gradient.
-    let delta = ctx.cp.is_some().then(|| cp::row_delta(ctx, &d_o, &o));
+    let delta = match ctx.cp {
+        Some(_) => Some(cp::row_delta(ctx, &d_o, &o)?),
+        None => None,
+    };
     sink(
         ctx,
         WTask::Linear {
@@ -363,46 +315,34 @@ pub fn layer_bwd(
         let saved = cp::CoreSaved { q, k, v, attn };
         cp::backward(ctx, layer_index(l), saved, delta, d_o)?
     } else {
-        let mut dq = Tensor::zeros(b, &[n, qw]);
-        let mut dk = Tensor::zeros(b, &[n, kw]);
-        let mut dv = Tensor::zeros(b, &[n, kw]);
-        attn_bwd(
+        let mut dq = ctx.zeros(b, &[n, qw])?;
+        let mut dk = ctx.zeros(b, &[n, kw])?;
+        let mut dv = ctx.zeros(b, &[n, kw])?;
+        ctx.ops.attn_bwd(
             &attn_shape(ctx),
-            q.data(),
-            k.data(),
-            v.data(),
+            &q,
+            &k,
+            &v,
             &attn,
-            d_o.data(),
-            dq.data_mut(),
-            dk.data_mut(),
-            dv.data_mut(),
-        );
+            &d_o,
+            &mut dq,
+            &mut dk,
+            &mut dv,
+        )?;
         drop((q, k, v, attn, d_o));
         (dq, dk, dv)
     };
     ctx.ops
-        .rotary(dq.data_mut(), n, rd.a_r, d, &ctx.positions, theta, true);
+        .rotary(&mut dq, rd.a_r, &ctx.positions, theta, true)?;
     ctx.ops
-        .rotary(dk.data_mut(), n, rd.g_r, d, &ctx.positions, theta, true);
+        .rotary(&mut dk, rd.g_r, &ctx.positions, theta, true)?;
     let qkv_r = rd.qkv_r();
-    let mut dqkv = Tensor::zeros(b, &[n, qkv_r]);
-    for r in 0..n {
-        let row = &mut dqkv.data_mut()[r * qkv_r..(r + 1) * qkv_r];
-        row[..qw].copy_from_slice(&dq.data()[r * qw..(r + 1) * qw]);
-        row[qw..qw + kw].copy_from_slice(&dk.data()[r * kw..(r + 1) * kw]);
-        row[qw + kw..].copy_from_slice(&dv.data()[r * kw..(r + 1) * kw]);
-    }
+    let mut dqkv = ctx.zeros(b, &[n, qkv_r])?;
+    ctx.ops.qkv_merge(&dq, &dk, &dv, &mut dqkv)?;
     drop((dq, dk, dv));
-    let mut part = Tensor::zeros(b, &[n, h]);
-    ctx.ops.linear_dgrad(
-        dqkv.data(),
-        slice(p, l, QKV),
-        n,
-        h,
-        qkv_r,
-        part.data_mut(),
-        false,
-    );
+    let mut part = ctx.zeros(b, &[n, h])?;
+    ctx.ops
+        .linear_dgrad(&dqkv, slice(&p, l, QKV), (n, h, qkv_r), &mut part, false)?;
     let d_ln1 = ctx.reduce_to_region(part, b)?;
     sink(
         ctx,
@@ -418,15 +358,15 @@ pub fn layer_bwd(
         },
     )?;
     let mut dx = dx1;
-    ctx.ops.norm_dgrad_acc(
+    ctx.ops.norm_dgrad(
         norm,
-        x.data(),
-        slice(p, l, ATTN_NORM),
-        d_ln1.data(),
-        h,
+        &x,
+        slice(&p, l, ATTN_NORM),
+        &d_ln1,
         eps,
-        dx.data_mut(),
-    );
+        &mut dx,
+        true,
+    )?;
     sink(
         ctx,
         WTask::Norm {

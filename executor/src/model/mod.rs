@@ -6,7 +6,7 @@
 //! the row-parallel output reduce-scattered; the reverse in backward.
 //!
 //! Backward is split as zero-bubble schedules split it (Qi et al. 2024): `*_bwd` computes the
-//! input gradient and returns [`WTask`]s, the weight-gradient work, run at once for a full
+//! input gradient and returns [`WTask<B>`]s, the weight-gradient work, run at once for a full
 //! backward or later for a W action.
 
 pub mod cp;
@@ -16,19 +16,35 @@ pub mod layer;
 pub mod moe;
 pub mod params;
 
-use crate::backend::cpu::{Category, CpuComm, CpuOps, Group, Tensor};
-use crate::backend::{Collectives, ReduceOp, TensorOps};
+use crate::backend::{
+    Backend, DType, Device, DeviceCollectives, DeviceTensor, ProcessGroup, ReduceOp, TensorOps,
+    View, ViewMut,
+};
 use crate::error::ExecError;
+use crate::memory::Category;
 use crate::plan::{Plan, Recompute};
 use params::RankDims;
 
-/// What one rank needs to run model code.
-pub struct Ctx<'a> {
+/// A zero-filled fp32 tensor on `ops`' device.
+#[track_caller]
+pub fn zeros<B: Backend>(
+    ops: &B::Device,
+    cat: Category,
+    shape: &[usize],
+) -> Result<B::Tensor, ExecError> {
+    ops.alloc(cat, DType::F32, shape)
+}
+
+/// What one rank needs to run model code on backend `B`.
+pub struct Ctx<'a, B: Backend> {
     pub plan: &'a Plan,
     pub rd: RankDims,
-    pub ops: CpuOps,
-    pub comm: &'a CpuComm,
-    pub tp: Group,
+    /// The rank's device: allocation, memory tracker, tensor ops.
+    pub ops: B::Device,
+    /// dtype of activations, activation gradients and weight copies (bf16 in mixed precision).
+    pub act_dtype: DType,
+    pub comm: &'a B::Comm,
+    pub tp: B::Group,
     pub sp: bool,
     pub recompute: Recompute,
     /// Tokens of a microbatch on this CP rank, and of its sequence-parallel shard.
@@ -37,36 +53,48 @@ pub struct Ctx<'a> {
     /// Positions (within a sequence) of this rank's rows: 0..seq without CP.
     pub positions: Vec<u32>,
     /// Context parallelism (cp > 1).
-    pub cp: Option<cp::CpCtx>,
+    pub cp: Option<cp::CpCtx<B>>,
     /// The microbatch being run (tags of CP messages).
     pub mb: u32,
     /// A full recomputation's forward rerun is in progress.
     pub recomputing: bool,
     /// Megatron's global buffer for the SP all-gather of the column-parallel input (n x h).
-    pub sp_buf: Option<Tensor>,
+    pub sp_buf: Option<B::Tensor>,
     /// Expert parallelism: the EP group (MoE models only).
-    pub ep: Option<Group>,
+    pub ep: Option<B::Group>,
     /// Sum over the forwards run of each MoE layer's load-balancing loss, and the assignments
     /// the expert capacity dropped.
     pub moe_aux_loss: f64,
     pub moe_dropped: u64,
 }
 
-impl<'a> Ctx<'a> {
+impl<'a, B: Backend> Ctx<'a, B> {
     /// `cp` is this rank's context-parallel group (a group of one without CP).
-    pub fn new(plan: &'a Plan, comm: &'a CpuComm, tp: Group, tp_rank: u32, cp: Group) -> Ctx<'a> {
+    pub fn new(
+        plan: &'a Plan,
+        ops: B::Device,
+        comm: &'a B::Comm,
+        tp: B::Group,
+        tp_rank: u32,
+        cp: B::Group,
+        act_dtype: DType,
+    ) -> Result<Ctx<'a, B>, ExecError> {
         let rd = RankDims::new(plan, tp_rank);
         let sp = plan.parallel.sp && plan.parallel.tp > 1;
         let m = &plan.model;
         let c = cp.size();
         let cp_comm = plan.parallel.cp_comm;
-        let positions = cp_comm.positions(m.seq, c, cp.index);
+        let positions = cp_comm.positions(m.seq, c, cp.index());
         let cp = (c > 1).then(|| cp::CpCtx::new(cp, cp_comm, m.seq));
         let n = plan.model.tokens() / c;
-        Ctx {
+        let sp_buf = if sp {
+            Some(ops.alloc(Category::Buffers, act_dtype, &[n, rd.h])?)
+        } else {
+            None
+        };
+        Ok(Ctx {
             plan,
             rd,
-            ops: CpuOps,
             comm,
             tp,
             sp,
@@ -77,33 +105,49 @@ impl<'a> Ctx<'a> {
             cp,
             mb: 0,
             recomputing: false,
-            sp_buf: sp.then(|| Tensor::zeros(Category::Buffers, &[n, rd.h])),
+            sp_buf,
+            ops,
+            act_dtype,
             ep: None,
             moe_aux_loss: 0.0,
             moe_dropped: 0,
-        }
+        })
+    }
+
+    /// A zero-filled tensor of the activation dtype on the rank's device.
+    #[track_caller]
+    pub fn zeros(&self, cat: Category, shape: &[usize]) -> Result<B::Tensor, ExecError> {
+        self.ops.alloc(cat, self.act_dtype, shape)
+    }
+
+    /// A zero-filled fp32 tensor whatever the recipe (statistics, the loss's softmax,
+    /// gradient buckets).
+    #[track_caller]
+    pub fn zeros_f32(&self, cat: Category, shape: &[usize]) -> Result<B::Tensor, ExecError> {
+        zeros::<B>(&self.ops, cat, shape)
     }
 
     /// Gathers a sequence shard [n_sp, h] into the SP buffer (SP only).
-    fn gather_into_buf(&mut self, x: &[f32]) -> Result<(), ExecError> {
+    fn gather_into_buf(&mut self, x: &B::Tensor) -> Result<(), ExecError> {
         let buf = self.sp_buf.as_mut().expect("sp buffer");
-        self.comm.all_gather(&self.tp, x, buf.data_mut())
+        self.comm
+            .all_gather(&self.tp, View::all(x), ViewMut::all(buf))
     }
 
     /// Runs `f` on the column-parallel input: the SP all-gather of `x`, or `x` itself.
     pub fn with_gathered<R>(
         &mut self,
-        x: &[f32],
-        f: impl FnOnce(&mut Self, &[f32]) -> R,
+        x: &B::Tensor,
+        f: impl FnOnce(&mut Self, &B::Tensor) -> Result<R, ExecError>,
     ) -> Result<R, ExecError> {
         if self.sp {
             self.gather_into_buf(x)?;
             let buf = self.sp_buf.take().expect("sp buffer");
-            let r = f(self, buf.data());
+            let r = f(self, &buf);
             self.sp_buf = Some(buf);
-            Ok(r)
+            r
         } else {
-            Ok(f(self, x))
+            f(self, x)
         }
     }
 
@@ -112,56 +156,58 @@ impl<'a> Ctx<'a> {
     /// gradient backward).
     pub fn reduce_to_region(
         &mut self,
-        mut partial: Tensor,
+        mut partial: B::Tensor,
         cat: Category,
-    ) -> Result<Tensor, ExecError> {
+    ) -> Result<B::Tensor, ExecError> {
         if self.sp {
-            let mut out = Tensor::zeros(cat, &[self.n_sp, self.rd.h]);
+            let mut out = self.zeros(cat, &[self.n_sp, self.rd.h])?;
             self.comm
-                .reduce_scatter(&self.tp, partial.data(), out.data_mut())?;
+                .reduce_scatter(&self.tp, View::all(&partial), ViewMut::all(&mut out))?;
             Ok(out)
         } else {
             self.comm
-                .all_reduce(&self.tp, partial.data_mut(), ReduceOp::Sum)?;
-            Ok(partial.recat(cat))
+                .all_reduce(&self.tp, ViewMut::all(&mut partial), ReduceOp::Sum)?;
+            Ok(self.ops.recat(partial, cat))
         }
     }
 
     /// The full-sequence gradient [n, h] of a row-parallel output from its region gradient:
     /// all-gather with SP, a copy otherwise (the gradient is already whole on every TP rank).
-    pub fn expand_grad(&mut self, dy: &Tensor) -> Result<Tensor, ExecError> {
-        let mut out = Tensor::zeros(Category::Buffers, &[self.n, self.rd.h]);
+    pub fn expand_grad(&mut self, dy: &B::Tensor) -> Result<B::Tensor, ExecError> {
+        let mut out = self.zeros(Category::Buffers, &[self.n, self.rd.h])?;
         if self.sp {
-            self.comm.all_gather(&self.tp, dy.data(), out.data_mut())?;
+            self.comm
+                .all_gather(&self.tp, View::all(dy), ViewMut::all(&mut out))?;
         } else {
-            out.data_mut().copy_from_slice(dy.data());
+            self.ops.copy(View::all(dy), ViewMut::all(&mut out))?;
         }
         Ok(out)
     }
 }
 
-impl Ctx<'_> {
+impl<B: Backend> Ctx<'_, B> {
     /// This TP rank's sequence shard (rows) of a full-sequence tensor [n, c], as an activation.
-    pub fn own_shard(&self, full: &Tensor) -> Tensor {
+    pub fn own_shard(&self, full: &B::Tensor) -> Result<B::Tensor, ExecError> {
         let c = full.cols();
         let lo = self.rd.tp_rank * self.n_sp * c;
-        Tensor::copy_of(
-            Category::Activations,
-            &[self.n_sp, c],
-            &full.data()[lo..lo + self.n_sp * c],
-        )
+        let mut out = self.zeros(Category::Activations, &[self.n_sp, c])?;
+        self.ops.copy(
+            View::all(full).sub(lo..lo + self.n_sp * c),
+            ViewMut::all(&mut out),
+        )?;
+        Ok(out)
     }
 }
 
 /// Weight-gradient work left by an input-gradient pass.
-pub enum WTask {
+pub enum WTask<B: Backend> {
     /// dW += dY^T X for the block tensor `tensor` [o, i]; X is gathered over SP first when
     /// `gather_x` (only its sequence shard was saved), and so is dY when `dy_shard` (a held
     /// row-parallel task keeps only its shard of the all-gathered output gradient).
     Linear {
         tensor: usize,
-        x: Tensor,
-        dy: Tensor,
+        x: B::Tensor,
+        dy: B::Tensor,
         i: usize,
         o: usize,
         gather_x: bool,
@@ -172,50 +218,44 @@ pub enum WTask {
     /// Norm gain (and bias) gradient from the saved input and the output gradient.
     Norm {
         tensor: usize,
-        x: Tensor,
-        dy: Tensor,
+        x: B::Tensor,
+        dy: B::Tensor,
     },
     /// Embedding rows: dE[id - lo] += dY[t] (dY gathered over SP first when `dy_shard`).
     Embedding {
         tokens: Vec<u32>,
-        dy: Tensor,
+        dy: B::Tensor,
         dy_shard: bool,
     },
     /// A gradient already computed (a norm's, when its task is held for a W action: the
     /// norm's input and output gradient need not wait).
-    Ready { tensor: usize, grad: Tensor },
+    Ready { tensor: usize, grad: B::Tensor },
     /// dW += dY^T X for tensor `tensor` [o, i] of an MoE layer's experts block (rows: those
     /// the expert received); the caller runs it against that block.
     Expert {
         tensor: usize,
-        x: Tensor,
-        dy: Tensor,
+        x: B::Tensor,
+        dy: B::Tensor,
         i: usize,
         o: usize,
     },
 }
 
 /// Where a backward pass sends its weight-gradient tasks: run at once, or held.
-pub type Sink<'s> = dyn FnMut(&mut Ctx, WTask) -> Result<(), ExecError> + 's;
+pub type Sink<'s, B> = dyn FnMut(&mut Ctx<B>, WTask<B>) -> Result<(), ExecError> + 's;
 
-impl WTask {
+impl<B: Backend> WTask<B> {
     /// Keeps the task's tensors as activations while it waits for its W action; a norm's
     /// (small) gradient is computed now, so its input and output gradient are freed.
-    pub fn hold(self, ctx: &Ctx, layout: &params::BlockLayout) -> WTask {
+    pub fn hold(self, ctx: &Ctx<B>, layout: &params::BlockLayout) -> Result<WTask<B>, ExecError> {
         let a = Category::Activations;
-        match self {
+        Ok(match self {
             WTask::Norm { tensor, x, dy } => {
                 let t = &layout.tensors[tensor];
-                let mut grad = Tensor::zeros(a, &[t.len()]);
+                let mut grad = ctx.zeros(a, &[t.len()])?;
                 let m = &ctx.plan.model;
-                ctx.ops.norm_wgrad(
-                    m.norm,
-                    x.data(),
-                    dy.data(),
-                    ctx.rd.h,
-                    m.norm_eps,
-                    grad.data_mut(),
-                );
+                ctx.ops
+                    .norm_wgrad(m.norm, &x, &dy, m.norm_eps, ViewMut::all(&mut grad))?;
                 WTask::Ready { tensor, grad }
             }
             WTask::Ready { tensor, grad } => WTask::Ready { tensor, grad },
@@ -227,8 +267,8 @@ impl WTask {
                 o,
             } => WTask::Expert {
                 tensor,
-                x: x.recat(a),
-                dy: dy.recat(a),
+                x: ctx.ops.recat(x, a),
+                dy: ctx.ops.recat(dy, a),
                 i,
                 o,
             },
@@ -247,11 +287,11 @@ impl WTask {
                 let shard = ctx.sp && dy_gathered && !dy_shard;
                 WTask::Linear {
                     tensor,
-                    x: x.recat(a),
+                    x: ctx.ops.recat(x, a),
                     dy: if shard {
-                        ctx.own_shard(&dy)
+                        ctx.own_shard(&dy)?
                     } else {
-                        dy.recat(a)
+                        ctx.ops.recat(dy, a)
                     },
                     i,
                     o,
@@ -269,14 +309,14 @@ impl WTask {
                 WTask::Embedding {
                     tokens,
                     dy: if shard {
-                        ctx.own_shard(&dy)
+                        ctx.own_shard(&dy)?
                     } else {
-                        dy.recat(a)
+                        ctx.ops.recat(dy, a)
                     },
                     dy_shard: dy_shard || shard,
                 }
             }
-        }
+        })
     }
 
     /// True for a task of an MoE layer's experts block.
@@ -288,11 +328,10 @@ impl WTask {
     /// [`WTask::Expert`], the experts block's).
     pub fn run(
         self,
-        ctx: &mut Ctx,
+        ctx: &mut Ctx<B>,
         layout: &params::BlockLayout,
-        grad: &mut [f32],
+        mut grad: ViewMut<'_, B::Tensor>,
     ) -> Result<(), ExecError> {
-        let h = ctx.rd.h;
         let eps = ctx.plan.model.norm_eps;
         let norm = ctx.plan.model.norm;
         match self {
@@ -310,18 +349,16 @@ impl WTask {
                 let n = ctx.n;
                 let dy = if dy_shard { ctx.expand_grad(&dy)? } else { dy };
                 if gather_x && ctx.sp {
-                    ctx.with_gathered(x.data(), |c, xg| {
-                        c.ops.linear_wgrad(dy.data(), xg, n, i, o, &mut grad[r])
+                    ctx.with_gathered(&x, |c, xg| {
+                        c.ops.linear_wgrad(&dy, xg, (n, i, o), grad.sub(r))
                     })?;
                 } else {
-                    ctx.ops
-                        .linear_wgrad(dy.data(), x.data(), n, i, o, &mut grad[r]);
+                    ctx.ops.linear_wgrad(&dy, &x, (n, i, o), grad.sub(r))?;
                 }
             }
             WTask::Norm { tensor, x, dy } => {
                 let r = layout.tensors[tensor].range();
-                ctx.ops
-                    .norm_wgrad(norm, x.data(), dy.data(), h, eps, &mut grad[r]);
+                ctx.ops.norm_wgrad(norm, &x, &dy, eps, grad.sub(r))?;
             }
             WTask::Expert {
                 tensor,
@@ -332,17 +369,14 @@ impl WTask {
             } => {
                 let r = layout.tensors[tensor].range();
                 let rows = x.len() / i.max(1);
-                ctx.ops
-                    .linear_wgrad(dy.data(), x.data(), rows, i, o, &mut grad[r]);
+                ctx.ops.linear_wgrad(&dy, &x, (rows, i, o), grad.sub(r))?;
             }
             WTask::Ready {
                 tensor,
                 grad: ready,
             } => {
                 let r = layout.tensors[tensor].range();
-                for (g, x) in grad[r].iter_mut().zip(ready.data()) {
-                    *g += x;
-                }
+                ctx.ops.axpy(1.0, View::all(&ready), grad.sub(r))?;
             }
             WTask::Embedding {
                 tokens,
@@ -350,29 +384,12 @@ impl WTask {
                 dy_shard,
             } => {
                 let dy = if dy_shard { ctx.expand_grad(&dy)? } else { dy };
-                let t = &layout.tensors[0];
+                let r = layout.tensors[0].range();
                 let lo = ctx.rd.tp_rank * ctx.rd.v_r;
-                let g = &mut grad[t.range()];
-                for (row, &id) in tokens.iter().enumerate() {
-                    let id = id as usize;
-                    if id >= lo && id < lo + ctx.rd.v_r {
-                        let dst = &mut g[(id - lo) * h..(id - lo + 1) * h];
-                        for (d, s) in dst.iter_mut().zip(&dy.data()[row * h..(row + 1) * h]) {
-                            *d += s;
-                        }
-                    }
-                }
+                ctx.ops
+                    .embedding_scatter_add(&dy, &tokens, lo, grad.sub(r))?;
             }
         }
         Ok(())
     }
-}
-
-/// y = a + b, a new tensor of category `cat`.
-pub fn add(a: &[f32], b: &[f32], shape: &[usize], cat: Category) -> Tensor {
-    let mut t = Tensor::zeros(cat, shape);
-    for ((o, x), y) in t.data_mut().iter_mut().zip(a).zip(b) {
-        *o = x + y;
-    }
-    t
 }

@@ -22,117 +22,21 @@
 
 use super::params::BlockLayout;
 use super::{Ctx, Sink, WTask};
-use crate::backend::cpu::{Category, Group, Tensor};
-use crate::backend::{Collectives, TensorOps};
-use crate::error::ExecError;
+use crate::backend::{Backend, Device, DeviceTensor, ProcessGroup};
+use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
+use crate::error::{ExecError, StateError};
+use crate::memory::Category;
 use crate::plan::{Activation, MoeShape};
+
+pub use crate::backend::{Route, Routing};
 
 /// The router's tensor in an MoE layer's block (after attn_norm, QKV, wo, mlp_norm).
 pub const ROUTER: usize = 4;
 
-/// One kept assignment of a token to an expert.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Route {
-    pub token: usize,
-    pub expert: usize,
-    pub gate: f32,
-}
-
-/// The router's decisions for one microbatch.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Routing {
-    /// Kept assignments ordered by expert, then token.
-    pub routes: Vec<Route>,
-    /// Fraction of the n k routed slots that chose each expert (before dropping).
-    pub fraction: Vec<f64>,
-    /// Assignments dropped by the capacity.
-    pub dropped: usize,
-}
-
-/// Row-wise softmax of `logits` [n, e] in place.
-pub fn softmax_rows(x: &mut [f32], e: usize) {
-    for row in x.chunks_exact_mut(e) {
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0.0f32;
-        for v in row.iter_mut() {
-            *v = (*v - max).exp();
-            sum += *v;
-        }
-        for v in row.iter_mut() {
-            *v /= sum;
-        }
-    }
-}
-
-/// Expert capacity for `tokens` tokens: ceil(cf x tokens x k / E); `None` without dropping.
-pub fn capacity(cf: f32, tokens: usize, k: usize, experts: usize) -> Option<usize> {
-    (cf > 0.0).then(|| (cf as f64 * tokens as f64 * k as f64 / experts as f64).ceil() as usize)
-}
-
-/// Top-k of each row of `probs` [n, E] (ties: lower expert first), then the capacity's drops.
-pub fn route(probs: &[f32], n: usize, moe: &MoeShape) -> Routing {
-    let (e, k) = (moe.num_experts, moe.top_k);
-    let mut per_expert: Vec<Vec<(usize, f32)>> = vec![Vec::new(); e];
-    let mut order: Vec<usize> = Vec::with_capacity(e);
-    for t in 0..n {
-        let row = &probs[t * e..(t + 1) * e];
-        order.clear();
-        order.extend(0..e);
-        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
-        for &x in &order[..k] {
-            per_expert[x].push((t, row[x]));
-        }
-    }
-    let slots = (n * k) as f64;
-    let fraction = per_expert.iter().map(|v| v.len() as f64 / slots).collect();
-    let cap = capacity(moe.capacity_factor, n, k, e);
-    let mut dropped = 0;
-    let mut routes = Vec::with_capacity(n * k);
-    for (x, mut list) in per_expert.into_iter().enumerate() {
-        if let Some(c) = cap {
-            if list.len() > c {
-                // Keep the c most probable (earlier token on ties), then back to token order.
-                list.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-                dropped += list.len() - c;
-                list.truncate(c);
-                list.sort_by_key(|a| a.0);
-            }
-        }
-        routes.extend(list.into_iter().map(|(token, gate)| Route {
-            token,
-            expert: x,
-            gate,
-        }));
-    }
-    Routing {
-        routes,
-        fraction,
-        dropped,
-    }
-}
-
-/// The load-balancing loss coeff x E x sum_i f_i P_i (Fedus et al. 2021, eq. 4) of `probs`
-/// [n, E] with slot fractions `fraction`.
-pub fn aux_loss(coeff: f32, probs: &[f32], n: usize, fraction: &[f64]) -> f64 {
-    let e = fraction.len();
-    let mut mean = vec![0.0f64; e];
-    for row in probs.chunks_exact(e) {
-        for (m, p) in mean.iter_mut().zip(row) {
-            *m += *p as f64;
-        }
-    }
-    let s: f64 = mean
-        .iter()
-        .zip(fraction)
-        .map(|(m, f)| m / n as f64 * f)
-        .sum();
-    coeff as f64 * e as f64 * s
-}
-
 /// What an MoE block keeps for backward (besides the norm's input and output).
-pub struct MoeSaved {
+pub struct MoeSaved<B: Backend> {
     /// Router probabilities [n, E].
-    probs: Tensor,
+    probs: B::Tensor,
     routing: Routing,
     /// Rows sent to each EP member and received from each, and, per source member, the rows
     /// of each local expert.
@@ -140,19 +44,19 @@ pub struct MoeSaved {
     recv_rows: Vec<usize>,
     recv_expert_rows: Vec<Vec<usize>>,
     /// Per local expert: its input rows, fc1 output (the activation's input), activation output.
-    x: Vec<Tensor>,
-    u: Vec<Tensor>,
-    act: Vec<Tensor>,
+    x: Vec<B::Tensor>,
+    u: Vec<B::Tensor>,
+    act: Vec<B::Tensor>,
     /// The expert outputs of the kept assignments [routes, h] (for the gates' gradient).
-    y: Tensor,
+    y: B::Tensor,
 }
 
-fn moe_of<'c>(ctx: &'c Ctx) -> Result<&'c MoeShape, ExecError> {
+fn moe_of<'c, B: Backend>(ctx: &'c Ctx<B>) -> Result<&'c MoeShape, ExecError> {
     ctx.plan
         .model
         .moe
         .as_ref()
-        .ok_or_else(|| ExecError::Plan("an MoE layer in a model without MoeShape".into()))
+        .ok_or_else(|| ExecError::from(StateError::MoeWithoutShape))
 }
 
 fn fc1_width(act: Activation, f: usize) -> usize {
@@ -174,73 +78,84 @@ fn expert_rows(recv_expert_rows: &[Vec<usize>], j: usize) -> Vec<(usize, usize)>
     out
 }
 
-/// Counts as exact f32 bit patterns (for the fixed-size count exchange).
-fn to_bits(c: &[usize]) -> Vec<f32> {
-    c.iter().map(|&x| f32::from_bits(x as u32)).collect()
-}
-
-fn from_bits(c: &[f32]) -> Vec<usize> {
-    c.iter().map(|x| x.to_bits() as usize).collect()
-}
-
 fn scale(v: &[usize], by: usize) -> Vec<usize> {
     v.iter().map(|x| x * by).collect()
 }
 
 /// Sends rows of width `h` (`send_rows` to each EP member) and returns the rows received
 /// (`recv_rows` from each) as a new tensor of category `cat`.
-fn exchange_rows(
-    ctx: &Ctx,
-    ep: &Group,
-    send: &Tensor,
+fn exchange_rows<B: Backend>(
+    ctx: &Ctx<B>,
+    ep: &B::Group,
+    send: &B::Tensor,
     send_rows: &[usize],
     recv_rows: &[usize],
     h: usize,
     cat: Category,
-) -> Result<Tensor, ExecError> {
-    let mut recv = Tensor::zeros(cat, &[recv_rows.iter().sum(), h]);
-    ctx.comm.all_to_all_v(
+) -> Result<B::Tensor, ExecError> {
+    let mut recv = ctx.zeros(cat, &[recv_rows.iter().sum(), h])?;
+    DeviceCollectives::all_to_all_v(
+        ctx.comm,
         ep,
-        send.data(),
+        View::all(send),
         &scale(send_rows, h),
-        recv.data_mut(),
+        ViewMut::all(&mut recv),
         &scale(recv_rows, h),
     )?;
     Ok(recv)
 }
 
+/// Copies row spans between tensors of width `h`: `(from row, to row, rows)` each.
+fn copy_spans<B: Backend>(
+    ctx: &Ctx<B>,
+    src: &B::Tensor,
+    dst: &mut B::Tensor,
+    h: usize,
+    spans: impl Iterator<Item = (usize, usize, usize)>,
+) -> Result<(), ExecError> {
+    for (from, to, rows) in spans {
+        ctx.ops.copy(
+            View::all(src).sub(from * h..(from + rows) * h),
+            ViewMut::all(dst).sub(to * h..(to + rows) * h),
+        )?;
+    }
+    Ok(())
+}
+
+/// The spans of local expert `j` in the received rows, with their rows in the expert's input.
+fn gathered_spans(spans: &[(usize, usize)]) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+    spans.iter().scan(0, |at, &(lo, rows)| {
+        let out = (lo, *at, rows);
+        *at += rows;
+        Some(out)
+    })
+}
+
 /// Forward of the MoE block on the normed input `ln2` [n, h] (the router's parameters in
 /// `p`/`l`, the rank's experts in `pe`/`le`); returns the combined expert output [n, h].
-pub fn moe_fwd(
-    ctx: &mut Ctx,
+pub fn moe_fwd<B: Backend>(
+    ctx: &mut Ctx<B>,
     l: &BlockLayout,
-    p: &[f32],
+    p: View<'_, B::Tensor>,
     le: &BlockLayout,
-    pe: &[f32],
-    ln2: &Tensor,
-) -> Result<(Tensor, MoeSaved), ExecError> {
+    pe: View<'_, B::Tensor>,
+    ln2: &B::Tensor,
+) -> Result<(B::Tensor, MoeSaved<B>), ExecError> {
     let moe = moe_of(ctx)?.clone();
     let (n, h) = (ctx.n, ctx.rd.h);
     let e = moe.num_experts;
     let (a, b) = (Category::Activations, Category::Buffers);
-    let mut probs = Tensor::zeros(a, &[n, e]);
-    ctx.ops.linear_fwd(
-        ln2.data(),
-        &p[l.tensors[ROUTER].range()],
-        n,
-        h,
-        e,
-        probs.data_mut(),
-    );
-    softmax_rows(probs.data_mut(), e);
-    let routing = route(probs.data(), n, &moe);
-    ctx.moe_aux_loss += aux_loss(moe.aux_loss_coeff, probs.data(), n, &routing.fraction);
+    let mut probs = ctx.zeros(a, &[n, e])?;
+    ctx.ops
+        .linear_fwd(ln2, p.sub(l.tensors[ROUTER].range()), (n, h, e), &mut probs)?;
+    let (routing, aux) = ctx.ops.moe_route(&mut probs, &moe)?;
+    ctx.moe_aux_loss += aux;
     ctx.moe_dropped += routing.dropped as u64;
 
     let ep = ctx
         .ep
         .clone()
-        .ok_or_else(|| ExecError::Plan("an MoE layer without an EP group".into()))?;
+        .ok_or_else(|| ExecError::from(StateError::MoeWithoutEpGroup))?;
     let members = ep.size();
     let local = e / members;
     // Rows per (destination member, local expert), exchanged first.
@@ -248,18 +163,14 @@ pub fn moe_fwd(
     for r in &routing.routes {
         counts[r.expert] += 1;
     }
-    let mut got = vec![0.0f32; e];
-    ctx.comm.all_to_all(&ep, &to_bits(&counts), &mut got)?;
-    let recv_expert_rows: Vec<Vec<usize>> =
-        from_bits(&got).chunks(local).map(|c| c.to_vec()).collect();
+    let got = ctx.comm.all_to_all_counts(&ep, &counts)?;
+    let recv_expert_rows: Vec<Vec<usize>> = got.chunks(local).map(|c| c.to_vec()).collect();
     let send_rows: Vec<usize> = counts.chunks(local).map(|c| c.iter().sum()).collect();
     let recv_rows: Vec<usize> = recv_expert_rows.iter().map(|c| c.iter().sum()).collect();
 
-    let mut send = Tensor::zeros(b, &[routing.routes.len(), h]);
-    for (i, r) in routing.routes.iter().enumerate() {
-        send.data_mut()[i * h..(i + 1) * h]
-            .copy_from_slice(&ln2.data()[r.token * h..(r.token + 1) * h]);
-    }
+    let tokens: Vec<usize> = routing.routes.iter().map(|r| r.token).collect();
+    let mut send = ctx.zeros(b, &[tokens.len(), h])?;
+    ctx.ops.gather_rows(ln2, &tokens, &mut send)?;
     let recv = exchange_rows(ctx, &ep, &send, &send_rows, &recv_rows, h, b)?;
     let total_recv = recv.rows();
     drop(send);
@@ -267,33 +178,24 @@ pub fn moe_fwd(
     let f = moe.ffn;
     let w1 = fc1_width(ctx.plan.model.activation, f);
     let act_kind = ctx.plan.model.activation;
-    let mut back = Tensor::zeros(b, &[total_recv, h]);
+    let mut back = ctx.zeros(b, &[total_recv, h])?;
     let (mut xs, mut us, mut acts) = (Vec::new(), Vec::new(), Vec::new());
     for j in 0..local {
         let spans = expert_rows(&recv_expert_rows, j);
         let c: usize = spans.iter().map(|s| s.1).sum();
-        let mut x = Tensor::zeros(a, &[c, h]);
-        let mut at = 0;
-        for &(lo, rows) in &spans {
-            x.data_mut()[at * h..(at + rows) * h]
-                .copy_from_slice(&recv.data()[lo * h..(lo + rows) * h]);
-            at += rows;
-        }
-        let mut u = Tensor::zeros(a, &[c, w1]);
-        let mut act = Tensor::zeros(a, &[c, f]);
+        let mut x = ctx.zeros(a, &[c, h])?;
+        copy_spans(ctx, &recv, &mut x, h, gathered_spans(&spans))?;
+        let mut u = ctx.zeros(a, &[c, w1])?;
+        let mut act = ctx.zeros(a, &[c, f])?;
         if c > 0 {
-            let w_fc1 = &pe[le.tensors[2 * j].range()];
-            let w_fc2 = &pe[le.tensors[2 * j + 1].range()];
-            ctx.ops.linear_fwd(x.data(), w_fc1, c, h, w1, u.data_mut());
-            ctx.ops.act_fwd(act_kind, u.data(), c, f, act.data_mut());
-            let mut y = Tensor::zeros(b, &[c, h]);
-            ctx.ops.linear_fwd(act.data(), w_fc2, c, f, h, y.data_mut());
-            let mut at = 0;
-            for &(lo, rows) in &spans {
-                back.data_mut()[lo * h..(lo + rows) * h]
-                    .copy_from_slice(&y.data()[at * h..(at + rows) * h]);
-                at += rows;
-            }
+            let w_fc1 = pe.sub(le.tensors[2 * j].range());
+            let w_fc2 = pe.sub(le.tensors[2 * j + 1].range());
+            ctx.ops.linear_fwd(&x, w_fc1, (c, h, w1), &mut u)?;
+            ctx.ops.act_fwd(act_kind, &u, &mut act)?;
+            let mut y = ctx.zeros(b, &[c, h])?;
+            ctx.ops.linear_fwd(&act, w_fc2, (c, f, h), &mut y)?;
+            let back_spans = gathered_spans(&spans).map(|(lo, at, rows)| (at, lo, rows));
+            copy_spans(ctx, &y, &mut back, h, back_spans)?;
         }
         xs.push(x);
         us.push(u);
@@ -302,13 +204,10 @@ pub fn moe_fwd(
     drop(recv);
     let y = exchange_rows(ctx, &ep, &back, &recv_rows, &send_rows, h, a)?;
     drop(back);
-    let mut out = Tensor::zeros(b, &[n, h]);
-    for (i, r) in routing.routes.iter().enumerate() {
-        let dst = &mut out.data_mut()[r.token * h..(r.token + 1) * h];
-        for (o, v) in dst.iter_mut().zip(&y.data()[i * h..(i + 1) * h]) {
-            *o += r.gate * v;
-        }
-    }
+    let mut out = ctx.zeros(b, &[n, h])?;
+    let gates: Vec<f32> = routing.routes.iter().map(|r| r.gate).collect();
+    ctx.ops
+        .scatter_add_rows(&y, &tokens, Some(&gates), &mut out)?;
     Ok((
         out,
         MoeSaved {
@@ -329,17 +228,17 @@ pub fn moe_fwd(
 /// the router's weight-gradient task (input `ln2`) and the experts' ([`WTask::Expert`]) go to
 /// `sink`.
 #[allow(clippy::too_many_arguments)]
-pub fn moe_bwd(
-    ctx: &mut Ctx,
+pub fn moe_bwd<B: Backend>(
+    ctx: &mut Ctx<B>,
     l: &BlockLayout,
-    p: &[f32],
-    pe: &[f32],
+    p: View<'_, B::Tensor>,
+    pe: View<'_, B::Tensor>,
     le: &BlockLayout,
-    ln2: Tensor,
-    s: MoeSaved,
-    dy: &Tensor,
-    sink: &mut Sink,
-) -> Result<Tensor, ExecError> {
+    ln2: B::Tensor,
+    s: MoeSaved<B>,
+    dy: &B::Tensor,
+    sink: &mut Sink<B>,
+) -> Result<B::Tensor, ExecError> {
     let moe = moe_of(ctx)?.clone();
     let (n, h) = (ctx.n, ctx.rd.h);
     let e = moe.num_experts;
@@ -347,7 +246,7 @@ pub fn moe_bwd(
     let ep = ctx
         .ep
         .clone()
-        .ok_or_else(|| ExecError::Plan("an MoE layer without an EP group".into()))?;
+        .ok_or_else(|| ExecError::from(StateError::MoeWithoutEpGroup))?;
     let MoeSaved {
         probs,
         routing,
@@ -361,16 +260,10 @@ pub fn moe_bwd(
     } = s;
     let routes = &routing.routes;
     // Combine: d y_r = gate_r dy[t]; d gate_r = dy[t] . y_r.
-    let mut dprobs = Tensor::zeros(bcat, &[n, e]);
-    let mut dsend = Tensor::zeros(bcat, &[routes.len(), h]);
-    for (i, r) in routes.iter().enumerate() {
-        let g = &dy.data()[r.token * h..(r.token + 1) * h];
-        let yr = &y.data()[i * h..(i + 1) * h];
-        dprobs.data_mut()[r.token * e + r.expert] = g.iter().zip(yr).map(|(a, b)| a * b).sum();
-        for (d, v) in dsend.data_mut()[i * h..(i + 1) * h].iter_mut().zip(g) {
-            *d = r.gate * v;
-        }
-    }
+    let mut dprobs = ctx.zeros(bcat, &[n, e])?;
+    let mut dsend = ctx.zeros(bcat, &[routes.len(), h])?;
+    ctx.ops
+        .moe_combine_bwd(dy, &y, routes, &mut dprobs, &mut dsend)?;
     drop(y);
     let drecv = exchange_rows(ctx, &ep, &dsend, &send_rows, &recv_rows, h, bcat)?;
     let total_recv = drecv.rows();
@@ -379,31 +272,24 @@ pub fn moe_bwd(
     let f = moe.ffn;
     let act_kind = ctx.plan.model.activation;
     let w1 = fc1_width(act_kind, f);
-    let mut dback = Tensor::zeros(bcat, &[total_recv, h]);
+    let mut dback = ctx.zeros(bcat, &[total_recv, h])?;
     for (j, ((x, u), act)) in xs.into_iter().zip(us).zip(acts).enumerate() {
         let spans = expert_rows(&recv_expert_rows, j);
         let c: usize = spans.iter().map(|s| s.1).sum();
         if c == 0 {
             continue;
         }
-        let mut dyj = Tensor::zeros(bcat, &[c, h]);
-        let mut at = 0;
-        for &(lo, rows) in &spans {
-            dyj.data_mut()[at * h..(at + rows) * h]
-                .copy_from_slice(&drecv.data()[lo * h..(lo + rows) * h]);
-            at += rows;
-        }
+        let mut dyj = ctx.zeros(bcat, &[c, h])?;
+        copy_spans(ctx, &drecv, &mut dyj, h, gathered_spans(&spans))?;
         let (t1, t2) = (2 * j, 2 * j + 1);
-        let mut dact = Tensor::zeros(bcat, &[c, f]);
+        let mut dact = ctx.zeros(bcat, &[c, f])?;
         ctx.ops.linear_dgrad(
-            dyj.data(),
-            &pe[le.tensors[t2].range()],
-            c,
-            f,
-            h,
-            dact.data_mut(),
+            &dyj,
+            pe.sub(le.tensors[t2].range()),
+            (c, f, h),
+            &mut dact,
             false,
-        );
+        )?;
         sink(
             ctx,
             WTask::Expert {
@@ -414,20 +300,17 @@ pub fn moe_bwd(
                 o: h,
             },
         )?;
-        let mut du = u.recat(bcat);
-        ctx.ops
-            .act_bwd_inplace(act_kind, du.data_mut(), dact.data(), c, f);
+        let mut du = ctx.ops.recat(u, bcat);
+        ctx.ops.act_bwd_inplace(act_kind, &mut du, &dact)?;
         drop(dact);
-        let mut dx = Tensor::zeros(bcat, &[c, h]);
+        let mut dx = ctx.zeros(bcat, &[c, h])?;
         ctx.ops.linear_dgrad(
-            du.data(),
-            &pe[le.tensors[t1].range()],
-            c,
-            h,
-            w1,
-            dx.data_mut(),
+            &du,
+            pe.sub(le.tensors[t1].range()),
+            (c, h, w1),
+            &mut dx,
             false,
-        );
+        )?;
         sink(
             ctx,
             WTask::Expert {
@@ -438,57 +321,37 @@ pub fn moe_bwd(
                 o: w1,
             },
         )?;
-        let mut at = 0;
-        for &(lo, rows) in &spans {
-            dback.data_mut()[lo * h..(lo + rows) * h]
-                .copy_from_slice(&dx.data()[at * h..(at + rows) * h]);
-            at += rows;
-        }
+        let back_spans = gathered_spans(&spans).map(|(lo, at, rows)| (at, lo, rows));
+        copy_spans(ctx, &dx, &mut dback, h, back_spans)?;
     }
     drop(drecv);
     let dx_routes = exchange_rows(ctx, &ep, &dback, &recv_rows, &send_rows, h, bcat)?;
     drop(dback);
-    let mut d_ln2 = Tensor::zeros(bcat, &[n, h]);
-    for (i, r) in routes.iter().enumerate() {
-        let dst = &mut d_ln2.data_mut()[r.token * h..(r.token + 1) * h];
-        for (d, v) in dst.iter_mut().zip(&dx_routes.data()[i * h..(i + 1) * h]) {
-            *d += v;
-        }
-    }
+    let mut d_ln2 = ctx.zeros(bcat, &[n, h])?;
+    let tokens: Vec<usize> = routes.iter().map(|r| r.token).collect();
+    ctx.ops
+        .scatter_add_rows(&dx_routes, &tokens, None, &mut d_ln2)?;
     drop(dx_routes);
 
     // Router: the load-balancing loss adds coeff E f_i / (microbatches of the step x n) to the
     // gradient of every probability of expert i; then the softmax's backward.
-    if moe.aux_loss_coeff > 0.0 {
+    let aux_scale = if moe.aux_loss_coeff > 0.0 {
         let global_tokens = (ctx.plan.global_batch() * ctx.plan.model.seq) as f64;
-        let c = moe.aux_loss_coeff as f64 * e as f64 / global_tokens;
-        for row in dprobs.data_mut().chunks_exact_mut(e) {
-            for (d, fi) in row.iter_mut().zip(&routing.fraction) {
-                *d += (c * fi) as f32;
-            }
-        }
-    }
+        moe.aux_loss_coeff as f64 * e as f64 / global_tokens
+    } else {
+        0.0
+    };
     let mut dlogits = dprobs;
-    for (dl, pr) in dlogits
-        .data_mut()
-        .chunks_exact_mut(e)
-        .zip(probs.data().chunks_exact(e))
-    {
-        let dot: f32 = dl.iter().zip(pr).map(|(a, b)| a * b).sum();
-        for (d, q) in dl.iter_mut().zip(pr) {
-            *d = q * (*d - dot);
-        }
-    }
+    ctx.ops
+        .moe_router_bwd(&mut dlogits, &probs, &routing.fraction, aux_scale)?;
     drop(probs);
     ctx.ops.linear_dgrad(
-        dlogits.data(),
-        &p[l.tensors[ROUTER].range()],
-        n,
-        h,
-        e,
-        d_ln2.data_mut(),
+        &dlogits,
+        p.sub(l.tensors[ROUTER].range()),
+        (n, h, e),
+        &mut d_ln2,
         true,
-    );
+    )?;
     sink(
         ctx,
         WTask::Linear {
@@ -503,83 +366,4 @@ pub fn moe_bwd(
         },
     )?;
     Ok(d_ln2)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn shape(e: usize, k: usize, cf: f32) -> MoeShape {
-        MoeShape {
-            num_experts: e,
-            top_k: k,
-            ffn: 4,
-            first_k_dense: 0,
-            capacity_factor: cf,
-            aux_loss_coeff: 0.01,
-        }
-    }
-
-    #[test]
-    fn top_k_takes_the_largest_probabilities_with_ties_to_the_lower_expert() {
-        // Token 0: 0.1 0.4 0.4 0.1 -> experts 1 and 2 (tie at 0.4 broken by index for 1st).
-        // Token 1: 0.7 0.1 0.1 0.1 -> 0, then the tie among 1, 2, 3 goes to 1.
-        let probs = [0.1, 0.4, 0.4, 0.1, 0.7, 0.1, 0.1, 0.1];
-        let r = route(&probs, 2, &shape(4, 2, 0.0));
-        let got: Vec<(usize, usize, f32)> = r
-            .routes
-            .iter()
-            .map(|x| (x.expert, x.token, x.gate))
-            .collect();
-        assert_eq!(
-            got,
-            vec![(0, 1, 0.7), (1, 0, 0.4), (1, 1, 0.1), (2, 0, 0.4)]
-        );
-        assert_eq!(r.fraction, vec![0.25, 0.5, 0.25, 0.0]);
-        assert_eq!(r.dropped, 0);
-    }
-
-    #[test]
-    fn capacity_drops_the_least_probable_assignments_of_a_full_expert() {
-        // Four tokens, top-1, two experts, cf 1: capacity ceil(1 x 4 x 1 / 2) = 2. All four
-        // choose expert 0 with probabilities .6 .9 .7 .6: the two least probable go, and of
-        // the tie at .6 the later token (3); kept: tokens 1 and 2.
-        assert_eq!(capacity(1.0, 4, 1, 2), Some(2));
-        assert_eq!(capacity(1.5, 5, 2, 4), Some(4)); // ceil(3.75)
-        assert_eq!(capacity(0.0, 4, 1, 2), None);
-        let probs = [0.6, 0.4, 0.9, 0.1, 0.7, 0.3, 0.6, 0.4];
-        let r = route(&probs, 4, &shape(2, 1, 1.0));
-        let kept: Vec<usize> = r.routes.iter().map(|x| x.token).collect();
-        assert_eq!(kept, vec![1, 2]);
-        assert_eq!(r.dropped, 2);
-        // The fractions count the choices before dropping.
-        assert_eq!(r.fraction, vec![1.0, 0.0]);
-    }
-
-    #[test]
-    fn the_load_balancing_loss_is_switch_transformers_equation_4() {
-        // Fedus et al. 2021, eq. 4: alpha N sum_i f_i P_i. Two tokens, two experts, top-1:
-        // both choose expert 0, f = (1, 0); P = ((.8 + .6) / 2, (.2 + .4) / 2) = (.7, .3);
-        // loss = alpha x 2 x (1 x .7) = 1.4 alpha.
-        let probs = [0.8, 0.2, 0.6, 0.4];
-        let r = route(&probs, 2, &shape(2, 1, 0.0));
-        let got = aux_loss(0.5, &probs, 2, &r.fraction);
-        assert!((got - 0.7).abs() < 1e-7, "{got}");
-        // Perfect balance (f_i = P_i = 1/N) gives alpha, its minimum.
-        let probs = [0.5, 0.5, 0.5, 0.5];
-        let got = aux_loss(0.5, &probs, 2, &[0.5, 0.5]);
-        assert!((got - 0.5).abs() < 1e-7, "{got}");
-    }
-
-    #[test]
-    fn softmax_rows_sum_to_one() {
-        let mut x = [1.0, 2.0, 3.0, -1.0, 0.0, 1000.0];
-        softmax_rows(&mut x, 3);
-        let e = [1.0f32.exp(), 2.0f32.exp(), 3.0f32.exp()];
-        let s: f32 = e.iter().sum();
-        for i in 0..3 {
-            assert!((x[i] - e[i] / s).abs() < 1e-6);
-        }
-        assert!((x[5] - 1.0).abs() < 1e-6 && x[3] == 0.0);
-    }
 }

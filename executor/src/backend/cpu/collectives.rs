@@ -10,7 +10,7 @@
 //! blocks) and matched by (source, tag).
 
 use super::super::{Collectives, ReduceOp};
-use crate::error::ExecError;
+use crate::error::{CollectiveError, ExecError};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -278,14 +278,23 @@ impl Collectives for CpuComm {
         recv_counts: &[usize],
     ) -> Result<(), ExecError> {
         let size = g.size();
-        let bad = |what: String| Err(ExecError::Plan(format!("all_to_all_v: {what}")));
+        let bad = |reason| {
+            Err(ExecError::Collective {
+                op: "all_to_all_v",
+                reason,
+            })
+        };
         if send_counts.len() != size || recv_counts.len() != size {
-            return bad(format!("{size} counts expected"));
+            return bad(CollectiveError::CountCount {
+                expected: size,
+                send: send_counts.len(),
+                recv: recv_counts.len(),
+            });
         }
         if send_counts.iter().sum::<usize>() != input.len()
             || recv_counts.iter().sum::<usize>() != out.len()
         {
-            return bad("buffer lengths differ from the sums of the counts".into());
+            return bad(CollectiveError::CountSums);
         }
         // The send counts travel with the data (bit patterns of u32 halves, exact), so every
         // member finds its slice in every contribution.
@@ -307,10 +316,11 @@ impl Collectives for CpuComm {
             let lo = 2 * size + (0..g.index).map(count).sum::<usize>();
             let n = count(g.index);
             if n != recv_counts[j] {
-                return bad(format!(
-                    "member {j} sends {n} elements, {} expected",
-                    recv_counts[j]
-                ));
+                return bad(CollectiveError::CountMismatch {
+                    member: j,
+                    sent: n,
+                    expected: recv_counts[j],
+                });
             }
             out[at..at + n].copy_from_slice(&d[lo..lo + n]);
             at += n;

@@ -1,43 +1,68 @@
-//! fp32 tensors of the CPU backend: a row-major buffer with a shape and a memory category,
-//! counted by the rank's tracker from creation to drop.
+//! Tensors of the CPU backend: a row-major buffer with a shape, a dtype and a memory category,
+//! counted by the tracker of the rank that allocated it, from creation to drop. Tensors are
+//! made by the rank's device ([`CpuOps`](super::CpuOps)). A bf16 tensor keeps its elements as
+//! f32 values that are exactly bf16 numbers (every write rounds), and counts 2 bytes per
+//! element, as the device would hold it.
 
-use super::memory::{self, Category};
+use crate::backend::{DType, DeviceTensor};
+use crate::memory::{Category, MemoryTracker};
 
-/// A tracked, row-major fp32 tensor.
+/// A tracked, row-major tensor.
 pub struct Tensor {
     data: Vec<f32>,
+    tracker: MemoryTracker,
     shape: Vec<usize>,
     cat: Category,
+    dtype: DType,
+}
+
+impl DeviceTensor for Tensor {
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn category(&self) -> Category {
+        self.cat
+    }
 }
 
 impl Tensor {
-    /// A zero-filled tensor.
+    /// Wraps `data` (its length must be the shape's product), counted by `tracker`.
     #[track_caller]
-    pub fn zeros(cat: Category, shape: &[usize]) -> Tensor {
-        let n = shape.iter().product();
-        Tensor::from_vec(cat, shape, vec![0.0; n])
+    pub(crate) fn new(
+        tracker: &MemoryTracker,
+        cat: Category,
+        shape: &[usize],
+        data: Vec<f32>,
+    ) -> Tensor {
+        Tensor::typed(tracker, cat, DType::F32, shape, data)
     }
 
-    /// Wraps `data` (its length must be the shape's product).
+    /// As [`Tensor::new`] with a dtype (a bf16 tensor's `data` must hold bf16 values).
     #[track_caller]
-    pub fn from_vec(cat: Category, shape: &[usize], data: Vec<f32>) -> Tensor {
+    pub(crate) fn typed(
+        tracker: &MemoryTracker,
+        cat: Category,
+        dtype: DType,
+        shape: &[usize],
+        data: Vec<f32>,
+    ) -> Tensor {
         assert_eq!(
             data.len(),
             shape.iter().product::<usize>(),
             "tensor data does not match shape {shape:?}"
         );
-        memory::alloc(cat, 4 * data.len() as u64);
+        let bytes = dtype.size_bytes() * data.len() as u64;
+        tracker.alloc(cat, bytes, bytes);
         Tensor {
             data,
+            tracker: tracker.clone(),
             shape: shape.to_vec(),
             cat,
+            dtype,
         }
-    }
-
-    /// A tracked copy of a slice.
-    #[track_caller]
-    pub fn copy_of(cat: Category, shape: &[usize], src: &[f32]) -> Tensor {
-        Tensor::from_vec(cat, shape, src.to_vec())
     }
 
     pub fn shape(&self) -> &[usize] {
@@ -61,7 +86,7 @@ impl Tensor {
     }
 
     pub fn bytes(&self) -> u64 {
-        4 * self.data.len() as u64
+        self.dtype.size_bytes() * self.data.len() as u64
     }
 
     pub fn category(&self) -> Category {
@@ -71,8 +96,9 @@ impl Tensor {
     /// Moves the tensor to another category (e.g. a temporary that becomes a saved activation).
     #[track_caller]
     pub fn recat(mut self, cat: Category) -> Tensor {
-        memory::free(self.cat, self.bytes());
-        memory::alloc(cat, self.bytes());
+        let bytes = self.bytes();
+        self.tracker.free(self.cat, bytes, bytes);
+        self.tracker.alloc(cat, bytes, bytes);
         self.cat = cat;
         self
     }
@@ -88,7 +114,8 @@ impl Tensor {
 
 impl Drop for Tensor {
     fn drop(&mut self) {
-        memory::free(self.cat, self.bytes());
+        let bytes = self.bytes();
+        self.tracker.free(self.cat, bytes, bytes);
     }
 }
 

@@ -4,105 +4,122 @@
 //! (rank r holds chunks r and 2cp - 1 - r), so the causal work is even. The gathered K/V are
 //! visited one source rank's block at a time, so score tiles stay (s/cp)^2.
 
-use super::{saved_lse, shape, timed, CoreSaved, Stats};
-use crate::backend::cpu::ops::attention::{AttnSaved, Keep};
-use crate::backend::cpu::ops::flash::{self, Side};
-use crate::backend::cpu::{Category, Tensor};
-use crate::backend::Collectives;
+use super::{saved_lse, shape, timed, CoreSaved, Grads, Stats};
+use crate::backend::Side;
+use crate::backend::{AttnSaved, Keep};
+use crate::backend::{Backend, DeviceTensor};
+use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
 use crate::error::ExecError;
+use crate::memory::Category;
 use crate::model::Ctx;
 
 /// Gathers K and V over the CP group: [cp x k.len()] each, source-rank major.
-fn gather(ctx: &Ctx, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor, f64), ExecError> {
+fn gather<B: Backend>(
+    ctx: &Ctx<B>,
+    k: &B::Tensor,
+    v: &B::Tensor,
+) -> Result<(B::Tensor, B::Tensor, f64), ExecError> {
     let cp = ctx.cp.as_ref().expect("cp context");
     let size = cp.size;
-    let mut gk = Tensor::zeros(Category::Buffers, &[size * k.len()]);
-    let mut gv = Tensor::zeros(Category::Buffers, &[size * v.len()]);
+    let mut gk = ctx.zeros(Category::Buffers, &[size * k.len()])?;
+    let mut gv = ctx.zeros(Category::Buffers, &[size * v.len()])?;
     let (r, dt) = timed(|| -> Result<(), ExecError> {
-        ctx.comm.all_gather(&cp.group, k.data(), gk.data_mut())?;
-        ctx.comm.all_gather(&cp.group, v.data(), gv.data_mut())
+        ctx.comm
+            .all_gather(&cp.group, View::all(k), ViewMut::all(&mut gk))?;
+        ctx.comm
+            .all_gather(&cp.group, View::all(v), ViewMut::all(&mut gv))
     });
     r?;
     Ok((gk, gv, dt))
 }
 
-/// Output and log-sum-exp of the local queries against the gathered K/V.
-fn pass(ctx: &mut Ctx, q: &Tensor, gk: &Tensor, gv: &Tensor, count: bool) -> (Tensor, Tensor, f64) {
+/// Output and log-sum-exp of the local queries against the gathered K/V, and the seconds.
+fn pass<B: Backend>(
+    ctx: &mut Ctx<B>,
+    q: &B::Tensor,
+    gk: &B::Tensor,
+    gv: &B::Tensor,
+    count: bool,
+) -> Result<(B::Tensor, B::Tensor, f64), ExecError> {
     let sh = shape(ctx);
     let cp = ctx.cp.as_ref().expect("cp context");
     let (me, size) = (cp.rank, cp.size);
     let s_loc = cp.positions[me].len();
     let blk = gk.len() / size;
-    let mut acc = Tensor::zeros(Category::Activations, &[q.rows(), q.cols()]);
-    let mut st = Stats::new(sh.b * sh.hq * s_loc);
-    let mut tile = Tensor::zeros(Category::Buffers, &[s_loc, s_loc]);
+    let mut acc = ctx.zeros(Category::Activations, &[q.rows(), q.cols()])?;
+    let mut st = Stats::<B>::new(&ctx.ops, sh.b * sh.hq * s_loc)?;
+    let mut tile = ctx.zeros(Category::Buffers, &[s_loc, s_loc])?;
     let qs = Side {
         pos: &cp.positions[me],
         tile: s_loc,
     };
-    let (work, compute_s) = timed(|| {
-        (0..size)
-            .map(|src| {
-                flash::forward_block(
-                    &sh,
-                    q.data(),
-                    qs,
-                    &gk.data()[src * blk..(src + 1) * blk],
-                    &gv.data()[src * blk..(src + 1) * blk],
-                    Side {
-                        pos: &cp.positions[src],
-                        tile: s_loc,
-                    },
-                    acc.data_mut(),
-                    &mut st.online(),
-                    tile.data_mut(),
-                )
-            })
-            .sum::<u64>()
+    let (work, compute_s) = timed(|| -> Result<u64, ExecError> {
+        let mut work = 0;
+        for src in 0..size {
+            let r = src * blk..(src + 1) * blk;
+            work += ctx.ops.flash_fwd_block(
+                &sh,
+                q,
+                qs,
+                View::all(gk).sub(r.clone()),
+                View::all(gv).sub(r),
+                Side {
+                    pos: &cp.positions[src],
+                    tile: s_loc,
+                },
+                &mut acc,
+                &mut st.max,
+                &mut st.sum,
+                &mut tile,
+            )?;
+        }
+        Ok(work)
     });
+    let work = work?;
     drop(tile);
-    let mut lse = Tensor::zeros(Category::Buffers, &[sh.b * sh.hq * s_loc]);
-    flash::finish(&sh, s_loc, acc.data_mut(), &st.online(), lse.data_mut());
+    let mut lse = ctx.zeros_f32(Category::Buffers, &[sh.b * sh.hq * s_loc])?;
+    ctx.ops
+        .flash_finish(&sh, s_loc, &mut acc, &st.max, &st.sum, &mut lse)?;
     if count {
         ctx.cp.as_mut().expect("cp context").stats.score_elements += work;
     }
-    (acc, lse, compute_s)
+    Ok((acc, lse, compute_s))
 }
 
-pub fn forward(
-    ctx: &mut Ctx,
+pub fn forward<B: Backend>(
+    ctx: &mut Ctx<B>,
     _layer: u32,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    q: B::Tensor,
+    k: B::Tensor,
+    v: B::Tensor,
     keep: Keep,
-) -> Result<(Tensor, CoreSaved), ExecError> {
+) -> Result<(B::Tensor, CoreSaved<B>), ExecError> {
     let (gk, gv, comm_s) = gather(ctx, &k, &v)?;
     let count = !ctx.recomputing;
-    let (o, lse, compute_s) = pass(ctx, &q, &gk, &gv, count);
+    let (o, lse, compute_s) = pass(ctx, &q, &gk, &gv, count)?;
     drop((gk, gv));
     ctx.cp
         .as_mut()
         .expect("cp context")
         .record(false, 0, compute_s, comm_s);
-    let attn = saved_lse(keep, lse);
+    let attn = saved_lse::<B>(&ctx.ops, keep, lse);
     Ok((o, CoreSaved { q, k, v, attn }))
 }
 
-pub fn backward(
-    ctx: &mut Ctx,
+pub fn backward<B: Backend>(
+    ctx: &mut Ctx<B>,
     _layer: u32,
-    s: CoreSaved,
-    delta: Tensor,
-    dout: Tensor,
-) -> Result<(Tensor, Tensor, Tensor), ExecError> {
+    s: CoreSaved<B>,
+    delta: B::Tensor,
+    dout: B::Tensor,
+) -> Result<Grads<B>, ExecError> {
     let CoreSaved { q, k, v, attn } = s;
     let (gk, gv, mut comm_s) = gather(ctx, &k, &v)?;
     let lse = match attn {
         AttnSaved::Lse(l) => l,
         // Selective recomputation: the forward once more on the gathered K/V.
         _ => {
-            let (o2, lse, _) = pass(ctx, &q, &gk, &gv, false);
+            let (o2, lse, _) = pass(ctx, &q, &gk, &gv, false)?;
             drop(o2);
             lse
         }
@@ -113,48 +130,49 @@ pub fn backward(
     let s_loc = cp.positions[me].len();
     let blk = k.len();
     let b = Category::Buffers;
-    let mut dq = Tensor::zeros(b, &[q.rows(), q.cols()]);
-    let mut gdk = Tensor::zeros(b, &[size * blk]);
-    let mut gdv = Tensor::zeros(b, &[size * blk]);
-    let mut p_tile = Tensor::zeros(b, &[s_loc, s_loc]);
-    let mut dp_tile = Tensor::zeros(b, &[s_loc, s_loc]);
+    let mut dq = ctx.zeros(b, &[q.rows(), q.cols()])?;
+    let mut gdk = ctx.zeros(b, &[size * blk])?;
+    let mut gdv = ctx.zeros(b, &[size * blk])?;
+    let mut p_tile = ctx.zeros(b, &[s_loc, s_loc])?;
+    let mut dp_tile = ctx.zeros(b, &[s_loc, s_loc])?;
     let qs = Side {
         pos: &cp.positions[me],
         tile: s_loc,
     };
-    let compute_s = timed(|| {
+    let (r, compute_s) = timed(|| -> Result<(), ExecError> {
         for src in 0..size {
             let r = src * blk..(src + 1) * blk;
-            flash::backward_block(
+            ctx.ops.flash_bwd_block(
                 &sh,
-                q.data(),
+                &q,
                 qs,
-                &gk.data()[r.clone()],
-                &gv.data()[r.clone()],
+                View::all(&gk).sub(r.clone()),
+                View::all(&gv).sub(r.clone()),
                 Side {
                     pos: &cp.positions[src],
                     tile: s_loc,
                 },
-                dout.data(),
-                lse.data(),
-                delta.data(),
-                dq.data_mut(),
-                &mut gdk.data_mut()[r.clone()],
-                &mut gdv.data_mut()[r],
-                p_tile.data_mut(),
-                dp_tile.data_mut(),
-            );
+                &dout,
+                &lse,
+                &delta,
+                &mut dq,
+                ViewMut::all(&mut gdk).sub(r.clone()),
+                ViewMut::all(&mut gdv).sub(r),
+                &mut p_tile,
+                &mut dp_tile,
+            )?;
         }
-    })
-    .1;
+        Ok(())
+    });
+    r?;
     drop((gk, gv, p_tile, dp_tile, delta, lse, dout));
-    let mut dk = Tensor::zeros(b, &[k.rows(), k.cols()]);
-    let mut dv = Tensor::zeros(b, &[v.rows(), v.cols()]);
+    let mut dk = ctx.zeros(b, &[k.rows(), k.cols()])?;
+    let mut dv = ctx.zeros(b, &[v.rows(), v.cols()])?;
     let (r, dt) = timed(|| -> Result<(), ExecError> {
         ctx.comm
-            .reduce_scatter(&cp.group, gdk.data(), dk.data_mut())?;
+            .reduce_scatter(&cp.group, View::all(&gdk), ViewMut::all(&mut dk))?;
         ctx.comm
-            .reduce_scatter(&cp.group, gdv.data(), dv.data_mut())
+            .reduce_scatter(&cp.group, View::all(&gdv), ViewMut::all(&mut dv))
     });
     r?;
     comm_s += dt;

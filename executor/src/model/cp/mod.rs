@@ -8,35 +8,27 @@ mod allgather;
 mod ring;
 mod ulysses;
 
-use super::Ctx;
-use crate::backend::cpu::ops::attention::{AttnSaved, Keep};
-use crate::backend::cpu::ops::flash::{self, BlockShape, Online};
-use crate::backend::cpu::{Category, Group, Tensor};
+use super::{zeros, Ctx};
+use crate::backend::BlockShape;
+use crate::backend::TensorOps;
+use crate::backend::{AttnSaved, Keep};
+use crate::backend::{Backend, Device, DeviceTensor, ProcessGroup};
 use crate::error::ExecError;
+use crate::memory::Category;
 use crate::plan::CpComm;
-use serde::Serialize;
+use crate::report::{CpStats, StepTime};
 use std::time::Instant;
 
-/// Seconds of one ring step (summed over the timed steps' calls).
-#[derive(Debug, Clone, Copy, Default, Serialize)]
-pub struct StepTime {
-    pub compute_s: f64,
-    pub comm_s: f64,
-}
-
-/// What a rank measured of its context-parallel attention.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct CpStats {
-    /// Unmasked score elements of the forward attention (recomputation excluded), all steps.
-    pub score_elements: u64,
-    /// Per ring step (index t = 0..cp; one step for Ulysses): forward and backward times.
-    pub forward: Vec<StepTime>,
-    pub backward: Vec<StepTime>,
-}
+/// dQ, dK and dV of the attention core.
+pub type Grads<B> = (
+    <B as Backend>::Tensor,
+    <B as Backend>::Tensor,
+    <B as Backend>::Tensor,
+);
 
 /// A rank's context-parallel state.
-pub struct CpCtx {
-    pub group: Group,
+pub struct CpCtx<B: Backend> {
+    pub group: B::Group,
     /// This rank's index in the CP group (its CP coordinate).
     pub rank: usize,
     pub size: usize,
@@ -48,11 +40,11 @@ pub struct CpCtx {
     pub timing: bool,
 }
 
-impl CpCtx {
-    pub fn new(group: Group, comm: CpComm, seq: usize) -> CpCtx {
+impl<B: Backend> CpCtx<B> {
+    pub fn new(group: B::Group, comm: CpComm, seq: usize) -> CpCtx<B> {
         let size = group.size();
         CpCtx {
-            rank: group.index,
+            rank: group.index(),
             positions: (0..size).map(|r| comm.positions(seq, size, r)).collect(),
             group,
             size,
@@ -107,34 +99,28 @@ fn tag(layer: u32, mb: u32, pass: Pass, step: usize, part: u64) -> u64 {
 
 /// What the attention core keeps for backward under CP: Q, K, V (head shards of the whole
 /// sequence with Ulysses, sequence shards otherwise) and the log-sum-exp, unless recomputed.
-pub struct CoreSaved {
-    pub q: Tensor,
-    pub k: Tensor,
-    pub v: Tensor,
-    pub attn: AttnSaved,
+pub struct CoreSaved<B: Backend> {
+    pub q: B::Tensor,
+    pub k: B::Tensor,
+    pub v: B::Tensor,
+    pub attn: AttnSaved<B::Tensor>,
 }
 
 /// The running statistics of the online softmax as tracked tensors.
-struct Stats {
-    max: Tensor,
-    sum: Tensor,
+struct Stats<B: Backend> {
+    max: B::Tensor,
+    sum: B::Tensor,
 }
 
-impl Stats {
-    fn new(len: usize) -> Stats {
-        let mut max = Tensor::zeros(Category::Buffers, &[len]);
-        max.data_mut().fill(f32::NEG_INFINITY);
-        Stats {
+impl<B: Backend> Stats<B> {
+    /// Statistics before any key: maximum -inf, sum 0.
+    fn new(ops: &B::Device, len: usize) -> Result<Stats<B>, ExecError> {
+        let mut max = zeros::<B>(ops, Category::Buffers, &[len])?;
+        ops.fill(&mut max, f32::NEG_INFINITY)?;
+        Ok(Stats {
             max,
-            sum: Tensor::zeros(Category::Buffers, &[len]),
-        }
-    }
-
-    fn online(&mut self) -> Online<'_> {
-        Online {
-            max: self.max.data_mut(),
-            sum: self.sum.data_mut(),
-        }
+            sum: zeros::<B>(ops, Category::Buffers, &[len])?,
+        })
     }
 }
 
@@ -146,7 +132,7 @@ fn timed<R>(f: impl FnOnce() -> R) -> (R, f64) {
 }
 
 /// The shape of this rank's attention (its TP share of the heads).
-fn shape(ctx: &Ctx) -> BlockShape {
+fn shape<B: Backend>(ctx: &Ctx<B>) -> BlockShape {
     BlockShape {
         b: ctx.plan.model.micro_batch,
         hq: ctx.rd.a_r,
@@ -157,14 +143,14 @@ fn shape(ctx: &Ctx) -> BlockShape {
 
 /// Forward of the attention core of layer `layer` on the sequence shards `q`, `k`, `v`
 /// (rotary applied): the output [n, a_r d] (the projection's input) and what backward needs.
-pub fn forward(
-    ctx: &mut Ctx,
+pub fn forward<B: Backend>(
+    ctx: &mut Ctx<B>,
     layer: u32,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    q: B::Tensor,
+    k: B::Tensor,
+    v: B::Tensor,
     keep: Keep,
-) -> Result<(Tensor, CoreSaved), ExecError> {
+) -> Result<(B::Tensor, CoreSaved<B>), ExecError> {
     let comm = ctx.cp.as_ref().map(|c| c.comm).expect("cp context");
     match comm {
         CpComm::Ring | CpComm::Zigzag => ring::forward(ctx, layer, q, k, v, keep),
@@ -175,23 +161,27 @@ pub fn forward(
 
 /// FlashAttention-2's D = rowsum(dO * O) per row and head of the sequence shard, [n, a_r]:
 /// computed before the output `o` goes to the projection's weight gradient.
-pub fn row_delta(ctx: &Ctx, dout: &Tensor, o: &Tensor) -> Tensor {
+pub fn row_delta<B: Backend>(
+    ctx: &Ctx<B>,
+    dout: &B::Tensor,
+    o: &B::Tensor,
+) -> Result<B::Tensor, ExecError> {
     let sh = shape(ctx);
     let rows = dout.rows() / sh.b;
-    let mut out = Tensor::zeros(Category::Buffers, &[sh.b * rows * sh.hq]);
-    flash::delta(&sh, rows, dout.data(), o.data(), out.data_mut());
-    out
+    let mut out = ctx.zeros_f32(Category::Buffers, &[sh.b * rows * sh.hq])?;
+    ctx.ops.flash_delta(&sh, rows, dout, o, &mut out)?;
+    Ok(out)
 }
 
 /// Backward of the attention core: dQ, dK, dV as sequence shards [n, ..] (rotary not yet
 /// undone) from the output gradient `dout` and its [`row_delta`].
-pub fn backward(
-    ctx: &mut Ctx,
+pub fn backward<B: Backend>(
+    ctx: &mut Ctx<B>,
     layer: u32,
-    s: CoreSaved,
-    delta: Tensor,
-    dout: Tensor,
-) -> Result<(Tensor, Tensor, Tensor), ExecError> {
+    s: CoreSaved<B>,
+    delta: B::Tensor,
+    dout: B::Tensor,
+) -> Result<Grads<B>, ExecError> {
     let comm = ctx.cp.as_ref().map(|c| c.comm).expect("cp context");
     match comm {
         CpComm::Ring | CpComm::Zigzag => ring::backward(ctx, layer, s, delta, dout),
@@ -201,9 +191,9 @@ pub fn backward(
 }
 
 /// The log-sum-exp to keep (`Keep::Lse`) or nothing (selective recomputation).
-fn saved_lse(keep: Keep, lse: Tensor) -> AttnSaved {
+fn saved_lse<B: Backend>(ops: &B::Device, keep: Keep, lse: B::Tensor) -> AttnSaved<B::Tensor> {
     match keep {
         Keep::Nothing => AttnSaved::None,
-        _ => AttnSaved::Lse(lse.recat(Category::Activations)),
+        _ => AttnSaved::Lse(ops.recat(lse, Category::Activations)),
     }
 }

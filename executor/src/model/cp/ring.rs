@@ -6,20 +6,29 @@
 //! hops each). Under a causal mask a block wholly in a rank's future is skipped; the contiguous
 //! layout leaves rank r with r + 1/2 blocks of work, the zigzag layout every rank with cp.
 
-use super::{saved_lse, shape, tag, timed, CoreSaved, Pass, Stats};
-use crate::backend::cpu::ops::attention::{AttnSaved, Keep};
-use crate::backend::cpu::ops::flash::{self, Side};
-use crate::backend::cpu::{Category, Tensor};
-use crate::backend::Collectives;
+use super::{saved_lse, shape, tag, timed, CoreSaved, Grads, Pass, Stats};
+use crate::backend::Side;
+use crate::backend::{AttnSaved, Keep};
+use crate::backend::{Backend, DeviceTensor};
+use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
 use crate::error::ExecError;
+use crate::memory::Category;
 use crate::model::Ctx;
 
 const KEYS: u64 = 0;
 const VALUES: u64 = 1;
-const GRADS: u64 = 2;
+/// The dK and dV accumulators travel as two messages.
+const GRADS_K: u64 = 2;
+const GRADS_V: u64 = 3;
 
 /// Sends a K/V block to the next rank; returns the seconds it took.
-fn send_kv(ctx: &Ctx, to: u32, tags: (u64, u64), k: &[f32], v: &[f32]) -> Result<f64, ExecError> {
+fn send_kv<B: Backend>(
+    ctx: &Ctx<B>,
+    to: u32,
+    tags: (u64, u64),
+    k: View<'_, B::Tensor>,
+    v: View<'_, B::Tensor>,
+) -> Result<f64, ExecError> {
     let (r, dt) = timed(|| -> Result<(), ExecError> {
         ctx.comm.send(to, tags.0, k)?;
         ctx.comm.send(to, tags.1, v)
@@ -28,43 +37,47 @@ fn send_kv(ctx: &Ctx, to: u32, tags: (u64, u64), k: &[f32], v: &[f32]) -> Result
 }
 
 /// Receives a K/V block (K then V, `kv_len` each) into `buf`; returns the seconds it took.
-fn recv_kv(
-    ctx: &Ctx,
+fn recv_kv<B: Backend>(
+    ctx: &Ctx<B>,
     from: u32,
     tags: (u64, u64),
-    buf: &mut Tensor,
+    buf: &mut B::Tensor,
     kv_len: usize,
 ) -> Result<f64, ExecError> {
-    let (k, v) = buf.data_mut().split_at_mut(kv_len);
     let (r, dt) = timed(|| -> Result<(), ExecError> {
-        ctx.comm.recv(from, tags.0, k)?;
-        ctx.comm.recv(from, tags.1, v)
+        ctx.comm
+            .recv(from, tags.0, ViewMut::all(buf).sub(0..kv_len))?;
+        ctx.comm
+            .recv(from, tags.1, ViewMut::all(buf).sub(kv_len..2 * kv_len))
     });
     r.map(|()| dt)
 }
 
 /// The visiting block's K and V: this rank's own at the first step, else the received block.
-fn block<'t>(
-    cur: &'t Option<Tensor>,
-    k: &'t Tensor,
-    v: &'t Tensor,
+fn block<'t, B: Backend>(
+    cur: &'t Option<B::Tensor>,
+    k: &'t B::Tensor,
+    v: &'t B::Tensor,
     kv_len: usize,
-) -> (&'t [f32], &'t [f32]) {
+) -> (View<'t, B::Tensor>, View<'t, B::Tensor>) {
     match cur {
-        None => (k.data(), v.data()),
-        Some(c) => c.data().split_at(kv_len),
+        None => (View::all(k), View::all(v)),
+        Some(c) => (
+            View::all(c).sub(0..kv_len),
+            View::all(c).sub(kv_len..2 * kv_len),
+        ),
     }
 }
 
 /// The forward pass of the ring; returns (output, lse).
-fn pass(
-    ctx: &mut Ctx,
+fn pass<B: Backend>(
+    ctx: &mut Ctx<B>,
     layer: u32,
     which: Pass,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-) -> Result<(Tensor, Tensor), ExecError> {
+    q: &B::Tensor,
+    k: &B::Tensor,
+    v: &B::Tensor,
+) -> Result<(B::Tensor, B::Tensor), ExecError> {
     let sh = shape(ctx);
     let mb = ctx.mb;
     let count = matches!(which, Pass::Forward);
@@ -73,10 +86,10 @@ fn pass(
     let (next, prev) = (cp.next(), cp.prev());
     let s_loc = cp.positions[me].len();
     let kv_len = k.len();
-    let mut acc = Tensor::zeros(Category::Activations, &[q.rows(), q.cols()]);
-    let mut st = Stats::new(sh.b * sh.hq * s_loc);
-    let mut tile = Tensor::zeros(Category::Buffers, &[s_loc, s_loc]);
-    let mut cur: Option<Tensor> = None;
+    let mut acc = ctx.zeros(Category::Activations, &[q.rows(), q.cols()])?;
+    let mut st = Stats::<B>::new(&ctx.ops, sh.b * sh.hq * s_loc)?;
+    let mut tile = ctx.zeros(Category::Buffers, &[s_loc, s_loc])?;
+    let mut cur: Option<B::Tensor> = None;
     for t in 0..size {
         let src = (me + size - t) % size;
         let mut comm_s = 0.0;
@@ -85,10 +98,10 @@ fn pass(
             tag(layer, mb, which, t, KEYS),
             tag(layer, mb, which, t, VALUES),
         );
-        let (kb, vb) = block(&cur, k, v, kv_len);
+        let (kb, vb) = block::<B>(&cur, k, v, kv_len);
         if t + 1 < size {
-            comm_s += send_kv(ctx, next, tags, kb, vb)?;
-            nxt = Some(Tensor::zeros(Category::Buffers, &[2 * kv_len]));
+            comm_s += send_kv(ctx, next, tags, kb.clone(), vb.clone())?;
+            nxt = Some(ctx.zeros(Category::Buffers, &[2 * kv_len])?);
         }
         let cp = ctx.cp.as_ref().expect("cp context");
         let qs = Side {
@@ -100,18 +113,20 @@ fn pass(
             tile: s_loc,
         };
         let (work, compute_s) = timed(|| {
-            flash::forward_block(
+            ctx.ops.flash_fwd_block(
                 &sh,
-                q.data(),
+                q,
                 qs,
                 kb,
                 vb,
                 ks,
-                acc.data_mut(),
-                &mut st.online(),
-                tile.data_mut(),
+                &mut acc,
+                &mut st.max,
+                &mut st.sum,
+                &mut tile,
             )
         });
+        let work = work?;
         if let Some(mut n) = nxt {
             comm_s += recv_kv(ctx, prev, tags, &mut n, kv_len)?;
             cur = Some(n);
@@ -123,36 +138,37 @@ fn pass(
         cp.record(false, t, compute_s, comm_s);
     }
     drop((cur, tile));
-    let mut lse = Tensor::zeros(Category::Buffers, &[sh.b * sh.hq * s_loc]);
-    flash::finish(&sh, s_loc, acc.data_mut(), &st.online(), lse.data_mut());
+    let mut lse = ctx.zeros_f32(Category::Buffers, &[sh.b * sh.hq * s_loc])?;
+    ctx.ops
+        .flash_finish(&sh, s_loc, &mut acc, &st.max, &st.sum, &mut lse)?;
     Ok((acc, lse))
 }
 
-pub fn forward(
-    ctx: &mut Ctx,
+pub fn forward<B: Backend>(
+    ctx: &mut Ctx<B>,
     layer: u32,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    q: B::Tensor,
+    k: B::Tensor,
+    v: B::Tensor,
     keep: Keep,
-) -> Result<(Tensor, CoreSaved), ExecError> {
+) -> Result<(B::Tensor, CoreSaved<B>), ExecError> {
     let which = if ctx.recomputing {
         Pass::Recompute
     } else {
         Pass::Forward
     };
     let (o, lse) = pass(ctx, layer, which, &q, &k, &v)?;
-    let attn = saved_lse(keep, lse);
+    let attn = saved_lse::<B>(&ctx.ops, keep, lse);
     Ok((o, CoreSaved { q, k, v, attn }))
 }
 
-pub fn backward(
-    ctx: &mut Ctx,
+pub fn backward<B: Backend>(
+    ctx: &mut Ctx<B>,
     layer: u32,
-    s: CoreSaved,
-    delta: Tensor,
-    dout: Tensor,
-) -> Result<(Tensor, Tensor, Tensor), ExecError> {
+    s: CoreSaved<B>,
+    delta: B::Tensor,
+    dout: B::Tensor,
+) -> Result<Grads<B>, ExecError> {
     let CoreSaved { q, k, v, attn } = s;
     let lse = match attn {
         AttnSaved::Lse(l) => l,
@@ -167,26 +183,34 @@ pub fn backward(
     let s_loc = cp.positions[me].len();
     let kv_len = k.len();
     let b = Category::Buffers;
-    let mut dq = Tensor::zeros(b, &[q.rows(), q.cols()]);
-    let mut dk = Tensor::zeros(b, &[k.rows(), k.cols()]);
-    let mut dv = Tensor::zeros(b, &[v.rows(), v.cols()]);
-    let mut p_tile = Tensor::zeros(b, &[s_loc, s_loc]);
-    let mut dp_tile = Tensor::zeros(b, &[s_loc, s_loc]);
-    let mut cur: Option<Tensor> = None;
-    let mut acc: Option<Tensor> = None;
+    let mut dq = ctx.zeros(b, &[q.rows(), q.cols()])?;
+    let mut dk = ctx.zeros(b, &[k.rows(), k.cols()])?;
+    let mut dv = ctx.zeros(b, &[v.rows(), v.cols()])?;
+    let mut p_tile = ctx.zeros(b, &[s_loc, s_loc])?;
+    let mut dp_tile = ctx.zeros(b, &[s_loc, s_loc])?;
+    let mut cur: Option<B::Tensor> = None;
+    let mut acc: Option<(B::Tensor, B::Tensor)> = None;
     let which = Pass::Backward;
     for t in 0..size {
         let src = (me + size - t) % size;
         let mut comm_s = 0.0;
         // Post the next step's buffers (K/V, and the dK/dV accumulator from step 2 on).
-        let nxt = (t + 1 < size).then(|| Tensor::zeros(b, &[2 * kv_len]));
-        let nxt_acc = (t + 1 < size && t >= 1).then(|| Tensor::zeros(b, &[2 * kv_len]));
+        let nxt = if t + 1 < size {
+            Some(ctx.zeros(b, &[2 * kv_len])?)
+        } else {
+            None
+        };
+        let nxt_acc = if t + 1 < size && t >= 1 {
+            Some((ctx.zeros(b, &[kv_len])?, ctx.zeros(b, &[kv_len])?))
+        } else {
+            None
+        };
         let tags = (
             tag(layer, mb, which, t, KEYS),
             tag(layer, mb, which, t, VALUES),
         );
         if t + 1 < size {
-            let (kb, vb) = block(&cur, &k, &v, kv_len);
+            let (kb, vb) = block::<B>(&cur, &k, &v, kv_len);
             comm_s += send_kv(ctx, next, tags, kb, vb)?;
         }
         let cp = ctx.cp.as_ref().expect("cp context");
@@ -199,56 +223,62 @@ pub fn backward(
             tile: s_loc,
         };
         let compute_s = if t == 0 {
-            timed(|| {
-                flash::backward_block(
+            let (r, dt) = timed(|| {
+                ctx.ops.flash_bwd_block(
                     &sh,
-                    q.data(),
+                    &q,
                     qs,
-                    k.data(),
-                    v.data(),
+                    View::all(&k),
+                    View::all(&v),
                     ks,
-                    dout.data(),
-                    lse.data(),
-                    delta.data(),
-                    dq.data_mut(),
-                    dk.data_mut(),
-                    dv.data_mut(),
-                    p_tile.data_mut(),
-                    dp_tile.data_mut(),
+                    &dout,
+                    &lse,
+                    &delta,
+                    &mut dq,
+                    ViewMut::all(&mut dk),
+                    ViewMut::all(&mut dv),
+                    &mut p_tile,
+                    &mut dp_tile,
                 )
-            })
-            .1
+            });
+            r?;
+            dt
         } else {
             let c = cur.as_ref().expect("visiting block");
-            let (kb, vb) = c.data().split_at(kv_len);
-            // The first visitor starts the block's accumulator.
-            let mut a = acc
-                .take()
-                .unwrap_or_else(|| Tensor::zeros(b, &[2 * kv_len]));
-            let (dkb, dvb) = a.data_mut().split_at_mut(kv_len);
-            let dt = timed(|| {
-                flash::backward_block(
+            let (kb, vb) = (
+                View::all(c).sub(0..kv_len),
+                View::all(c).sub(kv_len..2 * kv_len),
+            );
+            // The first visitor starts the block's accumulators (dK, dV).
+            let (mut ak, mut av) = match acc.take() {
+                Some(a) => a,
+                None => (ctx.zeros(b, &[kv_len])?, ctx.zeros(b, &[kv_len])?),
+            };
+            let (r, dt) = timed(|| {
+                ctx.ops.flash_bwd_block(
                     &sh,
-                    q.data(),
+                    &q,
                     qs,
                     kb,
                     vb,
                     ks,
-                    dout.data(),
-                    lse.data(),
-                    delta.data(),
-                    dq.data_mut(),
-                    dkb,
-                    dvb,
-                    p_tile.data_mut(),
-                    dp_tile.data_mut(),
+                    &dout,
+                    &lse,
+                    &delta,
+                    &mut dq,
+                    ViewMut::all(&mut ak),
+                    ViewMut::all(&mut av),
+                    &mut p_tile,
+                    &mut dp_tile,
                 )
-            })
-            .1;
+            });
+            r?;
             // On to the next rank (the block's home after the last step).
-            let (r, ct) = timed(|| {
+            let (r, ct) = timed(|| -> Result<(), ExecError> {
                 ctx.comm
-                    .send(next, tag(layer, mb, which, t, GRADS), a.data())
+                    .send(next, tag(layer, mb, which, t, GRADS_K), View::all(&ak))?;
+                ctx.comm
+                    .send(next, tag(layer, mb, which, t, GRADS_V), View::all(&av))
             });
             r?;
             comm_s += ct;
@@ -258,14 +288,22 @@ pub fn backward(
             comm_s += recv_kv(ctx, prev, tags, &mut n, kv_len)?;
             cur = Some(n);
         }
-        if let Some(mut a) = nxt_acc {
-            let (r, dt) = timed(|| {
-                ctx.comm
-                    .recv(prev, tag(layer, mb, which, t, GRADS), a.data_mut())
+        if let Some((mut ak, mut av)) = nxt_acc {
+            let (r, dt) = timed(|| -> Result<(), ExecError> {
+                ctx.comm.recv(
+                    prev,
+                    tag(layer, mb, which, t, GRADS_K),
+                    ViewMut::all(&mut ak),
+                )?;
+                ctx.comm.recv(
+                    prev,
+                    tag(layer, mb, which, t, GRADS_V),
+                    ViewMut::all(&mut av),
+                )
             });
             r?;
             comm_s += dt;
-            acc = Some(a);
+            acc = Some((ak, av));
         }
         ctx.cp
             .as_mut()
@@ -275,18 +313,23 @@ pub fn backward(
     drop((cur, acc, p_tile, dp_tile, delta, lse, q, k, v, dout));
     if size > 1 {
         // This rank's own block comes home with every other rank's contribution.
-        let mut home = Tensor::zeros(b, &[2 * kv_len]);
-        let (r, dt) = timed(|| {
+        let (mut hk, mut hv) = (ctx.zeros(b, &[kv_len])?, ctx.zeros(b, &[kv_len])?);
+        let last = size - 1;
+        let (r, dt) = timed(|| -> Result<(), ExecError> {
             ctx.comm.recv(
                 prev,
-                tag(layer, mb, which, size - 1, GRADS),
-                home.data_mut(),
+                tag(layer, mb, which, last, GRADS_K),
+                ViewMut::all(&mut hk),
+            )?;
+            ctx.comm.recv(
+                prev,
+                tag(layer, mb, which, last, GRADS_V),
+                ViewMut::all(&mut hv),
             )
         });
         r?;
-        let (hk, hv) = home.data().split_at(kv_len);
-        dk.data_mut().iter_mut().zip(hk).for_each(|(x, y)| *x += y);
-        dv.data_mut().iter_mut().zip(hv).for_each(|(x, y)| *x += y);
+        ctx.ops.axpy(1.0, View::all(&hk), ViewMut::all(&mut dk))?;
+        ctx.ops.axpy(1.0, View::all(&hv), ViewMut::all(&mut dv))?;
         ctx.cp
             .as_mut()
             .expect("cp context")

@@ -4,22 +4,13 @@
 //! (Korthikanti et al. 2022). Without either (selective recompute) backward recomputes the
 //! softmax from Q and K.
 
-use super::gemm::{gemm, View};
-use crate::backend::cpu::memory::Category;
+use super::elementwise::round_bf16_slice;
+use super::gemm::{gemm, GemmCounter, View};
 use crate::backend::cpu::tensor::Tensor;
-
-/// Shapes of one attention call on one rank.
-#[derive(Debug, Clone, Copy)]
-pub struct AttnShape {
-    /// Sequences in the microbatch.
-    pub b: usize,
-    pub s: usize,
-    /// Query heads on this rank.
-    pub heads: usize,
-    /// K/V heads on this rank.
-    pub kv_heads: usize,
-    pub d: usize,
-}
+use crate::backend::cpu::CpuOps;
+use crate::backend::DType;
+pub use crate::backend::{AttnShape, Keep};
+use crate::memory::Category;
 
 impl AttnShape {
     fn views(&self, bi: usize, hq: usize) -> (View, View) {
@@ -35,21 +26,22 @@ impl AttnShape {
     }
 }
 
-/// What the forward keeps for backward.
-pub enum AttnSaved {
-    /// The softmax, [b, heads, s, s].
-    Probs(Tensor),
-    /// The log-sum-exp of each query row, [b, heads, s].
-    Lse(Tensor),
-    /// Nothing (selective recompute).
-    None,
-}
+/// What the CPU attention forward keeps for backward.
+pub type AttnSaved = crate::backend::AttnSaved<Tensor>;
 
 /// Scores into `sc` and the row-wise softmax in place; returns nothing. Masked entries are 0.
-fn scores(sh: &AttnShape, q: &[f32], k: &[f32], bi: usize, hq: usize, sc: &mut [f32]) {
+fn scores(
+    g: &GemmCounter,
+    sh: &AttnShape,
+    q: &[f32],
+    k: &[f32],
+    bi: usize,
+    hq: usize,
+    sc: &mut [f32],
+) {
     let (qv, kv) = sh.views(bi, hq);
     let s = sh.s;
-    gemm(sh.scale(), q, qv, k, kv.t(), 0.0, sc, View::rm(s, s));
+    gemm(g, sh.scale(), q, qv, k, kv.t(), 0.0, sc, View::rm(s, s));
 }
 
 fn softmax_rows(sc: &mut [f32], s: usize, lse_out: Option<&mut [f32]>) {
@@ -74,28 +66,37 @@ fn softmax_rows(sc: &mut [f32], s: usize, lse_out: Option<&mut [f32]>) {
     }
 }
 
-/// o = softmax(q k^T / sqrt(d), causal) v; returns what `keep` asks to save.
+/// o = softmax(q k^T / sqrt(d), causal) v; returns what `keep` asks to save. The
+/// probabilities are stored in `probs_dtype` (rounded before they multiply V, as a bf16 softmax
+/// kernel's output would be).
+#[allow(clippy::too_many_arguments)]
 pub fn attn_fwd(
+    dev: &CpuOps,
     sh: &AttnShape,
     q: &[f32],
     k: &[f32],
     v: &[f32],
     o: &mut [f32],
     keep: Keep,
+    probs_dtype: DType,
 ) -> AttnSaved {
     let s = sh.s;
+    let g = dev.gemm_counter();
     let mut probs = match keep {
-        Keep::Probs => Some(Tensor::zeros(
+        Keep::Probs => Some(Tensor::typed(
+            dev.memory(),
             Category::Activations,
+            probs_dtype,
             &[sh.b, sh.heads, s, s],
+            vec![0.0; sh.b * sh.heads * s * s],
         )),
         _ => None,
     };
     let mut lse = match keep {
-        Keep::Lse => Some(Tensor::zeros(Category::Activations, &[sh.b, sh.heads, s])),
+        Keep::Lse => Some(dev.zeros(Category::Activations, &[sh.b, sh.heads, s])),
         _ => None,
     };
-    let mut scratch = Tensor::zeros(Category::Buffers, &[s, s]);
+    let mut scratch = dev.zeros(Category::Buffers, &[s, s]);
     for bi in 0..sh.b {
         for hq in 0..sh.heads {
             let idx = bi * sh.heads + hq;
@@ -103,15 +104,18 @@ pub fn attn_fwd(
                 Some(p) => &mut p.data_mut()[idx * s * s..(idx + 1) * s * s],
                 None => scratch.data_mut(),
             };
-            scores(sh, q, k, bi, hq, sc);
+            scores(g, sh, q, k, bi, hq, sc);
             softmax_rows(
                 sc,
                 s,
                 lse.as_mut()
                     .map(|l| &mut l.data_mut()[idx * s..(idx + 1) * s]),
             );
+            if probs_dtype == DType::Bf16 {
+                round_bf16_slice(sc);
+            }
             let (qv, kv) = sh.views(bi, hq);
-            gemm(1.0, sc, View::rm(s, s), v, kv, 0.0, o, qv);
+            gemm(g, 1.0, sc, View::rm(s, s), v, kv, 0.0, o, qv);
         }
     }
     match (probs, lse) {
@@ -121,17 +125,10 @@ pub fn attn_fwd(
     }
 }
 
-/// What the attention forward saves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Keep {
-    Probs,
-    Lse,
-    Nothing,
-}
-
 /// dq (written), dk and dv (written) from do.
 #[allow(clippy::too_many_arguments)]
 pub fn attn_bwd(
+    dev: &CpuOps,
     sh: &AttnShape,
     q: &[f32],
     k: &[f32],
@@ -143,10 +140,11 @@ pub fn attn_bwd(
     dv: &mut [f32],
 ) {
     let s = sh.s;
+    let g = dev.gemm_counter();
     dk.fill(0.0);
     dv.fill(0.0);
-    let mut p_buf = Tensor::zeros(Category::Buffers, &[s, s]);
-    let mut dp = Tensor::zeros(Category::Buffers, &[s, s]);
+    let mut p_buf = dev.zeros(Category::Buffers, &[s, s]);
+    let mut dp = dev.zeros(Category::Buffers, &[s, s]);
     for bi in 0..sh.b {
         for hq in 0..sh.heads {
             let idx = bi * sh.heads + hq;
@@ -154,7 +152,7 @@ pub fn attn_bwd(
                 AttnSaved::Probs(t) => &t.data()[idx * s * s..(idx + 1) * s * s],
                 AttnSaved::Lse(l) => {
                     let pb = p_buf.data_mut();
-                    scores(sh, q, k, bi, hq, pb);
+                    scores(g, sh, q, k, bi, hq, pb);
                     let lse = &l.data()[idx * s..(idx + 1) * s];
                     for i in 0..s {
                         for j in 0..s {
@@ -169,17 +167,17 @@ pub fn attn_bwd(
                 }
                 AttnSaved::None => {
                     let pb = p_buf.data_mut();
-                    scores(sh, q, k, bi, hq, pb);
+                    scores(g, sh, q, k, bi, hq, pb);
                     softmax_rows(pb, s, None);
                     p_buf.data()
                 }
             };
             let (qv, kv) = sh.views(bi, hq);
             // dV += P^T dO
-            gemm(1.0, p, View::rm(s, s).t(), dout, qv, 1.0, dv, kv);
+            gemm(g, 1.0, p, View::rm(s, s).t(), dout, qv, 1.0, dv, kv);
             // dP = dO V^T
             let dpd = dp.data_mut();
-            gemm(1.0, dout, qv, v, kv.t(), 0.0, dpd, View::rm(s, s));
+            gemm(g, 1.0, dout, qv, v, kv.t(), 0.0, dpd, View::rm(s, s));
             // dS = P * (dP - rowsum(dP * P))
             for i in 0..s {
                 let row = &mut dpd[i * s..(i + 1) * s];
@@ -194,8 +192,8 @@ pub fn attn_bwd(
                 }
             }
             // dQ = dS K * scale; dK += dS^T Q * scale
-            gemm(sh.scale(), dpd, View::rm(s, s), k, kv, 0.0, dq, qv);
-            gemm(sh.scale(), dpd, View::rm(s, s).t(), q, qv, 1.0, dk, kv);
+            gemm(g, sh.scale(), dpd, View::rm(s, s), k, kv, 0.0, dq, qv);
+            gemm(g, sh.scale(), dpd, View::rm(s, s).t(), q, qv, 1.0, dk, kv);
         }
     }
 }

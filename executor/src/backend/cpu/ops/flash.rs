@@ -6,30 +6,13 @@
 //! gathered layouts; the causal mask compares positions, and a pair of position runs that is
 //! entirely in the future is skipped.
 
-use super::gemm::{gemm, View};
-
-/// Shapes shared by the query and key sides: `b` sequences, `hq` query heads and `hk` K/V
-/// heads of `d` features (GQA: query head h reads K/V head h / (hq / hk)).
-#[derive(Debug, Clone, Copy)]
-pub struct BlockShape {
-    pub b: usize,
-    pub hq: usize,
-    pub hk: usize,
-    pub d: usize,
-}
+use super::gemm::{gemm, GemmCounter, View};
+pub use crate::backend::{BlockShape, Side};
 
 impl BlockShape {
     fn scale(&self) -> f32 {
         1.0 / (self.d as f32).sqrt()
     }
-}
-
-/// One side of a block: rows of `b` sequences, [b, pos.len(), heads, d] row-major, row i of a
-/// sequence at position `pos[i]`, processed in runs of at most `tile` rows.
-#[derive(Debug, Clone, Copy)]
-pub struct Side<'a> {
-    pub pos: &'a [u32],
-    pub tile: usize,
 }
 
 impl Side<'_> {
@@ -155,6 +138,7 @@ fn for_each_pair(sh: &BlockShape, qs: Side, ks: Side, mut f: impl FnMut(&Pair)) 
 /// elements computed (the causal work).
 #[allow(clippy::too_many_arguments)]
 pub fn forward_block(
+    g: &GemmCounter,
     sh: &BlockShape,
     q: &[f32],
     qs: Side,
@@ -170,7 +154,7 @@ pub fn forward_block(
     let mut work = 0u64;
     for_each_pair(sh, qs, ks, |pr| {
         let (rn, cn) = (pr.rn, pr.cn);
-        gemm(sh.scale(), q, pr.qv, k, pr.kv.t(), 0.0, tile, pr.tv);
+        gemm(g, sh.scale(), q, pr.qv, k, pr.kv.t(), 0.0, tile, pr.tv);
         for i in 0..rn {
             let n_vis = pr.visible(i);
             let row = &mut tile[i * cn..(i + 1) * cn];
@@ -200,18 +184,25 @@ pub fn forward_block(
                 acc[o..o + d].iter_mut().for_each(|x| *x *= alpha);
             }
         }
-        gemm(1.0, tile, pr.tv, v, pr.kv, 1.0, acc, pr.qv);
+        gemm(g, 1.0, tile, pr.tv, v, pr.kv, 1.0, acc, pr.qv);
     });
     work
 }
 
 /// Normalises the running output into `o` (in place) and writes the log-sum-exp.
-pub fn finish(sh: &BlockShape, rows: usize, o: &mut [f32], st: &Online, lse: &mut [f32]) {
+pub fn finish(
+    sh: &BlockShape,
+    rows: usize,
+    o: &mut [f32],
+    max: &[f32],
+    sum: &[f32],
+    lse: &mut [f32],
+) {
     for bi in 0..sh.b {
         for h in 0..sh.hq {
             for i in 0..rows {
                 let si = (bi * sh.hq + h) * rows + i;
-                let (m, l) = (st.max[si], st.sum[si]);
+                let (m, l) = (max[si], sum[si]);
                 lse[si] = m + l.ln();
                 let off = ((bi * rows + i) * sh.hq + h) * sh.d;
                 o[off..off + sh.d].iter_mut().for_each(|x| *x /= l);
@@ -243,6 +234,7 @@ pub fn delta(sh: &BlockShape, rows: usize, dout: &[f32], o: &[f32], out: &mut [f
 /// score elements.
 #[allow(clippy::too_many_arguments)]
 pub fn backward_block(
+    g: &GemmCounter,
     sh: &BlockShape,
     q: &[f32],
     qs: Side,
@@ -263,7 +255,7 @@ pub fn backward_block(
     let mut work = 0u64;
     for_each_pair(sh, qs, ks, |pr| {
         let (rn, cn, tv) = (pr.rn, pr.cn, pr.tv);
-        gemm(scale, q, pr.qv, k, pr.kv.t(), 0.0, p_tile, tv);
+        gemm(g, scale, q, pr.qv, k, pr.kv.t(), 0.0, p_tile, tv);
         for i in 0..rn {
             let n_vis = pr.visible(i);
             work += n_vis as u64;
@@ -273,8 +265,8 @@ pub fn backward_block(
             row[n_vis..].fill(0.0);
         }
         // dV += P^T dO; dP = dO V^T
-        gemm(1.0, p_tile, tv.t(), dout, pr.qv, 1.0, dv, pr.kv);
-        gemm(1.0, dout, pr.qv, v, pr.kv.t(), 0.0, dp_tile, tv);
+        gemm(g, 1.0, p_tile, tv.t(), dout, pr.qv, 1.0, dv, pr.kv);
+        gemm(g, 1.0, dout, pr.qv, v, pr.kv.t(), 0.0, dp_tile, tv);
         // dS = P * (dP - D)
         for i in 0..rn {
             let dl = delta[(pr.bi * sq + pr.r0 + i) * sh.hq + pr.h];
@@ -287,8 +279,8 @@ pub fn backward_block(
             }
         }
         // dQ += scale dS K; dK += scale dS^T Q
-        gemm(scale, dp_tile, tv, k, pr.kv, 1.0, dq, pr.qv);
-        gemm(scale, dp_tile, tv.t(), q, pr.qv, 1.0, dk, pr.kv);
+        gemm(g, scale, dp_tile, tv, k, pr.kv, 1.0, dq, pr.qv);
+        gemm(g, scale, dp_tile, tv.t(), q, pr.qv, 1.0, dk, pr.kv);
     });
     work
 }
@@ -297,6 +289,7 @@ pub fn backward_block(
 mod tests {
     use super::*;
     use crate::backend::cpu::ops::attention::{attn_bwd, attn_fwd, AttnSaved, AttnShape, Keep};
+    use crate::backend::cpu::CpuOps;
 
     fn rand(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed
@@ -336,10 +329,21 @@ mod tests {
             d,
         };
         let mut o_ref = vec![0.0; q.len()];
-        let saved = attn_fwd(&ash, &q, &k, &v, &mut o_ref, Keep::Probs);
+        let dev = CpuOps::new();
+        let saved = attn_fwd(
+            &dev,
+            &ash,
+            &q,
+            &k,
+            &v,
+            &mut o_ref,
+            Keep::Probs,
+            crate::backend::DType::F32,
+        );
         let (mut dq_ref, mut dk_ref, mut dv_ref) =
             (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
         attn_bwd(
+            &dev,
             &ash,
             &q,
             &k,
@@ -377,6 +381,7 @@ mod tests {
                 sum: &mut sm,
             };
             work += forward_block(
+                &dev.gemm_counter().clone(),
                 &sh,
                 &q,
                 qs,
@@ -391,16 +396,7 @@ mod tests {
         // Causal work: s(s+1)/2 per (sequence, head).
         assert_eq!(work as usize, b * hq * s * (s + 1) / 2);
         let mut lse = vec![0.0; b * hq * s];
-        finish(
-            &sh,
-            s,
-            &mut acc,
-            &Online {
-                max: &mut mx,
-                sum: &mut sm,
-            },
-            &mut lse,
-        );
+        finish(&sh, s, &mut acc, &mx, &sm, &mut lse);
         assert!(rel(&acc, &o_ref) < 1e-5, "forward {}", rel(&acc, &o_ref));
 
         let mut dl = vec![0.0; b * hq * s];
@@ -413,6 +409,7 @@ mod tests {
             let ks = Side { pos: &kp, tile: 4 };
             let (mut dkb, mut dvb) = (vec![0.0; b * 4 * hk * d], vec![0.0; b * 4 * hk * d]);
             backward_block(
+                dev.gemm_counter(),
                 &sh,
                 &q,
                 qs,

@@ -1,24 +1,32 @@
 //! Matrix multiplication through `matrixmultiply`'s sgemm (packed, SIMD micro-kernels), with
-//! transposes expressed as strides. Each thread (rank) counts its GEMM FLOPs and seconds, so a
-//! step can report the rate its matmuls ran at ([`gemm_stats`]).
+//! transposes expressed as strides. Each rank's device counts its GEMM FLOPs and seconds in a
+//! [`GemmCounter`], so a step can report the rate its matmuls ran at.
 
-use std::cell::Cell;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-thread_local! {
-    static GEMM_FLOPS: Cell<f64> = const { Cell::new(0.0) };
-    static GEMM_SECONDS: Cell<f64> = const { Cell::new(0.0) };
+/// FLOPs and seconds of the GEMMs of one rank; clones share the count.
+#[derive(Debug, Clone, Default)]
+pub struct GemmCounter {
+    flops_seconds: Arc<Mutex<(f64, f64)>>,
 }
 
-/// (FLOPs, seconds) of this thread's GEMMs since the last [`reset_gemm_stats`].
-pub fn gemm_stats() -> (f64, f64) {
-    (GEMM_FLOPS.with(Cell::get), GEMM_SECONDS.with(Cell::get))
-}
+impl GemmCounter {
+    /// A counter at zero.
+    pub fn new() -> GemmCounter {
+        GemmCounter::default()
+    }
 
-/// Zeroes this thread's GEMM counters.
-pub fn reset_gemm_stats() {
-    GEMM_FLOPS.with(|c| c.set(0.0));
-    GEMM_SECONDS.with(|c| c.set(0.0));
+    fn add(&self, flops: f64, seconds: f64) {
+        let mut c = self.flops_seconds.lock().unwrap_or_else(|e| e.into_inner());
+        c.0 += flops;
+        c.1 += seconds;
+    }
+
+    /// (FLOPs, seconds) counted so far.
+    pub fn get(&self) -> (f64, f64) {
+        *self.flops_seconds.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// A strided matrix view: element (i, j) at `offset + i * rs + j * cs`.
@@ -74,9 +82,11 @@ impl View {
     }
 }
 
-/// C = alpha * A . B + beta * C for strided views (beta = 0 overwrites C, NaNs included).
+/// C = alpha * A . B + beta * C for strided views (beta = 0 overwrites C, NaNs included),
+/// counted in `counter`.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
+    counter: &GemmCounter,
     alpha: f32,
     a: &[f32],
     av: View,
@@ -131,13 +141,21 @@ pub fn gemm(
         );
     }
     let dt = t0.elapsed().as_secs_f64();
-    GEMM_FLOPS.with(|c| c.set(c.get() + 2.0 * (av.rows * av.cols * bv.cols) as f64));
-    GEMM_SECONDS.with(|c| c.set(c.get() + dt));
+    counter.add(2.0 * (av.rows * av.cols * bv.cols) as f64, dt);
 }
 
 /// Y[n, o] = X[n, i] . W[o, i]^T (a linear layer's forward).
-pub fn linear_fwd(x: &[f32], w: &[f32], n: usize, i: usize, o: usize, y: &mut [f32]) {
+pub fn linear_fwd(
+    counter: &GemmCounter,
+    x: &[f32],
+    w: &[f32],
+    n: usize,
+    i: usize,
+    o: usize,
+    y: &mut [f32],
+) {
     gemm(
+        counter,
         1.0,
         x,
         View::rm(n, i),
@@ -150,7 +168,9 @@ pub fn linear_fwd(x: &[f32], w: &[f32], n: usize, i: usize, o: usize, y: &mut [f
 }
 
 /// dX[n, i] (+)= dY[n, o] . W[o, i].
+#[allow(clippy::too_many_arguments)]
 pub fn linear_dgrad(
+    counter: &GemmCounter,
     dy: &[f32],
     w: &[f32],
     n: usize,
@@ -160,6 +180,7 @@ pub fn linear_dgrad(
     acc: bool,
 ) {
     gemm(
+        counter,
         1.0,
         dy,
         View::rm(n, o),
@@ -172,8 +193,17 @@ pub fn linear_dgrad(
 }
 
 /// dW[o, i] += dY[n, o]^T . X[n, i].
-pub fn linear_wgrad(dy: &[f32], x: &[f32], n: usize, i: usize, o: usize, dw: &mut [f32]) {
+pub fn linear_wgrad(
+    counter: &GemmCounter,
+    dy: &[f32],
+    x: &[f32],
+    n: usize,
+    i: usize,
+    o: usize,
+    dw: &mut [f32],
+) {
     gemm(
+        counter,
         1.0,
         dy,
         View::rm(n, o).t(),

@@ -3,7 +3,12 @@
 pub mod activation;
 pub mod adam;
 pub mod attention;
+pub mod cross_entropy;
+pub mod elementwise;
 pub mod flash;
 pub mod gemm;
+pub mod layout;
+pub mod moe;
 pub mod norm;
 pub mod rotary;
+pub mod ulysses;

@@ -1,0 +1,827 @@
+//! The CPU backend's [`Backend`]: its tensors are host buffers, its device the rank's
+//! [`CpuOps`], its collectives the shared-memory [`CpuComm`]. Every op runs to completion
+//! before it returns, so events are plain markers. A write into a bf16 tensor rounds each
+//! element to bf16 (nearest, ties to even) after fp32 accumulation, where a GPU kernel would
+//! round when storing its fp32 result.
+
+use super::ops::{
+    activation, adam, attention, cross_entropy, elementwise, flash, gemm, layout, moe, norm,
+    rotary, ulysses,
+};
+use super::{CpuComm, CpuOps, Group, Tensor};
+use crate::backend::{
+    AttnSaved, AttnShape, Backend, BlockShape, Collectives, DType, Device, DeviceCollectives,
+    DeviceTensor, Keep, ProcessGroup, ReduceOp, Route, Routing, Side, TensorOps, UlyssesGeo,
+    UlyssesLayout, UlyssesPart, View, ViewMut,
+};
+use crate::error::ExecError;
+use crate::memory::{Category, MemoryTracker};
+use crate::plan::{Activation, AdamConfig, MoeShape, Norm};
+use std::ops::Range;
+
+/// The CPU backend (ranks as threads, tensors in host memory).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cpu;
+
+/// A point in the CPU's (synchronous) stream: already reached when made.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuEvent;
+
+impl ProcessGroup for Group {
+    fn size(&self) -> usize {
+        Group::size(self)
+    }
+    fn index(&self) -> usize {
+        self.index
+    }
+    fn members(&self) -> &[u32] {
+        Group::members(self)
+    }
+}
+
+impl Backend for Cpu {
+    type Tensor = Tensor;
+    type Event = CpuEvent;
+    type Group = Group;
+    type Device = CpuOps;
+    type Comm = CpuComm;
+}
+
+/// Rounds `r` of `t` to bf16 when `t` is a bf16 tensor.
+fn store(t: &mut Tensor, r: Range<usize>) {
+    if t.dtype() == DType::Bf16 {
+        elementwise::round_bf16_slice(&mut t.data_mut()[r]);
+    }
+}
+
+fn store_all(t: &mut Tensor) {
+    let n = t.len();
+    store(t, 0..n);
+}
+
+fn src<'a>(v: &'a View<'_, Tensor>) -> &'a [f32] {
+    &v.tensor.data()[v.range.clone()]
+}
+
+fn dst<'a>(v: &'a mut ViewMut<'_, Tensor>) -> &'a mut [f32] {
+    &mut v.tensor.data_mut()[v.range.clone()]
+}
+
+impl Device<Cpu> for CpuOps {
+    fn memory(&self) -> &MemoryTracker {
+        CpuOps::memory(self)
+    }
+
+    #[track_caller]
+    fn alloc(&self, cat: Category, dtype: DType, shape: &[usize]) -> Result<Tensor, ExecError> {
+        let n = shape.iter().product();
+        Ok(Tensor::typed(
+            self.memory(),
+            cat,
+            dtype,
+            shape,
+            vec![0.0; n],
+        ))
+    }
+
+    #[track_caller]
+    fn upload(
+        &self,
+        cat: Category,
+        dtype: DType,
+        shape: &[usize],
+        data: &[f32],
+    ) -> Result<Tensor, ExecError> {
+        let mut t = Tensor::typed(self.memory(), cat, dtype, shape, data.to_vec());
+        store_all(&mut t);
+        Ok(t)
+    }
+
+    fn download(&self, t: View<'_, Tensor>) -> Result<Vec<f32>, ExecError> {
+        Ok(src(&t).to_vec())
+    }
+
+    fn gemm_stats(&self) -> (f64, f64) {
+        self.gemm_counter().get()
+    }
+
+    fn recat(&self, t: Tensor, cat: Category) -> Tensor {
+        t.recat(cat)
+    }
+
+    fn record(&self) -> Result<CpuEvent, ExecError> {
+        Ok(CpuEvent)
+    }
+
+    fn wait(&self, _e: &CpuEvent) -> Result<(), ExecError> {
+        Ok(())
+    }
+}
+
+impl TensorOps<Cpu> for CpuOps {
+    fn linear_fwd(
+        &self,
+        x: &Tensor,
+        w: View<'_, Tensor>,
+        (n, i, o): (usize, usize, usize),
+        y: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let g = self.gemm_counter();
+        gemm::linear_fwd(g, x.data(), src(&w), n, i, o, y.data_mut());
+        store_all(y);
+        Ok(())
+    }
+
+    fn linear_dgrad(
+        &self,
+        dy: &Tensor,
+        w: View<'_, Tensor>,
+        (n, i, o): (usize, usize, usize),
+        dx: &mut Tensor,
+        acc: bool,
+    ) -> Result<(), ExecError> {
+        let g = self.gemm_counter();
+        gemm::linear_dgrad(g, dy.data(), src(&w), n, i, o, dx.data_mut(), acc);
+        store_all(dx);
+        Ok(())
+    }
+
+    fn linear_wgrad(
+        &self,
+        dy: &Tensor,
+        x: &Tensor,
+        (n, i, o): (usize, usize, usize),
+        mut dw: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        let g = self.gemm_counter();
+        gemm::linear_wgrad(g, dy.data(), x.data(), n, i, o, dst(&mut dw));
+        let r = dw.range.clone();
+        store(dw.tensor, r);
+        Ok(())
+    }
+
+    fn norm_fwd(
+        &self,
+        kind: Norm,
+        x: &Tensor,
+        p: View<'_, Tensor>,
+        eps: f32,
+        y: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        norm::norm_fwd(kind, x.data(), src(&p), x.cols(), eps, y.data_mut());
+        store_all(y);
+        Ok(())
+    }
+
+    fn norm_dgrad(
+        &self,
+        kind: Norm,
+        x: &Tensor,
+        p: View<'_, Tensor>,
+        dy: &Tensor,
+        eps: f32,
+        dx: &mut Tensor,
+        acc: bool,
+    ) -> Result<(), ExecError> {
+        let h = x.cols();
+        if acc {
+            norm::norm_dgrad_acc(kind, x.data(), src(&p), dy.data(), h, eps, dx.data_mut());
+        } else {
+            norm::norm_dgrad(kind, x.data(), src(&p), dy.data(), h, eps, dx.data_mut());
+        }
+        store_all(dx);
+        Ok(())
+    }
+
+    fn norm_wgrad(
+        &self,
+        kind: Norm,
+        x: &Tensor,
+        dy: &Tensor,
+        eps: f32,
+        mut dp: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        norm::norm_wgrad(kind, x.data(), dy.data(), x.cols(), eps, dst(&mut dp));
+        let r = dp.range.clone();
+        store(dp.tensor, r);
+        Ok(())
+    }
+
+    fn rotary(
+        &self,
+        x: &mut Tensor,
+        heads: usize,
+        positions: &[u32],
+        theta: f32,
+        inverse: bool,
+    ) -> Result<(), ExecError> {
+        let (rows, d) = (x.rows(), x.cols() / heads.max(1));
+        rotary::rotary(x.data_mut(), rows, heads, d, positions, theta, inverse);
+        store_all(x);
+        Ok(())
+    }
+
+    fn act_fwd(&self, kind: Activation, u: &Tensor, out: &mut Tensor) -> Result<(), ExecError> {
+        let (n, f) = (out.rows(), out.cols());
+        activation::act_fwd(kind, u.data(), n, f, out.data_mut());
+        store_all(out);
+        Ok(())
+    }
+
+    fn act_bwd_inplace(
+        &self,
+        kind: Activation,
+        u: &mut Tensor,
+        dout: &Tensor,
+    ) -> Result<(), ExecError> {
+        let (n, f) = (dout.rows(), dout.cols());
+        activation::act_bwd_inplace(kind, u.data_mut(), dout.data(), n, f);
+        store_all(u);
+        Ok(())
+    }
+
+    fn add(&self, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<(), ExecError> {
+        elementwise::add(a.data(), b.data(), out.data_mut());
+        store_all(out);
+        Ok(())
+    }
+
+    fn axpy(
+        &self,
+        alpha: f32,
+        x: View<'_, Tensor>,
+        mut y: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        elementwise::axpy(alpha, src(&x), dst(&mut y));
+        let r = y.range.clone();
+        store(y.tensor, r);
+        Ok(())
+    }
+
+    fn copy(&self, s: View<'_, Tensor>, mut d: ViewMut<'_, Tensor>) -> Result<(), ExecError> {
+        dst(&mut d).copy_from_slice(src(&s));
+        let r = d.range.clone();
+        store(d.tensor, r);
+        Ok(())
+    }
+
+    fn qkv_split(
+        &self,
+        qkv: &Tensor,
+        q: &mut Tensor,
+        k: &mut Tensor,
+        v: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let n = qkv.rows();
+        layout::qkv_split(qkv.data(), q.data_mut(), k.data_mut(), v.data_mut(), n);
+        for t in [q, k, v] {
+            store_all(t);
+        }
+        Ok(())
+    }
+
+    fn qkv_merge(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        qkv: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let n = qkv.rows();
+        layout::qkv_merge(q.data(), k.data(), v.data(), qkv.data_mut(), n);
+        store_all(qkv);
+        Ok(())
+    }
+
+    fn embedding_gather(
+        &self,
+        table: View<'_, Tensor>,
+        tokens: &[u32],
+        lo: usize,
+        out: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let h = out.cols();
+        layout::embedding_gather(src(&table), tokens, lo, h, out.data_mut());
+        store_all(out);
+        Ok(())
+    }
+
+    fn embedding_scatter_add(
+        &self,
+        dy: &Tensor,
+        tokens: &[u32],
+        lo: usize,
+        mut grad: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        let h = dy.cols();
+        layout::embedding_scatter_add(dy.data(), tokens, lo, h, dst(&mut grad));
+        let r = grad.range.clone();
+        store(grad.tensor, r);
+        Ok(())
+    }
+
+    fn ce_row_max(&self, logits: &Tensor, max: &mut Tensor) -> Result<(), ExecError> {
+        cross_entropy::row_max(logits.data(), logits.cols(), max.data_mut());
+        Ok(())
+    }
+
+    fn ce_exp(
+        &self,
+        logits: &Tensor,
+        max: &Tensor,
+        probs: &mut Tensor,
+        sum: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let v = logits.cols();
+        cross_entropy::exp_rows(
+            logits.data(),
+            v,
+            max.data(),
+            probs.data_mut(),
+            sum.data_mut(),
+        );
+        Ok(())
+    }
+
+    fn ce_target_logit(
+        &self,
+        logits: &Tensor,
+        targets: &[u32],
+        lo: usize,
+        out: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let v = logits.cols();
+        cross_entropy::target_logit(logits.data(), v, targets, lo, out.data_mut());
+        Ok(())
+    }
+
+    fn ce_loss(
+        &self,
+        probs: &mut Tensor,
+        sum: &Tensor,
+        max: &Tensor,
+        target_logit: &Tensor,
+    ) -> Result<f64, ExecError> {
+        let v = probs.cols();
+        let l = cross_entropy::loss(
+            probs.data_mut(),
+            v,
+            sum.data(),
+            max.data(),
+            target_logit.data(),
+        );
+        Ok(l)
+    }
+
+    fn ce_grad(
+        &self,
+        probs: &mut Tensor,
+        targets: &[u32],
+        lo: usize,
+        scale: f32,
+    ) -> Result<(), ExecError> {
+        let v = probs.cols();
+        cross_entropy::grad(probs.data_mut(), v, targets, lo, scale);
+        store_all(probs);
+        Ok(())
+    }
+
+    fn attn_fwd(
+        &self,
+        sh: &AttnShape,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        o: &mut Tensor,
+        keep: Keep,
+    ) -> Result<AttnSaved<Tensor>, ExecError> {
+        let saved = attention::attn_fwd(
+            self,
+            sh,
+            q.data(),
+            k.data(),
+            v.data(),
+            o.data_mut(),
+            keep,
+            q.dtype(),
+        );
+        store_all(o);
+        Ok(saved)
+    }
+
+    fn attn_bwd(
+        &self,
+        sh: &AttnShape,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        saved: &AttnSaved<Tensor>,
+        dout: &Tensor,
+        dq: &mut Tensor,
+        dk: &mut Tensor,
+        dv: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        attention::attn_bwd(
+            self,
+            sh,
+            q.data(),
+            k.data(),
+            v.data(),
+            saved,
+            dout.data(),
+            dq.data_mut(),
+            dk.data_mut(),
+            dv.data_mut(),
+        );
+        for t in [dq, dk, dv] {
+            store_all(t);
+        }
+        Ok(())
+    }
+
+    fn moe_route(&self, logits: &mut Tensor, moe: &MoeShape) -> Result<(Routing, f64), ExecError> {
+        let (n, e) = (logits.rows(), logits.cols());
+        moe::softmax_rows(logits.data_mut(), e);
+        let r = moe::route(logits.data(), n, moe);
+        let aux = moe::aux_loss(moe.aux_loss_coeff, logits.data(), n, &r.fraction);
+        store_all(logits);
+        Ok((r, aux))
+    }
+
+    fn gather_rows(&self, src: &Tensor, rows: &[usize], out: &mut Tensor) -> Result<(), ExecError> {
+        let h = src.cols();
+        moe::gather_rows(src.data(), rows, h, out.data_mut());
+        store_all(out);
+        Ok(())
+    }
+
+    fn scatter_add_rows(
+        &self,
+        src: &Tensor,
+        rows: &[usize],
+        weights: Option<&[f32]>,
+        out: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let h = out.cols();
+        moe::scatter_add_rows(src.data(), rows, weights, h, out.data_mut());
+        store_all(out);
+        Ok(())
+    }
+
+    fn moe_combine_bwd(
+        &self,
+        dy: &Tensor,
+        y: &Tensor,
+        routes: &[Route],
+        dprobs: &mut Tensor,
+        dsend: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let (h, e) = (dy.cols(), dprobs.cols());
+        moe::combine_bwd(
+            dy.data(),
+            y.data(),
+            routes,
+            h,
+            e,
+            dprobs.data_mut(),
+            dsend.data_mut(),
+        );
+        store_all(dprobs);
+        store_all(dsend);
+        Ok(())
+    }
+
+    fn moe_router_bwd(
+        &self,
+        d: &mut Tensor,
+        probs: &Tensor,
+        fraction: &[f64],
+        aux_scale: f64,
+    ) -> Result<(), ExecError> {
+        moe::router_bwd(d.data_mut(), probs.data(), fraction, aux_scale);
+        store_all(d);
+        Ok(())
+    }
+
+    fn fill(&self, t: &mut Tensor, value: f32) -> Result<(), ExecError> {
+        t.data_mut().fill(value);
+        store_all(t);
+        Ok(())
+    }
+
+    fn flash_fwd_block(
+        &self,
+        sh: &BlockShape,
+        q: &Tensor,
+        qs: Side<'_>,
+        k: View<'_, Tensor>,
+        v: View<'_, Tensor>,
+        ks: Side<'_>,
+        acc: &mut Tensor,
+        max: &mut Tensor,
+        sum: &mut Tensor,
+        tile: &mut Tensor,
+    ) -> Result<u64, ExecError> {
+        let mut st = flash::Online {
+            max: max.data_mut(),
+            sum: sum.data_mut(),
+        };
+        let work = flash::forward_block(
+            self.gemm_counter(),
+            sh,
+            q.data(),
+            qs,
+            src(&k),
+            src(&v),
+            ks,
+            acc.data_mut(),
+            &mut st,
+            tile.data_mut(),
+        );
+        store_all(acc);
+        Ok(work)
+    }
+
+    fn flash_finish(
+        &self,
+        sh: &BlockShape,
+        rows: usize,
+        acc: &mut Tensor,
+        max: &Tensor,
+        sum: &Tensor,
+        lse: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        flash::finish(
+            sh,
+            rows,
+            acc.data_mut(),
+            max.data(),
+            sum.data(),
+            lse.data_mut(),
+        );
+        store_all(acc);
+        Ok(())
+    }
+
+    fn flash_delta(
+        &self,
+        sh: &BlockShape,
+        rows: usize,
+        dout: &Tensor,
+        o: &Tensor,
+        out: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        flash::delta(sh, rows, dout.data(), o.data(), out.data_mut());
+        Ok(())
+    }
+
+    fn flash_bwd_block(
+        &self,
+        sh: &BlockShape,
+        q: &Tensor,
+        qs: Side<'_>,
+        k: View<'_, Tensor>,
+        v: View<'_, Tensor>,
+        ks: Side<'_>,
+        dout: &Tensor,
+        lse: &Tensor,
+        delta: &Tensor,
+        dq: &mut Tensor,
+        mut dk: ViewMut<'_, Tensor>,
+        mut dv: ViewMut<'_, Tensor>,
+        p_tile: &mut Tensor,
+        dp_tile: &mut Tensor,
+    ) -> Result<u64, ExecError> {
+        let work = flash::backward_block(
+            self.gemm_counter(),
+            sh,
+            q.data(),
+            qs,
+            src(&k),
+            src(&v),
+            ks,
+            dout.data(),
+            lse.data(),
+            delta.data(),
+            dq.data_mut(),
+            dst(&mut dk),
+            dst(&mut dv),
+            p_tile.data_mut(),
+            dp_tile.data_mut(),
+        );
+        store_all(dq);
+        let (rk, rv) = (dk.range.clone(), dv.range.clone());
+        store(dk.tensor, rk);
+        store(dv.tensor, rv);
+        Ok(work)
+    }
+
+    fn ulysses_pack(
+        &self,
+        geo: &UlyssesGeo,
+        from: UlyssesLayout,
+        xs: &[(&Tensor, UlyssesPart)],
+        out: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let hx: Vec<(&[f32], UlyssesPart)> = xs.iter().map(|(t, p)| (t.data(), *p)).collect();
+        ulysses::pack(geo, from, &hx, out.data_mut());
+        store_all(out);
+        Ok(())
+    }
+
+    fn ulysses_unpack(
+        &self,
+        geo: &UlyssesGeo,
+        to: UlyssesLayout,
+        recv: &Tensor,
+        parts: &[UlyssesPart],
+        outs: &mut [&mut Tensor],
+    ) -> Result<(), ExecError> {
+        {
+            let mut ho: Vec<&mut [f32]> = outs.iter_mut().map(|t| t.data_mut()).collect();
+            ulysses::unpack(geo, to, recv.data(), parts, &mut ho);
+        }
+        for t in outs.iter_mut() {
+            store_all(t);
+        }
+        Ok(())
+    }
+
+    fn adam(
+        &self,
+        c: &AdamConfig,
+        t: u32,
+        mut p: ViewMut<'_, Tensor>,
+        g: View<'_, Tensor>,
+        m: &mut Tensor,
+        v: &mut Tensor,
+        weight_copy: Option<ViewMut<'_, Tensor>>,
+    ) -> Result<(), ExecError> {
+        adam::adam_step(c, t, dst(&mut p), src(&g), m.data_mut(), v.data_mut());
+        if let Some(mut w) = weight_copy {
+            dst(&mut w).copy_from_slice(&p.tensor.data()[p.range.clone()]);
+            let r = w.range.clone();
+            store(w.tensor, r);
+        }
+        Ok(())
+    }
+}
+
+/// Collectives on tensors run the host-slice collectives on their storage; a bf16 result is
+/// rounded once, after the fp32 reduction (NCCL's bf16 reductions also round per hop).
+impl DeviceCollectives<Cpu> for CpuComm {
+    fn group(&self, members: &[u32]) -> Result<Group, ExecError> {
+        Ok(CpuComm::group(self, members))
+    }
+
+    fn reduce_scatter_in_place(
+        &self,
+        g: &Group,
+        buf: &mut Tensor,
+        mine: Range<usize>,
+    ) -> Result<(), ExecError> {
+        // Staging copy of the send side (NCCL's buffers, untracked).
+        let all = buf.data().to_vec();
+        buf.data_mut()[mine.clone()].fill(0.0);
+        Collectives::reduce_scatter_range(
+            self,
+            g,
+            0,
+            &all,
+            mine.clone(),
+            &mut buf.data_mut()[mine.clone()],
+        )?;
+        store(buf, mine);
+        Ok(())
+    }
+
+    fn all_gather_in_place(
+        &self,
+        g: &Group,
+        buf: &mut Tensor,
+        mine: Range<usize>,
+    ) -> Result<(), ExecError> {
+        // Staging copy of this member's shard (NCCL's buffers, untracked).
+        let shard = buf.data()[mine.clone()].to_vec();
+        let total = buf.len();
+        Collectives::gather_range(self, g, mine.start, &shard, 0..total, buf.data_mut())?;
+        store_all(buf);
+        Ok(())
+    }
+
+    fn all_reduce(
+        &self,
+        g: &Group,
+        mut buf: ViewMut<'_, Tensor>,
+        op: ReduceOp,
+    ) -> Result<(), ExecError> {
+        Collectives::all_reduce(self, g, dst(&mut buf), op)?;
+        let r = buf.range.clone();
+        store(buf.tensor, r);
+        Ok(())
+    }
+
+    fn all_gather(
+        &self,
+        g: &Group,
+        input: View<'_, Tensor>,
+        mut out: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        Collectives::all_gather(self, g, src(&input), dst(&mut out))?;
+        let r = out.range.clone();
+        store(out.tensor, r);
+        Ok(())
+    }
+
+    fn reduce_scatter(
+        &self,
+        g: &Group,
+        input: View<'_, Tensor>,
+        mut out: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        Collectives::reduce_scatter(self, g, src(&input), dst(&mut out))?;
+        let r = out.range.clone();
+        store(out.tensor, r);
+        Ok(())
+    }
+
+    fn all_to_all(
+        &self,
+        g: &Group,
+        input: View<'_, Tensor>,
+        mut out: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        Collectives::all_to_all(self, g, src(&input), dst(&mut out))?;
+        let r = out.range.clone();
+        store(out.tensor, r);
+        Ok(())
+    }
+
+    fn all_to_all_counts(&self, g: &Group, send: &[usize]) -> Result<Vec<usize>, ExecError> {
+        // Counts travel as exact f32 bit patterns.
+        let bits: Vec<f32> = send.iter().map(|&x| f32::from_bits(x as u32)).collect();
+        let mut got = vec![0.0f32; send.len()];
+        Collectives::all_to_all(self, g, &bits, &mut got)?;
+        Ok(got.iter().map(|x| x.to_bits() as usize).collect())
+    }
+
+    fn all_to_all_v(
+        &self,
+        g: &Group,
+        input: View<'_, Tensor>,
+        send_counts: &[usize],
+        mut out: ViewMut<'_, Tensor>,
+        recv_counts: &[usize],
+    ) -> Result<(), ExecError> {
+        Collectives::all_to_all_v(
+            self,
+            g,
+            src(&input),
+            send_counts,
+            dst(&mut out),
+            recv_counts,
+        )?;
+        let r = out.range.clone();
+        store(out.tensor, r);
+        Ok(())
+    }
+
+    fn send(&self, to: u32, tag: u64, data: View<'_, Tensor>) -> Result<(), ExecError> {
+        Collectives::send(self, to, tag, src(&data))
+    }
+
+    fn recv(&self, from: u32, tag: u64, mut out: ViewMut<'_, Tensor>) -> Result<(), ExecError> {
+        Collectives::recv(self, from, tag, dst(&mut out))?;
+        let r = out.range.clone();
+        store(out.tensor, r);
+        Ok(())
+    }
+
+    fn gather_range(
+        &self,
+        g: &Group,
+        mine_lo: usize,
+        mine: View<'_, Tensor>,
+        want: Range<usize>,
+        mut out: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        Collectives::gather_range(self, g, mine_lo, src(&mine), want, dst(&mut out))?;
+        let r = out.range.clone();
+        store(out.tensor, r);
+        Ok(())
+    }
+
+    fn reduce_scatter_range(
+        &self,
+        g: &Group,
+        input_lo: usize,
+        input: View<'_, Tensor>,
+        mine: Range<usize>,
+        mut out: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        Collectives::reduce_scatter_range(self, g, input_lo, src(&input), mine, dst(&mut out))?;
+        let r = out.range.clone();
+        store(out.tensor, r);
+        Ok(())
+    }
+}

@@ -1,0 +1,98 @@
+//! What a run reports: per-rank step times, phase times, memory, GEMM rate, context-parallel
+//! ring timings and MoE drops, and the run's losses and exported tensors. Plain data, the
+//! same for every backend; the engine's `execute` command prints and serialises it.
+
+use crate::memory::MemoryBreakdown;
+use crate::plan::Coords;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Seconds a rank spent per kind of action, per timed step (mean).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct PhaseTimes {
+    pub forward_s: f64,
+    /// Full backward (B) and input-gradient (I) passes, with their weight gradients for B.
+    pub backward_s: f64,
+    /// Weight-gradient passes (W) of a split backward.
+    pub backward_weight_s: f64,
+    /// Sends and receives, waiting included.
+    pub p2p_s: f64,
+    /// Data-parallel reduction and Adam.
+    pub optimizer_s: f64,
+}
+
+/// Seconds of one ring step (summed over the timed steps' calls).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct StepTime {
+    pub compute_s: f64,
+    pub comm_s: f64,
+}
+
+/// What a rank measured of its context-parallel attention.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CpStats {
+    /// Unmasked score elements of the forward attention (recomputation excluded), all steps.
+    pub score_elements: u64,
+    /// Per ring step (index t = 0..cp; one step for Ulysses): forward and backward times.
+    pub forward: Vec<StepTime>,
+    pub backward: Vec<StepTime>,
+}
+
+/// One rank's measurements.
+#[derive(Debug, Clone, Serialize)]
+pub struct RankReport {
+    pub rank: u32,
+    pub coords: Coords,
+    /// Seconds of each timed step.
+    pub step_s: Vec<f64>,
+    /// Where the timed steps' time went.
+    pub phases: PhaseTimes,
+    /// Tracked bytes by category at the moment of the peak total.
+    pub peak: MemoryBreakdown,
+    /// Each category's own maximum (reached at different moments).
+    pub category_max: MemoryBreakdown,
+    /// Bytes the backend's allocator reserved at its peak (the CPU allocates exactly: equal
+    /// to `peak`; a caching device allocator rounds up).
+    pub reserved_peak: MemoryBreakdown,
+    /// Source location of the allocation that reached the peak (diagnosis).
+    pub peak_site: Option<String>,
+    /// FLOPs and seconds of this rank's GEMMs over all steps.
+    pub gemm_flops: f64,
+    pub gemm_seconds: f64,
+    /// Context-parallel attention: per ring step compute and communication seconds (timed
+    /// steps, summed), and the causal work (cp > 1).
+    pub cp: Option<CpStats>,
+    /// Token-to-expert assignments the expert capacity dropped, over all steps (MoE).
+    pub moe_dropped: u64,
+}
+
+impl RankReport {
+    /// Median of the timed steps (0 when there are none).
+    pub fn median_step_s(&self) -> f64 {
+        let mut v = self.step_s.clone();
+        v.sort_by(|a, b| a.total_cmp(b));
+        match v.len() {
+            0 => 0.0,
+            k if k % 2 == 1 => v[k / 2],
+            k => 0.5 * (v[k / 2 - 1] + v[k / 2]),
+        }
+    }
+}
+
+/// A whole run.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    pub world: u32,
+    /// The global mean token loss of every step (warm-up included), computed on the
+    /// parameters before that step's update; with MoE layers it includes the load-balancing
+    /// loss.
+    pub loss: Vec<f64>,
+    /// The load-balancing part of `loss` (Fedus et al. 2021, eq. 4): per MoE layer and
+    /// microbatch, averaged over the microbatches of the step and summed over the layers.
+    pub aux_loss: Vec<f64>,
+    pub ranks: Vec<RankReport>,
+    /// Global parameter tensors after the last step (flat, row-major), when asked for.
+    pub params: Option<BTreeMap<String, Vec<f32>>>,
+    /// Global gradient tensors of the last step, when asked for.
+    pub grads: Option<BTreeMap<String, Vec<f32>>>,
+}

@@ -1,0 +1,118 @@
+//! Test and finite-difference export: every parameter (or gradient) element of a rank with
+//! its global tensor name and index, and their assembly into global tensors.
+
+use super::rank::Rank;
+use crate::backend::{Backend, Device, DeviceCollectives, ReduceOp, View, ViewMut};
+use crate::error::ExecError;
+use crate::memory::Category;
+use crate::model::params::layout_len;
+use std::collections::{BTreeMap, HashMap};
+
+/// (global tensor name, flat index in it, value).
+pub(super) type Element = (String, usize, f32);
+
+/// Global tensors from every rank's elements (duplicates, e.g. TP-replicated norms, once).
+pub(super) fn assemble(items: Vec<&[Element]>) -> BTreeMap<String, Vec<f32>> {
+    let mut acc: HashMap<String, Vec<(usize, f32)>> = HashMap::new();
+    for list in items {
+        for (name, i, v) in list {
+            acc.entry(name.clone()).or_default().push((*i, *v));
+        }
+    }
+    acc.into_iter()
+        .map(|(name, mut items)| {
+            items.sort_by_key(|x| x.0);
+            items.dedup_by_key(|x| x.0);
+            (name, items.into_iter().map(|x| x.1).collect())
+        })
+        .collect()
+}
+
+impl<B: Backend> Rank<'_, B> {
+    /// Sums the gradients over TP (SP norm partials) and DP (expert DP for the experts), as
+    /// the optimizer step would.
+    pub(super) fn reduce_for_export(&mut self) -> Result<(), ExecError> {
+        if self.ctx.sp {
+            self.reduce_sp_norms()?;
+        }
+        for sp in self.spaces() {
+            self.ctx.comm.all_reduce(
+                &self.groups[sp],
+                ViewMut::all(&mut self.grads[sp]),
+                ReduceOp::Sum,
+            )?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn export_grads(&self) -> Result<Vec<Element>, ExecError> {
+        let full = [
+            self.ctx.ops.download(View::all(&self.grads[0]))?,
+            self.ctx.ops.download(View::all(&self.grads[1]))?,
+        ];
+        let mut out = Vec::new();
+        for b in &self.blocks {
+            for t in &b.tensors {
+                for i in 0..t.len() {
+                    let (s, gi) = t.global_of(i);
+                    out.push((
+                        s.name.clone(),
+                        gi,
+                        full[b.space][b.range.start + t.offset + i],
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every parameter element with its global tensor name and index.
+    pub(super) fn export(&mut self) -> Result<Vec<Element>, ExecError> {
+        let mut full: [Vec<f32>; 2] = [Vec::new(), Vec::new()];
+        for sp in self.spaces() {
+            let total = layout_len(&self.blocks, sp);
+            full[sp] = if let Some(w) = self.master[sp].as_ref() {
+                // Mixed precision: the fp32 master weights are the parameters.
+                if self.zero >= 1 {
+                    let mut out = self.ctx.zeros_f32(Category::Buffers, &[total])?;
+                    self.ctx.comm.gather_range(
+                        &self.groups[sp],
+                        self.shards[sp].start,
+                        View::all(w),
+                        0..total,
+                        ViewMut::all(&mut out),
+                    )?;
+                    self.ctx.ops.download(View::all(&out))?
+                } else {
+                    self.ctx.ops.download(View::all(w))?
+                }
+            } else if self.zero >= 3 {
+                let mut out = self.ctx.zeros(Category::Buffers, &[total])?;
+                self.ctx.comm.gather_range(
+                    &self.groups[sp],
+                    self.shards[sp].start,
+                    View::all(&self.params[sp]),
+                    0..total,
+                    ViewMut::all(&mut out),
+                )?;
+                self.ctx.ops.download(View::all(&out))?
+            } else {
+                self.ctx.ops.download(View::all(&self.params[sp]))?
+            };
+        }
+        let mut out = Vec::new();
+        for b in &self.blocks {
+            for t in &b.tensors {
+                for i in 0..t.len() {
+                    let (s, gi) = t.global_of(i);
+                    out.push((
+                        s.name.clone(),
+                        gi,
+                        full[b.space][b.range.start + t.offset + i],
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    }
+}

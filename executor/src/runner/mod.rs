@@ -1,0 +1,136 @@
+//! Plays a Plan on the CPU backend: one thread per rank (see [`rank`] for one rank's step
+//! loop, [`zero`] for data parallelism with ZeRO 0-3 and the optimizer), a failing rank
+//! stopping the others, and the ranks' results assembled into a [`RunReport`].
+
+mod export;
+mod rank;
+mod zero;
+
+use crate::backend::cpu::{Cpu, CpuComm, CpuOps, World};
+use crate::error::{ExecError, OptionsError};
+use crate::plan::{Plan, Precision};
+pub use crate::report::{PhaseTimes, RankReport, RunReport};
+use rank::{run_rank, RankOutput};
+use std::sync::Arc;
+
+/// How to run.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Steps in all (warm-up included).
+    pub steps: u32,
+    /// Leading steps left out of the timing.
+    pub warmup: u32,
+    /// Collect every parameter (as global tensors) after the last step.
+    pub export_params: bool,
+    /// Skip the optimizer and collect the accumulated gradients of the last step instead
+    /// (ZeRO 0/1 only: the full gradients, summed over data parallelism).
+    pub export_grads: bool,
+    /// Added to parameter elements (global tensor, flat index, delta) after initialisation:
+    /// finite differences.
+    pub perturb: Vec<(String, usize, f32)>,
+    /// fp32, or the bf16 mixed-precision recipe.
+    pub precision: Precision,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            steps: 3,
+            warmup: 1,
+            export_params: false,
+            export_grads: false,
+            perturb: Vec::new(),
+            precision: Precision::Fp32,
+        }
+    }
+}
+
+/// Runs `plan` on CPU threads.
+pub fn run_cpu(plan: &Plan, opts: &RunOptions) -> Result<RunReport, ExecError> {
+    plan.validate()?;
+    if opts.export_grads && plan.parallel.zero >= 2 {
+        return Err(OptionsError::ExportGradsNeedsFullGradients {
+            zero: plan.parallel.zero,
+        }
+        .into());
+    }
+    if opts.steps == 0 || opts.warmup >= opts.steps {
+        return Err(OptionsError::StepsNotAboveWarmup {
+            steps: opts.steps,
+            warmup: opts.warmup,
+        }
+        .into());
+    }
+    let world = World::new(plan.ranks.len());
+    let results: Vec<Result<RankOutput, ExecError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = plan
+            .ranks
+            .iter()
+            .map(|rp| {
+                let world = Arc::clone(&world);
+                s.spawn(move || {
+                    let comm = CpuComm::new(rp.rank, Arc::clone(&world));
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        run_rank::<Cpu>(plan, rp, CpuOps::new(), &comm, opts)
+                    }));
+                    let r = match r {
+                        Ok(r) => r,
+                        Err(e) => Err(ExecError::Rank {
+                            rank: rp.rank,
+                            message: e
+                                .downcast_ref::<String>()
+                                .cloned()
+                                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                                .unwrap_or_else(|| "panic".into()),
+                        }),
+                    };
+                    if r.is_err() {
+                        world.abort();
+                    }
+                    r
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(ExecError::Rank {
+                        rank: u32::MAX,
+                        message: "thread died".into(),
+                    })
+                })
+            })
+            .collect()
+    });
+    // Report the first real failure rather than the ranks that gave up because of it.
+    let mut results = results;
+    if let Some(i) = results
+        .iter()
+        .position(|r| matches!(r, Err(e) if !matches!(e, ExecError::Aborted { .. })))
+    {
+        results.swap_remove(i)?;
+    }
+    let outs: Vec<RankOutput> = results.into_iter().collect::<Result<_, _>>()?;
+    let tokens = (plan.global_batch() * plan.model.seq) as f64;
+    let loss = (0..opts.steps as usize)
+        .map(|i| outs.iter().map(|o| o.loss_sums[i]).sum::<f64>() / tokens)
+        .collect();
+    let aux_loss = (0..opts.steps as usize)
+        .map(|i| outs.iter().map(|o| o.aux_sums[i]).sum::<f64>() / tokens)
+        .collect();
+    let params = opts
+        .export_params
+        .then(|| export::assemble(outs.iter().map(|o| o.params.as_slice()).collect()));
+    let grads = opts
+        .export_grads
+        .then(|| export::assemble(outs.iter().map(|o| o.grads.as_slice()).collect()));
+    Ok(RunReport {
+        world: plan.world(),
+        loss,
+        aux_loss,
+        ranks: outs.into_iter().map(|o| o.report).collect(),
+        params,
+        grads,
+    })
+}

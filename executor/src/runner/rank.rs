@@ -1,0 +1,583 @@
+//! One rank's step loop: its action list played for a number of steps, with gradient
+//! accumulation over microbatches, activation recomputation, split backward (I then W), the
+//! pipeline mailbox (chunk outputs and input gradients waiting to be sent or consumed), and
+//! the rank's measurements.
+
+use super::export::Element;
+use super::zero::params_of;
+use super::{zero, RunOptions};
+use crate::backend::{Backend, Device, DeviceCollectives, DeviceTensor, TensorOps, View, ViewMut};
+use crate::error::{ExecError, StateError};
+use crate::memory::Category;
+use crate::model::ends::{embedding_bwd, embedding_fwd, output_bwd, output_fwd, OutputSaved};
+use crate::model::layer::Experts;
+use crate::model::layer::{layer_bwd, layer_fwd, LayerSaved};
+use crate::model::params::{rank_layout, BlockKind, BlockLayout, DENSE_SPACE, EXPERT_SPACE};
+use crate::model::{data, Ctx, WTask};
+use crate::plan::{Action, Plan, RankPlan, Recompute};
+use crate::report::{PhaseTimes, RankReport};
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+use std::rc::Rc;
+use std::time::Instant;
+
+/// What a rank hands back to the orchestration.
+pub(super) struct RankOutput {
+    pub(super) report: RankReport,
+    pub(super) loss_sums: Vec<f64>,
+    pub(super) aux_sums: Vec<f64>,
+    pub(super) params: Vec<Element>,
+    pub(super) grads: Vec<Element>,
+}
+
+enum BlockSaved<B: Backend> {
+    Embedding(Vec<u32>),
+    Layer(Box<LayerSaved<B>>),
+    LayerInput(B::Tensor),
+    Output(OutputSaved<B>),
+    /// An MoE layer's experts block: its state is saved with its layer.
+    Experts,
+}
+
+type BlockTasks<B> = Vec<(usize, Vec<WTask<B>>)>;
+
+/// One rank's state across steps.
+pub(super) struct Rank<'a, B: Backend> {
+    pub(super) plan: &'a Plan,
+    pub(super) rp: &'a RankPlan,
+    pub(super) ctx: Ctx<'a, B>,
+    /// Per space (dense, experts): the group over which gradients reduce and ZeRO shards
+    /// (DP, expert DP), this rank's shard, parameters, gradients and Adam moments.
+    pub(super) groups: [B::Group; 2],
+    pub(super) blocks: Vec<BlockLayout>,
+    stage_blocks: HashMap<u32, Range<usize>>,
+    pub(super) zero: u8,
+    pub(super) shards: [Range<usize>; 2],
+    pub(super) params: [B::Tensor; 2],
+    /// Mixed precision: the fp32 master weights per space.
+    pub(super) master: [Option<B::Tensor>; 2],
+    pub(super) grads: [B::Tensor; 2],
+    pub(super) m: [B::Tensor; 2],
+    pub(super) v: [B::Tensor; 2],
+    pub(super) step: u32,
+    pub(super) cache: VecDeque<(usize, Rc<B::Tensor>)>,
+    saved: HashMap<(u32, u32), Vec<BlockSaved<B>>>,
+    wtasks: HashMap<(u32, u32), BlockTasks<B>>,
+    mailbox: HashMap<(u32, u32, bool), B::Tensor>,
+    recv_buf: Option<B::Tensor>,
+    pub(super) loss_sum: f64,
+    pub(super) grad_scale: f32,
+}
+
+fn tag(stage: u32, mb: u32, grad: bool) -> u64 {
+    ((stage as u64) << 33) | ((mb as u64) << 1) | grad as u64
+}
+
+pub(super) fn run_rank<B: Backend>(
+    plan: &Plan,
+    rp: &RankPlan,
+    ops: B::Device,
+    comm: &B::Comm,
+    opts: &RunOptions,
+) -> Result<RankOutput, ExecError> {
+    let tp = comm.group(&rp.tp_group)?;
+    let dp = comm.group(&rp.dp_group)?;
+    let cp = comm.group(&rp.cp_group)?;
+    let act_dtype = opts.precision.compute_dtype();
+    let mut ctx = Ctx::<B>::new(plan, ops, comm, tp, rp.coords.tp, cp, act_dtype)?;
+    let ep = comm.group(&rp.ep_group)?;
+    let ep_rank = crate::backend::ProcessGroup::index(&ep) as u32;
+    if plan.model.moe.is_some() {
+        ctx.ep = Some(ep);
+    }
+    let blocks = rank_layout(plan, rp.coords.tp, ep_rank, &rp.stages);
+    let mut stage_blocks = HashMap::new();
+    for &s in &rp.stages {
+        let idx: Vec<usize> = (0..blocks.len())
+            .filter(|&i| blocks[i].stage == s)
+            .collect();
+        let r = match (idx.first(), idx.last()) {
+            (Some(&a), Some(&b)) => a..b + 1,
+            _ => 0..0,
+        };
+        stage_blocks.insert(s, r);
+    }
+    let zero = plan.parallel.zero;
+    let groups = [dp, comm.group(&rp.expert_dp_group)?];
+    let space = |sp: usize| {
+        let g = &groups[sp];
+        zero::init_space::<B>(
+            &ctx.ops,
+            plan,
+            &blocks,
+            g,
+            sp,
+            &opts.perturb,
+            opts.precision,
+        )
+    };
+    let (d, e) = (space(DENSE_SPACE)?, space(EXPERT_SPACE)?);
+    let n_sp = ctx.n_sp;
+    let h = plan.model.hidden;
+    let pp = plan.parallel.pp > 1;
+    let recv_buf = if pp {
+        Some(ctx.zeros(Category::Buffers, &[n_sp, h])?)
+    } else {
+        None
+    };
+    let mut rank = Rank {
+        plan,
+        rp,
+        groups,
+        blocks,
+        stage_blocks,
+        zero,
+        shards: [d.shard, e.shard],
+        params: [d.params, e.params],
+        master: [d.master, e.master],
+        grads: [d.grads, e.grads],
+        m: [d.m, e.m],
+        v: [d.v, e.v],
+        step: 0,
+        cache: VecDeque::new(),
+        saved: HashMap::new(),
+        wtasks: HashMap::new(),
+        mailbox: HashMap::new(),
+        recv_buf,
+        loss_sum: 0.0,
+        grad_scale: 1.0 / (plan.global_batch() * plan.model.seq) as f32,
+        ctx,
+    };
+    let mut step_s = Vec::new();
+    let mut loss_sums = Vec::new();
+    let mut aux_sums = Vec::new();
+    let mut phases = PhaseTimes::default();
+    for step in 0..opts.steps {
+        if let Some(cp) = rank.ctx.cp.as_mut() {
+            cp.timing = step >= opts.warmup;
+        }
+        let t0 = Instant::now();
+        rank.loss_sum = 0.0;
+        rank.ctx.moe_aux_loss = 0.0;
+        for a in &rp.actions {
+            let ta = Instant::now();
+            if opts.export_grads && *a == Action::OptimizerStep {
+                rank.reduce_for_export()?;
+                continue;
+            }
+            rank.act(*a)?;
+            if step >= opts.warmup {
+                let dt = ta.elapsed().as_secs_f64();
+                let slot = match a {
+                    Action::Forward { .. } => &mut phases.forward_s,
+                    Action::Backward { .. } | Action::BackwardInput { .. } => {
+                        &mut phases.backward_s
+                    }
+                    Action::BackwardWeight { .. } => &mut phases.backward_weight_s,
+                    Action::OptimizerStep => &mut phases.optimizer_s,
+                    _ => &mut phases.p2p_s,
+                };
+                *slot += dt;
+            }
+        }
+        let dt = t0.elapsed().as_secs_f64();
+        if step >= opts.warmup {
+            step_s.push(dt);
+        }
+        // The load-balancing loss of each microbatch, weighted by its tokens so that the
+        // division by the step's tokens averages it over the microbatches.
+        let aux = rank.ctx.moe_aux_loss * rank.ctx.n as f64;
+        let aux = if rp.coords.tp == 0 { aux } else { 0.0 };
+        loss_sums.push(rank.loss_sum + aux);
+        aux_sums.push(aux);
+    }
+    let timed = (opts.steps - opts.warmup) as f64;
+    for x in [
+        &mut phases.forward_s,
+        &mut phases.backward_s,
+        &mut phases.backward_weight_s,
+        &mut phases.p2p_s,
+        &mut phases.optimizer_s,
+    ] {
+        *x /= timed;
+    }
+    let tracker = rank.ctx.ops.memory();
+    let (peak, category_max, peak_site) =
+        (tracker.peak(), tracker.category_max(), tracker.peak_site());
+    let reserved_peak = tracker.reserved_peak();
+    let (gemm_flops, gemm_seconds) = rank.ctx.ops.gemm_stats();
+    let params = if opts.export_params {
+        rank.export()?
+    } else {
+        Vec::new()
+    };
+    let grads = if opts.export_grads {
+        rank.export_grads()?
+    } else {
+        Vec::new()
+    };
+    Ok(RankOutput {
+        report: RankReport {
+            rank: rp.rank,
+            coords: rp.coords,
+            step_s,
+            phases,
+            peak,
+            category_max,
+            reserved_peak,
+            peak_site,
+            gemm_flops,
+            gemm_seconds,
+            cp: rank.ctx.cp.as_ref().map(|c| c.stats.clone()),
+            moe_dropped: rank.ctx.moe_dropped,
+        },
+        loss_sums,
+        aux_sums,
+        params,
+        grads,
+    })
+}
+
+impl<'a, B: Backend> Rank<'a, B> {
+    fn act(&mut self, a: Action) -> Result<(), ExecError> {
+        match a {
+            Action::Forward { stage, mb } => self.forward(stage, mb),
+            Action::Backward { stage, mb } => self.backward_input(stage, mb, true),
+            Action::BackwardInput { stage, mb } => self.backward_input(stage, mb, false),
+            Action::BackwardWeight { stage, mb } => {
+                let tasks =
+                    self.wtasks
+                        .remove(&(stage, mb))
+                        .ok_or(ExecError::WeightBeforeInput {
+                            rank: self.rp.rank,
+                            stage,
+                            mb,
+                        })?;
+                for (bi, ts) in tasks {
+                    self.run_tasks(bi, ts)?;
+                }
+                Ok(())
+            }
+            Action::SendActivation { to, stage, mb } => self.send(to, stage, mb, false),
+            Action::SendGrad { to, stage, mb } => self.send(to, stage, mb, true),
+            Action::RecvActivation { from, stage, mb } => self.recv(from, stage, mb, false),
+            Action::RecvGrad { from, stage, mb } => self.recv(from, stage, mb, true),
+            Action::OptimizerStep => self.optimizer_step(),
+        }
+    }
+
+    fn missing(&self, what: &'static str, stage: u32, mb: u32) -> ExecError {
+        ExecError::OutOfOrder {
+            rank: self.rp.rank,
+            what,
+            stage,
+            mb,
+        }
+    }
+
+    /// Sends a chunk's output (or input gradient) straight from its tensor, which is the
+    /// pipeline send buffer until then, and frees it.
+    fn send(&mut self, to: u32, stage: u32, mb: u32, grad: bool) -> Result<(), ExecError> {
+        let t = self
+            .mailbox
+            .remove(&(stage, mb, grad))
+            .ok_or_else(|| self.missing("tensor to send", stage, mb))?;
+        self.ctx.comm.send(to, tag(stage, mb, grad), View::all(&t))
+    }
+
+    fn recv(&mut self, from: u32, stage: u32, mb: u32, grad: bool) -> Result<(), ExecError> {
+        let buf = self.recv_buf.as_mut().expect("pp buffers");
+        self.ctx
+            .comm
+            .recv(from, tag(stage, mb, grad), ViewMut::all(buf))?;
+        let cat = if grad {
+            Category::Buffers
+        } else {
+            Category::Activations
+        };
+        let mut t = self.ctx.zeros(cat, buf.shape())?;
+        self.ctx.ops.copy(View::all(buf), ViewMut::all(&mut t))?;
+        self.mailbox.insert((stage, mb, grad), t);
+        Ok(())
+    }
+
+    pub(super) fn experts_of(&self, bi: usize) -> Option<usize> {
+        match (
+            self.blocks[bi].kind,
+            self.blocks.get(bi + 1).map(|b| b.kind),
+        ) {
+            (BlockKind::Layer(l), Some(BlockKind::Experts(e))) if l == e => Some(bi + 1),
+            _ => None,
+        }
+    }
+
+    fn forward(&mut self, stage: u32, mb: u32) -> Result<(), ExecError> {
+        let bidx = self
+            .stage_blocks
+            .get(&stage)
+            .cloned()
+            .ok_or_else(|| self.missing("chunk", stage, mb))?;
+        self.ctx.mb = mb;
+        let (tokens, targets) = data::microbatch(
+            &self.plan.model,
+            self.plan.seed,
+            self.plan.microbatches,
+            self.rp.coords.dp,
+            mb,
+        );
+        let (tokens, targets) = if self.ctx.cp.is_some() {
+            let (seq, pos) = (self.plan.model.seq, &self.ctx.positions);
+            (
+                data::at_positions(&tokens, seq, pos),
+                data::at_positions(&targets, seq, pos),
+            )
+        } else {
+            (tokens, targets)
+        };
+        let mut x = if matches!(self.blocks[bidx.start].kind, BlockKind::Embedding) {
+            None
+        } else {
+            let t = self
+                .mailbox
+                .remove(&(stage.wrapping_sub(1), mb, false))
+                .ok_or_else(|| self.missing("input activation", stage, mb))?;
+            Some(self.ctx.ops.recat(t, Category::Activations))
+        };
+        let mut saved = Vec::with_capacity(bidx.len());
+        let mut targets = Some(targets);
+        for bi in bidx {
+            if matches!(self.blocks[bi].kind, BlockKind::Experts(_)) {
+                // Run with its layer.
+                saved.push(BlockSaved::Experts);
+                continue;
+            }
+            let (h, eh) = self.block_handles(bi)?;
+            let p = params_of(&self.params, &h);
+            let experts: Experts<B> = eh
+                .as_ref()
+                .map(|(ei, eh)| (&self.blocks[*ei], params_of(&self.params, eh)));
+            let l = &self.blocks[bi];
+            match l.kind {
+                BlockKind::Embedding => {
+                    x = Some(embedding_fwd(&mut self.ctx, l, p, &tokens)?);
+                    saved.push(BlockSaved::Embedding(tokens.clone()));
+                }
+                BlockKind::Layer(_) => {
+                    let input = x.take().expect("layer input");
+                    let (y, s) = layer_fwd(&mut self.ctx, l, p, experts, input)?;
+                    if self.ctx.recompute == Recompute::Full {
+                        saved.push(BlockSaved::LayerInput(s.x));
+                    } else {
+                        saved.push(BlockSaved::Layer(Box::new(s)));
+                    }
+                    x = Some(y);
+                }
+                BlockKind::Output => {
+                    let input = x.take().expect("output input");
+                    let (loss, s) =
+                        output_fwd(&mut self.ctx, l, p, input, targets.take().expect("targets"))?;
+                    if self.rp.coords.tp == 0 {
+                        self.loss_sum += loss;
+                    }
+                    saved.push(BlockSaved::Output(s));
+                }
+                BlockKind::Experts(_) => {}
+            }
+        }
+        if let Some(y) = x {
+            // Waiting to be sent (or handed to the next chunk on this rank): a send buffer.
+            self.mailbox
+                .insert((stage, mb, false), self.ctx.ops.recat(y, Category::Buffers));
+        }
+        self.saved.insert((stage, mb), saved);
+        Ok(())
+    }
+
+    /// Input gradients of a chunk. The weight-gradient tasks run as soon as the backward
+    /// produces them (`immediate`, a full backward) or wait for the W action.
+    fn backward_input(&mut self, stage: u32, mb: u32, immediate: bool) -> Result<(), ExecError> {
+        let bidx = self
+            .stage_blocks
+            .get(&stage)
+            .cloned()
+            .ok_or_else(|| self.missing("chunk", stage, mb))?;
+        self.ctx.mb = mb;
+        let saved = self
+            .saved
+            .remove(&(stage, mb))
+            .ok_or_else(|| self.missing("forward", stage, mb))?;
+        let mut dy = if matches!(self.blocks[bidx.end - 1].kind, BlockKind::Output) {
+            None
+        } else {
+            Some(
+                self.mailbox
+                    .remove(&(stage + 1, mb, true))
+                    .ok_or_else(|| self.missing("output gradient", stage, mb))?,
+            )
+        };
+        let mut held: BlockTasks<B> = Vec::new();
+        for (bi, s) in bidx.rev().zip(saved.into_iter().rev()) {
+            if matches!(s, BlockSaved::Experts) {
+                // Its backward runs with its layer's.
+                continue;
+            }
+            let ei = self.experts_of(bi);
+            // ZeRO-3 in backward: the block in use (with its experts) and its gradient bucket.
+            self.cache.retain(|(b, _)| *b == bi || Some(*b) == ei);
+            let (h, eh) = self.block_handles(bi)?;
+            let p = params_of(&self.params, &h);
+            let experts: Experts<B> = eh
+                .as_ref()
+                .map(|(ei, eh)| (&self.blocks[*ei], params_of(&self.params, eh)));
+            let l = &self.blocks[bi];
+            let le = ei.map(|ei| &self.blocks[ei]);
+            // ZeRO-2/3: the gradient bucket is allocated at the first weight gradient, after a
+            // full recompute's forward rerun.
+            let mut bucket: Option<B::Tensor> = None;
+            let mut ebucket: Option<B::Tensor> = None;
+            let use_bucket = immediate && self.zero >= 2;
+            let grads = &mut self.grads;
+            let mut kept = Vec::new();
+            let mut sink = |c: &mut Ctx<B>, t: WTask<B>| -> Result<(), ExecError> {
+                if !immediate {
+                    kept.push(t.hold(c, l)?);
+                    return Ok(());
+                }
+                let (tl, bk, sp) = if t.is_expert() {
+                    let le =
+                        le.ok_or_else(|| ExecError::from(StateError::ExpertGradientWithoutBlock))?;
+                    (le, &mut ebucket, EXPERT_SPACE)
+                } else {
+                    (l, &mut bucket, DENSE_SPACE)
+                };
+                if use_bucket {
+                    if bk.is_none() {
+                        *bk = Some(c.zeros_f32(Category::Buffers, &[tl.range.len()])?);
+                    }
+                    let b = bk.as_mut().expect("bucket");
+                    t.run(c, tl, ViewMut::all(b))
+                } else {
+                    t.run(
+                        c,
+                        tl,
+                        ViewMut {
+                            tensor: &mut grads[sp],
+                            range: tl.range.clone(),
+                        },
+                    )
+                }
+            };
+            let ctx = &mut self.ctx;
+            match s {
+                BlockSaved::Output(os) => {
+                    dy = Some(output_bwd(ctx, l, p, os, self.grad_scale, &mut sink)?);
+                }
+                BlockSaved::Layer(ls) => {
+                    dy = Some(layer_bwd(
+                        ctx,
+                        l,
+                        p,
+                        experts,
+                        *ls,
+                        dy.take().expect("grad"),
+                        &mut sink,
+                    )?);
+                }
+                BlockSaved::LayerInput(x) => {
+                    // The rerun's load-balancing loss and drops were counted in forward.
+                    let stats = (ctx.moe_aux_loss, ctx.moe_dropped);
+                    ctx.recomputing = true;
+                    let r = layer_fwd(ctx, l, p.clone(), experts.clone(), x);
+                    ctx.recomputing = false;
+                    let (y, ls) = r?;
+                    (ctx.moe_aux_loss, ctx.moe_dropped) = stats;
+                    drop(y);
+                    dy = Some(layer_bwd(
+                        ctx,
+                        l,
+                        p,
+                        experts,
+                        ls,
+                        dy.take().expect("grad"),
+                        &mut sink,
+                    )?);
+                }
+                BlockSaved::Embedding(tokens) => {
+                    embedding_bwd(ctx, tokens, dy.take().expect("grad"), &mut sink)?
+                }
+                BlockSaved::Experts => {}
+            }
+
+            drop((h, eh));
+            if let Some(b) = bucket {
+                self.flush_bucket(bi, b)?;
+            }
+            if let (Some(ei), true) = (ei, use_bucket) {
+                // Every member of the expert-DP group flushes, even with no tokens routed here.
+                let b = match ebucket {
+                    Some(b) => b,
+                    None => self
+                        .ctx
+                        .zeros_f32(Category::Buffers, &[self.blocks[ei].range.len()])?,
+                };
+                self.flush_bucket(ei, b)?;
+            }
+            if !immediate {
+                held.push((bi, kept));
+            }
+        }
+        if let Some(dx) = dy {
+            self.mailbox.insert((stage, mb, true), dx);
+        }
+        if !immediate {
+            self.wtasks.insert((stage, mb), held);
+        }
+        Ok(())
+    }
+
+    /// Runs block `bi`'s held weight-gradient tasks (a W action), its experts' included.
+    fn run_tasks(&mut self, bi: usize, tasks: Vec<WTask<B>>) -> Result<(), ExecError> {
+        let ei = self.experts_of(bi);
+        let l = &self.blocks[bi];
+        let le = ei.map(|ei| &self.blocks[ei]);
+        let no_block = || ExecError::from(StateError::ExpertGradientWithoutBlock);
+        if self.zero < 2 {
+            for t in tasks {
+                if t.is_expert() {
+                    let le = le.ok_or_else(no_block)?;
+                    let g = ViewMut {
+                        tensor: &mut self.grads[EXPERT_SPACE],
+                        range: le.range.clone(),
+                    };
+                    t.run(&mut self.ctx, le, g)?;
+                } else {
+                    let g = ViewMut {
+                        tensor: &mut self.grads[DENSE_SPACE],
+                        range: l.range.clone(),
+                    };
+                    t.run(&mut self.ctx, l, g)?;
+                }
+            }
+            return Ok(());
+        }
+        self.cache.clear();
+        let mut bucket = self.ctx.zeros_f32(Category::Buffers, &[l.range.len()])?;
+        let mut ebucket = match le {
+            Some(le) => Some(self.ctx.zeros_f32(Category::Buffers, &[le.range.len()])?),
+            None => None,
+        };
+        for t in tasks {
+            if t.is_expert() {
+                let (le, b) = le.zip(ebucket.as_mut()).ok_or_else(no_block)?;
+                t.run(&mut self.ctx, le, ViewMut::all(b))?;
+            } else {
+                t.run(&mut self.ctx, l, ViewMut::all(&mut bucket))?;
+            }
+        }
+        self.flush_bucket(bi, bucket)?;
+        if let (Some(ei), Some(b)) = (ei, ebucket) {
+            self.flush_bucket(ei, b)?;
+        }
+        Ok(())
+    }
+}
