@@ -216,7 +216,11 @@ impl State {
     /// Takes one `--flag values...` of the training script.
     pub fn apply(&mut self, raw_flag: &str, values: &[String]) -> Result<(), String> {
         let flag = raw_flag.replace('_', "-");
-        if values.iter().any(|v| v.contains('$')) {
+        let known = DIRECT.iter().any(|d| d.0 == flag)
+            || KEPT_INTS.contains(&flag.as_str())
+            || KEPT_SWITCHES.contains(&flag.as_str())
+            || KEPT_WORDS.contains(&flag.as_str());
+        if known && values.iter().any(|v| v.contains('$')) {
             self.notes.push(format!(
                 "{raw_flag} {}: the value is not resolved, so the flag is ignored",
                 values.join(" ")

@@ -61,9 +61,21 @@ fn llama3_8b_launch_script_imports_every_setting() {
 
 #[test]
 fn unresolved_variables_are_reported_and_their_flags_ignored() {
-    let text = "torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size $TP \\\n  --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --bf16\n";
+    let text = "torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size $TP \\\n  --save $CKPT --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --bf16\n";
     let (cfg, imp) = imported(text);
-    assert_eq!(imp.unresolved, ["$TP"]);
+    assert_eq!(imp.unresolved, ["$CKPT", "$TP"]);
+    assert_eq!(
+        imp.ignored,
+        ["--save"],
+        "an ignored flag is named once, as ignored"
+    );
+    assert_eq!(
+        imp.notes
+            .iter()
+            .filter(|n| n.contains("not resolved"))
+            .count(),
+        1
+    );
     assert!(imp.warnings().iter().any(|w| w.contains("$TP")));
     assert!(imp
         .notes
