@@ -1,6 +1,6 @@
 //! One full estimate of a resolved configuration: parameters, FLOPs, memory stage by stage,
 //! communication per group, the pipeline schedule, step time and throughput, shaped as the
-//! DESIGN.md output contract.
+//! output contract of docs/design.md.
 
 use crate::comm::{
     dp_collectives, rank_step_bytes, replica_sets, step_collectives, StepCollective, StepRole,
@@ -115,7 +115,7 @@ pub struct Throughput {
     pub mfu: f64,
 }
 
-/// The whole estimate (DESIGN.md output contract).
+/// The whole estimate (the output contract of docs/design.md).
 #[derive(Debug, Clone, Serialize)]
 pub struct Estimate {
     pub config: Config,

@@ -38,7 +38,7 @@ pub struct ExecuteArgs {
     /// Seed of the initialisation and of the synthetic tokens.
     #[arg(long, default_value_t = 1234)]
     pub seed: u64,
-    /// Print the DESIGN.md JSON object instead of tables.
+    /// Print the JSON object of docs/design.md's output contract instead of tables.
     #[arg(long)]
     pub json: bool,
     /// Calibrate: run a sweep of plans on the backend, fit the CPU profile's efficiencies to

@@ -8,7 +8,7 @@ mod layout;
 mod schedule;
 mod search;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// parsim: plan, simulate and run the parallel layout of LLM training.
 #[derive(Debug, Parser)]
@@ -35,6 +35,13 @@ pub enum Command {
     Calibrate(calibrate::CalibrateArgs),
     /// Run the configuration for real (CPU threads) and compare with the prediction.
     Execute(execute::ExecuteArgs),
+    /// Print a shell completion script to stdout (e.g. `parsim completions bash > parsim.bash`).
+    Completions {
+        /// The shell: bash, zsh, fish, elvish, powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) to stdout (e.g. `parsim man > parsim.1`).
+    Man,
 }
 
 /// Runs the parsed command.
@@ -46,5 +53,14 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Layout(a) => layout::run(a),
         Command::Calibrate(a) => calibrate::run(a),
         Command::Execute(a) => execute::run(a),
+        Command::Completions { shell } => {
+            let mut cmd = Cli::command();
+            clap_complete::generate(shell, &mut cmd, "parsim", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man => {
+            clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
+            Ok(())
+        }
     }
 }

@@ -93,7 +93,7 @@ impl Default for GemmShape {
     }
 }
 
-/// A GPU kind's profile (DESIGN.md, Calibration).
+/// A GPU kind's profile (docs/design.md, Calibration).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuProfile {

@@ -11,6 +11,7 @@ mod error;
 mod gpu;
 pub mod hf;
 pub mod load;
+pub mod megatron;
 mod model;
 mod parallel;
 pub mod presets;
