@@ -7,6 +7,8 @@
 #   default OUT: docs/gui.png; default flags: --compare 1f1b --search (the README picture:
 #   interleaved 1F1B over plain 1F1B, with the search panel's results).
 # Needs root or sudo for apt-get when the packages are missing. Not run by CI.
+# PARSIM_SCREENSHOT_PROFILE=debug uses a debug build (quicker to build, same picture);
+# CARGO_TARGET_DIR is honoured.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -33,12 +35,18 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-cargo build --release -p parsim-gui
+PROFILE="${PARSIM_SCREENSHOT_PROFILE:-release}"
+if [ "$PROFILE" = release ]; then
+    cargo build --release -p parsim-gui
+else
+    cargo build -p parsim-gui
+fi
+BIN="${CARGO_TARGET_DIR:-target}/$PROFILE/parsim-gui"
 mkdir -p "$(dirname "$OUT")"
 rm -f "$OUT"
 # Mesa's llvmpipe renders OpenGL on the CPU; no GPU or display needed.
 export LIBGL_ALWAYS_SOFTWARE=1
 timeout 300 xvfb-run -a -s "-screen 0 ${WIDTH}x${HEIGHT}x24" \
-    target/release/parsim-gui --size "${WIDTH}x${HEIGHT}" --screenshot "$OUT" "${FLAGS[@]}"
+    "$BIN" --size "${WIDTH}x${HEIGHT}" --screenshot "$OUT" "${FLAGS[@]}"
 test -s "$OUT" || { echo "no screenshot was written" >&2; exit 1; }
 echo "screenshot: $OUT"

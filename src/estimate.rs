@@ -1,6 +1,6 @@
 //! One full estimate of a resolved configuration: parameters, FLOPs, memory stage by stage,
 //! communication per group, the pipeline schedule, step time and throughput, shaped as the
-//! DESIGN.md output contract.
+//! output contract of docs/design.md.
 
 use crate::comm::{
     dp_collectives, rank_step_bytes, replica_sets, step_collectives, StepCollective, StepRole,
@@ -121,7 +121,7 @@ pub struct Throughput {
     pub mfu: f64,
 }
 
-/// The whole estimate (DESIGN.md output contract).
+/// The whole estimate (the output contract of docs/design.md).
 #[derive(Debug, Clone, Serialize)]
 pub struct Estimate {
     pub config: Config,
@@ -143,6 +143,10 @@ pub struct Estimate {
 pub enum EstimateError {
     #[error(transparent)]
     Schedule(#[from] ScheduleError),
+    /// A figure overflowed (e.g. a profile's latencies add up past the largest float): no
+    /// null or infinity is printed as a result.
+    #[error("the estimated {quantity} is not a finite number ({value}): the configuration's or the hardware profile's figures overflow")]
+    NonFinite { quantity: &'static str, value: f64 },
 }
 
 /// Per-stage durations of one chunk for one microbatch, with its exposed communication.
@@ -609,6 +613,16 @@ impl<'a> Prepared<'a> {
             .collect();
         let usable_bytes = r.gpu.usable_memory_bytes();
         let fits = per_gpu_max_bytes <= usable_bytes;
+        for (quantity, value) in [
+            ("step time", step_s),
+            ("compute time", time.compute_s),
+            ("exposed communication", time.exposed_comm_s),
+            ("bubble fraction", sim.bubble_fraction),
+        ] {
+            if !value.is_finite() {
+                return Err(EstimateError::NonFinite { quantity, value });
+            }
+        }
         Ok(Estimate {
             config: cfg.clone(),
             gpu: r.gpu.name.clone(),

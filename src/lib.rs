@@ -8,6 +8,7 @@ pub mod calibrate;
 pub mod comm;
 pub mod config;
 pub mod estimate;
+pub mod host;
 pub mod layout;
 pub mod memory;
 pub mod model;

@@ -295,17 +295,22 @@ pub fn stage_memory(
                 .map(|b| b.saved_all - b.saved)
                 .max()
                 .unwrap_or(0);
-            let a = (per_microbatch * sets as u64).div_ceil(v) + rebuilt;
+            // Saturating: GPipe keeps every microbatch live, up to 2^30 of them, which is
+            // reported as not fitting rather than wrapping.
+            let a = per_microbatch
+                .saturating_mul(sets as u64)
+                .div_ceil(v)
+                .saturating_add(rebuilt);
             ActivationPeak {
                 activations: a,
-                with_buffers: a + phase.max(),
+                with_buffers: a.saturating_add(phase.max()),
             }
         }
     };
     let activations = peak.activations;
     let buffers = fixed + phase.max();
     // The worst moment, not the sum of each category's worst (which can be larger).
-    let total = weights + grads + optimizer + fixed + peak.with_buffers;
+    let total = (weights + grads + optimizer + fixed).saturating_add(peak.with_buffers);
     StageMemory {
         stage: rank,
         weights,

@@ -150,6 +150,8 @@ pub enum SearchError {
     Config(#[from] ConfigError),
     #[error("search: --mbs-max must be at least 1")]
     MbsMax,
+    #[error("search: --top must be at least 1 (how many mixes to list)")]
+    Top,
 }
 
 impl Constraint {
@@ -303,6 +305,15 @@ fn divisors(n: u64) -> impl Iterator<Item = u64> {
     (1..=n).filter(move |d| n % d == 0)
 }
 
+/// The micro batch sizes tried: powers of two up to `mbs_max`, and never above the global
+/// batch (a larger one cannot divide it), so a huge `--mbs-max` neither wraps nor loops.
+fn micro_batches(mbs_max: u64, gbs: u64) -> impl Iterator<Item = u64> {
+    let most = mbs_max.min(gbs);
+    (0..u64::BITS)
+        .map(|i| 1u64 << i)
+        .take_while(move |&b| b <= most)
+}
+
 /// Every mix the enumeration produces for `base` (before validation and pruning).
 pub fn enumerate(base: &Config, mbs_max: u64) -> Vec<Mix> {
     let m = &base.model;
@@ -370,7 +381,8 @@ pub fn enumerate(base: &Config, mbs_max: u64) -> Vec<Mix> {
                 for &(vpp, schedule, first, last) in &pipes {
                     for &ep in &eps {
                         for zero in 0..=3u8 {
-                            for mbs in (0..).map(|i| 1u64 << i).take_while(|&b| b <= mbs_max) {
+                            for mbs in micro_batches(mbs_max, gbs) {
+                                // mbs <= gbs and dp <= num_gpus: the product fits in u64.
                                 if gbs % (mbs * dp) != 0 {
                                     continue;
                                 }
@@ -515,6 +527,10 @@ pub fn search(
     if spec.mbs_max == 0 {
         return Err(SearchError::MbsMax);
     }
+    if spec.top == 0 {
+        return Err(SearchError::Top);
+    }
+    crate::config::check_base(&spec.base)?;
     let start = Instant::now();
     let gpu = GpuProfile::load(&spec.base.cluster.gpu)?;
     let mixes = enumerate(&spec.base, spec.mbs_max);

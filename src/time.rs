@@ -210,7 +210,7 @@ pub fn block_times(
     t
 }
 
-/// Step time and its parts, in seconds (DESIGN.md `time`).
+/// Step time and its parts, in seconds (docs/design.md, `time`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct StepTime {
     pub step_s: f64,

@@ -1,5 +1,5 @@
 //! CLI tests: every validation rule gives a clear error naming the field and the rule, a
-//! nonzero exit, and no panic; the JSON output follows the DESIGN.md contract.
+//! nonzero exit, and no panic; the JSON output follows the output contract of docs/design.md.
 
 use assert_cmd::cargo::cargo_bin_cmd;
 use predicates::prelude::*;

@@ -1,4 +1,4 @@
-//! The engine's modules import one way (DESIGN.md, Layout): config -> layout -> model ->
+//! The engine's modules import one way (docs/design.md, Layout): config -> layout -> model ->
 //! network/time -> schedule -> memory/comm -> estimate -> search/report/cli. Reads every
 //! `crate::` path in src/ and fails on any cycle between top-level modules, or between the
 //! files of one directory that name each other (`super::file::`).
@@ -113,7 +113,7 @@ fn src_modules_import_one_way() {
         }
     }
     assert!(top.contains_key("model") && top.contains_key("network"));
-    // The engine's modules in DESIGN.md's order: each imports only those before it.
+    // The engine's modules in docs/design.md's order: each imports only those before it.
     let order = [
         "config", "layout", "model", "network", "time", "schedule", "memory", "comm", "estimate",
         "search",
@@ -125,7 +125,7 @@ fn src_modules_import_one_way() {
                 let same_tier = matches!((from.as_str(), to.as_str()), ("comm", "memory"));
                 assert!(
                     b < a && !same_tier,
-                    "{from} imports {to}, against DESIGN.md's order {order:?}"
+                    "{from} imports {to}, against docs/design.md's order {order:?}"
                 );
             }
         }

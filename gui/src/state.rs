@@ -113,6 +113,9 @@ fn estimate_problems(e: &EstimateError) -> Problems {
         EstimateError::Schedule(s) => Problems {
             violations: vec![Violation::new(s.field(), s.to_string())],
         },
+        EstimateError::NonFinite { .. } => Problems {
+            violations: vec![Violation::new("cluster.gpu", e.to_string())],
+        },
     }
 }
 

@@ -47,6 +47,33 @@ pub enum MeasurementError {
     Empty { path: String },
 }
 
+/// Lines whose `peak_bytes` exceed the memory of the GPU they name: no run can have measured
+/// such a peak (a unit mistake, or a peak copied from a prediction), so the user is told
+/// before they enter the fit. `origin` names the file.
+pub fn peak_warnings(measurements: &[Measurement], origin: &str) -> Vec<String> {
+    measurements
+        .iter()
+        .filter_map(|m| {
+            let peak = m.peak_bytes?;
+            let gpu = crate::config::GpuProfile::load(&m.config.cluster.gpu).ok()?;
+            (peak > gpu.memory_bytes).then(|| {
+                format!(
+                    "{origin}:{}: `peak_bytes` = {peak} exceeds the memory of {} ({} bytes): not a peak a run can measure",
+                    m.line, gpu.name, gpu.memory_bytes
+                )
+            })
+        })
+        .collect()
+}
+
+/// The fields a measurement line may hold.
+const KNOWN_KEYS: [&str; 5] = ["config", "step_s", "peak_bytes", "label", "holdout"];
+
+/// The shortest and longest measured step accepted, in seconds: outside them a fit divides
+/// its way to infinity (a step of 1e-300 s) or the figure is not a step time.
+const MIN_STEP_S: f64 = 1e-6;
+const MAX_STEP_S: f64 = 1e7;
+
 /// Reads and checks a measurement file.
 pub fn read(path: &Path) -> Result<Vec<Measurement>, MeasurementError> {
     let text = std::fs::read_to_string(path).map_err(|source| MeasurementError::Io {
@@ -70,10 +97,18 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<Measurement>, MeasurementEr
             line,
             message,
         };
+        serde_json::from_str::<crate::config::load::UniqueKeys>(t)
+            .map_err(|e| err(format!("not JSON: {e}")))?;
         let v: Value = serde_json::from_str(t).map_err(|e| err(format!("not JSON: {e}")))?;
         let obj = v
             .as_object()
             .ok_or_else(|| err("expected a JSON object".into()))?;
+        if let Some(k) = obj.keys().find(|k| !KNOWN_KEYS.contains(&k.as_str())) {
+            return Err(err(format!(
+                "unknown field `{k}` (known: {})",
+                KNOWN_KEYS.join(", ")
+            )));
+        }
         let config = obj
             .get("config")
             .ok_or_else(|| err("missing field `config` (a parsim configuration object)".into()))?;
@@ -85,9 +120,9 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<Measurement>, MeasurementEr
             .ok_or_else(|| err("missing field `step_s` (measured seconds per step)".into()))?
             .as_f64()
             .ok_or_else(|| err("`step_s` must be a number".into()))?;
-        if !(step_s.is_finite() && step_s > 0.0) {
+        if !(step_s.is_finite() && (MIN_STEP_S..=MAX_STEP_S).contains(&step_s)) {
             return Err(err(format!(
-                "`step_s` must be a positive number of seconds, got {step_s}"
+                "`step_s` must be a positive number of seconds in [{MIN_STEP_S:e}, {MAX_STEP_S:e}], got {step_s:?}"
             )));
         }
         let peak_bytes =
@@ -97,11 +132,19 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<Measurement>, MeasurementEr
                     err(format!("`peak_bytes` must be a positive integer, got {p}"))
                 })?),
             };
-        let label = obj
-            .get("label")
-            .and_then(Value::as_str)
-            .map_or_else(|| format!("line {line}"), str::to_string);
-        let holdout = obj.get("holdout").and_then(Value::as_bool).unwrap_or(false);
+        let label = match obj.get("label") {
+            None | Some(Value::Null) => format!("line {line}"),
+            Some(l) => l
+                .as_str()
+                .ok_or_else(|| err(format!("`label` must be a string, got {l}")))?
+                .to_string(),
+        };
+        let holdout = match obj.get("holdout") {
+            None | Some(Value::Null) => false,
+            Some(h) => h
+                .as_bool()
+                .ok_or_else(|| err(format!("`holdout` must be true or false, got {h}")))?,
+        };
         let layer = Layer {
             origin: format!("{origin}:{line}"),
             base_dir: Path::new(origin).parent().map(Path::to_path_buf),

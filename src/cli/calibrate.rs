@@ -147,6 +147,9 @@ fn print_fit(f: &ProfileFit, report: bool) {
 pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
     let base = GpuProfile::load(&args.profile)?;
     let ms = measurements::read(&args.measurements)?;
+    for w in measurements::peak_warnings(&ms, &args.measurements.display().to_string()) {
+        eprintln!("warning: {w}");
+    }
     let origin = args.measurements.display().to_string();
     let fit = fit_profile(&base, &ms, &origin)?;
     if args.json {

@@ -2,14 +2,17 @@
 //! layer (shaped like the file) that is merged over the file, so flags and files go through
 //! the same deserialization and validation.
 
+use anyhow::Context;
 use clap::Args;
+use parsim::config::megatron;
 use parsim::config::{
     Activation, Config, CpComm, Dtype, FlopsAttention, Layer, Precision, Recompute, Resolved,
     ScheduleKind, TrainingMode,
 };
 use parsim::scaling::GpuRange;
 use serde_json::{json, Map, Value};
-use std::path::PathBuf;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 
 /// Where the configuration starts from: a file, and the model from a preset or a Hugging Face
 /// config.json. Shared by every subcommand that reads a configuration.
@@ -18,34 +21,39 @@ pub struct SourceArgs {
     /// Configuration file (TOML, or JSON by extension); flags override it.
     #[arg(long, short = 'c', value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Model preset (gpt3-175b, llama2-7b, llama2-70b, llama3-8b, llama3-70b, llama3-405b, mixtral-8x7b, deepseek-v3).
+    /// Model preset (gpt3-175b, llama2-7b, llama2-70b, llama3-8b, llama3-70b, llama3-405b, mixtral-8x7b, deepseek-v3). [default from config: llama3-8b]
     #[arg(long, value_name = "PRESET", conflicts_with = "model_config")]
     pub model: Option<String>,
     /// A Hugging Face config.json to import the model from.
     #[arg(long, value_name = "HF_CONFIG_JSON")]
     pub model_config: Option<PathBuf>,
+    /// A Megatron-LM (or NeMo Megatron) launch script or argument list, `-` for stdin: its
+    /// model, parallel and training flags apply over --config, and the flags given here over
+    /// it. Flags with no counterpart are named in a warning.
+    #[arg(long, value_name = "FILE|-")]
+    pub megatron_args: Option<PathBuf>,
 }
 
 /// The cluster and the workload: what `search` keeps fixed while it searches the parallel mix.
 #[derive(Debug, Clone, Default, Args)]
 pub struct WorkloadArgs {
     /// Number of GPUs; `search` also takes a range LOW..HIGH (the powers of two inside it
-    /// and both ends).
+    /// and both ends). [default from config: 8]
     #[arg(long, value_name = "N|LOW..HIGH", value_parser = gpu_count)]
     pub gpus: Option<GpuCount>,
-    /// GPUs per node.
+    /// GPUs per node. [default from config: 8]
     #[arg(long)]
     pub gpus_per_node: Option<u32>,
-    /// GPU profile name (a100-40g, a100-80g, h100-sxm, h200, b200, mi300x) or profile TOML path.
+    /// GPU profile name (a100-40g, a100-80g, h100-sxm, h200, b200, mi300x) or profile TOML path. [default from config: h100-sxm]
     #[arg(long)]
     pub gpu: Option<String>,
-    /// Sequence length.
+    /// Sequence length. [default from config: 8192]
     #[arg(long)]
     pub seq: Option<u64>,
-    /// Global batch size.
+    /// Global batch size. [default from config: 64]
     #[arg(long)]
     pub gbs: Option<u64>,
-    /// Precision: bf16, fp16, fp8, fp32.
+    /// Precision: bf16, fp16, fp8, fp32. [default from config: bf16]
     #[arg(long)]
     pub precision: Option<Precision>,
     /// Fraction of GPU memory kept free for allocator fragmentation and reserve, e.g. 0.1 or
@@ -89,9 +97,73 @@ impl SourceArgs {
         if let Some(path) = &self.config {
             layers.push(Layer::from_file(path)?);
         }
+        if let Some(path) = &self.megatron_args {
+            layers.push(megatron_layer(path)?);
+        }
         layers.push(Layer::overrides(overrides));
-        Ok(Config::from_layers(&layers)?)
+        let cfg = Config::from_layers(&layers)?;
+        for w in self.dropped_model(&layers[..layers.len() - 1]) {
+            eprintln!("warning: {w}");
+        }
+        Ok(cfg)
     }
+
+    /// The model fields of the files that `--model` or `--model-config` replaces, named
+    /// (they were silently discarded before).
+    fn dropped_model(&self, files: &[Layer]) -> Vec<String> {
+        let flag = match (&self.model, &self.model_config) {
+            (Some(_), _) => "--model",
+            (None, Some(_)) => "--model-config",
+            (None, None) => return Vec::new(),
+        };
+        files
+            .iter()
+            .filter_map(|layer| {
+                let model = layer.value.get("model")?.as_object()?;
+                let dropped: Vec<&str> = model
+                    .keys()
+                    .map(String::as_str)
+                    .filter(|k| !matches!(*k, "preset" | "hf_config"))
+                    .collect();
+                (!model.is_empty()).then(|| {
+                    format!(
+                        "{flag} replaces the model of {}: its [model] fields{} are ignored",
+                        layer.origin,
+                        if dropped.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({})", dropped.join(", "))
+                        }
+                    )
+                })
+            })
+            .collect()
+    }
+}
+
+/// The override layer of a Megatron-LM launch (`-` reads stdin); what did not carry over is
+/// printed as warnings.
+fn megatron_layer(path: &Path) -> anyhow::Result<Layer> {
+    let (text, origin) = if path.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .context("reading Megatron arguments from stdin")?;
+        (text, "Megatron arguments (stdin)".to_string())
+    } else {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading Megatron arguments {}", path.display()))?;
+        (text, path.display().to_string())
+    };
+    let imported = megatron::import(&text, &origin)?;
+    for warning in imported.warnings() {
+        eprintln!("warning: {origin}: {warning}");
+    }
+    Ok(Layer {
+        origin,
+        base_dir: None,
+        value: imported.layer,
+    })
 }
 
 impl SourceArgs {
@@ -140,52 +212,52 @@ pub struct ConfigArgs {
     pub source: SourceArgs,
     #[command(flatten)]
     pub workload: WorkloadArgs,
-    /// Tensor-parallel degree.
+    /// Tensor-parallel degree. [default from config: 2]
     #[arg(long)]
     pub tp: Option<u32>,
-    /// Turn sequence parallelism on (needs tp > 1).
+    /// Turn sequence parallelism on (needs tp > 1). [default from config: on]
     #[arg(long, overrides_with = "no_sp")]
     pub sp: bool,
     /// Turn sequence parallelism off.
     #[arg(long)]
     pub no_sp: bool,
-    /// Context-parallel degree.
+    /// Context-parallel degree. [default from config: 1]
     #[arg(long)]
     pub cp: Option<u32>,
-    /// Context-parallel exchange: p2p, zigzag, allgather, a2a.
+    /// Context-parallel exchange: p2p, zigzag, allgather, a2a. [default from config: p2p]
     #[arg(long)]
     pub cp_comm: Option<CpComm>,
-    /// Pipeline-parallel degree.
+    /// Pipeline-parallel degree. [default from config: 1]
     #[arg(long)]
     pub pp: Option<u32>,
-    /// Virtual pipeline stages (model chunks) per pipeline rank.
+    /// Virtual pipeline stages (model chunks) per pipeline rank. [default from config: 1]
     #[arg(long)]
     pub vpp: Option<u32>,
-    /// Pipeline schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v, dualpipe-v.
+    /// Pipeline schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v, dualpipe-v. [default from config: 1f1b]
     #[arg(long)]
     pub schedule: Option<ScheduleKind>,
-    /// Expert-parallel degree.
+    /// Expert-parallel degree. [default from config: 1]
     #[arg(long)]
     pub ep: Option<u32>,
-    /// Tensor-parallel degree of the routed experts.
+    /// Tensor-parallel degree of the routed experts. [default from config: 1]
     #[arg(long)]
     pub expert_tp: Option<u32>,
-    /// ZeRO stage 0-3.
+    /// ZeRO stage 0-3. [default from config: 1]
     #[arg(long)]
     pub zero: Option<u8>,
-    /// Data-parallel degree (derived from --gpus when left out).
+    /// Data-parallel degree. [default from config: GPUs / (tp x cp x pp)]
     #[arg(long)]
     pub dp: Option<u32>,
-    /// Rank order, fastest first (default tp-cp-ep-dp-pp).
+    /// Rank order, fastest first. [default from config: tp-cp-ep-dp-pp]
     #[arg(long)]
     pub order: Option<String>,
-    /// Layers on the first pipeline stage (Megatron's --decoder-first-pipeline-num-layers).
+    /// Layers on the first pipeline stage (Megatron's --decoder-first-pipeline-num-layers). [default from config: an even split]
     #[arg(long)]
     pub first_stage_layers: Option<u32>,
-    /// Layers on the last pipeline stage (Megatron's --decoder-last-pipeline-num-layers).
+    /// Layers on the last pipeline stage (Megatron's --decoder-last-pipeline-num-layers). [default from config: an even split]
     #[arg(long)]
     pub last_stage_layers: Option<u32>,
-    /// Micro batch size, or `max` (estimate): the largest that fits.
+    /// Micro batch size, or `max` (estimate): the largest that fits. [default from config: 1]
     #[arg(long, value_name = "N|max", value_parser = micro_batch)]
     pub mbs: Option<MicroBatch>,
     #[command(flatten)]
@@ -199,34 +271,34 @@ pub struct TrainingArgs {
     /// A hardware profile TOML (e.g. one written by `parsim calibrate`); the same as --gpu PATH.
     #[arg(long, value_name = "FILE", conflicts_with = "gpu")]
     pub profile: Option<PathBuf>,
-    /// Gradient buffer dtype: fp32, bf16.
+    /// Gradient buffer dtype: fp32, bf16. [default from config: fp32]
     #[arg(long)]
     pub grad_dtype: Option<Dtype>,
-    /// Activation recomputation: none, selective, full.
+    /// Activation recomputation: none, selective, full. [default from config: selective]
     #[arg(long)]
     pub recompute: Option<Recompute>,
-    /// Fused (flash) attention on or off.
+    /// Fused (flash) attention on or off. [default from config: true]
     #[arg(long, value_name = "BOOL")]
     pub flash_attention: Option<bool>,
-    /// Pad the vocabulary to a multiple of N x TP (Megatron; 1 = no padding).
+    /// Pad the vocabulary to a multiple of N x TP (Megatron; 1 = no padding). [default from config: the model's; 1 for the built-in model]
     #[arg(long, value_name = "N")]
     pub make_vocab_size_divisible_by: Option<u64>,
-    /// Attention FLOPs counting: causal (Megatron-LM today) or full (Narayanan et al. 2021, PaLM).
+    /// Attention FLOPs counting: causal (Megatron-LM today) or full (Narayanan et al. 2021, PaLM). [default from config: causal]
     #[arg(long)]
     pub flops_attention: Option<FlopsAttention>,
-    /// Training mode: full or lora.
+    /// Training mode: full or lora. [default from config: full]
     #[arg(long)]
     pub mode: Option<TrainingMode>,
-    /// LoRA rank (with --mode lora).
+    /// LoRA rank (with --mode lora). [default from config: 16]
     #[arg(long)]
     pub lora_rank: Option<u64>,
-    /// MLP activation: swiglu or gelu.
+    /// MLP activation: swiglu or gelu. [default from config: the model's; swiglu for the built-in model]
     #[arg(long)]
     pub activation: Option<Activation>,
-    /// MoE load imbalance: the hottest expert's tokens over a uniform share (>= 1).
+    /// MoE load imbalance: the hottest expert's tokens over a uniform share (>= 1). [default from config: 1.0]
     #[arg(long, value_parser = finite_f64)]
     pub moe_load_imbalance: Option<f64>,
-    /// Multi-token-prediction modules (DeepSeek-V3), on the last pipeline stage.
+    /// Multi-token-prediction modules (DeepSeek-V3), on the last pipeline stage. [default from config: the model's; 0 for the built-in model]
     #[arg(long)]
     pub mtp_layers: Option<u32>,
     /// Overlap TP collectives with the GEMMs they feed (Megatron's --tp-comm-overlap).
@@ -241,7 +313,7 @@ pub struct TrainingArgs {
     /// Expose the ring-attention K/V exchange instead of overlapping it with attention.
     #[arg(long)]
     pub no_cp_comm_overlap: bool,
-    /// DP gradient bucket size in parameters (Megatron's --ddp-bucket-size).
+    /// DP gradient bucket size in parameters (Megatron's --ddp-bucket-size). [default from config: max(40M, 1M x dp)]
     #[arg(long)]
     pub ddp_bucket_size: Option<u64>,
 }
@@ -390,7 +462,8 @@ impl ConfigArgs {
         Value::Object(m)
     }
 
-    /// The merged configuration (file, then flags). With `--gpus` alone (no tp, cp, pp or dp
+    /// The merged configuration (file, then flags); flags it ignores are named on stderr.
+    /// With `--gpus` alone (no tp, cp, pp or dp
     /// from a flag or the file), degrees that do not divide the GPU count are lowered, with a
     /// note on stderr.
     pub fn load(&self) -> anyhow::Result<Config> {
@@ -401,6 +474,9 @@ impl ConfigArgs {
             anyhow::bail!("--gpus LOW..HIGH: only `parsim search` takes a range of GPU counts");
         }
         let mut config = self.source.load_with(self.overrides())?;
+        for w in self.ignored(&config) {
+            eprintln!("warning: {w}");
+        }
         let degrees_given = self.tp.is_some()
             || self.cp.is_some()
             || self.pp.is_some()
@@ -420,6 +496,29 @@ impl ConfigArgs {
             mbs: Some(MicroBatch::Size(mbs)),
             ..self.clone()
         }
+    }
+
+    /// Flags that the merged configuration `cfg` does not use, each named: they were
+    /// silently dropped before.
+    fn ignored(&self, cfg: &Config) -> Vec<String> {
+        let mut w = Vec::new();
+        if self.training.lora_rank.is_some() && cfg.training.mode != TrainingMode::Lora {
+            w.push("--lora-rank ignored: training.mode is full (add --mode lora)".to_string());
+        }
+        if !cfg.model.is_moe() {
+            let model = &cfg.model.name;
+            if self.expert_tp.is_some() {
+                w.push(format!(
+                    "--expert-tp ignored: {model} is dense (model.num_experts = 0)"
+                ));
+            }
+            if self.training.moe_load_imbalance.is_some() {
+                w.push(format!(
+                    "--moe-load-imbalance ignored: {model} is dense (model.num_experts = 0)"
+                ));
+            }
+        }
+        w
     }
 
     /// The merged and validated configuration.

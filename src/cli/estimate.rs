@@ -10,12 +10,24 @@ use parsim::report::format::gib;
 pub struct EstimateArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
-    /// Print the DESIGN.md JSON object instead of tables.
+    /// Print the JSON object of docs/design.md's output contract instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// Print the configuration as a Megatron-LM launch (torchrun ... pretrain_gpt.py with its
+    /// flags) instead of estimating; `--megatron-args` reads it back.
+    #[arg(long, conflicts_with = "json")]
+    pub print_megatron_args: bool,
 }
 
 pub fn run(args: EstimateArgs) -> anyhow::Result<Outcome> {
+    if args.print_megatron_args {
+        let resolved = args.config.resolve()?;
+        // DP is derived from the GPU count on both sides; the resolved value is not a setting.
+        let mut config = resolved.config;
+        config.parallel.dp = None;
+        print!("{}", parsim::config::megatron::to_megatron_args(&config));
+        return Ok(Outcome::Ok);
+    }
     let (est, note) = if args.config.mbs == Some(MicroBatch::Max) {
         let (est, note) = largest_fitting_mbs(&args.config)?;
         (est, Some(note))

@@ -38,7 +38,7 @@ pub struct ExecuteArgs {
     /// Seed of the initialisation and of the synthetic tokens.
     #[arg(long, default_value_t = 1234)]
     pub seed: u64,
-    /// Print the DESIGN.md JSON object instead of tables.
+    /// Print the JSON object of docs/design.md's output contract instead of tables.
     #[arg(long)]
     pub json: bool,
     /// Calibrate: run a sweep of plans on the backend, fit the CPU profile's efficiencies to
@@ -54,9 +54,10 @@ pub struct ExecuteArgs {
     pub out: Option<std::path::PathBuf>,
 }
 
-/// The largest run the CPU backend accepts (threads, and host memory by the prediction).
+/// The largest run the CPU backend accepts (threads, and host memory by the prediction:
+/// what this machine has available, [`parsim::host::available_bytes`], else 32 GiB).
 const MAX_CPU_RANKS: u32 = 256;
-const MAX_CPU_BYTES: u64 = 32 << 30;
+const FALLBACK_HOST_BYTES: u64 = 32 << 30;
 
 #[derive(Debug, Serialize)]
 struct CoordsOut {
@@ -173,11 +174,15 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
     let est = parsim::estimate::estimate(&resolved).context("estimating the same configuration")?;
     let predicted: Vec<_> = est.memory.stages.clone();
     let total_predicted = predicted.iter().map(|s| s.total).max().unwrap_or(0) * world as u64;
-    if total_predicted > MAX_CPU_BYTES {
+    let (host_bytes, source) = match parsim::host::available_bytes() {
+        Some(b) => (b, "available on this machine (/proc/meminfo MemAvailable)"),
+        None => (FALLBACK_HOST_BYTES, "assumed: /proc/meminfo unreadable"),
+    };
+    if total_predicted > host_bytes {
         bail!(
-            "the cpu backend would need about {} of host memory for {world} ranks (limit {}); use a smaller model, sequence or batch",
+            "the cpu backend would need about {} of host memory for {world} ranks (limit {}, {source}); use a smaller model, sequence or batch",
             bytes(total_predicted as f64),
-            bytes(MAX_CPU_BYTES as f64)
+            bytes(host_bytes as f64)
         );
     }
     let plan = lower(

@@ -8,16 +8,20 @@ use parsim::layout::Layout;
 pub struct LayoutArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
-    /// Print every group (default: the first few of each kind).
+    /// Print every group (default: the first few of each kind; worlds of at most 65536 ranks).
     #[arg(long)]
     pub all: bool,
     /// Show only the coordinates and groups of this rank.
     #[arg(long)]
     pub rank: Option<u32>,
-    /// Print JSON: every rank's coordinates and every group.
+    /// Print JSON: every rank's coordinates and every group (worlds of at most 65536 ranks).
     #[arg(long)]
     pub json: bool,
 }
+
+/// The largest world whose every group `--json` and `--all` list: 65536 ranks give about
+/// 20 MB of JSON; 2^24 ranks needed over 8 GB of memory.
+const MAX_LISTED_RANKS: u32 = 1 << 16;
 
 pub fn run(args: LayoutArgs) -> anyhow::Result<()> {
     let resolved = args.config.resolve()?;
@@ -27,6 +31,14 @@ pub fn run(args: LayoutArgs) -> anyhow::Result<()> {
             r < layout.world(),
             "--rank {r} is out of range: the world has {} ranks (0..{})",
             layout.world(),
+            layout.world()
+        );
+    }
+    if (args.json || (args.all && args.rank.is_none())) && layout.world() > MAX_LISTED_RANKS {
+        anyhow::bail!(
+            "{} lists every rank's groups: at most {MAX_LISTED_RANKS} ranks (the world has {}); \
+             use `layout --rank R` (text) for one rank, or the summary without {0}",
+            if args.json { "--json" } else { "--all" },
             layout.world()
         );
     }

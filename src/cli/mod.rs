@@ -12,7 +12,7 @@ mod schedule;
 mod search;
 mod search_range;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// The exit statuses, for `--help` (docs/planning.md repeats them).
 pub const EXIT_CODES_HELP: &str = "\
@@ -80,6 +80,13 @@ pub enum Command {
     Calibrate(calibrate::CalibrateArgs),
     /// Run the configuration for real (CPU threads) and compare with the prediction.
     Execute(execute::ExecuteArgs),
+    /// Print a shell completion script to stdout (e.g. `parsim completions bash > parsim.bash`).
+    Completions {
+        /// The shell: bash, zsh, fish, elvish, powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) to stdout (e.g. `parsim man > parsim.1`).
+    Man,
 }
 
 /// Runs the parsed command.
@@ -93,5 +100,14 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Layout(a) => done(layout::run(a)),
         Command::Calibrate(a) => done(calibrate::run(a)),
         Command::Execute(a) => done(execute::run(a)),
+        Command::Completions { shell } => {
+            let mut cmd = Cli::command();
+            clap_complete::generate(shell, &mut cmd, "parsim", &mut std::io::stdout());
+            Ok(Outcome::Ok)
+        }
+        Command::Man => {
+            clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
+            Ok(Outcome::Ok)
+        }
     }
 }

@@ -22,7 +22,7 @@ pub struct ScheduleArgs {
     #[arg(long)]
     pub vpp: Option<u32>,
 
-    /// Microbatches per step.
+    /// Microbatches per step (pp x vpp x microbatches at most 2^22 = 4194304).
     #[arg(long, default_value_t = 8)]
     pub microbatches: u32,
 
@@ -71,7 +71,8 @@ pub struct ScheduleArgs {
     #[arg(long, value_name = "FILE")]
     pub png: Option<PathBuf>,
 
-    /// Chart width and height in pixels (default: 1400 wide, about 26 pixels per rank row).
+    /// Chart width and height in pixels (default: 1400 wide, about 26 pixels per rank row;
+    /// at most 8192 a side).
     #[arg(long, value_name = "WxH", value_parser = parse_size)]
     pub size: Option<(u32, u32)>,
 
@@ -88,7 +89,7 @@ pub struct ScheduleArgs {
     #[arg(long)]
     pub csv: bool,
 
-    /// Widest ASCII timeline, in time steps.
+    /// Widest ASCII timeline, in time steps (at least 8).
     #[arg(long, default_value_t = 120)]
     pub max_columns: usize,
     /// Take the schedule and per-stage durations (F, I, W and hop costs, in seconds) from the
@@ -109,7 +110,64 @@ fn parse_size(s: &str) -> Result<(u32, u32), String> {
         .trim()
         .parse()
         .map_err(|_| format!("bad height in '{s}'"))?;
+    let most = parsim::report::chart::MAX_SIDE_PX;
+    if w > most || h > most {
+        return Err(format!(
+            "{w}x{h} is too large: at most {most} pixels a side"
+        ));
+    }
     Ok((w, h))
+}
+
+/// The narrowest ASCII timeline drawn (a label and a few cells).
+const MIN_COLUMNS: usize = 8;
+
+/// Flags that no schedule of the run reads, each named in a warning.
+fn ignored_flags(args: &ScheduleArgs, kinds: &[ScheduleKind]) -> Vec<String> {
+    let mut w = Vec::new();
+    if args.config.is_some() {
+        return w;
+    }
+    let names = kinds
+        .iter()
+        .map(|k| k.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let split = |k: &ScheduleKind| {
+        matches!(
+            k,
+            ScheduleKind::ZbH1 | ScheduleKind::ZbV | ScheduleKind::DualPipeV
+        )
+    };
+    if args.w.is_some() && !kinds.iter().any(split) {
+        w.push(format!(
+            "--w ignored: {names} does not split the backward (zb-h1, zb-v and dualpipe-v do)"
+        ));
+    }
+    if args.overlap_factor != 1.0 && !kinds.contains(&ScheduleKind::DualPipeV) {
+        w.push(format!(
+            "--overlap-factor ignored: only dualpipe-v overlaps a forward with a backward (running {names})"
+        ));
+    }
+    if args.microbatch_group_size.is_some() && !kinds.contains(&ScheduleKind::Interleaved1F1B) {
+        w.push(format!(
+            "--microbatch-group-size ignored: only interleaved-1f1b groups microbatches (running {names})"
+        ));
+    }
+    if let (Some(v), Some(_)) = (args.vpp, &args.compare) {
+        let others: Vec<&str> = kinds
+            .iter()
+            .filter(|k| **k != ScheduleKind::Interleaved1F1B)
+            .map(|k| k.as_str())
+            .collect();
+        if !others.is_empty() {
+            w.push(format!(
+                "--vpp {v} applies only to interleaved-1f1b in --compare: {} run with their own chunk count",
+                others.join(", ")
+            ));
+        }
+    }
+    w
 }
 
 /// Runs `parsim schedule`.
@@ -119,6 +177,15 @@ pub fn run(args: ScheduleArgs) -> Result<()> {
         Some(_) => bail!("--compare needs at least one schedule name"),
         None => vec![args.schedule],
     };
+    if args.max_columns < MIN_COLUMNS {
+        bail!(
+            "--max-columns must be at least {MIN_COLUMNS} (got {})",
+            args.max_columns
+        );
+    }
+    for w in ignored_flags(&args, &kinds) {
+        eprintln!("warning: {w}");
+    }
     let options = GenerateOptions {
         microbatch_group_size: args.microbatch_group_size,
     };

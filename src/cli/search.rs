@@ -123,6 +123,9 @@ pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
     bar.finish_and_clear();
 
     let outcome = if result.interrupted {
+        // Exit status 130 once the partial results are printed, so scripts do not take them
+        // for a full answer.
+        eprintln!("search interrupted: the results below cover only the mixes evaluated");
         Outcome::Interrupted
     } else if result.top.is_empty() {
         Outcome::DoesNotFit

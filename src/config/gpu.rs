@@ -70,6 +70,8 @@ pub const DEFAULT_MEMORY_MARGIN_FRACTION: f64 = 0.05;
 fn default_memory_margin_fraction() -> f64 {
     DEFAULT_MEMORY_MARGIN_FRACTION
 }
+/// The largest latency or kernel overhead a profile may give, in seconds.
+const MAX_FIXED_COST_S: f64 = 1.0;
 
 fn default_kernel_overhead_s() -> f64 {
     4.0e-6
@@ -98,7 +100,7 @@ impl Default for GemmShape {
     }
 }
 
-/// A GPU kind's profile (DESIGN.md, Calibration).
+/// A GPU kind's profile (docs/design.md, Calibration).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuProfile {
@@ -200,10 +202,6 @@ impl GpuProfile {
             ("efficiency.attention", self.efficiency.attention),
             ("efficiency.memory_bound", self.efficiency.memory_bound),
             (
-                "efficiency.kernel_overhead_s",
-                self.efficiency.kernel_overhead_s.max(1e-30),
-            ),
-            (
                 "links.intra_node.efficiency",
                 self.links.intra_node.efficiency,
             ),
@@ -212,7 +210,8 @@ impl GpuProfile {
                 self.links.inter_node.efficiency,
             ),
         ];
-        for (field, v) in positive {
+        let fp8 = self.peak_flops.fp8.map(|v| ("peak_flops.fp8", v));
+        for (field, v) in positive.into_iter().chain(fp8) {
             if !(v.is_finite() && v > 0.0) {
                 return Err(ConfigError::Profile {
                     origin: origin.to_string(),
@@ -233,6 +232,31 @@ impl GpuProfile {
                 message: format!("memory_margin_fraction must be in [0, 1), got {margin}"),
             });
         }
+        // Fixed costs: non-negative, and at most a second (a larger one is a unit mistake and
+        // overflows the step time to infinity).
+        for (field, v) in [
+            (
+                "links.intra_node.latency_s",
+                self.links.intra_node.latency_s,
+            ),
+            (
+                "links.inter_node.latency_s",
+                self.links.inter_node.latency_s,
+            ),
+            (
+                "efficiency.kernel_overhead_s",
+                self.efficiency.kernel_overhead_s,
+            ),
+        ] {
+            if !(v.is_finite() && (0.0..=MAX_FIXED_COST_S).contains(&v)) {
+                return Err(ConfigError::Profile {
+                    origin: origin.to_string(),
+                    message: format!(
+                        "{field} must be in [0, {MAX_FIXED_COST_S}] seconds, got {v:?}"
+                    ),
+                });
+            }
+        }
         let oi = self.efficiency.overlap_interference;
         if !(oi.is_finite() && (0.0..=1.0).contains(&oi)) {
             return Err(ConfigError::Profile {
@@ -244,12 +268,20 @@ impl GpuProfile {
             ("efficiency.matmul", self.efficiency.matmul),
             ("efficiency.attention", self.efficiency.attention),
             ("efficiency.memory_bound", self.efficiency.memory_bound),
+            (
+                "links.intra_node.efficiency",
+                self.links.intra_node.efficiency,
+            ),
+            (
+                "links.inter_node.efficiency",
+                self.links.inter_node.efficiency,
+            ),
         ] {
             if v > 1.0 {
                 return Err(ConfigError::Profile {
                     origin: origin.to_string(),
                     message: format!(
-                        "{field} is a fraction of peak and must be at most 1, got {v}"
+                        "{field} is an achieved fraction (of peak or of bandwidth) and must be at most 1, got {v}"
                     ),
                 });
             }

@@ -64,12 +64,35 @@ impl Fields<'_> {
         }
     }
 
-    fn bool_or(&self, key: &str, default: bool) -> bool {
-        self.v.get(key).and_then(Value::as_bool).unwrap_or(default)
+    /// A boolean, `default` when absent or null; any other type is an error (a string
+    /// `"yes"` was read as false).
+    fn bool_or(&self, key: &str, default: bool) -> Result<bool, ConfigError> {
+        match self.v.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(x) => x
+                .as_bool()
+                .ok_or_else(|| self.err(format!("`{key}` must be true or false, got {x}"))),
+        }
     }
 
-    fn f64_or(&self, key: &str, default: f64) -> f64 {
-        self.v.get(key).and_then(Value::as_f64).unwrap_or(default)
+    /// A number, `default` when absent or null; any other type is an error (a string
+    /// `"0.5"` was read as the default).
+    fn f64_or(&self, key: &str, default: f64) -> Result<f64, ConfigError> {
+        match self.v.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(x) => x
+                .as_f64()
+                .ok_or_else(|| self.err(format!("`{key}` must be a number, got {x}"))),
+        }
+    }
+
+    /// A positive integer (a count that cannot be zero).
+    fn positive_u32(&self, key: &str) -> Result<u32, ConfigError> {
+        let x = self.u32(key)?;
+        if x == 0 {
+            return Err(self.err(format!("`{key}` must be at least 1, got 0")));
+        }
+        Ok(x)
     }
 
     fn str(&self, key: &str) -> Option<&str> {
@@ -134,14 +157,15 @@ fn llama_like(f: &Fields, arch: &str) -> Result<ModelConfig, ConfigError> {
         position_embedding: PositionEmbedding::Rope,
         activation: activation(f, "hidden_act")?,
         normalization: Normalization::Rmsnorm,
-        tied_embeddings: f.bool_or("tie_word_embeddings", false),
-        attention_dropout: f.f64_or("attention_dropout", 0.0),
-        add_qkv_bias: arch == "Qwen2ForCausalLM" || f.bool_or("attention_bias", false),
+        tied_embeddings: f.bool_or("tie_word_embeddings", false)?,
+        attention_dropout: f.f64_or("attention_dropout", 0.0)?,
+        add_qkv_bias: arch == "Qwen2ForCausalLM" || f.bool_or("attention_bias", false)?,
         ..ModelConfig::default()
     };
     if arch == "MixtralForCausalLM" {
-        m.num_experts = f.u32("num_local_experts")?;
-        m.moe_router_topk = f.u32("num_experts_per_tok")?;
+        // Zero experts would silently turn Mixtral dense.
+        m.num_experts = f.positive_u32("num_local_experts")?;
+        m.moe_router_topk = f.positive_u32("num_experts_per_tok")?;
         m.moe_ffn_hidden_size = m.ffn_hidden_size;
     }
     Ok(m)
@@ -150,6 +174,12 @@ fn llama_like(f: &Fields, arch: &str) -> Result<ModelConfig, ConfigError> {
 fn deepseek_v3(f: &Fields) -> Result<ModelConfig, ConfigError> {
     let heads = f.u32("num_attention_heads")?;
     let moe_ffn = f.u64("moe_intermediate_size")?;
+    let shared = f.opt_u64("n_shared_experts")?.unwrap_or(0);
+    let shared_ffn = shared.checked_mul(moe_ffn).ok_or_else(|| {
+        f.err(format!(
+            "`n_shared_experts` x `moe_intermediate_size` = {shared} x {moe_ffn} overflows"
+        ))
+    })?;
     Ok(ModelConfig {
         name: "DeepseekV3ForCausalLM".into(),
         num_layers: f.u32("num_hidden_layers")?,
@@ -163,8 +193,8 @@ fn deepseek_v3(f: &Fields) -> Result<ModelConfig, ConfigError> {
         position_embedding: PositionEmbedding::Rope,
         activation: activation(f, "hidden_act")?,
         normalization: Normalization::Rmsnorm,
-        tied_embeddings: f.bool_or("tie_word_embeddings", false),
-        attention_dropout: f.f64_or("attention_dropout", 0.0),
+        tied_embeddings: f.bool_or("tie_word_embeddings", false)?,
+        attention_dropout: f.f64_or("attention_dropout", 0.0)?,
         mla: Some(MlaConfig {
             q_lora_rank: f.opt_u64("q_lora_rank")?.unwrap_or(0),
             kv_lora_rank: f.u64("kv_lora_rank")?,
@@ -175,7 +205,7 @@ fn deepseek_v3(f: &Fields) -> Result<ModelConfig, ConfigError> {
         num_experts: f.u32("n_routed_experts")?,
         moe_router_topk: f.u32("num_experts_per_tok")?,
         moe_ffn_hidden_size: moe_ffn,
-        moe_shared_expert_intermediate_size: f.opt_u64("n_shared_experts")?.unwrap_or(0) * moe_ffn,
+        moe_shared_expert_intermediate_size: shared_ffn,
         moe_first_k_dense: f.opt_u32("first_k_dense_replace")?.unwrap_or(0),
         // DeepSeek-V3's `noaux_tc` routing carries e_score_correction_bias.
         moe_router_bias: f.str("topk_method") == Some("noaux_tc"),
@@ -195,7 +225,12 @@ fn gpt2(f: &Fields) -> Result<ModelConfig, ConfigError> {
         num_attention_heads: heads,
         num_query_groups: heads,
         kv_channels: None,
-        ffn_hidden_size: f.opt_u64("n_inner")?.unwrap_or(4 * hidden),
+        ffn_hidden_size: match f.opt_u64("n_inner")? {
+            Some(n) => n,
+            None => hidden
+                .checked_mul(4)
+                .ok_or_else(|| f.err(format!("`n_embd` = {hidden} is too large")))?,
+        },
         vocab_size: f.u64("vocab_size")?,
         max_position_embeddings: f.opt_u64("n_positions")?.unwrap_or(1024),
         position_embedding: PositionEmbedding::Learned,
@@ -203,9 +238,9 @@ fn gpt2(f: &Fields) -> Result<ModelConfig, ConfigError> {
         normalization: Normalization::Layernorm,
         add_bias_linear: true,
         add_qkv_bias: true,
-        tied_embeddings: f.bool_or("tie_word_embeddings", true),
-        hidden_dropout: f.f64_or("resid_pdrop", 0.1),
-        attention_dropout: f.f64_or("attn_pdrop", 0.1),
+        tied_embeddings: f.bool_or("tie_word_embeddings", true)?,
+        hidden_dropout: f.f64_or("resid_pdrop", 0.1)?,
+        attention_dropout: f.f64_or("attn_pdrop", 0.1)?,
         ..ModelConfig::default()
     })
 }

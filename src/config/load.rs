@@ -24,14 +24,69 @@ pub fn parse_document_file(path: &Path) -> Result<Value, ConfigError> {
     }
 }
 
-/// Parses JSON text into a value.
+/// Parses JSON text into a value. A key given twice in one object is an error, as in TOML
+/// (serde_json alone keeps the last one silently).
 pub fn parse_json(text: &str, origin: &str) -> Result<Value, ConfigError> {
-    serde_json::from_str(text).map_err(|e| ConfigError::Parse {
+    let err = |e: serde_json::Error| ConfigError::Parse {
         origin: origin.to_string(),
         line: e.line(),
         column: e.column(),
         message: e.to_string(),
-    })
+    };
+    serde_json::from_str::<UniqueKeys>(text).map_err(err)?;
+    serde_json::from_str(text).map_err(err)
+}
+
+/// A JSON document walked only to refuse duplicate keys (the error names the key).
+pub struct UniqueKeys;
+
+impl<'de> serde::Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(UniqueKeysVisitor)
+    }
+}
+
+struct UniqueKeysVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UniqueKeysVisitor {
+    type Value = UniqueKeys;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_unit<E>(self) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<UniqueKeys, A::Error> {
+        while a.next_element::<UniqueKeys>()?.is_some() {}
+        Ok(UniqueKeys)
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<UniqueKeys, A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(key) = a.next_key::<String>()? {
+            if !seen.insert(key.clone()) {
+                return Err(serde::de::Error::custom(format!("duplicate key `{key}`")));
+            }
+            a.next_value::<UniqueKeys>()?;
+        }
+        Ok(UniqueKeys)
+    }
 }
 
 /// Parses TOML text into a JSON value.

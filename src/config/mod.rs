@@ -11,6 +11,7 @@ mod error;
 mod gpu;
 pub mod hf;
 pub mod load;
+pub mod megatron;
 mod model;
 mod parallel;
 pub mod presets;
@@ -25,6 +26,7 @@ pub use gpu::{Efficiency, GemmShape, GpuProfile, Link, Links, PeakFlops};
 pub use model::{MlaConfig, ModelConfig};
 pub use parallel::ParallelConfig;
 pub use resolve::{PipelinePlacement, Resolved};
+pub use rules::check_base;
 pub use training::{LoraConfig, TrainingConfig};
 
 use serde::{Deserialize, Serialize};

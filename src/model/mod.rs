@@ -1,4 +1,4 @@
-//! The op ledger: one description of the model as blocks of ops (DESIGN.md). Parameter counts,
+//! The op ledger: one description of the model as blocks of ops (docs/design.md). Parameter counts,
 //! FLOPs, activation memory and communication are all sums over it.
 //!
 //! A [`Ledger`] is built once per configuration, with one block per kind (embedding, dense
@@ -75,7 +75,7 @@ impl ParamSums {
     }
 }
 
-/// Wire bytes per communication group (the DESIGN.md keys).
+/// Wire bytes per communication group (the keys of docs/design.md).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct GroupBytes {
     pub tp: f64,

@@ -25,6 +25,9 @@ pub enum ChartError {
         min_width: u32,
         min_height: u32,
     },
+    /// The requested size is beyond [`MAX_SIDE_PX`] (the bitmap alone would take gigabytes).
+    #[error("chart size {width}x{height} is too large (at most {MAX_SIDE_PX} pixels a side)")]
+    TooLarge { width: u32, height: u32 },
     /// The shipped font could not be loaded.
     #[error("the shipped font assets/fonts/DejaVuSans.ttf could not be loaded")]
     Font,
@@ -32,6 +35,10 @@ pub enum ChartError {
     #[error("cannot draw the chart to {path}: {message}")]
     Draw { path: String, message: String },
 }
+
+/// The widest and tallest chart drawn, in pixels: an 8192 x 8192 PNG is 200 MB of RGB
+/// before encoding; plotters panics on sizes near 65536, and 37000 x 37000 took 4 GB.
+pub const MAX_SIDE_PX: u32 = 8192;
 
 /// What drawing on a plotters area returns.
 pub type DrawResult<E> = Result<(), DrawingAreaErrorKind<E>>;
@@ -71,6 +78,12 @@ pub fn rgb(c: super::colors::Rgb) -> RGBColor {
 fn check(chart: &impl Chart, size: (u32, u32)) -> Result<(), ChartError> {
     if let Some(what) = chart.empty() {
         return Err(ChartError::Empty { what });
+    }
+    if size.0 > MAX_SIDE_PX || size.1 > MAX_SIDE_PX {
+        return Err(ChartError::TooLarge {
+            width: size.0,
+            height: size.1,
+        });
     }
     let (min_width, min_height) = chart.min_size();
     if size.0 < min_width || size.1 < min_height {

@@ -87,12 +87,19 @@ pub enum ScheduleError {
         microbatches: u32,
     },
 
-    /// The program is too large to index with 32-bit counters.
+    /// The program would hold more than [`super::MAX_CELLS`] stage-microbatch pairs.
     #[error(
         "parallel.pp * parallel.vpp * microbatches = {stages} * {microbatches} is too large \
-         to simulate (at most 2^31 stage-microbatch pairs)"
+         to simulate (at most 2^22 = 4194304 stage-microbatch pairs, about a gigabyte)"
     )]
     TooLarge { stages: u64, microbatches: u32 },
+
+    /// The durations add up past the largest finite number: no makespan to report.
+    #[error(
+        "the simulated makespan overflows ({makespan}): the per-stage durations (F, B, W, \
+         p2p) add up past the largest finite number; use smaller durations or another unit"
+    )]
+    NonFinite { makespan: f64 },
 
     /// The cost table does not match the program.
     #[error("schedule costs: {0}")]
@@ -123,6 +130,7 @@ impl ScheduleError {
             | ScheduleError::InterleavedRemainder { .. }
             | ScheduleError::DualPipeTooFewMicrobatches { .. } => "training.global_batch_size",
             ScheduleError::TooLarge { .. }
+            | ScheduleError::NonFinite { .. }
             | ScheduleError::BadCosts(_)
             | ScheduleError::InvalidProgram(_)
             | ScheduleError::Deadlock(_) => "parallel.schedule",

@@ -35,7 +35,7 @@ impl PipelineSummary {
 /// True when [`simulate_extrapolated`] would simulate all `m` microbatches itself (so a
 /// caller holding the program can simulate it directly).
 pub fn simulates_in_full(kind: ScheduleKind, pp: u32, m: u32) -> bool {
-    pp <= 1 || m <= base_microbatches(kind, pp, m) + pp
+    m <= base_microbatches(kind, pp, m) + pp
 }
 
 fn summary(sim: &super::Simulation) -> PipelineSummary {
@@ -72,16 +72,24 @@ pub fn simulate_extrapolated(
     costs: &Costs,
 ) -> Result<PipelineSummary, ScheduleError> {
     let m0 = base_microbatches(kind, pp, m);
-    if pp <= 1 || m <= m0 + pp {
+    if m <= m0 + pp {
         return Ok(summary(&simulate(&generate(kind, pp, vpp, m)?, costs)?));
     }
     let mut m0 = m0;
+    let cells = |m: u32| pp as u64 * vpp as u64 * m as u64;
     let (a, b) = loop {
         if m0 + pp >= m {
             return Ok(summary(&simulate(&generate(kind, pp, vpp, m)?, costs)?));
         }
         let a = summary(&simulate(&generate(kind, pp, vpp, m0)?, costs)?);
         let b = summary(&simulate(&generate(kind, pp, vpp, m0 + pp)?, costs)?);
+        let next = 2 * m0 - m0 % pp + m % pp;
+        // Bounded memory: when the next try would exceed the program limit, the line through
+        // the two longest runs that fit is the estimate (the slack left is at most the
+        // warm-up's, already spent over m0 microbatches).
+        if cells(next + pp) > super::MAX_CELLS && next + pp < m {
+            break (a, b);
+        }
         let slope = b.makespan - a.makespan;
         let bottleneck = a
             .busy
@@ -92,7 +100,7 @@ pub fn simulate_extrapolated(
         if (slope - bottleneck).abs() <= 1e-9 * bottleneck.max(f64::MIN_POSITIVE) {
             break (a, b);
         }
-        m0 = 2 * m0 - m0 % pp + m % pp;
+        m0 = next;
     };
     let groups = (m - m0) as f64 / pp as f64;
     let extend = |x: f64, y: f64| x + (y - x) * groups;
@@ -111,7 +119,7 @@ pub fn simulate_extrapolated(
     let makespan = extend(a.makespan, b.makespan);
     let max_busy = busy.iter().copied().fold(0.0, f64::max);
     let peak_inflight = match kind {
-        ScheduleKind::Gpipe => vec![m * vpp; pp as usize],
+        ScheduleKind::Gpipe => vec![m.saturating_mul(vpp); pp as usize],
         _ => b.peak_inflight,
     };
     Ok(PipelineSummary {

@@ -37,6 +37,12 @@ pub use error::ScheduleError;
 pub use extrapolate::{simulate_extrapolated, simulates_in_full, PipelineSummary};
 pub use simulate::{check_program, peak_live, simulate, Simulation, Span};
 
+/// The most stage-microbatch pairs (`pp * vpp * microbatches`) one program may hold: about
+/// 150 bytes each between the action lists and the simulated spans, so a program stays under
+/// a gigabyte. Longer runs are extrapolated ([`simulate_extrapolated`]) or refused naming this
+/// limit ([`ScheduleError::TooLarge`]).
+pub const MAX_CELLS: u64 = 1 << 22;
+
 /// Knobs beyond the four sizes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GenerateOptions {
@@ -112,7 +118,7 @@ pub fn generate_with(
         return Err(ScheduleError::ZeroMicrobatches { microbatches: m });
     }
     let stages = pp as u64 * vpp as u64;
-    if stages * m as u64 >= 1 << 31 {
+    if stages * m as u64 > MAX_CELLS {
         return Err(ScheduleError::TooLarge {
             stages,
             microbatches: m,

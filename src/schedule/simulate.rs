@@ -197,7 +197,13 @@ pub fn simulate(program: &Program, costs: &Costs) -> Result<Simulation, Schedule
         return Err(err);
     }
 
-    Ok(summarise(program, timeline, &free, busy))
+    let sim = summarise(program, timeline, &free, busy);
+    if !(sim.makespan.is_finite() && sim.busy.iter().all(|b| b.is_finite())) {
+        return Err(ScheduleError::NonFinite {
+            makespan: sim.makespan,
+        });
+    }
+    Ok(sim)
 }
 
 /// The program and costs describe the same stages, and the cells fit the simulator's indices.
@@ -219,7 +225,7 @@ fn check_inputs(program: &Program, costs: &Costs) -> Result<(), ScheduleError> {
         )));
     }
     let cells = stages as u64 * m as u64;
-    if cells >= 1 << 31 {
+    if cells > super::MAX_CELLS {
         return Err(ScheduleError::TooLarge {
             stages: stages as u64,
             microbatches: m,

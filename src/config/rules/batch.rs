@@ -3,7 +3,11 @@
 use super::super::{Config, Violation};
 use super::data_parallel;
 
-/// The global batch is a multiple of micro batch x DP, in at most 2^32 microbatches.
+/// The most microbatches per step: counts of per-microbatch collectives (twice the
+/// microbatches for ZeRO-3's gathers) stay within 32 bits.
+const MAX_MICROBATCHES: u64 = 1 << 30;
+
+/// The global batch is a multiple of micro batch x DP, in at most 2^30 microbatches.
 pub fn batch(cfg: &Config) -> Vec<Violation> {
     let t = &cfg.training;
     let dp = data_parallel(cfg).unwrap_or(0);
@@ -27,11 +31,17 @@ pub fn batch(cfg: &Config) -> Vec<Violation> {
             );
         } else {
             let microbatches = t.global_batch_size / per_step;
-            if microbatches > u32::MAX as u64 {
-                errs.push(Violation::new(
-                    "training.global_batch_size",
-                    "too many microbatches",
-                ));
+            if microbatches > MAX_MICROBATCHES {
+                errs.push(
+                    Violation::new(
+                        "training.global_batch_size",
+                        format!(
+                            "too many microbatches: {} / ({} x {dp}) = {microbatches}, at most 2^30",
+                            t.global_batch_size, t.micro_batch_size
+                        ),
+                    )
+                    .hint("raise the micro batch size or the data-parallel degree"),
+                );
             }
         }
     }

@@ -57,6 +57,21 @@ pub fn positive(cfg: &Config) -> Vec<Violation> {
     if p.dp == Some(0) {
         errs.push(Violation::new("parallel.dp", "must be at least 1, got 0"));
     }
+    if m.kv_channels == Some(0) {
+        errs.push(
+            Violation::new("model.kv_channels", "must be at least 1, got 0")
+                .hint("leave it out for hidden_size / num_attention_heads"),
+        );
+    }
+    if p.ddp_bucket_size == Some(0) {
+        errs.push(
+            Violation::new(
+                "parallel.ddp_bucket_size",
+                "must be at least 1 parameter, got 0",
+            )
+            .hint("leave it out for one bucket per chunk (Megatron's default)"),
+        );
+    }
     errs
 }
 
@@ -109,7 +124,7 @@ pub fn ranges(cfg: &Config) -> Vec<Violation> {
 pub fn upper(cfg: &Config) -> Vec<Violation> {
     let (m, c, p, t) = (&cfg.model, &cfg.cluster, &cfg.parallel, &cfg.training);
     let mut errs = Vec::new();
-    let at_most: [(&str, u64, u64); 19] = [
+    let at_most: [(&str, u64, u64); 21] = [
         ("model.num_layers", m.num_layers as u64, 10_000),
         ("model.hidden_size", m.hidden_size, 1 << 20),
         (
@@ -121,6 +136,12 @@ pub fn upper(cfg: &Config) -> Vec<Violation> {
         ("model.vocab_size", m.vocab_size, 1 << 28),
         ("model.kv_channels", m.kv_channels.unwrap_or(1), 1 << 16),
         ("model.num_experts", m.num_experts as u64, 1 << 16),
+        ("model.num_query_groups", m.num_query_groups as u64, 1 << 16),
+        (
+            "parallel.ddp_bucket_size",
+            p.ddp_bucket_size.unwrap_or(1),
+            1 << 40,
+        ),
         ("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size, 1 << 22),
         (
             "model.moe_shared_expert_intermediate_size",
@@ -260,5 +281,18 @@ mod tests {
         }));
         assert_eq!(fields(&v), ["model"]);
         assert!(model_size(&Config::default()).is_empty());
+    }
+
+    /// Issue 18: both were accepted and divided by later.
+    #[test]
+    fn zero_kv_channels_and_bucket_size_are_named() {
+        let v = sizes(&with(|c| {
+            c.model.kv_channels = Some(0);
+            c.parallel.ddp_bucket_size = Some(0);
+        }));
+        assert_eq!(
+            fields(&v),
+            ["model.kv_channels", "parallel.ddp_bucket_size"]
+        );
     }
 }

@@ -32,6 +32,32 @@ pub fn model(cfg: &Config) -> Vec<Violation> {
                     m.num_layers, m.moe_first_k_dense
                 ),
             ));
+        } else if m.moe_first_k_dense == m.num_layers && p.ep > 1 {
+            errs.push(
+                Violation::new(
+                    "model.moe_first_k_dense",
+                    format!(
+                        "= num_layers ({}) leaves no MoE layer for expert parallelism (ep = {})",
+                        m.num_layers, p.ep
+                    ),
+                )
+                .hint("lower moe_first_k_dense, or set parallel.ep = 1"),
+            );
+        }
+        // The hottest expert takes at most every token: a share of num_experts / topk times
+        // the uniform one.
+        let most = m.num_experts as f64 / m.moe_router_topk.max(1) as f64;
+        if (1..=m.num_experts).contains(&m.moe_router_topk) && m.moe_load_imbalance > most {
+            errs.push(
+                Violation::new(
+                    "model.moe_load_imbalance",
+                    format!(
+                        "must be at most num_experts / moe_router_topk = {} / {} = {most}, got {}",
+                        m.num_experts, m.moe_router_topk, m.moe_load_imbalance
+                    ),
+                )
+                .hint("at that value the hottest expert already receives every token"),
+            );
         }
     } else if p.ep > 1 {
         errs.push(
@@ -126,5 +152,31 @@ mod tests {
         }));
         assert_eq!(fields(&v), ["parallel.ep"]);
         assert!(v[0].rule.starts_with("num_experts (6)"));
+    }
+
+    /// Issue 18: 1e300 gave a 2.6e15 s step.
+    #[test]
+    fn imbalance_is_at_most_experts_over_topk() {
+        let v = model(&with(|c| {
+            moe(c);
+            c.model.moe_load_imbalance = 1e300;
+        }));
+        assert_eq!(fields(&v), ["model.moe_load_imbalance"]);
+        assert!(model(&with(|c| {
+            moe(c);
+            c.model.moe_load_imbalance = 4.0;
+        }))
+        .is_empty());
+    }
+
+    /// Issue 18: every layer dense while experts are spread over 8 ranks.
+    #[test]
+    fn expert_parallelism_needs_a_moe_layer() {
+        let v = model(&with(|c| {
+            moe(c);
+            c.model.moe_first_k_dense = c.model.num_layers;
+            c.parallel.ep = 8;
+        }));
+        assert_eq!(fields(&v), ["model.moe_first_k_dense"]);
     }
 }

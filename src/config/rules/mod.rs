@@ -45,7 +45,7 @@ pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
     if !errs.is_empty() {
         return Err(ConfigError::Invalid(errs));
     }
-    let groups: [&dyn Fn() -> Vec<Violation>; 15] = [
+    let groups: [&dyn Fn() -> Vec<Violation>; 16] = [
         &|| shape::heads(c),
         &|| experts::model(c),
         &|| shape::mla(c),
@@ -59,10 +59,31 @@ pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
         &|| pipeline::layer_split(c),
         &|| batch::batch(c),
         &|| precision::hardware(c, gpu),
+        &|| precision::gradients(c),
         &|| precision::positions(c),
         &|| lora::lora(c),
     ];
     let errs: Vec<Violation> = groups.iter().flat_map(|g| g()).collect();
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid(errs))
+    }
+}
+
+/// The size rules of a base configuration whose parallel section and micro batch are still
+/// to be chosen (`parsim search`): a zero GPU count, sequence or global batch is named here
+/// instead of every mix failing validation and the search answering "no mix fits".
+pub fn check_base(c: &Config) -> Result<(), ConfigError> {
+    let mut probe = c.clone();
+    probe.parallel = Default::default();
+    probe.parallel.tp = 1;
+    probe.parallel.cp = 1;
+    probe.parallel.pp = 1;
+    probe.parallel.vpp = 1;
+    probe.parallel.ep = 1;
+    probe.training.micro_batch_size = 1;
+    let errs = bounds::sizes(&probe);
     if errs.is_empty() {
         Ok(())
     } else {

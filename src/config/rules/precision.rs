@@ -1,7 +1,7 @@
 //! Precision and hardware: FP8 needs FP8 tensor cores; a learned position embedding covers
 //! the sequence.
 
-use super::super::{Config, GpuProfile, PositionEmbedding, Precision, Violation};
+use super::super::{Config, Dtype, GpuProfile, PositionEmbedding, Precision, Violation};
 
 /// FP8 training needs a GPU with FP8 tensor cores.
 pub fn hardware(cfg: &Config, gpu: &GpuProfile) -> Vec<Violation> {
@@ -17,6 +17,20 @@ pub fn hardware(cfg: &Config, gpu: &GpuProfile) -> Vec<Violation> {
         );
     }
     errs
+}
+
+/// Gradient buffers are fp32 or bf16 (Megatron's --grad-reduce-in-bf16); the optimizer and
+/// the communication model have no fp16 or fp8 gradient path.
+pub fn gradients(cfg: &Config) -> Vec<Violation> {
+    let t = &cfg.training;
+    if matches!(t.grad_dtype, Dtype::Fp32 | Dtype::Bf16) {
+        return Vec::new();
+    }
+    vec![Violation::new(
+        "training.grad_dtype",
+        format!("must be fp32 or bf16, got {}", t.grad_dtype.as_str()),
+    )
+    .hint("fp32 (the default) or bf16 (Megatron's --grad-reduce-in-bf16)")]
 }
 
 /// A learned position embedding has no position beyond max_position_embeddings (rotary
@@ -61,5 +75,15 @@ mod tests {
         assert_eq!(fields(&v), ["training.seq_length"]);
         // Rotary positions extrapolate: a warning, not an error.
         assert!(positions(&with(|c| c.model.max_position_embeddings = 2048)).is_empty());
+    }
+
+    /// Issue 18: fp8 and fp16 gradient buffers were accepted although no path models them.
+    #[test]
+    fn gradients_are_fp32_or_bf16() {
+        for d in [Dtype::Fp8, Dtype::Fp16] {
+            let v = gradients(&with(|c| c.training.grad_dtype = d));
+            assert_eq!(fields(&v), ["training.grad_dtype"]);
+        }
+        assert!(gradients(&with(|c| c.training.grad_dtype = Dtype::Bf16)).is_empty());
     }
 }

@@ -1,0 +1,148 @@
+//! Megatron-LM (and NeMo's Megatron) launch import: a command line or launch script becomes one
+//! override layer shaped like a configuration file, so it merges and validates like any other
+//! source. [`to_megatron_args`] writes the reverse.
+//!
+//! The script describes the whole run, so where Megatron has a default that differs from
+//! parsim's (tp 1, no sequence parallelism, fp32 without `--bf16`, no recompute, no distributed
+//! optimizer, no overlaps), the layer carries Megatron's. Model fields Megatron defaults
+//! (GeLU, LayerNorm, learned positions, biases, tied embeddings, dropout 0.1, padding to 128)
+//! are set only when the script gives the model's shape (`--num-layers` or `--hidden-size`).
+//! Every flag that has no counterpart is named in [`MegatronImport::ignored`].
+
+mod flags;
+mod nemo;
+mod print;
+mod shell;
+
+pub use print::to_megatron_args;
+
+use super::error::ConfigError;
+use serde_json::{Map, Value};
+
+/// The result of reading a launch: the override layer and what did not carry over.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MegatronImport {
+    /// An override layer (`{"model": {...}, "parallel": {...}, ...}`).
+    pub layer: Value,
+    /// Flags with no counterpart in parsim, as written (e.g. `--lr`).
+    pub ignored: Vec<String>,
+    /// Variables and substitutions the script does not resolve (e.g. `$NUM_NODES`).
+    pub unresolved: Vec<String>,
+    /// Approximations and values taken from elsewhere, one sentence each.
+    pub notes: Vec<String>,
+}
+
+impl MegatronImport {
+    /// One warning line per kind of loss (empty when everything carried over).
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.ignored.is_empty() {
+            out.push(format!(
+                "ignored {} Megatron flag(s) with no parsim counterpart: {}",
+                self.ignored.len(),
+                self.ignored.join(", ")
+            ));
+        }
+        if !self.unresolved.is_empty() {
+            out.push(format!(
+                "could not resolve {} (set them in the script or pass the values as flags)",
+                self.unresolved.join(", ")
+            ));
+        }
+        out.extend(self.notes.iter().cloned());
+        out
+    }
+}
+
+/// Reads a Megatron-LM launch: a script (`torchrun ... pretrain_gpt.py ARGS`, with variables,
+/// arrays and line continuations) or a bare argument list; NeMo's Hydra overrides
+/// (`model.tensor_model_parallel_size=2`, `trainer.devices=8`) are read as the Megatron flags
+/// they configure. `origin` names it in errors.
+pub fn import(text: &str, origin: &str) -> Result<MegatronImport, ConfigError> {
+    let script = shell::parse(text);
+    let (mut launcher, args) = pick_command(&script.commands);
+    let nemo = nemo::take_overrides(&args);
+    launcher.extend(nemo.launcher);
+    let mut state = flags::State::default();
+    state.launcher(&launcher);
+    for (flag, values) in split_flags(&nemo.rest).into_iter().chain(nemo.flags) {
+        state
+            .apply(&flag, &values)
+            .map_err(|message| ConfigError::Import {
+                origin: origin.to_string(),
+                message: format!("{flag}: {message}"),
+            })?;
+    }
+    let finished = state.finish().map_err(|message| ConfigError::Import {
+        origin: origin.to_string(),
+        message,
+    })?;
+    let mut unresolved = script.unresolved;
+    unresolved.sort();
+    unresolved.dedup();
+    Ok(MegatronImport {
+        layer: finished.layer,
+        ignored: finished.ignored,
+        unresolved,
+        notes: finished.notes,
+    })
+}
+
+/// The launcher words (before the training script) and the training script's arguments. The
+/// training script is the last `pretrain*.py` (else any `*.py`) command; without one, every
+/// word from the first `--flag` or Hydra override on is an argument.
+fn pick_command(commands: &[Vec<String>]) -> (Vec<String>, Vec<String>) {
+    let find = |pred: &dyn Fn(&str) -> bool| {
+        commands.iter().rev().find_map(|words| {
+            let i = words.iter().position(|w| pred(w))?;
+            Some((words[..i].to_vec(), words[i + 1..].to_vec()))
+        })
+    };
+    let file_name = |w: &str| w.rsplit('/').next().unwrap_or(w).to_string();
+    if let Some(found) = find(&|w| {
+        let name = file_name(w);
+        name.starts_with("pretrain") && name.ends_with(".py")
+    }) {
+        return found;
+    }
+    if let Some(found) = find(&|w| w.ends_with(".py")) {
+        return found;
+    }
+    let all: Vec<String> = commands.iter().flatten().cloned().collect();
+    let start = all
+        .iter()
+        .position(|w| w.starts_with("--") || w.starts_with("model.") || w.starts_with("trainer."));
+    (
+        Vec::new(),
+        start.map_or_else(Vec::new, |i| all[i..].to_vec()),
+    )
+}
+
+/// Splits arguments into `(--flag, values)`; `--flag=value` is accepted.
+fn split_flags(args: &[String]) -> Vec<(String, Vec<String>)> {
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    for arg in args {
+        if arg.starts_with("--") {
+            match arg.split_once('=') {
+                Some((f, v)) => out.push((f.to_string(), vec![v.to_string()])),
+                None => out.push((arg.clone(), Vec::new())),
+            }
+        } else if let Some((_, values)) = out.last_mut() {
+            values.push(arg.clone());
+        }
+    }
+    out
+}
+
+/// Puts `value` at `section.key` of the layer `m`.
+pub(crate) fn put(m: &mut Map<String, Value>, section: &str, key: &str, value: Value) {
+    let sec = m
+        .entry(section)
+        .or_insert_with(|| Value::Object(Map::new()));
+    if let Value::Object(sec) = sec {
+        sec.insert(key.to_string(), value);
+    }
+}
+
+#[cfg(test)]
+mod tests;

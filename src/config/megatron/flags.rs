@@ -1,0 +1,654 @@
+//! Megatron-LM flags to configuration fields. Flags that map one to one go straight into the
+//! layer; those that combine (model shape, parallel degrees, precision, recompute) are kept and
+//! combined with Megatron's defaults in [`State::finish`].
+
+use super::put;
+use serde_json::{json, Map, Value};
+
+/// What a flag's value is read as when it maps one to one onto a field.
+#[derive(Clone, Copy)]
+enum Kind {
+    Int,
+    Float,
+    /// A switch: present means `true`.
+    On,
+}
+
+/// Flags that map one to one: (flag, section, field, kind).
+const DIRECT: &[(&str, &str, &str, Kind)] = &[
+    ("--kv-channels", "model", "kv_channels", Kind::Int),
+    (
+        "--max-position-embeddings",
+        "model",
+        "max_position_embeddings",
+        Kind::Int,
+    ),
+    ("--moe-router-topk", "model", "moe_router_topk", Kind::Int),
+    (
+        "--moe-ffn-hidden-size",
+        "model",
+        "moe_ffn_hidden_size",
+        Kind::Int,
+    ),
+    (
+        "--moe-shared-expert-intermediate-size",
+        "model",
+        "moe_shared_expert_intermediate_size",
+        Kind::Int,
+    ),
+    (
+        "--moe-expert-capacity-factor",
+        "model",
+        "moe_capacity_factor",
+        Kind::Float,
+    ),
+    (
+        "--moe-aux-loss-coeff",
+        "model",
+        "moe_aux_loss_coeff",
+        Kind::Float,
+    ),
+    (
+        "--moe-router-enable-expert-bias",
+        "model",
+        "moe_router_bias",
+        Kind::On,
+    ),
+    ("--mtp-num-layers", "model", "mtp_num_layers", Kind::Int),
+    ("--hidden-dropout", "model", "hidden_dropout", Kind::Float),
+    (
+        "--attention-dropout",
+        "model",
+        "attention_dropout",
+        Kind::Float,
+    ),
+    ("--expert-model-parallel-size", "parallel", "ep", Kind::Int),
+    (
+        "--expert-tensor-parallel-size",
+        "parallel",
+        "expert_tp",
+        Kind::Int,
+    ),
+    (
+        "--decoder-first-pipeline-num-layers",
+        "parallel",
+        "first_stage_layers",
+        Kind::Int,
+    ),
+    (
+        "--decoder-last-pipeline-num-layers",
+        "parallel",
+        "last_stage_layers",
+        Kind::Int,
+    ),
+    (
+        "--ddp-bucket-size",
+        "parallel",
+        "ddp_bucket_size",
+        Kind::Int,
+    ),
+    ("--seq-length", "training", "seq_length", Kind::Int),
+    (
+        "--micro-batch-size",
+        "training",
+        "micro_batch_size",
+        Kind::Int,
+    ),
+    (
+        "--global-batch-size",
+        "training",
+        "global_batch_size",
+        Kind::Int,
+    ),
+];
+
+/// Flags kept until [`State::finish`], by name.
+#[derive(Debug, Default)]
+pub(super) struct State {
+    layer: Map<String, Value>,
+    ints: std::collections::BTreeMap<&'static str, u64>,
+    switches: std::collections::BTreeSet<&'static str>,
+    words: std::collections::BTreeMap<&'static str, String>,
+    ignored: Vec<String>,
+    notes: Vec<String>,
+    nproc_per_node: Option<u64>,
+    nnodes: Option<u64>,
+}
+
+/// Flags with an integer value that [`State::finish`] combines.
+const KEPT_INTS: &[&str] = &[
+    "--num-layers",
+    "--hidden-size",
+    "--ffn-hidden-size",
+    "--num-attention-heads",
+    "--num-query-groups",
+    "--vocab-size",
+    "--padded-vocab-size",
+    "--make-vocab-size-divisible-by",
+    "--num-experts",
+    "--tensor-model-parallel-size",
+    "--pipeline-model-parallel-size",
+    "--context-parallel-size",
+    "--virtual-pipeline-model-parallel-size",
+    "--num-layers-per-virtual-pipeline-stage",
+    "--recompute-num-layers",
+    "--q-lora-rank",
+    "--kv-lora-rank",
+    "--qk-head-dim",
+    "--qk-pos-emb-head-dim",
+    "--v-head-dim",
+];
+
+/// Switches that [`State::finish`] combines.
+const KEPT_SWITCHES: &[&str] = &[
+    "--group-query-attention",
+    "--swiglu",
+    "--untie-embeddings-and-output-weights",
+    "--disable-bias-linear",
+    "--add-qkv-bias",
+    "--sequence-parallel",
+    "--use-distributed-optimizer",
+    "--overlap-grad-reduce",
+    "--overlap-param-gather",
+    "--tp-comm-overlap",
+    "--bf16",
+    "--fp16",
+    "--recompute-activations",
+    "--grad-reduce-in-bf16",
+    "--use-flash-attn",
+    "--multi-latent-attention",
+];
+
+/// Flags with a word value that [`State::finish`] combines.
+const KEPT_WORDS: &[&str] = &[
+    "--normalization",
+    "--position-embedding-type",
+    "--recompute-granularity",
+    "--recompute-method",
+    "--fp8-format",
+    "--cp-comm-type",
+    "--attention-backend",
+    "--moe-layer-freq",
+    "--tokenizer-model",
+];
+
+/// The finished layer with what did not carry over.
+pub(super) struct Finished {
+    pub layer: Value,
+    pub ignored: Vec<String>,
+    pub notes: Vec<String>,
+}
+
+fn int(flag: &str, values: &[String]) -> Result<u64, String> {
+    let v = single(flag, values)?;
+    v.parse()
+        .map_err(|_| format!("expected a non-negative integer, got '{v}'"))
+}
+
+fn single<'a>(flag: &str, values: &'a [String]) -> Result<&'a str, String> {
+    match values {
+        [v] => Ok(v),
+        [] => Err(format!("{flag} needs a value")),
+        _ => Err(format!("expected one value, got {}", values.join(" "))),
+    }
+}
+
+impl State {
+    /// Reads the GPU count from torchrun's (or torch.distributed.launch's) own flags.
+    pub fn launcher(&mut self, words: &[String]) {
+        let mut it = words.iter();
+        while let Some(w) = it.next() {
+            let (flag, inline) = match w.split_once('=') {
+                Some((f, v)) => (f.replace('_', "-"), Some(v.to_string())),
+                None => (w.replace('_', "-"), None),
+            };
+            let slot = match flag.as_str() {
+                "--nproc-per-node" => &mut self.nproc_per_node,
+                "--nnodes" => &mut self.nnodes,
+                _ => continue,
+            };
+            let value = inline.or_else(|| it.next().cloned());
+            // An elastic range `MIN:MAX` runs with MAX nodes at most; take the maximum.
+            *slot = value.and_then(|v| v.rsplit(':').next().and_then(|n| n.parse().ok()));
+        }
+    }
+
+    /// Takes one `--flag values...` of the training script.
+    pub fn apply(&mut self, raw_flag: &str, values: &[String]) -> Result<(), String> {
+        let flag = raw_flag.replace('_', "-");
+        let known = DIRECT.iter().any(|d| d.0 == flag)
+            || KEPT_INTS.contains(&flag.as_str())
+            || KEPT_SWITCHES.contains(&flag.as_str())
+            || KEPT_WORDS.contains(&flag.as_str());
+        if known && values.iter().any(|v| v.contains('$')) {
+            self.notes.push(format!(
+                "{raw_flag} {}: the value is not resolved, so the flag is ignored",
+                values.join(" ")
+            ));
+            return Ok(());
+        }
+        if let Some((_, section, key, kind)) = DIRECT.iter().find(|d| d.0 == flag) {
+            let value = match kind {
+                Kind::Int => json!(int(&flag, values)?),
+                Kind::Float => {
+                    let v = single(&flag, values)?;
+                    let f: f64 = v
+                        .parse()
+                        .ok()
+                        .filter(|f: &f64| f.is_finite())
+                        .ok_or_else(|| format!("expected a finite number, got '{v}'"))?;
+                    json!(f)
+                }
+                Kind::On => json!(true),
+            };
+            put(&mut self.layer, section, key, value);
+        } else if let Some(name) = KEPT_INTS.iter().find(|n| **n == flag) {
+            self.ints.insert(name, int(&flag, values)?);
+        } else if let Some(name) = KEPT_SWITCHES.iter().find(|n| **n == flag) {
+            self.switches.insert(name);
+        } else if let Some(name) = KEPT_WORDS.iter().find(|n| **n == flag) {
+            self.words.insert(name, single(&flag, values)?.to_string());
+        } else if !self.ignored.contains(&raw_flag.to_string()) {
+            self.ignored.push(raw_flag.to_string());
+        }
+        Ok(())
+    }
+
+    fn on(&self, flag: &str) -> bool {
+        self.switches.contains(flag)
+    }
+
+    fn word(&self, flag: &str) -> Option<&str> {
+        self.words.get(flag).map(String::as_str)
+    }
+
+    /// Combines the kept flags with Megatron's defaults into the layer.
+    pub fn finish(mut self) -> Result<Finished, String> {
+        self.model()?;
+        self.parallel()?;
+        self.training()?;
+        self.cluster();
+        Ok(Finished {
+            layer: Value::Object(self.layer),
+            ignored: self.ignored,
+            notes: self.notes,
+        })
+    }
+
+    fn set(&mut self, section: &str, key: &str, value: Value) {
+        put(&mut self.layer, section, key, value);
+    }
+
+    fn has(&self, section: &str, key: &str) -> bool {
+        self.layer.get(section).and_then(|s| s.get(key)).is_some()
+    }
+
+    /// The model's shape; Megatron's model defaults when the script gives the shape.
+    fn model(&mut self) -> Result<(), String> {
+        let defines =
+            self.ints.contains_key("--num-layers") || self.ints.contains_key("--hidden-size");
+        for (flag, key) in [
+            ("--num-layers", "num_layers"),
+            ("--hidden-size", "hidden_size"),
+            ("--num-attention-heads", "num_attention_heads"),
+            ("--num-experts", "num_experts"),
+        ] {
+            if let Some(v) = self.ints.get(flag).copied() {
+                self.set("model", key, json!(v));
+            }
+        }
+        let hidden = self.ints.get("--hidden-size").copied();
+        let swiglu = self.on("--swiglu");
+        let ffn = match (self.ints.get("--ffn-hidden-size").copied(), hidden) {
+            (Some(f), _) => Some(f),
+            // Megatron: 4h, or 2/3 of it rounded down to a multiple of 64 with SwiGLU.
+            (None, Some(h)) if defines && swiglu => Some(4 * h * 2 / 3 / 64 * 64),
+            (None, Some(h)) if defines => Some(4 * h),
+            _ => None,
+        };
+        if let Some(f) = ffn {
+            self.set("model", "ffn_hidden_size", json!(f));
+        }
+        let gqa = self.on("--group-query-attention");
+        let groups = match self.ints.get("--num-query-groups").copied() {
+            Some(g) if gqa => Some(g),
+            Some(g) => {
+                self.notes.push(format!(
+                    "--num-query-groups {g} without --group-query-attention: Megatron uses one group per head"
+                ));
+                defines
+                    .then(|| self.ints.get("--num-attention-heads").copied())
+                    .flatten()
+            }
+            None if defines => self.ints.get("--num-attention-heads").copied(),
+            None => None,
+        };
+        if let Some(g) = groups {
+            self.set("model", "num_query_groups", json!(g));
+        }
+        if swiglu || defines {
+            self.set(
+                "model",
+                "activation",
+                json!(if swiglu { "swiglu" } else { "gelu" }),
+            );
+        }
+        self.model_words(defines)?;
+        self.vocab(defines);
+        if defines {
+            self.model_defaults(ffn);
+        }
+        self.mla();
+        Ok(())
+    }
+
+    /// Normalization, positions and the MoE layer pattern.
+    fn model_words(&mut self, defines: bool) -> Result<(), String> {
+        let norm = match self.word("--normalization") {
+            Some("RMSNorm") => Some("rmsnorm"),
+            Some("LayerNorm") => Some("layernorm"),
+            Some(other) => {
+                return Err(format!(
+                    "--normalization: unknown '{other}' (RMSNorm, LayerNorm)"
+                ))
+            }
+            None => defines.then_some("layernorm"),
+        };
+        if let Some(n) = norm {
+            self.set("model", "normalization", json!(n));
+        }
+        let pos = match self.word("--position-embedding-type") {
+            Some("rope") => Some("rope"),
+            Some("learned_absolute") => Some("learned"),
+            Some("none") => Some("none"),
+            Some(other) => {
+                return Err(format!(
+                    "--position-embedding-type: unknown '{other}' (rope, learned_absolute, none)"
+                ))
+            }
+            None => defines.then_some("learned"),
+        };
+        if let Some(p) = pos {
+            self.set("model", "position_embedding", json!(p));
+        }
+        if let Some(freq) = self.word("--moe-layer-freq").map(str::to_string) {
+            match first_dense_layers(&freq) {
+                Some(k) => self.set("model", "moe_first_k_dense", json!(k)),
+                None => self.notes.push(format!(
+                    "--moe-layer-freq {freq}: only 1 or ([0]*K+[1]*N) is understood, so every layer is taken as MoE"
+                )),
+            }
+        }
+        Ok(())
+    }
+
+    /// The vocabulary: given, padded, or left to the base model (it comes from the tokenizer).
+    fn vocab(&mut self, defines: bool) {
+        if let Some(p) = self.ints.get("--padded-vocab-size").copied() {
+            self.set("model", "vocab_size", json!(p));
+            self.set("model", "make_vocab_size_divisible_by", json!(1));
+            return;
+        }
+        if let Some(v) = self.ints.get("--vocab-size").copied() {
+            self.set("model", "vocab_size", json!(v));
+        } else if defines {
+            let from = self
+                .word("--tokenizer-model")
+                .map_or_else(String::new, |t| format!(" ({t})"));
+            self.notes.push(format!(
+                "the vocabulary size comes from the tokenizer{from}, which is not read: the base model's is kept (give --vocab-size to set it)"
+            ));
+        }
+        let div = self.ints.get("--make-vocab-size-divisible-by").copied();
+        if let Some(d) = div.or(defines.then_some(128)) {
+            self.set("model", "make_vocab_size_divisible_by", json!(d));
+        }
+    }
+
+    /// Megatron's defaults for the model fields a script that gives the shape leaves out.
+    fn model_defaults(&mut self, ffn: Option<u64>) {
+        let bias = !self.on("--disable-bias-linear");
+        self.set("model", "name", json!("megatron"));
+        self.set("model", "add_bias_linear", json!(bias));
+        self.set(
+            "model",
+            "add_qkv_bias",
+            json!(bias || self.on("--add-qkv-bias")),
+        );
+        let tied = !self.on("--untie-embeddings-and-output-weights");
+        self.set("model", "tied_embeddings", json!(tied));
+        if !self.has("model", "kv_channels") {
+            self.set("model", "kv_channels", Value::Null);
+        }
+        for (key, default) in [
+            ("hidden_dropout", json!(0.1)),
+            ("attention_dropout", json!(0.1)),
+            ("num_experts", json!(0)),
+            ("moe_first_k_dense", json!(0)),
+            ("moe_router_bias", json!(false)),
+            ("mtp_num_layers", json!(0)),
+            ("moe_shared_expert_intermediate_size", json!(0)),
+            ("moe_capacity_factor", json!(0.0)),
+            ("moe_aux_loss_coeff", json!(0.0)),
+        ] {
+            if !self.has("model", key) {
+                self.set("model", key, default);
+            }
+        }
+        if !self.has("model", "moe_ffn_hidden_size") {
+            let experts = self.ints.get("--num-experts").copied().unwrap_or(0);
+            let moe_ffn = if experts > 0 { ffn.unwrap_or(0) } else { 0 };
+            self.set("model", "moe_ffn_hidden_size", json!(moe_ffn));
+        }
+        if !self.has("model", "moe_router_topk") {
+            self.set(
+                "model",
+                "moe_router_topk",
+                json!(
+                    if self.ints.get("--num-experts").copied().unwrap_or(0) > 0 {
+                        2
+                    } else {
+                        0
+                    }
+                ),
+            );
+        }
+        if !self.has("model", "max_position_embeddings") {
+            if let Some(seq) = self
+                .layer
+                .get("training")
+                .and_then(|t| t.get("seq_length"))
+                .cloned()
+            {
+                self.set("model", "max_position_embeddings", seq);
+            }
+        }
+    }
+
+    /// Multi-head latent attention (`--multi-latent-attention`), with Megatron's defaults.
+    fn mla(&mut self) {
+        if !self.on("--multi-latent-attention") {
+            if self.has("model", "name") {
+                self.set("model", "mla", Value::Null);
+            }
+            return;
+        }
+        let get = |k: &str, d: u64| self.ints.get(k).copied().unwrap_or(d);
+        let mla = json!({
+            "q_lora_rank": get("--q-lora-rank", 0),
+            "kv_lora_rank": get("--kv-lora-rank", 32),
+            "qk_nope_head_dim": get("--qk-head-dim", 128),
+            "qk_rope_head_dim": get("--qk-pos-emb-head-dim", 64),
+            "v_head_dim": get("--v-head-dim", 128),
+        });
+        self.set("model", "mla", mla);
+    }
+
+    /// Parallel degrees with Megatron's defaults (1, no SP, no distributed optimizer).
+    fn parallel(&mut self) -> Result<(), String> {
+        let tp = self
+            .ints
+            .get("--tensor-model-parallel-size")
+            .copied()
+            .unwrap_or(1);
+        let pp = self
+            .ints
+            .get("--pipeline-model-parallel-size")
+            .copied()
+            .unwrap_or(1);
+        let cp = self
+            .ints
+            .get("--context-parallel-size")
+            .copied()
+            .unwrap_or(1);
+        self.set("parallel", "tp", json!(tp));
+        self.set("parallel", "pp", json!(pp));
+        self.set("parallel", "cp", json!(cp));
+        if !self.has("parallel", "ep") {
+            self.set("parallel", "ep", json!(1));
+        }
+        if !self.has("parallel", "expert_tp")
+            && self.ints.get("--num-experts").copied().unwrap_or(0) > 0
+        {
+            // Megatron: the experts' TP defaults to the dense TP.
+            self.set("parallel", "expert_tp", json!(tp));
+        }
+        self.set("parallel", "sp", json!(self.on("--sequence-parallel")));
+        let zero = u64::from(self.on("--use-distributed-optimizer"));
+        self.set("parallel", "zero", json!(zero));
+        for (flag, key) in [
+            ("--overlap-grad-reduce", "overlap_grad_reduce"),
+            ("--overlap-param-gather", "overlap_param_gather"),
+            ("--tp-comm-overlap", "tp_comm_overlap"),
+        ] {
+            let on = self.on(flag);
+            self.set("parallel", key, json!(on));
+        }
+        let vpp = self.vpp(pp)?;
+        self.set("parallel", "vpp", json!(vpp));
+        let schedule = if vpp > 1 { "interleaved-1f1b" } else { "1f1b" };
+        self.set("parallel", "schedule", json!(schedule));
+        let cp_comm = match self.word("--cp-comm-type") {
+            // Megatron's p2p ring splits the sequence into 2 x cp load-balanced chunks.
+            Some("p2p") => Some("zigzag"),
+            Some("all_gather") => Some("allgather"),
+            Some("a2a") => Some("a2a"),
+            Some("a2a+p2p") => {
+                self.notes.push("--cp-comm-type a2a+p2p (hierarchical) is taken as the zigzag ring over all cp ranks".into());
+                Some("zigzag")
+            }
+            Some(other) => {
+                return Err(format!(
+                    "--cp-comm-type: unknown '{other}' (p2p, all_gather, a2a, a2a+p2p)"
+                ))
+            }
+            None => (cp > 1).then_some("zigzag"),
+        };
+        if let Some(c) = cp_comm {
+            self.set("parallel", "cp_comm", json!(c));
+        }
+        Ok(())
+    }
+
+    /// Model chunks per pipeline rank, from either of Megatron's two spellings.
+    fn vpp(&self, pp: u64) -> Result<u64, String> {
+        if let Some(v) = self.ints.get("--virtual-pipeline-model-parallel-size") {
+            return Ok(*v);
+        }
+        let Some(per_stage) = self
+            .ints
+            .get("--num-layers-per-virtual-pipeline-stage")
+            .copied()
+        else {
+            return Ok(1);
+        };
+        let layers = self.ints.get("--num-layers").copied().ok_or(
+            "--num-layers-per-virtual-pipeline-stage needs --num-layers (or give --virtual-pipeline-model-parallel-size)",
+        )?;
+        let per_rank = per_stage * pp;
+        if per_rank == 0 || layers % per_rank != 0 {
+            return Err(format!(
+                "--num-layers-per-virtual-pipeline-stage {per_stage}: {layers} layers are not a multiple of {per_stage} x pp {pp}"
+            ));
+        }
+        Ok(layers / per_rank)
+    }
+
+    /// Precision, recompute, gradient dtype and attention kernel.
+    fn training(&mut self) -> Result<(), String> {
+        let precision = if self.word("--fp8-format").is_some() {
+            "fp8"
+        } else if self.on("--bf16") {
+            "bf16"
+        } else if self.on("--fp16") {
+            "fp16"
+        } else {
+            "fp32"
+        };
+        self.set("training", "precision", json!(precision));
+        let grad = if self.on("--grad-reduce-in-bf16") {
+            "bf16"
+        } else {
+            "fp32"
+        };
+        self.set("training", "grad_dtype", json!(grad));
+        let recompute = match self.word("--recompute-granularity") {
+            Some("full") => "full",
+            Some("selective") => "selective",
+            Some(other) => {
+                return Err(format!(
+                    "--recompute-granularity: unknown '{other}' (full, selective)"
+                ))
+            }
+            None if self.on("--recompute-activations") => "selective",
+            None => "none",
+        };
+        self.set("training", "recompute", json!(recompute));
+        if recompute == "full" {
+            let method = self
+                .word("--recompute-method")
+                .unwrap_or("uniform")
+                .to_string();
+            let n = self
+                .ints
+                .get("--recompute-num-layers")
+                .copied()
+                .unwrap_or(1);
+            if method == "block" || n > 1 {
+                self.notes.push(format!(
+                    "--recompute-method {method} --recompute-num-layers {n} is taken as full recompute of every layer"
+                ));
+            }
+        }
+        match self.word("--attention-backend") {
+            Some("unfused" | "local") => self.set("training", "flash_attention", json!(false)),
+            Some(_) => self.set("training", "flash_attention", json!(true)),
+            None if self.on("--use-flash-attn") => {
+                self.set("training", "flash_attention", json!(true))
+            }
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// The GPU count from torchrun's own flags.
+    fn cluster(&mut self) {
+        if let Some(n) = self.nproc_per_node {
+            self.set("cluster", "gpus_per_node", json!(n));
+            let gpus = n * self.nnodes.unwrap_or(1);
+            self.set("cluster", "num_gpus", json!(gpus));
+        }
+    }
+}
+
+/// `K` of Megatron's `--moe-layer-freq ([0]*K+[1]*N)` (1 = every layer MoE: 0).
+fn first_dense_layers(freq: &str) -> Option<u64> {
+    let f: String = freq.chars().filter(|c| !c.is_whitespace()).collect();
+    if f == "1" {
+        return Some(0);
+    }
+    let inner = f.strip_prefix('(')?.strip_suffix(')')?;
+    let (dense, moe) = inner.split_once('+')?;
+    moe.strip_prefix("[1]*")?.parse::<u64>().ok()?;
+    dense.strip_prefix("[0]*")?.parse().ok()
+}

@@ -1,0 +1,259 @@
+//! The reverse of the import: a configuration as a Megatron-LM launch (`torchrun ...
+//! pretrain_gpt.py` with one flag per line). Settings Megatron has no flag for are listed in a
+//! comment at the top, so the text reads back with [`super::import`] to the same configuration.
+
+use crate::config::{
+    Activation, Config, CpComm, Dtype, Normalization, PositionEmbedding, Precision, Recompute,
+    ScheduleKind, TrainingMode,
+};
+
+/// The launch for `cfg`: a comment naming what has no Megatron flag, then the command.
+pub fn to_megatron_args(cfg: &Config) -> String {
+    let mut flags: Vec<String> = Vec::new();
+    let mut flag = |f: &str, v: Option<String>| match v {
+        Some(v) => flags.push(format!("{f} {v}")),
+        None => flags.push(f.to_string()),
+    };
+    model_flags(cfg, &mut flag);
+    parallel_flags(cfg, &mut flag);
+    training_flags(cfg, &mut flag);
+    let mut out = String::new();
+    let lost = not_expressible(cfg);
+    if !lost.is_empty() {
+        out.push_str("# no Megatron-LM flag for: ");
+        out.push_str(&lost.join(", "));
+        out.push('\n');
+    }
+    let nodes = cfg.cluster.num_gpus / cfg.cluster.gpus_per_node.max(1);
+    let per_node = if nodes * cfg.cluster.gpus_per_node == cfg.cluster.num_gpus {
+        cfg.cluster.gpus_per_node
+    } else {
+        out.push_str("# the GPU count is not a whole number of nodes: one node of all of them\n");
+        cfg.cluster.num_gpus
+    };
+    out.push_str(&format!(
+        "torchrun --nproc_per_node {per_node} --nnodes {} pretrain_gpt.py",
+        cfg.cluster.num_gpus / per_node.max(1)
+    ));
+    for f in flags {
+        out.push_str(" \\\n    ");
+        out.push_str(&f);
+    }
+    out.push('\n');
+    out
+}
+
+fn model_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
+    let m = &cfg.model;
+    let s = |v: u64| Some(v.to_string());
+    flag("--num-layers", s(m.num_layers.into()));
+    flag("--hidden-size", s(m.hidden_size));
+    flag("--ffn-hidden-size", s(m.ffn_hidden_size));
+    flag("--num-attention-heads", s(m.num_attention_heads.into()));
+    if m.num_query_groups != m.num_attention_heads {
+        flag("--group-query-attention", None);
+        flag("--num-query-groups", s(m.num_query_groups.into()));
+    }
+    if let Some(k) = m.kv_channels {
+        flag("--kv-channels", s(k));
+    }
+    flag("--vocab-size", s(m.vocab_size));
+    flag(
+        "--make-vocab-size-divisible-by",
+        s(m.make_vocab_size_divisible_by),
+    );
+    flag("--max-position-embeddings", s(m.max_position_embeddings));
+    let pos = match m.position_embedding {
+        PositionEmbedding::Rope => "rope",
+        PositionEmbedding::Learned => "learned_absolute",
+        PositionEmbedding::None => "none",
+    };
+    flag("--position-embedding-type", Some(pos.into()));
+    let norm = match m.normalization {
+        Normalization::Rmsnorm => "RMSNorm",
+        Normalization::Layernorm => "LayerNorm",
+    };
+    flag("--normalization", Some(norm.into()));
+    if m.activation == Activation::Swiglu {
+        flag("--swiglu", None);
+    }
+    if !m.add_bias_linear {
+        flag("--disable-bias-linear", None);
+        if m.add_qkv_bias {
+            flag("--add-qkv-bias", None);
+        }
+    }
+    if !m.tied_embeddings {
+        flag("--untie-embeddings-and-output-weights", None);
+    }
+    flag("--hidden-dropout", Some(m.hidden_dropout.to_string()));
+    flag("--attention-dropout", Some(m.attention_dropout.to_string()));
+    if let Some(mla) = &m.mla {
+        flag("--multi-latent-attention", None);
+        flag("--q-lora-rank", s(mla.q_lora_rank));
+        flag("--kv-lora-rank", s(mla.kv_lora_rank));
+        flag("--qk-head-dim", s(mla.qk_nope_head_dim));
+        flag("--qk-pos-emb-head-dim", s(mla.qk_rope_head_dim));
+        flag("--v-head-dim", s(mla.v_head_dim));
+    }
+    if m.num_experts > 0 {
+        flag("--num-experts", s(m.num_experts.into()));
+        flag("--moe-router-topk", s(m.moe_router_topk.into()));
+        flag("--moe-ffn-hidden-size", s(m.moe_ffn_hidden_size));
+        if m.moe_shared_expert_intermediate_size > 0 {
+            flag(
+                "--moe-shared-expert-intermediate-size",
+                s(m.moe_shared_expert_intermediate_size),
+            );
+        }
+        if m.moe_first_k_dense > 0 {
+            let moe = m.num_layers.saturating_sub(m.moe_first_k_dense);
+            flag(
+                "--moe-layer-freq",
+                Some(format!("\"([0]*{}+[1]*{moe})\"", m.moe_first_k_dense)),
+            );
+        }
+        if m.moe_router_bias {
+            flag("--moe-router-enable-expert-bias", None);
+        }
+        if m.moe_capacity_factor > 0.0 {
+            flag(
+                "--moe-expert-capacity-factor",
+                Some(m.moe_capacity_factor.to_string()),
+            );
+        }
+        if m.moe_aux_loss_coeff > 0.0 {
+            flag(
+                "--moe-aux-loss-coeff",
+                Some(m.moe_aux_loss_coeff.to_string()),
+            );
+        }
+    }
+    if m.mtp_num_layers > 0 {
+        flag("--mtp-num-layers", s(m.mtp_num_layers.into()));
+    }
+}
+
+fn parallel_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
+    let p = &cfg.parallel;
+    let s = |v: u32| Some(v.to_string());
+    flag("--tensor-model-parallel-size", s(p.tp));
+    flag("--pipeline-model-parallel-size", s(p.pp));
+    if p.vpp > 1 {
+        flag("--virtual-pipeline-model-parallel-size", s(p.vpp));
+    }
+    flag("--context-parallel-size", s(p.cp));
+    if p.cp > 1 {
+        let kind = match p.cp_comm {
+            CpComm::P2p | CpComm::Zigzag => "p2p",
+            CpComm::Allgather => "all_gather",
+            CpComm::A2a => "a2a",
+        };
+        flag("--cp-comm-type", Some(kind.into()));
+    }
+    if p.ep > 1 || cfg.model.num_experts > 0 {
+        flag("--expert-model-parallel-size", s(p.ep));
+    }
+    if cfg.model.num_experts > 0 || p.expert_tp.is_some() {
+        flag("--expert-tensor-parallel-size", s(p.etp()));
+    }
+    if p.sp {
+        flag("--sequence-parallel", None);
+    }
+    if p.zero >= 1 {
+        flag("--use-distributed-optimizer", None);
+    }
+    if p.overlap_grad_reduce {
+        flag("--overlap-grad-reduce", None);
+    }
+    if p.overlap_param_gather {
+        flag("--overlap-param-gather", None);
+    }
+    if p.tp_comm_overlap {
+        flag("--tp-comm-overlap", None);
+    }
+    if let Some(b) = p.ddp_bucket_size {
+        flag("--ddp-bucket-size", Some(b.to_string()));
+    }
+    if let Some(n) = p.first_stage_layers {
+        flag("--decoder-first-pipeline-num-layers", s(n));
+    }
+    if let Some(n) = p.last_stage_layers {
+        flag("--decoder-last-pipeline-num-layers", s(n));
+    }
+}
+
+fn training_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
+    let t = &cfg.training;
+    flag("--seq-length", Some(t.seq_length.to_string()));
+    flag("--micro-batch-size", Some(t.micro_batch_size.to_string()));
+    flag("--global-batch-size", Some(t.global_batch_size.to_string()));
+    match t.precision {
+        Precision::Bf16 => flag("--bf16", None),
+        Precision::Fp16 => flag("--fp16", None),
+        Precision::Fp8 => {
+            flag("--bf16", None);
+            flag("--fp8-format", Some("hybrid".into()));
+        }
+        Precision::Fp32 => {}
+    }
+    if t.grad_dtype == Dtype::Bf16 {
+        flag("--grad-reduce-in-bf16", None);
+    }
+    match t.recompute {
+        Recompute::None => {}
+        Recompute::Selective => flag("--recompute-granularity", Some("selective".into())),
+        Recompute::Full => {
+            flag("--recompute-granularity", Some("full".into()));
+            flag("--recompute-method", Some("uniform".into()));
+            flag("--recompute-num-layers", Some("1".into()));
+        }
+    }
+    let backend = if t.flash_attention {
+        "flash"
+    } else {
+        "unfused"
+    };
+    flag("--attention-backend", Some(backend.into()));
+}
+
+/// Settings with no Megatron-LM flag (they keep parsim's value on import).
+fn not_expressible(cfg: &Config) -> Vec<String> {
+    let mut lost = Vec::new();
+    let p = &cfg.parallel;
+    if p.cp > 1 && p.cp_comm == CpComm::P2p {
+        lost.push(
+            "cp_comm = \"p2p\" (a contiguous split; Megatron's p2p ring is load-balanced: zigzag)"
+                .into(),
+        );
+    }
+    if !matches!(
+        p.schedule,
+        ScheduleKind::OneFOneB | ScheduleKind::Interleaved1F1B
+    ) {
+        lost.push(format!("schedule = \"{}\"", p.schedule));
+    }
+    if p.zero >= 2 {
+        lost.push(format!(
+            "zero = {} (Megatron's distributed optimizer is ZeRO-1)",
+            p.zero
+        ));
+    }
+    if !matches!(cfg.training.grad_dtype, Dtype::Fp32 | Dtype::Bf16) {
+        lost.push(format!("grad_dtype = \"{}\"", cfg.training.grad_dtype));
+    }
+    if !p.cp_comm_overlap {
+        lost.push("cp_comm_overlap = false".into());
+    }
+    if p.order != "tp-cp-ep-dp-pp" {
+        lost.push(format!("order = \"{}\"", p.order));
+    }
+    if cfg.training.mode == TrainingMode::Lora {
+        lost.push("mode = \"lora\"".into());
+    }
+    if p.dp.is_some() {
+        lost.push("dp (Megatron derives it from the GPU count)".into());
+    }
+    lost.push(format!("cluster.gpu = \"{}\"", cfg.cluster.gpu));
+    lost
+}

@@ -1,0 +1,553 @@
+//! Bounded random-input testing (issue 18), run by `cargo test` in CI: seeded, so a failure
+//! is reproducible, and printed with the input that caused it. Configurations, Hugging Face
+//! files, measurement lines and schedules go through the library in-process (thousands of
+//! cases in seconds); a few dozen flag sets go through the binary. Each must finish without
+//! a panic, within a time bound, and with no null (other than an unset optional field), NaN
+//! or infinity in its JSON. Set `PARSIM_FUZZ_SEED` to explore other inputs.
+
+use assert_cmd::cargo::cargo_bin_cmd;
+use parsim::config::{Config, Layer, Resolved};
+use serde_json::{json, Value};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::{Duration, Instant};
+
+/// The longest one in-process case may take (debug build, shared cores).
+const CASE_LIMIT: Duration = Duration::from_secs(10);
+
+/// splitmix64: small, seeded, good enough to pick inputs.
+struct Rng(u64);
+
+impl Rng {
+    fn seeded(salt: u64) -> Rng {
+        let seed = std::env::var("PARSIM_FUZZ_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(18);
+        Rng(seed ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn pick<T: Clone>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len())].clone()
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+}
+
+/// A value from the edges of every type: zero, huge, negative, fractional, a string, a bool.
+fn wild(r: &mut Rng) -> Value {
+    r.pick(&[
+        json!(0),
+        json!(1),
+        json!(-1),
+        json!(3),
+        json!(1000),
+        json!(65536),
+        json!(u32::MAX),
+        json!(1u64 << 32),
+        json!(1u64 << 53),
+        json!(u64::MAX),
+        json!(0.5),
+        json!(1.5),
+        json!(1e300),
+        json!(-1e-300),
+        json!(1e-300),
+        json!("yes"),
+        json!("8"),
+        json!(true),
+        json!(null),
+        json!([1]),
+        json!({}),
+    ])
+}
+
+/// Plausible values per field, so that many random configurations validate and go deep.
+fn plausible(r: &mut Rng, key: &str) -> Value {
+    let ints = |r: &mut Rng, xs: &[u64]| json!(r.pick(xs));
+    match key {
+        "preset" => json!(r.pick(parsim::config::presets::PRESET_NAMES)),
+        "num_layers" => ints(r, &[1, 2, 4, 8, 12, 16, 24, 32, 61, 80, 126]),
+        "hidden_size" => ints(r, &[64, 128, 1024, 4096, 8192, 12288]),
+        "num_attention_heads" | "num_query_groups" => ints(r, &[1, 2, 4, 8, 16, 32, 64, 96]),
+        "ffn_hidden_size" | "moe_ffn_hidden_size" | "moe_shared_expert_intermediate_size" => {
+            ints(r, &[0, 256, 1024, 2048, 14336, 28672])
+        }
+        "vocab_size" => ints(r, &[1, 1000, 32000, 128256]),
+        "kv_channels" => ints(r, &[0, 64, 128]),
+        "num_experts" => ints(r, &[0, 1, 2, 8, 64, 256]),
+        "moe_router_topk" => ints(r, &[0, 1, 2, 8, 9]),
+        "moe_first_k_dense" | "mtp_num_layers" => ints(r, &[0, 1, 3, 32]),
+        "moe_load_imbalance" => json!(r.pick(&[1.0, 1.3, 4.0, 100.0, 1e300])),
+        "attention_dropout" | "hidden_dropout" => json!(r.pick(&[0.0, 0.1, 0.99, 1.0])),
+        "max_position_embeddings" => ints(r, &[512, 4096, 131072]),
+        "make_vocab_size_divisible_by" => ints(r, &[1, 64, 128]),
+        "tied_embeddings"
+        | "sp"
+        | "tp_comm_overlap"
+        | "overlap_grad_reduce"
+        | "overlap_param_gather"
+        | "cp_comm_overlap"
+        | "flash_attention" => json!(r.chance(50)),
+        "gpu" => {
+            json!(r.pick(&["h100-sxm", "a100-40g", "a100-80g", "h200", "b200", "mi300x", "cpu"]))
+        }
+        "num_gpus" => ints(r, &[1, 2, 4, 8, 16, 64, 512, 4096, 65536]),
+        "gpus_per_node" => ints(r, &[1, 2, 4, 8, 16]),
+        "tp" | "cp" | "ep" | "expert_tp" | "dp" => ints(r, &[1, 2, 4, 8, 16]),
+        "pp" => ints(r, &[1, 2, 3, 4, 8, 16, 32, 64]),
+        "vpp" => ints(r, &[1, 2, 3, 4]),
+        "zero" => ints(r, &[0, 1, 2, 3, 4]),
+        "first_stage_layers" | "last_stage_layers" => ints(r, &[0, 1, 2, 5, 30]),
+        "ddp_bucket_size" => ints(r, &[0, 1, 1000, 40_000_000]),
+        "cp_comm" => json!(r.pick(&["p2p", "zigzag", "allgather", "a2a"])),
+        "schedule" => json!(r.pick(&[
+            "gpipe",
+            "1f1b",
+            "interleaved-1f1b",
+            "zb-h1",
+            "zb-v",
+            "dualpipe-v"
+        ])),
+        "order" => json!(r.pick(&["tp-cp-ep-dp-pp", "tp-dp-pp", "pp-dp-tp-cp-ep"])),
+        "seq_length" => ints(r, &[1, 128, 2048, 8192, 131072, 1 << 20]),
+        "micro_batch_size" => ints(r, &[1, 2, 4, 16]),
+        "global_batch_size" => ints(r, &[1, 8, 64, 512, 4096, 1 << 20, 1 << 32]),
+        "precision" => json!(r.pick(&["bf16", "fp16", "fp8", "fp32"])),
+        "grad_dtype" => json!(r.pick(&["fp32", "bf16", "fp16", "fp8"])),
+        "recompute" => json!(r.pick(&["none", "selective", "full"])),
+        "flops_attention" => json!(r.pick(&["causal", "full"])),
+        "mode" => json!(r.pick(&["full", "lora"])),
+        "lora" => json!({"rank": r.pick(&[0u64, 8, 64, 100_000])}),
+        _ => wild(r),
+    }
+}
+
+const FIELDS: &[(&str, &[&str])] = &[
+    (
+        "model",
+        &[
+            "preset",
+            "num_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "num_query_groups",
+            "ffn_hidden_size",
+            "vocab_size",
+            "kv_channels",
+            "num_experts",
+            "moe_router_topk",
+            "moe_ffn_hidden_size",
+            "moe_shared_expert_intermediate_size",
+            "moe_first_k_dense",
+            "moe_load_imbalance",
+            "mtp_num_layers",
+            "attention_dropout",
+            "hidden_dropout",
+            "max_position_embeddings",
+            "make_vocab_size_divisible_by",
+            "tied_embeddings",
+        ],
+    ),
+    ("cluster", &["gpu", "num_gpus", "gpus_per_node"]),
+    (
+        "parallel",
+        &[
+            "tp",
+            "sp",
+            "cp",
+            "cp_comm",
+            "pp",
+            "vpp",
+            "schedule",
+            "ep",
+            "expert_tp",
+            "zero",
+            "dp",
+            "order",
+            "first_stage_layers",
+            "last_stage_layers",
+            "tp_comm_overlap",
+            "overlap_grad_reduce",
+            "overlap_param_gather",
+            "ddp_bucket_size",
+            "cp_comm_overlap",
+        ],
+    ),
+    (
+        "training",
+        &[
+            "seq_length",
+            "micro_batch_size",
+            "global_batch_size",
+            "precision",
+            "grad_dtype",
+            "recompute",
+            "flash_attention",
+            "flops_attention",
+            "mode",
+            "lora",
+        ],
+    ),
+];
+
+/// A configuration document: a few fields changed from the defaults (or a preset).
+fn random_config(r: &mut Rng) -> Value {
+    let mut doc = json!({});
+    for _ in 0..1 + r.below(7) {
+        let (section, keys) = FIELDS[r.below(FIELDS.len())];
+        let key = r.pick(keys);
+        let v = if r.chance(90) {
+            plausible(r, key)
+        } else {
+            wild(r)
+        };
+        doc[section][key] = v;
+    }
+    doc
+}
+
+/// Null (other than an unset optional field), NaN or infinity in a JSON document.
+fn non_numbers(v: &Value) -> Option<String> {
+    const OPTIONAL: [&str; 10] = [
+        "kv_channels",
+        "mla",
+        "ddp_bucket_size",
+        "expert_tp",
+        "first_stage_layers",
+        "last_stage_layers",
+        "per_layer_moe",
+        "dp",
+        "hf_config",
+        "preset",
+    ];
+    fn walk(v: &Value, path: &str, key: &str) -> Option<String> {
+        match v {
+            Value::Null if OPTIONAL.contains(&key) => None,
+            Value::Null => Some(format!("null at {path}")),
+            Value::Number(n) if !n.as_f64().is_some_and(f64::is_finite) => {
+                Some(format!("{n} at {path}"))
+            }
+            Value::Array(a) => a
+                .iter()
+                .enumerate()
+                .find_map(|(i, x)| walk(x, &format!("{path}[{i}]"), key)),
+            Value::Object(o) => o
+                .iter()
+                .find_map(|(k, x)| walk(x, &format!("{path}.{k}"), k)),
+            _ => None,
+        }
+    }
+    walk(v, "$", "")
+}
+
+/// Runs `case` on `input`: a panic, an overlong case or a non-number in the returned JSON
+/// fails the test with the input printed.
+fn run_case(what: &str, i: usize, input: &str, case: impl FnOnce() -> Option<Value>) {
+    let start = Instant::now();
+    let out = catch_unwind(AssertUnwindSafe(case));
+    let took = start.elapsed();
+    let seed = std::env::var("PARSIM_FUZZ_SEED").unwrap_or_else(|_| "18".into());
+    match out {
+        Err(_) => panic!("{what} case {i} (seed {seed}) panicked on input:\n{input}"),
+        Ok(_) if took > CASE_LIMIT => {
+            panic!("{what} case {i} (seed {seed}) took {took:?} on input:\n{input}")
+        }
+        Ok(Some(json)) => {
+            if let Some(bad) = non_numbers(&json) {
+                panic!("{what} case {i} (seed {seed}): {bad} in the output of input:\n{input}");
+            }
+        }
+        Ok(None) => {}
+    }
+}
+
+/// The estimate of a configuration document, as JSON, when it validates.
+fn estimate_json(doc: &Value) -> Option<Value> {
+    let cfg = Config::from_layers(&[Layer::overrides(doc.clone())]).ok()?;
+    let resolved = Resolved::new(cfg).ok()?;
+    let est = parsim::estimate::estimate(&resolved).ok()?;
+    Some(serde_json::to_value(&est).expect("estimate serializes"))
+}
+
+#[test]
+fn fuzz_configurations_in_process() {
+    let mut r = Rng::seeded(1);
+    let mut estimated = 0;
+    let start = Instant::now();
+    for i in 0..2000 {
+        let doc = random_config(&mut r);
+        let input = doc.to_string();
+        run_case("configuration", i, &input, || {
+            let out = estimate_json(&doc);
+            estimated += out.is_some() as u32;
+            out
+        });
+    }
+    eprintln!(
+        "2000 configurations ({estimated} estimated) in {:?}",
+        start.elapsed()
+    );
+    assert!(
+        estimated > 100,
+        "too few random configurations validate ({estimated})"
+    );
+}
+
+#[test]
+fn fuzz_hugging_face_files_in_process() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
+    let fixtures: Vec<Value> = [
+        "llama3-8b",
+        "mixtral-8x7b",
+        "deepseek-v3",
+        "gpt2",
+        "qwen2-7b",
+    ]
+    .iter()
+    .map(|n| {
+        serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{n}.json"))).unwrap())
+            .unwrap()
+    })
+    .collect();
+    let mut r = Rng::seeded(2);
+    for i in 0..500 {
+        let mut v = r.pick(&fixtures);
+        let keys: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        for _ in 0..1 + r.below(3) {
+            let key = r.pick(&keys);
+            if r.chance(15) {
+                v.as_object_mut().unwrap().remove(&key);
+            } else {
+                v[&key] = wild(&mut r);
+            }
+        }
+        let input = v.to_string();
+        run_case("hf config", i, &input, || {
+            let model = parsim::config::hf::import(&v, "fuzz.json").ok()?;
+            let cfg = Config {
+                model,
+                ..Config::default()
+            };
+            let resolved = Resolved::new(cfg).ok()?;
+            let est = parsim::estimate::estimate(&resolved).ok()?;
+            Some(serde_json::to_value(&est).unwrap())
+        });
+    }
+}
+
+#[test]
+fn fuzz_measurement_lines_in_process() {
+    let mut r = Rng::seeded(3);
+    for i in 0..500 {
+        let mut line = json!({"config": random_config(&mut r), "step_s": 1.0});
+        for _ in 0..r.below(3) {
+            let key = r.pick(&[
+                "step_s",
+                "peak_bytes",
+                "label",
+                "holdout",
+                "config",
+                "extra",
+            ]);
+            line[key] = wild(&mut r);
+        }
+        let input = line.to_string();
+        run_case("measurement line", i, &input, || {
+            let _ = parsim::calibrate::measurements::parse(&input, "fuzz.jsonl");
+            None
+        });
+    }
+}
+
+#[test]
+fn fuzz_schedules_in_process() {
+    use parsim::schedule::{generate_with, simulate, Costs, GenerateOptions, ScheduleKind};
+    let kinds = [
+        ScheduleKind::Gpipe,
+        ScheduleKind::OneFOneB,
+        ScheduleKind::Interleaved1F1B,
+        ScheduleKind::ZbH1,
+        ScheduleKind::ZbV,
+        ScheduleKind::DualPipeV,
+    ];
+    let mut r = Rng::seeded(4);
+    for i in 0..500 {
+        let kind = r.pick(&kinds);
+        // Large programs are bounded (schedule::MAX_CELLS) but take seconds each in a debug
+        // build: the sizes here stay small, except those refused outright.
+        let pp = r.pick(&[0u32, 1, 2, 3, 4, 8, 16, 64]);
+        let vpp = r.pick(&[0u32, 1, 2, 3, 4]);
+        let m = r.pick(&[0u32, 1, 2, 4, 7, 8, 16, 64, 1000, 10_000_000, u32::MAX]);
+        let group = r.chance(20).then(|| r.pick(&[0u32, 1, 4, 8, 1000]));
+        let f = r.pick(&[0.0, 1.0, 1e-9, 1e308, -1.0]);
+        let b = r.pick(&[0.0, 2.0, 1e308, -1.0]);
+        let w = r.chance(30).then(|| r.pick(&[0.0, 1.0, 1e308]));
+        let p2p = r.pick(&[0.0, 0.1, 1e308]);
+        let overlap = r.pick(&[1.0, 0.5, 0.0, 2.0]);
+        let input = format!(
+            "{kind} pp {pp} vpp {vpp} microbatches {m} group {group:?} f {f} b {b} w {w:?} p2p {p2p} overlap {overlap}"
+        );
+        run_case("schedule", i, &input, || {
+            let opts = GenerateOptions {
+                microbatch_group_size: group,
+            };
+            let program = generate_with(kind, pp, vpp, m, &opts).ok()?;
+            let costs = Costs::uniform(pp, vpp, f, b, w, p2p)
+                .and_then(|c| c.with_overlap_factor(overlap))
+                .ok()?;
+            let sim = simulate(&program, &costs).ok()?;
+            Some(
+                serde_json::to_value(parsim::report::schedule_json::schedule_json(&program, &sim))
+                    .unwrap(),
+            )
+        });
+    }
+}
+
+#[test]
+fn fuzz_search_in_process() {
+    use parsim::search::{search, SearchSpec};
+    use std::sync::atomic::AtomicBool;
+    let mut r = Rng::seeded(5);
+    for i in 0..6 {
+        let mut doc = json!({
+            "model": {"num_layers": r.pick(&[1u64, 2, 4]), "hidden_size": r.pick(&[64u64, 256]),
+                      "num_attention_heads": 4, "num_query_groups": r.pick(&[1u64, 4]),
+                      "ffn_hidden_size": 512, "vocab_size": 1000},
+            "cluster": {"num_gpus": r.pick(&[0u64, 1, 2, 4, 8]), "gpus_per_node": r.pick(&[1u64, 4, 8])},
+            "training": {"seq_length": r.pick(&[0u64, 64, 256]), "global_batch_size": r.pick(&[0u64, 1, 8, 64])}
+        });
+        if r.chance(50) {
+            doc["model"]["num_experts"] = json!(4);
+            doc["model"]["moe_router_topk"] = json!(2);
+            doc["model"]["moe_ffn_hidden_size"] = json!(256);
+        }
+        let mbs_max = r.pick(&[0u64, 1, 4, u64::MAX]);
+        let top = r.pick(&[0usize, 1, 3]);
+        let input = format!("{doc} mbs_max {mbs_max} top {top}");
+        run_case("search", i, &input, || {
+            let base = Config::from_layers(&[Layer::overrides(doc.clone())]).ok()?;
+            let spec = SearchSpec {
+                base,
+                mbs_max,
+                top,
+                constraints: Vec::new(),
+                exhaustive: false,
+            };
+            let result = search(&spec, &|_, _| {}, &AtomicBool::new(false)).ok()?;
+            Some(serde_json::to_value(&result).unwrap())
+        });
+    }
+}
+
+/// Flag sets through the binary: exit 0, 1 (refused) or 2 (bad flag), never a panic or a
+/// signal, and finite JSON.
+#[test]
+fn fuzz_command_lines() {
+    let mut r = Rng::seeded(6);
+    let flag_values: &[(&str, &[&str])] = &[
+        ("--gpus", &["0", "1", "8", "64", "4294967295"]),
+        ("--tp", &["0", "1", "2", "8", "3"]),
+        ("--pp", &["0", "1", "2", "4", "9999"]),
+        ("--cp", &["1", "2", "64"]),
+        ("--mbs", &["0", "1", "65536"]),
+        (
+            "--gbs",
+            &["0", "1", "64", "4294967296", "18446744073709551615"],
+        ),
+        ("--seq", &["0", "1", "8192", "16777217"]),
+        (
+            "--model",
+            &["llama3-8b", "mixtral-8x7b", "deepseek-v3", "nope"],
+        ),
+        (
+            "--schedule",
+            &["1f1b", "zb-v", "dualpipe-v", "interleaved-1f1b"],
+        ),
+        ("--vpp", &["0", "1", "2", "1024"]),
+        ("--zero", &["0", "3", "4"]),
+        ("--moe-load-imbalance", &["1", "2", "1e300", "nan"]),
+        ("--lora-rank", &["0", "16", "99999999"]),
+        ("--mode", &["lora", "full"]),
+        ("--precision", &["fp8", "fp32"]),
+    ];
+    // `schedule`'s own flags (the others answer exit 2 to them).
+    let schedule_values: &[(&str, &[&str])] = &[
+        ("--pp", &["0", "1", "4", "10000"]),
+        ("--vpp", &["0", "1", "2", "3"]),
+        ("--microbatches", &["0", "1", "8", "100000000"]),
+        (
+            "--schedule",
+            &["gpipe", "1f1b", "zb-h1", "zb-v", "dualpipe-v"],
+        ),
+        ("--f", &["1", "1e308", "-1", "nan", "0"]),
+        ("--b", &["2", "1e308", "inf"]),
+        ("--w", &["0", "1", "1e308"]),
+        ("--p2p", &["0", "0.5", "1e308"]),
+        ("--overlap-factor", &["0", "0.5", "1", "2"]),
+        ("--microbatch-group-size", &["0", "4", "1000"]),
+        (
+            "--compare",
+            &["1f1b,zb-v", "gpipe,interleaved-1f1b,dualpipe-v"],
+        ),
+        ("--max-columns", &["0", "8", "100000"]),
+    ];
+    for i in 0..36 {
+        let command = r.pick(&["estimate", "layout", "search", "schedule"]);
+        let flag_values = if command == "schedule" {
+            schedule_values
+        } else {
+            flag_values
+        };
+        let mut args: Vec<String> = vec![command.to_string()];
+        for _ in 0..r.below(5) {
+            let (flag, values) = flag_values[r.below(flag_values.len())];
+            args.push(flag.to_string());
+            args.push(r.pick(values).to_string());
+        }
+        if args[0] == "search" {
+            // Keep the binary's searches small.
+            args.extend([
+                "--model".into(),
+                "llama3-8b".into(),
+                "--gpus".into(),
+                "8".into(),
+            ]);
+            args.extend(["--top".into(), "1".into()]);
+        }
+        args.push("--json".into());
+        let input = format!("parsim {}", args.join(" "));
+        let out = cargo_bin_cmd!("parsim")
+            .args(&args)
+            .timeout(Duration::from_secs(60))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            matches!(out.status.code(), Some(0..=2)),
+            "case {i}: {input}: status {:?}\n{stderr}",
+            out.status
+        );
+        assert!(!stderr.contains("panicked"), "case {i}: {input}:\n{stderr}");
+        if out.status.success() {
+            let v: Value = serde_json::from_slice(&out.stdout)
+                .unwrap_or_else(|e| panic!("case {i}: {input}: not JSON: {e}"));
+            if let Some(bad) = non_numbers(&v) {
+                panic!("case {i}: {input}: {bad}");
+            }
+        }
+    }
+}

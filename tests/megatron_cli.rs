@@ -1,0 +1,92 @@
+//! `--megatron-args` and `estimate --print-megatron-args` through the binary: a Megatron-LM
+//! launch script imports with its ignored flags named, and a printed launch reads back to the
+//! same estimate.
+
+use assert_cmd::cargo::cargo_bin_cmd;
+use predicates::prelude::*;
+
+const SCRIPT: &str = "tests/fixtures/megatron/llama3_8b.sh";
+
+fn parsim() -> assert_cmd::Command {
+    cargo_bin_cmd!("parsim")
+}
+
+fn stdout_of(args: &[&str]) -> String {
+    let out = parsim().args(args).assert().success().get_output().clone();
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn estimate_reads_a_launch_script_and_names_ignored_flags() {
+    parsim()
+        .args(["estimate", "--megatron-args", SCRIPT, "--json"])
+        .assert()
+        .success()
+        .stderr(predicate::str::contains("ignored").and(predicate::str::contains("--lr,")))
+        .stdout(predicate::str::contains("\"global_batch_size\": 128"));
+}
+
+#[test]
+fn flags_override_the_launch_script() {
+    let json = stdout_of(&["estimate", "--megatron-args", SCRIPT, "--tp", "4", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["config"]["parallel"]["tp"], 4);
+    assert_eq!(v["config"]["training"]["precision"], "fp8");
+}
+
+#[test]
+fn search_takes_a_launch_script() {
+    parsim()
+        .args(["search", "--megatron-args", SCRIPT, "--top", "2"])
+        .assert()
+        .success();
+}
+
+#[test]
+fn printed_arguments_read_back_to_the_same_estimate() {
+    let base = [
+        "--model",
+        "llama3-70b",
+        "--gpus",
+        "256",
+        "--tp",
+        "8",
+        "--cp",
+        "4",
+        "--pp",
+        "4",
+        "--seq",
+        "32768",
+        "--gbs",
+        "256",
+        "--cp-comm",
+        "zigzag",
+    ];
+    let mut print = vec!["estimate", "--print-megatron-args"];
+    print.extend(base);
+    let args = stdout_of(&print);
+    assert!(args.contains("pretrain_gpt.py") && args.contains("--context-parallel-size 4"));
+    let mut direct = vec!["estimate", "--json"];
+    direct.extend(base);
+    let expected: serde_json::Value = serde_json::from_str(&stdout_of(&direct)).unwrap();
+    let out = parsim()
+        .args(["estimate", "--megatron-args", "-", "--json"])
+        .write_stdin(args)
+        .assert()
+        .success()
+        .get_output()
+        .clone();
+    let mut got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    got["config"]["model"]["name"] = expected["config"]["model"]["name"].clone();
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn an_unresolved_variable_is_reported() {
+    parsim()
+        .args(["estimate", "--megatron-args", "-"])
+        .write_stdin("torchrun pretrain_gpt.py --tensor-model-parallel-size $TP --bf16\n")
+        .assert()
+        .success()
+        .stderr(predicate::str::contains("$TP"));
+}
