@@ -325,7 +325,8 @@ fn sp_with_tp_one_is_turned_off_with_a_warning() {
     parsim()
         .args(["estimate", "--tp", "1", "--sp", "--json"])
         .assert()
-        .success()
+        // Llama-3-8B unsharded at seq 8192 needs ~99 GiB: "does not fit" exits 3 (#18).
+        .code(3)
         .stdout(predicate::str::contains("parallel.sp ignored"))
         .stdout(predicate::str::contains("\"sp\": false"));
 }
@@ -441,8 +442,10 @@ fn config_file_and_flags_layer() {
         ])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
+    // 70B at tp 4 on 64 GPUs needs ~156 GiB per GPU: "does not fit" exits 3 (#18).
+    assert_eq!(
+        out.status.code(),
+        Some(3),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
