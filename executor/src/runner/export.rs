@@ -50,20 +50,7 @@ impl<B: Backend> Rank<'_, B> {
             self.ctx.ops.download(View::all(&self.grads[0]))?,
             self.ctx.ops.download(View::all(&self.grads[1]))?,
         ];
-        let mut out = Vec::new();
-        for b in &self.blocks {
-            for t in &b.tensors {
-                for i in 0..t.len() {
-                    let (s, gi) = t.global_of(i);
-                    out.push((
-                        s.name.clone(),
-                        gi,
-                        full[b.space][b.range.start + t.offset + i],
-                    ));
-                }
-            }
-        }
-        Ok(out)
+        Ok(self.label(&full))
     }
 
     /// Every parameter element with its global tensor name and index.
@@ -100,6 +87,12 @@ impl<B: Backend> Rank<'_, B> {
                 self.ctx.ops.download(View::all(&self.params[sp]))?
             };
         }
+        Ok(self.label(&full))
+    }
+
+    /// Each element of the two full (unsharded) parameter spaces with its global tensor name
+    /// and index.
+    fn label(&self, full: &[Vec<f32>; 2]) -> Vec<Element> {
         let mut out = Vec::new();
         for b in &self.blocks {
             for t in &b.tensors {
@@ -113,6 +106,6 @@ impl<B: Backend> Rank<'_, B> {
                 }
             }
         }
-        Ok(out)
+        out
     }
 }
