@@ -5,7 +5,9 @@
 //! a panic, within a time bound, and with no null (other than an unset optional field), NaN
 //! or infinity in its JSON. Set `PARSIM_FUZZ_SEED` to explore other inputs.
 
+mod common;
 use assert_cmd::cargo::cargo_bin_cmd;
+use common::non_numbers;
 use parsim::config::{Config, Layer, Resolved};
 use serde_json::{json, Value};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -217,40 +219,6 @@ fn random_config(r: &mut Rng) -> Value {
         doc[section][key] = v;
     }
     doc
-}
-
-/// Null (other than an unset optional field), NaN or infinity in a JSON document.
-fn non_numbers(v: &Value) -> Option<String> {
-    const OPTIONAL: [&str; 10] = [
-        "kv_channels",
-        "mla",
-        "ddp_bucket_size",
-        "expert_tp",
-        "first_stage_layers",
-        "last_stage_layers",
-        "per_layer_moe",
-        "dp",
-        "hf_config",
-        "preset",
-    ];
-    fn walk(v: &Value, path: &str, key: &str) -> Option<String> {
-        match v {
-            Value::Null if OPTIONAL.contains(&key) => None,
-            Value::Null => Some(format!("null at {path}")),
-            Value::Number(n) if !n.as_f64().is_some_and(f64::is_finite) => {
-                Some(format!("{n} at {path}"))
-            }
-            Value::Array(a) => a
-                .iter()
-                .enumerate()
-                .find_map(|(i, x)| walk(x, &format!("{path}[{i}]"), key)),
-            Value::Object(o) => o
-                .iter()
-                .find_map(|(k, x)| walk(x, &format!("{path}.{k}"), k)),
-            _ => None,
-        }
-    }
-    walk(v, "$", "")
 }
 
 /// Runs `case` on `input`: a panic, an overlong case or a non-number in the returned JSON

@@ -2,6 +2,7 @@
 //! accepted without a word has a test here (each failed before its fix). Inputs either finish
 //! in bounded memory with finite numbers, or are refused with the field or flag named.
 
+mod common;
 use assert_cmd::cargo::cargo_bin_cmd;
 use predicates::prelude::*;
 use std::io::Write;
@@ -42,23 +43,6 @@ fn temp_file(ext: &str, text: &str) -> tempfile::NamedTempFile {
     f
 }
 
-/// Optional fields, null when unset; every other null is a NaN or an infinity that
-/// serde_json wrote as null.
-const OPTIONAL_KEYS: [&str; 12] = [
-    "kv_channels",
-    "mla",
-    "ddp_bucket_size",
-    "expert_tp",
-    "first_stage_layers",
-    "last_stage_layers",
-    "per_layer_moe",
-    "dp",
-    "hf_config",
-    "preset",
-    "ci95",
-    "measured_peak_bytes",
-];
-
 /// No null (other than an unset optional field), NaN or infinity in a JSON document.
 fn assert_all_numbers(text: &str) {
     if let Err(e) = check_numbers(text) {
@@ -70,24 +54,7 @@ fn assert_all_numbers(text: &str) {
 fn check_numbers(text: &str) -> Result<(), String> {
     let v: serde_json::Value =
         serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
-    fn walk(v: &serde_json::Value, path: &str, key: &str) -> Result<(), String> {
-        match v {
-            serde_json::Value::Null if OPTIONAL_KEYS.contains(&key) => Ok(()),
-            serde_json::Value::Null => Err(format!("null at {path}")),
-            serde_json::Value::Number(n) if !n.as_f64().is_some_and(f64::is_finite) => {
-                Err(format!("{n} at {path}"))
-            }
-            serde_json::Value::Array(a) => a
-                .iter()
-                .enumerate()
-                .try_for_each(|(i, x)| walk(x, &format!("{path}[{i}]"), key)),
-            serde_json::Value::Object(o) => o
-                .iter()
-                .try_for_each(|(k, x)| walk(x, &format!("{path}.{k}"), k)),
-            _ => Ok(()),
-        }
-    }
-    walk(&v, "$", "")
+    common::non_numbers(&v).map_or(Ok(()), Err)
 }
 
 // ---- search ----------------------------------------------------------------------------
