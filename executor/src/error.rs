@@ -32,6 +32,9 @@ pub enum ExecError {
     Rank { rank: u32, message: String },
     #[error("rank {rank} stopped waiting because another rank failed")]
     Aborted { rank: u32 },
+    /// The CUDA backend: a missing library or a failed CUDA, cuBLASLt or NCCL call.
+    #[error(transparent)]
+    Cuda(#[from] crate::backend::cuda::CudaError),
     #[error("rank {rank} waited more than {seconds} s for a message or collective (deadlock?)")]
     Timeout { rank: u32, seconds: u64 },
 }

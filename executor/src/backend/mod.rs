@@ -5,11 +5,12 @@
 //! on the host (Burn and candle structure their backends the same way: associated storage
 //! types, monomorphised model code).
 //!
-//! The `cpu` backend is the reference; the `cuda` backend (a later issue) implements the same
-//! traits on device buffers. [`Collectives`] is the host-slice layer the CPU collectives are
+//! The `cpu` backend is the reference; the `cuda` backend implements the same traits on device
+//! buffers. [`Collectives`] is the host-slice layer the CPU collectives are
 //! built on.
 
 pub mod cpu;
+pub mod cuda;
 
 use crate::error::ExecError;
 use crate::memory::{Category, MemoryTracker};
