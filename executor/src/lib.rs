@@ -9,6 +9,7 @@
 
 pub mod backend;
 pub mod error;
+pub mod launch;
 pub mod memory;
 pub mod model;
 pub mod plan;

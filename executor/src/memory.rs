@@ -24,7 +24,7 @@ pub enum Category {
 }
 
 /// Bytes per category.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct MemoryBreakdown {
     pub weights: u64,
     pub gradients: u64,

@@ -204,7 +204,7 @@ pub enum Action {
 }
 
 /// A rank's coordinates (Megatron order tp-cp-ep-dp-pp by default).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, Default)]
 pub struct Coords {
     pub tp: u32,
     pub cp: u32,

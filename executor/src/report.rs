@@ -4,11 +4,11 @@
 
 use crate::memory::MemoryBreakdown;
 use crate::plan::Coords;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Seconds a rank spent per kind of action, per timed step (mean).
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct PhaseTimes {
     pub forward_s: f64,
     /// Full backward (B) and input-gradient (I) passes, with their weight gradients for B.
@@ -22,14 +22,14 @@ pub struct PhaseTimes {
 }
 
 /// Seconds of one ring step (summed over the timed steps' calls).
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct StepTime {
     pub compute_s: f64,
     pub comm_s: f64,
 }
 
 /// What a rank measured of its context-parallel attention.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct CpStats {
     /// Unmasked score elements of the forward attention (recomputation excluded), all steps.
     pub score_elements: u64,
@@ -39,7 +39,7 @@ pub struct CpStats {
 }
 
 /// One rank's measurements.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RankReport {
     pub rank: u32,
     pub coords: Coords,
@@ -79,8 +79,8 @@ impl RankReport {
     }
 }
 
-/// A whole run.
-#[derive(Debug, Clone)]
+/// A whole run (serialisable: a worker process sends its report to rank 0 as JSON).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunReport {
     pub world: u32,
     /// The global mean token loss of every step (warm-up included), computed on the

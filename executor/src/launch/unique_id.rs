@@ -1,0 +1,95 @@
+//! The 128-byte NCCL unique id that rank 0 creates and hands to every rank: from
+//! `ncclGetUniqueId` where the NCCL library loads, else a random stand-in (enough to prove the
+//! exchange; a run that needs NCCL stops later with NCCL's own missing-library error).
+
+use crate::backend::cuda::{probe, CudaError, Library};
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+
+/// Bytes of an NCCL unique id (`NCCL_UNIQUE_ID_BYTES`).
+pub const ID_BYTES: usize = 128;
+
+/// Where an id came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IdSource {
+    /// `ncclGetUniqueId` (cudarc's `nccl::Id::new`).
+    Nccl,
+    /// Random bytes: no NCCL library was found at rank 0.
+    StandIn,
+}
+
+impl std::fmt::Display for IdSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            IdSource::Nccl => "NCCL unique id (ncclGetUniqueId)",
+            IdSource::StandIn => "stand-in random id (no NCCL library at rank 0)",
+        })
+    }
+}
+
+/// An id and where it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UniqueId {
+    pub bytes: [u8; ID_BYTES],
+    pub source: IdSource,
+}
+
+impl UniqueId {
+    /// NCCL's id where the library loads (checked first: cudarc panics on a missing
+    /// library), else a stand-in. A failing `ncclGetUniqueId` is an error, not a stand-in.
+    pub fn generate() -> Result<Self, CudaError> {
+        if probe::require(Library::Nccl).is_err() {
+            return Ok(Self::stand_in());
+        }
+        let id = cudarc::nccl::Id::new()
+            .map_err(|e| CudaError::call(Library::Nccl, "ncclGetUniqueId", format!("{e:?}")))?;
+        let mut bytes = [0u8; ID_BYTES];
+        for (b, c) in bytes.iter_mut().zip(id.internal()) {
+            *b = *c as u8;
+        }
+        Ok(UniqueId {
+            bytes,
+            source: IdSource::Nccl,
+        })
+    }
+
+    /// Random bytes from the standard library's per-process random hash keys.
+    pub fn stand_in() -> Self {
+        let state = RandomState::new();
+        let mut bytes = [0u8; ID_BYTES];
+        for (i, chunk) in bytes.chunks_mut(8).enumerate() {
+            let mut h = state.build_hasher();
+            h.write_usize(i);
+            h.write_u32(std::process::id());
+            chunk.copy_from_slice(&h.finish().to_le_bytes());
+        }
+        UniqueId {
+            bytes,
+            source: IdSource::StandIn,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stand_in_ids_differ_and_are_not_zero() {
+        let (a, b) = (UniqueId::stand_in(), UniqueId::stand_in());
+        assert_ne!(a.bytes, b.bytes);
+        assert!(a.bytes.iter().any(|&x| x != 0));
+    }
+
+    #[test]
+    fn generate_uses_nccl_exactly_when_it_loads() {
+        let id = UniqueId::generate().expect("an id");
+        let want = if Library::Nccl.present() {
+            IdSource::Nccl
+        } else {
+            IdSource::StandIn
+        };
+        assert_eq!(id.source, want);
+    }
+}
