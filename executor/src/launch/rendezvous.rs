@@ -287,19 +287,23 @@ pub fn fetch(
 fn connect(addr: &str, deadline: Instant) -> Result<TcpStream, String> {
     let mut backoff = Duration::from_millis(50);
     loop {
-        let Some(left) = remaining(deadline) else {
+        if remaining(deadline).is_none() {
             return Err("no attempt finished before the deadline".into());
-        };
+        }
+        // Every address the name resolves to (`localhost` may give ::1 before 127.0.0.1).
         let attempt = addr
             .to_socket_addrs()
             .map_err(|e| format!("cannot resolve {addr}: {e}"))
-            .and_then(|mut a| {
-                a.next()
-                    .ok_or_else(|| format!("{addr} resolves to no address"))
-            })
-            .and_then(|a| {
-                TcpStream::connect_timeout(&a, left.min(Duration::from_secs(5)))
-                    .map_err(|e| e.to_string())
+            .and_then(|addrs| {
+                let mut last = format!("{addr} resolves to no address");
+                for a in addrs {
+                    let left = remaining(deadline).unwrap_or(Duration::from_millis(1));
+                    match TcpStream::connect_timeout(&a, left.min(Duration::from_secs(5))) {
+                        Ok(s) => return Ok(s),
+                        Err(e) => last = format!("{a}: {e}"),
+                    }
+                }
+                Err(last)
             });
         match attempt {
             Ok(s) => return Ok(s),

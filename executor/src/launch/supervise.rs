@@ -22,6 +22,8 @@ pub struct LocalLaunch {
     pub node_rank: u32,
     pub master_addr: String,
     pub master_port: u16,
+    /// Further variables for every worker.
+    pub env: Vec<(String, String)>,
 }
 
 impl LocalLaunch {
@@ -104,6 +106,7 @@ pub fn supervise(
         let mut cmd = Command::new(program);
         cmd.args(args)
             .envs(launch.worker_env(local))
+            .envs(launch.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -228,6 +231,7 @@ mod tests {
             node_rank: node,
             master_addr: "127.0.0.1".into(),
             master_port: 29500,
+            env: Vec::new(),
         }
     }
 

@@ -1,0 +1,478 @@
+//! The launcher across real processes, without a GPU: this test binary runs itself as the
+//! workers (`worker_entry` does the work when PARSIM_TEST_WORKER is set), under torchrun's
+//! variables, Slurm's, and the local supervisor. Every wait has a deadline, short timeouts
+//! (1-4 s) keep the tests quick, and a drop guard kills stray children.
+
+use parsim_executor::backend::cuda::Library;
+use parsim_executor::error::ExecError;
+use parsim_executor::launch::env::Overrides;
+use parsim_executor::launch::{
+    run_worker, supervise, LaunchError, LaunchInfo, LocalLaunch, RankEnv, WorkerOptions,
+};
+use parsim_executor::memory::MemoryBreakdown;
+use parsim_executor::plan::Coords;
+use parsim_executor::report::{PhaseTimes, RankReport, RunReport};
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Variables of the outer environment that would confuse a worker.
+const LAUNCH_VARS: [&str; 20] = [
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PARSIM_NNODES",
+    "PARSIM_LAUNCH_WORKER",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_NPROCS",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_NNODES",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_NODELIST",
+    "SLURM_STEP_NODELIST",
+];
+
+fn rank_report(world: u32, rank: u32) -> RunReport {
+    RunReport {
+        world,
+        loss: vec![1.0],
+        aux_loss: vec![0.0],
+        ranks: vec![RankReport {
+            rank,
+            coords: Coords::default(),
+            step_s: vec![0.01],
+            phases: PhaseTimes::default(),
+            peak: MemoryBreakdown::default(),
+            category_max: MemoryBreakdown::default(),
+            reserved_peak: MemoryBreakdown::default(),
+            peak_site: None,
+            gemm_flops: 0.0,
+            gemm_seconds: 0.0,
+            cp: None,
+            moe_dropped: 0,
+        }],
+        params: None,
+        grads: None,
+    }
+}
+
+/// The workers' side. PARSIM_TEST_WORKER: `ok`, or `fail:R` (rank R fails after the
+/// rendezvous while the others work for a minute, so they must be stopped).
+#[test]
+fn worker_entry() {
+    let Ok(mode) = std::env::var("PARSIM_TEST_WORKER") else {
+        return;
+    };
+    let out = PathBuf::from(std::env::var("PARSIM_TEST_OUT").expect("PARSIM_TEST_OUT"));
+    let timeout_ms: u64 = std::env::var("PARSIM_TEST_TIMEOUT_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3000);
+    let env = match RankEnv::from_process(&Overrides::default()) {
+        Ok(Some(e)) => e,
+        Ok(None) => {
+            eprintln!("error: no launcher variables");
+            std::process::exit(2)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1)
+        }
+    };
+    let opts = WorkerOptions {
+        rendezvous_timeout: Duration::from_millis(timeout_ms),
+        exit_with_supervisor: std::env::var("PARSIM_LAUNCH_WORKER").is_ok(),
+    };
+    let work = |info: &LaunchInfo| -> Result<RunReport, ExecError> {
+        let hex: String = info.unique_id.iter().map(|b| format!("{b:02x}")).collect();
+        let line = format!(
+            "{hex} {:?} {} {}",
+            info.id_source, info.local_rank, info.master_addr
+        );
+        std::fs::write(out.join(format!("rank{}.id", info.rank)), line).expect("write id");
+        match mode
+            .strip_prefix("fail:")
+            .map(|r| r.parse::<u32>().expect("fail:R"))
+        {
+            Some(r) if r == info.rank => {
+                std::thread::sleep(Duration::from_millis(200));
+                Err(ExecError::Rank {
+                    rank: r,
+                    message: format!("injected failure on rank {r}"),
+                })
+            }
+            Some(_) => {
+                std::thread::sleep(Duration::from_secs(60));
+                Ok(rank_report(info.world_size, info.rank))
+            }
+            None => Ok(rank_report(info.world_size, info.rank)),
+        }
+    };
+    match run_worker(&env, &opts, work) {
+        Ok(Some(run)) => {
+            let ranks: Vec<String> = run.ranks.iter().map(|r| r.rank.to_string()).collect();
+            std::fs::write(
+                out.join("combined"),
+                format!("{} {}", run.world, ranks.join(",")),
+            )
+            .expect("write combined");
+            std::process::exit(0)
+        }
+        Ok(None) => std::process::exit(0),
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1)
+        }
+    }
+}
+
+/// Kills every child still running when the test ends, however it ends.
+struct Procs(Vec<(u32, Child)>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Procs {
+    /// Waits for every process until `limit`; (label, output) in spawn order.
+    fn wait_all(mut self, limit: Duration) -> Vec<(u32, Output)> {
+        let deadline = Instant::now() + limit;
+        let mut done = Vec::new();
+        while !self.0.is_empty() {
+            let mut i = 0;
+            while i < self.0.len() {
+                if self.0[i].1.try_wait().expect("try_wait").is_some() {
+                    let (label, c) = self.0.remove(i);
+                    done.push((label, c.wait_with_output().expect("output")));
+                } else {
+                    i += 1;
+                }
+            }
+            let labels: Vec<u32> = self.0.iter().map(|p| p.0).collect();
+            assert!(
+                Instant::now() < deadline || labels.is_empty(),
+                "processes {labels:?} still running after {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        done.sort_by_key(|d| d.0);
+        done
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+fn worker_args() -> Vec<OsString> {
+    [
+        "worker_entry",
+        "--exact",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ]
+    .map(OsString::from)
+    .to_vec()
+}
+
+fn spawn(vars: &[(&str, String)], out: &Path, mode: &str, timeout_ms: u64) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().expect("exe"));
+    cmd.args(worker_args());
+    for v in LAUNCH_VARS {
+        cmd.env_remove(v);
+    }
+    cmd.envs(vars.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("PARSIM_TEST_WORKER", mode)
+        .env("PARSIM_TEST_OUT", out)
+        .env("PARSIM_TEST_TIMEOUT_MS", timeout_ms.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn worker")
+}
+
+fn torchrun_vars(rank: u32, world: u32, port: u16) -> Vec<(&'static str, String)> {
+    vec![
+        ("RANK", rank.to_string()),
+        ("WORLD_SIZE", world.to_string()),
+        ("LOCAL_RANK", rank.to_string()),
+        ("LOCAL_WORLD_SIZE", world.to_string()),
+        ("MASTER_ADDR", "127.0.0.1".into()),
+        ("MASTER_PORT", port.to_string()),
+    ]
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Every rank wrote the same id, of the kind rank 0 can make here; rank 0 combined 0..world.
+fn check_ids(out: &Path, world: u32) {
+    let lines: Vec<String> = (0..world)
+        .map(|r| {
+            std::fs::read_to_string(out.join(format!("rank{r}.id"))).expect("an id file per rank")
+        })
+        .collect();
+    let ids: BTreeSet<&str> = lines.iter().map(|l| l.split(' ').next().unwrap()).collect();
+    assert_eq!(ids.len(), 1, "ranks received different ids: {lines:?}");
+    let id = ids.first().unwrap();
+    assert_eq!(id.len(), 256, "128 bytes in hex");
+    assert!(id.chars().any(|c| c != '0'), "an id of zeros");
+    let want = if Library::Nccl.present() {
+        "Nccl"
+    } else {
+        "StandIn"
+    };
+    assert!(
+        lines.iter().all(|l| l.split(' ').nth(1) == Some(want)),
+        "{lines:?}"
+    );
+    let combined = std::fs::read_to_string(out.join("combined")).expect("rank 0's combined report");
+    let ranks: Vec<String> = (0..world).map(|r| r.to_string()).collect();
+    assert_eq!(combined, format!("{world} {}", ranks.join(",")));
+}
+
+#[test]
+fn torchrun_variables_four_ranks_get_rank_zeros_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let procs = Procs(
+        (0..4)
+            .map(|r| (r, spawn(&torchrun_vars(r, 4, port), dir.path(), "ok", 3000)))
+            .collect(),
+    );
+    for (r, o) in procs.wait_all(Duration::from_secs(20)) {
+        assert!(o.status.success(), "rank {r}: {}", stderr(&o));
+    }
+    check_ids(dir.path(), 4);
+}
+
+#[test]
+fn slurm_variables_four_ranks_get_rank_zeros_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    // Two "nodes" of two tasks, both on this machine; rank 0 lives on the first host of the
+    // compressed list, `localhost`.
+    let vars = |r: u32| {
+        vec![
+            ("SLURM_PROCID", r.to_string()),
+            ("SLURM_NTASKS", "4".to_string()),
+            ("SLURM_LOCALID", (r % 2).to_string()),
+            ("SLURM_NODEID", (r / 2).to_string()),
+            ("SLURM_NNODES", "2".to_string()),
+            ("SLURM_TASKS_PER_NODE", "2(x2)".to_string()),
+            ("SLURM_NODELIST", "localhost,gpu[02-03]".to_string()),
+            ("MASTER_PORT", port.to_string()),
+        ]
+    };
+    let procs = Procs(
+        (0..4)
+            .map(|r| (r, spawn(&vars(r), dir.path(), "ok", 3000)))
+            .collect(),
+    );
+    for (r, o) in procs.wait_all(Duration::from_secs(20)) {
+        assert!(o.status.success(), "rank {r}: {}", stderr(&o));
+    }
+    check_ids(dir.path(), 4);
+    let rank3 = std::fs::read_to_string(dir.path().join("rank3.id")).unwrap();
+    assert!(
+        rank3.ends_with(" 1 localhost"),
+        "local rank 1 on node 1, master localhost: {rank3}"
+    );
+}
+
+#[test]
+fn a_missing_rank_zero_ends_every_rank_within_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let start = Instant::now();
+    let procs = Procs(
+        (1..4)
+            .map(|r| (r, spawn(&torchrun_vars(r, 4, port), dir.path(), "ok", 1500)))
+            .collect(),
+    );
+    for (r, o) in procs.wait_all(Duration::from_secs(15)) {
+        assert!(!o.status.success());
+        let e = stderr(&o);
+        assert!(
+            e.contains(&format!(
+                "rank {r}: rank 0 at 127.0.0.1:{port} never accepted a connection"
+            )),
+            "{e}"
+        );
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn a_missing_peer_is_named_and_the_others_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut procs = Procs(vec![(
+        0,
+        spawn(&torchrun_vars(0, 4, port), dir.path(), "ok", 1500),
+    )]);
+    // The others wait longer than rank 0, so rank 0's verdict reaches them first.
+    for r in [1, 2] {
+        procs
+            .0
+            .push((r, spawn(&torchrun_vars(r, 4, port), dir.path(), "ok", 4000)));
+    }
+    let start = Instant::now();
+    let outs = procs.wait_all(Duration::from_secs(15));
+    assert!(start.elapsed() < Duration::from_secs(10));
+    for (r, o) in outs {
+        assert!(!o.status.success(), "rank {r}");
+        let e = stderr(&o);
+        assert!(
+            e.contains("rank(s) 3 of 4 never connected"),
+            "rank {r}: {e}"
+        );
+        if r > 0 {
+            assert!(e.contains("stopped by rank 0"), "rank {r}: {e}");
+        }
+    }
+}
+
+#[test]
+fn bad_variables_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut rank_too_big = torchrun_vars(0, 4, port);
+    rank_too_big[0].1 = "4".into();
+    let mut no_addr = torchrun_vars(1, 4, port);
+    no_addr.retain(|(k, _)| *k != "MASTER_ADDR");
+    let mut not_a_number = torchrun_vars(1, 4, port);
+    not_a_number[1].1 = "four".into();
+    let slurm_bad_list = vec![
+        ("SLURM_PROCID", "0".to_string()),
+        ("SLURM_NTASKS", "2".to_string()),
+        ("SLURM_LOCALID", "0".to_string()),
+        ("SLURM_NODEID", "0".to_string()),
+        ("SLURM_NNODES", "1".to_string()),
+        ("SLURM_NTASKS_PER_NODE", "2".to_string()),
+        ("SLURM_NODELIST", "node[01-".to_string()),
+    ];
+    let cases = [
+        (rank_too_big, "RANK=\"4\": must be less than WORLD_SIZE (4)"),
+        (no_addr, "MASTER_ADDR is not set"),
+        (not_a_number, "WORLD_SIZE=\"four\": must be a whole number"),
+        (slurm_bad_list, "SLURM_NODELIST=\"node[01-\""),
+    ];
+    let procs = Procs(
+        cases
+            .iter()
+            .enumerate()
+            .map(|(i, (v, _))| (i as u32, spawn(v, dir.path(), "ok", 3000)))
+            .collect(),
+    );
+    for (i, o) in procs.wait_all(Duration::from_secs(10)) {
+        assert!(!o.status.success());
+        let e = stderr(&o);
+        assert!(e.contains(cases[i as usize].1), "{e}");
+    }
+}
+
+#[test]
+fn a_failing_worker_stops_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let start = Instant::now();
+    let procs = Procs(
+        (0..4)
+            .map(|r| {
+                (
+                    r,
+                    spawn(&torchrun_vars(r, 4, port), dir.path(), "fail:2", 3000),
+                )
+            })
+            .collect(),
+    );
+    // The others would work for 60 s: they end because rank 2 failed.
+    let outs = procs.wait_all(Duration::from_secs(20));
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        start.elapsed()
+    );
+    for (r, o) in outs {
+        assert!(!o.status.success(), "rank {r}");
+        let e = stderr(&o);
+        assert!(e.contains("injected failure on rank 2"), "rank {r}: {e}");
+        if r != 2 {
+            assert!(e.contains("rank 2 failed"), "rank {r}: {e}");
+        }
+    }
+}
+
+fn local(port: u16, mode: &str, out: &Path) -> LocalLaunch {
+    LocalLaunch {
+        nproc_per_node: 4,
+        nnodes: 1,
+        node_rank: 0,
+        master_addr: "127.0.0.1".into(),
+        master_port: port,
+        env: vec![
+            ("PARSIM_TEST_WORKER".into(), mode.into()),
+            ("PARSIM_TEST_OUT".into(), out.display().to_string()),
+            ("PARSIM_TEST_TIMEOUT_MS".into(), "3000".into()),
+        ],
+    }
+}
+
+#[test]
+fn the_supervisor_runs_four_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = std::env::current_exe().unwrap();
+    supervise(&exe, &worker_args(), &local(free_port(), "ok", dir.path())).expect("a clean run");
+    check_ids(dir.path(), 4);
+}
+
+#[test]
+fn the_supervisor_returns_the_failing_workers_own_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let start = Instant::now();
+    let err = supervise(
+        &exe,
+        &worker_args(),
+        &local(free_port(), "fail:3", dir.path()),
+    )
+    .unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        start.elapsed()
+    );
+    match err {
+        LaunchError::RankFailed { rank, message } => {
+            assert_eq!(rank, 3);
+            assert!(message.contains("injected failure on rank 3"), "{message}");
+        }
+        other => panic!("{other}"),
+    }
+}
