@@ -4,6 +4,7 @@
 //! fp32, or bf16 mixed precision with `--precision bf16`).
 
 use super::config_args::ConfigArgs;
+use super::launch_args::LaunchArgs;
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use comfy_table::{presets, CellAlignment, Table};
@@ -20,6 +21,9 @@ use statrs::statistics::{Data, Median};
 pub enum Backend {
     /// Ranks as threads of this process, fp32 (the reference).
     Cpu,
+    /// NVIDIA GPUs (cudarc: NVRTC kernels, cuBLASLt, NCCL); one process per rank with
+    /// --nproc-per-node, torchrun or Slurm.
+    Cuda,
 }
 
 #[derive(Debug, Args)]
@@ -52,6 +56,8 @@ pub struct ExecuteArgs {
     /// With --calibrate: write the fitted profile here (and the measurements beside it, .jsonl).
     #[arg(long, value_name = "NAME.toml", requires = "calibrate")]
     pub out: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub launch: LaunchArgs,
 }
 
 /// The largest run the CPU backend accepts (threads, and host memory by the prediction:
@@ -166,9 +172,12 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
             args.warmup
         );
     }
+    if args.backend == Backend::Cpu && args.launch.any() {
+        bail!("--nproc-per-node, --master-addr and --master-port start processes for --backend cuda; the cpu backend runs every rank as a thread of this process");
+    }
     let resolved = resolve_for_backend(&args)?;
     let world = resolved.world();
-    if world > MAX_CPU_RANKS {
+    if args.backend == Backend::Cpu && world > MAX_CPU_RANKS {
         bail!("cluster.num_gpus: the cpu backend runs one thread per rank; {world} ranks is more than {MAX_CPU_RANKS}");
     }
     let est = parsim::estimate::estimate(&resolved).context("estimating the same configuration")?;
@@ -178,7 +187,7 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
         Some(b) => (b, "available on this machine (/proc/meminfo MemAvailable)"),
         None => (FALLBACK_HOST_BYTES, "assumed: /proc/meminfo unreadable"),
     };
-    if total_predicted > host_bytes {
+    if args.backend == Backend::Cpu && total_predicted > host_bytes {
         bail!(
             "the cpu backend would need about {} of host memory for {world} ranks (limit {}, {source}); use a smaller model, sequence or batch",
             bytes(total_predicted as f64),
@@ -192,19 +201,22 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
             ..LowerOptions::default()
         },
     )?;
+    let opts = RunOptions {
+        steps: args.steps,
+        warmup: args.warmup,
+        precision: match run_precision(&args)? {
+            Precision::Bf16 => parsim_executor::plan::Precision::Bf16,
+            _ => parsim_executor::plan::Precision::Fp32,
+        },
+        ..RunOptions::default()
+    };
     let report = match args.backend {
-        Backend::Cpu => run_cpu(
-            &plan,
-            &RunOptions {
-                steps: args.steps,
-                warmup: args.warmup,
-                precision: match run_precision(&args)? {
-                    Precision::Bf16 => parsim_executor::plan::Precision::Bf16,
-                    _ => parsim_executor::plan::Precision::Fp32,
-                },
-                ..RunOptions::default()
-            },
-        )?,
+        Backend::Cpu => run_cpu(&plan, &opts)?,
+        // Other ranks of a multi-process run print nothing: rank 0 prints the whole run.
+        Backend::Cuda => match super::execute_cuda::run(&args.launch, &plan, &opts, world)? {
+            Some(report) => report,
+            None => return Ok(()),
+        },
     };
     let timed = (args.warmup as usize)..(args.steps as usize);
     // A step ends when its slowest rank ends.
@@ -212,7 +224,10 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
         .map(|i| report.ranks.iter().map(|r| r.step_s[i]).fold(0.0, f64::max))
         .collect();
     let out = ExecuteOut {
-        backend: "cpu",
+        backend: match args.backend {
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+        },
         world_size: report.world,
         steps: args.steps,
         loss: report.loss[timed].to_vec(),

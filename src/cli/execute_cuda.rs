@@ -1,0 +1,66 @@
+//! `execute --backend cuda`: in one process, as the local supervisor of `--nproc-per-node`
+//! workers, or as one rank under torchrun, Slurm or that supervisor. Every path ends in
+//! [`run_cuda_rank`], the one place that calls the CUDA runner.
+
+use super::launch_args::LaunchArgs;
+use anyhow::ensure;
+use parsim_executor::backend::cuda::{probe, Library};
+use parsim_executor::launch::worker::WORKER_MARKER;
+use parsim_executor::launch::{run_worker, supervise, LaunchInfo, RankEnv, WorkerOptions};
+use parsim_executor::runner::RunOptions;
+use parsim_executor::{ExecError, Plan, RunReport};
+
+/// Runs `plan` on CUDA. `Some(report)` where this process prints the run's report (a single
+/// process, or rank 0 of many, with every rank's report combined); `None` on the other ranks
+/// and in the supervisor (rank 0's worker printed it).
+pub fn run(
+    launch: &LaunchArgs,
+    plan: &Plan,
+    opts: &RunOptions,
+    world: u32,
+) -> anyhow::Result<Option<RunReport>> {
+    let is_worker = std::env::var_os(WORKER_MARKER).is_some();
+    if let (Some(n), false) = (launch.nproc_per_node, is_worker) {
+        let local = launch.local(n, world)?;
+        let exe = std::env::current_exe()?;
+        let args: Vec<_> = std::env::args_os().skip(1).collect();
+        supervise(&exe, &args, &local)?;
+        return Ok(None);
+    }
+    let Some(env) = RankEnv::from_process(&launch.overrides())? else {
+        return Ok(Some(run_cuda_rank(plan, opts, None)?));
+    };
+    ensure!(
+        env.world_size == world,
+        "the launcher's world size ({}, from {:?} variables) differs from the configuration's {world} ranks (cluster.num_gpus)",
+        env.world_size,
+        env.source
+    );
+    let worker = WorkerOptions {
+        rendezvous_timeout: launch.timeout(),
+        exit_with_supervisor: is_worker,
+    };
+    Ok(run_worker(&env, &worker, |info| {
+        run_cuda_rank(plan, opts, Some(info))
+    })?)
+}
+
+/// Runs this process's share of the plan on CUDA: every rank (as threads) when `info` is
+/// `None`, else the one rank `info` names, with the NCCL unique id of the rendezvous.
+///
+/// The CUDA runner (`runner::run_cuda` with `CudaWorld::SingleProcess` or
+/// `CudaWorld::MultiProcess { rank, world_size, local_rank, unique_id }`) is built on its own
+/// branch; this is the one call to replace when the two meet. Until then a machine with a
+/// driver gets an error saying so, and one without gets the driver's own error.
+fn run_cuda_rank(
+    _plan: &Plan,
+    _opts: &RunOptions,
+    info: Option<&LaunchInfo>,
+) -> Result<RunReport, ExecError> {
+    probe::require(Library::Driver)?;
+    Err(ExecError::Rank {
+        rank: info.map_or(0, |i| i.rank),
+        message: "this build has the launcher but not yet the CUDA runner (runner::run_cuda)"
+            .into(),
+    })
+}
