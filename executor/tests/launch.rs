@@ -476,3 +476,37 @@ fn the_supervisor_returns_the_failing_workers_own_error() {
         other => panic!("{other}"),
     }
 }
+
+#[test]
+fn a_worker_ends_when_its_supervisor_goes_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    // Rank 1 of 2 waits up to 20 s for a rank 0 that never comes; closing its stdin (what the
+    // supervisor's death does) ends it at once.
+    let mut vars = torchrun_vars(1, 2, port);
+    vars.push(("PARSIM_LAUNCH_WORKER", "1".into()));
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(worker_args());
+    for v in LAUNCH_VARS {
+        cmd.env_remove(v);
+    }
+    let child = cmd
+        .envs(vars.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("PARSIM_TEST_WORKER", "ok")
+        .env("PARSIM_TEST_OUT", dir.path())
+        .env("PARSIM_TEST_TIMEOUT_MS", "20000")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut procs = Procs(vec![(1, child)]);
+    std::thread::sleep(Duration::from_millis(300));
+    drop(procs.0[0].1.stdin.take());
+    let start = Instant::now();
+    let out = procs.wait_all(Duration::from_secs(5));
+    assert!(start.elapsed() < Duration::from_secs(3));
+    let e = stderr(&out[0].1);
+    assert!(!out[0].1.status.success());
+    assert!(e.contains("the local supervisor went away"), "{e}");
+}

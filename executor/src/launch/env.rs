@@ -162,7 +162,10 @@ impl RankEnv {
         };
         let master_port = match overrides.master_port {
             Some(p) => p,
-            None => vars.port("MASTER_PORT", &vars.required("MASTER_PORT", WHY)?)?,
+            None => {
+                let port = vars.port("MASTER_PORT", &vars.required("MASTER_PORT", WHY)?)?;
+                agent_store_port(vars, port)?
+            }
         };
         Ok(RankEnv {
             rank,
@@ -283,6 +286,23 @@ impl RankEnv {
         }
         Ok(())
     }
+}
+
+/// torchrun's agent may host its own TCP store on MASTER_PORT
+/// (TORCHELASTIC_USE_AGENT_STORE=True); rank 0 then serves the id on the next port.
+fn agent_store_port(vars: &Vars, port: u16) -> Result<u16, LaunchError> {
+    let agent = vars
+        .raw("TORCHELASTIC_USE_AGENT_STORE")
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    if !agent {
+        return Ok(port);
+    }
+    port.checked_add(1).ok_or_else(|| LaunchError::Variable {
+        name: "MASTER_PORT".into(),
+        value: port.to_string(),
+        rule: "torchrun's agent store holds it and there is no next port; pass --master-port"
+            .into(),
+    })
 }
 
 /// The same error, naming the variable it was read from.
@@ -465,6 +485,15 @@ mod tests {
             let got = with(k, v);
             assert!(got.contains(want), "{k}={v:?}: {got}");
         }
+    }
+
+    #[test]
+    fn torchruns_agent_store_moves_the_port_up_by_one() {
+        let mut p = TORCHRUN.to_vec();
+        p.push(("TORCHELASTIC_USE_AGENT_STORE", "True"));
+        assert_eq!(parse(&p).unwrap().unwrap().master_port, 29401);
+        p[5] = ("MASTER_PORT", "65535");
+        assert!(parse(&p).unwrap_err().to_string().contains("--master-port"));
     }
 
     #[test]

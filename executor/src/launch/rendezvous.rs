@@ -59,7 +59,7 @@ pub fn rendezvous(env: &RankEnv, timeout: Duration) -> Result<Joined, LaunchErro
             .map_err(|e| LaunchError::Protocol(format!("rank 0 could not create the id: {e}")))?;
         let listener =
             TcpListener::bind(("0.0.0.0", env.master_port)).map_err(|source| LaunchError::Io {
-                what: "rank 0 could not listen on MASTER_PORT".into(),
+                what: "rank 0 could not listen on MASTER_PORT (is another run or torchrun's store on it? pass --master-port)".into(),
                 addr: format!("0.0.0.0:{}", env.master_port),
                 source,
             })?;
