@@ -126,7 +126,7 @@ fn nproc_per_node_without_a_driver_gives_the_drivers_error() {
             "--master-port",
             &port,
             "--rendezvous-timeout",
-            "3",
+            "10",
         ],
         &[],
     )]);
@@ -155,7 +155,7 @@ fn four_ranks_under_torchrun_meet_then_stop_at_the_driver() {
     let port = free_port();
     let procs = Procs(
         (0..4)
-            .map(|r| parsim(&["--rendezvous-timeout", "3"], &torchrun(r, port)))
+            .map(|r| parsim(&["--rendezvous-timeout", "10"], &torchrun(r, port)))
             .collect(),
     );
     for (r, o) in procs.wait_all(Duration::from_secs(30)).iter().enumerate() {
@@ -176,7 +176,7 @@ fn a_missing_rank_is_named_through_the_binary() {
         [0, 1, 2]
             .map(|r| {
                 parsim(
-                    &["--rendezvous-timeout", if r == 0 { "1" } else { "3" }],
+                    &["--rendezvous-timeout", if r == 0 { "1" } else { "8" }],
                     &torchrun(r, port),
                 )
             })
@@ -207,8 +207,12 @@ fn bad_launcher_input_is_named() {
         ("SLURM_TASKS_PER_NODE", "4".to_string()),
     ];
     slurm.push(("SLURM_NODELIST", "gpu[1-".to_string()));
-    let cases: [Case; 6] = [
+    let mut world2 = torchrun(0, 29500);
+    world2[1].1 = "2".into();
+    world2[3].1 = "2".into();
+    let cases: [Case; 7] = [
         (&[], rank4, "RANK=\"4\": must be less than WORLD_SIZE (4)"),
+        (&[], world2, "the launcher's world size (2, from torchrun's RANK / WORLD_SIZE) differs from the configuration's 4 ranks"),
         (&[], slurm, "SLURM_NODELIST=\"gpu[1-\""),
         (
             &["--nproc-per-node", "2"],

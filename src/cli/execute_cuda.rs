@@ -32,7 +32,7 @@ pub fn run(
     };
     ensure!(
         env.world_size == world,
-        "the launcher's world size ({}, from {:?} variables) differs from the configuration's {world} ranks (cluster.num_gpus)",
+        "the launcher's world size ({}, from {}) differs from the configuration's {world} ranks (cluster.num_gpus): one process per rank",
         env.world_size,
         env.source
     );

@@ -18,6 +18,15 @@ pub enum EnvSource {
     Slurm,
 }
 
+impl std::fmt::Display for EnvSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EnvSource::Torchrun => "torchrun's RANK / WORLD_SIZE",
+            EnvSource::Slurm => "Slurm's SLURM_PROCID / SLURM_NTASKS",
+        })
+    }
+}
+
 /// One process's place in a multi-process run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RankEnv {

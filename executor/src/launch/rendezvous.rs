@@ -378,7 +378,7 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(start.elapsed() < short + Duration::from_secs(1));
+        assert!(start.elapsed() < short + Duration::from_secs(2));
         assert!(e.contains("rank(s) 1, 3 of 4 never connected"), "{e}");
         // Rank 2 arrived and is told why the run stops.
         let e2 = c.join().unwrap().unwrap_err().to_string();
@@ -398,7 +398,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            start.elapsed() < short + Duration::from_millis(500),
+            start.elapsed() < short + Duration::from_secs(2),
             "{:?}",
             start.elapsed()
         );
