@@ -67,8 +67,9 @@ fn rank_report(world: u32, rank: u32) -> RunReport {
     }
 }
 
-/// The workers' side. PARSIM_TEST_WORKER: `ok`, or `fail:R` (rank R fails after the
-/// rendezvous while the others work for a minute, so they must be stopped).
+/// The workers' side. PARSIM_TEST_WORKER: `ok`, `fail:R` (rank R's work returns an error
+/// after the rendezvous while the others work for a minute, so they must be stopped), or
+/// `crash:R` (rank R's process exits without a word).
 #[test]
 fn worker_entry() {
     let Ok(mode) = std::env::var("PARSIM_TEST_WORKER") else {
@@ -101,6 +102,15 @@ fn worker_entry() {
             info.id_source, info.local_rank, info.master_addr
         );
         std::fs::write(out.join(format!("rank{}.id", info.rank)), line).expect("write id");
+        if let Some(r) = mode.strip_prefix("crash:") {
+            if r.parse::<u32>().expect("crash:R") == info.rank {
+                // Dies without a word to rank 0, as a segfault or an OOM kill would.
+                std::thread::sleep(Duration::from_millis(200));
+                std::process::exit(9);
+            }
+            std::thread::sleep(Duration::from_secs(60));
+            return Ok(rank_report(info.world_size, info.rank));
+        }
         match mode
             .strip_prefix("fail:")
             .map(|r| r.parse::<u32>().expect("fail:R"))
@@ -515,4 +525,43 @@ fn a_worker_ends_when_its_supervisor_goes_away() {
     let e = stderr(&out[0].1);
     assert!(!out[0].1.status.success());
     assert!(e.contains("the local supervisor went away"), "{e}");
+}
+
+#[test]
+fn a_crashed_process_stops_the_others() {
+    // Rank 2 dies: rank 0 sees its connection close. Rank 0 dies: the others see theirs close.
+    for (crash, want_others) in [
+        (2, "rank 2 failed: its process ended without a report"),
+        (0, "rank 0's connection closed"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mode = format!("crash:{crash}");
+        let start = Instant::now();
+        let procs = Procs(
+            (0..4)
+                .map(|r| {
+                    (
+                        r,
+                        spawn(&torchrun_vars(r, 4, port), dir.path(), &mode, 10000),
+                    )
+                })
+                .collect(),
+        );
+        let outs = procs.wait_all(Duration::from_secs(20));
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "{:?}",
+            start.elapsed()
+        );
+        for (r, o) in outs {
+            assert!(!o.status.success(), "rank {r}");
+            if r == crash {
+                assert_eq!(o.status.code(), Some(9));
+            } else {
+                let e = stderr(&o);
+                assert!(e.contains(want_others), "crash {crash}, rank {r}: {e}");
+            }
+        }
+    }
 }

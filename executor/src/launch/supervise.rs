@@ -255,6 +255,32 @@ mod tests {
         assert_eq!((e.rank, e.world_size, e.node_rank, e.nnodes), (7, 8, 1, 2));
     }
 
+    #[cfg(unix)]
+    #[test]
+    fn the_reported_error_is_the_failing_ranks_own() {
+        use std::os::unix::process::ExitStatusExt;
+        let status = ExitStatus::from_raw(9 << 8); // exit code 9
+        let stop = FailureLine {
+            rank: 1,
+            own: false,
+            message: "rank 3 failed: boom".into(),
+        };
+        let own = FailureLine {
+            rank: 3,
+            own: true,
+            message: "boom".into(),
+        };
+        let e = pick_error(&[stop.clone(), own], 1, status).to_string();
+        assert_eq!(e, "rank 3 failed: boom");
+        let e = pick_error(&[stop], 1, status).to_string();
+        assert_eq!(e, "stopped by rank 0: rank 3 failed: boom");
+        let e = pick_error(&[], 2, status).to_string();
+        assert!(
+            e.starts_with("rank 2 failed: the worker process exited with exit status: 9"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn bad_flags_name_the_flag() {
         for (l, want) in [
