@@ -122,14 +122,10 @@ pub fn serve(
     };
     while peers.len() + 1 < env.world_size as usize {
         let Some(left) = remaining(deadline) else {
-            let missing: Vec<String> = (1..env.world_size)
-                .filter(|r| !peers.contains_key(r))
-                .map(|r| r.to_string())
-                .collect();
             let err = LaunchError::MissingRanks {
                 addr: addr.clone(),
                 timeout_s: timeout.as_secs_f64(),
-                missing: missing.join(", "),
+                missing: missing_ranks(env.world_size, &peers),
                 world_size: env.world_size,
             };
             return fail(&mut peers, err);
@@ -183,6 +179,22 @@ pub fn serve(
         }
     }
     Ok(peers)
+}
+
+/// The ranks of 1..world_size not in `peers`: the first 32 by number, then how many more
+/// (a world of 2^32 - 1 must not build four billion strings).
+fn missing_ranks(world_size: u32, peers: &BTreeMap<u32, TcpStream>) -> String {
+    const SHOWN: usize = 32;
+    let total = world_size as usize - 1 - peers.len();
+    let mut names: Vec<String> = (1..world_size)
+        .filter(|r| !peers.contains_key(r))
+        .take(SHOWN)
+        .map(|r| r.to_string())
+        .collect();
+    if total > SHOWN {
+        names.push(format!("and {} more", total - SHOWN));
+    }
+    names.join(", ")
 }
 
 /// Checks a hello: `Ok(None)` drops a connection that is no parsim peer (a port scanner, a
@@ -386,6 +398,18 @@ mod tests {
             e2.contains("stopped by rank 0") && e2.contains("1, 3"),
             "{e2}"
         );
+    }
+
+    #[test]
+    fn a_huge_world_names_a_few_missing_ranks() {
+        let empty = BTreeMap::new();
+        // Ranks 1..=2^32 - 2 are missing: 2^32 - 2 of them, 32 named.
+        let m = missing_ranks(u32::MAX, &empty);
+        assert!(
+            m.starts_with("1, 2, 3,") && m.ends_with(", 32, and 4294967262 more"),
+            "{m}"
+        );
+        assert_eq!(missing_ranks(4, &empty), "1, 2, 3");
     }
 
     #[test]

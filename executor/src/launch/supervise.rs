@@ -14,6 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// The most workers one node starts (one per GPU; the largest nodes have 8-16 GPUs).
+pub const MAX_LOCAL_WORKERS: u32 = 256;
+
 /// This node's share of a run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalLaunch {
@@ -36,6 +39,13 @@ impl LocalLaunch {
         };
         if self.nproc_per_node == 0 {
             return Err(flag("--nproc-per-node", 0, "must be at least 1".into()));
+        }
+        if self.nproc_per_node > MAX_LOCAL_WORKERS {
+            return Err(flag(
+                "--nproc-per-node",
+                self.nproc_per_node,
+                format!("at most {MAX_LOCAL_WORKERS} worker processes on one node (one per GPU)"),
+            ));
         }
         if self.nnodes == 0 {
             return Err(flag("--nnodes", 0, "must be at least 1".into()));
@@ -290,7 +300,8 @@ mod tests {
                 local(2, 2, 2),
                 "--node-rank=\"2\": must be less than --nnodes (2)",
             ),
-            (local(u32::MAX, 2, 0), "overflows"),
+            (local(257, 1, 0), "at most 256 worker processes"),
+            (local(2, u32::MAX, 0), "overflows"),
         ] {
             let e = l.validate().unwrap_err().to_string();
             assert!(e.contains(want), "{e}");
