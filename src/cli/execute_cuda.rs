@@ -50,8 +50,11 @@ pub fn run(
 ///
 /// The CUDA runner (`runner::run_cuda` with `CudaWorld::SingleProcess` or
 /// `CudaWorld::MultiProcess { rank, world_size, local_rank, unique_id }`) is built on its own
-/// branch; this is the one call to replace when the two meet. Until then a machine with a
-/// driver gets an error saying so, and one without gets the driver's own error.
+/// branch; this is the one call to replace when the two meet, by
+/// `run_cuda(plan, opts, info.map_or(CudaWorld::SingleProcess, |i| CudaWorld::MultiProcess {
+/// rank: i.rank, world_size: i.world_size, local_rank: i.local_rank, unique_id: i.unique_id }))`.
+/// Until then a machine with a driver gets an error saying so, and one without gets the
+/// driver's own error.
 fn run_cuda_rank(
     _plan: &Plan,
     _opts: &RunOptions,
