@@ -61,6 +61,11 @@ fn run_cuda_rank(
     info: Option<&LaunchInfo>,
 ) -> Result<RunReport, ExecError> {
     probe::require(Library::Driver)?;
+    // Past the rendezvous, ranks in separate processes talk only through NCCL: without it
+    // (where rank 0 handed out a stand-in id) the run stops here, naming the library.
+    if info.is_some_and(|i| i.world_size > 1) {
+        probe::require(Library::Nccl)?;
+    }
     Err(ExecError::Rank {
         rank: info.map_or(0, |i| i.rank),
         message: "this build has the launcher but not yet the CUDA runner (runner::run_cuda)"
