@@ -20,6 +20,8 @@ use crate::schedule::{
 use crate::time::{Overlaps, Rates, StepTime, TimingContext};
 use serde::Serialize;
 
+pub mod breakdown;
+
 /// Programs of at most this many (stage, microbatch) cells are generated in full for the
 /// memory walk ([`crate::memory::activation_peak`]).
 const MAX_WALKED_CELLS: u64 = 1 << 16;
@@ -592,12 +594,34 @@ impl<'a> Prepared<'a> {
         by_group.dp += dp_tail;
         let finish = sim.finish[crit];
         let bubble_s = (finish - sim.busy[crit]).max(0.0);
+        let pipe = breakdown::Pipe {
+            kind: par.schedule,
+            pp: par.pp,
+            vpp: par.vpp,
+            microbatches: r.microbatches,
+        };
+        let idle = breakdown::split_idle(pipe, &costs, &sim, crit)?;
+        let per_mb_s: Vec<f64> = chunks
+            .iter()
+            .map(|ch| {
+                ch.iter()
+                    .map(|c| {
+                        let t = &chunk_times[c.stage];
+                        t.fwd + t.input_grad + t.weight_grad
+                    })
+                    .sum()
+            })
+            .collect();
         let time = StepTime {
             step_s,
             compute_s,
             exposed_comm_s: by_group.total(),
             exposed_comm_by_group_s: by_group,
             bubble_s,
+            warmup_cooldown_s: idle.warmup_cooldown_s,
+            imbalance_s: idle.imbalance_s,
+            pp_wait_s: idle.pp_wait_s,
+            imbalance: breakdown::slowest_stage(&chunks, &per_mb_s),
             dp_tail_s: dp_tail,
             optimizer_s,
         };
@@ -693,54 +717,5 @@ pub fn verdict(t: &StepTime, fits: bool, need: u64, capacity: u64) -> String {
             gib(capacity)
         );
     }
-    let g = &t.exposed_comm_by_group_s;
-    let parts = [
-        (
-            "compute",
-            t.compute_s,
-            "compute-bound: raise GEMM efficiency or cut recomputation",
-        ),
-        (
-            "pipeline bubble",
-            t.bubble_s,
-            "bubble-bound: more microbatches, interleaving or a zero-bubble schedule",
-        ),
-        (
-            "TP communication",
-            g.tp,
-            "TP-communication-bound: lower TP, keep TP inside a node, or --tp-comm-overlap",
-        ),
-        (
-            "CP communication",
-            g.cp,
-            "CP-communication-bound: overlap the ring or lower CP",
-        ),
-        (
-            "DP communication",
-            g.dp,
-            "DP-communication-bound: overlap gradient reduction, bigger batches per rank",
-        ),
-        (
-            "EP communication",
-            g.ep,
-            "EP-communication-bound: keep EP inside a node, or overlap the all-to-all",
-        ),
-        (
-            "optimizer",
-            t.optimizer_s,
-            "optimizer-bound: shard the optimizer (ZeRO-1)",
-        ),
-    ];
-    let (name, secs, advice) = parts
-        .iter()
-        .fold(parts[0], |a, b| if b.1 > a.1 { *b } else { a });
-    let share = 100.0 * secs / t.step_s.max(f64::MIN_POSITIVE);
-    if name == "compute" {
-        format!("compute-bound: {share:.0}% of the step is compute")
-    } else {
-        format!(
-            "{advice} ({name} is {share:.0}% of the step, compute {:.0}%)",
-            100.0 * t.compute_s / t.step_s.max(f64::MIN_POSITIVE)
-        )
-    }
+    breakdown::verdict_line(t)
 }
