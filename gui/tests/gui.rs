@@ -491,3 +491,52 @@ fn a_preset_that_does_not_fit_is_flagged_with_the_engines_figure() {
     );
     assert!(headline.ends_with("(does not fit)"), "{headline}");
 }
+
+/// Issue #17's case (Llama-3-70B, TP 8 x PP 8 on 64 H100s): the window's bubble card and the
+/// CLI's time table show the same warm-up/cool-down share, and the stage-imbalance card the
+/// same imbalance share; both read from the rendered output, not from a shared formatter.
+#[test]
+fn bubble_cards_equal_the_cli_time_table() {
+    let mut config = default_config();
+    config.model = parsim::config::presets::preset("llama3-70b").unwrap();
+    config.cluster.num_gpus = 64;
+    config.parallel.tp = 8;
+    config.parallel.pp = 8;
+    config.parallel.vpp = 1;
+    config.parallel.schedule = ScheduleKind::OneFOneB;
+    config.parallel.zero = 1;
+    config.training.seq_length = 8192;
+    config.training.micro_batch_size = 1;
+    config.training.global_batch_size = 2048;
+    let h = harness(ParsimApp::new(parsim_gui::state::Session::new(
+        config.clone(),
+    )));
+    let e = estimate(&Resolved::new(config).expect("valid")).expect("estimate");
+    let cli = parsim::report::table::estimate_text(&e);
+    // The share column of the CLI row whose label contains `row`.
+    let cli_share = |row: &str| -> String {
+        let line = cli
+            .lines()
+            .find(|l| l.contains(row))
+            .unwrap_or_else(|| panic!("no row {row} in\n{cli}"));
+        line.split(|c: char| c.is_whitespace() || c == '|' || c == '│')
+            .rfind(|c| c.ends_with('%'))
+            .unwrap_or_else(|| panic!("no share in {line}"))
+            .to_string()
+    };
+    let labels: Vec<String> = h
+        .get_all_by_role(Role::Label)
+        .map(|n| n.value().unwrap_or_default())
+        .collect();
+    let card = |title: &str| -> String {
+        let i = labels
+            .iter()
+            .position(|l| l == title)
+            .unwrap_or_else(|| panic!("no card {title} in {labels:?}"));
+        labels[i + 1].clone()
+    };
+    assert_eq!(card("Bubble"), cli_share("warm-up/cool-down bubble"));
+    assert_eq!(card("Stage imbalance"), cli_share("stage imbalance"));
+    // The figures are the issue's: the imbalance dominates the bubble at global batch 2048.
+    assert!(e.time.imbalance_s > 10.0 * e.time.warmup_cooldown_s);
+}
