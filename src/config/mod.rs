@@ -16,7 +16,7 @@ mod model;
 mod parallel;
 pub mod presets;
 mod resolve;
-mod rules;
+pub(crate) mod rules;
 mod training;
 
 pub use cluster::ClusterConfig;
