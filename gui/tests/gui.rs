@@ -540,3 +540,33 @@ fn bubble_cards_equal_the_cli_time_table() {
     // The figures are the issue's: the imbalance dominates the bubble at global batch 2048.
     assert!(e.time.imbalance_s > 10.0 * e.time.warmup_cooldown_s);
 }
+
+/// Typing a Megatron-Core layout sets it (vpp follows its stage count) and the window shows the
+/// engine's memory for that configuration; a bad layout shows the engine's message.
+#[test]
+fn a_pipeline_layout_typed_in_is_the_engines_configuration() {
+    let mut h = harness(ParsimApp::default());
+    // Default: 32 layers, pp 4, vpp 2. An uneven layout of 8 stages: 3 + 6 x 4 + 5 layers.
+    let layout = "Et*3|(t*4|)*6,t*5L";
+    h.get_by_role_and_label(Role::TextInput, "Layout")
+        .set_text_value_accesskit(layout);
+    h.run();
+    let mut expected = default_config();
+    expected.parallel.pipeline_layout = Some(layout.into());
+    assert_eq!(h.state().session.config, expected);
+    assert!(
+        text_of(&h, "Peak memory per GPU").starts_with(&engine_memory(&expected)),
+        "{}",
+        text_of(&h, "Peak memory per GPU")
+    );
+    // The layout moves layers: not the memory of the even split.
+    assert_ne!(engine_memory(&expected), engine_memory(&default_config()));
+
+    h.get_by_role_and_label(Role::TextInput, "Layout")
+        .set_text_value_accesskit("Et*3|(t*4|)*6,t*4L");
+    h.run();
+    assert!(h
+        .query_all_by_label_contains("holds 31 transformer layers")
+        .next()
+        .is_some());
+}

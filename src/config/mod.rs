@@ -27,6 +27,7 @@ pub use model::{MlaConfig, ModelConfig};
 pub use parallel::ParallelConfig;
 pub use resolve::{PipelinePlacement, Resolved};
 pub use rules::check_base;
+pub use rules::pipeline_layout;
 pub use training::{LoraConfig, TrainingConfig};
 
 use serde::{Deserialize, Serialize};
