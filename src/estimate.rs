@@ -336,9 +336,19 @@ impl<'a> Prepared<'a> {
     /// Builds the ledger and the per-stage costs; `network` may be passed in when many
     /// configurations share one layout.
     pub fn new(r: &'a Resolved, network: Option<Network>) -> Result<Prepared<'a>, EstimateError> {
+        Self::with_ledger(r, network, None)
+    }
+
+    /// As [`Prepared::new`], reusing the timed ledger of a configuration that differs only in
+    /// how the layers are split over the pipeline (vpp, first/last stage, layout, slots): the
+    /// ledger depends on the parallel degrees, the schedule, micro batch and recomputation.
+    pub fn with_ledger(
+        r: &'a Resolved,
+        network: Option<Network>,
+        timed: Option<(Ledger, LedgerSummary)>,
+    ) -> Result<Prepared<'a>, EstimateError> {
         let tr = &r.config.training;
         let par = &r.config.parallel;
-        let ledger = Ledger::build(r);
         let network = network.unwrap_or_else(|| Network::new(&Layout::of(r), &r.gpu));
         let peak = r
             .gpu
@@ -354,8 +364,12 @@ impl<'a> Prepared<'a> {
             overlaps: overlaps(r),
             cp_comm: par.cp_comm,
         };
-        let s = LedgerSummary::timed(&ledger, tr.recompute, |b| {
-            timing.block_times(b, tr.recompute)
+        let (ledger, s) = timed.unwrap_or_else(|| {
+            let ledger = Ledger::build(r);
+            let s = LedgerSummary::timed(&ledger, tr.recompute, |b| {
+                timing.block_times(b, tr.recompute)
+            });
+            (ledger, s)
         });
         let chunks = chunks_per_rank(r);
         let (chunk_times, costs) = stage_costs(r, &s, &ledger, &chunks, &network)?;
@@ -389,10 +403,17 @@ impl<'a> Prepared<'a> {
         })
     }
 
-    /// A lower bound of the step time: every rank finishes no earlier than its busy time, then
-    /// runs its data-parallel tail and optimizer step.
+    /// The timed ledger, for [`Prepared::with_ledger`].
+    pub fn timed_ledger(&self) -> (Ledger, LedgerSummary) {
+        (self.ledger.clone(), self.s.clone())
+    }
+
+    /// A lower bound of the step time: every rank starts no earlier than the first
+    /// microbatch's forward through the stages before its first one, is busy for its whole
+    /// work, then runs its data-parallel tail and optimizer step.
     pub fn time_lower_bound(&self) -> f64 {
         let m = self.r.microbatches as f64;
+        let fwd: Vec<f64> = self.chunk_times.iter().map(|t| t.fwd).collect();
         self.chunks
             .iter()
             .zip(&self.after)
@@ -404,7 +425,9 @@ impl<'a> Prepared<'a> {
                         t.fwd + t.input_grad + t.weight_grad
                     })
                     .sum();
-                m * busy + tail + opt
+                let first = ch.iter().map(|c| c.stage).min().unwrap_or(0);
+                let head: f64 = fwd[..first].iter().sum();
+                head + m * busy + tail + opt
             })
             .fold(0.0, f64::max)
     }
@@ -520,6 +543,13 @@ impl<'a> Prepared<'a> {
 
     /// Simulates the schedule and assembles the estimate.
     pub fn finish(self) -> Result<Estimate, EstimateError> {
+        self.finish_with(true)
+    }
+
+    /// As [`Prepared::finish`]; without `split_bubble` the bubble is not split by cause (two
+    /// simulations fewer: `warmup_cooldown_s`, `imbalance_s` and `pp_wait_s` are 0), for a
+    /// search that ranks by step time and re-estimates what it reports.
+    pub fn finish_with(self, split_bubble: bool) -> Result<Estimate, EstimateError> {
         let params = self.param_report();
         let flops = self.flops_report();
         let Prepared {
@@ -600,7 +630,11 @@ impl<'a> Prepared<'a> {
             vpp: par.vpp,
             microbatches: r.microbatches,
         };
-        let idle = breakdown::split_idle(pipe, &costs, &sim, crit)?;
+        let idle = if split_bubble {
+            breakdown::split_idle(pipe, &costs, &sim, crit)?
+        } else {
+            breakdown::IdleSplit::default()
+        };
         let per_mb_s: Vec<f64> = chunks
             .iter()
             .map(|ch| {

@@ -417,7 +417,8 @@ pub fn enumerate(base: &Config, mbs_max: u64) -> Vec<Mix> {
             for pp in divisors(n / (tp * cp)).filter(|&p| p <= layers as u64) {
                 let dp = n / (tp * cp * pp);
                 let pp32 = pp as u32;
-                let pipes = pipelines(layers, pp32);
+                let mut pipes = pipelines(layers, pp32);
+                pipes.sort_by_key(|p| p.1.as_str());
                 let eps: Vec<u64> = if m.is_moe() {
                     divisors(dp)
                         .filter(|e| m.num_experts as u64 % e == 0)
@@ -425,16 +426,17 @@ pub fn enumerate(base: &Config, mbs_max: u64) -> Vec<Mix> {
                 } else {
                     vec![1]
                 };
-                for &(vpp, schedule, first, last, slots) in &pipes {
-                    for &ep in &eps {
-                        for zero in 0..=3u8 {
-                            for mbs in micro_batches(mbs_max, gbs) {
-                                // mbs <= gbs and dp <= num_gpus: the product fits in u64.
-                                if gbs % (mbs * dp) != 0 {
-                                    continue;
-                                }
-                                for recompute in Recompute::ALL.iter().copied() {
-                                    for &cp_comm in comms {
+                for &ep in &eps {
+                    for zero in 0..=3u8 {
+                        for mbs in micro_batches(mbs_max, gbs) {
+                            // mbs <= gbs and dp <= num_gpus: the product fits in u64.
+                            if gbs % (mbs * dp) != 0 {
+                                continue;
+                            }
+                            for recompute in Recompute::ALL.iter().copied() {
+                                for &cp_comm in comms {
+                                    // Innermost, so that neighbours share a timed ledger.
+                                    for &(vpp, schedule, first, last, slots) in &pipes {
                                         out.push(Mix {
                                             tp: tp as u32,
                                             cp: cp as u32,
@@ -505,8 +507,34 @@ fn resolve(mix: &Mix, spec: &SearchSpec, gpu: &GpuProfile) -> Option<Resolved> {
     Resolved::with_gpu(mix.apply(&spec.base), gpu.clone()).ok()
 }
 
+/// What a timed ledger depends on within one search: everything but the layer split.
+type LedgerKey = (u32, u32, CpComm, u32, ScheduleKind, u32, u8, u64, Recompute);
+
+fn ledger_key(m: &Mix) -> LedgerKey {
+    (
+        m.tp,
+        m.cp,
+        m.cp_comm,
+        m.pp,
+        m.schedule,
+        m.ep,
+        m.zero,
+        m.mbs,
+        m.recompute,
+    )
+}
+
+/// The last timed ledger built while screening a run of neighbouring mixes.
+type LedgerCache = Option<(LedgerKey, crate::model::Ledger, crate::model::LedgerSummary)>;
+
 /// Phase 1: validity, the memory lower bound and the step-time lower bound; no simulation.
-fn screen(mix: &Mix, spec: &SearchSpec, gpu: &GpuProfile, links: &NetworkCache) -> Screened {
+fn screen(
+    mix: &Mix,
+    spec: &SearchSpec,
+    gpu: &GpuProfile,
+    links: &NetworkCache,
+    cache: &mut LedgerCache,
+) -> Screened {
     let dp = spec.base.cluster.num_gpus / (mix.tp * mix.cp * mix.pp);
     if !spec.constraints.iter().all(|c| c.holds(mix, dp)) {
         return Screened::Constraint;
@@ -515,9 +543,18 @@ fn screen(mix: &Mix, spec: &SearchSpec, gpu: &GpuProfile, links: &NetworkCache) 
         return Screened::Invalid;
     };
     let cached = links.get(&(mix.tp, mix.cp, mix.ep, mix.pp)).cloned();
-    let Ok(prep) = Prepared::new(&r, cached) else {
+    let key = ledger_key(mix);
+    let timed = match cache {
+        Some((k, l, s)) if *k == key => Some((l.clone(), s.clone())),
+        _ => None,
+    };
+    let Ok(prep) = Prepared::with_ledger(&r, cached, timed) else {
         return Screened::Invalid;
     };
+    if !matches!(cache, Some((k, _, _)) if *k == key) {
+        let (l, s) = prep.timed_ledger();
+        *cache = Some((key, l, s));
+    }
     if prep.memory_lower_bound() > r.gpu.usable_memory_bytes() {
         return Screened::MemoryBound;
     }
@@ -594,9 +631,10 @@ pub fn search(
             if cancel.load(Ordering::Relaxed) {
                 return Vec::new();
             }
+            let mut cache = None;
             let out: Vec<Screened> = chunk
                 .iter()
-                .map(|m| screen(m, spec, &gpu, &links))
+                .map(|m| screen(m, spec, &gpu, &links, &mut cache))
                 .collect();
             let d = done.fetch_add(chunk.len() as u64, Ordering::Relaxed) + chunk.len() as u64;
             progress(d, total);
@@ -638,7 +676,7 @@ pub fn search(
             .map(|(mix, _)| {
                 let r = resolve(mix, spec, &gpu)?;
                 let cached = links.get(&(mix.tp, mix.cp, mix.ep, mix.pp)).cloned();
-                let e = Prepared::new(&r, cached).ok()?.finish().ok()?;
+                let e = Prepared::new(&r, cached).ok()?.finish_with(false).ok()?;
                 Some(Ranked {
                     mix: *mix,
                     estimate: e,
@@ -676,9 +714,29 @@ pub fn search(
             .cloned()
             .collect()
     };
-    let best_per_schedule = best_by(&|r| r.mix.schedule.as_str().to_string());
-    let best_per_zero = best_by(&|r| r.mix.zero.to_string());
+    let mut best_per_schedule = best_by(&|r| r.mix.schedule.as_str().to_string());
+    let mut best_per_zero = best_by(&|r| r.mix.zero.to_string());
     fits.truncate(spec.top);
+    // Ranked without the bubble's split by cause; what is reported gets the full estimate
+    // (the same step time: the split only names the parts of the idle time).
+    for list in [&mut fits, &mut best_per_schedule, &mut best_per_zero] {
+        list.par_iter_mut().for_each(|ranked| {
+            let full = resolve(&ranked.mix, spec, &gpu).and_then(|r| {
+                let cached = links
+                    .get(&(
+                        r.config.parallel.tp,
+                        r.config.parallel.cp,
+                        r.config.parallel.ep,
+                        r.config.parallel.pp,
+                    ))
+                    .cloned();
+                Prepared::new(&r, cached).ok()?.finish().ok()
+            });
+            if let Some(e) = full {
+                ranked.estimate = e;
+            }
+        });
+    }
     Ok(SearchResult {
         candidates: total,
         pruned,

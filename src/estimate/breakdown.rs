@@ -113,6 +113,8 @@ pub struct Term {
     /// The JSON key under `time` it comes from.
     pub key: &'static str,
     pub label: &'static str,
+    /// What a step dominated by this term is bound by, e.g. "stage-imbalance".
+    pub bound: &'static str,
     pub seconds: f64,
     /// Fraction of the step.
     pub share: f64,
@@ -122,52 +124,75 @@ pub struct Term {
 /// during the step and the DP tail after it are separate terms.
 pub fn terms(t: &StepTime) -> Vec<Term> {
     let g = &t.exposed_comm_by_group_s;
-    let parts: [(&'static str, &'static str, f64); 11] = [
-        ("compute_s", "compute (critical pipeline rank)", t.compute_s),
+    let parts: [(&'static str, &'static str, &'static str, f64); 11] = [
+        (
+            "compute_s",
+            "compute (critical pipeline rank)",
+            "compute",
+            t.compute_s,
+        ),
         (
             "exposed_comm_by_group_s.tp",
             "exposed TP communication",
+            "TP-communication",
             g.tp,
         ),
         (
             "exposed_comm_by_group_s.cp",
             "exposed CP communication",
+            "CP-communication",
             g.cp,
         ),
         (
             "exposed_comm_by_group_s.ep",
             "expert all-to-all waits",
+            "EP-all-to-all",
             g.ep,
         ),
         (
             "exposed_comm_by_group_s.dp",
             "exposed DP communication (in the step)",
+            "DP-communication",
             (g.dp - t.dp_tail_s).max(0.0),
         ),
         (
             "warmup_cooldown_s",
             "pipeline warm-up/cool-down bubble",
+            "bubble",
             t.warmup_cooldown_s,
         ),
-        ("imbalance_s", "pipeline stage imbalance", t.imbalance_s),
-        ("pp_wait_s", "pipeline send/receive waits", t.pp_wait_s),
+        (
+            "imbalance_s",
+            "pipeline stage imbalance",
+            "stage-imbalance",
+            t.imbalance_s,
+        ),
+        (
+            "pp_wait_s",
+            "pipeline send/receive waits",
+            "pipeline-send",
+            t.pp_wait_s,
+        ),
         (
             "dp_tail_s",
             "DP tail (after the last backward)",
+            "DP-tail",
             t.dp_tail_s,
         ),
-        ("optimizer_s", "optimizer step", t.optimizer_s),
+        ("optimizer_s", "optimizer step", "optimizer", t.optimizer_s),
         (
             "exposed_comm_by_group_s.pp",
             "exposed PP communication",
+            "PP-communication",
             g.pp,
         ),
     ];
     parts
         .into_iter()
-        .map(|(key, label, seconds)| Term {
+        .map(|(key, label, bound, seconds)| Term {
             key,
             label,
+            bound,
             seconds,
             share: seconds / t.step_s.max(f64::MIN_POSITIVE),
         })
@@ -229,7 +254,8 @@ pub fn verdict_line(t: &StepTime) -> String {
         }
     } else {
         format!(
-            "{}-bound ({:.0}% of the step, compute {:.0}%): {}",
+            "{}-bound: the {} is {:.0}% of the step, compute {:.0}%; {}",
+            top.bound,
             top.label,
             pct(top.share),
             pct(t.compute_s / t.step_s.max(f64::MIN_POSITIVE)),
