@@ -233,7 +233,8 @@ pub struct StepTime {
     pub imbalance_s: f64,
     /// Idle time from pipeline send/receive latency and transfer on the critical path.
     pub pp_wait_s: f64,
-    /// The slowest pipeline stage and what makes it slow (`None` without pipelining).
+    /// The slowest pipeline stage and what makes it slow (absent without pipelining).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub imbalance: Option<StageImbalance>,
     /// Data-parallel gradient reduction and parameter gather left after the last backward.
     pub dp_tail_s: f64,

@@ -20,7 +20,8 @@ impl PipelinePlacement {
         let v_shape = matches!(schedule, ScheduleKind::ZbV | ScheduleKind::DualPipeV);
         (0..pp * vpp)
             .map(|s| {
-                if v_shape && s >= pp {
+                // (A V holds exactly 2 chunks per rank; the schedule rule refuses other vpp.)
+                if v_shape && s >= pp && s < 2 * pp {
                     2 * pp - 1 - s
                 } else {
                     s % pp

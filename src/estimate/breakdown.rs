@@ -223,6 +223,9 @@ fn advice(key: &str, t: &StepTime) -> String {
     }
 }
 
+/// The smallest share of the step an overhead must have for a compute-bound verdict to name it.
+const MENTIONED_OVERHEAD: f64 = 0.05;
+
 /// One line naming what bounds the step and, from the largest overhead, the change that helps.
 pub fn verdict_line(t: &StepTime) -> String {
     let all = terms(t);
@@ -238,7 +241,8 @@ pub fn verdict_line(t: &StepTime) -> String {
         largest(&mut all.iter().filter(|x| x.key != "compute_s")).expect("terms are never empty");
     let pct = |x: f64| 100.0 * x;
     if top.key == "compute_s" {
-        if overhead.seconds > 0.0 {
+        // An overhead under 5% of the step is not worth a change of plan.
+        if overhead.share >= MENTIONED_OVERHEAD {
             format!(
                 "compute-bound: {:.0}% of the step is compute; the largest overhead is the {} ({:.0}%): {}",
                 pct(top.share),

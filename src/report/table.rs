@@ -209,12 +209,11 @@ fn time_table(e: &Estimate) -> Table {
     let mut t = table(&["step time", "seconds", "share"]);
     t.add_row(vec!["step".into(), seconds(tm.step_s), share(1.0)]);
     for term in crate::estimate::breakdown::terms(tm) {
-        // Compute and the pipeline terms always show; communication only where it is exposed.
-        let always = matches!(
-            term.key,
-            "compute_s" | "warmup_cooldown_s" | "imbalance_s" | "pp_wait_s" | "optimizer_s"
-        );
-        if always || term.seconds > 0.0 {
+        // Compute and the optimizer always show, the pipeline's terms with a pipeline, the
+        // rest where they are not zero.
+        let pipeline = matches!(term.key, "warmup_cooldown_s" | "imbalance_s" | "pp_wait_s");
+        let always = matches!(term.key, "compute_s" | "optimizer_s");
+        if always || (pipeline && tm.imbalance.is_some()) || term.seconds > 0.0 {
             t.add_row(vec![
                 format!("  {}", term.label),
                 seconds(term.seconds),
