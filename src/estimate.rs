@@ -631,7 +631,7 @@ impl<'a> Prepared<'a> {
             microbatches: r.microbatches,
         };
         let idle = if split_bubble {
-            breakdown::split_idle(pipe, &costs, &sim, crit)?
+            breakdown::split_idle(pipe, &costs, &sim, crit, program.as_ref())?
         } else {
             breakdown::IdleSplit::default()
         };

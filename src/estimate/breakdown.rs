@@ -5,7 +5,10 @@
 
 use crate::config::ScheduleKind;
 use crate::model::ChunkContents;
-use crate::schedule::{simulate_extrapolated, Costs, PipelineSummary, ScheduleError};
+use crate::schedule::{
+    base_microbatches, generate, simulate, simulate_extrapolated, Costs, PipelineSummary, Program,
+    ScheduleError,
+};
 use crate::time::{StageImbalance, StepTime};
 
 /// The critical rank's pipeline idle time, split by cause (seconds; the three add up to it).
@@ -27,13 +30,17 @@ pub struct Pipe {
 
 /// Splits rank `crit`'s idle time in `sim` (simulated with `costs`) by two more simulations:
 /// free hops (what is left is warm-up/cool-down plus imbalance; the difference is the send and
-/// receive waits), and every stage at the mean stage's costs with free hops (the schedule's
-/// own warm-up/cool-down, e.g. (p-1)(F+B) for 1F1B, Narayanan et al. 2021).
+/// receive waits), and every stage at the mean stage's cost with free hops (the schedule's
+/// own warm-up/cool-down, e.g. (p-1)(F+B) for 1F1B, Narayanan et al. 2021). `program`, the
+/// whole schedule when the caller generated it, is simulated instead of extrapolating; the
+/// balanced run's idle time stops growing once the pipeline is in steady state, so it is
+/// simulated over the shortest such run.
 pub fn split_idle(
     pipe: Pipe,
     costs: &Costs,
     sim: &PipelineSummary,
     crit: usize,
+    program: Option<&Program>,
 ) -> Result<IdleSplit, ScheduleError> {
     let idle = (sim.finish[crit] - sim.busy[crit]).max(0.0);
     if pipe.pp <= 1 || idle == 0.0 {
@@ -42,15 +49,20 @@ pub fn split_idle(
             ..IdleSplit::default()
         });
     }
-    let run = |c: &Costs| simulate_extrapolated(pipe.kind, pipe.pp, pipe.vpp, pipe.microbatches, c);
+    let idle_of = |s: &PipelineSummary| (s.finish[crit] - s.busy[crit]).max(0.0);
+    let run = |c: &Costs| -> Result<PipelineSummary, ScheduleError> {
+        match program {
+            Some(p) => Ok(PipelineSummary::of(&simulate(p, c)?)),
+            None => simulate_extrapolated(pipe.kind, pipe.pp, pipe.vpp, pipe.microbatches, c),
+        }
+    };
     let mut free = costs.clone();
     free.p2p_latency = 0.0;
     free.hop_transfer.iter_mut().for_each(|h| *h = 0.0);
     let idle_free = if free == *costs {
         idle
     } else {
-        let s = run(&free)?;
-        (s.finish[crit] - s.busy[crit]).max(0.0)
+        idle_of(&run(&free)?)
     };
     let mut balanced = free;
     for v in [
@@ -64,8 +76,18 @@ pub fn split_idle(
     for i in 0..balanced.backward.len() {
         balanced.backward[i] = balanced.input_grad[i] + balanced.weight_grad[i];
     }
-    let b = run(&balanced)?;
-    let warm = (b.finish[crit] - b.busy[crit]).max(0.0);
+    let short = pipe
+        .microbatches
+        .min(base_microbatches(pipe.kind, pipe.pp, pipe.microbatches));
+    let warm = match program {
+        Some(p) if short == pipe.microbatches => {
+            idle_of(&PipelineSummary::of(&simulate(p, &balanced)?))
+        }
+        _ => idle_of(&PipelineSummary::of(&simulate(
+            &generate(pipe.kind, pipe.pp, pipe.vpp, short)?,
+            &balanced,
+        )?)),
+    };
     // Each cause takes what the simulations attribute to it, in this order, so that the
     // three add up to the idle time exactly.
     let pp_wait_s = (idle - idle_free).max(0.0);
@@ -271,6 +293,35 @@ pub fn verdict_line(t: &StepTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// With every stage alike, a rank's idle time stops growing once the pipeline is in steady
+    /// state: the short run [`split_idle`] simulates gives the idle time of the long one.
+    #[test]
+    fn balanced_idle_is_flat_past_the_steady_state() {
+        for kind in ScheduleKind::ALL.iter().copied() {
+            let (pp, vpp) = match kind {
+                ScheduleKind::Interleaved1F1B => (4, 3),
+                ScheduleKind::ZbV | ScheduleKind::DualPipeV => (4, 2),
+                _ => (4, 1),
+            };
+            let costs = Costs::uniform(pp, vpp, 1.0, 2.0, Some(1.5), 0.0).unwrap();
+            let m = 13 * pp;
+            let short = base_microbatches(kind, pp, m);
+            assert!(short < m);
+            let idle = |m: u32| {
+                let s = PipelineSummary::of(
+                    &simulate(&generate(kind, pp, vpp, m).unwrap(), &costs).unwrap(),
+                );
+                (0..pp as usize)
+                    .map(|r| s.finish[r] - s.busy[r])
+                    .collect::<Vec<_>>()
+            };
+            let (a, b) = (idle(short), idle(m));
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() <= 1e-9 * y.max(1.0), "{kind}: {a:?} vs {b:?}");
+            }
+        }
+    }
 
     /// The terms add up to the step, and the largest overhead drives the advice.
     #[test]
