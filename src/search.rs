@@ -718,18 +718,13 @@ pub fn search(
     let mut best_per_zero = best_by(&|r| r.mix.zero.to_string());
     fits.truncate(spec.top);
     // Ranked without the bubble's split by cause; what is reported gets the full estimate
-    // (the same step time: the split only names the parts of the idle time).
+    // (the same step time: the split only names the parts of the idle time). The mix was
+    // estimated once already, so this cannot fail; were it to, the ranked figures stay.
     for list in [&mut fits, &mut best_per_schedule, &mut best_per_zero] {
         list.par_iter_mut().for_each(|ranked| {
-            let full = resolve(&ranked.mix, spec, &gpu).and_then(|r| {
-                let cached = links
-                    .get(&(
-                        r.config.parallel.tp,
-                        r.config.parallel.cp,
-                        r.config.parallel.ep,
-                        r.config.parallel.pp,
-                    ))
-                    .cloned();
+            let m = &ranked.mix;
+            let full = resolve(m, spec, &gpu).and_then(|r| {
+                let cached = links.get(&(m.tp, m.cp, m.ep, m.pp)).cloned();
                 Prepared::new(&r, cached).ok()?.finish().ok()
             });
             if let Some(e) = full {

@@ -95,7 +95,7 @@ fn llama_405b_interleaved_with_embedding_and_loss_slots() {
 fn search_finds_interleaved_405b_on_pp16() {
     let base = llama_405b(serde_json::json!({}));
     let r = run(
-        base,
+        base.clone(),
         &[
             "pp=16",
             "tp=8",
@@ -111,6 +111,10 @@ fn search_finds_interleaved_405b_on_pp16() {
             "{}",
             x.mix
         );
+        // What search reports is the full estimate, the bubble split included.
+        let e = estimate(&Resolved::new(x.mix.apply(&base)).unwrap()).unwrap();
+        assert_eq!(e.time, x.estimate.time, "{}", x.mix);
+        assert!(e.time.warmup_cooldown_s > 0.0);
     }
 }
 
