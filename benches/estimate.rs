@@ -22,6 +22,17 @@ fn bench(c: &mut Criterion) {
         "estimate llama3-405b on 16384 x h100 (tp8 pp16 dp128)",
         |b| b.iter(|| black_box(parsim::estimate::estimate(black_box(&r)).expect("estimate"))),
     );
+    // What the search ranks with: the same estimate without the bubble's split by cause (two
+    // simulations fewer); the difference is the split's cost.
+    c.bench_function(
+        "estimate llama3-405b on 16384 x h100, bubble not split (search ranking)",
+        |b| {
+            b.iter(|| {
+                let p = parsim::estimate::Prepared::new(black_box(&r), None).expect("prepare");
+                black_box(p.finish_with(false).expect("estimate"))
+            })
+        },
+    );
     let cfg = r.config.clone();
     let gpu = r.gpu.clone();
     c.bench_function("validate + estimate llama3-405b on 16384 x h100", |b| {

@@ -20,6 +20,8 @@ use crate::schedule::{
 use crate::time::{Overlaps, Rates, StepTime, TimingContext};
 use serde::Serialize;
 
+pub mod breakdown;
+
 /// Programs of at most this many (stage, microbatch) cells are generated in full for the
 /// memory walk ([`crate::memory::activation_peak`]).
 const MAX_WALKED_CELLS: u64 = 1 << 16;
@@ -334,9 +336,19 @@ impl<'a> Prepared<'a> {
     /// Builds the ledger and the per-stage costs; `network` may be passed in when many
     /// configurations share one layout.
     pub fn new(r: &'a Resolved, network: Option<Network>) -> Result<Prepared<'a>, EstimateError> {
+        Self::with_ledger(r, network, None)
+    }
+
+    /// As [`Prepared::new`], reusing the timed ledger of a configuration that differs only in
+    /// how the layers are split over the pipeline (vpp, first/last stage, layout, slots): the
+    /// ledger depends on the parallel degrees, the schedule, micro batch and recomputation.
+    pub fn with_ledger(
+        r: &'a Resolved,
+        network: Option<Network>,
+        timed: Option<(Ledger, LedgerSummary)>,
+    ) -> Result<Prepared<'a>, EstimateError> {
         let tr = &r.config.training;
         let par = &r.config.parallel;
-        let ledger = Ledger::build(r);
         let network = network.unwrap_or_else(|| Network::new(&Layout::of(r), &r.gpu));
         let peak = r
             .gpu
@@ -352,8 +364,12 @@ impl<'a> Prepared<'a> {
             overlaps: overlaps(r),
             cp_comm: par.cp_comm,
         };
-        let s = LedgerSummary::timed(&ledger, tr.recompute, |b| {
-            timing.block_times(b, tr.recompute)
+        let (ledger, s) = timed.unwrap_or_else(|| {
+            let ledger = Ledger::build(r);
+            let s = LedgerSummary::timed(&ledger, tr.recompute, |b| {
+                timing.block_times(b, tr.recompute)
+            });
+            (ledger, s)
         });
         let chunks = chunks_per_rank(r);
         let (chunk_times, costs) = stage_costs(r, &s, &ledger, &chunks, &network)?;
@@ -387,10 +403,17 @@ impl<'a> Prepared<'a> {
         })
     }
 
-    /// A lower bound of the step time: every rank finishes no earlier than its busy time, then
-    /// runs its data-parallel tail and optimizer step.
+    /// The timed ledger, for [`Prepared::with_ledger`].
+    pub fn timed_ledger(&self) -> (Ledger, LedgerSummary) {
+        (self.ledger.clone(), self.s.clone())
+    }
+
+    /// A lower bound of the step time: every rank starts no earlier than the first
+    /// microbatch's forward through the stages before its first one, is busy for its whole
+    /// work, then runs its data-parallel tail and optimizer step.
     pub fn time_lower_bound(&self) -> f64 {
         let m = self.r.microbatches as f64;
+        let fwd: Vec<f64> = self.chunk_times.iter().map(|t| t.fwd).collect();
         self.chunks
             .iter()
             .zip(&self.after)
@@ -402,7 +425,9 @@ impl<'a> Prepared<'a> {
                         t.fwd + t.input_grad + t.weight_grad
                     })
                     .sum();
-                m * busy + tail + opt
+                let first = ch.iter().map(|c| c.stage).min().unwrap_or(0);
+                let head: f64 = fwd[..first].iter().sum();
+                head + m * busy + tail + opt
             })
             .fold(0.0, f64::max)
     }
@@ -518,6 +543,13 @@ impl<'a> Prepared<'a> {
 
     /// Simulates the schedule and assembles the estimate.
     pub fn finish(self) -> Result<Estimate, EstimateError> {
+        self.finish_with(true)
+    }
+
+    /// As [`Prepared::finish`]; without `split_bubble` the bubble is not split by cause (two
+    /// simulations fewer: `warmup_cooldown_s`, `imbalance_s` and `pp_wait_s` are 0), for a
+    /// search that ranks by step time and re-estimates what it reports.
+    pub fn finish_with(self, split_bubble: bool) -> Result<Estimate, EstimateError> {
         let params = self.param_report();
         let flops = self.flops_report();
         let Prepared {
@@ -592,12 +624,38 @@ impl<'a> Prepared<'a> {
         by_group.dp += dp_tail;
         let finish = sim.finish[crit];
         let bubble_s = (finish - sim.busy[crit]).max(0.0);
+        let pipe = breakdown::Pipe {
+            kind: par.schedule,
+            pp: par.pp,
+            vpp: par.vpp,
+            microbatches: r.microbatches,
+        };
+        let idle = if split_bubble {
+            breakdown::split_idle(pipe, &costs, &sim, crit, program.as_ref())?
+        } else {
+            breakdown::IdleSplit::default()
+        };
+        let per_mb_s: Vec<f64> = chunks
+            .iter()
+            .map(|ch| {
+                ch.iter()
+                    .map(|c| {
+                        let t = &chunk_times[c.stage];
+                        t.fwd + t.input_grad + t.weight_grad
+                    })
+                    .sum()
+            })
+            .collect();
         let time = StepTime {
             step_s,
             compute_s,
             exposed_comm_s: by_group.total(),
             exposed_comm_by_group_s: by_group,
             bubble_s,
+            warmup_cooldown_s: idle.warmup_cooldown_s,
+            imbalance_s: idle.imbalance_s,
+            pp_wait_s: idle.pp_wait_s,
+            imbalance: breakdown::slowest_stage(&chunks, &per_mb_s),
             dp_tail_s: dp_tail,
             optimizer_s,
         };
@@ -693,54 +751,5 @@ pub fn verdict(t: &StepTime, fits: bool, need: u64, capacity: u64) -> String {
             gib(capacity)
         );
     }
-    let g = &t.exposed_comm_by_group_s;
-    let parts = [
-        (
-            "compute",
-            t.compute_s,
-            "compute-bound: raise GEMM efficiency or cut recomputation",
-        ),
-        (
-            "pipeline bubble",
-            t.bubble_s,
-            "bubble-bound: more microbatches, interleaving or a zero-bubble schedule",
-        ),
-        (
-            "TP communication",
-            g.tp,
-            "TP-communication-bound: lower TP, keep TP inside a node, or --tp-comm-overlap",
-        ),
-        (
-            "CP communication",
-            g.cp,
-            "CP-communication-bound: overlap the ring or lower CP",
-        ),
-        (
-            "DP communication",
-            g.dp,
-            "DP-communication-bound: overlap gradient reduction, bigger batches per rank",
-        ),
-        (
-            "EP communication",
-            g.ep,
-            "EP-communication-bound: keep EP inside a node, or overlap the all-to-all",
-        ),
-        (
-            "optimizer",
-            t.optimizer_s,
-            "optimizer-bound: shard the optimizer (ZeRO-1)",
-        ),
-    ];
-    let (name, secs, advice) = parts
-        .iter()
-        .fold(parts[0], |a, b| if b.1 > a.1 { *b } else { a });
-    let share = 100.0 * secs / t.step_s.max(f64::MIN_POSITIVE);
-    if name == "compute" {
-        format!("compute-bound: {share:.0}% of the step is compute")
-    } else {
-        format!(
-            "{advice} ({name} is {share:.0}% of the step, compute {:.0}%)",
-            100.0 * t.compute_s / t.step_s.max(f64::MIN_POSITIVE)
-        )
-    }
+    breakdown::verdict_line(t)
 }

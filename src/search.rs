@@ -25,6 +25,8 @@ pub struct Mix {
     pub schedule: ScheduleKind,
     pub first_stage_layers: Option<u32>,
     pub last_stage_layers: Option<u32>,
+    /// Megatron-Core's embedding/loss layer slots (`account_for_*_in_pipeline_split`).
+    pub slots: Slots,
     pub ep: u32,
     pub zero: u8,
     pub mbs: u64,
@@ -45,6 +47,9 @@ impl Mix {
         p.schedule = self.schedule;
         p.first_stage_layers = self.first_stage_layers;
         p.last_stage_layers = self.last_stage_layers;
+        p.pipeline_layout = None;
+        p.account_for_embedding_in_pipeline_split = self.slots.embedding;
+        p.account_for_loss_in_pipeline_split = self.slots.loss;
         p.ep = self.ep;
         p.zero = self.zero;
         p.dp = None;
@@ -84,6 +89,12 @@ impl fmt::Display for Mix {
         if let (Some(a), Some(b)) = (self.first_stage_layers, self.last_stage_layers) {
             write!(f, "[{a}..{b}]")?;
         }
+        match (self.slots.embedding, self.slots.loss) {
+            (true, true) => write!(f, "[E+L slots]")?,
+            (true, false) => write!(f, "[E slot]")?,
+            (false, true) => write!(f, "[L slot]")?,
+            (false, false) => {}
+        }
         if self.pp > 1 {
             write!(f, " {}", self.schedule)?;
         }
@@ -92,6 +103,13 @@ impl fmt::Display for Mix {
         }
         write!(f, " zero{} mbs{} {}", self.zero, self.mbs, self.recompute)
     }
+}
+
+/// Which of the embedding and the loss take a layer slot in the pipeline split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Default)]
+pub struct Slots {
+    pub embedding: bool,
+    pub loss: bool,
 }
 
 /// A knob a constraint can name.
@@ -314,6 +332,71 @@ fn micro_batches(mbs_max: u64, gbs: u64) -> impl Iterator<Item = u64> {
         .take_while(move |&b| b <= most)
 }
 
+/// One pipeline arrangement: (vpp, schedule, first-stage layers, last-stage layers, slots).
+type Pipe = (u32, ScheduleKind, Option<u32>, Option<u32>, Slots);
+
+/// Every pipeline arrangement of `layers` over `pp` ranks: even splits with every vpp that
+/// divides them (interleaved) and the V schedules; Megatron-style uneven first/last stages;
+/// and the balanced splits that count the embedding and/or the loss as a layer slot, with
+/// every vpp those allow (Llama-3-405B's 126 layers + 2 slots over pp 16).
+fn pipelines(layers: u32, pp: u32) -> Vec<Pipe> {
+    let none = Slots::default();
+    if pp == 1 {
+        return vec![(1, ScheduleKind::OneFOneB, None, None, none)];
+    }
+    let mut pipes = Vec::new();
+    let mut splits: Vec<(Option<u32>, Option<u32>)> = Vec::new();
+    if layers % pp == 0 {
+        splits.push((None, None));
+    } else if pp >= 3 {
+        // Megatron-style: middle stages take ceil(L/p), the ends share the rest.
+        let mid = layers.div_ceil(pp);
+        let rest = layers as i64 - (pp as i64 - 2) * mid as i64;
+        if rest >= 2 {
+            let f = (rest / 2) as u32;
+            splits.push((Some(f), Some(rest as u32 - f)));
+        }
+    }
+    for &(f, l) in &splits {
+        for k in [
+            ScheduleKind::Gpipe,
+            ScheduleKind::OneFOneB,
+            ScheduleKind::ZbH1,
+        ] {
+            pipes.push((1, k, f, l, none));
+        }
+    }
+    if layers % pp == 0 {
+        let per = layers / pp;
+        for v in (2..=per).filter(|v| per % v == 0) {
+            pipes.push((v, ScheduleKind::Interleaved1F1B, None, None, none));
+        }
+        if per % 2 == 0 {
+            pipes.push((2, ScheduleKind::ZbV, None, None, none));
+            pipes.push((2, ScheduleKind::DualPipeV, None, None, none));
+        }
+    }
+    for (embedding, loss) in [(true, true), (true, false), (false, true)] {
+        let slots_n = layers + embedding as u32 + loss as u32;
+        if slots_n % pp != 0 {
+            continue;
+        }
+        let per = slots_n / pp;
+        let slots = Slots { embedding, loss };
+        // A stage holding only the embedding or only the loss is allowed; one that would
+        // hold both (a single slot on a single stage) is not.
+        for v in (1..=per).filter(|v| per % v == 0) {
+            let k = if v == 1 {
+                ScheduleKind::OneFOneB
+            } else {
+                ScheduleKind::Interleaved1F1B
+            };
+            pipes.push((v, k, None, None, slots));
+        }
+    }
+    pipes
+}
+
 /// Every mix the enumeration produces for `base` (before validation and pruning).
 pub fn enumerate(base: &Config, mbs_max: u64) -> Vec<Mix> {
     let m = &base.model;
@@ -334,43 +417,8 @@ pub fn enumerate(base: &Config, mbs_max: u64) -> Vec<Mix> {
             for pp in divisors(n / (tp * cp)).filter(|&p| p <= layers as u64) {
                 let dp = n / (tp * cp * pp);
                 let pp32 = pp as u32;
-                // (vpp, schedule, first, last)
-                let mut pipes: Vec<(u32, ScheduleKind, Option<u32>, Option<u32>)> = Vec::new();
-                if pp == 1 {
-                    pipes.push((1, ScheduleKind::OneFOneB, None, None));
-                } else {
-                    let mut splits: Vec<(Option<u32>, Option<u32>)> = Vec::new();
-                    if layers % pp32 == 0 {
-                        splits.push((None, None));
-                    } else if pp >= 3 {
-                        // Megatron-style: middle stages take ceil(L/p), the ends share the rest.
-                        let mid = layers.div_ceil(pp32);
-                        let rest = layers as i64 - (pp32 as i64 - 2) * mid as i64;
-                        if rest >= 2 {
-                            let f = (rest / 2) as u32;
-                            splits.push((Some(f), Some(rest as u32 - f)));
-                        }
-                    }
-                    for &(f, l) in &splits {
-                        for k in [
-                            ScheduleKind::Gpipe,
-                            ScheduleKind::OneFOneB,
-                            ScheduleKind::ZbH1,
-                        ] {
-                            pipes.push((1, k, f, l));
-                        }
-                    }
-                    if layers % pp32 == 0 {
-                        let per = layers / pp32;
-                        for v in (2..=per.min(8)).filter(|v| per % v == 0) {
-                            pipes.push((v, ScheduleKind::Interleaved1F1B, None, None));
-                        }
-                        if per % 2 == 0 {
-                            pipes.push((2, ScheduleKind::ZbV, None, None));
-                            pipes.push((2, ScheduleKind::DualPipeV, None, None));
-                        }
-                    }
-                }
+                let mut pipes = pipelines(layers, pp32);
+                pipes.sort_by_key(|p| p.1.as_str());
                 let eps: Vec<u64> = if m.is_moe() {
                     divisors(dp)
                         .filter(|e| m.num_experts as u64 % e == 0)
@@ -378,16 +426,17 @@ pub fn enumerate(base: &Config, mbs_max: u64) -> Vec<Mix> {
                 } else {
                     vec![1]
                 };
-                for &(vpp, schedule, first, last) in &pipes {
-                    for &ep in &eps {
-                        for zero in 0..=3u8 {
-                            for mbs in micro_batches(mbs_max, gbs) {
-                                // mbs <= gbs and dp <= num_gpus: the product fits in u64.
-                                if gbs % (mbs * dp) != 0 {
-                                    continue;
-                                }
-                                for recompute in Recompute::ALL.iter().copied() {
-                                    for &cp_comm in comms {
+                for &ep in &eps {
+                    for zero in 0..=3u8 {
+                        for mbs in micro_batches(mbs_max, gbs) {
+                            // mbs <= gbs and dp <= num_gpus: the product fits in u64.
+                            if gbs % (mbs * dp) != 0 {
+                                continue;
+                            }
+                            for recompute in Recompute::ALL.iter().copied() {
+                                for &cp_comm in comms {
+                                    // Innermost, so that neighbours share a timed ledger.
+                                    for &(vpp, schedule, first, last, slots) in &pipes {
                                         out.push(Mix {
                                             tp: tp as u32,
                                             cp: cp as u32,
@@ -397,6 +446,7 @@ pub fn enumerate(base: &Config, mbs_max: u64) -> Vec<Mix> {
                                             schedule,
                                             first_stage_layers: first,
                                             last_stage_layers: last,
+                                            slots,
                                             ep: ep as u32,
                                             zero,
                                             mbs,
@@ -457,8 +507,34 @@ fn resolve(mix: &Mix, spec: &SearchSpec, gpu: &GpuProfile) -> Option<Resolved> {
     Resolved::with_gpu(mix.apply(&spec.base), gpu.clone()).ok()
 }
 
+/// What a timed ledger depends on within one search: everything but the layer split.
+type LedgerKey = (u32, u32, CpComm, u32, ScheduleKind, u32, u8, u64, Recompute);
+
+fn ledger_key(m: &Mix) -> LedgerKey {
+    (
+        m.tp,
+        m.cp,
+        m.cp_comm,
+        m.pp,
+        m.schedule,
+        m.ep,
+        m.zero,
+        m.mbs,
+        m.recompute,
+    )
+}
+
+/// The last timed ledger built while screening a run of neighbouring mixes.
+type LedgerCache = Option<(LedgerKey, crate::model::Ledger, crate::model::LedgerSummary)>;
+
 /// Phase 1: validity, the memory lower bound and the step-time lower bound; no simulation.
-fn screen(mix: &Mix, spec: &SearchSpec, gpu: &GpuProfile, links: &NetworkCache) -> Screened {
+fn screen(
+    mix: &Mix,
+    spec: &SearchSpec,
+    gpu: &GpuProfile,
+    links: &NetworkCache,
+    cache: &mut LedgerCache,
+) -> Screened {
     let dp = spec.base.cluster.num_gpus / (mix.tp * mix.cp * mix.pp);
     if !spec.constraints.iter().all(|c| c.holds(mix, dp)) {
         return Screened::Constraint;
@@ -467,9 +543,18 @@ fn screen(mix: &Mix, spec: &SearchSpec, gpu: &GpuProfile, links: &NetworkCache) 
         return Screened::Invalid;
     };
     let cached = links.get(&(mix.tp, mix.cp, mix.ep, mix.pp)).cloned();
-    let Ok(prep) = Prepared::new(&r, cached) else {
+    let key = ledger_key(mix);
+    let timed = match cache {
+        Some((k, l, s)) if *k == key => Some((l.clone(), s.clone())),
+        _ => None,
+    };
+    let Ok(prep) = Prepared::with_ledger(&r, cached, timed) else {
         return Screened::Invalid;
     };
+    if !matches!(cache, Some((k, _, _)) if *k == key) {
+        let (l, s) = prep.timed_ledger();
+        *cache = Some((key, l, s));
+    }
     if prep.memory_lower_bound() > r.gpu.usable_memory_bytes() {
         return Screened::MemoryBound;
     }
@@ -546,9 +631,10 @@ pub fn search(
             if cancel.load(Ordering::Relaxed) {
                 return Vec::new();
             }
+            let mut cache = None;
             let out: Vec<Screened> = chunk
                 .iter()
-                .map(|m| screen(m, spec, &gpu, &links))
+                .map(|m| screen(m, spec, &gpu, &links, &mut cache))
                 .collect();
             let d = done.fetch_add(chunk.len() as u64, Ordering::Relaxed) + chunk.len() as u64;
             progress(d, total);
@@ -590,7 +676,7 @@ pub fn search(
             .map(|(mix, _)| {
                 let r = resolve(mix, spec, &gpu)?;
                 let cached = links.get(&(mix.tp, mix.cp, mix.ep, mix.pp)).cloned();
-                let e = Prepared::new(&r, cached).ok()?.finish().ok()?;
+                let e = Prepared::new(&r, cached).ok()?.finish_with(false).ok()?;
                 Some(Ranked {
                     mix: *mix,
                     estimate: e,
@@ -628,9 +714,24 @@ pub fn search(
             .cloned()
             .collect()
     };
-    let best_per_schedule = best_by(&|r| r.mix.schedule.as_str().to_string());
-    let best_per_zero = best_by(&|r| r.mix.zero.to_string());
+    let mut best_per_schedule = best_by(&|r| r.mix.schedule.as_str().to_string());
+    let mut best_per_zero = best_by(&|r| r.mix.zero.to_string());
     fits.truncate(spec.top);
+    // Ranked without the bubble's split by cause; what is reported gets the full estimate
+    // (the same step time: the split only names the parts of the idle time). The mix was
+    // estimated once already, so this cannot fail; were it to, the ranked figures stay.
+    for list in [&mut fits, &mut best_per_schedule, &mut best_per_zero] {
+        list.par_iter_mut().for_each(|ranked| {
+            let m = &ranked.mix;
+            let full = resolve(m, spec, &gpu).and_then(|r| {
+                let cached = links.get(&(m.tp, m.cp, m.ep, m.pp)).cloned();
+                Prepared::new(&r, cached).ok()?.finish().ok()
+            });
+            if let Some(e) = full {
+                ranked.estimate = e;
+            }
+        });
+    }
     Ok(SearchResult {
         candidates: total,
         pruned,
@@ -660,6 +761,7 @@ mod tests {
             schedule: ScheduleKind::OneFOneB,
             first_stage_layers: None,
             last_stage_layers: None,
+            slots: Slots::default(),
             ep: 1,
             zero: 1,
             mbs: 1,

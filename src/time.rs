@@ -210,22 +210,78 @@ pub fn block_times(
     t
 }
 
-/// Step time and its parts, in seconds (docs/design.md, `time`).
+/// Step time and its parts, in seconds (docs/design.md, `time`). The parts add up to the
+/// step: compute + exposed communication (DP tail included) + bubble + optimizer, and the
+/// bubble splits into warm-up/cool-down + stage imbalance + pipeline send/receive waits.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct StepTime {
     pub step_s: f64,
-    /// Compute of the busiest pipeline rank (recomputation included).
+    /// Compute of the critical pipeline rank (recomputation included).
     pub compute_s: f64,
     /// Exposed communication of that rank plus the data-parallel tail.
     pub exposed_comm_s: f64,
-    /// Exposed communication per group (pp: point-to-point transfers on the critical path are
-    /// part of the simulated bubble, so this is 0 unless measured separately).
+    /// Exposed communication per group; `dp` includes the DP tail, `ep` is the exposed expert
+    /// all-to-all, `pp` is 0 (pipeline transfers on the critical path are `pp_wait_s`).
     pub exposed_comm_by_group_s: GroupSeconds,
-    /// Idle time of the busiest rank in the simulated schedule.
+    /// Idle time of the critical rank in the simulated schedule: the sum of the next three.
     pub bubble_s: f64,
+    /// The schedule's own fill and drain: the idle time of the same schedule with every stage
+    /// at the mean stage's cost and free hops ((p-1)(F+B) for 1F1B, whatever the batch).
+    pub warmup_cooldown_s: f64,
+    /// Idle time from unequal stages: the critical rank waiting on a slower one, every
+    /// microbatch (grows with the batch; an uneven split helps, more microbatches do not).
+    pub imbalance_s: f64,
+    /// Idle time from pipeline send/receive latency and transfer on the critical path.
+    pub pp_wait_s: f64,
+    /// The slowest pipeline stage and what makes it slow (absent without pipelining).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub imbalance: Option<StageImbalance>,
     /// Data-parallel gradient reduction and parameter gather left after the last backward.
     pub dp_tail_s: f64,
     pub optimizer_s: f64,
+}
+
+/// The slowest pipeline rank against the mean, with what it holds that the others do not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct StageImbalance {
+    /// Pipeline rank (0-based) of the slowest stage.
+    pub stage: u32,
+    /// Its busy time per microbatch (all its chunks: forward, backward, exposed communication).
+    pub stage_s: f64,
+    /// The mean over pipeline ranks of the same.
+    pub mean_stage_s: f64,
+    /// stage_s / mean_stage_s - 1.
+    pub excess_fraction: f64,
+    /// Decoder layers (dense + MoE + MTP) on the slowest rank, and the mean per rank.
+    pub layers: u32,
+    pub mean_layers: f64,
+    pub holds_embedding: bool,
+    /// The output layer and the loss.
+    pub holds_output: bool,
+}
+
+impl StageImbalance {
+    /// Why the stage is slow, in words ("holds the output layer and loss", ...).
+    pub fn reason(&self) -> String {
+        let mut why = Vec::new();
+        if self.holds_output {
+            why.push("it also holds the output layer and the loss".to_string());
+        }
+        if self.holds_embedding {
+            why.push("it also holds the input embedding".to_string());
+        }
+        if self.layers as f64 > self.mean_layers + 1e-9 {
+            why.push(format!(
+                "it holds {} layers against {:.1} on average",
+                self.layers, self.mean_layers
+            ));
+        }
+        if why.is_empty() {
+            "its layers' exposed communication differs".into()
+        } else {
+            why.join(", ")
+        }
+    }
 }
 
 #[cfg(test)]

@@ -569,3 +569,65 @@ fn schedule_takes_durations_from_a_configuration() {
     let e: serde_json::Value = serde_json::from_slice(&est.stdout).unwrap();
     assert!((e["schedule"]["bubble_fraction"].as_f64().unwrap() - bubble).abs() < 1e-9);
 }
+
+#[test]
+fn pipeline_layout_flags_are_checked_and_applied() {
+    // Llama-3-8B (32 layers) on pp 4: a layout missing a layer, and one with a stray letter.
+    rejects(
+        &[
+            "--pp",
+            "4",
+            "--gpus",
+            "8",
+            "--pipeline-layout",
+            "Et*9|t*9|t*9|t*4L",
+        ],
+        &["parallel.pipeline_layout", "holds 31 transformer layers"],
+    );
+    rejects(
+        &[
+            "--pp",
+            "4",
+            "--gpus",
+            "8",
+            "--pipeline-layout",
+            "Et*8|t*8|t*8|t*8Q",
+        ],
+        &["parallel.pipeline_layout", "unknown letter 'Q'"],
+    );
+    // 32 layers + the loss slot = 33 do not split over pp 4; with pp 3 they do (11 each).
+    rejects(
+        &[
+            "--pp",
+            "4",
+            "--gpus",
+            "8",
+            "--account-for-loss-in-pipeline-split",
+        ],
+        &["model.num_layers", "33 slots"],
+    );
+    // The loss slot places 11 + 11 + 10 layers: the same memory, stage by stage, as the
+    // explicit layout that says so.
+    let json = |extra: &[&str]| -> serde_json::Value {
+        let out = parsim()
+            .args([
+                "estimate", "--pp", "3", "--tp", "2", "--gpus", "6", "--gbs", "12", "--json",
+            ])
+            .args(extra)
+            .assert()
+            .code(predicate::in_iter([0, 3]))
+            .get_output()
+            .stdout
+            .clone();
+        serde_json::from_slice(&out).unwrap()
+    };
+    let slot = json(&["--account-for-loss-in-pipeline-split"]);
+    let layout = json(&["--pipeline-layout", "Et*11|t*11|t*10L"]);
+    assert_eq!(
+        slot["config"]["parallel"]["account_for_loss_in_pipeline_split"],
+        true
+    );
+    assert_eq!(slot["memory"]["stages"], layout["memory"]["stages"]);
+    assert_eq!(slot["time"]["step_s"], layout["time"]["step_s"]);
+    assert_eq!(slot["memory"]["stages"].as_array().unwrap().len(), 3);
+}

@@ -102,7 +102,19 @@ fn plausible(r: &mut Rng, key: &str) -> Value {
         | "overlap_grad_reduce"
         | "overlap_param_gather"
         | "cp_comm_overlap"
+        | "account_for_embedding_in_pipeline_split"
+        | "account_for_loss_in_pipeline_split"
         | "flash_attention" => json!(r.chance(50)),
+        "pipeline_layout" => json!(r.pick(&[
+            "Et*16|t*16L",
+            "Et*8|(t*8|)*2,t*8L",
+            "Et|t|tL",
+            "E(t|)*31,tL",
+            "((t|)*99999)*99999",
+            "Et*16||t*16L",
+            "Ex|L",
+            ""
+        ])),
         "gpu" => {
             json!(r.pick(&["h100-sxm", "a100-40g", "a100-80g", "h200", "b200", "mi300x", "cpu"]))
         }
@@ -181,6 +193,9 @@ const FIELDS: &[(&str, &[&str])] = &[
             "order",
             "first_stage_layers",
             "last_stage_layers",
+            "pipeline_layout",
+            "account_for_embedding_in_pipeline_split",
+            "account_for_loss_in_pipeline_split",
             "tp_comm_overlap",
             "overlap_grad_reduce",
             "overlap_param_gather",

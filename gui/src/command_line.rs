@@ -113,6 +113,25 @@ fn flags(c: &Config, model: &str) -> Flags {
     if let Some(v) = p.last_stage_layers {
         f.value("last-stage-layers", "parallel", "last_stage_layers", v);
     }
+    if let Some(v) = &p.pipeline_layout {
+        f.value("pipeline-layout", "parallel", "pipeline_layout", v);
+    }
+    if p.account_for_embedding_in_pipeline_split {
+        f.switch(
+            "account-for-embedding-in-pipeline-split",
+            "parallel",
+            "account_for_embedding_in_pipeline_split",
+            true,
+        );
+    }
+    if p.account_for_loss_in_pipeline_split {
+        f.switch(
+            "account-for-loss-in-pipeline-split",
+            "parallel",
+            "account_for_loss_in_pipeline_split",
+            true,
+        );
+    }
     if p.tp_comm_overlap {
         f.switch("tp-comm-overlap", "parallel", "tp_comm_overlap", true);
     }

@@ -491,3 +491,82 @@ fn a_preset_that_does_not_fit_is_flagged_with_the_engines_figure() {
     );
     assert!(headline.ends_with("(does not fit)"), "{headline}");
 }
+
+/// Issue #17's case (Llama-3-70B, TP 8 x PP 8 on 64 H100s): the window's bubble card and the
+/// CLI's time table show the same warm-up/cool-down share, and the stage-imbalance card the
+/// same imbalance share; both read from the rendered output, not from a shared formatter.
+#[test]
+fn bubble_cards_equal_the_cli_time_table() {
+    let mut config = default_config();
+    config.model = parsim::config::presets::preset("llama3-70b").unwrap();
+    config.cluster.num_gpus = 64;
+    config.parallel.tp = 8;
+    config.parallel.pp = 8;
+    config.parallel.vpp = 1;
+    config.parallel.schedule = ScheduleKind::OneFOneB;
+    config.parallel.zero = 1;
+    config.training.seq_length = 8192;
+    config.training.micro_batch_size = 1;
+    config.training.global_batch_size = 2048;
+    let h = harness(ParsimApp::new(parsim_gui::state::Session::new(
+        config.clone(),
+    )));
+    let e = estimate(&Resolved::new(config).expect("valid")).expect("estimate");
+    let cli = parsim::report::table::estimate_text(&e);
+    // The share column of the CLI row whose label contains `row`.
+    let cli_share = |row: &str| -> String {
+        let line = cli
+            .lines()
+            .find(|l| l.contains(row))
+            .unwrap_or_else(|| panic!("no row {row} in\n{cli}"));
+        line.split(|c: char| c.is_whitespace() || c == '|' || c == '│')
+            .rfind(|c| c.ends_with('%'))
+            .unwrap_or_else(|| panic!("no share in {line}"))
+            .to_string()
+    };
+    let labels: Vec<String> = h
+        .get_all_by_role(Role::Label)
+        .map(|n| n.value().unwrap_or_default())
+        .collect();
+    let card = |title: &str| -> String {
+        let i = labels
+            .iter()
+            .position(|l| l == title)
+            .unwrap_or_else(|| panic!("no card {title} in {labels:?}"));
+        labels[i + 1].clone()
+    };
+    assert_eq!(card("Bubble"), cli_share("warm-up/cool-down bubble"));
+    assert_eq!(card("Stage imbalance"), cli_share("stage imbalance"));
+    // The figures are the issue's: the imbalance dominates the bubble at global batch 2048.
+    assert!(e.time.imbalance_s > 10.0 * e.time.warmup_cooldown_s);
+}
+
+/// Typing a Megatron-Core layout sets it (vpp follows its stage count) and the window shows the
+/// engine's memory for that configuration; a bad layout shows the engine's message.
+#[test]
+fn a_pipeline_layout_typed_in_is_the_engines_configuration() {
+    let mut h = harness(ParsimApp::default());
+    // Default: 32 layers, pp 4, vpp 2. An uneven layout of 8 stages: 3 + 6 x 4 + 5 layers.
+    let layout = "Et*3|(t*4|)*6,t*5L";
+    h.get_by_role_and_label(Role::TextInput, "Layout")
+        .set_text_value_accesskit(layout);
+    h.run();
+    let mut expected = default_config();
+    expected.parallel.pipeline_layout = Some(layout.into());
+    assert_eq!(h.state().session.config, expected);
+    assert!(
+        text_of(&h, "Peak memory per GPU").starts_with(&engine_memory(&expected)),
+        "{}",
+        text_of(&h, "Peak memory per GPU")
+    );
+    // The layout moves layers: not the memory of the even split.
+    assert_ne!(engine_memory(&expected), engine_memory(&default_config()));
+
+    h.get_by_role_and_label(Role::TextInput, "Layout")
+        .set_text_value_accesskit("Et*3|(t*4|)*6,t*4L");
+    h.run();
+    assert!(h
+        .query_all_by_label_contains("holds 31 transformer layers")
+        .next()
+        .is_some());
+}

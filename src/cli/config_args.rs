@@ -257,6 +257,19 @@ pub struct ConfigArgs {
     /// Layers on the last pipeline stage (Megatron's --decoder-last-pipeline-num-layers). [default from config: an even split]
     #[arg(long)]
     pub last_stage_layers: Option<u32>,
+    /// Every virtual pipeline stage's contents in order (Megatron-Core's
+    /// --pipeline-model-parallel-layout), e.g. 'Et*3|(tt|)*29,m|L': E embedding, t layer,
+    /// m MTP layer, L loss, '|' between stages; pp x vpp stages. [default from config: none]
+    #[arg(long, value_name = "LAYOUT")]
+    pub pipeline_layout: Option<String>,
+    /// The embedding takes one layer slot on the first pipeline stage (Megatron-Core's
+    /// --account-for-embedding-in-pipeline-split).
+    #[arg(long)]
+    pub account_for_embedding_in_pipeline_split: bool,
+    /// The output layer and loss take one layer slot on the last pipeline stage
+    /// (Megatron-Core's --account-for-loss-in-pipeline-split).
+    #[arg(long)]
+    pub account_for_loss_in_pipeline_split: bool,
     /// Micro batch size, or `max` (estimate): the largest that fits. [default from config: 1]
     #[arg(long, value_name = "N|max", value_parser = micro_batch)]
     pub mbs: Option<MicroBatch>,
@@ -455,6 +468,26 @@ impl ConfigArgs {
             "last_stage_layers",
             self.last_stage_layers,
         );
+        put(
+            &mut m,
+            "parallel",
+            "pipeline_layout",
+            self.pipeline_layout.clone(),
+        );
+        for (key, on) in [
+            (
+                "account_for_embedding_in_pipeline_split",
+                self.account_for_embedding_in_pipeline_split,
+            ),
+            (
+                "account_for_loss_in_pipeline_split",
+                self.account_for_loss_in_pipeline_split,
+            ),
+        ] {
+            if on {
+                put(&mut m, "parallel", key, Some(true));
+            }
+        }
         if let Some(MicroBatch::Size(n)) = self.mbs {
             put(&mut m, "training", "micro_batch_size", Some(n));
         }

@@ -16,7 +16,7 @@ mod model;
 mod parallel;
 pub mod presets;
 mod resolve;
-mod rules;
+pub(crate) mod rules;
 mod training;
 
 pub use cluster::ClusterConfig;
@@ -27,6 +27,7 @@ pub use model::{MlaConfig, ModelConfig};
 pub use parallel::ParallelConfig;
 pub use resolve::{PipelinePlacement, Resolved};
 pub use rules::check_base;
+pub use rules::pipeline_layout;
 pub use training::{LoraConfig, TrainingConfig};
 
 use serde::{Deserialize, Serialize};

@@ -34,6 +34,19 @@ pub struct ParallelConfig {
     pub first_stage_layers: Option<u32>,
     /// Megatron's `--decoder-last-pipeline-num-layers`: layers on the last pipeline stage.
     pub last_stage_layers: Option<u32>,
+    /// Megatron-Core's `--pipeline-model-parallel-layout`: every virtual stage's contents in
+    /// order, e.g. `Et*3|(tt|)*29,m|L` (E embedding, t layer, m MTP, L loss, `|` between
+    /// stages); stage s runs on rank s mod pp. Excludes the other split settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_layout: Option<String>,
+    /// Megatron-Core's `--account-for-embedding-in-pipeline-split`: the embedding takes one
+    /// layer slot on the first stage, so that stage holds one decoder layer fewer.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub account_for_embedding_in_pipeline_split: bool,
+    /// Megatron-Core's `--account-for-loss-in-pipeline-split`: the output layer and loss take
+    /// one layer slot on the last stage.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub account_for_loss_in_pipeline_split: bool,
     /// Megatron's `--tp-comm-overlap`: TP collectives overlapped with the GEMMs they feed
     /// (exposed only where the communication outlasts the GEMM). Off: TP communication exposed.
     pub tp_comm_overlap: bool,
@@ -66,6 +79,9 @@ impl Default for ParallelConfig {
             order: "tp-cp-ep-dp-pp".into(),
             first_stage_layers: None,
             last_stage_layers: None,
+            pipeline_layout: None,
+            account_for_embedding_in_pipeline_split: false,
+            account_for_loss_in_pipeline_split: false,
             tp_comm_overlap: false,
             overlap_grad_reduce: true,
             overlap_param_gather: true,

@@ -14,25 +14,30 @@ pub struct PipelinePlacement {
 }
 
 impl PipelinePlacement {
-    /// Places `per_rank_layers[r] / vpp` layers on each chunk; stage s runs on rank s mod pp
-    /// (Megatron's loop placement) or, for V-shaped schedules, stages r and 2pp-1-r on rank r.
-    pub fn new(pp: u32, vpp: u32, per_rank_layers: &[u32], schedule: ScheduleKind) -> Self {
-        let stages = pp * vpp;
+    /// The pipeline rank of each global stage: stage s runs on rank s mod pp (Megatron's loop
+    /// placement) or, for V-shaped schedules, stages r and 2pp-1-r on rank r.
+    pub fn stage_ranks(pp: u32, vpp: u32, schedule: ScheduleKind) -> Vec<u32> {
         let v_shape = matches!(schedule, ScheduleKind::ZbV | ScheduleKind::DualPipeV);
-        let stage_rank: Vec<u32> = (0..stages)
+        (0..pp * vpp)
             .map(|s| {
-                if v_shape && s >= pp {
+                // (A V holds exactly 2 chunks per rank; the schedule rule refuses other vpp.)
+                if v_shape && s >= pp && s < 2 * pp {
                     2 * pp - 1 - s
                 } else {
                     s % pp
                 }
             })
-            .collect();
+            .collect()
+    }
+
+    /// Places `stage_layers[s]` consecutive layers on global stage s (ranks as
+    /// [`PipelinePlacement::stage_ranks`]).
+    pub fn new(pp: u32, vpp: u32, stage_layers: &[u32], schedule: ScheduleKind) -> Self {
+        let stage_rank = Self::stage_ranks(pp, vpp, schedule);
         let mut next = 0;
-        let stage_layers = stage_rank
+        let stage_layers = stage_layers
             .iter()
-            .map(|&r| {
-                let n = per_rank_layers[r as usize] / vpp;
+            .map(|&n| {
                 let range = next..next + n;
                 next += n;
                 range
@@ -97,15 +102,8 @@ impl Resolved {
         let t = &config.training;
         let dp = rules::data_parallel(&config).expect("checked: the world divides");
         let microbatches = t.global_batch_size / (t.micro_batch_size * dp);
-        let per_rank_layers = rules::split_layers(
-            config.model.num_layers,
-            p.pp,
-            p.vpp,
-            p.first_stage_layers,
-            p.last_stage_layers,
-        )
-        .expect("checked: the layers split");
-        let placement = PipelinePlacement::new(p.pp, p.vpp, &per_rank_layers, p.schedule);
+        let stage_layers = rules::stage_layer_counts(&config).expect("checked: the layers split");
+        let placement = PipelinePlacement::new(p.pp, p.vpp, &stage_layers, p.schedule);
         // Megatron turns SP off without TP.
         config.parallel.sp = p.sp && p.tp > 1;
         config.parallel.dp = Some(dp as u32);

@@ -89,7 +89,7 @@ fn differs(values: &[f64]) -> bool {
 /// Compares `estimates` (labelled by `labels`).
 pub fn compare(labels: Vec<String>, estimates: Vec<Estimate>) -> Comparison {
     type Get = fn(&Estimate, &StageMemory) -> f64;
-    let rows: [(&str, &str, Unit, Get); 17] = [
+    let rows: [(&str, &str, Unit, Get); 20] = [
         ("memory", "weights", Unit::Bytes, |_, s| s.weights as f64),
         ("memory", "gradients", Unit::Bytes, |_, s| {
             s.gradients as f64
@@ -117,6 +117,15 @@ pub fn compare(labels: Vec<String>, estimates: Vec<Estimate>) -> Comparison {
         }),
         ("time", "pipeline bubble", Unit::Seconds, |e, _| {
             e.time.bubble_s
+        }),
+        ("time", "  warm-up/cool-down", Unit::Seconds, |e, _| {
+            e.time.warmup_cooldown_s
+        }),
+        ("time", "  stage imbalance", Unit::Seconds, |e, _| {
+            e.time.imbalance_s
+        }),
+        ("time", "  send/receive waits", Unit::Seconds, |e, _| {
+            e.time.pp_wait_s
         }),
         ("time", "data-parallel tail", Unit::Seconds, |e, _| {
             e.time.dp_tail_s

@@ -203,26 +203,43 @@ fn communication_table(e: &Estimate) -> Table {
     t
 }
 
-/// The step time and its parts.
+/// The step time and its parts ([`crate::estimate::breakdown::terms`], the GUI's numbers).
 fn time_table(e: &Estimate) -> Table {
     let tm = &e.time;
-    let g = &tm.exposed_comm_by_group_s;
-    let share = |x: f64| format!("{:.1}%", 100.0 * x / tm.step_s.max(f64::MIN_POSITIVE));
     let mut t = table(&["step time", "seconds", "share"]);
-    let mut row = |name: &str, v: f64| {
-        t.add_row(vec![name.to_string(), seconds(v), share(v)]);
-    };
-    row("step", tm.step_s);
-    row("  compute (busiest pipeline rank)", tm.compute_s);
-    for (name, v) in [("tp", g.tp), ("cp", g.cp), ("ep", g.ep), ("dp", g.dp)] {
-        if v > 0.0 {
-            row(&format!("  exposed {name} communication"), v);
+    t.add_row(vec!["step".into(), seconds(tm.step_s), share(1.0)]);
+    for term in crate::estimate::breakdown::terms(tm) {
+        // Compute and the optimizer always show, the pipeline's terms with a pipeline, the
+        // rest where they are not zero.
+        let pipeline = matches!(term.key, "warmup_cooldown_s" | "imbalance_s" | "pp_wait_s");
+        let always = matches!(term.key, "compute_s" | "optimizer_s");
+        if always || (pipeline && tm.imbalance.is_some()) || term.seconds > 0.0 {
+            t.add_row(vec![
+                format!("  {}", term.label),
+                seconds(term.seconds),
+                share(term.share),
+            ]);
         }
     }
-    row("  pipeline bubble (simulated)", tm.bubble_s);
-    row("  optimizer step", tm.optimizer_s);
+    if let Some(i) = tm.imbalance.filter(|_| tm.imbalance_s > 0.0) {
+        t.add_row(vec![
+            format!(
+                "    slowest stage: pipeline rank {} (+{:.1}%: {})",
+                i.stage,
+                100.0 * i.excess_fraction,
+                i.reason()
+            ),
+            String::new(),
+            String::new(),
+        ]);
+    }
     right_align(&mut t, 1);
     t
+}
+
+/// A fraction of the step as the CLI table and the GUI cards print it.
+pub fn share(fraction: f64) -> String {
+    format!("{:.1}%", 100.0 * fraction)
 }
 
 /// Tokens per second, TFLOP/s per GPU, MFU and the bubble.

@@ -55,7 +55,7 @@ fn summary(sim: &super::Simulation) -> PipelineSummary {
 
 /// The shortest run that is already in steady state, with the same remainder mod pp (so the
 /// interleaved schedule's microbatch groups keep their shape).
-fn base_microbatches(kind: ScheduleKind, pp: u32, m: u32) -> u32 {
+pub fn base_microbatches(kind: ScheduleKind, pp: u32, m: u32) -> u32 {
     let floor = match kind {
         ScheduleKind::ZbV | ScheduleKind::DualPipeV => 6 * pp,
         _ => 4 * pp,

@@ -34,7 +34,9 @@ pub use crate::config::ScheduleKind;
 pub use action::{rank_of_stage, Action, ActionKind, Overlap, Placement, Program};
 pub use costs::Costs;
 pub use error::ScheduleError;
-pub use extrapolate::{simulate_extrapolated, simulates_in_full, PipelineSummary};
+pub use extrapolate::{
+    base_microbatches, simulate_extrapolated, simulates_in_full, PipelineSummary,
+};
 pub use simulate::{check_program, peak_live, simulate, Simulation, Span};
 
 /// The most stage-microbatch pairs (`pp * vpp * microbatches`) one program may hold: about

@@ -275,3 +275,41 @@ fn gradients_of_one_step_match_the_single_rank_run() {
         eprintln!("{m:?}: worst gradient difference {worst:e}");
     }
 }
+
+/// Explicit uneven Megatron-Core layouts (issue #17): the executor runs the layers where the
+/// layout puts them and matches the single-rank run. PP 2 x vpp 2 with 3 + 1 + 3 + 1 layers,
+/// and one whose first stage holds only the embedding.
+#[test]
+fn uneven_pipeline_layouts_match_the_single_rank_run() {
+    let reference = run(
+        &plan(config(&Mix::single(), GBS, true, "rmsnorm", "swiglu")),
+        3,
+    );
+    let mix = Mix {
+        tp: 2,
+        pp: 2,
+        vpp: 2,
+        schedule: "interleaved-1f1b",
+        dp: 2,
+        zero: 1,
+        ..Mix::single()
+    };
+    for layout in ["Et*3|t|t*3|tL", "E|t*3|t*4|tL"] {
+        let mut v = config(&mix, GBS, true, "rmsnorm", "swiglu");
+        v["parallel"]["pipeline_layout"] = serde_json::json!(layout);
+        let p = plan(v);
+        let counts: Vec<u32> = p
+            .stages
+            .iter()
+            .map(|s| s.layers.end - s.layers.start)
+            .collect();
+        let expected: Vec<u32> = parsim::config::pipeline_layout::parse(layout)
+            .unwrap()
+            .iter()
+            .map(|s| s.decoder)
+            .collect();
+        assert_eq!(counts, expected, "{layout}");
+        let got = run(&p, 3);
+        compare(&format!("layout {layout}"), &got, &reference);
+    }
+}

@@ -1,9 +1,10 @@
 //! Headline figures as cards (parameters, FLOPs per step, step time, tokens/s, TFLOP/s per GPU,
-//! MFU, bubble), the verdict, and communication per parallel group.
+//! MFU, and the pipeline bubble's three parts as the CLI splits them), the verdict, and communication per parallel group.
 
 use egui::{Frame, Grid, RichText, Ui};
-use parsim::estimate::Estimate;
+use parsim::estimate::{breakdown, Estimate};
 use parsim::report::format::{bytes, count, flops, seconds};
+use parsim::report::table::share;
 
 /// The cards' titles and values, in display order.
 pub fn card_values(e: &Estimate) -> Vec<(&'static str, String)> {
@@ -17,11 +18,18 @@ pub fn card_values(e: &Estimate) -> Vec<(&'static str, String)> {
             format!("{:.0}", e.throughput.tflops_per_gpu),
         ),
         ("MFU", format!("{:.1}%", 100.0 * e.throughput.mfu)),
-        (
-            "Bubble",
-            format!("{:.1}%", 100.0 * e.schedule.bubble_fraction),
-        ),
+        ("Bubble", share_of(e, "warmup_cooldown_s")),
+        ("Stage imbalance", share_of(e, "imbalance_s")),
+        ("PP waits", share_of(e, "pp_wait_s")),
     ]
+}
+
+/// The share of the step of one breakdown term, as the CLI's time table prints it.
+pub fn share_of(e: &Estimate, key: &str) -> String {
+    breakdown::terms(&e.time)
+        .iter()
+        .find(|t| t.key == key)
+        .map_or_else(|| "-".into(), |t| share(t.share))
 }
 
 fn card(ui: &mut Ui, title: &str, value: &str) {

@@ -86,7 +86,11 @@ pub mod options {
     pub fn pp(c: &Config) -> Vec<u32> {
         let p = &c.parallel;
         let layers = c.model.num_layers as u64;
-        let uneven = p.first_stage_layers.is_some() || p.last_stage_layers.is_some();
+        let uneven = p.first_stage_layers.is_some()
+            || p.last_stage_layers.is_some()
+            || p.pipeline_layout.is_some()
+            || p.account_for_embedding_in_pipeline_split
+            || p.account_for_loss_in_pipeline_split;
         let opts = divisors(room(c, p.tp as u64 * p.cp as u64))
             .into_iter()
             .filter(|&d| d <= layers)
@@ -103,7 +107,10 @@ pub mod options {
         let p = &c.parallel;
         let opts = match p.schedule {
             ScheduleKind::Interleaved1F1B => {
-                let per_rank = c.model.num_layers / p.pp.max(1);
+                let slots = c.model.num_layers
+                    + p.account_for_embedding_in_pipeline_split as u32
+                    + p.account_for_loss_in_pipeline_split as u32;
+                let per_rank = slots / p.pp.max(1);
                 (2..=per_rank.max(2))
                     .filter(|v| per_rank.is_multiple_of(*v))
                     .take(16)
@@ -449,6 +456,7 @@ fn parallelism(ui: &mut Ui, c: &mut Config, p: Option<&Problems>) {
     if c.parallel.schedule != before {
         c.parallel.vpp = vpp_for(c.parallel.schedule, c.parallel.vpp);
     }
+    pipeline_split(ui, c, p);
     let o = options::ep(c);
     row(
         ui,
@@ -488,6 +496,59 @@ fn parallelism(ui: &mut Ui, c: &mut Config, p: Option<&Problems>) {
         ui.label(text).labelled_by(l.id);
     });
     errors(ui, p, "parallel.dp");
+}
+
+/// Megatron-Core's explicit pipeline layout (vpp follows its stage count, as Megatron derives
+/// it) and the embedding/loss layer slots.
+fn pipeline_split(ui: &mut Ui, c: &mut Config, p: Option<&Problems>) {
+    let mut text = c.parallel.pipeline_layout.clone().unwrap_or_default();
+    let changed = row(
+        ui,
+        "Layout",
+        "Megatron-Core's --pipeline-model-parallel-layout: E embedding, t layer, m MTP, L loss, '|' between the pp x vpp stages, X*n and (...)*n repeat; empty for an even split",
+        "parallel.pipeline_layout",
+        p,
+        |ui| {
+            ui.add(
+                egui::TextEdit::singleline(&mut text)
+                    .hint_text("e.g. Et*7|(t*8|)*14,t*7L")
+                    .desired_width(180.0),
+            )
+        },
+    );
+    if changed {
+        let text = text.trim();
+        c.parallel.pipeline_layout = (!text.is_empty()).then(|| text.to_string());
+        let stages = c
+            .parallel
+            .pipeline_layout
+            .as_deref()
+            .and_then(|l| parsim::config::pipeline_layout::parse(l).ok())
+            .map(|s| s.len() as u32);
+        if let Some(n) = stages.filter(|n| c.parallel.pp > 0 && n % c.parallel.pp == 0) {
+            c.parallel.vpp = n / c.parallel.pp;
+            if c.parallel.vpp > 1 && c.parallel.schedule == ScheduleKind::OneFOneB {
+                c.parallel.schedule = ScheduleKind::Interleaved1F1B;
+            }
+        }
+    }
+    let par = &mut c.parallel;
+    row(
+        ui,
+        "Embedding slot",
+        "--account-for-embedding-in-pipeline-split: the embedding takes one layer slot on the first stage",
+        "parallel.account_for_embedding_in_pipeline_split",
+        p,
+        |ui| ui.checkbox(&mut par.account_for_embedding_in_pipeline_split, ""),
+    );
+    row(
+        ui,
+        "Loss slot",
+        "--account-for-loss-in-pipeline-split: the output layer and loss take one layer slot on the last stage",
+        "parallel.account_for_loss_in_pipeline_split",
+        p,
+        |ui| ui.checkbox(&mut par.account_for_loss_in_pipeline_split, ""),
+    );
 }
 
 fn cluster(ui: &mut Ui, c: &mut Config, p: Option<&Problems>) {

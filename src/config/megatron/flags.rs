@@ -82,6 +82,18 @@ const DIRECT: &[(&str, &str, &str, Kind)] = &[
         Kind::Int,
     ),
     (
+        "--account-for-embedding-in-pipeline-split",
+        "parallel",
+        "account_for_embedding_in_pipeline_split",
+        Kind::On,
+    ),
+    (
+        "--account-for-loss-in-pipeline-split",
+        "parallel",
+        "account_for_loss_in_pipeline_split",
+        Kind::On,
+    ),
+    (
         "--ddp-bucket-size",
         "parallel",
         "ddp_bucket_size",
@@ -170,6 +182,7 @@ const KEPT_WORDS: &[&str] = &[
     "--attention-backend",
     "--moe-layer-freq",
     "--tokenizer-model",
+    "--pipeline-model-parallel-layout",
 ];
 
 /// The finished layer with what did not carry over.
@@ -526,6 +539,12 @@ impl State {
         }
         let vpp = self.vpp(pp)?;
         self.set("parallel", "vpp", json!(vpp));
+        if let Some(layout) = self
+            .word("--pipeline-model-parallel-layout")
+            .map(str::to_string)
+        {
+            self.set("parallel", "pipeline_layout", json!(layout));
+        }
         let schedule = if vpp > 1 { "interleaved-1f1b" } else { "1f1b" };
         self.set("parallel", "schedule", json!(schedule));
         let cp_comm = match self.word("--cp-comm-type") {
@@ -550,10 +569,22 @@ impl State {
         Ok(())
     }
 
-    /// Model chunks per pipeline rank, from either of Megatron's two spellings.
+    /// Model chunks per pipeline rank, from either of Megatron's two spellings or, as
+    /// Megatron-Core derives it, from the explicit layout's stage count over pp.
     fn vpp(&self, pp: u64) -> Result<u64, String> {
         if let Some(v) = self.ints.get("--virtual-pipeline-model-parallel-size") {
             return Ok(*v);
+        }
+        if let Some(layout) = self.word("--pipeline-model-parallel-layout") {
+            let stages = crate::config::rules::pipeline_layout::parse(layout)
+                .map_err(|v| format!("--pipeline-model-parallel-layout: {}", v.rule))?
+                .len() as u64;
+            if pp == 0 || stages % pp != 0 {
+                return Err(format!(
+                    "--pipeline-model-parallel-layout: {stages} stages are not a multiple of --pipeline-model-parallel-size {pp}"
+                ));
+            }
+            return Ok(stages / pp);
         }
         let Some(per_stage) = self
             .ints

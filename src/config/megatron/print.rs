@@ -139,7 +139,8 @@ fn parallel_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
     let s = |v: u32| Some(v.to_string());
     flag("--tensor-model-parallel-size", s(p.tp));
     flag("--pipeline-model-parallel-size", s(p.pp));
-    if p.vpp > 1 {
+    // Megatron-Core derives vpp from an explicit layout and refuses both.
+    if p.vpp > 1 && p.pipeline_layout.is_none() {
         flag("--virtual-pipeline-model-parallel-size", s(p.vpp));
     }
     flag("--context-parallel-size", s(p.cp));
@@ -180,6 +181,19 @@ fn parallel_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
     }
     if let Some(n) = p.last_stage_layers {
         flag("--decoder-last-pipeline-num-layers", s(n));
+    }
+    if let Some(layout) = &p.pipeline_layout {
+        // Quoted: '|', '*' and parentheses are shell syntax.
+        flag(
+            "--pipeline-model-parallel-layout",
+            Some(format!("'{layout}'")),
+        );
+    }
+    if p.account_for_embedding_in_pipeline_split {
+        flag("--account-for-embedding-in-pipeline-split", None);
+    }
+    if p.account_for_loss_in_pipeline_split {
+        flag("--account-for-loss-in-pipeline-split", None);
     }
 }
 

@@ -168,6 +168,28 @@ fn printed_arguments_import_to_the_same_configuration() {
         model: presets::preset("gpt3-175b").unwrap(),
         ..Config::default()
     });
+    // Megatron-Core's explicit layout (vpp derived from its 8 stages over pp 4) and the
+    // embedding/loss slots (Llama-3-405B's 126 layers + 2 over pp 16 x vpp 2).
+    let mut layout = Config::default();
+    layout.cluster.num_gpus = 16;
+    layout.parallel.pp = 4;
+    layout.parallel.vpp = 2;
+    layout.parallel.schedule = ScheduleKind::Interleaved1F1B;
+    layout.parallel.pipeline_layout = Some("Et*3|(t*4|)*6,t*5L".into());
+    cases.push(layout);
+    let mut slots = Config {
+        model: presets::preset("llama3-405b").unwrap(),
+        ..Config::default()
+    };
+    slots.cluster.num_gpus = 1024;
+    slots.parallel.tp = 8;
+    slots.parallel.pp = 16;
+    slots.parallel.vpp = 2;
+    slots.parallel.schedule = ScheduleKind::Interleaved1F1B;
+    slots.parallel.account_for_embedding_in_pipeline_split = true;
+    slots.parallel.account_for_loss_in_pipeline_split = true;
+    slots.training.global_batch_size = 512;
+    cases.push(slots);
     for cfg in cases {
         let text = to_megatron_args(&cfg);
         let (back, imp) = imported(&text);

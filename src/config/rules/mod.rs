@@ -10,10 +10,11 @@ mod experts;
 mod lora;
 mod parallel;
 mod pipeline;
+pub mod pipeline_layout;
 mod precision;
 mod shape;
 
-pub use pipeline::split_layers;
+pub use pipeline::stage_layer_counts;
 
 use super::{Config, ConfigError, GpuProfile, PositionEmbedding, Violation};
 

@@ -2,6 +2,7 @@
 //! (even, or with Megatron's explicit first/last stage counts).
 
 use super::super::{Config, ScheduleKind, Violation};
+use super::pipeline_layout;
 
 /// Interleaved 1F1B needs pp >= 2 and vpp >= 2; V-shaped schedules exactly 2 chunks per rank;
 /// the others one.
@@ -58,22 +59,63 @@ pub fn schedule(cfg: &Config) -> Vec<Violation> {
     errs
 }
 
-/// The layers split over pipeline ranks and their chunks ([`split_layers`]).
+/// The layers split over pipeline ranks and their chunks ([`stage_layer_counts`]).
 pub fn layer_split(cfg: &Config) -> Vec<Violation> {
-    let (m, p) = (&cfg.model, &cfg.parallel);
+    let p = &cfg.parallel;
     let mut errs = Vec::new();
     if p.pp >= 1 && p.vpp >= 1 {
-        if let Err(v) = split_layers(
-            m.num_layers,
-            p.pp,
-            p.vpp,
-            p.first_stage_layers,
-            p.last_stage_layers,
-        ) {
+        if let Err(v) = stage_layer_counts(cfg) {
             errs.push(v);
         }
     }
     errs
+}
+
+/// Decoder layers of each global stage 0..pp x vpp, in layer order: from the explicit
+/// pipeline layout, from the embedding/loss slots, or from the per-rank split
+/// ([`split_layers`]) placed as [`crate::config::PipelinePlacement`] places stages.
+pub fn stage_layer_counts(cfg: &Config) -> Result<Vec<u32>, Violation> {
+    let (m, p) = (&cfg.model, &cfg.parallel);
+    let accounted =
+        p.account_for_embedding_in_pipeline_split || p.account_for_loss_in_pipeline_split;
+    let first_last = p.first_stage_layers.is_some() || p.last_stage_layers.is_some();
+    if let Some(layout) = &p.pipeline_layout {
+        if accounted || first_last {
+            return Err(Violation::new(
+                "parallel.pipeline_layout",
+                "an explicit layout excludes first_stage_layers, last_stage_layers and the account_for_*_in_pipeline_split options (as in Megatron-Core)",
+            ));
+        }
+        return pipeline_layout::stage_layers(layout, m.num_layers, m.mtp_num_layers, p.pp, p.vpp);
+    }
+    if accounted {
+        if first_last {
+            return Err(Violation::new(
+                "parallel.account_for_embedding_in_pipeline_split",
+                "the embedding/loss slots exclude first_stage_layers and last_stage_layers (as in Megatron-Core)",
+            ));
+        }
+        return pipeline_layout::accounted_stage_layers(
+            m.num_layers,
+            p.pp,
+            p.vpp,
+            p.account_for_embedding_in_pipeline_split,
+            p.account_for_loss_in_pipeline_split,
+        );
+    }
+    let per_rank = split_layers(
+        m.num_layers,
+        p.pp,
+        p.vpp,
+        p.first_stage_layers,
+        p.last_stage_layers,
+    )?;
+    Ok(
+        crate::config::PipelinePlacement::stage_ranks(p.pp, p.vpp, p.schedule)
+            .iter()
+            .map(|&r| per_rank[r as usize] / p.vpp)
+            .collect(),
+    )
 }
 
 /// Layers per pipeline rank: even, or with Megatron's explicit first/last stage counts.

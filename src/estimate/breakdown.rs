@@ -1,0 +1,360 @@
+//! The step broken into named terms that add up to it: compute, exposed collectives by
+//! group, the pipeline bubble split into warm-up/cool-down, stage imbalance and send/receive
+//! waits, the DP tail and the optimizer. One function ([`terms`]) feeds the CLI table, the
+//! GUI cards and the verdict, so they show the same numbers.
+
+use crate::config::ScheduleKind;
+use crate::model::ChunkContents;
+use crate::schedule::{
+    base_microbatches, generate, simulate, simulate_extrapolated, Costs, PipelineSummary, Program,
+    ScheduleError,
+};
+use crate::time::{StageImbalance, StepTime};
+
+/// The critical rank's pipeline idle time, split by cause (seconds; the three add up to it).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct IdleSplit {
+    pub warmup_cooldown_s: f64,
+    pub imbalance_s: f64,
+    pub pp_wait_s: f64,
+}
+
+/// The pipeline shape a split is made for.
+#[derive(Debug, Clone, Copy)]
+pub struct Pipe {
+    pub kind: ScheduleKind,
+    pub pp: u32,
+    pub vpp: u32,
+    pub microbatches: u32,
+}
+
+/// Splits rank `crit`'s idle time in `sim` (simulated with `costs`) by two more simulations:
+/// free hops (what is left is warm-up/cool-down plus imbalance; the difference is the send and
+/// receive waits), and every stage at the mean stage's cost with free hops (the schedule's
+/// own warm-up/cool-down, e.g. (p-1)(F+B) for 1F1B, Narayanan et al. 2021). `program`, the
+/// whole schedule when the caller generated it, is simulated instead of extrapolating; the
+/// balanced run's idle time stops growing once the pipeline is in steady state, so it is
+/// simulated over the shortest such run.
+pub fn split_idle(
+    pipe: Pipe,
+    costs: &Costs,
+    sim: &PipelineSummary,
+    crit: usize,
+    program: Option<&Program>,
+) -> Result<IdleSplit, ScheduleError> {
+    let idle = (sim.finish[crit] - sim.busy[crit]).max(0.0);
+    if pipe.pp <= 1 || idle == 0.0 {
+        return Ok(IdleSplit {
+            warmup_cooldown_s: idle,
+            ..IdleSplit::default()
+        });
+    }
+    let idle_of = |s: &PipelineSummary| (s.finish[crit] - s.busy[crit]).max(0.0);
+    let run = |c: &Costs| -> Result<PipelineSummary, ScheduleError> {
+        match program {
+            Some(p) => Ok(PipelineSummary::of(&simulate(p, c)?)),
+            None => simulate_extrapolated(pipe.kind, pipe.pp, pipe.vpp, pipe.microbatches, c),
+        }
+    };
+    let mut free = costs.clone();
+    free.p2p_latency = 0.0;
+    free.hop_transfer.iter_mut().for_each(|h| *h = 0.0);
+    let idle_free = if free == *costs {
+        idle
+    } else {
+        idle_of(&run(&free)?)
+    };
+    let mut balanced = free;
+    for v in [
+        &mut balanced.forward,
+        &mut balanced.input_grad,
+        &mut balanced.weight_grad,
+    ] {
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        v.iter_mut().for_each(|x| *x = mean);
+    }
+    for i in 0..balanced.backward.len() {
+        balanced.backward[i] = balanced.input_grad[i] + balanced.weight_grad[i];
+    }
+    let short = pipe
+        .microbatches
+        .min(base_microbatches(pipe.kind, pipe.pp, pipe.microbatches));
+    let warm = match program {
+        Some(p) if short == pipe.microbatches => {
+            idle_of(&PipelineSummary::of(&simulate(p, &balanced)?))
+        }
+        _ => idle_of(&PipelineSummary::of(&simulate(
+            &generate(pipe.kind, pipe.pp, pipe.vpp, short)?,
+            &balanced,
+        )?)),
+    };
+    // Each cause takes what the simulations attribute to it, in this order, so that the
+    // three add up to the idle time exactly.
+    let pp_wait_s = (idle - idle_free).max(0.0);
+    let warmup_cooldown_s = warm.min(idle - pp_wait_s);
+    Ok(IdleSplit {
+        warmup_cooldown_s,
+        imbalance_s: idle - pp_wait_s - warmup_cooldown_s,
+        pp_wait_s,
+    })
+}
+
+/// The slowest pipeline rank given each rank's chunks and busy time per microbatch.
+pub fn slowest_stage(chunks: &[Vec<ChunkContents>], per_mb_s: &[f64]) -> Option<StageImbalance> {
+    if chunks.len() < 2 {
+        return None;
+    }
+    let (stage, &stage_s) =
+        per_mb_s
+            .iter()
+            .enumerate()
+            .fold((0, &f64::MIN), |a, b| if b.1 > a.1 { b } else { a });
+    let n = per_mb_s.len() as f64;
+    let mean_stage_s = per_mb_s.iter().sum::<f64>() / n;
+    let layers_of = |ch: &Vec<ChunkContents>| -> u32 {
+        ch.iter()
+            .map(|c| c.dense_layers + c.moe_layers + c.mtp_layers)
+            .sum()
+    };
+    let mine = &chunks[stage];
+    Some(StageImbalance {
+        stage: stage as u32,
+        stage_s,
+        mean_stage_s,
+        excess_fraction: stage_s / mean_stage_s.max(f64::MIN_POSITIVE) - 1.0,
+        layers: layers_of(mine),
+        mean_layers: chunks.iter().map(layers_of).sum::<u32>() as f64 / n,
+        holds_embedding: mine.iter().any(|c| c.embedding),
+        holds_output: mine.iter().any(|c| c.output),
+    })
+}
+
+/// One named part of the step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Term {
+    /// The JSON key under `time` it comes from.
+    pub key: &'static str,
+    pub label: &'static str,
+    /// What a step dominated by this term is bound by, e.g. "stage-imbalance".
+    pub bound: &'static str,
+    pub seconds: f64,
+    /// Fraction of the step.
+    pub share: f64,
+}
+
+/// The parts of the step in display order; they add up to `step_s`. Exposed DP communication
+/// during the step and the DP tail after it are separate terms.
+pub fn terms(t: &StepTime) -> Vec<Term> {
+    let g = &t.exposed_comm_by_group_s;
+    let parts: [(&'static str, &'static str, &'static str, f64); 11] = [
+        (
+            "compute_s",
+            "compute (critical pipeline rank)",
+            "compute",
+            t.compute_s,
+        ),
+        (
+            "exposed_comm_by_group_s.tp",
+            "exposed TP communication",
+            "TP-communication",
+            g.tp,
+        ),
+        (
+            "exposed_comm_by_group_s.cp",
+            "exposed CP communication",
+            "CP-communication",
+            g.cp,
+        ),
+        (
+            "exposed_comm_by_group_s.ep",
+            "expert all-to-all waits",
+            "EP-all-to-all",
+            g.ep,
+        ),
+        (
+            "exposed_comm_by_group_s.dp",
+            "exposed DP communication (in the step)",
+            "DP-communication",
+            (g.dp - t.dp_tail_s).max(0.0),
+        ),
+        (
+            "warmup_cooldown_s",
+            "pipeline warm-up/cool-down bubble",
+            "bubble",
+            t.warmup_cooldown_s,
+        ),
+        (
+            "imbalance_s",
+            "pipeline stage imbalance",
+            "stage-imbalance",
+            t.imbalance_s,
+        ),
+        (
+            "pp_wait_s",
+            "pipeline send/receive waits",
+            "pipeline-send",
+            t.pp_wait_s,
+        ),
+        (
+            "dp_tail_s",
+            "DP tail (after the last backward)",
+            "DP-tail",
+            t.dp_tail_s,
+        ),
+        ("optimizer_s", "optimizer step", "optimizer", t.optimizer_s),
+        (
+            "exposed_comm_by_group_s.pp",
+            "exposed PP communication",
+            "PP-communication",
+            g.pp,
+        ),
+    ];
+    parts
+        .into_iter()
+        .map(|(key, label, bound, seconds)| Term {
+            key,
+            label,
+            bound,
+            seconds,
+            share: seconds / t.step_s.max(f64::MIN_POSITIVE),
+        })
+        .collect()
+}
+
+/// What helps when `key` is the largest term.
+fn advice(key: &str, t: &StepTime) -> String {
+    match key {
+        "warmup_cooldown_s" => "more microbatches (a larger global batch or a smaller micro batch), interleaving (vpp) or a zero-bubble schedule".into(),
+        "imbalance_s" => match &t.imbalance {
+            Some(i) => format!(
+                "pipeline rank {} is {:.0}% slower than the mean stage because {}: balance the split (parallel.pipeline_layout, account_for_loss_in_pipeline_split / account_for_embedding_in_pipeline_split, or first/last_stage_layers); more microbatches do not help",
+                i.stage,
+                100.0 * i.excess_fraction,
+                i.reason()
+            ),
+            None => "balance the pipeline stages".into(),
+        },
+        "pp_wait_s" => "fewer pipeline hops (lower pp or vpp) or faster links between stages".into(),
+        "exposed_comm_by_group_s.tp" => "lower TP, keep TP inside a node, or --tp-comm-overlap".into(),
+        "exposed_comm_by_group_s.cp" => "overlap the ring or lower CP".into(),
+        "exposed_comm_by_group_s.ep" => "keep EP inside a node, or overlap the all-to-all (DualPipeV)".into(),
+        "exposed_comm_by_group_s.dp" => "overlap gradient reduction and parameter gathers, or a lower ZeRO stage".into(),
+        "dp_tail_s" => "overlap gradient reduction (overlap_grad_reduce) with a smaller last bucket (ddp_bucket_size)".into(),
+        "optimizer_s" => "shard the optimizer (ZeRO-1)".into(),
+        _ => "raise GEMM efficiency or cut recomputation".into(),
+    }
+}
+
+/// The smallest share of the step an overhead must have for a compute-bound verdict to name it.
+const MENTIONED_OVERHEAD: f64 = 0.05;
+
+/// One line naming what bounds the step and, from the largest overhead, the change that helps.
+pub fn verdict_line(t: &StepTime) -> String {
+    let all = terms(t);
+    let largest = |it: &mut dyn Iterator<Item = &Term>| {
+        it.fold(None::<&Term>, |a, b| match a {
+            Some(a) if a.seconds >= b.seconds => Some(a),
+            _ => Some(b),
+        })
+        .cloned()
+    };
+    let top = largest(&mut all.iter()).expect("terms are never empty");
+    let overhead =
+        largest(&mut all.iter().filter(|x| x.key != "compute_s")).expect("terms are never empty");
+    let pct = |x: f64| 100.0 * x;
+    if top.key == "compute_s" {
+        // An overhead under 5% of the step is not worth a change of plan.
+        if overhead.share >= MENTIONED_OVERHEAD {
+            format!(
+                "compute-bound: {:.0}% of the step is compute; the largest overhead is the {} ({:.0}%): {}",
+                pct(top.share),
+                overhead.label,
+                pct(overhead.share),
+                advice(overhead.key, t)
+            )
+        } else {
+            format!(
+                "compute-bound: {:.0}% of the step is compute",
+                pct(top.share)
+            )
+        }
+    } else {
+        format!(
+            "{}-bound: the {} is {:.0}% of the step, compute {:.0}%; {}",
+            top.bound,
+            top.label,
+            pct(top.share),
+            pct(t.compute_s / t.step_s.max(f64::MIN_POSITIVE)),
+            advice(top.key, t)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With every stage alike, a rank's idle time stops growing once the pipeline is in steady
+    /// state: the short run [`split_idle`] simulates gives the idle time of the long one.
+    #[test]
+    fn balanced_idle_is_flat_past_the_steady_state() {
+        for kind in ScheduleKind::ALL.iter().copied() {
+            let (pp, vpp) = match kind {
+                ScheduleKind::Interleaved1F1B => (4, 3),
+                ScheduleKind::ZbV | ScheduleKind::DualPipeV => (4, 2),
+                _ => (4, 1),
+            };
+            let costs = Costs::uniform(pp, vpp, 1.0, 2.0, Some(1.5), 0.0).unwrap();
+            let m = 13 * pp;
+            let short = base_microbatches(kind, pp, m);
+            assert!(short < m);
+            let idle = |m: u32| {
+                let s = PipelineSummary::of(
+                    &simulate(&generate(kind, pp, vpp, m).unwrap(), &costs).unwrap(),
+                );
+                (0..pp as usize)
+                    .map(|r| s.finish[r] - s.busy[r])
+                    .collect::<Vec<_>>()
+            };
+            let (a, b) = (idle(short), idle(m));
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() <= 1e-9 * y.max(1.0), "{kind}: {a:?} vs {b:?}");
+            }
+        }
+    }
+
+    /// The terms add up to the step, and the largest overhead drives the advice.
+    #[test]
+    fn terms_add_up_and_imbalance_advice_names_the_stage() {
+        let mut t = StepTime {
+            step_s: 10.0,
+            compute_s: 4.0,
+            bubble_s: 5.0,
+            warmup_cooldown_s: 1.0,
+            imbalance_s: 3.0,
+            pp_wait_s: 1.0,
+            dp_tail_s: 0.5,
+            optimizer_s: 0.5,
+            imbalance: Some(StageImbalance {
+                stage: 7,
+                stage_s: 1.2,
+                mean_stage_s: 1.0,
+                excess_fraction: 0.2,
+                layers: 10,
+                mean_layers: 10.0,
+                holds_embedding: false,
+                holds_output: true,
+            }),
+            ..StepTime::default()
+        };
+        t.exposed_comm_by_group_s.dp = 0.5;
+        let sum: f64 = terms(&t).iter().map(|x| x.seconds).sum();
+        assert!((sum - t.step_s).abs() < 1e-12, "{sum}");
+        let v = verdict_line(&t);
+        assert!(
+            v.contains("rank 7 is 20% slower") && v.contains("output layer"),
+            "{v}"
+        );
+        assert!(v.contains("more microbatches do not help"), "{v}");
+    }
+}
