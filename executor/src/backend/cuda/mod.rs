@@ -7,3 +7,4 @@ pub mod probe;
 
 pub use error::CudaError;
 pub use probe::Library;
+pub mod groups;
