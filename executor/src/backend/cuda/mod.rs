@@ -8,3 +8,4 @@ pub mod probe;
 pub use error::CudaError;
 pub use probe::Library;
 pub mod groups;
+pub mod pool;
