@@ -8,4 +8,5 @@ pub mod probe;
 pub use error::CudaError;
 pub use probe::Library;
 pub mod groups;
+pub mod matmul;
 pub mod pool;
