@@ -7,6 +7,7 @@ pub mod probe;
 
 pub use error::CudaError;
 pub use probe::Library;
+pub mod context;
 pub mod groups;
 pub mod matmul;
 pub mod pool;
