@@ -11,7 +11,7 @@ use parsim::config::{Dtype, Precision, Resolved};
 use parsim::plan::{lower, LowerOptions};
 use parsim::report::format::{bytes, seconds};
 use parsim_executor::report::{CpStats, PhaseTimes, StepTime};
-use parsim_executor::runner::{run_cpu, RunOptions};
+use parsim_executor::runner::{run_cpu, run_cuda, CudaWorld, RunOptions};
 use serde::Serialize;
 use statrs::statistics::{Data, Median};
 
@@ -20,6 +20,18 @@ use statrs::statistics::{Data, Median};
 pub enum Backend {
     /// Ranks as threads of this process, fp32 (the reference).
     Cpu,
+    /// GPUs through CUDA, cuBLASLt and NCCL (loaded at run time): every rank a thread of
+    /// this process, spread over the visible GPUs.
+    Cuda,
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -114,7 +126,10 @@ fn run_precision(args: &ExecuteArgs) -> anyhow::Result<Precision> {
     match args.config.workload.precision {
         None | Some(Precision::Fp32) => Ok(Precision::Fp32),
         Some(Precision::Bf16) => Ok(Precision::Bf16),
-        Some(p) => bail!("--precision {p}: the cpu backend runs fp32 or bf16"),
+        Some(p) => bail!(
+            "--precision {p}: the {} backend runs fp32 or bf16",
+            args.backend.name()
+        ),
     }
 }
 
@@ -123,7 +138,7 @@ fn run_precision(args: &ExecuteArgs) -> anyhow::Result<Precision> {
 fn resolve_for_backend(args: &ExecuteArgs) -> anyhow::Result<Resolved> {
     let mut cfg = args.config.load()?;
     let mut notes = Vec::new();
-    if cfg.cluster.gpu != "cpu" {
+    if args.backend == Backend::Cpu && cfg.cluster.gpu != "cpu" {
         notes.push(format!(
             "cluster.gpu = \"{}\" replaced by \"cpu\": the prediction uses the CPU backend's profile",
             cfg.cluster.gpu
@@ -133,7 +148,8 @@ fn resolve_for_backend(args: &ExecuteArgs) -> anyhow::Result<Resolved> {
     let precision = run_precision(args)?;
     if cfg.training.precision != precision || cfg.training.grad_dtype != Dtype::Fp32 {
         notes.push(format!(
-            "training.precision set to {precision} and grad_dtype to fp32: the CPU backend runs {precision} (--precision bf16 for the mixed-precision recipe) with fp32 gradients"
+            "training.precision set to {precision} and grad_dtype to fp32: the {} backend runs {precision} (--precision bf16 for the mixed-precision recipe) with fp32 gradients",
+            args.backend.name()
         ));
         cfg.training.precision = precision;
         cfg.training.grad_dtype = Dtype::Fp32;
@@ -151,6 +167,16 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
             args.steps,
             args.warmup
         );
+        if args.backend == Backend::Cuda {
+            return super::calibrate::run_execute_calibrate_cuda(
+                args.sweep.as_deref(),
+                args.out.as_deref(),
+                args.config.load()?.cluster.gpu.as_str(),
+                args.steps.max(4),
+                args.warmup,
+                args.json,
+            );
+        }
         return super::calibrate::run_execute_calibrate(
             args.sweep.as_deref(),
             args.out.as_deref(),
@@ -168,7 +194,7 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
     }
     let resolved = resolve_for_backend(&args)?;
     let world = resolved.world();
-    if world > MAX_CPU_RANKS {
+    if args.backend == Backend::Cpu && world > MAX_CPU_RANKS {
         bail!("cluster.num_gpus: the cpu backend runs one thread per rank; {world} ranks is more than {MAX_CPU_RANKS}");
     }
     let est = parsim::estimate::estimate(&resolved).context("estimating the same configuration")?;
@@ -178,7 +204,7 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
         Some(b) => (b, "available on this machine (/proc/meminfo MemAvailable)"),
         None => (FALLBACK_HOST_BYTES, "assumed: /proc/meminfo unreadable"),
     };
-    if total_predicted > host_bytes {
+    if args.backend == Backend::Cpu && total_predicted > host_bytes {
         bail!(
             "the cpu backend would need about {} of host memory for {world} ranks (limit {}, {source}); use a smaller model, sequence or batch",
             bytes(total_predicted as f64),
@@ -192,19 +218,18 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
             ..LowerOptions::default()
         },
     )?;
+    let opts = RunOptions {
+        steps: args.steps,
+        warmup: args.warmup,
+        precision: match run_precision(&args)? {
+            Precision::Bf16 => parsim_executor::plan::Precision::Bf16,
+            _ => parsim_executor::plan::Precision::Fp32,
+        },
+        ..RunOptions::default()
+    };
     let report = match args.backend {
-        Backend::Cpu => run_cpu(
-            &plan,
-            &RunOptions {
-                steps: args.steps,
-                warmup: args.warmup,
-                precision: match run_precision(&args)? {
-                    Precision::Bf16 => parsim_executor::plan::Precision::Bf16,
-                    _ => parsim_executor::plan::Precision::Fp32,
-                },
-                ..RunOptions::default()
-            },
-        )?,
+        Backend::Cpu => run_cpu(&plan, &opts)?,
+        Backend::Cuda => run_cuda(&plan, &opts, CudaWorld::SingleProcess)?,
     };
     let timed = (args.warmup as usize)..(args.steps as usize);
     // A step ends when its slowest rank ends.
@@ -212,7 +237,7 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
         .map(|i| report.ranks.iter().map(|r| r.step_s[i]).fold(0.0, f64::max))
         .collect();
     let out = ExecuteOut {
-        backend: "cpu",
+        backend: args.backend.name(),
         world_size: report.world,
         steps: args.steps,
         loss: report.loss[timed].to_vec(),

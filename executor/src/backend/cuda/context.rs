@@ -29,6 +29,14 @@ pub fn visible_gpus() -> Result<u32, CudaError> {
     Ok(n as u32)
 }
 
+/// The name of GPU `ordinal` (`cuDeviceGetName`), for provenance.
+pub fn gpu_name(ordinal: u32) -> Result<String, CudaError> {
+    require(Library::Driver)?;
+    cudarc::driver::result::init().map_err(drv("cuInit"))?;
+    let dev = cudarc::driver::result::device::get(ordinal as i32).map_err(drv("cuDeviceGet"))?;
+    cudarc::driver::result::device::get_name(dev).map_err(drv("cuDeviceGetName"))
+}
+
 /// `cuMemAlloc` / `cuMemFree` in one context.
 #[derive(Debug)]
 pub struct DriverMemory {
