@@ -9,5 +9,6 @@ pub use error::CudaError;
 pub use probe::Library;
 pub mod context;
 pub mod groups;
+pub mod local;
 pub mod matmul;
 pub mod pool;
