@@ -11,4 +11,5 @@ pub mod context;
 pub mod groups;
 pub mod local;
 pub mod matmul;
+pub mod nccl;
 pub mod pool;
