@@ -192,7 +192,7 @@ impl Lt {
             let v = t as i32;
             // SAFETY: the attribute is an i32 (cublasOperation_t) read during the call.
             unsafe {
-                lt::set_matmul_desc_attribute(desc, attr, &v as *const i32 as *const c_void, 4)
+                lt::set_matmul_desc_attribute(desc, attr, (&v as *const i32).cast::<c_void>(), 4)
             }
             .map_err(lt_err("cublasLtMatmulDescSetAttribute"))?;
         }
@@ -212,7 +212,7 @@ impl Lt {
             lt::set_matmul_pref_attribute(
                 guard.pref,
                 sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                &ws as *const usize as *const c_void,
+                (&ws as *const usize).cast::<c_void>(),
                 std::mem::size_of::<usize>(),
             )
         }
@@ -230,8 +230,8 @@ impl Lt {
             lt::matmul(
                 self.handle,
                 desc,
-                &alpha as *const f32 as *const c_void,
-                &beta as *const f32 as *const c_void,
+                (&alpha as *const f32).cast::<c_void>(),
+                (&beta as *const f32).cast::<c_void>(),
                 args.a as *const c_void,
                 la,
                 args.b as *const c_void,
@@ -243,7 +243,7 @@ impl Lt {
                 &heur.algo,
                 self.workspace as *mut c_void,
                 ws,
-                stream as sys::cudaStream_t,
+                stream.cast(),
             )
         }
         .map_err(lt_err("cublasLtMatmul"))

@@ -129,7 +129,7 @@ impl NcclComm {
                 nccl_type(d),
                 nccl_op(op),
                 self.comm,
-                s as _,
+                s.cast(),
             )
         }
         .map(drop)
@@ -154,7 +154,7 @@ impl NcclComm {
                 nccl_type(d),
                 sys::ncclRedOp_t::ncclSum,
                 self.comm,
-                s as _,
+                s.cast(),
             )
         }
         .map(drop)
@@ -178,7 +178,7 @@ impl NcclComm {
                 send_count,
                 nccl_type(d),
                 self.comm,
-                s as _,
+                s.cast(),
             )
         }
         .map(drop)
@@ -204,7 +204,7 @@ impl NcclComm {
                     nccl_type(d),
                     peer as i32,
                     self.comm,
-                    s as _,
+                    s.cast(),
                 )
             };
             if let Err(e) = r {
@@ -220,7 +220,7 @@ impl NcclComm {
                     nccl_type(d),
                     peer as i32,
                     self.comm,
-                    s as _,
+                    s.cast(),
                 )
             };
             if let Err(e) = r {
