@@ -74,7 +74,7 @@ pub struct Streams {
 pub struct RankGpu {
     pub ctx: Arc<CudaContext>,
     pub streams: Streams,
-    pub pool: Mutex<Pool<DriverMemory>>,
+    pub pool: Arc<Mutex<Pool<DriverMemory>>>,
     pub lt: Lt,
     /// The cuBLASLt workspace (outside the tracked categories, as the engine's runtime
     /// overhead).
@@ -104,7 +104,7 @@ impl RankGpu {
         Ok(RankGpu {
             ctx,
             streams,
-            pool: Mutex::new(pool),
+            pool: Arc::new(Mutex::new(pool)),
             lt,
             workspace: ws.ptr,
         })
