@@ -11,7 +11,7 @@ use crate::backend::cpu::{Cpu, CpuComm, CpuOps, World};
 use crate::error::{ExecError, OptionsError};
 use crate::plan::{Plan, Precision};
 pub use crate::report::{PhaseTimes, RankReport, RunReport};
-pub use cuda::{run_cuda, CudaWorld};
+pub use cuda::{layout as cuda_layout, run_cuda, CudaLayout, CudaWorld};
 use rank::{run_rank, RankOutput};
 use std::sync::Arc;
 
