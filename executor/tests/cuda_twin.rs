@@ -10,7 +10,6 @@ use parsim_executor::backend::cuda::matmul::LinearOp;
 use parsim_executor::backend::cuda::Library;
 use parsim_executor::backend::{DType, Device, DeviceTensor, TensorOps, View, ViewMut};
 use parsim_executor::memory::Category;
-use std::sync::Arc;
 
 /// GPU 0 as a rank's device, or the reason there is none.
 fn gpu() -> Result<CudaDevice, String> {
@@ -22,7 +21,7 @@ fn gpu() -> Result<CudaDevice, String> {
         return Err("cuBLASLt is not installed".into());
     }
     let g = RankGpu::open(0).map_err(|e| e.to_string())?;
-    Ok(CudaDevice::new(Arc::new(g)))
+    Ok(CudaDevice::new(g))
 }
 
 /// Deterministic values in [-1, 1) from `seed` (a fresh stream per tensor).

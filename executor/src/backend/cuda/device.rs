@@ -14,7 +14,6 @@ use crate::backend::{DType, DeviceTensor, View, ViewMut};
 use crate::memory::{Category, MemoryBreakdown, MemoryTracker};
 use cudarc::driver::{result as dr, CudaEvent};
 use std::cell::Cell;
-use std::sync::Arc;
 
 /// The rank's memory as the run report shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,9 +28,10 @@ pub struct DeviceMemory {
     pub driver_total_bytes: u64,
 }
 
-/// One rank's device.
+/// One rank's device (each rank has its own streams, pool and cuBLASLt handle, also when
+/// ranks share a GPU).
 pub struct CudaDevice {
-    pub gpu: Arc<RankGpu>,
+    pub gpu: RankGpu,
     tracker: MemoryTracker,
     /// FLOPs and seconds of the GEMMs (seconds from events, filled by the step timer).
     gemm: Cell<(f64, f64)>,
@@ -47,7 +47,7 @@ fn pool_err(e: PoolError) -> CudaError {
 }
 
 impl CudaDevice {
-    pub fn new(gpu: Arc<RankGpu>) -> CudaDevice {
+    pub fn new(gpu: RankGpu) -> CudaDevice {
         CudaDevice {
             gpu,
             tracker: MemoryTracker::new(),
