@@ -2,10 +2,11 @@
 //! visible GPUs) or as one rank of a launched job. It checks the run, finds the driver and
 //! the GPUs, places the ranks and chooses each process group's transport (NCCL, or device
 //! copies for ranks sharing a GPU), loads the libraries those need and opens each rank's
-//! device, before any step; a missing library or GPU is an error naming it.
+//! device and joins its NCCL communicators, before any step; a missing library or GPU is an error naming it.
 
 use super::{check_run, RunOptions};
-use crate::backend::cuda::context::{visible_gpus, RankGpu};
+use crate::backend::cuda::comms::{join_multi_process, join_single_process, single_process_ids};
+use crate::backend::cuda::context::{drv, visible_gpus, RankGpu};
 use crate::backend::cuda::groups::{plan_groups, GroupSpec, Placement, Transport};
 use crate::backend::cuda::probe::{require, Library};
 use crate::backend::cuda::CudaError;
@@ -100,14 +101,54 @@ pub fn run_cuda(plan: &Plan, opts: &RunOptions, world: CudaWorld) -> Result<RunR
     if lay.needs_nccl() || matches!(world, CudaWorld::MultiProcess { .. }) {
         require(Library::Nccl)?;
     }
-    // Open every GPU this process uses once, so that a device that cannot be used fails here.
-    let mut ordinals: Vec<u32> = lay.local.iter().map(|&(_, d)| d).collect();
-    ordinals.sort_unstable();
-    ordinals.dedup();
-    let _gpus: Vec<RankGpu> = ordinals
-        .into_iter()
-        .map(RankGpu::open)
-        .collect::<Result<_, _>>()?;
+    // Each rank of this process opens its GPU (context, streams, pool, cuBLASLt) and joins
+    // its NCCL communicators, so that an unusable device or network fails here, by name.
+    match world {
+        CudaWorld::SingleProcess => {
+            let ids = if lay.needs_nccl() {
+                single_process_ids(&lay.groups)?
+            } else {
+                Default::default()
+            };
+            // Every device first: a rank that cannot open its GPU must fail before the others
+            // block in ncclCommInitRank waiting for it.
+            let devs: Vec<(u32, RankGpu)> = lay
+                .local
+                .iter()
+                .map(|&(rank, gpu)| RankGpu::open(gpu).map(|d| (rank, d)))
+                .collect::<Result<_, _>>()?;
+            let results: Vec<Result<(), CudaError>> = std::thread::scope(|s| {
+                let hs: Vec<_> = devs
+                    .iter()
+                    .map(|(rank, dev)| {
+                        let (groups, ids, rank, ctx) = (&lay.groups, &ids, *rank, dev.ctx.clone());
+                        s.spawn(move || {
+                            ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+                            join_single_process(groups, ids, rank).map(drop)
+                        })
+                    })
+                    .collect();
+                hs.into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(CudaError::call(Library::Driver, "rank thread", "panicked"))
+                        })
+                    })
+                    .collect()
+            });
+            results.into_iter().collect::<Result<Vec<()>, _>>()?;
+        }
+        CudaWorld::MultiProcess {
+            rank,
+            world_size,
+            unique_id,
+            ..
+        } => {
+            let dev = RankGpu::open(lay.local[0].1)?;
+            dev.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+            join_multi_process(&lay.groups, &unique_id, rank, world_size)?;
+        }
+    }
     Err(CudaError::Unfinished {
         what: "a training step",
         why: "the device TensorOps/DeviceCollectives of the cuda backend are not in this build",

@@ -7,6 +7,7 @@ pub mod probe;
 
 pub use error::CudaError;
 pub use probe::Library;
+pub mod comms;
 pub mod context;
 pub mod device;
 pub mod groups;
