@@ -12,6 +12,7 @@ pub mod context;
 pub mod device;
 pub mod groups;
 pub mod local;
+pub mod local_device;
 pub mod matmul;
 pub mod nccl;
 pub mod pool;
