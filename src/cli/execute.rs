@@ -1,7 +1,8 @@
 //! `parsim execute`: lowers the configuration into a Plan, runs it on a backend, and prints per
 //! rank the loss, the step time and the peak tracked memory next to the engine's prediction for
 //! the same configuration (on the backend's hardware profile: `cpu`, with the run's precision:
-//! fp32, or bf16 mixed precision with `--precision bf16`).
+//! fp32, or bf16 mixed precision with `--precision bf16`). `--backend cuda` runs it on the GPUs
+//! (docs/executor.md), predicted on the configuration's own GPU profile.
 
 use super::config_args::ConfigArgs;
 use anyhow::{bail, Context};
@@ -53,8 +54,9 @@ pub struct ExecuteArgs {
     /// Print the JSON object of docs/design.md's output contract instead of tables.
     #[arg(long)]
     pub json: bool,
-    /// Calibrate: run a sweep of plans on the backend, fit the CPU profile's efficiencies to
-    /// the measurements, and print predicted vs measured (docs/calibration.md).
+    /// Calibrate: run a sweep of plans on the backend, fit the profile's efficiencies (the
+    /// CPU's; with --backend cuda the one --gpu names) to the measurements, and print
+    /// predicted vs measured (docs/calibration.md).
     #[arg(long)]
     pub calibrate: bool,
     /// With --calibrate: the sweep (JSONL: {"label", "config", "holdout"} per line); default:
