@@ -112,10 +112,34 @@ mod tests {
         }
     }
 
+    /// Simulates blocking joins: each rank waits at its next group until every member of
+    /// that group is there; true when every rank gets through its list.
+    fn completes(groups: &[GroupSpec], plans: &[Vec<usize>]) -> bool {
+        let mut next = vec![0usize; plans.len()];
+        loop {
+            let waiting: Vec<Option<usize>> = (0..plans.len())
+                .map(|r| plans[r].get(next[r]).copied())
+                .collect();
+            if waiting.iter().all(Option::is_none) {
+                return true;
+            }
+            let ready = (0..groups.len()).find(|&i| {
+                groups[i]
+                    .members
+                    .iter()
+                    .all(|&m| waiting[m as usize] == Some(i))
+            });
+            let Some(i) = ready else {
+                return false;
+            };
+            for &m in &groups[i].members {
+                next[m as usize] += 1;
+            }
+        }
+    }
+
     #[test]
     fn the_common_order_cannot_deadlock() {
-        // Simulate blocking joins: each rank waits at its next group until every member of
-        // that group is there. With one global order every rank finishes.
         let groups = vec![
             spec(&[0, 1, 2, 3], Transport::Nccl, 0),
             spec(&[1, 2], Transport::Nccl, 1),
@@ -125,23 +149,11 @@ mod tests {
         let plans: Vec<Vec<usize>> = (0..4)
             .map(|r| join_order(&groups, r).into_iter().map(|(i, _)| i).collect())
             .collect();
-        let mut next = [0usize; 4];
-        loop {
-            let waiting: Vec<Option<usize>> =
-                (0..4).map(|r| plans[r].get(next[r]).copied()).collect();
-            if waiting.iter().all(Option::is_none) {
-                break;
-            }
-            let ready = (0..groups.len()).find(|&i| {
-                groups[i]
-                    .members
-                    .iter()
-                    .all(|&m| waiting[m as usize] == Some(i))
-            });
-            let i = ready.expect("deadlock: no group has all its members waiting at it");
-            for &m in &groups[i].members {
-                next[m as usize] += 1;
-            }
-        }
+        assert!(completes(&groups, &plans));
+        // The check can fail: rank 3 joining its groups in reverse order waits at group 3
+        // while rank 2 waits for it at group 0.
+        let mut crossed = plans.clone();
+        crossed[3].reverse();
+        assert!(!completes(&groups, &crossed));
     }
 }
