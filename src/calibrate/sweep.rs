@@ -9,7 +9,9 @@
 use super::measurements::Measurement;
 use crate::config::{Config, ConfigError, Dtype, Layer, Precision, Resolved};
 use crate::plan::{lower, LowerOptions, PlanError};
-use parsim_executor::runner::{run_cpu, RunOptions};
+use parsim_executor::error::ExecError;
+use parsim_executor::plan::Plan;
+use parsim_executor::runner::{run_cpu, RunOptions, RunReport};
 use serde_json::{json, Value};
 use statrs::statistics::{Data, Median};
 use std::path::Path;
@@ -63,6 +65,15 @@ fn point(label: &str, holdout: bool, v: Value) -> SweepPoint {
         config: for_cpu(cfg),
         holdout,
     }
+}
+
+/// A sweep point prepared for the CUDA backend: the profile `gpu` (the base the fit starts
+/// from), the bf16 mixed-precision recipe with fp32 gradients that the backend runs.
+pub fn for_cuda(mut c: Config, gpu: &str) -> Config {
+    c.cluster.gpu = gpu.to_string();
+    c.training.precision = Precision::Bf16;
+    c.training.grad_dtype = Dtype::Fp32;
+    c
 }
 
 /// The built-in CPU sweep (at most 2 ranks per run). Held-out points use model shapes and
@@ -188,6 +199,9 @@ pub fn read_sweep(path: &Path) -> Result<Vec<SweepPoint>, SweepError> {
     Ok(out)
 }
 
+/// Runs a Plan on a backend (the CPU's [`run_cpu`], or the CUDA backend's `run_cuda`).
+pub type Runner<'a> = &'a dyn Fn(&Plan, &RunOptions) -> Result<RunReport, ExecError>;
+
 /// Runs one point on the CPU backend: the median step (a step ends with its slowest rank)
 /// and the largest tracked peak of any rank.
 pub fn measure_cpu(
@@ -195,6 +209,18 @@ pub fn measure_cpu(
     index: usize,
     steps: u32,
     warmup: u32,
+) -> Result<Measurement, SweepError> {
+    measure(p, index, steps, warmup, &|plan, opts| run_cpu(plan, opts))
+}
+
+/// Runs one point with `run`: the median step (a step ends with its slowest rank) and the
+/// largest tracked peak of any rank.
+pub fn measure(
+    p: &SweepPoint,
+    index: usize,
+    steps: u32,
+    warmup: u32,
+    run: Runner<'_>,
 ) -> Result<Measurement, SweepError> {
     let r = Resolved::new(p.config.clone()).map_err(|source| SweepError::Config {
         label: p.label.clone(),
@@ -204,11 +230,15 @@ pub fn measure_cpu(
         label: p.label.clone(),
         source,
     })?;
-    let report = run_cpu(
+    let report = run(
         &plan,
         &RunOptions {
             steps,
             warmup,
+            precision: match p.config.training.precision {
+                Precision::Bf16 => parsim_executor::plan::Precision::Bf16,
+                _ => parsim_executor::plan::Precision::Fp32,
+            },
             ..RunOptions::default()
         },
     )
@@ -262,12 +292,31 @@ pub fn measure_all_cpu(
     steps: u32,
     warmup: u32,
     repeats: u32,
+    progress: impl FnMut(usize),
+) -> Result<Vec<Measurement>, SweepError> {
+    measure_all(
+        points,
+        steps,
+        warmup,
+        repeats,
+        &|p, o| run_cpu(p, o),
+        progress,
+    )
+}
+
+/// [`measure_all_cpu`] with any backend's runner.
+pub fn measure_all(
+    points: &[SweepPoint],
+    steps: u32,
+    warmup: u32,
+    repeats: u32,
+    run: Runner<'_>,
     mut progress: impl FnMut(usize),
 ) -> Result<Vec<Measurement>, SweepError> {
     let mut best: Vec<Option<Measurement>> = vec![None; points.len()];
     for _ in 0..repeats.max(1) {
         for (i, p) in points.iter().enumerate() {
-            let m = measure_cpu(p, i, steps, warmup)?;
+            let m = measure(p, i, steps, warmup, run)?;
             if best[i].as_ref().is_none_or(|b| m.step_s < b.step_s) {
                 best[i] = Some(m);
             }

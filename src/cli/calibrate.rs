@@ -249,3 +249,68 @@ pub fn run_execute_calibrate(
     }
     Ok(())
 }
+
+/// `parsim execute --calibrate --backend cuda`: the sweep on the GPUs at hand (every run in
+/// this process, bf16 mixed precision), the fit starting from the profile `base` (the
+/// configuration's `cluster.gpu`), written with the GPU's name and the date as provenance.
+/// Without a driver or a GPU it fails before the first run, naming what is missing.
+pub fn run_execute_calibrate_cuda(
+    sweep: Option<&std::path::Path>,
+    out: Option<&std::path::Path>,
+    base: &str,
+    steps: u32,
+    warmup: u32,
+    json: bool,
+) -> anyhow::Result<()> {
+    use parsim::calibrate::sweep;
+    use parsim_executor::backend::cuda::context;
+    use parsim_executor::runner::{run_cuda, CudaWorld};
+    let gpus = context::visible_gpus()?;
+    let gpu_name = context::gpu_name(0)?;
+    let base_profile = GpuProfile::load(base)
+        .with_context(|| format!("--gpu {base}: the profile the CUDA calibration starts from"))?;
+    let points: Vec<sweep::SweepPoint> = match sweep {
+        Some(p) => sweep::read_sweep(p)?,
+        None => sweep::default_cpu_sweep(),
+    }
+    .into_iter()
+    .map(|mut p| {
+        p.config = sweep::for_cuda(p.config, base);
+        p
+    })
+    .collect();
+    anyhow::ensure!(!points.is_empty(), "the sweep has no points");
+    let ms = sweep::measure_all(
+        &points,
+        steps,
+        warmup,
+        REPEATS,
+        &|plan, opts| run_cuda(plan, opts, CudaWorld::SingleProcess),
+        |_| {},
+    )?;
+    let jsonl_path = out.map(|o| o.with_extension("jsonl"));
+    let origin = format!(
+        "{} (CUDA backend sweep on {gpus} x {gpu_name}, from the {base} profile)",
+        jsonl_path
+            .as_ref()
+            .map_or("the sweep".into(), |p| p.display().to_string()),
+    );
+    let fit = fit_profile(&base_profile, &ms, &origin)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&fit)?);
+    } else {
+        print_fit(&fit, true);
+    }
+    if let (Some(path), Some(jsonl)) = (out, jsonl_path) {
+        std::fs::write(&jsonl, sweep::to_jsonl(&ms))
+            .with_context(|| format!("cannot write {}", jsonl.display()))?;
+        let header = format!(
+            "# {}: fitted by `parsim execute --calibrate --backend cuda` from {origin}; provenance below.\n",
+            fit.profile.name
+        );
+        std::fs::write(path, header + &toml::to_string(&fit.profile)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("wrote {} and {}", path.display(), jsonl.display());
+    }
+    Ok(())
+}

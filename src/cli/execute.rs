@@ -1,7 +1,8 @@
 //! `parsim execute`: lowers the configuration into a Plan, runs it on a backend, and prints per
 //! rank the loss, the step time and the peak tracked memory next to the engine's prediction for
 //! the same configuration (on the backend's hardware profile: `cpu`, with the run's precision:
-//! fp32, or bf16 mixed precision with `--precision bf16`).
+//! fp32, or bf16 mixed precision with `--precision bf16`). `--backend cuda` runs it on the GPUs
+//! (docs/executor.md), predicted on the configuration's own GPU profile.
 
 use super::config_args::ConfigArgs;
 use super::launch_args::LaunchArgs;
@@ -26,6 +27,15 @@ pub enum Backend {
     Cuda,
 }
 
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct ExecuteArgs {
     #[command(flatten)]
@@ -45,8 +55,9 @@ pub struct ExecuteArgs {
     /// Print the JSON object of docs/design.md's output contract instead of tables.
     #[arg(long)]
     pub json: bool,
-    /// Calibrate: run a sweep of plans on the backend, fit the CPU profile's efficiencies to
-    /// the measurements, and print predicted vs measured (docs/calibration.md).
+    /// Calibrate: run a sweep of plans on the backend, fit the profile's efficiencies (the
+    /// CPU's; with --backend cuda the one --gpu names) to the measurements, and print
+    /// predicted vs measured (docs/calibration.md).
     #[arg(long)]
     pub calibrate: bool,
     /// With --calibrate: the sweep (JSONL: {"label", "config", "holdout"} per line); default:
@@ -120,7 +131,10 @@ fn run_precision(args: &ExecuteArgs) -> anyhow::Result<Precision> {
     match args.config.workload.precision {
         None | Some(Precision::Fp32) => Ok(Precision::Fp32),
         Some(Precision::Bf16) => Ok(Precision::Bf16),
-        Some(p) => bail!("--precision {p}: the cpu backend runs fp32 or bf16"),
+        Some(p) => bail!(
+            "--precision {p}: the {} backend runs fp32 or bf16",
+            args.backend.name()
+        ),
     }
 }
 
@@ -129,7 +143,7 @@ fn run_precision(args: &ExecuteArgs) -> anyhow::Result<Precision> {
 fn resolve_for_backend(args: &ExecuteArgs) -> anyhow::Result<Resolved> {
     let mut cfg = args.config.load()?;
     let mut notes = Vec::new();
-    if cfg.cluster.gpu != "cpu" {
+    if args.backend == Backend::Cpu && cfg.cluster.gpu != "cpu" {
         notes.push(format!(
             "cluster.gpu = \"{}\" replaced by \"cpu\": the prediction uses the CPU backend's profile",
             cfg.cluster.gpu
@@ -139,7 +153,8 @@ fn resolve_for_backend(args: &ExecuteArgs) -> anyhow::Result<Resolved> {
     let precision = run_precision(args)?;
     if cfg.training.precision != precision || cfg.training.grad_dtype != Dtype::Fp32 {
         notes.push(format!(
-            "training.precision set to {precision} and grad_dtype to fp32: the CPU backend runs {precision} (--precision bf16 for the mixed-precision recipe) with fp32 gradients"
+            "training.precision set to {precision} and grad_dtype to fp32: the {} backend runs {precision} (--precision bf16 for the mixed-precision recipe) with fp32 gradients",
+            args.backend.name()
         ));
         cfg.training.precision = precision;
         cfg.training.grad_dtype = Dtype::Fp32;
@@ -157,6 +172,16 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
             args.steps,
             args.warmup
         );
+        if args.backend == Backend::Cuda {
+            return super::calibrate::run_execute_calibrate_cuda(
+                args.sweep.as_deref(),
+                args.out.as_deref(),
+                args.config.load()?.cluster.gpu.as_str(),
+                args.steps.max(4),
+                args.warmup,
+                args.json,
+            );
+        }
         return super::calibrate::run_execute_calibrate(
             args.sweep.as_deref(),
             args.out.as_deref(),
@@ -224,10 +249,7 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
         .map(|i| report.ranks.iter().map(|r| r.step_s[i]).fold(0.0, f64::max))
         .collect();
     let out = ExecuteOut {
-        backend: match args.backend {
-            Backend::Cpu => "cpu",
-            Backend::Cuda => "cuda",
-        },
+        backend: args.backend.name(),
         world_size: report.world,
         steps: args.steps,
         loss: report.loss[timed].to_vec(),

@@ -7,7 +7,7 @@ use anyhow::ensure;
 use parsim_executor::backend::cuda::{probe, Library};
 use parsim_executor::launch::worker::WORKER_MARKER;
 use parsim_executor::launch::{run_worker, supervise, LaunchInfo, RankEnv, WorkerOptions};
-use parsim_executor::runner::RunOptions;
+use parsim_executor::runner::{run_cuda, CudaWorld, RunOptions};
 use parsim_executor::{ExecError, Plan, RunReport};
 
 /// Runs `plan` on CUDA. `Some(report)` where this process prints the run's report (a single
@@ -47,17 +47,9 @@ pub fn run(
 
 /// Runs this process's share of the plan on CUDA: every rank (as threads) when `info` is
 /// `None`, else the one rank `info` names, with the NCCL unique id of the rendezvous.
-///
-/// The CUDA runner (`runner::run_cuda` with `CudaWorld::SingleProcess` or
-/// `CudaWorld::MultiProcess { rank, world_size, local_rank, unique_id }`) is built on its own
-/// branch; this is the one call to replace when the two meet, by
-/// `run_cuda(plan, opts, info.map_or(CudaWorld::SingleProcess, |i| CudaWorld::MultiProcess {
-/// rank: i.rank, world_size: i.world_size, local_rank: i.local_rank, unique_id: i.unique_id }))`.
-/// Until then a machine with a driver gets an error saying so, and one without gets the
-/// driver's own error.
 fn run_cuda_rank(
-    _plan: &Plan,
-    _opts: &RunOptions,
+    plan: &Plan,
+    opts: &RunOptions,
     info: Option<&LaunchInfo>,
 ) -> Result<RunReport, ExecError> {
     probe::require(Library::Driver)?;
@@ -66,9 +58,11 @@ fn run_cuda_rank(
     if info.is_some_and(|i| i.world_size > 1) {
         probe::require(Library::Nccl)?;
     }
-    Err(ExecError::Rank {
-        rank: info.map_or(0, |i| i.rank),
-        message: "this build has the launcher but not yet the CUDA runner (runner::run_cuda)"
-            .into(),
-    })
+    let world = info.map_or(CudaWorld::SingleProcess, |i| CudaWorld::MultiProcess {
+        rank: i.rank,
+        world_size: i.world_size,
+        local_rank: i.local_rank,
+        unique_id: i.unique_id,
+    });
+    run_cuda(plan, opts, world)
 }

@@ -200,6 +200,9 @@ pub trait Device<B: Backend>: TensorOps<B> {
     fn record(&self) -> Result<B::Event, ExecError>;
     /// Makes the compute stream wait for `e`.
     fn wait(&self, e: &B::Event) -> Result<(), ExecError>;
+    /// Seconds from `start` to `end` (waiting for `end`): step and phase times come from
+    /// events, since a device's host calls return before its work ends.
+    fn elapsed_s(&self, start: &B::Event, end: &B::Event) -> Result<f64, ExecError>;
 }
 
 /// Collectives on device tensors, with NCCL's semantics within a group (see [`Collectives`]

@@ -2,6 +2,7 @@
 //! loop, [`zero`] for data parallelism with ZeRO 0-3 and the optimizer), a failing rank
 //! stopping the others, and the ranks' results assembled into a [`RunReport`].
 
+mod cuda;
 mod export;
 mod rank;
 mod zero;
@@ -10,6 +11,7 @@ use crate::backend::cpu::{Cpu, CpuComm, CpuOps, World};
 use crate::error::{ExecError, OptionsError};
 use crate::plan::{Plan, Precision};
 pub use crate::report::{PhaseTimes, RankReport, RunReport};
+pub use cuda::{layout as cuda_layout, run_cuda, CudaLayout, CudaWorld};
 use rank::{run_rank, RankOutput};
 use std::sync::Arc;
 
@@ -45,8 +47,9 @@ impl Default for RunOptions {
     }
 }
 
-/// Runs `plan` on CPU threads.
-pub fn run_cpu(plan: &Plan, opts: &RunOptions) -> Result<RunReport, ExecError> {
+/// The checks every backend makes before running: a valid Plan, at least one timed step,
+/// gradients exported only where they are whole.
+fn check_run(plan: &Plan, opts: &RunOptions) -> Result<(), ExecError> {
     plan.validate()?;
     if opts.export_grads && plan.parallel.zero >= 2 {
         return Err(OptionsError::ExportGradsNeedsFullGradients {
@@ -61,6 +64,12 @@ pub fn run_cpu(plan: &Plan, opts: &RunOptions) -> Result<RunReport, ExecError> {
         }
         .into());
     }
+    Ok(())
+}
+
+/// Runs `plan` on CPU threads.
+pub fn run_cpu(plan: &Plan, opts: &RunOptions) -> Result<RunReport, ExecError> {
+    check_run(plan, opts)?;
     let world = World::new(plan.ranks.len());
     let results: Vec<Result<RankOutput, ExecError>> = std::thread::scope(|s| {
         let handles: Vec<_> = plan

@@ -19,7 +19,6 @@ use crate::report::{PhaseTimes, RankReport};
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::rc::Rc;
-use std::time::Instant;
 
 /// What a rank hands back to the orchestration.
 pub(super) struct RankOutput {
@@ -156,18 +155,25 @@ pub(super) fn run_rank<B: Backend>(
         if let Some(cp) = rank.ctx.cp.as_mut() {
             cp.timing = step >= opts.warmup;
         }
-        let t0 = Instant::now();
+        // Events around the step and each action, read after the step (one wait per step).
+        let t0 = rank.ctx.ops.record()?;
         rank.loss_sum = 0.0;
         rank.ctx.moe_aux_loss = 0.0;
+        let mut marks = Vec::with_capacity(rp.actions.len());
         for a in &rp.actions {
-            let ta = Instant::now();
+            let ta = rank.ctx.ops.record()?;
             if opts.export_grads && *a == Action::OptimizerStep {
                 rank.reduce_for_export()?;
                 continue;
             }
             rank.act(*a)?;
             if step >= opts.warmup {
-                let dt = ta.elapsed().as_secs_f64();
+                marks.push((*a, ta, rank.ctx.ops.record()?));
+            }
+        }
+        let t1 = rank.ctx.ops.record()?;
+        if step >= opts.warmup {
+            for (a, ta, tb) in &marks {
                 let slot = match a {
                     Action::Forward { .. } => &mut phases.forward_s,
                     Action::Backward { .. } | Action::BackwardInput { .. } => {
@@ -177,12 +183,9 @@ pub(super) fn run_rank<B: Backend>(
                     Action::OptimizerStep => &mut phases.optimizer_s,
                     _ => &mut phases.p2p_s,
                 };
-                *slot += dt;
+                *slot += rank.ctx.ops.elapsed_s(ta, tb)?;
             }
-        }
-        let dt = t0.elapsed().as_secs_f64();
-        if step >= opts.warmup {
-            step_s.push(dt);
+            step_s.push(rank.ctx.ops.elapsed_s(&t0, &t1)?);
         }
         // The load-balancing loss of each microbatch, weighted by its tokens so that the
         // division by the step's tokens averages it over the microbatches.

@@ -23,9 +23,10 @@ use std::ops::Range;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Cpu;
 
-/// A point in the CPU's (synchronous) stream: already reached when made.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct CpuEvent;
+/// A point in the CPU's (synchronous) stream: already reached when made, so its time is the
+/// host clock's.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuEvent(std::time::Instant);
 
 impl ProcessGroup for Group {
     fn size(&self) -> usize {
@@ -110,11 +111,15 @@ impl Device<Cpu> for CpuOps {
     }
 
     fn record(&self) -> Result<CpuEvent, ExecError> {
-        Ok(CpuEvent)
+        Ok(CpuEvent(std::time::Instant::now()))
     }
 
     fn wait(&self, _e: &CpuEvent) -> Result<(), ExecError> {
         Ok(())
+    }
+
+    fn elapsed_s(&self, start: &CpuEvent, end: &CpuEvent) -> Result<f64, ExecError> {
+        Ok(end.0.saturating_duration_since(start.0).as_secs_f64())
     }
 }
 

@@ -29,6 +29,15 @@ pub enum CudaError {
     /// No GPU is visible although the driver loaded.
     #[error("the CUDA driver found no GPU (CUDA_VISIBLE_DEVICES={visible})")]
     NoDevice { visible: String },
+    /// The Plan's ranks cannot be placed on the GPUs at hand.
+    #[error("placing the ranks on GPUs: {0}")]
+    Placement(#[from] super::groups::PlacementError),
+    /// A part of the backend that this build does not have yet.
+    #[error("the cuda backend cannot run {what} yet: {why}")]
+    Unfinished {
+        what: &'static str,
+        why: &'static str,
+    },
 }
 
 impl CudaError {

@@ -7,3 +7,13 @@ pub mod probe;
 
 pub use error::CudaError;
 pub use probe::Library;
+pub mod comms;
+pub mod context;
+pub mod device;
+pub mod groups;
+pub mod local;
+pub mod local_device;
+pub mod matmul;
+pub mod nccl;
+pub mod pool;
+pub mod tensor;

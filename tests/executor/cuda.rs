@@ -1,0 +1,134 @@
+//! `parsim execute --backend cuda` on a machine without the CUDA driver: a clear error naming
+//! the library and where the loader looked, a nonzero exit, no panic. On a machine with a
+//! driver these print why they skip.
+
+use assert_cmd::Command;
+
+const SMALL: &str = "tests/fixtures/executor_small.toml";
+
+/// Whether libcuda.so.1 can be loaded here (the same probe the backend makes).
+fn driver_present() -> bool {
+    parsim_executor::backend::cuda::Library::Driver.present()
+}
+
+fn run(args: &[&str]) -> (bool, String) {
+    let out = Command::cargo_bin("parsim")
+        .expect("binary")
+        .args(args)
+        .env("LD_LIBRARY_PATH", "/nonexistent/cuda-libs")
+        .output()
+        .expect("runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn assert_names_the_driver(ok: bool, err: &str) {
+    assert!(!ok, "must exit nonzero without a driver");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains("CUDA driver"), "{err}");
+    assert!(err.contains("libcuda.so.1"), "{err}");
+    // Where the loader looked: LD_LIBRARY_PATH's folders, then the system's.
+    assert!(err.contains("/nonexistent/cuda-libs"), "{err}");
+    assert!(err.contains("/usr/lib"), "{err}");
+}
+
+#[test]
+fn execute_cuda_without_a_driver_names_the_library_and_exits_nonzero() {
+    if driver_present() {
+        eprintln!("skipped: a CUDA driver is present on this machine");
+        return;
+    }
+    let (ok, err) = run(&[
+        "execute",
+        "--config",
+        SMALL,
+        "--backend",
+        "cuda",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+    ]);
+    assert_names_the_driver(ok, &err);
+}
+
+#[test]
+fn calibrate_cuda_without_a_driver_fails_before_the_sweep() {
+    if driver_present() {
+        eprintln!("skipped: a CUDA driver is present on this machine");
+        return;
+    }
+    let (ok, err) = run(&["execute", "--calibrate", "--backend", "cuda"]);
+    assert_names_the_driver(ok, &err);
+}
+
+/// A TP 2 x PP 2 x DP 2 plan lowered by the engine: on one GPU every group of two or more
+/// ranks uses the device-copy collectives (so it runs on a workstation); on eight GPUs every
+/// such group uses NCCL; on two GPUs the TP pairs (adjacent ranks) share a GPU and the rest
+/// spans both.
+#[test]
+fn a_tp_pp_dp_plan_places_on_one_two_and_eight_gpus() {
+    use parsim_executor::backend::cuda::groups::Transport;
+    use parsim_executor::runner::{cuda_layout, CudaWorld};
+    let mix = super::common::Mix {
+        tp: 2,
+        pp: 2,
+        dp: 2,
+        ..super::common::Mix::single()
+    };
+    let plan = super::common::plan(super::common::config(&mix, 8, true, "rmsnorm", "swiglu"));
+    assert_eq!(plan.world(), 8);
+    let multi = |g: &parsim_executor::backend::cuda::groups::GroupSpec| g.members.len() > 1;
+    let one = cuda_layout(&plan, &CudaWorld::SingleProcess, 1).unwrap();
+    assert!(one.local.iter().all(|&(_, d)| d == 0));
+    assert!(one
+        .groups
+        .iter()
+        .filter(|g| multi(g))
+        .all(|g| g.transport == Transport::Local));
+    assert!(!one.needs_nccl());
+    let eight = cuda_layout(&plan, &CudaWorld::SingleProcess, 8).unwrap();
+    assert!(eight
+        .groups
+        .iter()
+        .filter(|g| multi(g))
+        .all(|g| g.transport == Transport::Nccl));
+    // Every rank's TP, PP and DP group is among the groups, with the world.
+    for rp in &plan.ranks {
+        for grp in [&rp.tp_group, &rp.pp_group, &rp.dp_group] {
+            assert!(eight.groups.iter().any(|g| &g.members == grp), "{grp:?}");
+        }
+    }
+    assert!(eight
+        .groups
+        .iter()
+        .any(|g| g.members == (0..8).collect::<Vec<u32>>()));
+    let two = cuda_layout(&plan, &CudaWorld::SingleProcess, 2).unwrap();
+    for rp in &plan.ranks {
+        let t = |m: &Vec<u32>| {
+            two.groups
+                .iter()
+                .find(|g| &g.members == m)
+                .unwrap()
+                .transport
+        };
+        let devs: Vec<u32> = rp
+            .tp_group
+            .iter()
+            .map(|&r| two.local[r as usize].1)
+            .collect();
+        let want = if devs.windows(2).all(|w| w[0] == w[1]) {
+            Transport::Local
+        } else {
+            Transport::Nccl
+        };
+        assert_eq!(
+            t(&rp.tp_group),
+            want,
+            "tp group {:?} on {devs:?}",
+            rp.tp_group
+        );
+    }
+}
