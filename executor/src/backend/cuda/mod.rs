@@ -7,3 +7,9 @@ pub mod probe;
 
 pub use error::CudaError;
 pub use probe::Library;
+pub mod cache;
+pub mod doctor;
+pub mod kernels;
+pub mod launch;
+pub mod nvrtc;
+pub mod ptxas;

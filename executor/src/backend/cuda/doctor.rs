@@ -1,0 +1,1 @@
+//! `parsim doctor`'s report (placeholder until the report lands).
