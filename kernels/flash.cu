@@ -77,9 +77,10 @@ __device__ void fwd_block(const T* q, const u32* qpos, u64 sq, const T* k, const
     for (u64 c0 = 0; c0 < sk; c0 += tile) {
         u32 n = (u32)min((u64)tile, sk - c0);
         __syncthreads();
-        // Skip a tile that lies wholly in the future of every query of the block.
+        // Skip a tile that lies wholly in the future of every query of the block (each warp
+        // checks every key of the tile against its own row).
         int any = 0;
-        for (u32 c = threadIdx.x; c < n; c += blockDim.x) any |= kpos[c0 + c] <= qp && live;
+        for (u32 c = threadIdx.x & 31; c < n; c += 32) any |= kpos[c0 + c] <= qp && live;
         if (!__syncthreads_or(any)) continue;
         load_tile(k, bi, sk, hk, kh, d, c0, n, ks);
         load_tile(v, bi, sk, hk, kh, d, c0, n, vs);
@@ -150,7 +151,7 @@ __device__ void bwd_dq(const T* q, const u32* qpos, u64 sq, const T* k, const T*
         u32 n = (u32)min((u64)tile, sk - c0);
         __syncthreads();
         int any = 0;
-        for (u32 c = threadIdx.x; c < n; c += blockDim.x) any |= kpos[c0 + c] <= qp && live;
+        for (u32 c = threadIdx.x & 31; c < n; c += 32) any |= kpos[c0 + c] <= qp && live;
         if (!__syncthreads_or(any)) continue;
         load_tile(k, bi, sk, hk, kh, d, c0, n, ks);
         load_tile(v, bi, sk, hk, kh, d, c0, n, vs);
@@ -202,7 +203,7 @@ __device__ void bwd_dkdv(const T* q, const u32* qpos, u64 sq, const T* k, const 
             u32 n = (u32)min((u64)tile, sq - r0);
             __syncthreads();
             int any = 0;
-            for (u32 r = threadIdx.x; r < n; r += blockDim.x) any |= qpos[r0 + r] >= kp && live;
+            for (u32 r = threadIdx.x & 31; r < n; r += 32) any |= qpos[r0 + r] >= kp && live;
             if (!__syncthreads_or(any)) continue;
             load_tile(q, bi, sq, hq, h, d, r0, n, qs);
             load_tile(dout, bi, sq, hq, h, d, r0, n, dos);
