@@ -484,3 +484,89 @@ fn flash_attention_matches_the_cpu_on_a_zigzag_layout_with_gqa() {
     check("flash dk", &g.down(&pdk), &dk, 1e-5);
     check("flash dv", &g.down(&pdv), &dv, 1e-5);
 }
+
+/// A bf16 copy (raw 16-bit storage) of f32 host data, made by the cast kernel.
+fn bf16_up(g: &Gpu, x: &[f32]) -> CudaSlice<u16> {
+    let src = g.up(x);
+    let dst = g.s.alloc_zeros::<u16>(x.len()).unwrap();
+    // SAFETY: src holds n f32, dst n bf16.
+    unsafe { launch::elementwise::cast_f32_to_bf16(&g.s, &g.k, p(g, &src), p(g, &dst), x.len()) }
+        .unwrap();
+    g.s.synchronize().unwrap();
+    dst
+}
+
+/// A bf16 device buffer read back as f32 through the cast kernel.
+fn bf16_down(g: &Gpu, x: &CudaSlice<u16>) -> Vec<f32> {
+    let dst = g.poisoned(x.len());
+    // SAFETY: x holds n bf16, dst n f32.
+    unsafe { launch::elementwise::cast_bf16_to_f32(&g.s, &g.k, p(g, x), p(g, &dst), x.len()) }
+        .unwrap();
+    g.down(&dst)
+}
+
+fn rounded(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| elementwise::round_bf16(v)).collect()
+}
+
+#[test]
+fn bf16_kernels_match_the_cpu_on_rounded_inputs() {
+    let Some(g) = gpu() else { return };
+    let (rows, h) = (33, 257);
+    let x = rand(rows * h, 31);
+    // The cast itself is exact rounding to nearest even (the CPU's round_bf16).
+    let px = bf16_up(&g, &x);
+    assert_eq!(
+        bf16_down(&g, &px),
+        rounded(&x),
+        "cast_f32_to_bf16 vs round_bf16"
+    );
+    // RMSNorm forward in bf16: the CPU on the rounded input, output rounded.
+    let params: Vec<f32> = rand(h, 32).iter().map(|v| v + 1.0).collect();
+    let mut want = vec![0.0; rows * h];
+    norm::norm_fwd(Norm::RmsNorm, &rounded(&x), &params, h, 1e-5, &mut want);
+    let (pp, py) = (g.up(&params), bf16_up(&g, &vec![f32::NAN; rows * h]));
+    // SAFETY: x and y hold rows*h bf16, params h f32.
+    unsafe {
+        launch::norm::norm_fwd(
+            &g.s,
+            &g.k,
+            DType::Bf16,
+            false,
+            p(&g, &px),
+            p(&g, &pp),
+            p(&g, &py),
+            rows,
+            h,
+            1e-5,
+        )
+    }
+    .unwrap();
+    check("norm_fwd_bf16", &bf16_down(&g, &py), &rounded(&want), 1e-2);
+    // SwiGLU forward in bf16.
+    let f = 100;
+    let u = rand(rows * 2 * f, 33);
+    let mut want = vec![0.0; rows * f];
+    activation::act_fwd(Activation::Swiglu, &rounded(&u), rows, f, &mut want);
+    let (pu, po) = (bf16_up(&g, &u), bf16_up(&g, &vec![f32::NAN; rows * f]));
+    // SAFETY: u holds rows*2f bf16, out rows*f bf16.
+    unsafe {
+        launch::activation::act_fwd(
+            &g.s,
+            &g.k,
+            DType::Bf16,
+            Activation::Swiglu,
+            p(&g, &pu),
+            p(&g, &po),
+            rows,
+            f,
+        )
+    }
+    .unwrap();
+    check(
+        "swiglu_fwd_bf16",
+        &bf16_down(&g, &po),
+        &rounded(&want),
+        1e-2,
+    );
+}
