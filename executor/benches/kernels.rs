@@ -133,7 +133,7 @@ fn main() {
                 rows_q,
                 pacc,
                 pst,
-                pst,
+                pst2,
             )
         }
         .unwrap()
@@ -157,7 +157,7 @@ fn main() {
                 rows_q,
                 pq,
                 pst,
-                pst,
+                pst2,
                 pdq,
                 pdkv,
                 pdkv,
