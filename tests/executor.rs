@@ -10,6 +10,8 @@ mod common;
 mod cp;
 #[path = "executor/cuda.rs"]
 mod cuda;
+#[path = "executor/doctor.rs"]
+mod doctor;
 #[path = "executor/equivalence.rs"]
 mod equivalence;
 #[path = "executor/memory.rs"]

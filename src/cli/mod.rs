@@ -3,6 +3,7 @@
 pub(crate) mod calibrate;
 mod compare;
 mod config_args;
+mod doctor;
 mod estimate;
 mod execute;
 mod execute_cuda;
@@ -82,6 +83,9 @@ pub enum Command {
     Calibrate(calibrate::CalibrateArgs),
     /// Run the configuration for real (CPU threads) and compare with the prediction.
     Execute(execute::ExecuteArgs),
+    /// What the CUDA backend finds here: driver, GPUs, libraries, and every kernel compiled
+    /// for the GPU's architecture or --arch (nonzero exit when one does not compile).
+    Doctor(doctor::DoctorArgs),
     /// Print a shell completion script to stdout (e.g. `parsim completions bash > parsim.bash`).
     Completions {
         /// The shell: bash, zsh, fish, elvish, powershell.
@@ -102,6 +106,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Layout(a) => done(layout::run(a)),
         Command::Calibrate(a) => done(calibrate::run(a)),
         Command::Execute(a) => done(execute::run(a)),
+        Command::Doctor(a) => done(doctor::run(a)),
         Command::Completions { shell } => {
             let mut cmd = Cli::command();
             clap_complete::generate(shell, &mut cmd, "parsim", &mut std::io::stdout());
