@@ -89,6 +89,15 @@ pub enum PlanError {
     MoeWithTp { tp: usize },
     #[error("moe {name} must be finite and >= 0, got {value}")]
     MoeCoefficient { name: &'static str, value: f32 },
+    #[error("moe router groups ({groups}) must divide num_experts ({num_experts}), group_topk ({group_topk}) must lie in 1..=groups, and top_k ({top_k}) in group_topk..=group_topk x experts per group")]
+    RouterGroups {
+        groups: usize,
+        group_topk: usize,
+        num_experts: usize,
+        top_k: usize,
+    },
+    #[error("the load-balancing loss runs on softmax scores; with sigmoid scores set aux_loss_coeff = 0 (DeepSeek-V3 balances by the expert bias)")]
+    AuxLossWithSigmoid,
     #[error("ep = {ep} needs MoE layers")]
     EpWithoutMoe { ep: usize },
     #[error("{ranks} rank plans for world tp x cp x pp x dp = {world}")]

@@ -57,6 +57,22 @@ named_enum!(
 );
 
 named_enum!(
+    /// The MoE router's score function (Megatron's `--moe-router-score-function`).
+    RouterScore {
+        /// Softmax over the experts (Switch Transformer, GShard, Mixtral).
+        Softmax => "softmax",
+        /// A sigmoid per expert (DeepSeek-V3).
+        Sigmoid => "sigmoid",
+    }
+);
+
+impl Default for RouterScore {
+    fn default() -> Self {
+        RouterScore::Softmax
+    }
+}
+
+named_enum!(
     /// How context-parallel ranks exchange keys and values.
     CpComm {
         /// Ring attention with a contiguous sequence split (Liu et al. 2023, Ring Attention).

@@ -18,6 +18,12 @@
 //!   chose expert i (before dropping) and P_i the mean router probability of expert i. The
 //!   step reports and differentiates the mean over all microbatches of the step.
 //!
+//! - **DeepSeek-V3 routers** (`moe.router` not plain): sigmoid or softmax scores, top-k of
+//!   score + the selection-only expert bias ([`super::router_bias`]) within the best groups,
+//!   gates renormalised over the k chosen when asked.
+//! - **Shared experts** (DeepSeek-V2/V3): a dense MLP on every token, its output added to the
+//!   routed experts' ([`super::shared`]).
+//!
 //! Runs with tp = 1 (every rank routes all n tokens of its microbatch).
 
 use super::params::BlockLayout;
@@ -49,6 +55,10 @@ pub struct MoeSaved<B: Backend> {
     act: Vec<B::Tensor>,
     /// The expert outputs of the kept assignments [routes, h] (for the gates' gradient).
     y: B::Tensor,
+    /// The k experts each token chose (DeepSeek-V3 routers only; empty for the plain one).
+    chosen: Vec<usize>,
+    /// The shared experts' saved tensors.
+    shared: Option<super::shared::SharedSaved<B>>,
 }
 
 fn moe_of<'c, B: Backend>(ctx: &'c Ctx<B>) -> Result<&'c MoeShape, ExecError> {
@@ -148,7 +158,7 @@ pub fn moe_fwd<B: Backend>(
     let mut probs = ctx.zeros(a, &[n, e])?;
     ctx.ops
         .linear_fwd(ln2, p.sub(l.tensors[ROUTER].range()), (n, h, e), &mut probs)?;
-    let (routing, aux) = ctx.ops.moe_route(&mut probs, &moe)?;
+    let (routing, aux, chosen) = route(ctx, l, &mut probs, &moe)?;
     ctx.moe_aux_loss += aux;
     ctx.moe_dropped += routing.dropped as u64;
 
@@ -208,6 +218,7 @@ pub fn moe_fwd<B: Backend>(
     let gates: Vec<f32> = routing.routes.iter().map(|r| r.gate).collect();
     ctx.ops
         .scatter_add_rows(&y, &tokens, Some(&gates), &mut out)?;
+    let shared = super::shared::shared_fwd(ctx, l, p.clone(), ln2, &mut out)?;
     Ok((
         out,
         MoeSaved {
@@ -220,8 +231,38 @@ pub fn moe_fwd<B: Backend>(
             u: us,
             act: acts,
             y,
+            chosen,
+            shared,
         },
     ))
+}
+
+/// The router's decisions on its logits `probs` [n, E] (scores in place): the plain router,
+/// or DeepSeek-V3's with the layer's expert bias (the step's loads counted for its update).
+fn route<B: Backend>(
+    ctx: &mut Ctx<B>,
+    l: &BlockLayout,
+    probs: &mut B::Tensor,
+    moe: &MoeShape,
+) -> Result<(Routing, f64, Vec<usize>), ExecError> {
+    if moe.router.is_plain() {
+        let (r, aux) = ctx.ops.moe_route(probs, moe)?;
+        return Ok((r, aux, Vec::new()));
+    }
+    let layer = match l.kind {
+        super::params::BlockKind::Layer(i) => i,
+        _ => 0,
+    };
+    let e = moe.num_experts;
+    let bias = moe
+        .router
+        .expert_bias
+        .then(|| ctx.router_bias.bias(layer, e).to_vec());
+    let r = ctx.ops.moe_route_scored(probs, bias.as_deref(), moe)?;
+    if moe.router.expert_bias && !ctx.recomputing {
+        ctx.router_bias.count(layer, e, &r.2);
+    }
+    Ok(r)
 }
 
 /// Input gradient of the MoE block: d ln2 [n, h] from the gradient `dy` [n, h] of its output;
@@ -257,6 +298,8 @@ pub fn moe_bwd<B: Backend>(
         u: us,
         act: acts,
         y,
+        chosen,
+        shared,
     } = s;
     let routes = &routing.routes;
     // Combine: d y_r = gate_r dy[t]; d gate_r = dy[t] . y_r.
@@ -342,8 +385,19 @@ pub fn moe_bwd<B: Backend>(
         0.0
     };
     let mut dlogits = dprobs;
-    ctx.ops
-        .moe_router_bwd(&mut dlogits, &probs, &routing.fraction, aux_scale)?;
+    if moe.router.is_plain() {
+        ctx.ops
+            .moe_router_bwd(&mut dlogits, &probs, &routing.fraction, aux_scale)?;
+    } else {
+        ctx.ops.moe_router_scored_bwd(
+            &mut dlogits,
+            &probs,
+            &chosen,
+            &moe,
+            &routing.fraction,
+            aux_scale,
+        )?;
+    }
     drop(probs);
     ctx.ops.linear_dgrad(
         &dlogits,
@@ -352,18 +406,35 @@ pub fn moe_bwd<B: Backend>(
         &mut d_ln2,
         true,
     )?;
+    let Some(sh) = shared else {
+        sink(
+            ctx,
+            WTask::Linear {
+                tensor: ROUTER,
+                x: ln2,
+                dy: dlogits,
+                i: h,
+                o: e,
+                gather_x: false,
+                dy_gathered: false,
+                dy_shard: false,
+            },
+        )?;
+        return Ok(d_ln2);
+    };
+    // The shared experts' fc1 takes `ln2` for its weight gradient: the router's (E x h, small)
+    // is computed now, so that no copy of `ln2` is kept.
+    let mut grad = ctx.zeros(bcat, &[e * h])?;
+    ctx.ops
+        .linear_wgrad(&dlogits, &ln2, (n, h, e), ViewMut::all(&mut grad))?;
+    drop(dlogits);
     sink(
         ctx,
-        WTask::Linear {
+        WTask::Ready {
             tensor: ROUTER,
-            x: ln2,
-            dy: dlogits,
-            i: h,
-            o: e,
-            gather_x: false,
-            dy_gathered: false,
-            dy_shard: false,
+            grad,
         },
     )?;
+    super::shared::shared_bwd(ctx, l, p.clone(), sh, ln2, dy, &mut d_ln2, sink)?;
     Ok(d_ln2)
 }

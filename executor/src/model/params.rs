@@ -284,6 +284,26 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                         vec![seg(format!("{p}.router"), h, 0..e, 0..h, std)],
                         false,
                     );
+                    let f = moe.shared_ffn;
+                    if f > 0 {
+                        let w1 = match m.activation {
+                            Activation::Swiglu => 2 * f,
+                            Activation::Gelu => f,
+                        };
+                        let q = format!("{p}.shared_experts");
+                        b.push(
+                            w1,
+                            h,
+                            vec![seg(format!("{q}.fc1"), h, 0..w1, 0..h, std)],
+                            false,
+                        );
+                        b.push(
+                            h,
+                            f,
+                            vec![seg(format!("{q}.fc2"), f, 0..h, 0..f, std)],
+                            false,
+                        );
+                    }
                     return;
                 }
                 let f = rd.f_r;
