@@ -12,24 +12,24 @@ const GBS: u64 = 8;
 
 /// One MoE mix.
 #[derive(Debug, Clone, Copy)]
-struct Moe {
-    ep: u32,
-    dp: u32,
-    pp: u32,
-    schedule: &'static str,
-    zero: u8,
-    recompute: &'static str,
-    experts: u32,
-    top_k: u32,
-    first_dense: u32,
-    capacity_factor: f64,
-    aux_coeff: f64,
-    vpp: u32,
+pub struct Moe {
+    pub ep: u32,
+    pub dp: u32,
+    pub pp: u32,
+    pub schedule: &'static str,
+    pub zero: u8,
+    pub recompute: &'static str,
+    pub experts: u32,
+    pub top_k: u32,
+    pub first_dense: u32,
+    pub capacity_factor: f64,
+    pub aux_coeff: f64,
+    pub vpp: u32,
     /// DeepSeek-V3's router and a shared expert (see [`deepseek`]).
-    deepseek: bool,
+    pub deepseek: bool,
 }
 
-const BASE: Moe = Moe {
+pub const BASE: Moe = Moe {
     ep: 1,
     dp: 1,
     pp: 1,
@@ -62,7 +62,7 @@ impl Moe {
 }
 
 /// The small test model with 4 layers, 8 experts of ffn 64 (hidden 64, seq 32).
-fn moe_config(c: &Moe) -> Value {
+pub fn moe_config(c: &Moe) -> Value {
     let mix = Mix {
         pp: c.pp,
         vpp: c.vpp,
