@@ -106,7 +106,7 @@ pub enum PlanError {
     RankNumber { index: usize, rank: u32 },
     #[error("rank {rank}: group sizes do not match tp/cp/dp/pp")]
     GroupSizes { rank: usize },
-    #[error("rank {rank}: ep group ({ep_group}) and expert-dp group ({expert_dp_group}) must have ep ({ep}) and dp / ep ({expert_dp}) members")]
+    #[error("rank {rank}: ep group ({ep_group}) and expert-dp group ({expert_dp_group}) must have ep ({ep}) and dp x cp / ep ({expert_dp}) members")]
     ExpertGroupSizes {
         rank: usize,
         ep_group: usize,

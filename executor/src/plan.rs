@@ -512,13 +512,16 @@ impl Plan {
             {
                 return Err(PlanError::GroupSizes { rank: i });
             }
-            if r.ep_group.len() != ep || r.expert_dp_group.len() != p.dp as usize / ep {
+            // The experts' replicas: every DP and CP rank with the same experts (Megatron folds
+            // CP into the expert-data-parallel group).
+            let expert_dp = p.dp as usize * c / ep;
+            if r.ep_group.len() != ep || r.expert_dp_group.len() != expert_dp {
                 return Err(PlanError::ExpertGroupSizes {
                     rank: i,
                     ep_group: r.ep_group.len(),
                     expert_dp_group: r.expert_dp_group.len(),
                     ep,
-                    expert_dp: p.dp as usize / ep,
+                    expert_dp,
                 });
             }
             for s in &r.stages {

@@ -25,6 +25,8 @@ pub struct Moe {
     pub capacity_factor: f64,
     pub aux_coeff: f64,
     pub vpp: u32,
+    pub cp: u32,
+    pub cp_comm: &'static str,
     /// DeepSeek-V3's router and a shared expert (see [`deepseek`]).
     pub deepseek: bool,
 }
@@ -42,6 +44,8 @@ pub const BASE: Moe = Moe {
     capacity_factor: 0.0,
     aux_coeff: 0.01,
     vpp: 1,
+    cp: 1,
+    cp_comm: "p2p",
     deepseek: false,
 };
 
@@ -53,6 +57,8 @@ impl Moe {
             dp: 1,
             pp: 1,
             vpp: 1,
+            cp: 1,
+            cp_comm: "p2p",
             zero: 0,
             recompute: "none",
             schedule: "1f1b",
@@ -66,6 +72,8 @@ pub fn moe_config(c: &Moe) -> Value {
     let mix = Mix {
         pp: c.pp,
         vpp: c.vpp,
+        cp: c.cp,
+        cp_comm: c.cp_comm,
         dp: c.dp,
         zero: c.zero,
         schedule: c.schedule,
@@ -250,6 +258,38 @@ fn deepseek_routing_and_shared_experts_match_the_single_rank_run() {
 }
 
 #[test]
+fn moe_with_context_parallelism_matches_the_single_rank_run() {
+    // CP 2 (ring and Ulysses all-to-all) with EP 2: each rank routes its sequence shard; the
+    // experts' gradients reduce over DP x CP, the expert bias's loads over DP x CP.
+    let ds = Moe {
+        first_dense: 1,
+        deepseek: true,
+        ..BASE
+    };
+    check(&[
+        Moe {
+            cp: 2,
+            ep: 2,
+            dp: 2,
+            zero: 1,
+            ..ds
+        },
+        Moe {
+            cp: 2,
+            cp_comm: "a2a",
+            ep: 2,
+            dp: 2,
+            zero: 3,
+            ..ds
+        },
+        Moe {
+            cp: 2,
+            ..ds
+        },
+    ]);
+}
+
+#[test]
 fn the_expert_bias_changes_the_routing_and_is_not_trained() {
     // The bias starts at zero: the first step's loss is the same with and without it. Its
     // update (0.01 a step) then changes which experts tokens choose, so the parameters after
@@ -388,6 +428,16 @@ fn unsupported_moe_mixes_are_refused_by_field() {
     v["model"]["moe_router_score_function"] = "sigmoid".into();
     let e = config_error(v);
     assert!(e.starts_with("model.moe_aux_loss_coeff"), "{e}");
+    // The load-balancing loss and the capacity with context parallelism.
+    let e = config_error(moe_config(&Moe { cp: 2, ..BASE }));
+    assert!(e.starts_with("model.moe_aux_loss_coeff"), "{e}");
+    let e = config_error(moe_config(&Moe {
+        cp: 2,
+        aux_coeff: 0.0,
+        capacity_factor: 1.0,
+        ..BASE
+    }));
+    assert!(e.starts_with("model.moe_capacity_factor"), "{e}");
     // Tensor parallelism with MoE layers.
     let mut v = moe_config(&BASE);
     v["parallel"]["tp"] = 2.into();
