@@ -158,20 +158,34 @@ fn check_moe(r: &Resolved) -> Result<(), PlanError> {
             "the load-balancing loss is executed on softmax scores; with moe_router_score_function = \"sigmoid\" set it to 0 (DeepSeek-V3 balances by the expert bias)",
         ));
     }
-    if p.tp > 1 {
-        return Err(unsupported(
-            "parallel.tp",
-            format!("MoE layers are executed with tp = 1 only (tp = {})", p.tp),
-        ));
-    }
-    if p.etp() > 1 {
+    // Experts split over TP as the dense MLP (Megatron's --expert-tensor-parallel-size = tp).
+    if p.etp() != p.tp {
         return Err(unsupported(
             "parallel.expert_tp",
             format!(
-                "expert tensor parallelism is not executed (expert_tp = {}); use 1",
-                p.etp()
+                "MoE layers are executed with expert tensor parallelism equal to tp (expert_tp = {}, tp = {}); set expert_tp = {}",
+                p.etp(),
+                p.tp,
+                p.tp
             ),
         ));
+    }
+    for (field, v) in [
+        ("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size),
+        (
+            "model.moe_shared_expert_intermediate_size",
+            m.moe_shared_expert_intermediate_size,
+        ),
+    ] {
+        if v % p.tp as u64 != 0 {
+            return Err(unsupported(
+                field,
+                format!(
+                    "{v} must be divisible by tp ({}) (expert tensor parallelism)",
+                    p.tp
+                ),
+            ));
+        }
     }
     // With CP a rank routes its sequence shard: the load-balancing loss (f_i P_i over the
     // microbatch) and the capacity (per source microbatch) would need the whole sequence.

@@ -85,8 +85,12 @@ pub enum PlanError {
     TopK { top_k: usize, num_experts: usize },
     #[error("moe ffn must be positive")]
     ZeroMoeFfn,
-    #[error("MoE layers run with tp = 1 only (tp = {tp})")]
-    MoeWithTp { tp: usize },
+    #[error("moe ffn ({ffn}) and shared_ffn ({shared_ffn}) must be divisible by tp ({tp}) (expert tensor parallelism = tp)")]
+    MoeFfnNotDivisible {
+        ffn: usize,
+        shared_ffn: usize,
+        tp: usize,
+    },
     #[error("moe {name} must be finite and >= 0, got {value}")]
     MoeCoefficient { name: &'static str, value: f32 },
     #[error("moe router groups ({groups}) must divide num_experts ({num_experts}), group_topk ({group_topk}) must lie in 1..=groups, and top_k ({top_k}) in group_topk..=group_topk x experts per group")]

@@ -472,8 +472,14 @@ impl Plan {
             if moe.ffn == 0 {
                 return Err(PlanError::ZeroMoeFfn);
             }
-            if t > 1 {
-                return Err(PlanError::MoeWithTp { tp: t });
+            // Expert tensor parallelism (= tp): each expert's and the shared experts'
+            // intermediate size splits over TP.
+            if moe.ffn % t != 0 || moe.shared_ffn % t != 0 {
+                return Err(PlanError::MoeFfnNotDivisible {
+                    ffn: moe.ffn,
+                    shared_ffn: moe.shared_ffn,
+                    tp: t,
+                });
             }
             moe.router.validate(moe.num_experts, moe.top_k)?;
             for (name, v) in [

@@ -27,6 +27,9 @@ pub struct Moe {
     pub vpp: u32,
     pub cp: u32,
     pub cp_comm: &'static str,
+    /// Tensor parallelism with expert-TP = tp; `sp` sequence parallelism with it.
+    pub tp: u32,
+    pub sp: bool,
     /// DeepSeek-V3's router and a shared expert (see [`deepseek`]).
     pub deepseek: bool,
 }
@@ -46,6 +49,8 @@ pub const BASE: Moe = Moe {
     vpp: 1,
     cp: 1,
     cp_comm: "p2p",
+    tp: 1,
+    sp: false,
     deepseek: false,
 };
 
@@ -59,6 +64,8 @@ impl Moe {
             vpp: 1,
             cp: 1,
             cp_comm: "p2p",
+            tp: 1,
+            sp: false,
             zero: 0,
             recompute: "none",
             schedule: "1f1b",
@@ -74,6 +81,8 @@ pub fn moe_config(c: &Moe) -> Value {
         vpp: c.vpp,
         cp: c.cp,
         cp_comm: c.cp_comm,
+        tp: c.tp,
+        sp: c.sp,
         dp: c.dp,
         zero: c.zero,
         schedule: c.schedule,
@@ -90,6 +99,7 @@ pub fn moe_config(c: &Moe) -> Value {
     m["moe_capacity_factor"] = c.capacity_factor.into();
     m["moe_aux_loss_coeff"] = c.aux_coeff.into();
     v["parallel"]["ep"] = c.ep.into();
+    v["parallel"]["expert_tp"] = c.tp.into();
     if c.deepseek {
         deepseek(&mut v["model"]);
     }
@@ -258,6 +268,52 @@ fn deepseek_routing_and_shared_experts_match_the_single_rank_run() {
 }
 
 #[test]
+fn moe_with_tensor_and_expert_tensor_parallelism_matches_the_single_rank_run() {
+    // TP 2 + SP with expert-TP 2 (every expert and the shared expert split as the dense MLP;
+    // Megatron-Core needs SP with MoE and tp > 1), with EP 2, ZeRO-1 and ZeRO-3 with full
+    // recompute, PP 2 with ZB-V; the plain router with the load-balancing loss. (With capacity
+    // dropping the same number of assignments drop at every step, but the parameters after
+    // three steps differ by 2e-4: TP's reduction order moves the router's input by ~1e-9,
+    // enough to swap which of two near-equal gates a full expert drops; not confirmed.)
+    let ds = Moe {
+        first_dense: 1,
+        deepseek: true,
+        tp: 2,
+        sp: true,
+        ..BASE
+    };
+    check(&[
+        ds,
+        Moe {
+            ep: 2,
+            dp: 2,
+            zero: 1,
+            ..ds
+        },
+        Moe {
+            ep: 2,
+            dp: 2,
+            zero: 3,
+            recompute: "full",
+            ..ds
+        },
+        Moe {
+            tp: 2,
+            sp: true,
+            ep: 2,
+            dp: 2,
+            ..BASE
+        },
+        Moe {
+            pp: 2,
+            vpp: 2,
+            schedule: "zb-v",
+            ..ds
+        },
+    ]);
+}
+
+#[test]
 fn moe_with_context_parallelism_matches_the_single_rank_run() {
     // CP 2 (ring and Ulysses all-to-all) with EP 2: each rank routes its sequence shard; the
     // experts' gradients reduce over DP x CP, the expert bias's loads over DP x CP.
@@ -282,10 +338,7 @@ fn moe_with_context_parallelism_matches_the_single_rank_run() {
             zero: 3,
             ..ds
         },
-        Moe {
-            cp: 2,
-            ..ds
-        },
+        Moe { cp: 2, ..ds },
     ]);
 }
 
@@ -438,13 +491,15 @@ fn unsupported_moe_mixes_are_refused_by_field() {
         ..BASE
     }));
     assert!(e.starts_with("model.moe_capacity_factor"), "{e}");
-    // Tensor parallelism with MoE layers.
-    let mut v = moe_config(&BASE);
-    v["parallel"]["tp"] = 2.into();
-    v["parallel"]["sp"] = true.into();
-    v["cluster"]["num_gpus"] = 2.into();
+    // Tensor parallelism with MoE layers needs expert-TP = tp.
+    let mut v = moe_config(&Moe {
+        tp: 2,
+        sp: true,
+        ..BASE
+    });
+    v["parallel"]["expert_tp"] = 1.into();
     let e = config_error(v);
-    assert!(e.starts_with("parallel.tp"), "{e}");
+    assert!(e.starts_with("parallel.expert_tp"), "{e}");
 }
 
 #[test]

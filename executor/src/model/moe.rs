@@ -29,7 +29,7 @@
 use super::params::BlockLayout;
 use super::{Ctx, Sink, WTask};
 use crate::backend::{Backend, Device, DeviceTensor, ProcessGroup};
-use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
+use crate::backend::{DeviceCollectives, ReduceOp, TensorOps, View, ViewMut};
 use crate::error::{ExecError, StateError};
 use crate::memory::Category;
 use crate::plan::{Activation, MoeShape};
@@ -151,6 +151,22 @@ pub fn moe_fwd<B: Backend>(
     pe: View<'_, B::Tensor>,
     ln2: &B::Tensor,
 ) -> Result<(B::Tensor, MoeSaved<B>), ExecError> {
+    // Every TP rank routes the whole microbatch (gathered over SP) the same way and runs its
+    // slice of every expert it holds; the partial sums reduce into the SP region.
+    let (partial, saved) = ctx.with_gathered(ln2, |c, xg| moe_fwd_full(c, l, p, le, pe, xg))?;
+    let out = ctx.reduce_to_region(partial, Category::Buffers)?;
+    Ok((out, saved))
+}
+
+/// [`moe_fwd`] on the whole microbatch `ln2` [n, h]; returns this TP rank's partial output.
+fn moe_fwd_full<B: Backend>(
+    ctx: &mut Ctx<B>,
+    l: &BlockLayout,
+    p: View<'_, B::Tensor>,
+    le: &BlockLayout,
+    pe: View<'_, B::Tensor>,
+    ln2: &B::Tensor,
+) -> Result<(B::Tensor, MoeSaved<B>), ExecError> {
     let moe = moe_of(ctx)?.clone();
     let (n, h) = (ctx.n, ctx.rd.h);
     let e = moe.num_experts;
@@ -185,7 +201,8 @@ pub fn moe_fwd<B: Backend>(
     let total_recv = recv.rows();
     drop(send);
 
-    let f = moe.ffn;
+    // Expert tensor parallelism: this rank's slice of each expert's intermediate size.
+    let f = moe.ffn / ctx.rd.t;
     let w1 = fc1_width(ctx.plan.model.activation, f);
     let act_kind = ctx.plan.model.activation;
     let mut back = ctx.zeros(b, &[total_recv, h])?;
@@ -302,17 +319,24 @@ pub fn moe_bwd<B: Backend>(
         shared,
     } = s;
     let routes = &routing.routes;
-    // Combine: d y_r = gate_r dy[t]; d gate_r = dy[t] . y_r.
+    // The whole microbatch's output gradient (gathered over SP).
+    let dy = ctx.expand_grad(dy)?;
+    // Combine: d y_r = gate_r dy[t]; d gate_r = dy[t] . y_r (y_r this TP rank's partial
+    // expert output: the dots sum over TP).
     let mut dprobs = ctx.zeros(bcat, &[n, e])?;
     let mut dsend = ctx.zeros(bcat, &[routes.len(), h])?;
     ctx.ops
-        .moe_combine_bwd(dy, &y, routes, &mut dprobs, &mut dsend)?;
+        .moe_combine_bwd(&dy, &y, routes, &mut dprobs, &mut dsend)?;
     drop(y);
+    if ctx.rd.t > 1 {
+        ctx.comm
+            .all_reduce(&ctx.tp, ViewMut::all(&mut dprobs), ReduceOp::Sum)?;
+    }
     let drecv = exchange_rows(ctx, &ep, &dsend, &send_rows, &recv_rows, h, bcat)?;
     let total_recv = drecv.rows();
     drop(dsend);
 
-    let f = moe.ffn;
+    let f = moe.ffn / ctx.rd.t;
     let act_kind = ctx.plan.model.activation;
     let w1 = fc1_width(act_kind, f);
     let mut dback = ctx.zeros(bcat, &[total_recv, h])?;
@@ -399,15 +423,19 @@ pub fn moe_bwd<B: Backend>(
         )?;
     }
     drop(probs);
-    ctx.ops.linear_dgrad(
-        &dlogits,
-        p.sub(l.tensors[ROUTER].range()),
-        (n, h, e),
-        &mut d_ln2,
-        true,
-    )?;
-    let Some(sh) = shared else {
-        sink(
+    // Every TP rank holds the same router gradient: its input gradient is added once.
+    if ctx.rd.tp_rank == 0 {
+        ctx.ops.linear_dgrad(
+            &dlogits,
+            p.sub(l.tensors[ROUTER].range()),
+            (n, h, e),
+            &mut d_ln2,
+            true,
+        )?;
+    }
+    let sp = ctx.sp;
+    match shared {
+        None => sink(
             ctx,
             WTask::Linear {
                 tensor: ROUTER,
@@ -415,26 +443,29 @@ pub fn moe_bwd<B: Backend>(
                 dy: dlogits,
                 i: h,
                 o: e,
-                gather_x: false,
+                gather_x: sp,
                 dy_gathered: false,
                 dy_shard: false,
             },
-        )?;
-        return Ok(d_ln2);
-    };
-    // The shared experts' fc1 takes `ln2` for its weight gradient: the router's (E x h, small)
-    // is computed now, so that no copy of `ln2` is kept.
-    let mut grad = ctx.zeros(bcat, &[e * h])?;
-    ctx.ops
-        .linear_wgrad(&dlogits, &ln2, (n, h, e), ViewMut::all(&mut grad))?;
-    drop(dlogits);
-    sink(
-        ctx,
-        WTask::Ready {
-            tensor: ROUTER,
-            grad,
-        },
-    )?;
-    super::shared::shared_bwd(ctx, l, p.clone(), sh, ln2, dy, &mut d_ln2, sink)?;
-    Ok(d_ln2)
+        )?,
+        Some(sh) => {
+            // The shared experts' fc1 takes `ln2` for its weight gradient: the router's (E x h,
+            // small) is computed now, so that no copy of `ln2` is kept.
+            let mut grad = ctx.zeros(bcat, &[e * h])?;
+            ctx.with_gathered(&ln2, |c, xg| {
+                c.ops
+                    .linear_wgrad(&dlogits, xg, (n, h, e), ViewMut::all(&mut grad))
+            })?;
+            drop(dlogits);
+            sink(
+                ctx,
+                WTask::Ready {
+                    tensor: ROUTER,
+                    grad,
+                },
+            )?;
+            super::shared::shared_bwd(ctx, l, p.clone(), sh, ln2, dy, &mut d_ln2, sink)?;
+        }
+    }
+    ctx.reduce_to_region(d_ln2, bcat)
 }

@@ -20,8 +20,9 @@ pub struct SharedSaved<B: Backend> {
     act: B::Tensor,
 }
 
+/// This TP rank's intermediate size and fc1 width (split over TP as the dense MLP).
 fn widths<B: Backend>(ctx: &Ctx<B>) -> Option<(usize, usize)> {
-    let f = ctx.plan.model.moe.as_ref()?.shared_ffn;
+    let f = ctx.plan.model.moe.as_ref()?.shared_ffn / ctx.rd.t;
     let w1 = match ctx.plan.model.activation {
         Activation::Swiglu => 2 * f,
         Activation::Gelu => f,
@@ -62,9 +63,9 @@ pub fn shared_fwd<B: Backend>(
     Ok(Some(SharedSaved { u, act }))
 }
 
-/// Backward of the shared experts: adds their input gradient to `d_ln2` [n, h] from the
-/// block's output gradient `dy` [n, h]; their weight-gradient tasks (fc1's input: `ln2`) go
-/// to `sink`.
+/// Backward of the shared experts: adds their (TP-partial) input gradient to `d_ln2` [n, h]
+/// from the block's whole output gradient `dy` [n, h]; their weight-gradient tasks (fc1's
+/// input: `ln2`, this rank's SP shard when SP is on) go to `sink`.
 #[allow(clippy::too_many_arguments)]
 pub fn shared_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
@@ -72,7 +73,7 @@ pub fn shared_bwd<B: Backend>(
     p: View<'_, B::Tensor>,
     s: SharedSaved<B>,
     ln2: B::Tensor,
-    dy: &B::Tensor,
+    dy: B::Tensor,
     d_ln2: &mut B::Tensor,
     sink: &mut Sink<B>,
 ) -> Result<(), ExecError> {
@@ -82,7 +83,7 @@ pub fn shared_bwd<B: Backend>(
     let (n, h) = (ctx.n, ctx.rd.h);
     let b = Category::Buffers;
     let act_kind = ctx.plan.model.activation;
-    let dy = ctx.expand_grad(dy)?;
+    let sp = ctx.sp;
     let mut d_act = ctx.zeros(b, &[n, f])?;
     ctx.ops.linear_dgrad(
         &dy,
@@ -100,7 +101,7 @@ pub fn shared_bwd<B: Backend>(
             i: f,
             o: h,
             gather_x: false,
-            dy_gathered: false,
+            dy_gathered: sp,
             dy_shard: false,
         },
     )?;
@@ -122,7 +123,7 @@ pub fn shared_bwd<B: Backend>(
             dy: du,
             i: h,
             o: w1,
-            gather_x: false,
+            gather_x: sp,
             dy_gathered: false,
             dy_shard: false,
         },
