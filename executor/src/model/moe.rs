@@ -24,7 +24,9 @@
 //! - **Shared experts** (DeepSeek-V2/V3): a dense MLP on every token, its output added to the
 //!   routed experts' ([`super::shared`]).
 //!
-//! Runs with tp = 1 (every rank routes all n tokens of its microbatch).
+//! - **TP + SP** (expert tensor parallelism = tp): the block runs on the microbatch gathered
+//!   over SP; every TP rank routes it identically and runs its slice of each expert, the
+//!   partial outputs reduce-scatter into the SP region. With CP each rank routes its shard.
 
 use super::params::BlockLayout;
 use super::{Ctx, Sink, WTask};
