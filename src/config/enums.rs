@@ -58,19 +58,15 @@ named_enum!(
 
 named_enum!(
     /// The MoE router's score function (Megatron's `--moe-router-score-function`).
+    #[derive(Default)]
     RouterScore {
         /// Softmax over the experts (Switch Transformer, GShard, Mixtral).
+        #[default]
         Softmax => "softmax",
         /// A sigmoid per expert (DeepSeek-V3).
         Sigmoid => "sigmoid",
     }
 );
-
-impl Default for RouterScore {
-    fn default() -> Self {
-        RouterScore::Softmax
-    }
-}
 
 named_enum!(
     /// How context-parallel ranks exchange keys and values.
