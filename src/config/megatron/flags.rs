@@ -390,9 +390,12 @@ impl State {
         if let Some(p) = pos {
             self.set("model", "position_embedding", json!(p));
         }
-        match self.word("--moe-router-score-function") {
-            Some(f @ ("softmax" | "sigmoid")) => {
-                let f = f.to_string();
+        match self.word("--moe-router-score-function").map(str::to_string) {
+            Some(f) if f == "softmax" || f == "sigmoid" => {
+                // Megatron-Core renormalises sigmoid top-k scores (k > 1) always.
+                if f == "sigmoid" {
+                    self.set("model", "moe_router_renormalize", json!(true));
+                }
                 self.set("model", "moe_router_score_function", json!(f));
             }
             Some(other) => {
