@@ -31,7 +31,8 @@ pub enum GroupKind {
     Dp,
     /// Expert parallel.
     Ep,
-    /// Data parallel of the routed experts (dense DP without EP: the expert-dp axis).
+    /// Data parallel of the routed experts: the ranks holding the same experts (the expert-dp
+    /// axis, and CP, which Megatron folds into the expert-data-parallel group).
     ExpertDp,
     /// DP x CP: the replicas of dense parameters, over which gradients reduce and the
     /// distributed optimizer shards.
@@ -56,7 +57,7 @@ impl GroupKind {
             GroupKind::Pp => &[Axis::Pp],
             GroupKind::Dp => &[Axis::Ep, Axis::Dp],
             GroupKind::Ep => &[Axis::Ep],
-            GroupKind::ExpertDp => &[Axis::Dp],
+            GroupKind::ExpertDp => &[Axis::Cp, Axis::Dp],
             GroupKind::DpCp => &[Axis::Cp, Axis::Ep, Axis::Dp],
         }
     }
@@ -399,7 +400,8 @@ mod tests {
             (GroupKind::Pp, 2),
             (GroupKind::Dp, 4),
             (GroupKind::Ep, 2),
-            (GroupKind::ExpertDp, 2),
+            // The expert-dp axis (4 / ep 2) x CP 2.
+            (GroupKind::ExpertDp, 4),
             (GroupKind::DpCp, 8),
         ];
         for (kind, size) in sizes {

@@ -7,13 +7,14 @@
 //! backward), unless both stages sit on the same rank (the bottom of a V).
 
 use crate::config::{
-    Activation, CpComm, Normalization, PositionEmbedding, Recompute, Resolved, TrainingMode,
+    Activation, CpComm, Normalization, PositionEmbedding, Recompute, Resolved, RouterScore,
+    TrainingMode,
 };
 use crate::layout::{Coords as LCoords, GroupKind, Layout};
 use crate::schedule::{self, ActionKind, ScheduleError};
 use parsim_executor::plan::{
     self as xp, Action, AdamConfig, Coords, ModelShape, MoeShape, Parallelism, Plan, RankPlan,
-    StagePlan,
+    RouterShape, StagePlan,
 };
 
 /// Why a configuration cannot be executed (yet).
@@ -151,38 +152,57 @@ fn check_moe(r: &Resolved) -> Result<(), PlanError> {
         }
         return Ok(());
     }
-    if m.moe_shared_expert_intermediate_size > 0 {
+    if m.moe_router_score_function == RouterScore::Sigmoid && m.moe_aux_loss_coeff > 0.0 {
         return Err(unsupported(
-            "model.moe_shared_expert_intermediate_size",
-            "shared experts are not executed; set it to 0",
+            "model.moe_aux_loss_coeff",
+            "the load-balancing loss is executed on softmax scores; with moe_router_score_function = \"sigmoid\" set it to 0 (DeepSeek-V3 balances by the expert bias)",
         ));
     }
-    if m.moe_router_bias {
-        return Err(unsupported(
-            "model.moe_router_bias",
-            "the router's score-correction bias is not executed; set moe_router_bias = false",
-        ));
-    }
-    if p.tp > 1 {
-        return Err(unsupported(
-            "parallel.tp",
-            format!("MoE layers are executed with tp = 1 only (tp = {})", p.tp),
-        ));
-    }
-    if p.etp() > 1 {
+    // Experts split over TP as the dense MLP (Megatron's --expert-tensor-parallel-size = tp).
+    if p.etp() != p.tp {
         return Err(unsupported(
             "parallel.expert_tp",
             format!(
-                "expert tensor parallelism is not executed (expert_tp = {}); use 1",
-                p.etp()
+                "MoE layers are executed with expert tensor parallelism equal to tp (expert_tp = {}, tp = {}); set expert_tp = {}",
+                p.etp(),
+                p.tp,
+                p.tp
             ),
         ));
     }
-    if p.cp > 1 {
+    for (field, v) in [
+        ("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size),
+        (
+            "model.moe_shared_expert_intermediate_size",
+            m.moe_shared_expert_intermediate_size,
+        ),
+    ] {
+        if v % p.tp as u64 != 0 {
+            return Err(unsupported(
+                field,
+                format!(
+                    "{v} must be divisible by tp ({}) (expert tensor parallelism)",
+                    p.tp
+                ),
+            ));
+        }
+    }
+    // With CP a rank routes its sequence shard: the load-balancing loss (f_i P_i over the
+    // microbatch) and the capacity (per source microbatch) would need the whole sequence.
+    if p.cp > 1 && m.moe_aux_loss_coeff > 0.0 {
         return Err(unsupported(
-            "parallel.cp",
+            "model.moe_aux_loss_coeff",
             format!(
-                "MoE layers are not executed with context parallelism (cp = {}); use cp = 1",
+                "the load-balancing loss is not executed with context parallelism (cp = {}); set it to 0",
+                p.cp
+            ),
+        ));
+    }
+    if p.cp > 1 && m.moe_capacity_factor > 0.0 {
+        return Err(unsupported(
+            "model.moe_capacity_factor",
+            format!(
+                "expert capacity is not executed with context parallelism (cp = {}); set it to 0",
                 p.cp
             ),
         ));
@@ -287,6 +307,18 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
             first_k_dense: m.moe_first_k_dense,
             capacity_factor: m.moe_capacity_factor as f32,
             aux_loss_coeff: m.moe_aux_loss_coeff as f32,
+            router: RouterShape {
+                score: match m.moe_router_score_function {
+                    RouterScore::Softmax => xp::ScoreFunction::Softmax,
+                    RouterScore::Sigmoid => xp::ScoreFunction::Sigmoid,
+                },
+                renormalize: m.moe_router_renormalize,
+                expert_bias: m.moe_router_bias,
+                bias_update_rate: m.moe_router_bias_update_rate as f32,
+                groups: m.moe_router_num_groups as usize,
+                group_topk: m.moe_router_group_topk as usize,
+            },
+            shared_ffn: m.moe_shared_expert_intermediate_size as usize,
         }),
     }
 }

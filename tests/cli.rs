@@ -631,3 +631,96 @@ fn pipeline_layout_flags_are_checked_and_applied() {
     assert_eq!(slot["time"]["step_s"], layout["time"]["step_s"]);
     assert_eq!(slot["memory"]["stages"].as_array().unwrap().len(), 3);
 }
+
+#[test]
+fn moe_router_flags_set_their_fields_and_bad_values_are_refused() {
+    // Every MoE router flag lands in the resolved configuration (`--json`'s `config`).
+    let out = parsim()
+        .args([
+            "estimate",
+            "--model",
+            "mixtral-8x7b",
+            "--gpus",
+            "64",
+            "--ep",
+            "8",
+            "--moe-capacity-factor",
+            "1.25",
+            "--moe-aux-loss-coeff",
+            "0.02",
+            "--moe-router-topk",
+            "4",
+            "--moe-router-score-function",
+            "sigmoid",
+            "--moe-router-renormalize",
+            "true",
+            "--moe-router-bias",
+            "true",
+            "--moe-router-bias-update-rate",
+            "0.005",
+            "--moe-router-num-groups",
+            "4",
+            "--moe-router-group-topk",
+            "2",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let m = &v["config"]["model"];
+    assert_eq!(m["moe_capacity_factor"], 1.25);
+    assert_eq!(m["moe_aux_loss_coeff"], 0.02);
+    assert_eq!(m["moe_router_topk"], 4);
+    assert_eq!(m["moe_router_score_function"], "sigmoid");
+    assert_eq!(m["moe_router_renormalize"], true);
+    assert_eq!(m["moe_router_bias"], true);
+    assert_eq!(m["moe_router_bias_update_rate"], 0.005);
+    assert_eq!(m["moe_router_num_groups"], 4);
+    assert_eq!(m["moe_router_group_topk"], 2);
+    // 8 experts do not split into 3 groups; a group top-k without groups.
+    rejects(
+        &[
+            "--model",
+            "mixtral-8x7b",
+            "--moe-router-num-groups",
+            "3",
+            "--moe-router-group-topk",
+            "1",
+        ],
+        &["model.moe_router_num_groups", "must divide num_experts (8)"],
+    );
+    rejects(
+        &["--model", "mixtral-8x7b", "--moe-router-group-topk", "2"],
+        &[
+            "model.moe_router_group_topk",
+            "model.moe_router_num_groups is 0",
+        ],
+    );
+    rejects(
+        &[
+            "--model",
+            "mixtral-8x7b",
+            "--moe-router-bias-update-rate=-1",
+        ],
+        &["model.moe_router_bias_update_rate", "finite number >= 0"],
+    );
+    parsim()
+        .args(["estimate", "--moe-router-score-function", "relu"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("softmax, sigmoid"));
+    // On a dense model the flags are named as ignored.
+    parsim()
+        .args([
+            "estimate",
+            "--moe-router-topk",
+            "2",
+            "--moe-capacity-factor",
+            "1",
+        ])
+        .assert()
+        .success()
+        .stderr(predicate::str::contains("--moe-router-topk ignored"))
+        .stderr(predicate::str::contains("--moe-capacity-factor ignored"));
+}

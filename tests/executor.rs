@@ -18,5 +18,7 @@ mod equivalence;
 mod memory;
 #[path = "executor/moe.rs"]
 mod moe;
+#[path = "executor/moe_memory.rs"]
+mod moe_memory;
 #[path = "executor/plan.rs"]
 mod plan;

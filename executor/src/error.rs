@@ -88,10 +88,23 @@ pub enum PlanError {
     TopK { top_k: usize, num_experts: usize },
     #[error("moe ffn must be positive")]
     ZeroMoeFfn,
-    #[error("MoE layers run with tp = 1 only (tp = {tp})")]
-    MoeWithTp { tp: usize },
+    #[error("moe ffn ({ffn}) and shared_ffn ({shared_ffn}) must be divisible by tp ({tp}) (expert tensor parallelism = tp)")]
+    MoeFfnNotDivisible {
+        ffn: usize,
+        shared_ffn: usize,
+        tp: usize,
+    },
     #[error("moe {name} must be finite and >= 0, got {value}")]
     MoeCoefficient { name: &'static str, value: f32 },
+    #[error("moe router groups ({groups}) must divide num_experts ({num_experts}), group_topk ({group_topk}) must lie in 1..=groups, and top_k ({top_k}) in group_topk..=group_topk x experts per group")]
+    RouterGroups {
+        groups: usize,
+        group_topk: usize,
+        num_experts: usize,
+        top_k: usize,
+    },
+    #[error("the load-balancing loss runs on softmax scores; with sigmoid scores set aux_loss_coeff = 0 (DeepSeek-V3 balances by the expert bias)")]
+    AuxLossWithSigmoid,
     #[error("ep = {ep} needs MoE layers")]
     EpWithoutMoe { ep: usize },
     #[error("{ranks} rank plans for world tp x cp x pp x dp = {world}")]
@@ -100,7 +113,7 @@ pub enum PlanError {
     RankNumber { index: usize, rank: u32 },
     #[error("rank {rank}: group sizes do not match tp/cp/dp/pp")]
     GroupSizes { rank: usize },
-    #[error("rank {rank}: ep group ({ep_group}) and expert-dp group ({expert_dp_group}) must have ep ({ep}) and dp / ep ({expert_dp}) members")]
+    #[error("rank {rank}: ep group ({ep_group}) and expert-dp group ({expert_dp_group}) must have ep ({ep}) and dp x cp / ep ({expert_dp}) members")]
     ExpertGroupSizes {
         rank: usize,
         ep_group: usize,

@@ -99,9 +99,10 @@ pub struct ModelShape {
 }
 
 /// The routed experts of the MoE layers (Shazeer et al. 2017; Megatron-Core's MoE): a
-/// replicated router (hidden -> experts), softmax then top-k, experts as the dense MLP (no
-/// biases) with their own intermediate size. No shared experts, no router bias.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// replicated router (hidden -> experts), softmax or sigmoid scores then top-k (optionally
+/// group-limited and with DeepSeek-V3's selection-only expert bias), experts as the dense MLP
+/// (no biases) with their own intermediate size, and optional shared experts.
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
 pub struct MoeShape {
     pub num_experts: usize,
     pub top_k: usize,
@@ -113,6 +114,43 @@ pub struct MoeShape {
     pub capacity_factor: f32,
     /// Coefficient of the load-balancing loss (Fedus et al. 2021, eq. 4); 0 = none.
     pub aux_loss_coeff: f32,
+    /// The router's scores, their top-k selection and gates.
+    pub router: RouterShape,
+    /// Intermediate size of the shared experts together (DeepSeek-V2/V3; 0 = none).
+    pub shared_ffn: usize,
+}
+
+/// The router's score function (Megatron's `--moe-router-score-function`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+pub enum ScoreFunction {
+    #[default]
+    Softmax,
+    /// Per-expert sigmoid (DeepSeek-V3).
+    Sigmoid,
+}
+
+/// How tokens choose experts beyond plain softmax top-k (DeepSeek-V3, "DeepSeek-V3 Technical
+/// Report", sec. 2.1.2; Megatron's router flags). The default is the plain router.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub struct RouterShape {
+    pub score: ScoreFunction,
+    /// Gates renormalised over the k chosen scores (DeepSeek-V3's `norm_topk_prob`).
+    pub renormalize: bool,
+    /// Auxiliary-loss-free balancing: a per-expert bias added to the scores for selection
+    /// only, updated after each step by `bias_update_rate` x sign(mean load - load).
+    pub expert_bias: bool,
+    pub bias_update_rate: f32,
+    /// Group-limited routing: experts in `groups` equal groups, a token's experts chosen
+    /// within its best `group_topk` groups (0 = no groups).
+    pub groups: usize,
+    pub group_topk: usize,
+}
+
+impl RouterShape {
+    /// True when this is the plain router (softmax, no renormalisation, bias or groups).
+    pub fn is_plain(&self) -> bool {
+        *self == RouterShape::default()
+    }
 }
 
 impl ModelShape {
@@ -434,16 +472,27 @@ impl Plan {
             if moe.ffn == 0 {
                 return Err(PlanError::ZeroMoeFfn);
             }
-            if t > 1 {
-                return Err(PlanError::MoeWithTp { tp: t });
+            // Expert tensor parallelism (= tp): each expert's and the shared experts'
+            // intermediate size splits over TP.
+            if moe.ffn % t != 0 || moe.shared_ffn % t != 0 {
+                return Err(PlanError::MoeFfnNotDivisible {
+                    ffn: moe.ffn,
+                    shared_ffn: moe.shared_ffn,
+                    tp: t,
+                });
             }
+            moe.router.validate(moe.num_experts, moe.top_k)?;
             for (name, v) in [
                 ("capacity_factor", moe.capacity_factor),
                 ("aux_loss_coeff", moe.aux_loss_coeff),
+                ("bias_update_rate", moe.router.bias_update_rate),
             ] {
                 if !(v.is_finite() && v >= 0.0) {
                     return Err(PlanError::MoeCoefficient { name, value: v });
                 }
+            }
+            if moe.router.score == ScoreFunction::Sigmoid && moe.aux_loss_coeff > 0.0 {
+                return Err(PlanError::AuxLossWithSigmoid);
             }
         } else if ep > 1 {
             return Err(PlanError::EpWithoutMoe { ep });
@@ -469,13 +518,16 @@ impl Plan {
             {
                 return Err(PlanError::GroupSizes { rank: i });
             }
-            if r.ep_group.len() != ep || r.expert_dp_group.len() != p.dp as usize / ep {
+            // The experts' replicas: every DP and CP rank with the same experts (Megatron folds
+            // CP into the expert-data-parallel group).
+            let expert_dp = p.dp as usize * c / ep;
+            if r.ep_group.len() != ep || r.expert_dp_group.len() != expert_dp {
                 return Err(PlanError::ExpertGroupSizes {
                     rank: i,
                     ep_group: r.ep_group.len(),
                     expert_dp_group: r.expert_dp_group.len(),
                     ep,
-                    expert_dp: p.dp as usize / ep,
+                    expert_dp,
                 });
             }
             for s in &r.stages {
@@ -483,6 +535,35 @@ impl Plan {
                     return Err(PlanError::ForeignStage { rank: i, stage: *s });
                 }
             }
+        }
+        Ok(())
+    }
+}
+
+impl RouterShape {
+    /// Checks the groups and the score function's combinations, naming the rule.
+    pub fn validate(&self, num_experts: usize, top_k: usize) -> Result<(), PlanError> {
+        let r = self;
+        if r.groups > 0 {
+            let ok = num_experts % r.groups == 0
+                && (1..=r.groups).contains(&r.group_topk)
+                && top_k >= r.group_topk
+                && top_k <= r.group_topk * (num_experts / r.groups);
+            if !ok {
+                return Err(PlanError::RouterGroups {
+                    groups: r.groups,
+                    group_topk: r.group_topk,
+                    num_experts,
+                    top_k,
+                });
+            }
+        } else if r.group_topk > 0 {
+            return Err(PlanError::RouterGroups {
+                groups: 0,
+                group_topk: r.group_topk,
+                num_experts,
+                top_k,
+            });
         }
         Ok(())
     }

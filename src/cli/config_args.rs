@@ -7,7 +7,7 @@ use clap::Args;
 use parsim::config::megatron;
 use parsim::config::{
     Activation, Config, CpComm, Dtype, FlopsAttention, Layer, Precision, Recompute, Resolved,
-    ScheduleKind, TrainingMode,
+    RouterScore, ScheduleKind, TrainingMode,
 };
 use parsim::scaling::GpuRange;
 use serde_json::{json, Map, Value};
@@ -311,6 +311,33 @@ pub struct TrainingArgs {
     /// MoE load imbalance: the hottest expert's tokens over a uniform share (>= 1). [default from config: 1.0]
     #[arg(long, value_parser = finite_f64)]
     pub moe_load_imbalance: Option<f64>,
+    /// MoE expert capacity factor: each expert takes at most ceil(f x tokens x topk / experts) assignments, 0 = no dropping (Megatron's --moe-expert-capacity-factor). [default from config: 0]
+    #[arg(long, value_parser = finite_f64)]
+    pub moe_capacity_factor: Option<f64>,
+    /// MoE load-balancing loss coefficient (Megatron's --moe-aux-loss-coeff; 0 = none). [default from config: 0]
+    #[arg(long, value_parser = finite_f64)]
+    pub moe_aux_loss_coeff: Option<f64>,
+    /// MoE experts chosen per token (Megatron's --moe-router-topk). [default from config: the model's]
+    #[arg(long)]
+    pub moe_router_topk: Option<u32>,
+    /// MoE router score function: softmax or sigmoid (DeepSeek-V3). [default from config: the model's; softmax]
+    #[arg(long)]
+    pub moe_router_score_function: Option<RouterScore>,
+    /// Renormalise the MoE gates over the k chosen experts: true or false. [default from config: the model's; false]
+    #[arg(long, value_name = "BOOL")]
+    pub moe_router_renormalize: Option<bool>,
+    /// DeepSeek-V3's selection-only expert bias (auxiliary-loss-free balancing): true or false. [default from config: the model's]
+    #[arg(long, value_name = "BOOL")]
+    pub moe_router_bias: Option<bool>,
+    /// Step of the expert bias's update per training step (Megatron's --moe-router-bias-update-rate). [default from config: 0.001]
+    #[arg(long, value_parser = finite_f64)]
+    pub moe_router_bias_update_rate: Option<f64>,
+    /// Group-limited routing: the experts in N equal groups (Megatron's --moe-router-num-groups; 0 = none). [default from config: the model's]
+    #[arg(long, value_name = "N")]
+    pub moe_router_num_groups: Option<u32>,
+    /// Group-limited routing: a token's experts in at most M groups (Megatron's --moe-router-group-topk). [default from config: the model's]
+    #[arg(long, value_name = "M")]
+    pub moe_router_group_topk: Option<u32>,
     /// Multi-token-prediction modules (DeepSeek-V3), on the last pipeline stage. [default from config: the model's; 0 for the built-in model]
     #[arg(long)]
     pub mtp_layers: Option<u32>,
@@ -404,6 +431,40 @@ impl TrainingArgs {
         );
         put(m, "model", "activation", self.activation);
         put(m, "model", "moe_load_imbalance", self.moe_load_imbalance);
+        put(m, "model", "moe_capacity_factor", self.moe_capacity_factor);
+        put(m, "model", "moe_aux_loss_coeff", self.moe_aux_loss_coeff);
+        put(m, "model", "moe_router_topk", self.moe_router_topk);
+        put(
+            m,
+            "model",
+            "moe_router_score_function",
+            self.moe_router_score_function,
+        );
+        put(
+            m,
+            "model",
+            "moe_router_renormalize",
+            self.moe_router_renormalize,
+        );
+        put(m, "model", "moe_router_bias", self.moe_router_bias);
+        put(
+            m,
+            "model",
+            "moe_router_bias_update_rate",
+            self.moe_router_bias_update_rate,
+        );
+        put(
+            m,
+            "model",
+            "moe_router_num_groups",
+            self.moe_router_num_groups,
+        );
+        put(
+            m,
+            "model",
+            "moe_router_group_topk",
+            self.moe_router_group_topk,
+        );
         put(m, "model", "mtp_num_layers", self.mtp_layers);
         if self.tp_comm_overlap {
             put(m, "parallel", "tp_comm_overlap", Some(true));
@@ -545,9 +606,31 @@ impl ConfigArgs {
                     "--expert-tp ignored: {model} is dense (model.num_experts = 0)"
                 ));
             }
-            if self.training.moe_load_imbalance.is_some() {
+            let t = &self.training;
+            let given = [
+                ("--moe-load-imbalance", t.moe_load_imbalance.is_some()),
+                ("--moe-capacity-factor", t.moe_capacity_factor.is_some()),
+                ("--moe-aux-loss-coeff", t.moe_aux_loss_coeff.is_some()),
+                ("--moe-router-topk", t.moe_router_topk.is_some()),
+                (
+                    "--moe-router-score-function",
+                    t.moe_router_score_function.is_some(),
+                ),
+                (
+                    "--moe-router-renormalize",
+                    t.moe_router_renormalize.is_some(),
+                ),
+                ("--moe-router-bias", t.moe_router_bias.is_some()),
+                (
+                    "--moe-router-bias-update-rate",
+                    t.moe_router_bias_update_rate.is_some(),
+                ),
+                ("--moe-router-num-groups", t.moe_router_num_groups.is_some()),
+                ("--moe-router-group-topk", t.moe_router_group_topk.is_some()),
+            ];
+            for (flag, _) in given.iter().filter(|g| g.1) {
                 w.push(format!(
-                    "--moe-load-imbalance ignored: {model} is dense (model.num_experts = 0)"
+                    "{flag} ignored: {model} is dense (model.num_experts = 0)"
                 ));
             }
         }

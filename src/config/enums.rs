@@ -57,6 +57,18 @@ named_enum!(
 );
 
 named_enum!(
+    /// The MoE router's score function (Megatron's `--moe-router-score-function`).
+    #[derive(Default)]
+    RouterScore {
+        /// Softmax over the experts (Switch Transformer, GShard, Mixtral).
+        #[default]
+        Softmax => "softmax",
+        /// A sigmoid per expert (DeepSeek-V3).
+        Sigmoid => "sigmoid",
+    }
+);
+
+named_enum!(
     /// How context-parallel ranks exchange keys and values.
     CpComm {
         /// Ring attention with a contiguous sequence split (Liu et al. 2023, Ring Attention).

@@ -1,6 +1,6 @@
 //! Import of a Hugging Face `config.json` (Llama, Mistral, Mixtral, Qwen2, DeepSeek-V3, GPT-2).
 
-use super::enums::{Activation, Normalization, PositionEmbedding};
+use super::enums::{Activation, Normalization, PositionEmbedding, RouterScore};
 use super::error::ConfigError;
 use super::model::{MlaConfig, ModelConfig};
 use serde_json::Value;
@@ -209,6 +209,13 @@ fn deepseek_v3(f: &Fields) -> Result<ModelConfig, ConfigError> {
         moe_first_k_dense: f.opt_u32("first_k_dense_replace")?.unwrap_or(0),
         // DeepSeek-V3's `noaux_tc` routing carries e_score_correction_bias.
         moe_router_bias: f.str("topk_method") == Some("noaux_tc"),
+        moe_router_score_function: match f.str("scoring_func") {
+            Some("sigmoid") => RouterScore::Sigmoid,
+            _ => RouterScore::Softmax,
+        },
+        moe_router_renormalize: f.bool_or("norm_topk_prob", false)?,
+        moe_router_num_groups: f.opt_u32("n_group")?.unwrap_or(0),
+        moe_router_group_topk: f.opt_u32("topk_group")?.unwrap_or(0),
         // num_nextn_predict_layers is recorded by the checkpoint but MTP is an opt-in here.
         mtp_num_layers: 0,
         ..ModelConfig::default()

@@ -1,7 +1,7 @@
 //! The model architecture: a decoder-only transformer, dense or mixture-of-experts, with
 //! MHA, GQA or multi-head latent attention (MLA, DeepSeek-V2/V3).
 
-use super::enums::{Activation, Normalization, PositionEmbedding};
+use super::enums::{Activation, Normalization, PositionEmbedding, RouterScore};
 use serde::{Deserialize, Serialize};
 
 /// Multi-head latent attention (DeepSeek-V2, "DeepSeek-V2: A Strong, Economical, and Efficient
@@ -87,8 +87,29 @@ pub struct ModelConfig {
     /// 2021, Switch Transformer eq. 4); 0 = none.
     #[serde(default)]
     pub moe_aux_loss_coeff: f64,
+    /// Megatron's `--moe-router-score-function`: softmax, or sigmoid (DeepSeek-V3).
+    #[serde(default)]
+    pub moe_router_score_function: RouterScore,
+    /// Gates renormalised over the k chosen experts (DeepSeek-V3's `norm_topk_prob`).
+    #[serde(default)]
+    pub moe_router_renormalize: bool,
+    /// Megatron's `--moe-router-num-groups`: group-limited routing, the experts in this many
+    /// equal groups (DeepSeek-V3: 8, one per node); 0 = none.
+    #[serde(default)]
+    pub moe_router_num_groups: u32,
+    /// Megatron's `--moe-router-group-topk`: a token's experts lie in at most this many groups.
+    #[serde(default)]
+    pub moe_router_group_topk: u32,
+    /// Megatron's `--moe-router-bias-update-rate`: the expert bias moves by this much per step.
+    #[serde(default = "default_bias_update_rate")]
+    pub moe_router_bias_update_rate: f64,
     /// Multi-token-prediction modules (DeepSeek-V3); placed on the last pipeline stage.
     pub mtp_num_layers: u32,
+}
+
+/// Megatron's default `--moe-router-bias-update-rate` (DeepSeek-V3 used 0.001, sec. 4.2).
+fn default_bias_update_rate() -> f64 {
+    1e-3
 }
 
 impl Default for ModelConfig {
@@ -123,6 +144,11 @@ impl Default for ModelConfig {
             moe_load_imbalance: 1.0,
             moe_capacity_factor: 0.0,
             moe_aux_loss_coeff: 0.0,
+            moe_router_score_function: RouterScore::Softmax,
+            moe_router_renormalize: false,
+            moe_router_num_groups: 0,
+            moe_router_group_topk: 0,
+            moe_router_bias_update_rate: default_bias_update_rate(),
             mtp_num_layers: 0,
         }
     }

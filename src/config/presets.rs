@@ -1,6 +1,6 @@
 //! Built-in model presets, each with the source of its shape.
 
-use super::enums::{Activation, Normalization, PositionEmbedding};
+use super::enums::{Activation, Normalization, PositionEmbedding, RouterScore};
 use super::model::{MlaConfig, ModelConfig};
 
 /// Names of the built-in presets.
@@ -98,6 +98,12 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
             moe_shared_expert_intermediate_size: 2048,
             moe_first_k_dense: 3,
             moe_router_bias: true,
+            // Sigmoid gates renormalised over the top 8, within 4 of 8 node groups
+            // (DeepSeek-V3 Technical Report, sec. 2.1.2 and 4.2).
+            moe_router_score_function: RouterScore::Sigmoid,
+            moe_router_renormalize: true,
+            moe_router_num_groups: 8,
+            moe_router_group_topk: 4,
             ..ModelConfig::default()
         },
         _ => return None,

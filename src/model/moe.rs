@@ -130,14 +130,17 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         op.rank_flops = Flops::matmul(2.0 * rows as f64 * (ri * ro) as f64, trainable);
         op.save(TensorRole::Input, rows * ri * d.lin)
     };
-    ops.push(expert("moe.experts.fc1", hot, d.h, width, true));
+    // With expert TP the received tokens are all-gathered over the expert-TP group, so each
+    // expert slice sees the tokens of every member (Megatron-Core's all-to-all dispatcher).
+    let rows = hot * d.etp;
+    ops.push(expert("moe.experts.fc1", rows, d.h, width, true));
     ops.push(activation_op(
         "moe.experts.act",
-        hot,
+        rows,
         width.div_ceil(d.etp),
         d,
     ));
-    ops.push(expert("moe.experts.fc2", hot, f, d.h, false));
+    ops.push(expert("moe.experts.fc2", rows, f, d.h, false));
 
     // Combine: all-to-all back, unpermute, weight by the router probabilities (the expert
     // outputs are saved for the probabilities' gradient).
@@ -187,6 +190,11 @@ mod tests {
     /// Rows of the expert fc1 matmul of the hottest rank: 8 experts over ep 2 (4 a rank),
     /// top-2, 32 tokens a rank, the hottest expert at twice its share.
     fn expert_rows(capacity_factor: f64) -> u64 {
+        expert_rows_tp(capacity_factor, 1)
+    }
+
+    /// [`expert_rows`] with tp = expert_tp = `tp` (and SP), on 2 tp GPUs.
+    fn expert_rows_tp(capacity_factor: f64, tp: u32) -> u64 {
         let v = serde_json::json!({
             "model": {
                 "num_layers": 2, "hidden_size": 64, "num_attention_heads": 8,
@@ -194,8 +202,8 @@ mod tests {
                 "num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 64,
                 "moe_load_imbalance": 2.0, "moe_capacity_factor": capacity_factor
             },
-            "cluster": {"gpu": "cpu", "num_gpus": 2, "gpus_per_node": 8},
-            "parallel": {"tp": 1, "pp": 1, "ep": 2},
+            "cluster": {"gpu": "cpu", "num_gpus": 2 * tp, "gpus_per_node": 8},
+            "parallel": {"tp": tp, "sp": tp > 1, "expert_tp": tp, "pp": 1, "ep": 2},
             "training": {"seq_length": 32, "micro_batch_size": 1, "global_batch_size": 16}
         });
         let cfg = Config::from_layers(&[Layer::overrides(v)]).expect("loads");
@@ -225,5 +233,14 @@ mod tests {
         assert_eq!(expert_rows(1.5), 80);
         assert_eq!(capacity_limit(1.0, 32, 2, 8, 2), Some(64));
         assert_eq!(capacity_limit(0.0, 32, 2, 8, 2), None);
+    }
+
+    #[test]
+    fn expert_tensor_parallelism_gathers_the_received_tokens() {
+        // TP 2 + SP, expert-TP 2: a rank routes its 16-token sequence shard (16 x 2 = 32 rows,
+        // x 1.25 for the hottest expert = 40), and Megatron-Core's all-to-all dispatcher
+        // all-gathers the received rows over the expert-TP group, so each expert slice runs
+        // the 80 rows of the whole microbatch, as without TP.
+        assert_eq!(expert_rows_tp(0.0, 2), 80);
     }
 }

@@ -182,3 +182,61 @@ fn execute_precision_bf16_runs_the_mixed_recipe_against_its_own_prediction() {
         "{l16} vs {l32}"
     );
 }
+
+/// The small model as a DeepSeek-style MoE: 8 experts of ffn 64 and a shared expert, the
+/// first layer dense, on TP 2 + SP with expert-TP 2, EP 2, PP 2 (8 ranks).
+fn moe_file() -> tempfile::NamedTempFile {
+    let text = std::fs::read_to_string(SMALL).expect("fixture").replace(
+        "[cluster]",
+        "num_experts = 8\nmoe_router_topk = 2\nmoe_ffn_hidden_size = 64\n\
+         moe_shared_expert_intermediate_size = 64\nmoe_first_k_dense = 1\n[cluster]",
+    );
+    let text = text.replace("[parallel]", "[parallel]\nep = 2\nexpert_tp = 2");
+    let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
+    f
+}
+
+#[test]
+fn execute_takes_the_moe_router_flags() {
+    let f = moe_file();
+    let path = f.path().to_str().unwrap();
+    let router = [
+        "--moe-router-score-function",
+        "sigmoid",
+        "--moe-router-renormalize",
+        "true",
+        "--moe-router-bias",
+        "true",
+        "--moe-router-num-groups",
+        "4",
+        "--moe-router-group-topk",
+        "2",
+    ];
+    let out = parsim()
+        .args(["execute", "--config", path, "--steps", "2", "--warmup", "1"])
+        .args(router)
+        .arg("--json")
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["world_size"], 8);
+    let loss = v["loss"][0].as_f64().unwrap();
+    // Near ln(128) at initialisation.
+    assert!(loss > 4.0 && loss < 5.5, "{loss}");
+    // The load-balancing loss with sigmoid scores is refused, naming the field.
+    let out = parsim()
+        .args(["execute", "--config", path, "--steps", "2", "--warmup", "1"])
+        .args(router)
+        .args(["--moe-aux-loss-coeff", "0.01"])
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("model.moe_aux_loss_coeff"), "{err}");
+}

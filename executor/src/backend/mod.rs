@@ -703,6 +703,33 @@ pub trait TensorOps<B: Backend> {
         v: &mut B::Tensor,
         weight_copy: Option<ViewMut<'_, B::Tensor>>,
     ) -> Result<(), ExecError>;
+
+    // --- added for issue 19 ---
+    /// MoE router with DeepSeek-V3's options (`moe.router`): scores of `logits` [n, E] in
+    /// place (softmax or sigmoid), then per token the top-k of score + `bias` (host, [E]; for
+    /// selection only) within its best `group_topk` groups; gates are the chosen unbiased
+    /// scores, renormalised over the k when asked; capacity drops as [`Self::moe_route`].
+    /// Returns the routing, the load-balancing loss (softmax scores) and the k chosen experts
+    /// of every token before dropping ([n k], choice order).
+    fn moe_route_scored(
+        &self,
+        logits: &mut B::Tensor,
+        bias: Option<&[f32]>,
+        moe: &MoeShape,
+    ) -> Result<(Routing, f64, Vec<usize>), ExecError>;
+    /// Backward of [`Self::moe_route_scored`] in place: `d` [n, E] (the gates' gradients at
+    /// the chosen entries, zero elsewhere) becomes the logits' gradient, through the
+    /// renormalisation, the load-balancing loss's `aux_scale` f_i (softmax only) and the
+    /// score function; `scores` [n, E] as the forward left them.
+    fn moe_router_scored_bwd(
+        &self,
+        d: &mut B::Tensor,
+        scores: &B::Tensor,
+        chosen: &[usize],
+        moe: &MoeShape,
+        fraction: &[f64],
+        aux_scale: f64,
+    ) -> Result<(), ExecError>;
 }
 
 /// Reduction of an all-reduce.

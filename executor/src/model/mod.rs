@@ -15,6 +15,8 @@ pub mod ends;
 pub mod layer;
 pub mod moe;
 pub mod params;
+pub mod router_bias;
+pub mod shared;
 
 use crate::backend::{
     Backend, DType, Device, DeviceCollectives, DeviceTensor, ProcessGroup, ReduceOp, TensorOps,
@@ -66,6 +68,8 @@ pub struct Ctx<'a, B: Backend> {
     /// the expert capacity dropped.
     pub moe_aux_loss: f64,
     pub moe_dropped: u64,
+    /// The MoE layers' selection-only expert biases (DeepSeek-V3), when the router has them.
+    pub router_bias: router_bias::RouterBias,
 }
 
 impl<'a, B: Backend> Ctx<'a, B> {
@@ -111,6 +115,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
             ep: None,
             moe_aux_loss: 0.0,
             moe_dropped: 0,
+            router_bias: router_bias::RouterBias::default(),
         })
     }
 

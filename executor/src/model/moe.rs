@@ -18,12 +18,20 @@
 //!   chose expert i (before dropping) and P_i the mean router probability of expert i. The
 //!   step reports and differentiates the mean over all microbatches of the step.
 //!
-//! Runs with tp = 1 (every rank routes all n tokens of its microbatch).
+//! - **DeepSeek-V3 routers** (`moe.router` not plain): sigmoid or softmax scores, top-k of
+//!   score + the selection-only expert bias ([`super::router_bias`]) within the best groups,
+//!   gates renormalised over the k chosen when asked.
+//! - **Shared experts** (DeepSeek-V2/V3): a dense MLP on every token, its output added to the
+//!   routed experts' ([`super::shared`]).
+//!
+//! - **TP + SP** (expert tensor parallelism = tp): the block runs on the microbatch gathered
+//!   over SP; every TP rank routes it identically and runs its slice of each expert, the
+//!   partial outputs reduce-scatter into the SP region. With CP each rank routes its shard.
 
 use super::params::BlockLayout;
 use super::{Ctx, Sink, WTask};
 use crate::backend::{Backend, Device, DeviceTensor, ProcessGroup};
-use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
+use crate::backend::{DeviceCollectives, ReduceOp, TensorOps, View, ViewMut};
 use crate::error::{ExecError, StateError};
 use crate::memory::Category;
 use crate::plan::{Activation, MoeShape};
@@ -49,6 +57,10 @@ pub struct MoeSaved<B: Backend> {
     act: Vec<B::Tensor>,
     /// The expert outputs of the kept assignments [routes, h] (for the gates' gradient).
     y: B::Tensor,
+    /// The k experts each token chose (DeepSeek-V3 routers only; empty for the plain one).
+    chosen: Vec<usize>,
+    /// The shared experts' saved tensors.
+    shared: Option<super::shared::SharedSaved<B>>,
 }
 
 fn moe_of<'c, B: Backend>(ctx: &'c Ctx<B>) -> Result<&'c MoeShape, ExecError> {
@@ -141,6 +153,22 @@ pub fn moe_fwd<B: Backend>(
     pe: View<'_, B::Tensor>,
     ln2: &B::Tensor,
 ) -> Result<(B::Tensor, MoeSaved<B>), ExecError> {
+    // Every TP rank routes the whole microbatch (gathered over SP) the same way and runs its
+    // slice of every expert it holds; the partial sums reduce into the SP region.
+    let (partial, saved) = ctx.with_gathered(ln2, |c, xg| moe_fwd_full(c, l, p, le, pe, xg))?;
+    let out = ctx.reduce_to_region(partial, Category::Buffers)?;
+    Ok((out, saved))
+}
+
+/// [`moe_fwd`] on the whole microbatch `ln2` [n, h]; returns this TP rank's partial output.
+fn moe_fwd_full<B: Backend>(
+    ctx: &mut Ctx<B>,
+    l: &BlockLayout,
+    p: View<'_, B::Tensor>,
+    le: &BlockLayout,
+    pe: View<'_, B::Tensor>,
+    ln2: &B::Tensor,
+) -> Result<(B::Tensor, MoeSaved<B>), ExecError> {
     let moe = moe_of(ctx)?.clone();
     let (n, h) = (ctx.n, ctx.rd.h);
     let e = moe.num_experts;
@@ -148,7 +176,7 @@ pub fn moe_fwd<B: Backend>(
     let mut probs = ctx.zeros(a, &[n, e])?;
     ctx.ops
         .linear_fwd(ln2, p.sub(l.tensors[ROUTER].range()), (n, h, e), &mut probs)?;
-    let (routing, aux) = ctx.ops.moe_route(&mut probs, &moe)?;
+    let (routing, aux, chosen) = route(ctx, l, &mut probs, &moe)?;
     ctx.moe_aux_loss += aux;
     ctx.moe_dropped += routing.dropped as u64;
 
@@ -175,7 +203,8 @@ pub fn moe_fwd<B: Backend>(
     let total_recv = recv.rows();
     drop(send);
 
-    let f = moe.ffn;
+    // Expert tensor parallelism: this rank's slice of each expert's intermediate size.
+    let f = moe.ffn / ctx.rd.t;
     let w1 = fc1_width(ctx.plan.model.activation, f);
     let act_kind = ctx.plan.model.activation;
     let mut back = ctx.zeros(b, &[total_recv, h])?;
@@ -208,6 +237,7 @@ pub fn moe_fwd<B: Backend>(
     let gates: Vec<f32> = routing.routes.iter().map(|r| r.gate).collect();
     ctx.ops
         .scatter_add_rows(&y, &tokens, Some(&gates), &mut out)?;
+    let shared = super::shared::shared_fwd(ctx, l, p.clone(), ln2, &mut out)?;
     Ok((
         out,
         MoeSaved {
@@ -220,8 +250,38 @@ pub fn moe_fwd<B: Backend>(
             u: us,
             act: acts,
             y,
+            chosen,
+            shared,
         },
     ))
+}
+
+/// The router's decisions on its logits `probs` [n, E] (scores in place): the plain router,
+/// or DeepSeek-V3's with the layer's expert bias (the step's loads counted for its update).
+fn route<B: Backend>(
+    ctx: &mut Ctx<B>,
+    l: &BlockLayout,
+    probs: &mut B::Tensor,
+    moe: &MoeShape,
+) -> Result<(Routing, f64, Vec<usize>), ExecError> {
+    if moe.router.is_plain() {
+        let (r, aux) = ctx.ops.moe_route(probs, moe)?;
+        return Ok((r, aux, Vec::new()));
+    }
+    let layer = match l.kind {
+        super::params::BlockKind::Layer(i) => i,
+        _ => 0,
+    };
+    let e = moe.num_experts;
+    let bias = moe
+        .router
+        .expert_bias
+        .then(|| ctx.router_bias.bias(layer, e).to_vec());
+    let r = ctx.ops.moe_route_scored(probs, bias.as_deref(), moe)?;
+    if moe.router.expert_bias && !ctx.recomputing {
+        ctx.router_bias.count(layer, e, &r.2);
+    }
+    Ok(r)
 }
 
 /// Input gradient of the MoE block: d ln2 [n, h] from the gradient `dy` [n, h] of its output;
@@ -257,19 +317,28 @@ pub fn moe_bwd<B: Backend>(
         u: us,
         act: acts,
         y,
+        chosen,
+        shared,
     } = s;
     let routes = &routing.routes;
-    // Combine: d y_r = gate_r dy[t]; d gate_r = dy[t] . y_r.
+    // The whole microbatch's output gradient (gathered over SP).
+    let dy = ctx.expand_grad(dy)?;
+    // Combine: d y_r = gate_r dy[t]; d gate_r = dy[t] . y_r (y_r this TP rank's partial
+    // expert output: the dots sum over TP).
     let mut dprobs = ctx.zeros(bcat, &[n, e])?;
     let mut dsend = ctx.zeros(bcat, &[routes.len(), h])?;
     ctx.ops
-        .moe_combine_bwd(dy, &y, routes, &mut dprobs, &mut dsend)?;
+        .moe_combine_bwd(&dy, &y, routes, &mut dprobs, &mut dsend)?;
     drop(y);
+    if ctx.rd.t > 1 {
+        ctx.comm
+            .all_reduce(&ctx.tp, ViewMut::all(&mut dprobs), ReduceOp::Sum)?;
+    }
     let drecv = exchange_rows(ctx, &ep, &dsend, &send_rows, &recv_rows, h, bcat)?;
     let total_recv = drecv.rows();
     drop(dsend);
 
-    let f = moe.ffn;
+    let f = moe.ffn / ctx.rd.t;
     let act_kind = ctx.plan.model.activation;
     let w1 = fc1_width(act_kind, f);
     let mut dback = ctx.zeros(bcat, &[total_recv, h])?;
@@ -342,28 +411,63 @@ pub fn moe_bwd<B: Backend>(
         0.0
     };
     let mut dlogits = dprobs;
-    ctx.ops
-        .moe_router_bwd(&mut dlogits, &probs, &routing.fraction, aux_scale)?;
+    if moe.router.is_plain() {
+        ctx.ops
+            .moe_router_bwd(&mut dlogits, &probs, &routing.fraction, aux_scale)?;
+    } else {
+        ctx.ops.moe_router_scored_bwd(
+            &mut dlogits,
+            &probs,
+            &chosen,
+            &moe,
+            &routing.fraction,
+            aux_scale,
+        )?;
+    }
     drop(probs);
-    ctx.ops.linear_dgrad(
-        &dlogits,
-        p.sub(l.tensors[ROUTER].range()),
-        (n, h, e),
-        &mut d_ln2,
-        true,
-    )?;
-    sink(
-        ctx,
-        WTask::Linear {
-            tensor: ROUTER,
-            x: ln2,
-            dy: dlogits,
-            i: h,
-            o: e,
-            gather_x: false,
-            dy_gathered: false,
-            dy_shard: false,
-        },
-    )?;
-    Ok(d_ln2)
+    // Every TP rank holds the same router gradient: its input gradient is added once.
+    if ctx.rd.tp_rank == 0 {
+        ctx.ops.linear_dgrad(
+            &dlogits,
+            p.sub(l.tensors[ROUTER].range()),
+            (n, h, e),
+            &mut d_ln2,
+            true,
+        )?;
+    }
+    let sp = ctx.sp;
+    match shared {
+        None => sink(
+            ctx,
+            WTask::Linear {
+                tensor: ROUTER,
+                x: ln2,
+                dy: dlogits,
+                i: h,
+                o: e,
+                gather_x: sp,
+                dy_gathered: false,
+                dy_shard: false,
+            },
+        )?,
+        Some(sh) => {
+            // The shared experts' fc1 takes `ln2` for its weight gradient: the router's (E x h,
+            // small) is computed now, so that no copy of `ln2` is kept.
+            let mut grad = ctx.zeros(bcat, &[e * h])?;
+            ctx.with_gathered(&ln2, |c, xg| {
+                c.ops
+                    .linear_wgrad(&dlogits, xg, (n, h, e), ViewMut::all(&mut grad))
+            })?;
+            drop(dlogits);
+            sink(
+                ctx,
+                WTask::Ready {
+                    tensor: ROUTER,
+                    grad,
+                },
+            )?;
+            super::shared::shared_bwd(ctx, l, p.clone(), sh, ln2, dy, &mut d_ln2, sink)?;
+        }
+    }
+    ctx.reduce_to_region(d_ln2, bcat)
 }

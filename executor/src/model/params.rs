@@ -284,6 +284,10 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                         vec![seg(format!("{p}.router"), h, 0..e, 0..h, std)],
                         false,
                     );
+                    if moe.shared_ffn > 0 {
+                        let q = format!("{p}.shared_experts");
+                        expert_mlp(b, m.activation, &q, moe.shared_ffn, &rd, std);
+                    }
                     return;
                 }
                 let f = rd.f_r;
@@ -313,26 +317,9 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
             if let (true, Some(moe)) = (m.is_moe_layer(l), &m.moe) {
                 emit(BlockKind::Experts(l), s, &|b| {
                     let per = moe.num_experts / plan.parallel.ep.max(1) as usize;
-                    let f = moe.ffn;
-                    let w1 = match m.activation {
-                        Activation::Swiglu => 2 * f,
-                        Activation::Gelu => f,
-                    };
                     for e in ep_rank as usize * per..(ep_rank as usize + 1) * per {
-                        // fc1 holds the gate rows then the up rows under SwiGLU.
                         let q = format!("layers.{l}.experts.{e}");
-                        b.push(
-                            w1,
-                            h,
-                            vec![seg(format!("{q}.fc1"), h, 0..w1, 0..h, std)],
-                            false,
-                        );
-                        b.push(
-                            h,
-                            f,
-                            vec![seg(format!("{q}.fc2"), f, 0..h, 0..f, std)],
-                            false,
-                        );
+                        expert_mlp(b, m.activation, &q, moe.ffn, &rd, std);
                     }
                 });
             }
@@ -356,6 +343,34 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
         }
     }
     blocks
+}
+
+/// An expert's (or the shared experts') MLP `{q}.fc1` [w1, h] and `{q}.fc2` [h, f] of
+/// intermediate size `f`, split over TP as the dense MLP (expert tensor parallelism, Megatron's
+/// `--expert-tensor-parallel-size` = tp): this rank's fc1 rows (under SwiGLU the gate rows
+/// then the up rows of its slice) and fc2 columns.
+fn expert_mlp(b: &mut Builder, act: Activation, q: &str, f: usize, rd: &RankDims, std: f32) {
+    let (h, r, t) = (rd.h, rd.tp_rank, rd.t);
+    let fr = f / t;
+    let own = r * fr..(r + 1) * fr;
+    let fc1 = format!("{q}.fc1");
+    let (w1, segs) = match act {
+        Activation::Swiglu => (
+            2 * fr,
+            vec![
+                seg(fc1.clone(), h, own.clone(), 0..h, std),
+                seg(fc1, h, f + own.start..f + own.end, 0..h, std),
+            ],
+        ),
+        Activation::Gelu => (fr, vec![seg(fc1, h, own.clone(), 0..h, std)]),
+    };
+    b.push(w1, h, segs, false);
+    b.push(
+        h,
+        fr,
+        vec![seg(format!("{q}.fc2"), f, 0..h, own, std)],
+        false,
+    );
 }
 
 /// Total elements of a layout's space `space`.

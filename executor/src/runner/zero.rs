@@ -26,6 +26,7 @@ use crate::backend::{
 use crate::error::ExecError;
 use crate::memory::Category;
 use crate::model::params::{init_range, layout_len, BlockLayout, DENSE_SPACE, EXPERT_SPACE};
+use crate::model::router_bias::RouterBias;
 use crate::plan::{Plan, Precision};
 use std::ops::Range;
 use std::rc::Rc;
@@ -224,6 +225,12 @@ impl<B: Backend> Rank<'_, B> {
 
     pub(super) fn optimizer_step(&mut self) -> Result<(), ExecError> {
         self.step += 1;
+        if let Some(r) = self.plan.model.moe.as_ref().map(|m| m.router) {
+            if r.expert_bias {
+                let g = self.groups[DENSE_SPACE].clone();
+                RouterBias::update(&mut self.ctx, &g, r.bias_update_rate)?;
+            }
+        }
         let comm = self.ctx.comm;
         if self.zero < 2 && self.ctx.sp {
             // Sequence parallelism: norm gradients are partial sums over the sequence shards.

@@ -54,6 +54,24 @@ const DIRECT: &[(&str, &str, &str, Kind)] = &[
         "moe_router_bias",
         Kind::On,
     ),
+    (
+        "--moe-router-bias-update-rate",
+        "model",
+        "moe_router_bias_update_rate",
+        Kind::Float,
+    ),
+    (
+        "--moe-router-num-groups",
+        "model",
+        "moe_router_num_groups",
+        Kind::Int,
+    ),
+    (
+        "--moe-router-group-topk",
+        "model",
+        "moe_router_group_topk",
+        Kind::Int,
+    ),
     ("--mtp-num-layers", "model", "mtp_num_layers", Kind::Int),
     ("--hidden-dropout", "model", "hidden_dropout", Kind::Float),
     (
@@ -183,6 +201,7 @@ const KEPT_WORDS: &[&str] = &[
     "--moe-layer-freq",
     "--tokenizer-model",
     "--pipeline-model-parallel-layout",
+    "--moe-router-score-function",
 ];
 
 /// The finished layer with what did not carry over.
@@ -383,6 +402,21 @@ impl State {
         };
         if let Some(p) = pos {
             self.set("model", "position_embedding", json!(p));
+        }
+        match self.word("--moe-router-score-function").map(str::to_string) {
+            Some(f) if f == "softmax" || f == "sigmoid" => {
+                // Megatron-Core renormalises sigmoid top-k scores (k > 1) always.
+                if f == "sigmoid" {
+                    self.set("model", "moe_router_renormalize", json!(true));
+                }
+                self.set("model", "moe_router_score_function", json!(f));
+            }
+            Some(other) => {
+                return Err(format!(
+                    "--moe-router-score-function: unknown '{other}' (softmax, sigmoid)"
+                ))
+            }
+            None => {}
         }
         if let Some(freq) = self.word("--moe-layer-freq").map(str::to_string) {
             match first_dense_layers(&freq) {

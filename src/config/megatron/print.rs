@@ -4,7 +4,7 @@
 
 use crate::config::{
     Activation, Config, CpComm, Dtype, Normalization, PositionEmbedding, Precision, Recompute,
-    ScheduleKind, TrainingMode,
+    RouterScore, ScheduleKind, TrainingMode,
 };
 
 /// The launch for `cfg`: a comment naming what has no Megatron flag, then the command.
@@ -115,6 +115,20 @@ fn model_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
         }
         if m.moe_router_bias {
             flag("--moe-router-enable-expert-bias", None);
+            flag(
+                "--moe-router-bias-update-rate",
+                Some(m.moe_router_bias_update_rate.to_string()),
+            );
+        }
+        if m.moe_router_score_function != RouterScore::Softmax {
+            flag(
+                "--moe-router-score-function",
+                Some(m.moe_router_score_function.to_string()),
+            );
+        }
+        if m.moe_router_num_groups > 0 {
+            flag("--moe-router-num-groups", s(m.moe_router_num_groups.into()));
+            flag("--moe-router-group-topk", s(m.moe_router_group_topk.into()));
         }
         if m.moe_capacity_factor > 0.0 {
             flag(

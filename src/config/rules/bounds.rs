@@ -110,6 +110,11 @@ pub fn ranges(cfg: &Config) -> Vec<Violation> {
             m.moe_aux_loss_coeff,
             "0 means no load-balancing loss",
         ),
+        (
+            "model.moe_router_bias_update_rate",
+            m.moe_router_bias_update_rate,
+            "0 keeps the expert bias at zero",
+        ),
     ] {
         if !(v.is_finite() && v >= 0.0) {
             errs.push(
@@ -117,7 +122,40 @@ pub fn ranges(cfg: &Config) -> Vec<Violation> {
             );
         }
     }
+    errs.extend(router_groups(m));
     errs
+}
+
+/// Group-limited routing (DeepSeek-V3): the groups split the experts evenly and a token's
+/// top-k fits in its `group_topk` groups.
+fn router_groups(m: &crate::config::ModelConfig) -> Option<Violation> {
+    let (g, gk, e, k) = (
+        m.moe_router_num_groups,
+        m.moe_router_group_topk,
+        m.num_experts,
+        m.moe_router_topk,
+    );
+    if !m.is_moe() || (g == 0 && gk == 0) {
+        return None;
+    }
+    if g == 0 {
+        return Some(
+            Violation::new(
+                "model.moe_router_group_topk",
+                format!("is {gk} but model.moe_router_num_groups is 0"),
+            )
+            .hint("set both, or neither"),
+        );
+    }
+    let ok = e % g == 0 && (1..=g).contains(&gk) && k >= gk && k <= gk * (e / g);
+    (!ok).then(|| {
+        Violation::new(
+            "model.moe_router_num_groups",
+            format!(
+                "{g} groups with group_topk {gk}: the groups must divide num_experts ({e}), group_topk lie in 1..=groups, and moe_router_topk ({k}) in group_topk..=group_topk x experts per group"
+            ),
+        )
+    })
 }
 
 /// Upper bounds far beyond any real run, so that every byte and FLOP count fits in 64 bits.

@@ -6,7 +6,7 @@
 
 use super::ops::{
     activation, adam, attention, cross_entropy, elementwise, flash, gemm, layout, moe, norm,
-    rotary, ulysses,
+    rotary, router, ulysses,
 };
 use super::{CpuComm, CpuOps, Group, Tensor};
 use crate::backend::{
@@ -668,6 +668,41 @@ impl TensorOps<Cpu> for CpuOps {
             let r = w.range.clone();
             store(w.tensor, r);
         }
+        Ok(())
+    }
+
+    fn moe_route_scored(
+        &self,
+        logits: &mut Tensor,
+        bias: Option<&[f32]>,
+        moe: &MoeShape,
+    ) -> Result<(Routing, f64, Vec<usize>), ExecError> {
+        let (n, e) = (logits.rows(), logits.cols());
+        router::scores(logits.data_mut(), e, moe.router.score);
+        let (r, chosen) = router::route(logits.data(), n, bias, moe);
+        let aux = moe::aux_loss(moe.aux_loss_coeff, logits.data(), n, &r.fraction);
+        store_all(logits);
+        Ok((r, aux, chosen))
+    }
+
+    fn moe_router_scored_bwd(
+        &self,
+        d: &mut Tensor,
+        scores: &Tensor,
+        chosen: &[usize],
+        moe: &MoeShape,
+        fraction: &[f64],
+        aux_scale: f64,
+    ) -> Result<(), ExecError> {
+        router::router_bwd(
+            d.data_mut(),
+            scores.data(),
+            chosen,
+            moe,
+            fraction,
+            aux_scale,
+        );
+        store_all(d);
         Ok(())
     }
 }

@@ -11,4 +11,5 @@ pub mod layout;
 pub mod moe;
 pub mod norm;
 pub mod rotary;
+pub mod router;
 pub mod ulysses;

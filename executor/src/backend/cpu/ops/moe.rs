@@ -40,6 +40,13 @@ pub fn route(probs: &[f32], n: usize, moe: &MoeShape) -> Routing {
             per_expert[x].push((t, row[x]));
         }
     }
+    finish(per_expert, n, moe)
+}
+
+/// The routing of the assignments `per_expert` (token, gate) of `n` tokens (in token order):
+/// the slot fractions, then the capacity's drops (the lowest gates of a full expert).
+pub fn finish(per_expert: Vec<Vec<(usize, f32)>>, n: usize, moe: &MoeShape) -> Routing {
+    let (e, k) = (moe.num_experts, moe.top_k);
     let slots = (n * k) as f64;
     let fraction = per_expert.iter().map(|v| v.len() as f64 / slots).collect();
     let cap = capacity(moe.capacity_factor, n, k, e);
@@ -164,6 +171,7 @@ mod tests {
             first_k_dense: 0,
             capacity_factor: cf,
             aux_loss_coeff: 0.01,
+            ..MoeShape::default()
         }
     }
 
