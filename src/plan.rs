@@ -94,8 +94,8 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
             "linear biases are not executed; set add_bias_linear = add_qkv_bias = false",
         ));
     }
-    if m.hidden_dropout > 0.0 || m.attention_dropout > 0.0 {
-        return Err(unsupported("model.hidden_dropout", "dropout is not executed (it would make runs differ); set hidden_dropout = attention_dropout = 0"));
+    if m.attention_dropout > 0.0 {
+        return Err(unsupported("model.attention_dropout", "dropout of the attention probabilities is not executed (hidden dropout is); set attention_dropout = 0"));
     }
     if m.position_embedding != PositionEmbedding::Rope {
         return Err(unsupported(
@@ -288,6 +288,7 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
             capacity_factor: m.moe_capacity_factor as f32,
             aux_loss_coeff: m.moe_aux_loss_coeff as f32,
         }),
+        hidden_dropout: m.hidden_dropout as f32,
     }
 }
 

@@ -8,6 +8,8 @@ mod cli;
 mod common;
 #[path = "executor/cp.rs"]
 mod cp;
+#[path = "executor/dropout.rs"]
+mod dropout;
 #[path = "executor/equivalence.rs"]
 mod equivalence;
 #[path = "executor/memory.rs"]

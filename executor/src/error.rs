@@ -34,6 +34,8 @@ pub enum ExecError {
     Aborted { rank: u32 },
     #[error("rank {rank} waited more than {seconds} s for a message or collective (deadlock?)")]
     Timeout { rank: u32, seconds: u64 },
+    #[error("dropout: {0}")]
+    Dropout(#[from] crate::rng::DropoutError),
 }
 
 /// A Plan that fails [`Plan::validate`](crate::plan::Plan::validate), naming the quantity.
@@ -41,6 +43,8 @@ pub enum ExecError {
 pub enum PlanError {
     #[error("model sizes must be positive")]
     NonPositiveSizes,
+    #[error("model.hidden_dropout ({p}) must lie in [0, 1)")]
+    HiddenDropout { p: f32 },
     #[error("heads ({heads}) must be a multiple of kv_heads ({kv_heads})")]
     HeadsNotMultipleOfKvHeads { heads: usize, kv_heads: usize },
     #[error("heads ({heads}) and kv_heads ({kv_heads}) must be divisible by tp ({tp})")]

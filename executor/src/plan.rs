@@ -96,6 +96,8 @@ pub struct ModelShape {
     pub init_std: f32,
     /// Mixture-of-experts layers (`None`: a dense model).
     pub moe: Option<MoeShape>,
+    /// Megatron's hidden dropout rate (after the embedding, attention and MLP), in [0, 1).
+    pub hidden_dropout: f32,
 }
 
 /// The routed experts of the MoE layers (Shazeer et al. 2017; Megatron-Core's MoE): a
@@ -346,6 +348,11 @@ impl Plan {
         let t = p.tp as usize;
         if m.heads == 0 || m.kv_heads == 0 || m.hidden == 0 || m.seq == 0 || m.micro_batch == 0 {
             return Err(PlanError::NonPositiveSizes);
+        }
+        if !(0.0..1.0).contains(&m.hidden_dropout) {
+            return Err(PlanError::HiddenDropout {
+                p: m.hidden_dropout,
+            });
         }
         if m.heads % m.kv_heads != 0 {
             return Err(PlanError::HeadsNotMultipleOfKvHeads {

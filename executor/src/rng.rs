@@ -63,6 +63,8 @@ pub enum DropoutError {
     Probability { p: f32 },
     #[error("layer {layer} is too large for the dropout counter (at most {max})")]
     Layer { layer: u32, max: u32 },
+    #[error("dropout over {elements} elements cannot be split into {rows} token rows")]
+    Rows { elements: usize, rows: usize },
 }
 
 /// The coordinates of one dropout application that are shared by all its elements.

@@ -26,6 +26,7 @@ fn tiny(norm: Norm, activation: Activation, flash: bool) -> ModelShape {
         flash,
         init_std: 0.4,
         moe: None,
+        hidden_dropout: 0.0,
     }
 }
 

@@ -699,6 +699,18 @@ pub trait TensorOps<B: Backend> {
         v: &mut B::Tensor,
         weight_copy: Option<ViewMut<'_, B::Tensor>>,
     ) -> Result<(), ExecError>;
+
+    // --- added for issue 19 ---
+    /// Inverted dropout in place: x[i, j] *= mask(tokens[i], col_offset + j), the mask being 0
+    /// or 1 / (1 - p) drawn by Philox 4x32-10 from `key` and the element's global coordinates
+    /// ([`crate::rng`]). The backward is the same call on the output gradient.
+    fn dropout_inplace(
+        &self,
+        key: &crate::rng::DropoutKey,
+        tokens: &[u64],
+        col_offset: u64,
+        x: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
 }
 
 /// Reduction of an all-reduce.

@@ -11,6 +11,7 @@
 
 pub mod cp;
 pub mod data;
+pub mod dropout;
 pub mod ends;
 pub mod layer;
 pub mod moe;
@@ -66,6 +67,10 @@ pub struct Ctx<'a, B: Backend> {
     /// the expert capacity dropped.
     pub moe_aux_loss: f64,
     pub moe_dropped: u64,
+    /// Optimizer steps taken (the dropout mask's step) and the rank's data-parallel index
+    /// (which samples its microbatches hold): the coordinates of [`dropout`].
+    pub step: u32,
+    pub dp_rank: u32,
 }
 
 impl<'a, B: Backend> Ctx<'a, B> {
@@ -111,6 +116,8 @@ impl<'a, B: Backend> Ctx<'a, B> {
             ep: None,
             moe_aux_loss: 0.0,
             moe_dropped: 0,
+            step: 0,
+            dp_rank: 0,
         })
     }
 
