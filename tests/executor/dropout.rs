@@ -100,3 +100,21 @@ fn attention_dropout_is_still_refused_by_field() {
         .to_string();
     assert!(err.contains("model.attention_dropout"), "{err}");
 }
+
+/// The engine counts Megatron's 1-byte mask per hidden dropout (n_sp x h); the executor redraws
+/// the mask in the backward and holds none, so its activations are lower by those bytes, which
+/// this small model's totals absorb within the 2% of the acceptance.
+#[test]
+fn dropout_memory_is_within_two_percent_per_rank() {
+    for (name, mix) in mixes() {
+        let res = super::memory::compare_config(dropped(&mix, 0.1));
+        for (rank, m, p, mb, pb) in &res {
+            let pct = (*m as f64 - *p as f64) / *p as f64 * 100.0;
+            println!("{name} rank {rank}: measured {m} predicted {p} ({pct:+.2}%)");
+            assert!(
+                pct.abs() <= 2.0,
+                "{name} rank {rank}: {pct:+.2}%\n  measured  {mb}\n  predicted {pb}"
+            );
+        }
+    }
+}

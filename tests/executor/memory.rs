@@ -22,7 +22,12 @@ pub fn compare(
     act: &str,
     gbs: u64,
 ) -> Vec<(u32, u64, u64, String, String)> {
-    let res = resolve(config(mix, gbs, flash, norm, act));
+    compare_config(config(mix, gbs, flash, norm, act))
+}
+
+/// [`compare`] for any configuration of the test model.
+pub fn compare_config(v: serde_json::Value) -> Vec<(u32, u64, u64, String, String)> {
+    let res = resolve(v);
     let est = estimate(&res).expect("estimate");
     let plan = lower(&res, &options()).expect("lowers");
     let rep = run_cpu(
