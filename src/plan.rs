@@ -97,10 +97,13 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
     if m.attention_dropout > 0.0 {
         return Err(unsupported("model.attention_dropout", "dropout of the attention probabilities is not executed (hidden dropout is); set attention_dropout = 0"));
     }
-    if m.position_embedding != PositionEmbedding::Rope {
+    if !matches!(
+        m.position_embedding,
+        PositionEmbedding::Rope | PositionEmbedding::Learned
+    ) {
         return Err(unsupported(
             "model.position_embedding",
-            "the executor runs rotary positions; set position_embedding = \"rope\"",
+            "the executor runs rotary or learned positions",
         ));
     }
     if t.mode != TrainingMode::Full {
@@ -289,6 +292,10 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
             aux_loss_coeff: m.moe_aux_loss_coeff as f32,
         }),
         hidden_dropout: m.hidden_dropout as f32,
+        learned_positions: match m.position_embedding {
+            PositionEmbedding::Learned => m.max_position_embeddings as usize,
+            _ => 0,
+        },
     }
 }
 

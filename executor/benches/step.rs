@@ -93,6 +93,7 @@ fn main() {
         init_std: 0.02,
         moe: None,
         hidden_dropout: 0.0,
+        learned_positions: 0,
     };
     let plan = Plan::single_rank(model, AdamConfig::default(), 1, 1, Recompute::None);
     let steps = 3;

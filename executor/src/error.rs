@@ -43,6 +43,8 @@ pub enum ExecError {
 pub enum PlanError {
     #[error("model sizes must be positive")]
     NonPositiveSizes,
+    #[error("model.learned_positions ({rows} rows) must cover the sequence ({seq})")]
+    PositionsBelowSeq { rows: usize, seq: usize },
     #[error("model.hidden_dropout ({p}) must lie in [0, 1)")]
     HiddenDropout { p: f32 },
     #[error("heads ({heads}) must be a multiple of kv_heads ({kv_heads})")]

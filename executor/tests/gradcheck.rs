@@ -27,6 +27,7 @@ fn tiny(norm: Norm, activation: Activation, flash: bool) -> ModelShape {
         init_std: 0.4,
         moe: None,
         hidden_dropout: 0.0,
+        learned_positions: 0,
     }
 }
 
@@ -168,4 +169,15 @@ fn hidden_dropout_matches_finite_differences() {
     };
     check_shape(shape.clone(), Recompute::None);
     check_shape(shape, Recompute::Full);
+}
+
+#[test]
+fn learned_positions_match_finite_differences() {
+    // The position table's rows 0..seq get gradients (rows seq.. none: the table has 8 rows
+    // for seq 6); rotary is off.
+    let shape = ModelShape {
+        learned_positions: 8,
+        ..tiny(Norm::LayerNorm, Activation::Gelu, true)
+    };
+    check_shape(shape, Recompute::None);
 }

@@ -1,5 +1,6 @@
-//! Hidden dropout executed (rate 0.1, masks from Philox 4x32-10 keyed by global coordinates):
-//! every parallel mix draws the single-rank run's masks, so its loss after one step and its
+//! Hidden dropout executed (rate 0.1, masks from Philox 4x32-10 keyed by global coordinates) on
+//! a model with learned absolute positions: every parallel mix draws the single-rank run's
+//! masks and looks up its own rows' positions (CP zigzag included), so its loss after one step and its
 //! parameters after three match that run within 1e-5 relative (TP 2 + SP, PP 2 with 1F1B and
 //! interleaved, DP 2 with ZeRO 1 and 3, CP 2 zigzag with TP 2 + SP, full recompute under PP 2).
 
@@ -7,10 +8,12 @@ use super::common::*;
 use super::equivalence::{compare, GBS};
 use serde_json::Value;
 
-/// The small model (GeLU and LayerNorm, as GPT-3) with hidden dropout 0.1.
+/// The small model GPT-3-style (GeLU, LayerNorm, learned absolute positions) with hidden
+/// dropout `p`.
 fn dropped(mix: &Mix, p: f64) -> Value {
     let mut v = config(mix, GBS, true, "layernorm", "gelu");
     v["model"]["hidden_dropout"] = p.into();
+    v["model"]["position_embedding"] = "learned".into();
     v
 }
 

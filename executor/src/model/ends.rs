@@ -3,6 +3,7 @@
 
 use super::dropout::hidden_dropout;
 use super::params::BlockLayout;
+use super::positions;
 use super::{Ctx, Sink, WTask};
 use crate::backend::{Backend, Device};
 use crate::backend::{DeviceCollectives, ReduceOp, TensorOps, View, ViewMut};
@@ -23,6 +24,7 @@ pub fn embedding_fwd<B: Backend>(
     let mut partial = ctx.zeros(Category::Buffers, &[ctx.n, h])?;
     ctx.ops
         .embedding_gather(p.sub(l.tensors[0].range()), tokens, lo, &mut partial)?;
+    positions::add_rows(ctx, l, &p, &mut partial)?;
     let mut x = ctx.reduce_to_region(partial, Category::Activations)?;
     hidden_dropout(ctx, 0, DropoutSite::Embedding, &mut x)?;
     Ok(x)

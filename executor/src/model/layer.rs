@@ -105,10 +105,12 @@ pub fn layer_fwd<B: Backend>(
     let mut v = ctx.zeros(a, &[n, kw])?;
     ctx.ops.qkv_split(&qkv, &mut q, &mut k, &mut v)?;
     drop(qkv);
-    ctx.ops
-        .rotary(&mut q, rd.a_r, &ctx.positions, theta, false)?;
-    ctx.ops
-        .rotary(&mut k, rd.g_r, &ctx.positions, theta, false)?;
+    if m.learned_positions == 0 {
+        ctx.ops
+            .rotary(&mut q, rd.a_r, &ctx.positions, theta, false)?;
+        ctx.ops
+            .rotary(&mut k, rd.g_r, &ctx.positions, theta, false)?;
+    }
     let (o, q, k, v, attn) = if ctx.cp.is_some() {
         let (o, c) = cp::forward(ctx, layer_index(l), q, k, v, keep)?;
         (o, c.q, c.k, c.v, c.attn)
@@ -342,10 +344,12 @@ pub fn layer_bwd<B: Backend>(
         drop((q, k, v, attn, d_o));
         (dq, dk, dv)
     };
-    ctx.ops
-        .rotary(&mut dq, rd.a_r, &ctx.positions, theta, true)?;
-    ctx.ops
-        .rotary(&mut dk, rd.g_r, &ctx.positions, theta, true)?;
+    if ctx.plan.model.learned_positions == 0 {
+        ctx.ops
+            .rotary(&mut dq, rd.a_r, &ctx.positions, theta, true)?;
+        ctx.ops
+            .rotary(&mut dk, rd.g_r, &ctx.positions, theta, true)?;
+    }
     let qkv_r = rd.qkv_r();
     let mut dqkv = ctx.zeros(b, &[n, qkv_r])?;
     ctx.ops.qkv_merge(&dq, &dk, &dv, &mut dqkv)?;

@@ -16,6 +16,7 @@ pub mod ends;
 pub mod layer;
 pub mod moe;
 pub mod params;
+pub mod positions;
 
 use crate::backend::{
     Backend, DType, Device, DeviceCollectives, DeviceTensor, ProcessGroup, ReduceOp, TensorOps,
@@ -395,6 +396,7 @@ impl<B: Backend> WTask<B> {
                 let lo = ctx.rd.tp_rank * ctx.rd.v_r;
                 ctx.ops
                     .embedding_scatter_add(&dy, &tokens, lo, grad.sub(r))?;
+                positions::scatter_grad(ctx, layout, &dy, grad)?;
             }
         }
         Ok(())
