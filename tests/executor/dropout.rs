@@ -121,3 +121,27 @@ fn dropout_memory_is_within_two_percent_per_rank() {
         }
     }
 }
+
+#[test]
+fn dropout_in_moe_layers_matches_the_single_rank_run_under_ep_2() {
+    // The MoE block's output is dropped like the dense MLP's (Megatron's bias-dropout-add).
+    let moe = |mix: &Mix| {
+        let mut v = dropped(mix, 0.1);
+        let m = &mut v["model"];
+        m["num_layers"] = 4.into();
+        m["num_experts"] = 4.into();
+        m["moe_router_topk"] = 2.into();
+        m["moe_ffn_hidden_size"] = 64.into();
+        m["moe_first_k_dense"] = 1.into();
+        m["moe_aux_loss_coeff"] = 0.01.into();
+        v["parallel"]["ep"] = if mix.dp > 1 { 2 } else { 1 }.into();
+        v
+    };
+    let reference = run(&plan(moe(&Mix::single())), 3);
+    let ep2 = Mix {
+        dp: 2,
+        zero: 1,
+        ..Mix::single()
+    };
+    compare("moe ep2", &run(&plan(moe(&ep2)), 3), &reference);
+}
