@@ -181,3 +181,23 @@ fn learned_positions_match_finite_differences() {
     };
     check_shape(shape, Recompute::None);
 }
+
+#[test]
+fn bad_dropout_and_position_fields_are_refused_by_name() {
+    let base = tiny(Norm::LayerNorm, Activation::Gelu, true);
+    let short = ModelShape {
+        learned_positions: 4,
+        ..base.clone()
+    };
+    let high = ModelShape {
+        hidden_dropout: 1.0,
+        ..base
+    };
+    for (shape, field) in [(short, "learned_positions"), (high, "hidden_dropout")] {
+        let plan = Plan::single_rank(shape, AdamConfig::default(), 3, 1, Recompute::None);
+        let err = run_cpu(&plan, &RunOptions::default())
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains(field), "{err}");
+    }
+}

@@ -145,3 +145,22 @@ fn dropout_in_moe_layers_matches_the_single_rank_run_under_ep_2() {
     };
     compare("moe ep2", &run(&plan(moe(&ep2)), 3), &reference);
 }
+
+#[test]
+fn a_position_table_shorter_than_the_sequence_is_refused() {
+    let mut v = dropped(&Mix::single(), 0.0);
+    v["model"]["max_position_embeddings"] = 16.into();
+    let cfg =
+        parsim::config::Config::from_layers(&[parsim::config::Layer::overrides(v)]).expect("loads");
+    let err = match parsim::config::Resolved::new(cfg) {
+        Err(e) => e.to_string(),
+        Ok(res) => {
+            let plan = parsim::plan::lower(&res, &options()).expect("lowers");
+            parsim_executor::runner::run_cpu(&plan, &Default::default())
+                .expect_err("refused")
+                .to_string()
+        }
+    };
+    println!("{err}");
+    assert!(err.contains("position"), "{err}");
+}
