@@ -95,13 +95,16 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
             "linear biases are not executed; set add_bias_linear = add_qkv_bias = false",
         ));
     }
-    if m.hidden_dropout > 0.0 || m.attention_dropout > 0.0 {
-        return Err(unsupported("model.hidden_dropout", "dropout is not executed (it would make runs differ); set hidden_dropout = attention_dropout = 0"));
+    if m.attention_dropout > 0.0 {
+        return Err(unsupported("model.attention_dropout", "dropout of the attention probabilities is not executed (hidden dropout is); set attention_dropout = 0"));
     }
-    if m.position_embedding != PositionEmbedding::Rope {
+    if !matches!(
+        m.position_embedding,
+        PositionEmbedding::Rope | PositionEmbedding::Learned
+    ) {
         return Err(unsupported(
             "model.position_embedding",
-            "the executor runs rotary positions; set position_embedding = \"rope\"",
+            "the executor runs rotary or learned positions",
         ));
     }
     if t.mode != TrainingMode::Full {
@@ -320,6 +323,11 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
             },
             shared_ffn: m.moe_shared_expert_intermediate_size as usize,
         }),
+        hidden_dropout: m.hidden_dropout as f32,
+        learned_positions: match m.position_embedding {
+            PositionEmbedding::Learned => m.max_position_embeddings as usize,
+            _ => 0,
+        },
     }
 }
 

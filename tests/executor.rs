@@ -12,6 +12,8 @@ mod cp;
 mod cuda;
 #[path = "executor/doctor.rs"]
 mod doctor;
+#[path = "executor/dropout.rs"]
+mod dropout;
 #[path = "executor/equivalence.rs"]
 mod equivalence;
 #[path = "executor/memory.rs"]

@@ -92,6 +92,8 @@ fn main() {
         flash: true,
         init_std: 0.02,
         moe: None,
+        hidden_dropout: 0.0,
+        learned_positions: 0,
     };
     let plan = Plan::single_rank(model, AdamConfig::default(), 1, 1, Recompute::None);
     let steps = 3;

@@ -37,6 +37,8 @@ pub enum ExecError {
     Cuda(#[from] crate::backend::cuda::CudaError),
     #[error("rank {rank} waited more than {seconds} s for a message or collective (deadlock?)")]
     Timeout { rank: u32, seconds: u64 },
+    #[error("dropout: {0}")]
+    Dropout(#[from] crate::rng::DropoutError),
 }
 
 /// A Plan that fails [`Plan::validate`](crate::plan::Plan::validate), naming the quantity.
@@ -44,6 +46,10 @@ pub enum ExecError {
 pub enum PlanError {
     #[error("model sizes must be positive")]
     NonPositiveSizes,
+    #[error("model.learned_positions ({rows} rows) must cover the sequence ({seq})")]
+    PositionsBelowSeq { rows: usize, seq: usize },
+    #[error("model.hidden_dropout ({p}) must lie in [0, 1)")]
+    HiddenDropout { p: f32 },
     #[error("heads ({heads}) must be a multiple of kv_heads ({kv_heads})")]
     HeadsNotMultipleOfKvHeads { heads: usize, kv_heads: usize },
     #[error("heads ({heads}) and kv_heads ({kv_heads}) must be divisible by tp ({tp})")]

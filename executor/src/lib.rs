@@ -14,6 +14,7 @@ pub mod memory;
 pub mod model;
 pub mod plan;
 pub mod report;
+pub mod rng;
 pub mod runner;
 
 pub use error::ExecError;

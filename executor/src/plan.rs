@@ -96,6 +96,10 @@ pub struct ModelShape {
     pub init_std: f32,
     /// Mixture-of-experts layers (`None`: a dense model).
     pub moe: Option<MoeShape>,
+    /// Megatron's hidden dropout rate (after the embedding, attention and MLP), in [0, 1).
+    pub hidden_dropout: f32,
+    /// Learned absolute position embeddings with this many rows (GPT-2/3); 0 = rotary.
+    pub learned_positions: usize,
 }
 
 /// The routed experts of the MoE layers (Shazeer et al. 2017; Megatron-Core's MoE): a
@@ -384,6 +388,17 @@ impl Plan {
         let t = p.tp as usize;
         if m.heads == 0 || m.kv_heads == 0 || m.hidden == 0 || m.seq == 0 || m.micro_batch == 0 {
             return Err(PlanError::NonPositiveSizes);
+        }
+        if m.learned_positions > 0 && m.learned_positions < m.seq {
+            return Err(PlanError::PositionsBelowSeq {
+                rows: m.learned_positions,
+                seq: m.seq,
+            });
+        }
+        if !(0.0..1.0).contains(&m.hidden_dropout) {
+            return Err(PlanError::HiddenDropout {
+                p: m.hidden_dropout,
+            });
         }
         if m.heads % m.kv_heads != 0 {
             return Err(PlanError::HeadsNotMultipleOfKvHeads {

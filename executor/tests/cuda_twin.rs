@@ -176,6 +176,8 @@ fn a_whole_step_matches_the_cpu_twin() {
         flash: true,
         init_std: 0.02,
         moe: None,
+        hidden_dropout: 0.0,
+        learned_positions: 0,
     };
     let plan = Plan::single_rank(shape, AdamConfig::default(), 5, 2, Recompute::None);
     let opts = RunOptions {

@@ -28,6 +28,8 @@ fn tiny(norm: Norm, activation: Activation, flash: bool) -> ModelShape {
         flash,
         init_std: 0.4,
         moe: None,
+        hidden_dropout: 0.0,
+        learned_positions: 0,
     }
 }
 
@@ -204,4 +206,48 @@ fn a_wrong_gradient_would_be_caught() {
     let a = loss(&plan, vec![]);
     let b = loss(&plan, vec![("layers.0.wq".into(), 0, 0.5)]);
     assert!((a - b).abs() > 1e-6);
+}
+
+#[test]
+fn hidden_dropout_matches_finite_differences() {
+    // The perturbed runs draw the same masks (same seed, step and tokens), so the loss is a
+    // smooth function of the parameters and the backward's redrawn mask must match it; with
+    // p = 0.3 of the 12 tokens x 8 elements of each dropout, many are dropped.
+    let shape = ModelShape {
+        hidden_dropout: 0.3,
+        ..tiny(Norm::LayerNorm, Activation::Gelu, true)
+    };
+    check_shape(shape.clone(), Recompute::None);
+    check_shape(shape, Recompute::Full);
+}
+
+#[test]
+fn learned_positions_match_finite_differences() {
+    // The position table's rows 0..seq get gradients (rows seq.. none: the table has 8 rows
+    // for seq 6); rotary is off.
+    let shape = ModelShape {
+        learned_positions: 8,
+        ..tiny(Norm::LayerNorm, Activation::Gelu, true)
+    };
+    check_shape(shape, Recompute::None);
+}
+
+#[test]
+fn bad_dropout_and_position_fields_are_refused_by_name() {
+    let base = tiny(Norm::LayerNorm, Activation::Gelu, true);
+    let short = ModelShape {
+        learned_positions: 4,
+        ..base.clone()
+    };
+    let high = ModelShape {
+        hidden_dropout: 1.0,
+        ..base
+    };
+    for (shape, field) in [(short, "learned_positions"), (high, "hidden_dropout")] {
+        let plan = Plan::single_rank(shape, AdamConfig::default(), 3, 1, Recompute::None);
+        let err = run_cpu(&plan, &RunOptions::default())
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains(field), "{err}");
+    }
 }

@@ -730,6 +730,16 @@ pub trait TensorOps<B: Backend> {
         fraction: &[f64],
         aux_scale: f64,
     ) -> Result<(), ExecError>;
+    /// Inverted dropout in place: x[i, j] *= mask(tokens[i], col_offset + j), the mask being 0
+    /// or 1 / (1 - p) drawn by Philox 4x32-10 from `key` and the element's global coordinates
+    /// ([`crate::rng`]). The backward is the same call on the output gradient.
+    fn dropout_inplace(
+        &self,
+        key: &crate::rng::DropoutKey,
+        tokens: &[u64],
+        col_offset: u64,
+        x: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
 }
 
 /// Reduction of an all-reduce.

@@ -1,12 +1,15 @@
 //! The pipeline's ends: the vocab-parallel embedding (first stage) and the final norm, output
 //! layer and vocab-parallel cross-entropy (last stage), as Megatron-LM shards them.
 
+use super::dropout::hidden_dropout;
 use super::params::BlockLayout;
+use super::positions;
 use super::{Ctx, Sink, WTask};
 use crate::backend::{Backend, Device};
 use crate::backend::{DeviceCollectives, ReduceOp, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 use crate::memory::Category;
+use crate::rng::DropoutSite;
 
 /// Embedding forward: each TP rank looks up its vocabulary rows (zeros elsewhere) and the
 /// partial sums are all-reduced, or reduce-scattered into the sequence shard with SP.
@@ -21,16 +24,20 @@ pub fn embedding_fwd<B: Backend>(
     let mut partial = ctx.zeros(Category::Buffers, &[ctx.n, h])?;
     ctx.ops
         .embedding_gather(p.sub(l.tensors[0].range()), tokens, lo, &mut partial)?;
-    ctx.reduce_to_region(partial, Category::Activations)
+    positions::add_rows(ctx, l, &p, &mut partial)?;
+    let mut x = ctx.reduce_to_region(partial, Category::Activations)?;
+    hidden_dropout(ctx, 0, DropoutSite::Embedding, &mut x)?;
+    Ok(x)
 }
 
 /// Embedding backward: only the weight-gradient task (the tokens have no gradient).
 pub fn embedding_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     tokens: Vec<u32>,
-    dy: B::Tensor,
+    mut dy: B::Tensor,
     sink: &mut Sink<B>,
 ) -> Result<(), ExecError> {
+    hidden_dropout(ctx, 0, DropoutSite::Embedding, &mut dy)?;
     let dyg = ctx.expand_grad(&dy)?;
     drop(dy);
     sink(

@@ -6,6 +6,7 @@
 //! projection and fc2 inputs, and the activation's input. An MoE layer runs the experts block
 //! of `moe.rs` after the pre-MLP norm instead of the dense MLP.
 
+use super::dropout::{dropout_grad, hidden_dropout};
 use super::moe::{moe_bwd, moe_fwd, MoeSaved};
 use super::params::{BlockKind, BlockLayout};
 use super::{cp, Ctx, Sink, WTask};
@@ -15,6 +16,7 @@ use crate::backend::{TensorOps, View};
 use crate::error::{ExecError, StateError};
 use crate::memory::Category;
 use crate::plan::Recompute;
+use crate::rng::DropoutSite;
 
 const ATTN_NORM: usize = 0;
 const QKV: usize = 1;
@@ -103,10 +105,12 @@ pub fn layer_fwd<B: Backend>(
     let mut v = ctx.zeros(a, &[n, kw])?;
     ctx.ops.qkv_split(&qkv, &mut q, &mut k, &mut v)?;
     drop(qkv);
-    ctx.ops
-        .rotary(&mut q, rd.a_r, &ctx.positions, theta, false)?;
-    ctx.ops
-        .rotary(&mut k, rd.g_r, &ctx.positions, theta, false)?;
+    if m.learned_positions == 0 {
+        ctx.ops
+            .rotary(&mut q, rd.a_r, &ctx.positions, theta, false)?;
+        ctx.ops
+            .rotary(&mut k, rd.g_r, &ctx.positions, theta, false)?;
+    }
     let (o, q, k, v, attn) = if ctx.cp.is_some() {
         let (o, c) = cp::forward(ctx, layer_index(l), q, k, v, keep)?;
         (o, c.q, c.k, c.v, c.attn)
@@ -120,7 +124,8 @@ pub fn layer_fwd<B: Backend>(
     let mut partial = ctx.zeros(Category::Buffers, &[n, h])?;
     ctx.ops
         .linear_fwd(&o, slice(&p, l, PROJ), (n, qw, h), &mut partial)?;
-    let attn_out = ctx.reduce_to_region(partial, Category::Buffers)?;
+    let mut attn_out = ctx.reduce_to_region(partial, Category::Buffers)?;
+    hidden_dropout(ctx, layer_index(l), DropoutSite::Attention, &mut attn_out)?;
     let mut x1 = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops.add(&x, &attn_out, &mut x1)?;
     drop(attn_out);
@@ -129,7 +134,8 @@ pub fn layer_fwd<B: Backend>(
     ctx.ops
         .norm_fwd(norm, &x1, slice(&p, l, MLP_NORM), eps, &mut ln2)?;
     if let Some((le, pe)) = experts {
-        let (out, ms) = moe_fwd(ctx, l, p.clone(), le, pe, &ln2)?;
+        let (mut out, ms) = moe_fwd(ctx, l, p.clone(), le, pe, &ln2)?;
+        hidden_dropout(ctx, layer_index(l), DropoutSite::Mlp, &mut out)?;
         let mut y = ctx.zeros(a, &[n_sp, h])?;
         ctx.ops.add(&x1, &out, &mut y)?;
         let empty = || ctx.zeros(a, &[0]);
@@ -163,7 +169,8 @@ pub fn layer_fwd<B: Backend>(
     let mut partial = ctx.zeros(Category::Buffers, &[n, h])?;
     ctx.ops
         .linear_fwd(&act, slice(&p, l, FC2), (n, rd.f_r, h), &mut partial)?;
-    let mlp_out = ctx.reduce_to_region(partial, Category::Buffers)?;
+    let mut mlp_out = ctx.reduce_to_region(partial, Category::Buffers)?;
+    hidden_dropout(ctx, layer_index(l), DropoutSite::Mlp, &mut mlp_out)?;
     let mut y = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops.add(&x1, &mlp_out, &mut y)?;
     drop(mlp_out);
@@ -220,11 +227,13 @@ pub fn layer_bwd<B: Backend>(
     } = s;
 
     // MLP: fc2 (row-parallel), activation, fc1 (column-parallel), norm; or the experts.
+    let d_mlp = dropout_grad(ctx, l, DropoutSite::Mlp, &dy)?;
+    let dy_mlp = d_mlp.as_ref().unwrap_or(&dy);
     let d_ln2 = match (moe, experts) {
-        (Some(ms), Some((le, pe))) => moe_bwd(ctx, l, p.clone(), pe, le, ln2, *ms, &dy, sink)?,
+        (Some(ms), Some((le, pe))) => moe_bwd(ctx, l, p.clone(), pe, le, ln2, *ms, dy_mlp, sink)?,
         (Some(_), None) | (None, Some(_)) => return Err(StateError::MoeSavedMismatch.into()),
         (None, None) => {
-            let dyg = ctx.expand_grad(&dy)?;
+            let dyg = ctx.expand_grad(dy_mlp)?;
             let mut d_act = ctx.zeros(b, &[n, rd.f_r])?;
             ctx.ops
                 .linear_dgrad(&dyg, slice(&p, l, FC2), (n, rd.f_r, h), &mut d_act, false)?;
@@ -266,6 +275,7 @@ pub fn layer_bwd<B: Backend>(
             d_ln2
         }
     };
+    drop(d_mlp);
     // The residual's gradient takes dy's buffer; the norm's input gradient is added to it.
     let mut dx1 = dy;
     ctx.ops.norm_dgrad(
@@ -289,7 +299,9 @@ pub fn layer_bwd<B: Backend>(
     // Attention: projection (row-parallel), core, rotary, QKV (column-parallel), norm.
     let qw = rd.a_r * d;
     let kw = rd.g_r * d;
-    let dxg = ctx.expand_grad(&dx1)?;
+    let d_attn = dropout_grad(ctx, l, DropoutSite::Attention, &dx1)?;
+    let dxg = ctx.expand_grad(d_attn.as_ref().unwrap_or(&dx1))?;
+    drop(d_attn);
     let mut d_o = ctx.zeros(b, &[n, qw])?;
     ctx.ops
         .linear_dgrad(&dxg, slice(&p, l, PROJ), (n, qw, h), &mut d_o, false)?;
@@ -332,10 +344,12 @@ pub fn layer_bwd<B: Backend>(
         drop((q, k, v, attn, d_o));
         (dq, dk, dv)
     };
-    ctx.ops
-        .rotary(&mut dq, rd.a_r, &ctx.positions, theta, true)?;
-    ctx.ops
-        .rotary(&mut dk, rd.g_r, &ctx.positions, theta, true)?;
+    if ctx.plan.model.learned_positions == 0 {
+        ctx.ops
+            .rotary(&mut dq, rd.a_r, &ctx.positions, theta, true)?;
+        ctx.ops
+            .rotary(&mut dk, rd.g_r, &ctx.positions, theta, true)?;
+    }
     let qkv_r = rd.qkv_r();
     let mut dqkv = ctx.zeros(b, &[n, qkv_r])?;
     ctx.ops.qkv_merge(&dq, &dk, &dv, &mut dqkv)?;

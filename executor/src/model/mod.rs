@@ -11,10 +11,12 @@
 
 pub mod cp;
 pub mod data;
+pub mod dropout;
 pub mod ends;
 pub mod layer;
 pub mod moe;
 pub mod params;
+pub mod positions;
 pub mod router_bias;
 pub mod shared;
 
@@ -70,6 +72,10 @@ pub struct Ctx<'a, B: Backend> {
     pub moe_dropped: u64,
     /// The MoE layers' selection-only expert biases (DeepSeek-V3), when the router has them.
     pub router_bias: router_bias::RouterBias,
+    /// Optimizer steps taken (the dropout mask's step) and the rank's data-parallel index
+    /// (which samples its microbatches hold): the coordinates of [`dropout`].
+    pub step: u32,
+    pub dp_rank: u32,
 }
 
 impl<'a, B: Backend> Ctx<'a, B> {
@@ -116,6 +122,8 @@ impl<'a, B: Backend> Ctx<'a, B> {
             moe_aux_loss: 0.0,
             moe_dropped: 0,
             router_bias: router_bias::RouterBias::default(),
+            step: 0,
+            dp_rank: 0,
         })
     }
 
@@ -393,6 +401,7 @@ impl<B: Backend> WTask<B> {
                 let lo = ctx.rd.tp_rank * ctx.rd.v_r;
                 ctx.ops
                     .embedding_scatter_add(&dy, &tokens, lo, grad.sub(r))?;
+                positions::scatter_grad(ctx, layout, &dy, grad)?;
             }
         }
         Ok(())

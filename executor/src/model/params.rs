@@ -145,13 +145,19 @@ impl RankDims {
     }
 }
 
-struct Builder {
+pub(super) struct Builder {
     tensors: Vec<LocalTensor>,
     next: usize,
 }
 
 impl Builder {
-    fn push(&mut self, rows: usize, cols: usize, segments: Vec<Segment>, tp_replicated: bool) {
+    pub(super) fn push(
+        &mut self,
+        rows: usize,
+        cols: usize,
+        segments: Vec<Segment>,
+        tp_replicated: bool,
+    ) {
         self.tensors.push(LocalTensor {
             offset: self.next,
             rows,
@@ -184,7 +190,7 @@ impl Builder {
     }
 }
 
-fn seg(
+pub(super) fn seg(
     name: String,
     global_cols: usize,
     rows: Range<usize>,
@@ -244,7 +250,8 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                         std,
                     )],
                     false,
-                )
+                );
+                super::positions::push_table(b, m.learned_positions, h, std);
             });
         }
         for l in st.layers.clone() {

@@ -180,6 +180,8 @@ mod tests {
             flash: true,
             init_std: 0.02,
             moe: None,
+            hidden_dropout: 0.0,
+            learned_positions: 0,
         };
         Plan::single_rank(shape, AdamConfig::default(), 1, 1, Recompute::None)
     }

@@ -321,6 +321,7 @@ impl<'a, B: Backend> Rank<'a, B> {
             .cloned()
             .ok_or_else(|| self.missing("chunk", stage, mb))?;
         self.ctx.mb = mb;
+        (self.ctx.step, self.ctx.dp_rank) = (self.step, self.rp.coords.dp);
         let (tokens, targets) = data::microbatch(
             &self.plan.model,
             self.plan.seed,
@@ -405,6 +406,7 @@ impl<'a, B: Backend> Rank<'a, B> {
             .cloned()
             .ok_or_else(|| self.missing("chunk", stage, mb))?;
         self.ctx.mb = mb;
+        (self.ctx.step, self.ctx.dp_rank) = (self.step, self.rp.coords.dp);
         let saved = self
             .saved
             .remove(&(stage, mb))

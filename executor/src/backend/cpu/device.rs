@@ -5,8 +5,8 @@
 //! round when storing its fp32 result.
 
 use super::ops::{
-    activation, adam, attention, cross_entropy, elementwise, flash, gemm, layout, moe, norm,
-    rotary, router, ulysses,
+    activation, adam, attention, cross_entropy, dropout, elementwise, flash, gemm, layout, moe,
+    norm, rotary, router, ulysses,
 };
 use super::{CpuComm, CpuOps, Group, Tensor};
 use crate::backend::{
@@ -703,6 +703,19 @@ impl TensorOps<Cpu> for CpuOps {
             aux_scale,
         );
         store_all(d);
+        Ok(())
+    }
+
+    fn dropout_inplace(
+        &self,
+        key: &crate::rng::DropoutKey,
+        tokens: &[u64],
+        col_offset: u64,
+        mut x: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        dropout::dropout_inplace(key, tokens, col_offset, dst(&mut x))?;
+        let r = x.range.clone();
+        store(x.tensor, r);
         Ok(())
     }
 }

@@ -4,6 +4,7 @@ pub mod activation;
 pub mod adam;
 pub mod attention;
 pub mod cross_entropy;
+pub mod dropout;
 pub mod elementwise;
 pub mod flash;
 pub mod gemm;

@@ -1,0 +1,77 @@
+//! Megatron's hidden dropout (after the embedding, the attention output projection and the
+//! MLP's down projection, before the residual add) on this rank's region rows. Each row is
+//! named by its global token (sample of the global batch, position in the sequence), so the
+//! counter-based mask ([`crate::rng`]) is the single-rank run's whatever the TP/SP/CP/PP/DP mix.
+
+use super::params::{BlockKind, BlockLayout};
+use super::Ctx;
+use crate::backend::{Backend, DeviceTensor, ProcessGroup, TensorOps, View, ViewMut};
+use crate::error::ExecError;
+use crate::memory::Category;
+use crate::rng::{global_token, DropoutKey, DropoutSite};
+
+/// Global token indices of the rows of this rank's region ([n_sp, h]) for the current
+/// microbatch: the CP rank's positions of each sample, batch-major, then the SP shard.
+pub fn region_tokens<B: Backend>(ctx: &Ctx<B>) -> Vec<u64> {
+    let m = &ctx.plan.model;
+    let first_sample = (u64::from(ctx.dp_rank) * u64::from(ctx.plan.microbatches)
+        + u64::from(ctx.mb))
+        * m.micro_batch as u64;
+    let all: Vec<u64> = (0..m.micro_batch as u64)
+        .flat_map(|s| {
+            ctx.positions
+                .iter()
+                .map(move |&p| global_token(first_sample + s, m.seq as u64, u64::from(p)))
+        })
+        .collect();
+    let lo = if ctx.sp { ctx.tp.index() * ctx.n_sp } else { 0 };
+    all[lo..lo + ctx.n_sp].to_vec()
+}
+
+/// Applies the hidden dropout of `site` at global layer `layer` to a region tensor in place
+/// (forward on the block's output, backward on its gradient); nothing when the rate is 0.
+pub fn hidden_dropout<B: Backend>(
+    ctx: &Ctx<B>,
+    layer: u32,
+    site: DropoutSite,
+    x: &mut B::Tensor,
+) -> Result<(), ExecError> {
+    let p = ctx.plan.model.hidden_dropout;
+    if p == 0.0 {
+        return Ok(());
+    }
+    let key = DropoutKey {
+        seed: ctx.plan.seed,
+        step: ctx.step,
+        layer,
+        site,
+        p,
+    };
+    let tokens = region_tokens(ctx);
+    ctx.ops.dropout_inplace(&key, &tokens, 0, ViewMut::all(x))
+}
+
+/// The gradient of a dropped-out block output from the residual's gradient `dy`: a masked
+/// copy (`dy` itself flows on through the residual); `None` when the rate is 0.
+pub fn dropout_grad<B: Backend>(
+    ctx: &Ctx<B>,
+    l: &BlockLayout,
+    site: DropoutSite,
+    dy: &B::Tensor,
+) -> Result<Option<B::Tensor>, ExecError> {
+    if ctx.plan.model.hidden_dropout == 0.0 {
+        return Ok(None);
+    }
+    let mut d = ctx.zeros(Category::Buffers, dy.shape())?;
+    ctx.ops.copy(View::all(dy), ViewMut::all(&mut d))?;
+    hidden_dropout(ctx, block_layer(l), site, &mut d)?;
+    Ok(Some(d))
+}
+
+/// The global decoder layer of a block (0 for the embedding and output blocks).
+pub fn block_layer(l: &BlockLayout) -> u32 {
+    match l.kind {
+        BlockKind::Layer(i) => i,
+        _ => 0,
+    }
+}
