@@ -14,6 +14,7 @@ pub mod model;
 pub mod plan;
 pub mod report;
 pub mod runner;
+pub mod trace;
 
 pub use error::ExecError;
 pub use plan::Plan;

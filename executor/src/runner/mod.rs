@@ -9,6 +9,7 @@ mod zero;
 use crate::backend::cpu::{Cpu, CpuComm, CpuOps, World};
 use crate::error::{ExecError, OptionsError};
 use crate::plan::{Plan, Precision};
+use crate::trace::Clock;
 pub use crate::report::{PhaseTimes, RankReport, RunReport};
 use rank::{run_rank, RankOutput};
 use std::sync::Arc;
@@ -30,6 +31,8 @@ pub struct RunOptions {
     pub perturb: Vec<(String, usize, f32)>,
     /// fp32, or the bf16 mixed-precision recipe.
     pub precision: Precision,
+    /// Record every action of the timed steps on this clock (`RunReport::traces`).
+    pub trace: Option<Clock>,
 }
 
 impl Default for RunOptions {
@@ -41,6 +44,7 @@ impl Default for RunOptions {
             export_grads: false,
             perturb: Vec::new(),
             precision: Precision::Fp32,
+            trace: None,
         }
     }
 }
@@ -125,6 +129,9 @@ pub fn run_cpu(plan: &Plan, opts: &RunOptions) -> Result<RunReport, ExecError> {
     let grads = opts
         .export_grads
         .then(|| export::assemble(outs.iter().map(|o| o.grads.as_slice()).collect()));
+    let traces = opts
+        .trace
+        .map(|_| outs.iter().map(|o| o.trace.clone().unwrap_or_default()).collect());
     Ok(RunReport {
         world: plan.world(),
         loss,
@@ -132,5 +139,6 @@ pub fn run_cpu(plan: &Plan, opts: &RunOptions) -> Result<RunReport, ExecError> {
         ranks: outs.into_iter().map(|o| o.report).collect(),
         params,
         grads,
+        traces,
     })
 }

@@ -16,6 +16,7 @@ use crate::model::params::{rank_layout, BlockKind, BlockLayout, DENSE_SPACE, EXP
 use crate::model::{data, Ctx, WTask};
 use crate::plan::{Action, Plan, RankPlan, Recompute};
 use crate::report::{PhaseTimes, RankReport};
+use crate::trace::{stream_of, Clock, EventKind, RankTrace, Stream, TraceEvent};
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::rc::Rc;
@@ -28,6 +29,7 @@ pub(super) struct RankOutput {
     pub(super) aux_sums: Vec<f64>,
     pub(super) params: Vec<Element>,
     pub(super) grads: Vec<Element>,
+    pub(super) trace: Option<RankTrace>,
 }
 
 enum BlockSaved<B: Backend> {
@@ -67,6 +69,11 @@ pub(super) struct Rank<'a, B: Backend> {
     recv_buf: Option<B::Tensor>,
     pub(super) loss_sum: f64,
     pub(super) grad_scale: f32,
+    /// Tracing: the run's clock, when the last receive's message arrived, and the
+    /// collectives of the last optimizer step (op, group, bytes, start, end).
+    pub(super) clock: Option<Clock>,
+    recv_arrived_s: Option<f64>,
+    pub(super) collectives: Vec<(&'static str, Vec<u32>, u64, f64, f64)>,
 }
 
 fn tag(stage: u32, mb: u32, grad: bool) -> u64 {
@@ -147,7 +154,11 @@ pub(super) fn run_rank<B: Backend>(
         loss_sum: 0.0,
         grad_scale: 1.0 / (plan.global_batch() * plan.model.seq) as f32,
         ctx,
+        clock: opts.trace,
+        recv_arrived_s: None,
+        collectives: Vec::new(),
     };
+    let mut trace = opts.trace.map(|_| RankTrace::default());
     let mut step_s = Vec::new();
     let mut loss_sums = Vec::new();
     let mut aux_sums = Vec::new();
@@ -157,15 +168,24 @@ pub(super) fn run_rank<B: Backend>(
             cp.timing = step >= opts.warmup;
         }
         let t0 = Instant::now();
+        let step_start_s = opts.trace.map(|c| c.now_s());
         rank.loss_sum = 0.0;
         rank.ctx.moe_aux_loss = 0.0;
-        for a in &rp.actions {
+        for (index, a) in rp.actions.iter().enumerate() {
             let ta = Instant::now();
+            let start_s = opts.trace.map(|c| c.now_s());
+            rank.recv_arrived_s = None;
+            rank.collectives.clear();
             if opts.export_grads && *a == Action::OptimizerStep {
                 rank.reduce_for_export()?;
                 continue;
             }
             rank.act(*a)?;
+            if let (Some(t), Some(c), Some(start_s)) = (trace.as_mut(), opts.trace, start_s) {
+                if step >= opts.warmup {
+                    rank.record(t, step - opts.warmup, index, a, start_s, c.now_s());
+                }
+            }
             if step >= opts.warmup {
                 let dt = ta.elapsed().as_secs_f64();
                 let slot = match a {
@@ -183,6 +203,9 @@ pub(super) fn run_rank<B: Backend>(
         let dt = t0.elapsed().as_secs_f64();
         if step >= opts.warmup {
             step_s.push(dt);
+            if let (Some(t), Some(c), Some(s0)) = (trace.as_mut(), opts.trace, step_start_s) {
+                t.steps.push((s0, c.now_s()));
+            }
         }
         // The load-balancing loss of each microbatch, weighted by its tokens so that the
         // division by the step's tokens averages it over the microbatches.
@@ -235,10 +258,51 @@ pub(super) fn run_rank<B: Backend>(
         aux_sums,
         params,
         grads,
+        trace,
     })
 }
 
 impl<'a, B: Backend> Rank<'a, B> {
+    /// Adds action `index` (`a`, played from `start_s` to `end_s` in timed step `step`) to
+    /// the trace: a receive as its wait then its copy, an optimizer step with its collectives.
+    fn record(
+        &mut self,
+        t: &mut RankTrace,
+        step: u32,
+        index: usize,
+        a: &Action,
+        start_s: f64,
+        end_s: f64,
+    ) {
+        let mut begin_s = start_s;
+        if let Some(arrived_s) = self.recv_arrived_s.take() {
+            t.events.push(TraceEvent {
+                step,
+                stream: Stream::Pipeline,
+                kind: EventKind::Wait { index },
+                start_s,
+                end_s: arrived_s,
+            });
+            begin_s = arrived_s;
+        }
+        t.events.push(TraceEvent {
+            step,
+            stream: stream_of(a),
+            kind: EventKind::Action { action: *a, index },
+            start_s: begin_s,
+            end_s,
+        });
+        for (op, group, bytes, s, e) in self.collectives.drain(..) {
+            t.events.push(TraceEvent {
+                step,
+                stream: Stream::Collectives,
+                kind: EventKind::Collective { op, group, bytes },
+                start_s: s,
+                end_s: e,
+            });
+        }
+    }
+
     fn act(&mut self, a: Action) -> Result<(), ExecError> {
         match a {
             Action::Forward { stage, mb } => self.forward(stage, mb),
@@ -290,6 +354,7 @@ impl<'a, B: Backend> Rank<'a, B> {
         self.ctx
             .comm
             .recv(from, tag(stage, mb, grad), ViewMut::all(buf))?;
+        self.recv_arrived_s = self.clock.map(|c| c.now_s());
         let cat = if grad {
             Category::Buffers
         } else {
