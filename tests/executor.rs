@@ -16,3 +16,5 @@ mod memory;
 mod moe;
 #[path = "executor/plan.rs"]
 mod plan;
+#[path = "executor/timeline.rs"]
+mod timeline;

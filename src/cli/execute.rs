@@ -12,9 +12,9 @@ use parsim::plan::{lower, LowerOptions};
 use parsim::report::format::{bytes, seconds};
 use parsim::report::measured_trace::measured_chrome_trace;
 use parsim::report::timeline_compare::{compare_timeline, TimelineComparison};
-use parsim_executor::trace::Clock;
 use parsim_executor::report::{CpStats, PhaseTimes, StepTime};
 use parsim_executor::runner::{run_cpu, RunOptions};
+use parsim_executor::trace::Clock;
 use serde::Serialize;
 use statrs::statistics::{Data, Median};
 
@@ -436,12 +436,22 @@ fn cp_text(o: &ExecuteOut) -> String {
 fn timeline_text(c: &TimelineComparison) -> String {
     let mut t = Table::new();
     t.load_style(presets::UTF8_BORDERS_ONLY);
-    t.set_header(vec!["rank", "kind", "count", "measured", "predicted", "diff"]);
+    t.set_header(vec![
+        "rank",
+        "kind",
+        "count",
+        "measured",
+        "predicted",
+        "diff",
+    ]);
     for k in &c.per_kind {
         let (pred, diff) = match k.predicted_s {
             Some(p) => (
                 seconds(p),
-                format!("{:+.1}%", (k.measured_s - p) / p.max(f64::MIN_POSITIVE) * 100.0),
+                format!(
+                    "{:+.1}%",
+                    (k.measured_s - p) / p.max(f64::MIN_POSITIVE) * 100.0
+                ),
             ),
             None => ("-".into(), "-".into()),
         };
@@ -463,7 +473,11 @@ fn timeline_text(c: &TimelineComparison) -> String {
             a.name.clone(),
             seconds(a.measured_s),
             seconds(a.predicted_s),
-            format!("{}{}", if a.error_s < 0.0 { "-" } else { "+" }, seconds(a.error_s.abs())),
+            format!(
+                "{}{}",
+                if a.error_s < 0.0 { "-" } else { "+" },
+                seconds(a.error_s.abs())
+            ),
         ]);
     }
     format!(

@@ -115,7 +115,12 @@ pub fn measured_chrome_trace(
             rp.rank, c.pp, c.dp, c.tp
         );
         events.push(meta(pid, None, "process_name", json!({ "name": label })));
-        events.push(meta(pid, None, "process_sort_index", json!({ "sort_index": pid })));
+        events.push(meta(
+            pid,
+            None,
+            "process_sort_index",
+            json!({ "sort_index": pid }),
+        ));
         for (s, n) in [
             (Stream::Compute, "compute"),
             (Stream::Collectives, "collectives"),
@@ -123,7 +128,12 @@ pub fn measured_chrome_trace(
         ] {
             let tid = stream_tid(s);
             events.push(meta(pid, Some(tid), "thread_name", json!({ "name": n })));
-            events.push(meta(pid, Some(tid), "thread_sort_index", json!({ "sort_index": tid })));
+            events.push(meta(
+                pid,
+                Some(tid),
+                "thread_sort_index",
+                json!({ "sort_index": tid }),
+            ));
         }
         for e in &t.events {
             let mut args = json!({"step": e.step, "kind": event_kind(e), "measured": true});
@@ -176,8 +186,18 @@ fn predicted_events(
         let pid = first_pid + r as u64;
         let label = format!("predicted pipeline rank {r} ({})", program.kind);
         events.push(meta(pid, None, "process_name", json!({ "name": label })));
-        events.push(meta(pid, None, "process_sort_index", json!({ "sort_index": pid })));
-        events.push(meta(pid, Some(0), "thread_name", json!({ "name": "compute (predicted)" })));
+        events.push(meta(
+            pid,
+            None,
+            "process_sort_index",
+            json!({ "sort_index": pid }),
+        ));
+        events.push(meta(
+            pid,
+            Some(0),
+            "thread_name",
+            json!({ "name": "compute (predicted)" }),
+        ));
         for (step, off) in offsets_s.iter().enumerate() {
             for (a, s) in acts.iter().zip(spans) {
                 events.push(json!({

@@ -9,8 +9,8 @@ mod zero;
 use crate::backend::cpu::{Cpu, CpuComm, CpuOps, World};
 use crate::error::{ExecError, OptionsError};
 use crate::plan::{Plan, Precision};
-use crate::trace::Clock;
 pub use crate::report::{PhaseTimes, RankReport, RunReport};
+use crate::trace::Clock;
 use rank::{run_rank, RankOutput};
 use std::sync::Arc;
 
@@ -129,9 +129,11 @@ pub fn run_cpu(plan: &Plan, opts: &RunOptions) -> Result<RunReport, ExecError> {
     let grads = opts
         .export_grads
         .then(|| export::assemble(outs.iter().map(|o| o.grads.as_slice()).collect()));
-    let traces = opts
-        .trace
-        .map(|_| outs.iter().map(|o| o.trace.clone().unwrap_or_default()).collect());
+    let traces = opts.trace.map(|_| {
+        outs.iter()
+            .map(|o| o.trace.clone().unwrap_or_default())
+            .collect()
+    });
     Ok(RunReport {
         world: plan.world(),
         loss,
