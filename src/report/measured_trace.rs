@@ -136,7 +136,9 @@ pub fn measured_chrome_trace(
             ));
         }
         for e in &t.events {
-            let mut args = json!({"step": e.step, "kind": event_kind(e), "measured": true});
+            let mut args = json!({
+                "step": e.step, "kind": event_kind(e), "measured": true, "pp": c.pp,
+            });
             match &e.kind {
                 EventKind::Action { action, index } => {
                     args["index"] = json!(index);
@@ -210,7 +212,7 @@ fn predicted_events(
                     "dur": (s.end - s.start) * 1e6,
                     "args": {
                         "step": step, "kind": a.kind.letter(), "stage": a.stage,
-                        "microbatch": a.microbatch, "measured": false,
+                        "microbatch": a.microbatch, "measured": false, "pp": r,
                     }
                 }));
             }
