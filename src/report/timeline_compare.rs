@@ -78,9 +78,8 @@ pub fn compare_timeline(
         let pp = rp.coords.pp;
         // kind -> (events, measured seconds, predicted seconds of those with a prediction)
         let mut kinds: BTreeMap<&str, (usize, f64, Option<f64>)> = BTreeMap::new();
-        // action index -> (name, summed measured seconds, predicted seconds, schedule key)
-        let mut per_action: BTreeMap<usize, (String, f64, f64, (ActionKind, u32, u32))> =
-            BTreeMap::new();
+        // action index -> the action, its measured seconds summed over the events so far
+        let mut per_action: BTreeMap<usize, ActionMiss> = BTreeMap::new();
         for e in &t.events {
             let k = kinds.entry(event_kind(e)).or_insert((0, 0.0, None));
             if e.step == 0 {
@@ -101,8 +100,17 @@ pub fn compare_timeline(
             }
             per_action
                 .entry(*index)
-                .or_insert_with(|| (event_name(e, program), 0.0, p, key))
-                .1 += e.duration_s() / steps;
+                .or_insert_with(|| ActionMiss {
+                    rank: rp.rank,
+                    name: event_name(e, program),
+                    kind: key.0.letter().to_string(),
+                    stage: key.1,
+                    microbatch: key.2,
+                    measured_s: 0.0,
+                    predicted_s: p,
+                    error_s: 0.0,
+                })
+                .measured_s += e.duration_s() / steps;
         }
         for (kind, (count, measured_s, predicted_s)) in kinds {
             per_kind.push(KindTimes {
@@ -113,18 +121,10 @@ pub fn compare_timeline(
                 predicted_s,
             });
         }
-        for (name, measured_s, predicted_s, (kind, stage, microbatch)) in per_action.into_values() {
-            actions.push(ActionMiss {
-                rank: rp.rank,
-                name,
-                kind: kind.letter().to_string(),
-                stage,
-                microbatch,
-                measured_s,
-                predicted_s,
-                error_s: measured_s - predicted_s,
-            });
-        }
+        actions.extend(per_action.into_values().map(|a| ActionMiss {
+            error_s: a.measured_s - a.predicted_s,
+            ..a
+        }));
     }
     let mut largest_misses = actions.clone();
     largest_misses.sort_by(|a, b| b.error_s.abs().total_cmp(&a.error_s.abs()));

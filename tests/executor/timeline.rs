@@ -65,7 +65,7 @@ fn run_ok(cmd: &mut Command) -> Vec<u8> {
 }
 
 /// Complete events (`ph` X) of process `pid` and thread `tid`, by start.
-fn spans<'a>(events: &'a [Value], pid: u64, tid: Option<u64>) -> Vec<&'a Value> {
+fn spans(events: &[Value], pid: u64, tid: Option<u64>) -> Vec<&Value> {
     let mut v: Vec<&Value> = events
         .iter()
         .filter(|e| e["ph"] == "X" && e["pid"] == pid && tid.is_none_or(|t| e["tid"] == t))

@@ -274,17 +274,19 @@ impl<'a, B: Backend> Rank<'a, B> {
         start_s: f64,
         end_s: f64,
     ) {
-        let mut begin_s = start_s;
-        if let Some(arrived_s) = self.recv_arrived_s.take() {
-            t.events.push(TraceEvent {
-                step,
-                stream: Stream::Pipeline,
-                kind: EventKind::Wait { index },
-                start_s,
-                end_s: arrived_s,
-            });
-            begin_s = arrived_s;
-        }
+        let begin_s = match self.recv_arrived_s.take() {
+            Some(arrived_s) => {
+                t.events.push(TraceEvent {
+                    step,
+                    stream: Stream::Pipeline,
+                    kind: EventKind::Wait { index },
+                    start_s,
+                    end_s: arrived_s,
+                });
+                arrived_s
+            }
+            None => start_s,
+        };
         t.events.push(TraceEvent {
             step,
             stream: stream_of(a),
