@@ -572,3 +572,23 @@ fn a_recorded_trace_opens_under_its_predicted_timeline() {
     assert_eq!((drawn_predicted, drawn_measured), (2, 4));
     assert!(tracks.values().all(|(_, a)| a.len() == 48));
 }
+
+#[test]
+fn a_file_that_is_not_a_measured_trace_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("schedule.json");
+    // A predicted-only trace (parsim schedule --chrome-trace) has no measured tracks.
+    std::fs::write(&path, r#"{"traceEvents": []}"#).unwrap();
+    let mut h = harness(ParsimApp::default());
+    file_menu(&mut h, "Open measured trace…");
+    h.get_by_role_and_label(Role::TextInput, "Path")
+        .set_text_value_accesskit(&path.display().to_string());
+    h.run();
+    h.get_by_label("Open").click();
+    h.run();
+    let shown = path.display().to_string();
+    assert!(h
+        .query_by_label_contains(&format!("{shown}: needs both measured and predicted"))
+        .is_some());
+    assert!(h.state().measured.is_none());
+}

@@ -291,3 +291,31 @@ fn compare_timeline_lists_every_compute_kind_and_the_five_largest_misses() {
         }
     }
 }
+
+#[test]
+fn trace_errors_name_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(&cfg, config("1f1b", 1)).unwrap();
+    let bad = dir.path().join("missing-dir").join("t.json");
+    let out = parsim()
+        .args(["execute", "--config", cfg.to_str().unwrap(), "--trace"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--trace: cannot write"), "{err}");
+    // --trace-predicted needs --trace.
+    let out = parsim()
+        .args([
+            "execute",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--trace-predicted",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--trace"));
+}
