@@ -1,7 +1,7 @@
 //! Measured timelines: every action a rank plays in a timed step, with its start and end on
 //! the backend's clock (a monotonic clock shared by the CPU backend's rank threads), the wait
-//! a receive spent blocked before its data arrived, and the data-parallel collectives of the
-//! optimizer step with their group and bytes. `parsim execute --trace` writes them as a
+//! a receive spent blocked before its data arrived, and the data-parallel collectives (of the
+//! optimizer step, and ZeRO-2/3's gradient buckets) with their group and bytes. `parsim execute --trace` writes them as a
 //! Chrome trace beside the engine's predicted timeline.
 
 use crate::plan::Action;
@@ -26,7 +26,7 @@ pub enum EventKind {
     Action { action: Action, index: usize },
     /// Time a receive spent blocked before its message arrived (precedes the receive).
     Wait { index: usize },
-    /// A collective inside the optimizer step.
+    /// A data-parallel collective (inside the optimizer step or a backward pass).
     Collective {
         op: &'static str,
         group: Vec<u32>,

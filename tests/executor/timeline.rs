@@ -174,6 +174,31 @@ fn check(schedule: &str, vpp: u32, dir: &Path) {
                 w[1]["name"]
             );
         }
+        // ZeRO-1 over DP 2: per step one reduce-scatter and one all-gather of this rank's
+        // gradients and parameters over its DP group, inside the optimizer step.
+        let collectives = spans(events, pid, Some(1));
+        let ops: Vec<&str> = collectives
+            .iter()
+            .map(|e| e["cat"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            ops,
+            ["reduce_scatter", "all_gather"].repeat(timed),
+            "{schedule}"
+        );
+        for c in &collectives {
+            let group: Vec<u32> = serde_json::from_value(c["args"]["group"].clone()).unwrap();
+            assert_eq!(group, rp.dp_group, "{schedule}: {c}");
+            assert!(c["args"]["bytes"].as_u64().unwrap() > 0);
+            let opt = compute
+                .iter()
+                .find(|e| e["cat"] == "optimizer" && e["args"]["step"] == c["args"]["step"])
+                .expect("optimizer step");
+            assert!(
+                num(c, "ts") >= num(opt, "ts") && end(c) <= end(opt) + 1e-3,
+                "{c}"
+            );
+        }
         // Actions (compute and pipeline threads) plus waits make the measured step (the
         // median of two timed steps is their mean).
         let sum_us: f64 = all

@@ -186,13 +186,21 @@ impl<B: Backend> Rank<'_, B> {
             }
         }
         let sp = l.space;
+        let start_s = self.clock.map(|c| c.now_s());
         self.ctx.comm.reduce_scatter_range(
             &self.groups[sp],
             l.range.start,
             View::all(&bucket),
             self.shards[sp].clone(),
             ViewMut::all(&mut self.grads[sp]),
-        )
+        )?;
+        if let (Some(c), Some(s)) = (self.clock, start_s) {
+            let group = self.groups[sp].members().to_vec();
+            let bytes = bucket.size_bytes();
+            self.collectives
+                .push(("reduce_scatter", group, bytes, s, c.now_s()));
+        }
+        Ok(())
     }
 
     /// Sums the SP norm partials of the dense gradients over TP.
