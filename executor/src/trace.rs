@@ -1,8 +1,9 @@
 //! Measured timelines: every action a rank plays in a timed step, with its start and end on
 //! the backend's clock (a monotonic clock shared by the CPU backend's rank threads), the wait
 //! a receive spent blocked before its data arrived, and the data-parallel collectives (of the
-//! optimizer step, and ZeRO-2/3's gradient buckets) with their group and bytes. `parsim execute --trace` writes them as a
-//! Chrome trace beside the engine's predicted timeline.
+//! optimizer step, and ZeRO-2/3's gradient buckets) with their group and bytes.
+//! `parsim execute --trace` writes them as a Chrome trace beside the engine's predicted
+//! timeline.
 
 use crate::plan::Action;
 use serde::Serialize;
