@@ -6,16 +6,29 @@
 # Usage: scripts/screenshot.sh [OUT.png] [extra parsim-gui flags...]
 #   default OUT: docs/gui.png; default flags: --compare 1f1b --search (the README picture:
 #   interleaved 1F1B over plain 1F1B, with the search panel's results).
+# Or:    scripts/screenshot.sh --measured [OUT.png]
+#   default OUT: docs/measured-timeline.png (docs/executor.md's picture): records a trace of
+#   tests/fixtures/executor_pp2_dp2_zbv.toml with `parsim execute --trace --trace-predicted`
+#   on the CPU backend and opens it in the GUI under its predicted timeline.
 # Needs root or sudo for apt-get when the packages are missing. Not run by CI.
 # PARSIM_SCREENSHOT_PROFILE=debug uses a debug build (quicker to build, same picture);
 # CARGO_TARGET_DIR is honoured.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-OUT="${1:-docs/gui.png}"
+MEASURED=0
+if [ "${1:-}" = --measured ]; then
+    MEASURED=1
+    shift
+fi
+if [ "$MEASURED" = 1 ]; then
+    OUT="${1:-docs/measured-timeline.png}"
+else
+    OUT="${1:-docs/gui.png}"
+fi
 shift || true
 FLAGS=("$@")
-if [ ${#FLAGS[@]} -eq 0 ]; then
+if [ ${#FLAGS[@]} -eq 0 ] && [ "$MEASURED" = 0 ]; then
     FLAGS=(--compare 1f1b --search)
 fi
 WIDTH=1600
@@ -42,6 +55,19 @@ else
     cargo build -p parsim-gui
 fi
 BIN="${CARGO_TARGET_DIR:-target}/$PROFILE/parsim-gui"
+if [ "$MEASURED" = 1 ]; then
+    TRACE="$(mktemp --suffix .json)"
+    trap 'rm -f "$TRACE"' EXIT
+    CONFIG=tests/fixtures/executor_pp2_dp2_zbv.toml
+    if [ "$PROFILE" = release ]; then
+        cargo run --release -p parsim -- execute --config "$CONFIG" --steps 2 --warmup 1 \
+            --trace "$TRACE" --trace-predicted >/dev/null
+    else
+        cargo run -p parsim -- execute --config "$CONFIG" --steps 2 --warmup 1 \
+            --trace "$TRACE" --trace-predicted >/dev/null
+    fi
+    FLAGS=(--config "$CONFIG" --trace "$TRACE" "${FLAGS[@]}")
+fi
 mkdir -p "$(dirname "$OUT")"
 rm -f "$OUT"
 # Mesa's llvmpipe renders OpenGL on the CPU; no GPU or display needed.

@@ -24,3 +24,5 @@ mod moe;
 mod moe_memory;
 #[path = "executor/plan.rs"]
 mod plan;
+#[path = "executor/timeline.rs"]
+mod timeline;

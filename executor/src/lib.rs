@@ -16,6 +16,7 @@ pub mod plan;
 pub mod report;
 pub mod rng;
 pub mod runner;
+pub mod trace;
 
 pub use error::ExecError;
 pub use plan::Plan;

@@ -223,7 +223,7 @@ pub struct StagePlan {
 }
 
 /// One action of a rank, in execution order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub enum Action {
     /// Forward of `stage` for microbatch `mb`.
     Forward { stage: u32, mb: u32 },

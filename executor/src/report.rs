@@ -95,4 +95,6 @@ pub struct RunReport {
     pub params: Option<BTreeMap<String, Vec<f32>>>,
     /// Global gradient tensors of the last step, when asked for.
     pub grads: Option<BTreeMap<String, Vec<f32>>>,
+    /// Per rank, every action of the timed steps with its start and end, when asked for.
+    pub traces: Option<Vec<crate::trace::RankTrace>>,
 }

@@ -64,6 +64,7 @@ fn rank_report(world: u32, rank: u32) -> RunReport {
         }],
         params: None,
         grads: None,
+        traces: None,
     }
 }
 

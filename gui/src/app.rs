@@ -7,6 +7,7 @@
 
 use crate::command_line::{command_line, CommandLine};
 use crate::export;
+use crate::measured::{self, MeasuredTimeline};
 use crate::search_task::{parse_constraints, SearchTask};
 use crate::state::{Results, Session};
 use crate::views::search_panel::{self, SearchAction, SearchOptions, SearchView};
@@ -25,6 +26,8 @@ pub enum FileAction {
     SaveAs,
     ExportTimeline,
     ExportMemory,
+    /// A Chrome trace of `parsim execute --trace FILE --trace-predicted`.
+    OpenTrace,
 }
 
 impl FileAction {
@@ -34,12 +37,13 @@ impl FileAction {
             FileAction::SaveAs => "Save configuration as",
             FileAction::ExportTimeline => "Export timeline (.png or .svg)",
             FileAction::ExportMemory => "Export memory chart (.png or .svg)",
+            FileAction::OpenTrace => "Open measured trace (parsim execute --trace)",
         }
     }
 
     fn button(self) -> &'static str {
         match self {
-            FileAction::Open => "Open",
+            FileAction::Open | FileAction::OpenTrace => "Open",
             FileAction::SaveAs => "Save",
             FileAction::ExportTimeline | FileAction::ExportMemory => "Export",
         }
@@ -98,6 +102,8 @@ pub struct ParsimApp {
     /// The file last opened or saved, and the configuration it held then.
     pub file: Option<(PathBuf, Config)>,
     pub screenshot: Option<Screenshot>,
+    /// A measured trace opened from the File menu, drawn under its prediction.
+    pub measured: Option<MeasuredTimeline>,
     search_task: Option<SearchTask>,
     search_result: Option<Result<SearchResult, String>>,
 }
@@ -121,6 +127,7 @@ impl ParsimApp {
             status: None,
             file: None,
             screenshot: None,
+            measured: None,
             search_task: None,
             search_result: None,
         }
@@ -149,6 +156,17 @@ impl ParsimApp {
         }
     }
 
+    /// Opens a measured trace (`parsim execute --trace FILE --trace-predicted`).
+    pub fn open_trace(&mut self, path: &Path) {
+        match measured::load(path) {
+            Ok(m) => {
+                self.ok(format!("opened measured trace {}", path.display()));
+                self.measured = Some(m);
+            }
+            Err(e) => self.fail(e),
+        }
+    }
+
     fn ok(&mut self, text: String) {
         self.status = Some(Status { text, error: false });
     }
@@ -170,6 +188,7 @@ impl ParsimApp {
         match p.action {
             FileAction::Open => self.open(&path),
             FileAction::SaveAs => self.save(&path),
+            FileAction::OpenTrace => self.open_trace(&path),
             FileAction::ExportTimeline => {
                 let r = match &self.session.last_valid {
                     Some(Results {
@@ -270,6 +289,9 @@ impl ParsimApp {
                         FileAction::SaveAs,
                         current.as_deref().unwrap_or("parsim-gui.toml"),
                     );
+                }
+                if ui.button("Open measured trace…").clicked() {
+                    self.prompt = prompt(FileAction::OpenTrace, "parsim-trace.json");
                 }
                 ui.separator();
                 if ui.button("Export timeline…").clicked() {
@@ -540,6 +562,16 @@ impl ParsimApp {
         });
 
         self.session.last_valid = last;
+        if let Some(m) = &self.measured {
+            let mut open = true;
+            egui::Window::new("Measured vs predicted timeline")
+                .open(&mut open)
+                .default_width(ui.available_width() * 0.9)
+                .show(ui.ctx(), |ui| crate::views::measured_timeline::ui(ui, m));
+            if !open {
+                self.measured = None;
+            }
+        }
         self.prompt_window(ui);
         self.command_window(ui);
         if self.searching() {

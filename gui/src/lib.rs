@@ -12,6 +12,7 @@ pub mod bench;
 pub mod command_line;
 pub mod export;
 pub mod fields;
+pub mod measured;
 pub mod search_task;
 pub mod state;
 pub mod views;

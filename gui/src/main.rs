@@ -25,6 +25,10 @@ struct Args {
     /// Save a PNG of the window to PATH once it has drawn, then exit.
     #[arg(long, value_name = "PATH")]
     screenshot: Option<PathBuf>,
+    /// Open a measured trace (`parsim execute --trace FILE --trace-predicted`) and draw it
+    /// under its predicted timeline.
+    #[arg(long, value_name = "FILE.json")]
+    trace: Option<PathBuf>,
     /// Window size in points, WIDTHxHEIGHT.
     #[arg(long, default_value = "1600x1000", value_parser = parse_size)]
     size: (f32, f32),
@@ -105,6 +109,12 @@ fn main() -> Result<()> {
     }
     if args.search && args.screenshot.is_none() {
         app.show_search = true;
+    }
+    if let Some(path) = &args.trace {
+        app.open_trace(path);
+        if let Some(s) = app.status.as_ref().filter(|s| s.error) {
+            anyhow::bail!("--trace: {}", s.text);
+        }
     }
     if let Some(path) = args.screenshot {
         app.screenshot = Some(Screenshot::new(path, args.search));

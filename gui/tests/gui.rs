@@ -570,3 +570,104 @@ fn a_pipeline_layout_typed_in_is_the_engines_configuration() {
         .next()
         .is_some());
 }
+
+/// Per track (measured?, pid): label, pipeline rank, and (name, duration) of the compute
+/// actions of timed step 0, read straight from the trace file.
+type TraceTracks = std::collections::BTreeMap<(bool, u64), (u64, Vec<(String, f64)>)>;
+
+fn trace_tracks(v: &serde_json::Value) -> TraceTracks {
+    let mut t = TraceTracks::new();
+    for e in v["traceEvents"].as_array().unwrap() {
+        let a = &e["args"];
+        if e["ph"] != "X" || e["tid"] != 0 || a["step"] != 0 {
+            continue;
+        }
+        if !["F", "B", "I", "W"].contains(&a["kind"].as_str().unwrap()) {
+            continue;
+        }
+        let key = (a["measured"].as_bool().unwrap(), e["pid"].as_u64().unwrap());
+        t.entry(key)
+            .or_insert((a["pp"].as_u64().unwrap(), Vec::new()))
+            .1
+            .push((
+                e["name"].as_str().unwrap().to_string(),
+                e["dur"].as_f64().unwrap(),
+            ));
+    }
+    t
+}
+
+#[test]
+fn a_recorded_trace_opens_under_its_predicted_timeline() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/measured_trace.json"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let tracks = trace_tracks(&v);
+    let mut h = harness(ParsimApp::default());
+    file_menu(&mut h, "Open measured trace…");
+    h.get_by_role_and_label(Role::TextInput, "Path")
+        .set_text_value_accesskit(path);
+    h.run();
+    h.get_by_label("Open").click();
+    h.run();
+    assert!(h.query_by_label_contains("opened measured trace").is_some());
+    assert!(h.query_by_label("Measured vs predicted timeline").is_some());
+    // The predicted durations by (pipeline rank, action name).
+    let predicted: std::collections::HashMap<(u64, &str), f64> = tracks
+        .iter()
+        .filter(|((m, _), _)| !m)
+        .flat_map(|(_, (pp, acts))| acts.iter().map(move |(n, d)| ((*pp, n.as_str()), *d)))
+        .collect();
+    let (mut drawn_predicted, mut drawn_measured) = (0, 0);
+    for ((measured, pid), (pp, acts)) in &tracks {
+        let label = if *measured {
+            let misses = acts
+                .iter()
+                .filter(|(n, d)| {
+                    let p = predicted[&(*pp, n.as_str())];
+                    (d - p).abs() > 0.5 * p
+                })
+                .count();
+            drawn_measured += 1;
+            format!(
+                "measured rank {pid} (pp {pp}, dp {}, tp 0): {} actions, {misses} misses",
+                pid % 2,
+                acts.len()
+            )
+        } else {
+            drawn_predicted += 1;
+            format!(
+                "predicted pipeline rank {pp} (zb-v): {} actions",
+                acts.len()
+            )
+        };
+        assert!(h.query_by_label(&label).is_some(), "no row '{label}'");
+    }
+    // ZB-V on PP 2 x DP 2: two predicted pipeline ranks, four measured ranks, each with F, I
+    // and W of 2 chunks x 8 microbatches.
+    assert_eq!((drawn_predicted, drawn_measured), (2, 4));
+    assert!(tracks.values().all(|(_, a)| a.len() == 48));
+}
+
+#[test]
+fn a_file_that_is_not_a_measured_trace_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("schedule.json");
+    // A predicted-only trace (parsim schedule --chrome-trace) has no measured tracks.
+    std::fs::write(&path, r#"{"traceEvents": []}"#).unwrap();
+    let mut h = harness(ParsimApp::default());
+    file_menu(&mut h, "Open measured trace…");
+    h.get_by_role_and_label(Role::TextInput, "Path")
+        .set_text_value_accesskit(&path.display().to_string());
+    h.run();
+    h.get_by_label("Open").click();
+    h.run();
+    let shown = path.display().to_string();
+    assert!(h
+        .query_by_label_contains(&format!("{shown}: needs both measured and predicted"))
+        .is_some());
+    assert!(h.state().measured.is_none());
+}

@@ -12,8 +12,11 @@ use comfy_table::{presets, CellAlignment, Table};
 use parsim::config::{Dtype, Precision, Resolved};
 use parsim::plan::{lower, LowerOptions};
 use parsim::report::format::{bytes, seconds};
+use parsim::report::measured_trace::measured_chrome_trace;
+use parsim::report::timeline_compare::{compare_timeline, TimelineComparison};
 use parsim_executor::report::{CpStats, PhaseTimes, StepTime};
 use parsim_executor::runner::{run_cpu, RunOptions};
+use parsim_executor::trace::Clock;
 use serde::Serialize;
 use statrs::statistics::{Data, Median};
 
@@ -69,6 +72,18 @@ pub struct ExecuteArgs {
     pub out: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub launch: LaunchArgs,
+    /// Record every action of the timed steps and write them as a Chrome trace (Perfetto):
+    /// one process per rank, threads compute, collectives and pipeline sends.
+    #[arg(long, value_name = "FILE.json", conflicts_with = "calibrate")]
+    pub trace: Option<std::path::PathBuf>,
+    /// With --trace: add the engine's predicted timeline of the same configuration, one
+    /// process per pipeline rank, aligned at each timed step's start.
+    #[arg(long, requires = "trace")]
+    pub trace_predicted: bool,
+    /// Print, per rank and kind of action, measured vs predicted seconds and the five
+    /// actions that miss most (in the JSON with --json: `timeline_comparison`).
+    #[arg(long, conflicts_with = "calibrate")]
+    pub compare_timeline: bool,
 }
 
 /// The largest run the CPU backend accepts (threads, and host memory by the prediction:
@@ -122,6 +137,8 @@ struct ExecuteOut {
     loss: Vec<f64>,
     step_s: f64,
     ranks: Vec<RankOut>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timeline_comparison: Option<TimelineComparison>,
     warnings: Vec<String>,
 }
 
@@ -233,6 +250,7 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
             Precision::Bf16 => parsim_executor::plan::Precision::Bf16,
             _ => parsim_executor::plan::Precision::Fp32,
         },
+        trace: (args.trace.is_some() || args.compare_timeline).then(Clock::new),
         ..RunOptions::default()
     };
     let report = match args.backend {
@@ -243,6 +261,7 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
             None => return Ok(()),
         },
     };
+    let timeline_comparison = timelines(&args, &resolved, &plan, &report)?;
     let timed = (args.warmup as usize)..(args.steps as usize);
     // A step ends when its slowest rank ends.
     let per_step: Vec<f64> = (0..timed.len())
@@ -291,6 +310,7 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
                 }
             })
             .collect(),
+        timeline_comparison,
         warnings: resolved.warnings.clone(),
     };
     if args.json {
@@ -299,6 +319,33 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
         print!("{}", text(&out));
     }
     Ok(())
+}
+
+/// `--trace` and `--compare-timeline`: writes the Chrome trace (with the prediction when
+/// asked) and returns the comparison with the engine's simulated schedule.
+fn timelines(
+    args: &ExecuteArgs,
+    resolved: &Resolved,
+    plan: &parsim_executor::Plan,
+    report: &parsim_executor::RunReport,
+) -> anyhow::Result<Option<TimelineComparison>> {
+    let Some(traces) = report.traces.as_deref() else {
+        return Ok(None);
+    };
+    let (program, costs) = parsim::estimate::pipeline(resolved)
+        .context("the predicted timeline of the same configuration")?;
+    let sim = parsim::schedule::simulate(&program, &costs)
+        .context("simulating the predicted timeline")?;
+    if let Some(path) = &args.trace {
+        let predicted = args.trace_predicted.then_some(&sim);
+        let v = measured_chrome_trace(plan, traces, &program, predicted);
+        std::fs::write(path, serde_json::to_vec(&v)?)
+            .with_context(|| format!("--trace: cannot write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(args
+        .compare_timeline
+        .then(|| compare_timeline(plan, traces, &program, &sim)))
 }
 
 fn text(o: &ExecuteOut) -> String {
@@ -363,6 +410,9 @@ fn text(o: &ExecuteOut) -> String {
     s.push_str(&t.to_string());
     s.push('\n');
     s.push_str(&cp_text(o));
+    if let Some(c) = &o.timeline_comparison {
+        s.push_str(&timeline_text(c));
+    }
     for w in &o.warnings {
         s.push_str(&format!("warning: {w}\n"));
     }
@@ -417,4 +467,57 @@ fn cp_text(o: &ExecuteOut) -> String {
         hi as f64 / lo.max(1) as f64
     ));
     s
+}
+
+/// `--compare-timeline` as tables: per rank and kind, then the largest misses.
+fn timeline_text(c: &TimelineComparison) -> String {
+    let mut t = Table::new();
+    t.load_style(presets::UTF8_BORDERS_ONLY);
+    t.set_header(vec![
+        "rank",
+        "kind",
+        "count",
+        "measured",
+        "predicted",
+        "diff",
+    ]);
+    for k in &c.per_kind {
+        let (pred, diff) = match k.predicted_s {
+            Some(p) => (
+                seconds(p),
+                format!(
+                    "{:+.1}%",
+                    (k.measured_s - p) / p.max(f64::MIN_POSITIVE) * 100.0
+                ),
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        t.add_row(vec![
+            k.rank.to_string(),
+            k.kind.clone(),
+            k.count.to_string(),
+            seconds(k.measured_s),
+            pred,
+            diff,
+        ]);
+    }
+    let mut m = Table::new();
+    m.load_style(presets::UTF8_BORDERS_ONLY);
+    m.set_header(vec!["rank", "action", "measured", "predicted", "miss"]);
+    for a in &c.largest_misses {
+        m.add_row(vec![
+            a.rank.to_string(),
+            a.name.clone(),
+            seconds(a.measured_s),
+            seconds(a.predicted_s),
+            format!(
+                "{}{}",
+                if a.error_s < 0.0 { "-" } else { "+" },
+                seconds(a.error_s.abs())
+            ),
+        ]);
+    }
+    format!(
+        "measured vs predicted per timed step, by rank and kind of action:\n{t}\nlargest misses (measured - predicted):\n{m}\n"
+    )
 }

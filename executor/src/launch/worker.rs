@@ -315,6 +315,9 @@ pub fn combine(
             });
         }
         run.ranks.extend(r.ranks);
+        if let Some(t) = r.traces {
+            run.traces.get_or_insert_with(Vec::new).extend(t);
+        }
         for (mine, theirs) in [(&mut run.params, r.params), (&mut run.grads, r.grads)] {
             if let Some(t) = theirs {
                 mine.get_or_insert_with(BTreeMap::new).extend(t);
@@ -364,6 +367,7 @@ mod tests {
             }],
             params: None,
             grads: None,
+            traces: None,
         }
     }
 

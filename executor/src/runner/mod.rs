@@ -11,6 +11,7 @@ use crate::backend::cpu::{Cpu, CpuComm, CpuOps, World};
 use crate::error::{ExecError, OptionsError};
 use crate::plan::{Plan, Precision};
 pub use crate::report::{PhaseTimes, RankReport, RunReport};
+use crate::trace::Clock;
 pub use cuda::{layout as cuda_layout, run_cuda, CudaLayout, CudaWorld};
 use rank::{run_rank, RankOutput};
 use std::sync::Arc;
@@ -32,6 +33,8 @@ pub struct RunOptions {
     pub perturb: Vec<(String, usize, f32)>,
     /// fp32, or the bf16 mixed-precision recipe.
     pub precision: Precision,
+    /// Record every action of the timed steps on this clock (`RunReport::traces`).
+    pub trace: Option<Clock>,
 }
 
 impl Default for RunOptions {
@@ -43,6 +46,7 @@ impl Default for RunOptions {
             export_grads: false,
             perturb: Vec::new(),
             precision: Precision::Fp32,
+            trace: None,
         }
     }
 }
@@ -134,6 +138,11 @@ pub fn run_cpu(plan: &Plan, opts: &RunOptions) -> Result<RunReport, ExecError> {
     let grads = opts
         .export_grads
         .then(|| export::assemble(outs.iter().map(|o| o.grads.as_slice()).collect()));
+    let traces = opts.trace.map(|_| {
+        outs.iter()
+            .map(|o| o.trace.clone().unwrap_or_default())
+            .collect()
+    });
     Ok(RunReport {
         world: plan.world(),
         loss,
@@ -141,5 +150,6 @@ pub fn run_cpu(plan: &Plan, opts: &RunOptions) -> Result<RunReport, ExecError> {
         ranks: outs.into_iter().map(|o| o.report).collect(),
         params,
         grads,
+        traces,
     })
 }

@@ -16,6 +16,7 @@ use crate::model::params::{rank_layout, BlockKind, BlockLayout, DENSE_SPACE, EXP
 use crate::model::{data, Ctx, WTask};
 use crate::plan::{Action, Plan, RankPlan, Recompute};
 use crate::report::{PhaseTimes, RankReport};
+use crate::trace::{stream_of, Clock, EventKind, RankTrace, Stream, TraceEvent};
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::rc::Rc;
@@ -27,6 +28,7 @@ pub(super) struct RankOutput {
     pub(super) aux_sums: Vec<f64>,
     pub(super) params: Vec<Element>,
     pub(super) grads: Vec<Element>,
+    pub(super) trace: Option<RankTrace>,
 }
 
 enum BlockSaved<B: Backend> {
@@ -66,6 +68,11 @@ pub(super) struct Rank<'a, B: Backend> {
     recv_buf: Option<B::Tensor>,
     pub(super) loss_sum: f64,
     pub(super) grad_scale: f32,
+    /// Tracing: the run's clock, when the last receive's message arrived, and the
+    /// collectives of the last optimizer step (op, group, bytes, start, end).
+    pub(super) clock: Option<Clock>,
+    recv_arrived_s: Option<f64>,
+    pub(super) collectives: Vec<(&'static str, Vec<u32>, u64, f64, f64)>,
 }
 
 fn tag(stage: u32, mb: u32, grad: bool) -> u64 {
@@ -146,7 +153,11 @@ pub(super) fn run_rank<B: Backend>(
         loss_sum: 0.0,
         grad_scale: 1.0 / (plan.global_batch() * plan.model.seq) as f32,
         ctx,
+        clock: opts.trace,
+        recv_arrived_s: None,
+        collectives: Vec::new(),
     };
+    let mut trace = opts.trace.map(|_| RankTrace::default());
     let mut step_s = Vec::new();
     let mut loss_sums = Vec::new();
     let mut aux_sums = Vec::new();
@@ -157,16 +168,25 @@ pub(super) fn run_rank<B: Backend>(
         }
         // Events around the step and each action, read after the step (one wait per step).
         let t0 = rank.ctx.ops.record()?;
+        let step_start_s = opts.trace.map(|c| c.now_s());
         rank.loss_sum = 0.0;
         rank.ctx.moe_aux_loss = 0.0;
         let mut marks = Vec::with_capacity(rp.actions.len());
-        for a in &rp.actions {
+        for (index, a) in rp.actions.iter().enumerate() {
             let ta = rank.ctx.ops.record()?;
+            let start_s = opts.trace.map(|c| c.now_s());
+            rank.recv_arrived_s = None;
+            rank.collectives.clear();
             if opts.export_grads && *a == Action::OptimizerStep {
                 rank.reduce_for_export()?;
                 continue;
             }
             rank.act(*a)?;
+            if let (Some(t), Some(c), Some(start_s)) = (trace.as_mut(), opts.trace, start_s) {
+                if step >= opts.warmup {
+                    rank.record(t, step - opts.warmup, index, a, start_s, c.now_s());
+                }
+            }
             if step >= opts.warmup {
                 marks.push((*a, ta, rank.ctx.ops.record()?));
             }
@@ -186,6 +206,9 @@ pub(super) fn run_rank<B: Backend>(
                 *slot += rank.ctx.ops.elapsed_s(ta, tb)?;
             }
             step_s.push(rank.ctx.ops.elapsed_s(&t0, &t1)?);
+            if let (Some(t), Some(c), Some(s0)) = (trace.as_mut(), opts.trace, step_start_s) {
+                t.steps.push((s0, c.now_s()));
+            }
         }
         // The load-balancing loss of each microbatch, weighted by its tokens so that the
         // division by the step's tokens averages it over the microbatches.
@@ -238,10 +261,57 @@ pub(super) fn run_rank<B: Backend>(
         aux_sums,
         params,
         grads,
+        trace,
     })
 }
 
 impl<'a, B: Backend> Rank<'a, B> {
+    /// Adds action `index` (`a`, played from `start_s` to `end_s` in timed step `step`) to
+    /// the trace: a receive as its wait then its copy, an optimizer step with its collectives.
+    fn record(
+        &mut self,
+        t: &mut RankTrace,
+        step: u32,
+        index: usize,
+        a: &Action,
+        start_s: f64,
+        end_s: f64,
+    ) {
+        let begin_s = match self.recv_arrived_s.take() {
+            Some(arrived_s) => {
+                t.events.push(TraceEvent {
+                    step,
+                    stream: Stream::Pipeline,
+                    kind: EventKind::Wait { index },
+                    start_s,
+                    end_s: arrived_s,
+                });
+                arrived_s
+            }
+            None => start_s,
+        };
+        t.events.push(TraceEvent {
+            step,
+            stream: stream_of(a),
+            kind: EventKind::Action { action: *a, index },
+            start_s: begin_s,
+            end_s,
+        });
+        for (op, group, bytes, s, e) in self.collectives.drain(..) {
+            t.events.push(TraceEvent {
+                step,
+                stream: Stream::Collectives,
+                kind: EventKind::Collective {
+                    op: op.into(),
+                    group,
+                    bytes,
+                },
+                start_s: s,
+                end_s: e,
+            });
+        }
+    }
+
     fn act(&mut self, a: Action) -> Result<(), ExecError> {
         match a {
             Action::Forward { stage, mb } => self.forward(stage, mb),
@@ -293,6 +363,7 @@ impl<'a, B: Backend> Rank<'a, B> {
         self.ctx
             .comm
             .recv(from, tag(stage, mb, grad), ViewMut::all(buf))?;
+        self.recv_arrived_s = self.clock.map(|c| c.now_s());
         let cat = if grad {
             Category::Buffers
         } else {

@@ -187,13 +187,21 @@ impl<B: Backend> Rank<'_, B> {
             }
         }
         let sp = l.space;
+        let start_s = self.clock.map(|c| c.now_s());
         self.ctx.comm.reduce_scatter_range(
             &self.groups[sp],
             l.range.start,
             View::all(&bucket),
             self.shards[sp].clone(),
             ViewMut::all(&mut self.grads[sp]),
-        )
+        )?;
+        if let (Some(c), Some(s)) = (self.clock, start_s) {
+            let group = self.groups[sp].members().to_vec();
+            let bytes = bucket.size_bytes();
+            self.collectives
+                .push(("reduce_scatter", group, bytes, s, c.now_s()));
+        }
+        Ok(())
     }
 
     /// Sums the SP norm partials of the dense gradients over TP.
@@ -246,9 +254,22 @@ impl<B: Backend> Rank<'_, B> {
             let (params, grads) = (&mut self.params[sp], &mut self.grads[sp]);
             let (m, v) = (&mut self.m[sp], &mut self.v[sp]);
             let ops = &self.ctx.ops;
+            let (clock, log) = (self.clock, &mut self.collectives);
+            let mut timed = |op: &'static str, bytes: u64, s: Option<f64>| {
+                if let (Some(c), Some(s)) = (clock, s) {
+                    log.push((op, g.members().to_vec(), bytes, s, c.now_s()));
+                }
+            };
+            let s = clock.map(|c| c.now_s());
             match self.zero {
-                0 => comm.all_reduce(g, ViewMut::all(grads), ReduceOp::Sum)?,
-                1 => comm.reduce_scatter_in_place(g, grads, sh.clone())?,
+                0 => {
+                    comm.all_reduce(g, ViewMut::all(grads), ReduceOp::Sum)?;
+                    timed("all_reduce", grads.size_bytes(), s);
+                }
+                1 => {
+                    comm.reduce_scatter_in_place(g, grads, sh.clone())?;
+                    timed("reduce_scatter", grads.size_bytes(), s);
+                }
                 _ => {}
             }
             // The parameters this rank updates (its shard under ZeRO 1/2, all it holds
@@ -270,7 +291,9 @@ impl<B: Backend> Rank<'_, B> {
                 None => ops.adam(&adam, self.step, pv, gs, m, v, None)?,
             }
             if sharded {
+                let s = clock.map(|c| c.now_s());
                 comm.all_gather_in_place(g, params, sh.clone())?;
+                timed("all_gather", params.size_bytes(), s);
             }
             ops.fill(grads, 0.0)?;
         }

@@ -4,6 +4,7 @@
 pub mod cards;
 pub mod config_panel;
 pub mod controls;
+pub mod measured_timeline;
 pub mod memory_chart;
 pub mod search_panel;
 pub mod timeline;

@@ -1,0 +1,100 @@
+//! Measured timelines: every action a rank plays in a timed step, with its start and end on
+//! the backend's clock (a monotonic clock shared by the CPU backend's rank threads), the wait
+//! a receive spent blocked before its data arrived, and the data-parallel collectives (of the
+//! optimizer step, and ZeRO-2/3's gradient buckets) with their group and bytes.
+//! `parsim execute --trace` writes them as a Chrome trace beside the engine's predicted
+//! timeline.
+
+use crate::plan::Action;
+use serde::Serialize;
+use std::time::Instant;
+
+/// The track an event is drawn on (one thread per stream in the trace).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub enum Stream {
+    /// Forward, backward parts and the optimizer step.
+    Compute,
+    /// Data-parallel reductions and gathers.
+    Collectives,
+    /// Pipeline sends and receives (and the waits before receives).
+    Pipeline,
+}
+
+/// What an event records.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub enum EventKind {
+    /// One action of the rank's Plan (`index` into its action list).
+    Action { action: Action, index: usize },
+    /// Time a receive spent blocked before its message arrived (precedes the receive).
+    Wait { index: usize },
+    /// A data-parallel collective (inside the optimizer step or a backward pass).
+    Collective {
+        op: std::borrow::Cow<'static, str>,
+        group: Vec<u32>,
+        bytes: u64,
+    },
+}
+
+/// One recorded span; times are seconds since the run's clock origin.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct TraceEvent {
+    /// Timed step (0 = the first step after warm-up).
+    pub step: u32,
+    pub stream: Stream,
+    pub kind: EventKind,
+    pub start_s: f64,
+    pub end_s: f64,
+}
+
+impl TraceEvent {
+    /// Seconds the span lasted.
+    pub fn duration_s(&self) -> f64 {
+        self.end_s - self.start_s
+    }
+}
+
+/// One rank's recorded timeline over the timed steps.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct RankTrace {
+    /// Start and end of each timed step (seconds since the clock origin).
+    pub steps: Vec<(f64, f64)>,
+    pub events: Vec<TraceEvent>,
+}
+
+/// The clock every rank of a run reads: a monotonic origin taken before the ranks start, so
+/// that their timelines share one axis.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    origin: Instant,
+}
+
+impl Clock {
+    pub fn new() -> Self {
+        Clock {
+            origin: Instant::now(),
+        }
+    }
+
+    /// Seconds since the origin.
+    pub fn now_s(&self) -> f64 {
+        self.origin.elapsed().as_secs_f64()
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The stream an action of the Plan runs on.
+pub fn stream_of(a: &Action) -> Stream {
+    match a {
+        Action::Forward { .. }
+        | Action::Backward { .. }
+        | Action::BackwardInput { .. }
+        | Action::BackwardWeight { .. }
+        | Action::OptimizerStep => Stream::Compute,
+        _ => Stream::Pipeline,
+    }
+}
