@@ -17,6 +17,10 @@ const TABLE_JSON: &str = include_str!("../calibration/data/attention-kernels.jso
 /// matmuls (dV, dP, dQ, dK and the recomputed scores) against the forward's two.
 pub const PAPER_BACKWARD_FLOPS_PER_FORWARD: f64 = 2.5;
 
+/// `training.attention_kernel` for a kernel without published rates (MPT's Triton ALiBi
+/// kernel, a custom one): the core is timed at the profile's fitted `efficiency.attention`.
+pub const NO_PUBLISHED_KERNEL: &str = "none";
+
 /// Which pass a series measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -149,3 +149,42 @@ fn an_unknown_kernel_is_a_clear_error() {
     assert!(err.contains("attention_kernel"), "{err}");
     assert!(err.contains("flash-attention-9"), "{err}");
 }
+
+fn llama3_8b(gpu: &str, kernel: Option<&str>) -> parsim::config::Config {
+    let mut c = parsim::config::Config::default();
+    c.cluster.gpu = gpu.into();
+    c.training.seq_length = 16384;
+    c.training.attention_kernel = kernel.map(Into::into);
+    c
+}
+
+/// `training.attention_kernel` picks another published kernel on the profile's GPU: the
+/// older FlashAttention-2 (published slower than FlashAttention-3 at every length) gives a
+/// longer step, "none" falls back to the fitted scalar, and unknown names are refused.
+#[test]
+fn the_training_setting_picks_the_kernel_and_refuses_unknown_ones() {
+    use parsim::config::Resolved;
+    use parsim::estimate::estimate;
+    let step = |kernel| {
+        estimate(&Resolved::new(llama3_8b("h100-sxm", kernel)).unwrap())
+            .unwrap()
+            .time
+            .step_s
+    };
+    let (fa3, fa2) = (step(None), step(Some("flash-attention-2")));
+    assert!(fa2 > fa3, "FA2 {fa2} s vs FA3 {fa3} s");
+    assert_eq!(step(Some("flash-attention-3")), fa3);
+    assert!(step(Some("none")).is_finite());
+    let err = Resolved::new(llama3_8b("h100-sxm", Some("flash-attention-9")))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("training.attention_kernel"), "{err}");
+    assert!(
+        err.contains("flash-attention-3"),
+        "lists the known kernels: {err}"
+    );
+    let err = Resolved::new(llama3_8b("a100-80g", Some("cudnn")))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("training.attention_kernel"), "{err}");
+}
