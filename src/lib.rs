@@ -9,6 +9,7 @@ pub mod comm;
 pub mod config;
 pub mod estimate;
 pub mod host;
+pub mod kernels;
 pub mod layout;
 pub mod memory;
 pub mod model;

@@ -64,6 +64,45 @@ impl Rates<'_> {
         flops / (peak * e.attention) + e.kernel_overhead_s
     }
 
+    /// Seconds of the attention core's (forward, backward) FLOPs. A fused core on a GPU whose
+    /// profile names a published kernel runs at that kernel's measured rate for its sequence
+    /// length and mask (src/kernels.rs, FlashAttention-3 Figures 5 and 6): the backward's
+    /// rate is quoted for 2.5 forward FLOPs, so its time is 2.5 x forward FLOPs over it.
+    /// Otherwise both run at `efficiency.attention`.
+    pub fn attention_pass_s(&self, op: &Op) -> (f64, f64) {
+        let f = &op.rank_flops;
+        let kernel = match (op.kind, &self.gpu.attention_kernel) {
+            (
+                OpKind::Attention {
+                    seq_len,
+                    causal,
+                    fused: true,
+                },
+                Some(name),
+            ) => crate::kernels::attention_kernel(name).map(|k| (k, seq_len, causal)),
+            _ => None,
+        };
+        let Some((k, seq_len, causal)) = kernel else {
+            return (self.attention_s(f.fwd), self.attention_s(f.dgrad));
+        };
+        let overhead = self.gpu.efficiency.kernel_overhead_s;
+        let timed = |flops: f64, rate: f64| {
+            if flops > 0.0 {
+                flops / rate + overhead
+            } else {
+                0.0
+            }
+        };
+        (
+            timed(f.fwd, k.forward_flops_per_s(seq_len, causal)),
+            // The ledger counts the backward as 2 forward FLOPs (dgrad = 2 x fwd).
+            timed(
+                f.dgrad / 2.0 * crate::kernels::PAPER_BACKWARD_FLOPS_PER_FORWARD,
+                k.backward_flops_per_s(seq_len, causal),
+            ),
+        )
+    }
+
     /// HBM bytes an unfused attention core streams in its forward: the s x s scores are
     /// written by QK^T, read and written by the softmax and read by the product with V (4x
     /// the saved softmax); with attention dropout, the dropout reads the probabilities and
@@ -108,11 +147,12 @@ impl Rates<'_> {
             // the forward's bytes: the product with V reads the probabilities and writes
             // their gradient, the dropout and softmax backward read it (with the mask and
             // the probabilities) and write theirs, which both products for dQ and dK read.
-            OpKind::Attention => {
+            OpKind::Attention { .. } => {
                 let bytes = Self::unfused_attention_bytes(op);
+                let (fwd, bwd) = self.attention_pass_s(op);
                 (
-                    self.attention_s(op.rank_flops.fwd) + self.memory_s(bytes),
-                    self.attention_s(op.rank_flops.dgrad) + self.memory_s(bytes * 3 / 2),
+                    fwd + self.memory_s(bytes),
+                    bwd + self.memory_s(bytes * 3 / 2),
                     0.0,
                 )
             }
@@ -301,7 +341,14 @@ mod tests {
     fn unfused_attention_streams_its_scores() {
         let gpu = GpuProfile::load("a100-80g").unwrap();
         let r = rates(&gpu);
-        let mut core = Op::new("attn.core", OpKind::Attention);
+        let mut core = Op::new(
+            "attn.core",
+            OpKind::Attention {
+                seq_len: 4096,
+                causal: true,
+                fused: false,
+            },
+        );
         core.rank_flops.fwd = 1e12;
         core.rank_flops.dgrad = 2e12;
         let fused = r.op_s(&core);

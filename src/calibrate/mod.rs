@@ -349,7 +349,7 @@ softmax read and written, dropout read, written and masked, probabilities read b
 product with V (backward 1.5x). Narayanan et al. 2021 predates fused attention; without \
 this term the small-hidden rows (1.7B, 3.6B) came out 19-30% too fast.\n\
 - **The attention core runs at most at the bf16 rate**: FP8 training (Transformer \
-Engine) casts the linear layers' GEMMs, not the attention kernel.\n\n\
+Engine) casts the linear layers' GEMMs, not the attention kernel.\n- **Fused attention runs at published kernel rates** (`src/kernels.rs`, `calibration/data/attention-kernels.json`): FlashAttention-3, cuDNN and FlashAttention-2 on H100 from the FlashAttention-3 paper (Shah et al. 2024, Figures 5 and 6), as a function of the kernel call's sequence length and causal mask, each published point within 10% (`tests/kernel_rates.rs`). The Megatron-Core rows run cuDNN's rates (Transformer Engine on Hopper, assumed); llm-foundry's 2023 H100 rows ran MPT's Triton ALiBi kernel, which has no published rates, so `efficiency.attention` is now fitted by those rows only. The shipped H100 and H200 profiles time attention at FlashAttention-3's rates (`training.attention_kernel` picks another). Before, one fitted scalar (0.158 of peak) timed every attention core, and long-context runs came out 2-3x too slow.\n\n\
 Assumptions per source: Narayanan 2021 rows run fp16, full recomputation, no sequence \
 parallelism, no distributed optimizer, gradient all-reduce after the backward (Megatron's \
 2021 local DDP), unfused attention, and the schedule of the sc21 scripts (interleaved 1F1B \

@@ -487,6 +487,9 @@ fn megatron(i: usize, r: &MegatronRow, approximate: bool) -> Result<Case, Publis
             grad_dtype: Dtype::Fp32,
             recompute: Recompute::None,
             flash_attention: true,
+            // Transformer Engine's fused attention on Hopper is cuDNN's kernel (assumed: the
+            // README does not name the backend).
+            attention_kernel: Some("cudnn".into()),
             flops_attention: FlopsAttention::Full,
             ..TrainingConfig::default()
         },
@@ -615,6 +618,9 @@ fn foundry(i: usize, r: &FoundryRow, approximate: bool) -> Result<Case, Publishe
                 Recompute::None
             },
             flash_attention: true,
+            // MPT's ALiBi attention ran in llm-foundry's Triton flash kernel in 2023, which
+            // has no published rates: timed at the fitted efficiency.attention.
+            attention_kernel: (gpu == "h100-sxm").then(|| "none".into()),
             flops_attention: FlopsAttention::Full,
             ..TrainingConfig::default()
         },

@@ -126,6 +126,11 @@ pub struct GpuProfile {
     /// CPU backend's kernel materialises a row of heads' scores at a time.
     #[serde(default)]
     pub attention_score_tiles: u32,
+    /// The published fused-attention kernel ("gpu/kernel" in calibration/data/
+    /// attention-kernels.json) whose measured rates time the attention core; without one the
+    /// core runs at `efficiency.attention`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_kernel: Option<String>,
     /// Field (or group of fields) -> where its value comes from.
     #[serde(default)]
     pub provenance: BTreeMap<String, String>,
@@ -282,6 +287,21 @@ impl GpuProfile {
                     origin: origin.to_string(),
                     message: format!(
                         "{field} is an achieved fraction (of peak or of bandwidth) and must be at most 1, got {v}"
+                    ),
+                });
+            }
+        }
+        if let Some(name) = &self.attention_kernel {
+            if crate::kernels::attention_kernel(name).is_none() {
+                let known: Vec<&str> = crate::kernels::attention_kernels()
+                    .iter()
+                    .map(|k| k.name.as_str())
+                    .collect();
+                return Err(ConfigError::Profile {
+                    origin: origin.to_string(),
+                    message: format!(
+                        "attention_kernel {name:?} is not in calibration/data/attention-kernels.json (known: {})",
+                        known.join(", ")
                     ),
                 });
             }

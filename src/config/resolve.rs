@@ -96,6 +96,11 @@ impl Resolved {
             }
             gpu.memory_margin_fraction = margin;
         }
+        match config.training.attention_kernel.as_deref() {
+            None => {}
+            Some(crate::kernels::NO_PUBLISHED_KERNEL) => gpu.attention_kernel = None,
+            Some(kernel) => gpu.attention_kernel = Some(attention_kernel_on(kernel, &gpu)?),
+        }
         rules::check(&config, &gpu)?;
         let warnings = rules::warnings(&config);
         let p = &config.parallel;
@@ -133,4 +138,38 @@ impl Resolved {
     pub fn dense_replicas(&self) -> u32 {
         self.dp * self.config.parallel.cp
     }
+}
+
+/// The published kernel `kernel` ("flash-attention-2", ...) on the GPU `gpu`'s rate table
+/// (the table its profile's `attention_kernel` names), or an error naming
+/// `training.attention_kernel` and the kernels published for that GPU.
+fn attention_kernel_on(kernel: &str, gpu: &GpuProfile) -> Result<String, ConfigError> {
+    let field_error = |message: String| ConfigError::Field {
+        origin: "configuration".into(),
+        field: "training.attention_kernel".into(),
+        message,
+    };
+    let Some(table) = gpu
+        .attention_kernel
+        .as_deref()
+        .and_then(|name| name.split_once('/'))
+        .map(|(table, _)| table)
+    else {
+        return Err(field_error(format!(
+            "GPU profile {:?} has no published attention kernel rates (calibration/data/attention-kernels.json); leave training.attention_kernel unset to time attention at efficiency.attention",
+            gpu.name
+        )));
+    };
+    let name = format!("{table}/{kernel}");
+    if crate::kernels::attention_kernel(&name).is_some() {
+        return Ok(name);
+    }
+    let known: Vec<&str> = crate::kernels::attention_kernels()
+        .iter()
+        .filter_map(|k| k.name.strip_prefix(table)?.strip_prefix('/'))
+        .collect();
+    Err(field_error(format!(
+        "{kernel:?} has no published rates on {table} (known: {})",
+        known.join(", ")
+    )))
 }

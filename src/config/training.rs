@@ -33,6 +33,12 @@ pub struct TrainingConfig {
     pub recompute: Recompute,
     /// Fused attention (FlashAttention): no s x s tensors are saved.
     pub flash_attention: bool,
+    /// The fused attention kernel the framework runs ("flash-attention-2",
+    /// "flash-attention-3", "cudnn"), timed at its published rates on this GPU
+    /// (calibration/data/attention-kernels.json); "none" times it at the profile's fitted
+    /// `efficiency.attention` instead. Default: the GPU profile's kernel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_kernel: Option<String>,
     pub flops_attention: FlopsAttention,
     pub mode: TrainingMode,
     pub lora: LoraConfig,
@@ -48,6 +54,7 @@ impl Default for TrainingConfig {
             grad_dtype: Dtype::Fp32,
             recompute: Recompute::Selective,
             flash_attention: true,
+            attention_kernel: None,
             flops_attention: FlopsAttention::Causal,
             mode: TrainingMode::Full,
             lora: LoraConfig::default(),

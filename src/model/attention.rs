@@ -221,7 +221,23 @@ fn core_attention(d: &Dims, a_r: u64, g_r: u64, dqk: u64, dv: u64) -> Op {
     let a = d.a as f64;
     // QK^T and softmax(.)V over all s x s pairs, 2 FLOPs per multiply-add.
     let full = 2.0 * b * s * s * a * (dqk + dv) as f64;
-    let mut op = Op::new("attn.core", OpKind::Attention);
+    // One kernel call: the whole local sequence under the causal mask, except that a ring
+    // (p2p, zigzag) runs cp calls over s/cp-long blocks, all but the diagonal one unmasked;
+    // Ulysses (a2a) attends over the full sequence with heads split.
+    let (seq_len, causal) = match d.cp_comm {
+        _ if d.c == 1 => (d.s, true),
+        CpComm::P2p | CpComm::Zigzag => (d.s / d.c, false),
+        CpComm::Allgather => (d.s / d.c, true),
+        CpComm::A2a => (d.s, true),
+    };
+    let mut op = Op::new(
+        "attn.core",
+        OpKind::Attention {
+            seq_len,
+            causal,
+            fused: d.flash,
+        },
+    );
     op.recomputed_by_selective = true;
     op.model_flops = Flops {
         fwd: full * d.attn_model_fraction,

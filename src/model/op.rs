@@ -72,8 +72,15 @@ impl Flops {
 pub enum OpKind {
     /// A GEMM of [m x k] . [k x n] on this rank (one microbatch).
     Matmul { m: u64, n: u64, k: u64 },
-    /// The attention core (scores, softmax, weighted sum).
-    Attention,
+    /// The attention core (scores, softmax, weighted sum). `seq_len` is the query (and key)
+    /// length of one kernel call on this rank; `causal` whether that call applies the causal
+    /// mask (the fused kernel's rate depends on both: FlashAttention-3, Figures 5 and 6);
+    /// `fused` whether it is one flash kernel rather than separate matmuls and softmax.
+    Attention {
+        seq_len: u64,
+        causal: bool,
+        fused: bool,
+    },
     /// Bandwidth-bound: bytes read and written on this rank, forward.
     MemoryBound { bytes: u64 },
 }

@@ -1,0 +1,212 @@
+//! Attention kernel rates from published benchmarks (calibration/data/attention-kernels.json:
+//! the FlashAttention-3 paper's Figures 5 and 6, Shah et al. 2024), so that the attention
+//! core's time follows sequence length and the causal mask instead of one fitted scalar.
+//!
+//! Each published series (one GPU, kernel, pass and mask, over sequence lengths) is fitted
+//! by `rate(s) = max * s / (s + half_s)`: a kernel whose per-tile work is fixed and whose
+//! fixed costs (launch, prologue, the last partial wave of query tiles) are spread over
+//! `s`. The fit is linear in `1/s` for `1/rate`, so it is solved in closed form.
+
+use serde::Deserialize;
+use std::sync::OnceLock;
+
+/// The shipped table.
+const TABLE_JSON: &str = include_str!("../calibration/data/attention-kernels.json");
+
+/// FLOPs the FlashAttention papers count for a backward pass, per forward FLOP: five
+/// matmuls (dV, dP, dQ, dK and the recomputed scores) against the forward's two.
+pub const PAPER_BACKWARD_FLOPS_PER_FORWARD: f64 = 2.5;
+
+/// `training.attention_kernel` for a kernel without published rates (MPT's Triton ALiBi
+/// kernel, a custom one): the core is timed at the profile's fitted `efficiency.attention`.
+pub const NO_PUBLISHED_KERNEL: &str = "none";
+
+/// Which pass a series measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pass {
+    Forward,
+    Backward,
+}
+
+/// One published series: TFLOP/s against sequence length.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Series {
+    pub gpu: String,
+    pub kernel: String,
+    pub pass: Pass,
+    pub causal: bool,
+    pub head_dim: u64,
+    pub seq_len: Vec<u64>,
+    pub tflops: Vec<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Table {
+    series: Vec<Series>,
+}
+
+/// `rate(s) = max_flops_per_s * s / (s + half_seq)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateCurve {
+    /// The rate a very long sequence approaches, FLOP/s.
+    pub max_flops_per_s: f64,
+    /// The sequence length at which the kernel runs at half that rate.
+    pub half_seq: f64,
+}
+
+impl RateCurve {
+    /// Least-squares fit of `1/rate = 1/max + (half/max) / s` to published points (TFLOP/s).
+    /// `None` with fewer than two distinct lengths or a fit that is not increasing in `s`.
+    pub fn fit(seq_len: &[u64], tflops: &[f64]) -> Option<RateCurve> {
+        if seq_len.len() != tflops.len() || seq_len.len() < 2 {
+            return None;
+        }
+        let n = seq_len.len() as f64;
+        let xs: Vec<f64> = seq_len.iter().map(|&s| 1.0 / s as f64).collect();
+        let ys: Vec<f64> = tflops.iter().map(|&t| 1.0 / (t * 1e12)).collect();
+        let mx = xs.iter().sum::<f64>() / n;
+        let my = ys.iter().sum::<f64>() / n;
+        let sxx: f64 = xs.iter().map(|x| (x - mx) * (x - mx)).sum();
+        let sxy: f64 = xs.iter().zip(&ys).map(|(x, y)| (x - mx) * (y - my)).sum();
+        if sxx <= 0.0 {
+            return None;
+        }
+        let slope = sxy / sxx;
+        let intercept = my - slope * mx;
+        if !(intercept > 0.0 && slope >= 0.0) {
+            return None;
+        }
+        Some(RateCurve {
+            max_flops_per_s: 1.0 / intercept,
+            half_seq: slope / intercept,
+        })
+    }
+
+    /// FLOP/s at sequence length `seq_len` (at least 1).
+    pub fn flops_per_s(&self, seq_len: u64) -> f64 {
+        let s = seq_len.max(1) as f64;
+        self.max_flops_per_s * s / (s + self.half_seq)
+    }
+}
+
+/// A fused attention kernel on one GPU: forward and backward rates, with and without mask.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttentionKernel {
+    /// "gpu/kernel", as a profile's `attention_kernel` names it.
+    pub name: String,
+    pub head_dim: u64,
+    forward: RateCurve,
+    forward_causal: RateCurve,
+    backward: RateCurve,
+    backward_causal: Option<RateCurve>,
+}
+
+impl AttentionKernel {
+    /// Forward FLOP/s (FLOPs as the papers count them: halved under a causal mask).
+    pub fn forward_flops_per_s(&self, seq_len: u64, causal: bool) -> f64 {
+        if causal {
+            self.forward_causal.flops_per_s(seq_len)
+        } else {
+            self.forward.flops_per_s(seq_len)
+        }
+    }
+
+    /// Backward FLOP/s in the papers' convention (2.5 forward FLOPs per forward FLOP). Where
+    /// no causal backward series is published, the causal mask costs the backward what it
+    /// costs the forward: the non-causal rate times the forward's causal/non-causal ratio.
+    pub fn backward_flops_per_s(&self, seq_len: u64, causal: bool) -> f64 {
+        match (causal, self.backward_causal) {
+            (false, _) => self.backward.flops_per_s(seq_len),
+            (true, Some(c)) => c.flops_per_s(seq_len),
+            (true, None) => {
+                self.backward.flops_per_s(seq_len) * self.forward_causal.flops_per_s(seq_len)
+                    / self.forward.flops_per_s(seq_len)
+            }
+        }
+    }
+}
+
+/// Every published series in the shipped table.
+pub fn published_series() -> &'static [Series] {
+    static SERIES: OnceLock<Vec<Series>> = OnceLock::new();
+    SERIES.get_or_init(|| {
+        // The table is part of the binary; tests/kernel_rates.rs checks that it parses.
+        serde_json::from_str::<Table>(TABLE_JSON)
+            .map(|t| t.series)
+            .unwrap_or_default()
+    })
+}
+
+/// The kernels the table defines (those with forward, causal forward and backward series).
+pub fn attention_kernels() -> &'static [AttentionKernel] {
+    static KERNELS: OnceLock<Vec<AttentionKernel>> = OnceLock::new();
+    KERNELS.get_or_init(|| build_kernels(published_series()))
+}
+
+/// The kernel named `name` ("gpu/kernel", e.g. "h100-sxm/flash-attention-3").
+pub fn attention_kernel(name: &str) -> Option<&'static AttentionKernel> {
+    attention_kernels().iter().find(|k| k.name == name)
+}
+
+fn build_kernels(series: &[Series]) -> Vec<AttentionKernel> {
+    let mut names: Vec<String> = series
+        .iter()
+        .map(|s| format!("{}/{}", s.gpu, s.kernel))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let curve = |pass: Pass, causal: bool| {
+                series
+                    .iter()
+                    .find(|s| {
+                        format!("{}/{}", s.gpu, s.kernel) == name
+                            && s.pass == pass
+                            && s.causal == causal
+                    })
+                    .and_then(|s| RateCurve::fit(&s.seq_len, &s.tflops).map(|c| (c, s.head_dim)))
+            };
+            let (forward, head_dim) = curve(Pass::Forward, false)?;
+            let (forward_causal, _) = curve(Pass::Forward, true)?;
+            let (backward, _) = curve(Pass::Backward, false)?;
+            let backward_causal = curve(Pass::Backward, true).map(|c| c.0);
+            Some(AttentionKernel {
+                name,
+                head_dim,
+                forward,
+                forward_causal,
+                backward,
+                backward_causal,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Points on an exact curve are fitted back exactly (closed form vs the generator).
+    #[test]
+    fn fit_recovers_an_exact_curve() {
+        let truth = RateCurve {
+            max_flops_per_s: 600e12,
+            half_seq: 300.0,
+        };
+        let seq = [512u64, 1024, 4096, 16384];
+        let tflops: Vec<f64> = seq.iter().map(|&s| truth.flops_per_s(s) / 1e12).collect();
+        let fit = RateCurve::fit(&seq, &tflops).expect("fit");
+        assert!((fit.max_flops_per_s / truth.max_flops_per_s - 1.0).abs() < 1e-9);
+        assert!((fit.half_seq / truth.half_seq - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn fit_rejects_degenerate_input() {
+        assert_eq!(RateCurve::fit(&[1024], &[500.0]), None);
+        assert_eq!(RateCurve::fit(&[1024, 1024], &[500.0, 510.0]), None);
+        assert_eq!(RateCurve::fit(&[512, 1024], &[500.0]), None);
+    }
+}

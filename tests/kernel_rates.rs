@@ -1,0 +1,190 @@
+//! The attention kernel model against the published figures it was built from (issue 17,
+//! part 1): every point of every series in calibration/data/attention-kernels.json
+//! (FlashAttention-3, Shah et al. 2024, Figures 5 and 6: FlashAttention-3, cuDNN and
+//! FlashAttention-2 on H100 SXM5, head dim 128) is reproduced within 10% by the fitted curve
+//! `max * s / (s + half_s)`, and the time model times an attention core at those rates.
+
+use parsim::config::GpuProfile;
+use parsim::kernels::{attention_kernel, attention_kernels, published_series, Pass, RateCurve};
+use parsim::model::{Flops, Op, OpKind};
+use parsim::time::Rates;
+
+#[test]
+fn the_shipped_table_parses_and_defines_its_kernels() {
+    let series = published_series();
+    assert_eq!(series.len(), 9, "nine published series");
+    let names: Vec<&str> = attention_kernels()
+        .iter()
+        .map(|k| k.name.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "h100-sxm/cudnn",
+            "h100-sxm/flash-attention-2",
+            "h100-sxm/flash-attention-3"
+        ]
+    );
+}
+
+#[test]
+fn every_published_point_is_within_10_percent_of_its_fitted_curve() {
+    let mut worst = 0.0f64;
+    for s in published_series() {
+        let curve = RateCurve::fit(&s.seq_len, &s.tflops).expect("fit");
+        for (&len, &published) in s.seq_len.iter().zip(&s.tflops) {
+            let model = curve.flops_per_s(len) / 1e12;
+            let err = (model / published - 1.0).abs();
+            println!(
+                "{} {} {:?} causal={} s={len}: published {published} model {model:.0} ({:+.1}%)",
+                s.gpu,
+                s.kernel,
+                s.pass,
+                s.causal,
+                100.0 * (model / published - 1.0)
+            );
+            worst = worst.max(err);
+            assert!(
+                err <= 0.10,
+                "{} {} {:?} causal={} s={len}: model {model:.0} vs published {published}",
+                s.gpu,
+                s.kernel,
+                s.pass,
+                s.causal
+            );
+        }
+    }
+    println!("worst error {:.1}%", 100.0 * worst);
+}
+
+/// The kernel's rate never exceeds the GPU's dense bf16 peak and rises with sequence length
+/// (a property every series in the figures has).
+#[test]
+fn rates_rise_with_length_and_stay_under_the_bf16_peak() {
+    let h100 = GpuProfile::load("h100-sxm").unwrap();
+    for k in attention_kernels() {
+        for causal in [false, true] {
+            let mut last = (0.0, 0.0);
+            for s in [256u64, 1024, 4096, 16384, 131_072] {
+                let now = (
+                    k.forward_flops_per_s(s, causal),
+                    k.backward_flops_per_s(s, causal),
+                );
+                assert!(now.0 > last.0 && now.1 > last.1, "{} s={s}", k.name);
+                assert!(now.0 < h100.peak_flops.bf16 && now.1 < h100.peak_flops.bf16);
+                last = now;
+            }
+        }
+    }
+}
+
+/// The time model's attention core on an H100 at a published shape takes the published
+/// time: forward FLOPs over the forward rate, and 2.5 forward FLOPs over the backward rate
+/// (the papers' FLOP count), each within 10% of the figure's number.
+#[test]
+fn the_time_model_times_attention_at_the_published_rates() {
+    let gpu = GpuProfile::load("h100-sxm").unwrap();
+    assert_eq!(
+        gpu.attention_kernel.as_deref(),
+        Some("h100-sxm/flash-attention-3")
+    );
+    let rates = Rates {
+        gpu: &gpu,
+        peak_flops: gpu.peak_flops.bf16,
+        element_bytes: 2,
+    };
+    // Fig. 5/6: batch 1, 16 heads of 128, s = 16k; causal FLOPs halved.
+    let (s, heads, hd) = (16384.0f64, 16.0, 128.0);
+    let full_fwd = 4.0 * s * s * heads * hd;
+    // Fig. 6 publishes no causal backward: only the forward is checked under the mask.
+    for (causal, fwd_tflops, bwd_tflops) in [(false, 648.0, Some(561.0)), (true, 616.0, None)] {
+        let fwd = if causal { full_fwd / 2.0 } else { full_fwd };
+        let mut op = Op::new(
+            "attn.core",
+            OpKind::Attention {
+                seq_len: 16384,
+                causal,
+                fused: true,
+            },
+        );
+        op.rank_flops = Flops {
+            fwd,
+            dgrad: 2.0 * fwd,
+            wgrad: 0.0,
+        };
+        let (fwd_s, bwd_s, wgrad_s) = rates.op_s(&op);
+        assert_eq!(wgrad_s, 0.0);
+        let published_fwd_s = fwd / (fwd_tflops * 1e12);
+        assert!(
+            (fwd_s / published_fwd_s - 1.0).abs() < 0.10,
+            "causal={causal}: {fwd_s} s vs published {published_fwd_s} s"
+        );
+        if let Some(bwd_tflops) = bwd_tflops {
+            let published_bwd_s = 2.5 * fwd / (bwd_tflops * 1e12);
+            assert!(
+                (bwd_s / published_bwd_s - 1.0).abs() < 0.10,
+                "{bwd_s} s vs published {published_bwd_s} s"
+            );
+        }
+    }
+    // An unfused core ignores the kernel table (separate matmuls and softmax).
+    assert!(attention_kernel("h100-sxm/none").is_none());
+    let series = published_series()
+        .iter()
+        .filter(|s| s.pass == Pass::Backward)
+        .count();
+    assert_eq!(series, 3);
+}
+
+/// A profile naming a kernel the table lacks is refused, naming the field.
+#[test]
+fn an_unknown_kernel_is_a_clear_error() {
+    let text = include_str!("../calibration/h100-sxm.toml").replace(
+        "attention_kernel = \"h100-sxm/flash-attention-3\"",
+        "attention_kernel = \"h100-sxm/flash-attention-9\"",
+    );
+    let err = GpuProfile::parse(&text, "test.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("attention_kernel"), "{err}");
+    assert!(err.contains("flash-attention-9"), "{err}");
+}
+
+fn llama3_8b(gpu: &str, kernel: Option<&str>) -> parsim::config::Config {
+    let mut c = parsim::config::Config::default();
+    c.cluster.gpu = gpu.into();
+    c.training.seq_length = 16384;
+    c.training.attention_kernel = kernel.map(Into::into);
+    c
+}
+
+/// `training.attention_kernel` picks another published kernel on the profile's GPU: the
+/// older FlashAttention-2 (published slower than FlashAttention-3 at every length) gives a
+/// longer step, "none" falls back to the fitted scalar, and unknown names are refused.
+#[test]
+fn the_training_setting_picks_the_kernel_and_refuses_unknown_ones() {
+    use parsim::config::Resolved;
+    use parsim::estimate::estimate;
+    let step = |kernel| {
+        estimate(&Resolved::new(llama3_8b("h100-sxm", kernel)).unwrap())
+            .unwrap()
+            .time
+            .step_s
+    };
+    let (fa3, fa2) = (step(None), step(Some("flash-attention-2")));
+    assert!(fa2 > fa3, "FA2 {fa2} s vs FA3 {fa3} s");
+    assert_eq!(step(Some("flash-attention-3")), fa3);
+    assert!(step(Some("none")).is_finite());
+    let err = Resolved::new(llama3_8b("h100-sxm", Some("flash-attention-9")))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("training.attention_kernel"), "{err}");
+    assert!(
+        err.contains("flash-attention-3"),
+        "lists the known kernels: {err}"
+    );
+    let err = Resolved::new(llama3_8b("a100-80g", Some("cudnn")))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("training.attention_kernel"), "{err}");
+}
