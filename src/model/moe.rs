@@ -140,7 +140,12 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         width.div_ceil(d.etp),
         d,
     ));
-    ops.push(expert("moe.experts.fc2", rows, f, d.h, false));
+    // The experts' backward holds the output-gradient rows received by the combine's
+    // all-to-all and the input-gradient rows gathered for the dispatch's (2 x rows x h, as
+    // Megatron-Core's grouped GEMM over the local experts) beside an expert's own gradients.
+    let mut fc2 = expert("moe.experts.fc2", rows, f, d.h, false);
+    fc2.backward_scratch_bytes = 2 * rows * d.h * d.act;
+    ops.push(fc2);
 
     // Combine: all-to-all back, unpermute, weight by the router probabilities (the expert
     // outputs are saved for the probabilities' gradient).
@@ -184,7 +189,7 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
 mod tests {
     use super::*;
     use crate::config::{Config, Layer, Resolved};
-    use crate::model::op::OpKind;
+    use crate::model::op::{Op, OpKind};
     use crate::model::Ledger;
 
     /// Rows of the expert fc1 matmul of the hottest rank: 8 experts over ep 2 (4 a rank),
@@ -195,6 +200,15 @@ mod tests {
 
     /// [`expert_rows`] with tp = expert_tp = `tp` (and SP), on 2 tp GPUs.
     fn expert_rows_tp(capacity_factor: f64, tp: u32) -> u64 {
+        match expert_op(capacity_factor, tp, "moe.experts.fc1").0.kind {
+            OpKind::Matmul { m, .. } => m,
+            k => panic!("{k:?}"),
+        }
+    }
+
+    /// The op `name` of the MoE block of the model of [`expert_rows_tp`], with the
+    /// activations' bytes per element.
+    fn expert_op(capacity_factor: f64, tp: u32, name: &str) -> (Op, u64) {
         let v = serde_json::json!({
             "model": {
                 "num_layers": 2, "hidden_size": 64, "num_attention_heads": 8,
@@ -209,17 +223,28 @@ mod tests {
         let cfg = Config::from_layers(&[Layer::overrides(v)]).expect("loads");
         let r = Resolved::new(cfg).expect("validates");
         let ledger = Ledger::build(&r);
+        let act = ledger.dims.act;
         let op = ledger
             .moe
             .expect("moe block")
             .ops
             .into_iter()
-            .find(|o| o.name == "moe.experts.fc1")
-            .expect("fc1");
-        match op.kind {
-            OpKind::Matmul { m, .. } => m,
-            k => panic!("{k:?}"),
-        }
+            .find(|o| o.name == name)
+            .expect("op");
+        (op, act)
+    }
+
+    #[test]
+    fn the_experts_backward_holds_the_gradient_rows_both_ways() {
+        // The hottest rank's 80 rows (see below) of hidden 64: the output-gradient rows from
+        // the combine's all-to-all and the input-gradient rows for the dispatch's, 2 x 80 x 64
+        // elements, with the executor's expert loop (executor/src/model/moe.rs, `moe_bwd`:
+        // `drecv` and `dback` live across it).
+        let (fc2, act) = expert_op(0.0, 1, "moe.experts.fc2");
+        assert_eq!(fc2.backward_scratch_bytes, 2 * 80 * 64 * act);
+        // A capacity of 1.0 caps the rows at 64 (see below), and the held rows with them.
+        let (fc2, act) = expert_op(1.0, 1, "moe.experts.fc2");
+        assert_eq!(fc2.backward_scratch_bytes, 2 * 64 * 64 * act);
     }
 
     #[test]
