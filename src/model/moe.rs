@@ -41,9 +41,12 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
     let local = d.n_sp;
     let routed = local * k;
     let mut hot = (routed as f64 * rank_load_factor(m.moe_load_imbalance, e, d.ep)).ceil() as u64;
-    // A capacity drops what the hottest rank's experts cannot take.
+    // A capacity drops what the hottest rank's experts cannot take; below a factor of 1 it
+    // drops even a balanced router's assignments, which are then neither sent nor combined.
+    let mut kept = routed;
     if let Some(cap) = capacity_limit(m.moe_capacity_factor, local, k, e, d.ep) {
         hot = hot.min(cap);
+        kept = kept.min(cap);
     }
 
     let mut router = Op::new(
@@ -89,8 +92,8 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         payload_bytes: bytes,
         count: 1,
     };
-    let tokens_bytes = routed * d.h * d.act;
-    // Dispatch: permute the top-k copies of each token, all-to-all them to their experts.
+    let tokens_bytes = kept * d.h * d.act;
+    // Dispatch: permute the kept top-k copies of each token, all-to-all them to their experts.
     ops.push(
         Op::new(
             "moe.dispatch",
@@ -232,6 +235,20 @@ mod tests {
             .find(|o| o.name == name)
             .expect("op");
         (op, act)
+    }
+
+    #[test]
+    fn a_capacity_below_one_drops_a_balanced_routers_assignments() {
+        // 32 tokens x top-2 = 64 assignments a rank; a factor of 0.5 lets each of the 8
+        // experts take ceil(0.5 x 32 x 2 / 8) = 4 of a source's, so 8 x 4 = 32 are kept: the
+        // combine saves 32 expert-output rows of hidden 64 (Lepikhin et al. 2020, sec. 2.2).
+        let (combine, act) = expert_op(0.5, 1, "moe.combine");
+        let saved: u64 = combine.saved.iter().map(|s| s.bytes).sum();
+        assert_eq!(saved, 32 * 64 * act);
+        // Without a binding capacity all 64 are.
+        let (combine, act) = expert_op(1.0, 1, "moe.combine");
+        let saved: u64 = combine.saved.iter().map(|s| s.bytes).sum();
+        assert_eq!(saved, 64 * 64 * act);
     }
 
     #[test]
