@@ -41,9 +41,12 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
     let local = d.n_sp;
     let routed = local * k;
     let mut hot = (routed as f64 * rank_load_factor(m.moe_load_imbalance, e, d.ep)).ceil() as u64;
-    // A capacity drops what the hottest rank's experts cannot take.
+    // A capacity drops what the hottest rank's experts cannot take; below a factor of 1 it
+    // drops even a balanced router's assignments, which are then neither sent nor combined.
+    let mut kept = routed;
     if let Some(cap) = capacity_limit(m.moe_capacity_factor, local, k, e, d.ep) {
         hot = hot.min(cap);
+        kept = kept.min(cap);
     }
 
     let mut router = Op::new(
@@ -89,8 +92,8 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         payload_bytes: bytes,
         count: 1,
     };
-    let tokens_bytes = routed * d.h * d.act;
-    // Dispatch: permute the top-k copies of each token, all-to-all them to their experts.
+    let tokens_bytes = kept * d.h * d.act;
+    // Dispatch: permute the kept top-k copies of each token, all-to-all them to their experts.
     ops.push(
         Op::new(
             "moe.dispatch",
@@ -140,7 +143,12 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         width.div_ceil(d.etp),
         d,
     ));
-    ops.push(expert("moe.experts.fc2", rows, f, d.h, false));
+    // The experts' backward holds the output-gradient rows received by the combine's
+    // all-to-all and the input-gradient rows gathered for the dispatch's (2 x rows x h, as
+    // Megatron-Core's grouped GEMM over the local experts) beside an expert's own gradients.
+    let mut fc2 = expert("moe.experts.fc2", rows, f, d.h, false);
+    fc2.backward_scratch_bytes = 2 * rows * d.h * d.act;
+    ops.push(fc2);
 
     // Combine: all-to-all back, unpermute, weight by the router probabilities (the expert
     // outputs are saved for the probabilities' gradient).
@@ -184,7 +192,7 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
 mod tests {
     use super::*;
     use crate::config::{Config, Layer, Resolved};
-    use crate::model::op::OpKind;
+    use crate::model::op::{Op, OpKind};
     use crate::model::Ledger;
 
     /// Rows of the expert fc1 matmul of the hottest rank: 8 experts over ep 2 (4 a rank),
@@ -195,6 +203,15 @@ mod tests {
 
     /// [`expert_rows`] with tp = expert_tp = `tp` (and SP), on 2 tp GPUs.
     fn expert_rows_tp(capacity_factor: f64, tp: u32) -> u64 {
+        match expert_op(capacity_factor, tp, "moe.experts.fc1").0.kind {
+            OpKind::Matmul { m, .. } => m,
+            k => panic!("{k:?}"),
+        }
+    }
+
+    /// The op `name` of the MoE block of the model of [`expert_rows_tp`], with the
+    /// activations' bytes per element.
+    fn expert_op(capacity_factor: f64, tp: u32, name: &str) -> (Op, u64) {
         let v = serde_json::json!({
             "model": {
                 "num_layers": 2, "hidden_size": 64, "num_attention_heads": 8,
@@ -209,17 +226,42 @@ mod tests {
         let cfg = Config::from_layers(&[Layer::overrides(v)]).expect("loads");
         let r = Resolved::new(cfg).expect("validates");
         let ledger = Ledger::build(&r);
+        let act = ledger.dims.act;
         let op = ledger
             .moe
             .expect("moe block")
             .ops
             .into_iter()
-            .find(|o| o.name == "moe.experts.fc1")
-            .expect("fc1");
-        match op.kind {
-            OpKind::Matmul { m, .. } => m,
-            k => panic!("{k:?}"),
-        }
+            .find(|o| o.name == name)
+            .expect("op");
+        (op, act)
+    }
+
+    #[test]
+    fn a_capacity_below_one_drops_a_balanced_routers_assignments() {
+        // 32 tokens x top-2 = 64 assignments a rank; a factor of 0.5 lets each of the 8
+        // experts take ceil(0.5 x 32 x 2 / 8) = 4 of a source's, so 8 x 4 = 32 are kept: the
+        // combine saves 32 expert-output rows of hidden 64 (Lepikhin et al. 2020, sec. 2.2).
+        let (combine, act) = expert_op(0.5, 1, "moe.combine");
+        let saved: u64 = combine.saved.iter().map(|s| s.bytes).sum();
+        assert_eq!(saved, 32 * 64 * act);
+        // Without a binding capacity all 64 are.
+        let (combine, act) = expert_op(1.0, 1, "moe.combine");
+        let saved: u64 = combine.saved.iter().map(|s| s.bytes).sum();
+        assert_eq!(saved, 64 * 64 * act);
+    }
+
+    #[test]
+    fn the_experts_backward_holds_the_gradient_rows_both_ways() {
+        // The hottest rank's 80 rows (see below) of hidden 64: the output-gradient rows from
+        // the combine's all-to-all and the input-gradient rows for the dispatch's, 2 x 80 x 64
+        // elements, with the executor's expert loop (executor/src/model/moe.rs, `moe_bwd`:
+        // `drecv` and `dback` live across it).
+        let (fc2, act) = expert_op(0.0, 1, "moe.experts.fc2");
+        assert_eq!(fc2.backward_scratch_bytes, 2 * 80 * 64 * act);
+        // A capacity of 1.0 caps the rows at 64 (see below), and the held rows with them.
+        let (fc2, act) = expert_op(1.0, 1, "moe.experts.fc2");
+        assert_eq!(fc2.backward_scratch_bytes, 2 * 64 * 64 * act);
     }
 
     #[test]
