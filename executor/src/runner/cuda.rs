@@ -6,7 +6,7 @@
 
 use super::rank::{run_rank, RankOutput};
 use super::{assemble, check_run, RunOptions};
-use crate::backend::cuda::collectives::CudaComm;
+use crate::backend::cuda::collectives::{CudaComm, Joins};
 use crate::backend::cuda::comms::{join_multi_process, join_single_process, single_process_ids};
 use crate::backend::cuda::context::{drv, visible_gpus, RankGpu};
 use crate::backend::cuda::device::CudaDevice;
@@ -242,6 +242,7 @@ fn play_rank(
     world: Option<NcclComm>,
     hub: &Arc<Hub>,
 ) -> Result<RankOutput, ExecError> {
+    let joins = Arc::new(Joins::default());
     let comm = CudaComm::new(
         rp.rank,
         &gpu,
@@ -250,9 +251,10 @@ fn play_rank(
         comms,
         world,
         hub.clone(),
+        joins.clone(),
     );
     let (pool, ctx) = (gpu.pool.clone(), gpu.ctx.clone());
-    let dev = CudaRank::new(CudaDevice::new(gpu), kernels);
+    let dev = CudaRank::new(CudaDevice::new(gpu), kernels, joins);
     let mut out = run_rank::<Cuda>(plan, rp, dev, &comm, opts)?;
     let stats = pool
         .lock()

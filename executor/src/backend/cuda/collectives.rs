@@ -27,7 +27,7 @@ use crate::backend::{
 };
 use crate::error::ExecError;
 use crate::memory::{Category, MemoryTracker};
-use cudarc::driver::{result as dr, sys, CudaStream};
+use cudarc::driver::{result as dr, sys, CudaEvent, CudaStream};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
@@ -52,6 +52,44 @@ impl ProcessGroup for CudaGroup {
     }
 }
 
+/// Collective work the compute stream has not waited for yet (overlapped reduce-scatters):
+/// shared by a rank's collectives, which push, and its device, which makes the compute
+/// stream wait for all of them at the next action boundary ([`crate::backend::Device::record`]).
+pub struct Joins<E> {
+    pending: std::sync::Mutex<Vec<Arc<E>>>,
+}
+
+impl<E> Default for Joins<E> {
+    fn default() -> Self {
+        Joins {
+            pending: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl<E> Joins<E> {
+    pub fn push(&self, e: Arc<E>) {
+        if let Ok(mut p) = self.pending.lock() {
+            p.push(e);
+        }
+    }
+
+    /// Every pending event, oldest first; none left pending.
+    pub fn drain(&self) -> Vec<Arc<E>> {
+        self.pending
+            .lock()
+            .map(|mut p| std::mem::take(&mut *p))
+            .unwrap_or_default()
+    }
+}
+
+/// Whether a gradient-bucket reduce-scatter over `t` runs overlapped with the computation
+/// that follows (NCCL, on the collective stream); the shared-GPU copies meet other threads
+/// on the host and so run in place.
+pub fn overlapped(t: Transport) -> bool {
+    t == Transport::Nccl
+}
+
 /// One rank's collectives.
 pub struct CudaComm {
     rank: u32,
@@ -67,6 +105,7 @@ pub struct CudaComm {
     /// A launched job's world communicator (pipeline messages by global rank).
     world: Option<NcclComm>,
     hub: Arc<Hub>,
+    joins: Arc<Joins<CudaEvent>>,
 }
 
 /// (member index, device address, elements) of one grouped send or receive.
@@ -83,6 +122,7 @@ fn mismatch(what: &str, a: DType, b: DType) -> CudaError {
 impl CudaComm {
     /// Rank `rank`'s collectives on its GPU, with its NCCL communicators (by members) and,
     /// in a launched job, the world communicator.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         rank: u32,
         gpu: &RankGpu,
@@ -91,6 +131,7 @@ impl CudaComm {
         nccl: HashMap<Vec<u32>, NcclComm>,
         world: Option<NcclComm>,
         hub: Arc<Hub>,
+        joins: Arc<Joins<CudaEvent>>,
     ) -> CudaComm {
         CudaComm {
             rank,
@@ -104,6 +145,7 @@ impl CudaComm {
             nccl,
             world,
             hub,
+            joins,
         }
     }
 
@@ -159,6 +201,30 @@ impl CudaComm {
         let done = s.record_event(flags).map_err(drv("cuEventRecord"))?;
         self.compute.wait(&done).map_err(drv("cuStreamWaitEvent"))?;
         Ok(r)
+    }
+
+    /// Runs `f` on stream `s` after the compute stream's queued work without making the
+    /// compute stream wait for it: `uses` (the tensors it reads or writes) go back to the
+    /// pool only after it, and the compute stream joins it at the next action boundary.
+    fn on_async(
+        &self,
+        s: &CudaStream,
+        uses: &[&CudaTensor],
+        f: impl FnOnce(&CudaStream) -> Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        let ready = self
+            .compute
+            .record_event(flags)
+            .map_err(drv("cuEventRecord"))?;
+        s.wait(&ready).map_err(drv("cuStreamWaitEvent"))?;
+        f(s)?;
+        let done = Arc::new(s.record_event(flags).map_err(drv("cuEventRecord"))?);
+        for t in uses {
+            t.fence(done.clone());
+        }
+        self.joins.push(done);
+        Ok(())
     }
 
     fn dtod(
@@ -238,8 +304,20 @@ impl CudaComm {
     /// Grouped sends and receives among the members (every member calls it): pieces to and
     /// from oneself are copies; the k-th receive from a member matches its k-th send here.
     fn p2p(&self, g: &CudaGroup, sends: &[P2p], recvs: &[P2p], dt: DType) -> Result<(), CudaError> {
+        self.on(&self.comm.clone(), |s| self.p2p_on(g, s, sends, recvs, dt))
+    }
+
+    /// [`CudaComm::p2p`] on stream `s`, already ordered after the compute stream.
+    fn p2p_on(
+        &self,
+        g: &CudaGroup,
+        s: &CudaStream,
+        sends: &[P2p],
+        recvs: &[P2p],
+        dt: DType,
+    ) -> Result<(), CudaError> {
         let me = g.index;
-        self.on(&self.comm.clone(), |s| {
+        {
             let own_s = sends.iter().filter(|p| p.0 == me);
             let own_r = recvs.iter().filter(|p| p.0 == me);
             for (a, b) in own_s.zip(own_r) {
@@ -282,7 +360,7 @@ impl CudaComm {
                     })
                 }
             }
-        })
+        }
     }
 
     /// The shared-GPU mover of this member over every member's posted addresses.
@@ -407,7 +485,9 @@ impl CudaComm {
     }
 
     /// Adds to `out` (elements `mine` of the flat buffer, of `out_dt`) the sum over members
-    /// of their `input` (elements `have`, of `dt`) inside `mine`.
+    /// of their `input` (elements `have`, of `dt`) inside `mine`. With `bucket` (the input
+    /// tensor, a gradient bucket) over NCCL it runs overlapped: the compute stream goes on
+    /// with backward and joins at the next action boundary.
     #[allow(clippy::too_many_arguments)]
     fn reduce_range_raw(
         &self,
@@ -418,6 +498,7 @@ impl CudaComm {
         mine: Range<usize>,
         out: u64,
         out_dt: DType,
+        bucket: Option<&CudaTensor>,
     ) -> Result<(), CudaError> {
         let meta = [have.start, have.end, mine.start, mine.end].map(|x| x as u64);
         let all = self.host_all_gather(g, &meta)?;
@@ -435,58 +516,74 @@ impl CudaComm {
             .iter()
             .map(|p| (p.peer, src + p.src_off as u64 * es, p.len))
             .collect();
-        self.p2p(g, &s, &r, dt)?;
         let wide = if dt == out_dt {
             None
         } else {
             Some(self.stage(out_dt, total, None)?)
         };
-        self.on(&self.comm.clone(), |st| {
-            let k = &self.kernels;
-            let base = match &wide {
-                Some(w) => {
-                    // SAFETY: both staging buffers hold `total` elements.
-                    unsafe {
-                        match dt {
-                            DType::F32 => elementwise::cast_f32_to_bf16(
-                                st,
-                                k,
-                                seg.ptr_at(0),
-                                w.ptr_at(0),
-                                total,
-                            ),
-                            DType::Bf16 => elementwise::cast_bf16_to_f32(
-                                st,
-                                k,
-                                seg.ptr_at(0),
-                                w.ptr_at(0),
-                                total,
-                            ),
-                        }
-                    }?;
-                    w.ptr_at(0)
-                }
-                None => seg.ptr_at(0),
-            };
-            let oes = out_dt.size_bytes();
-            let mut at = 0u64;
-            for p in &recvs {
-                // SAFETY: the piece lies inside `out` (its offset within `mine`).
-                unsafe {
-                    elementwise::axpy(
-                        st,
-                        k,
-                        out_dt,
-                        1.0,
-                        base + at * oes,
-                        out + p.dst_off as u64 * oes,
-                        p.len,
-                    )
-                }?;
-                at += p.len as u64;
+        let pieces: Vec<(usize, usize)> = recvs.iter().map(|p| (p.dst_off, p.len)).collect();
+        let body = |st: &CudaStream| -> Result<(), CudaError> {
+            self.p2p_on(g, st, &s, &r, dt)?;
+            self.sum_pieces(st, &seg, wide.as_ref(), dt, &pieces, out, out_dt)
+        };
+        let comm = self.comm.clone();
+        match bucket {
+            Some(b) if overlapped(g.transport) => {
+                let mut uses = vec![b, &seg];
+                uses.extend(wide.as_ref());
+                self.on_async(&comm, &uses, body)
             }
-            Ok(())
-        })
+            _ => self.on(&comm, body),
+        }
+    }
+
+    /// out[dst_off..+len] += the received pieces, consecutive in `seg` (of `dt`), converted
+    /// to `out_dt` through `wide` where the dtypes differ.
+    #[allow(clippy::too_many_arguments)]
+    fn sum_pieces(
+        &self,
+        st: &CudaStream,
+        seg: &CudaTensor,
+        wide: Option<&CudaTensor>,
+        dt: DType,
+        pieces: &[(usize, usize)],
+        out: u64,
+        out_dt: DType,
+    ) -> Result<(), CudaError> {
+        let k = &self.kernels;
+        let total: usize = pieces.iter().map(|p| p.1).sum();
+        let base = match wide {
+            Some(w) => {
+                let (a, b) = (seg.ptr_at(0), w.ptr_at(0));
+                // SAFETY: both staging buffers hold `total` elements.
+                unsafe {
+                    match dt {
+                        DType::F32 => elementwise::cast_f32_to_bf16(st, k, a, b, total),
+                        DType::Bf16 => elementwise::cast_bf16_to_f32(st, k, a, b, total),
+                    }
+                }?;
+                b
+            }
+            None => seg.ptr_at(0),
+        };
+        let oes = out_dt.size_bytes();
+        let mut at = 0u64;
+        for &(dst_off, len) in pieces {
+            // SAFETY: the piece lies inside `out` (its offset within `mine`).
+            unsafe {
+                elementwise::axpy(
+                    st,
+                    k,
+                    out_dt,
+                    1.0,
+                    base + at * oes,
+                    out + dst_off as u64 * oes,
+                    len,
+                )
+            }?;
+            at += len as u64;
+        }
+        Ok(())
     }
 
     /// The group whose transport carries messages between global ranks `a` and `b` (the
@@ -583,7 +680,8 @@ impl DeviceCollectives<Cuda> for CudaComm {
         let dt = buf.dtype();
         let out = self.stage(dt, mine.len(), Some(&self.compute))?;
         let all = 0..buf.len();
-        self.reduce_range_raw(g, all, buf.ptr_at(0), dt, mine.clone(), out.ptr_at(0), dt)?;
+        let (src, dst) = (buf.ptr_at(0), out.ptr_at(0));
+        self.reduce_range_raw(g, all, src, dt, mine.clone(), dst, dt, None)?;
         let c = self.compute.clone();
         Ok(self.dtod(&c, buf.ptr_at(mine.start), out.ptr_at(0), mine.len(), dt)?)
     }
@@ -788,6 +886,34 @@ impl DeviceCollectives<Cuda> for CudaComm {
             mine,
             dst,
             out.tensor.dtype(),
+            Some(input.tensor),
         )?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn joins_hand_back_every_pending_event_once_in_order() {
+        let j: Joins<u32> = Joins::default();
+        for e in [3, 1, 2] {
+            j.push(Arc::new(e));
+        }
+        let got: Vec<u32> = j.drain().iter().map(|e| **e).collect();
+        assert_eq!(got, vec![3, 1, 2]);
+        assert!(j.drain().is_empty());
+    }
+
+    #[test]
+    fn only_nccl_bucket_reductions_overlap() {
+        // The shared-GPU copies synchronise with the peers' threads on the host: nothing
+        // left to overlap; a single member has no collective.
+        let got: Vec<bool> = [Transport::Nccl, Transport::Local, Transport::Solo]
+            .into_iter()
+            .map(overlapped)
+            .collect();
+        assert_eq!(got, vec![true, false, false]);
     }
 }

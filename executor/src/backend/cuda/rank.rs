@@ -6,7 +6,7 @@
 //! (and an output converted back), which keeps every op correct for any dtype mix the model
 //! code passes, at the cost of an extra pass where the dtypes differ.
 
-use super::collectives::{CudaComm, CudaGroup};
+use super::collectives::{CudaComm, CudaGroup, Joins};
 use super::context::{drv, elapsed_s};
 use super::device::CudaDevice;
 use super::error::CudaError;
@@ -39,6 +39,8 @@ pub struct CudaRank {
     pub dev: CudaDevice,
     pub kernels: Arc<Kernels>,
     gemm_events: RefCell<Vec<(CudaEvent, CudaEvent)>>,
+    /// Overlapped collectives the compute stream joins at the next action boundary.
+    joins: Arc<Joins<CudaEvent>>,
 }
 
 /// An operand at the dtype a kernel takes: the tensor's own address, or a converted
@@ -49,11 +51,12 @@ pub struct Staged {
 }
 
 impl CudaRank {
-    pub fn new(dev: CudaDevice, kernels: Arc<Kernels>) -> CudaRank {
+    pub fn new(dev: CudaDevice, kernels: Arc<Kernels>, joins: Arc<Joins<CudaEvent>>) -> CudaRank {
         CudaRank {
             dev,
             kernels,
             gemm_events: RefCell::new(Vec::new()),
+            joins,
         }
     }
 
@@ -254,7 +257,14 @@ impl Device<Cuda> for CudaRank {
         t.recat(cat)
     }
 
+    /// The runner records an event before and after every action: the compute stream first
+    /// joins the overlapped collectives (the gradient buckets' reduce-scatters of the last
+    /// backward), so the next action sees their results and the action's time includes
+    /// what of them was not hidden.
     fn record(&self) -> Result<CudaEvent, ExecError> {
+        for e in self.joins.drain() {
+            self.dev.wait(&e)?;
+        }
         Ok(self.dev.record()?)
     }
 
