@@ -256,6 +256,8 @@ fn play_rank(
     let (pool, ctx) = (gpu.pool.clone(), gpu.ctx.clone());
     let dev = CudaRank::new(CudaDevice::new(gpu), kernels, joins);
     let mut out = run_rank::<Cuda>(plan, rp, dev, &comm, opts)?;
+    // A last buffered send (a stage's final output) goes out before the rank ends.
+    comm.finish()?;
     let stats = pool
         .lock()
         .map_err(|_| CudaError::call(Library::Driver, "cuMemGetInfo", "pool lock poisoned"))?

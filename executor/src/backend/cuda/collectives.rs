@@ -106,6 +106,8 @@ pub struct CudaComm {
     world: Option<NcclComm>,
     hub: Arc<Hub>,
     joins: Arc<Joins<CudaEvent>>,
+    /// NCCL sends not issued yet (global peer, a copy of the data).
+    pending_sends: std::cell::RefCell<Vec<(u32, CudaTensor)>>,
 }
 
 /// (member index, device address, elements) of one grouped send or receive.
@@ -146,6 +148,7 @@ impl CudaComm {
             world,
             hub,
             joins,
+            pending_sends: std::cell::RefCell::new(Vec::new()),
         }
     }
 
@@ -191,6 +194,7 @@ impl CudaComm {
         s: &CudaStream,
         f: impl FnOnce(&CudaStream) -> Result<R, CudaError>,
     ) -> Result<R, CudaError> {
+        self.flush_sends(None)?;
         let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
         let ready = self
             .compute
@@ -212,6 +216,7 @@ impl CudaComm {
         uses: &[&CudaTensor],
         f: impl FnOnce(&CudaStream) -> Result<(), CudaError>,
     ) -> Result<(), CudaError> {
+        self.flush_sends(None)?;
         let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
         let ready = self
             .compute
@@ -607,29 +612,85 @@ impl CudaComm {
             })
     }
 
-    /// A point-to-point message over NCCL: the launched job's world communicator by global
-    /// rank, else the pair's group by member index.
-    fn nccl_p2p(
-        &self,
-        peer: u32,
-        ptr: u64,
-        n: usize,
-        dt: DType,
-        send: bool,
-    ) -> Result<(), CudaError> {
-        let (c, idx) = match &self.world {
-            Some(w) => (w, peer as usize),
+    /// Issues the buffered sends and waits for the collective and pipeline streams, before
+    /// the communicators are destroyed at the end of the run.
+    pub fn finish(&self) -> Result<(), CudaError> {
+        self.flush_sends(None)?;
+        for s in [&self.pipe, &self.comm] {
+            s.synchronize().map_err(drv("cuStreamSynchronize"))?;
+        }
+        Ok(())
+    }
+
+    /// The communicator and peer index that carry messages to global rank `peer`: the
+    /// launched job's world communicator by global rank, else the pair's group.
+    fn nccl_peer(&self, peer: u32) -> Result<(&NcclComm, usize), CudaError> {
+        match &self.world {
+            Some(w) => Ok((w, peer as usize)),
             None => {
                 let g = self.pair_group(self.rank, peer)?;
                 let idx = g.members.iter().position(|&m| m == peer).unwrap_or(0);
-                (self.nccl_of(&g)?, idx)
+                Ok((self.nccl_of(&g)?, idx))
             }
-        };
-        let one = [(idx, ptr, n)];
-        let (s, r): (&[P2p], &[P2p]) = if send { (&one, &[]) } else { (&[], &one) };
-        self.on(&self.pipe.clone(), |st| {
-            c.send_recv(s, r, dt, st.cu_stream())
-        })
+        }
+    }
+
+    /// Issues the buffered NCCL sends, with the receive `recv` (peer, address, elements,
+    /// dtype) in the same NCCL group: a ring step's send to the next rank and receive from
+    /// the previous, or a pipeline stage's send forward and receive backward, pair up on
+    /// every rank and cannot deadlock (as Megatron's `batch_isend_irecv`). The compute stream
+    /// waits only for a receive; the send buffers go back to the pool after the sends.
+    pub fn flush_sends(&self, recv: Option<(u32, u64, usize, DType)>) -> Result<(), CudaError> {
+        let sends = std::mem::take(&mut *self.pending_sends.borrow_mut());
+        if sends.is_empty() && recv.is_none() {
+            return Ok(());
+        }
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        let pipe = self.pipe.clone();
+        let ready = self
+            .compute
+            .record_event(flags)
+            .map_err(drv("cuEventRecord"))?;
+        pipe.wait(&ready).map_err(drv("cuStreamWaitEvent"))?;
+        let group = |e| CudaError::call(Library::Nccl, "ncclGroupStart", format!("{e:?}"));
+        cudarc::nccl::result::group_start().map_err(group)?;
+        let mut first_err = None;
+        for (peer, t) in &sends {
+            let r = self.nccl_peer(*peer).and_then(|(c, idx)| {
+                c.send_recv(
+                    &[(idx, t.ptr_at(0), t.len())],
+                    &[],
+                    t.dtype(),
+                    pipe.cu_stream(),
+                )
+            });
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        }
+        if let Some((peer, ptr, n, dt)) = recv {
+            let r = self
+                .nccl_peer(peer)
+                .and_then(|(c, idx)| c.send_recv(&[], &[(idx, ptr, n)], dt, pipe.cu_stream()));
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        }
+        // The group is always closed, even after a failed call inside it.
+        let end = cudarc::nccl::result::group_end()
+            .map_err(|e| CudaError::call(Library::Nccl, "ncclGroupEnd", format!("{e:?}")));
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        end?;
+        let done = Arc::new(pipe.record_event(flags).map_err(drv("cuEventRecord"))?);
+        for (_, t) in &sends {
+            t.fence(done.clone());
+        }
+        if recv.is_some() {
+            self.compute.wait(&done).map_err(drv("cuStreamWaitEvent"))?;
+        }
+        Ok(())
     }
 }
 
@@ -816,7 +877,12 @@ impl DeviceCollectives<Cuda> for CudaComm {
             c.synchronize().map_err(drv("cuStreamSynchronize"))?;
             return Ok(self.hub.put(self.rank, to, tag, copy)?);
         }
-        Ok(self.nccl_p2p(to, src, data.len(), dt, true)?)
+        // Buffered: a copy taken now, sent with this rank's next receive (or collective).
+        let copy = self.stage(dt, data.len(), None)?;
+        let c = self.compute.clone();
+        self.dtod(&c, copy.ptr_at(0), src, data.len(), dt)?;
+        self.pending_sends.borrow_mut().push((to, copy));
+        Ok(())
     }
 
     fn recv(&self, from: u32, tag: u64, out: ViewMut<'_, CudaTensor>) -> Result<(), ExecError> {
@@ -844,7 +910,7 @@ impl DeviceCollectives<Cuda> for CudaComm {
             c.synchronize().map_err(drv("cuStreamSynchronize"))?;
             return Ok(());
         }
-        Ok(self.nccl_p2p(from, dst, out.len(), dt, false)?)
+        Ok(self.flush_sends(Some((from, dst, out.len(), dt)))?)
     }
 
     fn gather_range(
