@@ -263,6 +263,9 @@ impl CudaComm {
 
     /// Host values of every member (each member passes as many), in member order.
     fn host_all_gather(&self, g: &CudaGroup, vals: &[u64]) -> Result<Vec<Vec<u64>>, CudaError> {
+        if vals.is_empty() {
+            return Ok(vec![Vec::new(); g.members.len()]);
+        }
         match g.transport {
             Transport::Solo => Ok(vec![vals.to_vec()]),
             Transport::Local => {
