@@ -17,6 +17,7 @@ use crate::backend::cuda::nccl::NcclComm;
 use crate::backend::cuda::probe::{require, Library};
 use crate::backend::cuda::rank::{Cuda, CudaRank};
 use crate::backend::cuda::CudaError;
+use crate::backend::DeviceCollectives;
 use crate::error::ExecError;
 use crate::plan::{Plan, RankPlan};
 use crate::report::{DeviceMemoryReport, RunReport};
@@ -242,6 +243,7 @@ fn play_rank(
     world: Option<NcclComm>,
     hub: &Arc<Hub>,
 ) -> Result<RankOutput, ExecError> {
+    let launched = world.is_some();
     let joins = Arc::new(Joins::default());
     let comm = CudaComm::new(
         rp.rank,
@@ -256,6 +258,13 @@ fn play_rank(
     let (pool, ctx) = (gpu.pool.clone(), gpu.ctx.clone());
     let dev = CudaRank::new(CudaDevice::new(gpu), kernels, joins);
     let mut out = run_rank::<Cuda>(plan, rp, dev, &comm, opts)?;
+    if launched {
+        // The launcher takes rank 0's loss as the run's: every rank's sums, added.
+        let everyone: Vec<u32> = (0..plan.world()).collect();
+        let g = comm.group(&everyone)?;
+        out.loss_sums = comm.sum_f64(&g, &out.loss_sums)?;
+        out.aux_sums = comm.sum_f64(&g, &out.aux_sums)?;
+    }
     // A last buffered send (a stage's final output) goes out before the rank ends.
     comm.finish()?;
     let stats = pool
@@ -317,6 +326,25 @@ mod tests {
             e.contains("CUDA driver") && e.contains("libcuda.so.1"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_rank_that_gave_up_is_not_reported_as_the_cause() {
+        // A peer released from a shared-GPU meeting by the abort, and the runner's own
+        // abort, are followers; a failed CUDA call or a missing library is the cause.
+        let follower = ExecError::Cuda(CudaError::call(
+            Library::Driver,
+            "shared-GPU collective",
+            "another rank failed",
+        ));
+        assert!(gave_up(&follower));
+        assert!(gave_up(&ExecError::Aborted { rank: 3 }));
+        let cause = ExecError::Cuda(CudaError::call(Library::Nccl, "ncclSend", "unhandled"));
+        assert!(!gave_up(&cause));
+        let missing = ExecError::Cuda(CudaError::NoDevice {
+            visible: "unset".into(),
+        });
+        assert!(!gave_up(&missing));
     }
 
     #[test]

@@ -615,6 +615,16 @@ impl CudaComm {
             })
     }
 
+    /// The element-wise sum over the group of host values, added in member order so that
+    /// every member gets the same bits (a launched rank's loss sums, made global).
+    pub fn sum_f64(&self, g: &CudaGroup, vals: &[f64]) -> Result<Vec<f64>, CudaError> {
+        let bits: Vec<u64> = vals.iter().map(|x| x.to_bits()).collect();
+        let all = self.host_all_gather(g, &bits)?;
+        Ok((0..vals.len())
+            .map(|i| all.iter().map(|m| f64::from_bits(m[i])).sum())
+            .collect())
+    }
+
     /// Issues the buffered sends and waits for the collective and pipeline streams, before
     /// the communicators are destroyed at the end of the run.
     pub fn finish(&self) -> Result<(), CudaError> {
