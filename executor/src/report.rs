@@ -64,6 +64,21 @@ pub struct RankReport {
     pub cp: Option<CpStats>,
     /// Token-to-expert assignments the expert capacity dropped, over all steps (MoE).
     pub moe_dropped: u64,
+    /// A GPU backend's own memory figures (absent on the CPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceMemoryReport>,
+}
+
+/// What a GPU rank's allocator and driver say about memory, next to the tracked categories
+/// (`peak`, `reserved_peak`): the caching pool's bytes held from the device at its peak (the
+/// tracked reserved bytes plus the cached free blocks and the cuBLASLt workspace), and
+/// `cuMemGetInfo`'s used and total bytes of the GPU at the end of the run (every process and
+/// context on it, the CUDA context itself included).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceMemoryReport {
+    pub pool_reserved_peak_bytes: u64,
+    pub driver_used_bytes: u64,
+    pub driver_total_bytes: u64,
 }
 
 impl RankReport {

@@ -147,9 +147,8 @@ fn upload_download_and_tracking_on_the_gpu() {
     assert!(rep.driver_total_bytes > rep.driver_used_bytes);
 }
 
-/// A whole small step: the CUDA run's loss and parameters against the CPU run's (fp32).
-/// On a GPU this fails until the backend's step (the kernels' ops) is in the build: the
-/// error then says so.
+/// A whole small step: the CUDA run's loss and parameters against the CPU run's (fp32), one
+/// rank (the parallel layouts are in the engine's tests/executor/cuda.rs, which lowers them).
 #[test]
 fn a_whole_step_matches_the_cpu_twin() {
     use parsim_executor::plan::{Activation, AdamConfig, ModelShape, Norm, Plan, Recompute};

@@ -61,6 +61,7 @@ fn rank_report(world: u32, rank: u32) -> RunReport {
             gemm_seconds: 0.0,
             cp: None,
             moe_dropped: 0,
+            device: None,
         }],
         params: None,
         grads: None,

@@ -126,6 +126,18 @@ struct RankOut {
     cp: Option<CpStats>,
     /// MoE: token-to-expert assignments dropped by the expert capacity, all steps.
     moe_dropped: u64,
+    /// A GPU backend's memory: the tracked reserved bytes at their peak, the caching pool's
+    /// reserved peak, and the driver's used and total bytes of the GPU (cuMemGetInfo).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device: Option<DeviceOut>,
+}
+
+#[derive(Debug, Serialize)]
+struct DeviceOut {
+    tracked_reserved_peak_bytes: u64,
+    pool_reserved_peak_bytes: u64,
+    driver_used_bytes: u64,
+    driver_total_bytes: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -307,6 +319,12 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
                     },
                     cp: r.cp.clone(),
                     moe_dropped: r.moe_dropped,
+                    device: r.device.map(|d| DeviceOut {
+                        tracked_reserved_peak_bytes: r.reserved_peak.total(),
+                        pool_reserved_peak_bytes: d.pool_reserved_peak_bytes,
+                        driver_used_bytes: d.driver_used_bytes,
+                        driver_total_bytes: d.driver_total_bytes,
+                    }),
                 }
             })
             .collect(),
@@ -409,6 +427,19 @@ fn text(o: &ExecuteOut) -> String {
     }
     s.push_str(&t.to_string());
     s.push('\n');
+    for r in &o.ranks {
+        if let Some(d) = &r.device {
+            s.push_str(&format!(
+                "rank {} GPU memory: tracked reserved peak {}, pool reserved peak {}, \
+                 GPU used {} of {} (cuMemGetInfo)\n",
+                r.rank,
+                bytes(d.tracked_reserved_peak_bytes as f64),
+                bytes(d.pool_reserved_peak_bytes as f64),
+                bytes(d.driver_used_bytes as f64),
+                bytes(d.driver_total_bytes as f64),
+            ));
+        }
+    }
     s.push_str(&cp_text(o));
     if let Some(c) = &o.timeline_comparison {
         s.push_str(&timeline_text(c));

@@ -364,6 +364,7 @@ mod tests {
                 gemm_seconds: 0.5,
                 cp: None,
                 moe_dropped: 0,
+                device: None,
             }],
             params: None,
             grads: None,

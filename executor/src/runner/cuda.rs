@@ -4,15 +4,25 @@
 //! copies for ranks sharing a GPU), loads the libraries those need and opens each rank's
 //! device and joins its NCCL communicators, before any step; a missing library or GPU is an error naming it.
 
-use super::{check_run, RunOptions};
+use super::rank::{run_rank, RankOutput};
+use super::{assemble, check_run, RunOptions};
+use crate::backend::cuda::collectives::{CudaComm, Joins};
 use crate::backend::cuda::comms::{join_multi_process, join_single_process, single_process_ids};
 use crate::backend::cuda::context::{drv, visible_gpus, RankGpu};
+use crate::backend::cuda::device::CudaDevice;
 use crate::backend::cuda::groups::{plan_groups, GroupSpec, Placement, Transport};
+use crate::backend::cuda::hub::Hub;
+use crate::backend::cuda::kernels::Kernels;
+use crate::backend::cuda::nccl::NcclComm;
 use crate::backend::cuda::probe::{require, Library};
+use crate::backend::cuda::rank::{Cuda, CudaRank};
 use crate::backend::cuda::CudaError;
+use crate::backend::DeviceCollectives;
 use crate::error::ExecError;
-use crate::plan::Plan;
-use crate::report::RunReport;
+use crate::plan::{Plan, RankPlan};
+use crate::report::{DeviceMemoryReport, RunReport};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Which ranks this process runs.
 #[derive(Debug, Clone)]
@@ -101,59 +111,174 @@ pub fn run_cuda(plan: &Plan, opts: &RunOptions, world: CudaWorld) -> Result<RunR
     if lay.needs_nccl() || matches!(world, CudaWorld::MultiProcess { .. }) {
         require(Library::Nccl)?;
     }
-    // Each rank of this process opens its GPU (context, streams, pool, cuBLASLt) and joins
-    // its NCCL communicators, so that an unusable device or network fails here, by name.
     match world {
-        CudaWorld::SingleProcess => {
-            let ids = if lay.needs_nccl() {
-                single_process_ids(&lay.groups)?
-            } else {
-                Default::default()
-            };
-            // Every device first: a rank that cannot open its GPU must fail before the others
-            // block in ncclCommInitRank waiting for it.
-            let devs: Vec<(u32, RankGpu)> = lay
-                .local
-                .iter()
-                .map(|&(rank, gpu)| RankGpu::open(gpu).map(|d| (rank, d)))
-                .collect::<Result<_, _>>()?;
-            let results: Vec<Result<(), CudaError>> = std::thread::scope(|s| {
-                let hs: Vec<_> = devs
-                    .iter()
-                    .map(|(rank, dev)| {
-                        let (groups, ids, rank, ctx) = (&lay.groups, &ids, *rank, dev.ctx.clone());
-                        s.spawn(move || {
-                            ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-                            join_single_process(groups, ids, rank).map(drop)
-                        })
-                    })
-                    .collect();
-                hs.into_iter()
-                    .map(|h| {
-                        h.join().unwrap_or_else(|_| {
-                            Err(CudaError::call(Library::Driver, "rank thread", "panicked"))
-                        })
-                    })
-                    .collect()
-            });
-            results.into_iter().collect::<Result<Vec<()>, _>>()?;
-        }
+        CudaWorld::SingleProcess => run_single_process(plan, opts, &lay),
         CudaWorld::MultiProcess {
             rank,
             world_size,
             unique_id,
             ..
         } => {
-            let dev = RankGpu::open(lay.local[0].1)?;
-            dev.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-            join_multi_process(&lay.groups, &unique_id, rank, world_size)?;
+            // This process's rank opens its GPU, joins the world communicator and splits
+            // one per NCCL group, then plays its actions.
+            let (_, ordinal) = lay.local[0];
+            let gpu = RankGpu::open(ordinal)?;
+            gpu.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+            let kernels = Arc::new(Kernels::load(&gpu.ctx)?);
+            let (world_comm, comms) =
+                join_multi_process(&lay.groups, &unique_id, rank, world_size)?;
+            let rp = plan.ranks.iter().find(|r| r.rank == rank).ok_or_else(|| {
+                CudaError::call(
+                    Library::Nccl,
+                    "ncclCommInitRank",
+                    format!("rank {rank} is not in the Plan"),
+                )
+            })?;
+            let hub = Hub::new();
+            let out = play_rank(
+                plan,
+                rp,
+                opts,
+                gpu,
+                kernels,
+                &lay,
+                comms,
+                Some(world_comm),
+                &hub,
+            );
+            assemble(plan, opts, vec![out])
         }
     }
-    Err(CudaError::Unfinished {
-        what: "a training step",
-        why: "the device TensorOps/DeviceCollectives of the cuda backend are not in this build",
+}
+
+/// Every rank a thread of this process: each opens its GPU first (so that an unusable device
+/// fails before any rank waits in `ncclCommInitRank`), the kernels are loaded once per GPU,
+/// then each thread joins its NCCL groups and plays its actions; a failing rank aborts the
+/// shared-GPU meetings of the others.
+fn run_single_process(
+    plan: &Plan,
+    opts: &RunOptions,
+    lay: &CudaLayout,
+) -> Result<RunReport, ExecError> {
+    let ids = if lay.needs_nccl() {
+        single_process_ids(&lay.groups)?
+    } else {
+        Default::default()
+    };
+    let mut gpus: Vec<(u32, RankGpu)> = Vec::with_capacity(lay.local.len());
+    let mut kernels: HashMap<u32, Arc<Kernels>> = HashMap::new();
+    for &(rank, ordinal) in &lay.local {
+        let gpu = RankGpu::open(ordinal)?;
+        if let std::collections::hash_map::Entry::Vacant(v) = kernels.entry(ordinal) {
+            gpu.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+            v.insert(Arc::new(Kernels::load(&gpu.ctx)?));
+        }
+        gpus.push((rank, gpu));
     }
-    .into())
+    let hub = Hub::new();
+    let results: Vec<Result<RankOutput, ExecError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = gpus
+            .into_iter()
+            .zip(&lay.local)
+            .map(|((rank, gpu), &(_, ordinal))| {
+                let (ids, hub) = (&ids, &hub);
+                let k = kernels.get(&ordinal).cloned();
+                s.spawn(move || {
+                    let r = (|| {
+                        gpu.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+                        let k = k.ok_or_else(|| {
+                            CudaError::call(
+                                Library::Driver,
+                                "cuModuleLoadData",
+                                format!("no kernels loaded for GPU {ordinal}"),
+                            )
+                        })?;
+                        let comms = join_single_process(&lay.groups, ids, rank)?;
+                        let rp = &plan.ranks[rank as usize];
+                        play_rank(plan, rp, opts, gpu, k, lay, comms, None, hub)
+                    })();
+                    match r {
+                        Err(e) if gave_up(&e) => Err(ExecError::Aborted { rank }),
+                        Err(e) => {
+                            hub.abort();
+                            Err(e)
+                        }
+                        ok => ok,
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(ExecError::Rank {
+                        rank: u32::MAX,
+                        message: "rank thread panicked".into(),
+                    })
+                })
+            })
+            .collect()
+    });
+    assemble(plan, opts, results)
+}
+
+/// Whether a rank stopped because another one failed (its own error is not the cause).
+fn gave_up(e: &ExecError) -> bool {
+    matches!(e, ExecError::Aborted { .. })
+        || matches!(e, ExecError::Cuda(c) if c.to_string().contains("another rank failed"))
+}
+
+/// One rank on its GPU: the device and collectives built, the generic step loop played, and
+/// the device's memory figures (the pool's reserved peak, the driver's used and total bytes)
+/// added to its report.
+#[allow(clippy::too_many_arguments)]
+fn play_rank(
+    plan: &Plan,
+    rp: &RankPlan,
+    opts: &RunOptions,
+    gpu: RankGpu,
+    kernels: Arc<Kernels>,
+    lay: &CudaLayout,
+    comms: HashMap<Vec<u32>, NcclComm>,
+    world: Option<NcclComm>,
+    hub: &Arc<Hub>,
+) -> Result<RankOutput, ExecError> {
+    let launched = world.is_some();
+    let joins = Arc::new(Joins::default());
+    let comm = CudaComm::new(
+        rp.rank,
+        &gpu,
+        kernels.clone(),
+        lay.groups.clone(),
+        comms,
+        world,
+        hub.clone(),
+        joins.clone(),
+    );
+    let (pool, ctx) = (gpu.pool.clone(), gpu.ctx.clone());
+    let dev = CudaRank::new(CudaDevice::new(gpu), kernels, joins);
+    let mut out = run_rank::<Cuda>(plan, rp, dev, &comm, opts)?;
+    if launched {
+        // The launcher takes rank 0's loss as the run's: every rank's sums, added.
+        let everyone: Vec<u32> = (0..plan.world()).collect();
+        let g = comm.group(&everyone)?;
+        out.loss_sums = comm.sum_f64(&g, &out.loss_sums)?;
+        out.aux_sums = comm.sum_f64(&g, &out.aux_sums)?;
+    }
+    // A last buffered send (a stage's final output) goes out before the rank ends.
+    comm.finish()?;
+    let stats = pool
+        .lock()
+        .map_err(|_| CudaError::call(Library::Driver, "cuMemGetInfo", "pool lock poisoned"))?
+        .stats();
+    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+    let (free, total) = ctx.mem_get_info().map_err(drv("cuMemGetInfo"))?;
+    out.report.device = Some(DeviceMemoryReport {
+        pool_reserved_peak_bytes: stats.peak_reserved_bytes,
+        driver_used_bytes: (total - free) as u64,
+        driver_total_bytes: total as u64,
+    });
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -203,6 +328,25 @@ mod tests {
             e.contains("CUDA driver") && e.contains("libcuda.so.1"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_rank_that_gave_up_is_not_reported_as_the_cause() {
+        // A peer released from a shared-GPU meeting by the abort, and the runner's own
+        // abort, are followers; a failed CUDA call or a missing library is the cause.
+        let follower = ExecError::Cuda(CudaError::call(
+            Library::Driver,
+            "shared-GPU collective",
+            "another rank failed",
+        ));
+        assert!(gave_up(&follower));
+        assert!(gave_up(&ExecError::Aborted { rank: 3 }));
+        let cause = ExecError::Cuda(CudaError::call(Library::Nccl, "ncclSend", "unhandled"));
+        assert!(!gave_up(&cause));
+        let missing = ExecError::Cuda(CudaError::NoDevice {
+            visible: "unset".into(),
+        });
+        assert!(!gave_up(&missing));
     }
 
     #[test]

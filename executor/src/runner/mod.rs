@@ -116,7 +116,17 @@ pub fn run_cpu(plan: &Plan, opts: &RunOptions) -> Result<RunReport, ExecError> {
             })
             .collect()
     });
-    // Report the first real failure rather than the ranks that gave up because of it.
+    assemble(plan, opts, results)
+}
+
+/// The run's report from every rank's result (every backend): the first real failure rather
+/// than the ranks that gave up because of it, else the losses averaged over the global
+/// batch's tokens and the exported tensors assembled.
+fn assemble(
+    plan: &Plan,
+    opts: &RunOptions,
+    results: Vec<Result<RankOutput, ExecError>>,
+) -> Result<RunReport, ExecError> {
     let mut results = results;
     if let Some(i) = results
         .iter()

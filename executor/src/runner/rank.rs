@@ -256,6 +256,7 @@ pub(super) fn run_rank<B: Backend>(
             gemm_seconds,
             cp: rank.ctx.cp.as_ref().map(|c| c.stats.clone()),
             moe_dropped: rank.ctx.moe_dropped,
+            device: None,
         },
         loss_sums,
         aux_sums,

@@ -32,12 +32,6 @@ pub enum CudaError {
     /// The Plan's ranks cannot be placed on the GPUs at hand.
     #[error("placing the ranks on GPUs: {0}")]
     Placement(#[from] super::groups::PlacementError),
-    /// A part of the backend that this build does not have yet.
-    #[error("the cuda backend cannot run {what} yet: {why}")]
-    Unfinished {
-        what: &'static str,
-        why: &'static str,
-    },
 }
 
 impl CudaError {

@@ -9,6 +9,19 @@ use super::error::CudaError;
 use std::ops::Range;
 use std::sync::Barrier;
 
+/// Where the members of a shared-GPU collective meet between phases: a barrier that can
+/// also fail (a member gave up), so that one failing rank never leaves its peers waiting.
+pub trait Rendezvous: Sync {
+    fn meet(&self) -> Result<(), CudaError>;
+}
+
+impl Rendezvous for Barrier {
+    fn meet(&self) -> Result<(), CudaError> {
+        self.wait();
+        Ok(())
+    }
+}
+
 /// Which posted buffer of a member.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Buf {
@@ -51,17 +64,16 @@ pub fn chunk(len: usize, size: usize, j: usize) -> Range<usize> {
 }
 
 /// The phase boundary: this member's work done, then every member's.
-fn phase(m: &dyn Mover, barrier: &Barrier) -> Result<(), CudaError> {
+fn phase(m: &dyn Mover, barrier: &dyn Rendezvous) -> Result<(), CudaError> {
     m.sync()?;
-    barrier.wait();
-    Ok(())
+    barrier.meet()
 }
 
 /// Sum all-reduce in place on `Out` (`len` elements): member j reduces chunk j from every
 /// member into its own buffer, then copies every other chunk from its owner.
 pub fn all_reduce(
     m: &dyn Mover,
-    barrier: &Barrier,
+    barrier: &dyn Rendezvous,
     me: usize,
     size: usize,
     len: usize,
@@ -83,7 +95,7 @@ pub fn all_reduce(
 /// `me` (`len` divisible by `size`, as the trait's contract requires).
 pub fn reduce_scatter(
     m: &dyn Mover,
-    barrier: &Barrier,
+    barrier: &dyn Rendezvous,
     me: usize,
     size: usize,
     len: usize,
@@ -101,7 +113,7 @@ pub fn reduce_scatter(
 /// order.
 pub fn all_gather(
     m: &dyn Mover,
-    barrier: &Barrier,
+    barrier: &dyn Rendezvous,
     size: usize,
     per: usize,
 ) -> Result<(), CudaError> {

@@ -60,13 +60,29 @@ pub enum PoolError {
     },
 }
 
+/// Whether the work of other streams on a released block is done (a CUDA event query).
+pub type Fence = Box<dyn FnMut() -> Result<bool, CudaError> + Send>;
+
 /// The caching pool over a raw device allocator.
-#[derive(Debug)]
 pub struct Pool<R: RawDevice> {
     raw: R,
     /// Cached blocks by size.
     cached: BTreeMap<u64, Vec<u64>>,
+    /// Released blocks another stream may still use, with the fence that says when it no
+    /// longer does (PyTorch's `record_stream`): reused only after the fence passes.
+    fenced: Vec<(Block, Fence)>,
     stats: PoolStats,
+}
+
+impl<R: RawDevice + std::fmt::Debug> std::fmt::Debug for Pool<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("raw", &self.raw)
+            .field("cached", &self.cached)
+            .field("fenced", &self.fenced.len())
+            .field("stats", &self.stats)
+            .finish()
+    }
 }
 
 /// The size class of a request of `bytes` (zero-byte requests get the smallest block so that
@@ -85,6 +101,7 @@ impl<R: RawDevice> Pool<R> {
         Pool {
             raw,
             cached: BTreeMap::new(),
+            fenced: Vec::new(),
             stats: PoolStats::default(),
         }
     }
@@ -97,6 +114,7 @@ impl<R: RawDevice> Pool<R> {
     /// than half, else a new device allocation (after emptying the cache when the device is
     /// full).
     pub fn alloc(&mut self, bytes: u64) -> Result<Block, PoolError> {
+        self.reclaim()?;
         let size = round_bytes(bytes);
         let hit = self
             .cached
@@ -141,6 +159,31 @@ impl<R: RawDevice> Pool<R> {
     pub fn release(&mut self, b: Block) {
         self.stats.lent_bytes -= b.size_bytes;
         self.cached.entry(b.size_bytes).or_default().push(b.ptr);
+    }
+
+    /// Takes a block back once `fence` passes: the collective stream may still read it (a
+    /// gradient bucket being reduce-scattered while backward goes on).
+    pub fn release_when(&mut self, b: Block, fence: Fence) {
+        self.fenced.push((b, fence));
+    }
+
+    /// Moves the fenced blocks whose fence has passed into the cache.
+    pub fn reclaim(&mut self) -> Result<(), CudaError> {
+        let mut i = 0;
+        while i < self.fenced.len() {
+            if (self.fenced[i].1)()? {
+                let (b, _) = self.fenced.swap_remove(i);
+                self.release(b);
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Blocks released but still fenced.
+    pub fn fenced_blocks(&self) -> usize {
+        self.fenced.len()
     }
 
     /// Returns every cached block to the device.
@@ -237,6 +280,32 @@ mod tests {
         p.empty_cache().unwrap();
         assert_eq!(p.stats().reserved_bytes, 0);
         assert_eq!(p.raw().used, 0);
+    }
+
+    #[test]
+    fn a_fenced_block_is_reused_only_after_its_fence_passes() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let mut p = fake(1 << 30);
+        let a = p.alloc(1000).unwrap();
+        let a_ptr = a.ptr;
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        p.release_when(a, Box::new(move || Ok(d.load(Ordering::SeqCst))));
+        // The other stream still reads it: a request of the same class gets new memory.
+        let b = p.alloc(900).unwrap();
+        assert_ne!(b.ptr, a_ptr);
+        assert_eq!(p.fenced_blocks(), 1);
+        assert_eq!(p.stats().lent_bytes, 2 * 1024);
+        // Once the fence passes, the block is cached and handed out again.
+        done.store(true, Ordering::SeqCst);
+        let c = p.alloc(800).unwrap();
+        assert_eq!(c.ptr, a_ptr);
+        assert_eq!(p.fenced_blocks(), 0);
+        assert_eq!(p.stats().device_allocs, 2);
+        p.release(b);
+        p.release(c);
+        assert_eq!(p.stats().lent_bytes, 0);
     }
 
     #[test]

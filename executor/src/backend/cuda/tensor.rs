@@ -3,11 +3,12 @@
 //! reserved) from creation to drop, when the block goes back to the pool. bf16 elements are
 //! stored as their upper 16 bits, rounded to nearest even on upload as the CPU twin rounds.
 
-use super::context::DriverMemory;
+use super::context::{drv, DriverMemory};
 use super::pool::{Block, Pool};
 use crate::backend::cpu::ops::elementwise::round_bf16;
 use crate::backend::{DType, DeviceTensor};
 use crate::memory::{Category, MemoryTracker};
+use cudarc::driver::CudaEvent;
 use std::sync::{Arc, Mutex};
 
 /// A tracked tensor in device memory.
@@ -18,6 +19,9 @@ pub struct CudaTensor {
     shape: Vec<usize>,
     dtype: DType,
     cat: Category,
+    /// Events of other streams' work on this tensor (an overlapped collective): its block
+    /// goes back to the pool only once they have passed.
+    fences: Mutex<Vec<Arc<CudaEvent>>>,
 }
 
 impl DeviceTensor for CudaTensor {
@@ -51,6 +55,14 @@ impl CudaTensor {
             shape: shape.to_vec(),
             dtype,
             cat,
+            fences: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Marks the tensor as used by another stream's work up to `done`.
+    pub fn fence(&self, done: Arc<CudaEvent>) {
+        if let Ok(mut f) = self.fences.lock() {
+            f.push(done);
         }
     }
 
@@ -73,9 +85,26 @@ impl Drop for CudaTensor {
     fn drop(&mut self) {
         if let Some(b) = self.block.take() {
             self.tracker.free(self.cat, self.size_bytes(), b.size_bytes);
+            let fences = self
+                .fences
+                .get_mut()
+                .map(std::mem::take)
+                .unwrap_or_default();
             // A poisoned pool means a rank thread panicked; the run is failing anyway.
             if let Ok(mut p) = self.pool.lock() {
-                p.release(b);
+                if fences.is_empty() {
+                    p.release(b);
+                } else {
+                    let fence = move || {
+                        for e in &fences {
+                            if !e.try_is_complete().map_err(drv("cuEventQuery"))? {
+                                return Ok(false);
+                            }
+                        }
+                        Ok(true)
+                    };
+                    p.release_when(b, Box::new(fence));
+                }
             }
         }
     }
