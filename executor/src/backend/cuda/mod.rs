@@ -16,6 +16,7 @@ pub mod device;
 pub mod doctor;
 pub mod exchange;
 pub mod groups;
+pub mod host_ops;
 pub mod hub;
 pub mod kernels;
 pub mod launch;

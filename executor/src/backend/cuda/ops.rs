@@ -7,6 +7,7 @@
 
 use super::attn::{self, causal_work, Running};
 use super::error::CudaError;
+use super::host_ops;
 use super::launch::{
     activation, adam, cross_entropy as ce, elementwise, embedding, flash, moe, norm, rotary,
     ulysses,
@@ -988,6 +989,38 @@ impl TensorOps<Cuda> for CudaRank {
         self.store(ms, m, 0..m.len())?;
         self.store(vs, v, 0..v.len())?;
         Ok(self.store(ps, p.tensor, rp)?)
+    }
+
+    // --- added for issue 19: no kernel yet, a host round trip (host_ops.rs) ---
+    fn moe_route_scored(
+        &self,
+        logits: &mut CudaTensor,
+        bias: Option<&[f32]>,
+        moe: &MoeShape,
+    ) -> Result<(Routing, f64, Vec<usize>), ExecError> {
+        host_ops::moe_route_scored(self, logits, bias, moe)
+    }
+
+    fn moe_router_scored_bwd(
+        &self,
+        d: &mut CudaTensor,
+        scores: &CudaTensor,
+        chosen: &[usize],
+        moe: &MoeShape,
+        fraction: &[f64],
+        aux_scale: f64,
+    ) -> Result<(), ExecError> {
+        host_ops::moe_router_scored_bwd(self, d, scores, chosen, moe, fraction, aux_scale)
+    }
+
+    fn dropout_inplace(
+        &self,
+        key: &crate::rng::DropoutKey,
+        tokens: &[u64],
+        col_offset: u64,
+        x: ViewMut<'_, CudaTensor>,
+    ) -> Result<(), ExecError> {
+        host_ops::dropout_inplace(self, key, tokens, col_offset, x)
     }
 }
 
