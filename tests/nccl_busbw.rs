@@ -80,6 +80,11 @@ fn protocol_and_algorithm_follow_message_size() {
             8,
             ar.predict(b).unwrap().time_s,
         );
+        let pick = ar.predict(b).unwrap();
+        println!(
+            "all_reduce 8 x H100, 2^{e} B: busbw {bw:.1} GB/s ({:?}/{:?})",
+            pick.algorithm, pick.protocol
+        );
         assert!(
             bw.is_finite() && bw >= last,
             "busbw falls at 2^{e}: {bw} < {last}"
