@@ -724,3 +724,39 @@ fn moe_router_flags_set_their_fields_and_bad_values_are_refused() {
         .stderr(predicate::str::contains("--moe-router-topk ignored"))
         .stderr(predicate::str::contains("--moe-capacity-factor ignored"));
 }
+
+/// A bad NIC count in the cluster description is an error naming the field, exit 1; a
+/// good one with fewer NICs makes the data-parallel tail no shorter.
+#[test]
+fn cluster_nics_per_node_is_checked_and_used() {
+    let bad = temp_file(
+        ".toml",
+        "[cluster]\nnum_gpus = 32\nnics_per_node = 0\n[parallel]\ntp = 8\n",
+    );
+    parsim()
+        .args(["estimate", "--config", bad.path().to_str().unwrap()])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("cluster.nics_per_node"));
+    let step = |nics: u32| {
+        let f = temp_file(
+            ".toml",
+            &format!("[cluster]\nnum_gpus = 32\nnics_per_node = {nics}\n[parallel]\ntp = 8\n"),
+        );
+        let out = parsim()
+            .args(["estimate", "--json", "--config", f.path().to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["time"]["step_s"].as_f64().expect("time.step_s")
+    };
+    assert!(
+        step(1) > step(8),
+        "one NIC per node must slow the DP all-reduce"
+    );
+}

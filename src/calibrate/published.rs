@@ -350,7 +350,7 @@ fn cluster(gpu: &str, n: u32) -> ClusterConfig {
         gpu: gpu.into(),
         num_gpus: n,
         gpus_per_node: 8,
-        memory_margin_fraction: None,
+        ..ClusterConfig::default()
     }
 }
 

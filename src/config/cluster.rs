@@ -13,6 +13,15 @@ pub struct ClusterConfig {
     /// device memory kept free for allocator fragmentation and reserve.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_margin_fraction: Option<f64>,
+    /// NICs per node: the rails of a rail-optimised fabric (NIC i of every node on rail i).
+    /// Default: one per GPU, as on DGX A100/H100. Fewer NICs share their line rate among the
+    /// node's GPUs, so each GPU's share of the network is nics x rate / gpus_per_node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nics_per_node: Option<u32>,
+    /// Line rate of one NIC, bytes/s per direction. Default: the profile's
+    /// `links.inter_node.bandwidth_bytes_per_s` (one NIC per GPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nic_bandwidth_bytes_per_s: Option<f64>,
 }
 
 impl Default for ClusterConfig {
@@ -22,6 +31,8 @@ impl Default for ClusterConfig {
             num_gpus: 8,
             gpus_per_node: 8,
             memory_margin_fraction: None,
+            nics_per_node: None,
+            nic_bandwidth_bytes_per_s: None,
         }
     }
 }

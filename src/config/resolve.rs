@@ -1,6 +1,6 @@
 //! A validated configuration with its derived quantities: DP, microbatches, layer placement.
 
-use super::{rules, Config, ConfigError, GpuProfile, ScheduleKind};
+use super::{rules, ClusterConfig, Config, ConfigError, GpuProfile, ScheduleKind};
 use serde::Serialize;
 use std::ops::Range;
 
@@ -77,6 +77,42 @@ pub struct Resolved {
     pub warnings: Vec<String>,
 }
 
+/// Applies `cluster.nics_per_node` and `cluster.nic_bandwidth_bytes_per_s` to the profile's
+/// inter-node link: each GPU's share of the node's NICs (nics x rate / gpus per node).
+fn apply_nics(cluster: &ClusterConfig, gpu: &mut GpuProfile) -> Result<(), ConfigError> {
+    let field = |name: &str, message: String| ConfigError::Field {
+        origin: "configuration".into(),
+        field: format!("cluster.{name}"),
+        message,
+    };
+    if let Some(n) = cluster.nics_per_node {
+        if !(1..=64).contains(&n) {
+            return Err(field(
+                "nics_per_node",
+                format!("must be between 1 and 64 NICs per node, got {n}"),
+            ));
+        }
+    }
+    if let Some(bw) = cluster.nic_bandwidth_bytes_per_s {
+        if !(bw.is_finite() && bw > 0.0 && bw <= 1e13) {
+            return Err(field(
+                "nic_bandwidth_bytes_per_s",
+                format!("must be a positive rate of at most 1e13 bytes/s, got {bw}"),
+            ));
+        }
+    }
+    if cluster.nics_per_node.is_none() && cluster.nic_bandwidth_bytes_per_s.is_none() {
+        return Ok(());
+    }
+    let per_node = cluster.gpus_per_node.max(1) as f64;
+    let nics = cluster.nics_per_node.map_or(per_node, |n| n as f64);
+    let rate = cluster
+        .nic_bandwidth_bytes_per_s
+        .unwrap_or(gpu.links.inter_node.bandwidth_bytes_per_s);
+    gpu.links.inter_node.bandwidth_bytes_per_s = nics * rate / per_node;
+    Ok(())
+}
+
 impl Resolved {
     /// Validates `config` (loading its GPU profile) into a resolved configuration.
     pub fn new(config: Config) -> Result<Resolved, ConfigError> {
@@ -96,6 +132,7 @@ impl Resolved {
             }
             gpu.memory_margin_fraction = margin;
         }
+        apply_nics(&config.cluster, &mut gpu)?;
         match config.training.attention_kernel.as_deref() {
             None => {}
             Some(crate::kernels::NO_PUBLISHED_KERNEL) => gpu.attention_kernel = None,

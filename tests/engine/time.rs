@@ -173,3 +173,47 @@ fn contiguous_ring_is_slower_than_zigzag_under_a_causal_mask() {
     };
     assert!(((run("p2p") / run("zigzag")) - 15.0 / 8.0).abs() < 1e-12);
 }
+
+/// `cluster.nics_per_node` and `cluster.nic_bandwidth_bytes_per_s`: each GPU's share of the
+/// network is nics x rate / gpus per node; with half the NICs an inter-node ring of one GPU
+/// per node moves its bytes at half the rate (the latency unchanged). Bad values name the field.
+#[test]
+fn nics_per_node_share_the_network_among_a_nodes_gpus() {
+    let base = json!({"cluster": {"num_gpus": 32}, "parallel": {"tp": 8}});
+    let full = resolve(base.clone());
+    let mut half_cfg = base.clone();
+    half_cfg["cluster"]["nics_per_node"] = json!(4);
+    let half = resolve(half_cfg);
+    let (f, h) = (&full.gpu.links.inter_node, &half.gpu.links.inter_node);
+    assert_eq!(h.bandwidth_bytes_per_s, f.bandwidth_bytes_per_s / 2.0);
+    let layout = Layout::new("tp-cp-ep-dp-pp", 8, 1, 1, 4, 1, 8).unwrap();
+    let b = 1u64 << 30;
+    let t = |gpu: &GpuProfile| {
+        Network::new(&layout, gpu).collective_s(GroupKind::Dp, CollectiveKind::AllReduce, b, 4)
+    };
+    let (tf, th) = (t(&full.gpu), t(&half.gpu));
+    assert!(((th - f.latency_s) / (tf - f.latency_s) - 2.0).abs() < 1e-9);
+    // Eight 400 Gb/s NICs on 8 GPUs: 50 GB/s each, whatever the profile says.
+    let mut rate_cfg = base.clone();
+    rate_cfg["cluster"]["nic_bandwidth_bytes_per_s"] = json!(50e9);
+    let r = resolve(rate_cfg);
+    assert_eq!(r.gpu.links.inter_node.bandwidth_bytes_per_s, 50e9);
+    for (field, bad) in [
+        ("nics_per_node", json!(0)),
+        ("nics_per_node", json!(65)),
+        ("nic_bandwidth_bytes_per_s", json!(-1.0)),
+        ("nic_bandwidth_bytes_per_s", json!(0.0)),
+    ] {
+        let mut c = base.clone();
+        c["cluster"][field] = bad.clone();
+        let cfg = parsim::config::Config::from_layers(&[parsim::config::Layer::overrides(c)])
+            .expect("parses");
+        let err = parsim::config::Resolved::new(cfg)
+            .expect_err("rejected")
+            .to_string();
+        assert!(
+            err.contains(&format!("cluster.{field}")),
+            "{field}={bad}: {err}"
+        );
+    }
+}

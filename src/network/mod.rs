@@ -2,6 +2,8 @@
 //! 2005, "Optimization of Collective Communication Operations in MPICH") on NVLink inside a
 //! node and on the network across nodes, hierarchical as NCCL builds it.
 
+pub mod nccl;
+
 use crate::config::{GpuProfile, Link};
 use crate::layout::{GroupKind, Layout};
 use crate::model::CollectiveKind;
