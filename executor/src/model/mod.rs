@@ -26,8 +26,8 @@ use crate::backend::{
 };
 use crate::error::ExecError;
 use crate::memory::Category;
-use crate::traced_comm::TracedComm;
 use crate::plan::{Plan, Recompute};
+use crate::traced_comm::TracedComm;
 use params::RankDims;
 
 /// A zero-filled fp32 tensor on `ops`' device.
