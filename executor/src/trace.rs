@@ -28,7 +28,7 @@ pub enum EventKind {
     Action { action: Action, index: usize },
     /// Time a receive spent blocked before its message arrived (precedes the receive).
     Wait { index: usize },
-    /// A collective (or a CP ring message, op `send`/`recv` with the pair as group) called
+    /// A collective (or a CP ring message, op `p2p_send`/`p2p_recv` with the pair as group) called
     /// inside an action.
     Collective {
         op: std::borrow::Cow<'static, str>,

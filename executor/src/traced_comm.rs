@@ -187,14 +187,14 @@ impl<B: Backend> DeviceCollectives<B> for TracedComm<'_, B> {
 
     fn send(&self, to: u32, tag: u64, data: View<'_, B::Tensor>) -> Result<(), ExecError> {
         let bytes = view_bytes(data.tensor, &data.range);
-        self.timed("send", &[self.me, to], bytes, || {
+        self.timed("p2p_send", &[self.me, to], bytes, || {
             self.inner.send(to, tag, data)
         })
     }
 
     fn recv(&self, from: u32, tag: u64, out: ViewMut<'_, B::Tensor>) -> Result<(), ExecError> {
         let bytes = view_bytes(&*out.tensor, &out.range);
-        self.timed("recv", &[from, self.me], bytes, || {
+        self.timed("p2p_recv", &[from, self.me], bytes, || {
             self.inner.recv(from, tag, out)
         })
     }

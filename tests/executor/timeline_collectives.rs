@@ -3,6 +3,8 @@
 
 use super::common::{config, plan, Mix};
 use super::moe::{moe_config, BASE};
+use parsim::config::{Config, Layer, Resolved};
+use parsim::plan::{lower, LowerOptions};
 use parsim_executor::plan::{Action, Plan};
 use parsim_executor::runner::{run_cpu, RunOptions};
 use parsim_executor::trace::{Clock, EventKind, RankTrace, Stream};
@@ -175,11 +177,11 @@ fn timeline_records_cp_ring_messages() {
         let peer = *rp.cp_group.iter().find(|&&r| r != me).unwrap();
         for (k, per_layer) in [("F", 2), ("B", 4)] {
             assert_eq!(
-                count(&c, k, "send", &[me, peer], block_bytes),
+                count(&c, k, "p2p_send", &[me, peer], block_bytes),
                 mbs * layers * per_layer
             );
             assert_eq!(
-                count(&c, k, "recv", &[peer, me], block_bytes),
+                count(&c, k, "p2p_recv", &[peer, me], block_bytes),
                 mbs * layers * per_layer
             );
         }
@@ -229,5 +231,80 @@ fn timeline_records_moe_all_to_all() {
     for ((g, k), bytes) in group_bytes {
         let dispatched = (g.len() * layers * mbs * dispatch_bytes as usize) as u64;
         assert_eq!(bytes, 2 * dispatched, "{k} over {g:?}");
+    }
+}
+
+/// The Chrome trace of `parsim execute --trace` for TP 2 + SP x PP 2 puts the model's
+/// collectives on each rank's `collectives` thread (tid 1), with their group and bytes, as
+/// many as the in-memory trace of the same Plan holds (a second run, through the library).
+#[test]
+fn timeline_chrome_trace_puts_model_collectives_on_the_collectives_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("tp_sp_pp.toml");
+    std::fs::write(
+        &cfg,
+        r#"[model]
+num_layers = 8
+hidden_size = 64
+num_attention_heads = 8
+num_query_groups = 4
+ffn_hidden_size = 128
+vocab_size = 128
+make_vocab_size_divisible_by = 1
+tied_embeddings = false
+hidden_dropout = 0.0
+attention_dropout = 0.0
+[cluster]
+num_gpus = 4
+gpu = "cpu"
+[parallel]
+tp = 2
+sp = true
+pp = 2
+[training]
+seq_length = 32
+micro_batch_size = 1
+global_batch_size = 2
+precision = "fp32"
+grad_dtype = "fp32"
+recompute = "none"
+"#,
+    )
+    .unwrap();
+    let trace_path = dir.path().join("trace.json");
+    let out = assert_cmd::Command::cargo_bin("parsim")
+        .unwrap()
+        .args(["execute", "--config", cfg.to_str().unwrap()])
+        .args(["--steps", "2", "--warmup", "1", "--json", "--trace"])
+        .arg(&trace_path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let trace: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&trace_path).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let resolved =
+        Resolved::new(Config::from_layers(&[Layer::from_file(&cfg).unwrap()]).unwrap()).unwrap();
+    let p = lower(&resolved, &LowerOptions::default()).unwrap();
+    let traces = traced(&p);
+    for (rp, t) in p.ranks.iter().zip(&traces) {
+        let on_thread: Vec<&serde_json::Value> = events
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["pid"] == rp.rank as u64 && e["tid"] == 1)
+            .collect();
+        let in_memory = census(t).values().sum::<usize>();
+        assert!(in_memory > 0);
+        assert_eq!(on_thread.len(), in_memory, "rank {}", rp.rank);
+        for e in on_thread {
+            let group: Vec<u32> = serde_json::from_value(e["args"]["group"].clone()).unwrap();
+            assert_eq!(group, rp.tp_group, "{e}");
+            assert!(e["args"]["bytes"].as_u64().unwrap() > 0, "{e}");
+            let op = e["cat"].as_str().unwrap();
+            assert!(e["name"].as_str().unwrap().starts_with(op), "{e}");
+        }
     }
 }
