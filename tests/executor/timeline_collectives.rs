@@ -1,5 +1,6 @@
 //! `execute --trace` records every collective the model calls, not only the data-parallel
-//! ones: for TP 2 + SP x PP 2, CP 2 (ring) and an EP 2 MoE mix on the CPU backend.
+//! ones: for TP 2 + SP x PP 2, CP 2 (ring, all-gather, Ulysses) and an EP 2 MoE mix on the CPU
+//! backend, with counts and bytes derived from the model shape.
 
 use super::common::{config, plan, Mix};
 use super::moe::{moe_config, BASE};
@@ -305,6 +306,63 @@ recompute = "none"
             assert!(e["args"]["bytes"].as_u64().unwrap() > 0, "{e}");
             let op = e["cat"].as_str().unwrap();
             assert!(e["name"].as_str().unwrap().starts_with(op), "{e}");
+        }
+    }
+}
+
+/// CP 2 by all-gather (Llama 3) and by all-to-all (DeepSpeed-Ulysses), 8 layers, 2
+/// microbatches; n = 32 positions, 16 per rank, 8 query heads and 4 K/V heads of d = 8.
+/// All-gather: per layer and microbatch the forward gathers K and V (each the whole sequence,
+/// 32 x 4 x 8 fp32); the backward gathers them again and reduce-scatters dK and dV.
+/// Ulysses: the forward sends the packed Q, K, V rows (16 x (64 + 32 + 32)) and returns the
+/// output (16 x 64); the backward sends dO with FlashAttention-2's per-head row statistic
+/// D = rowsum(dO * O) (16 x (64 + 8)) and returns dQ, dK, dV (16 x 128).
+#[test]
+fn timeline_records_cp_all_gather_and_ulysses_all_to_all() {
+    let (layers, mbs) = (8usize, 2usize);
+    let per = layers * mbs;
+    let kv_seq = 32 * 4 * 8 * 4;
+    let (qkv, out, do_delta) = (16 * 128 * 4, 16 * 64 * 4, 16 * (64 + 8) * 4);
+    let cases: [(&str, Vec<(&str, &str, u64, usize)>); 2] = [
+        (
+            "allgather",
+            vec![
+                ("F", "all_gather", kv_seq, 2 * per),
+                ("B", "all_gather", kv_seq, 2 * per),
+                ("B", "reduce_scatter", kv_seq, 2 * per),
+            ],
+        ),
+        (
+            "a2a",
+            vec![
+                ("F", "all_to_all", qkv, per),
+                ("F", "all_to_all", out, per),
+                ("B", "all_to_all", do_delta, per),
+                ("B", "all_to_all", qkv, per),
+            ],
+        ),
+    ];
+    for (cp_comm, expect) in cases {
+        let mix = Mix {
+            cp: 2,
+            cp_comm,
+            ..Mix::single()
+        };
+        let p = plan(config(&mix, 2, true, "rmsnorm", "swiglu"));
+        for (rp, t) in p.ranks.iter().zip(&traced(&p)) {
+            check_timeline(t, rp.rank as usize);
+            let c = census(t);
+            for &(k, op, bytes, want) in &expect {
+                assert_eq!(
+                    count(&c, k, op, &rp.cp_group, bytes),
+                    want,
+                    "{cp_comm} rank {}: {k} {op} of {bytes} bytes in {c:?}",
+                    rp.rank
+                );
+            }
+            let model: usize = expect.iter().map(|e| e.3).sum();
+            // Plus the optimizer's gradient all-reduce.
+            assert_eq!(c.values().sum::<usize>(), model + 1, "{cp_comm}: {c:?}");
         }
     }
 }
