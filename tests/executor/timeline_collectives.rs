@@ -310,6 +310,9 @@ recompute = "none"
     }
 }
 
+/// Action kind, op, bytes, count per timed step.
+type Expected = (&'static str, &'static str, u64, usize);
+
 /// CP 2 by all-gather (Llama 3) and by all-to-all (DeepSpeed-Ulysses), 8 layers, 2
 /// microbatches; n = 32 positions, 16 per rank, 8 query heads and 4 K/V heads of d = 8.
 /// All-gather: per layer and microbatch the forward gathers K and V (each the whole sequence,
@@ -323,7 +326,7 @@ fn timeline_records_cp_all_gather_and_ulysses_all_to_all() {
     let per = layers * mbs;
     let kv_seq = 32 * 4 * 8 * 4;
     let (qkv, out, do_delta) = (16 * 128 * 4, 16 * 64 * 4, 16 * (64 + 8) * 4);
-    let cases: [(&str, Vec<(&str, &str, u64, usize)>); 2] = [
+    let cases: [(&str, Vec<Expected>); 2] = [
         (
             "allgather",
             vec![
