@@ -26,3 +26,5 @@ mod moe_memory;
 mod plan;
 #[path = "executor/timeline.rs"]
 mod timeline;
+#[path = "executor/timeline_collectives.rs"]
+mod timeline_collectives;

@@ -17,6 +17,7 @@ pub mod report;
 pub mod rng;
 pub mod runner;
 pub mod trace;
+pub mod traced_comm;
 
 pub use error::ExecError;
 pub use plan::Plan;

@@ -1,7 +1,8 @@
 //! Measured timelines: every action a rank plays in a timed step, with its start and end on
 //! the backend's clock (a monotonic clock shared by the CPU backend's rank threads), the wait
-//! a receive spent blocked before its data arrived, and the data-parallel collectives (of the
-//! optimizer step, and ZeRO-2/3's gradient buckets) with their group and bytes.
+//! a receive spent blocked before its data arrived, and every collective the rank called
+//! inside an action (the model's TP/SP, CP and MoE collectives as well as the optimizer's and
+//! ZeRO's data-parallel ones; see [`crate::traced_comm`]) with its group and bytes.
 //! `parsim execute --trace` writes them as a Chrome trace beside the engine's predicted
 //! timeline.
 
@@ -14,7 +15,7 @@ use std::time::Instant;
 pub enum Stream {
     /// Forward, backward parts and the optimizer step.
     Compute,
-    /// Data-parallel reductions and gathers.
+    /// Collectives (model and data-parallel) and CP's ring messages.
     Collectives,
     /// Pipeline sends and receives (and the waits before receives).
     Pipeline,
@@ -27,7 +28,8 @@ pub enum EventKind {
     Action { action: Action, index: usize },
     /// Time a receive spent blocked before its message arrived (precedes the receive).
     Wait { index: usize },
-    /// A data-parallel collective (inside the optimizer step or a backward pass).
+    /// A collective (or a CP ring message, op `p2p_send`/`p2p_recv` with the pair as group) called
+    /// inside an action.
     Collective {
         op: std::borrow::Cow<'static, str>,
         group: Vec<u32>,

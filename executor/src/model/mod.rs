@@ -27,6 +27,7 @@ use crate::backend::{
 use crate::error::ExecError;
 use crate::memory::Category;
 use crate::plan::{Plan, Recompute};
+use crate::traced_comm::TracedComm;
 use params::RankDims;
 
 /// A zero-filled fp32 tensor on `ops`' device.
@@ -47,7 +48,8 @@ pub struct Ctx<'a, B: Backend> {
     pub ops: B::Device,
     /// dtype of activations, activation gradients and weight copies (bf16 in mixed precision).
     pub act_dtype: DType,
-    pub comm: &'a B::Comm,
+    /// The rank's collectives, recorded when tracing (see [`TracedComm`]).
+    pub comm: &'a TracedComm<'a, B>,
     pub tp: B::Group,
     pub sp: bool,
     pub recompute: Recompute,
@@ -83,7 +85,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
     pub fn new(
         plan: &'a Plan,
         ops: B::Device,
-        comm: &'a B::Comm,
+        comm: &'a TracedComm<'a, B>,
         tp: B::Group,
         tp_rank: u32,
         cp: B::Group,

@@ -17,6 +17,7 @@ use crate::model::{data, Ctx, WTask};
 use crate::plan::{Action, Plan, RankPlan, Recompute};
 use crate::report::{PhaseTimes, RankReport};
 use crate::trace::{stream_of, Clock, EventKind, RankTrace, Stream, TraceEvent};
+use crate::traced_comm::TracedComm;
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::rc::Rc;
@@ -68,11 +69,9 @@ pub(super) struct Rank<'a, B: Backend> {
     recv_buf: Option<B::Tensor>,
     pub(super) loss_sum: f64,
     pub(super) grad_scale: f32,
-    /// Tracing: the run's clock, when the last receive's message arrived, and the
-    /// collectives of the last optimizer step (op, group, bytes, start, end).
-    pub(super) clock: Option<Clock>,
+    /// Tracing: the run's clock and when the last receive's message arrived.
+    clock: Option<Clock>,
     recv_arrived_s: Option<f64>,
-    pub(super) collectives: Vec<(&'static str, Vec<u32>, u64, f64, f64)>,
 }
 
 fn tag(stage: u32, mb: u32, grad: bool) -> u64 {
@@ -90,6 +89,7 @@ pub(super) fn run_rank<B: Backend>(
     let dp = comm.group(&rp.dp_group)?;
     let cp = comm.group(&rp.cp_group)?;
     let act_dtype = opts.precision.compute_dtype();
+    let comm = &TracedComm::<B>::new(comm, rp.rank, opts.trace);
     let mut ctx = Ctx::<B>::new(plan, ops, comm, tp, rp.coords.tp, cp, act_dtype)?;
     let ep = comm.group(&rp.ep_group)?;
     let ep_rank = crate::backend::ProcessGroup::index(&ep) as u32;
@@ -155,7 +155,6 @@ pub(super) fn run_rank<B: Backend>(
         ctx,
         clock: opts.trace,
         recv_arrived_s: None,
-        collectives: Vec::new(),
     };
     let mut trace = opts.trace.map(|_| RankTrace::default());
     let mut step_s = Vec::new();
@@ -176,7 +175,7 @@ pub(super) fn run_rank<B: Backend>(
             let ta = rank.ctx.ops.record()?;
             let start_s = opts.trace.map(|c| c.now_s());
             rank.recv_arrived_s = None;
-            rank.collectives.clear();
+            rank.ctx.comm.take();
             if opts.export_grads && *a == Action::OptimizerStep {
                 rank.reduce_for_export()?;
                 continue;
@@ -268,7 +267,7 @@ pub(super) fn run_rank<B: Backend>(
 
 impl<'a, B: Backend> Rank<'a, B> {
     /// Adds action `index` (`a`, played from `start_s` to `end_s` in timed step `step`) to
-    /// the trace: a receive as its wait then its copy, an optimizer step with its collectives.
+    /// the trace: a receive as its wait then its copy, with the collectives it called.
     fn record(
         &mut self,
         t: &mut RankTrace,
@@ -298,17 +297,17 @@ impl<'a, B: Backend> Rank<'a, B> {
             start_s: begin_s,
             end_s,
         });
-        for (op, group, bytes, s, e) in self.collectives.drain(..) {
+        for c in self.ctx.comm.take() {
             t.events.push(TraceEvent {
                 step,
                 stream: Stream::Collectives,
                 kind: EventKind::Collective {
-                    op: op.into(),
-                    group,
-                    bytes,
+                    op: c.op.into(),
+                    group: c.group,
+                    bytes: c.bytes,
                 },
-                start_s: s,
-                end_s: e,
+                start_s: c.start_s,
+                end_s: c.end_s,
             });
         }
     }
@@ -356,13 +355,18 @@ impl<'a, B: Backend> Rank<'a, B> {
             .mailbox
             .remove(&(stage, mb, grad))
             .ok_or_else(|| self.missing("tensor to send", stage, mb))?;
-        self.ctx.comm.send(to, tag(stage, mb, grad), View::all(&t))
+        // Pipeline messages are actions of the trace, not collectives.
+        self.ctx
+            .comm
+            .inner()
+            .send(to, tag(stage, mb, grad), View::all(&t))
     }
 
     fn recv(&mut self, from: u32, stage: u32, mb: u32, grad: bool) -> Result<(), ExecError> {
         let buf = self.recv_buf.as_mut().expect("pp buffers");
         self.ctx
             .comm
+            .inner()
             .recv(from, tag(stage, mb, grad), ViewMut::all(buf))?;
         self.recv_arrived_s = self.clock.map(|c| c.now_s());
         let cat = if grad {

@@ -187,7 +187,6 @@ impl<B: Backend> Rank<'_, B> {
             }
         }
         let sp = l.space;
-        let start_s = self.clock.map(|c| c.now_s());
         self.ctx.comm.reduce_scatter_range(
             &self.groups[sp],
             l.range.start,
@@ -195,12 +194,6 @@ impl<B: Backend> Rank<'_, B> {
             self.shards[sp].clone(),
             ViewMut::all(&mut self.grads[sp]),
         )?;
-        if let (Some(c), Some(s)) = (self.clock, start_s) {
-            let group = self.groups[sp].members().to_vec();
-            let bytes = bucket.size_bytes();
-            self.collectives
-                .push(("reduce_scatter", group, bytes, s, c.now_s()));
-        }
         Ok(())
     }
 
@@ -254,21 +247,12 @@ impl<B: Backend> Rank<'_, B> {
             let (params, grads) = (&mut self.params[sp], &mut self.grads[sp]);
             let (m, v) = (&mut self.m[sp], &mut self.v[sp]);
             let ops = &self.ctx.ops;
-            let (clock, log) = (self.clock, &mut self.collectives);
-            let mut timed = |op: &'static str, bytes: u64, s: Option<f64>| {
-                if let (Some(c), Some(s)) = (clock, s) {
-                    log.push((op, g.members().to_vec(), bytes, s, c.now_s()));
-                }
-            };
-            let s = clock.map(|c| c.now_s());
             match self.zero {
                 0 => {
                     comm.all_reduce(g, ViewMut::all(grads), ReduceOp::Sum)?;
-                    timed("all_reduce", grads.size_bytes(), s);
                 }
                 1 => {
                     comm.reduce_scatter_in_place(g, grads, sh.clone())?;
-                    timed("reduce_scatter", grads.size_bytes(), s);
                 }
                 _ => {}
             }
@@ -291,9 +275,7 @@ impl<B: Backend> Rank<'_, B> {
                 None => ops.adam(&adam, self.step, pv, gs, m, v, None)?,
             }
             if sharded {
-                let s = clock.map(|c| c.now_s());
                 comm.all_gather_in_place(g, params, sh.clone())?;
-                timed("all_gather", params.size_bytes(), s);
             }
             ops.fill(grads, 0.0)?;
         }

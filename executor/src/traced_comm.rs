@@ -1,0 +1,232 @@
+//! A recording layer over a rank's [`DeviceCollectives`]: every collective the model or the
+//! optimizer calls (TP/SP all-gather and reduce-scatter, TP all-reduce, the CP ring's K/V
+//! sends and receives, CP all-gather and Ulysses all-to-all, the MoE all-to-all(-v), the
+//! data-parallel reductions) passes through it, so that `execute --trace` shows each with its
+//! group and bytes without a hook at any call site. Backend-neutral: it wraps `B::Comm`.
+
+use crate::backend::{Backend, DeviceCollectives, DeviceTensor, ProcessGroup, ReduceOp};
+use crate::backend::{View, ViewMut};
+use crate::error::ExecError;
+use crate::trace::Clock;
+use std::cell::RefCell;
+use std::ops::Range;
+
+/// One recorded collective: operation, group members (global ranks), bytes, start and end
+/// (seconds on the run's clock).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommRecord {
+    pub op: &'static str,
+    pub group: Vec<u32>,
+    pub bytes: u64,
+    pub start_s: f64,
+    pub end_s: f64,
+}
+
+/// A rank's collectives, recording each call when tracing is on. Bytes count the whole
+/// buffer a collective moves or fills: a reduce-scatter's input, an all-gather's output, an
+/// all-reduce's buffer, an all-to-all's input, a message. A group of one member moves
+/// nothing and is not recorded.
+pub struct TracedComm<'a, B: Backend> {
+    inner: &'a B::Comm,
+    /// This rank (the other end of a point-to-point message makes the pair).
+    me: u32,
+    clock: Option<Clock>,
+    log: RefCell<Vec<CommRecord>>,
+}
+
+impl<'a, B: Backend> TracedComm<'a, B> {
+    /// Records on `clock` when it is set; otherwise forwards only.
+    pub fn new(inner: &'a B::Comm, me: u32, clock: Option<Clock>) -> Self {
+        TracedComm {
+            inner,
+            me,
+            clock,
+            log: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// The wrapped collectives, for calls that are not collectives of the step (pipeline
+    /// messages, which the trace records as actions).
+    pub fn inner(&self) -> &'a B::Comm {
+        self.inner
+    }
+
+    /// Hands over (and forgets) what was recorded since the last call.
+    pub fn take(&self) -> Vec<CommRecord> {
+        std::mem::take(&mut *self.log.borrow_mut())
+    }
+
+    /// Runs `f`, recording it as `op` on `group` with `bytes` when tracing.
+    fn timed<T>(
+        &self,
+        op: &'static str,
+        group: &[u32],
+        bytes: u64,
+        f: impl FnOnce() -> Result<T, ExecError>,
+    ) -> Result<T, ExecError> {
+        let Some(clock) = self.clock.filter(|_| group.len() > 1) else {
+            return f();
+        };
+        let start_s = clock.now_s();
+        let r = f()?;
+        self.log.borrow_mut().push(CommRecord {
+            op,
+            group: group.to_vec(),
+            bytes,
+            start_s,
+            end_s: clock.now_s(),
+        });
+        Ok(r)
+    }
+}
+
+fn view_bytes<T: DeviceTensor>(tensor: &T, range: &Range<usize>) -> u64 {
+    range.len() as u64 * tensor.dtype().size_bytes()
+}
+
+impl<B: Backend> DeviceCollectives<B> for TracedComm<'_, B> {
+    fn group(&self, members: &[u32]) -> Result<B::Group, ExecError> {
+        self.inner.group(members)
+    }
+
+    fn reduce_scatter_in_place(
+        &self,
+        g: &B::Group,
+        buf: &mut B::Tensor,
+        mine: Range<usize>,
+    ) -> Result<(), ExecError> {
+        let bytes = buf.size_bytes();
+        self.timed("reduce_scatter", g.members(), bytes, || {
+            self.inner.reduce_scatter_in_place(g, buf, mine)
+        })
+    }
+
+    fn all_gather_in_place(
+        &self,
+        g: &B::Group,
+        buf: &mut B::Tensor,
+        mine: Range<usize>,
+    ) -> Result<(), ExecError> {
+        let bytes = buf.size_bytes();
+        self.timed("all_gather", g.members(), bytes, || {
+            self.inner.all_gather_in_place(g, buf, mine)
+        })
+    }
+
+    fn all_reduce(
+        &self,
+        g: &B::Group,
+        buf: ViewMut<'_, B::Tensor>,
+        op: ReduceOp,
+    ) -> Result<(), ExecError> {
+        let bytes = view_bytes(&*buf.tensor, &buf.range);
+        self.timed("all_reduce", g.members(), bytes, || {
+            self.inner.all_reduce(g, buf, op)
+        })
+    }
+
+    fn all_gather(
+        &self,
+        g: &B::Group,
+        input: View<'_, B::Tensor>,
+        out: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError> {
+        let bytes = view_bytes(&*out.tensor, &out.range);
+        self.timed("all_gather", g.members(), bytes, || {
+            self.inner.all_gather(g, input, out)
+        })
+    }
+
+    fn reduce_scatter(
+        &self,
+        g: &B::Group,
+        input: View<'_, B::Tensor>,
+        out: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError> {
+        let bytes = view_bytes(input.tensor, &input.range);
+        self.timed("reduce_scatter", g.members(), bytes, || {
+            self.inner.reduce_scatter(g, input, out)
+        })
+    }
+
+    fn all_to_all(
+        &self,
+        g: &B::Group,
+        input: View<'_, B::Tensor>,
+        out: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError> {
+        let bytes = view_bytes(input.tensor, &input.range);
+        self.timed("all_to_all", g.members(), bytes, || {
+            self.inner.all_to_all(g, input, out)
+        })
+    }
+
+    /// Counts travel as 8-byte integers.
+    fn all_to_all_counts(&self, g: &B::Group, send: &[usize]) -> Result<Vec<usize>, ExecError> {
+        let bytes = (send.len() * 8) as u64;
+        self.timed("all_to_all_counts", g.members(), bytes, || {
+            self.inner.all_to_all_counts(g, send)
+        })
+    }
+
+    /// Bytes: the elements this rank sends.
+    fn all_to_all_v(
+        &self,
+        g: &B::Group,
+        input: View<'_, B::Tensor>,
+        send_counts: &[usize],
+        out: ViewMut<'_, B::Tensor>,
+        recv_counts: &[usize],
+    ) -> Result<(), ExecError> {
+        let bytes = send_counts.iter().sum::<usize>() as u64 * input.tensor.dtype().size_bytes();
+        self.timed("all_to_all_v", g.members(), bytes, || {
+            self.inner
+                .all_to_all_v(g, input, send_counts, out, recv_counts)
+        })
+    }
+
+    fn send(&self, to: u32, tag: u64, data: View<'_, B::Tensor>) -> Result<(), ExecError> {
+        let bytes = view_bytes(data.tensor, &data.range);
+        self.timed("p2p_send", &[self.me, to], bytes, || {
+            self.inner.send(to, tag, data)
+        })
+    }
+
+    fn recv(&self, from: u32, tag: u64, out: ViewMut<'_, B::Tensor>) -> Result<(), ExecError> {
+        let bytes = view_bytes(&*out.tensor, &out.range);
+        self.timed("p2p_recv", &[from, self.me], bytes, || {
+            self.inner.recv(from, tag, out)
+        })
+    }
+
+    /// Bytes: the gathered range.
+    fn gather_range(
+        &self,
+        g: &B::Group,
+        mine_lo: usize,
+        mine: View<'_, B::Tensor>,
+        want: Range<usize>,
+        out: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError> {
+        let bytes = want.len() as u64 * out.tensor.dtype().size_bytes();
+        self.timed("all_gather", g.members(), bytes, || {
+            self.inner.gather_range(g, mine_lo, mine, want, out)
+        })
+    }
+
+    /// Bytes: the input reduced.
+    fn reduce_scatter_range(
+        &self,
+        g: &B::Group,
+        input_lo: usize,
+        input: View<'_, B::Tensor>,
+        mine: Range<usize>,
+        out: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError> {
+        let bytes = view_bytes(input.tensor, &input.range);
+        self.timed("reduce_scatter", g.members(), bytes, || {
+            self.inner
+                .reduce_scatter_range(g, input_lo, input, mine, out)
+        })
+    }
+}
