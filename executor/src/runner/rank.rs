@@ -181,18 +181,20 @@ pub(super) fn run_rank<B: Backend>(
                 continue;
             }
             rank.act(*a)?;
+            let mut traced_at = None;
             if let (Some(t), Some(c), Some(start_s)) = (trace.as_mut(), opts.trace, start_s) {
                 if step >= opts.warmup {
-                    rank.record(t, step - opts.warmup, index, a, start_s, c.now_s());
+                    traced_at =
+                        Some(rank.record(t, step - opts.warmup, index, a, start_s, c.now_s()));
                 }
             }
             if step >= opts.warmup {
-                marks.push((*a, ta, rank.ctx.ops.record()?));
+                marks.push((*a, ta, rank.ctx.ops.record()?, traced_at));
             }
         }
         let t1 = rank.ctx.ops.record()?;
         if step >= opts.warmup {
-            for (a, ta, tb) in &marks {
+            for (a, ta, tb, _) in &marks {
                 let slot = match a {
                     Action::Forward { .. } => &mut phases.forward_s,
                     Action::Backward { .. } | Action::BackwardInput { .. } => {
@@ -205,8 +207,8 @@ pub(super) fn run_rank<B: Backend>(
                 *slot += rank.ctx.ops.elapsed_s(ta, tb)?;
             }
             step_s.push(rank.ctx.ops.elapsed_s(&t0, &t1)?);
-            if let (Some(t), Some(c), Some(s0)) = (trace.as_mut(), opts.trace, step_start_s) {
-                t.steps.push((s0, c.now_s()));
+            if let (Some(t), Some(s0)) = (trace.as_mut(), step_start_s) {
+                retime_on_events::<B>(&rank.ctx.ops, t, &t0, &t1, s0, &marks)?;
             }
         }
         // The load-balancing loss of each microbatch, weighted by its tokens so that the
@@ -276,7 +278,7 @@ impl<'a, B: Backend> Rank<'a, B> {
         a: &Action,
         start_s: f64,
         end_s: f64,
-    ) {
+    ) -> usize {
         let begin_s = match self.recv_arrived_s.take() {
             Some(arrived_s) => {
                 t.events.push(TraceEvent {
@@ -290,6 +292,7 @@ impl<'a, B: Backend> Rank<'a, B> {
             }
             None => start_s,
         };
+        let at = t.events.len();
         t.events.push(TraceEvent {
             step,
             stream: stream_of(a),
@@ -310,6 +313,7 @@ impl<'a, B: Backend> Rank<'a, B> {
                 end_s: c.end_s,
             });
         }
+        at
     }
 
     fn act(&mut self, a: Action) -> Result<(), ExecError> {
@@ -661,4 +665,34 @@ impl<'a, B: Backend> Rank<'a, B> {
         }
         Ok(())
     }
+}
+
+/// One timed action: the action, its start and end events, and where its span sits in the
+/// rank's trace (when tracing).
+type Mark<B> = (Action, <B as Backend>::Event, <B as Backend>::Event, Option<usize>);
+
+/// Puts a timed step's actions on the backend's clock: each action ends where its end event
+/// says (CUDA events on the GPU, the host clock on the CPU), measured from the step's first
+/// event and placed on the trace's axis at the step's start `s0`; an action starts at its
+/// start event or, after a wait for a message, where the wait ended. The step's span comes
+/// from the same events, so the trace and the reported step time agree.
+fn retime_on_events<B: Backend>(
+    ops: &B::Device,
+    t: &mut RankTrace,
+    t0: &B::Event,
+    t1: &B::Event,
+    s0: f64,
+    marks: &[Mark<B>],
+) -> Result<(), ExecError> {
+    for (_, ta, tb, at) in marks {
+        let Some(e) = at.and_then(|i| t.events.get_mut(i)) else {
+            continue;
+        };
+        let start_s = s0 + ops.elapsed_s(t0, ta)?;
+        let end_s = s0 + ops.elapsed_s(t0, tb)?;
+        e.end_s = end_s;
+        e.start_s = e.start_s.max(start_s).min(end_s);
+    }
+    t.steps.push((s0, s0 + ops.elapsed_s(t0, t1)?));
+    Ok(())
 }
