@@ -92,6 +92,7 @@ fn main() {
         flash: true,
         init_std: 0.02,
         moe: None,
+        mla: None,
     };
     let plan = Plan::single_rank(model, AdamConfig::default(), 1, 1, Recompute::None);
     let steps = 3;

@@ -96,6 +96,28 @@ pub struct ModelShape {
     pub init_std: f32,
     /// Mixture-of-experts layers (`None`: a dense model).
     pub moe: Option<MoeShape>,
+    /// Multi-head latent attention instead of the fused QKV projection (`None`: MHA/GQA).
+    pub mla: Option<MlaShape>,
+}
+
+/// Multi-head latent attention (DeepSeek-V2, "DeepSeek-V2: A Strong, Economical, and Efficient
+/// Mixture-of-Experts Language Model", section 2.1): the query through a low-rank latent with
+/// its RMSNorm, keys and values through a joint latent with its RMSNorm, and a decoupled rotary
+/// key shared by all heads. Query/key heads are `qk_nope + qk_rope` wide, value heads `v`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MlaShape {
+    pub q_lora_rank: usize,
+    pub kv_lora_rank: usize,
+    pub qk_nope: usize,
+    pub qk_rope: usize,
+    pub v: usize,
+}
+
+impl MlaShape {
+    /// Query/key head width seen by the attention core.
+    pub fn qk(&self) -> usize {
+        self.qk_nope + self.qk_rope
+    }
 }
 
 /// The routed experts of the MoE layers (Shazeer et al. 2017; Megatron-Core's MoE): a

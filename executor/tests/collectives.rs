@@ -196,6 +196,7 @@ fn a_failing_rank_stops_the_run_with_its_error_instead_of_hanging() {
         flash: true,
         init_std: 0.02,
         moe: None,
+        mla: None,
     };
     let mut plan = Plan::single_rank(model, AdamConfig::default(), 1, 1, Recompute::None);
     plan.ranks[0].actions = vec![

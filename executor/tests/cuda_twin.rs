@@ -176,6 +176,7 @@ fn a_whole_step_matches_the_cpu_twin() {
         flash: true,
         init_std: 0.02,
         moe: None,
+        mla: None,
     };
     let plan = Plan::single_rank(shape, AdamConfig::default(), 5, 2, Recompute::None);
     let opts = RunOptions {

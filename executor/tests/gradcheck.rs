@@ -28,6 +28,7 @@ fn tiny(norm: Norm, activation: Activation, flash: bool) -> ModelShape {
         flash,
         init_std: 0.4,
         moe: None,
+        mla: None,
     }
 }
 

@@ -123,7 +123,7 @@ fn deepseek(m: &mut Value) {
     m["moe_aux_loss_coeff"] = 0.0.into();
 }
 
-fn compare(label: &str, got: &RunReport, reference: &RunReport) {
+pub fn compare(label: &str, got: &RunReport, reference: &RunReport) {
     let l0 = (got.loss[0] - reference.loss[0]).abs() / reference.loss[0].abs();
     assert!(
         l0 <= 1e-5,

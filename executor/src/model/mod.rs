@@ -13,6 +13,7 @@ pub mod cp;
 pub mod data;
 pub mod ends;
 pub mod layer;
+pub mod mla;
 pub mod moe;
 pub mod params;
 pub mod router_bias;

@@ -180,6 +180,7 @@ mod tests {
             flash: true,
             init_std: 0.02,
             moe: None,
+            mla: None,
         };
         Plan::single_rank(shape, AdamConfig::default(), 1, 1, Recompute::None)
     }

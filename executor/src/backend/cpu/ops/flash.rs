@@ -327,6 +327,7 @@ mod tests {
             heads: hq,
             kv_heads: hk,
             d,
+            dv: d,
         };
         let mut o_ref = vec![0.0; q.len()];
         let dev = CpuOps::new();
