@@ -78,12 +78,6 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
                 "MLA runs with a low-rank query (q_lora_rank > 0, as DeepSeek-V2/V3); the plain query projection is not executed yet",
             ));
         }
-        if p.cp > 1 {
-            return Err(unsupported(
-                "model.mla",
-                "MLA with context parallelism is not executed yet; use cp = 1",
-            ));
-        }
         if mla.qk_rope_head_dim % 2 != 0 {
             return Err(unsupported(
                 "model.mla.qk_rope_head_dim",

@@ -44,7 +44,8 @@ fn mix(tp: u32, sp: bool, pp: u32, schedule: &'static str, dp: u32, zero: u8) ->
 
 /// The mixes: TP 2 (with and without SP, so the latents' all-reduce and the replicated
 /// down-projection are both exercised), PP 2 (1F1B and ZB-V, whose W actions hold the
-/// weight-gradient tasks), DP 2 with ZeRO 1 and 3, and TP 2 + SP + PP 2.
+/// weight-gradient tasks), DP 2 with ZeRO 1 and 3, TP 2 + SP + PP 2; CP 2 with every K/V
+/// exchange (ring p2p and zigzag, all-gather, Ulysses a2a), alone and with TP 2 + SP.
 fn mixes() -> Vec<(Mix, &'static str, bool)> {
     vec![
         (mix(2, true, 1, "1f1b", 1, 0), "none", true),
@@ -53,7 +54,30 @@ fn mixes() -> Vec<(Mix, &'static str, bool)> {
         (mix(1, false, 2, "zb-v", 1, 0), "none", true),
         (mix(1, false, 1, "1f1b", 2, 1), "none", true),
         (mix(2, true, 2, "zb-v", 2, 3), "none", true),
+        cp(2, "p2p", 1, false, "none"),
+        cp(2, "a2a", 1, false, "selective"),
+        cp(2, "zigzag", 1, false, "none"),
+        cp(2, "allgather", 1, false, "full"),
+        cp(2, "p2p", 2, true, "none"),
+        cp(2, "a2a", 2, true, "none"),
     ]
+}
+
+/// Context parallelism `cp` exchanging by `comm` (K/V blocks whose values are narrower than
+/// their keys), with TP `tp`.
+fn cp(
+    cp: u32,
+    comm: &'static str,
+    tp: u32,
+    sp: bool,
+    recompute: &'static str,
+) -> (Mix, &'static str, bool) {
+    let m = Mix {
+        cp,
+        cp_comm: comm,
+        ..mix(tp, sp, 1, "1f1b", 1, 0)
+    };
+    (m, recompute, true)
 }
 
 #[test]

@@ -330,7 +330,10 @@ pub struct BlockShape {
     pub b: usize,
     pub hq: usize,
     pub hk: usize,
+    /// Query/key head width.
     pub d: usize,
+    /// Value (and output) head width: `d` except under MLA (DeepSeek-V2).
+    pub dv: usize,
 }
 
 /// One side of a block attention: rows of `b` sequences, [b, pos.len(), heads, d] row-major,
