@@ -119,3 +119,27 @@ fn mla_memory_is_within_2_percent_of_the_prediction() {
     }
     eprintln!("MLA memory: worst {:.3}%", 100.0 * worst);
 }
+
+/// The MLA shapes the executor does not run are refused naming the field and the rule.
+#[test]
+fn unsupported_mla_shapes_are_refused_by_field() {
+    use parsim::config::{Config, Layer, Resolved};
+    use parsim::plan::lower;
+    let error = |field: &str, value: u64| {
+        let mut v = mla_config(&Mix::single(), "none", true);
+        v["model"]["mla"][field] = value.into();
+        let cfg = Config::from_layers(&[Layer::overrides(v)]).expect("config loads");
+        let res = Resolved::new(cfg).expect("config validates");
+        lower(&res, &options()).unwrap_err().to_string()
+    };
+    let e = error("q_lora_rank", 0);
+    assert!(
+        e.contains("model.mla.q_lora_rank") && e.contains("q_lora_rank > 0"),
+        "{e}"
+    );
+    let e = error("qk_rope_head_dim", 3);
+    assert!(
+        e.contains("model.mla.qk_rope_head_dim") && e.contains("even"),
+        "{e}"
+    );
+}
