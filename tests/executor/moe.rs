@@ -56,7 +56,7 @@ pub const BASE: Moe = Moe {
 
 impl Moe {
     /// The single-rank run of the same model.
-    fn single(&self) -> Moe {
+    pub fn single(&self) -> Moe {
         Moe {
             ep: 1,
             dp: 1,
