@@ -13,8 +13,8 @@ use crate::config::{
 use crate::layout::{Coords as LCoords, GroupKind, Layout};
 use crate::schedule::{self, ActionKind, ScheduleError};
 use parsim_executor::plan::{
-    self as xp, Action, AdamConfig, Coords, ModelShape, MoeShape, Parallelism, Plan, RankPlan,
-    RouterShape, StagePlan,
+    self as xp, Action, AdamConfig, Coords, MlaShape, ModelShape, MoeShape, Parallelism, Plan,
+    RankPlan, RouterShape, StagePlan,
 };
 
 /// Why a configuration cannot be executed (yet).
@@ -71,11 +71,19 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
         ));
     }
     check_moe(r)?;
-    if m.mla.is_some() {
-        return Err(unsupported(
-            "model.mla",
-            "multi-head latent attention is not executed yet",
-        ));
+    if let Some(mla) = &m.mla {
+        if mla.q_lora_rank == 0 {
+            return Err(unsupported(
+                "model.mla.q_lora_rank",
+                "MLA runs with a low-rank query (q_lora_rank > 0, as DeepSeek-V2/V3); the plain query projection is not executed yet",
+            ));
+        }
+        if mla.qk_rope_head_dim % 2 != 0 {
+            return Err(unsupported(
+                "model.mla.qk_rope_head_dim",
+                "the rotary head dimension must be even",
+            ));
+        }
     }
     if m.mtp_num_layers > 0 {
         return Err(unsupported(
@@ -126,7 +134,7 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
             ),
         ));
     }
-    if m.head_dim() % 2 != 0 {
+    if m.mla.is_none() && m.head_dim() % 2 != 0 {
         return Err(unsupported(
             "model.kv_channels",
             "the head dimension must be even for rotary positions",
@@ -303,6 +311,13 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
         rope_theta: o.rope_theta,
         flash: t.flash_attention,
         init_std: o.init_std,
+        mla: m.mla.as_ref().map(|a| MlaShape {
+            q_lora_rank: a.q_lora_rank as usize,
+            kv_lora_rank: a.kv_lora_rank as usize,
+            qk_nope: a.qk_nope_head_dim as usize,
+            qk_rope: a.qk_rope_head_dim as usize,
+            v: a.v_head_dim as usize,
+        }),
         moe: m.is_moe().then_some(MoeShape {
             num_experts: m.num_experts as usize,
             top_k: m.moe_router_topk as usize,

@@ -18,6 +18,8 @@ mod dropout;
 mod equivalence;
 #[path = "executor/memory.rs"]
 mod memory;
+#[path = "executor/mla.rs"]
+mod mla;
 #[path = "executor/moe.rs"]
 mod moe;
 #[path = "executor/moe_memory.rs"]

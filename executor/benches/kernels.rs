@@ -90,6 +90,7 @@ fn main() {
         hq: 32,
         hk: 8,
         d: 128,
+        dv: 128,
     };
     let sq = 4096;
     let pos: Vec<u32> = (0..sq as u32).collect();

@@ -94,6 +94,7 @@ fn main() {
         moe: None,
         hidden_dropout: 0.0,
         learned_positions: 0,
+        mla: None,
     };
     let plan = Plan::single_rank(model, AdamConfig::default(), 1, 1, Recompute::None);
     let steps = 3;

@@ -48,6 +48,11 @@ pub enum PlanError {
     NonPositiveSizes,
     #[error("model.learned_positions ({rows} rows) must cover the sequence ({seq})")]
     PositionsBelowSeq { rows: usize, seq: usize },
+    /// MLA's decoupled rotary key is part of its attention (DeepSeek-V2).
+    #[error(
+        "model.mla needs rotary positions: model.position_embedding must be rope, not learned"
+    )]
+    MlaWithLearnedPositions,
     #[error("model.hidden_dropout ({p}) must lie in [0, 1)")]
     HiddenDropout { p: f32 },
     #[error("heads ({heads}) must be a multiple of kv_heads ({kv_heads})")]

@@ -100,6 +100,28 @@ pub struct ModelShape {
     pub hidden_dropout: f32,
     /// Learned absolute position embeddings with this many rows (GPT-2/3); 0 = rotary.
     pub learned_positions: usize,
+    /// Multi-head latent attention instead of the fused QKV projection (`None`: MHA/GQA).
+    pub mla: Option<MlaShape>,
+}
+
+/// Multi-head latent attention (DeepSeek-V2, "DeepSeek-V2: A Strong, Economical, and Efficient
+/// Mixture-of-Experts Language Model", section 2.1): the query through a low-rank latent with
+/// its RMSNorm, keys and values through a joint latent with its RMSNorm, and a decoupled rotary
+/// key shared by all heads. Query/key heads are `qk_nope + qk_rope` wide, value heads `v`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MlaShape {
+    pub q_lora_rank: usize,
+    pub kv_lora_rank: usize,
+    pub qk_nope: usize,
+    pub qk_rope: usize,
+    pub v: usize,
+}
+
+impl MlaShape {
+    /// Query/key head width seen by the attention core.
+    pub fn qk(&self) -> usize {
+        self.qk_nope + self.qk_rope
+    }
 }
 
 /// The routed experts of the MoE layers (Shazeer et al. 2017; Megatron-Core's MoE): a
@@ -394,6 +416,9 @@ impl Plan {
                 rows: m.learned_positions,
                 seq: m.seq,
             });
+        }
+        if m.mla.is_some() && m.learned_positions > 0 {
+            return Err(PlanError::MlaWithLearnedPositions);
         }
         if !(0.0..1.0).contains(&m.hidden_dropout) {
             return Err(PlanError::HiddenDropout {

@@ -5,7 +5,8 @@
 //! layers too: router, softmax, top-k gates, experts, the load-balancing loss, dropping.
 
 use parsim_executor::plan::{
-    Activation, AdamConfig, ModelShape, MoeShape, Norm, Plan, Recompute, RouterShape, ScoreFunction,
+    Activation, AdamConfig, MlaShape, ModelShape, MoeShape, Norm, Plan, Recompute, RouterShape,
+    ScoreFunction,
 };
 use parsim_executor::runner::{run_cpu, RunOptions};
 
@@ -30,6 +31,7 @@ fn tiny(norm: Norm, activation: Activation, flash: bool) -> ModelShape {
         moe: None,
         hidden_dropout: 0.0,
         learned_positions: 0,
+        mla: None,
     }
 }
 
@@ -250,4 +252,27 @@ fn bad_dropout_and_position_fields_are_refused_by_name() {
             .to_string();
         assert!(err.contains(field), "{err}");
     }
+}
+/// `tiny` with multi-head latent attention (DeepSeek-V2): query latent 6, key/value latent 4,
+/// heads of 2 no-rotary + 2 rotary query/key features and 3 value features (value heads
+/// narrower than query/key heads), so the down- and up-projections, the latent norms, the
+/// decoupled rotary key shared by the heads and attention with differing head widths are all
+/// checked.
+fn tiny_mla(flash: bool) -> ModelShape {
+    ModelShape {
+        mla: Some(MlaShape {
+            q_lora_rank: 6,
+            kv_lora_rank: 4,
+            qk_nope: 2,
+            qk_rope: 2,
+            v: 3,
+        }),
+        ..tiny(Norm::RmsNorm, Activation::Swiglu, flash)
+    }
+}
+
+#[test]
+fn mla_projections_and_attention_match_finite_differences() {
+    check_shape(tiny_mla(true), Recompute::None);
+    check_shape(tiny_mla(false), Recompute::Selective);
 }

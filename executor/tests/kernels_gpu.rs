@@ -345,6 +345,7 @@ fn flash_attention_matches_the_cpu_on_a_zigzag_layout_with_gqa() {
         hq: 4,
         hk: 2,
         d: 72,
+        dv: 72,
     };
     // Zigzag CP shard of a 64-row sequence over cp 2: chunks 0 and 3 (queries), all keys.
     let qpos: Vec<u32> = (0..16).chain(48..64).collect();

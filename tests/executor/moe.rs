@@ -56,7 +56,7 @@ pub const BASE: Moe = Moe {
 
 impl Moe {
     /// The single-rank run of the same model.
-    fn single(&self) -> Moe {
+    pub fn single(&self) -> Moe {
         Moe {
             ep: 1,
             dp: 1,
@@ -123,7 +123,7 @@ fn deepseek(m: &mut Value) {
     m["moe_aux_loss_coeff"] = 0.0.into();
 }
 
-fn compare(label: &str, got: &RunReport, reference: &RunReport) {
+pub fn compare(label: &str, got: &RunReport, reference: &RunReport) {
     let l0 = (got.loss[0] - reference.loss[0]).abs() / reference.loss[0].abs();
     assert!(
         l0 <= 1e-5,

@@ -297,7 +297,10 @@ pub struct AttnShape {
     pub heads: usize,
     /// K/V heads on this rank.
     pub kv_heads: usize,
+    /// Query/key head width.
     pub d: usize,
+    /// Value (and output) head width: `d` except under MLA (DeepSeek-V2).
+    pub dv: usize,
 }
 
 /// One kept assignment of a token to an expert (MoE routing: host metadata, as the split
@@ -327,7 +330,10 @@ pub struct BlockShape {
     pub b: usize,
     pub hq: usize,
     pub hk: usize,
+    /// Query/key head width.
     pub d: usize,
+    /// Value (and output) head width: `d` except under MLA (DeepSeek-V2).
+    pub dv: usize,
 }
 
 /// One side of a block attention: rows of `b` sequences, [b, pos.len(), heads, d] row-major,
@@ -739,6 +745,27 @@ pub trait TensorOps<B: Backend> {
         tokens: &[u64],
         col_offset: u64,
         x: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
+
+    // --- added for issue 19 (MLA/MTP) ---
+    /// MLA's query/key heads (DeepSeek-V2, decoupled rotary): out [n, heads (da + db)] with
+    /// head h = [a's head h, b's head h]; `a` [n, heads da], `b` [n, heads db] or [n, db]
+    /// (the rotary key, shared by every head).
+    fn heads_concat(
+        &self,
+        a: &B::Tensor,
+        b: &B::Tensor,
+        heads: usize,
+        out: &mut B::Tensor,
+    ) -> Result<(), ExecError>;
+    /// The backward of [`Self::heads_concat`]: `da` and `db` written from `dout` (a shared
+    /// `db` sums the heads' gradients).
+    fn heads_split(
+        &self,
+        dout: &B::Tensor,
+        heads: usize,
+        da: &mut B::Tensor,
+        db: &mut B::Tensor,
     ) -> Result<(), ExecError>;
 }
 

@@ -7,6 +7,7 @@
 //! of `moe.rs` after the pre-MLP norm instead of the dense MLP.
 
 use super::dropout::{dropout_grad, hidden_dropout};
+use super::mla::{mla_bwd, mla_fwd, MlaSaved, Qkv};
 use super::moe::{moe_bwd, moe_fwd, MoeSaved};
 use super::params::{BlockKind, BlockLayout};
 use super::{cp, Ctx, Sink, WTask};
@@ -40,6 +41,8 @@ pub struct LayerSaved<B: Backend> {
     pub act: B::Tensor,
     /// An MoE layer's experts block (then `u` and `act` are empty).
     pub moe: Option<Box<MoeSaved<B>>>,
+    /// MLA's latents (DeepSeek-V2), when the model has MLA.
+    pub mla: Option<Box<MlaSaved<B>>>,
 }
 
 /// An MoE layer's experts block and its parameters.
@@ -66,6 +69,7 @@ fn attn_shape<B: Backend>(ctx: &Ctx<B>) -> AttnShape {
         heads: ctx.rd.a_r,
         kv_heads: ctx.rd.g_r,
         d: ctx.rd.d,
+        dv: ctx.rd.dv,
     }
 }
 
@@ -79,43 +83,33 @@ pub fn layer_fwd<B: Backend>(
     x: B::Tensor,
 ) -> Result<(B::Tensor, LayerSaved<B>), ExecError> {
     let m = &ctx.plan.model;
-    let (norm, eps, theta) = (m.norm, m.norm_eps, m.rope_theta);
+    let (norm, eps) = (m.norm, m.norm_eps);
     let keep = match (ctx.recompute, m.flash) {
         (Recompute::Selective, _) => Keep::Nothing,
         (_, true) => Keep::Lse,
         (_, false) => Keep::Probs,
     };
     let rd = ctx.rd;
-    let (n, n_sp, h, d) = (ctx.n, ctx.n_sp, rd.h, rd.d);
+    let (n, n_sp, h) = (ctx.n, ctx.n_sp, rd.h);
     let act_kind = m.activation;
     let a = Category::Activations;
 
     let mut ln1 = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops
         .norm_fwd(norm, &x, slice(&p, l, ATTN_NORM), eps, &mut ln1)?;
-    let qkv_r = rd.qkv_r();
-    let mut qkv = ctx.zeros(Category::Buffers, &[n, qkv_r])?;
-    ctx.with_gathered(&ln1, |c, xg| {
-        c.ops
-            .linear_fwd(xg, slice(&p, l, QKV), (n, h, qkv_r), &mut qkv)
-    })?;
-    let (qw, kw) = (rd.a_r * d, rd.g_r * d);
-    let mut q = ctx.zeros(a, &[n, qw])?;
-    let mut k = ctx.zeros(a, &[n, kw])?;
-    let mut v = ctx.zeros(a, &[n, kw])?;
-    ctx.ops.qkv_split(&qkv, &mut q, &mut k, &mut v)?;
-    drop(qkv);
-    if m.learned_positions == 0 {
-        ctx.ops
-            .rotary(&mut q, rd.a_r, &ctx.positions, theta, false)?;
-        ctx.ops
-            .rotary(&mut k, rd.g_r, &ctx.positions, theta, false)?;
-    }
+    let (q, k, v, mla) = if m.mla.is_some() {
+        let ((q, k, v), ms) = mla_fwd(ctx, l, &p, &ln1)?;
+        (q, k, v, Some(Box::new(ms)))
+    } else {
+        let (q, k, v) = qkv_fwd(ctx, l, &p, &ln1)?;
+        (q, k, v, None)
+    };
+    let ow = rd.a_r * rd.dv;
     let (o, q, k, v, attn) = if ctx.cp.is_some() {
         let (o, c) = cp::forward(ctx, layer_index(l), q, k, v, keep)?;
         (o, c.q, c.k, c.v, c.attn)
     } else {
-        let mut o = ctx.zeros(a, &[n, qw])?;
+        let mut o = ctx.zeros(a, &[n, ow])?;
         let attn = ctx
             .ops
             .attn_fwd(&attn_shape(ctx), &q, &k, &v, &mut o, keep)?;
@@ -123,7 +117,7 @@ pub fn layer_fwd<B: Backend>(
     };
     let mut partial = ctx.zeros(Category::Buffers, &[n, h])?;
     ctx.ops
-        .linear_fwd(&o, slice(&p, l, PROJ), (n, qw, h), &mut partial)?;
+        .linear_fwd(&o, slice(&p, l, PROJ), (n, ow, h), &mut partial)?;
     let mut attn_out = ctx.reduce_to_region(partial, Category::Buffers)?;
     hidden_dropout(ctx, layer_index(l), DropoutSite::Attention, &mut attn_out)?;
     let mut x1 = ctx.zeros(a, &[n_sp, h])?;
@@ -156,6 +150,7 @@ pub fn layer_fwd<B: Backend>(
                 u,
                 act,
                 moe,
+                mla,
             },
         ));
     }
@@ -189,8 +184,43 @@ pub fn layer_fwd<B: Backend>(
             u,
             act,
             moe: None,
+            mla,
         },
     ))
+}
+
+/// Q, K and V of this rank's heads through the fused QKV projection (column-parallel) and
+/// rotary, from the normed block input `ln1` [n_sp, h].
+fn qkv_fwd<B: Backend>(
+    ctx: &mut Ctx<B>,
+    l: &BlockLayout,
+    p: &View<'_, B::Tensor>,
+    ln1: &B::Tensor,
+) -> Result<Qkv<B>, ExecError> {
+    let rd = ctx.rd;
+    let (n, h, d) = (ctx.n, rd.h, rd.d);
+    let theta = ctx.plan.model.rope_theta;
+    let a = Category::Activations;
+    let qkv_r = rd.qkv_r();
+    let mut qkv = ctx.zeros(Category::Buffers, &[n, qkv_r])?;
+    ctx.with_gathered(ln1, |c, xg| {
+        c.ops
+            .linear_fwd(xg, slice(p, l, QKV), (n, h, qkv_r), &mut qkv)
+    })?;
+    let (qw, kw) = (rd.a_r * d, rd.g_r * d);
+    let mut q = ctx.zeros(a, &[n, qw])?;
+    let mut k = ctx.zeros(a, &[n, kw])?;
+    let mut v = ctx.zeros(a, &[n, kw])?;
+    ctx.ops.qkv_split(&qkv, &mut q, &mut k, &mut v)?;
+    drop(qkv);
+    // Learned absolute positions (GPT-2/3) replace rotary.
+    if ctx.plan.model.learned_positions == 0 {
+        ctx.ops
+            .rotary(&mut q, rd.a_r, &ctx.positions, theta, false)?;
+        ctx.ops
+            .rotary(&mut k, rd.g_r, &ctx.positions, theta, false)?;
+    }
+    Ok((q, k, v))
 }
 
 /// Input gradient of one layer: dx [n_sp, h] from dy [n_sp, h]; each weight-gradient task goes
@@ -205,7 +235,7 @@ pub fn layer_bwd<B: Backend>(
     sink: &mut Sink<B>,
 ) -> Result<B::Tensor, ExecError> {
     let m = &ctx.plan.model;
-    let (norm, eps, theta) = (m.norm, m.norm_eps, m.rope_theta);
+    let (norm, eps) = (m.norm, m.norm_eps);
     let act_kind = m.activation;
     let rd = ctx.rd;
     let (n, h, d) = (ctx.n, rd.h, rd.d);
@@ -224,6 +254,7 @@ pub fn layer_bwd<B: Backend>(
         u,
         act,
         moe,
+        mla,
     } = s;
 
     // MLP: fc2 (row-parallel), activation, fc1 (column-parallel), norm; or the experts.
@@ -297,14 +328,13 @@ pub fn layer_bwd<B: Backend>(
     )?;
 
     // Attention: projection (row-parallel), core, rotary, QKV (column-parallel), norm.
-    let qw = rd.a_r * d;
-    let kw = rd.g_r * d;
+    let (qw, kw, ow) = (rd.a_r * d, rd.g_r * d, rd.a_r * rd.dv);
     let d_attn = dropout_grad(ctx, l, DropoutSite::Attention, &dx1)?;
     let dxg = ctx.expand_grad(d_attn.as_ref().unwrap_or(&dx1))?;
     drop(d_attn);
-    let mut d_o = ctx.zeros(b, &[n, qw])?;
+    let mut d_o = ctx.zeros(b, &[n, ow])?;
     ctx.ops
-        .linear_dgrad(&dxg, slice(&p, l, PROJ), (n, qw, h), &mut d_o, false)?;
+        .linear_dgrad(&dxg, slice(&p, l, PROJ), (n, ow, h), &mut d_o, false)?;
     // Context parallelism needs rowsum(dO * O) before the output goes to the weight gradient.
     let delta = match ctx.cp {
         Some(_) => Some(cp::row_delta(ctx, &d_o, &o)?),
@@ -316,20 +346,20 @@ pub fn layer_bwd<B: Backend>(
             tensor: PROJ,
             x: o,
             dy: dxg,
-            i: qw,
+            i: ow,
             o: h,
             gather_x: false,
             dy_gathered: sp,
             dy_shard: false,
         },
     )?;
-    let (mut dq, mut dk, dv) = if let Some(delta) = delta {
+    let (dq, dk, dv) = if let Some(delta) = delta {
         let saved = cp::CoreSaved { q, k, v, attn };
         cp::backward(ctx, layer_index(l), saved, delta, d_o)?
     } else {
         let mut dq = ctx.zeros(b, &[n, qw])?;
         let mut dk = ctx.zeros(b, &[n, kw])?;
-        let mut dv = ctx.zeros(b, &[n, kw])?;
+        let mut dv = ctx.zeros(b, &[n, rd.g_r * rd.dv])?;
         ctx.ops.attn_bwd(
             &attn_shape(ctx),
             &q,
@@ -344,33 +374,10 @@ pub fn layer_bwd<B: Backend>(
         drop((q, k, v, attn, d_o));
         (dq, dk, dv)
     };
-    if ctx.plan.model.learned_positions == 0 {
-        ctx.ops
-            .rotary(&mut dq, rd.a_r, &ctx.positions, theta, true)?;
-        ctx.ops
-            .rotary(&mut dk, rd.g_r, &ctx.positions, theta, true)?;
-    }
-    let qkv_r = rd.qkv_r();
-    let mut dqkv = ctx.zeros(b, &[n, qkv_r])?;
-    ctx.ops.qkv_merge(&dq, &dk, &dv, &mut dqkv)?;
-    drop((dq, dk, dv));
-    let mut part = ctx.zeros(b, &[n, h])?;
-    ctx.ops
-        .linear_dgrad(&dqkv, slice(&p, l, QKV), (n, h, qkv_r), &mut part, false)?;
-    let d_ln1 = ctx.reduce_to_region(part, b)?;
-    sink(
-        ctx,
-        WTask::Linear {
-            tensor: QKV,
-            x: ln1,
-            dy: dqkv,
-            i: h,
-            o: qkv_r,
-            gather_x: sp,
-            dy_gathered: false,
-            dy_shard: false,
-        },
-    )?;
+    let d_ln1 = match mla {
+        Some(ms) => mla_bwd(ctx, l, &p, *ms, ln1, dq, dk, dv, sink)?,
+        None => qkv_bwd(ctx, l, &p, ln1, dq, dk, dv, sink)?,
+    };
     let mut dx = dx1;
     ctx.ops.norm_dgrad(
         norm,
@@ -390,4 +397,52 @@ pub fn layer_bwd<B: Backend>(
         },
     )?;
     Ok(dx)
+}
+
+/// The normed block input's gradient [n_sp, h] through rotary and the fused QKV projection.
+#[allow(clippy::too_many_arguments)]
+fn qkv_bwd<B: Backend>(
+    ctx: &mut Ctx<B>,
+    l: &BlockLayout,
+    p: &View<'_, B::Tensor>,
+    ln1: B::Tensor,
+    mut dq: B::Tensor,
+    mut dk: B::Tensor,
+    dv: B::Tensor,
+    sink: &mut Sink<B>,
+) -> Result<B::Tensor, ExecError> {
+    let rd = ctx.rd;
+    let (n, h) = (ctx.n, rd.h);
+    let theta = ctx.plan.model.rope_theta;
+    let b = Category::Buffers;
+    // Learned absolute positions (GPT-2/3) replace rotary.
+    if ctx.plan.model.learned_positions == 0 {
+        ctx.ops
+            .rotary(&mut dq, rd.a_r, &ctx.positions, theta, true)?;
+        ctx.ops
+            .rotary(&mut dk, rd.g_r, &ctx.positions, theta, true)?;
+    }
+    let qkv_r = rd.qkv_r();
+    let mut dqkv = ctx.zeros(b, &[n, qkv_r])?;
+    ctx.ops.qkv_merge(&dq, &dk, &dv, &mut dqkv)?;
+    drop((dq, dk, dv));
+    let mut part = ctx.zeros(b, &[n, h])?;
+    ctx.ops
+        .linear_dgrad(&dqkv, slice(p, l, QKV), (n, h, qkv_r), &mut part, false)?;
+    let d_ln1 = ctx.reduce_to_region(part, b)?;
+    let sp = ctx.sp;
+    sink(
+        ctx,
+        WTask::Linear {
+            tensor: QKV,
+            x: ln1,
+            dy: dqkv,
+            i: h,
+            o: qkv_r,
+            gather_x: sp,
+            dy_gathered: false,
+            dy_shard: false,
+        },
+    )?;
+    Ok(d_ln1)
 }

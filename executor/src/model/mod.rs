@@ -14,6 +14,7 @@ pub mod data;
 pub mod dropout;
 pub mod ends;
 pub mod layer;
+pub mod mla;
 pub mod moe;
 pub mod params;
 pub mod positions;

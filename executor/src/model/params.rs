@@ -10,7 +10,7 @@
 //! parameters in their own buffers: dense parameters reduce (and ZeRO-shard) over DP, expert
 //! parameters over the expert-data-parallel group.
 
-use crate::plan::{Activation, Norm, Plan};
+use crate::plan::{Activation, MlaShape, Norm, Plan};
 use std::ops::Range;
 
 /// Which block.
@@ -107,7 +107,10 @@ pub struct BlockLayout {
 #[derive(Debug, Clone, Copy)]
 pub struct RankDims {
     pub h: usize,
+    /// Query/key head width (MLA: no-rotary + rotary parts).
     pub d: usize,
+    /// Value head width: `d` except under MLA.
+    pub dv: usize,
     /// Query and K/V heads on this rank.
     pub a_r: usize,
     pub g_r: usize,
@@ -124,11 +127,17 @@ impl RankDims {
         let m = &plan.model;
         let t = plan.parallel.tp as usize;
         let f_r = m.ffn / t;
+        // MLA: every query head has its own key and value head.
+        let (d, dv, kv_heads) = match &m.mla {
+            Some(a) => (a.qk(), a.v, m.heads),
+            None => (m.head_dim, m.head_dim, m.kv_heads),
+        };
         RankDims {
             h: m.hidden,
-            d: m.head_dim,
+            d,
+            dv,
             a_r: m.heads / t,
-            g_r: m.kv_heads / t,
+            g_r: kv_heads / t,
             f_r,
             fc1_r: match m.activation {
                 Activation::Swiglu => 2 * f_r,
@@ -169,6 +178,12 @@ impl Builder {
     }
 
     fn norm(&mut self, name: &str, kind: Norm, h: usize) {
+        self.norm_of(name, kind, h, true);
+    }
+
+    /// A norm over `h` features; `tp_replicated`: its gradient is a partial sum over TP under
+    /// SP (a norm of the sequence-sharded residual stream).
+    fn norm_of(&mut self, name: &str, kind: Norm, h: usize, tp_replicated: bool) {
         let mut segs = vec![Segment {
             name: format!("{name}.weight"),
             global_cols: h,
@@ -186,7 +201,7 @@ impl Builder {
             });
         }
         let rows = segs.len();
-        self.push(rows, h, segs, true);
+        self.push(rows, h, segs, tp_replicated);
     }
 }
 
@@ -259,24 +274,29 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                 let p = format!("layers.{l}");
                 b.norm(&format!("{p}.attn_norm"), m.norm, h);
                 let (qa, kg) = (rd.a_r * d, rd.g_r * d);
+                if let Some(a) = &m.mla {
+                    mla_down(b, a, &p, h, std);
+                } else {
+                    b.push(
+                        rd.qkv_r(),
+                        h,
+                        vec![
+                            seg(format!("{p}.wq"), h, r * qa..(r + 1) * qa, 0..h, std),
+                            seg(format!("{p}.wk"), h, r * kg..(r + 1) * kg, 0..h, std),
+                            seg(format!("{p}.wv"), h, r * kg..(r + 1) * kg, 0..h, std),
+                        ],
+                        false,
+                    );
+                }
+                let ov = rd.a_r * rd.dv;
                 b.push(
-                    rd.qkv_r(),
                     h,
-                    vec![
-                        seg(format!("{p}.wq"), h, r * qa..(r + 1) * qa, 0..h, std),
-                        seg(format!("{p}.wk"), h, r * kg..(r + 1) * kg, 0..h, std),
-                        seg(format!("{p}.wv"), h, r * kg..(r + 1) * kg, 0..h, std),
-                    ],
-                    false,
-                );
-                b.push(
-                    h,
-                    qa,
+                    ov,
                     vec![seg(
                         format!("{p}.wo"),
-                        m.heads * d,
+                        m.heads * rd.dv,
                         0..h,
-                        r * qa..(r + 1) * qa,
+                        r * ov..(r + 1) * ov,
                         std,
                     )],
                     false,
@@ -294,6 +314,9 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                     if moe.shared_ffn > 0 {
                         let q = format!("{p}.shared_experts");
                         expert_mlp(b, m.activation, &q, moe.shared_ffn, &rd, std);
+                    }
+                    if let Some(a) = &m.mla {
+                        mla_up(b, m.norm, a, &p, &rd, std);
                     }
                     return;
                 }
@@ -320,6 +343,9 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                     )],
                     false,
                 );
+                if let Some(a) = &m.mla {
+                    mla_up(b, m.norm, a, &p, &rd, std);
+                }
             });
             if let (true, Some(moe)) = (m.is_moe_layer(l), &m.moe) {
                 emit(BlockKind::Experts(l), s, &|b| {
@@ -376,6 +402,55 @@ fn expert_mlp(b: &mut Builder, act: Activation, q: &str, f: usize, rd: &RankDims
         h,
         fr,
         vec![seg(format!("{q}.fc2"), f, 0..h, own, std)],
+        false,
+    );
+}
+
+/// MLA's down-projections, replicated over TP (as Megatron): the query's `{p}.wq_down`
+/// [q_lora_rank, h] and the key/value latent's `{p}.wkv_down` [kv_lora_rank + qk_rope, h]
+/// (the latent then the shared rotary key), fused in one tensor (one input, one GEMM). Their
+/// gradients are whole on every TP rank: the latents' gradients are all-reduced over TP.
+fn mla_down(b: &mut Builder, a: &MlaShape, p: &str, h: usize, std: f32) {
+    let (qr, kvr) = (a.q_lora_rank, a.kv_lora_rank + a.qk_rope);
+    b.push(
+        qr + kvr,
+        h,
+        vec![
+            seg(format!("{p}.wq_down"), h, 0..qr, 0..h, std),
+            seg(format!("{p}.wkv_down"), h, 0..kvr, 0..h, std),
+        ],
+        false,
+    );
+}
+
+/// Number of tensors [`mla_up`] appends at the end of a layer block.
+pub const MLA_UP_TENSORS: usize = 4;
+
+/// MLA's norms and up-projections, appended at the end of the layer block: `q_norm`
+/// [q_lora_rank]; the query up-projection of this rank's heads, no-rotary rows then rotary
+/// rows; `kv_norm` [kv_lora_rank]; the key (no-rotary) then value up-projections of this
+/// rank's heads. The norms act on the latents (whole on every TP rank): no SP partial sums.
+fn mla_up(b: &mut Builder, norm: Norm, a: &MlaShape, p: &str, rd: &RankDims, std: f32) {
+    let (qr, kvr, r, ar) = (a.q_lora_rank, a.kv_lora_rank, rd.tp_rank, rd.a_r);
+    let rows = |w: usize| r * ar * w..(r + 1) * ar * w;
+    b.norm_of(&format!("{p}.q_norm"), norm, qr, false);
+    b.push(
+        ar * a.qk(),
+        qr,
+        vec![
+            seg(format!("{p}.wq_up_nope"), qr, rows(a.qk_nope), 0..qr, std),
+            seg(format!("{p}.wq_up_rope"), qr, rows(a.qk_rope), 0..qr, std),
+        ],
+        false,
+    );
+    b.norm_of(&format!("{p}.kv_norm"), norm, kvr, false);
+    b.push(
+        ar * (a.qk_nope + a.v),
+        kvr,
+        vec![
+            seg(format!("{p}.wk_up"), kvr, rows(a.qk_nope), 0..kvr, std),
+            seg(format!("{p}.wv_up"), kvr, rows(a.v), 0..kvr, std),
+        ],
         false,
     );
 }

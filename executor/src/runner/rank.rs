@@ -669,7 +669,12 @@ impl<'a, B: Backend> Rank<'a, B> {
 
 /// One timed action: the action, its start and end events, and where its span sits in the
 /// rank's trace (when tracing).
-type Mark<B> = (Action, <B as Backend>::Event, <B as Backend>::Event, Option<usize>);
+type Mark<B> = (
+    Action,
+    <B as Backend>::Event,
+    <B as Backend>::Event,
+    Option<usize>,
+);
 
 /// Puts a timed step's actions on the backend's clock: each action ends where its end event
 /// says (CUDA events on the GPU, the host clock on the CPU), measured from the step's first

@@ -5,8 +5,8 @@
 //! round when storing its fp32 result.
 
 use super::ops::{
-    activation, adam, attention, cross_entropy, dropout, elementwise, flash, gemm, layout, moe,
-    norm, rotary, router, ulysses,
+    activation, adam, attention, cross_entropy, dropout, elementwise, flash, gemm, layout, mla,
+    moe, norm, rotary, router, ulysses,
 };
 use super::{CpuComm, CpuOps, Group, Tensor};
 use crate::backend::{
@@ -716,6 +716,33 @@ impl TensorOps<Cpu> for CpuOps {
         dropout::dropout_inplace(key, tokens, col_offset, dst(&mut x))?;
         let r = x.range.clone();
         store(x.tensor, r);
+        Ok(())
+    }
+
+    fn heads_concat(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        heads: usize,
+        out: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let n = out.rows();
+        mla::heads_concat(a.data(), b.data(), out.data_mut(), n, heads);
+        store_all(out);
+        Ok(())
+    }
+
+    fn heads_split(
+        &self,
+        dout: &Tensor,
+        heads: usize,
+        da: &mut Tensor,
+        db: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let n = dout.rows();
+        mla::heads_split(dout.data(), da.data_mut(), db.data_mut(), n, heads);
+        store_all(da);
+        store_all(db);
         Ok(())
     }
 }

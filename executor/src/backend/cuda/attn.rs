@@ -29,6 +29,7 @@ pub fn block_shape(sh: &AttnShape) -> BlockShape {
         hq: sh.heads,
         hk: sh.kv_heads,
         d: sh.d,
+        dv: sh.dv,
     }
 }
 
@@ -226,6 +227,7 @@ mod tests {
             hq: 3,
             hk: 1,
             d: 4,
+            dv: 4,
         };
         let pos: Vec<u32> = (0..7).collect();
         assert_eq!(causal_work(&sh, &pos, &pos), 2 * 3 * 7 * 8 / 2);
@@ -242,6 +244,7 @@ mod tests {
             hq: 2,
             hk: 1,
             d: 2,
+            dv: 2,
         };
         let (qpos, kpos) = ([0u32, 1, 6, 7], [2u32, 3, 4, 5]);
         let (sq, sk) = (qpos.len(), kpos.len());

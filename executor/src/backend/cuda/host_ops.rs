@@ -4,7 +4,7 @@
 
 use super::rank::CudaRank;
 use super::tensor::CudaTensor;
-use crate::backend::cpu::ops::{dropout, moe as host_moe, router};
+use crate::backend::cpu::ops::{dropout, mla, moe as host_moe, router};
 use crate::backend::{Device, DeviceTensor, Routing, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 use crate::memory::Category;
@@ -67,4 +67,33 @@ pub(super) fn dropout_inplace(
     })?;
     dropout::dropout_inplace(key, tokens, col_offset, &mut xh)?;
     write_back(rank, &xh, x.reborrow())
+}
+
+/// [`TensorOps::heads_concat`] on the host.
+pub(super) fn heads_concat(
+    rank: &CudaRank,
+    a: &CudaTensor,
+    b: &CudaTensor,
+    heads: usize,
+    out: &mut CudaTensor,
+) -> Result<(), ExecError> {
+    let (ah, bh) = (rank.download(View::all(a))?, rank.download(View::all(b))?);
+    let mut oh = vec![0.0; out.len()];
+    mla::heads_concat(&ah, &bh, &mut oh, out.rows(), heads);
+    write_back(rank, &oh, ViewMut::all(out))
+}
+
+/// [`TensorOps::heads_split`] on the host.
+pub(super) fn heads_split(
+    rank: &CudaRank,
+    dout: &CudaTensor,
+    heads: usize,
+    da: &mut CudaTensor,
+    db: &mut CudaTensor,
+) -> Result<(), ExecError> {
+    let dh = rank.download(View::all(dout))?;
+    let (mut ah, mut bh) = (vec![0.0; da.len()], vec![0.0; db.len()]);
+    mla::heads_split(&dh, &mut ah, &mut bh, dout.rows(), heads);
+    write_back(rank, &ah, ViewMut::all(da))?;
+    write_back(rank, &bh, ViewMut::all(db))
 }

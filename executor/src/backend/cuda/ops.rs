@@ -992,6 +992,26 @@ impl TensorOps<Cuda> for CudaRank {
     }
 
     // --- added for issue 19: no kernel yet, a host round trip (host_ops.rs) ---
+    fn heads_concat(
+        &self,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        heads: usize,
+        out: &mut CudaTensor,
+    ) -> Result<(), ExecError> {
+        host_ops::heads_concat(self, a, b, heads, out)
+    }
+
+    fn heads_split(
+        &self,
+        dout: &CudaTensor,
+        heads: usize,
+        da: &mut CudaTensor,
+        db: &mut CudaTensor,
+    ) -> Result<(), ExecError> {
+        host_ops::heads_split(self, dout, heads, da, db)
+    }
+
     fn moe_route_scored(
         &self,
         logits: &mut CudaTensor,

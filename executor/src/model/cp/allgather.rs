@@ -45,8 +45,8 @@ fn pass<B: Backend>(
     let cp = ctx.cp.as_ref().expect("cp context");
     let (me, size) = (cp.rank, cp.size);
     let s_loc = cp.positions[me].len();
-    let blk = gk.len() / size;
-    let mut acc = ctx.zeros(Category::Activations, &[q.rows(), q.cols()])?;
+    let (blk, vblk) = (gk.len() / size, gv.len() / size);
+    let mut acc = ctx.zeros(Category::Activations, &[q.rows(), sh.hq * sh.dv])?;
     let mut st = Stats::<B>::new(&ctx.ops, sh.b * sh.hq * s_loc)?;
     let mut tile = ctx.zeros(Category::Buffers, &[s_loc, s_loc])?;
     let qs = Side {
@@ -57,12 +57,13 @@ fn pass<B: Backend>(
         let mut work = 0;
         for src in 0..size {
             let r = src * blk..(src + 1) * blk;
+            let rv = src * vblk..(src + 1) * vblk;
             work += ctx.ops.flash_fwd_block(
                 &sh,
                 q,
                 qs,
-                View::all(gk).sub(r.clone()),
-                View::all(gv).sub(r),
+                View::all(gk).sub(r),
+                View::all(gv).sub(rv),
                 Side {
                     pos: &cp.positions[src],
                     tile: s_loc,
@@ -128,11 +129,11 @@ pub fn backward<B: Backend>(
     let cp = ctx.cp.as_ref().expect("cp context");
     let (me, size) = (cp.rank, cp.size);
     let s_loc = cp.positions[me].len();
-    let blk = k.len();
+    let (blk, vblk) = (k.len(), v.len());
     let b = Category::Buffers;
     let mut dq = ctx.zeros(b, &[q.rows(), q.cols()])?;
     let mut gdk = ctx.zeros(b, &[size * blk])?;
-    let mut gdv = ctx.zeros(b, &[size * blk])?;
+    let mut gdv = ctx.zeros(b, &[size * vblk])?;
     let mut p_tile = ctx.zeros(b, &[s_loc, s_loc])?;
     let mut dp_tile = ctx.zeros(b, &[s_loc, s_loc])?;
     let qs = Side {
@@ -142,12 +143,13 @@ pub fn backward<B: Backend>(
     let (r, compute_s) = timed(|| -> Result<(), ExecError> {
         for src in 0..size {
             let r = src * blk..(src + 1) * blk;
+            let rv = src * vblk..(src + 1) * vblk;
             ctx.ops.flash_bwd_block(
                 &sh,
                 &q,
                 qs,
                 View::all(&gk).sub(r.clone()),
-                View::all(&gv).sub(r.clone()),
+                View::all(&gv).sub(rv.clone()),
                 Side {
                     pos: &cp.positions[src],
                     tile: s_loc,
@@ -156,8 +158,8 @@ pub fn backward<B: Backend>(
                 &lse,
                 &delta,
                 &mut dq,
-                ViewMut::all(&mut gdk).sub(r.clone()),
-                ViewMut::all(&mut gdv).sub(r),
+                ViewMut::all(&mut gdk).sub(r),
+                ViewMut::all(&mut gdv).sub(rv),
                 &mut p_tile,
                 &mut dp_tile,
             )?;

@@ -138,6 +138,7 @@ fn shape<B: Backend>(ctx: &Ctx<B>) -> BlockShape {
         hq: ctx.rd.a_r,
         hk: ctx.rd.g_r,
         d: ctx.rd.d,
+        dv: ctx.rd.dv,
     }
 }
 

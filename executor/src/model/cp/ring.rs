@@ -36,19 +36,20 @@ fn send_kv<B: Backend>(
     r.map(|()| dt)
 }
 
-/// Receives a K/V block (K then V, `kv_len` each) into `buf`; returns the seconds it took.
+/// Receives a K/V block (K then V, `kv_len` elements: MLA's values are narrower than its keys)
+/// into `buf`; returns the seconds it took.
 fn recv_kv<B: Backend>(
     ctx: &Ctx<B>,
     from: u32,
     tags: (u64, u64),
     buf: &mut B::Tensor,
-    kv_len: usize,
+    kv_len: (usize, usize),
 ) -> Result<f64, ExecError> {
+    let (kl, vl) = kv_len;
     let (r, dt) = timed(|| -> Result<(), ExecError> {
+        ctx.comm.recv(from, tags.0, ViewMut::all(buf).sub(0..kl))?;
         ctx.comm
-            .recv(from, tags.0, ViewMut::all(buf).sub(0..kv_len))?;
-        ctx.comm
-            .recv(from, tags.1, ViewMut::all(buf).sub(kv_len..2 * kv_len))
+            .recv(from, tags.1, ViewMut::all(buf).sub(kl..kl + vl))
     });
     r.map(|()| dt)
 }
@@ -58,14 +59,12 @@ fn block<'t, B: Backend>(
     cur: &'t Option<B::Tensor>,
     k: &'t B::Tensor,
     v: &'t B::Tensor,
-    kv_len: usize,
+    kv_len: (usize, usize),
 ) -> (View<'t, B::Tensor>, View<'t, B::Tensor>) {
+    let (kl, vl) = kv_len;
     match cur {
         None => (View::all(k), View::all(v)),
-        Some(c) => (
-            View::all(c).sub(0..kv_len),
-            View::all(c).sub(kv_len..2 * kv_len),
-        ),
+        Some(c) => (View::all(c).sub(0..kl), View::all(c).sub(kl..kl + vl)),
     }
 }
 
@@ -85,8 +84,8 @@ fn pass<B: Backend>(
     let (me, size) = (cp.rank, cp.size);
     let (next, prev) = (cp.next(), cp.prev());
     let s_loc = cp.positions[me].len();
-    let kv_len = k.len();
-    let mut acc = ctx.zeros(Category::Activations, &[q.rows(), q.cols()])?;
+    let kv_len = (k.len(), v.len());
+    let mut acc = ctx.zeros(Category::Activations, &[q.rows(), sh.hq * sh.dv])?;
     let mut st = Stats::<B>::new(&ctx.ops, sh.b * sh.hq * s_loc)?;
     let mut tile = ctx.zeros(Category::Buffers, &[s_loc, s_loc])?;
     let mut cur: Option<B::Tensor> = None;
@@ -101,7 +100,7 @@ fn pass<B: Backend>(
         let (kb, vb) = block::<B>(&cur, k, v, kv_len);
         if t + 1 < size {
             comm_s += send_kv(ctx, next, tags, kb.clone(), vb.clone())?;
-            nxt = Some(ctx.zeros(Category::Buffers, &[2 * kv_len])?);
+            nxt = Some(ctx.zeros(Category::Buffers, &[kv_len.0 + kv_len.1])?);
         }
         let cp = ctx.cp.as_ref().expect("cp context");
         let qs = Side {
@@ -181,7 +180,8 @@ pub fn backward<B: Backend>(
     let (me, size) = (cp.rank, cp.size);
     let (next, prev) = (cp.next(), cp.prev());
     let s_loc = cp.positions[me].len();
-    let kv_len = k.len();
+    let kv_len = (k.len(), v.len());
+    let (kl, vl) = kv_len;
     let b = Category::Buffers;
     let mut dq = ctx.zeros(b, &[q.rows(), q.cols()])?;
     let mut dk = ctx.zeros(b, &[k.rows(), k.cols()])?;
@@ -196,12 +196,12 @@ pub fn backward<B: Backend>(
         let mut comm_s = 0.0;
         // Post the next step's buffers (K/V, and the dK/dV accumulator from step 2 on).
         let nxt = if t + 1 < size {
-            Some(ctx.zeros(b, &[2 * kv_len])?)
+            Some(ctx.zeros(b, &[kl + vl])?)
         } else {
             None
         };
         let nxt_acc = if t + 1 < size && t >= 1 {
-            Some((ctx.zeros(b, &[kv_len])?, ctx.zeros(b, &[kv_len])?))
+            Some((ctx.zeros(b, &[kl])?, ctx.zeros(b, &[vl])?))
         } else {
             None
         };
@@ -245,14 +245,11 @@ pub fn backward<B: Backend>(
             dt
         } else {
             let c = cur.as_ref().expect("visiting block");
-            let (kb, vb) = (
-                View::all(c).sub(0..kv_len),
-                View::all(c).sub(kv_len..2 * kv_len),
-            );
+            let (kb, vb) = (View::all(c).sub(0..kl), View::all(c).sub(kl..kl + vl));
             // The first visitor starts the block's accumulators (dK, dV).
             let (mut ak, mut av) = match acc.take() {
                 Some(a) => a,
-                None => (ctx.zeros(b, &[kv_len])?, ctx.zeros(b, &[kv_len])?),
+                None => (ctx.zeros(b, &[kl])?, ctx.zeros(b, &[vl])?),
             };
             let (r, dt) = timed(|| {
                 ctx.ops.flash_bwd_block(
@@ -313,7 +310,7 @@ pub fn backward<B: Backend>(
     drop((cur, acc, p_tile, dp_tile, delta, lse, q, k, v, dout));
     if size > 1 {
         // This rank's own block comes home with every other rank's contribution.
-        let (mut hk, mut hv) = (ctx.zeros(b, &[kv_len])?, ctx.zeros(b, &[kv_len])?);
+        let (mut hk, mut hv) = (ctx.zeros(b, &[kl])?, ctx.zeros(b, &[vl])?);
         let last = size - 1;
         let (r, dt) = timed(|| -> Result<(), ExecError> {
             ctx.comm.recv(

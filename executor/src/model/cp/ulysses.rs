@@ -70,7 +70,7 @@ fn attend<B: Backend>(
         pos: all,
         tile: geo.s_loc,
     };
-    let mut acc = zeros::<B>(ops, Category::Buffers, &[q.rows(), q.cols()])?;
+    let mut acc = zeros::<B>(ops, Category::Buffers, &[q.rows(), sh.hq * sh.dv])?;
     let mut st = Stats::<B>::new(ops, sh.b * sh.hq * s)?;
     let mut tile = zeros::<B>(ops, Category::Buffers, &[geo.s_loc, geo.s_loc])?;
     let work = ops.flash_fwd_block(
@@ -100,12 +100,13 @@ pub fn forward<B: Backend>(
     keep: Keep,
 ) -> Result<(B::Tensor, CoreSaved<B>), ExecError> {
     let (geo, sh, all) = setup(ctx);
-    let (a_r, g_r, d) = (ctx.rd.a_r, ctx.rd.g_r, ctx.rd.d);
+    let (a_r, g_r, d, dv) = (ctx.rd.a_r, ctx.rd.g_r, ctx.rd.d, ctx.rd.dv);
     let parts = [
         Part { heads: a_r, e: d },
         Part { heads: g_r, e: d },
-        Part { heads: g_r, e: d },
+        Part { heads: g_r, e: dv },
     ];
+    let o_part = [Part { heads: a_r, e: dv }];
     let b = Category::Buffers;
     let mut send = ctx.zeros(b, &[q.len() + k.len() + v.len()])?;
     ctx.ops.ulysses_pack(
@@ -122,7 +123,7 @@ pub fn forward<B: Backend>(
     let a = Category::Activations;
     let mut qh = ctx.zeros(a, &[rows, sh.hq * d])?;
     let mut kh = ctx.zeros(a, &[rows, sh.hk * d])?;
-    let mut vh = ctx.zeros(a, &[rows, sh.hk * d])?;
+    let mut vh = ctx.zeros(a, &[rows, sh.hk * dv])?;
     ctx.ops
         .ulysses_unpack(&geo, Head, &recv, &parts, &mut [&mut qh, &mut kh, &mut vh])?;
     drop(recv);
@@ -130,14 +131,14 @@ pub fn forward<B: Backend>(
     let (oh, lse, work) = r?;
     let mut send = ctx.zeros(b, &[oh.len()])?;
     ctx.ops
-        .ulysses_pack(&geo, Head, &[(&oh, parts[0])], &mut send)?;
+        .ulysses_pack(&geo, Head, &[(&oh, o_part[0])], &mut send)?;
     drop(oh);
     let (recv, dt) = exchange(ctx, &send, b)?;
     comm_s += dt;
     drop(send);
-    let mut o = ctx.zeros(a, &[geo.b * geo.s_loc, a_r * d])?;
+    let mut o = ctx.zeros(a, &[geo.b * geo.s_loc, a_r * dv])?;
     ctx.ops
-        .ulysses_unpack(&geo, Seq, &recv, &parts[..1], &mut [&mut o])?;
+        .ulysses_unpack(&geo, Seq, &recv, &o_part, &mut [&mut o])?;
     drop(recv);
     let cp = ctx.cp.as_mut().expect("cp context");
     if !ctx.recomputing {
@@ -170,10 +171,10 @@ pub fn backward<B: Backend>(
         // Selective recomputation: the head group's attention again (no communication).
         _ => attend::<B>(&ctx.ops, &geo, &sh, &all, &q, &k, &v)?.1,
     };
-    let (a_r, g_r, d) = (ctx.rd.a_r, ctx.rd.g_r, ctx.rd.d);
+    let (a_r, g_r, d, dv) = (ctx.rd.a_r, ctx.rd.g_r, ctx.rd.d, ctx.rd.dv);
     let b = Category::Buffers;
     let seq_rows = geo.b * geo.s_loc;
-    let out_parts = [Part { heads: a_r, e: d }, Part { heads: a_r, e: 1 }];
+    let out_parts = [Part { heads: a_r, e: dv }, Part { heads: a_r, e: 1 }];
     let mut send = ctx.zeros(b, &[dout.len() + d_rows.len()])?;
     ctx.ops.ulysses_pack(
         &geo,
@@ -186,14 +187,14 @@ pub fn backward<B: Backend>(
     drop(send);
     let s = geo.s_loc * geo.cp;
     let rows = geo.b * s;
-    let mut doh = ctx.zeros(b, &[rows, sh.hq * d])?;
+    let mut doh = ctx.zeros(b, &[rows, sh.hq * dv])?;
     let mut delta = ctx.zeros_f32(b, &[rows * sh.hq])?;
     ctx.ops
         .ulysses_unpack(&geo, Head, &recv, &out_parts, &mut [&mut doh, &mut delta])?;
     drop(recv);
     let mut dqh = ctx.zeros(b, &[rows, sh.hq * d])?;
     let mut dkh = ctx.zeros(b, &[rows, sh.hk * d])?;
-    let mut dvh = ctx.zeros(b, &[rows, sh.hk * d])?;
+    let mut dvh = ctx.zeros(b, &[rows, sh.hk * dv])?;
     let mut p_tile = ctx.zeros(b, &[geo.s_loc, geo.s_loc])?;
     let mut dp_tile = ctx.zeros(b, &[geo.s_loc, geo.s_loc])?;
     let side = Side {
@@ -223,7 +224,7 @@ pub fn backward<B: Backend>(
     let parts = [
         Part { heads: a_r, e: d },
         Part { heads: g_r, e: d },
-        Part { heads: g_r, e: d },
+        Part { heads: g_r, e: dv },
     ];
     let mut send = ctx.zeros(b, &[dqh.len() + dkh.len() + dvh.len()])?;
     ctx.ops.ulysses_pack(
@@ -238,7 +239,7 @@ pub fn backward<B: Backend>(
     drop(send);
     let mut dq = ctx.zeros(b, &[seq_rows, a_r * d])?;
     let mut dk = ctx.zeros(b, &[seq_rows, g_r * d])?;
-    let mut dv = ctx.zeros(b, &[seq_rows, g_r * d])?;
+    let mut dv = ctx.zeros(b, &[seq_rows, g_r * dv])?;
     ctx.ops
         .ulysses_unpack(&geo, Seq, &recv, &parts, &mut [&mut dq, &mut dk, &mut dv])?;
     drop(recv);

@@ -14,7 +14,16 @@ use crate::memory::Category;
 
 impl AttnShape {
     fn views(&self, bi: usize, hq: usize) -> (View, View) {
-        let (s, d) = (self.s, self.d);
+        self.views_of(bi, hq, self.d)
+    }
+
+    /// The value and output views (heads `dv` wide).
+    fn v_views(&self, bi: usize, hq: usize) -> (View, View) {
+        self.views_of(bi, hq, self.dv)
+    }
+
+    fn views_of(&self, bi: usize, hq: usize, d: usize) -> (View, View) {
+        let s = self.s;
         let hk = hq / (self.heads / self.kv_heads);
         let q = View::block(s, d, self.heads * d, bi * s * self.heads * d + hq * d);
         let kv = View::block(s, d, self.kv_heads * d, bi * s * self.kv_heads * d + hk * d);
@@ -114,8 +123,8 @@ pub fn attn_fwd(
             if probs_dtype == DType::Bf16 {
                 round_bf16_slice(sc);
             }
-            let (qv, kv) = sh.views(bi, hq);
-            gemm(g, 1.0, sc, View::rm(s, s), v, kv, 0.0, o, qv);
+            let (ov, vv) = sh.v_views(bi, hq);
+            gemm(g, 1.0, sc, View::rm(s, s), v, vv, 0.0, o, ov);
         }
     }
     match (probs, lse) {
@@ -173,11 +182,12 @@ pub fn attn_bwd(
                 }
             };
             let (qv, kv) = sh.views(bi, hq);
+            let (ov, vv) = sh.v_views(bi, hq);
             // dV += P^T dO
-            gemm(g, 1.0, p, View::rm(s, s).t(), dout, qv, 1.0, dv, kv);
+            gemm(g, 1.0, p, View::rm(s, s).t(), dout, ov, 1.0, dv, vv);
             // dP = dO V^T
             let dpd = dp.data_mut();
-            gemm(g, 1.0, dout, qv, v, kv.t(), 0.0, dpd, View::rm(s, s));
+            gemm(g, 1.0, dout, ov, v, vv.t(), 0.0, dpd, View::rm(s, s));
             // dS = P * (dP - rowsum(dP * P))
             for i in 0..s {
                 let row = &mut dpd[i * s..(i + 1) * s];

@@ -76,9 +76,12 @@ struct Pair<'a> {
     r0: usize,
     rn: usize,
     cn: usize,
-    /// Query and K/V head views over the runs, and the [rn, cn] score tile.
+    /// Query and K/V head views over the runs, the output and value head views (`dv` wide),
+    /// and the [rn, cn] score tile.
     qv: View,
     kv: View,
+    ov: View,
+    vv: View,
     tv: View,
     /// Index of the run's first row in the [b, hq, rows] statistics.
     stat0: usize,
@@ -121,6 +124,8 @@ fn for_each_pair(sh: &BlockShape, qs: Side, ks: Side, mut f: impl FnMut(&Pair)) 
                         cn,
                         qv: head_view(sq, sh.hq, d, bi, h, r0, rn),
                         kv: head_view(sk, sh.hk, d, bi, h / group, c0, cn),
+                        ov: head_view(sq, sh.hq, sh.dv, bi, h, r0, rn),
+                        vv: head_view(sk, sh.hk, sh.dv, bi, h / group, c0, cn),
                         tv: View::rm(rn, cn),
                         stat0: (bi * sh.hq + h) * sq + r0,
                         full: ks.pos[c0 + cn - 1] <= qlo,
@@ -149,7 +154,7 @@ pub fn forward_block(
     st: &mut Online,
     tile: &mut [f32],
 ) -> u64 {
-    let d = sh.d;
+    let d = sh.dv;
     let sq = qs.rows();
     let mut work = 0u64;
     for_each_pair(sh, qs, ks, |pr| {
@@ -184,7 +189,7 @@ pub fn forward_block(
                 acc[o..o + d].iter_mut().for_each(|x| *x *= alpha);
             }
         }
-        gemm(g, 1.0, tile, pr.tv, v, pr.kv, 1.0, acc, pr.qv);
+        gemm(g, 1.0, tile, pr.tv, v, pr.vv, 1.0, acc, pr.ov);
     });
     work
 }
@@ -204,8 +209,8 @@ pub fn finish(
                 let si = (bi * sh.hq + h) * rows + i;
                 let (m, l) = (max[si], sum[si]);
                 lse[si] = m + l.ln();
-                let off = ((bi * rows + i) * sh.hq + h) * sh.d;
-                o[off..off + sh.d].iter_mut().for_each(|x| *x /= l);
+                let off = ((bi * rows + i) * sh.hq + h) * sh.dv;
+                o[off..off + sh.dv].iter_mut().for_each(|x| *x /= l);
             }
         }
     }
@@ -217,10 +222,10 @@ pub fn delta(sh: &BlockShape, rows: usize, dout: &[f32], o: &[f32], out: &mut [f
     for bi in 0..sh.b {
         for i in 0..rows {
             for h in 0..sh.hq {
-                let off = ((bi * rows + i) * sh.hq + h) * sh.d;
-                out[(bi * rows + i) * sh.hq + h] = dout[off..off + sh.d]
+                let off = ((bi * rows + i) * sh.hq + h) * sh.dv;
+                out[(bi * rows + i) * sh.hq + h] = dout[off..off + sh.dv]
                     .iter()
-                    .zip(&o[off..off + sh.d])
+                    .zip(&o[off..off + sh.dv])
                     .map(|(a, b)| a * b)
                     .sum();
             }
@@ -265,8 +270,8 @@ pub fn backward_block(
             row[n_vis..].fill(0.0);
         }
         // dV += P^T dO; dP = dO V^T
-        gemm(g, 1.0, p_tile, tv.t(), dout, pr.qv, 1.0, dv, pr.kv);
-        gemm(g, 1.0, dout, pr.qv, v, pr.kv.t(), 0.0, dp_tile, tv);
+        gemm(g, 1.0, p_tile, tv.t(), dout, pr.ov, 1.0, dv, pr.vv);
+        gemm(g, 1.0, dout, pr.ov, v, pr.vv.t(), 0.0, dp_tile, tv);
         // dS = P * (dP - D)
         for i in 0..rn {
             let dl = delta[(pr.bi * sq + pr.r0 + i) * sh.hq + pr.h];
@@ -315,20 +320,34 @@ mod tests {
     /// reference kernel that materialises the whole softmax: forward output and all gradients.
     #[test]
     fn blocks_in_any_order_match_the_whole_softmax() {
+        // Value heads as wide as query/key heads, and narrower (MLA).
+        for dvw in [8, 6] {
+            blocks_match_whole(dvw);
+        }
+    }
+
+    fn blocks_match_whole(dvw: usize) {
         let (b, s, hq, hk, d) = (2, 16, 4, 2, 8);
-        let sh = BlockShape { b, hq, hk, d };
+        let sh = BlockShape {
+            b,
+            hq,
+            hk,
+            d,
+            dv: dvw,
+        };
         let q = rand(b * s * hq * d, 1);
         let k = rand(b * s * hk * d, 2);
-        let v = rand(b * s * hk * d, 3);
-        let dout = rand(b * s * hq * d, 4);
+        let v = rand(b * s * hk * dvw, 3);
+        let dout = rand(b * s * hq * dvw, 4);
         let ash = AttnShape {
             b,
             s,
             heads: hq,
             kv_heads: hk,
             d,
+            dv: dvw,
         };
-        let mut o_ref = vec![0.0; q.len()];
+        let mut o_ref = vec![0.0; dout.len()];
         let dev = CpuOps::new();
         let saved = attn_fwd(
             &dev,
@@ -359,7 +378,7 @@ mod tests {
 
         // K/V cut into 4 blocks of 4 positions, visited in the order 2, 0, 3, 1; queries whole.
         let pos: Vec<u32> = (0..s as u32).collect();
-        let block = |x: &[f32], heads: usize, j: usize| -> Vec<f32> {
+        let block = |x: &[f32], heads: usize, j: usize, d: usize| -> Vec<f32> {
             let mut out = Vec::new();
             for bi in 0..b {
                 let lo = (bi * s + j * 4) * heads * d;
@@ -368,7 +387,7 @@ mod tests {
             out
         };
         let qs = Side { pos: &pos, tile: 5 };
-        let mut acc = vec![0.0; q.len()];
+        let mut acc = vec![0.0; dout.len()];
         let (mut mx, mut sm) = (vec![f32::NEG_INFINITY; b * hq * s], vec![0.0; b * hq * s]);
         let mut tile = vec![0.0; 5 * 4];
         let order = [2usize, 0, 3, 1];
@@ -385,8 +404,8 @@ mod tests {
                 &sh,
                 &q,
                 qs,
-                &block(&k, hk, j),
-                &block(&v, hk, j),
+                &block(&k, hk, j, d),
+                &block(&v, hk, j, dvw),
                 ks,
                 &mut acc,
                 &mut st,
@@ -407,14 +426,14 @@ mod tests {
         for &j in &order {
             let kp: Vec<u32> = (j as u32 * 4..j as u32 * 4 + 4).collect();
             let ks = Side { pos: &kp, tile: 4 };
-            let (mut dkb, mut dvb) = (vec![0.0; b * 4 * hk * d], vec![0.0; b * 4 * hk * d]);
+            let (mut dkb, mut dvb) = (vec![0.0; b * 4 * hk * d], vec![0.0; b * 4 * hk * dvw]);
             backward_block(
                 dev.gemm_counter(),
                 &sh,
                 &q,
                 qs,
-                &block(&k, hk, j),
-                &block(&v, hk, j),
+                &block(&k, hk, j, d),
+                &block(&v, hk, j, dvw),
                 ks,
                 &dout,
                 &lse,
@@ -429,6 +448,7 @@ mod tests {
                 let lo = (bi * s + j * 4) * hk * d;
                 let n = 4 * hk * d;
                 dk[lo..lo + n].copy_from_slice(&dkb[bi * n..(bi + 1) * n]);
+                let (lo, n) = ((bi * s + j * 4) * hk * dvw, 4 * hk * dvw);
                 dv[lo..lo + n].copy_from_slice(&dvb[bi * n..(bi + 1) * n]);
             }
         }

@@ -9,6 +9,7 @@ pub mod elementwise;
 pub mod flash;
 pub mod gemm;
 pub mod layout;
+pub mod mla;
 pub mod moe;
 pub mod norm;
 pub mod rotary;

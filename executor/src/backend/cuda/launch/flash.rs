@@ -68,6 +68,15 @@ fn check_heads(kernel: &str, sh: &BlockShape) -> Result<(), CudaError> {
             format!("hq = {} must be a multiple of hk = {}", sh.hq, sh.hk),
         ));
     }
+    if sh.dv != sh.d {
+        return Err(shape_error(
+            kernel,
+            format!(
+                "value heads of {} must be as wide as query/key heads ({}): the kernel has one head width (MLA's narrower values are not supported yet)",
+                sh.dv, sh.d
+            ),
+        ));
+    }
     Ok(())
 }
 

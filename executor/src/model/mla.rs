@@ -1,0 +1,275 @@
+//! Multi-head latent attention's projections (DeepSeek-V2, "DeepSeek-V2: A Strong,
+//! Economical, and Efficient Mixture-of-Experts Language Model", section 2.1): the block input
+//! goes through one replicated down-projection to the query latent, the key/value latent and
+//! the decoupled rotary key (shared by all heads); each latent through its RMSNorm and a
+//! column-parallel up-projection to this rank's heads. Rotary applies to the rotary parts
+//! only. As Megatron replicates the down-projections over TP, the latents' gradients are
+//! all-reduced over TP in backward, so the down-projection and latent-norm gradients are whole
+//! on every rank. Saves each latent before and after its norm, and Q, K, V (as the engine's
+//! ledger counts: q_norm, q_up, kv_norm and kv_up inputs, the core's Q, K, V).
+
+use super::params::{BlockLayout, MLA_UP_TENSORS};
+use super::{Ctx, Sink, WTask};
+use crate::backend::{Backend, DeviceCollectives, ReduceOp, TensorOps, View, ViewMut};
+use crate::error::ExecError;
+use crate::memory::Category;
+use crate::plan::MlaShape;
+
+/// The fused down-projection's tensor (the QKV slot of a layer block).
+const DOWN: usize = 1;
+
+/// What MLA's projections keep for backward (besides Q, K, V and the block input).
+pub struct MlaSaved<B: Backend> {
+    /// Query latent before and after its norm, [n, q_lora_rank].
+    pub cq: B::Tensor,
+    pub cq_n: B::Tensor,
+    /// Key/value latent before and after its norm, [n, kv_lora_rank].
+    pub ckv: B::Tensor,
+    pub ckv_n: B::Tensor,
+}
+
+/// Q, K and V of this rank's heads.
+pub type Qkv<B> = (
+    <B as Backend>::Tensor,
+    <B as Backend>::Tensor,
+    <B as Backend>::Tensor,
+);
+
+/// Indices of the norms and up-projections at the end of the layer block.
+struct Up {
+    q_norm: usize,
+    q_up: usize,
+    kv_norm: usize,
+    kv_up: usize,
+}
+
+fn up(l: &BlockLayout) -> Up {
+    let b = l.tensors.len() - MLA_UP_TENSORS;
+    Up {
+        q_norm: b,
+        q_up: b + 1,
+        kv_norm: b + 2,
+        kv_up: b + 3,
+    }
+}
+
+fn w<'p, B: Backend>(p: &View<'p, B::Tensor>, l: &BlockLayout, t: usize) -> View<'p, B::Tensor> {
+    p.sub(l.tensors[t].range())
+}
+
+fn shape<B: Backend>(ctx: &Ctx<B>) -> MlaShape {
+    ctx.plan.model.mla.expect("an MLA layer")
+}
+
+/// Q [n, a_r (nope + rope)], K [n, a_r (nope + rope)] and V [n, a_r v] of this rank's heads
+/// from the normed block input `ln1` [n_sp, h].
+pub fn mla_fwd<B: Backend>(
+    ctx: &mut Ctx<B>,
+    l: &BlockLayout,
+    p: &View<'_, B::Tensor>,
+    ln1: &B::Tensor,
+) -> Result<(Qkv<B>, MlaSaved<B>), ExecError> {
+    let a = shape(ctx);
+    let m = &ctx.plan.model;
+    let (norm, eps, theta) = (m.norm, m.norm_eps, m.rope_theta);
+    let (n, h, ar) = (ctx.n, ctx.rd.h, ctx.rd.a_r);
+    let (qr, kvr, dr) = (a.q_lora_rank, a.kv_lora_rank, a.qk_rope);
+    let (act, buf) = (Category::Activations, Category::Buffers);
+    let u = up(l);
+
+    let dw = qr + kvr + dr;
+    let mut down = ctx.zeros(buf, &[n, dw])?;
+    ctx.with_gathered(ln1, |c, xg| {
+        c.ops
+            .linear_fwd(xg, w::<B>(p, l, DOWN), (n, h, dw), &mut down)
+    })?;
+    let mut cq = ctx.zeros(act, &[n, qr])?;
+    let mut ckv = ctx.zeros(act, &[n, kvr])?;
+    let mut kpe = ctx.zeros(buf, &[n, dr])?;
+    ctx.ops.qkv_split(&down, &mut cq, &mut ckv, &mut kpe)?;
+    drop(down);
+    let mut cq_n = ctx.zeros(act, &[n, qr])?;
+    ctx.ops
+        .norm_fwd(norm, &cq, w::<B>(p, l, u.q_norm), eps, &mut cq_n)?;
+    let mut ckv_n = ctx.zeros(act, &[n, kvr])?;
+    ctx.ops
+        .norm_fwd(norm, &ckv, w::<B>(p, l, u.kv_norm), eps, &mut ckv_n)?;
+
+    // Query: no-rotary and rotary parts of every head, rotary applied, then per-head concat.
+    let (qn, qp) = (ar * a.qk_nope, ar * dr);
+    let mut qup = ctx.zeros(buf, &[n, qn + qp])?;
+    ctx.ops
+        .linear_fwd(&cq_n, w::<B>(p, l, u.q_up), (n, qr, qn + qp), &mut qup)?;
+    let mut q_nope = ctx.zeros(buf, &[n, qn])?;
+    let mut q_rope = ctx.zeros(buf, &[n, qp])?;
+    let mut none = ctx.zeros(buf, &[n, 0])?;
+    ctx.ops
+        .qkv_split(&qup, &mut q_nope, &mut q_rope, &mut none)?;
+    drop(qup);
+    ctx.ops
+        .rotary(&mut q_rope, ar, &ctx.positions, theta, false)?;
+    let mut q = ctx.zeros(act, &[n, ar * a.qk()])?;
+    ctx.ops.heads_concat(&q_nope, &q_rope, ar, &mut q)?;
+    drop((q_nope, q_rope));
+
+    // Keys: per-head no-rotary part and the shared rotary key; values.
+    ctx.ops.rotary(&mut kpe, 1, &ctx.positions, theta, false)?;
+    let vw = ar * a.v;
+    let mut kvup = ctx.zeros(buf, &[n, qn + vw])?;
+    ctx.ops
+        .linear_fwd(&ckv_n, w::<B>(p, l, u.kv_up), (n, kvr, qn + vw), &mut kvup)?;
+    let mut k_nope = ctx.zeros(buf, &[n, qn])?;
+    let mut v = ctx.zeros(act, &[n, vw])?;
+    ctx.ops.qkv_split(&kvup, &mut k_nope, &mut v, &mut none)?;
+    drop(kvup);
+    let mut k = ctx.zeros(act, &[n, ar * a.qk()])?;
+    ctx.ops.heads_concat(&k_nope, &kpe, ar, &mut k)?;
+    drop((k_nope, kpe, none));
+    let saved = MlaSaved {
+        cq,
+        cq_n,
+        ckv,
+        ckv_n,
+    };
+    Ok(((q, k, v), saved))
+}
+
+/// The normed block input's gradient [n_sp, h] from dQ, dK, dV; the weight-gradient tasks go
+/// to `sink`.
+#[allow(clippy::too_many_arguments)]
+pub fn mla_bwd<B: Backend>(
+    ctx: &mut Ctx<B>,
+    l: &BlockLayout,
+    p: &View<'_, B::Tensor>,
+    s: MlaSaved<B>,
+    ln1: B::Tensor,
+    dq: B::Tensor,
+    dk: B::Tensor,
+    dv: B::Tensor,
+    sink: &mut Sink<B>,
+) -> Result<B::Tensor, ExecError> {
+    let a = shape(ctx);
+    let m = &ctx.plan.model;
+    let (norm, eps, theta) = (m.norm, m.norm_eps, m.rope_theta);
+    let (n, h, ar) = (ctx.n, ctx.rd.h, ctx.rd.a_r);
+    let (qr, kvr, dr) = (a.q_lora_rank, a.kv_lora_rank, a.qk_rope);
+    let (qn, qp, vw) = (ar * a.qk_nope, ar * dr, ar * a.v);
+    let buf = Category::Buffers;
+    let u = up(l);
+    let none = ctx.zeros(buf, &[n, 0])?;
+
+    // Query side: split the heads, undo the rotation, through the up-projection.
+    let mut dq_nope = ctx.zeros(buf, &[n, qn])?;
+    let mut dq_rope = ctx.zeros(buf, &[n, qp])?;
+    ctx.ops.heads_split(&dq, ar, &mut dq_nope, &mut dq_rope)?;
+    drop(dq);
+    ctx.ops
+        .rotary(&mut dq_rope, ar, &ctx.positions, theta, true)?;
+    let mut dqup = ctx.zeros(buf, &[n, qn + qp])?;
+    ctx.ops.qkv_merge(&dq_nope, &dq_rope, &none, &mut dqup)?;
+    drop((dq_nope, dq_rope));
+    let mut d_cqn = ctx.zeros(buf, &[n, qr])?;
+    ctx.ops.linear_dgrad(
+        &dqup,
+        w::<B>(p, l, u.q_up),
+        (n, qr, qn + qp),
+        &mut d_cqn,
+        false,
+    )?;
+    sink(ctx, linear(u.q_up, s.cq_n, dqup, qr, qn + qp))?;
+
+    // Key/value side: the shared rotary key's gradient sums the heads.
+    let mut dk_nope = ctx.zeros(buf, &[n, qn])?;
+    let mut dkpe = ctx.zeros(buf, &[n, dr])?;
+    ctx.ops.heads_split(&dk, ar, &mut dk_nope, &mut dkpe)?;
+    drop(dk);
+    ctx.ops.rotary(&mut dkpe, 1, &ctx.positions, theta, true)?;
+    let mut dkvup = ctx.zeros(buf, &[n, qn + vw])?;
+    ctx.ops.qkv_merge(&dk_nope, &dv, &none, &mut dkvup)?;
+    drop((dk_nope, dv));
+    let mut d_ckvn = ctx.zeros(buf, &[n, kvr])?;
+    ctx.ops.linear_dgrad(
+        &dkvup,
+        w::<B>(p, l, u.kv_up),
+        (n, kvr, qn + vw),
+        &mut d_ckvn,
+        false,
+    )?;
+    sink(ctx, linear(u.kv_up, s.ckv_n, dkvup, kvr, qn + vw))?;
+
+    // The latents' gradients are partial sums over this rank's heads: all-reduce over TP.
+    for t in [&mut d_cqn, &mut d_ckvn, &mut dkpe] {
+        ctx.comm
+            .all_reduce(&ctx.tp, ViewMut::all(t), ReduceOp::Sum)?;
+    }
+    let mut d_cq = ctx.zeros(buf, &[n, qr])?;
+    ctx.ops.norm_dgrad(
+        norm,
+        &s.cq,
+        w::<B>(p, l, u.q_norm),
+        &d_cqn,
+        eps,
+        &mut d_cq,
+        false,
+    )?;
+    sink(
+        ctx,
+        WTask::Norm {
+            tensor: u.q_norm,
+            x: s.cq,
+            dy: d_cqn,
+        },
+    )?;
+    let mut d_ckv = ctx.zeros(buf, &[n, kvr])?;
+    ctx.ops.norm_dgrad(
+        norm,
+        &s.ckv,
+        w::<B>(p, l, u.kv_norm),
+        &d_ckvn,
+        eps,
+        &mut d_ckv,
+        false,
+    )?;
+    sink(
+        ctx,
+        WTask::Norm {
+            tensor: u.kv_norm,
+            x: s.ckv,
+            dy: d_ckvn,
+        },
+    )?;
+
+    // The down-projection: whole gradients on every rank, so this rank keeps its SP shard.
+    let dw = qr + kvr + dr;
+    let mut ddown = ctx.zeros(buf, &[n, dw])?;
+    ctx.ops.qkv_merge(&d_cq, &d_ckv, &dkpe, &mut ddown)?;
+    drop((d_cq, d_ckv, dkpe, none));
+    let mut d_full = ctx.zeros(buf, &[n, h])?;
+    ctx.ops
+        .linear_dgrad(&ddown, w::<B>(p, l, DOWN), (n, h, dw), &mut d_full, false)?;
+    let sp = ctx.sp;
+    let mut task = linear(DOWN, ln1, ddown, h, dw);
+    if let WTask::Linear { gather_x, .. } = &mut task {
+        *gather_x = sp;
+    }
+    sink(ctx, task)?;
+    if sp {
+        ctx.own_shard(&d_full)
+    } else {
+        Ok(d_full)
+    }
+}
+
+/// dW += dY^T X for tensor `tensor` [o, i] with X and dY whole on this rank.
+fn linear<B: Backend>(tensor: usize, x: B::Tensor, dy: B::Tensor, i: usize, o: usize) -> WTask<B> {
+    WTask::Linear {
+        tensor,
+        x,
+        dy,
+        i,
+        o,
+        gather_x: false,
+        dy_gathered: false,
+        dy_shard: false,
+    }
+}
