@@ -55,6 +55,12 @@ fn store(t: &mut Tensor, r: Range<usize>) {
     }
 }
 
+/// [`store`] over a view's range.
+fn store_view(v: &mut ViewMut<'_, Tensor>) {
+    let r = v.range.clone();
+    store(v.tensor, r);
+}
+
 fn store_all(t: &mut Tensor) {
     let n = t.len();
     store(t, 0..n);
@@ -160,8 +166,7 @@ impl TensorOps<Cpu> for CpuOps {
     ) -> Result<(), ExecError> {
         let g = self.gemm_counter();
         gemm::linear_wgrad(g, dy.data(), x.data(), n, i, o, dst(&mut dw));
-        let r = dw.range.clone();
-        store(dw.tensor, r);
+        store_view(&mut dw);
         Ok(())
     }
 
@@ -207,8 +212,7 @@ impl TensorOps<Cpu> for CpuOps {
         mut dp: ViewMut<'_, Tensor>,
     ) -> Result<(), ExecError> {
         norm::norm_wgrad(kind, x.data(), dy.data(), x.cols(), eps, dst(&mut dp));
-        let r = dp.range.clone();
-        store(dp.tensor, r);
+        store_view(&mut dp);
         Ok(())
     }
 
@@ -258,15 +262,13 @@ impl TensorOps<Cpu> for CpuOps {
         mut y: ViewMut<'_, Tensor>,
     ) -> Result<(), ExecError> {
         elementwise::axpy(alpha, src(&x), dst(&mut y));
-        let r = y.range.clone();
-        store(y.tensor, r);
+        store_view(&mut y);
         Ok(())
     }
 
     fn copy(&self, s: View<'_, Tensor>, mut d: ViewMut<'_, Tensor>) -> Result<(), ExecError> {
         dst(&mut d).copy_from_slice(src(&s));
-        let r = d.range.clone();
-        store(d.tensor, r);
+        store_view(&mut d);
         Ok(())
     }
 
@@ -320,8 +322,7 @@ impl TensorOps<Cpu> for CpuOps {
     ) -> Result<(), ExecError> {
         let h = dy.cols();
         layout::embedding_scatter_add(dy.data(), tokens, lo, h, dst(&mut grad));
-        let r = grad.range.clone();
-        store(grad.tensor, r);
+        store_view(&mut grad);
         Ok(())
     }
 
@@ -665,8 +666,7 @@ impl TensorOps<Cpu> for CpuOps {
         adam::adam_step(c, t, dst(&mut p), src(&g), m.data_mut(), v.data_mut());
         if let Some(mut w) = weight_copy {
             dst(&mut w).copy_from_slice(&p.tensor.data()[p.range.clone()]);
-            let r = w.range.clone();
-            store(w.tensor, r);
+            store_view(&mut w);
         }
         Ok(())
     }
@@ -714,8 +714,7 @@ impl TensorOps<Cpu> for CpuOps {
         mut x: ViewMut<'_, Tensor>,
     ) -> Result<(), ExecError> {
         dropout::dropout_inplace(key, tokens, col_offset, dst(&mut x))?;
-        let r = x.range.clone();
-        store(x.tensor, r);
+        store_view(&mut x);
         Ok(())
     }
 
@@ -796,8 +795,7 @@ impl DeviceCollectives<Cpu> for CpuComm {
         op: ReduceOp,
     ) -> Result<(), ExecError> {
         Collectives::all_reduce(self, g, dst(&mut buf), op)?;
-        let r = buf.range.clone();
-        store(buf.tensor, r);
+        store_view(&mut buf);
         Ok(())
     }
 
@@ -808,8 +806,7 @@ impl DeviceCollectives<Cpu> for CpuComm {
         mut out: ViewMut<'_, Tensor>,
     ) -> Result<(), ExecError> {
         Collectives::all_gather(self, g, src(&input), dst(&mut out))?;
-        let r = out.range.clone();
-        store(out.tensor, r);
+        store_view(&mut out);
         Ok(())
     }
 
@@ -820,8 +817,7 @@ impl DeviceCollectives<Cpu> for CpuComm {
         mut out: ViewMut<'_, Tensor>,
     ) -> Result<(), ExecError> {
         Collectives::reduce_scatter(self, g, src(&input), dst(&mut out))?;
-        let r = out.range.clone();
-        store(out.tensor, r);
+        store_view(&mut out);
         Ok(())
     }
 
@@ -832,8 +828,7 @@ impl DeviceCollectives<Cpu> for CpuComm {
         mut out: ViewMut<'_, Tensor>,
     ) -> Result<(), ExecError> {
         Collectives::all_to_all(self, g, src(&input), dst(&mut out))?;
-        let r = out.range.clone();
-        store(out.tensor, r);
+        store_view(&mut out);
         Ok(())
     }
 
@@ -861,8 +856,7 @@ impl DeviceCollectives<Cpu> for CpuComm {
             dst(&mut out),
             recv_counts,
         )?;
-        let r = out.range.clone();
-        store(out.tensor, r);
+        store_view(&mut out);
         Ok(())
     }
 
@@ -872,8 +866,7 @@ impl DeviceCollectives<Cpu> for CpuComm {
 
     fn recv(&self, from: u32, tag: u64, mut out: ViewMut<'_, Tensor>) -> Result<(), ExecError> {
         Collectives::recv(self, from, tag, dst(&mut out))?;
-        let r = out.range.clone();
-        store(out.tensor, r);
+        store_view(&mut out);
         Ok(())
     }
 
@@ -886,8 +879,7 @@ impl DeviceCollectives<Cpu> for CpuComm {
         mut out: ViewMut<'_, Tensor>,
     ) -> Result<(), ExecError> {
         Collectives::gather_range(self, g, mine_lo, src(&mine), want, dst(&mut out))?;
-        let r = out.range.clone();
-        store(out.tensor, r);
+        store_view(&mut out);
         Ok(())
     }
 
@@ -900,8 +892,7 @@ impl DeviceCollectives<Cpu> for CpuComm {
         mut out: ViewMut<'_, Tensor>,
     ) -> Result<(), ExecError> {
         Collectives::reduce_scatter_range(self, g, input_lo, src(&input), mine, dst(&mut out))?;
-        let r = out.range.clone();
-        store(out.tensor, r);
+        store_view(&mut out);
         Ok(())
     }
 }
