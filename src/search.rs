@@ -1,6 +1,6 @@
 //! Search over every valid parallel mix for a GPU count: enumerate (tp, cp and its exchange,
-//! pp with even or Megatron-style uneven splits, vpp and schedule, ep, ZeRO stage, micro batch,
-//! recomputation), prune what cannot be valid or cannot fit (a memory lower bound, before any
+//! pp with even, Megatron-style uneven and cost-balanced splits (search/balance.rs), vpp and
+//! schedule, ep, ZeRO stage, micro batch, recomputation), prune what cannot be valid or cannot fit (a memory lower bound, before any
 //! timing), estimate the rest on all cores, and rank the mixes that fit by step time.
 
 use crate::config::{Config, ConfigError, CpComm, GpuProfile, Recompute, Resolved, ScheduleKind};
@@ -13,6 +13,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
+
+mod balance;
 
 /// One parallel mix, applied on top of the base configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -48,6 +50,19 @@ impl Mix {
         p.first_stage_layers = self.first_stage_layers;
         p.last_stage_layers = self.last_stage_layers;
         p.pipeline_layout = None;
+        // A balanced split whose middle stages differ by a layer has no first/last-stage form
+        // in Megatron-Core: it becomes an explicit layout.
+        if let (Some(f), Some(l)) = (self.first_stage_layers, self.last_stage_layers) {
+            let layers = c.model.num_layers;
+            let middle = self.pp.saturating_sub(2);
+            if middle > 0 && layers >= f + l && (layers - f - l) % middle != 0 {
+                if let Some(split) = balance::stage_layers(layers, self.pp, f, l) {
+                    p.pipeline_layout = Some(balance::layout_string(&split));
+                    p.first_stage_layers = None;
+                    p.last_stage_layers = None;
+                }
+            }
+        }
         p.account_for_embedding_in_pipeline_split = self.slots.embedding;
         p.account_for_loss_in_pipeline_split = self.slots.loss;
         p.ep = self.ep;
@@ -339,7 +354,7 @@ type Pipe = (u32, ScheduleKind, Option<u32>, Option<u32>, Slots);
 /// divides them (interleaved) and the V schedules; Megatron-style uneven first/last stages;
 /// and the balanced splits that count the embedding and/or the loss as a layer slot, with
 /// every vpp those allow (Llama-3-405B's 126 layers + 2 slots over pp 16).
-fn pipelines(layers: u32, pp: u32) -> Vec<Pipe> {
+fn pipelines(layers: u32, pp: u32, ends: Option<balance::EndCosts>) -> Vec<Pipe> {
     let none = Slots::default();
     if pp == 1 {
         return vec![(1, ScheduleKind::OneFOneB, None, None, none)];
@@ -355,6 +370,14 @@ fn pipelines(layers: u32, pp: u32) -> Vec<Pipe> {
         if rest >= 2 {
             let f = (rest / 2) as u32;
             splits.push((Some(f), Some(rest as u32 - f)));
+        }
+    }
+    // The split that balances the stages' FLOPs when the output layer and loss (and the
+    // embedding) are counted: the middle stages share the rest as evenly as they can.
+    if let Some(fl) = ends.and_then(|e| balance::balanced_split(layers, pp, e)) {
+        let even = layers % pp == 0 && fl == (layers / pp, layers / pp);
+        if !even && !splits.contains(&(Some(fl.0), Some(fl.1))) {
+            splits.push((Some(fl.0), Some(fl.1)));
         }
     }
     for &(f, l) in &splits {
@@ -407,6 +430,7 @@ pub fn enumerate(base: &Config, mbs_max: u64) -> Vec<Mix> {
     let layers = m.num_layers;
     let seq = base.training.seq_length;
     let gbs = base.training.global_batch_size;
+    let ends = balance::end_costs(base);
     let mut out = Vec::new();
     for tp in divisors(n.min(per_node))
         .filter(|t| n % t == 0 && heads % t == 0 && (m.mla.is_some() || kv % t == 0))
@@ -417,7 +441,7 @@ pub fn enumerate(base: &Config, mbs_max: u64) -> Vec<Mix> {
             for pp in divisors(n / (tp * cp)).filter(|&p| p <= layers as u64) {
                 let dp = n / (tp * cp * pp);
                 let pp32 = pp as u32;
-                let mut pipes = pipelines(layers, pp32);
+                let mut pipes = pipelines(layers, pp32, ends);
                 pipes.sort_by_key(|p| p.1.as_str());
                 let eps: Vec<u64> = if m.is_moe() {
                     divisors(dp)

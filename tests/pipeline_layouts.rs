@@ -137,3 +137,60 @@ fn bad_layouts_are_refused_naming_the_field() {
         );
     }
 }
+
+/// Llama-3-70B, TP 8 x PP 8 on 64 H100s, 1F1B, gbs 2048 (the imbalance case of
+/// tests/step_breakdown.rs): the last stage also runs the output layer and loss (about 1.3
+/// layers of FLOPs: h V against 12 h^2 + attention per layer), so the search also tries the
+/// FLOP-balanced split. It must rank above the even split, with less stage imbalance, and the
+/// same mix estimated directly from its explicit layout must give the same step.
+#[test]
+fn search_tries_the_cost_balanced_uneven_split() {
+    let base = config(serde_json::json!({
+        "model": {"preset": "llama3-70b"},
+        "cluster": {"num_gpus": 64, "gpu": "h100-sxm"},
+        "training": {"seq_length": 8192, "global_batch_size": 2048}}));
+    let r = run(
+        base.clone(),
+        &[
+            "tp=8",
+            "pp=8",
+            "mbs=1",
+            "schedule=1f1b",
+            "zero=1",
+            "recompute=selective",
+        ],
+    );
+    let names: Vec<String> = r.top.iter().map(|x| x.mix.to_string()).collect();
+    let even = r
+        .top
+        .iter()
+        .find(|x| x.mix.first_stage_layers.is_none() && x.mix.slots == Default::default())
+        .unwrap_or_else(|| panic!("no even split among {names:?}"));
+    let balanced = r
+        .top
+        .iter()
+        .find(|x| x.mix.first_stage_layers.is_some())
+        .unwrap_or_else(|| panic!("no uneven first/last split among {names:?}"));
+    eprintln!(
+        "even {} step {:.3} s imbalance {:.3} s; balanced {} step {:.3} s imbalance {:.3} s, layout {:?}",
+        even.mix,
+        even.estimate.time.step_s,
+        even.estimate.time.imbalance_s,
+        balanced.mix,
+        balanced.estimate.time.step_s,
+        balanced.estimate.time.imbalance_s,
+        balanced.estimate.config.parallel.pipeline_layout
+    );
+    let (f, l) = (
+        balanced.mix.first_stage_layers.unwrap(),
+        balanced.mix.last_stage_layers.unwrap(),
+    );
+    assert!(l < 10, "the last stage gives up layers: {f}..{l}");
+    assert!(balanced.estimate.time.step_s < even.estimate.time.step_s);
+    assert!(balanced.estimate.time.imbalance_s < even.estimate.time.imbalance_s);
+    // The applied configuration is a valid one that `estimate` gives the same step for.
+    let direct = estimate(&Resolved::new(balanced.mix.apply(&base)).unwrap()).unwrap();
+    assert!(
+        (direct.time.step_s - balanced.estimate.time.step_s).abs() <= 1e-9 * direct.time.step_s
+    );
+}

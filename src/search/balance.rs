@@ -1,0 +1,202 @@
+//! Cost-balanced uneven pipeline splits. The first pipeline stage also runs the embedding and
+//! the last one the output layer and the loss, so an even layer split leaves the last stage the
+//! slowest (for Llama-3-70B on pp 8 the output layer costs about 1.3 layers); Megatron-Core lets
+//! a run move layers off it (`--decoder-last-pipeline-num-layers`,
+//! `--pipeline-model-parallel-layout`). The search tries the split that balances the stages'
+//! model FLOPs, and the simulation then decides whether it is faster.
+
+use crate::config::{Config, ParallelConfig, Resolved};
+use crate::model::Ledger;
+
+/// The embedding's and the output layer's (with the loss) cost, in units of one mean layer's
+/// model FLOPs (forward + input gradient + weight gradient).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EndCosts {
+    pub embedding: f64,
+    pub output: f64,
+}
+
+/// The end costs of `base`'s model, from its op ledger built without any parallelism (FLOPs
+/// ratios do not depend on the split). `None` when that configuration does not resolve.
+pub fn end_costs(base: &Config) -> Option<EndCosts> {
+    let mut c = base.clone();
+    c.parallel = ParallelConfig {
+        tp: 1,
+        sp: false,
+        ..ParallelConfig::default()
+    };
+    c.cluster.num_gpus = 1;
+    c.cluster.gpus_per_node = 1;
+    c.training.micro_batch_size = 1;
+    c.training.global_batch_size = 1;
+    let r = Resolved::new(c).ok()?;
+    let ledger = Ledger::build(&r);
+    let m = &r.config.model;
+    let layers = m.num_layers as f64;
+    let moe_layers = m.num_moe_layers() as f64;
+    let dense = ledger.dense.model_flops().total();
+    let moe = ledger.moe.as_ref().map_or(0.0, |b| b.model_flops().total());
+    let mean_layer = ((layers - moe_layers) * dense + moe_layers * moe) / layers;
+    let per_layer = |f: f64| f / mean_layer;
+    let costs = EndCosts {
+        embedding: per_layer(ledger.embedding.model_flops().total()),
+        output: per_layer(ledger.output.model_flops().total()),
+    };
+    (mean_layer > 0.0 && costs.embedding.is_finite() && costs.output.is_finite()).then_some(costs)
+}
+
+/// The stage costs of a split with `first` layers on the first stage, `last` on the last and
+/// the rest spread over the middle stages as evenly as possible (later stages take the extra
+/// layer: under 1F1B stage i holds p - i microbatches' activations, so a later stage pays less
+/// memory for it): `None` when some stage would hold no layer.
+pub fn stage_layers(layers: u32, pp: u32, first: u32, last: u32) -> Option<Vec<u32>> {
+    if pp < 2 || first == 0 || last == 0 || first + last > layers {
+        return None;
+    }
+    let middle = pp - 2;
+    let rest = layers - first - last;
+    if middle == 0 {
+        return (rest == 0).then(|| vec![first, last]);
+    }
+    if rest < middle {
+        return None;
+    }
+    let (base, extra) = (rest / middle, rest % middle);
+    let mut v = Vec::with_capacity(pp as usize);
+    v.push(first);
+    v.extend((0..middle).map(|i| base + (i >= middle - extra) as u32));
+    v.push(last);
+    Some(v)
+}
+
+/// Each stage's cost in layer units.
+fn stage_costs(split: &[u32], ends: EndCosts) -> impl Iterator<Item = f64> + '_ {
+    let n = split.len();
+    split.iter().enumerate().map(move |(i, &l)| {
+        l as f64
+            + if i == 0 { ends.embedding } else { 0.0 }
+            + if i + 1 == n { ends.output } else { 0.0 }
+    })
+}
+
+/// The most expensive stage of a split, in layer units.
+fn worst_stage(split: &[u32], ends: EndCosts) -> f64 {
+    stage_costs(split, ends).fold(0.0, f64::max)
+}
+
+/// The (first, last) stage layer counts whose split has the cheapest most expensive stage
+/// (the pipeline runs at its slowest stage's pace); among those the most even one (least
+/// sum of squared stage costs), then the one with the fewest layers on the first stage (it
+/// holds the most microbatches' activations under 1F1B).
+pub fn balanced_split(layers: u32, pp: u32, ends: EndCosts) -> Option<(u32, u32)> {
+    let mut best: Option<(f64, f64, u32, u32)> = None;
+    for first in 1..=layers {
+        for last in 1..=layers - first {
+            let Some(split) = stage_layers(layers, pp, first, last) else {
+                continue;
+            };
+            let w = worst_stage(&split, ends);
+            let sq: f64 = stage_costs(&split, ends).map(|c| c * c).sum();
+            let better = match best {
+                None => true,
+                Some((bw, bsq, _, _)) => w < bw - 1e-9 || (w <= bw + 1e-9 && sq < bsq - 1e-9),
+            };
+            if better {
+                best = Some((w, sq, first, last));
+            }
+        }
+    }
+    best.map(|(_, _, f, l)| (f, l))
+}
+
+/// Megatron-Core's layout string for a split (`E` embedding, `t` layer, `L` loss, `|` between
+/// stages), e.g. `Et*11|t*10|t*10|t*9L`.
+pub fn layout_string(split: &[u32]) -> String {
+    let n = split.len();
+    split
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| {
+            let e = if i == 0 { "E" } else { "" };
+            let loss = if i + 1 == n { "L" } else { "" };
+            format!("{e}t*{l}{loss}")
+        })
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every composition of `layers` into `pp` positive parts (brute force, small cases).
+    fn compositions(layers: u32, pp: u32) -> Vec<Vec<u32>> {
+        if pp == 1 {
+            return vec![vec![layers]];
+        }
+        (1..layers)
+            .flat_map(|h| {
+                compositions(layers - h, pp - 1)
+                    .into_iter()
+                    .map(move |mut t| {
+                        t.insert(0, h);
+                        t
+                    })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_balanced_split_is_as_good_as_the_best_of_all_splits() {
+        // The middle stages carry no end cost, so spreading them evenly loses nothing: the
+        // first/last search must reach the optimum over every composition.
+        for (layers, pp) in [(8, 3), (10, 4), (12, 4), (9, 5), (7, 2)] {
+            for ends in [
+                EndCosts {
+                    embedding: 0.0,
+                    output: 1.3,
+                },
+                EndCosts {
+                    embedding: 0.1,
+                    output: 2.7,
+                },
+                EndCosts {
+                    embedding: 0.0,
+                    output: 0.0,
+                },
+            ] {
+                let (f, l) = balanced_split(layers, pp, ends).unwrap();
+                let got = worst_stage(&stage_layers(layers, pp, f, l).unwrap(), ends);
+                let best = compositions(layers, pp)
+                    .iter()
+                    .map(|c| worst_stage(c, ends))
+                    .fold(f64::INFINITY, f64::min);
+                assert!(
+                    (got - best).abs() < 1e-9,
+                    "{layers} layers pp {pp} {ends:?}: {got} vs {best}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn without_end_costs_the_even_split_is_kept() {
+        let zero = EndCosts {
+            embedding: 0.0,
+            output: 0.0,
+        };
+        assert_eq!(balanced_split(80, 8, zero), Some((10, 10)));
+        assert_eq!(stage_layers(80, 8, 10, 10).unwrap(), vec![10; 8]);
+    }
+
+    #[test]
+    fn the_layout_string_parses_back_to_the_split() {
+        let split = stage_layers(80, 8, 11, 8).unwrap();
+        assert_eq!(split.iter().sum::<u32>(), 80);
+        let s = layout_string(&split);
+        assert_eq!(s, "Et*11|t*10|t*10|t*10|t*10|t*10|t*11|t*8L");
+        let stages = crate::config::rules::pipeline_layout::parse(&s).unwrap();
+        let decoder: Vec<u32> = stages.iter().map(|st| st.decoder).collect();
+        assert_eq!(decoder, split);
+    }
+}
