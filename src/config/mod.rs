@@ -22,7 +22,7 @@ mod training;
 pub use cluster::ClusterConfig;
 pub use enums::*;
 pub use error::{ConfigError, Violation};
-pub use gpu::{Efficiency, GemmShape, GpuProfile, Link, Links, PeakFlops};
+pub use gpu::{Efficiency, GemmShape, GpuProfile, Link, Links, NcclArch, PeakFlops};
 pub use model::{MlaConfig, ModelConfig};
 pub use parallel::ParallelConfig;
 pub use resolve::{PipelinePlacement, Resolved};
