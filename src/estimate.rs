@@ -2,9 +2,7 @@
 //! communication per group, the pipeline schedule, step time and throughput, shaped as the
 //! output contract of docs/design.md.
 
-use crate::comm::{
-    rank_step_bytes, step_collectives, StepCollective,
-};
+use crate::comm::{rank_step_bytes, step_collectives, StepCollective};
 use crate::config::{Config, Resolved, ScheduleKind};
 use crate::layout::{GroupKind, Layout};
 use crate::memory::{stage_memory, updated_params, Pipeline, StageMemory};

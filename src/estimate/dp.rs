@@ -10,7 +10,11 @@ use crate::network::Network;
 /// Parameters of one wrapped unit (a layer, the embedding, the output) of `chunks`, and the
 /// number of units: FSDP's bucket and the granularity of ZeRO-3's gathers.
 fn units(s: &LedgerSummary, chunks: &[ChunkContents]) -> (u64, u64) {
-    let n: u64 = chunks.iter().flat_map(|c| c.blocks(s)).map(|(_, n)| n).sum();
+    let n: u64 = chunks
+        .iter()
+        .flat_map(|c| c.blocks(s))
+        .map(|(_, n)| n)
+        .sum();
     let p = rank_params(chunks, s);
     let params = p.rank_dense + p.rank_expert;
     (params / n.max(1), n)
@@ -77,18 +81,15 @@ pub(super) fn per_microbatch_dp_s(
         }
     }
     let e = &r.gpu.efficiency;
-    let prefetch = par.zero3_prefetch_params.unwrap_or_else(|| {
-        r.config.training.framework.prefetch_params(layer_params)
-    });
+    let prefetch = par
+        .zero3_prefetch_params
+        .unwrap_or_else(|| r.config.training.framework.prefetch_params(layer_params));
     let hidden = |comm: f64, compute: f64| {
         let exposed = zero3_exposed_s(comm, compute, layers, layer_params, prefetch);
         e.charged_s(comm, exposed)
     };
     let (fwd_exposed, bwd_gather) = if par.overlap_param_gather {
-        (
-            hidden(gather, fwd_compute),
-            hidden(gather, bwd_compute),
-        )
+        (hidden(gather, fwd_compute), hidden(gather, bwd_compute))
     } else {
         (gather, gather)
     };

@@ -8,9 +8,9 @@
 pub mod nccl;
 
 use crate::config::{GpuProfile, Link, NcclArch};
-use nccl::{CollectiveModel, Fabric};
 use crate::layout::{GroupKind, Layout};
 use crate::model::CollectiveKind;
+use nccl::{CollectiveModel, Fabric};
 
 /// Seconds of a ring collective: alpha + factor x B / bandwidth, with the ring factors
 /// 2(n-1)/n (all-reduce), (n-1)/n (all-gather, reduce-scatter, all-to-all) and 1 (send).
@@ -274,10 +274,7 @@ mod tests {
     fn nccl_model_times_tuned_collectives_by_placement() {
         let mut l = links(1, 4);
         l.nccl = Some(NcclArch::Hopper);
-        l.models = vec![
-            TUNED.map(|c| nccl_model(NcclArch::Hopper, &l.inter, c, 4, 1, 4));
-            7
-        ];
+        l.models = vec![TUNED.map(|c| nccl_model(NcclArch::Hopper, &l.inter, c, 4, 1, 4)); 7];
         let b = (1u64 << 30) as f64;
         let t = l.collective_s(GroupKind::DpCp, CollectiveKind::AllReduce, b as u64, 4);
         let busbw = CollectiveKind::AllReduce.ring_factor(4) * b / t;
@@ -290,10 +287,7 @@ mod tests {
         // Eight ranks in one node: NVLink rates (over 300 GB/s bus bandwidth for all-gather).
         let mut node = links(8, 1);
         node.nccl = Some(NcclArch::Hopper);
-        node.models = vec![
-            TUNED.map(|c| nccl_model(NcclArch::Hopper, &node.inter, c, 8, 8, 1));
-            7
-        ];
+        node.models = vec![TUNED.map(|c| nccl_model(NcclArch::Hopper, &node.inter, c, 8, 8, 1)); 7];
         let t = node.collective_s(GroupKind::Tp, CollectiveKind::AllGather, b as u64, 8);
         assert!(CollectiveKind::AllGather.ring_factor(8) * b / t > 300e9);
     }
