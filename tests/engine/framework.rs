@@ -64,7 +64,12 @@ fn explicit_settings_override_the_framework() {
     let c = Config::from_layers(&layers).unwrap();
     assert!(c.parallel.overlap_param_gather);
     let e = est(v);
-    assert_eq!(e.framework_overrides.len(), 1, "{:?}", e.framework_overrides);
+    assert_eq!(
+        e.framework_overrides.len(),
+        1,
+        "{:?}",
+        e.framework_overrides
+    );
     assert!(e.framework_overrides[0].starts_with("parallel.overlap_grad_reduce = true"));
     // An explicit bucket and prefetch are overrides too.
     let mut v = cfg("fsdp", 3);
@@ -102,9 +107,7 @@ fn unknown_framework_is_refused_by_field() {
     let msg = err.to_string();
     assert!(msg.contains("training.framework"), "{msg}");
     assert!(msg.contains("deepspeed"), "{msg}");
-    let err = Config::from_layers(&[Layer::overrides(
-        json!({"training": {"framework": 3}}),
-    )])
-    .unwrap_err();
+    let err = Config::from_layers(&[Layer::overrides(json!({"training": {"framework": 3}}))])
+        .unwrap_err();
     assert!(err.to_string().contains("framework"), "{err}");
 }
