@@ -2,9 +2,7 @@
 //! communication per group, the pipeline schedule, step time and throughput, shaped as the
 //! output contract of docs/design.md.
 
-use crate::comm::{
-    dp_collectives, rank_step_bytes, replica_sets, step_collectives, StepCollective, StepRole,
-};
+use crate::comm::{rank_step_bytes, step_collectives, StepCollective};
 use crate::config::{Config, Resolved, ScheduleKind};
 use crate::layout::{GroupKind, Layout};
 use crate::memory::{stage_memory, updated_params, Pipeline, StageMemory};
@@ -21,6 +19,9 @@ use crate::time::{Overlaps, Rates, StepTime, TimingContext};
 use serde::Serialize;
 
 pub mod breakdown;
+mod dp;
+
+use dp::{dp_tail_s, per_microbatch_dp_s};
 
 /// Programs of at most this many (stage, microbatch) cells are generated in full for the
 /// memory walk ([`crate::memory::activation_peak`]).
@@ -138,6 +139,9 @@ pub struct Estimate {
     /// One line: what bounds the step.
     pub verdict: String,
     pub warnings: Vec<String>,
+    /// Settings that differ from `training.framework`'s defaults (explicit overrides), as
+    /// `field = value (overrides ...)` lines.
+    pub framework_overrides: Vec<String>,
 }
 
 /// Why an estimate could not be made (the configuration validated, but its schedule did not).
@@ -159,85 +163,6 @@ struct ChunkTimes {
     weight_grad: f64,
     compute: f64,
     exposed: GroupSeconds,
-}
-
-/// ZeRO-2/3 collectives issued every microbatch for a chunk's parameters (the chunk's own
-/// [`dp_collectives`]: the gradient reduce-scatter in backward, ZeRO-3's parameter all-gather
-/// before forward and backward), exposed beyond the compute they overlap with: (forward,
-/// backward) seconds.
-fn per_microbatch_dp_s(
-    r: &Resolved,
-    network: &Network,
-    s: &LedgerSummary,
-    c: &ChunkContents,
-    fwd_compute: f64,
-    bwd_compute: f64,
-) -> (f64, f64) {
-    let par = &r.config.parallel;
-    if par.zero < 2 {
-        return (0.0, 0.0);
-    }
-    let mut fwd = 0.0;
-    let mut bwd = 0.0;
-    for set in replica_sets(r, &rank_params(std::slice::from_ref(c), s)) {
-        for dc in dp_collectives(par.zero, set, 1) {
-            let t = network.collective_s(dc.group, dc.kind, dc.payload_bytes, dc.group_size);
-            match dc.kind {
-                CollectiveKind::AllGather if par.zero >= 3 => {
-                    fwd += t;
-                    bwd += t;
-                }
-                CollectiveKind::AllGather => {}
-                _ => bwd += t,
-            }
-        }
-    }
-    let e = &r.gpu.efficiency;
-    let fwd_exposed = if par.overlap_param_gather {
-        e.charged_s(fwd, (fwd - fwd_compute).max(0.0))
-    } else {
-        fwd
-    };
-    let bwd_exposed = if par.overlap_grad_reduce {
-        e.charged_s(bwd, (bwd - bwd_compute).max(0.0))
-    } else {
-        bwd
-    };
-    (fwd_exposed, bwd_exposed)
-}
-
-/// Data-parallel work left after a rank's last backward, from its step-level collectives:
-/// the last gradient bucket (all of it without `overlap_grad_reduce`), the parameter
-/// all-gather of ZeRO-1/2 unless overlapped with the next forward, the tied-embedding and
-/// TP-replicated gradient all-reduces.
-fn dp_tail_s(r: &Resolved, network: &Network, step: &[StepCollective]) -> f64 {
-    let par = &r.config.parallel;
-    let gb = r.config.training.grad_dtype.bytes();
-    let bucket_params = par
-        .ddp_bucket_size
-        .unwrap_or_else(|| 40_000_000u64.max(1_000_000 * r.dp as u64));
-    let e = &r.gpu.efficiency;
-    let mut tail = 0.0;
-    for StepCollective { role, coll: c } in step {
-        let full = network.collective_s(c.group, c.kind, c.payload_bytes, c.group_size);
-        tail += match role {
-            // ZeRO-3 gathers are per microbatch (in the stage costs); ZeRO-1/2 gather the
-            // updated weights once, hidden behind the next forward when overlapped.
-            StepRole::ParamGather if par.zero >= 3 => 0.0,
-            StepRole::ParamGather if par.overlap_param_gather => e.charged_s(full, 0.0),
-            StepRole::GradReduce if par.overlap_grad_reduce => {
-                let last = network.collective_s(
-                    c.group,
-                    c.kind,
-                    c.payload_bytes.min(bucket_params * gb),
-                    c.group_size,
-                );
-                e.charged_s(full, last.min(full))
-            }
-            _ => full,
-        };
-    }
-    tail
 }
 
 /// Per-stage durations of one microbatch (F, I, W with exposed communication) and the hop
@@ -386,7 +311,7 @@ impl<'a> Prepared<'a> {
                 let optimizer_s = timing
                     .rates
                     .memory_s(updated * OptimizerState::of(tr).step_bytes_per_param());
-                (dp_tail_s(r, &network, step), optimizer_s)
+                (dp_tail_s(r, &network, &s, ch, step), optimizer_s)
             })
             .collect();
         Ok(Prepared {
@@ -715,6 +640,7 @@ impl<'a> Prepared<'a> {
             },
             verdict: verdict_with_margin(&time, per_gpu_max_bytes, &r.gpu),
             warnings: r.warnings.clone(),
+            framework_overrides: r.config.training.framework.overrides(&r.config.parallel),
         })
     }
 }

@@ -201,6 +201,30 @@ fn unknown_preset_and_gpu() {
         &["--gpu", "v100"],
         &["cluster.gpu", "unknown value 'v100'", "h100-sxm"],
     );
+    rejects(
+        &["--framework", "jax"],
+        &["training.framework", "unknown value 'jax'", "deepspeed"],
+    );
+}
+
+/// `--framework` applies the framework's defaults and the text output names the explicit
+/// settings that override them (DeepSpeed's overlap_comm is off at ZeRO-1).
+#[test]
+fn framework_flag_and_its_overrides_are_shown() {
+    parsim()
+        .args(["estimate", "--framework", "deepspeed", "--overlap-grad-reduce"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "framework: deepspeed; parallel.overlap_grad_reduce = true (overrides deepspeed's default false)",
+        ));
+    parsim()
+        .args(["estimate", "--framework", "nemo"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "framework: megatron-core (its defaults)",
+        ));
 }
 
 #[test]

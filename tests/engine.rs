@@ -6,6 +6,7 @@ mod engine {
     pub mod comm;
     pub mod common;
     pub mod flops;
+    pub mod framework;
     pub mod hf_import;
     pub mod memory;
     pub mod params;

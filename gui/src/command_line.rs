@@ -135,20 +135,40 @@ fn flags(c: &Config, model: &str) -> Flags {
     if p.tp_comm_overlap {
         f.switch("tp-comm-overlap", "parallel", "tp_comm_overlap", true);
     }
-    if !p.overlap_grad_reduce {
+    // The overlap switches are written where they differ from the framework's defaults.
+    let fw = t.framework.overlap_defaults(p.zero);
+    if p.overlap_grad_reduce != fw.overlap_grad_reduce {
+        let flag = if p.overlap_grad_reduce {
+            "overlap-grad-reduce"
+        } else {
+            "no-overlap-grad-reduce"
+        };
         f.switch(
-            "no-overlap-grad-reduce",
+            flag,
             "parallel",
             "overlap_grad_reduce",
-            false,
+            p.overlap_grad_reduce,
         );
     }
-    if !p.overlap_param_gather {
+    if p.overlap_param_gather != fw.overlap_param_gather {
+        let flag = if p.overlap_param_gather {
+            "overlap-param-gather"
+        } else {
+            "no-overlap-param-gather"
+        };
         f.switch(
-            "no-overlap-param-gather",
+            flag,
             "parallel",
             "overlap_param_gather",
-            false,
+            p.overlap_param_gather,
+        );
+    }
+    if let Some(v) = p.zero3_prefetch_params {
+        f.value(
+            "zero3-prefetch-params",
+            "parallel",
+            "zero3_prefetch_params",
+            v,
         );
     }
     if !p.cp_comm_overlap {
@@ -156,6 +176,9 @@ fn flags(c: &Config, model: &str) -> Flags {
     }
     if let Some(v) = p.ddp_bucket_size {
         f.value("ddp-bucket-size", "parallel", "ddp_bucket_size", v);
+    }
+    if t.framework != d.training.framework {
+        f.value("framework", "training", "framework", t.framework.name());
     }
     if t.seq_length != d.training.seq_length {
         f.value("seq", "training", "seq_length", t.seq_length);

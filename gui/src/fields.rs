@@ -27,6 +27,7 @@ pub const CONTROLLED: &[&str] = &[
     "training.precision",
     "training.recompute",
     "training.flash_attention",
+    "training.framework",
     "parallel.tp",
     "parallel.sp",
     "parallel.cp",

@@ -622,6 +622,8 @@ fn foundry(i: usize, r: &FoundryRow, approximate: bool) -> Result<Case, Publishe
             // has no published rates: timed at the fitted efficiency.attention.
             attention_kernel: (gpu == "h100-sxm").then(|| "none".into()),
             flops_attention: FlopsAttention::Full,
+            // llm-foundry trains with PyTorch FSDP (per-block units, BACKWARD_PRE).
+            framework: crate::config::Framework::Fsdp,
             ..TrainingConfig::default()
         },
     };

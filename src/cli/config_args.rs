@@ -344,16 +344,28 @@ pub struct TrainingArgs {
     /// Overlap TP collectives with the GEMMs they feed (Megatron's --tp-comm-overlap).
     #[arg(long)]
     pub tp_comm_overlap: bool,
+    /// The training framework whose overlap and bucketing defaults apply: megatron-core (or nemo), deepspeed, fsdp (docs/time-model.md). Explicit flags override them. [default from config: megatron-core]
+    #[arg(long, value_name = "NAME")]
+    pub framework: Option<String>,
+    /// Overlap the DP gradient reduction with backward, all but the last bucket. [default from config: the framework's]
+    #[arg(long, conflicts_with = "no_overlap_grad_reduce")]
+    pub overlap_grad_reduce: bool,
     /// Expose the DP gradient reduction instead of overlapping it with backward.
     #[arg(long)]
     pub no_overlap_grad_reduce: bool,
+    /// Overlap ZeRO parameter all-gathers with compute (ZeRO-3: as far as the prefetch reaches). [default from config: the framework's]
+    #[arg(long, conflicts_with = "no_overlap_param_gather")]
+    pub overlap_param_gather: bool,
     /// Expose ZeRO parameter all-gathers instead of overlapping them with forward.
     #[arg(long)]
     pub no_overlap_param_gather: bool,
+    /// Parameters ZeRO-3 gathers ahead of the layer computing (DeepSpeed's stage3_prefetch_bucket_size; 0 = none). [default from config: the framework's: one layer, DeepSpeed 5e7]
+    #[arg(long, value_name = "PARAMS")]
+    pub zero3_prefetch_params: Option<u64>,
     /// Expose the ring-attention K/V exchange instead of overlapping it with attention.
     #[arg(long)]
     pub no_cp_comm_overlap: bool,
-    /// DP gradient bucket size in parameters (Megatron's --ddp-bucket-size). [default from config: max(40M, 1M x dp)]
+    /// DP gradient bucket size in parameters (Megatron's --ddp-bucket-size, DeepSpeed's reduce_bucket_size). [default from config: the framework's: Megatron-Core max(40M, 1M x dp), DeepSpeed 5e8, FSDP one layer]
     #[arg(long)]
     pub ddp_bucket_size: Option<u64>,
 }
@@ -469,12 +481,25 @@ impl TrainingArgs {
         if self.tp_comm_overlap {
             put(m, "parallel", "tp_comm_overlap", Some(true));
         }
+        put(m, "training", "framework", self.framework.clone());
+        if self.overlap_grad_reduce {
+            put(m, "parallel", "overlap_grad_reduce", Some(true));
+        }
         if self.no_overlap_grad_reduce {
             put(m, "parallel", "overlap_grad_reduce", Some(false));
+        }
+        if self.overlap_param_gather {
+            put(m, "parallel", "overlap_param_gather", Some(true));
         }
         if self.no_overlap_param_gather {
             put(m, "parallel", "overlap_param_gather", Some(false));
         }
+        put(
+            m,
+            "parallel",
+            "zero3_prefetch_params",
+            self.zero3_prefetch_params,
+        );
         if self.no_cp_comm_overlap {
             put(m, "parallel", "cp_comm_overlap", Some(false));
         }

@@ -32,8 +32,24 @@ pub struct Link {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Links {
+    /// Which NCCL tuning model times the node's all-reduce, all-gather and reduce-scatter
+    /// (src/network/nccl.rs: NVLink links and NVLink SHARP by generation); `None` keeps the
+    /// alpha-beta ring model on `intra_node` / `inter_node` for GPUs NCCL's constants do not
+    /// cover (MI300X on RCCL, B200, the CPU backend).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nccl: Option<NcclArch>,
     pub intra_node: Link,
     pub inter_node: Link,
+}
+
+/// The GPU generation whose NCCL tuning constants apply (NCCL's src/graph/tuning.cc caps per
+/// compute capability): DGX A100-class (SM80, NVLink3 x 12) or DGX H100-class (SM90, NVLink4
+/// x 18 with NVLink SHARP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NcclArch {
+    Ampere,
+    Hopper,
 }
 
 /// Achieved fractions of peak (fitted by calibration).

@@ -8,6 +8,7 @@
 mod cluster;
 mod enums;
 mod error;
+mod framework;
 mod gpu;
 pub mod hf;
 pub mod load;
@@ -22,7 +23,8 @@ mod training;
 pub use cluster::ClusterConfig;
 pub use enums::*;
 pub use error::{ConfigError, Violation};
-pub use gpu::{Efficiency, GemmShape, GpuProfile, Link, Links, PeakFlops};
+pub use framework::{zero3_exposed_s, Framework, OverlapDefaults};
+pub use gpu::{Efficiency, GemmShape, GpuProfile, Link, Links, NcclArch, PeakFlops};
 pub use model::{MlaConfig, ModelConfig};
 pub use parallel::ParallelConfig;
 pub use resolve::{PipelinePlacement, Resolved};
@@ -85,6 +87,36 @@ enum ModelBase {
     HfConfig(PathBuf),
 }
 
+/// The overlap defaults of the framework `merged` names, as a layer to merge under the user's
+/// (`None` when the value is not a string: deserialization then names the field).
+fn framework_defaults(merged: &Value) -> Result<Option<Value>, ConfigError> {
+    let Some(name) = merged
+        .get("training")
+        .and_then(|t| t.get("framework"))
+        .and_then(Value::as_str)
+    else {
+        return Ok(None);
+    };
+    let framework = Framework::parse(name).ok_or_else(|| ConfigError::UnknownName {
+        field: "training.framework",
+        value: name.to_string(),
+        known: "megatron-core, nemo, deepspeed, fsdp".into(),
+        hint: "nemo runs Megatron-Core",
+    })?;
+    let zero = merged
+        .get("parallel")
+        .and_then(|p| p.get("zero"))
+        .and_then(Value::as_u64)
+        .unwrap_or(1)
+        .min(3) as u8;
+    let d = framework.overlap_defaults(zero);
+    Ok(Some(serde_json::json!({"parallel": {
+        "tp_comm_overlap": d.tp_comm_overlap,
+        "overlap_grad_reduce": d.overlap_grad_reduce,
+        "overlap_param_gather": d.overlap_param_gather,
+    }})))
+}
+
 impl Config {
     /// Merges layers over the defaults. A layer whose `[model]` names `preset` or `hf_config`
     /// restarts the model from that base: model fields of earlier layers are dropped, its own
@@ -135,19 +167,33 @@ impl Config {
             model,
             ..Config::default()
         };
-        let mut merged = serde_json::to_value(&defaults).expect("config serializes");
-        for (i, layer) in layers.iter().enumerate() {
-            let mut v = layer.value.clone();
-            if let Some(obj) = v.as_object_mut() {
-                if i < start {
-                    obj.remove("model");
-                } else if let Some(Value::Object(m)) = obj.get_mut("model") {
-                    m.remove("preset");
-                    m.remove("hf_config");
+        let base = serde_json::to_value(&defaults).expect("config serializes");
+        let overlay = |mut merged: Value| {
+            for (i, layer) in layers.iter().enumerate() {
+                let mut v = layer.value.clone();
+                if let Some(obj) = v.as_object_mut() {
+                    if i < start {
+                        obj.remove("model");
+                    } else if let Some(Value::Object(m)) = obj.get_mut("model") {
+                        m.remove("preset");
+                        m.remove("hf_config");
+                    }
                 }
+                load::merge(&mut merged, v);
             }
-            load::merge(&mut merged, v);
-        }
+            merged
+        };
+        // The framework's overlap defaults sit under the user's layers: merge once to learn
+        // the framework and ZeRO stage, then again over defaults that carry them.
+        let first = overlay(base.clone());
+        let merged = match framework_defaults(&first)? {
+            None => first,
+            Some(d) => {
+                let mut base = base;
+                load::merge(&mut base, d);
+                overlay(base)
+            }
+        };
         let origin = layers
             .iter()
             .map(|l| l.origin.as_str())
@@ -159,6 +205,12 @@ impl Config {
             origin
         };
         load::from_value(merged, &origin)
+    }
+
+    /// The overlap switches of this configuration's framework at its ZeRO stage, for callers
+    /// that change `training.framework` in place (the GUI).
+    pub fn apply_framework_defaults(&mut self) {
+        self.training.framework.apply_defaults(&mut self.parallel);
     }
 
     /// Serializes as TOML (the CLI's file format).

@@ -55,8 +55,14 @@ pub struct ParallelConfig {
     pub overlap_grad_reduce: bool,
     /// Megatron's `--overlap-param-gather`: ZeRO parameter all-gathers overlapped with forward.
     pub overlap_param_gather: bool,
-    /// Megatron's `--ddp-bucket-size` in parameters; `None` = max(40M, 1M x dp), its default.
+    /// Parameters per data-parallel gradient bucket (Megatron's `--ddp-bucket-size`,
+    /// DeepSpeed's `reduce_bucket_size`); `None` = the framework's (`training.framework`).
     pub ddp_bucket_size: Option<u64>,
+    /// Parameters ZeRO-3 gathers ahead of the layer computing (DeepSpeed's
+    /// `stage3_prefetch_bucket_size`); `None` = the framework's (one layer for Megatron-Core
+    /// and FSDP, 5e7 for DeepSpeed); 0 = no prefetch, every gather exposed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero3_prefetch_params: Option<u64>,
     /// Ring attention sends the next K/V block while computing on the current one (exposed =
     /// max(0, transfer - compute) per ring step). Off: the exchange is exposed.
     pub cp_comm_overlap: bool,
@@ -86,6 +92,7 @@ impl Default for ParallelConfig {
             overlap_grad_reduce: true,
             overlap_param_gather: true,
             ddp_bucket_size: None,
+            zero3_prefetch_params: None,
             cp_comm_overlap: true,
         }
     }

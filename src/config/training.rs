@@ -1,6 +1,7 @@
 //! Training settings: batch, sequence, precision, recomputation, optimizer, fine-tuning mode.
 
 use super::enums::{Dtype, FlopsAttention, LoraTarget, Precision, Recompute, TrainingMode};
+use super::framework::Framework;
 use serde::{Deserialize, Serialize};
 
 /// LoRA adapters (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models").
@@ -24,6 +25,10 @@ impl Default for LoraConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainingConfig {
+    /// The framework running the step: its overlap and bucketing defaults apply where the
+    /// configuration sets none (src/config/framework.rs; docs/time-model.md).
+    #[serde(default)]
+    pub framework: Framework,
     pub seq_length: u64,
     pub micro_batch_size: u64,
     pub global_batch_size: u64,
@@ -47,6 +52,7 @@ pub struct TrainingConfig {
 impl Default for TrainingConfig {
     fn default() -> Self {
         TrainingConfig {
+            framework: Framework::MegatronCore,
             seq_length: 8192,
             micro_batch_size: 1,
             global_batch_size: 64,

@@ -1,12 +1,16 @@
-//! What a collective costs over the cluster's links: the alpha-beta ring model (Thakur et al.
-//! 2005, "Optimization of Collective Communication Operations in MPICH") on NVLink inside a
-//! node and on the network across nodes, hierarchical as NCCL builds it.
+//! What a collective costs over the cluster's links. All-reduce, all-gather and reduce-scatter
+//! are timed by NCCL's own tuning model ([`nccl`]: ring, tree and NVLink SHARP by message
+//! size, over the group's NVLink and its share of the node's NICs) where the profile names an
+//! NCCL generation (`links.nccl`); all-to-all, pipeline sends and profiles without one use the
+//! alpha-beta ring model (Thakur et al. 2005, "Optimization of Collective Communication
+//! Operations in MPICH") on NVLink inside a node and on the network across nodes.
 
 pub mod nccl;
 
-use crate::config::{GpuProfile, Link};
+use crate::config::{GpuProfile, Link, NcclArch};
 use crate::layout::{GroupKind, Layout};
 use crate::model::CollectiveKind;
+use nccl::{CollectiveModel, Fabric};
 
 /// Seconds of a ring collective: alpha + factor x B / bandwidth, with the ring factors
 /// 2(n-1)/n (all-reduce), (n-1)/n (all-gather, reduce-scatter, all-to-all) and 1 (send).
@@ -32,6 +36,42 @@ pub struct Network {
     pub intra: Link,
     pub inter: Link,
     geometry: [GroupGeometry; 7],
+    /// NCCL's generation from the profile, `None` for the alpha-beta model.
+    nccl: Option<NcclArch>,
+    /// NCCL's constants per group kind (as [`GroupKind::ALL`]) and tuned collective (as
+    /// [`tuned_index`]), computed once per layout so that a call is a few multiply-adds.
+    models: Vec<[CollectiveModel; 3]>,
+}
+
+/// The tuned collectives' slot in [`Network`]'s cache.
+fn tuned_index(coll: CollectiveKind) -> Option<usize> {
+    match coll {
+        CollectiveKind::AllReduce => Some(0),
+        CollectiveKind::AllGather => Some(1),
+        CollectiveKind::ReduceScatter => Some(2),
+        CollectiveKind::AllToAll | CollectiveKind::SendRecv => None,
+    }
+}
+
+const TUNED: [CollectiveKind; 3] = [
+    CollectiveKind::AllReduce,
+    CollectiveKind::AllGather,
+    CollectiveKind::ReduceScatter,
+];
+
+/// NCCL's model of `coll` over `n` ranks of a group with `per_node` members on each of `nodes`
+/// nodes: NVLink inside, and across nodes the members' own NICs (rail-optimised: each GPU's
+/// share of the node's NICs is `inter.bandwidth_bytes_per_s`, after `cluster.nics_per_node`).
+fn nccl_model(
+    arch: NcclArch,
+    inter: &Link,
+    coll: CollectiveKind,
+    n: u32,
+    per_node: u32,
+    nodes: u32,
+) -> CollectiveModel {
+    let fabric = Fabric::of(arch, per_node.max(1), inter.bandwidth_bytes_per_s);
+    CollectiveModel::new(&fabric, coll, n, nodes.max(1))
 }
 
 impl Network {
@@ -55,18 +95,36 @@ impl Network {
             seen.push((axes, g));
             g
         });
+        let nccl = gpu.links.nccl;
+        let inter = gpu.links.inter_node.clone();
+        let mut models: Vec<[CollectiveModel; 3]> = Vec::new();
+        if let Some(arch) = nccl {
+            for (i, g) in geometry.iter().enumerate() {
+                let m = match geometry[..i].iter().position(|h| h == g) {
+                    Some(j) => models[j].clone(),
+                    None => TUNED.map(|c| nccl_model(arch, &inter, c, g.size, g.per_node, g.nodes)),
+                };
+                models.push(m);
+            }
+        }
         Network {
             intra: gpu.links.intra_node.clone(),
-            inter: gpu.links.inter_node.clone(),
+            inter,
             geometry,
+            nccl,
+            models,
         }
     }
 
-    pub fn geometry(&self, kind: GroupKind) -> GroupGeometry {
-        self.geometry[GroupKind::ALL
+    fn kind_index(kind: GroupKind) -> usize {
+        GroupKind::ALL
             .iter()
             .position(|&k| k == kind)
-            .expect("known kind")]
+            .expect("known kind")
+    }
+
+    pub fn geometry(&self, kind: GroupKind) -> GroupGeometry {
+        self.geometry[Self::kind_index(kind)]
     }
 
     /// True when the group kind spans nodes (so it runs on the inter-node links).
@@ -90,9 +148,28 @@ impl Network {
     /// the node, an all-reduce across nodes on 1/k of the data and an all-gather in the node;
     /// an all-gather is an all-gather across nodes of 1/k of the output, then one in the node
     /// (a reduce-scatter the reverse). All-to-all and send/recv run at the inter-node link.
+    ///
+    /// With an NCCL generation in the profile, all-reduce, all-gather and reduce-scatter are
+    /// NCCL's predicted time instead ([`nccl::CollectiveModel`]), for the group's placement.
     pub fn collective_s(&self, kind: GroupKind, coll: CollectiveKind, payload: u64, n: u32) -> f64 {
         let g = self.geometry(kind);
         let b = payload as f64;
+        if n <= 1 || payload == 0 {
+            return 0.0;
+        }
+        if let (Some(arch), Some(c)) = (self.nccl, tuned_index(coll)) {
+            let predicted = if n == g.size && !self.models.is_empty() {
+                self.models[Self::kind_index(kind)][c].predict(b)
+            } else {
+                // A sub-group (the two ends of tied embeddings on the pipeline group).
+                let nodes = g.nodes.min(n);
+                let per_node = n.div_ceil(nodes);
+                nccl_model(arch, &self.inter, coll, n, per_node, nodes).predict(b)
+            };
+            if let Some(p) = predicted {
+                return p.time_s;
+            }
+        }
         let link = |l: &Link| l.bandwidth_bytes_per_s * l.efficiency;
         if g.nodes <= 1 || n <= 1 {
             return ring_s(coll, b, n, link(&self.intra), self.intra.latency_s);
@@ -157,6 +234,8 @@ mod tests {
                 efficiency: 1.0,
             },
             geometry: [g; 7],
+            nccl: None,
+            models: Vec::new(),
         }
     }
 
@@ -185,5 +264,31 @@ mod tests {
             1e-5,
         );
         assert!((t / flat - 1.0).abs() < 1e-12);
+    }
+
+    /// With an NCCL generation the tuned collectives follow NCCL's model for the group's
+    /// placement: bounded by the rail a data-parallel group with one member per node owns
+    /// (one 50 GB/s NIC: bus bandwidth at most 50 GB/s, more than 80% of it at 1 GiB), while a
+    /// node-local group reaches NVLink rates; all-to-all keeps the alpha-beta model.
+    #[test]
+    fn nccl_model_times_tuned_collectives_by_placement() {
+        let mut l = links(1, 4);
+        l.nccl = Some(NcclArch::Hopper);
+        l.models = vec![TUNED.map(|c| nccl_model(NcclArch::Hopper, &l.inter, c, 4, 1, 4)); 7];
+        let b = (1u64 << 30) as f64;
+        let t = l.collective_s(GroupKind::DpCp, CollectiveKind::AllReduce, b as u64, 4);
+        let busbw = CollectiveKind::AllReduce.ring_factor(4) * b / t;
+        assert!((0.8 * 50e9..=50e9).contains(&busbw), "{busbw}");
+        // Small messages pay NCCL's latencies (several microseconds), not bytes/bandwidth.
+        let small = l.collective_s(GroupKind::DpCp, CollectiveKind::AllReduce, 4096, 4);
+        assert!(small > 5e-6 && small < 1e-4, "{small}");
+        let a2a = l.collective_s(GroupKind::DpCp, CollectiveKind::AllToAll, b as u64, 4);
+        assert!((a2a / ring_s(CollectiveKind::AllToAll, b, 4, 50e9, 1e-5) - 1.0).abs() < 1e-12);
+        // Eight ranks in one node: NVLink rates (over 300 GB/s bus bandwidth for all-gather).
+        let mut node = links(8, 1);
+        node.nccl = Some(NcclArch::Hopper);
+        node.models = vec![TUNED.map(|c| nccl_model(NcclArch::Hopper, &node.inter, c, 8, 8, 1)); 7];
+        let t = node.collective_s(GroupKind::Tp, CollectiveKind::AllGather, b as u64, 8);
+        assert!(CollectiveKind::AllGather.ring_factor(8) * b / t > 300e9);
     }
 }

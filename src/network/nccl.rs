@@ -27,12 +27,9 @@ pub enum Protocol {
 const ALGORITHMS: [Algorithm; 3] = [Algorithm::Ring, Algorithm::Tree, Algorithm::Nvls];
 const PROTOCOLS: [Protocol; 3] = [Protocol::Ll, Protocol::Ll128, Protocol::Simple];
 
-/// GPU generation, which picks NCCL's per-architecture caps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arch {
-    Ampere,
-    Hopper,
-}
+/// GPU generation, which picks NCCL's per-architecture caps (named by the profile's
+/// `links.nccl`).
+pub use crate::config::NcclArch as Arch;
 
 /// What NCCL's topology search sees of one cluster: NVLink inside a node and NICs across.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -52,6 +49,19 @@ pub struct Fabric {
 }
 
 impl Fabric {
+    /// The node of generation `arch` with `nics_per_node` NICs of `nic_bytes_per_s` each.
+    pub fn of(arch: Arch, nics_per_node: u32, nic_bytes_per_s: f64) -> Fabric {
+        let node = match arch {
+            Arch::Ampere => Fabric::dgx_a100(),
+            Arch::Hopper => Fabric::dgx_h100(),
+        };
+        Fabric {
+            nics_per_node,
+            nic_bytes_per_s,
+            ..node
+        }
+    }
+
     /// DGX A100: 8 A100 on NVSwitch, 12 NVLink3 links each, 8 HDR 200 Gb/s NICs.
     pub fn dgx_a100() -> Fabric {
         Fabric {

@@ -44,6 +44,16 @@ pub fn estimate_text(e: &Estimate) -> String {
     let _ = writeln!(out, "{}", time_table(e));
     let _ = writeln!(out, "{}\n", throughput_table(e));
     let _ = writeln!(out, "verdict: {}", e.verdict);
+    let _ = writeln!(
+        out,
+        "framework: {}{}",
+        e.config.training.framework.name(),
+        if e.framework_overrides.is_empty() {
+            " (its defaults)".to_string()
+        } else {
+            format!("; {}", e.framework_overrides.join("; "))
+        }
+    );
     for w in &e.warnings {
         let _ = writeln!(out, "warning: {w}");
     }

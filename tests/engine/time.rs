@@ -43,7 +43,10 @@ fn isolated_collectives_cost_alpha_plus_ring_factor_bytes_over_bandwidth() {
 
 #[test]
 fn tp_inside_a_node_uses_nvlink_and_dp_across_nodes_the_network() {
-    let gpu = GpuProfile::load("h100-sxm").unwrap();
+    // The alpha-beta path (profiles without `links.nccl`); the NCCL path is checked against
+    // nccl-tests in tests/nccl_busbw.rs and by its bounds below.
+    let mut gpu = GpuProfile::load("h100-sxm").unwrap();
+    gpu.links.nccl = None;
     // 32 GPUs, 8 per node, TP 8: TP groups are whole nodes; DP 4 spans 4 nodes.
     let layout = Layout::new("tp-cp-ep-dp-pp", 8, 1, 1, 4, 1, 8).unwrap();
     let links = Network::new(&layout, &gpu);
@@ -191,8 +194,19 @@ fn nics_per_node_share_the_network_among_a_nodes_gpus() {
     let t = |gpu: &GpuProfile| {
         Network::new(&layout, gpu).collective_s(GroupKind::Dp, CollectiveKind::AllReduce, b, 4)
     };
-    let (tf, th) = (t(&full.gpu), t(&half.gpu));
+    let alpha_beta = |gpu: &GpuProfile| {
+        let mut g = gpu.clone();
+        g.links.nccl = None;
+        t(&g)
+    };
+    let (tf, th) = (alpha_beta(&full.gpu), alpha_beta(&half.gpu));
     assert!(((th - f.latency_s) / (tf - f.latency_s) - 2.0).abs() < 1e-9);
+    // NCCL's model (the profile's default): 1 GiB is bandwidth-bound, so half the NICs take
+    // nearly twice as long (latencies unchanged), and the rail's line rate bounds the bus
+    // bandwidth: 2(n-1)/n B / t <= 50 GB/s.
+    let (tf, th) = (t(&full.gpu), t(&half.gpu));
+    assert!((1.8..=2.0).contains(&(th / tf)), "{}", th / tf);
+    assert!(1.5 * b as f64 / tf <= 50e9 * (1.0 + 1e-9));
     // Eight 400 Gb/s NICs on 8 GPUs: 50 GB/s each, whatever the profile says.
     let mut rate_cfg = base.clone();
     rate_cfg["cluster"]["nic_bandwidth_bytes_per_s"] = json!(50e9);

@@ -11,7 +11,7 @@ use crate::fields;
 use crate::state::{vpp_for, Problems};
 use egui::{CollapsingHeader, DragValue, RichText, Ui};
 use parsim::config::presets::{preset, PRESET_NAMES};
-use parsim::config::{Config, CpComm, GpuProfile, Precision, Recompute, ScheduleKind};
+use parsim::config::{Config, CpComm, Framework, GpuProfile, Precision, Recompute, ScheduleKind};
 
 /// Upper bounds of the free sizes: far beyond any real model, small enough that the engine's
 /// integer arithmetic cannot overflow.
@@ -373,6 +373,22 @@ fn training(ui: &mut Ui, c: &mut Config, p: Option<&Problems>) {
         p,
         |ui| ui.checkbox(&mut t.flash_attention, ""),
     );
+    let framework = row(
+        ui,
+        "Framework",
+        "Megatron-Core (NeMo), DeepSpeed or FSDP: sets its overlap, bucketing and ZeRO-3 \
+         prefetch defaults (docs/time-model.md)",
+        "training.framework",
+        p,
+        |ui| {
+            choice(ui, "framework", &mut t.framework, &Framework::ALL, |v| {
+                v.name().to_string()
+            })
+        },
+    );
+    if framework {
+        c.apply_framework_defaults();
+    }
 }
 
 fn parallelism(ui: &mut Ui, c: &mut Config, p: Option<&Problems>) {

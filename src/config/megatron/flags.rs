@@ -561,6 +561,8 @@ impl State {
             self.set("parallel", "expert_tp", json!(tp));
         }
         self.set("parallel", "sp", json!(self.on("--sequence-parallel")));
+        // A Megatron command line runs Megatron-Core: its overlap defaults, then the flags.
+        self.set("training", "framework", json!("megatron-core"));
         let zero = u64::from(self.on("--use-distributed-optimizer"));
         self.set("parallel", "zero", json!(zero));
         for (flag, key) in [

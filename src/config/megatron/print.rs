@@ -273,6 +273,15 @@ fn not_expressible(cfg: &Config) -> Vec<String> {
     if !p.cp_comm_overlap {
         lost.push("cp_comm_overlap = false".into());
     }
+    if cfg.training.framework != crate::config::Framework::MegatronCore {
+        lost.push(format!(
+            "framework = \"{}\" (the command runs Megatron-Core; its overlap switches are written as set)",
+            cfg.training.framework.name()
+        ));
+    }
+    if let Some(n) = p.zero3_prefetch_params {
+        lost.push(format!("zero3_prefetch_params = {n}"));
+    }
     if p.order != "tp-cp-ep-dp-pp" {
         lost.push(format!("order = \"{}\"", p.order));
     }

@@ -228,3 +228,25 @@ fn nemo_hydra_overrides_import_as_their_megatron_flags() {
     );
     assert!(imp.ignored.iter().any(|f| f == "--config-path"));
 }
+
+/// A Megatron command line runs Megatron-Core: the import names that framework, and a
+/// DeepSpeed or FSDP configuration exported as Megatron flags says the framework is lost
+/// while its overlap switches are written as set.
+#[test]
+fn framework_maps_to_megatron_core_and_others_are_reported_lost() {
+    let (cfg, _) = imported(LLAMA3_8B_SCRIPT);
+    assert_eq!(
+        cfg.training.framework,
+        crate::config::Framework::MegatronCore
+    );
+    let mut ds = Config::default();
+    ds.training.framework = crate::config::Framework::Deepspeed;
+    ds.apply_framework_defaults();
+    assert!(
+        !ds.parallel.overlap_grad_reduce,
+        "DeepSpeed's overlap_comm at ZeRO-1"
+    );
+    let text = to_megatron_args(&ds);
+    assert!(!text.contains("--overlap-grad-reduce"), "{text}");
+    assert!(text.contains("framework = \"deepspeed\""), "{text}");
+}

@@ -69,7 +69,7 @@ pub fn positive(cfg: &Config) -> Vec<Violation> {
                 "parallel.ddp_bucket_size",
                 "must be at least 1 parameter, got 0",
             )
-            .hint("leave it out for one bucket per chunk (Megatron's default)"),
+            .hint("leave it out for the framework's bucket (training.framework)"),
         );
     }
     errs
@@ -162,7 +162,7 @@ fn router_groups(m: &crate::config::ModelConfig) -> Option<Violation> {
 pub fn upper(cfg: &Config) -> Vec<Violation> {
     let (m, c, p, t) = (&cfg.model, &cfg.cluster, &cfg.parallel, &cfg.training);
     let mut errs = Vec::new();
-    let at_most: [(&str, u64, u64); 21] = [
+    let at_most: [(&str, u64, u64); 22] = [
         ("model.num_layers", m.num_layers as u64, 10_000),
         ("model.hidden_size", m.hidden_size, 1 << 20),
         (
@@ -178,6 +178,11 @@ pub fn upper(cfg: &Config) -> Vec<Violation> {
         (
             "parallel.ddp_bucket_size",
             p.ddp_bucket_size.unwrap_or(1),
+            1 << 40,
+        ),
+        (
+            "parallel.zero3_prefetch_params",
+            p.zero3_prefetch_params.unwrap_or(0),
             1 << 40,
         ),
         ("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size, 1 << 22),

@@ -1,0 +1,151 @@
+//! Data-parallel time of a step as the framework runs it (`training.framework`): gradient
+//! reduction in the framework's buckets, ZeRO-3 parameter gathers exposed beyond the compute
+//! each layer's prefetch hides them behind, and the tail left after the last backward.
+
+use crate::comm::{dp_collectives, replica_sets, StepCollective, StepRole};
+use crate::config::{zero3_exposed_s, Resolved};
+use crate::model::{rank_params, ChunkContents, Collective, CollectiveKind, LedgerSummary};
+use crate::network::Network;
+
+/// Parameters of one wrapped unit (a layer, the embedding, the output) of `chunks`, and the
+/// number of units: FSDP's bucket and the granularity of ZeRO-3's gathers.
+fn units(s: &LedgerSummary, chunks: &[ChunkContents]) -> (u64, u64) {
+    let n: u64 = chunks
+        .iter()
+        .flat_map(|c| c.blocks(s))
+        .map(|(_, n)| n)
+        .sum();
+    let p = rank_params(chunks, s);
+    let params = p.rank_dense + p.rank_expert;
+    (params / n.max(1), n)
+}
+
+/// Parameters per gradient bucket: `parallel.ddp_bucket_size`, else the framework's.
+fn bucket_params(r: &Resolved, layer_params: u64) -> u64 {
+    r.config.parallel.ddp_bucket_size.unwrap_or_else(|| {
+        r.config
+            .training
+            .framework
+            .grad_bucket_params(r.dp, layer_params)
+    })
+}
+
+/// Seconds of collective `c` issued in buckets of at most `bucket_bytes` (of the gradient
+/// payload): whole buckets, then the remainder, each timed as its own NCCL call.
+pub(super) fn bucketed_s(network: &Network, c: &Collective, bucket_bytes: u64) -> f64 {
+    let one = |bytes: u64| network.collective_s(c.group, c.kind, bytes, c.group_size);
+    let bucket = bucket_bytes.max(1);
+    if c.payload_bytes <= bucket {
+        return one(c.payload_bytes);
+    }
+    let full = c.payload_bytes / bucket;
+    let rest = c.payload_bytes % bucket;
+    full as f64 * one(bucket) + one(rest)
+}
+
+/// ZeRO-2/3 collectives issued every microbatch for a chunk's parameters (the chunk's own
+/// [`dp_collectives`]: the gradient reduce-scatter in backward, in the framework's buckets,
+/// and ZeRO-3's parameter all-gather before forward and backward, one per layer), exposed
+/// beyond the compute they overlap with: (forward, backward) seconds. ZeRO-3 gathers hide
+/// behind the previous layer's compute only as far as the framework prefetches
+/// ([`zero3_exposed_s`]).
+pub(super) fn per_microbatch_dp_s(
+    r: &Resolved,
+    network: &Network,
+    s: &LedgerSummary,
+    c: &ChunkContents,
+    fwd_compute: f64,
+    bwd_compute: f64,
+) -> (f64, f64) {
+    let par = &r.config.parallel;
+    if par.zero < 2 {
+        return (0.0, 0.0);
+    }
+    let (layer_params, layers) = units(s, std::slice::from_ref(c));
+    let gb = r.config.training.grad_dtype.bytes();
+    let bucket_bytes = bucket_params(r, layer_params) * gb;
+    let mut gather = 0.0;
+    let mut reduce = 0.0;
+    for set in replica_sets(r, &rank_params(std::slice::from_ref(c), s)) {
+        for dc in dp_collectives(par.zero, set, 1) {
+            match dc.kind {
+                // One gather per layer (the granularity every framework gathers at).
+                CollectiveKind::AllGather if par.zero >= 3 => {
+                    let per_layer = dc.payload_bytes / layers.max(1);
+                    gather += layers as f64
+                        * network.collective_s(dc.group, dc.kind, per_layer, dc.group_size);
+                }
+                CollectiveKind::AllGather => {}
+                _ => reduce += bucketed_s(network, &dc, bucket_bytes),
+            }
+        }
+    }
+    let e = &r.gpu.efficiency;
+    let prefetch = par
+        .zero3_prefetch_params
+        .unwrap_or_else(|| r.config.training.framework.prefetch_params(layer_params));
+    let hidden = |comm: f64, compute: f64| {
+        let exposed = zero3_exposed_s(comm, compute, layers, layer_params, prefetch);
+        e.charged_s(comm, exposed)
+    };
+    let (fwd_exposed, bwd_gather) = if par.overlap_param_gather {
+        (hidden(gather, fwd_compute), hidden(gather, bwd_compute))
+    } else {
+        (gather, gather)
+    };
+    let bwd_exposed = if par.overlap_grad_reduce {
+        // The backward's gathers come first on the communication stream; the reduction
+        // overlaps with whatever compute they leave.
+        let left = (bwd_compute - (gather - bwd_gather)).max(0.0);
+        bwd_gather + e.charged_s(reduce, (reduce - left).max(0.0))
+    } else {
+        bwd_gather + reduce
+    };
+    (fwd_exposed, bwd_exposed)
+}
+
+/// Data-parallel work left after a rank's last backward, from its step-level collectives:
+/// the last gradient bucket (all of it without `overlap_grad_reduce`), the parameter
+/// all-gather of ZeRO-1/2 unless overlapped with the next forward, the tied-embedding and
+/// TP-replicated gradient all-reduces.
+pub(super) fn dp_tail_s(
+    r: &Resolved,
+    network: &Network,
+    s: &LedgerSummary,
+    chunks: &[ChunkContents],
+    step: &[StepCollective],
+) -> f64 {
+    let par = &r.config.parallel;
+    let gb = r.config.training.grad_dtype.bytes();
+    let (layer_params, _) = units(s, chunks);
+    let bucket_bytes = bucket_params(r, layer_params) * gb;
+    let e = &r.gpu.efficiency;
+    let mut tail = 0.0;
+    for StepCollective { role, coll: c } in step {
+        tail += match role {
+            // ZeRO-3 gathers are per microbatch (in the stage costs); ZeRO-1/2 gather the
+            // updated weights once, hidden behind the next forward when overlapped.
+            StepRole::ParamGather if par.zero >= 3 => 0.0,
+            StepRole::ParamGather if par.overlap_param_gather => e.charged_s(
+                network.collective_s(c.group, c.kind, c.payload_bytes, c.group_size),
+                0.0,
+            ),
+            StepRole::GradReduce => {
+                let full = bucketed_s(network, c, bucket_bytes);
+                if par.overlap_grad_reduce {
+                    let last = network.collective_s(
+                        c.group,
+                        c.kind,
+                        c.payload_bytes.min(bucket_bytes),
+                        c.group_size,
+                    );
+                    e.charged_s(full, last.min(full))
+                } else {
+                    full
+                }
+            }
+            _ => network.collective_s(c.group, c.kind, c.payload_bytes, c.group_size),
+        };
+    }
+    tail
+}
