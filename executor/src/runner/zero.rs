@@ -25,7 +25,9 @@ use crate::backend::{
 };
 use crate::error::ExecError;
 use crate::memory::Category;
-use crate::model::params::{init_range, layout_len, BlockLayout, DENSE_SPACE, EXPERT_SPACE};
+use crate::model::params::{
+    init_range, layout_len, BlockLayout, DENSE_SPACE, EXPERT_SPACE, FROZEN_SPACE, SPACES,
+};
 use crate::model::router_bias::RouterBias;
 use crate::plan::{Plan, Precision};
 use std::ops::Range;
@@ -96,13 +98,19 @@ pub(super) fn init_space<B: Backend>(
         )?),
     };
     let glen = if zero >= 2 { shard.len() } else { total };
+    // LoRA's frozen base weights: parameters only.
+    let frozen = sp == FROZEN_SPACE;
+    let (master, glen, olen) = match frozen {
+        true => (None, 0, 0),
+        false => (master, glen, orange.len()),
+    };
     Ok(Space {
         shard,
         params,
         master,
         grads: ops.alloc(Category::Gradients, DType::F32, &[glen])?,
-        m: ops.alloc(Category::Optimizer, DType::F32, &[orange.len()])?,
-        v: ops.alloc(Category::Optimizer, DType::F32, &[orange.len()])?,
+        m: ops.alloc(Category::Optimizer, DType::F32, &[olen])?,
+        v: ops.alloc(Category::Optimizer, DType::F32, &[olen])?,
     })
 }
 
@@ -115,7 +123,7 @@ pub(super) enum Handle<T> {
 }
 
 pub(super) fn params_of<'p, T: crate::backend::DeviceTensor>(
-    params: &'p [T; 2],
+    params: &'p [T; SPACES],
     h: &'p Handle<T>,
 ) -> View<'p, T> {
     match h {
