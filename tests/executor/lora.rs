@@ -132,6 +132,14 @@ fn lora_memory_is_within_two_percent_per_rank() {
     for (name, mix) in all {
         let res = super::memory::compare_config(lora(&mix, &ALL));
         for (rank, m, p, mb, pb) in &res {
+            // Weights (frozen and adapters), gradients and optimizer states (adapters only)
+            // are the same tensors: exactly equal.
+            let head = |s: &str| s.split(" a ").next().unwrap_or("").to_string();
+            assert_eq!(
+                head(mb),
+                head(pb),
+                "{name} rank {rank}: weights/gradients/optimizer"
+            );
             let pct = (*m as f64 - *p as f64) / *p as f64 * 100.0;
             println!("{name} rank {rank}: measured {m} predicted {p} ({pct:+.2}%)\n  measured  {mb}\n  predicted {pb}");
             assert!(
