@@ -88,7 +88,10 @@ pub(super) fn init_space<B: Backend>(
     let orange = if zero >= 1 { shard.clone() } else { 0..total };
     let dtype = precision.compute_dtype();
     let params = ops.upload(Category::Weights, dtype, &[prange.len()], &values(prange))?;
+    // LoRA's frozen base weights: parameters only.
+    let frozen = sp == FROZEN_SPACE;
     let master = match precision {
+        _ if frozen => None,
         Precision::Fp32 => None,
         Precision::Bf16 => Some(ops.upload(
             Category::Optimizer,
@@ -98,11 +101,9 @@ pub(super) fn init_space<B: Backend>(
         )?),
     };
     let glen = if zero >= 2 { shard.len() } else { total };
-    // LoRA's frozen base weights: parameters only.
-    let frozen = sp == FROZEN_SPACE;
-    let (master, glen, olen) = match frozen {
-        true => (None, 0, 0),
-        false => (master, glen, orange.len()),
+    let (glen, olen) = match frozen {
+        true => (0, 0),
+        false => (glen, orange.len()),
     };
     Ok(Space {
         shard,
