@@ -246,6 +246,7 @@ fn qkv_fwd<B: Backend>(
 
 /// Input gradient of one layer: dx [n_sp, h] from dy [n_sp, h]; each weight-gradient task goes
 /// to `sink` as soon as its tensors exist (so a full backward frees them at once).
+#[allow(clippy::too_many_arguments)]
 pub fn layer_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,

@@ -93,9 +93,10 @@ pub(super) fn push_adapters(
                     let (qa, kg) = (rd.a_r * rd.d, rd.g_r * rd.d);
                     vec![("q".into(), qa), ("k".into(), kg), ("v".into(), kg)]
                 } else {
-                    match rd.fc1_r == 2 * rd.f_r {
-                        true => vec![("gate".into(), rd.f_r), ("up".into(), rd.f_r)],
-                        false => vec![("fc1".into(), rd.f_r)],
+                    if rd.fc1_r == 2 * rd.f_r {
+                        vec![("gate".into(), rd.f_r), ("up".into(), rd.f_r)]
+                    } else {
+                        vec![("fc1".into(), rd.f_r)]
                     }
                 };
                 let rows: usize = parts.iter().map(|(_, w)| w).sum();

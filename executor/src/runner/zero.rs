@@ -101,10 +101,7 @@ pub(super) fn init_space<B: Backend>(
         )?),
     };
     let glen = if zero >= 2 { shard.len() } else { total };
-    let (glen, olen) = match frozen {
-        true => (0, 0),
-        false => (glen, orange.len()),
-    };
+    let (glen, olen) = if frozen { (0, 0) } else { (glen, orange.len()) };
     Ok(Space {
         shard,
         params,
