@@ -358,12 +358,6 @@ fn check_lora(r: &Resolved) -> Result<(), PlanError> {
             "LoRA is executed with GQA/MHA attention only, not MLA; use mode = \"full\" with MLA",
         ));
     }
-    if r.config.parallel.zero >= 3 {
-        return Err(unsupported(
-            "parallel.zero",
-            "LoRA runs with ZeRO 0-2 (ZeRO-3's sharding of the frozen weights is not executed); set zero <= 2",
-        ));
-    }
     Ok(())
 }
 

@@ -86,7 +86,10 @@ fn execute_prints_tables_with_the_prediction() {
 #[test]
 fn unsupported_mixes_and_bad_flags_are_clear_errors() {
     for (args, needle) in [
-        (vec!["--mode", "lora", "--zero", "3"], "parallel.zero"),
+        (
+            vec!["--mode", "lora", "--lora-rank", "0"],
+            "training.lora.rank",
+        ),
         (vec!["--steps", "1", "--warmup", "1"], "--steps"),
         (vec!["--tp", "3"], "parallel.tp"),
     ] {

@@ -58,11 +58,23 @@ impl<B: Backend> Rank<'_, B> {
     /// Every parameter element with its global tensor name and index.
     pub(super) fn export(&mut self) -> Result<Vec<Element>, ExecError> {
         let mut full: [Vec<f32>; SPACES] = [Vec::new(), Vec::new(), Vec::new()];
-        // LoRA's frozen base weights: whole on every rank (LoRA runs with ZeRO 0-2).
-        full[FROZEN_SPACE] = self
-            .ctx
-            .ops
-            .download(View::all(&self.params[FROZEN_SPACE]))?;
+        // LoRA's frozen base weights (sharded under ZeRO-3).
+        let total = layout_len(&self.blocks, FROZEN_SPACE);
+        full[FROZEN_SPACE] = if self.zero >= 3 && total > 0 {
+            let mut out = self.ctx.zeros(Category::Buffers, &[total])?;
+            self.ctx.comm.gather_range(
+                &self.groups[FROZEN_SPACE],
+                self.shards[FROZEN_SPACE].start,
+                View::all(&self.params[FROZEN_SPACE]),
+                0..total,
+                ViewMut::all(&mut out),
+            )?;
+            self.ctx.ops.download(View::all(&out))?
+        } else {
+            self.ctx
+                .ops
+                .download(View::all(&self.params[FROZEN_SPACE]))?
+        };
         for sp in self.spaces() {
             let total = layout_len(&self.blocks, sp);
             full[sp] = if let Some(w) = self.master[sp].as_ref() {

@@ -414,6 +414,18 @@ impl<'a, B: Backend> Rank<'a, B> {
         }
     }
 
+    /// The adapters block of LoRA layer block `bi` and its parameters (gathered under
+    /// ZeRO-3), when the run has adapters.
+    fn adapter_handle(
+        &mut self,
+        bi: usize,
+    ) -> Result<Option<(usize, zero::Handle<B::Tensor>)>, ExecError> {
+        match self.adapters_of(bi) {
+            Some(ai) => Ok(Some((ai, self.handle(ai)?))),
+            None => Ok(None),
+        }
+    }
+
     fn forward(&mut self, stage: u32, mb: u32) -> Result<(), ExecError> {
         let bidx = self
             .stage_blocks
@@ -459,11 +471,14 @@ impl<'a, B: Backend> Rank<'a, B> {
                 continue;
             }
             let (h, eh) = self.block_handles(bi)?;
+            let ah = self.adapter_handle(bi)?;
             let p = params_of(&self.params, &h);
             let experts: Experts<B> = eh
                 .as_ref()
                 .map(|(ei, eh)| (&self.blocks[*ei], params_of(&self.params, eh)));
-            let ad = adapters::<B>(&self.blocks, &self.params, self.adapters_of(bi));
+            let ad: Adapters<B> = ah
+                .as_ref()
+                .map(|(ai, h)| (&self.blocks[*ai], params_of(&self.params, h)));
             let l = &self.blocks[bi];
             match l.kind {
                 BlockKind::Embedding => {
@@ -531,15 +546,20 @@ impl<'a, B: Backend> Rank<'a, B> {
                 continue;
             }
             let ei = self.experts_of(bi);
-            // ZeRO-3 in backward: the block in use (with its experts) and its gradient bucket.
-            self.cache.retain(|(b, _)| *b == bi || Some(*b) == ei);
+            let ai = self.adapters_of(bi);
+            // ZeRO-3 in backward: the block in use (with its experts or adapters) and its
+            // gradient bucket.
+            self.cache
+                .retain(|(b, _)| *b == bi || Some(*b) == ei || Some(*b) == ai);
             let (h, eh) = self.block_handles(bi)?;
+            let ah = self.adapter_handle(bi)?;
             let p = params_of(&self.params, &h);
             let experts: Experts<B> = eh
                 .as_ref()
                 .map(|(ei, eh)| (&self.blocks[*ei], params_of(&self.params, eh)));
-            let ai = self.adapters_of(bi);
-            let ad = adapters::<B>(&self.blocks, &self.params, ai);
+            let ad: Adapters<B> = ah
+                .as_ref()
+                .map(|(ai, h)| (&self.blocks[*ai], params_of(&self.params, h)));
             let la = ai.map(|ai| &self.blocks[ai]);
             let l = &self.blocks[bi];
             let le = ei.map(|ei| &self.blocks[ei]);
@@ -631,7 +651,7 @@ impl<'a, B: Backend> Rank<'a, B> {
                 BlockSaved::Experts => {}
             }
 
-            drop((h, eh));
+            drop((h, eh, ah));
             if let Some(b) = bucket {
                 self.flush_bucket(bi, b)?;
             }
@@ -734,22 +754,6 @@ impl<'a, B: Backend> Rank<'a, B> {
         }
         Ok(())
     }
-}
-
-/// The parameters of adapters block `ai` (never ZeRO-3 sharded: LoRA runs with ZeRO 0-2).
-fn adapters<'p, B: Backend>(
-    blocks: &'p [BlockLayout],
-    params: &'p [B::Tensor; SPACES],
-    ai: Option<usize>,
-) -> Adapters<'p, B> {
-    ai.map(|ai| {
-        let b = &blocks[ai];
-        let v = View {
-            tensor: &params[b.space],
-            range: b.range.clone(),
-        };
-        (b, v)
-    })
 }
 
 /// One timed action: the action, its start and end events, and where its span sits in the

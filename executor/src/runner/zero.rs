@@ -144,7 +144,9 @@ impl<B: Backend> Rank<'_, B> {
         if let Some((_, t)) = self.cache.iter().find(|(b, _)| *b == bi) {
             return Ok(Handle::Gathered(Rc::clone(t)));
         }
-        if self.cache.len() == 2 {
+        // Two layers' blocks: a LoRA layer is two (the frozen layer and its adapters).
+        let cap = if self.plan.lora.is_some() { 4 } else { 2 };
+        if self.cache.len() == cap {
             self.cache.pop_front();
         }
         let mut t = self.ctx.zeros(Category::Buffers, &[r.len()])?;
