@@ -47,6 +47,9 @@ enum BlockSaved<B: Backend> {
 
 type BlockTasks<B> = Vec<(usize, Vec<WTask<B>>)>;
 
+/// A LoRA layer's adapters block (index, parameters).
+type AdapterHandle<T> = Option<(usize, zero::Handle<T>)>;
+
 /// One rank's state across steps.
 pub(super) struct Rank<'a, B: Backend> {
     pub(super) plan: &'a Plan,
@@ -416,10 +419,7 @@ impl<'a, B: Backend> Rank<'a, B> {
 
     /// The adapters block of LoRA layer block `bi` and its parameters (gathered under
     /// ZeRO-3), when the run has adapters.
-    fn adapter_handle(
-        &mut self,
-        bi: usize,
-    ) -> Result<Option<(usize, zero::Handle<B::Tensor>)>, ExecError> {
+    fn adapter_handle(&mut self, bi: usize) -> Result<AdapterHandle<B::Tensor>, ExecError> {
         match self.adapters_of(bi) {
             Some(ai) => Ok(Some((ai, self.handle(ai)?))),
             None => Ok(None),
