@@ -566,6 +566,21 @@ impl Plan {
         } else if ep > 1 {
             return Err(PlanError::EpWithoutMoe { ep });
         }
+        if let Some(l) = &self.lora {
+            let bad = |field, rule| Err(PlanError::Lora { field, rule });
+            if l.rank == 0 {
+                return bad("rank", "must be at least 1");
+            }
+            if !(l.alpha.is_finite() && l.alpha > 0.0) {
+                return bad("alpha", "must be a positive finite number");
+            }
+            if m.moe.is_some() || m.mla.is_some() {
+                return bad(
+                    "rank",
+                    "adapters run on dense layers with GQA/MHA attention only (no MoE, no MLA)",
+                );
+            }
+        }
         let world = (p.tp * p.cp * p.pp * p.dp) as usize;
         if self.ranks.len() != world {
             return Err(PlanError::RankCount {

@@ -117,3 +117,21 @@ fn zero_b_leaves_the_first_loss_of_the_base_model() {
     let base = run(&plan, Vec::new()).loss[0];
     assert_eq!(lora, base);
 }
+
+/// A zero rank or a non-positive alpha is refused by field, not run with an infinite scale.
+#[test]
+fn a_bad_lora_shape_is_refused_by_field() {
+    for (rank, alpha, field) in [
+        (0, 6.0, "lora.rank"),
+        (3, 0.0, "lora.alpha"),
+        (3, f32::NAN, "lora.alpha"),
+    ] {
+        let mut plan = lora_plan(Activation::Swiglu, Recompute::None);
+        let l = plan.lora.as_mut().expect("lora");
+        (l.rank, l.alpha) = (rank, alpha);
+        let err = run_cpu(&plan, &RunOptions::default())
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains(field), "{err}");
+    }
+}
