@@ -199,6 +199,11 @@ pub fn lora_adapter(name: &'static str, base: &Linear, rank: u64, d: &Dims) -> O
     });
     op.model_flops = Flops::matmul(2.0 * d.tokens as f64 * total as f64, true);
     op.rank_flops = Flops::matmul(2.0 * (a_rows * a + b_rows * b) as f64, true);
+    op.lora_replicated_params = match base.split {
+        Split::Column => i * rank,
+        Split::Row => rank * o,
+        Split::Replicated => 0,
+    };
     op.temp(out_rows * out_cols * d.act)
         .save(TensorRole::LoraIntermediate, d.n_sp * rank * d.act)
 }
