@@ -166,7 +166,8 @@ pub fn row_bias(name: &'static str, features: u64, trainable: bool) -> Op {
 }
 
 /// A LoRA adapter (Hu et al. 2021) beside a frozen linear: A (r x in) and B (out x r), split
-/// over TP with the base layer as Megatron-Core/NeMo split it: a column-parallel layer's A is
+/// over TP with the base layer as Hugging Face PEFT's `LoraParallelLinear` splits it for
+/// Megatron layers: a column-parallel layer's A is
 /// replicated and its B split by output rows, a row-parallel layer's A split by input columns
 /// and its B replicated. Saves the rank-r intermediate (alpha/r) A x on the sequence-parallel
 /// region, and holds the adapter's output (B's half of the layer output) as a forward

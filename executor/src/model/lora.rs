@@ -3,10 +3,13 @@
 //! B [out, r]; only A and B train. Targets are the engine's: the fused QKV projection and fc1
 //! (column-parallel), the attention output projection and fc2 (row-parallel).
 //!
-//! Tensor parallelism follows Megatron-Core/NeMo's split of the adapter with its base layer
-//! (NeMo's `ParallelLinearAdapter`: the adapter's input side takes the base layer's input
-//! layout, its output side the base layer's output layout), with the replicated factor on the
-//! residual (sequence-parallel) region as Megatron keeps norms there:
+//! Tensor parallelism follows Hugging Face PEFT's `LoraParallelLinear` for Megatron layers
+//! (peft/tuners/lora/tp_layer.py: a row-parallel base gets a row-parallel A and a plain B, a
+//! column-parallel base a plain A and a column-parallel B). NeMo/Megatron-Bridge's
+//! `ParallelLinearAdapter` agrees for row-parallel layers but splits a column-parallel layer's
+//! A over its rank dimension (a `ColumnParallelLinear` with `gather_output`); we keep A whole
+//! there, so no gather of A x is needed. The replicated factor works on the residual
+//! (sequence-parallel) region, as Megatron keeps norms there:
 //! - column-parallel base: A replicated and applied to the block's normed input on its
 //!   region (the sequence shard under SP), the rank-r result all-gathered over TP under SP; B
 //!   split by output rows like W. Backward: dB local; d(Ax) is a partial sum over TP (each
