@@ -179,6 +179,8 @@ pub enum StateError {
     MoeWithoutEpGroup,
     #[error("an expert gradient without an experts block")]
     ExpertGradientWithoutBlock,
+    #[error("a LoRA adapter gradient without an adapters block")]
+    AdapterGradientWithoutBlock,
     #[error("an MoE layer's saved state and experts block disagree")]
     MoeSavedMismatch,
 }

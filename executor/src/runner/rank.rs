@@ -586,7 +586,7 @@ impl<'a, B: Backend> Rank<'a, B> {
                     (le, &mut ebucket, EXPERT_SPACE)
                 } else if t.is_adapter() {
                     let la =
-                        la.ok_or_else(|| ExecError::from(StateError::ExpertGradientWithoutBlock))?;
+                        la.ok_or_else(|| ExecError::from(StateError::AdapterGradientWithoutBlock))?;
                     (la, &mut abucket, DENSE_SPACE)
                 } else {
                     (l, &mut bucket, DENSE_SPACE)
