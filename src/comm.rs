@@ -143,12 +143,20 @@ pub fn step_collectives(
             coll: coll(CollectiveKind::AllReduce, GroupKind::Pp, 2, emb, 1),
         });
     }
-    if l.dims.sp && !l.dims.lora {
-        let replicated: u64 = chunks
-            .iter()
-            .flat_map(|c| c.blocks(s))
-            .map(|(b, n)| b.params.tp_replicated * n)
-            .sum();
+    // Under LoRA the norms are frozen; the replicated adapter factors take their place.
+    let replicated: u64 = chunks
+        .iter()
+        .flat_map(|c| c.blocks(s))
+        .map(|(b, n)| {
+            let p = &b.params;
+            n * if l.dims.lora {
+                p.lora_replicated
+            } else {
+                p.tp_replicated
+            }
+        })
+        .sum();
+    if l.dims.sp && (!l.dims.lora || replicated > 0) {
         out.push(StepCollective {
             role: StepRole::ReplicatedGrads,
             coll: coll(

@@ -7,14 +7,14 @@
 //! backward), unless both stages sit on the same rank (the bottom of a V).
 
 use crate::config::{
-    Activation, CpComm, Normalization, PositionEmbedding, Recompute, Resolved, RouterScore,
-    TrainingMode,
+    Activation, CpComm, LoraTarget, Normalization, PositionEmbedding, Recompute, Resolved,
+    RouterScore, TrainingMode,
 };
 use crate::layout::{Coords as LCoords, GroupKind, Layout};
 use crate::schedule::{self, ActionKind, ScheduleError};
 use parsim_executor::plan::{
-    self as xp, Action, AdamConfig, Coords, MlaShape, ModelShape, MoeShape, Parallelism, Plan,
-    RankPlan, RouterShape, StagePlan,
+    self as xp, Action, AdamConfig, Coords, LoraShape, MlaShape, ModelShape, MoeShape, Parallelism,
+    Plan, RankPlan, RouterShape, StagePlan,
 };
 
 /// Why a configuration cannot be executed (yet).
@@ -115,11 +115,8 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
             "the executor runs rotary or learned positions",
         ));
     }
-    if t.mode != TrainingMode::Full {
-        return Err(unsupported(
-            "training.mode",
-            "LoRA is not executed yet; use mode = \"full\"",
-        ));
+    if t.mode == TrainingMode::Lora {
+        check_lora(r)?;
     }
     let v = m.padded_vocab_size(p.tp);
     if v % p.tp as u64 != 0 {
@@ -346,6 +343,41 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
     }
 }
 
+/// Refuses the LoRA mixes the executor does not run yet, naming the field.
+fn check_lora(r: &Resolved) -> Result<(), PlanError> {
+    let m = &r.config.model;
+    if m.is_moe() {
+        return Err(unsupported(
+            "training.mode",
+            "LoRA is executed on dense models only (the shared experts' adapters are not); use mode = \"full\" with MoE",
+        ));
+    }
+    if m.mla.is_some() {
+        return Err(unsupported(
+            "training.mode",
+            "LoRA is executed with GQA/MHA attention only, not MLA; use mode = \"full\" with MLA",
+        ));
+    }
+    Ok(())
+}
+
+/// The executor's LoRA settings: rank, alpha (the rank when absent) and targets.
+fn lora_shape(r: &Resolved) -> Option<LoraShape> {
+    let t = &r.config.training;
+    (t.mode == TrainingMode::Lora).then(|| {
+        let has = |x: LoraTarget| t.lora.targets.contains(&x);
+        LoraShape {
+            rank: t.lora.rank as usize,
+            alpha: t.lora.alpha.unwrap_or(t.lora.rank as f64) as f32,
+            qkv: has(LoraTarget::Qkv),
+            proj: has(LoraTarget::Proj),
+            fc1: has(LoraTarget::Fc1),
+            fc2: has(LoraTarget::Fc2),
+            seeded_b: false,
+        }
+    })
+}
+
 /// The executor's parallel degrees of a resolved configuration.
 fn parallelism(r: &Resolved) -> Parallelism {
     let p = &r.config.parallel;
@@ -448,5 +480,6 @@ pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
         schedule: p.schedule.as_str().to_string(),
         stages,
         ranks,
+        lora: lora_shape(r),
     })
 }

@@ -16,6 +16,8 @@ mod doctor;
 mod dropout;
 #[path = "executor/equivalence.rs"]
 mod equivalence;
+#[path = "executor/lora.rs"]
+mod lora;
 #[path = "executor/memory.rs"]
 mod memory;
 #[path = "executor/mla.rs"]

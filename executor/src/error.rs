@@ -118,6 +118,12 @@ pub enum PlanError {
     AuxLossWithSigmoid,
     #[error("ep = {ep} needs MoE layers")]
     EpWithoutMoe { ep: usize },
+    /// LoRA (Hu et al. 2021): a positive rank and a positive finite alpha.
+    #[error("lora.{field}: {rule}")]
+    Lora {
+        field: &'static str,
+        rule: &'static str,
+    },
     #[error("{ranks} rank plans for world tp x cp x pp x dp = {world}")]
     RankCount { ranks: usize, world: usize },
     #[error("rank plan {index} has rank {rank}")]
@@ -173,6 +179,8 @@ pub enum StateError {
     MoeWithoutEpGroup,
     #[error("an expert gradient without an experts block")]
     ExpertGradientWithoutBlock,
+    #[error("a LoRA adapter gradient without an adapters block")]
+    AdapterGradientWithoutBlock,
     #[error("an MoE layer's saved state and experts block disagree")]
     MoeSavedMismatch,
 }

@@ -210,6 +210,31 @@ pub struct Parallelism {
     pub recompute: Recompute,
 }
 
+/// LoRA fine-tuning (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models"):
+/// every base weight frozen, a trainable pair A [rank, in], B [out, rank] beside each target
+/// projection, its output scaled by `alpha / rank`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LoraShape {
+    pub rank: usize,
+    pub alpha: f32,
+    /// The engine's targets: the fused QKV projection, the attention output projection, the
+    /// MLP's fc1 (gate and up under SwiGLU) and fc2.
+    pub qkv: bool,
+    pub proj: bool,
+    pub fc1: bool,
+    pub fc2: bool,
+    /// B drawn from the seed instead of zero (Hu et al. start B at zero, which makes the first
+    /// step's adapter output vanish): equivalence tests use it so they cannot pass trivially.
+    pub seeded_b: bool,
+}
+
+impl LoraShape {
+    /// The adapter output's scale alpha / r.
+    pub fn scale(&self) -> f32 {
+        self.alpha / self.rank as f32
+    }
+}
+
 /// Adam hyper-parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct AdamConfig {
@@ -335,6 +360,9 @@ pub struct Plan {
     pub schedule: String,
     pub stages: Vec<StagePlan>,
     pub ranks: Vec<RankPlan>,
+    /// LoRA fine-tuning (`None`: every weight trains).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraShape>,
 }
 
 impl Plan {
@@ -400,6 +428,7 @@ impl Plan {
                 stages: vec![0],
                 actions,
             }],
+            lora: None,
         }
     }
 
@@ -536,6 +565,21 @@ impl Plan {
             }
         } else if ep > 1 {
             return Err(PlanError::EpWithoutMoe { ep });
+        }
+        if let Some(l) = &self.lora {
+            let bad = |field, rule| Err(PlanError::Lora { field, rule });
+            if l.rank == 0 {
+                return bad("rank", "must be at least 1");
+            }
+            if !(l.alpha.is_finite() && l.alpha > 0.0) {
+                return bad("alpha", "must be a positive finite number");
+            }
+            if m.moe.is_some() || m.mla.is_some() {
+                return bad(
+                    "rank",
+                    "adapters run on dense layers with GQA/MHA attention only (no MoE, no MLA)",
+                );
+            }
         }
         let world = (p.tp * p.cp * p.pp * p.dp) as usize;
         if self.ranks.len() != world {

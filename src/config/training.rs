@@ -10,6 +10,10 @@ use serde::{Deserialize, Serialize};
 pub struct LoraConfig {
     pub rank: u64,
     pub targets: Vec<LoraTarget>,
+    /// The adapter output is scaled by alpha / rank; absent: alpha = rank (scale 1, Hu et al.
+    /// set alpha to the first rank tried). Changes no estimate, only the executed update.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alpha: Option<f64>,
 }
 
 impl Default for LoraConfig {
@@ -17,6 +21,7 @@ impl Default for LoraConfig {
         LoraConfig {
             rank: 16,
             targets: vec![LoraTarget::Qkv, LoraTarget::Proj],
+            alpha: None,
         }
     }
 }

@@ -165,12 +165,25 @@ pub fn row_bias(name: &'static str, features: u64, trainable: bool) -> Op {
     op
 }
 
-/// A LoRA adapter (Hu et al. 2021) beside a frozen linear: A (in x r) and B (r x out), split
-/// over TP like the base layer (counted as TP-sharded), saving the rank-r intermediate.
+/// A LoRA adapter (Hu et al. 2021) beside a frozen linear: A (r x in) and B (out x r), split
+/// over TP with the base layer as Hugging Face PEFT's `LoraParallelLinear` splits it for
+/// Megatron layers: a column-parallel layer's A is
+/// replicated and its B split by output rows, a row-parallel layer's A split by input columns
+/// and its B replicated. Saves the rank-r intermediate (alpha/r) A x on the sequence-parallel
+/// region, and holds the adapter's output (B's half of the layer output) as a forward
+/// transient before it is added to the base output.
 pub fn lora_adapter(name: &'static str, base: &Linear, rank: u64, d: &Dims) -> Op {
     let (i, o) = (base.in_features, base.out_features);
     let total = i * rank + rank * o;
-    let per_rank = total.div_ceil(d.t);
+    // (A's elements and the tokens it sees, B's and its tokens) on this rank: the replicated
+    // factor works on the sequence-parallel region (n_sp tokens), the split one on all n.
+    let ((a, a_rows), (b, b_rows)) = match base.split {
+        Split::Column => ((i * rank, d.n_sp), ((rank * o).div_ceil(d.t), d.n)),
+        Split::Row => (((i * rank).div_ceil(d.t), d.n), (rank * o, d.n_sp)),
+        Split::Replicated => ((i * rank, d.n), (rank * o, d.n)),
+    };
+    let per_rank = a + b;
+    let (out_rows, out_cols) = (b_rows, b / rank.max(1));
     let mut op = Op::new(
         name,
         OpKind::Matmul {
@@ -186,6 +199,12 @@ pub fn lora_adapter(name: &'static str, base: &Linear, rank: u64, d: &Dims) -> O
         trainable: true,
     });
     op.model_flops = Flops::matmul(2.0 * d.tokens as f64 * total as f64, true);
-    op.rank_flops = Flops::matmul(2.0 * d.n as f64 * per_rank as f64, true);
-    op.save(TensorRole::LoraIntermediate, d.n * rank * d.act)
+    op.rank_flops = Flops::matmul(2.0 * (a_rows * a + b_rows * b) as f64, true);
+    op.lora_replicated_params = match base.split {
+        Split::Column => i * rank,
+        Split::Row => rank * o,
+        Split::Replicated => 0,
+    };
+    op.temp(out_rows * out_cols * d.act)
+        .save(TensorRole::LoraIntermediate, d.n_sp * rank * d.act)
 }

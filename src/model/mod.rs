@@ -57,6 +57,9 @@ pub struct ParamSums {
     pub tp_replicated: u64,
     /// Unsharded count of routed-expert parameters.
     pub expert_total: u64,
+    /// LoRA: adapter elements replicated over TP (see `Op::lora_replicated_params`).
+    #[serde(skip_serializing_if = "op::is_zero")]
+    pub lora_replicated: u64,
 }
 
 impl ParamSums {
@@ -72,6 +75,7 @@ impl ParamSums {
         self.rank_expert_trainable += o.rank_expert_trainable * times;
         self.tp_replicated += o.tp_replicated * times;
         self.expert_total += o.expert_total * times;
+        self.lora_replicated += o.lora_replicated * times;
     }
 }
 
@@ -136,7 +140,10 @@ impl Block {
     }
 
     pub fn params(&self) -> ParamSums {
-        let mut s = ParamSums::default();
+        let mut s = ParamSums {
+            lora_replicated: self.ops.iter().map(|o| o.lora_replicated_params).sum(),
+            ..ParamSums::default()
+        };
         for p in self.ops.iter().filter_map(|o| o.params) {
             s.total += p.total;
             match p.class {

@@ -195,6 +195,10 @@ impl Collective {
     }
 }
 
+pub(crate) fn is_zero(x: &u64) -> bool {
+    *x == 0
+}
+
 /// One op of the ledger, sized for one microbatch on the most loaded rank of its kind.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Op {
@@ -218,6 +222,11 @@ pub struct Op {
     /// The gradient of the op's output, held while its backward runs (set where it is not
     /// already counted as another op's transient: the attention core's dO).
     pub grad_out_bytes: u64,
+    /// LoRA: the adapter elements this rank holds whole though TP splits the base layer (a
+    /// column-parallel layer's A, a row-parallel layer's B); under SP their gradients are
+    /// partial sums over the sequence shards, reduced over TP like the norms'.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub lora_replicated_params: u64,
     pub comms: Vec<Collective>,
 }
 
@@ -236,6 +245,7 @@ impl Op {
             temp_bytes: 0,
             backward_scratch_bytes: 0,
             grad_out_bytes: 0,
+            lora_replicated_params: 0,
             comms: Vec::new(),
         }
     }

@@ -86,7 +86,10 @@ fn execute_prints_tables_with_the_prediction() {
 #[test]
 fn unsupported_mixes_and_bad_flags_are_clear_errors() {
     for (args, needle) in [
-        (vec!["--mode", "lora"], "training.mode"),
+        (
+            vec!["--mode", "lora", "--lora-rank", "0"],
+            "training.lora.rank",
+        ),
         (vec!["--steps", "1", "--warmup", "1"], "--steps"),
         (vec!["--tp", "3"], "parallel.tp"),
     ] {
@@ -99,6 +102,46 @@ fn unsupported_mixes_and_bad_flags_are_clear_errors() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+/// LoRA from the estimate's flags: TP 2 + SP, PP 2, DP 2 with ZeRO 1, adapters of rank 4 on
+/// the default targets (qkv, proj); every rank's peak within 2% of the prediction.
+#[test]
+fn execute_runs_lora_from_the_mode_flag() {
+    let out = parsim()
+        .args([
+            "execute",
+            "--config",
+            SMALL,
+            "--mode",
+            "lora",
+            "--lora-rank",
+            "4",
+            "--steps",
+            "2",
+            "--json",
+        ])
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let ranks = v["ranks"].as_array().expect("ranks");
+    assert_eq!(ranks.len(), 8);
+    for r in ranks {
+        let (meas, pred) = (
+            r["peak_bytes"].as_u64().expect("peak") as f64,
+            r["predicted_peak_bytes"].as_u64().expect("prediction") as f64,
+        );
+        assert!(
+            (meas - pred).abs() / pred <= 0.02,
+            "rank {}: {meas} vs {pred}",
+            r["rank"]
+        );
     }
 }
 

@@ -7,6 +7,7 @@
 //! of `moe.rs` after the pre-MLP norm instead of the dense MLP.
 
 use super::dropout::{dropout_grad, hidden_dropout};
+use super::lora::{self, Adapters, LoraSaved, Target};
 use super::mla::{mla_bwd, mla_fwd, MlaSaved, Qkv};
 use super::moe::{moe_bwd, moe_fwd, MoeSaved};
 use super::params::{BlockKind, BlockLayout};
@@ -43,6 +44,8 @@ pub struct LayerSaved<B: Backend> {
     pub moe: Option<Box<MoeSaved<B>>>,
     /// MLA's latents (DeepSeek-V2), when the model has MLA.
     pub mla: Option<Box<MlaSaved<B>>>,
+    /// LoRA's rank-r intermediates, when the layer has adapters.
+    pub lora: Option<Box<LoraSaved<B>>>,
 }
 
 /// An MoE layer's experts block and its parameters.
@@ -80,6 +83,7 @@ pub fn layer_fwd<B: Backend>(
     l: &BlockLayout,
     p: View<'_, B::Tensor>,
     experts: Experts<B>,
+    ad: Adapters<B>,
     x: B::Tensor,
 ) -> Result<(B::Tensor, LayerSaved<B>), ExecError> {
     let m = &ctx.plan.model;
@@ -93,6 +97,7 @@ pub fn layer_fwd<B: Backend>(
     let (n, n_sp, h) = (ctx.n, ctx.n_sp, rd.h);
     let act_kind = m.activation;
     let a = Category::Activations;
+    let mut ls = LoraSaved::default();
 
     let mut ln1 = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops
@@ -101,7 +106,7 @@ pub fn layer_fwd<B: Backend>(
         let ((q, k, v), ms) = mla_fwd(ctx, l, &p, &ln1)?;
         (q, k, v, Some(Box::new(ms)))
     } else {
-        let (q, k, v) = qkv_fwd(ctx, l, &p, &ln1)?;
+        let (q, k, v) = qkv_fwd(ctx, l, &p, &ln1, &ad, &mut ls)?;
         (q, k, v, None)
     };
     let ow = rd.a_r * rd.dv;
@@ -119,6 +124,9 @@ pub fn layer_fwd<B: Backend>(
     ctx.ops
         .linear_fwd(&o, slice(&p, l, PROJ), (n, ow, h), &mut partial)?;
     let mut attn_out = ctx.reduce_to_region(partial, Category::Buffers)?;
+    if let Some(ad) = &ad {
+        lora::row_fwd(ctx, ad, Target::Proj, &o, &mut attn_out, &mut ls)?;
+    }
     hidden_dropout(ctx, layer_index(l), DropoutSite::Attention, &mut attn_out)?;
     let mut x1 = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops.add(&x, &attn_out, &mut x1)?;
@@ -151,6 +159,7 @@ pub fn layer_fwd<B: Backend>(
                 act,
                 moe,
                 mla,
+                lora: ad.is_some().then(|| Box::new(ls)),
             },
         ));
     }
@@ -159,12 +168,18 @@ pub fn layer_fwd<B: Backend>(
     ctx.with_gathered(&ln2, |c, xg| {
         c.ops.linear_fwd(xg, slice(&p, l, FC1), (n, h, fc1), &mut u)
     })?;
+    if let Some(ad) = &ad {
+        lora::col_fwd(ctx, ad, Target::Fc1, &ln2, &mut u, &mut ls)?;
+    }
     let mut act = ctx.zeros(a, &[n, rd.f_r])?;
     ctx.ops.act_fwd(act_kind, &u, &mut act)?;
     let mut partial = ctx.zeros(Category::Buffers, &[n, h])?;
     ctx.ops
         .linear_fwd(&act, slice(&p, l, FC2), (n, rd.f_r, h), &mut partial)?;
     let mut mlp_out = ctx.reduce_to_region(partial, Category::Buffers)?;
+    if let Some(ad) = &ad {
+        lora::row_fwd(ctx, ad, Target::Fc2, &act, &mut mlp_out, &mut ls)?;
+    }
     hidden_dropout(ctx, layer_index(l), DropoutSite::Mlp, &mut mlp_out)?;
     let mut y = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops.add(&x1, &mlp_out, &mut y)?;
@@ -185,6 +200,7 @@ pub fn layer_fwd<B: Backend>(
             act,
             moe: None,
             mla,
+            lora: ad.is_some().then(|| Box::new(ls)),
         },
     ))
 }
@@ -196,6 +212,8 @@ fn qkv_fwd<B: Backend>(
     l: &BlockLayout,
     p: &View<'_, B::Tensor>,
     ln1: &B::Tensor,
+    ad: &Adapters<B>,
+    ls: &mut LoraSaved<B>,
 ) -> Result<Qkv<B>, ExecError> {
     let rd = ctx.rd;
     let (n, h, d) = (ctx.n, rd.h, rd.d);
@@ -207,6 +225,9 @@ fn qkv_fwd<B: Backend>(
         c.ops
             .linear_fwd(xg, slice(p, l, QKV), (n, h, qkv_r), &mut qkv)
     })?;
+    if let Some(ad) = ad {
+        lora::col_fwd(ctx, ad, Target::Qkv, ln1, &mut qkv, ls)?;
+    }
     let (qw, kw) = (rd.a_r * d, rd.g_r * d);
     let mut q = ctx.zeros(a, &[n, qw])?;
     let mut k = ctx.zeros(a, &[n, kw])?;
@@ -225,11 +246,13 @@ fn qkv_fwd<B: Backend>(
 
 /// Input gradient of one layer: dx [n_sp, h] from dy [n_sp, h]; each weight-gradient task goes
 /// to `sink` as soon as its tensors exist (so a full backward frees them at once).
+#[allow(clippy::too_many_arguments)]
 pub fn layer_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: View<'_, B::Tensor>,
     experts: Experts<B>,
+    ad: Adapters<B>,
     s: LayerSaved<B>,
     dy: B::Tensor,
     sink: &mut Sink<B>,
@@ -255,7 +278,9 @@ pub fn layer_bwd<B: Backend>(
         act,
         moe,
         mla,
+        lora: ls,
     } = s;
+    let mut ls = ls.map(|b| *b).unwrap_or_default();
 
     // MLP: fc2 (row-parallel), activation, fc1 (column-parallel), norm; or the experts.
     let d_mlp = dropout_grad(ctx, l, DropoutSite::Mlp, &dy)?;
@@ -268,6 +293,18 @@ pub fn layer_bwd<B: Backend>(
             let mut d_act = ctx.zeros(b, &[n, rd.f_r])?;
             ctx.ops
                 .linear_dgrad(&dyg, slice(&p, l, FC2), (n, rd.f_r, h), &mut d_act, false)?;
+            if let Some(ad) = &ad {
+                lora::row_bwd(
+                    ctx,
+                    ad,
+                    Target::Fc2,
+                    &mut ls,
+                    &act,
+                    dy_mlp,
+                    &mut d_act,
+                    sink,
+                )?;
+            }
             sink(
                 ctx,
                 WTask::Linear {
@@ -289,7 +326,10 @@ pub fn layer_bwd<B: Backend>(
             let mut part = ctx.zeros(b, &[n, h])?;
             ctx.ops
                 .linear_dgrad(&du, slice(&p, l, FC1), (n, h, rd.fc1_r), &mut part, false)?;
-            let d_ln2 = ctx.reduce_to_region(part, b)?;
+            let mut d_ln2 = ctx.reduce_to_region(part, b)?;
+            if let Some(ad) = &ad {
+                lora::col_bwd(ctx, ad, Target::Fc1, &mut ls, &ln2, &du, &mut d_ln2, sink)?;
+            }
             sink(
                 ctx,
                 WTask::Linear {
@@ -331,10 +371,14 @@ pub fn layer_bwd<B: Backend>(
     let (qw, kw, ow) = (rd.a_r * d, rd.g_r * d, rd.a_r * rd.dv);
     let d_attn = dropout_grad(ctx, l, DropoutSite::Attention, &dx1)?;
     let dxg = ctx.expand_grad(d_attn.as_ref().unwrap_or(&dx1))?;
-    drop(d_attn);
     let mut d_o = ctx.zeros(b, &[n, ow])?;
     ctx.ops
         .linear_dgrad(&dxg, slice(&p, l, PROJ), (n, ow, h), &mut d_o, false)?;
+    if let Some(ad) = &ad {
+        let dy_reg = d_attn.as_ref().unwrap_or(&dx1);
+        lora::row_bwd(ctx, ad, Target::Proj, &mut ls, &o, dy_reg, &mut d_o, sink)?;
+    }
+    drop(d_attn);
     // Context parallelism needs rowsum(dO * O) before the output goes to the weight gradient.
     let delta = match ctx.cp {
         Some(_) => Some(cp::row_delta(ctx, &d_o, &o)?),
@@ -376,7 +420,7 @@ pub fn layer_bwd<B: Backend>(
     };
     let d_ln1 = match mla {
         Some(ms) => mla_bwd(ctx, l, &p, *ms, ln1, dq, dk, dv, sink)?,
-        None => qkv_bwd(ctx, l, &p, ln1, dq, dk, dv, sink)?,
+        None => qkv_bwd(ctx, l, &p, ln1, [dq, dk, dv], (&ad, &mut ls), sink)?,
     };
     let mut dx = dx1;
     ctx.ops.norm_dgrad(
@@ -400,15 +444,13 @@ pub fn layer_bwd<B: Backend>(
 }
 
 /// The normed block input's gradient [n_sp, h] through rotary and the fused QKV projection.
-#[allow(clippy::too_many_arguments)]
 fn qkv_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: &View<'_, B::Tensor>,
     ln1: B::Tensor,
-    mut dq: B::Tensor,
-    mut dk: B::Tensor,
-    dv: B::Tensor,
+    [mut dq, mut dk, dv]: [B::Tensor; 3],
+    (ad, ls): (&Adapters<B>, &mut LoraSaved<B>),
     sink: &mut Sink<B>,
 ) -> Result<B::Tensor, ExecError> {
     let rd = ctx.rd;
@@ -429,7 +471,10 @@ fn qkv_bwd<B: Backend>(
     let mut part = ctx.zeros(b, &[n, h])?;
     ctx.ops
         .linear_dgrad(&dqkv, slice(p, l, QKV), (n, h, qkv_r), &mut part, false)?;
-    let d_ln1 = ctx.reduce_to_region(part, b)?;
+    let mut d_ln1 = ctx.reduce_to_region(part, b)?;
+    if let Some(ad) = ad {
+        lora::col_bwd(ctx, ad, Target::Qkv, ls, &ln1, &dqkv, &mut d_ln1, sink)?;
+    }
     let sp = ctx.sp;
     sink(
         ctx,

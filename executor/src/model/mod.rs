@@ -14,6 +14,7 @@ pub mod data;
 pub mod dropout;
 pub mod ends;
 pub mod layer;
+pub mod lora;
 pub mod mla;
 pub mod moe;
 pub mod params;
@@ -246,6 +247,9 @@ pub enum WTask<B: Backend> {
     /// A gradient already computed (a norm's, when its task is held for a W action: the
     /// norm's input and output gradient need not wait).
     Ready { tensor: usize, grad: B::Tensor },
+    /// A LoRA adapter's gradient, computed: added to tensor `tensor` of the layer's adapters
+    /// block (the layer's own block is frozen).
+    Adapter { tensor: usize, grad: B::Tensor },
     /// dW += dY^T X for tensor `tensor` [o, i] of an MoE layer's experts block (rows: those
     /// the expert received); the caller runs it against that block.
     Expert {
@@ -275,6 +279,10 @@ impl<B: Backend> WTask<B> {
                 WTask::Ready { tensor, grad }
             }
             WTask::Ready { tensor, grad } => WTask::Ready { tensor, grad },
+            WTask::Adapter { tensor, grad } => WTask::Adapter {
+                tensor,
+                grad: ctx.ops.recat(grad, a),
+            },
             WTask::Expert {
                 tensor,
                 x,
@@ -335,6 +343,11 @@ impl<B: Backend> WTask<B> {
         })
     }
 
+    /// True for a LoRA adapter's gradient (it goes to the layer's adapters block).
+    pub fn is_adapter(&self) -> bool {
+        matches!(self, WTask::Adapter { .. })
+    }
+
     /// True for a task of an MoE layer's experts block.
     pub fn is_expert(&self) -> bool {
         matches!(self, WTask::Expert { .. })
@@ -388,6 +401,10 @@ impl<B: Backend> WTask<B> {
                 ctx.ops.linear_wgrad(&dy, &x, (rows, i, o), grad.sub(r))?;
             }
             WTask::Ready {
+                tensor,
+                grad: ready,
+            }
+            | WTask::Adapter {
                 tensor,
                 grad: ready,
             } => {

@@ -22,12 +22,19 @@ pub enum BlockKind {
     Output,
     /// The routed experts of MoE layer l held by this rank (fc1 and fc2 of each).
     Experts(u32),
+    /// LoRA: the trainable adapters of layer l (its own block is frozen).
+    Adapters(u32),
 }
 
 /// The flat buffer of dense parameters.
 pub const DENSE_SPACE: usize = 0;
 /// The flat buffer of expert parameters.
 pub const EXPERT_SPACE: usize = 1;
+/// LoRA: the flat buffer of the frozen base weights (parameters only: no gradients, no
+/// optimizer states); the adapters then make up the dense space.
+pub const FROZEN_SPACE: usize = 2;
+/// Number of flat buffers.
+pub const SPACES: usize = 3;
 
 /// A rectangle of a global tensor that a local tensor holds (stacked by rows).
 #[derive(Debug, Clone, PartialEq)]
@@ -230,7 +237,7 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
     let (h, d, r) = (rd.h, rd.d, rd.tp_rank);
     let std = m.init_std;
     let mut blocks = Vec::new();
-    let mut next = [0usize; 2];
+    let mut next = [0usize; SPACES];
     let mut emit = |kind: BlockKind, stage: u32, fill: &dyn Fn(&mut Builder)| {
         let mut b = Builder {
             tensors: Vec::new(),
@@ -239,6 +246,8 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
         fill(&mut b);
         let space = match kind {
             BlockKind::Experts(_) => EXPERT_SPACE,
+            BlockKind::Adapters(_) => DENSE_SPACE,
+            _ if plan.lora.is_some() => FROZEN_SPACE,
             _ => DENSE_SPACE,
         };
         blocks.push(BlockLayout {
@@ -347,6 +356,11 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                     mla_up(b, m.norm, a, &p, &rd, std);
                 }
             });
+            if let Some(lora) = &plan.lora {
+                emit(BlockKind::Adapters(l), s, &|b| {
+                    super::lora::push_adapters(b, lora, &rd, m.heads * rd.dv, m.ffn, l, std)
+                });
+            }
             if let (true, Some(moe)) = (m.is_moe_layer(l), &m.moe) {
                 emit(BlockKind::Experts(l), s, &|b| {
                     let per = moe.num_experts / plan.parallel.ep.max(1) as usize;

@@ -5,7 +5,7 @@ use super::rank::Rank;
 use crate::backend::{Backend, Device, DeviceCollectives, ReduceOp, View, ViewMut};
 use crate::error::ExecError;
 use crate::memory::Category;
-use crate::model::params::layout_len;
+use crate::model::params::{layout_len, FROZEN_SPACE, SPACES};
 use std::collections::{BTreeMap, HashMap};
 
 /// (global tensor name, flat index in it, value).
@@ -46,16 +46,35 @@ impl<B: Backend> Rank<'_, B> {
     }
 
     pub(super) fn export_grads(&self) -> Result<Vec<Element>, ExecError> {
+        // LoRA's frozen weights have no gradients (an empty buffer: not labelled).
         let full = [
             self.ctx.ops.download(View::all(&self.grads[0]))?,
             self.ctx.ops.download(View::all(&self.grads[1]))?,
+            Vec::new(),
         ];
         Ok(self.label(&full))
     }
 
     /// Every parameter element with its global tensor name and index.
     pub(super) fn export(&mut self) -> Result<Vec<Element>, ExecError> {
-        let mut full: [Vec<f32>; 2] = [Vec::new(), Vec::new()];
+        let mut full: [Vec<f32>; SPACES] = [Vec::new(), Vec::new(), Vec::new()];
+        // LoRA's frozen base weights (sharded under ZeRO-3).
+        let total = layout_len(&self.blocks, FROZEN_SPACE);
+        full[FROZEN_SPACE] = if self.zero >= 3 && total > 0 {
+            let mut out = self.ctx.zeros(Category::Buffers, &[total])?;
+            self.ctx.comm.gather_range(
+                &self.groups[FROZEN_SPACE],
+                self.shards[FROZEN_SPACE].start,
+                View::all(&self.params[FROZEN_SPACE]),
+                0..total,
+                ViewMut::all(&mut out),
+            )?;
+            self.ctx.ops.download(View::all(&out))?
+        } else {
+            self.ctx
+                .ops
+                .download(View::all(&self.params[FROZEN_SPACE]))?
+        };
         for sp in self.spaces() {
             let total = layout_len(&self.blocks, sp);
             full[sp] = if let Some(w) = self.master[sp].as_ref() {
@@ -90,11 +109,11 @@ impl<B: Backend> Rank<'_, B> {
         Ok(self.label(&full))
     }
 
-    /// Each element of the two full (unsharded) parameter spaces with its global tensor name
-    /// and index.
-    fn label(&self, full: &[Vec<f32>; 2]) -> Vec<Element> {
+    /// Each element of the full (unsharded) parameter spaces with its global tensor name and
+    /// index (blocks of a space given empty are left out).
+    fn label(&self, full: &[Vec<f32>; SPACES]) -> Vec<Element> {
         let mut out = Vec::new();
-        for b in &self.blocks {
+        for b in self.blocks.iter().filter(|b| !full[b.space].is_empty()) {
             for t in &b.tensors {
                 for i in 0..t.len() {
                     let (s, gi) = t.global_of(i);

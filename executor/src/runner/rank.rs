@@ -12,7 +12,10 @@ use crate::memory::Category;
 use crate::model::ends::{embedding_bwd, embedding_fwd, output_bwd, output_fwd, OutputSaved};
 use crate::model::layer::Experts;
 use crate::model::layer::{layer_bwd, layer_fwd, LayerSaved};
-use crate::model::params::{rank_layout, BlockKind, BlockLayout, DENSE_SPACE, EXPERT_SPACE};
+use crate::model::lora::Adapters;
+use crate::model::params::{
+    rank_layout, BlockKind, BlockLayout, DENSE_SPACE, EXPERT_SPACE, FROZEN_SPACE, SPACES,
+};
 use crate::model::{data, Ctx, WTask};
 use crate::plan::{Action, Plan, RankPlan, Recompute};
 use crate::report::{PhaseTimes, RankReport};
@@ -37,30 +40,35 @@ enum BlockSaved<B: Backend> {
     Layer(Box<LayerSaved<B>>),
     LayerInput(B::Tensor),
     Output(OutputSaved<B>),
-    /// An MoE layer's experts block: its state is saved with its layer.
+    /// A block run with its layer (an MoE layer's experts, a LoRA layer's adapters): its
+    /// state is saved with its layer.
     Experts,
 }
 
 type BlockTasks<B> = Vec<(usize, Vec<WTask<B>>)>;
+
+/// A LoRA layer's adapters block (index, parameters).
+type AdapterHandle<T> = Option<(usize, zero::Handle<T>)>;
 
 /// One rank's state across steps.
 pub(super) struct Rank<'a, B: Backend> {
     pub(super) plan: &'a Plan,
     pub(super) rp: &'a RankPlan,
     pub(super) ctx: Ctx<'a, B>,
-    /// Per space (dense, experts): the group over which gradients reduce and ZeRO shards
-    /// (DP, expert DP), this rank's shard, parameters, gradients and Adam moments.
-    pub(super) groups: [B::Group; 2],
+    /// Per space (dense, experts, LoRA's frozen weights): the group over which gradients
+    /// reduce and ZeRO shards (DP, expert DP, DP), this rank's shard, parameters, gradients
+    /// and Adam moments (none for the frozen space).
+    pub(super) groups: [B::Group; SPACES],
     pub(super) blocks: Vec<BlockLayout>,
     stage_blocks: HashMap<u32, Range<usize>>,
     pub(super) zero: u8,
-    pub(super) shards: [Range<usize>; 2],
-    pub(super) params: [B::Tensor; 2],
+    pub(super) shards: [Range<usize>; SPACES],
+    pub(super) params: [B::Tensor; SPACES],
     /// Mixed precision: the fp32 master weights per space.
-    pub(super) master: [Option<B::Tensor>; 2],
-    pub(super) grads: [B::Tensor; 2],
-    pub(super) m: [B::Tensor; 2],
-    pub(super) v: [B::Tensor; 2],
+    pub(super) master: [Option<B::Tensor>; SPACES],
+    pub(super) grads: [B::Tensor; SPACES],
+    pub(super) m: [B::Tensor; SPACES],
+    pub(super) v: [B::Tensor; SPACES],
     pub(super) step: u32,
     pub(super) cache: VecDeque<(usize, Rc<B::Tensor>)>,
     saved: HashMap<(u32, u32), Vec<BlockSaved<B>>>,
@@ -109,7 +117,7 @@ pub(super) fn run_rank<B: Backend>(
         stage_blocks.insert(s, r);
     }
     let zero = plan.parallel.zero;
-    let groups = [dp, comm.group(&rp.expert_dp_group)?];
+    let groups = [dp.clone(), comm.group(&rp.expert_dp_group)?, dp];
     let space = |sp: usize| {
         let g = &groups[sp];
         zero::init_space::<B>(
@@ -122,7 +130,11 @@ pub(super) fn run_rank<B: Backend>(
             opts.precision,
         )
     };
-    let (d, e) = (space(DENSE_SPACE)?, space(EXPERT_SPACE)?);
+    let (d, e, f) = (
+        space(DENSE_SPACE)?,
+        space(EXPERT_SPACE)?,
+        space(FROZEN_SPACE)?,
+    );
     let n_sp = ctx.n_sp;
     let h = plan.model.hidden;
     let pp = plan.parallel.pp > 1;
@@ -138,12 +150,12 @@ pub(super) fn run_rank<B: Backend>(
         blocks,
         stage_blocks,
         zero,
-        shards: [d.shard, e.shard],
-        params: [d.params, e.params],
-        master: [d.master, e.master],
-        grads: [d.grads, e.grads],
-        m: [d.m, e.m],
-        v: [d.v, e.v],
+        shards: [d.shard, e.shard, f.shard],
+        params: [d.params, e.params, f.params],
+        master: [d.master, e.master, f.master],
+        grads: [d.grads, e.grads, f.grads],
+        m: [d.m, e.m, f.m],
+        v: [d.v, e.v, f.v],
         step: 0,
         cache: VecDeque::new(),
         saved: HashMap::new(),
@@ -394,6 +406,26 @@ impl<'a, B: Backend> Rank<'a, B> {
         }
     }
 
+    /// The adapters block of LoRA layer block `bi`, when the run has adapters.
+    fn adapters_of(&self, bi: usize) -> Option<usize> {
+        match (
+            self.blocks[bi].kind,
+            self.blocks.get(bi + 1).map(|b| b.kind),
+        ) {
+            (BlockKind::Layer(l), Some(BlockKind::Adapters(a))) if l == a => Some(bi + 1),
+            _ => None,
+        }
+    }
+
+    /// The adapters block of LoRA layer block `bi` and its parameters (gathered under
+    /// ZeRO-3), when the run has adapters.
+    fn adapter_handle(&mut self, bi: usize) -> Result<AdapterHandle<B::Tensor>, ExecError> {
+        match self.adapters_of(bi) {
+            Some(ai) => Ok(Some((ai, self.handle(ai)?))),
+            None => Ok(None),
+        }
+    }
+
     fn forward(&mut self, stage: u32, mb: u32) -> Result<(), ExecError> {
         let bidx = self
             .stage_blocks
@@ -430,16 +462,23 @@ impl<'a, B: Backend> Rank<'a, B> {
         let mut saved = Vec::with_capacity(bidx.len());
         let mut targets = Some(targets);
         for bi in bidx {
-            if matches!(self.blocks[bi].kind, BlockKind::Experts(_)) {
+            if matches!(
+                self.blocks[bi].kind,
+                BlockKind::Experts(_) | BlockKind::Adapters(_)
+            ) {
                 // Run with its layer.
                 saved.push(BlockSaved::Experts);
                 continue;
             }
             let (h, eh) = self.block_handles(bi)?;
+            let ah = self.adapter_handle(bi)?;
             let p = params_of(&self.params, &h);
             let experts: Experts<B> = eh
                 .as_ref()
                 .map(|(ei, eh)| (&self.blocks[*ei], params_of(&self.params, eh)));
+            let ad: Adapters<B> = ah
+                .as_ref()
+                .map(|(ai, h)| (&self.blocks[*ai], params_of(&self.params, h)));
             let l = &self.blocks[bi];
             match l.kind {
                 BlockKind::Embedding => {
@@ -448,7 +487,7 @@ impl<'a, B: Backend> Rank<'a, B> {
                 }
                 BlockKind::Layer(_) => {
                     let input = x.take().expect("layer input");
-                    let (y, s) = layer_fwd(&mut self.ctx, l, p, experts, input)?;
+                    let (y, s) = layer_fwd(&mut self.ctx, l, p, experts, ad, input)?;
                     if self.ctx.recompute == Recompute::Full {
                         saved.push(BlockSaved::LayerInput(s.x));
                     } else {
@@ -465,7 +504,7 @@ impl<'a, B: Backend> Rank<'a, B> {
                     }
                     saved.push(BlockSaved::Output(s));
                 }
-                BlockKind::Experts(_) => {}
+                BlockKind::Experts(_) | BlockKind::Adapters(_) => {}
             }
         }
         if let Some(y) = x {
@@ -507,23 +546,36 @@ impl<'a, B: Backend> Rank<'a, B> {
                 continue;
             }
             let ei = self.experts_of(bi);
-            // ZeRO-3 in backward: the block in use (with its experts) and its gradient bucket.
-            self.cache.retain(|(b, _)| *b == bi || Some(*b) == ei);
+            let ai = self.adapters_of(bi);
+            // ZeRO-3 in backward: the block in use (with its experts or adapters) and its
+            // gradient bucket.
+            self.cache
+                .retain(|(b, _)| *b == bi || Some(*b) == ei || Some(*b) == ai);
             let (h, eh) = self.block_handles(bi)?;
+            let ah = self.adapter_handle(bi)?;
             let p = params_of(&self.params, &h);
             let experts: Experts<B> = eh
                 .as_ref()
                 .map(|(ei, eh)| (&self.blocks[*ei], params_of(&self.params, eh)));
+            let ad: Adapters<B> = ah
+                .as_ref()
+                .map(|(ai, h)| (&self.blocks[*ai], params_of(&self.params, h)));
+            let la = ai.map(|ai| &self.blocks[ai]);
             let l = &self.blocks[bi];
             let le = ei.map(|ei| &self.blocks[ei]);
             // ZeRO-2/3: the gradient bucket is allocated at the first weight gradient, after a
             // full recompute's forward rerun.
             let mut bucket: Option<B::Tensor> = None;
             let mut ebucket: Option<B::Tensor> = None;
+            let mut abucket: Option<B::Tensor> = None;
             let use_bucket = immediate && self.zero >= 2;
             let grads = &mut self.grads;
             let mut kept = Vec::new();
             let mut sink = |c: &mut Ctx<B>, t: WTask<B>| -> Result<(), ExecError> {
+                if l.space == FROZEN_SPACE && !t.is_adapter() {
+                    // LoRA: a frozen weight's gradient is not computed.
+                    return Ok(());
+                }
                 if !immediate {
                     kept.push(t.hold(c, l)?);
                     return Ok(());
@@ -532,6 +584,10 @@ impl<'a, B: Backend> Rank<'a, B> {
                     let le =
                         le.ok_or_else(|| ExecError::from(StateError::ExpertGradientWithoutBlock))?;
                     (le, &mut ebucket, EXPERT_SPACE)
+                } else if t.is_adapter() {
+                    let la =
+                        la.ok_or_else(|| ExecError::from(StateError::AdapterGradientWithoutBlock))?;
+                    (la, &mut abucket, DENSE_SPACE)
                 } else {
                     (l, &mut bucket, DENSE_SPACE)
                 };
@@ -563,6 +619,7 @@ impl<'a, B: Backend> Rank<'a, B> {
                         l,
                         p,
                         experts,
+                        ad,
                         *ls,
                         dy.take().expect("grad"),
                         &mut sink,
@@ -572,7 +629,7 @@ impl<'a, B: Backend> Rank<'a, B> {
                     // The rerun's load-balancing loss and drops were counted in forward.
                     let stats = (ctx.moe_aux_loss, ctx.moe_dropped);
                     ctx.recomputing = true;
-                    let r = layer_fwd(ctx, l, p.clone(), experts.clone(), x);
+                    let r = layer_fwd(ctx, l, p.clone(), experts.clone(), ad.clone(), x);
                     ctx.recomputing = false;
                     let (y, ls) = r?;
                     (ctx.moe_aux_loss, ctx.moe_dropped) = stats;
@@ -582,6 +639,7 @@ impl<'a, B: Backend> Rank<'a, B> {
                         l,
                         p,
                         experts,
+                        ad,
                         ls,
                         dy.take().expect("grad"),
                         &mut sink,
@@ -593,7 +651,7 @@ impl<'a, B: Backend> Rank<'a, B> {
                 BlockSaved::Experts => {}
             }
 
-            drop((h, eh));
+            drop((h, eh, ah));
             if let Some(b) = bucket {
                 self.flush_bucket(bi, b)?;
             }
@@ -606,6 +664,9 @@ impl<'a, B: Backend> Rank<'a, B> {
                         .zeros_f32(Category::Buffers, &[self.blocks[ei].range.len()])?,
                 };
                 self.flush_bucket(ei, b)?;
+            }
+            if let (Some(ai), Some(b)) = (ai, abucket) {
+                self.flush_bucket(ai, b)?;
             }
             if !immediate {
                 held.push((bi, kept));
@@ -623,9 +684,37 @@ impl<'a, B: Backend> Rank<'a, B> {
     /// Runs block `bi`'s held weight-gradient tasks (a W action), its experts' included.
     fn run_tasks(&mut self, bi: usize, tasks: Vec<WTask<B>>) -> Result<(), ExecError> {
         let ei = self.experts_of(bi);
+        let ai = self.adapters_of(bi);
         let l = &self.blocks[bi];
         let le = ei.map(|ei| &self.blocks[ei]);
+        let la = ai.map(|ai| &self.blocks[ai]);
         let no_block = || ExecError::from(StateError::ExpertGradientWithoutBlock);
+        if let Some(la) = la {
+            // LoRA: the layer's own block is frozen; its tasks are the adapters'.
+            let ai = ai.expect("adapters block");
+            let mut bucket = if self.zero >= 2 {
+                Some(self.ctx.zeros_f32(Category::Buffers, &[la.range.len()])?)
+            } else {
+                None
+            };
+            for t in tasks.into_iter().filter(|t| t.is_adapter()) {
+                let g = match bucket.as_mut() {
+                    Some(b) => ViewMut::all(b),
+                    None => ViewMut {
+                        tensor: &mut self.grads[DENSE_SPACE],
+                        range: la.range.clone(),
+                    },
+                };
+                t.run(&mut self.ctx, la, g)?;
+            }
+            if let Some(b) = bucket {
+                self.flush_bucket(ai, b)?;
+            }
+            return Ok(());
+        }
+        if l.space == FROZEN_SPACE {
+            return Ok(());
+        }
         if self.zero < 2 {
             for t in tasks {
                 if t.is_expert() {

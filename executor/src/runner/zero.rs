@@ -25,7 +25,9 @@ use crate::backend::{
 };
 use crate::error::ExecError;
 use crate::memory::Category;
-use crate::model::params::{init_range, layout_len, BlockLayout, DENSE_SPACE, EXPERT_SPACE};
+use crate::model::params::{
+    init_range, layout_len, BlockLayout, DENSE_SPACE, EXPERT_SPACE, FROZEN_SPACE, SPACES,
+};
 use crate::model::router_bias::RouterBias;
 use crate::plan::{Plan, Precision};
 use std::ops::Range;
@@ -86,7 +88,10 @@ pub(super) fn init_space<B: Backend>(
     let orange = if zero >= 1 { shard.clone() } else { 0..total };
     let dtype = precision.compute_dtype();
     let params = ops.upload(Category::Weights, dtype, &[prange.len()], &values(prange))?;
+    // LoRA's frozen base weights: parameters only.
+    let frozen = sp == FROZEN_SPACE;
     let master = match precision {
+        _ if frozen => None,
         Precision::Fp32 => None,
         Precision::Bf16 => Some(ops.upload(
             Category::Optimizer,
@@ -96,13 +101,14 @@ pub(super) fn init_space<B: Backend>(
         )?),
     };
     let glen = if zero >= 2 { shard.len() } else { total };
+    let (glen, olen) = if frozen { (0, 0) } else { (glen, orange.len()) };
     Ok(Space {
         shard,
         params,
         master,
         grads: ops.alloc(Category::Gradients, DType::F32, &[glen])?,
-        m: ops.alloc(Category::Optimizer, DType::F32, &[orange.len()])?,
-        v: ops.alloc(Category::Optimizer, DType::F32, &[orange.len()])?,
+        m: ops.alloc(Category::Optimizer, DType::F32, &[olen])?,
+        v: ops.alloc(Category::Optimizer, DType::F32, &[olen])?,
     })
 }
 
@@ -115,7 +121,7 @@ pub(super) enum Handle<T> {
 }
 
 pub(super) fn params_of<'p, T: crate::backend::DeviceTensor>(
-    params: &'p [T; 2],
+    params: &'p [T; SPACES],
     h: &'p Handle<T>,
 ) -> View<'p, T> {
     match h {
@@ -138,7 +144,9 @@ impl<B: Backend> Rank<'_, B> {
         if let Some((_, t)) = self.cache.iter().find(|(b, _)| *b == bi) {
             return Ok(Handle::Gathered(Rc::clone(t)));
         }
-        if self.cache.len() == 2 {
+        // Two layers' blocks: a LoRA layer is two (the frozen layer and its adapters).
+        let cap = if self.plan.lora.is_some() { 4 } else { 2 };
+        if self.cache.len() == cap {
             self.cache.pop_front();
         }
         let mut t = self.ctx.zeros(Category::Buffers, &[r.len()])?;

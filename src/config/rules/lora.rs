@@ -1,4 +1,5 @@
-//! LoRA (Hu et al. 2021): a positive rank and at least one target projection.
+//! LoRA (Hu et al. 2021): a positive rank, a positive scale numerator alpha and at least one
+//! target projection.
 
 use super::super::{Config, TrainingMode, Violation};
 
@@ -20,6 +21,14 @@ pub fn lora(cfg: &Config) -> Vec<Violation> {
                 )
                 .hint("typical ranks are 8 to 256"),
             );
+        }
+        if let Some(a) = t.lora.alpha {
+            if !(a.is_finite() && a > 0.0) {
+                errs.push(Violation::new(
+                    "training.lora.alpha",
+                    format!("must be a positive finite number, got {a}"),
+                ));
+            }
         }
         if t.lora.targets.is_empty() {
             errs.push(Violation::new(
@@ -46,6 +55,22 @@ mod tests {
         assert_eq!(fields(&v), ["training.lora.rank", "training.lora.targets"]);
         // Full training ignores the LoRA settings.
         assert!(lora(&with(|c| c.training.lora.rank = 0)).is_empty());
+    }
+
+    #[test]
+    fn lora_alpha_is_positive_and_finite() {
+        for a in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let v = lora(&with(|c| {
+                c.training.mode = TrainingMode::Lora;
+                c.training.lora.alpha = Some(a);
+            }));
+            assert_eq!(fields(&v), ["training.lora.alpha"], "alpha {a}");
+        }
+        let ok = lora(&with(|c| {
+            c.training.mode = TrainingMode::Lora;
+            c.training.lora.alpha = Some(32.0);
+        }));
+        assert!(ok.is_empty());
     }
 
     /// Issue 18: a rank above the hidden size was accepted.
