@@ -5,6 +5,10 @@
 //! that they equal what the fit returns).
 //!
 //! `cargo run --release --example fit_published -- --fit --write`
+//!
+//! `--leave-one-source-out` instead fits each GPU family without one source table at a time
+//! and predicts that table (`parsim::calibrate::loso`), printing every row and the per-source
+//! and overall median and worst error.
 
 use parsim::calibrate::{self, fit::Family};
 
@@ -13,6 +17,17 @@ fn main() -> anyhow::Result<()> {
     let refit = args.iter().any(|a| a == "--fit");
     let write = args.iter().any(|a| a == "--write");
     let t = std::time::Instant::now();
+    if args.iter().any(|a| a == "--leave-one-source-out") {
+        let l = calibrate::loso::leave_one_source_out()?;
+        print!(
+            "{}",
+            l.evaluation
+                .text_table(&["held out", "out of scope", "inconsistent"])
+        );
+        print!("{}", l.report());
+        eprintln!("{:.1} s", t.elapsed().as_secs_f64());
+        return Ok(());
+    }
     let fits = if refit {
         calibrate::fit_all()?
     } else {
@@ -72,9 +87,18 @@ fn main() -> anyhow::Result<()> {
         } else {
             fits
         };
-        std::fs::write("docs/accuracy.md", calibrate::markdown(&e, &fits))?;
         calibrate::plot::write_png(std::path::Path::new("docs/accuracy.png"), &e)?;
-        println!("wrote docs/accuracy.md and docs/accuracy.png");
+        let l = calibrate::loso::leave_one_source_out()?;
+        let mut md = calibrate::markdown(&e, &fits);
+        md.push('\n');
+        md.push_str(&calibrate::loso::markdown(&l, "accuracy-loso.png").replacen("# ", "## ", 1));
+        std::fs::write("docs/accuracy.md", md)?;
+        calibrate::plot::write_png(
+            std::path::Path::new("docs/accuracy-loso.png"),
+            &l.evaluation,
+        )?;
+        print!("{}", l.report());
+        println!("wrote docs/accuracy.md, docs/accuracy.png and docs/accuracy-loso.png");
     }
     eprintln!("{:.1} s", t.elapsed().as_secs_f64());
     Ok(())

@@ -1,6 +1,7 @@
 //! Attention kernel rates from published benchmarks (calibration/data/attention-kernels.json:
-//! the FlashAttention-3 paper's Figures 5 and 6, Shah et al. 2024), so that the attention
-//! core's time follows sequence length and the causal mask instead of one fitted scalar.
+//! the FlashAttention-3 paper's Figures 5 and 6, Shah et al. 2024, on H100; the
+//! FlashAttention-2 paper's Figure 4, Dao 2023, on A100), so that the attention core's time
+//! follows sequence length, head dimension and the causal mask instead of one fitted scalar.
 //!
 //! Each published series (one GPU, kernel, pass and mask, over sequence lengths) is fitted
 //! by `rate(s) = max * s / (s + half_s)`: a kernel whose per-tile work is fixed and whose
@@ -27,6 +28,9 @@ pub const NO_PUBLISHED_KERNEL: &str = "none";
 pub enum Pass {
     Forward,
     Backward,
+    /// Forward and backward together, FLOPs 3.5 times the forward's (the FlashAttention-2
+    /// paper's Figure 4 and repository benchmark).
+    ForwardBackward,
 }
 
 /// One published series: TFLOP/s against sequence length.
@@ -39,6 +43,10 @@ pub struct Series {
     pub head_dim: u64,
     pub seq_len: Vec<u64>,
     pub tflops: Vec<f64>,
+    /// Key of the table's `sources` entry the series was read from (the FlashAttention-3
+    /// paper when absent).
+    #[serde(default)]
+    pub source: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -90,40 +98,98 @@ impl RateCurve {
     }
 }
 
-/// A fused attention kernel on one GPU: forward and backward rates, with and without mask.
+/// The rate curves of one kernel at one head dimension.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Curves {
+    /// Forward and backward published separately (FlashAttention-3 Figures 5 and 6).
+    Split {
+        forward: RateCurve,
+        forward_causal: RateCurve,
+        backward: RateCurve,
+        backward_causal: Option<RateCurve>,
+    },
+    /// Only forward + backward published (FlashAttention-2 Figure 4): both passes run at the
+    /// combined rate, the one split that gives the published total without further data.
+    Combined {
+        forward_backward: RateCurve,
+        forward_backward_causal: RateCurve,
+    },
+}
+
+/// A fused attention kernel on one GPU: forward and backward rates, with and without mask,
+/// at each published head dimension.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttentionKernel {
     /// "gpu/kernel", as a profile's `attention_kernel` names it.
     pub name: String,
-    pub head_dim: u64,
-    forward: RateCurve,
-    forward_causal: RateCurve,
-    backward: RateCurve,
-    backward_causal: Option<RateCurve>,
+    /// (head dimension, curves), sorted by head dimension.
+    variants: Vec<(u64, Curves)>,
 }
 
 impl AttentionKernel {
+    /// The published head dimensions.
+    pub fn head_dims(&self) -> Vec<u64> {
+        self.variants.iter().map(|v| v.0).collect()
+    }
+
+    /// The curves of the published head dimension nearest `head_dim` (the larger on a tie:
+    /// a larger head does more work per loaded tile, as wide heads of other sizes do).
+    fn curves(&self, head_dim: u64) -> Curves {
+        self.variants
+            .iter()
+            .min_by_key(|(d, _)| (d.abs_diff(head_dim), u64::MAX - d))
+            .map(|v| v.1)
+            .expect("a kernel has at least one head dimension")
+    }
+
     /// Forward FLOP/s (FLOPs as the papers count them: halved under a causal mask).
-    pub fn forward_flops_per_s(&self, seq_len: u64, causal: bool) -> f64 {
-        if causal {
-            self.forward_causal.flops_per_s(seq_len)
-        } else {
-            self.forward.flops_per_s(seq_len)
+    pub fn forward_flops_per_s(&self, seq_len: u64, causal: bool, head_dim: u64) -> f64 {
+        match self.curves(head_dim) {
+            Curves::Split {
+                forward,
+                forward_causal,
+                ..
+            } => if causal { forward_causal } else { forward }.flops_per_s(seq_len),
+            Curves::Combined {
+                forward_backward,
+                forward_backward_causal,
+            } => if causal {
+                forward_backward_causal
+            } else {
+                forward_backward
+            }
+            .flops_per_s(seq_len),
         }
     }
 
     /// Backward FLOP/s in the papers' convention (2.5 forward FLOPs per forward FLOP). Where
     /// no causal backward series is published, the causal mask costs the backward what it
     /// costs the forward: the non-causal rate times the forward's causal/non-causal ratio.
-    pub fn backward_flops_per_s(&self, seq_len: u64, causal: bool) -> f64 {
-        match (causal, self.backward_causal) {
-            (false, _) => self.backward.flops_per_s(seq_len),
-            (true, Some(c)) => c.flops_per_s(seq_len),
-            (true, None) => {
-                self.backward.flops_per_s(seq_len) * self.forward_causal.flops_per_s(seq_len)
-                    / self.forward.flops_per_s(seq_len)
-            }
+    pub fn backward_flops_per_s(&self, seq_len: u64, causal: bool, head_dim: u64) -> f64 {
+        match self.curves(head_dim) {
+            Curves::Split {
+                forward,
+                forward_causal,
+                backward,
+                backward_causal,
+            } => match (causal, backward_causal) {
+                (false, _) => backward.flops_per_s(seq_len),
+                (true, Some(c)) => c.flops_per_s(seq_len),
+                (true, None) => {
+                    backward.flops_per_s(seq_len) * forward_causal.flops_per_s(seq_len)
+                        / forward.flops_per_s(seq_len)
+                }
+            },
+            Curves::Combined { .. } => self.forward_flops_per_s(seq_len, causal, head_dim),
         }
+    }
+
+    /// Forward + backward FLOP/s in the papers' convention (3.5 forward FLOPs per forward
+    /// FLOP): total FLOPs over the two passes' summed time.
+    pub fn forward_backward_flops_per_s(&self, seq_len: u64, causal: bool, head_dim: u64) -> f64 {
+        let f = self.forward_flops_per_s(seq_len, causal, head_dim);
+        let b = self.backward_flops_per_s(seq_len, causal, head_dim);
+        (1.0 + PAPER_BACKWARD_FLOPS_PER_FORWARD) / (1.0 / f + PAPER_BACKWARD_FLOPS_PER_FORWARD / b)
     }
 }
 
@@ -159,30 +225,47 @@ fn build_kernels(series: &[Series]) -> Vec<AttentionKernel> {
     names
         .into_iter()
         .filter_map(|name| {
-            let curve = |pass: Pass, causal: bool| {
-                series
-                    .iter()
-                    .find(|s| {
-                        format!("{}/{}", s.gpu, s.kernel) == name
-                            && s.pass == pass
-                            && s.causal == causal
-                    })
-                    .and_then(|s| RateCurve::fit(&s.seq_len, &s.tflops).map(|c| (c, s.head_dim)))
-            };
-            let (forward, head_dim) = curve(Pass::Forward, false)?;
-            let (forward_causal, _) = curve(Pass::Forward, true)?;
-            let (backward, _) = curve(Pass::Backward, false)?;
-            let backward_causal = curve(Pass::Backward, true).map(|c| c.0);
-            Some(AttentionKernel {
-                name,
-                head_dim,
-                forward,
-                forward_causal,
-                backward,
-                backward_causal,
-            })
+            let mine: Vec<&Series> = series
+                .iter()
+                .filter(|s| format!("{}/{}", s.gpu, s.kernel) == name)
+                .collect();
+            let mut dims: Vec<u64> = mine.iter().map(|s| s.head_dim).collect();
+            dims.sort_unstable();
+            dims.dedup();
+            let variants: Vec<(u64, Curves)> = dims
+                .into_iter()
+                .filter_map(|d| Some((d, curves_of(&mine, d)?)))
+                .collect();
+            (!variants.is_empty()).then_some(AttentionKernel { name, variants })
         })
         .collect()
+}
+
+/// The curves of one kernel's series at head dimension `head_dim`: split when forward,
+/// causal forward and backward are published, combined when both forward + backward series
+/// are; `None` otherwise.
+fn curves_of(series: &[&Series], head_dim: u64) -> Option<Curves> {
+    let curve = |pass: Pass, causal: bool| {
+        series
+            .iter()
+            .find(|s| s.head_dim == head_dim && s.pass == pass && s.causal == causal)
+            .and_then(|s| RateCurve::fit(&s.seq_len, &s.tflops))
+    };
+    let split = || {
+        Some(Curves::Split {
+            forward: curve(Pass::Forward, false)?,
+            forward_causal: curve(Pass::Forward, true)?,
+            backward: curve(Pass::Backward, false)?,
+            backward_causal: curve(Pass::Backward, true),
+        })
+    };
+    let combined = || {
+        Some(Curves::Combined {
+            forward_backward: curve(Pass::ForwardBackward, false)?,
+            forward_backward_causal: curve(Pass::ForwardBackward, true)?,
+        })
+    };
+    split().or_else(combined)
 }
 
 #[cfg(test)]

@@ -66,7 +66,8 @@ impl Rates<'_> {
 
     /// Seconds of the attention core's (forward, backward) FLOPs. A fused core on a GPU whose
     /// profile names a published kernel runs at that kernel's measured rate for its sequence
-    /// length and mask (src/kernels.rs, FlashAttention-3 Figures 5 and 6): the backward's
+    /// length, head dimension and mask (src/kernels.rs; FlashAttention-3 Figures 5 and 6 on
+    /// H100, FlashAttention-2 Figure 4 on A100): the backward's
     /// rate is quoted for 2.5 forward FLOPs, so its time is 2.5 x forward FLOPs over it.
     /// Otherwise both run at `efficiency.attention`.
     pub fn attention_pass_s(&self, op: &Op) -> (f64, f64) {
@@ -77,12 +78,13 @@ impl Rates<'_> {
                     seq_len,
                     causal,
                     fused: true,
+                    head_dim,
                 },
                 Some(name),
-            ) => crate::kernels::attention_kernel(name).map(|k| (k, seq_len, causal)),
+            ) => crate::kernels::attention_kernel(name).map(|k| (k, seq_len, causal, head_dim)),
             _ => None,
         };
-        let Some((k, seq_len, causal)) = kernel else {
+        let Some((k, seq_len, causal, head_dim)) = kernel else {
             return (self.attention_s(f.fwd), self.attention_s(f.dgrad));
         };
         let overhead = self.gpu.efficiency.kernel_overhead_s;
@@ -94,11 +96,11 @@ impl Rates<'_> {
             }
         };
         (
-            timed(f.fwd, k.forward_flops_per_s(seq_len, causal)),
+            timed(f.fwd, k.forward_flops_per_s(seq_len, causal, head_dim)),
             // The ledger counts the backward as 2 forward FLOPs (dgrad = 2 x fwd).
             timed(
                 f.dgrad / 2.0 * crate::kernels::PAPER_BACKWARD_FLOPS_PER_FORWARD,
-                k.backward_flops_per_s(seq_len, causal),
+                k.backward_flops_per_s(seq_len, causal, head_dim),
             ),
         )
     }
@@ -347,6 +349,7 @@ mod tests {
                 seq_len: 4096,
                 causal: true,
                 fused: false,
+                head_dim: 128,
             },
         );
         core.rank_flops.fwd = 1e12;

@@ -256,3 +256,67 @@ fn split_alternates_within_each_source_and_gpu() {
         assert!(fit.abs_diff(held) <= fit.max(held) / 5 + 2);
     }
 }
+
+/// Leave-one-source-out (issue 17): each GPU family is fitted without one source table, from
+/// placeholder values, and that table is predicted. The figures are recomputed from the model
+/// and the data here. The issue's acceptance is a median within 5% and a worst within 12%;
+/// the model does not meet it yet (docs/accuracy.md says which rows miss and why), so this
+/// test keeps what it reaches: the A100 sources and Megatron-Core within the bounds below,
+/// and llm-foundry's H100 rows reported (their Triton attention kernel has no published H100
+/// rate and no other H100 source constrains `efficiency.attention`).
+#[test]
+fn leave_one_source_out_errors() {
+    let l = calibrate::loso::leave_one_source_out().unwrap();
+    println!(
+        "{}",
+        l.evaluation
+            .text_table(&["held out", "out of scope", "inconsistent"])
+    );
+    print!("{}", l.report());
+    let a100_foundry = l.evaluation.summary(|r| {
+        r.role == Role::HeldOut
+            && r.case.source == Source::LlmFoundry
+            && r.case.gpu.starts_with("a100")
+    });
+    println!(
+        "llm-foundry A100 predicted {}: median {:.1}% worst {:.1}%",
+        a100_foundry.n,
+        100.0 * a100_foundry.median,
+        100.0 * a100_foundry.worst
+    );
+    // (source summary, median bound, worst bound): what the model reaches today, a little
+    // above; a regression beyond them fails.
+    let checks = [
+        (
+            "Narayanan 2021",
+            l.summary(Some(Source::Narayanan2021)),
+            0.09,
+            0.12,
+        ),
+        (
+            "Megatron-Core 2024",
+            l.summary(Some(Source::MegatronCore2024)),
+            0.05,
+            0.17,
+        ),
+        ("llm-foundry A100", a100_foundry, 0.06, 0.40),
+        ("all", l.summary(None), 0.08, f64::INFINITY),
+    ];
+    for (name, s, median, worst) in checks {
+        assert!(s.n > 0, "{name}: no rows predicted");
+        assert!(
+            s.median <= median && s.worst <= worst,
+            "{name}: median {:.1}% worst {:.1}% (bounds {:.0}%, {:.0}%)",
+            100.0 * s.median,
+            100.0 * s.worst,
+            100.0 * median,
+            100.0 * worst
+        );
+    }
+    // Every in-scope row of every source is predicted by a fit that did not see its source.
+    assert_eq!(l.summary(None).n, 10 + 9 + 207);
+    assert_eq!(l.fits.len(), 4);
+    for f in &l.fits {
+        assert!(f.fit.rows > 0);
+    }
+}

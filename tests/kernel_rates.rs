@@ -2,7 +2,10 @@
 //! part 1): every point of every series in calibration/data/attention-kernels.json
 //! (FlashAttention-3, Shah et al. 2024, Figures 5 and 6: FlashAttention-3, cuDNN and
 //! FlashAttention-2 on H100 SXM5, head dim 128) is reproduced within 10% by the fitted curve
-//! `max * s / (s + half_s)`, and the time model times an attention core at those rates.
+//! `max * s / (s + half_s)`, and the time model times an attention core at those rates. The
+//! A100 series (FlashAttention-2, Dao 2023, Figure 4: FlashAttention-2 and FlashAttention
+//! Triton, forward + backward, head dims 64 and 128, causal and not) are checked the same
+//! way, through the kernel the time model uses.
 
 use parsim::config::GpuProfile;
 use parsim::kernels::{attention_kernel, attention_kernels, published_series, Pass, RateCurve};
@@ -12,7 +15,11 @@ use parsim::time::Rates;
 #[test]
 fn the_shipped_table_parses_and_defines_its_kernels() {
     let series = published_series();
-    assert_eq!(series.len(), 9, "nine published series");
+    assert_eq!(
+        series.len(),
+        9 + 8,
+        "nine H100 and eight A100 published series"
+    );
     let names: Vec<&str> = attention_kernels()
         .iter()
         .map(|k| k.name.as_str())
@@ -20,6 +27,8 @@ fn the_shipped_table_parses_and_defines_its_kernels() {
     assert_eq!(
         names,
         [
+            "a100-80g/flash-attention-2",
+            "a100-80g/flash-attention-triton",
             "h100-sxm/cudnn",
             "h100-sxm/flash-attention-2",
             "h100-sxm/flash-attention-3"
@@ -61,17 +70,17 @@ fn every_published_point_is_within_10_percent_of_its_fitted_curve() {
 /// (a property every series in the figures has).
 #[test]
 fn rates_rise_with_length_and_stay_under_the_bf16_peak() {
-    let h100 = GpuProfile::load("h100-sxm").unwrap();
     for k in attention_kernels() {
-        for causal in [false, true] {
+        let gpu = GpuProfile::load(k.name.split('/').next().unwrap()).unwrap();
+        for (causal, hd) in [false, true].into_iter().flat_map(|c| [(c, 64), (c, 128)]) {
             let mut last = (0.0, 0.0);
             for s in [256u64, 1024, 4096, 16384, 131_072] {
                 let now = (
-                    k.forward_flops_per_s(s, causal),
-                    k.backward_flops_per_s(s, causal),
+                    k.forward_flops_per_s(s, causal, hd),
+                    k.backward_flops_per_s(s, causal, hd),
                 );
                 assert!(now.0 > last.0 && now.1 > last.1, "{} s={s}", k.name);
-                assert!(now.0 < h100.peak_flops.bf16 && now.1 < h100.peak_flops.bf16);
+                assert!(now.0 < gpu.peak_flops.bf16 && now.1 < gpu.peak_flops.bf16);
                 last = now;
             }
         }
@@ -105,6 +114,7 @@ fn the_time_model_times_attention_at_the_published_rates() {
                 seq_len: 16384,
                 causal,
                 fused: true,
+                head_dim: 128,
             },
         );
         op.rank_flops = Flops {
@@ -134,6 +144,72 @@ fn the_time_model_times_attention_at_the_published_rates() {
         .filter(|s| s.pass == Pass::Backward)
         .count();
     assert_eq!(series, 3);
+}
+
+/// Every A100 forward + backward point (FlashAttention-2 Figure 4) is reproduced within 10% by
+/// the kernel the time model uses, at the published head dimension, and the time model times
+/// an attention core of that shape (3.5 forward FLOPs in the paper's count) at the published
+/// rate: a second path through `Rates::op_s` rather than the curve alone.
+#[test]
+fn a100_forward_backward_points_are_within_10_percent() {
+    let gpu = GpuProfile::load("a100-80g").unwrap();
+    let rates = Rates {
+        gpu: &gpu,
+        peak_flops: gpu.peak_flops.bf16,
+        element_bytes: 2,
+    };
+    let mut checked = 0;
+    for s in published_series()
+        .iter()
+        .filter(|s| s.pass == Pass::ForwardBackward)
+    {
+        let k = attention_kernel(&format!("{}/{}", s.gpu, s.kernel)).expect("kernel");
+        assert_eq!(k.head_dims(), [64, 128]);
+        for (&len, &published) in s.seq_len.iter().zip(&s.tflops) {
+            let model = k.forward_backward_flops_per_s(len, s.causal, s.head_dim) / 1e12;
+            // Figure 4: 16k tokens per batch, hidden 2048.
+            let heads = 2048.0 / s.head_dim as f64;
+            let batch = 16384.0 / len as f64;
+            let full = 4.0 * batch * heads * (len * len * s.head_dim) as f64;
+            let fwd = if s.causal { full / 2.0 } else { full };
+            let mut op = Op::new(
+                "attn.core",
+                OpKind::Attention {
+                    seq_len: len,
+                    causal: s.causal,
+                    fused: true,
+                    head_dim: s.head_dim,
+                },
+            );
+            op.rank_flops = Flops {
+                fwd,
+                dgrad: 2.0 * fwd,
+                wgrad: 0.0,
+            };
+            let timed = if s.kernel == "flash-attention-2" {
+                let (f, b, _) = rates.op_s(&op);
+                let overhead = 2.0 * gpu.efficiency.kernel_overhead_s;
+                Some(3.5 * fwd / (f + b - overhead) / 1e12)
+            } else {
+                None
+            };
+            println!(
+                "{} causal={} hd{} s={len}: published {published} kernel {model:.0} time model {:?}",
+                s.kernel, s.causal, s.head_dim, timed
+            );
+            for m in [Some(model), timed].into_iter().flatten() {
+                assert!(
+                    (m / published - 1.0).abs() <= 0.10,
+                    "{} causal={} hd{} s={len}: model {m:.0} vs published {published}",
+                    s.kernel,
+                    s.causal,
+                    s.head_dim
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 48);
 }
 
 /// A profile naming a kernel the table lacks is refused, naming the field.

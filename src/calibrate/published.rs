@@ -618,9 +618,15 @@ fn foundry(i: usize, r: &FoundryRow, approximate: bool) -> Result<Case, Publishe
                 Recompute::None
             },
             flash_attention: true,
-            // MPT's ALiBi attention ran in llm-foundry's Triton flash kernel in 2023, which
-            // has no published rates: timed at the fitted efficiency.attention.
-            attention_kernel: (gpu == "h100-sxm").then(|| "none".into()),
+            // MPT's ALiBi attention ran in llm-foundry's Triton flash kernel in 2023, derived
+            // from FlashAttention's Triton implementation, whose A100 rates the
+            // FlashAttention-2 paper publishes (Figure 4); on H100 it has none and is timed at
+            // the fitted efficiency.attention.
+            attention_kernel: Some(if gpu == "h100-sxm" {
+                "none".into()
+            } else {
+                "flash-attention-triton".into()
+            }),
             flops_attention: FlopsAttention::Full,
             // llm-foundry trains with PyTorch FSDP (per-block units, BACKWARD_PRE).
             framework: crate::config::Framework::Fsdp,

@@ -236,6 +236,7 @@ fn core_attention(d: &Dims, a_r: u64, g_r: u64, dqk: u64, dv: u64) -> Op {
             seq_len,
             causal,
             fused: d.flash,
+            head_dim: dqk.max(dv),
         },
     );
     op.recomputed_by_selective = true;

@@ -80,6 +80,9 @@ pub enum OpKind {
         seq_len: u64,
         causal: bool,
         fused: bool,
+        /// Head dimension (the larger of the query/key and value ones), which picks the
+        /// published kernel series nearest to it.
+        head_dim: u64,
     },
     /// Bandwidth-bound: bytes read and written on this rank, forward.
     MemoryBound { bytes: u64 },
