@@ -5,6 +5,7 @@
 //! closure and sends its report to rank 0 ([`worker`]), and one failing rank stops the rest.
 
 pub mod env;
+pub mod nccl_shim;
 pub mod nodelist;
 pub mod rendezvous;
 pub mod supervise;
