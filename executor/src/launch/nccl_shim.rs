@@ -119,7 +119,7 @@ mod tests {
         }
         std::fs::write(only2.join(REAL), b"nccl 2").unwrap();
         std::fs::write(dev.join(LINK), b"dev link").unwrap();
-        assert_eq!(needs_link(&[empty.clone()]), None);
+        assert_eq!(needs_link(std::slice::from_ref(&empty)), None);
         assert_eq!(
             needs_link(&[empty.clone(), only2.clone()]),
             Some(only2.join(REAL))
