@@ -109,3 +109,134 @@ extern "C" __global__ void moe_router_bwd_f32(float* d, const float* probs, cons
         for (u32 j = 0; j < e; ++j) dl[j] = pr[j] * (dl[j] - dot);
     }
 }
+
+// ---- DeepSeek-V3's scored router: the CPU twin is executor/src/backend/cpu/ops/router.rs
+// (scores, choose, route, router_bwd). Selection keys are score + bias (the bias for selection
+// only); with groups, the best `group_topk` groups by the sum of their top `take` keys, then the
+// top k of the experts in those groups; gates are the unbiased scores, optionally renormalised
+// over the k chosen. One thread per token row; the expert count is small (<= a few hundred).
+
+// Elementwise sigmoid of x [n] in place (the sigmoid score function).
+extern "C" __global__ void moe_sigmoid_f32(float* x, u64 n) {
+    GRID_STRIDE(i, n) x[i] = 1.0f / (1.0f + expf(-x[i]));
+}
+
+// Whether (va, ia) precedes (vb, ib) in the CPU's selection order: larger key first, lower
+// index first on ties.
+__device__ __forceinline__ bool moe_before(float va, u32 ia, float vb, u32 ib) {
+    return va > vb || (va == vb && ia < ib);
+}
+
+// The selection key of expert x of a row: score + bias (bias may be null).
+__device__ __forceinline__ float moe_key(const float* row, const float* bias, u32 x) {
+    return bias ? row[x] + bias[x] : row[x];
+}
+
+// The best expert of [lo, hi) strictly after (pv, pi) in selection order (pi = ~0u: none yet)
+// and, where `groups` is nonzero, inside an allowed group (bit g of `allowed`, groups of `per`).
+__device__ u32 moe_next(const float* row, const float* bias, u32 lo, u32 hi, float pv, u32 pi,
+                        u32 per, unsigned long long allowed, float* value) {
+    u32 best = ~0u;
+    float bv = -INFINITY;
+    for (u32 x = lo; x < hi; ++x) {
+        if (per && !((allowed >> (x / per)) & 1ull)) continue;
+        float v = moe_key(row, bias, x);
+        if (pi != ~0u && !moe_before(pv, pi, v, x)) continue;
+        if (best == ~0u || moe_before(v, x, bv, best)) {
+            best = x;
+            bv = v;
+        }
+    }
+    *value = bv;
+    return best;
+}
+
+// The allowed-group mask of one row: the best `group_topk` of `groups` groups of `per` experts,
+// a group's key the sum of its top `take` selection keys (Megatron's group_limited_topk).
+__device__ unsigned long long moe_groups(const float* row, const float* bias, u32 groups, u32 per,
+                                         u32 group_topk, u32 take) {
+    unsigned long long chosen = 0;
+    float pv = 0.0f;
+    u32 pi = ~0u;
+    for (u32 s = 0; s < group_topk; ++s) {
+        // The next group in (group key desc, group index asc) order after (pv, pi).
+        u32 best = ~0u;
+        float bv = -INFINITY;
+        for (u32 g = 0; g < groups; ++g) {
+            float gv = 0.0f, v = 0.0f;
+            u32 q = ~0u;
+            for (u32 t = 0; t < take; ++t) {
+                float nv;
+                u32 nq = moe_next(row, bias, g * per, (g + 1) * per, v, q, 0, 0ull, &nv);
+                if (nq == ~0u) break;  // a group smaller than `take`: its whole sum
+                q = nq;
+                v = nv;
+                gv += v;
+            }
+            if (pi != ~0u && !moe_before(pv, pi, gv, g)) continue;
+            if (best == ~0u || moe_before(gv, g, bv, best)) {
+                best = g;
+                bv = gv;
+            }
+        }
+        chosen |= 1ull << best;
+        pv = bv;
+        pi = best;
+    }
+    return chosen;
+}
+
+// experts [n, k] in selection order and gates [n, k] of scores s [n, e] with the optional
+// selection bias [e]; `groups` 0 for no group limit (else at most 64 groups).
+extern "C" __global__ void moe_topk_scored_f32(const float* s, const float* bias, u64 n, u32 e,
+                                               u32 k, u32 groups, u32 group_topk, int renormalize,
+                                               u32* experts, float* gates) {
+    GRID_STRIDE(r, n) {
+        const float* row = s + r * e;
+        u32 per = groups ? e / groups : 0;
+        unsigned long long allowed =
+            groups ? moe_groups(row, bias, groups, per, group_topk, max(1u, k / group_topk)) : 0ull;
+        float v = 0.0f, sum = 0.0f;
+        u32 x = ~0u;
+        for (u32 j = 0; j < k; ++j) {
+            x = moe_next(row, bias, 0, e, v, x, per, allowed, &v);
+            experts[r * k + j] = x;
+            sum += row[x];
+        }
+        for (u32 j = 0; j < k; ++j) {
+            float g = row[experts[r * k + j]];
+            gates[r * k + j] = renormalize ? g / sum : g;
+        }
+    }
+}
+
+// Column sums of s [n, e] (accumulated in double, as the CPU's aux_loss does): the
+// load-balancing loss's per-expert score mass. One thread per expert.
+extern "C" __global__ void moe_score_colsum_f32(const float* s, u64 n, u32 e, float* out) {
+    GRID_STRIDE(x, e) {
+        double acc = 0.0;
+        for (u64 r = 0; r < n; ++r) acc += (double)s[r * e + x];
+        out[x] = (float)acc;
+    }
+}
+
+// The scored router's backward in place on d [n, e] before the score function's: through the
+// renormalisation g_j = s_j / S over the k chosen [n, k] (ds_j = (dg_j - sum_i dg_i g_i) / S)
+// when `renormalize`, then, for sigmoid scores, d *= s (1 - s). (Softmax scores continue with
+// moe_router_bwd_f32.) One thread per row.
+extern "C" __global__ void moe_scored_bwd_f32(float* d, const float* s, const u32* chosen, u64 n,
+                                              u32 e, u32 k, int renormalize, int sigmoid) {
+    GRID_STRIDE(r, n) {
+        float* dr = d + r * e;
+        const float* sr = s + r * e;
+        const u32* pick = chosen + r * k;
+        if (renormalize) {
+            float sum = 0.0f, dot = 0.0f;
+            for (u32 j = 0; j < k; ++j) sum += sr[pick[j]];
+            for (u32 j = 0; j < k; ++j) dot += dr[pick[j]] * sr[pick[j]] / sum;
+            for (u32 j = 0; j < k; ++j) dr[pick[j]] = (dr[pick[j]] - dot) / sum;
+        }
+        if (sigmoid)
+            for (u32 j = 0; j < e; ++j) dr[j] *= sr[j] * (1.0f - sr[j]);
+    }
+}

@@ -12,6 +12,7 @@ pub mod error;
 pub mod launch;
 pub mod memory;
 pub mod model;
+pub mod nonfinite;
 pub mod plan;
 pub mod report;
 pub mod rng;

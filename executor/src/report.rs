@@ -100,10 +100,12 @@ pub struct RunReport {
     pub world: u32,
     /// The global mean token loss of every step (warm-up included), computed on the
     /// parameters before that step's update; with MoE layers it includes the load-balancing
-    /// loss.
+    /// loss. Non-finite values travel as strings in JSON ([`crate::nonfinite`]).
+    #[serde(with = "crate::nonfinite")]
     pub loss: Vec<f64>,
     /// The load-balancing part of `loss` (Fedus et al. 2021, eq. 4): per MoE layer and
     /// microbatch, averaged over the microbatches of the step and summed over the layers.
+    #[serde(with = "crate::nonfinite")]
     pub aux_loss: Vec<f64>,
     pub ranks: Vec<RankReport>,
     /// Global parameter tensors after the last step (flat, row-major), when asked for.

@@ -67,6 +67,16 @@ pub enum DropoutError {
     Rows { elements: usize, rows: usize },
 }
 
+/// A [`DropoutKey`] as the words of the device generator's arguments (kernels/philox.h):
+/// `layer_site` = layer x 3 + site, `threshold` = round(p 2^32) (kept where word >= it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DropoutWords {
+    pub seed: u64,
+    pub step: u32,
+    pub layer_site: u32,
+    pub threshold: u64,
+}
+
 /// The coordinates of one dropout application that are shared by all its elements.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DropoutKey {
@@ -107,8 +117,19 @@ impl DropoutKey {
         1.0 / (1.0 - self.p)
     }
 
-    /// The 4 uniform words of the Philox block holding elements 4b..4b+3 of `token`.
-    fn block(&self, token: u64, b: u64) -> [u32; 4] {
+    /// The key's words as the device generator (kernels/philox.h) takes them.
+    pub fn words(&self) -> DropoutWords {
+        DropoutWords {
+            seed: self.seed,
+            step: self.step,
+            layer_site: self.layer * SITES + self.site as u32,
+            threshold: self.threshold(),
+        }
+    }
+
+    /// The 4 uniform words of the Philox block holding elements 4b..4b+3 of `token`
+    /// (kernels/philox.h's `dropout_block`).
+    pub fn block(&self, token: u64, b: u64) -> [u32; 4] {
         let counter = [
             token as u32,
             (token >> 32) as u32 ^ ((b >> 32) as u32).rotate_left(16),

@@ -571,3 +571,235 @@ fn bf16_kernels_match_the_cpu_on_rounded_inputs() {
         1e-2,
     );
 }
+
+/// kernels/dropout.cu, heads.cu and the scored router of moe.cu against their CPU twins
+/// (cpu/ops/dropout.rs, mla.rs, router.rs): outputs poisoned first, fresh random inputs.
+#[test]
+fn dropout_heads_and_scored_router_match_the_cpu() {
+    use parsim_executor::backend::cpu::ops::{dropout, mla, router};
+    use parsim_executor::backend::cuda::launch::moe::ScoredTopk;
+    use parsim_executor::plan::{MoeShape, RouterShape, ScoreFunction};
+    use parsim_executor::rng::{DropoutKey, DropoutSite};
+    let Some(g) = gpu() else { return };
+    // Dropout: random tokens past 2^32, a column offset mid-block; exact in f32.
+    let (rows, cols) = (37, 300);
+    let key = DropoutKey {
+        seed: 0xDEAD_BEEF_1234,
+        step: 7,
+        layer: 11,
+        site: DropoutSite::Mlp,
+        p: 0.3,
+    };
+    let tokens: Vec<u64> = rand(rows, 41)
+        .iter()
+        .map(|v| (f64::from(v.abs()) * 1e13) as u64)
+        .collect();
+    let x = rand(rows * cols, 42);
+    let mut want = x.clone();
+    dropout::dropout_inplace(&key, &tokens, 6, &mut want).unwrap();
+    let (px, pt) = (g.up(&x), g.up(&tokens));
+    // SAFETY: x rows*cols f32, tokens rows u64.
+    unsafe {
+        launch::dropout::dropout(
+            &g.s,
+            &g.k,
+            DType::F32,
+            &key,
+            p(&g, &px),
+            p(&g, &pt),
+            rows,
+            cols,
+            6,
+        )
+    }
+    .unwrap();
+    let got = g.down(&px);
+    assert_eq!(got, want, "dropout_f32 is the CPU's mask exactly");
+    let pb = bf16_up(&g, &x);
+    let mut want = rounded(&x);
+    dropout::dropout_inplace(&key, &tokens, 6, &mut want).unwrap();
+    // SAFETY: x rows*cols bf16, tokens rows u64.
+    unsafe {
+        launch::dropout::dropout(
+            &g.s,
+            &g.k,
+            DType::Bf16,
+            &key,
+            p(&g, &pb),
+            p(&g, &pt),
+            rows,
+            cols,
+            6,
+        )
+    }
+    .unwrap();
+    check("dropout_bf16", &bf16_down(&g, &pb), &rounded(&want), 1e-2);
+
+    // MLA heads: per-head and shared second parts, concat then split.
+    let (n, heads, da, db) = (29, 5, 24, 8);
+    for shared in [false, true] {
+        let hb = if shared { 1 } else { heads };
+        let a = rand(n * heads * da, 43);
+        let b = rand(n * hb * db, 44);
+        let w = n * heads * (da + db);
+        let mut want = vec![0.0; w];
+        mla::heads_concat(&a, &b, &mut want, n, heads);
+        let (pa, pb, po) = (g.up(&a), g.up(&b), g.poisoned(w));
+        // SAFETY: lengths as passed, f32.
+        unsafe {
+            launch::heads::concat(
+                &g.s,
+                &g.k,
+                DType::F32,
+                (p(&g, &pa), a.len()),
+                (p(&g, &pb), b.len()),
+                (p(&g, &po), w),
+                n,
+                heads,
+            )
+        }
+        .unwrap();
+        check("heads_concat_f32", &g.down(&po), &want, 1e-6);
+        let dout = rand(w, 45);
+        let (mut wa, mut wb) = (vec![0.0; a.len()], vec![0.0; b.len()]);
+        mla::heads_split(&dout, &mut wa, &mut wb, n, heads);
+        let (pd, pda, pdb) = (g.up(&dout), g.poisoned(a.len()), g.poisoned(b.len()));
+        // SAFETY: lengths as passed, f32.
+        unsafe {
+            launch::heads::split(
+                &g.s,
+                &g.k,
+                DType::F32,
+                (p(&g, &pd), w),
+                (p(&g, &pda), a.len()),
+                (p(&g, &pdb), b.len()),
+                n,
+                heads,
+            )
+        }
+        .unwrap();
+        check("heads_split_f32 a", &g.down(&pda), &wa, 1e-6);
+        check("heads_split_f32 b", &g.down(&pdb), &wb, 1e-5);
+    }
+
+    // The scored router: 64 experts in 8 groups, top-6 within 3 groups, with bias.
+    let (n, e, k) = (53, 64, 6);
+    for score in [ScoreFunction::Sigmoid, ScoreFunction::Softmax] {
+        let m = MoeShape {
+            num_experts: e,
+            top_k: k,
+            ffn: 4,
+            router: RouterShape {
+                score,
+                renormalize: true,
+                expert_bias: true,
+                groups: 8,
+                group_topk: 3,
+                ..RouterShape::default()
+            },
+            ..MoeShape::default()
+        };
+        let logits: Vec<f32> = rand(n * e, 46).iter().map(|v| v * 4.0).collect();
+        let bias: Vec<f32> = rand(e, 47).iter().map(|v| v * 0.1).collect();
+        let mut s = logits.clone();
+        router::scores(&mut s, e, score);
+        let (r, chosen) = router::route(&s, n, Some(&bias), &m);
+        let pl = g.up(&logits);
+        // SAFETY: logits n*e f32.
+        unsafe {
+            match score {
+                ScoreFunction::Sigmoid => launch::moe::sigmoid(&g.s, &g.k, p(&g, &pl), n * e),
+                ScoreFunction::Softmax => launch::moe::softmax_rows(&g.s, &g.k, p(&g, &pl), n, e),
+            }
+        }
+        .unwrap();
+        let gs = g.down(&pl);
+        check("router scores", &gs, &s, 1e-5);
+        // The choice on the CPU's own scores, so near-ties cannot differ by an ulp of exp.
+        let ps = g.up(&s);
+        let pbias = g.up(&bias);
+        let pe = g.up(&vec![u32::MAX; n * k]);
+        let pg = g.poisoned(n * k);
+        let t = ScoredTopk {
+            experts: e,
+            top_k: k,
+            groups: 8,
+            group_topk: 3,
+            renormalize: true,
+        };
+        // SAFETY: scores n*e, bias e, experts and gates n*k.
+        unsafe {
+            launch::moe::topk_scored(
+                &g.s,
+                &g.k,
+                &t,
+                p(&g, &ps),
+                p(&g, &pbias),
+                n,
+                p(&g, &pe),
+                p(&g, &pg),
+            )
+        }
+        .unwrap();
+        g.s.synchronize().unwrap();
+        let experts: Vec<usize> =
+            g.s.clone_dtoh(&pe)
+                .unwrap()
+                .iter()
+                .map(|&x| x as usize)
+                .collect();
+        assert_eq!(experts, chosen, "moe_topk_scored_f32 chose other experts");
+        let want_gates: Vec<f32> = chosen
+            .chunks(k)
+            .enumerate()
+            .flat_map(|(tk, pick)| {
+                let row = &s[tk * e..(tk + 1) * e];
+                let sum: f32 = pick.iter().map(|&x| row[x]).sum();
+                pick.iter().map(|&x| row[x] / sum).collect::<Vec<_>>()
+            })
+            .collect();
+        check("moe_topk_scored gates", &g.down(&pg), &want_gates, 1e-6);
+        // Column sums (the aux loss's score mass).
+        let pc = g.poisoned(e);
+        // SAFETY: scores n*e, out e.
+        unsafe { launch::moe::score_colsum(&g.s, &g.k, p(&g, &ps), n, e, p(&g, &pc)) }.unwrap();
+        let colsum: Vec<f32> = (0..e)
+            .map(|x| (0..n).map(|t| f64::from(s[t * e + x])).sum::<f64>() as f32)
+            .collect();
+        check("moe_score_colsum", &g.down(&pc), &colsum, 1e-6);
+        // Backward: gate gradients at the chosen entries, through renorm and the score.
+        let dg = rand(n * e, 48);
+        let mut d = vec![0.0f32; n * e];
+        for (i, &x) in chosen.iter().enumerate() {
+            d[(i / k) * e + x] = dg[i];
+        }
+        let mut want = d.clone();
+        router::router_bwd(&mut want, &s, &chosen, &m, &r.fraction, 0.01);
+        let pd = g.up(&d);
+        let pch = g.up(&chosen.iter().map(|&x| x as u32).collect::<Vec<_>>());
+        let fr: Vec<f32> = r.fraction.iter().map(|&f| f as f32).collect();
+        let pf = g.up(&fr);
+        let sigmoid = score == ScoreFunction::Sigmoid;
+        // SAFETY: d and scores n*e, chosen n*k, fraction e.
+        unsafe {
+            launch::moe::scored_bwd(
+                &g.s,
+                &g.k,
+                p(&g, &pd),
+                p(&g, &ps),
+                p(&g, &pch),
+                n,
+                e,
+                k,
+                true,
+                sigmoid,
+            )
+            .unwrap();
+            if !sigmoid {
+                launch::moe::router_bwd(&g.s, &g.k, p(&g, &pd), p(&g, &ps), p(&g, &pf), n, e, 0.01)
+                    .unwrap();
+            }
+        }
+        check("moe scored backward", &g.down(&pd), &want, 1e-5);
+    }
+}

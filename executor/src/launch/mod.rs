@@ -5,6 +5,7 @@
 //! closure and sends its report to rank 0 ([`worker`]), and one failing rank stops the rest.
 
 pub mod env;
+pub mod nccl_shim;
 pub mod nodelist;
 pub mod rendezvous;
 pub mod supervise;
@@ -80,6 +81,15 @@ pub enum LaunchError {
     /// A rank's own work failed; the message is that rank's error.
     #[error("rank {rank} failed: {message}")]
     RankFailed { rank: u32, message: String },
+    /// A rank's loss (or its load-balancing part) is not finite: training diverged there.
+    #[error("rank {rank}: {what} is {value} at step {step}")]
+    NonFinite {
+        rank: u32,
+        what: &'static str,
+        value: f64,
+        /// 0-based, warm-up steps included.
+        step: usize,
+    },
     /// A rank's report could not be read or combined.
     #[error("rank {rank}'s report: {reason}")]
     Report { rank: u32, reason: String },

@@ -112,8 +112,14 @@ pub fn supervise(
     let failures = Arc::new(Mutex::new(Vec::<FailureLine>::new()));
     let mut children = Children(Vec::new());
     let mut pumps: Vec<Vec<JoinHandle<()>>> = Vec::new();
+    // NCCL installed only as libnccl.so.2: a libnccl.so link first on the workers' path.
+    let shim = super::nccl_shim::prepare();
+    let ld = std::env::var("LD_LIBRARY_PATH").ok();
     for local in 0..launch.nproc_per_node {
         let mut cmd = Command::new(program);
+        if let Some(s) = &shim {
+            cmd.env("LD_LIBRARY_PATH", s.ld_library_path(ld.as_deref()));
+        }
         cmd.args(args)
             .envs(launch.worker_env(local))
             .envs(launch.env.iter().map(|(k, v)| (k, v)))

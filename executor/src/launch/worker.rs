@@ -63,6 +63,11 @@ impl FailureLine {
                 own: *r == rank,
                 message: message.clone(),
             },
+            LaunchError::NonFinite { rank: r, .. } => FailureLine {
+                rank: *r,
+                own: *r == rank,
+                message: err.to_string(),
+            },
             LaunchError::Stopped(m) => FailureLine {
                 rank,
                 own: false,
@@ -253,8 +258,9 @@ fn coordinate(
         let failure = match event {
             Event::Report(rank, json) => match serde_json::from_str::<RunReport>(&json) {
                 Ok(r) => {
+                    let bad = check_finite(rank, &r).err();
                     reports.insert(rank, r);
-                    None
+                    bad
                 }
                 Err(e) => Some(LaunchError::Report {
                     rank,
@@ -266,14 +272,17 @@ fn coordinate(
             Event::Gone(rank, _) if reports.contains_key(&rank) => None,
             Event::Gone(rank, message) => Some(LaunchError::RankFailed { rank, message }),
             Event::Local(Ok(r)) => {
+                let bad = check_finite(0, &r).err();
                 reports.insert(0, r);
-                None
+                bad
             }
             Event::Local(Err(message)) => Some(LaunchError::RankFailed { rank: 0, message }),
         };
         if let Some(err) = failure {
             let rank = match &err {
-                LaunchError::RankFailed { rank, .. } | LaunchError::Report { rank, .. } => *rank,
+                LaunchError::RankFailed { rank, .. }
+                | LaunchError::Report { rank, .. }
+                | LaunchError::NonFinite { rank, .. } => *rank,
                 _ => 0,
             };
             stop_all(
@@ -295,6 +304,22 @@ fn coordinate(
     Err(LaunchError::Protocol(
         "rank 0's coordinator lost its events".into(),
     ))
+}
+
+/// The first non-finite loss (then load-balancing loss) of a rank's report, as an error
+/// naming the rank and the step.
+pub fn check_finite(rank: u32, r: &RunReport) -> Result<(), LaunchError> {
+    for (what, v) in [("loss", &r.loss), ("the load-balancing loss", &r.aux_loss)] {
+        if let Some((step, &value)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+            return Err(LaunchError::NonFinite {
+                rank,
+                what,
+                value,
+                step,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The run's report from one report per rank: every rank's entries, in rank order; the loss
@@ -390,6 +415,24 @@ mod tests {
         let back: RunReport = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(back.ranks[0].peak, r.ranks[0].peak);
         assert_eq!(back.ranks[0].step_s, r.ranks[0].step_s);
+    }
+
+    #[test]
+    fn a_nan_loss_crosses_the_wire_and_names_its_rank_and_step() {
+        let mut r = report(4, 2);
+        r.loss[1] = f64::NAN;
+        // The worker's serialisation and the launcher's parse, as over the socket.
+        let json = serde_json::to_string(&r).unwrap();
+        let back: RunReport = serde_json::from_str(&json).unwrap();
+        assert!(back.loss[1].is_nan() && back.loss[0] == 2.5);
+        let e = check_finite(2, &back).unwrap_err().to_string();
+        assert_eq!(e, "rank 2: loss is NaN at step 1");
+        r.loss[1] = 2.0;
+        r.aux_loss[0] = f64::INFINITY;
+        let back: RunReport = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        let e = check_finite(3, &back).unwrap_err().to_string();
+        assert_eq!(e, "rank 3: the load-balancing loss is inf at step 0");
+        assert!(check_finite(0, &report(1, 0)).is_ok());
     }
 
     #[test]

@@ -22,6 +22,13 @@ pub struct KernelFile {
 /// The header every file includes, given to NVRTC by name.
 pub const HEADER: (&str, &str) = ("common.cuh", include_str!("../../../../kernels/common.cuh"));
 
+/// The Philox 4x32-10 generator of the dropout masks (plain C as well as CUDA C: the test
+/// executor/tests/philox_c.rs compiles it with the system C compiler against rng.rs).
+pub const PHILOX: (&str, &str) = ("philox.h", include_str!("../../../../kernels/philox.h"));
+
+/// Every header a kernel file may include.
+pub const HEADERS: [(&str, &str); 2] = [HEADER, PHILOX];
+
 macro_rules! kernel_files {
     ($($f:literal),*) => {
         &[$(KernelFile { name: $f, source: include_str!(concat!("../../../../kernels/", $f)) }),*]
@@ -39,7 +46,9 @@ pub const FILES: &[KernelFile] = kernel_files!(
     "adam.cu",
     "moe.cu",
     "ulysses.cu",
-    "flash.cu"
+    "flash.cu",
+    "dropout.cu",
+    "heads.cu"
 );
 
 impl KernelFile {
@@ -62,9 +71,9 @@ impl KernelFile {
         names
     }
 
-    /// Source and header together: what the cache key hashes.
+    /// Source and headers together: what the cache key hashes.
     fn keyed_source(&self) -> String {
-        format!("{}\n{}", HEADER.1, self.source)
+        format!("{}\n{}\n{}", HEADER.1, PHILOX.1, self.source)
     }
 }
 
@@ -93,7 +102,7 @@ pub fn compile_file(file: &KernelFile, arch: &str) -> Result<CompiledFile, CudaE
             cached: true,
         });
     }
-    let compiled = nvrtc::compile(file.name, file.source, &[HEADER], &options)?;
+    let compiled = nvrtc::compile(file.name, file.source, &HEADERS, &options)?;
     if let Some(d) = &dir {
         // A cache that cannot be written costs a recompile next time, nothing more.
         if let Err(e) = cache::store(d, &key, &compiled) {
@@ -182,6 +191,9 @@ mod tests {
             "adam_step_f32",
             "moe_topk_f32",
             "ulysses_copy_bf16",
+            "dropout_bf16",
+            "heads_split_bf16",
+            "moe_topk_scored_f32",
         ] {
             assert!(all.iter().any(|n| n == name), "{name} missing");
         }

@@ -2,20 +2,21 @@
 //! of `launch/` (or cuBLASLt for the linear layers) on the rank's compute stream, with the
 //! operands staged to the kernel's dtype by [`CudaRank`]'s helpers. Host metadata (tokens,
 //! positions, routes) is uploaded as small index arrays; the only host reads are the loss
-//! rows of `ce_loss` and the router probabilities of `moe_route` (routing is host metadata,
-//! as the split sizes of the dispatch all-to-all are on the host for NCCL too).
+//! rows of `ce_loss` and the routers' n x k chosen experts and gates (routing.rs: the
+//! capacity's drops are host metadata, as the split sizes of the dispatch all-to-all are on
+//! the host for NCCL too).
 
 use super::attn::{self, causal_work, Running};
 use super::error::CudaError;
-use super::host_ops;
 use super::launch::{
     activation, adam, cross_entropy as ce, elementwise, embedding, flash, moe, norm, rotary,
     ulysses,
 };
 use super::matmul::LinearOp;
+use super::mla_dropout;
 use super::rank::{Cuda, CudaRank};
+use super::routing;
 use super::tensor::CudaTensor;
-use crate::backend::cpu::ops::moe as host_moe;
 use crate::backend::{
     AttnSaved, AttnShape, BlockShape, DType, DeviceTensor, Keep, Route, Routing, Side, TensorOps,
     UlyssesGeo, UlyssesLayout, UlyssesPart, View, ViewMut,
@@ -633,17 +634,7 @@ impl TensorOps<Cuda> for CudaRank {
         logits: &mut CudaTensor,
         moe: &MoeShape,
     ) -> Result<(Routing, f64), ExecError> {
-        let (n, ne) = (logits.rows(), logits.cols());
-        let ls = self.output_at(logits, 0..logits.len(), F32, true)?;
-        // SAFETY: logits n x E f32.
-        unsafe { moe::softmax_rows(self.s(), self.k(), ls.ptr, n, ne) }?;
-        self.store(ls, logits, 0..logits.len())?;
-        // The top-k and the capacity's drops are host metadata: the CPU twin's own routing on
-        // the device's probabilities, so both backends break ties identically.
-        let probs = self.dev.download(View::all(logits))?;
-        let r = host_moe::route(&probs, n, moe);
-        let aux = host_moe::aux_loss(moe.aux_loss_coeff, &probs, n, &r.fraction);
-        Ok((r, aux))
+        Ok(routing::route(self, logits, moe)?)
     }
 
     fn gather_rows(
@@ -991,7 +982,6 @@ impl TensorOps<Cuda> for CudaRank {
         Ok(self.store(ps, p.tensor, rp)?)
     }
 
-    // --- added for issue 19: no kernel yet, a host round trip (host_ops.rs) ---
     fn heads_concat(
         &self,
         a: &CudaTensor,
@@ -999,7 +989,7 @@ impl TensorOps<Cuda> for CudaRank {
         heads: usize,
         out: &mut CudaTensor,
     ) -> Result<(), ExecError> {
-        host_ops::heads_concat(self, a, b, heads, out)
+        Ok(mla_dropout::heads_concat(self, a, b, heads, out)?)
     }
 
     fn heads_split(
@@ -1009,7 +999,7 @@ impl TensorOps<Cuda> for CudaRank {
         da: &mut CudaTensor,
         db: &mut CudaTensor,
     ) -> Result<(), ExecError> {
-        host_ops::heads_split(self, dout, heads, da, db)
+        Ok(mla_dropout::heads_split(self, dout, heads, da, db)?)
     }
 
     fn moe_route_scored(
@@ -1018,7 +1008,7 @@ impl TensorOps<Cuda> for CudaRank {
         bias: Option<&[f32]>,
         moe: &MoeShape,
     ) -> Result<(Routing, f64, Vec<usize>), ExecError> {
-        host_ops::moe_route_scored(self, logits, bias, moe)
+        Ok(routing::route_scored(self, logits, bias, moe)?)
     }
 
     fn moe_router_scored_bwd(
@@ -1030,7 +1020,9 @@ impl TensorOps<Cuda> for CudaRank {
         fraction: &[f64],
         aux_scale: f64,
     ) -> Result<(), ExecError> {
-        host_ops::moe_router_scored_bwd(self, d, scores, chosen, moe, fraction, aux_scale)
+        Ok(routing::scored_bwd(
+            self, d, scores, chosen, moe, fraction, aux_scale,
+        )?)
     }
 
     fn dropout_inplace(
@@ -1040,7 +1032,7 @@ impl TensorOps<Cuda> for CudaRank {
         col_offset: u64,
         x: ViewMut<'_, CudaTensor>,
     ) -> Result<(), ExecError> {
-        host_ops::dropout_inplace(self, key, tokens, col_offset, x)
+        mla_dropout::dropout_inplace(self, key, tokens, col_offset, x)
     }
 }
 

@@ -58,7 +58,7 @@ impl Library {
             Library::Driver => "install the NVIDIA driver (it ships libcuda.so.1); a machine without a GPU cannot run --backend cuda",
             Library::Nvrtc => "install NVRTC 13 (pip install nvidia-cuda-nvrtc==13.0.88, or the CUDA toolkit) and put its lib folder on LD_LIBRARY_PATH",
             Library::Cublas | Library::CublasLt => "install cuBLAS 13 (pip install nvidia-cublas, or the CUDA toolkit) and put its lib folder on LD_LIBRARY_PATH",
-            Library::Nccl => "install NCCL 2 (pip install nvidia-nccl-cu13, or apt libnccl2); NCCL ships libnccl.so.2, so make a symlink libnccl.so to it in a folder on LD_LIBRARY_PATH",
+            Library::Nccl => "install NCCL 2 (pip install nvidia-nccl-cu13, or apt libnccl2) and put its lib folder on LD_LIBRARY_PATH; `parsim execute --nproc-per-node` links libnccl.so to libnccl.so.2 for its workers, a process started otherwise (torchrun, srun) needs a libnccl.so link to it in a folder on LD_LIBRARY_PATH",
         }
     }
 

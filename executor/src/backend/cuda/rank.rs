@@ -195,6 +195,25 @@ impl CudaRank {
         self.upload_u32(&v)
     }
 
+    /// Host u64 values (global token indices) as a device array (two 4-byte slots each).
+    pub fn upload_u64(&self, xs: &[u64]) -> Result<CudaTensor, CudaError> {
+        let t = self.temp(DType::F32, 2 * xs.len())?;
+        if !xs.is_empty() {
+            // SAFETY: the temporary holds 2 xs.len() 4-byte slots = xs.len() u64; a copy from
+            // pageable host memory has read the host buffer when the call returns.
+            unsafe { dr::memcpy_htod_async(t.ptr_at(0), xs, self.s().cu_stream()) }
+                .map_err(drv("cuMemcpyHtoDAsync"))?;
+        }
+        Ok(t)
+    }
+
+    /// A device u32 array held in the 4-byte slots of an f32 tensor (see
+    /// [`CudaRank::upload_u32`]), read back bit for bit (waits for the compute stream).
+    pub fn download_u32(&self, t: &CudaTensor) -> Result<Vec<u32>, CudaError> {
+        let v = self.dev.download(View::all(t))?;
+        Ok(v.into_iter().map(f32::to_bits).collect())
+    }
+
     /// Host f32 values as a device array.
     pub fn upload_f32(&self, xs: &[f32]) -> Result<CudaTensor, CudaError> {
         self.dev

@@ -4,6 +4,19 @@
 
 use crate::rng::{DropoutError, DropoutKey};
 
+/// Checks the key and that `elements` split into one row per token (shared with the CUDA
+/// kernel's launch, so both backends refuse the same inputs with the same error).
+pub fn check(key: &DropoutKey, tokens: &[u64], elements: usize) -> Result<(), DropoutError> {
+    key.validate()?;
+    if tokens.is_empty() || elements % tokens.len() != 0 {
+        return Err(DropoutError::Rows {
+            elements,
+            rows: tokens.len(),
+        });
+    }
+    Ok(())
+}
+
 /// x[i, j] *= mask(tokens[i], col_offset + j) for the rows of `x` (one per token).
 pub fn dropout_inplace(
     key: &DropoutKey,
@@ -11,13 +24,7 @@ pub fn dropout_inplace(
     col_offset: u64,
     x: &mut [f32],
 ) -> Result<(), DropoutError> {
-    key.validate()?;
-    if tokens.is_empty() || x.len() % tokens.len() != 0 {
-        return Err(DropoutError::Rows {
-            elements: x.len(),
-            rows: tokens.len(),
-        });
-    }
+    check(key, tokens, x.len())?;
     if key.p == 0.0 {
         return Ok(());
     }

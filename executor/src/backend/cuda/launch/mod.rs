@@ -7,9 +7,11 @@
 pub mod activation;
 pub mod adam;
 pub mod cross_entropy;
+pub mod dropout;
 pub mod elementwise;
 pub mod embedding;
 pub mod flash;
+pub mod heads;
 pub mod moe;
 pub mod norm;
 pub mod rotary;
