@@ -103,8 +103,11 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
             "linear biases are not executed; set add_bias_linear = add_qkv_bias = false",
         ));
     }
-    if m.attention_dropout > 0.0 {
-        return Err(unsupported("model.attention_dropout", "dropout of the attention probabilities is not executed (hidden dropout is); set attention_dropout = 0"));
+    if m.attention_dropout > 0.0 && !t.flash_attention {
+        return Err(unsupported(
+            "model.attention_dropout",
+            "attention dropout runs inside the flash attention; set training.flash_attention = true",
+        ));
     }
     if !matches!(
         m.position_embedding,
@@ -339,6 +342,8 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
             shared_ffn: m.moe_shared_expert_intermediate_size as usize,
         }),
         hidden_dropout: m.hidden_dropout as f32,
+        attention_dropout: m.attention_dropout as f32,
+        tied_embeddings: m.tied_embeddings,
         learned_positions: match m.position_embedding {
             PositionEmbedding::Learned => m.max_position_embeddings as usize,
             _ => 0,

@@ -1,5 +1,7 @@
 //! The executor against the single-rank run and the engine's memory prediction.
 
+#[path = "executor/attention_dropout.rs"]
+mod attention_dropout;
 #[path = "executor/bf16.rs"]
 mod bf16;
 #[path = "executor/cli.rs"]

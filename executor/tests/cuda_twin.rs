@@ -176,6 +176,8 @@ fn a_whole_step_matches_the_cpu_twin() {
         init_std: 0.02,
         moe: None,
         hidden_dropout: 0.0,
+        attention_dropout: 0.0,
+        tied_embeddings: false,
         learned_positions: 0,
         mla: None,
     };

@@ -30,6 +30,8 @@ fn tiny(norm: Norm, activation: Activation, flash: bool) -> ModelShape {
         init_std: 0.4,
         moe: None,
         hidden_dropout: 0.0,
+        attention_dropout: 0.0,
+        tied_embeddings: false,
         learned_positions: 0,
         mla: None,
     }
@@ -217,6 +219,8 @@ fn hidden_dropout_matches_finite_differences() {
     // p = 0.3 of the 12 tokens x 8 elements of each dropout, many are dropped.
     let shape = ModelShape {
         hidden_dropout: 0.3,
+        attention_dropout: 0.0,
+        tied_embeddings: false,
         ..tiny(Norm::LayerNorm, Activation::Gelu, true)
     };
     check_shape(shape.clone(), Recompute::None);
@@ -243,6 +247,8 @@ fn bad_dropout_and_position_fields_are_refused_by_name() {
     };
     let high = ModelShape {
         hidden_dropout: 1.0,
+        attention_dropout: 0.0,
+        tied_embeddings: false,
         ..base
     };
     for (shape, field) in [(short, "learned_positions"), (high, "hidden_dropout")] {

@@ -301,6 +301,8 @@ pub struct AttnShape {
     pub d: usize,
     /// Value (and output) head width: `d` except under MLA (DeepSeek-V2).
     pub dv: usize,
+    /// Dropout of the attention probabilities (`None`: none), its mask regenerated in backward.
+    pub dropout: Option<crate::rng::AttnDropout>,
 }
 
 /// One kept assignment of a token to an expert (MoE routing: host metadata, as the split
@@ -334,6 +336,8 @@ pub struct BlockShape {
     pub d: usize,
     /// Value (and output) head width: `d` except under MLA (DeepSeek-V2).
     pub dv: usize,
+    /// Dropout of the attention probabilities (`None`: none), its mask regenerated in backward.
+    pub dropout: Option<crate::rng::AttnDropout>,
 }
 
 /// One side of a block attention: rows of `b` sequences, [b, pos.len(), heads, d] row-major,

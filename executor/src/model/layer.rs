@@ -61,9 +61,10 @@ fn layer_index(l: &BlockLayout) -> u32 {
     }
 }
 
-fn attn_shape<B: Backend>(ctx: &Ctx<B>) -> AttnShape {
+fn attn_shape<B: Backend>(ctx: &Ctx<B>, layer: u32) -> AttnShape {
     let m = &ctx.plan.model;
     AttnShape {
+        dropout: super::dropout::attention_dropout(ctx, layer),
         b: m.micro_batch,
         s: m.seq,
         heads: ctx.rd.a_r,
@@ -112,7 +113,7 @@ pub fn layer_fwd<B: Backend>(
         let mut o = ctx.zeros(a, &[n, ow])?;
         let attn = ctx
             .ops
-            .attn_fwd(&attn_shape(ctx), &q, &k, &v, &mut o, keep)?;
+            .attn_fwd(&attn_shape(ctx, layer_index(l)), &q, &k, &v, &mut o, keep)?;
         (o, q, k, v, attn)
     };
     let mut partial = ctx.zeros(Category::Buffers, &[n, h])?;
@@ -361,7 +362,7 @@ pub fn layer_bwd<B: Backend>(
         let mut dk = ctx.zeros(b, &[n, kw])?;
         let mut dv = ctx.zeros(b, &[n, rd.g_r * rd.dv])?;
         ctx.ops.attn_bwd(
-            &attn_shape(ctx),
+            &attn_shape(ctx, layer_index(l)),
             &q,
             &k,
             &v,

@@ -306,6 +306,8 @@ mod tests {
             init_std: 0.02,
             moe: None,
             hidden_dropout: 0.0,
+            attention_dropout: 0.0,
+            tied_embeddings: false,
             learned_positions: 0,
             mla: None,
         };
