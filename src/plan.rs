@@ -91,12 +91,6 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
             "multi-token prediction is not executed yet; use 0",
         ));
     }
-    if m.tied_embeddings {
-        return Err(unsupported(
-            "model.tied_embeddings",
-            "the executor runs untied embeddings; set tied_embeddings = false",
-        ));
-    }
     if m.add_bias_linear || m.add_qkv_bias {
         return Err(unsupported(
             "model.add_bias_linear",

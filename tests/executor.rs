@@ -18,6 +18,8 @@ mod doctor;
 mod dropout;
 #[path = "executor/equivalence.rs"]
 mod equivalence;
+#[path = "executor/gpt3.rs"]
+mod gpt3;
 #[path = "executor/memory.rs"]
 mod memory;
 #[path = "executor/mla.rs"]

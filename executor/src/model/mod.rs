@@ -12,6 +12,7 @@
 pub mod cp;
 pub mod data;
 pub mod dropout;
+pub mod embedding_group;
 pub mod ends;
 pub mod layer;
 pub mod mla;

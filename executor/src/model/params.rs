@@ -358,13 +358,20 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
             }
         }
         if st.output {
+            // Tied embeddings: the output weight is a copy of the word embedding (same global
+            // tensor, so it starts equal), kept equal by the embedding group.
+            let out_name = if m.tied_embeddings {
+                "embedding.weight"
+            } else {
+                "output.weight"
+            };
             emit(BlockKind::Output, s, &|b| {
                 b.norm("final_norm", m.norm, h);
                 b.push(
                     rd.v_r,
                     h,
                     vec![seg(
-                        "output.weight".into(),
+                        out_name.into(),
                         h,
                         r * rd.v_r..(r + 1) * rd.v_r,
                         0..h,

@@ -9,6 +9,7 @@ use super::{zero, RunOptions};
 use crate::backend::{Backend, Device, DeviceCollectives, DeviceTensor, TensorOps, View, ViewMut};
 use crate::error::{ExecError, StateError};
 use crate::memory::Category;
+use crate::model::embedding_group::{self, SharedWeight};
 use crate::model::ends::{embedding_bwd, embedding_fwd, output_bwd, output_fwd, OutputSaved};
 use crate::model::layer::Experts;
 use crate::model::layer::{layer_bwd, layer_fwd, LayerSaved};
@@ -55,6 +56,8 @@ pub(super) struct Rank<'a, B: Backend> {
     stage_blocks: HashMap<u32, Range<usize>>,
     pub(super) zero: u8,
     pub(super) shards: [Range<usize>; 2],
+    /// The tied word embedding's copies and embedding group (`None`: untied, or no copy here).
+    pub(super) tied: Option<SharedWeight<B>>,
     pub(super) params: [B::Tensor; 2],
     /// Mixed precision: the fp32 master weights per space.
     pub(super) master: [Option<B::Tensor>; 2],
@@ -131,6 +134,12 @@ pub(super) fn run_rank<B: Backend>(
     } else {
         None
     };
+    let tied = if plan.model.tied_embeddings {
+        let copies = embedding_group::tied_embedding_copies(&blocks);
+        SharedWeight::new(comm, &embedding_group::members(plan, rp), copies)?
+    } else {
+        None
+    };
     let mut rank = Rank {
         plan,
         rp,
@@ -139,6 +148,7 @@ pub(super) fn run_rank<B: Backend>(
         stage_blocks,
         zero,
         shards: [d.shard, e.shard],
+        tied,
         params: [d.params, e.params],
         master: [d.master, e.master],
         grads: [d.grads, e.grads],

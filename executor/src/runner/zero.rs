@@ -25,6 +25,7 @@ use crate::backend::{
 };
 use crate::error::ExecError;
 use crate::memory::Category;
+use crate::model::embedding_group::GradShard;
 use crate::model::params::{init_range, layout_len, BlockLayout, DENSE_SPACE, EXPERT_SPACE};
 use crate::model::router_bias::RouterBias;
 use crate::plan::{Plan, Precision};
@@ -255,6 +256,22 @@ impl<B: Backend> Rank<'_, B> {
                     comm.reduce_scatter_in_place(g, grads, sh.clone())?;
                 }
                 _ => {}
+            }
+            if let (DENSE_SPACE, Some(t)) = (sp, self.tied.as_ref()) {
+                let whole = self.zero == 0;
+                let base = if self.zero >= 2 { sh.start } else { 0 };
+                let valid = if whole { 0..grads.len() } else { sh.clone() };
+                let dp = (!whole).then_some(g);
+                t.sync_grads(
+                    ops,
+                    comm,
+                    GradShard {
+                        grads,
+                        valid,
+                        base,
+                        dp,
+                    },
+                )?;
             }
             // The parameters this rank updates (its shard under ZeRO 1/2, all it holds
             // otherwise) and their gradient.
