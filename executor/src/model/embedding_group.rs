@@ -10,7 +10,7 @@
 //! space) of this rank's copies, then [`SharedWeight::sync_grads`] after the DP reduction of
 //! the gradients and before the optimizer.
 
-use super::params::{BlockKind, BlockLayout};
+use super::params::{BlockKind, BlockLayout, DENSE_SPACE};
 use crate::backend::{
     Backend, DeviceCollectives, ProcessGroup, ReduceOp, TensorOps, View, ViewMut,
 };
@@ -31,10 +31,44 @@ pub fn members(plan: &Plan, rp: &RankPlan) -> Vec<u32> {
     m
 }
 
+/// When one rank holds both the embedding and the tied output layer (PP = 1, ZB-V, DualPipe),
+/// Megatron keeps one tensor: the embedding block moves to the end of the dense buffer, right
+/// after the output block, and the output block's range stretches over the word table, its
+/// weight tensor pointing at it. Both blocks then read the one table, and their gradients
+/// accumulate into it (or into buckets of their own ranges under ZeRO 2/3).
+pub fn alias_local_tied_output(blocks: &mut [BlockLayout]) {
+    let find = |k: BlockKind| blocks.iter().position(|b| b.kind == k);
+    let (Some(e), Some(o)) = (find(BlockKind::Embedding), find(BlockKind::Output)) else {
+        return;
+    };
+    // Drop the output's own weight (its last tensor), then move the embedding to the end.
+    let table = blocks[e].tensors[0].len();
+    let out_end = blocks[o].range.end;
+    shift_down(blocks, out_end, table);
+    blocks[o].range.end -= table;
+    let emb = blocks[e].range.clone();
+    let end = super::params::layout_len(blocks, DENSE_SPACE);
+    shift_down(blocks, emb.end, emb.len());
+    blocks[e].range = end - emb.len()..end;
+    let out = &mut blocks[o];
+    out.tensors[1].offset = end - emb.len() - out.range.start;
+    out.range.end = end - emb.len() + table;
+}
+
+/// Moves every dense block starting at or after `from` down by `by` elements.
+fn shift_down(blocks: &mut [BlockLayout], from: usize, by: usize) {
+    for b in blocks.iter_mut().filter(|b| b.space == DENSE_SPACE) {
+        if b.range.start >= from {
+            b.range = b.range.start - by..b.range.end - by;
+        }
+    }
+}
+
 /// The flat ranges (dense space) of the tied word embedding's copies among `blocks`: the
-/// embedding block's table and the output block's weight (its tensor 1) when it is tied.
+/// embedding block's table and the output block's weight (its tensor 1) when it is tied; one
+/// range when both are the same tensor ([`alias_local_tied_output`]).
 pub fn tied_embedding_copies(blocks: &[BlockLayout]) -> Vec<Range<usize>> {
-    blocks
+    let mut copies: Vec<Range<usize>> = blocks
         .iter()
         .filter_map(|b| {
             let t = match b.kind {
@@ -45,7 +79,10 @@ pub fn tied_embedding_copies(blocks: &[BlockLayout]) -> Vec<Range<usize>> {
             let tied = t.segments.iter().all(|s| s.name == "embedding.weight");
             tied.then(|| b.range.start + t.offset..b.range.start + t.offset + t.len())
         })
-        .collect()
+        .collect();
+    copies.sort_by_key(|r| r.start);
+    copies.dedup();
+    copies
 }
 
 /// A weight shared over the embedding group: this rank's copies and the group.
@@ -79,7 +116,8 @@ impl<B: Backend> SharedWeight<B> {
         members: &[u32],
         copies: Vec<Range<usize>>,
     ) -> Result<Option<SharedWeight<B>>, ExecError> {
-        if copies.is_empty() {
+        // Nothing to share: no copy here, or the one tensor of a rank holding both ends.
+        if copies.is_empty() || (copies.len() == 1 && members.len() == 1) {
             return Ok(None);
         }
         let group = if members.len() > 1 {

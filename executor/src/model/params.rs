@@ -382,6 +382,9 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
             });
         }
     }
+    if m.tied_embeddings {
+        super::embedding_group::alias_local_tied_output(&mut blocks);
+    }
     blocks
 }
 

@@ -69,12 +69,15 @@ pub(super) fn init_space<B: Backend>(
         let mut data = vec![0.0f32; range.len()];
         init_range(plan.seed, blocks, sp, range.clone(), &mut data);
         for (name, gi, delta) in perturb {
+            // A tied output weight aliases the embedding's table: perturb each element once.
+            let mut done = std::collections::HashSet::new();
             for b in blocks.iter().filter(|b| b.space == sp) {
                 for t in &b.tensors {
                     for i in 0..t.len() {
                         let (s, g) = t.global_of(i);
                         let flat = b.range.start + t.offset + i;
-                        if &s.name == name && g == *gi && range.contains(&flat) {
+                        if &s.name == name && g == *gi && range.contains(&flat) && done.insert(flat)
+                        {
                             data[flat - range.start] += delta;
                         }
                     }
