@@ -104,6 +104,11 @@ pub struct ModelShape {
     /// The output layer reads the input embedding's weight (GPT-2/3); with PP > 1 the last
     /// stage holds a copy kept equal by the embedding group's all-reduce.
     pub tied_embeddings: bool,
+    /// Biases on every linear layer (Megatron's `--add-bias-linear`): column-parallel ones split
+    /// with their output columns, row-parallel ones replicated and added after the reduction.
+    pub bias_linear: bool,
+    /// A bias on the fused QKV projection (`--add-qkv-bias`, implied by `bias_linear`).
+    pub qkv_bias: bool,
     /// Learned absolute position embeddings with this many rows (GPT-2/3); 0 = rotary.
     pub learned_positions: usize,
     /// Multi-head latent attention instead of the fused QKV projection (`None`: MHA/GQA).

@@ -199,6 +199,8 @@ fn a_failing_rank_stops_the_run_with_its_error_instead_of_hanging() {
         hidden_dropout: 0.0,
         attention_dropout: 0.0,
         tied_embeddings: false,
+        bias_linear: false,
+        qkv_bias: false,
         learned_positions: 0,
         mla: None,
     };

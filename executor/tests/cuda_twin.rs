@@ -178,6 +178,8 @@ fn a_whole_step_matches_the_cpu_twin() {
         hidden_dropout: 0.0,
         attention_dropout: 0.0,
         tied_embeddings: false,
+        bias_linear: false,
+        qkv_bias: false,
         learned_positions: 0,
         mla: None,
     };

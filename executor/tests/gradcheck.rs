@@ -32,6 +32,8 @@ fn tiny(norm: Norm, activation: Activation, flash: bool) -> ModelShape {
         hidden_dropout: 0.0,
         attention_dropout: 0.0,
         tied_embeddings: false,
+        bias_linear: false,
+        qkv_bias: false,
         learned_positions: 0,
         mla: None,
     }
@@ -221,6 +223,8 @@ fn hidden_dropout_matches_finite_differences() {
         hidden_dropout: 0.3,
         attention_dropout: 0.0,
         tied_embeddings: false,
+        bias_linear: false,
+        qkv_bias: false,
         ..tiny(Norm::LayerNorm, Activation::Gelu, true)
     };
     check_shape(shape.clone(), Recompute::None);
@@ -249,6 +253,8 @@ fn bad_dropout_and_position_fields_are_refused_by_name() {
         hidden_dropout: 1.0,
         attention_dropout: 0.0,
         tied_embeddings: false,
+        bias_linear: false,
+        qkv_bias: false,
         ..base
     };
     for (shape, field) in [(short, "learned_positions"), (high, "hidden_dropout")] {

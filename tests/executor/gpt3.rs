@@ -1,5 +1,5 @@
-//! The acceptance of the GPT-3-style model (LayerNorm, GeLU, learned absolute positions, tied
-//! input and output embeddings, hidden and attention dropout 0.1): every parallel mix equals
+//! The acceptance of the GPT-3-style model (LayerNorm, GeLU, learned absolute positions, linear
+//! and QKV biases, tied input and output embeddings, hidden and attention dropout 0.1): every parallel mix equals
 //! the single-rank run (loss after one step, parameters after three, fp32, 1e-5 relative) and
 //! every rank's measured peak memory is within 2% of the engine's prediction.
 
@@ -15,6 +15,8 @@ fn gpt3(mix: &Mix) -> Value {
     m["attention_dropout"] = 0.1.into();
     m["position_embedding"] = "learned".into();
     m["tied_embeddings"] = true.into();
+    m["add_bias_linear"] = true.into();
+    m["add_qkv_bias"] = true.into();
     v
 }
 
@@ -100,6 +102,16 @@ fn gpt3_style_model_matches_the_single_rank_run_under_every_mix() {
         "tying did not change the embedding ({moved:e})"
     );
     assert!(!params.contains_key("output.weight"));
+    // The biases exist and train: the last layer's move between step one and step three.
+    let start = run(&plan(gpt3(&Mix::single())), 1);
+    for b in ["bq", "bk", "bv", "bo", "b_fc1", "b_down"] {
+        let name = format!("layers.7.{b}");
+        let moved = rel_diff(
+            &params[&name],
+            &start.params.as_ref().expect("params")[&name],
+        );
+        assert!(moved > 1e-6, "{name} did not train ({moved:e})");
+    }
     for (name, mix) in mixes().into_iter().chain(more_mixes()) {
         let got = run(&plan(gpt3(&mix)), 3);
         compare(name, &got, &reference);

@@ -480,6 +480,10 @@ pub trait TensorOps<B: Backend> {
     ) -> Result<(), ExecError>;
     /// out = a + b.
     fn add(&self, a: &B::Tensor, b: &B::Tensor, out: &mut B::Tensor) -> Result<(), ExecError>;
+    /// y[n, o] += b[o] on every row: a linear layer's bias (`b` holds o elements).
+    fn bias_add(&self, y: &mut B::Tensor, b: View<'_, B::Tensor>) -> Result<(), ExecError>;
+    /// db[o] += the column sums of dy[n, o]: a bias's gradient over this rank's rows.
+    fn bias_grad(&self, dy: &B::Tensor, db: ViewMut<'_, B::Tensor>) -> Result<(), ExecError>;
     /// y += alpha * x.
     fn axpy(
         &self,

@@ -6,6 +6,7 @@
 //! projection and fc2 inputs, and the activation's input. An MoE layer runs the experts block
 //! of `moe.rs` after the pre-MLP norm instead of the dense MLP.
 
+use super::bias::{self, Site};
 use super::dropout::{dropout_grad, hidden_dropout};
 use super::mla::{mla_bwd, mla_fwd, MlaSaved, Qkv};
 use super::moe::{moe_bwd, moe_fwd, MoeSaved};
@@ -120,6 +121,7 @@ pub fn layer_fwd<B: Backend>(
     ctx.ops
         .linear_fwd(&o, slice(&p, l, PROJ), (n, ow, h), &mut partial)?;
     let mut attn_out = ctx.reduce_to_region(partial, Category::Buffers)?;
+    bias::add(ctx, l, &p, Site::Proj, &mut attn_out)?;
     hidden_dropout(ctx, layer_index(l), DropoutSite::Attention, &mut attn_out)?;
     let mut x1 = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops.add(&x, &attn_out, &mut x1)?;
@@ -160,12 +162,14 @@ pub fn layer_fwd<B: Backend>(
     ctx.with_gathered(&ln2, |c, xg| {
         c.ops.linear_fwd(xg, slice(&p, l, FC1), (n, h, fc1), &mut u)
     })?;
+    bias::add(ctx, l, &p, Site::Fc1, &mut u)?;
     let mut act = ctx.zeros(a, &[n, rd.f_r])?;
     ctx.ops.act_fwd(act_kind, &u, &mut act)?;
     let mut partial = ctx.zeros(Category::Buffers, &[n, h])?;
     ctx.ops
         .linear_fwd(&act, slice(&p, l, FC2), (n, rd.f_r, h), &mut partial)?;
     let mut mlp_out = ctx.reduce_to_region(partial, Category::Buffers)?;
+    bias::add(ctx, l, &p, Site::Fc2, &mut mlp_out)?;
     hidden_dropout(ctx, layer_index(l), DropoutSite::Mlp, &mut mlp_out)?;
     let mut y = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops.add(&x1, &mlp_out, &mut y)?;
@@ -208,6 +212,7 @@ fn qkv_fwd<B: Backend>(
         c.ops
             .linear_fwd(xg, slice(p, l, QKV), (n, h, qkv_r), &mut qkv)
     })?;
+    bias::add(ctx, l, p, Site::Qkv, &mut qkv)?;
     let (qw, kw) = (rd.a_r * d, rd.g_r * d);
     let mut q = ctx.zeros(a, &[n, qw])?;
     let mut k = ctx.zeros(a, &[n, kw])?;
@@ -265,6 +270,7 @@ pub fn layer_bwd<B: Backend>(
         (Some(ms), Some((le, pe))) => moe_bwd(ctx, l, p.clone(), pe, le, ln2, *ms, dy_mlp, sink)?,
         (Some(_), None) | (None, Some(_)) => return Err(StateError::MoeSavedMismatch.into()),
         (None, None) => {
+            bias::grad(ctx, l, Site::Fc2, dy_mlp, sink)?;
             let dyg = ctx.expand_grad(dy_mlp)?;
             let mut d_act = ctx.zeros(b, &[n, rd.f_r])?;
             ctx.ops
@@ -287,6 +293,7 @@ pub fn layer_bwd<B: Backend>(
             let mut du = ctx.ops.recat(u, b);
             ctx.ops.act_bwd_inplace(act_kind, &mut du, &d_act)?;
             drop(d_act);
+            bias::grad(ctx, l, Site::Fc1, &du, sink)?;
             let mut part = ctx.zeros(b, &[n, h])?;
             ctx.ops
                 .linear_dgrad(&du, slice(&p, l, FC1), (n, h, rd.fc1_r), &mut part, false)?;
@@ -331,6 +338,7 @@ pub fn layer_bwd<B: Backend>(
     // Attention: projection (row-parallel), core, rotary, QKV (column-parallel), norm.
     let (qw, kw, ow) = (rd.a_r * d, rd.g_r * d, rd.a_r * rd.dv);
     let d_attn = dropout_grad(ctx, l, DropoutSite::Attention, &dx1)?;
+    bias::grad(ctx, l, Site::Proj, d_attn.as_ref().unwrap_or(&dx1), sink)?;
     let dxg = ctx.expand_grad(d_attn.as_ref().unwrap_or(&dx1))?;
     drop(d_attn);
     let mut d_o = ctx.zeros(b, &[n, ow])?;
@@ -427,6 +435,7 @@ fn qkv_bwd<B: Backend>(
     let mut dqkv = ctx.zeros(b, &[n, qkv_r])?;
     ctx.ops.qkv_merge(&dq, &dk, &dv, &mut dqkv)?;
     drop((dq, dk, dv));
+    bias::grad(ctx, l, Site::Qkv, &dqkv, sink)?;
     let mut part = ctx.zeros(b, &[n, h])?;
     ctx.ops
         .linear_dgrad(&dqkv, slice(p, l, QKV), (n, h, qkv_r), &mut part, false)?;

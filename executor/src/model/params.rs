@@ -343,6 +343,7 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                     )],
                     false,
                 );
+                super::bias::push(b, m, &p, &rd, std);
                 if let Some(a) = &m.mla {
                     mla_up(b, m.norm, a, &p, &rd, std);
                 }

@@ -308,6 +308,8 @@ mod tests {
             hidden_dropout: 0.0,
             attention_dropout: 0.0,
             tied_embeddings: false,
+            bias_linear: false,
+            qkv_bias: false,
             learned_positions: 0,
             mla: None,
         };

@@ -337,6 +337,34 @@ impl TensorOps<Cuda> for CudaRank {
         }?)
     }
 
+    /// y[n, o] += ones[n, 1] . b[1, o]: a rank-1 GEMM through cuBLASLt (no kernel of its own).
+    fn bias_add(&self, y: &mut CudaTensor, b: View<'_, CudaTensor>) -> Result<(), ExecError> {
+        let o = b.range.len();
+        let n = y.len() / o.max(1);
+        let ones = crate::backend::Device::upload(
+            self,
+            crate::memory::Category::Buffers,
+            y.dtype(),
+            &[n, 1],
+            &vec![1.0; n],
+        )?;
+        self.linear_dgrad(&ones, b, (n, o, 1), y, true)
+    }
+
+    /// db[o, 1] += dy[n, o]^T . ones[n, 1]: the column sums as a GEMM through cuBLASLt.
+    fn bias_grad(&self, dy: &CudaTensor, db: ViewMut<'_, CudaTensor>) -> Result<(), ExecError> {
+        let o = db.range.len();
+        let n = dy.len() / o.max(1);
+        let ones = crate::backend::Device::upload(
+            self,
+            crate::memory::Category::Buffers,
+            dy.dtype(),
+            &[n, 1],
+            &vec![1.0; n],
+        )?;
+        self.linear_wgrad(dy, &ones, (n, 1, o), db)
+    }
+
     fn axpy(
         &self,
         alpha: f32,
