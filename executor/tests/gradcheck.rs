@@ -288,3 +288,22 @@ fn mla_projections_and_attention_match_finite_differences() {
     check_shape(tiny_mla(true), Recompute::None);
     check_shape(tiny_mla(false), Recompute::Selective);
 }
+
+#[test]
+fn gpt3_style_biases_tied_embeddings_and_attention_dropout_match_finite_differences() {
+    // Linear and QKV biases, the output layer reading the word embedding (one tensor on a
+    // single rank: its gradient is both uses' sum), learned positions, hidden and attention
+    // dropout (the attention mask regenerated in backward), flash attention; and the same
+    // under full recomputation.
+    let shape = ModelShape {
+        hidden_dropout: 0.1,
+        attention_dropout: 0.3,
+        tied_embeddings: true,
+        bias_linear: true,
+        qkv_bias: true,
+        learned_positions: 8,
+        ..tiny(Norm::LayerNorm, Activation::Gelu, true)
+    };
+    check_shape(shape.clone(), Recompute::None);
+    check_shape(shape, Recompute::Full);
+}
