@@ -26,6 +26,8 @@ pub enum DType {
     /// bfloat16 (8-bit exponent, 7-bit mantissa): activations and weight copies of the
     /// mixed-precision recipe.
     Bf16,
+    /// One byte: the dropout masks kept from forward to backward (0 or 1).
+    U8,
 }
 
 impl DType {
@@ -34,6 +36,7 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::Bf16 => 2,
+            DType::U8 => 1,
         }
     }
 }
@@ -752,6 +755,22 @@ pub trait TensorOps<B: Backend> {
         key: &crate::rng::DropoutKey,
         tokens: &[u64],
         col_offset: u64,
+        x: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
+    /// [`TensorOps::dropout_inplace`] that also returns the keep mask (0 or 1, one byte per
+    /// element, an activation) for the backward, as Megatron saves it.
+    fn dropout_save(
+        &self,
+        key: &crate::rng::DropoutKey,
+        tokens: &[u64],
+        col_offset: u64,
+        x: ViewMut<'_, B::Tensor>,
+    ) -> Result<B::Tensor, ExecError>;
+    /// x *= mask x `scale`: a saved dropout mask applied to the output gradient.
+    fn dropout_apply(
+        &self,
+        mask: &B::Tensor,
+        scale: f32,
         x: ViewMut<'_, B::Tensor>,
     ) -> Result<(), ExecError>;
 

@@ -44,6 +44,8 @@ pub struct LayerSaved<B: Backend> {
     pub moe: Option<Box<MoeSaved<B>>>,
     /// MLA's latents (DeepSeek-V2), when the model has MLA.
     pub mla: Option<Box<MlaSaved<B>>>,
+    /// The hidden dropouts' 1-byte keep masks (attention, MLP), as Megatron saves them.
+    pub masks: [Option<B::Tensor>; 2],
 }
 
 /// An MoE layer's experts block and its parameters.
@@ -122,7 +124,7 @@ pub fn layer_fwd<B: Backend>(
         .linear_fwd(&o, slice(&p, l, PROJ), (n, ow, h), &mut partial)?;
     let mut attn_out = ctx.reduce_to_region(partial, Category::Buffers)?;
     bias::add(ctx, l, &p, Site::Proj, &mut attn_out)?;
-    hidden_dropout(ctx, layer_index(l), DropoutSite::Attention, &mut attn_out)?;
+    let attn_mask = hidden_dropout(ctx, layer_index(l), DropoutSite::Attention, &mut attn_out)?;
     let mut x1 = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops.add(&x, &attn_out, &mut x1)?;
     drop(attn_out);
@@ -132,7 +134,7 @@ pub fn layer_fwd<B: Backend>(
         .norm_fwd(norm, &x1, slice(&p, l, MLP_NORM), eps, &mut ln2)?;
     if let Some((le, pe)) = experts {
         let (mut out, ms) = moe_fwd(ctx, l, p.clone(), le, pe, &ln2)?;
-        hidden_dropout(ctx, layer_index(l), DropoutSite::Mlp, &mut out)?;
+        let mlp_mask = hidden_dropout(ctx, layer_index(l), DropoutSite::Mlp, &mut out)?;
         let mut y = ctx.zeros(a, &[n_sp, h])?;
         ctx.ops.add(&x1, &out, &mut y)?;
         let empty = || ctx.zeros(a, &[0]);
@@ -154,6 +156,7 @@ pub fn layer_fwd<B: Backend>(
                 act,
                 moe,
                 mla,
+                masks: [attn_mask, mlp_mask],
             },
         ));
     }
@@ -170,7 +173,7 @@ pub fn layer_fwd<B: Backend>(
         .linear_fwd(&act, slice(&p, l, FC2), (n, rd.f_r, h), &mut partial)?;
     let mut mlp_out = ctx.reduce_to_region(partial, Category::Buffers)?;
     bias::add(ctx, l, &p, Site::Fc2, &mut mlp_out)?;
-    hidden_dropout(ctx, layer_index(l), DropoutSite::Mlp, &mut mlp_out)?;
+    let mlp_mask = hidden_dropout(ctx, layer_index(l), DropoutSite::Mlp, &mut mlp_out)?;
     let mut y = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops.add(&x1, &mlp_out, &mut y)?;
     drop(mlp_out);
@@ -190,6 +193,7 @@ pub fn layer_fwd<B: Backend>(
             act,
             moe: None,
             mla,
+            masks: [attn_mask, mlp_mask],
         },
     ))
 }
@@ -261,10 +265,12 @@ pub fn layer_bwd<B: Backend>(
         act,
         moe,
         mla,
+        masks: [attn_mask, mlp_mask],
     } = s;
 
     // MLP: fc2 (row-parallel), activation, fc1 (column-parallel), norm; or the experts.
-    let d_mlp = dropout_grad(ctx, l, DropoutSite::Mlp, &dy)?;
+    let d_mlp = dropout_grad(ctx, mlp_mask.as_ref(), &dy)?;
+    drop(mlp_mask);
     let dy_mlp = d_mlp.as_ref().unwrap_or(&dy);
     let d_ln2 = match (moe, experts) {
         (Some(ms), Some((le, pe))) => moe_bwd(ctx, l, p.clone(), pe, le, ln2, *ms, dy_mlp, sink)?,
@@ -337,7 +343,8 @@ pub fn layer_bwd<B: Backend>(
 
     // Attention: projection (row-parallel), core, rotary, QKV (column-parallel), norm.
     let (qw, kw, ow) = (rd.a_r * d, rd.g_r * d, rd.a_r * rd.dv);
-    let d_attn = dropout_grad(ctx, l, DropoutSite::Attention, &dx1)?;
+    let d_attn = dropout_grad(ctx, attn_mask.as_ref(), &dx1)?;
+    drop(attn_mask);
     bias::grad(ctx, l, Site::Proj, d_attn.as_ref().unwrap_or(&dx1), sink)?;
     let dxg = ctx.expand_grad(d_attn.as_ref().unwrap_or(&dx1))?;
     drop(d_attn);

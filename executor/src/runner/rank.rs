@@ -34,7 +34,8 @@ pub(super) struct RankOutput {
 }
 
 enum BlockSaved<B: Backend> {
-    Embedding(Vec<u32>),
+    /// The tokens and the embedding dropout's saved mask.
+    Embedding(Vec<u32>, Option<B::Tensor>),
     Layer(Box<LayerSaved<B>>),
     LayerInput(B::Tensor),
     Output(OutputSaved<B>),
@@ -453,8 +454,9 @@ impl<'a, B: Backend> Rank<'a, B> {
             let l = &self.blocks[bi];
             match l.kind {
                 BlockKind::Embedding => {
-                    x = Some(embedding_fwd(&mut self.ctx, l, p, &tokens)?);
-                    saved.push(BlockSaved::Embedding(tokens.clone()));
+                    let (y, mask) = embedding_fwd(&mut self.ctx, l, p, &tokens)?;
+                    x = Some(y);
+                    saved.push(BlockSaved::Embedding(tokens.clone(), mask));
                 }
                 BlockKind::Layer(_) => {
                     let input = x.take().expect("layer input");
@@ -597,8 +599,8 @@ impl<'a, B: Backend> Rank<'a, B> {
                         &mut sink,
                     )?);
                 }
-                BlockSaved::Embedding(tokens) => {
-                    embedding_bwd(ctx, tokens, dy.take().expect("grad"), &mut sink)?
+                BlockSaved::Embedding(tokens, mask) => {
+                    embedding_bwd(ctx, tokens, mask, dy.take().expect("grad"), &mut sink)?
                 }
                 BlockSaved::Experts => {}
             }

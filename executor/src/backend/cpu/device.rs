@@ -730,6 +730,37 @@ impl TensorOps<Cpu> for CpuOps {
         Ok(())
     }
 
+    fn dropout_save(
+        &self,
+        key: &crate::rng::DropoutKey,
+        tokens: &[u64],
+        col_offset: u64,
+        mut x: ViewMut<'_, Tensor>,
+    ) -> Result<Tensor, ExecError> {
+        let n = x.range.len();
+        let mut keep = vec![0.0; n];
+        dropout::dropout_save(key, tokens, col_offset, dst(&mut x), &mut keep)?;
+        store_view(&mut x);
+        Ok(Tensor::typed(
+            self.memory(),
+            Category::Activations,
+            crate::backend::DType::U8,
+            &[n],
+            keep,
+        ))
+    }
+
+    fn dropout_apply(
+        &self,
+        mask: &Tensor,
+        scale: f32,
+        mut x: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        dropout::dropout_apply(mask.data(), scale, dst(&mut x));
+        store_view(&mut x);
+        Ok(())
+    }
+
     fn heads_concat(
         &self,
         a: &Tensor,

@@ -1074,6 +1074,52 @@ impl TensorOps<Cuda> for CudaRank {
     ) -> Result<(), ExecError> {
         host_ops::dropout_inplace(self, key, tokens, col_offset, x)
     }
+
+    /// On the host (as `dropout_inplace`): the mask is drawn there and uploaded as u8.
+    fn dropout_save(
+        &self,
+        key: &crate::rng::DropoutKey,
+        tokens: &[u64],
+        col_offset: u64,
+        x: ViewMut<'_, CudaTensor>,
+    ) -> Result<CudaTensor, ExecError> {
+        let n = x.range.len();
+        host_ops::dropout_inplace(self, key, tokens, col_offset, x)?;
+        let mut keep = vec![0.0; n];
+        key.fill_mask(tokens, col_offset, &mut keep);
+        keep.iter_mut()
+            .for_each(|m| *m = f32::from(u8::from(*m != 0.0)));
+        crate::backend::Device::upload(
+            self,
+            crate::memory::Category::Activations,
+            DType::U8,
+            &[n],
+            &keep,
+        )
+    }
+
+    /// On the host: the mask and the view downloaded, multiplied, written back.
+    fn dropout_apply(
+        &self,
+        mask: &CudaTensor,
+        scale: f32,
+        x: ViewMut<'_, CudaTensor>,
+    ) -> Result<(), ExecError> {
+        use crate::backend::Device;
+        let keep = self.download(View::all(mask))?;
+        let mut xh = self.download(View {
+            tensor: &*x.tensor,
+            range: x.range.clone(),
+        })?;
+        xh.iter_mut().zip(&keep).for_each(|(v, k)| *v *= k * scale);
+        let tmp = self.upload(
+            crate::memory::Category::Buffers,
+            x.tensor.dtype(),
+            &[xh.len()],
+            &xh,
+        )?;
+        self.copy(View::all(&tmp), x)
+    }
 }
 
 impl CudaRank {
