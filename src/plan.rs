@@ -91,20 +91,23 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
             "multi-token prediction is not executed yet; use 0",
         ));
     }
-    if m.tied_embeddings {
-        return Err(unsupported(
-            "model.tied_embeddings",
-            "the executor runs untied embeddings; set tied_embeddings = false",
-        ));
-    }
-    if m.add_bias_linear || m.add_qkv_bias {
+    if (m.add_bias_linear || m.add_qkv_bias) && m.mla.is_some() {
         return Err(unsupported(
             "model.add_bias_linear",
-            "linear biases are not executed; set add_bias_linear = add_qkv_bias = false",
+            "linear and QKV biases are executed for MHA/GQA, not with MLA; set add_bias_linear = add_qkv_bias = false",
         ));
     }
-    if m.attention_dropout > 0.0 {
-        return Err(unsupported("model.attention_dropout", "dropout of the attention probabilities is not executed (hidden dropout is); set attention_dropout = 0"));
+    if m.add_bias_linear && m.num_experts > 0 {
+        return Err(unsupported(
+            "model.add_bias_linear",
+            "the experts' linear biases are not executed yet; set add_bias_linear = false with MoE",
+        ));
+    }
+    if m.attention_dropout > 0.0 && !t.flash_attention {
+        return Err(unsupported(
+            "model.attention_dropout",
+            "attention dropout runs inside the flash attention; set training.flash_attention = true",
+        ));
     }
     if !matches!(
         m.position_embedding,
@@ -336,6 +339,10 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
             shared_ffn: m.moe_shared_expert_intermediate_size as usize,
         }),
         hidden_dropout: m.hidden_dropout as f32,
+        attention_dropout: m.attention_dropout as f32,
+        tied_embeddings: m.tied_embeddings,
+        bias_linear: m.add_bias_linear,
+        qkv_bias: m.add_bias_linear || m.add_qkv_bias,
         learned_positions: match m.position_embedding {
             PositionEmbedding::Learned => m.max_position_embeddings as usize,
             _ => 0,

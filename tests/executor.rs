@@ -1,5 +1,7 @@
 //! The executor against the single-rank run and the engine's memory prediction.
 
+#[path = "executor/attention_dropout.rs"]
+mod attention_dropout;
 #[path = "executor/bf16.rs"]
 mod bf16;
 #[path = "executor/cli.rs"]
@@ -18,6 +20,8 @@ mod dropout;
 mod equivalence;
 #[path = "executor/lora.rs"]
 mod lora;
+#[path = "executor/gpt3.rs"]
+mod gpt3;
 #[path = "executor/memory.rs"]
 mod memory;
 #[path = "executor/mla.rs"]

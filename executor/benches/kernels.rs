@@ -91,6 +91,7 @@ fn main() {
         hk: 8,
         d: 128,
         dv: 128,
+        dropout: None,
     };
     let sq = 4096;
     let pos: Vec<u32> = (0..sq as u32).collect();

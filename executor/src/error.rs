@@ -39,6 +39,12 @@ pub enum ExecError {
     Timeout { rank: u32, seconds: u64 },
     #[error("dropout: {0}")]
     Dropout(#[from] crate::rng::DropoutError),
+    /// A feature of the plan that this backend does not run yet, naming the plan's field.
+    #[error("{field}: {message}")]
+    Unsupported {
+        field: &'static str,
+        message: &'static str,
+    },
 }
 
 /// A Plan that fails [`Plan::validate`](crate::plan::Plan::validate), naming the quantity.
@@ -55,6 +61,12 @@ pub enum PlanError {
     MlaWithLearnedPositions,
     #[error("model.hidden_dropout ({p}) must lie in [0, 1)")]
     HiddenDropout { p: f32 },
+    #[error("model.attention_dropout ({p}) must lie in [0, 1)")]
+    AttentionDropout { p: f32 },
+    /// Without flash attention Megatron keeps the dropped softmax and its mask; the executor
+    /// runs attention dropout inside the flash attention only.
+    #[error("model.attention_dropout runs inside the flash attention: set flash = true")]
+    AttentionDropoutWithoutFlash,
     #[error("heads ({heads}) must be a multiple of kv_heads ({kv_heads})")]
     HeadsNotMultipleOfKvHeads { heads: usize, kv_heads: usize },
     #[error("heads ({heads}) and kv_heads ({kv_heads}) must be divisible by tp ({tp})")]

@@ -98,6 +98,17 @@ pub struct ModelShape {
     pub moe: Option<MoeShape>,
     /// Megatron's hidden dropout rate (after the embedding, attention and MLP), in [0, 1).
     pub hidden_dropout: f32,
+    /// Dropout of the attention probabilities, in [0, 1): runs inside the flash attention, its
+    /// mask regenerated in backward ([`crate::rng::AttnDropout`]).
+    pub attention_dropout: f32,
+    /// The output layer reads the input embedding's weight (GPT-2/3); with PP > 1 the last
+    /// stage holds a copy kept equal by the embedding group's all-reduce.
+    pub tied_embeddings: bool,
+    /// Biases on every linear layer (Megatron's `--add-bias-linear`): column-parallel ones split
+    /// with their output columns, row-parallel ones replicated and added after the reduction.
+    pub bias_linear: bool,
+    /// A bias on the fused QKV projection (`--add-qkv-bias`, implied by `bias_linear`).
+    pub qkv_bias: bool,
     /// Learned absolute position embeddings with this many rows (GPT-2/3); 0 = rotary.
     pub learned_positions: usize,
     /// Multi-head latent attention instead of the fused QKV projection (`None`: MHA/GQA).
@@ -453,6 +464,14 @@ impl Plan {
             return Err(PlanError::HiddenDropout {
                 p: m.hidden_dropout,
             });
+        }
+        if !(0.0..1.0).contains(&m.attention_dropout) {
+            return Err(PlanError::AttentionDropout {
+                p: m.attention_dropout,
+            });
+        }
+        if m.attention_dropout > 0.0 && !m.flash {
+            return Err(PlanError::AttentionDropoutWithoutFlash);
         }
         if m.heads % m.kv_heads != 0 {
             return Err(PlanError::HeadsNotMultipleOfKvHeads {

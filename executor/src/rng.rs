@@ -6,6 +6,9 @@
 //! draws it or in what order. Any TP/SP/CP/PP/DP mix therefore draws exactly the mask of the
 //! single-rank run, which is what Megatron's RNG tracker achieves for TP regions by forking seeds.
 
+mod attention;
+pub use attention::{AttnDropout, ATTN_KEY_TAG};
+
 /// Philox 4x32 multipliers and Weyl key increments (Salmon et al. 2011, section 3.3).
 const PHILOX_M0: u32 = 0xD251_1F53;
 const PHILOX_M1: u32 = 0xCD9E_8D57;

@@ -197,6 +197,10 @@ fn a_failing_rank_stops_the_run_with_its_error_instead_of_hanging() {
         init_std: 0.02,
         moe: None,
         hidden_dropout: 0.0,
+        attention_dropout: 0.0,
+        tied_embeddings: false,
+        bias_linear: false,
+        qkv_bias: false,
         learned_positions: 0,
         mla: None,
     };

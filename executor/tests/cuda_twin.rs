@@ -151,8 +151,7 @@ fn upload_download_and_tracking_on_the_gpu() {
 /// rank (the parallel layouts are in the engine's tests/executor/cuda.rs, which lowers them).
 #[test]
 fn a_whole_step_matches_the_cpu_twin() {
-    use parsim_executor::plan::{Activation, AdamConfig, ModelShape, Norm, Plan, Recompute};
-    use parsim_executor::runner::{run_cpu, run_cuda, CudaWorld, RunOptions};
+    use parsim_executor::plan::{Activation, ModelShape, Norm};
     if let Err(reason) = gpu() {
         eprintln!("skipped: {reason}");
         return;
@@ -176,9 +175,74 @@ fn a_whole_step_matches_the_cpu_twin() {
         init_std: 0.02,
         moe: None,
         hidden_dropout: 0.0,
+        attention_dropout: 0.0,
+        tied_embeddings: false,
+        bias_linear: false,
+        qkv_bias: false,
         learned_positions: 0,
         mla: None,
     };
+    twin(shape);
+}
+
+/// The GPT-3-style step on the GPU (linear and QKV biases through the rank-1 GEMMs, the tied
+/// embedding as one tensor, LayerNorm, GeLU, learned positions, hidden dropout) against the
+/// CPU twin; attention dropout is refused by name there until the CUDA flash kernel draws it.
+#[test]
+fn a_gpt3_style_step_matches_the_cpu_twin() {
+    use parsim_executor::plan::{Activation, AdamConfig, ModelShape, Norm, Plan, Recompute};
+    use parsim_executor::runner::{run_cuda, CudaWorld, RunOptions};
+    if let Err(reason) = gpu() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let shape = ModelShape {
+        num_layers: 2,
+        hidden: 64,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 16,
+        ffn: 128,
+        vocab: 128,
+        data_vocab: 128,
+        seq: 32,
+        micro_batch: 2,
+        norm: Norm::LayerNorm,
+        norm_eps: 1e-5,
+        activation: Activation::Gelu,
+        rope_theta: 10000.0,
+        flash: true,
+        init_std: 0.02,
+        moe: None,
+        hidden_dropout: 0.1,
+        attention_dropout: 0.0,
+        tied_embeddings: true,
+        bias_linear: true,
+        qkv_bias: true,
+        learned_positions: 32,
+        mla: None,
+    };
+    twin(shape.clone());
+    let dropped = ModelShape {
+        attention_dropout: 0.1,
+        ..shape
+    };
+    let plan = Plan::single_rank(dropped, AdamConfig::default(), 5, 2, Recompute::None);
+    let opts = RunOptions {
+        steps: 1,
+        warmup: 0,
+        ..RunOptions::default()
+    };
+    let err = run_cuda(&plan, &opts, CudaWorld::SingleProcess)
+        .expect_err("refused")
+        .to_string();
+    assert!(err.contains("model.attention_dropout"), "{err}");
+}
+
+/// The CUDA run's loss and parameters against the CPU run's (fp32) for a one-rank plan.
+fn twin(shape: parsim_executor::plan::ModelShape) {
+    use parsim_executor::plan::{AdamConfig, Plan, Recompute};
+    use parsim_executor::runner::{run_cpu, run_cuda, CudaWorld, RunOptions};
     let plan = Plan::single_rank(shape, AdamConfig::default(), 5, 2, Recompute::None);
     let opts = RunOptions {
         steps: 2,

@@ -30,6 +30,10 @@ fn tiny(norm: Norm, activation: Activation, flash: bool) -> ModelShape {
         init_std: 0.4,
         moe: None,
         hidden_dropout: 0.0,
+        attention_dropout: 0.0,
+        tied_embeddings: false,
+        bias_linear: false,
+        qkv_bias: false,
         learned_positions: 0,
         mla: None,
     }
@@ -217,6 +221,10 @@ fn hidden_dropout_matches_finite_differences() {
     // p = 0.3 of the 12 tokens x 8 elements of each dropout, many are dropped.
     let shape = ModelShape {
         hidden_dropout: 0.3,
+        attention_dropout: 0.0,
+        tied_embeddings: false,
+        bias_linear: false,
+        qkv_bias: false,
         ..tiny(Norm::LayerNorm, Activation::Gelu, true)
     };
     check_shape(shape.clone(), Recompute::None);
@@ -243,6 +251,10 @@ fn bad_dropout_and_position_fields_are_refused_by_name() {
     };
     let high = ModelShape {
         hidden_dropout: 1.0,
+        attention_dropout: 0.0,
+        tied_embeddings: false,
+        bias_linear: false,
+        qkv_bias: false,
         ..base
     };
     for (shape, field) in [(short, "learned_positions"), (high, "hidden_dropout")] {
@@ -275,4 +287,23 @@ fn tiny_mla(flash: bool) -> ModelShape {
 fn mla_projections_and_attention_match_finite_differences() {
     check_shape(tiny_mla(true), Recompute::None);
     check_shape(tiny_mla(false), Recompute::Selective);
+}
+
+#[test]
+fn gpt3_style_biases_tied_embeddings_and_attention_dropout_match_finite_differences() {
+    // Linear and QKV biases, the output layer reading the word embedding (one tensor on a
+    // single rank: its gradient is both uses' sum), learned positions, hidden and attention
+    // dropout (the attention mask regenerated in backward), flash attention; and the same
+    // under full recomputation.
+    let shape = ModelShape {
+        hidden_dropout: 0.1,
+        attention_dropout: 0.3,
+        tied_embeddings: true,
+        bias_linear: true,
+        qkv_bias: true,
+        learned_positions: 8,
+        ..tiny(Norm::LayerNorm, Activation::Gelu, true)
+    };
+    check_shape(shape.clone(), Recompute::None);
+    check_shape(shape, Recompute::Full);
 }

@@ -346,6 +346,7 @@ fn flash_attention_matches_the_cpu_on_a_zigzag_layout_with_gqa() {
         hk: 2,
         d: 72,
         dv: 72,
+        dropout: None,
     };
     // Zigzag CP shard of a 64-row sequence over cp 2: chunks 0 and 3 (queries), all keys.
     let qpos: Vec<u32> = (0..16).chain(48..64).collect();

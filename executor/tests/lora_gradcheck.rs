@@ -28,6 +28,10 @@ fn tiny(activation: Activation) -> ModelShape {
         hidden_dropout: 0.0,
         learned_positions: 0,
         mla: None,
+        attention_dropout: 0.0,
+        tied_embeddings: false,
+        bias_linear: false,
+        qkv_bias: false,
     }
 }
 

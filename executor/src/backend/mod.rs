@@ -26,6 +26,8 @@ pub enum DType {
     /// bfloat16 (8-bit exponent, 7-bit mantissa): activations and weight copies of the
     /// mixed-precision recipe.
     Bf16,
+    /// One byte: the dropout masks kept from forward to backward (0 or 1).
+    U8,
 }
 
 impl DType {
@@ -34,6 +36,7 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::Bf16 => 2,
+            DType::U8 => 1,
         }
     }
 }
@@ -301,6 +304,8 @@ pub struct AttnShape {
     pub d: usize,
     /// Value (and output) head width: `d` except under MLA (DeepSeek-V2).
     pub dv: usize,
+    /// Dropout of the attention probabilities (`None`: none), its mask regenerated in backward.
+    pub dropout: Option<crate::rng::AttnDropout>,
 }
 
 /// One kept assignment of a token to an expert (MoE routing: host metadata, as the split
@@ -334,6 +339,8 @@ pub struct BlockShape {
     pub d: usize,
     /// Value (and output) head width: `d` except under MLA (DeepSeek-V2).
     pub dv: usize,
+    /// Dropout of the attention probabilities (`None`: none), its mask regenerated in backward.
+    pub dropout: Option<crate::rng::AttnDropout>,
 }
 
 /// One side of a block attention: rows of `b` sequences, [b, pos.len(), heads, d] row-major,
@@ -476,6 +483,10 @@ pub trait TensorOps<B: Backend> {
     ) -> Result<(), ExecError>;
     /// out = a + b.
     fn add(&self, a: &B::Tensor, b: &B::Tensor, out: &mut B::Tensor) -> Result<(), ExecError>;
+    /// y[n, o] += b[o] on every row: a linear layer's bias (`b` holds o elements).
+    fn bias_add(&self, y: &mut B::Tensor, b: View<'_, B::Tensor>) -> Result<(), ExecError>;
+    /// db[o] += the column sums of dy[n, o]: a bias's gradient over this rank's rows.
+    fn bias_grad(&self, dy: &B::Tensor, db: ViewMut<'_, B::Tensor>) -> Result<(), ExecError>;
     /// y += alpha * x.
     fn axpy(
         &self,
@@ -744,6 +755,22 @@ pub trait TensorOps<B: Backend> {
         key: &crate::rng::DropoutKey,
         tokens: &[u64],
         col_offset: u64,
+        x: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
+    /// [`TensorOps::dropout_inplace`] that also returns the keep mask (0 or 1, one byte per
+    /// element, an activation) for the backward, as Megatron saves it.
+    fn dropout_save(
+        &self,
+        key: &crate::rng::DropoutKey,
+        tokens: &[u64],
+        col_offset: u64,
+        x: ViewMut<'_, B::Tensor>,
+    ) -> Result<B::Tensor, ExecError>;
+    /// x *= mask x `scale`: a saved dropout mask applied to the output gradient.
+    fn dropout_apply(
+        &self,
+        mask: &B::Tensor,
+        scale: f32,
         x: ViewMut<'_, B::Tensor>,
     ) -> Result<(), ExecError>;
 

@@ -1,7 +1,7 @@
 //! The pipeline's ends: the vocab-parallel embedding (first stage) and the final norm, output
 //! layer and vocab-parallel cross-entropy (last stage), as Megatron-LM shards them.
 
-use super::dropout::hidden_dropout;
+use super::dropout::{apply_saved, hidden_dropout};
 use super::params::BlockLayout;
 use super::positions;
 use super::{Ctx, Sink, WTask};
@@ -18,7 +18,7 @@ pub fn embedding_fwd<B: Backend>(
     l: &BlockLayout,
     p: View<'_, B::Tensor>,
     tokens: &[u32],
-) -> Result<B::Tensor, ExecError> {
+) -> Result<(B::Tensor, Option<B::Tensor>), ExecError> {
     let (h, v_r) = (ctx.rd.h, ctx.rd.v_r);
     let lo = ctx.rd.tp_rank * v_r;
     let mut partial = ctx.zeros(Category::Buffers, &[ctx.n, h])?;
@@ -26,18 +26,21 @@ pub fn embedding_fwd<B: Backend>(
         .embedding_gather(p.sub(l.tensors[0].range()), tokens, lo, &mut partial)?;
     positions::add_rows(ctx, l, &p, &mut partial)?;
     let mut x = ctx.reduce_to_region(partial, Category::Activations)?;
-    hidden_dropout(ctx, 0, DropoutSite::Embedding, &mut x)?;
-    Ok(x)
+    let mask = hidden_dropout(ctx, 0, DropoutSite::Embedding, &mut x)?;
+    Ok((x, mask))
 }
 
-/// Embedding backward: only the weight-gradient task (the tokens have no gradient).
+/// Embedding backward: only the weight-gradient task (the tokens have no gradient), through
+/// the forward's saved dropout mask.
 pub fn embedding_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     tokens: Vec<u32>,
+    mask: Option<B::Tensor>,
     mut dy: B::Tensor,
     sink: &mut Sink<B>,
 ) -> Result<(), ExecError> {
-    hidden_dropout(ctx, 0, DropoutSite::Embedding, &mut dy)?;
+    apply_saved(ctx, mask.as_ref(), &mut dy)?;
+    drop(mask);
     let dyg = ctx.expand_grad(&dy)?;
     drop(dy);
     sink(

@@ -6,6 +6,7 @@
 //! projection and fc2 inputs, and the activation's input. An MoE layer runs the experts block
 //! of `moe.rs` after the pre-MLP norm instead of the dense MLP.
 
+use super::bias::{self, Site};
 use super::dropout::{dropout_grad, hidden_dropout};
 use super::lora::{self, Adapters, LoraSaved, Target};
 use super::mla::{mla_bwd, mla_fwd, MlaSaved, Qkv};
@@ -46,6 +47,8 @@ pub struct LayerSaved<B: Backend> {
     pub mla: Option<Box<MlaSaved<B>>>,
     /// LoRA's rank-r intermediates, when the layer has adapters.
     pub lora: Option<Box<LoraSaved<B>>>,
+    /// The hidden dropouts' 1-byte keep masks (attention, MLP), as Megatron saves them.
+    pub masks: [Option<B::Tensor>; 2],
 }
 
 /// An MoE layer's experts block and its parameters.
@@ -64,9 +67,10 @@ fn layer_index(l: &BlockLayout) -> u32 {
     }
 }
 
-fn attn_shape<B: Backend>(ctx: &Ctx<B>) -> AttnShape {
+fn attn_shape<B: Backend>(ctx: &Ctx<B>, layer: u32) -> AttnShape {
     let m = &ctx.plan.model;
     AttnShape {
+        dropout: super::dropout::attention_dropout(ctx, layer),
         b: m.micro_batch,
         s: m.seq,
         heads: ctx.rd.a_r,
@@ -117,7 +121,7 @@ pub fn layer_fwd<B: Backend>(
         let mut o = ctx.zeros(a, &[n, ow])?;
         let attn = ctx
             .ops
-            .attn_fwd(&attn_shape(ctx), &q, &k, &v, &mut o, keep)?;
+            .attn_fwd(&attn_shape(ctx, layer_index(l)), &q, &k, &v, &mut o, keep)?;
         (o, q, k, v, attn)
     };
     let mut partial = ctx.zeros(Category::Buffers, &[n, h])?;
@@ -127,7 +131,8 @@ pub fn layer_fwd<B: Backend>(
     if let Some(ad) = &ad {
         lora::row_fwd(ctx, ad, Target::Proj, &o, &mut attn_out, &mut ls)?;
     }
-    hidden_dropout(ctx, layer_index(l), DropoutSite::Attention, &mut attn_out)?;
+    bias::add(ctx, l, &p, Site::Proj, &mut attn_out)?;
+    let attn_mask = hidden_dropout(ctx, layer_index(l), DropoutSite::Attention, &mut attn_out)?;
     let mut x1 = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops.add(&x, &attn_out, &mut x1)?;
     drop(attn_out);
@@ -137,7 +142,7 @@ pub fn layer_fwd<B: Backend>(
         .norm_fwd(norm, &x1, slice(&p, l, MLP_NORM), eps, &mut ln2)?;
     if let Some((le, pe)) = experts {
         let (mut out, ms) = moe_fwd(ctx, l, p.clone(), le, pe, &ln2)?;
-        hidden_dropout(ctx, layer_index(l), DropoutSite::Mlp, &mut out)?;
+        let mlp_mask = hidden_dropout(ctx, layer_index(l), DropoutSite::Mlp, &mut out)?;
         let mut y = ctx.zeros(a, &[n_sp, h])?;
         ctx.ops.add(&x1, &out, &mut y)?;
         let empty = || ctx.zeros(a, &[0]);
@@ -160,6 +165,7 @@ pub fn layer_fwd<B: Backend>(
                 moe,
                 mla,
                 lora: ad.is_some().then(|| Box::new(ls)),
+                masks: [attn_mask, mlp_mask],
             },
         ));
     }
@@ -171,6 +177,7 @@ pub fn layer_fwd<B: Backend>(
     if let Some(ad) = &ad {
         lora::col_fwd(ctx, ad, Target::Fc1, &ln2, &mut u, &mut ls)?;
     }
+    bias::add(ctx, l, &p, Site::Fc1, &mut u)?;
     let mut act = ctx.zeros(a, &[n, rd.f_r])?;
     ctx.ops.act_fwd(act_kind, &u, &mut act)?;
     let mut partial = ctx.zeros(Category::Buffers, &[n, h])?;
@@ -180,7 +187,8 @@ pub fn layer_fwd<B: Backend>(
     if let Some(ad) = &ad {
         lora::row_fwd(ctx, ad, Target::Fc2, &act, &mut mlp_out, &mut ls)?;
     }
-    hidden_dropout(ctx, layer_index(l), DropoutSite::Mlp, &mut mlp_out)?;
+    bias::add(ctx, l, &p, Site::Fc2, &mut mlp_out)?;
+    let mlp_mask = hidden_dropout(ctx, layer_index(l), DropoutSite::Mlp, &mut mlp_out)?;
     let mut y = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops.add(&x1, &mlp_out, &mut y)?;
     drop(mlp_out);
@@ -201,6 +209,7 @@ pub fn layer_fwd<B: Backend>(
             moe: None,
             mla,
             lora: ad.is_some().then(|| Box::new(ls)),
+            masks: [attn_mask, mlp_mask],
         },
     ))
 }
@@ -228,6 +237,7 @@ fn qkv_fwd<B: Backend>(
     if let Some(ad) = ad {
         lora::col_fwd(ctx, ad, Target::Qkv, ln1, &mut qkv, ls)?;
     }
+    bias::add(ctx, l, p, Site::Qkv, &mut qkv)?;
     let (qw, kw) = (rd.a_r * d, rd.g_r * d);
     let mut q = ctx.zeros(a, &[n, qw])?;
     let mut k = ctx.zeros(a, &[n, kw])?;
@@ -279,16 +289,19 @@ pub fn layer_bwd<B: Backend>(
         moe,
         mla,
         lora: ls,
+        masks: [attn_mask, mlp_mask],
     } = s;
     let mut ls = ls.map(|b| *b).unwrap_or_default();
 
     // MLP: fc2 (row-parallel), activation, fc1 (column-parallel), norm; or the experts.
-    let d_mlp = dropout_grad(ctx, l, DropoutSite::Mlp, &dy)?;
+    let d_mlp = dropout_grad(ctx, mlp_mask.as_ref(), &dy)?;
+    drop(mlp_mask);
     let dy_mlp = d_mlp.as_ref().unwrap_or(&dy);
     let d_ln2 = match (moe, experts) {
         (Some(ms), Some((le, pe))) => moe_bwd(ctx, l, p.clone(), pe, le, ln2, *ms, dy_mlp, sink)?,
         (Some(_), None) | (None, Some(_)) => return Err(StateError::MoeSavedMismatch.into()),
         (None, None) => {
+            bias::grad(ctx, l, Site::Fc2, dy_mlp, sink)?;
             let dyg = ctx.expand_grad(dy_mlp)?;
             let mut d_act = ctx.zeros(b, &[n, rd.f_r])?;
             ctx.ops
@@ -323,6 +336,7 @@ pub fn layer_bwd<B: Backend>(
             let mut du = ctx.ops.recat(u, b);
             ctx.ops.act_bwd_inplace(act_kind, &mut du, &d_act)?;
             drop(d_act);
+            bias::grad(ctx, l, Site::Fc1, &du, sink)?;
             let mut part = ctx.zeros(b, &[n, h])?;
             ctx.ops
                 .linear_dgrad(&du, slice(&p, l, FC1), (n, h, rd.fc1_r), &mut part, false)?;
@@ -369,7 +383,9 @@ pub fn layer_bwd<B: Backend>(
 
     // Attention: projection (row-parallel), core, rotary, QKV (column-parallel), norm.
     let (qw, kw, ow) = (rd.a_r * d, rd.g_r * d, rd.a_r * rd.dv);
-    let d_attn = dropout_grad(ctx, l, DropoutSite::Attention, &dx1)?;
+    let d_attn = dropout_grad(ctx, attn_mask.as_ref(), &dx1)?;
+    drop(attn_mask);
+    bias::grad(ctx, l, Site::Proj, d_attn.as_ref().unwrap_or(&dx1), sink)?;
     let dxg = ctx.expand_grad(d_attn.as_ref().unwrap_or(&dx1))?;
     let mut d_o = ctx.zeros(b, &[n, ow])?;
     ctx.ops
@@ -405,7 +421,7 @@ pub fn layer_bwd<B: Backend>(
         let mut dk = ctx.zeros(b, &[n, kw])?;
         let mut dv = ctx.zeros(b, &[n, rd.g_r * rd.dv])?;
         ctx.ops.attn_bwd(
-            &attn_shape(ctx),
+            &attn_shape(ctx, layer_index(l)),
             &q,
             &k,
             &v,
@@ -468,6 +484,7 @@ fn qkv_bwd<B: Backend>(
     let mut dqkv = ctx.zeros(b, &[n, qkv_r])?;
     ctx.ops.qkv_merge(&dq, &dk, &dv, &mut dqkv)?;
     drop((dq, dk, dv));
+    bias::grad(ctx, l, Site::Qkv, &dqkv, sink)?;
     let mut part = ctx.zeros(b, &[n, h])?;
     ctx.ops
         .linear_dgrad(&dqkv, slice(p, l, QKV), (n, h, qkv_r), &mut part, false)?;

@@ -9,9 +9,11 @@
 //! input gradient and returns [`WTask<B>`]s, the weight-gradient work, run at once for a full
 //! backward or later for a W action.
 
+pub mod bias;
 pub mod cp;
 pub mod data;
 pub mod dropout;
+pub mod embedding_group;
 pub mod ends;
 pub mod layer;
 pub mod lora;

@@ -352,6 +352,7 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                     )],
                     false,
                 );
+                super::bias::push(b, m, &p, &rd, std);
                 if let Some(a) = &m.mla {
                     mla_up(b, m.norm, a, &p, &rd, std);
                 }
@@ -372,13 +373,20 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
             }
         }
         if st.output {
+            // Tied embeddings: the output weight is a copy of the word embedding (same global
+            // tensor, so it starts equal), kept equal by the embedding group.
+            let out_name = if m.tied_embeddings {
+                "embedding.weight"
+            } else {
+                "output.weight"
+            };
             emit(BlockKind::Output, s, &|b| {
                 b.norm("final_norm", m.norm, h);
                 b.push(
                     rd.v_r,
                     h,
                     vec![seg(
-                        "output.weight".into(),
+                        out_name.into(),
                         h,
                         r * rd.v_r..(r + 1) * rd.v_r,
                         0..h,
@@ -388,6 +396,9 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                 );
             });
         }
+    }
+    if m.tied_embeddings {
+        super::embedding_group::alias_local_tied_output(&mut blocks);
     }
     blocks
 }

@@ -306,6 +306,10 @@ mod tests {
             init_std: 0.02,
             moe: None,
             hidden_dropout: 0.0,
+            attention_dropout: 0.0,
+            tied_embeddings: false,
+            bias_linear: false,
+            qkv_bias: false,
             learned_positions: 0,
             mla: None,
         };

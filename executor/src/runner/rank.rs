@@ -9,6 +9,7 @@ use super::{zero, RunOptions};
 use crate::backend::{Backend, Device, DeviceCollectives, DeviceTensor, TensorOps, View, ViewMut};
 use crate::error::{ExecError, StateError};
 use crate::memory::Category;
+use crate::model::embedding_group::{self, SharedWeight};
 use crate::model::ends::{embedding_bwd, embedding_fwd, output_bwd, output_fwd, OutputSaved};
 use crate::model::layer::Experts;
 use crate::model::layer::{layer_bwd, layer_fwd, LayerSaved};
@@ -36,7 +37,8 @@ pub(super) struct RankOutput {
 }
 
 enum BlockSaved<B: Backend> {
-    Embedding(Vec<u32>),
+    /// The tokens and the embedding dropout's saved mask.
+    Embedding(Vec<u32>, Option<B::Tensor>),
     Layer(Box<LayerSaved<B>>),
     LayerInput(B::Tensor),
     Output(OutputSaved<B>),
@@ -63,6 +65,8 @@ pub(super) struct Rank<'a, B: Backend> {
     stage_blocks: HashMap<u32, Range<usize>>,
     pub(super) zero: u8,
     pub(super) shards: [Range<usize>; SPACES],
+    /// The tied word embedding's copies and embedding group (`None`: untied, or no copy here).
+    pub(super) tied: Option<SharedWeight<B>>,
     pub(super) params: [B::Tensor; SPACES],
     /// Mixed precision: the fp32 master weights per space.
     pub(super) master: [Option<B::Tensor>; SPACES],
@@ -143,6 +147,12 @@ pub(super) fn run_rank<B: Backend>(
     } else {
         None
     };
+    let tied = if plan.model.tied_embeddings {
+        let copies = embedding_group::tied_embedding_copies(&blocks);
+        SharedWeight::new(comm, &embedding_group::members(plan, rp), copies)?
+    } else {
+        None
+    };
     let mut rank = Rank {
         plan,
         rp,
@@ -151,6 +161,7 @@ pub(super) fn run_rank<B: Backend>(
         stage_blocks,
         zero,
         shards: [d.shard, e.shard, f.shard],
+        tied,
         params: [d.params, e.params, f.params],
         master: [d.master, e.master, f.master],
         grads: [d.grads, e.grads, f.grads],
@@ -482,8 +493,9 @@ impl<'a, B: Backend> Rank<'a, B> {
             let l = &self.blocks[bi];
             match l.kind {
                 BlockKind::Embedding => {
-                    x = Some(embedding_fwd(&mut self.ctx, l, p, &tokens)?);
-                    saved.push(BlockSaved::Embedding(tokens.clone()));
+                    let (y, mask) = embedding_fwd(&mut self.ctx, l, p, &tokens)?;
+                    x = Some(y);
+                    saved.push(BlockSaved::Embedding(tokens.clone(), mask));
                 }
                 BlockKind::Layer(_) => {
                     let input = x.take().expect("layer input");
@@ -645,8 +657,8 @@ impl<'a, B: Backend> Rank<'a, B> {
                         &mut sink,
                     )?);
                 }
-                BlockSaved::Embedding(tokens) => {
-                    embedding_bwd(ctx, tokens, dy.take().expect("grad"), &mut sink)?
+                BlockSaved::Embedding(tokens, mask) => {
+                    embedding_bwd(ctx, tokens, mask, dy.take().expect("grad"), &mut sink)?
                 }
                 BlockSaved::Experts => {}
             }

@@ -25,6 +25,7 @@ use crate::backend::{
 };
 use crate::error::ExecError;
 use crate::memory::Category;
+use crate::model::embedding_group::GradShard;
 use crate::model::params::{
     init_range, layout_len, BlockLayout, DENSE_SPACE, EXPERT_SPACE, FROZEN_SPACE, SPACES,
 };
@@ -70,12 +71,15 @@ pub(super) fn init_space<B: Backend>(
         let mut data = vec![0.0f32; range.len()];
         init_range(plan.seed, blocks, sp, range.clone(), &mut data);
         for (name, gi, delta) in perturb {
+            // A tied output weight aliases the embedding's table: perturb each element once.
+            let mut done = std::collections::HashSet::new();
             for b in blocks.iter().filter(|b| b.space == sp) {
                 for t in &b.tensors {
                     for i in 0..t.len() {
                         let (s, g) = t.global_of(i);
                         let flat = b.range.start + t.offset + i;
-                        if &s.name == name && g == *gi && range.contains(&flat) {
+                        if &s.name == name && g == *gi && range.contains(&flat) && done.insert(flat)
+                        {
                             data[flat - range.start] += delta;
                         }
                     }
@@ -263,6 +267,22 @@ impl<B: Backend> Rank<'_, B> {
                     comm.reduce_scatter_in_place(g, grads, sh.clone())?;
                 }
                 _ => {}
+            }
+            if let (DENSE_SPACE, Some(t)) = (sp, self.tied.as_ref()) {
+                let whole = self.zero == 0;
+                let base = if self.zero >= 2 { sh.start } else { 0 };
+                let valid = if whole { 0..grads.len() } else { sh.clone() };
+                let dp = (!whole).then_some(g);
+                t.sync_grads(
+                    ops,
+                    comm,
+                    GradShard {
+                        grads,
+                        valid,
+                        base,
+                        dp,
+                    },
+                )?;
             }
             // The parameters this rank updates (its shard under ZeRO 1/2, all it holds
             // otherwise) and their gradient.

@@ -5,8 +5,8 @@
 //! round when storing its fp32 result.
 
 use super::ops::{
-    activation, adam, attention, cross_entropy, dropout, elementwise, flash, gemm, layout, mla,
-    moe, norm, rotary, router, ulysses,
+    activation, adam, attention, bias, cross_entropy, dropout, elementwise, flash, gemm, layout,
+    mla, moe, norm, rotary, router, ulysses,
 };
 use super::{CpuComm, CpuOps, Group, Tensor};
 use crate::backend::{
@@ -252,6 +252,18 @@ impl TensorOps<Cpu> for CpuOps {
     fn add(&self, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<(), ExecError> {
         elementwise::add(a.data(), b.data(), out.data_mut());
         store_all(out);
+        Ok(())
+    }
+
+    fn bias_add(&self, y: &mut Tensor, b: View<'_, Tensor>) -> Result<(), ExecError> {
+        bias::bias_add(y.data_mut(), src(&b));
+        store_all(y);
+        Ok(())
+    }
+
+    fn bias_grad(&self, dy: &Tensor, mut db: ViewMut<'_, Tensor>) -> Result<(), ExecError> {
+        bias::bias_grad(dy.data(), dst(&mut db));
+        store_view(&mut db);
         Ok(())
     }
 
@@ -714,6 +726,37 @@ impl TensorOps<Cpu> for CpuOps {
         mut x: ViewMut<'_, Tensor>,
     ) -> Result<(), ExecError> {
         dropout::dropout_inplace(key, tokens, col_offset, dst(&mut x))?;
+        store_view(&mut x);
+        Ok(())
+    }
+
+    fn dropout_save(
+        &self,
+        key: &crate::rng::DropoutKey,
+        tokens: &[u64],
+        col_offset: u64,
+        mut x: ViewMut<'_, Tensor>,
+    ) -> Result<Tensor, ExecError> {
+        let n = x.range.len();
+        let mut keep = vec![0.0; n];
+        dropout::dropout_save(key, tokens, col_offset, dst(&mut x), &mut keep)?;
+        store_view(&mut x);
+        Ok(Tensor::typed(
+            self.memory(),
+            Category::Activations,
+            crate::backend::DType::U8,
+            &[n],
+            keep,
+        ))
+    }
+
+    fn dropout_apply(
+        &self,
+        mask: &Tensor,
+        scale: f32,
+        mut x: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        dropout::dropout_apply(mask.data(), scale, dst(&mut x));
         store_view(&mut x);
         Ok(())
     }

@@ -30,6 +30,7 @@ pub fn block_shape(sh: &AttnShape) -> BlockShape {
         hk: sh.kv_heads,
         d: sh.d,
         dv: sh.dv,
+        dropout: sh.dropout,
     }
 }
 
@@ -228,6 +229,7 @@ mod tests {
             hk: 1,
             d: 4,
             dv: 4,
+            dropout: None,
         };
         let pos: Vec<u32> = (0..7).collect();
         assert_eq!(causal_work(&sh, &pos, &pos), 2 * 3 * 7 * 8 / 2);
@@ -245,6 +247,7 @@ mod tests {
             hk: 1,
             d: 2,
             dv: 2,
+            dropout: None,
         };
         let (qpos, kpos) = ([0u32, 1, 6, 7], [2u32, 3, 4, 5]);
         let (sq, sk) = (qpos.len(), kpos.len());

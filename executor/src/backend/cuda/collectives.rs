@@ -568,6 +568,12 @@ impl CudaComm {
                     match dt {
                         DType::F32 => elementwise::cast_f32_to_bf16(st, k, a, b, total),
                         DType::Bf16 => elementwise::cast_bf16_to_f32(st, k, a, b, total),
+                        // Masks are never reduced: a u8 reduction is a caller's bug.
+                        DType::U8 => Err(CudaError::call(
+                            super::probe::Library::Nccl,
+                            "sum_pieces",
+                            "u8 tensors (dropout masks) are not reduced",
+                        )),
                     }
                 }?;
                 b

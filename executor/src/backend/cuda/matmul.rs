@@ -118,6 +118,7 @@ pub fn data_type(d: DType) -> sys::cudaDataType {
     match d {
         DType::F32 => sys::cudaDataType::CUDA_R_32F,
         DType::Bf16 => sys::cudaDataType::CUDA_R_16BF,
+        DType::U8 => sys::cudaDataType::CUDA_R_8U,
     }
 }
 

@@ -25,6 +25,7 @@ pub fn nccl_type(d: DType) -> sys::ncclDataType_t {
     match d {
         DType::F32 => sys::ncclDataType_t::ncclFloat32,
         DType::Bf16 => sys::ncclDataType_t::ncclBfloat16,
+        DType::U8 => sys::ncclDataType_t::ncclUint8,
     }
 }
 

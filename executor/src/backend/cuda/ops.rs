@@ -338,6 +338,34 @@ impl TensorOps<Cuda> for CudaRank {
         }?)
     }
 
+    /// y[n, o] += ones[n, 1] . b[1, o]: a rank-1 GEMM through cuBLASLt (no kernel of its own).
+    fn bias_add(&self, y: &mut CudaTensor, b: View<'_, CudaTensor>) -> Result<(), ExecError> {
+        let o = b.range.len();
+        let n = y.len() / o.max(1);
+        let ones = crate::backend::Device::upload(
+            self,
+            crate::memory::Category::Buffers,
+            y.dtype(),
+            &[n, 1],
+            &vec![1.0; n],
+        )?;
+        self.linear_dgrad(&ones, b, (n, o, 1), y, true)
+    }
+
+    /// db[o, 1] += dy[n, o]^T . ones[n, 1]: the column sums as a GEMM through cuBLASLt.
+    fn bias_grad(&self, dy: &CudaTensor, db: ViewMut<'_, CudaTensor>) -> Result<(), ExecError> {
+        let o = db.range.len();
+        let n = dy.len() / o.max(1);
+        let ones = crate::backend::Device::upload(
+            self,
+            crate::memory::Category::Buffers,
+            dy.dtype(),
+            &[n, 1],
+            &vec![1.0; n],
+        )?;
+        self.linear_wgrad(dy, &ones, (n, 1, o), db)
+    }
+
     fn axpy(
         &self,
         alpha: f32,
@@ -611,6 +639,7 @@ impl TensorOps<Cuda> for CudaRank {
         o: &mut CudaTensor,
         keep: Keep,
     ) -> Result<AttnSaved<CudaTensor>, ExecError> {
+        refuse_attention_dropout(&sh.dropout)?;
         Ok(attn::attn_fwd(self, sh, q, k, v, o, keep)?)
     }
 
@@ -626,6 +655,7 @@ impl TensorOps<Cuda> for CudaRank {
         dk: &mut CudaTensor,
         dv: &mut CudaTensor,
     ) -> Result<(), ExecError> {
+        refuse_attention_dropout(&sh.dropout)?;
         Ok(attn::attn_bwd(self, sh, q, k, v, dout, dq, dk, dv)?)
     }
 
@@ -773,6 +803,7 @@ impl TensorOps<Cuda> for CudaRank {
         sum: &mut CudaTensor,
         _tile: &mut CudaTensor,
     ) -> Result<u64, ExecError> {
+        refuse_attention_dropout(&sh.dropout)?;
         let dt = q.dtype();
         let (kk, vv) = (self.input_view(&k, dt)?, self.input_view(&v, dt)?);
         let run = Running {
@@ -860,6 +891,7 @@ impl TensorOps<Cuda> for CudaRank {
         _p_tile: &mut CudaTensor,
         _dp_tile: &mut CudaTensor,
     ) -> Result<u64, ExecError> {
+        refuse_attention_dropout(&sh.dropout)?;
         let dt = q.dtype();
         let (kk, vv) = (self.input_view(&k, dt)?, self.input_view(&v, dt)?);
         let ds = self.input(dout, dt)?;
@@ -1034,6 +1066,54 @@ impl TensorOps<Cuda> for CudaRank {
     ) -> Result<(), ExecError> {
         mla_dropout::dropout_inplace(self, key, tokens, col_offset, x)
     }
+
+    /// The dropout on the device (`kernels/dropout.cu`); the 1-byte mask Megatron keeps is drawn
+    /// on the host from the same key and uploaded (no mask-writing kernel yet).
+    fn dropout_save(
+        &self,
+        key: &crate::rng::DropoutKey,
+        tokens: &[u64],
+        col_offset: u64,
+        x: ViewMut<'_, CudaTensor>,
+    ) -> Result<CudaTensor, ExecError> {
+        let n = x.range.len();
+        mla_dropout::dropout_inplace(self, key, tokens, col_offset, x)?;
+        let mut keep = vec![0.0; n];
+        key.fill_mask(tokens, col_offset, &mut keep);
+        keep.iter_mut()
+            .for_each(|m| *m = f32::from(u8::from(*m != 0.0)));
+        crate::backend::Device::upload(
+            self,
+            crate::memory::Category::Activations,
+            DType::U8,
+            &[n],
+            &keep,
+        )
+    }
+
+    /// A host round trip (no kernel yet): the mask and the view downloaded, multiplied, written
+    /// back.
+    fn dropout_apply(
+        &self,
+        mask: &CudaTensor,
+        scale: f32,
+        x: ViewMut<'_, CudaTensor>,
+    ) -> Result<(), ExecError> {
+        use crate::backend::Device;
+        let keep = self.download(View::all(mask))?;
+        let mut xh = self.download(View {
+            tensor: &*x.tensor,
+            range: x.range.clone(),
+        })?;
+        xh.iter_mut().zip(&keep).for_each(|(v, k)| *v *= k * scale);
+        let tmp = self.upload(
+            crate::memory::Category::Buffers,
+            x.tensor.dtype(),
+            &[xh.len()],
+            &xh,
+        )?;
+        self.copy(View::all(&tmp), x)
+    }
 }
 
 impl CudaRank {
@@ -1063,5 +1143,17 @@ impl CudaRank {
             self.convert(work.ptr_at(0), F32, t.ptr_at(0), t.dtype(), t.len())?;
         }
         Ok(())
+    }
+}
+
+/// The CUDA attention kernels do not draw the attention-dropout mask yet: refuse it by name
+/// rather than run without it.
+fn refuse_attention_dropout(d: &Option<crate::rng::AttnDropout>) -> Result<(), ExecError> {
+    match d {
+        Some(_) => Err(ExecError::Unsupported {
+            field: "model.attention_dropout",
+            message: "the CUDA flash attention does not apply attention dropout yet (the CPU backend does); set attention_dropout = 0",
+        }),
+        None => Ok(()),
     }
 }

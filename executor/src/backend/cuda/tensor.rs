@@ -119,6 +119,7 @@ pub fn to_device_bytes(dtype: DType, data: &[f32]) -> Vec<u8> {
             .iter()
             .flat_map(|&x| ((round_bf16(x).to_bits() >> 16) as u16).to_le_bytes())
             .collect(),
+        DType::U8 => data.iter().map(|&x| x as u8).collect(),
     }
 }
 
@@ -133,6 +134,7 @@ pub fn from_device_bytes(dtype: DType, bytes: &[u8]) -> Vec<f32> {
             .chunks_exact(2)
             .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16))
             .collect(),
+        DType::U8 => bytes.iter().map(|&b| f32::from(b)).collect(),
     }
 }
 

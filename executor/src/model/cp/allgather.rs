@@ -4,7 +4,7 @@
 //! (rank r holds chunks r and 2cp - 1 - r), so the causal work is even. The gathered K/V are
 //! visited one source rank's block at a time, so score tiles stay (s/cp)^2.
 
-use super::{saved_lse, shape, timed, CoreSaved, Grads, Stats};
+use super::{layer_shape, saved_lse, timed, CoreSaved, Grads, Stats};
 use crate::backend::Side;
 use crate::backend::{AttnSaved, Keep};
 use crate::backend::{Backend, DeviceTensor};
@@ -36,12 +36,13 @@ fn gather<B: Backend>(
 /// Output and log-sum-exp of the local queries against the gathered K/V, and the seconds.
 fn pass<B: Backend>(
     ctx: &mut Ctx<B>,
+    layer: u32,
     q: &B::Tensor,
     gk: &B::Tensor,
     gv: &B::Tensor,
     count: bool,
 ) -> Result<(B::Tensor, B::Tensor, f64), ExecError> {
-    let sh = shape(ctx);
+    let sh = layer_shape(ctx, layer);
     let cp = ctx.cp.as_ref().expect("cp context");
     let (me, size) = (cp.rank, cp.size);
     let s_loc = cp.positions[me].len();
@@ -89,7 +90,7 @@ fn pass<B: Backend>(
 
 pub fn forward<B: Backend>(
     ctx: &mut Ctx<B>,
-    _layer: u32,
+    layer: u32,
     q: B::Tensor,
     k: B::Tensor,
     v: B::Tensor,
@@ -97,7 +98,7 @@ pub fn forward<B: Backend>(
 ) -> Result<(B::Tensor, CoreSaved<B>), ExecError> {
     let (gk, gv, comm_s) = gather(ctx, &k, &v)?;
     let count = !ctx.recomputing;
-    let (o, lse, compute_s) = pass(ctx, &q, &gk, &gv, count)?;
+    let (o, lse, compute_s) = pass(ctx, layer, &q, &gk, &gv, count)?;
     drop((gk, gv));
     ctx.cp
         .as_mut()
@@ -109,7 +110,7 @@ pub fn forward<B: Backend>(
 
 pub fn backward<B: Backend>(
     ctx: &mut Ctx<B>,
-    _layer: u32,
+    layer: u32,
     s: CoreSaved<B>,
     delta: B::Tensor,
     dout: B::Tensor,
@@ -120,12 +121,12 @@ pub fn backward<B: Backend>(
         AttnSaved::Lse(l) => l,
         // Selective recomputation: the forward once more on the gathered K/V.
         _ => {
-            let (o2, lse, _) = pass(ctx, &q, &gk, &gv, false)?;
+            let (o2, lse, _) = pass(ctx, layer, &q, &gk, &gv, false)?;
             drop(o2);
             lse
         }
     };
-    let sh = shape(ctx);
+    let sh = layer_shape(ctx, layer);
     let cp = ctx.cp.as_ref().expect("cp context");
     let (me, size) = (cp.rank, cp.size);
     let s_loc = cp.positions[me].len();

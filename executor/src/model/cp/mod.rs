@@ -139,6 +139,15 @@ fn shape<B: Backend>(ctx: &Ctx<B>) -> BlockShape {
         hk: ctx.rd.g_r,
         d: ctx.rd.d,
         dv: ctx.rd.dv,
+        dropout: None,
+    }
+}
+
+/// [`shape`] with the attention dropout of global layer `layer`.
+fn layer_shape<B: Backend>(ctx: &Ctx<B>, layer: u32) -> BlockShape {
+    BlockShape {
+        dropout: super::dropout::attention_dropout(ctx, layer),
+        ..shape(ctx)
     }
 }
 

@@ -6,7 +6,7 @@
 //! hops each). Under a causal mask a block wholly in a rank's future is skipped; the contiguous
 //! layout leaves rank r with r + 1/2 blocks of work, the zigzag layout every rank with cp.
 
-use super::{saved_lse, shape, tag, timed, CoreSaved, Grads, Pass, Stats};
+use super::{layer_shape, saved_lse, tag, timed, CoreSaved, Grads, Pass, Stats};
 use crate::backend::Side;
 use crate::backend::{AttnSaved, Keep};
 use crate::backend::{Backend, DeviceTensor};
@@ -77,7 +77,7 @@ fn pass<B: Backend>(
     k: &B::Tensor,
     v: &B::Tensor,
 ) -> Result<(B::Tensor, B::Tensor), ExecError> {
-    let sh = shape(ctx);
+    let sh = layer_shape(ctx, layer);
     let mb = ctx.mb;
     let count = matches!(which, Pass::Forward);
     let cp = ctx.cp.as_mut().expect("cp context");
@@ -174,7 +174,7 @@ pub fn backward<B: Backend>(
         // Selective recomputation: the forward ring again, for the log-sum-exp.
         _ => pass(ctx, layer, Pass::Recompute, &q, &k, &v)?.1,
     };
-    let sh = shape(ctx);
+    let sh = layer_shape(ctx, layer);
     let mb = ctx.mb;
     let cp = ctx.cp.as_ref().expect("cp context");
     let (me, size) = (cp.rank, cp.size);

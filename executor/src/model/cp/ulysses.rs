@@ -5,7 +5,7 @@
 //! FlashAttention-2's row statistic D = rowsum(dO * O) travel together, then dQ, dK, dV return).
 //! Needs the heads and K/V heads of a TP rank divisible by cp; the layout is contiguous.
 
-use super::{saved_lse, shape, timed, CoreSaved, Grads, Stats};
+use super::{layer_shape, saved_lse, timed, CoreSaved, Grads, Stats};
 use crate::backend::{AttnSaved, Keep};
 use crate::backend::{Backend, DeviceTensor};
 use crate::backend::{BlockShape, Side};
@@ -16,14 +16,17 @@ use crate::error::ExecError;
 use crate::memory::Category;
 use crate::model::zeros;
 use crate::model::Ctx;
+use crate::rng::AttnDropout;
 
 type Geo = UlyssesGeo;
 type Part = UlyssesPart;
 use UlyssesLayout::{Head, Seq};
 
 /// The exchange's geometry and the head-group attention shape of this rank.
-fn setup<B: Backend>(ctx: &Ctx<B>) -> (Geo, BlockShape, Vec<u32>) {
-    let sh = shape(ctx);
+/// The head group of CP rank r is heads r hq / cp .. (r + 1) hq / cp of the TP rank's, so the
+/// attention dropout's first global head moves by that offset.
+fn setup<B: Backend>(ctx: &Ctx<B>, layer: u32) -> (Geo, BlockShape, Vec<u32>) {
+    let sh = layer_shape(ctx, layer);
     let cp = ctx.cp.as_ref().expect("cp context");
     let geo = Geo {
         b: sh.b,
@@ -33,6 +36,10 @@ fn setup<B: Backend>(ctx: &Ctx<B>) -> (Geo, BlockShape, Vec<u32>) {
     let local = BlockShape {
         hq: sh.hq / cp.size,
         hk: sh.hk / cp.size,
+        dropout: sh.dropout.map(|d| AttnDropout {
+            head0: d.head0 + (cp.rank * sh.hq / cp.size) as u32,
+            ..d
+        }),
         ..sh
     };
     let all: Vec<u32> = (0..(geo.s_loc * geo.cp) as u32).collect();
@@ -93,13 +100,13 @@ fn attend<B: Backend>(
 
 pub fn forward<B: Backend>(
     ctx: &mut Ctx<B>,
-    _layer: u32,
+    layer: u32,
     q: B::Tensor,
     k: B::Tensor,
     v: B::Tensor,
     keep: Keep,
 ) -> Result<(B::Tensor, CoreSaved<B>), ExecError> {
-    let (geo, sh, all) = setup(ctx);
+    let (geo, sh, all) = setup(ctx, layer);
     let (a_r, g_r, d, dv) = (ctx.rd.a_r, ctx.rd.g_r, ctx.rd.d, ctx.rd.dv);
     let parts = [
         Part { heads: a_r, e: d },
@@ -159,12 +166,12 @@ pub fn forward<B: Backend>(
 
 pub fn backward<B: Backend>(
     ctx: &mut Ctx<B>,
-    _layer: u32,
+    layer: u32,
     s: CoreSaved<B>,
     d_rows: B::Tensor,
     dout: B::Tensor,
 ) -> Result<Grads<B>, ExecError> {
-    let (geo, sh, all) = setup(ctx);
+    let (geo, sh, all) = setup(ctx, layer);
     let CoreSaved { q, k, v, attn } = s;
     let lse = match attn {
         AttnSaved::Lse(l) => l,

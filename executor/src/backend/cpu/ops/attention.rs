@@ -75,6 +75,24 @@ fn softmax_rows(sc: &mut [f32], s: usize, lse_out: Option<&mut [f32]>) {
     }
 }
 
+/// `out` = `p` times the attention-dropout mask of (sequence `bi`, head `hq`) over the causal
+/// [s, s] square (positions 0..s: the whole-sequence call).
+fn masked(sh: &AttnShape, bi: usize, hq: usize, p: &[f32], out: &mut [f32]) {
+    out.copy_from_slice(&p[..out.len()]);
+    masked_in_place(sh, bi, hq, out);
+}
+
+fn masked_in_place(sh: &AttnShape, bi: usize, hq: usize, x: &mut [f32]) {
+    let Some(dr) = &sh.dropout else { return };
+    let s = sh.s;
+    let mut z = vec![0.0; s];
+    for i in 0..s {
+        dr.fill_row(bi, hq, i as u32, 0, &mut z[..=i]);
+        let row = &mut x[i * s..(i + 1) * s];
+        row[..=i].iter_mut().zip(&z).for_each(|(v, m)| *v *= m);
+    }
+}
+
 /// o = softmax(q k^T / sqrt(d), causal) v; returns what `keep` asks to save. The
 /// probabilities are stored in `probs_dtype` (rounded before they multiply V, as a bf16 softmax
 /// kernel's output would be).
@@ -106,6 +124,7 @@ pub fn attn_fwd(
         _ => None,
     };
     let mut scratch = dev.zeros(Category::Buffers, &[s, s]);
+    let mut dropped = sh.dropout.map(|_| dev.zeros(Category::Buffers, &[s, s]));
     for bi in 0..sh.b {
         for hq in 0..sh.heads {
             let idx = bi * sh.heads + hq;
@@ -124,7 +143,15 @@ pub fn attn_fwd(
                 round_bf16_slice(sc);
             }
             let (ov, vv) = sh.v_views(bi, hq);
-            gemm(g, 1.0, sc, View::rm(s, s), v, vv, 0.0, o, ov);
+            match &mut dropped {
+                // The kept probabilities stay undropped; the output sees P Z.
+                Some(pz) => {
+                    let pz = pz.data_mut();
+                    masked(sh, bi, hq, sc, pz);
+                    gemm(g, 1.0, pz, View::rm(s, s), v, vv, 0.0, o, ov);
+                }
+                None => gemm(g, 1.0, sc, View::rm(s, s), v, vv, 0.0, o, ov),
+            }
         }
     }
     match (probs, lse) {
@@ -154,6 +181,7 @@ pub fn attn_bwd(
     dv.fill(0.0);
     let mut p_buf = dev.zeros(Category::Buffers, &[s, s]);
     let mut dp = dev.zeros(Category::Buffers, &[s, s]);
+    let mut pz_buf = sh.dropout.map(|_| dev.zeros(Category::Buffers, &[s, s]));
     for bi in 0..sh.b {
         for hq in 0..sh.heads {
             let idx = bi * sh.heads + hq;
@@ -183,11 +211,22 @@ pub fn attn_bwd(
             };
             let (qv, kv) = sh.views(bi, hq);
             let (ov, vv) = sh.v_views(bi, hq);
-            // dV += P^T dO
-            gemm(g, 1.0, p, View::rm(s, s).t(), dout, ov, 1.0, dv, vv);
-            // dP = dO V^T
             let dpd = dp.data_mut();
-            gemm(g, 1.0, dout, ov, v, vv.t(), 0.0, dpd, View::rm(s, s));
+            match &mut pz_buf {
+                Some(pz) => {
+                    // dV += (P Z)^T dO; dP = Z (dO V^T), the mask regenerated.
+                    let pz = pz.data_mut();
+                    masked(sh, bi, hq, p, pz);
+                    gemm(g, 1.0, pz, View::rm(s, s).t(), dout, ov, 1.0, dv, vv);
+                    gemm(g, 1.0, dout, ov, v, vv.t(), 0.0, dpd, View::rm(s, s));
+                    masked_in_place(sh, bi, hq, dpd);
+                }
+                None => {
+                    // dV += P^T dO; dP = dO V^T
+                    gemm(g, 1.0, p, View::rm(s, s).t(), dout, ov, 1.0, dv, vv);
+                    gemm(g, 1.0, dout, ov, v, vv.t(), 0.0, dpd, View::rm(s, s));
+                }
+            }
             // dS = P * (dP - rowsum(dP * P))
             for i in 0..s {
                 let row = &mut dpd[i * s..(i + 1) * s];

@@ -1,6 +1,7 @@
-//! Inverted dropout in place from the counter-based mask of [`crate::rng`]: forward and
-//! backward are the same op (the mask is a function of the element's coordinates, so the
-//! backward redraws it instead of keeping it).
+//! Inverted dropout in place from the counter-based mask of [`crate::rng`]. The mask is a
+//! function of the element's coordinates, so it could be redrawn; the model keeps it instead
+//! ([`dropout_save`], one byte per element, then [`dropout_apply`] in backward), as Megatron
+//! does, so that the memory held is Megatron's.
 
 use crate::rng::{DropoutError, DropoutKey};
 
@@ -32,6 +33,26 @@ pub fn dropout_inplace(
     key.fill_mask(tokens, col_offset, &mut mask);
     x.iter_mut().zip(&mask).for_each(|(v, m)| *v *= m);
     Ok(())
+}
+
+/// [`dropout_inplace`] that also writes the keep flags (1 kept, 0 dropped) into `keep`.
+pub fn dropout_save(
+    key: &DropoutKey,
+    tokens: &[u64],
+    col_offset: u64,
+    x: &mut [f32],
+    keep: &mut [f32],
+) -> Result<(), DropoutError> {
+    dropout_inplace(key, tokens, col_offset, x)?;
+    key.fill_mask(tokens, col_offset, keep);
+    keep.iter_mut()
+        .for_each(|m| *m = if *m != 0.0 { 1.0 } else { 0.0 });
+    Ok(())
+}
+
+/// x *= keep x scale.
+pub fn dropout_apply(keep: &[f32], scale: f32, x: &mut [f32]) {
+    x.iter_mut().zip(keep).for_each(|(v, k)| *v *= k * scale);
 }
 
 #[cfg(test)]
@@ -100,5 +121,24 @@ mod tests {
         );
         let bad = DropoutKey { p: 1.5, ..key() };
         assert!(dropout_inplace(&bad, &[1, 2], 0, &mut x).is_err());
+    }
+
+    /// The saved mask applied to a gradient equals redrawing the mask on it (the backward of
+    /// the in-place dropout), and the keep flags are 0 or 1.
+    #[test]
+    fn a_saved_mask_applies_as_the_redrawn_one() {
+        let k = DropoutKey { p: 0.5, ..key() };
+        let tokens = [3u64, 9, 4];
+        let mut x: Vec<f32> = (0..3 * 10).map(|i| i as f32 * 0.1 - 1.0).collect();
+        let mut keep = vec![0.0; x.len()];
+        dropout_save(&k, &tokens, 2, &mut x, &mut keep).expect("saves");
+        assert!(keep.iter().all(|&m| m == 0.0 || m == 1.0));
+        assert!(keep.contains(&0.0) && keep.contains(&1.0));
+        let dy: Vec<f32> = (0..30).map(|i| (i as f32).sin()).collect();
+        let mut a = dy.clone();
+        dropout_apply(&keep, k.keep_scale(), &mut a);
+        let mut b = dy;
+        dropout_inplace(&k, &tokens, 2, &mut b).expect("redraws");
+        assert_eq!(a, b);
     }
 }

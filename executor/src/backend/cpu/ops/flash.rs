@@ -157,6 +157,7 @@ pub fn forward_block(
     let d = sh.dv;
     let sq = qs.rows();
     let mut work = 0u64;
+    let mut z = Vec::new();
     for_each_pair(sh, qs, ks, |pr| {
         let (rn, cn) = (pr.rn, pr.cn);
         gemm(g, sh.scale(), q, pr.qv, k, pr.kv.t(), 0.0, tile, pr.tv);
@@ -182,6 +183,12 @@ pub fn forward_block(
                 sum += *x;
             }
             row[n_vis..].fill(0.0);
+            // The running sum is the undropped softmax's; only the output sees the mask.
+            if let Some(dr) = &sh.dropout {
+                z.resize(n_vis, 0.0);
+                dr.fill_row(pr.bi, pr.h, pr.qpos[pr.r0 + i], pr.k0, &mut z);
+                row[..n_vis].iter_mut().zip(&z).for_each(|(x, m)| *x *= m);
+            }
             st.max[si] = m_new;
             st.sum[si] = st.sum[si] * alpha + sum;
             if alpha != 1.0 {
@@ -258,6 +265,7 @@ pub fn backward_block(
     let sq = qs.rows();
     let scale = sh.scale();
     let mut work = 0u64;
+    let mut z = Vec::new();
     for_each_pair(sh, qs, ks, |pr| {
         let (rn, cn, tv) = (pr.rn, pr.cn, pr.tv);
         gemm(g, scale, q, pr.qv, k, pr.kv.t(), 0.0, p_tile, tv);
@@ -269,20 +277,27 @@ pub fn backward_block(
             row[..n_vis].iter_mut().for_each(|x| *x = (*x - l).exp());
             row[n_vis..].fill(0.0);
         }
-        // dV += P^T dO; dP = dO V^T
-        gemm(g, 1.0, p_tile, tv.t(), dout, pr.ov, 1.0, dv, pr.vv);
+        // dP = dO V^T (of the dropped probabilities)
         gemm(g, 1.0, dout, pr.ov, v, pr.vv.t(), 0.0, dp_tile, tv);
-        // dS = P * (dP - D)
+        // With the mask Z (regenerated): dS = P * (Z dP - D), and P becomes P Z for dV.
+        // D = rowsum(dO * O) is still rowsum(P * Z dP) since O = (P Z) V.
+        z.resize(cn, 1.0);
         for i in 0..rn {
             let dl = delta[(pr.bi * sq + pr.r0 + i) * sh.hq + pr.h];
             let (p, dp) = (
-                &p_tile[i * cn..(i + 1) * cn],
+                &mut p_tile[i * cn..(i + 1) * cn],
                 &mut dp_tile[i * cn..(i + 1) * cn],
             );
-            for (x, &pj) in dp.iter_mut().zip(p) {
-                *x = pj * (*x - dl);
+            if let Some(dr) = &sh.dropout {
+                dr.fill_row(pr.bi, pr.h, pr.qpos[pr.r0 + i], pr.k0, &mut z);
+            }
+            for ((x, pj), &zj) in dp.iter_mut().zip(p.iter_mut()).zip(&z) {
+                *x = *pj * (zj * *x - dl);
+                *pj *= zj;
             }
         }
+        // dV += (P Z)^T dO
+        gemm(g, 1.0, p_tile, tv.t(), dout, pr.ov, 1.0, dv, pr.vv);
         // dQ += scale dS K; dK += scale dS^T Q
         gemm(g, scale, dp_tile, tv, k, pr.kv, 1.0, dq, pr.qv);
         gemm(g, scale, dp_tile, tv.t(), q, pr.qv, 1.0, dk, pr.kv);
@@ -322,11 +337,105 @@ mod tests {
     fn blocks_in_any_order_match_the_whole_softmax() {
         // Value heads as wide as query/key heads, and narrower (MLA).
         for dvw in [8, 6] {
-            blocks_match_whole(dvw);
+            blocks_match_whole(dvw, None);
         }
     }
 
-    fn blocks_match_whole(dvw: usize) {
+    /// With attention dropout (p = 0.2, heads shifted as on TP rank 1 and a later
+    /// microbatch): the tiles regenerate the whole softmax's mask, forward and backward.
+    #[test]
+    fn blocks_with_attention_dropout_match_the_whole_softmax() {
+        let dr = crate::rng::AttnDropout {
+            seed: 7,
+            step: 1,
+            layer: 3,
+            p: 0.2,
+            head0: 4,
+            sample0: 2,
+            seq: 16,
+        };
+        blocks_match_whole(8, Some(dr));
+    }
+
+    /// Finite differences of L = sum(r * O) against the analytic dQ, dK, dV of the whole
+    /// attention with its dropout mask (the mask fixed by its coordinates).
+    #[test]
+    fn attention_dropout_gradients_match_finite_differences() {
+        let (b, s, hq, hk, d) = (1, 6, 2, 1, 4);
+        let ash = AttnShape {
+            b,
+            s,
+            heads: hq,
+            kv_heads: hk,
+            d,
+            dv: d,
+            dropout: Some(crate::rng::AttnDropout {
+                seed: 11,
+                step: 0,
+                layer: 0,
+                p: 0.3,
+                head0: 0,
+                sample0: 0,
+                seq: s as u64,
+            }),
+        };
+        let dev = CpuOps::new();
+        let mut x = [
+            rand(s * hq * d, 5),
+            rand(s * hk * d, 6),
+            rand(s * hk * d, 7),
+        ];
+        let r = rand(s * hq * d, 8);
+        let loss = |x: &[Vec<f32>; 3]| -> f64 {
+            let mut o = vec![0.0; r.len()];
+            attn_fwd(
+                &dev,
+                &ash,
+                &x[0],
+                &x[1],
+                &x[2],
+                &mut o,
+                Keep::Lse,
+                crate::backend::DType::F32,
+            );
+            o.iter().zip(&r).map(|(a, b)| f64::from(a * b)).sum()
+        };
+        let mut o = vec![0.0; r.len()];
+        let saved = attn_fwd(
+            &dev,
+            &ash,
+            &x[0],
+            &x[1],
+            &x[2],
+            &mut o,
+            Keep::Lse,
+            crate::backend::DType::F32,
+        );
+        let mut g = [
+            vec![0.0; x[0].len()],
+            vec![0.0; x[1].len()],
+            vec![0.0; x[2].len()],
+        ];
+        let [g0, g1, g2] = &mut g;
+        attn_bwd(&dev, &ash, &x[0], &x[1], &x[2], &saved, &r, g0, g1, g2);
+        let eps = 1e-2f32;
+        let mut worst = 0.0f64;
+        for t in 0..3 {
+            for i in 0..x[t].len() {
+                let keep = x[t][i];
+                x[t][i] = keep + eps;
+                let up = loss(&x);
+                x[t][i] = keep - eps;
+                let down = loss(&x);
+                x[t][i] = keep;
+                let fd = (up - down) / (2.0 * f64::from(eps));
+                worst = worst.max((fd - f64::from(g[t][i])).abs());
+            }
+        }
+        assert!(worst < 2e-3, "worst |fd - analytic| = {worst}");
+    }
+
+    fn blocks_match_whole(dvw: usize, dropout: Option<crate::rng::AttnDropout>) {
         let (b, s, hq, hk, d) = (2, 16, 4, 2, 8);
         let sh = BlockShape {
             b,
@@ -334,6 +443,7 @@ mod tests {
             hk,
             d,
             dv: dvw,
+            dropout,
         };
         let q = rand(b * s * hq * d, 1);
         let k = rand(b * s * hk * d, 2);
@@ -346,6 +456,7 @@ mod tests {
             kv_heads: hk,
             d,
             dv: dvw,
+            dropout,
         };
         let mut o_ref = vec![0.0; dout.len()];
         let dev = CpuOps::new();

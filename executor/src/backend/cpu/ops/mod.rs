@@ -3,6 +3,7 @@
 pub mod activation;
 pub mod adam;
 pub mod attention;
+pub mod bias;
 pub mod cross_entropy;
 pub mod dropout;
 pub mod elementwise;

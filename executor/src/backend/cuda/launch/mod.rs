@@ -59,6 +59,7 @@ pub fn suffix(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 => "f32",
         DType::Bf16 => "bf16",
+        DType::U8 => "u8",
     }
 }
 
