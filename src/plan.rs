@@ -72,12 +72,6 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
     }
     check_moe(r)?;
     if let Some(mla) = &m.mla {
-        if mla.q_lora_rank == 0 {
-            return Err(unsupported(
-                "model.mla.q_lora_rank",
-                "MLA runs with a low-rank query (q_lora_rank > 0, as DeepSeek-V2/V3); the plain query projection is not executed yet",
-            ));
-        }
         if mla.qk_rope_head_dim % 2 != 0 {
             return Err(unsupported(
                 "model.mla.qk_rope_head_dim",

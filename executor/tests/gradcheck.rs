@@ -276,3 +276,14 @@ fn mla_projections_and_attention_match_finite_differences() {
     check_shape(tiny_mla(true), Recompute::None);
     check_shape(tiny_mla(false), Recompute::Selective);
 }
+
+/// `tiny_mla` without a query latent (q_lora_rank = 0, DeepSeek-V2-Lite): the query rows of
+/// the fused down-projection are the plain query projection h -> heads x (nope + rope).
+#[test]
+fn mla_without_a_query_latent_matches_finite_differences() {
+    let mut m = tiny_mla(true);
+    if let Some(a) = &mut m.mla {
+        a.q_lora_rank = 0;
+    }
+    check_shape(m, Recompute::None);
+}

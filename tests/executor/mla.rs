@@ -132,16 +132,76 @@ fn unsupported_mla_shapes_are_refused_by_field() {
         let res = Resolved::new(cfg).expect("config validates");
         lower(&res, &options()).unwrap_err().to_string()
     };
-    let e = error("q_lora_rank", 0);
-    assert!(
-        e.contains("model.mla.q_lora_rank") && e.contains("q_lora_rank > 0"),
-        "{e}"
-    );
     let e = error("qk_rope_head_dim", 3);
     assert!(
         e.contains("model.mla.qk_rope_head_dim") && e.contains("even"),
         "{e}"
     );
+}
+
+/// [`mla_config`] without a query latent (q_lora_rank = 0, DeepSeek-V2-Lite): the query is one
+/// column-parallel projection h -> heads x (no-rotary + rotary).
+fn plain_query(mix: &Mix, recompute: &'static str) -> Value {
+    let mut v = mla_config(mix, recompute, true);
+    v["model"]["mla"]["q_lora_rank"] = 0.into();
+    v
+}
+
+/// The plain-query mixes: TP 2 with and without SP (the query's input gradient is a partial
+/// sum reduced over TP, the key/value latent's whole), CP 2 (ring and Ulysses), TP 2 + SP
+/// with CP 2, PP 2 with ZB-V.
+fn plain_query_mixes() -> Vec<(Mix, &'static str)> {
+    vec![
+        (mix(2, true, 1, "1f1b", 1, 0), "none"),
+        (mix(2, false, 1, "1f1b", 1, 0), "selective"),
+        (mix(1, false, 2, "zb-v", 1, 0), "none"),
+        (cp(2, "p2p", 1, false, "none").0, "none"),
+        (cp(2, "a2a", 1, false, "full").0, "full"),
+        (cp(2, "p2p", 2, true, "none").0, "none"),
+    ]
+}
+
+#[test]
+fn mla_without_a_query_latent_matches_the_single_rank_run() {
+    for (m, recompute) in plain_query_mixes() {
+        let reference = run(&plan(plain_query(&Mix::single(), recompute)), 3);
+        let got = run(&plan(plain_query(&m, recompute)), 3);
+        compare(
+            &format!("MLA q_lora_rank 0 {m:?} {recompute}"),
+            &got,
+            &reference,
+        );
+    }
+}
+
+/// Dropping the query latent changes the model (a different parameter count and loss), so the
+/// test above is not comparing runs that still use a latent.
+#[test]
+fn mla_without_a_query_latent_is_another_model() {
+    let single = Mix::single();
+    let plain = run(&plan(plain_query(&single, "none")), 1);
+    let latent = run(&plan(mla_config(&single, "none", true)), 1);
+    assert!((plain.loss[0] - latent.loss[0]).abs() > 1e-4);
+}
+
+#[test]
+fn mla_without_a_query_latent_memory_is_within_2_percent_of_the_prediction() {
+    let mut all = vec![(Mix::single(), "none")];
+    all.extend(plain_query_mixes());
+    for (m, recompute) in all {
+        for (rank, got, want, gb, wb) in compare_config(plain_query(&m, recompute)) {
+            let rel = (got as f64 - want as f64) / want as f64;
+            eprintln!(
+                "MLA q_lora_rank 0 {m:?} {recompute} rank {rank}: {:+.2}%",
+                100.0 * rel
+            );
+            assert!(
+                rel.abs() <= 0.02,
+                "{m:?} {recompute} rank {rank}: {:.2}%\n  measured {gb}\n  predicted {wb}",
+                100.0 * rel
+            );
+        }
+    }
 }
 
 /// The acceptance's DeepSeek-style model without its MTP module: [`mla_config`]'s MLA with

@@ -275,7 +275,7 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                 b.norm(&format!("{p}.attn_norm"), m.norm, h);
                 let (qa, kg) = (rd.a_r * d, rd.g_r * d);
                 if let Some(a) = &m.mla {
-                    mla_down(b, a, &p, h, std);
+                    mla_down(b, a, &p, &rd, std);
                 } else {
                     b.push(
                         rd.qkv_r(),
@@ -410,39 +410,70 @@ fn expert_mlp(b: &mut Builder, act: Activation, q: &str, f: usize, rd: &RankDims
 /// [q_lora_rank, h] and the key/value latent's `{p}.wkv_down` [kv_lora_rank + qk_rope, h]
 /// (the latent then the shared rotary key), fused in one tensor (one input, one GEMM). Their
 /// gradients are whole on every TP rank: the latents' gradients are all-reduced over TP.
-fn mla_down(b: &mut Builder, a: &MlaShape, p: &str, h: usize, std: f32) {
-    let (qr, kvr) = (a.q_lora_rank, a.kv_lora_rank + a.qk_rope);
-    b.push(
-        qr + kvr,
-        h,
+/// Without a query latent (q_lora_rank = 0, DeepSeek-V2-Lite) the query rows are the plain
+/// column-parallel projection of this rank's heads, `{p}.wq_nope` then `{p}.wq_rope`.
+fn mla_down(b: &mut Builder, a: &MlaShape, p: &str, rd: &RankDims, std: f32) {
+    let h = rd.h;
+    let kvr = a.kv_lora_rank + a.qk_rope;
+    let mut segs = if a.q_lora_rank > 0 {
+        vec![seg(format!("{p}.wq_down"), h, 0..a.q_lora_rank, 0..h, std)]
+    } else {
+        let (r, ar) = (rd.tp_rank, rd.a_r);
+        let rows = |w: usize| r * ar * w..(r + 1) * ar * w;
         vec![
-            seg(format!("{p}.wq_down"), h, 0..qr, 0..h, std),
-            seg(format!("{p}.wkv_down"), h, 0..kvr, 0..h, std),
-        ],
-        false,
-    );
+            seg(format!("{p}.wq_nope"), h, rows(a.qk_nope), 0..h, std),
+            seg(format!("{p}.wq_rope"), h, rows(a.qk_rope), 0..h, std),
+        ]
+    };
+    segs.push(seg(format!("{p}.wkv_down"), h, 0..kvr, 0..h, std));
+    b.push(mla_down_rows(a, rd.a_r), h, segs, false);
 }
 
-/// Number of tensors [`mla_up`] appends at the end of a layer block.
-pub const MLA_UP_TENSORS: usize = 4;
+/// Rows of the fused down-projection: the query latent (or, without one, this rank's `a_r`
+/// query heads) then the key/value latent and the shared rotary key.
+pub fn mla_down_rows(a: &MlaShape, a_r: usize) -> usize {
+    mla_q_rows(a, a_r) + a.kv_lora_rank + a.qk_rope
+}
 
-/// MLA's norms and up-projections, appended at the end of the layer block: `q_norm`
-/// [q_lora_rank]; the query up-projection of this rank's heads, no-rotary rows then rotary
-/// rows; `kv_norm` [kv_lora_rank]; the key (no-rotary) then value up-projections of this
-/// rank's heads. The norms act on the latents (whole on every TP rank): no SP partial sums.
+/// The query's rows of the fused down-projection: the latent, or this rank's query heads.
+pub fn mla_q_rows(a: &MlaShape, a_r: usize) -> usize {
+    if a.q_lora_rank > 0 {
+        a.q_lora_rank
+    } else {
+        a_r * a.qk()
+    }
+}
+
+/// Number of tensors [`mla_up`] appends at the end of a layer block: the query's norm and
+/// up-projection (only with a query latent), the key/value latent's.
+pub fn mla_up_tensors(a: &MlaShape) -> usize {
+    if a.q_lora_rank > 0 {
+        4
+    } else {
+        2
+    }
+}
+
+/// MLA's norms and up-projections, appended at the end of the layer block: with a query
+/// latent, `q_norm` [q_lora_rank] and the query up-projection of this rank's heads, no-rotary
+/// rows then rotary rows; `kv_norm` [kv_lora_rank]; the key (no-rotary) then value
+/// up-projections of this rank's heads. The norms act on the latents (whole on every TP rank):
+/// no SP partial sums.
 fn mla_up(b: &mut Builder, norm: Norm, a: &MlaShape, p: &str, rd: &RankDims, std: f32) {
     let (qr, kvr, r, ar) = (a.q_lora_rank, a.kv_lora_rank, rd.tp_rank, rd.a_r);
     let rows = |w: usize| r * ar * w..(r + 1) * ar * w;
-    b.norm_of(&format!("{p}.q_norm"), norm, qr, false);
-    b.push(
-        ar * a.qk(),
-        qr,
-        vec![
-            seg(format!("{p}.wq_up_nope"), qr, rows(a.qk_nope), 0..qr, std),
-            seg(format!("{p}.wq_up_rope"), qr, rows(a.qk_rope), 0..qr, std),
-        ],
-        false,
-    );
+    if qr > 0 {
+        b.norm_of(&format!("{p}.q_norm"), norm, qr, false);
+        b.push(
+            ar * a.qk(),
+            qr,
+            vec![
+                seg(format!("{p}.wq_up_nope"), qr, rows(a.qk_nope), 0..qr, std),
+                seg(format!("{p}.wq_up_rope"), qr, rows(a.qk_rope), 0..qr, std),
+            ],
+            false,
+        );
+    }
     b.norm_of(&format!("{p}.kv_norm"), norm, kvr, false);
     b.push(
         ar * (a.qk_nope + a.v),
