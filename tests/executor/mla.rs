@@ -269,6 +269,42 @@ fn mla_with_deepseek_moe_matches_the_single_rank_run() {
     }
 }
 
+/// DeepSeek-V2-Lite's attention (no query latent) with the DeepSeek-style MoE under TP 2 + SP
+/// with expert-TP 2, EP 2 with ZeRO-1 and CP 2 a2a: the plain query's TP reduction meets the
+/// MoE's dispatch.
+#[test]
+fn mla_without_a_query_latent_with_deepseek_moe_matches_the_single_rank_run() {
+    let plain = |c: &Moe| {
+        let mut v = deepseek_mla(c);
+        v["model"]["mla"]["q_lora_rank"] = 0.into();
+        v
+    };
+    for c in deepseek_mixes()
+        .into_iter()
+        .filter(|c| c.tp == 2 || (c.ep == 2 && c.cp == 1) || c.cp_comm == "a2a")
+    {
+        let reference = run(&plan(plain(&c.single())), 3);
+        let got = run(&plan(plain(&c)), 3);
+        compare(
+            &format!("MLA q_lora_rank 0 + DeepSeek MoE {c:?}"),
+            &got,
+            &reference,
+        );
+        for (rank, got, want, gb, wb) in compare_config(plain(&c)) {
+            let rel = (got as f64 - want as f64) / want as f64;
+            eprintln!(
+                "MLA q_lora_rank 0 + MoE {c:?} rank {rank}: {:+.2}%",
+                100.0 * rel
+            );
+            assert!(
+                rel.abs() <= 0.02,
+                "{c:?} rank {rank}: {:.2}%\n  measured {gb}\n  predicted {wb}",
+                100.0 * rel
+            );
+        }
+    }
+}
+
 /// Every rank's measured peak within 2% of the prediction for the acceptance's mixes but EP 4
 /// with ZeRO-3: there the engine's MoE memory model is off without MLA too (issue 19: it does
 /// not model what the MoE forward holds under ZeRO-3, nor the uneven tokens a rank's experts
