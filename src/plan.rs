@@ -59,6 +59,34 @@ fn unsupported(field: &'static str, message: impl Into<String>) -> PlanError {
     }
 }
 
+/// Multi-token prediction runs where its last stage holds the embedding and every weight
+/// gradient is written at once into whole gradients: one pipeline stage, ZeRO 0 or 1.
+fn check_mtp(r: &Resolved) -> Result<(), PlanError> {
+    let p = &r.config.parallel;
+    if p.pp > 1 {
+        return Err(unsupported(
+            "parallel.pp",
+            "multi-token prediction runs with pp = 1 so far (its last stage needs the embedding weight)",
+        ));
+    }
+    if p.zero > 1 {
+        return Err(unsupported(
+            "parallel.zero",
+            "multi-token prediction runs with ZeRO 0 or 1 so far",
+        ));
+    }
+    if matches!(
+        r.config.model.position_embedding,
+        PositionEmbedding::Learned
+    ) {
+        return Err(unsupported(
+            "model.position_embedding",
+            "multi-token prediction runs with rotary positions (DeepSeek-V3's)",
+        ));
+    }
+    Ok(())
+}
+
 /// Refuses what the executor does not run yet, naming the field.
 fn check(r: &Resolved) -> Result<(), PlanError> {
     let m = &r.config.model;
@@ -80,10 +108,7 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
         }
     }
     if m.mtp_num_layers > 0 {
-        return Err(unsupported(
-            "model.mtp_num_layers",
-            "multi-token prediction is not executed yet; use 0",
-        ));
+        check_mtp(r)?;
     }
     if m.tied_embeddings {
         return Err(unsupported(
@@ -336,6 +361,12 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
         learned_positions: match m.position_embedding {
             PositionEmbedding::Learned => m.max_position_embeddings as usize,
             _ => 0,
+        },
+        mtp_layers: m.mtp_num_layers,
+        mtp_loss_scale: if m.mtp_num_layers > 0 {
+            (m.mtp_loss_scaling_factor / m.mtp_num_layers as f64) as f32
+        } else {
+            0.0
         },
     }
 }

@@ -24,6 +24,8 @@ mod mla;
 mod moe;
 #[path = "executor/moe_memory.rs"]
 mod moe_memory;
+#[path = "executor/mtp.rs"]
+mod mtp;
 #[path = "executor/plan.rs"]
 mod plan;
 #[path = "executor/timeline.rs"]

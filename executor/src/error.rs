@@ -175,4 +175,8 @@ pub enum StateError {
     ExpertGradientWithoutBlock,
     #[error("an MoE layer's saved state and experts block disagree")]
     MoeSavedMismatch,
+    #[error("a multi-token-prediction module needs the {0} block on its rank")]
+    MtpWithoutBlock(String),
+    #[error("a multi-token-prediction module's shared-weight gradient must be written at once (no ZeRO-2/3 bucket, no held W action)")]
+    MtpDeferredGradient,
 }

@@ -177,6 +177,8 @@ fn a_whole_step_matches_the_cpu_twin() {
         moe: None,
         hidden_dropout: 0.0,
         learned_positions: 0,
+        mtp_layers: 0,
+        mtp_loss_scale: 0.0,
         mla: None,
     };
     let plan = Plan::single_rank(shape, AdamConfig::default(), 5, 2, Recompute::None);

@@ -207,7 +207,7 @@ fn mla_without_a_query_latent_memory_is_within_2_percent_of_the_prediction() {
 /// The acceptance's DeepSeek-style model without its MTP module: [`mla_config`]'s MLA with
 /// the DeepSeek MoE of `moe.rs` (8 experts with 1 shared, top-2 with bias routing, the first
 /// layer dense).
-fn deepseek_mla(c: &Moe) -> Value {
+pub fn deepseek_mla(c: &Moe) -> Value {
     let mut v = moe_config(c);
     v["model"]["mla"] = mla_config(&Mix::single(), "none", true)["model"]["mla"].clone();
     v
@@ -215,7 +215,7 @@ fn deepseek_mla(c: &Moe) -> Value {
 
 /// The acceptance's mixes: TP 2 + SP with expert-TP 2, EP 2 and 4, CP 2 (p2p and a2a), PP 2
 /// with ZB-V.
-fn deepseek_mixes() -> Vec<Moe> {
+pub fn deepseek_mixes() -> Vec<Moe> {
     let ds = Moe {
         first_dense: 1,
         deepseek: true,

@@ -22,6 +22,12 @@ pub enum BlockKind {
     Output,
     /// The routed experts of MoE layer l held by this rank (fc1 and fc2 of each).
     Experts(u32),
+    /// Multi-token-prediction module k's input (DeepSeek-V3 sec. 2.2): the norms of the shifted
+    /// tokens' embedding and of the previous depth's hidden states, and the 2h -> h projection.
+    /// Its transformer layer is `Layer(num_layers + k)`; the module ends with `MtpOut(k)`.
+    MtpIn(u32),
+    /// Multi-token-prediction module k's final norm (the output head is the main model's).
+    MtpOut(u32),
 }
 
 /// The flat buffer of dense parameters.
@@ -269,7 +275,39 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                 super::positions::push_table(b, m.learned_positions, h, std);
             });
         }
-        for l in st.layers.clone() {
+        // The layers, then on the last stage the output and the MTP modules (Megatron's
+        // default placement), each as its input block, its transformer layer and its norm.
+        let mut items: Vec<BlockKind> = st.layers.clone().map(BlockKind::Layer).collect();
+        if st.output {
+            items.push(BlockKind::Output);
+            for k in 0..m.mtp_layers {
+                let l = m.num_layers + k;
+                items.extend([
+                    BlockKind::MtpIn(k),
+                    BlockKind::Layer(l),
+                    BlockKind::MtpOut(k),
+                ]);
+            }
+        }
+        for item in items {
+            let l = match item {
+                BlockKind::Layer(l) => l,
+                BlockKind::Output => {
+                    emit(BlockKind::Output, s, &|b| output_block(b, m.norm, &rd, std));
+                    continue;
+                }
+                BlockKind::MtpIn(k) => {
+                    emit(item, s, &|b| mtp_in_block(b, m.norm, k, &rd, std));
+                    continue;
+                }
+                BlockKind::MtpOut(k) => {
+                    emit(item, s, &|b| {
+                        b.norm(&format!("mtp.{k}.final_norm"), m.norm, h)
+                    });
+                    continue;
+                }
+                _ => continue,
+            };
             emit(BlockKind::Layer(l), s, &|b| {
                 let p = format!("layers.{l}");
                 b.norm(&format!("{p}.attn_norm"), m.norm, h);
@@ -357,25 +395,47 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                 });
             }
         }
-        if st.output {
-            emit(BlockKind::Output, s, &|b| {
-                b.norm("final_norm", m.norm, h);
-                b.push(
-                    rd.v_r,
-                    h,
-                    vec![seg(
-                        "output.weight".into(),
-                        h,
-                        r * rd.v_r..(r + 1) * rd.v_r,
-                        0..h,
-                        std,
-                    )],
-                    false,
-                );
-            });
-        }
     }
     blocks
+}
+
+/// The final norm and this rank's vocabulary rows of the output layer.
+fn output_block(b: &mut Builder, norm: Norm, rd: &RankDims, std: f32) {
+    let (h, r) = (rd.h, rd.tp_rank);
+    b.norm("final_norm", norm, h);
+    b.push(
+        rd.v_r,
+        h,
+        vec![seg(
+            "output.weight".into(),
+            h,
+            r * rd.v_r..(r + 1) * rd.v_r,
+            0..h,
+            std,
+        )],
+        false,
+    );
+}
+
+/// MTP module k's input block: `enorm` and `hnorm` (on the sequence-sharded stream, as the
+/// layers' norms), then the column-parallel `eh_proj` [h, 2h] (Megatron's layout: the
+/// embedding's columns, then the hidden states'), this rank's h/t output rows held as two
+/// tensors, one per input half.
+fn mtp_in_block(b: &mut Builder, norm: Norm, k: u32, rd: &RankDims, std: f32) {
+    let (h, r) = (rd.h, rd.tp_rank);
+    let hr = h / rd.t;
+    b.norm(&format!("mtp.{k}.enorm"), norm, h);
+    b.norm(&format!("mtp.{k}.hnorm"), norm, h);
+    let name = format!("mtp.{k}.eh_proj");
+    for cols in [0..h, h..2 * h] {
+        let rows = r * hr..(r + 1) * hr;
+        b.push(
+            hr,
+            h,
+            vec![seg(name.clone(), 2 * h, rows, cols, std)],
+            false,
+        );
+    }
 }
 
 /// An expert's (or the shared experts') MLP `{q}.fc1` [w1, h] and `{q}.fc2` [h, f] of

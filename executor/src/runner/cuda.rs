@@ -307,6 +307,8 @@ mod tests {
             moe: None,
             hidden_dropout: 0.0,
             learned_positions: 0,
+            mtp_layers: 0,
+            mtp_loss_scale: 0.0,
             mla: None,
         };
         Plan::single_rank(shape, AdamConfig::default(), 1, 1, Recompute::None)
