@@ -59,20 +59,14 @@ fn unsupported(field: &'static str, message: impl Into<String>) -> PlanError {
     }
 }
 
-/// Multi-token prediction runs where its last stage holds the embedding and every weight
-/// gradient is written at once into whole gradients: one pipeline stage, ZeRO 0 or 1.
+/// Multi-token prediction runs where its last stage's rank holds the embedding: one pipeline
+/// stage, or a V-shaped schedule (ZB-V, DualPipe-V), whose first and last stages share rank 0.
 fn check_mtp(r: &Resolved) -> Result<(), PlanError> {
-    let p = &r.config.parallel;
-    if p.pp > 1 {
+    let ranks = &r.placement.stage_rank;
+    if ranks.first() != ranks.last() {
         return Err(unsupported(
-            "parallel.pp",
-            "multi-token prediction runs with pp = 1 so far (its last stage needs the embedding weight)",
-        ));
-    }
-    if p.zero > 1 {
-        return Err(unsupported(
-            "parallel.zero",
-            "multi-token prediction runs with ZeRO 0 or 1 so far",
+            "parallel.schedule",
+            "multi-token prediction needs the embedding on the last stage's rank: pp = 1 or a V-shaped schedule (zb-v, dualpipe-v) so far",
         ));
     }
     if matches!(

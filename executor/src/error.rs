@@ -177,6 +177,4 @@ pub enum StateError {
     MoeSavedMismatch,
     #[error("a multi-token-prediction module needs the {0} block on its rank")]
     MtpWithoutBlock(String),
-    #[error("a multi-token-prediction module's shared-weight gradient must be written at once (no ZeRO-2/3 bucket, no held W action)")]
-    MtpDeferredGradient,
 }

@@ -18,20 +18,18 @@ fn deepseek_mtp(c: &Moe, depth: u32, lambda: f64) -> Value {
     v
 }
 
-/// The acceptance's mixes that run MTP (one pipeline stage, ZeRO 0 or 1): TP 2 + SP with
-/// expert-TP 2, EP 2 with ZeRO-1, CP 2 p2p with EP 2 (the shifted tokens of a rank's
-/// positions), CP 2 a2a.
+/// The acceptance's mixes: TP 2 + SP with expert-TP 2, EP 2 with ZeRO-1, EP 4 with ZeRO-3 (the
+/// shared weights' gradients through buckets), CP 2 p2p with EP 2 (the shifted tokens of a
+/// rank's positions), CP 2 a2a, PP 2 with ZB-V (the first and last stage on rank 0; the
+/// shared weights' gradients held for the W action).
 fn mixes() -> Vec<Moe> {
     deepseek_mixes()
-        .into_iter()
-        .filter(|c| c.pp == 1 && c.zero <= 1)
-        .collect()
 }
 
 #[test]
 fn mtp_matches_the_single_rank_run() {
     let all = mixes();
-    assert_eq!(all.len(), 4);
+    assert_eq!(all.len(), 6);
     for c in all {
         let reference = run(&plan(deepseek_mtp(&c.single(), 1, 0.3)), 3);
         let got = run(&plan(deepseek_mtp(&c, 1, 0.3)), 3);
@@ -77,10 +75,13 @@ fn mtp_loss_weight_is_applied() {
     );
 }
 
+/// Every rank's peak within 2% for the single-rank run and the acceptance's mixes but EP 4 with
+/// ZeRO-3, where the engine's MoE memory model is off without MTP too (see
+/// `mla_with_deepseek_moe_memory_is_within_2_percent_of_the_prediction`).
 #[test]
 fn mtp_memory_is_within_2_percent_of_the_prediction() {
     let mut all = vec![mixes()[0].single()];
-    all.extend(mixes());
+    all.extend(mixes().into_iter().filter(|c| !(c.ep == 4 && c.zero == 3)));
     for c in all {
         for (rank, got, want, gb, wb) in compare_config(deepseek_mtp(&c, 1, 0.3)) {
             let rel = (got as f64 - want as f64) / want as f64;
@@ -92,4 +93,23 @@ fn mtp_memory_is_within_2_percent_of_the_prediction() {
             );
         }
     }
+}
+
+/// PP 2 with 1F1B puts the last stage on another rank than the embedding: refused naming the
+/// field and the rule.
+#[test]
+fn mtp_without_the_embedding_on_the_last_stage_is_refused() {
+    use parsim::config::{Config, Layer, Resolved};
+    use parsim::plan::lower;
+    let c = Moe {
+        pp: 2,
+        ..mixes()[0].single()
+    };
+    let cfg = Config::from_layers(&[Layer::overrides(deepseek_mtp(&c, 1, 0.1))]).expect("loads");
+    let res = Resolved::new(cfg).expect("validates");
+    let e = lower(&res, &options()).unwrap_err().to_string();
+    assert!(
+        e.contains("parallel.schedule") && e.contains("V-shaped"),
+        "{e}"
+    );
 }

@@ -624,23 +624,17 @@ impl<'a, B: Backend> Rank<'a, B> {
             let use_bucket = immediate && self.zero >= 2;
             let grads = &mut self.grads;
             let mut kept = Vec::new();
+            // An MTP module's embedding and output-head gradients, for those blocks.
+            let mut routed = Vec::new();
             let mut sink = |c: &mut Ctx<B>, t: WTask<B>| -> Result<(), ExecError> {
-                // An MTP module's embedding and output-head gradients go to those blocks.
                 let to_shared = matches!(
                     (&t, l.kind),
                     (WTask::Embedding { .. }, BlockKind::MtpIn(_))
                         | (WTask::Linear { tensor: 1, .. }, BlockKind::MtpOut(_))
                 );
                 if let (true, Some(sl)) = (to_shared, shared_l) {
-                    if !immediate || use_bucket {
-                        return Err(StateError::MtpDeferredGradient.into());
-                    }
-                    let range = sl.range.clone();
-                    let g = ViewMut {
-                        tensor: &mut grads[DENSE_SPACE],
-                        range,
-                    };
-                    return t.run(c, sl, g);
+                    routed.push(if immediate { t } else { t.hold(c, sl)? });
+                    return Ok(());
                 }
                 if !immediate {
                     kept.push(t.hold(c, l)?);
@@ -731,9 +725,16 @@ impl<'a, B: Backend> Rank<'a, B> {
                 BlockSaved::Experts => {}
             }
 
-            drop((h, eh));
+            drop((h, eh, sh));
             if let Some(b) = bucket {
                 self.flush_bucket(bi, b)?;
+            }
+            if let (Some(sbi), false) = (shared, routed.is_empty()) {
+                if immediate {
+                    self.run_tasks(sbi, routed)?;
+                } else {
+                    held.push((sbi, routed));
+                }
             }
             if let (Some(ei), true) = (ei, use_bucket) {
                 // Every member of the expert-DP group flushes, even with no tokens routed here.
