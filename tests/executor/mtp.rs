@@ -40,7 +40,7 @@ fn mtp_matches_the_single_rank_run() {
 /// Two MTP depths (the second takes the first's hidden states) under TP 2 + SP.
 #[test]
 fn two_mtp_depths_match_the_single_rank_run() {
-    let c = mixes()[0].clone();
+    let c = mixes()[0];
     assert_eq!(c.tp, 2);
     let reference = run(&plan(deepseek_mtp(&c.single(), 2, 0.3)), 3);
     let got = run(&plan(deepseek_mtp(&c, 2, 0.3)), 3);
@@ -52,9 +52,7 @@ fn two_mtp_depths_match_the_single_rank_run() {
 /// weight 0.3 the loss is the main loss plus 0.3 times a cross-entropy near ln(vocab).
 #[test]
 fn mtp_loss_weight_is_applied() {
-    let single = Moe {
-        ..mixes()[0].single()
-    };
+    let single = mixes()[0].single();
     let without = run(&plan(deepseek_mtp(&single, 0, 0.1)), 3);
     let silent = run(&plan(deepseek_mtp(&single, 1, 0.0)), 3);
     assert_eq!(without.loss[0], silent.loss[0]);
