@@ -59,6 +59,28 @@ fn unsupported(field: &'static str, message: impl Into<String>) -> PlanError {
     }
 }
 
+/// Multi-token prediction runs where its last stage's rank holds the embedding: one pipeline
+/// stage, or a V-shaped schedule (ZB-V, DualPipe-V), whose first and last stages share rank 0.
+fn check_mtp(r: &Resolved) -> Result<(), PlanError> {
+    let ranks = &r.placement.stage_rank;
+    if ranks.first() != ranks.last() {
+        return Err(unsupported(
+            "parallel.schedule",
+            "multi-token prediction needs the embedding on the last stage's rank: pp = 1 or a V-shaped schedule (zb-v, dualpipe-v) so far",
+        ));
+    }
+    if matches!(
+        r.config.model.position_embedding,
+        PositionEmbedding::Learned
+    ) {
+        return Err(unsupported(
+            "model.position_embedding",
+            "multi-token prediction runs with rotary positions (DeepSeek-V3's)",
+        ));
+    }
+    Ok(())
+}
+
 /// Refuses what the executor does not run yet, naming the field.
 fn check(r: &Resolved) -> Result<(), PlanError> {
     let m = &r.config.model;
@@ -72,12 +94,6 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
     }
     check_moe(r)?;
     if let Some(mla) = &m.mla {
-        if mla.q_lora_rank == 0 {
-            return Err(unsupported(
-                "model.mla.q_lora_rank",
-                "MLA runs with a low-rank query (q_lora_rank > 0, as DeepSeek-V2/V3); the plain query projection is not executed yet",
-            ));
-        }
         if mla.qk_rope_head_dim % 2 != 0 {
             return Err(unsupported(
                 "model.mla.qk_rope_head_dim",
@@ -86,10 +102,7 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
         }
     }
     if m.mtp_num_layers > 0 {
-        return Err(unsupported(
-            "model.mtp_num_layers",
-            "multi-token prediction is not executed yet; use 0",
-        ));
+        check_mtp(r)?;
     }
     if (m.add_bias_linear || m.add_qkv_bias) && m.mla.is_some() {
         return Err(unsupported(
@@ -346,6 +359,12 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
         learned_positions: match m.position_embedding {
             PositionEmbedding::Learned => m.max_position_embeddings as usize,
             _ => 0,
+        },
+        mtp_layers: m.mtp_num_layers,
+        mtp_loss_scale: if m.mtp_num_layers > 0 {
+            (m.mtp_loss_scaling_factor / m.mtp_num_layers as f64) as f32
+        } else {
+            0.0
         },
     }
 }

@@ -729,6 +729,10 @@ fn moe_router_flags_set_their_fields_and_bad_values_are_refused() {
         ],
         &["model.moe_router_bias_update_rate", "finite number >= 0"],
     );
+    rejects(
+        &["--mtp-layers", "1", "--mtp-loss-scaling-factor=-0.1"],
+        &["model.mtp_loss_scaling_factor", "finite number >= 0"],
+    );
     parsim()
         .args(["estimate", "--moe-router-score-function", "relu"])
         .assert()
@@ -747,6 +751,37 @@ fn moe_router_flags_set_their_fields_and_bad_values_are_refused() {
         .success()
         .stderr(predicate::str::contains("--moe-router-topk ignored"))
         .stderr(predicate::str::contains("--moe-capacity-factor ignored"));
+}
+
+/// `--mtp-loss-scaling-factor` sets DeepSeek-V3's lambda (default 0.1, Megatron's), and is
+/// named as ignored on a model without MTP modules.
+#[test]
+fn mtp_loss_scaling_factor_is_set_and_named_when_unused() {
+    let model_of = |args: &[&str]| {
+        let out = parsim()
+            .args(["estimate", "--json"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["config"]["model"].clone()
+    };
+    assert_eq!(model_of(&[])["mtp_loss_scaling_factor"], 0.1);
+    let m = model_of(&["--mtp-layers", "2", "--mtp-loss-scaling-factor", "0.3"]);
+    assert_eq!(m["mtp_num_layers"], 2);
+    assert_eq!(m["mtp_loss_scaling_factor"], 0.3);
+    parsim()
+        .args(["estimate", "--mtp-loss-scaling-factor", "0.3"])
+        .assert()
+        .success()
+        .stderr(predicate::str::contains(
+            "--mtp-loss-scaling-factor ignored: model.mtp_num_layers is 0",
+        ));
 }
 
 /// A bad NIC count in the cluster description is an error naming the field, exit 1; a

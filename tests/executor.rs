@@ -18,10 +18,10 @@ mod doctor;
 mod dropout;
 #[path = "executor/equivalence.rs"]
 mod equivalence;
-#[path = "executor/lora.rs"]
-mod lora;
 #[path = "executor/gpt3.rs"]
 mod gpt3;
+#[path = "executor/lora.rs"]
+mod lora;
 #[path = "executor/memory.rs"]
 mod memory;
 #[path = "executor/mla.rs"]
@@ -30,6 +30,8 @@ mod mla;
 mod moe;
 #[path = "executor/moe_memory.rs"]
 mod moe_memory;
+#[path = "executor/mtp.rs"]
+mod mtp;
 #[path = "executor/plan.rs"]
 mod plan;
 #[path = "executor/timeline.rs"]

@@ -91,3 +91,47 @@ fn an_unresolved_variable_is_reported() {
         .code(3)
         .stderr(predicate::str::contains("$TP"));
 }
+
+/// The MTP loss weight (DeepSeek-V3 sec. 2.2's lambda) goes out as Megatron's
+/// `--mtp-loss-scaling-factor` and reads back; a launch that sets MTP without it gets
+/// Megatron's default 0.1.
+#[test]
+fn the_mtp_loss_weight_round_trips() {
+    let base = [
+        "--model",
+        "deepseek-v3",
+        "--gpus",
+        "256",
+        "--gbs",
+        "256",
+        "--mtp-layers",
+        "1",
+    ];
+    let mut print = vec!["estimate", "--print-megatron-args"];
+    print.extend(base);
+    print.extend(["--mtp-loss-scaling-factor", "0.3"]);
+    let args = stdout_of(&print);
+    assert!(
+        args.contains("--mtp-num-layers 1") && args.contains("--mtp-loss-scaling-factor 0.3"),
+        "{args}"
+    );
+    // DeepSeek-V3 does not fit 256 GPUs this way: exit 3, with the JSON printed.
+    let read = |script: String| -> serde_json::Value {
+        let out = parsim()
+            .args(["estimate", "--megatron-args", "-", "--json"])
+            .write_stdin(script)
+            .assert()
+            .code(predicate::in_iter([0, 3]))
+            .get_output()
+            .clone();
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let got = read(args.clone());
+    assert_eq!(got["config"]["model"]["mtp_num_layers"], 1);
+    assert_eq!(got["config"]["model"]["mtp_loss_scaling_factor"], 0.3);
+    let without = args.replace("--mtp-loss-scaling-factor 0.3", "");
+    assert_eq!(
+        read(without)["config"]["model"]["mtp_loss_scaling_factor"],
+        0.1
+    );
+}

@@ -98,6 +98,8 @@ fn main() {
         bias_linear: false,
         qkv_bias: false,
         learned_positions: 0,
+        mtp_layers: 0,
+        mtp_loss_scale: 0.0,
         mla: None,
     };
     let plan = Plan::single_rank(model, AdamConfig::default(), 1, 1, Recompute::None);

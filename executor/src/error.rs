@@ -195,4 +195,6 @@ pub enum StateError {
     AdapterGradientWithoutBlock,
     #[error("an MoE layer's saved state and experts block disagree")]
     MoeSavedMismatch,
+    #[error("a multi-token-prediction module needs the {0} block on its rank")]
+    MtpWithoutBlock(String),
 }

@@ -113,6 +113,10 @@ pub struct ModelShape {
     pub learned_positions: usize,
     /// Multi-head latent attention instead of the fused QKV projection (`None`: MHA/GQA).
     pub mla: Option<MlaShape>,
+    /// Multi-token-prediction modules D on the last stage (DeepSeek-V3 sec. 2.2; 0 = none).
+    pub mtp_layers: u32,
+    /// Weight of each MTP depth's mean loss in the training loss: lambda / D.
+    pub mtp_loss_scale: f32,
 }
 
 /// Multi-head latent attention (DeepSeek-V2, "DeepSeek-V2: A Strong, Economical, and Efficient

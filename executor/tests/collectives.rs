@@ -202,6 +202,8 @@ fn a_failing_rank_stops_the_run_with_its_error_instead_of_hanging() {
         bias_linear: false,
         qkv_bias: false,
         learned_positions: 0,
+        mtp_layers: 0,
+        mtp_loss_scale: 0.0,
         mla: None,
     };
     let mut plan = Plan::single_rank(model, AdamConfig::default(), 1, 1, Recompute::None);

@@ -180,6 +180,8 @@ fn a_whole_step_matches_the_cpu_twin() {
         bias_linear: false,
         qkv_bias: false,
         learned_positions: 0,
+        mtp_layers: 0,
+        mtp_loss_scale: 0.0,
         mla: None,
     };
     twin(shape);
@@ -221,6 +223,8 @@ fn a_gpt3_style_step_matches_the_cpu_twin() {
         qkv_bias: true,
         learned_positions: 32,
         mla: None,
+        mtp_layers: 0,
+        mtp_loss_scale: 0.1,
     };
     twin(shape.clone());
     let dropped = ModelShape {

@@ -32,6 +32,8 @@ fn tiny(activation: Activation) -> ModelShape {
         tied_embeddings: false,
         bias_linear: false,
         qkv_bias: false,
+        mtp_layers: 0,
+        mtp_loss_scale: 0.1,
     }
 }
 

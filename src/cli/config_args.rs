@@ -341,6 +341,9 @@ pub struct TrainingArgs {
     /// Multi-token-prediction modules (DeepSeek-V3), on the last pipeline stage. [default from config: the model's; 0 for the built-in model]
     #[arg(long)]
     pub mtp_layers: Option<u32>,
+    /// Weight lambda of the MTP losses: lambda / D times their sum joins the loss (Megatron's --mtp-loss-scaling-factor). [default from config: 0.1]
+    #[arg(long, value_parser = finite_f64)]
+    pub mtp_loss_scaling_factor: Option<f64>,
     /// Overlap TP collectives with the GEMMs they feed (Megatron's --tp-comm-overlap).
     #[arg(long)]
     pub tp_comm_overlap: bool,
@@ -478,6 +481,12 @@ impl TrainingArgs {
             self.moe_router_group_topk,
         );
         put(m, "model", "mtp_num_layers", self.mtp_layers);
+        put(
+            m,
+            "model",
+            "mtp_loss_scaling_factor",
+            self.mtp_loss_scaling_factor,
+        );
         if self.tp_comm_overlap {
             put(m, "parallel", "tp_comm_overlap", Some(true));
         }
@@ -623,6 +632,12 @@ impl ConfigArgs {
         let mut w = Vec::new();
         if self.training.lora_rank.is_some() && cfg.training.mode != TrainingMode::Lora {
             w.push("--lora-rank ignored: training.mode is full (add --mode lora)".to_string());
+        }
+        if self.training.mtp_loss_scaling_factor.is_some() && cfg.model.mtp_num_layers == 0 {
+            w.push(
+                "--mtp-loss-scaling-factor ignored: model.mtp_num_layers is 0 (add --mtp-layers N)"
+                    .to_string(),
+            );
         }
         if !cfg.model.is_moe() {
             let model = &cfg.model.name;

@@ -105,6 +105,16 @@ pub struct ModelConfig {
     pub moe_router_bias_update_rate: f64,
     /// Multi-token-prediction modules (DeepSeek-V3); placed on the last pipeline stage.
     pub mtp_num_layers: u32,
+    /// Megatron's `--mtp-loss-scaling-factor`: the MTP losses enter the training loss as
+    /// lambda / D times their sum over the D depths (DeepSeek-V3 Technical Report, sec. 2.2,
+    /// eq. 25; 0.3 for its first 10T tokens, then 0.1).
+    #[serde(default = "default_mtp_loss_scaling_factor")]
+    pub mtp_loss_scaling_factor: f64,
+}
+
+/// Megatron's default `--mtp-loss-scaling-factor`.
+fn default_mtp_loss_scaling_factor() -> f64 {
+    0.1
 }
 
 /// Megatron's default `--moe-router-bias-update-rate` (DeepSeek-V3 used 0.001, sec. 4.2).
@@ -150,6 +160,7 @@ impl Default for ModelConfig {
             moe_router_group_topk: 0,
             moe_router_bias_update_rate: default_bias_update_rate(),
             mtp_num_layers: 0,
+            mtp_loss_scaling_factor: default_mtp_loss_scaling_factor(),
         }
     }
 }

@@ -132,11 +132,6 @@ fn unsupported_mla_shapes_are_refused_by_field() {
         let res = Resolved::new(cfg).expect("config validates");
         lower(&res, &options()).unwrap_err().to_string()
     };
-    let e = error("q_lora_rank", 0);
-    assert!(
-        e.contains("model.mla.q_lora_rank") && e.contains("q_lora_rank > 0"),
-        "{e}"
-    );
     let e = error("qk_rope_head_dim", 3);
     assert!(
         e.contains("model.mla.qk_rope_head_dim") && e.contains("even"),
@@ -144,10 +139,75 @@ fn unsupported_mla_shapes_are_refused_by_field() {
     );
 }
 
+/// [`mla_config`] without a query latent (q_lora_rank = 0, DeepSeek-V2-Lite): the query is one
+/// column-parallel projection h -> heads x (no-rotary + rotary).
+fn plain_query(mix: &Mix, recompute: &'static str) -> Value {
+    let mut v = mla_config(mix, recompute, true);
+    v["model"]["mla"]["q_lora_rank"] = 0.into();
+    v
+}
+
+/// The plain-query mixes: TP 2 with and without SP (the query's input gradient is a partial
+/// sum reduced over TP, the key/value latent's whole), CP 2 (ring and Ulysses), TP 2 + SP
+/// with CP 2, PP 2 with ZB-V.
+fn plain_query_mixes() -> Vec<(Mix, &'static str)> {
+    vec![
+        (mix(2, true, 1, "1f1b", 1, 0), "none"),
+        (mix(2, false, 1, "1f1b", 1, 0), "selective"),
+        (mix(1, false, 2, "zb-v", 1, 0), "none"),
+        (cp(2, "p2p", 1, false, "none").0, "none"),
+        (cp(2, "a2a", 1, false, "full").0, "full"),
+        (cp(2, "p2p", 2, true, "none").0, "none"),
+    ]
+}
+
+#[test]
+fn mla_without_a_query_latent_matches_the_single_rank_run() {
+    for (m, recompute) in plain_query_mixes() {
+        let reference = run(&plan(plain_query(&Mix::single(), recompute)), 3);
+        let got = run(&plan(plain_query(&m, recompute)), 3);
+        compare(
+            &format!("MLA q_lora_rank 0 {m:?} {recompute}"),
+            &got,
+            &reference,
+        );
+    }
+}
+
+/// Dropping the query latent changes the model (a different parameter count and loss), so the
+/// test above is not comparing runs that still use a latent.
+#[test]
+fn mla_without_a_query_latent_is_another_model() {
+    let single = Mix::single();
+    let plain = run(&plan(plain_query(&single, "none")), 1);
+    let latent = run(&plan(mla_config(&single, "none", true)), 1);
+    assert!((plain.loss[0] - latent.loss[0]).abs() > 1e-4);
+}
+
+#[test]
+fn mla_without_a_query_latent_memory_is_within_2_percent_of_the_prediction() {
+    let mut all = vec![(Mix::single(), "none")];
+    all.extend(plain_query_mixes());
+    for (m, recompute) in all {
+        for (rank, got, want, gb, wb) in compare_config(plain_query(&m, recompute)) {
+            let rel = (got as f64 - want as f64) / want as f64;
+            eprintln!(
+                "MLA q_lora_rank 0 {m:?} {recompute} rank {rank}: {:+.2}%",
+                100.0 * rel
+            );
+            assert!(
+                rel.abs() <= 0.02,
+                "{m:?} {recompute} rank {rank}: {:.2}%\n  measured {gb}\n  predicted {wb}",
+                100.0 * rel
+            );
+        }
+    }
+}
+
 /// The acceptance's DeepSeek-style model without its MTP module: [`mla_config`]'s MLA with
 /// the DeepSeek MoE of `moe.rs` (8 experts with 1 shared, top-2 with bias routing, the first
 /// layer dense).
-fn deepseek_mla(c: &Moe) -> Value {
+pub fn deepseek_mla(c: &Moe) -> Value {
     let mut v = moe_config(c);
     v["model"]["mla"] = mla_config(&Mix::single(), "none", true)["model"]["mla"].clone();
     v
@@ -155,7 +215,7 @@ fn deepseek_mla(c: &Moe) -> Value {
 
 /// The acceptance's mixes: TP 2 + SP with expert-TP 2, EP 2 and 4, CP 2 (p2p and a2a), PP 2
 /// with ZB-V.
-fn deepseek_mixes() -> Vec<Moe> {
+pub fn deepseek_mixes() -> Vec<Moe> {
     let ds = Moe {
         first_dense: 1,
         deepseek: true,
@@ -206,6 +266,42 @@ fn mla_with_deepseek_moe_matches_the_single_rank_run() {
         let reference = run(&plan(deepseek_mla(&c.single())), 3);
         let got = run(&plan(deepseek_mla(&c)), 3);
         compare(&format!("MLA + DeepSeek MoE {c:?}"), &got, &reference);
+    }
+}
+
+/// DeepSeek-V2-Lite's attention (no query latent) with the DeepSeek-style MoE under TP 2 + SP
+/// with expert-TP 2, EP 2 with ZeRO-1 and CP 2 a2a: the plain query's TP reduction meets the
+/// MoE's dispatch.
+#[test]
+fn mla_without_a_query_latent_with_deepseek_moe_matches_the_single_rank_run() {
+    let plain = |c: &Moe| {
+        let mut v = deepseek_mla(c);
+        v["model"]["mla"]["q_lora_rank"] = 0.into();
+        v
+    };
+    for c in deepseek_mixes()
+        .into_iter()
+        .filter(|c| c.tp == 2 || (c.ep == 2 && c.cp == 1) || c.cp_comm == "a2a")
+    {
+        let reference = run(&plan(plain(&c.single())), 3);
+        let got = run(&plan(plain(&c)), 3);
+        compare(
+            &format!("MLA q_lora_rank 0 + DeepSeek MoE {c:?}"),
+            &got,
+            &reference,
+        );
+        for (rank, got, want, gb, wb) in compare_config(plain(&c)) {
+            let rel = (got as f64 - want as f64) / want as f64;
+            eprintln!(
+                "MLA q_lora_rank 0 + MoE {c:?} rank {rank}: {:+.2}%",
+                100.0 * rel
+            );
+            assert!(
+                rel.abs() <= 0.02,
+                "{c:?} rank {rank}: {:.2}%\n  measured {gb}\n  predicted {wb}",
+                100.0 * rel
+            );
+        }
     }
 }
 

@@ -21,11 +21,26 @@ pub fn microbatch(
     dp_rank: u32,
     mb: u32,
 ) -> (Vec<u32>, Vec<u32>) {
+    shifted(m, seed, microbatches, dp_rank, mb, 0)
+}
+
+/// [`microbatch`] `shift` tokens ahead: position p's input is token p + shift and its target
+/// token p + shift + 1 (multi-token prediction's depth k reads shift = k). Past a sequence's
+/// seq + 1 tokens the stream continues into the next sequence's, so every position has its
+/// target (Megatron rolls within the window instead and masks the last k positions out).
+pub fn shifted(
+    m: &ModelShape,
+    seed: u64,
+    microbatches: u32,
+    dp_rank: u32,
+    mb: u32,
+    shift: usize,
+) -> (Vec<u32>, Vec<u32>) {
     let first = (dp_rank as usize * microbatches as usize + mb as usize) * m.micro_batch;
     let mut x = Vec::with_capacity(m.tokens());
     let mut y = Vec::with_capacity(m.tokens());
     for j in first..first + m.micro_batch {
-        for pos in 0..m.seq {
+        for pos in shift..m.seq + shift {
             x.push(token(seed, m.data_vocab, m.seq, j, pos));
             y.push(token(seed, m.data_vocab, m.seq, j, pos + 1));
         }

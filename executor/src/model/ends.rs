@@ -71,18 +71,24 @@ pub fn output_fwd<B: Backend>(
     x: B::Tensor,
     targets: Vec<u32>,
 ) -> Result<(f64, OutputSaved<B>), ExecError> {
+    let norm = p.sub(l.tensors[0].range());
+    head_fwd(ctx, norm, p.sub(l.tensors[1].range()), x, targets)
+}
+
+/// [`output_fwd`] with the final norm's weights `norm` and the output layer's `w` given apart
+/// (a multi-token-prediction module has its own norm and shares the output layer).
+pub fn head_fwd<B: Backend>(
+    ctx: &mut Ctx<B>,
+    norm: View<'_, B::Tensor>,
+    w: View<'_, B::Tensor>,
+    x: B::Tensor,
+    targets: Vec<u32>,
+) -> Result<(f64, OutputSaved<B>), ExecError> {
     let m = &ctx.plan.model;
     let (h, v_r, n, n_sp) = (ctx.rd.h, ctx.rd.v_r, ctx.n, ctx.n_sp);
     let mut lnf = ctx.zeros(Category::Activations, &[n_sp, h])?;
-    ctx.ops.norm_fwd(
-        m.norm,
-        &x,
-        p.sub(l.tensors[0].range()),
-        m.norm_eps,
-        &mut lnf,
-    )?;
+    ctx.ops.norm_fwd(m.norm, &x, norm, m.norm_eps, &mut lnf)?;
     let mut logits = ctx.zeros(Category::Buffers, &[n, v_r])?;
-    let w = p.sub(l.tensors[1].range());
     ctx.with_gathered(&lnf, |c, xg| {
         c.ops.linear_fwd(xg, w, (n, h, v_r), &mut logits)
     })?;
@@ -124,6 +130,20 @@ pub fn output_bwd<B: Backend>(
     scale: f32,
     sink: &mut Sink<B>,
 ) -> Result<B::Tensor, ExecError> {
+    let norm = p.sub(l.tensors[0].range());
+    head_bwd(ctx, norm, p.sub(l.tensors[1].range()), s, scale, sink)
+}
+
+/// [`output_bwd`] with the norm's and the output layer's weights given apart; the weight
+/// tasks name tensor 0 (the norm) and tensor 1 (the output layer), which the caller routes.
+pub fn head_bwd<B: Backend>(
+    ctx: &mut Ctx<B>,
+    norm: View<'_, B::Tensor>,
+    w: View<'_, B::Tensor>,
+    s: OutputSaved<B>,
+    scale: f32,
+    sink: &mut Sink<B>,
+) -> Result<B::Tensor, ExecError> {
     let m = &ctx.plan.model;
     let (h, v_r, n, n_sp) = (ctx.rd.h, ctx.rd.v_r, ctx.n, ctx.n_sp);
     let OutputSaved {
@@ -136,13 +156,8 @@ pub fn output_bwd<B: Backend>(
     let mut dlogits = ctx.ops.recat(probs, Category::Buffers);
     ctx.ops.ce_grad(&mut dlogits, &targets, lo, scale)?;
     let mut part = ctx.zeros(Category::Buffers, &[n, h])?;
-    ctx.ops.linear_dgrad(
-        &dlogits,
-        p.sub(l.tensors[1].range()),
-        (n, h, v_r),
-        &mut part,
-        false,
-    )?;
+    ctx.ops
+        .linear_dgrad(&dlogits, w, (n, h, v_r), &mut part, false)?;
     let d_lnf = ctx.reduce_to_region(part, Category::Buffers)?;
     let sp = ctx.sp;
     sink(
@@ -159,15 +174,8 @@ pub fn output_bwd<B: Backend>(
         },
     )?;
     let mut dx = ctx.zeros(Category::Buffers, &[n_sp, h])?;
-    ctx.ops.norm_dgrad(
-        m.norm,
-        &x,
-        p.sub(l.tensors[0].range()),
-        &d_lnf,
-        m.norm_eps,
-        &mut dx,
-        false,
-    )?;
+    ctx.ops
+        .norm_dgrad(m.norm, &x, norm, &d_lnf, m.norm_eps, &mut dx, false)?;
     sink(
         ctx,
         WTask::Norm {

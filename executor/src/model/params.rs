@@ -24,6 +24,12 @@ pub enum BlockKind {
     Experts(u32),
     /// LoRA: the trainable adapters of layer l (its own block is frozen).
     Adapters(u32),
+    /// Multi-token-prediction module k's input (DeepSeek-V3 sec. 2.2): the norms of the shifted
+    /// tokens' embedding and of the previous depth's hidden states, and the 2h -> h projection.
+    /// Its transformer layer is `Layer(num_layers + k)`; the module ends with `MtpOut(k)`.
+    MtpIn(u32),
+    /// Multi-token-prediction module k's final norm (the output head is the main model's).
+    MtpOut(u32),
 }
 
 /// The flat buffer of dense parameters.
@@ -278,13 +284,47 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                 super::positions::push_table(b, m.learned_positions, h, std);
             });
         }
-        for l in st.layers.clone() {
+        // The layers, then on the last stage the output and the MTP modules (Megatron's
+        // default placement), each as its input block, its transformer layer and its norm.
+        let mut items: Vec<BlockKind> = st.layers.clone().map(BlockKind::Layer).collect();
+        if st.output {
+            items.push(BlockKind::Output);
+            for k in 0..m.mtp_layers {
+                let l = m.num_layers + k;
+                items.extend([
+                    BlockKind::MtpIn(k),
+                    BlockKind::Layer(l),
+                    BlockKind::MtpOut(k),
+                ]);
+            }
+        }
+        for item in items {
+            let l = match item {
+                BlockKind::Layer(l) => l,
+                BlockKind::Output => {
+                    emit(BlockKind::Output, s, &|b| {
+                        output_block(b, m.norm, m.tied_embeddings, &rd, std)
+                    });
+                    continue;
+                }
+                BlockKind::MtpIn(k) => {
+                    emit(item, s, &|b| mtp_in_block(b, m.norm, k, &rd, std));
+                    continue;
+                }
+                BlockKind::MtpOut(k) => {
+                    emit(item, s, &|b| {
+                        b.norm(&format!("mtp.{k}.final_norm"), m.norm, h)
+                    });
+                    continue;
+                }
+                _ => continue,
+            };
             emit(BlockKind::Layer(l), s, &|b| {
                 let p = format!("layers.{l}");
                 b.norm(&format!("{p}.attn_norm"), m.norm, h);
                 let (qa, kg) = (rd.a_r * d, rd.g_r * d);
                 if let Some(a) = &m.mla {
-                    mla_down(b, a, &p, h, std);
+                    mla_down(b, a, &p, &rd, std);
                 } else {
                     b.push(
                         rd.qkv_r(),
@@ -372,35 +412,51 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                 });
             }
         }
-        if st.output {
-            // Tied embeddings: the output weight is a copy of the word embedding (same global
-            // tensor, so it starts equal), kept equal by the embedding group.
-            let out_name = if m.tied_embeddings {
-                "embedding.weight"
-            } else {
-                "output.weight"
-            };
-            emit(BlockKind::Output, s, &|b| {
-                b.norm("final_norm", m.norm, h);
-                b.push(
-                    rd.v_r,
-                    h,
-                    vec![seg(
-                        out_name.into(),
-                        h,
-                        r * rd.v_r..(r + 1) * rd.v_r,
-                        0..h,
-                        std,
-                    )],
-                    false,
-                );
-            });
-        }
     }
     if m.tied_embeddings {
         super::embedding_group::alias_local_tied_output(&mut blocks);
     }
     blocks
+}
+
+/// The final norm and this rank's vocabulary rows of the output layer. Tied embeddings: the
+/// output weight is a copy of the word embedding (same global tensor, so it starts equal), kept
+/// equal by the embedding group.
+fn output_block(b: &mut Builder, norm: Norm, tied: bool, rd: &RankDims, std: f32) {
+    let (h, r) = (rd.h, rd.tp_rank);
+    let name = if tied {
+        "embedding.weight"
+    } else {
+        "output.weight"
+    };
+    b.norm("final_norm", norm, h);
+    b.push(
+        rd.v_r,
+        h,
+        vec![seg(name.into(), h, r * rd.v_r..(r + 1) * rd.v_r, 0..h, std)],
+        false,
+    );
+}
+
+/// MTP module k's input block: `enorm` and `hnorm` (on the sequence-sharded stream, as the
+/// layers' norms), then the column-parallel `eh_proj` [h, 2h] (Megatron's layout: the
+/// embedding's columns, then the hidden states'), this rank's h/t output rows held as two
+/// tensors, one per input half.
+fn mtp_in_block(b: &mut Builder, norm: Norm, k: u32, rd: &RankDims, std: f32) {
+    let (h, r) = (rd.h, rd.tp_rank);
+    let hr = h / rd.t;
+    b.norm(&format!("mtp.{k}.enorm"), norm, h);
+    b.norm(&format!("mtp.{k}.hnorm"), norm, h);
+    let name = format!("mtp.{k}.eh_proj");
+    for cols in [0..h, h..2 * h] {
+        let rows = r * hr..(r + 1) * hr;
+        b.push(
+            hr,
+            h,
+            vec![seg(name.clone(), 2 * h, rows, cols, std)],
+            false,
+        );
+    }
 }
 
 /// An expert's (or the shared experts') MLP `{q}.fc1` [w1, h] and `{q}.fc2` [h, f] of
@@ -435,39 +491,70 @@ fn expert_mlp(b: &mut Builder, act: Activation, q: &str, f: usize, rd: &RankDims
 /// [q_lora_rank, h] and the key/value latent's `{p}.wkv_down` [kv_lora_rank + qk_rope, h]
 /// (the latent then the shared rotary key), fused in one tensor (one input, one GEMM). Their
 /// gradients are whole on every TP rank: the latents' gradients are all-reduced over TP.
-fn mla_down(b: &mut Builder, a: &MlaShape, p: &str, h: usize, std: f32) {
-    let (qr, kvr) = (a.q_lora_rank, a.kv_lora_rank + a.qk_rope);
-    b.push(
-        qr + kvr,
-        h,
+/// Without a query latent (q_lora_rank = 0, DeepSeek-V2-Lite) the query rows are the plain
+/// column-parallel projection of this rank's heads, `{p}.wq_nope` then `{p}.wq_rope`.
+fn mla_down(b: &mut Builder, a: &MlaShape, p: &str, rd: &RankDims, std: f32) {
+    let h = rd.h;
+    let kvr = a.kv_lora_rank + a.qk_rope;
+    let mut segs = if a.q_lora_rank > 0 {
+        vec![seg(format!("{p}.wq_down"), h, 0..a.q_lora_rank, 0..h, std)]
+    } else {
+        let (r, ar) = (rd.tp_rank, rd.a_r);
+        let rows = |w: usize| r * ar * w..(r + 1) * ar * w;
         vec![
-            seg(format!("{p}.wq_down"), h, 0..qr, 0..h, std),
-            seg(format!("{p}.wkv_down"), h, 0..kvr, 0..h, std),
-        ],
-        false,
-    );
+            seg(format!("{p}.wq_nope"), h, rows(a.qk_nope), 0..h, std),
+            seg(format!("{p}.wq_rope"), h, rows(a.qk_rope), 0..h, std),
+        ]
+    };
+    segs.push(seg(format!("{p}.wkv_down"), h, 0..kvr, 0..h, std));
+    b.push(mla_down_rows(a, rd.a_r), h, segs, false);
 }
 
-/// Number of tensors [`mla_up`] appends at the end of a layer block.
-pub const MLA_UP_TENSORS: usize = 4;
+/// Rows of the fused down-projection: the query latent (or, without one, this rank's `a_r`
+/// query heads) then the key/value latent and the shared rotary key.
+pub fn mla_down_rows(a: &MlaShape, a_r: usize) -> usize {
+    mla_q_rows(a, a_r) + a.kv_lora_rank + a.qk_rope
+}
 
-/// MLA's norms and up-projections, appended at the end of the layer block: `q_norm`
-/// [q_lora_rank]; the query up-projection of this rank's heads, no-rotary rows then rotary
-/// rows; `kv_norm` [kv_lora_rank]; the key (no-rotary) then value up-projections of this
-/// rank's heads. The norms act on the latents (whole on every TP rank): no SP partial sums.
+/// The query's rows of the fused down-projection: the latent, or this rank's query heads.
+pub fn mla_q_rows(a: &MlaShape, a_r: usize) -> usize {
+    if a.q_lora_rank > 0 {
+        a.q_lora_rank
+    } else {
+        a_r * a.qk()
+    }
+}
+
+/// Number of tensors [`mla_up`] appends at the end of a layer block: the query's norm and
+/// up-projection (only with a query latent), the key/value latent's.
+pub fn mla_up_tensors(a: &MlaShape) -> usize {
+    if a.q_lora_rank > 0 {
+        4
+    } else {
+        2
+    }
+}
+
+/// MLA's norms and up-projections, appended at the end of the layer block: with a query
+/// latent, `q_norm` [q_lora_rank] and the query up-projection of this rank's heads, no-rotary
+/// rows then rotary rows; `kv_norm` [kv_lora_rank]; the key (no-rotary) then value
+/// up-projections of this rank's heads. The norms act on the latents (whole on every TP rank):
+/// no SP partial sums.
 fn mla_up(b: &mut Builder, norm: Norm, a: &MlaShape, p: &str, rd: &RankDims, std: f32) {
     let (qr, kvr, r, ar) = (a.q_lora_rank, a.kv_lora_rank, rd.tp_rank, rd.a_r);
     let rows = |w: usize| r * ar * w..(r + 1) * ar * w;
-    b.norm_of(&format!("{p}.q_norm"), norm, qr, false);
-    b.push(
-        ar * a.qk(),
-        qr,
-        vec![
-            seg(format!("{p}.wq_up_nope"), qr, rows(a.qk_nope), 0..qr, std),
-            seg(format!("{p}.wq_up_rope"), qr, rows(a.qk_rope), 0..qr, std),
-        ],
-        false,
-    );
+    if qr > 0 {
+        b.norm_of(&format!("{p}.q_norm"), norm, qr, false);
+        b.push(
+            ar * a.qk(),
+            qr,
+            vec![
+                seg(format!("{p}.wq_up_nope"), qr, rows(a.qk_nope), 0..qr, std),
+                seg(format!("{p}.wq_up_rope"), qr, rows(a.qk_rope), 0..qr, std),
+            ],
+            false,
+        );
+    }
     b.norm_of(&format!("{p}.kv_norm"), norm, kvr, false);
     b.push(
         ar * (a.qk_nope + a.v),

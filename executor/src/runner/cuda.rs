@@ -311,6 +311,8 @@ mod tests {
             bias_linear: false,
             qkv_bias: false,
             learned_positions: 0,
+            mtp_layers: 0,
+            mtp_loss_scale: 0.0,
             mla: None,
         };
         Plan::single_rank(shape, AdamConfig::default(), 1, 1, Recompute::None)

@@ -10,10 +10,13 @@ use crate::backend::{Backend, Device, DeviceCollectives, DeviceTensor, TensorOps
 use crate::error::{ExecError, StateError};
 use crate::memory::Category;
 use crate::model::embedding_group::{self, SharedWeight};
-use crate::model::ends::{embedding_bwd, embedding_fwd, output_bwd, output_fwd, OutputSaved};
+use crate::model::ends::{
+    embedding_bwd, embedding_fwd, head_bwd, head_fwd, output_bwd, output_fwd, OutputSaved,
+};
 use crate::model::layer::Experts;
 use crate::model::layer::{layer_bwd, layer_fwd, LayerSaved};
 use crate::model::lora::Adapters;
+use crate::model::mtp::{mtp_in_bwd, mtp_in_fwd, MtpInSaved};
 use crate::model::params::{
     rank_layout, BlockKind, BlockLayout, DENSE_SPACE, EXPERT_SPACE, FROZEN_SPACE, SPACES,
 };
@@ -45,6 +48,9 @@ enum BlockSaved<B: Backend> {
     /// A block run with its layer (an MoE layer's experts, a LoRA layer's adapters): its
     /// state is saved with its layer.
     Experts,
+    /// A multi-token-prediction module's input block and its final norm with the shared head.
+    MtpIn(Box<MtpInSaved<B>>),
+    MtpOut(OutputSaved<B>),
 }
 
 type BlockTasks<B> = Vec<(usize, Vec<WTask<B>>)>;
@@ -407,6 +413,53 @@ impl<'a, B: Backend> Rank<'a, B> {
         Ok(())
     }
 
+    /// The index of this rank's block of kind `kind`.
+    fn block_of(&self, kind: BlockKind) -> Result<usize, ExecError> {
+        self.blocks
+            .iter()
+            .position(|b| b.kind == kind)
+            .ok_or_else(|| ExecError::from(StateError::MtpWithoutBlock(format!("{kind:?}"))))
+    }
+
+    /// The block whose weights MTP block `bi` shares: the embedding for an input block, the
+    /// output layer for a final norm (none for other blocks).
+    fn mtp_shared_block(&self, bi: usize) -> Result<Option<usize>, ExecError> {
+        match self.blocks[bi].kind {
+            BlockKind::MtpIn(_) => self.block_of(BlockKind::Embedding).map(Some),
+            BlockKind::MtpOut(_) => self.block_of(BlockKind::Output).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// A copy of `x` as a saved activation.
+    fn copy_activation(&self, x: &B::Tensor) -> Result<B::Tensor, ExecError> {
+        let mut t = self.ctx.zeros(Category::Activations, x.shape())?;
+        self.ctx.ops.copy(View::all(x), ViewMut::all(&mut t))?;
+        Ok(t)
+    }
+
+    /// Multi-token prediction's (inputs, targets) `shift` tokens ahead for microbatch `mb`,
+    /// this rank's context-parallel positions only.
+    fn mtp_data(&self, mb: u32, shift: usize) -> (Vec<u32>, Vec<u32>) {
+        let (seq, pos) = (self.plan.model.seq, &self.ctx.positions);
+        let (x, y) = data::shifted(
+            &self.plan.model,
+            self.plan.seed,
+            self.plan.microbatches,
+            self.rp.coords.dp,
+            mb,
+            shift,
+        );
+        if self.ctx.cp.is_some() {
+            (
+                data::at_positions(&x, seq, pos),
+                data::at_positions(&y, seq, pos),
+            )
+        } else {
+            (x, y)
+        }
+    }
+
     pub(super) fn experts_of(&self, bi: usize) -> Option<usize> {
         match (
             self.blocks[bi].kind,
@@ -472,6 +525,9 @@ impl<'a, B: Backend> Rank<'a, B> {
         };
         let mut saved = Vec::with_capacity(bidx.len());
         let mut targets = Some(targets);
+        // Multi-token prediction: the hidden states the next depth's module takes.
+        let mtp = self.plan.model.mtp_layers;
+        let mut mtp_h: Option<B::Tensor> = None;
         for bi in bidx {
             if matches!(
                 self.blocks[bi].kind,
@@ -481,9 +537,16 @@ impl<'a, B: Backend> Rank<'a, B> {
                 saved.push(BlockSaved::Experts);
                 continue;
             }
+            // An MTP module's blocks use the embedding's or the output layer's weights too.
+            let shared = self.mtp_shared_block(bi)?;
+            let sh = match shared {
+                Some(o) => Some(self.block_handles(o)?.0),
+                None => None,
+            };
             let (h, eh) = self.block_handles(bi)?;
             let ah = self.adapter_handle(bi)?;
             let p = params_of(&self.params, &h);
+            let sp_ = sh.as_ref().map(|h| params_of(&self.params, h));
             let experts: Experts<B> = eh
                 .as_ref()
                 .map(|(ei, eh)| (&self.blocks[*ei], params_of(&self.params, eh)));
@@ -509,12 +572,40 @@ impl<'a, B: Backend> Rank<'a, B> {
                 }
                 BlockKind::Output => {
                     let input = x.take().expect("output input");
+                    if mtp > 0 {
+                        mtp_h = Some(self.copy_activation(&input)?);
+                    }
                     let (loss, s) =
                         output_fwd(&mut self.ctx, l, p, input, targets.take().expect("targets"))?;
                     if self.rp.coords.tp == 0 {
                         self.loss_sum += loss;
                     }
                     saved.push(BlockSaved::Output(s));
+                }
+                BlockKind::MtpIn(k) => {
+                    let (tokens, _) = self.mtp_data(mb, k as usize + 1);
+                    let ebi = shared.expect("embedding block");
+                    let emb = (&self.blocks[ebi], sp_.expect("embedding parameters"));
+                    let hin = mtp_h.take().expect("MTP hidden states");
+                    let (y, s) = mtp_in_fwd(&mut self.ctx, l, p, emb, hin, tokens)?;
+                    saved.push(BlockSaved::MtpIn(Box::new(s)));
+                    x = Some(y);
+                }
+                BlockKind::MtpOut(k) => {
+                    let input = x.take().expect("MTP output input");
+                    if k + 1 < mtp {
+                        mtp_h = Some(self.copy_activation(&input)?);
+                    }
+                    let (_, targets) = self.mtp_data(mb, k as usize + 1);
+                    let obi = shared.expect("output block");
+                    let head = sp_.expect("output parameters");
+                    let head = head.sub(self.blocks[obi].tensors[1].range());
+                    let norm = p.sub(l.tensors[0].range());
+                    let (loss, s) = head_fwd(&mut self.ctx, norm, head, input, targets)?;
+                    if self.rp.coords.tp == 0 {
+                        self.loss_sum += self.plan.model.mtp_loss_scale as f64 * loss;
+                    }
+                    saved.push(BlockSaved::MtpOut(s));
                 }
                 BlockKind::Experts(_) | BlockKind::Adapters(_) => {}
             }
@@ -542,7 +633,8 @@ impl<'a, B: Backend> Rank<'a, B> {
             .saved
             .remove(&(stage, mb))
             .ok_or_else(|| self.missing("forward", stage, mb))?;
-        let mut dy = if matches!(self.blocks[bidx.end - 1].kind, BlockKind::Output) {
+        let last = self.blocks[bidx.end - 1].kind;
+        let mut dy = if matches!(last, BlockKind::Output | BlockKind::MtpOut(_)) {
             None
         } else {
             Some(
@@ -552,6 +644,8 @@ impl<'a, B: Backend> Rank<'a, B> {
             )
         };
         let mut held: BlockTasks<B> = Vec::new();
+        // Multi-token prediction: the gradient of the hidden states an MTP module took.
+        let mut mtp_dh: Option<B::Tensor> = None;
         for (bi, s) in bidx.rev().zip(saved.into_iter().rev()) {
             if matches!(s, BlockSaved::Experts) {
                 // Its backward runs with its layer's.
@@ -563,9 +657,16 @@ impl<'a, B: Backend> Rank<'a, B> {
             // gradient bucket.
             self.cache
                 .retain(|(b, _)| *b == bi || Some(*b) == ei || Some(*b) == ai);
+            let shared = self.mtp_shared_block(bi)?;
+            let sh = match shared {
+                Some(o) => Some(self.block_handles(o)?.0),
+                None => None,
+            };
             let (h, eh) = self.block_handles(bi)?;
             let ah = self.adapter_handle(bi)?;
             let p = params_of(&self.params, &h);
+            let sp_ = sh.as_ref().map(|h| params_of(&self.params, h));
+            let shared_l = shared.map(|o| &self.blocks[o]);
             let experts: Experts<B> = eh
                 .as_ref()
                 .map(|(ei, eh)| (&self.blocks[*ei], params_of(&self.params, eh)));
@@ -583,9 +684,20 @@ impl<'a, B: Backend> Rank<'a, B> {
             let use_bucket = immediate && self.zero >= 2;
             let grads = &mut self.grads;
             let mut kept = Vec::new();
+            // An MTP module's embedding and output-head gradients, for those blocks.
+            let mut routed = Vec::new();
             let mut sink = |c: &mut Ctx<B>, t: WTask<B>| -> Result<(), ExecError> {
                 if l.space == FROZEN_SPACE && !t.is_adapter() {
                     // LoRA: a frozen weight's gradient is not computed.
+                    return Ok(());
+                }
+                let to_shared = matches!(
+                    (&t, l.kind),
+                    (WTask::Embedding { .. }, BlockKind::MtpIn(_))
+                        | (WTask::Linear { tensor: 1, .. }, BlockKind::MtpOut(_))
+                );
+                if let (true, Some(sl)) = (to_shared, shared_l) {
+                    routed.push(if immediate { t } else { t.hold(c, sl)? });
                     return Ok(());
                 }
                 if !immediate {
@@ -623,7 +735,27 @@ impl<'a, B: Backend> Rank<'a, B> {
             let ctx = &mut self.ctx;
             match s {
                 BlockSaved::Output(os) => {
-                    dy = Some(output_bwd(ctx, l, p, os, self.grad_scale, &mut sink)?);
+                    let mut d = output_bwd(ctx, l, p, os, self.grad_scale, &mut sink)?;
+                    if let Some(dh) = mtp_dh.take() {
+                        ctx.ops.axpy(1.0, View::all(&dh), ViewMut::all(&mut d))?;
+                    }
+                    dy = Some(d);
+                }
+                BlockSaved::MtpOut(os) => {
+                    let obi = shared.expect("output block");
+                    let head = sp_.expect("output parameters");
+                    let head = head.sub(self.blocks[obi].tensors[1].range());
+                    let norm = p.sub(l.tensors[0].range());
+                    let scale = self.grad_scale * self.plan.model.mtp_loss_scale;
+                    let mut d = head_bwd(ctx, norm, head, os, scale, &mut sink)?;
+                    if let Some(dh) = mtp_dh.take() {
+                        ctx.ops.axpy(1.0, View::all(&dh), ViewMut::all(&mut d))?;
+                    }
+                    dy = Some(d);
+                }
+                BlockSaved::MtpIn(ms) => {
+                    let d = dy.take().expect("grad");
+                    mtp_dh = Some(mtp_in_bwd(ctx, l, p, *ms, d, &mut sink)?);
                 }
                 BlockSaved::Layer(ls) => {
                     dy = Some(layer_bwd(
@@ -663,9 +795,16 @@ impl<'a, B: Backend> Rank<'a, B> {
                 BlockSaved::Experts => {}
             }
 
-            drop((h, eh, ah));
+            drop((h, eh, ah, sh));
             if let Some(b) = bucket {
                 self.flush_bucket(bi, b)?;
+            }
+            if let (Some(sbi), false) = (shared, routed.is_empty()) {
+                if immediate {
+                    self.run_tasks(sbi, routed)?;
+                } else {
+                    held.push((sbi, routed));
+                }
             }
             if let (Some(ei), true) = (ei, use_bucket) {
                 // Every member of the expert-DP group flushes, even with no tokens routed here.

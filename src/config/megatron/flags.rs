@@ -73,6 +73,12 @@ const DIRECT: &[(&str, &str, &str, Kind)] = &[
         Kind::Int,
     ),
     ("--mtp-num-layers", "model", "mtp_num_layers", Kind::Int),
+    (
+        "--mtp-loss-scaling-factor",
+        "model",
+        "mtp_loss_scaling_factor",
+        Kind::Float,
+    ),
     ("--hidden-dropout", "model", "hidden_dropout", Kind::Float),
     (
         "--attention-dropout",

@@ -145,6 +145,10 @@ fn model_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
     }
     if m.mtp_num_layers > 0 {
         flag("--mtp-num-layers", s(m.mtp_num_layers.into()));
+        flag(
+            "--mtp-loss-scaling-factor",
+            Some(m.mtp_loss_scaling_factor.to_string()),
+        );
     }
 }
 

@@ -75,7 +75,7 @@ pub fn positive(cfg: &Config) -> Vec<Violation> {
     errs
 }
 
-/// Dropout probabilities in [0, 1); MoE factors finite and at least their neutral value.
+/// Dropout probabilities in [0, 1); MoE and MTP factors finite and at least their neutral value.
 pub fn ranges(cfg: &Config) -> Vec<Violation> {
     let m = &cfg.model;
     let mut errs = Vec::new();
@@ -114,6 +114,11 @@ pub fn ranges(cfg: &Config) -> Vec<Violation> {
             "model.moe_router_bias_update_rate",
             m.moe_router_bias_update_rate,
             "0 keeps the expert bias at zero",
+        ),
+        (
+            "model.mtp_loss_scaling_factor",
+            m.mtp_loss_scaling_factor,
+            "0 trains the MTP modules without letting them move the loss",
         ),
     ] {
         if !(v.is_finite() && v >= 0.0) {
