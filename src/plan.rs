@@ -198,26 +198,6 @@ fn check_moe(r: &Resolved) -> Result<(), PlanError> {
             ));
         }
     }
-    // With CP a rank routes its sequence shard: the load-balancing loss (f_i P_i over the
-    // microbatch) and the capacity (per source microbatch) would need the whole sequence.
-    if p.cp > 1 && m.moe_aux_loss_coeff > 0.0 {
-        return Err(unsupported(
-            "model.moe_aux_loss_coeff",
-            format!(
-                "the load-balancing loss is not executed with context parallelism (cp = {}); set it to 0",
-                p.cp
-            ),
-        ));
-    }
-    if p.cp > 1 && m.moe_capacity_factor > 0.0 {
-        return Err(unsupported(
-            "model.moe_capacity_factor",
-            format!(
-                "expert capacity is not executed with context parallelism (cp = {}); set it to 0",
-                p.cp
-            ),
-        ));
-    }
     if m.num_experts % p.ep != 0 || r.dp % p.ep != 0 {
         return Err(unsupported(
             "parallel.ep",

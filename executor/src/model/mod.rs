@@ -16,6 +16,7 @@ pub mod ends;
 pub mod layer;
 pub mod mla;
 pub mod moe;
+pub mod moe_seq;
 pub mod params;
 pub mod positions;
 pub mod router_bias;
