@@ -169,6 +169,12 @@ fn check_moe(r: &Resolved) -> Result<(), PlanError> {
             "the load-balancing loss is executed on softmax scores; with moe_router_score_function = \"sigmoid\" set it to 0 (DeepSeek-V3 balances by the expert bias)",
         ));
     }
+    if m.moe_router_force_load_balancing && m.moe_router_num_groups > 0 {
+        return Err(unsupported(
+            "model.moe_router_force_load_balancing",
+            "the executed balanced routing ignores router groups; set moe_router_num_groups = 0",
+        ));
+    }
     // Experts split over TP as the dense MLP (Megatron's --expert-tensor-parallel-size = tp).
     if p.etp() != p.tp {
         return Err(unsupported(
@@ -311,6 +317,7 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
                     RouterScore::Sigmoid => xp::ScoreFunction::Sigmoid,
                 },
                 renormalize: m.moe_router_renormalize,
+                force_balance: m.moe_router_force_load_balancing,
                 expert_bias: m.moe_router_bias,
                 bias_update_rate: m.moe_router_bias_update_rate as f32,
                 groups: m.moe_router_num_groups as usize,

@@ -32,6 +32,9 @@ pub struct Moe {
     pub sp: bool,
     /// DeepSeek-V3's router and a shared expert (see [`deepseek`]).
     pub deepseek: bool,
+    /// Megatron's forced load balancing (`model.moe_router_force_load_balancing`); with
+    /// `deepseek`, the router groups are off (the balanced routing has none).
+    pub force_balance: bool,
 }
 
 pub const BASE: Moe = Moe {
@@ -52,6 +55,7 @@ pub const BASE: Moe = Moe {
     tp: 1,
     sp: false,
     deepseek: false,
+    force_balance: false,
 };
 
 impl Moe {
@@ -104,6 +108,12 @@ pub fn moe_config(c: &Moe) -> Value {
     v["parallel"]["expert_tp"] = c.tp.into();
     if c.deepseek {
         deepseek(&mut v["model"]);
+    }
+    if c.force_balance {
+        let m = &mut v["model"];
+        m["moe_router_force_load_balancing"] = true.into();
+        m["moe_router_num_groups"] = 0.into();
+        m["moe_router_group_topk"] = 0.into();
     }
     v
 }
