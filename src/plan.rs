@@ -182,6 +182,12 @@ fn check_moe(r: &Resolved) -> Result<(), PlanError> {
             "the load-balancing loss is executed on softmax scores; with moe_router_score_function = \"sigmoid\" set it to 0 (DeepSeek-V3 balances by the expert bias)",
         ));
     }
+    if m.moe_router_force_load_balancing && m.moe_router_num_groups > 0 {
+        return Err(unsupported(
+            "model.moe_router_force_load_balancing",
+            "the executed balanced routing ignores router groups; set moe_router_num_groups = 0",
+        ));
+    }
     // Experts split over TP as the dense MLP (Megatron's --expert-tensor-parallel-size = tp).
     if p.etp() != p.tp {
         return Err(unsupported(
@@ -210,26 +216,6 @@ fn check_moe(r: &Resolved) -> Result<(), PlanError> {
                 ),
             ));
         }
-    }
-    // With CP a rank routes its sequence shard: the load-balancing loss (f_i P_i over the
-    // microbatch) and the capacity (per source microbatch) would need the whole sequence.
-    if p.cp > 1 && m.moe_aux_loss_coeff > 0.0 {
-        return Err(unsupported(
-            "model.moe_aux_loss_coeff",
-            format!(
-                "the load-balancing loss is not executed with context parallelism (cp = {}); set it to 0",
-                p.cp
-            ),
-        ));
-    }
-    if p.cp > 1 && m.moe_capacity_factor > 0.0 {
-        return Err(unsupported(
-            "model.moe_capacity_factor",
-            format!(
-                "expert capacity is not executed with context parallelism (cp = {}); set it to 0",
-                p.cp
-            ),
-        ));
     }
     if m.num_experts % p.ep != 0 || r.dp % p.ep != 0 {
         return Err(unsupported(
@@ -344,6 +330,7 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
                     RouterScore::Sigmoid => xp::ScoreFunction::Sigmoid,
                 },
                 renormalize: m.moe_router_renormalize,
+                force_balance: m.moe_router_force_load_balancing,
                 expert_bias: m.moe_router_bias,
                 bias_update_rate: m.moe_router_bias_update_rate as f32,
                 groups: m.moe_router_num_groups as usize,

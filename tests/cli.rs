@@ -686,6 +686,8 @@ fn moe_router_flags_set_their_fields_and_bad_values_are_refused() {
             "4",
             "--moe-router-group-topk",
             "2",
+            "--moe-router-force-load-balancing",
+            "true",
             "--json",
         ])
         .output()
@@ -702,6 +704,22 @@ fn moe_router_flags_set_their_fields_and_bad_values_are_refused() {
     assert_eq!(m["moe_router_bias_update_rate"], 0.005);
     assert_eq!(m["moe_router_num_groups"], 4);
     assert_eq!(m["moe_router_group_topk"], 2);
+    assert_eq!(m["moe_router_force_load_balancing"], true);
+    // Forced balancing leaves no load imbalance to predict.
+    rejects(
+        &[
+            "--model",
+            "mixtral-8x7b",
+            "--moe-router-force-load-balancing",
+            "true",
+            "--moe-load-imbalance",
+            "1.5",
+        ],
+        &[
+            "model.moe_load_imbalance",
+            "moe_router_force_load_balancing",
+        ],
+    );
     // 8 experts do not split into 3 groups; a group top-k without groups.
     rejects(
         &[

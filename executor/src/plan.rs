@@ -185,6 +185,10 @@ pub struct RouterShape {
     /// within its best `group_topk` groups (0 = no groups).
     pub groups: usize,
     pub group_topk: usize,
+    /// Megatron's `--moe-router-force-load-balancing` (benchmarking): token t of a microbatch
+    /// takes experts (t k + j) mod E, j < k, whatever its scores; every expert gets the same
+    /// tokens. The gates stay the scores of those experts.
+    pub force_balance: bool,
 }
 
 impl RouterShape {

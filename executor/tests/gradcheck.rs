@@ -145,6 +145,7 @@ fn tiny_deepseek(score: ScoreFunction, aux: f32, cf: f32) -> ModelShape {
         bias_update_rate: 0.01,
         groups: 2,
         group_topk: 1,
+        force_balance: false,
     };
     shape
 }

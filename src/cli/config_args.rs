@@ -329,6 +329,9 @@ pub struct TrainingArgs {
     /// DeepSeek-V3's selection-only expert bias (auxiliary-loss-free balancing): true or false. [default from config: the model's]
     #[arg(long, value_name = "BOOL")]
     pub moe_router_bias: Option<bool>,
+    /// Benchmarking: override the MoE router's choice by an exactly balanced one (Megatron's --moe-router-force-load-balancing): true or false. [default from config: false]
+    #[arg(long, value_name = "BOOL")]
+    pub moe_router_force_load_balancing: Option<bool>,
     /// Step of the expert bias's update per training step (Megatron's --moe-router-bias-update-rate). [default from config: 0.001]
     #[arg(long, value_parser = finite_f64)]
     pub moe_router_bias_update_rate: Option<f64>,
@@ -462,6 +465,12 @@ impl TrainingArgs {
             self.moe_router_renormalize,
         );
         put(m, "model", "moe_router_bias", self.moe_router_bias);
+        put(
+            m,
+            "model",
+            "moe_router_force_load_balancing",
+            self.moe_router_force_load_balancing,
+        );
         put(
             m,
             "model",
@@ -661,6 +670,10 @@ impl ConfigArgs {
                     t.moe_router_renormalize.is_some(),
                 ),
                 ("--moe-router-bias", t.moe_router_bias.is_some()),
+                (
+                    "--moe-router-force-load-balancing",
+                    t.moe_router_force_load_balancing.is_some(),
+                ),
                 (
                     "--moe-router-bias-update-rate",
                     t.moe_router_bias_update_rate.is_some(),

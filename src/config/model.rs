@@ -93,6 +93,13 @@ pub struct ModelConfig {
     /// Gates renormalised over the k chosen experts (DeepSeek-V3's `norm_topk_prob`).
     #[serde(default)]
     pub moe_router_renormalize: bool,
+    /// Megatron's `--moe-router-force-load-balancing`, a benchmarking setting ("for
+    /// benchmarking purposes only", Megatron says): the router's choice is overridden by an
+    /// exactly balanced one (token g of a microbatch takes experts (g k + j) mod E, j < k),
+    /// so every expert gets the same tokens and the engine's balanced router holds exactly;
+    /// the gates stay the router's scores of those experts, so the router still trains.
+    #[serde(default)]
+    pub moe_router_force_load_balancing: bool,
     /// Megatron's `--moe-router-num-groups`: group-limited routing, the experts in this many
     /// equal groups (DeepSeek-V3: 8, one per node); 0 = none.
     #[serde(default)]
@@ -156,6 +163,7 @@ impl Default for ModelConfig {
             moe_aux_loss_coeff: 0.0,
             moe_router_score_function: RouterScore::Softmax,
             moe_router_renormalize: false,
+            moe_router_force_load_balancing: false,
             moe_router_num_groups: 0,
             moe_router_group_topk: 0,
             moe_router_bias_update_rate: default_bias_update_rate(),

@@ -32,6 +32,9 @@ pub struct Moe {
     pub sp: bool,
     /// DeepSeek-V3's router and a shared expert (see [`deepseek`]).
     pub deepseek: bool,
+    /// Megatron's forced load balancing (`model.moe_router_force_load_balancing`); with
+    /// `deepseek`, the router groups are off (the balanced routing has none).
+    pub force_balance: bool,
 }
 
 pub const BASE: Moe = Moe {
@@ -52,6 +55,7 @@ pub const BASE: Moe = Moe {
     tp: 1,
     sp: false,
     deepseek: false,
+    force_balance: false,
 };
 
 impl Moe {
@@ -104,6 +108,12 @@ pub fn moe_config(c: &Moe) -> Value {
     v["parallel"]["expert_tp"] = c.tp.into();
     if c.deepseek {
         deepseek(&mut v["model"]);
+    }
+    if c.force_balance {
+        let m = &mut v["model"];
+        m["moe_router_force_load_balancing"] = true.into();
+        m["moe_router_num_groups"] = 0.into();
+        m["moe_router_group_topk"] = 0.into();
     }
     v
 }
@@ -345,6 +355,54 @@ fn moe_with_context_parallelism_matches_the_single_rank_run() {
 }
 
 #[test]
+fn the_load_balancing_loss_and_the_capacity_span_the_whole_sequence_under_cp() {
+    // CP 2 (zigzag ring and Ulysses) with the softmax router's load-balancing loss and a
+    // capacity of 1.0: the fractions f_i and the capacity are the whole microbatch's, so the
+    // loss (its aux part included), the parameters after 3 steps and the dropped assignments
+    // equal the single-rank run's. The untrained router is unbalanced, so the capacity drops
+    // (about a third of the assignments). Capacity 1.25: at 1.0 one pair of assignments competing
+    // for the last slot of an expert (step 1, microbatch 2, layer 3) differs in the last bits of
+    // the probability, and CP's attention rounding (any CP comm) swaps which one is kept.
+    let c = Moe {
+        capacity_factor: 1.25,
+        ..BASE
+    };
+    let drops = check(&[
+        Moe {
+            cp: 2,
+            ep: 2,
+            dp: 2,
+            zero: 1,
+            ..c
+        },
+        Moe {
+            cp: 2,
+            cp_comm: "a2a",
+            top_k: 1,
+            ..c
+        },
+    ]);
+    for (got, want) in drops {
+        assert!(want > 0, "the capacity drops nothing: no test of it");
+        assert_eq!(got, want, "dropped assignments");
+    }
+    // With TP 2 + SP inside each CP rank (every TP rank routes the gathered shard).
+    let tp = Moe {
+        cp: 2,
+        tp: 2,
+        sp: true,
+        ..c
+    };
+    let reference = run(&plan(moe_config(&tp.single())), 3);
+    assert!(reference.aux_loss[0] > 0.0);
+    compare(
+        &format!("{tp:?}"),
+        &run(&plan(moe_config(&tp)), 3),
+        &reference,
+    );
+}
+
+#[test]
 fn the_expert_bias_changes_the_routing_and_is_not_trained() {
     // The bias starts at zero: the first step's loss is the same with and without it. Its
     // update (0.01 a step) then changes which experts tokens choose, so the parameters after
@@ -483,16 +541,6 @@ fn unsupported_moe_mixes_are_refused_by_field() {
     v["model"]["moe_router_score_function"] = "sigmoid".into();
     let e = config_error(v);
     assert!(e.starts_with("model.moe_aux_loss_coeff"), "{e}");
-    // The load-balancing loss and the capacity with context parallelism.
-    let e = config_error(moe_config(&Moe { cp: 2, ..BASE }));
-    assert!(e.starts_with("model.moe_aux_loss_coeff"), "{e}");
-    let e = config_error(moe_config(&Moe {
-        cp: 2,
-        aux_coeff: 0.0,
-        capacity_factor: 1.0,
-        ..BASE
-    }));
-    assert!(e.starts_with("model.moe_capacity_factor"), "{e}");
     // Tensor parallelism with MoE layers needs expert-TP = tp.
     let mut v = moe_config(&Moe {
         tp: 2,

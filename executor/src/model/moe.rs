@@ -26,7 +26,10 @@
 //!
 //! - **TP + SP** (expert tensor parallelism = tp): the block runs on the microbatch gathered
 //!   over SP; every TP rank routes it identically and runs its slice of each expert, the
-//!   partial outputs reduce-scatter into the SP region. With CP each rank routes its shard.
+//!   partial outputs reduce-scatter into the SP region.
+//! - **CP**: the router's decisions are the whole microbatch's ([`super::moe_seq`]): the
+//!   load-balancing loss's fractions and the capacity over the whole sequence; each rank then
+//!   dispatches its own tokens.
 
 use super::params::BlockLayout;
 use super::{Ctx, Sink, WTask};
@@ -176,7 +179,14 @@ fn moe_fwd_full<B: Backend>(
     let mut probs = ctx.zeros(a, &[n, e])?;
     ctx.ops
         .linear_fwd(ln2, p.sub(l.tensors[ROUTER].range()), (n, h, e), &mut probs)?;
-    let (routing, aux, chosen) = route(ctx, l, &mut probs, &moe)?;
+    let (routing, aux, chosen) =
+        super::moe_seq::route_whole_sequence(ctx, &mut probs, moe.top_k, |c, t| {
+            route(c, t, &moe, super::dropout::block_layer(l))
+        })?;
+    if moe.router.expert_bias && !ctx.recomputing {
+        ctx.router_bias
+            .count(super::dropout::block_layer(l), e, &chosen);
+    }
     ctx.moe_aux_loss += aux;
     ctx.moe_dropped += routing.dropped as u64;
 
@@ -257,31 +267,23 @@ fn moe_fwd_full<B: Backend>(
 }
 
 /// The router's decisions on its logits `probs` [n, E] (scores in place): the plain router,
-/// or DeepSeek-V3's with the layer's expert bias (the step's loads counted for its update).
+/// or DeepSeek-V3's with the expert bias of `layer` (the caller counts the loads).
 fn route<B: Backend>(
     ctx: &mut Ctx<B>,
-    l: &BlockLayout,
     probs: &mut B::Tensor,
     moe: &MoeShape,
+    layer: u32,
 ) -> Result<(Routing, f64, Vec<usize>), ExecError> {
     if moe.router.is_plain() {
         let (r, aux) = ctx.ops.moe_route(probs, moe)?;
         return Ok((r, aux, Vec::new()));
     }
-    let layer = match l.kind {
-        super::params::BlockKind::Layer(i) => i,
-        _ => 0,
-    };
     let e = moe.num_experts;
     let bias = moe
         .router
         .expert_bias
         .then(|| ctx.router_bias.bias(layer, e).to_vec());
-    let r = ctx.ops.moe_route_scored(probs, bias.as_deref(), moe)?;
-    if moe.router.expert_bias && !ctx.recomputing {
-        ctx.router_bias.count(layer, e, &r.2);
-    }
-    Ok(r)
+    ctx.ops.moe_route_scored(probs, bias.as_deref(), moe)
 }
 
 /// Input gradient of the MoE block: d ln2 [n, h] from the gradient `dy` [n, h] of its output;

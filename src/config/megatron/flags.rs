@@ -61,6 +61,12 @@ const DIRECT: &[(&str, &str, &str, Kind)] = &[
         Kind::Float,
     ),
     (
+        "--moe-router-force-load-balancing",
+        "model",
+        "moe_router_force_load_balancing",
+        Kind::On,
+    ),
+    (
         "--moe-router-num-groups",
         "model",
         "moe_router_num_groups",

@@ -113,6 +113,9 @@ fn model_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
                 Some(format!("\"([0]*{}+[1]*{moe})\"", m.moe_first_k_dense)),
             );
         }
+        if m.moe_router_force_load_balancing {
+            flag("--moe-router-force-load-balancing", None);
+        }
         if m.moe_router_bias {
             flag("--moe-router-enable-expert-bias", None);
             flag(

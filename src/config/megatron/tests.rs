@@ -160,10 +160,13 @@ fn printed_arguments_import_to_the_same_configuration() {
     moe.training.global_batch_size = 4096;
     moe.training.seq_length = 4096;
     cases.push(moe);
-    cases.push(Config {
+    // Mixtral with the benchmarking router (--moe-router-force-load-balancing).
+    let mut mixtral = Config {
         model: presets::preset("mixtral-8x7b").unwrap(),
         ..Config::default()
-    });
+    };
+    mixtral.model.moe_router_force_load_balancing = true;
+    cases.push(mixtral);
     cases.push(Config {
         model: presets::preset("gpt3-175b").unwrap(),
         ..Config::default()

@@ -59,6 +59,18 @@ pub fn model(cfg: &Config) -> Vec<Violation> {
                 .hint("at that value the hottest expert already receives every token"),
             );
         }
+        if m.moe_router_force_load_balancing && m.moe_load_imbalance != 1.0 {
+            errs.push(
+                Violation::new(
+                    "model.moe_load_imbalance",
+                    format!(
+                        "must be 1 with moe_router_force_load_balancing (its routing is exactly balanced), got {}",
+                        m.moe_load_imbalance
+                    ),
+                )
+                .hint("leave moe_load_imbalance at 1, or turn the forced balancing off"),
+            );
+        }
     } else if p.ep > 1 {
         errs.push(
             Violation::new(
@@ -165,6 +177,22 @@ mod tests {
         assert!(model(&with(|c| {
             moe(c);
             c.model.moe_load_imbalance = 4.0;
+        }))
+        .is_empty());
+    }
+
+    #[test]
+    fn forced_balancing_leaves_no_load_imbalance() {
+        let v = model(&with(|c| {
+            moe(c);
+            c.model.moe_router_force_load_balancing = true;
+            c.model.moe_load_imbalance = 1.5;
+        }));
+        assert_eq!(fields(&v), ["model.moe_load_imbalance"]);
+        assert!(v[0].rule.contains("moe_router_force_load_balancing"));
+        assert!(model(&with(|c| {
+            moe(c);
+            c.model.moe_router_force_load_balancing = true;
         }))
         .is_empty());
     }

@@ -59,7 +59,11 @@ pub fn route(s: &[f32], n: usize, bias: Option<&[f32]>, moe: &MoeShape) -> (Rout
         for (j, kv) in key.iter_mut().enumerate() {
             *kv = row[j] + bias.map_or(0.0, |b| b[j]);
         }
-        let pick = choose(&key, moe);
+        let pick = if moe.router.force_balance {
+            (0..k).map(|j| (t * k + j) % e).collect()
+        } else {
+            choose(&key, moe)
+        };
         let sum: f32 = pick.iter().map(|&x| row[x]).sum();
         for &x in &pick {
             let gate = if moe.router.renormalize {
@@ -124,6 +128,28 @@ mod tests {
             router,
             ..MoeShape::default()
         }
+    }
+
+    #[test]
+    fn forced_balancing_gives_every_expert_the_same_tokens_with_the_scores_as_gates() {
+        // Megatron's --moe-router-force-load-balancing as executed here: token t takes experts
+        // (2t) mod 4 and (2t + 1) mod 4 whatever its scores; 4 tokens x top-2 over 4 experts:
+        // each expert 2 tokens. Gates are the (softmax) scores of those experts.
+        let r = RouterShape {
+            force_balance: true,
+            ..RouterShape::default()
+        };
+        let s: Vec<f32> = (0..16).map(|i| ((i * 7) % 5) as f32 / 10.0).collect();
+        let (rt, chosen) = route(&s, 4, None, &shape(4, 2, r));
+        assert_eq!(chosen, vec![0, 1, 2, 3, 0, 1, 2, 3]);
+        assert_eq!(rt.fraction, vec![0.25; 4]);
+        for x in &rt.routes {
+            assert_eq!(x.gate, s[x.token * 4 + x.expert]);
+        }
+        let per: Vec<usize> = (0..4)
+            .map(|e| rt.routes.iter().filter(|x| x.expert == e).count())
+            .collect();
+        assert_eq!(per, vec![2; 4]);
     }
 
     #[test]
