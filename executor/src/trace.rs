@@ -19,6 +19,9 @@ pub enum Stream {
     Collectives,
     /// Pipeline sends and receives (and the waits before receives).
     Pipeline,
+    /// Device work inside an action recorded on its own to show what it overlaps: each
+    /// attention block of the CP ring, computed while the next block's exchange is in flight.
+    Kernels,
 }
 
 /// What an event records.
@@ -34,6 +37,10 @@ pub enum EventKind {
         op: std::borrow::Cow<'static, str>,
         group: Vec<u32>,
         bytes: u64,
+    },
+    /// A piece of device work inside an action (see [`Stream::Kernels`]).
+    Kernel {
+        name: std::borrow::Cow<'static, str>,
     },
 }
 

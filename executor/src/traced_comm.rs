@@ -3,18 +3,23 @@
 //! sends and receives, CP all-gather and Ulysses all-to-all, the MoE all-to-all(-v), the
 //! data-parallel reductions) passes through it, so that `execute --trace` shows each with its
 //! group and bytes without a hook at any call site. Backend-neutral: it wraps `B::Comm`.
+//! A posted exchange ([`DeviceCollectives::p2p_start`]) records its sends when posted and
+//! each receive from its post to its wait, so the trace shows what was in flight meanwhile;
+//! [`TracedComm::kernel`] records the device work between them (the CP ring's blocks).
 
 use crate::backend::{Backend, DeviceCollectives, DeviceTensor, ProcessGroup, ReduceOp};
-use crate::backend::{View, ViewMut};
+use crate::backend::{Pending, RecvInto, SendFrom, View, ViewMut};
 use crate::error::ExecError;
-use crate::trace::Clock;
+use crate::trace::{Clock, Stream};
 use std::cell::RefCell;
 use std::ops::Range;
 
 /// One recorded collective: operation, group members (global ranks), bytes, start and end
-/// (seconds on the run's clock).
+/// (seconds on the run's clock); or, on [`Stream::Kernels`], a named piece of device work
+/// (group empty, no bytes).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CommRecord {
+    pub stream: Stream,
     pub op: &'static str,
     pub group: Vec<u32>,
     pub bytes: u64,
@@ -70,6 +75,7 @@ impl<'a, B: Backend> TracedComm<'a, B> {
         let start_s = clock.now_s();
         let r = f()?;
         self.log.borrow_mut().push(CommRecord {
+            stream: Stream::Collectives,
             op,
             group: group.to_vec(),
             bytes,
@@ -77,6 +83,27 @@ impl<'a, B: Backend> TracedComm<'a, B> {
             end_s: clock.now_s(),
         });
         Ok(r)
+    }
+}
+
+impl<B: Backend> TracedComm<'_, B> {
+    /// Runs the device work `f` (named `name`), recording its span on [`Stream::Kernels`]
+    /// when tracing.
+    pub fn kernel<T>(&self, name: &'static str, f: impl FnOnce() -> T) -> T {
+        let Some(clock) = self.clock else {
+            return f();
+        };
+        let start_s = clock.now_s();
+        let r = f();
+        self.log.borrow_mut().push(CommRecord {
+            stream: Stream::Kernels,
+            op: name,
+            group: Vec::new(),
+            bytes: 0,
+            start_s,
+            end_s: clock.now_s(),
+        });
+        r
     }
 }
 
@@ -197,6 +224,57 @@ impl<B: Backend> DeviceCollectives<B> for TracedComm<'_, B> {
         self.timed("p2p_recv", &[from, self.me], bytes, || {
             self.inner.recv(from, tag, out)
         })
+    }
+
+    /// Each send is recorded as a `p2p_send` span over the posting of the whole exchange
+    /// (one grouped call); the receives are recorded at [`DeviceCollectives::wait`].
+    fn p2p_start(
+        &self,
+        sends: &[SendFrom<'_, B::Tensor>],
+        recvs: Vec<RecvInto<B::Tensor>>,
+    ) -> Result<Pending<B>, ExecError> {
+        let posted_s = self.clock.map(|c| c.now_s());
+        let mut p = self.inner.p2p_start(sends, recvs)?;
+        p.posted_s = posted_s;
+        if let (Some(clock), Some(start_s)) = (self.clock, posted_s) {
+            let end_s = clock.now_s();
+            for s in sends {
+                self.log.borrow_mut().push(CommRecord {
+                    stream: Stream::Collectives,
+                    op: "p2p_send",
+                    group: vec![self.me, s.to],
+                    bytes: view_bytes(s.data.tensor, &s.data.range),
+                    start_s,
+                    end_s,
+                });
+            }
+        }
+        Ok(p)
+    }
+
+    /// Each receive is recorded as a `p2p_recv` span from the exchange's post to now.
+    fn wait(&self, p: Pending<B>) -> Result<Vec<B::Tensor>, ExecError> {
+        let posted_s = p.posted_s;
+        let recs: Vec<(u32, u64)> = p
+            .recvs
+            .iter()
+            .map(|r| (r.from, r.buf.size_bytes()))
+            .collect();
+        let got = self.inner.wait(p)?;
+        if let (Some(clock), Some(start_s)) = (self.clock, posted_s) {
+            let end_s = clock.now_s();
+            for (from, bytes) in recs {
+                self.log.borrow_mut().push(CommRecord {
+                    stream: Stream::Collectives,
+                    op: "p2p_recv",
+                    group: vec![from, self.me],
+                    bytes,
+                    start_s,
+                    end_s,
+                });
+            }
+        }
+        Ok(got)
     }
 
     /// Bytes: the gathered range.

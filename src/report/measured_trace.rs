@@ -16,6 +16,7 @@ pub fn stream_tid(s: Stream) -> u32 {
         Stream::Compute => 0,
         Stream::Collectives => 1,
         Stream::Pipeline => 2,
+        Stream::Kernels => 3,
     }
 }
 
@@ -49,6 +50,7 @@ pub fn event_kind(e: &TraceEvent) -> &str {
         },
         EventKind::Wait { .. } => "wait",
         EventKind::Collective { op, .. } => op,
+        EventKind::Kernel { name } => name,
     }
 }
 
@@ -70,6 +72,7 @@ pub fn event_name(e: &TraceEvent, program: &Program) -> String {
         },
         EventKind::Wait { .. } => "wait".into(),
         EventKind::Collective { op, group, .. } => format!("{op} {group:?}"),
+        EventKind::Kernel { name } => name.to_string(),
     }
 }
 
@@ -125,6 +128,7 @@ pub fn measured_chrome_trace(
             (Stream::Compute, "compute"),
             (Stream::Collectives, "collectives"),
             (Stream::Pipeline, "pipeline sends"),
+            (Stream::Kernels, "kernels (CP ring blocks)"),
         ] {
             let tid = stream_tid(s);
             events.push(meta(pid, Some(tid), "thread_name", json!({ "name": n })));
@@ -152,6 +156,7 @@ pub fn measured_chrome_trace(
                     args["group"] = json!(group);
                     args["bytes"] = json!(bytes);
                 }
+                EventKind::Kernel { .. } => {}
             }
             events.push(json!({
                 "name": event_name(e, program),

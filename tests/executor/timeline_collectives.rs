@@ -73,7 +73,8 @@ fn count(c: &Census, k: &'static str, op: &str, group: &[u32], bytes: u64) -> us
 }
 
 /// One compute action at a time, and the actions plus receive waits make the step (within
-/// 2%): the collectives nest inside actions and add no time of their own.
+/// 2%): the collectives (and the CP ring's attention blocks) nest inside actions and add no
+/// time of their own.
 fn check_timeline(t: &RankTrace, rank: usize) {
     let mut compute: Vec<(f64, f64)> = t
         .events
@@ -92,7 +93,7 @@ fn check_timeline(t: &RankTrace, rank: usize) {
     let sum_s: f64 = t
         .events
         .iter()
-        .filter(|e| e.stream != Stream::Collectives)
+        .filter(|e| matches!(e.stream, Stream::Compute | Stream::Pipeline))
         .map(|e| e.duration_s())
         .sum();
     let step_s = s1 - s0;
@@ -189,6 +190,72 @@ fn timeline_records_cp_ring_messages() {
         // The optimizer's gradient all-reduce over DP x CP (where CP ranks hold replicas).
         assert_eq!(c.iter().filter(|(k, _)| k.0 == "O").count(), 1, "{c:?}");
         assert_eq!(c.values().sum::<usize>(), 6 * mbs * layers * 2 + 1, "{c:?}");
+    }
+}
+
+/// The CP ring overlaps each exchange with attention (TransformerEngine's
+/// `AttnFuncWithCPAndKVP2P` order): a step posts the next block's K/V exchange before it
+/// computes, and the dK/dV accumulator's exchange before the next block's computation. So in
+/// the recorded spans every ring receive starts before the attention block computed last
+/// before it ends, except the one exchange per layer and microbatch with nothing left to
+/// compute under it (the rank's own dK/dV coming home after the last step). The messages are
+/// those of the unoverlapped ring: per layer and microbatch cp - 1 steps of K and V forward,
+/// and of K, V, dK, dV backward, each block n/cp x kv_heads x d fp32.
+#[test]
+fn timeline_cp_ring_posts_each_exchange_before_the_attention_it_overlaps() {
+    let (layers, mbs) = (8usize, 2usize);
+    for (cp, comm) in [(2u32, "p2p"), (4, "p2p"), (4, "zigzag")] {
+        let mix = Mix {
+            cp,
+            cp_comm: comm,
+            ..Mix::single()
+        };
+        let p = plan(config(&mix, 2, true, "rmsnorm", "swiglu"));
+        let traces = traced(&p);
+        let block_bytes = 32 / cp as u64 * 4 * (64 / 8) * 4;
+        let steps = cp as usize - 1;
+        for (rp, t) in p.ranks.iter().zip(&traces) {
+            check_timeline(t, rp.rank as usize);
+            let c = census(t);
+            let me = rp.rank;
+            let i = rp.cp_group.iter().position(|&r| r == me).unwrap();
+            let next = rp.cp_group[(i + 1) % cp as usize];
+            let prev = rp.cp_group[(i + cp as usize - 1) % cp as usize];
+            for (k, per_step) in [("F", 2), ("B", 4)] {
+                let want = mbs * layers * steps * per_step;
+                let sends = count(&c, k, "p2p_send", &[me, next], block_bytes);
+                let recvs = count(&c, k, "p2p_recv", &[prev, me], block_bytes);
+                assert_eq!((sends, recvs), (want, want), "cp {cp} {comm} {k}: {c:?}");
+            }
+            let blocks: Vec<(f64, f64)> = t
+                .events
+                .iter()
+                .filter(|e| e.stream == Stream::Kernels)
+                .map(|e| (e.start_s, e.end_s))
+                .collect();
+            // Forward blocks cp a layer and microbatch, backward cp (no recomputation).
+            assert_eq!(
+                blocks.len(),
+                2 * mbs * layers * cp as usize,
+                "cp {cp} {comm}"
+            );
+            let mut late = 0;
+            for r in t.events.iter().filter(|e| match &e.kind {
+                EventKind::Collective { op, .. } => op == "p2p_recv",
+                _ => false,
+            }) {
+                let before = blocks
+                    .iter()
+                    .filter(|b| b.1 <= r.end_s + 1e-9)
+                    .max_by(|a, b| a.1.total_cmp(&b.1))
+                    .expect("a block before each receive");
+                if before.0 < r.start_s - 1e-9 {
+                    late += 1;
+                }
+            }
+            // The home dK and dV messages of each layer and microbatch.
+            assert_eq!(late, 2 * mbs * layers, "cp {cp} {comm} rank {me}");
+        }
     }
 }
 

@@ -268,6 +268,20 @@ pub trait DeviceCollectives<B: Backend> {
     ) -> Result<(), ExecError>;
     fn send(&self, to: u32, tag: u64, data: View<'_, B::Tensor>) -> Result<(), ExecError>;
     fn recv(&self, from: u32, tag: u64, out: ViewMut<'_, B::Tensor>) -> Result<(), ExecError>;
+    /// Posts point-to-point `sends` and `recvs` as one exchange without waiting for the
+    /// receives (TransformerEngine's ring attention posts step i+1's exchange before it
+    /// computes step i): the data of `sends` is taken at the call; the receive buffers move
+    /// into the returned [`Pending`] and come back, holding their messages, from
+    /// [`DeviceCollectives::wait`].
+    fn p2p_start(
+        &self,
+        sends: &[SendFrom<'_, B::Tensor>],
+        recvs: Vec<RecvInto<B::Tensor>>,
+    ) -> Result<Pending<B>, ExecError>;
+    /// Completes a [`DeviceCollectives::p2p_start`]: the receive buffers in posting order;
+    /// the device's next work sees their messages (CPU: the receives happen here; CUDA: the
+    /// compute stream waits for the exchange's event).
+    fn wait(&self, p: Pending<B>) -> Result<Vec<B::Tensor>, ExecError>;
     /// See [`Collectives::gather_range`].
     fn gather_range(
         &self,
@@ -286,6 +300,34 @@ pub trait DeviceCollectives<B: Backend> {
         mine: Range<usize>,
         out: ViewMut<'_, B::Tensor>,
     ) -> Result<(), ExecError>;
+}
+
+/// One send of a [`DeviceCollectives::p2p_start`]: `data` to global rank `to` as message `tag`.
+pub struct SendFrom<'a, T> {
+    pub to: u32,
+    pub tag: u64,
+    pub data: View<'a, T>,
+}
+
+/// One receive of a [`DeviceCollectives::p2p_start`]: message `tag` from global rank `from`
+/// into the whole of `buf`.
+pub struct RecvInto<T> {
+    pub from: u32,
+    pub tag: u64,
+    pub buf: T,
+}
+
+/// A posted point-to-point exchange: it owns its receive buffers until
+/// [`DeviceCollectives::wait`] hands them back, so nothing reads them before their data
+/// lands (on CUDA a dropped one frees them only after the exchange's event).
+pub struct Pending<B: Backend> {
+    pub recvs: Vec<RecvInto<B::Tensor>>,
+    /// The backend's mark of the exchange's end (CUDA: an event on the collective stream
+    /// after the grouped NCCL send/recv); `None` where the receives happen at the wait.
+    pub done: Option<std::sync::Arc<B::Event>>,
+    /// When the exchange was posted, on the trace clock (set by the recording layer, so
+    /// that a receive's span runs from its post to its wait).
+    pub posted_s: Option<f64>,
 }
 
 /// Shapes of one causal grouped-query attention call on one rank: `b` sequences of `s`

@@ -330,14 +330,18 @@ impl<'a, B: Backend> Rank<'a, B> {
             end_s,
         });
         for c in self.ctx.comm.take() {
-            t.events.push(TraceEvent {
-                step,
-                stream: Stream::Collectives,
-                kind: EventKind::Collective {
+            let kind = match c.stream {
+                Stream::Kernels => EventKind::Kernel { name: c.op.into() },
+                _ => EventKind::Collective {
                     op: c.op.into(),
                     group: c.group,
                     bytes: c.bytes,
                 },
+            };
+            t.events.push(TraceEvent {
+                step,
+                stream: c.stream,
+                kind,
                 start_s: c.start_s,
                 end_s: c.end_s,
             });

@@ -11,8 +11,8 @@ use super::ops::{
 use super::{CpuComm, CpuOps, Group, Tensor};
 use crate::backend::{
     AttnSaved, AttnShape, Backend, BlockShape, Collectives, DType, Device, DeviceCollectives,
-    DeviceTensor, Keep, ProcessGroup, ReduceOp, Route, Routing, Side, TensorOps, UlyssesGeo,
-    UlyssesLayout, UlyssesPart, View, ViewMut,
+    DeviceTensor, Keep, Pending, ProcessGroup, RecvInto, ReduceOp, Route, Routing, SendFrom, Side,
+    TensorOps, UlyssesGeo, UlyssesLayout, UlyssesPart, View, ViewMut,
 };
 use crate::error::ExecError;
 use crate::memory::{Category, MemoryTracker};
@@ -911,6 +911,34 @@ impl DeviceCollectives<Cpu> for CpuComm {
         Collectives::recv(self, from, tag, dst(&mut out))?;
         store_view(&mut out);
         Ok(())
+    }
+
+    /// The sends are posted to the peers' mailboxes now (a copy, as NCCL's send buffers);
+    /// each receive blocks at [`DeviceCollectives::wait`] until its message is there.
+    fn p2p_start(
+        &self,
+        sends: &[SendFrom<'_, Tensor>],
+        recvs: Vec<RecvInto<Tensor>>,
+    ) -> Result<Pending<Cpu>, ExecError> {
+        for s in sends {
+            Collectives::send(self, s.to, s.tag, src(&s.data))?;
+        }
+        Ok(Pending {
+            recvs,
+            done: None,
+            posted_s: None,
+        })
+    }
+
+    fn wait(&self, p: Pending<Cpu>) -> Result<Vec<Tensor>, ExecError> {
+        let mut out = Vec::with_capacity(p.recvs.len());
+        for mut r in p.recvs {
+            let mut v = ViewMut::all(&mut r.buf);
+            Collectives::recv(self, r.from, r.tag, dst(&mut v))?;
+            store_view(&mut v);
+            out.push(r.buf);
+        }
+        Ok(out)
     }
 
     fn gather_range(

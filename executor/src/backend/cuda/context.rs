@@ -62,12 +62,14 @@ impl RawDevice for DriverMemory {
 }
 
 /// The streams of a rank: the engine's overlap model needs compute, collectives (the DP
-/// gradient reduce-scatter during backward, the CP ring exchange during attention) and the
+/// gradient reductions during backward), the CP ring exchange during attention and the
 /// pipeline's sends and receives to progress independently.
 pub struct Streams {
     pub compute: Arc<CudaStream>,
     pub comm: Arc<CudaStream>,
     pub pipe: Arc<CudaStream>,
+    /// The CP ring's posted K/V and dK/dV exchanges (see [`super::overlap`]).
+    pub ring: Arc<CudaStream>,
 }
 
 /// One rank's device.
@@ -82,7 +84,7 @@ pub struct RankGpu {
 }
 
 impl RankGpu {
-    /// Opens GPU `ordinal` (context, three streams, pool, cuBLASLt handle and workspace).
+    /// Opens GPU `ordinal` (context, four streams, pool, cuBLASLt handle and workspace).
     pub fn open(ordinal: u32) -> Result<RankGpu, CudaError> {
         require(Library::Driver)?;
         require(Library::CublasLt)?;
@@ -92,6 +94,7 @@ impl RankGpu {
             compute: stream(&ctx)?,
             comm: stream(&ctx)?,
             pipe: stream(&ctx)?,
+            ring: stream(&ctx)?,
         };
         let mut pool = Pool::new(DriverMemory { ctx: ctx.clone() });
         let ws = pool.alloc(WORKSPACE_BYTES).map_err(|e| match e {

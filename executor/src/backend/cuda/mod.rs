@@ -26,6 +26,7 @@ pub mod mla_dropout;
 pub mod nccl;
 pub mod nvrtc;
 pub mod ops;
+pub mod overlap;
 pub mod pool;
 pub mod ptxas;
 pub mod rank;

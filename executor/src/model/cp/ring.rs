@@ -1,14 +1,19 @@
-//! Ring attention (Liu et al. 2023): K/V blocks travel cp - 1 hops around the CP ring; each
-//! step merges the visiting block into the running output by the online softmax while the next
-//! block is in flight (its receive buffer is allocated before the step computes, as a
-//! double-buffered implementation holds it). Backward sends K/V around again, with a dK/dV
-//! accumulator that follows each block from its first visitor back to its home rank (cp - 1
-//! hops each). Under a causal mask a block wholly in a rank's future is skipped; the contiguous
-//! layout leaves rank r with r + 1/2 blocks of work, the zigzag layout every rank with cp.
+//! Ring attention (Liu et al. 2023): K/V blocks travel cp - 1 hops around the CP ring. As
+//! TransformerEngine's `AttnFuncWithCPAndKVP2P` does, each step first posts the exchange of
+//! the block it holds (send to the next rank, receive the next block from the previous) and
+//! only then computes on it, so the exchange is in flight during the block's attention; the
+//! received block is waited for when it is first read (double-buffered: the visiting block
+//! and the next). Backward sends K/V around again, with a dK/dV accumulator that follows each
+//! block from its first visitor back to its home rank (cp - 1 hops each): as
+//! TransformerEngine, each step computes the visiting block's dK/dV into fresh buffers while
+//! the accumulator from its earlier visitors is in flight, then adds the two and posts the sum
+//! on (with the receive of the next accumulator in the same exchange). Under a causal mask
+//! a block wholly in a rank's future is skipped; the contiguous layout leaves rank r with
+//! r + 1/2 blocks of work, the zigzag layout every rank with cp.
 
 use super::{layer_shape, saved_lse, tag, timed, CoreSaved, Grads, Pass, Stats};
 use crate::backend::Side;
-use crate::backend::{AttnSaved, Keep};
+use crate::backend::{AttnSaved, Keep, Pending, RecvInto, SendFrom};
 use crate::backend::{Backend, DeviceTensor};
 use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
 use crate::error::ExecError;
@@ -21,50 +26,87 @@ const VALUES: u64 = 1;
 const GRADS_K: u64 = 2;
 const GRADS_V: u64 = 3;
 
-/// Sends a K/V block to the next rank; returns the seconds it took.
-fn send_kv<B: Backend>(
+/// A pair of tensors travelling together: K and V, or dK and dV.
+type Pair<B> = (<B as Backend>::Tensor, <B as Backend>::Tensor);
+/// Views of a [`Pair`] to send.
+type PairView<'a, T> = (View<'a, T>, View<'a, T>);
+
+/// Posts one ring exchange: `send` (K then V, or dK then dV) to `to` under the message tags
+/// `tags`, and, when `into` is given, the receive of the pair from `from` into its two
+/// buffers. Returns the posted exchange and the seconds posting took.
+fn post<B: Backend>(
     ctx: &Ctx<B>,
-    to: u32,
+    (to, from): (u32, u32),
     tags: (u64, u64),
-    k: View<'_, B::Tensor>,
-    v: View<'_, B::Tensor>,
-) -> Result<f64, ExecError> {
-    let (r, dt) = timed(|| -> Result<(), ExecError> {
-        ctx.comm.send(to, tags.0, k)?;
-        ctx.comm.send(to, tags.1, v)
-    });
-    r.map(|()| dt)
+    send: Option<PairView<'_, B::Tensor>>,
+    into: Option<Pair<B>>,
+) -> Result<(Pending<B>, f64), ExecError> {
+    let sends: Vec<SendFrom<'_, B::Tensor>> = send
+        .into_iter()
+        .flat_map(|(a, b)| {
+            [
+                SendFrom {
+                    to,
+                    tag: tags.0,
+                    data: a,
+                },
+                SendFrom {
+                    to,
+                    tag: tags.1,
+                    data: b,
+                },
+            ]
+        })
+        .collect();
+    let recvs = into
+        .into_iter()
+        .flat_map(|(a, b)| {
+            [
+                RecvInto {
+                    from,
+                    tag: tags.0,
+                    buf: a,
+                },
+                RecvInto {
+                    from,
+                    tag: tags.1,
+                    buf: b,
+                },
+            ]
+        })
+        .collect();
+    let (r, dt) = timed(|| ctx.comm.p2p_start(&sends, recvs));
+    Ok((r?, dt))
 }
 
-/// Receives a K/V block (K then V, `kv_len` elements: MLA's values are narrower than its keys)
-/// into `buf`; returns the seconds it took.
-fn recv_kv<B: Backend>(
-    ctx: &Ctx<B>,
-    from: u32,
-    tags: (u64, u64),
-    buf: &mut B::Tensor,
-    kv_len: (usize, usize),
-) -> Result<f64, ExecError> {
-    let (kl, vl) = kv_len;
-    let (r, dt) = timed(|| -> Result<(), ExecError> {
-        ctx.comm.recv(from, tags.0, ViewMut::all(buf).sub(0..kl))?;
-        ctx.comm
-            .recv(from, tags.1, ViewMut::all(buf).sub(kl..kl + vl))
-    });
-    r.map(|()| dt)
+/// Waits for a posted exchange; returns its received pair (if it had one) and the seconds
+/// the wait took.
+fn wait<B: Backend>(ctx: &Ctx<B>, p: Pending<B>) -> Result<(Option<Pair<B>>, f64), ExecError> {
+    let (r, dt) = timed(|| ctx.comm.wait(p));
+    let mut got = r?.into_iter();
+    let pair = match (got.next(), got.next()) {
+        (Some(a), Some(b)) => Some((a, b)),
+        _ => None,
+    };
+    Ok((pair, dt))
+}
+
+/// Zeroed receive buffers for a K/V (or dK/dV) pair of `kv_len` elements.
+#[track_caller]
+fn buffers<B: Backend>(ctx: &Ctx<B>, kv_len: (usize, usize)) -> Result<Pair<B>, ExecError> {
+    let b = Category::Buffers;
+    Ok((ctx.zeros(b, &[kv_len.0])?, ctx.zeros(b, &[kv_len.1])?))
 }
 
 /// The visiting block's K and V: this rank's own at the first step, else the received block.
 fn block<'t, B: Backend>(
-    cur: &'t Option<B::Tensor>,
+    cur: &'t Option<Pair<B>>,
     k: &'t B::Tensor,
     v: &'t B::Tensor,
-    kv_len: (usize, usize),
 ) -> (View<'t, B::Tensor>, View<'t, B::Tensor>) {
-    let (kl, vl) = kv_len;
     match cur {
         None => (View::all(k), View::all(v)),
-        Some(c) => (View::all(c).sub(0..kl), View::all(c).sub(kl..kl + vl)),
+        Some((ck, cv)) => (View::all(ck), View::all(cv)),
     }
 }
 
@@ -82,26 +124,28 @@ fn pass<B: Backend>(
     let count = matches!(which, Pass::Forward);
     let cp = ctx.cp.as_mut().expect("cp context");
     let (me, size) = (cp.rank, cp.size);
-    let (next, prev) = (cp.next(), cp.prev());
+    let ring = (cp.next(), cp.prev());
     let s_loc = cp.positions[me].len();
     let kv_len = (k.len(), v.len());
     let mut acc = ctx.zeros(Category::Activations, &[q.rows(), sh.hq * sh.dv])?;
     let mut st = Stats::<B>::new(&ctx.ops, sh.b * sh.hq * s_loc)?;
     let mut tile = ctx.zeros(Category::Buffers, &[s_loc, s_loc])?;
-    let mut cur: Option<B::Tensor> = None;
+    let mut cur: Option<Pair<B>> = None;
     for t in 0..size {
         let src = (me + size - t) % size;
-        let mut comm_s = 0.0;
-        let mut nxt = None;
         let tags = (
             tag(layer, mb, which, t, KEYS),
             tag(layer, mb, which, t, VALUES),
         );
-        let (kb, vb) = block::<B>(&cur, k, v, kv_len);
-        if t + 1 < size {
-            comm_s += send_kv(ctx, next, tags, kb.clone(), vb.clone())?;
-            nxt = Some(ctx.zeros(Category::Buffers, &[kv_len.0 + kv_len.1])?);
-        }
+        let (kb, vb) = block::<B>(&cur, k, v);
+        // Step t + 1's exchange goes out before step t computes.
+        let (pending, mut comm_s) = if t + 1 < size {
+            let into = buffers(ctx, kv_len)?;
+            let (p, dt) = post(ctx, ring, tags, Some((kb.clone(), vb.clone())), Some(into))?;
+            (Some(p), dt)
+        } else {
+            (None, 0.0)
+        };
         let cp = ctx.cp.as_ref().expect("cp context");
         let qs = Side {
             pos: &cp.positions[me],
@@ -112,23 +156,26 @@ fn pass<B: Backend>(
             tile: s_loc,
         };
         let (work, compute_s) = timed(|| {
-            ctx.ops.flash_fwd_block(
-                &sh,
-                q,
-                qs,
-                kb,
-                vb,
-                ks,
-                &mut acc,
-                &mut st.max,
-                &mut st.sum,
-                &mut tile,
-            )
+            ctx.comm.kernel("attn_fwd_block", || {
+                ctx.ops.flash_fwd_block(
+                    &sh,
+                    q,
+                    qs,
+                    kb,
+                    vb,
+                    ks,
+                    &mut acc,
+                    &mut st.max,
+                    &mut st.sum,
+                    &mut tile,
+                )
+            })
         });
         let work = work?;
-        if let Some(mut n) = nxt {
-            comm_s += recv_kv(ctx, prev, tags, &mut n, kv_len)?;
-            cur = Some(n);
+        if let Some(p) = pending {
+            let (got, dt) = wait(ctx, p)?;
+            comm_s += dt;
+            cur = got;
         }
         let cp = ctx.cp.as_mut().expect("cp context");
         if count {
@@ -178,41 +225,48 @@ pub fn backward<B: Backend>(
     let mb = ctx.mb;
     let cp = ctx.cp.as_ref().expect("cp context");
     let (me, size) = (cp.rank, cp.size);
-    let (next, prev) = (cp.next(), cp.prev());
+    let ring = (cp.next(), cp.prev());
     let s_loc = cp.positions[me].len();
     let kv_len = (k.len(), v.len());
-    let (kl, vl) = kv_len;
     let b = Category::Buffers;
     let mut dq = ctx.zeros(b, &[q.rows(), q.cols()])?;
     let mut dk = ctx.zeros(b, &[k.rows(), k.cols()])?;
     let mut dv = ctx.zeros(b, &[v.rows(), v.cols()])?;
     let mut p_tile = ctx.zeros(b, &[s_loc, s_loc])?;
     let mut dp_tile = ctx.zeros(b, &[s_loc, s_loc])?;
-    let mut cur: Option<B::Tensor> = None;
-    let mut acc: Option<(B::Tensor, B::Tensor)> = None;
+    let mut cur: Option<Pair<B>> = None;
+    // The dK/dV accumulator of the block visiting next (after the last step: of this rank's
+    // own block), in flight from the previous rank.
+    let mut acc_in: Option<Pending<B>> = None;
     let which = Pass::Backward;
+    let grad_tags = |t| {
+        (
+            tag(layer, mb, which, t, GRADS_K),
+            tag(layer, mb, which, t, GRADS_V),
+        )
+    };
     for t in 0..size {
         let src = (me + size - t) % size;
-        let mut comm_s = 0.0;
-        // Post the next step's buffers (K/V, and the dK/dV accumulator from step 2 on).
-        let nxt = if t + 1 < size {
-            Some(ctx.zeros(b, &[kl + vl])?)
-        } else {
-            None
-        };
-        let nxt_acc = if t + 1 < size && t >= 1 {
-            Some((ctx.zeros(b, &[kl])?, ctx.zeros(b, &[vl])?))
-        } else {
-            None
-        };
         let tags = (
             tag(layer, mb, which, t, KEYS),
             tag(layer, mb, which, t, VALUES),
         );
-        if t + 1 < size {
-            let (kb, vb) = block::<B>(&cur, &k, &v, kv_len);
-            comm_s += send_kv(ctx, next, tags, kb, vb)?;
-        }
+        // Step t + 1's K/V exchange goes out before step t computes.
+        let (kv_in, mut comm_s) = if t + 1 < size {
+            let (kb, vb) = block::<B>(&cur, &k, &v);
+            let into = buffers(ctx, kv_len)?;
+            let (p, dt) = post(ctx, ring, tags, Some((kb, vb)), Some(into))?;
+            (Some(p), dt)
+        } else {
+            (None, 0.0)
+        };
+        // This step's dK/dV of the visiting block: into this rank's own at step 0, else
+        // into fresh buffers, added to the accumulator in flight once computed.
+        let mut fresh = if t > 0 {
+            Some(buffers(ctx, kv_len)?)
+        } else {
+            None
+        };
         let cp = ctx.cp.as_ref().expect("cp context");
         let qs = Side {
             pos: &cp.positions[me],
@@ -222,36 +276,13 @@ pub fn backward<B: Backend>(
             pos: &cp.positions[src],
             tile: s_loc,
         };
-        let compute_s = if t == 0 {
-            let (r, dt) = timed(|| {
-                ctx.ops.flash_bwd_block(
-                    &sh,
-                    &q,
-                    qs,
-                    View::all(&k),
-                    View::all(&v),
-                    ks,
-                    &dout,
-                    &lse,
-                    &delta,
-                    &mut dq,
-                    ViewMut::all(&mut dk),
-                    ViewMut::all(&mut dv),
-                    &mut p_tile,
-                    &mut dp_tile,
-                )
-            });
-            r?;
-            dt
-        } else {
-            let c = cur.as_ref().expect("visiting block");
-            let (kb, vb) = (View::all(c).sub(0..kl), View::all(c).sub(kl..kl + vl));
-            // The first visitor starts the block's accumulators (dK, dV).
-            let (mut ak, mut av) = match acc.take() {
-                Some(a) => a,
-                None => (ctx.zeros(b, &[kl])?, ctx.zeros(b, &[vl])?),
-            };
-            let (r, dt) = timed(|| {
+        let (kb, vb) = block::<B>(&cur, &k, &v);
+        let (gk, gv) = match fresh.as_mut() {
+            None => (ViewMut::all(&mut dk), ViewMut::all(&mut dv)),
+            Some((fk, fv)) => (ViewMut::all(fk), ViewMut::all(fv)),
+        };
+        let (r, compute_s) = timed(|| {
+            ctx.comm.kernel("attn_bwd_block", || {
                 ctx.ops.flash_bwd_block(
                     &sh,
                     &q,
@@ -263,68 +294,54 @@ pub fn backward<B: Backend>(
                     &lse,
                     &delta,
                     &mut dq,
-                    ViewMut::all(&mut ak),
-                    ViewMut::all(&mut av),
+                    gk,
+                    gv,
                     &mut p_tile,
                     &mut dp_tile,
                 )
-            });
-            r?;
-            // On to the next rank (the block's home after the last step).
-            let (r, ct) = timed(|| -> Result<(), ExecError> {
-                ctx.comm
-                    .send(next, tag(layer, mb, which, t, GRADS_K), View::all(&ak))?;
-                ctx.comm
-                    .send(next, tag(layer, mb, which, t, GRADS_V), View::all(&av))
-            });
-            r?;
-            comm_s += ct;
-            dt
-        };
-        if let Some(mut n) = nxt {
-            comm_s += recv_kv(ctx, prev, tags, &mut n, kv_len)?;
-            cur = Some(n);
-        }
-        if let Some((mut ak, mut av)) = nxt_acc {
-            let (r, dt) = timed(|| -> Result<(), ExecError> {
-                ctx.comm.recv(
-                    prev,
-                    tag(layer, mb, which, t, GRADS_K),
-                    ViewMut::all(&mut ak),
-                )?;
-                ctx.comm.recv(
-                    prev,
-                    tag(layer, mb, which, t, GRADS_V),
-                    ViewMut::all(&mut av),
-                )
-            });
-            r?;
+            })
+        });
+        r?;
+        // The visiting block is done with (its onward send holds what it needs).
+        cur = None;
+        if let Some(f) = fresh {
+            // The accumulator from the block's earlier visitors (first read here), plus ours.
+            let acc = match acc_in.take() {
+                None => f,
+                Some(p) => {
+                    let (got, dt) = wait(ctx, p)?;
+                    comm_s += dt;
+                    let (mut ak, mut av) = got.expect("the visiting block's accumulators");
+                    ctx.ops.axpy(1.0, View::all(&f.0), ViewMut::all(&mut ak))?;
+                    ctx.ops.axpy(1.0, View::all(&f.1), ViewMut::all(&mut av))?;
+                    drop(f);
+                    (ak, av)
+                }
+            };
+            // On to the next rank, in one exchange with the receive of the next visitor's
+            // accumulator (after the last step: this rank's own block coming home).
+            let into = buffers(ctx, kv_len)?;
+            let send = Some((View::all(&acc.0), View::all(&acc.1)));
+            let (p, dt) = post(ctx, ring, grad_tags(t), send, Some(into))?;
             comm_s += dt;
-            acc = Some((ak, av));
+            acc_in = Some(p);
+        }
+        if let Some(p) = kv_in {
+            let (got, dt) = wait(ctx, p)?;
+            comm_s += dt;
+            cur = got;
         }
         ctx.cp
             .as_mut()
             .expect("cp context")
             .record(true, t, compute_s, comm_s);
     }
-    drop((cur, acc, p_tile, dp_tile, delta, lse, q, k, v, dout));
-    if size > 1 {
-        // This rank's own block comes home with every other rank's contribution.
-        let (mut hk, mut hv) = (ctx.zeros(b, &[kl])?, ctx.zeros(b, &[vl])?);
-        let last = size - 1;
-        let (r, dt) = timed(|| -> Result<(), ExecError> {
-            ctx.comm.recv(
-                prev,
-                tag(layer, mb, which, last, GRADS_K),
-                ViewMut::all(&mut hk),
-            )?;
-            ctx.comm.recv(
-                prev,
-                tag(layer, mb, which, last, GRADS_V),
-                ViewMut::all(&mut hv),
-            )
-        });
-        r?;
+    drop((cur, p_tile, dp_tile, delta, lse, q, k, v, dout));
+    if let Some(p) = acc_in {
+        // This rank's own block comes home with every other rank's contribution (nothing is
+        // left to compute under this last exchange).
+        let (got, dt) = wait(ctx, p)?;
+        let (hk, hv) = got.expect("the home block's accumulators");
         ctx.ops.axpy(1.0, View::all(&hk), ViewMut::all(&mut dk))?;
         ctx.ops.axpy(1.0, View::all(&hv), ViewMut::all(&mut dv))?;
         ctx.cp
