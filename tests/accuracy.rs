@@ -284,23 +284,26 @@ fn leave_one_source_out_errors() {
         100.0 * a100_foundry.median,
         100.0 * a100_foundry.worst
     );
-    // (source summary, median bound, worst bound): what the model reaches today, a little
-    // above; a regression beyond them fails.
+    // (source summary, median bound, worst bound): what the model reaches today (after the
+    // collectives moved to NCCL's tuning model), a little above; a regression beyond them
+    // fails. These are NOT issue #17's acceptance bounds (median 5%, worst 12%): with two
+    // sources per GPU family, leaving one out leaves the other alone to fix four efficiencies
+    // (docs/accuracy.md, "Leave-one-source-out validation").
     let checks = [
         (
             "Narayanan 2021",
             l.summary(Some(Source::Narayanan2021)),
-            0.09,
-            0.12,
+            0.20,
+            0.49,
         ),
         (
             "Megatron-Core 2024",
             l.summary(Some(Source::MegatronCore2024)),
-            0.05,
-            0.17,
+            0.11,
+            0.30,
         ),
-        ("llm-foundry A100", a100_foundry, 0.06, 0.40),
-        ("all", l.summary(None), 0.08, f64::INFINITY),
+        ("llm-foundry A100", a100_foundry, 0.08, 0.22),
+        ("all", l.summary(None), 0.11, f64::INFINITY),
     ];
     for (name, s, median, worst) in checks {
         assert!(s.n > 0, "{name}: no rows predicted");
