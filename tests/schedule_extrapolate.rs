@@ -81,3 +81,37 @@ fn extrapolation_matches_full_simulation() {
         "most cases are long enough to extrapolate ({checked})"
     );
 }
+
+/// GPipe whose slowest forward and slowest backward stages are different ranks (the first
+/// stage holds more layers, the last the output layer's backward): the makespan grows by
+/// max F + max B per microbatch while no rank is busy all the time, so the steady state shows
+/// as a constant slope, not as a fully busy rank. The extrapolation must stop doubling there
+/// (it once doubled to the cell limit, seconds per estimate) and still equal the full run.
+#[test]
+fn gpipe_with_the_slowest_forward_and_backward_on_different_ranks() {
+    for pp in [2u32, 4] {
+        let n = pp as usize;
+        let mut f = vec![1.0; n];
+        let mut i = vec![1.0; n];
+        f[0] = 1.4; // the heavier first stage's forward
+        i[n - 1] = 1.9; // the output layer's backward on the last
+        let w = vec![0.5; n];
+        let c = Costs::from_split(f, i, w, 0.05, vec![0.02; n - 1]).unwrap();
+        for m in [64 * pp, 1000 * pp + 3] {
+            let full = simulate(&generate(ScheduleKind::Gpipe, pp, 1, m).unwrap(), &c).unwrap();
+            let t = std::time::Instant::now();
+            let ext = simulate_extrapolated(ScheduleKind::Gpipe, pp, 1, m, &c).unwrap();
+            let rel = ((ext.makespan - full.makespan) / full.makespan).abs();
+            assert!(
+                rel < 1e-9,
+                "pp{pp} m{m}: {} vs {}",
+                ext.makespan,
+                full.makespan
+            );
+            eprintln!("pp{pp} m{m}: extrapolated in {:?}", t.elapsed());
+        }
+        // A run far past the cell limit still extrapolates (it would refuse to simulate).
+        let big = simulate_extrapolated(ScheduleKind::Gpipe, pp, 1, 1 << 29, &c).unwrap();
+        assert!(big.makespan.is_finite() && big.makespan > 0.0);
+    }
+}

@@ -77,6 +77,7 @@ pub fn simulate_extrapolated(
     }
     let mut m0 = m0;
     let cells = |m: u32| pp as u64 * vpp as u64 * m as u64;
+    let mut last_slope: Option<f64> = None;
     let (a, b) = loop {
         if m0 + pp >= m {
             return Ok(summary(&simulate(&generate(kind, pp, vpp, m)?, costs)?));
@@ -100,6 +101,17 @@ pub fn simulate_extrapolated(
         if (slope - bottleneck).abs() <= 1e-9 * bottleneck.max(f64::MIN_POSITIVE) {
             break (a, b);
         }
+        // GPipe runs every forward, then every backward: past the fill each phase is linear in
+        // m, so the same slope at two run lengths a doubling apart is the steady state,
+        // although no single rank is busy all the time when the slowest forward and the
+        // slowest backward are on different ranks (it pays both maxima per microbatch).
+        // Other schedules interleave F and B, and their slope can repeat before they settle.
+        let same =
+            last_slope.is_some_and(|s| (slope - s).abs() <= 1e-9 * slope.max(f64::MIN_POSITIVE));
+        if kind == ScheduleKind::Gpipe && same {
+            break (a, b);
+        }
+        last_slope = Some(slope);
         m0 = next;
     };
     let groups = (m - m0) as f64 / pp as f64;
