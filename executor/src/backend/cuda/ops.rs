@@ -71,22 +71,54 @@ impl CudaRank {
             return Ok(());
         }
         let es = dt.size_bytes() as usize;
-        // SAFETY: every field is plain data; the unused array and host fields are null.
-        let mut p: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
-        p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-        p.srcDevice = src;
-        p.srcXInBytes = src_col * es;
-        p.srcPitch = src_cols * es;
-        p.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-        p.dstDevice = dst;
-        p.dstXInBytes = dst_col * es;
-        p.dstPitch = dst_cols * es;
-        p.WidthInBytes = width * es;
-        p.Height = n;
+        let p = memcpy_2d(
+            src,
+            src_cols * es,
+            src_col * es,
+            dst,
+            dst_cols * es,
+            dst_col * es,
+            width * es,
+            n,
+        );
         // SAFETY: both buffers hold n rows of their pitch.
         unsafe { sys::cuMemcpy2DAsync_v2(&p, self.s().cu_stream()) }
             .result()
             .map_err(super::context::drv("cuMemcpy2DAsync"))
+    }
+}
+
+/// The descriptor of a device-to-device 2-D copy: `height` rows of `width_bytes` from column
+/// byte `src_x` of rows `src_pitch` apart to column byte `dst_x` of rows `dst_pitch` apart.
+/// Built field by field: `CUmemorytype` has no zero value, so a zeroed descriptor is invalid.
+#[allow(clippy::too_many_arguments)]
+fn memcpy_2d(
+    src: u64,
+    src_pitch: usize,
+    src_x: usize,
+    dst: u64,
+    dst_pitch: usize,
+    dst_x: usize,
+    width_bytes: usize,
+    height: usize,
+) -> sys::CUDA_MEMCPY2D {
+    sys::CUDA_MEMCPY2D {
+        srcXInBytes: src_x,
+        srcY: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: src,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src_pitch,
+        dstXInBytes: dst_x,
+        dstY: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst_pitch,
+        WidthInBytes: width_bytes,
+        Height: height,
     }
 }
 
@@ -1163,5 +1195,30 @@ fn refuse_attention_dropout(d: &Option<crate::rng::AttnDropout>) -> Result<(), E
             message: "the CUDA flash attention does not apply attention dropout yet (the CPU backend does); set attention_dropout = 0",
         }),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The 2-D copy descriptor is built without a GPU: device to device, the pitches, column
+    /// offsets and extent as given (a zeroed descriptor aborted the first GPU run: its memory
+    /// type enum has no zero value).
+    #[test]
+    fn memcpy_2d_descriptor_names_device_memory_and_the_extent() {
+        let p = memcpy_2d(0x1000, 96, 32, 0x2000, 64, 0, 32, 7);
+        assert_eq!(p.srcMemoryType, sys::CUmemorytype::CU_MEMORYTYPE_DEVICE);
+        assert_eq!(p.dstMemoryType, sys::CUmemorytype::CU_MEMORYTYPE_DEVICE);
+        assert_eq!(
+            (p.srcDevice, p.srcPitch, p.srcXInBytes, p.srcY),
+            (0x1000, 96, 32, 0)
+        );
+        assert_eq!(
+            (p.dstDevice, p.dstPitch, p.dstXInBytes, p.dstY),
+            (0x2000, 64, 0, 0)
+        );
+        assert_eq!((p.WidthInBytes, p.Height), (32, 7));
+        assert!(p.srcHost.is_null() && p.dstHost.is_null());
     }
 }
