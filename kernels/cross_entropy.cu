@@ -5,22 +5,25 @@
 // per row (256 threads); target_logit: 1-D grid-stride over n.
 #include "common.cuh"
 
-extern "C" __global__ void ce_row_max_f32(const float* logits, u64 v, float* max) {
+// The three readers of the logits take them in the run's activation dtype (f32, or bf16 in
+// the mixed-precision recipe: read straight from the bf16 tensor, never staged as an f32 copy
+// of the whole [n, v] block); everything they write is f32.
+template <typename T> __device__ void row_max(const T* logits, u64 v, float* max) {
     __shared__ float scratch[32];
-    const float* row = logits + (u64)blockIdx.x * v;
+    const T* row = logits + (u64)blockIdx.x * v;
     float m = -INFINITY;
-    for (u64 j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, row[j]);
+    for (u64 j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, load_f(row, j));
     m = block_max(m, scratch);
     if (threadIdx.x == 0) max[blockIdx.x] = m;
 }
 
-extern "C" __global__ void ce_exp_rows_f32(const float* logits, u64 v, const float* max, float* probs,
-                                           float* sum) {
+template <typename T>
+__device__ void exp_rows(const T* logits, u64 v, const float* max, float* probs, float* sum) {
     __shared__ float scratch[32];
     u64 off = (u64)blockIdx.x * v;
     float m = max[blockIdx.x], s = 0.0f;
     for (u64 j = threadIdx.x; j < v; j += blockDim.x) {
-        float e = expf(logits[off + j] - m);
+        float e = expf(load_f(logits, off + j) - m);
         probs[off + j] = e;
         s += e;
     }
@@ -28,13 +31,28 @@ extern "C" __global__ void ce_exp_rows_f32(const float* logits, u64 v, const flo
     if (threadIdx.x == 0) sum[blockIdx.x] = s;
 }
 
-extern "C" __global__ void ce_target_logit_f32(const float* logits, u64 n, u64 v, const u32* targets,
-                                               u64 lo, float* out) {
+template <typename T>
+__device__ void target_logit(const T* logits, u64 n, u64 v, const u32* targets, u64 lo, float* out) {
     GRID_STRIDE(r, n) {
         u64 t = targets[r];
-        out[r] = (t >= lo && t < lo + v) ? logits[r * v + t - lo] : 0.0f;
+        out[r] = (t >= lo && t < lo + v) ? load_f(logits, r * v + t - lo) : 0.0f;
     }
 }
+
+#define CE_INST(S, T)                                                                             \
+    extern "C" __global__ void ce_row_max_##S(const T* logits, u64 v, float* max) {               \
+        row_max(logits, v, max);                                                                  \
+    }                                                                                             \
+    extern "C" __global__ void ce_exp_rows_##S(const T* logits, u64 v, const float* max,          \
+                                               float* probs, float* sum) {                        \
+        exp_rows(logits, v, max, probs, sum);                                                     \
+    }                                                                                             \
+    extern "C" __global__ void ce_target_logit_##S(const T* logits, u64 n, u64 v,                 \
+                                                   const u32* targets, u64 lo, float* out) {      \
+        target_logit(logits, n, v, targets, lo, out);                                             \
+    }
+CE_INST(f32, float)
+CE_INST(bf16, __nv_bfloat16)
 
 // Normalises probs by the global row sums; row_loss[r] = log(sum) + max - target logit (the
 // host or a sum kernel adds the rows; the CPU returns that sum).

@@ -25,11 +25,36 @@ mkdir -p target/release && cp "$B/parsim" target/release/parsim
 say "machine"; nvidia-smi >>"$LOG" 2>&1
 step 120 "$B/parsim" doctor
 "$B/parsim" doctor --json >"$OUT/doctor.json" 2>>"$LOG"
+case "${1:-all}" in
+all|check)
 step 120 "$B/kernels_gpu" --test-threads=1 --nocapture
+step 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/kernels_gpu" --test-threads=1
+step 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/kernels_gpu" --test-threads=1
 step 150 "$B/cuda_twin" --test-threads=1 --nocapture
 step 60 "$B/collectives" --test-threads=1 --nocapture
-step 120 "$B/executor" cuda --test-threads=1 --nocapture
-step 60 "$B/parsim" execute --config tests/fixtures/executor_small.toml --backend cuda
-step 60 "$B/parsim" execute --config tests/fixtures/executor_small.toml --backend cuda --precision bf16
+step 300 "$B/executor" cuda --test-threads=1 --nocapture
+# NCCL with one rank: the launcher's path (TCP rendezvous, ncclCommInitRank) against the
+# single-process run of the same one-GPU configuration: the losses must agree.
+step 120 "$B/parsim" execute --config tests/fixtures/gpu_memory.toml --backend cuda --precision bf16 --steps 3 --warmup 1
+step 120 "$B/parsim" execute --config tests/fixtures/gpu_memory.toml --backend cuda --precision bf16 --steps 3 --warmup 1 --nproc-per-node 1
+;;&
+all|speed)
+# Speed: issue 16's GPT layer, ours and PyTorch's, and the kernel bench.
+step 180 "$B/parsim" execute --config tests/fixtures/gpu_layer.toml --backend cuda --precision bf16 --steps 6 --warmup 2 --compare-timeline
+"$B/parsim" execute --config tests/fixtures/gpu_layer.toml --backend cuda --precision bf16 --steps 6 --warmup 2 --json >"$OUT/layer.json" 2>>"$LOG"
+say "torch layer"; $PY scripts/gpu_layer_torch.py >"$OUT/torch_layer.json" 2>>"$LOG"; cat "$OUT/torch_layer.json" >>"$LOG"
 step 60 "$B/kernels"
+;;&
+all|memory)
+# Memory: measured peak per rank against the engine's prediction, several mixes on one GPU.
+for mix in "" "--tp 2 --sp --gpus 2" "--pp 2 --gpus 2" "--dp 2 --zero 1 --gpus 2" "--dp 2 --zero 3 --gpus 2" "--cp 2 --gpus 2"; do
+  say "memory $mix"
+  timeout 120 "$B/parsim" execute --config tests/fixtures/gpu_memory.toml --backend cuda --precision bf16 --steps 2 --warmup 1 $mix --json >>"$OUT/memory.jsonl" 2>>"$LOG"
+  echo "exit $?" | tee -a "$LOG"
+done
+;;&
+calibrate)
+step 500 "$B/parsim" execute --calibrate --backend cuda --gpu h100-sxm --out "$OUT/h100-measured.toml"
+;;
+esac
 say done

@@ -22,9 +22,47 @@ pub fn parse_meminfo(text: &str) -> Option<u64> {
     field("MemAvailable").or_else(|| field("MemTotal"))
 }
 
+/// Today's date in UTC as YYYY-MM-DD (the C library's `gmtime_r`), for provenance notes.
+pub fn utc_date() -> String {
+    // SAFETY: `time(NULL)` only returns the clock; `gmtime_r` writes the zeroed `tm` we own.
+    unsafe {
+        let t = libc::time(std::ptr::null_mut());
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::gmtime_r(&t, &mut tm).is_null() {
+            return "unknown date".into();
+        }
+        format!(
+            "{:04}-{:02}-{:02}",
+            tm.tm_year + 1900,
+            tm.tm_mon + 1,
+            tm.tm_mday
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The date has the form YYYY-MM-DD and agrees with the clock's day count (days since
+    /// 1970-01-01 from SystemTime, converted by the civil-from-days rule of the Gregorian
+    /// calendar; checked here only for the year, which a 400-year cycle pins).
+    #[test]
+    fn utc_date_is_iso_and_this_year() {
+        let d = utc_date();
+        assert_eq!(d.len(), 10, "{d}");
+        assert_eq!((&d[4..5], &d[7..8]), ("-", "-"), "{d}");
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_secs();
+        let years = secs as f64 / (365.2425 * 86400.0);
+        let year: f64 = d[..4].parse().expect("year");
+        assert!(
+            (year - (1970.0 + years)).abs() < 1.0,
+            "{d} vs {years} years since 1970"
+        );
+    }
 
     #[test]
     fn reads_available_then_total() {

@@ -294,10 +294,12 @@ fn elementwise_norm_activation_rotary_adam_and_cross_entropy_match_the_cpu() {
     );
     // SAFETY: buffers sized as the wrappers require.
     unsafe {
-        launch::cross_entropy::ce_row_max(&g.s, &g.k, p(&g, &pl), n, v, p(&g, &pmx)).unwrap();
+        launch::cross_entropy::ce_row_max(&g.s, &g.k, DType::F32, p(&g, &pl), n, v, p(&g, &pmx))
+            .unwrap();
         launch::cross_entropy::ce_exp_rows(
             &g.s,
             &g.k,
+            DType::F32,
             p(&g, &pl),
             n,
             v,
@@ -309,6 +311,7 @@ fn elementwise_norm_activation_rotary_adam_and_cross_entropy_match_the_cpu() {
         launch::cross_entropy::ce_target_logit(
             &g.s,
             &g.k,
+            DType::F32,
             p(&g, &pl),
             n,
             v,
@@ -571,6 +574,56 @@ fn bf16_kernels_match_the_cpu_on_rounded_inputs() {
         &rounded(&want),
         1e-2,
     );
+    // The cross-entropy readers on bf16 logits in place (no f32 copy of the [n, v] block):
+    // the CPU on the rounded logits; every output is f32.
+    let (n, v, lo) = (rows, 333, 1000);
+    let logits = rounded(&rand(n * v, 34).iter().map(|x| x * 8.0).collect::<Vec<_>>());
+    let targets: Vec<u32> = (0..n as u32).map(|r| 990 + r * 17 % 360).collect();
+    let (mut mx, mut probs, mut sum, mut tl) =
+        (vec![0.0; n], vec![0.0; n * v], vec![0.0; n], vec![0.0; n]);
+    cross_entropy::row_max(&logits, v, &mut mx);
+    cross_entropy::exp_rows(&logits, v, &mx, &mut probs, &mut sum);
+    cross_entropy::target_logit(&logits, v, &targets, lo, &mut tl);
+    let (pl, pt) = (bf16_up(&g, &logits), g.up(&targets));
+    let (pmx, ppr, psum, ptl) = (
+        g.poisoned(n),
+        g.poisoned(n * v),
+        g.poisoned(n),
+        g.poisoned(n),
+    );
+    // SAFETY: logits n*v bf16, the rest f32 (targets u32) as the wrappers require.
+    unsafe {
+        launch::cross_entropy::ce_row_max(&g.s, &g.k, DType::Bf16, p(&g, &pl), n, v, p(&g, &pmx))
+            .unwrap();
+        launch::cross_entropy::ce_exp_rows(
+            &g.s,
+            &g.k,
+            DType::Bf16,
+            p(&g, &pl),
+            n,
+            v,
+            p(&g, &pmx),
+            p(&g, &ppr),
+            p(&g, &psum),
+        )
+        .unwrap();
+        launch::cross_entropy::ce_target_logit(
+            &g.s,
+            &g.k,
+            DType::Bf16,
+            p(&g, &pl),
+            n,
+            v,
+            p(&g, &pt),
+            lo,
+            p(&g, &ptl),
+        )
+        .unwrap();
+    }
+    check("ce_row_max_bf16", &g.down(&pmx), &mx, 1e-5);
+    check("ce_exp_rows_bf16 probs", &g.down(&ppr), &probs, 1e-5);
+    check("ce_exp_rows_bf16 sum", &g.down(&psum), &sum, 1e-5);
+    check("ce_target_logit_bf16", &g.down(&ptl), &tl, 1e-5);
 }
 
 /// kernels/dropout.cu, heads.cu and the scored router of moe.cu against their CPU twins

@@ -160,6 +160,87 @@ pub fn default_cpu_sweep() -> Vec<SweepPoint> {
     ]
 }
 
+fn gpu_point(label: &str, holdout: bool, v: Value) -> SweepPoint {
+    let base = json!({
+        "model": {"name": label, "num_layers": 2, "hidden_size": 2048, "num_attention_heads": 16,
+                  "num_query_groups": 8, "ffn_hidden_size": 5632, "vocab_size": 32768,
+                  "max_position_embeddings": 16384},
+        "cluster": {"num_gpus": 1, "gpus_per_node": 8},
+        "parallel": {"tp": 1, "sp": false, "pp": 1, "zero": 0},
+        "training": {"seq_length": 2048, "micro_batch_size": 1, "global_batch_size": 2,
+                     "recompute": "none", "flash_attention": true}
+    });
+    let cfg = Config::from_layers(&[Layer::overrides(base), Layer::overrides(v)])
+        .expect("built-in sweep point parses");
+    SweepPoint {
+        label: label.to_string(),
+        config: cfg,
+        holdout,
+    }
+}
+
+/// The built-in GPU sweep: one rank on one GPU (a rank per device, as the model assumes),
+/// shapes at the scale of real layers (hidden 1024-4096, sequences 1k-16k, head dim 128) so
+/// that launch overheads do not dominate; GEMM sizes and aspects, attention lengths, many thin
+/// layers for the memory-bound ops, recompute, a larger micro batch. Held-out points use
+/// shapes no fitting point has.
+pub fn default_gpu_sweep() -> Vec<SweepPoint> {
+    vec![
+        gpu_point("gemm h2048 s2048", false, json!({})),
+        gpu_point(
+            "gemm h4096 f14336",
+            false,
+            json!({"model": {"hidden_size": 4096, "num_attention_heads": 32, "ffn_hidden_size": 14336}}),
+        ),
+        gpu_point(
+            "gemm-wide h2048 f8192",
+            false,
+            json!({"model": {"ffn_hidden_size": 8192}}),
+        ),
+        gpu_point(
+            "gemm h1024 s4096",
+            false,
+            json!({"model": {"hidden_size": 1024, "num_attention_heads": 8, "num_query_groups": 4, "ffn_hidden_size": 2816}, "training": {"seq_length": 4096}}),
+        ),
+        gpu_point(
+            "attention s8192",
+            false,
+            json!({"training": {"seq_length": 8192}}),
+        ),
+        gpu_point(
+            "attention s16384 h1024",
+            false,
+            json!({"model": {"hidden_size": 1024, "num_attention_heads": 8, "num_query_groups": 8, "ffn_hidden_size": 2816}, "training": {"seq_length": 16384}}),
+        ),
+        gpu_point(
+            "kernels l8 h1024 s1024",
+            false,
+            json!({"model": {"num_layers": 8, "hidden_size": 1024, "num_attention_heads": 8, "num_query_groups": 4, "ffn_hidden_size": 2816}, "training": {"seq_length": 1024}}),
+        ),
+        gpu_point(
+            "recompute full h2048",
+            false,
+            json!({"training": {"recompute": "full"}}),
+        ),
+        gpu_point(
+            "mbs2 h2048",
+            false,
+            json!({"training": {"micro_batch_size": 2, "global_batch_size": 4}}),
+        ),
+        // Held out: other shapes.
+        gpu_point(
+            "held-out h3072 s4096 l3",
+            true,
+            json!({"model": {"num_layers": 3, "hidden_size": 3072, "num_attention_heads": 24, "num_query_groups": 8, "ffn_hidden_size": 8192}, "training": {"seq_length": 4096}}),
+        ),
+        gpu_point(
+            "held-out selective h2560 s8192",
+            true,
+            json!({"model": {"hidden_size": 2560, "num_attention_heads": 20, "num_query_groups": 4, "ffn_hidden_size": 6912}, "training": {"seq_length": 8192, "recompute": "selective"}}),
+        ),
+    ]
+}
+
 /// Reads a sweep file: one JSON object per line, `{"label": "...", "config": {...},
 /// "holdout": false}`; comments (`#`) and empty lines skipped.
 pub fn read_sweep(path: &Path) -> Result<Vec<SweepPoint>, SweepError> {

@@ -254,6 +254,21 @@ pub fn run_execute_calibrate(
 /// this process, bf16 mixed precision), the fit starting from the profile `base` (the
 /// configuration's `cluster.gpu`), written with the GPU's name and the date as provenance.
 /// Without a driver or a GPU it fails before the first run, naming what is missing.
+/// The CUDA driver as the provenance names it: its CUDA version and the library file (whose
+/// name carries the kernel driver's version, e.g. libcuda.so.580.159.04).
+fn cuda_driver_note() -> String {
+    let r = parsim_executor::backend::cuda::doctor::report_libraries();
+    let lib = r
+        .iter()
+        .find(|l| l.library == "CUDA driver")
+        .and_then(|l| l.path.clone())
+        .unwrap_or_else(|| "driver library not found".into());
+    match parsim_executor::backend::cuda::doctor::driver_version_string() {
+        Some(v) => format!("driver CUDA {v} ({lib})"),
+        None => format!("driver {lib}"),
+    }
+}
+
 pub fn run_execute_calibrate_cuda(
     sweep: Option<&std::path::Path>,
     out: Option<&std::path::Path>,
@@ -271,7 +286,7 @@ pub fn run_execute_calibrate_cuda(
         .with_context(|| format!("--gpu {base}: the profile the CUDA calibration starts from"))?;
     let points: Vec<sweep::SweepPoint> = match sweep {
         Some(p) => sweep::read_sweep(p)?,
-        None => sweep::default_cpu_sweep(),
+        None => sweep::default_gpu_sweep(),
     }
     .into_iter()
     .map(|mut p| {
@@ -289,11 +304,13 @@ pub fn run_execute_calibrate_cuda(
         |_| {},
     )?;
     let jsonl_path = out.map(|o| o.with_extension("jsonl"));
+    let driver = cuda_driver_note();
     let origin = format!(
-        "{} (CUDA backend sweep on {gpus} x {gpu_name}, from the {base} profile)",
+        "{} (CUDA backend sweep on {gpus} x {gpu_name}, {driver}, {} UTC, from the {base} profile)",
         jsonl_path
             .as_ref()
             .map_or("the sweep".into(), |p| p.display().to_string()),
+        parsim::host::utc_date(),
     );
     let fit = fit_profile(&base_profile, &ms, &origin)?;
     if json {

@@ -134,6 +134,9 @@ struct RankOut {
 
 #[derive(Debug, Serialize)]
 struct DeviceOut {
+    /// The profile's runtime reserve (CUDA context, library workspaces): in the engine's
+    /// buffers, outside the tracked categories, so it is compared with the driver's figure.
+    predicted_runtime_bytes: u64,
     tracked_reserved_peak_bytes: u64,
     pool_reserved_peak_bytes: u64,
     driver_used_bytes: u64,
@@ -236,6 +239,9 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
     }
     let est = parsim::estimate::estimate(&resolved).context("estimating the same configuration")?;
     let predicted: Vec<_> = est.memory.stages.clone();
+    // The tracked categories hold what the model allocates; the profile's runtime reserve
+    // (CUDA context, cuBLAS and NCCL workspaces) is the driver's, so it leaves the comparison.
+    let runtime_bytes = resolved.gpu.runtime_overhead_bytes;
     let total_predicted = predicted.iter().map(|s| s.total).max().unwrap_or(0) * world as u64;
     let (host_bytes, source) = match parsim::host::available_bytes() {
         Some(b) => (b, "available on this machine (/proc/meminfo MemAvailable)"),
@@ -309,17 +315,18 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
                         activations: r.peak.activations,
                         buffers: r.peak.buffers,
                     },
-                    predicted_peak_bytes: p.total,
+                    predicted_peak_bytes: p.total.saturating_sub(runtime_bytes),
                     predicted_memory: MemoryOut {
                         weights: p.weights,
                         gradients: p.gradients,
                         optimizer: p.optimizer,
                         activations: p.activations,
-                        buffers: p.buffers,
+                        buffers: p.buffers.saturating_sub(runtime_bytes),
                     },
                     cp: r.cp.clone(),
                     moe_dropped: r.moe_dropped,
                     device: r.device.map(|d| DeviceOut {
+                        predicted_runtime_bytes: runtime_bytes,
                         tracked_reserved_peak_bytes: r.reserved_peak.total(),
                         pool_reserved_peak_bytes: d.pool_reserved_peak_bytes,
                         driver_used_bytes: d.driver_used_bytes,
@@ -431,12 +438,14 @@ fn text(o: &ExecuteOut) -> String {
         if let Some(d) = &r.device {
             s.push_str(&format!(
                 "rank {} GPU memory: tracked reserved peak {}, pool reserved peak {}, \
-                 GPU used {} of {} (cuMemGetInfo)\n",
+                 GPU used {} of {} (cuMemGetInfo); the profile's runtime reserve {} \
+                 (context and workspaces, not in the tracked peak)\n",
                 r.rank,
                 bytes(d.tracked_reserved_peak_bytes as f64),
                 bytes(d.pool_reserved_peak_bytes as f64),
                 bytes(d.driver_used_bytes as f64),
                 bytes(d.driver_total_bytes as f64),
+                bytes(d.predicted_runtime_bytes as f64),
             ));
         }
     }

@@ -152,6 +152,19 @@ fn libraries() -> Vec<LibraryReport> {
         .collect()
 }
 
+/// The libraries alone (found or not), without compiling kernels: for provenance notes.
+pub fn report_libraries() -> Vec<LibraryReport> {
+    libraries()
+}
+
+/// The driver's CUDA version ("13.0"), or None without a driver.
+pub fn driver_version_string() -> Option<String> {
+    if !Library::Driver.present() {
+        return None;
+    }
+    driver_version().map(cuda_version)
+}
+
 /// Builds the report: kernels compiled for `arch`, else for the first GPU's architecture.
 pub fn report(arch: Option<&str>) -> Report {
     let driver = Library::Driver.present();

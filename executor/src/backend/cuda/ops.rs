@@ -534,14 +534,14 @@ impl TensorOps<Cuda> for CudaRank {
     }
 
     fn ce_row_max(&self, logits: &CudaTensor, max: &mut CudaTensor) -> Result<(), ExecError> {
-        let ls = self.input(logits, F32)?;
         let ms = self.output_at(max, 0..max.len(), F32, false)?;
-        // SAFETY: logits n x v f32, max n f32.
+        // SAFETY: logits n x v of their dtype, max n f32.
         unsafe {
             ce::ce_row_max(
                 self.s(),
                 self.k(),
-                ls.ptr,
+                logits.dtype(),
+                logits.ptr_at(0),
                 logits.rows(),
                 logits.cols(),
                 ms.ptr,
@@ -557,15 +557,16 @@ impl TensorOps<Cuda> for CudaRank {
         probs: &mut CudaTensor,
         sum: &mut CudaTensor,
     ) -> Result<(), ExecError> {
-        let (ls, ms) = (self.input(logits, F32)?, self.input(max, F32)?);
+        let ms = self.input(max, F32)?;
         let ps = self.output_at(probs, 0..probs.len(), F32, false)?;
         let ss = self.output_at(sum, 0..sum.len(), F32, false)?;
-        // SAFETY: logits and probs n x v, max and sum n, f32.
+        // SAFETY: logits n x v of their dtype; probs n x v, max and sum n, f32.
         unsafe {
             ce::ce_exp_rows(
                 self.s(),
                 self.k(),
-                ls.ptr,
+                logits.dtype(),
+                logits.ptr_at(0),
                 logits.rows(),
                 logits.cols(),
                 ms.ptr,
@@ -584,15 +585,15 @@ impl TensorOps<Cuda> for CudaRank {
         lo: usize,
         out: &mut CudaTensor,
     ) -> Result<(), ExecError> {
-        let ls = self.input(logits, F32)?;
         let t = self.upload_u32(targets)?;
         let os = self.output_at(out, 0..out.len(), F32, false)?;
-        // SAFETY: logits n x v f32, targets n u32, out n f32.
+        // SAFETY: logits n x v of their dtype, targets n u32, out n f32.
         unsafe {
             ce::ce_target_logit(
                 self.s(),
                 self.k(),
-                ls.ptr,
+                logits.dtype(),
+                logits.ptr_at(0),
                 logits.rows(),
                 logits.cols(),
                 t.ptr_at(0),

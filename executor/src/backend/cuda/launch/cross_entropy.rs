@@ -1,5 +1,6 @@
 //! Launches of kernels/cross_entropy.cu: vocab-parallel cross-entropy in pieces (CPU twin:
-//! cpu/ops/cross_entropy.rs); logits [n, v] f32 of the shard starting at column `lo`.
+//! cpu/ops/cross_entropy.rs); logits [n, v] (f32, or bf16 read in place: `dt`) of the shard
+//! starting at column `lo`; probabilities and row statistics f32.
 
 use super::*;
 
@@ -10,15 +11,21 @@ use super::*;
 pub unsafe fn ce_row_max(
     s: &CudaStream,
     k: &Kernels,
+    dt: DType,
     logits: CUdeviceptr,
     n: usize,
     v: usize,
     max: CUdeviceptr,
 ) -> Result<(), CudaError> {
-    let Some(cfg) = per_row("ce_row_max_f32", u(n))? else {
+    let name = if dt == DType::Bf16 {
+        "ce_row_max_bf16"
+    } else {
+        "ce_row_max_f32"
+    };
+    let Some(cfg) = per_row(name, u(n))? else {
         return Ok(());
     };
-    launch!("ce_row_max_f32", s, k, cfg; logits, u(v), max)
+    launch!(name, s, k, cfg; logits, u(v), max)
 }
 
 /// probs = exp(logits - max), sum[r] = row sums.
@@ -29,6 +36,7 @@ pub unsafe fn ce_row_max(
 pub unsafe fn ce_exp_rows(
     s: &CudaStream,
     k: &Kernels,
+    dt: DType,
     logits: CUdeviceptr,
     n: usize,
     v: usize,
@@ -36,10 +44,15 @@ pub unsafe fn ce_exp_rows(
     probs: CUdeviceptr,
     sum: CUdeviceptr,
 ) -> Result<(), CudaError> {
-    let Some(cfg) = per_row("ce_exp_rows_f32", u(n))? else {
+    let name = if dt == DType::Bf16 {
+        "ce_exp_rows_bf16"
+    } else {
+        "ce_exp_rows_f32"
+    };
+    let Some(cfg) = per_row(name, u(n))? else {
         return Ok(());
     };
-    launch!("ce_exp_rows_f32", s, k, cfg; logits, u(v), max, probs, sum)
+    launch!(name, s, k, cfg; logits, u(v), max, probs, sum)
 }
 
 /// out[r] = logits[r, targets[r] - lo] for targets in the shard, else 0.
@@ -50,6 +63,7 @@ pub unsafe fn ce_exp_rows(
 pub unsafe fn ce_target_logit(
     s: &CudaStream,
     k: &Kernels,
+    dt: DType,
     logits: CUdeviceptr,
     n: usize,
     v: usize,
@@ -60,7 +74,12 @@ pub unsafe fn ce_target_logit(
     let Some(cfg) = grid_stride(u(n)) else {
         return Ok(());
     };
-    launch!("ce_target_logit_f32", s, k, cfg; logits, u(n), u(v), targets, u(lo), out)
+    let name = if dt == DType::Bf16 {
+        "ce_target_logit_bf16"
+    } else {
+        "ce_target_logit_f32"
+    };
+    launch!(name, s, k, cfg; logits, u(n), u(v), targets, u(lo), out)
 }
 
 /// probs /= sum (global row sums); row_loss[r] = log(sum) + max - target logit (the CPU's
