@@ -11,8 +11,10 @@
 // without the per-element mask.
 // Tiles: forward 64 queries (4 warps x 16 rows) against 64-key tiles, K and V in swizzled
 // shared memory (V's load overlaps Q K^T, the next K's overlaps P V); dQ 64 queries against
-// 32-key tiles; dK dV 64 keys (4 warps x 16) against 32-query tiles over the group's query
-// heads. Two backward kernels, no atomics. Shared memory 6 x 64 x d bytes (48 KiB at d 128).
+// 32-key tiles (the next V's load overlaps S and dQ, the next K's the next dP); dK dV 64 keys
+// (4 warps x 16) against 32-query tiles over the group's query heads (the next Q's load
+// overlaps dV, the next dO's the next S). Two backward kernels, no atomics. Shared memory
+// 6 x 64 x d bytes (48 KiB at d 128).
 // Launch: block 128 threads, grid (ceil(rows / 64), b * heads); rows are queries (forward,
 // dQ) or keys (dK dV); the heaviest causal blocks are started first.
 #include "common.cuh"
@@ -147,27 +149,33 @@ __device__ __forceinline__ void range_of(const u32* rng, u64 g0, int n, u64 ng, 
         }
 }
 
-// The first tile (of STEP groups, group-aligned at `from`) at or after group `from` holding a
-// key visible to some query at or before `qhi` (keys side: its minimum <= qhi), or ng.
-template <int STEP> __device__ u64 next_key_tile(const u32* rng, u64 from, u64 ng, u32 qhi) {
+// Whether group g may hold a visible pair: on the keys side its minimum position is at or
+// before `bound` (the block's last query); on the queries side its maximum is at or after
+// `bound` (the block's first key). Groups past ng are not live.
+template <bool KEYS>
+__device__ __forceinline__ bool group_live(const u32* rng, u64 g, u64 ng, u32 bound) {
+    if (g >= ng) return false;
+    return KEYS ? rng[2 * g] <= bound : rng[2 * g + 1] >= bound;
+}
+
+// The first live tile (of STEP groups, group-aligned at `from`) at or after group `from`, or
+// ng. `first` is lane i's group_live for group from + i, loaded ahead so that its latency
+// overlaps the tile's matrix products; further groups are scanned 32 at a time.
+template <int STEP, bool KEYS>
+__device__ u64 next_tile(const u32* rng, u64 from, u64 ng, u32 bound, bool first) {
     int lane = threadIdx.x & 31;
+    unsigned m = __ballot_sync(0xffffffffu, first);
     for (u64 g = from; g < ng; g += 32) {
-        bool live = g + lane < ng && rng[2 * (g + lane)] <= qhi;
-        unsigned m = __ballot_sync(0xffffffffu, live);
+        if (g != from) m = __ballot_sync(0xffffffffu, group_live<KEYS>(rng, g + lane, ng, bound));
         if (m) return g + (((u64)(__ffs(m) - 1)) / STEP) * STEP;
     }
     return ng;
 }
 
-// The first query tile (of STEP groups) at or after `from` with a query at or after `klo`.
-template <int STEP> __device__ u64 next_query_tile(const u32* rng, u64 from, u64 ng, u32 klo) {
+template <int STEP, bool KEYS>
+__device__ __forceinline__ u64 next_tile_now(const u32* rng, u64 from, u64 ng, u32 bound) {
     int lane = threadIdx.x & 31;
-    for (u64 g = from; g < ng; g += 32) {
-        bool live = g + lane < ng && rng[2 * (g + lane) + 1] >= klo;
-        unsigned m = __ballot_sync(0xffffffffu, live);
-        if (m) return g + (((u64)(__ffs(m) - 1)) / STEP) * STEP;
-    }
-    return ng;
+    return next_tile<STEP, KEYS>(rng, from, ng, bound, group_live<KEYS>(rng, from + lane, ng, bound));
 }
 
 // The row block of this CTA, heaviest first: for causal queries the last rows see the most
@@ -197,7 +205,7 @@ __device__ void mma_fwd(const bf16* q, const u32* qpos, const u32* qrng, u64 sq,
     u64 ra = r0 + warp * 16 + g, rb = ra + 8;
     bool va = ra < sq, vb = rb < sq;
     u32 pa = va ? qpos[ra] : 0xffffffffu, pb = vb ? qpos[rb] : 0xffffffffu;
-    u64 c0 = next_key_tile<BC / RG>(krng, 0, nkg, qhi) * RG;
+    u64 c0 = next_tile_now<BC / RG, true>(krng, 0, nkg, qhi) * RG;
     if (c0 >= sk) return;  // nothing visible: the running state stays as it is
     load_tile<BR, D>(qs, q, bi, sq, hq, h, r0);
     load_tile<BC, D>(ks, k, bi, sk, hk, kh, c0);
@@ -223,11 +231,17 @@ __device__ void mma_fwd(const bf16* q, const u32* qpos, const u32* qrng, u64 sq,
     u32 qf[D / 16][4];
 #pragma unroll
     for (int kc = 0; kc < D / 16; ++kc) frag_a<D>(qs, warp * 16, kc * 16, qf[kc]);
+    const float sl2 = scale * LOG2E;
     while (c0 < sk) {
         cp_wait_all();
         __syncthreads();  // K(c0) landed; every warp is done with the previous V
         load_tile<BC, D>(vs, v, bi, sk, hk, kh, c0);
         cp_commit();
+        // Loaded ahead: this tile's position range and the next tiles' liveness.
+        u32 klo, khi;
+        range_of(krng, c0 / RG, BC / RG, nkg, klo, khi);
+        u64 gn = c0 / RG + BC / RG;
+        bool live_n = group_live<true>(krng, gn + lane, nkg, qhi);
         float s[NT][4];
 #pragma unroll
         for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
@@ -240,19 +254,20 @@ __device__ void mma_fwd(const bf16* q, const u32* qpos, const u32* qrng, u64 sq,
                 mma(s[j], qf[kc], b[0], b[1]);
                 mma(s[j + 1], qf[kc], b[2], b[3]);
             }
-        u32 klo, khi;
-        range_of(krng, c0 / RG, BC / RG, nkg, klo, khi);
         bool full = rows_full && c0 + BC <= sk && khi <= qlo;
+        // Raw scores, masked to -inf; the row maxima (scale > 0 commutes with max).
         float ta = -INFINITY, tb = -INFINITY;
 #pragma unroll
         for (int j = 0; j < NT; ++j)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                u64 c = c0 + j * 8 + 2 * t + e;
-                u32 kp = full ? 0 : (c < sk ? kpos[c] : 0xffffffffu);
-                bool ok = full || c < sk;
-                s[j][e] = (ok && kp <= pa) ? s[j][e] * scale : -INFINITY;
-                s[j][2 + e] = (ok && kp <= pb) ? s[j][2 + e] * scale : -INFINITY;
+                if (!full) {
+                    u64 c = c0 + j * 8 + 2 * t + e;
+                    u32 kp = c < sk ? kpos[c] : 0xffffffffu;
+                    bool ok = c < sk;
+                    if (!(ok && kp <= pa)) s[j][e] = -INFINITY;
+                    if (!(ok && kp <= pb)) s[j][2 + e] = -INFINITY;
+                }
                 ta = fmaxf(ta, s[j][e]);
                 tb = fmaxf(tb, s[j][2 + e]);
             }
@@ -260,17 +275,17 @@ __device__ void mma_fwd(const bf16* q, const u32* qpos, const u32* qrng, u64 sq,
         ta = fmaxf(ta, __shfl_xor_sync(0xffffffffu, ta, 2));
         tb = fmaxf(tb, __shfl_xor_sync(0xffffffffu, tb, 1));
         tb = fmaxf(tb, __shfl_xor_sync(0xffffffffu, tb, 2));
-        float na = fmaxf(ma, ta), nb = fmaxf(mb, tb);
+        float na = fmaxf(ma, ta * scale), nb = fmaxf(mb, tb * scale);
         float ua = na == -INFINITY ? 0.0f : na, ub = nb == -INFINITY ? 0.0f : nb;
         float aa = exp2f((ma - ua) * LOG2E), ab = exp2f((mb - ub) * LOG2E);
         float ea = ua * LOG2E, eb = ub * LOG2E;
         float psa = 0.0f, psb = 0.0f;
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-            s[j][0] = exp2f(s[j][0] * LOG2E - ea);
-            s[j][1] = exp2f(s[j][1] * LOG2E - ea);
-            s[j][2] = exp2f(s[j][2] * LOG2E - eb);
-            s[j][3] = exp2f(s[j][3] * LOG2E - eb);
+            s[j][0] = exp2f(fmaf(s[j][0], sl2, -ea));
+            s[j][1] = exp2f(fmaf(s[j][1], sl2, -ea));
+            s[j][2] = exp2f(fmaf(s[j][2], sl2, -eb));
+            s[j][3] = exp2f(fmaf(s[j][3], sl2, -eb));
             psa += s[j][0] + s[j][1];
             psb += s[j][2] + s[j][3];
         }
@@ -285,7 +300,7 @@ __device__ void mma_fwd(const bf16* q, const u32* qpos, const u32* qrng, u64 sq,
             o[j][2] *= ab;
             o[j][3] *= ab;
         }
-        u64 cn = next_key_tile<BC / RG>(krng, c0 / RG + BC / RG, nkg, qhi) * RG;
+        u64 cn = next_tile<BC / RG, true>(krng, gn, nkg, qhi, live_n) * RG;
         cp_wait_all();
         __syncthreads();  // V(c0) landed; every warp is done with K(c0)
         if (cn < sk) load_tile<BC, D>(ks, k, bi, sk, hk, kh, cn);
@@ -359,28 +374,41 @@ __device__ void mma_dq(const bf16* q, const u32* qpos, const u32* qrng, u64 sq, 
     float lb = vb ? lse[(bi * hq + h) * sq + rb] * LOG2E : 0.0f;
     float da = va ? delta[(bi * sq + ra) * hq + h] : 0.0f;
     float db = vb ? delta[(bi * sq + rb) * hq + h] : 0.0f;
-    u64 c0 = next_key_tile<BC / RG>(krng, 0, nkg, qhi) * RG;
+    u64 c0 = next_tile_now<BC / RG, true>(krng, 0, nkg, qhi) * RG;
     if (c0 >= sk) return;
+    // Three copy groups in flight at the loop's head: (Q, dO), V(c0), K(c0). V is used first
+    // (dP), so its successor is loaded while S and dQ run; K's successor while the next dP
+    // runs.
     load_tile<BR, D>(qs, q, bi, sq, hq, h, r0);
     load_tile<BR, D>(dos, dout, bi, sq, hq, h, r0);
-    load_tile<BC, D>(ks, k, bi, sk, hk, kh, c0);
+    cp_commit();
     load_tile<BC, D>(vs, v, bi, sk, hk, kh, c0);
+    cp_commit();
+    load_tile<BC, D>(ks, k, bi, sk, hk, kh, c0);
     cp_commit();
     float acc[DT][4];
 #pragma unroll
     for (int j = 0; j < DT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    const float sl2 = scale * LOG2E;
     while (c0 < sk) {
-        cp_wait_all();
-        __syncthreads();
+        u32 klo, khi;
+        range_of(krng, c0 / RG, BC / RG, nkg, klo, khi);
+        u64 gn = c0 / RG + BC / RG;
+        bool live_n = group_live<true>(krng, gn + lane, nkg, qhi);
+        cp_wait_one();
+        __syncthreads();  // Q, dO and V(c0) landed
         float s[NT][4], dp[NT][4];
 #pragma unroll
         for (int j = 0; j < NT; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.0f;
-        gemm_nt<D, NT, D>(s, qs, warp * 16, ks);
         gemm_nt<D, NT, D>(dp, dos, warp * 16, vs);
-        u32 klo, khi;
-        range_of(krng, c0 / RG, BC / RG, nkg, klo, khi);
+        u64 cn = next_tile<BC / RG, true>(krng, gn, nkg, qhi, live_n) * RG;
+        cp_wait_all();
+        __syncthreads();  // K(c0) landed; every warp is done with V(c0)
+        if (cn < sk) load_tile<BC, D>(vs, v, bi, sk, hk, kh, cn);
+        cp_commit();
+        gemm_nt<D, NT, D>(s, qs, warp * 16, ks);
         bool full = rows_full && c0 + BC <= sk && khi <= qlo;
         u32 vis = 0;
 #pragma unroll
@@ -394,15 +422,11 @@ __device__ void mma_dq(const bf16* q, const u32* qpos, const u32* qrng, u64 sq, 
                 vis |= (u32)(ok && kp <= pb) << (j * 4 + 2 + e);
             }
         const float l2[2] = {la, lb}, dl[2] = {da, db};
-        softmax_grad<NT, false>(s, dp, scale * LOG2E, l2, dl, vis);
+        softmax_grad<NT, false>(s, dp, sl2, l2, dl, vis);
         // dQ += dS K: dS (in dp) as the A operand, K [key][d] as B [k][n].
         gemm_pv<D, BC / 16>(acc, dp, ks);
-        u64 cn = next_key_tile<BC / RG>(krng, c0 / RG + BC / RG, nkg, qhi) * RG;
-        __syncthreads();  // every warp is done with K(c0), V(c0)
-        if (cn < sk) {
-            load_tile<BC, D>(ks, k, bi, sk, hk, kh, cn);
-            load_tile<BC, D>(vs, v, bi, sk, hk, kh, cn);
-        }
+        __syncthreads();  // every warp is done with K(c0)
+        if (cn < sk) load_tile<BC, D>(ks, k, bi, sk, hk, kh, cn);
         cp_commit();
         c0 = cn;
     }
@@ -446,54 +470,73 @@ __device__ void mma_dkdv(const bf16* q, const u32* qpos, const u32* qrng, u64 sq
     u64 ca = c0 + warp * 16 + g, cb = ca + 8;
     bool va = ca < sk, vb = cb < sk;
     u32 pa = va ? kpos[ca] : 0xffffffffu, pb = vb ? kpos[cb] : 0xffffffffu;
-    u64 r0 = next_query_tile<BQ / RG>(qrng, 0, nqg, klo) * RG;
-    if (r0 >= sq) return;
+    const u64 first = next_tile_now<BQ / RG, false>(qrng, 0, nqg, klo) * RG;
+    if (first >= sq) return;
+    // Copy groups at the loop's head: Q(h, r0), then dO(h, r0) (K and V with the first Q). Q's
+    // successor is loaded while dV runs, dO's while the next S runs.
+    u32 h = kh * group;
+    const u32 hend = h + group;
+    u64 r0 = first;
     load_tile<BK, D>(ks, k, bi, sk, hk, kh, c0);
     load_tile<BK, D>(vs, v, bi, sk, hk, kh, c0);
+    load_tile<BQ, D>(qs, q, bi, sq, hq, h, r0);
+    cp_commit();
+    load_tile<BQ, D>(dos, dout, bi, sq, hq, h, r0);
     cp_commit();
     float gk[DT][4], gv[DT][4];
 #pragma unroll
     for (int j = 0; j < DT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) gk[j][e] = gv[j][e] = 0.0f;
-    for (u32 h = kh * group; h < (kh + 1) * group; ++h) {
-        r0 = next_query_tile<BQ / RG>(qrng, 0, nqg, klo) * RG;
-        while (r0 < sq) {
-            __syncthreads();  // every warp is done with the previous Q, dO tiles
-            load_tile<BQ, D>(qs, q, bi, sq, hq, h, r0);
-            load_tile<BQ, D>(dos, dout, bi, sq, hq, h, r0);
-            cp_commit();
-            cp_wait_all();
-            __syncthreads();
-            float s[NT][4], dp[NT][4];
+    const float sl2 = scale * LOG2E;
+    while (h < hend) {
+        u64 gn = r0 / RG + BQ / RG;
+        bool live_n = group_live<false>(qrng, gn + lane, nqg, klo);
+        cp_wait_one();
+        __syncthreads();  // K, V and Q(h, r0) landed
+        float s[NT][4], dp[NT][4];
 #pragma unroll
-            for (int j = 0; j < NT; ++j)
+        for (int j = 0; j < NT; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.0f;
-            gemm_nt<D, NT, D>(s, ks, warp * 16, qs);
-            gemm_nt<D, NT, D>(dp, vs, warp * 16, dos);
-            u32 qlo, qhi;
-            range_of(qrng, r0 / RG, BQ / RG, nqg, qlo, qhi);
-            bool full = keys_full && r0 + BQ <= sq && qlo >= khi;
-            float l2[NT * 2], dl[NT * 2];
-            u32 vis = 0;
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    u64 r = r0 + j * 8 + 2 * t + e;
-                    bool ok = r < sq;
-                    u32 qp = (full || !ok) ? 0xffffffffu : qpos[r];
-                    l2[j * 2 + e] = ok ? lse[(bi * hq + h) * sq + r] * LOG2E : 0.0f;
-                    dl[j * 2 + e] = ok ? delta[(bi * sq + r) * hq + h] : 0.0f;
-                    vis |= (u32)(ok && (full || pa <= qp)) << (j * 4 + e);
-                    vis |= (u32)(ok && (full || pb <= qp)) << (j * 4 + 2 + e);
-                }
-            softmax_grad<NT, true>(s, dp, scale * LOG2E, l2, dl, vis);
-            gemm_pv<D, BQ / 16>(gv, s, dos);
-            gemm_pv<D, BQ / 16>(gk, dp, qs);
-            r0 = next_query_tile<BQ / RG>(qrng, r0 / RG + BQ / RG, nqg, klo) * RG;
+            for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.0f;
+        gemm_nt<D, NT, D>(s, ks, warp * 16, qs);
+        u64 rn = next_tile<BQ / RG, false>(qrng, gn, nqg, klo, live_n) * RG;
+        u32 hn = h;
+        if (rn >= sq) {
+            hn = h + 1;
+            rn = first;
         }
+        u32 qlo, qhi;
+        range_of(qrng, r0 / RG, BQ / RG, nqg, qlo, qhi);
+        bool full = keys_full && r0 + BQ <= sq && qlo >= khi;
+        float l2[NT * 2], dl[NT * 2];
+        u32 vis = 0;
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                u64 r = r0 + j * 8 + 2 * t + e;
+                bool ok = r < sq;
+                u32 qp = (full || !ok) ? 0xffffffffu : qpos[r];
+                l2[j * 2 + e] = ok ? lse[(bi * hq + h) * sq + r] * LOG2E : 0.0f;
+                dl[j * 2 + e] = ok ? delta[(bi * sq + r) * hq + h] : 0.0f;
+                vis |= (u32)(ok && (full || pa <= qp)) << (j * 4 + e);
+                vis |= (u32)(ok && (full || pb <= qp)) << (j * 4 + 2 + e);
+            }
+        cp_wait_all();
+        __syncthreads();  // dO(h, r0) landed
+        gemm_nt<D, NT, D>(dp, vs, warp * 16, dos);
+        softmax_grad<NT, true>(s, dp, sl2, l2, dl, vis);
+        gemm_pv<D, BQ / 16>(gk, dp, qs);
+        __syncthreads();  // every warp is done with Q(h, r0)
+        if (hn < hend) load_tile<BQ, D>(qs, q, bi, sq, hq, hn, rn);
+        cp_commit();
+        gemm_pv<D, BQ / 16>(gv, s, dos);
+        __syncthreads();  // every warp is done with dO(h, r0)
+        if (hn < hend) load_tile<BQ, D>(dos, dout, bi, sq, hq, hn, rn);
+        cp_commit();
+        h = hn;
+        r0 = rn;
     }
     u64 oa = ((bi * sk + ca) * hk + kh) * D + 2 * t, ob = ((bi * sk + cb) * hk + kh) * D + 2 * t;
 #pragma unroll
