@@ -1,7 +1,8 @@
 //! Kernel times on the GPU at hand, from CUDA events around each launch: 3 warm-up runs, then
 //! the median of 20 timed ones. Prints time and achieved rate (memory-bound kernels in GB/s,
 //! flash attention in causal TFLOP/s: 4 b hq s^2 d / 2 forward, 2.5x that backward, as
-//! FlashAttention-2 counts). Run: `cargo bench -p parsim-executor --bench kernels`; without a
+//! FlashAttention-2 counts; the scalar kernels of flash.cu beside the tensor-core ones of
+//! flash_mma.cu). Run: `cargo bench -p parsim-executor --bench kernels`; without a
 //! GPU, driver or NVRTC it prints why it skips.
 
 use cudarc::driver::sys::CUevent_flags;
@@ -169,6 +170,40 @@ fn main() {
     });
     println!(
         "flash backward_block_bf16 same shape: {t:.3} ms, {:.1} TFLOP/s",
+        2.5 * flops_fwd / (t * 1e-3) / 1e12
+    );
+
+    // The same shape on the tensor-core kernels (flash_mma.cu).
+    let rng = s.clone_htod(&launch::flash_mma::ranges(&pos)).unwrap();
+    let mrows = launch::flash_mma::MmaRows {
+        pos: ptr(&s, &ppos),
+        ranges: ptr(&s, &rng),
+        len: sq,
+    };
+    let t = time_ms(&s, || {
+        // SAFETY: as the scalar forward above; positions and their ranges u32.
+        unsafe {
+            launch::flash_mma::forward_block(
+                &s, &k, &sh, pq, mrows, pkv, pkv, mrows, pacc, pst, pst2,
+            )
+        }
+        .unwrap()
+    });
+    println!(
+        "flash_mma_fwd_d128 (tensor cores) same shape: {t:.3} ms, {:.1} TFLOP/s",
+        flops_fwd / (t * 1e-3) / 1e12
+    );
+    let t = time_ms(&s, || {
+        // SAFETY: as the scalar backward above.
+        unsafe {
+            launch::flash_mma::backward_block(
+                &s, &k, &sh, pq, mrows, pkv, pkv, mrows, pq, pst, pst2, pdq, pdkv, pdkv,
+            )
+        }
+        .unwrap()
+    });
+    println!(
+        "flash_mma backward (dq + dkdv, tensor cores) same shape: {t:.3} ms, {:.1} TFLOP/s",
         2.5 * flops_fwd / (t * 1e-3) / 1e12
     );
 }

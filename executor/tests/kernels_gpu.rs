@@ -83,6 +83,11 @@ fn rel_err(got: &[f32], want: &[f32]) -> f32 {
 }
 
 fn check(name: &str, got: &[f32], want: &[f32], tol: f32) {
+    // rel_err's max skips NaN: a NaN left in a poisoned output must fail here.
+    assert!(
+        got.iter().chain(want).all(|x| x.is_finite()),
+        "{name}: non-finite value"
+    );
     let e = rel_err(got, want);
     eprintln!("{name}: relative error {e:.2e}");
     assert!(e < tol, "{name}: relative error {e} >= {tol}");
@@ -856,4 +861,238 @@ fn dropout_heads_and_scored_router_match_the_cpu() {
         }
         check("moe scored backward", &g.down(&pd), &want, 1e-5);
     }
+}
+
+/// One side of a tensor-core attention call on the device: positions and their group ranges.
+fn mma_rows(g: &Gpu, pos: &[u32]) -> (launch::flash_mma::MmaRows, [CudaSlice<u32>; 2]) {
+    let (dp, dr) = (g.up(pos), g.up(&launch::flash_mma::ranges(pos)));
+    let rows = launch::flash_mma::MmaRows {
+        pos: p(g, &dp),
+        ranges: p(g, &dr),
+        len: pos.len(),
+    };
+    (rows, [dp, dr])
+}
+
+/// kernels/flash_mma.cu (bf16, tensor cores) against the CPU twin on the bf16-rounded inputs:
+/// queries at `qpos` against the K/V blocks at `kblocks` merged one call each (the ring's
+/// order), then finish, and the backward of every block from the final lse and delta. The
+/// accumulating outputs start from random values (their += is checked too), lse from NaN.
+fn mma_case(g: &Gpu, name: &str, sh: &BlockShape, qpos: &[u32], kblocks: &[Vec<u32>], seed: u64) {
+    let sq = qpos.len();
+    let nq = sh.b * sq * sh.hq * sh.d;
+    let nst = sh.b * sh.hq * sq;
+    let q = rounded(&rand(nq, seed));
+    let dout = rounded(&rand(nq, seed + 1));
+    let kv: Vec<(Vec<f32>, Vec<f32>)> = kblocks
+        .iter()
+        .enumerate()
+        .map(|(i, kp)| {
+            let n = sh.b * kp.len() * sh.hk * sh.d;
+            let s = seed + 10 * (i as u64 + 1);
+            (rounded(&rand(n, s)), rounded(&rand(n, s + 1)))
+        })
+        .collect();
+    let gc = parsim_executor::backend::cpu::ops::gemm::GemmCounter::new();
+    let side = |pos| Side { pos, tile: 16 };
+    // CPU: the merge, finish, delta and each block's backward.
+    let (mut acc, mut mx, mut sm, mut lse) = (
+        vec![0.0; nq],
+        vec![f32::NEG_INFINITY; nst],
+        vec![0.0; nst],
+        vec![0.0; nst],
+    );
+    let mut tile = vec![0.0; 256];
+    for (kp, (k, v)) in kblocks.iter().zip(&kv) {
+        let mut on = flash::Online {
+            max: &mut mx,
+            sum: &mut sm,
+        };
+        flash::forward_block(
+            &gc,
+            sh,
+            &q,
+            side(qpos),
+            k,
+            v,
+            side(kp),
+            &mut acc,
+            &mut on,
+            &mut tile,
+        );
+    }
+    let mut o = acc.clone();
+    flash::finish(sh, sq, &mut o, &mx, &sm, &mut lse);
+    let mut delta = vec![0.0; sh.b * sq * sh.hq];
+    flash::delta(sh, sq, &dout, &o, &mut delta);
+    let dq0 = rand(nq, seed + 3);
+    let mut dq = dq0.clone();
+    let (mut pt, mut dpt) = (vec![0.0; 256], vec![0.0; 256]);
+    let mut dkv = Vec::new();
+    for (i, (kp, (k, v))) in kblocks.iter().zip(&kv).enumerate() {
+        let (dk0, dv0) = (rand(k.len(), seed + 4 + i as u64), rand(v.len(), seed + 5));
+        let (mut dk, mut dv) = (dk0.clone(), dv0.clone());
+        flash::backward_block(
+            &gc,
+            sh,
+            &q,
+            side(qpos),
+            k,
+            v,
+            side(kp),
+            &dout,
+            &lse,
+            &delta,
+            &mut dq,
+            &mut dk,
+            &mut dv,
+            &mut pt,
+            &mut dpt,
+        );
+        dkv.push((dk0, dv0, dk, dv));
+    }
+    // GPU: the same calls on the tensor-core kernels.
+    let (pq, pdo) = (bf16_up(g, &q), bf16_up(g, &dout));
+    let (qr, _qkeep) = mma_rows(g, qpos);
+    let (pacc, pmx, psm, plse) = (
+        g.up(&vec![0.0f32; nq]),
+        g.up(&vec![f32::NEG_INFINITY; nst]),
+        g.up(&vec![0.0f32; nst]),
+        g.poisoned(nst),
+    );
+    let dev_kv: Vec<_> = kv
+        .iter()
+        .map(|(k, v)| (bf16_up(g, k), bf16_up(g, v)))
+        .collect();
+    let mut keep = Vec::new();
+    for (kp, (pk, pv)) in kblocks.iter().zip(&dev_kv) {
+        let (kr, kk) = mma_rows(g, kp);
+        keep.push(kk);
+        // SAFETY: q [b, sq, hq, d], k and v [b, sk, hk, d] bf16; acc, max, sum f32.
+        unsafe {
+            launch::flash_mma::forward_block(
+                &g.s,
+                &g.k,
+                sh,
+                p(g, &pq),
+                qr,
+                p(g, pk),
+                p(g, pv),
+                kr,
+                p(g, &pacc),
+                p(g, &pmx),
+                p(g, &psm),
+            )
+        }
+        .unwrap();
+    }
+    check(&format!("{name} acc"), &g.down(&pacc), &acc, 1e-2);
+    // SAFETY: acc b*sq*hq*d f32, the statistics b*hq*sq f32.
+    unsafe {
+        launch::flash::finish(
+            &g.s,
+            &g.k,
+            sh,
+            sq,
+            p(g, &pacc),
+            p(g, &pmx),
+            p(g, &psm),
+            p(g, &plse),
+        )
+    }
+    .unwrap();
+    check(&format!("{name} o"), &g.down(&pacc), &o, 1e-2);
+    check(&format!("{name} lse"), &g.down(&plse), &lse, 1e-2);
+    let (dlse, ddl, pdq) = (g.up(&lse), g.up(&delta), g.up(&dq0));
+    for (i, (kp, (pk, pv))) in kblocks.iter().zip(&dev_kv).enumerate() {
+        let (kr, kk) = mma_rows(g, kp);
+        keep.push(kk);
+        let (dk0, dv0, dk, dv) = &dkv[i];
+        let (pdk, pdv) = (g.up(dk0), g.up(dv0));
+        // SAFETY: as the forward; dout like q; lse, delta and the gradients f32.
+        unsafe {
+            launch::flash_mma::backward_block(
+                &g.s,
+                &g.k,
+                sh,
+                p(g, &pq),
+                qr,
+                p(g, pk),
+                p(g, pv),
+                kr,
+                p(g, &pdo),
+                p(g, &dlse),
+                p(g, &ddl),
+                p(g, &pdq),
+                p(g, &pdk),
+                p(g, &pdv),
+            )
+        }
+        .unwrap();
+        check(&format!("{name} dk[{i}]"), &g.down(&pdk), dk, 1e-2);
+        check(&format!("{name} dv[{i}]"), &g.down(&pdv), dv, 1e-2);
+    }
+    check(&format!("{name} dq"), &g.down(&pdq), &dq, 1e-2);
+}
+
+#[test]
+fn flash_mma_bf16_matches_the_cpu_at_odd_lengths_gqa_zigzag_and_a_ring_merge() {
+    let Some(g) = gpu() else { return };
+    let shape = |b, hq, hk, d| BlockShape {
+        b,
+        hq,
+        hk,
+        d,
+        dv: d,
+        dropout: None,
+    };
+    // Contiguous causal, 100 rows (not a multiple of the 64- or 32-row tiles), GQA 4:2, d 64.
+    let pos: Vec<u32> = (0..100).collect();
+    mma_case(
+        &g,
+        "contiguous d64",
+        &shape(1, 4, 2, 64),
+        &pos,
+        std::slice::from_ref(&pos),
+        51,
+    );
+    // The same at d 128 with 3 sequences, 200 rows, one key head for 4 query heads.
+    let pos: Vec<u32> = (0..200).collect();
+    mma_case(
+        &g,
+        "contiguous d128",
+        &shape(3, 4, 1, 128),
+        &pos,
+        std::slice::from_ref(&pos),
+        61,
+    );
+    // Zigzag CP shard of a 320-row sequence over cp 2: chunks 0 and 3 (80 rows each) against
+    // every key, d 128, GQA 2:1.
+    let qpos: Vec<u32> = (0..80).chain(240..320).collect();
+    let kpos: Vec<u32> = (0..320).collect();
+    mma_case(&g, "zigzag d128", &shape(2, 2, 1, 128), &qpos, &[kpos], 71);
+    // The ring's block merge: the same queries against two K/V blocks in two calls (keys
+    // 0..150 and 150..301, the second partly in the future of every query block), d 64.
+    let qpos: Vec<u32> = (0..301).collect();
+    let blocks = vec![(0..150).collect(), (150..301).collect()];
+    mma_case(
+        &g,
+        "ring merge d64",
+        &shape(1, 8, 2, 64),
+        &qpos,
+        &blocks,
+        81,
+    );
+    // A zigzag ring on cp 2: shard 0 (chunks 0 and 3 of 320 rows) merges its own keys, then
+    // shard 1's (chunks 1 and 2: wholly in the past of chunk 3, the future of chunk 0).
+    let qpos: Vec<u32> = (0..80).chain(240..320).collect();
+    let blocks = vec![qpos.clone(), (80..240).collect()];
+    mma_case(
+        &g,
+        "zigzag ring d128",
+        &shape(1, 4, 2, 128),
+        &qpos,
+        &blocks,
+        91,
+    );
 }

@@ -1,10 +1,13 @@
 //! Attention on the CUDA backend: the block kernels of `kernels/flash.cu` (FlashAttention-2's
 //! tiled online softmax, Dao 2023) for the trait's block ops and for whole-sequence attention,
-//! which is one block of every position against every position. The causal work each block
-//! call reports is counted on the host from the row positions, as the CPU twin counts it.
+//! which is one block of every position against every position. bf16 at head dims 64 and 128
+//! runs on the tensor-core kernels of `kernels/flash_mma.cu` instead ([`flash_mma::supports`]
+//! picks). The causal work each block call reports is counted on the host from the row
+//! positions, as the CPU twin counts it.
 
 use super::error::CudaError;
 use super::launch::flash::{self, Rows};
+use super::launch::flash_mma::{self, MmaRows};
 use super::rank::CudaRank;
 use super::tensor::CudaTensor;
 use crate::backend::{AttnSaved, AttnShape, BlockShape, DType, DeviceTensor, Keep};
@@ -61,6 +64,18 @@ pub fn fill(r: &CudaRank, t: &mut CudaTensor, value: f32) -> Result<(), CudaErro
     }
 }
 
+/// Positions and their group ranges of one side on the device (the tensor-core kernels'
+/// rows); the two temporaries must outlive the launch.
+fn mma_rows(r: &CudaRank, pos: &[u32]) -> Result<(MmaRows, [CudaTensor; 2]), CudaError> {
+    let (p, g) = (r.upload_u32(pos)?, r.upload_u32(&flash_mma::ranges(pos))?);
+    let rows = MmaRows {
+        pos: p.ptr_at(0),
+        ranges: g.ptr_at(0),
+        len: pos.len(),
+    };
+    Ok((rows, [p, g]))
+}
+
 /// One forward block on device addresses of dtype `dt` (q, k, v) into `run`.
 #[allow(clippy::too_many_arguments)]
 pub fn forward_block(
@@ -76,6 +91,12 @@ pub fn forward_block(
     max: u64,
     sum: u64,
 ) -> Result<u64, CudaError> {
+    if flash_mma::supports(dt, sh, &[q, k, v], &[acc]) {
+        let ((qs, _qt), (ks, _kt)) = (mma_rows(r, qpos)?, mma_rows(r, kpos)?);
+        // SAFETY: as below; the alignments were checked by `supports`.
+        unsafe { flash_mma::forward_block(r.s(), r.k(), sh, q, qs, k, v, ks, acc, max, sum) }?;
+        return Ok(causal_work(sh, qpos, kpos));
+    }
     let (qp, kp) = (r.upload_u32(qpos)?, r.upload_u32(kpos)?);
     let qs = Rows {
         pos: qp.ptr_at(0),
@@ -88,6 +109,82 @@ pub fn forward_block(
     // SAFETY: the callers pass tensors of the shapes the wrapper names, of dtype `dt`
     // (q, k, v) and f32 (acc, max, sum).
     unsafe { flash::forward_block(r.s(), r.k(), dt, sh, q, qs, k, v, ks, acc, max, sum) }?;
+    Ok(causal_work(sh, qpos, kpos))
+}
+
+/// Device addresses of one backward block: inputs of dtype `dt` (q, k, v, dout), f32 lse
+/// [b, hq, sq] and delta [b, sq, hq], f32 gradients added to.
+pub struct BwdBuffers {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub dout: u64,
+    pub lse: u64,
+    pub delta: u64,
+    pub dq: u64,
+    pub dk: u64,
+    pub dv: u64,
+}
+
+/// One backward block (queries at `qpos` against keys at `kpos`) on the tensor-core kernels
+/// where they apply, else on kernels/flash.cu; returns the causal work.
+pub fn backward_block(
+    r: &CudaRank,
+    dt: DType,
+    sh: &BlockShape,
+    qpos: &[u32],
+    kpos: &[u32],
+    b: &BwdBuffers,
+) -> Result<u64, CudaError> {
+    let bf16 = [b.q, b.k, b.v, b.dout];
+    if flash_mma::supports(dt, sh, &bf16, &[b.dq, b.dk, b.dv]) {
+        let ((qs, _qt), (ks, _kt)) = (mma_rows(r, qpos)?, mma_rows(r, kpos)?);
+        // SAFETY: the callers pass buffers of the shapes BwdBuffers names; alignments checked.
+        unsafe {
+            flash_mma::backward_block(
+                r.s(),
+                r.k(),
+                sh,
+                b.q,
+                qs,
+                b.k,
+                b.v,
+                ks,
+                b.dout,
+                b.lse,
+                b.delta,
+                b.dq,
+                b.dk,
+                b.dv,
+            )
+        }?;
+        return Ok(causal_work(sh, qpos, kpos));
+    }
+    let (qp, kp) = (r.upload_u32(qpos)?, r.upload_u32(kpos)?);
+    let rows = |t: &CudaTensor, len| Rows {
+        pos: t.ptr_at(0),
+        len,
+    };
+    // SAFETY: the callers pass buffers of the shapes BwdBuffers names.
+    unsafe {
+        flash::backward_block(
+            r.s(),
+            r.k(),
+            dt,
+            sh,
+            b.q,
+            rows(&qp, qpos.len()),
+            b.k,
+            b.v,
+            rows(&kp, kpos.len()),
+            b.dout,
+            b.lse,
+            b.delta,
+            b.dq,
+            b.dk,
+            b.dv,
+        )
+    }?;
     Ok(causal_work(sh, qpos, kpos))
 }
 
@@ -177,31 +274,18 @@ pub fn attn_bwd(
         dv: r.temp(DType::F32, v.len())?,
     };
     let pos: Vec<u32> = (0..sh.s as u32).collect();
-    let (qp, kp) = (r.upload_u32(&pos)?, r.upload_u32(&pos)?);
-    let rows = |t: &CudaTensor| Rows {
-        pos: t.ptr_at(0),
-        len: sh.s,
+    let bufs = BwdBuffers {
+        q: q.ptr_at(0),
+        k: ks.ptr,
+        v: vs.ptr,
+        dout: ds.ptr,
+        lse: lse.ptr_at(0),
+        delta: delta.ptr_at(0),
+        dq: g.dq.ptr_at(0),
+        dk: g.dk.ptr_at(0),
+        dv: g.dv.ptr_at(0),
     };
-    // SAFETY: every buffer has the shape the wrapper names.
-    unsafe {
-        flash::backward_block(
-            r.s(),
-            r.k(),
-            dt,
-            &bs,
-            q.ptr_at(0),
-            rows(&qp),
-            ks.ptr,
-            vs.ptr,
-            rows(&kp),
-            ds.ptr,
-            lse.ptr_at(0),
-            delta.ptr_at(0),
-            g.dq.ptr_at(0),
-            g.dk.ptr_at(0),
-            g.dv.ptr_at(0),
-        )
-    }?;
+    backward_block(r, dt, &bs, &pos, &pos, &bufs)?;
     for (src, dst) in [(&g.dq, dq), (&g.dk, dk), (&g.dv, dv)] {
         r.convert(
             src.ptr_at(0),

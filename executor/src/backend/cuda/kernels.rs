@@ -47,6 +47,7 @@ pub const FILES: &[KernelFile] = kernel_files!(
     "moe.cu",
     "ulysses.cu",
     "flash.cu",
+    "flash_mma.cu",
     "dropout.cu",
     "heads.cu"
 );
@@ -186,6 +187,8 @@ mod tests {
             "swiglu_bwd_bf16",
             "flash_fwd_block_f32",
             "flash_bwd_dkdv_bf16",
+            "flash_mma_fwd_d128",
+            "flash_mma_dkdv_d64",
             "flash_finish_f32",
             "ce_grad_f32",
             "adam_step_f32",

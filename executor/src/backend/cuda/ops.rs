@@ -6,7 +6,7 @@
 //! capacity's drops are host metadata, as the split sizes of the dispatch all-to-all are on
 //! the host for NCCL too).
 
-use super::attn::{self, causal_work, Running};
+use super::attn::{self, Running};
 use super::error::CudaError;
 use super::launch::{
     activation, adam, cross_entropy as ce, elementwise, embedding, flash, moe, norm, rotary,
@@ -933,35 +933,22 @@ impl TensorOps<Cuda> for CudaRank {
         let gq = self.output_at(dq, 0..dq.len(), F32, true)?;
         let gk = self.output_at(dk.tensor, rk.clone(), F32, true)?;
         let gv = self.output_at(dv.tensor, rv.clone(), F32, true)?;
-        let (qp, kp) = (self.upload_u32(qs.pos)?, self.upload_u32(ks.pos)?);
-        let rows = |t: &CudaTensor, len| flash::Rows {
-            pos: t.ptr_at(0),
-            len,
+        let bufs = attn::BwdBuffers {
+            q: q.ptr_at(0),
+            k: kk.ptr,
+            v: vv.ptr,
+            dout: ds.ptr,
+            lse: ls.ptr,
+            delta: de.ptr,
+            dq: gq.ptr,
+            dk: gk.ptr,
+            dv: gv.ptr,
         };
-        // SAFETY: shapes as the wrapper names; gradients f32, added to.
-        unsafe {
-            flash::backward_block(
-                self.s(),
-                self.k(),
-                dt,
-                sh,
-                q.ptr_at(0),
-                rows(&qp, qs.pos.len()),
-                kk.ptr,
-                vv.ptr,
-                rows(&kp, ks.pos.len()),
-                ds.ptr,
-                ls.ptr,
-                de.ptr,
-                gq.ptr,
-                gk.ptr,
-                gv.ptr,
-            )
-        }?;
+        let work = attn::backward_block(self, dt, sh, qs.pos, ks.pos, &bufs)?;
         self.store(gq, dq, 0..dq.len())?;
         self.store(gk, dk.tensor, rk)?;
         self.store(gv, dv.tensor, rv)?;
-        Ok(causal_work(sh, qs.pos, ks.pos))
+        Ok(work)
     }
 
     fn ulysses_pack(

@@ -11,6 +11,7 @@ pub mod dropout;
 pub mod elementwise;
 pub mod embedding;
 pub mod flash;
+pub mod flash_mma;
 pub mod heads;
 pub mod moe;
 pub mod norm;
