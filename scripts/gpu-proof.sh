@@ -26,6 +26,11 @@ say "machine"; nvidia-smi >>"$LOG" 2>&1
 step 120 "$B/parsim" doctor
 "$B/parsim" doctor --json >"$OUT/doctor.json" 2>>"$LOG"
 case "${1:-all}" in
+quick)
+step 120 "$B/kernels_gpu" --test-threads=1 --nocapture
+step 150 "$B/cuda_twin" --test-threads=1 --nocapture
+step 300 "$B/executor" cuda --test-threads=1 --nocapture
+;;&
 all|check)
 step 120 "$B/kernels_gpu" --test-threads=1 --nocapture
 step 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/kernels_gpu" --test-threads=1
@@ -53,6 +58,10 @@ for mix in "" "--tp 2 --sp --gpus 2" "--pp 2 --gpus 2" "--dp 2 --zero 1 --gpus 2
   echo "exit $?" | tee -a "$LOG"
 done
 ;;&
+profile)
+# Kernel time by kernel over one timed step of the layer (Nsight Compute, clocks left alone).
+step 400 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel "$B/parsim" execute --config tests/fixtures/gpu_layer.toml --backend cuda --precision bf16 --steps 2 --warmup 1
+;;
 calibrate)
 step 500 "$B/parsim" execute --calibrate --backend cuda --gpu h100-sxm --out "$OUT/h100-measured.toml"
 ;;

@@ -35,11 +35,27 @@ pub struct MmaRows {
     pub len: usize,
 }
 
+/// Off: every call runs on kernels/flash.cu (for comparing the two on one GPU; the
+/// `PARSIM_CUDA_FLASH_SCALAR` environment variable also turns them off for a whole run).
+static DISABLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Turns the tensor-core kernels off (`false`) or back on for calls made from now on.
+pub fn set_enabled(on: bool) {
+    DISABLED.store(!on, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn enabled() -> bool {
+    static ENV_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    !DISABLED.load(std::sync::atomic::Ordering::Relaxed)
+        && !*ENV_OFF.get_or_init(|| std::env::var_os("PARSIM_CUDA_FLASH_SCALAR").is_some())
+}
+
 /// Whether the tensor-core kernels take a call: bf16 inputs, d = dv in [`HEAD_DIMS`], query
 /// heads a multiple of the key heads, the bf16 tensors 16-byte aligned (cp.async) and the f32
 /// accumulators 8-byte aligned (paired stores). Anything else runs on kernels/flash.cu.
 pub fn supports(dtype: DType, sh: &BlockShape, bf16: &[CUdeviceptr], f32s: &[CUdeviceptr]) -> bool {
-    dtype == DType::Bf16
+    enabled()
+        && dtype == DType::Bf16
         && sh.d == sh.dv
         && HEAD_DIMS.contains(&sh.d)
         && sh.hk > 0
