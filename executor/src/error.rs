@@ -52,6 +52,8 @@ pub enum ExecError {
 pub enum PlanError {
     #[error("model sizes must be positive")]
     NonPositiveSizes,
+    #[error("parallel.grad_bucket_params must be at least 1 parameter (or unset: reduce at the optimizer step)")]
+    ZeroGradBucket,
     #[error("model.learned_positions ({rows} rows) must cover the sequence ({seq})")]
     PositionsBelowSeq { rows: usize, seq: usize },
     /// MLA's decoupled rotary key is part of its attention (DeepSeek-V2).
@@ -197,4 +199,6 @@ pub enum StateError {
     MoeSavedMismatch,
     #[error("a multi-token-prediction module needs the {0} block on its rank")]
     MtpWithoutBlock(String),
+    #[error("gradient buckets of stages {0:?} were not reduced before the optimizer step")]
+    GradBucketsNotIssued(Vec<u32>),
 }

@@ -4,6 +4,7 @@
 
 mod cuda;
 mod export;
+mod grad_buckets;
 mod rank;
 mod zero;
 
