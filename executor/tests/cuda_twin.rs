@@ -265,3 +265,73 @@ fn twin(shape: parsim_executor::plan::ModelShape) {
         assert!(e < 1e-5, "{name}: relative error {e}");
     }
 }
+
+/// Forced load balancing (`model.moe_router_force_load_balancing`) on the GPU: the device's
+/// scores, the CPU twin's balanced assignment (token t takes experts (t k + j) mod E), so the
+/// loss and parameters after a step match the CPU run; with softmax scores and the
+/// load-balancing loss, and with DeepSeek-V3's renormalised sigmoid gates.
+#[test]
+fn a_forced_balancing_moe_step_matches_the_cpu_twin() {
+    use parsim_executor::plan::{
+        Activation, ModelShape, MoeShape, Norm, RouterShape, ScoreFunction,
+    };
+    if let Err(reason) = gpu() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let routers = [
+        RouterShape {
+            force_balance: true,
+            ..RouterShape::default()
+        },
+        RouterShape {
+            score: ScoreFunction::Sigmoid,
+            renormalize: true,
+            force_balance: true,
+            ..RouterShape::default()
+        },
+    ];
+    for router in routers {
+        let aux = if router.score == ScoreFunction::Softmax {
+            0.01
+        } else {
+            0.0
+        };
+        let shape = ModelShape {
+            num_layers: 2,
+            hidden: 64,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 16,
+            ffn: 128,
+            vocab: 128,
+            data_vocab: 128,
+            seq: 32,
+            micro_batch: 2,
+            norm: Norm::RmsNorm,
+            norm_eps: 1e-5,
+            activation: Activation::Swiglu,
+            rope_theta: 10000.0,
+            flash: true,
+            init_std: 0.02,
+            moe: Some(MoeShape {
+                num_experts: 4,
+                top_k: 2,
+                ffn: 64,
+                aux_loss_coeff: aux,
+                router,
+                ..MoeShape::default()
+            }),
+            hidden_dropout: 0.0,
+            attention_dropout: 0.0,
+            tied_embeddings: false,
+            bias_linear: false,
+            qkv_bias: false,
+            learned_positions: 0,
+            mtp_layers: 0,
+            mtp_loss_scale: 0.0,
+            mla: None,
+        };
+        twin(shape);
+    }
+}

@@ -1072,14 +1072,6 @@ impl TensorOps<Cuda> for CudaRank {
         bias: Option<&[f32]>,
         moe: &MoeShape,
     ) -> Result<(Routing, f64, Vec<usize>), ExecError> {
-        if moe.router.force_balance {
-            // The device top-k has no forced assignment yet: refuse by name rather than
-            // route by the scores.
-            return Err(ExecError::Unsupported {
-                field: "model.moe_router_force_load_balancing",
-                message: "the CUDA router does not force balanced routing yet (the CPU backend does); set it to false",
-            });
-        }
         Ok(routing::route_scored(self, logits, bias, moe)?)
     }
 
