@@ -671,7 +671,6 @@ impl TensorOps<Cuda> for CudaRank {
         o: &mut CudaTensor,
         keep: Keep,
     ) -> Result<AttnSaved<CudaTensor>, ExecError> {
-        refuse_attention_dropout(&sh.dropout)?;
         Ok(attn::attn_fwd(self, sh, q, k, v, o, keep)?)
     }
 
@@ -687,7 +686,6 @@ impl TensorOps<Cuda> for CudaRank {
         dk: &mut CudaTensor,
         dv: &mut CudaTensor,
     ) -> Result<(), ExecError> {
-        refuse_attention_dropout(&sh.dropout)?;
         Ok(attn::attn_bwd(self, sh, q, k, v, dout, dq, dk, dv)?)
     }
 
@@ -835,7 +833,6 @@ impl TensorOps<Cuda> for CudaRank {
         sum: &mut CudaTensor,
         _tile: &mut CudaTensor,
     ) -> Result<u64, ExecError> {
-        refuse_attention_dropout(&sh.dropout)?;
         let dt = q.dtype();
         let (kk, vv) = (self.input_view(&k, dt)?, self.input_view(&v, dt)?);
         let run = Running {
@@ -923,7 +920,6 @@ impl TensorOps<Cuda> for CudaRank {
         _p_tile: &mut CudaTensor,
         _dp_tile: &mut CudaTensor,
     ) -> Result<u64, ExecError> {
-        refuse_attention_dropout(&sh.dropout)?;
         let dt = q.dtype();
         let (kk, vv) = (self.input_view(&k, dt)?, self.input_view(&v, dt)?);
         let ds = self.input(dout, dt)?;
@@ -1175,18 +1171,6 @@ impl CudaRank {
             self.convert(work.ptr_at(0), F32, t.ptr_at(0), t.dtype(), t.len())?;
         }
         Ok(())
-    }
-}
-
-/// The CUDA attention kernels do not draw the attention-dropout mask yet: refuse it by name
-/// rather than run without it.
-fn refuse_attention_dropout(d: &Option<crate::rng::AttnDropout>) -> Result<(), ExecError> {
-    match d {
-        Some(_) => Err(ExecError::Unsupported {
-            field: "model.attention_dropout",
-            message: "the CUDA flash attention does not apply attention dropout yet (the CPU backend does); set attention_dropout = 0",
-        }),
-        None => Ok(()),
     }
 }
 
