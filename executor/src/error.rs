@@ -39,6 +39,9 @@ pub enum ExecError {
     Timeout { rank: u32, seconds: u64 },
     #[error("dropout: {0}")]
     Dropout(#[from] crate::rng::DropoutError),
+    /// Exported parameters or gradients that the ranks do not cover.
+    #[error(transparent)]
+    Export(#[from] crate::pieces::MissingElements),
     /// A feature of the plan that this backend does not run yet, naming the plan's field.
     #[error("{field}: {message}")]
     Unsupported {
