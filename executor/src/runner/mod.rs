@@ -169,8 +169,15 @@ fn assemble(
             None,
         ),
         Exported::Pieces => {
+            // Every rank of this process (one in a launched job), each tensor's pieces kept.
             let one = |p: Option<Vec<TensorPieces>>| {
-                p.map(|v| v.into_iter().flatten().collect::<TensorPieces>())
+                p.map(|v| {
+                    let mut all = TensorPieces::new();
+                    for (name, ps) in v.into_iter().flatten() {
+                        all.entry(name).or_default().extend(ps);
+                    }
+                    all
+                })
             };
             (None, None, one(param_pieces), one(grad_pieces))
         }
