@@ -26,6 +26,7 @@ say "machine"; nvidia-smi >>"$LOG" 2>&1
 step 120 "$B/parsim" doctor
 "$B/parsim" doctor --json >"$OUT/doctor.json" 2>>"$LOG"
 step 120 "$B/kernels_gpu" --test-threads=1 --nocapture
+step 120 "$B/kernels_gpu_flash" --test-threads=1 --nocapture
 step 150 "$B/cuda_twin" --test-threads=1 --nocapture
 step 60 "$B/collectives" --test-threads=1 --nocapture
 step 120 "$B/executor" cuda --test-threads=1 --nocapture
