@@ -1,6 +1,6 @@
 // Philox 4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11) and the
-// dropout mask's counter/key layout: the CPU twin is executor/src/rng.rs (philox4x32,
-// DropoutKey::block, DropoutKey::keep). Plain C as well as CUDA C: executor/tests/philox_c.rs
+// dropout masks' counter/key layouts: the CPU twins are executor/src/rng.rs (philox4x32,
+// DropoutKey::block, DropoutKey::keep) and executor/src/rng/attention.rs (AttnDropout::keep). Plain C as well as CUDA C: executor/tests/philox_c.rs
 // compiles this header with the system C compiler and compares it with rng.rs bit for bit, the
 // second method that proves the device generator draws the CPU's masks.
 #pragma once
@@ -71,6 +71,30 @@ PHILOX_FN int dropout_keep(philox_u64 seed, philox_u32 step, philox_u32 layer_si
     dropout_block(seed, step, layer_site, token, element / 4, w);
     // Constant indices only, so the block stays in registers (no local-memory stack frame).
     unsigned j = (unsigned)(element % 4);
+    philox_u32 v = j == 0 ? w[0] : j == 1 ? w[1] : j == 2 ? w[2] : w[3];
+    return (philox_u64)v >= threshold;
+}
+
+// Second key word tag of attention dropout (rng/attention.rs ATTN_KEY_TAG): its keys never
+// meet the hidden dropout's.
+#define PHILOX_ATTN_TAG 0x80000000u
+
+// Whether the attention probability of global query token `qtok` (sample * seq + position),
+// global head `head` and key position `kpos` is kept (rng/attention.rs AttnDropout::keep):
+// counter = [qtok low, kpos / 4, head ^ rotl(qtok high, 16), layer], key = [seed low ^
+// rotl(step, 16), seed high ^ step ^ PHILOX_ATTN_TAG], word kpos % 4 against `threshold`.
+PHILOX_FN int attn_dropout_keep(philox_u64 seed, philox_u32 step, philox_u32 layer,
+                                philox_u32 head, philox_u64 qtok, philox_u32 kpos,
+                                philox_u64 threshold) {
+    philox_u32 ctr[4], key[2], w[4];
+    ctr[0] = (philox_u32)qtok;
+    ctr[1] = kpos / 4u;
+    ctr[2] = head ^ philox_rotl((philox_u32)(qtok >> 32), 16);
+    ctr[3] = layer;
+    key[0] = (philox_u32)seed ^ philox_rotl(step, 16);
+    key[1] = (philox_u32)(seed >> 32) ^ step ^ PHILOX_ATTN_TAG;
+    philox4x32(10u, ctr, key, w);
+    unsigned j = kpos % 4u;
     philox_u32 v = j == 0 ? w[0] : j == 1 ? w[1] : j == 2 ? w[2] : w[3];
     return (philox_u64)v >= threshold;
 }

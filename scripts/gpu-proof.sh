@@ -28,6 +28,7 @@ step 120 "$B/parsim" doctor
 case "${1:-all}" in
 quick)
 step 120 "$B/kernels_gpu" --test-threads=1 --nocapture
+step 120 "$B/kernels_gpu_flash" --test-threads=1 --nocapture
 step 150 "$B/cuda_twin" --test-threads=1 --nocapture
 step 300 "$B/executor" cuda --test-threads=1 --nocapture
 ;;&

@@ -415,6 +415,14 @@ fn parallelism(r: &Resolved) -> Parallelism {
             Recompute::Selective => xp::Recompute::Selective,
             Recompute::Full => xp::Recompute::Full,
         },
+        // The executor buckets whole blocks (a layer, the embedding, the output): FSDP's one
+        // wrapped layer is a bucket closed after every block (1 parameter).
+        grad_bucket_params: p.overlap_grad_reduce.then(|| {
+            let n = p
+                .ddp_bucket_size
+                .unwrap_or_else(|| t.framework.grad_bucket_params(r.dp, 1));
+            usize::try_from(n).unwrap_or(usize::MAX)
+        }),
     }
 }
 

@@ -38,3 +38,5 @@ mod plan;
 mod timeline;
 #[path = "executor/timeline_collectives.rs"]
 mod timeline_collectives;
+#[path = "executor/timeline_grad_buckets.rs"]
+mod timeline_grad_buckets;

@@ -39,6 +39,9 @@ pub enum ExecError {
     Timeout { rank: u32, seconds: u64 },
     #[error("dropout: {0}")]
     Dropout(#[from] crate::rng::DropoutError),
+    /// Exported parameters or gradients that the ranks do not cover.
+    #[error(transparent)]
+    Export(#[from] crate::pieces::MissingElements),
     /// A feature of the plan that this backend does not run yet, naming the plan's field.
     #[error("{field}: {message}")]
     Unsupported {
@@ -52,6 +55,8 @@ pub enum ExecError {
 pub enum PlanError {
     #[error("model sizes must be positive")]
     NonPositiveSizes,
+    #[error("parallel.grad_bucket_params must be at least 1 parameter (or unset: reduce at the optimizer step)")]
+    ZeroGradBucket,
     #[error("model.learned_positions ({rows} rows) must cover the sequence ({seq})")]
     PositionsBelowSeq { rows: usize, seq: usize },
     /// MLA's decoupled rotary key is part of its attention (DeepSeek-V2).
@@ -197,4 +202,6 @@ pub enum StateError {
     MoeSavedMismatch,
     #[error("a multi-token-prediction module needs the {0} block on its rank")]
     MtpWithoutBlock(String),
+    #[error("gradient buckets of stages {0:?} were not reduced before the optimizer step")]
+    GradBucketsNotIssued(Vec<u32>),
 }

@@ -13,6 +13,7 @@ pub mod launch;
 pub mod memory;
 pub mod model;
 pub mod nonfinite;
+pub mod pieces;
 pub mod plan;
 pub mod report;
 pub mod rng;

@@ -227,6 +227,11 @@ pub struct Parallelism {
     /// ZeRO stage 0..=3 (Rajbhandari et al. 2020).
     pub zero: u8,
     pub recompute: Recompute,
+    /// ZeRO 0/1 gradient buckets, in parameters: `Some(n)` reduces each bucket (all-reduce
+    /// under ZeRO 0, reduce-scatter under ZeRO 1) during the last microbatch's backward as
+    /// soon as its gradients are final, as Megatron-Core's DDP with `overlap_grad_reduce`;
+    /// `None` reduces the whole gradient at the optimizer step.
+    pub grad_bucket_params: Option<usize>,
 }
 
 /// LoRA fine-tuning (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models"):
@@ -430,6 +435,7 @@ impl Plan {
                 ep: 1,
                 zero: 0,
                 recompute,
+                grad_bucket_params: None,
             },
             adam,
             seed,
@@ -541,6 +547,9 @@ impl Plan {
         }
         if p.zero > 3 {
             return Err(PlanError::ZeroStage { zero: p.zero });
+        }
+        if p.grad_bucket_params == Some(0) {
+            return Err(PlanError::ZeroGradBucket);
         }
         if m.data_vocab == 0 || m.data_vocab > m.vocab {
             return Err(PlanError::DataVocab {

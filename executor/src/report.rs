@@ -112,6 +112,13 @@ pub struct RunReport {
     pub params: Option<BTreeMap<String, Vec<f32>>>,
     /// Global gradient tensors of the last step, when asked for.
     pub grads: Option<BTreeMap<String, Vec<f32>>>,
+    /// A launched process's share of `params` (and `grads`): the pieces of the global
+    /// tensors its rank holds, which rank 0 merges into whole tensors
+    /// ([`crate::launch::worker::combine`]); `None` in one process and once merged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub param_pieces: Option<crate::pieces::TensorPieces>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_pieces: Option<crate::pieces::TensorPieces>,
     /// Per rank, every action of the timed steps with its start and end, when asked for.
     pub traces: Option<Vec<crate::trace::RankTrace>>,
 }

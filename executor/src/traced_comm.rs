@@ -128,6 +128,30 @@ impl<B: Backend> DeviceCollectives<B> for TracedComm<'_, B> {
         })
     }
 
+    /// Recorded as the all-reduce or reduce-scatter of the bucket, inside the action that
+    /// issued it (on a device that overlaps it, its span is the issue).
+    fn reduce_grad_bucket(
+        &self,
+        g: &B::Group,
+        grads: &mut B::Tensor,
+        bucket: Range<usize>,
+        sharded: bool,
+    ) -> Result<(), ExecError> {
+        let bytes = view_bytes(&*grads, &bucket);
+        let op = if sharded {
+            "reduce_scatter"
+        } else {
+            "all_reduce"
+        };
+        self.timed(op, g.members(), bytes, || {
+            self.inner.reduce_grad_bucket(g, grads, bucket, sharded)
+        })
+    }
+
+    fn join_grad_buckets(&self) -> Result<(), ExecError> {
+        self.inner.join_grad_buckets()
+    }
+
     fn all_gather_in_place(
         &self,
         g: &B::Group,

@@ -189,11 +189,11 @@ fn a_whole_step_matches_the_cpu_twin() {
 
 /// The GPT-3-style step on the GPU (linear and QKV biases through the rank-1 GEMMs, the tied
 /// embedding as one tensor, LayerNorm, GeLU, learned positions, hidden dropout) against the
-/// CPU twin; attention dropout is refused by name there until the CUDA flash kernel draws it.
+/// CPU twin, then with attention dropout too (drawn inside kernels/flash.cu from the CPU's
+/// Philox coordinates, regenerated in backward).
 #[test]
 fn a_gpt3_style_step_matches_the_cpu_twin() {
-    use parsim_executor::plan::{Activation, AdamConfig, ModelShape, Norm, Plan, Recompute};
-    use parsim_executor::runner::{run_cuda, CudaWorld, RunOptions};
+    use parsim_executor::plan::{Activation, ModelShape, Norm};
     if let Err(reason) = gpu() {
         eprintln!("skipped: {reason}");
         return;
@@ -227,20 +227,61 @@ fn a_gpt3_style_step_matches_the_cpu_twin() {
         mtp_loss_scale: 0.1,
     };
     twin(shape.clone());
-    let dropped = ModelShape {
+    twin(ModelShape {
         attention_dropout: 0.1,
         ..shape
+    });
+}
+
+/// Multi-head latent attention (DeepSeek-V2) on the GPU: query/key heads of 16 + 8 (no-rotary
+/// and decoupled rotary parts) and value heads of 16, so the flash kernels run with dv < d;
+/// without and with attention dropout, against the CPU twin.
+#[test]
+fn an_mla_step_with_narrower_value_heads_matches_the_cpu_twin() {
+    use parsim_executor::plan::{Activation, MlaShape, ModelShape, Norm};
+    if let Err(reason) = gpu() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let shape = ModelShape {
+        num_layers: 2,
+        hidden: 64,
+        heads: 4,
+        kv_heads: 4,
+        head_dim: 24,
+        ffn: 128,
+        vocab: 128,
+        data_vocab: 128,
+        seq: 32,
+        micro_batch: 2,
+        norm: Norm::RmsNorm,
+        norm_eps: 1e-5,
+        activation: Activation::Swiglu,
+        rope_theta: 10000.0,
+        flash: true,
+        init_std: 0.02,
+        moe: None,
+        hidden_dropout: 0.0,
+        attention_dropout: 0.0,
+        tied_embeddings: false,
+        bias_linear: false,
+        qkv_bias: false,
+        learned_positions: 0,
+        mla: Some(MlaShape {
+            q_lora_rank: 32,
+            kv_lora_rank: 32,
+            qk_nope: 16,
+            qk_rope: 8,
+            v: 16,
+        }),
+        mtp_layers: 0,
+        mtp_loss_scale: 0.0,
     };
-    let plan = Plan::single_rank(dropped, AdamConfig::default(), 5, 2, Recompute::None);
-    let opts = RunOptions {
-        steps: 1,
-        warmup: 0,
-        ..RunOptions::default()
-    };
-    let err = run_cuda(&plan, &opts, CudaWorld::SingleProcess)
-        .expect_err("refused")
-        .to_string();
-    assert!(err.contains("model.attention_dropout"), "{err}");
+    twin(shape.clone());
+    twin(ModelShape {
+        attention_dropout: 0.1,
+        ..shape
+    });
 }
 
 /// RMS of a tensor.
@@ -321,6 +362,76 @@ fn twin(shape: parsim_executor::plan::ModelShape) {
         }
         let e = rel_err(g, w);
         assert!(e < 1e-5, "{name}: relative error {e}");
+    }
+}
+
+/// Forced load balancing (`model.moe_router_force_load_balancing`) on the GPU: the device's
+/// scores, the CPU twin's balanced assignment (token t takes experts (t k + j) mod E), so the
+/// loss and parameters after a step match the CPU run; with softmax scores and the
+/// load-balancing loss, and with DeepSeek-V3's renormalised sigmoid gates.
+#[test]
+fn a_forced_balancing_moe_step_matches_the_cpu_twin() {
+    use parsim_executor::plan::{
+        Activation, ModelShape, MoeShape, Norm, RouterShape, ScoreFunction,
+    };
+    if let Err(reason) = gpu() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let routers = [
+        RouterShape {
+            force_balance: true,
+            ..RouterShape::default()
+        },
+        RouterShape {
+            score: ScoreFunction::Sigmoid,
+            renormalize: true,
+            force_balance: true,
+            ..RouterShape::default()
+        },
+    ];
+    for router in routers {
+        let aux = if router.score == ScoreFunction::Softmax {
+            0.01
+        } else {
+            0.0
+        };
+        let shape = ModelShape {
+            num_layers: 2,
+            hidden: 64,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 16,
+            ffn: 128,
+            vocab: 128,
+            data_vocab: 128,
+            seq: 32,
+            micro_batch: 2,
+            norm: Norm::RmsNorm,
+            norm_eps: 1e-5,
+            activation: Activation::Swiglu,
+            rope_theta: 10000.0,
+            flash: true,
+            init_std: 0.02,
+            moe: Some(MoeShape {
+                num_experts: 4,
+                top_k: 2,
+                ffn: 64,
+                aux_loss_coeff: aux,
+                router,
+                ..MoeShape::default()
+            }),
+            hidden_dropout: 0.0,
+            attention_dropout: 0.0,
+            tied_embeddings: false,
+            bias_linear: false,
+            qkv_bias: false,
+            learned_positions: 0,
+            mtp_layers: 0,
+            mtp_loss_scale: 0.0,
+            mla: None,
+        };
+        twin(shape);
     }
 }
 

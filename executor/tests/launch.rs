@@ -65,8 +65,33 @@ fn rank_report(world: u32, rank: u32) -> RunReport {
         }],
         params: None,
         grads: None,
+        param_pieces: None,
+        grad_pieces: None,
         traces: None,
     }
+}
+
+/// Rank `rank`'s report; under `pieces` (or `pieces-gap:R`, where rank R leaves its share
+/// out) with its shard of an exported 4 x 4 tensor `w` (column `rank` of 4 ranks: elements
+/// rank, rank + 4, .., value 1.5 x index) and the whole of a replicated `g` of 3.
+fn sharded_report(mode: &str, world: u32, rank: u32) -> RunReport {
+    let mut r = rank_report(world, rank);
+    let gap = mode
+        .strip_prefix("pieces-gap:")
+        .map(|x| x.parse::<u32>().expect("pieces-gap:R"));
+    if mode != "pieces" && gap.is_none() {
+        return r;
+    }
+    let mut elements: Vec<(String, usize, f32)> =
+        (0..3).map(|i| ("g".into(), i, 2.0 * i as f32)).collect();
+    if gap != Some(rank) {
+        elements.extend((0..4).map(|row| {
+            let i = row * 4 + rank as usize;
+            ("w".to_string(), i, 1.5 * i as f32)
+        }));
+    }
+    r.param_pieces = Some(parsim_executor::pieces::pieces_of(&elements));
+    r
 }
 
 /// The workers' side. PARSIM_TEST_WORKER: `ok`, `fail:R` (rank R's work returns an error
@@ -128,7 +153,7 @@ fn worker_entry() {
                 std::thread::sleep(Duration::from_secs(60));
                 Ok(rank_report(info.world_size, info.rank))
             }
-            None => Ok(rank_report(info.world_size, info.rank)),
+            None => Ok(sharded_report(&mode, info.world_size, info.rank)),
         }
     };
     match run_worker(&env, &opts, work) {
@@ -139,6 +164,13 @@ fn worker_entry() {
                 format!("{} {}", run.world, ranks.join(",")),
             )
             .expect("write combined");
+            if let Some(params) = run.params {
+                std::fs::write(
+                    out.join("params.json"),
+                    serde_json::to_string(&params).expect("params as JSON"),
+                )
+                .expect("write params");
+            }
             std::process::exit(0)
         }
         Ok(None) => std::process::exit(0),
@@ -237,6 +269,49 @@ fn torchrun_vars(rank: u32, world: u32, port: u16) -> Vec<(&'static str, String)
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Four launched ranks (torchrun variables) each export only their shard of `w`: rank 0's
+/// report holds the whole tensor, 1.5 x index over 16 elements, and the replicated `g` once;
+/// where rank 2 holds nothing of `w`, rank 0 fails naming the tensor and its first missing
+/// elements (index 2, then 6, ...) and exits nonzero.
+#[test]
+fn launched_ranks_export_their_shards_and_rank_0_merges_them() {
+    for (mode, ok) in [("pieces", true), ("pieces-gap:2", false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let procs = Procs(
+            (0..4)
+                .map(|r| {
+                    (
+                        r,
+                        spawn(&torchrun_vars(r, 4, port), dir.path(), mode, 10000),
+                    )
+                })
+                .collect(),
+        );
+        let outs = procs.wait_all(Duration::from_secs(20));
+        let rank0 = &outs[0].1;
+        if !ok {
+            assert!(!rank0.status.success(), "{mode}: rank 0 succeeded");
+            let e = stderr(rank0);
+            assert!(
+                e.contains("exported tensor w: elements 2..3 of 16"),
+                "{mode}: {e}"
+            );
+            continue;
+        }
+        for (r, o) in &outs {
+            assert!(o.status.success(), "{mode} rank {r}: {}", stderr(o));
+        }
+        let params: std::collections::BTreeMap<String, Vec<f32>> = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join("params.json")).expect("rank 0's params"),
+        )
+        .unwrap();
+        let want: Vec<f32> = (0..16).map(|i| 1.5 * i as f32).collect();
+        assert_eq!(params["w"], want);
+        assert_eq!(params["g"], vec![0.0, 2.0, 4.0]);
+    }
 }
 
 /// Every rank wrote the same id, of the kind rank 0 can make here; rank 0 combined 0..world.

@@ -14,7 +14,8 @@ const DRIVER: &str = r#"
 #include "philox.h"
 
 /* P c0 c1 c2 c3 k0 k1 -> the 4 words of philox4x32-10.
-   D seed step layer_site token element threshold -> the block's 4 words and keep. */
+   D seed step layer_site token element threshold -> the block's 4 words and keep.
+   A seed step layer head qtok kpos threshold -> attention dropout's keep. */
 int main(void) {
     char mode;
     while (scanf(" %c", &mode) == 1) {
@@ -32,6 +33,13 @@ int main(void) {
             dropout_block(seed, step, ls, token, element / 4, o);
             printf("%" PRIu32 " %" PRIu32 " %" PRIu32 " %" PRIu32 " %d\n", o[0], o[1], o[2], o[3],
                    dropout_keep(seed, step, ls, token, element, threshold));
+        } else if (mode == 'A') {
+            uint64_t seed, qtok, threshold;
+            uint32_t step, layer, head, kpos;
+            if (scanf("%" SCNu64 " %" SCNu32 " %" SCNu32 " %" SCNu32 " %" SCNu64 " %" SCNu32
+                      " %" SCNu64, &seed, &step, &layer, &head, &qtok, &kpos, &threshold) != 7)
+                return 2;
+            printf("%d\n", attn_dropout_keep(seed, step, layer, head, qtok, kpos, threshold));
         } else {
             return 3;
         }
@@ -178,6 +186,62 @@ fn the_c_build_of_the_device_philox_equals_rng_rs() {
         kept += usize::from(keep);
     }
     // Mean keep probability over p = 0, 0.1, ..., 0.9 is 0.55: both outcomes are exercised.
+    assert!((1800..2600).contains(&kept), "kept {kept} of 4000");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The attention dropout mask that kernels/flash.cu draws (philox.h `attn_dropout_keep`) is
+/// rng/attention.rs's `AttnDropout::keep` on 4000 random calls: seeds and steps over their
+/// whole range, heads and samples shifted as on any TP rank and microbatch, query tokens past
+/// 2^32 (the counter's high word), p from 0 to 0.9; the C driver gets the global head
+/// head0 + h and query token (sample0 + b) seq + q, as the kernel computes them.
+#[test]
+fn the_c_build_of_the_attention_dropout_mask_equals_rng_attention_rs() {
+    use parsim_executor::rng::AttnDropout;
+    let dir = std::env::temp_dir().join(format!("parsim-philox-attn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let Some(exe) = build(&dir) else {
+        return;
+    };
+    let mut rng = Rng(0xA77E);
+    let mut cases = Vec::new();
+    let mut input = String::new();
+    for i in 0..4000u64 {
+        let seq = 1 + rng.next() % 8192;
+        let dr = AttnDropout {
+            seed: rng.next(),
+            step: rng.u32(),
+            layer: rng.u32() % 1000,
+            p: (i % 10) as f32 / 10.0,
+            head0: rng.u32() % 256,
+            sample0: if i % 2 == 0 {
+                rng.next() % (1 << 40)
+            } else {
+                rng.next() % 64
+            },
+            seq,
+        };
+        let (b, h) = ((rng.next() % 8) as usize, (rng.next() % 16) as usize);
+        let (qpos, kpos) = ((rng.next() % seq) as u32, (rng.next() % seq) as u32);
+        let qtok = (dr.sample0 + b as u64) * seq + u64::from(qpos);
+        let threshold = (f64::from(dr.p) * 4_294_967_296.0).round() as u64;
+        input += &format!(
+            "A {} {} {} {} {qtok} {kpos} {threshold}\n",
+            dr.seed,
+            dr.step,
+            dr.layer,
+            dr.head0 + h as u32
+        );
+        cases.push((dr, b, h, qpos, kpos));
+    }
+    let got = run(&exe, &input);
+    assert_eq!(got.len(), cases.len());
+    let mut kept = 0;
+    for ((dr, b, h, qpos, kpos), g) in cases.iter().zip(&got) {
+        let keep = dr.keep(*b, *h, *qpos, *kpos);
+        assert_eq!(g[0] == 1, keep, "{dr:?} b {b} h {h} q {qpos} k {kpos}");
+        kept += usize::from(keep);
+    }
     assert!((1800..2600).contains(&kept), "kept {kept} of 4000");
     std::fs::remove_dir_all(&dir).ok();
 }

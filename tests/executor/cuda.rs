@@ -153,9 +153,20 @@ fn gpu_twin(
     precision: parsim_executor::plan::Precision,
     tol: f64,
 ) {
-    use parsim_executor::runner::{run_cpu, run_cuda, CudaWorld, RunOptions};
     let gbs = u64::from(mix.dp) * 2;
     let plan = super::common::plan(super::common::config(&mix, gbs, true, "rmsnorm", "swiglu"));
+    gpu_twin_plan(label, &plan, precision, tol);
+}
+
+/// [`gpu_twin`] of a given Plan.
+fn gpu_twin_plan(
+    label: &str,
+    plan: &parsim_executor::plan::Plan,
+    precision: parsim_executor::plan::Precision,
+    tol: f64,
+) {
+    use parsim_executor::runner::{run_cpu, run_cuda, CudaWorld, RunOptions};
+    let plan = plan.clone();
     let opts = RunOptions {
         steps: 3,
         warmup: 1,
@@ -218,6 +229,59 @@ fn tp2_sp_pp2_and_dp2_steps_match_the_cpu_twin_on_the_gpu() {
     for (label, mix) in mixes {
         gpu_twin(label, mix.clone(), Precision::Fp32, 1e-5);
         gpu_twin(&format!("{label} bf16"), mix, Precision::Bf16, 1e-2);
+    }
+}
+
+/// ZeRO 0/1 gradient buckets during backward on the GPU (one bucket per block,
+/// `ddp_bucket_size` = 1; TP 2 + SP x DP 2): every parameter after three steps is the CPU
+/// twin's, and the trace puts every DP reduction inside the last backward (on one GPU the
+/// ranks share the device and reduce in place; across GPUs NCCL reduces on the gradient
+/// stream, joined at the optimizer step).
+#[test]
+fn grad_buckets_during_backward_match_the_cpu_twin_on_the_gpu() {
+    use parsim_executor::plan::{Action, Precision};
+    use parsim_executor::runner::{run_cuda, CudaWorld, RunOptions};
+    use parsim_executor::trace::Clock;
+    if let Some(reason) = no_gpu() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    for zero in [0u8, 1] {
+        let mix = super::common::Mix {
+            tp: 2,
+            sp: true,
+            dp: 2,
+            zero,
+            ..super::common::Mix::single()
+        };
+        let mut v = super::common::config(&mix, 4, true, "rmsnorm", "swiglu");
+        v["parallel"]["ddp_bucket_size"] = 1.into();
+        let plan = super::common::plan(v);
+        assert!(plan.parallel.grad_bucket_params.is_some());
+        let label = format!("dp2 zero{zero} buckets");
+        gpu_twin_plan(&label, &plan, Precision::Fp32, 1e-5);
+        gpu_twin_plan(&format!("{label} bf16"), &plan, Precision::Bf16, 1e-2);
+        let opts = RunOptions {
+            steps: 2,
+            warmup: 1,
+            trace: Some(Clock::new()),
+            ..RunOptions::default()
+        };
+        let r = run_cuda(&plan, &opts, CudaWorld::SingleProcess)
+            .unwrap_or_else(|e| panic!("{label}: traced cuda run: {e}"));
+        for (rp, t) in plan.ranks.iter().zip(r.traces.expect("traces")) {
+            let last_b = rp
+                .actions
+                .iter()
+                .rposition(|a| matches!(a, Action::Backward { .. }))
+                .expect("a backward");
+            let dp: Vec<_> = super::timeline_grad_buckets::collectives(&t)
+                .into_iter()
+                .filter(|c| super::timeline_grad_buckets::is_reduction(c, rp))
+                .collect();
+            assert_eq!(dp.len(), 10, "{label} rank {}: {dp:?}", rp.rank);
+            assert!(dp.iter().all(|c| c.0 == last_b), "{label}: {dp:?}");
+        }
     }
 }
 

@@ -174,30 +174,43 @@ fn check(schedule: &str, vpp: u32, dir: &Path) {
                 w[1]["name"]
             );
         }
-        // ZeRO-1 over DP 2: per step one reduce-scatter and one all-gather of this rank's
-        // gradients and parameters over its DP group, inside the optimizer step.
+        // ZeRO-1 over DP 2 with Megatron-Core's overlapped gradient reduction (one bucket a
+        // stage: the default 40M parameters): per step one reduce-scatter of each of this
+        // rank's stages over its DP group, inside that stage's last backward (its last W under
+        // ZB-V), then one all-gather of the parameters inside the optimizer step.
         let collectives = spans(events, pid, Some(1));
         let ops: Vec<&str> = collectives
             .iter()
             .map(|e| e["cat"].as_str().unwrap())
             .collect();
-        assert_eq!(
-            ops,
-            ["reduce_scatter", "all_gather"].repeat(timed),
-            "{schedule}"
-        );
+        let mut per_step = vec!["reduce_scatter"; rp.stages.len()];
+        per_step.push("all_gather");
+        assert_eq!(ops, per_step.repeat(timed), "{schedule}");
         for c in &collectives {
             let group: Vec<u32> = serde_json::from_value(c["args"]["group"].clone()).unwrap();
             assert_eq!(group, rp.dp_group, "{schedule}: {c}");
             assert!(c["args"]["bytes"].as_u64().unwrap() > 0);
-            let opt = compute
+            let inside = compute
                 .iter()
-                .find(|e| e["cat"] == "optimizer" && e["args"]["step"] == c["args"]["step"])
-                .expect("optimizer step");
-            assert!(
-                num(c, "ts") >= num(opt, "ts") && end(c) <= end(opt) + 1e-3,
-                "{c}"
-            );
+                .find(|e| {
+                    e["args"]["step"] == c["args"]["step"]
+                        && num(c, "ts") >= num(e, "ts")
+                        && end(c) <= end(e) + 1e-3
+                })
+                .unwrap_or_else(|| panic!("{schedule}: {c} inside no compute action"));
+            if c["cat"] == "all_gather" {
+                assert_eq!(inside["cat"], "optimizer", "{schedule}: {c}");
+                continue;
+            }
+            let weights = |e: &Value| e["cat"] == "B" || e["cat"] == "W";
+            assert!(weights(inside), "{schedule}: {c} in {inside}");
+            let later = compute.iter().any(|e| {
+                weights(e)
+                    && e["args"]["step"] == c["args"]["step"]
+                    && e["args"]["stage"] == inside["args"]["stage"]
+                    && num(e, "ts") > num(inside, "ts")
+            });
+            assert!(!later, "{schedule}: {c} before the stage's last backward");
         }
         // Actions (compute and pipeline threads) plus waits make the measured step (the
         // median of two timed steps is their mean).

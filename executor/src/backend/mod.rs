@@ -300,6 +300,32 @@ pub trait DeviceCollectives<B: Backend> {
         mine: Range<usize>,
         out: ViewMut<'_, B::Tensor>,
     ) -> Result<(), ExecError>;
+    /// A data-parallel gradient bucket reduced during backward (Megatron-Core's
+    /// `overlap_grad_reduce`): elements `bucket` of `grads`, a flat buffer held whole by every
+    /// member (all passing the same range), become the sum over members, all of them (ZeRO
+    /// 0's all-reduce) or, `sharded`, those inside this member's [`flat_shard`] (ZeRO 1's
+    /// reduce-scatter; the others keep this member's values). A device may run it after the
+    /// call returns, overlapped with the work that follows: its result is there after
+    /// [`DeviceCollectives::join_grad_buckets`], and nothing may write `bucket` before.
+    fn reduce_grad_bucket(
+        &self,
+        g: &B::Group,
+        grads: &mut B::Tensor,
+        bucket: Range<usize>,
+        sharded: bool,
+    ) -> Result<(), ExecError>;
+    /// Makes the device's next work wait for every gradient bucket issued so far (the
+    /// optimizer step; the CPU's reductions are done at the call).
+    fn join_grad_buckets(&self) -> Result<(), ExecError>;
+}
+
+/// Member `index`'s shard of a flat buffer of `total` elements split over `size` members:
+/// contiguous ranges of ceil(total / size) elements, the last ones shorter or empty (ZeRO's
+/// sharding of the parameter, gradient and optimizer buffers, as Megatron's distributed
+/// optimizer does).
+pub fn flat_shard(total: usize, size: usize, index: usize) -> Range<usize> {
+    let per = total.div_ceil(size.max(1));
+    (index * per).min(total)..((index + 1) * per).min(total)
 }
 
 /// One send of a [`DeviceCollectives::p2p_start`]: `data` to global rank `to` as message `tag`.

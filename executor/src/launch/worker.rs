@@ -8,6 +8,7 @@ use super::rendezvous::{rendezvous, stop_all, Role};
 use super::wire::Message;
 use super::{LaunchError, LaunchInfo};
 use crate::error::ExecError;
+use crate::pieces::{merge, TensorPieces};
 use crate::report::RunReport;
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -191,7 +192,7 @@ enum Event {
     Report(u32, String),
     Failed(u32, String),
     Gone(u32, String),
-    Local(Result<RunReport, String>),
+    Local(Result<Box<RunReport>, String>),
 }
 
 /// Rank 0: run the work while a coordinator listens to every other rank.
@@ -217,7 +218,7 @@ where
     let world_size = info.world_size;
     let done = local_done.clone();
     let coordinator = std::thread::spawn(move || coordinate(world_size, rx, writers, done));
-    let outcome = work(info).map_err(|e| e.to_string());
+    let outcome = work(info).map(Box::new).map_err(|e| e.to_string());
     local_done.store(true, Ordering::SeqCst);
     let _ = tx.send(Event::Local(outcome));
     coordinator.join().unwrap_or_else(|_| {
@@ -273,7 +274,7 @@ fn coordinate(
             Event::Gone(rank, message) => Some(LaunchError::RankFailed { rank, message }),
             Event::Local(Ok(r)) => {
                 let bad = check_finite(0, &r).err();
-                reports.insert(0, r);
+                reports.insert(0, *r);
                 bad
             }
             Event::Local(Err(message)) => Some(LaunchError::RankFailed { rank: 0, message }),
@@ -323,15 +324,35 @@ pub fn check_finite(rank: u32, r: &RunReport) -> Result<(), LaunchError> {
 }
 
 /// The run's report from one report per rank: every rank's entries, in rank order; the loss
-/// (a global mean, the same on every rank) and the exported tensors from rank 0.
+/// (a global mean, the same on every rank) from rank 0; the exported tensors merged from every
+/// rank's pieces (each process holds only its shards), an element no rank holds an error.
 pub fn combine(
     world_size: u32,
     mut reports: BTreeMap<u32, RunReport>,
 ) -> Result<RunReport, LaunchError> {
+    let merged = |take: fn(&mut RunReport) -> Option<TensorPieces>,
+                  reports: &mut BTreeMap<u32, RunReport>| {
+        let all: Vec<TensorPieces> = reports.values_mut().filter_map(take).collect();
+        if all.is_empty() {
+            return Ok(None);
+        }
+        merge(all).map(Some).map_err(|e| LaunchError::Report {
+            rank: 0,
+            reason: e.to_string(),
+        })
+    };
+    let params = merged(|r| r.param_pieces.take(), &mut reports)?;
+    let grads = merged(|r| r.grad_pieces.take(), &mut reports)?;
     let mut run = reports.remove(&0).ok_or(LaunchError::Report {
         rank: 0,
         reason: "missing".into(),
     })?;
+    if params.is_some() {
+        run.params = params;
+    }
+    if grads.is_some() {
+        run.grads = grads;
+    }
     for (rank, r) in reports {
         if r.world != world_size {
             return Err(LaunchError::Report {
@@ -393,6 +414,8 @@ mod tests {
             }],
             params: None,
             grads: None,
+            param_pieces: None,
+            grad_pieces: None,
             traces: None,
         }
     }
@@ -433,6 +456,31 @@ mod tests {
         let e = check_finite(3, &back).unwrap_err().to_string();
         assert_eq!(e, "rank 3: the load-balancing loss is inf at step 0");
         assert!(check_finite(0, &report(1, 0)).is_ok());
+    }
+
+    /// Three processes each holding a third of `w` (rows 0, 1, 2 of a 3 x 2 tensor) and the
+    /// whole of a replicated `g`: the combined report holds both whole, and no pieces.
+    #[test]
+    fn exported_pieces_merge_into_whole_tensors_at_rank_0() {
+        use crate::pieces::pieces_of;
+        let reports: BTreeMap<u32, RunReport> = [0u32, 1, 2]
+            .map(|r| {
+                let mut rep = report(3, r);
+                let i = 2 * r as usize;
+                let el = vec![
+                    ("w".to_string(), i, i as f32),
+                    ("w".to_string(), i + 1, (i + 1) as f32),
+                    ("g".to_string(), 0, 7.0),
+                ];
+                rep.param_pieces = Some(pieces_of(&el));
+                (r, rep)
+            })
+            .into();
+        let run = combine(3, reports).unwrap();
+        let p = run.params.expect("merged params");
+        assert_eq!(p["w"], vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        assert_eq!(p["g"], vec![7.0]);
+        assert!(run.param_pieces.is_none() && run.grads.is_none());
     }
 
     #[test]

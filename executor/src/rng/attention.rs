@@ -38,7 +38,8 @@ pub struct AttnDropout {
 }
 
 impl AttnDropout {
-    fn threshold(&self) -> u64 {
+    /// round(p 2^32): a draw below it drops the element (the device kernels take it as is).
+    pub fn threshold(&self) -> u64 {
         (f64::from(self.p) * 4_294_967_296.0).round() as u64
     }
 

@@ -5,7 +5,7 @@
 //! device and joins its NCCL communicators, before any step; a missing library or GPU is an error naming it.
 
 use super::rank::{run_rank, RankOutput};
-use super::{assemble, check_run, RunOptions};
+use super::{assemble, check_run, Exported, RunOptions};
 use crate::backend::cuda::collectives::{CudaComm, Joins};
 use crate::backend::cuda::comms::{join_multi_process, join_single_process, single_process_ids};
 use crate::backend::cuda::context::{drv, visible_gpus, RankGpu};
@@ -146,7 +146,8 @@ pub fn run_cuda(plan: &Plan, opts: &RunOptions, world: CudaWorld) -> Result<RunR
                 Some(world_comm),
                 &hub,
             );
-            assemble(plan, opts, vec![out])
+            // Only this rank's shards are here: rank 0 merges every process's pieces.
+            assemble(plan, opts, vec![out], Exported::Pieces)
         }
     }
 }
@@ -219,7 +220,7 @@ fn run_single_process(
             })
             .collect()
     });
-    assemble(plan, opts, results)
+    assemble(plan, opts, results, Exported::Whole)
 }
 
 /// Whether a rank stopped because another one failed (its own error is not the cause).

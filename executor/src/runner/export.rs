@@ -1,32 +1,14 @@
 //! Test and finite-difference export: every parameter (or gradient) element of a rank with
-//! its global tensor name and index, and their assembly into global tensors.
+//! its global tensor name and index (merged into global tensors by [`crate::pieces`]).
 
 use super::rank::Rank;
 use crate::backend::{Backend, Device, DeviceCollectives, ReduceOp, View, ViewMut};
 use crate::error::ExecError;
 use crate::memory::Category;
 use crate::model::params::{layout_len, FROZEN_SPACE, SPACES};
-use std::collections::{BTreeMap, HashMap};
 
 /// (global tensor name, flat index in it, value).
 pub(super) type Element = (String, usize, f32);
-
-/// Global tensors from every rank's elements (duplicates, e.g. TP-replicated norms, once).
-pub(super) fn assemble(items: Vec<&[Element]>) -> BTreeMap<String, Vec<f32>> {
-    let mut acc: HashMap<String, Vec<(usize, f32)>> = HashMap::new();
-    for list in items {
-        for (name, i, v) in list {
-            acc.entry(name.clone()).or_default().push((*i, *v));
-        }
-    }
-    acc.into_iter()
-        .map(|(name, mut items)| {
-            items.sort_by_key(|x| x.0);
-            items.dedup_by_key(|x| x.0);
-            (name, items.into_iter().map(|x| x.1).collect())
-        })
-        .collect()
-}
 
 impl<B: Backend> Rank<'_, B> {
     /// Sums the gradients over TP (SP norm partials) and DP (expert DP for the experts), as

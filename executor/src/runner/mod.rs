@@ -4,15 +4,18 @@
 
 mod cuda;
 mod export;
+mod grad_buckets;
 mod rank;
 mod zero;
 
 use crate::backend::cpu::{Cpu, CpuComm, CpuOps, World};
 use crate::error::{ExecError, OptionsError};
+use crate::pieces::{merge, pieces_of, TensorPieces};
 use crate::plan::{Plan, Precision};
 pub use crate::report::{PhaseTimes, RankReport, RunReport};
 use crate::trace::Clock;
 pub use cuda::{layout as cuda_layout, run_cuda, CudaLayout, CudaWorld};
+use export::Element;
 use rank::{run_rank, RankOutput};
 use std::sync::Arc;
 
@@ -116,16 +119,27 @@ pub fn run_cpu(plan: &Plan, opts: &RunOptions) -> Result<RunReport, ExecError> {
             })
             .collect()
     });
-    assemble(plan, opts, results)
+    assemble(plan, opts, results, Exported::Whole)
+}
+
+/// How a report carries the exported tensors.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Exported {
+    /// Merged into whole tensors: every rank ran in this process.
+    Whole,
+    /// As this process's pieces, for rank 0 of a launched job to merge.
+    Pieces,
 }
 
 /// The run's report from every rank's result (every backend): the first real failure rather
 /// than the ranks that gave up because of it, else the losses averaged over the global
-/// batch's tokens and the exported tensors assembled.
+/// batch's tokens and the exported tensors, merged from the ranks' pieces or (`Pieces`, one
+/// rank of a launched job) left in pieces.
 fn assemble(
     plan: &Plan,
     opts: &RunOptions,
     results: Vec<Result<RankOutput, ExecError>>,
+    exported: Exported,
 ) -> Result<RunReport, ExecError> {
     let mut results = results;
     if let Some(i) = results
@@ -142,12 +156,32 @@ fn assemble(
     let aux_loss = (0..opts.steps as usize)
         .map(|i| outs.iter().map(|o| o.aux_sums[i]).sum::<f64>() / tokens)
         .collect();
-    let params = opts
-        .export_params
-        .then(|| export::assemble(outs.iter().map(|o| o.params.as_slice()).collect()));
-    let grads = opts
-        .export_grads
-        .then(|| export::assemble(outs.iter().map(|o| o.grads.as_slice()).collect()));
+    let pieces = |on: bool, of: &dyn Fn(&RankOutput) -> &[Element]| {
+        on.then(|| outs.iter().map(|o| pieces_of(of(o))).collect::<Vec<_>>())
+    };
+    let param_pieces = pieces(opts.export_params, &|o| &o.params);
+    let grad_pieces = pieces(opts.export_grads, &|o| &o.grads);
+    let (params, grads, param_pieces, grad_pieces) = match exported {
+        Exported::Whole => (
+            param_pieces.map(merge).transpose()?,
+            grad_pieces.map(merge).transpose()?,
+            None,
+            None,
+        ),
+        Exported::Pieces => {
+            // Every rank of this process (one in a launched job), each tensor's pieces kept.
+            let one = |p: Option<Vec<TensorPieces>>| {
+                p.map(|v| {
+                    let mut all = TensorPieces::new();
+                    for (name, ps) in v.into_iter().flatten() {
+                        all.entry(name).or_default().extend(ps);
+                    }
+                    all
+                })
+            };
+            (None, None, one(param_pieces), one(grad_pieces))
+        }
+    };
     let traces = opts.trace.map(|_| {
         outs.iter()
             .map(|o| o.trace.clone().unwrap_or_default())
@@ -160,6 +194,8 @@ fn assemble(
         ranks: outs.into_iter().map(|o| o.report).collect(),
         params,
         grads,
+        param_pieces,
+        grad_pieces,
         traces,
     })
 }

@@ -4,6 +4,7 @@
 //! the rank's measurements.
 
 use super::export::Element;
+use super::grad_buckets::GradBuckets;
 use super::zero::params_of;
 use super::{zero, RunOptions};
 use crate::backend::{Backend, Device, DeviceCollectives, DeviceTensor, TensorOps, View, ViewMut};
@@ -68,7 +69,7 @@ pub(super) struct Rank<'a, B: Backend> {
     /// and Adam moments (none for the frozen space).
     pub(super) groups: [B::Group; SPACES],
     pub(super) blocks: Vec<BlockLayout>,
-    stage_blocks: HashMap<u32, Range<usize>>,
+    pub(super) stage_blocks: HashMap<u32, Range<usize>>,
     pub(super) zero: u8,
     pub(super) shards: [Range<usize>; SPACES],
     /// The tied word embedding's copies and embedding group (`None`: untied, or no copy here).
@@ -90,6 +91,10 @@ pub(super) struct Rank<'a, B: Backend> {
     /// Tracing: the run's clock and when the last receive's message arrived.
     clock: Option<Clock>,
     recv_arrived_s: Option<f64>,
+    /// ZeRO 0/1 gradient buckets reduced during the last backward (`None`: at the step).
+    pub(super) buckets: Option<GradBuckets>,
+    /// The index of the action being played in the rank's list.
+    pub(super) action_index: usize,
 }
 
 fn tag(stage: u32, mb: u32, grad: bool) -> u64 {
@@ -184,7 +189,10 @@ pub(super) fn run_rank<B: Backend>(
         ctx,
         clock: opts.trace,
         recv_arrived_s: None,
+        buckets: None,
+        action_index: 0,
     };
+    rank.buckets = rank.plan_buckets(opts.export_grads);
     let mut trace = opts.trace.map(|_| RankTrace::default());
     let mut step_s = Vec::new();
     let mut loss_sums = Vec::new();
@@ -204,6 +212,7 @@ pub(super) fn run_rank<B: Backend>(
             let ta = rank.ctx.ops.record()?;
             let start_s = opts.trace.map(|c| c.now_s());
             rank.recv_arrived_s = None;
+            rank.action_index = index;
             rank.ctx.comm.take();
             if opts.export_grads && *a == Action::OptimizerStep {
                 rank.reduce_for_export()?;
@@ -352,7 +361,10 @@ impl<'a, B: Backend> Rank<'a, B> {
     fn act(&mut self, a: Action) -> Result<(), ExecError> {
         match a {
             Action::Forward { stage, mb } => self.forward(stage, mb),
-            Action::Backward { stage, mb } => self.backward_input(stage, mb, true),
+            Action::Backward { stage, mb } => {
+                self.backward_input(stage, mb, true)?;
+                self.stage_final(stage)
+            }
             Action::BackwardInput { stage, mb } => self.backward_input(stage, mb, false),
             Action::BackwardWeight { stage, mb } => {
                 let tasks =
@@ -363,10 +375,16 @@ impl<'a, B: Backend> Rank<'a, B> {
                             stage,
                             mb,
                         })?;
-                for (bi, ts) in tasks {
+                // A block's gradients are complete after its last task list (an MTP module
+                // routes some to the output layer's block ahead of the block's own).
+                let blocks: Vec<usize> = tasks.iter().map(|t| t.0).collect();
+                for (k, (bi, ts)) in tasks.into_iter().enumerate() {
                     self.run_tasks(bi, ts)?;
+                    if !blocks[k + 1..].contains(&bi) {
+                        self.block_final(stage, bi)?;
+                    }
                 }
-                Ok(())
+                self.stage_final(stage)
             }
             Action::SendActivation { to, stage, mb } => self.send(to, stage, mb, false),
             Action::SendGrad { to, stage, mb } => self.send(to, stage, mb, true),
@@ -475,7 +493,7 @@ impl<'a, B: Backend> Rank<'a, B> {
     }
 
     /// The adapters block of LoRA layer block `bi`, when the run has adapters.
-    fn adapters_of(&self, bi: usize) -> Option<usize> {
+    pub(super) fn adapters_of(&self, bi: usize) -> Option<usize> {
         match (
             self.blocks[bi].kind,
             self.blocks.get(bi + 1).map(|b| b.kind),
@@ -823,7 +841,9 @@ impl<'a, B: Backend> Rank<'a, B> {
             if let (Some(ai), Some(b)) = (ai, abucket) {
                 self.flush_bucket(ai, b)?;
             }
-            if !immediate {
+            if immediate {
+                self.block_final(stage, bi)?;
+            } else {
                 held.push((bi, kept));
             }
         }

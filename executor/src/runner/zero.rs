@@ -20,8 +20,8 @@
 
 use super::rank::Rank;
 use crate::backend::{
-    Backend, DType, Device, DeviceCollectives, DeviceTensor, ProcessGroup, ReduceOp, TensorOps,
-    View, ViewMut,
+    flat_shard, Backend, DType, Device, DeviceCollectives, DeviceTensor, ProcessGroup, ReduceOp,
+    TensorOps, View, ViewMut,
 };
 use crate::error::ExecError;
 use crate::memory::Category;
@@ -64,8 +64,7 @@ pub(super) fn init_space<B: Backend>(
 ) -> Result<Space<B::Tensor>, ExecError> {
     let zero = plan.parallel.zero;
     let total = layout_len(blocks, sp);
-    let per = total.div_ceil(g.size());
-    let shard = (g.index() * per).min(total)..((g.index() + 1) * per).min(total);
+    let shard = flat_shard(total, g.size(), g.index());
     // The initial values of a range, made on the host (the seeded generator) and uploaded.
     let values = |range: Range<usize>| {
         let mut data = vec![0.0f32; range.len()];
@@ -244,6 +243,9 @@ impl<B: Backend> Rank<'_, B> {
                 RouterBias::update(&mut self.ctx, &g, r.bias_update_rate)?;
             }
         }
+        // The gradient buckets reduced during backward, then (as Megatron's
+        // `finalize_model_grads`) the sums over TP.
+        self.join_buckets()?;
         let comm = self.ctx.comm;
         if self.zero < 2 && self.ctx.sp {
             // Sequence parallelism: norm gradients are partial sums over the sequence shards.
@@ -254,12 +256,14 @@ impl<B: Backend> Rank<'_, B> {
             self.cache.clear();
         }
         for sp in self.spaces() {
+            let bucketed = self.bucketed(sp);
             let sh = self.shards[sp].clone();
             let g = &self.groups[sp];
             let (params, grads) = (&mut self.params[sp], &mut self.grads[sp]);
             let (m, v) = (&mut self.m[sp], &mut self.v[sp]);
             let ops = &self.ctx.ops;
             match self.zero {
+                _ if bucketed => {}
                 0 => {
                     comm.all_reduce(g, ViewMut::all(grads), ReduceOp::Sum)?;
                 }

@@ -966,4 +966,45 @@ impl DeviceCollectives<Cpu> for CpuComm {
         store_view(&mut out);
         Ok(())
     }
+
+    /// Done at the call: the threads' work is synchronous.
+    fn reduce_grad_bucket(
+        &self,
+        g: &Group,
+        grads: &mut Tensor,
+        bucket: Range<usize>,
+        sharded: bool,
+    ) -> Result<(), ExecError> {
+        if !sharded {
+            let v = ViewMut {
+                tensor: grads,
+                range: bucket,
+            };
+            return DeviceCollectives::all_reduce(self, g, v, ReduceOp::Sum);
+        }
+        let mine = crate::backend::flat_shard(grads.len(), g.size(), g.index());
+        // Staging copy of the send side (NCCL's buffers, untracked); the part of the bucket
+        // in this member's shard is zeroed and receives the sum.
+        let all = grads.data()[bucket.clone()].to_vec();
+        let kept = mine.start.max(bucket.start)..mine.end.min(bucket.end);
+        if !kept.is_empty() {
+            grads.data_mut()[kept.clone()].fill(0.0);
+        }
+        Collectives::reduce_scatter_range(
+            self,
+            g,
+            bucket.start,
+            &all,
+            mine.clone(),
+            &mut grads.data_mut()[mine],
+        )?;
+        if !kept.is_empty() {
+            store(grads, kept);
+        }
+        Ok(())
+    }
+
+    fn join_grad_buckets(&self) -> Result<(), ExecError> {
+        Ok(())
+    }
 }

@@ -37,7 +37,7 @@ pub fn block_shape(sh: &AttnShape) -> BlockShape {
     }
 }
 
-/// Running statistics of one forward: acc [b, rows, hq, d], max and sum [b, hq, rows], f32.
+/// Running statistics of one forward: acc [b, rows, hq, dv], max and sum [b, hq, rows], f32.
 pub struct Running {
     pub acc: CudaTensor,
     pub max: CudaTensor,
@@ -48,7 +48,7 @@ impl Running {
     /// Fresh statistics (acc 0, max -inf, sum 0).
     pub fn new(r: &CudaRank, sh: &BlockShape, rows: usize) -> Result<Running, CudaError> {
         let stats = sh.b * sh.hq * rows;
-        let acc = r.temp(DType::F32, stats * sh.d)?;
+        let acc = r.temp(DType::F32, stats * sh.dv)?;
         let mut max = r.temp(DType::F32, stats)?;
         let sum = r.temp(DType::F32, stats)?;
         fill(r, &mut max, f32::NEG_INFINITY)?;
@@ -229,7 +229,7 @@ pub fn attn_fwd(
     })
 }
 
-/// Gradient buffers of a backward: dq [b, s, hq, d], dk and dv [b, s, hk, d], f32.
+/// Gradient buffers of a backward: dq [b, s, hq, d], dk [b, s, hk, d], dv [b, s, hk, dv], f32.
 struct Grads {
     dq: CudaTensor,
     dk: CudaTensor,

@@ -35,6 +35,8 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
+mod grad_bucket;
+
 /// A process group as one member sees it, with its transport.
 #[derive(Debug, Clone)]
 pub struct CudaGroup {
@@ -58,14 +60,18 @@ impl ProcessGroup for CudaGroup {
 /// Collective work the compute stream has not waited for yet (overlapped reduce-scatters):
 /// shared by a rank's collectives, which push, and its device, which makes the compute
 /// stream wait for all of them at the next action boundary ([`crate::backend::Device::record`]).
+/// The ZeRO 0/1 gradient buckets wait apart, for the optimizer step
+/// ([`DeviceCollectives::join_grad_buckets`]).
 pub struct Joins<E> {
     pending: std::sync::Mutex<Vec<Arc<E>>>,
+    step: std::sync::Mutex<Vec<Arc<E>>>,
 }
 
 impl<E> Default for Joins<E> {
     fn default() -> Self {
         Joins {
             pending: std::sync::Mutex::new(Vec::new()),
+            step: std::sync::Mutex::new(Vec::new()),
         }
     }
 }
@@ -77,9 +83,24 @@ impl<E> Joins<E> {
         }
     }
 
-    /// Every pending event, oldest first; none left pending.
+    /// Every pending event, oldest first; none left pending (the step's own stay).
     pub fn drain(&self) -> Vec<Arc<E>> {
         self.pending
+            .lock()
+            .map(|mut p| std::mem::take(&mut *p))
+            .unwrap_or_default()
+    }
+
+    /// An event the optimizer step waits for (a gradient bucket's reduction).
+    pub fn push_step(&self, e: Arc<E>) {
+        if let Ok(mut p) = self.step.lock() {
+            p.push(e);
+        }
+    }
+
+    /// Every event pushed with [`Joins::push_step`], oldest first; none left.
+    pub fn drain_step(&self) -> Vec<Arc<E>> {
+        self.step
             .lock()
             .map(|mut p| std::mem::take(&mut *p))
             .unwrap_or_default()
@@ -100,6 +121,8 @@ pub struct CudaComm {
     comm: Arc<CudaStream>,
     pipe: Arc<CudaStream>,
     ring: Arc<CudaStream>,
+    /// The ZeRO 0/1 gradient buckets' stream.
+    grad: Arc<CudaStream>,
     kernels: Arc<Kernels>,
     pool: Arc<std::sync::Mutex<super::pool::Pool<super::context::DriverMemory>>>,
     /// Staging buffers are NCCL's own in the accounting: not in the rank's categories.
@@ -145,6 +168,7 @@ impl CudaComm {
             comm: gpu.streams.comm.clone(),
             pipe: gpu.streams.pipe.clone(),
             ring: gpu.streams.ring.clone(),
+            grad: gpu.streams.grad.clone(),
             kernels,
             pool: gpu.pool.clone(),
             staging: MemoryTracker::new(),
@@ -221,6 +245,19 @@ impl CudaComm {
         uses: &[&CudaTensor],
         f: impl FnOnce(&CudaStream) -> Result<(), CudaError>,
     ) -> Result<(), CudaError> {
+        let done = self.on_stream_async(s, uses, f)?;
+        self.joins.push(done);
+        Ok(())
+    }
+
+    /// [`CudaComm::on_async`] without the join: the event that marks `f`'s end, for the
+    /// caller to have waited for.
+    fn on_stream_async(
+        &self,
+        s: &CudaStream,
+        uses: &[&CudaTensor],
+        f: impl FnOnce(&CudaStream) -> Result<(), CudaError>,
+    ) -> Result<Arc<CudaEvent>, CudaError> {
         self.flush_sends(None)?;
         let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
         let ready = self
@@ -233,8 +270,7 @@ impl CudaComm {
         for t in uses {
             t.fence(done.clone());
         }
-        self.joins.push(done);
-        Ok(())
+        Ok(done)
     }
 
     fn dtod(
@@ -640,7 +676,7 @@ impl CudaComm {
     /// the communicators are destroyed at the end of the run.
     pub fn finish(&self) -> Result<(), CudaError> {
         self.flush_sends(None)?;
-        for s in [&self.pipe, &self.comm] {
+        for s in [&self.pipe, &self.comm, &self.grad] {
             s.synchronize().map_err(drv("cuStreamSynchronize"))?;
         }
         Ok(())
@@ -1173,6 +1209,20 @@ impl DeviceCollectives<Cuda> for CudaComm {
             out.tensor.dtype(),
             Some(input.tensor),
         )?)
+    }
+
+    fn reduce_grad_bucket(
+        &self,
+        g: &CudaGroup,
+        grads: &mut CudaTensor,
+        bucket: Range<usize>,
+        sharded: bool,
+    ) -> Result<(), ExecError> {
+        Ok(self.grad_bucket(g, grads, bucket, sharded)?)
+    }
+
+    fn join_grad_buckets(&self) -> Result<(), ExecError> {
+        Ok(self.join_step()?)
     }
 }
 

@@ -70,6 +70,10 @@ pub struct Streams {
     pub pipe: Arc<CudaStream>,
     /// The CP ring's posted K/V and dK/dV exchanges (see [`super::overlap`]).
     pub ring: Arc<CudaStream>,
+    /// ZeRO 0/1 gradient buckets reduced during the last backward, joined at the optimizer
+    /// step (apart from `comm`, so that the TP collectives of the backward still running
+    /// do not queue behind them, as PyTorch gives each process group its own NCCL stream).
+    pub grad: Arc<CudaStream>,
 }
 
 /// One rank's device.
@@ -84,7 +88,7 @@ pub struct RankGpu {
 }
 
 impl RankGpu {
-    /// Opens GPU `ordinal` (context, four streams, pool, cuBLASLt handle and workspace).
+    /// Opens GPU `ordinal` (context, five streams, pool, cuBLASLt handle and workspace).
     pub fn open(ordinal: u32) -> Result<RankGpu, CudaError> {
         require(Library::Driver)?;
         require(Library::CublasLt)?;
@@ -95,6 +99,7 @@ impl RankGpu {
             comm: stream(&ctx)?,
             pipe: stream(&ctx)?,
             ring: stream(&ctx)?,
+            grad: stream(&ctx)?,
         };
         let mut pool = Pool::new(DriverMemory { ctx: ctx.clone() });
         let ws = pool.alloc(WORKSPACE_BYTES).map_err(|e| match e {

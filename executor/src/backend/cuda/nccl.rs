@@ -186,6 +186,44 @@ impl NcclComm {
         .map_err(nccl_err("ncclAllGather"))
     }
 
+    /// In-place reductions in one NCCL group: for each `(root, address, count)` the sum over
+    /// members of their `count` elements at `address` replaces the root's (the others' are
+    /// left as they were). A reduce-scatter of a range into uneven contiguous shards, one
+    /// piece per shard holder.
+    pub fn reduce_to_roots(
+        &self,
+        pieces: &[(usize, u64, usize)],
+        d: DType,
+        s: CUstream,
+    ) -> Result<(), CudaError> {
+        nr::group_start().map_err(nccl_err("ncclGroupStart"))?;
+        let mut first_err = None;
+        for &(root, addr, count) in pieces {
+            // SAFETY: `addr` holds `count` elements until the stream passes; in place on the
+            // root (NCCL allows sendbuff == recvbuff).
+            let r = unsafe {
+                nr::reduce(
+                    addr as *const c_void,
+                    addr as *mut c_void,
+                    count,
+                    nccl_type(d),
+                    sys::ncclRedOp_t::ncclSum,
+                    root as i32,
+                    self.comm,
+                    s.cast(),
+                )
+            };
+            if let Err(e) = r {
+                first_err.get_or_insert(nccl_err("ncclReduce")(e));
+            }
+        }
+        let end = nr::group_end().map_err(nccl_err("ncclGroupEnd"));
+        match first_err {
+            Some(e) => Err(e),
+            None => end.map(drop),
+        }
+    }
+
     /// Sends and receives in one NCCL group: `(peer, address, count)` each.
     pub fn send_recv(
         &self,

@@ -672,7 +672,6 @@ impl TensorOps<Cuda> for CudaRank {
         o: &mut CudaTensor,
         keep: Keep,
     ) -> Result<AttnSaved<CudaTensor>, ExecError> {
-        refuse_attention_dropout(&sh.dropout)?;
         Ok(attn::attn_fwd(self, sh, q, k, v, o, keep)?)
     }
 
@@ -688,7 +687,6 @@ impl TensorOps<Cuda> for CudaRank {
         dk: &mut CudaTensor,
         dv: &mut CudaTensor,
     ) -> Result<(), ExecError> {
-        refuse_attention_dropout(&sh.dropout)?;
         Ok(attn::attn_bwd(self, sh, q, k, v, dout, dq, dk, dv)?)
     }
 
@@ -836,7 +834,6 @@ impl TensorOps<Cuda> for CudaRank {
         sum: &mut CudaTensor,
         _tile: &mut CudaTensor,
     ) -> Result<u64, ExecError> {
-        refuse_attention_dropout(&sh.dropout)?;
         let dt = q.dtype();
         let (kk, vv) = (self.input_view(&k, dt)?, self.input_view(&v, dt)?);
         let run = Running {
@@ -924,7 +921,6 @@ impl TensorOps<Cuda> for CudaRank {
         _p_tile: &mut CudaTensor,
         _dp_tile: &mut CudaTensor,
     ) -> Result<u64, ExecError> {
-        refuse_attention_dropout(&sh.dropout)?;
         let dt = q.dtype();
         let (kk, vv) = (self.input_view(&k, dt)?, self.input_view(&v, dt)?);
         let ds = self.input(dout, dt)?;
@@ -1060,14 +1056,6 @@ impl TensorOps<Cuda> for CudaRank {
         bias: Option<&[f32]>,
         moe: &MoeShape,
     ) -> Result<(Routing, f64, Vec<usize>), ExecError> {
-        if moe.router.force_balance {
-            // The device top-k has no forced assignment yet: refuse by name rather than
-            // route by the scores.
-            return Err(ExecError::Unsupported {
-                field: "model.moe_router_force_load_balancing",
-                message: "the CUDA router does not force balanced routing yet (the CPU backend does); set it to false",
-            });
-        }
         Ok(routing::route_scored(self, logits, bias, moe)?)
     }
 
@@ -1171,18 +1159,6 @@ impl CudaRank {
             self.convert(work.ptr_at(0), F32, t.ptr_at(0), t.dtype(), t.len())?;
         }
         Ok(())
-    }
-}
-
-/// The CUDA attention kernels do not draw the attention-dropout mask yet: refuse it by name
-/// rather than run without it.
-fn refuse_attention_dropout(d: &Option<crate::rng::AttnDropout>) -> Result<(), ExecError> {
-    match d {
-        Some(_) => Err(ExecError::Unsupported {
-            field: "model.attention_dropout",
-            message: "the CUDA flash attention does not apply attention dropout yet (the CPU backend does); set attention_dropout = 0",
-        }),
-        None => Ok(()),
     }
 }
 

@@ -4,7 +4,8 @@
 //! score mass of the load-balancing loss all run as kernels; only the n x k chosen experts and
 //! gates (and e score sums) come back to the host. The capacity's drops and the per-expert
 //! route order stay host metadata (CPU twin: cpu/ops/moe.rs `finish`), as the split sizes of the
-//! dispatch all-to-all are on the host for NCCL too.
+//! dispatch all-to-all are on the host for NCCL too. Forced load balancing chooses by token
+//! index, not by score: the scores come back and the CPU twin routes them.
 
 use super::error::CudaError;
 use super::launch::moe::{self, ScoredTopk};
@@ -12,6 +13,7 @@ use super::launch::shape_error;
 use super::rank::CudaRank;
 use super::tensor::CudaTensor;
 use crate::backend::cpu::ops::moe as host_moe;
+use crate::backend::cpu::ops::router as host_router;
 use crate::backend::{DType, DeviceTensor, Routing, View};
 use crate::plan::{MoeShape, ScoreFunction};
 
@@ -94,6 +96,24 @@ pub fn route(
     Ok((routing, aux))
 }
 
+/// Forced load balancing (Megatron's `--moe-router-force-load-balancing`): token t takes
+/// experts (t k + j) mod E whatever its scores, so the choice needs no kernel; the device's
+/// scores [n, e] at `ptr` come back for the gates and the routing is the CPU twin's own
+/// (`cpu/ops/router.rs` `route`), host metadata as every routing here.
+fn forced(
+    r: &CudaRank,
+    ptr: u64,
+    n: usize,
+    e: usize,
+    moe: &MoeShape,
+) -> Result<(Routing, Vec<usize>), CudaError> {
+    let scores = r.temp(F32, n * e)?;
+    r.convert(ptr, F32, scores.ptr_at(0), F32, n * e)?;
+    let s = r.dev.download(View::all(&scores))?;
+    // The bias only selects, and forced balancing does not select.
+    Ok(host_router::route(&s, n, None, moe))
+}
+
 /// The scored router: scores in place, the scored top-k on the device (from the f32 scores,
 /// before any bf16 store, as the CPU twin routes), the routing on the host.
 pub fn route_scored(
@@ -118,19 +138,25 @@ pub fn route_scored(
         ));
     }
     let ls = r.output_at(logits, 0..logits.len(), F32, true)?;
-    let bias_t = bias.map(|b| r.upload_f32(b)).transpose()?;
-    let (xs, gs) = (r.temp(F32, n * k)?, r.temp(F32, n * k)?);
-    // SAFETY: logits n x e f32; bias e f32 or none; experts n x k u32 slots, gates n x k f32.
+    // SAFETY: logits n x e f32.
     unsafe {
         match moe.router.score {
             ScoreFunction::Softmax => moe::softmax_rows(r.s(), r.k(), ls.ptr, n, e)?,
             ScoreFunction::Sigmoid => moe::sigmoid(r.s(), r.k(), ls.ptr, n * e)?,
         }
-        let b = bias_t.as_ref().map_or(0, |b| b.ptr_at(0));
-        moe::topk_scored(r.s(), r.k(), &t, ls.ptr, b, n, xs.ptr_at(0), gs.ptr_at(0))?;
     }
-    let (experts, gates) = download_choice(r, &xs, &gs)?;
-    let (routing, chosen) = routing_from(&experts, &gates, n, moe)?;
+    let (routing, chosen) = if moe.router.force_balance {
+        forced(r, ls.ptr, n, e, moe)?
+    } else {
+        let bias_t = bias.map(|b| r.upload_f32(b)).transpose()?;
+        let (xs, gs) = (r.temp(F32, n * k)?, r.temp(F32, n * k)?);
+        let b = bias_t.as_ref().map_or(0, |b| b.ptr_at(0));
+        // SAFETY: scores n x e f32; bias e f32 or none; experts n x k u32 slots, gates
+        // n x k f32.
+        unsafe { moe::topk_scored(r.s(), r.k(), &t, ls.ptr, b, n, xs.ptr_at(0), gs.ptr_at(0)) }?;
+        let (experts, gates) = download_choice(r, &xs, &gs)?;
+        routing_from(&experts, &gates, n, moe)?
+    };
     let aux = aux_loss(r, ls.ptr, n, moe, &routing.fraction)?;
     r.store(ls, logits, 0..logits.len())?;
     Ok((routing, aux, chosen))

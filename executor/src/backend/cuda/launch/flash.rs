@@ -1,9 +1,49 @@
 //! Launches of kernels/flash.cu: causal block attention with row positions (CPU twin:
-//! cpu/ops/flash.rs forward_block / finish / delta / backward_block). q [b, sq, hq, d], k and
-//! v [b, sk, hk, d] of `dtype`; acc, statistics and gradients f32.
+//! cpu/ops/flash.rs forward_block / finish / delta / backward_block). q [b, sq, hq, d], k
+//! [b, sk, hk, d] and v [b, sk, hk, dv] of `dtype` (MLA: dv < d); acc, statistics and gradients
+//! f32; attention dropout drawn in the kernels from the shape's [`AttnDropout`].
 
 use super::*;
 use crate::backend::BlockShape;
+use crate::rng::AttnDropout;
+
+/// kernels/flash.cu's `AttnDrop`: one call's attention dropout by value (threshold 0: none).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AttnDropArgs {
+    pub seed: u64,
+    pub sample0: u64,
+    pub seq: u64,
+    /// round(p 2^32), as rng/attention.rs compares the Philox word with.
+    pub threshold: u64,
+    pub step: u32,
+    pub layer: u32,
+    pub head0: u32,
+    /// 1 / (1 - p).
+    pub scale: f32,
+}
+
+// SAFETY: plain-old-data with the C layout of `AttnDrop` (four u64, three u32, one f32).
+unsafe impl cudarc::driver::DeviceRepr for AttnDropArgs {}
+
+impl AttnDropArgs {
+    /// The kernel's arguments for `d` (none: threshold 0).
+    pub fn of(d: &Option<AttnDropout>) -> AttnDropArgs {
+        match d {
+            None => AttnDropArgs::default(),
+            Some(d) => AttnDropArgs {
+                seed: d.seed,
+                sample0: d.sample0,
+                seq: d.seq,
+                threshold: d.threshold(),
+                step: d.step,
+                layer: d.layer,
+                head0: d.head0,
+                scale: d.keep_scale(),
+            },
+        }
+    }
+}
 
 /// Query (or key) rows per block: one warp each (FLASH_WARPS in flash.cu).
 pub const WARPS: u32 = 4;
@@ -12,19 +52,22 @@ pub const MAX_D: usize = 256;
 
 /// Geometry of a block kernel over `rows` rows (queries for the forward and dQ, keys for dK
 /// and dV) and `bh` (sequence, head) pairs; the shared-memory tile is `tile` rows of the other
-/// side (two [tile, d] f32 arrays and one score row per warp), kept within 48 KiB. Returns the
-/// config and the tile.
+/// side ([tile, d] and [tile, dv] f32 arrays and one score row per warp), kept within 48 KiB.
+/// Returns the config and the tile.
 pub fn geometry(
     kernel: &str,
     rows: usize,
     bh: usize,
     d: usize,
+    dv: usize,
 ) -> Result<Option<(LaunchConfig, u32)>, CudaError> {
-    if d == 0 || d > MAX_D {
-        return Err(shape_error(
-            kernel,
-            format!("head dim d = {d} must be in 1..={MAX_D}"),
-        ));
+    for (name, w) in [("d", d), ("dv", dv)] {
+        if w == 0 || w > MAX_D {
+            return Err(shape_error(
+                kernel,
+                format!("head dim {name} = {w} must be in 1..={MAX_D}"),
+            ));
+        }
     }
     if u(bh) > MAX_GRID_Y {
         return Err(shape_error(
@@ -42,8 +85,8 @@ pub fn geometry(
     if rows == 0 || bh == 0 {
         return Ok(None);
     }
-    let tile: u32 = if d <= 128 { 32 } else { 16 };
-    let shared = (2 * tile as usize * d + WARPS as usize * tile as usize) * 4;
+    let tile: u32 = if d.max(dv) <= 128 { 32 } else { 16 };
+    let shared = (tile as usize * (d + dv) + WARPS as usize * tile as usize) * 4;
     Ok(Some((
         LaunchConfig {
             grid_dim: (blocks as u32, bh as u32, 1),
@@ -68,15 +111,6 @@ fn check_heads(kernel: &str, sh: &BlockShape) -> Result<(), CudaError> {
             format!("hq = {} must be a multiple of hk = {}", sh.hq, sh.hk),
         ));
     }
-    if sh.dv != sh.d {
-        return Err(shape_error(
-            kernel,
-            format!(
-                "value heads of {} must be as wide as query/key heads ({}): the kernel has one head width (MLA's narrower values are not supported yet)",
-                sh.dv, sh.d
-            ),
-        ));
-    }
     Ok(())
 }
 
@@ -84,7 +118,7 @@ fn scale(sh: &BlockShape) -> f32 {
     1.0 / (sh.d as f32).sqrt()
 }
 
-/// Merges the key block (k, v at rows `ks`) into the running output `acc` [b, sq, hq, d] and
+/// Merges the key block (k, v at rows `ks`) into the running output `acc` [b, sq, hq, dv] and
 /// running `max`, `sum` [b, hq, sq] (initialised by the caller to -inf, 0 and 0).
 ///
 /// # Safety
@@ -106,20 +140,22 @@ pub unsafe fn forward_block(
 ) -> Result<(), CudaError> {
     let kn = name("flash_fwd_block", dtype);
     check_heads(&kn, sh)?;
-    let Some((cfg, tile)) = geometry(&kn, qs.len, sh.b * sh.hq, sh.d)? else {
+    let Some((cfg, tile)) = geometry(&kn, qs.len, sh.b * sh.hq, sh.d, sh.dv)? else {
         return Ok(());
     };
     if ks.len == 0 {
         return Ok(());
     }
-    let (sq, sk, hq, hk, d, sc) = (
+    let (sq, sk, hq, hk, d, dv, sc) = (
         u(qs.len),
         u(ks.len),
         sh.hq as u32,
         sh.hk as u32,
         sh.d as u32,
+        sh.dv as u32,
         scale(sh),
     );
+    let dr = AttnDropArgs::of(&sh.dropout);
     let mut b = s.launch_builder(kr.get(&kn)?);
     b.arg(&q)
         .arg(&qs.pos)
@@ -131,8 +167,10 @@ pub unsafe fn forward_block(
         .arg(&hq)
         .arg(&hk)
         .arg(&d)
+        .arg(&dv)
         .arg(&tile)
         .arg(&sc)
+        .arg(&dr)
         .arg(&acc)
         .arg(&max)
         .arg(&sum);
@@ -145,7 +183,7 @@ pub unsafe fn forward_block(
 /// o = acc / sum in place and lse = max + ln(sum), `rows` query rows.
 ///
 /// # Safety
-/// `o`: b*rows*hq*d f32; `max`, `sum`, `lse`: b*hq*rows f32.
+/// `o`: b*rows*hq*dv f32; `max`, `sum`, `lse`: b*hq*rows f32.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn finish(
     s: &CudaStream,
@@ -161,7 +199,7 @@ pub unsafe fn finish(
     let Some(cfg) = grid_stride(u(sh.b) * u(sh.hq) * u(rows)) else {
         return Ok(());
     };
-    let (bb, r, hq, d) = (u(sh.b), u(rows), sh.hq as u32, sh.d as u32);
+    let (bb, r, hq, d) = (u(sh.b), u(rows), sh.hq as u32, sh.dv as u32);
     let mut b = s.launch_builder(kr.get(kn)?);
     b.arg(&o)
         .arg(&max)
@@ -180,7 +218,7 @@ pub unsafe fn finish(
 /// delta [b, rows, hq] = rowsum(dout * o) per head.
 ///
 /// # Safety
-/// `dout`: b*rows*hq*d of `dtype`; `o`: the same count f32; `out`: b*rows*hq f32.
+/// `dout`: b*rows*hq*dv of `dtype`; `o`: the same count f32; `out`: b*rows*hq f32.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn delta(
     s: &CudaStream,
@@ -197,7 +235,7 @@ pub unsafe fn delta(
     let Some(cfg) = grid_stride(n) else {
         return Ok(());
     };
-    let d = sh.d as u32;
+    let d = sh.dv as u32;
     let mut b = s.launch_builder(kr.get(&kn)?);
     b.arg(&dout).arg(&o).arg(&n).arg(&d).arg(&out);
     // SAFETY: the caller guarantees the buffers (see the function's Safety).
@@ -206,7 +244,8 @@ pub unsafe fn delta(
         .map_err(|e| launch_error(&kn, e))
 }
 
-/// The gradients of one key block: dq [b, sq, hq, d] += and dk, dv [b, sk, hk, d] += (f32),
+/// The gradients of one key block: dq [b, sq, hq, d] +=, dk [b, sk, hk, d] += and dv
+/// [b, sk, hk, dv] += (f32),
 /// from the final `lse` [b, hq, sq] and `delta` [b, sq, hq]. Two launches: dQ by query rows,
 /// dK and dV by key rows (no atomics).
 ///
@@ -233,19 +272,21 @@ pub unsafe fn backward_block(
     let dq_name = name("flash_bwd_dq", dtype);
     let dkdv_name = name("flash_bwd_dkdv", dtype);
     check_heads(&dq_name, sh)?;
-    let g_dq = geometry(&dq_name, qs.len, sh.b * sh.hq, sh.d)?;
-    let g_kv = geometry(&dkdv_name, ks.len, sh.b * sh.hk, sh.d)?;
+    let g_dq = geometry(&dq_name, qs.len, sh.b * sh.hq, sh.d, sh.dv)?;
+    let g_kv = geometry(&dkdv_name, ks.len, sh.b * sh.hk, sh.d, sh.dv)?;
     let (Some((cfg_q, tile_q)), Some((cfg_k, tile_k))) = (g_dq, g_kv) else {
         return Ok(());
     };
-    let (sq, sk, hq, hk, d, sc) = (
+    let (sq, sk, hq, hk, d, dv_w, sc) = (
         u(qs.len),
         u(ks.len),
         sh.hq as u32,
         sh.hk as u32,
         sh.d as u32,
+        sh.dv as u32,
         scale(sh),
     );
+    let dr = AttnDropArgs::of(&sh.dropout);
     let mut b = s.launch_builder(kr.get(&dq_name)?);
     b.arg(&q)
         .arg(&qs.pos)
@@ -257,8 +298,10 @@ pub unsafe fn backward_block(
         .arg(&hq)
         .arg(&hk)
         .arg(&d)
+        .arg(&dv_w)
         .arg(&tile_q)
         .arg(&sc)
+        .arg(&dr)
         .arg(&dout)
         .arg(&lse)
         .arg(&delta)
@@ -276,8 +319,10 @@ pub unsafe fn backward_block(
         .arg(&hq)
         .arg(&hk)
         .arg(&d)
+        .arg(&dv_w)
         .arg(&tile_k)
         .arg(&sc)
+        .arg(&dr)
         .arg(&dout)
         .arg(&lse)
         .arg(&delta)
@@ -296,26 +341,36 @@ mod tests {
     #[test]
     fn flash_geometry_at_edge_shapes() {
         // One row: one block of 4 warps, one (sequence, head) pair.
-        let (c, tile) = geometry("f", 1, 1, 64).unwrap().unwrap();
+        let (c, tile) = geometry("f", 1, 1, 64, 64).unwrap().unwrap();
         assert_eq!(
             (c.grid_dim, c.block_dim, tile),
             ((1, 1, 1), (128, 1, 1), 32)
         );
         // Rows not a multiple of the warps: rounded up.
         assert_eq!(
-            geometry("f", 5, 3, 64).unwrap().unwrap().0.grid_dim,
+            geometry("f", 5, 3, 64, 64).unwrap().unwrap().0.grid_dim,
             (2, 3, 1)
         );
-        // Shared memory = (2 x tile x d + warps x tile) x 4 bytes, under the 48 KiB static limit.
-        for d in [1, 64, 128, 129, 256] {
-            let (c, tile) = geometry("f", 1000, 8, d).unwrap().unwrap();
-            let want = (2 * tile as usize * d + 4 * tile as usize) * 4;
-            assert_eq!(c.shared_mem_bytes as usize, want, "d = {d}");
-            assert!(c.shared_mem_bytes <= 48 * 1024, "d = {d}");
+        // Shared memory = (tile x (d + dv) + warps x tile) x 4 bytes, under the 48 KiB static
+        // limit, for equal widths and MLA's narrower values (DeepSeek-V2: d 192, dv 128).
+        for (d, dv) in [
+            (1, 1),
+            (64, 64),
+            (128, 128),
+            (129, 129),
+            (256, 256),
+            (192, 128),
+            (24, 16),
+        ] {
+            let (c, tile) = geometry("f", 1000, 8, d, dv).unwrap().unwrap();
+            let want = (tile as usize * (d + dv) + 4 * tile as usize) * 4;
+            assert_eq!(c.shared_mem_bytes as usize, want, "d = {d}, dv = {dv}");
+            assert!(c.shared_mem_bytes <= 48 * 1024, "d = {d}, dv = {dv}");
+            assert_eq!(tile, if d.max(dv) <= 128 { 32 } else { 16 });
         }
         // Very long sequences fit in grid.x.
         assert_eq!(
-            geometry("f", 1 << 24, 64, 128)
+            geometry("f", 1 << 24, 64, 128, 128)
                 .unwrap()
                 .unwrap()
                 .0
@@ -323,12 +378,48 @@ mod tests {
                 .0,
             1 << 22
         );
-        assert!(geometry("f", 0, 8, 64).unwrap().is_none());
-        for (d, bh) in [(0, 1), (257, 1), (64, 70_000)] {
-            let e = geometry("flash_fwd_block_f32", 8, bh, d)
+        assert!(geometry("f", 0, 8, 64, 64).unwrap().is_none());
+        for (d, dv, bh) in [
+            (0, 8, 1),
+            (257, 8, 1),
+            (8, 0, 1),
+            (8, 257, 1),
+            (64, 64, 70_000),
+        ] {
+            let e = geometry("flash_fwd_block_f32", 8, bh, d, dv)
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("flash_fwd_block_f32"), "{e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod drop_tests {
+    use super::*;
+
+    /// The kernel's dropout arguments are the host key's: none gives threshold 0 (every
+    /// probability kept at scale 1); p = 0.25 gives round(0.25 x 2^32) = 2^30 and 4/3.
+    #[test]
+    fn dropout_arguments_carry_the_host_key() {
+        assert_eq!(AttnDropArgs::of(&None).threshold, 0);
+        let d = AttnDropout {
+            seed: 0x1234_5678_9abc_def0,
+            step: 3,
+            layer: 5,
+            p: 0.25,
+            head0: 6,
+            sample0: 7,
+            seq: 64,
+        };
+        let a = AttnDropArgs::of(&Some(d));
+        assert_eq!(a.threshold, 1 << 30);
+        assert!((a.scale - 4.0 / 3.0).abs() < 1e-7);
+        assert_eq!(
+            (a.seed, a.step, a.layer, a.head0, a.sample0, a.seq),
+            (d.seed, 3, 5, 6, 7, 64)
+        );
+        // The C struct: 4 u64 then 3 u32 and an f32, 48 bytes.
+        assert_eq!(std::mem::size_of::<AttnDropArgs>(), 48);
     }
 }
