@@ -36,6 +36,9 @@ all|check)
 step 120 "$B/kernels_gpu" --test-threads=1 --nocapture
 step 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/kernels_gpu" --test-threads=1
 step 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/kernels_gpu" --test-threads=1
+step 120 "$B/kernels_gpu_flash" --test-threads=1 --nocapture
+step 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/kernels_gpu_flash" --test-threads=1
+step 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/kernels_gpu_flash" --test-threads=1
 step 150 "$B/cuda_twin" --test-threads=1 --nocapture
 step 60 "$B/collectives" --test-threads=1 --nocapture
 step 300 "$B/executor" cuda --test-threads=1 --nocapture
@@ -61,7 +64,7 @@ done
 ;;&
 profile)
 # Kernel time by kernel over one timed step of the layer (Nsight Compute, clocks left alone).
-step 400 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel "$B/parsim" execute --config tests/fixtures/gpu_layer.toml --backend cuda --precision bf16 --steps 2 --warmup 1
+step 400 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel "$B/parsim" execute --config tests/fixtures/gpu_layer.toml --backend cuda --precision bf16 --steps 2 --warmup 1 >"$OUT/ncu_layer.txt" 2>&1
 ;;
 calibrate)
 step 500 "$B/parsim" execute --calibrate --backend cuda --gpu h100-sxm --out "$OUT/h100-measured.toml"
