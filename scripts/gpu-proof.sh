@@ -64,7 +64,7 @@ done
 ;;&
 profile)
 # Kernel time by kernel over one timed step of the layer (Nsight Compute, clocks left alone).
-step 400 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel "$B/parsim" execute --config tests/fixtures/gpu_layer.toml --backend cuda --precision bf16 --steps 2 --warmup 1 >"$OUT/ncu_layer.txt" 2>&1
+say "ncu layer"; timeout 400 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel "$B/parsim" execute --config tests/fixtures/gpu_layer.toml --backend cuda --precision bf16 --steps 2 --warmup 1 >"$OUT/ncu_layer.txt" 2>&1; echo "exit $?" | tee -a "$LOG"
 ;;
 calibrate)
 step 500 "$B/parsim" execute --calibrate --backend cuda --gpu h100-sxm --out "$OUT/h100-measured.toml"
