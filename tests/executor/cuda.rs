@@ -208,6 +208,7 @@ fn tp2_sp_pp2_and_dp2_steps_match_the_cpu_twin_on_the_gpu() {
     }
     let single = super::common::Mix::single;
     let mixes = [
+        ("one rank", single()),
         (
             "tp2+sp",
             super::common::Mix {
@@ -313,7 +314,7 @@ fn against_one_rank(
     tol: f64,
 ) -> f64 {
     let (a, b) = (got.loss[0], want.loss[0]);
-    let mut worst = f64::from((a - b).abs() / b.abs());
+    let mut worst = (a - b).abs() / b.abs();
     assert!(worst <= tol, "{label}: first loss {a} vs one rank's {b}");
     let (gp, wp) = (
         got.params.as_ref().expect("params"),
