@@ -94,7 +94,10 @@ pub fn output_block(
     ops.push(op);
     // Vocab-parallel cross-entropy: logits come out of the matmul in the activation dtype,
     // are turned into fp32 softmax probabilities kept for backward, and three small fp32
-    // all-reduces (max, sum of exponentials, target logit) run over TP.
+    // all-reduces (max, sum of exponentials, target logit) run over TP. Backward turns the
+    // probabilities into the logits' gradient in place (Megatron's
+    // _VocabParallelCrossEntropy.backward; the executor's ce_grad), which the output layer's
+    // backward reads.
     let v_r = d.vocab_rank();
     let logits = d.n * v_r * d.act;
     let probs = d.n * v_r * 4;
@@ -105,7 +108,8 @@ pub fn output_block(
         },
     )
     .save(TensorRole::Probabilities, probs)
-    .temp(logits);
+    .temp(logits)
+    .grad_in_place();
     let small = tp_comm(d, CollectiveKind::AllReduce, Phase::Forward, d.n * 4);
     ce = ce.comm(crate::model::op::Collective { count: 3, ..small });
     ops.push(ce);

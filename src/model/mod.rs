@@ -223,22 +223,38 @@ impl Block {
     pub fn backward_temp_full_bytes(&self, incoming: u64) -> u64 {
         let mut later = 0u64;
         let mut worst = 0u64;
+        // The saved bytes of an op whose input gradient took them over (`Op::grad_in_saved`):
+        // freed only once the op before it has read that gradient.
+        let mut deferred = 0u64;
         for o in self.ops.iter().rev() {
-            let here = (Self::op_transient(o) + o.grad_out_bytes).max(o.temp_bytes);
+            // An output gradient living in the next op's saved tensor is already counted.
+            let grad_out = if deferred > 0 { 0 } else { o.grad_out_bytes };
+            let temp = if o.grad_in_saved { 0 } else { o.temp_bytes };
+            let here = (Self::op_transient(o) + grad_out).max(temp);
             worst = worst.max(here.saturating_sub(later));
-            later += o
+            later += std::mem::take(&mut deferred);
+            let saved = o
                 .saved
                 .iter()
                 .filter(|s| !s.selective)
                 .map(|s| s.bytes)
                 .sum::<u64>();
+            if o.grad_in_saved {
+                deferred = saved;
+            } else {
+                later += saved;
+            }
         }
         incoming + worst
     }
 
     /// An op's saved (non-selective) bytes, the size of the gradients it produces, plus its
-    /// backward scratch.
+    /// backward scratch; only the scratch for an op that writes its input gradient over what
+    /// it saved.
     fn op_transient(o: &Op) -> u64 {
+        if o.grad_in_saved {
+            return o.backward_scratch_bytes;
+        }
         o.saved
             .iter()
             .filter(|s| !s.selective)

@@ -225,6 +225,12 @@ pub struct Op {
     /// The gradient of the op's output, held while its backward runs (set where it is not
     /// already counted as another op's transient: the attention core's dO).
     pub grad_out_bytes: u64,
+    /// The op's input gradient is written over the tensor it saved, so its backward adds no
+    /// bytes and the saved tensor lives on as that gradient until the op before it has run
+    /// its backward (Megatron-LM's vocab-parallel cross-entropy turns the kept softmax into
+    /// the logits' gradient in place; so does the executor).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub grad_in_saved: bool,
     /// LoRA: the adapter elements this rank holds whole though TP splits the base layer (a
     /// column-parallel layer's A, a row-parallel layer's B); under SP their gradients are
     /// partial sums over the sequence shards, reduced over TP like the norms'.
@@ -248,6 +254,7 @@ impl Op {
             temp_bytes: 0,
             backward_scratch_bytes: 0,
             grad_out_bytes: 0,
+            grad_in_saved: false,
             lora_replicated_params: 0,
             comms: Vec::new(),
         }
@@ -286,6 +293,12 @@ impl Op {
         if c.group_size > 1 && c.payload_bytes > 0 && c.count > 0 {
             self.comms.push(c);
         }
+        self
+    }
+
+    /// Marks the op's input gradient as computed in place of its saved tensor.
+    pub fn grad_in_place(mut self) -> Op {
+        self.grad_in_saved = true;
         self
     }
 
