@@ -26,12 +26,6 @@ say "machine"; nvidia-smi >>"$LOG" 2>&1
 step 120 "$B/parsim" doctor
 "$B/parsim" doctor --json >"$OUT/doctor.json" 2>>"$LOG"
 case "${1:-all}" in
-quick)
-step 120 "$B/kernels_gpu" --test-threads=1 --nocapture
-step 120 "$B/kernels_gpu_flash" --test-threads=1 --nocapture
-step 150 "$B/cuda_twin" --test-threads=1 --nocapture
-step 300 "$B/executor" cuda --test-threads=1 --nocapture
-;;&
 all|check)
 step 120 "$B/kernels_gpu" --test-threads=1 --nocapture
 step 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/kernels_gpu" --test-threads=1

@@ -258,3 +258,28 @@ fn cpu_sweep_measures_real_runs_that_calibrate_can_read_back() {
     let fit = fit_profile(&GpuProfile::load("cpu").unwrap(), &back, "sweep.jsonl").unwrap();
     assert_eq!(fit.rows.len(), 3);
 }
+
+#[test]
+fn gpu_sweep_points_are_valid_single_rank_runs_that_fit_an_h100() {
+    // The built-in sweep of `execute --calibrate --backend cuda`: each point, prepared for the
+    // CUDA backend on the h100-sxm profile, validates, runs on one rank (the model's one device
+    // per rank), fits in the GPU's memory, and labels are distinct; two are held out.
+    use parsim::calibrate::sweep;
+    let points = sweep::default_gpu_sweep();
+    let mut labels: Vec<_> = points.iter().map(|p| p.label.clone()).collect();
+    labels.sort();
+    labels.dedup();
+    assert_eq!(labels.len(), points.len());
+    assert_eq!(points.iter().filter(|p| p.holdout).count(), 2);
+    for p in points {
+        let r = Resolved::new(sweep::for_cuda(p.config.clone(), "h100-sxm"))
+            .unwrap_or_else(|e| panic!("{}: {e}", p.label));
+        assert_eq!(r.world(), 1, "{}", p.label);
+        let e = parsim::estimate::estimate(&r).unwrap();
+        assert!(
+            e.memory.fits,
+            "{}: {} bytes",
+            p.label, e.memory.per_gpu_max_bytes
+        );
+    }
+}

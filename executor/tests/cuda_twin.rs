@@ -147,16 +147,11 @@ fn upload_download_and_tracking_on_the_gpu() {
     assert!(rep.driver_total_bytes > rep.driver_used_bytes);
 }
 
-/// A whole small step: the CUDA run's loss and parameters against the CPU run's (fp32), one
-/// rank (the parallel layouts are in the engine's tests/executor/cuda.rs, which lowers them).
-#[test]
-fn a_whole_step_matches_the_cpu_twin() {
+/// The small one-rank model the twins start from: 2 layers, hidden 64, 4 heads and 2 KV heads
+/// of 16, RMSNorm, SwiGLU, seq 32, micro batch 2, no dropout, biases or MoE.
+fn small_shape() -> parsim_executor::plan::ModelShape {
     use parsim_executor::plan::{Activation, ModelShape, Norm};
-    if let Err(reason) = gpu() {
-        eprintln!("skipped: {reason}");
-        return;
-    }
-    let shape = ModelShape {
+    ModelShape {
         num_layers: 2,
         hidden: 64,
         heads: 4,
@@ -183,8 +178,18 @@ fn a_whole_step_matches_the_cpu_twin() {
         mtp_layers: 0,
         mtp_loss_scale: 0.0,
         mla: None,
-    };
-    twin(shape);
+    }
+}
+
+/// A whole small step: the CUDA run's loss and parameters against the CPU run's (fp32), one
+/// rank (the parallel layouts are in the engine's tests/executor/cuda.rs, which lowers them).
+#[test]
+fn a_whole_step_matches_the_cpu_twin() {
+    if let Err(reason) = gpu() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    twin(small_shape());
 }
 
 /// The GPT-3-style step on the GPU (linear and QKV biases through the rank-1 GEMMs, the tied
@@ -199,32 +204,15 @@ fn a_gpt3_style_step_matches_the_cpu_twin() {
         return;
     }
     let shape = ModelShape {
-        num_layers: 2,
-        hidden: 64,
-        heads: 4,
-        kv_heads: 2,
-        head_dim: 16,
-        ffn: 128,
-        vocab: 128,
-        data_vocab: 128,
-        seq: 32,
-        micro_batch: 2,
         norm: Norm::LayerNorm,
-        norm_eps: 1e-5,
         activation: Activation::Gelu,
-        rope_theta: 10000.0,
-        flash: true,
-        init_std: 0.02,
-        moe: None,
         hidden_dropout: 0.1,
-        attention_dropout: 0.0,
         tied_embeddings: true,
         bias_linear: true,
         qkv_bias: true,
         learned_positions: 32,
-        mla: None,
-        mtp_layers: 0,
         mtp_loss_scale: 0.1,
+        ..small_shape()
     };
     twin(shape.clone());
     twin(ModelShape {
@@ -238,35 +226,14 @@ fn a_gpt3_style_step_matches_the_cpu_twin() {
 /// without and with attention dropout, against the CPU twin.
 #[test]
 fn an_mla_step_with_narrower_value_heads_matches_the_cpu_twin() {
-    use parsim_executor::plan::{Activation, MlaShape, ModelShape, Norm};
+    use parsim_executor::plan::{MlaShape, ModelShape};
     if let Err(reason) = gpu() {
         eprintln!("skipped: {reason}");
         return;
     }
     let shape = ModelShape {
-        num_layers: 2,
-        hidden: 64,
-        heads: 4,
         kv_heads: 4,
         head_dim: 24,
-        ffn: 128,
-        vocab: 128,
-        data_vocab: 128,
-        seq: 32,
-        micro_batch: 2,
-        norm: Norm::RmsNorm,
-        norm_eps: 1e-5,
-        activation: Activation::Swiglu,
-        rope_theta: 10000.0,
-        flash: true,
-        init_std: 0.02,
-        moe: None,
-        hidden_dropout: 0.0,
-        attention_dropout: 0.0,
-        tied_embeddings: false,
-        bias_linear: false,
-        qkv_bias: false,
-        learned_positions: 0,
         mla: Some(MlaShape {
             q_lora_rank: 32,
             kv_lora_rank: 32,
@@ -274,8 +241,7 @@ fn an_mla_step_with_narrower_value_heads_matches_the_cpu_twin() {
             qk_rope: 8,
             v: 16,
         }),
-        mtp_layers: 0,
-        mtp_loss_scale: 0.0,
+        ..small_shape()
     };
     twin(shape.clone());
     twin(ModelShape {
@@ -380,9 +346,7 @@ fn twin(shape: parsim_executor::plan::ModelShape) {
 /// load-balancing loss, and with DeepSeek-V3's renormalised sigmoid gates.
 #[test]
 fn a_forced_balancing_moe_step_matches_the_cpu_twin() {
-    use parsim_executor::plan::{
-        Activation, ModelShape, MoeShape, Norm, RouterShape, ScoreFunction,
-    };
+    use parsim_executor::plan::{ModelShape, MoeShape, RouterShape, ScoreFunction};
     if let Err(reason) = gpu() {
         eprintln!("skipped: {reason}");
         return;
@@ -406,22 +370,6 @@ fn a_forced_balancing_moe_step_matches_the_cpu_twin() {
             0.0
         };
         let shape = ModelShape {
-            num_layers: 2,
-            hidden: 64,
-            heads: 4,
-            kv_heads: 2,
-            head_dim: 16,
-            ffn: 128,
-            vocab: 128,
-            data_vocab: 128,
-            seq: 32,
-            micro_batch: 2,
-            norm: Norm::RmsNorm,
-            norm_eps: 1e-5,
-            activation: Activation::Swiglu,
-            rope_theta: 10000.0,
-            flash: true,
-            init_std: 0.02,
             moe: Some(MoeShape {
                 num_experts: 4,
                 top_k: 2,
@@ -430,15 +378,7 @@ fn a_forced_balancing_moe_step_matches_the_cpu_twin() {
                 router,
                 ..MoeShape::default()
             }),
-            hidden_dropout: 0.0,
-            attention_dropout: 0.0,
-            tied_embeddings: false,
-            bias_linear: false,
-            qkv_bias: false,
-            learned_positions: 0,
-            mtp_layers: 0,
-            mtp_loss_scale: 0.0,
-            mla: None,
+            ..small_shape()
         };
         twin(shape);
     }
@@ -452,41 +392,21 @@ fn a_forced_balancing_moe_step_matches_the_cpu_twin() {
 #[test]
 fn a_bf16_step_on_the_tensor_core_kernels_matches_the_scalar_kernels() {
     use parsim_executor::backend::cuda::launch::flash_mma;
-    use parsim_executor::plan::{
-        Activation, AdamConfig, ModelShape, Norm, Plan, Precision, Recompute,
-    };
+    use parsim_executor::plan::{AdamConfig, ModelShape, Plan, Precision, Recompute};
     use parsim_executor::runner::{run_cpu, run_cuda, CudaWorld, RunOptions};
     if let Err(reason) = gpu() {
         eprintln!("skipped: {reason}");
         return;
     }
     let shape = ModelShape {
-        num_layers: 2,
         hidden: 256,
-        heads: 4,
-        kv_heads: 2,
         head_dim: 64,
         ffn: 512,
         vocab: 256,
         data_vocab: 256,
         seq: 200,
-        micro_batch: 2,
-        norm: Norm::RmsNorm,
-        norm_eps: 1e-5,
-        activation: Activation::Swiglu,
-        rope_theta: 10000.0,
-        flash: true,
-        init_std: 0.02,
-        moe: None,
-        hidden_dropout: 0.0,
-        attention_dropout: 0.0,
-        tied_embeddings: false,
-        bias_linear: false,
-        qkv_bias: false,
-        learned_positions: 0,
-        mla: None,
-        mtp_layers: 0,
         mtp_loss_scale: 0.1,
+        ..small_shape()
     };
     let plan = Plan::single_rank(shape, AdamConfig::default(), 5, 2, Recompute::None);
     let opts = RunOptions {

@@ -2,95 +2,69 @@
 //! the outputs poisoned (NaN) first: relative error (max |gpu - cpu| / max |cpu|) below 1e-5
 //! in fp32 and 1e-2 in bf16. Needs a GPU, its driver and NVRTC: prints why it skips otherwise.
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+mod gpu_common;
+
+use cudarc::driver::CudaSlice;
+use gpu_common::{check, gpu, p, rand, Gpu};
 use parsim_executor::backend::cpu::ops::{
     activation, adam, cross_entropy, elementwise, flash, norm, rotary,
 };
-use parsim_executor::backend::cuda::kernels::Kernels;
 use parsim_executor::backend::cuda::launch;
-use parsim_executor::backend::cuda::probe::{self, Library};
 use parsim_executor::backend::{BlockShape, DType, Side};
 use parsim_executor::plan::{Activation, AdamConfig, Norm};
-use std::sync::Arc;
 
-struct Gpu {
-    s: Arc<CudaStream>,
-    k: Kernels,
+/// The outputs of the cross-entropy's three readers of the logits.
+struct CeReaders {
+    max: CudaSlice<f32>,
+    probs: CudaSlice<f32>,
+    sum: CudaSlice<f32>,
+    target: CudaSlice<f32>,
 }
 
-fn gpu() -> Option<Gpu> {
-    for lib in [Library::Driver, Library::Nvrtc] {
-        if let Err(e) = probe::require(lib) {
-            eprintln!("skipped: {e}");
-            return None;
-        }
+/// Row max, exponentials with their row sums and the target logit of `logits` (n x v of
+/// `dt` at that address, the shard starting at column `lo`) into NaN-poisoned outputs.
+fn ce_readers(
+    g: &Gpu,
+    dt: DType,
+    logits: u64,
+    (n, v, lo): (usize, usize, usize),
+    targets: u64,
+) -> CeReaders {
+    let r = CeReaders {
+        max: g.poisoned(n),
+        probs: g.poisoned(n * v),
+        sum: g.poisoned(n),
+        target: g.poisoned(n),
+    };
+    // SAFETY: logits n*v of dt and targets n u32 (the caller's), the rest allocated here.
+    unsafe {
+        launch::cross_entropy::ce_row_max(&g.s, &g.k, dt, logits, n, v, g.p(&r.max)).unwrap();
+        launch::cross_entropy::ce_exp_rows(
+            &g.s,
+            &g.k,
+            dt,
+            logits,
+            n,
+            v,
+            g.p(&r.max),
+            g.p(&r.probs),
+            g.p(&r.sum),
+        )
+        .unwrap();
+        launch::cross_entropy::ce_target_logit(
+            &g.s,
+            &g.k,
+            dt,
+            logits,
+            n,
+            v,
+            targets,
+            lo,
+            g.p(&r.target),
+        )
+        .unwrap();
     }
-    match CudaContext::device_count() {
-        Ok(n) if n > 0 => {}
-        other => {
-            eprintln!("skipped: no GPU ({other:?})");
-            return None;
-        }
-    }
-    let ctx = CudaContext::new(0).expect("context on GPU 0");
-    let k = Kernels::load(&ctx).expect("kernels compile and load");
-    Some(Gpu {
-        s: ctx.default_stream(),
-        k,
-    })
-}
-
-fn rand(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
-impl Gpu {
-    fn up<T: cudarc::driver::DeviceRepr>(&self, x: &[T]) -> CudaSlice<T> {
-        self.s.clone_htod(x).unwrap()
-    }
-    fn poisoned(&self, n: usize) -> CudaSlice<f32> {
-        self.up(&vec![f32::NAN; n])
-    }
-    fn down(&self, x: &CudaSlice<f32>) -> Vec<f32> {
-        self.s.synchronize().unwrap();
-        self.s.clone_dtoh(x).unwrap()
-    }
-}
-
-fn p<T>(g: &Gpu, x: &CudaSlice<T>) -> u64 {
-    x.device_ptr(&g.s).0
-}
-
-fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
-    let diff = got
-        .iter()
-        .zip(want)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    assert!(diff.is_finite(), "non-finite output");
-    diff / scale
-}
-
-fn check(name: &str, got: &[f32], want: &[f32], tol: f32) {
-    // rel_err's max skips NaN: a NaN left in a poisoned output must fail here.
-    assert!(
-        got.iter().chain(want).all(|x| x.is_finite()),
-        "{name}: non-finite value"
-    );
-    let e = rel_err(got, want);
-    eprintln!("{name}: relative error {e:.2e}");
-    assert!(e < tol, "{name}: relative error {e} >= {tol}");
+    r
 }
 
 #[test]
@@ -290,41 +264,15 @@ fn elementwise_norm_activation_rotary_adam_and_cross_entropy_match_the_cpu() {
     let loss = cross_entropy::loss(&mut probs, v, &sum, &mx, &tl);
     cross_entropy::grad(&mut probs, v, &targets, lo, 0.25);
     let (pl, pt) = (g.up(&logits), g.up(&targets));
-    let (pmx, ppr, psum, ptl, prl) = (
-        g.poisoned(n),
-        g.poisoned(n * v),
-        g.poisoned(n),
-        g.poisoned(n),
-        g.poisoned(n),
-    );
+    let CeReaders {
+        max: pmx,
+        probs: ppr,
+        sum: psum,
+        target: ptl,
+    } = ce_readers(&g, DType::F32, p(&g, &pl), (n, v, lo), p(&g, &pt));
+    let prl = g.poisoned(n);
     // SAFETY: buffers sized as the wrappers require.
     unsafe {
-        launch::cross_entropy::ce_row_max(&g.s, &g.k, DType::F32, p(&g, &pl), n, v, p(&g, &pmx))
-            .unwrap();
-        launch::cross_entropy::ce_exp_rows(
-            &g.s,
-            &g.k,
-            DType::F32,
-            p(&g, &pl),
-            n,
-            v,
-            p(&g, &pmx),
-            p(&g, &ppr),
-            p(&g, &psum),
-        )
-        .unwrap();
-        launch::cross_entropy::ce_target_logit(
-            &g.s,
-            &g.k,
-            DType::F32,
-            p(&g, &pl),
-            n,
-            v,
-            p(&g, &pt),
-            lo,
-            p(&g, &ptl),
-        )
-        .unwrap();
         launch::cross_entropy::ce_loss(
             &g.s,
             &g.k,
@@ -590,45 +538,11 @@ fn bf16_kernels_match_the_cpu_on_rounded_inputs() {
     cross_entropy::exp_rows(&logits, v, &mx, &mut probs, &mut sum);
     cross_entropy::target_logit(&logits, v, &targets, lo, &mut tl);
     let (pl, pt) = (bf16_up(&g, &logits), g.up(&targets));
-    let (pmx, ppr, psum, ptl) = (
-        g.poisoned(n),
-        g.poisoned(n * v),
-        g.poisoned(n),
-        g.poisoned(n),
-    );
-    // SAFETY: logits n*v bf16, the rest f32 (targets u32) as the wrappers require.
-    unsafe {
-        launch::cross_entropy::ce_row_max(&g.s, &g.k, DType::Bf16, p(&g, &pl), n, v, p(&g, &pmx))
-            .unwrap();
-        launch::cross_entropy::ce_exp_rows(
-            &g.s,
-            &g.k,
-            DType::Bf16,
-            p(&g, &pl),
-            n,
-            v,
-            p(&g, &pmx),
-            p(&g, &ppr),
-            p(&g, &psum),
-        )
-        .unwrap();
-        launch::cross_entropy::ce_target_logit(
-            &g.s,
-            &g.k,
-            DType::Bf16,
-            p(&g, &pl),
-            n,
-            v,
-            p(&g, &pt),
-            lo,
-            p(&g, &ptl),
-        )
-        .unwrap();
-    }
-    check("ce_row_max_bf16", &g.down(&pmx), &mx, 1e-5);
-    check("ce_exp_rows_bf16 probs", &g.down(&ppr), &probs, 1e-5);
-    check("ce_exp_rows_bf16 sum", &g.down(&psum), &sum, 1e-5);
-    check("ce_target_logit_bf16", &g.down(&ptl), &tl, 1e-5);
+    let r = ce_readers(&g, DType::Bf16, p(&g, &pl), (n, v, lo), p(&g, &pt));
+    check("ce_row_max_bf16", &g.down(&r.max), &mx, 1e-5);
+    check("ce_exp_rows_bf16 probs", &g.down(&r.probs), &probs, 1e-5);
+    check("ce_exp_rows_bf16 sum", &g.down(&r.sum), &sum, 1e-5);
+    check("ce_target_logit_bf16", &g.down(&r.target), &tl, 1e-5);
 }
 
 /// kernels/dropout.cu, heads.cu and the scored router of moe.cu against their CPU twins

@@ -5,85 +5,13 @@
 //! to rng/attention.rs's, element for element. Needs a GPU, its driver and NVRTC: prints why
 //! it skips otherwise.
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+mod gpu_common;
+
+use gpu_common::{check, gpu, rand, Gpu};
 use parsim_executor::backend::cpu::ops::flash;
-use parsim_executor::backend::cuda::kernels::Kernels;
 use parsim_executor::backend::cuda::launch;
-use parsim_executor::backend::cuda::probe::{self, Library};
 use parsim_executor::backend::{BlockShape, DType, Side};
 use parsim_executor::rng::AttnDropout;
-use std::sync::Arc;
-
-struct Gpu {
-    s: Arc<CudaStream>,
-    k: Kernels,
-}
-
-fn gpu() -> Option<Gpu> {
-    for lib in [Library::Driver, Library::Nvrtc] {
-        if let Err(e) = probe::require(lib) {
-            eprintln!("skipped: {e}");
-            return None;
-        }
-    }
-    match CudaContext::device_count() {
-        Ok(n) if n > 0 => {}
-        other => {
-            eprintln!("skipped: no GPU ({other:?})");
-            return None;
-        }
-    }
-    let ctx = CudaContext::new(0).expect("context on GPU 0");
-    let k = Kernels::load(&ctx).expect("kernels compile and load");
-    Some(Gpu {
-        s: ctx.default_stream(),
-        k,
-    })
-}
-
-/// Uniform in [-1, 1) from an LCG (a different stream per seed).
-fn rand(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
-impl Gpu {
-    fn up<T: cudarc::driver::DeviceRepr>(&self, x: &[T]) -> CudaSlice<T> {
-        self.s.clone_htod(x).unwrap()
-    }
-    fn poisoned(&self, n: usize) -> CudaSlice<f32> {
-        self.up(&vec![f32::NAN; n])
-    }
-    fn down(&self, x: &CudaSlice<f32>) -> Vec<f32> {
-        self.s.synchronize().unwrap();
-        self.s.clone_dtoh(x).unwrap()
-    }
-    fn p<T>(&self, x: &CudaSlice<T>) -> u64 {
-        x.device_ptr(&self.s).0
-    }
-}
-
-fn check(name: &str, got: &[f32], want: &[f32], tol: f32) {
-    assert_eq!(got.len(), want.len(), "{name}");
-    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
-    let diff = got
-        .iter()
-        .zip(want)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    assert!(diff.is_finite(), "{name}: non-finite output");
-    let e = diff / scale;
-    eprintln!("{name}: relative error {e:.2e}");
-    assert!(e < tol, "{name}: relative error {e} >= {tol}");
-}
 
 /// One case's inputs and the outputs of forward (o, lse) and backward (dq, dk, dv).
 struct Run {

@@ -58,13 +58,17 @@ fn point(label: &str, holdout: bool, v: Value) -> SweepPoint {
         "parallel": {"tp": 1, "sp": false, "pp": 1, "zero": 0},
         "training": {"seq_length": 128, "micro_batch_size": 1, "global_batch_size": 2, "recompute": "none"}
     });
-    let cfg = Config::from_layers(&[Layer::overrides(base), Layer::overrides(v)])
-        .expect("built-in sweep point parses");
     SweepPoint {
         label: label.to_string(),
-        config: for_cpu(cfg),
+        config: for_cpu(layered(base, v)),
         holdout,
     }
+}
+
+/// A built-in point's configuration: `v` over `base`.
+fn layered(base: Value, v: Value) -> Config {
+    Config::from_layers(&[Layer::overrides(base), Layer::overrides(v)])
+        .expect("built-in sweep point parses")
 }
 
 /// A sweep point prepared for the CUDA backend: the profile `gpu` (the base the fit starts
@@ -160,6 +164,8 @@ pub fn default_cpu_sweep() -> Vec<SweepPoint> {
     ]
 }
 
+/// A point of the built-in GPU sweep: `v` over a 2-layer, hidden-2048 model (GQA 16/8, head
+/// dim 128, vocab 32768) at seq 2048 on one GPU.
 fn gpu_point(label: &str, holdout: bool, v: Value) -> SweepPoint {
     let base = json!({
         "model": {"name": label, "num_layers": 2, "hidden_size": 2048, "num_attention_heads": 16,
@@ -170,11 +176,9 @@ fn gpu_point(label: &str, holdout: bool, v: Value) -> SweepPoint {
         "training": {"seq_length": 2048, "micro_batch_size": 1, "global_batch_size": 2,
                      "recompute": "none", "flash_attention": true}
     });
-    let cfg = Config::from_layers(&[Layer::overrides(base), Layer::overrides(v)])
-        .expect("built-in sweep point parses");
     SweepPoint {
         label: label.to_string(),
-        config: cfg,
+        config: layered(base, v),
         holdout,
     }
 }

@@ -23,6 +23,43 @@ pub struct Mix {
 }
 
 impl Mix {
+    /// TP 2 with sequence parallelism.
+    pub fn tp2_sp() -> Mix {
+        Mix {
+            tp: 2,
+            sp: true,
+            ..Mix::single()
+        }
+    }
+
+    /// PP 2 under `schedule` with `vpp` chunks per rank.
+    pub fn pp2(schedule: &'static str, vpp: u32) -> Mix {
+        Mix {
+            pp: 2,
+            vpp,
+            schedule,
+            ..Mix::single()
+        }
+    }
+
+    /// DP 2 with ZeRO stage `zero`.
+    pub fn dp2(zero: u8) -> Mix {
+        Mix {
+            dp: 2,
+            zero,
+            ..Mix::single()
+        }
+    }
+
+    /// CP 2 with the exchange `cp_comm`.
+    pub fn cp2(cp_comm: &'static str) -> Mix {
+        Mix {
+            cp: 2,
+            cp_comm,
+            ..Mix::single()
+        }
+    }
+
     pub fn single() -> Mix {
         Mix {
             tp: 1,

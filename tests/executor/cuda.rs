@@ -206,26 +206,12 @@ fn tp2_sp_pp2_and_dp2_steps_match_the_cpu_twin_on_the_gpu() {
         eprintln!("skipped: {reason}");
         return;
     }
-    let single = super::common::Mix::single;
+    use super::common::Mix;
     let mixes = [
-        ("one rank", single()),
-        (
-            "tp2+sp",
-            super::common::Mix {
-                tp: 2,
-                sp: true,
-                ..single()
-            },
-        ),
-        ("pp2", super::common::Mix { pp: 2, ..single() }),
-        (
-            "dp2 zero1",
-            super::common::Mix {
-                dp: 2,
-                zero: 1,
-                ..single()
-            },
-        ),
+        ("one rank", Mix::single()),
+        ("tp2+sp", Mix::tp2_sp()),
+        ("pp2", Mix::pp2("1f1b", 1)),
+        ("dp2 zero1", Mix::dp2(1)),
     ];
     for (label, mix) in mixes {
         gpu_twin(label, mix.clone(), Precision::Fp32, 1e-5);
@@ -341,65 +327,22 @@ fn every_mix_on_one_gpu_matches_the_one_rank_gpu_run() {
         eprintln!("skipped: {reason}");
         return;
     }
-    let s = Mix::single;
-    let cp = |cp_comm| Mix {
-        cp: 2,
-        cp_comm,
-        ..s()
-    };
     let mixes = [
-        (
-            "tp2+sp",
-            Mix {
-                tp: 2,
-                sp: true,
-                ..s()
-            },
-        ),
-        ("pp2 1f1b", Mix { pp: 2, ..s() }),
-        (
-            "pp2 interleaved",
-            Mix {
-                pp: 2,
-                vpp: 2,
-                schedule: "interleaved-1f1b",
-                ..s()
-            },
-        ),
-        (
-            "pp2 zb-v",
-            Mix {
-                pp: 2,
-                vpp: 2,
-                schedule: "zb-v",
-                ..s()
-            },
-        ),
-        (
-            "dp2 zero1",
-            Mix {
-                dp: 2,
-                zero: 1,
-                ..s()
-            },
-        ),
-        (
-            "dp2 zero3",
-            Mix {
-                dp: 2,
-                zero: 3,
-                ..s()
-            },
-        ),
-        ("cp2 p2p", cp("p2p")),
-        ("cp2 zigzag", cp("zigzag")),
-        ("cp2 allgather", cp("allgather")),
-        ("cp2 a2a", cp("a2a")),
+        ("tp2+sp", Mix::tp2_sp()),
+        ("pp2 1f1b", Mix::pp2("1f1b", 1)),
+        ("pp2 interleaved", Mix::pp2("interleaved-1f1b", 2)),
+        ("pp2 zb-v", Mix::pp2("zb-v", 2)),
+        ("dp2 zero1", Mix::dp2(1)),
+        ("dp2 zero3", Mix::dp2(3)),
+        ("cp2 p2p", Mix::cp2("p2p")),
+        ("cp2 zigzag", Mix::cp2("zigzag")),
+        ("cp2 allgather", Mix::cp2("allgather")),
+        ("cp2 a2a", Mix::cp2("a2a")),
     ];
     let gbs = 4;
     let dense = |m: &Mix| super::common::config(m, gbs, true, "rmsnorm", "swiglu");
     for (precision, tol) in [(Precision::Fp32, 1e-5), (Precision::Bf16, 1e-2)] {
-        let one = gpu_run("one rank", dense(&s()), precision);
+        let one = gpu_run("one rank", dense(&Mix::single()), precision);
         for (label, mix) in &mixes {
             let got = gpu_run(label, dense(mix), precision);
             let worst = against_one_rank(label, &got, &one, tol);
