@@ -12,8 +12,8 @@ use crate::model::{
 };
 use crate::network::Network;
 use crate::schedule::{
-    generate, simulate, simulate_extrapolated, simulates_in_full, Costs, PipelineSummary,
-    ScheduleError,
+    generate, simulate_extrapolated, simulate_summaries, simulate_summary, simulates_in_full,
+    CheckedProgram, Costs, ScheduleError,
 };
 use crate::time::{Overlaps, Rates, StepTime, TimingContext};
 use serde::Serialize;
@@ -511,11 +511,22 @@ impl<'a> Prepared<'a> {
         };
         // One generation serves both the memory walk and, when it would not be extrapolated
         // anyway, the simulation.
-        let sim = match &program {
+        // The bubble split's run with free hops shares the walk of the schedule.
+        let checked = program.as_ref().map(CheckedProgram::new).transpose()?;
+        let (sim, free_run) = match checked {
             Some(p) if simulates_in_full(par.schedule, par.pp, r.microbatches) => {
-                PipelineSummary::of(&simulate(p, &costs)?)
+                if split_bubble && par.pp > 1 {
+                    let free = breakdown::free_hops(&costs);
+                    let [sim, free_run] = simulate_summaries(p, [&costs, &free])?;
+                    (sim, Some(free_run))
+                } else {
+                    (simulate_summary(p, &costs)?, None)
+                }
             }
-            _ => simulate_extrapolated(par.schedule, par.pp, par.vpp, r.microbatches, &costs)?,
+            _ => (
+                simulate_extrapolated(par.schedule, par.pp, par.vpp, r.microbatches, &costs)?,
+                None,
+            ),
         };
         for (rank, ch) in chunks.iter().enumerate() {
             let pipeline = match &program {
@@ -556,7 +567,7 @@ impl<'a> Prepared<'a> {
             microbatches: r.microbatches,
         };
         let idle = if split_bubble {
-            breakdown::split_idle(pipe, &costs, &sim, crit, program.as_ref())?
+            breakdown::split_idle(pipe, &costs, &sim, crit, checked, free_run.as_ref())?
         } else {
             breakdown::IdleSplit::default()
         };

@@ -3,8 +3,8 @@
 //! never break generation or simulation.
 
 use parsim::schedule::{
-    generate, natural_vpp, simulate, Action, ActionKind, Costs, Placement, Program, ScheduleError,
-    ScheduleKind,
+    generate, natural_vpp, simulate, simulate_summaries, simulate_summary, Action, ActionKind,
+    CheckedProgram, Costs, PipelineSummary, Placement, Program, ScheduleError, ScheduleKind,
 };
 use proptest::prelude::*;
 
@@ -169,4 +169,76 @@ proptest! {
             }
         }
     }
+}
+
+/// Random per-stage costs for `stages` stages from `seed` (a small LCG: uneven stages, hops and
+/// overlap factors without a proptest strategy per vector).
+fn uneven_costs(stages: usize, seed: u64) -> Costs {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut next = |lo: f64, hi: f64| {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        lo + (hi - lo) * ((x >> 11) as f64 / (1u64 << 53) as f64)
+    };
+    let mut v = |n: usize, lo: f64, hi: f64| (0..n).map(|_| next(lo, hi)).collect::<Vec<_>>();
+    let (f, i, w) = (
+        v(stages, 0.2, 3.0),
+        v(stages, 0.2, 3.0),
+        v(stages, 0.1, 2.0),
+    );
+    let hops = v(stages - 1, 0.0, 0.4);
+    let latency = v(1, 0.0, 0.1)[0];
+    let factor = v(1, 0.5, 1.0)[0];
+    Costs::from_split(f, i, w, latency, hops)
+        .unwrap()
+        .with_overlap_factor(factor)
+        .unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// Playing several cost sets in one walk gives each the figures of its own full
+    /// simulation (the walk depends only on which inputs exist, never on when).
+    #[test]
+    fn cost_sets_played_together_match_their_own_simulations(
+        kind_ix in 0usize..6,
+        pp in 1u32..9,
+        m in 1u32..30,
+        seed in any::<u64>(),
+    ) {
+        let kind = ScheduleKind::ALL[kind_ix];
+        let vpp = natural_vpp(kind);
+        let Ok(program) = generate(kind, pp, vpp, m) else {
+            return Ok(());
+        };
+        let stages = (pp * vpp) as usize;
+        let (a, b) = (uneven_costs(stages, seed), uneven_costs(stages, seed ^ 0x9e37));
+        let checked = CheckedProgram::new(&program).unwrap();
+        let [sa, sb] = simulate_summaries(checked, [&a, &b]).unwrap();
+        let alone = simulate_summary(checked, &b).unwrap();
+        let full_a = PipelineSummary::of(&simulate(&program, &a).unwrap());
+        let full_b = PipelineSummary::of(&simulate(&program, &b).unwrap());
+        prop_assert_eq!(&sa, &full_a);
+        prop_assert_eq!(&sb, &full_b);
+        prop_assert_eq!(&alone, &full_b);
+    }
+}
+
+/// A malformed program is refused when checked, before any play.
+#[test]
+fn checked_programs_refuse_malformed_ones() {
+    use ActionKind::*;
+    let p = program(2, 1, vec![vec![a(F, 0, 0), a(B, 0, 0)], vec![a(F, 1, 0)]]);
+    assert!(matches!(
+        CheckedProgram::new(&p),
+        Err(ScheduleError::InvalidProgram(_))
+    ));
+    let short = program(2, 1, vec![vec![a(F, 0, 0), a(B, 0, 0)]]);
+    assert!(matches!(
+        CheckedProgram::new(&short),
+        Err(ScheduleError::InvalidProgram(_))
+    ));
 }

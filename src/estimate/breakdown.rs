@@ -6,8 +6,8 @@
 use crate::config::ScheduleKind;
 use crate::model::ChunkContents;
 use crate::schedule::{
-    base_microbatches, generate, simulate, simulate_extrapolated, Costs, PipelineSummary, Program,
-    ScheduleError,
+    base_microbatches, closed_form, generate, simulate_extrapolated, simulate_summary,
+    CheckedProgram, Costs, PipelineSummary, ScheduleError,
 };
 use crate::time::{StageImbalance, StepTime};
 
@@ -28,19 +28,45 @@ pub struct Pipe {
     pub microbatches: u32,
 }
 
+/// `costs` with free pipeline hops (no latency, no transfer): the run whose idle time, taken
+/// from the real one's, leaves the send and receive waits.
+pub fn free_hops(costs: &Costs) -> Costs {
+    let mut free = costs.clone();
+    free.p2p_latency = 0.0;
+    free.hop_transfer.iter_mut().for_each(|h| *h = 0.0);
+    free
+}
+
+/// Rank `crit`'s idle time (its finish less its busy time) under `balanced` costs (equal
+/// stages, free hops) where a closed form gives it: for GPipe and 1F1B with m >= p, every rank
+/// idles (p-1)(F+B) up to the makespan (the DualPipe README's table; Narayanan et al. 2021,
+/// §2.2.1), of which rank r spends the last r B after its final backward, since the final
+/// backwards run from rank p-1 down to rank 0 one after another. The unit test checks it
+/// against the simulator on every rank. None where the simulator must run.
+fn balanced_idle_closed_form(pipe: Pipe, balanced: &Costs, crit: usize) -> Option<f64> {
+    let simple = matches!(pipe.kind, ScheduleKind::Gpipe | ScheduleKind::OneFOneB);
+    if !simple || pipe.vpp != 1 || pipe.microbatches < pipe.pp || balanced.forward.is_empty() {
+        return None;
+    }
+    let (f, b) = (balanced.forward[0], balanced.backward[0]);
+    Some(closed_form::bubble_1f1b(pipe.pp, f, b) - crit as f64 * b)
+}
+
 /// Splits rank `crit`'s idle time in `sim` (simulated with `costs`) by two more simulations:
 /// free hops (what is left is warm-up/cool-down plus imbalance; the difference is the send and
 /// receive waits), and every stage at the mean stage's cost with free hops (the schedule's
 /// own warm-up/cool-down, e.g. (p-1)(F+B) for 1F1B, Narayanan et al. 2021). `program`, the
 /// whole schedule when the caller generated it, is simulated instead of extrapolating; the
 /// balanced run's idle time stops growing once the pipeline is in steady state, so it is
-/// simulated over the shortest such run.
+/// simulated over the shortest such run. `free_run`, when the caller already played the
+/// schedule with [`free_hops`] of `costs`, is used instead of playing it again.
 pub fn split_idle(
     pipe: Pipe,
     costs: &Costs,
     sim: &PipelineSummary,
     crit: usize,
-    program: Option<&Program>,
+    program: Option<CheckedProgram>,
+    free_run: Option<&PipelineSummary>,
 ) -> Result<IdleSplit, ScheduleError> {
     let idle = (sim.finish[crit] - sim.busy[crit]).max(0.0);
     if pipe.pp <= 1 || idle == 0.0 {
@@ -52,17 +78,15 @@ pub fn split_idle(
     let idle_of = |s: &PipelineSummary| (s.finish[crit] - s.busy[crit]).max(0.0);
     let run = |c: &Costs| -> Result<PipelineSummary, ScheduleError> {
         match program {
-            Some(p) => Ok(PipelineSummary::of(&simulate(p, c)?)),
+            Some(p) => simulate_summary(p, c),
             None => simulate_extrapolated(pipe.kind, pipe.pp, pipe.vpp, pipe.microbatches, c),
         }
     };
-    let mut free = costs.clone();
-    free.p2p_latency = 0.0;
-    free.hop_transfer.iter_mut().for_each(|h| *h = 0.0);
-    let idle_free = if free == *costs {
-        idle
-    } else {
-        idle_of(&run(&free)?)
+    let free = free_hops(costs);
+    let idle_free = match free_run {
+        _ if free == *costs => idle,
+        Some(f) => idle_of(f),
+        None => idle_of(&run(&free)?),
     };
     let mut balanced = free;
     for v in [
@@ -76,17 +100,20 @@ pub fn split_idle(
     for i in 0..balanced.backward.len() {
         balanced.backward[i] = balanced.input_grad[i] + balanced.weight_grad[i];
     }
-    let short = pipe
-        .microbatches
-        .min(base_microbatches(pipe.kind, pipe.pp, pipe.microbatches));
-    let warm = match program {
-        Some(p) if short == pipe.microbatches => {
-            idle_of(&PipelineSummary::of(&simulate(p, &balanced)?))
+    let warm = match balanced_idle_closed_form(pipe, &balanced, crit) {
+        Some(w) => w,
+        None => {
+            let short =
+                pipe.microbatches
+                    .min(base_microbatches(pipe.kind, pipe.pp, pipe.microbatches));
+            match program {
+                Some(p) if short == pipe.microbatches => idle_of(&simulate_summary(p, &balanced)?),
+                _ => {
+                    let p = generate(pipe.kind, pipe.pp, pipe.vpp, short)?;
+                    idle_of(&simulate_summary(CheckedProgram::new(&p)?, &balanced)?)
+                }
+            }
         }
-        _ => idle_of(&PipelineSummary::of(&simulate(
-            &generate(pipe.kind, pipe.pp, pipe.vpp, short)?,
-            &balanced,
-        )?)),
     };
     // Each cause takes what the simulations attribute to it, in this order, so that the
     // three add up to the idle time exactly.
@@ -293,6 +320,7 @@ pub fn verdict_line(t: &StepTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::schedule::simulate;
 
     /// With every stage alike, a rank's idle time stops growing once the pipeline is in steady
     /// state: the short run [`split_idle`] simulates gives the idle time of the long one.
@@ -321,6 +349,46 @@ mod tests {
                 assert!((x - y).abs() <= 1e-9 * y.max(1.0), "{kind}: {a:?} vs {b:?}");
             }
         }
+    }
+
+    /// The closed form [`split_idle`] takes for GPipe and 1F1B is the simulator's idle time on
+    /// every rank, with the backward split or not, for m >= p.
+    #[test]
+    fn the_closed_form_balanced_idle_is_the_simulated_one() {
+        for kind in [ScheduleKind::Gpipe, ScheduleKind::OneFOneB] {
+            for (f, b, w) in [(1.0, 2.0, None), (1.3, 2.1, Some(0.7)), (2.0, 1.0, None)] {
+                for pp in 2..=6u32 {
+                    for m in [pp, pp + 1, 3 * pp + 2] {
+                        let costs = Costs::uniform(pp, 1, f, b, w, 0.0).unwrap();
+                        let pipe = Pipe {
+                            kind,
+                            pp,
+                            vpp: 1,
+                            microbatches: m,
+                        };
+                        let s = PipelineSummary::of(
+                            &simulate(&generate(kind, pp, 1, m).unwrap(), &costs).unwrap(),
+                        );
+                        for r in 0..pp as usize {
+                            let want = s.finish[r] - s.busy[r];
+                            let got = balanced_idle_closed_form(pipe, &costs, r).unwrap();
+                            assert!(
+                                (got - want).abs() <= 1e-9 * want.max(1.0),
+                                "{kind} pp {pp} m {m} rank {r}: {got} vs simulated {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        let interleaved = Pipe {
+            kind: ScheduleKind::Interleaved1F1B,
+            pp: 4,
+            vpp: 2,
+            microbatches: 8,
+        };
+        let costs = Costs::uniform(4, 2, 1.0, 2.0, None, 0.0).unwrap();
+        assert_eq!(balanced_idle_closed_form(interleaved, &costs, 0), None);
     }
 
     /// The terms add up to the step, and the largest overhead drives the advice.

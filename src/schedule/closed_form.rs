@@ -1,7 +1,9 @@
 //! Textbook closed forms for pipeline bubbles and activation peaks.
 //!
-//! These are *oracles* for tests and comparison columns only; the simulator is the
-//! implementation. Each function cites where its formula comes from. `p` is the number of
+//! These are *oracles* for tests and comparison columns; the simulator is the implementation.
+//! The one exception is the estimate's bubble split, which takes [`bubble_1f1b`] for GPipe and
+//! 1F1B with balanced stages instead of a third simulation (checked against the simulator on
+//! every rank). Each function cites where its formula comes from. `p` is the number of
 //! pipeline ranks, `v` the chunks per rank, `m` the microbatches.
 
 /// Bubble over ideal time of GPipe and 1F1B with F = B and free communication:

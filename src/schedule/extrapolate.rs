@@ -8,7 +8,8 @@
 //! m itself). Peaks of live activation sets saturate before that (GPipe's, which is m, is read
 //! off its definition). Tests compare it with full simulations.
 
-use super::{generate, simulate, Costs, ScheduleError, ScheduleKind};
+use super::simulate::{bubble_fraction, peak_live, play, CheckedProgram};
+use super::{generate, Costs, ScheduleError, ScheduleKind};
 
 /// The parts of a simulation the estimate needs, for the full microbatch count.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,6 +31,51 @@ impl PipelineSummary {
     pub fn of(sim: &super::Simulation) -> PipelineSummary {
         summary(sim)
     }
+}
+
+/// The summary of `program` played with `costs`: the figures of [`PipelineSummary::of`] over
+/// [`super::simulate`], without building the timeline (what the estimate's runs need).
+pub fn simulate_summary(
+    program: CheckedProgram,
+    costs: &Costs,
+) -> Result<PipelineSummary, ScheduleError> {
+    let [summary] = simulate_summaries(program, [costs])?;
+    Ok(summary)
+}
+
+/// [`simulate_summary`] for several cost sets, played in one walk of the program (the
+/// estimate's run and its bubble split's run with free hops).
+pub fn simulate_summaries<const N: usize>(
+    program: CheckedProgram,
+    costs: [&Costs; N],
+) -> Result<[PipelineSummary; N], ScheduleError> {
+    let played = play(program, costs, |_, _| {})?;
+    let peak_inflight: Vec<u32> = program
+        .program()
+        .ranks
+        .iter()
+        .map(|a| peak_live(a))
+        .collect();
+    let makespan = |p: &super::simulate::Played| p.finish.iter().copied().fold(0.0, f64::max);
+    for p in &played {
+        let makespan = makespan(p);
+        if !(makespan.is_finite() && p.busy.iter().all(|b| b.is_finite())) {
+            return Err(ScheduleError::NonFinite { makespan });
+        }
+    }
+    Ok(played.map(|p| PipelineSummary {
+        makespan: makespan(&p),
+        bubble_fraction: bubble_fraction(makespan(&p), &p.busy),
+        finish: p.finish,
+        busy: p.busy,
+        peak_inflight: peak_inflight.clone(),
+        extrapolated: false,
+    }))
+}
+
+/// [`simulate_summary`] of a program just generated.
+fn summary_of(program: super::Program, costs: &Costs) -> Result<PipelineSummary, ScheduleError> {
+    simulate_summary(CheckedProgram::new(&program)?, costs)
 }
 
 /// True when [`simulate_extrapolated`] would simulate all `m` microbatches itself (so a
@@ -73,17 +119,17 @@ pub fn simulate_extrapolated(
 ) -> Result<PipelineSummary, ScheduleError> {
     let m0 = base_microbatches(kind, pp, m);
     if m <= m0 + pp {
-        return Ok(summary(&simulate(&generate(kind, pp, vpp, m)?, costs)?));
+        return summary_of(generate(kind, pp, vpp, m)?, costs);
     }
     let mut m0 = m0;
     let cells = |m: u32| pp as u64 * vpp as u64 * m as u64;
     let mut last_slope: Option<f64> = None;
     let (a, b) = loop {
         if m0 + pp >= m {
-            return Ok(summary(&simulate(&generate(kind, pp, vpp, m)?, costs)?));
+            return summary_of(generate(kind, pp, vpp, m)?, costs);
         }
-        let a = summary(&simulate(&generate(kind, pp, vpp, m0)?, costs)?);
-        let b = summary(&simulate(&generate(kind, pp, vpp, m0 + pp)?, costs)?);
+        let a = summary_of(generate(kind, pp, vpp, m0)?, costs)?;
+        let b = summary_of(generate(kind, pp, vpp, m0 + pp)?, costs)?;
         let next = 2 * m0 - m0 % pp + m % pp;
         // Bounded memory: when the next try would exceed the program limit, the line through
         // the two longest runs that fit is the estimate (the slack left is at most the
@@ -129,21 +175,16 @@ pub fn simulate_extrapolated(
         .map(|(x, y)| extend(*x, *y))
         .collect();
     let makespan = extend(a.makespan, b.makespan);
-    let max_busy = busy.iter().copied().fold(0.0, f64::max);
     let peak_inflight = match kind {
         ScheduleKind::Gpipe => vec![m.saturating_mul(vpp); pp as usize],
         _ => b.peak_inflight,
     };
     Ok(PipelineSummary {
         makespan,
+        bubble_fraction: bubble_fraction(makespan, &busy),
         finish,
         busy,
         peak_inflight,
-        bubble_fraction: if max_busy > 0.0 {
-            (makespan - max_busy) / max_busy
-        } else {
-            0.0
-        },
         extrapolated: true,
     })
 }

@@ -35,9 +35,10 @@ pub use action::{rank_of_stage, Action, ActionKind, Overlap, Placement, Program}
 pub use costs::Costs;
 pub use error::ScheduleError;
 pub use extrapolate::{
-    base_microbatches, simulate_extrapolated, simulates_in_full, PipelineSummary,
+    base_microbatches, simulate_extrapolated, simulate_summaries, simulate_summary,
+    simulates_in_full, PipelineSummary,
 };
-pub use simulate::{check_program, peak_live, simulate, Simulation, Span};
+pub use simulate::{check_program, peak_live, simulate, CheckedProgram, Simulation, Span};
 
 /// The most stage-microbatch pairs (`pp * vpp * microbatches`) one program may hold: about
 /// 150 bytes each between the action lists and the simulated spans, so a program stays under

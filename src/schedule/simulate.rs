@@ -54,91 +54,136 @@ const NOT_DONE: f64 = f64::NAN;
 /// Plays `program` with `costs`. Errors: costs for the wrong number of stages, an invalid
 /// program (missing, duplicated or misplaced actions), or a deadlock.
 pub fn simulate(program: &Program, costs: &Costs) -> Result<Simulation, ScheduleError> {
-    check_inputs(program, costs)?;
-    let stages = program.num_stages();
-    let m = program.microbatches;
-    let cells = stages as u64 * m as u64;
-
-    let pp = program.pp as usize;
-    let placement = program.placement;
-    let pp32 = program.pp;
-    let idx = |s: u32, mb: u32| s as usize * m as usize + mb as usize;
-    let mut f_end = vec![NOT_DONE; cells as usize];
-    let mut g_end = vec![NOT_DONE; cells as usize];
-
+    let checked = CheckedProgram::new(program)?;
     let mut timeline: Vec<Vec<Span>> = program
         .ranks
         .iter()
         .map(|acts| Vec::with_capacity(acts.len()))
         .collect();
+    let [played] = play(checked, [costs], |r, [span]| timeline[r].push(span))?;
+    let sim = summarise(program, timeline, &played.finish, played.busy);
+    if !(sim.makespan.is_finite() && sim.busy.iter().all(|b| b.is_finite())) {
+        return Err(ScheduleError::NonFinite {
+            makespan: sim.makespan,
+        });
+    }
+    Ok(sim)
+}
+
+/// What one play of a program leaves per rank: when its last action ends and its compute time.
+pub(super) struct Played {
+    pub finish: Vec<f64>,
+    pub busy: Vec<f64>,
+}
+
+/// Plays `program` once per cost set, handing each action's spans to `record` (rank, one span
+/// per cost set): the simulator itself, shared by [`simulate`] (which keeps the timeline) and
+/// the summary-only runs of the estimate (which do not). Whether an action can start depends
+/// only on which of its inputs exist, never on when, so the walk is the same for every cost
+/// set: N sets are played in one walk, each in its own lane. Errors as [`simulate`], but for
+/// non-finite times.
+pub(super) fn play<const N: usize>(
+    checked: CheckedProgram,
+    costs: [&Costs; N],
+    mut record: impl FnMut(usize, [Span; N]),
+) -> Result<[Played; N], ScheduleError> {
+    let program = checked.program();
+    for c in costs {
+        check_costs(program, c)?;
+    }
+    let stages = program.num_stages();
+    let m = program.microbatches;
+    let cells = stages as usize * m as usize;
+    let pp = program.pp as usize;
+    let idx = |s: u32, mb: u32| s as usize * m as usize + mb as usize;
+    let lanes = |f: &dyn Fn(&Costs) -> f64| -> [f64; N] { std::array::from_fn(|i| f(costs[i])) };
+    // End times per lane; lane 0's NaN marks an action not yet run (all lanes run together).
+    let mut f_end = vec![[NOT_DONE; N]; cells];
+    let mut g_end = vec![[NOT_DONE; N]; cells];
+
     let mut pc = vec![0usize; pp];
-    let mut free = vec![0.0f64; pp];
-    let mut busy = vec![0.0f64; pp];
+    let mut free = vec![[0.0f64; N]; pp];
+    let mut busy = vec![[0.0f64; N]; pp];
     let mut parked = vec![false; pp];
     let mut stack: Vec<usize> = (0..pp).rev().collect();
 
-    // Time at which the inputs of action `a` on rank `r` exist, or None if one is missing.
-    let ready = |a: &super::action::Action, r: u32, f_end: &[f64], g_end: &[f64]| -> Option<f64> {
-        let s = a.stage;
-        let mb = a.microbatch;
-        match a.kind {
-            ActionKind::F => {
-                if s == 0 {
-                    return Some(0.0);
-                }
-                let t = f_end[idx(s - 1, mb)];
-                if t.is_nan() {
-                    return None;
-                }
-                let hop = if rank_of_stage(placement, pp32, s - 1) != r {
-                    costs.hop(s - 1)
-                } else {
-                    0.0
-                };
-                Some(t + hop)
-            }
-            ActionKind::B | ActionKind::I => {
-                let own = f_end[idx(s, mb)];
-                if own.is_nan() {
-                    return None;
-                }
-                if s + 1 == stages {
-                    return Some(own);
-                }
-                let t = g_end[idx(s + 1, mb)];
-                if t.is_nan() {
-                    return None;
-                }
-                let hop = if rank_of_stage(placement, pp32, s + 1) != r {
-                    costs.hop(s)
-                } else {
-                    0.0
-                };
-                Some(own.max(t + hop))
-            }
-            ActionKind::W => {
-                let t = g_end[idx(s, mb)];
-                if t.is_nan() {
-                    None
-                } else {
-                    Some(t)
-                }
-            }
+    // Per stage: its rank, and the hop its forward input (from s - 1) and its backward input
+    // (from s + 1) pay when that neighbour is on another rank. A checked program runs every
+    // action on its stage's rank, so these do not depend on who asks.
+    let owner: Vec<u32> = (0..stages)
+        .map(|s| rank_of_stage(program.placement, program.pp, s))
+        .collect();
+    let crossing = |a: u32, b: u32, lower: u32| -> [f64; N] {
+        if owner[a as usize] != owner[b as usize] {
+            lanes(&|c| c.hop(lower))
+        } else {
+            [0.0; N]
         }
     };
-    let duration = |a: &super::action::Action| -> f64 {
+    let f_hop: Vec<[f64; N]> = (0..stages)
+        .map(|s| {
+            if s == 0 {
+                [0.0; N]
+            } else {
+                crossing(s - 1, s, s - 1)
+            }
+        })
+        .collect();
+    let b_hop: Vec<[f64; N]> = (0..stages)
+        .map(|s| {
+            if s + 1 == stages {
+                [0.0; N]
+            } else {
+                crossing(s + 1, s, s)
+            }
+        })
+        .collect();
+    let plus = |a: [f64; N], b: [f64; N]| -> [f64; N] { std::array::from_fn(|i| a[i] + b[i]) };
+    let max = |a: [f64; N], b: [f64; N]| -> [f64; N] { std::array::from_fn(|i| a[i].max(b[i])) };
+
+    // Time at which the inputs of action `a` exist, or None if one is missing.
+    let ready =
+        |a: &super::action::Action, f_end: &[[f64; N]], g_end: &[[f64; N]]| -> Option<[f64; N]> {
+            let s = a.stage;
+            let mb = a.microbatch;
+            let exists = |t: &[f64; N]| N == 0 || !t[0].is_nan();
+            match a.kind {
+                ActionKind::F => {
+                    if s == 0 {
+                        return Some([0.0; N]);
+                    }
+                    let t = f_end[idx(s - 1, mb)];
+                    exists(&t).then(|| plus(t, f_hop[s as usize]))
+                }
+                ActionKind::B | ActionKind::I => {
+                    let own = f_end[idx(s, mb)];
+                    if !exists(&own) {
+                        return None;
+                    }
+                    if s + 1 == stages {
+                        return Some(own);
+                    }
+                    let t = g_end[idx(s + 1, mb)];
+                    exists(&t).then(|| max(own, plus(t, b_hop[s as usize])))
+                }
+                ActionKind::W => {
+                    let t = g_end[idx(s, mb)];
+                    exists(&t).then_some(t)
+                }
+            }
+        };
+    let duration = |a: &super::action::Action| -> [f64; N] {
         let s = a.stage as usize;
         match a.kind {
-            ActionKind::F => costs.forward[s],
-            ActionKind::B => costs.backward[s],
-            ActionKind::I => costs.input_grad[s],
-            ActionKind::W => costs.weight_grad[s],
+            ActionKind::F => lanes(&|c| c.forward[s]),
+            ActionKind::B => lanes(&|c| c.backward[s]),
+            ActionKind::I => lanes(&|c| c.input_grad[s]),
+            ActionKind::W => lanes(&|c| c.weight_grad[s]),
         }
     };
 
     while let Some(r) = stack.pop() {
         let acts = &program.ranks[r];
-        let r32 = r as u32;
         loop {
             let k = pc[r];
             if k >= acts.len() {
@@ -149,8 +194,8 @@ pub fn simulate(program: &Program, costs: &Costs) -> Result<Simulation, Schedule
             let mut t0 = free[r];
             let mut blocked = false;
             for b in &acts[k..k + n] {
-                match ready(b, r32, &f_end, &g_end) {
-                    Some(t) => t0 = t0.max(t),
+                match ready(b, &f_end, &g_end) {
+                    Some(t) => t0 = max(t0, t),
                     None => blocked = true,
                 }
             }
@@ -159,25 +204,32 @@ pub fn simulate(program: &Program, costs: &Costs) -> Result<Simulation, Schedule
                 break;
             }
             let dur = if n == 2 {
-                costs.overlap_factor * (duration(a) + duration(&acts[k + 1]))
+                let both = plus(duration(a), duration(&acts[k + 1]));
+                std::array::from_fn(|i| costs[i].overlap_factor * both[i])
             } else {
                 duration(a)
             };
-            let t1 = t0 + dur;
+            let t1 = plus(t0, dur);
             free[r] = t1;
-            busy[r] += dur;
+            busy[r] = plus(busy[r], dur);
             for b in &acts[k..k + n] {
-                timeline[r].push(Span { start: t0, end: t1 });
+                record(
+                    r,
+                    std::array::from_fn(|i| Span {
+                        start: t0[i],
+                        end: t1[i],
+                    }),
+                );
                 let s = b.stage;
                 let cell = idx(s, b.microbatch);
                 let wake = match b.kind {
                     ActionKind::F => {
                         f_end[cell] = t1;
-                        (s + 1 < stages).then(|| rank_of_stage(placement, pp32, s + 1))
+                        (s + 1 < stages).then(|| owner[s as usize + 1])
                     }
                     ActionKind::B | ActionKind::I => {
                         g_end[cell] = t1;
-                        (s > 0).then(|| rank_of_stage(placement, pp32, s - 1))
+                        (s > 0).then(|| owner[s as usize - 1])
                     }
                     ActionKind::W => None,
                 };
@@ -196,43 +248,58 @@ pub fn simulate(program: &Program, costs: &Costs) -> Result<Simulation, Schedule
     if let Some(err) = deadlock(program, &pc) {
         return Err(err);
     }
-
-    let sim = summarise(program, timeline, &free, busy);
-    if !(sim.makespan.is_finite() && sim.busy.iter().all(|b| b.is_finite())) {
-        return Err(ScheduleError::NonFinite {
-            makespan: sim.makespan,
-        });
-    }
-    Ok(sim)
+    Ok(std::array::from_fn(|i| Played {
+        finish: free.iter().map(|t| t[i]).collect(),
+        busy: busy.iter().map(|t| t[i]).collect(),
+    }))
 }
 
 /// The program and costs describe the same stages, and the cells fit the simulator's indices.
-fn check_inputs(program: &Program, costs: &Costs) -> Result<(), ScheduleError> {
+fn check_costs(program: &Program, costs: &Costs) -> Result<(), ScheduleError> {
     costs.validate()?;
     let stages = program.num_stages();
-    let m = program.microbatches;
     if costs.num_stages() != stages as usize {
         return Err(ScheduleError::BadCosts(format!(
             "costs describe {} stages but the program has pp * vpp = {stages}",
             costs.num_stages()
         )));
     }
-    if program.ranks.len() != program.pp as usize {
-        return Err(ScheduleError::InvalidProgram(format!(
-            "{} rank lists for parallel.pp = {}",
-            program.ranks.len(),
-            program.pp
-        )));
-    }
-    let cells = stages as u64 * m as u64;
-    if cells > super::MAX_CELLS {
-        return Err(ScheduleError::TooLarge {
-            stages: stages as u64,
-            microbatches: m,
-        });
-    }
-    check_program(program)?;
     Ok(())
+}
+
+/// A program that passed every check the simulator needs (one list per rank, cells within
+/// [`super::MAX_CELLS`], [`check_program`]): plays of it skip them, so the estimate, which
+/// plays one program with several cost sets, checks it once.
+#[derive(Debug, Clone, Copy)]
+pub struct CheckedProgram<'a>(&'a Program);
+
+impl<'a> CheckedProgram<'a> {
+    /// Checks `program`. Errors: a rank count other than pp, too many cells, or an invalid
+    /// program (missing, duplicated or misplaced actions).
+    pub fn new(program: &'a Program) -> Result<Self, ScheduleError> {
+        if program.ranks.len() != program.pp as usize {
+            return Err(ScheduleError::InvalidProgram(format!(
+                "{} rank lists for parallel.pp = {}",
+                program.ranks.len(),
+                program.pp
+            )));
+        }
+        let stages = program.num_stages();
+        let m = program.microbatches;
+        if stages as u64 * m as u64 > super::MAX_CELLS {
+            return Err(ScheduleError::TooLarge {
+                stages: stages as u64,
+                microbatches: m,
+            });
+        }
+        check_program(program)?;
+        Ok(CheckedProgram(program))
+    }
+
+    /// The program itself.
+    pub fn program(&self) -> &'a Program {
+        self.0
+    }
 }
 
 /// The deadlock error when some rank could not finish its action list.
@@ -272,12 +339,7 @@ fn summarise(
     let pp = program.pp as usize;
     let makespan = free.iter().cloned().fold(0.0, f64::max);
     let idle: Vec<f64> = busy.iter().map(|b| makespan - b).collect();
-    let max_busy = busy.iter().cloned().fold(0.0, f64::max);
-    let bubble_fraction = if max_busy > 0.0 {
-        (makespan - max_busy) / max_busy
-    } else {
-        0.0
-    };
+    let bubble_fraction = bubble_fraction(makespan, &busy);
     let idle_over_makespan = if makespan > 0.0 {
         idle.iter().sum::<f64>() / (pp as f64 * makespan)
     } else {
@@ -292,6 +354,17 @@ fn summarise(
         bubble_fraction,
         idle_over_makespan,
         peak_inflight,
+    }
+}
+
+/// `(makespan - max busy) / max busy`, Megatron's bubble convention (Narayanan et al. 2021);
+/// 0 when no rank computes.
+pub(super) fn bubble_fraction(makespan: f64, busy: &[f64]) -> f64 {
+    let max_busy = busy.iter().copied().fold(0.0, f64::max);
+    if max_busy > 0.0 {
+        (makespan - max_busy) / max_busy
+    } else {
+        0.0
     }
 }
 
