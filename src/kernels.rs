@@ -3,6 +3,10 @@
 //! FlashAttention-2 paper's Figure 4, Dao 2023, on A100), so that the attention core's time
 //! follows sequence length, head dimension and the causal mask instead of one fitted scalar.
 //!
+//! A kernel published on one GPU only can be derived for another (the table's `derived`
+//! entries: FlashAttention's Triton kernel on H100 from its A100 rates times
+//! FlashAttention-2's published H100 / A100 speed-up), the assumption stated with it.
+//!
 //! Each published series (one GPU, kernel, pass and mask, over sequence lengths) is fitted
 //! by `rate(s) = max * s / (s + half_s)`: a kernel whose per-tile work is fixed and whose
 //! fixed costs (launch, prologue, the last partial wave of query tiles) are spread over
@@ -18,8 +22,8 @@ const TABLE_JSON: &str = include_str!("../calibration/data/attention-kernels.jso
 /// matmuls (dV, dP, dQ, dK and the recomputed scores) against the forward's two.
 pub const PAPER_BACKWARD_FLOPS_PER_FORWARD: f64 = 2.5;
 
-/// `training.attention_kernel` for a kernel without published rates (MPT's Triton ALiBi
-/// kernel, a custom one): the core is timed at the profile's fitted `efficiency.attention`.
+/// `training.attention_kernel` for a kernel without published rates (a custom one): the
+/// core is timed at the profile's `efficiency.attention`.
 pub const NO_PUBLISHED_KERNEL: &str = "none";
 
 /// Which pass a series measures.
