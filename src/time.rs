@@ -59,7 +59,7 @@ impl Rates<'_> {
     /// at the bf16 rate (FP8 recipes cast the linear layers, not the attention core). The HBM
     /// traffic of the s x s operands is the caller's to add ([`Self::unfused_attention_bytes`]).
     pub fn batched_gemm_compute_s(&self, batch: f64, m: u64, n: u64, k: u64) -> f64 {
-        if !(batch > 0.0) || m == 0 || n == 0 || k == 0 {
+        if batch.is_nan() || batch <= 0.0 || m == 0 || n == 0 || k == 0 {
             return 0.0;
         }
         let tiles = (batch.ceil() as u64).saturating_mul(self.output_tiles(m, n));
