@@ -154,7 +154,7 @@ pub fn markdown(l: &LeaveOneSourceOut, png: &str) -> String {
          kernel rates, or as GEMMs; `overlap_interference` when only Narayanan et al.'s rows, \
          which overlap nothing, remain). Kernel rates (calibration/data/attention-kernels.json) \
          are data and are never fitted. Issue 17's acceptance is a median within 5% and a \
-         worst within 12%; docs/accuracy.md's residual notes above say what misses and why.\n\n",
+         worst within 12%; the residual notes above say what misses and why.\n\n",
     );
     s.push_str("| left out | family | matmul | attention | memory_bound | overlap_interference | fitting rows |\n| --- | --- | --- | --- | --- | --- | --- |\n");
     for f in &l.fits {

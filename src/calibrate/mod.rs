@@ -388,7 +388,7 @@ What the residuals show and the model does not capture:\n\n\
 checkpointed runs of the same model at larger micro batches (H100 mpt-13b: 394 TFLOP/s at \
 micro batch 2 without, 556 hardware TFLOP/s at micro batch 16 with). parsim runs every GEMM \
 of a size at one efficiency, so the non-checkpointed small-micro-batch rows come out fast \
-(the +27-29% H100 mpt-13b multi-node rows) and checkpointed ones slightly slow.\n\
+(H100 mpt-13b at micro batch 2 across nodes: +4-5%) and checkpointed ones slightly slow.\n\
 - Overlapped communication is not free: concurrent NCCL kernels slow the compute they hide \
 behind. `efficiency.overlap_interference` charges that fraction of every overlapped \
 transfer (TP with `tp_comm_overlap`, the CP ring, ZeRO gathers and reduce-scatters, \
@@ -401,8 +401,8 @@ reduce-scatter over one rail per GPU (TP 8 fills the node) and its userbuffer TP
 much that the 32B row comes out 29% slow; at 0 the same rows come out 14-34% fast. A model \
 of what overlapped NCCL kernels take from compute (their SMs, HBM traffic) is not built.\n\
 - FP8 needs its own GEMM efficiency: with the bf16 fit the FP8 rows come out 6-25% fast.\n\
-- A100-40GB llm-foundry rows come out about 7% fast on median, A100-80GB ones 1-2%: the \
-two tables differ in software (`PURE` vs `DEFAULT` mixed precision) as well as HBM.\n\
+- A100-80GB llm-foundry rows come out about 7% slow on median, A100-40GB ones within 1%: \
+the two tables differ in software (`PURE` vs `DEFAULT` mixed precision) as well as HBM.\n\
 - MPT's Triton kernel ran faster than FlashAttention Triton's published A100 rates: the \
 A100 long-sequence rows (16k-64k tokens, where attention is most of the step) come out \
 15-20% slow, and the H100 ones, timed at rates derived from the same A100 figure, 15-23% \
