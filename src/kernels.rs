@@ -3,6 +3,10 @@
 //! FlashAttention-2 paper's Figure 4, Dao 2023, on A100), so that the attention core's time
 //! follows sequence length, head dimension and the causal mask instead of one fitted scalar.
 //!
+//! A kernel published on one GPU only can be derived for another (the table's `derived`
+//! entries: FlashAttention's Triton kernel on H100 from its A100 rates times
+//! FlashAttention-2's published H100 / A100 speed-up), the assumption stated with it.
+//!
 //! Each published series (one GPU, kernel, pass and mask, over sequence lengths) is fitted
 //! by `rate(s) = max * s / (s + half_s)`: a kernel whose per-tile work is fixed and whose
 //! fixed costs (launch, prologue, the last partial wave of query tiles) are spread over
@@ -18,8 +22,8 @@ const TABLE_JSON: &str = include_str!("../calibration/data/attention-kernels.jso
 /// matmuls (dV, dP, dQ, dK and the recomputed scores) against the forward's two.
 pub const PAPER_BACKWARD_FLOPS_PER_FORWARD: f64 = 2.5;
 
-/// `training.attention_kernel` for a kernel without published rates (MPT's Triton ALiBi
-/// kernel, a custom one): the core is timed at the profile's fitted `efficiency.attention`.
+/// `training.attention_kernel` for a kernel without published rates (a custom one): the
+/// core is timed at the profile's `efficiency.attention`.
 pub const NO_PUBLISHED_KERNEL: &str = "none";
 
 /// Which pass a series measures.
@@ -49,9 +53,36 @@ pub struct Series {
     pub source: Option<String>,
 }
 
+/// A kernel with no published rates on one GPU, derived from its published rates on another
+/// GPU times a reference kernel's published speed-up between the two GPUs (the table's
+/// `derived` entries; the assumption is stated in each).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Derived {
+    pub gpu: String,
+    pub kernel: String,
+    /// The GPU whose published series of `kernel` are scaled.
+    pub from_gpu: String,
+    /// The kernel published on both GPUs whose rate ratio scales them.
+    pub scaled_by: String,
+    pub assumption: String,
+}
+
 #[derive(Debug, Deserialize)]
 struct Table {
     series: Vec<Series>,
+    #[serde(default)]
+    derived: Vec<Derived>,
+}
+
+fn table() -> &'static Table {
+    static TABLE: OnceLock<Table> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        // The table is part of the binary; tests/kernel_rates.rs checks that it parses.
+        serde_json::from_str::<Table>(TABLE_JSON).unwrap_or(Table {
+            series: Vec::new(),
+            derived: Vec::new(),
+        })
+    })
 }
 
 /// `rate(s) = max_flops_per_s * s / (s + half_seq)`.
@@ -132,14 +163,24 @@ impl AttentionKernel {
         self.variants.iter().map(|v| v.0).collect()
     }
 
-    /// The curves of the published head dimension nearest `head_dim` (the larger on a tie:
-    /// a larger head does more work per loaded tile, as wide heads of other sizes do).
-    fn curves(&self, head_dim: u64) -> Curves {
+    /// The published head dimension nearest `head_dim` (the larger on a tie: a larger head
+    /// does more work per loaded tile, as wide heads of other sizes do).
+    pub fn nearest_head_dim(&self, head_dim: u64) -> u64 {
         self.variants
             .iter()
-            .min_by_key(|(d, _)| (d.abs_diff(head_dim), u64::MAX - d))
-            .map(|v| v.1)
+            .map(|v| v.0)
+            .min_by_key(|d| (d.abs_diff(head_dim), u64::MAX - d))
             .expect("a kernel has at least one head dimension")
+    }
+
+    /// The curves of the published head dimension nearest `head_dim`.
+    fn curves(&self, head_dim: u64) -> Curves {
+        let d = self.nearest_head_dim(head_dim);
+        self.variants
+            .iter()
+            .find(|v| v.0 == d)
+            .map(|v| v.1)
+            .expect("a published head dimension")
     }
 
     /// Forward FLOP/s (FLOPs as the papers count them: halved under a causal mask).
@@ -195,19 +236,74 @@ impl AttentionKernel {
 
 /// Every published series in the shipped table.
 pub fn published_series() -> &'static [Series] {
+    &table().series
+}
+
+/// The table's derivation rules.
+pub fn derivations() -> &'static [Derived] {
+    &table().derived
+}
+
+/// The series of every derived kernel ([`Derived`]), computed from the published ones:
+/// each published point of the kernel on `from_gpu` times the reference kernel's rate on
+/// `gpu` over its rate on `from_gpu`, for the same pass, mask and sequence length, both read
+/// at the head dimension the reference publishes on `gpu` nearest the point's.
+pub fn derived_series() -> &'static [Series] {
     static SERIES: OnceLock<Vec<Series>> = OnceLock::new();
     SERIES.get_or_init(|| {
-        // The table is part of the binary; tests/kernel_rates.rs checks that it parses.
-        serde_json::from_str::<Table>(TABLE_JSON)
-            .map(|t| t.series)
-            .unwrap_or_default()
+        let published = build_kernels(published_series());
+        derivations()
+            .iter()
+            .flat_map(|d| derive(d, &published))
+            .collect()
     })
 }
 
-/// The kernels the table defines (those with forward, causal forward and backward series).
+fn derive(d: &Derived, kernels: &[AttentionKernel]) -> Vec<Series> {
+    let find = |gpu: &str| {
+        let name = format!("{gpu}/{}", d.scaled_by);
+        kernels.iter().find(|k| k.name == name)
+    };
+    let (Some(to), Some(from)) = (find(&d.gpu), find(&d.from_gpu)) else {
+        return Vec::new();
+    };
+    published_series()
+        .iter()
+        .filter(|s| s.gpu == d.from_gpu && s.kernel == d.kernel)
+        .map(|s| {
+            let hd = to.nearest_head_dim(s.head_dim);
+            let rate = |k: &AttentionKernel, len: u64| match s.pass {
+                Pass::Forward => k.forward_flops_per_s(len, s.causal, hd),
+                Pass::Backward => k.backward_flops_per_s(len, s.causal, hd),
+                Pass::ForwardBackward => k.forward_backward_flops_per_s(len, s.causal, hd),
+            };
+            let tflops = s
+                .seq_len
+                .iter()
+                .zip(&s.tflops)
+                .map(|(&len, &t)| t * rate(to, len) / rate(from, len))
+                .collect();
+            Series {
+                gpu: d.gpu.clone(),
+                kernel: d.kernel.clone(),
+                tflops,
+                source: Some("derived".into()),
+                ..s.clone()
+            }
+        })
+        .collect()
+}
+
+/// The kernels the table defines (those with forward, causal forward and backward series, or
+/// both forward + backward series), published and derived.
 pub fn attention_kernels() -> &'static [AttentionKernel] {
     static KERNELS: OnceLock<Vec<AttentionKernel>> = OnceLock::new();
-    KERNELS.get_or_init(|| build_kernels(published_series()))
+    KERNELS.get_or_init(|| {
+        let mut all = build_kernels(published_series());
+        all.extend(build_kernels(derived_series()));
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    })
 }
 
 /// The kernel named `name` ("gpu/kernel", e.g. "h100-sxm/flash-attention-3").

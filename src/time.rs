@@ -30,17 +30,56 @@ impl Rates<'_> {
         if m == 0 || n == 0 || k == 0 {
             return 0.0;
         }
-        let g = &self.gpu.gemm;
-        let tiles = m.div_ceil(g.tile_m as u64) * n.div_ceil(g.tile_n as u64);
-        let sms = g.sms as u64;
-        let waves = tiles.div_ceil(sms);
-        let wave_efficiency = tiles as f64 / (waves * sms) as f64;
+        let wave_efficiency = self.wave_efficiency(self.output_tiles(m, n));
         let flops = 2.0 * m as f64 * n as f64 * k as f64;
         let e = &self.gpu.efficiency;
         let compute = flops / (self.peak_flops * e.matmul * wave_efficiency);
         let bytes = (m * k + k * n + m * n) as f64 * self.element_bytes as f64;
         let memory = bytes / (self.gpu.hbm_bytes_per_s * e.memory_bound);
         compute.max(memory) + e.kernel_overhead_s
+    }
+
+    /// Output tiles of an [m x n] GEMM result.
+    fn output_tiles(&self, m: u64, n: u64) -> u64 {
+        let g = &self.gpu.gemm;
+        m.div_ceil(g.tile_m.max(1) as u64) * n.div_ceil(g.tile_n.max(1) as u64)
+    }
+
+    /// Fraction of the SMs' time doing work when `tiles` output tiles run in waves of one
+    /// tile per SM (a last, partial wave costs a full one).
+    fn wave_efficiency(&self, tiles: u64) -> f64 {
+        let sms = self.gpu.gemm.sms.max(1) as u64;
+        let waves = tiles.div_ceil(sms).max(1);
+        tiles as f64 / (waves * sms) as f64
+    }
+
+    /// Compute seconds of `batch` independent [m x k] . [k x n] GEMMs in one batched call
+    /// (cuBLAS's strided-batched GEMM, as an unfused attention core runs QK^T and PV): the
+    /// batch's output tiles share the waves, each GEMM runs at `efficiency.matmul`, and at most
+    /// at the bf16 rate (FP8 recipes cast the linear layers, not the attention core). The HBM
+    /// traffic of the s x s operands is the caller's to add ([`Self::unfused_attention_bytes`]).
+    pub fn batched_gemm_compute_s(&self, batch: f64, m: u64, n: u64, k: u64) -> f64 {
+        if batch.is_nan() || batch <= 0.0 || m == 0 || n == 0 || k == 0 {
+            return 0.0;
+        }
+        let tiles = (batch.ceil() as u64).saturating_mul(self.output_tiles(m, n));
+        let flops = batch * 2.0 * m as f64 * n as f64 * k as f64;
+        let e = &self.gpu.efficiency;
+        let peak = self.peak_flops.min(self.gpu.peak_flops.bf16);
+        flops / (peak * e.matmul * self.wave_efficiency(tiles)) + e.kernel_overhead_s
+    }
+
+    /// Seconds of an unfused attention core's (forward, backward) GEMMs, from first
+    /// principles instead of a fitted attention efficiency: per head, forward QK^T
+    /// ([s x d] . [d x s]) and PV ([s x s] . [s x d]); backward dP = dO V^T (s x s x d) and
+    /// dV = P^T dO, dQ = dS K, dK = dS^T Q (s x d x s each). The heads x micro batch count is
+    /// the forward's FLOPs over one head's 4 s^2 d.
+    pub fn unfused_core_s(&self, seq_len: u64, head_dim: u64, forward_flops: f64) -> (f64, f64) {
+        let (s, d) = (seq_len.max(1), head_dim.max(1));
+        let heads = forward_flops / (4.0 * s as f64 * s as f64 * d as f64);
+        let scores = self.batched_gemm_compute_s(heads, s, s, d);
+        let by_v = self.batched_gemm_compute_s(heads, s, d, s);
+        (scores + by_v, scores + 3.0 * by_v)
     }
 
     /// Seconds to stream `bytes` through HBM once, plus the kernel overhead.
@@ -69,7 +108,8 @@ impl Rates<'_> {
     /// length, head dimension and mask (src/kernels.rs; FlashAttention-3 Figures 5 and 6 on
     /// H100, FlashAttention-2 Figure 4 on A100): the backward's
     /// rate is quoted for 2.5 forward FLOPs, so its time is 2.5 x forward FLOPs over it.
-    /// Otherwise both run at `efficiency.attention`.
+    /// An unfused core runs its batched GEMMs ([`Self::unfused_core_s`]). Otherwise both
+    /// run at `efficiency.attention`.
     pub fn attention_pass_s(&self, op: &Op) -> (f64, f64) {
         let f = &op.rank_flops;
         let kernel = match (op.kind, &self.gpu.attention_kernel) {
@@ -85,6 +125,17 @@ impl Rates<'_> {
             _ => None,
         };
         let Some((k, seq_len, causal, head_dim)) = kernel else {
+            if let OpKind::Attention {
+                seq_len,
+                fused: false,
+                head_dim,
+                ..
+            } = op.kind
+            {
+                if f.fwd > 0.0 {
+                    return self.unfused_core_s(seq_len, head_dim, f.fwd);
+                }
+            }
             return (self.attention_s(f.fwd), self.attention_s(f.dgrad));
         };
         let overhead = self.gpu.efficiency.kernel_overhead_s;
@@ -370,6 +421,43 @@ mod tests {
         let fwd_extra = (4 * s + s / 2 + 2 * s) as f64 / bw;
         assert!((t.0 - fused.0 - fwd_extra - gpu.efficiency.kernel_overhead_s).abs() < 1e-9);
         assert!(t.1 > fused.1 + 1.4 * fwd_extra);
+    }
+
+    /// An unfused core runs as batched GEMMs at `efficiency.matmul`, not at the attention
+    /// efficiency: with 27 heads of 128 over s = 4096 on an A100 (108 SMs, 128 x 256 tiles)
+    /// both QK^T (512 tiles per head) and PV (32 per head) fill whole waves, so the forward
+    /// is its 4 s^2 d FLOPs per head over peak x matmul, plus two launches, and the backward
+    /// (four GEMMs, four launches) exactly twice the forward's compute.
+    #[test]
+    fn unfused_core_runs_as_gemms_at_the_matmul_efficiency() {
+        let mut gpu = GpuProfile::load("a100-80g").unwrap();
+        let (s, d, heads) = (4096u64, 128u64, 27.0);
+        let mut core = Op::new(
+            "attn.core",
+            OpKind::Attention {
+                seq_len: s,
+                causal: true,
+                fused: false,
+                head_dim: d,
+            },
+        );
+        let fwd_flops = 4.0 * heads * (s * s * d) as f64;
+        core.rank_flops.fwd = fwd_flops;
+        core.rank_flops.dgrad = 2.0 * fwd_flops;
+        let overhead = gpu.efficiency.kernel_overhead_s;
+        let t = rates(&gpu).op_s(&core);
+        let rate = gpu.peak_flops.bf16 * gpu.efficiency.matmul;
+        assert!((t.0 - fwd_flops / rate - 2.0 * overhead).abs() < 1e-12 * t.0.max(1.0));
+        assert!((t.1 - 2.0 * fwd_flops / rate - 4.0 * overhead).abs() < 1e-12 * t.1.max(1.0));
+        gpu.efficiency.attention *= 0.5;
+        assert_eq!(
+            rates(&gpu).op_s(&core),
+            t,
+            "no longer depends on efficiency.attention"
+        );
+        gpu.efficiency.matmul *= 0.5;
+        let slower = rates(&gpu).op_s(&core);
+        assert!((slower.0 - 2.0 * overhead) / (t.0 - 2.0 * overhead) > 1.99);
     }
 
     /// FP8 training runs the attention kernel at the bf16 rate.

@@ -260,10 +260,10 @@ fn split_alternates_within_each_source_and_gpu() {
 /// Leave-one-source-out (issue 17): each GPU family is fitted without one source table, from
 /// placeholder values, and that table is predicted. The figures are recomputed from the model
 /// and the data here. The issue's acceptance is a median within 5% and a worst within 12%;
-/// the model does not meet it yet (docs/accuracy.md says which rows miss and why), so this
-/// test keeps what it reaches: the A100 sources and Megatron-Core within the bounds below,
-/// and llm-foundry's H100 rows reported (their Triton attention kernel has no published H100
-/// rate and no other H100 source constrains `efficiency.attention`).
+/// the model does not meet it yet (docs/accuracy.md says which rows miss and why: MPT's
+/// Triton kernel runs faster than its published A100 rates on both GPUs, and one overlap
+/// interference scalar does not transfer between FSDP and Megatron-Core), so this test keeps
+/// what it reaches, per source and GPU family, a little above today's figures.
 #[test]
 fn leave_one_source_out_errors() {
     let l = calibrate::loso::leave_one_source_out().unwrap();
@@ -273,48 +273,62 @@ fn leave_one_source_out_errors() {
             .text_table(&["held out", "out of scope", "inconsistent"])
     );
     print!("{}", l.report());
-    let a100_foundry = l.evaluation.summary(|r| {
-        r.role == Role::HeldOut
-            && r.case.source == Source::LlmFoundry
-            && r.case.gpu.starts_with("a100")
-    });
-    println!(
-        "llm-foundry A100 predicted {}: median {:.1}% worst {:.1}%",
-        a100_foundry.n,
-        100.0 * a100_foundry.median,
-        100.0 * a100_foundry.worst
-    );
-    // (source summary, median bound, worst bound): what the model reaches today (after the
-    // collectives moved to NCCL's tuning model), a little above; a regression beyond them
-    // fails. These are NOT issue #17's acceptance bounds (median 5%, worst 12%): with two
-    // sources per GPU family, leaving one out leaves the other alone to fix four efficiencies
-    // (docs/accuracy.md, "Leave-one-source-out validation").
+    let foundry = |gpu: &'static str| {
+        l.evaluation.summary(move |r| {
+            r.role == Role::HeldOut
+                && r.case.source == Source::LlmFoundry
+                && r.case.gpu.starts_with(gpu)
+        })
+    };
+    let (a100_foundry, h100_foundry) = (foundry("a100"), foundry("h100"));
+    for (name, s) in [("A100", a100_foundry), ("H100", h100_foundry)] {
+        println!(
+            "llm-foundry {name} predicted {}: median {:.1}% worst {:.1}%",
+            s.n,
+            100.0 * s.median,
+            100.0 * s.worst
+        );
+    }
+    // (source summary, median bound, worst bound): what the model reaches today (unfused
+    // cores as GEMMs, MPT's Triton kernel at derived H100 rates: median 7.0%, worst 39.4%
+    // overall, from 10.0% and 263% before), a little above; a regression beyond them fails.
+    // These are NOT issue #17's acceptance bounds (median 5%, worst 12%).
     let checks = [
         (
             "Narayanan 2021",
             l.summary(Some(Source::Narayanan2021)),
-            0.20,
-            0.49,
+            0.06,
+            0.14,
         ),
         (
             "Megatron-Core 2024",
             l.summary(Some(Source::MegatronCore2024)),
-            0.11,
-            0.30,
+            0.09,
+            0.31,
         ),
-        ("llm-foundry A100", a100_foundry, 0.08, 0.22),
-        ("all", l.summary(None), 0.11, f64::INFINITY),
+        ("llm-foundry A100", a100_foundry, 0.06, 0.41),
+        ("llm-foundry H100", h100_foundry, 0.11, 0.27),
+        ("all", l.summary(None), 0.075, 0.41),
     ];
     for (name, s, median, worst) in checks {
         assert!(s.n > 0, "{name}: no rows predicted");
         assert!(
             s.median <= median && s.worst <= worst,
-            "{name}: median {:.1}% worst {:.1}% (bounds {:.0}%, {:.0}%)",
+            "{name}: median {:.1}% worst {:.1}% (bounds {:.1}%, {:.0}%)",
             100.0 * s.median,
             100.0 * s.worst,
             100.0 * median,
             100.0 * worst
         );
+    }
+    // No fit leans on a value nothing constrains: `attention` keeps its placeholder in every
+    // fold, and the A100 fold fitted on Narayanan et al. alone (no overlap) keeps the
+    // interference at 0.
+    for f in &l.fits {
+        assert_eq!(f.fit.params.attention, 0.5, "{}", f.left_out.short());
+        if f.fit.family == Family::A100 && f.left_out == Source::LlmFoundry {
+            assert_eq!(f.fit.params.overlap_interference, 0.0);
+        }
     }
     // Every in-scope row of every source is predicted by a fit that did not see its source.
     assert_eq!(l.summary(None).n, 10 + 9 + 207);

@@ -8,7 +8,10 @@
 //! way, through the kernel the time model uses.
 
 use parsim::config::GpuProfile;
-use parsim::kernels::{attention_kernel, attention_kernels, published_series, Pass, RateCurve};
+use parsim::kernels::{
+    attention_kernel, attention_kernels, derivations, derived_series, published_series, Pass,
+    RateCurve, Series,
+};
 use parsim::model::{Flops, Op, OpKind};
 use parsim::time::Rates;
 
@@ -31,7 +34,8 @@ fn the_shipped_table_parses_and_defines_its_kernels() {
             "a100-80g/flash-attention-triton",
             "h100-sxm/cudnn",
             "h100-sxm/flash-attention-2",
-            "h100-sxm/flash-attention-3"
+            "h100-sxm/flash-attention-3",
+            "h100-sxm/flash-attention-triton"
         ]
     );
 }
@@ -263,4 +267,88 @@ fn the_training_setting_picks_the_kernel_and_refuses_unknown_ones() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("training.attention_kernel"), "{err}");
+}
+
+/// The published points of one series (gpu, kernel, pass, mask, head dimension).
+fn points(gpu: &str, kernel: &str, pass: Pass, causal: bool, head_dim: u64) -> &'static Series {
+    published_series()
+        .iter()
+        .find(|s| {
+            s.gpu == gpu
+                && s.kernel == kernel
+                && s.pass == pass
+                && s.causal == causal
+                && s.head_dim == head_dim
+        })
+        .unwrap_or_else(|| panic!("{gpu}/{kernel} {pass:?} causal={causal} hd{head_dim}"))
+}
+
+/// FlashAttention's Triton kernel on H100 has no published rates; the table derives them
+/// (its `derived` entry): each A100 point (FlashAttention-2 paper, Figure 4) times
+/// FlashAttention-2's H100 / A100 forward + backward rate. Recomputed here from the raw
+/// published numbers, not from the fitted curves: H100 forward F and backward B give the
+/// forward + backward rate 3.5 / (1/F + 2.5/B) (the papers' FLOP count), and under the mask,
+/// where Figure 6 has no backward, B times the forward's causal / non-causal ratio (the
+/// stated assumption of `backward_flops_per_s`). The derived kernel the time model uses
+/// reproduces every derived point within 10%.
+#[test]
+fn the_h100_triton_kernel_is_the_a100_one_scaled_by_flash_attention_2() {
+    assert_eq!(derivations().len(), 1);
+    assert!(derivations()[0].assumption.contains("wgmma"));
+    let k = attention_kernel("h100-sxm/flash-attention-triton").expect("derived kernel");
+    assert_eq!(k.head_dims(), [64, 128]);
+    let fwd = points("h100-sxm", "flash-attention-2", Pass::Forward, false, 128);
+    let fwd_causal = points("h100-sxm", "flash-attention-2", Pass::Forward, true, 128);
+    let bwd = points("h100-sxm", "flash-attention-2", Pass::Backward, false, 128);
+    let mut checked = 0;
+    for causal in [false, true] {
+        let a100_fa2 = points(
+            "a100-80g",
+            "flash-attention-2",
+            Pass::ForwardBackward,
+            causal,
+            128,
+        );
+        for hd in [64, 128] {
+            let triton = points(
+                "a100-80g",
+                "flash-attention-triton",
+                Pass::ForwardBackward,
+                causal,
+                hd,
+            );
+            for (i, &len) in triton.seq_len.iter().enumerate() {
+                assert_eq!(fwd.seq_len[i], len);
+                let f = if causal {
+                    fwd_causal.tflops[i]
+                } else {
+                    fwd.tflops[i]
+                };
+                let b = if causal {
+                    bwd.tflops[i] * fwd_causal.tflops[i] / fwd.tflops[i]
+                } else {
+                    bwd.tflops[i]
+                };
+                let h100_fa2 = 3.5 / (1.0 / f + 2.5 / b);
+                let expected = triton.tflops[i] * h100_fa2 / a100_fa2.tflops[i];
+                let model = k.forward_backward_flops_per_s(len, causal, hd) / 1e12;
+                println!("causal={causal} hd{hd} s={len}: derived {expected:.0} kernel {model:.0}");
+                assert!(
+                    (model / expected - 1.0).abs() <= 0.10,
+                    "causal={causal} hd{hd} s={len}: kernel {model:.0} vs derived {expected:.0}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 24);
+    assert_eq!(derived_series().len(), 4);
+    // The derivation lifts the kernel by FlashAttention-2's speed-up, never to FA3's rates.
+    let fa3 = attention_kernel("h100-sxm/flash-attention-3").unwrap();
+    for len in [1024, 16384] {
+        assert!(
+            k.forward_backward_flops_per_s(len, true, 128)
+                < fa3.forward_backward_flops_per_s(len, true, 128)
+        );
+    }
 }

@@ -213,8 +213,27 @@ pub fn objective(rows: &[&Case], params: Params) -> f64 {
     }
 }
 
-/// How many of [`Params::FIELDS`] are fitted (the rest keep the profile's value).
-pub const FITTED: usize = 4;
+/// Indices into [`Params::FIELDS`] that may be fitted: matmul, attention, memory_bound and
+/// overlap_interference (the link efficiency keeps the profile's value).
+pub const FITTED: [usize; 4] = [0, 1, 2, 3];
+
+/// The indices of [`FITTED`] that `rows` constrain: moving one of them away from `start`
+/// changes the objective. The others keep `start`'s value: a direction no row depends on
+/// (`attention` where every core runs a published kernel or as GEMMs, the overlap
+/// interference where nothing overlaps, as in Narayanan et al.'s runs) would wander to a
+/// bound and mean nothing.
+pub fn free_params(rows: &[&Case], start: Params) -> Vec<usize> {
+    let base = objective(rows, start);
+    FITTED
+        .into_iter()
+        .filter(|&i| {
+            let mut x = start.to_vec();
+            x[i] = if x[i] > 0.5 { x[i] - 0.3 } else { x[i] + 0.3 };
+            let moved = objective(rows, Params::from_slice(&x));
+            (moved - base).abs() > 1e-12 * (1.0 + base.abs())
+        })
+        .collect()
+}
 
 /// The change of variables of each value, in the order of [`Params::FIELDS`]: efficiencies
 /// stay in (0.05, 1], the overlap interference in [0, 1].
@@ -259,43 +278,49 @@ pub fn fit(family: Family, rows: &[&Case], start: Params) -> Result<FitResult, F
     if rows.is_empty() {
         return Err(FitError::NoRows(family.name()));
     }
-    // The fitted coordinates: the first `n` of [`Params::FIELDS`]; the rest keep `start`.
-    let n = FITTED;
+    // The fitted coordinates; the rest keep `start`.
+    let free = free_params(rows, start);
     let mut best: Option<(Vec<f64>, f64, Vec<f64>)> = None;
     let mut evaluations = 0;
     // The objective has a basin at each end of the overlap interference (hidden communication
     // free vs fully charged, traded against matmul efficiency): start from both ends and the
     // middle, restart each simplex from its optimum until it stops improving, keep the best.
-    for interference in [0.1, 0.5, 0.9] {
+    let interference_starts = if free.contains(&3) {
+        vec![0.1, 0.5, 0.9]
+    } else {
+        vec![start.overlap_interference]
+    };
+    for interference in interference_starts {
         let x0 = to_unbounded(Params {
             overlap_interference: interference,
             ..start
         });
-        let full = |x: &[f64]| -> Params {
-            let mut z = x0.clone();
-            z[..n].copy_from_slice(&x[..n]);
-            from_unbounded(&z)
-        };
+        let full = |x: &[f64]| -> Params { from_unbounded(&with_free(&x0, &free, x)) };
         let f = |x: &[f64]| objective(rows, full(x));
-        let (x, fx, e) = nelder_mead_restarted(f, &x0[..n], 1e-9, 400, 8);
+        let start: Vec<f64> = free.iter().map(|&i| x0[i]).collect();
+        let (x, fx, e) = nelder_mead_restarted(f, &start, 1e-9, 400, 8);
         evaluations += e;
         if best.as_ref().is_none_or(|b| fx < b.1) {
             best = Some((x, fx, x0.clone()));
         }
     }
-    let (x, fx, x0) = best.expect("three starts");
-    let full = |x: &[f64]| -> Params {
-        let mut z = x0.clone();
-        z[..n].copy_from_slice(&x[..n]);
-        from_unbounded(&z)
-    };
+    let (x, fx, x0) = best.expect("at least one start");
     Ok(FitResult {
         family,
-        params: round_params(full(&x)),
+        params: round_params(from_unbounded(&with_free(&x0, &free, &x))),
         objective: fx,
         evaluations,
         rows: rows.len(),
     })
+}
+
+/// `base` with the coordinates `free` replaced by `x`, in order.
+fn with_free(base: &[f64], free: &[usize], x: &[f64]) -> Vec<f64> {
+    let mut z = base.to_vec();
+    for (&i, &v) in free.iter().zip(x) {
+        z[i] = v;
+    }
+    z
 }
 
 /// Profile values are written with three decimals.

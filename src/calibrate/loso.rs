@@ -147,11 +147,14 @@ pub fn markdown(l: &LeaveOneSourceOut, png: &str) -> String {
          `cargo run --release --example fit_published -- --leave-one-source-out` prints the \
          same figures and every row, and `tests/accuracy.rs` \
          (`leave_one_source_out_errors`) recomputes them. For each source table and GPU \
-         family, the family's efficiencies (matmul, attention, memory_bound, \
-         overlap_interference) are fitted from the placeholder values (0.7, 0.5, 0.7, 0) on \
-         every in-scope row of the other tables, and the left-out table is predicted. Kernel \
-         rates (calibration/data/attention-kernels.json) are data and are never fitted. \
-         Issue 17's acceptance is a median within 5% and a worst within 12%.\n\n",
+         family, the family's efficiencies (matmul, memory_bound, overlap_interference) are \
+         fitted from the placeholder values (0.7, 0.7, 0) on every in-scope row of the other \
+         tables, and the left-out table is predicted; a value no remaining row depends on \
+         keeps its placeholder (`attention` always: attention cores run published or derived \
+         kernel rates, or as GEMMs; `overlap_interference` when only Narayanan et al.'s rows, \
+         which overlap nothing, remain). Kernel rates (calibration/data/attention-kernels.json) \
+         are data and are never fitted. Issue 17's acceptance is a median within 5% and a \
+         worst within 12%; the residual notes above say what misses and why.\n\n",
     );
     s.push_str("| left out | family | matmul | attention | memory_bound | overlap_interference | fitting rows |\n| --- | --- | --- | --- | --- | --- | --- |\n");
     for f in &l.fits {

@@ -618,15 +618,11 @@ fn foundry(i: usize, r: &FoundryRow, approximate: bool) -> Result<Case, Publishe
                 Recompute::None
             },
             flash_attention: true,
-            // MPT's ALiBi attention ran in llm-foundry's Triton flash kernel in 2023, derived
-            // from FlashAttention's Triton implementation, whose A100 rates the
-            // FlashAttention-2 paper publishes (Figure 4); on H100 it has none and is timed at
-            // the fitted efficiency.attention.
-            attention_kernel: Some(if gpu == "h100-sxm" {
-                "none".into()
-            } else {
-                "flash-attention-triton".into()
-            }),
+            // MPT's attention ran in llm-foundry's Triton flash kernel in 2023, derived from
+            // FlashAttention's Triton implementation, whose A100 rates the FlashAttention-2
+            // paper publishes (Figure 4); its H100 rates are derived from those
+            // (calibration/data/attention-kernels.json, `derived`).
+            attention_kernel: Some("flash-attention-triton".into()),
             flops_attention: FlopsAttention::Full,
             // llm-foundry trains with PyTorch FSDP (per-block units, BACKWARD_PRE).
             framework: crate::config::Framework::Fsdp,

@@ -44,9 +44,9 @@ pub struct TrainingConfig {
     /// Fused attention (FlashAttention): no s x s tensors are saved.
     pub flash_attention: bool,
     /// The fused attention kernel the framework runs ("flash-attention-2",
-    /// "flash-attention-3", "cudnn"), timed at its published rates on this GPU
-    /// (calibration/data/attention-kernels.json); "none" times it at the profile's fitted
-    /// `efficiency.attention` instead. Default: the GPU profile's kernel.
+    /// "flash-attention-3", "cudnn", "flash-attention-triton"), timed at its published (or
+    /// derived) rates on this GPU (calibration/data/attention-kernels.json); "none" times it
+    /// at the profile's `efficiency.attention` instead. Default: the GPU profile's kernel.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention_kernel: Option<String>,
     pub flops_attention: FlopsAttention,
