@@ -220,17 +220,39 @@ impl Block {
     /// once: when op j's backward runs, the saved tensors of the ops after it are already
     /// freed, and the gradient of its output (`Op::grad_out_bytes`) is held beside its own
     /// (or its `temp`, the SP partial sum's size). Relative to the block's whole saved set.
-    pub fn backward_temp_full_bytes(&self, incoming: u64) -> u64 {
+    ///
+    /// With `bucket_bytes` per trainable parameter (ZeRO-2/3's gradient buckets, 0 without),
+    /// each parameter space's bucket (the experts', the rest's: Megatron keeps expert
+    /// parameters apart) is held from its first weight gradient on, so it is counted at the
+    /// ops from there down, not beside every saved tensor of the block: an MoE layer's dense
+    /// bucket opens at the router, once the experts' saved tensors are freed.
+    pub fn backward_temp_full_bytes(&self, incoming: u64, bucket_bytes: u64) -> u64 {
+        let trainable = |o: &Op| o.params.filter(|p| p.trainable);
+        let space = |expert: bool| -> u64 {
+            self.ops
+                .iter()
+                .filter_map(trainable)
+                .filter(|p| (p.class == ParamClass::Expert) == expert)
+                .map(|p| p.rank)
+                .sum::<u64>()
+                * bucket_bytes
+        };
+        let buckets = [space(false), space(true)];
+        let mut opened = [false; 2];
         let mut later = 0u64;
         let mut worst = 0u64;
         // The saved bytes of an op whose input gradient took them over (`Op::grad_in_saved`):
         // freed only once the op before it has read that gradient.
         let mut deferred = 0u64;
         for o in self.ops.iter().rev() {
+            if let Some(p) = trainable(o) {
+                opened[(p.class == ParamClass::Expert) as usize] = true;
+            }
+            let held: u64 = (0..2).filter(|&i| opened[i]).map(|i| buckets[i]).sum();
             // An output gradient living in the next op's saved tensor is already counted.
             let grad_out = if deferred > 0 { 0 } else { o.grad_out_bytes };
             let temp = if o.grad_in_saved { 0 } else { o.temp_bytes };
-            let here = (Self::op_transient(o) + grad_out).max(temp);
+            let here = (Self::op_transient(o) + grad_out).max(temp) + held;
             worst = worst.max(here.saturating_sub(later));
             later += std::mem::take(&mut deferred);
             let saved = o

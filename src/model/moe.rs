@@ -49,6 +49,30 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         kept = kept.min(cap);
     }
 
+    // Shared experts (DeepSeekMoE) on every token; their input is the router's saved input.
+    // Their ops come before the router's: the executor runs their backward once the routed
+    // experts' and the router's are done (their gradient bucket opens there), so in the
+    // backward walk the routed experts' saved tensors are freed by then.
+    if m.moe_shared_expert_intermediate_size > 0 {
+        let names = [
+            "moe.shared.fc1",
+            "moe.shared.act",
+            "moe.shared.fc2",
+            "moe.shared.fc2_bias",
+            "moe.shared.fc1_lora",
+            "moe.shared.fc2_lora",
+        ];
+        mlp_body(
+            ops,
+            names,
+            m.moe_shared_expert_intermediate_size,
+            m,
+            tr,
+            d,
+            false,
+        );
+    }
+
     let mut router = Op::new(
         "moe.router",
         OpKind::Matmul {
@@ -165,26 +189,6 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         .temp(2 * tokens_bytes),
     );
 
-    if m.moe_shared_expert_intermediate_size > 0 {
-        let names = [
-            "moe.shared.fc1",
-            "moe.shared.act",
-            "moe.shared.fc2",
-            "moe.shared.fc2_bias",
-            "moe.shared.fc1_lora",
-            "moe.shared.fc2_lora",
-        ];
-        // Its input is the router's saved input.
-        mlp_body(
-            ops,
-            names,
-            m.moe_shared_expert_intermediate_size,
-            m,
-            tr,
-            d,
-            false,
-        );
-    }
     ops.push(dropout("mlp.dropout", d.n_sp, d.h, d.hidden_dropout));
 }
 
