@@ -16,7 +16,7 @@ mod optimizer;
 pub mod summary;
 
 pub use dims::Dims;
-pub use moe::rank_load_factor;
+pub use moe::{imbalance_of_rank_load, rank_load_factor};
 pub use op::{
     Collective, CollectiveKind, Flops, Op, OpKind, OpRole, ParamClass, Params, Phase, Saved,
     TensorRole,
