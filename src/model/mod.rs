@@ -495,3 +495,52 @@ impl Ledger {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A block of three ops, forward order: a dense op (100 parameters, saves 1000 bytes),
+    /// an expert op (50 parameters, saves 500, 200 of backward scratch), an op without
+    /// parameters (saves 300, a 400-byte temporary).
+    fn block() -> Block {
+        let params = |rank, class| {
+            Some(Params {
+                total: rank,
+                rank,
+                class,
+                trainable: true,
+            })
+        };
+        let mut dense =
+            Op::new("dense", OpKind::MemoryBound { bytes: 0 }).save(TensorRole::Input, 1000);
+        dense.params = params(100, ParamClass::TpSharded);
+        let mut expert =
+            Op::new("expert", OpKind::MemoryBound { bytes: 0 }).save(TensorRole::Input, 500);
+        expert.params = params(50, ParamClass::Expert);
+        expert.backward_scratch_bytes = 200;
+        let last = Op::new("last", OpKind::MemoryBound { bytes: 0 })
+            .save(TensorRole::Input, 300)
+            .temp(400);
+        Block {
+            kind: BlockKind::MoeLayer,
+            ops: vec![dense, expert, last],
+            input_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn a_gradient_bucket_opens_at_its_spaces_first_weight_gradient() {
+        // Backward, last op first (relative to the whole saved set, 10 bytes arriving):
+        // - last: its temporary, 400;
+        // - expert: its saved 500 + scratch 200, its bucket 50 x 4 = 200 opens, the last op's
+        //   300 freed: 600;
+        // - dense: its saved 1000, both buckets (200 + 100 x 4), 800 freed: 800.
+        let b = block();
+        assert_eq!(b.backward_temp_full_bytes(10, 4), 10 + 800);
+        // Without buckets the worst is 400 (last op; expert: 700 - 300).
+        assert_eq!(b.backward_temp_full_bytes(10, 0), 10 + 400);
+        // Below the whole bucket (600) on top of the transient, the former count.
+        assert!(b.backward_temp_full_bytes(10, 4) < 10 + 400 + 600);
+    }
+}
