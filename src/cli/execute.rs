@@ -289,7 +289,7 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
     };
     let timeline_comparison = timelines(&args, &resolved, &plan, &report)?;
     let timed = (args.warmup as usize)..(args.steps as usize);
-    // A step ends when its slowest rank ends.
+    // MoE: the measured load and the imbalance that reproduces it.
     let m = &resolved.config.model;
     let load = moe_load(
         &report.ranks,
@@ -299,6 +299,7 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
     );
     let mut warnings = resolved.warnings.clone();
     warnings.extend(load.iter().flat_map(|l| l.1.iter().cloned()));
+    // A step ends when its slowest rank ends.
     let per_step: Vec<f64> = (0..timed.len())
         .map(|i| report.ranks.iter().map(|r| r.step_s[i]).fold(0.0, f64::max))
         .collect();
