@@ -24,11 +24,11 @@ pub struct StageMemory {
 /// Buffers beyond the fixed ones (SP gather, pipeline send/receive, runtime), by phase.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct PhaseBuffers {
-    /// While any block runs forward: ZeRO-3's gathered block and its prefetch, and the
-    /// largest forward transient of any op.
+    /// While any block runs forward: ZeRO-3's two gathered parameter sets (the one in use and
+    /// the one beside it, as a prefetch holds them), and the largest forward transient of any op.
     pub forward: u64,
-    /// While the output block runs backward: its gathered weights, gradient bucket and
-    /// backward transient.
+    /// While the output block runs backward: its gathered weights and backward transient
+    /// (with its gradient bucket).
     pub output_backward: u64,
     /// While a decoder layer (or the embedding) runs backward: the same for the largest one.
     pub layer_backward: u64,
@@ -214,12 +214,13 @@ pub fn stage_memory(
 
     // Buffers: runtime overhead, the SP all-gather buffer, pipeline send/receive buffers,
     // then, by phase, ZeRO's gathered blocks and gradient bucket and the ops' transients:
-    // - forward: ZeRO-3's gathered block and the prefetched next one, and the largest
-    //   forward transient of any op;
-    // - backward of a block: its gathered weights (ZeRO-3), its gradient bucket (ZeRO-2/3: a
-    //   block's gradients at full size before they are reduce-scattered into the shard, as
-    //   DeepSpeed's reduce bucket) and its backward transient; a split backward (zero-bubble
-    //   schedules) fills the bucket only in its W pass, where nothing else is transient.
+    // - forward: ZeRO-3's two gathered parameter sets (the one in use and the one beside it),
+    //   and the largest forward transient of any op;
+    // - backward of a block: its gathered weights (ZeRO-3) and its backward transient, which
+    //   holds its gradient buckets (ZeRO-2/3: a space's gradients at full size before they
+    //   are reduce-scattered into the shard, as DeepSpeed's reduce bucket) from its first
+    //   weight gradient on; a split backward (zero-bubble schedules) fills the bucket only in
+    //   its W pass, where nothing else is transient.
     let blocks = || chunks.iter().flat_map(|c| c.blocks(s)).map(|(b, _)| b);
     let mut fixed = r.gpu.runtime_overhead_bytes;
     fixed += blocks().map(|b| b.sp_gather).max().unwrap_or(0);
@@ -245,17 +246,28 @@ pub fn stage_memory(
         Pipeline::Actions(actions) => actions.iter().any(|a| a.kind == ActionKind::I),
         Pipeline::Inflight { split, .. } => split,
     };
+    // A full backward's transient counts the buckets from their first weight gradient on.
     let backward_of = |b: &BlockSummary| {
         gathered_of(b)
             + if split {
                 b.backward_temp_split
             } else {
-                bucket_of(b) + b.backward_temp
+                b.backward_temp
             }
+    };
+    // ZeRO-3 gathers a block's experts apart from the rest of it (the expert space), so the
+    // two sets forward holds (the one in use and the one beside it) are each a block's dense
+    // part or its experts: an MoE layer's two parts, or one part and the previous block's.
+    let gathered_set = |b: &BlockSummary| {
+        if zero >= 3 {
+            b.params.rank_dense.max(b.params.rank_expert) * w
+        } else {
+            0
+        }
     };
     let has_output = chunks.iter().any(|c| c.output);
     let phase = PhaseBuffers {
-        forward: 2 * blocks().map(gathered_of).max().unwrap_or(0)
+        forward: 2 * blocks().map(gathered_set).max().unwrap_or(0)
             + blocks()
                 .map(|b| b.temp)
                 .max()

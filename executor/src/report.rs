@@ -64,9 +64,56 @@ pub struct RankReport {
     pub cp: Option<CpStats>,
     /// Token-to-expert assignments the expert capacity dropped, over all steps (MoE).
     pub moe_dropped: u64,
+    /// What the routing sent this rank's experts (MoE): the measure of the load imbalance.
+    #[serde(default)]
+    pub moe_load: MoeLoad,
     /// A GPU backend's own memory figures (absent on the CPU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<DeviceMemoryReport>,
+}
+
+/// The rows an MoE run's routing sent a rank's experts, summed over its MoE layers and the
+/// forwards of all steps (a full recompute's reruns excluded), beside the assignments the rank
+/// itself routed. Every member of an EP group routes as many tokens, so `routed` is also the
+/// rank's uniform share of received rows (a balanced router's), and routed / (E / ep) each
+/// expert's.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoeLoad {
+    /// This rank's tokens x top-k: its assignments before the capacity drops any.
+    pub routed: u64,
+    /// Rows each local expert received from the whole EP group (the kept assignments): local
+    /// expert j is global expert ep_index x (E / ep) + j.
+    pub expert_rows: Vec<u64>,
+}
+
+impl MoeLoad {
+    /// Rows the rank's experts received in all.
+    pub fn received(&self) -> u64 {
+        self.expert_rows.iter().sum()
+    }
+
+    /// The rank's received rows over its uniform share; `None` without routing.
+    pub fn rank_load(&self) -> Option<f64> {
+        (self.routed > 0).then(|| self.received() as f64 / self.routed as f64)
+    }
+
+    /// The hottest local expert's rows over an expert's uniform share (routed / local experts).
+    pub fn hottest_expert_load(&self) -> Option<f64> {
+        let local = self.expert_rows.len() as f64;
+        let max = self.expert_rows.iter().copied().max()?;
+        (self.routed > 0).then(|| max as f64 * local / self.routed as f64)
+    }
+
+    /// Adds one MoE layer's forward: `routed` assignments, `rows[j]` received by local expert j.
+    pub fn add(&mut self, routed: u64, rows: impl ExactSizeIterator<Item = u64>) {
+        if self.expert_rows.len() < rows.len() {
+            self.expert_rows.resize(rows.len(), 0);
+        }
+        self.routed += routed;
+        for (acc, r) in self.expert_rows.iter_mut().zip(rows) {
+            *acc += r;
+        }
+    }
 }
 
 /// What a GPU rank's allocator and driver say about memory, next to the tracked categories

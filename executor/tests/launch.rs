@@ -61,6 +61,7 @@ fn rank_report(world: u32, rank: u32) -> RunReport {
             gemm_seconds: 0.0,
             cp: None,
             moe_dropped: 0,
+            moe_load: Default::default(),
             device: None,
         }],
         params: None,

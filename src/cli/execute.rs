@@ -6,6 +6,7 @@
 
 use super::config_args::ConfigArgs;
 use super::launch_args::LaunchArgs;
+use super::moe_load::{moe_load, moe_load_text, MoeLoadOut};
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use comfy_table::{presets, CellAlignment, Table};
@@ -14,7 +15,7 @@ use parsim::plan::{lower, LowerOptions};
 use parsim::report::format::{bytes, seconds};
 use parsim::report::measured_trace::measured_chrome_trace;
 use parsim::report::timeline_compare::{compare_timeline, TimelineComparison};
-use parsim_executor::report::{CpStats, PhaseTimes, StepTime};
+use parsim_executor::report::{CpStats, MoeLoad, PhaseTimes, StepTime};
 use parsim_executor::runner::{run_cpu, RunOptions};
 use parsim_executor::trace::Clock;
 use serde::Serialize;
@@ -126,6 +127,10 @@ struct RankOut {
     cp: Option<CpStats>,
     /// MoE: token-to-expert assignments dropped by the expert capacity, all steps.
     moe_dropped: u64,
+    /// MoE: the assignments this rank routed and the rows each of its experts received, all
+    /// steps' forwards.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    moe_load: Option<MoeLoad>,
     /// A GPU backend's memory: the tracked reserved bytes at their peak, the caching pool's
     /// reserved peak, and the driver's used and total bytes of the GPU (cuMemGetInfo).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -152,6 +157,9 @@ struct ExecuteOut {
     loss: Vec<f64>,
     step_s: f64,
     ranks: Vec<RankOut>,
+    /// MoE: the hottest EP rank's measured load and the `moe_load_imbalance` that reproduces it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    moe_load: Option<MoeLoadOut>,
     #[serde(skip_serializing_if = "Option::is_none")]
     timeline_comparison: Option<TimelineComparison>,
     warnings: Vec<String>,
@@ -281,6 +289,16 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
     };
     let timeline_comparison = timelines(&args, &resolved, &plan, &report)?;
     let timed = (args.warmup as usize)..(args.steps as usize);
+    // MoE: the measured load and the imbalance that reproduces it.
+    let m = &resolved.config.model;
+    let load = moe_load(
+        &report.ranks,
+        m.num_experts,
+        resolved.config.parallel.ep,
+        m.moe_router_topk,
+    );
+    let mut warnings = resolved.warnings.clone();
+    warnings.extend(load.iter().flat_map(|l| l.1.iter().cloned()));
     // A step ends when its slowest rank ends.
     let per_step: Vec<f64> = (0..timed.len())
         .map(|i| report.ranks.iter().map(|r| r.step_s[i]).fold(0.0, f64::max))
@@ -325,6 +343,7 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
                     },
                     cp: r.cp.clone(),
                     moe_dropped: r.moe_dropped,
+                    moe_load: (r.moe_load.routed > 0).then(|| r.moe_load.clone()),
                     device: r.device.map(|d| DeviceOut {
                         predicted_runtime_bytes: runtime_bytes,
                         tracked_reserved_peak_bytes: r.reserved_peak.total(),
@@ -335,8 +354,9 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
                 }
             })
             .collect(),
+        moe_load: load.map(|l| l.0),
         timeline_comparison,
-        warnings: resolved.warnings.clone(),
+        warnings,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -450,6 +470,9 @@ fn text(o: &ExecuteOut) -> String {
         }
     }
     s.push_str(&cp_text(o));
+    if let Some(m) = &o.moe_load {
+        s.push_str(&moe_load_text(m));
+    }
     if let Some(c) = &o.timeline_comparison {
         s.push_str(&timeline_text(c));
     }

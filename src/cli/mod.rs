@@ -10,6 +10,7 @@ mod execute_cuda;
 mod gpu_defaults;
 mod launch_args;
 mod layout;
+mod moe_load;
 mod ranked;
 mod schedule;
 mod search;

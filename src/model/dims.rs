@@ -30,6 +30,10 @@ pub struct Dims {
     pub lin: u64,
     /// Bytes of a weight element.
     pub weight: u64,
+    /// Bytes per trainable parameter of a block's gradient bucket: the gradient dtype's under
+    /// ZeRO-2/3 (the block's gradients at full size before their reduce-scatter, as
+    /// DeepSpeed's reduce bucket), 0 below, where gradients accumulate in place.
+    pub grad_bucket: u64,
     /// Fraction of the s x s scores counted in model FLOPs (0.5 causal, 1 full).
     pub attn_model_fraction: f64,
     /// Fraction of the s x s scores a rank really computes (flash skips masked blocks).
@@ -77,6 +81,11 @@ impl Dims {
                 tr.activation_bytes()
             },
             weight: tr.weight_bytes(),
+            grad_bucket: if p.zero >= 2 {
+                tr.grad_dtype.bytes()
+            } else {
+                0
+            },
             attn_model_fraction: match tr.flops_attention {
                 FlopsAttention::Causal => 0.5,
                 FlopsAttention::Full => 1.0,

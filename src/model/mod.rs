@@ -16,7 +16,7 @@ mod optimizer;
 pub mod summary;
 
 pub use dims::Dims;
-pub use moe::rank_load_factor;
+pub use moe::{imbalance_of_rank_load, rank_load_factor};
 pub use op::{
     Collective, CollectiveKind, Flops, Op, OpKind, OpRole, ParamClass, Params, Phase, Saved,
     TensorRole,
@@ -220,17 +220,39 @@ impl Block {
     /// once: when op j's backward runs, the saved tensors of the ops after it are already
     /// freed, and the gradient of its output (`Op::grad_out_bytes`) is held beside its own
     /// (or its `temp`, the SP partial sum's size). Relative to the block's whole saved set.
-    pub fn backward_temp_full_bytes(&self, incoming: u64) -> u64 {
+    ///
+    /// With `bucket_bytes` per trainable parameter (ZeRO-2/3's gradient buckets, 0 without),
+    /// each parameter space's bucket (the experts', the rest's: Megatron keeps expert
+    /// parameters apart) is held from its first weight gradient on, so it is counted at the
+    /// ops from there down, not beside every saved tensor of the block: an MoE layer's dense
+    /// bucket opens at the router, once the experts' saved tensors are freed.
+    pub fn backward_temp_full_bytes(&self, incoming: u64, bucket_bytes: u64) -> u64 {
+        let trainable = |o: &Op| o.params.filter(|p| p.trainable);
+        let space = |expert: bool| -> u64 {
+            self.ops
+                .iter()
+                .filter_map(trainable)
+                .filter(|p| (p.class == ParamClass::Expert) == expert)
+                .map(|p| p.rank)
+                .sum::<u64>()
+                * bucket_bytes
+        };
+        let buckets = [space(false), space(true)];
+        let mut opened = [false; 2];
         let mut later = 0u64;
         let mut worst = 0u64;
         // The saved bytes of an op whose input gradient took them over (`Op::grad_in_saved`):
         // freed only once the op before it has read that gradient.
         let mut deferred = 0u64;
         for o in self.ops.iter().rev() {
+            if let Some(p) = trainable(o) {
+                opened[(p.class == ParamClass::Expert) as usize] = true;
+            }
+            let held: u64 = (0..2).filter(|&i| opened[i]).map(|i| buckets[i]).sum();
             // An output gradient living in the next op's saved tensor is already counted.
             let grad_out = if deferred > 0 { 0 } else { o.grad_out_bytes };
             let temp = if o.grad_in_saved { 0 } else { o.temp_bytes };
-            let here = (Self::op_transient(o) + grad_out).max(temp);
+            let here = (Self::op_transient(o) + grad_out).max(temp) + held;
             worst = worst.max(here.saturating_sub(later));
             later += std::mem::take(&mut deferred);
             let saved = o
@@ -471,5 +493,54 @@ impl Ledger {
             mtp,
             dims: d,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A block of three ops, forward order: a dense op (100 parameters, saves 1000 bytes),
+    /// an expert op (50 parameters, saves 500, 200 of backward scratch), an op without
+    /// parameters (saves 300, a 400-byte temporary).
+    fn block() -> Block {
+        let params = |rank, class| {
+            Some(Params {
+                total: rank,
+                rank,
+                class,
+                trainable: true,
+            })
+        };
+        let mut dense =
+            Op::new("dense", OpKind::MemoryBound { bytes: 0 }).save(TensorRole::Input, 1000);
+        dense.params = params(100, ParamClass::TpSharded);
+        let mut expert =
+            Op::new("expert", OpKind::MemoryBound { bytes: 0 }).save(TensorRole::Input, 500);
+        expert.params = params(50, ParamClass::Expert);
+        expert.backward_scratch_bytes = 200;
+        let last = Op::new("last", OpKind::MemoryBound { bytes: 0 })
+            .save(TensorRole::Input, 300)
+            .temp(400);
+        Block {
+            kind: BlockKind::MoeLayer,
+            ops: vec![dense, expert, last],
+            input_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn a_gradient_bucket_opens_at_its_spaces_first_weight_gradient() {
+        // Backward, last op first (relative to the whole saved set, 10 bytes arriving):
+        // - last: its temporary, 400;
+        // - expert: its saved 500 + scratch 200, its bucket 50 x 4 = 200 opens, the last op's
+        //   300 freed: 600;
+        // - dense: its saved 1000, both buckets (200 + 100 x 4), 800 freed: 800.
+        let b = block();
+        assert_eq!(b.backward_temp_full_bytes(10, 4), 10 + 800);
+        // Without buckets the worst is 400 (last op; expert: 700 - 300).
+        assert_eq!(b.backward_temp_full_bytes(10, 0), 10 + 400);
+        // Below the whole bucket (600) on top of the transient, the former count.
+        assert!(b.backward_temp_full_bytes(10, 4) < 10 + 400 + 600);
     }
 }

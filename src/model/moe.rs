@@ -19,6 +19,14 @@ pub fn rank_load_factor(imbalance: f64, experts: u64, ep: u64) -> f64 {
     1.0 + (imbalance - 1.0) / local
 }
 
+/// The imbalance whose hottest EP rank receives `rank_load` times a uniform share: the
+/// inverse of [`rank_load_factor`], 1 + (rank_load - 1) x E / ep. This is how a measured
+/// hottest rank (`parsim execute`'s `moe_load`) becomes a `moe_load_imbalance`.
+pub fn imbalance_of_rank_load(rank_load: f64, experts: u64, ep: u64) -> f64 {
+    let local = (experts / ep.max(1)).max(1) as f64;
+    1.0 + (rank_load - 1.0) * local
+}
+
 /// Tokens the hottest EP rank can receive under an expert capacity (Megatron's
 /// `--moe-expert-capacity-factor`): each of its E/ep experts takes at most
 /// ceil(factor x local x k / E) tokens from each of the ep source ranks; `None` without one.
@@ -47,6 +55,30 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
     if let Some(cap) = capacity_limit(m.moe_capacity_factor, local, k, e, d.ep) {
         hot = hot.min(cap);
         kept = kept.min(cap);
+    }
+
+    // Shared experts (DeepSeekMoE) on every token; their input is the router's saved input.
+    // Their ops come before the router's: the executor runs their backward once the routed
+    // experts' and the router's are done (their gradient bucket opens there), so in the
+    // backward walk the routed experts' saved tensors are freed by then.
+    if m.moe_shared_expert_intermediate_size > 0 {
+        let names = [
+            "moe.shared.fc1",
+            "moe.shared.act",
+            "moe.shared.fc2",
+            "moe.shared.fc2_bias",
+            "moe.shared.fc1_lora",
+            "moe.shared.fc2_lora",
+        ];
+        mlp_body(
+            ops,
+            names,
+            m.moe_shared_expert_intermediate_size,
+            m,
+            tr,
+            d,
+            false,
+        );
     }
 
     let mut router = Op::new(
@@ -165,26 +197,6 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         .temp(2 * tokens_bytes),
     );
 
-    if m.moe_shared_expert_intermediate_size > 0 {
-        let names = [
-            "moe.shared.fc1",
-            "moe.shared.act",
-            "moe.shared.fc2",
-            "moe.shared.fc2_bias",
-            "moe.shared.fc1_lora",
-            "moe.shared.fc2_lora",
-        ];
-        // Its input is the router's saved input.
-        mlp_body(
-            ops,
-            names,
-            m.moe_shared_expert_intermediate_size,
-            m,
-            tr,
-            d,
-            false,
-        );
-    }
     ops.push(dropout("mlp.dropout", d.n_sp, d.h, d.hidden_dropout));
 }
 
@@ -275,6 +287,15 @@ mod tests {
         assert_eq!(expert_rows(1.5), 80);
         assert_eq!(capacity_limit(1.0, 32, 2, 8, 2), Some(64));
         assert_eq!(capacity_limit(0.0, 32, 2, 8, 2), None);
+    }
+
+    #[test]
+    fn the_imbalance_of_a_rank_load_inverts_the_rank_load_factor() {
+        // 8 experts over EP 2: 4 a rank; the hottest expert at 2x makes the rank 1.25x
+        // (docs/engine.md, MoE load), and 1.25x back gives 2.
+        assert_eq!(rank_load_factor(2.0, 8, 2), 1.25);
+        assert_eq!(imbalance_of_rank_load(1.25, 8, 2), 2.0);
+        assert_eq!(imbalance_of_rank_load(1.0, 8, 4), 1.0);
     }
 
     #[test]

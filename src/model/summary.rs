@@ -42,7 +42,8 @@ pub struct BlockSummary {
     /// Bytes held from a split backward's I to its W per microbatch
     /// ([`Block::wgrad_pending_bytes`]).
     pub wgrad_pending: u64,
-    /// The largest transient of the block's full backward ([`Block::backward_temp_full_bytes`]).
+    /// The largest transient of the block's full backward, ZeRO-2/3's gradient buckets
+    /// included ([`Block::backward_temp_full_bytes`]).
     pub backward_temp: u64,
     /// The same for a split backward's input-gradient pass ([`Block::backward_temp_bytes`]).
     pub backward_temp_split: u64,
@@ -123,7 +124,7 @@ impl LedgerSummary {
         // backward starts from the loss, with no incoming gradient.
         let sum_with = |b: &Block, incoming: u64| BlockSummary {
             wgrad_pending: b.wgrad_pending_bytes(l.dims.act),
-            backward_temp: b.backward_temp_full_bytes(incoming),
+            backward_temp: b.backward_temp_full_bytes(incoming, l.dims.grad_bucket),
             backward_temp_split: b.backward_temp_bytes(incoming),
             ..BlockSummary::timed(b, recompute, times(b))
         };

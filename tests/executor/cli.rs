@@ -283,3 +283,77 @@ fn execute_takes_the_moe_router_flags() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("model.moe_aux_loss_coeff"), "{err}");
 }
+
+#[test]
+fn execute_reports_the_measured_moe_load_and_its_imbalance() {
+    let f = moe_file();
+    let path = f.path().to_str().unwrap();
+    let run = |json: bool| {
+        let mut c = parsim();
+        c.args(["execute", "--config", path, "--steps", "2", "--warmup", "1"]);
+        if json {
+            c.arg("--json");
+        }
+        let out = c.output().expect("runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let v: Value = serde_json::from_slice(&run(true)).expect("json");
+    let ranks = v["ranks"].as_array().unwrap();
+    let (mut routed, mut received, mut dropped) = (0u64, 0u64, 0u64);
+    let mut hottest = (0u64, 0.0f64);
+    for r in ranks {
+        let l = &r["moe_load"];
+        let rows: Vec<u64> = l["expert_rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect();
+        // 8 experts over EP 2: 4 a rank.
+        assert_eq!(rows.len(), 4);
+        let (ro, re) = (l["routed"].as_u64().unwrap(), rows.iter().sum::<u64>());
+        routed += ro;
+        received += re;
+        dropped += r["moe_dropped"].as_u64().unwrap();
+        let load = re as f64 / ro as f64;
+        if load > hottest.1 {
+            hottest = (r["rank"].as_u64().unwrap(), load);
+        }
+    }
+    // Every kept assignment is received once: the rows are conserved.
+    assert_eq!(received, routed - dropped);
+    // The imbalance from the hottest rank's load (docs/engine.md: a rank's load is
+    // 1 + (imbalance - 1) / (E / ep)), at least the balanced router's 1.
+    let m = &v["moe_load"];
+    assert_eq!(m["hottest_rank"].as_u64().unwrap(), hottest.0);
+    assert_eq!(m["hottest_rank_load"].as_f64().unwrap(), hottest.1);
+    let imbalance = m["imbalance"].as_f64().unwrap();
+    assert!(
+        (imbalance - (1.0 + (hottest.1 - 1.0) * 4.0).max(1.0)).abs() < 1e-12,
+        "{imbalance}"
+    );
+    assert!(m["hottest_expert_load"].as_f64().unwrap() >= hottest.1.min(1.0));
+    // The text says it, and `estimate` takes it back.
+    let text = String::from_utf8(run(false)).unwrap();
+    let flag = format!("--moe-load-imbalance {imbalance:.3}");
+    assert!(text.contains(&flag), "{text}");
+    let out = parsim()
+        .args(["estimate", "--config", path, "--moe-load-imbalance"])
+        .arg(format!("{imbalance:.3}"))
+        .arg("--json")
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let e: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let got = e["config"]["model"]["moe_load_imbalance"].as_f64().unwrap();
+    assert!((got - imbalance).abs() < 1e-3, "{got}");
+}

@@ -2,18 +2,26 @@
 //! existing MoE grid (EP 2 and 4, ZeRO 1-3, with dropping) and the DeepSeek-style mixes
 //! (sigmoid router with the expert bias, groups, a shared expert, a dense first layer).
 //!
-//! Within 2% today: EP 2 with ZeRO-1 (plain and DeepSeek-style: the shared expert's weights,
-//! gradients and activations are predicted) and DeepSeek-style CP 2 with EP 2. The rest of the
-//! grid runs within 2% under Megatron's forced load balancing (`model.moe_router_force_load_balancing`),
-//! but for EP 4 with ZeRO-3 (ignored). With the learned router it is the ignored test below,
-//! which fails with the figures of docs/executor.md: the
-//! engine predicts a balanced router, while the executor's at initialisation drops about half
-//! the assignments at capacity factor 1.0 (where a balanced one drops none) and spreads the EP 4
-//! ranks' activations by 20%; under TP the executor routes the gathered microbatch where
-//! Megatron-Core (and the engine) routes the SP shard.
+//! Within 2% on every rank with the engine's balanced router: EP 2 with ZeRO-1 (plain and
+//! DeepSeek-style: the shared expert's weights, gradients and activations are predicted) and
+//! DeepSeek-style CP 2 with EP 2. The rest of the grid runs within 2% under Megatron's forced
+//! load balancing (`model.moe_router_force_load_balancing`), EP 4 with ZeRO-3 included. With
+//! the learned router, which is unbalanced at initialisation, the run's measured load gives the
+//! `moe_load_imbalance` to predict with (`RankReport::moe_load`, the engine's
+//! `imbalance_of_rank_load`): without a capacity and without TP the hottest EP rank is then
+//! within 2% and the others at or below the prediction. Not yet (the ignored test, figures in
+//! docs/executor.md): with a capacity factor of 1.0 the router drops about half of the
+//! assignments, which one imbalance figure cannot describe (the engine is an upper bound
+//! there), and under TP the executor routes the gathered microbatch where Megatron-Core (and
+//! the engine) routes the SP shard.
 
+use super::common::{options, resolve};
 use super::memory::{compare_config, worst_percent};
 use super::moe::{moe_config, Moe, BASE};
+use parsim::estimate::estimate;
+use parsim::model::imbalance_of_rank_load;
+use parsim::plan::lower;
+use parsim_executor::runner::{run_cpu, RunOptions};
 
 const DS: Moe = Moe {
     first_dense: 1,
@@ -127,17 +135,140 @@ fn moe_peak_memory_matches_the_prediction_per_rank() {
     assert!(bad.is_empty(), "beyond 2%: {bad:#?}");
 }
 
+/// One rank of a learned-router run against the prediction at the measured imbalance.
+#[derive(Debug)]
+struct Loaded {
+    rank: u32,
+    /// Received rows over the rank's uniform share (`MoeLoad::rank_load`).
+    load: f64,
+    dropped: u64,
+    /// (measured - predicted) / predicted peak, in percent.
+    percent: f64,
+}
+
+/// Runs `m` with its learned router, derives `moe_load_imbalance` from the measured loads (the
+/// hottest EP rank's received rows over its uniform share, through the engine's inverse of its
+/// rank load: docs/engine.md, MoE load) and predicts with it; returns that imbalance (1 where
+/// no rank receives more than its share) and every rank against that prediction.
+fn at_measured_imbalance(m: &Moe) -> (f64, Vec<Loaded>) {
+    let v = moe_config(m);
+    let plan = lower(&resolve(v.clone()), &options()).expect("lowers");
+    let opts = RunOptions {
+        steps: 2,
+        warmup: 0,
+        ..RunOptions::default()
+    };
+    let rep = run_cpu(&plan, &opts).expect("runs");
+    let hottest = rep
+        .ranks
+        .iter()
+        .map(|r| r.moe_load.rank_load().expect("routed"))
+        .fold(0.0f64, f64::max);
+    let imbalance = imbalance_of_rank_load(hottest, m.experts as u64, m.ep as u64).max(1.0);
+    let mut at = v;
+    at["model"]["moe_load_imbalance"] = imbalance.into();
+    let est = estimate(&resolve(at)).expect("estimate");
+    let ranks = rep
+        .ranks
+        .iter()
+        .map(|r| {
+            let p = est.memory.stages[r.coords.pp as usize].total as f64;
+            Loaded {
+                rank: r.rank,
+                load: r.moe_load.rank_load().expect("routed"),
+                dropped: r.moe_dropped,
+                percent: (r.peak.total() as f64 - p) / p * 100.0,
+            }
+        })
+        .collect();
+    (imbalance, ranks)
+}
+
+/// The learned-router mixes of the grid without a capacity and without TP.
+fn learned() -> Vec<Moe> {
+    beyond()
+        .into_iter()
+        .filter(|m| m.capacity_factor == 0.0 && m.tp == 1)
+        .collect()
+}
+
 #[test]
-#[ignore = "known gap of issue 19: the learned router at initialisation is unbalanced (-6.8% to +3.6%); the engine's moe_load_imbalance is not yet set from the measured loads"]
-fn the_whole_moe_grid_matches_the_prediction_per_rank() {
-    let bad = beyond_two_percent(&beyond());
+fn the_learned_router_matches_the_prediction_at_the_measured_imbalance() {
+    // EP 4 ZeRO-3 (plain and DeepSeek-style) and DeepSeek-style PP 2 ZB-V: the router at
+    // initialisation sends the hottest EP rank 1.19x, 1.14x and 1.09x its share (imbalance
+    // 1.38, 1.28, 1.36): that rank within 2% of the prediction (+1.67%, +0.50%, +1.58%), the
+    // others at or below it (+2%: the prediction is the hottest rank's).
+    let mixes = learned();
+    assert_eq!(mixes.len(), 3);
+    for m in &mixes {
+        let (imbalance, ranks) = at_measured_imbalance(m);
+        eprintln!("imbalance {imbalance:.4} {m:?}");
+        for r in &ranks {
+            eprintln!("   {r:?}");
+        }
+        // The learned router is not balanced: the measure is not the default's 1.
+        assert!(imbalance > 1.05, "{m:?}: {imbalance}");
+        let hot = ranks
+            .iter()
+            .max_by(|a, b| a.load.total_cmp(&b.load))
+            .expect("ranks");
+        assert!(hot.percent.abs() <= 2.0, "{m:?}: hottest {hot:?}");
+        for r in &ranks {
+            assert!(
+                r.percent <= 2.0,
+                "{m:?}: rank {} above the prediction",
+                r.rank
+            );
+        }
+    }
+}
+
+#[test]
+fn a_capacity_keeps_the_learned_routers_ranks_below_the_prediction() {
+    // EP 2 dp 4 ZeRO-2 top-2 and EP 4 top-1, capacity factor 1.0: the router at
+    // initialisation crowds a few experts, whose capacity drops 48-68% of the assignments, so
+    // even the hottest rank receives less than its share (0.56x, 0.43x): the measured
+    // imbalance is the balanced router's 1, and every rank is below that prediction (it
+    // counts every assignment as kept: -3.3% to -5.3%).
+    for m in beyond().iter().filter(|m| m.capacity_factor > 0.0) {
+        let (imbalance, ranks) = at_measured_imbalance(m);
+        eprintln!("imbalance {imbalance:.4} {m:?}");
+        for r in &ranks {
+            eprintln!("   {r:?}");
+            assert!(r.load < 1.0 && r.dropped > 0, "{m:?}: {r:?}");
+            assert!(
+                r.percent <= 2.0,
+                "{m:?}: rank {} above the prediction",
+                r.rank
+            );
+        }
+        assert_eq!(imbalance, 1.0);
+    }
+}
+
+#[test]
+#[ignore = "known gap of issue 19: the learned router with a capacity (-5.34%, the unbalanced router's drops) and under TP (+2.62%: the executor routes the gathered microbatch)"]
+fn the_whole_moe_grid_matches_the_prediction_at_the_measured_imbalance() {
+    let mut bad = Vec::new();
+    for m in &beyond() {
+        let (imbalance, ranks) = at_measured_imbalance(m);
+        let hot = ranks
+            .iter()
+            .max_by(|a, b| a.load.total_cmp(&b.load))
+            .expect("ranks");
+        let worst = ranks.iter().map(|r| r.percent).fold(hot.percent, f64::max);
+        if hot.percent.abs() > 2.0 || worst > 2.0 {
+            bad.push(format!("imbalance {imbalance:.3}: {ranks:?} {m:?}"));
+        }
+    }
     assert!(bad.is_empty(), "beyond 2%: {bad:#?}");
 }
 
 /// The grid under Megatron's forced load balancing (the engine's balanced router, exactly),
-/// dropping at capacity factor 0.75; `zero3_ep4` picks the EP 4 ZeRO-3 mixes (-2.52% plain,
-/// -3.70% DeepSeek-style: the measured peak, in a ZeRO-3 parameter gather of backward, holds
-/// fewer activations than the engine's, which adds the activation maximum to it) or the rest.
+/// dropping at capacity factor 0.75; `zero3_ep4` picks the EP 4 ZeRO-3 mixes (+0.23% plain,
+/// -0.59% DeepSeek-style: the peak is in a MoE layer's backward, where the gradient buckets
+/// open at each space's first weight gradient, the experts' first, and forward holds a
+/// layer's dense part and its experts as its two gathered sets) or the rest.
 fn forced(zero3_ep4: bool) -> Vec<Moe> {
     beyond()
         .into_iter()
@@ -160,7 +291,6 @@ fn the_grid_under_forced_balancing_matches_the_prediction_per_rank() {
 }
 
 #[test]
-#[ignore = "known gap of issue 19: EP 4 ZeRO-3 under forced balancing -2.52% / -3.70% (the peak's activations)"]
 fn the_ep4_zero3_mixes_under_forced_balancing_match_the_prediction_per_rank() {
     let bad = beyond_two_percent(&forced(true));
     assert!(bad.is_empty(), "beyond 2%: {bad:#?}");

@@ -410,6 +410,7 @@ mod tests {
                 gemm_seconds: 0.5,
                 cp: None,
                 moe_dropped: 0,
+                moe_load: Default::default(),
                 device: None,
             }],
             params: None,

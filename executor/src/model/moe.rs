@@ -205,6 +205,11 @@ fn moe_fwd_full<B: Backend>(
     let recv_expert_rows: Vec<Vec<usize>> = got.chunks(local).map(|c| c.to_vec()).collect();
     let send_rows: Vec<usize> = counts.chunks(local).map(|c| c.iter().sum()).collect();
     let recv_rows: Vec<usize> = recv_expert_rows.iter().map(|c| c.iter().sum()).collect();
+    if !ctx.recomputing {
+        // The load: rows per local expert from every source, beside this rank's assignments.
+        let per_expert = (0..local).map(|j| recv_expert_rows.iter().map(|c| c[j] as u64).sum());
+        ctx.moe_load.add((ctx.n * moe.top_k) as u64, per_expert);
+    }
 
     let tokens: Vec<usize> = routing.routes.iter().map(|r| r.token).collect();
     let mut send = ctx.zeros(b, &[tokens.len(), h])?;

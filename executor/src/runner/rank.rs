@@ -295,6 +295,7 @@ pub(super) fn run_rank<B: Backend>(
             gemm_seconds,
             cp: rank.ctx.cp.as_ref().map(|c| c.stats.clone()),
             moe_dropped: rank.ctx.moe_dropped,
+            moe_load: rank.ctx.moe_load.clone(),
             device: None,
         },
         loss_sums,
