@@ -59,16 +59,9 @@ fn unsupported(field: &'static str, message: impl Into<String>) -> PlanError {
     }
 }
 
-/// Multi-token prediction runs where its last stage's rank holds the embedding: one pipeline
-/// stage, or a V-shaped schedule (ZB-V, DualPipe-V), whose first and last stages share rank 0.
+/// Multi-token prediction runs under any pipeline schedule (the last stage keeps a copy of the
+/// word embedding in the embedding group, as Megatron-Core); with rotary positions only.
 fn check_mtp(r: &Resolved) -> Result<(), PlanError> {
-    let ranks = &r.placement.stage_rank;
-    if ranks.first() != ranks.last() {
-        return Err(unsupported(
-            "parallel.schedule",
-            "multi-token prediction needs the embedding on the last stage's rank: pp = 1 or a V-shaped schedule (zb-v, dualpipe-v) so far",
-        ));
-    }
     if matches!(
         r.config.model.position_embedding,
         PositionEmbedding::Learned

@@ -30,6 +30,10 @@ pub enum BlockKind {
     MtpIn(u32),
     /// Multi-token-prediction module k's final norm (the output head is the main model's).
     MtpOut(u32),
+    /// The last stage's copy of the word (and position) embedding for its MTP modules, when
+    /// its rank does not hold the first stage (Megatron-Core builds the embedding where
+    /// `mtp_process`); kept equal to the first stage's by the embedding group.
+    MtpEmbedding,
 }
 
 /// The flat buffer of dense parameters.
@@ -265,30 +269,36 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
         });
         next[space] += b.next;
     };
+    let embedding = |b: &mut Builder| {
+        b.push(
+            rd.v_r,
+            h,
+            vec![seg(
+                "embedding.weight".into(),
+                h,
+                r * rd.v_r..(r + 1) * rd.v_r,
+                0..h,
+                std,
+            )],
+            false,
+        );
+        super::positions::push_table(b, m.learned_positions, h, std);
+    };
+    let holds_embedding = stages.iter().any(|&s| plan.stages[s as usize].embedding);
     for &s in stages {
         let st = &plan.stages[s as usize];
         if st.embedding {
-            emit(BlockKind::Embedding, s, &|b| {
-                b.push(
-                    rd.v_r,
-                    h,
-                    vec![seg(
-                        "embedding.weight".into(),
-                        h,
-                        r * rd.v_r..(r + 1) * rd.v_r,
-                        0..h,
-                        std,
-                    )],
-                    false,
-                );
-                super::positions::push_table(b, m.learned_positions, h, std);
-            });
+            emit(BlockKind::Embedding, s, &embedding);
         }
         // The layers, then on the last stage the output and the MTP modules (Megatron's
-        // default placement), each as its input block, its transformer layer and its norm.
+        // default placement), each as its input block, its transformer layer and its norm;
+        // the embedding's copy right after the output when this rank lacks the embedding.
         let mut items: Vec<BlockKind> = st.layers.clone().map(BlockKind::Layer).collect();
         if st.output {
             items.push(BlockKind::Output);
+            if m.mtp_layers > 0 && !holds_embedding {
+                items.push(BlockKind::MtpEmbedding);
+            }
             for k in 0..m.mtp_layers {
                 let l = m.num_layers + k;
                 items.extend([
@@ -309,6 +319,10 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                 }
                 BlockKind::MtpIn(k) => {
                     emit(item, s, &|b| mtp_in_block(b, m.norm, k, &rd, std));
+                    continue;
+                }
+                BlockKind::MtpEmbedding => {
+                    emit(item, s, &embedding);
                     continue;
                 }
                 BlockKind::MtpOut(k) => {
