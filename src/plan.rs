@@ -97,18 +97,6 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
     if m.mtp_num_layers > 0 {
         check_mtp(r)?;
     }
-    if (m.add_bias_linear || m.add_qkv_bias) && m.mla.is_some() {
-        return Err(unsupported(
-            "model.add_bias_linear",
-            "linear and QKV biases are executed for MHA/GQA, not with MLA; set add_bias_linear = add_qkv_bias = false",
-        ));
-    }
-    if m.add_bias_linear && m.num_experts > 0 {
-        return Err(unsupported(
-            "model.add_bias_linear",
-            "the experts' linear biases are not executed yet; set add_bias_linear = false with MoE",
-        ));
-    }
     if m.attention_dropout > 0.0 && !t.flash_attention {
         return Err(unsupported(
             "model.attention_dropout",

@@ -5,7 +5,7 @@
 //! runs it, and every rank's measured peak lies within 2% of the engine's prediction.
 
 use super::common::*;
-use super::memory::compare_config;
+use super::memory::{compare_config, weight_bytes};
 use super::mla::{deepseek_mixes, deepseek_mla};
 use super::moe::{compare, Moe};
 use serde_json::Value;
@@ -136,15 +136,6 @@ fn mtp_under_any_pipeline_schedule_matches_the_single_rank_run() {
         let got = run(&plan(deepseek_mtp_tied(&c, tied)), 3);
         compare(&format!("MTP tied {tied} {c:?}"), &got, &reference);
     }
-}
-
-/// Bytes of weights in a breakdown "w N g ...".
-fn weight_bytes(breakdown: &str) -> i64 {
-    breakdown
-        .strip_prefix("w ")
-        .and_then(|s| s.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no weights in {breakdown}"))
 }
 
 /// The last stage's embedding copy is counted by the engine: every rank's peak within 2%, and

@@ -254,6 +254,9 @@ pub enum WTask<B: Backend> {
     /// A LoRA adapter's gradient, computed: added to tensor `tensor` of the layer's adapters
     /// block (the layer's own block is frozen).
     Adapter { tensor: usize, grad: B::Tensor },
+    /// A gradient already computed for tensor `tensor` of an MoE layer's experts block (a
+    /// routed expert's bias).
+    ExpertReady { tensor: usize, grad: B::Tensor },
     /// dW += dY^T X for tensor `tensor` [o, i] of an MoE layer's experts block (rows: those
     /// the expert received); the caller runs it against that block.
     Expert {
@@ -284,6 +287,10 @@ impl<B: Backend> WTask<B> {
             }
             WTask::Ready { tensor, grad } => WTask::Ready { tensor, grad },
             WTask::Adapter { tensor, grad } => WTask::Adapter {
+                tensor,
+                grad: ctx.ops.recat(grad, a),
+            },
+            WTask::ExpertReady { tensor, grad } => WTask::ExpertReady {
                 tensor,
                 grad: ctx.ops.recat(grad, a),
             },
@@ -354,7 +361,7 @@ impl<B: Backend> WTask<B> {
 
     /// True for a task of an MoE layer's experts block.
     pub fn is_expert(&self) -> bool {
-        matches!(self, WTask::Expert { .. })
+        matches!(self, WTask::Expert { .. } | WTask::ExpertReady { .. })
     }
 
     /// Accumulates into `grad`, the block's gradient (block-local offsets from `layout`; for
@@ -409,6 +416,10 @@ impl<B: Backend> WTask<B> {
                 grad: ready,
             }
             | WTask::Adapter {
+                tensor,
+                grad: ready,
+            }
+            | WTask::ExpertReady {
                 tensor,
                 grad: ready,
             } => {

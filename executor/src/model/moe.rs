@@ -44,6 +44,22 @@ pub use crate::backend::{Route, Routing};
 /// The router's tensor in an MoE layer's block (after attn_norm, QKV, wo, mlp_norm).
 pub const ROUTER: usize = 4;
 
+/// Tensors per routed expert in the experts block: fc1 and fc2, then with linear biases
+/// (Megatron's `--add-bias-linear`: each expert's fc1 and fc2 biases) fc1's and fc2's biases.
+fn per_expert(m: &crate::plan::ModelShape) -> usize {
+    if m.bias_linear {
+        4
+    } else {
+        2
+    }
+}
+
+/// The experts block's tensors of local expert `j`: (fc1, fc2, biases (fc1's, fc2's)).
+fn expert_tensors(m: &crate::plan::ModelShape, j: usize) -> (usize, usize, Option<(usize, usize)>) {
+    let t = per_expert(m) * j;
+    (t, t + 1, m.bias_linear.then_some((t + 2, t + 3)))
+}
+
 /// What an MoE block keeps for backward (besides the norm's input and output).
 pub struct MoeSaved<B: Backend> {
     /// Router probabilities [n, E].
@@ -158,8 +174,11 @@ pub fn moe_fwd<B: Backend>(
 ) -> Result<(B::Tensor, MoeSaved<B>), ExecError> {
     // Every TP rank routes the whole microbatch (gathered over SP) the same way and runs its
     // slice of every expert it holds; the partial sums reduce into the SP region.
-    let (partial, saved) = ctx.with_gathered(ln2, |c, xg| moe_fwd_full(c, l, p, le, pe, xg))?;
-    let out = ctx.reduce_to_region(partial, Category::Buffers)?;
+    let (partial, saved) =
+        ctx.with_gathered(ln2, |c, xg| moe_fwd_full(c, l, p.clone(), le, pe, xg))?;
+    let mut out = ctx.reduce_to_region(partial, Category::Buffers)?;
+    // The shared experts' fc2 bias, after the reduction as the dense MLP's.
+    super::bias::add(ctx, l, &p, super::bias::Site::Fc2, &mut out)?;
     Ok((out, saved))
 }
 
@@ -227,12 +246,20 @@ fn moe_fwd_full<B: Backend>(
         let mut u = ctx.zeros(a, &[c, w1])?;
         let mut act = ctx.zeros(a, &[c, f])?;
         if c > 0 {
-            let w_fc1 = pe.sub(le.tensors[2 * j].range());
-            let w_fc2 = pe.sub(le.tensors[2 * j + 1].range());
+            let (t1, t2, biases) = expert_tensors(&ctx.plan.model, j);
+            let w_fc1 = pe.sub(le.tensors[t1].range());
+            let w_fc2 = pe.sub(le.tensors[t2].range());
             ctx.ops.linear_fwd(&x, w_fc1, (c, h, w1), &mut u)?;
+            if let Some((b1, _)) = biases {
+                ctx.ops.bias_add(&mut u, pe.sub(le.tensors[b1].range()))?;
+            }
             ctx.ops.act_fwd(act_kind, &u, &mut act)?;
             let mut y = ctx.zeros(b, &[c, h])?;
             ctx.ops.linear_fwd(&act, w_fc2, (c, f, h), &mut y)?;
+            // fc2's bias once over the TP partial sums (the gates weight it with the output).
+            if let (Some((_, b2)), 0) = (biases, ctx.rd.tp_rank) {
+                ctx.ops.bias_add(&mut y, pe.sub(le.tensors[b2].range()))?;
+            }
             let back_spans = gathered_spans(&spans).map(|(lo, at, rows)| (at, lo, rows));
             copy_spans(ctx, &y, &mut back, h, back_spans)?;
         }
@@ -323,6 +350,7 @@ pub fn moe_bwd<B: Backend>(
         shared,
     } = s;
     let routes = &routing.routes;
+    super::bias::grad(ctx, l, super::bias::Site::Fc2, dy, sink)?;
     // The whole microbatch's output gradient (gathered over SP).
     let dy = ctx.expand_grad(dy)?;
     // Combine: d y_r = gate_r dy[t]; d gate_r = dy[t] . y_r (y_r this TP rank's partial
@@ -352,7 +380,10 @@ pub fn moe_bwd<B: Backend>(
         }
         let mut dyj = ctx.zeros(bcat, &[c, h])?;
         copy_spans(ctx, &drecv, &mut dyj, h, gathered_spans(&spans))?;
-        let (t1, t2) = (2 * j, 2 * j + 1);
+        let (t1, t2, biases) = expert_tensors(&ctx.plan.model, j);
+        if let Some((_, b2)) = biases {
+            expert_bias_grad(ctx, le, b2, &dyj, sink)?;
+        }
         let mut dact = ctx.zeros(bcat, &[c, f])?;
         ctx.ops.linear_dgrad(
             &dyj,
@@ -374,6 +405,9 @@ pub fn moe_bwd<B: Backend>(
         let mut du = ctx.ops.recat(u, bcat);
         ctx.ops.act_bwd_inplace(act_kind, &mut du, &dact)?;
         drop(dact);
+        if let Some((b1, _)) = biases {
+            expert_bias_grad(ctx, le, b1, &du, sink)?;
+        }
         let mut dx = ctx.zeros(bcat, &[c, h])?;
         ctx.ops.linear_dgrad(
             &du,
@@ -472,4 +506,19 @@ pub fn moe_bwd<B: Backend>(
         }
     }
     ctx.reduce_to_region(d_ln2, bcat)
+}
+
+/// A routed expert's bias gradient: the column sums of `dy` [rows, o] over the rows it
+/// received, for tensor `tensor` of the experts block `le` (whole on every TP rank: the rows
+/// are the whole microbatch's).
+fn expert_bias_grad<B: Backend>(
+    ctx: &mut Ctx<B>,
+    le: &BlockLayout,
+    tensor: usize,
+    dy: &B::Tensor,
+    sink: &mut Sink<B>,
+) -> Result<(), ExecError> {
+    let mut grad = ctx.zeros_f32(Category::Buffers, &[le.tensors[tensor].len()])?;
+    ctx.ops.bias_grad(dy, ViewMut::all(&mut grad))?;
+    sink(ctx, WTask::ExpertReady { tensor, grad })
 }

@@ -378,6 +378,7 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                         let q = format!("{p}.shared_experts");
                         expert_mlp(b, m.activation, &q, moe.shared_ffn, &rd, std);
                     }
+                    super::bias::push(b, m, l, &p, &rd, std);
                     if let Some(a) = &m.mla {
                         mla_up(b, m.norm, a, &p, &rd, std);
                     }
@@ -406,7 +407,7 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                     )],
                     false,
                 );
-                super::bias::push(b, m, &p, &rd, std);
+                super::bias::push(b, m, l, &p, &rd, std);
                 if let Some(a) = &m.mla {
                     mla_up(b, m.norm, a, &p, &rd, std);
                 }
@@ -422,6 +423,19 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                     for e in ep_rank as usize * per..(ep_rank as usize + 1) * per {
                         let q = format!("layers.{l}.experts.{e}");
                         expert_mlp(b, m.activation, &q, moe.ffn, &rd, std);
+                        if m.bias_linear {
+                            let tp = (rd.t, rd.tp_rank);
+                            super::bias::mlp_biases(
+                                b,
+                                m.activation,
+                                &q,
+                                moe.ffn,
+                                tp,
+                                h,
+                                std,
+                                false,
+                            );
+                        }
                     }
                 });
             }
