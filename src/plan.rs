@@ -169,32 +169,33 @@ fn check_moe(r: &Resolved) -> Result<(), PlanError> {
             "the executed balanced routing ignores router groups; set moe_router_num_groups = 0",
         ));
     }
-    // Experts split over TP as the dense MLP (Megatron's --expert-tensor-parallel-size = tp).
-    if p.etp() != p.tp {
+    // Experts split over TP as the dense MLP (Megatron's --expert-tensor-parallel-size = tp),
+    // or whole with each TP rank routing its sequence shard (expert_tp = 1 under SP: MoE
+    // Parallel Folding, the TP ranks joining expert data parallelism).
+    if p.etp() != p.tp && !(p.etp() == 1 && p.sp_active()) {
         return Err(unsupported(
             "parallel.expert_tp",
             format!(
-                "MoE layers are executed with expert tensor parallelism equal to tp (expert_tp = {}, tp = {}); set expert_tp = {}",
+                "MoE layers are executed with expert tensor parallelism equal to tp, or 1 with sequence parallelism (expert_tp = {}, tp = {}, sp = {}); set expert_tp = {} or 1 with sp = true",
                 p.etp(),
                 p.tp,
+                p.sp_active(),
                 p.tp
             ),
         ));
     }
-    for (field, v) in [
-        ("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size),
+    for (field, v, by) in [
+        ("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size, p.etp()),
         (
             "model.moe_shared_expert_intermediate_size",
             m.moe_shared_expert_intermediate_size,
+            p.tp,
         ),
     ] {
-        if v % p.tp as u64 != 0 {
+        if v % by as u64 != 0 {
             return Err(unsupported(
                 field,
-                format!(
-                    "{v} must be divisible by tp ({}) (expert tensor parallelism)",
-                    p.tp
-                ),
+                format!("{v} must be divisible by {by} (its tensor parallelism)"),
             ));
         }
     }
@@ -390,6 +391,7 @@ fn parallelism(r: &Resolved) -> Parallelism {
         vpp: p.vpp,
         dp: r.dp,
         ep: p.ep,
+        etp: p.etp(),
         zero: p.zero,
         recompute: match t.recompute {
             Recompute::None => xp::Recompute::None,
@@ -405,6 +407,23 @@ fn parallelism(r: &Resolved) -> Parallelism {
             usize::try_from(n).unwrap_or(usize::MAX)
         }),
     }
+}
+
+/// The ranks holding the same routed experts as `rank`: its expert-data-parallel group, and
+/// with whole experts under TP (expert_tp = 1 < tp) the same group of each TP peer (Megatron's
+/// MoE Parallel Folding regroups tp x cp x dp as etp x ep x edp).
+fn expert_dp_group(layout: &Layout, r: &Resolved, rank: u32) -> Vec<u32> {
+    let p = &r.config.parallel;
+    if p.etp() == p.tp {
+        return layout.group_of(GroupKind::ExpertDp, rank);
+    }
+    let mut out: Vec<u32> = layout
+        .group_of(GroupKind::Tp, rank)
+        .into_iter()
+        .flat_map(|peer| layout.group_of(GroupKind::ExpertDp, peer))
+        .collect();
+    out.sort_unstable();
+    out
 }
 
 /// The Plan of a resolved configuration.
@@ -465,7 +484,7 @@ pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
                 dp_group: layout.group_of(GroupKind::DpCp, rank),
                 pp_group: layout.group_of(GroupKind::Pp, rank),
                 ep_group: layout.group_of(GroupKind::Ep, rank),
-                expert_dp_group: layout.group_of(GroupKind::ExpertDp, rank),
+                expert_dp_group: expert_dp_group(&layout, r, rank),
                 stages: (0..nstages)
                     .filter(|&s| program.rank_of_stage(s) == me)
                     .collect(),

@@ -30,6 +30,8 @@ mod mla;
 mod moe;
 #[path = "executor/moe_bias.rs"]
 mod moe_bias;
+#[path = "executor/moe_folding.rs"]
+mod moe_folding;
 #[path = "executor/moe_memory.rs"]
 mod moe_memory;
 #[path = "executor/mtp.rs"]

@@ -137,6 +137,10 @@ pub struct RankDims {
     pub v_r: usize,
     pub t: usize,
     pub tp_rank: usize,
+    /// Expert tensor parallelism: the routed experts' split (t, or 1 when the MoE layers fold
+    /// the TP ranks into expert data parallelism) and this rank's index in it.
+    pub et: usize,
+    pub et_rank: usize,
 }
 
 impl RankDims {
@@ -163,6 +167,16 @@ impl RankDims {
             v_r: m.vocab / t,
             t,
             tp_rank: tp_rank as usize,
+            et: if plan.parallel.experts_fold_tp() {
+                1
+            } else {
+                t
+            },
+            et_rank: if plan.parallel.experts_fold_tp() {
+                0
+            } else {
+                tp_rank as usize
+            },
         }
     }
 
@@ -366,17 +380,20 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                 );
                 b.norm(&format!("{p}.mlp_norm"), m.norm, h);
                 if let (true, Some(moe)) = (m.is_moe_layer(l), &m.moe) {
-                    // The router, replicated: hidden -> experts.
+                    // The router, replicated: hidden -> experts. Its gradient is a partial
+                    // sum over TP when each TP rank routes its own sequence shard.
                     let e = moe.num_experts;
+                    let folded = plan.parallel.experts_fold_tp();
                     b.push(
                         e,
                         h,
                         vec![seg(format!("{p}.router"), h, 0..e, 0..h, std)],
-                        false,
+                        folded,
                     );
                     if moe.shared_ffn > 0 {
                         let q = format!("{p}.shared_experts");
-                        expert_mlp(b, m.activation, &q, moe.shared_ffn, &rd, std);
+                        let tp = (rd.t, rd.tp_rank);
+                        expert_mlp(b, m.activation, &q, moe.shared_ffn, tp, h, std);
                     }
                     super::bias::push(b, m, l, &p, &rd, std);
                     if let Some(a) = &m.mla {
@@ -422,15 +439,15 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                     let per = moe.num_experts / plan.parallel.ep.max(1) as usize;
                     for e in ep_rank as usize * per..(ep_rank as usize + 1) * per {
                         let q = format!("layers.{l}.experts.{e}");
-                        expert_mlp(b, m.activation, &q, moe.ffn, &rd, std);
+                        let et = (rd.et, rd.et_rank);
+                        expert_mlp(b, m.activation, &q, moe.ffn, et, h, std);
                         if m.bias_linear {
-                            let tp = (rd.t, rd.tp_rank);
                             super::bias::mlp_biases(
                                 b,
                                 m.activation,
                                 &q,
                                 moe.ffn,
-                                tp,
+                                et,
                                 h,
                                 std,
                                 false,
@@ -488,11 +505,19 @@ fn mtp_in_block(b: &mut Builder, norm: Norm, k: u32, rd: &RankDims, std: f32) {
 }
 
 /// An expert's (or the shared experts') MLP `{q}.fc1` [w1, h] and `{q}.fc2` [h, f] of
-/// intermediate size `f`, split over TP as the dense MLP (expert tensor parallelism, Megatron's
-/// `--expert-tensor-parallel-size` = tp): this rank's fc1 rows (under SwiGLU the gate rows
-/// then the up rows of its slice) and fc2 columns.
-fn expert_mlp(b: &mut Builder, act: Activation, q: &str, f: usize, rd: &RankDims, std: f32) {
-    let (h, r, t) = (rd.h, rd.tp_rank, rd.t);
+/// intermediate size `f`, split over `(t, r)` (size, rank) as the dense MLP (the routed
+/// experts over expert TP, Megatron's `--expert-tensor-parallel-size`; the shared ones over
+/// TP): this rank's fc1 rows (under SwiGLU the gate rows then the up rows of its slice) and fc2
+/// columns.
+fn expert_mlp(
+    b: &mut Builder,
+    act: Activation,
+    q: &str,
+    f: usize,
+    (t, r): (usize, usize),
+    h: usize,
+    std: f32,
+) {
     let fr = f / t;
     let own = r * fr..(r + 1) * fr;
     let fc1 = format!("{q}.fc1");
