@@ -59,21 +59,6 @@ fn unsupported(field: &'static str, message: impl Into<String>) -> PlanError {
     }
 }
 
-/// Multi-token prediction runs under any pipeline schedule (the last stage keeps a copy of the
-/// word embedding in the embedding group, as Megatron-Core); with rotary positions only.
-fn check_mtp(r: &Resolved) -> Result<(), PlanError> {
-    if matches!(
-        r.config.model.position_embedding,
-        PositionEmbedding::Learned
-    ) {
-        return Err(unsupported(
-            "model.position_embedding",
-            "multi-token prediction runs with rotary positions (DeepSeek-V3's)",
-        ));
-    }
-    Ok(())
-}
-
 /// Refuses what the executor does not run yet, naming the field.
 fn check(r: &Resolved) -> Result<(), PlanError> {
     let m = &r.config.model;
@@ -93,9 +78,6 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
                 "the rotary head dimension must be even",
             ));
         }
-    }
-    if m.mtp_num_layers > 0 {
-        check_mtp(r)?;
     }
     if m.attention_dropout > 0.0 && !t.flash_attention {
         return Err(unsupported(

@@ -361,3 +361,17 @@ fn moe_and_mla_linear_biases_match_finite_differences() {
     };
     check_shape(mla_moe, Recompute::Full);
 }
+
+#[test]
+fn multi_token_prediction_with_learned_positions_matches_finite_differences() {
+    // Two MTP depths embedding the positions 1 and 2 ahead (Megatron's rolled position ids):
+    // the position table's gradient takes each depth's rows at the same shifted positions as
+    // its forward (a mismatch would put them on other rows).
+    let m = ModelShape {
+        mtp_layers: 2,
+        mtp_loss_scale: 1.0,
+        learned_positions: 8,
+        ..tiny(Norm::LayerNorm, Activation::Gelu, true)
+    };
+    check_shape(m, Recompute::None);
+}

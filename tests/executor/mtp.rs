@@ -164,18 +164,51 @@ fn mtp_pipeline_memory_is_within_2_percent_of_the_prediction() {
     }
 }
 
-/// Learned positions with MTP are refused naming the field and the rule.
+/// Learned absolute positions with MTP (GPT-style positions, Megatron-Core's rolled position
+/// ids: depth k embeds the positions k ahead, `parsim_executor::model::positions`), on the
+/// DeepSeek-style MoE without MLA: the last
+/// stage's copy holds the position table too, kept equal by the embedding group. PP 2 1F1B
+/// untied, interleaved tied, PP 2 + DP 2 ZeRO-1, and CP 2 (each rank's own positions ahead)
+/// against the single-rank run; memory within 2% under PP 2.
 #[test]
-fn mtp_with_learned_positions_is_refused() {
-    use parsim::config::{Config, Layer, Resolved};
-    use parsim::plan::lower;
-    let mut v = deepseek_mtp(&mixes()[0].single(), 1, 0.1);
-    v["model"]["position_embedding"] = "learned".into();
-    let cfg = Config::from_layers(&[Layer::overrides(v)]).expect("loads");
-    let res = Resolved::new(cfg).expect("validates");
-    let e = lower(&res, &options()).unwrap_err().to_string();
-    assert!(
-        e.contains("model.position_embedding") && e.contains("rotary"),
-        "{e}"
+fn mtp_with_learned_positions_matches_the_single_rank_run() {
+    // The DeepSeek-style MoE without MLA (whose decoupled key is rotary by construction).
+    let learned = |c: &Moe, tied: bool| {
+        let mut v = deepseek_mtp_tied(c, tied);
+        let m = &mut v["model"];
+        m["mla"] = Value::Null;
+        m["position_embedding"] = "learned".into();
+        v
+    };
+    let rotary = |c: &Moe| {
+        let mut v = learned(c, false);
+        v["model"]["position_embedding"] = "rope".into();
+        v
+    };
+    let all = pipeline_mixes();
+    let cp2 = Moe {
+        cp: 2,
+        ..mixes()[0].single()
+    };
+    for (c, tied) in [all[0], all[3], all[4], (cp2, false)] {
+        let reference = run(&plan(learned(&c.single(), tied)), 3);
+        let got = run(&plan(learned(&c, tied)), 3);
+        compare(
+            &format!("MTP learned positions tied {tied} {c:?}"),
+            &got,
+            &reference,
+        );
+    }
+    let rope = run(&plan(rotary(&all[0].0.single())), 1);
+    let single = run(&plan(learned(&all[0].0.single(), false)), 1);
+    assert_ne!(
+        rope.loss[0], single.loss[0],
+        "the positions changed nothing"
     );
+    for (rank, got, want, gb, wb) in compare_config(learned(&all[0].0, false)) {
+        let rel = (got as f64 - want as f64) / want as f64;
+        let dw = weight_bytes(&gb) - weight_bytes(&wb);
+        assert!(dw.abs() <= 4 * 8 * 3, "rank {rank}: weights {gb} vs {wb}");
+        assert!(rel.abs() <= 0.02, "rank {rank}: {rel:+.4}\n  {gb}\n  {wb}");
+    }
 }

@@ -105,13 +105,4 @@ fn unexecutable_fields_are_refused_by_name() {
     p.validate().expect("valid");
     assert_eq!(p.ranks[0].cp_group, vec![0, 1]);
     assert_eq!(p.ranks[1].dp_group, vec![0, 1]);
-    // Multi-token prediction needs rotary positions: refused by the field's name.
-    let mut v = config(&Mix::single(), 16, true, "rmsnorm", "swiglu");
-    let m = &mut v["model"];
-    m["mtp_num_layers"] = 1.into();
-    m["position_embedding"] = "learned".into();
-    let e = parsim::plan::lower(&resolve(v), &options())
-        .unwrap_err()
-        .to_string();
-    assert!(e.starts_with("model.position_embedding"), "{e}");
 }

@@ -242,11 +242,13 @@ pub enum WTask<B: Backend> {
         x: B::Tensor,
         dy: B::Tensor,
     },
-    /// Embedding rows: dE[id - lo] += dY[t] (dY gathered over SP first when `dy_shard`).
+    /// Embedding rows: dE[id - lo] += dY[t] (dY gathered over SP first when `dy_shard`); with
+    /// learned positions also the rows of the positions `shift` ahead ([`positions`]).
     Embedding {
         tokens: Vec<u32>,
         dy: B::Tensor,
         dy_shard: bool,
+        shift: usize,
     },
     /// A gradient already computed (a norm's, when its task is held for a W action: the
     /// norm's input and output gradient need not wait).
@@ -339,9 +341,11 @@ impl<B: Backend> WTask<B> {
                 tokens,
                 dy,
                 dy_shard,
+                shift,
             } => {
                 let shard = ctx.sp && !dy_shard;
                 WTask::Embedding {
+                    shift,
                     tokens,
                     dy: if shard {
                         ctx.own_shard(&dy)?
@@ -430,13 +434,14 @@ impl<B: Backend> WTask<B> {
                 tokens,
                 dy,
                 dy_shard,
+                shift,
             } => {
                 let dy = if dy_shard { ctx.expand_grad(&dy)? } else { dy };
                 let r = layout.tensors[0].range();
                 let lo = ctx.rd.tp_rank * ctx.rd.v_r;
                 ctx.ops
                     .embedding_scatter_add(&dy, &tokens, lo, grad.sub(r))?;
-                positions::scatter_grad(ctx, layout, &dy, grad)?;
+                positions::scatter_grad(ctx, layout, &dy, grad, shift)?;
             }
         }
         Ok(())

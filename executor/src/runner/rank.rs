@@ -584,7 +584,7 @@ impl<'a, B: Backend> Rank<'a, B> {
             let l = &self.blocks[bi];
             match l.kind {
                 BlockKind::Embedding => {
-                    let (y, mask) = embedding_fwd(&mut self.ctx, l, p, &tokens)?;
+                    let (y, mask) = embedding_fwd(&mut self.ctx, l, p, &tokens, 0)?;
                     x = Some(y);
                     saved.push(BlockSaved::Embedding(tokens.clone(), mask));
                 }
@@ -818,7 +818,7 @@ impl<'a, B: Backend> Rank<'a, B> {
                     )?);
                 }
                 BlockSaved::Embedding(tokens, mask) => {
-                    embedding_bwd(ctx, tokens, mask, dy.take().expect("grad"), &mut sink)?
+                    embedding_bwd(ctx, tokens, mask, dy.take().expect("grad"), 0, &mut sink)?
                 }
                 BlockSaved::Experts => {}
             }
