@@ -32,7 +32,8 @@ fn ds() -> Moe {
 /// TP 2 + SP with expert TP 1: the plain router with its load-balancing loss and EP 1 (the
 /// two TP ranks hold every expert), with EP 2 over DP 2 and ZeRO-1; DeepSeek-style routing
 /// with a shared expert, EP 2 with ZeRO-2 and ZeRO-3 under full recompute, capacity dropping,
-/// and PP 2 with ZB-V (the experts' gradients held for the W action).
+/// PP 2 with ZB-V (the experts' gradients held for the W action), and CP 2 Ulysses (the
+/// logits gathered over TP, then over CP).
 fn mixes() -> Vec<Moe> {
     let plain = Moe {
         tp: 2,
@@ -70,6 +71,11 @@ fn mixes() -> Vec<Moe> {
             pp: 2,
             vpp: 2,
             schedule: "zb-v",
+            ..ds()
+        },
+        Moe {
+            cp: 2,
+            cp_comm: "a2a",
             ..ds()
         },
     ]
