@@ -97,8 +97,10 @@ pub enum StepRole {
     GradReduce,
     /// Data-parallel all-gather of updated (ZeRO-1/2) or sharded (ZeRO-3) parameters.
     ParamGather,
-    /// The two copies of tied embeddings on different pipeline ranks sum their gradients.
-    TiedEmbeddingGrads,
+    /// The copies of the word embedding on the first and last pipeline ranks (a tied output
+    /// layer, the multi-token-prediction modules' embedding) sum their gradients over
+    /// Megatron's embedding group.
+    EmbeddingGroupGrads,
     /// With SP, TP-replicated weights (norms, router) sum their gradients over TP
     /// (Megatron's all-reduce of layernorm gradients).
     ReplicatedGrads,
@@ -113,8 +115,8 @@ pub struct StepCollective {
 
 /// The step-level collectives of pipeline rank holding `chunks`, built once for both the
 /// volume (here) and the time model (the estimate's data-parallel tail): each replica set's
-/// data-parallel traffic ([`dp_collectives`]), the tied-embedding gradient all-reduce when
-/// the two ends sit on different ranks, and with SP the all-reduce of TP-replicated gradients.
+/// data-parallel traffic ([`dp_collectives`]), the embedding group's gradient all-reduce
+/// when the two ends sit on different ranks (tied embeddings, multi-token prediction), and with SP the all-reduce of TP-replicated gradients.
 pub fn step_collectives(
     r: &Resolved,
     s: &LedgerSummary,
@@ -136,10 +138,15 @@ pub fn step_collectives(
     let last = r.placement.num_stages() - 1;
     let split = r.placement.stage_rank[0] != r.placement.stage_rank[last];
     let holds_end = chunks.iter().any(|c| c.embedding || c.output);
-    if r.config.model.tied_embeddings && split && holds_end && !l.dims.lora {
-        let emb = l.dims.vocab_rank() * l.dims.h * gb;
+    let m = &r.config.model;
+    let mtp = m.mtp_num_layers > 0;
+    if (m.tied_embeddings || mtp) && split && holds_end && !l.dims.lora {
+        let mut emb = l.dims.vocab_rank() * l.dims.h * gb;
+        if mtp && m.position_embedding == crate::config::PositionEmbedding::Learned {
+            emb += m.max_position_embeddings * l.dims.h * gb;
+        }
         out.push(StepCollective {
-            role: StepRole::TiedEmbeddingGrads,
+            role: StepRole::EmbeddingGroupGrads,
             coll: coll(CollectiveKind::AllReduce, GroupKind::Pp, 2, emb, 1),
         });
     }
@@ -211,6 +218,37 @@ mod tests {
         Resolved::new(Config::from_layers(&[Layer::overrides(v)]).expect("loads")).expect("valid")
     }
 
+    /// Multi-token prediction with the two ends on different pipeline ranks (untied): both
+    /// ranks hold a copy of the word embedding (the last for its MTP modules, as Megatron-Core)
+    /// and all-reduce its gradient over the embedding group, v/t x h in the gradient dtype;
+    /// with both ends on one rank (PP 1) there is no such all-reduce.
+    #[test]
+    fn mtp_embedding_copies_sum_their_gradients_over_the_embedding_group() {
+        for (pp, split) in [(2u32, true), (1, false)] {
+            let r = resolved(serde_json::json!({
+                "model": {"mtp_num_layers": 1, "tied_embeddings": false},
+                "cluster": {"num_gpus": 8},
+                "parallel": {"tp": 2, "pp": pp},
+            }));
+            let l = Ledger::build(&r);
+            let s = LedgerSummary::of(&l, r.config.training.recompute);
+            let gb = r.config.training.grad_dtype.bytes();
+            for ch in chunks_per_rank(&r) {
+                let group: Vec<u64> = step_collectives(&r, &s, &l, &ch)
+                    .iter()
+                    .filter(|c| c.role == StepRole::EmbeddingGroupGrads)
+                    .map(|c| c.coll.payload_bytes)
+                    .collect();
+                let want = if split {
+                    vec![l.dims.vocab_rank() * l.dims.h * gb]
+                } else {
+                    vec![]
+                };
+                assert_eq!(group, want, "pp {pp}");
+            }
+        }
+    }
+
     /// Tied embeddings split over two pipeline ranks, TP 2 with SP, ZeRO-1: each rank's list
     /// holds the DP reduce-scatter and gather, the tied-embedding and the norm all-reduces, and
     /// the volume is their wire bytes.
@@ -231,7 +269,7 @@ mod tests {
                 [
                     StepRole::GradReduce,
                     StepRole::ParamGather,
-                    StepRole::TiedEmbeddingGrads,
+                    StepRole::EmbeddingGroupGrads,
                     StepRole::ReplicatedGrads
                 ]
             );

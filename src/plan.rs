@@ -59,28 +59,6 @@ fn unsupported(field: &'static str, message: impl Into<String>) -> PlanError {
     }
 }
 
-/// Multi-token prediction runs where its last stage's rank holds the embedding: one pipeline
-/// stage, or a V-shaped schedule (ZB-V, DualPipe-V), whose first and last stages share rank 0.
-fn check_mtp(r: &Resolved) -> Result<(), PlanError> {
-    let ranks = &r.placement.stage_rank;
-    if ranks.first() != ranks.last() {
-        return Err(unsupported(
-            "parallel.schedule",
-            "multi-token prediction needs the embedding on the last stage's rank: pp = 1 or a V-shaped schedule (zb-v, dualpipe-v) so far",
-        ));
-    }
-    if matches!(
-        r.config.model.position_embedding,
-        PositionEmbedding::Learned
-    ) {
-        return Err(unsupported(
-            "model.position_embedding",
-            "multi-token prediction runs with rotary positions (DeepSeek-V3's)",
-        ));
-    }
-    Ok(())
-}
-
 /// Refuses what the executor does not run yet, naming the field.
 fn check(r: &Resolved) -> Result<(), PlanError> {
     let m = &r.config.model;
@@ -100,21 +78,6 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
                 "the rotary head dimension must be even",
             ));
         }
-    }
-    if m.mtp_num_layers > 0 {
-        check_mtp(r)?;
-    }
-    if (m.add_bias_linear || m.add_qkv_bias) && m.mla.is_some() {
-        return Err(unsupported(
-            "model.add_bias_linear",
-            "linear and QKV biases are executed for MHA/GQA, not with MLA; set add_bias_linear = add_qkv_bias = false",
-        ));
-    }
-    if m.add_bias_linear && m.num_experts > 0 {
-        return Err(unsupported(
-            "model.add_bias_linear",
-            "the experts' linear biases are not executed yet; set add_bias_linear = false with MoE",
-        ));
     }
     if m.attention_dropout > 0.0 && !t.flash_attention {
         return Err(unsupported(
@@ -188,32 +151,33 @@ fn check_moe(r: &Resolved) -> Result<(), PlanError> {
             "the executed balanced routing ignores router groups; set moe_router_num_groups = 0",
         ));
     }
-    // Experts split over TP as the dense MLP (Megatron's --expert-tensor-parallel-size = tp).
-    if p.etp() != p.tp {
+    // Experts split over TP as the dense MLP (Megatron's --expert-tensor-parallel-size = tp),
+    // or whole with each TP rank routing its sequence shard (expert_tp = 1 under SP: MoE
+    // Parallel Folding, the TP ranks joining expert data parallelism).
+    if p.etp() != p.tp && !(p.etp() == 1 && p.sp_active()) {
         return Err(unsupported(
             "parallel.expert_tp",
             format!(
-                "MoE layers are executed with expert tensor parallelism equal to tp (expert_tp = {}, tp = {}); set expert_tp = {}",
+                "MoE layers are executed with expert tensor parallelism equal to tp, or 1 with sequence parallelism (expert_tp = {}, tp = {}, sp = {}); set expert_tp = {} or 1 with sp = true",
                 p.etp(),
                 p.tp,
+                p.sp_active(),
                 p.tp
             ),
         ));
     }
-    for (field, v) in [
-        ("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size),
+    for (field, v, by) in [
+        ("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size, p.etp()),
         (
             "model.moe_shared_expert_intermediate_size",
             m.moe_shared_expert_intermediate_size,
+            p.tp,
         ),
     ] {
-        if v % p.tp as u64 != 0 {
+        if v % by as u64 != 0 {
             return Err(unsupported(
                 field,
-                format!(
-                    "{v} must be divisible by tp ({}) (expert tensor parallelism)",
-                    p.tp
-                ),
+                format!("{v} must be divisible by {by} (its tensor parallelism)"),
             ));
         }
     }
@@ -409,6 +373,7 @@ fn parallelism(r: &Resolved) -> Parallelism {
         vpp: p.vpp,
         dp: r.dp,
         ep: p.ep,
+        etp: p.etp(),
         zero: p.zero,
         recompute: match t.recompute {
             Recompute::None => xp::Recompute::None,
@@ -424,6 +389,23 @@ fn parallelism(r: &Resolved) -> Parallelism {
             usize::try_from(n).unwrap_or(usize::MAX)
         }),
     }
+}
+
+/// The ranks holding the same routed experts as `rank`: its expert-data-parallel group, and
+/// with whole experts under TP (expert_tp = 1 < tp) the same group of each TP peer (Megatron's
+/// MoE Parallel Folding regroups tp x cp x dp as etp x ep x edp).
+fn expert_dp_group(layout: &Layout, r: &Resolved, rank: u32) -> Vec<u32> {
+    let p = &r.config.parallel;
+    if p.etp() == p.tp {
+        return layout.group_of(GroupKind::ExpertDp, rank);
+    }
+    let mut out: Vec<u32> = layout
+        .group_of(GroupKind::Tp, rank)
+        .into_iter()
+        .flat_map(|peer| layout.group_of(GroupKind::ExpertDp, peer))
+        .collect();
+    out.sort_unstable();
+    out
 }
 
 /// The Plan of a resolved configuration.
@@ -484,7 +466,7 @@ pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
                 dp_group: layout.group_of(GroupKind::DpCp, rank),
                 pp_group: layout.group_of(GroupKind::Pp, rank),
                 ep_group: layout.group_of(GroupKind::Ep, rank),
-                expert_dp_group: layout.group_of(GroupKind::ExpertDp, rank),
+                expert_dp_group: expert_dp_group(&layout, r, rank),
                 stages: (0..nstages)
                     .filter(|&s| program.rank_of_stage(s) == me)
                     .collect(),

@@ -28,6 +28,10 @@ mod memory;
 mod mla;
 #[path = "executor/moe.rs"]
 mod moe;
+#[path = "executor/moe_bias.rs"]
+mod moe_bias;
+#[path = "executor/moe_folding.rs"]
+mod moe_folding;
 #[path = "executor/moe_memory.rs"]
 mod moe_memory;
 #[path = "executor/mtp.rs"]

@@ -116,7 +116,9 @@ pub enum PlanError {
     TopK { top_k: usize, num_experts: usize },
     #[error("moe ffn must be positive")]
     ZeroMoeFfn,
-    #[error("moe ffn ({ffn}) and shared_ffn ({shared_ffn}) must be divisible by tp ({tp}) (expert tensor parallelism = tp)")]
+    #[error("expert tp ({etp}) must equal tp ({tp}), or be 1 with sequence parallelism (whole experts, each TP rank routing its sequence shard)")]
+    ExpertTp { etp: u32, tp: u32 },
+    #[error("moe ffn ({ffn}) must be divisible by the expert tensor parallelism and shared_ffn ({shared_ffn}) by tp ({tp})")]
     MoeFfnNotDivisible {
         ffn: usize,
         shared_ffn: usize,
@@ -147,7 +149,7 @@ pub enum PlanError {
     RankNumber { index: usize, rank: u32 },
     #[error("rank {rank}: group sizes do not match tp/cp/dp/pp")]
     GroupSizes { rank: usize },
-    #[error("rank {rank}: ep group ({ep_group}) and expert-dp group ({expert_dp_group}) must have ep ({ep}) and dp x cp / ep ({expert_dp}) members")]
+    #[error("rank {rank}: ep group ({ep_group}) and expert-dp group ({expert_dp_group}) must have ep ({ep}) and dp x cp (x tp with whole experts under TP) / ep ({expert_dp}) members")]
     ExpertGroupSizes {
         rank: usize,
         ep_group: usize,

@@ -224,6 +224,11 @@ pub struct Parallelism {
     pub dp: u32,
     /// Expert parallelism (divides dp; experts split over the EP group).
     pub ep: u32,
+    /// Expert tensor parallelism (Megatron's `--expert-tensor-parallel-size`): `tp`, each
+    /// expert split over TP as the dense MLP; or 1 under TP + SP (MoE Parallel Folding), each
+    /// expert whole and each TP rank routing its own sequence shard, the TP ranks joining the
+    /// expert-data-parallel group.
+    pub etp: u32,
     /// ZeRO stage 0..=3 (Rajbhandari et al. 2020).
     pub zero: u8,
     pub recompute: Recompute,
@@ -232,6 +237,14 @@ pub struct Parallelism {
     /// soon as its gradients are final, as Megatron-Core's DDP with `overlap_grad_reduce`;
     /// `None` reduces the whole gradient at the optimizer step.
     pub grad_bucket_params: Option<usize>,
+}
+
+impl Parallelism {
+    /// MoE Parallel Folding with whole experts under TP (expert TP 1 < tp): the MoE layers
+    /// route each TP rank's sequence shard and the TP ranks hold the same experts.
+    pub fn experts_fold_tp(&self) -> bool {
+        self.etp != self.tp
+    }
 }
 
 /// LoRA fine-tuning (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models"):
@@ -433,6 +446,7 @@ impl Plan {
                 vpp: 1,
                 dp: 1,
                 ep: 1,
+                etp: 1,
                 zero: 0,
                 recompute,
                 grad_bucket_params: None,
@@ -577,9 +591,15 @@ impl Plan {
             if moe.ffn == 0 {
                 return Err(PlanError::ZeroMoeFfn);
             }
-            // Expert tensor parallelism (= tp): each expert's and the shared experts'
-            // intermediate size splits over TP.
-            if moe.ffn % t != 0 || moe.shared_ffn % t != 0 {
+            // Expert tensor parallelism: tp, or 1 (whole experts) with TP's sequence shards.
+            if !(p.etp == p.tp || (p.etp == 1 && p.sp)) {
+                return Err(PlanError::ExpertTp {
+                    etp: p.etp,
+                    tp: p.tp,
+                });
+            }
+            // Each expert's intermediate size splits over expert TP, the shared experts' over TP.
+            if moe.ffn % p.etp as usize != 0 || moe.shared_ffn % t != 0 {
                 return Err(PlanError::MoeFfnNotDivisible {
                     ffn: moe.ffn,
                     shared_ffn: moe.shared_ffn,
@@ -639,8 +659,9 @@ impl Plan {
                 return Err(PlanError::GroupSizes { rank: i });
             }
             // The experts' replicas: every DP and CP rank with the same experts (Megatron folds
-            // CP into the expert-data-parallel group).
-            let expert_dp = p.dp as usize * c / ep;
+            // CP into the expert-data-parallel group), and the TP ranks with whole experts.
+            let folded_tp = if p.experts_fold_tp() { t } else { 1 };
+            let expert_dp = p.dp as usize * c * folded_tp / ep;
             if r.ep_group.len() != ep || r.expert_dp_group.len() != expert_dp {
                 return Err(PlanError::ExpertGroupSizes {
                     rank: i,

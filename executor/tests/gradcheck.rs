@@ -340,3 +340,38 @@ fn multi_token_prediction_matches_finite_differences() {
         check_shape(m, Recompute::None);
     }
 }
+
+#[test]
+fn moe_and_mla_linear_biases_match_finite_differences() {
+    // Linear biases with MoE (each routed expert's fc1 and fc2 bias, the fc2 bias weighted by
+    // the gate with the expert's output; the shared expert's two) and with MLA (the output
+    // projection's only; `qkv_bias` adds none to MLA's projections, as Megatron-Core).
+    let biased = |s: ModelShape| ModelShape {
+        bias_linear: true,
+        qkv_bias: true,
+        ..s
+    };
+    check_shape(
+        biased(tiny_deepseek(ScoreFunction::Sigmoid, 0.0, 0.0)),
+        Recompute::None,
+    );
+    let mla_moe = ModelShape {
+        mla: tiny_mla(true).mla,
+        ..biased(tiny_moe(Activation::Gelu, 2, 0.0, 1))
+    };
+    check_shape(mla_moe, Recompute::Full);
+}
+
+#[test]
+fn multi_token_prediction_with_learned_positions_matches_finite_differences() {
+    // Two MTP depths embedding the positions 1 and 2 ahead (Megatron's rolled position ids):
+    // the position table's gradient takes each depth's rows at the same shifted positions as
+    // its forward (a mismatch would put them on other rows).
+    let m = ModelShape {
+        mtp_layers: 2,
+        mtp_loss_scale: 1.0,
+        learned_positions: 8,
+        ..tiny(Norm::LayerNorm, Activation::Gelu, true)
+    };
+    check_shape(m, Recompute::None);
+}

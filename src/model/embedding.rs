@@ -134,3 +134,35 @@ pub fn mtp_prelude(ops: &mut Vec<Op>, m: &ModelConfig, d: &Dims) {
     };
     ops.push(proj.op(d));
 }
+
+/// The last stage's copy of the embedding for its multi-token-prediction modules when the first
+/// stage lies on another pipeline rank (Megatron-Core builds the embedding where `mtp_process`
+/// and all-reduces its gradient over the embedding group): the word table (untied only: tied,
+/// the output layer's copy is that table) and the learned position table. Copies: they count on
+/// the rank, not in the model's total.
+pub fn mtp_embedding_copy(ops: &mut Vec<Op>, m: &ModelConfig, d: &Dims) {
+    let trainable = !d.lora;
+    if !m.tied_embeddings {
+        let mut word = Op::new("mtp.embedding_copy.word", OpKind::MemoryBound { bytes: 0 });
+        word.params = Some(Params {
+            total: 0,
+            rank: d.vocab_rank() * d.h,
+            class: ParamClass::TpSharded,
+            trainable,
+        });
+        ops.push(word);
+    }
+    if m.position_embedding == PositionEmbedding::Learned {
+        let mut pos = Op::new(
+            "mtp.embedding_copy.position",
+            OpKind::MemoryBound { bytes: 0 },
+        );
+        pos.params = Some(Params {
+            total: 0,
+            rank: m.max_position_embeddings * d.h,
+            class: ParamClass::TpReplicated,
+            trainable,
+        });
+        ops.push(pos);
+    }
+}

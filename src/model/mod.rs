@@ -463,6 +463,9 @@ impl Ledger {
             r.placement.stage_rank.last() == r.placement.stage_rank.first();
         let owns = !m.tied_embeddings || !last_stage_has_embedding;
         embedding::output_block(&mut out_ops, m, &d, owns, m.tied_embeddings && owns);
+        if m.mtp_num_layers > 0 && !last_stage_has_embedding {
+            embedding::mtp_embedding_copy(&mut out_ops, m, &d);
+        }
         let mtp = (m.mtp_num_layers > 0).then(|| {
             let mut ops = Vec::new();
             embedding::mtp_prelude(&mut ops, m, &d);

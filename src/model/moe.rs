@@ -155,9 +155,12 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
                 k: ri,
             },
         );
+        // With linear biases (Megatron's --add-bias-linear) each expert's fc1 has a bias split
+        // as its output features, its fc2 one whole on every expert-TP rank.
+        let bias = u64::from(m.add_bias_linear);
         op.params = Some(Params {
-            total: e * i * o,
-            rank: local_experts * ri * ro,
+            total: e * (i * o + bias * o),
+            rank: local_experts * (ri * ro + bias * ro),
             class: ParamClass::Expert,
             trainable,
         });

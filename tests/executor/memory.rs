@@ -69,6 +69,15 @@ pub fn compare_config(v: serde_json::Value) -> Vec<(u32, u64, u64, String, Strin
         .collect()
 }
 
+/// Bytes of weights in a breakdown "w N g ...".
+pub fn weight_bytes(breakdown: &str) -> i64 {
+    breakdown
+        .strip_prefix("w ")
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no weights in {breakdown}"))
+}
+
 pub fn worst_percent(res: &[(u32, u64, u64, String, String)]) -> f64 {
     res.iter()
         .map(|(_, m, p, _, _)| (*m as f64 - *p as f64) / *p as f64 * 100.0)

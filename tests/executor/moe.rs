@@ -541,13 +541,13 @@ fn unsupported_moe_mixes_are_refused_by_field() {
     v["model"]["moe_router_score_function"] = "sigmoid".into();
     let e = config_error(v);
     assert!(e.starts_with("model.moe_aux_loss_coeff"), "{e}");
-    // Tensor parallelism with MoE layers needs expert-TP = tp.
+    // Tensor parallelism with MoE layers needs expert-TP = tp, or 1 (whole experts).
     let mut v = moe_config(&Moe {
-        tp: 2,
+        tp: 4,
         sp: true,
         ..BASE
     });
-    v["parallel"]["expert_tp"] = 1.into();
+    v["parallel"]["expert_tp"] = 2.into();
     let e = config_error(v);
     assert!(e.starts_with("parallel.expert_tp"), "{e}");
 }

@@ -105,15 +105,4 @@ fn unexecutable_fields_are_refused_by_name() {
     p.validate().expect("valid");
     assert_eq!(p.ranks[0].cp_group, vec![0, 1]);
     assert_eq!(p.ranks[1].dp_group, vec![0, 1]);
-    // The experts' linear biases are not executed yet: refused by the field's name.
-    let mut v = config(&Mix::single(), 16, true, "rmsnorm", "swiglu");
-    let m = &mut v["model"];
-    m["add_bias_linear"] = true.into();
-    m["num_experts"] = 4.into();
-    m["moe_router_topk"] = 2.into();
-    m["moe_ffn_hidden_size"] = 64.into();
-    let e = parsim::plan::lower(&resolve(v), &options())
-        .unwrap_err()
-        .to_string();
-    assert!(e.starts_with("model.add_bias_linear"), "{e}");
 }

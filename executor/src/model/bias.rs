@@ -6,11 +6,15 @@
 //! bias under SP that is a partial sum over the sequence shard, all-reduced over TP like the
 //! norms' (Megatron marks these parameters `sequence_parallel`).
 //!
-//! The bias tensors follow the layer's six others, in the order QKV (when either flag is set),
-//! projection, fc1, fc2 (with `bias_linear`). They are initialised like the weights (uniform
-//! with the init std) rather than zero as Megatron does, so that the equivalence tests see a
-//! wrong bias slice in the very first forward.
+//! The bias tensors follow the layer's others (a dense layer's six; an MoE layer's router and
+//! shared experts), in the order QKV (when either flag is set; never with MLA, whose
+//! projections Megatron-Core builds without bias), projection, fc1, fc2 (with `bias_linear`;
+//! in an MoE layer the shared experts', when it has them: the routed experts' biases sit in
+//! the experts block, [`mlp_biases`], and the router has none, as Megatron-Core's). They are
+//! initialised like the weights (uniform with the init std) rather than zero as Megatron does,
+//! so that the equivalence tests see a wrong bias slice in the very first forward.
 
+use super::dropout::block_layer;
 use super::params::{seg, BlockLayout, Builder, RankDims};
 use super::{Ctx, Sink, WTask};
 use crate::backend::{Backend, DeviceTensor, TensorOps, View, ViewMut};
@@ -27,25 +31,50 @@ pub enum Site {
     Fc2,
 }
 
-/// Index of the first bias tensor in a dense layer block.
-const FIRST: usize = 6;
-
-/// The block tensor of `site`'s bias, or `None` when the model has none there.
-pub fn tensor(m: &ModelShape, site: Site) -> Option<usize> {
-    let q = usize::from(m.qkv_bias);
-    match site {
-        Site::Qkv => m.qkv_bias.then_some(FIRST),
-        Site::Proj => m.bias_linear.then_some(FIRST + q),
-        Site::Fc1 => m.bias_linear.then_some(FIRST + q + 1),
-        Site::Fc2 => m.bias_linear.then_some(FIRST + q + 2),
+/// Index of the first bias tensor in the block of layer `layer`: after a dense layer's six
+/// tensors (norm, QKV, projection, norm, fc1, fc2), after an MoE layer's router and shared
+/// experts.
+fn first(m: &ModelShape, layer: u32) -> usize {
+    match &m.moe {
+        Some(moe) if m.is_moe_layer(layer) => {
+            super::moe::ROUTER + 1 + if moe.shared_ffn > 0 { 2 } else { 0 }
+        }
+        _ => 6,
     }
 }
 
-/// Appends the bias tensors of dense layer `p` (name prefix) to its block, as columns
+/// The MLP whose fc1/fc2 biases layer `layer`'s block holds: the dense MLP's intermediate
+/// size, or an MoE layer's shared experts' (`None` without them).
+fn mlp_ffn(m: &ModelShape, layer: u32) -> Option<usize> {
+    match &m.moe {
+        Some(moe) if m.is_moe_layer(layer) => (moe.shared_ffn > 0).then_some(moe.shared_ffn),
+        _ => Some(m.ffn),
+    }
+}
+
+/// Whether the QKV projection has a bias (MHA/GQA only).
+fn qkv(m: &ModelShape) -> bool {
+    m.qkv_bias && m.mla.is_none()
+}
+
+/// The block tensor of `site`'s bias in layer `layer`, or `None` when it has none there.
+pub fn tensor(m: &ModelShape, layer: u32, site: Site) -> Option<usize> {
+    let f = first(m, layer);
+    let q = usize::from(qkv(m));
+    let mlp = m.bias_linear && mlp_ffn(m, layer).is_some();
+    match site {
+        Site::Qkv => qkv(m).then_some(f),
+        Site::Proj => m.bias_linear.then_some(f + q),
+        Site::Fc1 => mlp.then_some(f + q + 1),
+        Site::Fc2 => mlp.then_some(f + q + 2),
+    }
+}
+
+/// Appends the bias tensors of layer `layer` (name prefix `p`) to its block, as columns
 /// ([o, 1], so that split segments stack by rows as the weights' do).
-pub(super) fn push(b: &mut Builder, m: &ModelShape, p: &str, rd: &RankDims, std: f32) {
+pub(super) fn push(b: &mut Builder, m: &ModelShape, layer: u32, p: &str, rd: &RankDims, std: f32) {
     let (h, d, r) = (rd.h, rd.d, rd.tp_rank);
-    if m.qkv_bias {
+    if qkv(m) {
         let (qa, kg) = (rd.a_r * d, rd.g_r * d);
         let segs = vec![
             seg(format!("{p}.bq"), 1, r * qa..(r + 1) * qa, 0..1, std),
@@ -58,6 +87,13 @@ pub(super) fn push(b: &mut Builder, m: &ModelShape, p: &str, rd: &RankDims, std:
         return;
     }
     b.push(h, 1, vec![seg(format!("{p}.bo"), 1, 0..h, 0..1, std)], true);
+    if m.is_moe_layer(layer) {
+        if let Some(f) = mlp_ffn(m, layer) {
+            let q = format!("{p}.shared_experts");
+            mlp_biases(b, m.activation, &q, f, (rd.t, r), h, std, true);
+        }
+        return;
+    }
     let f = rd.f_r;
     let fc1 = match m.activation {
         Activation::Swiglu => vec![
@@ -75,6 +111,40 @@ pub(super) fn push(b: &mut Builder, m: &ModelShape, p: &str, rd: &RankDims, std:
     );
 }
 
+/// An expert MLP's biases `{q}.fc1_bias` (this rank's rows of fc1 as `{q}.fc1` splits them
+/// over `(size, rank)` of its tensor-parallel group: under SwiGLU the gate rows then the up
+/// rows of its slice) and `{q}.fc2_bias` [h], whole on every rank (added once, after the
+/// reduction). `fc2_partial`: its gradient is a partial sum over TP under SP (a bias added to
+/// the sequence-sharded region, as the dense layer's `b_down`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn mlp_biases(
+    b: &mut Builder,
+    act: Activation,
+    q: &str,
+    f: usize,
+    (t, r): (usize, usize),
+    h: usize,
+    std: f32,
+    fc2_partial: bool,
+) {
+    let fr = f / t;
+    let own = r * fr..(r + 1) * fr;
+    let name = format!("{q}.fc1_bias");
+    let (w1, segs) = match act {
+        Activation::Swiglu => (
+            2 * fr,
+            vec![
+                seg(name.clone(), 1, own.clone(), 0..1, std),
+                seg(name, 1, f + own.start..f + own.end, 0..1, std),
+            ],
+        ),
+        Activation::Gelu => (fr, vec![seg(name, 1, own, 0..1, std)]),
+    };
+    b.push(w1, 1, segs, false);
+    let fc2 = vec![seg(format!("{q}.fc2_bias"), 1, 0..h, 0..1, std)];
+    b.push(h, 1, fc2, fc2_partial);
+}
+
 /// Adds `site`'s bias (if any) to every row of `y`, a layer output (after the reduction for a
 /// row-parallel layer).
 pub fn add<B: Backend>(
@@ -84,7 +154,7 @@ pub fn add<B: Backend>(
     site: Site,
     y: &mut B::Tensor,
 ) -> Result<(), ExecError> {
-    match tensor(&ctx.plan.model, site) {
+    match tensor(&ctx.plan.model, block_layer(l), site) {
         Some(t) => ctx.ops.bias_add(y, p.sub(l.tensors[t].range())),
         None => Ok(()),
     }
@@ -99,7 +169,7 @@ pub fn grad<B: Backend>(
     dy: &B::Tensor,
     sink: &mut Sink<B>,
 ) -> Result<(), ExecError> {
-    let Some(t) = tensor(&ctx.plan.model, site) else {
+    let Some(t) = tensor(&ctx.plan.model, block_layer(l), site) else {
         return Ok(());
     };
     let mut g = ctx.zeros_f32(Category::Buffers, &[l.tensors[t].len()])?;

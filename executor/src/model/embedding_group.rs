@@ -7,10 +7,11 @@
 //! every copy takes the same Adam update and stays equal to the single-tensor run's weight.
 //!
 //! Use: [`SharedWeight::new`] with the group's members ([`members`]) and the flat ranges (dense
-//! space) of this rank's copies, then [`SharedWeight::sync_grads`] after the DP reduction of
-//! the gradients and before the optimizer.
+//! space) of this rank's copies of one tensor ([`shared_embedding_copies`]), then
+//! [`SharedWeight::sync_grads`] after the DP reduction of the gradients and before the
+//! optimizer.
 
-use super::params::{BlockKind, BlockLayout, DENSE_SPACE};
+use super::params::{BlockKind, BlockLayout, LocalTensor, DENSE_SPACE};
 use crate::backend::{
     Backend, DeviceCollectives, ProcessGroup, ReduceOp, TensorOps, View, ViewMut,
 };
@@ -31,28 +32,34 @@ pub fn members(plan: &Plan, rp: &RankPlan) -> Vec<u32> {
     m
 }
 
-/// When one rank holds both the embedding and the tied output layer (PP = 1, ZB-V, DualPipe),
-/// Megatron keeps one tensor: the embedding block moves to the end of the dense buffer, right
-/// after the output block, and the output block's range stretches over the word table, its
-/// weight tensor pointing at it. Both blocks then read the one table, and their gradients
-/// accumulate into it (or into buckets of their own ranges under ZeRO 2/3).
+/// When one rank holds both the word table and the tied output layer (PP = 1, ZB-V, DualPipe;
+/// or the last stage's copy for its MTP modules, [`BlockKind::MtpEmbedding`]), Megatron keeps
+/// one tensor: the output block's range stretches over the embedding block's table (moving the
+/// embedding block right after the output unless it is there already), its weight tensor
+/// pointing at it. Both blocks then read the one table, and their gradients accumulate into it
+/// (or into buckets of their own ranges under ZeRO 2/3).
 pub fn alias_local_tied_output(blocks: &mut [BlockLayout]) {
     let find = |k: BlockKind| blocks.iter().position(|b| b.kind == k);
-    let (Some(e), Some(o)) = (find(BlockKind::Embedding), find(BlockKind::Output)) else {
+    let e = find(BlockKind::Embedding).or_else(|| find(BlockKind::MtpEmbedding));
+    let (Some(e), Some(o)) = (e, find(BlockKind::Output)) else {
         return;
     };
-    // Drop the output's own weight (its last tensor), then move the embedding to the end.
+    // Drop the output's own weight (its last tensor), then move the embedding to the end
+    // unless it follows the output directly.
     let table = blocks[e].tensors[0].len();
     let out_end = blocks[o].range.end;
     shift_down(blocks, out_end, table);
     blocks[o].range.end -= table;
-    let emb = blocks[e].range.clone();
-    let end = super::params::layout_len(blocks, DENSE_SPACE);
-    shift_down(blocks, emb.end, emb.len());
-    blocks[e].range = end - emb.len()..end;
+    if blocks[e].range.start != blocks[o].range.end {
+        let emb = blocks[e].range.clone();
+        let end = super::params::layout_len(blocks, DENSE_SPACE);
+        shift_down(blocks, emb.end, emb.len());
+        blocks[e].range = end - emb.len()..end;
+    }
+    let start = blocks[e].range.start;
     let out = &mut blocks[o];
-    out.tensors[1].offset = end - emb.len() - out.range.start;
-    out.range.end = end - emb.len() + table;
+    out.tensors[1].offset = start - out.range.start;
+    out.range.end = start + table;
 }
 
 /// Moves every dense block starting at or after `from` down by `by` elements.
@@ -64,25 +71,44 @@ fn shift_down(blocks: &mut [BlockLayout], from: usize, by: usize) {
     }
 }
 
-/// The flat ranges (dense space) of the tied word embedding's copies among `blocks`: the
-/// embedding block's table and the output block's weight (its tensor 1) when it is tied; one
-/// range when both are the same tensor ([`alias_local_tied_output`]).
-pub fn tied_embedding_copies(blocks: &[BlockLayout]) -> Vec<Range<usize>> {
-    let mut copies: Vec<Range<usize>> = blocks
+/// The flat ranges (dense space) of the shared embedding tensors' copies among `blocks`, one
+/// list per shared tensor: the word table (the embedding block's and the MTP copy's tensor 0,
+/// and the output block's weight, its tensor 1, when it is tied; one range when two are the
+/// same tensor, [`alias_local_tied_output`]), then with multi-token prediction the learned
+/// position table (tensor 1 of both embedding blocks). Every member of the embedding group
+/// holds a copy of each, so all of them run the same reductions.
+pub fn shared_embedding_copies(blocks: &[BlockLayout], mtp: bool) -> Vec<Vec<Range<usize>>> {
+    let range = |b: &BlockLayout, t: &LocalTensor| {
+        b.range.start + t.offset..b.range.start + t.offset + t.len()
+    };
+    let is_embedding =
+        |b: &BlockLayout| matches!(b.kind, BlockKind::Embedding | BlockKind::MtpEmbedding);
+    let mut word: Vec<Range<usize>> = blocks
         .iter()
         .filter_map(|b| {
             let t = match b.kind {
-                BlockKind::Embedding => &b.tensors[0],
+                BlockKind::Embedding | BlockKind::MtpEmbedding => &b.tensors[0],
                 BlockKind::Output => &b.tensors[1],
                 _ => return None,
             };
             let tied = t.segments.iter().all(|s| s.name == "embedding.weight");
-            tied.then(|| b.range.start + t.offset..b.range.start + t.offset + t.len())
+            tied.then(|| range(b, t))
         })
         .collect();
-    copies.sort_by_key(|r| r.start);
-    copies.dedup();
-    copies
+    word.sort_by_key(|r| r.start);
+    word.dedup();
+    let mut out = vec![word];
+    if mtp {
+        let positions: Vec<Range<usize>> = blocks
+            .iter()
+            .filter(|b| is_embedding(b))
+            .filter_map(|b| b.tensors.get(1).map(|t| range(b, t)))
+            .collect();
+        if !positions.is_empty() {
+            out.push(positions);
+        }
+    }
+    out
 }
 
 /// A weight shared over the embedding group: this rank's copies and the group.

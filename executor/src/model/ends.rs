@@ -12,19 +12,21 @@ use crate::memory::Category;
 use crate::rng::DropoutSite;
 
 /// Embedding forward: each TP rank looks up its vocabulary rows (zeros elsewhere) and the
-/// partial sums are all-reduced, or reduce-scattered into the sequence shard with SP.
+/// partial sums are all-reduced, or reduce-scattered into the sequence shard with SP. With
+/// learned positions, those `shift` ahead (a multi-token-prediction depth's, [`positions`]).
 pub fn embedding_fwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: View<'_, B::Tensor>,
     tokens: &[u32],
+    shift: usize,
 ) -> Result<(B::Tensor, Option<B::Tensor>), ExecError> {
     let (h, v_r) = (ctx.rd.h, ctx.rd.v_r);
     let lo = ctx.rd.tp_rank * v_r;
     let mut partial = ctx.zeros(Category::Buffers, &[ctx.n, h])?;
     ctx.ops
         .embedding_gather(p.sub(l.tensors[0].range()), tokens, lo, &mut partial)?;
-    positions::add_rows(ctx, l, &p, &mut partial)?;
+    positions::add_rows(ctx, l, &p, &mut partial, shift)?;
     let mut x = ctx.reduce_to_region(partial, Category::Activations)?;
     let mask = hidden_dropout(ctx, 0, DropoutSite::Embedding, &mut x)?;
     Ok((x, mask))
@@ -37,6 +39,7 @@ pub fn embedding_bwd<B: Backend>(
     tokens: Vec<u32>,
     mask: Option<B::Tensor>,
     mut dy: B::Tensor,
+    shift: usize,
     sink: &mut Sink<B>,
 ) -> Result<(), ExecError> {
     apply_saved(ctx, mask.as_ref(), &mut dy)?;
@@ -49,6 +52,7 @@ pub fn embedding_bwd<B: Backend>(
             tokens,
             dy: dyg,
             dy_shard: false,
+            shift,
         },
     )
 }

@@ -245,11 +245,13 @@ pub enum WTask<B: Backend> {
         x: B::Tensor,
         dy: B::Tensor,
     },
-    /// Embedding rows: dE[id - lo] += dY[t] (dY gathered over SP first when `dy_shard`).
+    /// Embedding rows: dE[id - lo] += dY[t] (dY gathered over SP first when `dy_shard`); with
+    /// learned positions also the rows of the positions `shift` ahead ([`positions`]).
     Embedding {
         tokens: Vec<u32>,
         dy: B::Tensor,
         dy_shard: bool,
+        shift: usize,
     },
     /// A gradient already computed (a norm's, when its task is held for a W action: the
     /// norm's input and output gradient need not wait).
@@ -257,6 +259,9 @@ pub enum WTask<B: Backend> {
     /// A LoRA adapter's gradient, computed: added to tensor `tensor` of the layer's adapters
     /// block (the layer's own block is frozen).
     Adapter { tensor: usize, grad: B::Tensor },
+    /// A gradient already computed for tensor `tensor` of an MoE layer's experts block (a
+    /// routed expert's bias).
+    ExpertReady { tensor: usize, grad: B::Tensor },
     /// dW += dY^T X for tensor `tensor` [o, i] of an MoE layer's experts block (rows: those
     /// the expert received); the caller runs it against that block.
     Expert {
@@ -287,6 +292,10 @@ impl<B: Backend> WTask<B> {
             }
             WTask::Ready { tensor, grad } => WTask::Ready { tensor, grad },
             WTask::Adapter { tensor, grad } => WTask::Adapter {
+                tensor,
+                grad: ctx.ops.recat(grad, a),
+            },
+            WTask::ExpertReady { tensor, grad } => WTask::ExpertReady {
                 tensor,
                 grad: ctx.ops.recat(grad, a),
             },
@@ -335,9 +344,11 @@ impl<B: Backend> WTask<B> {
                 tokens,
                 dy,
                 dy_shard,
+                shift,
             } => {
                 let shard = ctx.sp && !dy_shard;
                 WTask::Embedding {
+                    shift,
                     tokens,
                     dy: if shard {
                         ctx.own_shard(&dy)?
@@ -357,7 +368,7 @@ impl<B: Backend> WTask<B> {
 
     /// True for a task of an MoE layer's experts block.
     pub fn is_expert(&self) -> bool {
-        matches!(self, WTask::Expert { .. })
+        matches!(self, WTask::Expert { .. } | WTask::ExpertReady { .. })
     }
 
     /// Accumulates into `grad`, the block's gradient (block-local offsets from `layout`; for
@@ -414,6 +425,10 @@ impl<B: Backend> WTask<B> {
             | WTask::Adapter {
                 tensor,
                 grad: ready,
+            }
+            | WTask::ExpertReady {
+                tensor,
+                grad: ready,
             } => {
                 let r = layout.tensors[tensor].range();
                 ctx.ops.axpy(1.0, View::all(&ready), grad.sub(r))?;
@@ -422,13 +437,14 @@ impl<B: Backend> WTask<B> {
                 tokens,
                 dy,
                 dy_shard,
+                shift,
             } => {
                 let dy = if dy_shard { ctx.expand_grad(&dy)? } else { dy };
                 let r = layout.tensors[0].range();
                 let lo = ctx.rd.tp_rank * ctx.rd.v_r;
                 ctx.ops
                     .embedding_scatter_add(&dy, &tokens, lo, grad.sub(r))?;
-                positions::scatter_grad(ctx, layout, &dy, grad)?;
+                positions::scatter_grad(ctx, layout, &dy, grad, shift)?;
             }
         }
         Ok(())

@@ -44,6 +44,22 @@ pub use crate::backend::{Route, Routing};
 /// The router's tensor in an MoE layer's block (after attn_norm, QKV, wo, mlp_norm).
 pub const ROUTER: usize = 4;
 
+/// Tensors per routed expert in the experts block: fc1 and fc2, then with linear biases
+/// (Megatron's `--add-bias-linear`: each expert's fc1 and fc2 biases) fc1's and fc2's biases.
+fn per_expert(m: &crate::plan::ModelShape) -> usize {
+    if m.bias_linear {
+        4
+    } else {
+        2
+    }
+}
+
+/// The experts block's tensors of local expert `j`: (fc1, fc2, biases (fc1's, fc2's)).
+fn expert_tensors(m: &crate::plan::ModelShape, j: usize) -> (usize, usize, Option<(usize, usize)>) {
+    let t = per_expert(m) * j;
+    (t, t + 1, m.bias_linear.then_some((t + 2, t + 3)))
+}
+
 /// What an MoE block keeps for backward (besides the norm's input and output).
 pub struct MoeSaved<B: Backend> {
     /// Router probabilities [n, E].
@@ -156,14 +172,48 @@ pub fn moe_fwd<B: Backend>(
     pe: View<'_, B::Tensor>,
     ln2: &B::Tensor,
 ) -> Result<(B::Tensor, MoeSaved<B>), ExecError> {
-    // Every TP rank routes the whole microbatch (gathered over SP) the same way and runs its
-    // slice of every expert it holds; the partial sums reduce into the SP region.
-    let (partial, saved) = ctx.with_gathered(ln2, |c, xg| moe_fwd_full(c, l, p, le, pe, xg))?;
-    let out = ctx.reduce_to_region(partial, Category::Buffers)?;
+    let (mut out, saved) = if ctx.plan.parallel.experts_fold_tp() {
+        // Whole experts: this rank routes its own sequence shard and gets its rows' outputs
+        // whole; the shared experts (split over TP) run on the gathered shard.
+        let (mut out, mut saved) = moe_fwd_full(ctx, l, p.clone(), le, pe, ln2)?;
+        if has_shared(ctx) {
+            let mut part = ctx.zeros(Category::Buffers, &[ctx.n, ctx.rd.h])?;
+            saved.shared = ctx.with_gathered(ln2, |c, xg| {
+                super::shared::shared_fwd(c, l, p.clone(), xg, &mut part)
+            })?;
+            let shared = ctx.reduce_to_region(part, Category::Buffers)?;
+            ctx.ops
+                .axpy(1.0, View::all(&shared), ViewMut::all(&mut out))?;
+        }
+        (out, saved)
+    } else {
+        // Every TP rank routes the whole microbatch (gathered over SP) the same way and runs
+        // its slice of every expert it holds; the partial sums reduce into the SP region.
+        let (partial, saved) = ctx.with_gathered(ln2, |c, xg| {
+            let (mut out, mut saved) = moe_fwd_full(c, l, p.clone(), le, pe, xg)?;
+            saved.shared = super::shared::shared_fwd(c, l, p.clone(), xg, &mut out)?;
+            Ok((out, saved))
+        })?;
+        (ctx.reduce_to_region(partial, Category::Buffers)?, saved)
+    };
+    // The shared experts' fc2 bias, after the reduction as the dense MLP's.
+    super::bias::add(ctx, l, &p, super::bias::Site::Fc2, &mut out)?;
     Ok((out, saved))
 }
 
-/// [`moe_fwd`] on the whole microbatch `ln2` [n, h]; returns this TP rank's partial output.
+/// Whether the MoE layers have shared experts.
+fn has_shared<B: Backend>(ctx: &Ctx<B>) -> bool {
+    ctx.plan
+        .model
+        .moe
+        .as_ref()
+        .is_some_and(|m| m.shared_ffn > 0)
+}
+
+/// The routed experts of [`moe_fwd`] on the rows `ln2` [rows, h] this rank routes (the
+/// gathered microbatch, or its sequence shard with whole experts under TP); returns this
+/// rank's output of those rows (a partial sum over expert TP). The caller adds the shared
+/// experts.
 fn moe_fwd_full<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
@@ -173,19 +223,23 @@ fn moe_fwd_full<B: Backend>(
     ln2: &B::Tensor,
 ) -> Result<(B::Tensor, MoeSaved<B>), ExecError> {
     let moe = moe_of(ctx)?.clone();
-    let (n, h) = (ctx.n, ctx.rd.h);
+    let (n, h) = (ln2.rows(), ctx.rd.h);
     let e = moe.num_experts;
     let (a, b) = (Category::Activations, Category::Buffers);
     let mut probs = ctx.zeros(a, &[n, e])?;
     ctx.ops
         .linear_fwd(ln2, p.sub(l.tensors[ROUTER].range()), (n, h, e), &mut probs)?;
-    let (routing, aux, chosen) =
-        super::moe_seq::route_whole_sequence(ctx, &mut probs, moe.top_k, |c, t| {
-            route(c, t, &moe, super::dropout::block_layer(l))
-        })?;
+    let layer = super::dropout::block_layer(l);
+    let router = |c: &mut Ctx<B>, t: &mut B::Tensor| route(c, t, &moe, layer);
+    let ((routing, aux, chosen), counted) = if ctx.plan.parallel.experts_fold_tp() {
+        super::moe_seq::route_sp_shard(ctx, &mut probs, moe.top_k, router)?
+    } else {
+        let r = super::moe_seq::route_whole_sequence(ctx, &mut probs, moe.top_k, router)?;
+        let counted = r.2.clone();
+        (r, counted)
+    };
     if moe.router.expert_bias && !ctx.recomputing {
-        ctx.router_bias
-            .count(super::dropout::block_layer(l), e, &chosen);
+        ctx.router_bias.count(layer, e, &counted);
     }
     ctx.moe_aux_loss += aux;
     ctx.moe_dropped += routing.dropped as u64;
@@ -219,7 +273,7 @@ fn moe_fwd_full<B: Backend>(
     drop(send);
 
     // Expert tensor parallelism: this rank's slice of each expert's intermediate size.
-    let f = moe.ffn / ctx.rd.t;
+    let f = moe.ffn / ctx.rd.et;
     let w1 = fc1_width(ctx.plan.model.activation, f);
     let act_kind = ctx.plan.model.activation;
     let mut back = ctx.zeros(b, &[total_recv, h])?;
@@ -232,12 +286,20 @@ fn moe_fwd_full<B: Backend>(
         let mut u = ctx.zeros(a, &[c, w1])?;
         let mut act = ctx.zeros(a, &[c, f])?;
         if c > 0 {
-            let w_fc1 = pe.sub(le.tensors[2 * j].range());
-            let w_fc2 = pe.sub(le.tensors[2 * j + 1].range());
+            let (t1, t2, biases) = expert_tensors(&ctx.plan.model, j);
+            let w_fc1 = pe.sub(le.tensors[t1].range());
+            let w_fc2 = pe.sub(le.tensors[t2].range());
             ctx.ops.linear_fwd(&x, w_fc1, (c, h, w1), &mut u)?;
+            if let Some((b1, _)) = biases {
+                ctx.ops.bias_add(&mut u, pe.sub(le.tensors[b1].range()))?;
+            }
             ctx.ops.act_fwd(act_kind, &u, &mut act)?;
             let mut y = ctx.zeros(b, &[c, h])?;
             ctx.ops.linear_fwd(&act, w_fc2, (c, f, h), &mut y)?;
+            // fc2's bias once over the TP partial sums (the gates weight it with the output).
+            if let (Some((_, b2)), 0) = (biases, ctx.rd.et_rank) {
+                ctx.ops.bias_add(&mut y, pe.sub(le.tensors[b2].range()))?;
+            }
             let back_spans = gathered_spans(&spans).map(|(lo, at, rows)| (at, lo, rows));
             copy_spans(ctx, &y, &mut back, h, back_spans)?;
         }
@@ -252,7 +314,6 @@ fn moe_fwd_full<B: Backend>(
     let gates: Vec<f32> = routing.routes.iter().map(|r| r.gate).collect();
     ctx.ops
         .scatter_add_rows(&y, &tokens, Some(&gates), &mut out)?;
-    let shared = super::shared::shared_fwd(ctx, l, p.clone(), ln2, &mut out)?;
     Ok((
         out,
         MoeSaved {
@@ -266,7 +327,7 @@ fn moe_fwd_full<B: Backend>(
             act: acts,
             y,
             chosen,
-            shared,
+            shared: None,
         },
     ))
 }
@@ -291,9 +352,9 @@ fn route<B: Backend>(
     ctx.ops.moe_route_scored(probs, bias.as_deref(), moe)
 }
 
-/// Input gradient of the MoE block: d ln2 [n, h] from the gradient `dy` [n, h] of its output;
-/// the router's weight-gradient task (input `ln2`) and the experts' ([`WTask::Expert`]) go to
-/// `sink`.
+/// Input gradient of the MoE block: d ln2 [n_sp, h] (its region's) from the gradient `dy`
+/// [n_sp, h] of its output; the router's, the experts' ([`WTask::Expert`]) and the shared
+/// experts' weight-gradient tasks go to `sink`.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
@@ -302,62 +363,205 @@ pub fn moe_bwd<B: Backend>(
     pe: View<'_, B::Tensor>,
     le: &BlockLayout,
     ln2: B::Tensor,
-    s: MoeSaved<B>,
+    mut s: MoeSaved<B>,
     dy: &B::Tensor,
     sink: &mut Sink<B>,
 ) -> Result<B::Tensor, ExecError> {
+    let folded = ctx.plan.parallel.experts_fold_tp();
+    let (h, e) = (ctx.rd.h, moe_of(ctx)?.num_experts);
+    let bcat = Category::Buffers;
+    let shared = s.shared.take();
+    super::bias::grad(ctx, l, super::bias::Site::Fc2, dy, sink)?;
+    // The whole microbatch's output gradient (gathered over SP): the routed rows' unless each
+    // rank routes its own shard, and the shared experts'.
+    let dy_full = if folded && shared.is_none() {
+        None
+    } else {
+        Some(ctx.expand_grad(dy)?)
+    };
+    let dy_routed = match (&dy_full, folded) {
+        (Some(d), false) => d,
+        _ => dy,
+    };
+    let (d_rows, dlogits) = routed_bwd(ctx, l, &p, pe, le, s, dy_routed, sink)?;
+    let rows = dlogits.rows();
+    let sp = ctx.sp;
+    if shared.is_none() && !folded {
+        sink(
+            ctx,
+            WTask::Linear {
+                tensor: ROUTER,
+                x: ln2,
+                dy: dlogits,
+                i: h,
+                o: e,
+                gather_x: sp,
+                dy_gathered: false,
+                dy_shard: false,
+            },
+        )?;
+        return ctx.reduce_to_region(d_rows, bcat);
+    }
+    // The router's weight gradient (E x h, small) now: the shared experts' fc1 takes `ln2`
+    // for its own, so no copy of it is kept; with whole experts its rows are this rank's shard.
+    let mut grad = ctx.zeros(bcat, &[e * h])?;
+    if folded {
+        ctx.ops
+            .linear_wgrad(&dlogits, &ln2, (rows, h, e), ViewMut::all(&mut grad))?;
+    } else {
+        ctx.with_gathered(&ln2, |c, xg| {
+            c.ops
+                .linear_wgrad(&dlogits, xg, (rows, h, e), ViewMut::all(&mut grad))
+        })?;
+    }
+    drop(dlogits);
+    sink(
+        ctx,
+        WTask::Ready {
+            tensor: ROUTER,
+            grad,
+        },
+    )?;
+    let dy_full = dy_full.ok_or_else(|| ExecError::from(StateError::MoeSavedMismatch));
+    if !folded {
+        // The routed rows' gradient is a partial sum over TP: the shared experts' joins it.
+        let mut d = d_rows;
+        if let Some(sh) = shared {
+            super::shared::shared_bwd(ctx, l, p.clone(), sh, ln2, dy_full?, &mut d, sink)?;
+        }
+        return ctx.reduce_to_region(d, bcat);
+    }
+    let mut d = d_rows;
+    if let Some(sh) = shared {
+        let mut part = ctx.zeros(bcat, &[ctx.n, h])?;
+        super::shared::shared_bwd(ctx, l, p.clone(), sh, ln2, dy_full?, &mut part, sink)?;
+        let region = ctx.reduce_to_region(part, bcat)?;
+        ctx.ops
+            .axpy(1.0, View::all(&region), ViewMut::all(&mut d))?;
+    }
+    Ok(d)
+}
+
+/// Backward of the routed experts and the router over the rows this rank routed, from their
+/// output gradient `dy` [rows, h]: the rows' input gradient (the experts', and the router's
+/// added once over TP) and the router's logit gradient [rows, E].
+#[allow(clippy::too_many_arguments)]
+fn routed_bwd<B: Backend>(
+    ctx: &mut Ctx<B>,
+    l: &BlockLayout,
+    p: &View<'_, B::Tensor>,
+    pe: View<'_, B::Tensor>,
+    le: &BlockLayout,
+    s: MoeSaved<B>,
+    dy: &B::Tensor,
+    sink: &mut Sink<B>,
+) -> Result<(B::Tensor, B::Tensor), ExecError> {
     let moe = moe_of(ctx)?.clone();
-    let (n, h) = (ctx.n, ctx.rd.h);
+    let (n, h) = (s.probs.rows(), ctx.rd.h);
     let e = moe.num_experts;
     let bcat = Category::Buffers;
     let ep = ctx
         .ep
         .clone()
         .ok_or_else(|| ExecError::from(StateError::MoeWithoutEpGroup))?;
-    let MoeSaved {
-        probs,
-        routing,
-        send_rows,
-        recv_rows,
-        recv_expert_rows,
-        x: xs,
-        u: us,
-        act: acts,
-        y,
-        chosen,
-        shared,
-    } = s;
-    let routes = &routing.routes;
-    // The whole microbatch's output gradient (gathered over SP).
-    let dy = ctx.expand_grad(dy)?;
-    // Combine: d y_r = gate_r dy[t]; d gate_r = dy[t] . y_r (y_r this TP rank's partial
-    // expert output: the dots sum over TP).
+    let routes = &s.routing.routes;
+    // Combine: d y_r = gate_r dy[t]; d gate_r = dy[t] . y_r (y_r this rank's partial expert
+    // output under expert TP: the dots sum over TP).
     let mut dprobs = ctx.zeros(bcat, &[n, e])?;
     let mut dsend = ctx.zeros(bcat, &[routes.len(), h])?;
     ctx.ops
-        .moe_combine_bwd(&dy, &y, routes, &mut dprobs, &mut dsend)?;
-    drop(y);
-    if ctx.rd.t > 1 {
+        .moe_combine_bwd(dy, &s.y, routes, &mut dprobs, &mut dsend)?;
+    drop(s.y);
+    if ctx.rd.et > 1 {
         ctx.comm
             .all_reduce(&ctx.tp, ViewMut::all(&mut dprobs), ReduceOp::Sum)?;
     }
-    let drecv = exchange_rows(ctx, &ep, &dsend, &send_rows, &recv_rows, h, bcat)?;
-    let total_recv = drecv.rows();
+    let drecv = exchange_rows(ctx, &ep, &dsend, &s.send_rows, &s.recv_rows, h, bcat)?;
     drop(dsend);
+    let saved = (s.x, s.u, s.act);
+    let dback = experts_bwd(ctx, pe, le, saved, &s.recv_expert_rows, drecv, sink)?;
+    let dx_routes = exchange_rows(ctx, &ep, &dback, &s.recv_rows, &s.send_rows, h, bcat)?;
+    drop(dback);
+    let mut d_rows = ctx.zeros(bcat, &[n, h])?;
+    let tokens: Vec<usize> = routes.iter().map(|r| r.token).collect();
+    ctx.ops
+        .scatter_add_rows(&dx_routes, &tokens, None, &mut d_rows)?;
+    drop(dx_routes);
 
-    let f = moe.ffn / ctx.rd.t;
+    // Router: the load-balancing loss adds coeff E f_i / (microbatches of the step x n) to the
+    // gradient of every probability of expert i; then the softmax's backward.
+    let aux_scale = if moe.aux_loss_coeff > 0.0 {
+        let global_tokens = (ctx.plan.global_batch() * ctx.plan.model.seq) as f64;
+        moe.aux_loss_coeff as f64 * e as f64 / global_tokens
+    } else {
+        0.0
+    };
+    let mut dlogits = dprobs;
+    let fraction = &s.routing.fraction;
+    if moe.router.is_plain() {
+        ctx.ops
+            .moe_router_bwd(&mut dlogits, &s.probs, fraction, aux_scale)?;
+    } else {
+        ctx.ops.moe_router_scored_bwd(
+            &mut dlogits,
+            &s.probs,
+            &s.chosen,
+            &moe,
+            fraction,
+            aux_scale,
+        )?;
+    }
+    drop(s.probs);
+    // The router's input gradient, added once: every TP rank holds the same rows' gradient,
+    // unless each routed its own shard.
+    if ctx.plan.parallel.experts_fold_tp() || ctx.rd.tp_rank == 0 {
+        ctx.ops.linear_dgrad(
+            &dlogits,
+            p.sub(l.tensors[ROUTER].range()),
+            (n, h, e),
+            &mut d_rows,
+            true,
+        )?;
+    }
+    Ok((d_rows, dlogits))
+}
+
+/// Per local expert: its input rows, fc1 output and activation output.
+type ExpertsSaved<B> = (
+    Vec<<B as Backend>::Tensor>,
+    Vec<<B as Backend>::Tensor>,
+    Vec<<B as Backend>::Tensor>,
+);
+
+/// Backward of this rank's experts on the rows they received (`drecv`, laid out by
+/// `recv_expert_rows`): their weight-gradient tasks go to `sink`; returns the received rows'
+/// input gradients, to be sent back.
+fn experts_bwd<B: Backend>(
+    ctx: &mut Ctx<B>,
+    pe: View<'_, B::Tensor>,
+    le: &BlockLayout,
+    (xs, us, acts): ExpertsSaved<B>,
+    recv_expert_rows: &[Vec<usize>],
+    drecv: B::Tensor,
+    sink: &mut Sink<B>,
+) -> Result<B::Tensor, ExecError> {
+    let (h, bcat) = (ctx.rd.h, Category::Buffers);
+    let f = moe_of(ctx)?.ffn / ctx.rd.et;
     let act_kind = ctx.plan.model.activation;
     let w1 = fc1_width(act_kind, f);
-    let mut dback = ctx.zeros(bcat, &[total_recv, h])?;
+    let mut dback = ctx.zeros(bcat, &[drecv.rows(), h])?;
     for (j, ((x, u), act)) in xs.into_iter().zip(us).zip(acts).enumerate() {
-        let spans = expert_rows(&recv_expert_rows, j);
+        let spans = expert_rows(recv_expert_rows, j);
         let c: usize = spans.iter().map(|s| s.1).sum();
         if c == 0 {
             continue;
         }
         let mut dyj = ctx.zeros(bcat, &[c, h])?;
         copy_spans(ctx, &drecv, &mut dyj, h, gathered_spans(&spans))?;
-        let (t1, t2) = (2 * j, 2 * j + 1);
+        let (t1, t2, biases) = expert_tensors(&ctx.plan.model, j);
+        if let Some((_, b2)) = biases {
+            expert_bias_grad(ctx, le, b2, &dyj, sink)?;
+        }
         let mut dact = ctx.zeros(bcat, &[c, f])?;
         ctx.ops.linear_dgrad(
             &dyj,
@@ -379,6 +583,9 @@ pub fn moe_bwd<B: Backend>(
         let mut du = ctx.ops.recat(u, bcat);
         ctx.ops.act_bwd_inplace(act_kind, &mut du, &dact)?;
         drop(dact);
+        if let Some((b1, _)) = biases {
+            expert_bias_grad(ctx, le, b1, &du, sink)?;
+        }
         let mut dx = ctx.zeros(bcat, &[c, h])?;
         ctx.ops.linear_dgrad(
             &du,
@@ -400,81 +607,20 @@ pub fn moe_bwd<B: Backend>(
         let back_spans = gathered_spans(&spans).map(|(lo, at, rows)| (at, lo, rows));
         copy_spans(ctx, &dx, &mut dback, h, back_spans)?;
     }
-    drop(drecv);
-    let dx_routes = exchange_rows(ctx, &ep, &dback, &recv_rows, &send_rows, h, bcat)?;
-    drop(dback);
-    let mut d_ln2 = ctx.zeros(bcat, &[n, h])?;
-    let tokens: Vec<usize> = routes.iter().map(|r| r.token).collect();
-    ctx.ops
-        .scatter_add_rows(&dx_routes, &tokens, None, &mut d_ln2)?;
-    drop(dx_routes);
+    Ok(dback)
+}
 
-    // Router: the load-balancing loss adds coeff E f_i / (microbatches of the step x n) to the
-    // gradient of every probability of expert i; then the softmax's backward.
-    let aux_scale = if moe.aux_loss_coeff > 0.0 {
-        let global_tokens = (ctx.plan.global_batch() * ctx.plan.model.seq) as f64;
-        moe.aux_loss_coeff as f64 * e as f64 / global_tokens
-    } else {
-        0.0
-    };
-    let mut dlogits = dprobs;
-    if moe.router.is_plain() {
-        ctx.ops
-            .moe_router_bwd(&mut dlogits, &probs, &routing.fraction, aux_scale)?;
-    } else {
-        ctx.ops.moe_router_scored_bwd(
-            &mut dlogits,
-            &probs,
-            &chosen,
-            &moe,
-            &routing.fraction,
-            aux_scale,
-        )?;
-    }
-    drop(probs);
-    // Every TP rank holds the same router gradient: its input gradient is added once.
-    if ctx.rd.tp_rank == 0 {
-        ctx.ops.linear_dgrad(
-            &dlogits,
-            p.sub(l.tensors[ROUTER].range()),
-            (n, h, e),
-            &mut d_ln2,
-            true,
-        )?;
-    }
-    let sp = ctx.sp;
-    match shared {
-        None => sink(
-            ctx,
-            WTask::Linear {
-                tensor: ROUTER,
-                x: ln2,
-                dy: dlogits,
-                i: h,
-                o: e,
-                gather_x: sp,
-                dy_gathered: false,
-                dy_shard: false,
-            },
-        )?,
-        Some(sh) => {
-            // The shared experts' fc1 takes `ln2` for its weight gradient: the router's (E x h,
-            // small) is computed now, so that no copy of `ln2` is kept.
-            let mut grad = ctx.zeros(bcat, &[e * h])?;
-            ctx.with_gathered(&ln2, |c, xg| {
-                c.ops
-                    .linear_wgrad(&dlogits, xg, (n, h, e), ViewMut::all(&mut grad))
-            })?;
-            drop(dlogits);
-            sink(
-                ctx,
-                WTask::Ready {
-                    tensor: ROUTER,
-                    grad,
-                },
-            )?;
-            super::shared::shared_bwd(ctx, l, p.clone(), sh, ln2, dy, &mut d_ln2, sink)?;
-        }
-    }
-    ctx.reduce_to_region(d_ln2, bcat)
+/// A routed expert's bias gradient: the column sums of `dy` [rows, o] over the rows it
+/// received, for tensor `tensor` of the experts block `le` (whole on every TP rank: the rows
+/// are the whole microbatch's).
+fn expert_bias_grad<B: Backend>(
+    ctx: &mut Ctx<B>,
+    le: &BlockLayout,
+    tensor: usize,
+    dy: &B::Tensor,
+    sink: &mut Sink<B>,
+) -> Result<(), ExecError> {
+    let mut grad = ctx.zeros_f32(Category::Buffers, &[le.tensors[tensor].len()])?;
+    ctx.ops.bias_grad(dy, ViewMut::all(&mut grad))?;
+    sink(ctx, WTask::ExpertReady { tensor, grad })
 }

@@ -60,6 +60,38 @@ pub fn route_whole_sequence<B: Backend>(
     ))
 }
 
+/// [`route_whole_sequence`] for a TP rank routing only its sequence shard (whole experts under
+/// TP + SP, Megatron-Core's MoE Parallel Folding): the shard's `logits` [n_sp, E] are
+/// all-gathered over TP (the shards are consecutive rows) so that the decisions, the
+/// load-balancing loss's fractions and the capacity are the whole microbatch's; the rank keeps
+/// its rows' assignments, probabilities and choices. Also returns the choices of every row of
+/// the gathered microbatch, which each TP rank counts for the expert bias (so that all update
+/// it alike).
+pub fn route_sp_shard<B: Backend>(
+    ctx: &mut Ctx<B>,
+    logits: &mut B::Tensor,
+    k: usize,
+    route: impl FnOnce(&mut Ctx<B>, &mut B::Tensor) -> Result<Routed, ExecError>,
+) -> Result<(Routed, Vec<usize>), ExecError> {
+    let (n_sp, e) = (logits.rows(), logits.cols());
+    let t = ctx.rd.t;
+    let mut whole = ctx.zeros(Category::Buffers, &[t * n_sp, e])?;
+    let tp = ctx.tp.clone();
+    ctx.comm
+        .all_gather(&tp, View::all(logits), ViewMut::all(&mut whole))?;
+    let (routing, aux, chosen) = route_whole_sequence(ctx, &mut whole, k, route)?;
+    let lo = ctx.rd.tp_rank * n_sp;
+    let mine: Vec<usize> = (lo..lo + n_sp).collect();
+    ctx.ops.gather_rows(&whole, &mine, logits)?;
+    drop(whole);
+    let own = (
+        own_routing(routing, &mine, t * n_sp, k),
+        aux,
+        own_chosen(&chosen, &mine, k),
+    );
+    Ok((own, chosen))
+}
+
 /// The assignments of the rows `mine` (their global rows) out of the whole microbatch's
 /// routing of `total` tokens, renumbered as the rank's rows; the fractions stay global.
 fn own_routing(whole: Routing, mine: &[usize], total: usize, k: usize) -> Routing {

@@ -6,7 +6,7 @@
 //! head. The embedding is the main model's (same weight, same vocab-parallel lookup).
 
 use super::ends::{embedding_bwd, embedding_fwd};
-use super::params::BlockLayout;
+use super::params::{BlockKind, BlockLayout};
 use super::{Ctx, Sink, WTask};
 use crate::backend::{Backend, TensorOps, View, ViewMut};
 use crate::error::ExecError;
@@ -28,6 +28,8 @@ pub struct MtpInSaved<B: Backend> {
     tokens: Vec<u32>,
     /// The embedding's hidden-dropout mask (as the main embedding's), for its backward.
     mask: Option<B::Tensor>,
+    /// How far ahead the tokens (and learned positions) are: the depth.
+    shift: usize,
 }
 
 fn w<'p, B: Backend>(p: &View<'p, B::Tensor>, l: &BlockLayout, t: usize) -> View<'p, B::Tensor> {
@@ -52,7 +54,12 @@ pub fn mtp_in_fwd<B: Backend>(
     let (n, n_sp, hd, t, r) = (ctx.n, ctx.n_sp, ctx.rd.h, ctx.rd.t, ctx.rd.tp_rank);
     let hr = hd / t;
     let (act, buf) = (Category::Activations, Category::Buffers);
-    let (e, mask) = embedding_fwd(ctx, emb.0, emb.1, &tokens)?;
+    // Depth k + 1 of block MtpIn(k): its tokens, and Megatron's rolled position ids, k + 1 ahead.
+    let shift = match l.kind {
+        BlockKind::MtpIn(k) => k as usize + 1,
+        _ => 1,
+    };
+    let (e, mask) = embedding_fwd(ctx, emb.0, emb.1, &tokens, shift)?;
     let mut en = ctx.zeros(act, &[n_sp, hd])?;
     ctx.ops
         .norm_fwd(norm, &e, w::<B>(&p, l, ENORM), eps, &mut en)?;
@@ -86,6 +93,7 @@ pub fn mtp_in_fwd<B: Backend>(
             hn,
             tokens,
             mask,
+            shift,
         },
     ))
 }
@@ -175,6 +183,6 @@ pub fn mtp_in_bwd<B: Backend>(
             dy: d_hn,
         },
     )?;
-    embedding_bwd(ctx, s.tokens, s.mask, d_e, sink)?;
+    embedding_bwd(ctx, s.tokens, s.mask, d_e, s.shift, sink)?;
     Ok(d_h)
 }

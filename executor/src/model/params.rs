@@ -30,6 +30,10 @@ pub enum BlockKind {
     MtpIn(u32),
     /// Multi-token-prediction module k's final norm (the output head is the main model's).
     MtpOut(u32),
+    /// The last stage's copy of the word (and position) embedding for its MTP modules, when
+    /// its rank does not hold the first stage (Megatron-Core builds the embedding where
+    /// `mtp_process`); kept equal to the first stage's by the embedding group.
+    MtpEmbedding,
 }
 
 /// The flat buffer of dense parameters.
@@ -133,6 +137,10 @@ pub struct RankDims {
     pub v_r: usize,
     pub t: usize,
     pub tp_rank: usize,
+    /// Expert tensor parallelism: the routed experts' split (t, or 1 when the MoE layers fold
+    /// the TP ranks into expert data parallelism) and this rank's index in it.
+    pub et: usize,
+    pub et_rank: usize,
 }
 
 impl RankDims {
@@ -159,6 +167,16 @@ impl RankDims {
             v_r: m.vocab / t,
             t,
             tp_rank: tp_rank as usize,
+            et: if plan.parallel.experts_fold_tp() {
+                1
+            } else {
+                t
+            },
+            et_rank: if plan.parallel.experts_fold_tp() {
+                0
+            } else {
+                tp_rank as usize
+            },
         }
     }
 
@@ -265,30 +283,36 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
         });
         next[space] += b.next;
     };
+    let embedding = |b: &mut Builder| {
+        b.push(
+            rd.v_r,
+            h,
+            vec![seg(
+                "embedding.weight".into(),
+                h,
+                r * rd.v_r..(r + 1) * rd.v_r,
+                0..h,
+                std,
+            )],
+            false,
+        );
+        super::positions::push_table(b, m.learned_positions, h, std);
+    };
+    let holds_embedding = stages.iter().any(|&s| plan.stages[s as usize].embedding);
     for &s in stages {
         let st = &plan.stages[s as usize];
         if st.embedding {
-            emit(BlockKind::Embedding, s, &|b| {
-                b.push(
-                    rd.v_r,
-                    h,
-                    vec![seg(
-                        "embedding.weight".into(),
-                        h,
-                        r * rd.v_r..(r + 1) * rd.v_r,
-                        0..h,
-                        std,
-                    )],
-                    false,
-                );
-                super::positions::push_table(b, m.learned_positions, h, std);
-            });
+            emit(BlockKind::Embedding, s, &embedding);
         }
         // The layers, then on the last stage the output and the MTP modules (Megatron's
-        // default placement), each as its input block, its transformer layer and its norm.
+        // default placement), each as its input block, its transformer layer and its norm;
+        // the embedding's copy right after the output when this rank lacks the embedding.
         let mut items: Vec<BlockKind> = st.layers.clone().map(BlockKind::Layer).collect();
         if st.output {
             items.push(BlockKind::Output);
+            if m.mtp_layers > 0 && !holds_embedding {
+                items.push(BlockKind::MtpEmbedding);
+            }
             for k in 0..m.mtp_layers {
                 let l = m.num_layers + k;
                 items.extend([
@@ -309,6 +333,10 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                 }
                 BlockKind::MtpIn(k) => {
                     emit(item, s, &|b| mtp_in_block(b, m.norm, k, &rd, std));
+                    continue;
+                }
+                BlockKind::MtpEmbedding => {
+                    emit(item, s, &embedding);
                     continue;
                 }
                 BlockKind::MtpOut(k) => {
@@ -352,18 +380,22 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                 );
                 b.norm(&format!("{p}.mlp_norm"), m.norm, h);
                 if let (true, Some(moe)) = (m.is_moe_layer(l), &m.moe) {
-                    // The router, replicated: hidden -> experts.
+                    // The router, replicated: hidden -> experts. Its gradient is a partial
+                    // sum over TP when each TP rank routes its own sequence shard.
                     let e = moe.num_experts;
+                    let folded = plan.parallel.experts_fold_tp();
                     b.push(
                         e,
                         h,
                         vec![seg(format!("{p}.router"), h, 0..e, 0..h, std)],
-                        false,
+                        folded,
                     );
                     if moe.shared_ffn > 0 {
                         let q = format!("{p}.shared_experts");
-                        expert_mlp(b, m.activation, &q, moe.shared_ffn, &rd, std);
+                        let tp = (rd.t, rd.tp_rank);
+                        expert_mlp(b, m.activation, &q, moe.shared_ffn, tp, h, std);
                     }
+                    super::bias::push(b, m, l, &p, &rd, std);
                     if let Some(a) = &m.mla {
                         mla_up(b, m.norm, a, &p, &rd, std);
                     }
@@ -392,7 +424,7 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                     )],
                     false,
                 );
-                super::bias::push(b, m, &p, &rd, std);
+                super::bias::push(b, m, l, &p, &rd, std);
                 if let Some(a) = &m.mla {
                     mla_up(b, m.norm, a, &p, &rd, std);
                 }
@@ -407,7 +439,20 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                     let per = moe.num_experts / plan.parallel.ep.max(1) as usize;
                     for e in ep_rank as usize * per..(ep_rank as usize + 1) * per {
                         let q = format!("layers.{l}.experts.{e}");
-                        expert_mlp(b, m.activation, &q, moe.ffn, &rd, std);
+                        let et = (rd.et, rd.et_rank);
+                        expert_mlp(b, m.activation, &q, moe.ffn, et, h, std);
+                        if m.bias_linear {
+                            super::bias::mlp_biases(
+                                b,
+                                m.activation,
+                                &q,
+                                moe.ffn,
+                                et,
+                                h,
+                                std,
+                                false,
+                            );
+                        }
                     }
                 });
             }
@@ -460,11 +505,19 @@ fn mtp_in_block(b: &mut Builder, norm: Norm, k: u32, rd: &RankDims, std: f32) {
 }
 
 /// An expert's (or the shared experts') MLP `{q}.fc1` [w1, h] and `{q}.fc2` [h, f] of
-/// intermediate size `f`, split over TP as the dense MLP (expert tensor parallelism, Megatron's
-/// `--expert-tensor-parallel-size` = tp): this rank's fc1 rows (under SwiGLU the gate rows
-/// then the up rows of its slice) and fc2 columns.
-fn expert_mlp(b: &mut Builder, act: Activation, q: &str, f: usize, rd: &RankDims, std: f32) {
-    let (h, r, t) = (rd.h, rd.tp_rank, rd.t);
+/// intermediate size `f`, split over `(t, r)` (size, rank) as the dense MLP (the routed
+/// experts over expert TP, Megatron's `--expert-tensor-parallel-size`; the shared ones over
+/// TP): this rank's fc1 rows (under SwiGLU the gate rows then the up rows of its slice) and fc2
+/// columns.
+fn expert_mlp(
+    b: &mut Builder,
+    act: Activation,
+    q: &str,
+    f: usize,
+    (t, r): (usize, usize),
+    h: usize,
+    std: f32,
+) {
     let fr = f / t;
     let own = r * fr..(r + 1) * fr;
     let fc1 = format!("{q}.fc1");

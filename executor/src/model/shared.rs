@@ -1,7 +1,9 @@
 //! The shared experts of an MoE layer (DeepSeekMoE, Dai et al. 2024; DeepSeek-V2/V3): one
 //! dense MLP of intermediate size `moe.shared_ffn` (all shared experts together) that every
 //! token passes through, its output added to the routed experts' combined output, ungated.
-//! Its weights sit in the layer's (dense) block after the router, so they reduce over DP.
+//! Its weights sit in the layer's (dense) block after the router, so they reduce over DP; with
+//! linear biases its fc1 bias is added here, its fc2 bias by the MoE block after the reduction
+//! ([`super::bias`]).
 
 use super::params::BlockLayout;
 use super::{Ctx, Sink, WTask};
@@ -50,6 +52,7 @@ pub fn shared_fwd<B: Backend>(
         (n, h, w1),
         &mut u,
     )?;
+    super::bias::add(ctx, l, &p, super::bias::Site::Fc1, &mut u)?;
     let mut act = ctx.zeros(a, &[n, f])?;
     ctx.ops.act_fwd(ctx.plan.model.activation, &u, &mut act)?;
     let mut y = ctx.zeros(Category::Buffers, &[n, h])?;
@@ -108,6 +111,7 @@ pub fn shared_bwd<B: Backend>(
     let mut du = ctx.ops.recat(s.u, b);
     ctx.ops.act_bwd_inplace(act_kind, &mut du, &d_act)?;
     drop(d_act);
+    super::bias::grad(ctx, l, super::bias::Site::Fc1, &du, sink)?;
     ctx.ops.linear_dgrad(
         &du,
         p.sub(l.tensors[SHARED_FC1].range()),

@@ -46,8 +46,8 @@ enum BlockSaved<B: Backend> {
     Layer(Box<LayerSaved<B>>),
     LayerInput(B::Tensor),
     Output(OutputSaved<B>),
-    /// A block run with its layer (an MoE layer's experts, a LoRA layer's adapters): its
-    /// state is saved with its layer.
+    /// A block run with another (an MoE layer's experts, a LoRA layer's adapters, the MTP
+    /// modules' embedding copy): its state is saved with that block.
     Experts,
     /// A multi-token-prediction module's input block and its final norm with the shared head.
     MtpIn(Box<MtpInSaved<B>>),
@@ -72,8 +72,9 @@ pub(super) struct Rank<'a, B: Backend> {
     pub(super) stage_blocks: HashMap<u32, Range<usize>>,
     pub(super) zero: u8,
     pub(super) shards: [Range<usize>; SPACES],
-    /// The tied word embedding's copies and embedding group (`None`: untied, or no copy here).
-    pub(super) tied: Option<SharedWeight<B>>,
+    /// The embedding group's shared tensors held here (the tied word embedding; with multi-token
+    /// prediction the word and position tables): their copies and the group.
+    pub(super) tied: Vec<SharedWeight<B>>,
     pub(super) params: [B::Tensor; SPACES],
     /// Mixed precision: the fp32 master weights per space.
     pub(super) master: [Option<B::Tensor>; SPACES],
@@ -158,12 +159,14 @@ pub(super) fn run_rank<B: Backend>(
     } else {
         None
     };
-    let tied = if plan.model.tied_embeddings {
-        let copies = embedding_group::tied_embedding_copies(&blocks);
-        SharedWeight::new(comm, &embedding_group::members(plan, rp), copies)?
-    } else {
-        None
-    };
+    let mut tied = Vec::new();
+    let mtp = plan.model.mtp_layers > 0;
+    if plan.model.tied_embeddings || mtp {
+        let members = embedding_group::members(plan, rp);
+        for copies in embedding_group::shared_embedding_copies(&blocks, mtp) {
+            tied.extend(SharedWeight::new(comm, &members, copies)?);
+        }
+    }
     let mut rank = Rank {
         plan,
         rp,
@@ -444,11 +447,14 @@ impl<'a, B: Backend> Rank<'a, B> {
             .ok_or_else(|| ExecError::from(StateError::MtpWithoutBlock(format!("{kind:?}"))))
     }
 
-    /// The block whose weights MTP block `bi` shares: the embedding for an input block, the
-    /// output layer for a final norm (none for other blocks).
+    /// The block whose weights MTP block `bi` shares: the embedding (or the last stage's copy
+    /// of it) for an input block, the output layer for a final norm (none for other blocks).
     fn mtp_shared_block(&self, bi: usize) -> Result<Option<usize>, ExecError> {
         match self.blocks[bi].kind {
-            BlockKind::MtpIn(_) => self.block_of(BlockKind::Embedding).map(Some),
+            BlockKind::MtpIn(_) => self
+                .block_of(BlockKind::Embedding)
+                .or_else(|_| self.block_of(BlockKind::MtpEmbedding))
+                .map(Some),
             BlockKind::MtpOut(_) => self.block_of(BlockKind::Output).map(Some),
             _ => Ok(None),
         }
@@ -554,9 +560,9 @@ impl<'a, B: Backend> Rank<'a, B> {
         for bi in bidx {
             if matches!(
                 self.blocks[bi].kind,
-                BlockKind::Experts(_) | BlockKind::Adapters(_)
+                BlockKind::Experts(_) | BlockKind::Adapters(_) | BlockKind::MtpEmbedding
             ) {
-                // Run with its layer.
+                // Run with its layer (or with the MTP modules, for the embedding's copy).
                 saved.push(BlockSaved::Experts);
                 continue;
             }
@@ -579,7 +585,7 @@ impl<'a, B: Backend> Rank<'a, B> {
             let l = &self.blocks[bi];
             match l.kind {
                 BlockKind::Embedding => {
-                    let (y, mask) = embedding_fwd(&mut self.ctx, l, p, &tokens)?;
+                    let (y, mask) = embedding_fwd(&mut self.ctx, l, p, &tokens, 0)?;
                     x = Some(y);
                     saved.push(BlockSaved::Embedding(tokens.clone(), mask));
                 }
@@ -630,7 +636,7 @@ impl<'a, B: Backend> Rank<'a, B> {
                     }
                     saved.push(BlockSaved::MtpOut(s));
                 }
-                BlockKind::Experts(_) | BlockKind::Adapters(_) => {}
+                BlockKind::Experts(_) | BlockKind::Adapters(_) | BlockKind::MtpEmbedding => {}
             }
         }
         if let Some(y) = x {
@@ -813,7 +819,7 @@ impl<'a, B: Backend> Rank<'a, B> {
                     )?);
                 }
                 BlockSaved::Embedding(tokens, mask) => {
-                    embedding_bwd(ctx, tokens, mask, dy.take().expect("grad"), &mut sink)?
+                    embedding_bwd(ctx, tokens, mask, dy.take().expect("grad"), 0, &mut sink)?
                 }
                 BlockSaved::Experts => {}
             }

@@ -272,21 +272,23 @@ impl<B: Backend> Rank<'_, B> {
                 }
                 _ => {}
             }
-            if let (DENSE_SPACE, Some(t)) = (sp, self.tied.as_ref()) {
-                let whole = self.zero == 0;
-                let base = if self.zero >= 2 { sh.start } else { 0 };
-                let valid = if whole { 0..grads.len() } else { sh.clone() };
-                let dp = (!whole).then_some(g);
-                t.sync_grads(
-                    ops,
-                    comm,
-                    GradShard {
-                        grads,
-                        valid,
-                        base,
-                        dp,
-                    },
-                )?;
+            if sp == DENSE_SPACE {
+                for t in &self.tied {
+                    let whole = self.zero == 0;
+                    let base = if self.zero >= 2 { sh.start } else { 0 };
+                    let valid = if whole { 0..grads.len() } else { sh.clone() };
+                    let dp = (!whole).then_some(g);
+                    t.sync_grads(
+                        ops,
+                        comm,
+                        GradShard {
+                            grads: &mut *grads,
+                            valid,
+                            base,
+                            dp,
+                        },
+                    )?;
+                }
             }
             // The parameters this rank updates (its shard under ZeRO 1/2, all it holds
             // otherwise) and their gradient.
