@@ -15,7 +15,7 @@
 //! so that the equivalence tests see a wrong bias slice in the very first forward.
 
 use super::dropout::block_layer;
-use super::params::{seg, BlockLayout, Builder, RankDims};
+use super::params::{fc1_rows, seg, BlockLayout, Builder, RankDims};
 use super::{Ctx, Sink, WTask};
 use crate::backend::{Backend, DeviceTensor, TensorOps, View, ViewMut};
 use crate::error::ExecError;
@@ -127,19 +127,7 @@ pub(super) fn mlp_biases(
     std: f32,
     fc2_partial: bool,
 ) {
-    let fr = f / t;
-    let own = r * fr..(r + 1) * fr;
-    let name = format!("{q}.fc1_bias");
-    let (w1, segs) = match act {
-        Activation::Swiglu => (
-            2 * fr,
-            vec![
-                seg(name.clone(), 1, own.clone(), 0..1, std),
-                seg(name, 1, f + own.start..f + own.end, 0..1, std),
-            ],
-        ),
-        Activation::Gelu => (fr, vec![seg(name, 1, own, 0..1, std)]),
-    };
+    let (w1, segs) = fc1_rows(act, format!("{q}.fc1_bias"), 1, f, (t, r), std);
     b.push(w1, 1, segs, false);
     let fc2 = vec![seg(format!("{q}.fc2_bias"), 1, 0..h, 0..1, std)];
     b.push(h, 1, fc2, fc2_partial);

@@ -236,6 +236,31 @@ impl Builder {
     }
 }
 
+/// This rank's rows of an fc1 tensor `name` [w1, cols] of intermediate size `f` split over
+/// `(t, r)` (size, rank): its slice, and under SwiGLU the gate rows then the up rows of it.
+/// Returns the rank's row count and segments (the weight's with `cols` = h, its bias's with 1).
+pub(super) fn fc1_rows(
+    act: Activation,
+    name: String,
+    cols: usize,
+    f: usize,
+    (t, r): (usize, usize),
+    std: f32,
+) -> (usize, Vec<Segment>) {
+    let fr = f / t;
+    let own = r * fr..(r + 1) * fr;
+    match act {
+        Activation::Swiglu => (
+            2 * fr,
+            vec![
+                seg(name.clone(), cols, own.clone(), 0..cols, std),
+                seg(name, cols, f + own.start..f + own.end, 0..cols, std),
+            ],
+        ),
+        Activation::Gelu => (fr, vec![seg(name, cols, own, 0..cols, std)]),
+    }
+}
+
 pub(super) fn seg(
     name: String,
     global_cols: usize,
@@ -520,17 +545,7 @@ fn expert_mlp(
 ) {
     let fr = f / t;
     let own = r * fr..(r + 1) * fr;
-    let fc1 = format!("{q}.fc1");
-    let (w1, segs) = match act {
-        Activation::Swiglu => (
-            2 * fr,
-            vec![
-                seg(fc1.clone(), h, own.clone(), 0..h, std),
-                seg(fc1, h, f + own.start..f + own.end, 0..h, std),
-            ],
-        ),
-        Activation::Gelu => (fr, vec![seg(fc1, h, own.clone(), 0..h, std)]),
-    };
+    let (w1, segs) = fc1_rows(act, format!("{q}.fc1"), h, f, (t, r), std);
     b.push(w1, h, segs, false);
     b.push(
         h,
