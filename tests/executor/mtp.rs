@@ -75,9 +75,9 @@ fn mtp_loss_weight_is_applied() {
 
 /// Every rank's peak within 2% for the single-rank run and the acceptance's mixes but EP 4 with
 /// ZeRO-3: there the learned router spreads the ranks' loads, and even under forced balancing
-/// the engine over-predicts rank 0 by 3.45% (issue 19, open: at the executor's peak, in the
-/// MTP module's backward, activations and buffers are both below their own maxima, where the
-/// engine adds the phase's buffers to the activation maximum). Without MTP the same mix is
+/// the engine over-predicts rank 0 by 3.45% (issue 19, open: the engine gathers and buckets the
+/// MTP module as one ZeRO-3 block, its projection, layer and head together, where the executor
+/// runs them as three blocks, each gathered and bucketed on its own). Without MTP the same mix is
 /// within 2% (`mla_with_deepseek_moe_ep4_zero3_memory_is_within_2_percent_under_forced_balancing`).
 #[test]
 fn mtp_memory_is_within_2_percent_of_the_prediction() {
