@@ -386,7 +386,7 @@ fn the_load_balancing_loss_and_the_capacity_span_the_whole_sequence_under_cp() {
         assert!(want > 0, "the capacity drops nothing: no test of it");
         assert_eq!(got, want, "dropped assignments");
     }
-    // With TP 2 + SP inside each CP rank (every TP rank routes the gathered shard).
+    // With TP 2 + SP inside each CP rank (each TP rank routes its SP shard of the CP shard).
     let tp = Moe {
         cp: 2,
         tp: 2,
