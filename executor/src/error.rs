@@ -116,7 +116,7 @@ pub enum PlanError {
     TopK { top_k: usize, num_experts: usize },
     #[error("moe ffn must be positive")]
     ZeroMoeFfn,
-    #[error("expert tp ({etp}) must equal tp ({tp}), or be 1 with sequence parallelism (whole experts, each TP rank routing its sequence shard)")]
+    #[error("expert tp ({etp}) must equal tp ({tp}) or be 1 (whole experts), and MoE with tp > 1 needs sequence parallelism (each TP rank routes its sequence shard)")]
     ExpertTp { etp: u32, tp: u32 },
     #[error("moe ffn ({ffn}) must be divisible by the expert tensor parallelism and shared_ffn ({shared_ffn}) by tp ({tp})")]
     MoeFfnNotDivisible {

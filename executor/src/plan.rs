@@ -245,6 +245,13 @@ impl Parallelism {
     pub fn experts_fold_tp(&self) -> bool {
         self.etp != self.tp
     }
+
+    /// Whether each TP rank routes its own sequence shard in the MoE layers: under TP (which
+    /// MoE needs with SP, as Megatron-Core), whatever the expert TP, as Megatron-Core's token
+    /// dispatchers do.
+    pub fn moe_routes_sp_shard(&self) -> bool {
+        self.tp > 1 && self.sp
+    }
 }
 
 /// LoRA fine-tuning (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models"):
@@ -591,8 +598,8 @@ impl Plan {
             if moe.ffn == 0 {
                 return Err(PlanError::ZeroMoeFfn);
             }
-            // Expert tensor parallelism: tp, or 1 (whole experts) with TP's sequence shards.
-            if !(p.etp == p.tp || (p.etp == 1 && p.sp)) {
+            // Expert tensor parallelism: tp, or 1 (whole experts), with TP's sequence shards.
+            if !(p.etp == p.tp || p.etp == 1) || (p.tp > 1 && !p.sp) {
                 return Err(PlanError::ExpertTp {
                     etp: p.etp,
                     tp: p.tp,

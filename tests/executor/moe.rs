@@ -283,10 +283,11 @@ fn deepseek_routing_and_shared_experts_match_the_single_rank_run() {
 fn moe_with_tensor_and_expert_tensor_parallelism_matches_the_single_rank_run() {
     // TP 2 + SP with expert-TP 2 (every expert and the shared expert split as the dense MLP;
     // Megatron-Core needs SP with MoE and tp > 1), with EP 2, ZeRO-1 and ZeRO-3 with full
-    // recompute, PP 2 with ZB-V; the plain router with the load-balancing loss. (With capacity
-    // dropping the same number of assignments drop at every step, but the parameters after
-    // three steps differ by 2e-4: TP's reduction order moves the router's input by ~1e-9,
-    // enough to swap which of two near-equal gates a full expert drops; not confirmed.)
+    // recompute, PP 2 with ZB-V; the plain router with the load-balancing loss, and with a
+    // capacity of 1.25 (each TP rank routes its sequence shard with the whole microbatch's
+    // decisions: the same assignments drop as in the single-rank run). (At capacity 1.0 the
+    // first step's loss differs by 1.4e-5: TP's reduction order moves the router's input by
+    // ~1e-9, enough to swap which of two near-equal gates a full expert drops; not confirmed.)
     let ds = Moe {
         first_dense: 1,
         deepseek: true,
@@ -294,7 +295,7 @@ fn moe_with_tensor_and_expert_tensor_parallelism_matches_the_single_rank_run() {
         sp: true,
         ..BASE
     };
-    check(&[
+    let drops = check(&[
         ds,
         Moe {
             ep: 2,
@@ -317,12 +318,24 @@ fn moe_with_tensor_and_expert_tensor_parallelism_matches_the_single_rank_run() {
             ..BASE
         },
         Moe {
+            tp: 2,
+            sp: true,
+            ep: 2,
+            dp: 2,
+            capacity_factor: 1.25,
+            ..BASE
+        },
+        Moe {
             pp: 2,
             vpp: 2,
             schedule: "zb-v",
             ..ds
         },
     ]);
+    let (got, want) = drops[4];
+    eprintln!("dropped {got} of the single-rank run's {want}");
+    assert!(want > 0, "the capacity drops nothing: no test of it");
+    assert_eq!(got, want, "dropped assignments");
 }
 
 #[test]
@@ -386,7 +399,7 @@ fn the_load_balancing_loss_and_the_capacity_span_the_whole_sequence_under_cp() {
         assert!(want > 0, "the capacity drops nothing: no test of it");
         assert_eq!(got, want, "dropped assignments");
     }
-    // With TP 2 + SP inside each CP rank (every TP rank routes the gathered shard).
+    // With TP 2 + SP inside each CP rank (each TP rank routes its SP shard of the CP shard).
     let tp = Moe {
         cp: 2,
         tp: 2,
@@ -564,4 +577,22 @@ fn the_executor_refuses_experts_not_divisible_by_ep() {
     }
     let e = run_cpu(&p, &RunOptions::default()).unwrap_err().to_string();
     assert!(e.contains("num_experts (7)") && e.contains("ep (2)"), "{e}");
+}
+
+#[test]
+fn the_executor_refuses_moe_under_tp_without_sequence_parallelism() {
+    // Each TP rank routes its sequence shard: a plan without SP (which the engine's config
+    // refuses first) has none, and the executor names the rule instead of routing the
+    // replicated microbatch t times.
+    let mut p = plan(moe_config(&Moe {
+        tp: 2,
+        sp: true,
+        ..BASE
+    }));
+    p.parallel.sp = false;
+    let e = run_cpu(&p, &RunOptions::default()).unwrap_err().to_string();
+    assert!(
+        e.contains("expert tp (2)") && e.contains("needs sequence parallelism"),
+        "{e}"
+    );
 }

@@ -19,6 +19,7 @@ pub mod layer;
 pub mod lora;
 pub mod mla;
 pub mod moe;
+pub mod moe_etp;
 pub mod moe_seq;
 pub mod mtp;
 pub mod params;

@@ -24,9 +24,11 @@
 //! - **Shared experts** (DeepSeek-V2/V3): a dense MLP on every token, its output added to the
 //!   routed experts' ([`super::shared`]).
 //!
-//! - **TP + SP** (expert tensor parallelism = tp): the block runs on the microbatch gathered
-//!   over SP; every TP rank routes it identically and runs its slice of each expert, the
-//!   partial outputs reduce-scatter into the SP region.
+//! - **TP + SP**: each TP rank routes its own sequence shard with the whole microbatch's
+//!   decisions ([`super::moe_seq::route_sp_shard`]) and dispatches its rows over EP. With
+//!   expert TP = tp the received rows are all-gathered over TP before each rank's slice of the
+//!   experts and their outputs reduce-scatter back before the combine ([`super::moe_etp`]);
+//!   with whole experts (expert TP 1) they run whole.
 //! - **CP**: the router's decisions are the whole microbatch's ([`super::moe_seq`]): the
 //!   load-balancing loss's fractions and the capacity over the whole sequence; each rank then
 //!   dispatches its own tokens.
@@ -34,7 +36,7 @@
 use super::params::BlockLayout;
 use super::{Ctx, Sink, WTask};
 use crate::backend::{Backend, Device, DeviceTensor, ProcessGroup};
-use crate::backend::{DeviceCollectives, ReduceOp, TensorOps, View, ViewMut};
+use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
 use crate::error::{ExecError, StateError};
 use crate::memory::Category;
 use crate::plan::{Activation, MoeShape};
@@ -65,16 +67,16 @@ pub struct MoeSaved<B: Backend> {
     /// Router probabilities [n, E].
     probs: B::Tensor,
     routing: Routing,
-    /// Rows sent to each EP member and received from each, and, per source member, the rows
-    /// of each local expert.
+    /// Rows sent to each EP member and received from each, and the rows of each local expert
+    /// per source member (per TP member and source, gathered over expert TP).
     send_rows: Vec<usize>,
     recv_rows: Vec<usize>,
-    recv_expert_rows: Vec<Vec<usize>>,
+    recv_expert_rows: super::moe_etp::EtRows,
     /// Per local expert: its input rows, fc1 output (the activation's input), activation output.
     x: Vec<B::Tensor>,
     u: Vec<B::Tensor>,
     act: Vec<B::Tensor>,
-    /// The expert outputs of the kept assignments [routes, h] (for the gates' gradient).
+    /// The expert outputs of the kept assignments [routes, h], whole (for the gates' gradient).
     y: B::Tensor,
     /// The k experts each token chose (DeepSeek-V3 routers only; empty for the plain one).
     chosen: Vec<usize>,
@@ -172,9 +174,9 @@ pub fn moe_fwd<B: Backend>(
     pe: View<'_, B::Tensor>,
     ln2: &B::Tensor,
 ) -> Result<(B::Tensor, MoeSaved<B>), ExecError> {
-    let (mut out, saved) = if ctx.plan.parallel.experts_fold_tp() {
-        // Whole experts: this rank routes its own sequence shard and gets its rows' outputs
-        // whole; the shared experts (split over TP) run on the gathered shard.
+    let (mut out, saved) = if ctx.plan.parallel.moe_routes_sp_shard() {
+        // This rank routes its own sequence shard and gets its rows' outputs whole; the
+        // shared experts (split over TP) run on the gathered microbatch.
         let (mut out, mut saved) = moe_fwd_full(ctx, l, p.clone(), le, pe, ln2)?;
         if has_shared(ctx) {
             let mut part = ctx.zeros(Category::Buffers, &[ctx.n, ctx.rd.h])?;
@@ -187,14 +189,10 @@ pub fn moe_fwd<B: Backend>(
         }
         (out, saved)
     } else {
-        // Every TP rank routes the whole microbatch (gathered over SP) the same way and runs
-        // its slice of every expert it holds; the partial sums reduce into the SP region.
-        let (partial, saved) = ctx.with_gathered(ln2, |c, xg| {
-            let (mut out, mut saved) = moe_fwd_full(c, l, p.clone(), le, pe, xg)?;
-            saved.shared = super::shared::shared_fwd(c, l, p.clone(), xg, &mut out)?;
-            Ok((out, saved))
-        })?;
-        (ctx.reduce_to_region(partial, Category::Buffers)?, saved)
+        // Without TP: the routed and the shared experts on the rank's rows.
+        let (mut out, mut saved) = moe_fwd_full(ctx, l, p.clone(), le, pe, ln2)?;
+        saved.shared = super::shared::shared_fwd(ctx, l, p.clone(), ln2, &mut out)?;
+        (ctx.reduce_to_region(out, Category::Buffers)?, saved)
     };
     // The shared experts' fc2 bias, after the reduction as the dense MLP's.
     super::bias::add(ctx, l, &p, super::bias::Site::Fc2, &mut out)?;
@@ -210,10 +208,8 @@ fn has_shared<B: Backend>(ctx: &Ctx<B>) -> bool {
         .is_some_and(|m| m.shared_ffn > 0)
 }
 
-/// The routed experts of [`moe_fwd`] on the rows `ln2` [rows, h] this rank routes (the
-/// gathered microbatch, or its sequence shard with whole experts under TP); returns this
-/// rank's output of those rows (a partial sum over expert TP). The caller adds the shared
-/// experts.
+/// The routed experts of [`moe_fwd`] on the rows `ln2` [rows, h] this rank routes (its
+/// sequence shard under TP); returns their output, whole. The caller adds the shared experts.
 fn moe_fwd_full<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
@@ -231,7 +227,7 @@ fn moe_fwd_full<B: Backend>(
         .linear_fwd(ln2, p.sub(l.tensors[ROUTER].range()), (n, h, e), &mut probs)?;
     let layer = super::dropout::block_layer(l);
     let router = |c: &mut Ctx<B>, t: &mut B::Tensor| route(c, t, &moe, layer);
-    let ((routing, aux, chosen), counted) = if ctx.plan.parallel.experts_fold_tp() {
+    let ((routing, aux, chosen), counted) = if ctx.plan.parallel.moe_routes_sp_shard() {
         super::moe_seq::route_sp_shard(ctx, &mut probs, moe.top_k, router)?
     } else {
         let r = super::moe_seq::route_whole_sequence(ctx, &mut probs, moe.top_k, router)?;
@@ -259,9 +255,12 @@ fn moe_fwd_full<B: Backend>(
     let recv_expert_rows: Vec<Vec<usize>> = got.chunks(local).map(|c| c.to_vec()).collect();
     let send_rows: Vec<usize> = counts.chunks(local).map(|c| c.iter().sum()).collect();
     let recv_rows: Vec<usize> = recv_expert_rows.iter().map(|c| c.iter().sum()).collect();
+    let et_rows = super::moe_etp::layout(ctx, recv_expert_rows)?;
     if !ctx.recomputing {
-        // The load: rows per local expert from every source, beside this rank's assignments.
-        let per_expert = (0..local).map(|j| recv_expert_rows.iter().map(|c| c[j] as u64).sum());
+        // The load: rows per local expert from every source (and every expert-TP member: the
+        // rows its slice runs on), beside the assignments of the microbatch.
+        let per_source = &et_rows.per_source;
+        let per_expert = (0..local).map(|j| per_source.iter().map(|c| c[j] as u64).sum());
         ctx.moe_load.add((ctx.n * moe.top_k) as u64, per_expert);
     }
 
@@ -269,8 +268,9 @@ fn moe_fwd_full<B: Backend>(
     let mut send = ctx.zeros(b, &[tokens.len(), h])?;
     ctx.ops.gather_rows(ln2, &tokens, &mut send)?;
     let recv = exchange_rows(ctx, &ep, &send, &send_rows, &recv_rows, h, b)?;
-    let total_recv = recv.rows();
     drop(send);
+    let recv = super::moe_etp::gather(ctx, recv, &et_rows, h, b)?;
+    let total_recv = recv.rows();
 
     // Expert tensor parallelism: this rank's slice of each expert's intermediate size.
     let f = moe.ffn / ctx.rd.et;
@@ -279,7 +279,7 @@ fn moe_fwd_full<B: Backend>(
     let mut back = ctx.zeros(b, &[total_recv, h])?;
     let (mut xs, mut us, mut acts) = (Vec::new(), Vec::new(), Vec::new());
     for j in 0..local {
-        let spans = expert_rows(&recv_expert_rows, j);
+        let spans = expert_rows(&et_rows.per_source, j);
         let c: usize = spans.iter().map(|s| s.1).sum();
         let mut x = ctx.zeros(a, &[c, h])?;
         copy_spans(ctx, &recv, &mut x, h, gathered_spans(&spans))?;
@@ -308,6 +308,7 @@ fn moe_fwd_full<B: Backend>(
         acts.push(act);
     }
     drop(recv);
+    let back = super::moe_etp::reduce_scatter(ctx, back, &et_rows, h, b)?;
     let y = exchange_rows(ctx, &ep, &back, &recv_rows, &send_rows, h, a)?;
     drop(back);
     let mut out = ctx.zeros(b, &[n, h])?;
@@ -321,7 +322,7 @@ fn moe_fwd_full<B: Backend>(
             routing,
             send_rows,
             recv_rows,
-            recv_expert_rows,
+            recv_expert_rows: et_rows,
             x: xs,
             u: us,
             act: acts,
@@ -367,26 +368,26 @@ pub fn moe_bwd<B: Backend>(
     dy: &B::Tensor,
     sink: &mut Sink<B>,
 ) -> Result<B::Tensor, ExecError> {
-    let folded = ctx.plan.parallel.experts_fold_tp();
+    let sharded = ctx.plan.parallel.moe_routes_sp_shard();
     let (h, e) = (ctx.rd.h, moe_of(ctx)?.num_experts);
     let bcat = Category::Buffers;
     let shared = s.shared.take();
     super::bias::grad(ctx, l, super::bias::Site::Fc2, dy, sink)?;
-    // The whole microbatch's output gradient (gathered over SP): the routed rows' unless each
-    // rank routes its own shard, and the shared experts'.
-    let dy_full = if folded && shared.is_none() {
+    // The whole microbatch's output gradient (gathered over SP) for the shared experts, and
+    // without TP the routed rows' (a copy; under TP each rank routed its own shard).
+    let dy_full = if sharded && shared.is_none() {
         None
     } else {
         Some(ctx.expand_grad(dy)?)
     };
-    let dy_routed = match (&dy_full, folded) {
+    let dy_routed = match (&dy_full, sharded) {
         (Some(d), false) => d,
         _ => dy,
     };
     let (d_rows, dlogits) = routed_bwd(ctx, l, &p, pe, le, s, dy_routed, sink)?;
     let rows = dlogits.rows();
     let sp = ctx.sp;
-    if shared.is_none() && !folded {
+    if shared.is_none() && !sharded {
         sink(
             ctx,
             WTask::Linear {
@@ -403,9 +404,9 @@ pub fn moe_bwd<B: Backend>(
         return ctx.reduce_to_region(d_rows, bcat);
     }
     // The router's weight gradient (E x h, small) now: the shared experts' fc1 takes `ln2`
-    // for its own, so no copy of it is kept; with whole experts its rows are this rank's shard.
+    // for its own, so no copy of it is kept; under TP its rows are this rank's shard.
     let mut grad = ctx.zeros(bcat, &[e * h])?;
-    if folded {
+    if sharded {
         ctx.ops
             .linear_wgrad(&dlogits, &ln2, (rows, h, e), ViewMut::all(&mut grad))?;
     } else {
@@ -423,8 +424,8 @@ pub fn moe_bwd<B: Backend>(
         },
     )?;
     let dy_full = dy_full.ok_or_else(|| ExecError::from(StateError::MoeSavedMismatch));
-    if !folded {
-        // The routed rows' gradient is a partial sum over TP: the shared experts' joins it.
+    if !sharded {
+        // Without TP: the shared experts' gradient joins the routed rows'.
         let mut d = d_rows;
         if let Some(sh) = shared {
             super::shared::shared_bwd(ctx, l, p.clone(), sh, ln2, dy_full?, &mut d, sink)?;
@@ -443,8 +444,8 @@ pub fn moe_bwd<B: Backend>(
 }
 
 /// Backward of the routed experts and the router over the rows this rank routed, from their
-/// output gradient `dy` [rows, h]: the rows' input gradient (the experts', and the router's
-/// added once over TP) and the router's logit gradient [rows, E].
+/// output gradient `dy` [rows, h]: the rows' input gradient (the experts' and the router's)
+/// and the router's logit gradient [rows, E].
 #[allow(clippy::too_many_arguments)]
 fn routed_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
@@ -465,21 +466,22 @@ fn routed_bwd<B: Backend>(
         .clone()
         .ok_or_else(|| ExecError::from(StateError::MoeWithoutEpGroup))?;
     let routes = &s.routing.routes;
-    // Combine: d y_r = gate_r dy[t]; d gate_r = dy[t] . y_r (y_r this rank's partial expert
-    // output under expert TP: the dots sum over TP).
+    // Combine: d y_r = gate_r dy[t]; d gate_r = dy[t] . y_r (y_r whole: reduced over expert TP
+    // before the combine).
     let mut dprobs = ctx.zeros(bcat, &[n, e])?;
     let mut dsend = ctx.zeros(bcat, &[routes.len(), h])?;
     ctx.ops
         .moe_combine_bwd(dy, &s.y, routes, &mut dprobs, &mut dsend)?;
     drop(s.y);
-    if ctx.rd.et > 1 {
-        ctx.comm
-            .all_reduce(&ctx.tp, ViewMut::all(&mut dprobs), ReduceOp::Sum)?;
-    }
     let drecv = exchange_rows(ctx, &ep, &dsend, &s.send_rows, &s.recv_rows, h, bcat)?;
     drop(dsend);
+    // Expert TP: the output gradients of every TP member's received rows, gathered; the
+    // slices' input gradients are partial sums over TP, reduce-scattered back.
+    let at = &s.recv_expert_rows;
+    let drecv = super::moe_etp::gather(ctx, drecv, at, h, bcat)?;
     let saved = (s.x, s.u, s.act);
-    let dback = experts_bwd(ctx, pe, le, saved, &s.recv_expert_rows, drecv, sink)?;
+    let dback = experts_bwd(ctx, pe, le, saved, &at.per_source, drecv, sink)?;
+    let dback = super::moe_etp::reduce_scatter(ctx, dback, at, h, bcat)?;
     let dx_routes = exchange_rows(ctx, &ep, &dback, &s.recv_rows, &s.send_rows, h, bcat)?;
     drop(dback);
     let mut d_rows = ctx.zeros(bcat, &[n, h])?;
@@ -512,17 +514,14 @@ fn routed_bwd<B: Backend>(
         )?;
     }
     drop(s.probs);
-    // The router's input gradient, added once: every TP rank holds the same rows' gradient,
-    // unless each routed its own shard.
-    if ctx.plan.parallel.experts_fold_tp() || ctx.rd.tp_rank == 0 {
-        ctx.ops.linear_dgrad(
-            &dlogits,
-            p.sub(l.tensors[ROUTER].range()),
-            (n, h, e),
-            &mut d_rows,
-            true,
-        )?;
-    }
+    // The router's input gradient: every rank's for the rows it routed.
+    ctx.ops.linear_dgrad(
+        &dlogits,
+        p.sub(l.tensors[ROUTER].range()),
+        (n, h, e),
+        &mut d_rows,
+        true,
+    )?;
     Ok((d_rows, dlogits))
 }
 
@@ -534,8 +533,8 @@ type ExpertsSaved<B> = (
 );
 
 /// Backward of this rank's experts on the rows they received (`drecv`, laid out by
-/// `recv_expert_rows`): their weight-gradient tasks go to `sink`; returns the received rows'
-/// input gradients, to be sent back.
+/// `recv_expert_rows`, every expert-TP member's): their weight-gradient tasks go to `sink`;
+/// returns the received rows' input gradients (partial sums over expert TP), to be sent back.
 fn experts_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     pe: View<'_, B::Tensor>,
@@ -612,7 +611,7 @@ fn experts_bwd<B: Backend>(
 
 /// A routed expert's bias gradient: the column sums of `dy` [rows, o] over the rows it
 /// received, for tensor `tensor` of the experts block `le` (whole on every TP rank: the rows
-/// are the whole microbatch's).
+/// are every expert-TP member's).
 fn expert_bias_grad<B: Backend>(
     ctx: &mut Ctx<B>,
     le: &BlockLayout,

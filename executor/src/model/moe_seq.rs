@@ -60,8 +60,8 @@ pub fn route_whole_sequence<B: Backend>(
     ))
 }
 
-/// [`route_whole_sequence`] for a TP rank routing only its sequence shard (whole experts under
-/// TP + SP, Megatron-Core's MoE Parallel Folding): the shard's `logits` [n_sp, E] are
+/// [`route_whole_sequence`] for a TP rank routing only its sequence shard (every MoE layer
+/// under TP + SP, as Megatron-Core's token dispatchers, whatever the expert TP): the shard's `logits` [n_sp, E] are
 /// all-gathered over TP (the shards are consecutive rows) so that the decisions, the
 /// load-balancing loss's fractions and the capacity are the whole microbatch's; the rank keeps
 /// its rows' assignments, probabilities and choices. Also returns the choices of every row of

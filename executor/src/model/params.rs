@@ -406,14 +406,14 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                 b.norm(&format!("{p}.mlp_norm"), m.norm, h);
                 if let (true, Some(moe)) = (m.is_moe_layer(l), &m.moe) {
                     // The router, replicated: hidden -> experts. Its gradient is a partial
-                    // sum over TP when each TP rank routes its own sequence shard.
+                    // sum over TP: each TP rank routes its own sequence shard.
                     let e = moe.num_experts;
-                    let folded = plan.parallel.experts_fold_tp();
+                    let sharded = plan.parallel.moe_routes_sp_shard();
                     b.push(
                         e,
                         h,
                         vec![seg(format!("{p}.router"), h, 0..e, 0..h, std)],
-                        folded,
+                        sharded,
                     );
                     if moe.shared_ffn > 0 {
                         let q = format!("{p}.shared_experts");
