@@ -246,25 +246,19 @@ pub fn stage_memory(
         Pipeline::Actions(actions) => actions.iter().any(|a| a.kind == ActionKind::I),
         Pipeline::Inflight { split, .. } => split,
     };
-    // A full backward's transient counts the buckets from their first weight gradient on.
+    // A full backward's transient counts the buckets from their first weight gradient on and
+    // the gathered weights of the unit running (the MTP module's three units apart).
     let backward_of = |b: &BlockSummary| {
-        gathered_of(b)
-            + if split {
-                b.backward_temp_split
-            } else {
-                b.backward_temp
-            }
-    };
-    // ZeRO-3 gathers a block's experts apart from the rest of it (the expert space), so the
-    // two sets forward holds (the one in use and the one beside it) are each a block's dense
-    // part or its experts: an MoE layer's two parts, or one part and the previous block's.
-    let gathered_set = |b: &BlockSummary| {
-        if zero >= 3 {
-            b.params.rank_dense.max(b.params.rank_expert) * w
+        if split {
+            gathered_of(b) + b.backward_temp_split
         } else {
-            0
+            b.backward_temp
         }
     };
+    // ZeRO-3 gathers a block's experts apart from the rest of it (the expert space), so the
+    // two sets forward holds (the one in use and the one beside it) are each a unit's dense
+    // part or its experts: an MoE layer's two parts, or one part and the previous block's.
+    let gathered_set = |b: &BlockSummary| if zero >= 3 { b.gather_set * w } else { 0 };
     let has_output = chunks.iter().any(|c| c.output);
     let phase = PhaseBuffers {
         forward: 2 * blocks().map(gathered_set).max().unwrap_or(0)

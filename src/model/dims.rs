@@ -34,6 +34,9 @@ pub struct Dims {
     /// ZeRO-2/3 (the block's gradients at full size before their reduce-scatter, as
     /// DeepSpeed's reduce bucket), 0 below, where gradients accumulate in place.
     pub grad_bucket: u64,
+    /// Bytes per parameter ZeRO-3 gathers for a block's forward and backward (the weight
+    /// dtype's), 0 below ZeRO-3, where every weight is resident.
+    pub zero3_gather: u64,
     /// Fraction of the s x s scores counted in model FLOPs (0.5 causal, 1 full).
     pub attn_model_fraction: f64,
     /// Fraction of the s x s scores a rank really computes (flash skips masked blocks).
@@ -86,6 +89,7 @@ impl Dims {
             } else {
                 0
             },
+            zero3_gather: if p.zero >= 3 { tr.weight_bytes() } else { 0 },
             attn_model_fraction: match tr.flops_attention {
                 FlopsAttention::Causal => 0.5,
                 FlopsAttention::Full => 1.0,

@@ -30,6 +30,7 @@ pub use summary::{
 use crate::config::{Recompute, Resolved};
 use crate::layout::GroupKind;
 use serde::Serialize;
+use std::ops::Range;
 
 /// What a block is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -128,6 +129,11 @@ pub struct Block {
     pub ops: Vec<Op>,
     /// The layer's input (the residual stream shard), which full recompute keeps.
     pub input_bytes: u64,
+    /// Where its ZeRO-3 gather units start after the first op (empty: the block is one unit).
+    /// The MTP module is three, as Megatron-Core builds it and the executor runs it: its input
+    /// projection, its transformer layer and its head, each gathered on its own.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unit_starts: Vec<usize>,
 }
 
 impl Block {
@@ -166,6 +172,45 @@ impl Block {
             }
         }
         s
+    }
+
+    /// Its ZeRO-3 gather units, as op ranges ([`Block::unit_starts`]).
+    pub fn gather_units(&self) -> Vec<Range<usize>> {
+        let mut starts = vec![0];
+        starts.extend(
+            self.unit_starts
+                .iter()
+                .copied()
+                .filter(|&x| x > 0 && x < self.ops.len()),
+        );
+        starts.push(self.ops.len());
+        starts.windows(2).map(|w| w[0]..w[1]).collect()
+    }
+
+    /// This rank's (dense, expert) parameters of the ops in `unit`.
+    fn unit_params(&self, unit: Range<usize>) -> (u64, u64) {
+        let mut sums = (0, 0);
+        for p in self.ops[unit].iter().filter_map(|o| o.params) {
+            if p.class == ParamClass::Expert {
+                sums.1 += p.rank;
+            } else {
+                sums.0 += p.rank;
+            }
+        }
+        sums
+    }
+
+    /// The most parameters ZeRO-3's forward gathers at once for this block: a unit's dense
+    /// part or its experts (the expert space is gathered apart).
+    pub fn largest_gather_set(&self) -> u64 {
+        self.gather_units()
+            .into_iter()
+            .map(|u| {
+                let (dense, expert) = self.unit_params(u);
+                dense.max(expert)
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     /// Every saved tensor's bytes (no recomputation).
@@ -226,29 +271,57 @@ impl Block {
     /// parameters apart) is held from its first weight gradient on, so it is counted at the
     /// ops from there down, not beside every saved tensor of the block: an MoE layer's dense
     /// bucket opens at the router, once the experts' saved tensors are freed.
-    pub fn backward_temp_full_bytes(&self, incoming: u64, bucket_bytes: u64) -> u64 {
+    /// With `gather_bytes` per parameter (ZeRO-3's gathered weights, 0 below), the weights of
+    /// the gather unit an op belongs to are held through its backward.
+    pub fn backward_temp_full_bytes(
+        &self,
+        incoming: u64,
+        bucket_bytes: u64,
+        gather_bytes: u64,
+    ) -> u64 {
         let trainable = |o: &Op| o.params.filter(|p| p.trainable);
-        let space = |expert: bool| -> u64 {
-            self.ops
-                .iter()
-                .filter_map(trainable)
-                .filter(|p| (p.class == ParamClass::Expert) == expert)
-                .map(|p| p.rank)
-                .sum::<u64>()
-                * bucket_bytes
-        };
-        let buckets = [space(false), space(true)];
+        let units = self.gather_units();
+        // Per unit: its gathered weights, and each parameter space's bucket (trainable
+        // parameters of that space in the unit x bucket_bytes).
+        let per_unit: Vec<(u64, [u64; 2])> = units
+            .iter()
+            .map(|u| {
+                let (dense, expert) = self.unit_params(u.clone());
+                let space = |expert: bool| -> u64 {
+                    self.ops[u.clone()]
+                        .iter()
+                        .filter_map(trainable)
+                        .filter(|p| (p.class == ParamClass::Expert) == expert)
+                        .map(|p| p.rank)
+                        .sum::<u64>()
+                        * bucket_bytes
+                };
+                ((dense + expert) * gather_bytes, [space(false), space(true)])
+            })
+            .collect();
         let mut opened = [false; 2];
+        let mut unit_now = usize::MAX;
         let mut later = 0u64;
         let mut worst = 0u64;
         // The saved bytes of an op whose input gradient took them over (`Op::grad_in_saved`):
         // freed only once the op before it has read that gradient.
         let mut deferred = 0u64;
-        for o in self.ops.iter().rev() {
+        for (i, o) in self.ops.iter().enumerate().rev() {
+            let unit = units.iter().position(|u| u.contains(&i)).unwrap_or(0);
+            if unit != unit_now {
+                // A unit's buckets are reduced and freed when its backward ends.
+                unit_now = unit;
+                opened = [false; 2];
+            }
             if let Some(p) = trainable(o) {
                 opened[(p.class == ParamClass::Expert) as usize] = true;
             }
-            let held: u64 = (0..2).filter(|&i| opened[i]).map(|i| buckets[i]).sum();
+            let (gathered, buckets) = per_unit[unit];
+            let held: u64 = (0..2)
+                .filter(|&k| opened[k])
+                .map(|k| buckets[k])
+                .sum::<u64>()
+                + gathered;
             // An output gradient living in the next op's saved tensor is already counted.
             let grad_out = if deferred > 0 { 0 } else { o.grad_out_bytes };
             let temp = if o.grad_in_saved { 0 } else { o.temp_bytes };
@@ -452,6 +525,7 @@ impl Ledger {
                 kind,
                 ops,
                 input_bytes,
+                unit_starts: Vec::new(),
             }
         };
         let dense = layer(BlockKind::DenseLayer);
@@ -469,8 +543,10 @@ impl Ledger {
         let mtp = (m.mtp_num_layers > 0).then(|| {
             let mut ops = Vec::new();
             embedding::mtp_prelude(&mut ops, m, &d);
+            let body_start = ops.len();
             let body = moe.as_ref().unwrap_or(&dense);
             ops.extend(body.ops.iter().cloned());
+            let head_start = ops.len();
             let mut head = Vec::new();
             embedding::output_block(&mut head, m, &d, false, false);
             ops.extend(head);
@@ -478,6 +554,7 @@ impl Ledger {
                 kind: BlockKind::Mtp,
                 ops,
                 input_bytes,
+                unit_starts: vec![body_start, head_start],
             }
         });
         Ledger {
@@ -485,11 +562,13 @@ impl Ledger {
                 kind: BlockKind::Embedding,
                 ops: emb_ops,
                 input_bytes: 0,
+                unit_starts: Vec::new(),
             },
             output: Block {
                 kind: BlockKind::Output,
                 ops: out_ops,
                 input_bytes: 0,
+                unit_starts: Vec::new(),
             },
             dense,
             moe,
@@ -529,6 +608,7 @@ mod tests {
             kind: BlockKind::MoeLayer,
             ops: vec![dense, expert, last],
             input_bytes: 0,
+            unit_starts: Vec::new(),
         }
     }
 
@@ -540,10 +620,30 @@ mod tests {
         //   300 freed: 600;
         // - dense: its saved 1000, both buckets (200 + 100 x 4), 800 freed: 800.
         let b = block();
-        assert_eq!(b.backward_temp_full_bytes(10, 4), 10 + 800);
+        assert_eq!(b.backward_temp_full_bytes(10, 4, 0), 10 + 800);
         // Without buckets the worst is 400 (last op; expert: 700 - 300).
-        assert_eq!(b.backward_temp_full_bytes(10, 0), 10 + 400);
+        assert_eq!(b.backward_temp_full_bytes(10, 0, 0), 10 + 400);
         // Below the whole bucket (600) on top of the transient, the former count.
-        assert!(b.backward_temp_full_bytes(10, 4) < 10 + 400 + 600);
+        assert!(b.backward_temp_full_bytes(10, 4, 0) < 10 + 400 + 600);
+    }
+
+    #[test]
+    fn zero3_gathers_each_unit_apart() {
+        // One unit: the whole block's 150 parameters x 2 bytes beside every op's transient;
+        // backward as above without buckets (worst 400, at the last op) plus 300.
+        let mut b = block();
+        assert_eq!(b.backward_temp_full_bytes(10, 0, 2), 10 + 400 + 300);
+        assert_eq!(b.largest_gather_set(), 100);
+        // Units [dense] and [expert, last]: the last op holds the expert's 100 bytes (400 +
+        // 100), the expert op 700 - 300 + 100, the dense op 1000 - 800 + its own 200.
+        b.unit_starts = vec![1];
+        assert_eq!(b.gather_units(), vec![0..1, 1..3]);
+        assert_eq!(b.backward_temp_full_bytes(10, 0, 2), 10 + 500);
+        assert_eq!(b.largest_gather_set(), 100);
+        b.unit_starts = vec![2];
+        // Units [dense, expert] and [last]: the set is the dense part, 100 (experts 50); the
+        // last op holds no gathered weights (400), the expert op 700 - 300 + 300.
+        assert_eq!(b.largest_gather_set(), 100);
+        assert_eq!(b.backward_temp_full_bytes(10, 0, 2), 10 + 700);
     }
 }

@@ -42,8 +42,9 @@ pub struct BlockSummary {
     /// Bytes held from a split backward's I to its W per microbatch
     /// ([`Block::wgrad_pending_bytes`]).
     pub wgrad_pending: u64,
-    /// The largest transient of the block's full backward, ZeRO-2/3's gradient buckets
-    /// included ([`Block::backward_temp_full_bytes`]).
+    /// The largest transient of the block's full backward, ZeRO-2/3's gradient buckets and
+    /// ZeRO-3's gathered weights of the running unit included
+    /// ([`Block::backward_temp_full_bytes`]).
     pub backward_temp: u64,
     /// The same for a split backward's input-gradient pass ([`Block::backward_temp_bytes`]).
     pub backward_temp_split: u64,
@@ -52,6 +53,9 @@ pub struct BlockSummary {
     pub temp: u64,
     /// The sequence-parallel gather buffer this block needs ([`Block::sp_gather_bytes`]).
     pub sp_gather: u64,
+    /// The most parameters ZeRO-3's forward gathers at once for it
+    /// ([`Block::largest_gather_set`]).
+    pub gather_set: u64,
     /// Wire bytes per microbatch, per group, recomputation included.
     pub comm: GroupBytes,
     pub model_flops: f64,
@@ -85,6 +89,7 @@ impl BlockSummary {
             backward_temp_split: 0,
             temp: b.forward_temp_bytes(recompute),
             sp_gather: b.sp_gather_bytes(),
+            gather_set: b.largest_gather_set(),
             comm: b.comm_bytes(recompute),
             model_flops: mf.total(),
             rank_fwd: rf.fwd,
@@ -124,7 +129,11 @@ impl LedgerSummary {
         // backward starts from the loss, with no incoming gradient.
         let sum_with = |b: &Block, incoming: u64| BlockSummary {
             wgrad_pending: b.wgrad_pending_bytes(l.dims.act),
-            backward_temp: b.backward_temp_full_bytes(incoming, l.dims.grad_bucket),
+            backward_temp: b.backward_temp_full_bytes(
+                incoming,
+                l.dims.grad_bucket,
+                l.dims.zero3_gather,
+            ),
             backward_temp_split: b.backward_temp_bytes(incoming),
             ..BlockSummary::timed(b, recompute, times(b))
         };
