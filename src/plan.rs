@@ -320,19 +320,13 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
     }
 }
 
-/// Refuses the LoRA mixes the executor does not run yet, naming the field.
+/// Refuses the LoRA mixes the executor does not run yet (MoE), naming the field.
 fn check_lora(r: &Resolved) -> Result<(), PlanError> {
     let m = &r.config.model;
     if m.is_moe() {
         return Err(unsupported(
             "training.mode",
             "LoRA is executed on dense models only (the shared experts' adapters are not); use mode = \"full\" with MoE",
-        ));
-    }
-    if m.mla.is_some() {
-        return Err(unsupported(
-            "training.mode",
-            "LoRA is executed with GQA/MHA attention only, not MLA; use mode = \"full\" with MLA",
         ));
     }
     Ok(())
@@ -346,7 +340,9 @@ fn lora_shape(r: &Resolved) -> Option<LoraShape> {
         LoraShape {
             rank: t.lora.rank as usize,
             alpha: t.lora.alpha.unwrap_or(t.lora.rank as f64) as f32,
-            qkv: has(LoraTarget::Qkv),
+            // `qkv` names the fused QKV projection (NeMo's `linear_qkv`); an MLA layer has
+            // none, so the engine counts no adapter there (src/model/attention.rs).
+            qkv: has(LoraTarget::Qkv) && r.config.model.mla.is_none(),
             proj: has(LoraTarget::Proj),
             fc1: has(LoraTarget::Fc1),
             fc2: has(LoraTarget::Fc2),

@@ -637,10 +637,13 @@ impl Plan {
             if !(l.alpha.is_finite() && l.alpha > 0.0) {
                 return bad("alpha", "must be a positive finite number");
             }
-            if m.moe.is_some() || m.mla.is_some() {
+            if m.moe.is_some() {
+                return bad("rank", "adapters run on dense MLP layers only (no MoE)");
+            }
+            if m.mla.is_some() && l.qkv {
                 return bad(
-                    "rank",
-                    "adapters run on dense layers with GQA/MHA attention only (no MoE, no MLA)",
+                    "qkv",
+                    "an MLA layer has no fused QKV projection to adapt (the engine counts none)",
                 );
             }
         }
