@@ -320,13 +320,25 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
     }
 }
 
-/// Refuses the LoRA mixes the executor does not run yet (MoE), naming the field.
+/// Refuses the LoRA mixes the executor does not run yet (MoE with fc1/fc2 adapters, MoE
+/// under ZeRO-3 with EP), naming the field.
 fn check_lora(r: &Resolved) -> Result<(), PlanError> {
     let m = &r.config.model;
-    if m.is_moe() {
+    if !m.is_moe() {
+        return Ok(());
+    }
+    let targets = &r.config.training.lora.targets;
+    if targets.contains(&LoraTarget::Fc1) || targets.contains(&LoraTarget::Fc2) {
         return Err(unsupported(
-            "training.mode",
-            "LoRA is executed on dense models only (the shared experts' adapters are not); use mode = \"full\" with MoE",
+            "training.lora.targets",
+            "with MoE the executor runs adapters on qkv and proj only (the routed and shared experts' fc1/fc2 adapters are not executed)",
+        ));
+    }
+    let p = &r.config.parallel;
+    if p.zero >= 3 && p.ep > 1 {
+        return Err(unsupported(
+            "parallel.zero",
+            "LoRA with MoE under ZeRO-3 is executed with ep = 1 only (the frozen experts would shard over the dense DP group)",
         ));
     }
     Ok(())

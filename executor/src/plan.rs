@@ -637,8 +637,19 @@ impl Plan {
             if !(l.alpha.is_finite() && l.alpha > 0.0) {
                 return bad("alpha", "must be a positive finite number");
             }
-            if m.moe.is_some() {
-                return bad("rank", "adapters run on dense MLP layers only (no MoE)");
+            if m.moe.is_some() && (l.fc1 || l.fc2) {
+                return bad(
+                    if l.fc1 { "fc1" } else { "fc2" },
+                    "the routed experts' adapters are not executed; with MoE adapt qkv and proj",
+                );
+            }
+            // The frozen experts lie in the frozen space, which ZeRO-3 shards over the dense
+            // DP group: across EP ranks that hold different experts.
+            if m.moe.is_some() && self.parallel.zero >= 3 && ep > 1 {
+                return bad(
+                    "rank",
+                    "LoRA with MoE under ZeRO-3 runs with ep = 1 only (the frozen experts shard over DP)",
+                );
             }
             if m.mla.is_some() && l.qkv {
                 return bad(

@@ -199,10 +199,22 @@ fn lora_mixes_not_executed_are_refused_by_field() {
     moe["model"]["num_experts"] = 4.into();
     moe["model"]["moe_router_topk"] = 2.into();
     moe["model"]["moe_ffn_hidden_size"] = 64.into();
+    // With MoE the routed experts' fc1/fc2 adapters (which the engine counts) are not run.
     let err = parsim::plan::lower(&resolve(moe), &options())
         .expect_err("refused")
         .to_string();
-    assert!(err.contains("training.mode"), "{err}");
+    assert!(err.contains("training.lora.targets"), "{err}");
+    // Nor LoRA with MoE under ZeRO-3 with EP (the frozen experts would shard over dense DP).
+    let zero3 = super::moe::Moe {
+        ep: 2,
+        dp: 2,
+        zero: 3,
+        ..super::moe::BASE
+    };
+    let err = parsim::plan::lower(&resolve(lora_moe(&zero3)), &options())
+        .expect_err("refused")
+        .to_string();
+    assert!(err.starts_with("parallel.zero"), "{err}");
     // MLA lowers without a `qkv` adapter (the engine counts none: no fused QKV projection);
     // a plan that asks for one anyway is refused by field.
     let mut p = plan(lora_mla(&Mix::single()));
@@ -335,6 +347,116 @@ fn lora_with_mla_memory_is_within_two_percent_per_rank() {
     all.insert(0, ("mla single", Mix::single()));
     for (name, mix) in all {
         let res = super::memory::compare_config(lora_mla(&mix));
+        for (rank, m, p, mb, pb) in &res {
+            // Weights (frozen and adapters), gradients and optimizer states (adapters only).
+            let head = |s: &str| s.split(" a ").next().unwrap_or("").to_string();
+            assert_eq!(
+                head(mb),
+                head(pb),
+                "{name} rank {rank}: weights/gradients/optimizer"
+            );
+            let pct = (*m as f64 - *p as f64) / *p as f64 * 100.0;
+            println!("{name} rank {rank}: measured {m} predicted {p} ({pct:+.2}%)\n  measured  {mb}\n  predicted {pb}");
+            assert!(
+                pct.abs() <= 2.0,
+                "{name} rank {rank}: {pct:+.2}%\n  measured  {mb}\n  predicted {pb}"
+            );
+        }
+    }
+}
+
+/// [`lora`]'s adapters (rank 4, alpha 16) on the attention's `qkv` and `proj` of the small MoE
+/// model of `tests/executor/moe.rs` (8 experts, top-2, expert ffn 64, 4 layers, the first
+/// dense): the routed experts, the router and the dense layer's MLP stay frozen.
+fn lora_moe(c: &super::moe::Moe) -> Value {
+    let mut v = super::moe::moe_config(c);
+    v["training"]["mode"] = "lora".into();
+    v["training"]["lora"] = json!({"rank": 4, "alpha": 16.0, "targets": ["qkv", "proj"]});
+    v
+}
+
+/// LoRA with MoE's mixes: EP 2 with ZeRO-1, TP 2 + SP with expert-TP 2, PP 2 (1F1B).
+fn moe_mixes() -> [(&'static str, super::moe::Moe); 3] {
+    use super::moe::{Moe, BASE};
+    let base = Moe {
+        first_dense: 1,
+        ..BASE
+    };
+    [
+        (
+            "moe ep2 zero1",
+            Moe {
+                ep: 2,
+                dp: 2,
+                zero: 1,
+                ..base
+            },
+        ),
+        (
+            "moe tp2+sp etp2",
+            Moe {
+                tp: 2,
+                sp: true,
+                ..base
+            },
+        ),
+        ("moe pp2 1f1b", Moe { pp: 2, ..base }),
+    ]
+}
+
+#[test]
+fn lora_with_moe_matches_the_single_rank_run() {
+    let single = moe_mixes()[0].1.single();
+    let reference = run(&seeded(lora_moe(&single)), 3);
+    let rp = reference.params.as_ref().expect("params");
+    let mut frozen = plan(super::moe::moe_config(&single));
+    frozen.adam.lr = 0.0;
+    let init = run(&frozen, 1);
+    let ip = init.params.as_ref().expect("params");
+    // The routed experts, the router, every norm and projection keep their initial bits.
+    assert!(ip.keys().any(|k| k.contains("expert")), "{:?}", ip.keys());
+    for (name, want) in ip {
+        assert_eq!(&rp[name], want, "{name}: a frozen base weight moved");
+    }
+    // Per layer: qkv A and B (q, k, v rows), proj A and B.
+    let adapters: Vec<_> = rp.keys().filter(|k| k.contains("_lora_")).collect();
+    assert_eq!(rp.len(), ip.len() + adapters.len());
+    assert_eq!(adapters.len(), 4 * (4 + 2));
+    let mut untrained = seeded(lora_moe(&single));
+    untrained.adam.lr = 0.0;
+    let before = run(&untrained, 1);
+    let bp = before.params.as_ref().expect("params");
+    for name in &adapters {
+        let moved = rel_diff(&rp[*name], &bp[*name]);
+        assert!(moved > 1e-4, "{name} did not train ({moved:e})");
+    }
+    let l0 = (reference.loss[0] - init.loss[0]).abs();
+    assert!(l0 > 1e-4, "the adapters did not act on the loss ({l0:e})");
+    for (name, c) in moe_mixes() {
+        let got = run(&seeded(lora_moe(&c)), 3);
+        super::moe::compare(name, &got, &reference);
+        let gp = got.params.as_ref().expect("params");
+        let worst = rp
+            .iter()
+            .map(|(k, want)| rel_diff(&gp[k], want))
+            .fold(0.0, f64::max);
+        let l0 = (got.loss[0] - reference.loss[0]).abs() / reference.loss[0];
+        println!("{name}: loss rel {l0:.1e}, worst parameter rel {worst:.1e}");
+    }
+}
+
+#[test]
+fn lora_with_moe_memory_is_within_two_percent_per_rank() {
+    // Forced load balancing: the routing, hence every rank's expert rows, known by
+    // construction (the engine's balanced load).
+    let mut all = moe_mixes().to_vec();
+    all.insert(0, ("moe single", moe_mixes()[0].1.single()));
+    for (name, c) in all {
+        let c = super::moe::Moe {
+            force_balance: true,
+            ..c
+        };
+        let res = super::memory::compare_config(lora_moe(&c));
         for (rank, m, p, mb, pb) in &res {
             // Weights (frozen and adapters), gradients and optimizer states (adapters only).
             let head = |s: &str| s.split(" a ").next().unwrap_or("").to_string();

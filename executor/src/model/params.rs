@@ -294,7 +294,8 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
         };
         fill(&mut b);
         let space = match kind {
-            BlockKind::Experts(_) => EXPERT_SPACE,
+            // Under LoRA the routed experts are frozen with the rest of the base.
+            BlockKind::Experts(_) if plan.lora.is_none() => EXPERT_SPACE,
             BlockKind::Adapters(_) => DENSE_SPACE,
             _ if plan.lora.is_some() => FROZEN_SPACE,
             _ => DENSE_SPACE,

@@ -490,11 +490,10 @@ impl<'a, B: Backend> Rank<'a, B> {
     }
 
     pub(super) fn experts_of(&self, bi: usize) -> Option<usize> {
-        match (
-            self.blocks[bi].kind,
-            self.blocks.get(bi + 1).map(|b| b.kind),
-        ) {
-            (BlockKind::Layer(l), Some(BlockKind::Experts(e))) if l == e => Some(bi + 1),
+        // Under LoRA the layer's adapters block comes between.
+        let ei = bi + 1 + usize::from(self.adapters_of(bi).is_some());
+        match (self.blocks[bi].kind, self.blocks.get(ei).map(|b| b.kind)) {
+            (BlockKind::Layer(l), Some(BlockKind::Experts(e))) if l == e => Some(ei),
             _ => None,
         }
     }
