@@ -199,7 +199,8 @@ fn lora_mixes_not_executed_are_refused_by_field() {
     moe["model"]["num_experts"] = 4.into();
     moe["model"]["moe_router_topk"] = 2.into();
     moe["model"]["moe_ffn_hidden_size"] = 64.into();
-    // With MoE the routed experts' fc1/fc2 adapters (which the engine counts) are not run.
+    // The shared experts' fc1/fc2 adapters (which the engine counts) are not run.
+    moe["model"]["moe_shared_expert_intermediate_size"] = 64.into();
     let err = parsim::plan::lower(&resolve(moe), &options())
         .expect_err("refused")
         .to_string();
@@ -211,7 +212,7 @@ fn lora_mixes_not_executed_are_refused_by_field() {
         zero: 3,
         ..super::moe::BASE
     };
-    let err = parsim::plan::lower(&resolve(lora_moe(&zero3)), &options())
+    let err = parsim::plan::lower(&resolve(lora_moe(&zero3, &ALL)), &options())
         .expect_err("refused")
         .to_string();
     assert!(err.starts_with("parallel.zero"), "{err}");
@@ -365,15 +366,24 @@ fn lora_with_mla_memory_is_within_two_percent_per_rank() {
     }
 }
 
-/// [`lora`]'s adapters (rank 4, alpha 16) on the attention's `qkv` and `proj` of the small MoE
-/// model of `tests/executor/moe.rs` (8 experts, top-2, expert ffn 64, 4 layers, the first
-/// dense): the routed experts, the router and the dense layer's MLP stay frozen.
-fn lora_moe(c: &super::moe::Moe) -> Value {
+/// [`lora`]'s adapters (rank 4, alpha 16) on `targets` of the small MoE model of
+/// `tests/executor/moe.rs` (8 experts, top-2, expert ffn 64, SwiGLU, 4 layers, the first
+/// dense): with `fc1`/`fc2`, one adapter pair on every routed expert's fc1/fc2 (the engine's
+/// count); the experts' weights and the router stay frozen.
+fn lora_moe(c: &super::moe::Moe, targets: &[&str]) -> Value {
     let mut v = super::moe::moe_config(c);
     v["training"]["mode"] = "lora".into();
-    v["training"]["lora"] = json!({"rank": 4, "alpha": 16.0, "targets": ["qkv", "proj"]});
+    v["training"]["lora"] = json!({"rank": 4, "alpha": 16.0, "targets": targets});
     v
 }
+
+/// The target lists with MoE, and the adapter tensors each exports: per layer qkv's A and B
+/// (q, k, v rows), proj's A and B; with fc1/fc2 the dense first layer's fc1 A and B (gate,
+/// up rows), fc2 A and B, and each of the 3 MoE layers' 8 experts' fc1 A, B and fc2 A, B.
+const MOE_TARGETS: [(&[&str], usize); 2] = [
+    (&["qkv", "proj"], 4 * (4 + 2)),
+    (&ALL, 4 * (4 + 2) + (3 + 2) + 3 * 8 * 4),
+];
 
 /// LoRA with MoE's mixes: EP 2 with ZeRO-1, TP 2 + SP with expert-TP 2, PP 2 (1F1B).
 fn moe_mixes() -> [(&'static str, super::moe::Moe); 3] {
@@ -406,8 +416,14 @@ fn moe_mixes() -> [(&'static str, super::moe::Moe); 3] {
 
 #[test]
 fn lora_with_moe_matches_the_single_rank_run() {
+    for (targets, count) in MOE_TARGETS {
+        lora_with_moe_matches(targets, count);
+    }
+}
+
+fn lora_with_moe_matches(targets: &[&str], count: usize) {
     let single = moe_mixes()[0].1.single();
-    let reference = run(&seeded(lora_moe(&single)), 3);
+    let reference = run(&seeded(lora_moe(&single, targets)), 3);
     let rp = reference.params.as_ref().expect("params");
     let mut frozen = plan(super::moe::moe_config(&single));
     frozen.adam.lr = 0.0;
@@ -418,11 +434,10 @@ fn lora_with_moe_matches_the_single_rank_run() {
     for (name, want) in ip {
         assert_eq!(&rp[name], want, "{name}: a frozen base weight moved");
     }
-    // Per layer: qkv A and B (q, k, v rows), proj A and B.
     let adapters: Vec<_> = rp.keys().filter(|k| k.contains("_lora_")).collect();
     assert_eq!(rp.len(), ip.len() + adapters.len());
-    assert_eq!(adapters.len(), 4 * (4 + 2));
-    let mut untrained = seeded(lora_moe(&single));
+    assert_eq!(adapters.len(), count, "{targets:?}");
+    let mut untrained = seeded(lora_moe(&single, targets));
     untrained.adam.lr = 0.0;
     let before = run(&untrained, 1);
     let bp = before.params.as_ref().expect("params");
@@ -433,7 +448,7 @@ fn lora_with_moe_matches_the_single_rank_run() {
     let l0 = (reference.loss[0] - init.loss[0]).abs();
     assert!(l0 > 1e-4, "the adapters did not act on the loss ({l0:e})");
     for (name, c) in moe_mixes() {
-        let got = run(&seeded(lora_moe(&c)), 3);
+        let got = run(&seeded(lora_moe(&c, targets)), 3);
         super::moe::compare(name, &got, &reference);
         let gp = got.params.as_ref().expect("params");
         let worst = rp
@@ -441,7 +456,7 @@ fn lora_with_moe_matches_the_single_rank_run() {
             .map(|(k, want)| rel_diff(&gp[k], want))
             .fold(0.0, f64::max);
         let l0 = (got.loss[0] - reference.loss[0]).abs() / reference.loss[0];
-        println!("{name}: loss rel {l0:.1e}, worst parameter rel {worst:.1e}");
+        println!("{name} {targets:?}: loss rel {l0:.1e}, worst parameter rel {worst:.1e}");
     }
 }
 
@@ -451,12 +466,16 @@ fn lora_with_moe_memory_is_within_two_percent_per_rank() {
     // construction (the engine's balanced load).
     let mut all = moe_mixes().to_vec();
     all.insert(0, ("moe single", moe_mixes()[0].1.single()));
-    for (name, c) in all {
+    let cases = all
+        .into_iter()
+        .flat_map(|(name, c)| MOE_TARGETS.map(|(targets, _)| (name, c, targets)));
+    for (name, c, targets) in cases {
+        let name = format!("{name} {targets:?}");
         let c = super::moe::Moe {
             force_balance: true,
             ..c
         };
-        let res = super::memory::compare_config(lora_moe(&c));
+        let res = super::memory::compare_config(lora_moe(&c, targets));
         for (rank, m, p, mb, pb) in &res {
             // Weights (frozen and adapters), gradients and optimizer states (adapters only).
             let head = |s: &str| s.split(" a ").next().unwrap_or("").to_string();
