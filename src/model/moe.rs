@@ -44,7 +44,6 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
     mlp_norm(ops, m, d);
     let e = m.num_experts as u64;
     let k = m.moe_router_topk as u64;
-    let f = m.moe_ffn_hidden_size;
     let trainable = !d.lora;
     // Megatron-Core routes the sequence-parallel shard of tokens on every rank.
     let local = d.n_sp;
@@ -139,6 +138,33 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         .temp(2 * tokens_bytes),
     );
 
+    routed_experts(ops, m, tr, d, hot);
+
+    // Combine: all-to-all back, unpermute, weight by the router probabilities (the expert
+    // outputs are saved for the probabilities' gradient).
+    ops.push(
+        Op::new(
+            "moe.combine",
+            OpKind::MemoryBound {
+                bytes: 2 * tokens_bytes,
+            },
+        )
+        .comm(a2a(Phase::Forward, tokens_bytes))
+        .comm(a2a(Phase::Backward, tokens_bytes))
+        .save(TensorRole::ExpertOutputs, tokens_bytes)
+        .temp(2 * tokens_bytes),
+    );
+
+    ops.push(dropout("mlp.dropout", d.n_sp, d.h, d.hidden_dropout));
+}
+
+/// Appends the rank's routed experts (E/ep, each split over expert TP) on the `hot` rows it
+/// receives, with their LoRA adapters under LoRA.
+fn routed_experts(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Dims, hot: u64) {
+    let e = m.num_experts as u64;
+    let k = m.moe_router_topk as u64;
+    let f = m.moe_ffn_hidden_size;
+    let trainable = !d.lora;
     // Routed experts on this rank: E/ep experts, each split over expert TP.
     let width = fc1_width(m.activation, f);
     let local_experts = e / d.ep;
@@ -195,23 +221,6 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         let dims = (rows, f, d.h, false);
         ops.push(expert_adapter("moe.experts.fc2_lora", dims, r, shape, d));
     }
-
-    // Combine: all-to-all back, unpermute, weight by the router probabilities (the expert
-    // outputs are saved for the probabilities' gradient).
-    ops.push(
-        Op::new(
-            "moe.combine",
-            OpKind::MemoryBound {
-                bytes: 2 * tokens_bytes,
-            },
-        )
-        .comm(a2a(Phase::Forward, tokens_bytes))
-        .comm(a2a(Phase::Backward, tokens_bytes))
-        .save(TensorRole::ExpertOutputs, tokens_bytes)
-        .temp(2 * tokens_bytes),
-    );
-
-    ops.push(dropout("mlp.dropout", d.n_sp, d.h, d.hidden_dropout));
 }
 
 #[cfg(test)]

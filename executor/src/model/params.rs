@@ -278,8 +278,8 @@ pub(super) fn seg(
 }
 
 /// The blocks of a rank holding `stages`, in execution order, laid out back to back (each in
-/// its space); an MoE layer's experts block follows its layer block. `ep_rank` holds experts
-/// ep_rank E/ep .. (ep_rank + 1) E/ep.
+/// its space); an MoE layer's experts block follows its layer block (past its adapters block
+/// under LoRA). `ep_rank` holds experts ep_rank E/ep .. (ep_rank + 1) E/ep.
 pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> Vec<BlockLayout> {
     let m = &plan.model;
     let rd = RankDims::new(plan, tp_rank);
