@@ -320,19 +320,28 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
     }
 }
 
-/// Refuses the LoRA mixes the executor does not run yet, naming the field.
+/// Refuses the LoRA mixes the executor does not run yet (MoE's expert adapters beside shared
+/// experts, MLA or linear biases; MoE under ZeRO-3 with EP), naming the field.
 fn check_lora(r: &Resolved) -> Result<(), PlanError> {
     let m = &r.config.model;
-    if m.is_moe() {
+    if !m.is_moe() {
+        return Ok(());
+    }
+    let targets = &r.config.training.lora.targets;
+    let experts_adapted = targets.contains(&LoraTarget::Fc1) || targets.contains(&LoraTarget::Fc2);
+    if experts_adapted
+        && (m.moe_shared_expert_intermediate_size > 0 || m.mla.is_some() || m.add_bias_linear)
+    {
         return Err(unsupported(
-            "training.mode",
-            "LoRA is executed on dense models only (the shared experts' adapters are not); use mode = \"full\" with MoE",
+            "training.lora.targets",
+            "fc1/fc2 adapters with MoE are executed on the routed experts without shared experts, MLA or linear biases; adapt qkv and proj there",
         ));
     }
-    if m.mla.is_some() {
+    let p = &r.config.parallel;
+    if p.zero >= 3 && p.ep > 1 {
         return Err(unsupported(
-            "training.mode",
-            "LoRA is executed with GQA/MHA attention only, not MLA; use mode = \"full\" with MLA",
+            "parallel.zero",
+            "LoRA with MoE under ZeRO-3 is executed with ep = 1 only (the frozen experts would shard over the dense DP group)",
         ));
     }
     Ok(())
@@ -346,7 +355,9 @@ fn lora_shape(r: &Resolved) -> Option<LoraShape> {
         LoraShape {
             rank: t.lora.rank as usize,
             alpha: t.lora.alpha.unwrap_or(t.lora.rank as f64) as f32,
-            qkv: has(LoraTarget::Qkv),
+            // `qkv` names the fused QKV projection (NeMo's `linear_qkv`); an MLA layer has
+            // none, so the engine counts no adapter there (src/model/attention.rs).
+            qkv: has(LoraTarget::Qkv) && r.config.model.mla.is_none(),
             proj: has(LoraTarget::Proj),
             fc1: has(LoraTarget::Fc1),
             fc2: has(LoraTarget::Fc2),

@@ -10,6 +10,7 @@ mod embedding;
 mod linear;
 mod mlp;
 mod moe;
+mod moe_lora;
 mod norm;
 pub mod op;
 mod optimizer;

@@ -4,11 +4,12 @@
 
 use super::dims::Dims;
 use super::mlp::{activation_op, fc1_width, mlp_body, mlp_norm};
+use super::moe_lora::expert_adapter;
 use super::norm::dropout;
 use super::op::{
     Collective, CollectiveKind, Flops, Op, OpKind, ParamClass, Params, Phase, TensorRole,
 };
-use crate::config::{ModelConfig, TrainingConfig};
+use crate::config::{LoraTarget, ModelConfig, TrainingConfig};
 use crate::layout::GroupKind;
 
 /// Tokens of the hottest EP rank over a uniform share. A rank hosts E/ep experts; with the
@@ -43,7 +44,6 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
     mlp_norm(ops, m, d);
     let e = m.num_experts as u64;
     let k = m.moe_router_topk as u64;
-    let f = m.moe_ffn_hidden_size;
     let trainable = !d.lora;
     // Megatron-Core routes the sequence-parallel shard of tokens on every rank.
     let local = d.n_sp;
@@ -138,6 +138,33 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         .temp(2 * tokens_bytes),
     );
 
+    routed_experts(ops, m, tr, d, hot);
+
+    // Combine: all-to-all back, unpermute, weight by the router probabilities (the expert
+    // outputs are saved for the probabilities' gradient).
+    ops.push(
+        Op::new(
+            "moe.combine",
+            OpKind::MemoryBound {
+                bytes: 2 * tokens_bytes,
+            },
+        )
+        .comm(a2a(Phase::Forward, tokens_bytes))
+        .comm(a2a(Phase::Backward, tokens_bytes))
+        .save(TensorRole::ExpertOutputs, tokens_bytes)
+        .temp(2 * tokens_bytes),
+    );
+
+    ops.push(dropout("mlp.dropout", d.n_sp, d.h, d.hidden_dropout));
+}
+
+/// Appends the rank's routed experts (E/ep, each split over expert TP) on the `hot` rows it
+/// receives, with their LoRA adapters under LoRA.
+fn routed_experts(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Dims, hot: u64) {
+    let e = m.num_experts as u64;
+    let k = m.moe_router_topk as u64;
+    let f = m.moe_ffn_hidden_size;
+    let trainable = !d.lora;
     // Routed experts on this rank: E/ep experts, each split over expert TP.
     let width = fc1_width(m.activation, f);
     let local_experts = e / d.ep;
@@ -171,7 +198,13 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
     // With expert TP the received tokens are all-gathered over the expert-TP group, so each
     // expert slice sees the tokens of every member (Megatron-Core's all-to-all dispatcher).
     let rows = hot * d.etp;
+    let lora = |t: LoraTarget| (d.lora && tr.lora.targets.contains(&t)).then_some(tr.lora.rank);
+    let shape = (e, local_experts, k);
     ops.push(expert("moe.experts.fc1", rows, d.h, width, true));
+    if let Some(r) = lora(LoraTarget::Fc1) {
+        let dims = (rows, d.h, width, true);
+        ops.push(expert_adapter("moe.experts.fc1_lora", dims, r, shape, d));
+    }
     ops.push(activation_op(
         "moe.experts.act",
         rows,
@@ -184,23 +217,10 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
     let mut fc2 = expert("moe.experts.fc2", rows, f, d.h, false);
     fc2.backward_scratch_bytes = 2 * rows * d.h * d.act;
     ops.push(fc2);
-
-    // Combine: all-to-all back, unpermute, weight by the router probabilities (the expert
-    // outputs are saved for the probabilities' gradient).
-    ops.push(
-        Op::new(
-            "moe.combine",
-            OpKind::MemoryBound {
-                bytes: 2 * tokens_bytes,
-            },
-        )
-        .comm(a2a(Phase::Forward, tokens_bytes))
-        .comm(a2a(Phase::Backward, tokens_bytes))
-        .save(TensorRole::ExpertOutputs, tokens_bytes)
-        .temp(2 * tokens_bytes),
-    );
-
-    ops.push(dropout("mlp.dropout", d.n_sp, d.h, d.hidden_dropout));
+    if let Some(r) = lora(LoraTarget::Fc2) {
+        let dims = (rows, f, d.h, false);
+        ops.push(expert_adapter("moe.experts.fc2_lora", dims, r, shape, d));
+    }
 }
 
 #[cfg(test)]
@@ -250,6 +270,54 @@ mod tests {
             .find(|o| o.name == name)
             .expect("op");
         (op, act)
+    }
+
+    /// The MoE block's ops of [`expert_op`]'s model (SwiGLU) in LoRA mode on fc1 and fc2,
+    /// rank 4, with tp = expert_tp = 2 and SP.
+    fn lora_ops() -> Vec<Op> {
+        let v = serde_json::json!({
+            "model": {
+                "num_layers": 2, "hidden_size": 64, "num_attention_heads": 8,
+                "num_query_groups": 4, "ffn_hidden_size": 128, "vocab_size": 128,
+                "num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 64,
+                "activation": "swiglu"
+            },
+            "cluster": {"gpu": "cpu", "num_gpus": 4, "gpus_per_node": 8},
+            "parallel": {"tp": 2, "sp": true, "expert_tp": 2, "pp": 1, "ep": 2},
+            "training": {"seq_length": 32, "micro_batch_size": 1, "global_batch_size": 16,
+                         "mode": "lora", "lora": {"rank": 4, "targets": ["fc1", "fc2"]}}
+        });
+        let cfg = Config::from_layers(&[Layer::overrides(v)]).expect("loads");
+        let r = Resolved::new(cfg).expect("validates");
+        Ledger::build(&r).moe.expect("moe block").ops
+    }
+
+    #[test]
+    fn lora_puts_an_adapter_on_every_routed_experts_fc1_and_fc2() {
+        // NeMo's LoRA wraps each expert's linear_fc1/linear_fc2 (one adapter per expert): with
+        // 8 experts, rank 4, hidden 64 and SwiGLU's fc1 of 2 x 64 = 128 rows, fc1's adapters
+        // hold 8 x (64 x 4 + 4 x 128) = 6144 elements and fc2's 8 x (64 x 4 + 4 x 64) = 4096.
+        // A rank holds 4 experts (EP 2), split over expert TP 2 as the dense adapters: fc1's A
+        // whole and B halved, 4 x (256 + 256) = 2048; fc2's A halved and B whole,
+        // 4 x (128 + 256) = 1536.
+        let ops = lora_ops();
+        let params = |name: &str| {
+            ops.iter()
+                .find(|o| o.name == name)
+                .and_then(|o| o.params)
+                .unwrap_or_else(|| panic!("{name}"))
+        };
+        let fc1 = params("moe.experts.fc1_lora");
+        let fc2 = params("moe.experts.fc2_lora");
+        assert_eq!((fc1.total, fc1.rank), (6144, 2048));
+        assert_eq!((fc2.total, fc2.rank), (4096, 1536));
+        for p in [fc1, fc2] {
+            assert!(p.trainable && p.class == ParamClass::Expert);
+        }
+        // The base experts and the router stay frozen.
+        for name in ["moe.experts.fc1", "moe.experts.fc2", "moe.router"] {
+            assert!(!params(name).trainable, "{name}");
+        }
     }
 
     #[test]

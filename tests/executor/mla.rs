@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 /// The small test model (`config`, 4 layers) with MLA: query latent 32, key/value latent 16,
 /// heads of 8 no-rotary + 4 rotary query/key features and 6 value features (so the value
 /// width differs from the query/key width, as in DeepSeek-V2's 192 / 128).
-fn mla_config(mix: &Mix, recompute: &'static str, flash: bool) -> Value {
+pub fn mla_config(mix: &Mix, recompute: &'static str, flash: bool) -> Value {
     let mix = Mix {
         recompute,
         ..mix.clone()

@@ -20,6 +20,7 @@ pub mod lora;
 pub mod mla;
 pub mod moe;
 pub mod moe_etp;
+pub mod moe_lora;
 pub mod moe_seq;
 pub mod mtp;
 pub mod params;

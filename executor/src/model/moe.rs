@@ -76,6 +76,8 @@ pub struct MoeSaved<B: Backend> {
     x: Vec<B::Tensor>,
     u: Vec<B::Tensor>,
     act: Vec<B::Tensor>,
+    /// LoRA: per local expert, the saved rank-r intermediates of fc1's and fc2's adapters.
+    lora: Vec<[Option<B::Tensor>; 2]>,
     /// The expert outputs of the kept assignments [routes, h], whole (for the gates' gradient).
     y: B::Tensor,
     /// The k experts each token chose (DeepSeek-V3 routers only; empty for the plain one).
@@ -278,6 +280,8 @@ fn moe_fwd_full<B: Backend>(
     let act_kind = ctx.plan.model.activation;
     let mut back = ctx.zeros(b, &[total_recv, h])?;
     let (mut xs, mut us, mut acts) = (Vec::new(), Vec::new(), Vec::new());
+    let mut lora_saved = Vec::new();
+    let routed_lora = super::moe_lora::routed(ctx.plan);
     for j in 0..local {
         let spans = expert_rows(&et_rows.per_source, j);
         let c: usize = spans.iter().map(|s| s.1).sum();
@@ -285,17 +289,31 @@ fn moe_fwd_full<B: Backend>(
         copy_spans(ctx, &recv, &mut x, h, gathered_spans(&spans))?;
         let mut u = ctx.zeros(a, &[c, w1])?;
         let mut act = ctx.zeros(a, &[c, f])?;
+        let mut ls = [None, None];
         if c > 0 {
             let (t1, t2, biases) = expert_tensors(&ctx.plan.model, j);
-            let w_fc1 = pe.sub(le.tensors[t1].range());
-            let w_fc2 = pe.sub(le.tensors[t2].range());
+            let (w_fc1, w_fc2) = if routed_lora {
+                let (b1, b2) = super::moe_lora::base(l, local, j);
+                (p.sub(l.tensors[b1].range()), p.sub(l.tensors[b2].range()))
+            } else {
+                (
+                    pe.sub(le.tensors[t1].range()),
+                    pe.sub(le.tensors[t2].range()),
+                )
+            };
             ctx.ops.linear_fwd(&x, w_fc1, (c, h, w1), &mut u)?;
+            if routed_lora {
+                ls[0] = super::moe_lora::fc1_fwd(ctx, (le, &pe), j, &x, &mut u)?;
+            }
             if let Some((b1, _)) = biases {
                 ctx.ops.bias_add(&mut u, pe.sub(le.tensors[b1].range()))?;
             }
             ctx.ops.act_fwd(act_kind, &u, &mut act)?;
             let mut y = ctx.zeros(b, &[c, h])?;
             ctx.ops.linear_fwd(&act, w_fc2, (c, f, h), &mut y)?;
+            if routed_lora {
+                ls[1] = super::moe_lora::fc2_fwd(ctx, (le, &pe), j, &act, &mut y)?;
+            }
             // fc2's bias once over the TP partial sums (the gates weight it with the output).
             if let (Some((_, b2)), 0) = (biases, ctx.rd.et_rank) {
                 ctx.ops.bias_add(&mut y, pe.sub(le.tensors[b2].range()))?;
@@ -306,6 +324,7 @@ fn moe_fwd_full<B: Backend>(
         xs.push(x);
         us.push(u);
         acts.push(act);
+        lora_saved.push(ls);
     }
     drop(recv);
     let back = super::moe_etp::reduce_scatter(ctx, back, &et_rows, h, b)?;
@@ -326,6 +345,7 @@ fn moe_fwd_full<B: Backend>(
             x: xs,
             u: us,
             act: acts,
+            lora: lora_saved,
             y,
             chosen,
             shared: None,
@@ -479,8 +499,9 @@ fn routed_bwd<B: Backend>(
     // slices' input gradients are partial sums over TP, reduce-scattered back.
     let at = &s.recv_expert_rows;
     let drecv = super::moe_etp::gather(ctx, drecv, at, h, bcat)?;
-    let saved = (s.x, s.u, s.act);
-    let dback = experts_bwd(ctx, pe, le, saved, &at.per_source, drecv, sink)?;
+    let saved = (s.x, s.u, s.act, s.lora);
+    let blocks = ((l, p), (le, &pe));
+    let dback = experts_bwd(ctx, blocks, saved, &at.per_source, drecv, sink)?;
     let dback = super::moe_etp::reduce_scatter(ctx, dback, at, h, bcat)?;
     let dx_routes = exchange_rows(ctx, &ep, &dback, &s.recv_rows, &s.send_rows, h, bcat)?;
     drop(dback);
@@ -525,11 +546,19 @@ fn routed_bwd<B: Backend>(
     Ok((d_rows, dlogits))
 }
 
-/// Per local expert: its input rows, fc1 output and activation output.
+/// Per local expert: its input rows, fc1 output and activation output, and (LoRA) its
+/// adapters' saved intermediates.
 type ExpertsSaved<B> = (
     Vec<<B as Backend>::Tensor>,
     Vec<<B as Backend>::Tensor>,
     Vec<<B as Backend>::Tensor>,
+    Vec<[Option<<B as Backend>::Tensor>; 2]>,
+);
+
+/// The layer block and its parameters, and the experts block and its parameters.
+type ExpertBlocks<'a, 'p, T> = (
+    (&'a BlockLayout, &'a View<'p, T>),
+    (&'a BlockLayout, &'a View<'p, T>),
 );
 
 /// Backward of this rank's experts on the rows they received (`drecv`, laid out by
@@ -537,19 +566,23 @@ type ExpertsSaved<B> = (
 /// returns the received rows' input gradients (partial sums over expert TP), to be sent back.
 fn experts_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
-    pe: View<'_, B::Tensor>,
-    le: &BlockLayout,
-    (xs, us, acts): ExpertsSaved<B>,
+    ((l, p), (le, pe)): ExpertBlocks<'_, '_, B::Tensor>,
+    (xs, us, acts, lora): ExpertsSaved<B>,
     recv_expert_rows: &[Vec<usize>],
     drecv: B::Tensor,
     sink: &mut Sink<B>,
 ) -> Result<B::Tensor, ExecError> {
     let (h, bcat) = (ctx.rd.h, Category::Buffers);
+    // Under LoRA the base experts are frozen: no weight gradient of theirs is sent.
+    let frozen = ctx.plan.lora.is_some();
+    let routed_lora = super::moe_lora::routed(ctx.plan);
+    let local = xs.len();
     let f = moe_of(ctx)?.ffn / ctx.rd.et;
     let act_kind = ctx.plan.model.activation;
     let w1 = fc1_width(act_kind, f);
     let mut dback = ctx.zeros(bcat, &[drecv.rows(), h])?;
-    for (j, ((x, u), act)) in xs.into_iter().zip(us).zip(acts).enumerate() {
+    let saved = xs.into_iter().zip(us).zip(acts).zip(lora);
+    for (j, (((x, u), act), [ls1, ls2])) in saved.enumerate() {
         let spans = expert_rows(recv_expert_rows, j);
         let c: usize = spans.iter().map(|s| s.1).sum();
         if c == 0 {
@@ -558,51 +591,61 @@ fn experts_bwd<B: Backend>(
         let mut dyj = ctx.zeros(bcat, &[c, h])?;
         copy_spans(ctx, &drecv, &mut dyj, h, gathered_spans(&spans))?;
         let (t1, t2, biases) = expert_tensors(&ctx.plan.model, j);
-        if let Some((_, b2)) = biases {
+        let (w_fc1, w_fc2) = if routed_lora {
+            let (b1, b2) = super::moe_lora::base(l, local, j);
+            (p.sub(l.tensors[b1].range()), p.sub(l.tensors[b2].range()))
+        } else {
+            (
+                pe.sub(le.tensors[t1].range()),
+                pe.sub(le.tensors[t2].range()),
+            )
+        };
+        if let (Some((_, b2)), false) = (biases, frozen) {
             expert_bias_grad(ctx, le, b2, &dyj, sink)?;
         }
         let mut dact = ctx.zeros(bcat, &[c, f])?;
-        ctx.ops.linear_dgrad(
-            &dyj,
-            pe.sub(le.tensors[t2].range()),
-            (c, f, h),
-            &mut dact,
-            false,
-        )?;
-        sink(
-            ctx,
-            WTask::Expert {
-                tensor: t2,
-                x: act,
-                dy: dyj,
-                i: f,
-                o: h,
-            },
-        )?;
+        ctx.ops
+            .linear_dgrad(&dyj, w_fc2, (c, f, h), &mut dact, false)?;
+        if let Some(s2) = ls2 {
+            super::moe_lora::fc2_bwd(ctx, (le, pe), j, s2, &act, &dyj, &mut dact, sink)?;
+        }
+        if !frozen {
+            let (x, dy) = (act, dyj);
+            sink(
+                ctx,
+                WTask::Expert {
+                    tensor: t2,
+                    x,
+                    dy,
+                    i: f,
+                    o: h,
+                },
+            )?;
+        }
         let mut du = ctx.ops.recat(u, bcat);
         ctx.ops.act_bwd_inplace(act_kind, &mut du, &dact)?;
         drop(dact);
-        if let Some((b1, _)) = biases {
+        if let (Some((b1, _)), false) = (biases, frozen) {
             expert_bias_grad(ctx, le, b1, &du, sink)?;
         }
         let mut dx = ctx.zeros(bcat, &[c, h])?;
-        ctx.ops.linear_dgrad(
-            &du,
-            pe.sub(le.tensors[t1].range()),
-            (c, h, w1),
-            &mut dx,
-            false,
-        )?;
-        sink(
-            ctx,
-            WTask::Expert {
-                tensor: t1,
-                x,
-                dy: du,
-                i: h,
-                o: w1,
-            },
-        )?;
+        ctx.ops
+            .linear_dgrad(&du, w_fc1, (c, h, w1), &mut dx, false)?;
+        if let Some(s1) = ls1 {
+            super::moe_lora::fc1_bwd(ctx, (le, pe), j, s1, &x, &du, &mut dx, sink)?;
+        }
+        if !frozen {
+            sink(
+                ctx,
+                WTask::Expert {
+                    tensor: t1,
+                    x,
+                    dy: du,
+                    i: h,
+                    o: w1,
+                },
+            )?;
+        }
         let back_spans = gathered_spans(&spans).map(|(lo, at, rows)| (at, lo, rows));
         copy_spans(ctx, &dx, &mut dback, h, back_spans)?;
     }

@@ -10,7 +10,7 @@
 //! parameters in their own buffers: dense parameters reduce (and ZeRO-shard) over DP, expert
 //! parameters over the expert-data-parallel group.
 
-use crate::plan::{Activation, MlaShape, Norm, Plan};
+use crate::plan::{Activation, LoraShape, MlaShape, Norm, Plan};
 use std::ops::Range;
 
 /// Which block.
@@ -278,13 +278,18 @@ pub(super) fn seg(
 }
 
 /// The blocks of a rank holding `stages`, in execution order, laid out back to back (each in
-/// its space); an MoE layer's experts block follows its layer block. `ep_rank` holds experts
-/// ep_rank E/ep .. (ep_rank + 1) E/ep.
+/// its space); an MoE layer's experts block follows its layer block (past its adapters block
+/// under LoRA). `ep_rank` holds experts ep_rank E/ep .. (ep_rank + 1) E/ep.
 pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> Vec<BlockLayout> {
     let m = &plan.model;
     let rd = RankDims::new(plan, tp_rank);
     let (h, d, r) = (rd.h, rd.d, rd.tp_rank);
     let std = m.init_std;
+    let routed_lora = super::moe_lora::routed(plan);
+    let local_experts = |moe: &crate::plan::MoeShape| {
+        let per = moe.num_experts / plan.parallel.ep.max(1) as usize;
+        ep_rank as usize * per..(ep_rank as usize + 1) * per
+    };
     let mut blocks = Vec::new();
     let mut next = [0usize; SPACES];
     let mut emit = |kind: BlockKind, stage: u32, fill: &dyn Fn(&mut Builder)| {
@@ -294,7 +299,9 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
         };
         fill(&mut b);
         let space = match kind {
-            BlockKind::Experts(_) => EXPERT_SPACE,
+            // Under LoRA the routed experts are frozen with the rest of the base; with their
+            // own adapters those make up the experts block (the base then in the layer's).
+            BlockKind::Experts(_) if plan.lora.is_none() || routed_lora => EXPERT_SPACE,
             BlockKind::Adapters(_) => DENSE_SPACE,
             _ if plan.lora.is_some() => FROZEN_SPACE,
             _ => DENSE_SPACE,
@@ -424,6 +431,14 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                     if let Some(a) = &m.mla {
                         mla_up(b, m.norm, a, &p, &rd, std);
                     }
+                    if routed_lora {
+                        // The frozen routed experts, last in the block.
+                        for e in local_experts(moe) {
+                            let q = format!("layers.{l}.experts.{e}");
+                            let et = (rd.et, rd.et_rank);
+                            expert_mlp(b, m.activation, &q, moe.ffn, et, h, std);
+                        }
+                    }
                     return;
                 }
                 let f = rd.f_r;
@@ -455,14 +470,30 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                 }
             });
             if let Some(lora) = &plan.lora {
+                // An MoE layer's fc1/fc2 adapters are the routed experts' (its experts block).
+                let lora = if m.is_moe_layer(l) {
+                    LoraShape {
+                        fc1: false,
+                        fc2: false,
+                        ..*lora
+                    }
+                } else {
+                    *lora
+                };
                 emit(BlockKind::Adapters(l), s, &|b| {
-                    super::lora::push_adapters(b, lora, &rd, m.heads * rd.dv, m.ffn, l, std)
+                    super::lora::push_adapters(b, &lora, &rd, m.heads * rd.dv, m.ffn, l, std)
                 });
             }
             if let (true, Some(moe)) = (m.is_moe_layer(l), &m.moe) {
                 emit(BlockKind::Experts(l), s, &|b| {
-                    let per = moe.num_experts / plan.parallel.ep.max(1) as usize;
-                    for e in ep_rank as usize * per..(ep_rank as usize + 1) * per {
+                    if let (true, Some(lora)) = (routed_lora, &plan.lora) {
+                        for e in local_experts(moe) {
+                            let q = format!("layers.{l}.experts.{e}");
+                            super::moe_lora::push(b, lora, &rd, &q, m.activation, moe.ffn, std);
+                        }
+                        return;
+                    }
+                    for e in local_experts(moe) {
                         let q = format!("layers.{l}.experts.{e}");
                         let et = (rd.et, rd.et_rank);
                         expert_mlp(b, m.activation, &q, moe.ffn, et, h, std);

@@ -490,11 +490,10 @@ impl<'a, B: Backend> Rank<'a, B> {
     }
 
     pub(super) fn experts_of(&self, bi: usize) -> Option<usize> {
-        match (
-            self.blocks[bi].kind,
-            self.blocks.get(bi + 1).map(|b| b.kind),
-        ) {
-            (BlockKind::Layer(l), Some(BlockKind::Experts(e))) if l == e => Some(bi + 1),
+        // Under LoRA the layer's adapters block comes between.
+        let ei = bi + 1 + usize::from(self.adapters_of(bi).is_some());
+        match (self.blocks[bi].kind, self.blocks.get(ei).map(|b| b.kind)) {
+            (BlockKind::Layer(l), Some(BlockKind::Experts(e))) if l == e => Some(ei),
             _ => None,
         }
     }
@@ -716,8 +715,9 @@ impl<'a, B: Backend> Rank<'a, B> {
             // An MTP module's embedding and output-head gradients, for those blocks.
             let mut routed = Vec::new();
             let mut sink = |c: &mut Ctx<B>, t: WTask<B>| -> Result<(), ExecError> {
-                if l.space == FROZEN_SPACE && !t.is_adapter() {
-                    // LoRA: a frozen weight's gradient is not computed.
+                if l.space == FROZEN_SPACE && !t.is_adapter() && !t.is_expert() {
+                    // LoRA: a frozen weight's gradient is not computed (the frozen experts
+                    // send none; an expert task is their adapters').
                     return Ok(());
                 }
                 let to_shared = matches!(
@@ -863,6 +863,38 @@ impl<'a, B: Backend> Rank<'a, B> {
         Ok(())
     }
 
+    /// Runs LoRA's held tasks of the routed experts' adapters into experts block `ei`.
+    fn run_expert_tasks(
+        &mut self,
+        ei: Option<usize>,
+        tasks: Vec<WTask<B>>,
+    ) -> Result<(), ExecError> {
+        if tasks.is_empty() {
+            return Ok(());
+        }
+        let ei = ei.ok_or_else(|| ExecError::from(StateError::ExpertGradientWithoutBlock))?;
+        let le = &self.blocks[ei];
+        let mut bucket = if self.zero >= 2 {
+            Some(self.ctx.zeros_f32(Category::Buffers, &[le.range.len()])?)
+        } else {
+            None
+        };
+        for t in tasks {
+            let g = match bucket.as_mut() {
+                Some(b) => ViewMut::all(b),
+                None => ViewMut {
+                    tensor: &mut self.grads[EXPERT_SPACE],
+                    range: le.range.clone(),
+                },
+            };
+            t.run(&mut self.ctx, le, g)?;
+        }
+        match bucket {
+            Some(b) => self.flush_bucket(ei, b),
+            None => Ok(()),
+        }
+    }
+
     /// Runs block `bi`'s held weight-gradient tasks (a W action), its experts' included.
     fn run_tasks(&mut self, bi: usize, tasks: Vec<WTask<B>>) -> Result<(), ExecError> {
         let ei = self.experts_of(bi);
@@ -879,6 +911,7 @@ impl<'a, B: Backend> Rank<'a, B> {
             } else {
                 None
             };
+            let (experts, tasks): (Vec<_>, Vec<_>) = tasks.into_iter().partition(|t| t.is_expert());
             for t in tasks.into_iter().filter(|t| t.is_adapter()) {
                 let g = match bucket.as_mut() {
                     Some(b) => ViewMut::all(b),
@@ -892,7 +925,8 @@ impl<'a, B: Backend> Rank<'a, B> {
             if let Some(b) = bucket {
                 self.flush_bucket(ai, b)?;
             }
-            return Ok(());
+            // The routed experts' adapters (their experts block).
+            return self.run_expert_tasks(ei, experts);
         }
         if l.space == FROZEN_SPACE {
             return Ok(());
