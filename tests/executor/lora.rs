@@ -7,6 +7,8 @@
 
 use super::common::*;
 use super::equivalence::{compare, GBS};
+use parsim_executor::plan::Plan;
+use parsim_executor::runner::RunReport;
 use serde_json::{json, Value};
 
 /// The small model with LoRA adapters of rank 4, alpha 16, on `targets`.
@@ -25,6 +27,83 @@ fn seeded(v: Value) -> parsim_executor::plan::Plan {
     let mut p = plan(v);
     p.lora.as_mut().expect("lora plan").seeded_b = true;
     p
+}
+
+/// LoRA's contract on `reference` (a LoRA run of three steps): against `frozen` (the model
+/// trained in full for one step at lr 0, so its initial parameters: Adam's update, weight
+/// decay included, is scaled by lr) every base weight keeps its initial bits and the
+/// parameters are the base plus the adapters; against `untrained` (the LoRA plan at lr 0)
+/// every adapter tensor trained, and the adapters changed the model's first loss. Returns the
+/// adapters' names.
+fn check_lora_contract(
+    reference: &RunReport,
+    mut frozen: Plan,
+    mut untrained: Plan,
+) -> Vec<String> {
+    let rp = reference.params.as_ref().expect("params");
+    frozen.adam.lr = 0.0;
+    let init = run(&frozen, 1);
+    let ip = init.params.as_ref().expect("params");
+    for (name, want) in ip {
+        assert_eq!(&rp[name], want, "{name}: a frozen base weight moved");
+    }
+    let adapters: Vec<String> = rp
+        .keys()
+        .filter(|k| k.contains("_lora_"))
+        .cloned()
+        .collect();
+    assert_eq!(rp.len(), ip.len() + adapters.len());
+    untrained.adam.lr = 0.0;
+    let before = run(&untrained, 1);
+    let bp = before.params.as_ref().expect("params");
+    for name in &adapters {
+        let moved = rel_diff(&rp[name], &bp[name]);
+        assert!(moved > 1e-4, "{name} did not train ({moved:e})");
+    }
+    let l0 = (reference.loss[0] - init.loss[0]).abs();
+    assert!(l0 > 1e-4, "the adapters did not act on the loss ({l0:e})");
+    adapters
+}
+
+/// Each mix's three-step run against `reference` by `cmp`, printing its loss and worst
+/// parameter difference.
+fn compare_mixes<M>(
+    mixes: impl IntoIterator<Item = (String, M)>,
+    plan_of: impl Fn(&M) -> Plan,
+    reference: &RunReport,
+    cmp: fn(&str, &RunReport, &RunReport),
+) {
+    let rp = reference.params.as_ref().expect("params");
+    for (name, mix) in mixes {
+        let got = run(&plan_of(&mix), 3);
+        cmp(&name, &got, reference);
+        let gp = got.params.as_ref().expect("params");
+        let worst = rp
+            .iter()
+            .map(|(k, want)| rel_diff(&gp[k], want))
+            .fold(0.0, f64::max);
+        let l0 = (got.loss[0] - reference.loss[0]).abs() / reference.loss[0];
+        println!("{name}: loss rel {l0:.1e}, worst parameter rel {worst:.1e}");
+    }
+}
+
+/// Every rank of `v`'s run: weights (frozen and adapters), gradients and optimizer states
+/// (adapters only) exactly the engine's, and its peak within 2% of the prediction.
+fn check_memory(name: &str, v: Value) {
+    for (rank, m, p, mb, pb) in &super::memory::compare_config(v) {
+        let head = |s: &str| s.split(" a ").next().unwrap_or("").to_string();
+        assert_eq!(
+            head(mb),
+            head(pb),
+            "{name} rank {rank}: weights/gradients/optimizer"
+        );
+        let pct = (*m as f64 - *p as f64) / *p as f64 * 100.0;
+        println!("{name} rank {rank}: measured {m} predicted {p} ({pct:+.2}%)\n  measured  {mb}\n  predicted {pb}");
+        assert!(
+            pct.abs() <= 2.0,
+            "{name} rank {rank}: {pct:+.2}%\n  measured  {mb}\n  predicted {pb}"
+        );
+    }
 }
 
 fn mixes() -> Vec<(&'static str, Mix)> {
@@ -109,42 +188,15 @@ fn mixes() -> Vec<(&'static str, Mix)> {
 #[test]
 fn lora_runs_match_the_single_rank_run_under_every_mix() {
     let reference = run(&seeded(lora(&Mix::single(), &ALL)), 3);
-    let rp = reference.params.as_ref().expect("params");
-    // The initial parameters: the full-training model after one step at lr 0 (Adam's update,
-    // weight decay included, is scaled by lr, so every weight keeps its initial bits).
-    let mut frozen = plan(config(&Mix::single(), GBS, true, "rmsnorm", "swiglu"));
-    frozen.adam.lr = 0.0;
-    let init = run(&frozen, 1);
-    let ip = init.params.as_ref().expect("params");
-    for (name, want) in ip {
-        assert_eq!(&rp[name], want, "{name}: a frozen base weight moved");
-    }
-    // Every adapter tensor trained, and the adapters changed the model's first loss.
-    let adapters: Vec<_> = rp.keys().filter(|k| k.contains("_lora_")).collect();
-    assert_eq!(rp.len(), ip.len() + adapters.len());
+    let adapters = check_lora_contract(
+        &reference,
+        plan(config(&Mix::single(), GBS, true, "rmsnorm", "swiglu")),
+        seeded(lora(&Mix::single(), &ALL)),
+    );
     // Per layer: qkv A and B (q, k, v rows), proj A, B, fc1 A and B (gate, up rows), fc2 A, B.
     assert_eq!(adapters.len(), 8 * (4 + 2 + 3 + 2));
-    let mut untrained = seeded(lora(&Mix::single(), &ALL));
-    untrained.adam.lr = 0.0;
-    let before = run(&untrained, 1);
-    let bp = before.params.as_ref().expect("params");
-    for name in &adapters {
-        let moved = rel_diff(&rp[*name], &bp[*name]);
-        assert!(moved > 1e-4, "{name} did not train ({moved:e})");
-    }
-    let l0 = (reference.loss[0] - init.loss[0]).abs();
-    assert!(l0 > 1e-4, "the adapters did not act on the loss ({l0:e})");
-    for (name, mix) in mixes() {
-        let got = run(&seeded(lora(&mix, &ALL)), 3);
-        compare(name, &got, &reference);
-        let gp = got.params.as_ref().expect("params");
-        let worst = rp
-            .iter()
-            .map(|(k, want)| rel_diff(&gp[k], want))
-            .fold(0.0, f64::max);
-        let l0 = (got.loss[0] - reference.loss[0]).abs() / reference.loss[0];
-        println!("{name}: loss rel {l0:.1e}, worst parameter rel {worst:.1e}");
-    }
+    let named = mixes().into_iter().map(|(n, m)| (n.to_string(), m));
+    compare_mixes(named, |m| seeded(lora(m, &ALL)), &reference, compare);
 }
 
 #[test]
@@ -173,23 +225,7 @@ fn lora_memory_is_within_two_percent_per_rank() {
     let mut all = mixes();
     all.insert(0, ("single", Mix::single()));
     for (name, mix) in all {
-        let res = super::memory::compare_config(lora(&mix, &ALL));
-        for (rank, m, p, mb, pb) in &res {
-            // Weights (frozen and adapters), gradients and optimizer states (adapters only)
-            // are the same tensors: exactly equal.
-            let head = |s: &str| s.split(" a ").next().unwrap_or("").to_string();
-            assert_eq!(
-                head(mb),
-                head(pb),
-                "{name} rank {rank}: weights/gradients/optimizer"
-            );
-            let pct = (*m as f64 - *p as f64) / *p as f64 * 100.0;
-            println!("{name} rank {rank}: measured {m} predicted {p} ({pct:+.2}%)\n  measured  {mb}\n  predicted {pb}");
-            assert!(
-                pct.abs() <= 2.0,
-                "{name} rank {rank}: {pct:+.2}%\n  measured  {mb}\n  predicted {pb}"
-            );
-        }
+        check_memory(name, lora(&mix, &ALL));
     }
 }
 
@@ -304,42 +340,18 @@ fn mla_mixes() -> [(&'static str, Mix); 2] {
 #[test]
 fn lora_with_mla_matches_the_single_rank_run() {
     let reference = run(&seeded(lora_mla(&Mix::single())), 3);
-    let rp = reference.params.as_ref().expect("params");
-    let mut frozen = plan(super::mla::mla_config(&Mix::single(), "none", true));
-    frozen.adam.lr = 0.0;
-    let init = run(&frozen, 1);
-    let ip = init.params.as_ref().expect("params");
     // Every MLA projection, latent norm and the rest of the base stays at its initial bits.
-    for (name, want) in ip {
-        assert_eq!(&rp[name], want, "{name}: a frozen base weight moved");
-    }
+    let adapters = check_lora_contract(
+        &reference,
+        plan(super::mla::mla_config(&Mix::single(), "none", true)),
+        seeded(lora_mla(&Mix::single())),
+    );
     // The engine counts no `qkv` adapter under MLA (its layers have no fused QKV projection,
     // NeMo's `linear_qkv`), so per layer: proj A and B, fc1 A and B (gate, up rows), fc2 A, B.
-    let adapters: Vec<_> = rp.keys().filter(|k| k.contains("_lora_")).collect();
-    assert_eq!(rp.len(), ip.len() + adapters.len());
     assert_eq!(adapters.len(), 4 * (2 + 3 + 2));
     assert!(adapters.iter().all(|k| !k.contains("qkv")), "{adapters:?}");
-    let mut untrained = seeded(lora_mla(&Mix::single()));
-    untrained.adam.lr = 0.0;
-    let before = run(&untrained, 1);
-    let bp = before.params.as_ref().expect("params");
-    for name in &adapters {
-        let moved = rel_diff(&rp[*name], &bp[*name]);
-        assert!(moved > 1e-4, "{name} did not train ({moved:e})");
-    }
-    let l0 = (reference.loss[0] - init.loss[0]).abs();
-    assert!(l0 > 1e-4, "the adapters did not act on the loss ({l0:e})");
-    for (name, mix) in mla_mixes() {
-        let got = run(&seeded(lora_mla(&mix)), 3);
-        compare(name, &got, &reference);
-        let gp = got.params.as_ref().expect("params");
-        let worst = rp
-            .iter()
-            .map(|(k, want)| rel_diff(&gp[k], want))
-            .fold(0.0, f64::max);
-        let l0 = (got.loss[0] - reference.loss[0]).abs() / reference.loss[0];
-        println!("{name}: loss rel {l0:.1e}, worst parameter rel {worst:.1e}");
-    }
+    let named = mla_mixes().into_iter().map(|(n, m)| (n.to_string(), m));
+    compare_mixes(named, |m| seeded(lora_mla(m)), &reference, compare);
 }
 
 #[test]
@@ -347,22 +359,7 @@ fn lora_with_mla_memory_is_within_two_percent_per_rank() {
     let mut all = mla_mixes().to_vec();
     all.insert(0, ("mla single", Mix::single()));
     for (name, mix) in all {
-        let res = super::memory::compare_config(lora_mla(&mix));
-        for (rank, m, p, mb, pb) in &res {
-            // Weights (frozen and adapters), gradients and optimizer states (adapters only).
-            let head = |s: &str| s.split(" a ").next().unwrap_or("").to_string();
-            assert_eq!(
-                head(mb),
-                head(pb),
-                "{name} rank {rank}: weights/gradients/optimizer"
-            );
-            let pct = (*m as f64 - *p as f64) / *p as f64 * 100.0;
-            println!("{name} rank {rank}: measured {m} predicted {p} ({pct:+.2}%)\n  measured  {mb}\n  predicted {pb}");
-            assert!(
-                pct.abs() <= 2.0,
-                "{name} rank {rank}: {pct:+.2}%\n  measured  {mb}\n  predicted {pb}"
-            );
-        }
+        check_memory(name, lora_mla(&mix));
     }
 }
 
@@ -434,40 +431,28 @@ fn lora_with_moe_matches_the_single_rank_run() {
 fn lora_with_moe_matches(targets: &[&str], count: usize) {
     let single = moe_mixes()[0].1.single();
     let reference = run(&seeded(lora_moe(&single, targets)), 3);
-    let rp = reference.params.as_ref().expect("params");
-    let mut frozen = plan(super::moe::moe_config(&single));
-    frozen.adam.lr = 0.0;
-    let init = run(&frozen, 1);
-    let ip = init.params.as_ref().expect("params");
     // The routed experts, the router, every norm and projection keep their initial bits.
-    assert!(ip.keys().any(|k| k.contains("expert")), "{:?}", ip.keys());
-    for (name, want) in ip {
-        assert_eq!(&rp[name], want, "{name}: a frozen base weight moved");
-    }
-    let adapters: Vec<_> = rp.keys().filter(|k| k.contains("_lora_")).collect();
-    assert_eq!(rp.len(), ip.len() + adapters.len());
+    let frozen = plan(super::moe::moe_config(&single));
+    let adapters = check_lora_contract(&reference, frozen, seeded(lora_moe(&single, targets)));
+    assert!(
+        reference
+            .params
+            .as_ref()
+            .expect("params")
+            .keys()
+            .any(|k| k.contains("expert") && !k.contains("_lora_")),
+        "no frozen expert weight"
+    );
     assert_eq!(adapters.len(), count, "{targets:?}");
-    let mut untrained = seeded(lora_moe(&single, targets));
-    untrained.adam.lr = 0.0;
-    let before = run(&untrained, 1);
-    let bp = before.params.as_ref().expect("params");
-    for name in &adapters {
-        let moved = rel_diff(&rp[*name], &bp[*name]);
-        assert!(moved > 1e-4, "{name} did not train ({moved:e})");
-    }
-    let l0 = (reference.loss[0] - init.loss[0]).abs();
-    assert!(l0 > 1e-4, "the adapters did not act on the loss ({l0:e})");
-    for (name, c) in moe_mixes() {
-        let got = run(&seeded(lora_moe(&c, targets)), 3);
-        super::moe::compare(name, &got, &reference);
-        let gp = got.params.as_ref().expect("params");
-        let worst = rp
-            .iter()
-            .map(|(k, want)| rel_diff(&gp[k], want))
-            .fold(0.0, f64::max);
-        let l0 = (got.loss[0] - reference.loss[0]).abs() / reference.loss[0];
-        println!("{name} {targets:?}: loss rel {l0:.1e}, worst parameter rel {worst:.1e}");
-    }
+    let named = moe_mixes()
+        .into_iter()
+        .map(|(n, c)| (format!("{n} {targets:?}"), c));
+    compare_mixes(
+        named,
+        |c| seeded(lora_moe(c, targets)),
+        &reference,
+        super::moe::compare,
+    );
 }
 
 #[test]
@@ -488,21 +473,6 @@ fn lora_with_moe_memory_is_within_two_percent_per_rank() {
             force_balance: true,
             ..c
         };
-        let res = super::memory::compare_config(lora_moe(&c, targets));
-        for (rank, m, p, mb, pb) in &res {
-            // Weights (frozen and adapters), gradients and optimizer states (adapters only).
-            let head = |s: &str| s.split(" a ").next().unwrap_or("").to_string();
-            assert_eq!(
-                head(mb),
-                head(pb),
-                "{name} rank {rank}: weights/gradients/optimizer"
-            );
-            let pct = (*m as f64 - *p as f64) / *p as f64 * 100.0;
-            println!("{name} rank {rank}: measured {m} predicted {p} ({pct:+.2}%)\n  measured  {mb}\n  predicted {pb}");
-            assert!(
-                pct.abs() <= 2.0,
-                "{name} rank {rank}: {pct:+.2}%\n  measured  {mb}\n  predicted {pb}"
-            );
-        }
+        check_memory(&name, lora_moe(&c, targets));
     }
 }
