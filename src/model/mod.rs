@@ -175,17 +175,16 @@ impl Block {
         s
     }
 
-    /// Its ZeRO-3 gather units, as op ranges ([`Block::unit_starts`]).
-    pub fn gather_units(&self) -> Vec<Range<usize>> {
-        let mut starts = vec![0];
-        starts.extend(
-            self.unit_starts
-                .iter()
-                .copied()
-                .filter(|&x| x > 0 && x < self.ops.len()),
-        );
-        starts.push(self.ops.len());
-        starts.windows(2).map(|w| w[0]..w[1]).collect()
+    /// Its ZeRO-3 gather units, as op ranges ([`Block::unit_starts`], ascending), first to
+    /// last; no allocation, since the search summarises blocks for every candidate.
+    pub fn gather_units(&self) -> impl DoubleEndedIterator<Item = Range<usize>> + '_ {
+        let n = self.ops.len();
+        let k = self.unit_starts.len();
+        (0..=k).map(move |j| {
+            let start = if j == 0 { 0 } else { self.unit_starts[j - 1] };
+            let end = if j == k { n } else { self.unit_starts[j] };
+            start.min(n)..end.min(n)
+        })
     }
 
     /// This rank's (dense, expert) parameters of the ops in `unit`.
@@ -205,7 +204,6 @@ impl Block {
     /// part or its experts (the expert space is gathered apart).
     pub fn largest_gather_set(&self) -> u64 {
         self.gather_units()
-            .into_iter()
             .map(|u| {
                 let (dense, expert) = self.unit_params(u);
                 dense.max(expert)
@@ -281,64 +279,54 @@ impl Block {
         gather_bytes: u64,
     ) -> u64 {
         let trainable = |o: &Op| o.params.filter(|p| p.trainable);
-        let units = self.gather_units();
-        // Per unit: its gathered weights, and each parameter space's bucket (trainable
-        // parameters of that space in the unit x bucket_bytes).
-        let per_unit: Vec<(u64, [u64; 2])> = units
-            .iter()
-            .map(|u| {
-                let (dense, expert) = self.unit_params(u.clone());
-                let space = |expert: bool| -> u64 {
-                    self.ops[u.clone()]
-                        .iter()
-                        .filter_map(trainable)
-                        .filter(|p| (p.class == ParamClass::Expert) == expert)
-                        .map(|p| p.rank)
-                        .sum::<u64>()
-                        * bucket_bytes
-                };
-                ((dense + expert) * gather_bytes, [space(false), space(true)])
-            })
-            .collect();
-        let mut opened = [false; 2];
-        let mut unit_now = usize::MAX;
+        // Each parameter space's bucket in a unit: its trainable parameters x bucket_bytes.
+        let space = |u: &Range<usize>, expert: bool| -> u64 {
+            self.ops[u.clone()]
+                .iter()
+                .filter_map(trainable)
+                .filter(|p| (p.class == ParamClass::Expert) == expert)
+                .map(|p| p.rank)
+                .sum::<u64>()
+                * bucket_bytes
+        };
         let mut later = 0u64;
         let mut worst = 0u64;
         // The saved bytes of an op whose input gradient took them over (`Op::grad_in_saved`):
         // freed only once the op before it has read that gradient.
         let mut deferred = 0u64;
-        for (i, o) in self.ops.iter().enumerate().rev() {
-            let unit = units.iter().position(|u| u.contains(&i)).unwrap_or(0);
-            if unit != unit_now {
-                // A unit's buckets are reduced and freed when its backward ends.
-                unit_now = unit;
-                opened = [false; 2];
-            }
-            if let Some(p) = trainable(o) {
-                opened[(p.class == ParamClass::Expert) as usize] = true;
-            }
-            let (gathered, buckets) = per_unit[unit];
-            let held: u64 = (0..2)
-                .filter(|&k| opened[k])
-                .map(|k| buckets[k])
-                .sum::<u64>()
-                + gathered;
-            // An output gradient living in the next op's saved tensor is already counted.
-            let grad_out = if deferred > 0 { 0 } else { o.grad_out_bytes };
-            let temp = if o.grad_in_saved { 0 } else { o.temp_bytes };
-            let here = (Self::op_transient(o) + grad_out).max(temp) + held;
-            worst = worst.max(here.saturating_sub(later));
-            later += std::mem::take(&mut deferred);
-            let saved = o
-                .saved
-                .iter()
-                .filter(|s| !s.selective)
-                .map(|s| s.bytes)
-                .sum::<u64>();
-            if o.grad_in_saved {
-                deferred = saved;
-            } else {
-                later += saved;
+        // Backward runs the units last to first; a unit's buckets are reduced and freed, and
+        // its gathered weights released, when its backward ends.
+        for u in self.gather_units().rev() {
+            let (dense, expert) = self.unit_params(u.clone());
+            let gathered = (dense + expert) * gather_bytes;
+            let buckets = [space(&u, false), space(&u, true)];
+            let mut opened = [false; 2];
+            for o in self.ops[u].iter().rev() {
+                if let Some(p) = trainable(o) {
+                    opened[(p.class == ParamClass::Expert) as usize] = true;
+                }
+                let held: u64 = (0..2)
+                    .filter(|&k| opened[k])
+                    .map(|k| buckets[k])
+                    .sum::<u64>()
+                    + gathered;
+                // An output gradient living in the next op's saved tensor is already counted.
+                let grad_out = if deferred > 0 { 0 } else { o.grad_out_bytes };
+                let temp = if o.grad_in_saved { 0 } else { o.temp_bytes };
+                let here = (Self::op_transient(o) + grad_out).max(temp) + held;
+                worst = worst.max(here.saturating_sub(later));
+                later += std::mem::take(&mut deferred);
+                let saved = o
+                    .saved
+                    .iter()
+                    .filter(|s| !s.selective)
+                    .map(|s| s.bytes)
+                    .sum::<u64>();
+                if o.grad_in_saved {
+                    deferred = saved;
+                } else {
+                    later += saved;
+                }
             }
         }
         incoming + worst
@@ -638,7 +626,7 @@ mod tests {
         // Units [dense] and [expert, last]: the last op holds the expert's 100 bytes (400 +
         // 100), the expert op 700 - 300 + 100, the dense op 1000 - 800 + its own 200.
         b.unit_starts = vec![1];
-        assert_eq!(b.gather_units(), vec![0..1, 1..3]);
+        assert_eq!(b.gather_units().collect::<Vec<_>>(), vec![0..1, 1..3]);
         assert_eq!(b.backward_temp_full_bytes(10, 0, 2), 10 + 500);
         assert_eq!(b.largest_gather_set(), 100);
         b.unit_starts = vec![2];
