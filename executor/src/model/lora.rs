@@ -225,9 +225,25 @@ fn wgrad<B: Backend>(
     dims: (usize, usize, usize),
     sink: &mut Sink<B>,
 ) -> Result<(), ExecError> {
+    wgrad_as(ctx, dy, x, dims, sink, |grad| WTask::Adapter {
+        tensor: t,
+        grad,
+    })
+}
+
+/// dW[o, i] = dy^T x in a fresh fp32 buffer, sent to the sink as the task `task` makes of it
+/// (a dense adapter's, or an expert adapter's).
+pub(super) fn wgrad_as<B: Backend>(
+    ctx: &mut Ctx<B>,
+    dy: &B::Tensor,
+    x: &B::Tensor,
+    dims: (usize, usize, usize),
+    sink: &mut Sink<B>,
+    task: impl FnOnce(B::Tensor) -> WTask<B>,
+) -> Result<(), ExecError> {
     let mut grad = ctx.zeros_f32(Category::Buffers, &[dims.1 * dims.2])?;
     ctx.ops.linear_wgrad(dy, x, dims, ViewMut::all(&mut grad))?;
-    sink(ctx, WTask::Adapter { tensor: t, grad })
+    sink(ctx, task(grad))
 }
 
 /// Column-parallel target `t` forward: adds (alpha/r) B A x to the base output `y` [n, o_r],

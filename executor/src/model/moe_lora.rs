@@ -109,9 +109,10 @@ fn wgrad<B: Backend>(
     dims: (usize, usize, usize),
     sink: &mut Sink<B>,
 ) -> Result<(), ExecError> {
-    let mut grad = ctx.zeros_f32(Category::Buffers, &[dims.1 * dims.2])?;
-    ctx.ops.linear_wgrad(dy, x, dims, ViewMut::all(&mut grad))?;
-    sink(ctx, WTask::ExpertReady { tensor: t, grad })
+    super::lora::wgrad_as(ctx, dy, x, dims, sink, |grad| WTask::ExpertReady {
+        tensor: t,
+        grad,
+    })
 }
 
 /// fc1's adapter forward on expert `j`'s rows `x` [c, h]: adds B s A x to `u` [c, w1_r];
