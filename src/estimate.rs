@@ -284,6 +284,7 @@ impl<'a> Prepared<'a> {
                 gpu: &r.gpu,
                 peak_flops: peak,
                 element_bytes: tr.weight_bytes(),
+                matmul_efficiency: r.gpu.matmul_efficiency_for(tr.precision),
             },
             network: &network,
             overlaps: overlaps(r),

@@ -12,6 +12,10 @@ use crate::model::{Block, BlockTimes, GroupSeconds, Op, OpKind, Phase, TensorRol
 use crate::network::Network;
 use serde::Serialize;
 
+/// Reduction depth of one k-loop iteration of a tensor-core GEMM tile (a 64-deep slice of
+/// bf16 operands), the unit stream-K scheduling shares out.
+const STREAM_K_ITERATION_DEPTH: u64 = 64;
+
 /// The rates one op runs at: matmul peak for its dtype and the profile's efficiencies.
 #[derive(Debug, Clone, Copy)]
 pub struct Rates<'a> {
@@ -20,6 +24,9 @@ pub struct Rates<'a> {
     pub peak_flops: f64,
     /// Bytes of one GEMM operand element.
     pub element_bytes: u64,
+    /// Fraction of `peak_flops` a large, well-shaped GEMM of the training dtype reaches
+    /// ([`GpuProfile::matmul_efficiency_for`]).
+    pub matmul_efficiency: f64,
 }
 
 impl Rates<'_> {
@@ -30,10 +37,10 @@ impl Rates<'_> {
         if m == 0 || n == 0 || k == 0 {
             return 0.0;
         }
-        let wave_efficiency = self.wave_efficiency(self.output_tiles(m, n));
+        let wave_efficiency = self.wave_efficiency(self.output_tiles(m, n), k);
         let flops = 2.0 * m as f64 * n as f64 * k as f64;
         let e = &self.gpu.efficiency;
-        let compute = flops / (self.peak_flops * e.matmul * wave_efficiency);
+        let compute = flops / (self.peak_flops * self.matmul_efficiency * wave_efficiency);
         let bytes = (m * k + k * n + m * n) as f64 * self.element_bytes as f64;
         let memory = bytes / (self.gpu.hbm_bytes_per_s * e.memory_bound);
         compute.max(memory) + e.kernel_overhead_s
@@ -45,12 +52,20 @@ impl Rates<'_> {
         m.div_ceil(g.tile_m.max(1) as u64) * n.div_ceil(g.tile_n.max(1) as u64)
     }
 
-    /// Fraction of the SMs' time doing work when `tiles` output tiles run in waves of one
-    /// tile per SM (a last, partial wave costs a full one).
-    fn wave_efficiency(&self, tiles: u64) -> f64 {
+    /// Fraction of the SMs' time doing work when `tiles` output tiles of reduction depth `k`
+    /// run in waves of one tile per SM: a last, partial wave costs a full one. With stream-K
+    /// scheduling (`gemm.stream_k`; Osama et al. 2023, "Stream-K: Work-centric Parallel
+    /// Decomposition for Dense Matrix-Matrix Multiplication on the GPU") the SMs share the
+    /// tiles' k-loop iterations instead, so only the last round of iterations is partial.
+    fn wave_efficiency(&self, tiles: u64, k: u64) -> f64 {
         let sms = self.gpu.gemm.sms.max(1) as u64;
-        let waves = tiles.div_ceil(sms).max(1);
-        tiles as f64 / (waves * sms) as f64
+        let work = if self.gpu.gemm.stream_k {
+            tiles.saturating_mul(k.div_ceil(STREAM_K_ITERATION_DEPTH).max(1))
+        } else {
+            tiles
+        };
+        let rounds = work.div_ceil(sms).max(1);
+        work as f64 / (rounds as f64 * sms as f64)
     }
 
     /// Compute seconds of `batch` independent [m x k] . [k x n] GEMMs in one batched call
@@ -66,7 +81,7 @@ impl Rates<'_> {
         let flops = batch * 2.0 * m as f64 * n as f64 * k as f64;
         let e = &self.gpu.efficiency;
         let peak = self.peak_flops.min(self.gpu.peak_flops.bf16);
-        flops / (peak * e.matmul * self.wave_efficiency(tiles)) + e.kernel_overhead_s
+        flops / (peak * e.matmul * self.wave_efficiency(tiles, k)) + e.kernel_overhead_s
     }
 
     /// Seconds of an unfused attention core's (forward, backward) GEMMs, from first
@@ -386,6 +401,7 @@ mod tests {
             gpu,
             peak_flops: gpu.peak_flops.bf16,
             element_bytes: 2,
+            matmul_efficiency: gpu.efficiency.matmul,
         }
     }
 
@@ -467,9 +483,38 @@ mod tests {
         let bf16 = rates(&gpu);
         let fp8 = Rates {
             peak_flops: gpu.peak_flops.fp8.unwrap(),
+            matmul_efficiency: gpu.matmul_efficiency_for(crate::config::Precision::Fp8),
             ..bf16
         };
         assert_eq!(bf16.attention_s(1e12), fp8.attention_s(1e12));
         assert!(fp8.gemm_s(8192, 8192, 8192) < bf16.gemm_s(8192, 8192, 8192));
+    }
+
+    /// An FP8 GEMM runs at the FP8 peak times the bf16 efficiency scaled by the measured
+    /// FP8 / bf16 achievable ratio: on H100 1978.9 TF x matmul x 0.709 / 0.803 (Bekman's MAMF
+    /// table), so a large compute-bound GEMM takes bf16's time x 989.4 / 1978.9 x 0.803 / 0.709.
+    #[test]
+    fn fp8_gemms_run_at_the_measured_fp8_share_of_their_peak() {
+        let gpu = GpuProfile::load("h100-sxm").unwrap();
+        assert_eq!(gpu.gemm.achievable_bf16_fraction, Some(0.803));
+        assert_eq!(gpu.gemm.achievable_fp8_fraction, Some(0.709));
+        let bf16 = rates(&gpu);
+        let fp8 = Rates {
+            peak_flops: gpu.peak_flops.fp8.unwrap(),
+            matmul_efficiency: gpu.matmul_efficiency_for(crate::config::Precision::Fp8),
+            ..bf16
+        };
+        let overhead = gpu.efficiency.kernel_overhead_s;
+        let (m, n, k) = (16384, 16384, 16384);
+        let ratio = (fp8.gemm_s(m, n, k) - overhead) / (bf16.gemm_s(m, n, k) - overhead);
+        let by_hand = 989.4 / 1978.9 * 0.803 / 0.709;
+        assert!((ratio / by_hand - 1.0).abs() < 1e-9, "{ratio} vs {by_hand}");
+        // Without the two measurements FP8 keeps the bf16 efficiency.
+        let mut bare = gpu.clone();
+        bare.gemm.achievable_fp8_fraction = None;
+        assert_eq!(
+            bare.matmul_efficiency_for(crate::config::Precision::Fp8),
+            gpu.efficiency.matmul
+        );
     }
 }

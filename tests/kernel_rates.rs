@@ -105,6 +105,7 @@ fn the_time_model_times_attention_at_the_published_rates() {
         gpu: &gpu,
         peak_flops: gpu.peak_flops.bf16,
         element_bytes: 2,
+        matmul_efficiency: gpu.efficiency.matmul,
     };
     // Fig. 5/6: batch 1, 16 heads of 128, s = 16k; causal FLOPs halved.
     let (s, heads, hd) = (16384.0f64, 16.0, 128.0);
@@ -161,6 +162,7 @@ fn a100_forward_backward_points_are_within_10_percent() {
         gpu: &gpu,
         peak_flops: gpu.peak_flops.bf16,
         element_bytes: 2,
+        matmul_efficiency: gpu.efficiency.matmul,
     };
     let mut checked = 0;
     for s in published_series()

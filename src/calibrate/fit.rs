@@ -111,6 +111,21 @@ impl Params {
     }
 }
 
+/// A family's fitted `efficiency.matmul` carried to another GPU of it (`to`, from the GPU the
+/// family's rows ran on): scaled by the two GPUs' measured best-shape GEMM fractions
+/// (`gemm.achievable_bf16_fraction`, calibration/data/gemm-rates.json) and rounded as profiles
+/// are written; unchanged where either is unmeasured. So MI300X, whose hipBLASLt GEMMs reach
+/// 51% of peak against H100's 80%, does not inherit H100's share.
+pub fn transfer_matmul(matmul: f64, to: &GpuProfile, from: &GpuProfile) -> f64 {
+    match (
+        to.gemm.achievable_bf16_fraction,
+        from.gemm.achievable_bf16_fraction,
+    ) {
+        (Some(to), Some(from)) => (matmul * to / from * 1000.0).round() / 1000.0,
+        _ => matmul,
+    }
+}
+
 /// Why a row could not be predicted.
 #[derive(Debug, thiserror::Error)]
 pub enum FitError {

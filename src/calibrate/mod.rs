@@ -392,7 +392,7 @@ of a size at one efficiency, so the non-checkpointed small-micro-batch rows come
 - Overlapped communication is not free: concurrent NCCL kernels slow the compute they hide \
 behind. `efficiency.overlap_interference` charges that fraction of every overlapped \
 transfer (TP with `tp_comm_overlap`, the CP ring, ZeRO gathers and reduce-scatters, \
-bucketed DP reduction) to the step. It is fitted (A100 0.39, H100 0.42): the 200 Gb/s-per-GPU \
+bucketed DP reduction) to the step. It is fitted (A100 0.39, H100 0.43): the 200 Gb/s-per-GPU \
 RoCE rows behave as if FSDP's traffic were barely hidden; mpt-70b on 64 A100-40GB, 111 \
 TFLOP/s published, is the worst held-out row (+24%) and the worst row of the \
 leave-one-source-out fit. One scalar does not transfer between frameworks: fitted on \
@@ -400,7 +400,10 @@ llm-foundry's FSDP rows alone it is 0.70, which charges Megatron-Core's fp32 gra
 reduce-scatter over one rail per GPU (TP 8 fills the node) and its userbuffer TP overlap so \
 much that the 32B row comes out 29% slow; at 0 the same rows come out 14-34% fast. A model \
 of what overlapped NCCL kernels take from compute (their SMs, HBM traffic) is not built.\n\
-- FP8 needs its own GEMM efficiency: with the bf16 fit the FP8 rows come out 6-25% fast.\n\
+- FP8 GEMMs run at the FP8 peak times `efficiency.matmul` scaled by the measured FP8 / bf16 \
+ratio of best-shape GEMM rates (H100: 0.709 / 0.803, calibration/data/gemm-rates.json); with \
+one efficiency for both dtypes the FP8 rows came out 6-25% fast. The long-sequence FP8 rows \
+miss like the bf16 ones (MPT's attention kernel, below).\n\
 - A100-80GB llm-foundry rows come out about 7% slow on median, A100-40GB ones within 1%: \
 the two tables differ in software (`PURE` vs `DEFAULT` mixed precision) as well as HBM.\n\
 - MPT's Triton kernel ran faster than FlashAttention Triton's published A100 rates: the \
@@ -410,12 +413,16 @@ slow. The two GPUs agree (the derived H100/A100 scaling holds), so the gap is in
 figure itself: MPT ran a copy of `flash_attn_triton.py` on the pre-MLIR Triton compiler \
 (`triton_pre_mlir`), and the figure does not say which build it timed. No published rate \
 of MPT's build was found; the rows are not fitted to. Because the H100 llm-foundry rows \
-spend longer in attention than they should, their fit raises `matmul` (0.75), which then \
+spend longer in attention than they should, their fit raises `matmul` (0.72), which then \
 times Megatron-Core's rows too fast when llm-foundry alone is fitted.\n\
 - H100's `memory_bound` (0.30) is far below any measured HBM efficiency: it absorbs time the \
 model does not place (small models' launch and host overheads, unfused elementwise chains). \
-GEMM efficiency by shape and memory-bound ops at a measured HBM rate (issue 17, items 1-2) \
-are not built yet: one `matmul` and one `memory_bound` scalar per family still absorb them.\n\n";
+Memory-bound ops at a measured HBM rate are not built: one `memory_bound` scalar per family \
+absorbs them. GEMMs are grounded in measured kernel rates only at their best shape (each \
+GPU's Maximum Achievable Matmul FLOPS, which sets how a family's fitted `matmul` carries to \
+B200 and MI300X and how FP8 GEMMs compare); the shape dependence is wave quantisation (or \
+stream-K on Hopper and Blackwell) and the memory roofline, with no published shape sweep to \
+check small-K or skinny GEMMs against.\n\n";
 
 /// docs/accuracy.md: the split, the fitted values, per-source and overall held-out error,
 /// every held-out row, the excluded rows and why.

@@ -135,7 +135,7 @@ fn draw_accuracy<DB: DrawingBackend>(
                 .iter()
                 .map(|&p| Cross::new(p, 4, grey.stroke_width(1))),
         )?
-        .label("out of scope (fp8) / inconsistent")
+        .label("out of scope / inconsistent")
         .legend(move |(x, y)| Cross::new((x + 10, y), 4, grey.stroke_width(1)));
     legend(&mut chart)
 }

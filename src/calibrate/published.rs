@@ -665,11 +665,6 @@ fn foundry(i: usize, r: &FoundryRow, approximate: bool) -> Result<Case, Publishe
             Vec::new()
         },
         approximate,
-        out_of_scope: (precision == Precision::Fp8).then(|| {
-            "FP8: the profile has one GEMM efficiency for every dtype, and FP8 GEMMs under \
-             Transformer Engine reach a much smaller fraction of their peak (the README's FP8 \
-             rows run at 27-30% of the FP8 peak)"
-                .to_string()
-        }),
+        out_of_scope: None,
     })
 }

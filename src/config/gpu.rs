@@ -103,6 +103,20 @@ pub struct GemmShape {
     /// Output tile rows and columns of one thread block.
     pub tile_m: u32,
     pub tile_n: u32,
+    /// Whether the GEMM library shares a partial last wave's work over every SM (stream-K
+    /// scheduling, as cuBLAS's persistent kernels do on Hopper and later) instead of leaving
+    /// SMs idle; see `time::Rates::gemm_s`.
+    #[serde(default)]
+    pub stream_k: bool,
+    /// The best bf16 GEMM rate measured on this GPU over its dense bf16 peak (Bekman's
+    /// Maximum Achievable Matmul FLOPS, calibration/data/gemm-rates.json); `None` where no
+    /// measurement is published. It carries a family's fitted `efficiency.matmul` to a GPU
+    /// without published training runs, and with the FP8 figure times FP8 GEMMs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub achievable_bf16_fraction: Option<f64>,
+    /// The same for FP8 (e4m3) GEMMs over the dense FP8 peak.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub achievable_fp8_fraction: Option<f64>,
 }
 
 impl Default for GemmShape {
@@ -112,6 +126,9 @@ impl Default for GemmShape {
             sms: 132,
             tile_m: 128,
             tile_n: 256,
+            stream_k: false,
+            achievable_bf16_fraction: None,
+            achievable_fp8_fraction: None,
         }
     }
 }
@@ -246,6 +263,27 @@ impl GpuProfile {
                 message: "gemm.sms, gemm.tile_m and gemm.tile_n must be positive".into(),
             });
         }
+        for (field, v) in [
+            (
+                "gemm.achievable_bf16_fraction",
+                self.gemm.achievable_bf16_fraction,
+            ),
+            (
+                "gemm.achievable_fp8_fraction",
+                self.gemm.achievable_fp8_fraction,
+            ),
+        ] {
+            if let Some(v) = v {
+                if !(v.is_finite() && v > 0.0 && v <= 1.0) {
+                    return Err(ConfigError::Profile {
+                        origin: origin.to_string(),
+                        message: format!(
+                            "{field} is a measured fraction of the dense peak and must be in (0, 1], got {v}"
+                        ),
+                    });
+                }
+            }
+        }
         let margin = self.memory_margin_fraction;
         if !(margin.is_finite() && (0.0..1.0).contains(&margin)) {
             return Err(ConfigError::Profile {
@@ -329,6 +367,21 @@ impl GpuProfile {
             });
         }
         Ok(())
+    }
+
+    /// The GEMM efficiency of `precision`'s matmul dtype: `efficiency.matmul`, and for FP8 that
+    /// scaled by the measured FP8 / bf16 ratio of achievable GEMM rates when the profile has
+    /// both (FP8 GEMMs reach a smaller share of their doubled peak: 71% against 80% on H100).
+    pub fn matmul_efficiency_for(&self, precision: Precision) -> f64 {
+        let e = self.efficiency.matmul;
+        match (
+            precision,
+            self.gemm.achievable_bf16_fraction,
+            self.gemm.achievable_fp8_fraction,
+        ) {
+            (Precision::Fp8, Some(bf16), Some(fp8)) => (e * fp8 / bf16).min(1.0),
+            _ => e,
+        }
     }
 
     /// Dense peak FLOP/s for the matmul dtype of `precision`, if the GPU has it.
