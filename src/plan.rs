@@ -151,17 +151,17 @@ fn check_moe(r: &Resolved) -> Result<(), PlanError> {
             "the executed balanced routing ignores router groups; set moe_router_num_groups = 0",
         ));
     }
-    // Experts split over TP as the dense MLP (Megatron's --expert-tensor-parallel-size = tp),
-    // or whole with each TP rank routing its sequence shard (expert_tp = 1 under SP: MoE
-    // Parallel Folding, the TP ranks joining expert data parallelism).
-    if p.etp() != p.tp && !(p.etp() == 1 && p.sp_active()) {
+    // Each expert's intermediate size splits over a block of expert_tp consecutive TP ranks
+    // (Megatron's --expert-tensor-parallel-size; = tp: the TP group, as the dense MLP). Below
+    // tp (MoE Parallel Folding) each TP rank routes its own sequence shard (the configuration
+    // rules require SP for MoE under TP).
+    if p.tp % p.etp() != 0 {
         return Err(unsupported(
             "parallel.expert_tp",
             format!(
-                "MoE layers are executed with expert tensor parallelism equal to tp, or 1 with sequence parallelism (expert_tp = {}, tp = {}, sp = {}); set expert_tp = {} or 1 with sp = true",
+                "MoE layers are executed with expert tensor parallelism dividing tp (expert_tp = {}, tp = {}); set expert_tp to a divisor of {}",
                 p.etp(),
                 p.tp,
-                p.sp_active(),
                 p.tp
             ),
         ));
@@ -402,21 +402,34 @@ fn parallelism(r: &Resolved) -> Parallelism {
     }
 }
 
-/// The ranks holding the same routed experts as `rank`: its expert-data-parallel group, and
-/// with whole experts under TP (expert_tp = 1 < tp) the same group of each TP peer (Megatron's
-/// MoE Parallel Folding regroups tp x cp x dp as etp x ep x edp).
+/// The ranks holding the same routed experts as `rank`: its expert-data-parallel group and,
+/// with expert TP below tp, the same group of each TP peer of its expert-TP index (Megatron's
+/// MoE Parallel Folding regroups tp x cp x dp as etp x ep x edp; the engine's layout keeps EP
+/// inside DP, so the tp / etp expert-TP blocks of a TP group join expert DP, as
+/// [`Resolved::expert_dp`] counts: world / (etp x ep x pp)).
 fn expert_dp_group(layout: &Layout, r: &Resolved, rank: u32) -> Vec<u32> {
-    let p = &r.config.parallel;
-    if p.etp() == p.tp {
-        return layout.group_of(GroupKind::ExpertDp, rank);
-    }
+    let etp = r.config.parallel.etp();
+    let me = layout.coords(rank).tp % etp;
     let mut out: Vec<u32> = layout
         .group_of(GroupKind::Tp, rank)
         .into_iter()
+        .filter(|&peer| layout.coords(peer).tp % etp == me)
         .flat_map(|peer| layout.group_of(GroupKind::ExpertDp, peer))
         .collect();
     out.sort_unstable();
     out
+}
+
+/// The expert-TP group of `rank`: the block of expert_tp consecutive TP ranks holding it (the
+/// TP group when expert_tp = tp), over which each expert's intermediate size splits.
+fn expert_tp_group(layout: &Layout, r: &Resolved, rank: u32) -> Vec<u32> {
+    let etp = r.config.parallel.etp();
+    let block = layout.coords(rank).tp / etp;
+    layout
+        .group_of(GroupKind::Tp, rank)
+        .into_iter()
+        .filter(|&peer| layout.coords(peer).tp / etp == block)
+        .collect()
 }
 
 /// The Plan of a resolved configuration.
@@ -478,6 +491,7 @@ pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
                 pp_group: layout.group_of(GroupKind::Pp, rank),
                 ep_group: layout.group_of(GroupKind::Ep, rank),
                 expert_dp_group: expert_dp_group(&layout, r, rank),
+                expert_tp_group: expert_tp_group(&layout, r, rank),
                 stages: (0..nstages)
                     .filter(|&s| program.rank_of_stage(s) == me)
                     .collect(),

@@ -26,9 +26,10 @@
 //!
 //! - **TP + SP**: each TP rank routes its own sequence shard with the whole microbatch's
 //!   decisions ([`super::moe_seq::route_sp_shard`]) and dispatches its rows over EP. With
-//!   expert TP = tp the received rows are all-gathered over TP before each rank's slice of the
-//!   experts and their outputs reduce-scatter back before the combine ([`super::moe_etp`]);
-//!   with whole experts (expert TP 1) they run whole.
+//!   expert TP > 1 the received rows are all-gathered over the expert-TP group (the TP group,
+//!   or a block of it) before each rank's slice of the experts and their outputs
+//!   reduce-scatter back before the combine ([`super::moe_etp`]); with whole experts (expert
+//!   TP 1) they run whole.
 //! - **CP**: the router's decisions are the whole microbatch's ([`super::moe_seq`]): the
 //!   load-balancing loss's fractions and the capacity over the whole sequence; each rank then
 //!   dispatches its own tokens.

@@ -95,7 +95,7 @@ fn scaled<B: Backend>(ctx: &Ctx<B>, z: &B::Tensor, cat: Category) -> Result<B::T
 fn reduce_et<B: Backend>(ctx: &mut Ctx<B>, z: &mut B::Tensor) -> Result<(), ExecError> {
     if ctx.rd.et > 1 {
         ctx.comm
-            .all_reduce(&ctx.tp, ViewMut::all(z), ReduceOp::Sum)?;
+            .all_reduce(&ctx.etp, ViewMut::all(z), ReduceOp::Sum)?;
     }
     Ok(())
 }

@@ -137,8 +137,8 @@ pub struct RankDims {
     pub v_r: usize,
     pub t: usize,
     pub tp_rank: usize,
-    /// Expert tensor parallelism: the routed experts' split (t, or 1 when the MoE layers fold
-    /// the TP ranks into expert data parallelism) and this rank's index in it.
+    /// Expert tensor parallelism: the routed experts' split (a divisor of t; below t the MoE
+    /// layers fold the TP ranks into expert data parallelism) and this rank's index in it.
     pub et: usize,
     pub et_rank: usize,
 }
@@ -167,16 +167,8 @@ impl RankDims {
             v_r: m.vocab / t,
             t,
             tp_rank: tp_rank as usize,
-            et: if plan.parallel.experts_fold_tp() {
-                1
-            } else {
-                t
-            },
-            et_rank: if plan.parallel.experts_fold_tp() {
-                0
-            } else {
-                tp_rank as usize
-            },
+            et: plan.parallel.etp.max(1) as usize,
+            et_rank: plan.parallel.etp_rank(tp_rank) as usize,
         }
     }
 

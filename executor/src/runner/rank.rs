@@ -119,6 +119,7 @@ pub(super) fn run_rank<B: Backend>(
     let ep_rank = crate::backend::ProcessGroup::index(&ep) as u32;
     if plan.model.moe.is_some() {
         ctx.ep = Some(ep);
+        ctx.etp = comm.group(&rp.expert_tp_group)?;
     }
     let blocks = rank_layout(plan, rp.coords.tp, ep_rank, &rp.stages);
     let mut stage_blocks = HashMap::new();
