@@ -320,22 +320,12 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
     }
 }
 
-/// Refuses the LoRA mixes the executor does not run yet (MoE's expert adapters beside shared
-/// experts, MLA or linear biases; MoE under ZeRO-3 with EP), naming the field.
+/// Refuses the LoRA mixes the executor does not run yet (MoE under ZeRO-3 with EP), naming the
+/// field.
 fn check_lora(r: &Resolved) -> Result<(), PlanError> {
     let m = &r.config.model;
     if !m.is_moe() {
         return Ok(());
-    }
-    let targets = &r.config.training.lora.targets;
-    let experts_adapted = targets.contains(&LoraTarget::Fc1) || targets.contains(&LoraTarget::Fc2);
-    if experts_adapted
-        && (m.moe_shared_expert_intermediate_size > 0 || m.mla.is_some() || m.add_bias_linear)
-    {
-        return Err(unsupported(
-            "training.lora.targets",
-            "fc1/fc2 adapters with MoE are executed on the routed experts without shared experts, MLA or linear biases; adapt qkv and proj there",
-        ));
     }
     let p = &r.config.parallel;
     if p.zero >= 3 && p.ep > 1 {

@@ -656,14 +656,6 @@ impl Plan {
             if !(l.alpha.is_finite() && l.alpha > 0.0) {
                 return bad("alpha", "must be a positive finite number");
             }
-            let shared = m.moe.as_ref().is_some_and(|e| e.shared_ffn > 0);
-            let beside = shared || m.mla.is_some() || m.bias_linear;
-            if m.moe.is_some() && (l.fc1 || l.fc2) && beside {
-                return bad(
-                    if l.fc1 { "fc1" } else { "fc2" },
-                    "the routed experts' adapters run without shared experts, MLA or linear biases",
-                );
-            }
             // The frozen experts lie in the frozen space, which ZeRO-3 shards over the dense
             // DP group: across EP ranks that hold different experts.
             if m.moe.is_some() && self.parallel.zero >= 3 && ep > 1 {

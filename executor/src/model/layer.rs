@@ -141,7 +141,7 @@ pub fn layer_fwd<B: Backend>(
     ctx.ops
         .norm_fwd(norm, &x1, slice(&p, l, MLP_NORM), eps, &mut ln2)?;
     if let Some((le, pe)) = experts {
-        let (mut out, ms) = moe_fwd(ctx, l, p.clone(), le, pe, &ln2)?;
+        let (mut out, ms) = moe_fwd(ctx, l, p.clone(), le, pe, &ln2, (&ad, &mut ls))?;
         let mlp_mask = hidden_dropout(ctx, layer_index(l), DropoutSite::Mlp, &mut out)?;
         let mut y = ctx.zeros(a, &[n_sp, h])?;
         ctx.ops.add(&x1, &out, &mut y)?;
@@ -298,7 +298,10 @@ pub fn layer_bwd<B: Backend>(
     drop(mlp_mask);
     let dy_mlp = d_mlp.as_ref().unwrap_or(&dy);
     let d_ln2 = match (moe, experts) {
-        (Some(ms), Some((le, pe))) => moe_bwd(ctx, l, p.clone(), pe, le, ln2, *ms, dy_mlp, sink)?,
+        (Some(ms), Some((le, pe))) => {
+            let lora = (&ad, &mut ls);
+            moe_bwd(ctx, l, p.clone(), pe, le, ln2, *ms, dy_mlp, lora, sink)?
+        }
         (Some(_), None) | (None, Some(_)) => return Err(StateError::MoeSavedMismatch.into()),
         (None, None) => {
             bias::grad(ctx, l, Site::Fc2, dy_mlp, sink)?;

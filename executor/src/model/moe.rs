@@ -34,7 +34,9 @@
 //!   load-balancing loss's fractions and the capacity over the whole sequence; each rank then
 //!   dispatches its own tokens.
 
+use super::lora::{Adapters, LoraSaved};
 use super::params::BlockLayout;
+use super::shared::SharedLora;
 use super::{Ctx, Sink, WTask};
 use crate::backend::{Backend, Device, DeviceTensor, ProcessGroup};
 use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
@@ -61,6 +63,27 @@ fn per_expert(m: &crate::plan::ModelShape) -> usize {
 fn expert_tensors(m: &crate::plan::ModelShape, j: usize) -> (usize, usize, Option<(usize, usize)>) {
     let t = per_expert(m) * j;
     (t, t + 1, m.bias_linear.then_some((t + 2, t + 3)))
+}
+
+/// Local expert `j`'s base weights (fc1, fc2) and with linear biases its biases (fc1's,
+/// fc2's): in the experts block `(le, pe)`, or under routed LoRA frozen last in the layer
+/// block `(l, p)` ([`super::moe_lora::base`]), of `local` experts.
+type ExpertWeights<'p, T> = (View<'p, T>, View<'p, T>, Option<(View<'p, T>, View<'p, T>)>);
+
+fn expert_weights<'p, T: crate::backend::DeviceTensor>(
+    m: &crate::plan::ModelShape,
+    routed_lora: bool,
+    (l, p): (&BlockLayout, &View<'p, T>),
+    (le, pe): (&BlockLayout, &View<'p, T>),
+    (local, j): (usize, usize),
+) -> ExpertWeights<'p, T> {
+    let ((t1, t2, biases), (bl, bp)) = if routed_lora {
+        (super::moe_lora::base(l, local, j, m.bias_linear), (l, p))
+    } else {
+        (expert_tensors(m, j), (le, pe))
+    };
+    let v = |t: usize| bp.sub(bl.tensors[t].range());
+    (v(t1), v(t2), biases.map(|(b1, b2)| (v(b1), v(b2))))
 }
 
 /// What an MoE block keeps for backward (besides the norm's input and output).
@@ -168,7 +191,9 @@ fn gathered_spans(spans: &[(usize, usize)]) -> impl Iterator<Item = (usize, usiz
 }
 
 /// Forward of the MoE block on the normed input `ln2` [n, h] (the router's parameters in
-/// `p`/`l`, the rank's experts in `pe`/`le`); returns the combined expert output [n, h].
+/// `p`/`l`, the rank's experts in `pe`/`le`, the shared experts' LoRA adapters in `ad`);
+/// returns the combined expert output [n, h].
+#[allow(clippy::too_many_arguments)]
 pub fn moe_fwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
@@ -176,6 +201,7 @@ pub fn moe_fwd<B: Backend>(
     le: &BlockLayout,
     pe: View<'_, B::Tensor>,
     ln2: &B::Tensor,
+    (ad, ls): (&Adapters<B>, &mut LoraSaved<B>),
 ) -> Result<(B::Tensor, MoeSaved<B>), ExecError> {
     let (mut out, saved) = if ctx.plan.parallel.moe_routes_sp_shard() {
         // This rank routes its own sequence shard and gets its rows' outputs whole; the
@@ -184,9 +210,17 @@ pub fn moe_fwd<B: Backend>(
         if has_shared(ctx) {
             let mut part = ctx.zeros(Category::Buffers, &[ctx.n, ctx.rd.h])?;
             saved.shared = ctx.with_gathered(ln2, |c, xg| {
-                super::shared::shared_fwd(c, l, p.clone(), xg, &mut part)
+                let lo = SharedLora {
+                    ad,
+                    ls: &mut *ls,
+                    x_reg: ln2,
+                };
+                super::shared::shared_fwd(c, l, p.clone(), xg, &mut part, lo)
             })?;
-            let shared = ctx.reduce_to_region(part, Category::Buffers)?;
+            let mut shared = ctx.reduce_to_region(part, Category::Buffers)?;
+            if let Some(sh) = &saved.shared {
+                super::shared::shared_fc2_lora(ctx, sh, (ad, ls), &mut shared)?;
+            }
             ctx.ops
                 .axpy(1.0, View::all(&shared), ViewMut::all(&mut out))?;
         }
@@ -194,8 +228,17 @@ pub fn moe_fwd<B: Backend>(
     } else {
         // Without TP: the routed and the shared experts on the rank's rows.
         let (mut out, mut saved) = moe_fwd_full(ctx, l, p.clone(), le, pe, ln2)?;
-        saved.shared = super::shared::shared_fwd(ctx, l, p.clone(), ln2, &mut out)?;
-        (ctx.reduce_to_region(out, Category::Buffers)?, saved)
+        let lo = SharedLora {
+            ad,
+            ls: &mut *ls,
+            x_reg: ln2,
+        };
+        saved.shared = super::shared::shared_fwd(ctx, l, p.clone(), ln2, &mut out, lo)?;
+        let mut out = ctx.reduce_to_region(out, Category::Buffers)?;
+        if let Some(sh) = &saved.shared {
+            super::shared::shared_fc2_lora(ctx, sh, (ad, ls), &mut out)?;
+        }
+        (out, saved)
     };
     // The shared experts' fc2 bias, after the reduction as the dense MLP's.
     super::bias::add(ctx, l, &p, super::bias::Site::Fc2, &mut out)?;
@@ -292,22 +335,15 @@ fn moe_fwd_full<B: Backend>(
         let mut act = ctx.zeros(a, &[c, f])?;
         let mut ls = [None, None];
         if c > 0 {
-            let (t1, t2, biases) = expert_tensors(&ctx.plan.model, j);
-            let (w_fc1, w_fc2) = if routed_lora {
-                let (b1, b2) = super::moe_lora::base(l, local, j);
-                (p.sub(l.tensors[b1].range()), p.sub(l.tensors[b2].range()))
-            } else {
-                (
-                    pe.sub(le.tensors[t1].range()),
-                    pe.sub(le.tensors[t2].range()),
-                )
-            };
+            let blocks = ((l, &p), (le, &pe));
+            let (w_fc1, w_fc2, biases) =
+                expert_weights(&ctx.plan.model, routed_lora, blocks.0, blocks.1, (local, j));
             ctx.ops.linear_fwd(&x, w_fc1, (c, h, w1), &mut u)?;
             if routed_lora {
                 ls[0] = super::moe_lora::fc1_fwd(ctx, (le, &pe), j, &x, &mut u)?;
             }
-            if let Some((b1, _)) = biases {
-                ctx.ops.bias_add(&mut u, pe.sub(le.tensors[b1].range()))?;
+            if let Some((b1, _)) = &biases {
+                ctx.ops.bias_add(&mut u, b1.clone())?;
             }
             ctx.ops.act_fwd(act_kind, &u, &mut act)?;
             let mut y = ctx.zeros(b, &[c, h])?;
@@ -317,7 +353,7 @@ fn moe_fwd_full<B: Backend>(
             }
             // fc2's bias once over the TP partial sums (the gates weight it with the output).
             if let (Some((_, b2)), 0) = (biases, ctx.rd.et_rank) {
-                ctx.ops.bias_add(&mut y, pe.sub(le.tensors[b2].range()))?;
+                ctx.ops.bias_add(&mut y, b2)?;
             }
             let back_spans = gathered_spans(&spans).map(|(lo, at, rows)| (at, lo, rows));
             copy_spans(ctx, &y, &mut back, h, back_spans)?;
@@ -387,6 +423,7 @@ pub fn moe_bwd<B: Backend>(
     ln2: B::Tensor,
     mut s: MoeSaved<B>,
     dy: &B::Tensor,
+    (ad, ls): (&Adapters<B>, &mut LoraSaved<B>),
     sink: &mut Sink<B>,
 ) -> Result<B::Tensor, ExecError> {
     let sharded = ctx.plan.parallel.moe_routes_sp_shard();
@@ -448,18 +485,28 @@ pub fn moe_bwd<B: Backend>(
     if !sharded {
         // Without TP: the shared experts' gradient joins the routed rows'.
         let mut d = d_rows;
+        let mut d_lora = None;
         if let Some(sh) = shared {
-            super::shared::shared_bwd(ctx, l, p.clone(), sh, ln2, dy_full?, &mut d, sink)?;
+            let dys = (dy_full?, dy);
+            d_lora = super::shared::shared_bwd(ctx, l, p, sh, ln2, dys, &mut d, (ad, ls), sink)?;
         }
-        return ctx.reduce_to_region(d, bcat);
+        let mut d = ctx.reduce_to_region(d, bcat)?;
+        if let Some(dl) = d_lora {
+            ctx.ops.axpy(1.0, View::all(&dl), ViewMut::all(&mut d))?;
+        }
+        return Ok(d);
     }
     let mut d = d_rows;
     if let Some(sh) = shared {
         let mut part = ctx.zeros(bcat, &[ctx.n, h])?;
-        super::shared::shared_bwd(ctx, l, p.clone(), sh, ln2, dy_full?, &mut part, sink)?;
+        let dys = (dy_full?, dy);
+        let d_lora = super::shared::shared_bwd(ctx, l, p, sh, ln2, dys, &mut part, (ad, ls), sink)?;
         let region = ctx.reduce_to_region(part, bcat)?;
         ctx.ops
             .axpy(1.0, View::all(&region), ViewMut::all(&mut d))?;
+        if let Some(dl) = d_lora {
+            ctx.ops.axpy(1.0, View::all(&dl), ViewMut::all(&mut d))?;
+        }
     }
     Ok(d)
 }
@@ -591,16 +638,10 @@ fn experts_bwd<B: Backend>(
         }
         let mut dyj = ctx.zeros(bcat, &[c, h])?;
         copy_spans(ctx, &drecv, &mut dyj, h, gathered_spans(&spans))?;
+        // The trained experts' tensors (gradients), and the weights the rank runs.
         let (t1, t2, biases) = expert_tensors(&ctx.plan.model, j);
-        let (w_fc1, w_fc2) = if routed_lora {
-            let (b1, b2) = super::moe_lora::base(l, local, j);
-            (p.sub(l.tensors[b1].range()), p.sub(l.tensors[b2].range()))
-        } else {
-            (
-                pe.sub(le.tensors[t1].range()),
-                pe.sub(le.tensors[t2].range()),
-            )
-        };
+        let m = &ctx.plan.model;
+        let (w_fc1, w_fc2, _) = expert_weights(m, routed_lora, (l, p), (le, pe), (local, j));
         if let (Some((_, b2)), false) = (biases, frozen) {
             expert_bias_grad(ctx, le, b2, &dyj, sink)?;
         }

@@ -72,11 +72,30 @@ pub fn tensors(lora: &LoraShape, j: usize) -> (Option<usize>, Option<usize>) {
     (fc1, fc2)
 }
 
-/// Indices of local expert `j`'s frozen fc1 and fc2 in the layer block `l` (of `local`
-/// experts, last in the block).
-pub fn base(l: &BlockLayout, local: usize, j: usize) -> (usize, usize) {
-    let t = l.tensors.len() - 2 * local + 2 * j;
-    (t, t + 1)
+/// Tensors of the frozen routed experts at the end of layer block `l` (under routed LoRA, in
+/// an MoE layer; else 0): what the layer's own tail tensors (MLA's up-projections) lie before.
+pub fn frozen_tail(plan: &Plan, l: &BlockLayout) -> usize {
+    let m = &plan.model;
+    match (&m.moe, l.kind) {
+        (Some(moe), super::params::BlockKind::Layer(i)) if routed(plan) && m.is_moe_layer(i) => {
+            let local = moe.num_experts / plan.parallel.ep.max(1) as usize;
+            local * if m.bias_linear { 4 } else { 2 }
+        }
+        _ => 0,
+    }
+}
+
+/// Indices of local expert `j`'s frozen fc1 and fc2, and with linear biases their biases
+/// (fc1's, fc2's), in the layer block `l` (of `local` experts, last in the block).
+pub fn base(
+    l: &BlockLayout,
+    local: usize,
+    j: usize,
+    biases: bool,
+) -> (usize, usize, Option<(usize, usize)>) {
+    let per = if biases { 4 } else { 2 };
+    let t = l.tensors.len() - per * local + per * j;
+    (t, t + 1, biases.then_some((t + 2, t + 3)))
 }
 
 fn view<'p, T: DeviceTensor>(le: &BlockLayout, pe: &View<'p, T>, t: usize) -> View<'p, T> {

@@ -429,6 +429,10 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                             let q = format!("layers.{l}.experts.{e}");
                             let et = (rd.et, rd.et_rank);
                             expert_mlp(b, m.activation, &q, moe.ffn, et, h, std);
+                            if m.bias_linear {
+                                let act = m.activation;
+                                super::bias::mlp_biases(b, act, &q, moe.ffn, et, h, std, false);
+                            }
                         }
                     }
                     return;
@@ -462,18 +466,22 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                 }
             });
             if let Some(lora) = &plan.lora {
-                // An MoE layer's fc1/fc2 adapters are the routed experts' (its experts block).
-                let lora = if m.is_moe_layer(l) {
-                    LoraShape {
-                        fc1: false,
-                        fc2: false,
-                        ..*lora
+                // An MoE layer's fc1/fc2 adapters here are its shared experts' (the routed
+                // experts' lie in its experts block).
+                let (lora, ffn) = match (m.is_moe_layer(l), &m.moe) {
+                    (true, Some(moe)) => {
+                        let shared = moe.shared_ffn > 0;
+                        let only_shared = LoraShape {
+                            fc1: lora.fc1 && shared,
+                            fc2: lora.fc2 && shared,
+                            ..*lora
+                        };
+                        (only_shared, moe.shared_ffn)
                     }
-                } else {
-                    *lora
+                    _ => (*lora, m.ffn),
                 };
                 emit(BlockKind::Adapters(l), s, &|b| {
-                    super::lora::push_adapters(b, &lora, &rd, m.heads * rd.dv, m.ffn, l, std)
+                    super::lora::push_adapters(b, &lora, &rd, m.heads * rd.dv, ffn, l, std)
                 });
             }
             if let (true, Some(moe)) = (m.is_moe_layer(l), &m.moe) {
