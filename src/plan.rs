@@ -94,9 +94,6 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
             "the executor runs rotary or learned positions",
         ));
     }
-    if t.mode == TrainingMode::Lora {
-        check_lora(r)?;
-    }
     let v = m.padded_vocab_size(p.tp);
     if v % p.tp as u64 != 0 {
         return Err(unsupported("model.vocab_size", format!("the vocabulary ({v}) must be divisible by tp ({}); set make_vocab_size_divisible_by", p.tp)));
@@ -318,23 +315,6 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
             0.0
         },
     }
-}
-
-/// Refuses the LoRA mixes the executor does not run yet (MoE under ZeRO-3 with EP), naming the
-/// field.
-fn check_lora(r: &Resolved) -> Result<(), PlanError> {
-    let m = &r.config.model;
-    if !m.is_moe() {
-        return Ok(());
-    }
-    let p = &r.config.parallel;
-    if p.zero >= 3 && p.ep > 1 {
-        return Err(unsupported(
-            "parallel.zero",
-            "LoRA with MoE under ZeRO-3 is executed with ep = 1 only (the frozen experts would shard over the dense DP group)",
-        ));
-    }
-    Ok(())
 }
 
 /// The executor's LoRA settings: rank, alpha (the rank when absent) and targets.

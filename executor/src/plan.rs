@@ -656,14 +656,6 @@ impl Plan {
             if !(l.alpha.is_finite() && l.alpha > 0.0) {
                 return bad("alpha", "must be a positive finite number");
             }
-            // The frozen experts lie in the frozen space, which ZeRO-3 shards over the dense
-            // DP group: across EP ranks that hold different experts.
-            if m.moe.is_some() && self.parallel.zero >= 3 && ep > 1 {
-                return bad(
-                    "rank",
-                    "LoRA with MoE under ZeRO-3 runs with ep = 1 only (the frozen experts shard over DP)",
-                );
-            }
             if m.mla.is_some() && l.qkv {
                 return bad(
                     "qkv",

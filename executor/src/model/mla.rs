@@ -36,8 +36,7 @@ pub type Qkv<B> = (
     <B as Backend>::Tensor,
 );
 
-/// Indices of the norms and up-projections at the end of the layer block (before the frozen
-/// routed experts under routed LoRA).
+/// Indices of the norms and up-projections at the end of the layer block.
 struct Up {
     /// The query latent's norm and up-projection (none without a query latent).
     q: Option<(usize, usize)>,
@@ -45,9 +44,8 @@ struct Up {
     kv_up: usize,
 }
 
-fn up(plan: &crate::plan::Plan, l: &BlockLayout, a: &MlaShape) -> Up {
-    let tail = super::moe_lora::frozen_tail(plan, l);
-    let b = l.tensors.len() - tail - mla_up_tensors(a);
+fn up(l: &BlockLayout, a: &MlaShape) -> Up {
+    let b = l.tensors.len() - mla_up_tensors(a);
     let q = (a.q_lora_rank > 0).then_some((b, b + 1));
     let kv = b + 2 * usize::from(q.is_some());
     Up {
@@ -79,7 +77,7 @@ pub fn mla_fwd<B: Backend>(
     let (n, h, ar) = (ctx.n, ctx.rd.h, ctx.rd.a_r);
     let (qr, kvr, dr) = (a.q_lora_rank, a.kv_lora_rank, a.qk_rope);
     let (act, buf) = (Category::Activations, Category::Buffers);
-    let u = up(ctx.plan, l, &a);
+    let u = up(l, &a);
 
     // One GEMM for the query's rows (its latent, or without one this rank's heads), the
     // key/value latent and the shared rotary key.
@@ -163,7 +161,7 @@ pub fn mla_bwd<B: Backend>(
     let (kvr, dr) = (a.kv_lora_rank, a.qk_rope);
     let (qn, qp, vw) = (ar * a.qk_nope, ar * dr, ar * a.v);
     let buf = Category::Buffers;
-    let u = up(ctx.plan, l, &a);
+    let u = up(l, &a);
     let none = ctx.zeros(buf, &[n, 0])?;
 
     // Query side: split the heads, undo the rotation.

@@ -1,7 +1,8 @@
 //! LoRA adapters (Hu et al. 2021) on the routed experts' fc1 and fc2: one pair A [r, in],
 //! B [out, r] per expert, as NeMo's LoRA wraps each expert's `linear_fc1`/`linear_fc2` (the
 //! engine's `src/model/moe_lora.rs`). They make up the MoE layer's experts block (expert space:
-//! reduced and sharded over expert DP); the frozen experts then lie last in the layer block.
+//! reduced and sharded over expert DP); the frozen experts then make up the frozen-experts
+//! block after it (frozen expert space: sharded over expert DP under ZeRO-3).
 //!
 //! Under expert TP every member runs all the expert's gathered rows, so fc1's A (whole) sees
 //! them all and its rank-r gradient is a partial sum over expert TP (each member's B rows),
@@ -70,32 +71,6 @@ pub fn tensors(lora: &LoraShape, j: usize) -> (Option<usize>, Option<usize>) {
     let fc1 = lora.fc1.then_some(base);
     let fc2 = lora.fc2.then_some(base + 2 * usize::from(lora.fc1));
     (fc1, fc2)
-}
-
-/// Tensors of the frozen routed experts at the end of layer block `l` (under routed LoRA, in
-/// an MoE layer; else 0): what the layer's own tail tensors (MLA's up-projections) lie before.
-pub fn frozen_tail(plan: &Plan, l: &BlockLayout) -> usize {
-    let m = &plan.model;
-    match (&m.moe, l.kind) {
-        (Some(moe), super::params::BlockKind::Layer(i)) if routed(plan) && m.is_moe_layer(i) => {
-            let local = moe.num_experts / plan.parallel.ep.max(1) as usize;
-            local * if m.bias_linear { 4 } else { 2 }
-        }
-        _ => 0,
-    }
-}
-
-/// Indices of local expert `j`'s frozen fc1 and fc2, and with linear biases their biases
-/// (fc1's, fc2's), in the layer block `l` (of `local` experts, last in the block).
-pub fn base(
-    l: &BlockLayout,
-    local: usize,
-    j: usize,
-    biases: bool,
-) -> (usize, usize, Option<(usize, usize)>) {
-    let per = if biases { 4 } else { 2 };
-    let t = l.tensors.len() - per * local + per * j;
-    (t, t + 1, biases.then_some((t + 2, t + 3)))
 }
 
 fn view<'p, T: DeviceTensor>(le: &BlockLayout, pe: &View<'p, T>, t: usize) -> View<'p, T> {
