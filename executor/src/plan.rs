@@ -248,12 +248,6 @@ pub struct Parallelism {
 }
 
 impl Parallelism {
-    /// MoE Parallel Folding (expert TP below tp): the MoE layers route each TP rank's
-    /// sequence shard and the TP ranks of the same expert-TP index hold the same experts.
-    pub fn experts_fold_tp(&self) -> bool {
-        self.etp != self.tp
-    }
-
     /// The expert-TP index of TP rank `tp_rank`: its place in its block of `etp` consecutive
     /// TP ranks (the slice of each expert it holds).
     pub fn etp_rank(&self, tp_rank: u32) -> u32 {
