@@ -257,11 +257,19 @@ pub fn stage_memory(
     };
     // ZeRO-3 gathers a block's experts apart from the rest of it (the expert space), so the
     // two sets forward holds (the one in use and the one beside it) are each a unit's dense
-    // part or its experts: an MoE layer's two parts, or one part and the previous block's.
-    let gathered_set = |b: &BlockSummary| if zero >= 3 { b.gather_set * w } else { 0 };
+    // part or its experts: an MoE layer's two parts, or one part and the previous block's
+    // (two experts parts are never adjacent): at most the largest dense part and the larger
+    // of the largest dense and experts parts.
+    let gathered_sets = if zero >= 3 {
+        let dense = blocks().map(|b| b.gather_dense).max().unwrap_or(0);
+        let expert = blocks().map(|b| b.gather_expert).max().unwrap_or(0);
+        (dense + dense.max(expert)) * w
+    } else {
+        0
+    };
     let has_output = chunks.iter().any(|c| c.output);
     let phase = PhaseBuffers {
-        forward: 2 * blocks().map(gathered_set).max().unwrap_or(0)
+        forward: gathered_sets
             + blocks()
                 .map(|b| b.temp)
                 .max()

@@ -94,9 +94,6 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
             "the executor runs rotary or learned positions",
         ));
     }
-    if t.mode == TrainingMode::Lora {
-        check_lora(r)?;
-    }
     let v = m.padded_vocab_size(p.tp);
     if v % p.tp as u64 != 0 {
         return Err(unsupported("model.vocab_size", format!("the vocabulary ({v}) must be divisible by tp ({}); set make_vocab_size_divisible_by", p.tp)));
@@ -151,17 +148,17 @@ fn check_moe(r: &Resolved) -> Result<(), PlanError> {
             "the executed balanced routing ignores router groups; set moe_router_num_groups = 0",
         ));
     }
-    // Experts split over TP as the dense MLP (Megatron's --expert-tensor-parallel-size = tp),
-    // or whole with each TP rank routing its sequence shard (expert_tp = 1 under SP: MoE
-    // Parallel Folding, the TP ranks joining expert data parallelism).
-    if p.etp() != p.tp && !(p.etp() == 1 && p.sp_active()) {
+    // Each expert's intermediate size splits over a block of expert_tp consecutive TP ranks
+    // (Megatron's --expert-tensor-parallel-size; = tp: the TP group, as the dense MLP). Below
+    // tp (MoE Parallel Folding) each TP rank routes its own sequence shard (the configuration
+    // rules require SP for MoE under TP).
+    if p.tp % p.etp() != 0 {
         return Err(unsupported(
             "parallel.expert_tp",
             format!(
-                "MoE layers are executed with expert tensor parallelism equal to tp, or 1 with sequence parallelism (expert_tp = {}, tp = {}, sp = {}); set expert_tp = {} or 1 with sp = true",
+                "MoE layers are executed with expert tensor parallelism dividing tp (expert_tp = {}, tp = {}); set expert_tp to a divisor of {}",
                 p.etp(),
                 p.tp,
-                p.sp_active(),
                 p.tp
             ),
         ));
@@ -320,33 +317,6 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
     }
 }
 
-/// Refuses the LoRA mixes the executor does not run yet (MoE's expert adapters beside shared
-/// experts, MLA or linear biases; MoE under ZeRO-3 with EP), naming the field.
-fn check_lora(r: &Resolved) -> Result<(), PlanError> {
-    let m = &r.config.model;
-    if !m.is_moe() {
-        return Ok(());
-    }
-    let targets = &r.config.training.lora.targets;
-    let experts_adapted = targets.contains(&LoraTarget::Fc1) || targets.contains(&LoraTarget::Fc2);
-    if experts_adapted
-        && (m.moe_shared_expert_intermediate_size > 0 || m.mla.is_some() || m.add_bias_linear)
-    {
-        return Err(unsupported(
-            "training.lora.targets",
-            "fc1/fc2 adapters with MoE are executed on the routed experts without shared experts, MLA or linear biases; adapt qkv and proj there",
-        ));
-    }
-    let p = &r.config.parallel;
-    if p.zero >= 3 && p.ep > 1 {
-        return Err(unsupported(
-            "parallel.zero",
-            "LoRA with MoE under ZeRO-3 is executed with ep = 1 only (the frozen experts would shard over the dense DP group)",
-        ));
-    }
-    Ok(())
-}
-
 /// The executor's LoRA settings: rank, alpha (the rank when absent) and targets.
 fn lora_shape(r: &Resolved) -> Option<LoraShape> {
     let t = &r.config.training;
@@ -402,21 +372,34 @@ fn parallelism(r: &Resolved) -> Parallelism {
     }
 }
 
-/// The ranks holding the same routed experts as `rank`: its expert-data-parallel group, and
-/// with whole experts under TP (expert_tp = 1 < tp) the same group of each TP peer (Megatron's
-/// MoE Parallel Folding regroups tp x cp x dp as etp x ep x edp).
+/// The ranks holding the same routed experts as `rank`: its expert-data-parallel group and,
+/// with expert TP below tp, the same group of each TP peer of its expert-TP index (Megatron's
+/// MoE Parallel Folding regroups tp x cp x dp as etp x ep x edp; the engine's layout keeps EP
+/// inside DP, so the tp / etp expert-TP blocks of a TP group join expert DP, as
+/// [`Resolved::expert_dp`] counts: world / (etp x ep x pp)).
 fn expert_dp_group(layout: &Layout, r: &Resolved, rank: u32) -> Vec<u32> {
-    let p = &r.config.parallel;
-    if p.etp() == p.tp {
-        return layout.group_of(GroupKind::ExpertDp, rank);
-    }
+    let etp = r.config.parallel.etp();
+    let me = layout.coords(rank).tp % etp;
     let mut out: Vec<u32> = layout
         .group_of(GroupKind::Tp, rank)
         .into_iter()
+        .filter(|&peer| layout.coords(peer).tp % etp == me)
         .flat_map(|peer| layout.group_of(GroupKind::ExpertDp, peer))
         .collect();
     out.sort_unstable();
     out
+}
+
+/// The expert-TP group of `rank`: the block of expert_tp consecutive TP ranks holding it (the
+/// TP group when expert_tp = tp), over which each expert's intermediate size splits.
+fn expert_tp_group(layout: &Layout, r: &Resolved, rank: u32) -> Vec<u32> {
+    let etp = r.config.parallel.etp();
+    let block = layout.coords(rank).tp / etp;
+    layout
+        .group_of(GroupKind::Tp, rank)
+        .into_iter()
+        .filter(|&peer| layout.coords(peer).tp / etp == block)
+        .collect()
 }
 
 /// The Plan of a resolved configuration.
@@ -478,6 +461,7 @@ pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
                 pp_group: layout.group_of(GroupKind::Pp, rank),
                 ep_group: layout.group_of(GroupKind::Ep, rank),
                 expert_dp_group: expert_dp_group(&layout, r, rank),
+                expert_tp_group: expert_tp_group(&layout, r, rank),
                 stages: (0..nstages)
                     .filter(|&s| program.rank_of_stage(s) == me)
                     .collect(),

@@ -191,6 +191,13 @@ pub struct RouterShape {
     pub force_balance: bool,
 }
 
+/// The block of `etp` consecutive members of `r`'s TP group that holds it.
+fn expert_tp_block(r: &RankPlan, p: &Parallelism) -> Vec<u32> {
+    let etp = p.etp.max(1) as usize;
+    let lo = (r.coords.tp as usize / etp) * etp;
+    r.tp_group.get(lo..lo + etp).unwrap_or_default().to_vec()
+}
+
 impl RouterShape {
     /// True when this is the plain router (softmax, no renormalisation, bias or groups).
     pub fn is_plain(&self) -> bool {
@@ -224,10 +231,11 @@ pub struct Parallelism {
     pub dp: u32,
     /// Expert parallelism (divides dp; experts split over the EP group).
     pub ep: u32,
-    /// Expert tensor parallelism (Megatron's `--expert-tensor-parallel-size`): `tp`, each
-    /// expert split over TP as the dense MLP; or 1 under TP + SP (MoE Parallel Folding), each
-    /// expert whole and each TP rank routing its own sequence shard, the TP ranks joining the
-    /// expert-data-parallel group.
+    /// Expert tensor parallelism (Megatron's `--expert-tensor-parallel-size`), a divisor of
+    /// `tp`: each expert's intermediate size splits over an expert-TP group of `etp`
+    /// consecutive TP ranks (`tp`: the TP group, as the dense MLP; 1: whole experts). Below tp
+    /// (MoE Parallel Folding, under TP + SP) each TP rank routes its own sequence shard and
+    /// the tp / etp expert-TP groups of a TP group join the expert-data-parallel group.
     pub etp: u32,
     /// ZeRO stage 0..=3 (Rajbhandari et al. 2020).
     pub zero: u8,
@@ -240,10 +248,10 @@ pub struct Parallelism {
 }
 
 impl Parallelism {
-    /// MoE Parallel Folding with whole experts under TP (expert TP 1 < tp): the MoE layers
-    /// route each TP rank's sequence shard and the TP ranks hold the same experts.
-    pub fn experts_fold_tp(&self) -> bool {
-        self.etp != self.tp
+    /// The expert-TP index of TP rank `tp_rank`: its place in its block of `etp` consecutive
+    /// TP ranks (the slice of each expert it holds).
+    pub fn etp_rank(&self, tp_rank: u32) -> u32 {
+        tp_rank % self.etp.max(1)
     }
 
     /// Whether each TP rank routes its own sequence shard in the MoE layers: under TP (which
@@ -359,9 +367,13 @@ pub struct RankPlan {
     pub dp_group: Vec<u32>,
     pub pp_group: Vec<u32>,
     /// Expert parallelism: the ranks among which the experts are split (size ep), and the
-    /// ranks holding the same experts (size dp / ep), over which expert gradients reduce.
+    /// ranks holding the same experts (size dp x cp x (tp / etp) / ep), over which expert
+    /// gradients reduce.
     pub ep_group: Vec<u32>,
     pub expert_dp_group: Vec<u32>,
+    /// Expert tensor parallelism: the `etp` consecutive members of `tp_group` holding this
+    /// rank's block (the whole TP group when etp = tp), over which the received rows gather.
+    pub expert_tp_group: Vec<u32>,
     /// Global stages this rank holds, ascending.
     pub stages: Vec<u32>,
     /// One step's actions.
@@ -471,6 +483,7 @@ impl Plan {
                 pp_group: vec![0],
                 ep_group: vec![0],
                 expert_dp_group: vec![0],
+                expert_tp_group: vec![0],
                 stages: vec![0],
                 actions,
             }],
@@ -598,8 +611,8 @@ impl Plan {
             if moe.ffn == 0 {
                 return Err(PlanError::ZeroMoeFfn);
             }
-            // Expert tensor parallelism: tp, or 1 (whole experts), with TP's sequence shards.
-            if !(p.etp == p.tp || p.etp == 1) || (p.tp > 1 && !p.sp) {
+            // Expert tensor parallelism: a divisor of tp, with TP's sequence shards.
+            if p.etp == 0 || p.tp % p.etp != 0 || (p.tp > 1 && !p.sp) {
                 return Err(PlanError::ExpertTp {
                     etp: p.etp,
                     tp: p.tp,
@@ -637,22 +650,6 @@ impl Plan {
             if !(l.alpha.is_finite() && l.alpha > 0.0) {
                 return bad("alpha", "must be a positive finite number");
             }
-            let shared = m.moe.as_ref().is_some_and(|e| e.shared_ffn > 0);
-            let beside = shared || m.mla.is_some() || m.bias_linear;
-            if m.moe.is_some() && (l.fc1 || l.fc2) && beside {
-                return bad(
-                    if l.fc1 { "fc1" } else { "fc2" },
-                    "the routed experts' adapters run without shared experts, MLA or linear biases",
-                );
-            }
-            // The frozen experts lie in the frozen space, which ZeRO-3 shards over the dense
-            // DP group: across EP ranks that hold different experts.
-            if m.moe.is_some() && self.parallel.zero >= 3 && ep > 1 {
-                return bad(
-                    "rank",
-                    "LoRA with MoE under ZeRO-3 runs with ep = 1 only (the frozen experts shard over DP)",
-                );
-            }
             if m.mla.is_some() && l.qkv {
                 return bad(
                     "qkv",
@@ -682,8 +679,9 @@ impl Plan {
                 return Err(PlanError::GroupSizes { rank: i });
             }
             // The experts' replicas: every DP and CP rank with the same experts (Megatron folds
-            // CP into the expert-data-parallel group), and the TP ranks with whole experts.
-            let folded_tp = if p.experts_fold_tp() { t } else { 1 };
+            // CP into the expert-data-parallel group), and the TP ranks of the same expert-TP
+            // index (tp / etp of them).
+            let folded_tp = t / p.etp.max(1) as usize;
             let expert_dp = p.dp as usize * c * folded_tp / ep;
             if r.ep_group.len() != ep || r.expert_dp_group.len() != expert_dp {
                 return Err(PlanError::ExpertGroupSizes {
@@ -692,6 +690,12 @@ impl Plan {
                     expert_dp_group: r.expert_dp_group.len(),
                     ep,
                     expert_dp,
+                });
+            }
+            if m.moe.is_some() && r.expert_tp_group != expert_tp_block(r, p) {
+                return Err(PlanError::ExpertTpGroup {
+                    rank: i,
+                    etp: p.etp,
                 });
             }
             for s in &r.stages {

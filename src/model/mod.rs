@@ -200,16 +200,14 @@ impl Block {
         sums
     }
 
-    /// The most parameters ZeRO-3's forward gathers at once for this block: a unit's dense
-    /// part or its experts (the expert space is gathered apart).
-    pub fn largest_gather_set(&self) -> u64 {
+    /// The largest sets ZeRO-3's forward gathers at once for this block: the largest dense
+    /// part of a unit and its largest experts part (the expert space is gathered apart).
+    pub fn largest_gather_sets(&self) -> (u64, u64) {
         self.gather_units()
-            .map(|u| {
-                let (dense, expert) = self.unit_params(u);
-                dense.max(expert)
+            .map(|u| self.unit_params(u))
+            .fold((0, 0), |(d, e), (dense, expert)| {
+                (d.max(dense), e.max(expert))
             })
-            .max()
-            .unwrap_or(0)
     }
 
     /// Every saved tensor's bytes (no recomputation).
@@ -622,17 +620,17 @@ mod tests {
         // backward as above without buckets (worst 400, at the last op) plus 300.
         let mut b = block();
         assert_eq!(b.backward_temp_full_bytes(10, 0, 2), 10 + 400 + 300);
-        assert_eq!(b.largest_gather_set(), 100);
+        assert_eq!(b.largest_gather_sets(), (100, 50));
         // Units [dense] and [expert, last]: the last op holds the expert's 100 bytes (400 +
         // 100), the expert op 700 - 300 + 100, the dense op 1000 - 800 + its own 200.
         b.unit_starts = vec![1];
         assert_eq!(b.gather_units().collect::<Vec<_>>(), vec![0..1, 1..3]);
         assert_eq!(b.backward_temp_full_bytes(10, 0, 2), 10 + 500);
-        assert_eq!(b.largest_gather_set(), 100);
+        assert_eq!(b.largest_gather_sets(), (100, 50));
         b.unit_starts = vec![2];
-        // Units [dense, expert] and [last]: the set is the dense part, 100 (experts 50); the
-        // last op holds no gathered weights (400), the expert op 700 - 300 + 300.
-        assert_eq!(b.largest_gather_set(), 100);
+        // Units [dense, expert] and [last]: the sets are the dense part, 100, and the experts,
+        // 50; the last op holds no gathered weights (400), the expert op 700 - 300 + 300.
+        assert_eq!(b.largest_gather_sets(), (100, 50));
         assert_eq!(b.backward_temp_full_bytes(10, 0, 2), 10 + 700);
     }
 }

@@ -53,9 +53,10 @@ pub struct BlockSummary {
     pub temp: u64,
     /// The sequence-parallel gather buffer this block needs ([`Block::sp_gather_bytes`]).
     pub sp_gather: u64,
-    /// The most parameters ZeRO-3's forward gathers at once for it
-    /// ([`Block::largest_gather_set`]).
-    pub gather_set: u64,
+    /// The most parameters ZeRO-3's forward gathers at once for it: a unit's dense part, and
+    /// its experts ([`Block::largest_gather_sets`]).
+    pub gather_dense: u64,
+    pub gather_expert: u64,
     /// Wire bytes per microbatch, per group, recomputation included.
     pub comm: GroupBytes,
     pub model_flops: f64,
@@ -89,7 +90,8 @@ impl BlockSummary {
             backward_temp_split: 0,
             temp: b.forward_temp_bytes(recompute),
             sp_gather: b.sp_gather_bytes(),
-            gather_set: b.largest_gather_set(),
+            gather_dense: b.largest_gather_sets().0,
+            gather_expert: b.largest_gather_sets().1,
             comm: b.comm_bytes(recompute),
             model_flops: mf.total(),
             rank_fwd: rf.fwd,

@@ -554,13 +554,15 @@ fn unsupported_moe_mixes_are_refused_by_field() {
     v["model"]["moe_router_score_function"] = "sigmoid".into();
     let e = config_error(v);
     assert!(e.starts_with("model.moe_aux_loss_coeff"), "{e}");
-    // Tensor parallelism with MoE layers needs expert-TP = tp, or 1 (whole experts).
+    // Tensor parallelism with MoE layers needs expert-TP dividing tp (expert TP 4 over
+    // TP 2 x DP 2 validates in the engine and is refused here).
     let mut v = moe_config(&Moe {
-        tp: 4,
+        tp: 2,
         sp: true,
+        dp: 2,
         ..BASE
     });
-    v["parallel"]["expert_tp"] = 2.into();
+    v["parallel"]["expert_tp"] = 4.into();
     let e = config_error(v);
     assert!(e.starts_with("parallel.expert_tp"), "{e}");
 }

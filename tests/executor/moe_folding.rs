@@ -156,19 +156,132 @@ fn whole_experts_under_tp_memory_is_within_2_percent_of_the_prediction() {
     }
 }
 
-/// Expert TP other than tp or 1 (TP 4 with expert TP 2) is refused naming the field and the
-/// rule.
+/// [`moe_config`] with expert TP 2 (under TP 4: two expert-TP blocks per TP group).
+fn etp2(c: &Moe) -> Value {
+    let mut v = moe_config(c);
+    v["parallel"]["expert_tp"] = 2.into();
+    v
+}
+
+/// TP 4 + SP with expert TP 2 (MoE Parallel Folding between the two cases above): each TP
+/// rank routes its sequence shard, the rows received by the two ranks of its expert-TP block
+/// gather before its half of each expert and reduce-scatter back, and the two blocks of a TP
+/// group join expert DP. EP 2 over DP 2 with ZeRO-1 (DeepSeek-style routing with a shared
+/// expert split over TP 4), and EP 1 over DP 2 with ZeRO-3 (the plain router; the experts
+/// shard over the expert-DP group of 4).
+fn etp2_mixes() -> Vec<Moe> {
+    vec![
+        Moe {
+            tp: 4,
+            ep: 2,
+            dp: 2,
+            zero: 1,
+            ..ds()
+        },
+        Moe {
+            tp: 4,
+            sp: true,
+            dp: 2,
+            zero: 3,
+            ..BASE
+        },
+    ]
+}
+
 #[test]
-fn other_expert_tp_is_refused_by_field() {
+fn expert_tp_below_tp_matches_the_single_rank_run() {
+    for c in etp2_mixes() {
+        let reference = run(&plan(moe_config(&c.single())), 3);
+        let got = run(&plan(etp2(&c)), 3);
+        compare(&format!("expert TP 2 {c:?}"), &got, &reference);
+    }
+}
+
+/// The groups against the engine's layout (order tp-cp-ep-dp-pp, TP 4, EP 2, DP 2): TP ranks
+/// 0-3 of a TP group split into expert-TP blocks {0, 1} and {2, 3}; the expert-DP group of a
+/// rank is its expert-TP index's ranks in both blocks, over the expert-data-parallel axis
+/// (dp / ep = 1 here), so 2 members; the EP group is the engine's (stride tp = 4).
+#[test]
+fn expert_tp_blocks_and_expert_dp_groups_follow_the_layout() {
+    let c = Moe {
+        tp: 4,
+        ep: 2,
+        dp: 2,
+        ..ds()
+    };
+    let p = plan(etp2(&c));
+    assert_eq!(p.parallel.etp, 2);
+    for r in &p.ranks {
+        let (tp, base) = (r.coords.tp, r.rank - r.coords.tp);
+        let block = base + (tp / 2) * 2;
+        assert_eq!(r.expert_tp_group, vec![block, block + 1], "rank {}", r.rank);
+        assert_eq!(
+            r.expert_dp_group,
+            vec![base + tp % 2, base + 2 + tp % 2],
+            "rank {}",
+            r.rank
+        );
+        assert_eq!(r.ep_group, vec![tp, tp + 4], "rank {}", r.rank);
+    }
+}
+
+#[test]
+fn expert_tp_below_tp_memory_is_within_2_percent_of_the_prediction() {
+    for c in etp2_mixes() {
+        let c = Moe {
+            force_balance: true,
+            ..c
+        };
+        for (rank, got, want, gb, wb) in compare_config(etp2(&c)) {
+            let rel = (got as f64 - want as f64) / want as f64;
+            eprintln!("expert TP 2 {c:?} rank {rank}: {:+.2}%", 100.0 * rel);
+            let dw = weight_bytes(&gb) - weight_bytes(&wb);
+            assert!(
+                dw.abs() <= 4 * 8 * 3,
+                "{c:?} rank {rank}: weights {gb} vs {wb}"
+            );
+            assert!(
+                rel.abs() <= 0.02,
+                "{c:?} rank {rank}: {:.2}%\n  measured {gb}\n  predicted {wb}",
+                100.0 * rel
+            );
+        }
+    }
+}
+
+/// Expert TP that does not divide tp (TP 2 with expert TP 4 over DP 2, which the engine
+/// estimates) is refused naming the field and the rule.
+#[test]
+fn expert_tp_not_dividing_tp_is_refused_by_field() {
     use parsim::config::{Config, Layer, Resolved};
     use parsim::plan::lower;
-    let mut v = moe_config(&Moe { tp: 4, ..ds() });
-    v["parallel"]["expert_tp"] = 2.into();
+    let mut v = moe_config(&Moe { dp: 2, ..ds() });
+    v["parallel"]["expert_tp"] = 4.into();
     let cfg = Config::from_layers(&[Layer::overrides(v)]).expect("loads");
     let res = Resolved::new(cfg).unwrap_or_else(|e| panic!("validates: {e}"));
     let e = lower(&res, &options()).unwrap_err().to_string();
     assert!(
-        e.starts_with("parallel.expert_tp") && e.contains("or 1 with sequence parallelism"),
+        e.starts_with("parallel.expert_tp") && e.contains("expert_tp = 4, tp = 2"),
         "{e}"
     );
+}
+
+/// A hand-made plan whose expert-TP group is not its rank's block of consecutive TP ranks,
+/// or whose expert TP does not divide tp, is refused by the executor naming the rule.
+#[test]
+fn the_executor_refuses_a_foreign_expert_tp_group() {
+    use parsim_executor::runner::{run_cpu, RunOptions};
+    let c = Moe { tp: 4, ..ds() };
+    let mut p = plan(etp2(&c));
+    // Ranks 0 and 2 share an expert-TP index, not a block.
+    p.ranks[0].expert_tp_group = vec![0, 2];
+    let e = run_cpu(&p, &RunOptions::default()).unwrap_err().to_string();
+    assert!(
+        e.contains("rank 0: the expert-TP group") && e.contains("expert tp (2)"),
+        "{e}"
+    );
+    let mut p = plan(etp2(&c));
+    p.parallel.etp = 3;
+    let e = run_cpu(&p, &RunOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("expert tp (3) must divide tp (4)"), "{e}");
 }

@@ -52,7 +52,14 @@ pub struct LayerSaved<B: Backend> {
 }
 
 /// An MoE layer's experts block and its parameters.
-pub type Experts<'e, B> = Option<(&'e BlockLayout, View<'e, <B as Backend>::Tensor>)>;
+pub type Experts<'e, B> = Option<(
+    &'e BlockLayout,
+    View<'e, <B as Backend>::Tensor>,
+    FrozenExperts<'e, B>,
+)>;
+
+/// Under LoRA with routed-expert adapters, the frozen routed experts' block and parameters.
+pub type FrozenExperts<'e, B> = Option<(&'e BlockLayout, View<'e, <B as Backend>::Tensor>)>;
 
 /// B::Tensor `t` of block `l` within the block's parameters `p`.
 fn slice<'p, T: DeviceTensor>(p: &View<'p, T>, l: &BlockLayout, t: usize) -> View<'p, T> {
@@ -140,8 +147,9 @@ pub fn layer_fwd<B: Backend>(
     let mut ln2 = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops
         .norm_fwd(norm, &x1, slice(&p, l, MLP_NORM), eps, &mut ln2)?;
-    if let Some((le, pe)) = experts {
-        let (mut out, ms) = moe_fwd(ctx, l, p.clone(), le, pe, &ln2)?;
+    if let Some((le, pe, fe)) = experts {
+        let lora = (&ad, &mut ls);
+        let (mut out, ms) = moe_fwd(ctx, l, p.clone(), (le, pe, fe), &ln2, lora)?;
         let mlp_mask = hidden_dropout(ctx, layer_index(l), DropoutSite::Mlp, &mut out)?;
         let mut y = ctx.zeros(a, &[n_sp, h])?;
         ctx.ops.add(&x1, &out, &mut y)?;
@@ -298,7 +306,10 @@ pub fn layer_bwd<B: Backend>(
     drop(mlp_mask);
     let dy_mlp = d_mlp.as_ref().unwrap_or(&dy);
     let d_ln2 = match (moe, experts) {
-        (Some(ms), Some((le, pe))) => moe_bwd(ctx, l, p.clone(), pe, le, ln2, *ms, dy_mlp, sink)?,
+        (Some(ms), Some(ex)) => {
+            let lora = (&ad, &mut ls);
+            moe_bwd(ctx, l, p.clone(), ex, ln2, *ms, dy_mlp, lora, sink)?
+        }
         (Some(_), None) | (None, Some(_)) => return Err(StateError::MoeSavedMismatch.into()),
         (None, None) => {
             bias::grad(ctx, l, Site::Fc2, dy_mlp, sink)?;

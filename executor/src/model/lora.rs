@@ -67,7 +67,8 @@ impl Target {
 
 /// Appends layer `l`'s adapters to its block: for each target A then B, split over TP as the
 /// module doc says. `ov` is the projection's global input width (heads x value head width),
-/// `ffn` the MLP's intermediate size. Hu et al. start B at zero; `seeded_b` draws it as A.
+/// `ffn` the MLP's intermediate size (an MoE layer's: its shared experts'). Hu et al. start B
+/// at zero; `seeded_b` draws it as A.
 pub(super) fn push_adapters(
     b: &mut Builder,
     lora: &LoraShape,
@@ -81,6 +82,8 @@ pub(super) fn push_adapters(
     let b_std = if lora.seeded_b { std } else { 0.0 };
     let p = format!("layers.{l}");
     let own = |w: usize| tr * w..(tr + 1) * w;
+    // This rank's intermediate size of the adapted MLP, and whether its fc1 is gate and up.
+    let (f_r, glu) = (ffn / rd.t, rd.fc1_r == 2 * rd.f_r);
     for t in Target::ALL.into_iter().filter(|t| t.on(lora)) {
         match t {
             Target::Qkv | Target::Fc1 => {
@@ -96,10 +99,10 @@ pub(super) fn push_adapters(
                     let (qa, kg) = (rd.a_r * rd.d, rd.g_r * rd.d);
                     vec![("q".into(), qa), ("k".into(), kg), ("v".into(), kg)]
                 } else {
-                    if rd.fc1_r == 2 * rd.f_r {
-                        vec![("gate".into(), rd.f_r), ("up".into(), rd.f_r)]
+                    if glu {
+                        vec![("gate".into(), f_r), ("up".into(), f_r)]
                     } else {
-                        vec![("fc1".into(), rd.f_r)]
+                        vec![("fc1".into(), f_r)]
                     }
                 };
                 let rows: usize = parts.iter().map(|(_, w)| w).sum();
@@ -114,7 +117,7 @@ pub(super) fn push_adapters(
             Target::Proj | Target::Fc2 => {
                 let (name, i_glob, i_r) = match t {
                     Target::Proj => ("proj", ov, rd.a_r * rd.dv),
-                    _ => ("fc2", ffn, rd.f_r),
+                    _ => ("fc2", ffn, f_r),
                 };
                 b.push(
                     r,

@@ -59,6 +59,9 @@ pub struct Ctx<'a, B: Backend> {
     /// The rank's collectives, recorded when tracing (see [`TracedComm`]).
     pub comm: &'a TracedComm<'a, B>,
     pub tp: B::Group,
+    /// The expert-TP group: the block of `rd.et` consecutive TP members over which the
+    /// received expert rows gather (the TP group itself when expert TP = tp).
+    pub etp: B::Group,
     pub sp: bool,
     pub recompute: Recompute,
     /// Tokens of a microbatch on this CP rank, and of its sequence-parallel shard.
@@ -118,6 +121,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
             plan,
             rd,
             comm,
+            etp: tp.clone(),
             tp,
             sp,
             recompute: plan.parallel.recompute,

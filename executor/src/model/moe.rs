@@ -26,14 +26,17 @@
 //!
 //! - **TP + SP**: each TP rank routes its own sequence shard with the whole microbatch's
 //!   decisions ([`super::moe_seq::route_sp_shard`]) and dispatches its rows over EP. With
-//!   expert TP = tp the received rows are all-gathered over TP before each rank's slice of the
-//!   experts and their outputs reduce-scatter back before the combine ([`super::moe_etp`]);
-//!   with whole experts (expert TP 1) they run whole.
+//!   expert TP > 1 the received rows are all-gathered over the expert-TP group (the TP group,
+//!   or a block of it) before each rank's slice of the experts and their outputs
+//!   reduce-scatter back before the combine ([`super::moe_etp`]); with whole experts (expert
+//!   TP 1) they run whole.
 //! - **CP**: the router's decisions are the whole microbatch's ([`super::moe_seq`]): the
 //!   load-balancing loss's fractions and the capacity over the whole sequence; each rank then
 //!   dispatches its own tokens.
 
+use super::lora::{Adapters, LoraSaved};
 use super::params::BlockLayout;
+use super::shared::SharedLora;
 use super::{Ctx, Sink, WTask};
 use crate::backend::{Backend, Device, DeviceTensor, ProcessGroup};
 use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
@@ -60,6 +63,48 @@ fn per_expert(m: &crate::plan::ModelShape) -> usize {
 fn expert_tensors(m: &crate::plan::ModelShape, j: usize) -> (usize, usize, Option<(usize, usize)>) {
     let t = per_expert(m) * j;
     (t, t + 1, m.bias_linear.then_some((t + 2, t + 3)))
+}
+
+/// An MoE layer's experts block and its parameters, and under LoRA with routed-expert adapters
+/// (then the experts block) the frozen routed experts' block and parameters.
+pub type ExpertsIn<'e, B> = (
+    &'e BlockLayout,
+    View<'e, <B as Backend>::Tensor>,
+    Option<(&'e BlockLayout, View<'e, <B as Backend>::Tensor>)>,
+);
+
+/// Local expert `j`'s base weights (fc1, fc2) and with linear biases its biases (fc1's,
+/// fc2's).
+type ExpertWeights<'p, T> = (View<'p, T>, View<'p, T>, Option<(View<'p, T>, View<'p, T>)>);
+
+/// [`ExpertWeights`] of local expert `j`: in the frozen-experts block `fe` when there is one
+/// (laid out as the experts block without LoRA), else in the experts block `(le, pe)`.
+fn expert_weights<'p, T: crate::backend::DeviceTensor>(
+    m: &crate::plan::ModelShape,
+    fe: Option<(&BlockLayout, &View<'p, T>)>,
+    (le, pe): (&BlockLayout, &View<'p, T>),
+    j: usize,
+) -> ExpertWeights<'p, T> {
+    let (t1, t2, biases) = expert_tensors(m, j);
+    let (bl, bp) = fe.unwrap_or((le, pe));
+    let v = |t: usize| bp.sub(bl.tensors[t].range());
+    (v(t1), v(t2), biases.map(|(b1, b2)| (v(b1), v(b2))))
+}
+
+/// A block and a borrow of its parameters.
+type BlockRef<'a, 'e, T> = (&'e BlockLayout, &'a View<'e, T>);
+
+/// The frozen-experts block of `ex`, checked against the plan: present exactly under LoRA
+/// with routed-expert adapters.
+fn frozen_of<'a, 'e, B: Backend>(
+    ctx: &Ctx<B>,
+    ex: &'a ExpertsIn<'e, B>,
+) -> Result<Option<BlockRef<'a, 'e, B::Tensor>>, ExecError> {
+    let fe = ex.2.as_ref().map(|(l, p)| (*l, p));
+    if fe.is_some() != super::moe_lora::routed(ctx.plan) {
+        return Err(StateError::MoeSavedMismatch.into());
+    }
+    Ok(fe)
 }
 
 /// What an MoE block keeps for backward (besides the norm's input and output).
@@ -167,34 +212,53 @@ fn gathered_spans(spans: &[(usize, usize)]) -> impl Iterator<Item = (usize, usiz
 }
 
 /// Forward of the MoE block on the normed input `ln2` [n, h] (the router's parameters in
-/// `p`/`l`, the rank's experts in `pe`/`le`); returns the combined expert output [n, h].
+/// `p`/`l`, the rank's experts in `pe`/`le`, the shared experts' LoRA adapters in `ad`);
+/// returns the combined expert output [n, h].
+#[allow(clippy::too_many_arguments)]
 pub fn moe_fwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: View<'_, B::Tensor>,
-    le: &BlockLayout,
-    pe: View<'_, B::Tensor>,
+    ex: ExpertsIn<'_, B>,
     ln2: &B::Tensor,
+    (ad, ls): (&Adapters<B>, &mut LoraSaved<B>),
 ) -> Result<(B::Tensor, MoeSaved<B>), ExecError> {
     let (mut out, saved) = if ctx.plan.parallel.moe_routes_sp_shard() {
         // This rank routes its own sequence shard and gets its rows' outputs whole; the
         // shared experts (split over TP) run on the gathered microbatch.
-        let (mut out, mut saved) = moe_fwd_full(ctx, l, p.clone(), le, pe, ln2)?;
+        let (mut out, mut saved) = moe_fwd_full(ctx, l, p.clone(), &ex, ln2)?;
         if has_shared(ctx) {
             let mut part = ctx.zeros(Category::Buffers, &[ctx.n, ctx.rd.h])?;
             saved.shared = ctx.with_gathered(ln2, |c, xg| {
-                super::shared::shared_fwd(c, l, p.clone(), xg, &mut part)
+                let lo = SharedLora {
+                    ad,
+                    ls: &mut *ls,
+                    x_reg: ln2,
+                };
+                super::shared::shared_fwd(c, l, p.clone(), xg, &mut part, lo)
             })?;
-            let shared = ctx.reduce_to_region(part, Category::Buffers)?;
+            let mut shared = ctx.reduce_to_region(part, Category::Buffers)?;
+            if let Some(sh) = &saved.shared {
+                super::shared::shared_fc2_lora(ctx, sh, (ad, ls), &mut shared)?;
+            }
             ctx.ops
                 .axpy(1.0, View::all(&shared), ViewMut::all(&mut out))?;
         }
         (out, saved)
     } else {
         // Without TP: the routed and the shared experts on the rank's rows.
-        let (mut out, mut saved) = moe_fwd_full(ctx, l, p.clone(), le, pe, ln2)?;
-        saved.shared = super::shared::shared_fwd(ctx, l, p.clone(), ln2, &mut out)?;
-        (ctx.reduce_to_region(out, Category::Buffers)?, saved)
+        let (mut out, mut saved) = moe_fwd_full(ctx, l, p.clone(), &ex, ln2)?;
+        let lo = SharedLora {
+            ad,
+            ls: &mut *ls,
+            x_reg: ln2,
+        };
+        saved.shared = super::shared::shared_fwd(ctx, l, p.clone(), ln2, &mut out, lo)?;
+        let mut out = ctx.reduce_to_region(out, Category::Buffers)?;
+        if let Some(sh) = &saved.shared {
+            super::shared::shared_fc2_lora(ctx, sh, (ad, ls), &mut out)?;
+        }
+        (out, saved)
     };
     // The shared experts' fc2 bias, after the reduction as the dense MLP's.
     super::bias::add(ctx, l, &p, super::bias::Site::Fc2, &mut out)?;
@@ -216,10 +280,11 @@ fn moe_fwd_full<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: View<'_, B::Tensor>,
-    le: &BlockLayout,
-    pe: View<'_, B::Tensor>,
+    ex: &ExpertsIn<'_, B>,
     ln2: &B::Tensor,
 ) -> Result<(B::Tensor, MoeSaved<B>), ExecError> {
+    let (le, pe) = (ex.0, &ex.1);
+    let fe = frozen_of(ctx, ex)?;
     let moe = moe_of(ctx)?.clone();
     let (n, h) = (ln2.rows(), ctx.rd.h);
     let e = moe.num_experts;
@@ -291,32 +356,23 @@ fn moe_fwd_full<B: Backend>(
         let mut act = ctx.zeros(a, &[c, f])?;
         let mut ls = [None, None];
         if c > 0 {
-            let (t1, t2, biases) = expert_tensors(&ctx.plan.model, j);
-            let (w_fc1, w_fc2) = if routed_lora {
-                let (b1, b2) = super::moe_lora::base(l, local, j);
-                (p.sub(l.tensors[b1].range()), p.sub(l.tensors[b2].range()))
-            } else {
-                (
-                    pe.sub(le.tensors[t1].range()),
-                    pe.sub(le.tensors[t2].range()),
-                )
-            };
+            let (w_fc1, w_fc2, biases) = expert_weights(&ctx.plan.model, fe, (le, pe), j);
             ctx.ops.linear_fwd(&x, w_fc1, (c, h, w1), &mut u)?;
             if routed_lora {
-                ls[0] = super::moe_lora::fc1_fwd(ctx, (le, &pe), j, &x, &mut u)?;
+                ls[0] = super::moe_lora::fc1_fwd(ctx, (le, pe), j, &x, &mut u)?;
             }
-            if let Some((b1, _)) = biases {
-                ctx.ops.bias_add(&mut u, pe.sub(le.tensors[b1].range()))?;
+            if let Some((b1, _)) = &biases {
+                ctx.ops.bias_add(&mut u, b1.clone())?;
             }
             ctx.ops.act_fwd(act_kind, &u, &mut act)?;
             let mut y = ctx.zeros(b, &[c, h])?;
             ctx.ops.linear_fwd(&act, w_fc2, (c, f, h), &mut y)?;
             if routed_lora {
-                ls[1] = super::moe_lora::fc2_fwd(ctx, (le, &pe), j, &act, &mut y)?;
+                ls[1] = super::moe_lora::fc2_fwd(ctx, (le, pe), j, &act, &mut y)?;
             }
             // fc2's bias once over the TP partial sums (the gates weight it with the output).
             if let (Some((_, b2)), 0) = (biases, ctx.rd.et_rank) {
-                ctx.ops.bias_add(&mut y, pe.sub(le.tensors[b2].range()))?;
+                ctx.ops.bias_add(&mut y, b2)?;
             }
             let back_spans = gathered_spans(&spans).map(|(lo, at, rows)| (at, lo, rows));
             copy_spans(ctx, &y, &mut back, h, back_spans)?;
@@ -381,11 +437,11 @@ pub fn moe_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: View<'_, B::Tensor>,
-    pe: View<'_, B::Tensor>,
-    le: &BlockLayout,
+    ex: ExpertsIn<'_, B>,
     ln2: B::Tensor,
     mut s: MoeSaved<B>,
     dy: &B::Tensor,
+    (ad, ls): (&Adapters<B>, &mut LoraSaved<B>),
     sink: &mut Sink<B>,
 ) -> Result<B::Tensor, ExecError> {
     let sharded = ctx.plan.parallel.moe_routes_sp_shard();
@@ -404,7 +460,7 @@ pub fn moe_bwd<B: Backend>(
         (Some(d), false) => d,
         _ => dy,
     };
-    let (d_rows, dlogits) = routed_bwd(ctx, l, &p, pe, le, s, dy_routed, sink)?;
+    let (d_rows, dlogits) = routed_bwd(ctx, l, &p, &ex, s, dy_routed, sink)?;
     let rows = dlogits.rows();
     let sp = ctx.sp;
     if shared.is_none() && !sharded {
@@ -447,18 +503,28 @@ pub fn moe_bwd<B: Backend>(
     if !sharded {
         // Without TP: the shared experts' gradient joins the routed rows'.
         let mut d = d_rows;
+        let mut d_lora = None;
         if let Some(sh) = shared {
-            super::shared::shared_bwd(ctx, l, p.clone(), sh, ln2, dy_full?, &mut d, sink)?;
+            let dys = (dy_full?, dy);
+            d_lora = super::shared::shared_bwd(ctx, l, p, sh, ln2, dys, &mut d, (ad, ls), sink)?;
         }
-        return ctx.reduce_to_region(d, bcat);
+        let mut d = ctx.reduce_to_region(d, bcat)?;
+        if let Some(dl) = d_lora {
+            ctx.ops.axpy(1.0, View::all(&dl), ViewMut::all(&mut d))?;
+        }
+        return Ok(d);
     }
     let mut d = d_rows;
     if let Some(sh) = shared {
         let mut part = ctx.zeros(bcat, &[ctx.n, h])?;
-        super::shared::shared_bwd(ctx, l, p.clone(), sh, ln2, dy_full?, &mut part, sink)?;
+        let dys = (dy_full?, dy);
+        let d_lora = super::shared::shared_bwd(ctx, l, p, sh, ln2, dys, &mut part, (ad, ls), sink)?;
         let region = ctx.reduce_to_region(part, bcat)?;
         ctx.ops
             .axpy(1.0, View::all(&region), ViewMut::all(&mut d))?;
+        if let Some(dl) = d_lora {
+            ctx.ops.axpy(1.0, View::all(&dl), ViewMut::all(&mut d))?;
+        }
     }
     Ok(d)
 }
@@ -471,8 +537,7 @@ fn routed_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: &View<'_, B::Tensor>,
-    pe: View<'_, B::Tensor>,
-    le: &BlockLayout,
+    ex: &ExpertsIn<'_, B>,
     s: MoeSaved<B>,
     dy: &B::Tensor,
     sink: &mut Sink<B>,
@@ -500,7 +565,7 @@ fn routed_bwd<B: Backend>(
     let at = &s.recv_expert_rows;
     let drecv = super::moe_etp::gather(ctx, drecv, at, h, bcat)?;
     let saved = (s.x, s.u, s.act, s.lora);
-    let blocks = ((l, p), (le, &pe));
+    let blocks = (frozen_of(ctx, ex)?, (ex.0, &ex.1));
     let dback = experts_bwd(ctx, blocks, saved, &at.per_source, drecv, sink)?;
     let dback = super::moe_etp::reduce_scatter(ctx, dback, at, h, bcat)?;
     let dx_routes = exchange_rows(ctx, &ep, &dback, &s.recv_rows, &s.send_rows, h, bcat)?;
@@ -555,9 +620,10 @@ type ExpertsSaved<B> = (
     Vec<[Option<<B as Backend>::Tensor>; 2]>,
 );
 
-/// The layer block and its parameters, and the experts block and its parameters.
+/// The frozen-experts block and its parameters (LoRA with routed-expert adapters), and the
+/// experts block and its parameters.
 type ExpertBlocks<'a, 'p, T> = (
-    (&'a BlockLayout, &'a View<'p, T>),
+    Option<(&'a BlockLayout, &'a View<'p, T>)>,
     (&'a BlockLayout, &'a View<'p, T>),
 );
 
@@ -566,7 +632,7 @@ type ExpertBlocks<'a, 'p, T> = (
 /// returns the received rows' input gradients (partial sums over expert TP), to be sent back.
 fn experts_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
-    ((l, p), (le, pe)): ExpertBlocks<'_, '_, B::Tensor>,
+    (fe, (le, pe)): ExpertBlocks<'_, '_, B::Tensor>,
     (xs, us, acts, lora): ExpertsSaved<B>,
     recv_expert_rows: &[Vec<usize>],
     drecv: B::Tensor,
@@ -575,8 +641,6 @@ fn experts_bwd<B: Backend>(
     let (h, bcat) = (ctx.rd.h, Category::Buffers);
     // Under LoRA the base experts are frozen: no weight gradient of theirs is sent.
     let frozen = ctx.plan.lora.is_some();
-    let routed_lora = super::moe_lora::routed(ctx.plan);
-    let local = xs.len();
     let f = moe_of(ctx)?.ffn / ctx.rd.et;
     let act_kind = ctx.plan.model.activation;
     let w1 = fc1_width(act_kind, f);
@@ -590,16 +654,10 @@ fn experts_bwd<B: Backend>(
         }
         let mut dyj = ctx.zeros(bcat, &[c, h])?;
         copy_spans(ctx, &drecv, &mut dyj, h, gathered_spans(&spans))?;
+        // The trained experts' tensors (gradients), and the weights the rank runs.
         let (t1, t2, biases) = expert_tensors(&ctx.plan.model, j);
-        let (w_fc1, w_fc2) = if routed_lora {
-            let (b1, b2) = super::moe_lora::base(l, local, j);
-            (p.sub(l.tensors[b1].range()), p.sub(l.tensors[b2].range()))
-        } else {
-            (
-                pe.sub(le.tensors[t1].range()),
-                pe.sub(le.tensors[t2].range()),
-            )
-        };
+        let m = &ctx.plan.model;
+        let (w_fc1, w_fc2, _) = expert_weights(m, fe, (le, pe), j);
         if let (Some((_, b2)), false) = (biases, frozen) {
             expert_bias_grad(ctx, le, b2, &dyj, sink)?;
         }

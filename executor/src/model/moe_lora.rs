@@ -1,7 +1,8 @@
 //! LoRA adapters (Hu et al. 2021) on the routed experts' fc1 and fc2: one pair A [r, in],
 //! B [out, r] per expert, as NeMo's LoRA wraps each expert's `linear_fc1`/`linear_fc2` (the
 //! engine's `src/model/moe_lora.rs`). They make up the MoE layer's experts block (expert space:
-//! reduced and sharded over expert DP); the frozen experts then lie last in the layer block.
+//! reduced and sharded over expert DP); the frozen experts then make up the frozen-experts
+//! block after it (frozen expert space: sharded over expert DP under ZeRO-3).
 //!
 //! Under expert TP every member runs all the expert's gathered rows, so fc1's A (whole) sees
 //! them all and its rank-r gradient is a partial sum over expert TP (each member's B rows),
@@ -72,13 +73,6 @@ pub fn tensors(lora: &LoraShape, j: usize) -> (Option<usize>, Option<usize>) {
     (fc1, fc2)
 }
 
-/// Indices of local expert `j`'s frozen fc1 and fc2 in the layer block `l` (of `local`
-/// experts, last in the block).
-pub fn base(l: &BlockLayout, local: usize, j: usize) -> (usize, usize) {
-    let t = l.tensors.len() - 2 * local + 2 * j;
-    (t, t + 1)
-}
-
 fn view<'p, T: DeviceTensor>(le: &BlockLayout, pe: &View<'p, T>, t: usize) -> View<'p, T> {
     pe.sub(le.tensors[t].range())
 }
@@ -95,7 +89,7 @@ fn scaled<B: Backend>(ctx: &Ctx<B>, z: &B::Tensor, cat: Category) -> Result<B::T
 fn reduce_et<B: Backend>(ctx: &mut Ctx<B>, z: &mut B::Tensor) -> Result<(), ExecError> {
     if ctx.rd.et > 1 {
         ctx.comm
-            .all_reduce(&ctx.tp, ViewMut::all(z), ReduceOp::Sum)?;
+            .all_reduce(&ctx.etp, ViewMut::all(z), ReduceOp::Sum)?;
     }
     Ok(())
 }

@@ -24,6 +24,9 @@ pub enum BlockKind {
     Experts(u32),
     /// LoRA: the trainable adapters of layer l (its own block is frozen).
     Adapters(u32),
+    /// LoRA with adapters on the routed experts: MoE layer l's frozen routed experts (laid out
+    /// as [`BlockKind::Experts`] without LoRA), after its experts block (their adapters).
+    FrozenExperts(u32),
     /// Multi-token-prediction module k's input (DeepSeek-V3 sec. 2.2): the norms of the shifted
     /// tokens' embedding and of the previous depth's hidden states, and the 2h -> h projection.
     /// Its transformer layer is `Layer(num_layers + k)`; the module ends with `MtpOut(k)`.
@@ -43,8 +46,16 @@ pub const EXPERT_SPACE: usize = 1;
 /// LoRA: the flat buffer of the frozen base weights (parameters only: no gradients, no
 /// optimizer states); the adapters then make up the dense space.
 pub const FROZEN_SPACE: usize = 2;
+/// LoRA: the flat buffer of the frozen routed experts, which (as trained experts) only the
+/// expert-data-parallel group holds alike: ZeRO-3 shards it over that group.
+pub const FROZEN_EXPERT_SPACE: usize = 3;
 /// Number of flat buffers.
-pub const SPACES: usize = 3;
+pub const SPACES: usize = 4;
+
+/// Whether space `sp` holds frozen (LoRA base) weights: parameters only.
+pub fn is_frozen_space(sp: usize) -> bool {
+    sp == FROZEN_SPACE || sp == FROZEN_EXPERT_SPACE
+}
 
 /// A rectangle of a global tensor that a local tensor holds (stacked by rows).
 #[derive(Debug, Clone, PartialEq)]
@@ -137,8 +148,8 @@ pub struct RankDims {
     pub v_r: usize,
     pub t: usize,
     pub tp_rank: usize,
-    /// Expert tensor parallelism: the routed experts' split (t, or 1 when the MoE layers fold
-    /// the TP ranks into expert data parallelism) and this rank's index in it.
+    /// Expert tensor parallelism: the routed experts' split (a divisor of t; below t the MoE
+    /// layers fold the TP ranks into expert data parallelism) and this rank's index in it.
     pub et: usize,
     pub et_rank: usize,
 }
@@ -167,16 +178,8 @@ impl RankDims {
             v_r: m.vocab / t,
             t,
             tp_rank: tp_rank as usize,
-            et: if plan.parallel.experts_fold_tp() {
-                1
-            } else {
-                t
-            },
-            et_rank: if plan.parallel.experts_fold_tp() {
-                0
-            } else {
-                tp_rank as usize
-            },
+            et: plan.parallel.etp.max(1) as usize,
+            et_rank: plan.parallel.etp_rank(tp_rank) as usize,
         }
     }
 
@@ -279,7 +282,7 @@ pub(super) fn seg(
 
 /// The blocks of a rank holding `stages`, in execution order, laid out back to back (each in
 /// its space); an MoE layer's experts block follows its layer block (past its adapters block
-/// under LoRA). `ep_rank` holds experts ep_rank E/ep .. (ep_rank + 1) E/ep.
+/// under LoRA; with expert adapters its frozen-experts block follows it). `ep_rank` holds experts ep_rank E/ep .. (ep_rank + 1) E/ep.
 pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> Vec<BlockLayout> {
     let m = &plan.model;
     let rd = RankDims::new(plan, tp_rank);
@@ -299,9 +302,10 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
         };
         fill(&mut b);
         let space = match kind {
-            // Under LoRA the routed experts are frozen with the rest of the base; with their
-            // own adapters those make up the experts block (the base then in the layer's).
+            // Under LoRA the routed experts are frozen, in a space of their own; with their
+            // own adapters those make up the experts block (the base then in its own block).
             BlockKind::Experts(_) if plan.lora.is_none() || routed_lora => EXPERT_SPACE,
+            BlockKind::Experts(_) | BlockKind::FrozenExperts(_) => FROZEN_EXPERT_SPACE,
             BlockKind::Adapters(_) => DENSE_SPACE,
             _ if plan.lora.is_some() => FROZEN_SPACE,
             _ => DENSE_SPACE,
@@ -431,14 +435,6 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                     if let Some(a) = &m.mla {
                         mla_up(b, m.norm, a, &p, &rd, std);
                     }
-                    if routed_lora {
-                        // The frozen routed experts, last in the block.
-                        for e in local_experts(moe) {
-                            let q = format!("layers.{l}.experts.{e}");
-                            let et = (rd.et, rd.et_rank);
-                            expert_mlp(b, m.activation, &q, moe.ffn, et, h, std);
-                        }
-                    }
                     return;
                 }
                 let f = rd.f_r;
@@ -470,29 +466,26 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                 }
             });
             if let Some(lora) = &plan.lora {
-                // An MoE layer's fc1/fc2 adapters are the routed experts' (its experts block).
-                let lora = if m.is_moe_layer(l) {
-                    LoraShape {
-                        fc1: false,
-                        fc2: false,
-                        ..*lora
+                // An MoE layer's fc1/fc2 adapters here are its shared experts' (the routed
+                // experts' lie in its experts block).
+                let (lora, ffn) = match (m.is_moe_layer(l), &m.moe) {
+                    (true, Some(moe)) => {
+                        let shared = moe.shared_ffn > 0;
+                        let only_shared = LoraShape {
+                            fc1: lora.fc1 && shared,
+                            fc2: lora.fc2 && shared,
+                            ..*lora
+                        };
+                        (only_shared, moe.shared_ffn)
                     }
-                } else {
-                    *lora
+                    _ => (*lora, m.ffn),
                 };
                 emit(BlockKind::Adapters(l), s, &|b| {
-                    super::lora::push_adapters(b, &lora, &rd, m.heads * rd.dv, m.ffn, l, std)
+                    super::lora::push_adapters(b, &lora, &rd, m.heads * rd.dv, ffn, l, std)
                 });
             }
             if let (true, Some(moe)) = (m.is_moe_layer(l), &m.moe) {
-                emit(BlockKind::Experts(l), s, &|b| {
-                    if let (true, Some(lora)) = (routed_lora, &plan.lora) {
-                        for e in local_experts(moe) {
-                            let q = format!("layers.{l}.experts.{e}");
-                            super::moe_lora::push(b, lora, &rd, &q, m.activation, moe.ffn, std);
-                        }
-                        return;
-                    }
+                let experts = |b: &mut Builder| {
                     for e in local_experts(moe) {
                         let q = format!("layers.{l}.experts.{e}");
                         let et = (rd.et, rd.et_rank);
@@ -510,7 +503,20 @@ pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> V
                             );
                         }
                     }
-                });
+                };
+                match (routed_lora, &plan.lora) {
+                    (true, Some(lora)) => {
+                        emit(BlockKind::Experts(l), s, &|b| {
+                            for e in local_experts(moe) {
+                                let q = format!("layers.{l}.experts.{e}");
+                                let act = m.activation;
+                                super::moe_lora::push(b, lora, &rd, &q, act, moe.ffn, std);
+                            }
+                        });
+                        emit(BlockKind::FrozenExperts(l), s, &experts);
+                    }
+                    _ => emit(BlockKind::Experts(l), s, &experts),
+                }
             }
         }
     }

@@ -5,7 +5,7 @@ use super::rank::Rank;
 use crate::backend::{Backend, Device, DeviceCollectives, ReduceOp, View, ViewMut};
 use crate::error::ExecError;
 use crate::memory::Category;
-use crate::model::params::{layout_len, FROZEN_SPACE, SPACES};
+use crate::model::params::{layout_len, FROZEN_EXPERT_SPACE, FROZEN_SPACE, SPACES};
 
 /// (global tensor name, flat index in it, value).
 pub(super) type Element = (String, usize, f32);
@@ -33,30 +33,32 @@ impl<B: Backend> Rank<'_, B> {
             self.ctx.ops.download(View::all(&self.grads[0]))?,
             self.ctx.ops.download(View::all(&self.grads[1]))?,
             Vec::new(),
+            Vec::new(),
         ];
         Ok(self.label(&full))
     }
 
     /// Every parameter element with its global tensor name and index.
     pub(super) fn export(&mut self) -> Result<Vec<Element>, ExecError> {
-        let mut full: [Vec<f32>; SPACES] = [Vec::new(), Vec::new(), Vec::new()];
-        // LoRA's frozen base weights (sharded under ZeRO-3).
-        let total = layout_len(&self.blocks, FROZEN_SPACE);
-        full[FROZEN_SPACE] = if self.zero >= 3 && total > 0 {
-            let mut out = self.ctx.zeros(Category::Buffers, &[total])?;
-            self.ctx.comm.gather_range(
-                &self.groups[FROZEN_SPACE],
-                self.shards[FROZEN_SPACE].start,
-                View::all(&self.params[FROZEN_SPACE]),
-                0..total,
-                ViewMut::all(&mut out),
-            )?;
-            self.ctx.ops.download(View::all(&out))?
-        } else {
-            self.ctx
-                .ops
-                .download(View::all(&self.params[FROZEN_SPACE]))?
-        };
+        let mut full: [Vec<f32>; SPACES] = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+        // LoRA's frozen base weights and frozen experts (sharded under ZeRO-3 over DP and
+        // expert DP).
+        for sp in [FROZEN_SPACE, FROZEN_EXPERT_SPACE] {
+            let total = layout_len(&self.blocks, sp);
+            full[sp] = if self.zero >= 3 && total > 0 {
+                let mut out = self.ctx.zeros(Category::Buffers, &[total])?;
+                self.ctx.comm.gather_range(
+                    &self.groups[sp],
+                    self.shards[sp].start,
+                    View::all(&self.params[sp]),
+                    0..total,
+                    ViewMut::all(&mut out),
+                )?;
+                self.ctx.ops.download(View::all(&out))?
+            } else {
+                self.ctx.ops.download(View::all(&self.params[sp]))?
+            };
+        }
         for sp in self.spaces() {
             let total = layout_len(&self.blocks, sp);
             full[sp] = if let Some(w) = self.master[sp].as_ref() {

@@ -19,7 +19,8 @@ use crate::model::layer::{layer_bwd, layer_fwd, LayerSaved};
 use crate::model::lora::Adapters;
 use crate::model::mtp::{mtp_in_bwd, mtp_in_fwd, MtpInSaved};
 use crate::model::params::{
-    rank_layout, BlockKind, BlockLayout, DENSE_SPACE, EXPERT_SPACE, FROZEN_SPACE, SPACES,
+    is_frozen_space, rank_layout, BlockKind, BlockLayout, DENSE_SPACE, EXPERT_SPACE,
+    FROZEN_EXPERT_SPACE, FROZEN_SPACE, SPACES,
 };
 use crate::model::{data, Ctx, WTask};
 use crate::plan::{Action, Plan, RankPlan, Recompute};
@@ -119,6 +120,7 @@ pub(super) fn run_rank<B: Backend>(
     let ep_rank = crate::backend::ProcessGroup::index(&ep) as u32;
     if plan.model.moe.is_some() {
         ctx.ep = Some(ep);
+        ctx.etp = comm.group(&rp.expert_tp_group)?;
     }
     let blocks = rank_layout(plan, rp.coords.tp, ep_rank, &rp.stages);
     let mut stage_blocks = HashMap::new();
@@ -133,7 +135,8 @@ pub(super) fn run_rank<B: Backend>(
         stage_blocks.insert(s, r);
     }
     let zero = plan.parallel.zero;
-    let groups = [dp.clone(), comm.group(&rp.expert_dp_group)?, dp];
+    let edp = comm.group(&rp.expert_dp_group)?;
+    let groups = [dp.clone(), edp.clone(), dp, edp];
     let space = |sp: usize| {
         let g = &groups[sp];
         zero::init_space::<B>(
@@ -146,10 +149,11 @@ pub(super) fn run_rank<B: Backend>(
             opts.precision,
         )
     };
-    let (d, e, f) = (
+    let (d, e, f, fe) = (
         space(DENSE_SPACE)?,
         space(EXPERT_SPACE)?,
         space(FROZEN_SPACE)?,
+        space(FROZEN_EXPERT_SPACE)?,
     );
     let n_sp = ctx.n_sp;
     let h = plan.model.hidden;
@@ -174,13 +178,13 @@ pub(super) fn run_rank<B: Backend>(
         blocks,
         stage_blocks,
         zero,
-        shards: [d.shard, e.shard, f.shard],
+        shards: [d.shard, e.shard, f.shard, fe.shard],
         tied,
-        params: [d.params, e.params, f.params],
-        master: [d.master, e.master, f.master],
-        grads: [d.grads, e.grads, f.grads],
-        m: [d.m, e.m, f.m],
-        v: [d.v, e.v, f.v],
+        params: [d.params, e.params, f.params, fe.params],
+        master: [d.master, e.master, f.master, fe.master],
+        grads: [d.grads, e.grads, f.grads, fe.grads],
+        m: [d.m, e.m, f.m, fe.m],
+        v: [d.v, e.v, f.v, fe.v],
         step: 0,
         cache: VecDeque::new(),
         saved: HashMap::new(),
@@ -498,6 +502,25 @@ impl<'a, B: Backend> Rank<'a, B> {
         }
     }
 
+    /// The frozen-experts block of the MoE layer of block `bi` (LoRA with routed-expert
+    /// adapters: right after its experts block), when it has one.
+    pub(super) fn frozen_experts_of(&self, bi: usize) -> Option<usize> {
+        let fi = self.experts_of(bi)? + 1;
+        match (self.blocks[bi].kind, self.blocks.get(fi).map(|b| b.kind)) {
+            (BlockKind::Layer(l), Some(BlockKind::FrozenExperts(e))) if l == e => Some(fi),
+            _ => None,
+        }
+    }
+
+    /// The frozen-experts block of block `bi` and its parameters (gathered over expert DP
+    /// under ZeRO-3), when it has one.
+    fn frozen_experts_handle(&mut self, bi: usize) -> Result<AdapterHandle<B::Tensor>, ExecError> {
+        match self.frozen_experts_of(bi) {
+            Some(fi) => Ok(Some((fi, self.handle(fi)?))),
+            None => Ok(None),
+        }
+    }
+
     /// The adapters block of LoRA layer block `bi`, when the run has adapters.
     pub(super) fn adapters_of(&self, bi: usize) -> Option<usize> {
         match (
@@ -559,7 +582,10 @@ impl<'a, B: Backend> Rank<'a, B> {
         for bi in bidx {
             if matches!(
                 self.blocks[bi].kind,
-                BlockKind::Experts(_) | BlockKind::Adapters(_) | BlockKind::MtpEmbedding
+                BlockKind::Experts(_)
+                    | BlockKind::FrozenExperts(_)
+                    | BlockKind::Adapters(_)
+                    | BlockKind::MtpEmbedding
             ) {
                 // Run with its layer (or with the MTP modules, for the embedding's copy).
                 saved.push(BlockSaved::Experts);
@@ -573,11 +599,15 @@ impl<'a, B: Backend> Rank<'a, B> {
             };
             let (h, eh) = self.block_handles(bi)?;
             let ah = self.adapter_handle(bi)?;
+            let fh = self.frozen_experts_handle(bi)?;
             let p = params_of(&self.params, &h);
             let sp_ = sh.as_ref().map(|h| params_of(&self.params, h));
+            let frozen = fh
+                .as_ref()
+                .map(|(fi, h)| (&self.blocks[*fi], params_of(&self.params, h)));
             let experts: Experts<B> = eh
                 .as_ref()
-                .map(|(ei, eh)| (&self.blocks[*ei], params_of(&self.params, eh)));
+                .map(|(ei, eh)| (&self.blocks[*ei], params_of(&self.params, eh), frozen));
             let ad: Adapters<B> = ah
                 .as_ref()
                 .map(|(ai, h)| (&self.blocks[*ai], params_of(&self.params, h)));
@@ -635,7 +665,10 @@ impl<'a, B: Backend> Rank<'a, B> {
                     }
                     saved.push(BlockSaved::MtpOut(s));
                 }
-                BlockKind::Experts(_) | BlockKind::Adapters(_) | BlockKind::MtpEmbedding => {}
+                BlockKind::Experts(_)
+                | BlockKind::FrozenExperts(_)
+                | BlockKind::Adapters(_)
+                | BlockKind::MtpEmbedding => {}
             }
         }
         if let Some(y) = x {
@@ -681,10 +714,11 @@ impl<'a, B: Backend> Rank<'a, B> {
             }
             let ei = self.experts_of(bi);
             let ai = self.adapters_of(bi);
-            // ZeRO-3 in backward: the block in use (with its experts or adapters) and its
-            // gradient bucket.
+            let fi = self.frozen_experts_of(bi);
+            // ZeRO-3 in backward: the block in use (with its experts, adapters and frozen
+            // experts) and its gradient bucket.
             self.cache
-                .retain(|(b, _)| *b == bi || Some(*b) == ei || Some(*b) == ai);
+                .retain(|(b, _)| [Some(bi), ei, ai, fi].contains(&Some(*b)));
             let shared = self.mtp_shared_block(bi)?;
             let sh = match shared {
                 Some(o) => Some(self.block_handles(o)?.0),
@@ -692,12 +726,16 @@ impl<'a, B: Backend> Rank<'a, B> {
             };
             let (h, eh) = self.block_handles(bi)?;
             let ah = self.adapter_handle(bi)?;
+            let fh = self.frozen_experts_handle(bi)?;
             let p = params_of(&self.params, &h);
             let sp_ = sh.as_ref().map(|h| params_of(&self.params, h));
             let shared_l = shared.map(|o| &self.blocks[o]);
+            let frozen = fh
+                .as_ref()
+                .map(|(fi, h)| (&self.blocks[*fi], params_of(&self.params, h)));
             let experts: Experts<B> = eh
                 .as_ref()
-                .map(|(ei, eh)| (&self.blocks[*ei], params_of(&self.params, eh)));
+                .map(|(ei, eh)| (&self.blocks[*ei], params_of(&self.params, eh), frozen));
             let ad: Adapters<B> = ah
                 .as_ref()
                 .map(|(ai, h)| (&self.blocks[*ai], params_of(&self.params, h)));
@@ -835,7 +873,9 @@ impl<'a, B: Backend> Rank<'a, B> {
                     held.push((sbi, routed));
                 }
             }
-            if let (Some(ei), true) = (ei, use_bucket) {
+            // LoRA's frozen experts (without their adapters) have no gradient to flush.
+            let trained = ei.filter(|&ei| !is_frozen_space(self.blocks[ei].space));
+            if let (Some(ei), true) = (trained, use_bucket) {
                 // Every member of the expert-DP group flushes, even with no tokens routed here.
                 let b = match ebucket {
                     Some(b) => b,

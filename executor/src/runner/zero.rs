@@ -27,7 +27,7 @@ use crate::error::ExecError;
 use crate::memory::Category;
 use crate::model::embedding_group::GradShard;
 use crate::model::params::{
-    init_range, layout_len, BlockLayout, DENSE_SPACE, EXPERT_SPACE, FROZEN_SPACE, SPACES,
+    init_range, is_frozen_space, layout_len, BlockLayout, DENSE_SPACE, EXPERT_SPACE, SPACES,
 };
 use crate::model::router_bias::RouterBias;
 use crate::plan::{Plan, Precision};
@@ -92,7 +92,7 @@ pub(super) fn init_space<B: Backend>(
     let dtype = precision.compute_dtype();
     let params = ops.upload(Category::Weights, dtype, &[prange.len()], &values(prange))?;
     // LoRA's frozen base weights: parameters only.
-    let frozen = sp == FROZEN_SPACE;
+    let frozen = is_frozen_space(sp);
     let master = match precision {
         _ if frozen => None,
         Precision::Fp32 => None,
