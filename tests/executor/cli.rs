@@ -357,3 +357,67 @@ fn execute_reports_the_measured_moe_load_and_its_imbalance() {
     let got = e["config"]["model"]["moe_load_imbalance"].as_f64().unwrap();
     assert!((got - imbalance).abs() < 1e-3, "{got}");
 }
+
+#[test]
+fn execute_reports_the_measured_dropped_fraction_with_a_capacity() {
+    // Capacity factor 1.0 with the learned router at initialisation: it crowds a few experts,
+    // whose capacity drops assignments a balanced router would keep.
+    let f = moe_file();
+    let path = f.path().to_str().unwrap();
+    let cap = ["--moe-capacity-factor", "1"];
+    let run = |json: bool| {
+        let mut c = parsim();
+        c.args(["execute", "--config", path, "--steps", "2", "--warmup", "1"])
+            .args(cap);
+        if json {
+            c.arg("--json");
+        }
+        let out = c.output().expect("runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let v: Value = serde_json::from_slice(&run(true)).expect("json");
+    let ranks = v["ranks"].as_array().unwrap();
+    let sum = |f: &dyn Fn(&Value) -> u64| ranks.iter().map(f).sum::<u64>();
+    let routed = sum(&|r| r["moe_load"]["routed"].as_u64().unwrap());
+    let dropped = sum(&|r| r["moe_dropped"].as_u64().unwrap());
+    assert!(dropped > 0, "nothing dropped");
+    let m = &v["moe_load"];
+    let fraction = m["dropped_fraction"].as_f64().unwrap();
+    assert_eq!(fraction, dropped as f64 / routed as f64);
+    // The imbalance is the kept share's: the hottest rank's load over 1 - dropped, through
+    // 1 + (load - 1) x E / ep (8 experts over EP 2).
+    let load = m["hottest_rank_load"].as_f64().unwrap() / (1.0 - fraction);
+    let imbalance = m["imbalance"].as_f64().unwrap();
+    assert!(
+        (imbalance - (1.0 + (load - 1.0) * 4.0).max(1.0)).abs() < 1e-12,
+        "{imbalance}"
+    );
+    // The text gives both flags, and `estimate` takes them back.
+    let text = String::from_utf8(run(false)).unwrap();
+    let flag = format!("--moe-dropped-fraction {fraction:.4}");
+    assert!(text.contains(&flag), "{text}");
+    let out = parsim()
+        .args(["estimate", "--config", path, "--json"])
+        .args(cap)
+        .arg("--moe-dropped-fraction")
+        .arg(format!("{fraction:.4}"))
+        .arg("--moe-load-imbalance")
+        .arg(format!("{imbalance:.3}"))
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let e: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let got = e["config"]["model"]["moe_dropped_fraction"]
+        .as_f64()
+        .unwrap();
+    assert!((got - fraction).abs() < 1e-4, "{got}");
+}
