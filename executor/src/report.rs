@@ -79,8 +79,13 @@ pub struct RankReport {
 /// expert's.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MoeLoad {
-    /// This rank's tokens x top-k: its assignments before the capacity drops any.
+    /// This rank's tokens x top-k: its assignments before the capacity drops any (the whole
+    /// microbatch's under TP, whose ranks' received rows are gathered over expert TP).
     pub routed: u64,
+    /// The assignments of the tokens this rank itself routes (its sequence shard's under TP),
+    /// before the capacity drops any: what `RankReport::moe_dropped` is a part of.
+    #[serde(default)]
+    pub assigned: u64,
     /// Rows each local expert received from the whole EP group (the kept assignments): local
     /// expert j is global expert ep_index x (E / ep) + j.
     pub expert_rows: Vec<u64>,
@@ -104,12 +109,14 @@ impl MoeLoad {
         (self.routed > 0).then(|| max as f64 * local / self.routed as f64)
     }
 
-    /// Adds one MoE layer's forward: `routed` assignments, `rows[j]` received by local expert j.
-    pub fn add(&mut self, routed: u64, rows: impl ExactSizeIterator<Item = u64>) {
+    /// Adds one MoE layer's forward: `routed` assignments (`assigned` of the rank's own
+    /// tokens), `rows[j]` received by local expert j.
+    pub fn add(&mut self, routed: u64, assigned: u64, rows: impl ExactSizeIterator<Item = u64>) {
         if self.expert_rows.len() < rows.len() {
             self.expert_rows.resize(rows.len(), 0);
         }
         self.routed += routed;
+        self.assigned += assigned;
         for (acc, r) in self.expert_rows.iter_mut().zip(rows) {
             *acc += r;
         }

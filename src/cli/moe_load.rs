@@ -42,11 +42,16 @@ pub fn moe_load(
         .filter_map(|r| r.moe_load.hottest_expert_load())
         .fold(0.0, f64::max);
     // Every rank routes as many; the kept ones are received once, so the hottest rank receives
-    // at least the kept share (1 - dropped) and `raw` is at least 1 but for rounding.
-    let routed: u64 = ranks.iter().map(|r| r.moe_load.routed).sum();
+    // at least the kept share (1 - dropped) and `raw` is at least 1 but for rounding. A rank's
+    // drops are of its own tokens' assignments (its sequence shard's under TP).
+    let assigned: u64 = ranks.iter().map(|r| r.moe_load.assigned).sum();
     let dropped: u64 = ranks.iter().map(|r| r.moe_dropped).sum();
-    let dropped_fraction = dropped as f64 / routed as f64;
-    let kept_load = if dropped < routed {
+    let dropped_fraction = if assigned > 0 {
+        dropped as f64 / assigned as f64
+    } else {
+        0.0
+    };
+    let kept_load = if dropped < assigned {
         load / (1.0 - dropped_fraction)
     } else {
         1.0

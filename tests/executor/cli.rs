@@ -365,10 +365,11 @@ fn execute_reports_the_measured_dropped_fraction_with_a_capacity() {
     let f = moe_file();
     let path = f.path().to_str().unwrap();
     let cap = ["--moe-capacity-factor", "1"];
-    let run = |json: bool| {
+    let run = |json: bool, feed: &[String]| {
         let mut c = parsim();
         c.args(["execute", "--config", path, "--steps", "2", "--warmup", "1"])
-            .args(cap);
+            .args(cap)
+            .args(feed);
         if json {
             c.arg("--json");
         }
@@ -380,12 +381,19 @@ fn execute_reports_the_measured_dropped_fraction_with_a_capacity() {
         );
         out.stdout
     };
-    let v: Value = serde_json::from_slice(&run(true)).expect("json");
+    let v: Value = serde_json::from_slice(&run(true, &[])).expect("json");
     let ranks = v["ranks"].as_array().unwrap();
     let sum = |f: &dyn Fn(&Value) -> u64| ranks.iter().map(f).sum::<u64>();
-    let routed = sum(&|r| r["moe_load"]["routed"].as_u64().unwrap());
+    let routed = sum(&|r| r["moe_load"]["assigned"].as_u64().unwrap());
     let dropped = sum(&|r| r["moe_dropped"].as_u64().unwrap());
     assert!(dropped > 0, "nothing dropped");
+    // Each kept assignment is received once by its expert's rank and gathered over the
+    // expert-TP group (tp 2 = expert-TP 2): the rows are conserved.
+    let received = sum(&|r| {
+        let rows = r["moe_load"]["expert_rows"].as_array().unwrap();
+        rows.iter().map(|x| x.as_u64().unwrap()).sum()
+    });
+    assert_eq!(received, 2 * (routed - dropped));
     let m = &v["moe_load"];
     let fraction = m["dropped_fraction"].as_f64().unwrap();
     assert_eq!(fraction, dropped as f64 / routed as f64);
@@ -398,16 +406,19 @@ fn execute_reports_the_measured_dropped_fraction_with_a_capacity() {
         "{imbalance}"
     );
     // The text gives both flags, and `estimate` takes them back.
-    let text = String::from_utf8(run(false)).unwrap();
+    let text = String::from_utf8(run(false, &[])).unwrap();
     let flag = format!("--moe-dropped-fraction {fraction:.4}");
     assert!(text.contains(&flag), "{text}");
+    let feed = [
+        "--moe-dropped-fraction".to_string(),
+        format!("{fraction:.4}"),
+        "--moe-load-imbalance".to_string(),
+        format!("{imbalance:.3}"),
+    ];
     let out = parsim()
         .args(["estimate", "--config", path, "--json"])
         .args(cap)
-        .arg("--moe-dropped-fraction")
-        .arg(format!("{fraction:.4}"))
-        .arg("--moe-load-imbalance")
-        .arg(format!("{imbalance:.3}"))
+        .args(&feed)
         .output()
         .expect("runs");
     assert!(
@@ -420,4 +431,50 @@ fn execute_reports_the_measured_dropped_fraction_with_a_capacity() {
         .as_f64()
         .unwrap();
     assert!((got - fraction).abs() < 1e-4, "{got}");
+    // Fed back, they predict the run (TP 2 + SP, PP 2, EP 2): the hottest rank of each stage
+    // within 2%, the others at most 2% above (the prediction is the hottest rank's). The
+    // balanced router's drops (none at 1.0) put every rank 3.9-4.4% below.
+    let v: Value = serde_json::from_slice(&run(true, &feed)).expect("json");
+    for stage in 0..2 {
+        let ranks: Vec<&Value> = v["ranks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["coords"]["pp"] == stage)
+            .collect();
+        let pct = |r: &Value| {
+            let (m, p) = (
+                r["peak_bytes"].as_f64().unwrap(),
+                r["predicted_peak_bytes"].as_f64().unwrap(),
+            );
+            (m - p) / p * 100.0
+        };
+        let load = |r: &Value| {
+            let l = &r["moe_load"];
+            let rows: u64 = l["expert_rows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap())
+                .sum();
+            rows as f64 / l["routed"].as_f64().unwrap()
+        };
+        let hot = ranks
+            .iter()
+            .max_by(|a, b| load(a).total_cmp(&load(b)))
+            .unwrap();
+        assert!(
+            pct(hot).abs() <= 2.0,
+            "stage {stage}: hottest {:+.2}%",
+            pct(hot)
+        );
+        for r in &ranks {
+            assert!(
+                pct(r) <= 2.0,
+                "stage {stage}: rank {} {:+.2}%",
+                r["rank"],
+                pct(r)
+            );
+        }
+    }
 }

@@ -149,7 +149,7 @@ struct Loaded {
 /// Runs `m` with its learned router, derives `moe_load_imbalance` from the measured loads (the
 /// hottest EP rank's received rows over its uniform share, through the engine's inverse of its
 /// rank load: docs/engine.md, MoE load) and predicts with it; returns that imbalance (1 where
-/// no rank receives more than its share) and every rank against that prediction.
+/// no rank receives more than the kept share) and every rank against that prediction.
 fn at_measured_imbalance(m: &Moe) -> (f64, Vec<Loaded>) {
     let (imbalance, _, ranks) = at_measured_load(m);
     (imbalance, ranks)
@@ -173,7 +173,7 @@ fn at_measured_load(m: &Moe) -> (f64, f64, Vec<Loaded>) {
         .fold(0.0f64, f64::max);
     // The capacity's drops over every rank's assignments (`execute`'s `moe_load`); the
     // imbalance is then that of the kept share.
-    let routed: u64 = rep.ranks.iter().map(|r| r.moe_load.routed).sum();
+    let routed: u64 = rep.ranks.iter().map(|r| r.moe_load.assigned).sum();
     let dropped: u64 = rep.ranks.iter().map(|r| r.moe_dropped).sum();
     let fraction = dropped as f64 / routed as f64;
     let kept_load = hottest / (1.0 - fraction);
