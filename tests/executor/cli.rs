@@ -478,3 +478,44 @@ fn execute_reports_the_measured_dropped_fraction_with_a_capacity() {
         }
     }
 }
+
+#[test]
+fn the_balanced_routers_load_is_one_with_or_without_expert_tp() {
+    // Forced balancing (every expert takes n k / E rows) under TP 2 + SP with EP 2: with
+    // expert-TP 2 each expert slice runs the rows of both TP ranks, with whole experts
+    // (expert-TP 1) each rank's experts run its own shard's; either way every rank receives
+    // exactly its uniform share (it was 0.5x with whole experts, its share counted as the
+    // whole microbatch's).
+    for etp in ["2", "1"] {
+        let f = moe_file();
+        let text = std::fs::read_to_string(f.path()).unwrap();
+        let text = text.replace("expert_tp = 2", &format!("expert_tp = {etp}"));
+        std::fs::write(f.path(), text).unwrap();
+        let out = parsim()
+            .args(["execute", "--config", f.path().to_str().unwrap()])
+            .args(["--steps", "1", "--warmup", "0", "--json"])
+            .args(["--moe-router-force-load-balancing", "true"])
+            .output()
+            .expect("runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+        for r in v["ranks"].as_array().unwrap() {
+            let l = &r["moe_load"];
+            let rows: Vec<u64> = l["expert_rows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap())
+                .collect();
+            let routed = l["routed"].as_u64().unwrap();
+            // 4 local experts of 8, each a quarter of the rank's share.
+            assert!(rows.iter().all(|&x| 4 * x == routed), "etp {etp}: {l}");
+        }
+        assert_eq!(v["moe_load"]["hottest_rank_load"], 1.0, "etp {etp}");
+        assert_eq!(v["moe_load"]["imbalance"], 1.0, "etp {etp}");
+    }
+}

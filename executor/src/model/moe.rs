@@ -264,8 +264,7 @@ fn moe_fwd_full<B: Backend>(
         let per_source = &et_rows.per_source;
         let per_expert = (0..local).map(|j| per_source.iter().map(|c| c[j] as u64).sum());
         let assigned = (routing.routes.len() + routing.dropped) as u64;
-        ctx.moe_load
-            .add((ctx.n * moe.top_k) as u64, assigned, per_expert);
+        ctx.moe_load.add(assigned, ctx.rd.et as u64, per_expert);
     }
 
     let tokens: Vec<usize> = routing.routes.iter().map(|r| r.token).collect();
