@@ -360,15 +360,17 @@ pub fn stage_memory(
         pp_send: if handoff { 0 } else { pp_send },
     };
     let phase = rank_phases.of(s, chunks);
-    let phases: Vec<(u32, PhaseBuffers)> = chunks
-        .iter()
-        .map(|c| (c.stage as u32, rank_phases.of(s, std::slice::from_ref(c))))
-        .collect();
 
     // Activations: the chunk sets live at the worst moment of this rank's action list; the
     // total takes each moment with the buffers of the phase running then.
     let peak = match pipeline {
-        Pipeline::Actions(actions) => activation_peak(actions, chunks, s, tr.recompute, &phases),
+        Pipeline::Actions(actions) => {
+            let phases: Vec<(u32, PhaseBuffers)> = chunks
+                .iter()
+                .map(|c| (c.stage as u32, rank_phases.of(s, std::slice::from_ref(c))))
+                .collect();
+            activation_peak(actions, chunks, s, tr.recompute, &phases)
+        }
         Pipeline::Inflight { sets, .. } => {
             // That many sets of the rank's average chunk, plus the layer being rebuilt.
             let v = chunks.len().max(1) as u64;
