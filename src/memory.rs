@@ -27,6 +27,9 @@ pub struct PhaseBuffers {
     /// While any block runs forward: ZeRO-3's two gathered parameter sets (the one in use and
     /// the one beside it, as a prefetch holds them), and the largest forward transient of any op.
     pub forward: u64,
+    /// While the output block (and the MTP modules after it) runs forward: the same for those
+    /// blocks alone, the only transients live once the output block's saved set exists.
+    pub output_forward: u64,
     /// While the output block runs backward: its gathered weights and backward transient
     /// (with its gradient bucket).
     pub output_backward: u64,
@@ -39,9 +42,89 @@ pub struct PhaseBuffers {
 impl PhaseBuffers {
     pub fn max(&self) -> u64 {
         self.forward
+            .max(self.output_forward)
             .max(self.output_backward)
             .max(self.layer_backward)
             .max(self.weight_pass)
+    }
+}
+
+/// What a pipeline rank's phase buffers depend on beyond the blocks it runs.
+#[derive(Debug, Clone, Copy)]
+struct RankPhases {
+    zero: u8,
+    weight_bytes: u64,
+    grad_bytes: u64,
+    /// The schedule splits its backward (zero-bubble): W fills the gradient buckets.
+    split: bool,
+    /// ZeRO-3's two gathered parameter sets while a forward runs.
+    gathered_sets: u64,
+    /// A chunk's output waiting in the send buffer after its forward (0 at the bottom of a V,
+    /// where the next stage is on the same rank).
+    pp_send: u64,
+}
+
+impl RankPhases {
+    /// The phase buffers while the blocks of `chunks` run: the rank's (all its chunks) for the
+    /// buffers category, one chunk's for the moments of that chunk's passes, which hold only
+    /// its own blocks' transients.
+    fn of(&self, s: &LedgerSummary, chunks: &[ChunkContents]) -> PhaseBuffers {
+        let blocks = || chunks.iter().flat_map(|c| c.blocks(s)).map(|(b, _)| b);
+        let (zero, w, g) = (self.zero, self.weight_bytes, self.grad_bytes);
+        let gathered_of = |b: &BlockSummary| if zero >= 3 { b.params.rank() * w } else { 0 };
+        let bucket_of = |b: &BlockSummary| {
+            if zero >= 2 {
+                (b.params.rank_dense_trainable + b.params.rank_expert_trainable) * g
+            } else {
+                0
+            }
+        };
+        // A full backward's transient counts the buckets from their first weight gradient on
+        // and the gathered weights of the unit running (the MTP module's three units apart).
+        let backward_of = |b: &BlockSummary| {
+            if self.split {
+                gathered_of(b) + b.backward_temp_split
+            } else {
+                b.backward_temp
+            }
+        };
+        let has_output = chunks.iter().any(|c| c.output);
+        let after_layers = |b: &&BlockSummary| {
+            std::ptr::eq(*b, &s.output) || s.mtp.as_ref().is_some_and(|m| std::ptr::eq(*b, m))
+        };
+        PhaseBuffers {
+            forward: self.gathered_sets
+                + blocks()
+                    .map(|b| b.temp)
+                    .max()
+                    .unwrap_or(0)
+                    .max(self.pp_send),
+            output_forward: if has_output {
+                self.gathered_sets
+                    + blocks()
+                        .filter(after_layers)
+                        .map(|b| b.temp)
+                        .max()
+                        .unwrap_or(0)
+            } else {
+                0
+            },
+            output_backward: if has_output {
+                backward_of(&s.output)
+            } else {
+                0
+            },
+            layer_backward: blocks()
+                .filter(|b| !std::ptr::eq(*b, &s.output))
+                .map(backward_of)
+                .max()
+                .unwrap_or(0),
+            weight_pass: if self.split {
+                blocks().map(bucket_of).max().unwrap_or(0)
+            } else {
+                0
+            },
+        }
     }
 }
 
@@ -60,14 +143,15 @@ pub struct ActivationPeak {
 /// is counted with its own contents (the first holds the embedding, the last the output layer
 /// and its fp32 softmax). Under full recompute a layer's whole set exists while its forward
 /// runs and while it is rebuilt in backward, on top of the kept inputs. Each moment is also
-/// taken with the buffers of the phase that runs then (`phase`), since activations and
+/// taken with the buffers of the phase that runs then, in the chunk that runs it (`phases`,
+/// by stage: a chunk's pass holds only its own blocks' transients), since activations and
 /// buffers peak at different times.
 pub fn activation_peak(
     actions: &[Action],
     chunks: &[ChunkContents],
     s: &LedgerSummary,
     recompute: Recompute,
-    phase: &PhaseBuffers,
+    phases: &[(u32, PhaseBuffers)],
 ) -> ActivationPeak {
     #[derive(Default, Clone, Copy)]
     struct Chunk {
@@ -76,6 +160,8 @@ pub fn activation_peak(
         /// Saved bytes of the output block, which comes after the layers: freed first in
         /// backward, created last in forward.
         tail: i128,
+        /// What the output block's split backward keeps for its W (its share of `pending`).
+        tail_pending: i128,
         /// Full recompute: what the layer being rebuilt adds to its kept input.
         rebuilt: i128,
     }
@@ -92,6 +178,7 @@ pub fn activation_peak(
             }
             if ch.output {
                 c.tail += s.output.saved as i128;
+                c.tail_pending += s.output.wgrad_pending as i128;
             }
         }
         c
@@ -101,12 +188,6 @@ pub fn activation_peak(
         .iter()
         .map(|c| (c.stage as u32, chunk(c.stage as u32)))
         .collect();
-    let (fwd, out_bwd, layer_bwd, wpass) = (
-        phase.forward as i128,
-        phase.output_backward as i128,
-        phase.layer_backward as i128,
-        phase.weight_pass as i128,
-    );
     let mut live: i128 = 0;
     let mut peak: i128 = 0;
     let mut with: i128 = 0;
@@ -120,24 +201,45 @@ pub fn activation_peak(
             .find(|(st, _)| *st == a.stage)
             .map(|(_, c)| *c)
             .unwrap_or_default();
+        let phase = phases
+            .iter()
+            .find(|(st, _)| *st == a.stage)
+            .map(|(_, p)| *p)
+            .unwrap_or_default();
+        let (fwd, out_fwd, out_bwd, layer_bwd, wpass) = (
+            phase.forward as i128,
+            phase.output_forward as i128,
+            phase.output_backward as i128,
+            phase.layer_backward as i128,
+            phase.weight_pass as i128,
+        );
         match a.kind {
             ActionKind::F => {
                 live += c.saved;
                 // Full recompute: each layer's forward builds its whole set before keeping
                 // only its input; the last layer does so before the output block's set exists.
                 at(live - c.tail + c.rebuilt, fwd, &mut peak);
-                at(live, fwd, &mut peak);
+                // The output block runs last: with every set live, only its own transients.
+                at(live, if c.tail > 0 { out_fwd } else { fwd }, &mut peak);
             }
             ActionKind::B | ActionKind::I => {
                 // The output block's backward runs first, with everything still live; then
-                // the layers, rebuilt one by one under full recompute.
+                // the layers, rebuilt one by one under full recompute, once its set is freed
+                // (a split backward keeps what its W needs).
                 if c.tail > 0 {
                     at(live, out_bwd, &mut peak);
                 }
-                at(live - c.tail + c.rebuilt, layer_bwd, &mut peak);
+                let kept_tail = if a.kind == ActionKind::I {
+                    c.tail_pending
+                } else {
+                    0
+                };
+                let layers = live - c.tail + kept_tail;
+                at(layers + c.rebuilt, layer_bwd, &mut peak);
                 if a.kind == ActionKind::I {
-                    // The pending set is built while the saved set is freed.
-                    at(live + (c.pending - c.saved).max(0), layer_bwd, &mut peak);
+                    // The layers' pending set is built while their saved set is freed.
+                    let grown = (c.pending - c.tail_pending) - (c.saved - c.tail);
+                    at(layers + grown.max(0), layer_bwd, &mut peak);
                     live += c.pending - c.saved;
                 } else {
                     live -= c.saved;
@@ -221,6 +323,8 @@ pub fn stage_memory(
     //   are reduce-scattered into the shard, as DeepSpeed's reduce bucket) from its first
     //   weight gradient on; a split backward (zero-bubble schedules) fills the bucket only in
     //   its W pass, where nothing else is transient.
+    // The buffers category takes the rank's worst phase; the activation walk takes each pass
+    // with its own chunk's transients (`RankPhases::of` on that chunk alone).
     let blocks = || chunks.iter().flat_map(|c| c.blocks(s)).map(|(b, _)| b);
     let mut fixed = r.gpu.runtime_overhead_bytes;
     fixed += blocks().map(|b| b.sp_gather).max().unwrap_or(0);
@@ -234,32 +338,16 @@ pub fn stage_memory(
     if par.pp > 1 {
         fixed += pp_send + if handoff { pp_send } else { 0 };
     }
-    let gathered_of = |b: &BlockSummary| if zero >= 3 { b.params.rank() * w } else { 0 };
-    let bucket_of = |b: &BlockSummary| {
-        if zero >= 2 {
-            (b.params.rank_dense_trainable + b.params.rank_expert_trainable) * g
-        } else {
-            0
-        }
-    };
     let split = match pipeline {
         Pipeline::Actions(actions) => actions.iter().any(|a| a.kind == ActionKind::I),
         Pipeline::Inflight { split, .. } => split,
     };
-    // A full backward's transient counts the buckets from their first weight gradient on and
-    // the gathered weights of the unit running (the MTP module's three units apart).
-    let backward_of = |b: &BlockSummary| {
-        if split {
-            gathered_of(b) + b.backward_temp_split
-        } else {
-            b.backward_temp
-        }
-    };
     // ZeRO-3 gathers a block's experts apart from the rest of it (the expert space), so the
     // two sets forward holds (the one in use and the one beside it) are each a unit's dense
     // part or its experts: an MoE layer's two parts, or one part and the previous block's
-    // (two experts parts are never adjacent): at most the largest dense part and the larger
-    // of the largest dense and experts parts.
+    // (two experts parts are never adjacent; the neighbour may be another chunk's, so the
+    // rank's largest): at most the largest dense part and the larger of the largest dense and
+    // experts parts.
     let gathered_sets = if zero >= 3 {
         let dense = blocks().map(|b| b.gather_dense).max().unwrap_or(0);
         let expert = blocks().map(|b| b.gather_expert).max().unwrap_or(0);
@@ -267,35 +355,26 @@ pub fn stage_memory(
     } else {
         0
     };
-    let has_output = chunks.iter().any(|c| c.output);
-    let phase = PhaseBuffers {
-        forward: gathered_sets
-            + blocks()
-                .map(|b| b.temp)
-                .max()
-                .unwrap_or(0)
-                .max(if handoff { 0 } else { pp_send }),
-        output_backward: if has_output {
-            backward_of(&s.output)
-        } else {
-            0
-        },
-        layer_backward: blocks()
-            .filter(|b| !std::ptr::eq(*b, &s.output))
-            .map(backward_of)
-            .max()
-            .unwrap_or(0),
-        weight_pass: if split {
-            blocks().map(bucket_of).max().unwrap_or(0)
-        } else {
-            0
-        },
+    let rank_phases = RankPhases {
+        zero,
+        weight_bytes: w,
+        grad_bytes: g,
+        split,
+        gathered_sets,
+        pp_send: if handoff { 0 } else { pp_send },
     };
+    let phase = rank_phases.of(s, chunks);
 
     // Activations: the chunk sets live at the worst moment of this rank's action list; the
     // total takes each moment with the buffers of the phase running then.
     let peak = match pipeline {
-        Pipeline::Actions(actions) => activation_peak(actions, chunks, s, tr.recompute, &phase),
+        Pipeline::Actions(actions) => {
+            let phases: Vec<(u32, PhaseBuffers)> = chunks
+                .iter()
+                .map(|c| (c.stage as u32, rank_phases.of(s, std::slice::from_ref(c))))
+                .collect();
+            activation_peak(actions, chunks, s, tr.recompute, &phases)
+        }
         Pipeline::Inflight { sets, .. } => {
             // That many sets of the rank's average chunk, plus the layer being rebuilt.
             let v = chunks.len().max(1) as u64;
@@ -333,5 +412,103 @@ pub fn stage_memory(
         activations,
         buffers,
         total,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A ledger summary whose dense layer saves 100 bytes (20 kept for W) with a forward
+    /// transient of 10 and a split-backward one of 50; the output block saves 30 (5 for W)
+    /// with transients of 3 forward and 4 backward; an MoE layer's split backward holds 70.
+    fn summary() -> LedgerSummary {
+        let block = |saved, pending, temp, backward| BlockSummary {
+            saved,
+            saved_all: saved,
+            wgrad_pending: pending,
+            temp,
+            backward_temp_split: backward,
+            ..BlockSummary::default()
+        };
+        LedgerSummary {
+            embedding: BlockSummary::default(),
+            dense: block(100, 20, 10, 50),
+            moe: Some(block(100, 20, 10, 70)),
+            output: block(30, 5, 3, 4),
+            mtp: None,
+        }
+    }
+
+    fn phases() -> RankPhases {
+        RankPhases {
+            zero: 0,
+            weight_bytes: 4,
+            grad_bytes: 4,
+            split: true,
+            gathered_sets: 0,
+            pp_send: 0,
+        }
+    }
+
+    #[test]
+    fn the_layers_backward_transient_comes_once_the_output_blocks_set_is_freed() {
+        // One chunk, a dense layer and the output block; F, I, W of one microbatch. By hand:
+        // F leaves 130 live; the layer's forward ran before the output block's 30 existed
+        // (100 + 10), the output block runs with all 130 and its own 3 (133). I: the output
+        // block's backward with all 130 and its 4 (134); then the layer's with 50, once the
+        // output block freed its 30 but for the 5 its W needs: 100 + 5 + 50 = 155. Taking the
+        // layer's 50 with all 130 live gave 180, and the layer's 10 at the forward's end 140.
+        let s = summary();
+        let chunk = ChunkContents {
+            stage: 0,
+            dense_layers: 1,
+            output: true,
+            ..ChunkContents::default()
+        };
+        let p = phases().of(&s, &[chunk]);
+        assert_eq!(
+            (
+                p.forward,
+                p.output_forward,
+                p.output_backward,
+                p.layer_backward
+            ),
+            (10, 3, 4, 50)
+        );
+        let actions = [ActionKind::F, ActionKind::I, ActionKind::W].map(|k| Action::new(k, 0, 0));
+        let peak = activation_peak(&actions, &[chunk], &s, Recompute::None, &[(0, p)]);
+        assert_eq!(peak.activations, 130);
+        assert_eq!(peak.with_buffers, 155);
+    }
+
+    #[test]
+    fn a_chunks_passes_hold_only_its_own_blocks_transients() {
+        // A V's first chunk (a dense layer) and last (an MoE layer): the dense chunk's backward
+        // holds the dense layer's 50, not the MoE layer's 70; the rank's buffers take 70.
+        let s = summary();
+        let dense = ChunkContents {
+            stage: 0,
+            dense_layers: 1,
+            ..ChunkContents::default()
+        };
+        let moe = ChunkContents {
+            stage: 3,
+            moe_layers: 1,
+            ..ChunkContents::default()
+        };
+        assert_eq!(phases().of(&s, &[dense]).layer_backward, 50);
+        assert_eq!(phases().of(&s, &[moe]).layer_backward, 70);
+        assert_eq!(phases().of(&s, &[dense, moe]).max(), 70);
+        // With the dense chunk's backward at its peak (two microbatches in flight), the
+        // moment is 2 x 100 + 50 = 250, where the rank-wide phase gave 270.
+        let actions = [
+            Action::new(ActionKind::F, 0, 0),
+            Action::new(ActionKind::F, 0, 1),
+            Action::new(ActionKind::I, 0, 0),
+        ];
+        let per_chunk = [(0, phases().of(&s, &[dense])), (3, phases().of(&s, &[moe]))];
+        let peak = activation_peak(&actions, &[dense, moe], &s, Recompute::None, &per_chunk);
+        assert_eq!(peak.with_buffers, 250);
     }
 }

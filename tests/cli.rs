@@ -238,6 +238,18 @@ fn zero_and_nan_sizes() {
         &["--moe-load-imbalance", "0.5"],
         &["model.moe_load_imbalance", "finite number >= 1"],
     );
+    // The dropped share is below 1, and only with a capacity (without one nothing drops).
+    rejects(
+        &["--moe-capacity-factor", "1", "--moe-dropped-fraction", "1"],
+        &["model.moe_dropped_fraction", "must be in [0, 1)"],
+    );
+    rejects(
+        &["--moe-dropped-fraction", "0.5"],
+        &[
+            "model.moe_dropped_fraction",
+            "model.moe_capacity_factor > 0",
+        ],
+    );
     parsim()
         .args(["estimate", "--moe-load-imbalance", "NaN"])
         .assert()

@@ -74,13 +74,19 @@ pub struct RankReport {
 
 /// The rows an MoE run's routing sent a rank's experts, summed over its MoE layers and the
 /// forwards of all steps (a full recompute's reruns excluded), beside the assignments the rank
-/// itself routed. Every member of an EP group routes as many tokens, so `routed` is also the
-/// rank's uniform share of received rows (a balanced router's), and routed / (E / ep) each
-/// expert's.
+/// itself routed. Every member of an EP group routes as many tokens, so `routed` is the rank's
+/// uniform share of received rows (a balanced router's), and routed / (E / ep) each expert's.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MoeLoad {
-    /// This rank's tokens x top-k: its assignments before the capacity drops any.
+    /// The rank's uniform share of received rows (a balanced router's, before the capacity
+    /// drops any): `assigned` x expert TP, as each expert slice runs the rows received by
+    /// every member of its expert-TP group (the whole microbatch's tokens x top-k under
+    /// expert-TP = tp, the rank's own under whole experts).
     pub routed: u64,
+    /// The assignments of the tokens this rank itself routes (its sequence shard's under TP),
+    /// before the capacity drops any: what `RankReport::moe_dropped` is a part of.
+    #[serde(default)]
+    pub assigned: u64,
     /// Rows each local expert received from the whole EP group (the kept assignments): local
     /// expert j is global expert ep_index x (E / ep) + j.
     pub expert_rows: Vec<u64>,
@@ -104,12 +110,14 @@ impl MoeLoad {
         (self.routed > 0).then(|| max as f64 * local / self.routed as f64)
     }
 
-    /// Adds one MoE layer's forward: `routed` assignments, `rows[j]` received by local expert j.
-    pub fn add(&mut self, routed: u64, rows: impl ExactSizeIterator<Item = u64>) {
+    /// Adds one MoE layer's forward: `assigned` assignments of the rank's own tokens, its
+    /// experts split over `etp` ranks, `rows[j]` received by local expert j.
+    pub fn add(&mut self, assigned: u64, etp: u64, rows: impl ExactSizeIterator<Item = u64>) {
         if self.expert_rows.len() < rows.len() {
             self.expert_rows.resize(rows.len(), 0);
         }
-        self.routed += routed;
+        self.routed += assigned * etp;
+        self.assigned += assigned;
         for (acc, r) in self.expert_rows.iter_mut().zip(rows) {
             *acc += r;
         }

@@ -314,6 +314,9 @@ pub struct TrainingArgs {
     /// MoE expert capacity factor: each expert takes at most ceil(f x tokens x topk / experts) assignments, 0 = no dropping (Megatron's --moe-expert-capacity-factor). [default from config: 0]
     #[arg(long, value_parser = finite_f64)]
     pub moe_capacity_factor: Option<f64>,
+    /// MoE: the fraction of routed assignments the capacity drops, in [0, 1), for a router that drops more than a balanced one (`parsim execute` reports the measured one); needs a capacity factor. [default from config: a balanced router's]
+    #[arg(long, value_parser = finite_f64)]
+    pub moe_dropped_fraction: Option<f64>,
     /// MoE load-balancing loss coefficient (Megatron's --moe-aux-loss-coeff; 0 = none). [default from config: 0]
     #[arg(long, value_parser = finite_f64)]
     pub moe_aux_loss_coeff: Option<f64>,
@@ -450,6 +453,12 @@ impl TrainingArgs {
         put(m, "model", "activation", self.activation);
         put(m, "model", "moe_load_imbalance", self.moe_load_imbalance);
         put(m, "model", "moe_capacity_factor", self.moe_capacity_factor);
+        put(
+            m,
+            "model",
+            "moe_dropped_fraction",
+            self.moe_dropped_fraction,
+        );
         put(m, "model", "moe_aux_loss_coeff", self.moe_aux_loss_coeff);
         put(m, "model", "moe_router_topk", self.moe_router_topk);
         put(
@@ -659,6 +668,7 @@ impl ConfigArgs {
             let given = [
                 ("--moe-load-imbalance", t.moe_load_imbalance.is_some()),
                 ("--moe-capacity-factor", t.moe_capacity_factor.is_some()),
+                ("--moe-dropped-fraction", t.moe_dropped_fraction.is_some()),
                 ("--moe-aux-loss-coeff", t.moe_aux_loss_coeff.is_some()),
                 ("--moe-router-topk", t.moe_router_topk.is_some()),
                 (

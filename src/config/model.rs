@@ -83,6 +83,12 @@ pub struct ModelConfig {
     /// probable beyond (Lepikhin et al. 2020, GShard). 0 = no capacity, no dropping.
     #[serde(default)]
     pub moe_capacity_factor: f64,
+    /// Fraction of the routed assignments the capacity drops, in [0, 1), for a router whose
+    /// drops are not a balanced router's (a learned one at initialisation crowds a few experts
+    /// and drops about half at factor 1.0; `parsim execute` measures it). `None`: a balanced
+    /// router's, derived from `moe_capacity_factor`. Needs a capacity factor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_dropped_fraction: Option<f64>,
     /// Megatron's `--moe-aux-loss-coeff`: weight of the load-balancing loss (Fedus et al.
     /// 2021, Switch Transformer eq. 4); 0 = none.
     #[serde(default)]
@@ -160,6 +166,7 @@ impl Default for ModelConfig {
             moe_router_bias: false,
             moe_load_imbalance: 1.0,
             moe_capacity_factor: 0.0,
+            moe_dropped_fraction: None,
             moe_aux_loss_coeff: 0.0,
             moe_router_score_function: RouterScore::Softmax,
             moe_router_renormalize: false,

@@ -39,6 +39,36 @@ pub fn capacity_limit(factor: f64, local: u64, k: u64, experts: u64, ep: u64) ->
     Some((experts / ep.max(1)) * ep.max(1) * per_source)
 }
 
+/// The rows of the hottest EP rank's MoE layer: what it receives and what it sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoutedRows {
+    /// Rows its experts receive (the kept assignments sent to it).
+    pub hot: u64,
+    /// Assignments of its own tokens the capacity keeps: the rows it dispatches, holds and
+    /// combines.
+    pub kept: u64,
+}
+
+/// The hottest EP rank's rows for `local` routed tokens. A source keeps its n x k assignments
+/// less the dropped share: `moe_dropped_fraction` when given (a learned router crowding a few
+/// experts drops far more than a balanced one), else a balanced router's, what the capacity
+/// lets through (Lepikhin et al. 2020, sec. 2.2); never more than the capacity takes. The
+/// hottest rank receives the kept share times [`rank_load_factor`] (the imbalance is that of
+/// the kept assignments), at most the capacity of its experts.
+pub fn routed_rows(m: &ModelConfig, local: u64, ep: u64) -> RoutedRows {
+    let e = m.num_experts as u64;
+    let k = m.moe_router_topk as u64;
+    let routed = local * k;
+    let cap = capacity_limit(m.moe_capacity_factor, local, k, e, ep);
+    let limit = |rows: u64| cap.map_or(rows, |c| rows.min(c));
+    let kept = match m.moe_dropped_fraction {
+        Some(f) => limit((routed as f64 * (1.0 - f)).ceil() as u64),
+        None => limit(routed),
+    };
+    let hot = limit((kept as f64 * rank_load_factor(m.moe_load_imbalance, e, ep)).ceil() as u64);
+    RoutedRows { hot, kept }
+}
+
 /// Appends the MoE block (norm, router, dispatch, experts, combine, shared experts, dropout).
 pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Dims) {
     mlp_norm(ops, m, d);
@@ -48,14 +78,7 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
     // Megatron-Core routes the sequence-parallel shard of tokens on every rank.
     let local = d.n_sp;
     let routed = local * k;
-    let mut hot = (routed as f64 * rank_load_factor(m.moe_load_imbalance, e, d.ep)).ceil() as u64;
-    // A capacity drops what the hottest rank's experts cannot take; below a factor of 1 it
-    // drops even a balanced router's assignments, which are then neither sent nor combined.
-    let mut kept = routed;
-    if let Some(cap) = capacity_limit(m.moe_capacity_factor, local, k, e, d.ep) {
-        hot = hot.min(cap);
-        kept = kept.min(cap);
-    }
+    let RoutedRows { hot, kept } = routed_rows(m, local, d.ep);
 
     // Shared experts (DeepSeekMoE) on every token; their input is the router's saved input.
     // Their ops come before the router's: the executor runs their backward once the routed
@@ -358,6 +381,34 @@ mod tests {
         assert_eq!(expert_rows(1.5), 80);
         assert_eq!(capacity_limit(1.0, 32, 2, 8, 2), Some(64));
         assert_eq!(capacity_limit(0.0, 32, 2, 8, 2), None);
+    }
+
+    #[test]
+    fn a_dropped_fraction_sets_the_rows_sent_and_the_imbalance_applies_to_the_kept_ones() {
+        // 32 tokens x top-2 = 64 assignments a rank, 8 experts over EP 2, capacity 1.0 (8 a
+        // source per expert: at most 64 rows). A learned router that drops half of them
+        // (Lepikhin et al. 2020, sec. 2.2: what the capacity turns away is neither sent nor
+        // combined) keeps ceil(64 x 0.5) = 32 rows a rank; the hottest expert at twice the kept
+        // share makes its rank 1 + (2 - 1) / 4 = 1.25 x 32 = 40 rows, within the cap.
+        let mut m = ModelConfig {
+            num_experts: 8,
+            moe_router_topk: 2,
+            moe_load_imbalance: 2.0,
+            moe_capacity_factor: 1.0,
+            moe_dropped_fraction: Some(0.5),
+            ..ModelConfig::default()
+        };
+        assert_eq!(routed_rows(&m, 32, 2), RoutedRows { hot: 40, kept: 32 });
+        // A third dropped: ceil(64 x 2/3) = 43 kept, 1.25 x 43 = 53.75 -> 54 received.
+        m.moe_dropped_fraction = Some(1.0 / 3.0);
+        assert_eq!(routed_rows(&m, 32, 2), RoutedRows { hot: 54, kept: 43 });
+        // Without the field, a balanced router's: nothing dropped at 1.0, and the hottest rank
+        // capped at 64 (80 uncapped), as `a_capacity_factor_caps_the_hottest_ranks_tokens`.
+        m.moe_dropped_fraction = None;
+        assert_eq!(routed_rows(&m, 32, 2), RoutedRows { hot: 64, kept: 64 });
+        // At 0.5 the capacity keeps 32 of a source's 64, and caps the hottest rank at 32.
+        m.moe_capacity_factor = 0.5;
+        assert_eq!(routed_rows(&m, 32, 2), RoutedRows { hot: 32, kept: 32 });
     }
 
     #[test]

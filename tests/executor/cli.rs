@@ -357,3 +357,165 @@ fn execute_reports_the_measured_moe_load_and_its_imbalance() {
     let got = e["config"]["model"]["moe_load_imbalance"].as_f64().unwrap();
     assert!((got - imbalance).abs() < 1e-3, "{got}");
 }
+
+#[test]
+fn execute_reports_the_measured_dropped_fraction_with_a_capacity() {
+    // Capacity factor 1.0 with the learned router at initialisation: it crowds a few experts,
+    // whose capacity drops assignments a balanced router would keep.
+    let f = moe_file();
+    let path = f.path().to_str().unwrap();
+    let cap = ["--moe-capacity-factor", "1"];
+    let run = |json: bool, feed: &[String]| {
+        let mut c = parsim();
+        c.args(["execute", "--config", path, "--steps", "2", "--warmup", "1"])
+            .args(cap)
+            .args(feed);
+        if json {
+            c.arg("--json");
+        }
+        let out = c.output().expect("runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let v: Value = serde_json::from_slice(&run(true, &[])).expect("json");
+    let ranks = v["ranks"].as_array().unwrap();
+    let sum = |f: &dyn Fn(&Value) -> u64| ranks.iter().map(f).sum::<u64>();
+    let routed = sum(&|r| r["moe_load"]["assigned"].as_u64().unwrap());
+    let dropped = sum(&|r| r["moe_dropped"].as_u64().unwrap());
+    assert!(dropped > 0, "nothing dropped");
+    // Each kept assignment is received once by its expert's rank and gathered over the
+    // expert-TP group (tp 2 = expert-TP 2): the rows are conserved.
+    let received = sum(&|r| {
+        let rows = r["moe_load"]["expert_rows"].as_array().unwrap();
+        rows.iter().map(|x| x.as_u64().unwrap()).sum()
+    });
+    assert_eq!(received, 2 * (routed - dropped));
+    let m = &v["moe_load"];
+    let fraction = m["dropped_fraction"].as_f64().unwrap();
+    assert_eq!(fraction, dropped as f64 / routed as f64);
+    // The imbalance is the kept share's: the hottest rank's load over 1 - dropped, through
+    // 1 + (load - 1) x E / ep (8 experts over EP 2).
+    let load = m["hottest_rank_load"].as_f64().unwrap() / (1.0 - fraction);
+    let imbalance = m["imbalance"].as_f64().unwrap();
+    assert!(
+        (imbalance - (1.0 + (load - 1.0) * 4.0).max(1.0)).abs() < 1e-12,
+        "{imbalance}"
+    );
+    // The text gives both flags, and `estimate` takes them back.
+    let text = String::from_utf8(run(false, &[])).unwrap();
+    let flag = format!("--moe-dropped-fraction {fraction:.4}");
+    assert!(text.contains(&flag), "{text}");
+    let feed = [
+        "--moe-dropped-fraction".to_string(),
+        format!("{fraction:.4}"),
+        "--moe-load-imbalance".to_string(),
+        format!("{imbalance:.3}"),
+    ];
+    let out = parsim()
+        .args(["estimate", "--config", path, "--json"])
+        .args(cap)
+        .args(&feed)
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let e: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let got = e["config"]["model"]["moe_dropped_fraction"]
+        .as_f64()
+        .unwrap();
+    assert!((got - fraction).abs() < 1e-4, "{got}");
+    // Fed back, they predict the run (TP 2 + SP, PP 2, EP 2): the hottest rank of each stage
+    // within 2%, the others at most 2% above (the prediction is the hottest rank's). The
+    // balanced router's drops (none at 1.0) put every rank 3.9-4.4% below.
+    let v: Value = serde_json::from_slice(&run(true, &feed)).expect("json");
+    for stage in 0..2 {
+        let ranks: Vec<&Value> = v["ranks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["coords"]["pp"] == stage)
+            .collect();
+        let pct = |r: &Value| {
+            let (m, p) = (
+                r["peak_bytes"].as_f64().unwrap(),
+                r["predicted_peak_bytes"].as_f64().unwrap(),
+            );
+            (m - p) / p * 100.0
+        };
+        let load = |r: &Value| {
+            let l = &r["moe_load"];
+            let rows: u64 = l["expert_rows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap())
+                .sum();
+            rows as f64 / l["routed"].as_f64().unwrap()
+        };
+        let hot = ranks
+            .iter()
+            .max_by(|a, b| load(a).total_cmp(&load(b)))
+            .unwrap();
+        assert!(
+            pct(hot).abs() <= 2.0,
+            "stage {stage}: hottest {:+.2}%",
+            pct(hot)
+        );
+        for r in &ranks {
+            assert!(
+                pct(r) <= 2.0,
+                "stage {stage}: rank {} {:+.2}%",
+                r["rank"],
+                pct(r)
+            );
+        }
+    }
+}
+
+#[test]
+fn the_balanced_routers_load_is_one_with_or_without_expert_tp() {
+    // Forced balancing (every expert takes n k / E rows) under TP 2 + SP with EP 2: with
+    // expert-TP 2 each expert slice runs the rows of both TP ranks, with whole experts
+    // (expert-TP 1) each rank's experts run its own shard's; either way every rank receives
+    // exactly its uniform share (it was 0.5x with whole experts, its share counted as the
+    // whole microbatch's).
+    for etp in ["2", "1"] {
+        let f = moe_file();
+        let text = std::fs::read_to_string(f.path()).unwrap();
+        let text = text.replace("expert_tp = 2", &format!("expert_tp = {etp}"));
+        std::fs::write(f.path(), text).unwrap();
+        let out = parsim()
+            .args(["execute", "--config", f.path().to_str().unwrap()])
+            .args(["--steps", "1", "--warmup", "0", "--json"])
+            .args(["--moe-router-force-load-balancing", "true"])
+            .output()
+            .expect("runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+        for r in v["ranks"].as_array().unwrap() {
+            let l = &r["moe_load"];
+            let rows: Vec<u64> = l["expert_rows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap())
+                .collect();
+            let routed = l["routed"].as_u64().unwrap();
+            // 4 local experts of 8, each a quarter of the rank's share.
+            assert!(rows.iter().all(|&x| 4 * x == routed), "etp {etp}: {l}");
+        }
+        assert_eq!(v["moe_load"]["hottest_rank_load"], 1.0, "etp {etp}");
+        assert_eq!(v["moe_load"]["imbalance"], 1.0, "etp {etp}");
+    }
+}

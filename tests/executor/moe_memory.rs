@@ -8,12 +8,11 @@
 //! load balancing (`model.moe_router_force_load_balancing`), EP 4 with ZeRO-3 included. With
 //! the learned router, which is unbalanced at initialisation, the run's measured load gives the
 //! `moe_load_imbalance` to predict with (`RankReport::moe_load`, the engine's
-//! `imbalance_of_rank_load`): without a capacity (TP 2 + SP with expert-TP 2 included: each
-//! TP rank routes its SP shard, as Megatron-Core and the engine) the hottest EP rank is then
-//! within 2% and the others at or below the prediction. Not yet (the ignored test, figures in
-//! docs/executor.md): with a capacity factor of 1.0 the router drops about half of the
-//! assignments, which one imbalance figure cannot describe (the engine is an upper bound
-//! there).
+//! `imbalance_of_rank_load`), and with a capacity the measured share of dropped assignments
+//! the `moe_dropped_fraction` (the learned router drops about half at factor 1.0, a balanced
+//! one none): the whole grid (TP 2 + SP with expert-TP 2 included: each TP rank routes its SP
+//! shard, as Megatron-Core and the engine) then has the hottest EP rank within 2% and the
+//! others at or below +2% of the prediction (figures in docs/executor.md).
 
 use super::common::{options, resolve};
 use super::memory::{compare_config, worst_percent};
@@ -62,7 +61,8 @@ fn within() -> Vec<Moe> {
     ]
 }
 
-/// The rest of the issue's grid (not yet within 2%).
+/// The rest of the issue's grid: within 2% at the measured load (the learned router) or
+/// under forced balancing, not with the balanced prediction.
 fn beyond() -> Vec<Moe> {
     let ds = DS;
     vec![
@@ -149,8 +149,15 @@ struct Loaded {
 /// Runs `m` with its learned router, derives `moe_load_imbalance` from the measured loads (the
 /// hottest EP rank's received rows over its uniform share, through the engine's inverse of its
 /// rank load: docs/engine.md, MoE load) and predicts with it; returns that imbalance (1 where
-/// no rank receives more than its share) and every rank against that prediction.
+/// no rank receives more than the kept share) and every rank against that prediction.
 fn at_measured_imbalance(m: &Moe) -> (f64, Vec<Loaded>) {
+    let (imbalance, _, ranks) = at_measured_load(m);
+    (imbalance, ranks)
+}
+
+/// [`at_measured_imbalance`] with the measured dropped fraction too (0 without drops), fed
+/// back as `moe_dropped_fraction`.
+fn at_measured_load(m: &Moe) -> (f64, f64, Vec<Loaded>) {
     let v = moe_config(m);
     let plan = lower(&resolve(v.clone()), &options()).expect("lowers");
     let opts = RunOptions {
@@ -164,9 +171,18 @@ fn at_measured_imbalance(m: &Moe) -> (f64, Vec<Loaded>) {
         .iter()
         .map(|r| r.moe_load.rank_load().expect("routed"))
         .fold(0.0f64, f64::max);
-    let imbalance = imbalance_of_rank_load(hottest, m.experts as u64, m.ep as u64).max(1.0);
+    // The capacity's drops over every rank's assignments (`execute`'s `moe_load`); the
+    // imbalance is then that of the kept share.
+    let routed: u64 = rep.ranks.iter().map(|r| r.moe_load.assigned).sum();
+    let dropped: u64 = rep.ranks.iter().map(|r| r.moe_dropped).sum();
+    let fraction = dropped as f64 / routed as f64;
+    let kept_load = hottest / (1.0 - fraction);
+    let imbalance = imbalance_of_rank_load(kept_load, m.experts as u64, m.ep as u64).max(1.0);
     let mut at = v;
     at["model"]["moe_load_imbalance"] = imbalance.into();
+    if dropped > 0 {
+        at["model"]["moe_dropped_fraction"] = fraction.into();
+    }
     let est = estimate(&resolve(at)).expect("estimate");
     let ranks = rep
         .ranks
@@ -181,7 +197,7 @@ fn at_measured_imbalance(m: &Moe) -> (f64, Vec<Loaded>) {
             }
         })
         .collect();
-    (imbalance, ranks)
+    (imbalance, fraction, ranks)
 }
 
 /// The learned-router mixes of the grid without a capacity.
@@ -224,41 +240,49 @@ fn the_learned_router_matches_the_prediction_at_the_measured_imbalance() {
     }
 }
 
+/// Whether the hottest rank (by received rows) is within 2% and every rank at or below +2%;
+/// its worst figure.
+fn within_at_the_hottest(ranks: &[Loaded]) -> (bool, f64) {
+    let hot = ranks
+        .iter()
+        .max_by(|a, b| a.load.total_cmp(&b.load))
+        .expect("ranks");
+    let worst = ranks.iter().map(|r| r.percent).fold(hot.percent, f64::max);
+    (hot.percent.abs() <= 2.0 && worst <= 2.0, hot.percent)
+}
+
 #[test]
-fn a_capacity_keeps_the_learned_routers_ranks_below_the_prediction() {
+fn a_capacity_matches_the_learned_router_at_its_measured_drops() {
     // EP 2 dp 4 ZeRO-2 top-2 and EP 4 top-1, capacity factor 1.0: the router at
-    // initialisation crowds a few experts, whose capacity drops 48-68% of the assignments, so
-    // even the hottest rank receives less than its share (0.56x, 0.43x): the measured
-    // imbalance is the balanced router's 1, and every rank is below that prediction (it
-    // counts every assignment as kept: -3.3% to -5.3%).
+    // initialisation crowds a few experts, whose capacity drops about half of the assignments
+    // (a balanced router none), so even the hottest rank receives less than its share.
+    // Predicted with the measured dropped fraction (every rank sends and holds the kept
+    // share) and the kept share's imbalance, the hottest rank is within 2% and the others at
+    // or below +2%; with the balanced router's drops (none) every rank was -3.3% to -5.3%.
     for m in beyond().iter().filter(|m| m.capacity_factor > 0.0) {
-        let (imbalance, ranks) = at_measured_imbalance(m);
-        eprintln!("imbalance {imbalance:.4} {m:?}");
+        let (imbalance, fraction, ranks) = at_measured_load(m);
+        eprintln!("imbalance {imbalance:.4} dropped {fraction:.4} {m:?}");
         for r in &ranks {
             eprintln!("   {r:?}");
             assert!(r.load < 1.0 && r.dropped > 0, "{m:?}: {r:?}");
-            assert!(
-                r.percent <= 2.0,
-                "{m:?}: rank {} above the prediction",
-                r.rank
-            );
         }
-        assert_eq!(imbalance, 1.0);
+        // Not a balanced router's drops (none at factor 1.0), and a hot rank among the kept.
+        assert!((0.3..0.8).contains(&fraction), "{m:?}: {fraction}");
+        assert!(imbalance > 1.05, "{m:?}: {imbalance}");
+        let (ok, hot) = within_at_the_hottest(&ranks);
+        assert!(ok, "{m:?}: hottest {hot:+.2}%, {ranks:#?}");
     }
 }
 
 #[test]
-#[ignore = "known gap of issue 19: the learned router with a capacity (-5.34%: the unbalanced router's drops, which one imbalance figure cannot describe)"]
 fn the_whole_moe_grid_matches_the_prediction_at_the_measured_imbalance() {
     let mut bad = Vec::new();
     for m in &beyond() {
-        let (imbalance, ranks) = at_measured_imbalance(m);
-        let hot = ranks
-            .iter()
-            .max_by(|a, b| a.load.total_cmp(&b.load))
-            .expect("ranks");
-        let worst = ranks.iter().map(|r| r.percent).fold(hot.percent, f64::max);
-        if hot.percent.abs() > 2.0 || worst > 2.0 {
+        let (imbalance, fraction, ranks) = at_measured_load(m);
+        let (ok, hot) = within_at_the_hottest(&ranks);
+        let worst = ranks.iter().map(|r| r.percent).fold(hot, f64::max);
+        eprintln!("hottest {hot:+.2}% worst {worst:+.2}% imbalance {imbalance:.3} dropped {fraction:.3} {m:?}");
+        if !ok {
             bad.push(format!("imbalance {imbalance:.3}: {ranks:?} {m:?}"));
         }
     }

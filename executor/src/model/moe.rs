@@ -328,7 +328,8 @@ fn moe_fwd_full<B: Backend>(
         // rows its slice runs on), beside the assignments of the microbatch.
         let per_source = &et_rows.per_source;
         let per_expert = (0..local).map(|j| per_source.iter().map(|c| c[j] as u64).sum());
-        ctx.moe_load.add((ctx.n * moe.top_k) as u64, per_expert);
+        let assigned = (routing.routes.len() + routing.dropped) as u64;
+        ctx.moe_load.add(assigned, ctx.rd.et as u64, per_expert);
     }
 
     let tokens: Vec<usize> = routing.routes.iter().map(|r| r.token).collect();

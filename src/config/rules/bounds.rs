@@ -99,6 +99,29 @@ pub fn ranges(cfg: &Config) -> Vec<Violation> {
             .hint("1.0 means perfectly balanced routing"),
         );
     }
+    if let Some(f) = m.moe_dropped_fraction {
+        if !(f.is_finite() && (0.0..1.0).contains(&f)) {
+            errs.push(
+                Violation::new(
+                    "model.moe_dropped_fraction",
+                    format!(
+                        "must be in [0, 1) (the share of routed assignments the capacity drops), got {f}"
+                    ),
+                )
+                .hint("leave it out for a balanced router's drops"),
+            );
+        } else if m.moe_capacity_factor == 0.0 {
+            errs.push(
+                Violation::new(
+                    "model.moe_dropped_fraction",
+                    format!(
+                        "= {f} needs model.moe_capacity_factor > 0: without a capacity nothing is dropped"
+                    ),
+                )
+                .hint("set model.moe_capacity_factor, or leave moe_dropped_fraction out"),
+            );
+        }
+    }
     for (field, v, what) in [
         (
             "model.moe_capacity_factor",
@@ -308,6 +331,29 @@ mod tests {
         let v = ranges(&with(|c| c.model.attention_dropout = 1.0));
         assert_eq!(fields(&v), ["model.attention_dropout"]);
         assert!(ranges(&Config::default()).is_empty());
+    }
+
+    #[test]
+    fn a_dropped_fraction_is_below_one_and_needs_a_capacity() {
+        let cap = |f: f64| {
+            with(move |c| {
+                c.model.moe_capacity_factor = 1.0;
+                c.model.moe_dropped_fraction = Some(f);
+            })
+        };
+        assert!(ranges(&cap(0.5)).is_empty());
+        for bad in [1.0, -0.1, f64::NAN] {
+            let v = ranges(&cap(bad));
+            assert_eq!(fields(&v), ["model.moe_dropped_fraction"], "{bad}");
+        }
+        // Without a capacity nothing is dropped: the error names both fields.
+        let v = ranges(&with(|c| c.model.moe_dropped_fraction = Some(0.5)));
+        assert_eq!(fields(&v), ["model.moe_dropped_fraction"]);
+        assert!(
+            v[0].rule.contains("model.moe_capacity_factor"),
+            "{}",
+            v[0].rule
+        );
     }
 
     #[test]
