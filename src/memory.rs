@@ -92,6 +92,17 @@ impl RankPhases {
         let after_layers = |b: &&BlockSummary| {
             std::ptr::eq(*b, &s.output) || s.mtp.as_ref().is_some_and(|m| std::ptr::eq(*b, m))
         };
+        // ZeRO-3 while the blocks after the layers run (the output block, the MTP modules):
+        // the unit in use, one of theirs, and the unit before it (the last layer's experts or
+        // dense part for the output block), at most the rank's largest, in place of the
+        // rank's two largest.
+        let unit = |b: &BlockSummary| b.gather_dense.max(b.gather_expert);
+        let after_layers_gathered = if zero >= 3 {
+            let own = blocks().filter(after_layers).map(unit).max().unwrap_or(0);
+            (own + blocks().map(unit).max().unwrap_or(0)) * w
+        } else {
+            0
+        };
         PhaseBuffers {
             forward: self.gathered_sets
                 + blocks()
@@ -99,8 +110,10 @@ impl RankPhases {
                     .max()
                     .unwrap_or(0)
                     .max(self.pp_send),
+            // The output block's gathered set beside the unit before it (the last layer's
+            // experts or dense part) in place of the rank's two largest.
             output_forward: if has_output {
-                self.gathered_sets
+                after_layers_gathered
                     + blocks()
                         .filter(after_layers)
                         .map(|b| b.temp)

@@ -10,9 +10,10 @@
 //! - 2: as 1, but each block's gradients are reduce-scattered into the shard as soon as they
 //!   are computed (one block-sized bucket at a time), so only the shard is kept.
 //! - 3: as 2, and the parameters too are kept as a shard: a block is all-gathered before use
-//!   and freed after; in forward two gathered blocks are live at a time (the one in use and
-//!   the next, as a prefetch would hold them), in backward the one in use and its gradient
-//!   bucket.
+//!   and freed after; in forward two gather units are live at a time (the one in use and
+//!   the next, as a prefetch would hold them; a LoRA layer's adapters go with its frozen
+//!   weights, frozen experts with their adapters), in backward the one in use and its
+//!   gradient bucket.
 //!
 //! Mixture-of-experts models keep their experts in a second flat buffer (an expert *space*),
 //! as Megatron keeps expert parameters apart: everything above applies to it with the
@@ -27,7 +28,8 @@ use crate::error::ExecError;
 use crate::memory::Category;
 use crate::model::embedding_group::GradShard;
 use crate::model::params::{
-    init_range, is_frozen_space, layout_len, BlockLayout, DENSE_SPACE, EXPERT_SPACE, SPACES,
+    init_range, is_frozen_space, layout_len, BlockKind, BlockLayout, DENSE_SPACE, EXPERT_SPACE,
+    SPACES,
 };
 use crate::model::router_bias::RouterBias;
 use crate::plan::{Plan, Precision};
@@ -147,9 +149,22 @@ impl<B: Backend> Rank<'_, B> {
         if let Some((_, t)) = self.cache.iter().find(|(b, _)| *b == bi) {
             return Ok(Handle::Gathered(Rc::clone(t)));
         }
-        // Two layers' blocks: a LoRA layer is two (the frozen layer and its adapters).
-        let cap = if self.plan.lora.is_some() { 4 } else { 2 };
-        if self.cache.len() == cap {
+        // Two gather units live: the one in use and the one before it, as the engine counts
+        // them (a LoRA layer's adapters go with its frozen weights, frozen experts with their
+        // adapters).
+        let unit = self.gather_unit(bi);
+        loop {
+            let mut units: Vec<usize> = self
+                .cache
+                .iter()
+                .map(|(b, _)| self.gather_unit(*b))
+                .collect();
+            units.push(unit);
+            units.sort_unstable();
+            units.dedup();
+            if units.len() <= 2 {
+                break;
+            }
             self.cache.pop_front();
         }
         let mut t = self.ctx.zeros(Category::Buffers, &[r.len()])?;
@@ -163,6 +178,16 @@ impl<B: Backend> Rank<'_, B> {
         let t = Rc::new(t);
         self.cache.push_back((bi, Rc::clone(&t)));
         Ok(Handle::Gathered(t))
+    }
+
+    /// The ZeRO-3 gather unit of block `bi`, named by its first block: a LoRA layer's adapters
+    /// block (right after its frozen layer block) and MoE frozen experts (right after their
+    /// adapters' experts block) belong to the unit before them.
+    fn gather_unit(&self, bi: usize) -> usize {
+        match self.blocks[bi].kind {
+            BlockKind::Adapters(_) | BlockKind::FrozenExperts(_) => bi.saturating_sub(1),
+            _ => bi,
+        }
     }
 
     /// The experts block of the MoE layer of block `bi`, when it is one.
