@@ -6,6 +6,7 @@
 //! Operations in MPICH") on NVLink inside a node and on the network across nodes.
 
 pub mod nccl;
+pub mod nccl_search;
 
 use crate::config::{GpuProfile, Link, NcclArch};
 use crate::layout::{GroupKind, Layout};
