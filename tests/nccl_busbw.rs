@@ -5,7 +5,9 @@
 //! `cargo test -p parsim --test nccl_busbw -- --nocapture` prints model vs published per row.
 
 use parsim::model::CollectiveKind;
-use parsim::network::nccl::{Algorithm, CollectiveModel, Fabric, Prediction, Protocol};
+use parsim::network::nccl::{
+    Algorithm, CollectiveModel, Fabric, Prediction, Protocol, PIPELINE_OVERHEAD_S,
+};
 use serde_json::Value;
 
 const TOLERANCE: f64 = 0.15;
@@ -121,6 +123,54 @@ fn published_nccl_tests_busbw_within_15_percent() {
     assert!(worst <= TOLERANCE, "worst error {worst}");
 }
 
+/// The one constant set from data, re-derived: the chunk-pipeline overhead K of least
+/// worst-case error over the table it is set from (Azure ND A100 v4, all rows 1 MiB to 4 GiB),
+/// scanned in 0.1 us steps, is the shipped `PIPELINE_OVERHEAD_S`. The other tables and points
+/// are its check (the test above).
+#[test]
+fn pipeline_overhead_is_the_fit_to_the_a100_table() {
+    let text = std::fs::read_to_string("calibration/data/nccl-tests.json").unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let table = v["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["source"].as_str().unwrap().contains("ND_A100_v4"))
+        .expect("the A100 table");
+    let model = CollectiveModel::new(&fabric("dgx-a100"), CollectiveKind::AllReduce, 8, 1);
+    let worst = |k_s: f64| {
+        let m = model.clone().with_pipeline_overhead(k_s);
+        table["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let (b, want) = (r[0].as_f64().unwrap(), r[1].as_f64().unwrap());
+                let got = busbw_gbps(
+                    CollectiveKind::AllReduce,
+                    b,
+                    8,
+                    m.predict(b).unwrap().time_s,
+                );
+                (got / want - 1.0).abs()
+            })
+            .fold(0.0, f64::max)
+    };
+    let (best_k, best_err) = (0..=300)
+        .map(|i| i as f64 * 0.1e-6)
+        .map(|k| (k, worst(k)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap();
+    println!(
+        "fitted K {:.1} us (worst {:.1}%), shipped {:.1} us; without it worst {:.1}%",
+        best_k * 1e6,
+        100.0 * best_err,
+        PIPELINE_OVERHEAD_S * 1e6,
+        100.0 * worst(0.0)
+    );
+    assert!((best_k - PIPELINE_OVERHEAD_S).abs() < 0.05e-6);
+}
+
 /// Properties NCCL's model must have: small messages take the low-latency protocols, large
 /// ones Simple; bus bandwidth rises with message size; on H100 large all-reduces take NVLS.
 #[test]
@@ -167,10 +217,12 @@ fn protocol_and_algorithm_follow_message_size() {
         .is_none());
 }
 
-/// A forced algorithm is never faster than NCCL's own choice, and forcing the one NCCL picks
-/// changes nothing; an algorithm that does not run the collective gives no prediction.
+/// Forcing the algorithm NCCL picks changes nothing; across nodes (where NCCL's model is the
+/// whole prediction) a forced algorithm is never faster than NCCL's choice; inside a node a
+/// forced one may be (NCCL ranks pairs without the chunk pipeline's overhead), but every
+/// prediction is finite and positive. An algorithm that does not run the collective gives none.
 #[test]
-fn forcing_an_algorithm_never_beats_the_free_choice() {
+fn forcing_an_algorithm_follows_nccl_ranking() {
     let h100 = Fabric::dgx_h100();
     for (coll, n, nodes) in [
         (CollectiveKind::AllReduce, 8, 1),
@@ -183,7 +235,10 @@ fn forcing_an_algorithm_never_beats_the_free_choice() {
             let free = m.predict(b).unwrap();
             for a in [Algorithm::Ring, Algorithm::Tree, Algorithm::Nvls] {
                 if let Some(f) = m.predict_with(b, a) {
-                    assert!(f.time_s >= free.time_s, "{coll:?} {a:?} 2^{e}");
+                    assert!(f.time_s.is_finite() && f.time_s > 0.0);
+                    if nodes > 1 {
+                        assert!(f.time_s >= free.time_s, "{coll:?} {a:?} 2^{e}");
+                    }
                     if a == free.algorithm {
                         assert_eq!(f, free);
                     }
