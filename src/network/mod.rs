@@ -11,7 +11,7 @@ pub mod nccl_search;
 use crate::config::{GpuProfile, Link, NcclArch};
 use crate::layout::{GroupKind, Layout};
 use crate::model::CollectiveKind;
-use nccl::{CollectiveModel, Fabric};
+use nccl::{CollectiveModel, Fabric, Graphs};
 
 /// Seconds of a ring collective: alpha + factor x B / bandwidth, with the ring factors
 /// 2(n-1)/n (all-reduce), (n-1)/n (all-gather, reduce-scatter, all-to-all) and 1 (send).
@@ -78,8 +78,24 @@ fn nccl_model(
     per_node: u32,
     nodes: u32,
 ) -> CollectiveModel {
+    nccl_models(arch, inter, [coll], n, per_node, nodes)[0].clone()
+}
+
+/// [`nccl_model`] for several collectives of one group shape, sharing one topology search.
+fn nccl_models<const K: usize>(
+    arch: NcclArch,
+    inter: &Link,
+    colls: [CollectiveKind; K],
+    n: u32,
+    per_node: u32,
+    nodes: u32,
+) -> [CollectiveModel; K] {
     let fabric = Fabric::of(arch, per_node.max(1), inter.bandwidth_bytes_per_s);
-    CollectiveModel::new(&fabric, coll, n, nodes.max(1)).with_pipeline_overhead(0.0)
+    let graphs = Graphs::search(&fabric, n, nodes.max(1));
+    colls.map(|c| {
+        CollectiveModel::with_graphs(&fabric, &graphs, c, n, nodes.max(1))
+            .with_pipeline_overhead(0.0)
+    })
 }
 
 impl Network {
@@ -110,7 +126,7 @@ impl Network {
             for (i, g) in geometry.iter().enumerate() {
                 let m = match geometry[..i].iter().position(|h| h == g) {
                     Some(j) => models[j].clone(),
-                    None => TUNED.map(|c| nccl_model(arch, &inter, c, g.size, g.per_node, g.nodes)),
+                    None => nccl_models(arch, &inter, TUNED, g.size, g.per_node, g.nodes),
                 };
                 models.push(m);
             }

@@ -276,10 +276,57 @@ impl Shape {
     }
 }
 
+/// The graphs NCCL's topology search builds for one group shape ([`super::nccl_search`]):
+/// the ring's (the tree reuses its channels) and, on one NVSwitch node, NVLS's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Graphs {
+    ring: Graph,
+    nvls: Option<Graph>,
+}
+
+impl Graphs {
+    /// Searches `fabric` for `ranks` GPUs on `nodes` nodes (ranks spread evenly).
+    pub fn search(fabric: &Fabric, ranks: u32, nodes: u32) -> Graphs {
+        let nodes = nodes.max(1);
+        let link_gbps = fabric.nvlinks_per_gpu as f64 * fabric.nvlink_bytes_per_s / 1e9;
+        let ring = if nodes == 1 {
+            search::ring_intra(fabric.arch, link_gbps)
+        } else {
+            search::ring_inter(
+                fabric.arch,
+                fabric.nics_per_node,
+                fabric.nic_bytes_per_s / 1e9,
+                ranks as f64 / nodes as f64,
+                link_gbps,
+            )
+        };
+        // NVLink SHARP here: one node of an NVSwitch system (NVLS across nodes needs CollNet).
+        let nvls = if fabric.nvls && nodes == 1 {
+            search::nvls(fabric.arch, ranks, link_gbps)
+        } else {
+            None
+        };
+        Graphs { ring, nvls }
+    }
+}
+
 impl CollectiveModel {
     /// Constants for `coll` over `ranks` GPUs on `nodes` nodes (ranks spread evenly).
     /// Only all-reduce, all-gather and reduce-scatter are modelled (NCCL's tuned collectives).
     pub fn new(fabric: &Fabric, coll: CollectiveKind, ranks: u32, nodes: u32) -> CollectiveModel {
+        let graphs = Graphs::search(fabric, ranks, nodes);
+        CollectiveModel::with_graphs(fabric, &graphs, coll, ranks, nodes)
+    }
+
+    /// The same from graphs already searched for this group shape (one search serves the
+    /// shape's three collectives).
+    pub fn with_graphs(
+        fabric: &Fabric,
+        graphs: &Graphs,
+        coll: CollectiveKind,
+        ranks: u32,
+        nodes: u32,
+    ) -> CollectiveModel {
         let mut choices = [None; 9];
         if ranks <= 1
             || nodes == 0
@@ -302,25 +349,7 @@ impl CollectiveModel {
             ppn: ranks as f64 / nodes as f64,
         };
         let c = caps(fabric.arch, nodes);
-        // The graphs NCCL's topology search builds (nccl_search.rs).
-        let link_gbps = fabric.nvlinks_per_gpu as f64 * fabric.nvlink_bytes_per_s / 1e9;
-        let ring = if nodes == 1 {
-            search::ring_intra(fabric.arch, link_gbps)
-        } else {
-            search::ring_inter(
-                fabric.arch,
-                fabric.nics_per_node,
-                fabric.nic_bytes_per_s / 1e9,
-                shape.ppn,
-                link_gbps,
-            )
-        };
-        // NVLink SHARP here: one node of an NVSwitch system (NVLS across nodes needs CollNet).
-        let nvls = if fabric.nvls && nodes == 1 {
-            search::nvls(fabric.arch, ranks, link_gbps)
-        } else {
-            None
-        };
+        let (ring, nvls) = (graphs.ring, graphs.nvls);
         for (ai, &a) in ALGORITHMS.iter().enumerate() {
             // Tree runs all-reduce only.
             if a == Algorithm::Tree && !shape.all_reduce() {
