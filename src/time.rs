@@ -282,8 +282,16 @@ pub fn block_times(
             t.recompute_s += f;
         }
         for c in &op.comms {
-            let comm_s = network.collective_s(c.group, c.kind, c.payload_bytes, c.group_size)
-                * c.count as f64;
+            let (total_s, pipeline_s) =
+                network.collective_parts_s(c.group, c.kind, c.payload_bytes, c.group_size);
+            // Overlapped TP transfers run through Megatron-Core's userbuffers (copy engines),
+            // not NCCL's chunk pipeline.
+            let tp_userbuffers = c.group == GroupKind::Tp && overlaps.tp_comm;
+            let comm_s = if tp_userbuffers {
+                total_s - pipeline_s
+            } else {
+                total_s
+            } * c.count as f64;
             let compute_s = match c.phase {
                 Phase::Forward => f,
                 Phase::Backward => d + w,

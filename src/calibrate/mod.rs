@@ -392,7 +392,7 @@ of a size at one efficiency, so the non-checkpointed small-micro-batch rows come
 - Overlapped communication is not free: concurrent NCCL kernels slow the compute they hide \
 behind. `efficiency.overlap_interference` charges that fraction of every overlapped \
 transfer (TP with `tp_comm_overlap`, the CP ring, ZeRO gathers and reduce-scatters, \
-bucketed DP reduction) to the step. It is fitted (A100 0.39, H100 0.43): the 200 Gb/s-per-GPU \
+bucketed DP reduction) to the step. It is fitted (A100 0.39, H100 0.42): the 200 Gb/s-per-GPU \
 RoCE rows behave as if FSDP's traffic were barely hidden; mpt-70b on 64 A100-40GB, 111 \
 TFLOP/s published, is the worst held-out row (+24%) and the worst row of the \
 leave-one-source-out fit. One scalar does not transfer between frameworks: fitted on \

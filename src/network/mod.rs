@@ -6,11 +6,12 @@
 //! Operations in MPICH") on NVLink inside a node and on the network across nodes.
 
 pub mod nccl;
+pub mod nccl_search;
 
 use crate::config::{GpuProfile, Link, NcclArch};
 use crate::layout::{GroupKind, Layout};
 use crate::model::CollectiveKind;
-use nccl::{CollectiveModel, Fabric};
+use nccl::{CollectiveModel, Fabric, Graphs};
 
 /// Seconds of a ring collective: alpha + factor x B / bandwidth, with the ring factors
 /// 2(n-1)/n (all-reduce), (n-1)/n (all-gather, reduce-scatter, all-to-all) and 1 (send).
@@ -62,6 +63,10 @@ const TUNED: [CollectiveKind; 3] = [
 /// NCCL's model of `coll` over `n` ranks of a group with `per_node` members on each of `nodes`
 /// nodes: NVLink inside, and across nodes the members' own NICs (rail-optimised: each GPU's
 /// share of the node's NICs is `inter.bandwidth_bytes_per_s`, after `cluster.nics_per_node`).
+/// The model the nccl-tests tables check, the chunk pipeline's overhead inside a node
+/// included ([`nccl::PIPELINE_OVERHEAD_S`]); a TP transfer Megatron-Core overlaps through its
+/// userbuffers (copy engines, not NCCL kernels) leaves that part out
+/// ([`Network::collective_parts_s`]).
 fn nccl_model(
     arch: NcclArch,
     inter: &Link,
@@ -70,8 +75,21 @@ fn nccl_model(
     per_node: u32,
     nodes: u32,
 ) -> CollectiveModel {
+    nccl_models(arch, inter, [coll], n, per_node, nodes)[0].clone()
+}
+
+/// [`nccl_model`] for several collectives of one group shape, sharing one topology search.
+fn nccl_models<const K: usize>(
+    arch: NcclArch,
+    inter: &Link,
+    colls: [CollectiveKind; K],
+    n: u32,
+    per_node: u32,
+    nodes: u32,
+) -> [CollectiveModel; K] {
     let fabric = Fabric::of(arch, per_node.max(1), inter.bandwidth_bytes_per_s);
-    CollectiveModel::new(&fabric, coll, n, nodes.max(1))
+    let graphs = Graphs::search(&fabric, n, nodes.max(1));
+    colls.map(|c| CollectiveModel::with_graphs(&fabric, &graphs, c, n, nodes.max(1)))
 }
 
 impl Network {
@@ -102,7 +120,7 @@ impl Network {
             for (i, g) in geometry.iter().enumerate() {
                 let m = match geometry[..i].iter().position(|h| h == g) {
                     Some(j) => models[j].clone(),
-                    None => TUNED.map(|c| nccl_model(arch, &inter, c, g.size, g.per_node, g.nodes)),
+                    None => nccl_models(arch, &inter, TUNED, g.size, g.per_node, g.nodes),
                 };
                 models.push(m);
             }
@@ -152,10 +170,22 @@ impl Network {
     /// With an NCCL generation in the profile, all-reduce, all-gather and reduce-scatter are
     /// NCCL's predicted time instead ([`nccl::CollectiveModel`]), for the group's placement.
     pub fn collective_s(&self, kind: GroupKind, coll: CollectiveKind, payload: u64, n: u32) -> f64 {
+        self.collective_parts_s(kind, coll, payload, n).0
+    }
+
+    /// [`Network::collective_s`] and the part of it that is NCCL's chunk pipeline inside a
+    /// node (0 where NCCL's model does not time it), which a copy-engine transfer does not pay.
+    pub fn collective_parts_s(
+        &self,
+        kind: GroupKind,
+        coll: CollectiveKind,
+        payload: u64,
+        n: u32,
+    ) -> (f64, f64) {
         let g = self.geometry(kind);
         let b = payload as f64;
         if n <= 1 || payload == 0 {
-            return 0.0;
+            return (0.0, 0.0);
         }
         if let (Some(arch), Some(c)) = (self.nccl, tuned_index(coll)) {
             let predicted = if n == g.size && !self.models.is_empty() {
@@ -167,12 +197,15 @@ impl Network {
                 nccl_model(arch, &self.inter, coll, n, per_node, nodes).predict(b)
             };
             if let Some(p) = predicted {
-                return p.time_s;
+                return (p.time_s, p.pipeline_s);
             }
         }
         let link = |l: &Link| l.bandwidth_bytes_per_s * l.efficiency;
         if g.nodes <= 1 || n <= 1 {
-            return ring_s(coll, b, n, link(&self.intra), self.intra.latency_s);
+            return (
+                ring_s(coll, b, n, link(&self.intra), self.intra.latency_s),
+                0.0,
+            );
         }
         if coll == CollectiveKind::AllReduce && g.per_node > 1 {
             let k = g.per_node;
@@ -190,7 +223,7 @@ impl Network {
                 link(&self.inter),
                 self.inter.latency_s,
             );
-            return 2.0 * intra + inter;
+            return (2.0 * intra + inter, 0.0);
         }
         if matches!(
             coll,
@@ -206,9 +239,12 @@ impl Network {
                 link(&self.inter),
                 self.inter.latency_s,
             );
-            return intra + inter;
+            return (intra + inter, 0.0);
         }
-        ring_s(coll, b, n, link(&self.inter), self.inter.latency_s)
+        (
+            ring_s(coll, b, n, link(&self.inter), self.inter.latency_s),
+            0.0,
+        )
     }
 }
 
