@@ -396,8 +396,8 @@ fn fold_members(layout: &Layout, rank: u32, same: impl Fn(u32, u32) -> bool) -> 
 /// The ranks holding the same routed experts as `rank`, slice for slice: the members of its
 /// fold with its expert-TP index (flattened index mod expert_tp), world / (etp x ep x pp) of
 /// them as [`Resolved::expert_dp`] counts. With expert_tp = tp this is the engine's ExpertDp
-/// group; below tp the other expert-TP blocks of its TP group join it; above tp it is the
-/// part of the engine's ExpertDp group with its expert-TP index.
+/// group; below tp the other expert-TP blocks of its TP group join it; above tp (a multiple
+/// of it) it is the part of the engine's ExpertDp group with its expert-TP index.
 fn expert_dp_group(layout: &Layout, r: &Resolved, rank: u32) -> Vec<u32> {
     let etp = r.config.parallel.etp();
     fold_members(layout, rank, |f, own| f % etp == own % etp)

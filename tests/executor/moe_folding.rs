@@ -258,12 +258,15 @@ fn with_etp(c: &Moe, etp: u32) -> Value {
     v
 }
 
-/// Expert TP above tp (MoE Parallel Folding: the expert-TP group spans DP ranks): TP 2 + SP
-/// with expert TP 4 over DP 2, EP 1 (DeepSeek-style routing, a shared expert split over TP 2,
-/// ZeRO-1), and TP 1 with expert TP 2 over DP 4, EP 2 (the plain router with its load-balancing
-/// loss, ZeRO-3: the experts shard over the expert-DP group of 1). Each rank routes its own
-/// tokens (its SP shard, or its whole microbatch), the rows its expert-TP group received
-/// gather before its slice of each expert and reduce-scatter back.
+/// Expert TP above tp (MoE Parallel Folding: the expert-TP group spans DP or CP ranks): TP 2 +
+/// SP with expert TP 4 over DP 2, EP 1 (DeepSeek-style routing, a shared expert split over
+/// TP 2, ZeRO-1); TP 1 with expert TP 2 over DP 4, EP 2 (the plain router with its
+/// load-balancing loss, ZeRO-3: the experts shard over the expert-DP group of 1); TP 2 + SP
+/// with expert TP 4 over CP 2 (Ulysses); TP 2 + SP with expert TP 3 over DP 3 (not a multiple
+/// of tp: an expert-TP group takes part of a TP group); and expert TP 4 over DP 2 under PP 2
+/// with ZeRO-2. Each rank routes its own tokens (its SP shard, or its whole microbatch), the
+/// rows its expert-TP group received gather before its slice of each expert and
+/// reduce-scatter back.
 fn etp_above_tp_mixes() -> Vec<(Moe, u32)> {
     vec![
         (
@@ -283,77 +286,116 @@ fn etp_above_tp_mixes() -> Vec<(Moe, u32)> {
             },
             2,
         ),
+        (
+            Moe {
+                cp: 2,
+                cp_comm: "a2a",
+                ..ds()
+            },
+            4,
+        ),
+        (Moe { dp: 3, ..ds() }, 3),
+        (
+            Moe {
+                dp: 2,
+                pp: 2,
+                zero: 2,
+                ..ds()
+            },
+            4,
+        ),
     ]
+}
+
+/// The configuration of mix `c` with expert TP `etp`, or (`single`) of its single-rank run.
+/// Expert TP 3 over DP 3 takes a global batch of 6 and an expert intermediate size of 48 (in
+/// both).
+fn above(c: &Moe, etp: u32, single: bool) -> Value {
+    let mut v = if single {
+        moe_config(&c.single())
+    } else {
+        with_etp(c, etp)
+    };
+    if c.dp == 3 {
+        v["training"]["global_batch_size"] = 6.into();
+        v["model"]["moe_ffn_hidden_size"] = 48.into();
+    }
+    v
 }
 
 #[test]
 fn expert_tp_above_tp_matches_the_single_rank_run() {
     for (c, etp) in etp_above_tp_mixes() {
-        let reference = run(&plan(moe_config(&c.single())), 3);
-        let got = run(&plan(with_etp(&c, etp)), 3);
+        let reference = run(&plan(above(&c, etp, true)), 3);
+        let got = run(&plan(above(&c, etp, false)), 3);
         compare(&format!("expert TP {etp} {c:?}"), &got, &reference);
     }
 }
 
-/// The groups against the engine's layout (order tp-cp-ep-dp-pp). TP 2, DP 2, EP 1, expert TP
-/// 4: the engine's ExpertDp group of a rank is its TP index over DP ({t, t + 2}), the flattened
-/// tp x dp index is the rank itself, so the one expert-TP group is every rank (both TP groups)
-/// and the expert-DP group the rank alone. TP 1, DP 4, EP 2, expert TP 2: the EP group is
-/// {d, d + 1} (ep fastest after tp), the engine's ExpertDp group the two ranks of an EP index
-/// ({0, 2} and {1, 3}), which expert TP 2 takes whole, leaving expert DP 1. In both, the groups
-/// partition the ranks of an EP index, the expert-DP group has the engine's count
-/// (`Resolved::expert_dp`: world / (etp x ep x pp)) and lies inside its ExpertDp group.
+/// The groups against the engine's layout (order tp-cp-ep-dp-pp), worked by hand. TP 2, DP 2,
+/// EP 1, expert TP 4: the engine's ExpertDp group of a rank is its TP index over DP
+/// ({t, t + 2}), the flattened tp x dp index is the rank itself, so the one expert-TP group is
+/// every rank (both TP groups) and the expert-DP group the rank alone. TP 1, DP 4, EP 2, expert
+/// TP 2: the EP group is {d, d + 1} (ep fastest after tp), the engine's ExpertDp group the two
+/// ranks of an EP index ({0, 2} and {1, 3}), which expert TP 2 takes whole, leaving an
+/// expert DP of 1. TP 2, DP 3, expert TP 3: the flattened index is again the rank, so expert-TP groups
+/// {0, 1, 2} and {3, 4, 5} (the middle TP group split between them) and expert-DP groups
+/// {0, 3}, {1, 4}, {2, 5}. In each, the groups partition the ranks of an EP index, the expert-DP
+/// group has the engine's count (`Resolved::expert_dp`: world / (etp x ep x pp)), and lies
+/// inside the engine's ExpertDp group when tp divides expert TP.
 #[test]
 fn expert_tp_above_tp_groups_follow_the_layout() {
     use parsim::config::{Config, Layer, Resolved};
     use parsim::layout::{GroupKind, Layout};
-    let cases: [(Value, u32, [Vec<u32>; 4], usize); 2] = [
+    let mixes = etp_above_tp_mixes();
+    let all4 = vec![0, 1, 2, 3];
+    let (lo, hi) = (vec![0, 1, 2], vec![3, 4, 5]);
+    type Case = (usize, Vec<Vec<u32>>, Vec<Vec<u32>>);
+    let cases: [Case; 3] = [
+        (0, vec![all4.clone(); 4], (0..4).map(|r| vec![r]).collect()),
         (
-            with_etp(&etp_above_tp_mixes()[0].0, 4),
-            4,
-            [
-                vec![0, 1, 2, 3],
-                vec![0, 1, 2, 3],
-                vec![0, 1, 2, 3],
-                vec![0, 1, 2, 3],
-            ],
             1,
+            vec![vec![0, 2], vec![1, 3], vec![0, 2], vec![1, 3]],
+            (0..4).map(|r| vec![r]).collect(),
         ),
         (
-            with_etp(&etp_above_tp_mixes()[1].0, 2),
-            2,
-            [vec![0, 2], vec![1, 3], vec![0, 2], vec![1, 3]],
-            1,
+            3,
+            vec![lo.clone(), lo.clone(), lo, hi.clone(), hi.clone(), hi],
+            (0..6).map(|r| vec![r % 3, r % 3 + 3]).collect(),
         ),
     ];
-    for (v, etp, want_etp, want_edp) in cases {
+    for (mix, want_etp, want_edp) in cases {
+        let (c, etp) = &mixes[mix];
+        let v = above(c, *etp, false);
         let cfg = Config::from_layers(&[Layer::overrides(v.clone())]).expect("loads");
         let res = Resolved::new(cfg).unwrap_or_else(|e| panic!("validates: {e}"));
         let layout = Layout::of(&res);
         let p = plan(v);
-        assert_eq!(p.parallel.etp, etp);
-        assert_eq!(res.expert_dp() as usize, want_edp);
+        assert_eq!(p.parallel.etp, *etp);
         for r in &p.ranks {
             let i = r.rank as usize;
-            assert_eq!(r.expert_tp_group, want_etp[i], "rank {i}: expert-TP group");
-            assert_eq!(r.expert_dp_group, vec![r.rank], "rank {i}: expert-DP group");
             assert_eq!(
-                r.ep_group,
-                layout.group_of(GroupKind::Ep, r.rank),
-                "rank {i}"
+                r.expert_tp_group, want_etp[i],
+                "{mix} rank {i}: expert-TP group"
             );
-            let engine_edp = layout.group_of(GroupKind::ExpertDp, r.rank);
-            assert!(r.expert_dp_group.iter().all(|x| engine_edp.contains(x)));
+            assert_eq!(
+                r.expert_dp_group, want_edp[i],
+                "{mix} rank {i}: expert-DP group"
+            );
+            assert_eq!(r.expert_dp_group.len(), res.expert_dp() as usize);
+            assert_eq!(r.ep_group, layout.group_of(GroupKind::Ep, r.rank));
+            if etp % c.tp == 0 {
+                let engine_edp = layout.group_of(GroupKind::ExpertDp, r.rank);
+                assert!(r.expert_dp_group.iter().all(|x| engine_edp.contains(x)));
+            }
             // Expert TP x expert DP x EP covers the world once per rank.
             assert_eq!(
                 r.expert_tp_group.len() * r.expert_dp_group.len() * r.ep_group.len(),
                 p.ranks.len(),
-                "rank {i}"
+                "{mix} rank {i}"
             );
-            assert_eq!(
-                r.et_rank() as usize,
-                want_etp[i].iter().position(|&x| x == r.rank).unwrap()
-            );
+            let place = want_etp[i].iter().position(|&x| x == r.rank);
+            assert_eq!(Some(r.et_rank() as usize), place, "{mix} rank {i}");
         }
     }
 }
@@ -365,7 +407,7 @@ fn expert_tp_above_tp_memory_is_within_2_percent_of_the_prediction() {
             force_balance: true,
             ..c
         };
-        for (rank, got, want, gb, wb) in compare_config(with_etp(&c, etp)) {
+        for (rank, got, want, gb, wb) in compare_config(above(&c, etp, false)) {
             let rel = (got as f64 - want as f64) / want as f64;
             eprintln!("expert TP {etp} {c:?} rank {rank}: {:+.2}%", 100.0 * rel);
             eprintln!("  measured  {gb}\n  predicted {wb}");
