@@ -425,7 +425,28 @@ fn expert_tp_above_tp_memory_is_within_2_percent_of_the_prediction() {
     }
 }
 
-/// A hand-made plan whose expert-TP group is not its rank's block of consecutive TP ranks,
+/// LoRA (Hu et al. 2021) on the routed experts with expert TP above tp: adapters (rank 4, B
+/// seeded nonzero so an adapter path that does nothing fails) on qkv, proj, fc1 and fc2, each
+/// routed expert's fc1 A split over expert TP with its rows, fc2's A by input columns (A x
+/// all-reduced over the expert-TP group, here TP 2 x DP 2 and DP 2 x EP 2 ranks): the
+/// single-rank LoRA run's loss and parameters.
+#[test]
+fn lora_on_experts_with_expert_tp_above_tp_matches_the_single_rank_run() {
+    let lora = |mut v: Value| {
+        v["training"]["mode"] = "lora".into();
+        v["training"]["lora"] =
+            serde_json::json!({"rank": 4, "alpha": 16.0, "targets": ["qkv", "proj", "fc1", "fc2"]});
+        let mut p = plan(v);
+        p.lora.as_mut().expect("lora plan").seeded_b = true;
+        p
+    };
+    for (c, etp) in etp_above_tp_mixes().into_iter().take(2) {
+        let reference = run(&lora(above(&c, etp, true)), 3);
+        let got = run(&lora(above(&c, etp, false)), 3);
+        compare(&format!("LoRA expert TP {etp} {c:?}"), &got, &reference);
+    }
+}
+
 /// or whose expert TP x ep does not divide tp x cp x dp, is refused by the executor naming
 /// the rule.
 #[test]
