@@ -400,6 +400,31 @@ fn expert_tp_above_tp_groups_follow_the_layout() {
     }
 }
 
+/// The CUDA runner creates its communicators from the plan's group lists: with expert TP 2
+/// over DP 4 and EP 2 (no GPU needed: host logic), the expert-TP groups {0, 2} and {1, 3}
+/// (ranks of different DP indices) are among its groups, each an NCCL communicator over the
+/// members' GPUs.
+#[test]
+fn the_cuda_runner_creates_the_expert_tp_groups_above_tp() {
+    use parsim_executor::backend::cuda::groups::{plan_groups, Placement, Transport};
+    let (c, etp) = &etp_above_tp_mixes()[1];
+    let p = plan(above(c, *etp, false));
+    let specs = plan_groups(&p, Placement::SingleProcess { gpus: 4 }, |_| 0, |_| 0)
+        .expect("places the ranks");
+    for members in [vec![0, 2], vec![1, 3]] {
+        let g = specs
+            .iter()
+            .find(|g| g.members == members)
+            .unwrap_or_else(|| panic!("no group {members:?}"));
+        assert_eq!(g.devices, members, "one GPU per rank");
+        assert_eq!(g.transport, Transport::Nccl);
+    }
+    for r in &p.ranks {
+        assert!(specs.iter().any(|g| g.members == r.expert_tp_group));
+        assert!(specs.iter().any(|g| g.members == r.expert_dp_group));
+    }
+}
+
 #[test]
 fn expert_tp_above_tp_memory_is_within_2_percent_of_the_prediction() {
     for (c, etp) in etp_above_tp_mixes() {
