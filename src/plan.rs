@@ -148,21 +148,10 @@ fn check_moe(r: &Resolved) -> Result<(), PlanError> {
             "the executed balanced routing ignores router groups; set moe_router_num_groups = 0",
         ));
     }
-    // Each expert's intermediate size splits over a block of expert_tp consecutive TP ranks
-    // (Megatron's --expert-tensor-parallel-size; = tp: the TP group, as the dense MLP). Below
-    // tp (MoE Parallel Folding) each TP rank routes its own sequence shard (the configuration
-    // rules require SP for MoE under TP).
-    if p.tp % p.etp() != 0 {
-        return Err(unsupported(
-            "parallel.expert_tp",
-            format!(
-                "MoE layers are executed with expert tensor parallelism dividing tp (expert_tp = {}, tp = {}); set expert_tp to a divisor of {}",
-                p.etp(),
-                p.tp,
-                p.tp
-            ),
-        ));
-    }
+    // Each expert's intermediate size splits over an expert-TP group of expert_tp ranks
+    // (Megatron's --expert-tensor-parallel-size): expert_tp consecutive ranks of the flattened
+    // tp x cp x expert-dp index (MoE Parallel Folding), whatever its ratio to tp; under TP each
+    // rank routes its own sequence shard (the configuration rules require SP for MoE under TP).
     for (field, v, by) in [
         ("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size, p.etp()),
         (
@@ -372,34 +361,54 @@ fn parallelism(r: &Resolved) -> Parallelism {
     }
 }
 
-/// The ranks holding the same routed experts as `rank`: its expert-data-parallel group and,
-/// with expert TP below tp, the same group of each TP peer of its expert-TP index (Megatron's
-/// MoE Parallel Folding regroups tp x cp x dp as etp x ep x edp; the engine's layout keeps EP
-/// inside DP, so the tp / etp expert-TP blocks of a TP group join expert DP, as
-/// [`Resolved::expert_dp`] counts: world / (etp x ep x pp)).
-fn expert_dp_group(layout: &Layout, r: &Resolved, rank: u32) -> Vec<u32> {
-    let etp = r.config.parallel.etp();
-    let me = layout.coords(rank).tp % etp;
-    let mut out: Vec<u32> = layout
+/// The ranks of `rank`'s EP index and pipeline rank (its TP peers' ExpertDp groups), each
+/// with its place in the flattened (tp, cp, expert-dp) index, tp fastest, then the engine's
+/// ExpertDp group in rank order. MoE Parallel Folding (Megatron-Core) lays the expert grid
+/// etp x edp over this index, etp fastest, so an expert-TP group may span TP and DP or CP
+/// ranks; EP stays the layout's own axis, which the engine keeps inside DP.
+fn expert_fold(layout: &Layout, rank: u32) -> Vec<(u32, u32)> {
+    let mut out: Vec<(u32, u32)> = layout
         .group_of(GroupKind::Tp, rank)
         .into_iter()
-        .filter(|&peer| layout.coords(peer).tp % etp == me)
-        .flat_map(|peer| layout.group_of(GroupKind::ExpertDp, peer))
+        .flat_map(|peer| {
+            let tp = layout.coords(peer).tp;
+            layout
+                .group_of(GroupKind::ExpertDp, peer)
+                .into_iter()
+                .enumerate()
+                .map(move |(i, x)| (x, tp + layout.tp * i as u32))
+        })
         .collect();
     out.sort_unstable();
     out
 }
 
-/// The expert-TP group of `rank`: the block of expert_tp consecutive TP ranks holding it (the
-/// TP group when expert_tp = tp), over which each expert's intermediate size splits.
+/// The ranks of `rank`'s fold whose flattened index `f` satisfies `same(f, own f)`.
+fn fold_members(layout: &Layout, rank: u32, same: impl Fn(u32, u32) -> bool) -> Vec<u32> {
+    let fold = expert_fold(layout, rank);
+    let own = fold.iter().find(|(x, _)| *x == rank).map_or(0, |&(_, f)| f);
+    fold.into_iter()
+        .filter(|&(_, f)| same(f, own))
+        .map(|(x, _)| x)
+        .collect()
+}
+
+/// The ranks holding the same routed experts as `rank`, slice for slice: the members of its
+/// fold with its expert-TP index (flattened index mod expert_tp), world / (etp x ep x pp) of
+/// them as [`Resolved::expert_dp`] counts. With expert_tp = tp this is the engine's ExpertDp
+/// group; below tp the other expert-TP blocks of its TP group join it; above tp (a multiple
+/// of it) it is the part of the engine's ExpertDp group with its expert-TP index.
+fn expert_dp_group(layout: &Layout, r: &Resolved, rank: u32) -> Vec<u32> {
+    let etp = r.config.parallel.etp();
+    fold_members(layout, rank, |f, own| f % etp == own % etp)
+}
+
+/// The expert-TP group of `rank`: the expert_tp consecutive ranks of its fold's flattened
+/// index holding it (the TP group when expert_tp = tp, a block of it below, whole TP groups
+/// of several DP or CP ranks above), over which each expert's intermediate size splits.
 fn expert_tp_group(layout: &Layout, r: &Resolved, rank: u32) -> Vec<u32> {
     let etp = r.config.parallel.etp();
-    let block = layout.coords(rank).tp / etp;
-    layout
-        .group_of(GroupKind::Tp, rank)
-        .into_iter()
-        .filter(|&peer| layout.coords(peer).tp / etp == block)
-        .collect()
+    fold_members(layout, rank, |f, own| f / etp == own / etp)
 }
 
 /// The Plan of a resolved configuration.

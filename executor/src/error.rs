@@ -116,8 +116,8 @@ pub enum PlanError {
     TopK { top_k: usize, num_experts: usize },
     #[error("moe ffn must be positive")]
     ZeroMoeFfn,
-    #[error("expert tp ({etp}) must divide tp ({tp}), and MoE with tp > 1 needs sequence parallelism (each TP rank routes its sequence shard)")]
-    ExpertTp { etp: u32, tp: u32 },
+    #[error("expert tp ({etp}) x ep ({ep}) must divide tp x cp x dp ({fold}), and MoE with tp > 1 needs sequence parallelism (each TP rank routes its sequence shard)")]
+    ExpertTp { etp: u32, ep: u32, fold: usize },
     #[error("moe ffn ({ffn}) must be divisible by the expert tensor parallelism and shared_ffn ({shared_ffn}) by tp ({tp})")]
     MoeFfnNotDivisible {
         ffn: usize,
@@ -149,7 +149,7 @@ pub enum PlanError {
     RankNumber { index: usize, rank: u32 },
     #[error("rank {rank}: group sizes do not match tp/cp/dp/pp")]
     GroupSizes { rank: usize },
-    #[error("rank {rank}: ep group ({ep_group}) and expert-dp group ({expert_dp_group}) must have ep ({ep}) and dp x cp x (tp / expert tp) / ep ({expert_dp}) members")]
+    #[error("rank {rank}: ep group ({ep_group}) and expert-dp group ({expert_dp_group}) must have ep ({ep}) and dp x cp x tp / (expert tp x ep) ({expert_dp}) members")]
     ExpertGroupSizes {
         rank: usize,
         ep_group: usize,
@@ -157,7 +157,7 @@ pub enum PlanError {
         ep: usize,
         expert_dp: usize,
     },
-    #[error("rank {rank}: the expert-TP group must be the block of expert tp ({etp}) consecutive members of its TP group holding it")]
+    #[error("rank {rank}: the expert-TP group must be the expert tp ({etp}) ranks of its EP index and pipeline rank holding it (a block of consecutive TP ranks when expert tp divides tp, whole TP groups when tp divides it), ascending, meeting the expert-DP group in the rank alone")]
     ExpertTpGroup { rank: usize, etp: u32 },
     #[error("rank {rank} holds stage {stage} of another pipeline rank")]
     ForeignStage { rank: usize, stage: u32 },

@@ -191,11 +191,36 @@ pub struct RouterShape {
     pub force_balance: bool,
 }
 
-/// The block of `etp` consecutive members of `r`'s TP group that holds it.
-fn expert_tp_block(r: &RankPlan, p: &Parallelism) -> Vec<u32> {
-    let etp = p.etp.max(1) as usize;
-    let lo = (r.coords.tp as usize / etp) * etp;
-    r.tp_group.get(lo..lo + etp).unwrap_or_default().to_vec()
+/// Whether `r`'s expert-TP group has the shape MoE Parallel Folding gives it: `etp` ranks,
+/// ascending, `r` among them, all of its EP index and pipeline rank, meeting its expert-DP group
+/// in `r` alone; the block of `etp` consecutive members of its TP group when `etp` divides tp,
+/// whole TP groups (of several DP or CP ranks) when tp divides `etp`.
+fn expert_tp_group_ok(plan: &Plan, r: &RankPlan) -> bool {
+    let (g, etp, tp) = (
+        &r.expert_tp_group,
+        plan.parallel.etp as usize,
+        r.tp_group.len(),
+    );
+    let same_ep_pp = |x: &u32| {
+        plan.ranks
+            .get(*x as usize)
+            .is_some_and(|o| o.coords.ep == r.coords.ep && o.coords.pp == r.coords.pp)
+    };
+    let shared = g.iter().filter(|x| r.expert_dp_group.contains(x)).count();
+    let shape = if tp % etp == 0 {
+        let lo = (r.coords.tp as usize / etp) * etp;
+        r.tp_group.get(lo..lo + etp) == Some(g.as_slice())
+    } else if etp % tp == 0 {
+        r.tp_group.iter().all(|x| g.contains(x))
+    } else {
+        true
+    };
+    g.len() == etp
+        && g.windows(2).all(|w| w[0] < w[1])
+        && g.contains(&r.rank)
+        && g.iter().all(same_ep_pp)
+        && shared == 1
+        && shape
 }
 
 impl RouterShape {
@@ -231,11 +256,11 @@ pub struct Parallelism {
     pub dp: u32,
     /// Expert parallelism (divides dp; experts split over the EP group).
     pub ep: u32,
-    /// Expert tensor parallelism (Megatron's `--expert-tensor-parallel-size`), a divisor of
-    /// `tp`: each expert's intermediate size splits over an expert-TP group of `etp`
-    /// consecutive TP ranks (`tp`: the TP group, as the dense MLP; 1: whole experts). Below tp
-    /// (MoE Parallel Folding, under TP + SP) each TP rank routes its own sequence shard and
-    /// the tp / etp expert-TP groups of a TP group join the expert-data-parallel group.
+    /// Expert tensor parallelism (Megatron's `--expert-tensor-parallel-size`): each expert's
+    /// intermediate size splits over an expert-TP group of `etp` ranks (`tp`: the TP group, as
+    /// the dense MLP; 1: whole experts). Otherwise (MoE Parallel Folding, under TP + SP) each
+    /// rank routes its own tokens; below tp the other expert-TP blocks of a TP group join the
+    /// expert-data-parallel group, above tp an expert-TP group spans several DP or CP ranks.
     pub etp: u32,
     /// ZeRO stage 0..=3 (Rajbhandari et al. 2020).
     pub zero: u8,
@@ -248,12 +273,6 @@ pub struct Parallelism {
 }
 
 impl Parallelism {
-    /// The expert-TP index of TP rank `tp_rank`: its place in its block of `etp` consecutive
-    /// TP ranks (the slice of each expert it holds).
-    pub fn etp_rank(&self, tp_rank: u32) -> u32 {
-        tp_rank % self.etp.max(1)
-    }
-
     /// Whether each TP rank routes its own sequence shard in the MoE layers: under TP (which
     /// MoE needs with SP, as Megatron-Core), whatever the expert TP, as Megatron-Core's token
     /// dispatchers do.
@@ -367,17 +386,29 @@ pub struct RankPlan {
     pub dp_group: Vec<u32>,
     pub pp_group: Vec<u32>,
     /// Expert parallelism: the ranks among which the experts are split (size ep), and the
-    /// ranks holding the same experts (size dp x cp x (tp / etp) / ep), over which expert
-    /// gradients reduce.
+    /// ranks holding the same slices of the same experts (size dp x cp x tp / (etp x ep)),
+    /// over which expert gradients reduce.
     pub ep_group: Vec<u32>,
     pub expert_dp_group: Vec<u32>,
-    /// Expert tensor parallelism: the `etp` consecutive members of `tp_group` holding this
-    /// rank's block (the whole TP group when etp = tp), over which the received rows gather.
+    /// Expert tensor parallelism: the `etp` ranks (ascending) over which each expert's
+    /// intermediate size splits and the received rows gather: a block of `tp_group` when etp
+    /// divides tp, else consecutive ranks of the flattened tp x cp x expert-dp index.
     pub expert_tp_group: Vec<u32>,
     /// Global stages this rank holds, ascending.
     pub stages: Vec<u32>,
     /// One step's actions.
     pub actions: Vec<Action>,
+}
+
+impl RankPlan {
+    /// This rank's expert-TP index: its place in its expert-TP group (the slice of each local
+    /// expert's intermediate size it holds; 0 without the group).
+    pub fn et_rank(&self) -> u32 {
+        self.expert_tp_group
+            .iter()
+            .position(|&x| x == self.rank)
+            .unwrap_or(0) as u32
+    }
 }
 
 /// The arithmetic recipe of a run.
@@ -611,11 +642,14 @@ impl Plan {
             if moe.ffn == 0 {
                 return Err(PlanError::ZeroMoeFfn);
             }
-            // Expert tensor parallelism: a divisor of tp, with TP's sequence shards.
-            if p.etp == 0 || p.tp % p.etp != 0 || (p.tp > 1 && !p.sp) {
+            // Expert tensor parallelism: etp x ep dividing tp x cp x dp (MoE Parallel Folding),
+            // with TP's sequence shards.
+            let fold = t * c * p.dp as usize;
+            if p.etp == 0 || fold % (p.etp as usize * ep) != 0 || (p.tp > 1 && !p.sp) {
                 return Err(PlanError::ExpertTp {
                     etp: p.etp,
-                    tp: p.tp,
+                    ep: p.ep,
+                    fold,
                 });
             }
             // Each expert's intermediate size splits over expert TP, the shared experts' over TP.
@@ -678,11 +712,9 @@ impl Plan {
             {
                 return Err(PlanError::GroupSizes { rank: i });
             }
-            // The experts' replicas: every DP and CP rank with the same experts (Megatron folds
-            // CP into the expert-data-parallel group), and the TP ranks of the same expert-TP
-            // index (tp / etp of them).
-            let folded_tp = t / p.etp.max(1) as usize;
-            let expert_dp = p.dp as usize * c * folded_tp / ep;
+            // The experts' replicas: the ranks with the same slices of the same experts, the
+            // tp x cp x dp ranks over etp x ep (Megatron folds CP into expert data parallelism).
+            let expert_dp = p.dp as usize * c * t / (p.etp.max(1) as usize * ep);
             if r.ep_group.len() != ep || r.expert_dp_group.len() != expert_dp {
                 return Err(PlanError::ExpertGroupSizes {
                     rank: i,
@@ -692,7 +724,7 @@ impl Plan {
                     expert_dp,
                 });
             }
-            if m.moe.is_some() && r.expert_tp_group != expert_tp_block(r, p) {
+            if m.moe.is_some() && !expert_tp_group_ok(self, r) {
                 return Err(PlanError::ExpertTpGroup {
                     rank: i,
                     etp: p.etp,

@@ -554,8 +554,8 @@ fn unsupported_moe_mixes_are_refused_by_field() {
     v["model"]["moe_router_score_function"] = "sigmoid".into();
     let e = config_error(v);
     assert!(e.starts_with("model.moe_aux_loss_coeff"), "{e}");
-    // Tensor parallelism with MoE layers needs expert-TP dividing tp (expert TP 4 over
-    // TP 2 x DP 2 validates in the engine and is refused here).
+    // Expert TP 4 over TP 2 x DP 2 runs (MoE Parallel Folding), but each expert's
+    // intermediate size must split over it: 18 does not split over 4.
     let mut v = moe_config(&Moe {
         tp: 2,
         sp: true,
@@ -563,8 +563,12 @@ fn unsupported_moe_mixes_are_refused_by_field() {
         ..BASE
     });
     v["parallel"]["expert_tp"] = 4.into();
+    v["model"]["moe_ffn_hidden_size"] = 18.into();
     let e = config_error(v);
-    assert!(e.starts_with("parallel.expert_tp"), "{e}");
+    assert!(
+        e.starts_with("model.moe_ffn_hidden_size") && e.contains("18 must be divisible by 4"),
+        "{e}"
+    );
 }
 
 #[test]

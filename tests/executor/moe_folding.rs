@@ -5,7 +5,9 @@
 //! capacity are the whole microbatch's), its experts are whole, and the TP ranks join the
 //! expert-data-parallel group. Every mix gives the single-rank run's loss after one step and
 //! parameters after three (fp32, 1e-5 relative); every rank's peak lies within 2% of the
-//! engine's prediction under forced load balancing.
+//! engine's prediction under forced load balancing. Expert TP 2 under TP 4 (blocks of a TP
+//! group) and expert TP above tp (TP 2 with expert TP 4 over DP 2, TP 1 with expert TP 2 over
+//! DP 4 and EP 2: the expert-TP group spans DP ranks) are checked the same way.
 
 use super::common::*;
 use super::memory::{compare_config, weight_bytes};
@@ -249,25 +251,229 @@ fn expert_tp_below_tp_memory_is_within_2_percent_of_the_prediction() {
     }
 }
 
-/// Expert TP that does not divide tp (TP 2 with expert TP 4 over DP 2, which the engine
-/// estimates) is refused naming the field and the rule.
-#[test]
-fn expert_tp_not_dividing_tp_is_refused_by_field() {
-    use parsim::config::{Config, Layer, Resolved};
-    use parsim::plan::lower;
-    let mut v = moe_config(&Moe { dp: 2, ..ds() });
-    v["parallel"]["expert_tp"] = 4.into();
-    let cfg = Config::from_layers(&[Layer::overrides(v)]).expect("loads");
-    let res = Resolved::new(cfg).unwrap_or_else(|e| panic!("validates: {e}"));
-    let e = lower(&res, &options()).unwrap_err().to_string();
-    assert!(
-        e.starts_with("parallel.expert_tp") && e.contains("expert_tp = 4, tp = 2"),
-        "{e}"
-    );
+/// [`moe_config`] with expert TP `etp`.
+fn with_etp(c: &Moe, etp: u32) -> Value {
+    let mut v = moe_config(c);
+    v["parallel"]["expert_tp"] = etp.into();
+    v
 }
 
-/// A hand-made plan whose expert-TP group is not its rank's block of consecutive TP ranks,
-/// or whose expert TP does not divide tp, is refused by the executor naming the rule.
+/// Expert TP above tp (MoE Parallel Folding: the expert-TP group spans DP or CP ranks): TP 2 +
+/// SP with expert TP 4 over DP 2, EP 1 (DeepSeek-style routing, a shared expert split over
+/// TP 2, ZeRO-1); TP 1 with expert TP 2 over DP 4, EP 2 (the plain router with its
+/// load-balancing loss, ZeRO-3: the experts shard over the expert-DP group of 1); TP 2 + SP
+/// with expert TP 4 over CP 2 (Ulysses); TP 2 + SP with expert TP 3 over DP 3 (not a multiple
+/// of tp: an expert-TP group takes part of a TP group); and expert TP 4 over DP 2 under PP 2
+/// with ZeRO-2. Each rank routes its own tokens (its SP shard, or its whole microbatch), the
+/// rows its expert-TP group received gather before its slice of each expert and
+/// reduce-scatter back.
+fn etp_above_tp_mixes() -> Vec<(Moe, u32)> {
+    vec![
+        (
+            Moe {
+                dp: 2,
+                zero: 1,
+                ..ds()
+            },
+            4,
+        ),
+        (
+            Moe {
+                ep: 2,
+                dp: 4,
+                zero: 3,
+                ..BASE
+            },
+            2,
+        ),
+        (
+            Moe {
+                cp: 2,
+                cp_comm: "a2a",
+                ..ds()
+            },
+            4,
+        ),
+        (Moe { dp: 3, ..ds() }, 3),
+        (
+            Moe {
+                dp: 2,
+                pp: 2,
+                zero: 2,
+                ..ds()
+            },
+            4,
+        ),
+    ]
+}
+
+/// The configuration of mix `c` with expert TP `etp`, or (`single`) of its single-rank run.
+/// Expert TP 3 over DP 3 takes a global batch of 6 and an expert intermediate size of 48 (in
+/// both).
+fn above(c: &Moe, etp: u32, single: bool) -> Value {
+    let mut v = if single {
+        moe_config(&c.single())
+    } else {
+        with_etp(c, etp)
+    };
+    if c.dp == 3 {
+        v["training"]["global_batch_size"] = 6.into();
+        v["model"]["moe_ffn_hidden_size"] = 48.into();
+    }
+    v
+}
+
+#[test]
+fn expert_tp_above_tp_matches_the_single_rank_run() {
+    for (c, etp) in etp_above_tp_mixes() {
+        let reference = run(&plan(above(&c, etp, true)), 3);
+        let got = run(&plan(above(&c, etp, false)), 3);
+        compare(&format!("expert TP {etp} {c:?}"), &got, &reference);
+    }
+}
+
+/// The groups against the engine's layout (order tp-cp-ep-dp-pp), worked by hand. TP 2, DP 2,
+/// EP 1, expert TP 4: the engine's ExpertDp group of a rank is its TP index over DP
+/// ({t, t + 2}), the flattened tp x dp index is the rank itself, so the one expert-TP group is
+/// every rank (both TP groups) and the expert-DP group the rank alone. TP 1, DP 4, EP 2, expert
+/// TP 2: the EP group is {d, d + 1} (ep fastest after tp), the engine's ExpertDp group the two
+/// ranks of an EP index ({0, 2} and {1, 3}), which expert TP 2 takes whole, leaving an
+/// expert DP of 1. TP 2, DP 3, expert TP 3: the flattened index is again the rank, so expert-TP groups
+/// {0, 1, 2} and {3, 4, 5} (the middle TP group split between them) and expert-DP groups
+/// {0, 3}, {1, 4}, {2, 5}. In each, the groups partition the ranks of an EP index, the expert-DP
+/// group has the engine's count (`Resolved::expert_dp`: world / (etp x ep x pp)), and lies
+/// inside the engine's ExpertDp group when tp divides expert TP.
+#[test]
+fn expert_tp_above_tp_groups_follow_the_layout() {
+    use parsim::config::{Config, Layer, Resolved};
+    use parsim::layout::{GroupKind, Layout};
+    let mixes = etp_above_tp_mixes();
+    let all4 = vec![0, 1, 2, 3];
+    let (lo, hi) = (vec![0, 1, 2], vec![3, 4, 5]);
+    type Case = (usize, Vec<Vec<u32>>, Vec<Vec<u32>>);
+    let cases: [Case; 3] = [
+        (0, vec![all4.clone(); 4], (0..4).map(|r| vec![r]).collect()),
+        (
+            1,
+            vec![vec![0, 2], vec![1, 3], vec![0, 2], vec![1, 3]],
+            (0..4).map(|r| vec![r]).collect(),
+        ),
+        (
+            3,
+            vec![lo.clone(), lo.clone(), lo, hi.clone(), hi.clone(), hi],
+            (0..6).map(|r| vec![r % 3, r % 3 + 3]).collect(),
+        ),
+    ];
+    for (mix, want_etp, want_edp) in cases {
+        let (c, etp) = &mixes[mix];
+        let v = above(c, *etp, false);
+        let cfg = Config::from_layers(&[Layer::overrides(v.clone())]).expect("loads");
+        let res = Resolved::new(cfg).unwrap_or_else(|e| panic!("validates: {e}"));
+        let layout = Layout::of(&res);
+        let p = plan(v);
+        assert_eq!(p.parallel.etp, *etp);
+        for r in &p.ranks {
+            let i = r.rank as usize;
+            assert_eq!(
+                r.expert_tp_group, want_etp[i],
+                "{mix} rank {i}: expert-TP group"
+            );
+            assert_eq!(
+                r.expert_dp_group, want_edp[i],
+                "{mix} rank {i}: expert-DP group"
+            );
+            assert_eq!(r.expert_dp_group.len(), res.expert_dp() as usize);
+            assert_eq!(r.ep_group, layout.group_of(GroupKind::Ep, r.rank));
+            if etp % c.tp == 0 {
+                let engine_edp = layout.group_of(GroupKind::ExpertDp, r.rank);
+                assert!(r.expert_dp_group.iter().all(|x| engine_edp.contains(x)));
+            }
+            // Expert TP x expert DP x EP covers the world once per rank.
+            assert_eq!(
+                r.expert_tp_group.len() * r.expert_dp_group.len() * r.ep_group.len(),
+                p.ranks.len(),
+                "{mix} rank {i}"
+            );
+            let place = want_etp[i].iter().position(|&x| x == r.rank);
+            assert_eq!(Some(r.et_rank() as usize), place, "{mix} rank {i}");
+        }
+    }
+}
+
+/// The CUDA runner creates its communicators from the plan's group lists: with expert TP 2
+/// over DP 4 and EP 2 (no GPU needed: host logic), the expert-TP groups {0, 2} and {1, 3}
+/// (ranks of different DP indices) are among its groups, each an NCCL communicator over the
+/// members' GPUs.
+#[test]
+fn the_cuda_runner_creates_the_expert_tp_groups_above_tp() {
+    use parsim_executor::backend::cuda::groups::{plan_groups, Placement, Transport};
+    let (c, etp) = &etp_above_tp_mixes()[1];
+    let p = plan(above(c, *etp, false));
+    let specs = plan_groups(&p, Placement::SingleProcess { gpus: 4 }, |_| 0, |_| 0)
+        .expect("places the ranks");
+    for members in [vec![0, 2], vec![1, 3]] {
+        let g = specs
+            .iter()
+            .find(|g| g.members == members)
+            .unwrap_or_else(|| panic!("no group {members:?}"));
+        assert_eq!(g.devices, members, "one GPU per rank");
+        assert_eq!(g.transport, Transport::Nccl);
+    }
+    for r in &p.ranks {
+        assert!(specs.iter().any(|g| g.members == r.expert_tp_group));
+        assert!(specs.iter().any(|g| g.members == r.expert_dp_group));
+    }
+}
+
+#[test]
+fn expert_tp_above_tp_memory_is_within_2_percent_of_the_prediction() {
+    for (c, etp) in etp_above_tp_mixes() {
+        let c = Moe {
+            force_balance: true,
+            ..c
+        };
+        for (rank, got, want, gb, wb) in compare_config(above(&c, etp, false)) {
+            let rel = (got as f64 - want as f64) / want as f64;
+            eprintln!("expert TP {etp} {c:?} rank {rank}: {:+.2}%", 100.0 * rel);
+            eprintln!("  measured  {gb}\n  predicted {wb}");
+            let dw = weight_bytes(&gb) - weight_bytes(&wb);
+            assert!(
+                dw.abs() <= 4 * 8 * 3,
+                "{c:?} rank {rank}: weights {gb} vs {wb}"
+            );
+            assert!(
+                rel.abs() <= 0.02,
+                "{c:?} rank {rank}: {:.2}%\n  measured {gb}\n  predicted {wb}",
+                100.0 * rel
+            );
+        }
+    }
+}
+
+/// LoRA (Hu et al. 2021) on the routed experts with expert TP above tp: adapters (rank 4, B
+/// seeded nonzero so an adapter path that does nothing fails) on qkv, proj, fc1 and fc2, each
+/// routed expert's fc1 A split over expert TP with its rows, fc2's A by input columns (A x
+/// all-reduced over the expert-TP group, here TP 2 x DP 2 and DP 2 x EP 2 ranks): the
+/// single-rank LoRA run's loss and parameters.
+#[test]
+fn lora_on_experts_with_expert_tp_above_tp_matches_the_single_rank_run() {
+    let lora = |mut v: Value| {
+        v["training"]["mode"] = "lora".into();
+        v["training"]["lora"] =
+            serde_json::json!({"rank": 4, "alpha": 16.0, "targets": ["qkv", "proj", "fc1", "fc2"]});
+        let mut p = plan(v);
+        p.lora.as_mut().expect("lora plan").seeded_b = true;
+        p
+    };
+    for (c, etp) in etp_above_tp_mixes().into_iter().take(2) {
+        let reference = run(&lora(above(&c, etp, true)), 3);
+        let got = run(&lora(above(&c, etp, false)), 3);
+        compare(&format!("LoRA expert TP {etp} {c:?}"), &got, &reference);
+    }
+}
+
+/// or whose expert TP x ep does not divide tp x cp x dp, is refused by the executor naming
+/// the rule.
 #[test]
 fn the_executor_refuses_a_foreign_expert_tp_group() {
     use parsim_executor::runner::{run_cpu, RunOptions};
@@ -283,5 +489,14 @@ fn the_executor_refuses_a_foreign_expert_tp_group() {
     let mut p = plan(etp2(&c));
     p.parallel.etp = 3;
     let e = run_cpu(&p, &RunOptions::default()).unwrap_err().to_string();
-    assert!(e.contains("expert tp (3) must divide tp (4)"), "{e}");
+    assert!(
+        e.contains("expert tp (3) x ep (1) must divide tp x cp x dp (4)"),
+        "{e}"
+    );
+    // Above tp: an expert-TP group of both TP groups that leaves out a TP peer.
+    let (c, etp) = &etp_above_tp_mixes()[0];
+    let mut p = plan(with_etp(c, *etp));
+    p.ranks[1].expert_tp_group = vec![0, 1, 2, 2];
+    let e = run_cpu(&p, &RunOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("rank 1: the expert-TP group"), "{e}");
 }

@@ -34,7 +34,7 @@ use crate::backend::{
 };
 use crate::error::ExecError;
 use crate::memory::Category;
-use crate::plan::{Plan, Recompute};
+use crate::plan::{Plan, RankPlan, Recompute};
 use crate::traced_comm::TracedComm;
 use params::RankDims;
 
@@ -59,8 +59,9 @@ pub struct Ctx<'a, B: Backend> {
     /// The rank's collectives, recorded when tracing (see [`TracedComm`]).
     pub comm: &'a TracedComm<'a, B>,
     pub tp: B::Group,
-    /// The expert-TP group: the block of `rd.et` consecutive TP members over which the
-    /// received expert rows gather (the TP group itself when expert TP = tp).
+    /// The expert-TP group: the `rd.et` ranks over which the received expert rows gather (the
+    /// TP group itself when expert TP = tp, a block of it below, TP groups of several DP or CP
+    /// ranks above).
     pub etp: B::Group,
     pub sp: bool,
     pub recompute: Recompute,
@@ -100,11 +101,11 @@ impl<'a, B: Backend> Ctx<'a, B> {
         ops: B::Device,
         comm: &'a TracedComm<'a, B>,
         tp: B::Group,
-        tp_rank: u32,
+        rp: &RankPlan,
         cp: B::Group,
         act_dtype: DType,
     ) -> Result<Ctx<'a, B>, ExecError> {
-        let rd = RankDims::new(plan, tp_rank);
+        let rd = RankDims::new(plan, rp);
         let sp = plan.parallel.sp && plan.parallel.tp > 1;
         let m = &plan.model;
         let c = cp.size();

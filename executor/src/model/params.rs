@@ -10,7 +10,7 @@
 //! parameters in their own buffers: dense parameters reduce (and ZeRO-shard) over DP, expert
 //! parameters over the expert-data-parallel group.
 
-use crate::plan::{Activation, LoraShape, MlaShape, Norm, Plan};
+use crate::plan::{Activation, LoraShape, MlaShape, Norm, Plan, RankPlan};
 use std::ops::Range;
 
 /// Which block.
@@ -148,14 +148,16 @@ pub struct RankDims {
     pub v_r: usize,
     pub t: usize,
     pub tp_rank: usize,
-    /// Expert tensor parallelism: the routed experts' split (a divisor of t; below t the MoE
-    /// layers fold the TP ranks into expert data parallelism) and this rank's index in it.
+    /// Expert tensor parallelism: the routed experts' split (MoE Parallel Folding: any etp with
+    /// etp x ep dividing tp x cp x dp) and this rank's index in its expert-TP group.
     pub et: usize,
     pub et_rank: usize,
 }
 
 impl RankDims {
-    pub fn new(plan: &Plan, tp_rank: u32) -> RankDims {
+    /// The dimensions of rank `rp` of `plan`.
+    pub fn new(plan: &Plan, rp: &RankPlan) -> RankDims {
+        let tp_rank = rp.coords.tp;
         let m = &plan.model;
         let t = plan.parallel.tp as usize;
         let f_r = m.ffn / t;
@@ -179,7 +181,7 @@ impl RankDims {
             t,
             tp_rank: tp_rank as usize,
             et: plan.parallel.etp.max(1) as usize,
-            et_rank: plan.parallel.etp_rank(tp_rank) as usize,
+            et_rank: rp.et_rank() as usize,
         }
     }
 
@@ -283,9 +285,9 @@ pub(super) fn seg(
 /// The blocks of a rank holding `stages`, in execution order, laid out back to back (each in
 /// its space); an MoE layer's experts block follows its layer block (past its adapters block
 /// under LoRA; with expert adapters its frozen-experts block follows it). `ep_rank` holds experts ep_rank E/ep .. (ep_rank + 1) E/ep.
-pub fn rank_layout(plan: &Plan, tp_rank: u32, ep_rank: u32, stages: &[u32]) -> Vec<BlockLayout> {
-    let m = &plan.model;
-    let rd = RankDims::new(plan, tp_rank);
+pub fn rank_layout(plan: &Plan, rp: &RankPlan, ep_rank: u32) -> Vec<BlockLayout> {
+    let (m, stages) = (&plan.model, &rp.stages);
+    let rd = RankDims::new(plan, rp);
     let (h, d, r) = (rd.h, rd.d, rd.tp_rank);
     let std = m.init_std;
     let routed_lora = super::moe_lora::routed(plan);

@@ -115,14 +115,14 @@ pub(super) fn run_rank<B: Backend>(
     let cp = comm.group(&rp.cp_group)?;
     let act_dtype = opts.precision.compute_dtype();
     let comm = &TracedComm::<B>::new(comm, rp.rank, opts.trace);
-    let mut ctx = Ctx::<B>::new(plan, ops, comm, tp, rp.coords.tp, cp, act_dtype)?;
+    let mut ctx = Ctx::<B>::new(plan, ops, comm, tp, rp, cp, act_dtype)?;
     let ep = comm.group(&rp.ep_group)?;
     let ep_rank = crate::backend::ProcessGroup::index(&ep) as u32;
     if plan.model.moe.is_some() {
         ctx.ep = Some(ep);
         ctx.etp = comm.group(&rp.expert_tp_group)?;
     }
-    let blocks = rank_layout(plan, rp.coords.tp, ep_rank, &rp.stages);
+    let blocks = rank_layout(plan, rp, ep_rank);
     let mut stage_blocks = HashMap::new();
     for &s in &rp.stages {
         let idx: Vec<usize> = (0..blocks.len())
