@@ -7,21 +7,24 @@ fn parsim() -> Command {
     Command::cargo_bin("parsim").expect("binary")
 }
 
-const SMALL: &str = "tests/fixtures/executor_small.toml";
-
-#[test]
-fn execute_json_follows_the_design_contract() {
-    let out = parsim()
-        .args([
-            "execute", "--config", SMALL, "--steps", "2", "--warmup", "1", "--json",
-        ])
-        .output()
-        .expect("runs");
+/// Runs `c` and asserts it succeeded (its stderr in the message otherwise).
+fn succeeded(c: &mut Command) -> std::process::Output {
+    let out = c.output().expect("runs");
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    out
+}
+
+const SMALL: &str = "tests/fixtures/executor_small.toml";
+
+#[test]
+fn execute_json_follows_the_design_contract() {
+    let out = succeeded(parsim().args([
+        "execute", "--config", SMALL, "--steps", "2", "--warmup", "1", "--json",
+    ]));
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["backend"], "cpu");
     assert_eq!(v["world_size"], 8);
@@ -109,26 +112,18 @@ fn unsupported_mixes_and_bad_flags_are_clear_errors() {
 /// the default targets (qkv, proj); every rank's peak within 2% of the prediction.
 #[test]
 fn execute_runs_lora_from_the_mode_flag() {
-    let out = parsim()
-        .args([
-            "execute",
-            "--config",
-            SMALL,
-            "--mode",
-            "lora",
-            "--lora-rank",
-            "4",
-            "--steps",
-            "2",
-            "--json",
-        ])
-        .output()
-        .expect("runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = succeeded(parsim().args([
+        "execute",
+        "--config",
+        SMALL,
+        "--mode",
+        "lora",
+        "--lora-rank",
+        "4",
+        "--steps",
+        "2",
+        "--json",
+    ]));
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
     let ranks = v["ranks"].as_array().expect("ranks");
     assert_eq!(ranks.len(), 8);
@@ -182,26 +177,18 @@ fn execute_reports_the_ring_steps_under_context_parallelism() {
 #[test]
 fn execute_precision_bf16_runs_the_mixed_recipe_against_its_own_prediction() {
     let run = |precision: &str| -> Value {
-        let out = parsim()
-            .args([
-                "execute",
-                "--config",
-                SMALL,
-                "--steps",
-                "2",
-                "--warmup",
-                "1",
-                "--json",
-                "--precision",
-                precision,
-            ])
-            .output()
-            .expect("runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = succeeded(parsim().args([
+            "execute",
+            "--config",
+            SMALL,
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--json",
+            "--precision",
+            precision,
+        ]));
         serde_json::from_slice(&out.stdout).expect("json")
     };
     let (fp32, bf16) = (run("fp32"), run("bf16"));
@@ -256,16 +243,11 @@ fn execute_takes_the_moe_router_flags() {
         "--moe-router-group-topk",
         "2",
     ];
-    let out = parsim()
-        .args(["execute", "--config", path, "--steps", "2", "--warmup", "1"])
-        .args(router)
-        .arg("--json")
-        .output()
-        .expect("runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeded(
+        parsim()
+            .args(["execute", "--config", path, "--steps", "2", "--warmup", "1"])
+            .args(router)
+            .arg("--json"),
     );
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["world_size"], 8);
@@ -294,12 +276,7 @@ fn execute_reports_the_measured_moe_load_and_its_imbalance() {
         if json {
             c.arg("--json");
         }
-        let out = c.output().expect("runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = succeeded(&mut c);
         out.stdout
     };
     let v: Value = serde_json::from_slice(&run(true)).expect("json");
@@ -342,16 +319,11 @@ fn execute_reports_the_measured_moe_load_and_its_imbalance() {
     let text = String::from_utf8(run(false)).unwrap();
     let flag = format!("--moe-load-imbalance {imbalance:.3}");
     assert!(text.contains(&flag), "{text}");
-    let out = parsim()
-        .args(["estimate", "--config", path, "--moe-load-imbalance"])
-        .arg(format!("{imbalance:.3}"))
-        .arg("--json")
-        .output()
-        .expect("runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeded(
+        parsim()
+            .args(["estimate", "--config", path, "--moe-load-imbalance"])
+            .arg(format!("{imbalance:.3}"))
+            .arg("--json"),
     );
     let e: Value = serde_json::from_slice(&out.stdout).expect("json");
     let got = e["config"]["model"]["moe_load_imbalance"].as_f64().unwrap();
@@ -373,12 +345,7 @@ fn execute_reports_the_measured_dropped_fraction_with_a_capacity() {
         if json {
             c.arg("--json");
         }
-        let out = c.output().expect("runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = succeeded(&mut c);
         out.stdout
     };
     let v: Value = serde_json::from_slice(&run(true, &[])).expect("json");
@@ -415,16 +382,11 @@ fn execute_reports_the_measured_dropped_fraction_with_a_capacity() {
         "--moe-load-imbalance".to_string(),
         format!("{imbalance:.3}"),
     ];
-    let out = parsim()
-        .args(["estimate", "--config", path, "--json"])
-        .args(cap)
-        .args(&feed)
-        .output()
-        .expect("runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeded(
+        parsim()
+            .args(["estimate", "--config", path, "--json"])
+            .args(cap)
+            .args(&feed),
     );
     let e: Value = serde_json::from_slice(&out.stdout).expect("json");
     let got = e["config"]["model"]["moe_dropped_fraction"]
@@ -491,16 +453,11 @@ fn the_balanced_routers_load_is_one_with_or_without_expert_tp() {
         let text = std::fs::read_to_string(f.path()).unwrap();
         let text = text.replace("expert_tp = 2", &format!("expert_tp = {etp}"));
         std::fs::write(f.path(), text).unwrap();
-        let out = parsim()
-            .args(["execute", "--config", f.path().to_str().unwrap()])
-            .args(["--steps", "1", "--warmup", "0", "--json"])
-            .args(["--moe-router-force-load-balancing", "true"])
-            .output()
-            .expect("runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = succeeded(
+            parsim()
+                .args(["execute", "--config", f.path().to_str().unwrap()])
+                .args(["--steps", "1", "--warmup", "0", "--json"])
+                .args(["--moe-router-force-load-balancing", "true"]),
         );
         let v: Value = serde_json::from_slice(&out.stdout).expect("json");
         for r in v["ranks"].as_array().unwrap() {

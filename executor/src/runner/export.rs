@@ -44,53 +44,45 @@ impl<B: Backend> Rank<'_, B> {
         // LoRA's frozen base weights and frozen experts (sharded under ZeRO-3 over DP and
         // expert DP).
         for sp in [FROZEN_SPACE, FROZEN_EXPERT_SPACE] {
-            let total = layout_len(&self.blocks, sp);
-            full[sp] = if self.zero >= 3 && total > 0 {
-                let mut out = self.ctx.zeros(Category::Buffers, &[total])?;
-                self.ctx.comm.gather_range(
-                    &self.groups[sp],
-                    self.shards[sp].start,
-                    View::all(&self.params[sp]),
-                    0..total,
-                    ViewMut::all(&mut out),
-                )?;
-                self.ctx.ops.download(View::all(&out))?
-            } else {
-                self.ctx.ops.download(View::all(&self.params[sp]))?
-            };
+            let sharded = self.zero >= 3 && layout_len(&self.blocks, sp) > 0;
+            full[sp] = self.download_whole(sp, &self.params[sp], sharded, false)?;
         }
         for sp in self.spaces() {
-            let total = layout_len(&self.blocks, sp);
-            full[sp] = if let Some(w) = self.master[sp].as_ref() {
+            full[sp] = match self.master[sp].as_ref() {
                 // Mixed precision: the fp32 master weights are the parameters.
-                if self.zero >= 1 {
-                    let mut out = self.ctx.zeros_f32(Category::Buffers, &[total])?;
-                    self.ctx.comm.gather_range(
-                        &self.groups[sp],
-                        self.shards[sp].start,
-                        View::all(w),
-                        0..total,
-                        ViewMut::all(&mut out),
-                    )?;
-                    self.ctx.ops.download(View::all(&out))?
-                } else {
-                    self.ctx.ops.download(View::all(w))?
-                }
-            } else if self.zero >= 3 {
-                let mut out = self.ctx.zeros(Category::Buffers, &[total])?;
-                self.ctx.comm.gather_range(
-                    &self.groups[sp],
-                    self.shards[sp].start,
-                    View::all(&self.params[sp]),
-                    0..total,
-                    ViewMut::all(&mut out),
-                )?;
-                self.ctx.ops.download(View::all(&out))?
-            } else {
-                self.ctx.ops.download(View::all(&self.params[sp]))?
+                Some(w) => self.download_whole(sp, w, self.zero >= 1, true)?,
+                None => self.download_whole(sp, &self.params[sp], self.zero >= 3, false)?,
             };
         }
         Ok(self.label(&full))
+    }
+
+    /// Space `sp`'s flat buffer `source` downloaded whole: all-gathered over the space's group
+    /// first when the rank holds only its shard (`sharded`), in fp32 or the activation dtype.
+    fn download_whole(
+        &self,
+        sp: usize,
+        source: &B::Tensor,
+        sharded: bool,
+        fp32: bool,
+    ) -> Result<Vec<f32>, ExecError> {
+        if !sharded {
+            return self.ctx.ops.download(View::all(source));
+        }
+        let total = layout_len(&self.blocks, sp);
+        let mut out = if fp32 {
+            self.ctx.zeros_f32(Category::Buffers, &[total])?
+        } else {
+            self.ctx.zeros(Category::Buffers, &[total])?
+        };
+        self.ctx.comm.gather_range(
+            &self.groups[sp],
+            self.shards[sp].start,
+            View::all(source),
+            0..total,
+            ViewMut::all(&mut out),
+        )?;
+        self.ctx.ops.download(View::all(&out))
     }
 
     /// Each element of the full (unsharded) parameter spaces with its global tensor name and
