@@ -110,8 +110,6 @@ impl RankPhases {
                     .max()
                     .unwrap_or(0)
                     .max(self.pp_send),
-            // The output block's gathered set beside the unit before it (the last layer's
-            // experts or dense part) in place of the rank's two largest.
             output_forward: if has_output {
                 after_layers_gathered
                     + blocks()
@@ -196,10 +194,19 @@ pub fn activation_peak(
         }
         c
     };
-    // A rank holds one or two chunks: a short list beats a hash map.
-    let by_stage: Vec<(u32, Chunk)> = chunks
+    // A rank holds one or two chunks: a short list beats a hash map. Each with the buffers
+    // of its passes, looked up once here rather than per action.
+    let by_stage: Vec<(u32, Chunk, PhaseBuffers)> = chunks
         .iter()
-        .map(|c| (c.stage as u32, chunk(c.stage as u32)))
+        .map(|c| {
+            let stage = c.stage as u32;
+            let phase = phases
+                .iter()
+                .find(|(st, _)| *st == stage)
+                .map(|(_, p)| *p)
+                .unwrap_or_default();
+            (stage, chunk(stage), phase)
+        })
         .collect();
     let mut live: i128 = 0;
     let mut peak: i128 = 0;
@@ -209,15 +216,10 @@ pub fn activation_peak(
         with = with.max(a + buf);
     };
     for a in actions {
-        let c = by_stage
+        let (c, phase) = by_stage
             .iter()
-            .find(|(st, _)| *st == a.stage)
-            .map(|(_, c)| *c)
-            .unwrap_or_default();
-        let phase = phases
-            .iter()
-            .find(|(st, _)| *st == a.stage)
-            .map(|(_, p)| *p)
+            .find(|(st, _, _)| *st == a.stage)
+            .map(|&(_, c, p)| (c, p))
             .unwrap_or_default();
         let (fwd, out_fwd, out_bwd, layer_bwd, wpass) = (
             phase.forward as i128,

@@ -282,6 +282,18 @@ fn profiles_refuse_impossible_figures_naming_the_field() {
             "efficiency.kernel_overhead_s",
         ),
         ("peak_flops", "fp8", "0", "peak_flops.fp8"),
+        (
+            "gemm",
+            "achievable_bf16_fraction",
+            "1.2",
+            "gemm.achievable_bf16_fraction",
+        ),
+        (
+            "gemm",
+            "achievable_fp8_fraction",
+            "0",
+            "gemm.achievable_fp8_fraction",
+        ),
     ] {
         let f = profile_with(section, key, value);
         refuses(

@@ -248,8 +248,21 @@ impl GpuProfile {
                 self.links.inter_node.efficiency,
             ),
         ];
-        let fp8 = self.peak_flops.fp8.map(|v| ("peak_flops.fp8", v));
-        for (field, v) in positive.into_iter().chain(fp8) {
+        // Values a profile may leave out, checked where given.
+        let optional = [
+            ("peak_flops.fp8", self.peak_flops.fp8),
+            (
+                "gemm.achievable_bf16_fraction",
+                self.gemm.achievable_bf16_fraction,
+            ),
+            (
+                "gemm.achievable_fp8_fraction",
+                self.gemm.achievable_fp8_fraction,
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(field, v)| v.map(|v| (field, v)));
+        for (field, v) in positive.into_iter().chain(optional.clone()) {
             if !(v.is_finite() && v > 0.0) {
                 return Err(ConfigError::Profile {
                     origin: origin.to_string(),
@@ -262,27 +275,6 @@ impl GpuProfile {
                 origin: origin.to_string(),
                 message: "gemm.sms, gemm.tile_m and gemm.tile_n must be positive".into(),
             });
-        }
-        for (field, v) in [
-            (
-                "gemm.achievable_bf16_fraction",
-                self.gemm.achievable_bf16_fraction,
-            ),
-            (
-                "gemm.achievable_fp8_fraction",
-                self.gemm.achievable_fp8_fraction,
-            ),
-        ] {
-            if let Some(v) = v {
-                if !(v.is_finite() && v > 0.0 && v <= 1.0) {
-                    return Err(ConfigError::Profile {
-                        origin: origin.to_string(),
-                        message: format!(
-                            "{field} is a measured fraction of the dense peak and must be in (0, 1], got {v}"
-                        ),
-                    });
-                }
-            }
         }
         let margin = self.memory_margin_fraction;
         if !(margin.is_finite() && (0.0..1.0).contains(&margin)) {
@@ -335,7 +327,10 @@ impl GpuProfile {
                 "links.inter_node.efficiency",
                 self.links.inter_node.efficiency,
             ),
-        ] {
+        ]
+        .into_iter()
+        .chain(optional.filter(|(field, _)| field.starts_with("gemm.")))
+        {
             if v > 1.0 {
                 return Err(ConfigError::Profile {
                     origin: origin.to_string(),

@@ -75,7 +75,8 @@ fn nccl_model(
     per_node: u32,
     nodes: u32,
 ) -> CollectiveModel {
-    nccl_models(arch, inter, [coll], n, per_node, nodes)[0].clone()
+    let [model] = nccl_models(arch, inter, [coll], n, per_node, nodes);
+    model
 }
 
 /// [`nccl_model`] for several collectives of one group shape, sharing one topology search.

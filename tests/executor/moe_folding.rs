@@ -14,6 +14,27 @@ use super::memory::{compare_config, weight_bytes};
 use super::moe::{compare, moe_config, Moe, BASE};
 use serde_json::Value;
 
+/// Every rank's measured peak within 2% of the engine's prediction, and its weights within
+/// the router's expert bias (8 fp32 per MoE layer, 3 layers), which the engine counts and the
+/// executor keeps outside its tracker.
+fn check_memory(label: &str, v: Value) {
+    for (rank, got, want, gb, wb) in compare_config(v) {
+        let rel = (got as f64 - want as f64) / want as f64;
+        eprintln!("{label} rank {rank}: {:+.2}%", 100.0 * rel);
+        eprintln!("  measured  {gb}\n  predicted {wb}");
+        let dw = weight_bytes(&gb) - weight_bytes(&wb);
+        assert!(
+            dw.abs() <= 4 * 8 * 3,
+            "{label} rank {rank}: weights {gb} vs {wb}"
+        );
+        assert!(
+            rel.abs() <= 0.02,
+            "{label} rank {rank}: {:.2}%\n  measured {gb}\n  predicted {wb}",
+            100.0 * rel
+        );
+    }
+}
+
 /// [`moe_config`] with expert TP 1.
 fn folded(c: &Moe) -> Value {
     let mut v = moe_config(c);
@@ -139,22 +160,7 @@ fn whole_experts_under_tp_memory_is_within_2_percent_of_the_prediction() {
             ..ds()
         },
     ] {
-        for (rank, got, want, gb, wb) in compare_config(folded(&c)) {
-            let rel = (got as f64 - want as f64) / want as f64;
-            eprintln!("expert TP 1 {c:?} rank {rank}: {:+.2}%", 100.0 * rel);
-            // Within the router's expert bias (8 fp32 per MoE layer, 3 layers), which the
-            // engine counts and the executor keeps outside its tracker.
-            let dw = weight_bytes(&gb) - weight_bytes(&wb);
-            assert!(
-                dw.abs() <= 4 * 8 * 3,
-                "{c:?} rank {rank}: weights {gb} vs {wb}"
-            );
-            assert!(
-                rel.abs() <= 0.02,
-                "{c:?} rank {rank}: {:.2}%\n  measured {gb}\n  predicted {wb}",
-                100.0 * rel
-            );
-        }
+        check_memory(&format!("expert TP 1 {c:?}"), folded(&c));
     }
 }
 
@@ -234,20 +240,7 @@ fn expert_tp_below_tp_memory_is_within_2_percent_of_the_prediction() {
             force_balance: true,
             ..c
         };
-        for (rank, got, want, gb, wb) in compare_config(etp2(&c)) {
-            let rel = (got as f64 - want as f64) / want as f64;
-            eprintln!("expert TP 2 {c:?} rank {rank}: {:+.2}%", 100.0 * rel);
-            let dw = weight_bytes(&gb) - weight_bytes(&wb);
-            assert!(
-                dw.abs() <= 4 * 8 * 3,
-                "{c:?} rank {rank}: weights {gb} vs {wb}"
-            );
-            assert!(
-                rel.abs() <= 0.02,
-                "{c:?} rank {rank}: {:.2}%\n  measured {gb}\n  predicted {wb}",
-                100.0 * rel
-            );
-        }
+        check_memory(&format!("expert TP 2 {c:?}"), etp2(&c));
     }
 }
 
@@ -432,21 +425,7 @@ fn expert_tp_above_tp_memory_is_within_2_percent_of_the_prediction() {
             force_balance: true,
             ..c
         };
-        for (rank, got, want, gb, wb) in compare_config(above(&c, etp, false)) {
-            let rel = (got as f64 - want as f64) / want as f64;
-            eprintln!("expert TP {etp} {c:?} rank {rank}: {:+.2}%", 100.0 * rel);
-            eprintln!("  measured  {gb}\n  predicted {wb}");
-            let dw = weight_bytes(&gb) - weight_bytes(&wb);
-            assert!(
-                dw.abs() <= 4 * 8 * 3,
-                "{c:?} rank {rank}: weights {gb} vs {wb}"
-            );
-            assert!(
-                rel.abs() <= 0.02,
-                "{c:?} rank {rank}: {:.2}%\n  measured {gb}\n  predicted {wb}",
-                100.0 * rel
-            );
-        }
+        check_memory(&format!("expert TP {etp} {c:?}"), above(&c, etp, false));
     }
 }
 

@@ -913,9 +913,19 @@ impl<'a, B: Backend> Rank<'a, B> {
             return Ok(());
         }
         let ei = ei.ok_or_else(|| ExecError::from(StateError::ExpertGradientWithoutBlock))?;
-        let le = &self.blocks[ei];
+        self.run_into(ei, tasks)
+    }
+
+    /// Runs `tasks` into block `bi`'s gradients: a bucket reduce-scattered when done under
+    /// ZeRO-2/3, else the block's range of its space's gradients.
+    fn run_into(
+        &mut self,
+        bi: usize,
+        tasks: impl IntoIterator<Item = WTask<B>>,
+    ) -> Result<(), ExecError> {
+        let l = &self.blocks[bi];
         let mut bucket = if self.zero >= 2 {
-            Some(self.ctx.zeros_f32(Category::Buffers, &[le.range.len()])?)
+            Some(self.ctx.zeros_f32(Category::Buffers, &[l.range.len()])?)
         } else {
             None
         };
@@ -923,14 +933,14 @@ impl<'a, B: Backend> Rank<'a, B> {
             let g = match bucket.as_mut() {
                 Some(b) => ViewMut::all(b),
                 None => ViewMut {
-                    tensor: &mut self.grads[EXPERT_SPACE],
-                    range: le.range.clone(),
+                    tensor: &mut self.grads[l.space],
+                    range: l.range.clone(),
                 },
             };
-            t.run(&mut self.ctx, le, g)?;
+            t.run(&mut self.ctx, l, g)?;
         }
         match bucket {
-            Some(b) => self.flush_bucket(ei, b),
+            Some(b) => self.flush_bucket(bi, b),
             None => Ok(()),
         }
     }
@@ -938,36 +948,16 @@ impl<'a, B: Backend> Rank<'a, B> {
     /// Runs block `bi`'s held weight-gradient tasks (a W action), its experts' included.
     fn run_tasks(&mut self, bi: usize, tasks: Vec<WTask<B>>) -> Result<(), ExecError> {
         let ei = self.experts_of(bi);
-        let ai = self.adapters_of(bi);
-        let l = &self.blocks[bi];
-        let le = ei.map(|ei| &self.blocks[ei]);
-        let la = ai.map(|ai| &self.blocks[ai]);
-        let no_block = || ExecError::from(StateError::ExpertGradientWithoutBlock);
-        if let Some(la) = la {
-            // LoRA: the layer's own block is frozen; its tasks are the adapters'.
-            let ai = ai.expect("adapters block");
-            let mut bucket = if self.zero >= 2 {
-                Some(self.ctx.zeros_f32(Category::Buffers, &[la.range.len()])?)
-            } else {
-                None
-            };
+        if let Some(ai) = self.adapters_of(bi) {
+            // LoRA: the layer's own block is frozen; its tasks are the adapters' (in the
+            // adapters block) and the routed experts' adapters' (in their experts block).
             let (experts, tasks): (Vec<_>, Vec<_>) = tasks.into_iter().partition(|t| t.is_expert());
-            for t in tasks.into_iter().filter(|t| t.is_adapter()) {
-                let g = match bucket.as_mut() {
-                    Some(b) => ViewMut::all(b),
-                    None => ViewMut {
-                        tensor: &mut self.grads[DENSE_SPACE],
-                        range: la.range.clone(),
-                    },
-                };
-                t.run(&mut self.ctx, la, g)?;
-            }
-            if let Some(b) = bucket {
-                self.flush_bucket(ai, b)?;
-            }
-            // The routed experts' adapters (their experts block).
+            self.run_into(ai, tasks.into_iter().filter(|t| t.is_adapter()))?;
             return self.run_expert_tasks(ei, experts);
         }
+        let l = &self.blocks[bi];
+        let le = ei.map(|ei| &self.blocks[ei]);
+        let no_block = || ExecError::from(StateError::ExpertGradientWithoutBlock);
         if l.space == FROZEN_SPACE {
             return Ok(());
         }
