@@ -34,7 +34,21 @@ pub struct LeaveOneSourceOut {
     /// inconsistent rows keep their role (predicted with the same fit, not counted).
     pub evaluation: Evaluation,
     pub fits: Vec<SourceFit>,
+    /// The same rows, each family fitted on every source at once: what the model reaches when
+    /// nothing is held out, a floor no held-out validation can beat on its worst row.
+    pub in_sample: InSample,
 }
+
+/// Every in-scope row predicted by a fit that saw all of them.
+#[derive(Debug, Clone)]
+pub struct InSample {
+    pub fits: Vec<FitResult>,
+    /// In-scope rows carry [`Role::HeldOut`] so that [`Evaluation::held_out`] summarises them.
+    pub evaluation: Evaluation,
+}
+
+/// The error beyond which a row misses issue 17's leave-one-source-out goal for the worst row.
+pub const WORST_GOAL: f64 = 0.12;
 
 /// Runs the validation over the shipped data set. Rows of a family that no other source
 /// covers stay unpredicted (an error message in place of the prediction).
@@ -91,6 +105,7 @@ pub fn leave_one_source_out() -> Result<LeaveOneSourceOut, CalibrateError> {
         }
     }
     rows.sort_by_key(|r| (r.case.source, r.case.index));
+    let in_sample = in_sample(&cases)?;
     Ok(LeaveOneSourceOut {
         evaluation: Evaluation {
             rows,
@@ -98,7 +113,79 @@ pub fn leave_one_source_out() -> Result<LeaveOneSourceOut, CalibrateError> {
             params: Vec::new(),
         },
         fits,
+        in_sample,
     })
+}
+
+/// Fits each family on all its in-scope rows of every source (from the same placeholders) and
+/// predicts those rows with it.
+fn in_sample(cases: &[(super::published::Case, Role)]) -> Result<InSample, CalibrateError> {
+    let usable = |r: &Role| matches!(r, Role::Fit | Role::HeldOut);
+    let mut fits = Vec::new();
+    let mut rows = Vec::new();
+    for family in Family::ALL {
+        let mine: Vec<_> = cases
+            .iter()
+            .filter(|(c, r)| Family::of(c.gpu) == family && usable(r))
+            .map(|(c, _)| c)
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let start = placeholder_params(shipped_params(family)?.intra_link);
+        let f = fit::fit(family, &mine, start)?;
+        for case in mine {
+            let prediction = fit::profile_with(case.gpu, f.params)
+                .and_then(|profile| fit::predict(case, &profile))
+                .map_err(|e| e.to_string());
+            rows.push(Row {
+                case: case.clone(),
+                role: Role::HeldOut,
+                prediction,
+                known_miss: None,
+            });
+        }
+        fits.push(f);
+    }
+    rows.sort_by_key(|r| (r.case.source, r.case.index));
+    Ok(InSample {
+        fits,
+        evaluation: Evaluation {
+            rows,
+            unreadable: Vec::new(),
+            params: Vec::new(),
+        },
+    })
+}
+
+impl InSample {
+    /// Errors of every in-scope row.
+    pub fn summary(&self) -> Summary {
+        self.evaluation.held_out(None, false)
+    }
+
+    /// Rows whose error exceeds [`WORST_GOAL`].
+    pub fn beyond_worst_goal(&self) -> usize {
+        self.evaluation
+            .rows
+            .iter()
+            .filter_map(Row::error)
+            .filter(|e| e.abs() > WORST_GOAL)
+            .count()
+    }
+
+    /// One line: the in-sample figures, the rows beyond the worst-row goal.
+    pub fn line(&self) -> String {
+        let a = self.summary();
+        format!(
+            "every source fitted together (in-sample) {:3}: median {:5.1}% worst {:5.1}%; {} rows beyond {:.0}%",
+            a.n,
+            100.0 * a.median,
+            100.0 * a.worst,
+            self.beyond_worst_goal(),
+            100.0 * WORST_GOAL
+        )
+    }
 }
 
 impl LeaveOneSourceOut {
@@ -133,6 +220,8 @@ impl LeaveOneSourceOut {
                 100.0 * a.worst
             ));
         }
+        s.push_str(&self.in_sample.line());
+        s.push('\n');
         s
     }
 }
@@ -181,6 +270,21 @@ pub fn markdown(l: &LeaveOneSourceOut, png: &str) -> String {
             pct(a.worst)
         ));
     }
+    let floor = l.in_sample.summary();
+    s.push_str(&format!(
+        "\nFor comparison, each family fitted on every source's rows at once and those same rows \
+         predicted (in-sample, nothing held out): median {}, worst {}, {} of {} rows beyond {:.0}%. \
+         A held-out prediction cannot be expected to do better than the model does on the rows \
+         it was fitted to, so the worst-row goal is out of reach of this model and data: the \
+         rows beyond it are the long-sequence MPT rows (MPT's Triton attention kernel, whose \
+         rates no microbenchmark publishes) and rows their own table's peers contradict (see \
+         the residual notes above).\n",
+        pct(floor.median),
+        pct(floor.worst),
+        l.in_sample.beyond_worst_goal(),
+        floor.n,
+        100.0 * WORST_GOAL
+    ));
     s.push_str(&format!(
         "\n![leave-one-source-out: predicted vs published TFLOP/s per GPU]({png})\n\n"
     ));

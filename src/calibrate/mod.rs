@@ -364,8 +364,8 @@ A100 80GB SXM4, head dims 64 and 128, causal and not, sequence 512-16k): \
 FlashAttention-2 and FlashAttention Triton, 48 points, each reproduced within 10% by the \
 kernel the time model uses and by `Rates::op_s` (`tests/kernel_rates.rs`); the kernel series \
 of the head dimension nearest the model's is used. The A100 profiles time fused attention \
-at FlashAttention-2's rates; the A100 llm-foundry rows run MPT's Triton flash kernel \
-(derived from FlashAttention's Triton implementation) at FlashAttention Triton's rates. \
+at FlashAttention-2's rates; the A100 llm-foundry rows run MPT's Triton flash kernel at \
+the figure's Triton series (a related Triton kernel, the nearest published; see below). \
 Leave-one-source-out error of llm-foundry fell from 20.8% to 7.9% median with it.\n\
 - **The fit starts from fixed placeholder values** (matmul 0.7, attention 0.5, memory_bound \
 0.7, overlap_interference 0), not from the shipped ones, so `--fit` is one deterministic \
@@ -406,15 +406,25 @@ one efficiency for both dtypes the FP8 rows came out 6-25% fast. The long-sequen
 miss like the bf16 ones (MPT's attention kernel, below).\n\
 - A100-80GB llm-foundry rows come out about 7% slow on median, A100-40GB ones within 1%: \
 the two tables differ in software (`PURE` vs `DEFAULT` mixed precision) as well as HBM.\n\
-- MPT's Triton kernel ran faster than FlashAttention Triton's published A100 rates: the \
-A100 long-sequence rows (16k-64k tokens, where attention is most of the step) come out \
-15-20% slow, and the H100 ones, timed at rates derived from the same A100 figure, 15-23% \
-slow. The two GPUs agree (the derived H100/A100 scaling holds), so the gap is in the A100 \
-figure itself: MPT ran a copy of `flash_attn_triton.py` on the pre-MLIR Triton compiler \
-(`triton_pre_mlir`), and the figure does not say which build it timed. No published rate \
-of MPT's build was found; the rows are not fitted to. Because the H100 llm-foundry rows \
-spend longer in attention than they should, their fit raises `matmul` (0.72), which then \
-times Megatron-Core's rows too fast when llm-foundry alone is fitted.\n\
+- MPT's Triton kernel ran faster than the A100 rates it is timed at: the A100 \
+long-sequence rows (16k-64k tokens, where attention is most of the step) come out 15-20% \
+slow, and the H100 ones, timed at rates derived from the same A100 figure, 15-23% slow. \
+The two GPUs agree (the derived H100/A100 scaling holds), so the gap is in the A100 series \
+itself. That series (FlashAttention-2 paper, Figure 4, 'FlashAttention Triton') is Triton's \
+own kernel, `triton.ops.flash_attention`, which the FlashAttention repository's \
+`benchmarks/benchmark_flash_attention.py` times; MPT ran FlashAttention's \
+`flash_attn_triton.py` on the pre-MLIR compiler (`triton_pre_mlir`), a kernel derived from \
+an earlier version of that tutorial with, in its author's words, a faster forward and a \
+much faster head-dimension-128 backward. The author's only figure for it is qualitative \
+(forward + backward 'slightly slower' than FlashAttention's CUDA kernel of the time, whose \
+A100 rates in the same figure, 55-83 TFLOP/s causal at head dimension 128, are within 10% \
+of the Triton series), so no published rate supports more. The end-to-end rows do: mpt-1b \
+on 8 A100-80GB at 32k tokens (173 TFLOP/s published, no recomputation) takes 5.2 s per \
+sequence; with its GEMMs at the fitted rate (1.1 s) and its memory-bound ops as modelled \
+(0.3 s) the attention core had about 3.8 s for 3.7e14 FLOPs, about 96 TFLOP/s against the \
+series' 80. The rows are not fitted to. Because the H100 llm-foundry rows spend longer in \
+attention than they should, their fit raises `matmul` (0.72), which then times \
+Megatron-Core's rows too fast when llm-foundry alone is fitted.\n\
 - H100's `memory_bound` (0.30) is far below any measured HBM efficiency: it absorbs time the \
 model does not place (small models' launch and host overheads, unfused elementwise chains). \
 Memory-bound ops at a measured HBM rate are not built: one `memory_bound` scalar per family \
