@@ -23,11 +23,7 @@ pub fn batch(cfg: &Config) -> Vec<Violation> {
                         t.micro_batch_size, t.global_batch_size
                     ),
                 )
-                .hint(format!(
-                    "use {} or {}",
-                    (t.global_batch_size / per_step).max(1) * per_step,
-                    (t.global_batch_size / per_step + 1) * per_step
-                )),
+                .hint(nearest_multiples(t.global_batch_size, per_step)),
             );
         } else {
             let microbatches = t.global_batch_size / per_step;
@@ -48,6 +44,16 @@ pub fn batch(cfg: &Config) -> Vec<Violation> {
     errs
 }
 
+/// The multiples of `per_step` on either side of `gbs` (one when `gbs` is below the first).
+fn nearest_multiples(gbs: u64, per_step: u64) -> String {
+    let (below, above) = (gbs / per_step * per_step, (gbs / per_step + 1) * per_step);
+    if below == 0 {
+        format!("use {above}")
+    } else {
+        format!("use {below} or {above}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::test_support::{fields, with};
@@ -60,5 +66,8 @@ mod tests {
         let v = batch(&with(|c| c.training.global_batch_size = 62));
         assert_eq!(fields(&v), ["training.global_batch_size"]);
         assert_eq!(v[0].hint.as_deref(), Some("use 60 or 64"));
+        // Below the first multiple there is one to suggest, not the same one twice.
+        let v = batch(&with(|c| c.training.global_batch_size = 3));
+        assert_eq!(v[0].hint.as_deref(), Some("use 4"));
     }
 }
