@@ -8,8 +8,8 @@
 //! rank's digits. With expert_tp = tp and cp = 1 the groups must also be the dense grid's, as
 //! before the folding.
 
-use super::common::plan;
-use super::moe::{moe_config, Moe, BASE};
+use super::common::{plan, run};
+use super::moe::{compare, moe_config, Moe, BASE};
 use parsim::layout::{GroupKind, Layout};
 use serde_json::Value;
 
@@ -86,7 +86,12 @@ struct Mix {
 
 /// The small MoE model of the executor tests at `c`, on 8-GPU nodes.
 fn config(c: &Mix) -> Value {
-    let mut v = moe_config(&Moe {
+    config_of(c, false)
+}
+
+/// [`config`], or (`single`) the single-rank run of the same model and batch.
+fn config_of(c: &Mix, single: bool) -> Value {
+    let moe = Moe {
         tp: c.tp,
         sp: c.tp > 1,
         ep: c.ep,
@@ -94,8 +99,11 @@ fn config(c: &Mix) -> Value {
         dp: c.dp,
         pp: c.pp,
         ..BASE
-    });
-    v["parallel"]["expert_tp"] = c.etp.into();
+    };
+    let mut v = moe_config(&if single { moe.single() } else { moe });
+    if !single {
+        v["parallel"]["expert_tp"] = c.etp.into();
+    }
     v["cluster"]["gpus_per_node"] = 8.into();
     // 8 heads and 8 KV heads split over tp 8; a batch of 2 per DP rank.
     v["model"]["num_query_groups"] = 8.into();
@@ -105,8 +113,9 @@ fn config(c: &Mix) -> Value {
 
 /// The mixes: tp 8 / etp 1 / ep 8; tp 2 / etp 1 / ep 4 / cp 2; tp 4 / etp 2 with ep 2
 /// over dp 2 and ep 4 over dp 4 (the engine asks ep to divide dp, so ep 4 over dp 2 is
-/// refused: see below); tp 2 / etp 4 / dp 2; and expert_tp = tp with cp 1 (tp 2, ep 2, dp 4,
-/// pp 2), where nothing may change.
+/// refused: see below); tp 2 / etp 4 / dp 2; expert_tp = tp with cp 1 (tp 2, ep 2, dp 4,
+/// pp 2), where nothing may change; and expert_tp = tp with cp 2 (tp 2, ep 2, dp 2), which
+/// Megatron-Core folds too (its expert generator has cp = 1 whatever expert_tp is).
 fn mixes() -> Vec<Mix> {
     let m = |tp, etp, ep, cp, dp, pp| Mix {
         tp,
@@ -123,6 +132,7 @@ fn mixes() -> Vec<Mix> {
         m(4, 2, 4, 1, 4, 1),
         m(2, 4, 1, 1, 2, 1),
         m(2, 2, 2, 1, 4, 2),
+        m(2, 2, 2, 2, 2, 1),
     ]
 }
 
@@ -244,4 +254,41 @@ fn ep_above_dp_is_refused_naming_the_rule() {
         e.contains("parallel.ep") && e.contains("must divide dp"),
         "{e}"
     );
+}
+
+/// expert_tp = tp = 2 with cp 2, ep 2, dp 2 (8 ranks; dense grid tp, cp, ep, dp / ep = 1): the
+/// expert grid is etp 2 x ep 2 x edp 2 (cp folded into expert DP), so the EP group pairs a
+/// rank with the one 2 above it, {r, r + 2} within each block of 4 (ranks of the other CP
+/// index), where the dense grid's ep axis pairs it with r + 4; expert DP then is {r, r + 4}.
+#[test]
+fn expert_tp_equal_to_tp_with_cp_folds_cp_into_expert_dp() {
+    let c = mixes()[6];
+    assert_eq!((c.tp, c.etp, c.cp), (2, 2, 2));
+    let v = config(&c);
+    let layout = Layout::of(&super::common::resolve(v.clone()));
+    assert!(layout.is_folded());
+    let p = plan(v);
+    for r in &p.ranks {
+        let lo = r.rank % 2 + (r.rank / 4) * 4;
+        assert_eq!(r.ep_group, vec![lo, lo + 2], "rank {}", r.rank);
+        assert_ne!(
+            p.ranks[r.ep_group[0] as usize].coords.cp,
+            p.ranks[r.ep_group[1] as usize].coords.cp
+        );
+        assert_eq!(r.expert_dp_group, vec![r.rank % 4, r.rank % 4 + 4]);
+        assert_eq!(r.expert_tp_group, r.tp_group);
+    }
+}
+
+/// The executor runs the folded groups: tp 2 + SP / expert_tp 1 / ep 4 / cp 2 (ring) / dp 4 on
+/// 16 ranks, where each EP group is the 4 ranks (both TP ranks of both CP indices) of one DP
+/// rank (the dense grid's ep axis spans 4 DP ranks instead), gives the
+/// single-rank run's loss after one step and parameters after three (fp32, 1e-5 relative).
+#[test]
+fn the_folded_groups_run_as_the_single_rank_run() {
+    let c = mixes()[1];
+    assert_eq!((c.tp, c.etp, c.ep, c.cp), (2, 1, 4, 2));
+    let reference = run(&plan(config_of(&c, true)), 3);
+    let got = run(&plan(config(&c)), 3);
+    compare(&format!("{c:?}"), &got, &reference);
 }
