@@ -300,10 +300,15 @@ impl Layout {
         self.expert.is_some()
     }
 
+    /// True when the `kind` group lies on the folded expert grid (Ep and ExpertDp, folded).
+    fn on_expert_grid(&self, kind: GroupKind) -> bool {
+        self.expert.is_some() && matches!(kind, GroupKind::Ep | GroupKind::ExpertDp)
+    }
+
     /// The grid a `kind` group lies on: the expert grid for Ep and ExpertDp when folded.
     fn grid(&self, kind: GroupKind) -> &Grid {
-        match (kind, &self.expert) {
-            (GroupKind::Ep | GroupKind::ExpertDp, Some(g)) => g,
+        match &self.expert {
+            Some(g) if self.on_expert_grid(kind) => g,
             _ => &self.axes,
         }
     }
@@ -378,7 +383,7 @@ impl Layout {
     /// grid are offset by 5, apart from the dense grid's.
     pub fn varied_axes(&self, kind: GroupKind) -> Vec<usize> {
         let grid = self.grid(kind);
-        let offset = if std::ptr::eq(grid, &self.axes) { 0 } else { 5 };
+        let offset = if self.on_expert_grid(kind) { 5 } else { 0 };
         varied_positions(grid, kind.axes())
             .into_iter()
             .map(|i| i + offset)
