@@ -3,8 +3,9 @@
 //! tp x cp x dp ranks as etp x ep x edp). The attention and the shared experts run TP 2 + SP;
 //! each TP rank routes its own sequence shard (the decisions, the load-balancing loss and the
 //! capacity are the whole microbatch's), its experts are whole, and the TP ranks fill the
-//! expert grid's fastest axes (Megatron-Core's expert rank generator: EP, then expert DP). Every mix gives the single-rank run's loss after one step and
-//! parameters after three (fp32, 1e-5 relative); every rank's peak lies within 2% of the
+//! expert grid's fastest axes (Megatron-Core's expert rank generator: EP, then expert DP).
+//! Every mix gives the single-rank run's loss after one step and parameters after three
+//! (fp32, 1e-5 relative); every rank's peak lies within 2% of the
 //! engine's prediction under forced load balancing. Expert TP 2 under TP 4 (blocks of a TP
 //! group) and expert TP above tp (TP 2 with expert TP 4 over DP 2, TP 1 with expert TP 2 over
 //! DP 4 and EP 2: the expert-TP group spans DP ranks) are checked the same way.
@@ -175,9 +176,9 @@ fn etp2(c: &Moe) -> Value {
 /// TP 4 + SP with expert TP 2 (MoE Parallel Folding between the two cases above): each TP
 /// rank routes its sequence shard, the rows received by the two ranks of its expert-TP block
 /// gather before its half of each expert and reduce-scatter back; the two blocks of a TP
-/// group are EP peers with EP 2, expert-DP peers with EP 1. EP 2 over DP 2 with ZeRO-1 (DeepSeek-style routing with a shared
-/// expert split over TP 4), and EP 1 over DP 2 with ZeRO-3 (the plain router; the experts
-/// shard over the expert-DP group of 4).
+/// group are EP peers with EP 2, expert-DP peers with EP 1. EP 2 over DP 2 with ZeRO-1
+/// (DeepSeek-style routing with a shared expert split over TP 4), and EP 1 over DP 2 with
+/// ZeRO-3 (the plain router; the experts shard over the expert-DP group of 4).
 fn etp2_mixes() -> Vec<Moe> {
     vec![
         Moe {
