@@ -4,6 +4,14 @@
 //!
 //! EP folds into DP: the order's `ep` axis has ep ranks and its `dp` axis dp/ep ranks (the
 //! expert data-parallel index); the dense DP index combines the two in their order.
+//!
+//! The expert groups of an MoE model follow MoE Parallel Folding (Liu et al. 2025, "MoE
+//! Parallel Folding: Heterogeneous Parallelism Mappings for Efficient Large-Scale MoE Model
+//! Training with Megatron Core"): Megatron-Core's `initialize_model_parallel`
+//! (megatron/core/parallel_state.py, `expert_decoder_rank_generator`) lays a second grid over
+//! the same ranks, in the same order string, with tp = expert_tp, cp = 1, ep, and dp = the
+//! expert data-parallel size world / (expert_tp x ep x pp). The EP, expert-DP and expert-TP
+//! groups are that grid's `ep`, `dp` and `tp` groups ([`Layout::with_expert_tp`]).
 
 use serde::Serialize;
 use std::fmt;
@@ -100,13 +108,63 @@ pub enum LayoutError {
     EpDp { ep: u32, dp: u32 },
     #[error("a degree is zero")]
     Zero,
+    #[error(
+        "parallel.expert_tp: expert_tp x ep ({etp} x {ep}) must divide tp x cp x dp ({ranks})"
+    )]
+    ExpertTp { etp: u32, ep: u32, ranks: u64 },
+    #[error("parallel.order: the expert grid (MoE Parallel Folding: tp = expert_tp, cp folded into expert data parallelism) must have the dense grid's pipeline groups, as Megatron-Core asserts; put pp last in the order")]
+    ExpertPipeline,
+}
+
+/// The rank grid's axes with their sizes, fastest first.
+type Grid = [(Axis, u32); 5];
+
+fn position(grid: &Grid, axis: Axis) -> usize {
+    grid.iter()
+        .position(|(a, _)| *a == axis)
+        .expect("axis present")
+}
+
+/// A rank's digit on each axis of `grid`.
+fn digits(grid: &Grid, rank: u32) -> [u32; 5] {
+    let mut d = [0; 5];
+    let mut r = rank;
+    for (i, (_, size)) in grid.iter().enumerate() {
+        d[i] = r % size;
+        r /= size;
+    }
+    d
+}
+
+/// The rank with digits `d` on `grid` (inverse of [`digits`]).
+fn compose(grid: &Grid, d: &[u32; 5]) -> u32 {
+    let mut rank = 0;
+    for i in (0..5).rev() {
+        rank = rank * grid[i].1 + d[i];
+    }
+    rank
+}
+
+/// Ranks spanned by the axes of `grid` before pp: the stride of the pipeline axis, which fixes
+/// the pipeline groups (two grids of one world with the same pp size and stride share them).
+fn pipeline_stride(grid: &Grid) -> u64 {
+    grid.iter()
+        .take_while(|(a, _)| *a != Axis::Pp)
+        .map(|&(_, s)| u64::from(s))
+        .product()
 }
 
 /// The rank grid of one configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Layout {
     /// Axes fastest first, with their sizes.
-    axes: [(Axis, u32); 5],
+    axes: Grid,
+    /// The expert grid of MoE Parallel Folding, where it differs from `axes` (expert_tp != tp
+    /// or cp > 1): the axes of `axes` with tp = expert_tp, cp = 1, ep, and dp = the expert
+    /// data-parallel size. The Ep and ExpertDp groups (and the expert-TP group) lie on it.
+    expert: Option<Grid>,
+    /// Expert tensor parallelism (= tp until [`Layout::with_expert_tp`]).
+    pub etp: u32,
     pub tp: u32,
     pub cp: u32,
     pub ep: u32,
@@ -154,6 +212,8 @@ impl Layout {
         }
         Ok(Layout {
             axes,
+            expert: None,
+            etp: tp,
             tp,
             cp,
             ep,
@@ -163,7 +223,8 @@ impl Layout {
         })
     }
 
-    /// The layout of a resolved configuration.
+    /// The layout of a resolved configuration; an MoE model's expert groups folded with its
+    /// expert_tp (a dense model has no expert groups to fold).
     pub fn of(r: &crate::config::Resolved) -> Layout {
         let p = &r.config.parallel;
         Layout::new(
@@ -175,7 +236,86 @@ impl Layout {
             p.pp,
             r.config.cluster.gpus_per_node,
         )
+        .and_then(|l| l.with_experts_of(&r.config))
         .expect("validated configuration has a valid layout")
+    }
+
+    /// This layout with `cfg`'s expert groups: an MoE model's folded with its expert_tp
+    /// ([`Layout::with_expert_tp`]); a dense model has no experts, so nothing to fold.
+    pub fn with_experts_of(self, cfg: &crate::config::Config) -> Result<Layout, LayoutError> {
+        if cfg.model.is_moe() {
+            self.with_expert_tp(cfg.parallel.etp())
+        } else {
+            Ok(self)
+        }
+    }
+
+    /// This layout with the expert groups of MoE Parallel Folding for expert TP `etp`, as
+    /// Megatron-Core's `expert_decoder_rank_generator` builds them: the same order with tp =
+    /// `etp`, cp = 1 (CP folds into expert data parallelism), ep, and dp = tp x cp x dp /
+    /// (`etp` x ep). With `etp` = tp and cp = 1 that grid is the dense one and nothing changes;
+    /// otherwise, e.g. tp 8, expert_tp 1, ep 8, the EP group is 8 consecutive ranks where the
+    /// dense grid's `ep` axis has stride 8. Megatron-Core asserts both grids have the same
+    /// pipeline groups; so does this.
+    pub fn with_expert_tp(mut self, etp: u32) -> Result<Layout, LayoutError> {
+        if etp == 0 {
+            return Err(LayoutError::Zero);
+        }
+        let ranks = u64::from(self.tp) * u64::from(self.cp) * u64::from(self.dp);
+        let cells = u64::from(etp) * u64::from(self.ep);
+        if ranks % cells != 0 {
+            return Err(LayoutError::ExpertTp {
+                etp,
+                ep: self.ep,
+                ranks,
+            });
+        }
+        self.etp = etp;
+        if etp == self.tp && self.cp == 1 {
+            self.expert = None;
+            return Ok(self);
+        }
+        let edp = u32::try_from(ranks / cells).expect("a divisor of the world size");
+        let (ep, pp) = (self.ep, self.pp);
+        let grid = self.axes.map(|(a, _)| {
+            let size = match a {
+                Axis::Tp => etp,
+                Axis::Cp => 1,
+                Axis::Ep => ep,
+                Axis::Dp => edp,
+                Axis::Pp => pp,
+            };
+            (a, size)
+        });
+        if pp > 1 && pipeline_stride(&grid) != pipeline_stride(&self.axes) {
+            return Err(LayoutError::ExpertPipeline);
+        }
+        self.expert = Some(grid);
+        Ok(self)
+    }
+
+    /// True when the expert groups lie on a grid of their own (MoE Parallel Folding with
+    /// expert_tp != tp or cp > 1).
+    pub fn is_folded(&self) -> bool {
+        self.expert.is_some()
+    }
+
+    /// True when the `kind` group lies on the folded expert grid (Ep and ExpertDp, folded).
+    fn on_expert_grid(&self, kind: GroupKind) -> bool {
+        self.expert.is_some() && matches!(kind, GroupKind::Ep | GroupKind::ExpertDp)
+    }
+
+    /// The grid a `kind` group lies on: the expert grid for Ep and ExpertDp when folded.
+    fn grid(&self, kind: GroupKind) -> &Grid {
+        match &self.expert {
+            Some(g) if self.on_expert_grid(kind) => g,
+            _ => &self.axes,
+        }
+    }
+
+    /// The expert grid (the dense one when not folded).
+    fn expert_grid(&self) -> &Grid {
+        self.expert.as_ref().unwrap_or(&self.axes)
     }
 
     pub fn world(&self) -> u32 {
@@ -183,33 +323,12 @@ impl Layout {
     }
 
     fn position(&self, axis: Axis) -> usize {
-        self.axes
-            .iter()
-            .position(|(a, _)| *a == axis)
-            .expect("axis present")
-    }
-
-    fn digits(&self, rank: u32) -> [u32; 5] {
-        let mut d = [0; 5];
-        let mut r = rank;
-        for (i, (_, size)) in self.axes.iter().enumerate() {
-            d[i] = r % size;
-            r /= size;
-        }
-        d
-    }
-
-    fn compose(&self, d: &[u32; 5]) -> u32 {
-        let mut rank = 0;
-        for i in (0..5).rev() {
-            rank = rank * self.axes[i].1 + d[i];
-        }
-        rank
+        position(&self.axes, axis)
     }
 
     /// Coordinates of `rank`.
     pub fn coords(&self, rank: u32) -> Coords {
-        let d = self.digits(rank);
+        let d = digits(&self.axes, rank);
         let at = |a: Axis| d[self.position(a)];
         let (ep_i, edp_i) = (at(Axis::Ep), at(Axis::Dp));
         let dense_dp = if self.position(Axis::Ep) < self.position(Axis::Dp) {
@@ -244,58 +363,49 @@ impl Layout {
                 Axis::Pp => c.pp,
             };
         }
-        self.compose(&d)
+        compose(&self.axes, &d)
     }
 
     /// Members (ascending) of the `kind` group that contains `rank`.
     pub fn group_of(&self, kind: GroupKind, rank: u32) -> Vec<u32> {
-        let base = self.digits(rank);
-        // Fastest-varying axis first: then the members come out in increasing rank order.
-        let mut varied: Vec<usize> = kind.axes().iter().map(|a| self.position(*a)).collect();
-        varied.sort_unstable();
-        let size: u32 = varied.iter().map(|&i| self.axes[i].1).product();
-        let members: Vec<u32> = (0..size)
-            .map(|mut k| {
-                let mut d = base;
-                for &i in &varied {
-                    d[i] = k % self.axes[i].1;
-                    k /= self.axes[i].1;
-                }
-                self.compose(&d)
-            })
-            .collect();
-        debug_assert!(members.windows(2).all(|w| w[0] < w[1]));
-        members
+        members(self.grid(kind), kind.axes(), rank)
+    }
+
+    /// Members (ascending) of the expert-TP group that contains `rank`: the ranks over which
+    /// each routed expert's intermediate size splits (the expert grid's `tp` axis; the TP
+    /// group when not folded).
+    pub fn expert_tp_group(&self, rank: u32) -> Vec<u32> {
+        members(self.expert_grid(), &[Axis::Tp], rank)
     }
 
     /// Positions (fastest first) of the axes a `kind` group varies along that have more than one
-    /// rank: two kinds with the same list have the same groups.
+    /// rank: two kinds with the same list have the same groups. Positions on a folded expert
+    /// grid are offset by 5, apart from the dense grid's.
     pub fn varied_axes(&self, kind: GroupKind) -> Vec<usize> {
-        let mut v: Vec<usize> = kind
-            .axes()
-            .iter()
-            .map(|a| self.position(*a))
-            .filter(|&i| self.axes[i].1 > 1)
-            .collect();
-        v.sort_unstable();
-        v
+        let grid = self.grid(kind);
+        let offset = if self.on_expert_grid(kind) { 5 } else { 0 };
+        varied_positions(grid, kind.axes())
+            .into_iter()
+            .map(|i| i + offset)
+            .collect()
     }
 
     /// Size, members in the first member's node, and nodes spanned of the `kind` group that
     /// contains `rank`, without building the member list.
     pub fn group_geometry(&self, kind: GroupKind, rank: u32) -> (u32, u32, u32) {
-        let base = self.digits(rank);
-        let varied = self.varied_axes(kind);
-        let size: u32 = varied.iter().map(|&i| self.axes[i].1).product();
+        let grid = self.grid(kind);
+        let base = digits(grid, rank);
+        let varied = varied_positions(grid, kind.axes());
+        let size: u32 = varied.iter().map(|&i| grid[i].1).product();
         let (mut first, mut per_node, mut nodes, mut last) = (u32::MAX, 0, 0, u32::MAX);
         for mut k in 0..size {
             let mut d = base;
             for &i in &varied {
-                d[i] = k % self.axes[i].1;
-                k /= self.axes[i].1;
+                d[i] = k % grid[i].1;
+                k /= grid[i].1;
             }
             // Members come in increasing rank order, so nodes do too.
-            let node = self.node_of(self.compose(&d));
+            let node = self.node_of(compose(grid, &d));
             if first == u32::MAX {
                 first = node;
             }
@@ -348,6 +458,37 @@ impl Layout {
     pub fn group_crosses_nodes(&self, kind: GroupKind, rank: u32) -> bool {
         self.crosses_nodes(&self.group_of(kind, rank))
     }
+}
+
+/// Positions on `grid` (fastest first) of `axes` that have more than one rank.
+fn varied_positions(grid: &Grid, axes: &[Axis]) -> Vec<usize> {
+    let mut v: Vec<usize> = axes
+        .iter()
+        .map(|a| position(grid, *a))
+        .filter(|&i| grid[i].1 > 1)
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// Members (ascending) of the group of `rank` that varies `axes` of `grid`.
+fn members(grid: &Grid, axes: &[Axis], rank: u32) -> Vec<u32> {
+    let base = digits(grid, rank);
+    // Fastest-varying axis first: then the members come out in increasing rank order.
+    let varied = varied_positions(grid, axes);
+    let size: u32 = varied.iter().map(|&i| grid[i].1).product();
+    let members: Vec<u32> = (0..size)
+        .map(|mut k| {
+            let mut d = base;
+            for &i in &varied {
+                d[i] = k % grid[i].1;
+                k /= grid[i].1;
+            }
+            compose(grid, &d)
+        })
+        .collect();
+    debug_assert!(members.windows(2).all(|w| w[0] < w[1]));
+    members
 }
 
 #[cfg(test)]
@@ -433,8 +574,19 @@ mod tests {
     #[test]
     fn geometry_without_the_member_list_equals_the_member_list() {
         for order in ["tp-cp-ep-dp-pp", "pp-dp-ep-cp-tp", "tp-pp-dp-cp-ep"] {
-            for gpn in [1, 4, 8, 16] {
+            for (gpn, etp) in [
+                (1, None),
+                (4, Some(1)),
+                (8, None),
+                (8, Some(8)),
+                (16, Some(2)),
+            ] {
                 let l = Layout::new(order, 4, 2, 2, 8, 4, gpn).unwrap();
+                // Folded where Megatron's rule allows it (pp mid-order may be refused).
+                let l = match etp {
+                    Some(e) => l.clone().with_expert_tp(e).unwrap_or(l),
+                    None => l,
+                };
                 for kind in GroupKind::ALL {
                     for rank in [0, 5, 77, l.world() - 1] {
                         let g = l.group_of(kind, rank);
@@ -452,6 +604,80 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Megatron-Core's expert rank generator (parallel_state.py, `RankGenerator(tp=expert_tp,
+    /// ep=ep, dp=world / (expert_tp x ep x pp), cp=1, order)`), worked by hand for tp 8,
+    /// expert_tp 1, ep 8 on 64 GPUs (dp 8): the expert grid is etp 1 x ep 8 x edp 8, so the EP
+    /// groups are 8 consecutive ranks {8j..8j+7} (one node) and the expert-DP groups stride 8;
+    /// the dense grid's ep axis had stride tp = 8 (8 nodes).
+    #[test]
+    fn expert_tp_1_under_tp_8_puts_ep_inside_a_node() {
+        let dense = Layout::new("tp-cp-ep-dp-pp", 8, 1, 8, 8, 1, 8).unwrap();
+        assert_eq!(
+            dense.group_of(GroupKind::Ep, 0),
+            (0..8).map(|j| 8 * j).collect::<Vec<_>>()
+        );
+        assert_eq!(dense.group_geometry(GroupKind::Ep, 0), (8, 1, 8));
+        let l = dense.clone().with_expert_tp(1).unwrap();
+        assert!(l.is_folded());
+        for r in 0..64 {
+            let j = r / 8;
+            assert_eq!(
+                l.group_of(GroupKind::Ep, r),
+                (8 * j..8 * j + 8).collect::<Vec<_>>()
+            );
+            assert_eq!(
+                l.group_of(GroupKind::ExpertDp, r),
+                (0..8).map(|i| r % 8 + 8 * i).collect::<Vec<_>>()
+            );
+            assert_eq!(l.expert_tp_group(r), vec![r]);
+            // The dense groups stay.
+            assert_eq!(
+                l.group_of(GroupKind::Tp, r),
+                dense.group_of(GroupKind::Tp, r)
+            );
+            assert_eq!(
+                l.group_of(GroupKind::Dp, r),
+                dense.group_of(GroupKind::Dp, r)
+            );
+        }
+        assert_eq!(l.group_geometry(GroupKind::Ep, 0), (8, 8, 1));
+        assert_eq!(l.group_geometry(GroupKind::ExpertDp, 0), (8, 1, 8));
+        assert!(!l.kind_crosses_nodes(GroupKind::Ep));
+    }
+
+    /// With expert_tp = tp and cp = 1 the expert grid is the dense one (tp, ep, dp / ep in the
+    /// same order), for any order: nothing is folded.
+    #[test]
+    fn expert_tp_equal_to_tp_without_cp_folds_nothing() {
+        for order in ["tp-cp-ep-dp-pp", "pp-dp-ep-cp-tp", "tp-pp-dp-cp-ep"] {
+            let dense = Layout::new(order, 4, 1, 2, 8, 2, 8).unwrap();
+            let l = dense.clone().with_expert_tp(4).unwrap();
+            assert!(!l.is_folded());
+            for r in 0..l.world() {
+                for kind in GroupKind::ALL {
+                    assert_eq!(l.group_of(kind, r), dense.group_of(kind, r), "{order}");
+                }
+                assert_eq!(l.expert_tp_group(r), dense.group_of(GroupKind::Tp, r));
+            }
+        }
+    }
+
+    /// Megatron-Core asserts the expert grid keeps the pipeline groups: pp after tp with
+    /// expert_tp 1 under tp 2 does not; an expert_tp that divides nothing is refused too.
+    #[test]
+    fn an_expert_grid_that_moves_the_pipeline_is_refused() {
+        let l = Layout::new("tp-pp-cp-ep-dp", 2, 1, 1, 4, 2, 8).unwrap();
+        assert_eq!(
+            l.clone().with_expert_tp(1),
+            Err(LayoutError::ExpertPipeline)
+        );
+        assert!(l.clone().with_expert_tp(2).is_ok());
+        assert!(matches!(
+            l.with_expert_tp(3),
+            Err(LayoutError::ExpertTp { etp: 3, .. })
+        ));
     }
 
     #[test]

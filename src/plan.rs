@@ -10,7 +10,7 @@ use crate::config::{
     Activation, CpComm, LoraTarget, Normalization, PositionEmbedding, Recompute, Resolved,
     RouterScore, TrainingMode,
 };
-use crate::layout::{Coords as LCoords, GroupKind, Layout};
+use crate::layout::{Coords as LCoords, GroupKind, Layout, LayoutError};
 use crate::schedule::{self, ActionKind, ScheduleError};
 use parsim_executor::plan::{
     self as xp, Action, AdamConfig, Coords, LoraShape, MlaShape, ModelShape, MoeShape, Parallelism,
@@ -27,6 +27,8 @@ pub enum PlanError {
     },
     #[error(transparent)]
     Schedule(#[from] ScheduleError),
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
 }
 
 /// Knobs of the execution that the configuration does not hold.
@@ -150,7 +152,7 @@ fn check_moe(r: &Resolved) -> Result<(), PlanError> {
     }
     // Each expert's intermediate size splits over an expert-TP group of expert_tp ranks
     // (Megatron's --expert-tensor-parallel-size): expert_tp consecutive ranks of the flattened
-    // tp x cp x expert-dp index (MoE Parallel Folding), whatever its ratio to tp; under TP each
+    // tp x cp x dp index (MoE Parallel Folding), whatever its ratio to tp; under TP each
     // rank routes its own sequence shard (the configuration rules require SP for MoE under TP).
     for (field, v, by) in [
         ("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size, p.etp()),
@@ -361,54 +363,15 @@ fn parallelism(r: &Resolved) -> Parallelism {
     }
 }
 
-/// The ranks of `rank`'s EP index and pipeline rank (its TP peers' ExpertDp groups), each
-/// with its place in the flattened (tp, cp, expert-dp) index, tp fastest, then the engine's
-/// ExpertDp group in rank order. MoE Parallel Folding (Megatron-Core) lays the expert grid
-/// etp x edp over this index, etp fastest, so an expert-TP group may span TP and DP or CP
-/// ranks; EP stays the layout's own axis, which the engine keeps inside DP.
-fn expert_fold(layout: &Layout, rank: u32) -> Vec<(u32, u32)> {
-    let mut out: Vec<(u32, u32)> = layout
-        .group_of(GroupKind::Tp, rank)
-        .into_iter()
-        .flat_map(|peer| {
-            let tp = layout.coords(peer).tp;
-            layout
-                .group_of(GroupKind::ExpertDp, peer)
-                .into_iter()
-                .enumerate()
-                .map(move |(i, x)| (x, tp + layout.tp * i as u32))
-        })
-        .collect();
-    out.sort_unstable();
-    out
-}
-
-/// The ranks of `rank`'s fold whose flattened index `f` satisfies `same(f, own f)`.
-fn fold_members(layout: &Layout, rank: u32, same: impl Fn(u32, u32) -> bool) -> Vec<u32> {
-    let fold = expert_fold(layout, rank);
-    let own = fold.iter().find(|(x, _)| *x == rank).map_or(0, |&(_, f)| f);
-    fold.into_iter()
-        .filter(|&(_, f)| same(f, own))
-        .map(|(x, _)| x)
-        .collect()
-}
-
-/// The ranks holding the same routed experts as `rank`, slice for slice: the members of its
-/// fold with its expert-TP index (flattened index mod expert_tp), world / (etp x ep x pp) of
-/// them as [`Resolved::expert_dp`] counts. With expert_tp = tp this is the engine's ExpertDp
-/// group; below tp the other expert-TP blocks of its TP group join it; above tp (a multiple
-/// of it) it is the part of the engine's ExpertDp group with its expert-TP index.
-fn expert_dp_group(layout: &Layout, r: &Resolved, rank: u32) -> Vec<u32> {
-    let etp = r.config.parallel.etp();
-    fold_members(layout, rank, |f, own| f % etp == own % etp)
-}
-
-/// The expert-TP group of `rank`: the expert_tp consecutive ranks of its fold's flattened
-/// index holding it (the TP group when expert_tp = tp, a block of it below, whole TP groups
-/// of several DP or CP ranks above), over which each expert's intermediate size splits.
-fn expert_tp_group(layout: &Layout, r: &Resolved, rank: u32) -> Vec<u32> {
-    let etp = r.config.parallel.etp();
-    fold_members(layout, rank, |f, own| f / etp == own / etp)
+/// The layout whose expert groups the plan's ranks use: the engine's ([`Layout::of`] folds
+/// an MoE model's with MoE Parallel Folding), and for a dense model the same fold with its
+/// expert_tp, so the executor's expert groups have the sizes it checks (a dense model has no
+/// experts to place; Megatron-Core builds those groups for every model).
+fn expert_layout(r: &Resolved, layout: &Layout) -> Result<Layout, PlanError> {
+    if r.config.model.is_moe() {
+        return Ok(layout.clone());
+    }
+    Ok(layout.clone().with_expert_tp(r.config.parallel.etp())?)
 }
 
 /// The Plan of a resolved configuration.
@@ -416,6 +379,7 @@ pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
     check(r)?;
     let p = &r.config.parallel;
     let layout = Layout::of(r);
+    let experts = expert_layout(r, &layout)?;
     let program = schedule::generate(p.schedule, p.pp, p.vpp, r.microbatches)?;
     let nstages = program.num_stages();
     if nstages as usize != r.placement.num_stages() {
@@ -468,9 +432,10 @@ pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
                 cp_group: layout.group_of(GroupKind::Cp, rank),
                 dp_group: layout.group_of(GroupKind::DpCp, rank),
                 pp_group: layout.group_of(GroupKind::Pp, rank),
-                ep_group: layout.group_of(GroupKind::Ep, rank),
-                expert_dp_group: expert_dp_group(&layout, r, rank),
-                expert_tp_group: expert_tp_group(&layout, r, rank),
+                // MoE Parallel Folding's expert grid (Megatron-Core's expert rank generator).
+                ep_group: experts.group_of(GroupKind::Ep, rank),
+                expert_dp_group: experts.group_of(GroupKind::ExpertDp, rank),
+                expert_tp_group: experts.expert_tp_group(rank),
                 stages: (0..nstages)
                     .filter(|&s| program.rank_of_stage(s) == me)
                     .collect(),

@@ -521,6 +521,7 @@ fn network_cache(mixes: &[Mix], base: &Config, gpu: &GpuProfile) -> NetworkCache
                 pp,
                 base.cluster.gpus_per_node,
             )
+            .and_then(|l| l.with_experts_of(base))
             .ok()?;
             Some(((tp, cp, ep, pp), Network::new(&layout, gpu)))
         })

@@ -519,6 +519,72 @@ fn layout_rank_out_of_range_is_an_error() {
         .stderr(predicate::str::contains("--rank 99 is out of range"));
 }
 
+/// MoE Parallel Folding in `parsim layout` (Megatron-Core's expert rank generator, worked by
+/// hand): Mixtral on 16 GPUs, tp 2, ep 4, expert_tp 1 (the default): the expert grid is
+/// expert_tp 1 x ep 4 x expert dp 4, so rank 5's EP group is ranks 4..7 (stride 1, one node;
+/// the dense grid's ep axis would give 1, 3, 5, 7 at stride tp = 2) and its expert-DP group
+/// 1, 5, 9, 13 (stride 4, two nodes).
+#[test]
+fn layout_prints_folded_expert_groups() {
+    parsim()
+        .args([
+            "layout",
+            "--model",
+            "mixtral-8x7b",
+            "--gpus",
+            "16",
+            "--tp",
+            "2",
+            "--ep",
+            "4",
+            "--gbs",
+            "8",
+            "--rank",
+            "5",
+        ])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "expert_tp 1 x ep 4 x expert dp 4 over tp x cp x dp",
+        ))
+        .stdout(predicate::str::contains(
+            "rank 5 on the expert grid: expert_tp 0 ep 1 expert dp 1",
+        ))
+        .stdout(predicate::str::is_match(r"ep +\[4\.\.7\] +no").unwrap())
+        .stdout(predicate::str::is_match(r"expert_dp +\[1, 5, 9, 13\] +yes").unwrap());
+}
+
+/// Megatron-Core asserts the expert grid keeps the pipeline groups: pp between tp and the rest
+/// of the order with expert_tp 1 under tp 2 does not, and the configuration is refused naming
+/// the field.
+#[test]
+fn an_order_that_moves_the_expert_pipeline_is_refused() {
+    parsim()
+        .args([
+            "estimate",
+            "--model",
+            "mixtral-8x7b",
+            "--gpus",
+            "16",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--ep",
+            "2",
+            "--expert-tp",
+            "1",
+            "--order",
+            "tp-pp-cp-ep-dp",
+            "--gbs",
+            "8",
+        ])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("parallel.order"))
+        .stderr(predicate::str::contains("pipeline groups"));
+}
+
 #[test]
 fn search_json_has_the_contract_keys() {
     let out = parsim()

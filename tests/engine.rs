@@ -5,6 +5,7 @@ mod engine {
     pub mod activations;
     pub mod comm;
     pub mod common;
+    pub mod expert_folding;
     pub mod flops;
     pub mod framework;
     pub mod hf_import;

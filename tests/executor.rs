@@ -32,6 +32,8 @@ mod moe;
 mod moe_bias;
 #[path = "executor/moe_folding.rs"]
 mod moe_folding;
+#[path = "executor/moe_folding_groups.rs"]
+mod moe_folding_groups;
 #[path = "executor/moe_memory.rs"]
 mod moe_memory;
 #[path = "executor/mtp.rs"]

@@ -192,19 +192,23 @@ pub struct RouterShape {
 }
 
 /// Whether `r`'s expert-TP group has the shape MoE Parallel Folding gives it: `etp` ranks,
-/// ascending, `r` among them, all of its EP index and pipeline rank, meeting its expert-DP group
-/// in `r` alone; the block of `etp` consecutive members of its TP group when `etp` divides tp,
-/// whole TP groups (of several DP or CP ranks) when tp divides `etp`.
+/// ascending, `r` among them, all of its EP index (place in the EP group) and pipeline rank,
+/// meeting its expert-DP group in `r` alone; the block of `etp` consecutive members of its TP
+/// group when `etp` divides tp, whole TP groups (of several DP or CP ranks) when tp divides
+/// `etp`.
 fn expert_tp_group_ok(plan: &Plan, r: &RankPlan) -> bool {
     let (g, etp, tp) = (
         &r.expert_tp_group,
         plan.parallel.etp as usize,
         r.tp_group.len(),
     );
+    // The EP index is a rank's place in its EP group (the experts it holds), which MoE
+    // Parallel Folding need not tie to the dense coordinates.
+    let ep_index = |o: &RankPlan| o.ep_group.iter().position(|&y| y == o.rank);
     let same_ep_pp = |x: &u32| {
         plan.ranks
             .get(*x as usize)
-            .is_some_and(|o| o.coords.ep == r.coords.ep && o.coords.pp == r.coords.pp)
+            .is_some_and(|o| ep_index(o) == ep_index(r) && o.coords.pp == r.coords.pp)
     };
     let shared = g.iter().filter(|x| r.expert_dp_group.contains(x)).count();
     let shape = if tp % etp == 0 {
@@ -392,7 +396,8 @@ pub struct RankPlan {
     pub expert_dp_group: Vec<u32>,
     /// Expert tensor parallelism: the `etp` ranks (ascending) over which each expert's
     /// intermediate size splits and the received rows gather: a block of `tp_group` when etp
-    /// divides tp, else consecutive ranks of the flattened tp x cp x expert-dp index.
+    /// divides tp, else consecutive ranks of the flattened tp x cp x dp index (MoE Parallel
+    /// Folding).
     pub expert_tp_group: Vec<u32>,
     /// Global stages this rank holds, ascending.
     pub stages: Vec<u32>,

@@ -33,6 +33,15 @@ pub fn layout_text(l: &Layout, order: &str, all: bool, rank: Option<u32>) -> Str
         l.ep,
         l.gpus_per_node
     );
+    if l.is_folded() {
+        let _ = writeln!(
+            out,
+            "expert groups (ep, expert_dp): MoE Parallel Folding's grid expert_tp {} x ep {} x expert dp {} over tp x cp x dp, expert_tp fastest",
+            l.etp,
+            l.ep,
+            l.world() / (l.etp * l.ep * l.pp)
+        );
+    }
     if let Some(r) = rank {
         let c = l.coords(r);
         let _ = writeln!(
@@ -45,6 +54,16 @@ pub fn layout_text(l: &Layout, order: &str, all: bool, rank: Option<u32>) -> Str
             c.pp,
             l.node_of(r)
         );
+        if l.is_folded() {
+            let at = |g: Vec<u32>| g.iter().position(|&x| x == r).unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "rank {r} on the expert grid: expert_tp {} ep {} expert dp {}",
+                at(l.expert_tp_group(r)),
+                at(l.group_of(GroupKind::Ep, r)),
+                at(l.group_of(GroupKind::ExpertDp, r))
+            );
+        }
         let mut t = table(&["group", "ranks", "crosses nodes"]);
         for kind in GroupKind::ALL {
             let g = l.group_of(kind, r);

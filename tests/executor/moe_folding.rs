@@ -2,9 +2,10 @@
 //! `--expert-tensor-parallel-size 1`, MoE Parallel Folding: the MoE layers regroup the
 //! tp x cp x dp ranks as etp x ep x edp). The attention and the shared experts run TP 2 + SP;
 //! each TP rank routes its own sequence shard (the decisions, the load-balancing loss and the
-//! capacity are the whole microbatch's), its experts are whole, and the TP ranks join the
-//! expert-data-parallel group. Every mix gives the single-rank run's loss after one step and
-//! parameters after three (fp32, 1e-5 relative); every rank's peak lies within 2% of the
+//! capacity are the whole microbatch's), its experts are whole, and the TP ranks fill the
+//! expert grid's fastest axes (Megatron-Core's expert rank generator: EP, then expert DP).
+//! Every mix gives the single-rank run's loss after one step and parameters after three
+//! (fp32, 1e-5 relative); every rank's peak lies within 2% of the
 //! engine's prediction under forced load balancing. Expert TP 2 under TP 4 (blocks of a TP
 //! group) and expert TP above tp (TP 2 with expert TP 4 over DP 2, TP 1 with expert TP 2 over
 //! DP 4 and EP 2: the expert-TP group spans DP ranks) are checked the same way.
@@ -120,8 +121,11 @@ fn whole_experts_under_tp_match_the_single_rank_run() {
     }
 }
 
-/// The layout: each TP rank holds every expert of its EP rank whole, and the expert-data-
-/// parallel group spans the TP ranks.
+/// The layout, worked by hand from Megatron-Core's expert rank generator (parallel_state.py:
+/// order tp-cp-ep-dp-pp with tp = expert_tp 1, cp 1, ep 2, dp = 4 / 2): TP 2, EP 2, DP 2 on 4
+/// ranks. Each rank's experts are whole (expert-TP group: itself); EP is the fastest expert
+/// axis, so the EP group is the TP group {2j, 2j + 1} (the two TP ranks hold different
+/// experts) and the expert-DP group the ranks of one TP index over DP ({t, t + 2}).
 #[test]
 fn whole_experts_are_held_by_every_tp_rank() {
     let c = Moe {
@@ -132,13 +136,11 @@ fn whole_experts_are_held_by_every_tp_rank() {
     let p = plan(folded(&c));
     assert_eq!(p.parallel.etp, 1);
     for r in &p.ranks {
-        assert_eq!(r.expert_dp_group.len(), 2, "rank {}", r.rank);
-        let peers: Vec<u32> = r
-            .expert_dp_group
-            .iter()
-            .map(|&x| p.ranks[x as usize].coords.tp)
-            .collect();
-        assert_eq!(peers, vec![0, 1], "rank {}: its TP peers", r.rank);
+        let (t, j) = (r.rank % 2, r.rank / 2);
+        assert_eq!(r.expert_tp_group, vec![r.rank], "rank {}", r.rank);
+        assert_eq!(r.ep_group, vec![2 * j, 2 * j + 1], "rank {}", r.rank);
+        assert_eq!(r.ep_group, r.tp_group, "rank {}: its TP group", r.rank);
+        assert_eq!(r.expert_dp_group, vec![t, t + 2], "rank {}", r.rank);
     }
 }
 
@@ -173,10 +175,10 @@ fn etp2(c: &Moe) -> Value {
 
 /// TP 4 + SP with expert TP 2 (MoE Parallel Folding between the two cases above): each TP
 /// rank routes its sequence shard, the rows received by the two ranks of its expert-TP block
-/// gather before its half of each expert and reduce-scatter back, and the two blocks of a TP
-/// group join expert DP. EP 2 over DP 2 with ZeRO-1 (DeepSeek-style routing with a shared
-/// expert split over TP 4), and EP 1 over DP 2 with ZeRO-3 (the plain router; the experts
-/// shard over the expert-DP group of 4).
+/// gather before its half of each expert and reduce-scatter back; the two blocks of a TP
+/// group are EP peers with EP 2, expert-DP peers with EP 1. EP 2 over DP 2 with ZeRO-1
+/// (DeepSeek-style routing with a shared expert split over TP 4), and EP 1 over DP 2 with
+/// ZeRO-3 (the plain router; the experts shard over the expert-DP group of 4).
 fn etp2_mixes() -> Vec<Moe> {
     vec![
         Moe {
@@ -205,10 +207,11 @@ fn expert_tp_below_tp_matches_the_single_rank_run() {
     }
 }
 
-/// The groups against the engine's layout (order tp-cp-ep-dp-pp, TP 4, EP 2, DP 2): TP ranks
-/// 0-3 of a TP group split into expert-TP blocks {0, 1} and {2, 3}; the expert-DP group of a
-/// rank is its expert-TP index's ranks in both blocks, over the expert-data-parallel axis
-/// (dp / ep = 1 here), so 2 members; the EP group is the engine's (stride tp = 4).
+/// The groups by hand from Megatron-Core's expert rank generator (order tp-cp-ep-dp-pp with
+/// tp = expert_tp 2, ep 2, dp = 8 / (2 x 2) = 2; TP 4, EP 2, DP 2 on 8 ranks): the TP ranks
+/// 0-3 of a TP group split into expert-TP blocks {0, 1} and {2, 3} (stride 1); the EP group
+/// pairs a rank with the same expert-TP index in the other block (stride 2); the expert-DP
+/// group is the same TP index in the other TP group (stride 2 x 2 = 4).
 #[test]
 fn expert_tp_blocks_and_expert_dp_groups_follow_the_layout() {
     let c = Moe {
@@ -224,12 +227,12 @@ fn expert_tp_blocks_and_expert_dp_groups_follow_the_layout() {
         let block = base + (tp / 2) * 2;
         assert_eq!(r.expert_tp_group, vec![block, block + 1], "rank {}", r.rank);
         assert_eq!(
-            r.expert_dp_group,
+            r.ep_group,
             vec![base + tp % 2, base + 2 + tp % 2],
             "rank {}",
             r.rank
         );
-        assert_eq!(r.ep_group, vec![tp, tp + 4], "rank {}", r.rank);
+        assert_eq!(r.expert_dp_group, vec![tp, tp + 4], "rank {}", r.rank);
     }
 }
 
@@ -325,17 +328,15 @@ fn expert_tp_above_tp_matches_the_single_rank_run() {
     }
 }
 
-/// The groups against the engine's layout (order tp-cp-ep-dp-pp), worked by hand. TP 2, DP 2,
-/// EP 1, expert TP 4: the engine's ExpertDp group of a rank is its TP index over DP
-/// ({t, t + 2}), the flattened tp x dp index is the rank itself, so the one expert-TP group is
-/// every rank (both TP groups) and the expert-DP group the rank alone. TP 1, DP 4, EP 2, expert
-/// TP 2: the EP group is {d, d + 1} (ep fastest after tp), the engine's ExpertDp group the two
-/// ranks of an EP index ({0, 2} and {1, 3}), which expert TP 2 takes whole, leaving an
-/// expert DP of 1. TP 2, DP 3, expert TP 3: the flattened index is again the rank, so expert-TP groups
-/// {0, 1, 2} and {3, 4, 5} (the middle TP group split between them) and expert-DP groups
-/// {0, 3}, {1, 4}, {2, 5}. In each, the groups partition the ranks of an EP index, the expert-DP
-/// group has the engine's count (`Resolved::expert_dp`: world / (etp x ep x pp)), and lies
-/// inside the engine's ExpertDp group when tp divides expert TP.
+/// The groups worked by hand from Megatron-Core's expert rank generator (parallel_state.py:
+/// the order tp-cp-ep-dp-pp with tp = expert_tp, cp = 1, dp = world / (expert_tp x ep x pp),
+/// expert_tp fastest). TP 2, DP 2, EP 1, expert TP 4: the one expert-TP group is every rank
+/// (both TP groups), the expert-DP group the rank alone. TP 1, DP 4, EP 2, expert TP 2:
+/// expert-TP groups {0, 1} and {2, 3} (stride 1), EP groups {0, 2} and {1, 3} (stride 2), an
+/// expert DP of 1. TP 2, DP 3, expert TP 3: expert-TP groups {0, 1, 2} and {3, 4, 5} (the
+/// middle TP group split between them), EP 1, expert-DP groups {0, 3}, {1, 4}, {2, 5}. In
+/// each, the expert-DP group has the engine's count (`Resolved::expert_dp`: world / (etp x ep
+/// x pp)), and the plan's expert groups are the engine layout's.
 #[test]
 fn expert_tp_above_tp_groups_follow_the_layout() {
     use parsim::config::{Config, Layer, Resolved};
@@ -343,21 +344,24 @@ fn expert_tp_above_tp_groups_follow_the_layout() {
     let mixes = etp_above_tp_mixes();
     let all4 = vec![0, 1, 2, 3];
     let (lo, hi) = (vec![0, 1, 2], vec![3, 4, 5]);
-    type Case = (usize, Vec<Vec<u32>>, Vec<Vec<u32>>);
+    let alone = |n: u32| (0..n).map(|r| vec![r]).collect::<Vec<_>>();
+    type Case = (usize, Vec<Vec<u32>>, Vec<Vec<u32>>, Vec<Vec<u32>>);
     let cases: [Case; 3] = [
-        (0, vec![all4.clone(); 4], (0..4).map(|r| vec![r]).collect()),
+        (0, vec![all4.clone(); 4], alone(4), alone(4)),
         (
             1,
+            vec![vec![0, 1], vec![0, 1], vec![2, 3], vec![2, 3]],
+            alone(4),
             vec![vec![0, 2], vec![1, 3], vec![0, 2], vec![1, 3]],
-            (0..4).map(|r| vec![r]).collect(),
         ),
         (
             3,
             vec![lo.clone(), lo.clone(), lo, hi.clone(), hi.clone(), hi],
             (0..6).map(|r| vec![r % 3, r % 3 + 3]).collect(),
+            alone(6),
         ),
     ];
-    for (mix, want_etp, want_edp) in cases {
+    for (mix, want_etp, want_edp, want_ep) in cases {
         let (c, etp) = &mixes[mix];
         let v = above(c, *etp, false);
         let cfg = Config::from_layers(&[Layer::overrides(v.clone())]).expect("loads");
@@ -375,12 +379,13 @@ fn expert_tp_above_tp_groups_follow_the_layout() {
                 r.expert_dp_group, want_edp[i],
                 "{mix} rank {i}: expert-DP group"
             );
+            assert_eq!(r.ep_group, want_ep[i], "{mix} rank {i}: EP group");
             assert_eq!(r.expert_dp_group.len(), res.expert_dp() as usize);
             assert_eq!(r.ep_group, layout.group_of(GroupKind::Ep, r.rank));
-            if etp % c.tp == 0 {
-                let engine_edp = layout.group_of(GroupKind::ExpertDp, r.rank);
-                assert!(r.expert_dp_group.iter().all(|x| engine_edp.contains(x)));
-            }
+            assert_eq!(
+                r.expert_dp_group,
+                layout.group_of(GroupKind::ExpertDp, r.rank)
+            );
             // Expert TP x expert DP x EP covers the world once per rank.
             assert_eq!(
                 r.expert_tp_group.len() * r.expert_dp_group.len() * r.ep_group.len(),
@@ -394,7 +399,7 @@ fn expert_tp_above_tp_groups_follow_the_layout() {
 }
 
 /// The CUDA runner creates its communicators from the plan's group lists: with expert TP 2
-/// over DP 4 and EP 2 (no GPU needed: host logic), the expert-TP groups {0, 2} and {1, 3}
+/// over DP 4 and EP 2 (no GPU needed: host logic), the expert-TP groups {0, 1} and {2, 3}
 /// (ranks of different DP indices) are among its groups, each an NCCL communicator over the
 /// members' GPUs.
 #[test]
@@ -404,7 +409,8 @@ fn the_cuda_runner_creates_the_expert_tp_groups_above_tp() {
     let p = plan(above(c, *etp, false));
     let specs = plan_groups(&p, Placement::SingleProcess { gpus: 4 }, |_| 0, |_| 0)
         .expect("places the ranks");
-    for members in [vec![0, 2], vec![1, 3]] {
+    for members in [vec![0, 1], vec![2, 3]] {
+        assert!(p.ranks.iter().any(|r| r.expert_tp_group == members));
         let g = specs
             .iter()
             .find(|g| g.members == members)
@@ -432,7 +438,7 @@ fn expert_tp_above_tp_memory_is_within_2_percent_of_the_prediction() {
 /// LoRA (Hu et al. 2021) on the routed experts with expert TP above tp: adapters (rank 4, B
 /// seeded nonzero so an adapter path that does nothing fails) on qkv, proj, fc1 and fc2, each
 /// routed expert's fc1 A split over expert TP with its rows, fc2's A by input columns (A x
-/// all-reduced over the expert-TP group, here TP 2 x DP 2 and DP 2 x EP 2 ranks): the
+/// all-reduced over the expert-TP group, here TP 2 x DP 2 ranks and 2 DP ranks): the
 /// single-rank LoRA run's loss and parameters.
 #[test]
 fn lora_on_experts_with_expert_tp_above_tp_matches_the_single_rank_run() {

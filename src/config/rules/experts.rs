@@ -118,8 +118,46 @@ pub fn expert_parallel(cfg: &Config) -> Vec<Violation> {
                 p.tp as u64 * p.cp as u64 * dp
             ),
         ));
+    } else if dp > 0 && m.is_moe() && !expert_pipeline_agrees(cfg, dp) {
+        errs.push(
+            Violation::new(
+                "parallel.order",
+                format!(
+                    "'{}' gives the expert grid (MoE Parallel Folding: tp = expert_tp, cp folded into expert data parallelism) other pipeline groups than the dense grid, which Megatron-Core refuses",
+                    p.order
+                ),
+            )
+            .hint("put pp last in the order (Megatron's tp-cp-ep-dp-pp)"),
+        );
     }
     errs
+}
+
+/// Megatron-Core's `initialize_model_parallel` builds the expert grid in the same order with
+/// tp = expert_tp, cp = 1 and dp = tp x cp x dp / (expert_tp x ep), and asserts its pipeline
+/// groups are the dense grid's: the axes before pp span as many ranks in both. (An order that
+/// does not name each axis once is another rule's; it passes here.)
+fn expert_pipeline_agrees(cfg: &Config, dp: u64) -> bool {
+    let p = &cfg.parallel;
+    let (tp, cp, ep, etp) = (p.tp as u64, p.cp as u64, p.ep as u64, p.etp() as u64);
+    if p.pp <= 1 || ep == 0 || etp == 0 || dp % ep != 0 {
+        return true;
+    }
+    let edp = tp * cp * dp / (etp * ep);
+    let (mut dense, mut expert) = (1u64, 1u64);
+    for name in p.order.split('-') {
+        let sizes = match name {
+            "tp" => (tp, etp),
+            "cp" => (cp, 1),
+            "ep" => (ep, ep),
+            "dp" => (dp / ep, edp),
+            "pp" => break,
+            _ => return true,
+        };
+        dense *= sizes.0;
+        expert *= sizes.1;
+    }
+    dense == expert
 }
 
 #[cfg(test)]
@@ -164,6 +202,35 @@ mod tests {
         }));
         assert_eq!(fields(&v), ["parallel.ep"]);
         assert!(v[0].rule.starts_with("num_experts (6)"));
+    }
+
+    /// Megatron-Core's assertion that the expert grid keeps the pipeline groups: with pp in
+    /// the middle of the order and expert_tp 1 under tp 2 (16 GPUs, pp 2, dp 4), the axes
+    /// before pp span tp 2 = 2 dense ranks but expert_tp 1 = 1 expert rank; pp last (or
+    /// expert_tp = tp) agrees.
+    #[test]
+    fn the_expert_grid_keeps_the_pipeline_groups() {
+        let base = |c: &mut Config| {
+            moe(c);
+            c.cluster.num_gpus = 16;
+            c.parallel.tp = 2;
+            c.parallel.cp = 1;
+            c.parallel.pp = 2;
+            c.parallel.expert_tp = Some(1);
+        };
+        let v = expert_parallel(&with(|c| {
+            base(c);
+            c.parallel.order = "tp-pp-cp-ep-dp".into();
+        }));
+        assert_eq!(fields(&v), ["parallel.order"]);
+        assert!(v[0].rule.contains("pipeline groups"), "{}", v[0].rule);
+        assert!(expert_parallel(&with(base)).is_empty());
+        assert!(expert_parallel(&with(|c| {
+            base(c);
+            c.parallel.order = "tp-pp-cp-ep-dp".into();
+            c.parallel.expert_tp = Some(2);
+        }))
+        .is_empty());
     }
 
     /// Issue 18: 1e300 gave a 2.6e15 s step.
