@@ -10,7 +10,7 @@ use crate::config::{
     Activation, CpComm, LoraTarget, Normalization, PositionEmbedding, Recompute, Resolved,
     RouterScore, TrainingMode,
 };
-use crate::layout::{Coords as LCoords, GroupKind, Layout, LayoutError};
+use crate::layout::{Coords as LCoords, GroupKind, Layout};
 use crate::schedule::{self, ActionKind, ScheduleError};
 use parsim_executor::plan::{
     self as xp, Action, AdamConfig, Coords, LoraShape, MlaShape, ModelShape, MoeShape, Parallelism,
@@ -27,8 +27,6 @@ pub enum PlanError {
     },
     #[error(transparent)]
     Schedule(#[from] ScheduleError),
-    #[error(transparent)]
-    Layout(#[from] LayoutError),
 }
 
 /// Knobs of the execution that the configuration does not hold.
@@ -345,7 +343,13 @@ fn parallelism(r: &Resolved) -> Parallelism {
         vpp: p.vpp,
         dp: r.dp,
         ep: p.ep,
-        etp: p.etp(),
+        // A dense model's plan takes Megatron's default expert_tp = tp: its expert groups are
+        // then the unfolded layout's, and no order is refused for experts it does not have.
+        etp: if r.config.model.is_moe() {
+            p.etp()
+        } else {
+            p.tp
+        },
         zero: p.zero,
         recompute: match t.recompute {
             Recompute::None => xp::Recompute::None,
@@ -363,23 +367,14 @@ fn parallelism(r: &Resolved) -> Parallelism {
     }
 }
 
-/// The layout whose expert groups the plan's ranks use: the engine's ([`Layout::of`] folds
-/// an MoE model's with MoE Parallel Folding), and for a dense model the same fold with its
-/// expert_tp, so the executor's expert groups have the sizes it checks (a dense model has no
-/// experts to place; Megatron-Core builds those groups for every model).
-fn expert_layout(r: &Resolved, layout: &Layout) -> Result<Layout, PlanError> {
-    if r.config.model.is_moe() {
-        return Ok(layout.clone());
-    }
-    Ok(layout.clone().with_expert_tp(r.config.parallel.etp())?)
-}
-
 /// The Plan of a resolved configuration.
 pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
     check(r)?;
     let p = &r.config.parallel;
+    // MoE Parallel Folding's expert grid for an MoE model ([`Layout::of`]); a dense model has
+    // no experts, and its expert groups are the unfolded ones of expert_tp = tp (Megatron's
+    // default), whatever the order.
     let layout = Layout::of(r);
-    let experts = expert_layout(r, &layout)?;
     let program = schedule::generate(p.schedule, p.pp, p.vpp, r.microbatches)?;
     let nstages = program.num_stages();
     if nstages as usize != r.placement.num_stages() {
@@ -433,9 +428,9 @@ pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
                 dp_group: layout.group_of(GroupKind::DpCp, rank),
                 pp_group: layout.group_of(GroupKind::Pp, rank),
                 // MoE Parallel Folding's expert grid (Megatron-Core's expert rank generator).
-                ep_group: experts.group_of(GroupKind::Ep, rank),
-                expert_dp_group: experts.group_of(GroupKind::ExpertDp, rank),
-                expert_tp_group: experts.expert_tp_group(rank),
+                ep_group: layout.group_of(GroupKind::Ep, rank),
+                expert_dp_group: layout.group_of(GroupKind::ExpertDp, rank),
+                expert_tp_group: layout.expert_tp_group(rank),
                 stages: (0..nstages)
                     .filter(|&s| program.rank_of_stage(s) == me)
                     .collect(),

@@ -174,6 +174,34 @@ fn execute_reports_the_ring_steps_under_context_parallelism() {
     }
 }
 
+/// A dense model has no experts to fold: an order with the pipeline between TP and the rest
+/// (which Megatron-Core refuses for an MoE model whose expert grid would move the pipeline
+/// groups) runs, with CP 2 and expert_tp left at its default.
+#[test]
+fn a_dense_model_runs_any_order() {
+    let out = succeeded(parsim().args([
+        "execute",
+        "--config",
+        SMALL,
+        "--cp",
+        "2",
+        "--order",
+        "tp-pp-cp-ep-dp",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--json",
+    ]));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["world_size"], 8);
+    // Rank 1's pipeline peer sits at stride tp = 2 under this order (1 and 3), not at the
+    // last axis's stride 4 of the default order.
+    let r1 = &v["ranks"][1];
+    assert_eq!(r1["coords"]["pp"], 0, "{r1}");
+    assert_eq!(v["ranks"][3]["coords"]["pp"], 1);
+}
+
 #[test]
 fn execute_precision_bf16_runs_the_mixed_recipe_against_its_own_prediction() {
     let run = |precision: &str| -> Value {
