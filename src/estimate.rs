@@ -218,6 +218,18 @@ fn stage_costs(
     Ok((chunk_times, costs))
 }
 
+/// True when two ranks hold the same blocks chunk by chunk (whatever their stages): their
+/// parameters, step-level collectives and data-parallel tails are the same.
+fn same_blocks(a: &[ChunkContents], b: &[ChunkContents]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            ChunkContents {
+                stage: y.stage,
+                ..*x
+            } == *y
+        })
+}
+
 /// The schedule program and per-stage costs the estimate simulates (for `parsim schedule
 /// --config`).
 pub fn pipeline(r: &Resolved) -> Result<(crate::schedule::Program, Costs), EstimateError> {
@@ -299,22 +311,25 @@ impl<'a> Prepared<'a> {
         });
         let chunks = chunks_per_rank(r);
         let (chunk_times, costs) = stage_costs(r, &s, &ledger, &chunks, &network)?;
-        let step: Vec<Vec<StepCollective>> = chunks
-            .iter()
-            .map(|ch| step_collectives(r, &s, &ledger, ch))
-            .collect();
-        let after = chunks
-            .iter()
-            .zip(&step)
-            .map(|(ch, step)| {
-                let p = rank_params(ch, &s);
-                let updated = updated_params(r, &p);
-                let optimizer_s = timing
-                    .rates
-                    .memory_s(updated * OptimizerState::of(tr).step_bytes_per_param());
-                (dp_tail_s(r, &network, &s, ch, step), optimizer_s)
-            })
-            .collect();
+        // Ranks that hold the same blocks (the middle of a pipeline) issue the same step-level
+        // collectives and have the same tail and optimizer step: each is worked out once.
+        let mut step: Vec<Vec<StepCollective>> = Vec::with_capacity(chunks.len());
+        let mut after: Vec<(f64, f64)> = Vec::with_capacity(chunks.len());
+        for (rank, ch) in chunks.iter().enumerate() {
+            if let Some(same) = chunks[..rank].iter().position(|c| same_blocks(c, ch)) {
+                step.push(step[same].clone());
+                after.push(after[same]);
+                continue;
+            }
+            let rank_step = step_collectives(r, &s, &ledger, ch);
+            let p = rank_params(ch, &s);
+            let updated = updated_params(r, &p);
+            let optimizer_s = timing
+                .rates
+                .memory_s(updated * OptimizerState::of(tr).step_bytes_per_param());
+            after.push((dp_tail_s(r, &network, &s, ch, &rank_step), optimizer_s));
+            step.push(rank_step);
+        }
         Ok(Prepared {
             r,
             ledger,

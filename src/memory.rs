@@ -164,8 +164,11 @@ pub fn activation_peak(
     recompute: Recompute,
     phases: &[(u32, PhaseBuffers)],
 ) -> ActivationPeak {
+    /// One chunk's bytes as the walk adds them, with the buffers of its passes (signed, so
+    /// the walk can subtract what it frees).
     #[derive(Default, Clone, Copy)]
     struct Chunk {
+        stage: u32,
         saved: i128,
         pending: i128,
         /// Saved bytes of the output block, which comes after the layers: freed first in
@@ -175,9 +178,18 @@ pub fn activation_peak(
         tail_pending: i128,
         /// Full recompute: what the layer being rebuilt adds to its kept input.
         rebuilt: i128,
+        /// [`PhaseBuffers`] of the chunk's passes.
+        fwd: i128,
+        out_fwd: i128,
+        out_bwd: i128,
+        layer_bwd: i128,
+        wpass: i128,
     }
     let chunk = |stage: u32| -> Chunk {
-        let mut c = Chunk::default();
+        let mut c = Chunk {
+            stage,
+            ..Chunk::default()
+        };
         for ch in chunks.iter().filter(|c| c.stage == stage as usize) {
             for (b, n) in ch.blocks(s) {
                 let n = n as i128;
@@ -192,22 +204,22 @@ pub fn activation_peak(
                 c.tail_pending += s.output.wgrad_pending as i128;
             }
         }
+        let phase = phases
+            .iter()
+            .find(|(st, _)| *st == stage)
+            .map(|(_, p)| *p)
+            .unwrap_or_default();
+        c.fwd = phase.forward as i128;
+        c.out_fwd = phase.output_forward as i128;
+        c.out_bwd = phase.output_backward as i128;
+        c.layer_bwd = phase.layer_backward as i128;
+        c.wpass = phase.weight_pass as i128;
         c
     };
     // A rank holds one or two chunks: a short list beats a hash map. Each with the buffers
     // of its passes, looked up once here rather than per action.
-    let by_stage: Vec<(u32, Chunk, PhaseBuffers)> = chunks
-        .iter()
-        .map(|c| {
-            let stage = c.stage as u32;
-            let phase = phases
-                .iter()
-                .find(|(st, _)| *st == stage)
-                .map(|(_, p)| *p)
-                .unwrap_or_default();
-            (stage, chunk(stage), phase)
-        })
-        .collect();
+    let by_stage: Vec<Chunk> = chunks.iter().map(|c| chunk(c.stage as u32)).collect();
+    let none = Chunk::default();
     let mut live: i128 = 0;
     let mut peak: i128 = 0;
     let mut with: i128 = 0;
@@ -216,33 +228,25 @@ pub fn activation_peak(
         with = with.max(a + buf);
     };
     for a in actions {
-        let (c, phase) = by_stage
+        let c = by_stage
             .iter()
-            .find(|(st, _, _)| *st == a.stage)
-            .map(|&(_, c, p)| (c, p))
-            .unwrap_or_default();
-        let (fwd, out_fwd, out_bwd, layer_bwd, wpass) = (
-            phase.forward as i128,
-            phase.output_forward as i128,
-            phase.output_backward as i128,
-            phase.layer_backward as i128,
-            phase.weight_pass as i128,
-        );
+            .find(|c| c.stage == a.stage)
+            .unwrap_or(&none);
         match a.kind {
             ActionKind::F => {
                 live += c.saved;
                 // Full recompute: each layer's forward builds its whole set before keeping
                 // only its input; the last layer does so before the output block's set exists.
-                at(live - c.tail + c.rebuilt, fwd, &mut peak);
+                at(live - c.tail + c.rebuilt, c.fwd, &mut peak);
                 // The output block runs last: with every set live, only its own transients.
-                at(live, if c.tail > 0 { out_fwd } else { fwd }, &mut peak);
+                at(live, if c.tail > 0 { c.out_fwd } else { c.fwd }, &mut peak);
             }
             ActionKind::B | ActionKind::I => {
                 // The output block's backward runs first, with everything still live; then
                 // the layers, rebuilt one by one under full recompute, once its set is freed
                 // (a split backward keeps what its W needs).
                 if c.tail > 0 {
-                    at(live, out_bwd, &mut peak);
+                    at(live, c.out_bwd, &mut peak);
                 }
                 let kept_tail = if a.kind == ActionKind::I {
                     c.tail_pending
@@ -250,18 +254,18 @@ pub fn activation_peak(
                     0
                 };
                 let layers = live - c.tail + kept_tail;
-                at(layers + c.rebuilt, layer_bwd, &mut peak);
+                at(layers + c.rebuilt, c.layer_bwd, &mut peak);
                 if a.kind == ActionKind::I {
                     // The layers' pending set is built while their saved set is freed.
                     let grown = (c.pending - c.tail_pending) - (c.saved - c.tail);
-                    at(layers + grown.max(0), layer_bwd, &mut peak);
+                    at(layers + grown.max(0), c.layer_bwd, &mut peak);
                     live += c.pending - c.saved;
                 } else {
                     live -= c.saved;
                 }
             }
             ActionKind::W => {
-                at(live, wpass, &mut peak);
+                at(live, c.wpass, &mut peak);
                 live -= c.pending;
             }
         }

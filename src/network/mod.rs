@@ -39,9 +39,11 @@ pub struct Network {
     geometry: [GroupGeometry; 7],
     /// NCCL's generation from the profile, `None` for the alpha-beta model.
     nccl: Option<NcclArch>,
-    /// NCCL's constants per group kind (as [`GroupKind::ALL`]) and tuned collective (as
-    /// [`tuned_index`]), computed once per layout so that a call is a few multiply-adds.
+    /// NCCL's constants per distinct group shape and tuned collective (as [`tuned_index`]),
+    /// computed once per layout so that a call is a few multiply-adds.
     models: Vec<[CollectiveModel; 3]>,
+    /// Per group kind (as [`GroupKind::ALL`]): its shape's entry in `models`.
+    model_of: [usize; 7],
 }
 
 /// The tuned collectives' slot in [`Network`]'s cache.
@@ -116,14 +118,20 @@ impl Network {
         });
         let nccl = gpu.links.nccl;
         let inter = gpu.links.inter_node.clone();
+        // One topology search per distinct shape: kinds of the same shape share its models.
         let mut models: Vec<[CollectiveModel; 3]> = Vec::new();
+        let mut model_of = [0usize; 7];
         if let Some(arch) = nccl {
             for (i, g) in geometry.iter().enumerate() {
-                let m = match geometry[..i].iter().position(|h| h == g) {
-                    Some(j) => models[j].clone(),
-                    None => nccl_models(arch, &inter, TUNED, g.size, g.per_node, g.nodes),
+                model_of[i] = match geometry[..i].iter().position(|h| h == g) {
+                    Some(j) => model_of[j],
+                    None => {
+                        models.push(nccl_models(
+                            arch, &inter, TUNED, g.size, g.per_node, g.nodes,
+                        ));
+                        models.len() - 1
+                    }
                 };
-                models.push(m);
             }
         }
         Network {
@@ -132,6 +140,7 @@ impl Network {
             geometry,
             nccl,
             models,
+            model_of,
         }
     }
 
@@ -190,7 +199,7 @@ impl Network {
         }
         if let (Some(arch), Some(c)) = (self.nccl, tuned_index(coll)) {
             let predicted = if n == g.size && !self.models.is_empty() {
-                self.models[Self::kind_index(kind)][c].predict(b)
+                self.models[self.model_of[Self::kind_index(kind)]][c].predict(b)
             } else {
                 // A sub-group (the two ends of tied embeddings on the pipeline group).
                 let nodes = g.nodes.min(n);
@@ -273,6 +282,7 @@ mod tests {
             geometry: [g; 7],
             nccl: None,
             models: Vec::new(),
+            model_of: [0; 7],
         }
     }
 
@@ -311,7 +321,7 @@ mod tests {
     fn nccl_model_times_tuned_collectives_by_placement() {
         let mut l = links(1, 4);
         l.nccl = Some(NcclArch::Hopper);
-        l.models = vec![TUNED.map(|c| nccl_model(NcclArch::Hopper, &l.inter, c, 4, 1, 4)); 7];
+        l.models = vec![TUNED.map(|c| nccl_model(NcclArch::Hopper, &l.inter, c, 4, 1, 4))];
         let b = (1u64 << 30) as f64;
         let t = l.collective_s(GroupKind::DpCp, CollectiveKind::AllReduce, b as u64, 4);
         let busbw = CollectiveKind::AllReduce.ring_factor(4) * b / t;
@@ -324,7 +334,7 @@ mod tests {
         // Eight ranks in one node: NVLink rates (over 300 GB/s bus bandwidth for all-gather).
         let mut node = links(8, 1);
         node.nccl = Some(NcclArch::Hopper);
-        node.models = vec![TUNED.map(|c| nccl_model(NcclArch::Hopper, &node.inter, c, 8, 8, 1)); 7];
+        node.models = vec![TUNED.map(|c| nccl_model(NcclArch::Hopper, &node.inter, c, 8, 8, 1))];
         let t = node.collective_s(GroupKind::Tp, CollectiveKind::AllGather, b as u64, 8);
         assert!(CollectiveKind::AllGather.ring_factor(8) * b / t > 300e9);
     }

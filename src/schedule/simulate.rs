@@ -14,7 +14,7 @@
 //! overlapped DualPipe-V slot count together (the forward's activations are created while the
 //! backward's are still held).
 
-use super::action::{rank_of_stage, ActionKind, Overlap, Program};
+use super::action::{rank_of_stage, Action, ActionKind, Overlap, Program};
 use super::costs::Costs;
 use super::error::ScheduleError;
 
@@ -76,6 +76,129 @@ pub(super) struct Played {
     pub busy: Vec<f64>,
 }
 
+/// One stage as every lane of [`play`] sees it, looked up once per play rather than per
+/// action: its rank, the durations of its F, B, I and W, and the hops its inputs pay.
+#[derive(Clone, Copy)]
+struct StageLanes<const N: usize> {
+    owner: u32,
+    /// Durations per lane, indexed by [`kind_slot`].
+    duration: [[f64; N]; 4],
+    /// The hop the forward input (from s - 1) pays: 0 on the first stage or the same rank.
+    f_hop: [f64; N],
+    /// The hop the backward input (from s + 1) pays: 0 on the last stage or the same rank.
+    b_hop: [f64; N],
+}
+
+/// The slot of an action kind in [`StageLanes::duration`].
+fn kind_slot(kind: ActionKind) -> usize {
+    match kind {
+        ActionKind::F => 0,
+        ActionKind::B => 1,
+        ActionKind::I => 2,
+        ActionKind::W => 3,
+    }
+}
+
+/// Every stage's [`StageLanes`] for `costs` on `program`'s placement.
+fn stage_lanes<const N: usize>(program: &Program, costs: [&Costs; N]) -> Vec<StageLanes<N>> {
+    let stages = program.num_stages();
+    let owner = |s: u32| rank_of_stage(program.placement, program.pp, s);
+    // A hop between `a` and `b` (stages), across the boundary above `lower`: paid only when
+    // the two run on different ranks (a checked program runs each stage on its owner).
+    let crossing = |a: u32, b: u32, lower: u32| -> [f64; N] {
+        if owner(a) != owner(b) {
+            costs.map(|c| c.hop(lower))
+        } else {
+            [0.0; N]
+        }
+    };
+    (0..stages)
+        .map(|s| {
+            let i = s as usize;
+            StageLanes {
+                owner: owner(s),
+                duration: [
+                    costs.map(|c| c.forward[i]),
+                    costs.map(|c| c.backward[i]),
+                    costs.map(|c| c.input_grad[i]),
+                    costs.map(|c| c.weight_grad[i]),
+                ],
+                f_hop: if s == 0 {
+                    [0.0; N]
+                } else {
+                    crossing(s - 1, s, s - 1)
+                },
+                b_hop: if s + 1 == stages {
+                    [0.0; N]
+                } else {
+                    crossing(s + 1, s, s)
+                },
+            }
+        })
+        .collect()
+}
+
+fn plus<const N: usize>(a: [f64; N], b: [f64; N]) -> [f64; N] {
+    std::array::from_fn(|i| a[i] + b[i])
+}
+
+fn max<const N: usize>(a: [f64; N], b: [f64; N]) -> [f64; N] {
+    std::array::from_fn(|i| a[i].max(b[i]))
+}
+
+/// End times of every (stage, microbatch) cell's forward and input-gradient backward, per
+/// lane; lane 0's NaN marks an action not yet run (all lanes run together).
+struct Ends<const N: usize> {
+    microbatches: usize,
+    f: Vec<[f64; N]>,
+    g: Vec<[f64; N]>,
+}
+
+impl<const N: usize> Ends<N> {
+    fn new(stages: u32, microbatches: u32) -> Self {
+        let cells = stages as usize * microbatches as usize;
+        Ends {
+            microbatches: microbatches as usize,
+            f: vec![[NOT_DONE; N]; cells],
+            g: vec![[NOT_DONE; N]; cells],
+        }
+    }
+
+    fn cell(&self, stage: u32, microbatch: u32) -> usize {
+        stage as usize * self.microbatches + microbatch as usize
+    }
+
+    /// The time at which the inputs of `a` exist, or None if one is missing.
+    fn ready(&self, a: &Action, lanes: &[StageLanes<N>]) -> Option<[f64; N]> {
+        let exists = |t: &[f64; N]| N == 0 || !t[0].is_nan();
+        let s = a.stage;
+        match a.kind {
+            ActionKind::F => {
+                if s == 0 {
+                    return Some([0.0; N]);
+                }
+                let t = self.f[self.cell(s - 1, a.microbatch)];
+                exists(&t).then(|| plus(t, lanes[s as usize].f_hop))
+            }
+            ActionKind::B | ActionKind::I => {
+                let own = self.f[self.cell(s, a.microbatch)];
+                if !exists(&own) {
+                    return None;
+                }
+                if s as usize + 1 == lanes.len() {
+                    return Some(own);
+                }
+                let t = self.g[self.cell(s + 1, a.microbatch)];
+                exists(&t).then(|| max(own, plus(t, lanes[s as usize].b_hop)))
+            }
+            ActionKind::W => {
+                let t = self.g[self.cell(s, a.microbatch)];
+                exists(&t).then_some(t)
+            }
+        }
+    }
+}
+
 /// Plays `program` once per cost set, handing each action's spans to `record` (rank, one span
 /// per cost set): the simulator itself, shared by [`simulate`] (which keeps the timeline) and
 /// the summary-only runs of the estimate (which do not). Whether an action can start depends
@@ -92,109 +215,27 @@ pub(super) fn play<const N: usize>(
         check_costs(program, c)?;
     }
     let stages = program.num_stages();
-    let m = program.microbatches;
-    let cells = stages as usize * m as usize;
     let pp = program.pp as usize;
-    let idx = |s: u32, mb: u32| s as usize * m as usize + mb as usize;
-    let lanes = |f: &dyn Fn(&Costs) -> f64| -> [f64; N] { std::array::from_fn(|i| f(costs[i])) };
-    // End times per lane; lane 0's NaN marks an action not yet run (all lanes run together).
-    let mut f_end = vec![[NOT_DONE; N]; cells];
-    let mut g_end = vec![[NOT_DONE; N]; cells];
-
+    let lanes = stage_lanes(program, costs);
+    let overlap_factor: [f64; N] = costs.map(|c| c.overlap_factor);
+    let mut ends = Ends::<N>::new(stages, program.microbatches);
     let mut pc = vec![0usize; pp];
     let mut free = vec![[0.0f64; N]; pp];
     let mut busy = vec![[0.0f64; N]; pp];
     let mut parked = vec![false; pp];
     let mut stack: Vec<usize> = (0..pp).rev().collect();
 
-    // Per stage: its rank, and the hop its forward input (from s - 1) and its backward input
-    // (from s + 1) pay when that neighbour is on another rank. A checked program runs every
-    // action on its stage's rank, so these do not depend on who asks.
-    let owner: Vec<u32> = (0..stages)
-        .map(|s| rank_of_stage(program.placement, program.pp, s))
-        .collect();
-    let crossing = |a: u32, b: u32, lower: u32| -> [f64; N] {
-        if owner[a as usize] != owner[b as usize] {
-            lanes(&|c| c.hop(lower))
-        } else {
-            [0.0; N]
-        }
-    };
-    let f_hop: Vec<[f64; N]> = (0..stages)
-        .map(|s| {
-            if s == 0 {
-                [0.0; N]
-            } else {
-                crossing(s - 1, s, s - 1)
-            }
-        })
-        .collect();
-    let b_hop: Vec<[f64; N]> = (0..stages)
-        .map(|s| {
-            if s + 1 == stages {
-                [0.0; N]
-            } else {
-                crossing(s + 1, s, s)
-            }
-        })
-        .collect();
-    let plus = |a: [f64; N], b: [f64; N]| -> [f64; N] { std::array::from_fn(|i| a[i] + b[i]) };
-    let max = |a: [f64; N], b: [f64; N]| -> [f64; N] { std::array::from_fn(|i| a[i].max(b[i])) };
-
-    // Time at which the inputs of action `a` exist, or None if one is missing.
-    let ready =
-        |a: &super::action::Action, f_end: &[[f64; N]], g_end: &[[f64; N]]| -> Option<[f64; N]> {
-            let s = a.stage;
-            let mb = a.microbatch;
-            let exists = |t: &[f64; N]| N == 0 || !t[0].is_nan();
-            match a.kind {
-                ActionKind::F => {
-                    if s == 0 {
-                        return Some([0.0; N]);
-                    }
-                    let t = f_end[idx(s - 1, mb)];
-                    exists(&t).then(|| plus(t, f_hop[s as usize]))
-                }
-                ActionKind::B | ActionKind::I => {
-                    let own = f_end[idx(s, mb)];
-                    if !exists(&own) {
-                        return None;
-                    }
-                    if s + 1 == stages {
-                        return Some(own);
-                    }
-                    let t = g_end[idx(s + 1, mb)];
-                    exists(&t).then(|| max(own, plus(t, b_hop[s as usize])))
-                }
-                ActionKind::W => {
-                    let t = g_end[idx(s, mb)];
-                    exists(&t).then_some(t)
-                }
-            }
-        };
-    let duration = |a: &super::action::Action| -> [f64; N] {
-        let s = a.stage as usize;
-        match a.kind {
-            ActionKind::F => lanes(&|c| c.forward[s]),
-            ActionKind::B => lanes(&|c| c.backward[s]),
-            ActionKind::I => lanes(&|c| c.input_grad[s]),
-            ActionKind::W => lanes(&|c| c.weight_grad[s]),
-        }
-    };
-
     while let Some(r) = stack.pop() {
         let acts = &program.ranks[r];
-        loop {
-            let k = pc[r];
-            if k >= acts.len() {
-                break;
-            }
+        let mut k = pc[r];
+        while k < acts.len() {
             let a = &acts[k];
             let n = if a.overlap == Overlap::First { 2 } else { 1 };
+            let slot = &acts[k..k + n];
             let mut t0 = free[r];
             let mut blocked = false;
-            for b in &acts[k..k + n] {
-                match ready(b, &f_end, &g_end) {
+            for b in slot {
+                match ends.ready(b, &lanes) {
                     Some(t) => t0 = max(t0, t),
                     None => blocked = true,
                 }
@@ -203,16 +244,17 @@ pub(super) fn play<const N: usize>(
                 parked[r] = true;
                 break;
             }
+            let duration = |b: &Action| lanes[b.stage as usize].duration[kind_slot(b.kind)];
             let dur = if n == 2 {
                 let both = plus(duration(a), duration(&acts[k + 1]));
-                std::array::from_fn(|i| costs[i].overlap_factor * both[i])
+                std::array::from_fn(|i| overlap_factor[i] * both[i])
             } else {
                 duration(a)
             };
             let t1 = plus(t0, dur);
             free[r] = t1;
             busy[r] = plus(busy[r], dur);
-            for b in &acts[k..k + n] {
+            for b in slot {
                 record(
                     r,
                     std::array::from_fn(|i| Span {
@@ -221,15 +263,15 @@ pub(super) fn play<const N: usize>(
                     }),
                 );
                 let s = b.stage;
-                let cell = idx(s, b.microbatch);
+                let cell = ends.cell(s, b.microbatch);
                 let wake = match b.kind {
                     ActionKind::F => {
-                        f_end[cell] = t1;
-                        (s + 1 < stages).then(|| owner[s as usize + 1])
+                        ends.f[cell] = t1;
+                        (s + 1 < stages).then(|| lanes[s as usize + 1].owner)
                     }
                     ActionKind::B | ActionKind::I => {
-                        g_end[cell] = t1;
-                        (s > 0).then(|| owner[s as usize - 1])
+                        ends.g[cell] = t1;
+                        (s > 0).then(|| lanes[s as usize - 1].owner)
                     }
                     ActionKind::W => None,
                 };
@@ -241,8 +283,9 @@ pub(super) fn play<const N: usize>(
                     }
                 }
             }
-            pc[r] += n;
+            k += n;
         }
+        pc[r] = k;
     }
 
     if let Some(err) = deadlock(program, &pc) {
@@ -394,6 +437,7 @@ pub fn check_program(program: &Program) -> Result<(), ScheduleError> {
     let cells = stages as usize * m as usize;
     // bit 0: F, 1: B, 2: I, 3: W
     let mut seen = vec![0u8; cells];
+    let owners: Vec<u32> = (0..stages).map(|s| program.rank_of_stage(s)).collect();
     for (r, acts) in program.ranks.iter().enumerate() {
         let mut k = 0;
         while k < acts.len() {
@@ -403,7 +447,7 @@ pub fn check_program(program: &Program) -> Result<(), ScheduleError> {
                     "rank {r} action {k} {a} is out of range ({stages} stages, {m} microbatches)"
                 )));
             }
-            let owner = program.rank_of_stage(a.stage);
+            let owner = owners[a.stage as usize];
             if owner as usize != r {
                 return Err(ScheduleError::InvalidProgram(format!(
                     "rank {r} action {k} {a} belongs to rank {owner}"
