@@ -8,6 +8,9 @@ use crate::model::{
 };
 use crate::schedule::{Action, ActionKind};
 use serde::Serialize;
+use walk::ChunkBytes;
+
+mod walk;
 
 /// Memory of one pipeline rank (the most loaded rank of that stage), in bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -164,31 +167,10 @@ pub fn activation_peak(
     recompute: Recompute,
     phases: &[(u32, PhaseBuffers)],
 ) -> ActivationPeak {
-    /// One chunk's bytes as the walk adds them, with the buffers of its passes (signed, so
-    /// the walk can subtract what it frees).
-    #[derive(Default, Clone, Copy)]
-    struct Chunk {
-        stage: u32,
-        saved: i128,
-        pending: i128,
-        /// Saved bytes of the output block, which comes after the layers: freed first in
-        /// backward, created last in forward.
-        tail: i128,
-        /// What the output block's split backward keeps for its W (its share of `pending`).
-        tail_pending: i128,
-        /// Full recompute: what the layer being rebuilt adds to its kept input.
-        rebuilt: i128,
-        /// [`PhaseBuffers`] of the chunk's passes.
-        fwd: i128,
-        out_fwd: i128,
-        out_bwd: i128,
-        layer_bwd: i128,
-        wpass: i128,
-    }
-    let chunk = |stage: u32| -> Chunk {
-        let mut c = Chunk {
+    let chunk = |stage: u32| -> ChunkBytes<i128> {
+        let mut c: ChunkBytes<i128> = ChunkBytes {
             stage,
-            ..Chunk::default()
+            ..ChunkBytes::default()
         };
         for ch in chunks.iter().filter(|c| c.stage == stage as usize) {
             for (b, n) in ch.blocks(s) {
@@ -218,59 +200,8 @@ pub fn activation_peak(
     };
     // A rank holds one or two chunks: a short list beats a hash map. Each with the buffers
     // of its passes, looked up once here rather than per action.
-    let by_stage: Vec<Chunk> = chunks.iter().map(|c| chunk(c.stage as u32)).collect();
-    let none = Chunk::default();
-    let mut live: i128 = 0;
-    let mut peak: i128 = 0;
-    let mut with: i128 = 0;
-    let mut at = |a: i128, buf: i128, peak: &mut i128| {
-        *peak = (*peak).max(a);
-        with = with.max(a + buf);
-    };
-    for a in actions {
-        let c = by_stage
-            .iter()
-            .find(|c| c.stage == a.stage)
-            .unwrap_or(&none);
-        match a.kind {
-            ActionKind::F => {
-                live += c.saved;
-                // Full recompute: each layer's forward builds its whole set before keeping
-                // only its input; the last layer does so before the output block's set exists.
-                at(live - c.tail + c.rebuilt, c.fwd, &mut peak);
-                // The output block runs last: with every set live, only its own transients.
-                at(live, if c.tail > 0 { c.out_fwd } else { c.fwd }, &mut peak);
-            }
-            ActionKind::B | ActionKind::I => {
-                // The output block's backward runs first, with everything still live; then
-                // the layers, rebuilt one by one under full recompute, once its set is freed
-                // (a split backward keeps what its W needs).
-                if c.tail > 0 {
-                    at(live, c.out_bwd, &mut peak);
-                }
-                let kept_tail = if a.kind == ActionKind::I {
-                    c.tail_pending
-                } else {
-                    0
-                };
-                let layers = live - c.tail + kept_tail;
-                at(layers + c.rebuilt, c.layer_bwd, &mut peak);
-                if a.kind == ActionKind::I {
-                    // The layers' pending set is built while their saved set is freed.
-                    let grown = (c.pending - c.tail_pending) - (c.saved - c.tail);
-                    at(layers + grown.max(0), c.layer_bwd, &mut peak);
-                    live += c.pending - c.saved;
-                } else {
-                    live -= c.saved;
-                }
-            }
-            ActionKind::W => {
-                at(live, c.wpass, &mut peak);
-                live -= c.pending;
-            }
-        }
-        at(live, 0, &mut peak);
-    }
+    let by_stage: Vec<ChunkBytes<i128>> = chunks.iter().map(|c| chunk(c.stage as u32)).collect();
+    let (peak, with) = walk::peaks(actions, &by_stage);
     ActivationPeak {
         activations: peak.max(0) as u64,
         with_buffers: with.max(0) as u64,

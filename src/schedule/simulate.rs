@@ -168,35 +168,56 @@ impl<const N: usize> Ends<N> {
         stage as usize * self.microbatches + microbatch as usize
     }
 
-    /// The time at which the inputs of `a` exist, or None if one is missing.
-    fn ready(&self, a: &Action, lanes: &[StageLanes<N>]) -> Option<[f64; N]> {
+    /// The time at which the inputs of `a` exist, or the first one missing.
+    fn ready(&self, a: &Action, lanes: &[StageLanes<N>]) -> Result<[f64; N], Input> {
         let exists = |t: &[f64; N]| N == 0 || !t[0].is_nan();
         let s = a.stage;
         match a.kind {
             ActionKind::F => {
                 if s == 0 {
-                    return Some([0.0; N]);
+                    return Ok([0.0; N]);
                 }
-                let t = self.f[self.cell(s - 1, a.microbatch)];
-                exists(&t).then(|| plus(t, lanes[s as usize].f_hop))
+                let cell = self.cell(s - 1, a.microbatch);
+                let t = self.f[cell];
+                if !exists(&t) {
+                    return Err(Input::Forward(cell));
+                }
+                Ok(plus(t, lanes[s as usize].f_hop))
             }
             ActionKind::B | ActionKind::I => {
-                let own = self.f[self.cell(s, a.microbatch)];
+                let cell = self.cell(s, a.microbatch);
+                let own = self.f[cell];
                 if !exists(&own) {
-                    return None;
+                    return Err(Input::Forward(cell));
                 }
                 if s as usize + 1 == lanes.len() {
-                    return Some(own);
+                    return Ok(own);
                 }
-                let t = self.g[self.cell(s + 1, a.microbatch)];
-                exists(&t).then(|| max(own, plus(t, lanes[s as usize].b_hop)))
+                let above = self.cell(s + 1, a.microbatch);
+                let t = self.g[above];
+                if !exists(&t) {
+                    return Err(Input::Gradient(above));
+                }
+                Ok(max(own, plus(t, lanes[s as usize].b_hop)))
             }
             ActionKind::W => {
-                let t = self.g[self.cell(s, a.microbatch)];
-                exists(&t).then_some(t)
+                let cell = self.cell(s, a.microbatch);
+                let t = self.g[cell];
+                if !exists(&t) {
+                    return Err(Input::Gradient(cell));
+                }
+                Ok(t)
             }
         }
     }
+}
+
+/// An input an action waits for: the end of the forward (F) or of the input-gradient
+/// backward (B or I) of a cell.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Input {
+    Forward(usize),
+    Gradient(usize),
 }
 
 /// Plays `program` once per cost set, handing each action's spans to `record` (rank, one span
@@ -222,7 +243,9 @@ pub(super) fn play<const N: usize>(
     let mut pc = vec![0usize; pp];
     let mut free = vec![[0.0f64; N]; pp];
     let mut busy = vec![[0.0f64; N]; pp];
-    let mut parked = vec![false; pp];
+    // Per rank: the input it is parked on, if any. A rank is woken only by the end of that
+    // input (on another rank), so it is not retried for actions that cannot help it.
+    let mut parked: Vec<Option<Input>> = vec![None; pp];
     let mut stack: Vec<usize> = (0..pp).rev().collect();
 
     while let Some(r) = stack.pop() {
@@ -233,15 +256,15 @@ pub(super) fn play<const N: usize>(
             let n = if a.overlap == Overlap::First { 2 } else { 1 };
             let slot = &acts[k..k + n];
             let mut t0 = free[r];
-            let mut blocked = false;
+            let mut blocked = None;
             for b in slot {
                 match ends.ready(b, &lanes) {
-                    Some(t) => t0 = max(t0, t),
-                    None => blocked = true,
+                    Ok(t) => t0 = max(t0, t),
+                    Err(input) => blocked = blocked.or(Some(input)),
                 }
             }
-            if blocked {
-                parked[r] = true;
+            if blocked.is_some() {
+                parked[r] = blocked;
                 break;
             }
             let duration = |b: &Action| lanes[b.stage as usize].duration[kind_slot(b.kind)];
@@ -264,21 +287,23 @@ pub(super) fn play<const N: usize>(
                 );
                 let s = b.stage;
                 let cell = ends.cell(s, b.microbatch);
+                // The end just produced, and the rank that consumes it.
                 let wake = match b.kind {
                     ActionKind::F => {
                         ends.f[cell] = t1;
-                        (s + 1 < stages).then(|| lanes[s as usize + 1].owner)
+                        (s + 1 < stages)
+                            .then(|| (lanes[s as usize + 1].owner, Input::Forward(cell)))
                     }
                     ActionKind::B | ActionKind::I => {
                         ends.g[cell] = t1;
-                        (s > 0).then(|| lanes[s as usize - 1].owner)
+                        (s > 0).then(|| (lanes[s as usize - 1].owner, Input::Gradient(cell)))
                     }
                     ActionKind::W => None,
                 };
-                if let Some(q) = wake {
+                if let Some((q, input)) = wake {
                     let q = q as usize;
-                    if q != r && parked[q] {
-                        parked[q] = false;
+                    if q != r && parked[q] == Some(input) {
+                        parked[q] = None;
                         stack.push(q);
                     }
                 }
