@@ -198,10 +198,16 @@ pub fn activation_peak(
         c.wpass = phase.weight_pass as i128;
         c
     };
-    // A rank holds one or two chunks: a short list beats a hash map. Each with the buffers
-    // of its passes, looked up once here rather than per action.
-    let by_stage: Vec<ChunkBytes<i128>> = chunks.iter().map(|c| chunk(c.stage as u32)).collect();
-    let (peak, with) = walk::peaks(actions, &by_stage);
+    // A rank holds a few chunks: a short list beats a hash map. Each with the buffers of its
+    // passes, looked up once here rather than per action.
+    let (peak, with) = match chunks {
+        [only] => walk::peaks(actions, &[chunk(only.stage as u32)]),
+        _ => {
+            let by_stage: Vec<ChunkBytes<i128>> =
+                chunks.iter().map(|c| chunk(c.stage as u32)).collect();
+            walk::peaks(actions, &by_stage)
+        }
+    };
     ActivationPeak {
         activations: peak.max(0) as u64,
         with_buffers: with.max(0) as u64,
@@ -318,13 +324,20 @@ pub fn stage_memory(
     // Activations: the chunk sets live at the worst moment of this rank's action list; the
     // total takes each moment with the buffers of the phase running then.
     let peak = match pipeline {
-        Pipeline::Actions(actions) => {
-            let phases: Vec<(u32, PhaseBuffers)> = chunks
-                .iter()
-                .map(|c| (c.stage as u32, rank_phases.of(s, std::slice::from_ref(c))))
-                .collect();
-            activation_peak(actions, chunks, s, tr.recompute, &phases)
-        }
+        // A rank of one chunk (no interleaving) has its rank-wide phases as that chunk's.
+        Pipeline::Actions(actions) => match chunks {
+            [only] => {
+                let phases = [(only.stage as u32, phase)];
+                activation_peak(actions, chunks, s, tr.recompute, &phases)
+            }
+            _ => {
+                let phases: Vec<(u32, PhaseBuffers)> = chunks
+                    .iter()
+                    .map(|c| (c.stage as u32, rank_phases.of(s, std::slice::from_ref(c))))
+                    .collect();
+                activation_peak(actions, chunks, s, tr.recompute, &phases)
+            }
+        },
         Pipeline::Inflight { sets, .. } => {
             // That many sets of the rank's average chunk, plus the layer being rebuilt.
             let v = chunks.len().max(1) as u64;

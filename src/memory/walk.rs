@@ -77,9 +77,15 @@ pub(super) fn peaks(actions: &[Action], chunks: &[ChunkBytes<i128>]) -> (i128, i
         .saturating_mul(4)
         .saturating_mul(largest);
     if bound <= i64::MAX as i128 {
-        let narrow: Option<Vec<ChunkBytes<i64>>> = chunks.iter().map(ChunkBytes::narrow).collect();
-        if let Some(narrow) = narrow {
-            let (peak, with) = walk(actions, &narrow);
+        let narrow = match chunks {
+            [only] => only.narrow().map(|c| walk(actions, &[c])),
+            _ => chunks
+                .iter()
+                .map(ChunkBytes::narrow)
+                .collect::<Option<Vec<_>>>()
+                .map(|c| walk(actions, &c)),
+        };
+        if let Some((peak, with)) = narrow {
             return (peak.into(), with.into());
         }
     }

@@ -5,6 +5,7 @@
 //! alpha-beta ring model (Thakur et al. 2005, "Optimization of Collective Communication
 //! Operations in MPICH") on NVLink inside a node and on the network across nodes.
 
+mod model_cache;
 pub mod nccl;
 pub mod nccl_search;
 
@@ -62,26 +63,13 @@ const TUNED: [CollectiveKind; 3] = [
     CollectiveKind::ReduceScatter,
 ];
 
-/// NCCL's model of `coll` over `n` ranks of a group with `per_node` members on each of `nodes`
-/// nodes: NVLink inside, and across nodes the members' own NICs (rail-optimised: each GPU's
-/// share of the node's NICs is `inter.bandwidth_bytes_per_s`, after `cluster.nics_per_node`).
-/// The model the nccl-tests tables check, the chunk pipeline's overhead inside a node
-/// included ([`nccl::PIPELINE_OVERHEAD_S`]); a TP transfer Megatron-Core overlaps through its
-/// userbuffers (copy engines, not NCCL kernels) leaves that part out
-/// ([`Network::collective_parts_s`]).
-fn nccl_model(
-    arch: NcclArch,
-    inter: &Link,
-    coll: CollectiveKind,
-    n: u32,
-    per_node: u32,
-    nodes: u32,
-) -> CollectiveModel {
-    let [model] = nccl_models(arch, inter, [coll], n, per_node, nodes);
-    model
-}
-
-/// [`nccl_model`] for several collectives of one group shape, sharing one topology search.
+/// NCCL's models of `colls` over `n` ranks of a group with `per_node` members on each of
+/// `nodes` nodes, sharing one topology search: NVLink inside, and across nodes the members' own
+/// NICs (rail-optimised: each GPU's share of the node's NICs is `inter.bandwidth_bytes_per_s`,
+/// after `cluster.nics_per_node`). The model the nccl-tests tables check, the chunk pipeline's
+/// overhead inside a node included ([`nccl::PIPELINE_OVERHEAD_S`]); a TP transfer
+/// Megatron-Core overlaps through its userbuffers (copy engines, not NCCL kernels) leaves that
+/// part out ([`Network::collective_parts_s`]).
 fn nccl_models<const K: usize>(
     arch: NcclArch,
     inter: &Link,
@@ -126,8 +114,17 @@ impl Network {
                 model_of[i] = match geometry[..i].iter().position(|h| h == g) {
                     Some(j) => model_of[j],
                     None => {
-                        models.push(nccl_models(
-                            arch, &inter, TUNED, g.size, g.per_node, g.nodes,
+                        let key = model_cache::ShapeKey {
+                            arch,
+                            nic_bytes_per_s_bits: inter.bandwidth_bytes_per_s.to_bits(),
+                            ranks: g.size,
+                            per_node: g.per_node,
+                            nodes: g.nodes,
+                        };
+                        models.push(model_cache::with_models(
+                            key,
+                            || nccl_models(arch, &inter, TUNED, g.size, g.per_node, g.nodes),
+                            |m| m.clone(),
                         ));
                         models.len() - 1
                     }
@@ -204,7 +201,18 @@ impl Network {
                 // A sub-group (the two ends of tied embeddings on the pipeline group).
                 let nodes = g.nodes.min(n);
                 let per_node = n.div_ceil(nodes);
-                nccl_model(arch, &self.inter, coll, n, per_node, nodes).predict(b)
+                let key = model_cache::ShapeKey {
+                    arch,
+                    nic_bytes_per_s_bits: self.inter.bandwidth_bytes_per_s.to_bits(),
+                    ranks: n,
+                    per_node,
+                    nodes,
+                };
+                model_cache::with_models(
+                    key,
+                    || nccl_models(arch, &self.inter, TUNED, n, per_node, nodes),
+                    |m| m[c].predict(b),
+                )
             };
             if let Some(p) = predicted {
                 return (p.time_s, p.pipeline_s);
@@ -261,6 +269,18 @@ impl Network {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn nccl_model(
+        arch: NcclArch,
+        inter: &Link,
+        coll: CollectiveKind,
+        n: u32,
+        per_node: u32,
+        nodes: u32,
+    ) -> CollectiveModel {
+        let [model] = nccl_models(arch, inter, [coll], n, per_node, nodes);
+        model
+    }
 
     fn links(per_node: u32, nodes: u32) -> Network {
         let g = GroupGeometry {
