@@ -142,8 +142,11 @@ fn plus<const N: usize>(a: [f64; N], b: [f64; N]) -> [f64; N] {
     std::array::from_fn(|i| a[i] + b[i])
 }
 
+/// The later of two times, lane by lane. Times here are never NaN (sums of finite,
+/// non-negative costs, [`Costs::validate`]), so a plain comparison gives what `f64::max` does
+/// without its NaN handling.
 fn max<const N: usize>(a: [f64; N], b: [f64; N]) -> [f64; N] {
-    std::array::from_fn(|i| a[i].max(b[i]))
+    std::array::from_fn(|i| if b[i] > a[i] { b[i] } else { a[i] })
 }
 
 /// End times of every (stage, microbatch) cell's forward and input-gradient backward, per
@@ -251,16 +254,22 @@ pub(super) fn play<const N: usize>(
     while let Some(r) = stack.pop() {
         let acts = &program.ranks[r];
         let mut k = pc[r];
+        let (mut rank_free, mut rank_busy) = (free[r], busy[r]);
         while k < acts.len() {
             let a = &acts[k];
             let n = if a.overlap == Overlap::First { 2 } else { 1 };
             let slot = &acts[k..k + n];
-            let mut t0 = free[r];
+            // The slot starts when the rank is free and every input of its actions exists;
+            // the first input missing parks the rank.
+            let mut t0 = rank_free;
             let mut blocked = None;
             for b in slot {
                 match ends.ready(b, &lanes) {
                     Ok(t) => t0 = max(t0, t),
-                    Err(input) => blocked = blocked.or(Some(input)),
+                    Err(input) => {
+                        blocked = Some(input);
+                        break;
+                    }
                 }
             }
             if blocked.is_some() {
@@ -275,8 +284,8 @@ pub(super) fn play<const N: usize>(
                 duration(a)
             };
             let t1 = plus(t0, dur);
-            free[r] = t1;
-            busy[r] = plus(busy[r], dur);
+            rank_free = t1;
+            rank_busy = plus(rank_busy, dur);
             for b in slot {
                 record(
                     r,
@@ -311,6 +320,8 @@ pub(super) fn play<const N: usize>(
             k += n;
         }
         pc[r] = k;
+        free[r] = rank_free;
+        busy[r] = rank_busy;
     }
 
     if let Some(err) = deadlock(program, &pc) {
