@@ -5,7 +5,9 @@
 use crate::comm::{rank_step_bytes, step_collectives, StepCollective};
 use crate::config::{Config, Resolved, ScheduleKind};
 use crate::layout::{GroupKind, Layout};
-use crate::memory::{stage_memory, updated_params, Pipeline, StageMemory};
+use crate::memory::{
+    same_blocks, stage_memories, stage_memory, updated_params, Pipeline, StageMemory,
+};
 use crate::model::{
     chunks_per_rank, rank_params, BlockSummary, ChunkContents, CollectiveKind, GroupBytes,
     GroupSeconds, Ledger, LedgerSummary, OpRole, OptimizerState,
@@ -218,18 +220,6 @@ fn stage_costs(
     Ok((chunk_times, costs))
 }
 
-/// True when two ranks hold the same blocks chunk by chunk (whatever their stages): their
-/// parameters, step-level collectives and data-parallel tails are the same.
-fn same_blocks(a: &[ChunkContents], b: &[ChunkContents]) -> bool {
-    a.len() == b.len()
-        && a.iter().zip(b).all(|(x, y)| {
-            ChunkContents {
-                stage: y.stage,
-                ..*x
-            } == *y
-        })
-}
-
 /// The schedule program and per-stage costs the estimate simulates (for `parsim schedule
 /// --config`).
 pub fn pipeline(r: &Resolved) -> Result<(crate::schedule::Program, Costs), EstimateError> {
@@ -260,8 +250,9 @@ pub struct Prepared<'a> {
     s: LedgerSummary,
     network: Network,
     chunks: Vec<Vec<ChunkContents>>,
-    /// Per pipeline rank: its step-level collectives.
+    /// The distinct step-level collective lists, and per pipeline rank the index of its own.
     step: Vec<Vec<StepCollective>>,
+    step_of: Vec<usize>,
     chunk_times: Vec<ChunkTimes>,
     costs: Costs,
     /// Per pipeline rank: (data-parallel tail, optimizer step) seconds.
@@ -313,11 +304,12 @@ impl<'a> Prepared<'a> {
         let (chunk_times, costs) = stage_costs(r, &s, &ledger, &chunks, &network)?;
         // Ranks that hold the same blocks (the middle of a pipeline) issue the same step-level
         // collectives and have the same tail and optimizer step: each is worked out once.
-        let mut step: Vec<Vec<StepCollective>> = Vec::with_capacity(chunks.len());
+        let mut step: Vec<Vec<StepCollective>> = Vec::new();
+        let mut step_of: Vec<usize> = Vec::with_capacity(chunks.len());
         let mut after: Vec<(f64, f64)> = Vec::with_capacity(chunks.len());
         for (rank, ch) in chunks.iter().enumerate() {
             if let Some(same) = chunks[..rank].iter().position(|c| same_blocks(c, ch)) {
-                step.push(step[same].clone());
+                step_of.push(step_of[same]);
                 after.push(after[same]);
                 continue;
             }
@@ -328,6 +320,7 @@ impl<'a> Prepared<'a> {
                 .rates
                 .memory_s(updated * OptimizerState::of(tr).step_bytes_per_param());
             after.push((dp_tail_s(r, &network, &s, ch, &rank_step), optimizer_s));
+            step_of.push(step.len());
             step.push(rank_step);
         }
         Ok(Prepared {
@@ -337,6 +330,7 @@ impl<'a> Prepared<'a> {
             network,
             chunks,
             step,
+            step_of,
             chunk_times,
             costs,
             after,
@@ -500,6 +494,7 @@ impl<'a> Prepared<'a> {
             network,
             chunks,
             step,
+            step_of,
             chunk_times,
             costs,
             after,
@@ -513,7 +508,6 @@ impl<'a> Prepared<'a> {
 
         // Memory, communication volume, and each rank's finish: its last action, then the
         // data-parallel tail and the optimizer step.
-        let mut memory_stages = Vec::with_capacity(chunks.len());
         let mut comm = GroupBytes::default();
         let mut critical = (f64::MIN, 0usize, 0.0, 0.0);
         // Activations walk each rank's action list when the program is short enough to
@@ -544,16 +538,15 @@ impl<'a> Prepared<'a> {
                 None,
             ),
         };
+        let memory_stages = stage_memories(r, &s, &ledger, &chunks, |rank| match &program {
+            Some(p) => Pipeline::Actions(&p.ranks[rank]),
+            None => Pipeline::Inflight {
+                sets: sim.peak_inflight[rank],
+                split: matches!(par.schedule, ScheduleKind::ZbH1 | ScheduleKind::ZbV),
+            },
+        });
         for (rank, ch) in chunks.iter().enumerate() {
-            let pipeline = match &program {
-                Some(p) => Pipeline::Actions(&p.ranks[rank]),
-                None => Pipeline::Inflight {
-                    sets: sim.peak_inflight[rank],
-                    split: matches!(par.schedule, ScheduleKind::ZbH1 | ScheduleKind::ZbV),
-                },
-            };
-            memory_stages.push(stage_memory(r, &s, &ledger, rank as u32, ch, pipeline));
-            comm.max(&rank_step_bytes(r, &s, &ledger, ch, &step[rank]));
+            comm.max(&rank_step_bytes(r, &s, &ledger, ch, &step[step_of[rank]]));
             let (tail, optimizer_s) = after[rank];
             let finish = sim.finish[rank];
             let end = finish + tail + optimizer_s;

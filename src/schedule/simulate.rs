@@ -475,9 +475,7 @@ pub fn check_program(program: &Program) -> Result<(), ScheduleError> {
     let mut seen = vec![0u8; cells];
     let owners: Vec<u32> = (0..stages).map(|s| program.rank_of_stage(s)).collect();
     for (r, acts) in program.ranks.iter().enumerate() {
-        let mut k = 0;
-        while k < acts.len() {
-            let a = &acts[k];
+        for (k, a) in acts.iter().enumerate() {
             if a.stage >= stages || a.microbatch >= m {
                 return Err(ScheduleError::InvalidProgram(format!(
                     "rank {r} action {k} {a} is out of range ({stages} stages, {m} microbatches)"
@@ -510,12 +508,7 @@ pub fn check_program(program: &Program) -> Result<(), ScheduleError> {
                     }
                 }
             }
-            let bit = match a.kind {
-                ActionKind::F => 1u8,
-                ActionKind::B => 2,
-                ActionKind::I => 4,
-                ActionKind::W => 8,
-            };
+            let bit = 1u8 << kind_slot(a.kind);
             let cell = &mut seen[a.stage as usize * m as usize + a.microbatch as usize];
             if *cell & bit != 0 {
                 return Err(ScheduleError::InvalidProgram(format!(
@@ -523,7 +516,6 @@ pub fn check_program(program: &Program) -> Result<(), ScheduleError> {
                 )));
             }
             *cell |= bit;
-            k += 1;
         }
     }
     for (c, &bits) in seen.iter().enumerate() {
