@@ -15,7 +15,7 @@ use crate::model::{
 use crate::network::Network;
 use crate::schedule::{
     generate, simulate_extrapolated, simulate_summaries, simulate_summary, simulates_in_full,
-    CheckedProgram, Costs, ScheduleError,
+    Costs, GeneratedProgram, ScheduleError,
 };
 use crate::time::{Overlaps, Rates, StepTime, TimingContext};
 use serde::Serialize;
@@ -513,16 +513,22 @@ impl<'a> Prepared<'a> {
         // Activations walk each rank's action list when the program is short enough to
         // generate (the memory of `parsim execute` runs is compared with it); longer programs,
         // which the simulation extrapolates, use the peak count of live chunk sets.
-        let program = if par.pp as u64 * par.vpp as u64 * r.microbatches as u64 <= MAX_WALKED_CELLS
-        {
-            Some(generate(par.schedule, par.pp, par.vpp, r.microbatches)?)
-        } else {
-            None
-        };
+        let generated =
+            if par.pp as u64 * par.vpp as u64 * r.microbatches as u64 <= MAX_WALKED_CELLS {
+                Some(GeneratedProgram::of(
+                    par.schedule,
+                    par.pp,
+                    par.vpp,
+                    r.microbatches,
+                )?)
+            } else {
+                None
+            };
+        let program = generated.as_ref().map(GeneratedProgram::program);
         // One generation serves both the memory walk and, when it would not be extrapolated
         // anyway, the simulation.
         // The bubble split's run with free hops shares the walk of the schedule.
-        let checked = program.as_ref().map(CheckedProgram::new).transpose()?;
+        let checked = generated.as_ref().map(GeneratedProgram::checked);
         let (sim, free_run) = match checked {
             Some(p) if simulates_in_full(par.schedule, par.pp, r.microbatches) => {
                 if split_bubble && par.pp > 1 {
@@ -538,7 +544,7 @@ impl<'a> Prepared<'a> {
                 None,
             ),
         };
-        let memory_stages = stage_memories(r, &s, &ledger, &chunks, |rank| match &program {
+        let memory_stages = stage_memories(r, &s, &ledger, &chunks, |rank| match program {
             Some(p) => Pipeline::Actions(&p.ranks[rank]),
             None => Pipeline::Inflight {
                 sets: sim.peak_inflight[rank],

@@ -375,6 +375,12 @@ impl<'a> CheckedProgram<'a> {
         Ok(CheckedProgram(program))
     }
 
+    /// A program that passed [`CheckedProgram::new`] before (kept by
+    /// [`super::GeneratedProgram`]).
+    pub(super) fn already_checked(program: &'a Program) -> Self {
+        CheckedProgram(program)
+    }
+
     /// The program itself.
     pub fn program(&self) -> &'a Program {
         self.0
