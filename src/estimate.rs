@@ -5,9 +5,7 @@
 use crate::comm::{rank_step_bytes, step_collectives, StepCollective};
 use crate::config::{Config, Resolved, ScheduleKind};
 use crate::layout::{GroupKind, Layout};
-use crate::memory::{
-    same_blocks, stage_memories, stage_memory, updated_params, Pipeline, StageMemory,
-};
+use crate::memory::{same_blocks, stage_memories, updated_params, Pipeline, StageMemory};
 use crate::model::{
     chunks_per_rank, rank_params, BlockSummary, ChunkContents, CollectiveKind, GroupBytes,
     GroupSeconds, Ledger, LedgerSummary, OpRole, OptimizerState,
@@ -369,16 +367,13 @@ impl<'a> Prepared<'a> {
 
     /// A lower bound of the most loaded rank's memory: one activation set in flight.
     pub fn memory_lower_bound(&self) -> u64 {
-        self.chunks
+        let one = |_| Pipeline::Inflight {
+            sets: 1,
+            split: false,
+        };
+        stage_memories(self.r, &self.s, &self.ledger, &self.chunks, one)
             .iter()
-            .enumerate()
-            .map(|(rank, ch)| {
-                let one = Pipeline::Inflight {
-                    sets: 1,
-                    split: false,
-                };
-                stage_memory(self.r, &self.s, &self.ledger, rank as u32, ch, one).total
-            })
+            .map(|m| m.total)
             .max()
             .unwrap_or(0)
     }

@@ -326,6 +326,7 @@ struct RankStatic {
 }
 
 impl RankStatic {
+    /// The parts of the memory of a rank holding `chunks` that its action list does not change.
     fn of(
         r: &Resolved,
         s: &LedgerSummary,

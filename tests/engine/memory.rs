@@ -129,7 +129,10 @@ fn shared_rank_memory_equals_each_rank_alone() {
             let alone = stage_memory(&r, &s, &l, rank as u32, ch, walked);
             assert_eq!(shared[rank], alone, "{overlay} rank {rank}");
             let alone = stage_memory(&r, &s, &l, rank as u32, ch, counted(rank));
-            assert_eq!(shared_counted[rank], alone, "{overlay} rank {rank} (counted)");
+            assert_eq!(
+                shared_counted[rank], alone,
+                "{overlay} rank {rank} (counted)"
+            );
         }
     }
 }
