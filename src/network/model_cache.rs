@@ -32,17 +32,12 @@ pub(super) fn with_models<R>(
     build: impl FnOnce() -> [CollectiveModel; 3],
     f: impl FnOnce(&[CollectiveModel; 3]) -> R,
 ) -> R {
-    let mut f = Some(f);
-    let hit = MODELS.with(|m| {
-        let m = m.borrow();
-        let (_, models) = m.iter().find(|(k, _)| *k == key)?;
-        f.take().map(|f| f(models))
-    });
-    if let Some(r) = hit {
-        return r;
+    let index = MODELS.with(|m| m.borrow().iter().position(|(k, _)| *k == key));
+    if let Some(i) = index {
+        return MODELS.with(|m| f(&m.borrow()[i].1));
     }
     let models = build();
-    let r = f.take().map(|f| f(&models));
+    let r = f(&models);
     MODELS.with(|m| {
         let mut m = m.borrow_mut();
         if m.len() >= CAPACITY {
@@ -50,7 +45,7 @@ pub(super) fn with_models<R>(
         }
         m.push((key, models));
     });
-    r.expect("f runs on a miss when it did not on a hit")
+    r
 }
 
 #[cfg(test)]
