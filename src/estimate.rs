@@ -5,7 +5,7 @@
 use crate::comm::{rank_step_bytes, step_collectives, StepCollective};
 use crate::config::{Config, Resolved, ScheduleKind};
 use crate::layout::{GroupKind, Layout};
-use crate::memory::{stage_memory, updated_params, Pipeline, StageMemory};
+use crate::memory::{same_blocks, stage_memories, updated_params, Pipeline, StageMemory};
 use crate::model::{
     chunks_per_rank, rank_params, BlockSummary, ChunkContents, CollectiveKind, GroupBytes,
     GroupSeconds, Ledger, LedgerSummary, OpRole, OptimizerState,
@@ -13,7 +13,7 @@ use crate::model::{
 use crate::network::Network;
 use crate::schedule::{
     generate, simulate_extrapolated, simulate_summaries, simulate_summary, simulates_in_full,
-    CheckedProgram, Costs, ScheduleError,
+    Costs, GeneratedProgram, ScheduleError,
 };
 use crate::time::{Overlaps, Rates, StepTime, TimingContext};
 use serde::Serialize;
@@ -248,8 +248,9 @@ pub struct Prepared<'a> {
     s: LedgerSummary,
     network: Network,
     chunks: Vec<Vec<ChunkContents>>,
-    /// Per pipeline rank: its step-level collectives.
+    /// The distinct step-level collective lists, and per pipeline rank the index of its own.
     step: Vec<Vec<StepCollective>>,
+    step_of: Vec<usize>,
     chunk_times: Vec<ChunkTimes>,
     costs: Costs,
     /// Per pipeline rank: (data-parallel tail, optimizer step) seconds.
@@ -299,22 +300,27 @@ impl<'a> Prepared<'a> {
         });
         let chunks = chunks_per_rank(r);
         let (chunk_times, costs) = stage_costs(r, &s, &ledger, &chunks, &network)?;
-        let step: Vec<Vec<StepCollective>> = chunks
-            .iter()
-            .map(|ch| step_collectives(r, &s, &ledger, ch))
-            .collect();
-        let after = chunks
-            .iter()
-            .zip(&step)
-            .map(|(ch, step)| {
-                let p = rank_params(ch, &s);
-                let updated = updated_params(r, &p);
-                let optimizer_s = timing
-                    .rates
-                    .memory_s(updated * OptimizerState::of(tr).step_bytes_per_param());
-                (dp_tail_s(r, &network, &s, ch, step), optimizer_s)
-            })
-            .collect();
+        // Ranks that hold the same blocks (the middle of a pipeline) issue the same step-level
+        // collectives and have the same tail and optimizer step: each is worked out once.
+        let mut step: Vec<Vec<StepCollective>> = Vec::new();
+        let mut step_of: Vec<usize> = Vec::with_capacity(chunks.len());
+        let mut after: Vec<(f64, f64)> = Vec::with_capacity(chunks.len());
+        for (rank, ch) in chunks.iter().enumerate() {
+            if let Some(same) = chunks[..rank].iter().position(|c| same_blocks(c, ch)) {
+                step_of.push(step_of[same]);
+                after.push(after[same]);
+                continue;
+            }
+            let rank_step = step_collectives(r, &s, &ledger, ch);
+            let p = rank_params(ch, &s);
+            let updated = updated_params(r, &p);
+            let optimizer_s = timing
+                .rates
+                .memory_s(updated * OptimizerState::of(tr).step_bytes_per_param());
+            after.push((dp_tail_s(r, &network, &s, ch, &rank_step), optimizer_s));
+            step_of.push(step.len());
+            step.push(rank_step);
+        }
         Ok(Prepared {
             r,
             ledger,
@@ -322,6 +328,7 @@ impl<'a> Prepared<'a> {
             network,
             chunks,
             step,
+            step_of,
             chunk_times,
             costs,
             after,
@@ -360,16 +367,13 @@ impl<'a> Prepared<'a> {
 
     /// A lower bound of the most loaded rank's memory: one activation set in flight.
     pub fn memory_lower_bound(&self) -> u64 {
-        self.chunks
+        let one = |_| Pipeline::Inflight {
+            sets: 1,
+            split: false,
+        };
+        stage_memories(self.r, &self.s, &self.ledger, &self.chunks, one)
             .iter()
-            .enumerate()
-            .map(|(rank, ch)| {
-                let one = Pipeline::Inflight {
-                    sets: 1,
-                    split: false,
-                };
-                stage_memory(self.r, &self.s, &self.ledger, rank as u32, ch, one).total
-            })
+            .map(|m| m.total)
             .max()
             .unwrap_or(0)
     }
@@ -485,6 +489,7 @@ impl<'a> Prepared<'a> {
             network,
             chunks,
             step,
+            step_of,
             chunk_times,
             costs,
             after,
@@ -498,22 +503,27 @@ impl<'a> Prepared<'a> {
 
         // Memory, communication volume, and each rank's finish: its last action, then the
         // data-parallel tail and the optimizer step.
-        let mut memory_stages = Vec::with_capacity(chunks.len());
         let mut comm = GroupBytes::default();
         let mut critical = (f64::MIN, 0usize, 0.0, 0.0);
         // Activations walk each rank's action list when the program is short enough to
         // generate (the memory of `parsim execute` runs is compared with it); longer programs,
         // which the simulation extrapolates, use the peak count of live chunk sets.
-        let program = if par.pp as u64 * par.vpp as u64 * r.microbatches as u64 <= MAX_WALKED_CELLS
-        {
-            Some(generate(par.schedule, par.pp, par.vpp, r.microbatches)?)
-        } else {
-            None
-        };
+        let generated =
+            if par.pp as u64 * par.vpp as u64 * r.microbatches as u64 <= MAX_WALKED_CELLS {
+                Some(GeneratedProgram::of(
+                    par.schedule,
+                    par.pp,
+                    par.vpp,
+                    r.microbatches,
+                )?)
+            } else {
+                None
+            };
+        let program = generated.as_ref().map(GeneratedProgram::program);
         // One generation serves both the memory walk and, when it would not be extrapolated
         // anyway, the simulation.
         // The bubble split's run with free hops shares the walk of the schedule.
-        let checked = program.as_ref().map(CheckedProgram::new).transpose()?;
+        let checked = generated.as_ref().map(GeneratedProgram::checked);
         let (sim, free_run) = match checked {
             Some(p) if simulates_in_full(par.schedule, par.pp, r.microbatches) => {
                 if split_bubble && par.pp > 1 {
@@ -529,16 +539,15 @@ impl<'a> Prepared<'a> {
                 None,
             ),
         };
+        let memory_stages = stage_memories(r, &s, &ledger, &chunks, |rank| match program {
+            Some(p) => Pipeline::Actions(&p.ranks[rank]),
+            None => Pipeline::Inflight {
+                sets: sim.peak_inflight[rank],
+                split: matches!(par.schedule, ScheduleKind::ZbH1 | ScheduleKind::ZbV),
+            },
+        });
         for (rank, ch) in chunks.iter().enumerate() {
-            let pipeline = match &program {
-                Some(p) => Pipeline::Actions(&p.ranks[rank]),
-                None => Pipeline::Inflight {
-                    sets: sim.peak_inflight[rank],
-                    split: matches!(par.schedule, ScheduleKind::ZbH1 | ScheduleKind::ZbV),
-                },
-            };
-            memory_stages.push(stage_memory(r, &s, &ledger, rank as u32, ch, pipeline));
-            comm.max(&rank_step_bytes(r, &s, &ledger, ch, &step[rank]));
+            comm.max(&rank_step_bytes(r, &s, &ledger, ch, &step[step_of[rank]]));
             let (tail, optimizer_s) = after[rank];
             let finish = sim.finish[rank];
             let end = finish + tail + optimizer_s;

@@ -8,6 +8,9 @@ use crate::model::{
 };
 use crate::schedule::{Action, ActionKind};
 use serde::Serialize;
+use walk::ChunkBytes;
+
+mod walk;
 
 /// Memory of one pipeline rank (the most loaded rank of that stage), in bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -164,20 +167,11 @@ pub fn activation_peak(
     recompute: Recompute,
     phases: &[(u32, PhaseBuffers)],
 ) -> ActivationPeak {
-    #[derive(Default, Clone, Copy)]
-    struct Chunk {
-        saved: i128,
-        pending: i128,
-        /// Saved bytes of the output block, which comes after the layers: freed first in
-        /// backward, created last in forward.
-        tail: i128,
-        /// What the output block's split backward keeps for its W (its share of `pending`).
-        tail_pending: i128,
-        /// Full recompute: what the layer being rebuilt adds to its kept input.
-        rebuilt: i128,
-    }
-    let chunk = |stage: u32| -> Chunk {
-        let mut c = Chunk::default();
+    let chunk = |stage: u32| -> ChunkBytes<i128> {
+        let mut c: ChunkBytes<i128> = ChunkBytes {
+            stage,
+            ..ChunkBytes::default()
+        };
         for ch in chunks.iter().filter(|c| c.stage == stage as usize) {
             for (b, n) in ch.blocks(s) {
                 let n = n as i128;
@@ -192,81 +186,28 @@ pub fn activation_peak(
                 c.tail_pending += s.output.wgrad_pending as i128;
             }
         }
+        let phase = phases
+            .iter()
+            .find(|(st, _)| *st == stage)
+            .map(|(_, p)| *p)
+            .unwrap_or_default();
+        c.fwd = phase.forward as i128;
+        c.out_fwd = phase.output_forward as i128;
+        c.out_bwd = phase.output_backward as i128;
+        c.layer_bwd = phase.layer_backward as i128;
+        c.wpass = phase.weight_pass as i128;
         c
     };
-    // A rank holds one or two chunks: a short list beats a hash map. Each with the buffers
-    // of its passes, looked up once here rather than per action.
-    let by_stage: Vec<(u32, Chunk, PhaseBuffers)> = chunks
-        .iter()
-        .map(|c| {
-            let stage = c.stage as u32;
-            let phase = phases
-                .iter()
-                .find(|(st, _)| *st == stage)
-                .map(|(_, p)| *p)
-                .unwrap_or_default();
-            (stage, chunk(stage), phase)
-        })
-        .collect();
-    let mut live: i128 = 0;
-    let mut peak: i128 = 0;
-    let mut with: i128 = 0;
-    let mut at = |a: i128, buf: i128, peak: &mut i128| {
-        *peak = (*peak).max(a);
-        with = with.max(a + buf);
-    };
-    for a in actions {
-        let (c, phase) = by_stage
-            .iter()
-            .find(|(st, _, _)| *st == a.stage)
-            .map(|&(_, c, p)| (c, p))
-            .unwrap_or_default();
-        let (fwd, out_fwd, out_bwd, layer_bwd, wpass) = (
-            phase.forward as i128,
-            phase.output_forward as i128,
-            phase.output_backward as i128,
-            phase.layer_backward as i128,
-            phase.weight_pass as i128,
-        );
-        match a.kind {
-            ActionKind::F => {
-                live += c.saved;
-                // Full recompute: each layer's forward builds its whole set before keeping
-                // only its input; the last layer does so before the output block's set exists.
-                at(live - c.tail + c.rebuilt, fwd, &mut peak);
-                // The output block runs last: with every set live, only its own transients.
-                at(live, if c.tail > 0 { out_fwd } else { fwd }, &mut peak);
-            }
-            ActionKind::B | ActionKind::I => {
-                // The output block's backward runs first, with everything still live; then
-                // the layers, rebuilt one by one under full recompute, once its set is freed
-                // (a split backward keeps what its W needs).
-                if c.tail > 0 {
-                    at(live, out_bwd, &mut peak);
-                }
-                let kept_tail = if a.kind == ActionKind::I {
-                    c.tail_pending
-                } else {
-                    0
-                };
-                let layers = live - c.tail + kept_tail;
-                at(layers + c.rebuilt, layer_bwd, &mut peak);
-                if a.kind == ActionKind::I {
-                    // The layers' pending set is built while their saved set is freed.
-                    let grown = (c.pending - c.tail_pending) - (c.saved - c.tail);
-                    at(layers + grown.max(0), layer_bwd, &mut peak);
-                    live += c.pending - c.saved;
-                } else {
-                    live -= c.saved;
-                }
-            }
-            ActionKind::W => {
-                at(live, wpass, &mut peak);
-                live -= c.pending;
-            }
+    // A rank holds a few chunks: a short list beats a hash map. Each with the buffers of its
+    // passes, looked up once here rather than per action.
+    let (peak, with) = match chunks {
+        [only] => walk::peaks(actions, &[chunk(only.stage as u32)]),
+        _ => {
+            let by_stage: Vec<ChunkBytes<i128>> =
+                chunks.iter().map(|c| chunk(c.stage as u32)).collect();
+            walk::peaks(actions, &by_stage)
         }
-        at(live, 0, &mut peak);
-    }
+    };
     ActivationPeak {
         activations: peak.max(0) as u64,
         with_buffers: with.max(0) as u64,
@@ -306,127 +247,247 @@ pub fn stage_memory(
     chunks: &[ChunkContents],
     pipeline: Pipeline,
 ) -> StageMemory {
-    let tr = &r.config.training;
-    let par = &r.config.parallel;
-    let d = &l.dims;
-    let p = rank_params(chunks, s);
-    let dense_rep = r.dense_replicas() as u64;
-    let expert_rep = r.expert_dp() as u64;
-    let shard = |n: u64, reps: u64| n.div_ceil(reps);
-    let w = tr.weight_bytes();
-    let g = tr.grad_dtype.bytes();
-    let o = OptimizerState::of(tr).state_bytes_per_param();
-    let zero = par.zero;
-    let weights = if zero >= 3 {
-        (shard(p.rank_dense, dense_rep) + shard(p.rank_expert, expert_rep)) * w
-    } else {
-        p.rank() * w
-    };
-    let grads = if zero >= 2 {
-        (shard(p.rank_dense_trainable, dense_rep) + shard(p.rank_expert_trainable, expert_rep)) * g
-    } else {
-        (p.rank_dense_trainable + p.rank_expert_trainable) * g
-    };
-    let optimizer = updated_params(r, &p) * o;
+    RankStatic::of(r, s, l, chunks, splits_backward(&pipeline)).memory(r, s, rank, chunks, pipeline)
+}
 
-    // Buffers: runtime overhead, the SP all-gather buffer, pipeline send/receive buffers,
-    // then, by phase, ZeRO's gathered blocks and gradient bucket and the ops' transients:
-    // - forward: ZeRO-3's two gathered parameter sets (the one in use and the one beside it),
-    //   and the largest forward transient of any op;
-    // - backward of a block: its gathered weights (ZeRO-3) and its backward transient, which
-    //   holds its gradient buckets (ZeRO-2/3: a space's gradients at full size before they
-    //   are reduce-scattered into the shard, as DeepSpeed's reduce bucket) from its first
-    //   weight gradient on; a split backward (zero-bubble schedules) fills the bucket only in
-    //   its W pass, where nothing else is transient.
-    // The buffers category takes the rank's worst phase; the activation walk takes each pass
-    // with its own chunk's transients (`RankPhases::of` on that chunk alone).
-    let blocks = || chunks.iter().flat_map(|c| c.blocks(s)).map(|(b, _)| b);
-    let mut fixed = r.gpu.runtime_overhead_bytes;
-    fixed += blocks().map(|b| b.sp_gather).max().unwrap_or(0);
-    // Pipeline: the receive buffer, and a send buffer. A chunk's output waits in it from its
-    // forward to the send right after (a forward transient), unless the next stage sits on
-    // the same rank (the bottom of a V), where it waits for that chunk's forward.
-    let handoff = chunks
-        .iter()
-        .any(|a| chunks.iter().any(|b| b.stage == a.stage + 1));
-    let pp_send = if par.pp > 1 { d.residual_bytes() } else { 0 };
-    if par.pp > 1 {
-        fixed += pp_send + if handoff { pp_send } else { 0 };
-    }
-    let split = match pipeline {
-        Pipeline::Actions(actions) => actions.iter().any(|a| a.kind == ActionKind::I),
-        Pipeline::Inflight { split, .. } => split,
-    };
-    // ZeRO-3 gathers a block's experts apart from the rest of it (the expert space), so the
-    // two sets forward holds (the one in use and the one beside it) are each a unit's dense
-    // part or its experts: an MoE layer's two parts, or one part and the previous block's
-    // (two experts parts are never adjacent; the neighbour may be another chunk's, so the
-    // rank's largest): at most the largest dense part and the larger of the largest dense and
-    // experts parts.
-    let gathered_sets = if zero >= 3 {
-        let dense = blocks().map(|b| b.gather_dense).max().unwrap_or(0);
-        let expert = blocks().map(|b| b.gather_expert).max().unwrap_or(0);
-        (dense + dense.max(expert)) * w
-    } else {
-        0
-    };
-    let rank_phases = RankPhases {
-        zero,
-        weight_bytes: w,
-        grad_bytes: g,
-        split,
-        gathered_sets,
-        pp_send: if handoff { 0 } else { pp_send },
-    };
-    let phase = rank_phases.of(s, chunks);
-
-    // Activations: the chunk sets live at the worst moment of this rank's action list; the
-    // total takes each moment with the buffers of the phase running then.
-    let peak = match pipeline {
-        Pipeline::Actions(actions) => {
-            let phases: Vec<(u32, PhaseBuffers)> = chunks
-                .iter()
-                .map(|c| (c.stage as u32, rank_phases.of(s, std::slice::from_ref(c))))
-                .collect();
-            activation_peak(actions, chunks, s, tr.recompute, &phases)
-        }
-        Pipeline::Inflight { sets, .. } => {
-            // That many sets of the rank's average chunk, plus the layer being rebuilt.
-            let v = chunks.len().max(1) as u64;
-            let per_microbatch: u64 = chunks
-                .iter()
-                .flat_map(|c| c.blocks(s))
-                .map(|(b, n)| b.saved * n)
-                .sum();
-            let rebuilt = blocks()
-                .filter(|b| tr.recompute == Recompute::Full && b.saved != b.saved_all)
-                .map(|b| b.saved_all - b.saved)
-                .max()
-                .unwrap_or(0);
-            // Saturating: GPipe keeps every microbatch live, up to 2^30 of them, which is
-            // reported as not fitting rather than wrapping.
-            let a = per_microbatch
-                .saturating_mul(sets as u64)
-                .div_ceil(v)
-                .saturating_add(rebuilt);
-            ActivationPeak {
-                activations: a,
-                with_buffers: a.saturating_add(phase.max()),
+/// [`stage_memory`] of every pipeline rank (`pipeline(rank)` is what it runs). Ranks that hold
+/// the same blocks (the middle of a pipeline) differ only in their activation walk: the rest
+/// of their memory is worked out once.
+pub fn stage_memories<'p>(
+    r: &Resolved,
+    s: &LedgerSummary,
+    l: &Ledger,
+    chunks: &[Vec<ChunkContents>],
+    pipeline: impl Fn(usize) -> Pipeline<'p>,
+) -> Vec<StageMemory> {
+    let mut seen: Vec<(usize, RankStatic)> = Vec::new();
+    let mut out = Vec::with_capacity(chunks.len());
+    for (rank, ch) in chunks.iter().enumerate() {
+        let pl = pipeline(rank);
+        let split = splits_backward(&pl);
+        let known = seen.iter().find(|(k, st)| {
+            st.split == split && st.handoff == hands_off(ch) && same_blocks(&chunks[*k], ch)
+        });
+        let st = match known {
+            Some((_, st)) => *st,
+            None => {
+                let st = RankStatic::of(r, s, l, ch, split);
+                seen.push((rank, st));
+                st
             }
+        };
+        out.push(st.memory(r, s, rank as u32, ch, pl));
+    }
+    out
+}
+
+/// True when two ranks hold the same blocks chunk by chunk (whatever their stages): their
+/// parameters, step-level collectives, data-parallel tails and memory but for the activation
+/// walk are the same.
+pub fn same_blocks(a: &[ChunkContents], b: &[ChunkContents]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            ChunkContents {
+                stage: y.stage,
+                ..*x
+            } == *y
+        })
+}
+
+/// Whether `pipeline` splits its backward (zero-bubble schedules).
+fn splits_backward(pipeline: &Pipeline) -> bool {
+    match pipeline {
+        Pipeline::Actions(actions) => actions.iter().any(|a| a.kind == ActionKind::I),
+        Pipeline::Inflight { split, .. } => *split,
+    }
+}
+
+/// Whether a chunk of the rank hands its output to the next stage on the same rank (the
+/// bottom of a V).
+fn hands_off(chunks: &[ChunkContents]) -> bool {
+    chunks
+        .iter()
+        .any(|a| chunks.iter().any(|b| b.stage == a.stage + 1))
+}
+
+/// The memory of a rank that depends only on the blocks it holds, whether it splits its
+/// backward and whether it hands off inside the rank: all but the activation walk.
+#[derive(Debug, Clone, Copy)]
+struct RankStatic {
+    weights: u64,
+    grads: u64,
+    optimizer: u64,
+    fixed: u64,
+    split: bool,
+    handoff: bool,
+    rank_phases: RankPhases,
+    /// The rank's worst phase buffers (all its chunks).
+    phase: PhaseBuffers,
+}
+
+impl RankStatic {
+    /// The parts of the memory of a rank holding `chunks` that its action list does not change.
+    fn of(
+        r: &Resolved,
+        s: &LedgerSummary,
+        l: &Ledger,
+        chunks: &[ChunkContents],
+        split: bool,
+    ) -> RankStatic {
+        let tr = &r.config.training;
+        let par = &r.config.parallel;
+        let d = &l.dims;
+        let p = rank_params(chunks, s);
+        let dense_rep = r.dense_replicas() as u64;
+        let expert_rep = r.expert_dp() as u64;
+        let shard = |n: u64, reps: u64| n.div_ceil(reps);
+        let w = tr.weight_bytes();
+        let g = tr.grad_dtype.bytes();
+        let o = OptimizerState::of(tr).state_bytes_per_param();
+        let zero = par.zero;
+        let weights = if zero >= 3 {
+            (shard(p.rank_dense, dense_rep) + shard(p.rank_expert, expert_rep)) * w
+        } else {
+            p.rank() * w
+        };
+        let grads = if zero >= 2 {
+            (shard(p.rank_dense_trainable, dense_rep) + shard(p.rank_expert_trainable, expert_rep))
+                * g
+        } else {
+            (p.rank_dense_trainable + p.rank_expert_trainable) * g
+        };
+        let optimizer = updated_params(r, &p) * o;
+
+        // Buffers: runtime overhead, the SP all-gather buffer, pipeline send/receive buffers,
+        // then, by phase, ZeRO's gathered blocks and gradient bucket and the ops' transients:
+        // - forward: ZeRO-3's two gathered parameter sets (the one in use and the one beside it),
+        //   and the largest forward transient of any op;
+        // - backward of a block: its gathered weights (ZeRO-3) and its backward transient, which
+        //   holds its gradient buckets (ZeRO-2/3: a space's gradients at full size before they
+        //   are reduce-scattered into the shard, as DeepSpeed's reduce bucket) from its first
+        //   weight gradient on; a split backward (zero-bubble schedules) fills the bucket only in
+        //   its W pass, where nothing else is transient.
+        // The buffers category takes the rank's worst phase; the activation walk takes each pass
+        // with its own chunk's transients (`RankPhases::of` on that chunk alone).
+        let blocks = || chunks.iter().flat_map(|c| c.blocks(s)).map(|(b, _)| b);
+        let mut fixed = r.gpu.runtime_overhead_bytes;
+        fixed += blocks().map(|b| b.sp_gather).max().unwrap_or(0);
+        // Pipeline: the receive buffer, and a send buffer. A chunk's output waits in it from its
+        // forward to the send right after (a forward transient), unless the next stage sits on
+        // the same rank (the bottom of a V), where it waits for that chunk's forward.
+        let handoff = hands_off(chunks);
+        let pp_send = if par.pp > 1 { d.residual_bytes() } else { 0 };
+        if par.pp > 1 {
+            fixed += pp_send + if handoff { pp_send } else { 0 };
         }
-    };
-    let activations = peak.activations;
-    let buffers = fixed + phase.max();
-    // The worst moment, not the sum of each category's worst (which can be larger).
-    let total = (weights + grads + optimizer + fixed).saturating_add(peak.with_buffers);
-    StageMemory {
-        stage: rank,
-        weights,
-        gradients: grads,
-        optimizer,
-        activations,
-        buffers,
-        total,
+        // ZeRO-3 gathers a block's experts apart from the rest of it (the expert space), so the
+        // two sets forward holds (the one in use and the one beside it) are each a unit's dense
+        // part or its experts: an MoE layer's two parts, or one part and the previous block's
+        // (two experts parts are never adjacent; the neighbour may be another chunk's, so the
+        // rank's largest): at most the largest dense part and the larger of the largest dense and
+        // experts parts.
+        let gathered_sets = if zero >= 3 {
+            let dense = blocks().map(|b| b.gather_dense).max().unwrap_or(0);
+            let expert = blocks().map(|b| b.gather_expert).max().unwrap_or(0);
+            (dense + dense.max(expert)) * w
+        } else {
+            0
+        };
+        let rank_phases = RankPhases {
+            zero,
+            weight_bytes: w,
+            grad_bytes: g,
+            split,
+            gathered_sets,
+            pp_send: if handoff { 0 } else { pp_send },
+        };
+        RankStatic {
+            weights,
+            grads,
+            optimizer,
+            fixed,
+            split,
+            handoff,
+            rank_phases,
+            phase: rank_phases.of(s, chunks),
+        }
+    }
+
+    /// The rank's memory with its activation walk over `pipeline`.
+    fn memory(
+        &self,
+        r: &Resolved,
+        s: &LedgerSummary,
+        rank: u32,
+        chunks: &[ChunkContents],
+        pipeline: Pipeline,
+    ) -> StageMemory {
+        let tr = &r.config.training;
+        let RankStatic {
+            weights,
+            grads,
+            optimizer,
+            fixed,
+            rank_phases,
+            phase,
+            ..
+        } = *self;
+        let blocks = || chunks.iter().flat_map(|c| c.blocks(s)).map(|(b, _)| b);
+        // Activations: the chunk sets live at the worst moment of this rank's action list; the
+        // total takes each moment with the buffers of the phase running then.
+        let peak = match pipeline {
+            // A rank of one chunk (no interleaving) has its rank-wide phases as that chunk's.
+            Pipeline::Actions(actions) => match chunks {
+                [only] => {
+                    let phases = [(only.stage as u32, phase)];
+                    activation_peak(actions, chunks, s, tr.recompute, &phases)
+                }
+                _ => {
+                    let phases: Vec<(u32, PhaseBuffers)> = chunks
+                        .iter()
+                        .map(|c| (c.stage as u32, rank_phases.of(s, std::slice::from_ref(c))))
+                        .collect();
+                    activation_peak(actions, chunks, s, tr.recompute, &phases)
+                }
+            },
+            Pipeline::Inflight { sets, .. } => {
+                // That many sets of the rank's average chunk, plus the layer being rebuilt.
+                let v = chunks.len().max(1) as u64;
+                let per_microbatch: u64 = chunks
+                    .iter()
+                    .flat_map(|c| c.blocks(s))
+                    .map(|(b, n)| b.saved * n)
+                    .sum();
+                let rebuilt = blocks()
+                    .filter(|b| tr.recompute == Recompute::Full && b.saved != b.saved_all)
+                    .map(|b| b.saved_all - b.saved)
+                    .max()
+                    .unwrap_or(0);
+                // Saturating: GPipe keeps every microbatch live, up to 2^30 of them, which is
+                // reported as not fitting rather than wrapping.
+                let a = per_microbatch
+                    .saturating_mul(sets as u64)
+                    .div_ceil(v)
+                    .saturating_add(rebuilt);
+                ActivationPeak {
+                    activations: a,
+                    with_buffers: a.saturating_add(phase.max()),
+                }
+            }
+        };
+        let activations = peak.activations;
+        let buffers = fixed + phase.max();
+        // The worst moment, not the sum of each category's worst (which can be larger).
+        let total = (weights + grads + optimizer + fixed).saturating_add(peak.with_buffers);
+        StageMemory {
+            stage: rank,
+            weights,
+            gradients: grads,
+            optimizer,
+            activations,
+            buffers,
+            total,
+        }
     }
 }
 

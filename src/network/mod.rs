@@ -5,6 +5,7 @@
 //! alpha-beta ring model (Thakur et al. 2005, "Optimization of Collective Communication
 //! Operations in MPICH") on NVLink inside a node and on the network across nodes.
 
+mod model_cache;
 pub mod nccl;
 pub mod nccl_search;
 
@@ -39,9 +40,11 @@ pub struct Network {
     geometry: [GroupGeometry; 7],
     /// NCCL's generation from the profile, `None` for the alpha-beta model.
     nccl: Option<NcclArch>,
-    /// NCCL's constants per group kind (as [`GroupKind::ALL`]) and tuned collective (as
-    /// [`tuned_index`]), computed once per layout so that a call is a few multiply-adds.
+    /// NCCL's constants per distinct group shape and tuned collective (as [`tuned_index`]),
+    /// computed once per layout so that a call is a few multiply-adds.
     models: Vec<[CollectiveModel; 3]>,
+    /// Per group kind (as [`GroupKind::ALL`]): its shape's entry in `models`.
+    model_of: [usize; 7],
 }
 
 /// The tuned collectives' slot in [`Network`]'s cache.
@@ -60,26 +63,13 @@ const TUNED: [CollectiveKind; 3] = [
     CollectiveKind::ReduceScatter,
 ];
 
-/// NCCL's model of `coll` over `n` ranks of a group with `per_node` members on each of `nodes`
-/// nodes: NVLink inside, and across nodes the members' own NICs (rail-optimised: each GPU's
-/// share of the node's NICs is `inter.bandwidth_bytes_per_s`, after `cluster.nics_per_node`).
-/// The model the nccl-tests tables check, the chunk pipeline's overhead inside a node
-/// included ([`nccl::PIPELINE_OVERHEAD_S`]); a TP transfer Megatron-Core overlaps through its
-/// userbuffers (copy engines, not NCCL kernels) leaves that part out
-/// ([`Network::collective_parts_s`]).
-fn nccl_model(
-    arch: NcclArch,
-    inter: &Link,
-    coll: CollectiveKind,
-    n: u32,
-    per_node: u32,
-    nodes: u32,
-) -> CollectiveModel {
-    let [model] = nccl_models(arch, inter, [coll], n, per_node, nodes);
-    model
-}
-
-/// [`nccl_model`] for several collectives of one group shape, sharing one topology search.
+/// NCCL's models of `colls` over `n` ranks of a group with `per_node` members on each of
+/// `nodes` nodes, sharing one topology search: NVLink inside, and across nodes the members' own
+/// NICs (rail-optimised: each GPU's share of the node's NICs is `inter.bandwidth_bytes_per_s`,
+/// after `cluster.nics_per_node`). The model the nccl-tests tables check, the chunk pipeline's
+/// overhead inside a node included ([`nccl::PIPELINE_OVERHEAD_S`]); a TP transfer
+/// Megatron-Core overlaps through its userbuffers (copy engines, not NCCL kernels) leaves that
+/// part out ([`Network::collective_parts_s`]).
 fn nccl_models<const K: usize>(
     arch: NcclArch,
     inter: &Link,
@@ -116,14 +106,29 @@ impl Network {
         });
         let nccl = gpu.links.nccl;
         let inter = gpu.links.inter_node.clone();
+        // One topology search per distinct shape: kinds of the same shape share its models.
         let mut models: Vec<[CollectiveModel; 3]> = Vec::new();
+        let mut model_of = [0usize; 7];
         if let Some(arch) = nccl {
             for (i, g) in geometry.iter().enumerate() {
-                let m = match geometry[..i].iter().position(|h| h == g) {
-                    Some(j) => models[j].clone(),
-                    None => nccl_models(arch, &inter, TUNED, g.size, g.per_node, g.nodes),
+                model_of[i] = match geometry[..i].iter().position(|h| h == g) {
+                    Some(j) => model_of[j],
+                    None => {
+                        let key = model_cache::ShapeKey {
+                            arch,
+                            nic_bytes_per_s_bits: inter.bandwidth_bytes_per_s.to_bits(),
+                            ranks: g.size,
+                            per_node: g.per_node,
+                            nodes: g.nodes,
+                        };
+                        models.push(model_cache::with_models(
+                            key,
+                            || nccl_models(arch, &inter, TUNED, g.size, g.per_node, g.nodes),
+                            |m| m.clone(),
+                        ));
+                        models.len() - 1
+                    }
                 };
-                models.push(m);
             }
         }
         Network {
@@ -132,6 +137,7 @@ impl Network {
             geometry,
             nccl,
             models,
+            model_of,
         }
     }
 
@@ -190,12 +196,23 @@ impl Network {
         }
         if let (Some(arch), Some(c)) = (self.nccl, tuned_index(coll)) {
             let predicted = if n == g.size && !self.models.is_empty() {
-                self.models[Self::kind_index(kind)][c].predict(b)
+                self.models[self.model_of[Self::kind_index(kind)]][c].predict(b)
             } else {
                 // A sub-group (the two ends of tied embeddings on the pipeline group).
                 let nodes = g.nodes.min(n);
                 let per_node = n.div_ceil(nodes);
-                nccl_model(arch, &self.inter, coll, n, per_node, nodes).predict(b)
+                let key = model_cache::ShapeKey {
+                    arch,
+                    nic_bytes_per_s_bits: self.inter.bandwidth_bytes_per_s.to_bits(),
+                    ranks: n,
+                    per_node,
+                    nodes,
+                };
+                model_cache::with_models(
+                    key,
+                    || nccl_models(arch, &self.inter, TUNED, n, per_node, nodes),
+                    |m| m[c].predict(b),
+                )
             };
             if let Some(p) = predicted {
                 return (p.time_s, p.pipeline_s);
@@ -253,6 +270,18 @@ impl Network {
 mod tests {
     use super::*;
 
+    fn nccl_model(
+        arch: NcclArch,
+        inter: &Link,
+        coll: CollectiveKind,
+        n: u32,
+        per_node: u32,
+        nodes: u32,
+    ) -> CollectiveModel {
+        let [model] = nccl_models(arch, inter, [coll], n, per_node, nodes);
+        model
+    }
+
     fn links(per_node: u32, nodes: u32) -> Network {
         let g = GroupGeometry {
             size: per_node * nodes,
@@ -273,6 +302,7 @@ mod tests {
             geometry: [g; 7],
             nccl: None,
             models: Vec::new(),
+            model_of: [0; 7],
         }
     }
 
@@ -311,7 +341,7 @@ mod tests {
     fn nccl_model_times_tuned_collectives_by_placement() {
         let mut l = links(1, 4);
         l.nccl = Some(NcclArch::Hopper);
-        l.models = vec![TUNED.map(|c| nccl_model(NcclArch::Hopper, &l.inter, c, 4, 1, 4)); 7];
+        l.models = vec![TUNED.map(|c| nccl_model(NcclArch::Hopper, &l.inter, c, 4, 1, 4))];
         let b = (1u64 << 30) as f64;
         let t = l.collective_s(GroupKind::DpCp, CollectiveKind::AllReduce, b as u64, 4);
         let busbw = CollectiveKind::AllReduce.ring_factor(4) * b / t;
@@ -324,7 +354,7 @@ mod tests {
         // Eight ranks in one node: NVLink rates (over 300 GB/s bus bandwidth for all-gather).
         let mut node = links(8, 1);
         node.nccl = Some(NcclArch::Hopper);
-        node.models = vec![TUNED.map(|c| nccl_model(NcclArch::Hopper, &node.inter, c, 8, 8, 1)); 7];
+        node.models = vec![TUNED.map(|c| nccl_model(NcclArch::Hopper, &node.inter, c, 8, 8, 1))];
         let t = node.collective_s(GroupKind::Tp, CollectiveKind::AllGather, b as u64, 8);
         assert!(CollectiveKind::AllGather.ring_factor(8) * b / t > 300e9);
     }

@@ -151,16 +151,14 @@ impl Costs {
                 self.hop_transfer.len()
             )));
         }
-        let all = self
-            .forward
-            .iter()
-            .map(|x| ("forward", *x))
-            .chain(self.input_grad.iter().map(|x| ("input_grad", *x)))
-            .chain(self.weight_grad.iter().map(|x| ("weight_grad", *x)))
-            .chain(self.hop_transfer.iter().map(|x| ("hop_transfer", *x)))
-            .chain(std::iter::once(("p2p_latency", self.p2p_latency)));
-        for (name, x) in all {
-            if !x.is_finite() || x < 0.0 {
+        for (name, v) in [
+            ("forward", &self.forward[..]),
+            ("input_grad", &self.input_grad[..]),
+            ("weight_grad", &self.weight_grad[..]),
+            ("hop_transfer", &self.hop_transfer[..]),
+            ("p2p_latency", std::slice::from_ref(&self.p2p_latency)),
+        ] {
+            if let Some(x) = v.iter().find(|x| !x.is_finite() || **x < 0.0) {
                 return Err(ScheduleError::BadCosts(format!(
                     "{name} must be a finite, non-negative time (got {x})"
                 )));

@@ -26,6 +26,7 @@ mod extrapolate;
 mod gpipe;
 mod interleaved;
 mod one_f_one_b;
+mod program_cache;
 mod simulate;
 mod zbv;
 mod zero_bubble;
@@ -38,6 +39,7 @@ pub use extrapolate::{
     base_microbatches, simulate_extrapolated, simulate_summaries, simulate_summary,
     simulates_in_full, PipelineSummary,
 };
+pub use program_cache::GeneratedProgram;
 pub use simulate::{check_program, peak_live, simulate, CheckedProgram, Simulation, Span};
 
 /// The most stage-microbatch pairs (`pp * vpp * microbatches`) one program may hold: about

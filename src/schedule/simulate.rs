@@ -14,7 +14,7 @@
 //! overlapped DualPipe-V slot count together (the forward's activations are created while the
 //! backward's are still held).
 
-use super::action::{rank_of_stage, ActionKind, Overlap, Program};
+use super::action::{rank_of_stage, Action, ActionKind, Overlap, Program};
 use super::costs::Costs;
 use super::error::ScheduleError;
 
@@ -76,6 +76,153 @@ pub(super) struct Played {
     pub busy: Vec<f64>,
 }
 
+/// One stage as every lane of [`play`] sees it, looked up once per play rather than per
+/// action: its rank, the durations of its F, B, I and W, and the hops its inputs pay.
+#[derive(Clone, Copy)]
+struct StageLanes<const N: usize> {
+    owner: u32,
+    /// Durations per lane, indexed by [`kind_slot`].
+    duration: [[f64; N]; 4],
+    /// The hop the forward input (from s - 1) pays: 0 on the first stage or the same rank.
+    f_hop: [f64; N],
+    /// The hop the backward input (from s + 1) pays: 0 on the last stage or the same rank.
+    b_hop: [f64; N],
+}
+
+/// The slot of an action kind in [`StageLanes::duration`].
+fn kind_slot(kind: ActionKind) -> usize {
+    match kind {
+        ActionKind::F => 0,
+        ActionKind::B => 1,
+        ActionKind::I => 2,
+        ActionKind::W => 3,
+    }
+}
+
+/// Every stage's [`StageLanes`] for `costs` on `program`'s placement.
+fn stage_lanes<const N: usize>(program: &Program, costs: [&Costs; N]) -> Vec<StageLanes<N>> {
+    let stages = program.num_stages();
+    let owner = |s: u32| rank_of_stage(program.placement, program.pp, s);
+    // A hop between `a` and `b` (stages), across the boundary above `lower`: paid only when
+    // the two run on different ranks (a checked program runs each stage on its owner).
+    let crossing = |a: u32, b: u32, lower: u32| -> [f64; N] {
+        if owner(a) != owner(b) {
+            costs.map(|c| c.hop(lower))
+        } else {
+            [0.0; N]
+        }
+    };
+    (0..stages)
+        .map(|s| {
+            let i = s as usize;
+            StageLanes {
+                owner: owner(s),
+                duration: [
+                    costs.map(|c| c.forward[i]),
+                    costs.map(|c| c.backward[i]),
+                    costs.map(|c| c.input_grad[i]),
+                    costs.map(|c| c.weight_grad[i]),
+                ],
+                f_hop: if s == 0 {
+                    [0.0; N]
+                } else {
+                    crossing(s - 1, s, s - 1)
+                },
+                b_hop: if s + 1 == stages {
+                    [0.0; N]
+                } else {
+                    crossing(s + 1, s, s)
+                },
+            }
+        })
+        .collect()
+}
+
+fn plus<const N: usize>(a: [f64; N], b: [f64; N]) -> [f64; N] {
+    std::array::from_fn(|i| a[i] + b[i])
+}
+
+/// The later of two times, lane by lane. Times here are never NaN (sums of finite,
+/// non-negative costs, [`Costs::validate`]), so a plain comparison gives what `f64::max` does
+/// without its NaN handling.
+fn max<const N: usize>(a: [f64; N], b: [f64; N]) -> [f64; N] {
+    std::array::from_fn(|i| if b[i] > a[i] { b[i] } else { a[i] })
+}
+
+/// End times of every (stage, microbatch) cell's forward and input-gradient backward, per
+/// lane; lane 0's NaN marks an action not yet run (all lanes run together).
+struct Ends<const N: usize> {
+    microbatches: usize,
+    f: Vec<[f64; N]>,
+    g: Vec<[f64; N]>,
+}
+
+impl<const N: usize> Ends<N> {
+    fn new(stages: u32, microbatches: u32) -> Self {
+        let cells = stages as usize * microbatches as usize;
+        Ends {
+            microbatches: microbatches as usize,
+            f: vec![[NOT_DONE; N]; cells],
+            g: vec![[NOT_DONE; N]; cells],
+        }
+    }
+
+    fn cell(&self, stage: u32, microbatch: u32) -> usize {
+        stage as usize * self.microbatches + microbatch as usize
+    }
+
+    /// The time at which the inputs of `a` exist, or the first one missing.
+    fn ready(&self, a: &Action, lanes: &[StageLanes<N>]) -> Result<[f64; N], Input> {
+        let exists = |t: &[f64; N]| N == 0 || !t[0].is_nan();
+        let s = a.stage;
+        match a.kind {
+            ActionKind::F => {
+                if s == 0 {
+                    return Ok([0.0; N]);
+                }
+                let cell = self.cell(s - 1, a.microbatch);
+                let t = self.f[cell];
+                if !exists(&t) {
+                    return Err(Input::Forward(cell));
+                }
+                Ok(plus(t, lanes[s as usize].f_hop))
+            }
+            ActionKind::B | ActionKind::I => {
+                let cell = self.cell(s, a.microbatch);
+                let own = self.f[cell];
+                if !exists(&own) {
+                    return Err(Input::Forward(cell));
+                }
+                if s as usize + 1 == lanes.len() {
+                    return Ok(own);
+                }
+                let above = self.cell(s + 1, a.microbatch);
+                let t = self.g[above];
+                if !exists(&t) {
+                    return Err(Input::Gradient(above));
+                }
+                Ok(max(own, plus(t, lanes[s as usize].b_hop)))
+            }
+            ActionKind::W => {
+                let cell = self.cell(s, a.microbatch);
+                let t = self.g[cell];
+                if !exists(&t) {
+                    return Err(Input::Gradient(cell));
+                }
+                Ok(t)
+            }
+        }
+    }
+}
+
+/// An input an action waits for: the end of the forward (F) or of the input-gradient
+/// backward (B or I) of a cell.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Input {
+    Forward(usize),
+    Gradient(usize),
+}
+
 /// Plays `program` once per cost set, handing each action's spans to `record` (rank, one span
 /// per cost set): the simulator itself, shared by [`simulate`] (which keeps the timeline) and
 /// the summary-only runs of the estimate (which do not). Whether an action can start depends
@@ -92,127 +239,54 @@ pub(super) fn play<const N: usize>(
         check_costs(program, c)?;
     }
     let stages = program.num_stages();
-    let m = program.microbatches;
-    let cells = stages as usize * m as usize;
     let pp = program.pp as usize;
-    let idx = |s: u32, mb: u32| s as usize * m as usize + mb as usize;
-    let lanes = |f: &dyn Fn(&Costs) -> f64| -> [f64; N] { std::array::from_fn(|i| f(costs[i])) };
-    // End times per lane; lane 0's NaN marks an action not yet run (all lanes run together).
-    let mut f_end = vec![[NOT_DONE; N]; cells];
-    let mut g_end = vec![[NOT_DONE; N]; cells];
-
+    let lanes = stage_lanes(program, costs);
+    let overlap_factor: [f64; N] = costs.map(|c| c.overlap_factor);
+    let mut ends = Ends::<N>::new(stages, program.microbatches);
     let mut pc = vec![0usize; pp];
     let mut free = vec![[0.0f64; N]; pp];
     let mut busy = vec![[0.0f64; N]; pp];
-    let mut parked = vec![false; pp];
+    // Per rank: the input it is parked on, if any. A rank is woken only by the end of that
+    // input (on another rank), so it is not retried for actions that cannot help it.
+    let mut parked: Vec<Option<Input>> = vec![None; pp];
     let mut stack: Vec<usize> = (0..pp).rev().collect();
-
-    // Per stage: its rank, and the hop its forward input (from s - 1) and its backward input
-    // (from s + 1) pay when that neighbour is on another rank. A checked program runs every
-    // action on its stage's rank, so these do not depend on who asks.
-    let owner: Vec<u32> = (0..stages)
-        .map(|s| rank_of_stage(program.placement, program.pp, s))
-        .collect();
-    let crossing = |a: u32, b: u32, lower: u32| -> [f64; N] {
-        if owner[a as usize] != owner[b as usize] {
-            lanes(&|c| c.hop(lower))
-        } else {
-            [0.0; N]
-        }
-    };
-    let f_hop: Vec<[f64; N]> = (0..stages)
-        .map(|s| {
-            if s == 0 {
-                [0.0; N]
-            } else {
-                crossing(s - 1, s, s - 1)
-            }
-        })
-        .collect();
-    let b_hop: Vec<[f64; N]> = (0..stages)
-        .map(|s| {
-            if s + 1 == stages {
-                [0.0; N]
-            } else {
-                crossing(s + 1, s, s)
-            }
-        })
-        .collect();
-    let plus = |a: [f64; N], b: [f64; N]| -> [f64; N] { std::array::from_fn(|i| a[i] + b[i]) };
-    let max = |a: [f64; N], b: [f64; N]| -> [f64; N] { std::array::from_fn(|i| a[i].max(b[i])) };
-
-    // Time at which the inputs of action `a` exist, or None if one is missing.
-    let ready =
-        |a: &super::action::Action, f_end: &[[f64; N]], g_end: &[[f64; N]]| -> Option<[f64; N]> {
-            let s = a.stage;
-            let mb = a.microbatch;
-            let exists = |t: &[f64; N]| N == 0 || !t[0].is_nan();
-            match a.kind {
-                ActionKind::F => {
-                    if s == 0 {
-                        return Some([0.0; N]);
-                    }
-                    let t = f_end[idx(s - 1, mb)];
-                    exists(&t).then(|| plus(t, f_hop[s as usize]))
-                }
-                ActionKind::B | ActionKind::I => {
-                    let own = f_end[idx(s, mb)];
-                    if !exists(&own) {
-                        return None;
-                    }
-                    if s + 1 == stages {
-                        return Some(own);
-                    }
-                    let t = g_end[idx(s + 1, mb)];
-                    exists(&t).then(|| max(own, plus(t, b_hop[s as usize])))
-                }
-                ActionKind::W => {
-                    let t = g_end[idx(s, mb)];
-                    exists(&t).then_some(t)
-                }
-            }
-        };
-    let duration = |a: &super::action::Action| -> [f64; N] {
-        let s = a.stage as usize;
-        match a.kind {
-            ActionKind::F => lanes(&|c| c.forward[s]),
-            ActionKind::B => lanes(&|c| c.backward[s]),
-            ActionKind::I => lanes(&|c| c.input_grad[s]),
-            ActionKind::W => lanes(&|c| c.weight_grad[s]),
-        }
-    };
 
     while let Some(r) = stack.pop() {
         let acts = &program.ranks[r];
-        loop {
-            let k = pc[r];
-            if k >= acts.len() {
-                break;
-            }
+        let mut k = pc[r];
+        let (mut rank_free, mut rank_busy) = (free[r], busy[r]);
+        while k < acts.len() {
             let a = &acts[k];
             let n = if a.overlap == Overlap::First { 2 } else { 1 };
-            let mut t0 = free[r];
-            let mut blocked = false;
-            for b in &acts[k..k + n] {
-                match ready(b, &f_end, &g_end) {
-                    Some(t) => t0 = max(t0, t),
-                    None => blocked = true,
+            let slot = &acts[k..k + n];
+            // The slot starts when the rank is free and every input of its actions exists;
+            // the first input missing parks the rank.
+            let mut t0 = rank_free;
+            let mut blocked = None;
+            for b in slot {
+                match ends.ready(b, &lanes) {
+                    Ok(t) => t0 = max(t0, t),
+                    Err(input) => {
+                        blocked = Some(input);
+                        break;
+                    }
                 }
             }
-            if blocked {
-                parked[r] = true;
+            if blocked.is_some() {
+                parked[r] = blocked;
                 break;
             }
+            let duration = |b: &Action| lanes[b.stage as usize].duration[kind_slot(b.kind)];
             let dur = if n == 2 {
                 let both = plus(duration(a), duration(&acts[k + 1]));
-                std::array::from_fn(|i| costs[i].overlap_factor * both[i])
+                std::array::from_fn(|i| overlap_factor[i] * both[i])
             } else {
                 duration(a)
             };
             let t1 = plus(t0, dur);
-            free[r] = t1;
-            busy[r] = plus(busy[r], dur);
-            for b in &acts[k..k + n] {
+            rank_free = t1;
+            rank_busy = plus(rank_busy, dur);
+            for b in slot {
                 record(
                     r,
                     std::array::from_fn(|i| Span {
@@ -221,28 +295,33 @@ pub(super) fn play<const N: usize>(
                     }),
                 );
                 let s = b.stage;
-                let cell = idx(s, b.microbatch);
+                let cell = ends.cell(s, b.microbatch);
+                // The end just produced, and the rank that consumes it.
                 let wake = match b.kind {
                     ActionKind::F => {
-                        f_end[cell] = t1;
-                        (s + 1 < stages).then(|| owner[s as usize + 1])
+                        ends.f[cell] = t1;
+                        (s + 1 < stages)
+                            .then(|| (lanes[s as usize + 1].owner, Input::Forward(cell)))
                     }
                     ActionKind::B | ActionKind::I => {
-                        g_end[cell] = t1;
-                        (s > 0).then(|| owner[s as usize - 1])
+                        ends.g[cell] = t1;
+                        (s > 0).then(|| (lanes[s as usize - 1].owner, Input::Gradient(cell)))
                     }
                     ActionKind::W => None,
                 };
-                if let Some(q) = wake {
+                if let Some((q, input)) = wake {
                     let q = q as usize;
-                    if q != r && parked[q] {
-                        parked[q] = false;
+                    if q != r && parked[q] == Some(input) {
+                        parked[q] = None;
                         stack.push(q);
                     }
                 }
             }
-            pc[r] += n;
+            k += n;
         }
+        pc[r] = k;
+        free[r] = rank_free;
+        busy[r] = rank_busy;
     }
 
     if let Some(err) = deadlock(program, &pc) {
@@ -294,6 +373,12 @@ impl<'a> CheckedProgram<'a> {
         }
         check_program(program)?;
         Ok(CheckedProgram(program))
+    }
+
+    /// A program that passed [`CheckedProgram::new`] before (kept by
+    /// [`super::GeneratedProgram`]).
+    pub(super) fn already_checked(program: &'a Program) -> Self {
+        CheckedProgram(program)
     }
 
     /// The program itself.
@@ -394,16 +479,15 @@ pub fn check_program(program: &Program) -> Result<(), ScheduleError> {
     let cells = stages as usize * m as usize;
     // bit 0: F, 1: B, 2: I, 3: W
     let mut seen = vec![0u8; cells];
+    let owners: Vec<u32> = (0..stages).map(|s| program.rank_of_stage(s)).collect();
     for (r, acts) in program.ranks.iter().enumerate() {
-        let mut k = 0;
-        while k < acts.len() {
-            let a = &acts[k];
+        for (k, a) in acts.iter().enumerate() {
             if a.stage >= stages || a.microbatch >= m {
                 return Err(ScheduleError::InvalidProgram(format!(
                     "rank {r} action {k} {a} is out of range ({stages} stages, {m} microbatches)"
                 )));
             }
-            let owner = program.rank_of_stage(a.stage);
+            let owner = owners[a.stage as usize];
             if owner as usize != r {
                 return Err(ScheduleError::InvalidProgram(format!(
                     "rank {r} action {k} {a} belongs to rank {owner}"
@@ -430,12 +514,7 @@ pub fn check_program(program: &Program) -> Result<(), ScheduleError> {
                     }
                 }
             }
-            let bit = match a.kind {
-                ActionKind::F => 1u8,
-                ActionKind::B => 2,
-                ActionKind::I => 4,
-                ActionKind::W => 8,
-            };
+            let bit = 1u8 << kind_slot(a.kind);
             let cell = &mut seen[a.stage as usize * m as usize + a.microbatch as usize];
             if *cell & bit != 0 {
                 return Err(ScheduleError::InvalidProgram(format!(
@@ -443,7 +522,6 @@ pub fn check_program(program: &Program) -> Result<(), ScheduleError> {
                 )));
             }
             *cell |= bit;
-            k += 1;
         }
     }
     for (c, &bits) in seen.iter().enumerate() {

@@ -83,3 +83,56 @@ fn lora_freezes_the_base() {
     assert_eq!(s.optimizer, adapters * 12);
     assert_eq!(s.weights, (6_738_415_616 + adapters) * 2);
 }
+
+/// Ranks that hold the same blocks share all of their memory but the activation walk
+/// (`stage_memories`): rank by rank it must equal `stage_memory` worked out for that rank
+/// alone, on pipelines with repeated middle ranks, with an uneven split, a V (two chunks per
+/// rank and a hand-off at its bottom), interleaving, ZeRO-3 with experts, and ranks that only
+/// know their peak count of live sets.
+#[test]
+fn shared_rank_memory_equals_each_rank_alone() {
+    use parsim::memory::{stage_memories, stage_memory, Pipeline};
+    use parsim::model::{chunks_per_rank, Ledger, LedgerSummary};
+    let l70b = |parallel: serde_json::Value| {
+        json!({"model": {"preset": "llama3-70b"}, "cluster": {"num_gpus": 64},
+               "parallel": parallel,
+               "training": {"seq_length": 4096, "global_batch_size": 128}})
+    };
+    let overlays = [
+        l70b(json!({"tp": 2, "pp": 8})),
+        l70b(json!({"tp": 8, "pp": 4, "first_stage_layers": 18, "last_stage_layers": 18})),
+        l70b(json!({"tp": 8, "pp": 4, "vpp": 2, "schedule": "zb-v"})),
+        l70b(json!({"tp": 8, "pp": 4, "vpp": 5, "schedule": "interleaved-1f1b"})),
+        json!({"model": {"preset": "mixtral-8x7b"}, "cluster": {"num_gpus": 32},
+               "parallel": {"tp": 1, "pp": 2, "ep": 8, "zero": 3},
+               "training": {"seq_length": 4096, "global_batch_size": 256}}),
+    ];
+    for overlay in overlays {
+        let r = super::common::resolve(overlay.clone());
+        let par = &r.config.parallel;
+        let l = Ledger::build(&r);
+        let s = LedgerSummary::of(&l, r.config.training.recompute);
+        let chunks = chunks_per_rank(&r);
+        let program =
+            parsim::schedule::generate(par.schedule, par.pp, par.vpp, r.microbatches).unwrap();
+        let shared = stage_memories(&r, &s, &l, &chunks, |rank| {
+            Pipeline::Actions(&program.ranks[rank])
+        });
+        let counted = |rank: usize| Pipeline::Inflight {
+            sets: 1 + rank as u32,
+            split: false,
+        };
+        let shared_counted = stage_memories(&r, &s, &l, &chunks, counted);
+        assert_eq!(shared.len(), chunks.len());
+        for (rank, ch) in chunks.iter().enumerate() {
+            let walked = Pipeline::Actions(&program.ranks[rank]);
+            let alone = stage_memory(&r, &s, &l, rank as u32, ch, walked);
+            assert_eq!(shared[rank], alone, "{overlay} rank {rank}");
+            let alone = stage_memory(&r, &s, &l, rank as u32, ch, counted(rank));
+            assert_eq!(
+                shared_counted[rank], alone,
+                "{overlay} rank {rank} (counted)"
+            );
+        }
+    }
+}
