@@ -1,4 +1,4 @@
-//! One full estimate of Llama-3-405B on 16,384 H100s (issue goal: under 20 us on 2 cores).
+//! One full estimate of Llama-3-405B on 16,384 H100s (issue 17: under 25 us on 2 cores).
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use parsim::config::{Config, Layer, Resolved};
