@@ -75,6 +75,7 @@ pub struct GroupBytesInt {
     pub pp: u64,
     pub dp: u64,
     pub ep: u64,
+    pub expert_tp: u64,
 }
 
 impl From<GroupBytes> for GroupBytesInt {
@@ -85,6 +86,7 @@ impl From<GroupBytes> for GroupBytesInt {
             pp: g.pp.round() as u64,
             dp: g.dp.round() as u64,
             ep: g.ep.round() as u64,
+            expert_tp: g.expert_tp.round() as u64,
         }
     }
 }

@@ -45,10 +45,14 @@ pub enum GroupKind {
     /// DP x CP: the replicas of dense parameters, over which gradients reduce and the
     /// distributed optimizer shards.
     DpCp,
+    /// Expert tensor parallel: the ranks over which each routed expert splits, which
+    /// all-gather the rows the EP all-to-all delivers (the expert grid's tp axis when folded,
+    /// the dense tp axis otherwise).
+    ExpertTp,
 }
 
 impl GroupKind {
-    pub const ALL: [GroupKind; 7] = [
+    pub const ALL: [GroupKind; 8] = [
         GroupKind::Tp,
         GroupKind::Cp,
         GroupKind::Pp,
@@ -56,6 +60,7 @@ impl GroupKind {
         GroupKind::Ep,
         GroupKind::ExpertDp,
         GroupKind::DpCp,
+        GroupKind::ExpertTp,
     ];
 
     fn axes(self) -> &'static [Axis] {
@@ -67,6 +72,7 @@ impl GroupKind {
             GroupKind::Ep => &[Axis::Ep],
             GroupKind::ExpertDp => &[Axis::Cp, Axis::Dp],
             GroupKind::DpCp => &[Axis::Cp, Axis::Ep, Axis::Dp],
+            GroupKind::ExpertTp => &[Axis::Tp],
         }
     }
 
@@ -79,6 +85,7 @@ impl GroupKind {
             GroupKind::Ep => "ep",
             GroupKind::ExpertDp => "expert_dp",
             GroupKind::DpCp => "dp_cp",
+            GroupKind::ExpertTp => "expert_tp",
         }
     }
 }
@@ -302,20 +309,20 @@ impl Layout {
 
     /// True when the `kind` group lies on the folded expert grid (Ep and ExpertDp, folded).
     fn on_expert_grid(&self, kind: GroupKind) -> bool {
-        self.expert.is_some() && matches!(kind, GroupKind::Ep | GroupKind::ExpertDp)
+        self.expert.is_some()
+            && matches!(
+                kind,
+                GroupKind::Ep | GroupKind::ExpertDp | GroupKind::ExpertTp
+            )
     }
 
-    /// The grid a `kind` group lies on: the expert grid for Ep and ExpertDp when folded.
+    /// The grid a `kind` group lies on: the expert grid for Ep, ExpertDp and ExpertTp when
+    /// folded.
     fn grid(&self, kind: GroupKind) -> &Grid {
         match &self.expert {
             Some(g) if self.on_expert_grid(kind) => g,
             _ => &self.axes,
         }
-    }
-
-    /// The expert grid (the dense one when not folded).
-    fn expert_grid(&self) -> &Grid {
-        self.expert.as_ref().unwrap_or(&self.axes)
     }
 
     pub fn world(&self) -> u32 {
@@ -375,7 +382,7 @@ impl Layout {
     /// each routed expert's intermediate size splits (the expert grid's `tp` axis; the TP
     /// group when not folded).
     pub fn expert_tp_group(&self, rank: u32) -> Vec<u32> {
-        members(self.expert_grid(), &[Axis::Tp], rank)
+        self.group_of(GroupKind::ExpertTp, rank)
     }
 
     /// Positions (fastest first) of the axes a `kind` group varies along that have more than one

@@ -308,6 +308,11 @@ pub fn block_times(
                     steps * (comm_s / steps - per_block).max(0.0)
                 }
                 GroupKind::Ep if overlaps.ep => (comm_s - compute_s).max(0.0),
+                // The expert-TP all-gather and reduce-scatter run on the compute stream between
+                // the all-to-all and the experts (Megatron-Core's dispatch post- and combine
+                // pre-processing, which its docstrings say get exposed even when the all-to-all
+                // overlaps): never hidden, DualPipe's overlap included.
+                GroupKind::ExpertTp => comm_s,
                 _ => comm_s,
             };
             // Hidden communication still slows the compute it overlaps.

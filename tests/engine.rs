@@ -6,6 +6,7 @@ mod engine {
     pub mod comm;
     pub mod common;
     pub mod expert_folding;
+    pub mod expert_tp_comm;
     pub mod flops;
     pub mod framework;
     pub mod hf_import;

@@ -173,7 +173,7 @@ pub struct Term {
 /// during the step and the DP tail after it are separate terms.
 pub fn terms(t: &StepTime) -> Vec<Term> {
     let g = &t.exposed_comm_by_group_s;
-    let parts: [(&'static str, &'static str, &'static str, f64); 11] = [
+    let parts: [(&'static str, &'static str, &'static str, f64); 12] = [
         (
             "compute_s",
             "compute (critical pipeline rank)",
@@ -197,6 +197,12 @@ pub fn terms(t: &StepTime) -> Vec<Term> {
             "expert all-to-all waits",
             "EP-all-to-all",
             g.ep,
+        ),
+        (
+            "exposed_comm_by_group_s.expert_tp",
+            "expert-TP all-gather/reduce-scatter",
+            "expert-TP-communication",
+            g.expert_tp,
         ),
         (
             "exposed_comm_by_group_s.dp",
@@ -265,6 +271,7 @@ fn advice(key: &str, t: &StepTime) -> String {
         "exposed_comm_by_group_s.tp" => "lower TP, keep TP inside a node, or --tp-comm-overlap".into(),
         "exposed_comm_by_group_s.cp" => "overlap the ring or lower CP".into(),
         "exposed_comm_by_group_s.ep" => "keep EP inside a node, or overlap the all-to-all (DualPipeV)".into(),
+        "exposed_comm_by_group_s.expert_tp" => "a lower expert_tp (MoE Parallel Folding lets it differ from tp), or keep the expert-TP group inside a node".into(),
         "exposed_comm_by_group_s.dp" => "overlap gradient reduction and parameter gathers, or a lower ZeRO stage".into(),
         "dp_tail_s" => "overlap gradient reduction (overlap_grad_reduce) with a smaller last bucket (ddp_bucket_size)".into(),
         "optimizer_s" => "shard the optimizer (ZeRO-1)".into(),

@@ -89,6 +89,8 @@ pub struct GroupBytes {
     pub pp: f64,
     pub dp: f64,
     pub ep: f64,
+    /// The expert-TP all-gather and reduce-scatter of an MoE layer's routed rows.
+    pub expert_tp: f64,
 }
 
 impl GroupBytes {
@@ -98,6 +100,7 @@ impl GroupBytes {
             GroupKind::Cp => self.cp += bytes,
             GroupKind::Pp => self.pp += bytes,
             GroupKind::Ep => self.ep += bytes,
+            GroupKind::ExpertTp => self.expert_tp += bytes,
             GroupKind::Dp | GroupKind::ExpertDp | GroupKind::DpCp => self.dp += bytes,
         }
     }
@@ -108,6 +111,7 @@ impl GroupBytes {
         self.pp += o.pp * k;
         self.dp += o.dp * k;
         self.ep += o.ep * k;
+        self.expert_tp += o.expert_tp * k;
     }
 
     pub fn max(&mut self, o: &GroupBytes) {
@@ -116,10 +120,11 @@ impl GroupBytes {
         self.pp = self.pp.max(o.pp);
         self.dp = self.dp.max(o.dp);
         self.ep = self.ep.max(o.ep);
+        self.expert_tp = self.expert_tp.max(o.expert_tp);
     }
 
     pub fn total(&self) -> f64 {
-        self.tp + self.cp + self.pp + self.dp + self.ep
+        self.tp + self.cp + self.pp + self.dp + self.ep + self.expert_tp
     }
 }
 

@@ -148,7 +148,10 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         count: 1,
     };
     let tokens_bytes = kept * d.h * d.act;
-    // Dispatch: permute the kept top-k copies of each token, all-to-all them to their experts.
+    let (gather, scatter) = expert_tp_collectives(d, hot);
+    // Dispatch: permute the kept top-k copies of each token, all-to-all them to their experts,
+    // all-gather the received rows over expert TP (its backward reduce-scatters their
+    // gradients before the all-to-all back).
     ops.push(
         Op::new(
             "moe.dispatch",
@@ -158,13 +161,16 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         )
         .comm(a2a(Phase::Forward, tokens_bytes))
         .comm(a2a(Phase::Backward, tokens_bytes))
+        .comm(gather(Phase::Forward))
+        .comm(scatter(Phase::Backward))
         .temp(2 * tokens_bytes),
     );
 
     routed_experts(ops, m, tr, d, hot);
 
-    // Combine: all-to-all back, unpermute, weight by the router probabilities (the expert
-    // outputs are saved for the probabilities' gradient).
+    // Combine: reduce-scatter the experts' outputs over expert TP, all-to-all back, unpermute,
+    // weight by the router probabilities (the expert outputs are saved for the probabilities'
+    // gradient); the backward all-gathers the output gradients after the all-to-all.
     ops.push(
         Op::new(
             "moe.combine",
@@ -174,11 +180,40 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         )
         .comm(a2a(Phase::Forward, tokens_bytes))
         .comm(a2a(Phase::Backward, tokens_bytes))
+        .comm(scatter(Phase::Forward))
+        .comm(gather(Phase::Backward))
         .save(TensorRole::ExpertOutputs, tokens_bytes)
         .temp(2 * tokens_bytes),
     );
 
     ops.push(dropout("mlp.dropout", d.n_sp, d.h, d.hidden_dropout));
+}
+
+/// The expert-TP all-gather and reduce-scatter around the experts (Megatron-Core's
+/// `MoEAlltoAllTokenDispatcher`, megatron/core/transformer/moe/token_dispatcher.py: "AG(TP)"
+/// of the received rows after the EP all-to-all in `dispatch_postprocess`, "RS(TP)" of the
+/// experts' outputs before it in `combine_preprocess`, over the expert-TP group). Each moves
+/// the gathered rows, the `hot` rows of each of the etp members (`hot` x etp x h), as the
+/// engine's other all-gathers count their output and reduce-scatters their input. With
+/// expert_tp 1 the group has one member and [`Op::comm`] drops them.
+fn expert_tp_collectives(
+    d: &Dims,
+    hot: u64,
+) -> (impl Fn(Phase) -> Collective, impl Fn(Phase) -> Collective) {
+    let payload_bytes = hot * d.etp * d.h * d.act;
+    let group_size = d.etp as u32;
+    let coll = move |kind, phase| Collective {
+        kind,
+        group: GroupKind::ExpertTp,
+        group_size,
+        phase,
+        payload_bytes,
+        count: 1,
+    };
+    (
+        move |phase| coll(CollectiveKind::AllGather, phase),
+        move |phase| coll(CollectiveKind::ReduceScatter, phase),
+    )
 }
 
 /// Appends the rank's routed experts (E/ep, each split over expert TP) on the `hot` rows it

@@ -37,14 +37,14 @@ pub struct GroupGeometry {
 pub struct Network {
     pub intra: Link,
     pub inter: Link,
-    geometry: [GroupGeometry; 7],
+    geometry: [GroupGeometry; GroupKind::ALL.len()],
     /// NCCL's generation from the profile, `None` for the alpha-beta model.
     nccl: Option<NcclArch>,
     /// NCCL's constants per distinct group shape and tuned collective (as [`tuned_index`]),
     /// computed once per layout so that a call is a few multiply-adds.
     models: Vec<[CollectiveModel; 3]>,
     /// Per group kind (as [`GroupKind::ALL`]): its shape's entry in `models`.
-    model_of: [usize; 7],
+    model_of: [usize; GroupKind::ALL.len()],
 }
 
 /// The tuned collectives' slot in [`Network`]'s cache.
@@ -89,7 +89,7 @@ impl Network {
     pub fn new(layout: &Layout, gpu: &GpuProfile) -> Network {
         // Kinds that vary the same non-trivial axes (e.g. dp and expert_dp when ep = 1) share
         // one computation.
-        let mut seen: Vec<(Vec<usize>, GroupGeometry)> = Vec::with_capacity(7);
+        let mut seen: Vec<(Vec<usize>, GroupGeometry)> = Vec::with_capacity(GroupKind::ALL.len());
         let geometry = GroupKind::ALL.map(|k| {
             let axes = layout.varied_axes(k);
             if let Some((_, g)) = seen.iter().find(|(a, _)| *a == axes) {
@@ -108,7 +108,7 @@ impl Network {
         let inter = gpu.links.inter_node.clone();
         // One topology search per distinct shape: kinds of the same shape share its models.
         let mut models: Vec<[CollectiveModel; 3]> = Vec::new();
-        let mut model_of = [0usize; 7];
+        let mut model_of = [0usize; GroupKind::ALL.len()];
         if let Some(arch) = nccl {
             for (i, g) in geometry.iter().enumerate() {
                 model_of[i] = match geometry[..i].iter().position(|h| h == g) {
@@ -299,10 +299,10 @@ mod tests {
                 latency_s: 1e-5,
                 efficiency: 1.0,
             },
-            geometry: [g; 7],
+            geometry: [g; GroupKind::ALL.len()],
             nccl: None,
             models: Vec::new(),
-            model_of: [0; 7],
+            model_of: [0; GroupKind::ALL.len()],
         }
     }
 

@@ -192,6 +192,7 @@ fn communication_table(e: &Estimate) -> Table {
         ("pp", b.pp),
         ("dp", b.dp),
         ("ep", b.ep),
+        ("expert_tp", b.expert_tp),
     ] {
         let info = cm
             .groups

@@ -70,7 +70,7 @@ pub fn ui(ui: &mut Ui, e: &Estimate) {
                         e.communication
                             .groups
                             .iter()
-                            .find(|gi| format!("{:?}", gi.group).eq_ignore_ascii_case(name))
+                            .find(|gi| gi.group.as_str().eq_ignore_ascii_case(name))
                             .map(|gi| {
                                 format!(
                                     "{}{}",
@@ -90,6 +90,7 @@ pub fn ui(ui: &mut Ui, e: &Estimate) {
                         ("PP", c.pp, g.pp),
                         ("DP", c.dp, g.dp),
                         ("EP", c.ep, g.ep),
+                        ("expert_TP", c.expert_tp, g.expert_tp),
                     ] {
                         ui.label(name);
                         ui.label(size(name));
