@@ -193,6 +193,25 @@ const CASES: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "mixtral_etp2",
+        &[
+            "--model",
+            "mixtral-8x7b",
+            "--gpus",
+            "64",
+            "--tp",
+            "2",
+            "--ep",
+            "8",
+            "--expert-tp",
+            "2",
+            "--seq",
+            "4096",
+            "--gbs",
+            "256",
+        ],
+    ),
+    (
         "mixtral_zero3",
         &[
             "--model",
