@@ -308,9 +308,9 @@ pub fn block_times(
                     steps * (comm_s / steps - per_block).max(0.0)
                 }
                 GroupKind::Ep if overlaps.ep => (comm_s - compute_s).max(0.0),
-                // The expert-TP all-gather and reduce-scatter run on the compute stream between
-                // the all-to-all and the experts (Megatron-Core's dispatch post- and combine
-                // pre-processing, which its docstrings say get exposed even when the all-to-all
+                // The expert-TP all-gather and reduce-scatter run between the all-to-all and
+                // the experts (Megatron-Core's dispatch post- and combine pre-processing, where
+                // its docstrings warn communication "may get exposed" even when the all-to-all
                 // overlaps): never hidden, DualPipe's overlap included.
                 GroupKind::ExpertTp => comm_s,
                 _ => comm_s,
@@ -416,6 +416,50 @@ mod tests {
             element_bytes: 2,
             matmul_efficiency: gpu.efficiency.matmul,
         }
+    }
+
+    /// The EP overlap (DualPipe's) hides the all-to-all behind the op's compute but never the
+    /// expert-TP all-gather beside it, which stays whole on the critical path.
+    #[test]
+    fn the_ep_overlap_hides_the_all_to_all_but_not_the_expert_tp_gather() {
+        use crate::layout::Layout;
+        use crate::model::{BlockKind, Collective, CollectiveKind};
+        let gpu = GpuProfile::load("h100-sxm").unwrap();
+        let layout = Layout::new("tp-cp-ep-dp-pp", 2, 1, 2, 2, 1, 8)
+            .and_then(|l| l.with_expert_tp(2))
+            .unwrap();
+        let network = Network::new(&layout, &gpu);
+        let coll = |kind, group| Collective {
+            kind,
+            group,
+            group_size: 2,
+            phase: Phase::Forward,
+            payload_bytes: 1 << 20,
+            count: 1,
+        };
+        // 64 GiB of memory-bound work: tens of milliseconds, against microseconds of transfer.
+        let op = Op::new("x", OpKind::MemoryBound { bytes: 1 << 36 })
+            .comm(coll(CollectiveKind::AllToAll, GroupKind::Ep))
+            .comm(coll(CollectiveKind::AllGather, GroupKind::ExpertTp));
+        let block = Block {
+            kind: BlockKind::MoeLayer,
+            ops: vec![op],
+            input_bytes: 0,
+            unit_starts: Vec::new(),
+        };
+        let times = |ep| {
+            let overlaps = Overlaps {
+                tp_comm: false,
+                cp_ring: false,
+                ep,
+            };
+            let r = rates(&gpu);
+            block_times(&block, &r, &network, overlaps, Recompute::None, CpComm::P2p).exposed_fwd
+        };
+        let (open, hidden) = (times(false), times(true));
+        assert!(open.ep > 0.0 && hidden.ep < open.ep, "{open:?} {hidden:?}");
+        assert!(open.expert_tp > 0.0);
+        assert_eq!(hidden.expert_tp, open.expert_tp);
     }
 
     /// An unfused core pays for streaming its s x s tensors; a fused one does not.
