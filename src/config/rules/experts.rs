@@ -129,8 +129,34 @@ pub fn expert_parallel(cfg: &Config) -> Vec<Violation> {
             )
             .hint("put pp last in the order (Megatron's tp-cp-ep-dp-pp)"),
         );
+    } else if dp > 0 && m.is_moe() && !expert_dp_agrees(cfg, dp) {
+        let edp = p.tp as u64 * p.cp as u64 * dp / (etp * p.ep as u64);
+        errs.push(
+            Violation::new(
+                "parallel.order",
+                format!(
+                    "'{}' does not end in pp, so Megatron-Core needs the expert data-parallel size (tp x cp x dp / (expert_tp x ep) = {edp}) to equal dp ({dp})",
+                    p.order
+                ),
+            )
+            .hint("put pp last in the order (Megatron's tp-cp-ep-dp-pp)"),
+        );
     }
     errs
+}
+
+/// Megatron-Core's other assertion on the expert grid ("When not using pp-last rank ordering,
+/// the data parallel size of the attention and moe layers must be the same"): the order ends
+/// in pp, or pp = 1, or the expert data-parallel size equals dp. Megatron's dense grid has no
+/// ep axis (its dp is this dp), so the engine's ep-inside-dp grid can keep the pipeline groups
+/// where Megatron's cannot.
+fn expert_dp_agrees(cfg: &Config, dp: u64) -> bool {
+    let p = &cfg.parallel;
+    let (etp, ep) = (p.etp() as u64, p.ep as u64);
+    p.pp <= 1
+        || p.order.ends_with("pp")
+        || etp * ep == 0
+        || p.tp as u64 * p.cp as u64 * dp == dp * etp * ep
 }
 
 /// Megatron-Core's `initialize_model_parallel` builds the expert grid in the same order with
@@ -231,6 +257,38 @@ mod tests {
             c.parallel.expert_tp = Some(2);
         }))
         .is_empty());
+    }
+
+    /// Megatron-Core's pp-last assertion: with pp not last, the expert data-parallel size must
+    /// equal dp. tp 2 = expert_tp, ep 2, dp 4, pp 2 in tp-cp-ep-pp-dp keeps the engine's pipeline
+    /// groups (ep sits inside its dense grid) but gives expert DP 2 x 4 / (2 x 2) = 2, not 4;
+    /// ep 1 gives 2 x 4 / 2 = 4 = dp, and pp last always passes.
+    #[test]
+    fn without_pp_last_expert_dp_equals_dp() {
+        let base = |c: &mut Config| {
+            moe(c);
+            c.cluster.num_gpus = 16;
+            c.parallel.tp = 2;
+            c.parallel.cp = 1;
+            c.parallel.pp = 2;
+            c.parallel.ep = 2;
+            c.parallel.expert_tp = Some(2);
+            c.parallel.order = "tp-cp-ep-pp-dp".into();
+        };
+        let v = expert_parallel(&with(base));
+        assert_eq!(fields(&v), ["parallel.order"]);
+        assert!(v[0].rule.contains("= 2) to equal dp (4)"), "{}", v[0].rule);
+        let v = expert_parallel(&with(|c| {
+            base(c);
+            c.parallel.order = "tp-cp-ep-dp-pp".into();
+        }));
+        assert!(v.is_empty(), "{v:?}");
+        // ep 1: expert DP 2 x 4 / (2 x 1) = 4 = dp.
+        let v = expert_parallel(&with(|c| {
+            base(c);
+            c.parallel.ep = 1;
+        }));
+        assert!(v.is_empty(), "{v:?}");
     }
 
     /// Issue 18: 1e300 gave a 2.6e15 s step.
