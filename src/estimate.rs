@@ -548,9 +548,13 @@ impl<'a> Prepared<'a> {
                 split: matches!(par.schedule, ScheduleKind::ZbH1 | ScheduleKind::ZbV),
             },
         });
-        for (rank, ch) in chunks.iter().enumerate() {
-            comm.max(&rank_step_bytes(r, &s, &ledger, ch, &step[step_of[rank]]));
-            let (tail, optimizer_s) = after[rank];
+        // Ranks sharing a step-collective list hold the same blocks: their bytes are one count.
+        for (i, list) in step.iter().enumerate() {
+            if let Some(rank) = step_of.iter().position(|&j| j == i) {
+                comm.max(&rank_step_bytes(r, &s, &ledger, &chunks[rank], list));
+            }
+        }
+        for (rank, &(tail, optimizer_s)) in after.iter().enumerate() {
             let finish = sim.finish[rank];
             let end = finish + tail + optimizer_s;
             if end > critical.0 {

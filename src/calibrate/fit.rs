@@ -194,6 +194,13 @@ pub fn profile_with(gpu: &str, params: Params) -> Result<GpuProfile, FitError> {
     Ok(p)
 }
 
+/// Predicts `case` on its shipped profile with `params` applied, the error as text for a row.
+pub fn predict_with(case: &Case, params: Params) -> Result<Prediction, String> {
+    profile_with(case.gpu, params)
+        .and_then(|profile| predict(case, &profile))
+        .map_err(|e| e.to_string())
+}
+
 /// Weighted mean squared log-error of `params` over `rows` (each source weighs the same).
 /// Rows that fail to estimate count as a large error.
 pub fn objective(rows: &[&Case], params: Params) -> f64 {

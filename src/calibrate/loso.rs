@@ -42,7 +42,6 @@ pub struct LeaveOneSourceOut {
 /// Every in-scope row predicted by a fit that saw all of them.
 #[derive(Debug, Clone)]
 pub struct InSample {
-    pub fits: Vec<FitResult>,
     /// In-scope rows carry [`Role::HeldOut`] so that [`Evaluation::held_out`] summarises them.
     pub evaluation: Evaluation,
 }
@@ -82,9 +81,7 @@ pub fn leave_one_source_out() -> Result<LeaveOneSourceOut, CalibrateError> {
                 .filter(|(c, _)| mine(c) && c.source == left_out)
             {
                 let prediction = match params {
-                    Some(p) => fit::profile_with(case.gpu, p)
-                        .and_then(|profile| fit::predict(case, &profile))
-                        .map_err(|e| e.to_string()),
+                    Some(p) => fit::predict_with(case, p),
                     None => Err(format!(
                         "no other source covers {}: nothing to fit on",
                         family.name()
@@ -121,7 +118,6 @@ pub fn leave_one_source_out() -> Result<LeaveOneSourceOut, CalibrateError> {
 /// predicts those rows with it.
 fn in_sample(cases: &[(super::published::Case, Role)]) -> Result<InSample, CalibrateError> {
     let usable = |r: &Role| matches!(r, Role::Fit | Role::HeldOut);
-    let mut fits = Vec::new();
     let mut rows = Vec::new();
     for family in Family::ALL {
         let mine: Vec<_> = cases
@@ -133,23 +129,18 @@ fn in_sample(cases: &[(super::published::Case, Role)]) -> Result<InSample, Calib
             continue;
         }
         let start = placeholder_params(shipped_params(family)?.intra_link);
-        let f = fit::fit(family, &mine, start)?;
+        let params = fit::fit(family, &mine, start)?.params;
         for case in mine {
-            let prediction = fit::profile_with(case.gpu, f.params)
-                .and_then(|profile| fit::predict(case, &profile))
-                .map_err(|e| e.to_string());
             rows.push(Row {
                 case: case.clone(),
                 role: Role::HeldOut,
-                prediction,
+                prediction: fit::predict_with(case, params),
                 known_miss: None,
             });
         }
-        fits.push(f);
     }
     rows.sort_by_key(|r| (r.case.source, r.case.index));
     Ok(InSample {
-        fits,
         evaluation: Evaluation {
             rows,
             unreadable: Vec::new(),

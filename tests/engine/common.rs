@@ -1,7 +1,8 @@
 //! Helpers to build resolved configurations in tests.
 
 use parsim::config::{Config, Layer, Resolved};
-use parsim::estimate::{estimate, Estimate};
+use parsim::estimate::{estimate, Estimate, GroupInfo};
+use parsim::layout::GroupKind;
 use serde_json::Value;
 
 /// Resolves the defaults overlaid with a JSON document.
@@ -23,4 +24,13 @@ pub fn single(preset: &str) -> Value {
         "parallel": {"tp": 1, "sp": false},
         "training": {"global_batch_size": 1, "seq_length": 2048}
     })
+}
+
+/// The estimate's communication entry of group kind `kind`.
+pub fn group_info(e: &Estimate, kind: GroupKind) -> &GroupInfo {
+    e.communication
+        .groups
+        .iter()
+        .find(|g| g.group == kind)
+        .unwrap_or_else(|| panic!("no {kind} group"))
 }

@@ -6,7 +6,7 @@
 //! ep axis (stride tp = 8) would spread it over 8 nodes on the NIC network. With expert_tp =
 //! tp the expert grid is the dense one: the estimate is what the unfolded layout gives.
 
-use super::common::resolve;
+use super::common::{group_info, resolve};
 use parsim::config::Resolved;
 use parsim::estimate::{Estimate, Prepared};
 use parsim::layout::{GroupKind, Layout};
@@ -42,12 +42,7 @@ fn estimate_on(r: &Resolved, layout: &Layout) -> Estimate {
 }
 
 fn ep_crosses_nodes(e: &Estimate) -> bool {
-    let g = e
-        .communication
-        .groups
-        .iter()
-        .find(|g| g.group == GroupKind::Ep)
-        .expect("an ep group");
+    let g = group_info(e, GroupKind::Ep);
     assert_eq!(g.size, 8);
     g.crosses_nodes
 }

@@ -3,7 +3,7 @@
 //! "RS(TP)" of the experts' outputs before the combine's, and their mirrors in the backward)
 //! against a hand count, and expert TP 1 against the same model with none.
 
-use super::common::est;
+use super::common::{est, group_info};
 use parsim::layout::GroupKind;
 use serde_json::{json, Value};
 
@@ -36,12 +36,7 @@ fn expert_tp_2_sends_the_gathered_rows_four_times_a_layer() {
     // 5120 x 4 x 2 x 8 = 327680 bytes a step.
     let e = est(moe(2));
     assert_eq!(e.communication.per_step_bytes_per_gpu.expert_tp, 327_680);
-    let g = e
-        .communication
-        .groups
-        .iter()
-        .find(|g| g.group == GroupKind::ExpertTp)
-        .expect("an expert_tp group");
+    let g = group_info(&e, GroupKind::ExpertTp);
     assert_eq!((g.size, g.crosses_nodes), (2, false));
     // Not overlapped: what it sends takes time on the critical path.
     assert!(e.time.exposed_comm_by_group_s.expert_tp > 0.0);
@@ -60,11 +55,6 @@ fn expert_tp_1_sends_nothing_and_moves_no_other_figure() {
     assert_eq!(b1.expert_tp, 0);
     assert_eq!(one.time.exposed_comm_by_group_s.expert_tp, 0.0);
     assert_eq!((b1.tp, b1.cp, b1.pp, b1.ep), (b2.tp, b2.cp, b2.pp, b2.ep));
-    let g = one
-        .communication
-        .groups
-        .iter()
-        .find(|g| g.group == GroupKind::ExpertTp)
-        .expect("an expert_tp group");
+    let g = group_info(&one, GroupKind::ExpertTp);
     assert_eq!(g.size, 1);
 }

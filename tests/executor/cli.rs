@@ -20,6 +20,16 @@ fn succeeded(c: &mut Command) -> std::process::Output {
 
 const SMALL: &str = "tests/fixtures/executor_small.toml";
 
+/// A rank's `moe_load.expert_rows` (rows each local expert received) from `execute --json`.
+fn expert_rows(rank: &Value) -> Vec<u64> {
+    rank["moe_load"]["expert_rows"]
+        .as_array()
+        .expect("expert_rows")
+        .iter()
+        .map(|x| x.as_u64().expect("a row count"))
+        .collect()
+}
+
 #[test]
 fn execute_json_follows_the_design_contract() {
     let out = succeeded(parsim().args([
@@ -313,12 +323,7 @@ fn execute_reports_the_measured_moe_load_and_its_imbalance() {
     let mut hottest = (0u64, 0.0f64);
     for r in ranks {
         let l = &r["moe_load"];
-        let rows: Vec<u64> = l["expert_rows"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap())
-            .collect();
+        let rows = expert_rows(r);
         // 8 experts over EP 2: 4 a rank.
         assert_eq!(rows.len(), 4);
         let (ro, re) = (l["routed"].as_u64().unwrap(), rows.iter().sum::<u64>());
@@ -384,10 +389,7 @@ fn execute_reports_the_measured_dropped_fraction_with_a_capacity() {
     assert!(dropped > 0, "nothing dropped");
     // Each kept assignment is received once by its expert's rank and gathered over the
     // expert-TP group (tp 2 = expert-TP 2): the rows are conserved.
-    let received = sum(&|r| {
-        let rows = r["moe_load"]["expert_rows"].as_array().unwrap();
-        rows.iter().map(|x| x.as_u64().unwrap()).sum()
-    });
+    let received = sum(&|r| expert_rows(r).iter().sum());
     assert_eq!(received, 2 * (routed - dropped));
     let m = &v["moe_load"];
     let fraction = m["dropped_fraction"].as_f64().unwrap();
@@ -440,14 +442,8 @@ fn execute_reports_the_measured_dropped_fraction_with_a_capacity() {
             (m - p) / p * 100.0
         };
         let load = |r: &Value| {
-            let l = &r["moe_load"];
-            let rows: u64 = l["expert_rows"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap())
-                .sum();
-            rows as f64 / l["routed"].as_f64().unwrap()
+            let rows: u64 = expert_rows(r).iter().sum();
+            rows as f64 / r["moe_load"]["routed"].as_f64().unwrap()
         };
         let hot = ranks
             .iter()
@@ -490,12 +486,7 @@ fn the_balanced_routers_load_is_one_with_or_without_expert_tp() {
         let v: Value = serde_json::from_slice(&out.stdout).expect("json");
         for r in v["ranks"].as_array().unwrap() {
             let l = &r["moe_load"];
-            let rows: Vec<u64> = l["expert_rows"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap())
-                .collect();
+            let rows = expert_rows(r);
             let routed = l["routed"].as_u64().unwrap();
             // 4 local experts of 8, each a quarter of the rank's share.
             assert!(rows.iter().all(|&x| 4 * x == routed), "etp {etp}: {l}");

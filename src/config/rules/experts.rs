@@ -86,7 +86,8 @@ pub fn model(cfg: &Config) -> Vec<Violation> {
     errs
 }
 
-/// EP divides DP and the experts; expert TP x EP divides TP x CP x DP.
+/// EP divides DP and the experts; expert TP x EP divides TP x CP x DP; an MoE model's order
+/// passes Megatron-Core's two assertions on its expert grid.
 pub fn expert_parallel(cfg: &Config) -> Vec<Violation> {
     let (m, p) = (&cfg.model, &cfg.parallel);
     let dp = data_parallel(cfg).unwrap_or(0);
@@ -109,16 +110,27 @@ pub fn expert_parallel(cfg: &Config) -> Vec<Violation> {
         }
     }
     let etp = p.etp() as u64;
-    if dp > 0 && (p.tp as u64 * p.cp as u64 * dp) % (etp * p.ep as u64) != 0 {
+    // The ranks of a pipeline stage, over which Megatron-Core lays the expert grid.
+    let stage_ranks = p.tp as u64 * p.cp as u64 * dp;
+    let expert_ranks = etp * p.ep as u64;
+    if dp == 0 || expert_ranks == 0 {
+        return errs;
+    }
+    if stage_ranks % expert_ranks != 0 {
         errs.push(Violation::new(
             "parallel.expert_tp",
             format!(
-                "expert_tp x ep ({etp} x {}) must divide tp x cp x dp ({})",
-                p.ep,
-                p.tp as u64 * p.cp as u64 * dp
+                "expert_tp x ep ({etp} x {}) must divide tp x cp x dp ({stage_ranks})",
+                p.ep
             ),
         ));
-    } else if dp > 0 && m.is_moe() && !expert_pipeline_agrees(cfg, dp) {
+        return errs;
+    }
+    if !m.is_moe() || p.pp <= 1 {
+        return errs;
+    }
+    let edp = stage_ranks / expert_ranks;
+    if !expert_pipeline_agrees(cfg, dp, edp) {
         errs.push(
             Violation::new(
                 "parallel.order",
@@ -129,8 +141,11 @@ pub fn expert_parallel(cfg: &Config) -> Vec<Violation> {
             )
             .hint("put pp last in the order (Megatron's tp-cp-ep-dp-pp)"),
         );
-    } else if dp > 0 && m.is_moe() && !expert_dp_agrees(cfg, dp) {
-        let edp = p.tp as u64 * p.cp as u64 * dp / (etp * p.ep as u64);
+    } else if !p.order.ends_with("pp") && edp != dp {
+        // Megatron-Core's other assertion: "When not using pp-last rank ordering, the data
+        // parallel size of the attention and moe layers must be the same". Its dense grid has
+        // no ep axis (its dp is this dp), so the engine's ep-inside-dp grid can keep the
+        // pipeline groups where Megatron's cannot.
         errs.push(
             Violation::new(
                 "parallel.order",
@@ -145,31 +160,16 @@ pub fn expert_parallel(cfg: &Config) -> Vec<Violation> {
     errs
 }
 
-/// Megatron-Core's other assertion on the expert grid ("When not using pp-last rank ordering,
-/// the data parallel size of the attention and moe layers must be the same"): the order ends
-/// in pp, or pp = 1, or the expert data-parallel size equals dp. Megatron's dense grid has no
-/// ep axis (its dp is this dp), so the engine's ep-inside-dp grid can keep the pipeline groups
-/// where Megatron's cannot.
-fn expert_dp_agrees(cfg: &Config, dp: u64) -> bool {
-    let p = &cfg.parallel;
-    let (etp, ep) = (p.etp() as u64, p.ep as u64);
-    p.pp <= 1
-        || p.order.ends_with("pp")
-        || etp * ep == 0
-        || p.tp as u64 * p.cp as u64 * dp == dp * etp * ep
-}
-
 /// Megatron-Core's `initialize_model_parallel` builds the expert grid in the same order with
-/// tp = expert_tp, cp = 1 and dp = tp x cp x dp / (expert_tp x ep), and asserts its pipeline
-/// groups are the dense grid's: the axes before pp span as many ranks in both. (An order that
-/// does not name each axis once is another rule's; it passes here.)
-fn expert_pipeline_agrees(cfg: &Config, dp: u64) -> bool {
+/// tp = expert_tp, cp = 1 and dp = `edp` (tp x cp x dp / (expert_tp x ep)), and asserts its
+/// pipeline groups are the dense grid's: the axes before pp span as many ranks in both. (An
+/// order that does not name each axis once is another rule's; it passes here.)
+fn expert_pipeline_agrees(cfg: &Config, dp: u64, edp: u64) -> bool {
     let p = &cfg.parallel;
     let (tp, cp, ep, etp) = (p.tp as u64, p.cp as u64, p.ep as u64, p.etp() as u64);
-    if p.pp <= 1 || ep == 0 || etp == 0 || dp % ep != 0 {
+    if dp % ep != 0 {
         return true;
     }
-    let edp = tp * cp * dp / (etp * ep);
     let (mut dense, mut expert) = (1u64, 1u64);
     for name in p.order.split('-') {
         let sizes = match name {
@@ -230,6 +230,15 @@ mod tests {
         assert!(v[0].rule.starts_with("num_experts (6)"));
     }
 
+    /// The MoE model on 16 GPUs with tp 2, cp 1, pp 2 (dp 4).
+    fn moe_tp2_pp2_on_16(c: &mut Config) {
+        moe(c);
+        c.cluster.num_gpus = 16;
+        c.parallel.tp = 2;
+        c.parallel.cp = 1;
+        c.parallel.pp = 2;
+    }
+
     /// Megatron-Core's assertion that the expert grid keeps the pipeline groups: with pp in
     /// the middle of the order and expert_tp 1 under tp 2 (16 GPUs, pp 2, dp 4), the axes
     /// before pp span tp 2 = 2 dense ranks but expert_tp 1 = 1 expert rank; pp last (or
@@ -237,11 +246,7 @@ mod tests {
     #[test]
     fn the_expert_grid_keeps_the_pipeline_groups() {
         let base = |c: &mut Config| {
-            moe(c);
-            c.cluster.num_gpus = 16;
-            c.parallel.tp = 2;
-            c.parallel.cp = 1;
-            c.parallel.pp = 2;
+            moe_tp2_pp2_on_16(c);
             c.parallel.expert_tp = Some(1);
         };
         let v = expert_parallel(&with(|c| {
@@ -266,11 +271,7 @@ mod tests {
     #[test]
     fn without_pp_last_expert_dp_equals_dp() {
         let base = |c: &mut Config| {
-            moe(c);
-            c.cluster.num_gpus = 16;
-            c.parallel.tp = 2;
-            c.parallel.cp = 1;
-            c.parallel.pp = 2;
+            moe_tp2_pp2_on_16(c);
             c.parallel.ep = 2;
             c.parallel.expert_tp = Some(2);
             c.parallel.order = "tp-cp-ep-pp-dp".into();
