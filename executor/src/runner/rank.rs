@@ -210,8 +210,12 @@ pub(super) fn run_rank<B: Backend>(
             cp.timing = step >= opts.warmup;
         }
         // Events around the step and each action, read after the step (one wait per step).
-        let t0 = rank.ctx.ops.record()?;
+        // The trace's clock is read before the step's first event: events placed from `t0` then
+        // land no later than the host readings of the same moments, so an action's retimed
+        // start never passes the host-timed collectives it calls first (the other order made
+        // the span start after them whenever the two readings were far enough apart).
         let step_start_s = opts.trace.map(|c| c.now_s());
+        let t0 = rank.ctx.ops.record()?;
         rank.loss_sum = 0.0;
         rank.ctx.moe_aux_loss = 0.0;
         let mut marks = Vec::with_capacity(rp.actions.len());
