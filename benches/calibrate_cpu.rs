@@ -14,7 +14,14 @@ fn main() {
         return;
     }
     let points = sweep::default_cpu_sweep();
-    let ms = match sweep::measure_all_cpu(&points, 7, 2, 2, |_| {}) {
+    let ms = match sweep::measure_all(
+        &points,
+        7,
+        2,
+        2,
+        &parsim_executor::runner::run_cpu_for,
+        |_| {},
+    ) {
         Ok(ms) => ms,
         Err(e) => {
             eprintln!("calibrate_cpu: the sweep failed: {e}");

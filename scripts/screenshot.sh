@@ -60,10 +60,10 @@ if [ "$MEASURED" = 1 ]; then
     trap 'rm -f "$TRACE"' EXIT
     CONFIG=tests/fixtures/executor_pp2_dp2_zbv.toml
     if [ "$PROFILE" = release ]; then
-        cargo run --release -p parsim -- execute --config "$CONFIG" --steps 2 --warmup 1 \
+        cargo run --release -p parsim-cli -- execute --config "$CONFIG" --steps 2 --warmup 1 \
             --trace "$TRACE" --trace-predicted >/dev/null
     else
-        cargo run -p parsim -- execute --config "$CONFIG" --steps 2 --warmup 1 \
+        cargo run -p parsim-cli -- execute --config "$CONFIG" --steps 2 --warmup 1 \
             --trace "$TRACE" --trace-predicted >/dev/null
     fi
     FLAGS=(--config "$CONFIG" --trace "$TRACE" "${FLAGS[@]}")

@@ -229,7 +229,7 @@ fn cpu_sweep_measures_real_runs_that_calibrate_can_read_back() {
     let ms: Vec<_> = points
         .iter()
         .enumerate()
-        .map(|(i, p)| sweep::measure_cpu(p, i, 3, 1).unwrap())
+        .map(|(i, p)| sweep::measure(p, i, 3, 1, &parsim_executor::runner::run_cpu_for).unwrap())
         .collect();
     for m in &ms {
         assert!(m.step_s > 0.0 && m.step_s.is_finite());

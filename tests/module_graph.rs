@@ -75,7 +75,7 @@ fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>>
 
 #[test]
 fn src_modules_import_one_way() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/engine/src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
     let mut top: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();

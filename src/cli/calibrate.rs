@@ -200,7 +200,14 @@ pub fn run_execute_calibrate(
             .context("progress template")?
             .progress_chars("=> "),
     );
-    let ms = sweep::measure_all_cpu(&points, steps, warmup, REPEATS, |_| bar.inc(1))?;
+    let ms = sweep::measure_all(
+        &points,
+        steps,
+        warmup,
+        REPEATS,
+        &parsim_executor::runner::run_cpu_for,
+        |_| bar.inc(1),
+    )?;
     bar.finish_and_clear();
     let base = GpuProfile::load("cpu")?;
     let date = std::process::Command::new("date")
@@ -301,7 +308,7 @@ pub fn run_execute_calibrate_cuda(
         steps,
         warmup,
         REPEATS,
-        &|plan, opts| run_cuda(plan, opts, CudaWorld::SingleProcess),
+        &|plan, l| Ok(run_cuda(plan, &l.into(), CudaWorld::SingleProcess)?),
         |i| {
             eprintln!(
                 "measured {} ({} of {}), {:.0} s in",

@@ -1,0 +1,403 @@
+//! Hardware profiles: peak rates, memory, links and efficiencies of one GPU kind, loaded from
+//! the TOML files shipped in calibration/ (embedded in the binary) or from a user's file.
+
+use super::enums::Precision;
+use super::error::ConfigError;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Dense tensor-core peak rates in FLOP/s per dtype. `fp32` is the TF32 rate used for fp32 matmuls.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeakFlops {
+    pub bf16: f64,
+    pub fp16: f64,
+    /// `None` on GPUs without FP8 tensor cores.
+    pub fp8: Option<f64>,
+    pub fp32: f64,
+}
+
+/// One class of link (NVLink inside a node, the network across nodes).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Link {
+    /// Per GPU, per direction.
+    pub bandwidth_bytes_per_s: f64,
+    pub latency_s: f64,
+    /// Achieved fraction of the bandwidth for large messages.
+    pub efficiency: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Links {
+    /// Which NCCL tuning model times the node's all-reduce, all-gather and reduce-scatter
+    /// (src/network/nccl.rs: NVLink links and NVLink SHARP by generation); `None` keeps the
+    /// alpha-beta ring model on `intra_node` / `inter_node` for GPUs NCCL's constants do not
+    /// cover (MI300X on RCCL, B200, the CPU backend).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nccl: Option<NcclArch>,
+    pub intra_node: Link,
+    pub inter_node: Link,
+}
+
+/// The GPU generation whose NCCL tuning constants apply (NCCL's src/graph/tuning.cc caps per
+/// compute capability): DGX A100-class (SM80, NVLink3 x 12) or DGX H100-class (SM90, NVLink4
+/// x 18 with NVLink SHARP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NcclArch {
+    Ampere,
+    Hopper,
+}
+
+/// Achieved fractions of peak (fitted by calibration).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Efficiency {
+    /// Fraction of the dense peak a large, well-shaped GEMM reaches.
+    pub matmul: f64,
+    /// Fraction of the dense peak the fused attention kernel reaches.
+    pub attention: f64,
+    /// Fraction of the HBM bandwidth memory-bound kernels reach.
+    pub memory_bound: f64,
+    /// Fixed cost of one kernel launch (and its tail), per GEMM or memory-bound op.
+    #[serde(default = "default_kernel_overhead_s")]
+    pub kernel_overhead_s: f64,
+    /// Fraction of *overlapped* communication time that still lengthens the step: concurrent
+    /// NCCL kernels take SMs and HBM bandwidth from the compute they hide behind. 0 = free.
+    #[serde(default)]
+    pub overlap_interference: f64,
+}
+
+impl Efficiency {
+    /// Seconds a transfer of `comm_s` costs the step when only `exposed_s` of it is exposed:
+    /// the exposed part plus `overlap_interference` of the part hidden behind compute.
+    pub fn charged_s(&self, comm_s: f64, exposed_s: f64) -> f64 {
+        exposed_s + self.overlap_interference * (comm_s - exposed_s).max(0.0)
+    }
+}
+
+/// The memory margin when a profile names none: 5% of device memory, the order of the
+/// fragmentation PyTorch's caching allocator shows on large training runs.
+pub const DEFAULT_MEMORY_MARGIN_FRACTION: f64 = 0.05;
+
+fn default_memory_margin_fraction() -> f64 {
+    DEFAULT_MEMORY_MARGIN_FRACTION
+}
+/// The largest latency or kernel overhead a profile may give, in seconds.
+const MAX_FIXED_COST_S: f64 = 1.0;
+
+fn default_kernel_overhead_s() -> f64 {
+    4.0e-6
+}
+
+/// The GEMM shape model: output tiles spread over the streaming multiprocessors in waves
+/// (wave quantisation: a last, partial wave costs a full one).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GemmShape {
+    /// Streaming multiprocessors (compute units).
+    pub sms: u32,
+    /// Output tile rows and columns of one thread block.
+    pub tile_m: u32,
+    pub tile_n: u32,
+    /// Whether the GEMM library shares a partial last wave's work over every SM (stream-K
+    /// scheduling, as cuBLAS's persistent kernels do on Hopper and later) instead of leaving
+    /// SMs idle; see `time::Rates::gemm_s`.
+    #[serde(default)]
+    pub stream_k: bool,
+    /// The best bf16 GEMM rate measured on this GPU over its dense bf16 peak (Bekman's
+    /// Maximum Achievable Matmul FLOPS, calibration/data/gemm-rates.json); `None` where no
+    /// measurement is published. It carries a family's fitted `efficiency.matmul` to a GPU
+    /// without published training runs, and with the FP8 figure times FP8 GEMMs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub achievable_bf16_fraction: Option<f64>,
+    /// The same for FP8 (e4m3) GEMMs over the dense FP8 peak.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub achievable_fp8_fraction: Option<f64>,
+}
+
+impl Default for GemmShape {
+    /// H100 SXM: 132 SMs; cuBLAS's common 128 x 256 bf16 tile.
+    fn default() -> Self {
+        GemmShape {
+            sms: 132,
+            tile_m: 128,
+            tile_n: 256,
+            stream_k: false,
+            achievable_bf16_fraction: None,
+            achievable_fp8_fraction: None,
+        }
+    }
+}
+
+/// A GPU kind's profile (docs/design.md, Calibration).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuProfile {
+    pub name: String,
+    pub description: String,
+    /// Device memory as the driver reports it.
+    pub memory_bytes: u64,
+    /// Memory outside tensors: CUDA context, library workspaces.
+    pub runtime_overhead_bytes: u64,
+    /// Fraction of `memory_bytes` kept free for the allocator's fragmentation and reserve
+    /// (PyTorch's caching allocator rounds blocks up and cannot always reuse freed ones), so
+    /// that "fits" means fits with room. Default [`DEFAULT_MEMORY_MARGIN_FRACTION`].
+    #[serde(default = "default_memory_margin_fraction")]
+    pub memory_margin_fraction: f64,
+    pub hbm_bytes_per_s: f64,
+    pub peak_flops: PeakFlops,
+    pub links: Links,
+    pub efficiency: Efficiency,
+    #[serde(default)]
+    pub gemm: GemmShape,
+    /// s x s fp32 score tiles the attention kernel keeps in device memory while it runs (one
+    /// in forward, this many in backward): 0 for fused kernels, whose tiles live on chip; the
+    /// CPU backend's kernel materialises a row of heads' scores at a time.
+    #[serde(default)]
+    pub attention_score_tiles: u32,
+    /// The published fused-attention kernel ("gpu/kernel" in calibration/data/
+    /// attention-kernels.json) whose measured rates time the attention core; without one the
+    /// core runs at `efficiency.attention`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_kernel: Option<String>,
+    /// Field (or group of fields) -> where its value comes from.
+    #[serde(default)]
+    pub provenance: BTreeMap<String, String>,
+}
+
+/// The profiles shipped in calibration/, embedded so the binary works from any directory.
+const SHIPPED: &[(&str, &str)] = &[
+    (
+        "a100-40g",
+        include_str!("../../../../calibration/a100-40g.toml"),
+    ),
+    (
+        "a100-80g",
+        include_str!("../../../../calibration/a100-80g.toml"),
+    ),
+    (
+        "h100-sxm",
+        include_str!("../../../../calibration/h100-sxm.toml"),
+    ),
+    ("h200", include_str!("../../../../calibration/h200.toml")),
+    ("b200", include_str!("../../../../calibration/b200.toml")),
+    (
+        "mi300x",
+        include_str!("../../../../calibration/mi300x.toml"),
+    ),
+    ("cpu", include_str!("../../../../calibration/cpu.toml")),
+];
+
+impl GpuProfile {
+    /// Device memory a configuration may use: `memory_bytes` less the margin.
+    pub fn usable_memory_bytes(&self) -> u64 {
+        let margin = self.memory_margin_fraction.clamp(0.0, 1.0);
+        (self.memory_bytes as f64 * (1.0 - margin)).floor() as u64
+    }
+
+    /// Names of the shipped profiles.
+    pub fn shipped_names() -> Vec<&'static str> {
+        SHIPPED.iter().map(|(n, _)| *n).collect()
+    }
+
+    /// A shipped profile by name, or a profile file when `name_or_path` ends in `.toml` or
+    /// names an existing file.
+    pub fn load(name_or_path: &str) -> Result<GpuProfile, ConfigError> {
+        if let Some((_, text)) = SHIPPED.iter().find(|(n, _)| *n == name_or_path) {
+            return Self::parse(text, name_or_path);
+        }
+        let path = Path::new(name_or_path);
+        if name_or_path.ends_with(".toml") || path.is_file() {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+                path: path.display().to_string(),
+                source,
+            })?;
+            return Self::parse(&text, name_or_path);
+        }
+        Err(ConfigError::UnknownName {
+            field: "cluster.gpu",
+            value: name_or_path.to_string(),
+            known: Self::shipped_names().join(", "),
+            hint: "or give the path of a profile TOML file",
+        })
+    }
+
+    /// Parses profile TOML; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<GpuProfile, ConfigError> {
+        let profile: GpuProfile = super::load::parse_toml_typed(text, origin)?;
+        profile.check(origin)?;
+        Ok(profile)
+    }
+
+    /// Rejects non-positive or non-finite rates and sizes.
+    fn check(&self, origin: &str) -> Result<(), ConfigError> {
+        let positive = [
+            ("hbm_bytes_per_s", self.hbm_bytes_per_s),
+            ("peak_flops.bf16", self.peak_flops.bf16),
+            ("peak_flops.fp16", self.peak_flops.fp16),
+            ("peak_flops.fp32", self.peak_flops.fp32),
+            (
+                "links.intra_node.bandwidth_bytes_per_s",
+                self.links.intra_node.bandwidth_bytes_per_s,
+            ),
+            (
+                "links.inter_node.bandwidth_bytes_per_s",
+                self.links.inter_node.bandwidth_bytes_per_s,
+            ),
+            ("efficiency.matmul", self.efficiency.matmul),
+            ("efficiency.attention", self.efficiency.attention),
+            ("efficiency.memory_bound", self.efficiency.memory_bound),
+            (
+                "links.intra_node.efficiency",
+                self.links.intra_node.efficiency,
+            ),
+            (
+                "links.inter_node.efficiency",
+                self.links.inter_node.efficiency,
+            ),
+        ];
+        // Values a profile may leave out, checked where given.
+        let optional = [
+            ("peak_flops.fp8", self.peak_flops.fp8),
+            (
+                "gemm.achievable_bf16_fraction",
+                self.gemm.achievable_bf16_fraction,
+            ),
+            (
+                "gemm.achievable_fp8_fraction",
+                self.gemm.achievable_fp8_fraction,
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(field, v)| v.map(|v| (field, v)));
+        for (field, v) in positive.into_iter().chain(optional.clone()) {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(ConfigError::Profile {
+                    origin: origin.to_string(),
+                    message: format!("{field} must be a positive finite number, got {v}"),
+                });
+            }
+        }
+        if self.gemm.sms == 0 || self.gemm.tile_m == 0 || self.gemm.tile_n == 0 {
+            return Err(ConfigError::Profile {
+                origin: origin.to_string(),
+                message: "gemm.sms, gemm.tile_m and gemm.tile_n must be positive".into(),
+            });
+        }
+        let margin = self.memory_margin_fraction;
+        if !(margin.is_finite() && (0.0..1.0).contains(&margin)) {
+            return Err(ConfigError::Profile {
+                origin: origin.to_string(),
+                message: format!("memory_margin_fraction must be in [0, 1), got {margin}"),
+            });
+        }
+        // Fixed costs: non-negative, and at most a second (a larger one is a unit mistake and
+        // overflows the step time to infinity).
+        for (field, v) in [
+            (
+                "links.intra_node.latency_s",
+                self.links.intra_node.latency_s,
+            ),
+            (
+                "links.inter_node.latency_s",
+                self.links.inter_node.latency_s,
+            ),
+            (
+                "efficiency.kernel_overhead_s",
+                self.efficiency.kernel_overhead_s,
+            ),
+        ] {
+            if !(v.is_finite() && (0.0..=MAX_FIXED_COST_S).contains(&v)) {
+                return Err(ConfigError::Profile {
+                    origin: origin.to_string(),
+                    message: format!(
+                        "{field} must be in [0, {MAX_FIXED_COST_S}] seconds, got {v:?}"
+                    ),
+                });
+            }
+        }
+        let oi = self.efficiency.overlap_interference;
+        if !(oi.is_finite() && (0.0..=1.0).contains(&oi)) {
+            return Err(ConfigError::Profile {
+                origin: origin.to_string(),
+                message: format!("efficiency.overlap_interference must be in [0, 1], got {oi}"),
+            });
+        }
+        for (field, v) in [
+            ("efficiency.matmul", self.efficiency.matmul),
+            ("efficiency.attention", self.efficiency.attention),
+            ("efficiency.memory_bound", self.efficiency.memory_bound),
+            (
+                "links.intra_node.efficiency",
+                self.links.intra_node.efficiency,
+            ),
+            (
+                "links.inter_node.efficiency",
+                self.links.inter_node.efficiency,
+            ),
+        ]
+        .into_iter()
+        .chain(optional.filter(|(field, _)| field.starts_with("gemm.")))
+        {
+            if v > 1.0 {
+                return Err(ConfigError::Profile {
+                    origin: origin.to_string(),
+                    message: format!(
+                        "{field} is an achieved fraction (of peak or of bandwidth) and must be at most 1, got {v}"
+                    ),
+                });
+            }
+        }
+        if let Some(name) = &self.attention_kernel {
+            if crate::kernels::attention_kernel(name).is_none() {
+                let known: Vec<&str> = crate::kernels::attention_kernels()
+                    .iter()
+                    .map(|k| k.name.as_str())
+                    .collect();
+                return Err(ConfigError::Profile {
+                    origin: origin.to_string(),
+                    message: format!(
+                        "attention_kernel {name:?} is not in calibration/data/attention-kernels.json (known: {})",
+                        known.join(", ")
+                    ),
+                });
+            }
+        }
+        if self.memory_bytes == 0 {
+            return Err(ConfigError::Profile {
+                origin: origin.to_string(),
+                message: "memory_bytes must be positive".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The GEMM efficiency of `precision`'s matmul dtype: `efficiency.matmul`, and for FP8 that
+    /// scaled by the measured FP8 / bf16 ratio of achievable GEMM rates when the profile has
+    /// both (FP8 GEMMs reach a smaller share of their doubled peak: 71% against 80% on H100).
+    pub fn matmul_efficiency_for(&self, precision: Precision) -> f64 {
+        let e = self.efficiency.matmul;
+        match (
+            precision,
+            self.gemm.achievable_bf16_fraction,
+            self.gemm.achievable_fp8_fraction,
+        ) {
+            (Precision::Fp8, Some(bf16), Some(fp8)) => (e * fp8 / bf16).min(1.0),
+            _ => e,
+        }
+    }
+
+    /// Dense peak FLOP/s for the matmul dtype of `precision`, if the GPU has it.
+    pub fn peak_flops_for(&self, precision: Precision) -> Option<f64> {
+        match precision {
+            Precision::Bf16 => Some(self.peak_flops.bf16),
+            Precision::Fp16 => Some(self.peak_flops.fp16),
+            Precision::Fp8 => self.peak_flops.fp8,
+            Precision::Fp32 => Some(self.peak_flops.fp32),
+        }
+    }
+}

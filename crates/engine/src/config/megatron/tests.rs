@@ -1,0 +1,255 @@
+use super::*;
+use crate::config::{presets, Config, CpComm, Layer, Precision, Resolved, ScheduleKind};
+
+const LLAMA3_8B_SCRIPT: &str = include_str!("../../../../../tests/fixtures/megatron/llama3_8b.sh");
+
+/// The configuration the import gives over the built-in defaults.
+fn imported(text: &str) -> (Config, MegatronImport) {
+    let imp = import(text, "test").expect("imports");
+    let cfg = Config::from_layers(&[Layer::overrides(imp.layer.clone())]).expect("merges");
+    (cfg, imp)
+}
+
+#[test]
+fn llama3_8b_launch_script_imports_every_setting() {
+    let (cfg, imp) = imported(LLAMA3_8B_SCRIPT);
+    let preset = presets::preset("llama3-8b").unwrap();
+    let m = &cfg.model;
+    assert_eq!(
+        (m.num_layers, m.hidden_size, m.ffn_hidden_size),
+        (32, 4096, 14336)
+    );
+    assert_eq!((m.num_attention_heads, m.num_query_groups), (32, 8));
+    assert_eq!(m.kv_channels, Some(128));
+    assert_eq!(m.vocab_size, preset.vocab_size, "kept from the base model");
+    assert_eq!(m.make_vocab_size_divisible_by, 128);
+    assert_eq!(
+        (m.activation, m.normalization, m.position_embedding),
+        (
+            preset.activation,
+            preset.normalization,
+            preset.position_embedding
+        )
+    );
+    assert!(!m.add_bias_linear && !m.add_qkv_bias && !m.tied_embeddings);
+    assert_eq!(m.hidden_dropout, 0.0);
+    let p = &cfg.parallel;
+    assert_eq!((p.tp, p.cp, p.pp, p.vpp, p.zero), (2, 1, 1, 1, 1));
+    assert!(p.sp && p.overlap_grad_reduce && p.overlap_param_gather);
+    let t = &cfg.training;
+    assert_eq!(
+        (t.seq_length, t.micro_batch_size, t.global_batch_size),
+        (8192, 1, 128)
+    );
+    assert_eq!(t.precision, Precision::Fp8);
+    assert_eq!(t.grad_dtype.to_string(), "bf16");
+    assert_eq!((cfg.cluster.num_gpus, cfg.cluster.gpus_per_node), (8, 8));
+    for flag in [
+        "--lr",
+        "--use-mcore-models",
+        "--rotary-base",
+        "--save",
+        "--mock-data",
+    ] {
+        assert!(imp.ignored.iter().any(|f| f == flag), "{flag} named");
+    }
+    assert!(!imp.ignored.iter().any(|f| f == "--num-layers"));
+    assert!(imp.unresolved.is_empty(), "{:?}", imp.unresolved);
+    assert!(imp.notes.iter().any(|n| n.contains("vocabulary")));
+    Resolved::new(cfg).expect("the imported run is valid");
+}
+
+#[test]
+fn unresolved_variables_are_reported_and_their_flags_ignored() {
+    let text = "torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size $TP \\\n  --save $CKPT --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --bf16\n";
+    let (cfg, imp) = imported(text);
+    assert_eq!(imp.unresolved, ["$CKPT", "$TP"]);
+    assert_eq!(
+        imp.ignored,
+        ["--save"],
+        "an ignored flag is named once, as ignored"
+    );
+    assert_eq!(
+        imp.notes
+            .iter()
+            .filter(|n| n.contains("not resolved"))
+            .count(),
+        1
+    );
+    assert!(imp.warnings().iter().any(|w| w.contains("$TP")));
+    assert!(imp
+        .notes
+        .iter()
+        .any(|n| n.contains("--tensor-model-parallel-size")));
+    assert_eq!(cfg.parallel.tp, 1, "Megatron's default");
+    assert_eq!(cfg.model.num_layers, 4);
+    assert_eq!(cfg.model.ffn_hidden_size, 1024, "Megatron's 4h default");
+}
+
+#[test]
+fn a_bare_argument_list_and_virtual_stages_by_layers_import() {
+    let text = "--num-layers 32 --pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 4 --context-parallel-size 2 --cp-comm-type=p2p";
+    let (cfg, _) = imported(text);
+    assert_eq!(cfg.parallel.vpp, 2);
+    assert_eq!(cfg.parallel.schedule, ScheduleKind::Interleaved1F1B);
+    assert_eq!(cfg.parallel.cp_comm, CpComm::Zigzag);
+}
+
+#[test]
+fn a_bad_value_names_its_flag() {
+    let err = import("--num-layers many", "run.sh")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("run.sh") && err.contains("--num-layers"),
+        "{err}"
+    );
+}
+
+#[test]
+fn moe_layer_frequency_and_mla_import() {
+    let text = "--num-layers 61 --hidden-size 7168 --num-attention-heads 128 --num-experts 256 \
+                --moe-layer-freq \"([0]*3+[1]*58)\" --multi-latent-attention --kv-lora-rank 512";
+    let (cfg, _) = imported(text);
+    assert_eq!(cfg.model.moe_first_k_dense, 3);
+    assert_eq!(cfg.model.mla.as_ref().unwrap().kv_lora_rank, 512);
+    assert_eq!(
+        cfg.parallel.expert_tp,
+        Some(1),
+        "the dense TP, Megatron's default"
+    );
+}
+
+/// `cfg` with what Megatron flags cannot carry set as the import leaves it.
+fn comparable(mut cfg: Config) -> Config {
+    cfg.model.name = "megatron".into();
+    if cfg.model.num_experts > 0 {
+        cfg.parallel.expert_tp = Some(cfg.parallel.etp());
+    }
+    cfg
+}
+
+#[test]
+fn printed_arguments_import_to_the_same_configuration() {
+    let mut cases = vec![Config::default()];
+    let mut big = Config {
+        model: presets::preset("llama3-70b").unwrap(),
+        ..Config::default()
+    };
+    big.cluster.num_gpus = 256;
+    big.parallel.tp = 8;
+    big.parallel.cp = 4;
+    big.parallel.cp_comm = CpComm::Zigzag;
+    big.parallel.pp = 4;
+    big.parallel.vpp = 5;
+    big.parallel.schedule = ScheduleKind::Interleaved1F1B;
+    big.training.recompute = crate::config::Recompute::Full;
+    big.training.precision = Precision::Fp8;
+    cases.push(big);
+    let mut moe = Config {
+        model: presets::preset("deepseek-v3").unwrap(),
+        ..Config::default()
+    };
+    moe.cluster.num_gpus = 2048;
+    moe.parallel.tp = 1;
+    moe.parallel.sp = false;
+    moe.parallel.pp = 16;
+    moe.parallel.ep = 64;
+    moe.parallel.first_stage_layers = Some(3);
+    moe.parallel.last_stage_layers = Some(2);
+    moe.training.global_batch_size = 4096;
+    moe.training.seq_length = 4096;
+    cases.push(moe);
+    // Mixtral with the benchmarking router (--moe-router-force-load-balancing).
+    let mut mixtral = Config {
+        model: presets::preset("mixtral-8x7b").unwrap(),
+        ..Config::default()
+    };
+    mixtral.model.moe_router_force_load_balancing = true;
+    cases.push(mixtral);
+    cases.push(Config {
+        model: presets::preset("gpt3-175b").unwrap(),
+        ..Config::default()
+    });
+    // Megatron-Core's explicit layout (vpp derived from its 8 stages over pp 4) and the
+    // embedding/loss slots (Llama-3-405B's 126 layers + 2 over pp 16 x vpp 2).
+    let mut layout = Config::default();
+    layout.cluster.num_gpus = 16;
+    layout.parallel.pp = 4;
+    layout.parallel.vpp = 2;
+    layout.parallel.schedule = ScheduleKind::Interleaved1F1B;
+    layout.parallel.pipeline_layout = Some("Et*3|(t*4|)*6,t*5L".into());
+    cases.push(layout);
+    let mut slots = Config {
+        model: presets::preset("llama3-405b").unwrap(),
+        ..Config::default()
+    };
+    slots.cluster.num_gpus = 1024;
+    slots.parallel.tp = 8;
+    slots.parallel.pp = 16;
+    slots.parallel.vpp = 2;
+    slots.parallel.schedule = ScheduleKind::Interleaved1F1B;
+    slots.parallel.account_for_embedding_in_pipeline_split = true;
+    slots.parallel.account_for_loss_in_pipeline_split = true;
+    slots.training.global_batch_size = 512;
+    cases.push(slots);
+    for cfg in cases {
+        let text = to_megatron_args(&cfg);
+        let (back, imp) = imported(&text);
+        assert_eq!(back, comparable(cfg.clone()), "{text}");
+        assert!(imp.ignored.is_empty(), "{:?}", imp.ignored);
+        assert_eq!(
+            Resolved::new(back).is_ok(),
+            Resolved::new(cfg).is_ok(),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn nemo_hydra_overrides_import_as_their_megatron_flags() {
+    let text = "python megatron_gpt_pretraining.py --config-path=conf --config-name=megatron_llama \\\n\
+                trainer.devices=8 trainer.num_nodes=2 trainer.precision=bf16-mixed \\\n\
+                model.tensor_model_parallel_size=4 model.pipeline_model_parallel_size=2 \\\n\
+                model.sequence_parallel=True model.micro_batch_size=1 model.global_batch_size=64 \\\n\
+                model.encoder_seq_length=4096 model.optim.name=distributed_fused_adam \\\n\
+                model.optim.lr=3e-4 model.activations_checkpoint_granularity=selective\n";
+    let (cfg, imp) = imported(text);
+    assert_eq!((cfg.cluster.num_gpus, cfg.cluster.gpus_per_node), (16, 8));
+    assert_eq!(
+        (cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.zero),
+        (4, 2, 1)
+    );
+    assert!(cfg.parallel.sp);
+    assert_eq!(cfg.training.seq_length, 4096);
+    assert_eq!(cfg.training.precision, Precision::Bf16);
+    assert_eq!(cfg.training.recompute, crate::config::Recompute::Selective);
+    assert!(
+        imp.ignored.iter().any(|f| f == "model.optim.lr"),
+        "{:?}",
+        imp.ignored
+    );
+    assert!(imp.ignored.iter().any(|f| f == "--config-path"));
+}
+
+/// A Megatron command line runs Megatron-Core: the import names that framework, and a
+/// DeepSpeed or FSDP configuration exported as Megatron flags says the framework is lost
+/// while its overlap switches are written as set.
+#[test]
+fn framework_maps_to_megatron_core_and_others_are_reported_lost() {
+    let (cfg, _) = imported(LLAMA3_8B_SCRIPT);
+    assert_eq!(
+        cfg.training.framework,
+        crate::config::Framework::MegatronCore
+    );
+    let mut ds = Config::default();
+    ds.training.framework = crate::config::Framework::Deepspeed;
+    ds.apply_framework_defaults();
+    assert!(
+        !ds.parallel.overlap_grad_reduce,
+        "DeepSpeed's overlap_comm at ZeRO-1"
+    );
+    let text = to_megatron_args(&ds);
+    assert!(!text.contains("--overlap-grad-reduce"), "{text}");
+    assert!(text.contains("framework = \"deepspeed\""), "{text}");
+}

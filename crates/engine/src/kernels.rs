@@ -1,0 +1,391 @@
+//! Attention kernel rates from published benchmarks (calibration/data/attention-kernels.json:
+//! the FlashAttention-3 paper's Figures 5 and 6, Shah et al. 2024, on H100; the
+//! FlashAttention-2 paper's Figure 4, Dao 2023, on A100), so that the attention core's time
+//! follows sequence length, head dimension and the causal mask instead of one fitted scalar.
+//!
+//! A kernel published on one GPU only can be derived for another (the table's `derived`
+//! entries: FlashAttention's Triton kernel on H100 from its A100 rates times
+//! FlashAttention-2's published H100 / A100 speed-up), the assumption stated with it.
+//!
+//! Each published series (one GPU, kernel, pass and mask, over sequence lengths) is fitted
+//! by `rate(s) = max * s / (s + half_s)`: a kernel whose per-tile work is fixed and whose
+//! fixed costs (launch, prologue, the last partial wave of query tiles) are spread over
+//! `s`. The fit is linear in `1/s` for `1/rate`, so it is solved in closed form.
+
+use serde::Deserialize;
+use std::sync::OnceLock;
+
+/// The shipped table.
+const TABLE_JSON: &str = include_str!("../../../calibration/data/attention-kernels.json");
+
+/// FLOPs the FlashAttention papers count for a backward pass, per forward FLOP: five
+/// matmuls (dV, dP, dQ, dK and the recomputed scores) against the forward's two.
+pub const PAPER_BACKWARD_FLOPS_PER_FORWARD: f64 = 2.5;
+
+/// `training.attention_kernel` for a kernel without published rates (a custom one): the
+/// core is timed at the profile's `efficiency.attention`.
+pub const NO_PUBLISHED_KERNEL: &str = "none";
+
+/// Which pass a series measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pass {
+    Forward,
+    Backward,
+    /// Forward and backward together, FLOPs 3.5 times the forward's (the FlashAttention-2
+    /// paper's Figure 4 and repository benchmark).
+    ForwardBackward,
+}
+
+/// One published series: TFLOP/s against sequence length.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Series {
+    pub gpu: String,
+    pub kernel: String,
+    pub pass: Pass,
+    pub causal: bool,
+    pub head_dim: u64,
+    pub seq_len: Vec<u64>,
+    pub tflops: Vec<f64>,
+    /// Key of the table's `sources` entry the series was read from (the FlashAttention-3
+    /// paper when absent).
+    #[serde(default)]
+    pub source: Option<String>,
+}
+
+/// A kernel with no published rates on one GPU, derived from its published rates on another
+/// GPU times a reference kernel's published speed-up between the two GPUs (the table's
+/// `derived` entries; the assumption is stated in each).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Derived {
+    pub gpu: String,
+    pub kernel: String,
+    /// The GPU whose published series of `kernel` are scaled.
+    pub from_gpu: String,
+    /// The kernel published on both GPUs whose rate ratio scales them.
+    pub scaled_by: String,
+    pub assumption: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Table {
+    series: Vec<Series>,
+    #[serde(default)]
+    derived: Vec<Derived>,
+}
+
+fn table() -> &'static Table {
+    static TABLE: OnceLock<Table> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        // The table is part of the binary; tests/kernel_rates.rs checks that it parses.
+        serde_json::from_str::<Table>(TABLE_JSON).unwrap_or(Table {
+            series: Vec::new(),
+            derived: Vec::new(),
+        })
+    })
+}
+
+/// `rate(s) = max_flops_per_s * s / (s + half_seq)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateCurve {
+    /// The rate a very long sequence approaches, FLOP/s.
+    pub max_flops_per_s: f64,
+    /// The sequence length at which the kernel runs at half that rate.
+    pub half_seq: f64,
+}
+
+impl RateCurve {
+    /// Least-squares fit of `1/rate = 1/max + (half/max) / s` to published points (TFLOP/s).
+    /// `None` with fewer than two distinct lengths or a fit that is not increasing in `s`.
+    pub fn fit(seq_len: &[u64], tflops: &[f64]) -> Option<RateCurve> {
+        if seq_len.len() != tflops.len() || seq_len.len() < 2 {
+            return None;
+        }
+        let n = seq_len.len() as f64;
+        let xs: Vec<f64> = seq_len.iter().map(|&s| 1.0 / s as f64).collect();
+        let ys: Vec<f64> = tflops.iter().map(|&t| 1.0 / (t * 1e12)).collect();
+        let mx = xs.iter().sum::<f64>() / n;
+        let my = ys.iter().sum::<f64>() / n;
+        let sxx: f64 = xs.iter().map(|x| (x - mx) * (x - mx)).sum();
+        let sxy: f64 = xs.iter().zip(&ys).map(|(x, y)| (x - mx) * (y - my)).sum();
+        if sxx <= 0.0 {
+            return None;
+        }
+        let slope = sxy / sxx;
+        let intercept = my - slope * mx;
+        if !(intercept > 0.0 && slope >= 0.0) {
+            return None;
+        }
+        Some(RateCurve {
+            max_flops_per_s: 1.0 / intercept,
+            half_seq: slope / intercept,
+        })
+    }
+
+    /// FLOP/s at sequence length `seq_len` (at least 1).
+    pub fn flops_per_s(&self, seq_len: u64) -> f64 {
+        let s = seq_len.max(1) as f64;
+        self.max_flops_per_s * s / (s + self.half_seq)
+    }
+}
+
+/// The rate curves of one kernel at one head dimension.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Curves {
+    /// Forward and backward published separately (FlashAttention-3 Figures 5 and 6).
+    Split {
+        forward: RateCurve,
+        forward_causal: RateCurve,
+        backward: RateCurve,
+        backward_causal: Option<RateCurve>,
+    },
+    /// Only forward + backward published (FlashAttention-2 Figure 4): both passes run at the
+    /// combined rate, the one split that gives the published total without further data.
+    Combined {
+        forward_backward: RateCurve,
+        forward_backward_causal: RateCurve,
+    },
+}
+
+/// A fused attention kernel on one GPU: forward and backward rates, with and without mask,
+/// at each published head dimension.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttentionKernel {
+    /// "gpu/kernel", as a profile's `attention_kernel` names it.
+    pub name: String,
+    /// (head dimension, curves), sorted by head dimension.
+    variants: Vec<(u64, Curves)>,
+}
+
+impl AttentionKernel {
+    /// The published head dimensions.
+    pub fn head_dims(&self) -> Vec<u64> {
+        self.variants.iter().map(|v| v.0).collect()
+    }
+
+    /// The published head dimension nearest `head_dim` (the larger on a tie: a larger head
+    /// does more work per loaded tile, as wide heads of other sizes do).
+    pub fn nearest_head_dim(&self, head_dim: u64) -> u64 {
+        self.variants
+            .iter()
+            .map(|v| v.0)
+            .min_by_key(|d| (d.abs_diff(head_dim), u64::MAX - d))
+            .expect("a kernel has at least one head dimension")
+    }
+
+    /// The curves of the published head dimension nearest `head_dim`.
+    fn curves(&self, head_dim: u64) -> Curves {
+        let d = self.nearest_head_dim(head_dim);
+        self.variants
+            .iter()
+            .find(|v| v.0 == d)
+            .map(|v| v.1)
+            .expect("a published head dimension")
+    }
+
+    /// Forward FLOP/s (FLOPs as the papers count them: halved under a causal mask).
+    pub fn forward_flops_per_s(&self, seq_len: u64, causal: bool, head_dim: u64) -> f64 {
+        match self.curves(head_dim) {
+            Curves::Split {
+                forward,
+                forward_causal,
+                ..
+            } => if causal { forward_causal } else { forward }.flops_per_s(seq_len),
+            Curves::Combined {
+                forward_backward,
+                forward_backward_causal,
+            } => if causal {
+                forward_backward_causal
+            } else {
+                forward_backward
+            }
+            .flops_per_s(seq_len),
+        }
+    }
+
+    /// Backward FLOP/s in the papers' convention (2.5 forward FLOPs per forward FLOP). Where
+    /// no causal backward series is published, the causal mask costs the backward what it
+    /// costs the forward: the non-causal rate times the forward's causal/non-causal ratio.
+    pub fn backward_flops_per_s(&self, seq_len: u64, causal: bool, head_dim: u64) -> f64 {
+        match self.curves(head_dim) {
+            Curves::Split {
+                forward,
+                forward_causal,
+                backward,
+                backward_causal,
+            } => match (causal, backward_causal) {
+                (false, _) => backward.flops_per_s(seq_len),
+                (true, Some(c)) => c.flops_per_s(seq_len),
+                (true, None) => {
+                    backward.flops_per_s(seq_len) * forward_causal.flops_per_s(seq_len)
+                        / forward.flops_per_s(seq_len)
+                }
+            },
+            Curves::Combined { .. } => self.forward_flops_per_s(seq_len, causal, head_dim),
+        }
+    }
+
+    /// Forward + backward FLOP/s in the papers' convention (3.5 forward FLOPs per forward
+    /// FLOP): total FLOPs over the two passes' summed time.
+    pub fn forward_backward_flops_per_s(&self, seq_len: u64, causal: bool, head_dim: u64) -> f64 {
+        let f = self.forward_flops_per_s(seq_len, causal, head_dim);
+        let b = self.backward_flops_per_s(seq_len, causal, head_dim);
+        (1.0 + PAPER_BACKWARD_FLOPS_PER_FORWARD) / (1.0 / f + PAPER_BACKWARD_FLOPS_PER_FORWARD / b)
+    }
+}
+
+/// Every published series in the shipped table.
+pub fn published_series() -> &'static [Series] {
+    &table().series
+}
+
+/// The table's derivation rules.
+pub fn derivations() -> &'static [Derived] {
+    &table().derived
+}
+
+/// The series of every derived kernel ([`Derived`]), computed from the published ones:
+/// each published point of the kernel on `from_gpu` times the reference kernel's rate on
+/// `gpu` over its rate on `from_gpu`, for the same pass, mask and sequence length, both read
+/// at the head dimension the reference publishes on `gpu` nearest the point's.
+pub fn derived_series() -> &'static [Series] {
+    static SERIES: OnceLock<Vec<Series>> = OnceLock::new();
+    SERIES.get_or_init(|| {
+        let published = build_kernels(published_series());
+        derivations()
+            .iter()
+            .flat_map(|d| derive(d, &published))
+            .collect()
+    })
+}
+
+fn derive(d: &Derived, kernels: &[AttentionKernel]) -> Vec<Series> {
+    let find = |gpu: &str| {
+        let name = format!("{gpu}/{}", d.scaled_by);
+        kernels.iter().find(|k| k.name == name)
+    };
+    let (Some(to), Some(from)) = (find(&d.gpu), find(&d.from_gpu)) else {
+        return Vec::new();
+    };
+    published_series()
+        .iter()
+        .filter(|s| s.gpu == d.from_gpu && s.kernel == d.kernel)
+        .map(|s| {
+            let hd = to.nearest_head_dim(s.head_dim);
+            let rate = |k: &AttentionKernel, len: u64| match s.pass {
+                Pass::Forward => k.forward_flops_per_s(len, s.causal, hd),
+                Pass::Backward => k.backward_flops_per_s(len, s.causal, hd),
+                Pass::ForwardBackward => k.forward_backward_flops_per_s(len, s.causal, hd),
+            };
+            let tflops = s
+                .seq_len
+                .iter()
+                .zip(&s.tflops)
+                .map(|(&len, &t)| t * rate(to, len) / rate(from, len))
+                .collect();
+            Series {
+                gpu: d.gpu.clone(),
+                kernel: d.kernel.clone(),
+                tflops,
+                source: Some("derived".into()),
+                ..s.clone()
+            }
+        })
+        .collect()
+}
+
+/// The kernels the table defines (those with forward, causal forward and backward series, or
+/// both forward + backward series), published and derived.
+pub fn attention_kernels() -> &'static [AttentionKernel] {
+    static KERNELS: OnceLock<Vec<AttentionKernel>> = OnceLock::new();
+    KERNELS.get_or_init(|| {
+        let mut all = build_kernels(published_series());
+        all.extend(build_kernels(derived_series()));
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    })
+}
+
+/// The kernel named `name` ("gpu/kernel", e.g. "h100-sxm/flash-attention-3").
+pub fn attention_kernel(name: &str) -> Option<&'static AttentionKernel> {
+    attention_kernels().iter().find(|k| k.name == name)
+}
+
+fn build_kernels(series: &[Series]) -> Vec<AttentionKernel> {
+    let mut names: Vec<String> = series
+        .iter()
+        .map(|s| format!("{}/{}", s.gpu, s.kernel))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let mine: Vec<&Series> = series
+                .iter()
+                .filter(|s| format!("{}/{}", s.gpu, s.kernel) == name)
+                .collect();
+            let mut dims: Vec<u64> = mine.iter().map(|s| s.head_dim).collect();
+            dims.sort_unstable();
+            dims.dedup();
+            let variants: Vec<(u64, Curves)> = dims
+                .into_iter()
+                .filter_map(|d| Some((d, curves_of(&mine, d)?)))
+                .collect();
+            (!variants.is_empty()).then_some(AttentionKernel { name, variants })
+        })
+        .collect()
+}
+
+/// The curves of one kernel's series at head dimension `head_dim`: split when forward,
+/// causal forward and backward are published, combined when both forward + backward series
+/// are; `None` otherwise.
+fn curves_of(series: &[&Series], head_dim: u64) -> Option<Curves> {
+    let curve = |pass: Pass, causal: bool| {
+        series
+            .iter()
+            .find(|s| s.head_dim == head_dim && s.pass == pass && s.causal == causal)
+            .and_then(|s| RateCurve::fit(&s.seq_len, &s.tflops))
+    };
+    let split = || {
+        Some(Curves::Split {
+            forward: curve(Pass::Forward, false)?,
+            forward_causal: curve(Pass::Forward, true)?,
+            backward: curve(Pass::Backward, false)?,
+            backward_causal: curve(Pass::Backward, true),
+        })
+    };
+    let combined = || {
+        Some(Curves::Combined {
+            forward_backward: curve(Pass::ForwardBackward, false)?,
+            forward_backward_causal: curve(Pass::ForwardBackward, true)?,
+        })
+    };
+    split().or_else(combined)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Points on an exact curve are fitted back exactly (closed form vs the generator).
+    #[test]
+    fn fit_recovers_an_exact_curve() {
+        let truth = RateCurve {
+            max_flops_per_s: 600e12,
+            half_seq: 300.0,
+        };
+        let seq = [512u64, 1024, 4096, 16384];
+        let tflops: Vec<f64> = seq.iter().map(|&s| truth.flops_per_s(s) / 1e12).collect();
+        let fit = RateCurve::fit(&seq, &tflops).expect("fit");
+        assert!((fit.max_flops_per_s / truth.max_flops_per_s - 1.0).abs() < 1e-9);
+        assert!((fit.half_seq / truth.half_seq - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn fit_rejects_degenerate_input() {
+        assert_eq!(RateCurve::fit(&[1024], &[500.0]), None);
+        assert_eq!(RateCurve::fit(&[1024, 1024], &[500.0, 510.0]), None);
+        assert_eq!(RateCurve::fit(&[512, 1024], &[500.0]), None);
+    }
+}

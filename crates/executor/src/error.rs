@@ -1,0 +1,100 @@
+//! Errors of the executor: a plan or options that cannot run, actions out of order, a
+//! collective called inconsistently, a rank's model state that contradicts its plan, and the
+//! failure, abort or timeout of a rank.
+
+/// Why a Plan could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("invalid plan: {0}")]
+    Plan(#[from] PlanError),
+    #[error("invalid run options: {0}")]
+    Options(#[from] OptionsError),
+    /// An action found nothing to work on: the plan's actions are out of order.
+    #[error("rank {rank}: no {what} for stage {stage}, microbatch {mb} (actions out of order)")]
+    OutOfOrder {
+        rank: u32,
+        what: &'static str,
+        stage: u32,
+        mb: u32,
+    },
+    #[error("W(stage {stage}, mb {mb}) before its I on rank {rank}")]
+    WeightBeforeInput { rank: u32, stage: u32, mb: u32 },
+    /// A collective was called with arguments that cannot match.
+    #[error("{op}: {reason}")]
+    Collective {
+        op: &'static str,
+        reason: CollectiveError,
+    },
+    /// A rank's model state contradicts its plan (an executor bug, not bad input).
+    #[error("inconsistent model state: {0}")]
+    State(#[from] StateError),
+    #[error("rank {rank} failed: {message}")]
+    Rank { rank: u32, message: String },
+    #[error("rank {rank} stopped waiting because another rank failed")]
+    Aborted { rank: u32 },
+    /// The CUDA backend: a missing library or a failed CUDA, cuBLASLt or NCCL call.
+    #[error(transparent)]
+    Cuda(#[from] crate::backend::cuda::CudaError),
+    #[error("rank {rank} waited more than {seconds} s for a message or collective (deadlock?)")]
+    Timeout { rank: u32, seconds: u64 },
+    #[error("dropout: {0}")]
+    Dropout(#[from] crate::rng::DropoutError),
+    /// Exported parameters or gradients that the ranks do not cover.
+    #[error(transparent)]
+    Export(#[from] crate::pieces::MissingElements),
+    /// A feature of the plan that this backend does not run yet, naming the plan's field.
+    #[error("{field}: {message}")]
+    Unsupported {
+        field: &'static str,
+        message: &'static str,
+    },
+}
+
+pub use parsim_plan::PlanError;
+
+/// Run options that cannot apply to a plan.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum OptionsError {
+    #[error("export_grads needs zero 0 or 1 (full gradients), not zero {zero}")]
+    ExportGradsNeedsFullGradients { zero: u8 },
+    #[error("steps ({steps}) must exceed warmup ({warmup})")]
+    StepsNotAboveWarmup { steps: u32, warmup: u32 },
+}
+
+/// Arguments of a collective that cannot match.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CollectiveError {
+    #[error("{expected} counts expected, got {send} send and {recv} receive counts")]
+    CountCount {
+        expected: usize,
+        send: usize,
+        recv: usize,
+    },
+    #[error("buffer lengths differ from the sums of the counts")]
+    CountSums,
+    #[error("member {member} sends {sent} elements, {expected} expected")]
+    CountMismatch {
+        member: usize,
+        sent: usize,
+        expected: usize,
+    },
+}
+
+/// A rank's model state that contradicts its plan.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StateError {
+    #[error("an MoE layer in a model without MoeShape")]
+    MoeWithoutShape,
+    #[error("an MoE layer without an EP group")]
+    MoeWithoutEpGroup,
+    #[error("an expert gradient without an experts block")]
+    ExpertGradientWithoutBlock,
+    #[error("a LoRA adapter gradient without an adapters block")]
+    AdapterGradientWithoutBlock,
+    #[error("an MoE layer's saved state and experts block disagree")]
+    MoeSavedMismatch,
+    #[error("a multi-token-prediction module needs the {0} block on its rank")]
+    MtpWithoutBlock(String),
+    #[error("gradient buckets of stages {0:?} were not reduced before the optimizer step")]
+    GradBucketsNotIssued(Vec<u32>),
+}

@@ -1,0 +1,25 @@
+//! parsim-executor: plays a [`Plan`](plan::Plan) (shard shapes, process groups, per-rank
+//! actions) on a backend and measures it. It knows nothing of models, presets or
+//! configuration files: the engine (`parsim::plan`) lowers a configuration into a Plan.
+//!
+//! Backends implement [`backend::Backend`]: device tensors, [`backend::TensorOps`] and
+//! [`backend::DeviceCollectives`] on them, a per-rank memory tracker; the `cpu` backend
+//! runs ranks as threads in fp32 and is the reference for correctness: any supported mix gives
+//! the loss and parameters of the single-rank run.
+
+pub mod backend;
+// The contract's modules, under the names the executor has always used.
+pub use parsim_plan::{nonfinite, pieces, plan, report};
+pub mod error;
+pub mod launch;
+pub mod memory;
+pub mod model;
+pub mod rng;
+pub mod runner;
+pub mod trace;
+pub mod traced_comm;
+
+pub use error::ExecError;
+pub use plan::Plan;
+pub use report::RunReport;
+pub use runner::{run_cpu, RunOptions};

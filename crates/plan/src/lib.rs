@@ -1,0 +1,19 @@
+//! parsim-plan: the contract between the engine and the executor. The engine lowers a
+//! configuration into a [`Plan`] (shard shapes, process groups, per-rank actions); the
+//! executor plays it and answers with a [`RunReport`] and, when asked, its [`trace`]s. Plain
+//! data (serde) only, so the engine, the GUI and the web build use it without the executor.
+
+pub mod dtype;
+pub mod error;
+pub mod memory;
+pub mod nonfinite;
+pub mod pieces;
+pub mod plan;
+pub mod report;
+pub mod run;
+pub mod trace;
+
+pub use dtype::DType;
+pub use error::PlanError;
+pub use plan::Plan;
+pub use report::RunReport;

@@ -1,0 +1,775 @@
+//! The Plan: everything a backend needs to run a training step, and nothing about presets or
+//! configuration files. Per rank: its coordinates, its process groups, the pipeline stages
+//! (model chunks) it holds, and its ordered actions. The engine lowers a configuration into a
+//! Plan (`parsim::plan`), so prediction and execution describe the same work.
+
+use crate::error::PlanError;
+use serde::Serialize;
+use std::ops::Range;
+
+/// Normalisation layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Norm {
+    RmsNorm,
+    LayerNorm,
+}
+
+/// MLP activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Activation {
+    Swiglu,
+    Gelu,
+}
+
+/// Activation recomputation (Korthikanti et al. 2022).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Recompute {
+    None,
+    /// Drops the attention core's softmax (or log-sum-exp) and recomputes it in backward.
+    Selective,
+    /// Keeps each layer's input only and reruns the layer's forward in backward.
+    Full,
+}
+
+/// How context parallelism exchanges K/V (Liu et al. 2023 Ring Attention; Megatron's CP;
+/// Jacobs et al. 2023 DeepSpeed-Ulysses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum CpComm {
+    /// Ring of K/V blocks over contiguous sequence shards (causal work grows with the rank).
+    Ring,
+    /// The same ring over the load-balanced layout: rank r holds chunks r and 2cp-1-r.
+    Zigzag,
+    /// All-gather K/V before attention, reduce-scatter dK/dV after (load-balanced layout).
+    AllGather,
+    /// Ulysses: all-to-all Q/K/V to head shards of the whole sequence, and the output back.
+    A2a,
+}
+
+impl CpComm {
+    /// Whether the sequence is cut into 2cp chunks, rank r holding chunks r and 2cp-1-r.
+    pub fn load_balanced(self) -> bool {
+        matches!(self, CpComm::Zigzag | CpComm::AllGather)
+    }
+
+    /// Positions (within one sequence of `seq`) of the rows CP rank `rank` of `cp` holds.
+    pub fn positions(self, seq: usize, cp: usize, rank: usize) -> Vec<u32> {
+        if cp <= 1 {
+            return (0..seq as u32).collect();
+        }
+        if self.load_balanced() {
+            let c = seq / (2 * cp);
+            let early = rank * c;
+            let late = (2 * cp - 1 - rank) * c;
+            (early..early + c)
+                .chain(late..late + c)
+                .map(|p| p as u32)
+                .collect()
+        } else {
+            let c = seq / cp;
+            (rank * c..(rank + 1) * c).map(|p| p as u32).collect()
+        }
+    }
+}
+
+/// The model's shape (unsharded sizes).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelShape {
+    pub num_layers: u32,
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub ffn: usize,
+    /// Rows of the embedding and output layer (padded vocabulary; divisible by tp).
+    pub vocab: usize,
+    /// Synthetic tokens are drawn from 0..data_vocab (<= vocab).
+    pub data_vocab: usize,
+    pub seq: usize,
+    pub micro_batch: usize,
+    pub norm: Norm,
+    pub norm_eps: f32,
+    pub activation: Activation,
+    pub rope_theta: f32,
+    /// Fused attention: keep the log-sum-exp instead of the softmax.
+    pub flash: bool,
+    /// Standard deviation of the (uniform) initialisation of weight matrices.
+    pub init_std: f32,
+    /// Mixture-of-experts layers (`None`: a dense model).
+    pub moe: Option<MoeShape>,
+    /// Megatron's hidden dropout rate (after the embedding, attention and MLP), in [0, 1).
+    pub hidden_dropout: f32,
+    /// Dropout of the attention probabilities, in [0, 1): runs inside the flash attention, its
+    /// mask regenerated in backward (the executor's `rng::AttnDropout`).
+    pub attention_dropout: f32,
+    /// The output layer reads the input embedding's weight (GPT-2/3); with PP > 1 the last
+    /// stage holds a copy kept equal by the embedding group's all-reduce.
+    pub tied_embeddings: bool,
+    /// Biases on every linear layer (Megatron's `--add-bias-linear`): column-parallel ones split
+    /// with their output columns, row-parallel ones replicated and added after the reduction.
+    pub bias_linear: bool,
+    /// A bias on the fused QKV projection (`--add-qkv-bias`, implied by `bias_linear`).
+    pub qkv_bias: bool,
+    /// Learned absolute position embeddings with this many rows (GPT-2/3); 0 = rotary.
+    pub learned_positions: usize,
+    /// Multi-head latent attention instead of the fused QKV projection (`None`: MHA/GQA).
+    pub mla: Option<MlaShape>,
+    /// Multi-token-prediction modules D on the last stage (DeepSeek-V3 sec. 2.2; 0 = none).
+    pub mtp_layers: u32,
+    /// Weight of each MTP depth's mean loss in the training loss: lambda / D.
+    pub mtp_loss_scale: f32,
+}
+
+/// Multi-head latent attention (DeepSeek-V2, "DeepSeek-V2: A Strong, Economical, and Efficient
+/// Mixture-of-Experts Language Model", section 2.1): the query through a low-rank latent with
+/// its RMSNorm, keys and values through a joint latent with its RMSNorm, and a decoupled rotary
+/// key shared by all heads. Query/key heads are `qk_nope + qk_rope` wide, value heads `v`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MlaShape {
+    pub q_lora_rank: usize,
+    pub kv_lora_rank: usize,
+    pub qk_nope: usize,
+    pub qk_rope: usize,
+    pub v: usize,
+}
+
+impl MlaShape {
+    /// Query/key head width seen by the attention core.
+    pub fn qk(&self) -> usize {
+        self.qk_nope + self.qk_rope
+    }
+}
+
+/// The routed experts of the MoE layers (Shazeer et al. 2017; Megatron-Core's MoE): a
+/// replicated router (hidden -> experts), softmax or sigmoid scores then top-k (optionally
+/// group-limited and with DeepSeek-V3's selection-only expert bias), experts as the dense MLP
+/// (no biases) with their own intermediate size, and optional shared experts.
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+pub struct MoeShape {
+    pub num_experts: usize,
+    pub top_k: usize,
+    /// Intermediate size of one expert.
+    pub ffn: usize,
+    /// The first layers are dense (Megatron's `--moe-layer-freq` with leading dense layers).
+    pub first_k_dense: u32,
+    /// Expert capacity = ceil(factor x tokens x k / experts) per source microbatch; 0 = none.
+    pub capacity_factor: f32,
+    /// Coefficient of the load-balancing loss (Fedus et al. 2021, eq. 4); 0 = none.
+    pub aux_loss_coeff: f32,
+    /// The router's scores, their top-k selection and gates.
+    pub router: RouterShape,
+    /// Intermediate size of the shared experts together (DeepSeek-V2/V3; 0 = none).
+    pub shared_ffn: usize,
+}
+
+/// The router's score function (Megatron's `--moe-router-score-function`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+pub enum ScoreFunction {
+    #[default]
+    Softmax,
+    /// Per-expert sigmoid (DeepSeek-V3).
+    Sigmoid,
+}
+
+/// How tokens choose experts beyond plain softmax top-k (DeepSeek-V3, "DeepSeek-V3 Technical
+/// Report", sec. 2.1.2; Megatron's router flags). The default is the plain router.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub struct RouterShape {
+    pub score: ScoreFunction,
+    /// Gates renormalised over the k chosen scores (DeepSeek-V3's `norm_topk_prob`).
+    pub renormalize: bool,
+    /// Auxiliary-loss-free balancing: a per-expert bias added to the scores for selection
+    /// only, updated after each step by `bias_update_rate` x sign(mean load - load).
+    pub expert_bias: bool,
+    pub bias_update_rate: f32,
+    /// Group-limited routing: experts in `groups` equal groups, a token's experts chosen
+    /// within its best `group_topk` groups (0 = no groups).
+    pub groups: usize,
+    pub group_topk: usize,
+    /// Megatron's `--moe-router-force-load-balancing` (benchmarking): token t of a microbatch
+    /// takes experts (t k + j) mod E, j < k, whatever its scores; every expert gets the same
+    /// tokens. The gates stay the scores of those experts.
+    pub force_balance: bool,
+}
+
+/// Whether `r`'s expert-TP group has the shape MoE Parallel Folding gives it: `etp` ranks,
+/// ascending, `r` among them, all of its EP index (place in the EP group) and pipeline rank,
+/// meeting its expert-DP group in `r` alone; the block of `etp` consecutive members of its TP
+/// group when `etp` divides tp, whole TP groups (of several DP or CP ranks) when tp divides
+/// `etp`.
+fn expert_tp_group_ok(plan: &Plan, r: &RankPlan) -> bool {
+    let (g, etp, tp) = (
+        &r.expert_tp_group,
+        plan.parallel.etp as usize,
+        r.tp_group.len(),
+    );
+    // The EP index is a rank's place in its EP group (the experts it holds), which MoE
+    // Parallel Folding need not tie to the dense coordinates.
+    let ep_index = |o: &RankPlan| o.ep_group.iter().position(|&y| y == o.rank);
+    let same_ep_pp = |x: &u32| {
+        plan.ranks
+            .get(*x as usize)
+            .is_some_and(|o| ep_index(o) == ep_index(r) && o.coords.pp == r.coords.pp)
+    };
+    let shared = g.iter().filter(|x| r.expert_dp_group.contains(x)).count();
+    let shape = if tp % etp == 0 {
+        let lo = (r.coords.tp as usize / etp) * etp;
+        r.tp_group.get(lo..lo + etp) == Some(g.as_slice())
+    } else if etp % tp == 0 {
+        r.tp_group.iter().all(|x| g.contains(x))
+    } else {
+        true
+    };
+    g.len() == etp
+        && g.windows(2).all(|w| w[0] < w[1])
+        && g.contains(&r.rank)
+        && g.iter().all(same_ep_pp)
+        && shared == 1
+        && shape
+}
+
+impl RouterShape {
+    /// True when this is the plain router (softmax, no renormalisation, bias or groups).
+    pub fn is_plain(&self) -> bool {
+        *self == RouterShape::default()
+    }
+}
+
+impl ModelShape {
+    /// Tokens of one microbatch.
+    pub fn tokens(&self) -> usize {
+        self.seq * self.micro_batch
+    }
+
+    /// True when decoder layer `layer` (0-based) is a mixture-of-experts layer.
+    pub fn is_moe_layer(&self, layer: u32) -> bool {
+        self.moe.as_ref().is_some_and(|m| layer >= m.first_k_dense)
+    }
+}
+
+/// The parallel mix as the executor needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Parallelism {
+    pub tp: u32,
+    /// Megatron sequence parallelism (only with tp > 1).
+    pub sp: bool,
+    /// Context parallelism: every activation split along the sequence over `cp` ranks.
+    pub cp: u32,
+    pub cp_comm: CpComm,
+    pub pp: u32,
+    pub vpp: u32,
+    pub dp: u32,
+    /// Expert parallelism (divides dp; experts split over the EP group).
+    pub ep: u32,
+    /// Expert tensor parallelism (Megatron's `--expert-tensor-parallel-size`): each expert's
+    /// intermediate size splits over an expert-TP group of `etp` ranks (`tp`: the TP group, as
+    /// the dense MLP; 1: whole experts). Otherwise (MoE Parallel Folding, under TP + SP) each
+    /// rank routes its own tokens; below tp the other expert-TP blocks of a TP group join the
+    /// expert-data-parallel group, above tp an expert-TP group spans several DP or CP ranks.
+    pub etp: u32,
+    /// ZeRO stage 0..=3 (Rajbhandari et al. 2020).
+    pub zero: u8,
+    pub recompute: Recompute,
+    /// ZeRO 0/1 gradient buckets, in parameters: `Some(n)` reduces each bucket (all-reduce
+    /// under ZeRO 0, reduce-scatter under ZeRO 1) during the last microbatch's backward as
+    /// soon as its gradients are final, as Megatron-Core's DDP with `overlap_grad_reduce`;
+    /// `None` reduces the whole gradient at the optimizer step.
+    pub grad_bucket_params: Option<usize>,
+}
+
+impl Parallelism {
+    /// Whether each TP rank routes its own sequence shard in the MoE layers: under TP (which
+    /// MoE needs with SP, as Megatron-Core), whatever the expert TP, as Megatron-Core's token
+    /// dispatchers do.
+    pub fn moe_routes_sp_shard(&self) -> bool {
+        self.tp > 1 && self.sp
+    }
+}
+
+/// LoRA fine-tuning (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models"):
+/// every base weight frozen, a trainable pair A [rank, in], B [out, rank] beside each target
+/// projection, its output scaled by `alpha / rank`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LoraShape {
+    pub rank: usize,
+    pub alpha: f32,
+    /// The engine's targets: the fused QKV projection, the attention output projection, the
+    /// MLP's fc1 (gate and up under SwiGLU) and fc2.
+    pub qkv: bool,
+    pub proj: bool,
+    pub fc1: bool,
+    pub fc2: bool,
+    /// B drawn from the seed instead of zero (Hu et al. start B at zero, which makes the first
+    /// step's adapter output vanish): equivalence tests use it so they cannot pass trivially.
+    pub seeded_b: bool,
+}
+
+impl LoraShape {
+    /// The adapter output's scale alpha / r.
+    pub fn scale(&self) -> f32 {
+        self.alpha / self.rank as f32
+    }
+}
+
+/// Adam hyper-parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct AdamConfig {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+}
+
+impl Default for AdamConfig {
+    fn default() -> Self {
+        AdamConfig {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        }
+    }
+}
+
+/// One global pipeline stage (model chunk).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StagePlan {
+    pub stage: u32,
+    /// The pipeline rank that runs it.
+    pub pp_rank: u32,
+    /// Decoder layers (contiguous).
+    pub layers: Range<u32>,
+    pub embedding: bool,
+    pub output: bool,
+}
+
+/// One action of a rank, in execution order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub enum Action {
+    /// Forward of `stage` for microbatch `mb`.
+    Forward { stage: u32, mb: u32 },
+    /// Full backward (input and weight gradients).
+    Backward { stage: u32, mb: u32 },
+    /// Input-gradient part of a split backward (zero-bubble schedules, Qi et al. 2024).
+    BackwardInput { stage: u32, mb: u32 },
+    /// Weight-gradient part of a split backward.
+    BackwardWeight { stage: u32, mb: u32 },
+    /// Send the output of `stage` for `mb` to global rank `to`.
+    SendActivation { to: u32, stage: u32, mb: u32 },
+    /// Receive the output of `stage` for `mb` from global rank `from`.
+    RecvActivation { from: u32, stage: u32, mb: u32 },
+    /// Send the input gradient of `stage` for `mb` to global rank `to`.
+    SendGrad { to: u32, stage: u32, mb: u32 },
+    /// Receive the input gradient of `stage` for `mb` from global rank `from`.
+    RecvGrad { from: u32, stage: u32, mb: u32 },
+    /// Reduce gradients over data parallelism (ZeRO as configured) and run Adam.
+    OptimizerStep,
+}
+
+/// A rank's coordinates (Megatron order tp-cp-ep-dp-pp by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, Default)]
+pub struct Coords {
+    pub tp: u32,
+    pub cp: u32,
+    pub ep: u32,
+    pub dp: u32,
+    pub pp: u32,
+}
+
+/// What one rank does.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RankPlan {
+    pub rank: u32,
+    pub coords: Coords,
+    /// Members (global ranks, ascending) of this rank's groups.
+    pub tp_group: Vec<u32>,
+    /// Ranks with the same TP, PP and DP coordinates (the context-parallel ring).
+    pub cp_group: Vec<u32>,
+    /// Data parallelism together with context parallelism (gradients are reduced over both).
+    pub dp_group: Vec<u32>,
+    pub pp_group: Vec<u32>,
+    /// Expert parallelism: the ranks among which the experts are split (size ep), and the
+    /// ranks holding the same slices of the same experts (size dp x cp x tp / (etp x ep)),
+    /// over which expert gradients reduce.
+    pub ep_group: Vec<u32>,
+    pub expert_dp_group: Vec<u32>,
+    /// Expert tensor parallelism: the `etp` ranks (ascending) over which each expert's
+    /// intermediate size splits and the received rows gather: a block of `tp_group` when etp
+    /// divides tp, else consecutive ranks of the flattened tp x cp x dp index (MoE Parallel
+    /// Folding).
+    pub expert_tp_group: Vec<u32>,
+    /// Global stages this rank holds, ascending.
+    pub stages: Vec<u32>,
+    /// One step's actions.
+    pub actions: Vec<Action>,
+}
+
+impl RankPlan {
+    /// This rank's expert-TP index: its place in its expert-TP group (the slice of each local
+    /// expert's intermediate size it holds; 0 without the group).
+    pub fn et_rank(&self) -> u32 {
+        self.expert_tp_group
+            .iter()
+            .position(|&x| x == self.rank)
+            .unwrap_or(0) as u32
+    }
+}
+
+/// The arithmetic recipe of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub enum Precision {
+    /// Everything fp32: the equivalence reference.
+    #[default]
+    Fp32,
+    /// The GPU's mixed-precision recipe: bf16 activations and weight copies, fp32 master
+    /// weights (kept with the optimizer states), gradients and Adam moments; matmuls and
+    /// reductions accumulate in fp32 and round to bf16 where their outputs are stored.
+    Bf16,
+}
+
+impl Precision {
+    /// The dtype of activations and weight copies.
+    pub fn compute_dtype(self) -> crate::DType {
+        match self {
+            Precision::Fp32 => crate::DType::F32,
+            Precision::Bf16 => crate::DType::Bf16,
+        }
+    }
+}
+
+/// A whole plan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Plan {
+    pub model: ModelShape,
+    pub parallel: Parallelism,
+    pub adam: AdamConfig,
+    /// Seed of the initialisation and of the synthetic tokens.
+    pub seed: u64,
+    /// Microbatches per data-parallel rank per step.
+    pub microbatches: u32,
+    /// Schedule name, for reports.
+    pub schedule: String,
+    pub stages: Vec<StagePlan>,
+    pub ranks: Vec<RankPlan>,
+    /// LoRA fine-tuning (`None`: every weight trains).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraShape>,
+}
+
+impl Plan {
+    /// World size.
+    pub fn world(&self) -> u32 {
+        self.ranks.len() as u32
+    }
+
+    /// Sequences per step over all data-parallel ranks.
+    pub fn global_batch(&self) -> usize {
+        // Context-parallel ranks share their sequences.
+        self.microbatches as usize * self.model.micro_batch * self.parallel.dp as usize
+    }
+
+    /// A one-rank plan: every microbatch forward then backward, then the optimizer.
+    pub fn single_rank(
+        model: ModelShape,
+        adam: AdamConfig,
+        seed: u64,
+        microbatches: u32,
+        recompute: Recompute,
+    ) -> Plan {
+        let mut actions = Vec::new();
+        for mb in 0..microbatches {
+            actions.push(Action::Forward { stage: 0, mb });
+            actions.push(Action::Backward { stage: 0, mb });
+        }
+        actions.push(Action::OptimizerStep);
+        Plan {
+            stages: vec![StagePlan {
+                stage: 0,
+                pp_rank: 0,
+                layers: 0..model.num_layers,
+                embedding: true,
+                output: true,
+            }],
+            model,
+            parallel: Parallelism {
+                tp: 1,
+                sp: false,
+                cp: 1,
+                cp_comm: CpComm::Ring,
+                pp: 1,
+                vpp: 1,
+                dp: 1,
+                ep: 1,
+                etp: 1,
+                zero: 0,
+                recompute,
+                grad_bucket_params: None,
+            },
+            adam,
+            seed,
+            microbatches,
+            schedule: "single".into(),
+            ranks: vec![RankPlan {
+                rank: 0,
+                coords: Coords::default(),
+                tp_group: vec![0],
+                cp_group: vec![0],
+                dp_group: vec![0],
+                pp_group: vec![0],
+                ep_group: vec![0],
+                expert_dp_group: vec![0],
+                expert_tp_group: vec![0],
+                stages: vec![0],
+                actions,
+            }],
+            lora: None,
+        }
+    }
+
+    /// Checks shapes and divisibility; names the offending quantity.
+    pub fn validate(&self) -> Result<(), PlanError> {
+        let m = &self.model;
+        let p = &self.parallel;
+        let t = p.tp as usize;
+        if m.heads == 0 || m.kv_heads == 0 || m.hidden == 0 || m.seq == 0 || m.micro_batch == 0 {
+            return Err(PlanError::NonPositiveSizes);
+        }
+        if m.learned_positions > 0 && m.learned_positions < m.seq {
+            return Err(PlanError::PositionsBelowSeq {
+                rows: m.learned_positions,
+                seq: m.seq,
+            });
+        }
+        if m.mla.is_some() && m.learned_positions > 0 {
+            return Err(PlanError::MlaWithLearnedPositions);
+        }
+        if !(0.0..1.0).contains(&m.hidden_dropout) {
+            return Err(PlanError::HiddenDropout {
+                p: m.hidden_dropout,
+            });
+        }
+        if !(0.0..1.0).contains(&m.attention_dropout) {
+            return Err(PlanError::AttentionDropout {
+                p: m.attention_dropout,
+            });
+        }
+        if m.attention_dropout > 0.0 && !m.flash {
+            return Err(PlanError::AttentionDropoutWithoutFlash);
+        }
+        if m.heads % m.kv_heads != 0 {
+            return Err(PlanError::HeadsNotMultipleOfKvHeads {
+                heads: m.heads,
+                kv_heads: m.kv_heads,
+            });
+        }
+        if m.heads % t != 0 || m.kv_heads % t != 0 {
+            return Err(PlanError::HeadsNotDivisibleByTp {
+                heads: m.heads,
+                kv_heads: m.kv_heads,
+                tp: t,
+            });
+        }
+        if m.ffn % t != 0 || m.vocab % t != 0 {
+            return Err(PlanError::FfnVocabNotDivisibleByTp {
+                ffn: m.ffn,
+                vocab: m.vocab,
+                tp: t,
+            });
+        }
+        if m.head_dim % 2 != 0 {
+            return Err(PlanError::OddHeadDim {
+                head_dim: m.head_dim,
+            });
+        }
+        let c = p.cp.max(1) as usize;
+        if p.cp == 0 {
+            return Err(PlanError::ZeroCp);
+        }
+        if c > 1 {
+            let balanced = p.cp_comm.load_balanced();
+            let chunks = if balanced { 2 * c } else { c };
+            if m.seq % chunks != 0 {
+                return Err(PlanError::SeqNotDivisibleByCpChunks {
+                    seq: m.seq,
+                    chunks,
+                    per: if balanced { "2 cp" } else { "cp" },
+                    cp: c,
+                });
+            }
+            if p.cp_comm == CpComm::A2a && ((m.heads / t) % c != 0 || (m.kv_heads / t) % c != 0) {
+                return Err(PlanError::UlyssesHeads {
+                    heads: m.heads,
+                    kv_heads: m.kv_heads,
+                    tp: t,
+                    cp: c,
+                });
+            }
+            if !m.flash {
+                return Err(PlanError::CpWithoutFlash);
+            }
+        }
+        if p.sp && (m.tokens() / c) % t != 0 {
+            return Err(PlanError::SpTokensNotDivisible {
+                tokens: m.tokens() / c,
+                tp: t,
+            });
+        }
+        if p.zero > 3 {
+            return Err(PlanError::ZeroStage { zero: p.zero });
+        }
+        if p.grad_bucket_params == Some(0) {
+            return Err(PlanError::ZeroGradBucket);
+        }
+        if m.data_vocab == 0 || m.data_vocab > m.vocab {
+            return Err(PlanError::DataVocab {
+                data_vocab: m.data_vocab,
+                vocab: m.vocab,
+            });
+        }
+        let ep = p.ep.max(1) as usize;
+        if p.ep == 0 || p.dp % p.ep != 0 {
+            return Err(PlanError::EpNotDividingDp { ep: p.ep, dp: p.dp });
+        }
+        if let Some(moe) = &m.moe {
+            if moe.num_experts == 0 || moe.num_experts % ep != 0 {
+                return Err(PlanError::ExpertsNotDivisibleByEp {
+                    num_experts: moe.num_experts,
+                    ep,
+                });
+            }
+            if moe.top_k == 0 || moe.top_k > moe.num_experts {
+                return Err(PlanError::TopK {
+                    top_k: moe.top_k,
+                    num_experts: moe.num_experts,
+                });
+            }
+            if moe.ffn == 0 {
+                return Err(PlanError::ZeroMoeFfn);
+            }
+            // Expert tensor parallelism: etp x ep dividing tp x cp x dp (MoE Parallel Folding),
+            // with TP's sequence shards.
+            let fold = t * c * p.dp as usize;
+            if p.etp == 0 || fold % (p.etp as usize * ep) != 0 || (p.tp > 1 && !p.sp) {
+                return Err(PlanError::ExpertTp {
+                    etp: p.etp,
+                    ep: p.ep,
+                    fold,
+                });
+            }
+            // Each expert's intermediate size splits over expert TP, the shared experts' over TP.
+            if moe.ffn % p.etp as usize != 0 || moe.shared_ffn % t != 0 {
+                return Err(PlanError::MoeFfnNotDivisible {
+                    ffn: moe.ffn,
+                    shared_ffn: moe.shared_ffn,
+                    tp: t,
+                });
+            }
+            moe.router.validate(moe.num_experts, moe.top_k)?;
+            for (name, v) in [
+                ("capacity_factor", moe.capacity_factor),
+                ("aux_loss_coeff", moe.aux_loss_coeff),
+                ("bias_update_rate", moe.router.bias_update_rate),
+            ] {
+                if !(v.is_finite() && v >= 0.0) {
+                    return Err(PlanError::MoeCoefficient { name, value: v });
+                }
+            }
+            if moe.router.score == ScoreFunction::Sigmoid && moe.aux_loss_coeff > 0.0 {
+                return Err(PlanError::AuxLossWithSigmoid);
+            }
+        } else if ep > 1 {
+            return Err(PlanError::EpWithoutMoe { ep });
+        }
+        if let Some(l) = &self.lora {
+            let bad = |field, rule| Err(PlanError::Lora { field, rule });
+            if l.rank == 0 {
+                return bad("rank", "must be at least 1");
+            }
+            if !(l.alpha.is_finite() && l.alpha > 0.0) {
+                return bad("alpha", "must be a positive finite number");
+            }
+            if m.mla.is_some() && l.qkv {
+                return bad(
+                    "qkv",
+                    "an MLA layer has no fused QKV projection to adapt (the engine counts none)",
+                );
+            }
+        }
+        let world = (p.tp * p.cp * p.pp * p.dp) as usize;
+        if self.ranks.len() != world {
+            return Err(PlanError::RankCount {
+                ranks: self.ranks.len(),
+                world,
+            });
+        }
+        for (i, r) in self.ranks.iter().enumerate() {
+            if r.rank as usize != i {
+                return Err(PlanError::RankNumber {
+                    index: i,
+                    rank: r.rank,
+                });
+            }
+            if r.tp_group.len() != t
+                || r.cp_group.len() != c
+                || r.dp_group.len() != p.dp as usize * c
+                || r.pp_group.len() != p.pp as usize
+            {
+                return Err(PlanError::GroupSizes { rank: i });
+            }
+            // The experts' replicas: the ranks with the same slices of the same experts, the
+            // tp x cp x dp ranks over etp x ep (Megatron folds CP into expert data parallelism).
+            let expert_dp = p.dp as usize * c * t / (p.etp.max(1) as usize * ep);
+            if r.ep_group.len() != ep || r.expert_dp_group.len() != expert_dp {
+                return Err(PlanError::ExpertGroupSizes {
+                    rank: i,
+                    ep_group: r.ep_group.len(),
+                    expert_dp_group: r.expert_dp_group.len(),
+                    ep,
+                    expert_dp,
+                });
+            }
+            if m.moe.is_some() && !expert_tp_group_ok(self, r) {
+                return Err(PlanError::ExpertTpGroup {
+                    rank: i,
+                    etp: p.etp,
+                });
+            }
+            for s in &r.stages {
+                if self.stages.get(*s as usize).map(|st| st.pp_rank) != Some(r.coords.pp) {
+                    return Err(PlanError::ForeignStage { rank: i, stage: *s });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RouterShape {
+    /// Checks the groups and the score function's combinations, naming the rule.
+    pub fn validate(&self, num_experts: usize, top_k: usize) -> Result<(), PlanError> {
+        let r = self;
+        if r.groups > 0 {
+            let ok = num_experts % r.groups == 0
+                && (1..=r.groups).contains(&r.group_topk)
+                && top_k >= r.group_topk
+                && top_k <= r.group_topk * (num_experts / r.groups);
+            if !ok {
+                return Err(PlanError::RouterGroups {
+                    groups: r.groups,
+                    group_topk: r.group_topk,
+                    num_experts,
+                    top_k,
+                });
+            }
+        } else if r.group_topk > 0 {
+            return Err(PlanError::RouterGroups {
+                groups: 0,
+                group_topk: r.group_topk,
+                num_experts,
+                top_k,
+            });
+        }
+        Ok(())
+    }
+}
