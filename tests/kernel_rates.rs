@@ -7,11 +7,11 @@
 //! Triton, forward + backward, head dims 64 and 128, causal and not) are checked the same
 //! way, through the kernel the time model uses.
 
-use parsim::config::GpuProfile;
-use parsim::kernels::{
+use parsim::attention_rates::{
     attention_kernel, attention_kernels, derivations, derived_series, published_series, Pass,
     RateCurve, Series,
 };
+use parsim::config::GpuProfile;
 use parsim::model::{Flops, Op, OpKind};
 use parsim::time::Rates;
 

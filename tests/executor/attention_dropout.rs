@@ -90,7 +90,7 @@ fn attention_dropout_matches_the_single_rank_run_under_tp_cp_pp_dp() {
 fn attention_dropout_without_flash_attention_is_refused_by_field() {
     let mut v = model(&Mix::single(), 0.1);
     v["training"]["flash_attention"] = false.into();
-    let err = parsim::plan::lower(&resolve(v), &options())
+    let err = parsim::lower::lower(&resolve(v), &options())
         .expect_err("refused")
         .to_string();
     assert!(err.contains("model.attention_dropout"), "{err}");

@@ -126,7 +126,7 @@ fn memory_bf16(
     v["training"]["precision"] = "bf16".into();
     let res = resolve(v);
     let est = parsim::estimate::estimate(&res).expect("estimate");
-    let p = parsim::plan::lower(&res, &options()).expect("lowers");
+    let p = parsim::lower::lower(&res, &options()).expect("lowers");
     let rep = run_cpu(
         &p,
         &RunOptions {

@@ -1,7 +1,7 @@
 //! Helpers: the small test model as a configuration, lowering, running, comparing.
 
 use parsim::config::{Config, Layer, Resolved};
-use parsim::plan::{lower, LowerOptions};
+use parsim::lower::{lower, LowerOptions};
 use parsim_executor::plan::{AdamConfig, Plan};
 use parsim_executor::runner::{run_cpu, RunOptions, RunReport};
 use serde_json::{json, Value};

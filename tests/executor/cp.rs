@@ -220,7 +220,7 @@ fn long_config(mix: &Mix) -> serde_json::Value {
 fn long_memory(mix: &Mix) -> Vec<(u64, u64, String)> {
     let res = resolve(long_config(mix));
     let est = parsim::estimate::estimate(&res).expect("estimate");
-    let p = parsim::plan::lower(&res, &options()).expect("lowers");
+    let p = parsim::lower::lower(&res, &options()).expect("lowers");
     let rep = run_cpu(
         &p,
         &RunOptions {
@@ -291,7 +291,7 @@ fn doubling_cp_halves_the_activations() {
             let mix = with_cp(cp, kind, Mix::single());
             let res = resolve(long_config(&mix));
             let est = parsim::estimate::estimate(&res).expect("estimate");
-            let p = parsim::plan::lower(&res, &options()).expect("lowers");
+            let p = parsim::lower::lower(&res, &options()).expect("lowers");
             let rep = run_cpu(
                 &p,
                 &RunOptions {

@@ -144,7 +144,7 @@ fn a_position_table_shorter_than_the_sequence_is_refused() {
     let err = match parsim::config::Resolved::new(cfg) {
         Err(e) => e.to_string(),
         Ok(res) => {
-            let plan = parsim::plan::lower(&res, &options()).expect("lowers");
+            let plan = parsim::lower::lower(&res, &options()).expect("lowers");
             parsim_executor::runner::run_cpu(&plan, &Default::default())
                 .expect_err("refused")
                 .to_string()

@@ -14,7 +14,7 @@
 
 use super::common::*;
 use parsim::config::{Config, Layer, Resolved};
-use parsim::plan::lower;
+use parsim::lower::lower;
 use parsim_executor::runner::RunReport;
 use std::collections::{BTreeSet, HashMap};
 

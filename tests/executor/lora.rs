@@ -300,7 +300,7 @@ fn lora_in_bf16_matches_fp32_and_its_memory_prediction() {
         v["training"]["precision"] = "bf16".into();
         let res = resolve(v);
         let est = parsim::estimate::estimate(&res).expect("estimate");
-        let mut p = parsim::plan::lower(&res, &options()).expect("lowers");
+        let mut p = parsim::lower::lower(&res, &options()).expect("lowers");
         p.lora.as_mut().expect("lora").seeded_b = true;
         let rep = run_cpu(&p, &opts(Precision::Bf16, true)).expect("runs");
         let (gp, rp) = (rep.params.as_ref(), fp32.params.as_ref().expect("params"));

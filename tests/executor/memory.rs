@@ -11,7 +11,7 @@
 use super::common::*;
 use super::equivalence::{covering_array, mix_of, GBS};
 use parsim::estimate::estimate;
-use parsim::plan::lower;
+use parsim::lower::lower;
 use parsim_executor::runner::{run_cpu, RunOptions};
 
 /// Per rank: (rank, measured peak, predicted, measured breakdown, predicted breakdown).

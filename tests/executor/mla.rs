@@ -124,7 +124,7 @@ fn mla_memory_is_within_2_percent_of_the_prediction() {
 #[test]
 fn unsupported_mla_shapes_are_refused_by_field() {
     use parsim::config::{Config, Layer, Resolved};
-    use parsim::plan::lower;
+    use parsim::lower::lower;
     let error = |field: &str, value: u64| {
         let mut v = mla_config(&Mix::single(), "none", true);
         v["model"]["mla"][field] = value.into();

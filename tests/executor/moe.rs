@@ -4,7 +4,7 @@
 
 use super::common::*;
 use parsim::config::{Config, Layer, Resolved};
-use parsim::plan::lower;
+use parsim::lower::lower;
 use parsim_executor::runner::{run_cpu, RunOptions, RunReport};
 use serde_json::Value;
 

@@ -18,8 +18,8 @@ use super::common::{options, resolve};
 use super::memory::{compare_config, worst_percent};
 use super::moe::{moe_config, Moe, BASE};
 use parsim::estimate::estimate;
+use parsim::lower::lower;
 use parsim::model::imbalance_of_rank_load;
-use parsim::plan::lower;
 use parsim_executor::runner::{run_cpu, RunOptions};
 
 const DS: Moe = Moe {

@@ -169,7 +169,7 @@ fn mtp_pipeline_memory_is_within_2_percent_of_the_prediction() {
 }
 
 /// Learned absolute positions with MTP (GPT-style positions, Megatron-Core's rolled position
-/// ids: depth k embeds the positions k ahead, `parsim_executor::model::positions`), on the
+/// ids: depth k embeds the positions k ahead, `parsim_executor::layers::positions`), on the
 /// DeepSeek-style MoE without MLA: the last
 /// stage's copy holds the position table too, kept equal by the embedding group. PP 2 1F1B
 /// untied, interleaved tied, PP 2 + DP 2 ZeRO-1, and CP 2 (each rank's own positions ahead)

@@ -91,7 +91,9 @@ fn unexecutable_fields_are_refused_by_name() {
     v["training"]["flash_attention"] = false.into();
     let e = match parsim::config::Config::from_layers(&[parsim::config::Layer::overrides(v)]) {
         Ok(cfg) => match parsim::config::Resolved::new(cfg) {
-            Ok(r) => parsim::plan::lower(&r, &options()).unwrap_err().to_string(),
+            Ok(r) => parsim::lower::lower(&r, &options())
+                .unwrap_err()
+                .to_string(),
             Err(e) => e.to_string(),
         },
         Err(e) => e.to_string(),
@@ -101,7 +103,7 @@ fn unexecutable_fields_are_refused_by_name() {
     let mut v = config(&Mix::single(), 16, true, "rmsnorm", "swiglu");
     v["parallel"]["cp"] = 2.into();
     v["cluster"]["num_gpus"] = 2.into();
-    let p = parsim::plan::lower(&resolve(v), &options()).expect("lowers");
+    let p = parsim::lower::lower(&resolve(v), &options()).expect("lowers");
     p.validate().expect("valid");
     assert_eq!(p.ranks[0].cp_group, vec![0, 1]);
     assert_eq!(p.ranks[1].dp_group, vec![0, 1]);

@@ -6,7 +6,7 @@
 
 use assert_cmd::Command;
 use parsim::config::{Config, Layer, Resolved};
-use parsim::plan::{lower, LowerOptions};
+use parsim::lower::{lower, LowerOptions};
 use parsim_executor::plan::Action;
 use serde_json::Value;
 use std::collections::HashMap;

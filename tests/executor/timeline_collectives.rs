@@ -5,7 +5,7 @@
 use super::common::{config, plan, Mix};
 use super::moe::{moe_config, BASE};
 use parsim::config::{Config, Layer, Resolved};
-use parsim::plan::{lower, LowerOptions};
+use parsim::lower::{lower, LowerOptions};
 use parsim_executor::plan::{Action, Plan};
 use parsim_executor::runner::{run_cpu, RunOptions};
 use parsim_executor::trace::{Clock, EventKind, RankTrace, Stream};

@@ -4,17 +4,17 @@
 //! parameter counts, FLOPs, per-GPU memory, communication, a pipeline timeline and a step
 //! time. Every figure is a sum over one op ledger ([`model`]).
 
+pub mod attention_rates;
 pub mod calibrate;
 pub mod comm;
 pub mod config;
 pub mod estimate;
 pub mod host;
-pub mod kernels;
 pub mod layout;
+pub mod lower;
 pub mod memory;
 pub mod model;
 pub mod network;
-pub mod plan;
 pub mod report;
 pub mod scaling;
 pub mod schedule;

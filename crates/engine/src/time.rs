@@ -136,7 +136,8 @@ impl Rates<'_> {
                     head_dim,
                 },
                 Some(name),
-            ) => crate::kernels::attention_kernel(name).map(|k| (k, seq_len, causal, head_dim)),
+            ) => crate::attention_rates::attention_kernel(name)
+                .map(|k| (k, seq_len, causal, head_dim)),
             _ => None,
         };
         let Some((k, seq_len, causal, head_dim)) = kernel else {
@@ -165,7 +166,7 @@ impl Rates<'_> {
             timed(f.fwd, k.forward_flops_per_s(seq_len, causal, head_dim)),
             // The ledger counts the backward as 2 forward FLOPs (dgrad = 2 x fwd).
             timed(
-                f.dgrad / 2.0 * crate::kernels::PAPER_BACKWARD_FLOPS_PER_FORWARD,
+                f.dgrad / 2.0 * crate::attention_rates::PAPER_BACKWARD_FLOPS_PER_FORWARD,
                 k.backward_flops_per_s(seq_len, causal, head_dim),
             ),
         )

@@ -1,6 +1,6 @@
 //! parsim-executor: plays a [`Plan`](plan::Plan) (shard shapes, process groups, per-rank
 //! actions) on a backend and measures it. It knows nothing of models, presets or
-//! configuration files: the engine (`parsim::plan`) lowers a configuration into a Plan.
+//! configuration files: the engine (`parsim::lower`) lowers a configuration into a Plan.
 //!
 //! Backends implement [`backend::Backend`]: device tensors, [`backend::TensorOps`] and
 //! [`backend::DeviceCollectives`] on them, a per-rank memory tracker; the `cpu` backend
@@ -9,17 +9,17 @@
 
 pub mod backend;
 // The contract's modules, under the names the executor has always used.
-pub use parsim_plan::{nonfinite, pieces, plan, report};
+pub use parsim_plan::{nonfinite, pieces, plan, run_report};
 pub mod error;
 pub mod launch;
-pub mod memory;
-pub mod model;
+pub mod layers;
 pub mod rng;
 pub mod runner;
 pub mod trace;
 pub mod traced_comm;
+pub mod tracker;
 
 pub use error::ExecError;
 pub use plan::Plan;
-pub use report::RunReport;
+pub use run_report::RunReport;
 pub use runner::{run_cpu, RunOptions};

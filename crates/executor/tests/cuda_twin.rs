@@ -9,7 +9,7 @@ use parsim_executor::backend::cuda::device::CudaDevice;
 use parsim_executor::backend::cuda::matmul::LinearOp;
 use parsim_executor::backend::cuda::Library;
 use parsim_executor::backend::{DType, Device, DeviceTensor, TensorOps, View, ViewMut};
-use parsim_executor::memory::Category;
+use parsim_executor::tracker::Category;
 
 /// GPU 0 as a rank's device, or the reason there is none.
 fn gpu() -> Result<CudaDevice, String> {

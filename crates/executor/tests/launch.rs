@@ -10,9 +10,9 @@ use parsim_executor::launch::env::Overrides;
 use parsim_executor::launch::{
     run_worker, supervise, LaunchError, LaunchInfo, LocalLaunch, RankEnv, WorkerOptions,
 };
-use parsim_executor::memory::MemoryBreakdown;
 use parsim_executor::plan::Coords;
-use parsim_executor::report::{PhaseTimes, RankReport, RunReport};
+use parsim_executor::run_report::{PhaseTimes, RankReport, RunReport};
+use parsim_executor::tracker::MemoryBreakdown;
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

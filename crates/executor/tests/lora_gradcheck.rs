@@ -51,7 +51,7 @@ fn lora_plan(activation: Activation, recompute: Recompute) -> Plan {
     plan
 }
 
-fn run(plan: &Plan, perturb: Vec<(String, usize, f32)>) -> parsim_executor::report::RunReport {
+fn run(plan: &Plan, perturb: Vec<(String, usize, f32)>) -> parsim_executor::run_report::RunReport {
     run_cpu(
         plan,
         &RunOptions {

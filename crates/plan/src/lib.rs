@@ -5,15 +5,14 @@
 
 pub mod dtype;
 pub mod error;
-pub mod memory;
 pub mod nonfinite;
 pub mod pieces;
 pub mod plan;
-pub mod report;
 pub mod run;
+pub mod run_report;
 pub mod trace;
 
 pub use dtype::DType;
 pub use error::PlanError;
 pub use plan::Plan;
-pub use report::RunReport;
+pub use run_report::RunReport;

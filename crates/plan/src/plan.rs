@@ -1,7 +1,7 @@
 //! The Plan: everything a backend needs to run a training step, and nothing about presets or
 //! configuration files. Per rank: its coordinates, its process groups, the pipeline stages
 //! (model chunks) it holds, and its ordered actions. The engine lowers a configuration into a
-//! Plan (`parsim::plan`), so prediction and execution describe the same work.
+//! Plan (`parsim::lower`), so prediction and execution describe the same work.
 
 use crate::error::PlanError;
 use serde::Serialize;

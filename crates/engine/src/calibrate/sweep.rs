@@ -8,10 +8,10 @@
 
 use super::measurements::Measurement;
 use crate::config::{Config, ConfigError, Dtype, Layer, Precision, Resolved};
-use crate::plan::{lower, LowerOptions, PlanError};
+use crate::lower::{lower, LowerOptions, PlanError};
 use parsim_plan::plan::Plan;
-use parsim_plan::report::RunReport;
 use parsim_plan::run::RunLength;
+use parsim_plan::run_report::RunReport;
 use serde_json::{json, Value};
 use statrs::statistics::{Data, Median};
 use std::path::Path;

@@ -353,8 +353,8 @@ impl GpuProfile {
             }
         }
         if let Some(name) = &self.attention_kernel {
-            if crate::kernels::attention_kernel(name).is_none() {
-                let known: Vec<&str> = crate::kernels::attention_kernels()
+            if crate::attention_rates::attention_kernel(name).is_none() {
+                let known: Vec<&str> = crate::attention_rates::attention_kernels()
                     .iter()
                     .map(|k| k.name.as_str())
                     .collect();

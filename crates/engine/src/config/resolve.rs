@@ -135,7 +135,7 @@ impl Resolved {
         apply_nics(&config.cluster, &mut gpu)?;
         match config.training.attention_kernel.as_deref() {
             None => {}
-            Some(crate::kernels::NO_PUBLISHED_KERNEL) => gpu.attention_kernel = None,
+            Some(crate::attention_rates::NO_PUBLISHED_KERNEL) => gpu.attention_kernel = None,
             Some(kernel) => gpu.attention_kernel = Some(attention_kernel_on(kernel, &gpu)?),
         }
         rules::check(&config, &gpu)?;
@@ -198,10 +198,10 @@ fn attention_kernel_on(kernel: &str, gpu: &GpuProfile) -> Result<String, ConfigE
         )));
     };
     let name = format!("{table}/{kernel}");
-    if crate::kernels::attention_kernel(&name).is_some() {
+    if crate::attention_rates::attention_kernel(&name).is_some() {
         return Ok(name);
     }
-    let known: Vec<&str> = crate::kernels::attention_kernels()
+    let known: Vec<&str> = crate::attention_rates::attention_kernels()
         .iter()
         .filter_map(|k| k.name.strip_prefix(table)?.strip_prefix('/'))
         .collect();

@@ -13,8 +13,8 @@ pub mod cpu;
 pub mod cuda;
 
 use crate::error::ExecError;
-use crate::memory::{Category, MemoryTracker};
 use crate::plan::{Activation, AdamConfig, MoeShape, Norm};
+use crate::tracker::{Category, MemoryTracker};
 pub use parsim_plan::DType;
 use std::ops::Range;
 

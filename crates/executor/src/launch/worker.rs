@@ -9,7 +9,7 @@ use super::wire::Message;
 use super::{LaunchError, LaunchInfo};
 use crate::error::ExecError;
 use crate::pieces::{merge, TensorPieces};
-use crate::report::RunReport;
+use crate::run_report::RunReport;
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::net::TcpStream;
@@ -385,9 +385,9 @@ pub fn combine(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::MemoryBreakdown;
     use crate::plan::Coords;
-    use crate::report::{PhaseTimes, RankReport};
+    use crate::run_report::{PhaseTimes, RankReport};
+    use crate::tracker::MemoryBreakdown;
 
     pub(crate) fn report(world: u32, rank: u32) -> RunReport {
         RunReport {

@@ -20,7 +20,7 @@ use crate::backend::cuda::CudaError;
 use crate::backend::DeviceCollectives;
 use crate::error::ExecError;
 use crate::plan::{Plan, RankPlan};
-use crate::report::{DeviceMemoryReport, RunReport};
+use crate::run_report::{DeviceMemoryReport, RunReport};
 use std::collections::HashMap;
 use std::sync::Arc;
 

@@ -4,8 +4,8 @@
 use super::rank::Rank;
 use crate::backend::{Backend, Device, DeviceCollectives, ReduceOp, View, ViewMut};
 use crate::error::ExecError;
-use crate::memory::Category;
-use crate::model::params::{layout_len, FROZEN_EXPERT_SPACE, FROZEN_SPACE, SPACES};
+use crate::layers::params::{layout_len, FROZEN_EXPERT_SPACE, FROZEN_SPACE, SPACES};
+use crate::tracker::Category;
 
 /// (global tensor name, flat index in it, value).
 pub(super) type Element = (String, usize, f32);

@@ -12,7 +12,7 @@ use crate::backend::cpu::{Cpu, CpuComm, CpuOps, World};
 use crate::error::{ExecError, OptionsError};
 use crate::pieces::{merge, pieces_of, TensorPieces};
 use crate::plan::{Plan, Precision};
-pub use crate::report::{PhaseTimes, RankReport, RunReport};
+pub use crate::run_report::{PhaseTimes, RankReport, RunReport};
 use crate::trace::Clock;
 pub use cuda::{layout as cuda_layout, run_cuda, CudaLayout, CudaWorld};
 use export::Element;

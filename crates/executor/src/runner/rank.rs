@@ -9,24 +9,24 @@ use super::zero::params_of;
 use super::{zero, RunOptions};
 use crate::backend::{Backend, Device, DeviceCollectives, DeviceTensor, TensorOps, View, ViewMut};
 use crate::error::{ExecError, StateError};
-use crate::memory::Category;
-use crate::model::embedding_group::{self, SharedWeight};
-use crate::model::ends::{
+use crate::layers::embedding_group::{self, SharedWeight};
+use crate::layers::ends::{
     embedding_bwd, embedding_fwd, head_bwd, head_fwd, output_bwd, output_fwd, OutputSaved,
 };
-use crate::model::layer::Experts;
-use crate::model::layer::{layer_bwd, layer_fwd, LayerSaved};
-use crate::model::lora::Adapters;
-use crate::model::mtp::{mtp_in_bwd, mtp_in_fwd, MtpInSaved};
-use crate::model::params::{
+use crate::layers::layer::Experts;
+use crate::layers::layer::{layer_bwd, layer_fwd, LayerSaved};
+use crate::layers::lora::Adapters;
+use crate::layers::mtp::{mtp_in_bwd, mtp_in_fwd, MtpInSaved};
+use crate::layers::params::{
     is_frozen_space, rank_layout, BlockKind, BlockLayout, DENSE_SPACE, EXPERT_SPACE,
     FROZEN_EXPERT_SPACE, FROZEN_SPACE, SPACES,
 };
-use crate::model::{data, Ctx, WTask};
+use crate::layers::{data, Ctx, WTask};
 use crate::plan::{Action, Plan, RankPlan, Recompute};
-use crate::report::{PhaseTimes, RankReport};
+use crate::run_report::{PhaseTimes, RankReport};
 use crate::trace::{stream_of, Clock, EventKind, RankTrace, Stream, TraceEvent};
 use crate::traced_comm::TracedComm;
+use crate::tracker::Category;
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::rc::Rc;

@@ -25,14 +25,14 @@ use crate::backend::{
     TensorOps, View, ViewMut,
 };
 use crate::error::ExecError;
-use crate::memory::Category;
-use crate::model::embedding_group::GradShard;
-use crate::model::params::{
+use crate::layers::embedding_group::GradShard;
+use crate::layers::params::{
     init_range, is_frozen_space, layout_len, BlockKind, BlockLayout, DENSE_SPACE, EXPERT_SPACE,
     SPACES,
 };
-use crate::model::router_bias::RouterBias;
+use crate::layers::router_bias::RouterBias;
 use crate::plan::{Plan, Precision};
+use crate::tracker::Category;
 use std::ops::Range;
 use std::rc::Rc;
 

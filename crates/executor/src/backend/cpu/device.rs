@@ -15,8 +15,8 @@ use crate::backend::{
     TensorOps, UlyssesGeo, UlyssesLayout, UlyssesPart, View, ViewMut,
 };
 use crate::error::ExecError;
-use crate::memory::{Category, MemoryTracker};
 use crate::plan::{Activation, AdamConfig, MoeShape, Norm};
+use crate::tracker::{Category, MemoryTracker};
 use std::ops::Range;
 
 /// The CPU backend (ranks as threads, tensors in host memory).

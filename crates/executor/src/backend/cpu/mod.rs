@@ -6,7 +6,7 @@ pub mod device;
 pub mod ops;
 pub mod tensor;
 
-pub use crate::memory::{Category, MemoryBreakdown, MemoryTracker};
+pub use crate::tracker::{Category, MemoryBreakdown, MemoryTracker};
 pub use collectives::{CpuComm, Group, World};
 pub use device::{Cpu, CpuEvent};
 use ops::gemm::GemmCounter;

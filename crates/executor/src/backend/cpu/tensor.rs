@@ -5,7 +5,7 @@
 //! element, as the device would hold it.
 
 use crate::backend::{DType, DeviceTensor};
-use crate::memory::{Category, MemoryTracker};
+use crate::tracker::{Category, MemoryTracker};
 
 /// A tracked, row-major tensor.
 pub struct Tensor {

@@ -11,7 +11,7 @@ use super::launch::flash_mma::{self, MmaRows};
 use super::rank::CudaRank;
 use super::tensor::CudaTensor;
 use crate::backend::{AttnSaved, AttnShape, BlockShape, DType, DeviceTensor, Keep};
-use crate::memory::Category;
+use crate::tracker::Category;
 
 /// Unmasked score elements of a block: per (sequence, query head), the (query, key) pairs
 /// with the key's position at or before the query's.

@@ -29,7 +29,7 @@ use crate::backend::{
     View, ViewMut,
 };
 use crate::error::ExecError;
-use crate::memory::{Category, MemoryTracker};
+use crate::tracker::{Category, MemoryTracker};
 use cudarc::driver::{result as dr, sys, CudaEvent, CudaStream};
 use std::collections::HashMap;
 use std::ops::Range;

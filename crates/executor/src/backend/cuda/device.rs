@@ -11,7 +11,7 @@ use super::pool::PoolError;
 use super::probe::Library;
 use super::tensor::{from_device_bytes, to_device_bytes, CudaTensor};
 use crate::backend::{DType, DeviceTensor, View, ViewMut};
-use crate::memory::{Category, MemoryBreakdown, MemoryTracker};
+use crate::tracker::{Category, MemoryBreakdown, MemoryTracker};
 use cudarc::driver::{result as dr, CudaEvent};
 use std::cell::Cell;
 

@@ -376,7 +376,7 @@ impl TensorOps<Cuda> for CudaRank {
         let n = y.len() / o.max(1);
         let ones = crate::backend::Device::upload(
             self,
-            crate::memory::Category::Buffers,
+            crate::tracker::Category::Buffers,
             y.dtype(),
             &[n, 1],
             &vec![1.0; n],
@@ -390,7 +390,7 @@ impl TensorOps<Cuda> for CudaRank {
         let n = dy.len() / o.max(1);
         let ones = crate::backend::Device::upload(
             self,
-            crate::memory::Category::Buffers,
+            crate::tracker::Category::Buffers,
             dy.dtype(),
             &[n, 1],
             &vec![1.0; n],
@@ -1100,7 +1100,7 @@ impl TensorOps<Cuda> for CudaRank {
             .for_each(|m| *m = f32::from(u8::from(*m != 0.0)));
         crate::backend::Device::upload(
             self,
-            crate::memory::Category::Activations,
+            crate::tracker::Category::Activations,
             DType::U8,
             &[n],
             &keep,
@@ -1123,7 +1123,7 @@ impl TensorOps<Cuda> for CudaRank {
         })?;
         xh.iter_mut().zip(&keep).for_each(|(v, k)| *v *= k * scale);
         let tmp = self.upload(
-            crate::memory::Category::Buffers,
+            crate::tracker::Category::Buffers,
             x.tensor.dtype(),
             &[xh.len()],
             &xh,

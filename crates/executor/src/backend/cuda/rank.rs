@@ -15,7 +15,7 @@ use super::launch::elementwise;
 use super::tensor::CudaTensor;
 use crate::backend::{Backend, DType, Device, DeviceTensor, View};
 use crate::error::ExecError;
-use crate::memory::{Category, MemoryTracker};
+use crate::tracker::{Category, MemoryTracker};
 use cudarc::driver::{result as dr, CudaEvent, CudaStream};
 use std::cell::RefCell;
 use std::ops::Range;

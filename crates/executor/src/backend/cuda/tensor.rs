@@ -7,7 +7,7 @@ use super::context::{drv, DriverMemory};
 use super::pool::{Block, Pool};
 use crate::backend::cpu::ops::elementwise::round_bf16;
 use crate::backend::{DType, DeviceTensor};
-use crate::memory::{Category, MemoryTracker};
+use crate::tracker::{Category, MemoryTracker};
 use cudarc::driver::CudaEvent;
 use std::sync::{Arc, Mutex};
 

@@ -10,7 +10,7 @@ use crate::backend::cpu::tensor::Tensor;
 use crate::backend::cpu::CpuOps;
 use crate::backend::DType;
 pub use crate::backend::{AttnShape, Keep};
-use crate::memory::Category;
+use crate::tracker::Category;
 
 impl AttnShape {
     fn views(&self, bi: usize, hq: usize) -> (View, View) {

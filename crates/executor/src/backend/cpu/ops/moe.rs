@@ -1,5 +1,5 @@
 //! Mixture-of-experts kernels: the router's softmax then top-k with the expert capacity's
-//! drops and the load-balancing loss (see `model::moe` for the policies), token permutation
+//! drops and the load-balancing loss (see `layers::moe` for the policies), token permutation
 //! (rows gathered in route order) and its inverse (rows added back into their tokens, weighted
 //! by the gates), and the backward of the combine and of the router.
 

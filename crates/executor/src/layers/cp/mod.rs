@@ -14,9 +14,9 @@ use crate::backend::TensorOps;
 use crate::backend::{AttnSaved, Keep};
 use crate::backend::{Backend, Device, DeviceTensor, ProcessGroup};
 use crate::error::ExecError;
-use crate::memory::Category;
 use crate::plan::CpComm;
-use crate::report::{CpStats, StepTime};
+use crate::run_report::{CpStats, StepTime};
+use crate::tracker::Category;
 use std::time::Instant;
 
 /// dQ, dK and dV of the attention core.

@@ -19,8 +19,8 @@ use super::params::{fc1_rows, seg, BlockLayout, Builder, RankDims};
 use super::{Ctx, Sink, WTask};
 use crate::backend::{Backend, DeviceTensor, TensorOps, View, ViewMut};
 use crate::error::ExecError;
-use crate::memory::Category;
 use crate::plan::{Activation, ModelShape};
+use crate::tracker::Category;
 
 /// Which linear layer a bias belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,10 +13,10 @@ use crate::backend::{
     DeviceCollectives, TensorOps, UlyssesGeo, UlyssesLayout, UlyssesPart, View, ViewMut,
 };
 use crate::error::ExecError;
-use crate::memory::Category;
-use crate::model::zeros;
-use crate::model::Ctx;
+use crate::layers::zeros;
+use crate::layers::Ctx;
 use crate::rng::AttnDropout;
+use crate::tracker::Category;
 
 type Geo = UlyssesGeo;
 type Part = UlyssesPart;

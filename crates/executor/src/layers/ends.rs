@@ -8,8 +8,8 @@ use super::{Ctx, Sink, WTask};
 use crate::backend::{Backend, Device};
 use crate::backend::{DeviceCollectives, ReduceOp, TensorOps, View, ViewMut};
 use crate::error::ExecError;
-use crate::memory::Category;
 use crate::rng::DropoutSite;
+use crate::tracker::Category;
 
 /// Embedding forward: each TP rank looks up its vocabulary rows (zeros elsewhere) and the
 /// partial sums are all-reduced, or reduce-scattered into the sequence shard with SP. With

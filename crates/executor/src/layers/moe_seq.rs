@@ -11,7 +11,7 @@ use super::Ctx;
 use crate::backend::{Backend, DeviceCollectives, DeviceTensor, Routing, TensorOps};
 use crate::backend::{View, ViewMut};
 use crate::error::ExecError;
-use crate::memory::Category;
+use crate::tracker::Category;
 
 /// What a router returns: the routing, the load-balancing loss, the chosen experts [n k].
 pub type Routed = (Routing, f64, Vec<usize>);

@@ -17,9 +17,9 @@ use crate::backend::{AttnSaved, AttnShape, Keep};
 use crate::backend::{Backend, Device, DeviceTensor};
 use crate::backend::{TensorOps, View};
 use crate::error::{ExecError, StateError};
-use crate::memory::Category;
 use crate::plan::Recompute;
 use crate::rng::DropoutSite;
+use crate::tracker::Category;
 
 const ATTN_NORM: usize = 0;
 const QKV: usize = 1;

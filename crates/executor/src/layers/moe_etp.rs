@@ -13,7 +13,7 @@
 use super::Ctx;
 use crate::backend::{Backend, DeviceCollectives, View, ViewMut};
 use crate::error::ExecError;
-use crate::memory::Category;
+use crate::tracker::Category;
 
 /// The expert-TP layout of the received rows: per (expert-TP member, EP source), in that order, the
 /// rows of each local expert, and this rank's first row and rows in the gathered buffer.

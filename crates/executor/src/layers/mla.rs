@@ -14,8 +14,8 @@ use crate::backend::{
     Backend, DeviceCollectives, DeviceTensor, ReduceOp, TensorOps, View, ViewMut,
 };
 use crate::error::ExecError;
-use crate::memory::Category;
 use crate::plan::MlaShape;
+use crate::tracker::Category;
 
 /// The fused down-projection's tensor (the QKV slot of a layer block).
 const DOWN: usize = 1;

@@ -17,8 +17,8 @@ use super::params::{BlockKind, BlockLayout};
 use super::Ctx;
 use crate::backend::{Backend, DeviceTensor, ProcessGroup, TensorOps, View, ViewMut};
 use crate::error::ExecError;
-use crate::memory::Category;
 use crate::rng::{global_token, AttnDropout, DropoutKey, DropoutSite};
+use crate::tracker::Category;
 
 /// Global batch index of the current microbatch's first sequence.
 fn first_sample<B: Backend>(ctx: &Ctx<B>) -> u64 {

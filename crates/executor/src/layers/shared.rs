@@ -15,8 +15,8 @@ use super::params::BlockLayout;
 use super::{Ctx, Sink, WTask};
 use crate::backend::{Backend, Device, TensorOps, View, ViewMut};
 use crate::error::ExecError;
-use crate::memory::Category;
 use crate::plan::Activation;
+use crate::tracker::Category;
 
 /// The shared experts' fc1 and fc2 in an MoE layer's block (after the router).
 pub const SHARED_FC1: usize = super::moe::ROUTER + 1;

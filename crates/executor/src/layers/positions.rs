@@ -10,7 +10,7 @@ use super::params::{seg, BlockLayout, Builder};
 use super::Ctx;
 use crate::backend::{Backend, TensorOps, View, ViewMut};
 use crate::error::ExecError;
-use crate::memory::Category;
+use crate::tracker::Category;
 
 /// Appends the position table to the embedding block (nothing with rotary positions). Every
 /// TP rank computes its full gradient (from the expanded output gradient), so it is not

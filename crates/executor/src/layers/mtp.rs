@@ -10,7 +10,7 @@ use super::params::{BlockKind, BlockLayout};
 use super::{Ctx, Sink, WTask};
 use crate::backend::{Backend, TensorOps, View, ViewMut};
 use crate::error::ExecError;
-use crate::memory::Category;
+use crate::tracker::Category;
 
 /// Tensors of an MTP input block: the two norms, then `eh_proj`'s embedding and hidden halves.
 const ENORM: usize = 0;

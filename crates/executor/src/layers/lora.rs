@@ -30,8 +30,8 @@ use super::{Ctx, Sink, WTask};
 use crate::backend::{Backend, ReduceOp, TensorOps, View, ViewMut};
 use crate::backend::{DeviceCollectives, DeviceTensor};
 use crate::error::ExecError;
-use crate::memory::Category;
 use crate::plan::LoraShape;
+use crate::tracker::Category;
 
 /// A target projection: index 0 QKV, 1 the attention output projection, 2 fc1, 3 fc2.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -41,8 +41,8 @@ use super::{Ctx, Sink, WTask};
 use crate::backend::{Backend, Device, DeviceTensor, ProcessGroup};
 use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
 use crate::error::{ExecError, StateError};
-use crate::memory::Category;
 use crate::plan::{Activation, MoeShape};
+use crate::tracker::Category;
 
 pub use crate::backend::{Route, Routing};
 

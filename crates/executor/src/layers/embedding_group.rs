@@ -16,8 +16,8 @@ use crate::backend::{
     Backend, DeviceCollectives, ProcessGroup, ReduceOp, TensorOps, View, ViewMut,
 };
 use crate::error::ExecError;
-use crate::memory::Category;
 use crate::plan::{Plan, RankPlan};
+use crate::tracker::Category;
 use std::ops::Range;
 
 /// Members (global ranks, ascending, deduplicated) of the embedding group of a rank: the

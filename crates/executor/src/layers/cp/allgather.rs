@@ -10,8 +10,8 @@ use crate::backend::{AttnSaved, Keep};
 use crate::backend::{Backend, DeviceTensor};
 use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
 use crate::error::ExecError;
-use crate::memory::Category;
-use crate::model::Ctx;
+use crate::layers::Ctx;
+use crate::tracker::Category;
 
 /// Gathers K and V over the CP group: [cp x k.len()] each, source-rank major.
 fn gather<B: Backend>(

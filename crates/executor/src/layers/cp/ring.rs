@@ -17,8 +17,8 @@ use crate::backend::{AttnSaved, Keep, Pending, RecvInto, SendFrom};
 use crate::backend::{Backend, DeviceTensor};
 use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
 use crate::error::ExecError;
-use crate::memory::Category;
-use crate::model::Ctx;
+use crate::layers::Ctx;
+use crate::tracker::Category;
 
 const KEYS: u64 = 0;
 const VALUES: u64 = 1;

@@ -33,9 +33,9 @@ use crate::backend::{
     View, ViewMut,
 };
 use crate::error::ExecError;
-use crate::memory::Category;
 use crate::plan::{Plan, RankPlan, Recompute};
 use crate::traced_comm::TracedComm;
+use crate::tracker::Category;
 use params::RankDims;
 
 /// A zero-filled fp32 tensor on `ops`' device.
@@ -85,7 +85,7 @@ pub struct Ctx<'a, B: Backend> {
     pub moe_aux_loss: f64,
     pub moe_dropped: u64,
     /// The rows the routing sent this rank's experts, and the assignments it routed.
-    pub moe_load: crate::report::MoeLoad,
+    pub moe_load: crate::run_report::MoeLoad,
     /// The MoE layers' selection-only expert biases (DeepSeek-V3), when the router has them.
     pub router_bias: router_bias::RouterBias,
     /// Optimizer steps taken (the dropout mask's step) and the rank's data-parallel index
@@ -138,7 +138,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
             ep: None,
             moe_aux_loss: 0.0,
             moe_dropped: 0,
-            moe_load: crate::report::MoeLoad::default(),
+            moe_load: crate::run_report::MoeLoad::default(),
             router_bias: router_bias::RouterBias::default(),
             step: 0,
             dp_rank: 0,

@@ -2,10 +2,25 @@
 //! ring timings and MoE drops, and the run's losses and exported tensors. Plain data, the
 //! same for every backend; the engine's `execute` command prints and serialises it.
 
-use crate::memory::MemoryBreakdown;
 use crate::plan::Coords;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+
+/// Bytes per category.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryBreakdown {
+    pub weights: u64,
+    pub gradients: u64,
+    pub optimizer: u64,
+    pub activations: u64,
+    pub buffers: u64,
+}
+
+impl MemoryBreakdown {
+    pub fn total(&self) -> u64 {
+        self.weights + self.gradients + self.optimizer + self.activations + self.buffers
+    }
+}
 
 /// Seconds a rank spent per kind of action, per timed step (mean).
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]

@@ -9,7 +9,7 @@
 use super::Ctx;
 use crate::backend::{Backend, DType, Device, DeviceCollectives, ReduceOp, View, ViewMut};
 use crate::error::ExecError;
-use crate::memory::Category;
+use crate::tracker::Category;
 use std::collections::BTreeMap;
 
 /// The biases and this step's expert loads of the MoE layers a rank holds.
