@@ -4,11 +4,14 @@
 
 use super::launch_args::LaunchArgs;
 use anyhow::ensure;
+use parsim_executor::backend::cuda::nccl_id::nccl_unique_id;
 use parsim_executor::backend::cuda::{probe, Library};
-use parsim_executor::launch::worker::WORKER_MARKER;
-use parsim_executor::launch::{run_worker, supervise, LaunchInfo, RankEnv, WorkerOptions};
 use parsim_executor::runner::{run_cuda, CudaWorld, RunOptions};
 use parsim_executor::{ExecError, Plan, RunReport};
+use parsim_launch::worker::WORKER_MARKER;
+use parsim_launch::{
+    run_worker, supervise, IdSource, LaunchInfo, RankEnv, UniqueId, WorkerOptions,
+};
 
 /// Runs `plan` on CUDA. `Some(report)` where this process prints the run's report (a single
 /// process, or rank 0 of many, with every rank's report combined); `None` on the other ranks
@@ -39,10 +42,23 @@ pub fn run(
     let worker = WorkerOptions {
         rendezvous_timeout: launch.timeout(),
         exit_with_supervisor: is_worker,
+        new_id: new_unique_id,
     };
     Ok(run_worker(&env, &worker, |info| {
         run_cuda_rank(plan, opts, Some(info))
     })?)
+}
+
+/// Rank 0's id for the rendezvous: NCCL's where the library loads, else a stand-in (a run that
+/// needs NCCL then stops at its first NCCL call, naming the library).
+fn new_unique_id() -> Result<UniqueId, String> {
+    match nccl_unique_id().map_err(|e| e.to_string())? {
+        Some(bytes) => Ok(UniqueId {
+            bytes,
+            source: IdSource::Nccl,
+        }),
+        None => Ok(UniqueId::stand_in()),
+    }
 }
 
 /// Runs this process's share of the plan on CUDA: every rank (as threads) when `info` is

@@ -5,8 +5,8 @@
 
 use anyhow::{bail, ensure};
 use clap::Args;
-use parsim_executor::launch::env::{Overrides, DEFAULT_MASTER_PORT};
-use parsim_executor::launch::LocalLaunch;
+use parsim_launch::env::{Overrides, DEFAULT_MASTER_PORT};
+use parsim_launch::LocalLaunch;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Args)]

@@ -11,7 +11,6 @@ pub mod backend;
 // The contract's modules, under the names the executor has always used.
 pub use parsim_plan::{nonfinite, pieces, plan, run_report};
 pub mod error;
-pub mod launch;
 pub mod layers;
 pub mod rng;
 pub mod runner;

@@ -24,6 +24,7 @@ pub mod local_device;
 pub mod matmul;
 pub mod mla_dropout;
 pub mod nccl;
+pub mod nccl_id;
 pub mod nvrtc;
 pub mod ops;
 pub mod overlap;

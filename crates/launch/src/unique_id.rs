@@ -1,8 +1,8 @@
 //! The 128-byte NCCL unique id that rank 0 creates and hands to every rank: from
-//! `ncclGetUniqueId` where the NCCL library loads, else a random stand-in (enough to prove the
-//! exchange; a run that needs NCCL stops later with NCCL's own missing-library error).
+//! `ncclGetUniqueId` where the NCCL library loads (the caller's [`NewId`], the CUDA backend's),
+//! else a random stand-in (enough to prove the exchange; a run that needs NCCL stops later with
+//! NCCL's own missing-library error).
 
-use crate::backend::cuda::{probe, CudaError, Library};
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 
@@ -28,6 +28,9 @@ impl std::fmt::Display for IdSource {
     }
 }
 
+/// Makes rank 0's id: NCCL's where it loads, else a stand-in; an error names what failed.
+pub type NewId = fn() -> Result<UniqueId, String>;
+
 /// An id and where it came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UniqueId {
@@ -36,24 +39,6 @@ pub struct UniqueId {
 }
 
 impl UniqueId {
-    /// NCCL's id where the library loads (checked first: cudarc panics on a missing
-    /// library), else a stand-in. A failing `ncclGetUniqueId` is an error, not a stand-in.
-    pub fn generate() -> Result<Self, CudaError> {
-        if probe::require(Library::Nccl).is_err() {
-            return Ok(Self::stand_in());
-        }
-        let id = cudarc::nccl::Id::new()
-            .map_err(|e| CudaError::call(Library::Nccl, "ncclGetUniqueId", format!("{e:?}")))?;
-        let mut bytes = [0u8; ID_BYTES];
-        for (b, c) in bytes.iter_mut().zip(id.internal()) {
-            *b = *c as u8;
-        }
-        Ok(UniqueId {
-            bytes,
-            source: IdSource::Nccl,
-        })
-    }
-
     /// Random bytes from the standard library's per-process random hash keys.
     pub fn stand_in() -> Self {
         let state = RandomState::new();
@@ -80,16 +65,5 @@ mod tests {
         let (a, b) = (UniqueId::stand_in(), UniqueId::stand_in());
         assert_ne!(a.bytes, b.bytes);
         assert!(a.bytes.iter().any(|&x| x != 0));
-    }
-
-    #[test]
-    fn generate_uses_nccl_exactly_when_it_loads() {
-        let id = UniqueId::generate().expect("an id");
-        let want = if Library::Nccl.present() {
-            IdSource::Nccl
-        } else {
-            IdSource::StandIn
-        };
-        assert_eq!(id.source, want);
     }
 }

@@ -5,11 +5,11 @@
 
 use super::env::RankEnv;
 use super::rendezvous::{rendezvous, stop_all, Role};
+use super::unique_id::NewId;
 use super::wire::Message;
 use super::{LaunchError, LaunchInfo};
-use crate::error::ExecError;
-use crate::pieces::{merge, TensorPieces};
-use crate::run_report::RunReport;
+use parsim_plan::pieces::{merge, TensorPieces};
+use parsim_plan::run_report::RunReport;
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::net::TcpStream;
@@ -32,6 +32,9 @@ pub struct WorkerOptions {
     pub rendezvous_timeout: Duration,
     /// End the process when stdin closes (a local supervisor holds the other end).
     pub exit_with_supervisor: bool,
+    /// Makes the NCCL unique id at rank 0 (the CUDA backend's `ncclGetUniqueId`, or
+    /// [`UniqueId::stand_in`] where no NCCL is wanted).
+    pub new_id: NewId,
 }
 
 /// A failure as the worker's supervisor reads it back.
@@ -94,26 +97,29 @@ fn stop_process(rank: u32, err: &LaunchError) -> ! {
 /// Runs one rank: rendezvous, `work`, reports. Rank 0 returns the combined report of every
 /// rank; the others return `None`. A failure prints [`FailureLine`] on stderr and returns the
 /// error (the rank's own, or the one that stopped it).
-pub fn run_worker<F>(
+pub fn run_worker<F, E>(
     env: &RankEnv,
     opts: &WorkerOptions,
     work: F,
 ) -> Result<Option<RunReport>, LaunchError>
 where
-    F: FnOnce(&LaunchInfo) -> Result<RunReport, ExecError>,
+    F: FnOnce(&LaunchInfo) -> Result<RunReport, E>,
+    E: std::fmt::Display,
 {
     if opts.exit_with_supervisor {
         watch_stdin(env.rank);
     }
-    let result = rendezvous(env, opts.rendezvous_timeout).and_then(|joined| match joined.role {
-        Role::Single => work(&joined.info)
-            .map(Some)
-            .map_err(|e| LaunchError::RankFailed {
-                rank: env.rank,
-                message: e.to_string(),
-            }),
-        Role::Server { peers } => serve_run(&joined.info, peers, work).map(Some),
-        Role::Client { stream } => client_run(&joined.info, stream, work).map(|()| None),
+    let result = rendezvous(env, opts.rendezvous_timeout, opts.new_id).and_then(|joined| {
+        match joined.role {
+            Role::Single => work(&joined.info)
+                .map(Some)
+                .map_err(|e| LaunchError::RankFailed {
+                    rank: env.rank,
+                    message: e.to_string(),
+                }),
+            Role::Server { peers } => serve_run(&joined.info, peers, work).map(Some),
+            Role::Client { stream } => client_run(&joined.info, stream, work).map(|()| None),
+        }
     });
     if let Err(e) = &result {
         eprintln!("{}", FailureLine::of(env.rank, e).to_line());
@@ -135,9 +141,10 @@ fn watch_stdin(rank: u32) {
 }
 
 /// Another rank: watch for a stop while the work runs, then send the report or the failure.
-fn client_run<F>(info: &LaunchInfo, stream: TcpStream, work: F) -> Result<(), LaunchError>
+fn client_run<F, E>(info: &LaunchInfo, stream: TcpStream, work: F) -> Result<(), LaunchError>
 where
-    F: FnOnce(&LaunchInfo) -> Result<RunReport, ExecError>,
+    F: FnOnce(&LaunchInfo) -> Result<RunReport, E>,
+    E: std::fmt::Display,
 {
     let rank = info.rank;
     let io = |what: &str, source| LaunchError::Io {
@@ -196,13 +203,14 @@ enum Event {
 }
 
 /// Rank 0: run the work while a coordinator listens to every other rank.
-fn serve_run<F>(
+fn serve_run<F, E>(
     info: &LaunchInfo,
     peers: BTreeMap<u32, TcpStream>,
     work: F,
 ) -> Result<RunReport, LaunchError>
 where
-    F: FnOnce(&LaunchInfo) -> Result<RunReport, ExecError>,
+    F: FnOnce(&LaunchInfo) -> Result<RunReport, E>,
+    E: std::fmt::Display,
 {
     let (tx, rx) = mpsc::channel();
     let mut writers = BTreeMap::new();
@@ -385,9 +393,8 @@ pub fn combine(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::Coords;
-    use crate::run_report::{PhaseTimes, RankReport};
-    use crate::tracker::MemoryBreakdown;
+    use parsim_plan::plan::Coords;
+    use parsim_plan::run_report::{MemoryBreakdown, PhaseTimes, RankReport};
 
     pub(crate) fn report(world: u32, rank: u32) -> RunReport {
         RunReport {
@@ -463,7 +470,7 @@ mod tests {
     /// whole of a replicated `g`: the combined report holds both whole, and no pieces.
     #[test]
     fn exported_pieces_merge_into_whole_tensors_at_rank_0() {
-        use crate::pieces::pieces_of;
+        use parsim_plan::pieces::pieces_of;
         let reports: BTreeMap<u32, RunReport> = [0u32, 1, 2]
             .map(|r| {
                 let mut rep = report(3, r);

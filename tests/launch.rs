@@ -4,20 +4,33 @@
 //! are meant to expire are short (1.5 s), those that must not are generous (8-10 s, a loaded
 //! machine), and a drop guard kills stray children.
 
+use parsim_executor::backend::cuda::nccl_id::nccl_unique_id;
 use parsim_executor::backend::cuda::Library;
 use parsim_executor::error::ExecError;
-use parsim_executor::launch::env::Overrides;
-use parsim_executor::launch::{
-    run_worker, supervise, LaunchError, LaunchInfo, LocalLaunch, RankEnv, WorkerOptions,
-};
 use parsim_executor::plan::Coords;
 use parsim_executor::run_report::{PhaseTimes, RankReport, RunReport};
 use parsim_executor::tracker::MemoryBreakdown;
+use parsim_launch::env::Overrides;
+use parsim_launch::{
+    run_worker, supervise, IdSource, LaunchError, LaunchInfo, LocalLaunch, RankEnv, UniqueId,
+    WorkerOptions,
+};
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+/// Rank 0's id as `parsim execute` makes it: NCCL's where the library loads, else a stand-in.
+fn new_id() -> Result<UniqueId, String> {
+    Ok(match nccl_unique_id().map_err(|e| e.to_string())? {
+        Some(bytes) => UniqueId {
+            bytes,
+            source: IdSource::Nccl,
+        },
+        None => UniqueId::stand_in(),
+    })
+}
 
 /// Variables of the outer environment that would confuse a worker.
 const LAUNCH_VARS: [&str; 20] = [
@@ -122,6 +135,7 @@ fn worker_entry() {
     let opts = WorkerOptions {
         rendezvous_timeout: Duration::from_millis(timeout_ms),
         exit_with_supervisor: std::env::var("PARSIM_LAUNCH_WORKER").is_ok(),
+        new_id,
     };
     let work = |info: &LaunchInfo| -> Result<RunReport, ExecError> {
         let hex: String = info.unique_id.iter().map(|b| format!("{b:02x}")).collect();

@@ -262,12 +262,10 @@ mod tests {
         assert_eq!(env["LOCAL_WORLD_SIZE"], "4");
         assert_eq!(env["GROUP_RANK"], "1");
         // And the worker reads them back as the same rank.
-        let e = crate::launch::RankEnv::from_vars(
-            &|n| env.get(n).cloned(),
-            &crate::launch::env::Overrides::default(),
-        )
-        .unwrap()
-        .unwrap();
+        let e =
+            crate::RankEnv::from_vars(&|n| env.get(n).cloned(), &crate::env::Overrides::default())
+                .unwrap()
+                .unwrap();
         assert_eq!((e.rank, e.world_size, e.node_rank, e.nnodes), (7, 8, 1, 2));
     }
 

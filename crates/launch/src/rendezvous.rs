@@ -5,7 +5,7 @@
 //! in every other rank's error.
 
 use super::env::RankEnv;
-use super::unique_id::UniqueId;
+use super::unique_id::{NewId, UniqueId};
 use super::wire::{Message, WireError};
 use super::{LaunchError, LaunchInfo};
 use std::collections::BTreeMap;
@@ -33,7 +33,7 @@ pub struct Joined {
 }
 
 /// Meets the other ranks: rank 0 serves `id` (created by the caller), the others fetch it.
-pub fn rendezvous(env: &RankEnv, timeout: Duration) -> Result<Joined, LaunchError> {
+pub fn rendezvous(env: &RankEnv, timeout: Duration, new_id: NewId) -> Result<Joined, LaunchError> {
     let deadline = Instant::now() + timeout;
     let info = |id: UniqueId| LaunchInfo {
         rank: env.rank,
@@ -48,14 +48,14 @@ pub fn rendezvous(env: &RankEnv, timeout: Duration) -> Result<Joined, LaunchErro
         id_source: id.source,
     };
     if env.world_size == 1 {
-        let id = UniqueId::generate().map_err(|e| LaunchError::Protocol(e.to_string()))?;
+        let id = new_id().map_err(LaunchError::Protocol)?;
         return Ok(Joined {
             info: info(id),
             role: Role::Single,
         });
     }
     if env.rank == 0 {
-        let id = UniqueId::generate()
+        let id = new_id()
             .map_err(|e| LaunchError::Protocol(format!("rank 0 could not create the id: {e}")))?;
         let listener =
             TcpListener::bind(("0.0.0.0", env.master_port)).map_err(|source| LaunchError::Io {
@@ -333,8 +333,8 @@ fn connect(addr: &str, deadline: Instant) -> Result<TcpStream, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launch::env::EnvSource;
-    use crate::launch::unique_id::IdSource;
+    use crate::env::EnvSource;
+    use crate::unique_id::IdSource;
     use std::io::Write;
 
     fn env(rank: u32, world_size: u32, port: u16) -> RankEnv {
