@@ -86,7 +86,10 @@ fn every_quoted_repository_path_exists() {
             }
         }
     }
-    assert!(checked > 50, "only {checked} paths found: is the scan broken?");
+    assert!(
+        checked > 50,
+        "only {checked} paths found: is the scan broken?"
+    );
     assert!(
         missing.is_empty(),
         "pages name files that do not exist:\n{}",

@@ -204,32 +204,35 @@ fn resolve_for_backend(args: &ExecuteArgs) -> anyhow::Result<Resolved> {
     Ok(r)
 }
 
-pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
-    if args.calibrate {
-        anyhow::ensure!(
-            args.warmup < args.steps,
-            "--steps ({}) must be larger than --warmup ({})",
-            args.steps,
-            args.warmup
-        );
-        if args.backend == Backend::Cuda {
-            return super::calibrate::run_execute_calibrate_cuda(
-                args.sweep.as_deref(),
-                args.out.as_deref(),
-                args.config.load()?.cluster.gpu.as_str(),
-                args.steps.max(4),
-                args.warmup,
-                args.json,
-            );
-        }
-        return super::calibrate::run_execute_calibrate(
+/// `execute --calibrate`: measures the sweep on the chosen backend and fits a profile.
+fn run_calibrate(args: &ExecuteArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.warmup < args.steps,
+        "--steps ({}) must be larger than --warmup ({})",
+        args.steps,
+        args.warmup
+    );
+    if args.backend == Backend::Cuda {
+        return super::calibrate::run_execute_calibrate_cuda(
             args.sweep.as_deref(),
             args.out.as_deref(),
+            args.config.load()?.cluster.gpu.as_str(),
             args.steps.max(4),
             args.warmup,
             args.json,
         );
     }
+    super::calibrate::run_execute_calibrate(
+        args.sweep.as_deref(),
+        args.out.as_deref(),
+        args.steps.max(4),
+        args.warmup,
+        args.json,
+    )
+}
+
+/// The flags' own rules, before any configuration is read.
+fn check_run_flags(args: &ExecuteArgs) -> anyhow::Result<()> {
     if args.steps == 0 || args.warmup >= args.steps {
         bail!(
             "--steps ({}) must be larger than --warmup ({}): at least one timed step",
@@ -240,6 +243,14 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
     if args.backend == Backend::Cpu && args.launch.any() {
         bail!("--nproc-per-node, --master-addr and --master-port start processes for --backend cuda; the cpu backend runs every rank as a thread of this process");
     }
+    Ok(())
+}
+
+pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
+    if args.calibrate {
+        return run_calibrate(&args);
+    }
+    check_run_flags(&args)?;
     let resolved = resolve_for_backend(&args)?;
     let world = resolved.world();
     if args.backend == Backend::Cpu && world > MAX_CPU_RANKS {
@@ -250,17 +261,8 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
     // The tracked categories hold what the model allocates; the profile's runtime reserve
     // (CUDA context, cuBLAS and NCCL workspaces) is the driver's, so it leaves the comparison.
     let runtime_bytes = resolved.gpu.runtime_overhead_bytes;
-    let total_predicted = predicted.iter().map(|s| s.total).max().unwrap_or(0) * world as u64;
-    let (host_bytes, source) = match parsim::host::available_bytes() {
-        Some(b) => (b, "available on this machine (/proc/meminfo MemAvailable)"),
-        None => (FALLBACK_HOST_BYTES, "assumed: /proc/meminfo unreadable"),
-    };
-    if args.backend == Backend::Cpu && total_predicted > host_bytes {
-        bail!(
-            "the cpu backend would need about {} of host memory for {world} ranks (limit {}, {source}); use a smaller model, sequence or batch",
-            bytes(total_predicted as f64),
-            bytes(host_bytes as f64)
-        );
+    if args.backend == Backend::Cpu {
+        check_host_memory(&predicted, world)?;
     }
     let plan = lower(
         &resolved,
@@ -312,47 +314,7 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
         ranks: report
             .ranks
             .iter()
-            .map(|r| {
-                let p = &predicted[r.coords.pp as usize];
-                RankOut {
-                    rank: r.rank,
-                    coords: CoordsOut {
-                        tp: r.coords.tp,
-                        cp: r.coords.cp,
-                        ep: r.coords.ep,
-                        dp: r.coords.dp,
-                        pp: r.coords.pp,
-                    },
-                    step_s: r.median_step_s(),
-                    phases: r.phases,
-                    peak_bytes: r.peak.total(),
-                    memory: MemoryOut {
-                        weights: r.peak.weights,
-                        gradients: r.peak.gradients,
-                        optimizer: r.peak.optimizer,
-                        activations: r.peak.activations,
-                        buffers: r.peak.buffers,
-                    },
-                    predicted_peak_bytes: p.total.saturating_sub(runtime_bytes),
-                    predicted_memory: MemoryOut {
-                        weights: p.weights,
-                        gradients: p.gradients,
-                        optimizer: p.optimizer,
-                        activations: p.activations,
-                        buffers: p.buffers.saturating_sub(runtime_bytes),
-                    },
-                    cp: r.cp.clone(),
-                    moe_dropped: r.moe_dropped,
-                    moe_load: (r.moe_load.routed > 0).then(|| r.moe_load.clone()),
-                    device: r.device.map(|d| DeviceOut {
-                        predicted_runtime_bytes: runtime_bytes,
-                        tracked_reserved_peak_bytes: r.reserved_peak.total(),
-                        pool_reserved_peak_bytes: d.pool_reserved_peak_bytes,
-                        driver_used_bytes: d.driver_used_bytes,
-                        driver_total_bytes: d.driver_total_bytes,
-                    }),
-                }
-            })
+            .map(|r| rank_out(r, &predicted[r.coords.pp as usize], runtime_bytes))
             .collect(),
         moe_load: load.map(|l| l.0),
         timeline_comparison,
@@ -364,6 +326,74 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
         print!("{}", text(&out));
     }
     Ok(())
+}
+
+/// The cpu backend holds every rank in this process: refuse a run that would not fit in the
+/// host's available memory.
+fn check_host_memory(
+    predicted: &[parsim::memory::StageMemory],
+    world: u32,
+) -> anyhow::Result<()> {
+    let total_predicted = predicted.iter().map(|s| s.total).max().unwrap_or(0) * world as u64;
+    let (host_bytes, source) = match parsim::host::available_bytes() {
+        Some(b) => (b, "available on this machine (/proc/meminfo MemAvailable)"),
+        None => (FALLBACK_HOST_BYTES, "assumed: /proc/meminfo unreadable"),
+    };
+    if total_predicted > host_bytes {
+        bail!(
+            "the cpu backend would need about {} of host memory for {world} ranks (limit {}, {source}); use a smaller model, sequence or batch",
+            bytes(total_predicted as f64),
+            bytes(host_bytes as f64)
+        );
+    }
+    Ok(())
+}
+
+/// One rank's measured figures beside the engine's prediction for its pipeline stage `p`
+/// (less the profile's runtime reserve, which the trackers do not see).
+fn rank_out(
+    r: &parsim_executor::run_report::RankReport,
+    p: &parsim::memory::StageMemory,
+    runtime_bytes: u64,
+) -> RankOut {
+    RankOut {
+        rank: r.rank,
+        coords: CoordsOut {
+            tp: r.coords.tp,
+            cp: r.coords.cp,
+            ep: r.coords.ep,
+            dp: r.coords.dp,
+            pp: r.coords.pp,
+        },
+        step_s: r.median_step_s(),
+        phases: r.phases,
+        peak_bytes: r.peak.total(),
+        memory: MemoryOut {
+            weights: r.peak.weights,
+            gradients: r.peak.gradients,
+            optimizer: r.peak.optimizer,
+            activations: r.peak.activations,
+            buffers: r.peak.buffers,
+        },
+        predicted_peak_bytes: p.total.saturating_sub(runtime_bytes),
+        predicted_memory: MemoryOut {
+            weights: p.weights,
+            gradients: p.gradients,
+            optimizer: p.optimizer,
+            activations: p.activations,
+            buffers: p.buffers.saturating_sub(runtime_bytes),
+        },
+        cp: r.cp.clone(),
+        moe_dropped: r.moe_dropped,
+        moe_load: (r.moe_load.routed > 0).then(|| r.moe_load.clone()),
+        device: r.device.map(|d| DeviceOut {
+            predicted_runtime_bytes: runtime_bytes,
+            tracked_reserved_peak_bytes: r.reserved_peak.total(),
+            pool_reserved_peak_bytes: d.pool_reserved_peak_bytes,
+            driver_used_bytes: d.driver_used_bytes,
+            driver_total_bytes: d.driver_total_bytes,
+        }),
+    }
 }
 
 /// `--trace` and `--compare-timeline`: writes the Chrome trace (with the prediction when
