@@ -134,6 +134,13 @@ pub fn flat_shard(total: usize, size: usize, index: usize) -> Range<usize> {
     (index * per).min(total)..((index + 1) * per).min(total)
 }
 
+/// The elements two flat ranges share; empty, at the later start, where they do not meet (a
+/// gradient bucket's piece inside a member's [`flat_shard`]).
+pub fn overlap(a: &Range<usize>, b: &Range<usize>) -> Range<usize> {
+    let lo = a.start.max(b.start);
+    lo..a.end.min(b.end).max(lo)
+}
+
 /// One send of a [`DeviceCollectives::p2p_start`]: `data` to global rank `to` as message `tag`.
 pub struct SendFrom<'a, T> {
     pub to: u32,
@@ -160,4 +167,22 @@ pub struct Pending<B: BackendTypes> {
     /// When the exchange was posted, on the trace clock (set by the recording layer, so
     /// that a receive's span runs from its post to its wait).
     pub posted_s: Option<f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flat_shards_of_ceil_size_tile_the_buffer_and_overlap_cuts_a_bucket_at_their_bounds() {
+        // 10 elements over 3 members: ceil(10 / 3) = 4, so 0..4, 4..8, 8..10.
+        let shards: Vec<_> = (0..3).map(|i| flat_shard(10, 3, i)).collect();
+        assert_eq!(shards, vec![0..4, 4..8, 8..10]);
+        // Bucket 2..9 meets each shard in the part both contain.
+        let pieces: Vec<_> = shards.iter().map(|s| overlap(s, &(2..9))).collect();
+        assert_eq!(pieces, vec![2..4, 4..8, 8..9]);
+        // Disjoint ranges share nothing, in either order, and the result is never reversed.
+        assert_eq!(overlap(&(0..4), &(6..9)), 6..6);
+        assert_eq!(overlap(&(6..9), &(0..4)), 6..6);
+    }
 }

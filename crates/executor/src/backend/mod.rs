@@ -20,7 +20,9 @@ pub mod shapes;
 pub mod tensor;
 pub mod types;
 
-pub use collectives::{flat_shard, DeviceCollectives, Pending, RecvInto, ReduceOp, SendFrom};
+pub use collectives::{
+    flat_shard, overlap, DeviceCollectives, Pending, RecvInto, ReduceOp, SendFrom,
+};
 pub use device::{Backend, Device};
 pub use ops::TensorOps;
 pub use parsim_plan::DType;

@@ -72,6 +72,26 @@ pub struct UlyssesGeo {
     pub cp: usize,
 }
 
+impl UlyssesGeo {
+    /// Elements of part `p` in one chunk of the all-to-all buffer: its `b s_loc` rows of
+    /// `heads / cp` heads of `e` features.
+    pub fn part_len(&self, p: &UlyssesPart) -> usize {
+        self.b * self.s_loc * p.heads / self.cp * p.e
+    }
+
+    /// Where each part starts inside a chunk (parts one after another, in order), and the
+    /// chunk's length; chunk j starts at j times that length. The layout both backends pack.
+    pub fn part_offsets(&self, parts: &[UlyssesPart]) -> (Vec<usize>, usize) {
+        let mut offs = Vec::with_capacity(parts.len());
+        let mut off = 0;
+        for p in parts {
+            offs.push(off);
+            off += self.part_len(p);
+        }
+        (offs, off)
+    }
+}
+
 /// One tensor of a Ulysses all-to-all: its heads on the sequence side and features per head.
 #[derive(Debug, Clone, Copy)]
 pub struct UlyssesPart {

@@ -4,11 +4,33 @@
 use super::tensor::{dst, src, store, store_all, store_view};
 use super::{Collectives, Cpu, CpuComm, Group, Tensor};
 use crate::backend::{
-    flat_shard, DeviceCollectives, Pending, ProcessGroup, RecvInto, ReduceOp, SendFrom, View,
-    ViewMut,
+    flat_shard, overlap, DeviceCollectives, Pending, ProcessGroup, RecvInto, ReduceOp, SendFrom,
+    View, ViewMut,
 };
 use crate::error::ExecError;
 use std::ops::Range;
+
+/// Runs a host collective from `input`'s elements into `out`'s, then rounds `out` to its
+/// dtype: the glue of every collective from one view into another.
+fn into_view(
+    input: &View<'_, Tensor>,
+    mut out: ViewMut<'_, Tensor>,
+    run: impl FnOnce(&[f32], &mut [f32]) -> Result<(), ExecError>,
+) -> Result<(), ExecError> {
+    run(src(input), dst(&mut out))?;
+    store_view(&mut out);
+    Ok(())
+}
+
+/// [`into_view`] for a collective that writes `buf` in place.
+fn in_view(
+    buf: &mut ViewMut<'_, Tensor>,
+    run: impl FnOnce(&mut [f32]) -> Result<(), ExecError>,
+) -> Result<(), ExecError> {
+    run(dst(buf))?;
+    store_view(buf);
+    Ok(())
+}
 
 /// Collectives on tensors run the host-slice collectives on their storage; a bf16 result is
 /// rounded once, after the fp32 reduction (NCCL's bf16 reductions also round per hop).
@@ -58,42 +80,36 @@ impl DeviceCollectives<Cpu> for CpuComm {
         mut buf: ViewMut<'_, Tensor>,
         op: ReduceOp,
     ) -> Result<(), ExecError> {
-        Collectives::all_reduce(self, g, dst(&mut buf), op)?;
-        store_view(&mut buf);
-        Ok(())
+        in_view(&mut buf, |b| Collectives::all_reduce(self, g, b, op))
     }
 
     fn all_gather(
         &self,
         g: &Group,
         input: View<'_, Tensor>,
-        mut out: ViewMut<'_, Tensor>,
+        out: ViewMut<'_, Tensor>,
     ) -> Result<(), ExecError> {
-        Collectives::all_gather(self, g, src(&input), dst(&mut out))?;
-        store_view(&mut out);
-        Ok(())
+        into_view(&input, out, |i, o| Collectives::all_gather(self, g, i, o))
     }
 
     fn reduce_scatter(
         &self,
         g: &Group,
         input: View<'_, Tensor>,
-        mut out: ViewMut<'_, Tensor>,
+        out: ViewMut<'_, Tensor>,
     ) -> Result<(), ExecError> {
-        Collectives::reduce_scatter(self, g, src(&input), dst(&mut out))?;
-        store_view(&mut out);
-        Ok(())
+        into_view(&input, out, |i, o| {
+            Collectives::reduce_scatter(self, g, i, o)
+        })
     }
 
     fn all_to_all(
         &self,
         g: &Group,
         input: View<'_, Tensor>,
-        mut out: ViewMut<'_, Tensor>,
+        out: ViewMut<'_, Tensor>,
     ) -> Result<(), ExecError> {
-        Collectives::all_to_all(self, g, src(&input), dst(&mut out))?;
-        store_view(&mut out);
-        Ok(())
+        into_view(&input, out, |i, o| Collectives::all_to_all(self, g, i, o))
     }
 
     fn all_to_all_counts(&self, g: &Group, send: &[usize]) -> Result<Vec<usize>, ExecError> {
@@ -109,19 +125,12 @@ impl DeviceCollectives<Cpu> for CpuComm {
         g: &Group,
         input: View<'_, Tensor>,
         send_counts: &[usize],
-        mut out: ViewMut<'_, Tensor>,
+        out: ViewMut<'_, Tensor>,
         recv_counts: &[usize],
     ) -> Result<(), ExecError> {
-        Collectives::all_to_all_v(
-            self,
-            g,
-            src(&input),
-            send_counts,
-            dst(&mut out),
-            recv_counts,
-        )?;
-        store_view(&mut out);
-        Ok(())
+        into_view(&input, out, |i, o| {
+            Collectives::all_to_all_v(self, g, i, send_counts, o, recv_counts)
+        })
     }
 
     fn send(&self, to: u32, tag: u64, data: View<'_, Tensor>) -> Result<(), ExecError> {
@@ -129,9 +138,7 @@ impl DeviceCollectives<Cpu> for CpuComm {
     }
 
     fn recv(&self, from: u32, tag: u64, mut out: ViewMut<'_, Tensor>) -> Result<(), ExecError> {
-        Collectives::recv(self, from, tag, dst(&mut out))?;
-        store_view(&mut out);
-        Ok(())
+        in_view(&mut out, |o| Collectives::recv(self, from, tag, o))
     }
 
     /// The sends are posted to the peers' mailboxes now (a copy, as NCCL's send buffers);
@@ -154,9 +161,9 @@ impl DeviceCollectives<Cpu> for CpuComm {
     fn wait(&self, p: Pending<Cpu>) -> Result<Vec<Tensor>, ExecError> {
         let mut out = Vec::with_capacity(p.recvs.len());
         for mut r in p.recvs {
-            let mut v = ViewMut::all(&mut r.buf);
-            Collectives::recv(self, r.from, r.tag, dst(&mut v))?;
-            store_view(&mut v);
+            in_view(&mut ViewMut::all(&mut r.buf), |o| {
+                Collectives::recv(self, r.from, r.tag, o)
+            })?;
             out.push(r.buf);
         }
         Ok(out)
@@ -168,11 +175,11 @@ impl DeviceCollectives<Cpu> for CpuComm {
         mine_lo: usize,
         mine: View<'_, Tensor>,
         want: Range<usize>,
-        mut out: ViewMut<'_, Tensor>,
+        out: ViewMut<'_, Tensor>,
     ) -> Result<(), ExecError> {
-        Collectives::gather_range(self, g, mine_lo, src(&mine), want, dst(&mut out))?;
-        store_view(&mut out);
-        Ok(())
+        into_view(&mine, out, |m, o| {
+            Collectives::gather_range(self, g, mine_lo, m, want, o)
+        })
     }
 
     fn reduce_scatter_range(
@@ -181,11 +188,11 @@ impl DeviceCollectives<Cpu> for CpuComm {
         input_lo: usize,
         input: View<'_, Tensor>,
         mine: Range<usize>,
-        mut out: ViewMut<'_, Tensor>,
+        out: ViewMut<'_, Tensor>,
     ) -> Result<(), ExecError> {
-        Collectives::reduce_scatter_range(self, g, input_lo, src(&input), mine, dst(&mut out))?;
-        store_view(&mut out);
-        Ok(())
+        into_view(&input, out, |i, o| {
+            Collectives::reduce_scatter_range(self, g, input_lo, i, mine, o)
+        })
     }
 
     /// Done at the call: the threads' work is synchronous.
@@ -207,7 +214,7 @@ impl DeviceCollectives<Cpu> for CpuComm {
         // Staging copy of the send side (NCCL's buffers, untracked); the part of the bucket
         // in this member's shard is zeroed and receives the sum.
         let all = grads.data()[bucket.clone()].to_vec();
-        let kept = mine.start.max(bucket.start)..mine.end.min(bucket.end);
+        let kept = overlap(&mine, &bucket);
         if !kept.is_empty() {
             grads.data_mut()[kept.clone()].fill(0.0);
         }
