@@ -42,6 +42,9 @@ pub enum ExecError {
     /// Exported parameters or gradients that the ranks do not cover.
     #[error(transparent)]
     Export(#[from] crate::pieces::MissingElements),
+    /// Operands of a device call whose sizes cannot match, naming the call and the rule.
+    #[error("{op}: {rule}")]
+    Shape { op: &'static str, rule: String },
     /// A feature of the plan that this backend does not run yet, naming the plan's field.
     #[error("{field}: {message}")]
     Unsupported {

@@ -30,5 +30,5 @@ pub use shapes::{
     AttnSaved, AttnShape, BlockShape, Keep, Route, Routing, Side, UlyssesGeo, UlyssesLayout,
     UlyssesPart,
 };
-pub use tensor::{DeviceTensor, View, ViewMut};
+pub use tensor::{check_copy, check_upload, DeviceTensor, View, ViewMut};
 pub use types::{BackendTypes, ProcessGroup};

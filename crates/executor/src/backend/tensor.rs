@@ -1,6 +1,7 @@
 //! Device tensors as the model code sees them: what a tensor tells about itself
 //! ([`DeviceTensor`]) and flat element ranges of one ([`View`], [`ViewMut`]).
 
+use crate::error::ExecError;
 use crate::tracker::Category;
 use parsim_plan::DType;
 use std::ops::Range;
@@ -114,5 +115,46 @@ impl<'t, T: DeviceTensor> ViewMut<'t, T> {
 
     pub fn is_empty(&self) -> bool {
         self.range.is_empty()
+    }
+}
+
+/// [`Device::upload`](super::Device::upload)'s rule, the same on every backend: `len` values
+/// fill a tensor of `shape` exactly.
+pub fn check_upload(shape: &[usize], len: usize) -> Result<(), ExecError> {
+    let n: usize = shape.iter().product();
+    if n == len {
+        return Ok(());
+    }
+    Err(ExecError::Shape {
+        op: "upload",
+        rule: format!("{len} values for a tensor of shape {shape:?}"),
+    })
+}
+
+/// [`TensorOps::copy`](super::TensorOps::copy)'s rule, the same on every backend: the source
+/// and destination views hold as many elements.
+pub fn check_copy(src_len: usize, dst_len: usize) -> Result<(), ExecError> {
+    if src_len == dst_len {
+        return Ok(());
+    }
+    Err(ExecError::Shape {
+        op: "copy",
+        rule: format!("{src_len} elements into {dst_len}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upload_and_copy_refuse_sizes_that_do_not_match_naming_the_call() {
+        assert!(check_upload(&[2, 3], 6).is_ok());
+        assert!(check_upload(&[0, 3], 0).is_ok());
+        let e = check_upload(&[2, 3], 5).unwrap_err().to_string();
+        assert_eq!(e, "upload: 5 values for a tensor of shape [2, 3]");
+        assert!(check_copy(4, 4).is_ok());
+        let e = check_copy(4, 6).unwrap_err().to_string();
+        assert_eq!(e, "copy: 4 elements into 6");
     }
 }

@@ -4,7 +4,7 @@
 
 use super::tensor::{src, store_all};
 use super::{CpuComm, CpuOps, Group, Tensor};
-use crate::backend::{Backend, DType, Device, View};
+use crate::backend::{check_upload, Backend, DType, Device, View};
 use crate::error::ExecError;
 use crate::tracker::{Category, MemoryTracker};
 
@@ -49,6 +49,7 @@ impl Device<Cpu> for CpuOps {
         shape: &[usize],
         data: &[f32],
     ) -> Result<Tensor, ExecError> {
+        check_upload(shape, data.len())?;
         let mut t = Tensor::typed(self.memory(), cat, dtype, shape, data.to_vec());
         store_all(&mut t);
         Ok(t)

@@ -24,8 +24,8 @@ pub mod ulysses;
 use super::tensor::{dst, src, store, store_all, store_view};
 use super::{Cpu, CpuOps, Tensor};
 use crate::backend::{
-    AttnSaved, AttnShape, BlockShape, DeviceTensor, Keep, Route, Routing, Side, TensorOps,
-    UlyssesGeo, UlyssesLayout, UlyssesPart, View, ViewMut,
+    check_copy, AttnSaved, AttnShape, BlockShape, DeviceTensor, Keep, Route, Routing, Side,
+    TensorOps, UlyssesGeo, UlyssesLayout, UlyssesPart, View, ViewMut,
 };
 use crate::error::ExecError;
 use crate::plan::{Activation, AdamConfig, MoeShape, Norm};
@@ -179,6 +179,7 @@ impl TensorOps<Cpu> for CpuOps {
     }
 
     fn copy(&self, s: View<'_, Tensor>, mut d: ViewMut<'_, Tensor>) -> Result<(), ExecError> {
+        check_copy(s.len(), d.len())?;
         dst(&mut d).copy_from_slice(src(&s));
         store_view(&mut d);
         Ok(())
