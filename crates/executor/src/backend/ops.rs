@@ -1,4 +1,11 @@
-//! The tensor ops of a training step ([`TensorOps`]), one method per op and direction.
+//! The tensor ops of a training step ([`TensorOps`]), one method per op and direction,
+//! grouped by op family in the order of the CPU's `cpu/ops/<family>.rs` files.
+//!
+//! A new op: its method here in its family's section (a new host-side argument type goes
+//! into `shapes.rs` and is re-exported by `backend/mod.rs`); its CPU twin, the kernel on host
+//! slices with a unit test in `cpu/ops/<family>.rs` and the method in the family's section of
+//! `cpu/ops/mod.rs` (unpack the tensors, run the kernel, round bf16 outputs with `store_all` or
+//! `store_view`); and the CUDA backend's method, launch wrapper and kernel.
 
 use super::shapes::{
     AttnSaved, AttnShape, BlockShape, Keep, Route, Routing, Side, UlyssesGeo, UlyssesLayout,
