@@ -81,6 +81,8 @@ pub enum CollectiveError {
         sent: usize,
         expected: usize,
     },
+    #[error("rank {rank} is not a member of group {members:?}")]
+    NotAMember { rank: u32, members: Vec<u32> },
 }
 
 /// A rank's model state that contradicts its plan.

@@ -3,7 +3,7 @@
 
 use super::tensor::{View, ViewMut};
 use super::types::BackendTypes;
-use crate::error::ExecError;
+use crate::error::{CollectiveError, ExecError};
 use std::ops::Range;
 
 /// Reduction of an all-reduce.
@@ -134,6 +134,21 @@ pub fn flat_shard(total: usize, size: usize, index: usize) -> Range<usize> {
     (index * per).min(total)..((index + 1) * per).min(total)
 }
 
+/// `rank`'s index among a group's `members` (in the order given), or an error naming both:
+/// every backend's check that a rank asks only for groups it belongs to.
+pub fn member_index(rank: u32, members: &[u32]) -> Result<usize, ExecError> {
+    members
+        .iter()
+        .position(|&m| m == rank)
+        .ok_or_else(|| ExecError::Collective {
+            op: "group",
+            reason: CollectiveError::NotAMember {
+                rank,
+                members: members.to_vec(),
+            },
+        })
+}
+
 /// The elements two flat ranges share; empty, at the later start, where they do not meet (a
 /// gradient bucket's piece inside a member's [`flat_shard`]).
 pub fn overlap(a: &Range<usize>, b: &Range<usize>) -> Range<usize> {
@@ -184,5 +199,12 @@ mod tests {
         // Disjoint ranges share nothing, in either order, and the result is never reversed.
         assert_eq!(overlap(&(0..4), &(6..9)), 6..6);
         assert_eq!(overlap(&(6..9), &(0..4)), 6..6);
+    }
+
+    #[test]
+    fn a_rank_outside_a_group_has_no_index_and_the_error_names_both() {
+        assert_eq!(member_index(5, &[1, 5, 9]).unwrap(), 1);
+        let e = member_index(2, &[1, 5]).unwrap_err().to_string();
+        assert_eq!(e, "group: rank 2 is not a member of group [1, 5]");
     }
 }

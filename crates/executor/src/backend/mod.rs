@@ -21,7 +21,7 @@ pub mod tensor;
 pub mod types;
 
 pub use collectives::{
-    flat_shard, overlap, DeviceCollectives, Pending, RecvInto, ReduceOp, SendFrom,
+    flat_shard, member_index, overlap, DeviceCollectives, Pending, RecvInto, ReduceOp, SendFrom,
 };
 pub use device::{Backend, Device};
 pub use ops::TensorOps;

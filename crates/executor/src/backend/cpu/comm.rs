@@ -4,8 +4,8 @@
 use super::tensor::{dst, src, store, store_all, store_view};
 use super::{Collectives, Cpu, CpuComm, Group, Tensor};
 use crate::backend::{
-    flat_shard, overlap, DeviceCollectives, Pending, ProcessGroup, RecvInto, ReduceOp, SendFrom,
-    View, ViewMut,
+    flat_shard, member_index, overlap, DeviceCollectives, Pending, ProcessGroup, RecvInto,
+    ReduceOp, SendFrom, View, ViewMut,
 };
 use crate::error::ExecError;
 use std::ops::Range;
@@ -36,6 +36,7 @@ fn in_view(
 /// rounded once, after the fp32 reduction (NCCL's bf16 reductions also round per hop).
 impl DeviceCollectives<Cpu> for CpuComm {
     fn group(&self, members: &[u32]) -> Result<Group, ExecError> {
+        member_index(self.rank, members)?;
         Ok(CpuComm::group(self, members))
     }
 
@@ -234,5 +235,26 @@ impl DeviceCollectives<Cpu> for CpuComm {
 
     fn join_grad_buckets(&self) -> Result<(), ExecError> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::World;
+    use super::*;
+
+    #[test]
+    fn a_group_without_this_rank_is_an_error_not_a_panic() {
+        let comm = CpuComm::new(0, World::new(3));
+        let e = DeviceCollectives::group(&comm, &[1, 2])
+            .err()
+            .map(|e| e.to_string());
+        let want = "group: rank 0 is not a member of group [1, 2]";
+        assert_eq!(e.as_deref(), Some(want));
+        let Ok(g) = DeviceCollectives::group(&comm, &[2, 0]) else {
+            panic!("rank 0 is a member of [2, 0]");
+        };
+        // The CPU's member order is ascending global rank: rank 0 is member 0 of {0, 2}.
+        assert_eq!((g.size(), ProcessGroup::index(&g)), (2, 0));
     }
 }
