@@ -42,6 +42,9 @@ pub enum ExecError {
     /// Exported parameters or gradients that the ranks do not cover.
     #[error(transparent)]
     Export(#[from] crate::pieces::MissingElements),
+    /// Operands of a device call whose sizes cannot match, naming the call and the rule.
+    #[error("{op}: {rule}")]
+    Shape { op: &'static str, rule: String },
     /// A feature of the plan that this backend does not run yet, naming the plan's field.
     #[error("{field}: {message}")]
     Unsupported {
@@ -78,6 +81,8 @@ pub enum CollectiveError {
         sent: usize,
         expected: usize,
     },
+    #[error("rank {rank} is not a member of group {members:?}")]
+    NotAMember { rank: u32, members: Vec<u32> },
 }
 
 /// A rank's model state that contradicts its plan.

@@ -1,8 +1,9 @@
 //! The CPU collectives against their NCCL semantics, computed independently, with a fixed
 //! reduction order (member order) that makes replicated results bit-identical.
 
+use parsim_executor::backend::cpu::Collectives;
 use parsim_executor::backend::cpu::{CpuComm, World};
-use parsim_executor::backend::{Collectives, ReduceOp};
+use parsim_executor::backend::ReduceOp;
 use std::sync::Arc;
 
 /// Runs `f(rank, comm)` on `n` threads and returns their results in rank order.

@@ -9,13 +9,73 @@
 //! ranks and independent of thread timing. Point-to-point messages are buffered (a send never
 //! blocks) and matched by (source, tag).
 
-use super::super::{Collectives, ReduceOp};
+use crate::backend::collectives::ReduceOp;
+use crate::backend::types::ProcessGroup;
 use crate::error::{CollectiveError, ExecError};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
+
+/// Collectives with NCCL's semantics within a group, plus point-to-point messages, and the
+/// flat-range variants that ZeRO uses on the parameter and gradient buffers (Megatron's
+/// distributed optimizer shards one flat buffer into contiguous ranges).
+pub trait Collectives {
+    type Group;
+    /// In place; every member ends with the same reduction.
+    fn all_reduce(&self, g: &Self::Group, buf: &mut [f32], op: ReduceOp) -> Result<(), ExecError>;
+    /// `out` = concatenation of every member's `input` in member order.
+    fn all_gather(&self, g: &Self::Group, input: &[f32], out: &mut [f32]) -> Result<(), ExecError>;
+    /// `out` = this member's slice of the element-wise sum of every member's `input`.
+    fn reduce_scatter(
+        &self,
+        g: &Self::Group,
+        input: &[f32],
+        out: &mut [f32],
+    ) -> Result<(), ExecError>;
+    /// Member i's j-th slice goes to member j's i-th slice.
+    fn all_to_all(&self, g: &Self::Group, input: &[f32], out: &mut [f32]) -> Result<(), ExecError>;
+    /// Variable-size all-to-all (as NCCL users build it from grouped send/recv, with the counts
+    /// exchanged first): member i's `input` is `send_counts[j]` elements for each member j in
+    /// member order; `out` receives, in member order, what each member j sent to i, and
+    /// `recv_counts[j]` must equal member j's `send_counts[i]` (exchange the counts with
+    /// [`Collectives::all_to_all`] beforehand).
+    fn all_to_all_v(
+        &self,
+        g: &Self::Group,
+        input: &[f32],
+        send_counts: &[usize],
+        out: &mut [f32],
+        recv_counts: &[usize],
+    ) -> Result<(), ExecError>;
+    /// Member `root`'s buffer to every member.
+    fn broadcast(&self, g: &Self::Group, buf: &mut [f32], root: usize) -> Result<(), ExecError>;
+    /// Buffered: returns at once.
+    fn send(&self, to: u32, tag: u64, data: &[f32]) -> Result<(), ExecError>;
+    /// Blocks until the message (from, tag) arrives.
+    fn recv(&self, from: u32, tag: u64, out: &mut [f32]) -> Result<(), ExecError>;
+    /// All-gather of a flat buffer held in contiguous shards (`mine` starts at `mine_lo`):
+    /// `out` receives the elements `want` of the whole buffer.
+    fn gather_range(
+        &self,
+        g: &Self::Group,
+        mine_lo: usize,
+        mine: &[f32],
+        want: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<(), ExecError>;
+    /// Reduce-scatter of a flat range (every member passes the same `input_lo` and length):
+    /// the sum over members of the part of `input` inside `mine` is *added* to `out`.
+    fn reduce_scatter_range(
+        &self,
+        g: &Self::Group,
+        input_lo: usize,
+        input: &[f32],
+        mine: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<(), ExecError>;
+}
 
 /// How long a rank waits before declaring a deadlock.
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -51,6 +111,18 @@ impl Group {
 
     pub fn members(&self) -> &[u32] {
         &self.state.members
+    }
+}
+
+impl ProcessGroup for Group {
+    fn size(&self) -> usize {
+        Group::size(self)
+    }
+    fn index(&self) -> usize {
+        self.index
+    }
+    fn members(&self) -> &[u32] {
+        Group::members(self)
     }
 }
 

@@ -1,13 +1,23 @@
 //! The CPU backend: ranks are threads of one process, tensors fp32, matmul through
 //! `matrixmultiply`, collectives over shared memory. The reference for correctness.
+//!
+//! Files: `tensor` (the tracked host tensor), `device` ([`Cpu`] and its [`Device`]), `ops/`
+//! (the op kernels by family on host slices, and [`TensorOps`] over them), `collectives`
+//! (the shared-memory world and the host-slice [`Collectives`]), `comm` (the
+//! [`DeviceCollectives`] over them).
+//!
+//! [`Device`]: crate::backend::Device
+//! [`TensorOps`]: crate::backend::TensorOps
+//! [`DeviceCollectives`]: crate::backend::DeviceCollectives
 
 pub mod collectives;
+pub mod comm;
 pub mod device;
 pub mod ops;
 pub mod tensor;
 
 pub use crate::tracker::{Category, MemoryBreakdown, MemoryTracker};
-pub use collectives::{CpuComm, Group, World};
+pub use collectives::{Collectives, CpuComm, Group, World};
 pub use device::{Cpu, CpuEvent};
 use ops::gemm::GemmCounter;
 pub use tensor::Tensor;

@@ -4,8 +4,9 @@
 //! f32 values that are exactly bf16 numbers (every write rounds), and counts 2 bytes per
 //! element, as the device would hold it.
 
-use crate::backend::{DType, DeviceTensor};
+use crate::backend::{DType, DeviceTensor, View, ViewMut};
 use crate::tracker::{Category, MemoryTracker};
+use std::ops::Range;
 
 /// A tracked, row-major tensor.
 pub struct Tensor {
@@ -123,4 +124,33 @@ impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Tensor{:?}({:?})", self.shape, self.cat)
     }
+}
+
+/// Rounds `r` of `t` to bf16 when `t` is a bf16 tensor.
+pub(super) fn store(t: &mut Tensor, r: Range<usize>) {
+    if t.dtype() == DType::Bf16 {
+        super::ops::elementwise::round_bf16_slice(&mut t.data_mut()[r]);
+    }
+}
+
+/// [`store`] over a view's range.
+pub(super) fn store_view(v: &mut ViewMut<'_, Tensor>) {
+    let r = v.range.clone();
+    store(v.tensor, r);
+}
+
+/// [`store`] over the whole tensor.
+pub(super) fn store_all(t: &mut Tensor) {
+    let n = t.len();
+    store(t, 0..n);
+}
+
+/// The elements of a view.
+pub(super) fn src<'a>(v: &'a View<'_, Tensor>) -> &'a [f32] {
+    &v.tensor.data()[v.range.clone()]
+}
+
+/// The elements of a writable view.
+pub(super) fn dst<'a>(v: &'a mut ViewMut<'_, Tensor>) -> &'a mut [f32] {
+    &mut v.tensor.data_mut()[v.range.clone()]
 }

@@ -943,16 +943,7 @@ fn ex(e: CudaError) -> ExecError {
 
 impl DeviceCollectives<Cuda> for CudaComm {
     fn group(&self, members: &[u32]) -> Result<CudaGroup, ExecError> {
-        let index = members
-            .iter()
-            .position(|&m| m == self.rank)
-            .ok_or_else(|| {
-                ex(CudaError::call(
-                    Library::Nccl,
-                    "group",
-                    format!("rank {} is not in group {members:?}", self.rank),
-                ))
-            })?;
+        let index = crate::backend::member_index(self.rank, members)?;
         let transport = if members.len() == 1 {
             Transport::Solo
         } else {

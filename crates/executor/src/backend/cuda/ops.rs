@@ -122,10 +122,6 @@ fn memcpy_2d(
     }
 }
 
-fn e(x: CudaError) -> ExecError {
-    x.into()
-}
-
 impl TensorOps<Cuda> for CudaRank {
     fn linear_fwd(
         &self,
@@ -425,12 +421,7 @@ impl TensorOps<Cuda> for CudaRank {
         src: View<'_, CudaTensor>,
         dst: ViewMut<'_, CudaTensor>,
     ) -> Result<(), ExecError> {
-        if src.len() != dst.len() {
-            return Err(e(super::launch::shape_error(
-                "copy",
-                format!("{} elements into {}", src.len(), dst.len()),
-            )));
-        }
+        crate::backend::check_copy(src.len(), dst.len())?;
         Ok(self.convert(
             src.tensor.ptr_at(src.range.start),
             src.tensor.dtype(),

@@ -248,14 +248,7 @@ impl Device<Cuda> for CudaRank {
         shape: &[usize],
         data: &[f32],
     ) -> Result<CudaTensor, ExecError> {
-        let n: usize = shape.iter().product();
-        if n != data.len() {
-            return Err(super::launch::shape_error(
-                "upload",
-                format!("{} values for a tensor of shape {shape:?}", data.len()),
-            )
-            .into());
-        }
+        crate::backend::check_upload(shape, data.len())?;
         Ok(self.dev.upload(cat, dtype, shape, data)?)
     }
 

@@ -386,31 +386,17 @@ mod tests {
             rand(s * hk * d, 7),
         ];
         let r = rand(s * hq * d, 8);
+        let fwd = |x: &[Vec<f32>; 3], o: &mut [f32]| {
+            let dt = crate::backend::DType::F32;
+            attn_fwd(&dev, &ash, &x[0], &x[1], &x[2], o, Keep::Lse, dt)
+        };
         let loss = |x: &[Vec<f32>; 3]| -> f64 {
             let mut o = vec![0.0; r.len()];
-            attn_fwd(
-                &dev,
-                &ash,
-                &x[0],
-                &x[1],
-                &x[2],
-                &mut o,
-                Keep::Lse,
-                crate::backend::DType::F32,
-            );
+            fwd(x, &mut o);
             o.iter().zip(&r).map(|(a, b)| f64::from(a * b)).sum()
         };
         let mut o = vec![0.0; r.len()];
-        let saved = attn_fwd(
-            &dev,
-            &ash,
-            &x[0],
-            &x[1],
-            &x[2],
-            &mut o,
-            Keep::Lse,
-            crate::backend::DType::F32,
-        );
+        let saved = fwd(&x, &mut o);
         let mut g = [
             vec![0.0; x[0].len()],
             vec![0.0; x[1].len()],

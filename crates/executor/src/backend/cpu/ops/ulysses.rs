@@ -4,17 +4,10 @@
 
 use crate::backend::{UlyssesGeo, UlyssesLayout, UlyssesPart};
 
-fn chunk(g: &UlyssesGeo, parts: &[UlyssesPart]) -> usize {
-    parts
-        .iter()
-        .map(|p| g.b * g.s_loc * p.heads / g.cp * p.e)
-        .sum()
-}
-
 /// Walks the sequence-shard side [b, s_loc, H, e]: for chunk j (head group j), each part and
 /// row, `f(part, offset in the shard, offset in the chunk buffer, width)`.
 fn walk_seq(g: &UlyssesGeo, parts: &[UlyssesPart], mut f: impl FnMut(usize, usize, usize, usize)) {
-    let chunk = chunk(g, parts);
+    let (_, chunk) = g.part_offsets(parts);
     for j in 0..g.cp {
         let mut off = j * chunk;
         for (t, p) in parts.iter().enumerate() {
@@ -30,7 +23,7 @@ fn walk_seq(g: &UlyssesGeo, parts: &[UlyssesPart], mut f: impl FnMut(usize, usiz
 /// Walks the head-shard side [b, s, Hl, e]: for chunk j (rank j's rows), each part and row,
 /// `f(part, offset in the head shard, offset in the chunk buffer, width)`.
 fn walk_head(g: &UlyssesGeo, parts: &[UlyssesPart], mut f: impl FnMut(usize, usize, usize, usize)) {
-    let chunk = chunk(g, parts);
+    let (_, chunk) = g.part_offsets(parts);
     let s = g.s_loc * g.cp;
     for j in 0..g.cp {
         let mut off = j * chunk;

@@ -11,7 +11,7 @@ use super::{overlapped, CudaComm, CudaGroup, Transport};
 use crate::backend::cuda::context::drv;
 use crate::backend::cuda::error::CudaError;
 use crate::backend::cuda::tensor::CudaTensor;
-use crate::backend::{flat_shard, DeviceTensor, ReduceOp};
+use crate::backend::{flat_shard, overlap, DeviceTensor, ReduceOp};
 use std::ops::Range;
 
 /// The pieces of `bucket` (a range of a flat buffer of `total` elements) held by each of
@@ -22,10 +22,7 @@ pub fn bucket_pieces(
     bucket: &Range<usize>,
 ) -> Vec<(usize, Range<usize>)> {
     (0..size)
-        .map(|i| {
-            let s = flat_shard(total, size, i);
-            (i, s.start.max(bucket.start)..s.end.min(bucket.end))
-        })
+        .map(|i| (i, overlap(&flat_shard(total, size, i), bucket)))
         .filter(|(_, r)| !r.is_empty())
         .collect()
 }
@@ -88,8 +85,7 @@ impl CudaComm {
             return self.all_reduce_raw(g, base, bucket.len(), dt, ReduceOp::Sum);
         }
         let shard = flat_shard(grads.len(), g.members.len(), g.index);
-        let lo = shard.start.max(bucket.start);
-        let kept = lo..shard.end.min(bucket.end).max(lo);
+        let kept = overlap(&shard, &bucket);
         let out = self.stage(dt, kept.len(), Some(&self.compute))?;
         let dst = out.ptr_at(0);
         self.reduce_range_raw(g, bucket, base, dt, kept.clone(), dst, dt, None)?;

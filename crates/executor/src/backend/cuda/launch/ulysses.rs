@@ -6,13 +6,7 @@ use crate::backend::{UlyssesGeo, UlyssesLayout, UlyssesPart};
 
 /// Offsets of each part inside a chunk, and the chunk's length (the CPU's `chunk`).
 pub fn part_offsets(g: &UlyssesGeo, parts: &[UlyssesPart]) -> (Vec<usize>, usize) {
-    let mut offs = Vec::with_capacity(parts.len());
-    let mut off = 0;
-    for p in parts {
-        offs.push(off);
-        off += g.b * g.s_loc * p.heads / g.cp * p.e;
-    }
-    (offs, off)
+    g.part_offsets(parts)
 }
 
 #[allow(clippy::too_many_arguments)]
