@@ -660,9 +660,7 @@ fn load(src_dir: &Path) -> Sources {
         .iter()
         .flat_map(|(file, text)| {
             let dir = match file.rsplit_once('/') {
-                Some((d, name)) if matches!(name, "mod.rs" | "lib.rs" | "main.rs") => {
-                    format!("{d}/")
-                }
+                Some((d, "mod.rs" | "lib.rs" | "main.rs")) => format!("{d}/"),
                 Some((d, name)) => format!("{d}/{}/", name.trim_end_matches(".rs")),
                 None if matches!(file.as_str(), "lib.rs" | "main.rs") => String::new(),
                 None => format!("{}/", file.trim_end_matches(".rs")),
