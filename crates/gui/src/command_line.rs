@@ -8,7 +8,7 @@
 
 use crate::views::config_panel::preset_of;
 use parsim::config::presets::preset;
-use parsim::config::{Config, Layer};
+use parsim::config::{Config, Framework, Layer, ModelConfig, ParallelConfig, TrainingConfig};
 use serde_json::{json, Map, Value};
 
 /// A command line and, when it needs one, what to do first.
@@ -71,177 +71,201 @@ fn flags(c: &Config, model: &str) -> Flags {
     if k.gpus_per_node != d.cluster.gpus_per_node {
         f.value("gpus-per-node", "cluster", "gpus_per_node", k.gpus_per_node);
     }
-    f.value("tp", "parallel", "tp", p.tp);
-    if p.sp != d.parallel.sp {
-        if p.sp {
-            f.switch("sp", "parallel", "sp", true);
-        } else {
-            f.switch("no-sp", "parallel", "sp", false);
-        }
-    }
-    if p.cp != d.parallel.cp {
-        f.value("cp", "parallel", "cp", p.cp);
-    }
-    if p.cp_comm != d.parallel.cp_comm {
-        f.value("cp-comm", "parallel", "cp_comm", p.cp_comm);
-    }
-    f.value("pp", "parallel", "pp", p.pp);
-    if p.vpp != d.parallel.vpp {
-        f.value("vpp", "parallel", "vpp", p.vpp);
-    }
-    if p.schedule != d.parallel.schedule {
-        f.value("schedule", "parallel", "schedule", p.schedule);
-    }
-    if p.ep != d.parallel.ep {
-        f.value("ep", "parallel", "ep", p.ep);
-    }
-    if let Some(v) = p.expert_tp {
-        f.value("expert-tp", "parallel", "expert_tp", v);
-    }
-    if p.zero != d.parallel.zero {
-        f.value("zero", "parallel", "zero", p.zero);
-    }
-    if let Some(v) = p.dp {
-        f.value("dp", "parallel", "dp", v);
-    }
-    if p.order != d.parallel.order {
-        f.value("order", "parallel", "order", &p.order);
-    }
-    if let Some(v) = p.first_stage_layers {
-        f.value("first-stage-layers", "parallel", "first_stage_layers", v);
-    }
-    if let Some(v) = p.last_stage_layers {
-        f.value("last-stage-layers", "parallel", "last_stage_layers", v);
-    }
-    if let Some(v) = &p.pipeline_layout {
-        f.value("pipeline-layout", "parallel", "pipeline_layout", v);
-    }
-    if p.account_for_embedding_in_pipeline_split {
-        f.switch(
-            "account-for-embedding-in-pipeline-split",
-            "parallel",
-            "account_for_embedding_in_pipeline_split",
-            true,
-        );
-    }
-    if p.account_for_loss_in_pipeline_split {
-        f.switch(
-            "account-for-loss-in-pipeline-split",
-            "parallel",
-            "account_for_loss_in_pipeline_split",
-            true,
-        );
-    }
-    if p.tp_comm_overlap {
-        f.switch("tp-comm-overlap", "parallel", "tp_comm_overlap", true);
-    }
-    // The overlap switches are written where they differ from the framework's defaults.
-    let fw = t.framework.overlap_defaults(p.zero);
-    if p.overlap_grad_reduce != fw.overlap_grad_reduce {
-        let flag = if p.overlap_grad_reduce {
-            "overlap-grad-reduce"
-        } else {
-            "no-overlap-grad-reduce"
-        };
-        f.switch(
-            flag,
-            "parallel",
-            "overlap_grad_reduce",
-            p.overlap_grad_reduce,
-        );
-    }
-    if p.overlap_param_gather != fw.overlap_param_gather {
-        let flag = if p.overlap_param_gather {
-            "overlap-param-gather"
-        } else {
-            "no-overlap-param-gather"
-        };
-        f.switch(
-            flag,
-            "parallel",
-            "overlap_param_gather",
-            p.overlap_param_gather,
-        );
-    }
-    if let Some(v) = p.zero3_prefetch_params {
-        f.value(
-            "zero3-prefetch-params",
-            "parallel",
-            "zero3_prefetch_params",
-            v,
-        );
-    }
-    if !p.cp_comm_overlap {
-        f.switch("no-cp-comm-overlap", "parallel", "cp_comm_overlap", false);
-    }
-    if let Some(v) = p.ddp_bucket_size {
-        f.value("ddp-bucket-size", "parallel", "ddp_bucket_size", v);
-    }
-    if t.framework != d.training.framework {
-        f.value("framework", "training", "framework", t.framework.name());
-    }
-    if t.seq_length != d.training.seq_length {
-        f.value("seq", "training", "seq_length", t.seq_length);
-    }
-    f.value("mbs", "training", "micro_batch_size", t.micro_batch_size);
-    f.value("gbs", "training", "global_batch_size", t.global_batch_size);
-    if t.precision != d.training.precision {
-        f.value("precision", "training", "precision", t.precision);
-    }
-    if t.grad_dtype != d.training.grad_dtype {
-        f.value("grad-dtype", "training", "grad_dtype", t.grad_dtype);
-    }
-    if t.recompute != d.training.recompute {
-        f.value("recompute", "training", "recompute", t.recompute);
-    }
-    if t.flash_attention != d.training.flash_attention {
-        f.value(
-            "flash-attention",
-            "training",
-            "flash_attention",
-            t.flash_attention,
-        );
-    }
-    if t.flops_attention != d.training.flops_attention {
-        f.value(
-            "flops-attention",
-            "training",
-            "flops_attention",
-            t.flops_attention,
-        );
-    }
-    if t.mode != d.training.mode {
-        f.value("mode", "training", "mode", t.mode);
-    }
-    if t.lora.rank != d.training.lora.rank {
-        f.args.push(format!("--lora-rank {}", t.lora.rank));
-        f.set("training", "lora", json!({ "rank": t.lora.rank }));
-    }
-    if let Some(base) = preset(model) {
-        if m.make_vocab_size_divisible_by != base.make_vocab_size_divisible_by {
-            f.value(
-                "make-vocab-size-divisible-by",
-                "model",
-                "make_vocab_size_divisible_by",
-                m.make_vocab_size_divisible_by,
-            );
-        }
-        if m.activation != base.activation {
-            f.value("activation", "model", "activation", m.activation);
-        }
-        if m.moe_load_imbalance != base.moe_load_imbalance {
-            f.value(
-                "moe-load-imbalance",
-                "model",
-                "moe_load_imbalance",
-                m.moe_load_imbalance,
-            );
-        }
-        if m.mtp_num_layers != base.mtp_num_layers {
-            f.value("mtp-layers", "model", "mtp_num_layers", m.mtp_num_layers);
-        }
-    }
+    f.parallel(p, &d.parallel);
+    f.overlaps(p, t.framework);
+    f.training(t, &d.training);
+    f.model_fields(m, model);
     f
+}
+
+impl Flags {
+    /// The parallel layout's flags, where they differ from the defaults `d` (tp and pp always).
+    fn parallel(&mut self, p: &ParallelConfig, d: &ParallelConfig) {
+        self.value("tp", "parallel", "tp", p.tp);
+        if p.sp != d.sp {
+            if p.sp {
+                self.switch("sp", "parallel", "sp", true);
+            } else {
+                self.switch("no-sp", "parallel", "sp", false);
+            }
+        }
+        if p.cp != d.cp {
+            self.value("cp", "parallel", "cp", p.cp);
+        }
+        if p.cp_comm != d.cp_comm {
+            self.value("cp-comm", "parallel", "cp_comm", p.cp_comm);
+        }
+        self.value("pp", "parallel", "pp", p.pp);
+        if p.vpp != d.vpp {
+            self.value("vpp", "parallel", "vpp", p.vpp);
+        }
+        if p.schedule != d.schedule {
+            self.value("schedule", "parallel", "schedule", p.schedule);
+        }
+        if p.ep != d.ep {
+            self.value("ep", "parallel", "ep", p.ep);
+        }
+        if let Some(v) = p.expert_tp {
+            self.value("expert-tp", "parallel", "expert_tp", v);
+        }
+        if p.zero != d.zero {
+            self.value("zero", "parallel", "zero", p.zero);
+        }
+        if let Some(v) = p.dp {
+            self.value("dp", "parallel", "dp", v);
+        }
+        if p.order != d.order {
+            self.value("order", "parallel", "order", &p.order);
+        }
+        if let Some(v) = p.first_stage_layers {
+            self.value("first-stage-layers", "parallel", "first_stage_layers", v);
+        }
+        if let Some(v) = p.last_stage_layers {
+            self.value("last-stage-layers", "parallel", "last_stage_layers", v);
+        }
+        if let Some(v) = &p.pipeline_layout {
+            self.value("pipeline-layout", "parallel", "pipeline_layout", v);
+        }
+        if p.account_for_embedding_in_pipeline_split {
+            self.switch(
+                "account-for-embedding-in-pipeline-split",
+                "parallel",
+                "account_for_embedding_in_pipeline_split",
+                true,
+            );
+        }
+        if p.account_for_loss_in_pipeline_split {
+            self.switch(
+                "account-for-loss-in-pipeline-split",
+                "parallel",
+                "account_for_loss_in_pipeline_split",
+                true,
+            );
+        }
+        if p.tp_comm_overlap {
+            self.switch("tp-comm-overlap", "parallel", "tp_comm_overlap", true);
+        }
+    }
+
+    /// The overlap switches, where they differ from `framework`'s defaults, and the
+    /// overlap-related sizes.
+    fn overlaps(&mut self, p: &ParallelConfig, framework: Framework) {
+        // The overlap switches are written where they differ from the framework's defaults.
+        let fw = framework.overlap_defaults(p.zero);
+        if p.overlap_grad_reduce != fw.overlap_grad_reduce {
+            let flag = if p.overlap_grad_reduce {
+                "overlap-grad-reduce"
+            } else {
+                "no-overlap-grad-reduce"
+            };
+            self.switch(
+                flag,
+                "parallel",
+                "overlap_grad_reduce",
+                p.overlap_grad_reduce,
+            );
+        }
+        if p.overlap_param_gather != fw.overlap_param_gather {
+            let flag = if p.overlap_param_gather {
+                "overlap-param-gather"
+            } else {
+                "no-overlap-param-gather"
+            };
+            self.switch(
+                flag,
+                "parallel",
+                "overlap_param_gather",
+                p.overlap_param_gather,
+            );
+        }
+        if let Some(v) = p.zero3_prefetch_params {
+            self.value(
+                "zero3-prefetch-params",
+                "parallel",
+                "zero3_prefetch_params",
+                v,
+            );
+        }
+        if !p.cp_comm_overlap {
+            self.switch("no-cp-comm-overlap", "parallel", "cp_comm_overlap", false);
+        }
+        if let Some(v) = p.ddp_bucket_size {
+            self.value("ddp-bucket-size", "parallel", "ddp_bucket_size", v);
+        }
+    }
+
+    /// The training flags, where they differ from the defaults `d` (micro and global batch
+    /// always).
+    fn training(&mut self, t: &TrainingConfig, d: &TrainingConfig) {
+        if t.framework != d.framework {
+            self.value("framework", "training", "framework", t.framework.name());
+        }
+        if t.seq_length != d.seq_length {
+            self.value("seq", "training", "seq_length", t.seq_length);
+        }
+        self.value("mbs", "training", "micro_batch_size", t.micro_batch_size);
+        self.value("gbs", "training", "global_batch_size", t.global_batch_size);
+        if t.precision != d.precision {
+            self.value("precision", "training", "precision", t.precision);
+        }
+        if t.grad_dtype != d.grad_dtype {
+            self.value("grad-dtype", "training", "grad_dtype", t.grad_dtype);
+        }
+        if t.recompute != d.recompute {
+            self.value("recompute", "training", "recompute", t.recompute);
+        }
+        if t.flash_attention != d.flash_attention {
+            self.value(
+                "flash-attention",
+                "training",
+                "flash_attention",
+                t.flash_attention,
+            );
+        }
+        if t.flops_attention != d.flops_attention {
+            self.value(
+                "flops-attention",
+                "training",
+                "flops_attention",
+                t.flops_attention,
+            );
+        }
+        if t.mode != d.mode {
+            self.value("mode", "training", "mode", t.mode);
+        }
+        if t.lora.rank != d.lora.rank {
+            self.args.push(format!("--lora-rank {}", t.lora.rank));
+            self.set("training", "lora", json!({ "rank": t.lora.rank }));
+        }
+    }
+
+    /// The model fields that have flags, where they differ from preset `model`'s.
+    fn model_fields(&mut self, m: &ModelConfig, model: &str) {
+        if let Some(base) = preset(model) {
+            if m.make_vocab_size_divisible_by != base.make_vocab_size_divisible_by {
+                self.value(
+                    "make-vocab-size-divisible-by",
+                    "model",
+                    "make_vocab_size_divisible_by",
+                    m.make_vocab_size_divisible_by,
+                );
+            }
+            if m.activation != base.activation {
+                self.value("activation", "model", "activation", m.activation);
+            }
+            if m.moe_load_imbalance != base.moe_load_imbalance {
+                self.value(
+                    "moe-load-imbalance",
+                    "model",
+                    "moe_load_imbalance",
+                    m.moe_load_imbalance,
+                );
+            }
+            if m.mtp_num_layers != base.mtp_num_layers {
+                self.value("mtp-layers", "model", "mtp_num_layers", m.mtp_num_layers);
+            }
+        }
+    }
 }
 
 /// The preset a model comes from once the fields that have flags are set back to the

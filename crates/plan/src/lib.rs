@@ -11,6 +11,7 @@ pub mod plan;
 pub mod run;
 pub mod run_report;
 pub mod trace;
+mod validate;
 
 pub use dtype::DType;
 pub use error::PlanError;

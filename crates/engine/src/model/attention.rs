@@ -296,74 +296,80 @@ fn core_attention(d: &Dims, a_r: u64, g_r: u64, dqk: u64, dv: u64) -> Op {
     // backward.
     op.grad_out_bytes = d.n * a_r * dv * d.act;
     if d.c > 1 {
-        let kv = k + v;
         let o = d.n * a_r * dv * d.act;
-        // The online softmax's running maximum and sum (fp32, per query row and head), the
-        // forward's score tile, and in backward FlashAttention-2's D = rowsum(dO * O).
-        let stats = 2 * d.b * a_r * (d.s / d.c) * 4;
-        let delta = d.n * a_r * 4;
-        let fwd_tile = d.attention_score_tiles.min(1) * tile;
-        let scratch = op.backward_scratch_bytes + delta;
-        let cp = |kind, phase, bytes, count| Collective {
-            kind,
-            group: GroupKind::Cp,
-            group_size: d.c as u32,
-            phase,
-            payload_bytes: bytes,
-            count,
-        };
-        let steps = (d.c - 1) as u32;
-        op = match d.cp_comm {
-            // Ring attention: K/V blocks travel cp-1 hops forward; K/V and dK/dV backward.
-            // Double-buffered: forward holds the visiting block and the next (one block at
-            // cp 2); backward the visiting K/V and its dK/dV accumulator, and the next of each
-            // (cp > 2).
-            CpComm::P2p | CpComm::Zigzag => {
-                let op = op
-                    .comm(cp(CollectiveKind::SendRecv, Phase::Forward, kv, steps))
-                    .comm(cp(CollectiveKind::SendRecv, Phase::Backward, kv, steps))
-                    .comm(cp(CollectiveKind::SendRecv, Phase::Backward, kv, steps))
-                    .temp(d.c.min(3).saturating_sub(1) * kv + fwd_tile + stats);
-                Op {
-                    backward_scratch_bytes: scratch + (2 * (d.c - 1)).min(4) * kv,
-                    ..op
-                }
-            }
-            // All-gather K/V forward (only the local shard is saved), again in backward beside
-            // the whole-sequence dK/dV that is then reduce-scattered (the local dK/dV exist
-            // only after the gathered K/V are freed, hence one kv less than the proxy).
-            CpComm::Allgather => {
-                let op = op
-                    .comm(cp(CollectiveKind::AllGather, Phase::Forward, d.c * kv, 1))
-                    .comm(cp(CollectiveKind::AllGather, Phase::Backward, d.c * kv, 1))
-                    .comm(cp(
-                        CollectiveKind::ReduceScatter,
-                        Phase::Backward,
-                        d.c * kv,
-                        1,
-                    ))
-                    .temp(d.c * kv + fwd_tile + stats);
-                Op {
-                    backward_scratch_bytes: scratch + (2 * d.c - 1) * kv,
-                    ..op
-                }
-            }
-            // Ulysses: all-to-all Q/K/V to head shards and the output back; reversed backward.
-            // Forward holds a send and a receive buffer of Q/K/V at once; backward trades dO
-            // for its head shards, then holds dQ/dK/dV in both layouts while they travel.
-            CpComm::A2a => {
-                let op = op
-                    .comm(cp(CollectiveKind::AllToAll, Phase::Forward, q + kv, 1))
-                    .comm(cp(CollectiveKind::AllToAll, Phase::Forward, o, 1))
-                    .comm(cp(CollectiveKind::AllToAll, Phase::Backward, q + kv, 1))
-                    .comm(cp(CollectiveKind::AllToAll, Phase::Backward, o, 1))
-                    .temp(q + kv);
-                Op {
-                    backward_scratch_bytes: scratch.max((q + kv).saturating_sub(o)),
-                    ..op
-                }
-            }
-        };
+        op = cp_exchange(op, d, a_r, q, k + v, o, tile);
     }
     op
+}
+
+/// The context-parallel exchange of the attention core (`d.c > 1`): its collectives over the
+/// CP group and the buffers they hold, given the rank's Q, K+V and output bytes and the
+/// score tile.
+fn cp_exchange(op: Op, d: &Dims, a_r: u64, q: u64, kv: u64, o: u64, tile: u64) -> Op {
+    // The online softmax's running maximum and sum (fp32, per query row and head), the
+    // forward's score tile, and in backward FlashAttention-2's D = rowsum(dO * O).
+    let stats = 2 * d.b * a_r * (d.s / d.c) * 4;
+    let delta = d.n * a_r * 4;
+    let fwd_tile = d.attention_score_tiles.min(1) * tile;
+    let scratch = op.backward_scratch_bytes + delta;
+    let cp = |kind, phase, bytes, count| Collective {
+        kind,
+        group: GroupKind::Cp,
+        group_size: d.c as u32,
+        phase,
+        payload_bytes: bytes,
+        count,
+    };
+    let steps = (d.c - 1) as u32;
+    match d.cp_comm {
+        // Ring attention: K/V blocks travel cp-1 hops forward; K/V and dK/dV backward.
+        // Double-buffered: forward holds the visiting block and the next (one block at
+        // cp 2); backward the visiting K/V and its dK/dV accumulator, and the next of each
+        // (cp > 2).
+        CpComm::P2p | CpComm::Zigzag => {
+            let op = op
+                .comm(cp(CollectiveKind::SendRecv, Phase::Forward, kv, steps))
+                .comm(cp(CollectiveKind::SendRecv, Phase::Backward, kv, steps))
+                .comm(cp(CollectiveKind::SendRecv, Phase::Backward, kv, steps))
+                .temp(d.c.min(3).saturating_sub(1) * kv + fwd_tile + stats);
+            Op {
+                backward_scratch_bytes: scratch + (2 * (d.c - 1)).min(4) * kv,
+                ..op
+            }
+        }
+        // All-gather K/V forward (only the local shard is saved), again in backward beside
+        // the whole-sequence dK/dV that is then reduce-scattered (the local dK/dV exist
+        // only after the gathered K/V are freed, hence one kv less than the proxy).
+        CpComm::Allgather => {
+            let op = op
+                .comm(cp(CollectiveKind::AllGather, Phase::Forward, d.c * kv, 1))
+                .comm(cp(CollectiveKind::AllGather, Phase::Backward, d.c * kv, 1))
+                .comm(cp(
+                    CollectiveKind::ReduceScatter,
+                    Phase::Backward,
+                    d.c * kv,
+                    1,
+                ))
+                .temp(d.c * kv + fwd_tile + stats);
+            Op {
+                backward_scratch_bytes: scratch + (2 * d.c - 1) * kv,
+                ..op
+            }
+        }
+        // Ulysses: all-to-all Q/K/V to head shards and the output back; reversed backward.
+        // Forward holds a send and a receive buffer of Q/K/V at once; backward trades dO
+        // for its head shards, then holds dQ/dK/dV in both layouts while they travel.
+        CpComm::A2a => {
+            let op = op
+                .comm(cp(CollectiveKind::AllToAll, Phase::Forward, q + kv, 1))
+                .comm(cp(CollectiveKind::AllToAll, Phase::Forward, o, 1))
+                .comm(cp(CollectiveKind::AllToAll, Phase::Backward, q + kv, 1))
+                .comm(cp(CollectiveKind::AllToAll, Phase::Backward, o, 1))
+                .temp(q + kv);
+            Op {
+                backward_scratch_bytes: scratch.max((q + kv).saturating_sub(o)),
+                ..op
+            }
+        }
+    }
 }

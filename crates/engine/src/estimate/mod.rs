@@ -2,7 +2,7 @@
 //! communication per group, the pipeline schedule, step time and throughput, shaped as the
 //! output contract of docs/design.md.
 
-use crate::comm::{rank_step_bytes, step_collectives, StepCollective};
+use crate::comm::{step_collectives, StepCollective};
 use crate::config::{Config, Resolved, ScheduleKind};
 use crate::layout::{GroupKind, Layout};
 use crate::memory::{same_blocks, stage_memories, updated_params, Pipeline, StageMemory};
@@ -11,21 +11,15 @@ use crate::model::{
     GroupSeconds, Ledger, LedgerSummary, OpRole, OptimizerState,
 };
 use crate::network::Network;
-use crate::schedule::{
-    generate, simulate_extrapolated, simulate_summaries, simulate_summary, simulates_in_full,
-    Costs, GeneratedProgram, ScheduleError,
-};
+use crate::schedule::{generate, Costs, ScheduleError};
 use crate::time::{Overlaps, Rates, StepTime, TimingContext};
 use serde::Serialize;
 
 pub mod breakdown;
 mod dp;
+mod finish;
 
 use dp::{dp_tail_s, per_microbatch_dp_s};
-
-/// Programs of at most this many (stage, microbatch) cells are generated in full for the
-/// memory walk ([`crate::memory::activation_peak`]).
-const MAX_WALKED_CELLS: u64 = 1 << 16;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ParamReport {
@@ -471,204 +465,6 @@ impl<'a> Prepared<'a> {
             per_step_hardware: (model_per_mb + recompute_per_mb) * microbatches_per_step,
             per_token_model: per_step_model / tokens_per_step,
         }
-    }
-
-    /// Simulates the schedule and assembles the estimate.
-    pub fn finish(self) -> Result<Estimate, EstimateError> {
-        self.finish_with(true)
-    }
-
-    /// As [`Prepared::finish`]; without `split_bubble` the bubble is not split by cause (two
-    /// simulations fewer: `warmup_cooldown_s`, `imbalance_s` and `pp_wait_s` are 0), for a
-    /// search that ranks by step time and re-estimates what it reports.
-    pub fn finish_with(self, split_bubble: bool) -> Result<Estimate, EstimateError> {
-        let params = self.param_report();
-        let flops = self.flops_report();
-        let Prepared {
-            r,
-            ledger,
-            s,
-            network,
-            chunks,
-            step,
-            step_of,
-            chunk_times,
-            costs,
-            after,
-            peak,
-        } = self;
-        let cfg = &r.config;
-        let tr = &cfg.training;
-        let par = &cfg.parallel;
-        let (per_step_model, per_step_hardware) = (flops.per_step_model, flops.per_step_hardware);
-        let tokens_per_step = (tr.global_batch_size * tr.seq_length) as f64;
-
-        // Memory, communication volume, and each rank's finish: its last action, then the
-        // data-parallel tail and the optimizer step.
-        let mut comm = GroupBytes::default();
-        let mut critical = (f64::MIN, 0usize, 0.0, 0.0);
-        // Activations walk each rank's action list when the program is short enough to
-        // generate (the memory of `parsim execute` runs is compared with it); longer programs,
-        // which the simulation extrapolates, use the peak count of live chunk sets.
-        let generated =
-            if par.pp as u64 * par.vpp as u64 * r.microbatches as u64 <= MAX_WALKED_CELLS {
-                Some(GeneratedProgram::of(
-                    par.schedule,
-                    par.pp,
-                    par.vpp,
-                    r.microbatches,
-                )?)
-            } else {
-                None
-            };
-        let program = generated.as_ref().map(GeneratedProgram::program);
-        // One generation serves both the memory walk and, when it would not be extrapolated
-        // anyway, the simulation.
-        // The bubble split's run with free hops shares the walk of the schedule.
-        let checked = generated.as_ref().map(GeneratedProgram::checked);
-        let (sim, free_run) = match checked {
-            Some(p) if simulates_in_full(par.schedule, par.pp, r.microbatches) => {
-                if split_bubble && par.pp > 1 {
-                    let free = breakdown::free_hops(&costs);
-                    let [sim, free_run] = simulate_summaries(p, [&costs, &free])?;
-                    (sim, Some(free_run))
-                } else {
-                    (simulate_summary(p, &costs)?, None)
-                }
-            }
-            _ => (
-                simulate_extrapolated(par.schedule, par.pp, par.vpp, r.microbatches, &costs)?,
-                None,
-            ),
-        };
-        let memory_stages = stage_memories(r, &s, &ledger, &chunks, |rank| match program {
-            Some(p) => Pipeline::Actions(&p.ranks[rank]),
-            None => Pipeline::Inflight {
-                sets: sim.peak_inflight[rank],
-                split: matches!(par.schedule, ScheduleKind::ZbH1 | ScheduleKind::ZbV),
-            },
-        });
-        // Ranks sharing a step-collective list hold the same blocks: their bytes are one count.
-        for (i, list) in step.iter().enumerate() {
-            if let Some(rank) = step_of.iter().position(|&j| j == i) {
-                comm.max(&rank_step_bytes(r, &s, &ledger, &chunks[rank], list));
-            }
-        }
-        for (rank, &(tail, optimizer_s)) in after.iter().enumerate() {
-            let finish = sim.finish[rank];
-            let end = finish + tail + optimizer_s;
-            if end > critical.0 {
-                critical = (end, rank, tail, optimizer_s);
-            }
-        }
-        let (step_s, crit, dp_tail, optimizer_s) = critical;
-        let crit_chunks = &chunks[crit];
-        let mb = r.microbatches as f64;
-        let compute_s = mb
-            * crit_chunks
-                .iter()
-                .map(|c| chunk_times[c.stage].compute)
-                .sum::<f64>();
-        let mut by_group = GroupSeconds::default();
-        for c in crit_chunks {
-            by_group.add(&chunk_times[c.stage].exposed, mb);
-        }
-        by_group.dp += dp_tail;
-        let finish = sim.finish[crit];
-        let bubble_s = (finish - sim.busy[crit]).max(0.0);
-        let pipe = breakdown::Pipe {
-            kind: par.schedule,
-            pp: par.pp,
-            vpp: par.vpp,
-            microbatches: r.microbatches,
-        };
-        let idle = if split_bubble {
-            breakdown::split_idle(pipe, &costs, &sim, crit, checked, free_run.as_ref())?
-        } else {
-            breakdown::IdleSplit::default()
-        };
-        let per_mb_s: Vec<f64> = chunks
-            .iter()
-            .map(|ch| {
-                ch.iter()
-                    .map(|c| {
-                        let t = &chunk_times[c.stage];
-                        t.fwd + t.input_grad + t.weight_grad
-                    })
-                    .sum()
-            })
-            .collect();
-        let time = StepTime {
-            step_s,
-            compute_s,
-            exposed_comm_s: by_group.total(),
-            exposed_comm_by_group_s: by_group,
-            bubble_s,
-            warmup_cooldown_s: idle.warmup_cooldown_s,
-            imbalance_s: idle.imbalance_s,
-            pp_wait_s: idle.pp_wait_s,
-            imbalance: breakdown::slowest_stage(&chunks, &per_mb_s),
-            dp_tail_s: dp_tail,
-            optimizer_s,
-        };
-        let per_gpu_max_bytes = memory_stages.iter().map(|st| st.total).max().unwrap_or(0);
-        let world = r.world() as f64;
-        let groups = GroupKind::ALL
-            .iter()
-            .map(|&g| GroupInfo {
-                group: g,
-                size: network.geometry(g).size,
-                crosses_nodes: network.crosses_nodes(g),
-            })
-            .collect();
-        let usable_bytes = r.gpu.usable_memory_bytes();
-        let fits = per_gpu_max_bytes <= usable_bytes;
-        for (quantity, value) in [
-            ("step time", step_s),
-            ("compute time", time.compute_s),
-            ("exposed communication", time.exposed_comm_s),
-            ("bubble fraction", sim.bubble_fraction),
-        ] {
-            if !value.is_finite() {
-                return Err(EstimateError::NonFinite { quantity, value });
-            }
-        }
-        Ok(Estimate {
-            config: cfg.clone(),
-            gpu: r.gpu.name.clone(),
-            params,
-            flops,
-            memory: MemoryReport {
-                per_gpu_max_bytes,
-                capacity_bytes: r.gpu.memory_bytes,
-                fits,
-                margin_fraction: r.gpu.memory_margin_fraction,
-                usable_bytes,
-                stages: memory_stages,
-            },
-            communication: CommReport {
-                per_step_bytes_per_gpu: comm.into(),
-                groups,
-            },
-            schedule: ScheduleReport {
-                name: par.schedule.to_string(),
-                pp: par.pp,
-                vpp: par.vpp,
-                microbatches: r.microbatches,
-                bubble_fraction: sim.bubble_fraction,
-                peak_inflight_microbatches: sim.peak_inflight.clone(),
-            },
-            time,
-            throughput: Throughput {
-                tokens_per_s: tokens_per_step / step_s,
-                tflops_per_gpu: per_step_model / step_s / world / 1e12,
-                hardware_tflops_per_gpu: per_step_hardware / step_s / world / 1e12,
-                mfu: per_step_model / (step_s * world * peak),
-            },
-            verdict: verdict_with_margin(&time, per_gpu_max_bytes, &r.gpu),
-            warnings: r.warnings.clone(),
-            framework_overrides: r.config.training.framework.overrides(&r.config.parallel),
-        })
     }
 }
 

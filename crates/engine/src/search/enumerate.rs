@@ -1,0 +1,160 @@
+//! The search space: every mix of tp, cp and its exchange, pp with its pipeline
+//! arrangements, ep, ZeRO stage, micro batch and recomputation that the GPU count allows.
+
+use super::balance;
+use super::mix::{Mix, Slots};
+use crate::config::{Config, CpComm, Recompute, ScheduleKind};
+
+fn divisors(n: u64) -> impl Iterator<Item = u64> {
+    (1..=n).filter(move |d| n % d == 0)
+}
+
+/// The micro batch sizes tried: powers of two up to `mbs_max`, and never above the global
+/// batch (a larger one cannot divide it), so a huge `--mbs-max` neither wraps nor loops.
+fn micro_batches(mbs_max: u64, gbs: u64) -> impl Iterator<Item = u64> {
+    let most = mbs_max.min(gbs);
+    (0..u64::BITS)
+        .map(|i| 1u64 << i)
+        .take_while(move |&b| b <= most)
+}
+
+/// One pipeline arrangement: (vpp, schedule, first-stage layers, last-stage layers, slots).
+type Pipe = (u32, ScheduleKind, Option<u32>, Option<u32>, Slots);
+
+/// Every pipeline arrangement of `layers` over `pp` ranks: even splits with every vpp that
+/// divides them (interleaved) and the V schedules; Megatron-style uneven first/last stages;
+/// and the balanced splits that count the embedding and/or the loss as a layer slot, with
+/// every vpp those allow (Llama-3-405B's 126 layers + 2 slots over pp 16).
+fn pipelines(layers: u32, pp: u32, ends: Option<balance::EndCosts>) -> Vec<Pipe> {
+    let none = Slots::default();
+    if pp == 1 {
+        return vec![(1, ScheduleKind::OneFOneB, None, None, none)];
+    }
+    let mut pipes = Vec::new();
+    let mut splits: Vec<(Option<u32>, Option<u32>)> = Vec::new();
+    if layers % pp == 0 {
+        splits.push((None, None));
+    } else if pp >= 3 {
+        // Megatron-style: middle stages take ceil(L/p), the ends share the rest.
+        let mid = layers.div_ceil(pp);
+        let rest = layers as i64 - (pp as i64 - 2) * mid as i64;
+        if rest >= 2 {
+            let f = (rest / 2) as u32;
+            splits.push((Some(f), Some(rest as u32 - f)));
+        }
+    }
+    // The split that balances the stages' FLOPs when the output layer and loss (and the
+    // embedding) are counted: the middle stages share the rest as evenly as they can.
+    if let Some(fl) = ends.and_then(|e| balance::balanced_split(layers, pp, e)) {
+        let even = layers % pp == 0 && fl == (layers / pp, layers / pp);
+        if !even && !splits.contains(&(Some(fl.0), Some(fl.1))) {
+            splits.push((Some(fl.0), Some(fl.1)));
+        }
+    }
+    for &(f, l) in &splits {
+        for k in [
+            ScheduleKind::Gpipe,
+            ScheduleKind::OneFOneB,
+            ScheduleKind::ZbH1,
+        ] {
+            pipes.push((1, k, f, l, none));
+        }
+    }
+    if layers % pp == 0 {
+        let per = layers / pp;
+        for v in (2..=per).filter(|v| per % v == 0) {
+            pipes.push((v, ScheduleKind::Interleaved1F1B, None, None, none));
+        }
+        if per % 2 == 0 {
+            pipes.push((2, ScheduleKind::ZbV, None, None, none));
+            pipes.push((2, ScheduleKind::DualPipeV, None, None, none));
+        }
+    }
+    for (embedding, loss) in [(true, true), (true, false), (false, true)] {
+        let slots_n = layers + embedding as u32 + loss as u32;
+        if slots_n % pp != 0 {
+            continue;
+        }
+        let per = slots_n / pp;
+        let slots = Slots { embedding, loss };
+        // A stage holding only the embedding or only the loss is allowed; one that would
+        // hold both (a single slot on a single stage) is not.
+        for v in (1..=per).filter(|v| per % v == 0) {
+            let k = if v == 1 {
+                ScheduleKind::OneFOneB
+            } else {
+                ScheduleKind::Interleaved1F1B
+            };
+            pipes.push((v, k, None, None, slots));
+        }
+    }
+    pipes
+}
+
+/// Every mix the enumeration produces for `base` (before validation and pruning).
+pub fn enumerate(base: &Config, mbs_max: u64) -> Vec<Mix> {
+    let m = &base.model;
+    let n = base.cluster.num_gpus as u64;
+    let per_node = base.cluster.gpus_per_node as u64;
+    let heads = m.num_attention_heads as u64;
+    let kv = m.num_query_groups as u64;
+    let layers = m.num_layers;
+    let seq = base.training.seq_length;
+    let gbs = base.training.global_batch_size;
+    let ends = balance::end_costs(base);
+    let mut out = Vec::new();
+    for tp in divisors(n.min(per_node))
+        .filter(|t| n % t == 0 && heads % t == 0 && (m.mla.is_some() || kv % t == 0))
+    {
+        for cp in divisors(n / tp).filter(|c| c.is_power_of_two() && seq % (2 * c) == 0 && *c <= 64)
+        {
+            let comms: &[CpComm] = if cp > 1 { CpComm::ALL } else { &[CpComm::P2p] };
+            for pp in divisors(n / (tp * cp)).filter(|&p| p <= layers as u64) {
+                let dp = n / (tp * cp * pp);
+                let pp32 = pp as u32;
+                let mut pipes = pipelines(layers, pp32, ends);
+                pipes.sort_by_key(|p| p.1.as_str());
+                let eps: Vec<u64> = if m.is_moe() {
+                    divisors(dp)
+                        .filter(|e| m.num_experts as u64 % e == 0)
+                        .collect()
+                } else {
+                    vec![1]
+                };
+                for &ep in &eps {
+                    for zero in 0..=3u8 {
+                        for mbs in micro_batches(mbs_max, gbs) {
+                            // mbs <= gbs and dp <= num_gpus: the product fits in u64.
+                            if gbs % (mbs * dp) != 0 {
+                                continue;
+                            }
+                            for recompute in Recompute::ALL.iter().copied() {
+                                for &cp_comm in comms {
+                                    // Innermost, so that neighbours share a timed ledger.
+                                    for &(vpp, schedule, first, last, slots) in &pipes {
+                                        out.push(Mix {
+                                            tp: tp as u32,
+                                            cp: cp as u32,
+                                            cp_comm,
+                                            pp: pp32,
+                                            vpp,
+                                            schedule,
+                                            first_stage_layers: first,
+                                            last_stage_layers: last,
+                                            slots,
+                                            ep: ep as u32,
+                                            zero,
+                                            mbs,
+                                            recompute,
+                                        });
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}

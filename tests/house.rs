@@ -1,0 +1,925 @@
+//! The workspace as a house (issue 29), checked on every crate's sources (`crates/*/src` and
+//! the CLI's `src/`):
+//! - no import cycle between files: each `crate::`, `super::` and `self::` path (use trees
+//!   included) names the deepest file module it reaches, and those edges form no cycle;
+//! - no function over 150 lines and no file over 800 lines outside tests;
+//! - one module style: a directory module is `dir/mod.rs`, never `dir.rs` beside `dir/`.
+//!
+//! Test code is left out everywhere: items under a `#[cfg(test)]` attribute (`mod tests { .. }`,
+//! helpers) and the files they declare (`#[cfg(test)] mod tests;`), and `tests/` folders.
+//! The engine's modules also keep docs/design.md's order (the check that was
+//! tests/module_graph.rs).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// Longest function allowed, from its `fn` line to its closing brace.
+const MAX_FN_LINES: usize = 150;
+/// Longest source file allowed, counting only lines outside test sections.
+const MAX_FILE_LINES: usize = 800;
+
+// ---------------------------------------------------------------------------------------------
+// Lexing: code with comments and literals blanked, then tokens with their line.
+
+/// `text` with every comment and the inside of every string, raw string and char literal
+/// replaced by spaces (newlines kept), so braces and paths in them are not seen as code.
+fn blank_literals(text: &str) -> String {
+    let c: Vec<char> = text.chars().collect();
+    let mut out = c.clone();
+    let blank = |out: &mut Vec<char>, from: usize, to: usize| {
+        for ch in out.iter_mut().take(to.min(c.len())).skip(from) {
+            if *ch != '\n' {
+                *ch = ' ';
+            }
+        }
+    };
+    let ident = |ch: char| ch.is_alphanumeric() || ch == '_';
+    let mut i = 0;
+    while i < c.len() {
+        let next = c.get(i + 1).copied();
+        if c[i] == '/' && next == Some('/') {
+            let end = (i..c.len()).find(|&j| c[j] == '\n').unwrap_or(c.len());
+            blank(&mut out, i, end);
+            i = end;
+        } else if c[i] == '/' && next == Some('*') {
+            let (mut depth, mut j) = (1, i + 2);
+            while j < c.len() && depth > 0 {
+                if c[j] == '/' && c.get(j + 1) == Some(&'*') {
+                    depth += 1;
+                    j += 2;
+                } else if c[j] == '*' && c.get(j + 1) == Some(&'/') {
+                    depth -= 1;
+                    j += 2;
+                } else {
+                    j += 1;
+                }
+            }
+            blank(&mut out, i, j);
+            i = j;
+        } else if c[i] == 'r'
+            && (i == 0 || !ident(c[i - 1]) || (c[i - 1] == 'b' && (i < 2 || !ident(c[i - 2]))))
+            && matches!(next, Some('"' | '#'))
+        {
+            let hashes = (i + 1..c.len()).take_while(|&j| c[j] == '#').count();
+            if c.get(i + 1 + hashes) != Some(&'"') {
+                i += 1;
+                continue;
+            }
+            let open = i + 1 + hashes;
+            let mut j = open + 1;
+            while j < c.len()
+                && !(c[j] == '"' && (j + 1..=j + hashes).all(|k| c.get(k) == Some(&'#')))
+            {
+                j += 1;
+            }
+            blank(&mut out, open + 1, j);
+            i = j + 1 + hashes;
+        } else if c[i] == '"' {
+            let mut j = i + 1;
+            while j < c.len() && c[j] != '"' {
+                j += if c[j] == '\\' { 2 } else { 1 };
+            }
+            blank(&mut out, i + 1, j);
+            i = j + 1;
+        } else if c[i] == '\'' && next == Some('\\') {
+            let end = (i + 3..c.len()).find(|&j| c[j] == '\'').unwrap_or(c.len());
+            blank(&mut out, i + 1, end);
+            i = end + 1;
+        } else if c[i] == '\'' && c.get(i + 2) == Some(&'\'') {
+            blank(&mut out, i + 1, i + 2);
+            i += 3;
+        } else {
+            i += 1;
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// One token of blanked code: an identifier (with `$` kept on `$crate`), `::`, or one
+/// punctuation character.
+#[derive(Debug, Clone)]
+struct Tok {
+    text: String,
+    line: usize,
+}
+
+fn tokens(code: &str) -> Vec<Tok> {
+    let c: Vec<char> = code.chars().collect();
+    let mut out = Vec::new();
+    let (mut i, mut line) = (0, 1);
+    while i < c.len() {
+        let ch = c[i];
+        if ch == '\n' {
+            line += 1;
+            i += 1;
+        } else if ch.is_whitespace() {
+            i += 1;
+        } else if ch.is_alphanumeric()
+            || ch == '_'
+            || (ch == '$' && c.get(i + 1).is_some_and(|n| n.is_alphabetic()))
+        {
+            let start = i;
+            i += 1;
+            while i < c.len() && (c[i].is_alphanumeric() || c[i] == '_') {
+                i += 1;
+            }
+            let text: String = c[start..i].iter().collect();
+            out.push(Tok { text, line });
+        } else if ch == ':' && c.get(i + 1) == Some(&':') {
+            out.push(Tok {
+                text: "::".into(),
+                line,
+            });
+            i += 2;
+        } else {
+            out.push(Tok {
+                text: ch.to_string(),
+                line,
+            });
+            i += 1;
+        }
+    }
+    out
+}
+
+fn is_ident(t: &str) -> bool {
+    t.chars()
+        .next()
+        .is_some_and(|c| c.is_alphabetic() || c == '_' || c == '$')
+}
+
+/// Index of the token closing the bracket opened at `open` (`(`, `[` or `{`), counting all three.
+fn matching(toks: &[Tok], open: usize) -> usize {
+    let mut depth = 0i64;
+    for (j, t) in toks.iter().enumerate().skip(open) {
+        match t.text.as_str() {
+            "(" | "[" | "{" => depth += 1,
+            ")" | "]" | "}" => {
+                depth -= 1;
+                if depth == 0 {
+                    return j;
+                }
+            }
+            _ => {}
+        }
+    }
+    toks.len().saturating_sub(1)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Test sections.
+
+/// What a file holds outside its test sections.
+struct Lexed {
+    /// Tokens outside `#[cfg(test)]` items.
+    toks: Vec<Tok>,
+    /// Lines of the file outside test sections.
+    code_lines: usize,
+    /// Child modules declared as files under `#[cfg(test)]` (`#[cfg(test)] mod tests;`).
+    test_children: Vec<String>,
+}
+
+/// Whether the attribute starting at `#` (index `i`) is a `cfg` that holds only under test.
+fn is_cfg_test(toks: &[Tok], i: usize) -> Option<usize> {
+    if toks.get(i + 1)?.text != "[" || toks.get(i + 2)?.text != "cfg" {
+        return None;
+    }
+    let close = matching(toks, i + 1);
+    let inner = &toks[i + 2..close];
+    let test = inner.iter().any(|t| t.text == "test") && !inner.iter().any(|t| t.text == "not");
+    test.then_some(close)
+}
+
+/// The end (inclusive) of the item starting at `from`: its matching `}` or its `;`, or the
+/// `,` ending a field or arm; stops before a `}` closing the enclosing scope.
+fn item_end(toks: &[Tok], from: usize) -> usize {
+    let mut j = from;
+    // Further attributes on the same item.
+    while j < toks.len() && toks[j].text == "#" && toks.get(j + 1).is_some_and(|t| t.text == "[") {
+        j = matching(toks, j + 1) + 1;
+    }
+    while j < toks.len() {
+        match toks[j].text.as_str() {
+            "{" => return matching(toks, j),
+            "(" | "[" => j = matching(toks, j) + 1,
+            ";" | "," => return j,
+            "}" | ")" | "]" => return j.saturating_sub(1),
+            _ => j += 1,
+        }
+    }
+    toks.len().saturating_sub(1)
+}
+
+fn lex(text: &str) -> Lexed {
+    let all = tokens(&blank_literals(text));
+    let total_lines = text.lines().count();
+    let mut toks = Vec::new();
+    let mut test_lines = BTreeSet::new();
+    let mut test_children = Vec::new();
+    let mut i = 0;
+    while i < all.len() {
+        if all[i].text == "#" {
+            if let Some(close) = is_cfg_test(&all, i) {
+                let end = item_end(&all, close + 1).max(close).min(all.len() - 1);
+                let item = &all[(close + 1).min(end + 1)..=end];
+                if let Some(k) = item.iter().position(|t| t.text == "mod") {
+                    if item.get(k + 2).is_some_and(|t| t.text == ";") {
+                        test_children.push(item[k + 1].text.clone());
+                    }
+                }
+                test_lines.extend(all[i].line..=all[end.min(all.len() - 1)].line);
+                i = end + 1;
+                continue;
+            }
+        }
+        toks.push(all[i].clone());
+        i += 1;
+    }
+    Lexed {
+        toks,
+        code_lines: total_lines - test_lines.len().min(total_lines),
+        test_children,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Functions.
+
+/// A function longer than allowed: its line, name (`Type::name` inside an impl or trait) and
+/// length in lines.
+#[derive(Debug, PartialEq)]
+struct LongFn {
+    line: usize,
+    name: String,
+    lines: usize,
+}
+
+/// The name an `impl` or `trait` block at `i` gives its methods: the type after `for` (or
+/// after `impl`), last segment, generics dropped.
+fn block_owner(toks: &[Tok], i: usize) -> (String, usize) {
+    let Some(open) = (i..toks.len()).find(|&j| toks[j].text == "{" || toks[j].text == ";") else {
+        return (String::new(), toks.len());
+    };
+    let head = &toks[i + 1..open];
+    let head = match head.iter().position(|t| t.text == "where") {
+        Some(w) => &head[..w],
+        None => head,
+    };
+    let head = match head.iter().position(|t| t.text == "for") {
+        Some(f) => &head[f + 1..],
+        None => head,
+    };
+    let mut angle = 0i64;
+    let mut name = String::new();
+    for t in head {
+        match t.text.as_str() {
+            "<" => angle += 1,
+            ">" => angle -= 1,
+            s if angle == 0 && is_ident(s) && s != "impl" && s != "dyn" => name = s.to_string(),
+            _ => {}
+        }
+    }
+    (name, open)
+}
+
+/// Every function (outside test sections) longer than `max` lines.
+fn long_fns(lexed: &Lexed, max: usize) -> Vec<LongFn> {
+    let toks = &lexed.toks;
+    let mut out = Vec::new();
+    // (closing brace index, owner) of the impl/trait blocks we are in.
+    let mut owners: Vec<(usize, String)> = Vec::new();
+    for i in 0..toks.len() {
+        owners.retain(|(close, _)| *close > i);
+        let t = toks[i].text.as_str();
+        let item_start = i == 0
+            || matches!(
+                toks[i - 1].text.as_str(),
+                "}" | ";" | "{" | "]" | "unsafe" | "default"
+            );
+        if (t == "impl" && item_start) || t == "trait" {
+            let (name, open) = block_owner(toks, i);
+            if open < toks.len() && toks[open].text == "{" {
+                owners.push((matching(toks, open), name));
+            }
+        }
+        if t != "fn" || !toks.get(i + 1).is_some_and(|n| is_ident(&n.text)) {
+            continue;
+        }
+        let mut j = i + 2;
+        while j < toks.len() && toks[j].text != "{" && toks[j].text != ";" {
+            if toks[j].text == "(" || toks[j].text == "[" {
+                j = matching(toks, j);
+            }
+            j += 1;
+        }
+        if j >= toks.len() || toks[j].text == ";" {
+            continue;
+        }
+        let lines = toks[matching(toks, j)].line - toks[i].line + 1;
+        if lines > max {
+            let name = match owners.last() {
+                Some((_, owner)) if !owner.is_empty() => format!("{owner}::{}", toks[i + 1].text),
+                _ => toks[i + 1].text.clone(),
+            };
+            out.push(LongFn {
+                line: toks[i].line,
+                name,
+                lines,
+            });
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Paths and the file graph.
+
+/// Every path starting with `crate`, `$crate`, `super` or `self` in `toks`, use trees
+/// expanded, as its segments (the leading keywords kept).
+fn paths(toks: &[Tok]) -> Vec<Vec<String>> {
+    /// Reads the use tree at `i` under `prefix`; returns the index after it.
+    fn tree(
+        toks: &[Tok],
+        mut i: usize,
+        mut prefix: Vec<String>,
+        out: &mut Vec<Vec<String>>,
+    ) -> usize {
+        loop {
+            let Some(t) = toks.get(i) else {
+                out.push(prefix);
+                return i;
+            };
+            if t.text == "{" {
+                i += 1;
+                while i < toks.len() && toks[i].text != "}" {
+                    if toks[i].text == "," {
+                        i += 1;
+                        continue;
+                    }
+                    let before = i;
+                    i = tree(toks, i, prefix.clone(), out);
+                    if i == before {
+                        i += 1;
+                    }
+                    while i < toks.len() && toks[i].text != "," && toks[i].text != "}" {
+                        i += 1; // `as name`, `*`
+                    }
+                }
+                return i + 1;
+            }
+            if !is_ident(&t.text) {
+                out.push(prefix);
+                return i;
+            }
+            if t.text != "self" || prefix.is_empty() {
+                prefix.push(t.text.clone());
+            }
+            i += 1;
+            if toks.get(i).is_some_and(|n| n.text == "::") {
+                i += 1;
+            } else {
+                out.push(prefix);
+                return i;
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < toks.len() {
+        let t = toks[i].text.as_str();
+        let starts = matches!(t, "crate" | "$crate" | "super" | "self")
+            && toks.get(i + 1).is_some_and(|n| n.text == "::")
+            && !(i > 0 && toks[i - 1].text == "::")
+            && !(i > 1 && toks[i - 1].text == "in" && toks[i - 2].text == "(");
+        if starts {
+            i = tree(toks, i, Vec::new(), &mut out).max(i + 1);
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// One crate's sources: each file's path relative to its `src/`, and its text.
+type Sources = BTreeMap<String, String>;
+
+/// The module path of a file (`search/mod.rs` and `search.rs` -> `[search]`; `lib.rs` -> `[]`).
+fn module_of(file: &str) -> Vec<String> {
+    let mut parts: Vec<String> = file
+        .trim_end_matches(".rs")
+        .split('/')
+        .map(String::from)
+        .collect();
+    if matches!(
+        parts.last().map(String::as_str),
+        Some("mod" | "lib" | "main")
+    ) {
+        parts.pop();
+    }
+    parts
+}
+
+/// The file of module `m`, if it has one (`m.rs` or `m/mod.rs`; the root is `root`).
+fn file_of(src: &Sources, m: &[String], root: &str) -> Option<String> {
+    if m.is_empty() {
+        return Some(root.to_string());
+    }
+    let base = m.join("/");
+    [format!("{base}.rs"), format!("{base}/mod.rs")]
+        .into_iter()
+        .find(|f| src.contains_key(f))
+}
+
+/// The file a path names from module `here` (the file's module plus any inline modules):
+/// the deepest file module along it.
+fn resolve(src: &Sources, here: &[String], path: &[String], root: &str) -> Option<String> {
+    let mut m: Vec<String> = match path.first().map(String::as_str) {
+        Some("crate" | "$crate") => Vec::new(),
+        Some("self" | "super") => here.to_vec(),
+        _ => return None,
+    };
+    for seg in path {
+        match seg.as_str() {
+            "crate" | "$crate" | "self" => {}
+            "super" => {
+                m.pop()?;
+            }
+            name => m.push(name.to_string()),
+        }
+    }
+    (0..=m.len())
+        .rev()
+        .find_map(|k| file_of(src, &m[..k], root))
+}
+
+/// The files each file names through its paths (self-edges dropped).
+fn file_graph(src: &Sources) -> BTreeMap<String, BTreeSet<String>> {
+    let lib_root = if src.contains_key("lib.rs") {
+        "lib.rs"
+    } else {
+        "main.rs"
+    };
+    let mut graph = BTreeMap::new();
+    for (file, text) in src {
+        let root = if file == "main.rs" {
+            "main.rs"
+        } else {
+            lib_root
+        };
+        let toks = lex(text).toks;
+        let base = module_of(file);
+        let mut edges = BTreeSet::new();
+        // Paths are read per inline scope: find each path's start and its scope.
+        let scopes: Vec<(usize, usize, Vec<String>)> = {
+            let mut v = vec![(0, toks.len(), base.clone())];
+            for (i, t) in toks.iter().enumerate() {
+                if t.text == "mod" && toks.get(i + 2).is_some_and(|n| n.text == "{") {
+                    let close = matching(&toks, i + 2);
+                    let outer = v
+                        .iter()
+                        .rev()
+                        .find(|(a, b, _)| *a <= i && i < *b)
+                        .map(|s| s.2.clone());
+                    let mut m = outer.unwrap_or_else(|| base.clone());
+                    m.push(toks[i + 1].text.clone());
+                    v.push((i + 3, close, m));
+                }
+            }
+            v
+        };
+        for (k, (from, to, here)) in scopes.iter().enumerate() {
+            // Tokens of this scope minus its nested inline modules.
+            let mut own: Vec<Tok> = Vec::new();
+            let mut j = *from;
+            while j < *to {
+                if let Some((_, end, _)) = scopes.iter().skip(k + 1).find(|(a, _, _)| *a == j) {
+                    j = *end;
+                    continue;
+                }
+                own.push(toks[j].clone());
+                j += 1;
+            }
+            for p in paths(&own) {
+                if let Some(target) = resolve(src, here, &p, root) {
+                    if &target != file {
+                        edges.insert(target);
+                    }
+                }
+            }
+        }
+        graph.insert(file.clone(), edges);
+    }
+    graph
+}
+
+/// Every cycle of the graph, one per strongly connected component: the cycle's path and the
+/// component's size.
+fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<(Vec<String>, usize)> {
+    // Tarjan's strongly connected components, iterative enough for a few hundred files.
+    struct T<'a> {
+        g: &'a BTreeMap<String, BTreeSet<String>>,
+        index: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        on: BTreeSet<&'a str>,
+        comps: Vec<Vec<&'a str>>,
+    }
+    fn strong<'a>(t: &mut T<'a>, v: &'a str) {
+        let n = t.index.len();
+        t.index.insert(v, n);
+        t.low.insert(v, n);
+        t.stack.push(v);
+        t.on.insert(v);
+        for w in t.g.get(v).into_iter().flatten() {
+            let w = w.as_str();
+            if !t.index.contains_key(w) {
+                strong(t, w);
+                let lw = t.low[w];
+                let lv = t.low.get_mut(v).expect("visited");
+                *lv = (*lv).min(lw);
+            } else if t.on.contains(w) {
+                let iw = t.index[w];
+                let lv = t.low.get_mut(v).expect("visited");
+                *lv = (*lv).min(iw);
+            }
+        }
+        if t.low[v] == t.index[v] {
+            let mut comp = Vec::new();
+            while let Some(w) = t.stack.pop() {
+                t.on.remove(w);
+                comp.push(w);
+                if w == v {
+                    break;
+                }
+            }
+            t.comps.push(comp);
+        }
+    }
+    let mut t = T {
+        g: graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on: BTreeSet::new(),
+        comps: Vec::new(),
+    };
+    for v in graph.keys() {
+        if !t.index.contains_key(v.as_str()) {
+            strong(&mut t, v);
+        }
+    }
+    let mut out = Vec::new();
+    for comp in t.comps.into_iter().filter(|c| c.len() > 1) {
+        let inside: BTreeSet<&str> = comp.iter().copied().collect();
+        let start = *inside.iter().next().expect("non-empty");
+        // Shortest way back to `start` inside the component (breadth-first).
+        let mut prev: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut queue = std::collections::VecDeque::from([start]);
+        let mut last = start;
+        'search: while let Some(v) = queue.pop_front() {
+            for w in graph
+                .get(v)
+                .into_iter()
+                .flatten()
+                .map(String::as_str)
+                .filter(|w| inside.contains(w))
+            {
+                if w == start {
+                    last = v;
+                    break 'search;
+                }
+                if !prev.contains_key(w) {
+                    prev.insert(w, v);
+                    queue.push_back(w);
+                }
+            }
+        }
+        let mut path = vec![start.to_string()];
+        let mut v = last;
+        while v != start {
+            path.push(v.to_string());
+            v = prev[v];
+        }
+        path.push(start.to_string());
+        let n = path.len();
+        path[1..n - 1].reverse();
+        out.push((path, comp.len()));
+    }
+    out.sort();
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// The workspace.
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in fs::read_dir(dir).expect("read src") {
+        let p = e.expect("entry").path();
+        if p.is_dir() {
+            if p.file_name().is_some_and(|n| n != "tests") {
+                rust_files(&p, out);
+            }
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Every crate's `src/`, relative to the workspace root: `src` (the CLI) and `crates/*/src`.
+fn crate_dirs(root: &Path) -> Vec<String> {
+    let mut dirs = vec!["src".to_string()];
+    let mut crates: Vec<String> = fs::read_dir(root.join("crates"))
+        .expect("read crates/")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("src").is_dir())
+        .map(|e| format!("crates/{}/src", e.file_name().to_string_lossy()))
+        .collect();
+    crates.sort();
+    dirs.extend(crates);
+    dirs
+}
+
+/// A crate's non-test sources.
+fn load(src_dir: &Path) -> Sources {
+    let mut files = Vec::new();
+    rust_files(src_dir, &mut files);
+    let mut src: Sources = files
+        .iter()
+        .map(|f| {
+            let rel = f
+                .strip_prefix(src_dir)
+                .expect("under src")
+                .to_string_lossy()
+                .replace('\\', "/");
+            (rel, fs::read_to_string(f).expect("read file"))
+        })
+        .collect();
+    // Files declared under `#[cfg(test)]` are tests.
+    let tests: Vec<String> = src
+        .iter()
+        .flat_map(|(file, text)| {
+            let dir = match file.rsplit_once('/') {
+                Some((d, "mod.rs" | "lib.rs" | "main.rs")) => format!("{d}/"),
+                Some((d, name)) => format!("{d}/{}/", name.trim_end_matches(".rs")),
+                None if matches!(file.as_str(), "lib.rs" | "main.rs") => String::new(),
+                None => format!("{}/", file.trim_end_matches(".rs")),
+            };
+            lex(text)
+                .test_children
+                .into_iter()
+                .flat_map(move |c| [format!("{dir}{c}.rs"), format!("{dir}{c}/mod.rs")])
+        })
+        .collect();
+    for t in tests {
+        src.remove(&t);
+    }
+    src
+}
+
+/// Everything the house rules find wrong in one crate, one line each.
+fn offenders(label: &str, src: &Sources, dirs: &BTreeSet<String>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (cycle, size) in cycles(&file_graph(src)) {
+        let path: Vec<String> = cycle.iter().map(|f| format!("{label}/{f}")).collect();
+        out.push(format!(
+            "import cycle ({size} files in the component): {}",
+            path.join(" -> ")
+        ));
+    }
+    for (file, text) in src {
+        let lexed = lex(text);
+        for f in long_fns(&lexed, MAX_FN_LINES) {
+            out.push(format!(
+                "{label}/{file}:{} fn {} is {} lines (max {MAX_FN_LINES})",
+                f.line, f.name, f.lines
+            ));
+        }
+        if lexed.code_lines > MAX_FILE_LINES {
+            out.push(format!(
+                "{label}/{file} is {} lines outside tests (max {MAX_FILE_LINES})",
+                lexed.code_lines
+            ));
+        }
+    }
+    for d in dirs {
+        if src.contains_key(&format!("{d}.rs")) {
+            out.push(format!(
+                "{label}/{d}.rs beside {label}/{d}/: use {label}/{d}/mod.rs"
+            ));
+        }
+    }
+    out
+}
+
+/// The directories under `src_dir`, relative to it.
+fn subdirs(src_dir: &Path, rel: &str, out: &mut BTreeSet<String>) {
+    for e in fs::read_dir(src_dir.join(rel))
+        .expect("read dir")
+        .filter_map(|e| e.ok())
+    {
+        if e.path().is_dir() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let sub = if rel.is_empty() {
+                name
+            } else {
+                format!("{rel}/{name}")
+            };
+            subdirs(src_dir, &sub, out);
+            out.insert(sub);
+        }
+    }
+}
+
+#[test]
+fn every_crate_keeps_the_house_rules() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dirs = crate_dirs(root);
+    assert!(
+        dirs.iter().any(|d| d == "crates/engine/src")
+            && dirs.iter().any(|d| d == "crates/plan/src")
+    );
+    let mut all = Vec::new();
+    for d in &dirs {
+        let src = load(&root.join(d));
+        assert!(!src.is_empty(), "{d} has no sources");
+        let mut sub = BTreeSet::new();
+        subdirs(&root.join(d), "", &mut sub);
+        all.extend(offenders(d, &src, &sub));
+    }
+    assert!(
+        all.is_empty(),
+        "{} offenders of the house rules:\n{}",
+        all.len(),
+        all.join("\n")
+    );
+}
+
+/// The engine's top-level modules in docs/design.md's order (config -> layout -> model ->
+/// network/time -> schedule -> memory/comm -> estimate -> search): each imports only those
+/// before it, and the top-level modules form no cycle.
+#[test]
+fn engine_modules_import_one_way() {
+    let src = load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/engine/src"));
+    let mut top: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let first = |f: &str| module_of(f).first().cloned();
+    for (from, tos) in file_graph(&src) {
+        let Some(a) = first(&from) else { continue };
+        let edges = top.entry(a.clone()).or_default();
+        for to in tos {
+            if let Some(b) = first(&to).filter(|b| *b != a) {
+                edges.insert(b);
+            }
+        }
+    }
+    assert!(top.contains_key("model") && top.contains_key("network"));
+    let order = [
+        "config", "layout", "model", "network", "time", "schedule", "memory", "comm", "estimate",
+        "search",
+    ];
+    let rank = |m: &str| order.iter().position(|o| *o == m);
+    for (from, tos) in &top {
+        for to in tos {
+            if let (Some(a), Some(b)) = (rank(from), rank(to)) {
+                let same_tier = matches!((from.as_str(), to.as_str()), ("comm", "memory"));
+                assert!(
+                    b < a && !same_tier,
+                    "{from} imports {to}, against docs/design.md's order {order:?}"
+                );
+            }
+        }
+    }
+    let cyc = cycles(&top);
+    assert!(cyc.is_empty(), "import cycle between modules: {cyc:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The checker on literal snippets, so it cannot pass by seeing nothing.
+
+fn crate_of(files: &[(&str, &str)]) -> Sources {
+    files
+        .iter()
+        .map(|(f, t)| (f.to_string(), t.to_string()))
+        .collect()
+}
+
+/// A body of `n` statement lines.
+fn body(n: usize) -> String {
+    (0..n).map(|k| format!("    let _x{k} = {k};\n")).collect()
+}
+
+#[test]
+fn a_two_file_cycle_is_found_through_use_trees_and_super() {
+    let src = crate_of(&[
+        ("lib.rs", "mod a;\nmod b;\n"),
+        (
+            "a/mod.rs",
+            "mod inner;\nuse crate::{b::{self, Thing as T}};\n",
+        ),
+        ("a/inner.rs", "pub fn f() {}\n"),
+        (
+            "b.rs",
+            "pub struct Thing;\nfn g() { super::a::inner::f() }\n",
+        ),
+    ]);
+    let g = file_graph(&src);
+    assert_eq!(g["a/mod.rs"], BTreeSet::from(["b.rs".to_string()]));
+    assert_eq!(g["b.rs"], BTreeSet::from(["a/inner.rs".to_string()]));
+    assert!(cycles(&g).is_empty(), "a -> b -> a/inner is no cycle");
+    let src = crate_of(&[
+        ("lib.rs", "mod a;\nmod b;\n"),
+        (
+            "a/mod.rs",
+            "mod inner;\nuse crate::{b::{self, Thing as T}};\n",
+        ),
+        ("a/inner.rs", "pub fn f() {}\n"),
+        ("b.rs", "pub struct Thing;\nfn g() { super::a::f2() }\n"),
+    ]);
+    let c = cycles(&file_graph(&src));
+    assert_eq!(
+        c,
+        vec![(vec!["a/mod.rs".into(), "b.rs".into(), "a/mod.rs".into()], 2)]
+    );
+    let msg = offenders("x", &src, &BTreeSet::from(["a".to_string()]));
+    assert_eq!(
+        msg,
+        vec!["import cycle (2 files in the component): x/a/mod.rs -> x/b.rs -> x/a/mod.rs"]
+    );
+}
+
+#[test]
+fn paths_in_comments_strings_tests_and_inline_modules_resolve_right() {
+    let src = crate_of(&[
+        ("lib.rs", "mod a;\nmod b;\n"),
+        (
+            "a.rs",
+            "// use crate::b::X;\nconst S: &str = \"crate::b::X\";\nconst R: &str = r#\"crate::b\"#;\n\
+             pub(in crate::b) fn f() {}\n#[cfg(test)]\nmod tests { use crate::b::X; }\n\
+             mod opts { use super::f; use self::deep::Y; mod deep { pub struct Y; } }\n",
+        ),
+        ("b.rs", "use crate::a::f;\n"),
+    ]);
+    let g = file_graph(&src);
+    assert!(
+        g["a.rs"].is_empty(),
+        "a.rs names b only in comments, strings and tests: {:?}",
+        g["a.rs"]
+    );
+    assert_eq!(g["b.rs"], BTreeSet::from(["a.rs".to_string()]));
+}
+
+#[test]
+fn a_long_function_is_measured_from_fn_to_its_closing_brace() {
+    // 1 `fn` line + 149 body lines + the closing brace = 151 lines.
+    let text = format!("impl<T> Display for Wrapper<T> where T: Copy {{\n    fn fmt(&self) -> [u8; 2] {{\n{}    }}\n}}\nfn short() {{}}\n", body(149));
+    let long = long_fns(&lex(&text), MAX_FN_LINES);
+    assert_eq!(
+        long,
+        vec![LongFn {
+            line: 2,
+            name: "Wrapper::fmt".into(),
+            lines: 151
+        }]
+    );
+    let text = format!("fn ok() {{\n{}}}\n", body(148));
+    assert!(
+        long_fns(&lex(&text), MAX_FN_LINES).is_empty(),
+        "150 lines is allowed"
+    );
+}
+
+#[test]
+fn braces_in_strings_chars_comments_and_raw_strings_do_not_count() {
+    // Were any of these braces code, `f` would close early (or never) and measure wrong.
+    let text = "fn f() {\n    let a = \"}\";\n    let b = '}';\n    let c = '\\'';\n    // }\n    /* } /* } */ } */\n\
+                let d = r#\"}\"# ;\n    let e = br\"}\";\n    let l: &'static str = \"{\";\n    let g = b'{';\n}\nfn h<'a>(x: &'a u8) -> &'a u8 {\n    x\n}\n";
+    let long = long_fns(&lex(text), 0);
+    let got: Vec<(usize, usize)> = long.iter().map(|f| (f.line, f.lines)).collect();
+    assert_eq!(got, vec![(1, 11), (12, 3)]);
+}
+
+#[test]
+fn test_sections_count_neither_toward_files_nor_functions() {
+    let text = format!("fn a() {{}}\n#[cfg(test)]\nmod tests {{\n    fn long() {{\n{}    }}\n}}\n#[cfg(test)]\nmod more;\n", body(200));
+    let lexed = lex(&text);
+    assert!(long_fns(&lexed, MAX_FN_LINES).is_empty());
+    assert_eq!(lexed.code_lines, 1);
+    assert_eq!(lexed.test_children, vec!["more".to_string()]);
+    let text = format!("fn a() {{}}\n{}", "const X: u8 = 0;\n".repeat(800));
+    assert_eq!(lex(&text).code_lines, 801);
+}
+
+#[test]
+fn a_file_beside_its_directory_is_one_module_style_too_many() {
+    let src = crate_of(&[
+        ("lib.rs", "mod a;\nmod b;\n"),
+        ("a.rs", "mod c;\n"),
+        ("a/c.rs", ""),
+        ("b/mod.rs", ""),
+    ]);
+    let dirs = BTreeSet::from(["a".to_string(), "b".to_string()]);
+    assert_eq!(
+        offenders("k", &src, &dirs),
+        vec!["k/a.rs beside k/a/: use k/a/mod.rs"]
+    );
+}
