@@ -11,7 +11,7 @@
 //! [`SharedWeight::sync_grads`] after the DP reduction of the gradients and before the
 //! optimizer.
 
-use super::params::{BlockKind, BlockLayout, LocalTensor, DENSE_SPACE};
+use super::blocks::{BlockKind, BlockLayout, LocalTensor, DENSE_SPACE};
 use crate::backend::{
     Backend, DeviceCollectives, ProcessGroup, ReduceOp, TensorOps, View, ViewMut,
 };
@@ -52,7 +52,7 @@ pub fn alias_local_tied_output(blocks: &mut [BlockLayout]) {
     blocks[o].range.end -= table;
     if blocks[e].range.start != blocks[o].range.end {
         let emb = blocks[e].range.clone();
-        let end = super::params::layout_len(blocks, DENSE_SPACE);
+        let end = super::blocks::layout_len(blocks, DENSE_SPACE);
         shift_down(blocks, emb.end, emb.len());
         blocks[e].range = end - emb.len()..end;
     }

@@ -1,8 +1,8 @@
 //! The pipeline's ends: the vocab-parallel embedding (first stage) and the final norm, output
 //! layer and vocab-parallel cross-entropy (last stage), as Megatron-LM shards them.
 
+use super::blocks::BlockLayout;
 use super::dropout::{apply_saved, hidden_dropout};
-use super::params::BlockLayout;
 use super::positions;
 use super::{Ctx, Sink, WTask};
 use crate::backend::{Backend, Device};

@@ -7,11 +7,11 @@
 //! of `moe.rs` after the pre-MLP norm instead of the dense MLP.
 
 use super::bias::{self, Site};
+use super::blocks::{BlockKind, BlockLayout};
 use super::dropout::{dropout_grad, hidden_dropout};
 use super::lora::{self, Adapters, LoraSaved, Target};
 use super::mla::{mla_bwd, mla_fwd, MlaSaved, Qkv};
 use super::moe::{moe_bwd, moe_fwd, MoeSaved};
-use super::params::{BlockKind, BlockLayout};
 use super::{cp, Ctx, Sink, WTask};
 use crate::backend::{AttnSaved, AttnShape, Keep};
 use crate::backend::{Backend, Device, DeviceTensor};

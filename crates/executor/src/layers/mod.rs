@@ -10,6 +10,7 @@
 //! backward or later for a W action.
 
 pub mod bias;
+pub mod blocks;
 pub mod cp;
 pub mod data;
 pub mod dropout;
@@ -36,7 +37,7 @@ use crate::error::ExecError;
 use crate::plan::{Plan, RankPlan, Recompute};
 use crate::traced_comm::TracedComm;
 use crate::tracker::Category;
-use params::RankDims;
+use blocks::RankDims;
 
 /// A zero-filled fp32 tensor on `ops`' device.
 #[track_caller]
@@ -286,7 +287,7 @@ pub type Sink<'s, B> = dyn FnMut(&mut Ctx<B>, WTask<B>) -> Result<(), ExecError>
 impl<B: Backend> WTask<B> {
     /// Keeps the task's tensors as activations while it waits for its W action; a norm's
     /// (small) gradient is computed now, so its input and output gradient are freed.
-    pub fn hold(self, ctx: &Ctx<B>, layout: &params::BlockLayout) -> Result<WTask<B>, ExecError> {
+    pub fn hold(self, ctx: &Ctx<B>, layout: &blocks::BlockLayout) -> Result<WTask<B>, ExecError> {
         let a = Category::Activations;
         Ok(match self {
             WTask::Norm { tensor, x, dy } => {
@@ -383,7 +384,7 @@ impl<B: Backend> WTask<B> {
     pub fn run(
         self,
         ctx: &mut Ctx<B>,
-        layout: &params::BlockLayout,
+        layout: &blocks::BlockLayout,
         mut grad: ViewMut<'_, B::Tensor>,
     ) -> Result<(), ExecError> {
         let eps = ctx.plan.model.norm_eps;

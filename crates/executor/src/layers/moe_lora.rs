@@ -10,7 +10,7 @@
 //! expert TP in forward, and its B (whole) adds B u once, on expert-TP rank 0, to the output
 //! rows that are partial sums over expert TP (as the input gradient of fc1's A is).
 
-use super::params::{fc1_rows, seg, BlockLayout, Builder, RankDims};
+use super::blocks::{fc1_rows, seg, BlockLayout, Builder, RankDims};
 use super::{Ctx, Sink, WTask};
 use crate::backend::{Backend, ReduceOp, TensorOps, View, ViewMut};
 use crate::backend::{DeviceCollectives, DeviceTensor};

@@ -4,7 +4,7 @@
 use super::rank::Rank;
 use crate::backend::{Backend, Device, DeviceCollectives, ReduceOp, View, ViewMut};
 use crate::error::ExecError;
-use crate::layers::params::{layout_len, FROZEN_EXPERT_SPACE, FROZEN_SPACE, SPACES};
+use crate::layers::blocks::{layout_len, FROZEN_EXPERT_SPACE, FROZEN_SPACE, SPACES};
 use crate::tracker::Category;
 
 /// (global tensor name, flat index in it, value).

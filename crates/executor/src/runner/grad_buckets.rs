@@ -13,7 +13,7 @@
 use super::rank::Rank;
 use crate::backend::{Backend, DeviceCollectives, ProcessGroup};
 use crate::error::ExecError;
-use crate::layers::params::BlockLayout;
+use crate::layers::blocks::BlockLayout;
 use crate::plan::Action;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
@@ -237,7 +237,7 @@ impl<B: Backend> Rank<'_, B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::params::BlockKind;
+    use crate::layers::blocks::BlockKind;
 
     fn block(kind: BlockKind, space: usize, range: Range<usize>) -> BlockLayout {
         BlockLayout {

@@ -9,6 +9,10 @@ use super::zero::params_of;
 use super::{zero, RunOptions};
 use crate::backend::{Backend, Device, DeviceCollectives, DeviceTensor, TensorOps, View, ViewMut};
 use crate::error::{ExecError, StateError};
+use crate::layers::blocks::{
+    is_frozen_space, BlockKind, BlockLayout, DENSE_SPACE, EXPERT_SPACE, FROZEN_EXPERT_SPACE,
+    FROZEN_SPACE, SPACES,
+};
 use crate::layers::embedding_group::{self, SharedWeight};
 use crate::layers::ends::{
     embedding_bwd, embedding_fwd, head_bwd, head_fwd, output_bwd, output_fwd, OutputSaved,
@@ -17,10 +21,7 @@ use crate::layers::layer::Experts;
 use crate::layers::layer::{layer_bwd, layer_fwd, LayerSaved};
 use crate::layers::lora::Adapters;
 use crate::layers::mtp::{mtp_in_bwd, mtp_in_fwd, MtpInSaved};
-use crate::layers::params::{
-    is_frozen_space, rank_layout, BlockKind, BlockLayout, DENSE_SPACE, EXPERT_SPACE,
-    FROZEN_EXPERT_SPACE, FROZEN_SPACE, SPACES,
-};
+use crate::layers::params::rank_layout;
 use crate::layers::{data, Ctx, WTask};
 use crate::plan::{Action, Plan, RankPlan, Recompute};
 use crate::run_report::{PhaseTimes, RankReport};

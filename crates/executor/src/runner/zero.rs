@@ -25,11 +25,11 @@ use crate::backend::{
     TensorOps, View, ViewMut,
 };
 use crate::error::ExecError;
-use crate::layers::embedding_group::GradShard;
-use crate::layers::params::{
+use crate::layers::blocks::{
     init_range, is_frozen_space, layout_len, BlockKind, BlockLayout, DENSE_SPACE, EXPERT_SPACE,
     SPACES,
 };
+use crate::layers::embedding_group::GradShard;
 use crate::layers::router_bias::RouterBias;
 use crate::plan::{Plan, Precision};
 use crate::tracker::Category;
