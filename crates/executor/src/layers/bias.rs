@@ -15,8 +15,9 @@
 //! so that the equivalence tests see a wrong bias slice in the very first forward.
 
 use super::blocks::{fc1_rows, seg, BlockLayout, Builder, RankDims};
+use super::ctx::Ctx;
 use super::dropout::block_layer;
-use super::{Ctx, Sink, WTask};
+use super::wtask::{Sink, WTask};
 use crate::backend::{Backend, DeviceTensor, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 use crate::plan::{Activation, ModelShape};

@@ -14,7 +14,7 @@
 //! FlashAttention-2 does. No mask is saved, as the engine's flash-attention memory assumes.
 
 use super::blocks::{BlockKind, BlockLayout};
-use super::Ctx;
+use super::ctx::Ctx;
 use crate::backend::{Backend, DeviceTensor, ProcessGroup, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 use crate::rng::{global_token, AttnDropout, DropoutKey, DropoutSite};

@@ -164,7 +164,7 @@ impl<B: Backend> SharedWeight<B> {
         g: GradShard<'_, B>,
     ) -> Result<(), ExecError> {
         let len = self.copies[0].len();
-        let mut sum = super::zeros::<B>(ops, Category::Buffers, &[len])?;
+        let mut sum = super::ctx::zeros::<B>(ops, Category::Buffers, &[len])?;
         for c in &self.copies {
             let part = intersect(c, &g.valid);
             if part.is_empty() {

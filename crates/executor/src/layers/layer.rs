@@ -8,11 +8,13 @@
 
 use super::bias::{self, Site};
 use super::blocks::{BlockKind, BlockLayout};
+use super::cp;
+use super::ctx::Ctx;
 use super::dropout::{dropout_grad, hidden_dropout};
 use super::lora::{self, Adapters, LoraSaved, Target};
 use super::mla::{mla_bwd, mla_fwd, MlaSaved, Qkv};
 use super::moe::{moe_bwd, moe_fwd, MoeSaved};
-use super::{cp, Ctx, Sink, WTask};
+use super::wtask::{Sink, WTask};
 use crate::backend::{AttnSaved, AttnShape, Keep};
 use crate::backend::{Backend, Device, DeviceTensor};
 use crate::backend::{TensorOps, View};

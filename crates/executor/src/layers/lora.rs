@@ -26,7 +26,8 @@
 //! tensor saved for backward (the engine's `LoraIntermediate`).
 
 use super::blocks::{seg, Builder, RankDims};
-use super::{Ctx, Sink, WTask};
+use super::ctx::Ctx;
+use super::wtask::{Sink, WTask};
 use crate::backend::{Backend, ReduceOp, TensorOps, View, ViewMut};
 use crate::backend::{DeviceCollectives, DeviceTensor};
 use crate::error::ExecError;

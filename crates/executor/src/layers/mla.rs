@@ -9,8 +9,9 @@
 //! ledger counts: q_norm, q_up, kv_norm and kv_up inputs, the core's Q, K, V).
 
 use super::blocks::BlockLayout;
+use super::ctx::Ctx;
 use super::params::{mla_down_rows, mla_q_rows, mla_up_tensors};
-use super::{Ctx, Sink, WTask};
+use super::wtask::{Sink, WTask};
 use crate::backend::{
     Backend, DeviceCollectives, DeviceTensor, ReduceOp, TensorOps, View, ViewMut,
 };

@@ -35,9 +35,10 @@
 //!   dispatches its own tokens.
 
 use super::blocks::{BlockLayout, ROUTER};
+use super::ctx::Ctx;
 use super::lora::{Adapters, LoraSaved};
 use super::shared::SharedLora;
-use super::{Ctx, Sink, WTask};
+use super::wtask::{Sink, WTask};
 use crate::backend::{Backend, Device, DeviceTensor, ProcessGroup};
 use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
 use crate::error::{ExecError, StateError};

@@ -6,8 +6,9 @@
 //! head. The embedding is the main model's (same weight, same vocab-parallel lookup).
 
 use super::blocks::{BlockKind, BlockLayout};
+use super::ctx::Ctx;
 use super::ends::{embedding_bwd, embedding_fwd};
-use super::{Ctx, Sink, WTask};
+use super::wtask::{Sink, WTask};
 use crate::backend::{Backend, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 use crate::tracker::Category;

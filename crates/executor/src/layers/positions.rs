@@ -7,7 +7,7 @@
 //! sequence rolling in as 0.
 
 use super::blocks::{seg, BlockLayout, Builder};
-use super::Ctx;
+use super::ctx::Ctx;
 use crate::backend::{Backend, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 use crate::tracker::Category;

@@ -11,8 +11,9 @@
 //! as [`super::lora::col_fwd`], fc2's added to the reduced output ([`shared_fc2_lora`]).
 
 use super::blocks::BlockLayout;
+use super::ctx::Ctx;
 use super::lora::{self, Adapters, LoraSaved, Target};
-use super::{Ctx, Sink, WTask};
+use super::wtask::{Sink, WTask};
 use crate::backend::{Backend, Device, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 use crate::plan::Activation;

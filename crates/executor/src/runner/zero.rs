@@ -30,7 +30,6 @@ use crate::layers::blocks::{
     SPACES,
 };
 use crate::layers::embedding_group::GradShard;
-use crate::layers::router_bias::RouterBias;
 use crate::plan::{Plan, Precision};
 use crate::tracker::Category;
 use std::ops::Range;
@@ -265,7 +264,9 @@ impl<B: Backend> Rank<'_, B> {
         if let Some(r) = self.plan.model.moe.as_ref().map(|m| m.router) {
             if r.expert_bias {
                 let g = self.groups[DENSE_SPACE].clone();
-                RouterBias::update(&mut self.ctx, &g, r.bias_update_rate)?;
+                let ctx = &mut self.ctx;
+                let rate = r.bias_update_rate;
+                ctx.router_bias.update(&ctx.ops, ctx.comm, &g, rate)?;
             }
         }
         // The gradient buckets reduced during backward, then (as Megatron's

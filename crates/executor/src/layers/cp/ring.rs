@@ -11,13 +11,13 @@
 //! a block wholly in a rank's future is skipped; the contiguous layout leaves rank r with
 //! r + 1/2 blocks of work, the zigzag layout every rank with cp.
 
-use super::{layer_shape, saved_lse, tag, timed, CoreSaved, Grads, Pass, Stats};
+use super::common::{layer_shape, saved_lse, tag, timed, CoreSaved, Grads, Pass, Stats};
 use crate::backend::Side;
 use crate::backend::{AttnSaved, Keep, Pending, RecvInto, SendFrom};
 use crate::backend::{Backend, DeviceTensor};
 use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
 use crate::error::ExecError;
-use crate::layers::Ctx;
+use crate::layers::ctx::Ctx;
 use crate::tracker::Category;
 
 const KEYS: u64 = 0;
