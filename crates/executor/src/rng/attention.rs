@@ -12,7 +12,7 @@
 //! these keys disjoint from the hidden dropout's ([`super::DropoutKey`]): the first key word
 //! fixes the step, and the second then differs in its top bit.
 
-use super::philox4x32_10;
+use super::philox::philox4x32_10;
 
 /// XORed into the second key word so attention and hidden dropout never share a Philox key.
 pub const ATTN_KEY_TAG: u32 = 0x8000_0000;
