@@ -277,13 +277,6 @@ pub fn layer_bwd<B: Backend>(
     dy: B::Tensor,
     sink: &mut Sink<B>,
 ) -> Result<B::Tensor, ExecError> {
-    let m = &ctx.plan.model;
-    let (norm, eps) = (m.norm, m.norm_eps);
-    let act_kind = m.activation;
-    let rd = ctx.rd;
-    let (n, h, d) = (ctx.n, rd.h, rd.d);
-    let b = Category::Buffers;
-    let sp = ctx.sp;
     let LayerSaved {
         x,
         ln1,
@@ -313,99 +306,160 @@ pub fn layer_bwd<B: Backend>(
             moe_bwd(ctx, l, p.clone(), ex, ln2, *ms, dy_mlp, lora, sink)?
         }
         (Some(_), None) | (None, Some(_)) => return Err(StateError::MoeSavedMismatch.into()),
-        (None, None) => {
-            bias::grad(ctx, l, Site::Fc2, dy_mlp, sink)?;
-            let dyg = ctx.expand_grad(dy_mlp)?;
-            let mut d_act = ctx.zeros(b, &[n, rd.f_r])?;
-            ctx.ops
-                .linear_dgrad(&dyg, slice(&p, l, FC2), (n, rd.f_r, h), &mut d_act, false)?;
-            if let Some(ad) = &ad {
-                lora::row_bwd(
-                    ctx,
-                    ad,
-                    Target::Fc2,
-                    &mut ls,
-                    &act,
-                    dy_mlp,
-                    &mut d_act,
-                    sink,
-                )?;
-            }
-            sink(
-                ctx,
-                WTask::Linear {
-                    tensor: FC2,
-                    x: act,
-                    dy: dyg,
-                    i: rd.f_r,
-                    o: h,
-                    gather_x: false,
-                    dy_gathered: sp,
-                    dy_shard: false,
-                },
-            )?;
-            // In place: the activation's input is needed by nothing else, so its gradient takes its
-            // buffer (no n x fc1 transient).
-            let mut du = ctx.ops.recat(u, b);
-            ctx.ops.act_bwd_inplace(act_kind, &mut du, &d_act)?;
-            drop(d_act);
-            bias::grad(ctx, l, Site::Fc1, &du, sink)?;
-            let mut part = ctx.zeros(b, &[n, h])?;
-            ctx.ops
-                .linear_dgrad(&du, slice(&p, l, FC1), (n, h, rd.fc1_r), &mut part, false)?;
-            let mut d_ln2 = ctx.reduce_to_region(part, b)?;
-            if let Some(ad) = &ad {
-                lora::col_bwd(ctx, ad, Target::Fc1, &mut ls, &ln2, &du, &mut d_ln2, sink)?;
-            }
-            sink(
-                ctx,
-                WTask::Linear {
-                    tensor: FC1,
-                    x: ln2,
-                    dy: du,
-                    i: h,
-                    o: rd.fc1_r,
-                    gather_x: sp,
-                    dy_gathered: false,
-                    dy_shard: false,
-                },
-            )?;
-            d_ln2
-        }
+        (None, None) => mlp_bwd(ctx, l, &p, (&ad, &mut ls), (ln2, u, act), dy_mlp, sink)?,
     };
     drop(d_mlp);
     // The residual's gradient takes dy's buffer; the norm's input gradient is added to it.
-    let mut dx1 = dy;
-    ctx.ops.norm_dgrad(
-        norm,
-        &x1,
-        slice(&p, l, MLP_NORM),
-        &d_ln2,
-        eps,
-        &mut dx1,
-        true,
-    )?;
+    let dx1 = norm_bwd(ctx, l, &p, MLP_NORM, x1, d_ln2, dy, sink)?;
+    let saved = AttnParts {
+        ln1,
+        q,
+        k,
+        v,
+        attn,
+        o,
+        mla,
+    };
+    let d_ln1 = attention_bwd(ctx, l, &p, saved, attn_mask, &dx1, (&ad, &mut ls), sink)?;
+    norm_bwd(ctx, l, &p, ATTN_NORM, x, d_ln1, dx1, sink)
+}
+
+/// Norm `tensor`'s input gradient from its output gradient `dy` (input `x`), added to the
+/// residual's gradient `dres`; the gain's (and bias's) gradient task goes to `sink`.
+#[allow(clippy::too_many_arguments)]
+fn norm_bwd<B: Backend>(
+    ctx: &mut Ctx<B>,
+    l: &BlockLayout,
+    p: &View<'_, B::Tensor>,
+    tensor: usize,
+    x: B::Tensor,
+    dy: B::Tensor,
+    mut dres: B::Tensor,
+    sink: &mut Sink<B>,
+) -> Result<B::Tensor, ExecError> {
+    let m = &ctx.plan.model;
+    let (norm, eps) = (m.norm, m.norm_eps);
+    ctx.ops
+        .norm_dgrad(norm, &x, slice(p, l, tensor), &dy, eps, &mut dres, true)?;
+    sink(ctx, WTask::Norm { tensor, x, dy })?;
+    Ok(dres)
+}
+
+/// The dense MLP's backward: fc2 (row-parallel), the activation, fc1 (column-parallel), from
+/// the saved (normed input, fc1 output, activation) and the output gradient `dy_mlp`; returns
+/// the normed input's gradient [n_sp, h].
+fn mlp_bwd<B: Backend>(
+    ctx: &mut Ctx<B>,
+    l: &BlockLayout,
+    p: &View<'_, B::Tensor>,
+    (ad, ls): (&Adapters<B>, &mut LoraSaved<B>),
+    (ln2, u, act): (B::Tensor, B::Tensor, B::Tensor),
+    dy_mlp: &B::Tensor,
+    sink: &mut Sink<B>,
+) -> Result<B::Tensor, ExecError> {
+    let rd = ctx.rd;
+    let (n, h, sp) = (ctx.n, rd.h, ctx.sp);
+    let b = Category::Buffers;
+    let act_kind = ctx.plan.model.activation;
+    bias::grad(ctx, l, Site::Fc2, dy_mlp, sink)?;
+    let dyg = ctx.expand_grad(dy_mlp)?;
+    let mut d_act = ctx.zeros(b, &[n, rd.f_r])?;
+    ctx.ops
+        .linear_dgrad(&dyg, slice(p, l, FC2), (n, rd.f_r, h), &mut d_act, false)?;
+    if let Some(ad) = ad {
+        lora::row_bwd(ctx, ad, Target::Fc2, ls, &act, dy_mlp, &mut d_act, sink)?;
+    }
     sink(
         ctx,
-        WTask::Norm {
-            tensor: MLP_NORM,
-            x: x1,
-            dy: d_ln2,
+        WTask::Linear {
+            tensor: FC2,
+            x: act,
+            dy: dyg,
+            i: rd.f_r,
+            o: h,
+            gather_x: false,
+            dy_gathered: sp,
+            dy_shard: false,
         },
     )?;
+    // In place: the activation's input is needed by nothing else, so its gradient takes its
+    // buffer (no n x fc1 transient).
+    let mut du = ctx.ops.recat(u, b);
+    ctx.ops.act_bwd_inplace(act_kind, &mut du, &d_act)?;
+    drop(d_act);
+    bias::grad(ctx, l, Site::Fc1, &du, sink)?;
+    let mut part = ctx.zeros(b, &[n, h])?;
+    ctx.ops
+        .linear_dgrad(&du, slice(p, l, FC1), (n, h, rd.fc1_r), &mut part, false)?;
+    let mut d_ln2 = ctx.reduce_to_region(part, b)?;
+    if let Some(ad) = ad {
+        lora::col_bwd(ctx, ad, Target::Fc1, ls, &ln2, &du, &mut d_ln2, sink)?;
+    }
+    sink(
+        ctx,
+        WTask::Linear {
+            tensor: FC1,
+            x: ln2,
+            dy: du,
+            i: h,
+            o: rd.fc1_r,
+            gather_x: sp,
+            dy_gathered: false,
+            dy_shard: false,
+        },
+    )?;
+    Ok(d_ln2)
+}
 
+/// What attention's backward takes of a layer's saved state.
+struct AttnParts<B: Backend> {
+    ln1: B::Tensor,
+    q: B::Tensor,
+    k: B::Tensor,
+    v: B::Tensor,
+    attn: AttnSaved<B::Tensor>,
+    o: B::Tensor,
+    mla: Option<Box<MlaSaved<B>>>,
+}
+
+/// Attention's backward: the projection (row-parallel), the core (under CP, its exchanges),
+/// rotary, QKV or MLA (column-parallel), from the residual's gradient `dx1`; returns the normed
+/// input's gradient [n_sp, h].
+#[allow(clippy::too_many_arguments)]
+fn attention_bwd<B: Backend>(
+    ctx: &mut Ctx<B>,
+    l: &BlockLayout,
+    p: &View<'_, B::Tensor>,
+    s: AttnParts<B>,
+    attn_mask: Option<B::Tensor>,
+    dx1: &B::Tensor,
+    (ad, ls): (&Adapters<B>, &mut LoraSaved<B>),
+    sink: &mut Sink<B>,
+) -> Result<B::Tensor, ExecError> {
+    let rd = ctx.rd;
+    let (n, h, d, sp) = (ctx.n, rd.h, rd.d, ctx.sp);
+    let b = Category::Buffers;
+    let AttnParts {
+        ln1,
+        q,
+        k,
+        v,
+        attn,
+        o,
+        mla,
+    } = s;
     // Attention: projection (row-parallel), core, rotary, QKV (column-parallel), norm.
     let (qw, kw, ow) = (rd.a_r * d, rd.g_r * d, rd.a_r * rd.dv);
-    let d_attn = dropout_grad(ctx, attn_mask.as_ref(), &dx1)?;
+    let d_attn = dropout_grad(ctx, attn_mask.as_ref(), dx1)?;
     drop(attn_mask);
-    bias::grad(ctx, l, Site::Proj, d_attn.as_ref().unwrap_or(&dx1), sink)?;
-    let dxg = ctx.expand_grad(d_attn.as_ref().unwrap_or(&dx1))?;
+    bias::grad(ctx, l, Site::Proj, d_attn.as_ref().unwrap_or(dx1), sink)?;
+    let dxg = ctx.expand_grad(d_attn.as_ref().unwrap_or(dx1))?;
     let mut d_o = ctx.zeros(b, &[n, ow])?;
     ctx.ops
-        .linear_dgrad(&dxg, slice(&p, l, PROJ), (n, ow, h), &mut d_o, false)?;
-    if let Some(ad) = &ad {
-        let dy_reg = d_attn.as_ref().unwrap_or(&dx1);
-        lora::row_bwd(ctx, ad, Target::Proj, &mut ls, &o, dy_reg, &mut d_o, sink)?;
+        .linear_dgrad(&dxg, slice(p, l, PROJ), (n, ow, h), &mut d_o, false)?;
+    if let Some(ad) = ad {
+        let dy_reg = d_attn.as_ref().unwrap_or(dx1);
+        lora::row_bwd(ctx, ad, Target::Proj, ls, &o, dy_reg, &mut d_o, sink)?;
     }
     drop(d_attn);
     // Context parallelism needs rowsum(dO * O) before the output goes to the weight gradient.
@@ -448,28 +502,10 @@ pub fn layer_bwd<B: Backend>(
         (dq, dk, dv)
     };
     let d_ln1 = match mla {
-        Some(ms) => mla_bwd(ctx, l, &p, *ms, ln1, dq, dk, dv, sink)?,
-        None => qkv_bwd(ctx, l, &p, ln1, [dq, dk, dv], (&ad, &mut ls), sink)?,
+        Some(ms) => mla_bwd(ctx, l, p, *ms, ln1, dq, dk, dv, sink)?,
+        None => qkv_bwd(ctx, l, p, ln1, [dq, dk, dv], (ad, ls), sink)?,
     };
-    let mut dx = dx1;
-    ctx.ops.norm_dgrad(
-        norm,
-        &x,
-        slice(&p, l, ATTN_NORM),
-        &d_ln1,
-        eps,
-        &mut dx,
-        true,
-    )?;
-    sink(
-        ctx,
-        WTask::Norm {
-            tensor: ATTN_NORM,
-            x,
-            dy: d_ln1,
-        },
-    )?;
-    Ok(dx)
+    Ok(d_ln1)
 }
 
 /// The normed block input's gradient [n_sp, h] through rotary and the fused QKV projection.

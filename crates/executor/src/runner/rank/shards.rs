@@ -13,9 +13,6 @@ use crate::runner::zero::Handle;
 use crate::tracker::Category;
 use std::rc::Rc;
 
-/// A LoRA layer's adapters block (index, parameters).
-type AdapterHandle<T> = Option<(usize, Handle<T>)>;
-
 impl<'a, B: Backend> Rank<'a, B> {
     /// The parameters of block `bi` (gathering them over its space's group under ZeRO-3).
     pub(super) fn handle(&mut self, bi: usize) -> Result<Handle<B::Tensor>, ExecError> {
@@ -68,7 +65,6 @@ impl<'a, B: Backend> Rank<'a, B> {
         }
     }
 
-    /// The experts block of the MoE layer of block `bi`, when it is one.
     /// The parameters of block `bi` and of its experts block (MoE layers), gathered under
     /// ZeRO-3.
     pub(super) fn block_handles(
@@ -219,29 +215,5 @@ impl<'a, B: Backend> Rank<'a, B> {
             ops.fill(grads, 0.0)?;
         }
         Ok(())
-    }
-
-    /// The frozen-experts block of block `bi` and its parameters (gathered over expert DP
-    /// under ZeRO-3), when it has one.
-    pub(super) fn frozen_experts_handle(
-        &mut self,
-        bi: usize,
-    ) -> Result<AdapterHandle<B::Tensor>, ExecError> {
-        match self.frozen_experts_of(bi) {
-            Some(fi) => Ok(Some((fi, self.handle(fi)?))),
-            None => Ok(None),
-        }
-    }
-
-    /// The adapters block of LoRA layer block `bi` and its parameters (gathered under
-    /// ZeRO-3), when the run has adapters.
-    pub(super) fn adapter_handle(
-        &mut self,
-        bi: usize,
-    ) -> Result<AdapterHandle<B::Tensor>, ExecError> {
-        match self.adapters_of(bi) {
-            Some(ai) => Ok(Some((ai, self.handle(ai)?))),
-            None => Ok(None),
-        }
     }
 }

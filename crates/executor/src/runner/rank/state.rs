@@ -109,6 +109,7 @@ impl<'a, B: Backend> Rank<'a, B> {
         }
     }
 
+    /// The experts block of the MoE layer of block `bi`, when it is one.
     pub(super) fn experts_of(&self, bi: usize) -> Option<usize> {
         // Under LoRA the layer's adapters block comes between.
         let ei = bi + 1 + usize::from(self.adapters_of(bi).is_some());

@@ -1,13 +1,176 @@
 //! The step loop's pieces: one action played, its trace events, and the timed step retimed
 //! on the backend's events.
 
+use super::output::RankOutput;
 use super::state::Rank;
 use crate::backend::{Backend, Device};
 use crate::error::ExecError;
 use crate::plan::Action;
+use crate::run_report::{PhaseTimes, RankReport};
+use crate::runner::options::RunOptions;
 use crate::trace::{stream_of, EventKind, RankTrace, Stream, TraceEvent};
 
+/// What the timed steps measured: step times, phase times, per-step loss and load-balancing
+/// loss sums, and the trace when tracing.
+pub(super) struct Measured {
+    trace: Option<RankTrace>,
+    step_s: Vec<f64>,
+    loss_sums: Vec<f64>,
+    aux_sums: Vec<f64>,
+    phases: PhaseTimes,
+}
+
+impl Measured {
+    pub(super) fn new(opts: &RunOptions) -> Measured {
+        Measured {
+            trace: opts.trace.map(|_| RankTrace::default()),
+            step_s: Vec::new(),
+            loss_sums: Vec::new(),
+            aux_sums: Vec::new(),
+            phases: PhaseTimes::default(),
+        }
+    }
+}
+
+/// The phase an action's time counts in.
+fn phase_of(phases: &mut PhaseTimes, a: Action) -> &mut f64 {
+    match a {
+        Action::Forward { .. } => &mut phases.forward_s,
+        Action::Backward { .. } | Action::BackwardInput { .. } => &mut phases.backward_s,
+        Action::BackwardWeight { .. } => &mut phases.backward_weight_s,
+        Action::OptimizerStep => &mut phases.optimizer_s,
+        _ => &mut phases.p2p_s,
+    }
+}
+
 impl<'a, B: Backend> Rank<'a, B> {
+    /// Plays the action list once (step `step`; timed past the warm-up), with its losses.
+    pub(super) fn play_step(
+        &mut self,
+        step: u32,
+        opts: &RunOptions,
+        out: &mut Measured,
+    ) -> Result<(), ExecError> {
+        let timed = step >= opts.warmup;
+        if let Some(cp) = self.ctx.cp.as_mut() {
+            cp.timing = timed;
+        }
+        // Events around the step and each action, read after the step (one wait per step).
+        // The trace's clock is read before the step's first event: events placed from `t0` then
+        // land no later than the host readings of the same moments, so an action's retimed
+        // start never passes the host-timed collectives it calls first (the other order made
+        // the span start after them whenever the two readings were far enough apart).
+        let step_start_s = opts.trace.map(|c| c.now_s());
+        let t0 = self.ctx.ops.record()?;
+        self.loss_sum = 0.0;
+        self.ctx.moe_aux_loss = 0.0;
+        let mut marks = Vec::with_capacity(self.rp.actions.len());
+        for (index, a) in self.rp.actions.iter().enumerate() {
+            let ta = self.ctx.ops.record()?;
+            let start_s = opts.trace.map(|c| c.now_s());
+            self.recv_arrived_s = None;
+            self.action_index = index;
+            self.ctx.comm.take();
+            if opts.export_grads && *a == Action::OptimizerStep {
+                self.reduce_for_export()?;
+                continue;
+            }
+            self.act(*a)?;
+            let mut traced_at = None;
+            if let (Some(t), Some(c), Some(start_s)) = (out.trace.as_mut(), opts.trace, start_s) {
+                if timed {
+                    traced_at =
+                        Some(self.record(t, step - opts.warmup, index, a, start_s, c.now_s()));
+                }
+            }
+            if timed {
+                marks.push((*a, ta, self.ctx.ops.record()?, traced_at));
+            }
+        }
+        let t1 = self.ctx.ops.record()?;
+        if timed {
+            for (a, ta, tb, _) in &marks {
+                *phase_of(&mut out.phases, *a) += self.ctx.ops.elapsed_s(ta, tb)?;
+            }
+            out.step_s.push(self.ctx.ops.elapsed_s(&t0, &t1)?);
+            if let (Some(t), Some(s0)) = (out.trace.as_mut(), step_start_s) {
+                retime_on_events::<B>(&self.ctx.ops, t, &t0, &t1, s0, &marks)?;
+            }
+        }
+        // The load-balancing loss of each microbatch, weighted by its tokens so that the
+        // division by the step's tokens averages it over the microbatches.
+        let aux = self.ctx.moe_aux_loss * self.ctx.n as f64;
+        let aux = if self.rp.coords.tp == 0 { aux } else { 0.0 };
+        out.loss_sums.push(self.loss_sum + aux);
+        out.aux_sums.push(aux);
+        Ok(())
+    }
+
+    /// The rank's report after the last step: phase times per timed step, memory, GEMM
+    /// rates, and the exported parameters or gradients.
+    pub(super) fn output(
+        mut self,
+        opts: &RunOptions,
+        measured: Measured,
+    ) -> Result<RankOutput, ExecError> {
+        let Measured {
+            trace,
+            step_s,
+            loss_sums,
+            aux_sums,
+            mut phases,
+        } = measured;
+        let timed = (opts.steps - opts.warmup) as f64;
+        for x in [
+            &mut phases.forward_s,
+            &mut phases.backward_s,
+            &mut phases.backward_weight_s,
+            &mut phases.p2p_s,
+            &mut phases.optimizer_s,
+        ] {
+            *x /= timed;
+        }
+        let tracker = self.ctx.ops.memory();
+        let (peak, category_max, peak_site) =
+            (tracker.peak(), tracker.category_max(), tracker.peak_site());
+        let reserved_peak = tracker.reserved_peak();
+        let (gemm_flops, gemm_seconds) = self.ctx.ops.gemm_stats();
+        let params = if opts.export_params {
+            self.export()?
+        } else {
+            Vec::new()
+        };
+        let grads = if opts.export_grads {
+            self.export_grads()?
+        } else {
+            Vec::new()
+        };
+        let rp = self.rp;
+        Ok(RankOutput {
+            report: RankReport {
+                rank: rp.rank,
+                coords: rp.coords,
+                step_s,
+                phases,
+                peak,
+                category_max,
+                reserved_peak,
+                peak_site,
+                gemm_flops,
+                gemm_seconds,
+                cp: self.ctx.cp.as_ref().map(|c| c.stats.clone()),
+                moe_dropped: self.ctx.moe_dropped,
+                moe_load: self.ctx.moe_load.clone(),
+                device: None,
+            },
+            loss_sums,
+            aux_sums,
+            params,
+            grads,
+            trace,
+        })
+    }
+
     /// Adds action `index` (`a`, played from `start_s` to `end_s` in timed step `step`) to
     /// the trace: a receive as its wait then its copy, with the collectives it called.
     pub(super) fn record(
@@ -99,7 +262,7 @@ impl<'a, B: Backend> Rank<'a, B> {
 
 /// One timed action: the action, its start and end events, and where its span sits in the
 /// rank's trace (when tracing).
-pub(super) type Mark<B> = (
+type Mark<B> = (
     Action,
     <B as Backend>::Event,
     <B as Backend>::Event,
@@ -111,7 +274,7 @@ pub(super) type Mark<B> = (
 /// event and placed on the trace's axis at the step's start `s0`; an action starts at its
 /// start event or, after a wait for a message, where the wait ended. The step's span comes
 /// from the same events, so the trace and the reported step time agree.
-pub(super) fn retime_on_events<B: Backend>(
+fn retime_on_events<B: Backend>(
     ops: &B::Device,
     t: &mut RankTrace,
     t0: &B::Event,
