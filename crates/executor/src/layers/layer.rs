@@ -108,7 +108,6 @@ pub fn layer_fwd<B: Backend>(
     };
     let rd = ctx.rd;
     let (n, n_sp, h) = (ctx.n, ctx.n_sp, rd.h);
-    let act_kind = m.activation;
     let a = Category::Activations;
     let mut ls = LoraSaved::default();
 
@@ -149,55 +148,16 @@ pub fn layer_fwd<B: Backend>(
     let mut ln2 = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops
         .norm_fwd(norm, &x1, slice(&p, l, MLP_NORM), eps, &mut ln2)?;
-    if let Some((le, pe, fe)) = experts {
+    let (mut mlp_out, u, act, moe) = if let Some((le, pe, fe)) = experts {
         let lora = (&ad, &mut ls);
-        let (mut out, ms) = moe_fwd(ctx, l, p.clone(), (le, pe, fe), &ln2, lora)?;
-        let mlp_mask = hidden_dropout(ctx, layer_index(l), DropoutSite::Mlp, &mut out)?;
-        let mut y = ctx.zeros(a, &[n_sp, h])?;
-        ctx.ops.add(&x1, &out, &mut y)?;
+        let (out, ms) = moe_fwd(ctx, l, p.clone(), (le, pe, fe), &ln2, lora)?;
         let empty = || ctx.zeros(a, &[0]);
-        let moe = Some(Box::new(ms));
         let (u, act) = (empty()?, empty()?);
-        return Ok((
-            y,
-            LayerSaved {
-                x,
-                ln1,
-                q,
-                k,
-                v,
-                attn,
-                o,
-                x1,
-                ln2,
-                u,
-                act,
-                moe,
-                mla,
-                lora: ad.is_some().then(|| Box::new(ls)),
-                masks: [attn_mask, mlp_mask],
-            },
-        ));
-    }
-    let fc1 = rd.fc1_r;
-    let mut u = ctx.zeros(a, &[n, fc1])?;
-    ctx.with_gathered(&ln2, |c, xg| {
-        c.ops.linear_fwd(xg, slice(&p, l, FC1), (n, h, fc1), &mut u)
-    })?;
-    if let Some(ad) = &ad {
-        lora::col_fwd(ctx, ad, Target::Fc1, &ln2, &mut u, &mut ls)?;
-    }
-    bias::add(ctx, l, &p, Site::Fc1, &mut u)?;
-    let mut act = ctx.zeros(a, &[n, rd.f_r])?;
-    ctx.ops.act_fwd(act_kind, &u, &mut act)?;
-    let mut partial = ctx.zeros(Category::Buffers, &[n, h])?;
-    ctx.ops
-        .linear_fwd(&act, slice(&p, l, FC2), (n, rd.f_r, h), &mut partial)?;
-    let mut mlp_out = ctx.reduce_to_region(partial, Category::Buffers)?;
-    if let Some(ad) = &ad {
-        lora::row_fwd(ctx, ad, Target::Fc2, &act, &mut mlp_out, &mut ls)?;
-    }
-    bias::add(ctx, l, &p, Site::Fc2, &mut mlp_out)?;
+        (out, u, act, Some(Box::new(ms)))
+    } else {
+        let (out, u, act) = mlp_fwd(ctx, l, &p, (&ad, &mut ls), &ln2)?;
+        (out, u, act, None)
+    };
     let mlp_mask = hidden_dropout(ctx, layer_index(l), DropoutSite::Mlp, &mut mlp_out)?;
     let mut y = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops.add(&x1, &mlp_out, &mut y)?;
@@ -216,12 +176,53 @@ pub fn layer_fwd<B: Backend>(
             ln2,
             u,
             act,
-            moe: None,
+            moe,
             mla,
             lora: ad.is_some().then(|| Box::new(ls)),
             masks: [attn_mask, mlp_mask],
         },
     ))
+}
+
+/// The dense MLP's output, fc1's output and the activation (kept for backward).
+type MlpOut<B> = (
+    <B as Backend>::Tensor,
+    <B as Backend>::Tensor,
+    <B as Backend>::Tensor,
+);
+
+/// The dense MLP's forward on the normed input `ln2`: fc1 (column-parallel), the activation,
+/// fc2 (row-parallel); returns the output in the SP region, fc1's output and the activation.
+fn mlp_fwd<B: Backend>(
+    ctx: &mut Ctx<B>,
+    l: &BlockLayout,
+    p: &View<'_, B::Tensor>,
+    (ad, ls): (&Adapters<B>, &mut LoraSaved<B>),
+    ln2: &B::Tensor,
+) -> Result<MlpOut<B>, ExecError> {
+    let rd = ctx.rd;
+    let (n, h, a) = (ctx.n, rd.h, Category::Activations);
+    let act_kind = ctx.plan.model.activation;
+    let fc1 = rd.fc1_r;
+    let mut u = ctx.zeros(a, &[n, fc1])?;
+    ctx.with_gathered(ln2, |c, xg| {
+        c.ops.linear_fwd(xg, slice(p, l, FC1), (n, h, fc1), &mut u)
+    })?;
+    if let Some(ad) = ad {
+        lora::col_fwd(ctx, ad, Target::Fc1, ln2, &mut u, ls)?;
+    }
+    bias::add(ctx, l, p, Site::Fc1, &mut u)?;
+    let mut act = ctx.zeros(a, &[n, rd.f_r])?;
+    ctx.ops.act_fwd(act_kind, &u, &mut act)?;
+    let mut partial = ctx.zeros(Category::Buffers, &[n, h])?;
+    ctx.ops
+        .linear_fwd(&act, slice(p, l, FC2), (n, rd.f_r, h), &mut partial)?;
+    let mut mlp_out = ctx.reduce_to_region(partial, Category::Buffers)?;
+    if let Some(ad) = ad {
+        lora::row_fwd(ctx, ad, Target::Fc2, &act, &mut mlp_out, ls)?;
+    }
+    bias::add(ctx, l, p, Site::Fc2, &mut mlp_out)?;
+    Ok((mlp_out, u, act))
 }
 
 /// Q, K and V of this rank's heads through the fused QKV projection (column-parallel) and

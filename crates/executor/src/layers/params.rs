@@ -8,63 +8,61 @@ use super::blocks::{
 };
 use crate::plan::{Activation, LoraShape, MlaShape, Norm, Plan, RankPlan};
 
-/// The blocks of a rank holding `stages`, in execution order, laid out back to back (each in
-/// its space); an MoE layer's experts block follows its layer block (past its adapters block
-/// under LoRA; with expert adapters its frozen-experts block follows it). `ep_rank` holds experts ep_rank E/ep .. (ep_rank + 1) E/ep.
-pub fn rank_layout(plan: &Plan, rp: &RankPlan, ep_rank: u32) -> Vec<BlockLayout> {
-    let (m, stages) = (&plan.model, &rp.stages);
-    let rd = RankDims::new(plan, rp);
-    let (h, d, r) = (rd.h, rd.d, rd.tp_rank);
-    let std = m.init_std;
-    let routed_lora = super::moe_lora::routed(plan);
-    let local_experts = |moe: &crate::plan::MoeShape| {
-        let per = moe.num_experts / plan.parallel.ep.max(1) as usize;
-        ep_rank as usize * per..(ep_rank as usize + 1) * per
-    };
-    let mut blocks = Vec::new();
-    let mut next = [0usize; SPACES];
-    let mut emit = |kind: BlockKind, stage: u32, fill: &dyn Fn(&mut Builder)| {
+/// The blocks laid out so far, each in its space, back to back.
+struct Layout<'p> {
+    plan: &'p Plan,
+    /// LoRA with adapters on the routed experts.
+    routed_lora: bool,
+    blocks: Vec<BlockLayout>,
+    next: [usize; SPACES],
+}
+
+impl Layout<'_> {
+    /// Appends block `kind` of stage `stage`, its tensors laid out by `fill`, to its space.
+    fn emit(&mut self, kind: BlockKind, stage: u32, fill: &dyn Fn(&mut Builder)) {
         let mut b = Builder::new();
         fill(&mut b);
         let (tensors, len) = b.finish();
         let space = match kind {
             // Under LoRA the routed experts are frozen, in a space of their own; with their
             // own adapters those make up the experts block (the base then in its own block).
-            BlockKind::Experts(_) if plan.lora.is_none() || routed_lora => EXPERT_SPACE,
+            BlockKind::Experts(_) if self.plan.lora.is_none() || self.routed_lora => EXPERT_SPACE,
             BlockKind::Experts(_) | BlockKind::FrozenExperts(_) => FROZEN_EXPERT_SPACE,
             BlockKind::Adapters(_) => DENSE_SPACE,
-            _ if plan.lora.is_some() => FROZEN_SPACE,
+            _ if self.plan.lora.is_some() => FROZEN_SPACE,
             _ => DENSE_SPACE,
         };
-        blocks.push(BlockLayout {
+        let next = &mut self.next[space];
+        self.blocks.push(BlockLayout {
             kind,
             stage,
             space,
-            range: next[space]..next[space] + len,
+            range: *next..*next + len,
             tensors,
         });
-        next[space] += len;
+        *next += len;
+    }
+}
+
+/// The blocks of a rank holding `stages`, in execution order, laid out back to back (each in
+/// its space); an MoE layer's experts block follows its layer block (past its adapters block
+/// under LoRA; with expert adapters its frozen-experts block follows it). `ep_rank` holds experts ep_rank E/ep .. (ep_rank + 1) E/ep.
+pub fn rank_layout(plan: &Plan, rp: &RankPlan, ep_rank: u32) -> Vec<BlockLayout> {
+    let (m, stages) = (&plan.model, &rp.stages);
+    let rd = RankDims::new(plan, rp);
+    let (h, std) = (rd.h, m.init_std);
+    let mut out = Layout {
+        plan,
+        routed_lora: super::moe_lora::routed(plan),
+        blocks: Vec::new(),
+        next: [0usize; SPACES],
     };
-    let embedding = |b: &mut Builder| {
-        b.push(
-            rd.v_r,
-            h,
-            vec![seg(
-                "embedding.weight".into(),
-                h,
-                r * rd.v_r..(r + 1) * rd.v_r,
-                0..h,
-                std,
-            )],
-            false,
-        );
-        super::positions::push_table(b, m.learned_positions, h, std);
-    };
+    let embedding = |b: &mut Builder| embedding_block(b, plan, &rd);
     let holds_embedding = stages.iter().any(|&s| plan.stages[s as usize].embedding);
     for &s in stages {
         let st = &plan.stages[s as usize];
         if st.embedding {
-            emit(BlockKind::Embedding, s, &embedding);
+            out.emit(BlockKind::Embedding, s, &embedding);
         }
         // The layers, then on the last stage the output and the MTP modules (Megatron's
         // default placement), each as its input block, its transformer layer and its norm;
@@ -85,171 +83,188 @@ pub fn rank_layout(plan: &Plan, rp: &RankPlan, ep_rank: u32) -> Vec<BlockLayout>
             }
         }
         for item in items {
-            let l = match item {
-                BlockKind::Layer(l) => l,
-                BlockKind::Output => {
-                    emit(BlockKind::Output, s, &|b| {
-                        output_block(b, m.norm, m.tied_embeddings, &rd, std)
-                    });
-                    continue;
-                }
-                BlockKind::MtpIn(k) => {
-                    emit(item, s, &|b| mtp_in_block(b, m.norm, k, &rd, std));
-                    continue;
-                }
-                BlockKind::MtpEmbedding => {
-                    emit(item, s, &embedding);
-                    continue;
-                }
-                BlockKind::MtpOut(k) => {
-                    emit(item, s, &|b| {
-                        b.norm(&format!("mtp.{k}.final_norm"), m.norm, h)
-                    });
-                    continue;
-                }
-                _ => continue,
-            };
-            emit(BlockKind::Layer(l), s, &|b| {
-                let p = format!("layers.{l}");
-                b.norm(&format!("{p}.attn_norm"), m.norm, h);
-                let (qa, kg) = (rd.a_r * d, rd.g_r * d);
-                if let Some(a) = &m.mla {
-                    mla_down(b, a, &p, &rd, std);
-                } else {
-                    b.push(
-                        rd.qkv_r(),
-                        h,
-                        vec![
-                            seg(format!("{p}.wq"), h, r * qa..(r + 1) * qa, 0..h, std),
-                            seg(format!("{p}.wk"), h, r * kg..(r + 1) * kg, 0..h, std),
-                            seg(format!("{p}.wv"), h, r * kg..(r + 1) * kg, 0..h, std),
-                        ],
-                        false,
-                    );
-                }
-                let ov = rd.a_r * rd.dv;
-                b.push(
-                    h,
-                    ov,
-                    vec![seg(
-                        format!("{p}.wo"),
-                        m.heads * rd.dv,
-                        0..h,
-                        r * ov..(r + 1) * ov,
-                        std,
-                    )],
-                    false,
-                );
-                b.norm(&format!("{p}.mlp_norm"), m.norm, h);
-                if let (true, Some(moe)) = (m.is_moe_layer(l), &m.moe) {
-                    // The router, replicated: hidden -> experts. Its gradient is a partial
-                    // sum over TP: each TP rank routes its own sequence shard.
-                    let e = moe.num_experts;
-                    let sharded = plan.parallel.moe_routes_sp_shard();
-                    b.push(
-                        e,
-                        h,
-                        vec![seg(format!("{p}.router"), h, 0..e, 0..h, std)],
-                        sharded,
-                    );
-                    if moe.shared_ffn > 0 {
-                        let q = format!("{p}.shared_experts");
-                        let tp = (rd.t, rd.tp_rank);
-                        expert_mlp(b, m.activation, &q, moe.shared_ffn, tp, h, std);
-                    }
-                    super::bias::push(b, m, l, &p, &rd, std);
-                    if let Some(a) = &m.mla {
-                        mla_up(b, m.norm, a, &p, &rd, std);
-                    }
-                    return;
-                }
-                let f = rd.f_r;
-                let fc1 = match m.activation {
-                    Activation::Swiglu => vec![
-                        seg(format!("{p}.w_gate"), h, r * f..(r + 1) * f, 0..h, std),
-                        seg(format!("{p}.w_up"), h, r * f..(r + 1) * f, 0..h, std),
-                    ],
-                    Activation::Gelu => {
-                        vec![seg(format!("{p}.w_fc1"), h, r * f..(r + 1) * f, 0..h, std)]
-                    }
-                };
-                b.push(rd.fc1_r, h, fc1, false);
-                b.push(
-                    h,
-                    f,
-                    vec![seg(
-                        format!("{p}.w_down"),
-                        m.ffn,
-                        0..h,
-                        r * f..(r + 1) * f,
-                        std,
-                    )],
-                    false,
-                );
-                super::bias::push(b, m, l, &p, &rd, std);
-                if let Some(a) = &m.mla {
-                    mla_up(b, m.norm, a, &p, &rd, std);
-                }
-            });
-            if let Some(lora) = &plan.lora {
-                // An MoE layer's fc1/fc2 adapters here are its shared experts' (the routed
-                // experts' lie in its experts block).
-                let (lora, ffn) = match (m.is_moe_layer(l), &m.moe) {
-                    (true, Some(moe)) => {
-                        let shared = moe.shared_ffn > 0;
-                        let only_shared = LoraShape {
-                            fc1: lora.fc1 && shared,
-                            fc2: lora.fc2 && shared,
-                            ..*lora
-                        };
-                        (only_shared, moe.shared_ffn)
-                    }
-                    _ => (*lora, m.ffn),
-                };
-                emit(BlockKind::Adapters(l), s, &|b| {
-                    super::lora::push_adapters(b, &lora, &rd, m.heads * rd.dv, ffn, l, std)
-                });
-            }
-            if let (true, Some(moe)) = (m.is_moe_layer(l), &m.moe) {
-                let experts = |b: &mut Builder| {
-                    for e in local_experts(moe) {
-                        let q = format!("layers.{l}.experts.{e}");
-                        let et = (rd.et, rd.et_rank);
-                        expert_mlp(b, m.activation, &q, moe.ffn, et, h, std);
-                        if m.bias_linear {
-                            super::bias::mlp_biases(
-                                b,
-                                m.activation,
-                                &q,
-                                moe.ffn,
-                                et,
-                                h,
-                                std,
-                                false,
-                            );
-                        }
-                    }
-                };
-                match (routed_lora, &plan.lora) {
-                    (true, Some(lora)) => {
-                        emit(BlockKind::Experts(l), s, &|b| {
-                            for e in local_experts(moe) {
-                                let q = format!("layers.{l}.experts.{e}");
-                                let act = m.activation;
-                                super::moe_lora::push(b, lora, &rd, &q, act, moe.ffn, std);
-                            }
-                        });
-                        emit(BlockKind::FrozenExperts(l), s, &experts);
-                    }
-                    _ => emit(BlockKind::Experts(l), s, &experts),
-                }
+            match item {
+                BlockKind::Layer(l) => layer_blocks(&mut out, l, s, &rd, ep_rank),
+                BlockKind::Output => out.emit(item, s, &|b| {
+                    output_block(b, m.norm, m.tied_embeddings, &rd, std)
+                }),
+                BlockKind::MtpIn(k) => out.emit(item, s, &|b| mtp_in_block(b, m.norm, k, &rd, std)),
+                BlockKind::MtpEmbedding => out.emit(item, s, &embedding),
+                BlockKind::MtpOut(k) => out.emit(item, s, &|b| {
+                    b.norm(&format!("mtp.{k}.final_norm"), m.norm, h)
+                }),
+                _ => {}
             }
         }
     }
     if m.tied_embeddings {
-        super::embedding_group::alias_local_tied_output(&mut blocks);
+        super::embedding_group::alias_local_tied_output(&mut out.blocks);
     }
-    blocks
+    out.blocks
+}
+
+/// The word embedding's rows of this rank (vocabulary-parallel), and the learned positions.
+fn embedding_block(b: &mut Builder, plan: &Plan, rd: &RankDims) {
+    let (m, h, r) = (&plan.model, rd.h, rd.tp_rank);
+    let std = m.init_std;
+    b.push(
+        rd.v_r,
+        h,
+        vec![seg(
+            "embedding.weight".into(),
+            h,
+            r * rd.v_r..(r + 1) * rd.v_r,
+            0..h,
+            std,
+        )],
+        false,
+    );
+    super::positions::push_table(b, m.learned_positions, h, std);
+}
+
+/// Layer `l`'s blocks on stage `s`: the layer, under LoRA its adapters, and for an MoE layer
+/// its experts (under LoRA with expert adapters, those then the frozen experts).
+fn layer_blocks(out: &mut Layout, l: u32, s: u32, rd: &RankDims, ep_rank: u32) {
+    let plan = out.plan;
+    let m = &plan.model;
+    let (h, std) = (rd.h, m.init_std);
+    out.emit(BlockKind::Layer(l), s, &|b| layer_block(b, plan, l, rd));
+    if let Some(lora) = &plan.lora {
+        // An MoE layer's fc1/fc2 adapters here are its shared experts' (the routed
+        // experts' lie in its experts block).
+        let (lora, ffn) = match (m.is_moe_layer(l), &m.moe) {
+            (true, Some(moe)) => {
+                let shared = moe.shared_ffn > 0;
+                let only_shared = LoraShape {
+                    fc1: lora.fc1 && shared,
+                    fc2: lora.fc2 && shared,
+                    ..*lora
+                };
+                (only_shared, moe.shared_ffn)
+            }
+            _ => (*lora, m.ffn),
+        };
+        out.emit(BlockKind::Adapters(l), s, &|b| {
+            super::lora::push_adapters(b, &lora, rd, m.heads * rd.dv, ffn, l, std)
+        });
+    }
+    let (true, Some(moe)) = (m.is_moe_layer(l), &m.moe) else {
+        return;
+    };
+    let local_experts = || {
+        let per = moe.num_experts / plan.parallel.ep.max(1) as usize;
+        ep_rank as usize * per..(ep_rank as usize + 1) * per
+    };
+    let experts = |b: &mut Builder| {
+        for e in local_experts() {
+            let q = format!("layers.{l}.experts.{e}");
+            let et = (rd.et, rd.et_rank);
+            expert_mlp(b, m.activation, &q, moe.ffn, et, h, std);
+            if m.bias_linear {
+                super::bias::mlp_biases(b, m.activation, &q, moe.ffn, et, h, std, false);
+            }
+        }
+    };
+    match (out.routed_lora, &plan.lora) {
+        (true, Some(lora)) => {
+            out.emit(BlockKind::Experts(l), s, &|b| {
+                for e in local_experts() {
+                    let q = format!("layers.{l}.experts.{e}");
+                    let act = m.activation;
+                    super::moe_lora::push(b, lora, rd, &q, act, moe.ffn, std);
+                }
+            });
+            out.emit(BlockKind::FrozenExperts(l), s, &experts);
+        }
+        _ => out.emit(BlockKind::Experts(l), s, &experts),
+    }
+}
+
+/// Layer `l`'s own block: its norms, attention (QKV or MLA) and output projection, then its
+/// MLP, or for an MoE layer its router and shared experts; linear biases; MLA's up-projections.
+fn layer_block(b: &mut Builder, plan: &Plan, l: u32, rd: &RankDims) {
+    let m = &plan.model;
+    let (h, d, r, std) = (rd.h, rd.d, rd.tp_rank, m.init_std);
+    let p = format!("layers.{l}");
+    b.norm(&format!("{p}.attn_norm"), m.norm, h);
+    let (qa, kg) = (rd.a_r * d, rd.g_r * d);
+    if let Some(a) = &m.mla {
+        mla_down(b, a, &p, rd, std);
+    } else {
+        b.push(
+            rd.qkv_r(),
+            h,
+            vec![
+                seg(format!("{p}.wq"), h, r * qa..(r + 1) * qa, 0..h, std),
+                seg(format!("{p}.wk"), h, r * kg..(r + 1) * kg, 0..h, std),
+                seg(format!("{p}.wv"), h, r * kg..(r + 1) * kg, 0..h, std),
+            ],
+            false,
+        );
+    }
+    let ov = rd.a_r * rd.dv;
+    b.push(
+        h,
+        ov,
+        vec![seg(
+            format!("{p}.wo"),
+            m.heads * rd.dv,
+            0..h,
+            r * ov..(r + 1) * ov,
+            std,
+        )],
+        false,
+    );
+    b.norm(&format!("{p}.mlp_norm"), m.norm, h);
+    if let (true, Some(moe)) = (m.is_moe_layer(l), &m.moe) {
+        // The router, replicated: hidden -> experts. Its gradient is a partial
+        // sum over TP: each TP rank routes its own sequence shard.
+        let e = moe.num_experts;
+        let sharded = plan.parallel.moe_routes_sp_shard();
+        b.push(
+            e,
+            h,
+            vec![seg(format!("{p}.router"), h, 0..e, 0..h, std)],
+            sharded,
+        );
+        if moe.shared_ffn > 0 {
+            let q = format!("{p}.shared_experts");
+            let tp = (rd.t, rd.tp_rank);
+            expert_mlp(b, m.activation, &q, moe.shared_ffn, tp, h, std);
+        }
+        super::bias::push(b, m, l, &p, rd, std);
+        if let Some(a) = &m.mla {
+            mla_up(b, m.norm, a, &p, rd, std);
+        }
+        return;
+    }
+    let f = rd.f_r;
+    let fc1 = match m.activation {
+        Activation::Swiglu => vec![
+            seg(format!("{p}.w_gate"), h, r * f..(r + 1) * f, 0..h, std),
+            seg(format!("{p}.w_up"), h, r * f..(r + 1) * f, 0..h, std),
+        ],
+        Activation::Gelu => {
+            vec![seg(format!("{p}.w_fc1"), h, r * f..(r + 1) * f, 0..h, std)]
+        }
+    };
+    b.push(rd.fc1_r, h, fc1, false);
+    b.push(
+        h,
+        f,
+        vec![seg(
+            format!("{p}.w_down"),
+            m.ffn,
+            0..h,
+            r * f..(r + 1) * f,
+            std,
+        )],
+        false,
+    );
+    super::bias::push(b, m, l, &p, rd, std);
+    if let Some(a) = &m.mla {
+        mla_up(b, m.norm, a, &p, rd, std);
+    }
 }
 
 /// The final norm and this rank's vocabulary rows of the output layer. Tied embeddings: the

@@ -79,9 +79,7 @@ fn pass<B: Backend>(
     });
     let work = work?;
     drop(tile);
-    let mut lse = ctx.zeros_f32(Category::Buffers, &[sh.b * sh.hq * s_loc])?;
-    ctx.ops
-        .flash_finish(&sh, s_loc, &mut acc, &st.max, &st.sum, &mut lse)?;
+    let lse = st.finish(&ctx.ops, &sh, s_loc, &mut acc)?;
     if count {
         ctx.cp.as_mut().expect("cp context").stats.score_elements += work;
     }

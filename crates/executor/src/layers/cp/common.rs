@@ -60,6 +60,23 @@ impl<B: Backend> Stats<B> {
     }
 }
 
+impl<B: Backend> Stats<B> {
+    /// Normalises the accumulated output `acc` of `rows` query rows per sequence by the
+    /// statistics; returns the log-sum-exp [b hq rows] (fp32).
+    #[track_caller]
+    pub(super) fn finish(
+        &self,
+        ops: &B::Device,
+        sh: &BlockShape,
+        rows: usize,
+        acc: &mut B::Tensor,
+    ) -> Result<B::Tensor, ExecError> {
+        let mut lse = zeros::<B>(ops, Category::Buffers, &[sh.b * sh.hq * rows])?;
+        ops.flash_finish(sh, rows, acc, &self.max, &self.sum, &mut lse)?;
+        Ok(lse)
+    }
+}
+
 /// Runs `f`, returning its result and the seconds it took.
 pub(super) fn timed<R>(f: impl FnOnce() -> R) -> (R, f64) {
     let t = Instant::now();

@@ -184,9 +184,7 @@ fn pass<B: Backend>(
         cp.record(false, t, compute_s, comm_s);
     }
     drop((cur, tile));
-    let mut lse = ctx.zeros_f32(Category::Buffers, &[sh.b * sh.hq * s_loc])?;
-    ctx.ops
-        .flash_finish(&sh, s_loc, &mut acc, &st.max, &st.sum, &mut lse)?;
+    let lse = st.finish(&ctx.ops, &sh, s_loc, &mut acc)?;
     Ok((acc, lse))
 }
 

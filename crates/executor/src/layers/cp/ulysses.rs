@@ -93,8 +93,7 @@ fn attend<B: Backend>(
         &mut tile,
     )?;
     drop(tile);
-    let mut lse = zeros::<B>(ops, Category::Buffers, &[sh.b * sh.hq * s])?;
-    ops.flash_finish(sh, s, &mut acc, &st.max, &st.sum, &mut lse)?;
+    let lse = st.finish(ops, sh, s, &mut acc)?;
     Ok((acc, lse, work))
 }
 
