@@ -72,10 +72,7 @@ impl<'a, B: Backend> Rank<'a, B> {
         bi: usize,
     ) -> Result<BlockHandles<B::Tensor>, ExecError> {
         let h = self.handle(bi)?;
-        let e = match self.experts_of(bi) {
-            Some(ei) => Some((ei, self.handle(ei)?)),
-            None => None,
-        };
+        let e = self.handle_at(self.experts_of(bi))?;
         Ok((h, e))
     }
 

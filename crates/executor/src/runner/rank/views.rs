@@ -10,8 +10,8 @@ use crate::layers::layer::Experts;
 use crate::layers::lora::Adapters;
 use crate::runner::zero::{params_of, Handle};
 
-/// A LoRA layer's adapters block (index, parameters).
-type AdapterHandle<T> = Option<(usize, Handle<T>)>;
+/// A block run with a layer (experts, adapters, frozen experts): its index and parameters.
+type CompanionHandle<T> = Option<(usize, Handle<T>)>;
 
 /// The handles of a block's parameters and of the blocks run with it.
 pub(super) struct BlockParams<T> {
@@ -20,8 +20,8 @@ pub(super) struct BlockParams<T> {
     sh: Option<Handle<T>>,
     h: Handle<T>,
     eh: Option<(usize, Handle<T>)>,
-    ah: AdapterHandle<T>,
-    fh: AdapterHandle<T>,
+    ah: CompanionHandle<T>,
+    fh: CompanionHandle<T>,
 }
 
 /// The views of a block's parameters that the layer code reads.
@@ -73,8 +73,8 @@ impl<'a, B: Backend> Rank<'a, B> {
             None => None,
         };
         let (h, eh) = self.block_handles(bi)?;
-        let ah = self.adapter_handle(bi)?;
-        let fh = self.frozen_experts_handle(bi)?;
+        let ah = self.handle_at(self.adapters_of(bi))?;
+        let fh = self.handle_at(self.frozen_experts_of(bi))?;
         Ok(BlockParams {
             shared,
             sh,
@@ -85,26 +85,14 @@ impl<'a, B: Backend> Rank<'a, B> {
         })
     }
 
-    /// The frozen-experts block of block `bi` and its parameters (gathered over expert DP
-    /// under ZeRO-3), when it has one.
-    pub(super) fn frozen_experts_handle(
+    /// Block `at` (when there is one) with its parameters (gathered under ZeRO-3): a layer's
+    /// experts, adapters or frozen experts.
+    pub(super) fn handle_at(
         &mut self,
-        bi: usize,
-    ) -> Result<AdapterHandle<B::Tensor>, ExecError> {
-        match self.frozen_experts_of(bi) {
-            Some(fi) => Ok(Some((fi, self.handle(fi)?))),
-            None => Ok(None),
-        }
-    }
-
-    /// The adapters block of LoRA layer block `bi` and its parameters (gathered under
-    /// ZeRO-3), when the run has adapters.
-    pub(super) fn adapter_handle(
-        &mut self,
-        bi: usize,
-    ) -> Result<AdapterHandle<B::Tensor>, ExecError> {
-        match self.adapters_of(bi) {
-            Some(ai) => Ok(Some((ai, self.handle(ai)?))),
+        at: Option<usize>,
+    ) -> Result<CompanionHandle<B::Tensor>, ExecError> {
+        match at {
+            Some(i) => Ok(Some((i, self.handle(i)?))),
             None => Ok(None),
         }
     }
