@@ -9,6 +9,7 @@
 mod attention;
 mod philox;
 pub use attention::{AttnDropout, ATTN_KEY_TAG};
+use philox::fill_kept;
 pub use philox::{philox4x32, philox4x32_10, PHILOX_ROUNDS};
 
 /// Where in the model a dropout sits; part of the mask's coordinates so two dropouts of one
@@ -129,24 +130,7 @@ impl DropoutKey {
         let scale = self.keep_scale();
         let thr = self.threshold();
         for (row, &t) in out.chunks_mut(cols).zip(tokens) {
-            let mut cached: Option<(u64, [u32; 4])> = None;
-            for (j, v) in row.iter_mut().enumerate() {
-                let e = col_offset + j as u64;
-                let b = e / 4;
-                let words = match cached {
-                    Some((cb, w)) if cb == b => w,
-                    _ => {
-                        let w = self.block(t, b);
-                        cached = Some((b, w));
-                        w
-                    }
-                };
-                *v = if u64::from(words[(e % 4) as usize]) >= thr {
-                    scale
-                } else {
-                    0.0
-                };
-            }
+            fill_kept(row, col_offset, thr, scale, |b| self.block(t, b));
         }
     }
 }

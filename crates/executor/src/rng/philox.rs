@@ -36,6 +36,36 @@ pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
     philox4x32(PHILOX_ROUNDS, counter, key)
 }
 
+/// Writes the scaled keep mask of the consecutive draws `first, first + 1, ..` into `out`:
+/// draw `e` is word `e % 4` of Philox block `e / 4` (`block` computes it, once per block),
+/// kept (`scale`) when at least `threshold`, else 0.
+pub(super) fn fill_kept(
+    out: &mut [f32],
+    first: u64,
+    threshold: u64,
+    scale: f32,
+    mut block: impl FnMut(u64) -> [u32; 4],
+) {
+    let mut cached: Option<(u64, [u32; 4])> = None;
+    for (j, z) in out.iter_mut().enumerate() {
+        let e = first + j as u64;
+        let b = e / 4;
+        let words = match cached {
+            Some((c, w)) if c == b => w,
+            _ => {
+                let w = block(b);
+                cached = Some((b, w));
+                w
+            }
+        };
+        *z = if u64::from(words[(e % 4) as usize]) >= threshold {
+            scale
+        } else {
+            0.0
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
