@@ -61,6 +61,26 @@ impl<'a, B: Backend> TracedComm<'a, B> {
         std::mem::take(&mut *self.log.borrow_mut())
     }
 
+    /// Records a span of `op` on `stream` (group members, bytes, start and end seconds).
+    fn log_span(
+        &self,
+        stream: Stream,
+        op: &'static str,
+        group: Vec<u32>,
+        bytes: u64,
+        span: (f64, f64),
+    ) {
+        let (start_s, end_s) = span;
+        self.log.borrow_mut().push(CommRecord {
+            stream,
+            op,
+            group,
+            bytes,
+            start_s,
+            end_s,
+        });
+    }
+
     /// Runs `f`, recording it as `op` on `group` with `bytes` when tracing.
     fn timed<T>(
         &self,
@@ -74,14 +94,8 @@ impl<'a, B: Backend> TracedComm<'a, B> {
         };
         let start_s = clock.now_s();
         let r = f()?;
-        self.log.borrow_mut().push(CommRecord {
-            stream: Stream::Collectives,
-            op,
-            group: group.to_vec(),
-            bytes,
-            start_s,
-            end_s: clock.now_s(),
-        });
+        let span = (start_s, clock.now_s());
+        self.log_span(Stream::Collectives, op, group.to_vec(), bytes, span);
         Ok(r)
     }
 }
@@ -95,14 +109,13 @@ impl<B: Backend> TracedComm<'_, B> {
         };
         let start_s = clock.now_s();
         let r = f();
-        self.log.borrow_mut().push(CommRecord {
-            stream: Stream::Kernels,
-            op: name,
-            group: Vec::new(),
-            bytes: 0,
-            start_s,
-            end_s: clock.now_s(),
-        });
+        self.log_span(
+            Stream::Kernels,
+            name,
+            Vec::new(),
+            0,
+            (start_s, clock.now_s()),
+        );
         r
     }
 }
@@ -263,14 +276,15 @@ impl<B: Backend> DeviceCollectives<B> for TracedComm<'_, B> {
         if let (Some(clock), Some(start_s)) = (self.clock, posted_s) {
             let end_s = clock.now_s();
             for s in sends {
-                self.log.borrow_mut().push(CommRecord {
-                    stream: Stream::Collectives,
-                    op: "p2p_send",
-                    group: vec![self.me, s.to],
-                    bytes: view_bytes(s.data.tensor, &s.data.range),
-                    start_s,
-                    end_s,
-                });
+                let bytes = view_bytes(s.data.tensor, &s.data.range);
+                let group = vec![self.me, s.to];
+                self.log_span(
+                    Stream::Collectives,
+                    "p2p_send",
+                    group,
+                    bytes,
+                    (start_s, end_s),
+                );
             }
         }
         Ok(p)
@@ -288,14 +302,14 @@ impl<B: Backend> DeviceCollectives<B> for TracedComm<'_, B> {
         if let (Some(clock), Some(start_s)) = (self.clock, posted_s) {
             let end_s = clock.now_s();
             for (from, bytes) in recs {
-                self.log.borrow_mut().push(CommRecord {
-                    stream: Stream::Collectives,
-                    op: "p2p_recv",
-                    group: vec![from, self.me],
+                let group = vec![from, self.me];
+                self.log_span(
+                    Stream::Collectives,
+                    "p2p_recv",
+                    group,
                     bytes,
-                    start_s,
-                    end_s,
-                });
+                    (start_s, end_s),
+                );
             }
         }
         Ok(got)

@@ -14,9 +14,10 @@
 //! initialised like the weights (uniform with the init std) rather than zero as Megatron does,
 //! so that the equivalence tests see a wrong bias slice in the very first forward.
 
+use super::blocks::{fc1_rows, seg, BlockLayout, Builder, RankDims};
+use super::ctx::Ctx;
 use super::dropout::block_layer;
-use super::params::{fc1_rows, seg, BlockLayout, Builder, RankDims};
-use super::{Ctx, Sink, WTask};
+use super::wtask::{Sink, WTask};
 use crate::backend::{Backend, DeviceTensor, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 use crate::plan::{Activation, ModelShape};
@@ -37,7 +38,7 @@ pub enum Site {
 fn first(m: &ModelShape, layer: u32) -> usize {
     match &m.moe {
         Some(moe) if m.is_moe_layer(layer) => {
-            super::moe::ROUTER + 1 + if moe.shared_ffn > 0 { 2 } else { 0 }
+            super::blocks::ROUTER + 1 + if moe.shared_ffn > 0 { 2 } else { 0 }
         }
         _ => 6,
     }

@@ -3,7 +3,7 @@
 //! Data-parallel rank d, microbatch i holds sequences (d * m + i) * b .. + b, so a one-rank run
 //! with d * m microbatches sees the same sequences.
 
-use super::params::uniform;
+use super::blocks::uniform;
 use crate::plan::ModelShape;
 
 const DATA_STREAM: u64 = 0xDA7A;

@@ -13,8 +13,8 @@
 //! mask, and backward regenerates it from the same coordinates instead of keeping it, as
 //! FlashAttention-2 does. No mask is saved, as the engine's flash-attention memory assumes.
 
-use super::params::{BlockKind, BlockLayout};
-use super::Ctx;
+use super::blocks::{BlockKind, BlockLayout};
+use super::ctx::Ctx;
 use crate::backend::{Backend, DeviceTensor, ProcessGroup, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 use crate::rng::{global_token, AttnDropout, DropoutKey, DropoutSite};

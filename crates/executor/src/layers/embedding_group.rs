@@ -11,7 +11,7 @@
 //! [`SharedWeight::sync_grads`] after the DP reduction of the gradients and before the
 //! optimizer.
 
-use super::params::{BlockKind, BlockLayout, LocalTensor, DENSE_SPACE};
+use super::blocks::{BlockKind, BlockLayout, LocalTensor, DENSE_SPACE};
 use crate::backend::{
     Backend, DeviceCollectives, ProcessGroup, ReduceOp, TensorOps, View, ViewMut,
 };
@@ -52,7 +52,7 @@ pub fn alias_local_tied_output(blocks: &mut [BlockLayout]) {
     blocks[o].range.end -= table;
     if blocks[e].range.start != blocks[o].range.end {
         let emb = blocks[e].range.clone();
-        let end = super::params::layout_len(blocks, DENSE_SPACE);
+        let end = super::blocks::layout_len(blocks, DENSE_SPACE);
         shift_down(blocks, emb.end, emb.len());
         blocks[e].range = end - emb.len()..end;
     }
@@ -154,6 +154,18 @@ impl<B: Backend> SharedWeight<B> {
         Ok(Some(SharedWeight { group, copies }))
     }
 
+    /// Each copy's part within `valid` (the flat range whose sums are valid in a gradient
+    /// buffer starting at flat index `base`): (offset in the buffer, offset in the copy, length).
+    fn valid_parts(&self, valid: &Range<usize>, base: usize) -> Vec<(usize, usize, usize)> {
+        self.copies
+            .iter()
+            .filter_map(|c| {
+                let part = intersect(c, valid);
+                (!part.is_empty()).then(|| (part.start - base, part.start - c.start, part.len()))
+            })
+            .collect()
+    }
+
     /// Replaces every copy's gradient by the sum over all copies (here and over the group),
     /// after the DP reduction: under ZeRO each DP member holds the sums of its shard only, so
     /// the copies are first assembled by an all-reduce over DP of the valid parts.
@@ -164,17 +176,13 @@ impl<B: Backend> SharedWeight<B> {
         g: GradShard<'_, B>,
     ) -> Result<(), ExecError> {
         let len = self.copies[0].len();
-        let mut sum = super::zeros::<B>(ops, Category::Buffers, &[len])?;
-        for c in &self.copies {
-            let part = intersect(c, &g.valid);
-            if part.is_empty() {
-                continue;
-            }
-            let (src, dst) = (part.start - g.base, part.start - c.start);
+        let mut sum = super::ctx::zeros::<B>(ops, Category::Buffers, &[len])?;
+        let parts = self.valid_parts(&g.valid, g.base);
+        for &(gi, ci, n) in &parts {
             ops.axpy(
                 1.0,
-                View::all(&*g.grads).sub(src..src + part.len()),
-                ViewMut::all(&mut sum).sub(dst..dst + part.len()),
+                View::all(&*g.grads).sub(gi..gi + n),
+                ViewMut::all(&mut sum).sub(ci..ci + n),
             )?;
         }
         if let Some(dp) = g.dp.filter(|d| d.size() > 1) {
@@ -183,15 +191,10 @@ impl<B: Backend> SharedWeight<B> {
         if let Some(group) = &self.group {
             comm.all_reduce(group, ViewMut::all(&mut sum), ReduceOp::Sum)?;
         }
-        for c in &self.copies {
-            let part = intersect(c, &g.valid);
-            if part.is_empty() {
-                continue;
-            }
-            let (dst, src) = (part.start - g.base, part.start - c.start);
+        for &(gi, ci, n) in &parts {
             ops.copy(
-                View::all(&sum).sub(src..src + part.len()),
-                ViewMut::all(&mut *g.grads).sub(dst..dst + part.len()),
+                View::all(&sum).sub(ci..ci + n),
+                ViewMut::all(&mut *g.grads).sub(gi..gi + n),
             )?;
         }
         Ok(())

@@ -1,10 +1,11 @@
 //! The pipeline's ends: the vocab-parallel embedding (first stage) and the final norm, output
 //! layer and vocab-parallel cross-entropy (last stage), as Megatron-LM shards them.
 
+use super::blocks::BlockLayout;
+use super::ctx::Ctx;
 use super::dropout::{apply_saved, hidden_dropout};
-use super::params::BlockLayout;
 use super::positions;
-use super::{Ctx, Sink, WTask};
+use super::wtask::{Sink, WTask};
 use crate::backend::{Backend, Device};
 use crate::backend::{DeviceCollectives, ReduceOp, TensorOps, View, ViewMut};
 use crate::error::ExecError;

@@ -7,12 +7,14 @@
 //! of `moe.rs` after the pre-MLP norm instead of the dense MLP.
 
 use super::bias::{self, Site};
+use super::blocks::{BlockKind, BlockLayout};
+use super::cp;
+use super::ctx::Ctx;
 use super::dropout::{dropout_grad, hidden_dropout};
 use super::lora::{self, Adapters, LoraSaved, Target};
 use super::mla::{mla_bwd, mla_fwd, MlaSaved, Qkv};
 use super::moe::{moe_bwd, moe_fwd, MoeSaved};
-use super::params::{BlockKind, BlockLayout};
-use super::{cp, Ctx, Sink, WTask};
+use super::wtask::{Sink, WTask};
 use crate::backend::{AttnSaved, AttnShape, Keep};
 use crate::backend::{Backend, Device, DeviceTensor};
 use crate::backend::{TensorOps, View};
@@ -106,7 +108,6 @@ pub fn layer_fwd<B: Backend>(
     };
     let rd = ctx.rd;
     let (n, n_sp, h) = (ctx.n, ctx.n_sp, rd.h);
-    let act_kind = m.activation;
     let a = Category::Activations;
     let mut ls = LoraSaved::default();
 
@@ -147,55 +148,16 @@ pub fn layer_fwd<B: Backend>(
     let mut ln2 = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops
         .norm_fwd(norm, &x1, slice(&p, l, MLP_NORM), eps, &mut ln2)?;
-    if let Some((le, pe, fe)) = experts {
+    let (mut mlp_out, u, act, moe) = if let Some((le, pe, fe)) = experts {
         let lora = (&ad, &mut ls);
-        let (mut out, ms) = moe_fwd(ctx, l, p.clone(), (le, pe, fe), &ln2, lora)?;
-        let mlp_mask = hidden_dropout(ctx, layer_index(l), DropoutSite::Mlp, &mut out)?;
-        let mut y = ctx.zeros(a, &[n_sp, h])?;
-        ctx.ops.add(&x1, &out, &mut y)?;
+        let (out, ms) = moe_fwd(ctx, l, p.clone(), (le, pe, fe), &ln2, lora)?;
         let empty = || ctx.zeros(a, &[0]);
-        let moe = Some(Box::new(ms));
         let (u, act) = (empty()?, empty()?);
-        return Ok((
-            y,
-            LayerSaved {
-                x,
-                ln1,
-                q,
-                k,
-                v,
-                attn,
-                o,
-                x1,
-                ln2,
-                u,
-                act,
-                moe,
-                mla,
-                lora: ad.is_some().then(|| Box::new(ls)),
-                masks: [attn_mask, mlp_mask],
-            },
-        ));
-    }
-    let fc1 = rd.fc1_r;
-    let mut u = ctx.zeros(a, &[n, fc1])?;
-    ctx.with_gathered(&ln2, |c, xg| {
-        c.ops.linear_fwd(xg, slice(&p, l, FC1), (n, h, fc1), &mut u)
-    })?;
-    if let Some(ad) = &ad {
-        lora::col_fwd(ctx, ad, Target::Fc1, &ln2, &mut u, &mut ls)?;
-    }
-    bias::add(ctx, l, &p, Site::Fc1, &mut u)?;
-    let mut act = ctx.zeros(a, &[n, rd.f_r])?;
-    ctx.ops.act_fwd(act_kind, &u, &mut act)?;
-    let mut partial = ctx.zeros(Category::Buffers, &[n, h])?;
-    ctx.ops
-        .linear_fwd(&act, slice(&p, l, FC2), (n, rd.f_r, h), &mut partial)?;
-    let mut mlp_out = ctx.reduce_to_region(partial, Category::Buffers)?;
-    if let Some(ad) = &ad {
-        lora::row_fwd(ctx, ad, Target::Fc2, &act, &mut mlp_out, &mut ls)?;
-    }
-    bias::add(ctx, l, &p, Site::Fc2, &mut mlp_out)?;
+        (out, u, act, Some(Box::new(ms)))
+    } else {
+        let (out, u, act) = mlp_fwd(ctx, l, &p, (&ad, &mut ls), &ln2)?;
+        (out, u, act, None)
+    };
     let mlp_mask = hidden_dropout(ctx, layer_index(l), DropoutSite::Mlp, &mut mlp_out)?;
     let mut y = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops.add(&x1, &mlp_out, &mut y)?;
@@ -214,12 +176,53 @@ pub fn layer_fwd<B: Backend>(
             ln2,
             u,
             act,
-            moe: None,
+            moe,
             mla,
             lora: ad.is_some().then(|| Box::new(ls)),
             masks: [attn_mask, mlp_mask],
         },
     ))
+}
+
+/// The dense MLP's output, fc1's output and the activation (kept for backward).
+type MlpOut<B> = (
+    <B as Backend>::Tensor,
+    <B as Backend>::Tensor,
+    <B as Backend>::Tensor,
+);
+
+/// The dense MLP's forward on the normed input `ln2`: fc1 (column-parallel), the activation,
+/// fc2 (row-parallel); returns the output in the SP region, fc1's output and the activation.
+fn mlp_fwd<B: Backend>(
+    ctx: &mut Ctx<B>,
+    l: &BlockLayout,
+    p: &View<'_, B::Tensor>,
+    (ad, ls): (&Adapters<B>, &mut LoraSaved<B>),
+    ln2: &B::Tensor,
+) -> Result<MlpOut<B>, ExecError> {
+    let rd = ctx.rd;
+    let (n, h, a) = (ctx.n, rd.h, Category::Activations);
+    let act_kind = ctx.plan.model.activation;
+    let fc1 = rd.fc1_r;
+    let mut u = ctx.zeros(a, &[n, fc1])?;
+    ctx.with_gathered(ln2, |c, xg| {
+        c.ops.linear_fwd(xg, slice(p, l, FC1), (n, h, fc1), &mut u)
+    })?;
+    if let Some(ad) = ad {
+        lora::col_fwd(ctx, ad, Target::Fc1, ln2, &mut u, ls)?;
+    }
+    bias::add(ctx, l, p, Site::Fc1, &mut u)?;
+    let mut act = ctx.zeros(a, &[n, rd.f_r])?;
+    ctx.ops.act_fwd(act_kind, &u, &mut act)?;
+    let mut partial = ctx.zeros(Category::Buffers, &[n, h])?;
+    ctx.ops
+        .linear_fwd(&act, slice(p, l, FC2), (n, rd.f_r, h), &mut partial)?;
+    let mut mlp_out = ctx.reduce_to_region(partial, Category::Buffers)?;
+    if let Some(ad) = ad {
+        lora::row_fwd(ctx, ad, Target::Fc2, &act, &mut mlp_out, ls)?;
+    }
+    bias::add(ctx, l, p, Site::Fc2, &mut mlp_out)?;
+    Ok((mlp_out, u, act))
 }
 
 /// Q, K and V of this rank's heads through the fused QKV projection (column-parallel) and
@@ -275,13 +278,6 @@ pub fn layer_bwd<B: Backend>(
     dy: B::Tensor,
     sink: &mut Sink<B>,
 ) -> Result<B::Tensor, ExecError> {
-    let m = &ctx.plan.model;
-    let (norm, eps) = (m.norm, m.norm_eps);
-    let act_kind = m.activation;
-    let rd = ctx.rd;
-    let (n, h, d) = (ctx.n, rd.h, rd.d);
-    let b = Category::Buffers;
-    let sp = ctx.sp;
     let LayerSaved {
         x,
         ln1,
@@ -311,99 +307,160 @@ pub fn layer_bwd<B: Backend>(
             moe_bwd(ctx, l, p.clone(), ex, ln2, *ms, dy_mlp, lora, sink)?
         }
         (Some(_), None) | (None, Some(_)) => return Err(StateError::MoeSavedMismatch.into()),
-        (None, None) => {
-            bias::grad(ctx, l, Site::Fc2, dy_mlp, sink)?;
-            let dyg = ctx.expand_grad(dy_mlp)?;
-            let mut d_act = ctx.zeros(b, &[n, rd.f_r])?;
-            ctx.ops
-                .linear_dgrad(&dyg, slice(&p, l, FC2), (n, rd.f_r, h), &mut d_act, false)?;
-            if let Some(ad) = &ad {
-                lora::row_bwd(
-                    ctx,
-                    ad,
-                    Target::Fc2,
-                    &mut ls,
-                    &act,
-                    dy_mlp,
-                    &mut d_act,
-                    sink,
-                )?;
-            }
-            sink(
-                ctx,
-                WTask::Linear {
-                    tensor: FC2,
-                    x: act,
-                    dy: dyg,
-                    i: rd.f_r,
-                    o: h,
-                    gather_x: false,
-                    dy_gathered: sp,
-                    dy_shard: false,
-                },
-            )?;
-            // In place: the activation's input is needed by nothing else, so its gradient takes its
-            // buffer (no n x fc1 transient).
-            let mut du = ctx.ops.recat(u, b);
-            ctx.ops.act_bwd_inplace(act_kind, &mut du, &d_act)?;
-            drop(d_act);
-            bias::grad(ctx, l, Site::Fc1, &du, sink)?;
-            let mut part = ctx.zeros(b, &[n, h])?;
-            ctx.ops
-                .linear_dgrad(&du, slice(&p, l, FC1), (n, h, rd.fc1_r), &mut part, false)?;
-            let mut d_ln2 = ctx.reduce_to_region(part, b)?;
-            if let Some(ad) = &ad {
-                lora::col_bwd(ctx, ad, Target::Fc1, &mut ls, &ln2, &du, &mut d_ln2, sink)?;
-            }
-            sink(
-                ctx,
-                WTask::Linear {
-                    tensor: FC1,
-                    x: ln2,
-                    dy: du,
-                    i: h,
-                    o: rd.fc1_r,
-                    gather_x: sp,
-                    dy_gathered: false,
-                    dy_shard: false,
-                },
-            )?;
-            d_ln2
-        }
+        (None, None) => mlp_bwd(ctx, l, &p, (&ad, &mut ls), (ln2, u, act), dy_mlp, sink)?,
     };
     drop(d_mlp);
     // The residual's gradient takes dy's buffer; the norm's input gradient is added to it.
-    let mut dx1 = dy;
-    ctx.ops.norm_dgrad(
-        norm,
-        &x1,
-        slice(&p, l, MLP_NORM),
-        &d_ln2,
-        eps,
-        &mut dx1,
-        true,
-    )?;
+    let dx1 = norm_bwd(ctx, l, &p, MLP_NORM, x1, d_ln2, dy, sink)?;
+    let saved = AttnParts {
+        ln1,
+        q,
+        k,
+        v,
+        attn,
+        o,
+        mla,
+    };
+    let d_ln1 = attention_bwd(ctx, l, &p, saved, attn_mask, &dx1, (&ad, &mut ls), sink)?;
+    norm_bwd(ctx, l, &p, ATTN_NORM, x, d_ln1, dx1, sink)
+}
+
+/// Norm `tensor`'s input gradient from its output gradient `dy` (input `x`), added to the
+/// residual's gradient `dres`; the gain's (and bias's) gradient task goes to `sink`.
+#[allow(clippy::too_many_arguments)]
+fn norm_bwd<B: Backend>(
+    ctx: &mut Ctx<B>,
+    l: &BlockLayout,
+    p: &View<'_, B::Tensor>,
+    tensor: usize,
+    x: B::Tensor,
+    dy: B::Tensor,
+    mut dres: B::Tensor,
+    sink: &mut Sink<B>,
+) -> Result<B::Tensor, ExecError> {
+    let m = &ctx.plan.model;
+    let (norm, eps) = (m.norm, m.norm_eps);
+    ctx.ops
+        .norm_dgrad(norm, &x, slice(p, l, tensor), &dy, eps, &mut dres, true)?;
+    sink(ctx, WTask::Norm { tensor, x, dy })?;
+    Ok(dres)
+}
+
+/// The dense MLP's backward: fc2 (row-parallel), the activation, fc1 (column-parallel), from
+/// the saved (normed input, fc1 output, activation) and the output gradient `dy_mlp`; returns
+/// the normed input's gradient [n_sp, h].
+fn mlp_bwd<B: Backend>(
+    ctx: &mut Ctx<B>,
+    l: &BlockLayout,
+    p: &View<'_, B::Tensor>,
+    (ad, ls): (&Adapters<B>, &mut LoraSaved<B>),
+    (ln2, u, act): (B::Tensor, B::Tensor, B::Tensor),
+    dy_mlp: &B::Tensor,
+    sink: &mut Sink<B>,
+) -> Result<B::Tensor, ExecError> {
+    let rd = ctx.rd;
+    let (n, h, sp) = (ctx.n, rd.h, ctx.sp);
+    let b = Category::Buffers;
+    let act_kind = ctx.plan.model.activation;
+    bias::grad(ctx, l, Site::Fc2, dy_mlp, sink)?;
+    let dyg = ctx.expand_grad(dy_mlp)?;
+    let mut d_act = ctx.zeros(b, &[n, rd.f_r])?;
+    ctx.ops
+        .linear_dgrad(&dyg, slice(p, l, FC2), (n, rd.f_r, h), &mut d_act, false)?;
+    if let Some(ad) = ad {
+        lora::row_bwd(ctx, ad, Target::Fc2, ls, &act, dy_mlp, &mut d_act, sink)?;
+    }
     sink(
         ctx,
-        WTask::Norm {
-            tensor: MLP_NORM,
-            x: x1,
-            dy: d_ln2,
+        WTask::Linear {
+            tensor: FC2,
+            x: act,
+            dy: dyg,
+            i: rd.f_r,
+            o: h,
+            gather_x: false,
+            dy_gathered: sp,
+            dy_shard: false,
         },
     )?;
+    // In place: the activation's input is needed by nothing else, so its gradient takes its
+    // buffer (no n x fc1 transient).
+    let mut du = ctx.ops.recat(u, b);
+    ctx.ops.act_bwd_inplace(act_kind, &mut du, &d_act)?;
+    drop(d_act);
+    bias::grad(ctx, l, Site::Fc1, &du, sink)?;
+    let mut part = ctx.zeros(b, &[n, h])?;
+    ctx.ops
+        .linear_dgrad(&du, slice(p, l, FC1), (n, h, rd.fc1_r), &mut part, false)?;
+    let mut d_ln2 = ctx.reduce_to_region(part, b)?;
+    if let Some(ad) = ad {
+        lora::col_bwd(ctx, ad, Target::Fc1, ls, &ln2, &du, &mut d_ln2, sink)?;
+    }
+    sink(
+        ctx,
+        WTask::Linear {
+            tensor: FC1,
+            x: ln2,
+            dy: du,
+            i: h,
+            o: rd.fc1_r,
+            gather_x: sp,
+            dy_gathered: false,
+            dy_shard: false,
+        },
+    )?;
+    Ok(d_ln2)
+}
 
+/// What attention's backward takes of a layer's saved state.
+struct AttnParts<B: Backend> {
+    ln1: B::Tensor,
+    q: B::Tensor,
+    k: B::Tensor,
+    v: B::Tensor,
+    attn: AttnSaved<B::Tensor>,
+    o: B::Tensor,
+    mla: Option<Box<MlaSaved<B>>>,
+}
+
+/// Attention's backward: the projection (row-parallel), the core (under CP, its exchanges),
+/// rotary, QKV or MLA (column-parallel), from the residual's gradient `dx1`; returns the normed
+/// input's gradient [n_sp, h].
+#[allow(clippy::too_many_arguments)]
+fn attention_bwd<B: Backend>(
+    ctx: &mut Ctx<B>,
+    l: &BlockLayout,
+    p: &View<'_, B::Tensor>,
+    s: AttnParts<B>,
+    attn_mask: Option<B::Tensor>,
+    dx1: &B::Tensor,
+    (ad, ls): (&Adapters<B>, &mut LoraSaved<B>),
+    sink: &mut Sink<B>,
+) -> Result<B::Tensor, ExecError> {
+    let rd = ctx.rd;
+    let (n, h, d, sp) = (ctx.n, rd.h, rd.d, ctx.sp);
+    let b = Category::Buffers;
+    let AttnParts {
+        ln1,
+        q,
+        k,
+        v,
+        attn,
+        o,
+        mla,
+    } = s;
     // Attention: projection (row-parallel), core, rotary, QKV (column-parallel), norm.
     let (qw, kw, ow) = (rd.a_r * d, rd.g_r * d, rd.a_r * rd.dv);
-    let d_attn = dropout_grad(ctx, attn_mask.as_ref(), &dx1)?;
+    let d_attn = dropout_grad(ctx, attn_mask.as_ref(), dx1)?;
     drop(attn_mask);
-    bias::grad(ctx, l, Site::Proj, d_attn.as_ref().unwrap_or(&dx1), sink)?;
-    let dxg = ctx.expand_grad(d_attn.as_ref().unwrap_or(&dx1))?;
+    bias::grad(ctx, l, Site::Proj, d_attn.as_ref().unwrap_or(dx1), sink)?;
+    let dxg = ctx.expand_grad(d_attn.as_ref().unwrap_or(dx1))?;
     let mut d_o = ctx.zeros(b, &[n, ow])?;
     ctx.ops
-        .linear_dgrad(&dxg, slice(&p, l, PROJ), (n, ow, h), &mut d_o, false)?;
-    if let Some(ad) = &ad {
-        let dy_reg = d_attn.as_ref().unwrap_or(&dx1);
-        lora::row_bwd(ctx, ad, Target::Proj, &mut ls, &o, dy_reg, &mut d_o, sink)?;
+        .linear_dgrad(&dxg, slice(p, l, PROJ), (n, ow, h), &mut d_o, false)?;
+    if let Some(ad) = ad {
+        let dy_reg = d_attn.as_ref().unwrap_or(dx1);
+        lora::row_bwd(ctx, ad, Target::Proj, ls, &o, dy_reg, &mut d_o, sink)?;
     }
     drop(d_attn);
     // Context parallelism needs rowsum(dO * O) before the output goes to the weight gradient.
@@ -446,28 +503,10 @@ pub fn layer_bwd<B: Backend>(
         (dq, dk, dv)
     };
     let d_ln1 = match mla {
-        Some(ms) => mla_bwd(ctx, l, &p, *ms, ln1, dq, dk, dv, sink)?,
-        None => qkv_bwd(ctx, l, &p, ln1, [dq, dk, dv], (&ad, &mut ls), sink)?,
+        Some(ms) => mla_bwd(ctx, l, p, *ms, ln1, dq, dk, dv, sink)?,
+        None => qkv_bwd(ctx, l, p, ln1, [dq, dk, dv], (ad, ls), sink)?,
     };
-    let mut dx = dx1;
-    ctx.ops.norm_dgrad(
-        norm,
-        &x,
-        slice(&p, l, ATTN_NORM),
-        &d_ln1,
-        eps,
-        &mut dx,
-        true,
-    )?;
-    sink(
-        ctx,
-        WTask::Norm {
-            tensor: ATTN_NORM,
-            x,
-            dy: d_ln1,
-        },
-    )?;
-    Ok(dx)
+    Ok(d_ln1)
 }
 
 /// The normed block input's gradient [n_sp, h] through rotary and the fused QKV projection.

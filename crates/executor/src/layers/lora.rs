@@ -25,8 +25,9 @@
 //! (`tp_replicated`). The scale alpha / r is applied to the rank-r intermediate u = s A x, the
 //! tensor saved for backward (the engine's `LoraIntermediate`).
 
-use super::params::{seg, Builder, RankDims};
-use super::{Ctx, Sink, WTask};
+use super::blocks::{seg, Builder, RankDims};
+use super::ctx::Ctx;
+use super::wtask::{Sink, WTask};
 use crate::backend::{Backend, ReduceOp, TensorOps, View, ViewMut};
 use crate::backend::{DeviceCollectives, DeviceTensor};
 use crate::error::ExecError;
@@ -144,7 +145,7 @@ pub(super) fn push_adapters(
 
 /// A layer's adapters block and its parameters (`None`: full training).
 pub type Adapters<'a, B> = Option<(
-    &'a super::params::BlockLayout,
+    &'a super::blocks::BlockLayout,
     View<'a, <B as Backend>::Tensor>,
 )>;
 
@@ -173,7 +174,7 @@ fn idx(t: Target) -> usize {
 
 /// Tensor `t` of the adapters block.
 fn tensor<'p, T: DeviceTensor>(
-    a: &(&super::params::BlockLayout, View<'p, T>),
+    a: &(&super::blocks::BlockLayout, View<'p, T>),
     t: usize,
 ) -> View<'p, T> {
     a.1.sub(a.0.tensors[t].range())
@@ -253,7 +254,7 @@ pub(super) fn wgrad_as<B: Backend>(
 /// `x_reg` the base layer's input on its region [n_sp, h].
 pub fn col_fwd<B: Backend>(
     ctx: &mut Ctx<B>,
-    a: &(&super::params::BlockLayout, View<'_, B::Tensor>),
+    a: &(&super::blocks::BlockLayout, View<'_, B::Tensor>),
     t: Target,
     x_reg: &B::Tensor,
     y: &mut B::Tensor,
@@ -284,7 +285,7 @@ pub fn col_fwd<B: Backend>(
 #[allow(clippy::too_many_arguments)]
 pub fn col_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
-    a: &(&super::params::BlockLayout, View<'_, B::Tensor>),
+    a: &(&super::blocks::BlockLayout, View<'_, B::Tensor>),
     t: Target,
     saved: &mut LoraSaved<B>,
     x_reg: &B::Tensor,
@@ -316,7 +317,7 @@ pub fn col_bwd<B: Backend>(
 /// `y_reg` [n_sp, h], `x` the base layer's (TP-split) input [n, i_r].
 pub fn row_fwd<B: Backend>(
     ctx: &mut Ctx<B>,
-    a: &(&super::params::BlockLayout, View<'_, B::Tensor>),
+    a: &(&super::blocks::BlockLayout, View<'_, B::Tensor>),
     t: Target,
     x: &B::Tensor,
     y_reg: &mut B::Tensor,
@@ -346,7 +347,7 @@ pub fn row_fwd<B: Backend>(
 #[allow(clippy::too_many_arguments)]
 pub fn row_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
-    a: &(&super::params::BlockLayout, View<'_, B::Tensor>),
+    a: &(&super::blocks::BlockLayout, View<'_, B::Tensor>),
     t: Target,
     saved: &mut LoraSaved<B>,
     x: &B::Tensor,

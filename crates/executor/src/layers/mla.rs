@@ -8,8 +8,10 @@
 //! on every rank. Saves each latent before and after its norm, and Q, K, V (as the engine's
 //! ledger counts: q_norm, q_up, kv_norm and kv_up inputs, the core's Q, K, V).
 
-use super::params::{mla_down_rows, mla_q_rows, mla_up_tensors, BlockLayout};
-use super::{Ctx, Sink, WTask};
+use super::blocks::BlockLayout;
+use super::ctx::Ctx;
+use super::params::{mla_down_rows, mla_q_rows, mla_up_tensors};
+use super::wtask::{Sink, WTask};
 use crate::backend::{
     Backend, DeviceCollectives, DeviceTensor, ReduceOp, TensorOps, View, ViewMut,
 };

@@ -34,10 +34,11 @@
 //!   load-balancing loss's fractions and the capacity over the whole sequence; each rank then
 //!   dispatches its own tokens.
 
+use super::blocks::{BlockLayout, ROUTER};
+use super::ctx::Ctx;
 use super::lora::{Adapters, LoraSaved};
-use super::params::BlockLayout;
 use super::shared::SharedLora;
-use super::{Ctx, Sink, WTask};
+use super::wtask::{Sink, WTask};
 use crate::backend::{Backend, Device, DeviceTensor, ProcessGroup};
 use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
 use crate::error::{ExecError, StateError};
@@ -45,9 +46,6 @@ use crate::plan::{Activation, MoeShape};
 use crate::tracker::Category;
 
 pub use crate::backend::{Route, Routing};
-
-/// The router's tensor in an MoE layer's block (after attn_norm, QKV, wo, mlp_norm).
-pub const ROUTER: usize = 4;
 
 /// Tensors per routed expert in the experts block: fc1 and fc2, then with linear biases
 /// (Megatron's `--add-bias-linear`: each expert's fc1 and fc2 biases) fc1's and fc2's biases.

@@ -10,7 +10,7 @@
 //! reduce-scattered. The gathers have variable sizes (each rank receives what its EP group
 //! routed to it), so they run as range collectives over the member-after-member layout.
 
-use super::Ctx;
+use super::ctx::Ctx;
 use crate::backend::{Backend, DeviceCollectives, View, ViewMut};
 use crate::error::ExecError;
 use crate::tracker::Category;

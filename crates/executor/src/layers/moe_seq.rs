@@ -7,7 +7,7 @@
 //! small beside the hidden states) are all-gathered over CP and put in sequence order; every
 //! CP rank routes the whole microbatch identically and keeps its own tokens' assignments.
 
-use super::Ctx;
+use super::ctx::Ctx;
 use crate::backend::{Backend, DeviceCollectives, DeviceTensor, Routing, TensorOps};
 use crate::backend::{View, ViewMut};
 use crate::error::ExecError;

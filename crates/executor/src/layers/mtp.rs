@@ -5,9 +5,10 @@
 //! half first), then runs one transformer layer, its own final norm and the shared output
 //! head. The embedding is the main model's (same weight, same vocab-parallel lookup).
 
+use super::blocks::{BlockKind, BlockLayout};
+use super::ctx::Ctx;
 use super::ends::{embedding_bwd, embedding_fwd};
-use super::params::{BlockKind, BlockLayout};
-use super::{Ctx, Sink, WTask};
+use super::wtask::{Sink, WTask};
 use crate::backend::{Backend, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 use crate::tracker::Category;

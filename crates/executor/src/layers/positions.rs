@@ -6,8 +6,8 @@
 //! with the input ids (`roll_tensor`, shifts -1 per depth), the last k positions of each
 //! sequence rolling in as 0.
 
-use super::params::{seg, BlockLayout, Builder};
-use super::Ctx;
+use super::blocks::{seg, BlockLayout, Builder};
+use super::ctx::Ctx;
 use crate::backend::{Backend, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 use crate::tracker::Category;

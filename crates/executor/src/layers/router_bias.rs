@@ -6,9 +6,9 @@
 //! not a trained parameter: no gradient, no optimizer moments; it starts at zero as in
 //! Megatron, so every rank holds the same values after the same steps.
 
-use super::Ctx;
 use crate::backend::{Backend, DType, Device, DeviceCollectives, ReduceOp, View, ViewMut};
 use crate::error::ExecError;
+use crate::traced_comm::TracedComm;
 use crate::tracker::Category;
 use std::collections::BTreeMap;
 
@@ -42,21 +42,23 @@ impl RouterBias {
 
     /// The end-of-step update of every layer's bias from its loads summed over `group` (the
     /// rank's data-parallel group, which sees every token of the step), then the loads reset.
+    /// `ops` and `comm` are the rank's device and collectives.
     pub fn update<B: Backend>(
-        ctx: &mut Ctx<B>,
+        &mut self,
+        ops: &B::Device,
+        comm: &TracedComm<B>,
         group: &B::Group,
         rate: f32,
     ) -> Result<(), ExecError> {
-        let layers: Vec<u32> = ctx.router_bias.layers.keys().copied().collect();
+        let layers: Vec<u32> = self.layers.keys().copied().collect();
         for l in layers {
-            let load = ctx.router_bias.layers[&l].1.clone();
+            let load = self.layers[&l].1.clone();
             let e = load.len();
-            let mut t = ctx.ops.upload(Category::Buffers, DType::F32, &[e], &load)?;
-            ctx.comm
-                .all_reduce(group, ViewMut::all(&mut t), ReduceOp::Sum)?;
-            let total = ctx.ops.download(View::all(&t))?;
+            let mut t = ops.upload(Category::Buffers, DType::F32, &[e], &load)?;
+            comm.all_reduce(group, ViewMut::all(&mut t), ReduceOp::Sum)?;
+            let total = ops.download(View::all(&t))?;
             let mean = total.iter().map(|&x| x as f64).sum::<f64>() / e as f64;
-            let (bias, load) = ctx.router_bias.layers.get_mut(&l).expect("layer");
+            let (bias, load) = self.layers.get_mut(&l).expect("layer");
             for (b, &x) in bias.iter_mut().zip(&total) {
                 let offset = mean - x as f64;
                 if offset != 0.0 {

@@ -10,16 +10,17 @@
 //! `moe.shared.fc1_lora`/`fc2_lora`), in the layer's adapters block: fc1's on the region input
 //! as [`super::lora::col_fwd`], fc2's added to the reduced output ([`shared_fc2_lora`]).
 
+use super::blocks::BlockLayout;
+use super::ctx::Ctx;
 use super::lora::{self, Adapters, LoraSaved, Target};
-use super::params::BlockLayout;
-use super::{Ctx, Sink, WTask};
+use super::wtask::{Sink, WTask};
 use crate::backend::{Backend, Device, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 use crate::plan::Activation;
 use crate::tracker::Category;
 
 /// The shared experts' fc1 and fc2 in an MoE layer's block (after the router).
-pub const SHARED_FC1: usize = super::moe::ROUTER + 1;
+pub const SHARED_FC1: usize = super::blocks::ROUTER + 1;
 pub const SHARED_FC2: usize = SHARED_FC1 + 1;
 
 /// What the shared experts keep for backward (their input is the block's `ln2`).

@@ -12,7 +12,7 @@
 //! these keys disjoint from the hidden dropout's ([`super::DropoutKey`]): the first key word
 //! fixes the step, and the second then differs in its top bit.
 
-use super::philox4x32_10;
+use super::philox::{fill_kept, philox4x32_10};
 
 /// XORed into the second key word so attention and hidden dropout never share a Philox key.
 pub const ATTN_KEY_TAG: u32 = 0x8000_0000;
@@ -76,24 +76,9 @@ impl AttnDropout {
         let qtok = (self.sample0 + b as u64) * self.seq + u64::from(qpos);
         let head = self.head0 + h as u32;
         let (thr, scale) = (self.threshold(), self.keep_scale());
-        let mut cached: Option<(u32, [u32; 4])> = None;
-        for (j, z) in out.iter_mut().enumerate() {
-            let kpos = k0 + j as u32;
-            let kb = kpos / 4;
-            let words = match cached {
-                Some((c, w)) if c == kb => w,
-                _ => {
-                    let w = self.block(head, qtok, kb);
-                    cached = Some((kb, w));
-                    w
-                }
-            };
-            *z = if u64::from(words[(kpos % 4) as usize]) >= thr {
-                scale
-            } else {
-                0.0
-            };
-        }
+        fill_kept(out, u64::from(k0), thr, scale, |kb| {
+            self.block(head, qtok, kb as u32)
+        });
     }
 }
 

@@ -4,8 +4,9 @@
 //! copies for ranks sharing a GPU), loads the libraries those need and opens each rank's
 //! device and joins its NCCL communicators, before any step; a missing library or GPU is an error naming it.
 
+use super::assemble::{assemble, Exported};
+use super::options::{check_run, RunOptions};
 use super::rank::{run_rank, RankOutput};
-use super::{assemble, check_run, Exported, RunOptions};
 use crate::backend::cuda::collectives::{CudaComm, Joins};
 use crate::backend::cuda::comms::{join_multi_process, join_single_process, single_process_ids};
 use crate::backend::cuda::context::{drv, visible_gpus, RankGpu};

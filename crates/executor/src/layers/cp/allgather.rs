@@ -4,13 +4,13 @@
 //! (rank r holds chunks r and 2cp - 1 - r), so the causal work is even. The gathered K/V are
 //! visited one source rank's block at a time, so score tiles stay (s/cp)^2.
 
-use super::{layer_shape, saved_lse, timed, CoreSaved, Grads, Stats};
+use super::common::{layer_shape, saved_lse, timed, CoreSaved, Grads, Stats};
 use crate::backend::Side;
 use crate::backend::{AttnSaved, Keep};
 use crate::backend::{Backend, DeviceTensor};
 use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
 use crate::error::ExecError;
-use crate::layers::Ctx;
+use crate::layers::ctx::Ctx;
 use crate::tracker::Category;
 
 /// Gathers K and V over the CP group: [cp x k.len()] each, source-rank major.
@@ -79,9 +79,7 @@ fn pass<B: Backend>(
     });
     let work = work?;
     drop(tile);
-    let mut lse = ctx.zeros_f32(Category::Buffers, &[sh.b * sh.hq * s_loc])?;
-    ctx.ops
-        .flash_finish(&sh, s_loc, &mut acc, &st.max, &st.sum, &mut lse)?;
+    let lse = st.finish(&ctx.ops, &sh, s_loc, &mut acc)?;
     if count {
         ctx.cp.as_mut().expect("cp context").stats.score_elements += work;
     }

@@ -11,13 +11,13 @@
 //! a block wholly in a rank's future is skipped; the contiguous layout leaves rank r with
 //! r + 1/2 blocks of work, the zigzag layout every rank with cp.
 
-use super::{layer_shape, saved_lse, tag, timed, CoreSaved, Grads, Pass, Stats};
+use super::common::{layer_shape, saved_lse, tag, timed, CoreSaved, Grads, Pass, Stats};
 use crate::backend::Side;
 use crate::backend::{AttnSaved, Keep, Pending, RecvInto, SendFrom};
 use crate::backend::{Backend, DeviceTensor};
 use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
 use crate::error::ExecError;
-use crate::layers::Ctx;
+use crate::layers::ctx::Ctx;
 use crate::tracker::Category;
 
 const KEYS: u64 = 0;
@@ -146,15 +146,7 @@ fn pass<B: Backend>(
         } else {
             (None, 0.0)
         };
-        let cp = ctx.cp.as_ref().expect("cp context");
-        let qs = Side {
-            pos: &cp.positions[me],
-            tile: s_loc,
-        };
-        let ks = Side {
-            pos: &cp.positions[src],
-            tile: s_loc,
-        };
+        let (qs, ks) = sides(ctx, me, src, s_loc);
         let (work, compute_s) = timed(|| {
             ctx.comm.kernel("attn_fwd_block", || {
                 ctx.ops.flash_fwd_block(
@@ -184,10 +176,24 @@ fn pass<B: Backend>(
         cp.record(false, t, compute_s, comm_s);
     }
     drop((cur, tile));
-    let mut lse = ctx.zeros_f32(Category::Buffers, &[sh.b * sh.hq * s_loc])?;
-    ctx.ops
-        .flash_finish(&sh, s_loc, &mut acc, &st.max, &st.sum, &mut lse)?;
+    let lse = st.finish(&ctx.ops, &sh, s_loc, &mut acc)?;
     Ok((acc, lse))
+}
+
+/// The query side (this rank `me`) and key side (CP rank `src`) of a ring step's block, each
+/// `s_loc` rows at its rank's positions.
+fn sides<'c, B: Backend>(
+    ctx: &'c Ctx<B>,
+    me: usize,
+    src: usize,
+    s_loc: usize,
+) -> (Side<'c>, Side<'c>) {
+    let cp = ctx.cp.as_ref().expect("cp context");
+    let side = |r: usize| Side {
+        pos: &cp.positions[r],
+        tile: s_loc,
+    };
+    (side(me), side(src))
 }
 
 pub fn forward<B: Backend>(
@@ -267,15 +273,7 @@ pub fn backward<B: Backend>(
         } else {
             None
         };
-        let cp = ctx.cp.as_ref().expect("cp context");
-        let qs = Side {
-            pos: &cp.positions[me],
-            tile: s_loc,
-        };
-        let ks = Side {
-            pos: &cp.positions[src],
-            tile: s_loc,
-        };
+        let (qs, ks) = sides(ctx, me, src, s_loc);
         let (kb, vb) = block::<B>(&cur, &k, &v);
         let (gk, gv) = match fresh.as_mut() {
             None => (ViewMut::all(&mut dk), ViewMut::all(&mut dv)),

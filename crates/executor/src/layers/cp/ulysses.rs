@@ -5,7 +5,7 @@
 //! FlashAttention-2's row statistic D = rowsum(dO * O) travel together, then dQ, dK, dV return).
 //! Needs the heads and K/V heads of a TP rank divisible by cp; the layout is contiguous.
 
-use super::{layer_shape, saved_lse, timed, CoreSaved, Grads, Stats};
+use super::common::{layer_shape, saved_lse, timed, CoreSaved, Grads, Stats};
 use crate::backend::{AttnSaved, Keep};
 use crate::backend::{Backend, DeviceTensor};
 use crate::backend::{BlockShape, Side};
@@ -13,8 +13,8 @@ use crate::backend::{
     DeviceCollectives, TensorOps, UlyssesGeo, UlyssesLayout, UlyssesPart, View, ViewMut,
 };
 use crate::error::ExecError;
-use crate::layers::zeros;
-use crate::layers::Ctx;
+use crate::layers::ctx::zeros;
+use crate::layers::ctx::Ctx;
 use crate::rng::AttnDropout;
 use crate::tracker::Category;
 
@@ -93,8 +93,7 @@ fn attend<B: Backend>(
         &mut tile,
     )?;
     drop(tile);
-    let mut lse = zeros::<B>(ops, Category::Buffers, &[sh.b * sh.hq * s])?;
-    ops.flash_finish(sh, s, &mut acc, &st.max, &st.sum, &mut lse)?;
+    let lse = st.finish(ops, sh, s, &mut acc)?;
     Ok((acc, lse, work))
 }
 

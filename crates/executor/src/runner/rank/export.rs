@@ -1,16 +1,16 @@
 //! Test and finite-difference export: every parameter (or gradient) element of a rank with
 //! its global tensor name and index (merged into global tensors by [`crate::pieces`]).
 
-use super::rank::Rank;
-use crate::backend::{Backend, Device, DeviceCollectives, ReduceOp, View, ViewMut};
+use super::output::Element;
+use super::state::Rank;
+use crate::backend::ReduceOp;
+use crate::backend::{Backend, Device, DeviceCollectives, View, ViewMut};
 use crate::error::ExecError;
-use crate::layers::params::{layout_len, FROZEN_EXPERT_SPACE, FROZEN_SPACE, SPACES};
+use crate::layers::blocks::layout_len;
+use crate::layers::blocks::{FROZEN_EXPERT_SPACE, FROZEN_SPACE, SPACES};
 use crate::tracker::Category;
 
-/// (global tensor name, flat index in it, value).
-pub(super) type Element = (String, usize, f32);
-
-impl<B: Backend> Rank<'_, B> {
+impl<'a, B: Backend> Rank<'a, B> {
     /// Sums the gradients over TP (SP norm partials) and DP (expert DP for the experts), as
     /// the optimizer step would.
     pub(super) fn reduce_for_export(&mut self) -> Result<(), ExecError> {
@@ -59,7 +59,7 @@ impl<B: Backend> Rank<'_, B> {
 
     /// Space `sp`'s flat buffer `source` downloaded whole: all-gathered over the space's group
     /// first when the rank holds only its shard (`sharded`), in fp32 or the activation dtype.
-    fn download_whole(
+    pub(super) fn download_whole(
         &self,
         sp: usize,
         source: &B::Tensor,
@@ -87,7 +87,7 @@ impl<B: Backend> Rank<'_, B> {
 
     /// Each element of the full (unsharded) parameter spaces with its global tensor name and
     /// index (blocks of a space given empty are left out).
-    fn label(&self, full: &[Vec<f32>; SPACES]) -> Vec<Element> {
+    pub(super) fn label(&self, full: &[Vec<f32>; SPACES]) -> Vec<Element> {
         let mut out = Vec::new();
         for b in self.blocks.iter().filter(|b| !full[b.space].is_empty()) {
             for t in &b.tensors {

@@ -1,0 +1,59 @@
+//! A rank's context-parallel state: its CP group and coordinate, every CP rank's positions
+//! and the timing of the exchanges.
+
+use crate::backend::{Backend, ProcessGroup};
+use crate::plan::CpComm;
+use crate::run_report::{CpStats, StepTime};
+
+/// A rank's context-parallel state.
+pub struct CpCtx<B: Backend> {
+    pub group: B::Group,
+    /// This rank's index in the CP group (its CP coordinate).
+    pub rank: usize,
+    pub size: usize,
+    pub comm: CpComm,
+    /// Positions (within a sequence) of every CP rank's rows.
+    pub positions: Vec<Vec<u32>>,
+    pub stats: CpStats,
+    /// Whether times are being recorded (the timed steps).
+    pub timing: bool,
+}
+
+impl<B: Backend> CpCtx<B> {
+    pub fn new(group: B::Group, comm: CpComm, seq: usize) -> CpCtx<B> {
+        let size = group.size();
+        CpCtx {
+            rank: group.index(),
+            positions: (0..size).map(|r| comm.positions(seq, size, r)).collect(),
+            group,
+            size,
+            comm,
+            stats: CpStats::default(),
+            timing: false,
+        }
+    }
+
+    pub(super) fn next(&self) -> u32 {
+        self.group.members()[(self.rank + 1) % self.size]
+    }
+
+    pub(super) fn prev(&self) -> u32 {
+        self.group.members()[(self.rank + self.size - 1) % self.size]
+    }
+
+    pub(super) fn record(&mut self, backward: bool, step: usize, compute_s: f64, comm_s: f64) {
+        if !self.timing {
+            return;
+        }
+        let v = if backward {
+            &mut self.stats.backward
+        } else {
+            &mut self.stats.forward
+        };
+        if v.len() <= step {
+            v.resize(step + 1, StepTime::default());
+        }
+        v[step].compute_s += compute_s;
+        v[step].comm_s += comm_s;
+    }
+}
