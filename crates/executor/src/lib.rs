@@ -11,6 +11,8 @@ pub mod backend;
 // The contract's modules, under the names the executor has always used.
 pub use parsim_plan::{nonfinite, pieces, plan, run_report};
 pub mod error;
+/// The launcher makes NCCL ids through the CUDA backend.
+#[cfg(feature = "cuda")]
 pub mod launch;
 pub mod layers;
 pub mod rng;

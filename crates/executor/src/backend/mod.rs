@@ -10,6 +10,7 @@
 //! built on.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
 pub mod cuda;
 
 use crate::error::ExecError;

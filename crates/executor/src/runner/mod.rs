@@ -2,6 +2,7 @@
 //! loop, [`zero`] for data parallelism with ZeRO 0-3 and the optimizer), a failing rank
 //! stopping the others, and the ranks' results assembled into a [`RunReport`].
 
+#[cfg(feature = "cuda")]
 mod cuda;
 mod export;
 mod grad_buckets;
@@ -14,6 +15,7 @@ use crate::pieces::{merge, pieces_of, TensorPieces};
 use crate::plan::{Plan, Precision};
 pub use crate::run_report::{PhaseTimes, RankReport, RunReport};
 use crate::trace::Clock;
+#[cfg(feature = "cuda")]
 pub use cuda::{layout as cuda_layout, run_cuda, CudaLayout, CudaWorld};
 use export::Element;
 use parsim_plan::run::RunLength;
@@ -150,6 +152,7 @@ enum Exported {
     /// Merged into whole tensors: every rank ran in this process.
     Whole,
     /// As this process's pieces, for rank 0 of a launched job to merge.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Pieces,
 }
 
