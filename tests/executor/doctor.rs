@@ -3,7 +3,7 @@
 //! missing, --arch fails naming the library.
 
 use assert_cmd::Command;
-use parsim_executor::backend::cuda::kernels::FILES;
+use parsim_executor::backend::cuda::compile::kernels::FILES;
 use parsim_executor::backend::cuda::probe::Library;
 use serde_json::Value;
 

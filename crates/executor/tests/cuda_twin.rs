@@ -4,9 +4,9 @@
 //! Without a driver or a GPU each test prints why it skips and returns.
 
 use parsim_executor::backend::cpu::CpuOps;
-use parsim_executor::backend::cuda::context::{visible_gpus, RankGpu};
-use parsim_executor::backend::cuda::device::CudaDevice;
-use parsim_executor::backend::cuda::matmul::LinearOp;
+use parsim_executor::backend::cuda::device::context::{visible_gpus, RankGpu};
+use parsim_executor::backend::cuda::device::device::CudaDevice;
+use parsim_executor::backend::cuda::ops::linear::matmul::LinearOp;
 use parsim_executor::backend::cuda::Library;
 use parsim_executor::backend::{DType, Device, DeviceTensor, TensorOps, View, ViewMut};
 use parsim_executor::tracker::Category;
@@ -391,7 +391,7 @@ fn a_forced_balancing_moe_step_matches_the_cpu_twin() {
 /// scalar, 1.04e-2 scalar vs CPU, on layer 1's wq; the loss within 1e-5).
 #[test]
 fn a_bf16_step_on_the_tensor_core_kernels_matches_the_scalar_kernels() {
-    use parsim_executor::backend::cuda::launch::flash_mma;
+    use parsim_executor::backend::cuda::ops::flash::mma as flash_mma;
     use parsim_executor::plan::{AdamConfig, ModelShape, Plan, Precision, Recompute};
     use parsim_executor::runner::{run_cpu, run_cuda, CudaWorld, RunOptions};
     if let Err(reason) = gpu() {

@@ -2,7 +2,7 @@
 //! errors, and ptxas reports every kernel the source declares. Needs NVRTC (no GPU): skips
 //! with the reason where it is absent.
 
-use parsim_executor::backend::cuda::kernels::{compile_file, FILES};
+use parsim_executor::backend::cuda::compile::kernels::{compile_file, FILES};
 use parsim_executor::backend::cuda::probe::{self, Library};
 
 #[test]

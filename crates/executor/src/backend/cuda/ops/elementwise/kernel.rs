@@ -1,0 +1,132 @@
+//! Launches of kernels/elementwise.cu: casts, add, axpy (the single-GPU collectives' sum)
+//! and fill.
+
+use crate::backend::cuda::ops::launch::*;
+
+/// f32 `x` -> bf16 `y` (round to nearest even), `n` elements.
+///
+/// # Safety
+/// `x` and `y` must be device buffers of at least `n` elements of their types, alive and not
+/// written by other work until the stream reaches this launch's end.
+pub unsafe fn cast_f32_to_bf16(
+    s: &CudaStream,
+    k: &Kernels,
+    x: CUdeviceptr,
+    y: CUdeviceptr,
+    n: usize,
+) -> Result<(), CudaError> {
+    // SAFETY: forwarded from this function's own contract.
+    unsafe { cast("cast_f32_to_bf16", s, k, x, y, n) }
+}
+
+/// bf16 `x` -> f32 `y`, `n` elements.
+///
+/// # Safety
+/// As [`cast_f32_to_bf16`].
+pub unsafe fn cast_bf16_to_f32(
+    s: &CudaStream,
+    k: &Kernels,
+    x: CUdeviceptr,
+    y: CUdeviceptr,
+    n: usize,
+) -> Result<(), CudaError> {
+    // SAFETY: forwarded from this function's own contract.
+    unsafe { cast("cast_bf16_to_f32", s, k, x, y, n) }
+}
+
+unsafe fn cast(
+    kn: &str,
+    s: &CudaStream,
+    k: &Kernels,
+    x: CUdeviceptr,
+    y: CUdeviceptr,
+    n: usize,
+) -> Result<(), CudaError> {
+    let Some(cfg) = grid_stride(u(n)) else {
+        return Ok(());
+    };
+    let n = u(n);
+    let mut b = s.launch_builder(k.get(kn)?);
+    b.arg(&x).arg(&y).arg(&n);
+    // SAFETY: the caller guarantees the buffers (see the function's Safety).
+    unsafe { b.launch(cfg) }
+        .map(|_| ())
+        .map_err(|e| launch_error(kn, e))
+}
+
+/// out = a + b, `n` elements of `dtype` (out may alias a or b).
+///
+/// # Safety
+/// `a`, `b`, `out` must be device buffers of at least `n` elements of `dtype`.
+pub unsafe fn add(
+    s: &CudaStream,
+    k: &Kernels,
+    dtype: DType,
+    a: CUdeviceptr,
+    b_: CUdeviceptr,
+    out: CUdeviceptr,
+    n: usize,
+) -> Result<(), CudaError> {
+    let kn = name("add", dtype);
+    let Some(cfg) = grid_stride(u(n)) else {
+        return Ok(());
+    };
+    let n = u(n);
+    let mut b = s.launch_builder(k.get(&kn)?);
+    b.arg(&a).arg(&b_).arg(&out).arg(&n);
+    // SAFETY: the caller guarantees the buffers (see the function's Safety).
+    unsafe { b.launch(cfg) }
+        .map(|_| ())
+        .map_err(|e| launch_error(&kn, e))
+}
+
+/// y += alpha x, `n` elements of `dtype`.
+///
+/// # Safety
+/// `x` and `y` must be device buffers of at least `n` elements of `dtype`.
+pub unsafe fn axpy(
+    s: &CudaStream,
+    k: &Kernels,
+    dtype: DType,
+    alpha: f32,
+    x: CUdeviceptr,
+    y: CUdeviceptr,
+    n: usize,
+) -> Result<(), CudaError> {
+    let kn = name("axpy", dtype);
+    let Some(cfg) = grid_stride(u(n)) else {
+        return Ok(());
+    };
+    let n = u(n);
+    let mut b = s.launch_builder(k.get(&kn)?);
+    b.arg(&alpha).arg(&x).arg(&y).arg(&n);
+    // SAFETY: the caller guarantees the buffers (see the function's Safety).
+    unsafe { b.launch(cfg) }
+        .map(|_| ())
+        .map_err(|e| launch_error(&kn, e))
+}
+
+/// x[..n] = value.
+///
+/// # Safety
+/// `x` must be a device buffer of at least `n` elements of `dtype`.
+pub unsafe fn fill(
+    s: &CudaStream,
+    k: &Kernels,
+    dtype: DType,
+    x: CUdeviceptr,
+    value: f32,
+    n: usize,
+) -> Result<(), CudaError> {
+    let kn = name("fill", dtype);
+    let Some(cfg) = grid_stride(u(n)) else {
+        return Ok(());
+    };
+    let n = u(n);
+    let mut b = s.launch_builder(k.get(&kn)?);
+    b.arg(&x).arg(&value).arg(&n);
+    // SAFETY: the caller guarantees the buffers (see the function's Safety).
+    unsafe { b.launch(cfg) }
+        .map(|_| ())
+        .map_err(|e| launch_error(&kn, e))
+}
