@@ -13,16 +13,18 @@ pub use crate::backend::cuda::compile::kernels::Kernels;
 pub use cudarc::driver::sys::CUdeviceptr;
 pub use cudarc::driver::{CudaStream, PushKernelArg};
 
-/// Launches `$kn` on stream `$s` with arguments bound one by one (each lives until the
-/// launch): `launch!(name, stream, kernels, cfg; a, b, ...)`.
+/// The one way a kernel is launched: `launch!(name, stream, kernels, cfg; a, b, ...)` looks
+/// `name` up in the loaded kernels, binds the arguments in order by reference (each lives
+/// until the launch), launches on the stream (cudarc's `launch_builder`) and turns a failure
+/// into an error naming the kernel. It evaluates to `Result<(), CudaError>`.
 macro_rules! launch {
     (@go $b:ident, $cfg:expr, $kn:expr;) => {
         // SAFETY: the caller guarantees the buffers (see the function's Safety).
         unsafe { $b.launch($cfg) }.map(|_| ()).map_err(|e| launch_error($kn, e))
     };
     (@go $b:ident, $cfg:expr, $kn:expr; $a:expr $(, $rest:expr)*) => {{
-        let a = $a;
-        $b.arg(&a);
+        let a = &$a;
+        $b.arg(a);
         launch!(@go $b, $cfg, $kn; $($rest),*)
     }};
     ($kn:expr, $s:expr, $k:expr, $cfg:expr; $($a:expr),+) => {{

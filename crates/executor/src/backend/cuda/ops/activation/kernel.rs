@@ -33,16 +33,10 @@ pub unsafe fn act_fwd(
         return Ok(());
     };
     let (n, f, total) = (u(n), u(f), u(n) * u(f));
-    let mut b = s.launch_builder(k.get(&kn)?);
-    b.arg(&u_).arg(&out);
     match kind {
-        Activation::Swiglu => b.arg(&n).arg(&f),
-        Activation::Gelu => b.arg(&total),
-    };
-    // SAFETY: the caller guarantees the buffers (see the function's Safety).
-    unsafe { b.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| launch_error(&kn, e))
+        Activation::Swiglu => launch!(&kn, s, k, cfg; u_, out, n, f),
+        Activation::Gelu => launch!(&kn, s, k, cfg; u_, out, total),
+    }
 }
 
 /// du = the input gradient from dout [n, f]; `du` may equal `u`.
@@ -66,14 +60,8 @@ pub unsafe fn act_bwd(
         return Ok(());
     };
     let (n, f, total) = (u(n), u(f), u(n) * u(f));
-    let mut b = s.launch_builder(k.get(&kn)?);
-    b.arg(&u_).arg(&dout).arg(&du);
     match kind {
-        Activation::Swiglu => b.arg(&n).arg(&f),
-        Activation::Gelu => b.arg(&total),
-    };
-    // SAFETY: the caller guarantees the buffers (see the function's Safety).
-    unsafe { b.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| launch_error(&kn, e))
+        Activation::Swiglu => launch!(&kn, s, k, cfg; u_, dout, du, n, f),
+        Activation::Gelu => launch!(&kn, s, k, cfg; u_, dout, du, total),
+    }
 }

@@ -36,22 +36,5 @@ pub unsafe fn adam_step(
     };
     let (bc1, bc2) = bias_corrections(c, t);
     let n = u(n);
-    let mut b = s.launch_builder(k.get(kn)?);
-    b.arg(&p)
-        .arg(&g)
-        .arg(&m)
-        .arg(&v)
-        .arg(&n)
-        .arg(&c.beta1)
-        .arg(&c.beta2)
-        .arg(&c.eps)
-        .arg(&c.lr)
-        .arg(&c.weight_decay)
-        .arg(&bc1)
-        .arg(&bc2)
-        .arg(&bf16_copy);
-    // SAFETY: the caller guarantees the buffers (see the function's Safety).
-    unsafe { b.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| launch_error(kn, e))
+    launch!(kn, s, k, cfg; p, g, m, v, n, c.beta1, c.beta2, c.eps, c.lr, c.weight_decay, bc1, bc2, bf16_copy)
 }

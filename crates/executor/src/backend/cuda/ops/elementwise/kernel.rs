@@ -46,12 +46,7 @@ unsafe fn cast(
         return Ok(());
     };
     let n = u(n);
-    let mut b = s.launch_builder(k.get(kn)?);
-    b.arg(&x).arg(&y).arg(&n);
-    // SAFETY: the caller guarantees the buffers (see the function's Safety).
-    unsafe { b.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| launch_error(kn, e))
+    launch!(kn, s, k, cfg; x, y, n)
 }
 
 /// out = a + b, `n` elements of `dtype` (out may alias a or b).
@@ -72,12 +67,7 @@ pub unsafe fn add(
         return Ok(());
     };
     let n = u(n);
-    let mut b = s.launch_builder(k.get(&kn)?);
-    b.arg(&a).arg(&b_).arg(&out).arg(&n);
-    // SAFETY: the caller guarantees the buffers (see the function's Safety).
-    unsafe { b.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| launch_error(&kn, e))
+    launch!(&kn, s, k, cfg; a, b_, out, n)
 }
 
 /// y += alpha x, `n` elements of `dtype`.
@@ -98,12 +88,7 @@ pub unsafe fn axpy(
         return Ok(());
     };
     let n = u(n);
-    let mut b = s.launch_builder(k.get(&kn)?);
-    b.arg(&alpha).arg(&x).arg(&y).arg(&n);
-    // SAFETY: the caller guarantees the buffers (see the function's Safety).
-    unsafe { b.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| launch_error(&kn, e))
+    launch!(&kn, s, k, cfg; alpha, x, y, n)
 }
 
 /// x[..n] = value.
@@ -123,10 +108,5 @@ pub unsafe fn fill(
         return Ok(());
     };
     let n = u(n);
-    let mut b = s.launch_builder(k.get(&kn)?);
-    b.arg(&x).arg(&value).arg(&n);
-    // SAFETY: the caller guarantees the buffers (see the function's Safety).
-    unsafe { b.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| launch_error(&kn, e))
+    launch!(&kn, s, k, cfg; x, value, n)
 }

@@ -25,18 +25,7 @@ pub unsafe fn embedding_gather(
         return Ok(());
     };
     let (tr, n, lo, h) = (u(table_rows), u(n), u(lo), u(h));
-    let mut b = s.launch_builder(k.get(&kn)?);
-    b.arg(&table)
-        .arg(&tr)
-        .arg(&tokens)
-        .arg(&n)
-        .arg(&lo)
-        .arg(&h)
-        .arg(&out);
-    // SAFETY: the caller guarantees the buffers (see the function's Safety).
-    unsafe { b.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| launch_error(&kn, e))
+    launch!(&kn, s, k, cfg; table, tr, tokens, n, lo, h, out)
 }
 
 /// grad[tokens[r] - lo] += dy[r] (grad f32 [grad_rows, h]; dy of `dtype`).
@@ -61,16 +50,5 @@ pub unsafe fn embedding_scatter_add(
         return Ok(());
     };
     let (n, lo, h, gr) = (u(n), u(lo), u(h), u(grad_rows));
-    let mut b = s.launch_builder(k.get(&kn)?);
-    b.arg(&dy)
-        .arg(&tokens)
-        .arg(&n)
-        .arg(&lo)
-        .arg(&h)
-        .arg(&grad)
-        .arg(&gr);
-    // SAFETY: the caller guarantees the buffers (see the function's Safety).
-    unsafe { b.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| launch_error(&kn, e))
+    launch!(&kn, s, k, cfg; dy, tokens, n, lo, h, grad, gr)
 }

@@ -156,28 +156,7 @@ pub unsafe fn forward_block(
         scale(sh),
     );
     let dr = AttnDropArgs::of(&sh.dropout);
-    let mut b = s.launch_builder(kr.get(&kn)?);
-    b.arg(&q)
-        .arg(&qs.pos)
-        .arg(&sq)
-        .arg(&k)
-        .arg(&v)
-        .arg(&ks.pos)
-        .arg(&sk)
-        .arg(&hq)
-        .arg(&hk)
-        .arg(&d)
-        .arg(&dv)
-        .arg(&tile)
-        .arg(&sc)
-        .arg(&dr)
-        .arg(&acc)
-        .arg(&max)
-        .arg(&sum);
-    // SAFETY: the caller guarantees the buffers (see the function's Safety).
-    unsafe { b.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| launch_error(&kn, e))
+    launch!(&kn, s, kr, cfg; q, qs.pos, sq, k, v, ks.pos, sk, hq, hk, d, dv, tile, sc, dr, acc, max, sum)
 }
 
 /// o = acc / sum in place and lse = max + ln(sum), `rows` query rows.
@@ -200,19 +179,7 @@ pub unsafe fn finish(
         return Ok(());
     };
     let (bb, r, hq, d) = (u(sh.b), u(rows), sh.hq as u32, sh.dv as u32);
-    let mut b = s.launch_builder(kr.get(kn)?);
-    b.arg(&o)
-        .arg(&max)
-        .arg(&sum)
-        .arg(&bb)
-        .arg(&r)
-        .arg(&hq)
-        .arg(&d)
-        .arg(&lse);
-    // SAFETY: the caller guarantees the buffers (see the function's Safety).
-    unsafe { b.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| launch_error(kn, e))
+    launch!(kn, s, kr, cfg; o, max, sum, bb, r, hq, d, lse)
 }
 
 /// delta [b, rows, hq] = rowsum(dout * o) per head.
@@ -236,12 +203,7 @@ pub unsafe fn delta(
         return Ok(());
     };
     let d = sh.dv as u32;
-    let mut b = s.launch_builder(kr.get(&kn)?);
-    b.arg(&dout).arg(&o).arg(&n).arg(&d).arg(&out);
-    // SAFETY: the caller guarantees the buffers (see the function's Safety).
-    unsafe { b.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| launch_error(&kn, e))
+    launch!(&kn, s, kr, cfg; dout, o, n, d, out)
 }
 
 /// The gradients of one key block: dq [b, sq, hq, d] +=, dk [b, sk, hk, d] += and dv
@@ -287,51 +249,8 @@ pub unsafe fn backward_block(
         scale(sh),
     );
     let dr = AttnDropArgs::of(&sh.dropout);
-    let mut b = s.launch_builder(kr.get(&dq_name)?);
-    b.arg(&q)
-        .arg(&qs.pos)
-        .arg(&sq)
-        .arg(&k)
-        .arg(&v)
-        .arg(&ks.pos)
-        .arg(&sk)
-        .arg(&hq)
-        .arg(&hk)
-        .arg(&d)
-        .arg(&dv_w)
-        .arg(&tile_q)
-        .arg(&sc)
-        .arg(&dr)
-        .arg(&dout)
-        .arg(&lse)
-        .arg(&delta)
-        .arg(&dq);
-    // SAFETY: the caller guarantees the buffers (see the function's Safety).
-    unsafe { b.launch(cfg_q) }.map_err(|e| launch_error(&dq_name, e))?;
-    let mut b = s.launch_builder(kr.get(&dkdv_name)?);
-    b.arg(&q)
-        .arg(&qs.pos)
-        .arg(&sq)
-        .arg(&k)
-        .arg(&v)
-        .arg(&ks.pos)
-        .arg(&sk)
-        .arg(&hq)
-        .arg(&hk)
-        .arg(&d)
-        .arg(&dv_w)
-        .arg(&tile_k)
-        .arg(&sc)
-        .arg(&dr)
-        .arg(&dout)
-        .arg(&lse)
-        .arg(&delta)
-        .arg(&dk)
-        .arg(&dv);
-    // SAFETY: the caller guarantees the buffers (see the function's Safety).
-    unsafe { b.launch(cfg_k) }
-        .map(|_| ())
-        .map_err(|e| launch_error(&dkdv_name, e))
+    launch!(&dq_name, s, kr, cfg_q; q, qs.pos, sq, k, v, ks.pos, sk, hq, hk, d, dv_w, tile_q, sc, dr, dout, lse, delta, dq)?;
+    launch!(&dkdv_name, s, kr, cfg_k; q, qs.pos, sq, k, v, ks.pos, sk, hq, hk, d, dv_w, tile_k, sc, dr, dout, lse, delta, dk, dv)
 }
 
 #[cfg(test)]

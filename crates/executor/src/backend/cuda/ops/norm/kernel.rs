@@ -33,12 +33,7 @@ pub unsafe fn norm_fwd(
         return Ok(());
     };
     let (h, layer) = (u32_arg(&kn, "h", h)?, i32::from(layer_norm));
-    let mut b = s.launch_builder(k.get(&kn)?);
-    b.arg(&x).arg(&params).arg(&y).arg(&h).arg(&eps).arg(&layer);
-    // SAFETY: the caller guarantees the buffers (see the function's Safety).
-    unsafe { b.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| launch_error(&kn, e))
+    launch!(&kn, s, k, cfg; x, params, y, h, eps, layer)
 }
 
 /// dx = (or += with `accumulate`) the input gradient of the norm from dy.
@@ -69,19 +64,7 @@ pub unsafe fn norm_dgrad(
         i32::from(layer_norm),
         i32::from(accumulate),
     );
-    let mut b = s.launch_builder(k.get(&kn)?);
-    b.arg(&x)
-        .arg(&params)
-        .arg(&dy)
-        .arg(&dx)
-        .arg(&h)
-        .arg(&eps)
-        .arg(&layer)
-        .arg(&acc);
-    // SAFETY: the caller guarantees the buffers (see the function's Safety).
-    unsafe { b.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| launch_error(&kn, e))
+    launch!(&kn, s, k, cfg; x, params, dy, dx, h, eps, layer, acc)
 }
 
 /// dparams += the parameter gradient (f32, h or 2h) over the rows.
@@ -106,18 +89,7 @@ pub unsafe fn norm_wgrad(
         return Ok(());
     };
     let (rows, h, layer) = (u(rows), u32_arg(&kn, "h", h)?, i32::from(layer_norm));
-    let mut b = s.launch_builder(k.get(&kn)?);
-    b.arg(&x)
-        .arg(&dy)
-        .arg(&dparams)
-        .arg(&rows)
-        .arg(&h)
-        .arg(&eps)
-        .arg(&layer);
-    // SAFETY: the caller guarantees the buffers (see the function's Safety).
-    unsafe { b.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| launch_error(&kn, e))
+    launch!(&kn, s, k, cfg; x, dy, dparams, rows, h, eps, layer)
 }
 
 #[cfg(test)]

@@ -38,17 +38,5 @@ pub unsafe fn rotary(
         u(npos),
         i32::from(inverse),
     );
-    let mut b = s.launch_builder(k.get(&kn)?);
-    b.arg(&x)
-        .arg(&rows)
-        .arg(&heads)
-        .arg(&d)
-        .arg(&positions)
-        .arg(&npos)
-        .arg(&theta)
-        .arg(&inv);
-    // SAFETY: the caller guarantees the buffers (see the function's Safety).
-    unsafe { b.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| launch_error(&kn, e))
+    launch!(&kn, s, k, cfg; x, rows, heads, d, positions, npos, theta, inv)
 }

@@ -42,7 +42,6 @@ unsafe fn copy(
         else {
             continue;
         };
-        let mut b = s.launch_builder(k.get(&kn)?);
         let (bb, sl, cp, hh, e, po, ch) = (
             u(g.b),
             u(g.s_loc),
@@ -52,19 +51,7 @@ unsafe fn copy(
             u(off),
             u(chunk),
         );
-        b.arg(x)
-            .arg(&buf)
-            .arg(&bb)
-            .arg(&sl)
-            .arg(&cp)
-            .arg(&hh)
-            .arg(&e)
-            .arg(&po)
-            .arg(&ch)
-            .arg(&lay)
-            .arg(&un);
-        // SAFETY: the caller guarantees the buffers (see the function's Safety).
-        unsafe { b.launch(cfg) }.map_err(|e| launch_error(&kn, e))?;
+        launch!(&kn, s, k, cfg; *x, buf, bb, sl, cp, hh, e, po, ch, lay, un)?;
     }
     Ok(())
 }
