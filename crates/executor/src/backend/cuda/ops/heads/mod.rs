@@ -3,9 +3,9 @@
 pub mod kernel;
 
 use crate::backend::cuda::device::tensor::CudaTensor;
-use crate::backend::cuda::diag::error::CudaError;
 use crate::backend::cuda::rank::CudaRank;
 use crate::backend::DeviceTensor;
+use crate::error::ExecError;
 
 /// out [n, heads, da + db] from a and b (at out's dtype).
 pub fn heads_concat(
@@ -14,11 +14,11 @@ pub fn heads_concat(
     b: &CudaTensor,
     heads: usize,
     out: &mut CudaTensor,
-) -> Result<(), CudaError> {
+) -> Result<(), ExecError> {
     let dt = out.dtype();
     let (sa, sb) = (r.input(a, dt)?, r.input(b, dt)?);
     // SAFETY: a, b staged at out's dtype with their own lengths; out its own.
-    unsafe {
+    Ok(unsafe {
         kernel::concat(
             r.s(),
             r.k(),
@@ -29,7 +29,7 @@ pub fn heads_concat(
             out.rows(),
             heads,
         )
-    }
+    }?)
 }
 
 /// The backward of [`heads_concat`]: da and db from dout (at dout's dtype).
@@ -39,7 +39,7 @@ pub fn heads_split(
     heads: usize,
     da: &mut CudaTensor,
     db: &mut CudaTensor,
-) -> Result<(), CudaError> {
+) -> Result<(), ExecError> {
     let dt = dout.dtype();
     let oa = r.output_at(da, 0..da.len(), dt, false)?;
     let ob = r.output_at(db, 0..db.len(), dt, false)?;
@@ -57,5 +57,5 @@ pub fn heads_split(
         )
     }?;
     r.store(oa, da, 0..da.len())?;
-    r.store(ob, db, 0..db.len())
+    Ok(r.store(ob, db, 0..db.len())?)
 }
