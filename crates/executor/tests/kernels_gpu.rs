@@ -547,7 +547,7 @@ fn bf16_kernels_match_the_cpu_on_rounded_inputs() {
     check("ce_target_logit_bf16", &g.down(&r.target), &tl, 1e-5);
 }
 
-/// kernels/dropout.cu, heads.cu and the scored router of moe.cu against their CPU twins
+/// backend/cuda/ops/dropout/dropout.cu, heads.cu and the scored router of moe.cu against their CPU twins
 /// (cpu/ops/dropout.rs, mla.rs, router.rs): outputs poisoned first, fresh random inputs.
 #[test]
 fn dropout_heads_and_scored_router_match_the_cpu() {
@@ -802,7 +802,7 @@ fn mma_rows(g: &Gpu, pos: &[u32]) -> (ops::flash::mma::MmaRows, [CudaSlice<u32>;
     (rows, [dp, dr])
 }
 
-/// kernels/flash_mma.cu (bf16, tensor cores) against the CPU twin on the bf16-rounded inputs:
+/// backend/cuda/ops/flash/flash_mma.cu (bf16, tensor cores) against the CPU twin on the bf16-rounded inputs:
 /// queries at `qpos` against the K/V blocks at `kblocks` merged one call each (the ring's
 /// order), then finish, and the backward of every block from the final lse and delta. The
 /// accumulating outputs start from random values (their += is checked too), lse from NaN.

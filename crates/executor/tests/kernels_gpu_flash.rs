@@ -1,4 +1,4 @@
-//! kernels/flash.cu's scalar kernels with MLA's value heads narrower than its query/key heads
+//! backend/cuda/ops/flash/flash.cu's scalar kernels with MLA's value heads narrower than its query/key heads
 //! (dv < d) and with attention dropout drawn inside the kernels, against the CPU twin
 //! (executor/src/backend/cpu/ops/flash.rs) on fresh random inputs, the statistics poisoned
 //! (NaN) first: relative error below 1e-5 in fp32; and the dropout mask the kernels apply equal

@@ -1,5 +1,5 @@
 // Shared helpers of parsim's kernels: bf16 <-> f32 loads and stores, warp and block sums.
-// Included by every kernels/*.cu file (NVRTC gets it as a named header).
+// Included by every backend/cuda/ops/*/*.cu file (NVRTC gets it as a named header).
 #pragma once
 #include <cuda_bf16.h>
 

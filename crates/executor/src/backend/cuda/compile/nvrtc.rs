@@ -1,4 +1,4 @@
-//! Run-time compilation of `kernels/*.cu` with NVRTC, called through `nvrtc::sys` directly
+//! Run-time compilation of `backend/cuda/ops/*/*.cu` with NVRTC, called through `nvrtc::sys` directly
 //! because cudarc's wrapper drops the program log on success, and the log carries ptxas's
 //! registers and shared memory per kernel (`--ptxas-options=-v`). Register spills are errors.
 
@@ -170,7 +170,7 @@ unsafe fn compile_program(
             return Err(CudaError::call(
                 Library::Nvrtc,
                 "nvrtcCompileProgram",
-                format!("kernels/{name} did not compile ({r:?}):\n{log}"),
+                format!("{name} did not compile ({r:?}):\n{log}"),
             ));
         }
         let mut size = 0usize;

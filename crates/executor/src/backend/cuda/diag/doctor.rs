@@ -1,5 +1,5 @@
 //! `parsim doctor`'s report: the driver and its GPUs, the CUDA libraries found (path and
-//! version) or where the loader looked, and every kernel of `kernels/` compiled for the GPU's
+//! version) or where the loader looked, and every kernel file (`ops/<family>/*.cu`) compiled for the GPU's
 //! architecture (or a given one without a GPU) with ptxas's registers and shared memory.
 
 use crate::backend::cuda::compile::kernels::{self, arch_name, FILES};
@@ -177,7 +177,7 @@ pub fn report(arch: Option<&str>) -> Report {
     let nvrtc_missing = probe::require(Library::Nvrtc).err();
     if let (Some(_), Some(e)) = (&arch, &nvrtc_missing) {
         failures.push(CompileFailure {
-            file: "kernels/*.cu".to_string(),
+            file: "backend/cuda/ops/*/*.cu".to_string(),
             error: e.to_string(),
         });
     } else if let Some(a) = &arch {

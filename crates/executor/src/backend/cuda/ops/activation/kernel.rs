@@ -1,4 +1,4 @@
-//! Launches of kernels/activation.cu: SwiGLU and GeLU forward and backward (CPU twin:
+//! Launches of backend/cuda/ops/activation/activation.cu: SwiGLU and GeLU forward and backward (CPU twin:
 //! cpu/ops/activation.rs). The backward may run in place (`du == u`).
 
 use crate::backend::cuda::ops::launch::*;

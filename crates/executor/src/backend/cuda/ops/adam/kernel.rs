@@ -1,4 +1,4 @@
-//! Launch of kernels/adam.cu: one Adam step with the optional bf16 weight copy (CPU twin:
+//! Launch of backend/cuda/ops/adam/adam.cu: one Adam step with the optional bf16 weight copy (CPU twin:
 //! cpu/ops/adam.rs).
 
 use crate::backend::cuda::ops::launch::*;

@@ -1,4 +1,4 @@
-//! Launches of kernels/cross_entropy.cu: vocab-parallel cross-entropy in pieces (CPU twin:
+//! Launches of backend/cuda/ops/cross_entropy/cross_entropy.cu: vocab-parallel cross-entropy in pieces (CPU twin:
 //! cpu/ops/cross_entropy.rs); logits [n, v] (f32, or bf16 read in place: `dt`) of the shard
 //! starting at column `lo`; probabilities and row statistics f32.
 

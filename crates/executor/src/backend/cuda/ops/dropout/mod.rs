@@ -43,7 +43,7 @@ pub fn dropout_inplace(
     Ok(())
 }
 
-/// The dropout on the device (`kernels/dropout.cu`); the 1-byte mask Megatron keeps is drawn
+/// The dropout on the device (`backend/cuda/ops/dropout/dropout.cu`); the 1-byte mask Megatron keeps is drawn
 /// on the host from the same key and uploaded (no mask-writing kernel yet).
 pub fn dropout_save(
     cr: &CudaRank,

@@ -1,4 +1,4 @@
-//! Launches of kernels/elementwise.cu: casts, add, axpy (the single-GPU collectives' sum)
+//! Launches of backend/cuda/ops/elementwise/elementwise.cu: casts, add, axpy (the single-GPU collectives' sum)
 //! and fill.
 
 use crate::backend::cuda::ops::launch::*;

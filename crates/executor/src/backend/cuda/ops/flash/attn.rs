@@ -1,7 +1,7 @@
-//! Attention on the CUDA backend: the block kernels of `kernels/flash.cu` (FlashAttention-2's
+//! Attention on the CUDA backend: the block kernels of `backend/cuda/ops/flash/flash.cu` (FlashAttention-2's
 //! tiled online softmax, Dao 2023) for the trait's block ops and for whole-sequence attention,
 //! which is one block of every position against every position. bf16 at head dims 64 and 128
-//! runs on the tensor-core kernels of `kernels/flash_mma.cu` instead ([`flash_mma::supports`]
+//! runs on the tensor-core kernels of `backend/cuda/ops/flash/flash_mma.cu` instead ([`flash_mma::supports`]
 //! picks). The causal work each block call reports is counted on the host from the row
 //! positions, as the CPU twin counts it.
 
@@ -134,7 +134,7 @@ pub struct BwdBuffers {
 }
 
 /// One backward block (queries at `qpos` against keys at `kpos`) on the tensor-core kernels
-/// where they apply, else on kernels/flash.cu; returns the causal work.
+/// where they apply, else on backend/cuda/ops/flash/flash.cu; returns the causal work.
 pub fn backward_block(
     r: &CudaRank,
     dt: DType,

@@ -1,6 +1,6 @@
 // Causal block attention for bf16 on tensor cores: FlashAttention-2 (Dao 2023) tiled with
 // mma.sync m16n8k16 (bf16 in, f32 accumulate), ldmatrix and cp.async, for head dims 64 and
-// 128 (d = dv). Same semantics and buffers as kernels/flash.cu (whose CPU twin is
+// 128 (d = dv). Same semantics and buffers as backend/cuda/ops/flash/flash.cu (whose CPU twin is
 // executor/src/backend/cpu/ops/flash.rs): q [b, sq, hq, d], k and v [b, sk, hk, d] (GQA), row
 // positions qpos [sq] and kpos [sk] (key c visible to query r iff kpos[c] <= qpos[r]), running
 // f32 acc [b, sq, hq, d] and max, sum [b, hq, sq] merged across calls; backward from the final

@@ -1,4 +1,4 @@
-//! Launches of kernels/flash.cu: causal block attention with row positions (CPU twin:
+//! Launches of backend/cuda/ops/flash/flash.cu: causal block attention with row positions (CPU twin:
 //! cpu/ops/flash.rs forward_block / finish / delta / backward_block). q [b, sq, hq, d], k
 //! [b, sk, hk, d] and v [b, sk, hk, dv] of `dtype` (MLA: dv < d); acc, statistics and gradients
 //! f32; attention dropout drawn in the kernels from the shape's [`AttnDropout`].
@@ -7,7 +7,7 @@ use crate::backend::cuda::ops::launch::*;
 use crate::backend::BlockShape;
 use crate::rng::AttnDropout;
 
-/// kernels/flash.cu's `AttnDrop`: one call's attention dropout by value (threshold 0: none).
+/// backend/cuda/ops/flash/flash.cu's `AttnDrop`: one call's attention dropout by value (threshold 0: none).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct AttnDropArgs {

@@ -1,4 +1,4 @@
-//! Launches of kernels/moe.cu: router softmax and top-k, token permutation and its inverse,
+//! Launches of backend/cuda/ops/moe/moe.cu: router softmax and top-k, token permutation and its inverse,
 //! and the backward of the combine and of the router (CPU twin: cpu/ops/moe.rs). Row indices
 //! are u32 on the device.
 

@@ -1,5 +1,5 @@
 //! MoE routing on the device: scores (softmax, or DeepSeek-V3's sigmoid), the top-k choice
-//! (kernels/moe.cu's `moe_topk_f32` for the plain router, `moe_topk_scored_f32` with the
+//! (backend/cuda/ops/moe/moe.cu's `moe_topk_f32` for the plain router, `moe_topk_scored_f32` with the
 //! selection bias, renormalisation and group limit for the scored one) and the per-expert
 //! score mass of the load-balancing loss all run as kernels; only the n x k chosen experts and
 //! gates (and e score sums) come back to the host. The capacity's drops and the per-expert

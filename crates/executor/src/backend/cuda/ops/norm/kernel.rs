@@ -1,4 +1,4 @@
-//! Launches of kernels/norm.cu: RMSNorm / LayerNorm forward, input and parameter gradients
+//! Launches of backend/cuda/ops/norm/norm.cu: RMSNorm / LayerNorm forward, input and parameter gradients
 //! (CPU twin: cpu/ops/norm.rs). `layer_norm` picks LayerNorm (params = gamma ++ beta, f32).
 
 use crate::backend::cuda::ops::launch::*;

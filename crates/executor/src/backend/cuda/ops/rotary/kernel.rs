@@ -1,4 +1,4 @@
-//! Launch of kernels/rotary.cu: positions-aware rotary embedding in place (CPU twin:
+//! Launch of backend/cuda/ops/rotary/rotary.cu: positions-aware rotary embedding in place (CPU twin:
 //! cpu/ops/rotary.rs); `inverse` is the backward.
 
 use crate::backend::cuda::ops::launch::*;

@@ -1,4 +1,4 @@
-//! Launches of kernels/ulysses.cu: DeepSpeed-Ulysses pack and unpack (CPU twin:
+//! Launches of backend/cuda/ops/ulysses/ulysses.cu: DeepSpeed-Ulysses pack and unpack (CPU twin:
 //! cpu/ops/ulysses.rs), one launch per part at the part's offset inside each chunk.
 
 use crate::backend::cuda::ops::launch::*;
