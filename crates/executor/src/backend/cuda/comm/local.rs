@@ -158,6 +158,21 @@ mod tests {
                 .unwrap()
                 .push((p, self.me, owner, b, r, write));
         }
+        /// A copy (or an add) of `n` elements from member `src`'s buffer into our own, noted
+        /// as a read and a write.
+        fn transfer(
+            &self,
+            (src, sb, so): (usize, Buf, usize),
+            (d, o): (Buf, usize),
+            n: usize,
+            add: bool,
+        ) -> Result<(), CudaError> {
+            self.note(src, sb, so..so + n, false);
+            self.note(self.me, d, o..o + n, true);
+            let vals = self.read(src, sb, so..so + n);
+            self.apply(d, o, &vals, add);
+            Ok(())
+        }
         fn apply(&self, dst: Buf, off: usize, vals: &[f32], add: bool) {
             let mut g = self.h.bufs[self.me].lock().unwrap();
             let v = if dst == Buf::In { &mut g.0 } else { &mut g.1 };
@@ -177,11 +192,7 @@ mod tests {
             o: usize,
             n: usize,
         ) -> Result<(), CudaError> {
-            self.note(src, sb, so..so + n, false);
-            self.note(self.me, d, o..o + n, true);
-            let vals = self.read(src, sb, so..so + n);
-            self.apply(d, o, &vals, false);
-            Ok(())
+            self.transfer((src, sb, so), (d, o), n, false)
         }
         fn add(
             &self,
@@ -192,11 +203,7 @@ mod tests {
             o: usize,
             n: usize,
         ) -> Result<(), CudaError> {
-            self.note(src, sb, so..so + n, false);
-            self.note(self.me, d, o..o + n, true);
-            let vals = self.read(src, sb, so..so + n);
-            self.apply(d, o, &vals, true);
-            Ok(())
+            self.transfer((src, sb, so), (d, o), n, true)
         }
         fn sync(&self) -> Result<(), CudaError> {
             *self.h.phases[self.me].lock().unwrap() += 1;

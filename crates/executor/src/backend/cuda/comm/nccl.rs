@@ -196,12 +196,10 @@ impl NcclComm {
         d: DType,
         s: CUstream,
     ) -> Result<(), CudaError> {
-        nr::group_start().map_err(nccl_err("ncclGroupStart"))?;
-        let mut first_err = None;
-        for &(root, addr, count) in pieces {
+        grouped(pieces, |&(root, addr, count)| {
             // SAFETY: `addr` holds `count` elements until the stream passes; in place on the
             // root (NCCL allows sendbuff == recvbuff).
-            let r = unsafe {
+            unsafe {
                 nr::reduce(
                     addr as *const c_void,
                     addr as *mut c_void,
@@ -212,16 +210,10 @@ impl NcclComm {
                     self.comm,
                     s.cast(),
                 )
-            };
-            if let Err(e) = r {
-                first_err.get_or_insert(nccl_err("ncclReduce")(e));
             }
-        }
-        let end = nr::group_end().map_err(nccl_err("ncclGroupEnd"));
-        match first_err {
-            Some(e) => Err(e),
-            None => end.map(drop),
-        }
+            .map(drop)
+            .map_err(nccl_err("ncclReduce"))
+        })
     }
 
     /// Sends and receives in one NCCL group: `(peer, address, count)` each.
@@ -232,46 +224,23 @@ impl NcclComm {
         d: DType,
         s: CUstream,
     ) -> Result<(), CudaError> {
-        nr::group_start().map_err(nccl_err("ncclGroupStart"))?;
-        let mut first_err = None;
-        for &(peer, addr, count) in sends {
-            // SAFETY: `addr` holds `count` elements until the stream passes.
-            let r = unsafe {
-                nr::send(
-                    addr as *const c_void,
-                    count,
-                    nccl_type(d),
-                    peer as i32,
-                    self.comm,
-                    s.cast(),
-                )
-            };
-            if let Err(e) = r {
-                first_err.get_or_insert(nccl_err("ncclSend")(e));
+        let calls: Vec<_> = (sends.iter().map(|&p| (true, p)))
+            .chain(recvs.iter().map(|&p| (false, p)))
+            .collect();
+        grouped(&calls, |&(send, (peer, addr, count))| {
+            let (t, peer) = (nccl_type(d), peer as i32);
+            // SAFETY: a send's `addr` holds `count` elements until the stream passes, a
+            // receive's has room for them.
+            unsafe {
+                if send {
+                    let r = nr::send(addr as *const c_void, count, t, peer, self.comm, s.cast());
+                    r.map(drop).map_err(nccl_err("ncclSend"))
+                } else {
+                    let r = nr::recv(addr as *mut c_void, count, t, peer, self.comm, s.cast());
+                    r.map(drop).map_err(nccl_err("ncclRecv"))
+                }
             }
-        }
-        for &(peer, addr, count) in recvs {
-            // SAFETY: `addr` has room for `count` elements.
-            let r = unsafe {
-                nr::recv(
-                    addr as *mut c_void,
-                    count,
-                    nccl_type(d),
-                    peer as i32,
-                    self.comm,
-                    s.cast(),
-                )
-            };
-            if let Err(e) = r {
-                first_err.get_or_insert(nccl_err("ncclRecv")(e));
-            }
-        }
-        // The group is always closed, even after a failed call inside it.
-        let end = nr::group_end().map_err(nccl_err("ncclGroupEnd"));
-        match first_err {
-            Some(e) => Err(e),
-            None => end.map(drop),
-        }
+        })
     }
 
     /// Variable all-to-all (counts in elements, member order) as grouped sends and receives.
@@ -303,6 +272,27 @@ impl Drop for NcclComm {
     fn drop(&mut self) {
         // SAFETY: created once by init or split, destroyed once; nothing to report to.
         let _ = unsafe { nr::comm_destroy(self.comm) };
+    }
+}
+
+/// Makes one NCCL call per item inside one NCCL group. The group is always closed, even
+/// after a failed call inside it; the first failure is the error.
+fn grouped<T>(
+    items: &[T],
+    mut call: impl FnMut(&T) -> Result<(), CudaError>,
+) -> Result<(), CudaError> {
+    nr::group_start().map_err(nccl_err("ncclGroupStart"))?;
+    let mut first_err = None;
+    for it in items {
+        // Every call is made (as NCCL expects of a group's members); the first error kept.
+        if let Err(e) = call(it) {
+            first_err.get_or_insert(e);
+        }
+    }
+    let end = nr::group_end().map_err(nccl_err("ncclGroupEnd"));
+    match first_err {
+        Some(e) => Err(e),
+        None => end.map(drop),
     }
 }
 

@@ -16,7 +16,8 @@ pub use cudarc::driver::{CudaStream, PushKernelArg};
 /// The one way a kernel is launched: `launch!(name, stream, kernels, cfg; a, b, ...)` looks
 /// `name` up in the loaded kernels, binds the arguments in order by reference (each lives
 /// until the launch), launches on the stream (cudarc's `launch_builder`) and turns a failure
-/// into an error naming the kernel. It evaluates to `Result<(), CudaError>`.
+/// into an error naming the kernel. It evaluates to `Result<(), CudaError>`. With
+/// `maybe cfg` the configuration is an `Option` and `None` (an empty shape) launches nothing.
 macro_rules! launch {
     (@go $b:ident, $cfg:expr, $kn:expr;) => {
         // SAFETY: the caller guarantees the buffers (see the function's Safety).
@@ -27,6 +28,13 @@ macro_rules! launch {
         $b.arg(a);
         launch!(@go $b, $cfg, $kn; $($rest),*)
     }};
+    // `maybe cfg`: an `Option<LaunchConfig>`, where `None` (an empty shape) launches nothing.
+    ($kn:expr, $s:expr, $k:expr, maybe $cfg:expr; $($a:expr),+) => {
+        match $cfg {
+            None => Ok(()),
+            Some(cfg) => launch!($kn, $s, $k, cfg; $($a),+),
+        }
+    };
     ($kn:expr, $s:expr, $k:expr, $cfg:expr; $($a:expr),+) => {{
         let f = $k.get($kn)?;
         let mut b = $s.launch_builder(f);

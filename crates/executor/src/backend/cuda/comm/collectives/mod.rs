@@ -81,33 +81,38 @@ impl<E> Default for Joins<E> {
 
 impl<E> Joins<E> {
     pub fn push(&self, e: Arc<E>) {
-        if let Ok(mut p) = self.pending.lock() {
-            p.push(e);
-        }
+        push_to(&self.pending, e);
     }
 
     /// Every pending event, oldest first; none left pending (the step's own stay).
     pub fn drain(&self) -> Vec<Arc<E>> {
-        self.pending
-            .lock()
-            .map(|mut p| std::mem::take(&mut *p))
-            .unwrap_or_default()
+        take_all(&self.pending)
     }
 
     /// An event the optimizer step waits for (a gradient bucket's reduction).
     pub fn push_step(&self, e: Arc<E>) {
-        if let Ok(mut p) = self.step.lock() {
-            p.push(e);
-        }
+        push_to(&self.step, e);
     }
 
     /// Every event pushed with [`Joins::push_step`], oldest first; none left.
     pub fn drain_step(&self) -> Vec<Arc<E>> {
-        self.step
-            .lock()
-            .map(|mut p| std::mem::take(&mut *p))
-            .unwrap_or_default()
+        take_all(&self.step)
     }
+}
+
+/// Appends to a list behind a lock (a poisoned lock drops the event: the failed thread's
+/// error ends the run anyway).
+fn push_to<E>(list: &std::sync::Mutex<Vec<Arc<E>>>, e: Arc<E>) {
+    if let Ok(mut p) = list.lock() {
+        p.push(e);
+    }
+}
+
+/// Empties a list behind a lock, handing back what it held in order.
+fn take_all<E>(list: &std::sync::Mutex<Vec<Arc<E>>>) -> Vec<Arc<E>> {
+    list.lock()
+        .map(|mut p| std::mem::take(&mut *p))
+        .unwrap_or_default()
 }
 
 /// Whether a gradient-bucket reduce-scatter over `t` runs overlapped with the computation

@@ -31,10 +31,7 @@ pub unsafe fn adam_step(
     if t == 0 {
         return Err(shape_error(kn, "the step t counts from 1"));
     }
-    let Some(cfg) = grid_stride(u(n)) else {
-        return Ok(());
-    };
     let (bc1, bc2) = bias_corrections(c, t);
     let n = u(n);
-    launch!(kn, s, k, cfg; p, g, m, v, n, c.beta1, c.beta2, c.eps, c.lr, c.weight_decay, bc1, bc2, bf16_copy)
+    launch!(kn, s, k, maybe grid_stride(n); p, g, m, v, n, c.beta1, c.beta2, c.eps, c.lr, c.weight_decay, bc1, bc2, bf16_copy)
 }

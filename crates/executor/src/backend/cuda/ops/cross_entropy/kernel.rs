@@ -22,10 +22,7 @@ pub unsafe fn ce_row_max(
     } else {
         "ce_row_max_f32"
     };
-    let Some(cfg) = per_row(name, u(n))? else {
-        return Ok(());
-    };
-    launch!(name, s, k, cfg; logits, u(v), max)
+    launch!(name, s, k, maybe per_row(name, u(n))?; logits, u(v), max)
 }
 
 /// probs = exp(logits - max), sum[r] = row sums.
@@ -49,10 +46,7 @@ pub unsafe fn ce_exp_rows(
     } else {
         "ce_exp_rows_f32"
     };
-    let Some(cfg) = per_row(name, u(n))? else {
-        return Ok(());
-    };
-    launch!(name, s, k, cfg; logits, u(v), max, probs, sum)
+    launch!(name, s, k, maybe per_row(name, u(n))?; logits, u(v), max, probs, sum)
 }
 
 /// out[r] = logits[r, targets[r] - lo] for targets in the shard, else 0.
@@ -99,10 +93,7 @@ pub unsafe fn ce_loss(
     target_logit: CUdeviceptr,
     row_loss: CUdeviceptr,
 ) -> Result<(), CudaError> {
-    let Some(cfg) = per_row("ce_loss_f32", u(n))? else {
-        return Ok(());
-    };
-    launch!("ce_loss_f32", s, k, cfg; probs, u(v), sum, max, target_logit, row_loss)
+    launch!("ce_loss_f32", s, k, maybe per_row("ce_loss_f32", u(n))?; probs, u(v), sum, max, target_logit, row_loss)
 }
 
 /// In place: probs = scale * (probs - onehot(target)).
@@ -120,8 +111,5 @@ pub unsafe fn ce_grad(
     lo: usize,
     scale: f32,
 ) -> Result<(), CudaError> {
-    let Some(cfg) = per_row("ce_grad_f32", u(n))? else {
-        return Ok(());
-    };
-    launch!("ce_grad_f32", s, k, cfg; probs, u(v), targets, u(lo), scale)
+    launch!("ce_grad_f32", s, k, maybe per_row("ce_grad_f32", u(n))?; probs, u(v), targets, u(lo), scale)
 }

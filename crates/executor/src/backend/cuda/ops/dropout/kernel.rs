@@ -21,10 +21,7 @@ pub unsafe fn dropout(
     col_offset: u64,
 ) -> Result<(), CudaError> {
     let kn = name("dropout", dtype);
-    let Some(cfg) = grid_stride(u(rows) * u(cols)) else {
-        return Ok(());
-    };
     let w = key.words();
-    launch!(&kn, s, k, cfg; x, tokens, u(rows), u(cols), col_offset, w.seed, w.step,
+    launch!(&kn, s, k, maybe grid_stride(u(rows) * u(cols)); x, tokens, u(rows), u(cols), col_offset, w.seed, w.step,
         w.layer_site, w.threshold, key.keep_scale())
 }

@@ -42,11 +42,8 @@ unsafe fn cast(
     y: CUdeviceptr,
     n: usize,
 ) -> Result<(), CudaError> {
-    let Some(cfg) = grid_stride(u(n)) else {
-        return Ok(());
-    };
     let n = u(n);
-    launch!(kn, s, k, cfg; x, y, n)
+    launch!(kn, s, k, maybe grid_stride(n); x, y, n)
 }
 
 /// out = a + b, `n` elements of `dtype` (out may alias a or b).
@@ -63,11 +60,8 @@ pub unsafe fn add(
     n: usize,
 ) -> Result<(), CudaError> {
     let kn = name("add", dtype);
-    let Some(cfg) = grid_stride(u(n)) else {
-        return Ok(());
-    };
     let n = u(n);
-    launch!(&kn, s, k, cfg; a, b_, out, n)
+    launch!(&kn, s, k, maybe grid_stride(n); a, b_, out, n)
 }
 
 /// y += alpha x, `n` elements of `dtype`.
@@ -84,11 +78,8 @@ pub unsafe fn axpy(
     n: usize,
 ) -> Result<(), CudaError> {
     let kn = name("axpy", dtype);
-    let Some(cfg) = grid_stride(u(n)) else {
-        return Ok(());
-    };
     let n = u(n);
-    launch!(&kn, s, k, cfg; alpha, x, y, n)
+    launch!(&kn, s, k, maybe grid_stride(n); alpha, x, y, n)
 }
 
 /// x[..n] = value.
@@ -104,9 +95,6 @@ pub unsafe fn fill(
     n: usize,
 ) -> Result<(), CudaError> {
     let kn = name("fill", dtype);
-    let Some(cfg) = grid_stride(u(n)) else {
-        return Ok(());
-    };
     let n = u(n);
-    launch!(&kn, s, k, cfg; x, value, n)
+    launch!(&kn, s, k, maybe grid_stride(n); x, value, n)
 }

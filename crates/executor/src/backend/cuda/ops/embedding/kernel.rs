@@ -21,11 +21,8 @@ pub unsafe fn embedding_gather(
     out: CUdeviceptr,
 ) -> Result<(), CudaError> {
     let kn = name("embedding_gather", dtype);
-    let Some(cfg) = grid_stride(u(n) * u(h)) else {
-        return Ok(());
-    };
     let (tr, n, lo, h) = (u(table_rows), u(n), u(lo), u(h));
-    launch!(&kn, s, k, cfg; table, tr, tokens, n, lo, h, out)
+    launch!(&kn, s, k, maybe grid_stride(n * h); table, tr, tokens, n, lo, h, out)
 }
 
 /// grad[tokens[r] - lo] += dy[r] (grad f32 [grad_rows, h]; dy of `dtype`).
@@ -46,9 +43,6 @@ pub unsafe fn embedding_scatter_add(
     grad_rows: usize,
 ) -> Result<(), CudaError> {
     let kn = name("embedding_scatter_add", dtype);
-    let Some(cfg) = grid_stride(u(n) * u(h)) else {
-        return Ok(());
-    };
     let (n, lo, h, gr) = (u(n), u(lo), u(h), u(grad_rows));
-    launch!(&kn, s, k, cfg; dy, tokens, n, lo, h, grad, gr)
+    launch!(&kn, s, k, maybe grid_stride(n * h); dy, tokens, n, lo, h, grad, gr)
 }

@@ -175,11 +175,8 @@ pub unsafe fn finish(
     lse: CUdeviceptr,
 ) -> Result<(), CudaError> {
     let kn = "flash_finish_f32";
-    let Some(cfg) = grid_stride(u(sh.b) * u(sh.hq) * u(rows)) else {
-        return Ok(());
-    };
     let (bb, r, hq, d) = (u(sh.b), u(rows), sh.hq as u32, sh.dv as u32);
-    launch!(kn, s, kr, cfg; o, max, sum, bb, r, hq, d, lse)
+    launch!(kn, s, kr, maybe grid_stride(u(sh.b) * u(sh.hq) * u(rows)); o, max, sum, bb, r, hq, d, lse)
 }
 
 /// delta [b, rows, hq] = rowsum(dout * o) per head.
@@ -199,11 +196,8 @@ pub unsafe fn delta(
 ) -> Result<(), CudaError> {
     let kn = name("flash_delta", dtype);
     let n = u(sh.b) * u(rows) * u(sh.hq);
-    let Some(cfg) = grid_stride(n) else {
-        return Ok(());
-    };
     let d = sh.dv as u32;
-    launch!(&kn, s, kr, cfg; dout, o, n, d, out)
+    launch!(&kn, s, kr, maybe grid_stride(n); dout, o, n, d, out)
 }
 
 /// The gradients of one key block: dq [b, sq, hq, d] +=, dk [b, sk, hk, d] += and dv

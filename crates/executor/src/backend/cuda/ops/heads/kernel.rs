@@ -57,10 +57,7 @@ pub unsafe fn concat(
 ) -> Result<(), CudaError> {
     let kn = name("heads_concat", dtype);
     let (da, db, shared) = widths(&kn, n, heads, a.1, b.1, out.1)?;
-    let Some(cfg) = grid_stride(u(out.1)) else {
-        return Ok(());
-    };
-    launch!(&kn, s, k, cfg; a.0, b.0, out.0, u(n), u32_arg(&kn, "heads", heads)?,
+    launch!(&kn, s, k, maybe grid_stride(u(out.1)); a.0, b.0, out.0, u(n), u32_arg(&kn, "heads", heads)?,
         u32_arg(&kn, "da", da)?, u32_arg(&kn, "db", db)?, i32::from(shared))
 }
 
@@ -81,10 +78,7 @@ pub unsafe fn split(
 ) -> Result<(), CudaError> {
     let kn = name("heads_split", dtype);
     let (wa, wb, shared) = widths(&kn, n, heads, da.1, db.1, dout.1)?;
-    let Some(cfg) = grid_stride(u(da.1) + u(db.1)) else {
-        return Ok(());
-    };
-    launch!(&kn, s, k, cfg; dout.0, da.0, db.0, u(n), u32_arg(&kn, "heads", heads)?,
+    launch!(&kn, s, k, maybe grid_stride(u(da.1) + u(db.1)); dout.0, da.0, db.0, u(n), u32_arg(&kn, "heads", heads)?,
         u32_arg(&kn, "wa", wa)?, u32_arg(&kn, "wb", wb)?, i32::from(shared))
 }
 

@@ -16,10 +16,7 @@ pub unsafe fn softmax_rows(
     e: usize,
 ) -> Result<(), CudaError> {
     let kn = "moe_softmax_rows_f32";
-    let Some(cfg) = grid_stride(u(n)) else {
-        return Ok(());
-    };
-    launch!(kn, s, k, cfg; x, u(n), u32_arg(kn, "e", e)?)
+    launch!(kn, s, k, maybe grid_stride(u(n)); x, u(n), u32_arg(kn, "e", e)?)
 }
 
 /// experts [n, topk] (u32) and gates [n, topk] (f32): each row's top-k, lower expert first on
@@ -45,10 +42,7 @@ pub unsafe fn topk(
             format!("top_k = {topk} must be in 1..=experts ({e})"),
         ));
     }
-    let Some(cfg) = grid_stride(u(n)) else {
-        return Ok(());
-    };
-    launch!(kn, s, k, cfg; probs, u(n), u32_arg(kn, "e", e)?, u32_arg(kn, "top_k", topk)?, experts, gates)
+    launch!(kn, s, k, maybe grid_stride(u(n)); probs, u(n), u32_arg(kn, "e", e)?, u32_arg(kn, "top_k", topk)?, experts, gates)
 }
 
 /// out[i] = src[rows[i]] for m rows of h.
@@ -67,10 +61,7 @@ pub unsafe fn gather_rows(
     out: CUdeviceptr,
 ) -> Result<(), CudaError> {
     let kn = name("gather_rows", dtype);
-    let Some(cfg) = grid_stride(u(m) * u(h)) else {
-        return Ok(());
-    };
-    launch!(&kn, s, k, cfg; src, rows, u(m), u(h), out)
+    launch!(&kn, s, k, maybe grid_stride(u(m) * u(h)); src, rows, u(m), u(h), out)
 }
 
 /// out[rows[i]] += w_i src[i] (out f32; `weights` 0 for none).
@@ -90,10 +81,7 @@ pub unsafe fn scatter_add_rows(
     out: CUdeviceptr,
 ) -> Result<(), CudaError> {
     let kn = name("scatter_add_rows", dtype);
-    let Some(cfg) = grid_stride(u(m) * u(h)) else {
-        return Ok(());
-    };
-    launch!(&kn, s, k, cfg; src, rows, weights, u(m), u(h), out)
+    launch!(&kn, s, k, maybe grid_stride(u(m) * u(h)); src, rows, weights, u(m), u(h), out)
 }
 
 /// Backward of the combine over m routes (token, expert, gate as three device arrays).
@@ -117,10 +105,7 @@ pub unsafe fn combine_bwd(
     dsend: CUdeviceptr,
 ) -> Result<(), CudaError> {
     let kn = "moe_combine_bwd_f32";
-    let Some(cfg) = per_row(kn, u(m))? else {
-        return Ok(());
-    };
-    launch!(kn, s, k, cfg; dy, y, tokens, experts, gates, u(h), u32_arg(kn, "e", e)?, dprobs, dsend)
+    launch!(kn, s, k, maybe per_row(kn, u(m))?; dy, y, tokens, experts, gates, u(h), u32_arg(kn, "e", e)?, dprobs, dsend)
 }
 
 /// The router's backward in place on d [n, e] (`fraction`: e f32 slot fractions).
@@ -139,11 +124,8 @@ pub unsafe fn router_bwd(
     aux_scale: f32,
 ) -> Result<(), CudaError> {
     let kn = "moe_router_bwd_f32";
-    let Some(cfg) = grid_stride(u(n)) else {
-        return Ok(());
-    };
     let has_aux = i32::from(aux_scale != 0.0);
-    launch!(kn, s, k, cfg; d, probs, fraction, u(n), u32_arg(kn, "e", e)?, aux_scale, has_aux)
+    launch!(kn, s, k, maybe grid_stride(u(n)); d, probs, fraction, u(n), u32_arg(kn, "e", e)?, aux_scale, has_aux)
 }
 
 /// Elementwise sigmoid of x [n] in place (the scored router's sigmoid score function).
@@ -157,10 +139,7 @@ pub unsafe fn sigmoid(
     n: usize,
 ) -> Result<(), CudaError> {
     let kn = "moe_sigmoid_f32";
-    let Some(cfg) = grid_stride(u(n)) else {
-        return Ok(());
-    };
-    launch!(kn, s, k, cfg; x, u(n))
+    launch!(kn, s, k, maybe grid_stride(u(n)); x, u(n))
 }
 
 /// The most groups the scored top-k takes (its allowed-group mask is 64 bits).
@@ -224,10 +203,7 @@ pub unsafe fn topk_scored(
 ) -> Result<(), CudaError> {
     let kn = "moe_topk_scored_f32";
     t.check(kn)?;
-    let Some(cfg) = grid_stride(u(n)) else {
-        return Ok(());
-    };
-    launch!(kn, s, k, cfg; scores, bias, u(n), u32_arg(kn, "experts", t.experts)?,
+    launch!(kn, s, k, maybe grid_stride(u(n)); scores, bias, u(n), u32_arg(kn, "experts", t.experts)?,
         u32_arg(kn, "top_k", t.top_k)?, u32_arg(kn, "groups", t.groups)?,
         u32_arg(kn, "group_topk", t.group_topk)?, i32::from(t.renormalize), experts, gates)
 }
@@ -245,10 +221,7 @@ pub unsafe fn score_colsum(
     out: CUdeviceptr,
 ) -> Result<(), CudaError> {
     let kn = "moe_score_colsum_f32";
-    let Some(cfg) = grid_stride(u(e)) else {
-        return Ok(());
-    };
-    launch!(kn, s, k, cfg; scores, u(n), u32_arg(kn, "e", e)?, out)
+    launch!(kn, s, k, maybe grid_stride(u(e)); scores, u(n), u32_arg(kn, "e", e)?, out)
 }
 
 /// The scored router's backward in place on d [n, e], through the renormalisation over the
@@ -270,10 +243,7 @@ pub unsafe fn scored_bwd(
     sigmoid: bool,
 ) -> Result<(), CudaError> {
     let kn = "moe_scored_bwd_f32";
-    let Some(cfg) = grid_stride(u(n)) else {
-        return Ok(());
-    };
-    launch!(kn, s, k, cfg; d, scores, chosen, u(n), u32_arg(kn, "e", e)?,
+    launch!(kn, s, k, maybe grid_stride(u(n)); d, scores, chosen, u(n), u32_arg(kn, "e", e)?,
         u32_arg(kn, "top_k", top_k)?, i32::from(renormalize), i32::from(sigmoid))
 }
 
