@@ -1,8 +1,8 @@
-//! Plays a Plan on GPUs: [`run_cuda`] in one process (every rank a thread, spread over the
-//! visible GPUs) or as one rank of a launched job. It checks the run, finds the driver and
-//! the GPUs, places the ranks and chooses each process group's transport (NCCL, or device
-//! copies for ranks sharing a GPU), loads the libraries those need and opens each rank's
-//! device and joins its NCCL communicators, before any step; a missing library or GPU is an error naming it.
+//! Plays a Plan on GPUs: [`run_cuda`] in one process (every rank a thread, spread over the visible
+//! GPUs) or as one rank of a launched job. It checks the run, finds the driver and the GPUs, places
+//! the ranks and chooses each process group's transport (NCCL, or device copies for ranks sharing a
+//! GPU), loads the libraries those need and opens each rank's device and joins its NCCL
+//! communicators, before any step; a missing library or GPU is an error naming it.
 
 use super::rank::{run_rank, RankOutput};
 use super::{assemble, check_run, Exported, RunOptions};

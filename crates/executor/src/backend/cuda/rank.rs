@@ -1,10 +1,10 @@
-//! The CUDA [`Backend`]: [`Cuda`] names the tensor ([`CudaTensor`]), the event (a CUDA event
-//! on a stream), the process group ([`CudaGroup`]), the device ([`CudaRank`]: one rank's GPU
-//! with its loaded kernels) and the collectives ([`crate::backend::cuda::comm::collectives::CudaComm`]). This file
-//! holds the [`Device`] half and the staging helpers the ops share: kernels take one dtype
-//! for their main operands, so an operand of the other dtype is converted into a temporary
-//! (and an output converted back), which keeps every op correct for any dtype mix the model
-//! code passes, at the cost of an extra pass where the dtypes differ.
+//! The CUDA [`Backend`]: [`Cuda`] names the tensor ([`CudaTensor`]), the event (a CUDA event on a
+//! stream), the process group ([`CudaGroup`]), the device ([`CudaRank`]: one rank's GPU with its
+//! loaded kernels) and the collectives ([`crate::backend::cuda::comm::collectives::CudaComm`]).
+//! This file holds the [`Device`] half and the staging helpers the ops share: kernels take one
+//! dtype for their main operands, so an operand of the other dtype is converted into a temporary
+//! (and an output converted back), which keeps every op correct for any dtype mix the model code
+//! passes, at the cost of an extra pass where the dtypes differ.
 
 use crate::backend::cuda::comm::collectives::{CudaComm, CudaGroup, Joins};
 use crate::backend::cuda::compile::kernels::Kernels;

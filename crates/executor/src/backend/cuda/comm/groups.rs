@@ -82,8 +82,8 @@ pub fn device_of(
     }
 }
 
-/// Every distinct process group of `plan` (tensor, context, data, pipeline, expert,
-/// expert-data and expert-tensor parallel, and the whole world), sorted, each with its members' GPUs and its
+/// Every distinct process group of `plan` (tensor, context, data, pipeline, expert, expert-data and
+/// expert-tensor parallel, and the whole world), sorted, each with its members' GPUs and its
 /// transport. In several processes, `local_rank_of(r)` gives rank r's rank on its node and
 /// `node_of(r)` its node; two members on one GPU of one node is an error there.
 pub fn plan_groups(

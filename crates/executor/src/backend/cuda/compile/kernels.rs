@@ -1,5 +1,5 @@
-//! The kernel files (`ops/<family>/*.cu`, compiled into the binary as text), their compilation for one
-//! architecture through the disk cache, and [`Kernels`], the loaded functions the launch
+//! The kernel files (`ops/<family>/*.cu`, compiled into the binary as text), their compilation for
+//! one architecture through the disk cache, and [`Kernels`], the loaded functions the launch
 //! wrappers take.
 
 use crate::backend::cuda::compile::cache;

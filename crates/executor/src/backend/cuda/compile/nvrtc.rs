@@ -1,5 +1,5 @@
-//! Run-time compilation of `backend/cuda/ops/*/*.cu` with NVRTC, called through `nvrtc::sys` directly
-//! because cudarc's wrapper drops the program log on success, and the log carries ptxas's
+//! Run-time compilation of `backend/cuda/ops/*/*.cu` with NVRTC, called through `nvrtc::sys`
+//! directly because cudarc's wrapper drops the program log on success, and the log carries ptxas's
 //! registers and shared memory per kernel (`--ptxas-options=-v`). Register spills are errors.
 
 use crate::backend::cuda::diag::error::CudaError;

@@ -1,5 +1,5 @@
-//! `parsim doctor`'s report: the driver and its GPUs, the CUDA libraries found (path and
-//! version) or where the loader looked, and every kernel file (`ops/<family>/*.cu`) compiled for the GPU's
+//! `parsim doctor`'s report: the driver and its GPUs, the CUDA libraries found (path and version)
+//! or where the loader looked, and every kernel file (`ops/<family>/*.cu`) compiled for the GPU's
 //! architecture (or a given one without a GPU) with ptxas's registers and shared memory.
 
 use crate::backend::cuda::compile::kernels::{self, arch_name, FILES};

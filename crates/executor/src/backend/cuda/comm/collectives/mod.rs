@@ -1,13 +1,13 @@
-//! [`DeviceCollectives`] on the CUDA backend. Each process group of the Plan has a transport
-//! (see [`crate::backend::cuda::comm::groups`]): NCCL for members on distinct GPUs, the shared-GPU device copies of
-//! [`crate::backend::cuda::comm::local`] through the process's [`Hub`] for members on one GPU, nothing for a
-//! single member. The reductions (all-reduce, reduce-scatter) are transport-specific; every
-//! data movement (all-gather, all-to-all, the flat-range gathers of ZeRO) is built from one
-//! grouped point-to-point primitive ([`CudaComm::p2p`]), and a reduce over ranges from it plus
-//! the axpy kernel. Collectives run on the rank's collective stream, ordered after the
+//! [`DeviceCollectives`] on the CUDA backend. Each process group of the Plan has a transport (see
+//! [`crate::backend::cuda::comm::groups`]): NCCL for members on distinct GPUs, the shared-GPU
+//! device copies of [`crate::backend::cuda::comm::local`] through the process's [`Hub`] for members
+//! on one GPU, nothing for a single member. The reductions (all-reduce, reduce-scatter) are
+//! transport-specific; every data movement (all-gather, all-to-all, the flat-range gathers of ZeRO)
+//! is built from one grouped point-to-point primitive ([`CudaComm::p2p`]), and a reduce over ranges
+//! from it plus the axpy kernel. Collectives run on the rank's collective stream, ordered after the
 //! compute stream's current point and before its next op by events; pipeline messages on the
-//! pipeline stream; the CP ring's posted exchanges on the ring stream, which the compute
-//! stream waits for only at the exchange's wait (schedule in [`crate::backend::cuda::comm::overlap`]).
+//! pipeline stream; the CP ring's posted exchanges on the ring stream, which the compute stream
+//! waits for only at the exchange's wait (schedule in [`crate::backend::cuda::comm::overlap`]).
 
 use crate::backend::cuda::comm::exchange::{plan, ranges};
 use crate::backend::cuda::comm::groups::{GroupSpec, Transport};

@@ -1,5 +1,5 @@
-//! Launches of backend/cuda/ops/activation/activation.cu: SwiGLU and GeLU forward and backward (CPU twin:
-//! cpu/ops/activation.rs). The backward may run in place (`du == u`).
+//! Launches of backend/cuda/ops/activation/activation.cu: SwiGLU and GeLU forward and backward (CPU
+//! twin: cpu/ops/activation.rs). The backward may run in place (`du == u`).
 
 use crate::backend::cuda::ops::launch::*;
 use crate::plan::Activation;

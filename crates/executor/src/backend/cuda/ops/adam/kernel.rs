@@ -1,5 +1,5 @@
-//! Launch of backend/cuda/ops/adam/adam.cu: one Adam step with the optional bf16 weight copy (CPU twin:
-//! cpu/ops/adam.rs).
+//! Launch of backend/cuda/ops/adam/adam.cu: one Adam step with the optional bf16 weight copy (CPU
+//! twin: cpu/ops/adam.rs).
 
 use crate::backend::cuda::ops::launch::*;
 use crate::plan::AdamConfig;
@@ -33,5 +33,8 @@ pub unsafe fn adam_step(
     }
     let (bc1, bc2) = bias_corrections(c, t);
     let n = u(n);
-    launch!(kn, s, k, maybe grid_stride(n); p, g, m, v, n, c.beta1, c.beta2, c.eps, c.lr, c.weight_decay, bc1, bc2, bf16_copy)
+    launch!(
+        kn, s, k, maybe grid_stride(n);
+        p, g, m, v, n, c.beta1, c.beta2, c.eps, c.lr, c.weight_decay, bc1, bc2, bf16_copy
+    )
 }

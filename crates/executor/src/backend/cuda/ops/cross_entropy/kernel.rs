@@ -1,6 +1,6 @@
-//! Launches of backend/cuda/ops/cross_entropy/cross_entropy.cu: vocab-parallel cross-entropy in pieces (CPU twin:
-//! cpu/ops/cross_entropy.rs); logits [n, v] (f32, or bf16 read in place: `dt`) of the shard
-//! starting at column `lo`; probabilities and row statistics f32.
+//! Launches of backend/cuda/ops/cross_entropy/cross_entropy.cu: vocab-parallel cross-entropy in
+//! pieces (CPU twin: cpu/ops/cross_entropy.rs); logits [n, v] (f32, or bf16 read in place: `dt`) of
+//! the shard starting at column `lo`; probabilities and row statistics f32.
 
 use crate::backend::cuda::ops::launch::*;
 
@@ -93,7 +93,10 @@ pub unsafe fn ce_loss(
     target_logit: CUdeviceptr,
     row_loss: CUdeviceptr,
 ) -> Result<(), CudaError> {
-    launch!("ce_loss_f32", s, k, maybe per_row("ce_loss_f32", u(n))?; probs, u(v), sum, max, target_logit, row_loss)
+    launch!(
+        "ce_loss_f32", s, k, maybe per_row("ce_loss_f32", u(n))?;
+        probs, u(v), sum, max, target_logit, row_loss
+    )
 }
 
 /// In place: probs = scale * (probs - onehot(target)).
@@ -111,5 +114,8 @@ pub unsafe fn ce_grad(
     lo: usize,
     scale: f32,
 ) -> Result<(), CudaError> {
-    launch!("ce_grad_f32", s, k, maybe per_row("ce_grad_f32", u(n))?; probs, u(v), targets, u(lo), scale)
+    launch!(
+        "ce_grad_f32", s, k, maybe per_row("ce_grad_f32", u(n))?;
+        probs, u(v), targets, u(lo), scale
+    )
 }

@@ -1,5 +1,6 @@
-//! Launch of backend/cuda/ops/dropout/dropout.cu: inverted dropout in place from the Philox mask (CPU twin:
-//! cpu/ops/dropout.rs with rng.rs's mask). The key's words are the host's [`DropoutKey`]'s.
+//! Launch of backend/cuda/ops/dropout/dropout.cu: inverted dropout in place from the Philox mask
+//! (CPU twin: cpu/ops/dropout.rs with rng.rs's mask). The key's words are the host's
+//! [`DropoutKey`]'s.
 
 use crate::backend::cuda::ops::launch::*;
 use crate::rng::DropoutKey;

@@ -43,8 +43,8 @@ pub fn dropout_inplace(
     Ok(())
 }
 
-/// The dropout on the device (`backend/cuda/ops/dropout/dropout.cu`); the 1-byte mask Megatron keeps is drawn
-/// on the host from the same key and uploaded (no mask-writing kernel yet).
+/// The dropout on the device (`backend/cuda/ops/dropout/dropout.cu`); the 1-byte mask Megatron
+/// keeps is drawn on the host from the same key and uploaded (no mask-writing kernel yet).
 pub fn dropout_save(
     cr: &CudaRank,
     key: &crate::rng::DropoutKey,

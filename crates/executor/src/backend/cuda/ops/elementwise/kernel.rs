@@ -1,5 +1,5 @@
-//! Launches of backend/cuda/ops/elementwise/elementwise.cu: casts, add, axpy (the single-GPU collectives' sum)
-//! and fill.
+//! Launches of backend/cuda/ops/elementwise/elementwise.cu: casts, add, axpy (the single-GPU
+//! collectives' sum) and fill.
 
 use crate::backend::cuda::ops::launch::*;
 

@@ -1,9 +1,9 @@
-//! Attention on the CUDA backend: the block kernels of `backend/cuda/ops/flash/flash.cu` (FlashAttention-2's
-//! tiled online softmax, Dao 2023) for the trait's block ops and for whole-sequence attention,
-//! which is one block of every position against every position. bf16 at head dims 64 and 128
-//! runs on the tensor-core kernels of `backend/cuda/ops/flash/flash_mma.cu` instead ([`flash_mma::supports`]
-//! picks). The causal work each block call reports is counted on the host from the row
-//! positions, as the CPU twin counts it.
+//! Attention on the CUDA backend: the block kernels of `backend/cuda/ops/flash/flash.cu`
+//! (FlashAttention-2's tiled online softmax, Dao 2023) for the trait's block ops and for
+//! whole-sequence attention, which is one block of every position against every position. bf16 at
+//! head dims 64 and 128 runs on the tensor-core kernels of `backend/cuda/ops/flash/flash_mma.cu`
+//! instead ([`flash_mma::supports`] picks). The causal work each block call reports is counted on
+//! the host from the row positions, as the CPU twin counts it.
 
 use crate::backend::cuda::device::tensor::CudaTensor;
 use crate::backend::cuda::diag::error::CudaError;

@@ -1,13 +1,14 @@
-//! Launches of backend/cuda/ops/flash/flash.cu: causal block attention with row positions (CPU twin:
-//! cpu/ops/flash.rs forward_block / finish / delta / backward_block). q [b, sq, hq, d], k
-//! [b, sk, hk, d] and v [b, sk, hk, dv] of `dtype` (MLA: dv < d); acc, statistics and gradients
-//! f32; attention dropout drawn in the kernels from the shape's [`AttnDropout`].
+//! Launches of backend/cuda/ops/flash/flash.cu: causal block attention with row positions (CPU
+//! twin: cpu/ops/flash.rs forward_block / finish / delta / backward_block). q [b, sq, hq, d], k [b,
+//! sk, hk, d] and v [b, sk, hk, dv] of `dtype` (MLA: dv < d); acc, statistics and gradients f32;
+//! attention dropout drawn in the kernels from the shape's [`AttnDropout`].
 
 use crate::backend::cuda::ops::launch::*;
 use crate::backend::BlockShape;
 use crate::rng::AttnDropout;
 
-/// backend/cuda/ops/flash/flash.cu's `AttnDrop`: one call's attention dropout by value (threshold 0: none).
+/// backend/cuda/ops/flash/flash.cu's `AttnDrop`: one call's attention dropout by value (threshold
+/// 0: none).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct AttnDropArgs {
@@ -156,7 +157,10 @@ pub unsafe fn forward_block(
         scale(sh),
     );
     let dr = AttnDropArgs::of(&sh.dropout);
-    launch!(&kn, s, kr, cfg; q, qs.pos, sq, k, v, ks.pos, sk, hq, hk, d, dv, tile, sc, dr, acc, max, sum)
+    launch!(
+        &kn, s, kr, cfg;
+        q, qs.pos, sq, k, v, ks.pos, sk, hq, hk, d, dv, tile, sc, dr, acc, max, sum
+    )
 }
 
 /// o = acc / sum in place and lse = max + ln(sum), `rows` query rows.
@@ -176,7 +180,10 @@ pub unsafe fn finish(
 ) -> Result<(), CudaError> {
     let kn = "flash_finish_f32";
     let (bb, r, hq, d) = (u(sh.b), u(rows), sh.hq as u32, sh.dv as u32);
-    launch!(kn, s, kr, maybe grid_stride(u(sh.b) * u(sh.hq) * u(rows)); o, max, sum, bb, r, hq, d, lse)
+    launch!(
+        kn, s, kr, maybe grid_stride(u(sh.b) * u(sh.hq) * u(rows));
+        o, max, sum, bb, r, hq, d, lse
+    )
 }
 
 /// delta [b, rows, hq] = rowsum(dout * o) per head.
@@ -243,8 +250,14 @@ pub unsafe fn backward_block(
         scale(sh),
     );
     let dr = AttnDropArgs::of(&sh.dropout);
-    launch!(&dq_name, s, kr, cfg_q; q, qs.pos, sq, k, v, ks.pos, sk, hq, hk, d, dv_w, tile_q, sc, dr, dout, lse, delta, dq)?;
-    launch!(&dkdv_name, s, kr, cfg_k; q, qs.pos, sq, k, v, ks.pos, sk, hq, hk, d, dv_w, tile_k, sc, dr, dout, lse, delta, dk, dv)
+    launch!(
+        &dq_name, s, kr, cfg_q;
+        q, qs.pos, sq, k, v, ks.pos, sk, hq, hk, d, dv_w, tile_q, sc, dr, dout, lse, delta, dq
+    )?;
+    launch!(
+        &dkdv_name, s, kr, cfg_k;
+        q, qs.pos, sq, k, v, ks.pos, sk, hq, hk, d, dv_w, tile_k, sc, dr, dout, lse, delta, dk, dv
+    )
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
-//! Launches of backend/cuda/ops/flash/flash_mma.cu: the bf16 block attention on tensor cores (FlashAttention-2,
-//! Dao 2023), same buffers and semantics as [`super::kernel`] (CPU twin: cpu/ops/flash.rs) for
-//! head dims 64 and 128. Each side also carries the (min, max) position of every 32 rows, from
-//! which the kernels skip tiles wholly in the future and leave the mask off tiles wholly in the
-//! past.
+//! Launches of backend/cuda/ops/flash/flash_mma.cu: the bf16 block attention on tensor cores
+//! (FlashAttention-2, Dao 2023), same buffers and semantics as [`super::kernel`] (CPU twin:
+//! cpu/ops/flash.rs) for head dims 64 and 128. Each side also carries the (min, max) position of
+//! every 32 rows, from which the kernels skip tiles wholly in the future and leave the mask off
+//! tiles wholly in the past.
 
 use crate::backend::cuda::ops::launch::*;
 use crate::backend::BlockShape;
@@ -50,9 +50,9 @@ fn enabled() -> bool {
         && !*ENV_OFF.get_or_init(|| std::env::var_os("PARSIM_CUDA_FLASH_SCALAR").is_some())
 }
 
-/// Whether the tensor-core kernels take a call: bf16 inputs, d = dv in [`HEAD_DIMS`], query
-/// heads a multiple of the key heads, the bf16 tensors 16-byte aligned (cp.async) and the f32
-/// accumulators 8-byte aligned (paired stores). Anything else runs on backend/cuda/ops/flash/flash.cu.
+/// Whether the tensor-core kernels take a call: bf16 inputs, d = dv in [`HEAD_DIMS`], query heads a
+/// multiple of the key heads, the bf16 tensors 16-byte aligned (cp.async) and the f32 accumulators
+/// 8-byte aligned (paired stores). Anything else runs on backend/cuda/ops/flash/flash.cu.
 pub fn supports(dtype: DType, sh: &BlockShape, bf16: &[CUdeviceptr], f32s: &[CUdeviceptr]) -> bool {
     enabled()
         && dtype == DType::Bf16

@@ -1,5 +1,5 @@
-//! Launches of backend/cuda/ops/heads/heads.cu: MLA's per-head concat of the no-rotary and rotary parts and
-//! its backward (CPU twin: cpu/ops/mla.rs).
+//! Launches of backend/cuda/ops/heads/heads.cu: MLA's per-head concat of the no-rotary and rotary
+//! parts and its backward (CPU twin: cpu/ops/mla.rs).
 
 use crate::backend::cuda::ops::launch::*;
 

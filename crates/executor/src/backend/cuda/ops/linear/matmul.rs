@@ -152,8 +152,8 @@ pub struct Lt {
 unsafe impl Send for Lt {}
 
 impl Lt {
-    /// A handle (cuBLASLt must be loadable: [`crate::backend::cuda::diag::probe::require`] first) using the
-    /// `workspace` device buffer of [`WORKSPACE_BYTES`].
+    /// A handle (cuBLASLt must be loadable: [`crate::backend::cuda::diag::probe::require`] first)
+    /// using the `workspace` device buffer of [`WORKSPACE_BYTES`].
     pub fn new(workspace: u64) -> Result<Lt, CudaError> {
         crate::backend::cuda::diag::probe::require(Library::CublasLt)?;
         let handle = lt::create_handle().map_err(lt_err("cublasLtCreate"))?;

@@ -1,6 +1,6 @@
-//! Launches of backend/cuda/ops/moe/moe.cu: router softmax and top-k, token permutation and its inverse,
-//! and the backward of the combine and of the router (CPU twin: cpu/ops/moe.rs). Row indices
-//! are u32 on the device.
+//! Launches of backend/cuda/ops/moe/moe.cu: router softmax and top-k, token permutation and its
+//! inverse, and the backward of the combine and of the router (CPU twin: cpu/ops/moe.rs). Row
+//! indices are u32 on the device.
 
 use crate::backend::cuda::ops::launch::*;
 
@@ -42,7 +42,10 @@ pub unsafe fn topk(
             format!("top_k = {topk} must be in 1..=experts ({e})"),
         ));
     }
-    launch!(kn, s, k, maybe grid_stride(u(n)); probs, u(n), u32_arg(kn, "e", e)?, u32_arg(kn, "top_k", topk)?, experts, gates)
+    launch!(
+        kn, s, k, maybe grid_stride(u(n));
+        probs, u(n), u32_arg(kn, "e", e)?, u32_arg(kn, "top_k", topk)?, experts, gates
+    )
 }
 
 /// out[i] = src[rows[i]] for m rows of h.
@@ -105,7 +108,10 @@ pub unsafe fn combine_bwd(
     dsend: CUdeviceptr,
 ) -> Result<(), CudaError> {
     let kn = "moe_combine_bwd_f32";
-    launch!(kn, s, k, maybe per_row(kn, u(m))?; dy, y, tokens, experts, gates, u(h), u32_arg(kn, "e", e)?, dprobs, dsend)
+    launch!(
+        kn, s, k, maybe per_row(kn, u(m))?;
+        dy, y, tokens, experts, gates, u(h), u32_arg(kn, "e", e)?, dprobs, dsend
+    )
 }
 
 /// The router's backward in place on d [n, e] (`fraction`: e f32 slot fractions).
@@ -125,7 +131,10 @@ pub unsafe fn router_bwd(
 ) -> Result<(), CudaError> {
     let kn = "moe_router_bwd_f32";
     let has_aux = i32::from(aux_scale != 0.0);
-    launch!(kn, s, k, maybe grid_stride(u(n)); d, probs, fraction, u(n), u32_arg(kn, "e", e)?, aux_scale, has_aux)
+    launch!(
+        kn, s, k, maybe grid_stride(u(n));
+        d, probs, fraction, u(n), u32_arg(kn, "e", e)?, aux_scale, has_aux
+    )
 }
 
 /// Elementwise sigmoid of x [n] in place (the scored router's sigmoid score function).

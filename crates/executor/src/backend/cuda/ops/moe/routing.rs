@@ -1,11 +1,11 @@
 //! MoE routing on the device: scores (softmax, or DeepSeek-V3's sigmoid), the top-k choice
-//! (backend/cuda/ops/moe/moe.cu's `moe_topk_f32` for the plain router, `moe_topk_scored_f32` with the
-//! selection bias, renormalisation and group limit for the scored one) and the per-expert
-//! score mass of the load-balancing loss all run as kernels; only the n x k chosen experts and
-//! gates (and e score sums) come back to the host. The capacity's drops and the per-expert
-//! route order stay host metadata (CPU twin: cpu/ops/moe.rs `finish`), as the split sizes of the
-//! dispatch all-to-all are on the host for NCCL too. Forced load balancing chooses by token
-//! index, not by score: the scores come back and the CPU twin routes them.
+//! (backend/cuda/ops/moe/moe.cu's `moe_topk_f32` for the plain router, `moe_topk_scored_f32` with
+//! the selection bias, renormalisation and group limit for the scored one) and the per-expert score
+//! mass of the load-balancing loss all run as kernels; only the n x k chosen experts and gates (and
+//! e score sums) come back to the host. The capacity's drops and the per-expert route order stay
+//! host metadata (CPU twin: cpu/ops/moe.rs `finish`), as the split sizes of the dispatch all-to-all
+//! are on the host for NCCL too. Forced load balancing chooses by token index, not by score: the
+//! scores come back and the CPU twin routes them.
 
 use crate::backend::cpu::ops::moe as host_moe;
 use crate::backend::cpu::ops::router as host_router;

@@ -1,5 +1,6 @@
-//! Launches of backend/cuda/ops/norm/norm.cu: RMSNorm / LayerNorm forward, input and parameter gradients
-//! (CPU twin: cpu/ops/norm.rs). `layer_norm` picks LayerNorm (params = gamma ++ beta, f32).
+//! Launches of backend/cuda/ops/norm/norm.cu: RMSNorm / LayerNorm forward, input and parameter
+//! gradients (CPU twin: cpu/ops/norm.rs). `layer_norm` picks LayerNorm (params = gamma ++ beta,
+//! f32).
 
 use crate::backend::cuda::ops::launch::*;
 

@@ -1,5 +1,5 @@
-//! Launch of backend/cuda/ops/rotary/rotary.cu: positions-aware rotary embedding in place (CPU twin:
-//! cpu/ops/rotary.rs); `inverse` is the backward.
+//! Launch of backend/cuda/ops/rotary/rotary.cu: positions-aware rotary embedding in place (CPU
+//! twin: cpu/ops/rotary.rs); `inverse` is the backward.
 
 use crate::backend::cuda::ops::launch::*;
 
