@@ -4,7 +4,7 @@
 //! are meant to expire are short (1.5 s), those that must not are generous (8-10 s, a loaded
 //! machine), and a drop guard kills stray children.
 
-use parsim_executor::backend::cuda::nccl_id::nccl_unique_id;
+use parsim_executor::backend::cuda::comm::nccl_id::nccl_unique_id;
 use parsim_executor::backend::cuda::Library;
 use parsim_executor::error::ExecError;
 use parsim_executor::plan::Coords;

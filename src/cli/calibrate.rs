@@ -264,13 +264,13 @@ pub fn run_execute_calibrate(
 /// The CUDA driver as the provenance names it: its CUDA version and the library file (whose
 /// name carries the kernel driver's version, e.g. libcuda.so.580.159.04).
 fn cuda_driver_note() -> String {
-    let r = parsim_executor::backend::cuda::doctor::report_libraries();
+    let r = parsim_executor::backend::cuda::diag::doctor::report_libraries();
     let lib = r
         .iter()
         .find(|l| l.library == "CUDA driver")
         .and_then(|l| l.path.clone())
         .unwrap_or_else(|| "driver library not found".into());
-    match parsim_executor::backend::cuda::doctor::driver_version_string() {
+    match parsim_executor::backend::cuda::diag::doctor::driver_version_string() {
         Some(v) => format!("driver CUDA {v} ({lib})"),
         None => format!("driver {lib}"),
     }
@@ -285,7 +285,7 @@ pub fn run_execute_calibrate_cuda(
     json: bool,
 ) -> anyhow::Result<()> {
     use parsim::calibrate::sweep;
-    use parsim_executor::backend::cuda::context;
+    use parsim_executor::backend::cuda::device::context;
     use parsim_executor::runner::{run_cuda, CudaWorld};
     let gpus = context::visible_gpus()?;
     let gpu_name = context::gpu_name(0)?;

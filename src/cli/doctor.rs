@@ -4,8 +4,8 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
-use parsim_executor::backend::cuda::doctor::{self, Report};
-use parsim_executor::backend::cuda::kernels::valid_arch;
+use parsim_executor::backend::cuda::compile::kernels::valid_arch;
+use parsim_executor::backend::cuda::diag::doctor::{self, Report};
 
 #[derive(Debug, Args)]
 pub struct DoctorArgs {

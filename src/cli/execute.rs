@@ -330,10 +330,7 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
 
 /// The cpu backend holds every rank in this process: refuse a run that would not fit in the
 /// host's available memory.
-fn check_host_memory(
-    predicted: &[parsim::memory::StageMemory],
-    world: u32,
-) -> anyhow::Result<()> {
+fn check_host_memory(predicted: &[parsim::memory::StageMemory], world: u32) -> anyhow::Result<()> {
     let total_predicted = predicted.iter().map(|s| s.total).max().unwrap_or(0) * world as u64;
     let (host_bytes, source) = match parsim::host::available_bytes() {
         Some(b) => (b, "available on this machine (/proc/meminfo MemAvailable)"),

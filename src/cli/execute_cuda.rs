@@ -4,7 +4,7 @@
 
 use super::launch_args::LaunchArgs;
 use anyhow::ensure;
-use parsim_executor::backend::cuda::nccl_id::nccl_unique_id;
+use parsim_executor::backend::cuda::comm::nccl_id::nccl_unique_id;
 use parsim_executor::backend::cuda::{probe, Library};
 use parsim_executor::runner::{run_cuda, CudaWorld, RunOptions};
 use parsim_executor::{ExecError, Plan, RunReport};

@@ -70,7 +70,7 @@ fn calibrate_cuda_without_a_driver_fails_before_the_sweep() {
 /// spans both.
 #[test]
 fn a_tp_pp_dp_plan_places_on_one_two_and_eight_gpus() {
-    use parsim_executor::backend::cuda::groups::Transport;
+    use parsim_executor::backend::cuda::comm::groups::Transport;
     use parsim_executor::runner::{cuda_layout, CudaWorld};
     let mix = super::common::Mix {
         tp: 2,
@@ -80,7 +80,7 @@ fn a_tp_pp_dp_plan_places_on_one_two_and_eight_gpus() {
     };
     let plan = super::common::plan(super::common::config(&mix, 8, true, "rmsnorm", "swiglu"));
     assert_eq!(plan.world(), 8);
-    let multi = |g: &parsim_executor::backend::cuda::groups::GroupSpec| g.members.len() > 1;
+    let multi = |g: &parsim_executor::backend::cuda::comm::groups::GroupSpec| g.members.len() > 1;
     let one = cuda_layout(&plan, &CudaWorld::SingleProcess, 1).unwrap();
     assert!(one.local.iter().all(|&(_, d)| d == 0));
     assert!(one
@@ -138,7 +138,7 @@ fn no_gpu() -> Option<String> {
     if !driver_present() {
         return Some("no CUDA driver (libcuda.so.1) on this machine".into());
     }
-    parsim_executor::backend::cuda::context::visible_gpus()
+    parsim_executor::backend::cuda::device::context::visible_gpus()
         .err()
         .map(|e| e.to_string())
 }

@@ -1,9 +1,9 @@
 //! `parsim doctor`: the report's JSON keys, a bad --arch refused by name, and (where NVRTC is
-//! installed) every kernel of kernels/ compiled for --arch sm_90 without a GPU; where NVRTC is
+//! installed) every kernel of the CUDA backend compiled for --arch sm_90 without a GPU; where NVRTC is
 //! missing, --arch fails naming the library.
 
 use assert_cmd::Command;
-use parsim_executor::backend::cuda::kernels::FILES;
+use parsim_executor::backend::cuda::compile::kernels::FILES;
 use parsim_executor::backend::cuda::probe::Library;
 use serde_json::Value;
 

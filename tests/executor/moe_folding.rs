@@ -404,7 +404,7 @@ fn expert_tp_above_tp_groups_follow_the_layout() {
 /// members' GPUs.
 #[test]
 fn the_cuda_runner_creates_the_expert_tp_groups_above_tp() {
-    use parsim_executor::backend::cuda::groups::{plan_groups, Placement, Transport};
+    use parsim_executor::backend::cuda::comm::groups::{plan_groups, Placement, Transport};
     let (c, etp) = &etp_above_tp_mixes()[1];
     let p = plan(above(c, *etp, false));
     let specs = plan_groups(&p, Placement::SingleProcess { gpus: 4 }, |_| 0, |_| 0)

@@ -7,8 +7,8 @@
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
-use parsim_executor::backend::cuda::kernels::Kernels;
-use parsim_executor::backend::cuda::launch;
+use parsim_executor::backend::cuda::compile::kernels::Kernels;
+use parsim_executor::backend::cuda::ops;
 use parsim_executor::backend::cuda::probe::{self, Library};
 use parsim_executor::backend::{BlockShape, DType};
 use parsim_executor::plan::Activation;
@@ -64,8 +64,10 @@ fn main() {
     let (px, py, pg) = (ptr(&s, &x), ptr(&s, &y), ptr(&s, &g));
     let t = time_ms(&s, || {
         // SAFETY: buffers of rows*h bf16 and h f32.
-        unsafe { launch::norm::norm_fwd(&s, &k, DType::Bf16, false, px, pg, py, rows, h, 1e-5) }
-            .unwrap()
+        unsafe {
+            ops::norm::kernel::norm_fwd(&s, &k, DType::Bf16, false, px, pg, py, rows, h, 1e-5)
+        }
+        .unwrap()
     });
     let gbs = (2 * rows * h * 2) as f64 / (t * 1e-3) / 1e9;
     println!("norm_fwd_bf16 {rows}x{h}: {t:.3} ms, {gbs:.0} GB/s");
@@ -78,7 +80,16 @@ fn main() {
     let t = time_ms(&s, || {
         // SAFETY: u holds rows*2f bf16, o rows*f bf16.
         unsafe {
-            launch::activation::act_fwd(&s, &k, DType::Bf16, Activation::Swiglu, pu, po, rows, f)
+            ops::activation::kernel::act_fwd(
+                &s,
+                &k,
+                DType::Bf16,
+                Activation::Swiglu,
+                pu,
+                po,
+                rows,
+                f,
+            )
         }
         .unwrap()
     });
@@ -106,7 +117,7 @@ fn main() {
     let st2 = s.alloc_zeros::<f32>(sh.b * sh.hq * sq).unwrap();
     let dq = s.alloc_zeros::<f32>(nq).unwrap();
     let dkv = s.alloc_zeros::<f32>(nk).unwrap();
-    let rows_q = launch::flash::Rows {
+    let rows_q = ops::flash::kernel::Rows {
         pos: ptr(&s, &ppos),
         len: sq,
     };
@@ -124,7 +135,7 @@ fn main() {
         // SAFETY: q, acc [1, s, 32, 128]; k = v [1, s, 8, 128]; max and sum [1, 32, s]. They
         // are not reset between runs: the timing is what matters here.
         unsafe {
-            launch::flash::forward_block(
+            ops::flash::kernel::forward_block(
                 &s,
                 &k,
                 DType::Bf16,
@@ -148,7 +159,7 @@ fn main() {
     let t = time_ms(&s, || {
         // SAFETY: as above; dout = q, lse and delta in the two statistics buffers.
         unsafe {
-            launch::flash::backward_block(
+            ops::flash::kernel::backward_block(
                 &s,
                 &k,
                 DType::Bf16,
@@ -174,8 +185,8 @@ fn main() {
     );
 
     // The same shape on the tensor-core kernels (flash_mma.cu).
-    let rng = s.clone_htod(&launch::flash_mma::ranges(&pos)).unwrap();
-    let mrows = launch::flash_mma::MmaRows {
+    let rng = s.clone_htod(&ops::flash::mma::ranges(&pos)).unwrap();
+    let mrows = ops::flash::mma::MmaRows {
         pos: ptr(&s, &ppos),
         ranges: ptr(&s, &rng),
         len: sq,
@@ -183,9 +194,7 @@ fn main() {
     let t = time_ms(&s, || {
         // SAFETY: as the scalar forward above; positions and their ranges u32.
         unsafe {
-            launch::flash_mma::forward_block(
-                &s, &k, &sh, pq, mrows, pkv, pkv, mrows, pacc, pst, pst2,
-            )
+            ops::flash::mma::forward_block(&s, &k, &sh, pq, mrows, pkv, pkv, mrows, pacc, pst, pst2)
         }
         .unwrap()
     });
@@ -196,7 +205,7 @@ fn main() {
     let t = time_ms(&s, || {
         // SAFETY: as the scalar backward above.
         unsafe {
-            launch::flash_mma::backward_block(
+            ops::flash::mma::backward_block(
                 &s, &k, &sh, pq, mrows, pkv, pkv, mrows, pq, pst, pst2, pdq, pdkv, pdkv,
             )
         }

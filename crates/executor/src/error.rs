@@ -33,6 +33,7 @@ pub enum ExecError {
     #[error("rank {rank} stopped waiting because another rank failed")]
     Aborted { rank: u32 },
     /// The CUDA backend: a missing library or a failed CUDA, cuBLASLt or NCCL call.
+    #[cfg(feature = "cuda")]
     #[error(transparent)]
     Cuda(#[from] crate::backend::cuda::CudaError),
     #[error("rank {rank} waited more than {seconds} s for a message or collective (deadlock?)")]

@@ -4,9 +4,9 @@
 //! Without a driver or a GPU each test prints why it skips and returns.
 
 use parsim_executor::backend::cpu::CpuOps;
-use parsim_executor::backend::cuda::context::{visible_gpus, RankGpu};
-use parsim_executor::backend::cuda::device::CudaDevice;
-use parsim_executor::backend::cuda::matmul::LinearOp;
+use parsim_executor::backend::cuda::device::context::{visible_gpus, RankGpu};
+use parsim_executor::backend::cuda::device::device::CudaDevice;
+use parsim_executor::backend::cuda::ops::linear::matmul::LinearOp;
 use parsim_executor::backend::cuda::Library;
 use parsim_executor::backend::{DType, Device, DeviceTensor, TensorOps, View, ViewMut};
 use parsim_executor::tracker::Category;
@@ -194,7 +194,7 @@ fn a_whole_step_matches_the_cpu_twin() {
 
 /// The GPT-3-style step on the GPU (linear and QKV biases through the rank-1 GEMMs, the tied
 /// embedding as one tensor, LayerNorm, GeLU, learned positions, hidden dropout) against the
-/// CPU twin, then with attention dropout too (drawn inside kernels/flash.cu from the CPU's
+/// CPU twin, then with attention dropout too (drawn inside backend/cuda/ops/flash/flash.cu from the CPU's
 /// Philox coordinates, regenerated in backward).
 #[test]
 fn a_gpt3_style_step_matches_the_cpu_twin() {
@@ -384,14 +384,14 @@ fn a_forced_balancing_moe_step_matches_the_cpu_twin() {
     }
 }
 
-/// The bf16 recipe at head dim 64 reaches the tensor-core flash kernels (kernels/flash_mma.cu):
-/// one step's gradients on them against the same step on the scalar kernels (kernels/flash.cu)
+/// The bf16 recipe at head dim 64 reaches the tensor-core flash kernels (backend/cuda/ops/flash/flash_mma.cu):
+/// one step's gradients on them against the same step on the scalar kernels (backend/cuda/ops/flash/flash.cu)
 /// and against the CPU twin: each tensor as close to the CPU as the scalar kernels are (within
 /// 25%), and within 2e-2 of the scalar run (the H100 run of 2026-11-23: worst 1.03e-2 mma vs
 /// scalar, 1.04e-2 scalar vs CPU, on layer 1's wq; the loss within 1e-5).
 #[test]
 fn a_bf16_step_on_the_tensor_core_kernels_matches_the_scalar_kernels() {
-    use parsim_executor::backend::cuda::launch::flash_mma;
+    use parsim_executor::backend::cuda::ops::flash::mma as flash_mma;
     use parsim_executor::plan::{AdamConfig, ModelShape, Plan, Precision, Recompute};
     use parsim_executor::runner::{run_cpu, run_cuda, CudaWorld, RunOptions};
     if let Err(reason) = gpu() {

@@ -1,8 +1,8 @@
-//! Every kernels/*.cu file compiles with NVRTC for sm_80 and sm_90 with register spills as
+//! Every backend/cuda/ops/*/*.cu file compiles with NVRTC for sm_80 and sm_90 with register spills as
 //! errors, and ptxas reports every kernel the source declares. Needs NVRTC (no GPU): skips
 //! with the reason where it is absent.
 
-use parsim_executor::backend::cuda::kernels::{compile_file, FILES};
+use parsim_executor::backend::cuda::compile::kernels::{compile_file, FILES};
 use parsim_executor::backend::cuda::probe::{self, Library};
 
 #[test]

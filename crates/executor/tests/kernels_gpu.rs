@@ -9,7 +9,7 @@ use gpu_common::{check, gpu, p, rand, Gpu};
 use parsim_executor::backend::cpu::ops::{
     activation, adam, cross_entropy, elementwise, flash, norm, rotary,
 };
-use parsim_executor::backend::cuda::launch;
+use parsim_executor::backend::cuda::ops;
 use parsim_executor::backend::{BlockShape, DType, Side};
 use parsim_executor::plan::{Activation, AdamConfig, Norm};
 
@@ -38,8 +38,8 @@ fn ce_readers(
     };
     // SAFETY: logits n*v of dt and targets n u32 (the caller's), the rest allocated here.
     unsafe {
-        launch::cross_entropy::ce_row_max(&g.s, &g.k, dt, logits, n, v, g.p(&r.max)).unwrap();
-        launch::cross_entropy::ce_exp_rows(
+        ops::cross_entropy::kernel::ce_row_max(&g.s, &g.k, dt, logits, n, v, g.p(&r.max)).unwrap();
+        ops::cross_entropy::kernel::ce_exp_rows(
             &g.s,
             &g.k,
             dt,
@@ -51,7 +51,7 @@ fn ce_readers(
             g.p(&r.sum),
         )
         .unwrap();
-        launch::cross_entropy::ce_target_logit(
+        ops::cross_entropy::kernel::ce_target_logit(
             &g.s,
             &g.k,
             dt,
@@ -79,7 +79,7 @@ fn elementwise_norm_activation_rotary_adam_and_cross_entropy_match_the_cpu() {
     let (dx, dy) = (g.up(&x), g.up(&y));
     // SAFETY: both buffers hold rows*h f32.
     unsafe {
-        launch::elementwise::axpy(
+        ops::elementwise::kernel::axpy(
             &g.s,
             &g.k,
             DType::F32,
@@ -106,7 +106,7 @@ fn elementwise_norm_activation_rotary_adam_and_cross_entropy_match_the_cpu() {
         let ln = kind == Norm::LayerNorm;
         // SAFETY: buffers sized as the wrappers require.
         unsafe {
-            launch::norm::norm_fwd(
+            ops::norm::kernel::norm_fwd(
                 &g.s,
                 &g.k,
                 DType::F32,
@@ -119,7 +119,7 @@ fn elementwise_norm_activation_rotary_adam_and_cross_entropy_match_the_cpu() {
                 1e-5,
             )
             .unwrap();
-            launch::norm::norm_dgrad(
+            ops::norm::kernel::norm_dgrad(
                 &g.s,
                 &g.k,
                 DType::F32,
@@ -134,7 +134,7 @@ fn elementwise_norm_activation_rotary_adam_and_cross_entropy_match_the_cpu() {
                 false,
             )
             .unwrap();
-            launch::norm::norm_wgrad(
+            ops::norm::kernel::norm_wgrad(
                 &g.s,
                 &g.k,
                 DType::F32,
@@ -170,7 +170,7 @@ fn elementwise_norm_activation_rotary_adam_and_cross_entropy_match_the_cpu() {
         );
         // SAFETY: buffers sized as the wrappers require.
         unsafe {
-            launch::activation::act_fwd(
+            ops::activation::kernel::act_fwd(
                 &g.s,
                 &g.k,
                 DType::F32,
@@ -181,7 +181,7 @@ fn elementwise_norm_activation_rotary_adam_and_cross_entropy_match_the_cpu() {
                 f,
             )
             .unwrap();
-            launch::activation::act_bwd(
+            ops::activation::kernel::act_bwd(
                 &g.s,
                 &g.k,
                 DType::F32,
@@ -208,7 +208,7 @@ fn elementwise_norm_activation_rotary_adam_and_cross_entropy_match_the_cpu() {
     let (px, ppos) = (g.up(&xr), g.up(&pos));
     // SAFETY: x holds rows*heads*d f32, positions rows u32.
     unsafe {
-        launch::rotary::rotary(
+        ops::rotary::kernel::rotary(
             &g.s,
             &g.k,
             DType::F32,
@@ -236,7 +236,7 @@ fn elementwise_norm_activation_rotary_adam_and_cross_entropy_match_the_cpu() {
     adam::adam_step(&c, 3, &mut pw, &gr, &mut mw, &mut vw);
     // SAFETY: four buffers of 1000 f32; no copy.
     unsafe {
-        launch::adam::adam_step(
+        ops::adam::kernel::adam_step(
             &g.s,
             &g.k,
             &c,
@@ -273,7 +273,7 @@ fn elementwise_norm_activation_rotary_adam_and_cross_entropy_match_the_cpu() {
     let prl = g.poisoned(n);
     // SAFETY: buffers sized as the wrappers require.
     unsafe {
-        launch::cross_entropy::ce_loss(
+        ops::cross_entropy::kernel::ce_loss(
             &g.s,
             &g.k,
             p(&g, &ppr),
@@ -285,7 +285,7 @@ fn elementwise_norm_activation_rotary_adam_and_cross_entropy_match_the_cpu() {
             p(&g, &prl),
         )
         .unwrap();
-        launch::cross_entropy::ce_grad(&g.s, &g.k, p(&g, &ppr), n, v, p(&g, &pt), lo, 0.25)
+        ops::cross_entropy::kernel::ce_grad(&g.s, &g.k, p(&g, &ppr), n, v, p(&g, &pt), lo, 0.25)
             .unwrap();
     }
     let gpu_loss: f64 = g.down(&prl).iter().map(|&x| f64::from(x)).sum();
@@ -370,17 +370,17 @@ fn flash_attention_matches_the_cpu_on_a_zigzag_layout_with_gqa() {
         g.up(&vec![0.0f32; k.len()]),
         g.up(&vec![0.0f32; v.len()]),
     );
-    let qr = launch::flash::Rows {
+    let qr = ops::flash::kernel::Rows {
         pos: p(&g, &pqp),
         len: sq,
     };
-    let kr = launch::flash::Rows {
+    let kr = ops::flash::kernel::Rows {
         pos: p(&g, &pkp),
         len: sk,
     };
     // SAFETY: every buffer holds the shape its wrapper documents.
     unsafe {
-        launch::flash::forward_block(
+        ops::flash::kernel::forward_block(
             &g.s,
             &g.k,
             DType::F32,
@@ -395,7 +395,7 @@ fn flash_attention_matches_the_cpu_on_a_zigzag_layout_with_gqa() {
             p(&g, &psm),
         )
         .unwrap();
-        launch::flash::finish(
+        ops::flash::kernel::finish(
             &g.s,
             &g.k,
             &sh,
@@ -406,7 +406,7 @@ fn flash_attention_matches_the_cpu_on_a_zigzag_layout_with_gqa() {
             p(&g, &plse),
         )
         .unwrap();
-        launch::flash::delta(
+        ops::flash::kernel::delta(
             &g.s,
             &g.k,
             DType::F32,
@@ -417,7 +417,7 @@ fn flash_attention_matches_the_cpu_on_a_zigzag_layout_with_gqa() {
             p(&g, &pdl),
         )
         .unwrap();
-        launch::flash::backward_block(
+        ops::flash::kernel::backward_block(
             &g.s,
             &g.k,
             DType::F32,
@@ -448,8 +448,10 @@ fn bf16_up(g: &Gpu, x: &[f32]) -> CudaSlice<u16> {
     let src = g.up(x);
     let dst = g.s.alloc_zeros::<u16>(x.len()).unwrap();
     // SAFETY: src holds n f32, dst n bf16.
-    unsafe { launch::elementwise::cast_f32_to_bf16(&g.s, &g.k, p(g, &src), p(g, &dst), x.len()) }
-        .unwrap();
+    unsafe {
+        ops::elementwise::kernel::cast_f32_to_bf16(&g.s, &g.k, p(g, &src), p(g, &dst), x.len())
+    }
+    .unwrap();
     g.s.synchronize().unwrap();
     dst
 }
@@ -458,7 +460,7 @@ fn bf16_up(g: &Gpu, x: &[f32]) -> CudaSlice<u16> {
 fn bf16_down(g: &Gpu, x: &CudaSlice<u16>) -> Vec<f32> {
     let dst = g.poisoned(x.len());
     // SAFETY: x holds n bf16, dst n f32.
-    unsafe { launch::elementwise::cast_bf16_to_f32(&g.s, &g.k, p(g, x), p(g, &dst), x.len()) }
+    unsafe { ops::elementwise::kernel::cast_bf16_to_f32(&g.s, &g.k, p(g, x), p(g, &dst), x.len()) }
         .unwrap();
     g.down(&dst)
 }
@@ -486,7 +488,7 @@ fn bf16_kernels_match_the_cpu_on_rounded_inputs() {
     let (pp, py) = (g.up(&params), bf16_up(&g, &vec![f32::NAN; rows * h]));
     // SAFETY: x and y hold rows*h bf16, params h f32.
     unsafe {
-        launch::norm::norm_fwd(
+        ops::norm::kernel::norm_fwd(
             &g.s,
             &g.k,
             DType::Bf16,
@@ -509,7 +511,7 @@ fn bf16_kernels_match_the_cpu_on_rounded_inputs() {
     let (pu, po) = (bf16_up(&g, &u), bf16_up(&g, &vec![f32::NAN; rows * f]));
     // SAFETY: u holds rows*2f bf16, out rows*f bf16.
     unsafe {
-        launch::activation::act_fwd(
+        ops::activation::kernel::act_fwd(
             &g.s,
             &g.k,
             DType::Bf16,
@@ -545,12 +547,12 @@ fn bf16_kernels_match_the_cpu_on_rounded_inputs() {
     check("ce_target_logit_bf16", &g.down(&r.target), &tl, 1e-5);
 }
 
-/// kernels/dropout.cu, heads.cu and the scored router of moe.cu against their CPU twins
+/// backend/cuda/ops/dropout/dropout.cu, heads.cu and the scored router of moe.cu against their CPU twins
 /// (cpu/ops/dropout.rs, mla.rs, router.rs): outputs poisoned first, fresh random inputs.
 #[test]
 fn dropout_heads_and_scored_router_match_the_cpu() {
     use parsim_executor::backend::cpu::ops::{dropout, mla, router};
-    use parsim_executor::backend::cuda::launch::moe::ScoredTopk;
+    use parsim_executor::backend::cuda::ops::moe::kernel::ScoredTopk;
     use parsim_executor::plan::{MoeShape, RouterShape, ScoreFunction};
     use parsim_executor::rng::{DropoutKey, DropoutSite};
     let Some(g) = gpu() else { return };
@@ -573,7 +575,7 @@ fn dropout_heads_and_scored_router_match_the_cpu() {
     let (px, pt) = (g.up(&x), g.up(&tokens));
     // SAFETY: x rows*cols f32, tokens rows u64.
     unsafe {
-        launch::dropout::dropout(
+        ops::dropout::kernel::dropout(
             &g.s,
             &g.k,
             DType::F32,
@@ -593,7 +595,7 @@ fn dropout_heads_and_scored_router_match_the_cpu() {
     dropout::dropout_inplace(&key, &tokens, 6, &mut want).unwrap();
     // SAFETY: x rows*cols bf16, tokens rows u64.
     unsafe {
-        launch::dropout::dropout(
+        ops::dropout::kernel::dropout(
             &g.s,
             &g.k,
             DType::Bf16,
@@ -620,7 +622,7 @@ fn dropout_heads_and_scored_router_match_the_cpu() {
         let (pa, pb, po) = (g.up(&a), g.up(&b), g.poisoned(w));
         // SAFETY: lengths as passed, f32.
         unsafe {
-            launch::heads::concat(
+            ops::heads::kernel::concat(
                 &g.s,
                 &g.k,
                 DType::F32,
@@ -639,7 +641,7 @@ fn dropout_heads_and_scored_router_match_the_cpu() {
         let (pd, pda, pdb) = (g.up(&dout), g.poisoned(a.len()), g.poisoned(b.len()));
         // SAFETY: lengths as passed, f32.
         unsafe {
-            launch::heads::split(
+            ops::heads::kernel::split(
                 &g.s,
                 &g.k,
                 DType::F32,
@@ -681,8 +683,10 @@ fn dropout_heads_and_scored_router_match_the_cpu() {
         // SAFETY: logits n*e f32.
         unsafe {
             match score {
-                ScoreFunction::Sigmoid => launch::moe::sigmoid(&g.s, &g.k, p(&g, &pl), n * e),
-                ScoreFunction::Softmax => launch::moe::softmax_rows(&g.s, &g.k, p(&g, &pl), n, e),
+                ScoreFunction::Sigmoid => ops::moe::kernel::sigmoid(&g.s, &g.k, p(&g, &pl), n * e),
+                ScoreFunction::Softmax => {
+                    ops::moe::kernel::softmax_rows(&g.s, &g.k, p(&g, &pl), n, e)
+                }
             }
         }
         .unwrap();
@@ -702,7 +706,7 @@ fn dropout_heads_and_scored_router_match_the_cpu() {
         };
         // SAFETY: scores n*e, bias e, experts and gates n*k.
         unsafe {
-            launch::moe::topk_scored(
+            ops::moe::kernel::topk_scored(
                 &g.s,
                 &g.k,
                 &t,
@@ -735,7 +739,8 @@ fn dropout_heads_and_scored_router_match_the_cpu() {
         // Column sums (the aux loss's score mass).
         let pc = g.poisoned(e);
         // SAFETY: scores n*e, out e.
-        unsafe { launch::moe::score_colsum(&g.s, &g.k, p(&g, &ps), n, e, p(&g, &pc)) }.unwrap();
+        unsafe { ops::moe::kernel::score_colsum(&g.s, &g.k, p(&g, &ps), n, e, p(&g, &pc)) }
+            .unwrap();
         let colsum: Vec<f32> = (0..e)
             .map(|x| (0..n).map(|t| f64::from(s[t * e + x])).sum::<f64>() as f32)
             .collect();
@@ -755,7 +760,7 @@ fn dropout_heads_and_scored_router_match_the_cpu() {
         let sigmoid = score == ScoreFunction::Sigmoid;
         // SAFETY: d and scores n*e, chosen n*k, fraction e.
         unsafe {
-            launch::moe::scored_bwd(
+            ops::moe::kernel::scored_bwd(
                 &g.s,
                 &g.k,
                 p(&g, &pd),
@@ -769,8 +774,17 @@ fn dropout_heads_and_scored_router_match_the_cpu() {
             )
             .unwrap();
             if !sigmoid {
-                launch::moe::router_bwd(&g.s, &g.k, p(&g, &pd), p(&g, &ps), p(&g, &pf), n, e, 0.01)
-                    .unwrap();
+                ops::moe::kernel::router_bwd(
+                    &g.s,
+                    &g.k,
+                    p(&g, &pd),
+                    p(&g, &ps),
+                    p(&g, &pf),
+                    n,
+                    e,
+                    0.01,
+                )
+                .unwrap();
             }
         }
         check("moe scored backward", &g.down(&pd), &want, 1e-5);
@@ -778,9 +792,9 @@ fn dropout_heads_and_scored_router_match_the_cpu() {
 }
 
 /// One side of a tensor-core attention call on the device: positions and their group ranges.
-fn mma_rows(g: &Gpu, pos: &[u32]) -> (launch::flash_mma::MmaRows, [CudaSlice<u32>; 2]) {
-    let (dp, dr) = (g.up(pos), g.up(&launch::flash_mma::ranges(pos)));
-    let rows = launch::flash_mma::MmaRows {
+fn mma_rows(g: &Gpu, pos: &[u32]) -> (ops::flash::mma::MmaRows, [CudaSlice<u32>; 2]) {
+    let (dp, dr) = (g.up(pos), g.up(&ops::flash::mma::ranges(pos)));
+    let rows = ops::flash::mma::MmaRows {
         pos: p(g, &dp),
         ranges: p(g, &dr),
         len: pos.len(),
@@ -788,7 +802,7 @@ fn mma_rows(g: &Gpu, pos: &[u32]) -> (launch::flash_mma::MmaRows, [CudaSlice<u32
     (rows, [dp, dr])
 }
 
-/// kernels/flash_mma.cu (bf16, tensor cores) against the CPU twin on the bf16-rounded inputs:
+/// backend/cuda/ops/flash/flash_mma.cu (bf16, tensor cores) against the CPU twin on the bf16-rounded inputs:
 /// queries at `qpos` against the K/V blocks at `kblocks` merged one call each (the ring's
 /// order), then finish, and the backward of every block from the final lse and delta. The
 /// accumulating outputs start from random values (their += is checked too), lse from NaN.
@@ -884,7 +898,7 @@ fn mma_case(g: &Gpu, name: &str, sh: &BlockShape, qpos: &[u32], kblocks: &[Vec<u
         keep.push(kk);
         // SAFETY: q [b, sq, hq, d], k and v [b, sk, hk, d] bf16; acc, max, sum f32.
         unsafe {
-            launch::flash_mma::forward_block(
+            ops::flash::mma::forward_block(
                 &g.s,
                 &g.k,
                 sh,
@@ -903,7 +917,7 @@ fn mma_case(g: &Gpu, name: &str, sh: &BlockShape, qpos: &[u32], kblocks: &[Vec<u
     check(&format!("{name} acc"), &g.down(&pacc), &acc, 1e-2);
     // SAFETY: acc b*sq*hq*d f32, the statistics b*hq*sq f32.
     unsafe {
-        launch::flash::finish(
+        ops::flash::kernel::finish(
             &g.s,
             &g.k,
             sh,
@@ -925,7 +939,7 @@ fn mma_case(g: &Gpu, name: &str, sh: &BlockShape, qpos: &[u32], kblocks: &[Vec<u
         let (pdk, pdv) = (g.up(dk0), g.up(dv0));
         // SAFETY: as the forward; dout like q; lse, delta and the gradients f32.
         unsafe {
-            launch::flash_mma::backward_block(
+            ops::flash::mma::backward_block(
                 &g.s,
                 &g.k,
                 sh,

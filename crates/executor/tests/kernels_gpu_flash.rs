@@ -1,4 +1,4 @@
-//! kernels/flash.cu's scalar kernels with MLA's value heads narrower than its query/key heads
+//! backend/cuda/ops/flash/flash.cu's scalar kernels with MLA's value heads narrower than its query/key heads
 //! (dv < d) and with attention dropout drawn inside the kernels, against the CPU twin
 //! (executor/src/backend/cpu/ops/flash.rs) on fresh random inputs, the statistics poisoned
 //! (NaN) first: relative error below 1e-5 in fp32; and the dropout mask the kernels apply equal
@@ -9,7 +9,7 @@ mod gpu_common;
 
 use gpu_common::{check, gpu, rand, Gpu};
 use parsim_executor::backend::cpu::ops::flash;
-use parsim_executor::backend::cuda::launch;
+use parsim_executor::backend::cuda::ops;
 use parsim_executor::backend::{BlockShape, DType, Side};
 use parsim_executor::rng::AttnDropout;
 
@@ -99,18 +99,18 @@ fn device(g: &Gpu, x: &Inputs) -> Run {
         g.up(&vec![0.0f32; x.k.len()]),
         g.up(&vec![0.0f32; x.v.len()]),
     );
-    let qr = launch::flash::Rows {
+    let qr = ops::flash::kernel::Rows {
         pos: g.p(&pqp),
         len: sq,
     };
-    let kr = launch::flash::Rows {
+    let kr = ops::flash::kernel::Rows {
         pos: g.p(&pkp),
         len: sk,
     };
     let (s, k, f) = (&g.s, &g.k, DType::F32);
     // SAFETY: every buffer holds the shape its wrapper documents.
     unsafe {
-        launch::flash::forward_block(
+        ops::flash::kernel::forward_block(
             s,
             k,
             f,
@@ -125,9 +125,10 @@ fn device(g: &Gpu, x: &Inputs) -> Run {
             g.p(&psm),
         )
         .unwrap();
-        launch::flash::finish(s, k, sh, sq, g.p(&pacc), g.p(&pmx), g.p(&psm), g.p(&plse)).unwrap();
-        launch::flash::delta(s, k, f, sh, sq, g.p(&pdo), g.p(&pacc), g.p(&pdl)).unwrap();
-        launch::flash::backward_block(
+        ops::flash::kernel::finish(s, k, sh, sq, g.p(&pacc), g.p(&pmx), g.p(&psm), g.p(&plse))
+            .unwrap();
+        ops::flash::kernel::delta(s, k, f, sh, sq, g.p(&pdo), g.p(&pacc), g.p(&pdl)).unwrap();
+        ops::flash::kernel::backward_block(
             s,
             k,
             f,

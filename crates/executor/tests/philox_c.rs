@@ -1,7 +1,8 @@
-//! The device's Philox generator (kernels/philox.h) equals the CPU's (executor/src/rng.rs) bit
-//! for bit, checked without a GPU: the header is plain C as well as CUDA C, so the system C
-//! compiler builds it into a small driver that answers random counters, keys and dropout
-//! coordinates, compared word for word with rng.rs. Skips, saying why, where no `cc` exists.
+//! The device's Philox generator (backend/cuda/compile/philox.h) equals the CPU's
+//! (executor/src/rng.rs) bit for bit, checked without a GPU: the header is plain C as well as CUDA
+//! C, so the system C compiler builds it into a small driver that answers random counters, keys and
+//! dropout coordinates, compared word for word with rng.rs. Skips, saying why, where no `cc`
+//! exists.
 
 use parsim_executor::rng::{philox4x32_10, DropoutKey, DropoutSite};
 use std::io::Write;
@@ -65,7 +66,7 @@ impl Rng {
 
 /// Builds the driver with the system C compiler; `None` (with the reason printed) without one.
 fn build(dir: &Path) -> Option<PathBuf> {
-    let kernels = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels");
+    let kernels = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/backend/cuda/compile");
     let src = dir.join("philox_driver.c");
     std::fs::write(&src, DRIVER).unwrap();
     let exe = dir.join("philox_driver");
@@ -86,7 +87,7 @@ fn build(dir: &Path) -> Option<PathBuf> {
     };
     assert!(
         out.status.success(),
-        "kernels/philox.h does not compile as C:\n{}",
+        "backend/cuda/compile/philox.h does not compile as C:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     Some(exe)
@@ -190,10 +191,10 @@ fn the_c_build_of_the_device_philox_equals_rng_rs() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// The attention dropout mask that kernels/flash.cu draws (philox.h `attn_dropout_keep`) is
-/// rng/attention.rs's `AttnDropout::keep` on 4000 random calls: seeds and steps over their
-/// whole range, heads and samples shifted as on any TP rank and microbatch, query tokens past
-/// 2^32 (the counter's high word), p from 0 to 0.9; the C driver gets the global head
+/// The attention dropout mask that backend/cuda/ops/flash/flash.cu draws (philox.h
+/// `attn_dropout_keep`) is rng/attention.rs's `AttnDropout::keep` on 4000 random calls: seeds and
+/// steps over their whole range, heads and samples shifted as on any TP rank and microbatch, query
+/// tokens past 2^32 (the counter's high word), p from 0 to 0.9; the C driver gets the global head
 /// head0 + h and query token (sample0 + b) seq + q, as the kernel computes them.
 #[test]
 fn the_c_build_of_the_attention_dropout_mask_equals_rng_attention_rs() {

@@ -13,6 +13,7 @@
 
 pub mod collectives;
 pub mod cpu;
+#[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;
 pub mod ops;

@@ -38,7 +38,7 @@ pub enum DropoutError {
     Rows { elements: usize, rows: usize },
 }
 
-/// A [`DropoutKey`] as the words of the device generator's arguments (kernels/philox.h):
+/// A [`DropoutKey`] as the words of the device generator's arguments (backend/cuda/compile/philox.h):
 /// `layer_site` = layer x 3 + site, `threshold` = round(p 2^32) (kept where word >= it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DropoutWords {
@@ -88,7 +88,7 @@ impl DropoutKey {
         1.0 / (1.0 - self.p)
     }
 
-    /// The key's words as the device generator (kernels/philox.h) takes them.
+    /// The key's words as the device generator (backend/cuda/compile/philox.h) takes them.
     pub fn words(&self) -> DropoutWords {
         DropoutWords {
             seed: self.seed,
@@ -99,7 +99,7 @@ impl DropoutKey {
     }
 
     /// The 4 uniform words of the Philox block holding elements 4b..4b+3 of `token`
-    /// (kernels/philox.h's `dropout_block`).
+    /// (backend/cuda/compile/philox.h's `dropout_block`).
     pub fn block(&self, token: u64, b: u64) -> [u32; 4] {
         let counter = [
             token as u32,

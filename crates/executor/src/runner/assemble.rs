@@ -13,6 +13,7 @@ pub(super) enum Exported {
     /// Merged into whole tensors: every rank ran in this process.
     Whole,
     /// As this process's pieces, for rank 0 of a launched job to merge.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Pieces,
 }
 

@@ -1,22 +1,25 @@
-//! Plays a Plan on GPUs: [`run_cuda`] in one process (every rank a thread, spread over the
-//! visible GPUs) or as one rank of a launched job. It checks the run, finds the driver and
-//! the GPUs, places the ranks and chooses each process group's transport (NCCL, or device
-//! copies for ranks sharing a GPU), loads the libraries those need and opens each rank's
-//! device and joins its NCCL communicators, before any step; a missing library or GPU is an error naming it.
+//! Plays a Plan on GPUs: [`run_cuda`] in one process (every rank a thread, spread over the visible
+//! GPUs) or as one rank of a launched job. It checks the run, finds the driver and the GPUs, places
+//! the ranks and chooses each process group's transport (NCCL, or device copies for ranks sharing a
+//! GPU), loads the libraries those need and opens each rank's device and joins its NCCL
+//! communicators, before any step; a missing library or GPU is an error naming it.
 
 use super::assemble::{assemble, Exported};
 use super::options::{check_run, RunOptions};
 use super::rank::{run_rank, RankOutput};
-use crate::backend::cuda::collectives::{CudaComm, Joins};
-use crate::backend::cuda::comms::{join_multi_process, join_single_process, single_process_ids};
-use crate::backend::cuda::context::{drv, visible_gpus, RankGpu};
-use crate::backend::cuda::device::CudaDevice;
-use crate::backend::cuda::groups::{plan_groups, GroupSpec, Placement, Transport};
-use crate::backend::cuda::hub::Hub;
-use crate::backend::cuda::kernels::Kernels;
-use crate::backend::cuda::nccl::NcclComm;
+use crate::backend::cuda::comm::collectives::{CudaComm, Joins};
+use crate::backend::cuda::comm::comms::{
+    join_multi_process, join_single_process, single_process_ids,
+};
+use crate::backend::cuda::comm::groups::{plan_groups, GroupSpec, Placement, Transport};
+use crate::backend::cuda::comm::hub::Hub;
+use crate::backend::cuda::comm::nccl::NcclComm;
+use crate::backend::cuda::compile::kernels::Kernels;
+use crate::backend::cuda::device::context::{drv, visible_gpus, RankGpu};
+use crate::backend::cuda::device::device::CudaDevice;
 use crate::backend::cuda::probe::{require, Library};
-use crate::backend::cuda::rank::{Cuda, CudaRank};
+use crate::backend::cuda::rank::CudaRank;
+use crate::backend::cuda::Cuda;
 use crate::backend::cuda::CudaError;
 use crate::backend::DeviceCollectives;
 use crate::error::ExecError;
@@ -65,7 +68,8 @@ pub fn layout(plan: &Plan, world: &CudaWorld, gpus: u32) -> Result<CudaLayout, C
             let groups = plan_groups(plan, placement, |_| 0, |_| 0)?;
             let local = (0..n)
                 .map(|r| {
-                    crate::backend::cuda::groups::device_of(placement, n, r, 0).map(|d| (r, d))
+                    crate::backend::cuda::comm::groups::device_of(placement, n, r, 0)
+                        .map(|d| (r, d))
                 })
                 .collect::<Result<_, _>>()?;
             Ok(CudaLayout { local, groups })
@@ -93,7 +97,7 @@ pub fn layout(plan: &Plan, world: &CudaWorld, gpus: u32) -> Result<CudaLayout, C
             let placement = Placement::MultiProcess { gpus };
             let per_node = gpus.max(1);
             let groups = plan_groups(plan, placement, |r| r / per_node, |r| r % per_node)?;
-            let d = crate::backend::cuda::groups::device_of(placement, n, rank, local_rank)?;
+            let d = crate::backend::cuda::comm::groups::device_of(placement, n, rank, local_rank)?;
             Ok(CudaLayout {
                 local: vec![(rank, d)],
                 groups,

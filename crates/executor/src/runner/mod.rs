@@ -3,6 +3,7 @@
 //! stopping the others, and the ranks' results assembled into a [`RunReport`].
 
 mod assemble;
+#[cfg(feature = "cuda")]
 mod cuda;
 mod grad_buckets;
 mod options;
@@ -14,6 +15,7 @@ use crate::error::ExecError;
 use crate::plan::Plan;
 pub use crate::run_report::{PhaseTimes, RankReport, RunReport};
 use assemble::{assemble, Exported};
+#[cfg(feature = "cuda")]
 pub use cuda::{layout as cuda_layout, run_cuda, CudaLayout, CudaWorld};
 use options::check_run;
 pub use options::RunOptions;

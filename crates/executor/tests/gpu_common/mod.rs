@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
-use parsim_executor::backend::cuda::kernels::Kernels;
+use parsim_executor::backend::cuda::compile::kernels::Kernels;
 use parsim_executor::backend::cuda::probe::{self, Library};
 use std::sync::Arc;
 

@@ -1,35 +1,25 @@
 //! The `cuda` backend: cudarc (driver, NVRTC, cuBLASLt, NCCL through cudarc's `nccl`
 //! feature), every library loaded at run time so the crate builds and runs everywhere and
 //! `--backend cuda` fails with a clear error where a library is missing.
+//!
+//! By concern: [`device`] (context, streams, memory pool, tensors), [`compile`] (NVRTC, ptxas
+//! reports, the kernel cache and the list of kernel files), [`comm`] (NCCL and the shared-GPU
+//! collectives), [`ops`] (one folder per op family: its `TensorOps` methods, the launch
+//! wrappers and the `.cu` kernel), [`diag`] (the error type, the library probe, `doctor`), and
+//! [`rank`], one rank's device that ties them together.
 
-pub mod error;
-pub mod probe;
-
-pub use error::CudaError;
-pub use probe::Library;
-pub mod attn;
-pub mod cache;
-pub mod collectives;
-pub mod comms;
-pub mod context;
+pub mod comm;
+pub mod compile;
 pub mod device;
-pub mod doctor;
-pub mod exchange;
-pub mod groups;
-pub mod hub;
-pub mod kernels;
-pub mod launch;
-pub mod local;
-pub mod local_device;
-pub mod matmul;
-pub mod mla_dropout;
-pub mod nccl;
-pub mod nccl_id;
-pub mod nvrtc;
+pub mod diag;
 pub mod ops;
-pub mod overlap;
-pub mod pool;
-pub mod ptxas;
 pub mod rank;
-pub mod routing;
-pub mod tensor;
+
+pub use diag::error::CudaError;
+pub use diag::library::Library;
+pub use diag::probe;
+
+/// The CUDA backend (one rank per thread or process, tensors in GPU memory). Its
+/// [`crate::backend::Backend`] types are bound in [`rank`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cuda;

@@ -1,18 +1,19 @@
-//! The CUDA [`Backend`]: [`Cuda`] names the tensor ([`CudaTensor`]), the event (a CUDA event
-//! on a stream), the process group ([`CudaGroup`]), the device ([`CudaRank`]: one rank's GPU
-//! with its loaded kernels) and the collectives ([`super::collectives::CudaComm`]). This file
-//! holds the [`Device`] half and the staging helpers the ops share: kernels take one dtype
-//! for their main operands, so an operand of the other dtype is converted into a temporary
-//! (and an output converted back), which keeps every op correct for any dtype mix the model
-//! code passes, at the cost of an extra pass where the dtypes differ.
+//! The CUDA [`Backend`]: [`Cuda`] names the tensor ([`CudaTensor`]), the event (a CUDA event on a
+//! stream), the process group ([`CudaGroup`]), the device ([`CudaRank`]: one rank's GPU with its
+//! loaded kernels) and the collectives ([`crate::backend::cuda::comm::collectives::CudaComm`]).
+//! This file holds the [`Device`] half and the staging helpers the ops share: kernels take one
+//! dtype for their main operands, so an operand of the other dtype is converted into a temporary
+//! (and an output converted back), which keeps every op correct for any dtype mix the model code
+//! passes, at the cost of an extra pass where the dtypes differ.
 
-use super::collectives::{CudaComm, CudaGroup, Joins};
-use super::context::{drv, elapsed_s};
-use super::device::CudaDevice;
-use super::error::CudaError;
-use super::kernels::Kernels;
-use super::launch::elementwise;
-use super::tensor::CudaTensor;
+use crate::backend::cuda::comm::collectives::{CudaComm, CudaGroup, Joins};
+use crate::backend::cuda::compile::kernels::Kernels;
+use crate::backend::cuda::device::context::{drv, elapsed_s};
+use crate::backend::cuda::device::device::CudaDevice;
+use crate::backend::cuda::device::tensor::CudaTensor;
+use crate::backend::cuda::diag::error::CudaError;
+use crate::backend::cuda::ops::elementwise::kernel as elementwise;
+use crate::backend::cuda::Cuda;
 use crate::backend::{Backend, DType, Device, DeviceTensor, View};
 use crate::error::ExecError;
 use crate::tracker::{Category, MemoryTracker};
@@ -20,10 +21,6 @@ use cudarc::driver::{result as dr, CudaEvent, CudaStream};
 use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::Arc;
-
-/// The CUDA backend (one rank per thread or process, tensors in GPU memory).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Cuda;
 
 impl Backend for Cuda {
     type Tensor = CudaTensor;
@@ -190,7 +187,10 @@ impl CudaRank {
             .map(|&x| u32::try_from(x))
             .collect::<Result<Vec<u32>, _>>()
             .map_err(|_| {
-                super::launch::shape_error(what, "an index exceeds u32 (4 294 967 295)")
+                crate::backend::cuda::ops::launch::shape_error(
+                    what,
+                    "an index exceeds u32 (4 294 967 295)",
+                )
             })?;
         self.upload_u32(&v)
     }

@@ -1,0 +1,64 @@
+//! Element-wise ops on `elementwise.cu` (add, axpy, fill, and the dtype casts that stage
+//! operands; CPU twin: cpu/ops/elementwise.rs).
+
+pub mod kernel;
+
+use crate::backend::cuda::device::tensor::CudaTensor;
+use crate::backend::cuda::rank::CudaRank;
+use crate::backend::{DeviceTensor, View, ViewMut};
+use crate::error::ExecError;
+
+use crate::backend::cuda::ops::flash::attn;
+
+pub fn add(
+    cr: &CudaRank,
+    a: &CudaTensor,
+    b: &CudaTensor,
+    out: &mut CudaTensor,
+) -> Result<(), ExecError> {
+    let dt = out.dtype();
+    let (sa, sb) = (cr.input(a, dt)?, cr.input(b, dt)?);
+    // SAFETY: three buffers of out.len() elements of dt.
+    Ok(unsafe { kernel::add(cr.s(), cr.k(), dt, sa.ptr, sb.ptr, out.ptr_at(0), out.len()) }?)
+}
+
+pub fn axpy(
+    cr: &CudaRank,
+    alpha: f32,
+    x: View<'_, CudaTensor>,
+    y: ViewMut<'_, CudaTensor>,
+) -> Result<(), ExecError> {
+    let dt = y.tensor.dtype();
+    let xs = cr.input_view(&x, dt)?;
+    // SAFETY: both views hold y.len() elements of dt.
+    Ok(unsafe {
+        kernel::axpy(
+            cr.s(),
+            cr.k(),
+            dt,
+            alpha,
+            xs.ptr,
+            y.tensor.ptr_at(y.range.start),
+            y.len(),
+        )
+    }?)
+}
+
+pub fn copy(
+    cr: &CudaRank,
+    src: View<'_, CudaTensor>,
+    dst: ViewMut<'_, CudaTensor>,
+) -> Result<(), ExecError> {
+    crate::backend::check_copy(src.len(), dst.len())?;
+    Ok(cr.convert(
+        src.tensor.ptr_at(src.range.start),
+        src.tensor.dtype(),
+        dst.tensor.ptr_at(dst.range.start),
+        dst.tensor.dtype(),
+        src.len(),
+    )?)
+}
+
+pub fn fill(cr: &CudaRank, t: &mut CudaTensor, value: f32) -> Result<(), ExecError> {
+    Ok(attn::fill(cr, t, value)?)
+}

@@ -1,0 +1,200 @@
+//! Attention: the block kernels of `flash.cu` ([`kernel`]) and the tensor-core ones of
+//! `flash_mma.cu` ([`mma`]), whole-sequence attention in [`attn`] (CPU twin: cpu/ops/flash.rs).
+
+pub mod attn;
+pub mod kernel;
+pub mod mma;
+
+use crate::backend::cuda::device::tensor::CudaTensor;
+use crate::backend::cuda::diag::error::CudaError;
+use crate::backend::cuda::ops::launch::F32;
+use crate::backend::cuda::rank::CudaRank;
+use crate::backend::{AttnSaved, AttnShape, BlockShape, DeviceTensor, Keep, Side, View, ViewMut};
+use crate::error::ExecError;
+use attn::Running;
+
+pub fn attn_fwd(
+    cr: &CudaRank,
+    sh: &AttnShape,
+    q: &CudaTensor,
+    k: &CudaTensor,
+    v: &CudaTensor,
+    o: &mut CudaTensor,
+    keep: Keep,
+) -> Result<AttnSaved<CudaTensor>, ExecError> {
+    Ok(attn::attn_fwd(cr, sh, q, k, v, o, keep)?)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn attn_bwd(
+    cr: &CudaRank,
+    sh: &AttnShape,
+    q: &CudaTensor,
+    k: &CudaTensor,
+    v: &CudaTensor,
+    _saved: &AttnSaved<CudaTensor>,
+    dout: &CudaTensor,
+    dq: &mut CudaTensor,
+    dk: &mut CudaTensor,
+    dv: &mut CudaTensor,
+) -> Result<(), ExecError> {
+    Ok(attn::attn_bwd(cr, sh, q, k, v, dout, dq, dk, dv)?)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn flash_fwd_block(
+    cr: &CudaRank,
+    sh: &BlockShape,
+    q: &CudaTensor,
+    qs: Side<'_>,
+    k: View<'_, CudaTensor>,
+    v: View<'_, CudaTensor>,
+    ks: Side<'_>,
+    acc: &mut CudaTensor,
+    max: &mut CudaTensor,
+    sum: &mut CudaTensor,
+    _tile: &mut CudaTensor,
+) -> Result<u64, ExecError> {
+    let dt = q.dtype();
+    let (kk, vv) = (cr.input_view(&k, dt)?, cr.input_view(&v, dt)?);
+    let run = Running {
+        acc: cr.take_f32(acc)?,
+        max: cr.take_f32(max)?,
+        sum: cr.take_f32(sum)?,
+    };
+    let work = attn::forward_block(
+        cr,
+        dt,
+        sh,
+        q.ptr_at(0),
+        qs.pos,
+        kk.ptr,
+        vv.ptr,
+        ks.pos,
+        cr.addr(&run.acc, acc),
+        cr.addr(&run.max, max),
+        cr.addr(&run.sum, sum),
+    )?;
+    cr.give_back(run.acc, acc)?;
+    cr.give_back(run.max, max)?;
+    cr.give_back(run.sum, sum)?;
+    Ok(work)
+}
+
+pub fn flash_finish(
+    cr: &CudaRank,
+    sh: &BlockShape,
+    rows: usize,
+    acc: &mut CudaTensor,
+    max: &CudaTensor,
+    sum: &CudaTensor,
+    lse: &mut CudaTensor,
+) -> Result<(), ExecError> {
+    let a = cr.output_at(acc, 0..acc.len(), F32, true)?;
+    let (m, s) = (cr.input(max, F32)?, cr.input(sum, F32)?);
+    let l = cr.output_at(lse, 0..lse.len(), F32, false)?;
+    // SAFETY: acc b x rows x hq x d, the statistics b x hq x rows, f32.
+    unsafe { kernel::finish(cr.s(), cr.k(), sh, rows, a.ptr, m.ptr, s.ptr, l.ptr) }?;
+    cr.store(a, acc, 0..acc.len())?;
+    Ok(cr.store(l, lse, 0..lse.len())?)
+}
+
+pub fn flash_delta(
+    cr: &CudaRank,
+    sh: &BlockShape,
+    rows: usize,
+    dout: &CudaTensor,
+    o: &CudaTensor,
+    out: &mut CudaTensor,
+) -> Result<(), ExecError> {
+    let os = cr.input(o, F32)?;
+    let d = cr.output_at(out, 0..out.len(), F32, false)?;
+    // SAFETY: dout b x rows x hq x d of its dtype, o the same in f32, out b x rows x hq.
+    unsafe {
+        kernel::delta(
+            cr.s(),
+            cr.k(),
+            dout.dtype(),
+            sh,
+            rows,
+            dout.ptr_at(0),
+            os.ptr,
+            d.ptr,
+        )
+    }?;
+    Ok(cr.store(d, out, 0..out.len())?)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn flash_bwd_block(
+    cr: &CudaRank,
+    sh: &BlockShape,
+    q: &CudaTensor,
+    qs: Side<'_>,
+    k: View<'_, CudaTensor>,
+    v: View<'_, CudaTensor>,
+    ks: Side<'_>,
+    dout: &CudaTensor,
+    lse: &CudaTensor,
+    delta: &CudaTensor,
+    dq: &mut CudaTensor,
+    dk: ViewMut<'_, CudaTensor>,
+    dv: ViewMut<'_, CudaTensor>,
+    _p_tile: &mut CudaTensor,
+    _dp_tile: &mut CudaTensor,
+) -> Result<u64, ExecError> {
+    let dt = q.dtype();
+    let (kk, vv) = (cr.input_view(&k, dt)?, cr.input_view(&v, dt)?);
+    let ds = cr.input(dout, dt)?;
+    let (ls, de) = (cr.input(lse, F32)?, cr.input(delta, F32)?);
+    let (rk, rv) = (dk.range.clone(), dv.range.clone());
+    let gq = cr.output_at(dq, 0..dq.len(), F32, true)?;
+    let gk = cr.output_at(dk.tensor, rk.clone(), F32, true)?;
+    let gv = cr.output_at(dv.tensor, rv.clone(), F32, true)?;
+    let bufs = attn::BwdBuffers {
+        q: q.ptr_at(0),
+        k: kk.ptr,
+        v: vv.ptr,
+        dout: ds.ptr,
+        lse: ls.ptr,
+        delta: de.ptr,
+        dq: gq.ptr,
+        dk: gk.ptr,
+        dv: gv.ptr,
+    };
+    let work = attn::backward_block(cr, dt, sh, qs.pos, ks.pos, &bufs)?;
+    cr.store(gq, dq, 0..dq.len())?;
+    cr.store(gk, dk.tensor, rk)?;
+    cr.store(gv, dv.tensor, rv)?;
+    Ok(work)
+}
+
+impl CudaRank {
+    /// An f32 working copy of `t` when it is not f32 (else an empty marker: `t` is used
+    /// directly, see [`CudaRank::addr`]).
+    fn take_f32(&self, t: &CudaTensor) -> Result<CudaTensor, CudaError> {
+        if t.dtype() == F32 {
+            return self.temp(F32, 0);
+        }
+        let w = self.temp(F32, t.len())?;
+        self.convert(t.ptr_at(0), t.dtype(), w.ptr_at(0), F32, t.len())?;
+        Ok(w)
+    }
+
+    /// The address the kernel writes: the working copy, or `t` itself when it is f32.
+    fn addr(&self, work: &CudaTensor, t: &CudaTensor) -> u64 {
+        if t.dtype() == F32 {
+            t.ptr_at(0)
+        } else {
+            work.ptr_at(0)
+        }
+    }
+
+    /// Converts a working copy back into `t` (nothing when `t` was used directly).
+    fn give_back(&self, work: CudaTensor, t: &CudaTensor) -> Result<(), CudaError> {
+        if t.dtype() != F32 {
+            self.convert(work.ptr_at(0), F32, t.ptr_at(0), t.dtype(), t.len())?;
+        }
+        Ok(())
+    }
+}
