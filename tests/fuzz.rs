@@ -118,10 +118,14 @@ fn plausible(r: &mut Rng, key: &str) -> Value {
             ""
         ])),
         "gpu" => {
-            json!(r.pick(&["h100-sxm", "a100-40g", "a100-80g", "h200", "b200", "mi300x", "cpu"]))
+            json!(r.pick(&[
+                "h100-sxm", "a100-40g", "a100-80g", "h200", "b200", "b300", "gb200", "gb300",
+                "mi300x", "mi355x", "cpu"
+            ]))
         }
         "num_gpus" => ints(r, &[1, 2, 4, 8, 16, 64, 512, 4096, 65536]),
         "gpus_per_node" => ints(r, &[1, 2, 4, 8, 16]),
+        "nvlink_domain_size" => ints(r, &[0, 1, 4, 8, 64, 72, 576]),
         "tp" | "cp" | "ep" | "expert_tp" | "dp" => ints(r, &[1, 2, 4, 8, 16]),
         "pp" => ints(r, &[1, 2, 3, 4, 8, 16, 32, 64]),
         "vpp" => ints(r, &[1, 2, 3, 4]),
@@ -179,7 +183,10 @@ const FIELDS: &[(&str, &[&str])] = &[
             "tied_embeddings",
         ],
     ),
-    ("cluster", &["gpu", "num_gpus", "gpus_per_node"]),
+    (
+        "cluster",
+        &["gpu", "num_gpus", "gpus_per_node", "nvlink_domain_size"],
+    ),
     (
         "parallel",
         &[

@@ -44,7 +44,12 @@ pub struct WorkloadArgs {
     /// GPUs per node. [default from config: 8]
     #[arg(long)]
     pub gpus_per_node: Option<u32>,
-    /// GPU profile name (a100-40g, a100-80g, h100-sxm, h200, b200, mi300x) or profile TOML path. [default from config: h100-sxm]
+    /// GPUs per NVLink domain: a group inside one runs at NVLink rates across nodes (72 on a
+    /// GB200/GB300 NVL72 rack of 4-GPU nodes). [default: the profile's (72 on gb200 and gb300,
+    /// where it fits the GPU count), else gpus-per-node]
+    #[arg(long, value_name = "GPUS")]
+    pub nvlink_domain_size: Option<u32>,
+    /// GPU profile name (a100-40g, a100-80g, h100-sxm, h200, b200, b300, gb200, gb300, mi300x, mi355x) or profile TOML path. [default from config: h100-sxm]
     #[arg(long)]
     pub gpu: Option<String>,
     /// Sequence length. [default from config: 8192]
@@ -187,6 +192,7 @@ impl WorkloadArgs {
             put(m, "cluster", "num_gpus", Some(n));
         }
         put(m, "cluster", "gpus_per_node", self.gpus_per_node);
+        put(m, "cluster", "nvlink_domain_size", self.nvlink_domain_size);
         put(m, "cluster", "gpu", self.gpu.clone());
         put(m, "training", "seq_length", self.seq);
         put(m, "training", "global_batch_size", self.gbs);

@@ -422,9 +422,19 @@ fn pipelines(layers: u32, pp: u32, ends: Option<balance::EndCosts>) -> Vec<Pipe>
 
 /// Every mix the enumeration produces for `base` (before validation and pruning).
 pub fn enumerate(base: &Config, mbs_max: u64) -> Vec<Mix> {
+    let c = &base.cluster;
+    enumerate_in(
+        base,
+        mbs_max,
+        c.nvlink_domain_size.unwrap_or(c.gpus_per_node),
+    )
+}
+
+/// [`enumerate`] with tensor parallelism inside NVLink domains of `domain` GPUs.
+fn enumerate_in(base: &Config, mbs_max: u64, domain: u32) -> Vec<Mix> {
     let m = &base.model;
     let n = base.cluster.num_gpus as u64;
-    let per_node = base.cluster.gpus_per_node as u64;
+    let per_node = u64::from(domain);
     let heads = m.num_attention_heads as u64;
     let kv = m.num_query_groups as u64;
     let layers = m.num_layers;
@@ -521,6 +531,7 @@ fn network_cache(mixes: &[Mix], base: &Config, gpu: &GpuProfile) -> NetworkCache
                 pp,
                 base.cluster.gpus_per_node,
             )
+            .and_then(|l| l.with_nvlink_domain(base.cluster.nvlink_domain(gpu)))
             .and_then(|l| l.with_experts_of(base))
             .ok()?;
             Some(((tp, cp, ep, pp), Network::new(&layout, gpu)))
@@ -643,7 +654,11 @@ pub fn search(
     crate::config::check_base(&spec.base)?;
     let start = Instant::now();
     let gpu = GpuProfile::load(&spec.base.cluster.gpu)?;
-    let mixes = enumerate(&spec.base, spec.mbs_max);
+    let mixes = enumerate_in(
+        &spec.base,
+        spec.mbs_max,
+        spec.base.cluster.nvlink_domain(&gpu),
+    );
     let total = mixes.len() as u64;
     let links = network_cache(&mixes, &spec.base, &gpu);
 
