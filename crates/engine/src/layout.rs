@@ -719,6 +719,25 @@ mod tests {
         ));
     }
 
+    /// A GB200 NVL72 rack: trays (nodes) of 4 GPUs, one NVLink domain of 72. A TP group of 8
+    /// spans two trays but one domain; DP groups of stride 8 over 144 GPUs span two racks, 9
+    /// members in each; the node as the domain (the default) gives the per-node geometry.
+    #[test]
+    fn geometry_counts_nvlink_domains_not_nodes() {
+        let l = Layout::new("tp-cp-ep-dp-pp", 8, 1, 1, 18, 1, 4)
+            .unwrap()
+            .with_nvlink_domain(72)
+            .unwrap();
+        assert_eq!(l.group_geometry(GroupKind::Tp, 0), (8, 8, 1));
+        assert_eq!(l.group_geometry(GroupKind::Dp, 0), (18, 9, 2));
+        let g = l.group_of(GroupKind::Tp, 0);
+        assert!(l.crosses_nodes(&g) && !l.crosses_domains(&g));
+        assert_eq!((l.node_of(75), l.domain_of(75)), (18, 1));
+        let trays = Layout::new("tp-cp-ep-dp-pp", 8, 1, 1, 18, 1, 4).unwrap();
+        assert_eq!(trays.group_geometry(GroupKind::Tp, 0), (8, 4, 2));
+        assert_eq!(trays.clone().with_nvlink_domain(0), Err(LayoutError::Zero));
+    }
+
     #[test]
     fn bad_order_is_rejected() {
         assert!(matches!(

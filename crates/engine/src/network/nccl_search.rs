@@ -239,6 +239,31 @@ mod tests {
         assert_eq!(nvls(Arch::Hopper, 1, link), None);
     }
 
+    /// One NVL72 rack by hand (18 NVLink 5 links x 40.1 GB/s = 721.8 GB/s a GPU, SM100 lists):
+    /// NVLS has 72 heads capped at 32, and 33 x speed must fit 721.8, so 20 GB/s (21.9 is not
+    /// a listed speed); the ring keeps 8 x 90 (720; nothing from 80 to 45 is better and 40 is
+    /// under 0.49 of 90), duplicated into 16 x 45 (50 GB/s would fit only 14 channels).
+    #[test]
+    fn nvl72_rack_graphs_by_hand() {
+        let link = 18.0 * 40.1;
+        assert_eq!(
+            nvls(Arch::Blackwell, 72, link),
+            Some(Graph {
+                channels: 32,
+                bw_gbps: 20.0
+            })
+        );
+        assert_eq!(
+            ring_intra(Arch::Blackwell, link),
+            Graph {
+                channels: 16,
+                bw_gbps: 45.0
+            }
+        );
+        // Eight Blackwell GPUs (an HGX B200/B300 node, or 8 GPUs of a rack): 9 x 80 = 720 fits.
+        assert_eq!(nvls(Arch::Blackwell, 8, link).unwrap().bw_gbps, 80.0);
+    }
+
     /// Across nodes a channel is bounded by a NIC: HDR (25 GB/s) gets 24 per NIC on A100 (the
     /// "~24 GB/s per NIC" NCCL's maintainers quote), NDR (50 GB/s) 48 on H100, and one GPU
     /// with one NDR NIC is duplicated into 2 x 24.
