@@ -6,8 +6,8 @@ use anyhow::Context;
 use clap::Args;
 use parsim::config::megatron;
 use parsim::config::{
-    Activation, Config, CpComm, Dtype, FlopsAttention, Layer, Precision, Recompute, Resolved,
-    RouterScore, ScheduleKind, TrainingMode,
+    Activation, Config, CpComm, Dtype, FlopsAttention, Fp8Recipe, Layer, Precision, Recompute,
+    Resolved, RouterScore, ScheduleKind, TrainingMode,
 };
 use parsim::scaling::GpuRange;
 use serde_json::{json, Map, Value};
@@ -58,7 +58,8 @@ pub struct WorkloadArgs {
     /// Global batch size. [default from config: 64]
     #[arg(long)]
     pub gbs: Option<u64>,
-    /// Precision: bf16, fp16, fp8, fp32. [default from config: bf16]
+    /// Precision: bf16, fp16, fp8, fp32, mxfp8, nvfp4 (mxfp8 and nvfp4 on Blackwell and
+    /// CDNA 4 profiles). [default from config: bf16]
     #[arg(long)]
     pub precision: Option<Precision>,
     /// Fraction of GPU memory kept free for allocator fragmentation and reserve, e.g. 0.1 or
@@ -293,6 +294,9 @@ pub struct TrainingArgs {
     /// Gradient buffer dtype: fp32, bf16. [default from config: fp32]
     #[arg(long)]
     pub grad_dtype: Option<Dtype>,
+    /// FP8 scaling recipe (with --precision fp8): delayed, current, blockwise. [default: delayed]
+    #[arg(long)]
+    pub fp8_recipe: Option<Fp8Recipe>,
     /// Activation recomputation: none, selective, full. [default from config: selective]
     #[arg(long)]
     pub recompute: Option<Recompute>,
@@ -544,6 +548,7 @@ impl TrainingArgs {
             self.profile.as_ref().map(|p| p.display().to_string()),
         );
         put(m, "training", "grad_dtype", self.grad_dtype);
+        put(m, "training", "fp8_recipe", self.fp8_recipe);
         put(m, "training", "recompute", self.recompute);
         put(m, "training", "flash_attention", self.flash_attention);
         put(m, "training", "flops_attention", self.flops_attention);

@@ -319,3 +319,54 @@ fn profile_fp4_and_domain_must_be_positive() {
         assert!(err.contains(field), "{err}");
     }
 }
+
+/// The low-precision settings: NVFP4 times the linear layers at the FP4 peak and MXFP8 at the
+/// FP8 peak (attention stays at bf16), so on GB200 the compute falls from bf16 to MXFP8 to
+/// NVFP4; NVFP4 on an H100 (no FP4 tensor cores) and an unknown FP8 recipe are refused by field.
+#[test]
+fn low_precision_recipes_are_timed_at_their_peaks_and_refused_by_field() {
+    let on = |gpu: &str, precision: &str| {
+        json!({"model": {"preset": "llama3-8b"},
+               "cluster": {"gpu": gpu, "num_gpus": 8, "gpus_per_node": 4},
+               "parallel": {"tp": 2},
+               "training": {"precision": precision, "global_batch_size": 16}})
+    };
+    let compute = |p: &str| est(on("gb200", p)).time.compute_s;
+    let (bf16, fp8, mxfp8, nvfp4) = (
+        compute("bf16"),
+        compute("fp8"),
+        compute("mxfp8"),
+        compute("nvfp4"),
+    );
+    assert!(nvfp4 < mxfp8 && mxfp8 < bf16, "{nvfp4} {mxfp8} {bf16}");
+    // MXFP8 and FP8 GEMMs share the FP8 peak and measured share; only the recipe differs.
+    assert!(same(mxfp8, fp8), "{mxfp8} vs {fp8}");
+    let r = resolve(on("gb200", "nvfp4"));
+    assert_eq!(
+        r.gpu.peak_flops_for(r.config.training.precision),
+        Some(10000e12)
+    );
+    let e = rejected(on("h100-sxm", "nvfp4"));
+    assert!(
+        e.contains("training.precision") && e.contains("h100-sxm lacks"),
+        "{e}"
+    );
+    let mut bad = on("h100-sxm", "fp8");
+    bad["training"]["fp8_recipe"] = json!("hourly");
+    let e = Config::from_layers(&[Layer::overrides(bad)])
+        .map(|_| String::new())
+        .unwrap_or_else(|e| e.to_string());
+    assert!(e.contains("fp8_recipe"), "{e}");
+    for recipe in ["delayed", "current", "blockwise"] {
+        let mut ok = on("h100-sxm", "fp8");
+        ok["training"]["fp8_recipe"] = json!(recipe);
+        assert_eq!(
+            resolve(ok).config.training.fp8_recipe.unwrap().as_str(),
+            recipe
+        );
+    }
+    let mut stray = on("gb200", "bf16");
+    stray["training"]["fp8_recipe"] = json!("current");
+    let e = rejected(stray);
+    assert!(e.contains("training.fp8_recipe"), "{e}");
+}

@@ -410,7 +410,11 @@ impl GpuProfile {
             self.gemm.achievable_bf16_fraction,
             self.gemm.achievable_fp8_fraction,
         ) {
-            (Precision::Fp8, Some(bf16), Some(fp8)) => (e * fp8 / bf16).min(1.0),
+            // MXFP8 and NVFP4 GEMMs take FP8's measured share of their peak: no achievable
+            // MXFP8 or FP4 GEMM rate is in calibration/data/gemm-rates.json yet.
+            (Precision::Fp8 | Precision::Mxfp8 | Precision::Nvfp4, Some(bf16), Some(fp8)) => {
+                (e * fp8 / bf16).min(1.0)
+            }
             _ => e,
         }
     }
@@ -420,8 +424,9 @@ impl GpuProfile {
         match precision {
             Precision::Bf16 => Some(self.peak_flops.bf16),
             Precision::Fp16 => Some(self.peak_flops.fp16),
-            Precision::Fp8 => self.peak_flops.fp8,
+            Precision::Fp8 | Precision::Mxfp8 => self.peak_flops.fp8,
             Precision::Fp32 => Some(self.peak_flops.fp32),
+            Precision::Nvfp4 => self.peak_flops.fp4,
         }
     }
 }
