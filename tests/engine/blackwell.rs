@@ -183,8 +183,8 @@ fn a_domain_equal_to_the_node_changes_nothing() {
     explicit["cluster"]["nvlink_domain_size"] = json!(8);
     let (a, b) = (est(base), est(explicit));
     assert_eq!(
-        serde_json::to_value(&a.time).unwrap(),
-        serde_json::to_value(&b.time).unwrap()
+        serde_json::to_value(a.time).unwrap(),
+        serde_json::to_value(b.time).unwrap()
     );
     assert_eq!(
         serde_json::to_value(&a.memory).unwrap(),

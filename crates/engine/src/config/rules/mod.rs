@@ -98,18 +98,15 @@ pub fn check_base(c: &Config) -> Result<(), ConfigError> {
 pub fn warnings(c: &Config) -> Vec<String> {
     let (m, p, t) = (&c.model, &c.parallel, &c.training);
     let mut w = Vec::new();
-    match c.cluster.nvlink_domain_size {
-        Some(domain) if domain != c.cluster.gpus_per_node => {
-            if p.tp > domain {
-                w.push(format!(
-                    "parallel.tp = {} exceeds cluster.nvlink_domain_size = {domain}: tensor parallelism leaves the NVLink domain",
-                    p.tp
-                ));
-            }
-        }
-        _ if p.tp > c.cluster.gpus_per_node => w.push(format!(
+    let gpn = c.cluster.gpus_per_node;
+    match c.cluster.nvlink_domain_size.filter(|&d| d != gpn) {
+        Some(domain) if p.tp > domain => w.push(format!(
+            "parallel.tp = {} exceeds cluster.nvlink_domain_size = {domain}: tensor parallelism leaves the NVLink domain",
+            p.tp
+        )),
+        None if p.tp > gpn => w.push(format!(
             "parallel.tp = {} exceeds cluster.gpus_per_node = {}: tensor parallelism crosses nodes",
-            p.tp, c.cluster.gpus_per_node
+            p.tp, gpn
         )),
         _ => {}
     }
