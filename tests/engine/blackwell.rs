@@ -77,6 +77,26 @@ fn blackwell_profiles_carry_their_datasheet_peaks() {
     assert!(close(mi.peak_flops.fp8.unwrap(), fp8));
     assert!(close(mi.peak_flops.bf16, fp8 / 2.0));
     assert!(close(mi.peak_flops.fp4.unwrap(), fp8 * 2.0));
+    // B200's FP4 rate is the data set's dense figure (calibration/data/gpus.json).
+    let data: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/calibration/data/gpus.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let b200 = data
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["gpu"].as_str().unwrap().starts_with("B200 (HGX"))
+        .unwrap();
+    let fp4 = b200["dense_tflops"]["fp4"].as_f64().unwrap() * 1e12;
+    assert!(same(
+        GpuProfile::load("b200").unwrap().peak_flops.fp4.unwrap(),
+        fp4
+    ));
     // GPUs before Blackwell and CDNA 4 have no FP4 tensor cores.
     for name in ["a100-80g", "h100-sxm", "h200", "mi300x"] {
         assert_eq!(
@@ -369,4 +389,65 @@ fn low_precision_recipes_are_timed_at_their_peaks_and_refused_by_field() {
     stray["training"]["fp8_recipe"] = json!("current");
     let e = rejected(stray);
     assert!(e.contains("training.fp8_recipe"), "{e}");
+}
+
+/// NVIDIA's public Megatron-Bridge performance recipes (docs.nvidia.com/nemo/megatron-bridge,
+/// API docs of `bridge.perf_recipes.llama.{b200,gb200,gb300}`: the layouts their docstrings
+/// give) are accepted by `estimate`. Sequence 8192 and micro batch 1 as the Llama 3 recipes
+/// run; the 405B recipes' global batch is not in the docstrings (512 here), nor their split
+/// of 126 layers (here Megatron's embedding and loss slots, 128 over pp). GB200/GB300 racks
+/// run 64 GPUs (16 trays of 4) per NVLink domain where 72 does not divide the job.
+#[test]
+fn nvidia_public_blackwell_recipes_are_accepted() {
+    // (preset, gpu, gpus, precision, tp, pp, cp, gbs)
+    let recipes = [
+        ("llama3-70b", "b200", 64, "bf16", 2, 4, 2, 256),
+        ("llama3-70b", "b200", 64, "mxfp8", 2, 4, 1, 256),
+        ("llama3-70b", "b200", 64, "nvfp4", 2, 4, 1, 256),
+        ("llama3-70b", "gb200", 64, "mxfp8", 2, 4, 1, 256),
+        ("llama3-70b", "gb200", 64, "nvfp4", 2, 4, 1, 256),
+        ("llama3-70b", "gb300", 64, "mxfp8", 1, 4, 1, 256),
+        ("llama3-70b", "gb300", 64, "nvfp4", 1, 4, 1, 256),
+        ("llama3-405b", "gb200", 128, "bf16", 4, 8, 2, 512),
+        ("llama3-405b", "gb200", 128, "mxfp8", 4, 8, 2, 512),
+        ("llama3-405b", "gb200", 128, "nvfp4", 4, 16, 1, 512),
+        ("llama3-405b", "gb200", 256, "fp8", 4, 16, 1, 512),
+        ("llama3-405b", "gb300", 128, "nvfp4", 4, 8, 1, 512),
+        ("llama3-405b", "gb300", 256, "mxfp8", 2, 8, 2, 512),
+        ("llama3-405b", "gb300", 256, "nvfp4", 4, 8, 1, 512),
+    ];
+    for (preset, gpu, gpus, precision, tp, pp, cp, gbs) in recipes {
+        let mut c = json!({
+            "model": {"preset": preset},
+            "cluster": {"gpu": gpu, "num_gpus": gpus},
+            "parallel": {"tp": tp, "pp": pp, "cp": cp},
+            "training": {"precision": precision, "seq_length": 8192, "micro_batch_size": 1,
+                         "global_batch_size": gbs}
+        });
+        if gpu.starts_with("gb") {
+            c["cluster"]["gpus_per_node"] = json!(4);
+            if gpus > 72 {
+                c["cluster"]["nvlink_domain_size"] = json!(64);
+            }
+        }
+        if precision == "fp8" {
+            c["training"]["fp8_recipe"] = json!("current");
+        }
+        if preset == "llama3-405b" {
+            // 126 layers: the 405B recipes give the embedding and the loss a layer slot each
+            // (Megatron's account_for_*_in_pipeline_split), 128 slots over pp.
+            c["parallel"]["account_for_embedding_in_pipeline_split"] = json!(true);
+            c["parallel"]["account_for_loss_in_pipeline_split"] = json!(true);
+        }
+        let e = est(c);
+        assert!(
+            e.time.step_s.is_finite() && e.time.step_s > 0.0,
+            "{preset} {gpu} {precision}"
+        );
+        assert!(
+            e.throughput.mfu > 0.0 && e.throughput.mfu < 1.0,
+            "{preset} {gpu} {precision}: {}",
+            e.throughput.mfu
+        );
+    }
 }

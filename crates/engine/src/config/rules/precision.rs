@@ -18,7 +18,7 @@ pub fn hardware(cfg: &Config, gpu: &GpuProfile) -> Vec<Violation> {
                     t.precision, gpu.name
                 ),
             )
-            .hint("use fp8 (with training.fp8_recipe) or bf16, or a b200-class profile: b300, gb200, gb300, mi355x"),
+            .hint("use fp8 (with training.fp8_recipe) or bf16, or a profile with FP4: b200, b300, gb200, gb300, mi355x"),
         );
     }
     if t.fp8_recipe.is_some() && t.precision != Precision::Fp8 {
