@@ -3,6 +3,7 @@
 
 mod engine {
     pub mod activations;
+    pub mod blackwell;
     pub mod comm;
     pub mod common;
     pub mod expert_folding;

@@ -118,10 +118,14 @@ fn plausible(r: &mut Rng, key: &str) -> Value {
             ""
         ])),
         "gpu" => {
-            json!(r.pick(&["h100-sxm", "a100-40g", "a100-80g", "h200", "b200", "mi300x", "cpu"]))
+            json!(r.pick(&[
+                "h100-sxm", "a100-40g", "a100-80g", "h200", "b200", "b300", "gb200", "gb300",
+                "mi300x", "mi355x", "cpu"
+            ]))
         }
         "num_gpus" => ints(r, &[1, 2, 4, 8, 16, 64, 512, 4096, 65536]),
         "gpus_per_node" => ints(r, &[1, 2, 4, 8, 16]),
+        "nvlink_domain_size" => ints(r, &[0, 1, 4, 8, 64, 72, 576]),
         "tp" | "cp" | "ep" | "expert_tp" | "dp" => ints(r, &[1, 2, 4, 8, 16]),
         "pp" => ints(r, &[1, 2, 3, 4, 8, 16, 32, 64]),
         "vpp" => ints(r, &[1, 2, 3, 4]),
@@ -141,7 +145,8 @@ fn plausible(r: &mut Rng, key: &str) -> Value {
         "seq_length" => ints(r, &[1, 128, 2048, 8192, 131072, 1 << 20]),
         "micro_batch_size" => ints(r, &[1, 2, 4, 16]),
         "global_batch_size" => ints(r, &[1, 8, 64, 512, 4096, 1 << 20, 1 << 32]),
-        "precision" => json!(r.pick(&["bf16", "fp16", "fp8", "fp32"])),
+        "precision" => json!(r.pick(&["bf16", "fp16", "fp8", "fp32", "mxfp8", "nvfp4"])),
+        "fp8_recipe" => json!(r.pick(&["delayed", "current", "blockwise", "hourly"])),
         "grad_dtype" => json!(r.pick(&["fp32", "bf16", "fp16", "fp8"])),
         "recompute" => json!(r.pick(&["none", "selective", "full"])),
         "flops_attention" => json!(r.pick(&["causal", "full"])),
@@ -179,7 +184,10 @@ const FIELDS: &[(&str, &[&str])] = &[
             "tied_embeddings",
         ],
     ),
-    ("cluster", &["gpu", "num_gpus", "gpus_per_node"]),
+    (
+        "cluster",
+        &["gpu", "num_gpus", "gpus_per_node", "nvlink_domain_size"],
+    ),
     (
         "parallel",
         &[
@@ -214,6 +222,7 @@ const FIELDS: &[(&str, &[&str])] = &[
             "micro_batch_size",
             "global_batch_size",
             "precision",
+            "fp8_recipe",
             "grad_dtype",
             "recompute",
             "flash_attention",

@@ -6,8 +6,8 @@ use anyhow::Context;
 use clap::Args;
 use parsim::config::megatron;
 use parsim::config::{
-    Activation, Config, CpComm, Dtype, FlopsAttention, Layer, Precision, Recompute, Resolved,
-    RouterScore, ScheduleKind, TrainingMode,
+    Activation, Config, CpComm, Dtype, FlopsAttention, Fp8Recipe, Layer, Precision, Recompute,
+    Resolved, RouterScore, ScheduleKind, TrainingMode,
 };
 use parsim::scaling::GpuRange;
 use serde_json::{json, Map, Value};
@@ -44,7 +44,12 @@ pub struct WorkloadArgs {
     /// GPUs per node. [default from config: 8]
     #[arg(long)]
     pub gpus_per_node: Option<u32>,
-    /// GPU profile name (a100-40g, a100-80g, h100-sxm, h200, b200, mi300x) or profile TOML path. [default from config: h100-sxm]
+    /// GPUs per NVLink domain: a group inside one runs at NVLink rates across nodes (72 on a
+    /// GB200/GB300 NVL72 rack of 4-GPU nodes). [default: the profile's (72 on gb200 and gb300,
+    /// where it fits the GPU count), else gpus-per-node]
+    #[arg(long, value_name = "GPUS")]
+    pub nvlink_domain_size: Option<u32>,
+    /// GPU profile name (a100-40g, a100-80g, h100-sxm, h200, b200, b300, gb200, gb300, mi300x, mi355x) or profile TOML path. [default from config: h100-sxm]
     #[arg(long)]
     pub gpu: Option<String>,
     /// Sequence length. [default from config: 8192]
@@ -53,7 +58,8 @@ pub struct WorkloadArgs {
     /// Global batch size. [default from config: 64]
     #[arg(long)]
     pub gbs: Option<u64>,
-    /// Precision: bf16, fp16, fp8, fp32. [default from config: bf16]
+    /// Precision: bf16, fp16, fp8, fp32, mxfp8, nvfp4 (mxfp8 and nvfp4 on Blackwell and
+    /// CDNA 4 profiles). [default from config: bf16]
     #[arg(long)]
     pub precision: Option<Precision>,
     /// Fraction of GPU memory kept free for allocator fragmentation and reserve, e.g. 0.1 or
@@ -187,6 +193,7 @@ impl WorkloadArgs {
             put(m, "cluster", "num_gpus", Some(n));
         }
         put(m, "cluster", "gpus_per_node", self.gpus_per_node);
+        put(m, "cluster", "nvlink_domain_size", self.nvlink_domain_size);
         put(m, "cluster", "gpu", self.gpu.clone());
         put(m, "training", "seq_length", self.seq);
         put(m, "training", "global_batch_size", self.gbs);
@@ -287,6 +294,9 @@ pub struct TrainingArgs {
     /// Gradient buffer dtype: fp32, bf16. [default from config: fp32]
     #[arg(long)]
     pub grad_dtype: Option<Dtype>,
+    /// FP8 scaling recipe (with --precision fp8): delayed, current, blockwise. [default: delayed]
+    #[arg(long)]
+    pub fp8_recipe: Option<Fp8Recipe>,
     /// Activation recomputation: none, selective, full. [default from config: selective]
     #[arg(long)]
     pub recompute: Option<Recompute>,
@@ -538,6 +548,7 @@ impl TrainingArgs {
             self.profile.as_ref().map(|p| p.display().to_string()),
         );
         put(m, "training", "grad_dtype", self.grad_dtype);
+        put(m, "training", "fp8_recipe", self.fp8_recipe);
         put(m, "training", "recompute", self.recompute);
         put(m, "training", "flash_attention", self.flash_attention);
         put(m, "training", "flops_attention", self.flops_attention);

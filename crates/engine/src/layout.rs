@@ -1,6 +1,7 @@
 //! Rank layout: rank <-> (tp, cp, ep, dp, pp) coordinates for an order string (fastest first,
 //! Megatron's default tp-cp-ep-dp-pp), the members of each process group, and whether a group
-//! crosses a node boundary.
+//! crosses a node boundary or an NVLink domain's (ranks fill nodes, and nodes fill domains, in
+//! order: a GB200 NVL72 rack is one domain of 18 nodes of 4 GPUs).
 //!
 //! EP folds into DP: the order's `ep` axis has ep ranks and its `dp` axis dp/ep ranks (the
 //! expert data-parallel index); the dense DP index combines the two in their order.
@@ -178,6 +179,9 @@ pub struct Layout {
     pub dp: u32,
     pub pp: u32,
     pub gpus_per_node: u32,
+    /// GPUs per NVLink domain (= `gpus_per_node` unless [`Layout::with_nvlink_domain`]): a
+    /// group inside one domain runs on NVLink even across nodes.
+    pub nvlink_domain_size: u32,
 }
 
 impl Layout {
@@ -227,7 +231,17 @@ impl Layout {
             dp,
             pp,
             gpus_per_node,
+            nvlink_domain_size: gpus_per_node,
         })
+    }
+
+    /// This layout with NVLink domains of `size` GPUs (consecutive ranks, whole nodes).
+    pub fn with_nvlink_domain(mut self, size: u32) -> Result<Layout, LayoutError> {
+        if size == 0 {
+            return Err(LayoutError::Zero);
+        }
+        self.nvlink_domain_size = size;
+        Ok(self)
     }
 
     /// The layout of a resolved configuration; an MoE model's expert groups folded with its
@@ -243,6 +257,10 @@ impl Layout {
             p.pp,
             r.config.cluster.gpus_per_node,
         )
+        .and_then(|l| {
+            let c = &r.config.cluster;
+            l.with_nvlink_domain(c.nvlink_domain_size.unwrap_or(c.gpus_per_node))
+        })
         .and_then(|l| l.with_experts_of(&r.config))
         .expect("validated configuration has a valid layout")
     }
@@ -397,8 +415,10 @@ impl Layout {
             .collect()
     }
 
-    /// Size, members in the first member's node, and nodes spanned of the `kind` group that
-    /// contains `rank`, without building the member list.
+    /// Size, members in the first member's NVLink domain, and domains spanned of the `kind`
+    /// group that contains `rank`, without building the member list: the link classes the group
+    /// runs on (NVLink inside a domain, the network across). With the node as the domain (the
+    /// default) these are members per node and nodes.
     pub fn group_geometry(&self, kind: GroupKind, rank: u32) -> (u32, u32, u32) {
         let grid = self.grid(kind);
         let base = digits(grid, rank);
@@ -411,8 +431,8 @@ impl Layout {
                 d[i] = k % grid[i].1;
                 k /= grid[i].1;
             }
-            // Members come in increasing rank order, so nodes do too.
-            let node = self.node_of(compose(grid, &d));
+            // Members come in increasing rank order, so domains do too.
+            let node = self.domain_of(compose(grid, &d));
             if first == u32::MAX {
                 first = node;
             }
@@ -446,6 +466,18 @@ impl Layout {
     /// Node index of a rank (ranks fill nodes in order).
     pub fn node_of(&self, rank: u32) -> u32 {
         rank / self.gpus_per_node
+    }
+
+    /// NVLink domain index of a rank (ranks fill domains in order).
+    pub fn domain_of(&self, rank: u32) -> u32 {
+        rank / self.nvlink_domain_size
+    }
+
+    /// True when the members span more than one NVLink domain (so the group uses the network).
+    pub fn crosses_domains(&self, members: &[u32]) -> bool {
+        members
+            .windows(2)
+            .any(|w| self.domain_of(w[0]) != self.domain_of(w[1]))
     }
 
     /// True when the members span more than one node.
@@ -685,6 +717,25 @@ mod tests {
             l.with_expert_tp(3),
             Err(LayoutError::ExpertTp { etp: 3, .. })
         ));
+    }
+
+    /// A GB200 NVL72 rack: trays (nodes) of 4 GPUs, one NVLink domain of 72. A TP group of 8
+    /// spans two trays but one domain; DP groups of stride 8 over 144 GPUs span two racks, 9
+    /// members in each; the node as the domain (the default) gives the per-node geometry.
+    #[test]
+    fn geometry_counts_nvlink_domains_not_nodes() {
+        let l = Layout::new("tp-cp-ep-dp-pp", 8, 1, 1, 18, 1, 4)
+            .unwrap()
+            .with_nvlink_domain(72)
+            .unwrap();
+        assert_eq!(l.group_geometry(GroupKind::Tp, 0), (8, 8, 1));
+        assert_eq!(l.group_geometry(GroupKind::Dp, 0), (18, 9, 2));
+        let g = l.group_of(GroupKind::Tp, 0);
+        assert!(l.crosses_nodes(&g) && !l.crosses_domains(&g));
+        assert_eq!((l.node_of(75), l.domain_of(75)), (18, 1));
+        let trays = Layout::new("tp-cp-ep-dp-pp", 8, 1, 1, 18, 1, 4).unwrap();
+        assert_eq!(trays.group_geometry(GroupKind::Tp, 0), (8, 4, 2));
+        assert_eq!(trays.clone().with_nvlink_domain(0), Err(LayoutError::Zero));
     }
 
     #[test]

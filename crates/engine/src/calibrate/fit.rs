@@ -12,7 +12,8 @@ use crate::estimate::{estimate, EstimateError};
 pub enum Family {
     /// A100 40GB and 80GB (same SM, clocks and NVLink; Narayanan et al. 2021 and llm-foundry).
     A100,
-    /// H100 SXM (Megatron-Core 2024 and llm-foundry); H200, B200 and MI300X reuse it.
+    /// H100 SXM (Megatron-Core 2024 and llm-foundry); H200, B200, B300, GB200, GB300, MI300X
+    /// and MI355X reuse it.
     H100,
 }
 
@@ -39,7 +40,9 @@ impl Family {
     pub fn profiles(self) -> &'static [&'static str] {
         match self {
             Family::A100 => &["a100-40g", "a100-80g"],
-            Family::H100 => &["h100-sxm", "h200", "b200", "mi300x"],
+            Family::H100 => &[
+                "h100-sxm", "h200", "b200", "b300", "gb200", "gb300", "mi300x", "mi355x",
+            ],
         }
     }
 }

@@ -510,15 +510,31 @@ fn markdown_fitted_values(s: &mut String, fits: &[fit::FitResult]) {
         ));
     }
     s.push_str(
-        "\nH200, B200 and MI300X have no published rows here and reuse H100's values (their \
-         profiles say so). `attention` (a fraction of the dense peak for a fused core on a GPU \
+        "\nH200, B200, B300, GB200, GB300, MI300X and MI355X have no published rows here and \
+         reuse H100's values (their profiles say so; see \"What each profile rests on\" \
+         below). `attention` (a fraction of the dense peak for a fused core on a GPU \
          without published kernel rates) is not fitted: every published row runs its \
          attention core at a published kernel's rates or, unfused, as GEMMs, so no row depends \
          on it and it keeps the placeholder. The fit leaves any value no fitting row \
          constrains at its start (`fit::free_params`). A value at 1.000 sits on the fit's \
          bound.\n\n",
     );
+    s.push_str(PROFILE_DATA);
 }
+
+/// Which data each shipped profile's figures rest on (issue 30's data policy: Blackwell's
+/// efficiencies come only from kernel and collective microbenchmarks; end-to-end tables of
+/// these systems are kept for independent validation, never fitted).
+const PROFILE_DATA: &str = "### What each profile rests on\n\n\
+| profile | peaks, memory, links | GEMM share (`gemm.achievable_*_fraction`) | collectives | efficiencies |\n\
+| --- | --- | --- | --- | --- |\n\
+| a100-40g, a100-80g | datasheet (calibration/data/gpus.json) | measured (gemm-rates.json) | NCCL model, checked on nccl-tests.json | fitted (A100 rows) |\n\
+| h100-sxm | datasheet | measured | NCCL model, checked on nccl-tests.json | fitted (H100 rows) |\n\
+| h200, b200, mi300x | datasheet | measured | H200: NCCL model; B200, MI300X: alpha-beta rings | H100's, matmul scaled by the GEMM share |\n\
+| b300, gb200, gb300 | vendor system tables (NVIDIA HGX B300, GB200 NVL72, GB300 NVL72), per GPU | assumed: B200's measured share (no published measurement) | NCCL's Blackwell model; GB200 NVL72 checked on CoreWeave's published rack table (nccl-tests-nvl72.json, within 15%) | H100's, matmul scaled by B200's share |\n\
+| mi355x | AMD figures (256 CUs x 2.4 GHz x per-CU rates, 288 GB, 8 TB/s) | assumed: MI300X's measured share | alpha-beta rings | H100's, matmul scaled by MI300X's share |\n\n\
+No end-to-end throughput of a Blackwell system is fitted: published performance summaries of NeMo, \
+Megatron-Bridge or torchtitan on B200, GB200 and GB300 are reserved for validation.\n\n";
 
 /// Held-out error per source and overall, and the error on the fitting rows.
 fn markdown_held_out_error(s: &mut String, e: &Evaluation) {

@@ -88,8 +88,34 @@ named_enum!(
         Bf16 => "bf16",
         Fp16 => "fp16",
         /// FP8 matmuls (Transformer Engine): bf16 weights kept, linear inputs saved in 1 byte.
+        /// The scaling recipe is `training.fp8_recipe`.
         Fp8 => "fp8",
         Fp32 => "fp32",
+        /// MXFP8 (Transformer Engine's MXFP8BlockScaling, OCP microscaling): E4M3 values with
+        /// one E8M0 scale per 32, scaled in the tensor cores (Blackwell, CDNA 4); GEMMs at the
+        /// FP8 rate, linear inputs saved in 1 byte.
+        Mxfp8 => "mxfp8",
+        /// NVFP4 (Transformer Engine's NVFP4BlockScaling): E2M1 values with one E4M3 scale per
+        /// 16 and a per-tensor FP32 scale; linear-layer GEMMs at the FP4 rate (Blackwell).
+        Nvfp4 => "nvfp4",
+    }
+);
+
+named_enum!(
+    /// How FP8 training scales its tensors (`training.fp8_recipe`; Transformer Engine's
+    /// recipes, Megatron-Core's `--fp8-recipe`).
+    #[derive(Default)]
+    Fp8Recipe {
+        /// One scale per tensor from the amax history of past steps (TE's DelayedScaling, the
+        /// default).
+        #[default]
+        Delayed => "delayed",
+        /// One scale per tensor from the tensor's own amax, computed before each cast (TE's
+        /// Float8CurrentScaling; Megatron's "tensorwise").
+        Current => "current",
+        /// DeepSeek-V3's fine-grained scaling: one FP32 scale per 128 x 128 block of weights
+        /// and per 1 x 128 tile of activations (TE's Float8BlockScaling).
+        Blockwise => "blockwise",
     }
 );
 

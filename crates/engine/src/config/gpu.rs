@@ -15,6 +15,10 @@ pub struct PeakFlops {
     pub fp16: f64,
     /// `None` on GPUs without FP8 tensor cores.
     pub fp8: Option<f64>,
+    /// FP4 (NVFP4 / MXFP4) dense rate; `None` on GPUs without FP4 tensor cores (before
+    /// Blackwell and CDNA 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp4: Option<f64>,
     pub fp32: f64,
 }
 
@@ -38,18 +42,24 @@ pub struct Links {
     /// cover (MI300X on RCCL, B200, the CPU backend).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nccl: Option<NcclArch>,
+    /// GPUs that share one NVLink domain on this system (72 on a GB200/GB300 NVL72 rack), the
+    /// default of `cluster.nvlink_domain_size`; `None`: the node is the domain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_domain_size: Option<u32>,
     pub intra_node: Link,
     pub inter_node: Link,
 }
 
 /// The GPU generation whose NCCL tuning constants apply (NCCL's src/graph/tuning.cc caps per
-/// compute capability): DGX A100-class (SM80, NVLink3 x 12) or DGX H100-class (SM90, NVLink4
-/// x 18 with NVLink SHARP).
+/// compute capability): DGX A100-class (SM80, NVLink3 x 12), DGX H100-class (SM90, NVLink4
+/// x 18 with NVLink SHARP) or Blackwell (SM100, NVLink5 x 18 with NVLink SHARP, over a whole
+/// NVL72 rack with multi-node NVLink).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NcclArch {
     Ampere,
     Hopper,
+    Blackwell,
 }
 
 /// Achieved fractions of peak (fitted by calibration).
@@ -185,9 +195,16 @@ const SHIPPED: &[(&str, &str)] = &[
     ),
     ("h200", include_str!("../../../../calibration/h200.toml")),
     ("b200", include_str!("../../../../calibration/b200.toml")),
+    ("b300", include_str!("../../../../calibration/b300.toml")),
+    ("gb200", include_str!("../../../../calibration/gb200.toml")),
+    ("gb300", include_str!("../../../../calibration/gb300.toml")),
     (
         "mi300x",
         include_str!("../../../../calibration/mi300x.toml"),
+    ),
+    (
+        "mi355x",
+        include_str!("../../../../calibration/mi355x.toml"),
     ),
     ("cpu", include_str!("../../../../calibration/cpu.toml")),
 ];
@@ -263,6 +280,7 @@ impl GpuProfile {
         // Values a profile may leave out, checked where given.
         let optional = [
             ("peak_flops.fp8", self.peak_flops.fp8),
+            ("peak_flops.fp4", self.peak_flops.fp4),
             (
                 "gemm.achievable_bf16_fraction",
                 self.gemm.achievable_bf16_fraction,
@@ -373,6 +391,12 @@ impl GpuProfile {
                 message: "memory_bytes must be positive".into(),
             });
         }
+        if self.links.nvlink_domain_size == Some(0) {
+            return Err(ConfigError::Profile {
+                origin: origin.to_string(),
+                message: "links.nvlink_domain_size must be at least 1 GPU".into(),
+            });
+        }
         Ok(())
     }
 
@@ -386,7 +410,11 @@ impl GpuProfile {
             self.gemm.achievable_bf16_fraction,
             self.gemm.achievable_fp8_fraction,
         ) {
-            (Precision::Fp8, Some(bf16), Some(fp8)) => (e * fp8 / bf16).min(1.0),
+            // MXFP8 and NVFP4 GEMMs take FP8's measured share of their peak: no achievable
+            // MXFP8 or FP4 GEMM rate is in calibration/data/gemm-rates.json yet.
+            (Precision::Fp8 | Precision::Mxfp8 | Precision::Nvfp4, Some(bf16), Some(fp8)) => {
+                (e * fp8 / bf16).min(1.0)
+            }
             _ => e,
         }
     }
@@ -396,8 +424,9 @@ impl GpuProfile {
         match precision {
             Precision::Bf16 => Some(self.peak_flops.bf16),
             Precision::Fp16 => Some(self.peak_flops.fp16),
-            Precision::Fp8 => self.peak_flops.fp8,
+            Precision::Fp8 | Precision::Mxfp8 => self.peak_flops.fp8,
             Precision::Fp32 => Some(self.peak_flops.fp32),
+            Precision::Nvfp4 => self.peak_flops.fp4,
         }
     }
 }

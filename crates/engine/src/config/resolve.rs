@@ -139,7 +139,25 @@ impl Resolved {
             Some(kernel) => gpu.attention_kernel = Some(attention_kernel_on(kernel, &gpu)?),
         }
         rules::check(&config, &gpu)?;
-        let warnings = rules::warnings(&config);
+        // The profile's NVLink domain (GB200/GB300 NVL72) filled in where it is not the node;
+        // one that does not fit the cluster is named in a warning.
+        let mut domain_warning = None;
+        if config.cluster.nvlink_domain_size.is_none() {
+            let domain = config.cluster.nvlink_domain(&gpu);
+            if domain != config.cluster.gpus_per_node {
+                config.cluster.nvlink_domain_size = Some(domain);
+            }
+            if let Some(d) = gpu.links.nvlink_domain_size {
+                if config.cluster.profile_domain(&gpu).is_none() {
+                    domain_warning = Some(format!(
+                        "cluster.nvlink_domain_size: the {} profile's NVLink domain of {d} GPUs does not fit {} GPUs of {} per node, so each node is its own domain; set it (64 runs NVL72 racks 16 trays to a job)",
+                        gpu.name, config.cluster.num_gpus, config.cluster.gpus_per_node
+                    ));
+                }
+            }
+        }
+        let mut warnings = rules::warnings(&config);
+        warnings.extend(domain_warning);
         let p = &config.parallel;
         let t = &config.training;
         let dp = rules::data_parallel(&config).expect("checked: the world divides");

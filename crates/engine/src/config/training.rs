@@ -1,6 +1,8 @@
 //! Training settings: batch, sequence, precision, recomputation, optimizer, fine-tuning mode.
 
-use super::enums::{Dtype, FlopsAttention, LoraTarget, Precision, Recompute, TrainingMode};
+use super::enums::{
+    Dtype, FlopsAttention, Fp8Recipe, LoraTarget, Precision, Recompute, TrainingMode,
+};
 use super::framework::Framework;
 use serde::{Deserialize, Serialize};
 
@@ -38,6 +40,10 @@ pub struct TrainingConfig {
     pub micro_batch_size: u64,
     pub global_batch_size: u64,
     pub precision: Precision,
+    /// FP8's scaling recipe (delayed, current, blockwise); only with `precision = "fp8"`.
+    /// Absent: delayed scaling, Transformer Engine's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8_recipe: Option<Fp8Recipe>,
     /// Gradient accumulation buffer dtype (Megatron's fp32 `main_grad` by default).
     pub grad_dtype: Dtype,
     pub recompute: Recompute,
@@ -62,6 +68,7 @@ impl Default for TrainingConfig {
             micro_batch_size: 1,
             global_batch_size: 64,
             precision: Precision::Bf16,
+            fp8_recipe: None,
             grad_dtype: Dtype::Fp32,
             recompute: Recompute::Selective,
             flash_attention: true,

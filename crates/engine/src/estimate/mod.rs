@@ -89,6 +89,8 @@ impl From<GroupBytes> for GroupBytesInt {
 pub struct GroupInfo {
     pub group: GroupKind,
     pub size: u32,
+    /// Whether the group runs on the network: it spans NVLink domains (nodes, unless
+    /// `cluster.nvlink_domain_size` makes several nodes one domain).
     pub crosses_nodes: bool,
 }
 

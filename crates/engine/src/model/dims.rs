@@ -78,7 +78,7 @@ impl Dims {
             n,
             n_sp: if sp { n / t } else { n },
             act: tr.activation_bytes(),
-            lin: if tr.precision == Precision::Fp8 {
+            lin: if matches!(tr.precision, Precision::Fp8 | Precision::Mxfp8) {
                 1
             } else {
                 tr.activation_bytes()

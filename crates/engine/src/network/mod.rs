@@ -23,7 +23,9 @@ pub fn ring_s(kind: CollectiveKind, bytes: f64, n: u32, bandwidth: f64, latency_
     latency_s + kind.ring_factor(n) * bytes / bandwidth
 }
 
-/// How one group kind sits on the cluster: its size, members per node, nodes spanned.
+/// How one group kind sits on the cluster: its size, members per NVLink domain, domains spanned
+/// (a domain is a node unless `cluster.nvlink_domain_size` joins several: NCCL's multi-node
+/// NVLink sees a GB200 NVL72 rack as one node).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GroupGeometry {
     pub size: u32,
@@ -152,7 +154,8 @@ impl Network {
         self.geometry[Self::kind_index(kind)]
     }
 
-    /// True when the group kind spans nodes (so it runs on the inter-node links).
+    /// True when the group kind spans NVLink domains (so it runs on the inter-node links; a
+    /// domain is a node unless `cluster.nvlink_domain_size` joins several).
     pub fn crosses_nodes(&self, kind: GroupKind) -> bool {
         self.geometry(kind).nodes > 1
     }

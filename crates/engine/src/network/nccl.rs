@@ -57,6 +57,7 @@ impl Fabric {
         let node = match arch {
             Arch::Ampere => Fabric::dgx_a100(),
             Arch::Hopper => Fabric::dgx_h100(),
+            Arch::Blackwell => Fabric::nvl72(),
         };
         Fabric {
             nics_per_node,
@@ -85,6 +86,21 @@ impl Fabric {
             nvlink_bytes_per_s: 20.6e9,
             nvls: true,
             nics_per_node: 8,
+            nic_bytes_per_s: 50.0e9,
+        }
+    }
+
+    /// One NVLink 5 domain of Blackwell GPUs (GB200/GB300 NVL72, or an HGX B200/B300 node):
+    /// 18 NVLink 5 links each (topo.h `SM100_NVLINK_BW` 40.1 GB/s) to NVSwitches with NVLink
+    /// SHARP, one 400 Gb/s NIC per GPU. With multi-node NVLink (MNNVL) NCCL sees the whole
+    /// domain as one node, so a group inside the rack is searched as the GPUs of one node.
+    pub fn nvl72() -> Fabric {
+        Fabric {
+            arch: Arch::Blackwell,
+            nvlinks_per_gpu: 18,
+            nvlink_bytes_per_s: 40.1e9,
+            nvls: true,
+            nics_per_node: 72,
             nic_bytes_per_s: 50.0e9,
         }
     }
@@ -140,6 +156,14 @@ fn caps(arch: Arch, nodes: u32) -> Caps {
             tree_per_ch: [38.7, 41.4, 36.0][i],
             tree_ll128_per_ch: [36.7, 36.7, 29.0][i],
             nvls_efficiency: 0.85,
+        },
+        // tuning.cc's Blackwell rows (N1/N2/N4); the multi-node LL cap follows the CPU as above.
+        Arch::Blackwell => Caps {
+            ll_max: [2.0 * 141.0, 39.0, 20.4][i],
+            ring_ll128_per_ch: 40.0,
+            tree_per_ch: [70.0, 42.8, 24.0][i],
+            tree_ll128_per_ch: [55.6, 31.67, 20.0][i],
+            nvls_efficiency: 0.74,
         },
     }
 }
@@ -200,6 +224,17 @@ impl Choice {
 /// "plateau effect of ring" latency covers the network rings there.
 pub const PIPELINE_OVERHEAD_S: f64 = 8.2e-6;
 
+/// Hops of the chunk pipeline [`PIPELINE_OVERHEAD_S`] was set on: the 7 between the 8 GPUs
+/// of an HGX node. A group of n > 8 GPUs of one NVLink domain (NVL72) passes each chunk over
+/// n - 1 hops, so its K is stretched by (n - 1) / 7; smaller groups keep K as set (no table of
+/// fewer GPUs to set a per-hop cost on).
+const PIPELINE_REFERENCE_HOPS: f64 = 7.0;
+
+/// The factor on K for a group of `ranks` GPUs in one node (NVLink domain).
+fn pipeline_depth(ranks: u32) -> f64 {
+    (f64::from(ranks.saturating_sub(1)) / PIPELINE_REFERENCE_HOPS).max(1.0)
+}
+
 /// tuning.cc: `lat *= 1.4` for Ring/Simple all-reduce across nodes once the chunks are full
 /// (SM80 and later).
 const RING_PLATEAU: f64 = 1.4;
@@ -241,6 +276,8 @@ pub struct CollectiveModel {
     choices: [Option<Choice>; 9],
     /// K of the chunk pipeline ([`PIPELINE_OVERHEAD_S`] unless overridden).
     pipeline_overhead_s: f64,
+    /// K's factor for the group's hops ([`pipeline_depth`]).
+    pipeline_depth: f64,
 }
 
 /// The prediction for one call: seconds and the pair NCCL would pick.
@@ -344,6 +381,7 @@ impl CollectiveModel {
             return CollectiveModel {
                 choices,
                 pipeline_overhead_s: PIPELINE_OVERHEAD_S,
+                pipeline_depth: 1.0,
             };
         }
         let shape = Shape {
@@ -391,6 +429,7 @@ impl CollectiveModel {
         CollectiveModel {
             choices,
             pipeline_overhead_s: PIPELINE_OVERHEAD_S,
+            pipeline_depth: pipeline_depth(ranks),
         }
     }
 
@@ -428,7 +467,7 @@ impl CollectiveModel {
         }
         best.map(|(t, c)| {
             let pipeline_s = c.pipeline_bytes_per_s.map_or(0.0, |bw| {
-                2.0 * (self.pipeline_overhead_s * bytes / bw).sqrt()
+                2.0 * (self.pipeline_overhead_s * self.pipeline_depth * bytes / bw).sqrt()
             });
             Prediction {
                 time_s: t + pipeline_s,

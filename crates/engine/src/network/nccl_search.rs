@@ -38,6 +38,14 @@ const SPEED_INTER_SM90: [f64; 17] = [
     48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2, 0.24,
     0.12,
 ];
+/// search.cc `sm100SpeedArrayIntra` / `sm100SpeedArrayInter` (Blackwell, GB/s per channel).
+const SPEED_INTRA_SM100: [f64; 12] = [
+    90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0,
+];
+const SPEED_INTER_SM100: [f64; 20] = [
+    96.0, 86.0, 80.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0,
+    2.4, 1.2, 0.24, 0.12,
+];
 /// init.cc: `ringGraph->maxChannels = MAXCHANNELS / 2` with `MAXCHANNELS` 64.
 const MAX_CHANNELS: u32 = 32;
 /// device.h `NCCL_MAX_NVLS_ARITY`: at most this many NVLS heads (channels).
@@ -51,6 +59,8 @@ fn speeds(arch: Arch, inter: bool) -> &'static [f64] {
         (Arch::Hopper, false) => &SPEED_INTRA_SM90,
         (Arch::Ampere, true) => &SPEED_INTER_SM80,
         (Arch::Hopper, true) => &SPEED_INTER_SM90,
+        (Arch::Blackwell, false) => &SPEED_INTRA_SM100,
+        (Arch::Blackwell, true) => &SPEED_INTER_SM100,
     }
 }
 
@@ -93,9 +103,10 @@ fn first_pass(
 }
 
 /// `ncclTopoDupChannels`: a graph of 25 GB/s channels or more becomes twice the channels at
-/// half the speed, except on Hopper when it already has more than 4 channels under 50 GB/s.
+/// half the speed, except after Ampere (NCCL's `ccMin > 80`) when it already has more than 4
+/// channels under 50 GB/s.
 fn dup_channels(arch: Arch, g: Graph) -> Graph {
-    if g.bw_gbps < 25.0 || (arch == Arch::Hopper && g.bw_gbps < 50.0 && g.channels > 4) {
+    if g.bw_gbps < 25.0 || (arch != Arch::Ampere && g.bw_gbps < 50.0 && g.channels > 4) {
         return g;
     }
     let channels = (2 * g.channels).min(MAX_CHANNELS);
@@ -226,6 +237,31 @@ mod tests {
         );
         assert_eq!(nvls(Arch::Hopper, 4, link).unwrap().bw_gbps, 60.0);
         assert_eq!(nvls(Arch::Hopper, 1, link), None);
+    }
+
+    /// One NVL72 rack by hand (18 NVLink 5 links x 40.1 GB/s = 721.8 GB/s a GPU, SM100 lists):
+    /// NVLS has 72 heads capped at 32, and 33 x speed must fit 721.8, so 20 GB/s (21.9 is not
+    /// a listed speed); the ring keeps 8 x 90 (720; nothing from 80 to 45 is better and 40 is
+    /// under 0.49 of 90), duplicated into 16 x 45 (50 GB/s would fit only 14 channels).
+    #[test]
+    fn nvl72_rack_graphs_by_hand() {
+        let link = 18.0 * 40.1;
+        assert_eq!(
+            nvls(Arch::Blackwell, 72, link),
+            Some(Graph {
+                channels: 32,
+                bw_gbps: 20.0
+            })
+        );
+        assert_eq!(
+            ring_intra(Arch::Blackwell, link),
+            Graph {
+                channels: 16,
+                bw_gbps: 45.0
+            }
+        );
+        // Eight Blackwell GPUs (an HGX B200/B300 node, or 8 GPUs of a rack): 9 x 80 = 720 fits.
+        assert_eq!(nvls(Arch::Blackwell, 8, link).unwrap().bw_gbps, 80.0);
     }
 
     /// Across nodes a channel is bounded by a NIC: HDR (25 GB/s) gets 24 per NIC on A100 (the

@@ -19,8 +19,15 @@ fn list(g: &[u32]) -> String {
     }
 }
 
+/// True when NVLink domains join several nodes (a GB200 NVL72 rack): then the text and JSON
+/// show them too (otherwise a domain is a node and they stay as they were).
+fn shows_domains(l: &Layout) -> bool {
+    l.nvlink_domain_size != l.gpus_per_node
+}
+
 /// Degrees, then each group kind with its groups.
 pub fn layout_text(l: &Layout, order: &str, all: bool, rank: Option<u32>) -> String {
+    let domains = shows_domains(l);
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -33,6 +40,13 @@ pub fn layout_text(l: &Layout, order: &str, all: bool, rank: Option<u32>) -> Str
         l.ep,
         l.gpus_per_node
     );
+    if domains {
+        let _ = writeln!(
+            out,
+            "NVLink domains of {} GPUs: a group inside one runs on NVLink across its nodes",
+            l.nvlink_domain_size
+        );
+    }
     if l.is_folded() {
         let _ = writeln!(
             out,
@@ -46,13 +60,18 @@ pub fn layout_text(l: &Layout, order: &str, all: bool, rank: Option<u32>) -> Str
         let c = l.coords(r);
         let _ = writeln!(
             out,
-            "rank {r}: tp {} cp {} ep {} dp {} pp {} (node {})",
+            "rank {r}: tp {} cp {} ep {} dp {} pp {} (node {}{})",
             c.tp,
             c.cp,
             c.ep,
             c.dp,
             c.pp,
-            l.node_of(r)
+            l.node_of(r),
+            if domains {
+                format!(", NVLink domain {}", l.domain_of(r))
+            } else {
+                String::new()
+            }
         );
         if l.is_folded() {
             let at = |g: Vec<u32>| g.iter().position(|&x| x == r).unwrap_or(0);
@@ -64,11 +83,23 @@ pub fn layout_text(l: &Layout, order: &str, all: bool, rank: Option<u32>) -> Str
                 at(l.group_of(GroupKind::ExpertDp, r))
             );
         }
-        let mut t = table(&["group", "ranks", "crosses nodes"]);
+        let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
+        let mut t = if domains {
+            table(&["group", "ranks", "crosses nodes", "crosses NVLink domains"])
+        } else {
+            table(&["group", "ranks", "crosses nodes"])
+        };
         for kind in GroupKind::ALL {
             let g = l.group_of(kind, r);
-            let cross = if l.crosses_nodes(&g) { "yes" } else { "no" };
-            t.add_row(vec![kind.as_str().to_string(), list(&g), cross.to_string()]);
+            let mut row = vec![
+                kind.as_str().to_string(),
+                list(&g),
+                yes_no(l.crosses_nodes(&g)),
+            ];
+            if domains {
+                row.push(yes_no(l.crosses_domains(&g)));
+            }
+            t.add_row(row);
         }
         let _ = writeln!(out, "{t}");
         return out;
@@ -76,14 +107,20 @@ pub fn layout_text(l: &Layout, order: &str, all: bool, rank: Option<u32>) -> Str
     for kind in GroupKind::ALL {
         let groups = l.groups(kind);
         let crossing = groups.iter().filter(|g| l.crosses_nodes(g)).count();
+        let leaving = groups.iter().filter(|g| l.crosses_domains(g)).count();
         let _ = writeln!(
             out,
-            "{} groups: {} of size {}{}",
+            "{} groups: {} of size {}{}{}",
             kind.as_str(),
             groups.len(),
             groups.first().map_or(0, Vec::len),
             if crossing > 0 {
                 format!(", {crossing} cross nodes")
+            } else {
+                String::new()
+            },
+            if domains && crossing > 0 {
+                format!(", {leaving} cross NVLink domains")
             } else {
                 String::new()
             }
@@ -109,18 +146,29 @@ pub fn layout_text(l: &Layout, order: &str, all: bool, rank: Option<u32>) -> Str
 
 /// Every rank's coordinates and every group.
 pub fn layout_json(l: &Layout) -> Value {
+    let domains = shows_domains(l);
     let ranks: Vec<Value> = (0..l.world())
-        .map(|r| json!({"rank": r, "node": l.node_of(r), "coords": l.coords(r)}))
+        .map(|r| {
+            let mut v = json!({"rank": r, "node": l.node_of(r), "coords": l.coords(r)});
+            if domains {
+                v["nvlink_domain"] = json!(l.domain_of(r));
+            }
+            v
+        })
         .collect();
     let mut groups = serde_json::Map::new();
     for kind in GroupKind::ALL {
         groups.insert(kind.as_str().to_string(), json!(l.groups(kind)));
     }
-    json!({
+    let mut v = json!({
         "world": l.world(),
         "degrees": {"tp": l.tp, "cp": l.cp, "ep": l.ep, "dp": l.dp, "pp": l.pp},
         "gpus_per_node": l.gpus_per_node,
         "ranks": ranks,
         "groups": groups,
-    })
+    });
+    if domains {
+        v["nvlink_domain_size"] = json!(l.nvlink_domain_size);
+    }
+    v
 }

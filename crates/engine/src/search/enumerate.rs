@@ -93,9 +93,19 @@ fn pipelines(layers: u32, pp: u32, ends: Option<balance::EndCosts>) -> Vec<Pipe>
 
 /// Every mix the enumeration produces for `base` (before validation and pruning).
 pub fn enumerate(base: &Config, mbs_max: u64) -> Vec<Mix> {
+    let c = &base.cluster;
+    enumerate_in(
+        base,
+        mbs_max,
+        c.nvlink_domain_size.unwrap_or(c.gpus_per_node),
+    )
+}
+
+/// [`enumerate`] with tensor parallelism inside NVLink domains of `domain` GPUs.
+pub(super) fn enumerate_in(base: &Config, mbs_max: u64, domain: u32) -> Vec<Mix> {
     let m = &base.model;
     let n = base.cluster.num_gpus as u64;
-    let per_node = base.cluster.gpus_per_node as u64;
+    let per_node = u64::from(domain);
     let heads = m.num_attention_heads as u64;
     let kv = m.num_query_groups as u64;
     let layers = m.num_layers;

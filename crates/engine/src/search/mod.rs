@@ -20,6 +20,7 @@ mod enumerate;
 mod mix;
 
 pub use enumerate::enumerate;
+use enumerate::enumerate_in;
 pub use mix::{Cmp, Constraint, Knob, Mix, SearchError, Slots};
 
 /// What to search.
@@ -113,6 +114,7 @@ fn network_cache(mixes: &[Mix], base: &Config, gpu: &GpuProfile) -> NetworkCache
                 pp,
                 base.cluster.gpus_per_node,
             )
+            .and_then(|l| l.with_nvlink_domain(base.cluster.nvlink_domain(gpu)))
             .and_then(|l| l.with_experts_of(base))
             .ok()?;
             Some(((tp, cp, ep, pp), Network::new(&layout, gpu)))
@@ -235,7 +237,11 @@ pub fn search(
     crate::config::check_base(&spec.base)?;
     let start = Instant::now();
     let gpu = GpuProfile::load(&spec.base.cluster.gpu)?;
-    let mixes = enumerate(&spec.base, spec.mbs_max);
+    let mixes = enumerate_in(
+        &spec.base,
+        spec.mbs_max,
+        spec.base.cluster.nvlink_domain(&gpu),
+    );
     let total = mixes.len() as u64;
     let links = network_cache(&mixes, &spec.base, &gpu);
 

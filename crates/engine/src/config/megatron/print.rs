@@ -231,6 +231,16 @@ fn training_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
             flag("--fp8-format", Some("hybrid".into()));
         }
         Precision::Fp32 => {}
+        Precision::Mxfp8 => {
+            flag("--bf16", None);
+            flag("--fp8-format", Some("e4m3".into()));
+            flag("--fp8-recipe", Some("mxfp8".into()));
+        }
+        Precision::Nvfp4 => {
+            flag("--bf16", None);
+            flag("--fp4-format", Some("e2m1".into()));
+            flag("--fp4-recipe", Some("nvfp4".into()));
+        }
     }
     if t.grad_dtype == Dtype::Bf16 {
         flag("--grad-reduce-in-bf16", None);

@@ -3,6 +3,9 @@
 
 use super::super::{Config, Violation};
 
+/// The largest NVLink domain accepted: far beyond NVL576, small enough for any product.
+const MAX_NVLINK_DOMAIN_GPUS: u32 = 1 << 16;
+
 /// Every size rule; the other groups run only when these pass.
 pub fn sizes(cfg: &Config) -> Vec<Violation> {
     let mut errs = positive(cfg);
@@ -62,6 +65,26 @@ pub fn positive(cfg: &Config) -> Vec<Violation> {
             Violation::new("model.kv_channels", "must be at least 1, got 0")
                 .hint("leave it out for hidden_size / num_attention_heads"),
         );
+    }
+    if c.nvlink_domain_size == Some(0) {
+        errs.push(
+            Violation::new(
+                "cluster.nvlink_domain_size",
+                "must be at least 1 GPU, got 0",
+            )
+            .hint("leave it out for the GPU profile's domain, or gpus_per_node"),
+        );
+    }
+    if c.nvlink_domain_size
+        .is_some_and(|d| d > MAX_NVLINK_DOMAIN_GPUS)
+    {
+        errs.push(Violation::new(
+            "cluster.nvlink_domain_size",
+            format!(
+                "must be at most {MAX_NVLINK_DOMAIN_GPUS} GPUs, got {}",
+                c.nvlink_domain_size.unwrap_or_default()
+            ),
+        ));
     }
     if p.ddp_bucket_size == Some(0) {
         errs.push(

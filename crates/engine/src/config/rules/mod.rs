@@ -5,6 +5,7 @@
 
 mod batch;
 mod bounds;
+mod cluster;
 mod context;
 mod experts;
 mod lora;
@@ -46,11 +47,12 @@ pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
     if !errs.is_empty() {
         return Err(ConfigError::Invalid(errs));
     }
-    let groups: [&dyn Fn() -> Vec<Violation>; 16] = [
+    let groups: [&dyn Fn() -> Vec<Violation>; 17] = [
         &|| shape::heads(c),
         &|| experts::model(c),
         &|| shape::mla(c),
         &|| parallel::world(c),
+        &|| cluster::nvlink_domain(c),
         &|| parallel::tensor(c),
         &|| context::context_parallel(c),
         &|| context::sequence_parallel(c),
@@ -96,11 +98,17 @@ pub fn check_base(c: &Config) -> Result<(), ConfigError> {
 pub fn warnings(c: &Config) -> Vec<String> {
     let (m, p, t) = (&c.model, &c.parallel, &c.training);
     let mut w = Vec::new();
-    if p.tp > c.cluster.gpus_per_node {
-        w.push(format!(
+    let gpn = c.cluster.gpus_per_node;
+    match c.cluster.nvlink_domain_size.filter(|&d| d != gpn) {
+        Some(domain) if p.tp > domain => w.push(format!(
+            "parallel.tp = {} exceeds cluster.nvlink_domain_size = {domain}: tensor parallelism leaves the NVLink domain",
+            p.tp
+        )),
+        None if p.tp > gpn => w.push(format!(
             "parallel.tp = {} exceeds cluster.gpus_per_node = {}: tensor parallelism crosses nodes",
-            p.tp, c.cluster.gpus_per_node
-        ));
+            p.tp, gpn
+        )),
+        _ => {}
     }
     if p.sp && p.tp == 1 {
         w.push(

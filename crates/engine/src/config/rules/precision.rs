@@ -3,10 +3,36 @@
 
 use super::super::{Config, Dtype, GpuProfile, PositionEmbedding, Precision, Violation};
 
-/// FP8 training needs a GPU with FP8 tensor cores.
+/// FP8 training needs a GPU with FP8 tensor cores; MXFP8 and NVFP4 need the block-scaled
+/// (microscaling) tensor cores of Blackwell and CDNA 4, which the profile marks with an FP4
+/// rate; an FP8 recipe applies to FP8 only.
 pub fn hardware(cfg: &Config, gpu: &GpuProfile) -> Vec<Violation> {
     let t = &cfg.training;
     let mut errs = Vec::new();
+    if matches!(t.precision, Precision::Mxfp8 | Precision::Nvfp4) && gpu.peak_flops.fp4.is_none() {
+        errs.push(
+            Violation::new(
+                "training.precision",
+                format!(
+                    "{} needs block-scaled FP4/FP8 tensor cores (Blackwell, CDNA 4), which {} lacks (no peak_flops.fp4 in its profile)",
+                    t.precision, gpu.name
+                ),
+            )
+            .hint("use fp8 (with training.fp8_recipe) or bf16, or a profile with FP4: b200, b300, gb200, gb300, mi355x"),
+        );
+    }
+    if t.fp8_recipe.is_some() && t.precision != Precision::Fp8 {
+        errs.push(
+            Violation::new(
+                "training.fp8_recipe",
+                format!(
+                    "applies to precision fp8 only, got precision {}",
+                    t.precision
+                ),
+            )
+            .hint("leave it out, or set training.precision = \"fp8\" (mxfp8 and nvfp4 are recipes of their own)"),
+        );
+    }
     if t.precision == Precision::Fp8 && gpu.peak_flops.fp8.is_none() {
         errs.push(
             Violation::new(
@@ -63,6 +89,29 @@ mod tests {
         let h100 = GpuProfile::load("h100-sxm").unwrap();
         let fp8 = with(|c| c.training.precision = Precision::Fp8);
         assert_eq!(fields(&hardware(&fp8, &a100)), ["training.precision"]);
+        assert!(hardware(&fp8, &h100).is_empty());
+    }
+
+    /// NVFP4 on an H100 is refused by field (no FP4 tensor cores), as is MXFP8; both pass on
+    /// GB200. An FP8 recipe without FP8 is refused by its own field.
+    #[test]
+    fn block_scaled_recipes_need_blackwell_and_recipes_need_fp8() {
+        let h100 = GpuProfile::load("h100-sxm").unwrap();
+        let gb200 = GpuProfile::load("gb200").unwrap();
+        for p in [Precision::Nvfp4, Precision::Mxfp8] {
+            let c = with(|c| c.training.precision = p);
+            let v = hardware(&c, &h100);
+            assert_eq!(fields(&v), ["training.precision"], "{p}");
+            assert!(v[0].rule.contains("h100-sxm lacks"), "{}", v[0]);
+            assert!(hardware(&c, &gb200).is_empty(), "{p}");
+        }
+        let recipe =
+            with(|c| c.training.fp8_recipe = Some(super::super::super::Fp8Recipe::Blockwise));
+        assert_eq!(fields(&hardware(&recipe, &h100)), ["training.fp8_recipe"]);
+        let fp8 = with(|c| {
+            c.training.precision = Precision::Fp8;
+            c.training.fp8_recipe = Some(super::super::super::Fp8Recipe::Blockwise);
+        });
         assert!(hardware(&fp8, &h100).is_empty());
     }
 
