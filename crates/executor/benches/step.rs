@@ -7,7 +7,7 @@
 //! >= 70% of the peak), and the whole step's achieved GFLOP/s.
 
 use parsim_executor::backend::cpu::ops::gemm::{gemm, GemmCounter, View};
-use parsim_executor::plan::{Activation, AdamConfig, ModelShape, Norm, Plan, Recompute};
+use parsim_executor::plan::{AdamConfig, ModelShape, Plan, Recompute};
 use parsim_executor::runner::{run_cpu, RunOptions};
 use std::time::Instant;
 
@@ -75,32 +75,8 @@ fn main() {
     println!("GEMM peak (matrixmultiply, 1 thread): {peak:.1} GFLOP/s");
 
     let model = ModelShape {
-        num_layers: 8,
-        hidden: 1024,
-        heads: 16,
-        kv_heads: 8,
-        head_dim: 64,
-        ffn: 2816,
-        vocab: 8192,
-        data_vocab: 8192,
         seq: 1024,
-        micro_batch: 1,
-        norm: Norm::RmsNorm,
-        norm_eps: 1e-5,
-        activation: Activation::Swiglu,
-        rope_theta: 10000.0,
-        flash: true,
-        init_std: 0.02,
-        moe: None,
-        hidden_dropout: 0.0,
-        attention_dropout: 0.0,
-        tied_embeddings: false,
-        bias_linear: false,
-        qkv_bias: false,
-        learned_positions: 0,
-        mtp_layers: 0,
-        mtp_loss_scale: 0.0,
-        mla: None,
+        ..ModelShape::dense(8, 1024, 16, 8, 2816, 8192)
     };
     let plan = Plan::single_rank(model, AdamConfig::default(), 1, 1, Recompute::None);
     let steps = 3;

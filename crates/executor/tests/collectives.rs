@@ -175,37 +175,12 @@ fn flat_range_variants_shard_and_gather_a_buffer() {
 
 #[test]
 fn a_failing_rank_stops_the_run_with_its_error_instead_of_hanging() {
-    use parsim_executor::plan::{
-        Action, Activation, AdamConfig, ModelShape, Norm, Plan, Recompute,
-    };
+    use parsim_executor::plan::{Action, Activation, AdamConfig, ModelShape, Plan, Recompute};
     use parsim_executor::runner::{run_cpu, RunOptions};
     let model = ModelShape {
-        num_layers: 1,
-        hidden: 8,
-        heads: 2,
-        kv_heads: 1,
-        head_dim: 4,
-        ffn: 8,
-        vocab: 16,
-        data_vocab: 16,
-        seq: 4,
-        micro_batch: 1,
-        norm: Norm::RmsNorm,
-        norm_eps: 1e-5,
         activation: Activation::Gelu,
-        rope_theta: 10000.0,
-        flash: true,
-        init_std: 0.02,
-        moe: None,
-        hidden_dropout: 0.0,
-        attention_dropout: 0.0,
-        tied_embeddings: false,
-        bias_linear: false,
-        qkv_bias: false,
-        learned_positions: 0,
-        mtp_layers: 0,
-        mtp_loss_scale: 0.0,
-        mla: None,
+        seq: 4,
+        ..ModelShape::dense(1, 8, 2, 1, 8, 16)
     };
     let mut plan = Plan::single_rank(model, AdamConfig::default(), 1, 1, Recompute::None);
     plan.ranks[0].actions = vec![

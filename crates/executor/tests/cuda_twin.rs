@@ -150,34 +150,11 @@ fn upload_download_and_tracking_on_the_gpu() {
 /// The small one-rank model the twins start from: 2 layers, hidden 64, 4 heads and 2 KV heads
 /// of 16, RMSNorm, SwiGLU, seq 32, micro batch 2, no dropout, biases or MoE.
 fn small_shape() -> parsim_executor::plan::ModelShape {
-    use parsim_executor::plan::{Activation, ModelShape, Norm};
+    use parsim_executor::plan::ModelShape;
     ModelShape {
-        num_layers: 2,
-        hidden: 64,
-        heads: 4,
-        kv_heads: 2,
-        head_dim: 16,
-        ffn: 128,
-        vocab: 128,
-        data_vocab: 128,
         seq: 32,
         micro_batch: 2,
-        norm: Norm::RmsNorm,
-        norm_eps: 1e-5,
-        activation: Activation::Swiglu,
-        rope_theta: 10000.0,
-        flash: true,
-        init_std: 0.02,
-        moe: None,
-        hidden_dropout: 0.0,
-        attention_dropout: 0.0,
-        tied_embeddings: false,
-        bias_linear: false,
-        qkv_bias: false,
-        learned_positions: 0,
-        mtp_layers: 0,
-        mtp_loss_scale: 0.0,
-        mla: None,
+        ..ModelShape::dense(2, 64, 4, 2, 128, 128)
     }
 }
 

@@ -12,32 +12,13 @@ use parsim_executor::runner::{run_cpu, RunOptions};
 
 fn tiny(norm: Norm, activation: Activation, flash: bool) -> ModelShape {
     ModelShape {
-        num_layers: 2,
-        hidden: 8,
-        heads: 2,
-        kv_heads: 1,
-        head_dim: 4,
-        ffn: 12,
-        vocab: 16,
-        data_vocab: 16,
-        seq: 6,
-        micro_batch: 2,
         norm,
-        norm_eps: 1e-5,
         activation,
-        rope_theta: 10000.0,
         flash,
         init_std: 0.4,
-        moe: None,
-        hidden_dropout: 0.0,
-        attention_dropout: 0.0,
-        tied_embeddings: false,
-        bias_linear: false,
-        qkv_bias: false,
-        learned_positions: 0,
-        mtp_layers: 0,
-        mtp_loss_scale: 0.0,
-        mla: None,
+        seq: 6,
+        micro_batch: 2,
+        ..ModelShape::dense(2, 8, 2, 1, 12, 16)
     }
 }
 

@@ -3,37 +3,17 @@
 //! and B's gradients are nonzero. Central differences of the f64-accumulated mean loss for a
 //! sample of elements of every adapter tensor; the frozen base weights get no gradient.
 
-use parsim_executor::plan::{Activation, AdamConfig, LoraShape, ModelShape, Norm, Plan, Recompute};
+use parsim_executor::plan::{Activation, AdamConfig, LoraShape, ModelShape, Plan, Recompute};
 use parsim_executor::runner::{run_cpu, RunOptions};
 
 fn tiny(activation: Activation) -> ModelShape {
     ModelShape {
-        num_layers: 2,
-        hidden: 8,
-        heads: 2,
-        kv_heads: 1,
-        head_dim: 4,
-        ffn: 12,
-        vocab: 16,
-        data_vocab: 16,
+        activation,
+        init_std: 0.4,
+        mtp_loss_scale: 0.1,
         seq: 6,
         micro_batch: 2,
-        norm: Norm::RmsNorm,
-        norm_eps: 1e-5,
-        activation,
-        rope_theta: 10000.0,
-        flash: true,
-        init_std: 0.4,
-        moe: None,
-        hidden_dropout: 0.0,
-        learned_positions: 0,
-        mla: None,
-        attention_dropout: 0.0,
-        tied_embeddings: false,
-        bias_linear: false,
-        qkv_bias: false,
-        mtp_layers: 0,
-        mtp_loss_scale: 0.1,
+        ..ModelShape::dense(2, 8, 2, 1, 12, 16)
     }
 }
 

@@ -118,6 +118,50 @@ pub struct ModelShape {
     pub mtp_loss_scale: f32,
 }
 
+impl ModelShape {
+    /// A dense decoder with every option off: RMSNorm, SwiGLU, flash attention, rotary
+    /// positions (theta 10 000), init std 0.02, head_dim = hidden / heads, the whole vocabulary
+    /// in the data, one sequence of one token per microbatch, and no MoE, MLA, MTP, dropout,
+    /// biases or tied embeddings. Tests and benchmarks set the rest with `..`.
+    pub fn dense(
+        num_layers: u32,
+        hidden: usize,
+        heads: usize,
+        kv_heads: usize,
+        ffn: usize,
+        vocab: usize,
+    ) -> Self {
+        ModelShape {
+            num_layers,
+            hidden,
+            heads,
+            kv_heads,
+            head_dim: hidden / heads.max(1),
+            ffn,
+            vocab,
+            data_vocab: vocab,
+            seq: 1,
+            micro_batch: 1,
+            norm: Norm::RmsNorm,
+            norm_eps: 1e-5,
+            activation: Activation::Swiglu,
+            rope_theta: 10000.0,
+            flash: true,
+            init_std: 0.02,
+            moe: None,
+            hidden_dropout: 0.0,
+            attention_dropout: 0.0,
+            tied_embeddings: false,
+            bias_linear: false,
+            qkv_bias: false,
+            learned_positions: 0,
+            mtp_layers: 0,
+            mtp_loss_scale: 0.0,
+            mla: None,
+        }
+    }
+}
+
 /// Multi-head latent attention (DeepSeek-V2, "DeepSeek-V2: A Strong, Economical, and Efficient
 /// Mixture-of-Experts Language Model", section 2.1): the query through a low-rank latent with
 /// its RMSNorm, keys and values through a joint latent with its RMSNorm, and a decoupled rotary

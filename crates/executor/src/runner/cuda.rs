@@ -290,36 +290,12 @@ fn play_rank(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{Activation, AdamConfig, ModelShape, Norm, Recompute};
+    use crate::plan::{AdamConfig, ModelShape, Recompute};
 
     fn one_rank() -> Plan {
         let shape = ModelShape {
-            num_layers: 1,
-            hidden: 8,
-            heads: 2,
-            kv_heads: 1,
-            head_dim: 4,
-            ffn: 12,
-            vocab: 16,
-            data_vocab: 16,
             seq: 4,
-            micro_batch: 1,
-            norm: Norm::RmsNorm,
-            norm_eps: 1e-5,
-            activation: Activation::Swiglu,
-            rope_theta: 10000.0,
-            flash: true,
-            init_std: 0.02,
-            moe: None,
-            hidden_dropout: 0.0,
-            attention_dropout: 0.0,
-            tied_embeddings: false,
-            bias_linear: false,
-            qkv_bias: false,
-            learned_positions: 0,
-            mtp_layers: 0,
-            mtp_loss_scale: 0.0,
-            mla: None,
+            ..ModelShape::dense(1, 8, 2, 1, 12, 16)
         };
         Plan::single_rank(shape, AdamConfig::default(), 1, 1, Recompute::None)
     }
