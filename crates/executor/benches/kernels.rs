@@ -55,19 +55,22 @@ fn main() {
     let k = Kernels::load(&ctx).unwrap();
     let s = ctx.default_stream();
     println!("GPU: {}", ctx.name().unwrap_or_default());
+    memory_bound(&s, &k);
+    flash(&s, &k);
+}
 
+/// RMSNorm and SwiGLU forward in bf16 (memory-bound: GB/s).
+fn memory_bound(s: &Arc<CudaStream>, k: &Kernels) {
     // RMSNorm forward, bf16, 8192 rows of 4096.
     let (rows, h) = (8192, 4096);
     let x = s.alloc_zeros::<u16>(rows * h).unwrap();
     let y = s.alloc_zeros::<u16>(rows * h).unwrap();
     let g = s.alloc_zeros::<f32>(h).unwrap();
-    let (px, py, pg) = (ptr(&s, &x), ptr(&s, &y), ptr(&s, &g));
-    let t = time_ms(&s, || {
+    let (px, py, pg) = (ptr(s, &x), ptr(s, &y), ptr(s, &g));
+    let t = time_ms(s, || {
         // SAFETY: buffers of rows*h bf16 and h f32.
-        unsafe {
-            ops::norm::kernel::norm_fwd(&s, &k, DType::Bf16, false, px, pg, py, rows, h, 1e-5)
-        }
-        .unwrap()
+        unsafe { ops::norm::kernel::norm_fwd(s, k, DType::Bf16, false, px, pg, py, rows, h, 1e-5) }
+            .unwrap()
     });
     let gbs = (2 * rows * h * 2) as f64 / (t * 1e-3) / 1e9;
     println!("norm_fwd_bf16 {rows}x{h}: {t:.3} ms, {gbs:.0} GB/s");
@@ -76,26 +79,20 @@ fn main() {
     let f = 14336;
     let u = s.alloc_zeros::<u16>(rows * 2 * f).unwrap();
     let o = s.alloc_zeros::<u16>(rows * f).unwrap();
-    let (pu, po) = (ptr(&s, &u), ptr(&s, &o));
-    let t = time_ms(&s, || {
+    let (pu, po) = (ptr(s, &u), ptr(s, &o));
+    let t = time_ms(s, || {
         // SAFETY: u holds rows*2f bf16, o rows*f bf16.
         unsafe {
-            ops::activation::kernel::act_fwd(
-                &s,
-                &k,
-                DType::Bf16,
-                Activation::Swiglu,
-                pu,
-                po,
-                rows,
-                f,
-            )
+            ops::activation::kernel::act_fwd(s, k, DType::Bf16, Activation::Swiglu, pu, po, rows, f)
         }
         .unwrap()
     });
     let gbs = (3 * rows * f * 2) as f64 / (t * 1e-3) / 1e9;
     println!("swiglu_fwd_bf16 {rows}x{f}: {t:.3} ms, {gbs:.0} GB/s");
+}
 
+/// Causal flash attention forward and backward, the scalar and the tensor-core kernels.
+fn flash(s: &Arc<CudaStream>, k: &Kernels) {
     // Causal flash attention, bf16 inputs: b 1, s 4096, 32 query heads, 8 KV heads, d 128.
     let sh = BlockShape {
         b: 1,
@@ -118,26 +115,26 @@ fn main() {
     let dq = s.alloc_zeros::<f32>(nq).unwrap();
     let dkv = s.alloc_zeros::<f32>(nk).unwrap();
     let rows_q = ops::flash::kernel::Rows {
-        pos: ptr(&s, &ppos),
+        pos: ptr(s, &ppos),
         len: sq,
     };
-    let pst2 = ptr(&s, &st2);
+    let pst2 = ptr(s, &st2);
     let (pq, pkv, pacc, pst, pdq, pdkv) = (
-        ptr(&s, &q),
-        ptr(&s, &kv),
-        ptr(&s, &acc),
-        ptr(&s, &st),
-        ptr(&s, &dq),
-        ptr(&s, &dkv),
+        ptr(s, &q),
+        ptr(s, &kv),
+        ptr(s, &acc),
+        ptr(s, &st),
+        ptr(s, &dq),
+        ptr(s, &dkv),
     );
     let flops_fwd = 4.0 * (sh.b * sh.hq) as f64 * (sq * sq) as f64 * sh.d as f64 / 2.0;
-    let t = time_ms(&s, || {
+    let t = time_ms(s, || {
         // SAFETY: q, acc [1, s, 32, 128]; k = v [1, s, 8, 128]; max and sum [1, 32, s]. They
         // are not reset between runs: the timing is what matters here.
         unsafe {
             ops::flash::kernel::forward_block(
-                &s,
-                &k,
+                s,
+                k,
                 DType::Bf16,
                 &sh,
                 pq,
@@ -156,12 +153,12 @@ fn main() {
         "flash_fwd_block_bf16 s {sq}, hq 32, hk 8, d 128: {t:.3} ms, {:.1} TFLOP/s",
         flops_fwd / (t * 1e-3) / 1e12
     );
-    let t = time_ms(&s, || {
+    let t = time_ms(s, || {
         // SAFETY: as above; dout = q, lse and delta in the two statistics buffers.
         unsafe {
             ops::flash::kernel::backward_block(
-                &s,
-                &k,
+                s,
+                k,
                 DType::Bf16,
                 &sh,
                 pq,
@@ -187,14 +184,14 @@ fn main() {
     // The same shape on the tensor-core kernels (flash_mma.cu).
     let rng = s.clone_htod(&ops::flash::mma::ranges(&pos)).unwrap();
     let mrows = ops::flash::mma::MmaRows {
-        pos: ptr(&s, &ppos),
-        ranges: ptr(&s, &rng),
+        pos: ptr(s, &ppos),
+        ranges: ptr(s, &rng),
         len: sq,
     };
-    let t = time_ms(&s, || {
+    let t = time_ms(s, || {
         // SAFETY: as the scalar forward above; positions and their ranges u32.
         unsafe {
-            ops::flash::mma::forward_block(&s, &k, &sh, pq, mrows, pkv, pkv, mrows, pacc, pst, pst2)
+            ops::flash::mma::forward_block(s, k, &sh, pq, mrows, pkv, pkv, mrows, pacc, pst, pst2)
         }
         .unwrap()
     });
@@ -202,11 +199,11 @@ fn main() {
         "flash_mma_fwd_d128 (tensor cores) same shape: {t:.3} ms, {:.1} TFLOP/s",
         flops_fwd / (t * 1e-3) / 1e12
     );
-    let t = time_ms(&s, || {
+    let t = time_ms(s, || {
         // SAFETY: as the scalar backward above.
         unsafe {
             ops::flash::mma::backward_block(
-                &s, &k, &sh, pq, mrows, pkv, pkv, mrows, pq, pst, pst2, pdq, pdkv, pdkv,
+                s, k, &sh, pq, mrows, pkv, pkv, mrows, pq, pst, pst2, pdq, pdkv, pdkv,
             )
         }
         .unwrap()
