@@ -11,6 +11,7 @@ mod engine {
     pub mod framework;
     pub mod hf_import;
     pub mod memory;
+    pub mod modern_models;
     pub mod params;
     pub mod profiles;
     pub mod properties;

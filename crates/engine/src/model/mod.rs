@@ -28,7 +28,7 @@ pub use summary::{
     LedgerSummary,
 };
 
-use crate::config::{Recompute, Resolved};
+use crate::config::{AttentionSpan, Recompute, Resolved};
 use crate::layout::GroupKind;
 use serde::Serialize;
 use std::ops::Range;
@@ -493,10 +493,16 @@ pub fn op_wgrad_pending(o: &Op, act: u64) -> u64 {
 pub struct Ledger {
     pub dims: Dims,
     pub embedding: Block,
+    /// A full-attention dense layer.
     pub dense: Block,
+    /// A full-attention MoE layer.
     pub moe: Option<Block>,
     pub output: Block,
     pub mtp: Option<Block>,
+    /// The other layer kinds (sliding-window or chunked attention), one block each, in the
+    /// order of [`crate::config::ModelConfig::layer_variants`].
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub variants: Vec<Block>,
 }
 
 impl Ledger {
@@ -506,9 +512,9 @@ impl Ledger {
         let m = &r.config.model;
         let tr = &r.config.training;
         let input_bytes = d.residual_bytes();
-        let layer = |kind: BlockKind| {
+        let layer = |kind: BlockKind, span: AttentionSpan| {
             let mut ops = Vec::with_capacity(24);
-            attention::attention_block(&mut ops, m, tr, &d);
+            attention::attention_block(&mut ops, m, tr, &d, span);
             match kind {
                 BlockKind::MoeLayer => moe::moe_block(&mut ops, m, tr, &d),
                 _ => mlp::mlp_block(&mut ops, m, tr, &d),
@@ -520,8 +526,22 @@ impl Ledger {
                 unit_starts: Vec::new(),
             }
         };
-        let dense = layer(BlockKind::DenseLayer);
-        let moe = m.is_moe().then(|| layer(BlockKind::MoeLayer));
+        let dense = layer(BlockKind::DenseLayer, AttentionSpan::Full);
+        let moe = m
+            .is_moe()
+            .then(|| layer(BlockKind::MoeLayer, AttentionSpan::Full));
+        let variants = m
+            .layer_variants()
+            .into_iter()
+            .map(|k| {
+                let kind = if k.moe {
+                    BlockKind::MoeLayer
+                } else {
+                    BlockKind::DenseLayer
+                };
+                layer(kind, k.span)
+            })
+            .collect();
         let mut emb_ops = Vec::with_capacity(4);
         embedding::embedding_block(&mut emb_ops, m, &d);
         let mut out_ops = Vec::with_capacity(4);
@@ -565,6 +585,7 @@ impl Ledger {
             dense,
             moe,
             mtp,
+            variants,
             dims: d,
         }
     }

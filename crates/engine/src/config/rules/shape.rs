@@ -52,6 +52,85 @@ pub fn mla(cfg: &Config) -> Vec<Violation> {
     errs
 }
 
+/// Sliding windows fit the sequence, and the layer patterns fit the layers: a window larger
+/// than `training.seq_length` is refused rather than read as full attention, a pattern of
+/// another length rather than cut or repeated. (A chunk longer than the sequence is Llama 4
+/// trained at a short context: one chunk, full causal attention, as the ledger counts it.)
+pub fn layer_patterns(cfg: &Config) -> Vec<Violation> {
+    let (m, seq) = (&cfg.model, cfg.training.seq_length);
+    let mut errs = Vec::new();
+    match m.window_size {
+        Some(0) => errs.push(Violation::new(
+            "model.window_size",
+            "must be at least 1 token, got 0",
+        )),
+        Some(w) if w > seq => errs.push(
+            Violation::new(
+                "model.window_size",
+                format!("the sliding window ({w} tokens) is larger than the sequence (training.seq_length {seq})"),
+            )
+            .hint("remove it for full attention, or shorten it to the sequence at most"),
+        ),
+        _ => {}
+    }
+    if m.attention_chunk_size == Some(0) {
+        errs.push(Violation::new(
+            "model.attention_chunk_size",
+            "must be at least 1 token, got 0",
+        ));
+    }
+    if m.window_size.is_some() && m.attention_chunk_size.is_some() {
+        errs.push(Violation::new(
+            "model.attention_chunk_size",
+            "a layer attends either in a sliding window or in chunks: set window_size or attention_chunk_size, not both",
+        ));
+    }
+    if m.window_attn_skip_freq > 0 && m.window_size.is_none() && m.attention_chunk_size.is_none() {
+        errs.push(Violation::new(
+            "model.window_attn_skip_freq",
+            "names the full-attention layers among windowed ones, but neither window_size nor attention_chunk_size is set",
+        ));
+    }
+    let pattern = &m.moe_layer_pattern;
+    if !pattern.is_empty() {
+        if m.num_experts == 0 {
+            errs.push(Violation::new(
+                "model.moe_layer_pattern",
+                "marks MoE layers, but num_experts is 0",
+            ));
+        }
+        if pattern.len() != m.num_layers as usize {
+            errs.push(Violation::new(
+                "model.moe_layer_pattern",
+                format!(
+                    "lists {} layers, num_layers is {}",
+                    pattern.len(),
+                    m.num_layers
+                ),
+            ));
+        }
+        if let Some(x) = pattern.iter().find(|&&x| x > 1) {
+            errs.push(Violation::new(
+                "model.moe_layer_pattern",
+                format!("entries are 1 (MoE) or 0 (dense), got {x}"),
+            ));
+        }
+        if m.moe_first_k_dense > 0 {
+            errs.push(Violation::new(
+                "model.moe_first_k_dense",
+                "is implied by moe_layer_pattern: set one of them",
+            ));
+        }
+    }
+    if m.moe_router_linear_bias && m.num_experts == 0 {
+        errs.push(Violation::new(
+            "model.moe_router_linear_bias",
+            "is a bias of the MoE router, but num_experts is 0",
+        ));
+    }
+    errs
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::test_support::{fields, with};
