@@ -1,0 +1,194 @@
+//! Megatron-LM's modelopt conf files (tests/fixtures/megatron/modelopt/, sources in its
+//! SOURCES.md) through the Megatron import: each gives its model card's total (the same model
+//! as parsim's preset of it, whose total tests/engine/modern_models.rs checks against the
+//! card) or is refused with the reason, naming the flag; none is estimated as another model.
+
+use parsim::config::megatron::import;
+use parsim::config::{Config, Layer, Resolved};
+use parsim::estimate::estimate;
+use serde_json::json;
+
+fn conf(name: &str) -> String {
+    let path = format!(
+        "{}/tests/fixtures/megatron/modelopt/{name}.sh",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read_to_string(path).expect("fixture")
+}
+
+/// The parameter total of a conf file on one GPU (tp 1, no SP).
+fn conf_total(name: &str) -> u64 {
+    let imp = import(&conf(name), name).expect("imports");
+    let run = json!({"cluster": {"num_gpus": 1, "gpus_per_node": 1},
+        "parallel": {"tp": 1, "pp": 1, "ep": 1, "expert_tp": 1, "sp": false},
+        "training": {"global_batch_size": 1, "micro_batch_size": 1}});
+    let cfg =
+        Config::from_layers(&[Layer::overrides(imp.layer), Layer::overrides(run)]).expect("merges");
+    let r = Resolved::new(cfg).expect("validates");
+    estimate(&r).expect("estimates").params.total
+}
+
+fn preset_total(name: &str) -> u64 {
+    let r = Resolved::new(
+        Config::from_layers(&[Layer::overrides(json!({
+            "model": {"preset": name},
+            "cluster": {"num_gpus": 1},
+            "parallel": {"tp": 1, "sp": false},
+            "training": {"global_batch_size": 1, "seq_length": 4096}
+        }))])
+        .expect("merges"),
+    )
+    .expect("validates");
+    estimate(&r).expect("estimates").params.total
+}
+
+#[test]
+fn conf_files_give_their_models_totals() {
+    for (file, preset) in [
+        // Qwen3: the vocabulary from the tokenizer the file names (TOKENIZER_MODEL).
+        ("Qwen3-30B-A3B", "qwen3-30b-a3b"),
+        ("Qwen3-235B-A22B", "qwen3-235b-a22b"),
+        // DeepSeek-V3's architecture: MLA (its latent norms are --qk-layernorm), the first
+        // layer(s) dense by --moe-layer-freq.
+        ("Kimi-K2-Instruct", "kimi-k2"),
+        ("DeepSeek-R1", "deepseek-v3"),
+        // Llama 4: an L2 QK norm without weights; Maverick's MoE on odd layers.
+        ("Llama-4-Scout-17B-16E-Instruct", "llama4-scout"),
+        ("Llama-4-Maverick-17B-128E-Instruct", "llama4-maverick"),
+        // GPT-OSS: biases everywhere (no --disable-bias-linear, the router's too), GeGLU,
+        // learnable softmax sinks, a 128-token window on odd layers, YaRN positions.
+        ("gpt-oss-120b", "gpt-oss-120b"),
+        ("gpt-oss-20b", "gpt-oss-20b"),
+    ] {
+        assert_eq!(conf_total(file), preset_total(preset), "{file}");
+    }
+    // And not the default model's (Llama-3-8B, 8,030,261,248), which the import gave before.
+    assert_ne!(conf_total("Qwen3-30B-A3B"), 8_030_261_248);
+}
+
+#[test]
+fn gpt_oss_conf_reads_its_attention_flags() {
+    let imp = import(&conf("gpt-oss-120b"), "gpt-oss-120b").expect("imports");
+    let m = &imp.layer["model"];
+    // --window-size 127,0: 127 keys before the query and itself.
+    assert_eq!(m["window_size"], json!(128));
+    assert_eq!(m["window_attn_skip_freq"], json!(2));
+    assert_eq!(m["attention_sinks"], json!(true));
+    assert_eq!(m["moe_router_linear_bias"], json!(true));
+    assert_eq!(m["activation"], json!("swiglu"));
+    assert_eq!(m["position_embedding"], json!("rope"));
+    for flag in [
+        "--window-size",
+        "--window-attn-skip-freq",
+        "--softmax-type",
+        "--quick-geglu",
+    ] {
+        assert!(!imp.ignored.iter().any(|f| f == flag), "{flag} read");
+    }
+}
+
+#[test]
+fn hybrid_conf_files_are_refused_naming_the_flag() {
+    // Nemotron-H and Nemotron 3 are hybrid Mamba-2 models: refused, not estimated as a
+    // transformer. Each file's first model-shaping flag parsim cannot model is named.
+    for (file, flag) in [
+        ("NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "--mamba-num-heads"),
+        (
+            "NVIDIA-Nemotron-3-Super-120B-A12B-BF16",
+            "--moe-latent-size",
+        ),
+        ("Nemotron-H-47B-Reasoning-128K", "--hybrid-layer-pattern"),
+    ] {
+        let err = import(&conf(file), file).unwrap_err().to_string();
+        assert!(err.contains(flag), "{file}: {err}");
+        assert!(err.contains("not modelled"), "{file}: {err}");
+    }
+}
+
+#[test]
+fn model_and_layout_flags_that_are_not_understood_are_errors() {
+    let base = "--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512";
+    for (extra, needle) in [
+        ("--window-size 127,16", "--window-size"),
+        (
+            "--window-size 127,0 --window-attn-skip-freq [1,0,0,1]",
+            "--window-attn-skip-freq",
+        ),
+        ("--window-attn-skip-freq 2", "--window-attn-skip-freq"),
+        ("--softmax-type bogus", "--softmax-type"),
+        (
+            "--num-experts 4 --moe-layer-freq \"([0,1]*3)\"",
+            "--moe-layer-freq",
+        ),
+        (
+            "--num-experts 4 --moe-layer-freq [0,2]*2",
+            "--moe-layer-freq",
+        ),
+        (
+            "--num-experts 4 --moe-token-dispatcher-type allgather",
+            "--moe-token-dispatcher-type",
+        ),
+        (
+            "--use-megatron-fsdp --data-parallel-sharding-strategy bogus",
+            "--data-parallel-sharding-strategy",
+        ),
+        (
+            "--num-distributed-optimizer-instances 2",
+            "--num-distributed-optimizer-instances",
+        ),
+        ("--hybrid-layer-pattern M*M*", "--hybrid-layer-pattern"),
+        ("--fp4-format e2m1", "--fp4-format"),
+    ] {
+        let text = format!("{base} {extra}");
+        let err = import(&text, "args").unwrap_err().to_string();
+        assert!(err.contains(needle), "{extra}: {err}");
+    }
+}
+
+#[test]
+fn fsdp_flags_become_zero_stages() {
+    // Megatron-FSDP's sharding strategies (megatron/training/arguments.py, default
+    // optim_grads_params) as ZeRO stages; torch FSDP2 shards all three: ZeRO-3.
+    let zero = |extra: &str| {
+        let imp =
+            import(&format!("--num-layers 4 --hidden-size 256 {extra}"), "args").expect("imports");
+        imp.layer["parallel"]["zero"].clone()
+    };
+    assert_eq!(zero("--use-megatron-fsdp"), json!(3));
+    assert_eq!(
+        zero("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads"),
+        json!(2)
+    );
+    assert_eq!(
+        zero("--use-megatron-fsdp --data-parallel-sharding-strategy no_shard"),
+        json!(0)
+    );
+    assert_eq!(zero("--use-torch-fsdp2"), json!(3));
+    assert_eq!(zero("--use-distributed-optimizer"), json!(1));
+}
+
+#[test]
+fn moe_layer_lists_become_the_pattern() {
+    // Llama 4 Maverick's ([0,1]*24): MoE on odd layers; an integer N: every N-th from 0.
+    let layer = |extra: &str| {
+        import(
+            &format!("--num-layers 6 --hidden-size 256 --num-experts 4 {extra}"),
+            "args",
+        )
+        .expect("imports")
+        .layer["model"]
+            .clone()
+    };
+    assert_eq!(
+        layer("--moe-layer-freq \"([0,1]*3)\"")["moe_layer_pattern"],
+        json!([0, 1, 0, 1, 0, 1])
+    );
+    assert_eq!(
+        layer("--moe-layer-freq 2")["moe_layer_pattern"],
+        json!([1, 0, 1, 0, 1, 0])
+    );
+    // Dense layers first, then MoE: DeepSeek's first_k_dense.
+    let m = layer("--moe-layer-freq [0]*2+[1]*4");
+    assert_eq!(m["moe_first_k_dense"], json!(2));
+    assert!(m.get("moe_layer_pattern").is_none());
+}
