@@ -124,7 +124,12 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
 /// Refuses the layer kinds the executor does not run yet (issue 31's models), naming the
 /// field, rather than lowering them as another model.
 fn check_layer_kinds(m: &crate::config::ModelConfig) -> Result<(), PlanError> {
-    let refused: [(bool, &'static str, &str); 6] = [
+    let refused: [(bool, &'static str, &str); 7] = [
+        (
+            m.hybrid_layer_pattern.is_some(),
+            "model.hybrid_layer_pattern",
+            "hybrid Mamba-2 layers",
+        ),
         (
             m.window_size.is_some(),
             "model.window_size",

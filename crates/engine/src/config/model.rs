@@ -152,6 +152,83 @@ pub struct ModelConfig {
     /// `--add-bias-linear`), apart from DeepSeek-V3's rule-updated `moe_router_bias`.
     #[serde(default, skip_serializing_if = "is_false")]
     pub moe_router_linear_bias: bool,
+    /// A hybrid model's layers (Megatron's `--hybrid-layer-pattern`, Nemotron-H): one
+    /// character a layer, `M` a Mamba-2 mixer, `*` attention, `-` an MLP, `E` an MoE, each
+    /// with its own pre-norm. `None`: every layer is attention and an MLP (or MoE).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hybrid_layer_pattern: Option<String>,
+    /// The Mamba-2 mixer of the `M` layers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mamba: Option<MambaConfig>,
+}
+
+/// The Mamba-2 mixer (Dao and Gu 2024, "Transformers are SSMs", sec. 7; Megatron-Core's
+/// MambaMixer): an input projection to z, x, B, C and dt, a causal depthwise convolution over
+/// x, B and C, the SSD chunked scan, a gated RMSNorm and an output projection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MambaConfig {
+    /// SSM heads (Megatron's `--mamba-num-heads`); heads x head_dim is the inner width.
+    pub num_heads: u32,
+    /// Channels a head (`--mamba-head-dim`, 64).
+    pub head_dim: u64,
+    /// State size N (`--mamba-state-dim`, 128).
+    pub state_dim: u64,
+    /// Groups sharing B and C (`--mamba-num-groups`, 8).
+    pub num_groups: u32,
+    /// Width of the causal convolution (4).
+    #[serde(default = "default_conv_kernel")]
+    pub conv_kernel: u64,
+    /// The SSD's chunk length Q (128, mamba_ssm's default).
+    #[serde(default = "default_ssd_chunk")]
+    pub chunk_size: u64,
+}
+
+fn default_conv_kernel() -> u64 {
+    4
+}
+
+fn default_ssd_chunk() -> u64 {
+    128
+}
+
+impl MambaConfig {
+    /// The inner width: heads x head_dim.
+    pub fn inner(&self) -> u64 {
+        self.num_heads as u64 * self.head_dim
+    }
+
+    /// Channels of the convolution: x, B and C.
+    pub fn conv_channels(&self) -> u64 {
+        self.inner() + 2 * self.num_groups as u64 * self.state_dim
+    }
+}
+
+/// A layer of a hybrid model (one character of `hybrid_layer_pattern`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HybridLayer {
+    /// `M`: a Mamba-2 mixer.
+    Mamba,
+    /// `*`: self-attention.
+    Attention,
+    /// `-`: a dense MLP.
+    Mlp,
+    /// `E`: a mixture of experts.
+    Moe,
+}
+
+impl HybridLayer {
+    /// The layer a pattern character stands for.
+    pub fn of(c: char) -> Option<HybridLayer> {
+        match c {
+            'M' => Some(HybridLayer::Mamba),
+            '*' => Some(HybridLayer::Attention),
+            '-' => Some(HybridLayer::Mlp),
+            'E' => Some(HybridLayer::Moe),
+            _ => None,
+        }
+    }
 }
 
 fn is_false(b: &bool) -> bool {
@@ -179,6 +256,8 @@ pub enum AttentionSpan {
 pub struct LayerKind {
     pub moe: bool,
     pub span: AttentionSpan,
+    /// The one sublayer of a hybrid model's layer; `None` for attention and an MLP.
+    pub hybrid: Option<HybridLayer>,
 }
 
 /// At most this many layer kinds beside the full-attention dense and MoE layers.
@@ -242,6 +321,8 @@ impl Default for ModelConfig {
             window_attn_skip_freq: 0,
             moe_layer_pattern: Vec::new(),
             moe_router_linear_bias: false,
+            hybrid_layer_pattern: None,
+            mamba: None,
         }
     }
 }
@@ -263,6 +344,9 @@ impl ModelConfig {
         if !self.is_moe() {
             return false;
         }
+        if let Some(h) = self.hybrid(layer) {
+            return h == HybridLayer::Moe;
+        }
         if self.moe_layer_pattern.is_empty() {
             return layer >= self.moe_first_k_dense;
         }
@@ -273,7 +357,7 @@ impl ModelConfig {
     pub fn num_moe_layers(&self) -> u32 {
         if !self.is_moe() {
             0
-        } else if self.moe_layer_pattern.is_empty() {
+        } else if self.moe_layer_pattern.is_empty() && self.hybrid_layer_pattern.is_none() {
             self.num_layers.saturating_sub(self.moe_first_k_dense)
         } else {
             (0..self.num_layers)
@@ -295,11 +379,23 @@ impl ModelConfig {
         }
     }
 
+    /// The sublayer of hybrid layer `layer` (0-based); `None` outside a hybrid model.
+    pub fn hybrid(&self, layer: u32) -> Option<HybridLayer> {
+        let p = self.hybrid_layer_pattern.as_ref()?;
+        p.chars().nth(layer as usize).and_then(HybridLayer::of)
+    }
+
     /// The kind of layer `layer` (0-based).
     pub fn layer_kind(&self, layer: u32) -> LayerKind {
+        let hybrid = self.hybrid(layer);
         LayerKind {
             moe: self.is_moe_layer(layer),
-            span: self.attention_span(layer),
+            span: if hybrid.is_some() {
+                AttentionSpan::Full
+            } else {
+                self.attention_span(layer)
+            },
+            hybrid,
         }
     }
 
@@ -307,12 +403,16 @@ impl ModelConfig {
     /// has), in the order they first appear; empty for a model of full-attention layers.
     pub fn layer_variants(&self) -> Vec<LayerKind> {
         let mut out: Vec<LayerKind> = Vec::new();
-        if self.window_size.is_none() && self.attention_chunk_size.is_none() {
+        if self.window_size.is_none()
+            && self.attention_chunk_size.is_none()
+            && self.hybrid_layer_pattern.is_none()
+        {
             return out;
         }
         for l in 0..self.num_layers {
             let k = self.layer_kind(l);
-            if k.span != AttentionSpan::Full && !out.contains(&k) {
+            let other = k.span != AttentionSpan::Full || k.hybrid.is_some();
+            if other && !out.contains(&k) {
                 out.push(k);
                 if out.len() == MAX_LAYER_VARIANTS {
                     break;

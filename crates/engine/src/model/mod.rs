@@ -8,6 +8,7 @@ mod attention;
 mod dims;
 mod embedding;
 mod linear;
+mod mamba;
 mod mlp;
 mod moe;
 mod moe_lora;
@@ -17,6 +18,7 @@ mod optimizer;
 pub mod summary;
 
 pub use dims::Dims;
+pub use mamba::ssd_flops;
 pub use moe::{imbalance_of_rank_load, rank_load_factor};
 pub use op::{
     Collective, CollectiveKind, Flops, Op, OpKind, OpRole, ParamClass, Params, Phase, Saved,
@@ -28,7 +30,7 @@ pub use summary::{
     LedgerSummary,
 };
 
-use crate::config::{AttentionSpan, Recompute, Resolved};
+use crate::config::{AttentionSpan, HybridLayer, Recompute, Resolved};
 use crate::layout::GroupKind;
 use serde::Serialize;
 use std::ops::Range;
@@ -539,7 +541,29 @@ impl Ledger {
                 } else {
                     BlockKind::DenseLayer
                 };
-                layer(kind, k.span)
+                let Some(h) = k.hybrid else {
+                    return layer(kind, k.span);
+                };
+                // A hybrid layer holds one sublayer with its own pre-norm.
+                let mut ops = Vec::with_capacity(16);
+                match h {
+                    HybridLayer::Attention => {
+                        attention::attention_block(&mut ops, m, tr, &d, AttentionSpan::Full)
+                    }
+                    HybridLayer::Mlp => mlp::mlp_block(&mut ops, m, tr, &d),
+                    HybridLayer::Moe => moe::moe_block(&mut ops, m, tr, &d),
+                    HybridLayer::Mamba => {
+                        if let Some(mc) = &m.mamba {
+                            mamba::mamba_layer(&mut ops, m, mc, &d)
+                        }
+                    }
+                }
+                Block {
+                    kind,
+                    ops,
+                    input_bytes,
+                    unit_starts: Vec::new(),
+                }
             })
             .collect();
         let mut emb_ops = Vec::with_capacity(4);

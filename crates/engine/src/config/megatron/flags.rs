@@ -180,6 +180,10 @@ const KEPT_INTS: &[&str] = &[
     "--qk-pos-emb-head-dim",
     "--v-head-dim",
     "--num-distributed-optimizer-instances",
+    "--mamba-num-heads",
+    "--mamba-head-dim",
+    "--mamba-num-groups",
+    "--mamba-state-dim",
 ];
 
 /// Switches that [`State::finish`] combines.
@@ -208,6 +212,7 @@ const KEPT_SWITCHES: &[&str] = &[
     "--enable-gpt-oss",
     "--export-qk-l2-norm",
     "--qk-l2-norm",
+    "--is-hybrid-model",
 ];
 
 /// Flags with a word value that [`State::finish`] combines.
@@ -228,19 +233,13 @@ const KEPT_WORDS: &[&str] = &[
     "--softmax-type",
     "--moe-token-dispatcher-type",
     "--data-parallel-sharding-strategy",
+    "--hybrid-layer-pattern",
+    "--hybrid-override-pattern",
 ];
 
 /// Flags that change the model or the parallel layout in ways parsim does not model: an
 /// error naming the flag and why, never an estimate of another model.
 const REFUSED: &[(&str, &str)] = &[
-    (
-        "--hybrid-layer-pattern",
-        "hybrid Mamba-2/attention models are not modelled yet",
-    ),
-    (
-        "--hybrid-override-pattern",
-        "hybrid Mamba-2/attention models are not modelled yet",
-    ),
     (
         "--hybrid-attention-ratio",
         "hybrid Mamba-2/attention models are not modelled yet",
@@ -249,14 +248,6 @@ const REFUSED: &[(&str, &str)] = &[
         "--hybrid-mlp-ratio",
         "hybrid Mamba-2/attention models are not modelled yet",
     ),
-    (
-        "--is-hybrid-model",
-        "hybrid Mamba-2/attention models are not modelled yet",
-    ),
-    ("--mamba-num-heads", "Mamba-2 mixers are not modelled yet"),
-    ("--mamba-head-dim", "Mamba-2 mixers are not modelled yet"),
-    ("--mamba-num-groups", "Mamba-2 mixers are not modelled yet"),
-    ("--mamba-state-dim", "Mamba-2 mixers are not modelled yet"),
     (
         "--moe-latent-size",
         "latent MoE projections (Nemotron 3) are not modelled",
@@ -416,6 +407,7 @@ impl State {
 
     /// The model's shape; Megatron's model defaults when the script gives the shape.
     fn model(&mut self) -> Result<(), String> {
+        self.hybrid()?;
         let defines =
             self.ints.contains_key("--num-layers") || self.ints.contains_key("--hidden-size");
         for (flag, key) in [
@@ -482,6 +474,68 @@ impl State {
             self.model_defaults(ffn);
         }
         self.mla();
+        Ok(())
+    }
+
+    /// A hybrid model's layer pattern and its Mamba-2 mixer, with Megatron's defaults (head
+    /// dim 64, 8 groups, state 128, twice the hidden width inside); `--num-layers` is the
+    /// pattern's length when not given.
+    fn hybrid(&mut self) -> Result<(), String> {
+        let pattern = self
+            .word("--hybrid-layer-pattern")
+            .or(self.word("--hybrid-override-pattern"))
+            .map(str::to_string);
+        let Some(pattern) = pattern else {
+            if self.on("--is-hybrid-model") {
+                return Err("--is-hybrid-model: no --hybrid-layer-pattern places its layers (the ratio flags are not modelled)".into());
+            }
+            return Ok(());
+        };
+        let pattern = pattern.trim_matches(|c| c == '"' || c == '\'').to_string();
+        if let Some(c) = pattern
+            .chars()
+            .find(|c| !matches!(c, 'M' | '*' | '-' | 'E'))
+        {
+            return Err(format!(
+                "--hybrid-layer-pattern: unknown layer '{c}' (M Mamba-2, * attention, - MLP, E MoE)"
+            ));
+        }
+        let len = pattern.chars().count() as u64;
+        match self.ints.get("--num-layers").copied() {
+            Some(l) if l != len => {
+                return Err(format!(
+                    "--hybrid-layer-pattern: {len} layers, --num-layers is {l}"
+                ))
+            }
+            Some(_) => {}
+            None => {
+                self.ints.insert("--num-layers", len);
+            }
+        }
+        self.set("model", "hybrid_layer_pattern", json!(pattern));
+        if pattern.contains('M') {
+            let hidden = self
+                .ints
+                .get("--hidden-size")
+                .copied()
+                .ok_or("--hybrid-layer-pattern: Mamba-2 layers need --hidden-size")?;
+            let head_dim = self.ints.get("--mamba-head-dim").copied().unwrap_or(64);
+            let heads = match self.ints.get("--mamba-num-heads").copied() {
+                Some(h) => h,
+                None if head_dim > 0 => 2 * hidden / head_dim,
+                None => return Err("--mamba-head-dim: must be at least 1, got 0".into()),
+            };
+            self.set(
+                "model",
+                "mamba",
+                json!({
+                    "num_heads": heads,
+                    "head_dim": head_dim,
+                    "state_dim": self.ints.get("--mamba-state-dim").copied().unwrap_or(128),
+                    "num_groups": self.ints.get("--mamba-num-groups").copied().unwrap_or(8),
+                }),
+            );
+        }
         Ok(())
     }
 
@@ -1097,6 +1151,10 @@ fn tokenizer_vocab(name: &str) -> Option<(u64, &'static str)> {
         "moonshotai" if model.starts_with("Kimi-K2") => Some((163_840, "Kimi K2")),
         "openai" if model.starts_with("gpt-oss-") => Some((201_088, "GPT-OSS (o200k)")),
         "meta-llama" if model.starts_with("Llama-4-") => Some((202_048, "Llama 4")),
+        // Nemotron-H and Nemotron 3 config.json: 131,072.
+        "nvidia" if model.starts_with("Nemotron-H-") || model.starts_with("NVIDIA-Nemotron-3-") => {
+            Some((131_072, "Nemotron"))
+        }
         _ => None,
     }
 }
