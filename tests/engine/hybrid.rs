@@ -104,9 +104,8 @@ fn a_hybrid_model_estimates_and_the_lowering_refuses_it() {
     let e = est(hybrid(json!({"tp": 2, "sp": true}), 4096));
     assert!(e.time.step_s > 0.0 && e.params.total > 0);
     let r = resolve(hybrid(json!({"tp": 1, "sp": false}), 1024));
-    let err = parsim::lower::lower(&r, &parsim::lower::LowerOptions::default())
-        .err()
-        .expect("refused");
+    let err =
+        parsim::lower::lower(&r, &parsim::lower::LowerOptions::default()).expect_err("refused");
     assert!(
         err.to_string().starts_with("model.hybrid_layer_pattern"),
         "{err}"

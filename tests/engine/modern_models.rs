@@ -437,9 +437,8 @@ fn the_executor_lowering_refuses_the_new_layer_kinds_by_name() {
         let r = resolve(json!({"model": {"preset": name},
             "cluster": {"num_gpus": 1, "gpu": "cpu"}, "parallel": {"tp": 1, "sp": false},
             "training": {"seq_length": 4096, "global_batch_size": 1}}));
-        let err = parsim::lower::lower(&r, &parsim::lower::LowerOptions::default())
-            .err()
-            .expect("refused");
+        let err =
+            parsim::lower::lower(&r, &parsim::lower::LowerOptions::default()).expect_err("refused");
         assert!(err.to_string().starts_with(field), "{name}: {err}");
     }
 }
