@@ -149,8 +149,9 @@ mod tests {
     #[test]
     fn ssd_flops_are_the_four_products_of_the_chunked_algorithm() {
         // One group, one head, p = n = q = 2, four tokens: C B^T 4 x 2 x 2, its product
-        // with X 4 x 2 x 2, B^T X and C h 4 x 2 x 2 each: 4 x 8 = 32 multiply-adds.
-        assert_eq!(ssd_flops(4, 1, 2, 1, 2, 2), 64.0);
+        // with X 4 x 2 x 2, B^T X and C h 4 x 2 x 2 each: 4 x 16 = 64 multiply-adds, 128
+        // FLOPs.
+        assert_eq!(ssd_flops(4, 1, 2, 1, 2, 2), 128.0);
         // Linear in the tokens (a scan, not attention's square).
         assert_eq!(
             ssd_flops(8, 1, 2, 1, 2, 2),
