@@ -11,7 +11,10 @@ mod engine {
     pub mod flops;
     pub mod framework;
     pub mod hf_import;
+    pub mod hybrid;
+    pub mod megatron_modelopt;
     pub mod memory;
+    pub mod modern_models;
     pub mod params;
     pub mod profiles;
     pub mod properties;

@@ -98,7 +98,20 @@ fn plausible(r: &mut Rng, key: &str) -> Value {
         "attention_dropout" | "hidden_dropout" => json!(r.pick(&[0.0, 0.1, 0.99, 1.0])),
         "max_position_embeddings" => ints(r, &[512, 4096, 131072]),
         "make_vocab_size_divisible_by" => ints(r, &[1, 64, 128]),
+        "window_size" => ints(r, &[0, 1, 128, 4096, 1 << 20]),
+        "attention_chunk_size" => ints(r, &[0, 1, 8192]),
+        "window_attn_skip_freq" => ints(r, &[0, 1, 2, 4]),
+        "moe_layer_pattern" => json!(r.pick(&[vec![0u8, 1], vec![1, 0, 1, 0], vec![], vec![2]])),
+        "hybrid_layer_pattern" => json!(r.pick(&["M*M-", "M-M-M-M*", "MEME", "", "MX", "E"])),
+        "mamba" => json!(r.pick(&[
+            json!({"num_heads": 8, "head_dim": 64, "state_dim": 16, "num_groups": 2}),
+            json!({"num_heads": 0, "head_dim": 64, "state_dim": 16, "num_groups": 0}),
+            json!({"num_heads": 6, "head_dim": 1, "state_dim": 1, "num_groups": 4, "chunk_size": 0}),
+        ])),
         "tied_embeddings"
+        | "qk_layernorm"
+        | "attention_sinks"
+        | "moe_router_linear_bias"
         | "sp"
         | "tp_comm_overlap"
         | "overlap_grad_reduce"
@@ -182,6 +195,15 @@ const FIELDS: &[(&str, &[&str])] = &[
             "max_position_embeddings",
             "make_vocab_size_divisible_by",
             "tied_embeddings",
+            "qk_layernorm",
+            "attention_sinks",
+            "window_size",
+            "attention_chunk_size",
+            "window_attn_skip_freq",
+            "moe_layer_pattern",
+            "moe_router_linear_bias",
+            "hybrid_layer_pattern",
+            "mamba",
         ],
     ),
     (
@@ -311,6 +333,10 @@ fn fuzz_hugging_face_files_in_process() {
         "deepseek-v3",
         "gpt2",
         "qwen2-7b",
+        "qwen3-30b-a3b",
+        "gpt-oss-20b",
+        "llama4-maverick",
+        "kimi-k2",
     ]
     .iter()
     .map(|n| {

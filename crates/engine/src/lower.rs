@@ -71,6 +71,7 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
         ));
     }
     check_moe(r)?;
+    check_layer_kinds(m)?;
     if let Some(mla) = &m.mla {
         if mla.qk_rope_head_dim % 2 != 0 {
             return Err(unsupported(
@@ -118,6 +119,51 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
         return Err(unsupported("training.seq_length", format!("seq_length x micro_batch_size / cp ({tokens}) must be divisible by tp ({}) with sequence parallelism", p.tp)));
     }
     Ok(())
+}
+
+/// Refuses the layer kinds the executor does not run yet (issue 31's models), naming the
+/// field, rather than lowering them as another model.
+fn check_layer_kinds(m: &crate::config::ModelConfig) -> Result<(), PlanError> {
+    let refused: [(bool, &'static str, &str); 7] = [
+        (
+            m.hybrid_layer_pattern.is_some(),
+            "model.hybrid_layer_pattern",
+            "hybrid Mamba-2 layers",
+        ),
+        (
+            m.window_size.is_some(),
+            "model.window_size",
+            "sliding-window attention",
+        ),
+        (
+            m.attention_chunk_size.is_some(),
+            "model.attention_chunk_size",
+            "chunked attention",
+        ),
+        (
+            m.attention_sinks,
+            "model.attention_sinks",
+            "attention sinks",
+        ),
+        (m.qk_layernorm, "model.qk_layernorm", "QK norm"),
+        (
+            m.moe_router_linear_bias,
+            "model.moe_router_linear_bias",
+            "a router with a linear bias",
+        ),
+        (
+            !m.moe_layer_pattern.is_empty(),
+            "model.moe_layer_pattern",
+            "MoE layers interleaved by a pattern",
+        ),
+    ];
+    match refused.into_iter().find(|(on, _, _)| *on) {
+        Some((_, field, what)) => Err(unsupported(
+            field,
+            format!("the executor does not run {what} yet"),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Refuses the mixture-of-experts features the executor does not run, naming the field.

@@ -25,7 +25,9 @@ pub use enums::*;
 pub use error::{ConfigError, Violation};
 pub use framework::{zero3_exposed_s, Framework, OverlapDefaults};
 pub use gpu::{Efficiency, GemmShape, GpuProfile, Link, Links, NcclArch, PeakFlops};
-pub use model::{MlaConfig, ModelConfig};
+pub use model::{
+    AttentionSpan, HybridLayer, LayerKind, MambaConfig, MlaConfig, ModelConfig, MAX_LAYER_VARIANTS,
+};
 pub use parallel::ParallelConfig;
 pub use resolve::{PipelinePlacement, Resolved};
 pub use rules::check_base;

@@ -123,7 +123,145 @@ pub struct ModelConfig {
     /// eq. 25; 0.3 for its first 10T tokens, then 0.1).
     #[serde(default = "default_mtp_loss_scaling_factor")]
     pub mtp_loss_scaling_factor: f64,
+    /// QK norm (Qwen3; Megatron's `--qk-layernorm`): an RMSNorm over every query and key head,
+    /// with `head_dim` weights for the queries and as many for the keys.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub qk_layernorm: bool,
+    /// Learned attention sinks (GPT-OSS; Megatron's `--softmax-type learnable`): one logit
+    /// per head added to the softmax's denominator, so a head may attend to nothing.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub attention_sinks: bool,
+    /// Sliding-window attention (GPT-OSS 128, Mistral 7B 4096): a query attends to the last
+    /// `window_size` keys, itself included (Hugging Face's `sliding_window`; Megatron's
+    /// `--window-size L,0` is L + 1). `None`: every query sees its whole causal past.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_size: Option<u64>,
+    /// Chunked attention (Llama 4's `attention_chunk_size`, 8192): the sequence is cut into
+    /// chunks of this many tokens and a query attends causally inside its own chunk only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_chunk_size: Option<u64>,
+    /// Megatron's `--window-attn-skip-freq N`: layer l (1-based) keeps the window or chunk
+    /// unless l % N == 0, where it attends in full (GPT-OSS 2, Llama 4 4). 0: every layer.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub window_attn_skip_freq: u32,
+    /// Which layers are MoE, as Megatron's `--moe-layer-freq` list (1 MoE, 0 dense; Llama 4
+    /// Maverick `[0,1]*24`). Empty: every layer from `moe_first_k_dense` on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moe_layer_pattern: Vec<u8>,
+    /// The router has a trainable bias per expert (GPT-OSS; Megatron's router under
+    /// `--add-bias-linear`), apart from DeepSeek-V3's rule-updated `moe_router_bias`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub moe_router_linear_bias: bool,
+    /// A hybrid model's layers (Megatron's `--hybrid-layer-pattern`, Nemotron-H): one
+    /// character a layer, `M` a Mamba-2 mixer, `*` attention, `-` an MLP, `E` an MoE, each
+    /// with its own pre-norm. `None`: every layer is attention and an MLP (or MoE).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hybrid_layer_pattern: Option<String>,
+    /// The Mamba-2 mixer of the `M` layers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mamba: Option<MambaConfig>,
 }
+
+/// The Mamba-2 mixer (Dao and Gu 2024, "Transformers are SSMs", sec. 7; Megatron-Core's
+/// MambaMixer): an input projection to z, x, B, C and dt, a causal depthwise convolution over
+/// x, B and C, the SSD chunked scan, a gated RMSNorm and an output projection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MambaConfig {
+    /// SSM heads (Megatron's `--mamba-num-heads`); heads x head_dim is the inner width.
+    pub num_heads: u32,
+    /// Channels a head (`--mamba-head-dim`, 64).
+    pub head_dim: u64,
+    /// State size N (`--mamba-state-dim`, 128).
+    pub state_dim: u64,
+    /// Groups sharing B and C (`--mamba-num-groups`, 8).
+    pub num_groups: u32,
+    /// Width of the causal convolution (4).
+    #[serde(default = "default_conv_kernel")]
+    pub conv_kernel: u64,
+    /// The SSD's chunk length Q (128, mamba_ssm's default).
+    #[serde(default = "default_ssd_chunk")]
+    pub chunk_size: u64,
+}
+
+fn default_conv_kernel() -> u64 {
+    4
+}
+
+fn default_ssd_chunk() -> u64 {
+    128
+}
+
+impl MambaConfig {
+    /// The inner width: heads x head_dim.
+    pub fn inner(&self) -> u64 {
+        self.num_heads as u64 * self.head_dim
+    }
+
+    /// Channels of the convolution: x, B and C.
+    pub fn conv_channels(&self) -> u64 {
+        self.inner() + 2 * self.num_groups as u64 * self.state_dim
+    }
+}
+
+/// A layer of a hybrid model (one character of `hybrid_layer_pattern`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HybridLayer {
+    /// `M`: a Mamba-2 mixer.
+    Mamba,
+    /// `*`: self-attention.
+    Attention,
+    /// `-`: a dense MLP.
+    Mlp,
+    /// `E`: a mixture of experts.
+    Moe,
+}
+
+impl HybridLayer {
+    /// The layer a pattern character stands for.
+    pub fn of(c: char) -> Option<HybridLayer> {
+        match c {
+            'M' => Some(HybridLayer::Mamba),
+            '*' => Some(HybridLayer::Attention),
+            '-' => Some(HybridLayer::Mlp),
+            'E' => Some(HybridLayer::Moe),
+            _ => None,
+        }
+    }
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn is_zero_u32(x: &u32) -> bool {
+    *x == 0
+}
+
+/// Which keys a query of one layer attends to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionSpan {
+    /// The whole causal past.
+    Full,
+    /// The last `n` keys, itself included.
+    Window(u64),
+    /// Its own `n`-token chunk of the sequence, causally.
+    Chunk(u64),
+}
+
+/// What kind of decoder layer one layer is: its MLP and its attention span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LayerKind {
+    pub moe: bool,
+    pub span: AttentionSpan,
+    /// The one sublayer of a hybrid model's layer; `None` for attention and an MLP.
+    pub hybrid: Option<HybridLayer>,
+}
+
+/// At most this many layer kinds beside the full-attention dense and MoE layers.
+pub const MAX_LAYER_VARIANTS: usize = 4;
 
 /// Megatron's default `--mtp-loss-scaling-factor`.
 fn default_mtp_loss_scaling_factor() -> f64 {
@@ -176,6 +314,15 @@ impl Default for ModelConfig {
             moe_router_bias_update_rate: default_bias_update_rate(),
             mtp_num_layers: 0,
             mtp_loss_scaling_factor: default_mtp_loss_scaling_factor(),
+            qk_layernorm: false,
+            attention_sinks: false,
+            window_size: None,
+            attention_chunk_size: None,
+            window_attn_skip_freq: 0,
+            moe_layer_pattern: Vec::new(),
+            moe_router_linear_bias: false,
+            hybrid_layer_pattern: None,
+            mamba: None,
         }
     }
 }
@@ -194,16 +341,92 @@ impl ModelConfig {
 
     /// True when layer `layer` (0-based) is a mixture-of-experts layer.
     pub fn is_moe_layer(&self, layer: u32) -> bool {
-        self.is_moe() && layer >= self.moe_first_k_dense
+        if !self.is_moe() {
+            return false;
+        }
+        if let Some(h) = self.hybrid(layer) {
+            return h == HybridLayer::Moe;
+        }
+        if self.moe_layer_pattern.is_empty() {
+            return layer >= self.moe_first_k_dense;
+        }
+        self.moe_layer_pattern.get(layer as usize) == Some(&1)
     }
 
     /// Number of MoE layers among the decoder layers.
     pub fn num_moe_layers(&self) -> u32 {
-        if self.is_moe() {
+        if !self.is_moe() {
+            0
+        } else if self.moe_layer_pattern.is_empty() && self.hybrid_layer_pattern.is_none() {
             self.num_layers.saturating_sub(self.moe_first_k_dense)
         } else {
-            0
+            (0..self.num_layers)
+                .filter(|&l| self.is_moe_layer(l))
+                .count() as u32
         }
+    }
+
+    /// The keys a query of layer `layer` (0-based) attends to: the window or chunk, except on
+    /// every `window_attn_skip_freq`-th layer (1-based, as Megatron-Core's
+    /// `is_layer_window_attention`), which attends in full.
+    pub fn attention_span(&self, layer: u32) -> AttentionSpan {
+        let full = self.window_attn_skip_freq > 0 && (layer + 1) % self.window_attn_skip_freq == 0;
+        match (self.window_size, self.attention_chunk_size) {
+            _ if full => AttentionSpan::Full,
+            (Some(w), _) => AttentionSpan::Window(w),
+            (None, Some(c)) => AttentionSpan::Chunk(c),
+            (None, None) => AttentionSpan::Full,
+        }
+    }
+
+    /// The sublayer of hybrid layer `layer` (0-based); `None` outside a hybrid model.
+    pub fn hybrid(&self, layer: u32) -> Option<HybridLayer> {
+        let p = self.hybrid_layer_pattern.as_ref()?;
+        p.chars().nth(layer as usize).and_then(HybridLayer::of)
+    }
+
+    /// The kind of layer `layer` (0-based).
+    pub fn layer_kind(&self, layer: u32) -> LayerKind {
+        let hybrid = self.hybrid(layer);
+        LayerKind {
+            moe: self.is_moe_layer(layer),
+            span: if hybrid.is_some() {
+                AttentionSpan::Full
+            } else {
+                self.attention_span(layer)
+            },
+            hybrid,
+        }
+    }
+
+    /// The layer kinds other than full-attention dense and MoE layers (which every ledger
+    /// has), in the order they first appear; empty for a model of full-attention layers.
+    pub fn layer_variants(&self) -> Vec<LayerKind> {
+        let mut out: Vec<LayerKind> = Vec::new();
+        if self.window_size.is_none()
+            && self.attention_chunk_size.is_none()
+            && self.hybrid_layer_pattern.is_none()
+        {
+            return out;
+        }
+        for l in 0..self.num_layers {
+            let k = self.layer_kind(l);
+            let other = k.span != AttentionSpan::Full || k.hybrid.is_some();
+            if other && !out.contains(&k) {
+                out.push(k);
+                if out.len() == MAX_LAYER_VARIANTS {
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// The index into [`Self::layer_variants`] of layer `layer`'s kind (`None`: a
+    /// full-attention dense or MoE layer).
+    pub fn variant_of(&self, layer: u32, variants: &[LayerKind]) -> Option<usize> {
+        let k = self.layer_kind(layer);
+        variants.iter().position(|v| *v == k)
     }
 
     /// Vocabulary rows after Megatron's padding to a multiple of N x TP (N = 1: none).

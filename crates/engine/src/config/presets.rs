@@ -13,7 +13,89 @@ pub const PRESET_NAMES: &[&str] = &[
     "llama3-405b",
     "mixtral-8x7b",
     "deepseek-v3",
+    "qwen3-8b",
+    "qwen3-30b-a3b",
+    "qwen3-235b-a22b",
+    "gpt-oss-20b",
+    "gpt-oss-120b",
+    "kimi-k2",
+    "llama4-scout",
+    "llama4-maverick",
 ];
+
+/// A Qwen3 model (Qwen team 2025, "Qwen3 Technical Report", Tables 1 and 2, and the released
+/// config.json files): head dimension 128 whatever hidden / heads is, QK norm, untied
+/// embeddings (8B up), the 151,936-token vocabulary; `moe` is (experts, top-k, expert FFN),
+/// the gates renormalised over the top k (`norm_topk_prob`), every layer MoE.
+fn qwen3(
+    name: &str,
+    l: u32,
+    h: u64,
+    heads: (u32, u32),
+    f: u64,
+    moe: Option<(u32, u32, u64)>,
+) -> ModelConfig {
+    let mut m = ModelConfig {
+        kv_channels: Some(128),
+        qk_layernorm: true,
+        ..llama(name, l, h, heads, f, 151936, 40960)
+    };
+    if let Some((e, k, moe_ffn)) = moe {
+        m.num_experts = e;
+        m.moe_router_topk = k;
+        m.moe_ffn_hidden_size = moe_ffn;
+        m.moe_router_renormalize = true;
+    }
+    m
+}
+
+/// GPT-OSS (OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card", Table 1 and sec. 2.1, and
+/// the released config.json files): `l` layers of hidden 2880, 64 query and 8 KV heads of 64,
+/// biases on attention and experts, a learned sink per head, a 128-token sliding window on
+/// every other layer (from the first), `e` experts of 2880 with top-4 softmax routing and a
+/// biased router, the o200k vocabulary (201,088 rows).
+fn gpt_oss(name: &str, l: u32, e: u32) -> ModelConfig {
+    ModelConfig {
+        kv_channels: Some(64),
+        add_bias_linear: true,
+        add_qkv_bias: true,
+        num_experts: e,
+        moe_router_topk: 4,
+        moe_ffn_hidden_size: 2880,
+        moe_router_renormalize: true,
+        moe_router_linear_bias: true,
+        attention_sinks: true,
+        window_size: Some(128),
+        window_attn_skip_freq: 2,
+        ..llama(name, l, 2880, (64, 8), 2880, 201088, 131072)
+    }
+}
+
+/// Llama 4's language model (Meta 2025, "The Llama 4 herd", and the released config.json
+/// files' `text_config`): 48 layers of hidden 5120, 40 query and 8 KV heads of 128, dense
+/// layers of 16384, MoE layers of `e` routed experts and one shared expert of 8192 with
+/// top-1 sigmoid routing, on every layer (Scout) or every other one from the second
+/// (Maverick's `interleave_moe_layer_step` 2), attention in 8192-token chunks except on
+/// every fourth layer (the NoPE layers, which attend in full), the 202,048-token vocabulary.
+/// The vision encoder is not modelled.
+fn llama4(name: &str, e: u32, interleave: bool, ctx: u64) -> ModelConfig {
+    ModelConfig {
+        num_experts: e,
+        moe_router_topk: 1,
+        moe_ffn_hidden_size: 8192,
+        moe_shared_expert_intermediate_size: 8192,
+        moe_router_score_function: RouterScore::Sigmoid,
+        moe_layer_pattern: if interleave {
+            (0..48).map(|l| (l % 2) as u8).collect()
+        } else {
+            Vec::new()
+        },
+        attention_chunk_size: Some(8192),
+        window_attn_skip_freq: 4,
+        kv_channels: Some(128),
+        ..llama(name, 48, 5120, (40, 8), 16384, 202048, ctx)
+    }
+}
 
 /// A Llama-style dense model (RMSNorm, SwiGLU, rotary, untied, no biases).
 /// `heads` is (attention heads, KV heads).
@@ -106,6 +188,28 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
             moe_router_group_topk: 4,
             ..ModelConfig::default()
         },
+        "qwen3-8b" => qwen3(name, 36, 4096, (32, 8), 12288, None),
+        "qwen3-30b-a3b" => qwen3(name, 48, 2048, (32, 4), 6144, Some((128, 8, 768))),
+        "qwen3-235b-a22b" => qwen3(name, 94, 4096, (64, 4), 12288, Some((128, 8, 1536))),
+        "gpt-oss-20b" => gpt_oss(name, 24, 32),
+        "gpt-oss-120b" => gpt_oss(name, 36, 128),
+        // Moonshot AI 2025 ("Kimi K2: Open Agentic Intelligence", sec. 2.3 and Table 2, and
+        // its config.json): DeepSeek-V3's architecture with 64 heads, 384 routed experts and
+        // one shared, the first layer dense, no expert groups, a 163,840-token vocabulary.
+        "kimi-k2" => ModelConfig {
+            name: name.into(),
+            num_attention_heads: 64,
+            num_query_groups: 64,
+            vocab_size: 163840,
+            max_position_embeddings: 131072,
+            num_experts: 384,
+            moe_first_k_dense: 1,
+            moe_router_num_groups: 0,
+            moe_router_group_topk: 0,
+            ..preset("deepseek-v3")?
+        },
+        "llama4-scout" => llama4(name, 16, false, 10485760),
+        "llama4-maverick" => llama4(name, 128, true, 1048576),
         _ => return None,
     })
 }

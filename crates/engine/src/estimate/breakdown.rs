@@ -138,11 +138,7 @@ pub fn slowest_stage(chunks: &[Vec<ChunkContents>], per_mb_s: &[f64]) -> Option<
             .fold((0, &f64::MIN), |a, b| if b.1 > a.1 { b } else { a });
     let n = per_mb_s.len() as f64;
     let mean_stage_s = per_mb_s.iter().sum::<f64>() / n;
-    let layers_of = |ch: &Vec<ChunkContents>| -> u32 {
-        ch.iter()
-            .map(|c| c.dense_layers + c.moe_layers + c.mtp_layers)
-            .sum()
-    };
+    let layers_of = |ch: &Vec<ChunkContents>| -> u32 { ch.iter().map(ChunkContents::layers).sum() };
     let mine = &chunks[stage];
     Some(StageImbalance {
         stage: stage as u32,

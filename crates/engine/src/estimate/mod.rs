@@ -382,14 +382,20 @@ impl<'a> Prepared<'a> {
         let s = &self.s;
         let moe_layers = m.num_moe_layers() as u64;
         let dense_layers = m.num_layers as u64 - moe_layers;
-        let mut x = f(&s.embedding) + f(&s.output) + dense_layers as f64 * f(&s.dense);
-        if let Some(b) = &s.moe {
-            x += moe_layers as f64 * f(b);
+        if m.layer_variants().is_empty() {
+            let mut x = f(&s.embedding) + f(&s.output) + dense_layers as f64 * f(&s.dense);
+            if let Some(b) = &s.moe {
+                x += moe_layers as f64 * f(b);
+            }
+            if let Some(b) = &s.mtp {
+                x += m.mtp_num_layers as f64 * f(b);
+            }
+            return x;
         }
-        if let Some(b) = &s.mtp {
-            x += m.mtp_num_layers as f64 * f(b);
-        }
-        x
+        ChunkContents::whole_model(m)
+            .blocks(s)
+            .map(|(b, n)| n as f64 * f(b))
+            .sum()
     }
 
     /// Parameter counts: whole model, per block kind, the most loaded GPU, activated per token.
@@ -415,14 +421,21 @@ impl<'a> Prepared<'a> {
                 .map(|p| p.total)
                 .sum()
         };
-        let trainable_total = trainable_of(&ledger.embedding)
-            + trainable_of(&ledger.output)
-            + dense_layers * trainable_of(&ledger.dense)
-            + ledger
-                .moe
-                .as_ref()
-                .map_or(0, |b| moe_layers * trainable_of(b))
-            + ledger.mtp.as_ref().map_or(0, |b| mtp * trainable_of(b));
+        let trainable_total = if ledger.variants.is_empty() {
+            trainable_of(&ledger.embedding)
+                + trainable_of(&ledger.output)
+                + dense_layers * trainable_of(&ledger.dense)
+                + ledger
+                    .moe
+                    .as_ref()
+                    .map_or(0, |b| moe_layers * trainable_of(b))
+                + ledger.mtp.as_ref().map_or(0, |b| mtp * trainable_of(b))
+        } else {
+            ChunkContents::whole_model(m)
+                .ledger_blocks(ledger)
+                .map(|(b, n)| n * trainable_of(b))
+                .sum()
+        };
         let per_gpu_max = self
             .chunks
             .iter()

@@ -513,6 +513,7 @@ mod tests {
             moe: Some(block(100, 20, 10, 70)),
             output: block(30, 5, 3, 4),
             mtp: None,
+            variants: Vec::new(),
         }
     }
 

@@ -5,9 +5,11 @@
 use super::dims::Dims;
 use super::linear::{lora_adapter, row_bias, tp_comm, Linear, Split};
 use super::norm::{dropout, norm};
-use super::op::{Collective, CollectiveKind, Flops, Op, OpKind, Phase, TensorRole};
+use super::op::{
+    Collective, CollectiveKind, Flops, Op, OpKind, ParamClass, Params, Phase, TensorRole,
+};
 use crate::config::{
-    CpComm, LoraTarget, MlaConfig, ModelConfig, PositionEmbedding, TrainingConfig,
+    AttentionSpan, CpComm, LoraTarget, MlaConfig, ModelConfig, PositionEmbedding, TrainingConfig,
 };
 use crate::layout::GroupKind;
 
@@ -33,8 +35,14 @@ pub fn push_linear(
     }
 }
 
-/// Appends the attention block's ops.
-pub fn attention_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Dims) {
+/// Appends the attention block's ops for a layer whose queries attend over `span`.
+pub fn attention_block(
+    ops: &mut Vec<Op>,
+    m: &ModelConfig,
+    tr: &TrainingConfig,
+    d: &Dims,
+    span: AttentionSpan,
+) {
     let trainable = !d.lora;
     ops.push(norm("attn.norm", m.normalization, d.h, d.n_sp, d));
     let bias = m.add_bias_linear;
@@ -64,6 +72,11 @@ pub fn attention_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, 
         }
         Some(mla) => mla_projections(ops, m, mla, d),
     };
+    // MLA already normalises its query and KV latents (`attn.q_norm`, `attn.kv_norm`), which
+    // is what Megatron's --qk-layernorm builds for it.
+    if m.qk_layernorm && m.mla.is_none() {
+        ops.push(qk_norm(d, a_r, g_r, dqk));
+    }
     if m.position_embedding == PositionEmbedding::Rope {
         let rope_bytes = d.n * (a_r * dqk + g_r * dqk) * d.act;
         ops.push(Op::new(
@@ -73,7 +86,10 @@ pub fn attention_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, 
             },
         ));
     }
-    ops.push(core_attention(d, a_r, g_r, dqk, dv));
+    ops.push(core_attention(d, a_r, g_r, dqk, dv, span));
+    if m.attention_sinks {
+        ops.push(sinks(d));
+    }
     let proj = Linear {
         name: "attn.proj",
         in_features: d.a * dv,
@@ -214,21 +230,118 @@ fn mla_projections(
     (d.a / d.t, dqk, mla.v_head_dim, d.a / d.t)
 }
 
+/// QK norm (Qwen3): an RMSNorm over each of this rank's query and key heads, `head_dim`
+/// weights for the queries and as many for the keys (TP-replicated, as the norms), saving
+/// its input.
+fn qk_norm(d: &Dims, a_r: u64, g_r: u64, dqk: u64) -> Op {
+    let bytes = d.n * (a_r + g_r) * dqk * d.act;
+    let mut op = Op::new("attn.qk_norm", OpKind::MemoryBound { bytes: 2 * bytes });
+    op.params = Some(Params {
+        total: 2 * dqk,
+        rank: 2 * dqk,
+        class: ParamClass::TpReplicated,
+        trainable: !d.lora,
+    });
+    op.save(TensorRole::Input, bytes)
+}
+
+/// Learned attention sinks (GPT-OSS): one logit per head, split over TP with the heads.
+fn sinks(d: &Dims) -> Op {
+    let mut op = Op::new("attn.sinks", OpKind::MemoryBound { bytes: 0 });
+    op.params = Some(Params {
+        total: d.a,
+        rank: d.a.div_ceil(d.t),
+        class: ParamClass::TpSharded,
+        trainable: !d.lora,
+    });
+    op
+}
+
+/// The query-key pairs a span leaves, over s^2: (under the causal mask, counting every
+/// unmasked pair of the span's blocks as the `full` FLOPs convention does). A window of w
+/// keys leaves w s - w^2 / 2 causal pairs (s^2 / 2 at w = s, as the full causal count); k
+/// chunks of c tokens (and a last one of r) leave k c^2 / 2 + r^2 / 2.
+pub fn span_pair_fractions(s: u64, span: AttentionSpan) -> (f64, f64) {
+    let sf = s.max(1) as f64;
+    match span {
+        AttentionSpan::Full => (0.5, 1.0),
+        AttentionSpan::Window(w) => {
+            let w = w.min(s) as f64;
+            ((w * sf - w * w / 2.0) / (sf * sf), w / sf)
+        }
+        AttentionSpan::Chunk(c) => {
+            let c = c.clamp(1, s.max(1));
+            let (k, r) = ((s / c) as f64, (s % c) as f64);
+            let c = c as f64;
+            let dense = (k * c * c + r * r) / (sf * sf);
+            (dense / 2.0, dense)
+        }
+    }
+}
+
+/// How far back a query of this span reaches beyond its own position: w - 1 keys for a
+/// window, at most c - 1 for a chunk; `None` for full attention.
+fn span_reach(span: AttentionSpan) -> Option<u64> {
+    match span {
+        AttentionSpan::Full => None,
+        AttentionSpan::Window(w) | AttentionSpan::Chunk(w) => Some(w.saturating_sub(1)),
+    }
+}
+
+/// The CP exchange a window or chunk leaves: each of the rank's sequence pieces (two under
+/// zigzag's load balancing, else one of s/cp) needs the keys and values of the `reach` tokens
+/// before it, which the neighbouring pieces hold, hop by hop. `None` when that is no less
+/// than the ring moves (cp - 1 shards of s/cp tokens). Returns (bytes of K/V received, hops).
+fn window_exchange(d: &Dims, span: AttentionSpan, kv_per_token: u64) -> Option<(u64, u32)> {
+    let reach = span_reach(span)?;
+    let pieces = if d.cp_comm == CpComm::Zigzag { 2 } else { 1 };
+    let piece = (d.s / (d.c * pieces)).max(1);
+    if pieces * reach >= (d.c - 1) * (d.s / d.c) {
+        return None;
+    }
+    let hops = reach.div_ceil(piece).clamp(1, d.c - 1);
+    Some((pieces * reach * kv_per_token, hops as u32))
+}
+
 /// The attention core on this rank: a_r query heads and g_r K/V heads of this TP rank, over
-/// the local sequence shard, with the context-parallel exchange of K/V.
-fn core_attention(d: &Dims, a_r: u64, g_r: u64, dqk: u64, dv: u64) -> Op {
+/// the local sequence shard, with the context-parallel exchange of K/V. A window or chunk
+/// (`span`) cuts the pairs computed and, under CP, the K/V exchanged to the neighbours'.
+fn core_attention(d: &Dims, a_r: u64, g_r: u64, dqk: u64, dv: u64, span: AttentionSpan) -> Op {
     let (s, b) = (d.s as f64, d.b as f64);
     let a = d.a as f64;
     // QK^T and softmax(.)V over all s x s pairs, 2 FLOPs per multiply-add.
     let full = 2.0 * b * s * s * a * (dqk + dv) as f64;
+    let spanned = span != AttentionSpan::Full;
+    // The K/V this rank's g_r heads hold per sequence position (all microbatch rows).
+    let kv_per_token = d.b * g_r * (dqk + dv) * d.act;
+    let windowed = if spanned && d.c > 1 && d.cp_comm != CpComm::A2a {
+        window_exchange(d, span, kv_per_token)
+    } else {
+        None
+    };
     // One kernel call: the whole local sequence under the causal mask, except that a ring
     // (p2p, zigzag) runs cp calls over s/cp-long blocks, all but the diagonal one unmasked;
-    // Ulysses (a2a) attends over the full sequence with heads split.
+    // Ulysses (a2a) attends over the full sequence with heads split. A windowed exchange runs
+    // the local queries against their neighbours' keys under the window's mask.
     let (seq_len, causal) = match d.cp_comm {
         _ if d.c == 1 => (d.s, true),
+        _ if windowed.is_some() => (d.s / d.c, true),
         CpComm::P2p | CpComm::Zigzag => (d.s / d.c, false),
         CpComm::Allgather => (d.s / d.c, true),
         CpComm::A2a => (d.s, true),
+    };
+    // The pairs counted (model FLOPs) and computed (a flash kernel skips masked blocks; an
+    // unfused one computes every s x s score and masks them).
+    let (model_fraction, hw_fraction) = if spanned {
+        let (causal_pairs, dense_pairs) = span_pair_fractions(d.s, span);
+        let model = if d.attn_model_fraction < 1.0 {
+            causal_pairs
+        } else {
+            dense_pairs
+        };
+        (model, if d.flash { causal_pairs } else { 1.0 })
+    } else {
+        (d.attn_model_fraction, d.attn_hw_fraction)
     };
     let mut op = Op::new(
         "attn.core",
@@ -241,19 +354,20 @@ fn core_attention(d: &Dims, a_r: u64, g_r: u64, dqk: u64, dv: u64) -> Op {
     );
     op.recomputed_by_selective = true;
     op.model_flops = Flops {
-        fwd: full * d.attn_model_fraction,
-        dgrad: 2.0 * full * d.attn_model_fraction,
+        fwd: full * model_fraction,
+        dgrad: 2.0 * full * model_fraction,
         wgrad: 0.0,
     };
     // A contiguous ring under a causal mask loads the last CP rank most: rank r computes
     // r + 1/2 of its blocks' c^2 pairs, so the hottest does (2cp - 1)/cp of the average
-    // (zigzag, all-gather and Ulysses balance it).
-    let hottest = if d.c > 1 && d.cp_comm == CpComm::P2p {
+    // (zigzag, all-gather and Ulysses balance it; so does a window, each query seeing at
+    // most w keys wherever it sits).
+    let hottest = if d.c > 1 && d.cp_comm == CpComm::P2p && !spanned {
         (2 * d.c - 1) as f64 / d.c as f64
     } else {
         1.0
     };
-    let per_rank = full * d.attn_hw_fraction / (d.t * d.c) as f64 * hottest;
+    let per_rank = full * hw_fraction / (d.t * d.c) as f64 * hottest;
     op.rank_flops = Flops {
         fwd: per_rank,
         dgrad: 2.0 * per_rank,
@@ -297,9 +411,42 @@ fn core_attention(d: &Dims, a_r: u64, g_r: u64, dqk: u64, dv: u64) -> Op {
     op.grad_out_bytes = d.n * a_r * dv * d.act;
     if d.c > 1 {
         let o = d.n * a_r * dv * d.act;
-        op = cp_exchange(op, d, a_r, q, k + v, o, tile);
+        op = match windowed {
+            Some((needed, hops)) => windowed_exchange(op, d, a_r, needed, hops, tile),
+            None => cp_exchange(op, d, a_r, q, k + v, o, tile),
+        };
     }
     op
+}
+
+/// The context-parallel exchange of a windowed attention core (`d.c > 1`): only the
+/// neighbours' K/V within the window travel (`needed` bytes in `hops` messages): forward, and
+/// in backward the K/V again and their dK/dV back, as the ring does.
+fn windowed_exchange(op: Op, d: &Dims, a_r: u64, needed: u64, hops: u32, tile: u64) -> Op {
+    // The online softmax's statistics, the forward's score tile and FlashAttention-2's D, as
+    // in `cp_exchange`.
+    let stats = 2 * d.b * a_r * (d.s / d.c) * 4;
+    let delta = d.n * a_r * 4;
+    let fwd_tile = d.attention_score_tiles.min(1) * tile;
+    let scratch = op.backward_scratch_bytes + delta;
+    let per_hop = needed.div_ceil(hops as u64);
+    let send = |phase| Collective {
+        kind: CollectiveKind::SendRecv,
+        group: GroupKind::Cp,
+        group_size: d.c as u32,
+        phase,
+        payload_bytes: per_hop,
+        count: hops,
+    };
+    let op = op
+        .comm(send(Phase::Forward))
+        .comm(send(Phase::Backward))
+        .comm(send(Phase::Backward))
+        .temp(needed + fwd_tile + stats);
+    Op {
+        backward_scratch_bytes: scratch + 2 * needed,
+        ..op
+    }
 }
 
 /// The context-parallel exchange of the attention core (`d.c > 1`): its collectives over the

@@ -8,6 +8,7 @@ mod attention;
 mod dims;
 mod embedding;
 mod linear;
+mod mamba;
 mod mlp;
 mod moe;
 mod moe_lora;
@@ -17,6 +18,7 @@ mod optimizer;
 pub mod summary;
 
 pub use dims::Dims;
+pub use mamba::ssd_flops;
 pub use moe::{imbalance_of_rank_load, rank_load_factor};
 pub use op::{
     Collective, CollectiveKind, Flops, Op, OpKind, OpRole, ParamClass, Params, Phase, Saved,
@@ -28,7 +30,7 @@ pub use summary::{
     LedgerSummary,
 };
 
-use crate::config::{Recompute, Resolved};
+use crate::config::{AttentionSpan, HybridLayer, Recompute, Resolved};
 use crate::layout::GroupKind;
 use serde::Serialize;
 use std::ops::Range;
@@ -493,10 +495,16 @@ pub fn op_wgrad_pending(o: &Op, act: u64) -> u64 {
 pub struct Ledger {
     pub dims: Dims,
     pub embedding: Block,
+    /// A full-attention dense layer.
     pub dense: Block,
+    /// A full-attention MoE layer.
     pub moe: Option<Block>,
     pub output: Block,
     pub mtp: Option<Block>,
+    /// The other layer kinds (sliding-window or chunked attention), one block each, in the
+    /// order of [`crate::config::ModelConfig::layer_variants`].
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub variants: Vec<Block>,
 }
 
 impl Ledger {
@@ -506,9 +514,9 @@ impl Ledger {
         let m = &r.config.model;
         let tr = &r.config.training;
         let input_bytes = d.residual_bytes();
-        let layer = |kind: BlockKind| {
+        let layer = |kind: BlockKind, span: AttentionSpan| {
             let mut ops = Vec::with_capacity(24);
-            attention::attention_block(&mut ops, m, tr, &d);
+            attention::attention_block(&mut ops, m, tr, &d, span);
             match kind {
                 BlockKind::MoeLayer => moe::moe_block(&mut ops, m, tr, &d),
                 _ => mlp::mlp_block(&mut ops, m, tr, &d),
@@ -520,8 +528,44 @@ impl Ledger {
                 unit_starts: Vec::new(),
             }
         };
-        let dense = layer(BlockKind::DenseLayer);
-        let moe = m.is_moe().then(|| layer(BlockKind::MoeLayer));
+        let dense = layer(BlockKind::DenseLayer, AttentionSpan::Full);
+        let moe = m
+            .is_moe()
+            .then(|| layer(BlockKind::MoeLayer, AttentionSpan::Full));
+        let variants = m
+            .layer_variants()
+            .into_iter()
+            .map(|k| {
+                let kind = if k.moe {
+                    BlockKind::MoeLayer
+                } else {
+                    BlockKind::DenseLayer
+                };
+                let Some(h) = k.hybrid else {
+                    return layer(kind, k.span);
+                };
+                // A hybrid layer holds one sublayer with its own pre-norm.
+                let mut ops = Vec::with_capacity(16);
+                match h {
+                    HybridLayer::Attention => {
+                        attention::attention_block(&mut ops, m, tr, &d, AttentionSpan::Full)
+                    }
+                    HybridLayer::Mlp => mlp::mlp_block(&mut ops, m, tr, &d),
+                    HybridLayer::Moe => moe::moe_block(&mut ops, m, tr, &d),
+                    HybridLayer::Mamba => {
+                        if let Some(mc) = &m.mamba {
+                            mamba::mamba_layer(&mut ops, m, mc, &d)
+                        }
+                    }
+                }
+                Block {
+                    kind,
+                    ops,
+                    input_bytes,
+                    unit_starts: Vec::new(),
+                }
+            })
+            .collect();
         let mut emb_ops = Vec::with_capacity(4);
         embedding::embedding_block(&mut emb_ops, m, &d);
         let mut out_ops = Vec::with_capacity(4);
@@ -565,6 +609,7 @@ impl Ledger {
             dense,
             moe,
             mtp,
+            variants,
             dims: d,
         }
     }

@@ -128,6 +128,16 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
             .save(TensorRole::Logits, local * e * 4)
             .save(TensorRole::Routing, routed * (4 + 8)),
     );
+    if m.moe_router_linear_bias {
+        let mut bias = Op::new("moe.router_linear_bias", OpKind::MemoryBound { bytes: 0 });
+        bias.params = Some(Params {
+            total: e,
+            rank: e,
+            class: ParamClass::TpReplicated,
+            trainable,
+        });
+        ops.push(bias);
+    }
     if m.moe_router_bias {
         let mut bias = Op::new("moe.router_bias", OpKind::MemoryBound { bytes: 0 });
         bias.params = Some(Params {

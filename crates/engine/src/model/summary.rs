@@ -3,7 +3,7 @@
 //! pipeline rank's chunks hold.
 
 use super::{Block, GroupBytes, Ledger, ParamSums};
-use crate::config::{Recompute, Resolved};
+use crate::config::{ModelConfig, Recompute, Resolved, MAX_LAYER_VARIANTS};
 
 /// Seconds per group, for breakdowns.
 pub type GroupSeconds = GroupBytes;
@@ -112,6 +112,8 @@ pub struct LedgerSummary {
     pub moe: Option<BlockSummary>,
     pub output: BlockSummary,
     pub mtp: Option<BlockSummary>,
+    /// The ledger's other layer kinds ([`Ledger::variants`]), in its order.
+    pub variants: Vec<BlockSummary>,
 }
 
 impl LedgerSummary {
@@ -146,6 +148,7 @@ impl LedgerSummary {
             moe: l.moe.as_ref().map(sum),
             output: sum_with(&l.output, 0),
             mtp: l.mtp.as_ref().map(sum),
+            variants: l.variants.iter().map(sum).collect(),
         }
     }
 }
@@ -159,6 +162,8 @@ pub struct ChunkContents {
     pub moe_layers: u32,
     pub output: bool,
     pub mtp_layers: u32,
+    /// Layers of each of the ledger's other kinds ([`Ledger::variants`]).
+    pub variant_layers: [u32; MAX_LAYER_VARIANTS],
 }
 
 impl ChunkContents {
@@ -174,9 +179,74 @@ impl ChunkContents {
             (Some(&s.output), self.output as u64),
             (s.mtp.as_ref(), self.mtp_layers as u64),
         ];
+        let variants = s
+            .variants
+            .iter()
+            .zip(self.variant_layers)
+            .map(|(b, n)| (Some(b), n as u64));
         items
             .into_iter()
+            .chain(variants)
             .filter_map(|(b, n)| b.filter(|_| n > 0).map(|b| (b, n)))
+    }
+
+    /// The ledger's blocks this chunk holds, with their multiplicities.
+    pub fn ledger_blocks<'a>(&self, l: &'a Ledger) -> impl Iterator<Item = (&'a Block, u64)> {
+        let items: [(Option<&'a Block>, u64); 5] = [
+            (Some(&l.embedding), self.embedding as u64),
+            (Some(&l.dense), self.dense_layers as u64),
+            (l.moe.as_ref(), self.moe_layers as u64),
+            (Some(&l.output), self.output as u64),
+            (l.mtp.as_ref(), self.mtp_layers as u64),
+        ];
+        let variants = l
+            .variants
+            .iter()
+            .zip(self.variant_layers)
+            .map(|(b, n)| (Some(b), n as u64));
+        items
+            .into_iter()
+            .chain(variants)
+            .filter_map(|(b, n)| b.filter(|_| n > 0).map(|b| (b, n)))
+    }
+
+    /// Transformer layers in the chunk (MTP modules included).
+    pub fn layers(&self) -> u32 {
+        self.dense_layers
+            + self.moe_layers
+            + self.mtp_layers
+            + self.variant_layers.iter().sum::<u32>()
+    }
+
+    /// Every block of one model replica: all layers, the embedding, the output and the MTP
+    /// modules, as if one chunk held them.
+    pub fn whole_model(m: &ModelConfig) -> ChunkContents {
+        let mut c = ChunkContents {
+            embedding: true,
+            output: true,
+            mtp_layers: m.mtp_num_layers,
+            ..ChunkContents::default()
+        };
+        c.count_layers(m, 0..m.num_layers);
+        c
+    }
+
+    /// Adds the layers `layers` (0-based decoder layers) by kind.
+    fn count_layers(&mut self, m: &ModelConfig, layers: std::ops::Range<u32>) {
+        let variants = m.layer_variants();
+        if variants.is_empty() {
+            let moe = layers.clone().filter(|&l| m.is_moe_layer(l)).count() as u32;
+            self.moe_layers += moe;
+            self.dense_layers += layers.len() as u32 - moe;
+            return;
+        }
+        for l in layers {
+            match m.variant_of(l, &variants) {
+                Some(i) => self.variant_layers[i] += 1,
+                None if m.is_moe_layer(l) => self.moe_layers += 1,
+                None => self.dense_layers += 1,
+            }
+        }
     }
 }
 
@@ -187,15 +257,15 @@ pub fn chunks_per_rank(r: &Resolved) -> Vec<Vec<ChunkContents>> {
     let last = pl.num_stages() - 1;
     let mut out = vec![Vec::new(); r.config.parallel.pp as usize];
     for (stage, layers) in pl.stage_layers.iter().enumerate() {
-        let moe_layers = layers.clone().filter(|&l| m.is_moe_layer(l)).count() as u32;
-        out[pl.stage_rank[stage] as usize].push(ChunkContents {
+        let mut c = ChunkContents {
             stage,
             embedding: stage == 0,
-            dense_layers: layers.len() as u32 - moe_layers,
-            moe_layers,
             output: stage == last,
             mtp_layers: if stage == last { m.mtp_num_layers } else { 0 },
-        });
+            ..ChunkContents::default()
+        };
+        c.count_layers(m, layers.clone());
+        out[pl.stage_rank[stage] as usize].push(c);
     }
     out
 }

@@ -36,7 +36,23 @@ pub fn end_costs(base: &Config) -> Option<EndCosts> {
     let moe_layers = m.num_moe_layers() as f64;
     let dense = ledger.dense.model_flops().total();
     let moe = ledger.moe.as_ref().map_or(0.0, |b| b.model_flops().total());
-    let mean_layer = ((layers - moe_layers) * dense + moe_layers * moe) / layers;
+    let mean_layer = if ledger.variants.is_empty() {
+        ((layers - moe_layers) * dense + moe_layers * moe) / layers
+    } else {
+        // Windowed layers apart: the mean over every decoder layer of the model.
+        let whole = crate::model::ChunkContents::whole_model(m);
+        let decoder = crate::model::ChunkContents {
+            embedding: false,
+            output: false,
+            mtp_layers: 0,
+            ..whole
+        };
+        decoder
+            .ledger_blocks(&ledger)
+            .map(|(b, n)| n as f64 * b.model_flops().total())
+            .sum::<f64>()
+            / layers
+    };
     let per_layer = |f: f64| f / mean_layer;
     let costs = EndCosts {
         embedding: per_layer(ledger.embedding.model_flops().total()),

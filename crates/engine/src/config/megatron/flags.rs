@@ -179,6 +179,11 @@ const KEPT_INTS: &[&str] = &[
     "--qk-head-dim",
     "--qk-pos-emb-head-dim",
     "--v-head-dim",
+    "--num-distributed-optimizer-instances",
+    "--mamba-num-heads",
+    "--mamba-head-dim",
+    "--mamba-num-groups",
+    "--mamba-state-dim",
 ];
 
 /// Switches that [`State::finish`] combines.
@@ -199,6 +204,15 @@ const KEPT_SWITCHES: &[&str] = &[
     "--grad-reduce-in-bf16",
     "--use-flash-attn",
     "--multi-latent-attention",
+    "--qk-layernorm",
+    "--quick-geglu",
+    "--squared-relu",
+    "--use-megatron-fsdp",
+    "--use-torch-fsdp2",
+    "--enable-gpt-oss",
+    "--export-qk-l2-norm",
+    "--qk-l2-norm",
+    "--is-hybrid-model",
 ];
 
 /// Flags with a word value that [`State::finish`] combines.
@@ -214,6 +228,65 @@ const KEPT_WORDS: &[&str] = &[
     "--tokenizer-model",
     "--pipeline-model-parallel-layout",
     "--moe-router-score-function",
+    "--window-size",
+    "--window-attn-skip-freq",
+    "--softmax-type",
+    "--moe-token-dispatcher-type",
+    "--data-parallel-sharding-strategy",
+    "--hybrid-layer-pattern",
+    "--hybrid-override-pattern",
+];
+
+/// Flags that change the model or the parallel layout in ways parsim does not model: an
+/// error naming the flag and why, never an estimate of another model.
+const REFUSED: &[(&str, &str)] = &[
+    (
+        "--hybrid-attention-ratio",
+        "hybrid Mamba-2/attention models are not modelled yet",
+    ),
+    (
+        "--hybrid-mlp-ratio",
+        "hybrid Mamba-2/attention models are not modelled yet",
+    ),
+    (
+        "--moe-latent-size",
+        "latent MoE projections (Nemotron 3) are not modelled",
+    ),
+    (
+        "--moe-use-shared-expert-gate",
+        "the shared expert's gate is not modelled",
+    ),
+    ("--moe-extended-tp", "extended expert TP is not modelled"),
+    (
+        "--heterogeneous-layers-config-path",
+        "heterogeneous layers are not modelled",
+    ),
+    (
+        "--heterogeneous-layers-config-encoded-json",
+        "heterogeneous layers are not modelled",
+    ),
+    (
+        "--spec",
+        "a custom layer spec changes the model in ways that cannot be read from the flags",
+    ),
+    (
+        "--hierarchical-context-parallel-sizes",
+        "hierarchical context parallelism is not modelled",
+    ),
+    (
+        "--encoder-num-layers",
+        "encoder-decoder models are not modelled",
+    ),
+    (
+        "--encoder-seq-length",
+        "encoder-decoder models are not modelled",
+    ),
+    (
+        "--pipeline-model-parallel-split-rank",
+        "encoder-decoder pipelines are not modelled",
+    ),
+    ("--fp4-format", "fp4 training is not modelled"),
+    ("--fp4-recipe", "fp4 training is not modelled"),
 ];
 
 /// The finished layer with what did not carry over.
@@ -260,6 +333,11 @@ impl State {
     /// Takes one `--flag values...` of the training script.
     pub fn apply(&mut self, raw_flag: &str, values: &[String]) -> Result<(), String> {
         let flag = raw_flag.replace('_', "-");
+        if let Some((_, why)) = REFUSED.iter().find(|r| r.0 == flag) {
+            return Err(format!(
+                "{why}; this flag changes the model or its parallel layout, so the run is not estimated"
+            ));
+        }
         let known = DIRECT.iter().any(|d| d.0 == flag)
             || KEPT_INTS.contains(&flag.as_str())
             || KEPT_SWITCHES.contains(&flag.as_str())
@@ -329,6 +407,7 @@ impl State {
 
     /// The model's shape; Megatron's model defaults when the script gives the shape.
     fn model(&mut self) -> Result<(), String> {
+        self.hybrid()?;
         let defines =
             self.ints.contains_key("--num-layers") || self.ints.contains_key("--hidden-size");
         for (flag, key) in [
@@ -342,7 +421,19 @@ impl State {
             }
         }
         let hidden = self.ints.get("--hidden-size").copied();
-        let swiglu = self.on("--swiglu");
+        // GeGLU (--quick-geglu, GPT-OSS) is gated like SwiGLU, with its shapes.
+        let swiglu = self.on("--swiglu") || self.on("--quick-geglu");
+        if self.on("--quick-geglu") && !self.on("--swiglu") {
+            self.notes.push(
+                "--quick-geglu: a gated linear unit like SwiGLU, counted with SwiGLU's shapes"
+                    .into(),
+            );
+        }
+        if self.on("--squared-relu") && !swiglu {
+            self.notes.push(
+                "--squared-relu: not gated, counted with GeLU's shapes (one up projection)".into(),
+            );
+        }
         let ffn = match (self.ints.get("--ffn-hidden-size").copied(), hidden) {
             (Some(f), _) => Some(f),
             // Megatron: 4h, or 2/3 of it rounded down to a multiple of 64 with SwiGLU.
@@ -386,6 +477,68 @@ impl State {
         Ok(())
     }
 
+    /// A hybrid model's layer pattern and its Mamba-2 mixer, with Megatron's defaults (head
+    /// dim 64, 8 groups, state 128, twice the hidden width inside); `--num-layers` is the
+    /// pattern's length when not given.
+    fn hybrid(&mut self) -> Result<(), String> {
+        let pattern = self
+            .word("--hybrid-layer-pattern")
+            .or(self.word("--hybrid-override-pattern"))
+            .map(str::to_string);
+        let Some(pattern) = pattern else {
+            if self.on("--is-hybrid-model") {
+                return Err("--is-hybrid-model: no --hybrid-layer-pattern places its layers (the ratio flags are not modelled)".into());
+            }
+            return Ok(());
+        };
+        let pattern = pattern.trim_matches(|c| c == '"' || c == '\'').to_string();
+        if let Some(c) = pattern
+            .chars()
+            .find(|c| !matches!(c, 'M' | '*' | '-' | 'E'))
+        {
+            return Err(format!(
+                "--hybrid-layer-pattern: unknown layer '{c}' (M Mamba-2, * attention, - MLP, E MoE)"
+            ));
+        }
+        let len = pattern.chars().count() as u64;
+        match self.ints.get("--num-layers").copied() {
+            Some(l) if l != len => {
+                return Err(format!(
+                    "--hybrid-layer-pattern: {len} layers, --num-layers is {l}"
+                ))
+            }
+            Some(_) => {}
+            None => {
+                self.ints.insert("--num-layers", len);
+            }
+        }
+        self.set("model", "hybrid_layer_pattern", json!(pattern));
+        if pattern.contains('M') {
+            let hidden = self
+                .ints
+                .get("--hidden-size")
+                .copied()
+                .ok_or("--hybrid-layer-pattern: Mamba-2 layers need --hidden-size")?;
+            let head_dim = self.ints.get("--mamba-head-dim").copied().unwrap_or(64);
+            let heads = match self.ints.get("--mamba-num-heads").copied() {
+                Some(h) => h,
+                None if head_dim > 0 => 2 * hidden / head_dim,
+                None => return Err("--mamba-head-dim: must be at least 1, got 0".into()),
+            };
+            self.set(
+                "model",
+                "mamba",
+                json!({
+                    "num_heads": heads,
+                    "head_dim": head_dim,
+                    "state_dim": self.ints.get("--mamba-state-dim").copied().unwrap_or(128),
+                    "num_groups": self.ints.get("--mamba-num-groups").copied().unwrap_or(8),
+                }),
+            );
+        }
+        Ok(())
+    }
+
     /// Normalization, positions and the MoE layer pattern.
     fn model_words(&mut self, defines: bool) -> Result<(), String> {
         let norm = match self.word("--normalization") {
@@ -401,7 +554,10 @@ impl State {
         if let Some(n) = norm {
             self.set("model", "normalization", json!(n));
         }
+        // Megatron-LM's modelopt builder turns --enable-gpt-oss into YaRN rotary positions
+        // (megatron/post_training/model_builder.py).
         let pos = match self.word("--position-embedding-type") {
+            _ if self.on("--enable-gpt-oss") => Some("rope"),
             Some("rope") => Some("rope"),
             Some("learned_absolute") => Some("learned"),
             Some("none") => Some("none"),
@@ -431,11 +587,135 @@ impl State {
             None => {}
         }
         if let Some(freq) = self.word("--moe-layer-freq").map(str::to_string) {
-            match first_dense_layers(&freq) {
-                Some(k) => self.set("model", "moe_first_k_dense", json!(k)),
-                None => self.notes.push(format!(
-                    "--moe-layer-freq {freq}: only 1 or ([0]*K+[1]*N) is understood, so every layer is taken as MoE"
-                )),
+            self.moe_layer_freq(&freq)?;
+        }
+        self.attention_flags()?;
+        Ok(())
+    }
+
+    /// Megatron's `--moe-layer-freq`: an integer N (layer i MoE when i % N == 0) or a list
+    /// expression (`([0]*3+[1]*58)`, `([0,1]*24)`), 1 for MoE.
+    fn moe_layer_freq(&mut self, freq: &str) -> Result<(), String> {
+        if let Some(k) = first_dense_layers(freq) {
+            self.set("model", "moe_first_k_dense", json!(k));
+            return Ok(());
+        }
+        let layers = self.ints.get("--num-layers").copied();
+        let pattern = match (freq.trim().parse::<u64>(), layers) {
+            (Ok(0), _) => return Err("--moe-layer-freq: must be at least 1, got 0".into()),
+            (Ok(n), Some(l)) => (0..l).map(|i| u8::from(i % n == 0)).collect(),
+            (Ok(_), None) => {
+                return Err("--moe-layer-freq: an integer frequency needs --num-layers".into())
+            }
+            (Err(_), _) => layer_list(freq).ok_or_else(|| {
+                format!("--moe-layer-freq: cannot read '{freq}' (an integer, or a list such as ([0]*3+[1]*58))")
+            })?,
+        };
+        if pattern.iter().any(|&x| x > 1) {
+            return Err(format!(
+                "--moe-layer-freq: entries are 1 (MoE) or 0 (dense), got '{freq}'"
+            ));
+        }
+        if let Some(l) = layers {
+            if pattern.len() as u64 != l {
+                return Err(format!(
+                    "--moe-layer-freq: '{freq}' lists {} layers, --num-layers is {l}",
+                    pattern.len()
+                ));
+            }
+        }
+        let dense_first = pattern.iter().take_while(|&&x| x == 0).count();
+        if pattern[dense_first..].iter().all(|&x| x == 1) {
+            self.set("model", "moe_first_k_dense", json!(dense_first));
+        } else {
+            self.set("model", "moe_first_k_dense", json!(0));
+            self.set("model", "moe_layer_pattern", json!(pattern));
+        }
+        Ok(())
+    }
+
+    /// Sliding windows (`--window-size L,0`, `--window-attn-skip-freq`), the softmax's sink
+    /// (`--softmax-type`), QK norm and the MoE dispatcher.
+    fn attention_flags(&mut self) -> Result<(), String> {
+        // An L2 QK norm (Llama 4; modelopt's --export-qk-l2-norm) replaces the QK layernorm
+        // and has no weights.
+        let l2 = self.on("--export-qk-l2-norm") || self.on("--qk-l2-norm");
+        if self.on("--qk-layernorm") && !l2 {
+            self.set("model", "qk_layernorm", json!(true));
+        } else if l2 {
+            self.notes
+                .push("the QK norm is an L2 norm without weights: nothing to count".into());
+        }
+        let mut window = None;
+        if let Some(w) = self.word("--window-size").map(str::to_string) {
+            let inner: String = w
+                .chars()
+                .filter(|c| !c.is_whitespace() && *c != '(' && *c != ')')
+                .collect();
+            let parsed = inner
+                .split_once(',')
+                .and_then(|(l, r)| Some((l.parse::<i64>().ok()?, r.parse::<i64>().ok()?)));
+            match parsed {
+                Some((left, 0)) if left >= 0 => window = Some(left as u64 + 1),
+                Some((-1, 0)) => {}
+                Some((_, right)) if right != 0 => {
+                    return Err(format!(
+                        "--window-size: only causal windows (right 0) are modelled, got '{w}'"
+                    ))
+                }
+                _ => {
+                    return Err(format!(
+                        "--window-size: expected LEFT,RIGHT (e.g. 127,0), got '{w}'"
+                    ))
+                }
+            }
+        }
+        if let Some(w) = window {
+            self.set("model", "window_size", json!(w));
+        }
+        if let Some(f) = self.word("--window-attn-skip-freq").map(str::to_string) {
+            if window.is_none() {
+                return Err(format!(
+                    "--window-attn-skip-freq {f}: names the full-attention layers among windowed ones, but no --window-size sets a window"
+                ));
+            }
+            let freq = match f.trim().parse::<u32>() {
+                Ok(n) => n,
+                Err(_) => {
+                    // A list: 1 windowed, 0 full (Megatron-Core's is_layer_window_attention).
+                    let full: Vec<bool> = layer_list(&f)
+                        .ok_or_else(|| format!("--window-attn-skip-freq: cannot read '{f}'"))?
+                        .into_iter()
+                        .map(|x| x == 0)
+                        .collect();
+                    let n = full.len() as u32;
+                    (1..=n)
+                        .find(|&k| (0..n).all(|l| full[l as usize] == ((l + 1) % k == 0)))
+                        .ok_or_else(|| {
+                            format!("--window-attn-skip-freq: '{f}' is not one full-attention layer every N (the only pattern modelled)")
+                        })?
+                }
+            };
+            self.set("model", "window_attn_skip_freq", json!(freq));
+        }
+        match self.word("--softmax-type") {
+            None | Some("vanilla") => {}
+            Some("off-by-one") => self.notes.push(
+                "--softmax-type off-by-one: a 1 added to the softmax's denominator, nothing to count".into(),
+            ),
+            Some("learnable") => self.set("model", "attention_sinks", json!(true)),
+            Some(other) => {
+                return Err(format!(
+                    "--softmax-type: unknown '{other}' (vanilla, off-by-one, learnable)"
+                ))
+            }
+        }
+        match self.word("--moe-token-dispatcher-type") {
+            None | Some("alltoall") => {}
+            Some(other) => {
+                return Err(format!(
+                    "--moe-token-dispatcher-type: only the all-to-all dispatcher is modelled, got '{other}'"
+                ))
             }
         }
         Ok(())
@@ -448,8 +728,15 @@ impl State {
             self.set("model", "make_vocab_size_divisible_by", json!(1));
             return;
         }
+        let known = self.word("--tokenizer-model").and_then(tokenizer_vocab);
         if let Some(v) = self.ints.get("--vocab-size").copied() {
             self.set("model", "vocab_size", json!(v));
+        } else if let (Some((v, family)), true) = (known, defines) {
+            self.set("model", "vocab_size", json!(v));
+            self.notes.push(format!(
+                "the vocabulary is {family}'s ({v} tokens), from the tokenizer {}",
+                self.word("--tokenizer-model").unwrap_or_default()
+            ));
         } else if defines {
             let from = self
                 .word("--tokenizer-model")
@@ -469,6 +756,13 @@ impl State {
         let bias = !self.on("--disable-bias-linear");
         self.set("model", "name", json!("megatron"));
         self.set("model", "add_bias_linear", json!(bias));
+        // Megatron-Core's router has a bias under --add-bias-linear (router.py).
+        let experts = self.ints.get("--num-experts").copied().unwrap_or(0);
+        self.set(
+            "model",
+            "moe_router_linear_bias",
+            json!(bias && experts > 0),
+        );
         self.set(
             "model",
             "add_qkv_bias",
@@ -575,7 +869,7 @@ impl State {
         self.set("parallel", "sp", json!(self.on("--sequence-parallel")));
         // A Megatron command line runs Megatron-Core: its overlap defaults, then the flags.
         self.set("training", "framework", json!("megatron-core"));
-        let zero = u64::from(self.on("--use-distributed-optimizer"));
+        let zero = self.zero()?;
         self.set("parallel", "zero", json!(zero));
         for (flag, key) in [
             ("--overlap-grad-reduce", "overlap_grad_reduce"),
@@ -615,6 +909,49 @@ impl State {
             self.set("parallel", "cp_comm", json!(c));
         }
         Ok(())
+    }
+
+    /// The ZeRO stage: the distributed optimizer's 1, or Megatron-FSDP's sharding strategy
+    /// (`--data-parallel-sharding-strategy`, default optim_grads_params: ZeRO-3), or torch
+    /// FSDP2's full sharding (ZeRO-3).
+    fn zero(&mut self) -> Result<u64, String> {
+        if let Some(n) = self.ints.get("--num-distributed-optimizer-instances") {
+            if *n > 1 {
+                return Err(format!("--num-distributed-optimizer-instances {n}: a distributed optimizer sharded over part of the data-parallel group is not modelled"));
+            }
+        }
+        if self.on("--use-megatron-fsdp") {
+            let strategy = self
+                .word("--data-parallel-sharding-strategy")
+                .unwrap_or("optim_grads_params")
+                .to_string();
+            let zero = match strategy.as_str() {
+                "no_shard" => 0,
+                "optim" => 1,
+                "optim_grads" => 2,
+                "optim_grads_params" => 3,
+                other => {
+                    return Err(format!(
+                        "--data-parallel-sharding-strategy: unknown '{other}' (no_shard, optim, optim_grads, optim_grads_params)"
+                    ))
+                }
+            };
+            self.notes.push(format!(
+                "--use-megatron-fsdp with --data-parallel-sharding-strategy {strategy}: taken as ZeRO-{zero}"
+            ));
+            return Ok(zero);
+        }
+        if self.on("--use-torch-fsdp2") {
+            self.notes
+                .push("--use-torch-fsdp2: torch FSDP2's full sharding, taken as ZeRO-3".into());
+            return Ok(3);
+        }
+        if self.word("--data-parallel-sharding-strategy").is_some() {
+            self.notes.push(
+                "--data-parallel-sharding-strategy applies to Megatron-FSDP only (no --use-megatron-fsdp)".into(),
+            );
+        }
+        Ok(u64::from(self.on("--use-distributed-optimizer")))
     }
 
     /// Model chunks per pipeline rank, from either of Megatron's two spellings or, as
@@ -730,4 +1067,94 @@ fn first_dense_layers(freq: &str) -> Option<u64> {
     let (dense, moe) = inner.split_once('+')?;
     moe.strip_prefix("[1]*")?.parse::<u64>().ok()?;
     dense.strip_prefix("[0]*")?.parse().ok()
+}
+
+/// Megatron's list expressions for per-layer patterns (`--moe-layer-freq`,
+/// `--window-attn-skip-freq`): `[0]*3+[1]*58`, `([0,1]*24)`, `[1,1,0]`, terms joined by `+`,
+/// each a bracketed list or a parenthesised expression, optionally times a count. `None`
+/// when it is not one.
+fn layer_list(expr: &str) -> Option<Vec<u8>> {
+    let e: String = expr
+        .chars()
+        .filter(|c| !c.is_whitespace() && *c != '"' && *c != '\'')
+        .collect();
+    let mut out = Vec::new();
+    for term in split_top(&e, '+')? {
+        out.extend(list_term(term)?);
+    }
+    (!out.is_empty() && out.len() <= 1 << 20).then_some(out)
+}
+
+/// `s` split at `sep` outside brackets and parentheses; `None` when they do not balance.
+fn split_top(s: &str, sep: char) -> Option<Vec<&str>> {
+    let (mut depth, mut start, mut parts) = (0i32, 0, Vec::new());
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' | '[' => depth += 1,
+            ')' | ']' => {
+                depth -= 1;
+                if depth < 0 {
+                    return None;
+                }
+            }
+            c if c == sep && depth == 0 => {
+                parts.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    (depth == 0).then(|| {
+        parts.push(&s[start..]);
+        parts
+    })
+}
+
+/// One term: `[a,b,...]`, `(expr)`, either times `*N`.
+fn list_term(t: &str) -> Option<Vec<u8>> {
+    let parts = split_top(t, '*')?;
+    let (base, times) = match parts.as_slice() {
+        [b] => (*b, 1usize),
+        [b, n] => (*b, n.parse().ok()?),
+        _ => return None,
+    };
+    let items: Vec<u8> =
+        if let Some(inner) = base.strip_prefix('[').and_then(|b| b.strip_suffix(']')) {
+            inner
+                .split(',')
+                .map(|x| x.parse().ok())
+                .collect::<Option<_>>()?
+        } else if let Some(inner) = base.strip_prefix('(').and_then(|b| b.strip_suffix(')')) {
+            layer_list(inner)?
+        } else {
+            return None;
+        };
+    if times > 1 << 20 || items.len().saturating_mul(times) > 1 << 20 {
+        return None;
+    }
+    Some(items.repeat(times))
+}
+
+/// The vocabulary of a Hugging Face tokenizer parsim knows by name (the models of its presets
+/// that Megatron-LM's modelopt conf files name without a vocabulary size): (rows, family).
+fn tokenizer_vocab(name: &str) -> Option<(u64, &'static str)> {
+    let repo = name.trim_end_matches('/');
+    let model = repo.rsplit('/').next().unwrap_or(repo);
+    let org = repo.split('/').next().unwrap_or("");
+    match org {
+        // Qwen3 technical report, Table 1 and the released config.json files: 151,936.
+        "Qwen" if model.starts_with("Qwen3-") => Some((151_936, "Qwen3")),
+        // DeepSeek-V3 and R1 config.json: 129,280.
+        "deepseek-ai" if model.starts_with("DeepSeek-V3") || model.starts_with("DeepSeek-R1") => {
+            Some((129_280, "DeepSeek-V3"))
+        }
+        "moonshotai" if model.starts_with("Kimi-K2") => Some((163_840, "Kimi K2")),
+        "openai" if model.starts_with("gpt-oss-") => Some((201_088, "GPT-OSS (o200k)")),
+        "meta-llama" if model.starts_with("Llama-4-") => Some((202_048, "Llama 4")),
+        // Nemotron-H and Nemotron 3 config.json: 131,072.
+        "nvidia" if model.starts_with("Nemotron-H-") || model.starts_with("NVIDIA-Nemotron-3-") => {
+            Some((131_072, "Nemotron"))
+        }
+        _ => None,
+    }
 }

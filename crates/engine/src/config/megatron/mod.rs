@@ -60,7 +60,35 @@ impl MegatronImport {
 /// they configure. `origin` names it in errors.
 pub fn import(text: &str, origin: &str) -> Result<MegatronImport, ConfigError> {
     let script = shell::parse(text);
-    let (mut launcher, args) = pick_command(&script.commands);
+    let (mut launcher, mut args) = pick_command(&script.commands);
+    let mut var_notes = Vec::new();
+    if !args.iter().any(|a| a.starts_with("--")) {
+        // A file that only sets variables (Megatron-LM's examples/post_training/modelopt/conf/
+        // files: `MODEL_ARGS="..."`, run by a launcher elsewhere): its `*ARGS` variables are
+        // the arguments, in the order they are set.
+        let (from_vars, names) = args_from_variables(&script.assignments);
+        if !from_vars.is_empty() {
+            var_notes.push(format!(
+                "no training command: the arguments are the variables {}",
+                names.join(", ")
+            ));
+            args = from_vars;
+            // The tokenizer such a file names in a variable (the modelopt conf files'
+            // TOKENIZER_MODEL), for the vocabulary.
+            if !args.iter().any(|a| a == "--tokenizer-model") {
+                let tokenizer = script
+                    .assignments
+                    .iter()
+                    .rev()
+                    .find(|(n, v)| n == "TOKENIZER_MODEL" && v.len() == 1)
+                    .map(|(_, v)| v[0].clone());
+                if let Some(t) = tokenizer {
+                    args.push("--tokenizer-model".into());
+                    args.push(t);
+                }
+            }
+        }
+    }
     let nemo = nemo::take_overrides(&args);
     launcher.extend(nemo.launcher);
     let mut state = flags::State::default();
@@ -80,12 +108,27 @@ pub fn import(text: &str, origin: &str) -> Result<MegatronImport, ConfigError> {
     let mut unresolved = script.unresolved;
     unresolved.sort();
     unresolved.dedup();
+    var_notes.extend(finished.notes);
     Ok(MegatronImport {
         layer: finished.layer,
         ignored: finished.ignored,
         unresolved,
-        notes: finished.notes,
+        notes: var_notes,
     })
+}
+
+/// The words of the variables named `*ARGS` that hold `--flags`, in the order they are set
+/// (a variable set twice counts at its last setting), and their names.
+fn args_from_variables(assignments: &[(String, Vec<String>)]) -> (Vec<String>, Vec<String>) {
+    let mut chosen: Vec<(String, Vec<String>)> = Vec::new();
+    for (name, words) in assignments {
+        if name.ends_with("ARGS") && words.iter().any(|w| w.starts_with("--")) {
+            chosen.retain(|(n, _)| n != name);
+            chosen.push((name.clone(), words.clone()));
+        }
+    }
+    let names = chosen.iter().map(|(n, _)| n.clone()).collect();
+    (chosen.into_iter().flat_map(|(_, w)| w).collect(), names)
 }
 
 /// The launcher words (before the training script) and the training script's arguments. The

@@ -88,6 +88,27 @@ fn model_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
     }
     flag("--hidden-dropout", Some(m.hidden_dropout.to_string()));
     flag("--attention-dropout", Some(m.attention_dropout.to_string()));
+    if m.qk_layernorm {
+        flag("--qk-layernorm", None);
+    }
+    if m.attention_sinks {
+        flag("--softmax-type", Some("learnable".into()));
+    }
+    if let Some(w) = m.window_size {
+        flag("--window-size", Some(format!("{},0", w.saturating_sub(1))));
+        if m.window_attn_skip_freq > 0 {
+            flag("--window-attn-skip-freq", s(m.window_attn_skip_freq.into()));
+        }
+    }
+    if let Some(p) = &m.hybrid_layer_pattern {
+        flag("--hybrid-layer-pattern", Some(p.clone()));
+    }
+    if let Some(mc) = &m.mamba {
+        flag("--mamba-num-heads", s(mc.num_heads.into()));
+        flag("--mamba-head-dim", s(mc.head_dim));
+        flag("--mamba-state-dim", s(mc.state_dim));
+        flag("--mamba-num-groups", s(mc.num_groups.into()));
+    }
     if let Some(mla) = &m.mla {
         flag("--multi-latent-attention", None);
         flag("--q-lora-rank", s(mla.q_lora_rank));
@@ -111,6 +132,13 @@ fn model_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
             flag(
                 "--moe-layer-freq",
                 Some(format!("\"([0]*{}+[1]*{moe})\"", m.moe_first_k_dense)),
+            );
+        }
+        if !m.moe_layer_pattern.is_empty() {
+            let list: Vec<String> = m.moe_layer_pattern.iter().map(u8::to_string).collect();
+            flag(
+                "--moe-layer-freq",
+                Some(format!("\"[{}]\"", list.join(","))),
             );
         }
         if m.moe_router_force_load_balancing {
@@ -265,6 +293,26 @@ fn training_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
 /// Settings with no Megatron-LM flag (they keep parsim's value on import).
 fn not_expressible(cfg: &Config) -> Vec<String> {
     let mut lost = Vec::new();
+    let m = &cfg.model;
+    if let Some(c) = m.attention_chunk_size {
+        lost.push(format!(
+            "attention_chunk_size = {c} (Llama 4's chunked attention)"
+        ));
+    }
+    if m.moe_router_linear_bias != (m.add_bias_linear && m.num_experts > 0) {
+        lost.push(format!(
+            "moe_router_linear_bias = {} (Megatron's router has a bias exactly under --add-bias-linear)",
+            m.moe_router_linear_bias
+        ));
+    }
+    if let Some(mc) = &m.mamba {
+        if mc.conv_kernel != 4 || mc.chunk_size != 128 {
+            lost.push(format!(
+                "mamba.conv_kernel = {}, mamba.chunk_size = {} (Megatron's are 4 and 128)",
+                mc.conv_kernel, mc.chunk_size
+            ));
+        }
+    }
     let p = &cfg.parallel;
     if p.cp > 1 && p.cp_comm == CpComm::P2p {
         lost.push(

@@ -35,6 +35,9 @@ pub(super) struct Script {
     pub commands: Vec<Vec<String>>,
     /// Variables and substitutions that could not be resolved, as written (`$TP`, `$(nproc)`).
     pub unresolved: Vec<String>,
+    /// Every assignment in script order, with its value split into words as an unquoted
+    /// `$NAME` would be (Megatron-LM's modelopt conf files only set `MODEL_ARGS="..."`).
+    pub assignments: Vec<(String, Vec<String>)>,
 }
 
 /// Reads a script: statements are split, assignments recorded, and commands expanded.
@@ -64,6 +67,11 @@ pub(super) fn parse(text: &str) -> Script {
                     } else {
                         vec![expand(&rest, &vars, &mut script).join(" ")]
                     };
+                    let words: Vec<String> = value
+                        .iter()
+                        .flat_map(|v| v.split_whitespace().map(str::to_string))
+                        .collect();
+                    script.assignments.push((name.clone(), words));
                     vars.insert(name, value);
                     continue;
                 }

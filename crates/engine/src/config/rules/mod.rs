@@ -47,8 +47,9 @@ pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
     if !errs.is_empty() {
         return Err(ConfigError::Invalid(errs));
     }
-    let groups: [&dyn Fn() -> Vec<Violation>; 17] = [
+    let groups: [&dyn Fn() -> Vec<Violation>; 18] = [
         &|| shape::heads(c),
+        &|| shape::layer_patterns(c),
         &|| experts::model(c),
         &|| shape::mla(c),
         &|| parallel::world(c),
