@@ -9,10 +9,12 @@
 //! are set only when the script gives the model's shape (`--num-layers` or `--hidden-size`).
 //! Every flag that has no counterpart is named in [`MegatronImport::ignored`].
 
+mod flag_table;
 mod flags;
 mod nemo;
 mod print;
 mod shell;
+mod values;
 
 pub use print::to_megatron_args;
 
