@@ -419,16 +419,21 @@ fn core_attention(d: &Dims, a_r: u64, g_r: u64, dqk: u64, dv: u64, span: Attenti
     op
 }
 
+/// The buffers every CP exchange of a flash core holds: the online softmax's running maximum
+/// and sum (fp32, per query row and head), the forward's score tile, and the backward scratch
+/// with FlashAttention-2's D = rowsum(dO * O): (stats, forward tile, backward scratch) bytes.
+fn flash_cp_buffers(op: &Op, d: &Dims, a_r: u64, tile: u64) -> (u64, u64, u64) {
+    let stats = 2 * d.b * a_r * (d.s / d.c) * 4;
+    let delta = d.n * a_r * 4;
+    let fwd_tile = d.attention_score_tiles.min(1) * tile;
+    (stats, fwd_tile, op.backward_scratch_bytes + delta)
+}
+
 /// The context-parallel exchange of a windowed attention core (`d.c > 1`): only the
 /// neighbours' K/V within the window travel (`needed` bytes in `hops` messages): forward, and
 /// in backward the K/V again and their dK/dV back, as the ring does.
 fn windowed_exchange(op: Op, d: &Dims, a_r: u64, needed: u64, hops: u32, tile: u64) -> Op {
-    // The online softmax's statistics, the forward's score tile and FlashAttention-2's D, as
-    // in `cp_exchange`.
-    let stats = 2 * d.b * a_r * (d.s / d.c) * 4;
-    let delta = d.n * a_r * 4;
-    let fwd_tile = d.attention_score_tiles.min(1) * tile;
-    let scratch = op.backward_scratch_bytes + delta;
+    let (stats, fwd_tile, scratch) = flash_cp_buffers(&op, d, a_r, tile);
     let per_hop = needed.div_ceil(hops as u64);
     let send = |phase| Collective {
         kind: CollectiveKind::SendRecv,
@@ -453,12 +458,7 @@ fn windowed_exchange(op: Op, d: &Dims, a_r: u64, needed: u64, hops: u32, tile: u
 /// CP group and the buffers they hold, given the rank's Q, K+V and output bytes and the
 /// score tile.
 fn cp_exchange(op: Op, d: &Dims, a_r: u64, q: u64, kv: u64, o: u64, tile: u64) -> Op {
-    // The online softmax's running maximum and sum (fp32, per query row and head), the
-    // forward's score tile, and in backward FlashAttention-2's D = rowsum(dO * O).
-    let stats = 2 * d.b * a_r * (d.s / d.c) * 4;
-    let delta = d.n * a_r * 4;
-    let fwd_tile = d.attention_score_tiles.min(1) * tile;
-    let scratch = op.backward_scratch_bytes + delta;
+    let (stats, fwd_tile, scratch) = flash_cp_buffers(&op, d, a_r, tile);
     let cp = |kind, phase, bytes, count| Collective {
         kind,
         group: GroupKind::Cp,
