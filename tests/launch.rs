@@ -12,8 +12,7 @@ use parsim_executor::run_report::{PhaseTimes, RankReport, RunReport};
 use parsim_executor::tracker::MemoryBreakdown;
 use parsim_launch::env::Overrides;
 use parsim_launch::{
-    run_worker, supervise, IdSource, LaunchError, LaunchInfo, LocalLaunch, RankEnv, UniqueId,
-    WorkerOptions,
+    run_worker, supervise, LaunchError, LaunchInfo, LocalLaunch, RankEnv, UniqueId, WorkerOptions,
 };
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -23,13 +22,8 @@ use std::time::{Duration, Instant};
 
 /// Rank 0's id as `parsim execute` makes it: NCCL's where the library loads, else a stand-in.
 fn new_id() -> Result<UniqueId, String> {
-    Ok(match nccl_unique_id().map_err(|e| e.to_string())? {
-        Some(bytes) => UniqueId {
-            bytes,
-            source: IdSource::Nccl,
-        },
-        None => UniqueId::stand_in(),
-    })
+    let bytes = nccl_unique_id().map_err(|e| e.to_string())?;
+    Ok(UniqueId::nccl_or_stand_in(bytes))
 }
 
 /// Variables of the outer environment that would confuse a worker.

@@ -9,9 +9,7 @@ use parsim_executor::backend::cuda::{probe, Library};
 use parsim_executor::runner::{run_cuda, CudaWorld, RunOptions};
 use parsim_executor::{ExecError, Plan, RunReport};
 use parsim_launch::worker::WORKER_MARKER;
-use parsim_launch::{
-    run_worker, supervise, IdSource, LaunchInfo, RankEnv, UniqueId, WorkerOptions,
-};
+use parsim_launch::{run_worker, supervise, LaunchInfo, RankEnv, UniqueId, WorkerOptions};
 
 /// Runs `plan` on CUDA. `Some(report)` where this process prints the run's report (a single
 /// process, or rank 0 of many, with every rank's report combined); `None` on the other ranks
@@ -52,13 +50,8 @@ pub fn run(
 /// Rank 0's id for the rendezvous: NCCL's where the library loads, else a stand-in (a run that
 /// needs NCCL then stops at its first NCCL call, naming the library).
 fn new_unique_id() -> Result<UniqueId, String> {
-    match nccl_unique_id().map_err(|e| e.to_string())? {
-        Some(bytes) => Ok(UniqueId {
-            bytes,
-            source: IdSource::Nccl,
-        }),
-        None => Ok(UniqueId::stand_in()),
-    }
+    let bytes = nccl_unique_id().map_err(|e| e.to_string())?;
+    Ok(UniqueId::nccl_or_stand_in(bytes))
 }
 
 /// Runs this process's share of the plan on CUDA: every rank (as threads) when `info` is

@@ -39,6 +39,17 @@ pub struct UniqueId {
 }
 
 impl UniqueId {
+    /// NCCL's id where the caller made one (`Some`), else a stand-in.
+    pub fn nccl_or_stand_in(bytes: Option<[u8; ID_BYTES]>) -> Self {
+        match bytes {
+            Some(bytes) => UniqueId {
+                bytes,
+                source: IdSource::Nccl,
+            },
+            None => Self::stand_in(),
+        }
+    }
+
     /// Random bytes from the standard library's per-process random hash keys.
     pub fn stand_in() -> Self {
         let state = RandomState::new();
