@@ -34,6 +34,8 @@ step 120 "$B/kernels_gpu_flash" --test-threads=1 --nocapture
 step 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/kernels_gpu_flash" --test-threads=1
 step 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/kernels_gpu_flash" --test-threads=1
 step 150 "$B/cuda_twin" --test-threads=1 --nocapture
+# The whole-step twins again on the deterministic two-kernel attention backward.
+PARSIM_CUDA_FLASH_DETERMINISTIC=1 step 150 "$B/cuda_twin" --test-threads=1 --nocapture
 step 60 "$B/collectives" --test-threads=1 --nocapture
 step 300 "$B/executor" cuda --test-threads=1 --nocapture
 # NCCL with one rank: the launcher's path (TCP rendezvous, ncclCommInitRank) against the

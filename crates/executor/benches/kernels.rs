@@ -199,17 +199,26 @@ fn flash(s: &Arc<CudaStream>, k: &Kernels) {
         "flash_mma_fwd_d128 (tensor cores) same shape: {t:.3} ms, {:.1} TFLOP/s",
         flops_fwd / (t * 1e-3) / 1e12
     );
-    let t = time_ms(s, || {
-        // SAFETY: as the scalar backward above.
-        unsafe {
-            ops::flash::mma::backward_block(
-                s, k, &sh, pq, mrows, pkv, pkv, mrows, pq, pst, pst2, pdq, pdkv, pdkv,
-            )
-        }
-        .unwrap()
-    });
-    println!(
-        "flash_mma backward (dq + dkdv, tensor cores) same shape: {t:.3} ms, {:.1} TFLOP/s",
-        2.5 * flops_fwd / (t * 1e-3) / 1e12
-    );
+    // The fused backward (FlashAttention-2's one kernel, dQ by atomics), then the
+    // deterministic two kernels.
+    for (deterministic, label) in [
+        (false, "fused, dq by atomics"),
+        (true, "dq + dkdv, deterministic"),
+    ] {
+        ops::flash::mma::set_deterministic(deterministic);
+        let t = time_ms(s, || {
+            // SAFETY: as the scalar backward above.
+            unsafe {
+                ops::flash::mma::backward_block(
+                    s, k, &sh, pq, mrows, pkv, pkv, mrows, pq, pst, pst2, pdq, pdkv, pdkv,
+                )
+            }
+            .unwrap()
+        });
+        println!(
+            "flash_mma backward ({label}, tensor cores) same shape: {t:.3} ms, {:.1} TFLOP/s",
+            2.5 * flops_fwd / (t * 1e-3) / 1e12
+        );
+    }
+    ops::flash::mma::set_deterministic(false);
 }

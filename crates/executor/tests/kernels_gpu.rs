@@ -966,6 +966,16 @@ fn mma_case(g: &Gpu, name: &str, sh: &BlockShape, qpos: &[u32], kblocks: &[Vec<u
 #[test]
 fn flash_mma_bf16_matches_the_cpu_at_odd_lengths_gqa_zigzag_and_a_ring_merge() {
     let Some(g) = gpu() else { return };
+    // Both backwards: the fused one (dQ by atomics, the default) and the deterministic two
+    // kernels.
+    for deterministic in [false, true] {
+        ops::flash::mma::set_deterministic(deterministic);
+        mma_cases(&g);
+    }
+    ops::flash::mma::set_deterministic(false);
+}
+
+fn mma_cases(g: &Gpu) {
     let shape = |b, hq, hk, d| BlockShape {
         b,
         hq,
@@ -977,7 +987,7 @@ fn flash_mma_bf16_matches_the_cpu_at_odd_lengths_gqa_zigzag_and_a_ring_merge() {
     // Contiguous causal, 100 rows (not a multiple of the 64- or 32-row tiles), GQA 4:2, d 64.
     let pos: Vec<u32> = (0..100).collect();
     mma_case(
-        &g,
+        g,
         "contiguous d64",
         &shape(1, 4, 2, 64),
         &pos,
@@ -987,7 +997,7 @@ fn flash_mma_bf16_matches_the_cpu_at_odd_lengths_gqa_zigzag_and_a_ring_merge() {
     // The same at d 128 with 3 sequences, 200 rows, one key head for 4 query heads.
     let pos: Vec<u32> = (0..200).collect();
     mma_case(
-        &g,
+        g,
         "contiguous d128",
         &shape(3, 4, 1, 128),
         &pos,
@@ -998,25 +1008,18 @@ fn flash_mma_bf16_matches_the_cpu_at_odd_lengths_gqa_zigzag_and_a_ring_merge() {
     // every key, d 128, GQA 2:1.
     let qpos: Vec<u32> = (0..80).chain(240..320).collect();
     let kpos: Vec<u32> = (0..320).collect();
-    mma_case(&g, "zigzag d128", &shape(2, 2, 1, 128), &qpos, &[kpos], 71);
+    mma_case(g, "zigzag d128", &shape(2, 2, 1, 128), &qpos, &[kpos], 71);
     // The ring's block merge: the same queries against two K/V blocks in two calls (keys
     // 0..150 and 150..301, the second partly in the future of every query block), d 64.
     let qpos: Vec<u32> = (0..301).collect();
     let blocks = vec![(0..150).collect(), (150..301).collect()];
-    mma_case(
-        &g,
-        "ring merge d64",
-        &shape(1, 8, 2, 64),
-        &qpos,
-        &blocks,
-        81,
-    );
+    mma_case(g, "ring merge d64", &shape(1, 8, 2, 64), &qpos, &blocks, 81);
     // A zigzag ring on cp 2: shard 0 (chunks 0 and 3 of 320 rows) merges its own keys, then
     // shard 1's (chunks 1 and 2: wholly in the past of chunk 3, the future of chunk 0).
     let qpos: Vec<u32> = (0..80).chain(240..320).collect();
     let blocks = vec![qpos.clone(), (80..240).collect()];
     mma_case(
-        &g,
+        g,
         "zigzag ring d128",
         &shape(1, 4, 2, 128),
         &qpos,

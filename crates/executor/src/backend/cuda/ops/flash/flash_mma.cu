@@ -13,8 +13,10 @@
 // shared memory (V's load overlaps Q K^T, the next K's overlaps P V); dQ 64 queries against
 // 32-key tiles (the next V's load overlaps S and dQ, the next K's the next dP); dK dV 64 keys
 // (4 warps x 16) against 32-query tiles over the group's query heads (the next Q's load
-// overlaps dV, the next dO's the next S). Two backward kernels, no atomics. Shared memory
-// 6 x 64 x d bytes (48 KiB at d 128).
+// overlaps dV, the next dO's the next S). The backward is one kernel by key blocks with dQ
+// added by atomics (FlashAttention-2's five products per tile), or, deterministic, two (dQ by
+// query blocks, then dK dV), no atomics. Shared memory 6 x 64 x d bytes (48 KiB at d 128), the
+// fused backward 4 KiB more.
 // Launch: block 128 threads, grid (ceil(rows / 64), b * heads); rows are queries (forward,
 // dQ) or keys (dK dV); the heaviest causal blocks are started first.
 #include "common.cuh"
@@ -446,19 +448,66 @@ __device__ void mma_dq(const bf16* q, const u32* qpos, const u32* qrng, u64 sq, 
     }
 }
 
-// dK += scale * dS^T Q and dV += P^T dO for 64 key rows, over 32-query tiles of every query
-// head of the key head's group (transposed scores: rows are keys, columns queries).
+// dQ of the 16 rows qr0.. of the query tile at r0 (head h), d/2 columns from n0: scale * dS
+// K summed over a block's 64 keys, from dS [query][key] and K [key][d] (swizzled tiles in
+// shared memory), added to the f32 dq with atomics (other key blocks add to the same rows).
 template <int D>
-__device__ void mma_dkdv(const bf16* q, const u32* qpos, const u32* qrng, u64 sq, const bf16* k,
-                         const bf16* v, const u32* kpos, const u32* krng, u64 sk, u32 hq, u32 hk,
-                         float scale, const bf16* dout, const float* lse, const float* delta,
-                         float* dk, float* dv) {
+__device__ __forceinline__ void dq_tile(const bf16* dss, const bf16* ks, float* dq, u64 bi,
+                                        u64 sq, u32 hq, u32 h, u64 r0, int qr0, int n0,
+                                        float scale) {
+    constexpr int BK = 64, QT = D / 16;
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    float a[QT][4];
+#pragma unroll
+    for (int j = 0; j < QT; ++j) a[j][0] = a[j][1] = a[j][2] = a[j][3] = 0.0f;
+#pragma unroll
+    for (int k0 = 0; k0 < BK; k0 += 16) {
+        u32 af[4];
+        frag_a<BK>(dss, qr0, k0, af);
+#pragma unroll
+        for (int j = 0; j < QT; j += 2) {
+            u32 b[4];
+            frag_bt<D>(ks, n0 + j * 8, k0, b);
+            mma(a[j], af, b[0], b[1]);
+            mma(a[j + 1], af, b[2], b[3]);
+        }
+    }
+    u64 ra = r0 + qr0 + g, rb = ra + 8;
+    float* pa = dq + ((bi * sq + ra) * hq + h) * D + n0 + 2 * t;
+    float* pb = dq + ((bi * sq + rb) * hq + h) * D + n0 + 2 * t;
+#pragma unroll
+    for (int j = 0; j < QT; ++j) {
+        if (ra < sq) {
+            atomicAdd(pa + j * 8, scale * a[j][0]);
+            atomicAdd(pa + j * 8 + 1, scale * a[j][1]);
+        }
+        if (rb < sq) {
+            atomicAdd(pb + j * 8, scale * a[j][2]);
+            atomicAdd(pb + j * 8 + 1, scale * a[j][3]);
+        }
+    }
+}
+
+// dK += scale * dS^T Q and dV += P^T dO for 64 key rows, over 32-query tiles of every query
+// head of the key head's group (transposed scores: rows are keys, columns queries). With DQ
+// this is the backward as FlashAttention-2 runs it (Dao 2023, "FlashAttention-2", Algorithm
+// 2): dS also goes through shared memory for dQ += scale * dS K, added to the f32 dq with
+// atomics, five matrix products per tile where the two-kernel path (mma_dq, then this without
+// DQ) runs seven; the order of the atomic adds makes dq nondeterministic in its last bits.
+// Shared memory: K and V (64 x d), Q and dO (32 x d), with DQ dS (32 x 64): 384 d bytes, or
+// 384 d + 4096 (52 KiB at d 128, opted in by the host).
+template <int D, bool DQ>
+__device__ void mma_bwd(const bf16* q, const u32* qpos, const u32* qrng, u64 sq, const bf16* k,
+                        const bf16* v, const u32* kpos, const u32* krng, u64 sk, u32 hq, u32 hk,
+                        float scale, const bf16* dout, const float* lse, const float* delta,
+                        float* dq, float* dk, float* dv) {
     constexpr int BK = 64, BQ = 32, NT = BQ / 8, DT = D / 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* ks = reinterpret_cast<bf16*>(smem_raw);
     bf16* vs = ks + BK * D;
     bf16* qs = vs + BK * D;
     bf16* dos = qs + BQ * D;
+    bf16* dss = dos + BQ * D;  // dS [query][key], swizzled as the other tiles
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     u64 bi = blockIdx.y / hk;
     u32 kh = blockIdx.y % hk, group = hq / hk;
@@ -472,8 +521,6 @@ __device__ void mma_dkdv(const bf16* q, const u32* qpos, const u32* qrng, u64 sq
     u32 pa = va ? kpos[ca] : 0xffffffffu, pb = vb ? kpos[cb] : 0xffffffffu;
     const u64 first = next_tile_now<BQ / RG, false>(qrng, 0, nqg, klo) * RG;
     if (first >= sq) return;
-    // Copy groups at the loop's head: Q(h, r0), then dO(h, r0) (K and V with the first Q). Q's
-    // successor is loaded while dV runs, dO's while the next S runs.
     u32 h = kh * group;
     const u32 hend = h + group;
     u64 r0 = first;
@@ -489,11 +536,13 @@ __device__ void mma_dkdv(const bf16* q, const u32* qpos, const u32* qrng, u64 sq
 #pragma unroll
         for (int e = 0; e < 4; ++e) gk[j][e] = gv[j][e] = 0.0f;
     const float sl2 = scale * LOG2E;
+    // dQ's share of this warp: query rows qr0.. of the tile, columns n0.. (half of d).
+    const int qr0 = (warp & 1) * 16, n0 = (warp >> 1) * (D / 2);
     while (h < hend) {
         u64 gn = r0 / RG + BQ / RG;
         bool live_n = group_live<false>(qrng, gn + lane, nqg, klo);
         cp_wait_one();
-        __syncthreads();  // K, V and Q(h, r0) landed
+        __syncthreads();  // K, V and Q(h, r0) landed; every warp is done with the last dS
         float s[NT][4], dp[NT][4];
 #pragma unroll
         for (int j = 0; j < NT; ++j)
@@ -527,12 +576,24 @@ __device__ void mma_dkdv(const bf16* q, const u32* qpos, const u32* qrng, u64 sq
         __syncthreads();  // dO(h, r0) landed
         gemm_nt<D, NT, D>(dp, vs, warp * 16, dos);
         softmax_grad<NT, true>(s, dp, sl2, l2, dl, vis);
+        // dS^T (this warp's 16 keys x 32 queries) into dss as [query][key].
+        const int ka = warp * 16 + g, kb = ka + 8;
+#pragma unroll
+        for (int j = 0; j < (DQ ? NT : 0); ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                int qc = j * 8 + 2 * t + e;
+                bf16* row = dss + qc * BK;
+                row[((ka >> 3) ^ (qc & 7)) * 8 + (ka & 7)] = __float2bfloat16_rn(dp[j][e]);
+                row[((kb >> 3) ^ (qc & 7)) * 8 + (kb & 7)] = __float2bfloat16_rn(dp[j][2 + e]);
+            }
         gemm_pv<D, BQ / 16>(gk, dp, qs);
-        __syncthreads();  // every warp is done with Q(h, r0)
+        __syncthreads();  // every warp is done with Q(h, r0); dS is whole
         if (hn < hend) load_tile<BQ, D>(qs, q, bi, sq, hq, hn, rn);
         cp_commit();
         gemm_pv<D, BQ / 16>(gv, s, dos);
-        __syncthreads();  // every warp is done with dO(h, r0)
+        if (DQ) dq_tile<D>(dss, ks, dq, bi, sq, hq, h, r0, qr0, n0, scale);
+        __syncthreads();  // every warp is done with dO(h, r0) and dS
         if (hn < hend) load_tile<BQ, D>(dos, dout, bi, sq, hq, hn, rn);
         cp_commit();
         h = hn;
@@ -569,5 +630,7 @@ extern "C" __global__ void flash_mma_fwd_d64(MMA_FWD_ARGS, float* acc, float* mx
 extern "C" __global__ void flash_mma_fwd_d128(MMA_FWD_ARGS, float* acc, float* mx, float* sm) { mma_fwd<128>(MMA_FWD_PASS, acc, mx, sm); }
 extern "C" __global__ void flash_mma_dq_d64(MMA_BWD_ARGS, float* dq) { mma_dq<64>(MMA_BWD_PASS, dq); }
 extern "C" __global__ void flash_mma_dq_d128(MMA_BWD_ARGS, float* dq) { mma_dq<128>(MMA_BWD_PASS, dq); }
-extern "C" __global__ void flash_mma_dkdv_d64(MMA_BWD_ARGS, float* dk, float* dv) { mma_dkdv<64>(MMA_BWD_PASS, dk, dv); }
-extern "C" __global__ void flash_mma_dkdv_d128(MMA_BWD_ARGS, float* dk, float* dv) { mma_dkdv<128>(MMA_BWD_PASS, dk, dv); }
+extern "C" __global__ void flash_mma_dkdv_d64(MMA_BWD_ARGS, float* dk, float* dv) { mma_bwd<64, false>(MMA_BWD_PASS, nullptr, dk, dv); }
+extern "C" __global__ void flash_mma_dkdv_d128(MMA_BWD_ARGS, float* dk, float* dv) { mma_bwd<128, false>(MMA_BWD_PASS, nullptr, dk, dv); }
+extern "C" __global__ void flash_mma_bwd_d64(MMA_BWD_ARGS, float* dq, float* dk, float* dv) { mma_bwd<64, true>(MMA_BWD_PASS, dq, dk, dv); }
+extern "C" __global__ void flash_mma_bwd_d128(MMA_BWD_ARGS, float* dq, float* dk, float* dv) { mma_bwd<128, true>(MMA_BWD_PASS, dq, dk, dv); }

@@ -44,6 +44,35 @@ pub fn set_enabled(on: bool) {
     DISABLED.store(!on, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// On: the backward runs as two kernels (dQ by query blocks, then dK dV by key blocks) whose
+/// sums are in a fixed order, bit for bit the same on every run; off (the default): one
+/// kernel by key blocks adding dQ with atomics, FlashAttention-2's five products per tile
+/// instead of seven. The `PARSIM_CUDA_FLASH_DETERMINISTIC` environment variable turns it on
+/// for a whole run.
+static DETERMINISTIC: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Chooses the deterministic two-kernel backward (`true`) or the fused one for calls made from
+/// now on (see [`DETERMINISTIC`]).
+pub fn set_deterministic(on: bool) {
+    DETERMINISTIC.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether the backward runs the deterministic two-kernel path.
+pub fn deterministic() -> bool {
+    static ENV_ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    DETERMINISTIC.load(std::sync::atomic::Ordering::Relaxed)
+        || *ENV_ON.get_or_init(|| std::env::var_os("PARSIM_CUDA_FLASH_DETERMINISTIC").is_some())
+}
+
+/// Shared memory a launch may take without opting in (`cuFuncSetAttribute`).
+pub const DEFAULT_SHARED_LIMIT_BYTES: u32 = 48 * 1024;
+
+/// Shared memory of the fused backward: K and V (64 x d), Q and dO (32 x d) bf16 tiles, plus
+/// the 32 x 64 bf16 dS tile.
+pub fn fused_backward_shared_bytes(d: usize) -> u32 {
+    (384 * d + 32 * 64 * 2) as u32
+}
+
 fn enabled() -> bool {
     static ENV_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     !DISABLED.load(std::sync::atomic::Ordering::Relaxed)
@@ -165,7 +194,8 @@ pub unsafe fn forward_block(
 
 /// The gradients of one key block, as [`super::kernel::backward_block`]: dq [b, sq, hq, d] +=
 /// and dk, dv [b, sk, hk, d] += (f32) from the final `lse` [b, hq, sq] and `delta`
-/// [b, sq, hq]. Two launches, dQ by query blocks and dK dV by key blocks (no atomics).
+/// [b, sq, hq]. One launch by key blocks adding dQ with atomics, or, [`deterministic`], two:
+/// dQ by query blocks and dK dV by key blocks (no atomics).
 ///
 /// # Safety
 /// As [`forward_block`], `dout` like q, the gradients f32 in the shapes above.
@@ -186,6 +216,21 @@ pub unsafe fn backward_block(
     dk: CUdeviceptr,
     dv: CUdeviceptr,
 ) -> Result<(), CudaError> {
+    if !deterministic() {
+        let kn = kernel_name("bwd", sh.d);
+        check(&kn, sh, &qs, &ks)?;
+        let Some(mut cfg) = geometry(&kn, ks.len, sh.b * sh.hk, sh.d)? else {
+            return Ok(());
+        };
+        if qs.len == 0 {
+            return Ok(());
+        }
+        cfg.shared_mem_bytes = fused_backward_shared_bytes(sh.d);
+        allow_shared(kr, &kn, cfg.shared_mem_bytes)?;
+        let (sq, sk, hq, hk, sc) = (u(qs.len), u(ks.len), sh.hq as u32, sh.hk as u32, scale(sh));
+        return launch!(&kn, s, kr, cfg; q, qs.pos, qs.ranges, sq, k, v, ks.pos, ks.ranges, sk,
+            hq, hk, sc, dout, lse, delta, dq, dk, dv);
+    }
     let dq_name = kernel_name("dq", sh.d);
     let kv_name = kernel_name("dkdv", sh.d);
     check(&dq_name, sh, &qs, &ks)?;
@@ -199,6 +244,24 @@ pub unsafe fn backward_block(
         hk, sc, dout, lse, delta, dq)?;
     launch!(&kv_name, s, kr, cfg_k; q, qs.pos, qs.ranges, sq, k, v, ks.pos, ks.ranges, sk, hq,
         hk, sc, dout, lse, delta, dk, dv)
+}
+
+/// Lets kernel `name` take `bytes` of dynamic shared memory when that is above the default
+/// limit (the driver refuses such a launch otherwise). Cheap enough to repeat per launch.
+fn allow_shared(kr: &Kernels, name: &str, bytes: u32) -> Result<(), CudaError> {
+    if bytes <= DEFAULT_SHARED_LIMIT_BYTES {
+        return Ok(());
+    }
+    use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_SHARED;
+    kr.get(name)?
+        .set_attribute(MAX_SHARED, bytes as i32)
+        .map_err(|e| {
+            CudaError::call(
+                crate::backend::cuda::diag::library::Library::Driver,
+                "cuFuncSetAttribute",
+                format!("{name}: {bytes} bytes of shared memory: {e}"),
+            )
+        })
 }
 
 #[cfg(test)]
@@ -249,6 +312,17 @@ mod tests {
                 .to_string();
             assert!(e.contains("flash_mma_fwd_d64"), "{e}");
         }
+    }
+
+    #[test]
+    fn the_fused_backward_needs_4_kib_more_shared_memory_and_opts_in_at_d_128() {
+        // K, V 64 x d and Q, dO 32 x d bf16 (384 d bytes, the two-kernel dK dV's), plus dS
+        // 32 x 64 bf16 = 4096 bytes: 28 KiB at d 64, 52 KiB at d 128 (above the 48 KiB a launch
+        // gets without opting in; sm_80 allows 163 KiB, sm_90 227 KiB).
+        assert_eq!(fused_backward_shared_bytes(64), 28 * 1024);
+        assert_eq!(fused_backward_shared_bytes(128), 52 * 1024);
+        assert!(fused_backward_shared_bytes(64) <= DEFAULT_SHARED_LIMIT_BYTES);
+        assert!(fused_backward_shared_bytes(128) > DEFAULT_SHARED_LIMIT_BYTES);
     }
 
     #[test]
