@@ -651,33 +651,45 @@ impl State {
                 return Err(format!("--num-distributed-optimizer-instances {n}: a distributed optimizer sharded over part of the data-parallel group is not modelled"));
             }
         }
+        if self.on("--use-megatron-fsdp") && self.on("--use-torch-fsdp2") {
+            return Err(
+                "--use-megatron-fsdp and --use-torch-fsdp2: one FSDP implementation, not both"
+                    .into(),
+            );
+        }
         if self.on("--use-megatron-fsdp") {
             let strategy = self
                 .word("--data-parallel-sharding-strategy")
                 .unwrap_or("optim_grads_params")
                 .to_string();
-            let zero = match strategy.as_str() {
-                "no_shard" => 0,
-                "optim" => 1,
-                "optim_grads" => 2,
-                "optim_grads_params" => 3,
-                other => {
-                    return Err(format!(
-                        "--data-parallel-sharding-strategy: unknown '{other}' (no_shard, optim, optim_grads, optim_grads_params)"
-                    ))
-                }
-            };
+            let zero = crate::config::Fsdp::megatron_zero(&strategy).ok_or_else(|| {
+                format!(
+                    "--data-parallel-sharding-strategy: unknown '{strategy}' (no_shard, optim, optim_grads, optim_grads_params)"
+                )
+            })?;
+            self.set("parallel", "fsdp", json!("megatron"));
             self.notes.push(format!(
-                "--use-megatron-fsdp with --data-parallel-sharding-strategy {strategy}: taken as ZeRO-{zero}"
+                "--use-megatron-fsdp with --data-parallel-sharding-strategy {strategy}: Megatron-FSDP at ZeRO-{zero}, its double buffers per unit"
             ));
-            return Ok(zero);
+            return Ok(zero.into());
         }
         if self.on("--use-torch-fsdp2") {
+            if self.word("--data-parallel-sharding-strategy").is_some() {
+                self.notes.push("--data-parallel-sharding-strategy applies to --use-megatron-fsdp; --use-torch-fsdp2 shards fully (ZeRO-3)".into());
+            }
+            self.set("parallel", "fsdp", json!("torch"));
             self.notes
-                .push("--use-torch-fsdp2: torch FSDP2's full sharding, taken as ZeRO-3".into());
+                .push("--use-torch-fsdp2: torch FSDP2's fully_shard per layer (ZeRO-3)".into());
             return Ok(3);
         }
-        if self.word("--data-parallel-sharding-strategy").is_some() {
+        if let Some(s) = self.word("--data-parallel-sharding-strategy") {
+            // A strategy without Megatron-FSDP shapes nothing in Megatron-LM; an unknown one is
+            // still a mistake worth naming.
+            if crate::config::Fsdp::megatron_zero(s).is_none() {
+                return Err(format!(
+                    "--data-parallel-sharding-strategy: unknown '{s}' (no_shard, optim, optim_grads, optim_grads_params)"
+                ));
+            }
             self.notes.push(
                 "--data-parallel-sharding-strategy applies to Megatron-FSDP only (no --use-megatron-fsdp)".into(),
             );
