@@ -144,6 +144,14 @@ fn bad_fsdp_settings_are_refused_by_field() {
         resolve(small(zero, Some("megatron")));
     }
     resolve(small(3, Some("torch")));
+    // The executor runs the generic stages: the lowering refuses FSDP by name.
+    let err = parsim::lower::lower(
+        &resolve(small(3, Some("megatron"))),
+        &parsim::lower::LowerOptions::default(),
+    )
+    .expect_err("refused")
+    .to_string();
+    assert!(err.starts_with("parallel.fsdp"), "{err}");
 }
 
 const BASE: &str = "--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512";
@@ -181,9 +189,17 @@ fn megatron_fsdp_flags_are_read_and_written() {
         assert_eq!(again.layer["parallel"]["zero"], json!(zero), "{strategy}");
         assert_eq!(again.layer["parallel"]["fsdp"], json!("megatron"));
     }
-    // Megatron-FSDP's default strategy is optim_grads_params.
-    let imp = import(&format!("{BASE} --use-megatron-fsdp"), "args").expect("imports");
+    // Megatron-FSDP's default strategy is optim_grads_params; its examples/megatron_fsdp
+    // launch's buffer flags are read, not ignored.
+    let imp = import(
+        &format!("{BASE} --use-megatron-fsdp --fsdp-double-buffer --outer-dp-sharding-strategy no_shard"),
+        "args",
+    )
+    .expect("imports");
     assert_eq!(imp.layer["parallel"]["zero"], json!(3));
+    for flag in ["--fsdp-double-buffer", "--outer-dp-sharding-strategy"] {
+        assert!(!imp.ignored.iter().any(|f| f == flag), "{flag} read");
+    }
     // torch FSDP2: fully sharded.
     let imp = import(&format!("{BASE} --use-torch-fsdp2"), "args").expect("imports");
     assert_eq!(
@@ -202,6 +218,10 @@ fn megatron_fsdp_flags_are_read_and_written() {
         (
             "--data-parallel-sharding-strategy zero3",
             "--data-parallel-sharding-strategy: unknown 'zero3'",
+        ),
+        (
+            "--use-megatron-fsdp --outer-dp-sharding-strategy optim",
+            "--outer-dp-sharding-strategy optim: hybrid sharding",
         ),
     ] {
         let err = import(&format!("{BASE} {extra}"), "args")

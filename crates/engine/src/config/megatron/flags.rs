@@ -667,6 +667,21 @@ impl State {
                     "--data-parallel-sharding-strategy: unknown '{strategy}' (no_shard, optim, optim_grads, optim_grads_params)"
                 )
             })?;
+            // HSDP / HFSDP: an outer data-parallel group replicating (or sharding only the
+            // optimizer over) the inner FSDP groups.
+            match self.word("--outer-dp-sharding-strategy") {
+                None | Some("no_shard") => {}
+                Some(other) => {
+                    return Err(format!(
+                        "--outer-dp-sharding-strategy {other}: hybrid sharding (HSDP, HFSDP) over an outer data-parallel group is not modelled"
+                    ))
+                }
+            }
+            if self.on("--fsdp-double-buffer") {
+                self.notes.push(
+                    "--fsdp-double-buffer: Megatron-FSDP's persistent double buffers, as modelled".into(),
+                );
+            }
             self.set("parallel", "fsdp", json!("megatron"));
             self.notes.push(format!(
                 "--use-megatron-fsdp with --data-parallel-sharding-strategy {strategy}: Megatron-FSDP at ZeRO-{zero}, its double buffers per unit"
