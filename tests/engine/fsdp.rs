@@ -192,7 +192,9 @@ fn megatron_fsdp_flags_are_read_and_written() {
     // Megatron-FSDP's default strategy is optim_grads_params; its examples/megatron_fsdp
     // launch's buffer flags are read, not ignored.
     let imp = import(
-        &format!("{BASE} --use-megatron-fsdp --fsdp-double-buffer --outer-dp-sharding-strategy no_shard"),
+        &format!(
+            "{BASE} --use-megatron-fsdp --fsdp-double-buffer --outer-dp-sharding-strategy no_shard"
+        ),
         "args",
     )
     .expect("imports");

@@ -96,7 +96,9 @@ fn refusal(v: serde_json::Value) -> Vec<(String, String)> {
 }
 
 /// Issue 31's new inputs, each refused with the field and the rule: a hybrid pattern of the
-/// wrong length or with an unknown layer, a window larger than the sequence, an FSDP
+/// wrong length or with an unknown layer, a Mamba-2 chunk beyond any kernel's (which
+/// overflowed the SSD's byte counts, found by the fuzz test), a window larger than the
+/// sequence, an FSDP
 /// implementation that does not exist or cannot hold the ZeRO stage, an architecture the
 /// config.json import does not know, and a Megatron flag it cannot read.
 #[test]
@@ -115,7 +117,14 @@ fn issue_31_bad_inputs_name_the_field_and_the_rule() {
         json!({"cluster": {"num_gpus": 8}, "parallel": {"fsdp": fsdp, "zero": zero},
             "training": {"global_batch_size": 8}})
     };
+    let mut huge_chunk = hybrid("M*M-");
+    huge_chunk["model"]["mamba"]["chunk_size"] = json!(1u64 << 53);
     for (doc, field, rule) in [
+        (
+            huge_chunk,
+            "model.mamba.chunk_size",
+            "must be at most 65536",
+        ),
         (
             hybrid("M*M-M*"),
             "model.hybrid_layer_pattern",

@@ -679,7 +679,8 @@ impl State {
             }
             if self.on("--fsdp-double-buffer") {
                 self.notes.push(
-                    "--fsdp-double-buffer: Megatron-FSDP's persistent double buffers, as modelled".into(),
+                    "--fsdp-double-buffer: Megatron-FSDP's persistent double buffers, as modelled"
+                        .into(),
                 );
             }
             self.set("parallel", "fsdp", json!("megatron"));
