@@ -642,75 +642,23 @@ impl State {
         Ok(())
     }
 
-    /// The ZeRO stage: the distributed optimizer's 1, or Megatron-FSDP's sharding strategy
-    /// (`--data-parallel-sharding-strategy`, default optim_grads_params: ZeRO-3), or torch
-    /// FSDP2's full sharding (ZeRO-3).
+    /// The ZeRO stage and FSDP implementation of the sharding flags
+    /// ([`super::sharding::sharding`]), the implementation set in the layer.
     fn zero(&mut self) -> Result<u64, String> {
-        if let Some(n) = self.ints.get("--num-distributed-optimizer-instances") {
-            if *n > 1 {
-                return Err(format!("--num-distributed-optimizer-instances {n}: a distributed optimizer sharded over part of the data-parallel group is not modelled"));
-            }
+        let mut notes = Vec::new();
+        let sharding = super::sharding::sharding(
+            &|f| self.on(f),
+            &|f| self.word(f),
+            self.ints
+                .get("--num-distributed-optimizer-instances")
+                .copied(),
+            &mut notes,
+        )?;
+        self.notes.extend(notes);
+        if let Some(f) = sharding.fsdp {
+            self.set("parallel", "fsdp", json!(f.name()));
         }
-        if self.on("--use-megatron-fsdp") && self.on("--use-torch-fsdp2") {
-            return Err(
-                "--use-megatron-fsdp and --use-torch-fsdp2: one FSDP implementation, not both"
-                    .into(),
-            );
-        }
-        if self.on("--use-megatron-fsdp") {
-            let strategy = self
-                .word("--data-parallel-sharding-strategy")
-                .unwrap_or("optim_grads_params")
-                .to_string();
-            let zero = crate::config::Fsdp::megatron_zero(&strategy).ok_or_else(|| {
-                format!(
-                    "--data-parallel-sharding-strategy: unknown '{strategy}' (no_shard, optim, optim_grads, optim_grads_params)"
-                )
-            })?;
-            // HSDP / HFSDP: an outer data-parallel group replicating (or sharding only the
-            // optimizer over) the inner FSDP groups.
-            match self.word("--outer-dp-sharding-strategy") {
-                None | Some("no_shard") => {}
-                Some(other) => {
-                    return Err(format!(
-                        "--outer-dp-sharding-strategy {other}: hybrid sharding (HSDP, HFSDP) over an outer data-parallel group is not modelled"
-                    ))
-                }
-            }
-            if self.on("--fsdp-double-buffer") {
-                self.notes.push(
-                    "--fsdp-double-buffer: Megatron-FSDP's persistent double buffers, as modelled"
-                        .into(),
-                );
-            }
-            self.set("parallel", "fsdp", json!("megatron"));
-            self.notes.push(format!(
-                "--use-megatron-fsdp with --data-parallel-sharding-strategy {strategy}: Megatron-FSDP at ZeRO-{zero}, its double buffers per unit"
-            ));
-            return Ok(zero.into());
-        }
-        if self.on("--use-torch-fsdp2") {
-            if self.word("--data-parallel-sharding-strategy").is_some() {
-                self.notes.push("--data-parallel-sharding-strategy applies to --use-megatron-fsdp; --use-torch-fsdp2 shards fully (ZeRO-3)".into());
-            }
-            self.set("parallel", "fsdp", json!("torch"));
-            self.notes
-                .push("--use-torch-fsdp2: torch FSDP2's fully_shard per layer (ZeRO-3)".into());
-            return Ok(3);
-        }
-        if let Some(s) = self.word("--data-parallel-sharding-strategy") {
-            // A strategy without Megatron-FSDP shapes nothing in Megatron-LM; an unknown one is
-            // still a mistake worth naming.
-            if crate::config::Fsdp::megatron_zero(s).is_none() {
-                return Err(format!(
-                    "--data-parallel-sharding-strategy: unknown '{s}' (no_shard, optim, optim_grads, optim_grads_params)"
-                ));
-            }
-            self.notes.push(
-                "--data-parallel-sharding-strategy applies to Megatron-FSDP only (no --use-megatron-fsdp)".into(),
-            );
-        }
-        Ok(u64::from(self.on("--use-distributed-optimizer")))
+        Ok(sharding.zero.into())
     }
 
     /// Model chunks per pipeline rank, from either of Megatron's two spellings or, as
