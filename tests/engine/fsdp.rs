@@ -1,5 +1,5 @@
 //! Megatron-FSDP and torch FSDP2 (`parallel.fsdp`) as ZeRO stages with their documented
-//! buffers (src/config/framework.rs cites them): the sharded states by hand per strategy, the
+//! buffers (src/config/fsdp.rs cites them): the sharded states by hand per strategy, the
 //! double buffers in backward as the exact difference from the generic ZeRO model, the
 //! per-unit gradient reduction, the Megatron flags read and written, and bad values refused
 //! by field.

@@ -1,7 +1,7 @@
 //! The parallel mix: tensor, sequence, context, pipeline, data (with ZeRO) and expert parallelism.
 
 use super::enums::{CpComm, ScheduleKind};
-use super::framework::Fsdp;
+use super::fsdp::Fsdp;
 use serde::{Deserialize, Serialize};
 
 /// How the model and the batch are split over the GPUs. World = tp x cp x pp x dp; ep folds into dp.

@@ -1,7 +1,7 @@
 //! The data-parallel sharding flags of a Megatron launch: the distributed optimizer (ZeRO-1),
 //! Megatron-FSDP (`--use-megatron-fsdp` with `--data-parallel-sharding-strategy`) and torch
 //! FSDP2 (`--use-torch-fsdp2`), as a ZeRO stage and an FSDP implementation
-//! (`parallel.zero`, `parallel.fsdp`; src/config/framework.rs cites the strategies).
+//! (`parallel.zero`, `parallel.fsdp`; src/config/fsdp.rs cites the strategies).
 
 use crate::config::Fsdp;
 
