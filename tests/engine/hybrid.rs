@@ -286,3 +286,25 @@ fn nemotron_h_config_json_errors_name_the_field() {
     let m = parsim::config::hf::import(&v, "config.json").expect("imports");
     assert_eq!(m.hybrid_layer_pattern.as_deref(), Some("M-M*"));
 }
+
+#[test]
+fn nvidia_recipes_for_nemotron_h_are_accepted() {
+    // Megatron-Bridge's nemotronh_47b / nemotronh_56b pretrain recipes: TP 8, PP 1, sequence
+    // parallelism, 8K sequences, FP8 with current scaling; here on 8 nodes of H100 (DP 8,
+    // the distributed optimizer), where each fits.
+    for name in ["nemotron-h-47b", "nemotron-h-56b"] {
+        let e = est(json!({
+            "model": {"preset": name},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 64, "gpus_per_node": 8},
+            "parallel": {"tp": 8, "sp": true, "pp": 1, "zero": 1},
+            "training": {"seq_length": 8192, "micro_batch_size": 1, "global_batch_size": 256,
+                "precision": "fp8", "fp8_recipe": "current"}
+        }));
+        assert!(
+            e.memory.fits,
+            "{name}: {} bytes",
+            e.memory.per_gpu_max_bytes
+        );
+        assert!(e.time.step_s > 0.0 && e.throughput.mfu < 1.0, "{name}");
+    }
+}
