@@ -10,6 +10,7 @@ mod engine {
     pub mod expert_tp_comm;
     pub mod flops;
     pub mod framework;
+    pub mod fsdp;
     pub mod hf_import;
     pub mod hybrid;
     pub mod megatron_modelopt;

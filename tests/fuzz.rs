@@ -102,7 +102,17 @@ fn plausible(r: &mut Rng, key: &str) -> Value {
         "attention_chunk_size" => ints(r, &[0, 1, 8192]),
         "window_attn_skip_freq" => ints(r, &[0, 1, 2, 4]),
         "moe_layer_pattern" => json!(r.pick(&[vec![0u8, 1], vec![1, 0, 1, 0], vec![], vec![2]])),
-        "hybrid_layer_pattern" => json!(r.pick(&["M*M-", "M-M-M-M*", "MEME", "", "MX", "E"])),
+        "hybrid_layer_pattern" => json!(r.pick(&[
+            "M*M-",
+            "M-M-M-M*",
+            "MEME",
+            "",
+            "MX",
+            "E",
+            "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+            "m*m-",
+            "M*M-\u{0}"
+        ])),
         "mamba" => json!(r.pick(&[
             json!({"num_heads": 8, "head_dim": 64, "state_dim": 16, "num_groups": 2}),
             json!({"num_heads": 0, "head_dim": 64, "state_dim": 16, "num_groups": 0}),
@@ -143,6 +153,7 @@ fn plausible(r: &mut Rng, key: &str) -> Value {
         "pp" => ints(r, &[1, 2, 3, 4, 8, 16, 32, 64]),
         "vpp" => ints(r, &[1, 2, 3, 4]),
         "zero" => ints(r, &[0, 1, 2, 3, 4]),
+        "fsdp" => json!(r.pick(&["megatron", "torch", "jax", ""])),
         "first_stage_layers" | "last_stage_layers" => ints(r, &[0, 1, 2, 5, 30]),
         "ddp_bucket_size" => ints(r, &[0, 1, 1000, 40_000_000]),
         "cp_comm" => json!(r.pick(&["p2p", "zigzag", "allgather", "a2a"])),
@@ -223,6 +234,7 @@ const FIELDS: &[(&str, &[&str])] = &[
             "ep",
             "expert_tp",
             "zero",
+            "fsdp",
             "dp",
             "order",
             "first_stage_layers",
@@ -337,6 +349,7 @@ fn fuzz_hugging_face_files_in_process() {
         "gpt-oss-20b",
         "llama4-maverick",
         "kimi-k2",
+        "nemotron-h-8b",
     ]
     .iter()
     .map(|n| {
@@ -352,6 +365,22 @@ fn fuzz_hugging_face_files_in_process() {
             let key = r.pick(&keys);
             if r.chance(15) {
                 v.as_object_mut().unwrap().remove(&key);
+            } else if r.chance(30) {
+                // Issue 31's inputs: unknown architectures, patterns of the wrong length or
+                // with unknown layers, a latent MoE.
+                let (k, x) = r.pick(&[
+                    ("architectures", json!(["MambaForCausalLM"])),
+                    ("architectures", json!(["NemotronHForCausalLM"])),
+                    ("hybrid_override_pattern", json!("M-M*")),
+                    ("hybrid_override_pattern", json!("MEMX".repeat(13))),
+                    (
+                        "layers_block_type",
+                        json!(["mamba", "moe", "attention", "other"]),
+                    ),
+                    ("moe_latent_size", json!(1024)),
+                    ("sliding_window", json!(1u64 << 40)),
+                ]);
+                v[k] = x;
             } else {
                 v[&key] = wild(&mut r);
             }
@@ -363,6 +392,66 @@ fn fuzz_hugging_face_files_in_process() {
                 model,
                 ..Config::default()
             };
+            let resolved = Resolved::new(cfg).ok()?;
+            let est = parsim::estimate::estimate(&resolved).ok()?;
+            Some(serde_json::to_value(&est).unwrap())
+        });
+    }
+}
+
+/// Megatron argument lists built from issue 31's flags with good and bad values: each is
+/// imported and estimated, or refused with an error naming a flag; none panics.
+#[test]
+fn fuzz_megatron_args_in_process() {
+    let flag_values: &[(&str, &[&str])] = &[
+        ("--num-layers", &["4", "0", "5", "99999"]),
+        ("--seq-length", &["1", "512", "4096"]),
+        (
+            "--hybrid-layer-pattern",
+            &["M*M-", "M*M", "M*QE", "\"M-M*\"", "EEEE"],
+        ),
+        ("--mamba-num-heads", &["8", "0", "7"]),
+        ("--mamba-head-dim", &["64", "0"]),
+        ("--num-experts", &["0", "4", "128"]),
+        ("--moe-router-topk", &["1", "0", "9"]),
+        ("--window-size", &["127,0", "4095,0", "-1,0", "127,16", "x"]),
+        ("--window-attn-skip-freq", &["2", "0", "[1,0,0,1]"]),
+        ("--softmax-type", &["vanilla", "learnable", "bogus"]),
+        (
+            "--data-parallel-sharding-strategy",
+            &["optim_grads_params", "optim", "zero3"],
+        ),
+        ("--use-megatron-fsdp", &[]),
+        ("--use-torch-fsdp2", &[]),
+        ("--use-distributed-optimizer", &[]),
+        ("--tensor-model-parallel-size", &["1", "2", "3"]),
+    ];
+    let mut r = Rng::seeded(7);
+    for i in 0..400 {
+        let mut args = String::from(
+            "--hidden-size 256 --num-attention-heads 4 --max-position-embeddings 8192",
+        );
+        for _ in 0..1 + r.below(5) {
+            let (flag, values) = flag_values[r.below(flag_values.len())];
+            args.push(' ');
+            args.push_str(flag);
+            if !values.is_empty() {
+                args.push(' ');
+                args.push_str(r.pick(values));
+            }
+        }
+        run_case("megatron args", i, &args, || {
+            let imp = match parsim::config::megatron::import(&args, "fuzz") {
+                Ok(imp) => imp,
+                Err(e) => {
+                    let msg = e.to_string();
+                    assert!(msg.contains("--"), "no flag named for {args}: {msg}");
+                    return None;
+                }
+            };
+            let run = json!({"cluster": {"num_gpus": 2}, "training": {"global_batch_size": 2}});
+            let cfg =
+                Config::from_layers(&[Layer::overrides(imp.layer), Layer::overrides(run)]).ok()?;
             let resolved = Resolved::new(cfg).ok()?;
             let est = parsim::estimate::estimate(&resolved).ok()?;
             Some(serde_json::to_value(&est).unwrap())

@@ -252,6 +252,9 @@ pub struct ConfigArgs {
     /// ZeRO stage 0-3. [default from config: 1]
     #[arg(long)]
     pub zero: Option<u8>,
+    /// The FSDP implementation whose buffers the ZeRO stage has: megatron (Megatron-FSDP; --zero 0-3 = no_shard, optim, optim_grads, optim_grads_params) or torch (FSDP2's fully_shard, --zero 3). [default from config: none, the generic ZeRO model]
+    #[arg(long, value_name = "NAME")]
+    pub fsdp: Option<String>,
     /// Data-parallel degree. [default from config: GPUs / (tp x cp x pp)]
     #[arg(long)]
     pub dp: Option<u32>,
@@ -578,6 +581,7 @@ impl ConfigArgs {
         put(&mut m, "parallel", "ep", self.ep);
         put(&mut m, "parallel", "expert_tp", self.expert_tp);
         put(&mut m, "parallel", "zero", self.zero);
+        put(&mut m, "parallel", "fsdp", self.fsdp.clone());
         put(&mut m, "parallel", "dp", self.dp);
         put(&mut m, "parallel", "order", self.order.clone());
         put(

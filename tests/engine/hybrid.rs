@@ -142,3 +142,169 @@ fn a_pattern_whose_length_is_not_num_layers_is_refused() {
     let errs = violations(v);
     assert!(errs.iter().any(|e| e.field == "parallel.cp"), "{errs:?}");
 }
+
+/// A Nemotron-H model's parameters by hand from its shapes (Megatron-Core's MambaMixer, as
+/// `mamba_parameters_and_their_tp_split_by_hand`): per Mamba-2 layer its norm h, in_proj
+/// h x (2 inner + 2 x 8 groups x state + heads), the convolution over inner + 2 x 8 x state
+/// channels (4 weights and a bias each), A, D and dt's bias 3 x heads, the gated norm inner
+/// and out_proj inner x h, with inner = heads x 64; per attention layer its norm, q and o
+/// h x heads x 128 each and k, v h x 8 x 128 each; per MLP its norm and two h x ffn
+/// (squared ReLU, not gated); two 131,072 x h embeddings and the final norm.
+fn nemotron_h_by_hand(pattern: &str, h: u64, heads: u64, ffn: u64, (mh, state): (u64, u64)) -> u64 {
+    let inner = mh * 64;
+    let conv = inner + 2 * 8 * state;
+    let mamba = h + h * (2 * inner + 2 * 8 * state + mh) + conv * 5 + 3 * mh + inner + inner * h;
+    let attention = h + 2 * h * heads * 128 + 2 * h * 8 * 128;
+    let mlp = h + 2 * h * ffn;
+    let count = |c| pattern.chars().filter(|x| *x == c).count() as u64;
+    count('M') * mamba + count('*') * attention + count('-') * mlp + 2 * 131_072 * h + h
+}
+
+fn preset_total(name: &str) -> u64 {
+    est(super::common::single(name)).params.total
+}
+
+#[test]
+fn nemotron_h_presets_give_their_cards_totals() {
+    // NVIDIA 2025, "Nemotron-H: A Family of Accurate and Efficient Hybrid Mamba-Transformer
+    // Models" (arXiv:2504.03624), Table 1 and the model cards: 8B, 47B and 56B; the layer
+    // patterns and widths of Megatron-Bridge's NemotronH providers and the config.json files.
+    let p8 = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-";
+    let p47 = "M-M-M-M-M-M-M-M-M*-M-M-M-M-M-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-M-M---MM---M-M*-M-M-M-M-M-";
+    let p56 = format!(
+        "{}{}",
+        "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-",
+        "M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
+    );
+    assert_eq!((p8.len(), p47.len(), p56.len()), (52, 98, 118));
+    let by_hand_8b = nemotron_h_by_hand(p8, 4096, 32, 21504, (128, 128));
+    assert_eq!(by_hand_8b, 8_100_852_736);
+    for (name, by_hand, card) in [
+        ("nemotron-h-8b", by_hand_8b, 8.0),
+        (
+            "nemotron-h-47b",
+            nemotron_h_by_hand(p47, 8192, 64, 30720, (256, 256)),
+            47.0,
+        ),
+        (
+            "nemotron-h-56b",
+            nemotron_h_by_hand(&p56, 8192, 64, 32768, (256, 256)),
+            56.0,
+        ),
+    ] {
+        let total = preset_total(name);
+        assert_eq!(total, by_hand, "{name}");
+        assert_eq!((total as f64 / 1e9).round(), card, "{name}: {total}");
+    }
+}
+
+#[test]
+fn nemotron_3_nano_preset_gives_its_cards_total() {
+    // NVIDIA Nemotron 3 Nano 30B-A3B model card: 31.6B total. By hand: 23 Mamba-2 layers
+    // (hidden 2688, 64 heads of 64, state 128), 6 attention layers (32 heads and 2 KV
+    // groups of 128), 23 MoE layers: the norm, the router 2688 x 128 and its 128 score-correction
+    // biases (the checkpoint's e_score_correction_bias), 128 experts of two
+    // 2688 x 1856 (squared ReLU) and the shared expert's two 2688 x 3712.
+    let (h, inner, conv) = (2688u64, 4096u64, 4096u64 + 2 * 8 * 128);
+    let mamba = h + h * (2 * inner + 2 * 8 * 128 + 64) + conv * 5 + 3 * 64 + inner + inner * h;
+    let attention = h + 2 * h * 32 * 128 + 2 * h * 2 * 128;
+    let moe = h + h * 128 + 128 + 128 * 2 * h * 1856 + 2 * h * 3712;
+    let by_hand = 23 * mamba + 6 * attention + 23 * moe + 2 * 131_072 * h + h;
+    let total = preset_total("nemotron-3-nano");
+    assert_eq!(total, by_hand);
+    assert_eq!((total as f64 / 1e8).round() / 10.0, 31.6, "{total}");
+}
+
+fn hf_fixture(name: &str) -> String {
+    format!(
+        "{}/tests/fixtures/hf/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+#[test]
+fn nemotron_h_config_json_imports_as_the_preset() {
+    let mut single = super::common::single("nemotron-h-8b");
+    let preset = est(single.clone());
+    single["model"] = json!({"hf_config": hf_fixture("nemotron-h-8b")});
+    let hf = est(single);
+    assert_eq!(hf.params.total, preset.params.total);
+    assert_eq!(hf.params.total, 8_100_852_736);
+    assert_eq!(hf.flops.per_step_model, preset.flops.per_step_model);
+}
+
+#[test]
+fn nemotron_h_config_json_errors_name_the_field() {
+    let base: Value =
+        serde_json::from_str(&std::fs::read_to_string(hf_fixture("nemotron-h-8b")).unwrap())
+            .unwrap();
+    let import = |edit: &dyn Fn(&mut Value)| {
+        let mut v = base.clone();
+        edit(&mut v);
+        parsim::config::hf::import(&v, "config.json").map(|_| ())
+    };
+    for (edit, needle) in [
+        (
+            &(|v: &mut Value| v["hybrid_override_pattern"] = json!("M-M*")) as &dyn Fn(&mut Value),
+            "4 layers, `num_hidden_layers` is 52",
+        ),
+        (
+            &|v: &mut Value| v["hybrid_override_pattern"] = json!("X".repeat(52)),
+            "unknown layer 'X'",
+        ),
+        (
+            &|v: &mut Value| v["moe_latent_size"] = json!(1024),
+            "`moe_latent_size`",
+        ),
+        (
+            &|v: &mut Value| v["mlp_hidden_act"] = json!("silu"),
+            "`mlp_hidden_act`",
+        ),
+        (
+            &|v: &mut Value| {
+                v.as_object_mut().unwrap().remove("hybrid_override_pattern");
+            },
+            "`hybrid_override_pattern`",
+        ),
+    ] {
+        let err = import(edit).expect_err(needle).to_string();
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+    // The list spelling (`layers_block_type`) reads as the pattern.
+    let list: Vec<&str> = "M-M*"
+        .chars()
+        .map(|c| match c {
+            'M' => "mamba",
+            '*' => "attention",
+            _ => "mlp",
+        })
+        .collect();
+    let mut v = base.clone();
+    v.as_object_mut().unwrap().remove("hybrid_override_pattern");
+    v["layers_block_type"] = json!(list);
+    v["num_hidden_layers"] = json!(4);
+    let m = parsim::config::hf::import(&v, "config.json").expect("imports");
+    assert_eq!(m.hybrid_layer_pattern.as_deref(), Some("M-M*"));
+}
+
+#[test]
+fn nvidia_recipes_for_nemotron_h_are_accepted() {
+    // Megatron-Bridge's nemotronh_47b / nemotronh_56b pretrain recipes: TP 8, PP 1, sequence
+    // parallelism, 8K sequences, FP8 with current scaling; here on 8 nodes of H100 (DP 8,
+    // the distributed optimizer), where each fits.
+    for name in ["nemotron-h-47b", "nemotron-h-56b"] {
+        let e = est(json!({
+            "model": {"preset": name},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 64, "gpus_per_node": 8},
+            "parallel": {"tp": 8, "sp": true, "pp": 1, "zero": 1},
+            "training": {"seq_length": 8192, "micro_batch_size": 1, "global_batch_size": 256,
+                "precision": "fp8", "fp8_recipe": "current"}
+        }));
+        assert!(
+            e.memory.fits,
+            "{name}: {} bytes",
+            e.memory.per_gpu_max_bytes
+        );
+        assert!(e.time.step_s > 0.0 && e.throughput.mfu < 1.0, "{name}");
+    }
+}

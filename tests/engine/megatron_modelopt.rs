@@ -59,6 +59,10 @@ fn conf_files_give_their_models_totals() {
         // learnable softmax sinks, a 128-token window on odd layers, YaRN positions.
         ("gpt-oss-120b", "gpt-oss-120b"),
         ("gpt-oss-20b", "gpt-oss-20b"),
+        // Nemotron-H and Nemotron 3 Nano: the hybrid pattern, Mamba-2 widths (state 256 for
+        // the 47B, Megatron's 128 for the Nano) and squared-ReLU MLPs or MoE.
+        ("Nemotron-H-47B-Reasoning-128K", "nemotron-h-47b"),
+        ("NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "nemotron-3-nano"),
     ] {
         assert_eq!(conf_total(file), preset_total(preset), "{file}");
     }
@@ -104,7 +108,17 @@ fn hybrid_conf_files_give_their_cards_totals() {
     assert_eq!((total as f64 / 1e9).round(), 47.0, "{total}");
     // Nemotron 3 Nano 30B-A3B (model card: 31.6B total): Mamba-2, attention and MoE layers
     // (128 experts of squared-ReLU MLPs, top-6, and a shared expert).
+    // By hand as tests/engine/hybrid.rs does for the preset: 23 Mamba-2 layers, 6 attention,
+    // 23 MoE (router and its 128 biases, 128 experts of two 2688 x 1856, the shared expert's two 2688 x 3712).
     let total = conf_total("NVIDIA-Nemotron-3-Nano-30B-A3B-BF16");
+    let (h, inner, conv): (u64, u64, u64) = (2688, 4096, 4096 + 2 * 8 * 128);
+    let mamba = h + h * (2 * inner + 2 * 8 * 128 + 64) + conv * 5 + 3 * 64 + inner + inner * h;
+    let attention = h + 2 * h * 32 * 128 + 2 * h * 2 * 128;
+    let moe = h + h * 128 + 128 + 128 * 2 * h * 1856 + 2 * h * 3712;
+    assert_eq!(
+        total,
+        23 * mamba + 6 * attention + 23 * moe + 2 * 131_072 * h + h
+    );
     assert_eq!((total as f64 / 1e8).round() / 10.0, 31.6, "{total}");
 }
 

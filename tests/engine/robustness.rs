@@ -20,7 +20,8 @@ proptest! {
 
     #[test]
     fn random_configurations_never_panic(
-        preset in prop::sample::select(vec!["llama3-8b", "mixtral-8x7b", "deepseek-v3", "gpt3-175b"]),
+        preset in prop::sample::select(vec!["llama3-8b", "mixtral-8x7b", "deepseek-v3", "gpt3-175b", "nemotron-3-nano"]),
+        fsdp in prop::sample::select(vec!["", "megatron", "torch", "jax"]),
         tp in 0u32..=16, pp in 0u32..=8, cp in 0u32..=8, ep in 0u32..=16, vpp in 0u32..=4, zero in 0u8..=4,
         gpus in prop_oneof![1u32..=64, Just(16384u32), Just(u32::MAX)],
         seq in size(), mbs in size(), gbs in size(), layers in size(), hidden in size(),
@@ -35,6 +36,10 @@ proptest! {
             "training": {"seq_length": seq, "micro_batch_size": mbs, "global_batch_size": gbs,
                          "recompute": recompute, "flash_attention": flash}
         });
+        let mut v = v;
+        if !fsdp.is_empty() {
+            v["parallel"]["fsdp"] = json!(fsdp);
+        }
         if let Ok(cfg) = Config::from_layers(&[Layer::overrides(v)]) {
             if let Ok(r) = Resolved::new(cfg) {
                 let _ = parsim::estimate::estimate(&r);
@@ -75,4 +80,88 @@ proptest! {
             prop_assert_eq!(e.schedule.peak_inflight_microbatches.len(), pp as usize);
         }
     }
+}
+
+/// The violations of a configuration document, or the loader's error as one.
+fn refusal(v: serde_json::Value) -> Vec<(String, String)> {
+    match Config::from_layers(&[Layer::overrides(v)]) {
+        Err(e) => vec![(String::new(), e.to_string())],
+        Ok(cfg) => match Resolved::new(cfg) {
+            Err(parsim::config::ConfigError::Invalid(v)) => {
+                v.into_iter().map(|x| (x.field, x.rule)).collect()
+            }
+            other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
+        },
+    }
+}
+
+/// Issue 31's new inputs, each refused with the field and the rule: a hybrid pattern of the
+/// wrong length or with an unknown layer, a Mamba-2 chunk beyond any kernel's (which
+/// overflowed the SSD's byte counts, found by the fuzz test), a window larger than the
+/// sequence, an FSDP
+/// implementation that does not exist or cannot hold the ZeRO stage, an architecture the
+/// config.json import does not know, and a Megatron flag it cannot read.
+#[test]
+fn issue_31_bad_inputs_name_the_field_and_the_rule() {
+    let hybrid = |pattern: &str| {
+        json!({"model": {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 4,
+            "num_query_groups": 4, "ffn_hidden_size": 512, "vocab_size": 1024,
+            "hybrid_layer_pattern": pattern,
+            "mamba": {"num_heads": 8, "head_dim": 64, "state_dim": 16, "num_groups": 2}},
+            "cluster": {"num_gpus": 1}, "parallel": {"tp": 1, "sp": false},
+            "training": {"seq_length": 1024, "global_batch_size": 1}})
+    };
+    let window = json!({"model": {"preset": "gpt-oss-20b", "window_size": 4096},
+        "cluster": {"num_gpus": 8}, "training": {"seq_length": 2048, "global_batch_size": 8}});
+    let fsdp = |fsdp: &str, zero: u8| {
+        json!({"cluster": {"num_gpus": 8}, "parallel": {"fsdp": fsdp, "zero": zero},
+            "training": {"global_batch_size": 8}})
+    };
+    let mut huge_chunk = hybrid("M*M-");
+    huge_chunk["model"]["mamba"]["chunk_size"] = json!(1u64 << 53);
+    for (doc, field, rule) in [
+        (
+            huge_chunk,
+            "model.mamba.chunk_size",
+            "must be at most 65536",
+        ),
+        (
+            hybrid("M*M-M*"),
+            "model.hybrid_layer_pattern",
+            "has 6 layers, num_layers is 4",
+        ),
+        (
+            hybrid("M*Q-"),
+            "model.hybrid_layer_pattern",
+            "unknown layer 'Q'",
+        ),
+        (window, "model.window_size", "larger than the sequence"),
+        (fsdp("torch", 2), "parallel.zero", "zero must be 3"),
+        (fsdp("jax", 3), "", "parallel.fsdp"),
+    ] {
+        let got = refusal(doc);
+        assert!(
+            got.iter().any(|(f, r)| f == field && r.contains(rule)),
+            "{field} {rule}: {got:?}"
+        );
+    }
+    let arch = json!({"architectures": ["MambaForCausalLM"], "hidden_size": 64});
+    let err = parsim::config::hf::import(&arch, "config.json")
+        .expect_err("unknown architecture")
+        .to_string();
+    assert!(
+        err.contains("unsupported architecture `MambaForCausalLM`")
+            && err.contains("NemotronHForCausalLM"),
+        "{err}"
+    );
+    let err = parsim::config::megatron::import(
+        "--num-layers 4 --hidden-size 256 --num-attention-heads 4 --use-megatron-fsdp --data-parallel-sharding-strategy zero3",
+        "args",
+    )
+    .expect_err("unknown strategy")
+    .to_string();
+    assert!(
+        err.contains("--data-parallel-sharding-strategy: unknown 'zero3'"),
+        "{err}"
+    );
 }

@@ -95,6 +95,16 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
             "the executor runs rotary or learned positions",
         ));
     }
+    if let Some(f) = p.fsdp {
+        return Err(unsupported(
+            "parallel.fsdp",
+            format!(
+                "the executor runs the generic ZeRO stages, not {} FSDP's double buffers; leave fsdp out to run ZeRO-{}",
+                f.name(),
+                p.zero
+            ),
+        ));
+    }
     let v = m.padded_vocab_size(p.tp);
     if v % p.tp as u64 != 0 {
         return Err(unsupported("model.vocab_size", format!("the vocabulary ({v}) must be divisible by tp ({}); set make_vocab_size_divisible_by", p.tp)));

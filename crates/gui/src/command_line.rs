@@ -111,6 +111,9 @@ impl Flags {
         if p.zero != d.zero {
             self.value("zero", "parallel", "zero", p.zero);
         }
+        if let Some(f) = p.fsdp {
+            self.value("fsdp", "parallel", "fsdp", f.name());
+        }
         if let Some(v) = p.dp {
             self.value("dp", "parallel", "dp", v);
         }

@@ -1,9 +1,10 @@
 //! Import of a Hugging Face `config.json` (Llama, Mistral, Mixtral, Qwen2, Qwen3 dense and MoE,
-//! DeepSeek-V3 and its variants such as Kimi K2, GPT-OSS, Llama 4, GPT-2).
+//! DeepSeek-V3 and its variants such as Kimi K2, GPT-OSS, Llama 4, Nemotron-H and Nemotron 3,
+//! GPT-2).
 
 use super::enums::{Activation, Normalization, PositionEmbedding, RouterScore};
 use super::error::ConfigError;
-use super::model::{MlaConfig, ModelConfig};
+use super::model::{MambaConfig, MlaConfig, ModelConfig};
 use serde_json::Value;
 use std::path::Path;
 
@@ -19,6 +20,7 @@ pub const SUPPORTED: &[&str] = &[
     "GptOssForCausalLM",
     "Llama4ForConditionalGeneration",
     "Llama4ForCausalLM",
+    "NemotronHForCausalLM",
     "GPT2LMHeadModel",
 ];
 
@@ -126,6 +128,7 @@ pub fn import(v: &Value, origin: &str) -> Result<ModelConfig, ConfigError> {
                 "gpt_oss" => "GptOssForCausalLM".to_string(),
                 "llama4" => "Llama4ForConditionalGeneration".to_string(),
                 "llama4_text" => "Llama4ForCausalLM".to_string(),
+                "nemotron_h" => "NemotronHForCausalLM".to_string(),
                 "gpt2" => "GPT2LMHeadModel".to_string(),
                 other => other.to_string(),
             })
@@ -144,6 +147,7 @@ pub fn import(v: &Value, origin: &str) -> Result<ModelConfig, ConfigError> {
             let text = v.get("text_config").unwrap_or(v);
             llama4(&Fields { v: text, origin })
         }
+        "NemotronHForCausalLM" => nemotron_h(&f),
         "GPT2LMHeadModel" | "GPT2Model" => gpt2(&f),
         other => Err(f.err(format!(
             "unsupported architecture `{other}` (supported: {})",
@@ -490,4 +494,129 @@ fn llama4(f: &Fields) -> Result<ModelConfig, ConfigError> {
         },
         ..ModelConfig::default()
     })
+}
+
+/// Nemotron-H and Nemotron 3 (`NemotronHForCausalLM`, NVIDIA's configuration_nemotron_h.py):
+/// the layers from `hybrid_override_pattern` (or the `layers_block_type` list), Mamba-2 mixers
+/// of `mamba_num_heads` x `mamba_head_dim` with `n_groups` groups of state `ssm_state_size`,
+/// squared-ReLU MLPs (`relu2`, not gated), no positional embedding, and for the `E` layers
+/// `n_routed_experts` sigmoid-routed experts with the aux-loss-free bias and a shared expert.
+/// What parsim does not model is refused by field: a latent MoE (`moe_latent_size`,
+/// Nemotron 3 Super), biases, a convolution without bias.
+fn nemotron_h(f: &Fields) -> Result<ModelConfig, ConfigError> {
+    let layers = f.u32("num_hidden_layers")?;
+    let pattern: String = match (
+        f.str("hybrid_override_pattern"),
+        f.v.get("layers_block_type"),
+    ) {
+        (Some(p), _) => p.to_string(),
+        (None, Some(Value::Array(items))) => items
+            .iter()
+            .map(|x| match x.as_str() {
+                Some("mamba") => Ok('M'),
+                Some("attention") => Ok('*'),
+                Some("mlp") => Ok('-'),
+                Some("moe") => Ok('E'),
+                _ => Err(f.err(format!(
+                    "`layers_block_type`: unknown {x} (mamba, attention, mlp, moe)"
+                ))),
+            })
+            .collect::<Result<_, _>>()?,
+        _ => return Err(f.err(
+            "`hybrid_override_pattern` (or `layers_block_type`) is missing: it places the layers"
+                .into(),
+        )),
+    };
+    if let Some(c) = pattern
+        .chars()
+        .find(|c| !matches!(c, 'M' | '*' | '-' | 'E'))
+    {
+        return Err(f.err(format!(
+            "`hybrid_override_pattern`: unknown layer '{c}' (M Mamba-2, * attention, - MLP, E MoE)"
+        )));
+    }
+    if pattern.chars().count() != layers as usize {
+        return Err(f.err(format!(
+            "`hybrid_override_pattern` has {} layers, `num_hidden_layers` is {layers}",
+            pattern.chars().count()
+        )));
+    }
+    match f.str("mlp_hidden_act").unwrap_or("relu2") {
+        "relu2" => {}
+        other => {
+            return Err(f.err(format!(
+                "`mlp_hidden_act` = {other} is not supported (relu2)"
+            )))
+        }
+    }
+    if f.v.get("moe_latent_size").is_some_and(|v| !v.is_null()) {
+        return Err(f.err(
+            "`moe_latent_size`: a latent MoE (tokens projected down before the experts, Nemotron 3 Super) is not modelled".into(),
+        ));
+    }
+    for key in ["use_bias", "mlp_bias", "attention_bias", "mamba_proj_bias"] {
+        if f.bool_or(key, false)? {
+            return Err(f.err(format!(
+                "`{key}` = true: biases in Nemotron-H layers are not modelled"
+            )));
+        }
+    }
+    if !f.bool_or("use_conv_bias", true)? {
+        return Err(f.err(
+            "`use_conv_bias` = false: the Mamba-2 convolution is counted with its bias".into(),
+        ));
+    }
+    let heads = f.u32("num_attention_heads")?;
+    let kv_channels = match f.opt_u64("head_dim")? {
+        Some(d) => Some(d),
+        None => f.opt_u64("attention_head_dim")?,
+    };
+    let groups = match f.opt_u32("n_groups")? {
+        Some(g) => g,
+        None => f.positive_u32("mamba_n_groups")?,
+    };
+    let mamba = MambaConfig {
+        num_heads: f.positive_u32("mamba_num_heads")?,
+        head_dim: f.u64("mamba_head_dim")?,
+        state_dim: f.u64("ssm_state_size")?,
+        num_groups: groups,
+        conv_kernel: f.opt_u64("conv_kernel")?.unwrap_or(4),
+        chunk_size: f.opt_u64("chunk_size")?.unwrap_or(128),
+    };
+    let mut m = ModelConfig {
+        name: "NemotronHForCausalLM".into(),
+        num_layers: layers,
+        hidden_size: f.u64("hidden_size")?,
+        num_attention_heads: heads,
+        num_query_groups: f.opt_u32("num_key_value_heads")?.unwrap_or(heads),
+        kv_channels,
+        ffn_hidden_size: f.u64("intermediate_size")?,
+        vocab_size: f.u64("vocab_size")?,
+        max_position_embeddings: f.opt_u64("max_position_embeddings")?.unwrap_or(8192),
+        position_embedding: PositionEmbedding::None,
+        activation: Activation::Gelu,
+        normalization: Normalization::Rmsnorm,
+        tied_embeddings: f.bool_or("tie_word_embeddings", false)?,
+        hybrid_layer_pattern: Some(pattern.clone()),
+        mamba: pattern.contains('M').then_some(mamba),
+        ..ModelConfig::default()
+    };
+    if pattern.contains('E') {
+        m.num_experts = f.positive_u32("n_routed_experts")?;
+        m.moe_router_topk = f.positive_u32("num_experts_per_tok")?;
+        m.moe_ffn_hidden_size = f.u64("moe_intermediate_size")?;
+        let shared = f.opt_u64("n_shared_experts")?.unwrap_or(1);
+        let shared_ffn = f
+            .opt_u64("moe_shared_expert_intermediate_size")?
+            .unwrap_or(0);
+        m.moe_shared_expert_intermediate_size = shared.checked_mul(shared_ffn).ok_or_else(|| {
+            f.err(format!(
+                "`n_shared_experts` x `moe_shared_expert_intermediate_size` = {shared} x {shared_ffn} overflows"
+            ))
+        })?;
+        m.moe_router_score_function = RouterScore::Sigmoid;
+        m.moe_router_bias = true;
+        m.moe_router_renormalize = f.bool_or("norm_topk_prob", true)?;
+    }
+    Ok(m)
 }

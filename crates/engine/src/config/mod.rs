@@ -9,6 +9,7 @@ mod cluster;
 mod enums;
 mod error;
 mod framework;
+mod fsdp;
 mod gpu;
 pub mod hf;
 pub mod load;
@@ -24,6 +25,7 @@ pub use cluster::ClusterConfig;
 pub use enums::*;
 pub use error::{ConfigError, Violation};
 pub use framework::{zero3_exposed_s, Framework, OverlapDefaults};
+pub use fsdp::Fsdp;
 pub use gpu::{Efficiency, GemmShape, GpuProfile, Link, Links, NcclArch, PeakFlops};
 pub use model::{
     AttentionSpan, HybridLayer, LayerKind, MambaConfig, MlaConfig, ModelConfig, MAX_LAYER_VARIANTS,

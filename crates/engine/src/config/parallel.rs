@@ -1,6 +1,7 @@
 //! The parallel mix: tensor, sequence, context, pipeline, data (with ZeRO) and expert parallelism.
 
 use super::enums::{CpComm, ScheduleKind};
+use super::fsdp::Fsdp;
 use serde::{Deserialize, Serialize};
 
 /// How the model and the batch are split over the GPUs. World = tp x cp x pp x dp; ep folds into dp.
@@ -26,6 +27,11 @@ pub struct ParallelConfig {
     pub expert_tp: Option<u32>,
     /// ZeRO stage: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters.
     pub zero: u8,
+    /// The FSDP implementation whose buffers the ZeRO stage has (`megatron`: Megatron-FSDP,
+    /// `zero` 0-3 = no_shard, optim, optim_grads, optim_grads_params; `torch`: FSDP2's
+    /// `fully_shard`, `zero` 3); `None` = the generic ZeRO model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fsdp: Option<Fsdp>,
     /// Data parallel degree; `None` = derived from the GPU count.
     pub dp: Option<u32>,
     /// Rank order, fastest-varying first (Megatron: tp-cp-ep-dp-pp).
@@ -81,6 +87,7 @@ impl Default for ParallelConfig {
             ep: 1,
             expert_tp: None,
             zero: 1,
+            fsdp: None,
             dp: None,
             order: "tp-cp-ep-dp-pp".into(),
             first_stage_layers: None,

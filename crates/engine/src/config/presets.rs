@@ -1,7 +1,7 @@
 //! Built-in model presets, each with the source of its shape.
 
 use super::enums::{Activation, Normalization, PositionEmbedding, RouterScore};
-use super::model::{MlaConfig, ModelConfig};
+use super::model::{MambaConfig, MlaConfig, ModelConfig};
 
 /// Names of the built-in presets.
 pub const PRESET_NAMES: &[&str] = &[
@@ -21,6 +21,10 @@ pub const PRESET_NAMES: &[&str] = &[
     "kimi-k2",
     "llama4-scout",
     "llama4-maverick",
+    "nemotron-h-8b",
+    "nemotron-h-47b",
+    "nemotron-h-56b",
+    "nemotron-3-nano",
 ];
 
 /// A Qwen3 model (Qwen team 2025, "Qwen3 Technical Report", Tables 1 and 2, and the released
@@ -96,6 +100,46 @@ fn llama4(name: &str, e: u32, interleave: bool, ctx: u64) -> ModelConfig {
         ..llama(name, 48, 5120, (40, 8), 16384, 202048, ctx)
     }
 }
+
+/// A hybrid Mamba-2 model of NVIDIA's Nemotron-H family (NVIDIA 2025, "Nemotron-H: A Family
+/// of Accurate and Efficient Hybrid Mamba-Transformer Models", arXiv:2504.03624, Table 1, and
+/// the released config.json files): `pattern`'s layers (M Mamba-2, * attention, - MLP, E
+/// MoE), 8 KV groups of 128 channels, no positional embedding (the Mamba layers carry
+/// order), squared-ReLU MLPs (not gated: GeLU's shapes), RMSNorm, no biases, untied
+/// embeddings, the 131,072-token vocabulary; Mamba-2 mixers of `mamba_heads` heads of 64
+/// with 8 groups of state `state`, kernel 4.
+fn nemotron_h(
+    name: &str,
+    pattern: &str,
+    h: u64,
+    heads: u32,
+    f: u64,
+    (mamba_heads, state): (u32, u64),
+) -> ModelConfig {
+    ModelConfig {
+        kv_channels: Some(128),
+        position_embedding: PositionEmbedding::None,
+        activation: Activation::Gelu,
+        hybrid_layer_pattern: Some(pattern.into()),
+        mamba: Some(MambaConfig {
+            num_heads: mamba_heads,
+            head_dim: 64,
+            state_dim: state,
+            num_groups: 8,
+            conv_kernel: 4,
+            chunk_size: 128,
+        }),
+        ..llama(name, pattern.len() as u32, h, (heads, 8), f, 131072, 8192)
+    }
+}
+
+/// Nemotron-H-8B's and -56B's layer pattern: a Mamba-2 layer before every MLP, attention at
+/// the given period (Megatron-Bridge's NemotronH providers, the config.json files).
+const NEMOTRON_H_8B: &str = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-";
+const NEMOTRON_H_47B: &str = "M-M-M-M-M-M-M-M-M*-M-M-M-M-M-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-M-M---MM---M-M*-M-M-M-M-M-";
+const NEMOTRON_H_56B: &str = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-";
+/// Nemotron 3 Nano 30B-A3B's 52 layers: 23 Mamba-2, 6 attention, 23 MoE.
+const NEMOTRON_3_NANO: &str = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME";
 
 /// A Llama-style dense model (RMSNorm, SwiGLU, rotary, untied, no biases).
 /// `heads` is (attention heads, KV heads).
@@ -210,6 +254,31 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
         },
         "llama4-scout" => llama4(name, 16, false, 10485760),
         "llama4-maverick" => llama4(name, 128, true, 1048576),
+        "nemotron-h-8b" => nemotron_h(name, NEMOTRON_H_8B, 4096, 32, 21504, (128, 128)),
+        "nemotron-h-47b" => nemotron_h(name, NEMOTRON_H_47B, 8192, 64, 30720, (256, 256)),
+        "nemotron-h-56b" => nemotron_h(name, NEMOTRON_H_56B, 8192, 64, 32768, (256, 256)),
+        // NVIDIA 2025 ("NVIDIA Nemotron 3 Nano 30B-A3B" model card and config.json; Megatron-LM's
+        // modelopt conf file): hidden 2688, 32 query and 2 KV heads of 128, Mamba-2 mixers of 64
+        // heads of 64 (state 128, 8 groups), MoE layers of 128 squared-ReLU experts of 1856 with
+        // top-6 sigmoid routing, the aux-loss-free expert bias and one shared expert of 3712.
+        "nemotron-3-nano" => ModelConfig {
+            num_experts: 128,
+            moe_router_topk: 6,
+            moe_ffn_hidden_size: 1856,
+            moe_shared_expert_intermediate_size: 3712,
+            moe_router_score_function: RouterScore::Sigmoid,
+            moe_router_bias: true,
+            num_query_groups: 2,
+            mamba: Some(MambaConfig {
+                num_heads: 64,
+                head_dim: 64,
+                state_dim: 128,
+                num_groups: 8,
+                conv_kernel: 4,
+                chunk_size: 128,
+            }),
+            ..nemotron_h(name, NEMOTRON_3_NANO, 2688, 32, 1856, (64, 128))
+        },
         _ => return None,
     })
 }

@@ -20,13 +20,18 @@ fn units(s: &LedgerSummary, chunks: &[ChunkContents]) -> (u64, u64) {
     (params / n.max(1), n)
 }
 
-/// Parameters per gradient bucket: `parallel.ddp_bucket_size`, else the framework's.
+/// Parameters per gradient bucket: `parallel.ddp_bucket_size`, else one unit under FSDP
+/// (`parallel.fsdp`: Megatron-FSDP and FSDP2 reduce each unit's gradients as one
+/// collective), else the framework's.
 fn bucket_params(r: &Resolved, layer_params: u64) -> u64 {
-    r.config.parallel.ddp_bucket_size.unwrap_or_else(|| {
-        r.config
+    let par = &r.config.parallel;
+    par.ddp_bucket_size.unwrap_or_else(|| match par.fsdp {
+        Some(_) => layer_params.max(1),
+        None => r
+            .config
             .training
             .framework
-            .grad_bucket_params(r.dp, layer_params)
+            .grad_bucket_params(r.dp, layer_params),
     })
 }
 

@@ -65,6 +65,12 @@ struct RankPhases {
     /// A chunk's output waiting in the send buffer after its forward (0 at the bottom of a V,
     /// where the next stage is on the same rank).
     pp_send: u64,
+    /// An FSDP implementation's double buffers in backward beyond the generic ZeRO model's
+    /// (`Fsdp::extra_backward_units`): the prefetched unit's gathered weights and the
+    /// previous unit's gradients still reduce-scattering, the rank's largest of each.
+    fsdp_backward: u64,
+    /// The gradient buffer of those alone (what a split backward's W pass adds).
+    fsdp_grads: u64,
 }
 
 impl RankPhases {
@@ -85,11 +91,12 @@ impl RankPhases {
         // A full backward's transient counts the buckets from their first weight gradient on
         // and the gathered weights of the unit running (the MTP module's three units apart).
         let backward_of = |b: &BlockSummary| {
-            if self.split {
-                gathered_of(b) + b.backward_temp_split
-            } else {
-                b.backward_temp
-            }
+            self.fsdp_backward
+                + if self.split {
+                    gathered_of(b) + b.backward_temp_split
+                } else {
+                    b.backward_temp
+                }
         };
         let has_output = chunks.iter().any(|c| c.output);
         let after_layers = |b: &&BlockSummary| {
@@ -134,7 +141,7 @@ impl RankPhases {
                 .max()
                 .unwrap_or(0),
             weight_pass: if self.split {
-                blocks().map(bucket_of).max().unwrap_or(0)
+                self.fsdp_grads + blocks().map(bucket_of).max().unwrap_or(0)
             } else {
                 0
             },
@@ -393,6 +400,29 @@ impl RankStatic {
         } else {
             0
         };
+        // FSDP (`parallel.fsdp`): the double buffers in backward, each the rank's largest unit
+        // (a block's dense part or experts for the weights, its trainable parameters for the
+        // gradients); torch FSDP2's root module (the embedding) gathered from forward to
+        // backward on the rank holding it.
+        let (fsdp_backward, fsdp_grads) = match par.fsdp {
+            Some(f) => {
+                let (units, bufs) = f.extra_backward_units(zero);
+                let unit = blocks()
+                    .map(|b| b.gather_dense.max(b.gather_expert))
+                    .max()
+                    .unwrap_or(0);
+                let bucket = blocks()
+                    .map(|b| b.params.rank_dense_trainable + b.params.rank_expert_trainable)
+                    .max()
+                    .unwrap_or(0);
+                let grads = bufs * bucket * g;
+                (units * unit * w + grads, grads)
+            }
+            None => (0, 0),
+        };
+        if par.fsdp.is_some_and(|f| f.holds_root(zero)) && chunks.iter().any(|c| c.embedding) {
+            fixed += s.embedding.params.rank() * w;
+        }
         let rank_phases = RankPhases {
             zero,
             weight_bytes: w,
@@ -400,6 +430,8 @@ impl RankStatic {
             split,
             gathered_sets,
             pp_send: if handoff { 0 } else { pp_send },
+            fsdp_backward,
+            fsdp_grads,
         };
         RankStatic {
             weights,
@@ -525,6 +557,8 @@ mod tests {
             split: true,
             gathered_sets: 0,
             pp_send: 0,
+            fsdp_backward: 0,
+            fsdp_grads: 0,
         }
     }
 

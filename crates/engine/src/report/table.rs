@@ -72,7 +72,7 @@ fn header(out: &mut String, e: &Estimate) {
     );
     let _ = writeln!(
         out,
-        "  TP {}{} | CP {} ({}) | PP {} x VPP {} ({}) | DP {} | EP {} | ZeRO-{}",
+        "  TP {}{} | CP {} ({}) | PP {} x VPP {} ({}) | DP {} | EP {} | ZeRO-{}{}",
         p.tp,
         if p.sp { " + SP" } else { "" },
         p.cp,
@@ -82,7 +82,15 @@ fn header(out: &mut String, e: &Estimate) {
         p.schedule,
         p.dp.unwrap_or(0),
         p.ep,
-        p.zero
+        p.zero,
+        match p.fsdp {
+            Some(crate::config::Fsdp::Megatron) => format!(
+                " (Megatron-FSDP {})",
+                crate::config::Fsdp::megatron_strategy(p.zero)
+            ),
+            Some(crate::config::Fsdp::Torch) => " (torch FSDP2)".to_string(),
+            None => String::new(),
+        }
     );
     let _ = writeln!(
         out,

@@ -192,6 +192,7 @@ pub(super) const KEPT_SWITCHES: &[&str] = &[
     "--squared-relu",
     "--use-megatron-fsdp",
     "--use-torch-fsdp2",
+    "--fsdp-double-buffer",
     "--enable-gpt-oss",
     "--export-qk-l2-norm",
     "--qk-l2-norm",
@@ -216,6 +217,7 @@ pub(super) const KEPT_WORDS: &[&str] = &[
     "--softmax-type",
     "--moe-token-dispatcher-type",
     "--data-parallel-sharding-strategy",
+    "--outer-dp-sharding-strategy",
     "--hybrid-layer-pattern",
     "--hybrid-override-pattern",
 ];

@@ -642,47 +642,23 @@ impl State {
         Ok(())
     }
 
-    /// The ZeRO stage: the distributed optimizer's 1, or Megatron-FSDP's sharding strategy
-    /// (`--data-parallel-sharding-strategy`, default optim_grads_params: ZeRO-3), or torch
-    /// FSDP2's full sharding (ZeRO-3).
+    /// The ZeRO stage and FSDP implementation of the sharding flags
+    /// ([`super::sharding::sharding`]), the implementation set in the layer.
     fn zero(&mut self) -> Result<u64, String> {
-        if let Some(n) = self.ints.get("--num-distributed-optimizer-instances") {
-            if *n > 1 {
-                return Err(format!("--num-distributed-optimizer-instances {n}: a distributed optimizer sharded over part of the data-parallel group is not modelled"));
-            }
+        let mut notes = Vec::new();
+        let sharding = super::sharding::sharding(
+            &|f| self.on(f),
+            &|f| self.word(f),
+            self.ints
+                .get("--num-distributed-optimizer-instances")
+                .copied(),
+            &mut notes,
+        )?;
+        self.notes.extend(notes);
+        if let Some(f) = sharding.fsdp {
+            self.set("parallel", "fsdp", json!(f.name()));
         }
-        if self.on("--use-megatron-fsdp") {
-            let strategy = self
-                .word("--data-parallel-sharding-strategy")
-                .unwrap_or("optim_grads_params")
-                .to_string();
-            let zero = match strategy.as_str() {
-                "no_shard" => 0,
-                "optim" => 1,
-                "optim_grads" => 2,
-                "optim_grads_params" => 3,
-                other => {
-                    return Err(format!(
-                        "--data-parallel-sharding-strategy: unknown '{other}' (no_shard, optim, optim_grads, optim_grads_params)"
-                    ))
-                }
-            };
-            self.notes.push(format!(
-                "--use-megatron-fsdp with --data-parallel-sharding-strategy {strategy}: taken as ZeRO-{zero}"
-            ));
-            return Ok(zero);
-        }
-        if self.on("--use-torch-fsdp2") {
-            self.notes
-                .push("--use-torch-fsdp2: torch FSDP2's full sharding, taken as ZeRO-3".into());
-            return Ok(3);
-        }
-        if self.word("--data-parallel-sharding-strategy").is_some() {
-            self.notes.push(
-                "--data-parallel-sharding-strategy applies to Megatron-FSDP only (no --use-megatron-fsdp)".into(),
-            );
-        }
-        Ok(u64::from(self.on("--use-distributed-optimizer")))
+        Ok(sharding.zero.into())
     }
 
     /// Model chunks per pipeline rank, from either of Megatron's two spellings or, as

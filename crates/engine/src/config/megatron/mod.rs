@@ -13,6 +13,7 @@ mod flag_table;
 mod flags;
 mod nemo;
 mod print;
+mod sharding;
 mod shell;
 mod values;
 

@@ -210,6 +210,17 @@ fn parallel_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
     if p.sp {
         flag("--sequence-parallel", None);
     }
+    match p.fsdp {
+        Some(crate::config::Fsdp::Megatron) => {
+            flag("--use-megatron-fsdp", None);
+            flag(
+                "--data-parallel-sharding-strategy",
+                Some(crate::config::Fsdp::megatron_strategy(p.zero).to_string()),
+            );
+        }
+        Some(crate::config::Fsdp::Torch) => flag("--use-torch-fsdp2", None),
+        None => {}
+    }
     if p.zero >= 1 {
         flag("--use-distributed-optimizer", None);
     }
@@ -326,7 +337,7 @@ fn not_expressible(cfg: &Config) -> Vec<String> {
     ) {
         lost.push(format!("schedule = \"{}\"", p.schedule));
     }
-    if p.zero >= 2 {
+    if p.zero >= 2 && p.fsdp.is_none() {
         lost.push(format!(
             "zero = {} (Megatron's distributed optimizer is ZeRO-1)",
             p.zero

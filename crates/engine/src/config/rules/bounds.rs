@@ -261,7 +261,19 @@ pub fn upper(cfg: &Config) -> Vec<Violation> {
             1 << 32,
         ),
     ];
-    for (field, v, max) in at_most {
+    // The Mamba-2 mixer's widths (a config.json's `chunk_size` or state can be anything).
+    let mamba: Vec<(&str, u64, u64)> = match &m.mamba {
+        Some(mc) => vec![
+            ("model.mamba.num_heads", mc.num_heads as u64, 1 << 16),
+            ("model.mamba.head_dim", mc.head_dim, 1 << 12),
+            ("model.mamba.state_dim", mc.state_dim, 1 << 12),
+            ("model.mamba.num_groups", mc.num_groups as u64, 1 << 16),
+            ("model.mamba.conv_kernel", mc.conv_kernel, 1 << 10),
+            ("model.mamba.chunk_size", mc.chunk_size, 1 << 16),
+        ],
+        None => Vec::new(),
+    };
+    for (field, v, max) in at_most.into_iter().chain(mamba) {
         if v > max {
             errs.push(Violation::new(
                 field,

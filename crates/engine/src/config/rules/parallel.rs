@@ -1,7 +1,7 @@
 //! Parallel degrees: the world splits into TP x CP x PP x DP, TP divides the heads, and the
 //! ZeRO stage and rank order are known.
 
-use super::super::{Config, Violation};
+use super::super::{Config, Framework, Fsdp, Violation};
 use super::{divisors, fmt_list};
 
 /// The world size is a multiple of TP x CP x PP, and a given DP is the quotient.
@@ -76,7 +76,8 @@ pub fn tensor(cfg: &Config) -> Vec<Violation> {
     errs
 }
 
-/// ZeRO stage 0-3; the rank order names each axis once.
+/// ZeRO stage 0-3 (3 under torch FSDP2), FSDP outside DeepSpeed; the rank order names each
+/// axis once.
 pub fn options(cfg: &Config) -> Vec<Violation> {
     let p = &cfg.parallel;
     let mut errs = Vec::new();
@@ -85,6 +86,29 @@ pub fn options(cfg: &Config) -> Vec<Violation> {
             "parallel.zero",
             format!("ZeRO stage must be 0, 1, 2 or 3, got {}", p.zero),
         ));
+    }
+    match p.fsdp {
+        Some(Fsdp::Torch) if p.zero != 3 => errs.push(
+            Violation::new(
+                "parallel.zero",
+                format!(
+                    "torch FSDP2 (parallel.fsdp = \"torch\") shards parameters, gradients and optimizer states: zero must be 3, got {}",
+                    p.zero
+                ),
+            )
+            .hint("set zero = 3, or fsdp = \"megatron\" for Megatron-FSDP's optim / optim_grads strategies (zero 1, 2)"),
+        ),
+        Some(f) if cfg.training.framework == Framework::Deepspeed => errs.push(
+            Violation::new(
+                "parallel.fsdp",
+                format!(
+                    "\"{}\" FSDP does not run under training.framework = \"deepspeed\" (DeepSpeed shards with its own ZeRO)",
+                    f.name()
+                ),
+            )
+            .hint("leave fsdp out for DeepSpeed's ZeRO, or set framework = \"megatron-core\" or \"fsdp\""),
+        ),
+        _ => {}
     }
     if let Err(msg) = check_order(&p.order) {
         errs.push(
@@ -139,6 +163,25 @@ mod tests {
             c.parallel.order = "tp-dp-pp".into();
         }));
         assert_eq!(fields(&v), ["parallel.zero", "parallel.order"]);
+        // torch FSDP2 is ZeRO-3; FSDP does not run under DeepSpeed.
+        let v = options(&with(|c| {
+            c.parallel.fsdp = Some(Fsdp::Torch);
+            c.parallel.zero = 2;
+        }));
+        assert_eq!(fields(&v), ["parallel.zero"]);
+        assert!(v[0].rule.contains("zero must be 3"), "{}", v[0].rule);
+        let v = options(&with(|c| {
+            c.parallel.fsdp = Some(Fsdp::Megatron);
+            c.training.framework = Framework::Deepspeed;
+        }));
+        assert_eq!(fields(&v), ["parallel.fsdp"]);
+        for zero in 0..=3 {
+            let v = options(&with(|c| {
+                c.parallel.fsdp = Some(Fsdp::Megatron);
+                c.parallel.zero = zero;
+            }));
+            assert!(v.is_empty(), "megatron zero {zero}");
+        }
         assert!(check_order("pp-dp-ep-cp-tp").is_ok());
     }
 }
