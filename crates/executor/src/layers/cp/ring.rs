@@ -11,6 +11,7 @@
 //! a block wholly in a rank's future is skipped; the contiguous layout leaves rank r with
 //! r + 1/2 blocks of work, the zigzag layout every rank with cp.
 
+use super::common::{fold_sinks, sinks_grad};
 use super::common::{layer_shape, saved_lse, tag, timed, CoreSaved, Grads, Pass, Stats};
 use crate::backend::Side;
 use crate::backend::{AttnSaved, Keep, Pending, RecvInto, SendFrom};
@@ -176,7 +177,9 @@ fn pass<B: Backend>(
         cp.record(false, t, compute_s, comm_s);
     }
     drop((cur, tile));
-    let lse = st.finish(&ctx.ops, &sh, s_loc, &mut acc)?;
+    let mut lse = st.finish(&ctx.ops, &sh, s_loc, &mut acc)?;
+    let sinks = ctx.cp.as_ref().and_then(|c| c.sinks.as_ref());
+    fold_sinks::<B>(&ctx.ops, sinks, &sh, s_loc, 0, &mut acc, &mut lse)?;
     Ok((acc, lse))
 }
 
@@ -228,6 +231,7 @@ pub fn backward<B: Backend>(
         _ => pass(ctx, layer, Pass::Recompute, &q, &k, &v)?.1,
     };
     let sh = layer_shape(ctx, layer);
+    sinks_grad(ctx, &sh, q.rows() / sh.b, 0, &lse, &delta)?;
     let mb = ctx.mb;
     let cp = ctx.cp.as_ref().expect("cp context");
     let (me, size) = (cp.rank, cp.size);

@@ -213,6 +213,7 @@ mod tests {
             d,
             dv,
             dropout: None,
+            span: crate::plan::AttnSpan::Full,
         }
     }
 
