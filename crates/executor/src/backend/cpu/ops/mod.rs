@@ -7,6 +7,8 @@
 pub mod activation;
 pub mod adam;
 pub mod attention;
+#[cfg(test)]
+mod attention_variants;
 pub mod bias;
 pub mod cross_entropy;
 pub mod dropout;
