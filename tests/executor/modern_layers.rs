@@ -88,10 +88,7 @@ fn gpt_oss_windows_sinks_and_biases_match_the_single_rank_run() {
             zero: 1,
             ..BASE
         },
-        Moe {
-            pp: 2,
-            ..BASE
-        },
+        Moe { pp: 2, ..BASE },
     ];
     twins("gpt-oss", gpt_oss, &mixes);
 }
@@ -237,7 +234,11 @@ fn modern_layer_memory_is_within_2_percent_of_the_prediction() {
         eprintln!("{worst:+.2}% {label}");
         for (rank, _, _, mb, pb) in &res {
             let head = |s: &str| s.split(" a ").next().unwrap_or("").to_string();
-            assert_eq!(head(mb), head(pb), "{label} rank {rank}: weights/grads/optimizer");
+            assert_eq!(
+                head(mb),
+                head(pb),
+                "{label} rank {rank}: weights/grads/optimizer"
+            );
         }
         assert!(worst.abs() <= 2.0, "{label}: {worst:+.2}% {res:#?}");
     }
@@ -250,8 +251,5 @@ fn sinks_without_flash_attention_are_refused_by_name() {
     let mut v = gpt_oss(&BASE);
     v["training"]["flash_attention"] = false.into();
     let e = parsim::lower::lower(&resolve(v), &options()).expect_err("refused");
-    assert!(
-        e.to_string().starts_with("training.flash_attention"),
-        "{e}"
-    );
+    assert!(e.to_string().starts_with("training.flash_attention"), "{e}");
 }

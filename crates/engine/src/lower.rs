@@ -13,8 +13,8 @@ use crate::config::{
 use crate::layout::{Coords as LCoords, GroupKind, Layout};
 use crate::schedule::{self, ActionKind, ScheduleError};
 use parsim_plan::plan::{
-    self as xp, Action, AdamConfig, AttentionShape, Coords, LoraShape, MlaShape, ModelShape, MoeShape, Parallelism,
-    Plan, RankPlan, RouterShape, StagePlan,
+    self as xp, Action, AdamConfig, AttentionShape, Coords, LoraShape, MlaShape, ModelShape,
+    MoeShape, Parallelism, Plan, RankPlan, RouterShape, StagePlan,
 };
 
 /// Why a configuration cannot be executed (yet).

@@ -233,6 +233,9 @@ fn mlp_fwd<B: Backend>(
     Ok((mlp_out, u, act))
 }
 
+/// QK norm's inputs (queries, keys), saved for its backward.
+type QkInputs<B> = [<B as Backend>::Tensor; 2];
+
 /// Q, K and V of this rank's heads through the fused QKV projection (column-parallel), QK
 /// norm (before rotary, as Qwen3) and rotary, from the normed block input `ln1` [n_sp, h];
 /// with QK norm also its inputs.
@@ -243,7 +246,7 @@ fn qkv_fwd<B: Backend>(
     ln1: &B::Tensor,
     ad: &Adapters<B>,
     ls: &mut LoraSaved<B>,
-) -> Result<(Qkv<B>, Option<[B::Tensor; 2]>), ExecError> {
+) -> Result<(Qkv<B>, Option<QkInputs<B>>), ExecError> {
     let rd = ctx.rd;
     let (n, h, d) = (ctx.n, rd.h, rd.d);
     let theta = ctx.plan.model.rope_theta;

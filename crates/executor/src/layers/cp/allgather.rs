@@ -4,7 +4,9 @@
 //! (rank r holds chunks r and 2cp - 1 - r), so the causal work is even. The gathered K/V are
 //! visited one source rank's block at a time, so score tiles stay (s/cp)^2.
 
-use super::common::{fold_sinks, layer_shape, saved_lse, sinks_grad, timed, CoreSaved, Grads, Stats};
+use super::common::{
+    fold_sinks, layer_shape, saved_lse, sinks_grad, timed, CoreSaved, Grads, Stats,
+};
 use crate::backend::Side;
 use crate::backend::{AttnSaved, Keep};
 use crate::backend::{Backend, DeviceTensor};

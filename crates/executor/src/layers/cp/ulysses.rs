@@ -5,7 +5,9 @@
 //! FlashAttention-2's row statistic D = rowsum(dO * O) travel together, then dQ, dK, dV return).
 //! Needs the heads and K/V heads of a TP rank divisible by cp; the layout is contiguous.
 
-use super::common::{fold_sinks, layer_shape, saved_lse, sinks_grad, timed, CoreSaved, Grads, Stats};
+use super::common::{
+    fold_sinks, layer_shape, saved_lse, sinks_grad, timed, CoreSaved, Grads, Stats,
+};
 use crate::backend::{AttnSaved, Keep};
 use crate::backend::{Backend, DeviceTensor};
 use crate::backend::{BlockShape, Side};
@@ -143,7 +145,10 @@ pub fn forward<B: Backend>(
     ctx.ops
         .ulysses_unpack(&geo, Head, &recv, &parts, &mut [&mut qh, &mut kh, &mut vh])?;
     drop(recv);
-    let z = (ctx.cp.as_ref().and_then(|c| c.sinks.as_ref()), head0(ctx, &sh));
+    let z = (
+        ctx.cp.as_ref().and_then(|c| c.sinks.as_ref()),
+        head0(ctx, &sh),
+    );
     let (r, compute_s) = timed(|| attend::<B>(&ctx.ops, &geo, &sh, &all, &qh, &kh, &vh, z));
     let (oh, lse, work) = r?;
     let mut send = ctx.zeros(b, &[oh.len()])?;
@@ -187,7 +192,10 @@ pub fn backward<B: Backend>(
         AttnSaved::Lse(l) => l,
         // Selective recomputation: the head group's attention again (no communication).
         _ => {
-            let z = (ctx.cp.as_ref().and_then(|c| c.sinks.as_ref()), head0(ctx, &sh));
+            let z = (
+                ctx.cp.as_ref().and_then(|c| c.sinks.as_ref()),
+                head0(ctx, &sh),
+            );
             attend::<B>(&ctx.ops, &geo, &sh, &all, &q, &k, &v, z)?.1
         }
     };

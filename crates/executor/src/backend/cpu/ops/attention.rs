@@ -64,7 +64,10 @@ fn softmax_rows(sh: &AttnShape, sc: &mut [f32], lse_out: Option<&mut [f32]>) {
     for i in 0..s {
         let row = &mut sc[i * s..(i + 1) * s];
         let lo = sh.first_key(i);
-        let max = row[lo..=i].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let max = row[lo..=i]
+            .iter()
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0.0f32;
         for x in row[lo..=i].iter_mut() {
             *x = (*x - max).exp();
@@ -241,7 +244,11 @@ pub fn attn_bwd(
                 let row = &mut dpd[i * s..(i + 1) * s];
                 let prow = &p[i * s..(i + 1) * s];
                 let lo = sh.first_key(i);
-                let dot: f32 = row[lo..=i].iter().zip(&prow[lo..=i]).map(|(a, b)| a * b).sum();
+                let dot: f32 = row[lo..=i]
+                    .iter()
+                    .zip(&prow[lo..=i])
+                    .map(|(a, b)| a * b)
+                    .sum();
                 for j in 0..s {
                     row[j] = if j <= i && j >= lo {
                         prow[j] * (row[j] - dot)

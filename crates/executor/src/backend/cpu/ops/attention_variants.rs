@@ -125,7 +125,16 @@ fn whole_fwd(
     sinks: Option<&[f32]>,
 ) -> (Vec<f32>, Vec<f32>) {
     let mut o = vec![0.0; B * S * HQ * D];
-    let saved = attn_fwd(dev, &whole(span), &x[0], &x[1], &x[2], &mut o, Keep::Lse, DType::F32);
+    let saved = attn_fwd(
+        dev,
+        &whole(span),
+        &x[0],
+        &x[1],
+        &x[2],
+        &mut o,
+        Keep::Lse,
+        DType::F32,
+    );
     let AttnSaved::Lse(l) = saved else {
         panic!("no lse")
     };
@@ -197,7 +206,13 @@ fn block_kernel_with_spans_and_sinks_matches_the_naive_softmax() {
                 sum: &mut sm,
             };
             let (kb, vb) = (perm(&x[1], HK, &kp), perm(&x[2], HK, &kp));
-            let (qs, ks) = (Side { pos: &qpos, tile: 4 }, Side { pos: &kp, tile: 3 });
+            let (qs, ks) = (
+                Side {
+                    pos: &qpos,
+                    tile: 4,
+                },
+                Side { pos: &kp, tile: 3 },
+            );
             let g = dev.gemm_counter();
             work += forward_block(g, &sh, &q, qs, &kb, &vb, ks, &mut acc, &mut st, &mut tile);
         }
@@ -246,7 +261,18 @@ fn span_and_sink_gradients_match_finite_differences() {
             vec![0.0; x[2].len()],
         ];
         let [g0, g1, g2] = &mut g;
-        attn_bwd(&dev, &whole(span), &x[0], &x[1], &x[2], &saved, &r, g0, g1, g2);
+        attn_bwd(
+            &dev,
+            &whole(span),
+            &x[0],
+            &x[1],
+            &x[2],
+            &saved,
+            &r,
+            g0,
+            g1,
+            g2,
+        );
         let mut dl = vec![0.0; B * S * HQ];
         delta(&block(span), S, &r, &o, &mut dl);
         let mut gz = vec![0.0; HQ];
@@ -280,7 +306,10 @@ fn span_and_sink_gradients_match_finite_differences() {
             worst_e = worst_e.max((fd - f64::from(gz[h])).abs());
             assert!(gz[h].abs() > 1e-4, "{span:?}: sink {h} has no gradient");
         }
-        assert!(worst_e < 2e-3, "{span:?}: worst |fd - analytic| = {worst_e}");
+        assert!(
+            worst_e < 2e-3,
+            "{span:?}: worst |fd - analytic| = {worst_e}"
+        );
 
         // The block kernel (one block of the whole sequence) gives the same dQ, dK, dV.
         let sh = block(span);

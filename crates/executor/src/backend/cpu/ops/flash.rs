@@ -236,10 +236,10 @@ pub fn finish(
 /// of the keys: lse' = log(exp(lse) + exp(sink)) and o *= exp(lse - lse'), in place.
 pub fn sink_fwd(sh: &BlockShape, rows: usize, o: &mut [f32], lse: &mut [f32], sinks: &[f32]) {
     for bi in 0..sh.b {
-        for h in 0..sh.hq {
+        for (h, &z) in sinks.iter().enumerate().take(sh.hq) {
             for i in 0..rows {
                 let si = (bi * sh.hq + h) * rows + i;
-                let (l, z) = (lse[si], sinks[h]);
+                let l = lse[si];
                 let m = l.max(z);
                 let total = m + ((l - m).exp() + (z - m).exp()).ln();
                 let scale = (l - total).exp();
