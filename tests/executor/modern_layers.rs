@@ -40,6 +40,21 @@ fn llama4(c: &Moe) -> Value {
     v
 }
 
+/// [`llama4`] without flash attention: the chunk's mask on the kept softmax.
+fn llama4_unfused(c: &Moe) -> Value {
+    let mut v = llama4(c);
+    v["training"]["flash_attention"] = false.into();
+    v
+}
+
+/// [`gpt_oss`] with attention dropout (its mask drawn from each score's global coordinates,
+/// so the window's visible scores keep their draws under any layout).
+fn gpt_oss_dropout(c: &Moe) -> Value {
+    let mut v = gpt_oss(c);
+    v["model"]["attention_dropout"] = 0.1.into();
+    v
+}
+
 /// QK norm on the small dense model (4 layers).
 fn qwen3(mix: &Mix) -> Value {
     let mut v = config(mix, 16, true, "rmsnorm", "swiglu");
@@ -125,6 +140,24 @@ fn llama4_chunks_and_interleaved_moe_match_the_single_rank_run() {
         },
     ];
     twins("llama4", llama4, &mixes);
+    twins("llama4 unfused", llama4_unfused, &mixes[..1]);
+}
+
+#[test]
+fn windows_and_sinks_with_attention_dropout_match_the_single_rank_run() {
+    let mixes = [
+        Moe {
+            tp: 2,
+            sp: true,
+            ..BASE
+        },
+        Moe {
+            cp: 2,
+            cp_comm: "zigzag",
+            ..BASE
+        },
+    ];
+    twins("gpt-oss dropout", gpt_oss_dropout, &mixes);
 }
 
 #[test]
@@ -209,6 +242,7 @@ fn modern_layer_memory_is_within_2_percent_of_the_prediction() {
         ("gpt-oss tp2 sp", gpt_oss(&balanced(tp2))),
         ("llama4 single", llama4(&balanced(BASE))),
         ("llama4 tp2 sp", llama4(&balanced(tp2))),
+        ("llama4 unfused single", llama4_unfused(&balanced(BASE))),
         ("qwen3 tp2 sp", qwen3(&Mix::tp2_sp())),
         ("qwen3 cp2", qwen3(&Mix::cp2("p2p"))),
         (
