@@ -287,3 +287,35 @@ fn sinks_without_flash_attention_are_refused_by_name() {
     let e = parsim::lower::lower(&resolve(v), &options()).expect_err("refused");
     assert!(e.to_string().starts_with("training.flash_attention"), "{e}");
 }
+
+/// A hand-made plan with a window or chunk of no key, sinks outside flash attention or a MoE
+/// pattern of another length than the layers is refused by the executor's own checks, naming
+/// the field.
+#[test]
+fn bad_layer_kinds_in_a_plan_are_refused_by_name() {
+    let good = plan(llama4(&BASE));
+    good.validate().expect("valid");
+    let cases: [(&str, fn(&mut parsim_executor::plan::Plan)); 4] = [
+        ("model.attention.window", |p| {
+            p.model.attention.window = Some(0)
+        }),
+        ("model.attention.chunk", |p| {
+            p.model.attention.chunk = Some(0)
+        }),
+        ("model.attention.sinks", |p| {
+            p.model.attention.sinks = true;
+            p.model.flash = false;
+        }),
+        ("model.moe.layer_pattern", |p| {
+            if let Some(m) = p.model.moe.as_mut() {
+                m.layer_pattern = vec![0, 1, 1];
+            }
+        }),
+    ];
+    for (field, bad) in cases {
+        let mut p = good.clone();
+        bad(&mut p);
+        let e = p.validate().expect_err("refused").to_string();
+        assert!(e.starts_with(field), "{field}: {e}");
+    }
+}
