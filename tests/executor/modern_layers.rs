@@ -104,8 +104,59 @@ fn gpt_oss_windows_sinks_and_biases_match_the_single_rank_run() {
             ..BASE
         },
         Moe { pp: 2, ..BASE },
+        Moe {
+            cp: 4,
+            cp_comm: "p2p",
+            ..BASE
+        },
     ];
     twins("gpt-oss", gpt_oss, &mixes);
+}
+
+/// A window on every layer under the contiguous ring of CP 4 (8 positions a rank, window 8):
+/// each rank needs its own block and its predecessor's only, so the ring stops after two
+/// steps forward and backward (the last visitor's dK/dV sent straight home), as the engine's
+/// windowed exchange counts it; the run still equals the single-rank one, with selective
+/// recomputation too (the forward ring rerun for the log-sum-exp).
+#[test]
+fn a_window_under_the_ring_visits_only_the_blocks_within_reach() {
+    fn all_windowed(c: &Moe) -> Value {
+        let mut v = gpt_oss(c);
+        v["model"]["window_attn_skip_freq"] = 0.into();
+        v
+    }
+    let mixes = [
+        Moe {
+            cp: 4,
+            cp_comm: "p2p",
+            ..BASE
+        },
+        Moe {
+            cp: 4,
+            cp_comm: "p2p",
+            recompute: "selective",
+            ..BASE
+        },
+    ];
+    twins("gpt-oss all windowed", all_windowed, &mixes);
+    let rep = run(&plan(all_windowed(&mixes[0])), 1);
+    for r in &rep.ranks {
+        let cp = r.cp.as_ref().expect("cp stats");
+        assert_eq!(
+            (cp.forward.len(), cp.backward.len()),
+            (2, 2),
+            "rank {}",
+            r.rank
+        );
+    }
+    // Zigzag keeps the whole ring (each rank's late chunk needs its neighbours' early ones).
+    let zigzag = Moe {
+        cp: 4,
+        cp_comm: "zigzag",
+        ..BASE
+    };
+    let rep = run(&plan(all_windowed(&zigzag)), 1);
+    assert_eq!(rep.ranks[0].cp.as_ref().expect("cp stats").forward.len(), 4);
 }
 
 #[test]
@@ -250,6 +301,14 @@ fn modern_layer_memory_is_within_2_percent_of_the_prediction() {
             gpt_oss(&balanced(Moe {
                 cp: 2,
                 cp_comm: "zigzag",
+                ..BASE
+            })),
+        ),
+        (
+            "gpt-oss cp4 p2p",
+            gpt_oss(&balanced(Moe {
+                cp: 4,
+                cp_comm: "p2p",
                 ..BASE
             })),
         ),

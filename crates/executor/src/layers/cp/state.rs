@@ -43,6 +43,11 @@ impl<B: Backend> CpCtx<B> {
         self.group.members()[(self.rank + 1) % self.size]
     }
 
+    /// The member `hops` places ahead of this rank around the ring.
+    pub(super) fn ahead(&self, hops: usize) -> u32 {
+        self.group.members()[(self.rank + hops) % self.size]
+    }
+
     pub(super) fn prev(&self) -> u32 {
         self.group.members()[(self.rank + self.size - 1) % self.size]
     }
