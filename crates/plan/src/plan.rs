@@ -134,10 +134,12 @@ pub enum AttnSpan {
 impl AttnSpan {
     /// The first key position a query at position `qp` sees (the last is `qp` itself).
     pub fn first_key(self, qp: u32) -> u32 {
+        // Spans beyond u32 positions cover every position: no wrap, no division by zero.
+        let positions = |n: usize| u32::try_from(n.max(1)).unwrap_or(u32::MAX);
         match self {
             AttnSpan::Full => 0,
-            AttnSpan::Window(w) => qp.saturating_sub((w.max(1) - 1) as u32),
-            AttnSpan::Chunk(c) => qp - qp % c.max(1) as u32,
+            AttnSpan::Window(w) => qp.saturating_sub(positions(w) - 1),
+            AttnSpan::Chunk(c) => qp - qp % positions(c),
         }
     }
 }

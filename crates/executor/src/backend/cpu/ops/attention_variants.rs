@@ -341,3 +341,21 @@ fn span_and_sink_gradients_match_finite_differences() {
         }
     }
 }
+
+/// The span's first key, by hand: a window of 1 or a chunk of 1 is the query alone; a window
+/// of 3 reaches two back; chunks of 4 start at multiples of 4; a span wider than the u32
+/// positions (a hand-made plan) covers every earlier key rather than wrapping or dividing by 0.
+#[test]
+fn first_keys_by_hand() {
+    for qp in [0u32, 5, 1 << 20] {
+        assert_eq!(AttnSpan::Window(1).first_key(qp), qp);
+        assert_eq!(AttnSpan::Chunk(1).first_key(qp), qp);
+        assert_eq!(AttnSpan::Full.first_key(qp), 0);
+        assert_eq!(AttnSpan::Window(usize::MAX).first_key(qp), 0);
+        assert_eq!(AttnSpan::Chunk(usize::MAX).first_key(qp), 0);
+    }
+    assert_eq!(AttnSpan::Window(3).first_key(5), 3);
+    assert_eq!(AttnSpan::Window(3).first_key(1), 0);
+    assert_eq!(AttnSpan::Chunk(4).first_key(7), 4);
+    assert_eq!(AttnSpan::Chunk(4).first_key(8), 8);
+}
