@@ -26,6 +26,8 @@ mod lora;
 mod memory;
 #[path = "executor/mla.rs"]
 mod mla;
+#[path = "executor/modern_layers.rs"]
+mod modern_layers;
 #[path = "executor/moe.rs"]
 mod moe;
 #[path = "executor/moe_bias.rs"]

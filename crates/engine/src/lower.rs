@@ -13,8 +13,8 @@ use crate::config::{
 use crate::layout::{Coords as LCoords, GroupKind, Layout};
 use crate::schedule::{self, ActionKind, ScheduleError};
 use parsim_plan::plan::{
-    self as xp, Action, AdamConfig, Coords, LoraShape, MlaShape, ModelShape, MoeShape, Parallelism,
-    Plan, RankPlan, RouterShape, StagePlan,
+    self as xp, Action, AdamConfig, AttentionShape, Coords, LoraShape, MlaShape, ModelShape,
+    MoeShape, Parallelism, Plan, RankPlan, RouterShape, StagePlan,
 };
 
 /// Why a configuration cannot be executed (yet).
@@ -71,7 +71,7 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
         ));
     }
     check_moe(r)?;
-    check_layer_kinds(m)?;
+    check_layer_kinds(m, t.flash_attention)?;
     if let Some(mla) = &m.mla {
         if mla.qk_rope_head_dim % 2 != 0 {
             return Err(unsupported(
@@ -133,47 +133,25 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
 
 /// Refuses the layer kinds the executor does not run yet (issue 31's models), naming the
 /// field, rather than lowering them as another model.
-fn check_layer_kinds(m: &crate::config::ModelConfig) -> Result<(), PlanError> {
-    let refused: [(bool, &'static str, &str); 7] = [
-        (
-            m.hybrid_layer_pattern.is_some(),
-            "model.hybrid_layer_pattern",
-            "hybrid Mamba-2 layers",
-        ),
-        (
-            m.window_size.is_some(),
-            "model.window_size",
-            "sliding-window attention",
-        ),
-        (
-            m.attention_chunk_size.is_some(),
-            "model.attention_chunk_size",
-            "chunked attention",
-        ),
-        (
-            m.attention_sinks,
-            "model.attention_sinks",
-            "attention sinks",
-        ),
-        (m.qk_layernorm, "model.qk_layernorm", "QK norm"),
-        (
-            m.moe_router_linear_bias,
-            "model.moe_router_linear_bias",
-            "a router with a linear bias",
-        ),
-        (
-            !m.moe_layer_pattern.is_empty(),
-            "model.moe_layer_pattern",
-            "MoE layers interleaved by a pattern",
-        ),
-    ];
-    match refused.into_iter().find(|(on, _, _)| *on) {
-        Some((_, field, what)) => Err(unsupported(
+fn check_layer_kinds(m: &crate::config::ModelConfig, flash: bool) -> Result<(), PlanError> {
+    let refused: [(bool, &'static str, &str); 1] = [(
+        m.hybrid_layer_pattern.is_some(),
+        "model.hybrid_layer_pattern",
+        "hybrid Mamba-2 layers",
+    )];
+    if let Some((_, field, what)) = refused.into_iter().find(|(on, _, _)| *on) {
+        return Err(unsupported(
             field,
             format!("the executor does not run {what} yet"),
-        )),
-        None => Ok(()),
+        ));
     }
+    if m.attention_sinks && !flash {
+        return Err(unsupported(
+            "training.flash_attention",
+            "attention sinks join the softmax through the flash attention's log-sum-exp; set flash_attention = true",
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses the mixture-of-experts features the executor does not run, naming the field.
@@ -343,6 +321,8 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
                 group_topk: m.moe_router_group_topk as usize,
             },
             shared_ffn: m.moe_shared_expert_intermediate_size as usize,
+            layer_pattern: m.moe_layer_pattern.clone(),
+            router_linear_bias: m.moe_router_linear_bias,
         }),
         hidden_dropout: m.hidden_dropout as f32,
         attention_dropout: m.attention_dropout as f32,
@@ -358,6 +338,14 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
             (m.mtp_loss_scaling_factor / m.mtp_num_layers as f64) as f32
         } else {
             0.0
+        },
+        attention: AttentionShape {
+            window: m.window_size.map(|w| w as usize),
+            chunk: m.attention_chunk_size.map(|c| c as usize),
+            full_every: m.window_attn_skip_freq,
+            sinks: m.attention_sinks,
+            // MLA normalises its latents instead (the engine counts no QK norm there).
+            qk_norm: m.qk_layernorm && m.mla.is_none(),
         },
     }
 }

@@ -101,6 +101,7 @@ fn flash(s: &Arc<CudaStream>, k: &Kernels) {
         d: 128,
         dv: 128,
         dropout: None,
+        span: parsim_executor::plan::AttnSpan::Full,
     };
     let sq = 4096;
     let pos: Vec<u32> = (0..sq as u32).collect();

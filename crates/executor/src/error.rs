@@ -99,6 +99,8 @@ pub enum StateError {
     AdapterGradientWithoutBlock,
     #[error("an MoE layer's saved state and experts block disagree")]
     MoeSavedMismatch,
+    #[error("an attention with sinks kept no log-sum-exp")]
+    SinksWithoutLse,
     #[error("a multi-token-prediction module needs the {0} block on its rank")]
     MtpWithoutBlock(String),
     #[error("gradient buckets of stages {0:?} were not reduced before the optimizer step")]

@@ -361,6 +361,40 @@ fn a_forced_balancing_moe_step_matches_the_cpu_twin() {
     }
 }
 
+/// Issue 31's kinds that run on the existing kernels: QK norm (the norm kernels over each
+/// head's features, a copy either side), the router's linear bias (the bias kernels) and a
+/// MoE layer pattern (dense layer 0, MoE layer 1), under forced balancing (the CPU twin's
+/// assignment), against the CPU twin. Sliding windows, chunks and sinks are refused on CUDA
+/// before the run (`runner::cuda::check_layer_kinds`).
+#[test]
+fn qk_norm_router_bias_and_a_moe_pattern_match_the_cpu_twin() {
+    use parsim_executor::plan::{AttentionShape, ModelShape, MoeShape, RouterShape};
+    if let Err(reason) = gpu() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    twin(ModelShape {
+        attention: AttentionShape {
+            qk_norm: true,
+            ..AttentionShape::default()
+        },
+        moe: Some(MoeShape {
+            num_experts: 4,
+            top_k: 2,
+            ffn: 64,
+            aux_loss_coeff: 0.01,
+            router: RouterShape {
+                force_balance: true,
+                ..RouterShape::default()
+            },
+            layer_pattern: vec![0, 1],
+            router_linear_bias: true,
+            ..MoeShape::default()
+        }),
+        ..small_shape()
+    });
+}
+
 /// The bf16 recipe at head dim 64 reaches the tensor-core flash kernels (backend/cuda/ops/flash/flash_mma.cu):
 /// one step's gradients on them against the same step on the scalar kernels (backend/cuda/ops/flash/flash.cu)
 /// and against the CPU twin: each tensor as close to the CPU as the scalar kernels are (within

@@ -303,6 +303,7 @@ fn flash_attention_matches_the_cpu_on_a_zigzag_layout_with_gqa() {
         d: 72,
         dv: 72,
         dropout: None,
+        span: parsim_executor::plan::AttnSpan::Full,
     };
     // Zigzag CP shard of a 64-row sequence over cp 2: chunks 0 and 3 (queries), all keys.
     let qpos: Vec<u32> = (0..16).chain(48..64).collect();
@@ -983,6 +984,7 @@ fn mma_cases(g: &Gpu) {
         d,
         dv: d,
         dropout: None,
+        span: parsim_executor::plan::AttnSpan::Full,
     };
     // Contiguous causal, 100 rows (not a multiple of the 64- or 32-row tiles), GQA 4:2, d 64.
     let pos: Vec<u32> = (0..100).collect();

@@ -188,6 +188,7 @@ fn flash_kernels_match_the_cpu_with_narrower_values_and_attention_dropout() {
                 d,
                 dv,
                 dropout: drop,
+                span: parsim_executor::plan::AttnSpan::Full,
             };
             let (sq, sk) = (qpos.len(), kpos.len());
             seed += 4;
@@ -227,6 +228,7 @@ fn flash_dropout_mask_equals_the_cpus_exactly() {
         d: 16,
         dv: 64,
         dropout: Some(dr),
+        span: parsim_executor::plan::AttnSpan::Full,
     };
     let qpos: Vec<u32> = (0..16).chain(48..64).collect();
     let kpos: Vec<u32> = (0..64).collect();

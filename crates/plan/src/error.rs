@@ -22,6 +22,14 @@ pub enum PlanError {
     /// runs attention dropout inside the flash attention only.
     #[error("model.attention_dropout runs inside the flash attention: set flash = true")]
     AttentionDropoutWithoutFlash,
+    #[error("model.attention.{field} must be at least 1 key (or unset)")]
+    ZeroAttentionSpan { field: &'static str },
+    /// The sink logit joins the softmax's denominator through the flash attention's
+    /// log-sum-exp.
+    #[error("model.attention.sinks run inside the flash attention: set flash = true")]
+    SinksWithoutFlash,
+    #[error("model.moe.layer_pattern has {len} entries, one per decoder layer ({layers}) needed")]
+    MoeLayerPattern { len: usize, layers: u32 },
     #[error("heads ({heads}) must be a multiple of kv_heads ({kv_heads})")]
     HeadsNotMultipleOfKvHeads { heads: usize, kv_heads: usize },
     #[error("heads ({heads}) and kv_heads ({kv_heads}) must be divisible by tp ({tp})")]

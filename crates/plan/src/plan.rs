@@ -116,6 +116,50 @@ pub struct ModelShape {
     pub mtp_layers: u32,
     /// Weight of each MTP depth's mean loss in the training loss: lambda / D.
     pub mtp_loss_scale: f32,
+    /// Sliding-window or chunked attention, attention sinks and QK norm (all off by default).
+    pub attention: AttentionShape,
+}
+
+/// The keys a query attends to, besides the causal mask: all of its past, the last `w`
+/// positions (itself included: sliding-window attention, GPT-OSS, Mistral), or its own chunk
+/// of `c` positions (Llama 4's chunked attention).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+pub enum AttnSpan {
+    #[default]
+    Full,
+    Window(usize),
+    Chunk(usize),
+}
+
+impl AttnSpan {
+    /// The first key position a query at position `qp` sees (the last is `qp` itself).
+    pub fn first_key(self, qp: u32) -> u32 {
+        // Spans beyond u32 positions cover every position: no wrap, no division by zero.
+        let positions = |n: usize| u32::try_from(n.max(1)).unwrap_or(u32::MAX);
+        match self {
+            AttnSpan::Full => 0,
+            AttnSpan::Window(w) => qp.saturating_sub(positions(w) - 1),
+            AttnSpan::Chunk(c) => qp - qp % positions(c),
+        }
+    }
+}
+
+/// Attention variants of issue 31's models; the default is plain causal attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+pub struct AttentionShape {
+    /// Sliding window of this many keys per query, itself included (`None`: none).
+    pub window: Option<usize>,
+    /// Chunked attention: a query sees its own chunk of this many positions (`None`: none).
+    pub chunk: Option<usize>,
+    /// Megatron's `--window-attn-skip-freq`: layer l (1-based) with l % full_every == 0
+    /// attends in full; 0 = every layer keeps the window or chunk.
+    pub full_every: u32,
+    /// Learned attention sinks (GPT-OSS): one logit per query head in every softmax's
+    /// denominator, split over TP with the heads.
+    pub sinks: bool,
+    /// QK norm (Qwen3): the model's norm over each query and key head (`head_dim` features),
+    /// its two gains shared by the heads and replicated over TP.
+    pub qk_norm: bool,
 }
 
 impl ModelShape {
@@ -158,6 +202,7 @@ impl ModelShape {
             mtp_layers: 0,
             mtp_loss_scale: 0.0,
             mla: None,
+            attention: AttentionShape::default(),
         }
     }
 }
@@ -202,6 +247,12 @@ pub struct MoeShape {
     pub router: RouterShape,
     /// Intermediate size of the shared experts together (DeepSeek-V2/V3; 0 = none).
     pub shared_ffn: usize,
+    /// Which decoder layers are MoE (1) or dense (0), as Megatron's `--moe-layer-freq` list
+    /// (Llama 4 Maverick: every other one); empty: every layer from `first_k_dense` on.
+    pub layer_pattern: Vec<u8>,
+    /// A trained bias per expert on the router's logits (GPT-OSS; Megatron's router under
+    /// `--add-bias-linear`), replicated over TP as the router.
+    pub router_linear_bias: bool,
 }
 
 /// The router's score function (Megatron's `--moe-router-score-function`).
@@ -249,7 +300,27 @@ impl ModelShape {
 
     /// True when decoder layer `layer` (0-based) is a mixture-of-experts layer.
     pub fn is_moe_layer(&self, layer: u32) -> bool {
-        self.moe.as_ref().is_some_and(|m| layer >= m.first_k_dense)
+        self.moe.as_ref().is_some_and(|m| {
+            if m.layer_pattern.is_empty() {
+                layer >= m.first_k_dense
+            } else {
+                m.layer_pattern.get(layer as usize) == Some(&1)
+            }
+        })
+    }
+
+    /// The keys a query of decoder layer `layer` (0-based) sees: the window or chunk, except
+    /// on every `full_every`-th layer (1-based, Megatron-Core's `is_layer_window_attention`).
+    pub fn span(&self, layer: u32) -> AttnSpan {
+        let a = &self.attention;
+        if a.full_every > 0 && (layer + 1) % a.full_every == 0 {
+            return AttnSpan::Full;
+        }
+        match (a.window, a.chunk) {
+            (Some(w), _) => AttnSpan::Window(w),
+            (None, Some(c)) => AttnSpan::Chunk(c),
+            (None, None) => AttnSpan::Full,
+        }
     }
 }
 

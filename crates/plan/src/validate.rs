@@ -162,6 +162,30 @@ fn check_model_shapes(m: &ModelShape, t: usize) -> Result<(), PlanError> {
             head_dim: m.head_dim,
         });
     }
+    check_layer_kinds(m)
+}
+
+/// Issue 31's layer kinds: a window or chunk of at least one key, sinks inside the flash
+/// attention, a MoE layer pattern of one entry per decoder layer.
+fn check_layer_kinds(m: &ModelShape) -> Result<(), PlanError> {
+    let a = &m.attention;
+    for (field, v) in [("window", a.window), ("chunk", a.chunk)] {
+        if v == Some(0) {
+            return Err(PlanError::ZeroAttentionSpan { field });
+        }
+    }
+    if a.sinks && !m.flash {
+        return Err(PlanError::SinksWithoutFlash);
+    }
+    if let Some(moe) = &m.moe {
+        let n = moe.layer_pattern.len();
+        if n > 0 && n != m.num_layers as usize {
+            return Err(PlanError::MoeLayerPattern {
+                len: n,
+                layers: m.num_layers,
+            });
+        }
+    }
     Ok(())
 }
 

@@ -287,6 +287,31 @@ pub trait TensorOps<B: BackendTypes> {
         o: &B::Tensor,
         out: &mut B::Tensor,
     ) -> Result<(), ExecError>;
+    /// Attention sinks (GPT-OSS): head h's logit `sinks[h]` joins every row's softmax
+    /// denominator. From the normalised output `o` [b, rows, hq, dv] and the keys'
+    /// log-sum-exp `lse` [b, hq, rows], in place: lse' = log(exp(lse) + exp(sink)),
+    /// o *= exp(lse - lse'). The backward of the keys then runs unchanged on lse'.
+    fn attn_sink_fwd(
+        &self,
+        sh: &BlockShape,
+        rows: usize,
+        o: &mut B::Tensor,
+        lse: &mut B::Tensor,
+        sinks: View<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
+    /// The sinks' gradient, added into `dsinks`: -sum over each head's rows of
+    /// exp(sink - lse') D, from the final `lse` [b, hq, rows] and D = rowsum(dO * O)
+    /// ([`Self::flash_delta`], [b, rows, hq]).
+    #[allow(clippy::too_many_arguments)]
+    fn attn_sink_grad(
+        &self,
+        sh: &BlockShape,
+        rows: usize,
+        lse: &B::Tensor,
+        delta: &B::Tensor,
+        sinks: View<'_, B::Tensor>,
+        dsinks: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError>;
     /// Block attention backward: dQ (local rows) +=, dK and dV (the block's rows) +=, from
     /// the final log-sum-exp and D; `p_tile`, `dp_tile` are scratch. Returns the work.
     #[allow(clippy::too_many_arguments)]

@@ -19,6 +19,8 @@ pub struct AttnShape {
     pub dv: usize,
     /// Dropout of the attention probabilities (`None`: none), its mask regenerated in backward.
     pub dropout: Option<crate::rng::AttnDropout>,
+    /// The keys each query sees besides the causal mask (sliding window, chunk).
+    pub span: crate::plan::AttnSpan,
 }
 
 /// One kept assignment of a token to an expert (MoE routing: host metadata, as the split
@@ -54,6 +56,8 @@ pub struct BlockShape {
     pub dv: usize,
     /// Dropout of the attention probabilities (`None`: none), its mask regenerated in backward.
     pub dropout: Option<crate::rng::AttnDropout>,
+    /// The keys each query sees besides the causal mask (sliding window, chunk).
+    pub span: crate::plan::AttnSpan,
 }
 
 /// One side of a block attention: rows of `b` sequences, [b, pos.len(), heads, d] row-major,

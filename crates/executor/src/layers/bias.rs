@@ -71,6 +71,16 @@ pub fn tensor(m: &ModelShape, layer: u32, site: Site) -> Option<usize> {
     }
 }
 
+/// Index one past the last bias tensor of layer `layer` (where its later tensors start).
+pub fn end(m: &ModelShape, layer: u32) -> usize {
+    let linear = if m.bias_linear {
+        1 + 2 * usize::from(mlp_ffn(m, layer).is_some())
+    } else {
+        0
+    };
+    first(m, layer) + usize::from(qkv(m)) + linear
+}
+
 /// Appends the bias tensors of layer `layer` (name prefix `p`) to its block, as columns
 /// ([o, 1], so that split segments stack by rows as the weights' do).
 pub(super) fn push(b: &mut Builder, m: &ModelShape, layer: u32, p: &str, rd: &RankDims, std: f32) {

@@ -13,6 +13,7 @@ use super::ctx::Ctx;
 use super::dropout::{dropout_grad, hidden_dropout};
 use super::lora::{self, Adapters, LoraSaved, Target};
 use super::mla::{mla_bwd, mla_fwd, MlaSaved, Qkv};
+use super::modern::{self, Part};
 use super::moe::{moe_bwd, moe_fwd, MoeSaved};
 use super::wtask::{Sink, WTask};
 use crate::backend::{AttnSaved, AttnShape, Keep};
@@ -51,6 +52,8 @@ pub struct LayerSaved<B: Backend> {
     pub lora: Option<Box<LoraSaved<B>>>,
     /// The hidden dropouts' 1-byte keep masks (attention, MLP), as Megatron saves them.
     pub masks: [Option<B::Tensor>; 2],
+    /// QK norm's inputs (queries, keys), when the model has it.
+    pub qk: Option<Box<[B::Tensor; 2]>>,
 }
 
 /// An MoE layer's experts block and its parameters.
@@ -86,6 +89,7 @@ fn attn_shape<B: Backend>(ctx: &Ctx<B>, layer: u32) -> AttnShape {
         kv_heads: ctx.rd.g_r,
         d: ctx.rd.d,
         dv: ctx.rd.dv,
+        span: m.span(layer),
     }
 }
 
@@ -114,22 +118,25 @@ pub fn layer_fwd<B: Backend>(
     let mut ln1 = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops
         .norm_fwd(norm, &x, slice(&p, l, ATTN_NORM), eps, &mut ln1)?;
-    let (q, k, v, mla) = if m.mla.is_some() {
+    let (q, k, v, mla, qk) = if m.mla.is_some() {
         let ((q, k, v), ms) = mla_fwd(ctx, l, &p, &ln1)?;
-        (q, k, v, Some(Box::new(ms)))
+        (q, k, v, Some(Box::new(ms)), None)
     } else {
-        let (q, k, v) = qkv_fwd(ctx, l, &p, &ln1, &ad, &mut ls)?;
-        (q, k, v, None)
+        let ((q, k, v), qk) = qkv_fwd(ctx, l, &p, &ln1, &ad, &mut ls)?;
+        (q, k, v, None, qk)
     };
     let ow = rd.a_r * rd.dv;
+    let sinks = modern::sinks(ctx, l, &p);
     let (o, q, k, v, attn) = if ctx.cp.is_some() {
-        let (o, c) = cp::forward(ctx, layer_index(l), q, k, v, keep)?;
+        let (o, c) = cp::forward(ctx, layer_index(l), q, k, v, keep, sinks)?;
         (o, c.q, c.k, c.v, c.attn)
     } else {
         let mut o = ctx.zeros(a, &[n, ow])?;
-        let attn = ctx
-            .ops
-            .attn_fwd(&attn_shape(ctx, layer_index(l)), &q, &k, &v, &mut o, keep)?;
+        let sh = attn_shape(ctx, layer_index(l));
+        let attn = match sinks {
+            Some(z) => modern::attn_fwd_sinks(ctx, &sh, (&q, &k, &v), &mut o, keep, z)?,
+            None => ctx.ops.attn_fwd(&sh, &q, &k, &v, &mut o, keep)?,
+        };
         (o, q, k, v, attn)
     };
     let mut partial = ctx.zeros(Category::Buffers, &[n, h])?;
@@ -180,6 +187,7 @@ pub fn layer_fwd<B: Backend>(
             mla,
             lora: ad.is_some().then(|| Box::new(ls)),
             masks: [attn_mask, mlp_mask],
+            qk: qk.map(Box::new),
         },
     ))
 }
@@ -225,8 +233,12 @@ fn mlp_fwd<B: Backend>(
     Ok((mlp_out, u, act))
 }
 
-/// Q, K and V of this rank's heads through the fused QKV projection (column-parallel) and
-/// rotary, from the normed block input `ln1` [n_sp, h].
+/// QK norm's inputs (queries, keys), saved for its backward.
+type QkInputs<B> = [<B as Backend>::Tensor; 2];
+
+/// Q, K and V of this rank's heads through the fused QKV projection (column-parallel), QK
+/// norm (before rotary, as Qwen3) and rotary, from the normed block input `ln1` [n_sp, h];
+/// with QK norm also its inputs.
 fn qkv_fwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
@@ -234,7 +246,7 @@ fn qkv_fwd<B: Backend>(
     ln1: &B::Tensor,
     ad: &Adapters<B>,
     ls: &mut LoraSaved<B>,
-) -> Result<Qkv<B>, ExecError> {
+) -> Result<(Qkv<B>, Option<QkInputs<B>>), ExecError> {
     let rd = ctx.rd;
     let (n, h, d) = (ctx.n, rd.h, rd.d);
     let theta = ctx.plan.model.rope_theta;
@@ -255,6 +267,8 @@ fn qkv_fwd<B: Backend>(
     let mut v = ctx.zeros(a, &[n, kw])?;
     ctx.ops.qkv_split(&qkv, &mut q, &mut k, &mut v)?;
     drop(qkv);
+    let qn = modern::qk_norm_fwd(ctx, l, p, Part::QNorm, &mut q)?;
+    let kn = modern::qk_norm_fwd(ctx, l, p, Part::KNorm, &mut k)?;
     // Learned absolute positions (GPT-2/3) replace rotary.
     if ctx.plan.model.learned_positions == 0 {
         ctx.ops
@@ -262,7 +276,7 @@ fn qkv_fwd<B: Backend>(
         ctx.ops
             .rotary(&mut k, rd.g_r, &ctx.positions, theta, false)?;
     }
-    Ok((q, k, v))
+    Ok(((q, k, v), qn.zip(kn).map(|(a, b)| [a, b])))
 }
 
 /// Input gradient of one layer: dx [n_sp, h] from dy [n_sp, h]; each weight-gradient task goes
@@ -294,6 +308,7 @@ pub fn layer_bwd<B: Backend>(
         mla,
         lora: ls,
         masks: [attn_mask, mlp_mask],
+        qk,
     } = s;
     let mut ls = ls.map(|b| *b).unwrap_or_default();
 
@@ -320,6 +335,7 @@ pub fn layer_bwd<B: Backend>(
         attn,
         o,
         mla,
+        qk,
     };
     let d_ln1 = attention_bwd(ctx, l, &p, saved, attn_mask, &dx1, (&ad, &mut ls), sink)?;
     norm_bwd(ctx, l, &p, ATTN_NORM, x, d_ln1, dx1, sink)
@@ -421,6 +437,7 @@ struct AttnParts<B: Backend> {
     attn: AttnSaved<B::Tensor>,
     o: B::Tensor,
     mla: Option<Box<MlaSaved<B>>>,
+    qk: Option<Box<[B::Tensor; 2]>>,
 }
 
 /// Attention's backward: the projection (row-parallel), the core (under CP, its exchanges),
@@ -448,6 +465,7 @@ fn attention_bwd<B: Backend>(
         attn,
         o,
         mla,
+        qk,
     } = s;
     // Attention: projection (row-parallel), core, rotary, QKV (column-parallel), norm.
     let (qw, kw, ow) = (rd.a_r * d, rd.g_r * d, rd.a_r * rd.dv);
@@ -463,10 +481,16 @@ fn attention_bwd<B: Backend>(
         lora::row_bwd(ctx, ad, Target::Proj, ls, &o, dy_reg, &mut d_o, sink)?;
     }
     drop(d_attn);
-    // Context parallelism needs rowsum(dO * O) before the output goes to the weight gradient.
-    let delta = match ctx.cp {
-        Some(_) => Some(cp::row_delta(ctx, &d_o, &o)?),
-        None => None,
+    // Context parallelism needs rowsum(dO * O) before the output goes to the weight gradient,
+    // and so do the sinks' gradient and (selective recomputation) log-sum-exp without it.
+    let (delta, attn) = match ctx.cp {
+        Some(_) => (Some(cp::row_delta(ctx, &d_o, &o)?), attn),
+        None => {
+            let sh = attn_shape(ctx, layer_index(l));
+            let qkv = (&q, &k, &v);
+            let attn = modern::sinks_bwd(ctx, l, p, &sh, qkv, attn, (&o, &d_o), sink)?;
+            (None, attn)
+        }
     };
     sink(
         ctx,
@@ -483,7 +507,8 @@ fn attention_bwd<B: Backend>(
     )?;
     let (dq, dk, dv) = if let Some(delta) = delta {
         let saved = cp::CoreSaved { q, k, v, attn };
-        cp::backward(ctx, layer_index(l), saved, delta, d_o)?
+        let sinks = modern::sinks(ctx, l, p);
+        cp::backward(ctx, layer_index(l), saved, delta, d_o, sinks, sink)?
     } else {
         let mut dq = ctx.zeros(b, &[n, qw])?;
         let mut dk = ctx.zeros(b, &[n, kw])?;
@@ -504,18 +529,21 @@ fn attention_bwd<B: Backend>(
     };
     let d_ln1 = match mla {
         Some(ms) => mla_bwd(ctx, l, p, *ms, ln1, dq, dk, dv, sink)?,
-        None => qkv_bwd(ctx, l, p, ln1, [dq, dk, dv], (ad, ls), sink)?,
+        None => qkv_bwd(ctx, l, p, ln1, [dq, dk, dv], qk, (ad, ls), sink)?,
     };
     Ok(d_ln1)
 }
 
-/// The normed block input's gradient [n_sp, h] through rotary and the fused QKV projection.
+/// The normed block input's gradient [n_sp, h] through rotary, QK norm and the fused QKV
+/// projection.
+#[allow(clippy::too_many_arguments)]
 fn qkv_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: &View<'_, B::Tensor>,
     ln1: B::Tensor,
     [mut dq, mut dk, dv]: [B::Tensor; 3],
+    qk: Option<Box<[B::Tensor; 2]>>,
     (ad, ls): (&Adapters<B>, &mut LoraSaved<B>),
     sink: &mut Sink<B>,
 ) -> Result<B::Tensor, ExecError> {
@@ -529,6 +557,11 @@ fn qkv_bwd<B: Backend>(
             .rotary(&mut dq, rd.a_r, &ctx.positions, theta, true)?;
         ctx.ops
             .rotary(&mut dk, rd.g_r, &ctx.positions, theta, true)?;
+    }
+    if let Some(qk) = qk {
+        let [qn, kn] = *qk;
+        modern::qk_norm_bwd(ctx, l, p, Part::QNorm, qn, &mut dq, sink)?;
+        modern::qk_norm_bwd(ctx, l, p, Part::KNorm, kn, &mut dk, sink)?;
     }
     let qkv_r = rd.qkv_r();
     let mut dqkv = ctx.zeros(b, &[n, qkv_r])?;

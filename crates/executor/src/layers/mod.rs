@@ -20,6 +20,7 @@ pub mod ends;
 pub mod layer;
 pub mod lora;
 pub mod mla;
+pub mod modern;
 pub mod moe;
 pub mod moe_etp;
 pub mod moe_lora;

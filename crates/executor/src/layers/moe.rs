@@ -290,6 +290,9 @@ fn moe_fwd_full<B: Backend>(
     let mut probs = ctx.zeros(a, &[n, e])?;
     ctx.ops
         .linear_fwd(ln2, p.sub(l.tensors[ROUTER].range()), (n, h, e), &mut probs)?;
+    if let Some((_, bias)) = super::modern::router_bias(ctx, l, &p) {
+        ctx.ops.bias_add(&mut probs, bias)?;
+    }
     let layer = super::dropout::block_layer(l);
     let router = |c: &mut Ctx<B>, t: &mut B::Tensor| route(c, t, &moe, layer);
     let ((routing, aux, chosen), counted) = if ctx.plan.parallel.moe_routes_sp_shard() {
@@ -460,6 +463,13 @@ pub fn moe_bwd<B: Backend>(
         _ => dy,
     };
     let (d_rows, dlogits) = routed_bwd(ctx, l, &p, &ex, s, dy_routed, sink)?;
+    if let Some((tensor, _)) = super::modern::router_bias(ctx, l, &p) {
+        // The router's linear bias: the column sums of the logits' gradient (a partial sum
+        // over TP when each rank routed its own shard, as the router's weight).
+        let mut grad = ctx.zeros_f32(bcat, &[e])?;
+        ctx.ops.bias_grad(&dlogits, ViewMut::all(&mut grad))?;
+        sink(ctx, WTask::Ready { tensor, grad })?;
+    }
     let rows = dlogits.rows();
     let sp = ctx.sp;
     if shared.is_none() && !sharded {

@@ -233,6 +233,7 @@ fn layer_block(b: &mut Builder, plan: &Plan, l: u32, rd: &RankDims) {
             expert_mlp(b, m.activation, &q, moe.shared_ffn, tp, h, std);
         }
         super::bias::push(b, m, l, &p, rd, std);
+        super::modern::push(b, plan, l, &p, rd);
         if let Some(a) = &m.mla {
             mla_up(b, m.norm, a, &p, rd, std);
         }
@@ -262,6 +263,7 @@ fn layer_block(b: &mut Builder, plan: &Plan, l: u32, rd: &RankDims) {
         false,
     );
     super::bias::push(b, m, l, &p, rd, std);
+    super::modern::push(b, plan, l, &p, rd);
     if let Some(a) = &m.mla {
         mla_up(b, m.norm, a, &p, rd, std);
     }

@@ -110,6 +110,7 @@ pub fn layout(plan: &Plan, world: &CudaWorld, gpus: u32) -> Result<CudaLayout, C
 /// there is no driver, cuBLASLt or (for groups across GPUs) NCCL.
 pub fn run_cuda(plan: &Plan, opts: &RunOptions, world: CudaWorld) -> Result<RunReport, ExecError> {
     check_run(plan, opts)?;
+    check_layer_kinds(plan)?;
     let gpus = visible_gpus()?;
     let lay = layout(plan, &world, gpus)?;
     require(Library::CublasLt)?;
@@ -154,6 +155,35 @@ pub fn run_cuda(plan: &Plan, opts: &RunOptions, world: CudaWorld) -> Result<RunR
             // Only this rank's shards are here: rank 0 merges every process's pieces.
             assemble(plan, opts, vec![out], Exported::Pieces)
         }
+    }
+}
+
+/// Refuses, before looking for a GPU, the layer kinds the CUDA kernels do not run yet (the
+/// CPU backend runs them): sliding-window and chunked attention (the flash kernels mask
+/// causally only) and attention sinks. QK norm, the router's linear bias and a MoE layer
+/// pattern run on the existing kernels.
+pub fn check_layer_kinds(plan: &Plan) -> Result<(), ExecError> {
+    let a = &plan.model.attention;
+    let refused: [(bool, &'static str, &'static str); 3] = [
+        (
+            a.window.is_some(),
+            "model.attention.window",
+            "the CUDA backend does not run sliding-window attention yet (the CPU backend does)",
+        ),
+        (
+            a.chunk.is_some(),
+            "model.attention.chunk",
+            "the CUDA backend does not run chunked attention yet (the CPU backend does)",
+        ),
+        (
+            a.sinks,
+            "model.attention.sinks",
+            "the CUDA backend does not run attention sinks yet (the CPU backend does)",
+        ),
+    ];
+    match refused.into_iter().find(|(on, _, _)| *on) {
+        Some((_, field, message)) => Err(ExecError::Unsupported { field, message }),
+        None => Ok(()),
     }
 }
 
@@ -336,6 +366,46 @@ mod tests {
             visible: "unset".into(),
         });
         assert!(!gave_up(&missing));
+    }
+
+    #[test]
+    fn windows_chunks_and_sinks_are_refused_by_name_before_looking_for_a_gpu() {
+        use crate::plan::AttentionShape;
+        let cases = [
+            (
+                AttentionShape {
+                    window: Some(2),
+                    ..AttentionShape::default()
+                },
+                "model.attention.window",
+            ),
+            (
+                AttentionShape {
+                    chunk: Some(2),
+                    ..AttentionShape::default()
+                },
+                "model.attention.chunk",
+            ),
+            (
+                AttentionShape {
+                    sinks: true,
+                    ..AttentionShape::default()
+                },
+                "model.attention.sinks",
+            ),
+        ];
+        for (attention, field) in cases {
+            let mut plan = one_rank();
+            plan.model.attention = attention;
+            let e = run_cuda(&plan, &RunOptions::default(), CudaWorld::SingleProcess)
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with(field) && e.contains("CPU backend"), "{e}");
+        }
+        // QK norm runs on the existing kernels: not refused here (whatever the GPU says).
+        let mut plan = one_rank();
+        plan.model.attention.qk_norm = true;
+        assert!(check_layer_kinds(&plan).is_ok());
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! (rank r holds chunks r and 2cp - 1 - r), so the causal work is even. The gathered K/V are
 //! visited one source rank's block at a time, so score tiles stay (s/cp)^2.
 
-use super::common::{layer_shape, saved_lse, timed, CoreSaved, Grads, Stats};
+use super::common::{
+    fold_sinks, layer_shape, saved_lse, sinks_grad, timed, CoreSaved, Grads, Stats,
+};
 use crate::backend::Side;
 use crate::backend::{AttnSaved, Keep};
 use crate::backend::{Backend, DeviceTensor};
@@ -79,7 +81,9 @@ fn pass<B: Backend>(
     });
     let work = work?;
     drop(tile);
-    let lse = st.finish(&ctx.ops, &sh, s_loc, &mut acc)?;
+    let mut lse = st.finish(&ctx.ops, &sh, s_loc, &mut acc)?;
+    let sinks = ctx.cp.as_ref().and_then(|c| c.sinks.as_ref());
+    fold_sinks::<B>(&ctx.ops, sinks, &sh, s_loc, 0, &mut acc, &mut lse)?;
     if count {
         ctx.cp.as_mut().expect("cp context").stats.score_elements += work;
     }
@@ -125,6 +129,7 @@ pub fn backward<B: Backend>(
         }
     };
     let sh = layer_shape(ctx, layer);
+    sinks_grad(ctx, &sh, q.rows() / sh.b, 0, &lse, &delta)?;
     let cp = ctx.cp.as_ref().expect("cp context");
     let (me, size) = (cp.rank, cp.size);
     let s_loc = cp.positions[me].len();

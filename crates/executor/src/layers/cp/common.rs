@@ -1,7 +1,7 @@
 //! What the three CP attention cores share: message tags, the saved state, the online
 //! softmax's statistics, the attention shape and timing.
 
-use crate::backend::{AttnSaved, Backend, BlockShape, Device, Keep, TensorOps};
+use crate::backend::{AttnSaved, Backend, BlockShape, Device, Keep, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 use crate::layers::ctx::{zeros, Ctx};
 use crate::layers::dropout::attention_dropout;
@@ -77,6 +77,46 @@ impl<B: Backend> Stats<B> {
     }
 }
 
+/// Attention sinks under CP: folds the layer's sink logits of heads `head0..head0 + sh.hq`
+/// ([`super::CpCtx::sinks`], when set) into a finished output `acc` [b, rows, hq, dv] and its
+/// log-sum-exp.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn fold_sinks<B: Backend>(
+    ops: &B::Device,
+    sinks: Option<&B::Tensor>,
+    sh: &BlockShape,
+    rows: usize,
+    head0: usize,
+    acc: &mut B::Tensor,
+    lse: &mut B::Tensor,
+) -> Result<(), ExecError> {
+    match sinks {
+        Some(z) => ops.attn_sink_fwd(sh, rows, acc, lse, View::all(z).sub(head0..head0 + sh.hq)),
+        None => Ok(()),
+    }
+}
+
+/// The sink logits' gradient of heads `head0..head0 + sh.hq` over `rows` rows per sequence,
+/// from the final log-sum-exp [b, hq, rows] and D [b, rows, hq], added into
+/// [`super::CpCtx::dsinks`] (when set).
+pub(super) fn sinks_grad<B: Backend>(
+    ctx: &mut Ctx<B>,
+    sh: &BlockShape,
+    rows: usize,
+    head0: usize,
+    lse: &B::Tensor,
+    delta: &B::Tensor,
+) -> Result<(), ExecError> {
+    let ops = &ctx.ops;
+    let cp = ctx.cp.as_mut().expect("cp context");
+    if let (Some(z), Some(g)) = (cp.sinks.as_ref(), cp.dsinks.as_mut()) {
+        let r = head0..head0 + sh.hq;
+        let logits = View::all(z).sub(r.clone());
+        ops.attn_sink_grad(sh, rows, lse, delta, logits, ViewMut::all(g).sub(r))?;
+    }
+    Ok(())
+}
+
 /// Runs `f`, returning its result and the seconds it took.
 pub(super) fn timed<R>(f: impl FnOnce() -> R) -> (R, f64) {
     let t = Instant::now();
@@ -93,13 +133,15 @@ pub(super) fn shape<B: Backend>(ctx: &Ctx<B>) -> BlockShape {
         d: ctx.rd.d,
         dv: ctx.rd.dv,
         dropout: None,
+        span: crate::plan::AttnSpan::Full,
     }
 }
 
-/// [`shape`] with the attention dropout of global layer `layer`.
+/// [`shape`] with the attention dropout and span (window, chunk) of global layer `layer`.
 pub(super) fn layer_shape<B: Backend>(ctx: &Ctx<B>, layer: u32) -> BlockShape {
     BlockShape {
         dropout: attention_dropout(ctx, layer),
+        span: ctx.plan.model.span(layer),
         ..shape(ctx)
     }
 }

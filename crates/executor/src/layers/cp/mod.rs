@@ -13,15 +13,18 @@ mod ulysses;
 pub use common::{CoreSaved, Grads};
 pub use state::CpCtx;
 
-use crate::backend::{Backend, DeviceTensor, Keep, TensorOps};
+use crate::backend::{Backend, DeviceTensor, Keep, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 use crate::layers::ctx::Ctx;
+use crate::layers::modern::{self, Part};
+use crate::layers::wtask::{Sink, WTask};
 use crate::plan::CpComm;
 use crate::tracker::Category;
 use common::shape;
 
 /// Forward of the attention core of layer `layer` on the sequence shards `q`, `k`, `v`
-/// (rotary applied): the output [n, a_r d] (the projection's input) and what backward needs.
+/// (rotary applied), with the layer's attention sinks if any: the output [n, a_r d] (the
+/// projection's input) and what backward needs.
 pub fn forward<B: Backend>(
     ctx: &mut Ctx<B>,
     layer: u32,
@@ -29,13 +32,43 @@ pub fn forward<B: Backend>(
     k: B::Tensor,
     v: B::Tensor,
     keep: Keep,
+    sinks: Option<View<'_, B::Tensor>>,
 ) -> Result<(B::Tensor, CoreSaved<B>), ExecError> {
+    set_sinks(ctx, sinks, false)?;
     let comm = ctx.cp.as_ref().map(|c| c.comm).expect("cp context");
-    match comm {
+    let r = match comm {
         CpComm::Ring | CpComm::Zigzag => ring::forward(ctx, layer, q, k, v, keep),
         CpComm::AllGather => allgather::forward(ctx, layer, q, k, v, keep),
         CpComm::A2a => ulysses::forward(ctx, layer, q, k, v, keep),
-    }
+    };
+    set_sinks(ctx, None, false)?;
+    r
+}
+
+/// Hands the layer's sink logits (a copy of this TP rank's heads) to the CP passes, with a
+/// zeroed gradient when `grad`; `None` clears them.
+fn set_sinks<B: Backend>(
+    ctx: &mut Ctx<B>,
+    sinks: Option<View<'_, B::Tensor>>,
+    grad: bool,
+) -> Result<(), ExecError> {
+    let (logits, dsinks) = match sinks {
+        Some(z) => {
+            let mut t = ctx.zeros_f32(Category::Buffers, &[z.len()])?;
+            ctx.ops.copy(z, ViewMut::all(&mut t))?;
+            let g = if grad {
+                Some(ctx.zeros_f32(Category::Buffers, &[t.len()])?)
+            } else {
+                None
+            };
+            (Some(t), g)
+        }
+        None => (None, None),
+    };
+    let cp = ctx.cp.as_mut().expect("cp context");
+    cp.sinks = logits;
+    cp.dsinks = dsinks;
+    Ok(())
 }
 
 /// FlashAttention-2's D = rowsum(dO * O) per row and head of the sequence shard, [n, a_r]:
@@ -53,18 +86,33 @@ pub fn row_delta<B: Backend>(
 }
 
 /// Backward of the attention core: dQ, dK, dV as sequence shards [n, ..] (rotary not yet
-/// undone) from the output gradient `dout` and its [`row_delta`].
+/// undone) from the output gradient `dout` and its [`row_delta`]; with attention sinks their
+/// gradient (this rank's rows) goes to `sink`.
+#[allow(clippy::too_many_arguments)]
 pub fn backward<B: Backend>(
     ctx: &mut Ctx<B>,
     layer: u32,
     s: CoreSaved<B>,
     delta: B::Tensor,
     dout: B::Tensor,
+    sinks: Option<View<'_, B::Tensor>>,
+    sink: &mut Sink<B>,
 ) -> Result<Grads<B>, ExecError> {
+    let has_sinks = sinks.is_some();
+    set_sinks(ctx, sinks, true)?;
     let comm = ctx.cp.as_ref().map(|c| c.comm).expect("cp context");
-    match comm {
+    let r = match comm {
         CpComm::Ring | CpComm::Zigzag => ring::backward(ctx, layer, s, delta, dout),
         CpComm::AllGather => allgather::backward(ctx, layer, s, delta, dout),
         CpComm::A2a => ulysses::backward(ctx, layer, s, delta, dout),
+    };
+    let g = ctx.cp.as_mut().and_then(|c| c.dsinks.take());
+    set_sinks(ctx, None, false)?;
+    let r = r?;
+    if let (true, Some(grad)) = (has_sinks, g) {
+        let tensor = modern::tensor(&ctx.plan.model, layer, Part::Sinks)
+            .ok_or(crate::error::StateError::SinksWithoutLse)?;
+        sink(ctx, WTask::Ready { tensor, grad })?;
     }
+    Ok(r)
 }

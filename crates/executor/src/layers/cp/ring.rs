@@ -9,15 +9,19 @@
 //! the accumulator from its earlier visitors is in flight, then adds the two and posts the sum
 //! on (with the receive of the next accumulator in the same exchange). Under a causal mask
 //! a block wholly in a rank's future is skipped; the contiguous layout leaves rank r with
-//! r + 1/2 blocks of work, the zigzag layout every rank with cp.
+//! r + 1/2 blocks of work, the zigzag layout every rank with cp. A sliding window or chunk on
+//! the contiguous layout stops the ring once the blocks within its reach have visited
+//! ([`steps`]); the last visitor then sends the block's dK/dV straight home.
 
+use super::common::{fold_sinks, sinks_grad};
 use super::common::{layer_shape, saved_lse, tag, timed, CoreSaved, Grads, Pass, Stats};
-use crate::backend::Side;
 use crate::backend::{AttnSaved, Keep, Pending, RecvInto, SendFrom};
 use crate::backend::{Backend, DeviceTensor};
+use crate::backend::{BlockShape, Side};
 use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 use crate::layers::ctx::Ctx;
+use crate::plan::{AttnSpan, CpComm};
 use crate::tracker::Category;
 
 const KEYS: u64 = 0;
@@ -110,6 +114,21 @@ fn block<'t, B: Backend>(
     }
 }
 
+/// The ring steps layer shape `sh` needs on `size` CP ranks of `s_loc` positions: every
+/// rank's block under full attention or the zigzag layout; with a window or chunk on
+/// contiguous shards only the blocks within its reach (w - 1 positions back), which arrive in
+/// the first ceil(reach / s_loc) + 1 steps, as the engine's windowed exchange counts them.
+fn steps<B: Backend>(ctx: &Ctx<B>, sh: &BlockShape, s_loc: usize, size: usize) -> usize {
+    let reach = match sh.span {
+        AttnSpan::Full => return size,
+        AttnSpan::Window(w) | AttnSpan::Chunk(w) => w.saturating_sub(1),
+    };
+    match ctx.cp.as_ref().map(|c| c.comm) {
+        Some(CpComm::Ring) => (reach.div_ceil(s_loc.max(1)) + 1).min(size),
+        _ => size,
+    }
+}
+
 /// The forward pass of the ring; returns (output, lse).
 fn pass<B: Backend>(
     ctx: &mut Ctx<B>,
@@ -131,7 +150,8 @@ fn pass<B: Backend>(
     let mut st = Stats::<B>::new(&ctx.ops, sh.b * sh.hq * s_loc)?;
     let mut tile = ctx.zeros(Category::Buffers, &[s_loc, s_loc])?;
     let mut cur: Option<Pair<B>> = None;
-    for t in 0..size {
+    let n_steps = steps(ctx, &sh, s_loc, size);
+    for t in 0..n_steps {
         let src = (me + size - t) % size;
         let tags = (
             tag(layer, mb, which, t, KEYS),
@@ -139,7 +159,7 @@ fn pass<B: Backend>(
         );
         let (kb, vb) = block::<B>(&cur, k, v);
         // Step t + 1's exchange goes out before step t computes.
-        let (pending, mut comm_s) = if t + 1 < size {
+        let (pending, mut comm_s) = if t + 1 < n_steps {
             let into = buffers(ctx, kv_len)?;
             let (p, dt) = post(ctx, ring, tags, Some((kb.clone(), vb.clone())), Some(into))?;
             (Some(p), dt)
@@ -176,7 +196,9 @@ fn pass<B: Backend>(
         cp.record(false, t, compute_s, comm_s);
     }
     drop((cur, tile));
-    let lse = st.finish(&ctx.ops, &sh, s_loc, &mut acc)?;
+    let mut lse = st.finish(&ctx.ops, &sh, s_loc, &mut acc)?;
+    let sinks = ctx.cp.as_ref().and_then(|c| c.sinks.as_ref());
+    fold_sinks::<B>(&ctx.ops, sinks, &sh, s_loc, 0, &mut acc, &mut lse)?;
     Ok((acc, lse))
 }
 
@@ -228,11 +250,17 @@ pub fn backward<B: Backend>(
         _ => pass(ctx, layer, Pass::Recompute, &q, &k, &v)?.1,
     };
     let sh = layer_shape(ctx, layer);
+    sinks_grad(ctx, &sh, q.rows() / sh.b, 0, &lse, &delta)?;
     let mb = ctx.mb;
     let cp = ctx.cp.as_ref().expect("cp context");
     let (me, size) = (cp.rank, cp.size);
     let ring = (cp.next(), cp.prev());
     let s_loc = cp.positions[me].len();
+    let n_steps = steps(ctx, &sh, s_loc, size);
+    // The last visitor's accumulator goes straight home (n_steps - 1 ranks back) and this
+    // rank's own comes back from its last visitor: the ring's neighbours when every rank
+    // visits (n_steps = cp).
+    let home = (cp.ahead(size - (n_steps - 1)), cp.ahead(n_steps - 1));
     let kv_len = (k.len(), v.len());
     let b = Category::Buffers;
     let mut dq = ctx.zeros(b, &[q.rows(), q.cols()])?;
@@ -251,14 +279,14 @@ pub fn backward<B: Backend>(
             tag(layer, mb, which, t, GRADS_V),
         )
     };
-    for t in 0..size {
+    for t in 0..n_steps {
         let src = (me + size - t) % size;
         let tags = (
             tag(layer, mb, which, t, KEYS),
             tag(layer, mb, which, t, VALUES),
         );
         // Step t + 1's K/V exchange goes out before step t computes.
-        let (kv_in, mut comm_s) = if t + 1 < size {
+        let (kv_in, mut comm_s) = if t + 1 < n_steps {
             let (kb, vb) = block::<B>(&cur, &k, &v);
             let into = buffers(ctx, kv_len)?;
             let (p, dt) = post(ctx, ring, tags, Some((kb, vb)), Some(into))?;
@@ -320,7 +348,8 @@ pub fn backward<B: Backend>(
             // accumulator (after the last step: this rank's own block coming home).
             let into = buffers(ctx, kv_len)?;
             let send = Some((View::all(&acc.0), View::all(&acc.1)));
-            let (p, dt) = post(ctx, ring, grad_tags(t), send, Some(into))?;
+            let peers = if t + 1 == n_steps { home } else { ring };
+            let (p, dt) = post(ctx, peers, grad_tags(t), send, Some(into))?;
             comm_s += dt;
             acc_in = Some(p);
         }
@@ -345,7 +374,7 @@ pub fn backward<B: Backend>(
         ctx.cp
             .as_mut()
             .expect("cp context")
-            .record(true, size - 1, 0.0, dt);
+            .record(true, n_steps - 1, 0.0, dt);
     }
     Ok((dq, dk, dv))
 }

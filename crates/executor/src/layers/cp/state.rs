@@ -17,6 +17,10 @@ pub struct CpCtx<B: Backend> {
     pub stats: CpStats,
     /// Whether times are being recorded (the timed steps).
     pub timing: bool,
+    /// The attention sinks of the layer being run (this TP rank's heads) and, in backward,
+    /// their gradient over this rank's rows.
+    pub sinks: Option<B::Tensor>,
+    pub dsinks: Option<B::Tensor>,
 }
 
 impl<B: Backend> CpCtx<B> {
@@ -30,11 +34,18 @@ impl<B: Backend> CpCtx<B> {
             comm,
             stats: CpStats::default(),
             timing: false,
+            sinks: None,
+            dsinks: None,
         }
     }
 
     pub(super) fn next(&self) -> u32 {
         self.group.members()[(self.rank + 1) % self.size]
+    }
+
+    /// The member `hops` places ahead of this rank around the ring.
+    pub(super) fn ahead(&self, hops: usize) -> u32 {
+        self.group.members()[(self.rank + hops) % self.size]
     }
 
     pub(super) fn prev(&self) -> u32 {

@@ -5,7 +5,9 @@
 //! FlashAttention-2's row statistic D = rowsum(dO * O) travel together, then dQ, dK, dV return).
 //! Needs the heads and K/V heads of a TP rank divisible by cp; the layout is contiguous.
 
-use super::common::{layer_shape, saved_lse, timed, CoreSaved, Grads, Stats};
+use super::common::{
+    fold_sinks, layer_shape, saved_lse, sinks_grad, timed, CoreSaved, Grads, Stats,
+};
 use crate::backend::{AttnSaved, Keep};
 use crate::backend::{Backend, DeviceTensor};
 use crate::backend::{BlockShape, Side};
@@ -46,6 +48,11 @@ fn setup<B: Backend>(ctx: &Ctx<B>, layer: u32) -> (Geo, BlockShape, Vec<u32>) {
     (geo, local, all)
 }
 
+/// The first of this CP rank's heads among its TP rank's (`sh`: the head group's shape).
+fn head0<B: Backend>(ctx: &Ctx<B>, sh: &BlockShape) -> usize {
+    ctx.cp.as_ref().map_or(0, |c| c.rank * sh.hq)
+}
+
 /// All-to-all of `send` over the CP group into a new buffer of category `cat`.
 fn exchange<B: Backend>(
     ctx: &Ctx<B>,
@@ -62,7 +69,10 @@ fn exchange<B: Backend>(
     Ok((recv, dt))
 }
 
-/// Attention of the head group over the whole sequence: (normalised output, lse, work).
+/// Attention of the head group over the whole sequence, with the sinks of its heads
+/// (`sinks`: the TP rank's logits and the group's first head): (normalised output, lse,
+/// work).
+#[allow(clippy::too_many_arguments)]
 fn attend<B: Backend>(
     ops: &B::Device,
     geo: &Geo,
@@ -71,6 +81,7 @@ fn attend<B: Backend>(
     q: &B::Tensor,
     k: &B::Tensor,
     v: &B::Tensor,
+    sinks: (Option<&B::Tensor>, usize),
 ) -> Result<(B::Tensor, B::Tensor, u64), ExecError> {
     let s = all.len();
     let side = Side {
@@ -93,7 +104,8 @@ fn attend<B: Backend>(
         &mut tile,
     )?;
     drop(tile);
-    let lse = st.finish(ops, sh, s, &mut acc)?;
+    let mut lse = st.finish(ops, sh, s, &mut acc)?;
+    fold_sinks::<B>(ops, sinks.0, sh, s, sinks.1, &mut acc, &mut lse)?;
     Ok((acc, lse, work))
 }
 
@@ -133,7 +145,11 @@ pub fn forward<B: Backend>(
     ctx.ops
         .ulysses_unpack(&geo, Head, &recv, &parts, &mut [&mut qh, &mut kh, &mut vh])?;
     drop(recv);
-    let (r, compute_s) = timed(|| attend::<B>(&ctx.ops, &geo, &sh, &all, &qh, &kh, &vh));
+    let z = (
+        ctx.cp.as_ref().and_then(|c| c.sinks.as_ref()),
+        head0(ctx, &sh),
+    );
+    let (r, compute_s) = timed(|| attend::<B>(&ctx.ops, &geo, &sh, &all, &qh, &kh, &vh, z));
     let (oh, lse, work) = r?;
     let mut send = ctx.zeros(b, &[oh.len()])?;
     ctx.ops
@@ -175,7 +191,13 @@ pub fn backward<B: Backend>(
     let lse = match attn {
         AttnSaved::Lse(l) => l,
         // Selective recomputation: the head group's attention again (no communication).
-        _ => attend::<B>(&ctx.ops, &geo, &sh, &all, &q, &k, &v)?.1,
+        _ => {
+            let z = (
+                ctx.cp.as_ref().and_then(|c| c.sinks.as_ref()),
+                head0(ctx, &sh),
+            );
+            attend::<B>(&ctx.ops, &geo, &sh, &all, &q, &k, &v, z)?.1
+        }
     };
     let (a_r, g_r, d, dv) = (ctx.rd.a_r, ctx.rd.g_r, ctx.rd.d, ctx.rd.dv);
     let b = Category::Buffers;
@@ -198,6 +220,7 @@ pub fn backward<B: Backend>(
     ctx.ops
         .ulysses_unpack(&geo, Head, &recv, &out_parts, &mut [&mut doh, &mut delta])?;
     drop(recv);
+    sinks_grad(ctx, &sh, s, head0(ctx, &sh), &lse, &delta)?;
     let mut dqh = ctx.zeros(b, &[rows, sh.hq * d])?;
     let mut dkh = ctx.zeros(b, &[rows, sh.hk * d])?;
     let mut dvh = ctx.zeros(b, &[rows, sh.hk * dv])?;

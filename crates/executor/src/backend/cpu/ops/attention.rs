@@ -33,6 +33,11 @@ impl AttnShape {
     fn scale(&self) -> f32 {
         1.0 / (self.d as f32).sqrt()
     }
+
+    /// The keys row `i` sees: `first..=i` (the causal mask and the span's).
+    fn first_key(&self, i: usize) -> usize {
+        self.span.first_key(i as u32) as usize
+    }
 }
 
 /// What the CPU attention forward keeps for backward.
@@ -53,19 +58,25 @@ fn scores(
     gemm(g, sh.scale(), q, qv, k, kv.t(), 0.0, sc, View::rm(s, s));
 }
 
-fn softmax_rows(sc: &mut [f32], s: usize, lse_out: Option<&mut [f32]>) {
+fn softmax_rows(sh: &AttnShape, sc: &mut [f32], lse_out: Option<&mut [f32]>) {
+    let s = sh.s;
     let mut lse_store = lse_out;
     for i in 0..s {
         let row = &mut sc[i * s..(i + 1) * s];
-        let max = row[..=i].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let lo = sh.first_key(i);
+        let max = row[lo..=i]
+            .iter()
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0.0f32;
-        for x in row[..=i].iter_mut() {
+        for x in row[lo..=i].iter_mut() {
             *x = (*x - max).exp();
             sum += *x;
         }
-        for x in row[..=i].iter_mut() {
+        for x in row[lo..=i].iter_mut() {
             *x /= sum;
         }
+        row[..lo].fill(0.0);
         for x in row[i + 1..].iter_mut() {
             *x = 0.0;
         }
@@ -134,8 +145,8 @@ pub fn attn_fwd(
             };
             scores(g, sh, q, k, bi, hq, sc);
             softmax_rows(
+                sh,
                 sc,
-                s,
                 lse.as_mut()
                     .map(|l| &mut l.data_mut()[idx * s..(idx + 1) * s]),
             );
@@ -192,8 +203,9 @@ pub fn attn_bwd(
                     scores(g, sh, q, k, bi, hq, pb);
                     let lse = &l.data()[idx * s..(idx + 1) * s];
                     for i in 0..s {
+                        let lo = sh.first_key(i);
                         for j in 0..s {
-                            pb[i * s + j] = if j <= i {
+                            pb[i * s + j] = if j <= i && j >= lo {
                                 (pb[i * s + j] - lse[i]).exp()
                             } else {
                                 0.0
@@ -205,7 +217,7 @@ pub fn attn_bwd(
                 AttnSaved::None => {
                     let pb = p_buf.data_mut();
                     scores(g, sh, q, k, bi, hq, pb);
-                    softmax_rows(pb, s, None);
+                    softmax_rows(sh, pb, None);
                     p_buf.data()
                 }
             };
@@ -231,9 +243,14 @@ pub fn attn_bwd(
             for i in 0..s {
                 let row = &mut dpd[i * s..(i + 1) * s];
                 let prow = &p[i * s..(i + 1) * s];
-                let dot: f32 = row[..=i].iter().zip(&prow[..=i]).map(|(a, b)| a * b).sum();
+                let lo = sh.first_key(i);
+                let dot: f32 = row[lo..=i]
+                    .iter()
+                    .zip(&prow[lo..=i])
+                    .map(|(a, b)| a * b)
+                    .sum();
                 for j in 0..s {
-                    row[j] = if j <= i {
+                    row[j] = if j <= i && j >= lo {
                         prow[j] * (row[j] - dot)
                     } else {
                         0.0

@@ -8,6 +8,7 @@
 
 use super::gemm::{gemm, GemmCounter, View};
 pub use crate::backend::{BlockShape, Side};
+use crate::plan::AttnSpan;
 
 impl BlockShape {
     fn scale(&self) -> f32 {
@@ -37,14 +38,16 @@ impl Side<'_> {
     }
 }
 
-/// Keys of a query row at position `qp` among a run of keys starting at position `k0` (the run
-/// holds consecutive positions): the unmasked prefix length.
-fn visible(qp: u32, k0: u32, len: usize) -> usize {
+/// Keys of a query row at position `qp` among a run of `len` keys starting at position `k0`
+/// (the run holds consecutive positions): the unmasked range `lo..hi` of the run, under the
+/// causal mask and the span's (window, chunk); empty when none is.
+fn visible(span: AttnSpan, qp: u32, k0: u32, len: usize) -> (usize, usize) {
     if qp < k0 {
-        0
-    } else {
-        ((qp - k0) as usize + 1).min(len)
+        return (0, 0);
     }
+    let hi = ((qp - k0) as usize + 1).min(len);
+    let lo = (span.first_key(qp).saturating_sub(k0) as usize).min(hi);
+    (lo, hi)
 }
 
 /// Running statistics of the online softmax, [b, hq, rows] each.
@@ -88,15 +91,16 @@ struct Pair<'a> {
     full: bool,
     k0: u32,
     qpos: &'a [u32],
+    span: AttnSpan,
 }
 
 impl Pair<'_> {
-    /// Unmasked keys of query row `i` of the run.
-    fn visible(&self, i: usize) -> usize {
+    /// Unmasked keys `lo..hi` of query row `i` of the run.
+    fn visible(&self, i: usize) -> (usize, usize) {
         if self.full {
-            self.cn
+            (0, self.cn)
         } else {
-            visible(self.qpos[self.r0 + i], self.k0, self.cn)
+            visible(self.span, self.qpos[self.r0 + i], self.k0, self.cn)
         }
     }
 }
@@ -112,8 +116,10 @@ fn for_each_pair(sh: &BlockShape, qs: Side, ks: Side, mut f: impl FnMut(&Pair)) 
             for &(r0, rn) in &qruns {
                 let (qlo, qhi) = (qs.pos[r0], qs.pos[r0 + rn - 1]);
                 for &(c0, cn) in &kruns {
-                    let k0 = ks.pos[c0];
-                    if k0 > qhi {
+                    let (k0, klast) = (ks.pos[c0], ks.pos[c0 + cn - 1]);
+                    // Wholly in the future, or wholly before the span of the run's first
+                    // query (the span's first key never decreases with the position).
+                    if k0 > qhi || klast < sh.span.first_key(qlo) {
                         continue;
                     }
                     f(&Pair {
@@ -128,9 +134,10 @@ fn for_each_pair(sh: &BlockShape, qs: Side, ks: Side, mut f: impl FnMut(&Pair)) 
                         vv: head_view(sk, sh.hk, sh.dv, bi, h / group, c0, cn),
                         tv: View::rm(rn, cn),
                         stat0: (bi * sh.hq + h) * sq + r0,
-                        full: ks.pos[c0 + cn - 1] <= qlo,
+                        full: klast <= qlo && k0 >= sh.span.first_key(qhi),
                         k0,
                         qpos: qs.pos,
+                        span: sh.span,
                     });
                 }
             }
@@ -162,32 +169,33 @@ pub fn forward_block(
         let (rn, cn) = (pr.rn, pr.cn);
         gemm(g, sh.scale(), q, pr.qv, k, pr.kv.t(), 0.0, tile, pr.tv);
         for i in 0..rn {
-            let n_vis = pr.visible(i);
+            let (lo, hi) = pr.visible(i);
             let row = &mut tile[i * cn..(i + 1) * cn];
             let si = pr.stat0 + i;
-            work += n_vis as u64;
-            if n_vis == 0 {
+            work += (hi - lo) as u64;
+            if hi == lo {
                 row.fill(0.0);
                 continue;
             }
             let m_old = st.max[si];
-            let m_new = row[..n_vis].iter().copied().fold(m_old, f32::max);
+            let m_new = row[lo..hi].iter().copied().fold(m_old, f32::max);
             let alpha = if m_old == f32::NEG_INFINITY {
                 0.0
             } else {
                 (m_old - m_new).exp()
             };
             let mut sum = 0.0f32;
-            for x in row[..n_vis].iter_mut() {
+            for x in row[lo..hi].iter_mut() {
                 *x = (*x - m_new).exp();
                 sum += *x;
             }
-            row[n_vis..].fill(0.0);
+            row[..lo].fill(0.0);
+            row[hi..].fill(0.0);
             // The running sum is the undropped softmax's; only the output sees the mask.
             if let Some(dr) = &sh.dropout {
-                z.resize(n_vis, 0.0);
+                z.resize(hi, 0.0);
                 dr.fill_row(pr.bi, pr.h, pr.qpos[pr.r0 + i], pr.k0, &mut z);
-                row[..n_vis].iter_mut().zip(&z).for_each(|(x, m)| *x *= m);
+                row[..hi].iter_mut().zip(&z).for_each(|(x, m)| *x *= m);
             }
             st.max[si] = m_new;
             st.sum[si] = st.sum[si] * alpha + sum;
@@ -220,6 +228,50 @@ pub fn finish(
                 o[off..off + sh.dv].iter_mut().for_each(|x| *x /= l);
             }
         }
+    }
+}
+
+/// Attention sinks (GPT-OSS): head h's logit `sinks[h]` joins the denominator of each of its
+/// rows. From the normalised output `o` [b, rows, hq, dv] and log-sum-exp `lse` [b, hq, rows]
+/// of the keys: lse' = log(exp(lse) + exp(sink)) and o *= exp(lse - lse'), in place.
+pub fn sink_fwd(sh: &BlockShape, rows: usize, o: &mut [f32], lse: &mut [f32], sinks: &[f32]) {
+    for bi in 0..sh.b {
+        for (h, &z) in sinks.iter().enumerate().take(sh.hq) {
+            for i in 0..rows {
+                let si = (bi * sh.hq + h) * rows + i;
+                let l = lse[si];
+                let m = l.max(z);
+                let total = m + ((l - m).exp() + (z - m).exp()).ln();
+                let scale = (l - total).exp();
+                lse[si] = total;
+                let off = ((bi * rows + i) * sh.hq + h) * sh.dv;
+                o[off..off + sh.dv].iter_mut().for_each(|x| *x *= scale);
+            }
+        }
+    }
+}
+
+/// The sinks' gradient: dL/dsink_h = -sum over h's rows of P_sink D, P_sink = exp(sink_h -
+/// lse') with the final log-sum-exp `lse` [b, hq, rows] and D = rowsum(dO * O) `delta`
+/// [b, rows, hq] (the output is sum_j P_j v_j and every P_j falls by P_j P_sink per unit of
+/// sink). Added into `dsinks`.
+pub fn sink_grad(
+    sh: &BlockShape,
+    rows: usize,
+    lse: &[f32],
+    delta: &[f32],
+    sinks: &[f32],
+    dsinks: &mut [f32],
+) {
+    for (h, g) in dsinks.iter_mut().enumerate().take(sh.hq) {
+        let mut acc = 0.0f64;
+        for bi in 0..sh.b {
+            for i in 0..rows {
+                let p = (sinks[h] - lse[(bi * sh.hq + h) * rows + i]).exp();
+                acc += f64::from(p * delta[(bi * rows + i) * sh.hq + h]);
+            }
+        }
+        *g -= acc as f32;
     }
 }
 
@@ -270,12 +322,13 @@ pub fn backward_block(
         let (rn, cn, tv) = (pr.rn, pr.cn, pr.tv);
         gemm(g, scale, q, pr.qv, k, pr.kv.t(), 0.0, p_tile, tv);
         for i in 0..rn {
-            let n_vis = pr.visible(i);
-            work += n_vis as u64;
+            let (lo, hi) = pr.visible(i);
+            work += (hi - lo) as u64;
             let l = lse[pr.stat0 + i];
             let row = &mut p_tile[i * cn..(i + 1) * cn];
-            row[..n_vis].iter_mut().for_each(|x| *x = (*x - l).exp());
-            row[n_vis..].fill(0.0);
+            row[lo..hi].iter_mut().for_each(|x| *x = (*x - l).exp());
+            row[..lo].fill(0.0);
+            row[hi..].fill(0.0);
         }
         // dP = dO V^T (of the dropped probabilities)
         gemm(g, 1.0, dout, pr.ov, v, pr.vv.t(), 0.0, dp_tile, tv);
@@ -378,6 +431,7 @@ mod tests {
                 sample0: 0,
                 seq: s as u64,
             }),
+            span: crate::plan::AttnSpan::Full,
         };
         let dev = CpuOps::new();
         let mut x = [
@@ -430,6 +484,7 @@ mod tests {
             d,
             dv: dvw,
             dropout,
+            span: crate::plan::AttnSpan::Full,
         };
         let q = rand(b * s * hq * d, 1);
         let k = rand(b * s * hk * d, 2);
@@ -443,6 +498,7 @@ mod tests {
             d,
             dv: dvw,
             dropout,
+            span: crate::plan::AttnSpan::Full,
         };
         let mut o_ref = vec![0.0; dout.len()];
         let dev = CpuOps::new();

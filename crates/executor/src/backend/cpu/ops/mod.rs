@@ -7,6 +7,8 @@
 pub mod activation;
 pub mod adam;
 pub mod attention;
+#[cfg(test)]
+mod attention_variants;
 pub mod bias;
 pub mod cross_entropy;
 pub mod dropout;
@@ -478,6 +480,34 @@ impl TensorOps<Cpu> for CpuOps {
         out: &mut Tensor,
     ) -> Result<(), ExecError> {
         flash::delta(sh, rows, dout.data(), o.data(), out.data_mut());
+        Ok(())
+    }
+
+    fn attn_sink_fwd(
+        &self,
+        sh: &BlockShape,
+        rows: usize,
+        o: &mut Tensor,
+        lse: &mut Tensor,
+        sinks: View<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        flash::sink_fwd(sh, rows, o.data_mut(), lse.data_mut(), src(&sinks));
+        store_all(o);
+        Ok(())
+    }
+
+    fn attn_sink_grad(
+        &self,
+        sh: &BlockShape,
+        rows: usize,
+        lse: &Tensor,
+        delta: &Tensor,
+        sinks: View<'_, Tensor>,
+        mut dsinks: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        let d = dst(&mut dsinks);
+        flash::sink_grad(sh, rows, lse.data(), delta.data(), src(&sinks), d);
+        store_view(&mut dsinks);
         Ok(())
     }
 

@@ -136,6 +136,13 @@ impl TensorOps<Cuda> for CudaRank {
         flash::flash_delta(
             sh: &BlockShape, rows: usize, dout: &CudaTensor, o: &CudaTensor, out: &mut CudaTensor)
             -> Result<(), ExecError>;
+        flash::attn_sink_fwd(
+            sh: &BlockShape, rows: usize, o: &mut CudaTensor, lse: &mut CudaTensor,
+            sinks: View<'_, CudaTensor>) -> Result<(), ExecError>;
+        flash::attn_sink_grad(
+            sh: &BlockShape, rows: usize, lse: &CudaTensor, delta: &CudaTensor,
+            sinks: View<'_, CudaTensor>, dsinks: ViewMut<'_, CudaTensor>)
+            -> Result<(), ExecError>;
         flash::flash_bwd_block(
             sh: &BlockShape, q: &CudaTensor, qs: Side<'_>, k: View<'_, CudaTensor>,
             v: View<'_, CudaTensor>, ks: Side<'_>, dout: &CudaTensor, lse: &CudaTensor,

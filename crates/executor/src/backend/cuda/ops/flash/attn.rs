@@ -34,6 +34,7 @@ pub fn block_shape(sh: &AttnShape) -> BlockShape {
         d: sh.d,
         dv: sh.dv,
         dropout: sh.dropout,
+        span: sh.span,
     }
 }
 
@@ -321,6 +322,7 @@ mod tests {
             d: 4,
             dv: 4,
             dropout: None,
+            span: crate::plan::AttnSpan::Full,
         };
         let pos: Vec<u32> = (0..7).collect();
         assert_eq!(causal_work(&sh, &pos, &pos), 2 * 3 * 7 * 8 / 2);
@@ -339,6 +341,7 @@ mod tests {
             d: 2,
             dv: 2,
             dropout: None,
+            span: crate::plan::AttnSpan::Full,
         };
         let (qpos, kpos) = ([0u32, 1, 6, 7], [2u32, 3, 4, 5]);
         let (sq, sk) = (qpos.len(), kpos.len());

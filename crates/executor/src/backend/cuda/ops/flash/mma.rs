@@ -276,6 +276,7 @@ mod tests {
             d,
             dv,
             dropout: None,
+            span: crate::plan::AttnSpan::Full,
         }
     }
 

@@ -11,7 +11,55 @@ use crate::backend::cuda::ops::launch::F32;
 use crate::backend::cuda::rank::CudaRank;
 use crate::backend::{AttnSaved, AttnShape, BlockShape, DeviceTensor, Keep, Side, View, ViewMut};
 use crate::error::ExecError;
+use crate::plan::AttnSpan;
 use attn::Running;
+
+/// The CUDA kernels mask causally only: a sliding window or chunk is refused by name (the
+/// run refuses it before it starts, `runner::cuda`; this guards direct calls).
+fn full_span(span: AttnSpan) -> Result<(), ExecError> {
+    match span {
+        AttnSpan::Full => Ok(()),
+        AttnSpan::Window(_) => Err(ExecError::Unsupported {
+            field: "model.attention.window",
+            message: "the CUDA attention kernels do not run sliding-window attention yet; use the CPU backend",
+        }),
+        AttnSpan::Chunk(_) => Err(ExecError::Unsupported {
+            field: "model.attention.chunk",
+            message: "the CUDA attention kernels do not run chunked attention yet; use the CPU backend",
+        }),
+    }
+}
+
+/// Attention sinks have no CUDA kernel yet.
+fn no_sinks() -> ExecError {
+    ExecError::Unsupported {
+        field: "model.attention.sinks",
+        message: "the CUDA backend does not run attention sinks yet; use the CPU backend",
+    }
+}
+
+pub fn attn_sink_fwd(
+    _cr: &CudaRank,
+    _sh: &BlockShape,
+    _rows: usize,
+    _o: &mut CudaTensor,
+    _lse: &mut CudaTensor,
+    _sinks: View<'_, CudaTensor>,
+) -> Result<(), ExecError> {
+    Err(no_sinks())
+}
+
+pub fn attn_sink_grad(
+    _cr: &CudaRank,
+    _sh: &BlockShape,
+    _rows: usize,
+    _lse: &CudaTensor,
+    _delta: &CudaTensor,
+    _sinks: View<'_, CudaTensor>,
+    _dsinks: ViewMut<'_, CudaTensor>,
+) -> Result<(), ExecError> {
+    Err(no_sinks())
+}
 
 pub fn attn_fwd(
     cr: &CudaRank,
@@ -22,6 +70,7 @@ pub fn attn_fwd(
     o: &mut CudaTensor,
     keep: Keep,
 ) -> Result<AttnSaved<CudaTensor>, ExecError> {
+    full_span(sh.span)?;
     Ok(attn::attn_fwd(cr, sh, q, k, v, o, keep)?)
 }
 
@@ -38,6 +87,7 @@ pub fn attn_bwd(
     dk: &mut CudaTensor,
     dv: &mut CudaTensor,
 ) -> Result<(), ExecError> {
+    full_span(sh.span)?;
     Ok(attn::attn_bwd(cr, sh, q, k, v, dout, dq, dk, dv)?)
 }
 
@@ -55,6 +105,7 @@ pub fn flash_fwd_block(
     sum: &mut CudaTensor,
     _tile: &mut CudaTensor,
 ) -> Result<u64, ExecError> {
+    full_span(sh.span)?;
     let dt = q.dtype();
     let (kk, vv) = (cr.input_view(&k, dt)?, cr.input_view(&v, dt)?);
     let run = Running {
@@ -143,6 +194,7 @@ pub fn flash_bwd_block(
     _p_tile: &mut CudaTensor,
     _dp_tile: &mut CudaTensor,
 ) -> Result<u64, ExecError> {
+    full_span(sh.span)?;
     let dt = q.dtype();
     let (kk, vv) = (cr.input_view(&k, dt)?, cr.input_view(&v, dt)?);
     let ds = cr.input(dout, dt)?;
