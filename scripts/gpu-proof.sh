@@ -21,7 +21,10 @@ f=$(find "$SP/nvidia" -name libnccl.so.2 | head -1); [ -n "$f" ] && ln -sf "$f" 
 export LD_LIBRARY_PATH="/tmp/parsim-lib:$LD_LIBRARY_PATH"
 # Test binaries carry their build paths: make them resolve here.
 mkdir -p target/release && cp "$B/parsim" target/release/parsim
-[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+# The root they were built in: /work/main, or the one named in $B/build-root.
+for root in /work/main $(cat "$B/build-root" 2>/dev/null); do
+  [ -e "$root" ] || { mkdir -p "$(dirname "$root")" && ln -s "$PWD" "$root"; }
+done
 say "machine"; nvidia-smi >>"$LOG" 2>&1
 step 120 "$B/parsim" doctor
 "$B/parsim" doctor --json >"$OUT/doctor.json" 2>>"$LOG"
@@ -61,6 +64,11 @@ done
 profile)
 # Kernel time by kernel over one timed step of the layer (Nsight Compute, clocks left alone).
 say "ncu layer"; timeout 400 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel "$B/parsim" execute --config tests/fixtures/gpu_layer.toml --backend cuda --precision bf16 --steps 2 --warmup 1 >"$OUT/ncu_layer.txt" 2>&1; echo "exit $?" | tee -a "$LOG"
+;;
+attn)
+# What limits the attention kernels: Nsight Compute on one launch each of the tensor-core
+# forward and the fused and deterministic backwards at the bench's shape (clocks left alone).
+say "ncu attention"; timeout 240 ncu --clock-control none -k regex:'flash_mma_(fwd|bwd|dq|dkdv)_d128' -c 8 --section SpeedOfLight --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis "$B/kernels" >"$OUT/ncu_attention.txt" 2>&1; echo "exit $?" | tee -a "$LOG"
 ;;
 calibrate)
 step 500 "$B/parsim" execute --calibrate --backend cuda --gpu h100-sxm --out "$OUT/h100-measured.toml"
