@@ -13,8 +13,8 @@ use crate::config::{
 use crate::layout::{Coords as LCoords, GroupKind, Layout};
 use crate::schedule::{self, ActionKind, ScheduleError};
 use parsim_plan::plan::{
-    self as xp, Action, AdamConfig, Coords, LoraShape, MlaShape, ModelShape, MoeShape, Parallelism,
-    Plan, RankPlan, RouterShape, StagePlan,
+    self as xp, Action, AdamConfig, Coords, LoraShape, MambaShape, MlaShape, ModelShape, MoeShape,
+    Parallelism, Plan, RankPlan, RouterShape, StagePlan,
 };
 
 /// Why a configuration cannot be executed (yet).
@@ -72,6 +72,7 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
     }
     check_moe(r)?;
     check_layer_kinds(m)?;
+    check_hybrid(r)?;
     if let Some(mla) = &m.mla {
         if mla.qk_rope_head_dim % 2 != 0 {
             return Err(unsupported(
@@ -124,12 +125,7 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
 /// Refuses the layer kinds the executor does not run yet (issue 31's models), naming the
 /// field, rather than lowering them as another model.
 fn check_layer_kinds(m: &crate::config::ModelConfig) -> Result<(), PlanError> {
-    let refused: [(bool, &'static str, &str); 7] = [
-        (
-            m.hybrid_layer_pattern.is_some(),
-            "model.hybrid_layer_pattern",
-            "hybrid Mamba-2 layers",
-        ),
+    let refused: [(bool, &'static str, &str); 6] = [
         (
             m.window_size.is_some(),
             "model.window_size",
@@ -161,6 +157,33 @@ fn check_layer_kinds(m: &crate::config::ModelConfig) -> Result<(), PlanError> {
         Some((_, field, what)) => Err(unsupported(
             field,
             format!("the executor does not run {what} yet"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Refuses what the executor does not run in a hybrid model, naming the field: LoRA (the
+/// engine has no adapter targets in the Mamba-2 mixer), linear biases and MLA.
+fn check_hybrid(r: &Resolved) -> Result<(), PlanError> {
+    let m = &r.config.model;
+    if m.hybrid_layer_pattern.is_none() {
+        return Ok(());
+    }
+    let refused = [
+        (
+            r.config.training.mode == TrainingMode::Lora,
+            "training.mode",
+            "LoRA",
+        ),
+        (m.add_bias_linear, "model.add_bias_linear", "linear biases"),
+        (m.mla.is_some(), "model.mla", "multi-head latent attention"),
+    ];
+    match refused.into_iter().find(|(on, _, _)| *on) {
+        Some((_, field, what)) => Err(unsupported(
+            field,
+            format!(
+                "the executor does not run {what} in a hybrid model (model.hybrid_layer_pattern)"
+            ),
         )),
         None => Ok(()),
     }
@@ -349,7 +372,30 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
         } else {
             0.0
         },
+        hybrid: hybrid_layers(m),
+        mamba: m.mamba.as_ref().map(|a| MambaShape {
+            heads: a.num_heads as usize,
+            head_dim: a.head_dim as usize,
+            state: a.state_dim as usize,
+            groups: a.num_groups as usize,
+            conv_kernel: a.conv_kernel as usize,
+            chunk: a.chunk_size as usize,
+        }),
     }
+}
+
+/// A hybrid model's layers as the Plan names them (Megatron's pattern: M, *, - and E).
+fn hybrid_layers(m: &crate::config::ModelConfig) -> Vec<xp::HybridLayer> {
+    use crate::config::HybridLayer as H;
+    (0..m.num_layers)
+        .filter_map(|l| m.hybrid(l))
+        .map(|h| match h {
+            H::Mamba => xp::HybridLayer::Mamba,
+            H::Attention => xp::HybridLayer::Attention,
+            H::Mlp => xp::HybridLayer::Mlp,
+            H::Moe => xp::HybridLayer::Moe,
+        })
+        .collect()
 }
 
 /// The executor's LoRA settings: rank, alpha (the rank when absent) and targets.

@@ -116,6 +116,13 @@ pub struct ModelShape {
     pub mtp_layers: u32,
     /// Weight of each MTP depth's mean loss in the training loss: lambda / D.
     pub mtp_loss_scale: f32,
+    /// A hybrid model's decoder layers, one sublayer each (Megatron's `--hybrid-layer-pattern`);
+    /// empty: every layer is attention and an MLP (or MoE).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hybrid: Vec<HybridLayer>,
+    /// The Mamba-2 mixer of the hybrid model's [`HybridLayer::Mamba`] layers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mamba: Option<MambaShape>,
 }
 
 impl ModelShape {
@@ -158,7 +165,50 @@ impl ModelShape {
             mtp_layers: 0,
             mtp_loss_scale: 0.0,
             mla: None,
+            hybrid: Vec::new(),
+            mamba: None,
         }
+    }
+}
+
+/// One decoder layer of a hybrid model (one character of Megatron's `--hybrid-layer-pattern`):
+/// its one sublayer, with its own pre-norm and residual.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum HybridLayer {
+    /// `M`: the Mamba-2 mixer.
+    Mamba,
+    /// `*`: self-attention.
+    Attention,
+    /// `-`: the dense MLP.
+    Mlp,
+    /// `E`: the mixture of experts.
+    Moe,
+}
+
+/// The Mamba-2 mixer (Dao and Gu 2024, "Transformers are SSMs", sec. 7; Megatron-Core's
+/// MambaMixer): in_proj to z, x, B, C and dt; a causal depthwise convolution and SiLU over x,
+/// B and C; the SSD scan; the D skip; a gated RMSNorm grouped by the B/C groups; out_proj.
+/// Tensor parallelism splits the heads and the groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MambaShape {
+    /// SSM heads; heads x head_dim is the inner width.
+    pub heads: usize,
+    /// Channels a head (P).
+    pub head_dim: usize,
+    /// State size (N).
+    pub state: usize,
+    /// Groups sharing B and C.
+    pub groups: usize,
+    /// Width of the causal convolution.
+    pub conv_kernel: usize,
+    /// The SSD's chunk length (Q).
+    pub chunk: usize,
+}
+
+impl MambaShape {
+    /// The inner width: heads x head_dim.
+    pub fn inner(&self) -> usize {
+        self.heads * self.head_dim
     }
 }
 
@@ -249,7 +299,16 @@ impl ModelShape {
 
     /// True when decoder layer `layer` (0-based) is a mixture-of-experts layer.
     pub fn is_moe_layer(&self, layer: u32) -> bool {
+        if let Some(k) = self.hybrid_layer(layer) {
+            return k == HybridLayer::Moe && self.moe.is_some();
+        }
         self.moe.as_ref().is_some_and(|m| layer >= m.first_k_dense)
+    }
+
+    /// The sublayer of hybrid layer `layer` (0-based); `None` outside a hybrid model (and for
+    /// the MTP modules' layers, which are whole transformer layers).
+    pub fn hybrid_layer(&self, layer: u32) -> Option<HybridLayer> {
+        self.hybrid.get(layer as usize).copied()
     }
 }
 

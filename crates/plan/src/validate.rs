@@ -4,7 +4,8 @@
 
 use crate::error::PlanError;
 use crate::plan::{
-    CpComm, LoraShape, ModelShape, Parallelism, Plan, RankPlan, RouterShape, ScoreFunction,
+    CpComm, HybridLayer, LoraShape, ModelShape, Parallelism, Plan, RankPlan, RouterShape,
+    ScoreFunction,
 };
 
 /// Whether `r`'s expert-TP group has the shape MoE Parallel Folding gives it: `etp` ranks,
@@ -51,6 +52,7 @@ impl Plan {
         check_model_shapes(m, t)?;
         let c = check_sequence_split(m, p, t)?;
         check_training(m, p)?;
+        check_hybrid(m, p)?;
         let ep = check_experts(m, p, t, c)?;
         if let Some(l) = &self.lora {
             check_lora(l, m)?;
@@ -161,6 +163,52 @@ fn check_model_shapes(m: &ModelShape, t: usize) -> Result<(), PlanError> {
         return Err(PlanError::OddHeadDim {
             head_dim: m.head_dim,
         });
+    }
+    Ok(())
+}
+
+/// A hybrid model has one sublayer a decoder layer, its Mamba-2 layers a mixer whose heads and
+/// B/C groups split evenly over TP (the groups whole), and no context parallelism over them.
+fn check_hybrid(m: &ModelShape, p: &Parallelism) -> Result<(), PlanError> {
+    let bad = |field, rule: String| Err(PlanError::Hybrid { field, rule });
+    if m.hybrid.is_empty() {
+        if m.mamba.is_some() {
+            return bad("mamba", "a Mamba-2 mixer needs hybrid layers".into());
+        }
+        return Ok(());
+    }
+    if m.hybrid.len() != m.num_layers as usize {
+        let (l, n) = (m.hybrid.len(), m.num_layers);
+        return bad("hybrid", format!("has {l} layers, num_layers is {n}"));
+    }
+    if !m.hybrid.contains(&HybridLayer::Mamba) {
+        return Ok(());
+    }
+    let Some(a) = &m.mamba else {
+        return bad("mamba", "the hybrid layers hold Mamba-2 mixers (M)".into());
+    };
+    let t = p.tp.max(1) as usize;
+    let sizes = [
+        a.heads,
+        a.head_dim,
+        a.state,
+        a.groups,
+        a.conv_kernel,
+        a.chunk,
+    ];
+    if sizes.contains(&0) {
+        return bad("mamba", "every size must be positive".into());
+    }
+    if a.heads % a.groups != 0 || a.groups % t != 0 {
+        let (h, g) = (a.heads, a.groups);
+        let rule = format!("groups ({g}) must divide heads ({h}) and be divisible by tp ({t})");
+        return bad("mamba.groups", rule);
+    }
+    if p.cp > 1 {
+        return bad(
+            "mamba",
+            "context parallelism over Mamba-2 layers is not run".into(),
+        );
     }
     Ok(())
 }

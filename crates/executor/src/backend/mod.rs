@@ -28,8 +28,8 @@ pub use device::{Backend, Device};
 pub use ops::TensorOps;
 pub use parsim_plan::DType;
 pub use shapes::{
-    AttnSaved, AttnShape, BlockShape, Keep, Route, Routing, Side, UlyssesGeo, UlyssesLayout,
-    UlyssesPart,
+    AttnSaved, AttnShape, BlockShape, Keep, MambaGeo, Route, Routing, Side, UlyssesGeo,
+    UlyssesLayout, UlyssesPart,
 };
 pub use tensor::{check_copy, check_upload, DeviceTensor, View, ViewMut};
 pub use types::{BackendTypes, ProcessGroup};
