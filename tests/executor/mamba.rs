@@ -44,7 +44,10 @@ fn the_chunked_scan_equals_the_sequential_recurrence() {
         };
         let n = g.tokens();
         let xbc = noise(1, n * g.conv());
-        let dt: Vec<f32> = noise(2, n * g.heads).iter().map(|v| 0.6 + 0.5 * v).collect();
+        let dt: Vec<f32> = noise(2, n * g.heads)
+            .iter()
+            .map(|v| 0.6 + 0.5 * v)
+            .collect();
         let a: Vec<f32> = noise(3, g.heads).iter().map(|v| -1.0 - 0.5 * v).collect();
         let da: Vec<f32> = (0..n * g.heads).map(|i| dt[i] * a[i % g.heads]).collect();
         let d = noise(4, g.heads);
@@ -104,7 +107,13 @@ fn loss(plan: &Plan, perturb: Vec<(String, usize, f32)>) -> f64 {
 fn the_mixer_backward_matches_finite_differences() {
     // Central differences of the loss for a spread of elements of every Mamba tensor (and the
     // other layers' norms), each with the largest gradient of its tensor.
-    let plan = Plan::single_rank(tiny_hybrid("M*M-"), AdamConfig::default(), 3, 1, Recompute::None);
+    let plan = Plan::single_rank(
+        tiny_hybrid("M*M-"),
+        AdamConfig::default(),
+        3,
+        1,
+        Recompute::None,
+    );
     let opts = RunOptions {
         steps: 1,
         warmup: 0,
@@ -175,16 +184,21 @@ fn a_hybrid_model_matches_its_single_rank_run() {
 fn hybrid_memory_is_within_2_percent_of_the_prediction() {
     let mut all = vec![Mix::single()];
     all.extend(mixes());
+    let mut bad = Vec::new();
     for m in all {
         for (rank, got, want, gb, wb) in compare_config(hybrid_config(&m)) {
             let rel = (got as f64 - want as f64).abs() / want as f64;
-            assert!(
-                rel <= 0.02,
+            let line = format!(
                 "hybrid {m:?} rank {rank}: measured {got} vs predicted {want} ({:.2}%)\n  measured {gb}\n  predicted {wb}",
                 100.0 * rel
             );
+            eprintln!("{line}");
+            if rel > 0.02 {
+                bad.push(line);
+            }
         }
     }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
 /// What the executor does not run in a hybrid model is refused naming the field.

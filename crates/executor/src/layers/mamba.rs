@@ -8,9 +8,8 @@
 //!
 //! It saves what the engine's ledger counts (`crates/engine/src/model/mamba.rs`): the norm's
 //! and in_proj's inputs, the convolution's input, the scan's x/B/C, dt and dt x A (fp32) and
-//! output, z, and out_proj's input. The ledger counts the scan's output twice (as the scan's
-//! and the gated norm's input); the executor holds it once. The chunk states are a forward and
-//! backward scratch, as the ledger's.
+//! output (the gated norm's input), z, and out_proj's input. The chunk states are a forward
+//! and backward scratch, as the ledger's.
 
 use super::blocks::{seg, Init, Segment};
 use super::blocks::{BlockLayout, Builder, RankDims};
