@@ -6,7 +6,7 @@
 
 use super::common::*;
 use super::memory::compare_config;
-use super::moe::compare;
+use super::moe::{compare, moe_config, Moe, BASE};
 use parsim_executor::backend::cpu::ops::mamba::{ssd_chunked, ssd_sequential};
 use parsim_executor::backend::MambaGeo;
 use parsim_executor::plan::{AdamConfig, HybridLayer, MambaShape, ModelShape, Plan, Recompute};
@@ -160,21 +160,39 @@ pub fn hybrid_config(mix: &Mix) -> Value {
     v
 }
 
-/// TP 2 with SP, DP 2 with ZeRO 1, PP 2 under 1F1B and ZB-V (whose W actions hold the
-/// mixer's weight-gradient tasks).
+/// TP 2 with SP (and with full recompute), DP 2 with ZeRO 1, PP 2 under 1F1B and ZB-V (whose
+/// W actions hold the mixer's weight-gradient tasks).
 fn mixes() -> Vec<Mix> {
     vec![
         Mix::tp2_sp(),
+        Mix {
+            recompute: "full",
+            ..Mix::tp2_sp()
+        },
         Mix::dp2(1),
         Mix::pp2("1f1b", 1),
         Mix::pp2("zb-v", 2),
     ]
 }
 
+/// All of them at once, with ZeRO 3 and full recompute. Its memory is not compared: the
+/// engine sizes ZeRO-3's two gathered parameter sets as twice the rank's largest layer, which
+/// a stage of unlike hybrid layers (attention and a Mamba-2 mixer) does not hold at once.
+fn combined() -> Mix {
+    Mix {
+        tp: 2,
+        sp: true,
+        dp: 2,
+        zero: 3,
+        recompute: "full",
+        ..Mix::pp2("zb-v", 2)
+    }
+}
+
 #[test]
 fn a_hybrid_model_matches_its_single_rank_run() {
     let reference = run(&plan(hybrid_config(&Mix::single())), 3);
-    for m in mixes() {
+    for m in mixes().into_iter().chain([combined()]) {
         let got = run(&plan(hybrid_config(&m)), 3);
         compare(&format!("hybrid {m:?}"), &got, &reference);
     }
@@ -182,23 +200,76 @@ fn a_hybrid_model_matches_its_single_rank_run() {
 
 #[test]
 fn hybrid_memory_is_within_2_percent_of_the_prediction() {
-    let mut all = vec![Mix::single()];
-    all.extend(mixes());
-    let mut bad = Vec::new();
-    for m in all {
+    let mut worst = 0.0f64;
+    for m in [Mix::single()].into_iter().chain(mixes()) {
         for (rank, got, want, gb, wb) in compare_config(hybrid_config(&m)) {
             let rel = (got as f64 - want as f64).abs() / want as f64;
-            let line = format!(
+            worst = worst.max(rel);
+            assert!(
+                rel <= 0.02,
                 "hybrid {m:?} rank {rank}: measured {got} vs predicted {want} ({:.2}%)\n  measured {gb}\n  predicted {wb}",
                 100.0 * rel
             );
-            eprintln!("{line}");
-            if rel > 0.02 {
-                bad.push(line);
-            }
         }
     }
-    assert!(bad.is_empty(), "{}", bad.join("\n"));
+    eprintln!("hybrid memory: worst {:.2}%", 100.0 * worst);
+}
+
+/// The hybrid "M*ME" with 8 experts (top 2) in its last layer, as Nemotron-H's MoE variants.
+fn hybrid_moe(c: &Moe) -> Value {
+    let mut v = moe_config(c);
+    let m = &mut v["model"];
+    m["hybrid_layer_pattern"] = "M*ME".into();
+    m["mamba"] = json!({"num_heads": 8, "head_dim": 16, "state_dim": 8, "num_groups": 2,
+        "conv_kernel": 4, "chunk_size": 8});
+    v
+}
+
+/// EP 2 with DP 2 and ZeRO 1, TP 2 + SP with expert TP 2, PP 2 ZB-V with full recompute.
+fn moe_mixes() -> Vec<Moe> {
+    vec![
+        Moe {
+            ep: 2,
+            dp: 2,
+            zero: 1,
+            ..BASE
+        },
+        Moe {
+            tp: 2,
+            sp: true,
+            ..BASE
+        },
+        Moe {
+            pp: 2,
+            vpp: 2,
+            schedule: "zb-v",
+            recompute: "full",
+            ..BASE
+        },
+    ]
+}
+
+#[test]
+fn a_hybrid_moe_model_matches_its_single_rank_run_and_the_memory_prediction() {
+    let reference = run(&plan(hybrid_moe(&BASE)), 3);
+    for c in moe_mixes() {
+        let got = run(&plan(hybrid_moe(&c)), 3);
+        compare(&format!("hybrid MoE {c:?}"), &got, &reference);
+        // Forced balancing, as the MoE memory tests: every rank gets the engine's tokens.
+        let balanced = Moe {
+            force_balance: true,
+            ..c
+        };
+        for (rank, got, want, gb, wb) in compare_config(hybrid_moe(&balanced)) {
+            let rel = (got as f64 - want as f64).abs() / want as f64;
+            let signed = 100.0 * (got as f64 - want as f64) / want as f64;
+            eprintln!("hybrid MoE {c:?} rank {rank}: memory {signed:+.2}%");
+            assert!(
+                rel <= 0.02,
+                "hybrid MoE {c:?} rank {rank}: measured {got} vs predicted {want}\n  {gb}\n  {wb}"
+            );
+        }
+    }
 }
 
 /// What the executor does not run in a hybrid model is refused naming the field.

@@ -20,7 +20,7 @@ use crate::plan::{Activation, AdamConfig, MoeShape, Norm};
 /// fallible (a device kernel can fail to launch). Row-major; `n` rows of `i` inputs and `o`
 /// outputs for linear layers (weights [o, i]). Accumulation is fp32 whatever the tensors'
 /// dtype.
-pub trait TensorOps<B: BackendTypes> {
+pub trait TensorOps<B: BackendTypes>: MambaOps<B> {
     // --- linear layers ---
     /// y[n, o] = x[n, i] . w[o, i]^T.
     fn linear_fwd(
@@ -438,10 +438,12 @@ pub trait TensorOps<B: BackendTypes> {
         v: &mut B::Tensor,
         weight_copy: Option<ViewMut<'_, B::Tensor>>,
     ) -> Result<(), ExecError>;
+}
 
-    // --- the Mamba-2 mixer (ops/mamba.rs) ---
-    // A backend without them refuses the mixer by name (the CUDA backend refuses hybrid plans
-    // before it runs: `runner::cuda`).
+/// The Mamba-2 mixer's ops (the CPU's `cpu/ops/mamba.rs`), a family of its own: a backend
+/// without them (`impl MambaOps for .. {}`) refuses the mixer by name; the CUDA backend
+/// refuses hybrid plans before it runs (`runner::cuda`).
+pub trait MambaOps<B: BackendTypes> {
     /// Splits in_proj's output [n, proj] into z [n, inner], x/B/C [n, conv] and dt [n, heads].
     fn mamba_split(
         &self,

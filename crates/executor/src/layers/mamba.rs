@@ -17,7 +17,7 @@ use super::ctx::Ctx;
 use super::dropout::{dropout_grad, hidden_dropout};
 use super::layer::norm_bwd;
 use super::wtask::{Sink, WTask};
-use crate::backend::{Backend, MambaGeo, TensorOps, View, ViewMut};
+use crate::backend::{Backend, MambaGeo, MambaOps, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 use crate::plan::{MambaShape, Plan};
 use crate::rng::DropoutSite;

@@ -110,6 +110,14 @@ pub fn layout(plan: &Plan, world: &CudaWorld, gpus: u32) -> Result<CudaLayout, C
 /// there is no driver, cuBLASLt or (for groups across GPUs) NCCL.
 pub fn run_cuda(plan: &Plan, opts: &RunOptions, world: CudaWorld) -> Result<RunReport, ExecError> {
     check_run(plan, opts)?;
+    if !plan.model.hybrid.is_empty() {
+        // Its kernels are the CPU backend's (`backend/cpu/ops/mamba.rs`) only.
+        return Err(ExecError::Unsupported {
+            field: "model.hybrid",
+            message:
+                "the CUDA backend does not run hybrid Mamba-2 models yet; the CPU backend does",
+        });
+    }
     let gpus = visible_gpus()?;
     let lay = layout(plan, &world, gpus)?;
     require(Library::CublasLt)?;
@@ -336,6 +344,14 @@ mod tests {
             visible: "unset".into(),
         });
         assert!(!gave_up(&missing));
+    }
+
+    #[test]
+    fn a_hybrid_model_is_refused_by_name_before_looking_for_a_gpu() {
+        let mut plan = one_rank();
+        plan.model.hybrid = vec![crate::plan::HybridLayer::Attention];
+        let e = run_cuda(&plan, &RunOptions::default(), CudaWorld::SingleProcess).unwrap_err();
+        assert!(e.to_string().starts_with("model.hybrid: "), "{e}");
     }
 
     #[test]

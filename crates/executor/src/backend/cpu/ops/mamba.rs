@@ -9,7 +9,10 @@
 //! through each chunk from them. [`ssd_sequential`] is the plain recurrence, the tests'
 //! reference.
 
-use crate::backend::MambaGeo;
+use super::super::tensor::{dst, src, store_all, store_view};
+use super::super::{Cpu, CpuOps, Tensor};
+use crate::backend::{MambaGeo, MambaOps, View, ViewMut};
+use crate::error::ExecError;
 
 fn sigmoid(v: f32) -> f32 {
     1.0 / (1.0 + (-v).exp())
@@ -393,6 +396,168 @@ pub fn gate_bwd(
             dy[o + j] = dg * silu(zr[j]);
             dz[o + j] = dg * yr[j] * silu_grad(zr[j]);
         }
+    }
+}
+
+impl MambaOps<Cpu> for CpuOps {
+    fn mamba_split(
+        &self,
+        zxbcdt: &Tensor,
+        z: &mut Tensor,
+        xbc: &mut Tensor,
+        dt: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let g = geo_of(z.cols(), xbc.cols(), dt.cols());
+        split(
+            &g,
+            zxbcdt.data(),
+            z.data_mut(),
+            xbc.data_mut(),
+            dt.data_mut(),
+        );
+        for t in [z, xbc, dt] {
+            store_all(t);
+        }
+        Ok(())
+    }
+
+    fn mamba_merge(
+        &self,
+        dz: &Tensor,
+        dxbc: &Tensor,
+        ddt: &Tensor,
+        out: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let g = geo_of(dz.cols(), dxbc.cols(), ddt.cols());
+        merge(&g, dz.data(), dxbc.data(), ddt.data(), out.data_mut());
+        store_all(out);
+        Ok(())
+    }
+
+    fn mamba_conv_fwd(
+        &self,
+        g: &MambaGeo,
+        x: &Tensor,
+        w: View<'_, Tensor>,
+        y: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        conv_fwd(g, x.data(), src(&w), y.data_mut());
+        store_all(y);
+        Ok(())
+    }
+
+    fn mamba_conv_bwd(
+        &self,
+        g: &MambaGeo,
+        x: &Tensor,
+        w: View<'_, Tensor>,
+        dy: &Tensor,
+        dx: &mut Tensor,
+        mut dw: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        conv_bwd(g, x.data(), src(&w), dy.data(), dx.data_mut(), dst(&mut dw));
+        store_all(dx);
+        store_view(&mut dw);
+        Ok(())
+    }
+
+    fn mamba_ssd_fwd(
+        &self,
+        g: &MambaGeo,
+        xbc: &Tensor,
+        dt_raw: &Tensor,
+        ssm: View<'_, Tensor>,
+        y: &mut Tensor,
+        dt: &mut Tensor,
+        da: &mut Tensor,
+        states: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let ssm = src(&ssm);
+        discretize(g, dt_raw.data(), ssm, dt.data_mut(), da.data_mut());
+        let d = &ssm[g.heads..2 * g.heads];
+        let (dt, da) = (dt.data(), da.data());
+        ssd_chunked(g, xbc.data(), dt, da, d, y.data_mut(), states.data_mut());
+        store_all(y);
+        Ok(())
+    }
+
+    fn mamba_ssd_bwd(
+        &self,
+        g: &MambaGeo,
+        xbc: &Tensor,
+        dt: &Tensor,
+        ssm: View<'_, Tensor>,
+        dy: &Tensor,
+        dxbc: &mut Tensor,
+        ddt_raw: &mut Tensor,
+        mut dssm: ViewMut<'_, Tensor>,
+        states: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let (x, ssm, dyv) = (xbc.data(), src(&ssm), dy.data());
+        let (dx, ddt) = (dxbc.data_mut(), ddt_raw.data_mut());
+        let st = states.data_mut();
+        ssd_bwd(g, x, dt.data(), ssm, dyv, dx, ddt, dst(&mut dssm), st);
+        store_all(dxbc);
+        store_all(ddt_raw);
+        store_view(&mut dssm);
+        Ok(())
+    }
+
+    fn mamba_gate_fwd(
+        &self,
+        g: &MambaGeo,
+        y: &Tensor,
+        z: &Tensor,
+        w: View<'_, Tensor>,
+        out: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        gate_fwd(g, y.data(), z.data(), src(&w), out.data_mut());
+        store_all(out);
+        Ok(())
+    }
+
+    fn mamba_gate_bwd(
+        &self,
+        g: &MambaGeo,
+        y: &Tensor,
+        z: &Tensor,
+        w: View<'_, Tensor>,
+        dout: &Tensor,
+        dy: &mut Tensor,
+        dz: &mut Tensor,
+        mut dw: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        let (yv, zv, dov) = (y.data(), z.data(), dout.data());
+        gate_bwd(
+            g,
+            yv,
+            zv,
+            src(&w),
+            dov,
+            dy.data_mut(),
+            dz.data_mut(),
+            dst(&mut dw),
+        );
+        store_all(dy);
+        store_all(dz);
+        store_view(&mut dw);
+        Ok(())
+    }
+}
+
+/// The geometry the split and merge need: z's, x/B/C's and dt's widths (one head a dt column;
+/// the B/C part is x/B/C's width less z's).
+fn geo_of(inner: usize, conv: usize, heads: usize) -> MambaGeo {
+    MambaGeo {
+        b: 1,
+        s: 1,
+        heads,
+        p: inner / heads.max(1),
+        groups: 1,
+        n: (conv - inner) / 2,
+        k: 1,
+        q: 1,
+        eps: 0.0,
     }
 }
 
