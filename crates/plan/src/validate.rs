@@ -181,6 +181,9 @@ fn check_hybrid(m: &ModelShape, p: &Parallelism) -> Result<(), PlanError> {
         let (l, n) = (m.hybrid.len(), m.num_layers);
         return bad("hybrid", format!("has {l} layers, num_layers is {n}"));
     }
+    if m.hybrid.contains(&HybridLayer::Moe) && m.moe.is_none() {
+        return bad("hybrid", "has MoE layers (E) but no MoeShape".into());
+    }
     if !m.hybrid.contains(&HybridLayer::Mamba) {
         return Ok(());
     }
@@ -375,5 +378,58 @@ impl RouterShape {
             });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{AdamConfig, MambaShape, Recompute};
+
+    /// "M*" of hidden 8 with a mixer of 4 heads in 2 groups.
+    fn hybrid() -> Plan {
+        let model = ModelShape {
+            hybrid: vec![HybridLayer::Mamba, HybridLayer::Attention],
+            mamba: Some(MambaShape {
+                heads: 4,
+                head_dim: 2,
+                state: 3,
+                groups: 2,
+                conv_kernel: 3,
+                chunk: 2,
+            }),
+            ..ModelShape::dense(2, 8, 2, 1, 12, 16)
+        };
+        Plan::single_rank(model, AdamConfig::default(), 1, 1, Recompute::None)
+    }
+
+    fn error(p: &Plan) -> String {
+        p.validate().expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn hybrid_plans_are_checked_by_field() {
+        assert!(hybrid().validate().is_ok());
+        let mut p = hybrid();
+        p.model.hybrid.push(HybridLayer::Mlp);
+        assert_eq!(error(&p), "model.hybrid: has 3 layers, num_layers is 2");
+        let mut p = hybrid();
+        p.model.mamba = None;
+        assert!(error(&p).starts_with("model.mamba: "), "{}", error(&p));
+        let mut p = hybrid();
+        p.model.hybrid[1] = HybridLayer::Moe;
+        assert!(error(&p).starts_with("model.hybrid: "), "{}", error(&p));
+        let mut p = hybrid();
+        if let Some(a) = p.model.mamba.as_mut() {
+            a.groups = 3;
+        }
+        assert!(
+            error(&p).starts_with("model.mamba.groups: "),
+            "{}",
+            error(&p)
+        );
+        let mut p = hybrid();
+        p.model.hybrid.clear();
+        assert!(error(&p).starts_with("model.mamba: "), "{}", error(&p));
     }
 }

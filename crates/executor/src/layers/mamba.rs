@@ -272,7 +272,13 @@ pub fn mamba_bwd<B: Backend>(
     ctx.ops
         .mamba_gate_bwd(&g, &y, &z, w_gate, &d_yn, &mut d_y, &mut d_z, dg)?;
     drop((y, z, d_yn));
-    sink(ctx, ready(ctx, GATE, d_gate))?;
+    sink(
+        ctx,
+        WTask::Ready {
+            tensor: GATE,
+            grad: d_gate,
+        },
+    )?;
     let mut d_xbc = ctx.zeros(bf, &[n, g.conv()])?;
     let mut d_dt = ctx.zeros(bf, &[n, g.heads])?;
     let mut d_ssm = ctx.zeros_f32(bf, &[l.tensors[SSM].len()])?;
@@ -290,14 +296,26 @@ pub fn mamba_bwd<B: Backend>(
         &mut states,
     )?;
     drop((states, xbc, dt, d_y));
-    sink(ctx, ready(ctx, SSM, d_ssm))?;
+    sink(
+        ctx,
+        WTask::Ready {
+            tensor: SSM,
+            grad: d_ssm,
+        },
+    )?;
     let mut d_in = ctx.zeros(bf, &[n, g.conv()])?;
     let mut d_conv = ctx.zeros_f32(bf, &[l.tensors[CONV].len()])?;
     let (w_conv, dc) = (slice::<B>(p, l, CONV), ViewMut::all(&mut d_conv));
     ctx.ops
         .mamba_conv_bwd(&g, &xbc_in, w_conv, &d_xbc, &mut d_in, dc)?;
     drop((xbc_in, d_xbc));
-    sink(ctx, ready(ctx, CONV, d_conv))?;
+    sink(
+        ctx,
+        WTask::Ready {
+            tensor: CONV,
+            grad: d_conv,
+        },
+    )?;
     let mut d_proj = ctx.zeros(bf, &[n, g.proj()])?;
     ctx.ops.mamba_merge(&d_z, &d_in, &d_dt, &mut d_proj)?;
     drop((d_z, d_in, d_dt));
@@ -318,9 +336,4 @@ pub fn mamba_bwd<B: Backend>(
     };
     sink(ctx, task)?;
     norm_bwd(ctx, l, p, NORM, x, d_ln, dy, sink)
-}
-
-/// A computed gradient of tensor `tensor`, as a task.
-fn ready<B: Backend>(_ctx: &Ctx<B>, tensor: usize, grad: B::Tensor) -> WTask<B> {
-    WTask::Ready { tensor, grad }
 }

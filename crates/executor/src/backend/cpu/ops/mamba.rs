@@ -145,9 +145,9 @@ pub fn discretize(g: &MambaGeo, dt_raw: &[f32], ssm: &[f32], dt: &mut [f32], da:
 }
 
 /// The SSD chunked scan (Dao and Gu 2024, sec. 6) of every sequence and head, y [n, inner]
-/// written with the D skip: y_t = sum_{s <= t} C_t . B_s exp(sum_{s < r <= t} dA_r) dt_s x_s
-/// + D x_t. Inside a chunk the quadratic form; the state entering it (P x N, stored in
-/// `states`) carries the chunks before. `d` is D [heads].
+/// written with the D skip: y_t = D x_t plus the sum over s <= t of
+/// C_t . B_s exp(sum_{s < r <= t} dA_r) dt_s x_s. Inside a chunk the quadratic form; the state
+/// entering it (P x N, stored in `states`) carries the chunks before. `d` is D [heads].
 pub fn ssd_chunked(
     g: &MambaGeo,
     xbc: &[f32],
