@@ -1,16 +1,18 @@
-//! A hybrid model's decoder layer (Megatron's `--hybrid-layer-pattern`, Nemotron-H): one
-//! sublayer with its own pre-norm and residual: a Mamba-2 mixer ([`super::mamba`]), attention
-//! alone, or the MLP (or the experts) alone, the latter two as the halves of a transformer
-//! layer ([`super::layer`]).
+//! Any decoder layer ([`decoder_fwd`], [`decoder_bwd`]): a transformer layer
+//! ([`super::layer`]), or a hybrid model's layer (Megatron's `--hybrid-layer-pattern`,
+//! Nemotron-H): one sublayer with its own pre-norm and residual: a Mamba-2 mixer
+//! ([`super::mamba`]), attention alone, or the MLP (or the experts) alone, the latter two as
+//! the halves of a transformer layer.
 
 use super::blocks::BlockLayout;
 use super::ctx::Ctx;
 use super::dropout::{dropout_grad, hidden_dropout};
-use super::layer::{attention_bwd, attention_fwd, ffn_fwd, keep, layer_index, mlp_bwd, norm_bwd};
-use super::layer::{AttnParts, Experts, LayerSaved, ATTN_NORM, MLP_NORM};
+use super::layer::{attention_bwd, attention_fwd, ffn_fwd, keep, layer_bwd, layer_fwd};
+use super::layer::{layer_index, mlp_bwd, norm_bwd};
+use super::layer::{Experts, HybridSaved, LayerSaved, ATTN_NORM, MLP_NORM};
 use super::lora::{Adapters, LoraSaved};
-use super::mamba::{mamba_bwd, mamba_fwd, MambaSaved};
-use super::moe::{moe_bwd, MoeSaved};
+use super::mamba::{mamba_bwd, mamba_fwd};
+use super::moe::moe_bwd;
 use super::wtask::Sink;
 use crate::backend::{AttnSaved, Backend, TensorOps, View};
 use crate::error::{ExecError, StateError};
@@ -18,25 +20,43 @@ use crate::plan::HybridLayer;
 use crate::rng::DropoutSite;
 use crate::tracker::Category;
 
-/// What a hybrid layer's sublayer keeps for backward (its input is the layer's `x`).
-pub enum HybridSaved<B: Backend> {
-    Mamba(MambaSaved<B>),
-    Attention {
-        parts: AttnParts<B>,
-        mask: Option<B::Tensor>,
-    },
-    /// The MLP's normed input, fc1's output and activation, or the experts' state.
-    Ffn {
-        ln2: B::Tensor,
-        u: B::Tensor,
-        act: B::Tensor,
-        moe: Option<Box<MoeSaved<B>>>,
-        mask: Option<B::Tensor>,
-    },
+/// Forward of decoder layer `l` on the residual shard `x` [n_sp, h]: its output and what it
+/// saves (the caller keeps only `x` under full recompute).
+pub fn decoder_fwd<B: Backend>(
+    ctx: &mut Ctx<B>,
+    l: &BlockLayout,
+    p: View<'_, B::Tensor>,
+    experts: Experts<B>,
+    ad: Adapters<B>,
+    x: B::Tensor,
+) -> Result<(B::Tensor, LayerSaved<B>), ExecError> {
+    match ctx.plan.model.hybrid_layer(layer_index(l)) {
+        Some(kind) => hybrid_fwd(ctx, l, p, experts, kind, x),
+        None => layer_fwd(ctx, l, p, experts, ad, x),
+    }
+}
+
+/// Input gradient of decoder layer `l`: dx [n_sp, h] from dy [n_sp, h]; each weight-gradient
+/// task goes to `sink`.
+#[allow(clippy::too_many_arguments)]
+pub fn decoder_bwd<B: Backend>(
+    ctx: &mut Ctx<B>,
+    l: &BlockLayout,
+    p: View<'_, B::Tensor>,
+    experts: Experts<B>,
+    ad: Adapters<B>,
+    mut s: LayerSaved<B>,
+    dy: B::Tensor,
+    sink: &mut Sink<B>,
+) -> Result<B::Tensor, ExecError> {
+    match s.hybrid.take() {
+        Some(hs) => hybrid_bwd(ctx, l, p, experts, *hs, s.x, dy, sink),
+        None => layer_bwd(ctx, l, p, experts, ad, s, dy, sink),
+    }
 }
 
 /// Forward of hybrid layer `l` of kind `kind` on the residual shard `x` [n_sp, h].
-pub fn hybrid_fwd<B: Backend>(
+fn hybrid_fwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: View<'_, B::Tensor>,
@@ -99,7 +119,7 @@ pub fn hybrid_fwd<B: Backend>(
 
 /// Input gradient of hybrid layer `l` (input `x`) from dy [n_sp, h].
 #[allow(clippy::too_many_arguments)]
-pub fn hybrid_bwd<B: Backend>(
+fn hybrid_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: View<'_, B::Tensor>,

@@ -11,8 +11,8 @@ use super::blocks::{BlockKind, BlockLayout};
 use super::cp;
 use super::ctx::Ctx;
 use super::dropout::{dropout_grad, hidden_dropout};
-use super::hybrid::HybridSaved;
 use super::lora::{self, Adapters, LoraSaved, Target};
+use super::mamba::MambaSaved;
 use super::mla::{mla_bwd, mla_fwd, MlaSaved, Qkv};
 use super::moe::{moe_bwd, moe_fwd, MoeSaved};
 use super::wtask::{Sink, WTask};
@@ -54,6 +54,23 @@ pub struct LayerSaved<B: Backend> {
     pub masks: [Option<B::Tensor>; 2],
     /// A hybrid model's layer: its one sublayer's state (every field above but `x` empty).
     pub hybrid: Option<Box<HybridSaved<B>>>,
+}
+
+/// What a hybrid layer's sublayer keeps for backward (its input is the layer's `x`).
+pub enum HybridSaved<B: Backend> {
+    Mamba(MambaSaved<B>),
+    Attention {
+        parts: AttnParts<B>,
+        mask: Option<B::Tensor>,
+    },
+    /// The MLP's normed input, fc1's output and activation, or the experts' state.
+    Ffn {
+        ln2: B::Tensor,
+        u: B::Tensor,
+        act: B::Tensor,
+        moe: Option<Box<MoeSaved<B>>>,
+        mask: Option<B::Tensor>,
+    },
 }
 
 /// An MoE layer's experts block and its parameters.
@@ -102,9 +119,6 @@ pub fn layer_fwd<B: Backend>(
     ad: Adapters<B>,
     x: B::Tensor,
 ) -> Result<(B::Tensor, LayerSaved<B>), ExecError> {
-    if let Some(kind) = ctx.plan.model.hybrid_layer(layer_index(l)) {
-        return super::hybrid::hybrid_fwd(ctx, l, p, experts, kind, x);
-    }
     let keep = keep(ctx);
     let (n_sp, h) = (ctx.n_sp, ctx.rd.h);
     let a = Category::Activations;
@@ -374,8 +388,8 @@ pub fn layer_bwd<B: Backend>(
         masks: [attn_mask, mlp_mask],
         hybrid,
     } = s;
-    if let Some(hs) = hybrid {
-        return super::hybrid::hybrid_bwd(ctx, l, p, experts, *hs, x, dy, sink);
+    if hybrid.is_some() {
+        return Err(StateError::HybridSavedMismatch.into());
     }
     let mut ls = ls.map(|b| *b).unwrap_or_default();
 

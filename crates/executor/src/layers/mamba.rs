@@ -15,7 +15,6 @@ use super::blocks::{seg, Init, Segment};
 use super::blocks::{BlockLayout, Builder, RankDims};
 use super::ctx::Ctx;
 use super::dropout::{dropout_grad, hidden_dropout};
-use super::layer::norm_bwd;
 use super::wtask::{Sink, WTask};
 use crate::backend::{Backend, MambaGeo, MambaOps, TensorOps, View, ViewMut};
 use crate::error::ExecError;
@@ -335,5 +334,18 @@ pub fn mamba_bwd<B: Backend>(
         dy_shard: false,
     };
     sink(ctx, task)?;
-    norm_bwd(ctx, l, p, NORM, x, d_ln, dy, sink)
+    // The pre-norm: its input gradient added to the residual's (dy's buffer).
+    let (norm, eps) = (ctx.plan.model.norm, ctx.plan.model.norm_eps);
+    let mut dx = dy;
+    let w = slice::<B>(p, l, NORM);
+    ctx.ops.norm_dgrad(norm, &x, w, &d_ln, eps, &mut dx, true)?;
+    sink(
+        ctx,
+        WTask::Norm {
+            tensor: NORM,
+            x,
+            dy: d_ln,
+        },
+    )?;
+    Ok(dx)
 }
