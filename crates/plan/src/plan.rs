@@ -118,10 +118,10 @@ pub struct ModelShape {
     pub mtp_loss_scale: f32,
     /// A hybrid model's decoder layers, one sublayer each (Megatron's `--hybrid-layer-pattern`);
     /// empty: every layer is attention and an MLP (or MoE).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub hybrid: Vec<HybridLayer>,
     /// The Mamba-2 mixer of the hybrid model's [`HybridLayer::Mamba`] layers.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub mamba: Option<MambaShape>,
 }
 
