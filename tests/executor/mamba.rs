@@ -56,11 +56,28 @@ fn the_chunked_scan_equals_the_sequential_recurrence() {
         ssd_chunked(&g, &xbc, &dt, &da, &d, &mut chunked, &mut states);
         let mut sequential = vec![0.0; n * g.inner()];
         ssd_sequential(&g, &xbc, &dt, &da, &d, &mut sequential);
-        let d = rel_diff(&chunked, &sequential);
-        assert!(d < 1e-5, "s {s}, q {q}: chunked vs sequential {d:e}");
+        let diff = rel_diff(&chunked, &sequential);
+        assert!(diff < 1e-5, "s {s}, q {q}: chunked vs sequential {diff:e}");
         // The scan is not trivially zero, and the second sequence does not see the first:
-        // its first token's output is dt B . C x + D x.
+        // its first token's output is dt (B . C) x + D x (h = dt x B^T, y = h C + D x).
         assert!(sequential.iter().any(|v| v.abs() > 0.1));
+        let t = g.s;
+        let row = &xbc[t * g.conv()..(t + 1) * g.conv()];
+        for h in 0..g.heads {
+            let grp = h / (g.heads / g.groups);
+            let b0 = g.inner() + grp * g.n;
+            let c0 = b0 + g.groups * g.n;
+            let bc: f32 = (0..g.n).map(|i| row[b0 + i] * row[c0 + i]).sum();
+            for p in 0..g.p {
+                let x = row[h * g.p + p];
+                let want = dt[t * g.heads + h] * bc * x + d[h] * x;
+                let got = chunked[t * g.inner() + h * g.p + p];
+                assert!(
+                    (got - want).abs() < 1e-5,
+                    "s {s}, q {q}, head {h}: {got} vs {want}"
+                );
+            }
+        }
     }
 }
 

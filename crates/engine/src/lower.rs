@@ -13,8 +13,8 @@ use crate::config::{
 use crate::layout::{Coords as LCoords, GroupKind, Layout};
 use crate::schedule::{self, ActionKind, ScheduleError};
 use parsim_plan::plan::{
-    self as xp, Action, AdamConfig, Coords, LoraShape, MambaShape, MlaShape, ModelShape, MoeShape,
-    Parallelism, Plan, RankPlan, RouterShape, StagePlan,
+    self as xp, Action, AdamConfig, Coords, LoraShape, MlaShape, ModelShape, MoeShape, Parallelism,
+    Plan, RankPlan, RouterShape, StagePlan,
 };
 
 /// Why a configuration cannot be executed (yet).
@@ -373,7 +373,7 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
             0.0
         },
         hybrid: hybrid_layers(m),
-        mamba: m.mamba.as_ref().map(|a| MambaShape {
+        mamba: m.mamba.as_ref().map(|a| xp::MambaShape {
             heads: a.num_heads as usize,
             head_dim: a.head_dim as usize,
             state: a.state_dim as usize,
