@@ -299,3 +299,31 @@ fn unsupported_hybrid_features_are_refused_by_field() {
         .to_string();
     assert!(e.starts_with("model.add_bias_linear"), "{e}");
 }
+
+/// The mixed-precision recipe runs the mixer too (bf16 activations, fp32 dt and its decay and
+/// chunk states): the single-rank run's loss after one step and parameters after three equal
+/// fp32's within bf16's 1e-2, and it does round.
+#[test]
+fn the_hybrid_model_in_bf16_matches_fp32_within_bf16_tolerance() {
+    use parsim_executor::plan::Precision;
+    let p = plan(hybrid_config(&Mix::single()));
+    let with = |precision| {
+        let opts = RunOptions {
+            steps: 3,
+            warmup: 0,
+            export_params: true,
+            precision,
+            ..RunOptions::default()
+        };
+        run_cpu(&p, &opts).expect("runs")
+    };
+    let (fp32, bf16) = (with(Precision::Fp32), with(Precision::Bf16));
+    assert_ne!(bf16.loss[0], fp32.loss[0], "bf16 run computed in fp32");
+    let l0 = (bf16.loss[0] - fp32.loss[0]).abs() / fp32.loss[0].abs();
+    assert!(l0 <= 1e-2, "loss {} vs {}", bf16.loss[0], fp32.loss[0]);
+    let (bp, fp) = (bf16.params.expect("params"), fp32.params.expect("params"));
+    for (name, want) in &fp {
+        let d = rel_diff(&bp[name], want);
+        assert!(d <= 1e-2, "{name} differs by {d:e} relative");
+    }
+}
