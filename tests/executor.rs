@@ -22,6 +22,8 @@ mod equivalence;
 mod gpt3;
 #[path = "executor/lora.rs"]
 mod lora;
+#[path = "executor/mamba.rs"]
+mod mamba;
 #[path = "executor/memory.rs"]
 mod memory;
 #[path = "executor/mla.rs"]

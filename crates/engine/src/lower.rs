@@ -72,6 +72,7 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
     }
     check_moe(r)?;
     check_layer_kinds(m, t.flash_attention)?;
+    check_hybrid(r)?;
     if let Some(mla) = &m.mla {
         if mla.qk_rope_head_dim % 2 != 0 {
             return Err(unsupported(
@@ -131,20 +132,9 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
     Ok(())
 }
 
-/// Refuses the layer kinds the executor does not run yet (issue 31's models), naming the
-/// field, rather than lowering them as another model.
+/// Refuses what the executor cannot run of issue 31's layer kinds, naming the field: sinks
+/// need the flash attention's log-sum-exp.
 fn check_layer_kinds(m: &crate::config::ModelConfig, flash: bool) -> Result<(), PlanError> {
-    let refused: [(bool, &'static str, &str); 1] = [(
-        m.hybrid_layer_pattern.is_some(),
-        "model.hybrid_layer_pattern",
-        "hybrid Mamba-2 layers",
-    )];
-    if let Some((_, field, what)) = refused.into_iter().find(|(on, _, _)| *on) {
-        return Err(unsupported(
-            field,
-            format!("the executor does not run {what} yet"),
-        ));
-    }
     if m.attention_sinks && !flash {
         return Err(unsupported(
             "training.flash_attention",
@@ -152,6 +142,33 @@ fn check_layer_kinds(m: &crate::config::ModelConfig, flash: bool) -> Result<(), 
         ));
     }
     Ok(())
+}
+
+/// Refuses what the executor does not run in a hybrid model, naming the field: LoRA (the
+/// engine has no adapter targets in the Mamba-2 mixer), linear biases and MLA.
+fn check_hybrid(r: &Resolved) -> Result<(), PlanError> {
+    let m = &r.config.model;
+    if m.hybrid_layer_pattern.is_none() {
+        return Ok(());
+    }
+    let refused = [
+        (
+            r.config.training.mode == TrainingMode::Lora,
+            "training.mode",
+            "LoRA",
+        ),
+        (m.add_bias_linear, "model.add_bias_linear", "linear biases"),
+        (m.mla.is_some(), "model.mla", "multi-head latent attention"),
+    ];
+    match refused.into_iter().find(|(on, _, _)| *on) {
+        Some((_, field, what)) => Err(unsupported(
+            field,
+            format!(
+                "the executor does not run {what} in a hybrid model (model.hybrid_layer_pattern)"
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Refuses the mixture-of-experts features the executor does not run, naming the field.
@@ -347,7 +364,30 @@ fn model_shape(r: &Resolved, o: &LowerOptions) -> ModelShape {
             // MLA normalises its latents instead (the engine counts no QK norm there).
             qk_norm: m.qk_layernorm && m.mla.is_none(),
         },
+        hybrid: hybrid_layers(m),
+        mamba: m.mamba.as_ref().map(|a| xp::MambaShape {
+            heads: a.num_heads as usize,
+            head_dim: a.head_dim as usize,
+            state: a.state_dim as usize,
+            groups: a.num_groups as usize,
+            conv_kernel: a.conv_kernel as usize,
+            chunk: a.chunk_size as usize,
+        }),
     }
+}
+
+/// A hybrid model's layers as the Plan names them (Megatron's pattern: M, *, - and E).
+fn hybrid_layers(m: &crate::config::ModelConfig) -> Vec<xp::HybridLayer> {
+    use crate::config::HybridLayer as H;
+    (0..m.num_layers)
+        .filter_map(|l| m.hybrid(l))
+        .map(|h| match h {
+            H::Mamba => xp::HybridLayer::Mamba,
+            H::Attention => xp::HybridLayer::Attention,
+            H::Mlp => xp::HybridLayer::Mlp,
+            H::Moe => xp::HybridLayer::Moe,
+        })
+        .collect()
 }
 
 /// The executor's LoRA settings: rank, alpha (the rank when absent) and targets.

@@ -101,6 +101,8 @@ pub enum StateError {
     MoeSavedMismatch,
     #[error("an attention with sinks kept no log-sum-exp")]
     SinksWithoutLse,
+    #[error("a hybrid layer's saved state reached a transformer layer's backward")]
+    HybridSavedMismatch,
     #[error("a multi-token-prediction module needs the {0} block on its rank")]
     MtpWithoutBlock(String),
     #[error("gradient buckets of stages {0:?} were not reduced before the optimizer step")]

@@ -119,4 +119,7 @@ pub enum PlanError {
     ExpertTpGroup { rank: usize, etp: u32 },
     #[error("rank {rank} holds stage {stage} of another pipeline rank")]
     ForeignStage { rank: usize, stage: u32 },
+    /// A hybrid model's layers or its Mamba-2 mixer (Megatron's `--hybrid-layer-pattern`).
+    #[error("model.{field}: {rule}")]
+    Hybrid { field: &'static str, rule: String },
 }

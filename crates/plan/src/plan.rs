@@ -118,6 +118,13 @@ pub struct ModelShape {
     pub mtp_loss_scale: f32,
     /// Sliding-window or chunked attention, attention sinks and QK norm (all off by default).
     pub attention: AttentionShape,
+    /// A hybrid model's decoder layers, one sublayer each (Megatron's `--hybrid-layer-pattern`);
+    /// empty: every layer is attention and an MLP (or MoE).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hybrid: Vec<HybridLayer>,
+    /// The Mamba-2 mixer of the hybrid model's [`HybridLayer::Mamba`] layers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mamba: Option<MambaShape>,
 }
 
 /// The keys a query attends to, besides the causal mask: all of its past, the last `w`
@@ -203,7 +210,50 @@ impl ModelShape {
             mtp_loss_scale: 0.0,
             mla: None,
             attention: AttentionShape::default(),
+            hybrid: Vec::new(),
+            mamba: None,
         }
+    }
+}
+
+/// One decoder layer of a hybrid model (one character of Megatron's `--hybrid-layer-pattern`):
+/// its one sublayer, with its own pre-norm and residual.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum HybridLayer {
+    /// `M`: the Mamba-2 mixer.
+    Mamba,
+    /// `*`: self-attention.
+    Attention,
+    /// `-`: the dense MLP.
+    Mlp,
+    /// `E`: the mixture of experts.
+    Moe,
+}
+
+/// The Mamba-2 mixer (Dao and Gu 2024, "Transformers are SSMs", sec. 7; Megatron-Core's
+/// MambaMixer): in_proj to z, x, B, C and dt; a causal depthwise convolution and SiLU over x,
+/// B and C; the SSD scan; the D skip; a gated RMSNorm grouped by the B/C groups; out_proj.
+/// Tensor parallelism splits the heads and the groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MambaShape {
+    /// SSM heads; heads x head_dim is the inner width.
+    pub heads: usize,
+    /// Channels a head (P).
+    pub head_dim: usize,
+    /// State size (N).
+    pub state: usize,
+    /// Groups sharing B and C.
+    pub groups: usize,
+    /// Width of the causal convolution.
+    pub conv_kernel: usize,
+    /// The SSD's chunk length (Q).
+    pub chunk: usize,
+}
+
+impl MambaShape {
+    /// The inner width: heads x head_dim.
+    pub fn inner(&self) -> usize {
+        self.heads * self.head_dim
     }
 }
 
@@ -300,6 +350,9 @@ impl ModelShape {
 
     /// True when decoder layer `layer` (0-based) is a mixture-of-experts layer.
     pub fn is_moe_layer(&self, layer: u32) -> bool {
+        if let Some(k) = self.hybrid_layer(layer) {
+            return k == HybridLayer::Moe && self.moe.is_some();
+        }
         self.moe.as_ref().is_some_and(|m| {
             if m.layer_pattern.is_empty() {
                 layer >= m.first_k_dense
@@ -321,6 +374,12 @@ impl ModelShape {
             (None, Some(c)) => AttnSpan::Chunk(c),
             (None, None) => AttnSpan::Full,
         }
+    }
+
+    /// The sublayer of hybrid layer `layer` (0-based); `None` outside a hybrid model (and for
+    /// the MTP modules' layers, which are whole transformer layers).
+    pub fn hybrid_layer(&self, layer: u32) -> Option<HybridLayer> {
+        self.hybrid.get(layer as usize).copied()
     }
 }
 

@@ -4,7 +4,8 @@
 
 use crate::error::PlanError;
 use crate::plan::{
-    CpComm, LoraShape, ModelShape, Parallelism, Plan, RankPlan, RouterShape, ScoreFunction,
+    CpComm, HybridLayer, LoraShape, ModelShape, Parallelism, Plan, RankPlan, RouterShape,
+    ScoreFunction,
 };
 
 /// Whether `r`'s expert-TP group has the shape MoE Parallel Folding gives it: `etp` ranks,
@@ -51,6 +52,7 @@ impl Plan {
         check_model_shapes(m, t)?;
         let c = check_sequence_split(m, p, t)?;
         check_training(m, p)?;
+        check_hybrid(m, p)?;
         let ep = check_experts(m, p, t, c)?;
         if let Some(l) = &self.lora {
             check_lora(l, m)?;
@@ -185,6 +187,55 @@ fn check_layer_kinds(m: &ModelShape) -> Result<(), PlanError> {
                 layers: m.num_layers,
             });
         }
+    }
+    Ok(())
+}
+
+/// A hybrid model has one sublayer a decoder layer, its Mamba-2 layers a mixer whose heads and
+/// B/C groups split evenly over TP (the groups whole), and no context parallelism over them.
+fn check_hybrid(m: &ModelShape, p: &Parallelism) -> Result<(), PlanError> {
+    let bad = |field, rule: String| Err(PlanError::Hybrid { field, rule });
+    if m.hybrid.is_empty() {
+        if m.mamba.is_some() {
+            return bad("mamba", "a Mamba-2 mixer needs hybrid layers".into());
+        }
+        return Ok(());
+    }
+    if m.hybrid.len() != m.num_layers as usize {
+        let (l, n) = (m.hybrid.len(), m.num_layers);
+        return bad("hybrid", format!("has {l} layers, num_layers is {n}"));
+    }
+    if m.hybrid.contains(&HybridLayer::Moe) && m.moe.is_none() {
+        return bad("hybrid", "has MoE layers (E) but no MoeShape".into());
+    }
+    if !m.hybrid.contains(&HybridLayer::Mamba) {
+        return Ok(());
+    }
+    let Some(a) = &m.mamba else {
+        return bad("mamba", "the hybrid layers hold Mamba-2 mixers (M)".into());
+    };
+    let t = p.tp.max(1) as usize;
+    let sizes = [
+        a.heads,
+        a.head_dim,
+        a.state,
+        a.groups,
+        a.conv_kernel,
+        a.chunk,
+    ];
+    if sizes.contains(&0) {
+        return bad("mamba", "every size must be positive".into());
+    }
+    if a.heads % a.groups != 0 || a.groups % t != 0 {
+        let (h, g) = (a.heads, a.groups);
+        let rule = format!("groups ({g}) must divide heads ({h}) and be divisible by tp ({t})");
+        return bad("mamba.groups", rule);
+    }
+    if p.cp > 1 {
+        return bad(
+            "mamba",
+            "context parallelism over Mamba-2 layers is not run".into(),
+        );
     }
     Ok(())
 }
@@ -351,5 +402,58 @@ impl RouterShape {
             });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{AdamConfig, MambaShape, Recompute};
+
+    /// "M*" of hidden 8 with a mixer of 4 heads in 2 groups.
+    fn hybrid() -> Plan {
+        let model = ModelShape {
+            hybrid: vec![HybridLayer::Mamba, HybridLayer::Attention],
+            mamba: Some(MambaShape {
+                heads: 4,
+                head_dim: 2,
+                state: 3,
+                groups: 2,
+                conv_kernel: 3,
+                chunk: 2,
+            }),
+            ..ModelShape::dense(2, 8, 2, 1, 12, 16)
+        };
+        Plan::single_rank(model, AdamConfig::default(), 1, 1, Recompute::None)
+    }
+
+    fn error(p: &Plan) -> String {
+        p.validate().expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn hybrid_plans_are_checked_by_field() {
+        assert!(hybrid().validate().is_ok());
+        let mut p = hybrid();
+        p.model.hybrid.push(HybridLayer::Mlp);
+        assert_eq!(error(&p), "model.hybrid: has 3 layers, num_layers is 2");
+        let mut p = hybrid();
+        p.model.mamba = None;
+        assert!(error(&p).starts_with("model.mamba: "), "{}", error(&p));
+        let mut p = hybrid();
+        p.model.hybrid[1] = HybridLayer::Moe;
+        assert!(error(&p).starts_with("model.hybrid: "), "{}", error(&p));
+        let mut p = hybrid();
+        if let Some(a) = p.model.mamba.as_mut() {
+            a.groups = 3;
+        }
+        assert!(
+            error(&p).starts_with("model.mamba.groups: "),
+            "{}",
+            error(&p)
+        );
+        let mut p = hybrid();
+        p.model.hybrid.clear();
+        assert!(error(&p).starts_with("model.mamba: "), "{}", error(&p));
     }
 }

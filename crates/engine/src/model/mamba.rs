@@ -116,10 +116,11 @@ pub fn mamba_layer(ops: &mut Vec<Op>, m: &ModelConfig, mc: &MambaConfig, d: &Dim
     ));
 
     // The gated RMSNorm, norm(y) x SiLU(z), grouped over the TP shards: its weight is split
-    // with the inner width; it saves y and z.
+    // with the inner width; it saves z (its y is the scan's output, saved above: one tensor
+    // that both keep).
     let y = d.n * inner_r * d.act;
     let mut gated = Op::new("mamba.gated_norm", OpKind::MemoryBound { bytes: 3 * y })
-        .save(TensorRole::Input, 2 * y);
+        .save(TensorRole::Input, y);
     gated.params = Some(Params {
         total: inner,
         rank: inner_r,

@@ -25,11 +25,11 @@ pub use collectives::{
     flat_shard, member_index, overlap, DeviceCollectives, Pending, RecvInto, ReduceOp, SendFrom,
 };
 pub use device::{Backend, Device};
-pub use ops::TensorOps;
+pub use ops::{MambaOps, TensorOps};
 pub use parsim_plan::DType;
 pub use shapes::{
-    AttnSaved, AttnShape, BlockShape, Keep, Route, Routing, Side, UlyssesGeo, UlyssesLayout,
-    UlyssesPart,
+    AttnSaved, AttnShape, BlockShape, Keep, MambaGeo, Route, Routing, Side, UlyssesGeo,
+    UlyssesLayout, UlyssesPart,
 };
 pub use tensor::{check_copy, check_upload, DeviceTensor, View, ViewMut};
 pub use types::{BackendTypes, ProcessGroup};

@@ -8,8 +8,8 @@
 //! `store_view`); and the CUDA backend's method, launch wrapper and kernel.
 
 use super::shapes::{
-    AttnSaved, AttnShape, BlockShape, Keep, Route, Routing, Side, UlyssesGeo, UlyssesLayout,
-    UlyssesPart,
+    AttnSaved, AttnShape, BlockShape, Keep, MambaGeo, Route, Routing, Side, UlyssesGeo,
+    UlyssesLayout, UlyssesPart,
 };
 use super::tensor::{View, ViewMut};
 use super::types::BackendTypes;
@@ -20,7 +20,7 @@ use crate::plan::{Activation, AdamConfig, MoeShape, Norm};
 /// fallible (a device kernel can fail to launch). Row-major; `n` rows of `i` inputs and `o`
 /// outputs for linear layers (weights [o, i]). Accumulation is fp32 whatever the tensors'
 /// dtype.
-pub trait TensorOps<B: BackendTypes> {
+pub trait TensorOps<B: BackendTypes>: MambaOps<B> {
     // --- linear layers ---
     /// y[n, o] = x[n, i] . w[o, i]^T.
     fn linear_fwd(
@@ -463,4 +463,126 @@ pub trait TensorOps<B: BackendTypes> {
         v: &mut B::Tensor,
         weight_copy: Option<ViewMut<'_, B::Tensor>>,
     ) -> Result<(), ExecError>;
+}
+
+/// The Mamba-2 mixer's ops (the CPU's `cpu/ops/mamba.rs`), a family of its own: a backend
+/// without them (`impl MambaOps for .. {}`) refuses the mixer by name; the CUDA backend
+/// refuses hybrid plans before it runs (`runner::cuda`).
+pub trait MambaOps<B: BackendTypes> {
+    /// Splits in_proj's output [n, proj] into z [n, inner], x/B/C [n, conv] and dt [n, heads].
+    fn mamba_split(
+        &self,
+        _zxbcdt: &B::Tensor,
+        _z: &mut B::Tensor,
+        _xbc: &mut B::Tensor,
+        _dt: &mut B::Tensor,
+    ) -> Result<(), ExecError> {
+        Err(no_mamba())
+    }
+    /// The reverse of [`TensorOps::mamba_split`]: the gradients into one [n, proj].
+    fn mamba_merge(
+        &self,
+        _dz: &B::Tensor,
+        _dxbc: &B::Tensor,
+        _ddt: &B::Tensor,
+        _out: &mut B::Tensor,
+    ) -> Result<(), ExecError> {
+        Err(no_mamba())
+    }
+    /// SiLU of the causal depthwise convolution over each sequence; `w` is [conv, k + 1], the
+    /// k taps then the bias of each channel.
+    fn mamba_conv_fwd(
+        &self,
+        _g: &MambaGeo,
+        _x: &B::Tensor,
+        _w: View<'_, B::Tensor>,
+        _y: &mut B::Tensor,
+    ) -> Result<(), ExecError> {
+        Err(no_mamba())
+    }
+    /// The convolution's input gradient `dx` (written) and its weights' `dw` (accumulated),
+    /// from its input `x` and the output gradient `dy`.
+    #[allow(clippy::too_many_arguments)]
+    fn mamba_conv_bwd(
+        &self,
+        _g: &MambaGeo,
+        _x: &B::Tensor,
+        _w: View<'_, B::Tensor>,
+        _dy: &B::Tensor,
+        _dx: &mut B::Tensor,
+        _dw: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError> {
+        Err(no_mamba())
+    }
+    /// The SSD chunked scan with the D skip: y [n, inner] from x/B/C [n, conv] and dt's
+    /// projection [n, heads]; `ssm` is [3, heads]: A_log, D, dt's bias. Writes dt (after the
+    /// softplus) and dt x A [n, heads] for backward; `states` is the chunk states' scratch
+    /// ([`MambaGeo::states_len`]).
+    #[allow(clippy::too_many_arguments)]
+    fn mamba_ssd_fwd(
+        &self,
+        _g: &MambaGeo,
+        _xbc: &B::Tensor,
+        _dt_raw: &B::Tensor,
+        _ssm: View<'_, B::Tensor>,
+        _y: &mut B::Tensor,
+        _dt: &mut B::Tensor,
+        _da: &mut B::Tensor,
+        _states: &mut B::Tensor,
+    ) -> Result<(), ExecError> {
+        Err(no_mamba())
+    }
+    /// The scan's backward: `dxbc` and `ddt_raw` written, `dssm` accumulated, from the saved
+    /// x/B/C and dt and the output gradient `dy`; the chunk states are recomputed in `states`.
+    #[allow(clippy::too_many_arguments)]
+    fn mamba_ssd_bwd(
+        &self,
+        _g: &MambaGeo,
+        _xbc: &B::Tensor,
+        _dt: &B::Tensor,
+        _ssm: View<'_, B::Tensor>,
+        _dy: &B::Tensor,
+        _dxbc: &mut B::Tensor,
+        _ddt_raw: &mut B::Tensor,
+        _dssm: ViewMut<'_, B::Tensor>,
+        _states: &mut B::Tensor,
+    ) -> Result<(), ExecError> {
+        Err(no_mamba())
+    }
+    /// The gated RMSNorm: out = rmsnorm(y x SiLU(z)) x w, normalised over each B/C group's
+    /// heads (Megatron-Core's RMSNormGated, norm_before_gate = False).
+    fn mamba_gate_fwd(
+        &self,
+        _g: &MambaGeo,
+        _y: &B::Tensor,
+        _z: &B::Tensor,
+        _w: View<'_, B::Tensor>,
+        _out: &mut B::Tensor,
+    ) -> Result<(), ExecError> {
+        Err(no_mamba())
+    }
+    /// The gated norm's input gradients `dy`, `dz` (written) and its weight's `dw`
+    /// (accumulated) from the output gradient `dout`.
+    #[allow(clippy::too_many_arguments)]
+    fn mamba_gate_bwd(
+        &self,
+        _g: &MambaGeo,
+        _y: &B::Tensor,
+        _z: &B::Tensor,
+        _w: View<'_, B::Tensor>,
+        _dout: &B::Tensor,
+        _dy: &mut B::Tensor,
+        _dz: &mut B::Tensor,
+        _dw: ViewMut<'_, B::Tensor>,
+    ) -> Result<(), ExecError> {
+        Err(no_mamba())
+    }
+}
+
+/// The error of a backend that does not run the Mamba-2 mixer.
+fn no_mamba() -> ExecError {
+    ExecError::Unsupported {
+        field: "model.mamba",
+        message: "this backend does not run the Mamba-2 mixer",
+    }
 }

@@ -133,3 +133,47 @@ pub enum AttnSaved<T> {
     /// Nothing (selective recompute).
     None,
 }
+
+/// One rank's Mamba-2 mixer on one microbatch: `b` sequences of `s` tokens (rows sequence by
+/// sequence), this rank's `heads` heads of `p` channels and `groups` B/C groups of state `n`
+/// (heads split evenly over the groups), the causal convolution's width `k`, the SSD's chunk
+/// `q` and the gated norm's epsilon.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MambaGeo {
+    pub b: usize,
+    pub s: usize,
+    pub heads: usize,
+    pub p: usize,
+    pub groups: usize,
+    pub n: usize,
+    pub k: usize,
+    pub q: usize,
+    pub eps: f32,
+}
+
+impl MambaGeo {
+    /// The inner width: heads x p.
+    pub fn inner(&self) -> usize {
+        self.heads * self.p
+    }
+
+    /// The convolution's channels: x, B and C.
+    pub fn conv(&self) -> usize {
+        self.inner() + 2 * self.groups * self.n
+    }
+
+    /// in_proj's outputs: z, x, B, C and dt.
+    pub fn proj(&self) -> usize {
+        2 * self.inner() + 2 * self.groups * self.n + self.heads
+    }
+
+    /// Tokens: b x s.
+    pub fn tokens(&self) -> usize {
+        self.b * self.s
+    }
+
+    /// Elements of the chunk states (fp32), every sequence, chunk and head: P x N each.
+    pub fn states_len(&self) -> usize {
+        self.b * self.s.div_ceil(self.q.max(1)) * self.heads * self.p * self.n
+    }
+}

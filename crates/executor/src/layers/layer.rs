@@ -12,6 +12,7 @@ use super::cp;
 use super::ctx::Ctx;
 use super::dropout::{dropout_grad, hidden_dropout};
 use super::lora::{self, Adapters, LoraSaved, Target};
+use super::mamba::MambaSaved;
 use super::mla::{mla_bwd, mla_fwd, MlaSaved, Qkv};
 use super::modern::{self, Part};
 use super::moe::{moe_bwd, moe_fwd, MoeSaved};
@@ -24,10 +25,10 @@ use crate::plan::Recompute;
 use crate::rng::DropoutSite;
 use crate::tracker::Category;
 
-const ATTN_NORM: usize = 0;
+pub(super) const ATTN_NORM: usize = 0;
 const QKV: usize = 1;
 const PROJ: usize = 2;
-const MLP_NORM: usize = 3;
+pub(super) const MLP_NORM: usize = 3;
 const FC1: usize = 4;
 const FC2: usize = 5;
 
@@ -54,6 +55,25 @@ pub struct LayerSaved<B: Backend> {
     pub masks: [Option<B::Tensor>; 2],
     /// QK norm's inputs (queries, keys), when the model has it.
     pub qk: Option<Box<[B::Tensor; 2]>>,
+    /// A hybrid model's layer: its one sublayer's state (every field above but `x` empty).
+    pub hybrid: Option<Box<HybridSaved<B>>>,
+}
+
+/// What a hybrid layer's sublayer keeps for backward (its input is the layer's `x`).
+pub enum HybridSaved<B: Backend> {
+    Mamba(MambaSaved<B>),
+    Attention {
+        parts: AttnParts<B>,
+        mask: Option<B::Tensor>,
+    },
+    /// The MLP's normed input, fc1's output and activation, or the experts' state.
+    Ffn {
+        ln2: B::Tensor,
+        u: B::Tensor,
+        act: B::Tensor,
+        moe: Option<Box<MoeSaved<B>>>,
+        mask: Option<B::Tensor>,
+    },
 }
 
 /// An MoE layer's experts block and its parameters.
@@ -72,7 +92,7 @@ fn slice<'p, T: DeviceTensor>(p: &View<'p, T>, l: &BlockLayout, t: usize) -> Vie
 }
 
 /// The global index of a decoder layer's block.
-fn layer_index(l: &BlockLayout) -> u32 {
+pub(super) fn layer_index(l: &BlockLayout) -> u32 {
     match l.kind {
         BlockKind::Layer(i) => i,
         _ => 0,
@@ -103,68 +123,27 @@ pub fn layer_fwd<B: Backend>(
     ad: Adapters<B>,
     x: B::Tensor,
 ) -> Result<(B::Tensor, LayerSaved<B>), ExecError> {
-    let m = &ctx.plan.model;
-    let (norm, eps) = (m.norm, m.norm_eps);
-    let keep = match (ctx.recompute, m.flash) {
-        (Recompute::Selective, _) => Keep::Nothing,
-        (_, true) => Keep::Lse,
-        (_, false) => Keep::Probs,
-    };
-    let rd = ctx.rd;
-    let (n, n_sp, h) = (ctx.n, ctx.n_sp, rd.h);
+    let keep = keep(ctx);
+    let (n_sp, h) = (ctx.n_sp, ctx.rd.h);
     let a = Category::Activations;
     let mut ls = LoraSaved::default();
 
-    let mut ln1 = ctx.zeros(a, &[n_sp, h])?;
-    ctx.ops
-        .norm_fwd(norm, &x, slice(&p, l, ATTN_NORM), eps, &mut ln1)?;
-    let (q, k, v, mla, qk) = if m.mla.is_some() {
-        let ((q, k, v), ms) = mla_fwd(ctx, l, &p, &ln1)?;
-        (q, k, v, Some(Box::new(ms)), None)
-    } else {
-        let ((q, k, v), qk) = qkv_fwd(ctx, l, &p, &ln1, &ad, &mut ls)?;
-        (q, k, v, None, qk)
-    };
-    let ow = rd.a_r * rd.dv;
-    let sinks = modern::sinks(ctx, l, &p);
-    let (o, q, k, v, attn) = if ctx.cp.is_some() {
-        let (o, c) = cp::forward(ctx, layer_index(l), q, k, v, keep, sinks)?;
-        (o, c.q, c.k, c.v, c.attn)
-    } else {
-        let mut o = ctx.zeros(a, &[n, ow])?;
-        let sh = attn_shape(ctx, layer_index(l));
-        let attn = match sinks {
-            Some(z) => modern::attn_fwd_sinks(ctx, &sh, (&q, &k, &v), &mut o, keep, z)?,
-            None => ctx.ops.attn_fwd(&sh, &q, &k, &v, &mut o, keep)?,
-        };
-        (o, q, k, v, attn)
-    };
-    let mut partial = ctx.zeros(Category::Buffers, &[n, h])?;
-    ctx.ops
-        .linear_fwd(&o, slice(&p, l, PROJ), (n, ow, h), &mut partial)?;
-    let mut attn_out = ctx.reduce_to_region(partial, Category::Buffers)?;
-    if let Some(ad) = &ad {
-        lora::row_fwd(ctx, ad, Target::Proj, &o, &mut attn_out, &mut ls)?;
-    }
-    bias::add(ctx, l, &p, Site::Proj, &mut attn_out)?;
-    let attn_mask = hidden_dropout(ctx, layer_index(l), DropoutSite::Attention, &mut attn_out)?;
+    let (attn_out, ap, attn_mask) = attention_fwd(ctx, l, &p, (&ad, &mut ls), keep, &x)?;
+    let AttnParts {
+        ln1,
+        q,
+        k,
+        v,
+        attn,
+        o,
+        mla,
+        qk,
+    } = ap;
     let mut x1 = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops.add(&x, &attn_out, &mut x1)?;
     drop(attn_out);
 
-    let mut ln2 = ctx.zeros(a, &[n_sp, h])?;
-    ctx.ops
-        .norm_fwd(norm, &x1, slice(&p, l, MLP_NORM), eps, &mut ln2)?;
-    let (mut mlp_out, u, act, moe) = if let Some((le, pe, fe)) = experts {
-        let lora = (&ad, &mut ls);
-        let (out, ms) = moe_fwd(ctx, l, p.clone(), (le, pe, fe), &ln2, lora)?;
-        let empty = || ctx.zeros(a, &[0]);
-        let (u, act) = (empty()?, empty()?);
-        (out, u, act, Some(Box::new(ms)))
-    } else {
-        let (out, u, act) = mlp_fwd(ctx, l, &p, (&ad, &mut ls), &ln2)?;
-        (out, u, act, None)
-    };
+    let (mut mlp_out, ln2, u, act, moe) = ffn_fwd(ctx, l, &p, experts, (&ad, &mut ls), &x1)?;
     let mlp_mask = hidden_dropout(ctx, layer_index(l), DropoutSite::Mlp, &mut mlp_out)?;
     let mut y = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops.add(&x1, &mlp_out, &mut y)?;
@@ -187,9 +166,124 @@ pub fn layer_fwd<B: Backend>(
             mla,
             lora: ad.is_some().then(|| Box::new(ls)),
             masks: [attn_mask, mlp_mask],
-            qk: qk.map(Box::new),
+            qk,
+            hybrid: None,
         },
     ))
+}
+
+/// What attention keeps for backward: the softmax, its log-sum-exp (flash attention) or
+/// nothing (selective recompute).
+pub(super) fn keep<B: Backend>(ctx: &Ctx<B>) -> Keep {
+    match (ctx.recompute, ctx.plan.model.flash) {
+        (Recompute::Selective, _) => Keep::Nothing,
+        (_, true) => Keep::Lse,
+        (_, false) => Keep::Probs,
+    }
+}
+
+/// Attention's output in the SP region (before the residual), from the block input `x`: the
+/// norm, QKV (or MLA), the core (under CP, its exchanges), the projection, its bias and hidden
+/// dropout; with what its backward needs and the dropout's mask.
+#[allow(clippy::type_complexity)]
+pub(super) fn attention_fwd<B: Backend>(
+    ctx: &mut Ctx<B>,
+    l: &BlockLayout,
+    p: &View<'_, B::Tensor>,
+    (ad, ls): (&Adapters<B>, &mut LoraSaved<B>),
+    keep: Keep,
+    x: &B::Tensor,
+) -> Result<(B::Tensor, AttnParts<B>, Option<B::Tensor>), ExecError> {
+    let m = &ctx.plan.model;
+    let (norm, eps) = (m.norm, m.norm_eps);
+    let rd = ctx.rd;
+    let (n, n_sp, h) = (ctx.n, ctx.n_sp, rd.h);
+    let a = Category::Activations;
+    let mut ln1 = ctx.zeros(a, &[n_sp, h])?;
+    ctx.ops
+        .norm_fwd(norm, x, slice(p, l, ATTN_NORM), eps, &mut ln1)?;
+    let (q, k, v, mla, qk) = if m.mla.is_some() {
+        let ((q, k, v), ms) = mla_fwd(ctx, l, p, &ln1)?;
+        (q, k, v, Some(Box::new(ms)), None)
+    } else {
+        let ((q, k, v), qk) = qkv_fwd(ctx, l, p, &ln1, ad, ls)?;
+        (q, k, v, None, qk)
+    };
+    let ow = rd.a_r * rd.dv;
+    let sinks = modern::sinks(ctx, l, p);
+    let (o, q, k, v, attn) = if ctx.cp.is_some() {
+        let (o, c) = cp::forward(ctx, layer_index(l), q, k, v, keep, sinks)?;
+        (o, c.q, c.k, c.v, c.attn)
+    } else {
+        let mut o = ctx.zeros(a, &[n, ow])?;
+        let sh = attn_shape(ctx, layer_index(l));
+        let attn = match sinks {
+            Some(z) => modern::attn_fwd_sinks(ctx, &sh, (&q, &k, &v), &mut o, keep, z)?,
+            None => ctx.ops.attn_fwd(&sh, &q, &k, &v, &mut o, keep)?,
+        };
+        (o, q, k, v, attn)
+    };
+    let mut partial = ctx.zeros(Category::Buffers, &[n, h])?;
+    ctx.ops
+        .linear_fwd(&o, slice(p, l, PROJ), (n, ow, h), &mut partial)?;
+    let mut attn_out = ctx.reduce_to_region(partial, Category::Buffers)?;
+    if let Some(ad) = ad {
+        lora::row_fwd(ctx, ad, Target::Proj, &o, &mut attn_out, ls)?;
+    }
+    bias::add(ctx, l, p, Site::Proj, &mut attn_out)?;
+    let attn_mask = hidden_dropout(ctx, layer_index(l), DropoutSite::Attention, &mut attn_out)?;
+    let parts = AttnParts {
+        ln1,
+        q,
+        k,
+        v,
+        attn,
+        o,
+        mla,
+        qk: qk.map(Box::new),
+    };
+    Ok((attn_out, parts, attn_mask))
+}
+
+/// The MLP's (or the experts') output in the SP region (before its dropout and the
+/// residual), from the attention's residual `x1`; with its norm's output, fc1's output and
+/// the activation (empty for the experts) and the experts' saved state.
+#[allow(clippy::type_complexity)]
+pub(super) fn ffn_fwd<B: Backend>(
+    ctx: &mut Ctx<B>,
+    l: &BlockLayout,
+    p: &View<'_, B::Tensor>,
+    experts: Experts<B>,
+    (ad, ls): (&Adapters<B>, &mut LoraSaved<B>),
+    x1: &B::Tensor,
+) -> Result<
+    (
+        B::Tensor,
+        B::Tensor,
+        B::Tensor,
+        B::Tensor,
+        Option<Box<MoeSaved<B>>>,
+    ),
+    ExecError,
+> {
+    let m = &ctx.plan.model;
+    let (norm, eps) = (m.norm, m.norm_eps);
+    let (n_sp, h) = (ctx.n_sp, ctx.rd.h);
+    let a = Category::Activations;
+    let mut ln2 = ctx.zeros(a, &[n_sp, h])?;
+    ctx.ops
+        .norm_fwd(norm, x1, slice(p, l, MLP_NORM), eps, &mut ln2)?;
+    let (mlp_out, u, act, moe) = if let Some((le, pe, fe)) = experts {
+        let lora = (ad, ls);
+        let (out, ms) = moe_fwd(ctx, l, p.clone(), (le, pe, fe), &ln2, lora)?;
+        let empty = || ctx.zeros(a, &[0]);
+        let (u, act) = (empty()?, empty()?);
+        (out, u, act, Some(Box::new(ms)))
+    } else {
+        let (out, u, act) = mlp_fwd(ctx, l, p, (ad, ls), &ln2)?;
+        (out, u, act, None)
+    };
+    Ok((mlp_out, ln2, u, act, moe))
 }
 
 /// The dense MLP's output, fc1's output and the activation (kept for backward).
@@ -309,7 +403,11 @@ pub fn layer_bwd<B: Backend>(
         lora: ls,
         masks: [attn_mask, mlp_mask],
         qk,
+        hybrid,
     } = s;
+    if hybrid.is_some() {
+        return Err(StateError::HybridSavedMismatch.into());
+    }
     let mut ls = ls.map(|b| *b).unwrap_or_default();
 
     // MLP: fc2 (row-parallel), activation, fc1 (column-parallel), norm; or the experts.
@@ -344,7 +442,7 @@ pub fn layer_bwd<B: Backend>(
 /// Norm `tensor`'s input gradient from its output gradient `dy` (input `x`), added to the
 /// residual's gradient `dres`; the gain's (and bias's) gradient task goes to `sink`.
 #[allow(clippy::too_many_arguments)]
-fn norm_bwd<B: Backend>(
+pub(super) fn norm_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: &View<'_, B::Tensor>,
@@ -365,7 +463,7 @@ fn norm_bwd<B: Backend>(
 /// The dense MLP's backward: fc2 (row-parallel), the activation, fc1 (column-parallel), from
 /// the saved (normed input, fc1 output, activation) and the output gradient `dy_mlp`; returns
 /// the normed input's gradient [n_sp, h].
-fn mlp_bwd<B: Backend>(
+pub(super) fn mlp_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: &View<'_, B::Tensor>,
@@ -429,7 +527,7 @@ fn mlp_bwd<B: Backend>(
 }
 
 /// What attention's backward takes of a layer's saved state.
-struct AttnParts<B: Backend> {
+pub struct AttnParts<B: Backend> {
     ln1: B::Tensor,
     q: B::Tensor,
     k: B::Tensor,
@@ -444,7 +542,7 @@ struct AttnParts<B: Backend> {
 /// rotary, QKV or MLA (column-parallel), from the residual's gradient `dx1`; returns the normed
 /// input's gradient [n_sp, h].
 #[allow(clippy::too_many_arguments)]
-fn attention_bwd<B: Backend>(
+pub(super) fn attention_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: &View<'_, B::Tensor>,

@@ -6,7 +6,7 @@ use super::blocks::{
     fc1_rows, seg, BlockKind, BlockLayout, Builder, RankDims, DENSE_SPACE, EXPERT_SPACE,
     FROZEN_EXPERT_SPACE, FROZEN_SPACE, SPACES,
 };
-use crate::plan::{Activation, LoraShape, MlaShape, Norm, Plan, RankPlan};
+use crate::plan::{Activation, HybridLayer, LoraShape, MlaShape, Norm, Plan, RankPlan};
 
 /// The blocks laid out so far, each in its space, back to back.
 struct Layout<'p> {
@@ -186,12 +186,27 @@ fn layer_block(b: &mut Builder, plan: &Plan, l: u32, rd: &RankDims) {
     let m = &plan.model;
     let (h, d, r, std) = (rd.h, rd.d, rd.tp_rank, m.init_std);
     let p = format!("layers.{l}");
-    b.norm(&format!("{p}.attn_norm"), m.norm, h);
+    // A hybrid model's layer holds one sublayer: a Mamba-2 mixer, attention alone, or the
+    // MLP (or MoE) alone, whose tensors keep their indices after three empty ones.
+    let kind = m.hybrid_layer(l);
+    if kind == Some(HybridLayer::Mamba) {
+        return super::mamba::push_block(b, plan, l, rd);
+    }
+    let mut dropped = Builder::new();
+    let ab = if matches!(kind, Some(HybridLayer::Mlp | HybridLayer::Moe)) {
+        for _ in 0..3 {
+            b.push(0, h, Vec::new(), false);
+        }
+        &mut dropped
+    } else {
+        &mut *b
+    };
+    ab.norm(&format!("{p}.attn_norm"), m.norm, h);
     let (qa, kg) = (rd.a_r * d, rd.g_r * d);
     if let Some(a) = &m.mla {
-        mla_down(b, a, &p, rd, std);
+        mla_down(ab, a, &p, rd, std);
     } else {
-        b.push(
+        ab.push(
             rd.qkv_r(),
             h,
             vec![
@@ -203,7 +218,7 @@ fn layer_block(b: &mut Builder, plan: &Plan, l: u32, rd: &RankDims) {
         );
     }
     let ov = rd.a_r * rd.dv;
-    b.push(
+    ab.push(
         h,
         ov,
         vec![seg(
@@ -215,6 +230,9 @@ fn layer_block(b: &mut Builder, plan: &Plan, l: u32, rd: &RankDims) {
         )],
         false,
     );
+    if kind == Some(HybridLayer::Attention) {
+        return;
+    }
     b.norm(&format!("{p}.mlp_norm"), m.norm, h);
     if let (true, Some(moe)) = (m.is_moe_layer(l), &m.moe) {
         // The router, replicated: hidden -> experts. Its gradient is a partial

@@ -164,7 +164,13 @@ pub fn run_cuda(plan: &Plan, opts: &RunOptions, world: CudaWorld) -> Result<RunR
 /// pattern run on the existing kernels.
 pub fn check_layer_kinds(plan: &Plan) -> Result<(), ExecError> {
     let a = &plan.model.attention;
-    let refused: [(bool, &'static str, &'static str); 3] = [
+    let refused: [(bool, &'static str, &'static str); 4] = [
+        (
+            // Its kernels are the CPU backend's (`backend/cpu/ops/mamba.rs`) only.
+            !plan.model.hybrid.is_empty(),
+            "model.hybrid",
+            "the CUDA backend does not run hybrid Mamba-2 models yet; the CPU backend does",
+        ),
         (
             a.window.is_some(),
             "model.attention.window",
@@ -406,6 +412,14 @@ mod tests {
         let mut plan = one_rank();
         plan.model.attention.qk_norm = true;
         assert!(check_layer_kinds(&plan).is_ok());
+    }
+
+    #[test]
+    fn a_hybrid_model_is_refused_by_name_before_looking_for_a_gpu() {
+        let mut plan = one_rank();
+        plan.model.hybrid = vec![crate::plan::HybridLayer::Attention];
+        let e = run_cuda(&plan, &RunOptions::default(), CudaWorld::SingleProcess).unwrap_err();
+        assert!(e.to_string().starts_with("model.hybrid: "), "{e}");
     }
 
     #[test]

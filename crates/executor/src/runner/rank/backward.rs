@@ -9,7 +9,8 @@ use crate::layers::blocks::{
     is_frozen_space, BlockKind, BlockLayout, DENSE_SPACE, EXPERT_SPACE, FROZEN_SPACE, SPACES,
 };
 use crate::layers::ends::{embedding_bwd, head_bwd, output_bwd};
-use crate::layers::layer::{layer_bwd, layer_fwd, LayerSaved};
+use crate::layers::hybrid::{decoder_bwd, decoder_fwd};
+use crate::layers::layer::LayerSaved;
 use crate::layers::mtp::mtp_in_bwd;
 use crate::layers::{Ctx, Sink, WTask};
 use crate::tracker::Category;
@@ -126,7 +127,7 @@ fn rerun_layer<B: Backend>(
 ) -> Result<LayerSaved<B>, ExecError> {
     let stats = (ctx.moe_aux_loss, ctx.moe_dropped);
     ctx.recomputing = true;
-    let r = layer_fwd(ctx, l, v.p.clone(), v.experts.clone(), v.ad.clone(), x);
+    let r = decoder_fwd(ctx, l, v.p.clone(), v.experts.clone(), v.ad.clone(), x);
     ctx.recomputing = false;
     let (y, ls) = r?;
     (ctx.moe_aux_loss, ctx.moe_dropped) = stats;
@@ -163,12 +164,12 @@ fn block_bwd<B: Backend>(
         }
         BlockSaved::Layer(ls) => {
             let dy = flow.grad();
-            flow.dy = Some(layer_bwd(ctx, l, v.p, v.experts, v.ad, *ls, dy, sink)?);
+            flow.dy = Some(decoder_bwd(ctx, l, v.p, v.experts, v.ad, *ls, dy, sink)?);
         }
         BlockSaved::LayerInput(x) => {
             let ls = rerun_layer(ctx, l, &v, x)?;
             let dy = flow.grad();
-            flow.dy = Some(layer_bwd(ctx, l, v.p, v.experts, v.ad, ls, dy, sink)?);
+            flow.dy = Some(decoder_bwd(ctx, l, v.p, v.experts, v.ad, ls, dy, sink)?);
         }
         BlockSaved::Embedding(tokens, mask) => {
             embedding_bwd(ctx, tokens, mask, flow.grad(), 0, sink)?

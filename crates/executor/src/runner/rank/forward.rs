@@ -8,7 +8,7 @@ use crate::error::ExecError;
 use crate::layers::blocks::BlockKind;
 use crate::layers::data;
 use crate::layers::ends::{embedding_fwd, head_fwd, output_fwd};
-use crate::layers::layer::layer_fwd;
+use crate::layers::hybrid::decoder_fwd;
 use crate::layers::mtp::mtp_in_fwd;
 use crate::plan::Recompute;
 use crate::tracker::Category;
@@ -137,7 +137,7 @@ impl<'a, B: Backend> Rank<'a, B> {
             }
             BlockKind::Layer(_) => {
                 let input = flow.x.take().expect("layer input");
-                let (y, s) = layer_fwd(&mut self.ctx, l, v.p, v.experts, v.ad, input)?;
+                let (y, s) = decoder_fwd(&mut self.ctx, l, v.p, v.experts, v.ad, input)?;
                 if self.ctx.recompute == Recompute::Full {
                     flow.saved.push(BlockSaved::LayerInput(s.x));
                 } else {

@@ -16,6 +16,7 @@ pub mod elementwise;
 pub mod flash;
 pub mod gemm;
 pub mod layout;
+pub mod mamba;
 pub mod mla;
 pub mod moe;
 pub mod norm;

@@ -43,6 +43,9 @@ macro_rules! by_family {
 
 /// Each method is its family's function (`ops/<family>/mod.rs`).
 #[rustfmt::skip]
+/// No Mamba-2 kernels yet: the mixer's ops answer with the refusal naming `model.mamba`.
+impl crate::backend::MambaOps<Cuda> for CudaRank {}
+
 impl TensorOps<Cuda> for CudaRank {
     by_family! {
         linear::linear_fwd(
