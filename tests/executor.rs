@@ -30,6 +30,8 @@ mod mla;
 mod moe;
 #[path = "executor/moe_bias.rs"]
 mod moe_bias;
+#[path = "executor/moe_ep_wide.rs"]
+mod moe_ep_wide;
 #[path = "executor/moe_folding.rs"]
 mod moe_folding;
 #[path = "executor/moe_folding_groups.rs"]
