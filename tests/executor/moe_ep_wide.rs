@@ -3,7 +3,8 @@
 //! tp x cp x dp ranks of a stage, so ep need only divide tp x cp x dp / expert_tp, not dp).
 //! With expert TP 1 under TP 2 + SP, ep 4 spans both TP ranks of both DP ranks (dp 2); under TP
 //! 4 with dp 1, ep 4 is the TP group. Each TP rank routes its own sequence shard to the 4 EP
-//! ranks, each of which holds 2 of the 8 experts whole. Both give the single-rank run's loss
+//! ranks, each of which holds 2 of the 8 experts whole; with CP 2 and dp 1, ep 2 spans the CP
+//! ranks. Each gives the single-rank run's loss
 //! after one step and parameters after three (fp32, 1e-5 relative), and every rank's peak lies
 //! within 2% of the engine's prediction under forced load balancing.
 
@@ -60,9 +61,17 @@ fn ep_wider_than_dp_spans_the_stage() {
     assert!(p.ranks.iter().all(|r| r.ep_group == r.tp_group));
 }
 
+/// CP 2 (ring) with ep 2 over dp 1: the expert grid folds CP into EP, so each CP rank sends
+/// its sequence chunk's tokens to the experts of both.
+const CP2_EP2: Moe = Moe {
+    cp: 2,
+    ep: 2,
+    ..BASE
+};
+
 #[test]
 fn ep_wider_than_dp_matches_the_single_rank_run() {
-    for c in mixes() {
+    for c in mixes().into_iter().chain([CP2_EP2]) {
         let reference = run(&plan(moe_config(&c.single())), 3);
         let got = run(&plan(etp1(&c)), 3);
         compare(&format!("ep wider than dp {c:?}"), &got, &reference);
@@ -71,7 +80,7 @@ fn ep_wider_than_dp_matches_the_single_rank_run() {
 
 #[test]
 fn ep_wider_than_dp_memory_is_within_2_percent_of_the_prediction() {
-    for c in mixes() {
+    for c in mixes().into_iter().chain([CP2_EP2]) {
         let c = Moe {
             force_balance: true,
             ..c
