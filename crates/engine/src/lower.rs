@@ -218,10 +218,7 @@ fn check_moe(r: &Resolved) -> Result<(), PlanError> {
     if m.num_experts % p.ep != 0 {
         return Err(unsupported(
             "parallel.ep",
-            format!(
-                "ep ({}) must divide num_experts ({})",
-                p.ep, m.num_experts
-            ),
+            format!("ep ({}) must divide num_experts ({})", p.ep, m.num_experts),
         ));
     }
     Ok(())
