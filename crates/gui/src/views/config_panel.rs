@@ -482,7 +482,7 @@ fn parallelism(ui: &mut Ui, c: &mut Config, p: Option<&Problems>) {
     row(
         ui,
         "EP",
-        "Expert-parallel degree (folds into DP)",
+        "Expert-parallel degree (on the expert grid: expert TP x EP divides TP x CP x DP)",
         "parallel.ep",
         p,
         |ui| choice(ui, "ep", &mut c.parallel.ep, &o, num),
