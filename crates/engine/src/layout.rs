@@ -170,6 +170,9 @@ pub struct Layout {
     /// 1, ep, and dp = the expert data-parallel size. The Ep, ExpertDp and ExpertTp groups lie
     /// on it.
     expert: Grid,
+    /// True once [`Layout::with_expert_tp`] placed an MoE model's expert groups (a dense
+    /// model's layout has no expert groups to report).
+    moe: bool,
     /// Expert tensor parallelism (= tp until [`Layout::with_expert_tp`]).
     pub etp: u32,
     pub tp: u32,
@@ -222,6 +225,7 @@ impl Layout {
         let mut l = Layout {
             axes,
             expert: axes,
+            moe: false,
             etp: tp,
             tp,
             cp,
@@ -331,13 +335,15 @@ impl Layout {
         }
         self.etp = etp;
         self.expert = grid;
+        self.moe = true;
         Ok(self)
     }
 
-    /// True when the expert groups do not simply split the dense DP group: expert_tp != tp,
-    /// cp > 1, or ep not dividing dp (MoE Parallel Folding proper).
+    /// True when an MoE model's expert groups ([`Layout::with_expert_tp`]) do not simply split
+    /// the dense DP group: expert_tp != tp, cp > 1, or ep not dividing dp (MoE Parallel
+    /// Folding proper).
     pub fn is_folded(&self) -> bool {
-        self.etp != self.tp || self.cp > 1 || self.dp % self.ep != 0
+        self.moe && (self.etp != self.tp || self.cp > 1 || self.dp % self.ep != 0)
     }
 
     /// True when the `kind` group lies on the expert grid (Ep, ExpertDp and ExpertTp).
