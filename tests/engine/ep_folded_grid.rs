@@ -127,3 +127,49 @@ fn search_offers_the_recipes_ep_above_dp() {
         assert!(x.estimate.memory.fits);
     }
 }
+
+/// The all-to-all is priced by where the EP group's members sit: the recipe's EP group (ranks
+/// 0..31) spans four 8-GPU nodes, each its own NVLink domain on H100s, so it runs on the NIC
+/// network; in NVLink domains of 32 GPUs (four nodes) the same members share one domain and it
+/// runs on NVLink (the network's intra-domain latency); in domains of 16 it spans two. The bytes
+/// do not move, the exposed expert all-to-all shrinks inside one domain.
+#[test]
+fn the_expert_all_to_all_is_priced_by_its_members_domains() {
+    let at = |domain: Option<u32>| {
+        let mut v = qwen3_235b(32, "full");
+        if let Some(d) = domain {
+            v["cluster"]["nvlink_domain_size"] = d.into();
+        }
+        let r = resolve(v);
+        let layout = Layout::of(&r);
+        let e = estimate(&r).expect("estimate");
+        (r, layout, e)
+    };
+    let (r8, l8, e8) = at(None);
+    let (r32, l32, e32) = at(Some(32));
+    let (_, l16, _) = at(Some(16));
+    assert_eq!(l8.group_geometry(GroupKind::Ep, 0), (32, 8, 4));
+    assert_eq!(l16.group_geometry(GroupKind::Ep, 0), (32, 16, 2));
+    assert_eq!(l32.group_geometry(GroupKind::Ep, 0), (32, 32, 1));
+    let (n8, n32) = (
+        parsim::network::Network::new(&l8, &r8.gpu),
+        parsim::network::Network::new(&l32, &r32.gpu),
+    );
+    assert!(n8.crosses_nodes(GroupKind::Ep) && !n32.crosses_nodes(GroupKind::Ep));
+    assert_eq!(
+        n32.latency_s(GroupKind::Ep),
+        r32.gpu.links.intra_node.latency_s
+    );
+    assert!(group_info(&e8, GroupKind::Ep).crosses_nodes);
+    assert!(!group_info(&e32, GroupKind::Ep).crosses_nodes);
+    assert_eq!(
+        e8.communication.per_step_bytes_per_gpu.ep,
+        e32.communication.per_step_bytes_per_gpu.ep
+    );
+    let (x8, x32) = (
+        e8.time.exposed_comm_by_group_s.ep,
+        e32.time.exposed_comm_by_group_s.ep,
+    );
+    eprintln!("exposed expert all-to-all: {x8:.3} s over 4 domains, {x32:.3} s in one");
+    assert!(x32 < x8);
+}
