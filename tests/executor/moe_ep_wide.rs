@@ -61,6 +61,26 @@ fn ep_wider_than_dp_spans_the_stage() {
     assert!(p.ranks.iter().all(|r| r.ep_group == r.tp_group));
 }
 
+/// The Plan contract takes ep above dp under the expert grid's rule and names the rule when
+/// expert_tp x ep no longer divides tp x cp x dp (expert_tp 2 x ep 4 over 2 x 2 ranks) or ep
+/// is 0.
+#[test]
+fn the_plan_validates_ep_above_dp_under_the_expert_grid_rule() {
+    let mut p = plan(etp1(&mixes()[0]));
+    assert_eq!((p.parallel.ep, p.parallel.dp), (4, 2));
+    assert!(p.validate().is_ok());
+    p.parallel.etp = 2;
+    let e = p.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("expert tp (2) x ep (4) must divide tp x cp x dp (4)"),
+        "{e}"
+    );
+    p.parallel.etp = 1;
+    p.parallel.ep = 0;
+    let e = p.validate().unwrap_err().to_string();
+    assert!(e.contains("ep must be at least 1"), "{e}");
+}
+
 /// CP 2 (ring) with ep 2 over dp 1: the expert grid folds CP into EP, so each CP rank sends
 /// its sequence chunk's tokens to the experts of both.
 const CP2_EP2: Moe = Moe {
