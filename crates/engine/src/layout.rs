@@ -697,6 +697,30 @@ mod tests {
         assert!(!l.kind_crosses_nodes(GroupKind::Ep));
     }
 
+    /// EP above DP (Megatron-Core's grid: only expert_tp x ep | tp x cp x dp): tp 2, ep 4, dp 2
+    /// with expert_tp 1 is etp 1 x ep 4 x edp 1, so the EP group is the stage's 4 ranks while
+    /// the dense DP group ({0, 2}, stride tp) keeps its 2; expert_tp 2 x ep 4 over 4 is refused.
+    #[test]
+    fn ep_above_dp_spans_the_stage() {
+        let l = Layout::new("tp-cp-ep-dp-pp", 2, 1, 4, 2, 1, 8).unwrap();
+        assert_eq!(l.etp, 1);
+        assert_eq!(l.group_of(GroupKind::Ep, 3), vec![0, 1, 2, 3]);
+        assert_eq!(l.group_of(GroupKind::Dp, 0), vec![0, 2]);
+        assert_eq!(l.group_of(GroupKind::ExpertDp, 1), vec![1]);
+        assert_eq!(
+            (0..4).map(|r| l.coords(r).ep).collect::<Vec<_>>(),
+            [0, 1, 2, 3]
+        );
+        assert!(matches!(
+            l.with_expert_tp(2),
+            Err(LayoutError::ExpertTp {
+                etp: 2,
+                ep: 4,
+                ranks: 4
+            })
+        ));
+    }
+
     /// With expert_tp = tp and cp = 1 the expert grid is the dense one (tp, ep, dp / ep in the
     /// same order), for any order: nothing is folded.
     #[test]
