@@ -310,7 +310,11 @@ fn other_rules() {
             "--gbs",
             "4",
         ],
-        &["parallel.ep", "ep (8) must divide dp (4)"],
+        // Megatron-Core's expert grid: expert_tp x ep over the tp x cp x dp ranks of a stage.
+        &[
+            "parallel.expert_tp",
+            "expert_tp x ep (1 x 8) must divide tp x cp x dp (4)",
+        ],
     );
     rejects(
         &[

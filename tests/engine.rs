@@ -6,6 +6,7 @@ mod engine {
     pub mod blackwell;
     pub mod comm;
     pub mod common;
+    pub mod ep_folded_grid;
     pub mod expert_folding;
     pub mod expert_tp_comm;
     pub mod flops;

@@ -34,6 +34,8 @@ mod modern_layers;
 mod moe;
 #[path = "executor/moe_bias.rs"]
 mod moe_bias;
+#[path = "executor/moe_ep_wide.rs"]
+mod moe_ep_wide;
 #[path = "executor/moe_folding.rs"]
 mod moe_folding;
 #[path = "executor/moe_folding_groups.rs"]

@@ -22,7 +22,7 @@ proptest! {
     fn random_configurations_never_panic(
         preset in prop::sample::select(vec!["llama3-8b", "mixtral-8x7b", "deepseek-v3", "gpt3-175b", "nemotron-3-nano"]),
         fsdp in prop::sample::select(vec!["", "megatron", "torch", "jax"]),
-        tp in 0u32..=16, pp in 0u32..=8, cp in 0u32..=8, ep in 0u32..=16, vpp in 0u32..=4, zero in 0u8..=4,
+        tp in 0u32..=16, pp in 0u32..=8, cp in 0u32..=8, ep in 0u32..=64, etp in 0u32..=16, vpp in 0u32..=4, zero in 0u8..=4,
         gpus in prop_oneof![1u32..=64, Just(16384u32), Just(u32::MAX)],
         seq in size(), mbs in size(), gbs in size(), layers in size(), hidden in size(),
         schedule in prop::sample::select(vec!["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipe-v"]),
@@ -32,7 +32,7 @@ proptest! {
         let v = json!({
             "model": {"preset": preset, "num_layers": layers.min(u32::MAX as u64), "hidden_size": hidden},
             "cluster": {"num_gpus": gpus},
-            "parallel": {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "vpp": vpp, "zero": zero, "schedule": schedule},
+            "parallel": {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "expert_tp": etp, "vpp": vpp, "zero": zero, "schedule": schedule},
             "training": {"seq_length": seq, "micro_batch_size": mbs, "global_batch_size": gbs,
                          "recompute": recompute, "flash_attention": flash}
         });
@@ -58,16 +58,21 @@ proptest! {
         schedule in prop::sample::select(vec!["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipe-v"]),
         recompute in prop::sample::select(vec!["none", "selective", "full"]),
         cp_comm in prop::sample::select(vec!["p2p", "zigzag", "allgather", "a2a"]),
+        el in 0u32..=5, etl in 0u32..=2,
     ) {
         let (tp, pp, cp, dp) = (1u32 << tl, 1u32 << pl, 1u32 << cl, 1u32 << dl);
         let vpp = match schedule { "interleaved-1f1b" | "zb-v" | "dualpipe-v" => 2, _ => 1 };
         let schedule = if pp == 1 { "1f1b" } else { schedule };
         let vpp = if pp == 1 { 1 } else { vpp };
         let mbs = 1u64 << mbs_l;
+        // Expert parallelism on Megatron-Core's expert grid, up to 32 (above dp where
+        // expert_tp x ep fits tp x cp x dp); a dense model keeps ep 1.
+        let moe = matches!(preset, "mixtral-8x7b" | "deepseek-v3");
+        let (ep, etp) = if moe { (1u32 << el, 1u32 << etl) } else { (1, 1) };
         let v = json!({
             "model": {"preset": preset},
             "cluster": {"num_gpus": tp * pp * cp * dp},
-            "parallel": {"tp": tp, "sp": tp > 1, "pp": pp, "cp": cp, "cp_comm": cp_comm, "vpp": vpp, "zero": zero, "schedule": schedule},
+            "parallel": {"tp": tp, "sp": tp > 1, "pp": pp, "cp": cp, "cp_comm": cp_comm, "vpp": vpp, "zero": zero, "schedule": schedule, "ep": ep, "expert_tp": etp},
             "training": {"seq_length": 4096, "micro_batch_size": mbs, "global_batch_size": mbs * dp as u64 * 4 * pp as u64, "recompute": recompute}
         });
         let cfg = Config::from_layers(&[Layer::overrides(v)]).unwrap();

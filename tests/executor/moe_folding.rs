@@ -18,7 +18,7 @@ use serde_json::Value;
 /// Every rank's measured peak within 2% of the engine's prediction, and its weights within
 /// the router's expert bias (8 fp32 per MoE layer, 3 layers), which the engine counts and the
 /// executor keeps outside its tracker.
-fn check_memory(label: &str, v: Value) {
+pub(super) fn check_memory(label: &str, v: Value) {
     for (rank, got, want, gb, wb) in compare_config(v) {
         let rel = (got as f64 - want as f64) / want as f64;
         eprintln!("{label} rank {rank}: {:+.2}%", 100.0 * rel);

@@ -112,10 +112,10 @@ fn config_of(c: &Mix, single: bool) -> Value {
 }
 
 /// The mixes: tp 8 / etp 1 / ep 8; tp 2 / etp 1 / ep 4 / cp 2; tp 4 / etp 2 with ep 2
-/// over dp 2 and ep 4 over dp 4 (the engine asks ep to divide dp, so ep 4 over dp 2 is
-/// refused: see below); tp 2 / etp 4 / dp 2; expert_tp = tp with cp 1 (tp 2, ep 2, dp 4,
-/// pp 2), where nothing may change; and expert_tp = tp with cp 2 (tp 2, ep 2, dp 2), which
-/// Megatron-Core folds too (its expert generator has cp = 1 whatever expert_tp is).
+/// over dp 2 and ep 4 over dp 4; tp 2 / etp 4 / dp 2; expert_tp = tp with cp 1 (tp 2, ep 2,
+/// dp 4, pp 2), where nothing may change; expert_tp = tp with cp 2 (tp 2, ep 2, dp 2), which
+/// Megatron-Core folds too (its expert generator has cp = 1 whatever expert_tp is); and EP
+/// wider than DP: ep 4 over dp 2 (tp 4 / etp 2, tp 2 / etp 1) and over dp 1 (tp 4 / etp 1).
 fn mixes() -> Vec<Mix> {
     let m = |tp, etp, ep, cp, dp, pp| Mix {
         tp,
@@ -133,6 +133,10 @@ fn mixes() -> Vec<Mix> {
         m(2, 4, 1, 1, 2, 1),
         m(2, 2, 2, 1, 4, 2),
         m(2, 2, 2, 2, 2, 1),
+        // EP wider than DP (Megatron-Core's expert grid, not EP inside DP).
+        m(4, 2, 4, 1, 2, 1),
+        m(2, 1, 4, 1, 2, 1),
+        m(4, 1, 4, 1, 1, 1),
     ]
 }
 
@@ -234,26 +238,36 @@ fn expert_tp_equal_to_tp_without_cp_keeps_the_dense_groups() {
     }
 }
 
-/// ep 4 over dp 2 (tp 4, expert_tp 2): Megatron's grid would take it (2 x 4 divides 4 x 2),
-/// but the engine's dense layout keeps EP inside DP, so the configuration is refused naming
-/// the rule.
+/// ep 4 over dp 2 (tp 4, expert_tp 2): Megatron's grid takes it (2 x 4 divides 4 x 2), and so
+/// does the engine. By hand (order tp-cp-ep-dp-pp; expert grid etp 2, ep 4, expert dp 4 x 2 /
+/// (2 x 4) = 1): the EP group of rank r is {t, t + 2, t + 4, t + 6} with t = r mod 2 (stride
+/// etp = 2, over both DP ranks), expert DP is r alone, expert TP the pair {r - t, r - t + 1}.
 #[test]
-fn ep_above_dp_is_refused_naming_the_rule() {
-    let v = config(&Mix {
+fn ep_above_dp_lies_on_the_expert_grid() {
+    let c = Mix {
         tp: 4,
         etp: 2,
         ep: 4,
         cp: 1,
         dp: 2,
         pp: 1,
-    });
-    let cfg =
-        parsim::config::Config::from_layers(&[parsim::config::Layer::overrides(v)]).expect("loads");
-    let e = parsim::config::Resolved::new(cfg).unwrap_err().to_string();
-    assert!(
-        e.contains("parallel.ep") && e.contains("must divide dp"),
-        "{e}"
-    );
+    };
+    let p = plan(config(&c));
+    for r in &p.ranks {
+        let t = r.rank % 2;
+        assert_eq!(r.ep_group, vec![t, t + 2, t + 4, t + 6], "rank {}", r.rank);
+        assert_eq!(r.expert_dp_group, vec![r.rank]);
+        assert_eq!(r.expert_tp_group, vec![r.rank - t, r.rank - t + 1]);
+        // The dense DP group {r mod 4, r mod 4 + 4} has 2 ranks; the EP group covers both.
+        assert_eq!(r.dp_group, vec![r.rank % 4, r.rank % 4 + 4]);
+        let mut dps: Vec<u32> = r
+            .ep_group
+            .iter()
+            .map(|&x| p.ranks[x as usize].coords.dp)
+            .collect();
+        dps.dedup();
+        assert_eq!(dps, [0, 1]);
+    }
 }
 
 /// expert_tp = tp = 2 with cp 2, ep 2, dp 2 (8 ranks; dense grid tp, cp, ep, dp / ep = 1): the

@@ -3,16 +3,16 @@
 //! crosses a node boundary or an NVLink domain's (ranks fill nodes, and nodes fill domains, in
 //! order: a GB200 NVL72 rack is one domain of 18 nodes of 4 GPUs).
 //!
-//! EP folds into DP: the order's `ep` axis has ep ranks and its `dp` axis dp/ep ranks (the
-//! expert data-parallel index); the dense DP index combines the two in their order.
-//!
-//! The expert groups of an MoE model follow MoE Parallel Folding (Liu et al. 2025, "MoE
-//! Parallel Folding: Heterogeneous Parallelism Mappings for Efficient Large-Scale MoE Model
-//! Training with Megatron Core"): Megatron-Core's `initialize_model_parallel`
-//! (megatron/core/parallel_state.py, `expert_decoder_rank_generator`) lays a second grid over
-//! the same ranks, in the same order string, with tp = expert_tp, cp = 1, ep, and dp = the
-//! expert data-parallel size world / (expert_tp x ep x pp). The EP, expert-DP and expert-TP
-//! groups are that grid's `ep`, `dp` and `tp` groups ([`Layout::with_expert_tp`]).
+//! Two grids lie over the same ranks, in the same order string, as Megatron-Core's
+//! `initialize_model_parallel` (megatron/core/parallel_state.py) builds them with its
+//! `RankGenerator`: the dense grid (tp, cp, dp, pp; its `ep` axis has one rank, as Megatron's
+//! `decoder_rank_generator` passes ep = 1) holds the TP, CP, DP and PP groups; the expert grid
+//! of MoE Parallel Folding (Liu et al. 2025, "MoE Parallel Folding: Heterogeneous Parallelism
+//! Mappings for Efficient Large-Scale MoE Model Training with Megatron Core"; Megatron's
+//! `expert_decoder_rank_generator`) has tp = expert_tp, cp = 1, ep, and dp = the expert
+//! data-parallel size tp x cp x dp / (expert_tp x ep), and holds the EP, expert-DP and expert-TP
+//! groups. EP need not divide DP: only expert_tp x ep must divide tp x cp x dp
+//! ([`Layout::with_expert_tp`]).
 
 use serde::Serialize;
 use std::fmt;
@@ -23,8 +23,9 @@ use std::fmt;
 pub enum Axis {
     Tp,
     Cp,
+    /// Expert parallelism: one rank on the dense grid, ep on the expert grid.
     Ep,
-    /// The expert-data-parallel part of DP (size dp / ep).
+    /// Data parallelism: dp on the dense grid, the expert data-parallel size on the expert one.
     Dp,
     Pp,
 }
@@ -36,19 +37,18 @@ pub enum GroupKind {
     Tp,
     Cp,
     Pp,
-    /// Dense data parallel (varies ep and the expert-dp axis).
+    /// Dense data parallel (the dense grid's dp axis).
     Dp,
     /// Expert parallel.
     Ep,
-    /// Data parallel of the routed experts: the ranks holding the same experts (the expert-dp
-    /// axis, and CP, which Megatron folds into the expert-data-parallel group).
+    /// Data parallel of the routed experts: the ranks holding the same experts (the expert
+    /// grid's dp axis, into which Megatron folds CP).
     ExpertDp,
     /// DP x CP: the replicas of dense parameters, over which gradients reduce and the
     /// distributed optimizer shards.
     DpCp,
     /// Expert tensor parallel: the ranks over which each routed expert splits, which
-    /// all-gather the rows the EP all-to-all delivers (the expert grid's tp axis when folded,
-    /// the dense tp axis otherwise).
+    /// all-gather the rows the EP all-to-all delivers (the expert grid's tp axis).
     ExpertTp,
 }
 
@@ -97,7 +97,8 @@ impl fmt::Display for GroupKind {
     }
 }
 
-/// A rank's coordinates; `dp` is the dense data-parallel index (0..dp).
+/// A rank's coordinates: `tp`, `cp`, `dp` and `pp` on the dense grid (`dp` in 0..dp), `ep` its
+/// index on the expert grid's ep axis (the experts it holds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Coords {
     pub tp: u32,
@@ -112,8 +113,6 @@ pub struct Coords {
 pub enum LayoutError {
     #[error("parallel.order: '{0}' must name tp, cp, ep, dp and pp once each, separated by '-'")]
     Order(String),
-    #[error("parallel.ep: ep ({ep}) must divide dp ({dp})")]
-    EpDp { ep: u32, dp: u32 },
     #[error("a degree is zero")]
     Zero,
     #[error(
@@ -165,12 +164,15 @@ fn pipeline_stride(grid: &Grid) -> u64 {
 /// The rank grid of one configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Layout {
-    /// Axes fastest first, with their sizes.
+    /// The dense grid's axes fastest first, with their sizes (ep has one rank).
     axes: Grid,
-    /// The expert grid of MoE Parallel Folding, where it differs from `axes` (expert_tp != tp
-    /// or cp > 1): the axes of `axes` with tp = expert_tp, cp = 1, ep, and dp = the expert
-    /// data-parallel size. The Ep and ExpertDp groups (and the expert-TP group) lie on it.
-    expert: Option<Grid>,
+    /// The expert grid of MoE Parallel Folding: the axes of `axes` with tp = expert_tp, cp =
+    /// 1, ep, and dp = the expert data-parallel size. The Ep, ExpertDp and ExpertTp groups lie
+    /// on it.
+    expert: Grid,
+    /// True once [`Layout::with_expert_tp`] placed an MoE model's expert groups (a dense
+    /// model's layout has no expert groups to report).
+    moe: bool,
     /// Expert tensor parallelism (= tp until [`Layout::with_expert_tp`]).
     pub etp: u32,
     pub tp: u32,
@@ -185,6 +187,8 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// The grids of tp x cp x dp x pp ranks in `order` with `ep`-way expert parallelism (its
+    /// expert TP Megatron's default, tp, where that fits; see [`Layout::with_expert_tp`]).
     pub fn new(
         order: &str,
         tp: u32,
@@ -197,9 +201,6 @@ impl Layout {
         if [tp, cp, ep, dp, pp, gpus_per_node].contains(&0) {
             return Err(LayoutError::Zero);
         }
-        if dp % ep != 0 {
-            return Err(LayoutError::EpDp { ep, dp });
-        }
         let names: Vec<&str> = order.split('-').collect();
         let mut axes = [(Axis::Tp, 0); 5];
         let mut seen = [false; 5];
@@ -210,8 +211,8 @@ impl Layout {
             let (axis, size, idx) = match *n {
                 "tp" => (Axis::Tp, tp, 0),
                 "cp" => (Axis::Cp, cp, 1),
-                "ep" => (Axis::Ep, ep, 2),
-                "dp" => (Axis::Dp, dp / ep, 3),
+                "ep" => (Axis::Ep, 1, 2),
+                "dp" => (Axis::Dp, dp, 3),
                 "pp" => (Axis::Pp, pp, 4),
                 _ => return Err(LayoutError::Order(order.into())),
             };
@@ -221,9 +222,10 @@ impl Layout {
             seen[idx] = true;
             axes[i] = (axis, size);
         }
-        Ok(Layout {
+        let mut l = Layout {
             axes,
-            expert: None,
+            expert: axes,
+            moe: false,
             etp: tp,
             tp,
             cp,
@@ -232,7 +234,51 @@ impl Layout {
             pp,
             gpus_per_node,
             nvlink_domain_size: gpus_per_node,
-        })
+        };
+        // Megatron's default expert_tp = tp where tp x ep divides tp x cp x dp; otherwise the
+        // largest expert_tp dividing tp that fits, for [`Layout::with_expert_tp`] to replace.
+        let ranks = u64::from(tp) * u64::from(cp) * u64::from(dp);
+        let etp = (1..=tp)
+            .rev()
+            .find(|&e| tp % e == 0 && ranks % (u64::from(e) * u64::from(ep)) == 0)
+            .unwrap_or(tp);
+        l.etp = etp;
+        l.expert = l.expert_grid(etp)?;
+        Ok(l)
+    }
+
+    /// The expert grid for expert TP `etp`: the dense grid's order with tp = `etp`, cp = 1,
+    /// ep, and dp = tp x cp x dp / (`etp` x ep), or an error when `etp` x ep does not divide
+    /// tp x cp x dp (Megatron-Core's `expert_data_parallel_size` would not be whole).
+    fn expert_grid(&self, etp: u32) -> Result<Grid, LayoutError> {
+        if etp == 0 {
+            return Err(LayoutError::Zero);
+        }
+        let ranks = u64::from(self.tp) * u64::from(self.cp) * u64::from(self.dp);
+        let cells = u64::from(etp) * u64::from(self.ep);
+        if ranks % cells != 0 {
+            return Err(LayoutError::ExpertTp {
+                etp,
+                ep: self.ep,
+                ranks,
+            });
+        }
+        let edp = u32::try_from(ranks / cells).map_err(|_| LayoutError::ExpertTp {
+            etp,
+            ep: self.ep,
+            ranks,
+        })?;
+        let (ep, pp) = (self.ep, self.pp);
+        Ok(self.axes.map(|(a, _)| {
+            let size = match a {
+                Axis::Tp => etp,
+                Axis::Cp => 1,
+                Axis::Ep => ep,
+                Axis::Dp => edp,
+                Axis::Pp => pp,
+            };
+            (a, size)
+        }))
     }
 
     /// This layout with NVLink domains of `size` GPUs (consecutive ranks, whole nodes).
@@ -278,68 +324,42 @@ impl Layout {
     /// This layout with the expert groups of MoE Parallel Folding for expert TP `etp`, as
     /// Megatron-Core's `expert_decoder_rank_generator` builds them: the same order with tp =
     /// `etp`, cp = 1 (CP folds into expert data parallelism), ep, and dp = tp x cp x dp /
-    /// (`etp` x ep). With `etp` = tp and cp = 1 that grid is the dense one and nothing changes;
-    /// otherwise, e.g. tp 8, expert_tp 1, ep 8, the EP group is 8 consecutive ranks where the
-    /// dense grid's `ep` axis has stride 8. Megatron-Core asserts both grids have the same
-    /// pipeline groups; so does this.
+    /// (`etp` x ep). With `etp` = tp, cp = 1 and ep dividing dp, the EP and expert-DP groups
+    /// split the dense DP group; otherwise, e.g. tp 8, expert_tp 1, ep 8, the EP group is 8
+    /// consecutive ranks, and with ep above dp it spans TP or CP ranks too. Megatron-Core
+    /// asserts both grids have the same pipeline groups; so does this.
     pub fn with_expert_tp(mut self, etp: u32) -> Result<Layout, LayoutError> {
-        if etp == 0 {
-            return Err(LayoutError::Zero);
-        }
-        let ranks = u64::from(self.tp) * u64::from(self.cp) * u64::from(self.dp);
-        let cells = u64::from(etp) * u64::from(self.ep);
-        if ranks % cells != 0 {
-            return Err(LayoutError::ExpertTp {
-                etp,
-                ep: self.ep,
-                ranks,
-            });
-        }
-        self.etp = etp;
-        if etp == self.tp && self.cp == 1 {
-            self.expert = None;
-            return Ok(self);
-        }
-        let edp = u32::try_from(ranks / cells).expect("a divisor of the world size");
-        let (ep, pp) = (self.ep, self.pp);
-        let grid = self.axes.map(|(a, _)| {
-            let size = match a {
-                Axis::Tp => etp,
-                Axis::Cp => 1,
-                Axis::Ep => ep,
-                Axis::Dp => edp,
-                Axis::Pp => pp,
-            };
-            (a, size)
-        });
-        if pp > 1 && pipeline_stride(&grid) != pipeline_stride(&self.axes) {
+        let grid = self.expert_grid(etp)?;
+        if self.pp > 1 && pipeline_stride(&grid) != pipeline_stride(&self.axes) {
             return Err(LayoutError::ExpertPipeline);
         }
-        self.expert = Some(grid);
+        self.etp = etp;
+        self.expert = grid;
+        self.moe = true;
         Ok(self)
     }
 
-    /// True when the expert groups lie on a grid of their own (MoE Parallel Folding with
-    /// expert_tp != tp or cp > 1).
+    /// True when an MoE model's expert groups ([`Layout::with_expert_tp`]) do not simply split
+    /// the dense DP group: expert_tp != tp, cp > 1, or ep not dividing dp (MoE Parallel
+    /// Folding proper).
     pub fn is_folded(&self) -> bool {
-        self.expert.is_some()
+        self.moe && (self.etp != self.tp || self.cp > 1 || self.dp % self.ep != 0)
     }
 
-    /// True when the `kind` group lies on the folded expert grid (Ep and ExpertDp, folded).
-    fn on_expert_grid(&self, kind: GroupKind) -> bool {
-        self.expert.is_some()
-            && matches!(
-                kind,
-                GroupKind::Ep | GroupKind::ExpertDp | GroupKind::ExpertTp
-            )
+    /// True when the `kind` group lies on the expert grid (Ep, ExpertDp and ExpertTp).
+    fn on_expert_grid(kind: GroupKind) -> bool {
+        matches!(
+            kind,
+            GroupKind::Ep | GroupKind::ExpertDp | GroupKind::ExpertTp
+        )
     }
 
-    /// The grid a `kind` group lies on: the expert grid for Ep, ExpertDp and ExpertTp when
-    /// folded.
+    /// The grid a `kind` group lies on.
     fn grid(&self, kind: GroupKind) -> &Grid {
-        match &self.expert {
-            Some(g) if self.on_expert_grid(kind) => g,
-            _ => &self.axes,
+        if Self::on_expert_grid(kind) {
+            &self.expert
+        } else {
+            &self.axes
         }
     }
 
@@ -351,40 +371,30 @@ impl Layout {
         position(&self.axes, axis)
     }
 
-    /// Coordinates of `rank`.
+    /// Coordinates of `rank`: the dense grid's digits, and the expert grid's ep digit.
     pub fn coords(&self, rank: u32) -> Coords {
         let d = digits(&self.axes, rank);
         let at = |a: Axis| d[self.position(a)];
-        let (ep_i, edp_i) = (at(Axis::Ep), at(Axis::Dp));
-        let dense_dp = if self.position(Axis::Ep) < self.position(Axis::Dp) {
-            ep_i + self.ep * edp_i
-        } else {
-            edp_i + (self.dp / self.ep) * ep_i
-        };
+        let e = digits(&self.expert, rank);
         Coords {
             tp: at(Axis::Tp),
             cp: at(Axis::Cp),
-            ep: ep_i,
-            dp: dense_dp,
+            ep: e[position(&self.expert, Axis::Ep)],
+            dp: at(Axis::Dp),
             pp: at(Axis::Pp),
         }
     }
 
-    /// The rank at `c` (inverse of [`Layout::coords`]).
+    /// The rank at `c`'s dense coordinates (inverse of [`Layout::coords`]; `c.ep` follows
+    /// from them).
     pub fn rank(&self, c: Coords) -> u32 {
-        let (ep_i, edp_i) = if self.position(Axis::Ep) < self.position(Axis::Dp) {
-            (c.dp % self.ep, c.dp / self.ep)
-        } else {
-            let edp = self.dp / self.ep;
-            (c.dp / edp, c.dp % edp)
-        };
         let mut d = [0; 5];
         for (i, (a, _)) in self.axes.iter().enumerate() {
             d[i] = match a {
                 Axis::Tp => c.tp,
                 Axis::Cp => c.cp,
-                Axis::Ep => ep_i,
-                Axis::Dp => edp_i,
+                Axis::Ep => 0,
+                Axis::Dp => c.dp,
                 Axis::Pp => c.pp,
             };
         }
@@ -403,15 +413,13 @@ impl Layout {
         self.group_of(GroupKind::ExpertTp, rank)
     }
 
-    /// Positions (fastest first) of the axes a `kind` group varies along that have more than one
-    /// rank: two kinds with the same list have the same groups. Positions on a folded expert
-    /// grid are offset by 5, apart from the dense grid's.
-    pub fn varied_axes(&self, kind: GroupKind) -> Vec<usize> {
+    /// (rank stride, size) of each axis a `kind` group varies along that has more than one
+    /// rank, fastest first: two kinds with the same list have the same groups, on either grid.
+    pub fn varied_axes(&self, kind: GroupKind) -> Vec<(u32, u32)> {
         let grid = self.grid(kind);
-        let offset = if self.on_expert_grid(kind) { 5 } else { 0 };
         varied_positions(grid, kind.axes())
             .into_iter()
-            .map(|i| i + offset)
+            .map(|i| (grid[..i].iter().map(|&(_, s)| s).product(), grid[i].1))
             .collect()
     }
 
@@ -580,7 +588,7 @@ mod tests {
             (GroupKind::Pp, 2),
             (GroupKind::Dp, 4),
             (GroupKind::Ep, 2),
-            // The expert-dp axis (4 / ep 2) x CP 2.
+            // The expert grid's dp axis: tp x cp x dp / (expert_tp x ep) = 2 x 2 x 4 / (2 x 2).
             (GroupKind::ExpertDp, 4),
             (GroupKind::DpCp, 8),
         ];
@@ -599,10 +607,13 @@ mod tests {
                     match kind {
                         GroupKind::Tp => assert_eq!((c.cp, c.dp, c.pp), (c0.cp, c0.dp, c0.pp)),
                         GroupKind::Dp => assert_eq!((c.tp, c.cp, c.pp), (c0.tp, c0.cp, c0.pp)),
-                        GroupKind::Ep => assert_eq!(
-                            (c.tp, c.cp, c.pp, c.dp / 2),
-                            (c0.tp, c0.cp, c0.pp, c0.dp / 2)
-                        ),
+                        // Megatron's expert grid folds CP into EP and expert DP: the EP
+                        // group keeps tp and pp, and holds each EP index once.
+                        GroupKind::Ep => {
+                            assert_eq!((c.tp, c.pp), (c0.tp, c0.pp));
+                            let eps: Vec<u32> = g.iter().map(|&x| l.coords(x).ep).collect();
+                            assert_eq!(eps, (0..size).collect::<Vec<_>>());
+                        }
                         _ => {}
                     }
                 }
@@ -684,6 +695,30 @@ mod tests {
         assert_eq!(l.group_geometry(GroupKind::Ep, 0), (8, 8, 1));
         assert_eq!(l.group_geometry(GroupKind::ExpertDp, 0), (8, 1, 8));
         assert!(!l.kind_crosses_nodes(GroupKind::Ep));
+    }
+
+    /// EP above DP (Megatron-Core's grid: only expert_tp x ep | tp x cp x dp): tp 2, ep 4, dp 2
+    /// with expert_tp 1 is etp 1 x ep 4 x edp 1, so the EP group is the stage's 4 ranks while
+    /// the dense DP group ({0, 2}, stride tp) keeps its 2; expert_tp 2 x ep 4 over 4 is refused.
+    #[test]
+    fn ep_above_dp_spans_the_stage() {
+        let l = Layout::new("tp-cp-ep-dp-pp", 2, 1, 4, 2, 1, 8).unwrap();
+        assert_eq!(l.etp, 1);
+        assert_eq!(l.group_of(GroupKind::Ep, 3), vec![0, 1, 2, 3]);
+        assert_eq!(l.group_of(GroupKind::Dp, 0), vec![0, 2]);
+        assert_eq!(l.group_of(GroupKind::ExpertDp, 1), vec![1]);
+        assert_eq!(
+            (0..4).map(|r| l.coords(r).ep).collect::<Vec<_>>(),
+            [0, 1, 2, 3]
+        );
+        assert!(matches!(
+            l.with_expert_tp(2),
+            Err(LayoutError::ExpertTp {
+                etp: 2,
+                ep: 4,
+                ranks: 4
+            })
+        ));
     }
 
     /// With expert_tp = tp and cp = 1 the expert grid is the dense one (tp, ep, dp / ep in the

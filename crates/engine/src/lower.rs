@@ -218,13 +218,12 @@ fn check_moe(r: &Resolved) -> Result<(), PlanError> {
             ));
         }
     }
-    if m.num_experts % p.ep != 0 || r.dp % p.ep != 0 {
+    // EP lies on Megatron-Core's expert grid (expert_tp x ep over tp x cp x dp, which the
+    // configuration rules check), so it may exceed dp.
+    if m.num_experts % p.ep != 0 {
         return Err(unsupported(
             "parallel.ep",
-            format!(
-                "ep ({}) must divide num_experts ({}) and dp ({})",
-                p.ep, m.num_experts, r.dp
-            ),
+            format!("ep ({}) must divide num_experts ({})", p.ep, m.num_experts),
         ));
     }
     Ok(())

@@ -66,8 +66,8 @@ pub enum PlanError {
     ZeroStage { zero: u8 },
     #[error("data_vocab ({data_vocab}) must lie in 1..=vocab ({vocab})")]
     DataVocab { data_vocab: usize, vocab: usize },
-    #[error("ep ({ep}) must divide dp ({dp})")]
-    EpNotDividingDp { ep: u32, dp: u32 },
+    #[error("ep must be at least 1")]
+    ZeroEp,
     #[error("num_experts ({num_experts}) must be positive and divisible by ep ({ep})")]
     ExpertsNotDivisibleByEp { num_experts: usize, ep: usize },
     #[error("moe top_k ({top_k}) must lie in 1..=num_experts ({num_experts})")]

@@ -299,10 +299,12 @@ fn check_training(m: &ModelShape, p: &Parallelism) -> Result<(), PlanError> {
 /// Expert parallelism and the MoE layer's shapes, router and coefficients; returns the EP
 /// size.
 fn check_experts(m: &ModelShape, p: &Parallelism, t: usize, c: usize) -> Result<usize, PlanError> {
-    let ep = p.ep.max(1) as usize;
-    if p.ep == 0 || p.dp % p.ep != 0 {
-        return Err(PlanError::EpNotDividingDp { ep: p.ep, dp: p.dp });
+    // EP lies on Megatron-Core's expert grid over tp x cp x dp, so it need not divide dp (the
+    // expert-TP rule below places it).
+    if p.ep == 0 {
+        return Err(PlanError::ZeroEp);
     }
+    let ep = p.ep as usize;
     let Some(moe) = &m.moe else {
         if ep > 1 {
             return Err(PlanError::EpWithoutMoe { ep });

@@ -4,7 +4,8 @@ use super::enums::{CpComm, ScheduleKind};
 use super::fsdp::Fsdp;
 use serde::{Deserialize, Serialize};
 
-/// How the model and the batch are split over the GPUs. World = tp x cp x pp x dp; ep folds into dp.
+/// How the model and the batch are split over the GPUs. World = tp x cp x pp x dp; ep lies on the
+/// expert grid (expert_tp x ep x expert dp over tp x cp x dp).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ParallelConfig {
@@ -20,7 +21,7 @@ pub struct ParallelConfig {
     /// Virtual pipeline stages (model chunks) per pipeline rank.
     pub vpp: u32,
     pub schedule: ScheduleKind,
-    /// Expert parallel degree (divides dp x cp... here: dp, as Megatron folds EP into DP).
+    /// Expert parallel degree: on Megatron-Core's expert grid, expert_tp x ep divides tp x cp x dp.
     pub ep: u32,
     /// Tensor parallel degree of the routed experts; `None` = 1 (Megatron's MoE recipes
     /// use expert TP 1 with EP).

@@ -91,7 +91,8 @@ impl Network {
     pub fn new(layout: &Layout, gpu: &GpuProfile) -> Network {
         // Kinds that vary the same non-trivial axes (e.g. dp and expert_dp when ep = 1) share
         // one computation.
-        let mut seen: Vec<(Vec<usize>, GroupGeometry)> = Vec::with_capacity(GroupKind::ALL.len());
+        let mut seen: Vec<(Vec<(u32, u32)>, GroupGeometry)> =
+            Vec::with_capacity(GroupKind::ALL.len());
         let geometry = GroupKind::ALL.map(|k| {
             let axes = layout.varied_axes(k);
             if let Some((_, g)) = seen.iter().find(|(a, _)| *a == axes) {

@@ -91,6 +91,20 @@ fn pipelines(layers: u32, pp: u32, ends: Option<balance::EndCosts>) -> Vec<Pipe>
     pipes
 }
 
+/// The ep sizes to try over `stage_ranks` (tp x cp x dp) ranks: on Megatron-Core's expert
+/// grid (expert_tp x ep x expert dp over a pipeline stage's ranks), the divisors of
+/// `stage_ranks` / expert_tp that divide the experts, so ep may exceed dp; 1 for a dense model.
+fn expert_parallel_sizes(base: &Config, stage_ranks: u64) -> Vec<u64> {
+    let m = &base.model;
+    let etp = u64::from(base.parallel.etp());
+    if !m.is_moe() || etp == 0 || stage_ranks % etp != 0 {
+        return if m.is_moe() { Vec::new() } else { vec![1] };
+    }
+    divisors(stage_ranks / etp)
+        .filter(|e| u64::from(m.num_experts) % e == 0)
+        .collect()
+}
+
 /// Every mix the enumeration produces for `base` (before validation and pruning).
 pub fn enumerate(base: &Config, mbs_max: u64) -> Vec<Mix> {
     let c = &base.cluster;
@@ -124,13 +138,7 @@ pub(super) fn enumerate_in(base: &Config, mbs_max: u64, domain: u32) -> Vec<Mix>
                 let pp32 = pp as u32;
                 let mut pipes = pipelines(layers, pp32, ends);
                 pipes.sort_by_key(|p| p.1.as_str());
-                let eps: Vec<u64> = if m.is_moe() {
-                    divisors(dp)
-                        .filter(|e| m.num_experts as u64 % e == 0)
-                        .collect()
-                } else {
-                    vec![1]
-                };
+                let eps = expert_parallel_sizes(base, tp * cp * dp);
                 for &ep in &eps {
                     for zero in 0..=3u8 {
                         for mbs in micro_batches(mbs_max, gbs) {

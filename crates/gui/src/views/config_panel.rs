@@ -121,11 +121,16 @@ pub mod options {
         with_current(opts, p.vpp)
     }
 
-    /// EP: 1 for a dense model; otherwise divides DP and the expert count.
+    /// EP: 1 for a dense model; otherwise divides the expert count and, on Megatron-Core's
+    /// expert grid (expert_tp x ep over tp x cp x dp), tp x cp x dp / expert_tp: EP may exceed
+    /// DP (MoE Parallel Folding).
     pub fn ep(c: &Config) -> Vec<u32> {
         let experts = c.model.num_experts as u64;
-        let opts = match derived_dp(c) {
-            Some(dp) if experts > 0 => divisors(dp)
+        let p = &c.parallel;
+        let etp = p.etp() as u64;
+        let stage = derived_dp(c).map(|dp| p.tp as u64 * p.cp as u64 * dp);
+        let opts = match stage {
+            Some(n) if experts > 0 && etp > 0 && n.is_multiple_of(etp) => divisors(n / etp)
                 .into_iter()
                 .filter(|d| experts.is_multiple_of(*d))
                 .map(|d| d as u32)
@@ -477,7 +482,7 @@ fn parallelism(ui: &mut Ui, c: &mut Config, p: Option<&Problems>) {
     row(
         ui,
         "EP",
-        "Expert-parallel degree (folds into DP)",
+        "Expert-parallel degree (on the expert grid: expert TP x EP divides TP x CP x DP)",
         "parallel.ep",
         p,
         |ui| choice(ui, "ep", &mut c.parallel.ep, &o, num),
@@ -627,6 +632,31 @@ mod tests {
         assert_eq!(options::ep(&c), [1]);
         assert_eq!(preset_of(&c), Some("llama3-8b"));
         assert_eq!(derived_dp(&c), Some(1));
+    }
+
+    /// Mixtral-8x7B (8 experts) on 16 GPUs with tp 4, pp 1 (dp 4): Megatron-Core's expert
+    /// grid takes ep over the 4 x 4 = 16 ranks of the stage / expert_tp, so expert_tp 1 offers
+    /// ep 8 (above dp 4), and expert_tp 4 only the divisors of 16 / 4 = 4; each resolves.
+    #[test]
+    fn ep_offers_the_folded_values_above_dp() {
+        let mut c = default_config();
+        c.model = preset("mixtral-8x7b").expect("preset");
+        c.cluster.num_gpus = 16;
+        c.parallel.tp = 4;
+        c.parallel.pp = 1;
+        c.parallel.vpp = 1;
+        c.parallel.schedule = ScheduleKind::OneFOneB;
+        c.parallel.expert_tp = Some(1);
+        c.training.global_batch_size = 16;
+        assert_eq!(derived_dp(&c), Some(4));
+        assert_eq!(options::ep(&c), [1, 2, 4, 8]);
+        for ep in options::ep(&c) {
+            let mut c = c.clone();
+            c.parallel.ep = ep;
+            assert!(parsim::config::Resolved::new(c).is_ok(), "ep {ep}");
+        }
+        c.parallel.expert_tp = Some(4);
+        assert_eq!(options::ep(&c), [1, 2, 4]);
     }
 
     #[test]

@@ -1,8 +1,20 @@
-//! Mixture of experts: routing and expert sizes, and expert parallelism's fit in the
-//! data-parallel group (Megatron-Core folds EP into DP).
+//! Mixture of experts: routing and expert sizes, and expert parallelism's fit on Megatron-Core's
+//! expert grid (expert_tp x ep over the tp x cp x dp ranks of a pipeline stage).
 
 use super::super::{Config, Violation};
 use super::{data_parallel, divisors, fmt_list};
+
+/// The ep values that fit `num_experts` and an expert grid of `etp` x ep over `stage_ranks`
+/// (tp x cp x dp) ranks, for a hint.
+fn fitting_eps(num_experts: u32, etp: u64, stage_ranks: u64) -> Vec<u64> {
+    if etp == 0 || stage_ranks % etp != 0 {
+        return Vec::new();
+    }
+    divisors(stage_ranks / etp)
+        .into_iter()
+        .filter(|&e| u64::from(num_experts) % e == 0)
+        .collect()
+}
 
 /// An MoE model routes to 1..=num_experts experts of positive size; a dense one has no EP.
 pub fn model(cfg: &Config) -> Vec<Violation> {
@@ -86,28 +98,21 @@ pub fn model(cfg: &Config) -> Vec<Violation> {
     errs
 }
 
-/// EP divides DP and the experts; expert TP x EP divides TP x CP x DP; an MoE model's order
-/// passes Megatron-Core's two assertions on its expert grid.
+/// EP divides the experts; expert TP x EP divides TP x CP x DP (Megatron-Core's expert grid,
+/// so EP may exceed DP); an MoE model's order passes Megatron-Core's two assertions on that
+/// grid.
 pub fn expert_parallel(cfg: &Config) -> Vec<Violation> {
     let (m, p) = (&cfg.model, &cfg.parallel);
     let dp = data_parallel(cfg).unwrap_or(0);
     let mut errs = Vec::new();
-    if dp > 0 && p.ep > 1 {
-        if dp % p.ep as u64 != 0 {
-            errs.push(
-                Violation::new("parallel.ep", format!("ep ({}) must divide dp ({dp}): expert parallelism folds into data parallelism", p.ep))
-                    .hint(format!("use ep in {{{}}}", fmt_list(&divisors(dp)))),
-            );
-        }
-        if m.num_experts % p.ep != 0 {
-            errs.push(Violation::new(
-                "parallel.ep",
-                format!(
-                    "num_experts ({}) must be divisible by ep ({})",
-                    m.num_experts, p.ep
-                ),
-            ));
-        }
+    if dp > 0 && p.ep > 1 && m.num_experts % p.ep != 0 {
+        errs.push(Violation::new(
+            "parallel.ep",
+            format!(
+                "num_experts ({}) must be divisible by ep ({})",
+                m.num_experts, p.ep
+            ),
+        ));
     }
     let etp = p.etp() as u64;
     // The ranks of a pipeline stage, over which Megatron-Core lays the expert grid.
@@ -117,42 +122,44 @@ pub fn expert_parallel(cfg: &Config) -> Vec<Violation> {
         return errs;
     }
     if stage_ranks % expert_ranks != 0 {
-        errs.push(Violation::new(
+        let eps = fitting_eps(m.num_experts, etp, stage_ranks);
+        let mut v = Violation::new(
             "parallel.expert_tp",
             format!(
-                "expert_tp x ep ({etp} x {}) must divide tp x cp x dp ({stage_ranks})",
+                "expert_tp x ep ({etp} x {}) must divide tp x cp x dp ({stage_ranks}): Megatron-Core's expert grid lays expert_tp x ep x expert dp over the ranks of a pipeline stage",
                 p.ep
             ),
-        ));
+        );
+        if !eps.is_empty() {
+            v = v.hint(format!(
+                "with expert_tp {etp}, use ep in {{{}}}, or lower expert_tp",
+                fmt_list(&eps)
+            ));
+        }
+        errs.push(v);
         return errs;
     }
     if !m.is_moe() || p.pp <= 1 {
         return errs;
     }
     let edp = stage_ranks / expert_ranks;
+    // Megatron-Core's two assertions on the expert grid, named together where both fail:
+    // "When not using pp-last rank ordering, the data parallel size of the attention and moe
+    // layers must be the same", and the two grids' pipeline groups agree.
+    let mut broken = Vec::new();
+    if !p.order.ends_with("pp") && edp != dp {
+        broken.push(format!(
+            "does not end in pp, so Megatron-Core needs the expert data-parallel size (tp x cp x dp / (expert_tp x ep) = {edp}) to equal dp ({dp})"
+        ));
+    }
     if !expert_pipeline_agrees(cfg, dp, edp) {
+        broken.push("gives the expert grid (MoE Parallel Folding: tp = expert_tp, cp folded into expert data parallelism) other pipeline groups than the dense grid, which Megatron-Core refuses".to_string());
+    }
+    if !broken.is_empty() {
         errs.push(
             Violation::new(
                 "parallel.order",
-                format!(
-                    "'{}' gives the expert grid (MoE Parallel Folding: tp = expert_tp, cp folded into expert data parallelism) other pipeline groups than the dense grid, which Megatron-Core refuses",
-                    p.order
-                ),
-            )
-            .hint("put pp last in the order (Megatron's tp-cp-ep-dp-pp)"),
-        );
-    } else if !p.order.ends_with("pp") && edp != dp {
-        // Megatron-Core's other assertion: "When not using pp-last rank ordering, the data
-        // parallel size of the attention and moe layers must be the same". Its dense grid has
-        // no ep axis (its dp is this dp), so the engine's ep-inside-dp grid can keep the
-        // pipeline groups where Megatron's cannot.
-        errs.push(
-            Violation::new(
-                "parallel.order",
-                format!(
-                    "'{}' does not end in pp, so Megatron-Core needs the expert data-parallel size (tp x cp x dp / (expert_tp x ep) = {edp}) to equal dp ({dp})",
-                    p.order
-                ),
+                format!("'{}' {}", p.order, broken.join("; and it ")),
             )
             .hint("put pp last in the order (Megatron's tp-cp-ep-dp-pp)"),
         );
@@ -160,23 +167,20 @@ pub fn expert_parallel(cfg: &Config) -> Vec<Violation> {
     errs
 }
 
-/// Megatron-Core's `initialize_model_parallel` builds the expert grid in the same order with
-/// tp = expert_tp, cp = 1 and dp = `edp` (tp x cp x dp / (expert_tp x ep)), and asserts its
-/// pipeline groups are the dense grid's: the axes before pp span as many ranks in both. (An
-/// order that does not name each axis once is another rule's; it passes here.)
+/// Megatron-Core's `initialize_model_parallel` builds the dense grid with ep = 1 and the expert
+/// grid in the same order with tp = expert_tp, cp = 1 and dp = `edp` (tp x cp x dp / (expert_tp
+/// x ep)), and asserts their pipeline groups agree: the axes before pp span as many ranks in
+/// both. (An order that does not name each axis once is another rule's; it passes here.)
 fn expert_pipeline_agrees(cfg: &Config, dp: u64, edp: u64) -> bool {
     let p = &cfg.parallel;
     let (tp, cp, ep, etp) = (p.tp as u64, p.cp as u64, p.ep as u64, p.etp() as u64);
-    if dp % ep != 0 {
-        return true;
-    }
     let (mut dense, mut expert) = (1u64, 1u64);
     for name in p.order.split('-') {
         let sizes = match name {
             "tp" => (tp, etp),
             "cp" => (cp, 1),
-            "ep" => (ep, ep),
-            "dp" => (dp / ep, edp),
+            "ep" => (1, ep),
+            "dp" => (dp, edp),
             "pp" => break,
             _ => return true,
         };
@@ -228,6 +232,38 @@ mod tests {
         }));
         assert_eq!(fields(&v), ["parallel.ep"]);
         assert!(v[0].rule.starts_with("num_experts (6)"));
+    }
+
+    /// Megatron-Core's expert grid needs only expert_tp x ep | tp x cp x dp: on the default 8
+    /// GPUs (tp 2, dp 4), ep 8 with expert_tp 1 (the engine's default) fills the 1 x 8 expert
+    /// grid over 2 x 4 ranks (ep above dp); with expert_tp 2, 2 x 8 = 16 does not divide 8,
+    /// and the error names expert_tp with the ep values that fit (divisors of 8 / 2 = 4 that
+    /// divide 8 experts).
+    #[test]
+    fn ep_may_exceed_dp_on_the_expert_grid() {
+        let folded = |c: &mut Config| {
+            moe(c);
+            c.parallel.ep = 8;
+            c.parallel.expert_tp = Some(1);
+        };
+        let base = with(folded);
+        assert_eq!(data_parallel(&base), Some(4));
+        assert!(expert_parallel(&base).is_empty());
+        let v = expert_parallel(&with(|c| {
+            folded(c);
+            c.parallel.expert_tp = Some(2);
+        }));
+        assert_eq!(fields(&v), ["parallel.expert_tp"]);
+        assert!(
+            v[0].rule
+                .starts_with("expert_tp x ep (2 x 8) must divide tp x cp x dp (8)"),
+            "{}",
+            v[0].rule
+        );
+        assert_eq!(
+            v[0].hint.as_deref(),
+            Some("with expert_tp 2, use ep in {1, 2, 4}, or lower expert_tp")
+        );
     }
 
     /// The MoE model on 16 GPUs with tp 2, cp 1, pp 2 (dp 4).
