@@ -227,6 +227,11 @@ impl Rates<'_> {
             }
             // Backward reads the output gradient and the saved input and writes the input gradient.
             OpKind::MemoryBound { bytes } => (self.memory_s(bytes), self.memory_s(2 * bytes), 0.0),
+            OpKind::Quantize {
+                fwd_bytes,
+                bwd_bytes,
+                ..
+            } => (self.memory_s(fwd_bytes), self.memory_s(bwd_bytes), 0.0),
         }
     }
 }

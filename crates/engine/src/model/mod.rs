@@ -8,6 +8,7 @@ mod attention;
 mod dims;
 mod embedding;
 mod linear;
+pub mod low_precision;
 mod mamba;
 mod mlp;
 mod moe;
@@ -514,12 +515,16 @@ impl Ledger {
         let m = &r.config.model;
         let tr = &r.config.training;
         let input_bytes = d.residual_bytes();
+        let recipe = low_precision::Recipe::of(r);
         let layer = |kind: BlockKind, span: AttentionSpan| {
             let mut ops = Vec::with_capacity(24);
             attention::attention_block(&mut ops, m, tr, &d, span);
             match kind {
                 BlockKind::MoeLayer => moe::moe_block(&mut ops, m, tr, &d),
                 _ => mlp::mlp_block(&mut ops, m, tr, &d),
+            }
+            if let Some(q) = &recipe {
+                low_precision::add_quantize_ops(&mut ops, q);
             }
             Block {
                 kind,
@@ -557,6 +562,9 @@ impl Ledger {
                             mamba::mamba_layer(&mut ops, m, mc, &d)
                         }
                     }
+                }
+                if let Some(q) = &recipe {
+                    low_precision::add_quantize_ops(&mut ops, q);
                 }
                 Block {
                     kind,

@@ -69,6 +69,8 @@ pub struct BlockSummary {
     pub recompute_rank: f64,
     /// Per-microbatch times on this rank (zero when summarised without a time model).
     pub times: BlockTimes,
+    /// The low-precision recipe's weights in the block (zero without one).
+    pub quantized: super::low_precision::QuantizedWeights,
 }
 
 impl BlockSummary {
@@ -100,6 +102,7 @@ impl BlockSummary {
             recompute_model,
             recompute_rank,
             times,
+            quantized: super::low_precision::QuantizedWeights::of(&b.ops),
         }
     }
 }
