@@ -12,6 +12,7 @@ mod engine {
     pub mod framework;
     pub mod hf_import;
     pub mod hybrid;
+    pub mod low_precision;
     pub mod megatron_modelopt;
     pub mod memory;
     pub mod modern_models;
