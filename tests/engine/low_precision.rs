@@ -115,7 +115,8 @@ fn fp8_param_gather_holds_and_gathers_weights_in_8_bits() {
 /// gradient dY [m x n] likewise. MXFP8 writes two copies of 33/32 bytes a value: 2 + 2 x
 /// 33/32 = 4.0625 bytes a value. Inputs k: 4096 (qkv), 4096 (proj), 4096 (fc1), 14336
 /// (fc2); outputs n: 6144, 4096, 28672, 4096. Each runs at HBM bandwidth x the profile's
-/// memory-bound efficiency plus a launch.
+/// memory-bound efficiency plus a launch (per-tensor FP8's are in the ledger but untimed:
+/// the efficiencies fitted to published FP8 runs hold them).
 #[test]
 fn quantise_kernels_of_one_layer_by_hand() {
     let m = 2048u64;
@@ -188,6 +189,20 @@ fn quantise_kernels_of_one_layer_by_hand() {
     assert!((f - (fwd_bytes as f64 / bw + o)).abs() < 1e-15);
     assert!((d - (bwd_bytes as f64 / bw + o)).abs() < 1e-15);
     assert_eq!(w, 0.0);
+    // Per-tensor FP8's kernels are not timed again.
+    let h100 = resolve(l8b("h100-sxm", "fp8"));
+    let hl = Ledger::build(&h100);
+    let hq = hl
+        .dense
+        .ops
+        .iter()
+        .find(|o| matches!(o.kind, OpKind::Quantize { .. }))
+        .unwrap();
+    let hr = Rates {
+        gpu: &h100.gpu,
+        ..rates
+    };
+    assert_eq!(hr.op_s(hq), (0.0, 0.0, 0.0));
     // bf16 runs no quantise kernel.
     let bf16 = Ledger::build(&resolve(l8b("b200", "bf16")));
     assert!(!bf16

@@ -100,6 +100,9 @@ pub enum OpKind {
         weight_step_bytes: u64,
         /// Routed experts' weights (sharded over expert data parallelism).
         expert: bool,
+        /// Whether the time model times these kernels: not for per-tensor FP8, whose casts
+        /// are inside the efficiencies fitted to published FP8 runs (docs/accuracy.md).
+        timed: bool,
     },
 }
 
