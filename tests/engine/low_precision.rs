@@ -47,9 +47,10 @@ fn each_recipe_caches_its_weight_copies_and_scales() {
     assert_eq!(e, 218_103_808);
     let cases = [
         (l8b("b200", "mxfp8"), LAYERS * 2 * (e + e / 32)),
+        // NVFP4 keeps its first and last layers in bf16 by default: 30 layers cast.
         (
             l8b("b200", "nvfp4"),
-            LAYERS * 2 * (e / 2 + e / 16 + 4 * LINEARS),
+            (LAYERS - 2) * 2 * (e / 2 + e / 16 + 4 * LINEARS),
         ),
         (
             with(l8b("h100-sxm", "fp8"), "fp8_recipe", json!("blockwise")),
@@ -66,9 +67,53 @@ fn each_recipe_caches_its_weight_copies_and_scales() {
         let label = v["training"].to_string();
         assert_eq!(low_precision_bytes(v), by_hand, "{label}");
     }
-    // NVFP4 keeps its first and last layers in bf16 by default: the copies above hold all 32
-    // (the layer settings change the timing, not the cache of the layers' weights).
     assert_eq!(14_394_851_328, LAYERS * 2 * (e + e / 32));
+}
+
+/// NVFP4's bf16 layers (NVIDIA's recipe keeps its first and last layers in higher
+/// precision; Megatron's --first-last-layers-bf16, 1 and 1 by default): those layers have no
+/// quantise kernels or weight copies, save bf16 inputs and run their GEMMs at the bf16 rate,
+/// so the step sits between all-NVFP4 and all-bf16; on a pipeline they sit on the first and
+/// last stages.
+#[test]
+fn nvfp4_keeps_its_end_layers_in_bf16() {
+    let v = |start: u32, end: u32, pp: u32| {
+        let mut v = l8b("b200", "nvfp4");
+        v["cluster"]["num_gpus"] = json!(pp);
+        v["parallel"]["pp"] = json!(pp);
+        v["training"]["global_batch_size"] = json!(8);
+        v["training"]["bf16_layers_at_start"] = json!(start);
+        v["training"]["bf16_layers_at_end"] = json!(end);
+        v
+    };
+    let r = resolve(v(1, 1, 1));
+    let l = Ledger::build(&r);
+    let hp = l.dense_hp.as_ref().expect("a bf16 layer block");
+    assert!(hp.high_precision);
+    assert!(!hp
+        .ops
+        .iter()
+        .any(|o| matches!(o.kind, OpKind::Quantize { .. })));
+    let c = &chunks_per_rank(&r)[0][0];
+    assert_eq!((c.dense_layers, c.hp_dense_layers), (30, 2));
+    // Four stages of 8 layers: one bf16 layer on the first and one on the last.
+    let r4 = resolve(v(1, 1, 4));
+    let hp_by_stage: Vec<u32> = chunks_per_rank(&r4)
+        .iter()
+        .map(|ch| ch[0].hp_dense_layers)
+        .collect();
+    assert_eq!(hp_by_stage, [1, 0, 0, 1]);
+    // None in bf16 is faster, all in bf16 slower.
+    let compute = |v: Value| est(v).time.compute_s;
+    let (none, ends) = (compute(v(0, 0, 1)), compute(v(1, 1, 1)));
+    let mut all = l8b("b200", "bf16");
+    all["training"]["global_batch_size"] = json!(8);
+    let bf16 = compute(all);
+    assert!(none < ends && ends < bf16, "{none} {ends} {bf16}");
+    // Without a recipe no bf16 block exists.
+    assert!(Ledger::build(&resolve(l8b("b200", "bf16")))
+        .dense_hp
+        .is_none());
 }
 
 /// The fp8 parameter gather: the weights are held in 8 bits, so the bf16 weights shrink by a
@@ -89,7 +134,10 @@ fn fp8_param_gather_holds_and_gathers_weights_in_8_bits() {
     let quantised = LAYERS * LAYER_WEIGHTS;
     assert_eq!(p.weights - g.weights, quantised);
     assert_eq!(p.low_precision_weights - g.low_precision_weights, quantised);
-    assert_eq!(g.low_precision_weights, quantised + LAYERS * 2 * 4 * LINEARS);
+    assert_eq!(
+        g.low_precision_weights,
+        quantised + LAYERS * 2 * 4 * LINEARS
+    );
     // The parameter all-gather of the dense replica set, by hand: trainable x 2 bytes less a
     // byte per quantised element.
     let gather_payload = |v: Value| {
@@ -252,7 +300,11 @@ fn bad_recipe_settings_are_refused_by_field() {
         e.contains("training.bf16_layers_at_start") && e.contains("delayed"),
         "{e}"
     );
-    let e = rejected(with(l8b("h100-sxm", "bf16"), "bf16_layers_at_start", json!(1)));
+    let e = rejected(with(
+        l8b("h100-sxm", "bf16"),
+        "bf16_layers_at_start",
+        json!(1),
+    ));
     assert!(e.contains("low-precision recipe"), "{e}");
     let e = rejected(with(l8b("b200", "nvfp4"), "bf16_layers_at_end", json!(40)));
     assert!(e.contains("exceed model.num_layers (32)"), "{e}");
@@ -334,7 +386,11 @@ fn blackwell_gemm_rates_are_reproduced_within_10_percent() {
             let (m, n, k) = (shape[0], shape[1], shape[2]);
             let model = 2.0 * (m * n * k) as f64 / rates.gemm_s(m, n, k) / 1e12;
             let err = model / tflops - 1.0;
-            println!("{name} {} {m}x{n}x{k}: model {model:.1} TF vs published {tflops} ({:+.1}%)", p["dtype"], 100.0 * err);
+            println!(
+                "{name} {} {m}x{n}x{k}: model {model:.1} TF vs published {tflops} ({:+.1}%)",
+                p["dtype"],
+                100.0 * err
+            );
             assert!(err.abs() <= 0.10, "{name} {}: {err:+.3}", p["dtype"]);
         }
     }

@@ -36,11 +36,7 @@ pub struct Replicas {
 
 /// The two replica sets of a rank's parameters: dense weights over DP x CP (the distributed
 /// optimizer's group), routed experts over the expert data-parallel group.
-pub fn replica_sets(
-    r: &Resolved,
-    s: &LedgerSummary,
-    chunks: &[ChunkContents],
-) -> [Replicas; 2] {
+pub fn replica_sets(r: &Resolved, s: &LedgerSummary, chunks: &[ChunkContents]) -> [Replicas; 2] {
     let tr = &r.config.training;
     let p = &rank_params(chunks, s);
     // The quantised weights gathered in 8 bits (dense, expert).

@@ -258,11 +258,17 @@ pub struct TimingContext<'a> {
 }
 
 impl TimingContext<'_> {
-    /// Times one block under `recompute` ([`block_times`]).
+    /// Times one block under `recompute` ([`block_times`]); a layer a low-precision recipe
+    /// keeps in bf16 runs its GEMMs at the bf16 peak and share.
     pub fn block_times(&self, b: &Block, recompute: Recompute) -> BlockTimes {
+        let bf16 = Rates {
+            peak_flops: self.rates.gpu.peak_flops.bf16,
+            matmul_efficiency: self.rates.gpu.efficiency.matmul,
+            ..self.rates
+        };
         block_times(
             b,
-            &self.rates,
+            if b.high_precision { &bf16 } else { &self.rates },
             self.network,
             self.overlaps,
             recompute,
@@ -455,6 +461,7 @@ mod tests {
             ops: vec![op],
             input_bytes: 0,
             unit_starts: Vec::new(),
+            high_precision: false,
         };
         let times = |ep| {
             let overlaps = Overlaps {

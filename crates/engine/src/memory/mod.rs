@@ -562,6 +562,8 @@ mod tests {
             output: block(30, 5, 3, 4),
             mtp: None,
             variants: Vec::new(),
+            dense_hp: None,
+            moe_hp: None,
         }
     }
 

@@ -58,10 +58,9 @@ impl Recipe {
         let native_columnwise = r.gpu.peak_flops.fp4.is_some();
         let (format, copies) = match tr.precision {
             Precision::Fp8 => match tr.fp8_recipe.unwrap_or_default() {
-                Fp8Recipe::Delayed | Fp8Recipe::Current => (
-                    Format::PerTensorFp8,
-                    if native_columnwise { 1 } else { 2 },
-                ),
+                Fp8Recipe::Delayed | Fp8Recipe::Current => {
+                    (Format::PerTensorFp8, if native_columnwise { 1 } else { 2 })
+                }
                 Fp8Recipe::Blockwise => (Format::BlockwiseFp8, 2),
             },
             Precision::Mxfp8 => (Format::Mxfp8, 2),

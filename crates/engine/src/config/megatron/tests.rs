@@ -266,7 +266,10 @@ fn low_precision_flags_import_into_the_precision_settings() {
     assert!(t.fp8_param_gather);
     let t = training("--bf16 --fp8-format e4m3 --fp8-recipe blockwise --first-last-layers-bf16 --num-layers-at-end-in-bf16 2");
     assert_eq!(t.fp8_recipe, Some(crate::config::Fp8Recipe::Blockwise));
-    assert_eq!((t.bf16_layers_at_start, t.bf16_layers_at_end), (Some(1), Some(2)));
+    assert_eq!(
+        (t.bf16_layers_at_start, t.bf16_layers_at_end),
+        (Some(1), Some(2))
+    );
     let t = training("--bf16 --fp8-format e4m3 --fp8-recipe mxfp8");
     assert_eq!((t.precision, t.fp8_recipe), (Precision::Mxfp8, None));
     let t = training("--bf16 --fp8-format e4m3");
