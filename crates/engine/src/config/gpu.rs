@@ -283,21 +283,13 @@ impl GpuProfile {
             ),
         ];
         // Values a profile may leave out, checked where given.
+        let g = &self.gemm;
         let optional = [
             ("peak_flops.fp8", self.peak_flops.fp8),
             ("peak_flops.fp4", self.peak_flops.fp4),
-            (
-                "gemm.achievable_bf16_fraction",
-                self.gemm.achievable_bf16_fraction,
-            ),
-            (
-                "gemm.achievable_fp8_fraction",
-                self.gemm.achievable_fp8_fraction,
-            ),
-            (
-                "gemm.achievable_fp4_fraction",
-                self.gemm.achievable_fp4_fraction,
-            ),
+            ("gemm.achievable_bf16_fraction", g.achievable_bf16_fraction),
+            ("gemm.achievable_fp8_fraction", g.achievable_fp8_fraction),
+            ("gemm.achievable_fp4_fraction", g.achievable_fp4_fraction),
         ]
         .into_iter()
         .filter_map(|(field, v)| v.map(|v| (field, v)));
