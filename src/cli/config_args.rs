@@ -300,6 +300,18 @@ pub struct TrainingArgs {
     /// FP8 scaling recipe (with --precision fp8): delayed, current, blockwise. [default: delayed]
     #[arg(long)]
     pub fp8_recipe: Option<Fp8Recipe>,
+    /// Hold the fp8/mxfp8 linear weights in 8 bits and all-gather them so (Megatron's
+    /// --fp8-param-gather). [default: off]
+    #[arg(long)]
+    pub fp8_param_gather: bool,
+    /// Decoder layers at the start kept in bf16 under a low-precision recipe. [default: 1
+    /// under nvfp4, else 0]
+    #[arg(long, value_name = "N")]
+    pub bf16_layers_at_start: Option<u32>,
+    /// Decoder layers at the end kept in bf16 under a low-precision recipe. [default: 1 under
+    /// nvfp4, else 0]
+    #[arg(long, value_name = "N")]
+    pub bf16_layers_at_end: Option<u32>,
     /// Activation recomputation: none, selective, full. [default from config: selective]
     #[arg(long)]
     pub recompute: Option<Recompute>,
@@ -552,6 +564,16 @@ impl TrainingArgs {
         );
         put(m, "training", "grad_dtype", self.grad_dtype);
         put(m, "training", "fp8_recipe", self.fp8_recipe);
+        if self.fp8_param_gather {
+            put(m, "training", "fp8_param_gather", Some(true));
+        }
+        put(
+            m,
+            "training",
+            "bf16_layers_at_start",
+            self.bf16_layers_at_start,
+        );
+        put(m, "training", "bf16_layers_at_end", self.bf16_layers_at_end);
         put(m, "training", "recompute", self.recompute);
         put(m, "training", "flash_attention", self.flash_attention);
         put(m, "training", "flops_attention", self.flops_attention);

@@ -30,12 +30,24 @@ pub struct Replicas {
     pub trainable: u64,
     pub grad_bytes: u64,
     pub weight_bytes: u64,
+    /// Of `params`, the quantised weights `training.fp8_param_gather` gathers in 1 byte.
+    pub narrow_params: u64,
 }
 
 /// The two replica sets of a rank's parameters: dense weights over DP x CP (the distributed
 /// optimizer's group), routed experts over the expert data-parallel group.
-pub fn replica_sets(r: &Resolved, p: &crate::model::ParamSums) -> [Replicas; 2] {
+pub fn replica_sets(r: &Resolved, s: &LedgerSummary, chunks: &[ChunkContents]) -> [Replicas; 2] {
     let tr = &r.config.training;
+    let p = &rank_params(chunks, s);
+    // The quantised weights gathered in 8 bits (dense, expert).
+    let mut q = crate::model::low_precision::QuantizedWeights::default();
+    if tr.fp8_param_gather {
+        for c in chunks {
+            for (b, n) in c.blocks(s) {
+                q.add(&b.quantized, n);
+            }
+        }
+    }
     let dense = Replicas {
         group: GroupKind::DpCp,
         n: r.dense_replicas(),
@@ -43,12 +55,14 @@ pub fn replica_sets(r: &Resolved, p: &crate::model::ParamSums) -> [Replicas; 2] 
         trainable: p.rank_dense_trainable,
         grad_bytes: tr.grad_dtype.bytes(),
         weight_bytes: tr.weight_bytes(),
+        narrow_params: q.dense_elements,
     };
     let experts = Replicas {
         group: GroupKind::ExpertDp,
         n: r.expert_dp(),
         params: p.rank_expert,
         trainable: p.rank_expert_trainable,
+        narrow_params: q.expert_elements,
         ..dense
     };
     [dense, experts]
@@ -66,13 +80,16 @@ pub fn dp_collectives(zero: u8, r: Replicas, microbatches: u32) -> Vec<Collectiv
         trainable,
         grad_bytes,
         weight_bytes,
+        narrow_params,
     } = r;
     if n <= 1 || params == 0 {
         return Vec::new();
     }
     let g = trainable * grad_bytes;
-    let w_upd = trainable * weight_bytes;
-    let w_all = params * weight_bytes;
+    // Quantised weights gathered in 8 bits save a byte each (of 2 in bf16).
+    let narrowed = |n: u64| n.min(params) * weight_bytes.saturating_sub(1);
+    let w_upd = (trainable * weight_bytes).saturating_sub(narrowed(narrow_params.min(trainable)));
+    let w_all = params * weight_bytes - narrowed(narrow_params);
     match zero {
         0 => vec![coll(CollectiveKind::AllReduce, group, n, g, 1)],
         1 => vec![
@@ -126,7 +143,7 @@ pub fn step_collectives(
     let par = &r.config.parallel;
     let gb = r.config.training.grad_dtype.bytes();
     let mut out = Vec::with_capacity(6);
-    for set in replica_sets(r, &rank_params(chunks, s)) {
+    for set in replica_sets(r, s, chunks) {
         for c in dp_collectives(par.zero, set, r.microbatches) {
             let role = match c.kind {
                 CollectiveKind::AllGather => StepRole::ParamGather,

@@ -227,6 +227,14 @@ impl Rates<'_> {
             }
             // Backward reads the output gradient and the saved input and writes the input gradient.
             OpKind::MemoryBound { bytes } => (self.memory_s(bytes), self.memory_s(2 * bytes), 0.0),
+            OpKind::Quantize {
+                fwd_bytes,
+                bwd_bytes,
+                timed: true,
+                ..
+            } => (self.memory_s(fwd_bytes), self.memory_s(bwd_bytes), 0.0),
+            // Per-tensor FP8's casts are inside the efficiencies fitted to published FP8 runs.
+            OpKind::Quantize { timed: false, .. } => (0.0, 0.0, 0.0),
         }
     }
 }
@@ -250,11 +258,17 @@ pub struct TimingContext<'a> {
 }
 
 impl TimingContext<'_> {
-    /// Times one block under `recompute` ([`block_times`]).
+    /// Times one block under `recompute` ([`block_times`]); a layer a low-precision recipe
+    /// keeps in bf16 runs its GEMMs at the bf16 peak and share.
     pub fn block_times(&self, b: &Block, recompute: Recompute) -> BlockTimes {
+        let bf16 = Rates {
+            peak_flops: self.rates.gpu.peak_flops.bf16,
+            matmul_efficiency: self.rates.gpu.efficiency.matmul,
+            ..self.rates
+        };
         block_times(
             b,
-            &self.rates,
+            if b.high_precision { &bf16 } else { &self.rates },
             self.network,
             self.overlaps,
             recompute,
@@ -447,6 +461,7 @@ mod tests {
             ops: vec![op],
             input_bytes: 0,
             unit_starts: Vec::new(),
+            high_precision: false,
         };
         let times = |ep| {
             let overlaps = Overlaps {

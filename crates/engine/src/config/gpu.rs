@@ -127,6 +127,10 @@ pub struct GemmShape {
     /// The same for FP8 (e4m3) GEMMs over the dense FP8 peak.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub achievable_fp8_fraction: Option<f64>,
+    /// The same for NVFP4 GEMMs over the dense FP4 peak (calibration/data/
+    /// gemm-rates-blackwell.json); absent, NVFP4 GEMMs take the FP8 share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub achievable_fp4_fraction: Option<f64>,
 }
 
 impl Default for GemmShape {
@@ -139,6 +143,7 @@ impl Default for GemmShape {
             stream_k: false,
             achievable_bf16_fraction: None,
             achievable_fp8_fraction: None,
+            achievable_fp4_fraction: None,
         }
     }
 }
@@ -278,17 +283,13 @@ impl GpuProfile {
             ),
         ];
         // Values a profile may leave out, checked where given.
+        let g = &self.gemm;
         let optional = [
             ("peak_flops.fp8", self.peak_flops.fp8),
             ("peak_flops.fp4", self.peak_flops.fp4),
-            (
-                "gemm.achievable_bf16_fraction",
-                self.gemm.achievable_bf16_fraction,
-            ),
-            (
-                "gemm.achievable_fp8_fraction",
-                self.gemm.achievable_fp8_fraction,
-            ),
+            ("gemm.achievable_bf16_fraction", g.achievable_bf16_fraction),
+            ("gemm.achievable_fp8_fraction", g.achievable_fp8_fraction),
+            ("gemm.achievable_fp4_fraction", g.achievable_fp4_fraction),
         ]
         .into_iter()
         .filter_map(|(field, v)| v.map(|v| (field, v)));
@@ -410,8 +411,12 @@ impl GpuProfile {
             self.gemm.achievable_bf16_fraction,
             self.gemm.achievable_fp8_fraction,
         ) {
-            // MXFP8 and NVFP4 GEMMs take FP8's measured share of their peak: no achievable
-            // MXFP8 or FP4 GEMM rate is in calibration/data/gemm-rates.json yet.
+            // NVFP4 GEMMs take their own measured share of the FP4 peak where the profile
+            // has one (calibration/data/gemm-rates-blackwell.json); MXFP8, and NVFP4
+            // without one, FP8's: no achievable MXFP8 GEMM rate is published.
+            (Precision::Nvfp4, Some(bf16), _) if self.gemm.achievable_fp4_fraction.is_some() => {
+                (e * self.gemm.achievable_fp4_fraction.unwrap_or(bf16) / bf16).min(1.0)
+            }
             (Precision::Fp8 | Precision::Mxfp8 | Precision::Nvfp4, Some(bf16), Some(fp8)) => {
                 (e * fp8 / bf16).min(1.0)
             }

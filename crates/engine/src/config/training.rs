@@ -44,6 +44,19 @@ pub struct TrainingConfig {
     /// Absent: delayed scaling, Transformer Engine's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fp8_recipe: Option<Fp8Recipe>,
+    /// Keep the linear weights in the low-precision format and all-gather them so
+    /// (Megatron's `--fp8-param-gather`): the bf16 copy of those weights is no longer held and
+    /// the distributed optimizer's parameter all-gather moves 1 byte per weight. fp8 and mxfp8.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub fp8_param_gather: bool,
+    /// Decoder layers at the start and the end of the model kept in bf16 under a
+    /// low-precision recipe (Megatron's `--num-layers-at-start-in-bf16` /
+    /// `--num-layers-at-end-in-bf16`). Absent: 1 and 1 under nvfp4 (NVIDIA's NVFP4 recipe
+    /// keeps its first and last layers in bf16), 0 otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bf16_layers_at_start: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bf16_layers_at_end: Option<u32>,
     /// Gradient accumulation buffer dtype (Megatron's fp32 `main_grad` by default).
     pub grad_dtype: Dtype,
     pub recompute: Recompute,
@@ -69,6 +82,9 @@ impl Default for TrainingConfig {
             global_batch_size: 64,
             precision: Precision::Bf16,
             fp8_recipe: None,
+            fp8_param_gather: false,
+            bf16_layers_at_start: None,
+            bf16_layers_at_end: None,
             grad_dtype: Dtype::Fp32,
             recompute: Recompute::Selective,
             flash_attention: true,
@@ -80,7 +96,24 @@ impl Default for TrainingConfig {
     }
 }
 
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 impl TrainingConfig {
+    /// Decoder layers kept in bf16 at the (start, end) of the model under a low-precision
+    /// recipe: the settings, or 1 and 1 under nvfp4 and 0 otherwise (see the fields).
+    pub fn bf16_layers(&self) -> (u32, u32) {
+        let default = u32::from(self.precision == Precision::Nvfp4);
+        match self.precision {
+            Precision::Fp8 | Precision::Mxfp8 | Precision::Nvfp4 => (
+                self.bf16_layers_at_start.unwrap_or(default),
+                self.bf16_layers_at_end.unwrap_or(default),
+            ),
+            _ => (0, 0),
+        }
+    }
+
     /// Bytes of one weight element during the step.
     pub fn weight_bytes(&self) -> u64 {
         match self.precision {

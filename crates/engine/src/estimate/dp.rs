@@ -71,7 +71,7 @@ pub(super) fn per_microbatch_dp_s(
     let bucket_bytes = bucket_params(r, layer_params) * gb;
     let mut gather = 0.0;
     let mut reduce = 0.0;
-    for set in replica_sets(r, &rank_params(std::slice::from_ref(c), s)) {
+    for set in replica_sets(r, s, std::slice::from_ref(c)) {
         for dc in dp_collectives(par.zero, set, 1) {
             match dc.kind {
                 // One gather per layer (the granularity every framework gathers at).

@@ -312,9 +312,17 @@ impl<'a> Prepared<'a> {
             let rank_step = step_collectives(r, &s, &ledger, ch);
             let p = rank_params(ch, &s);
             let updated = updated_params(r, &p);
+            // The step also casts the updated weights for a low-precision recipe (once a
+            // step, cached over the microbatches: src/model/low_precision.rs).
+            let cast_bytes: u64 = ch
+                .iter()
+                .flat_map(|c| c.blocks(&s))
+                .map(|(b, n)| b.quantized.step_bytes * n)
+                .sum();
             let optimizer_s = timing
                 .rates
-                .memory_s(updated * OptimizerState::of(tr).step_bytes_per_param());
+                .memory_s(updated * OptimizerState::of(tr).step_bytes_per_param())
+                + timing.rates.memory_s(cast_bytes);
             after.push((dp_tail_s(r, &network, &s, ch, &rank_step), optimizer_s));
             step_of.push(step.len());
             step.push(rank_step);

@@ -17,11 +17,19 @@ mod walk;
 pub struct StageMemory {
     pub stage: u32,
     pub weights: u64,
+    /// A low-precision recipe's cached weight copies, transposes and scale tensors
+    /// (src/model/low_precision.rs); zero without a recipe.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub low_precision_weights: u64,
     pub gradients: u64,
     pub optimizer: u64,
     pub activations: u64,
     pub buffers: u64,
     pub total: u64,
+}
+
+fn is_zero(x: &u64) -> bool {
+    *x == 0
 }
 
 /// Buffers beyond the fixed ones (SP gather, pipeline send/receive, runtime), by phase.
@@ -317,11 +325,45 @@ fn hands_off(chunks: &[ChunkContents]) -> bool {
         .any(|a| chunks.iter().any(|b| b.stage == a.stage + 1))
 }
 
+/// A rank's low-precision weight copies and the bytes its weights shrink by: the cached
+/// copies of every quantised weight of its blocks (none under ZeRO-3, where each gathered
+/// block is cast as it runs and freed with it); with `training.fp8_param_gather` the weights
+/// are held in 8 bits, so they shrink by a byte a quantised element (their shard under
+/// ZeRO-3) and the cache loses the rowwise copy, which is the weight itself.
+fn low_precision_weights(r: &Resolved, s: &LedgerSummary, chunks: &[ChunkContents]) -> (u64, u64) {
+    let mut q = crate::model::low_precision::QuantizedWeights::default();
+    for c in chunks {
+        for (b, n) in c.blocks(s) {
+            q.add(&b.quantized, n);
+        }
+    }
+    let tr = &r.config.training;
+    let zero3 = r.config.parallel.zero >= 3;
+    let cache = if zero3 { 0 } else { q.cache_bytes };
+    if !tr.fp8_param_gather {
+        return (cache, 0);
+    }
+    let elements = if zero3 {
+        q.dense_elements.div_ceil(r.dense_replicas() as u64)
+            + q.expert_elements.div_ceil(r.expert_dp() as u64)
+    } else {
+        q.dense_elements + q.expert_elements
+    };
+    let narrowed = elements * tr.weight_bytes().saturating_sub(1);
+    let rowwise = if zero3 {
+        0
+    } else {
+        q.dense_elements + q.expert_elements
+    };
+    (cache.saturating_sub(rowwise), narrowed)
+}
+
 /// The memory of a rank that depends only on the blocks it holds, whether it splits its
 /// backward and whether it hands off inside the rank: all but the activation walk.
 #[derive(Debug, Clone, Copy)]
 struct RankStatic {
     weights: u64,
+    low_precision_weights: u64,
     grads: u64,
     optimizer: u64,
     fixed: u64,
@@ -352,11 +394,13 @@ impl RankStatic {
         let g = tr.grad_dtype.bytes();
         let o = OptimizerState::of(tr).state_bytes_per_param();
         let zero = par.zero;
-        let weights = if zero >= 3 {
+        let mut weights = if zero >= 3 {
             (shard(p.rank_dense, dense_rep) + shard(p.rank_expert, expert_rep)) * w
         } else {
             p.rank() * w
         };
+        let (low_precision_weights, narrowed) = low_precision_weights(r, s, chunks);
+        weights -= narrowed;
         let grads = if zero >= 2 {
             (shard(p.rank_dense_trainable, dense_rep) + shard(p.rank_expert_trainable, expert_rep))
                 * g
@@ -435,6 +479,7 @@ impl RankStatic {
         };
         RankStatic {
             weights,
+            low_precision_weights,
             grads,
             optimizer,
             fixed,
@@ -457,6 +502,7 @@ impl RankStatic {
         let tr = &r.config.training;
         let RankStatic {
             weights,
+            low_precision_weights,
             grads,
             optimizer,
             fixed,
@@ -510,10 +556,12 @@ impl RankStatic {
         let activations = peak.activations;
         let buffers = fixed + phase.max();
         // The worst moment, not the sum of each category's worst (which can be larger).
-        let total = (weights + grads + optimizer + fixed).saturating_add(peak.with_buffers);
+        let total = (weights + low_precision_weights + grads + optimizer + fixed)
+            .saturating_add(peak.with_buffers);
         StageMemory {
             stage: rank,
             weights,
+            low_precision_weights,
             gradients: grads,
             optimizer,
             activations,
@@ -546,6 +594,8 @@ mod tests {
             output: block(30, 5, 3, 4),
             mtp: None,
             variants: Vec::new(),
+            dense_hp: None,
+            moe_hp: None,
         }
     }
 

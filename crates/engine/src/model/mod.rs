@@ -8,6 +8,7 @@ mod attention;
 mod dims;
 mod embedding;
 mod linear;
+pub mod low_precision;
 mod mamba;
 mod mlp;
 mod moe;
@@ -142,6 +143,10 @@ pub struct Block {
     /// projection, its transformer layer and its head, each gathered on its own.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unit_starts: Vec<usize>,
+    /// A layer a low-precision recipe keeps in bf16 (`training.bf16_layers_at_start` /
+    /// `_end`): its GEMMs run at the bf16 rate and it has no quantise kernels.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub high_precision: bool,
 }
 
 impl Block {
@@ -505,6 +510,12 @@ pub struct Ledger {
     /// order of [`crate::config::ModelConfig::layer_variants`].
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub variants: Vec<Block>,
+    /// The dense and MoE layers a low-precision recipe keeps in bf16 (its first and last
+    /// layers, `training.bf16_layers_at_start` / `_end`); absent without such layers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dense_hp: Option<Block>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moe_hp: Option<Block>,
 }
 
 impl Ledger {
@@ -514,24 +525,41 @@ impl Ledger {
         let m = &r.config.model;
         let tr = &r.config.training;
         let input_bytes = d.residual_bytes();
-        let layer = |kind: BlockKind, span: AttentionSpan| {
+        let recipe = low_precision::Recipe::of(r);
+        // A layer the recipe keeps in bf16 saves its linear inputs in bf16 too.
+        let dh = Dims {
+            lin: d.act,
+            ..d.clone()
+        };
+        let build = |kind: BlockKind, span: AttentionSpan, hp: bool| {
+            let d = if hp { &dh } else { &d };
             let mut ops = Vec::with_capacity(24);
-            attention::attention_block(&mut ops, m, tr, &d, span);
+            attention::attention_block(&mut ops, m, tr, d, span);
             match kind {
-                BlockKind::MoeLayer => moe::moe_block(&mut ops, m, tr, &d),
-                _ => mlp::mlp_block(&mut ops, m, tr, &d),
+                BlockKind::MoeLayer => moe::moe_block(&mut ops, m, tr, d),
+                _ => mlp::mlp_block(&mut ops, m, tr, d),
+            }
+            match &recipe {
+                Some(q) if !hp => low_precision::add_quantize_ops(&mut ops, q),
+                _ => {}
             }
             Block {
                 kind,
                 ops,
                 input_bytes,
                 unit_starts: Vec::new(),
+                high_precision: hp,
             }
         };
+        let layer = |kind, span| build(kind, span, false);
         let dense = layer(BlockKind::DenseLayer, AttentionSpan::Full);
         let moe = m
             .is_moe()
             .then(|| layer(BlockKind::MoeLayer, AttentionSpan::Full));
+        let keeps_bf16 = recipe.is_some() && tr.bf16_layers() != (0, 0);
+        let dense_hp = keeps_bf16.then(|| build(BlockKind::DenseLayer, AttentionSpan::Full, true));
+        let moe_hp = (keeps_bf16 && m.is_moe())
+            .then(|| build(BlockKind::MoeLayer, AttentionSpan::Full, true));
         let variants = m
             .layer_variants()
             .into_iter()
@@ -558,11 +586,15 @@ impl Ledger {
                         }
                     }
                 }
+                if let Some(q) = &recipe {
+                    low_precision::add_quantize_ops(&mut ops, q);
+                }
                 Block {
                     kind,
                     ops,
                     input_bytes,
                     unit_starts: Vec::new(),
+                    high_precision: false,
                 }
             })
             .collect();
@@ -591,6 +623,7 @@ impl Ledger {
                 ops,
                 input_bytes,
                 unit_starts: vec![body_start, head_start],
+                high_precision: false,
             }
         });
         Ledger {
@@ -599,17 +632,21 @@ impl Ledger {
                 ops: emb_ops,
                 input_bytes: 0,
                 unit_starts: Vec::new(),
+                high_precision: false,
             },
             output: Block {
                 kind: BlockKind::Output,
                 ops: out_ops,
                 input_bytes: 0,
                 unit_starts: Vec::new(),
+                high_precision: false,
             },
             dense,
             moe,
             mtp,
             variants,
+            dense_hp,
+            moe_hp,
             dims: d,
         }
     }
@@ -646,6 +683,7 @@ mod tests {
             ops: vec![dense, expert, last],
             input_bytes: 0,
             unit_starts: Vec::new(),
+            high_precision: false,
         }
     }
 

@@ -86,6 +86,24 @@ pub enum OpKind {
     },
     /// Bandwidth-bound: bytes read and written on this rank, forward.
     MemoryBound { bytes: u64 },
+    /// A low-precision recipe's quantise (and transpose) kernels beside one linear layer
+    /// (src/model/low_precision.rs): HBM bytes read and written forward (its input) and
+    /// backward (its output gradient), and its weights, cast once a step and cached.
+    Quantize {
+        fwd_bytes: u64,
+        bwd_bytes: u64,
+        /// Weight elements cast.
+        weight_elements: u64,
+        /// Bytes of the cached low-precision weight copies with their scales.
+        weight_cache_bytes: u64,
+        /// HBM bytes of casting the weights once a step (bf16 read, copies written).
+        weight_step_bytes: u64,
+        /// Routed experts' weights (sharded over expert data parallelism).
+        expert: bool,
+        /// Whether the time model times these kernels: not for per-tensor FP8, whose casts
+        /// are inside the efficiencies fitted to published FP8 runs (docs/accuracy.md).
+        timed: bool,
+    },
 }
 
 /// What a saved tensor is, for the models that treat some tensors specially (the unfused

@@ -69,6 +69,8 @@ pub struct BlockSummary {
     pub recompute_rank: f64,
     /// Per-microbatch times on this rank (zero when summarised without a time model).
     pub times: BlockTimes,
+    /// The low-precision recipe's weights in the block (zero without one).
+    pub quantized: super::low_precision::QuantizedWeights,
 }
 
 impl BlockSummary {
@@ -100,6 +102,7 @@ impl BlockSummary {
             recompute_model,
             recompute_rank,
             times,
+            quantized: super::low_precision::QuantizedWeights::of(&b.ops),
         }
     }
 }
@@ -114,6 +117,9 @@ pub struct LedgerSummary {
     pub mtp: Option<BlockSummary>,
     /// The ledger's other layer kinds ([`Ledger::variants`]), in its order.
     pub variants: Vec<BlockSummary>,
+    /// The layers a low-precision recipe keeps in bf16 ([`Ledger::dense_hp`]).
+    pub dense_hp: Option<BlockSummary>,
+    pub moe_hp: Option<BlockSummary>,
 }
 
 impl LedgerSummary {
@@ -149,6 +155,8 @@ impl LedgerSummary {
             output: sum_with(&l.output, 0),
             mtp: l.mtp.as_ref().map(sum),
             variants: l.variants.iter().map(sum).collect(),
+            dense_hp: l.dense_hp.as_ref().map(sum),
+            moe_hp: l.moe_hp.as_ref().map(sum),
         }
     }
 }
@@ -164,6 +172,10 @@ pub struct ChunkContents {
     pub mtp_layers: u32,
     /// Layers of each of the ledger's other kinds ([`Ledger::variants`]).
     pub variant_layers: [u32; MAX_LAYER_VARIANTS],
+    /// Dense and MoE layers a low-precision recipe keeps in bf16 (not in `dense_layers` /
+    /// `moe_layers`).
+    pub hp_dense_layers: u32,
+    pub hp_moe_layers: u32,
 }
 
 impl ChunkContents {
@@ -172,12 +184,14 @@ impl ChunkContents {
         &self,
         s: &'a LedgerSummary,
     ) -> impl Iterator<Item = (&'a BlockSummary, u64)> {
-        let items: [(Option<&'a BlockSummary>, u64); 5] = [
+        let items: [(Option<&'a BlockSummary>, u64); 7] = [
             (Some(&s.embedding), self.embedding as u64),
             (Some(&s.dense), self.dense_layers as u64),
             (s.moe.as_ref(), self.moe_layers as u64),
             (Some(&s.output), self.output as u64),
             (s.mtp.as_ref(), self.mtp_layers as u64),
+            (s.dense_hp.as_ref(), self.hp_dense_layers as u64),
+            (s.moe_hp.as_ref(), self.hp_moe_layers as u64),
         ];
         let variants = s
             .variants
@@ -192,12 +206,14 @@ impl ChunkContents {
 
     /// The ledger's blocks this chunk holds, with their multiplicities.
     pub fn ledger_blocks<'a>(&self, l: &'a Ledger) -> impl Iterator<Item = (&'a Block, u64)> {
-        let items: [(Option<&'a Block>, u64); 5] = [
+        let items: [(Option<&'a Block>, u64); 7] = [
             (Some(&l.embedding), self.embedding as u64),
             (Some(&l.dense), self.dense_layers as u64),
             (l.moe.as_ref(), self.moe_layers as u64),
             (Some(&l.output), self.output as u64),
             (l.mtp.as_ref(), self.mtp_layers as u64),
+            (l.dense_hp.as_ref(), self.hp_dense_layers as u64),
+            (l.moe_hp.as_ref(), self.hp_moe_layers as u64),
         ];
         let variants = l
             .variants
@@ -214,6 +230,8 @@ impl ChunkContents {
     pub fn layers(&self) -> u32 {
         self.dense_layers
             + self.moe_layers
+            + self.hp_dense_layers
+            + self.hp_moe_layers
             + self.mtp_layers
             + self.variant_layers.iter().sum::<u32>()
     }
@@ -227,14 +245,16 @@ impl ChunkContents {
             mtp_layers: m.mtp_num_layers,
             ..ChunkContents::default()
         };
-        c.count_layers(m, 0..m.num_layers);
+        c.count_layers(m, 0..m.num_layers, (0, 0));
         c
     }
 
-    /// Adds the layers `layers` (0-based decoder layers) by kind.
-    fn count_layers(&mut self, m: &ModelConfig, layers: std::ops::Range<u32>) {
+    /// Adds the layers `layers` (0-based decoder layers) by kind; of the full-attention dense
+    /// and MoE layers, the first `bf16.0` and last `bf16.1` of the model as bf16 layers.
+    fn count_layers(&mut self, m: &ModelConfig, layers: std::ops::Range<u32>, bf16: (u32, u32)) {
         let variants = m.layer_variants();
-        if variants.is_empty() {
+        let hp = |l: u32| l < bf16.0 || l >= m.num_layers.saturating_sub(bf16.1);
+        if variants.is_empty() && bf16 == (0, 0) {
             let moe = layers.clone().filter(|&l| m.is_moe_layer(l)).count() as u32;
             self.moe_layers += moe;
             self.dense_layers += layers.len() as u32 - moe;
@@ -243,7 +263,9 @@ impl ChunkContents {
         for l in layers {
             match m.variant_of(l, &variants) {
                 Some(i) => self.variant_layers[i] += 1,
+                None if m.is_moe_layer(l) && hp(l) => self.hp_moe_layers += 1,
                 None if m.is_moe_layer(l) => self.moe_layers += 1,
+                None if hp(l) => self.hp_dense_layers += 1,
                 None => self.dense_layers += 1,
             }
         }
@@ -253,6 +275,8 @@ impl ChunkContents {
 /// The chunks of every pipeline rank, in stage order.
 pub fn chunks_per_rank(r: &Resolved) -> Vec<Vec<ChunkContents>> {
     let m = &r.config.model;
+    // The layers a low-precision recipe keeps in bf16 (the ledger's `dense_hp` / `moe_hp`).
+    let bf16 = r.config.training.bf16_layers();
     let pl = &r.placement;
     let last = pl.num_stages() - 1;
     let mut out = vec![Vec::new(); r.config.parallel.pp as usize];
@@ -264,7 +288,7 @@ pub fn chunks_per_rank(r: &Resolved) -> Vec<Vec<ChunkContents>> {
             mtp_layers: if stage == last { m.mtp_num_layers } else { 0 },
             ..ChunkContents::default()
         };
-        c.count_layers(m, layers.clone());
+        c.count_layers(m, layers.clone(), bf16);
         out[pl.stage_rank[stage] as usize].push(c);
     }
     out

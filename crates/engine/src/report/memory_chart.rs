@@ -177,6 +177,7 @@ mod tests {
                 activations: 0,
                 buffers: 0,
                 total: t << 30,
+                ..StageMemory::default()
             })
             .collect();
         MemoryReport {

@@ -129,9 +129,13 @@ fn params_table(e: &Estimate) -> Table {
 /// Memory per pipeline stage in GiB, and whether the most loaded GPU fits.
 fn memory_section(out: &mut String, e: &Estimate) {
     let mem = &e.memory;
-    let mut t = table(&[
-        "pp stage",
-        "weights",
+    // A low-precision recipe's weight copies get a column of their own (none without one).
+    let low = mem.stages.iter().any(|s| s.low_precision_weights > 0);
+    let mut head = vec!["pp stage", "weights"];
+    if low {
+        head.push("low-prec copies");
+    }
+    head.extend([
         "grads",
         "optimizer",
         "activations",
@@ -139,10 +143,13 @@ fn memory_section(out: &mut String, e: &Estimate) {
         "total GiB",
         "of capacity",
     ]);
+    let mut t = table(&head);
     for s in &mem.stages {
-        t.add_row(vec![
-            s.stage.to_string(),
-            gib(s.weights),
+        let mut row = vec![s.stage.to_string(), gib(s.weights)];
+        if low {
+            row.push(gib(s.low_precision_weights));
+        }
+        row.extend([
             gib(s.gradients),
             gib(s.optimizer),
             gib(s.activations),
@@ -150,6 +157,7 @@ fn memory_section(out: &mut String, e: &Estimate) {
             gib(s.total),
             format!("{:.0}%", 100.0 * s.total as f64 / mem.capacity_bytes as f64),
         ]);
+        t.add_row(row);
     }
     right_align(&mut t, 0);
     let _ = writeln!(

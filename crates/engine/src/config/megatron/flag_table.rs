@@ -167,6 +167,8 @@ pub(super) const KEPT_INTS: &[&str] = &[
     "--mamba-head-dim",
     "--mamba-num-groups",
     "--mamba-state-dim",
+    "--num-layers-at-start-in-bf16",
+    "--num-layers-at-end-in-bf16",
 ];
 
 /// Switches that the reader's `State::finish` combines.
@@ -197,6 +199,8 @@ pub(super) const KEPT_SWITCHES: &[&str] = &[
     "--export-qk-l2-norm",
     "--qk-l2-norm",
     "--is-hybrid-model",
+    "--fp8-param-gather",
+    "--first-last-layers-bf16",
 ];
 
 /// Flags with a word value that the reader's `State::finish` combines.
@@ -206,6 +210,9 @@ pub(super) const KEPT_WORDS: &[&str] = &[
     "--recompute-granularity",
     "--recompute-method",
     "--fp8-format",
+    "--fp8-recipe",
+    "--fp4-format",
+    "--fp4-recipe",
     "--cp-comm-type",
     "--attention-backend",
     "--moe-layer-freq",
@@ -270,6 +277,4 @@ pub(super) const REFUSED: &[(&str, &str)] = &[
         "--pipeline-model-parallel-split-rank",
         "encoder-decoder pipelines are not modelled",
     ),
-    ("--fp4-format", "fp4 training is not modelled"),
-    ("--fp4-recipe", "fp4 training is not modelled"),
 ];

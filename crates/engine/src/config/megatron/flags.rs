@@ -699,16 +699,14 @@ impl State {
 
     /// Precision, recompute, gradient dtype and attention kernel.
     fn training(&mut self) -> Result<(), String> {
-        let precision = if self.word("--fp8-format").is_some() {
-            "fp8"
-        } else if self.on("--bf16") {
-            "bf16"
-        } else if self.on("--fp16") {
-            "fp16"
-        } else {
-            "fp32"
-        };
-        self.set("training", "precision", json!(precision));
+        let precision = super::precision::settings(
+            |f| self.words.get(f).map(String::as_str),
+            |f| self.switches.contains(f),
+            |f| self.ints.get(f).copied(),
+        )?;
+        for (key, value) in precision {
+            self.set("training", key, value);
+        }
         let grad = if self.on("--grad-reduce-in-bf16") {
             "bf16"
         } else {

@@ -12,6 +12,7 @@
 mod flag_table;
 mod flags;
 mod nemo;
+mod precision;
 mod print;
 mod sharding;
 mod shell;

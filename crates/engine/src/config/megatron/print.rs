@@ -268,6 +268,15 @@ fn training_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
         Precision::Fp8 => {
             flag("--bf16", None);
             flag("--fp8-format", Some("hybrid".into()));
+            match t.fp8_recipe {
+                Some(crate::config::Fp8Recipe::Current) => {
+                    flag("--fp8-recipe", Some("tensorwise".into()))
+                }
+                Some(crate::config::Fp8Recipe::Blockwise) => {
+                    flag("--fp8-recipe", Some("blockwise".into()))
+                }
+                _ => {}
+            }
         }
         Precision::Fp32 => {}
         Precision::Mxfp8 => {
@@ -280,6 +289,15 @@ fn training_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
             flag("--fp4-format", Some("e2m1".into()));
             flag("--fp4-recipe", Some("nvfp4".into()));
         }
+    }
+    if t.fp8_param_gather {
+        flag("--fp8-param-gather", None);
+    }
+    let (start, end) = t.bf16_layers();
+    if start + end > 0 {
+        flag("--first-last-layers-bf16", None);
+        flag("--num-layers-at-start-in-bf16", Some(start.to_string()));
+        flag("--num-layers-at-end-in-bf16", Some(end.to_string()));
     }
     if t.grad_dtype == Dtype::Bf16 {
         flag("--grad-reduce-in-bf16", None);

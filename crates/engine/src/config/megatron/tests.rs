@@ -253,3 +253,58 @@ fn framework_maps_to_megatron_core_and_others_are_reported_lost() {
     assert!(!text.contains("--overlap-grad-reduce"), "{text}");
     assert!(text.contains("framework = \"deepspeed\""), "{text}");
 }
+
+/// Megatron's low-precision flags (megatron/training/arguments.py): the FP8 recipes map to
+/// parsim's (tensorwise is current scaling; mxfp8 is its own precision), `--fp4-format e2m1`
+/// with the nvfp4 recipe to nvfp4, the parameter gather and bf16 end layers to their settings.
+#[test]
+fn low_precision_flags_import_into_the_precision_settings() {
+    let training = |args: &str| imported(args).0.training;
+    let t = training("--bf16 --fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather");
+    assert_eq!(t.precision, Precision::Fp8);
+    assert_eq!(t.fp8_recipe, Some(crate::config::Fp8Recipe::Current));
+    assert!(t.fp8_param_gather);
+    let t = training("--bf16 --fp8-format e4m3 --fp8-recipe blockwise --first-last-layers-bf16 --num-layers-at-end-in-bf16 2");
+    assert_eq!(t.fp8_recipe, Some(crate::config::Fp8Recipe::Blockwise));
+    assert_eq!(
+        (t.bf16_layers_at_start, t.bf16_layers_at_end),
+        (Some(1), Some(2))
+    );
+    let t = training("--bf16 --fp8-format e4m3 --fp8-recipe mxfp8");
+    assert_eq!((t.precision, t.fp8_recipe), (Precision::Mxfp8, None));
+    let t = training("--bf16 --fp8-format e4m3");
+    assert_eq!((t.precision, t.fp8_recipe), (Precision::Fp8, None));
+    // NVFP4: every layer in FP4 unless --first-last-layers-bf16 says otherwise.
+    let t = training("--bf16 --fp4-format e2m1 --fp4-recipe nvfp4");
+    assert_eq!(t.precision, Precision::Nvfp4);
+    assert_eq!(t.bf16_layers(), (0, 0));
+    let t = training("--bf16 --fp4-format e2m1 --first-last-layers-bf16");
+    assert_eq!(t.bf16_layers(), (1, 1));
+    // Unknown values are errors naming the flag.
+    for (args, flag) in [
+        ("--fp8-format e4m3 --fp8-recipe custom", "--fp8-recipe"),
+        ("--fp8-format e5m2", "--fp8-format"),
+        ("--fp4-format e2m1 --fp4-recipe fp4x", "--fp4-recipe"),
+        ("--fp4-format e3m0", "--fp4-format"),
+        ("--fp4-format e2m1 --fp4-recipe mxfp4", "--fp4-recipe"),
+        ("--fp8-format e4m3 --fp4-format e2m1", "--fp4-format"),
+    ] {
+        let err = import(args, "run.sh").expect_err(args).to_string();
+        assert!(err.contains(flag), "{args}: {err}");
+    }
+}
+
+/// The printed flags read back to the same precision settings.
+#[test]
+fn low_precision_settings_print_and_read_back() {
+    let mut c = Config::default();
+    c.training.precision = Precision::Fp8;
+    c.training.fp8_recipe = Some(crate::config::Fp8Recipe::Blockwise);
+    c.training.fp8_param_gather = true;
+    c.training.bf16_layers_at_end = Some(3);
+    let args = super::print::to_megatron_args(&c);
+    let t = imported(&args).0.training;
+    assert_eq!(t.fp8_recipe, c.training.fp8_recipe);
+    assert!(t.fp8_param_gather);
+    assert_eq!(t.bf16_layers(), (0, 3));
+}

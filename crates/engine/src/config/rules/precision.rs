@@ -33,6 +33,7 @@ pub fn hardware(cfg: &Config, gpu: &GpuProfile) -> Vec<Violation> {
             .hint("leave it out, or set training.precision = \"fp8\" (mxfp8 and nvfp4 are recipes of their own)"),
         );
     }
+    errs.extend(recipe_settings(cfg));
     if t.precision == Precision::Fp8 && gpu.peak_flops.fp8.is_none() {
         errs.push(
             Violation::new(
@@ -41,6 +42,63 @@ pub fn hardware(cfg: &Config, gpu: &GpuProfile) -> Vec<Violation> {
             )
             .hint("use bf16, or an H100/H200/B200/MI300X profile"),
         );
+    }
+    errs
+}
+
+/// The recipe's own settings: an fp8 parameter gather needs an 8-bit weight format (fp8,
+/// mxfp8); bf16 layers need a low-precision recipe other than delayed scaling (Megatron runs
+/// delayed scaling in one outer FP8 context, so no layer can leave it) and must leave
+/// layers in it.
+fn recipe_settings(cfg: &Config) -> Vec<Violation> {
+    let t = &cfg.training;
+    let mut errs = Vec::new();
+    if t.fp8_param_gather && !matches!(t.precision, Precision::Fp8 | Precision::Mxfp8) {
+        errs.push(
+            Violation::new(
+                "training.fp8_param_gather",
+                format!(
+                    "gathers weights in an 8-bit format, so needs precision fp8 or mxfp8, got {}",
+                    t.precision
+                ),
+            )
+            .hint("leave it out, or set training.precision = \"fp8\" or \"mxfp8\""),
+        );
+    }
+    let set = t.bf16_layers_at_start.is_some() || t.bf16_layers_at_end.is_some();
+    let low = matches!(
+        t.precision,
+        Precision::Fp8 | Precision::Mxfp8 | Precision::Nvfp4
+    );
+    if set && !low {
+        errs.push(Violation::new(
+            "training.bf16_layers_at_start",
+            format!(
+                "keeps layers in bf16 under a low-precision recipe (fp8, mxfp8, nvfp4), got precision {}",
+                t.precision
+            ),
+        ));
+    } else if set
+        && t.precision == Precision::Fp8
+        && t.fp8_recipe.unwrap_or_default() == super::super::Fp8Recipe::Delayed
+    {
+        errs.push(
+            Violation::new(
+                "training.bf16_layers_at_start",
+                "bf16 layers are not available with delayed scaling (Megatron runs it in one FP8 context over all layers)",
+            )
+            .hint("set training.fp8_recipe = \"current\" or \"blockwise\""),
+        );
+    }
+    let (start, end) = t.bf16_layers();
+    if low && start.saturating_add(end) > cfg.model.num_layers {
+        errs.push(Violation::new(
+            "training.bf16_layers_at_start",
+            format!(
+                "bf16 layers at the start ({start}) and end ({end}) exceed model.num_layers ({})",
+                cfg.model.num_layers
+            ),
+        ));
     }
     errs
 }

@@ -1,0 +1,234 @@
+//! Low-precision recipes (Transformer Engine's FP8, MXFP8 and NVFP4 recipes): what each
+//! keeps of a quantised linear layer (its weight copies, their transposes and scale tensors)
+//! and the quantise kernels it runs, as memory-bound ops beside each linear layer.
+//!
+//! Transformer Engine's "Performance considerations" (docs/features/low_precision_training)
+//! sets the rules: every GEMM operand needs a rowwise and a columnwise usage; on Hopper an
+//! FP8 tensor's columnwise usage is a physical transpose, on Blackwell one per-tensor FP8
+//! copy serves both; block-scaled formats (MXFP8, NVFP4, 128 x 128 blockwise FP8) scale along
+//! one axis, so the two usages are two tensors with their own scales. Weights are quantised
+//! once per step and cached across microbatches (Megatron passes `is_first_microbatch`).
+//!
+//! Per-tensor FP8's kernels are in the ledger but not timed: the shipped efficiencies were
+//! fitted to published per-tensor FP8 runs (MosaicML's H100 amp_fp8 rows, Transformer
+//! Engine's delayed scaling), so its casts are inside them; timing them again would count
+//! them twice. The block-scaled recipes, in no fitted run, have their kernels timed.
+
+use super::op::{Op, OpKind, ParamClass};
+use crate::config::{Fp8Recipe, Precision, Resolved};
+
+/// How a recipe stores a quantised tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// One scale per tensor (delayed or current scaling): 1 byte a value and an FP32 scale.
+    PerTensorFp8,
+    /// DeepSeek-V3's blockwise FP8: one FP32 scale per 128 x 128 block of a weight and per
+    /// 1 x 128 tile of an activation.
+    BlockwiseFp8,
+    /// MXFP8: E4M3 values with one E8M0 byte per 32 along the scaled axis.
+    Mxfp8,
+    /// NVFP4: E2M1 values (half a byte), one E4M3 byte per 16 along the scaled axis and a
+    /// per-tensor FP32 scale.
+    Nvfp4,
+}
+
+/// The recipe a configuration runs, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recipe {
+    pub format: Format,
+    /// Copies of each quantised tensor: 2 when its columnwise usage is a tensor of its own
+    /// (block scaling, or per-tensor FP8 on a GPU without native columnwise FP8 access), 1
+    /// when one copy serves both.
+    pub copies: u64,
+}
+
+/// Values per scale along the scaled axis: MXFP8's 32, NVFP4's 16, blockwise FP8's 128.
+const MX_BLOCK: u64 = 32;
+const NVFP4_BLOCK: u64 = 16;
+const BLOCKWISE: u64 = 128;
+/// An FP32 scale.
+const FP32_BYTES: u64 = 4;
+
+impl Recipe {
+    /// The recipe of `r`'s precision: none for bf16, fp16 and fp32. Per-tensor FP8 keeps a
+    /// transpose on GPUs whose profile has no FP4 rate (Hopper, Ada, CDNA 3), whose tensor
+    /// cores read FP8 only rowwise; Blackwell and CDNA 4 read it both ways.
+    pub fn of(r: &Resolved) -> Option<Recipe> {
+        let tr = &r.config.training;
+        let native_columnwise = r.gpu.peak_flops.fp4.is_some();
+        let (format, copies) = match tr.precision {
+            Precision::Fp8 => match tr.fp8_recipe.unwrap_or_default() {
+                Fp8Recipe::Delayed | Fp8Recipe::Current => {
+                    (Format::PerTensorFp8, if native_columnwise { 1 } else { 2 })
+                }
+                Fp8Recipe::Blockwise => (Format::BlockwiseFp8, 2),
+            },
+            Precision::Mxfp8 => (Format::Mxfp8, 2),
+            Precision::Nvfp4 => (Format::Nvfp4, 2),
+            Precision::Bf16 | Precision::Fp16 | Precision::Fp32 => return None,
+        };
+        Some(Recipe { format, copies })
+    }
+
+    /// Bytes of one copy of a [rows x cols] tensor quantised along `cols` (its rows are
+    /// contiguous), scales included; `weight` picks blockwise FP8's 128 x 128 weight blocks
+    /// over its 1 x 128 activation tiles.
+    pub fn copy_bytes(&self, rows: u64, cols: u64, weight: bool) -> u64 {
+        let values = rows * cols;
+        match self.format {
+            Format::PerTensorFp8 => values + FP32_BYTES,
+            Format::Mxfp8 => values + rows * cols.div_ceil(MX_BLOCK),
+            Format::Nvfp4 => values.div_ceil(2) + rows * cols.div_ceil(NVFP4_BLOCK) + FP32_BYTES,
+            Format::BlockwiseFp8 => {
+                let scales = if weight {
+                    rows.div_ceil(BLOCKWISE) * cols.div_ceil(BLOCKWISE)
+                } else {
+                    rows * cols.div_ceil(BLOCKWISE)
+                };
+                values + scales * FP32_BYTES
+            }
+        }
+    }
+
+    /// Bytes of every copy of a [rows x cols] tensor: the rowwise one and, with two copies,
+    /// the columnwise one ([cols x rows], scaled along the rows).
+    pub fn tensor_bytes(&self, rows: u64, cols: u64, weight: bool) -> u64 {
+        let rowwise = self.copy_bytes(rows, cols, weight);
+        if self.copies > 1 {
+            rowwise + self.copy_bytes(cols, rows, weight)
+        } else {
+            rowwise
+        }
+    }
+
+    /// The quantise op of a linear layer's GEMM [m x k] . [k x n] (weights [n x k] as
+    /// Transformer Engine keeps them, `tensors` of them: a rank's experts): forward, its input
+    /// X read in bf16 and written quantised; backward, the output gradient dY the same; per
+    /// step, the weights read and their copies written (cached over the microbatches).
+    pub fn quantize_op(&self, m: u64, n: u64, k: u64, tensors: u64, expert: bool) -> Op {
+        const BF16: u64 = 2;
+        let weights = tensors * self.tensor_bytes(n, k, true);
+        Op::new(
+            "quantize",
+            OpKind::Quantize {
+                fwd_bytes: m * k * BF16 + self.tensor_bytes(m, k, false),
+                bwd_bytes: m * n * BF16 + self.tensor_bytes(m, n, false),
+                weight_elements: tensors * n * k,
+                weight_cache_bytes: weights,
+                weight_step_bytes: tensors * n * k * BF16 + weights,
+                expert,
+                timed: self.format != Format::PerTensorFp8,
+            },
+        )
+    }
+}
+
+/// Appends a quantise op after every linear layer of a layer block that the recipe casts:
+/// GEMMs with weights, but the MoE router (Megatron runs it in fp32) and LoRA adapters
+/// (kept in bf16 beside the frozen base).
+pub fn add_quantize_ops(ops: &mut Vec<Op>, recipe: &Recipe) {
+    let mut out = Vec::with_capacity(ops.len() * 2);
+    for op in ops.drain(..) {
+        let q = match (op.kind, op.params) {
+            (OpKind::Matmul { m, n, k }, Some(p))
+                if !op.name.contains("router") && !op.name.contains("lora") && n * k > 0 =>
+            {
+                let tensors = (p.rank / (n * k)).max(1);
+                Some(recipe.quantize_op(m, n, k, tensors, p.class == ParamClass::Expert))
+            }
+            _ => None,
+        };
+        out.push(op);
+        out.extend(q);
+    }
+    *ops = out;
+}
+
+/// A block's quantised weights: what the recipe caches and what casting them costs a step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QuantizedWeights {
+    /// Weight elements quantised (dense and expert).
+    pub dense_elements: u64,
+    pub expert_elements: u64,
+    /// Bytes of their cached low-precision copies with scales.
+    pub cache_bytes: u64,
+    /// HBM bytes of casting them once a step (those the time model times).
+    pub step_bytes: u64,
+}
+
+impl QuantizedWeights {
+    /// The sums over a block's quantise ops.
+    pub fn of(ops: &[Op]) -> QuantizedWeights {
+        let mut q = QuantizedWeights::default();
+        for op in ops {
+            if let OpKind::Quantize {
+                weight_elements,
+                weight_cache_bytes,
+                weight_step_bytes,
+                expert,
+                timed,
+                ..
+            } = op.kind
+            {
+                if timed {
+                    q.step_bytes += weight_step_bytes;
+                }
+                if expert {
+                    q.expert_elements += weight_elements;
+                } else {
+                    q.dense_elements += weight_elements;
+                }
+                q.cache_bytes += weight_cache_bytes;
+            }
+        }
+        q
+    }
+
+    /// `n` blocks' worth added.
+    pub fn add(&mut self, o: &QuantizedWeights, n: u64) {
+        self.dense_elements += o.dense_elements * n;
+        self.expert_elements += o.expert_elements * n;
+        self.cache_bytes += o.cache_bytes * n;
+        self.step_bytes += o.step_bytes * n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One 4096 x 4096 weight by hand: MXFP8 16 MiB of values and 512 KiB of E8M0 scales
+    /// per copy, two copies; NVFP4 8 MiB and 1 MiB (+4 B) per copy; blockwise FP8 16 MiB and
+    /// 32 x 32 FP32 scales per copy; per-tensor FP8 on Hopper 16 MiB + 4 B twice.
+    #[test]
+    fn weight_copies_by_hand() {
+        let n = 4096u64;
+        let mib = 1u64 << 20;
+        let r = |format, copies| Recipe { format, copies };
+        assert_eq!(
+            r(Format::Mxfp8, 2).tensor_bytes(n, n, true),
+            2 * (16 * mib + mib / 2)
+        );
+        assert_eq!(
+            r(Format::Nvfp4, 2).tensor_bytes(n, n, true),
+            2 * (8 * mib + mib + 4)
+        );
+        assert_eq!(
+            r(Format::BlockwiseFp8, 2).tensor_bytes(n, n, true),
+            2 * (16 * mib + 32 * 32 * 4)
+        );
+        assert_eq!(
+            r(Format::PerTensorFp8, 2).tensor_bytes(n, n, true),
+            2 * (16 * mib + 4)
+        );
+        assert_eq!(
+            r(Format::PerTensorFp8, 1).tensor_bytes(n, n, true),
+            16 * mib + 4
+        );
+        // Activations of blockwise FP8: 1 x 128 tiles, 32 scales a row of 4096.
+        assert_eq!(
+            r(Format::BlockwiseFp8, 1).copy_bytes(8, n, false),
+            8 * n + 8 * 32 * 4
+        );
+    }
+}
