@@ -706,9 +706,13 @@ fn nvlink_domains_are_shown_and_set_in_the_cluster_panel() {
             .crosses_nodes
     };
     assert!(!tp_crosses(&config));
+    // The TP row (size 8) stays in its rack; the PP group of 2 spans the two racks.
     assert!(h
-        .query_by_label_contains("(across NVLink domains)")
+        .query_by_label_contains("8 (across NVLink domains)")
         .is_none());
+    assert!(h
+        .query_by_label_contains("2 (across NVLink domains)")
+        .is_some());
 
     h.get_by_role_and_label(Role::SpinButton, "NVLink domain")
         .set_value_accesskit(4.0);
@@ -721,7 +725,10 @@ fn nvlink_domains_are_shown_and_set_in_the_cluster_panel() {
         text_of(&h, "NVLink domains:"),
         "NVLink domains: each node of 4 GPUs"
     );
-    assert!(h
-        .query_by_label_contains("8 (across NVLink domains)")
-        .is_some());
+    // TP and expert TP (the same 8 GPUs for a dense model) now cross.
+    assert_eq!(
+        h.get_all_by_label_contains("8 (across NVLink domains)")
+            .count(),
+        2
+    );
 }
