@@ -492,16 +492,13 @@ struct Recipe {
 /// DGX-GB300 (Llama 3 8B at FP8-CS and FP8-MX on 8 GPUs; DeepSeek-V3 at BF16 and FP8-MX on
 /// 256), and the 26.02 and 26.04.01 containers' DeepSeek-V3 MXFP8 rows. Validation only:
 /// nothing is fitted to their throughputs.
+#[rustfmt::skip]
 const TABLE_RECIPES: [Recipe; 13] = {
+    /// A row: (preset, gpu, gpus, precision), [tp, pp, cp, vpp, ep], [mbs, gbs, seq].
     const fn r(
-        preset: &'static str,
-        gpu: &'static str,
-        gpus: u32,
-        precision: &'static str,
+        (preset, gpu, gpus, precision): (&'static str, &'static str, u32, &'static str),
         [tp, pp, cp, vpp, ep]: [u32; 5],
-        mbs: u64,
-        gbs: u64,
-        seq: u64,
+        [mbs, gbs, seq]: [u64; 3],
     ) -> Recipe {
         Recipe {
             preset,
@@ -522,25 +519,25 @@ const TABLE_RECIPES: [Recipe; 13] = {
     const DS: &str = "deepseek-v3";
     [
         // 25.11: LLAMA3_8B, 8 GPUs, GBS 128, MBS 2, seq 8192, TP 1 PP 1 CP 1, FP8-CS (FP8-MX).
-        r(L8, "b200", 8, "fp8", [1, 1, 1, 1, 1], 2, 128, 8192),
-        r(L8, "b200", 8, "mxfp8", [1, 1, 1, 1, 1], 2, 128, 8192),
-        r(L8, "gb200", 8, "fp8", [1, 1, 1, 1, 1], 2, 128, 8192),
-        r(L8, "gb200", 8, "mxfp8", [1, 1, 1, 1, 1], 2, 128, 8192),
-        r(L8, "gb300", 8, "fp8", [1, 1, 1, 1, 1], 2, 128, 8192),
-        r(L8, "gb300", 8, "mxfp8", [1, 1, 1, 1, 1], 2, 128, 8192),
+        r((L8, "b200", 8, "fp8"), [1, 1, 1, 1, 1], [2, 128, 8192]),
+        r((L8, "b200", 8, "mxfp8"), [1, 1, 1, 1, 1], [2, 128, 8192]),
+        r((L8, "gb200", 8, "fp8"), [1, 1, 1, 1, 1], [2, 128, 8192]),
+        r((L8, "gb200", 8, "mxfp8"), [1, 1, 1, 1, 1], [2, 128, 8192]),
+        r((L8, "gb300", 8, "fp8"), [1, 1, 1, 1, 1], [2, 128, 8192]),
+        r((L8, "gb300", 8, "mxfp8"), [1, 1, 1, 1, 1], [2, 128, 8192]),
         // 25.11: DeepSeekV3, 256 GPUs, seq 4096, MBS 1. GB300: GBS 4096, PP 2 VP 4 EP 32 at
         // BF16 and FP8-MX; GB200: BF16 PP 4 VP 4 EP 64; B200: FP8-MX GBS 2048, PP 16 EP 8.
         // Left out: GB200 FP8-MX PP 8 VP 4 EP 32, whose 32 virtual stages have no layout in
         // Megatron-Bridge's DeepSeek-V3 map (below), so its split is not known.
-        r(DS, "gb300", 256, "bf16", [1, 2, 1, 4, 32], 1, 4096, 4096),
-        r(DS, "gb300", 256, "mxfp8", [1, 2, 1, 4, 32], 1, 4096, 4096),
-        r(DS, "gb200", 256, "bf16", [1, 4, 1, 4, 64], 1, 4096, 4096),
-        r(DS, "b200", 256, "mxfp8", [1, 16, 1, 1, 8], 1, 2048, 4096),
+        r((DS, "gb300", 256, "bf16"), [1, 2, 1, 4, 32], [1, 4096, 4096]),
+        r((DS, "gb300", 256, "mxfp8"), [1, 2, 1, 4, 32], [1, 4096, 4096]),
+        r((DS, "gb200", 256, "bf16"), [1, 4, 1, 4, 64], [1, 4096, 4096]),
+        r((DS, "b200", 256, "mxfp8"), [1, 16, 1, 1, 8], [1, 2048, 4096]),
         // 26.02: DeepSeekV3 MXFP8, GBS 4096: GB300 MBS 2 PP 2 VP 8 EP 32; GB200 MBS 1 PP 4
         // VP 4 EP 64 (as 25.11's BF16 row). 26.04.01: B200 PP 8 VP 2 EP 32.
-        r(DS, "gb300", 256, "mxfp8", [1, 2, 1, 8, 32], 2, 4096, 4096),
-        r(DS, "gb200", 256, "mxfp8", [1, 4, 1, 4, 64], 1, 4096, 4096),
-        r(DS, "b200", 256, "mxfp8", [1, 8, 1, 2, 32], 1, 4096, 4096),
+        r((DS, "gb300", 256, "mxfp8"), [1, 2, 1, 8, 32], [2, 4096, 4096]),
+        r((DS, "gb200", 256, "mxfp8"), [1, 4, 1, 4, 64], [1, 4096, 4096]),
+        r((DS, "b200", 256, "mxfp8"), [1, 8, 1, 2, 32], [1, 4096, 4096]),
     ]
 };
 
