@@ -398,6 +398,36 @@ fn low_precision_recipes_are_timed_at_their_peaks_and_refused_by_field() {
     assert!(e.contains("training.fp8_recipe"), "{e}");
 }
 
+/// The Llama 3 70B/405B Megatron-Bridge recipes of
+/// [`nvidia_public_blackwell_recipes_are_accepted`]: (preset, gpu, gpus, precision, tp, pp,
+/// cp, gbs).
+type LlamaRecipe = (
+    &'static str,
+    &'static str,
+    u32,
+    &'static str,
+    u32,
+    u32,
+    u32,
+    u64,
+);
+const LLAMA_RECIPES: [LlamaRecipe; 14] = [
+    ("llama3-70b", "b200", 64, "bf16", 2, 4, 2, 256),
+    ("llama3-70b", "b200", 64, "mxfp8", 2, 4, 1, 256),
+    ("llama3-70b", "b200", 64, "nvfp4", 2, 4, 1, 256),
+    ("llama3-70b", "gb200", 64, "mxfp8", 2, 4, 1, 256),
+    ("llama3-70b", "gb200", 64, "nvfp4", 2, 4, 1, 256),
+    ("llama3-70b", "gb300", 64, "mxfp8", 1, 4, 1, 256),
+    ("llama3-70b", "gb300", 64, "nvfp4", 1, 4, 1, 256),
+    ("llama3-405b", "gb200", 128, "bf16", 4, 8, 2, 512),
+    ("llama3-405b", "gb200", 128, "mxfp8", 4, 8, 2, 512),
+    ("llama3-405b", "gb200", 128, "nvfp4", 4, 16, 1, 512),
+    ("llama3-405b", "gb200", 256, "fp8", 4, 16, 1, 512),
+    ("llama3-405b", "gb300", 128, "nvfp4", 4, 8, 1, 512),
+    ("llama3-405b", "gb300", 256, "mxfp8", 2, 8, 2, 512),
+    ("llama3-405b", "gb300", 256, "nvfp4", 4, 8, 1, 512),
+];
+
 /// NVIDIA's public Megatron-Bridge performance recipes (docs.nvidia.com/nemo/megatron-bridge,
 /// API docs of `bridge.perf_recipes.llama.{b200,gb200,gb300}`: the layouts their docstrings
 /// give) are accepted by `estimate`. Sequence 8192 and micro batch 1 as the Llama 3 recipes
@@ -407,22 +437,7 @@ fn low_precision_recipes_are_timed_at_their_peaks_and_refused_by_field() {
 #[test]
 fn nvidia_public_blackwell_recipes_are_accepted() {
     // (preset, gpu, gpus, precision, tp, pp, cp, gbs)
-    let recipes = [
-        ("llama3-70b", "b200", 64, "bf16", 2, 4, 2, 256),
-        ("llama3-70b", "b200", 64, "mxfp8", 2, 4, 1, 256),
-        ("llama3-70b", "b200", 64, "nvfp4", 2, 4, 1, 256),
-        ("llama3-70b", "gb200", 64, "mxfp8", 2, 4, 1, 256),
-        ("llama3-70b", "gb200", 64, "nvfp4", 2, 4, 1, 256),
-        ("llama3-70b", "gb300", 64, "mxfp8", 1, 4, 1, 256),
-        ("llama3-70b", "gb300", 64, "nvfp4", 1, 4, 1, 256),
-        ("llama3-405b", "gb200", 128, "bf16", 4, 8, 2, 512),
-        ("llama3-405b", "gb200", 128, "mxfp8", 4, 8, 2, 512),
-        ("llama3-405b", "gb200", 128, "nvfp4", 4, 16, 1, 512),
-        ("llama3-405b", "gb200", 256, "fp8", 4, 16, 1, 512),
-        ("llama3-405b", "gb300", 128, "nvfp4", 4, 8, 1, 512),
-        ("llama3-405b", "gb300", 256, "mxfp8", 2, 8, 2, 512),
-        ("llama3-405b", "gb300", 256, "nvfp4", 4, 8, 1, 512),
-    ];
+    let recipes = LLAMA_RECIPES;
     for (preset, gpu, gpus, precision, tp, pp, cp, gbs) in recipes {
         let mut c = json!({
             "model": {"preset": preset},
@@ -456,5 +471,225 @@ fn nvidia_public_blackwell_recipes_are_accepted() {
             "{preset} {gpu} {precision}: {}",
             e.throughput.mfu
         );
+    }
+}
+
+/// One public Megatron-Bridge recipe: the layout its table row gives and the run it describes.
+#[derive(Debug, Clone, Copy)]
+struct Recipe {
+    preset: &'static str,
+    gpu: &'static str,
+    gpus: u32,
+    /// bf16, fp8 (current scaling: the tables' FP8-CS), mxfp8 (FP8-MX) or nvfp4.
+    precision: &'static str,
+    tp: u32,
+    pp: u32,
+    cp: u32,
+    vpp: u32,
+    ep: u32,
+    mbs: u64,
+    gbs: u64,
+    seq: u64,
+}
+
+/// The Llama 3 8B and DeepSeek-V3 pre-training rows of Megatron-Bridge's performance summary
+/// (github.com/NVIDIA-NeMo/Megatron-Bridge, docs/performance-summary.md and
+/// docs/performance-summary-archive.md; docs.nvidia.com/nemo/megatron-bridge/latest/
+/// performance-summary.html): the 25.11 container's tables for DGX-B200, DGX-GB200 and
+/// DGX-GB300 (Llama 3 8B at FP8-CS and FP8-MX on 8 GPUs; DeepSeek-V3 at BF16 and FP8-MX on
+/// 256), and the 26.02 and 26.04.01 containers' DeepSeek-V3 MXFP8 rows. Validation only:
+/// nothing is fitted to their throughputs.
+#[rustfmt::skip]
+const TABLE_RECIPES: [Recipe; 13] = {
+    /// A row: (preset, gpu, gpus, precision), [tp, pp, cp, vpp, ep], [mbs, gbs, seq].
+    const fn r(
+        (preset, gpu, gpus, precision): (&'static str, &'static str, u32, &'static str),
+        [tp, pp, cp, vpp, ep]: [u32; 5],
+        [mbs, gbs, seq]: [u64; 3],
+    ) -> Recipe {
+        Recipe {
+            preset,
+            gpu,
+            gpus,
+            precision,
+            tp,
+            pp,
+            cp,
+            vpp,
+            ep,
+            mbs,
+            gbs,
+            seq,
+        }
+    }
+    const L8: &str = "llama3-8b";
+    const DS: &str = "deepseek-v3";
+    [
+        // 25.11: LLAMA3_8B, 8 GPUs, GBS 128, MBS 2, seq 8192, TP 1 PP 1 CP 1, FP8-CS (FP8-MX).
+        r((L8, "b200", 8, "fp8"), [1, 1, 1, 1, 1], [2, 128, 8192]),
+        r((L8, "b200", 8, "mxfp8"), [1, 1, 1, 1, 1], [2, 128, 8192]),
+        r((L8, "gb200", 8, "fp8"), [1, 1, 1, 1, 1], [2, 128, 8192]),
+        r((L8, "gb200", 8, "mxfp8"), [1, 1, 1, 1, 1], [2, 128, 8192]),
+        r((L8, "gb300", 8, "fp8"), [1, 1, 1, 1, 1], [2, 128, 8192]),
+        r((L8, "gb300", 8, "mxfp8"), [1, 1, 1, 1, 1], [2, 128, 8192]),
+        // 25.11: DeepSeekV3, 256 GPUs, seq 4096, MBS 1. GB300: GBS 4096, PP 2 VP 4 EP 32 at
+        // BF16 and FP8-MX; GB200: BF16 PP 4 VP 4 EP 64; B200: FP8-MX GBS 2048, PP 16 EP 8.
+        // Left out: GB200 FP8-MX PP 8 VP 4 EP 32, whose 32 virtual stages have no layout in
+        // Megatron-Bridge's DeepSeek-V3 map (below), so its split is not known.
+        r((DS, "gb300", 256, "bf16"), [1, 2, 1, 4, 32], [1, 4096, 4096]),
+        r((DS, "gb300", 256, "mxfp8"), [1, 2, 1, 4, 32], [1, 4096, 4096]),
+        r((DS, "gb200", 256, "bf16"), [1, 4, 1, 4, 64], [1, 4096, 4096]),
+        r((DS, "b200", 256, "mxfp8"), [1, 16, 1, 1, 8], [1, 2048, 4096]),
+        // 26.02: DeepSeekV3 MXFP8, GBS 4096: GB300 MBS 2 PP 2 VP 8 EP 32; GB200 MBS 1 PP 4
+        // VP 4 EP 64 (as 25.11's BF16 row). 26.04.01: B200 PP 8 VP 2 EP 32.
+        r((DS, "gb300", 256, "mxfp8"), [1, 2, 1, 8, 32], [2, 4096, 4096]),
+        r((DS, "gb200", 256, "mxfp8"), [1, 4, 1, 4, 64], [1, 4096, 4096]),
+        r((DS, "b200", 256, "mxfp8"), [1, 8, 1, 2, 32], [1, 4096, 4096]),
+    ]
+};
+
+/// The recipes of [`LLAMA_RECIPES`] in the shape of [`Recipe`] (micro batch 1, seq 8192, the
+/// layouts' vpp not given by their docstrings).
+fn llama_recipes() -> Vec<Recipe> {
+    LLAMA_RECIPES
+        .iter()
+        .map(|&(preset, gpu, gpus, precision, tp, pp, cp, gbs)| Recipe {
+            preset,
+            gpu,
+            gpus,
+            precision,
+            tp,
+            pp,
+            cp,
+            vpp: 1,
+            ep: 1,
+            mbs: 1,
+            gbs,
+            seq: 8192,
+        })
+        .collect()
+}
+
+/// DeepSeek-V3's pipeline layout in Megatron-Bridge (`set_deepseek_v3_pipeline_model_parallel_layout`
+/// in its DeepSeek-V3 recipe): 61 layers with the embedding on the first virtual stage and
+/// the MTP layer and loss on the last, by the number of virtual stages pp x vpp; 8 stages as
+/// its (8, 1) and (4, 2) entries, 16 as its (16, 1), (8, 2) and (4, 4) ones; 4 as (4, 1).
+fn deepseek_layout(stages: u32) -> Option<&'static str> {
+    match stages {
+        4 => Some("Et*16|t*16|t*16|t*13mL"),
+        8 => Some("Et*8|(t*8|)*6,t*5mL"),
+        16 => Some("Et*4|(t*4|)*14,tmL"),
+        _ => None,
+    }
+}
+
+/// The configuration of a recipe, as the existing recipes above are built: trays of 4 GPUs
+/// on GB200/GB300, one NVLink domain of the job's GPUs when it is under a rack, else racks of
+/// 64 (16 trays) where 72 does not divide the job; current scaling for FP8; Megatron's
+/// embedding and loss slots for Llama-3-405B's 126 layers; the MTP layer and Megatron-Bridge's
+/// layout for DeepSeek-V3.
+fn recipe_config(r: &Recipe, with_parallel: bool) -> Value {
+    let mut c = json!({
+        "model": {"preset": r.preset},
+        "cluster": {"gpu": r.gpu, "num_gpus": r.gpus},
+        "training": {"precision": r.precision, "seq_length": r.seq, "micro_batch_size": r.mbs,
+                     "global_batch_size": r.gbs}
+    });
+    if r.gpu.starts_with("gb") {
+        c["cluster"]["gpus_per_node"] = json!(4);
+        if r.gpus < 72 {
+            c["cluster"]["nvlink_domain_size"] = json!(r.gpus);
+        } else if r.gpus % 72 != 0 {
+            c["cluster"]["nvlink_domain_size"] = json!(64);
+        }
+    }
+    if r.precision == "fp8" {
+        c["training"]["fp8_recipe"] = json!("current");
+    }
+    if r.preset == "deepseek-v3" {
+        c["model"]["mtp_num_layers"] = json!(1);
+    }
+    if with_parallel {
+        c["parallel"] = json!({"tp": r.tp, "pp": r.pp, "cp": r.cp, "vpp": r.vpp, "ep": r.ep,
+                               "zero": 1});
+        if r.vpp > 1 {
+            c["parallel"]["schedule"] = json!("interleaved-1f1b");
+        }
+        if r.preset == "llama3-405b" {
+            c["parallel"]["account_for_embedding_in_pipeline_split"] = json!(true);
+            c["parallel"]["account_for_loss_in_pipeline_split"] = json!(true);
+        }
+        if r.preset == "deepseek-v3" && r.pp > 1 {
+            let layout = deepseek_layout(r.pp * r.vpp).expect("a recipe's layout");
+            c["parallel"]["pipeline_layout"] = json!(layout);
+        }
+    }
+    c
+}
+
+/// The Llama 3 8B and DeepSeek-V3 recipes are accepted by `estimate` (a finite step, an MFU
+/// inside (0, 1)). Every DeepSeek-V3 row's EP divides its data parallelism (256 / pp), so
+/// none needs expert-parallel folding.
+#[test]
+fn nvidia_public_8b_and_deepseek_v3_recipes_are_accepted_by_estimate() {
+    for r in TABLE_RECIPES {
+        assert_eq!((r.gpus / (r.tp * r.cp * r.pp)) % r.ep, 0, "{r:?}");
+        let e = est(recipe_config(&r, true));
+        assert!(e.time.step_s.is_finite() && e.time.step_s > 0.0, "{r:?}");
+        assert!(
+            e.throughput.mfu > 0.0 && e.throughput.mfu < 1.0,
+            "{r:?}: {}",
+            e.throughput.mfu
+        );
+    }
+}
+
+/// Every public recipe (Llama 3 8B/70B/405B, DeepSeek-V3) is accepted by `search`: over the
+/// recipe's GPU count and precision, with its degrees pinned (tp, cp, pp, ep, micro batch;
+/// ZeRO-1 as Megatron's distributed optimizer, the P2P ring for CP), the search either finds
+/// the recipe's own mix among its candidates or ranks first a mix no slower than it. The pins
+/// keep the test small; a search without them can only do as well or better, the step-time
+/// bound being exact.
+#[test]
+fn nvidia_public_recipes_are_accepted_by_search() {
+    use parsim::search::{enumerate, search, Constraint, SearchSpec};
+    use std::sync::atomic::AtomicBool;
+    for r in llama_recipes().into_iter().chain(TABLE_RECIPES) {
+        let recipe = est(recipe_config(&r, true));
+        let base = Config::from_layers(&[Layer::overrides(recipe_config(&r, false))]).unwrap();
+        let pins = [
+            format!("tp={}", r.tp),
+            format!("cp={}", r.cp),
+            format!("pp={}", r.pp),
+            format!("ep={}", r.ep),
+            format!("mbs={}", r.mbs),
+            "zero=1".to_string(),
+            "cp_comm=p2p".to_string(),
+        ];
+        let spec = SearchSpec {
+            base: base.clone(),
+            mbs_max: r.mbs,
+            top: 1,
+            constraints: pins.iter().map(|p| Constraint::parse(p).unwrap()).collect(),
+            exhaustive: false,
+        };
+        let enumerated = enumerate(&base, r.mbs).iter().any(|m| {
+            (m.tp, m.cp, m.pp, m.vpp, m.ep, m.mbs, m.zero)
+                == (r.tp, r.cp, r.pp, r.vpp, r.ep, r.mbs, 1)
+        });
+        let found = search(&spec, &|_, _| {}, &AtomicBool::new(false)).unwrap();
+        let best = found.top.first().map(|b| b.estimate.time.step_s);
+        println!(
+            "{r:?}: recipe {:.3} s (fits {}), search best {best:?}, degrees enumerated {enumerated}",
+            recipe.time.step_s, recipe.memory.fits
+        );
+        if recipe.memory.fits {
+            let best = best.unwrap_or_else(|| panic!("{r:?}: no mix found"));
+            assert!(
+                best <= recipe.time.step_s * (1.0 + 1e-9),
+                "{r:?}: search {best} s, recipe {} s",
+                recipe.time.step_s
+            );
+        }
     }
 }

@@ -170,3 +170,79 @@ fn issue_31_bad_inputs_name_the_field_and_the_rule() {
         "{err}"
     );
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    /// Issue 30's inputs never panic, and the bad ones are refused by field: a zero NVLink
+    /// domain (`cluster.nvlink_domain_size`), NVFP4 on a GPU without FP4 tensor cores
+    /// (`training.precision`), an unknown FP8 recipe (`fp8_recipe`). Domains that are not
+    /// whole nodes or do not divide the GPUs either resolve or name the domain field.
+    #[test]
+    fn blackwell_inputs_never_panic_and_are_refused_by_field(
+        gpu in prop::sample::select(vec!["h100-sxm", "b200", "b300", "gb200", "gb300", "mi355x", "a100-80g"]),
+        gpus in prop::sample::select(vec![4u32, 8, 64, 72, 144, 2048]),
+        per_node in prop::sample::select(vec![1u32, 4, 8]),
+        domain in prop::option::of(prop::sample::select(vec![0u32, 1, 4, 6, 8, 64, 72, 100, u32::MAX])),
+        precision in prop::sample::select(vec!["bf16", "fp8", "mxfp8", "nvfp4"]),
+        recipe in prop::option::of(prop::sample::select(vec!["delayed", "current", "blockwise", "hourly"])),
+        tp in prop::sample::select(vec![1u32, 2, 4, 8]),
+    ) {
+        let mut v = json!({
+            "model": {"preset": "llama3-8b"},
+            "cluster": {"gpu": gpu, "num_gpus": gpus, "gpus_per_node": per_node},
+            "parallel": {"tp": tp},
+            "training": {"precision": precision, "seq_length": 4096, "global_batch_size": 4096}
+        });
+        if let Some(d) = domain {
+            v["cluster"]["nvlink_domain_size"] = json!(d);
+        }
+        if let Some(rc) = recipe {
+            v["training"]["fp8_recipe"] = json!(rc);
+        }
+        let outcome = Config::from_layers(&[Layer::overrides(v.clone())])
+            .map_err(|e| e.to_string())
+            .and_then(|cfg| Resolved::new(cfg).map_err(|e| e.to_string()));
+        match outcome {
+            Ok(r) => {
+                let e = parsim::estimate::estimate(&r);
+                prop_assert!(e.is_ok(), "{v}: {:?}", e.err());
+                let e = e.unwrap();
+                prop_assert!(e.time.step_s.is_finite() && e.time.step_s > 0.0);
+                prop_assert!(domain != Some(0), "{v}: a zero domain resolved");
+                prop_assert!(recipe != Some("hourly"), "{v}: an unknown recipe resolved");
+            }
+            Err(msg) => {
+                if domain == Some(0) {
+                    // Another field may be refused first; a zero domain never passes silently.
+                    prop_assert!(!msg.is_empty());
+                }
+                if recipe == Some("hourly") {
+                    prop_assert!(msg.contains("fp8_recipe"), "{v}: {msg}");
+                }
+                if domain.is_some_and(|d| d != 0 && (gpus % d != 0 || d % per_node != 0))
+                    && msg.contains("nvlink")
+                {
+                    prop_assert!(msg.contains("cluster.nvlink_domain_size"), "{v}: {msg}");
+                }
+            }
+        }
+    }
+}
+
+/// A zero NVLink domain and NVFP4 without FP4 tensor cores are each refused by their field
+/// when they are the only fault.
+#[test]
+fn zero_domain_and_nvfp4_without_fp4_name_their_fields() {
+    let refuse = |v: serde_json::Value| {
+        let cfg = Config::from_layers(&[Layer::overrides(v)]).expect("parses");
+        Resolved::new(cfg).expect_err("refused").to_string()
+    };
+    let e = refuse(json!({"cluster": {"num_gpus": 8, "nvlink_domain_size": 0}}));
+    assert!(e.contains("cluster.nvlink_domain_size"), "{e}");
+    for gpu in ["h100-sxm", "a100-80g", "h200"] {
+        let e = refuse(json!({"cluster": {"gpu": gpu, "num_gpus": 8},
+                              "training": {"precision": "nvfp4"}}));
+        assert!(e.contains("training.precision"), "{gpu}: {e}");
+    }
+}

@@ -71,6 +71,9 @@ fn flags(c: &Config, model: &str) -> Flags {
     if k.gpus_per_node != d.cluster.gpus_per_node {
         f.value("gpus-per-node", "cluster", "gpus_per_node", k.gpus_per_node);
     }
+    if let Some(d) = k.nvlink_domain_size {
+        f.value("nvlink-domain-size", "cluster", "nvlink_domain_size", d);
+    }
     f.parallel(p, &d.parallel);
     f.overlaps(p, t.framework);
     f.training(t, &d.training);

@@ -41,6 +41,7 @@ pub const CONTROLLED: &[&str] = &[
     "cluster.gpu",
     "cluster.num_gpus",
     "cluster.gpus_per_node",
+    "cluster.nvlink_domain_size",
 ];
 
 /// True when `rule` mentions `name` as a whole word (letters, digits and `_` delimit words).

@@ -671,3 +671,64 @@ fn a_file_that_is_not_a_measured_trace_is_refused_by_name() {
         .is_some());
     assert!(h.state().measured.is_none());
 }
+
+/// Issue 30: a GB200 rack (144 GPUs in trays of 4, the profile's NVL72 domain) shows its NVLink
+/// domains and keeps a TP group of 8 over two trays off the domain-crossing list; setting the
+/// cluster panel's NVLink domain to the tray (4) sets `cluster.nvlink_domain_size` and the TP
+/// group then crosses domains, as the engine says for the same configuration.
+#[test]
+fn nvlink_domains_are_shown_and_set_in_the_cluster_panel() {
+    let mut config = default_config();
+    config.model = parsim::config::presets::preset("llama3-70b").unwrap();
+    config.cluster.gpu = "gb200".into();
+    config.cluster.num_gpus = 144;
+    config.cluster.gpus_per_node = 4;
+    config.parallel.tp = 8;
+    config.parallel.pp = 2;
+    config.parallel.vpp = 1;
+    config.parallel.schedule = ScheduleKind::OneFOneB;
+    config.training.global_batch_size = 72;
+    let mut h = harness(ParsimApp::new(parsim_gui::state::Session::new(
+        config.clone(),
+    )));
+    // 144 GPUs = 2 racks of 72 = 18 trays of 4 each.
+    assert_eq!(
+        text_of(&h, "NVLink domains:"),
+        "NVLink domains: 2 of 72 GPUs (18 nodes of 4 each)"
+    );
+    let tp_crosses = |c: &Config| {
+        let e = estimate(&Resolved::new(c.clone()).expect("valid")).expect("estimate");
+        e.communication
+            .groups
+            .iter()
+            .find(|g| g.group == parsim::layout::GroupKind::Tp)
+            .unwrap()
+            .crosses_nodes
+    };
+    assert!(!tp_crosses(&config));
+    // The TP row (size 8) stays in its rack; the PP group of 2 spans the two racks.
+    assert!(h
+        .query_by_label_contains("8 (across NVLink domains)")
+        .is_none());
+    assert!(h
+        .query_by_label_contains("2 (across NVLink domains)")
+        .is_some());
+
+    h.get_by_role_and_label(Role::SpinButton, "NVLink domain")
+        .set_value_accesskit(4.0);
+    h.run();
+    let mut trays = config.clone();
+    trays.cluster.nvlink_domain_size = Some(4);
+    assert_eq!(h.state().session.config, trays);
+    assert!(tp_crosses(&trays));
+    assert_eq!(
+        text_of(&h, "NVLink domains:"),
+        "NVLink domains: each node of 4 GPUs"
+    );
+    // TP and expert TP (the same 8 GPUs for a dense model) now cross.
+    assert_eq!(
+        h.get_all_by_label_contains("8 (across NVLink domains)")
+            .count(),
+        2
+    );
+}

@@ -2,24 +2,27 @@
 //! communication per group, the pipeline schedule, step time and throughput, shaped as the
 //! output contract of docs/design.md.
 
-use crate::comm::{step_collectives, StepCollective};
+use crate::comm::StepCollective;
 use crate::config::{Config, Resolved, ScheduleKind};
 use crate::layout::{GroupKind, Layout};
-use crate::memory::{same_blocks, stage_memories, updated_params, Pipeline, StageMemory};
+use crate::memory::StageMemory;
 use crate::model::{
-    chunks_per_rank, rank_params, BlockSummary, ChunkContents, CollectiveKind, GroupBytes,
-    GroupSeconds, Ledger, LedgerSummary, OpRole, OptimizerState,
+    rank_params, BlockSummary, ChunkContents, CollectiveKind, GroupBytes, GroupSeconds, Ledger,
+    LedgerSummary, OpRole,
 };
 use crate::network::Network;
 use crate::schedule::{generate, Costs, ScheduleError};
-use crate::time::{Overlaps, Rates, StepTime, TimingContext};
+use crate::time::{Overlaps, StepTime};
 use serde::Serialize;
 
 pub mod breakdown;
 mod dp;
 mod finish;
+mod prepare;
 
-use dp::{dp_tail_s, per_microbatch_dp_s};
+use dp::per_microbatch_dp_s;
+pub use prepare::{split_free_lower_bound, timed_ledger, Chunked};
+use std::borrow::Cow;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ParamReport {
@@ -242,9 +245,9 @@ fn overlaps(r: &Resolved) -> Overlaps {
 /// bounds to skip simulating mixes that cannot win.
 pub struct Prepared<'a> {
     r: &'a Resolved,
-    ledger: Ledger,
-    s: LedgerSummary,
-    network: Network,
+    ledger: Cow<'a, Ledger>,
+    s: Cow<'a, LedgerSummary>,
+    network: Cow<'a, Network>,
     chunks: Vec<Vec<ChunkContents>>,
     /// The distinct step-level collective lists, and per pipeline rank the index of its own.
     step: Vec<Vec<StepCollective>>,
@@ -271,80 +274,17 @@ impl<'a> Prepared<'a> {
         network: Option<Network>,
         timed: Option<(Ledger, LedgerSummary)>,
     ) -> Result<Prepared<'a>, EstimateError> {
-        let tr = &r.config.training;
-        let par = &r.config.parallel;
         let network = network.unwrap_or_else(|| Network::new(&Layout::of(r), &r.gpu));
-        let peak = r
-            .gpu
-            .peak_flops_for(tr.precision)
-            .unwrap_or(r.gpu.peak_flops.bf16);
-        let timing = TimingContext {
-            rates: Rates {
-                gpu: &r.gpu,
-                peak_flops: peak,
-                element_bytes: tr.weight_bytes(),
-                matmul_efficiency: r.gpu.matmul_efficiency_for(tr.precision),
-            },
-            network: &network,
-            overlaps: overlaps(r),
-            cp_comm: par.cp_comm,
-        };
-        let (ledger, s) = timed.unwrap_or_else(|| {
-            let ledger = Ledger::build(r);
-            let s = LedgerSummary::timed(&ledger, tr.recompute, |b| {
-                timing.block_times(b, tr.recompute)
-            });
-            (ledger, s)
-        });
-        let chunks = chunks_per_rank(r);
-        let (chunk_times, costs) = stage_costs(r, &s, &ledger, &chunks, &network)?;
-        // Ranks that hold the same blocks (the middle of a pipeline) issue the same step-level
-        // collectives and have the same tail and optimizer step: each is worked out once.
-        let mut step: Vec<Vec<StepCollective>> = Vec::new();
-        let mut step_of: Vec<usize> = Vec::with_capacity(chunks.len());
-        let mut after: Vec<(f64, f64)> = Vec::with_capacity(chunks.len());
-        for (rank, ch) in chunks.iter().enumerate() {
-            if let Some(same) = chunks[..rank].iter().position(|c| same_blocks(c, ch)) {
-                step_of.push(step_of[same]);
-                after.push(after[same]);
-                continue;
-            }
-            let rank_step = step_collectives(r, &s, &ledger, ch);
-            let p = rank_params(ch, &s);
-            let updated = updated_params(r, &p);
-            // The step also casts the updated weights for a low-precision recipe (once a
-            // step, cached over the microbatches: src/model/low_precision.rs).
-            let cast_bytes: u64 = ch
-                .iter()
-                .flat_map(|c| c.blocks(&s))
-                .map(|(b, n)| b.quantized.step_bytes * n)
-                .sum();
-            let optimizer_s = timing
-                .rates
-                .memory_s(updated * OptimizerState::of(tr).step_bytes_per_param())
-                + timing.rates.memory_s(cast_bytes);
-            after.push((dp_tail_s(r, &network, &s, ch, &rank_step), optimizer_s));
-            step_of.push(step.len());
-            step.push(rank_step);
-        }
-        Ok(Prepared {
-            r,
-            ledger,
-            s,
-            network,
-            chunks,
-            step,
-            step_of,
-            chunk_times,
-            costs,
-            after,
-            peak,
-        })
+        let (ledger, s) = timed.unwrap_or_else(|| timed_ledger(r, &network));
+        Chunked::new(r, Cow::Owned(ledger), Cow::Owned(s)).prepare(Cow::Owned(network))
     }
 
     /// The timed ledger, for [`Prepared::with_ledger`].
     pub fn timed_ledger(&self) -> (Ledger, LedgerSummary) {
-        (self.ledger.clone(), self.s.clone())
+        (
+            self.ledger.clone().into_owned(),
+            self.s.clone().into_owned(),
+        )
     }
 
     /// A lower bound of the step time: every rank starts no earlier than the first
@@ -368,20 +308,12 @@ impl<'a> Prepared<'a> {
                 let head: f64 = fwd[..first].iter().sum();
                 head + m * busy + tail + opt
             })
-            .fold(0.0, f64::max)
+            .fold(prepare::drain_lower_bound(self), f64::max)
     }
 
     /// A lower bound of the most loaded rank's memory: one activation set in flight.
     pub fn memory_lower_bound(&self) -> u64 {
-        let one = |_| Pipeline::Inflight {
-            sets: 1,
-            split: false,
-        };
-        stage_memories(self.r, &self.s, &self.ledger, &self.chunks, one)
-            .iter()
-            .map(|m| m.total)
-            .max()
-            .unwrap_or(0)
+        prepare::memory_lower_bound(self.r, &self.s, &self.ledger, &self.chunks)
     }
 
     /// `f` summed over every block of one model replica (per microbatch).

@@ -1,27 +1,31 @@
 //! Search over every valid parallel mix for a GPU count: enumerate (search/enumerate.rs: tp,
 //! cp and its exchange, pp with even, Megatron-style uneven and cost-balanced splits
 //! (search/balance.rs), vpp and schedule, ep, ZeRO stage, micro batch, recomputation), drop
-//! what the constraints exclude (search/mix.rs), prune what cannot be valid or cannot fit (a
-//! memory lower bound, before any timing), estimate the rest on all cores, and rank the mixes
-//! that fit by step time.
+//! what the constraints exclude (search/mix.rs), take the runs of mixes that share a timed
+//! ledger best first by a step-time bound common to the run (search/run.rs), prune what
+//! cannot be valid or cannot fit (a memory lower bound, before any timing), simulate the rest
+//! on all cores in order of their own bound, and rank the mixes that fit by step time.
 
 use crate::config::{Config, CpComm, GpuProfile, Recompute, Resolved, ScheduleKind};
-use crate::estimate::{Estimate, Prepared};
+use crate::estimate::{timed_ledger, Chunked, Estimate, Prepared};
 use crate::layout::Layout;
 use crate::network::Network;
 use rayon::prelude::*;
 use serde::Serialize;
+use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 mod balance;
 mod enumerate;
 mod mix;
+mod run;
 
 pub use enumerate::enumerate;
 use enumerate::enumerate_in;
 pub use mix::{Cmp, Constraint, Knob, Mix, SearchError, Slots};
+use run::{group_lower_bound, groups, passes, Run};
 
 /// What to search.
 #[derive(Debug, Clone)]
@@ -48,7 +52,9 @@ pub struct Pruned {
     /// Estimated, but the simulated peak does not fit.
     pub memory: u64,
     /// Not simulated: a lower bound of its step time (busy time + data-parallel tail +
-    /// optimizer) already loses to the top K, to the best of its schedule and of its ZeRO stage.
+    /// optimizer, or the pipeline's fill and drain) already loses to the top K, to the best of
+    /// its schedule and of its ZeRO stage; or not even screened, its run's split-free bound
+    /// losing to all of those.
     pub time_bound: u64,
 }
 
@@ -126,8 +132,10 @@ fn resolve(mix: &Mix, spec: &SearchSpec, gpu: &GpuProfile) -> Option<Resolved> {
     Resolved::with_gpu(mix.apply(&spec.base), gpu.clone()).ok()
 }
 
-/// What a timed ledger depends on within one search: everything but the layer split.
-type LedgerKey = (u32, u32, CpComm, u32, ScheduleKind, u32, u8, u64, Recompute);
+/// What a timed ledger depends on within one search: everything but the layer split and the
+/// schedule, save that DualPipe-V overlaps the expert all-to-all with compute (its blocks are
+/// timed with that overlap).
+type LedgerKey = (u32, u32, CpComm, u32, bool, u32, u8, u64, Recompute);
 
 fn ledger_key(m: &Mix) -> LedgerKey {
     (
@@ -135,7 +143,7 @@ fn ledger_key(m: &Mix) -> LedgerKey {
         m.cp,
         m.cp_comm,
         m.pp,
-        m.schedule,
+        m.schedule == ScheduleKind::DualPipeV,
         m.ep,
         m.zero,
         m.mbs,
@@ -146,7 +154,17 @@ fn ledger_key(m: &Mix) -> LedgerKey {
 /// The last timed ledger built while screening a run of neighbouring mixes.
 type LedgerCache = Option<(LedgerKey, crate::model::Ledger, crate::model::LedgerSummary)>;
 
+/// The layout's links from the cache, else built for this mix alone.
+fn network_of<'a>(mix: &Mix, r: &Resolved, links: &'a NetworkCache) -> Cow<'a, Network> {
+    match links.get(&(mix.tp, mix.cp, mix.ep, mix.pp)) {
+        Some(n) => Cow::Borrowed(n),
+        None => Cow::Owned(Network::new(&Layout::of(r), &r.gpu)),
+    }
+}
+
 /// Phase 1: validity, the memory lower bound and the step-time lower bound; no simulation.
+/// Neighbouring mixes share one timed ledger (borrowed, not copied); the per-stage costs are
+/// built only for a mix that passes the memory bound.
 fn screen(
     mix: &Mix,
     spec: &SearchSpec,
@@ -161,22 +179,22 @@ fn screen(
     let Some(r) = resolve(mix, spec, gpu) else {
         return Screened::Invalid;
     };
-    let cached = links.get(&(mix.tp, mix.cp, mix.ep, mix.pp)).cloned();
+    let network = network_of(mix, &r, links);
     let key = ledger_key(mix);
-    let timed = match cache {
-        Some((k, l, s)) if *k == key => Some((l.clone(), s.clone())),
-        _ => None,
-    };
-    let Ok(prep) = Prepared::with_ledger(&r, cached, timed) else {
-        return Screened::Invalid;
-    };
     if !matches!(cache, Some((k, _, _)) if *k == key) {
-        let (l, s) = prep.timed_ledger();
+        let (l, s) = timed_ledger(&r, &network);
         *cache = Some((key, l, s));
     }
-    if prep.memory_lower_bound() > r.gpu.usable_memory_bytes() {
+    let Some((_, ledger, s)) = cache.as_ref() else {
+        return Screened::Invalid;
+    };
+    let chunked = Chunked::new(&r, Cow::Borrowed(ledger), Cow::Borrowed(s));
+    if chunked.memory_lower_bound() > r.gpu.usable_memory_bytes() {
         return Screened::MemoryBound;
     }
+    let Ok(prep) = chunked.prepare(network) else {
+        return Screened::Invalid;
+    };
     Screened::Open {
         mix: *mix,
         time_lb: prep.time_lower_bound(),
@@ -205,6 +223,12 @@ impl Bounds {
         lb < self.kth()
             || lb < *self.schedule.get(&mix.schedule).unwrap_or(&f64::INFINITY)
             || lb < *self.zero.get(&mix.zero).unwrap_or(&f64::INFINITY)
+    }
+
+    /// True when some mix of `mixes` (one zero stage, any schedules) whose step is at least
+    /// `lb` can still enter some list.
+    fn can_improve_any(&self, mixes: &[Mix], lb: f64) -> bool {
+        lb < self.kth() || mixes.iter().any(|m| self.can_improve(m, lb))
     }
 
     fn record(&mut self, mix: &Mix, step: f64) {
@@ -245,83 +269,101 @@ pub fn search(
     let total = mixes.len() as u64;
     let links = network_cache(&mixes, &spec.base, &gpu);
 
-    // Phase 1: screen every candidate.
-    let done = AtomicU64::new(0);
-    const CHUNK: usize = 512;
-    let screened: Vec<Vec<Screened>> = mixes
-        .par_chunks(CHUNK)
-        .map(|chunk| {
-            if cancel.load(Ordering::Relaxed) {
-                return Vec::new();
-            }
-            let mut cache = None;
-            let out: Vec<Screened> = chunk
-                .iter()
-                .map(|m| screen(m, spec, &gpu, &links, &mut cache))
-                .collect();
-            let d = done.fetch_add(chunk.len() as u64, Ordering::Relaxed) + chunk.len() as u64;
-            progress(d, total);
-            out
-        })
-        .collect();
-    let mut pruned = Pruned::default();
-    let mut open: Vec<(Mix, f64)> = Vec::new();
-    for s in screened.into_iter().flatten() {
-        match s {
-            Screened::Constraint => pruned.constraint += 1,
-            Screened::Invalid => pruned.invalid += 1,
-            Screened::MemoryBound => pruned.memory_bound += 1,
-            Screened::Open { mix, time_lb } => open.push((mix, time_lb)),
-        }
-    }
-
-    // Phase 2: simulate in order of the lower bound, skipping what cannot win.
-    open.sort_by(|a, b| a.1.total_cmp(&b.1));
-    let mut bounds = Bounds {
-        top: Vec::new(),
-        k: spec.top.max(1),
-        schedule: HashMap::new(),
-        zero: HashMap::new(),
-    };
-    let mut fits: Vec<Ranked> = Vec::new();
-    let mut evaluated = 0;
-    let threads = rayon::current_num_threads().max(1);
-    let mut i = 0;
-    while i < open.len() && !cancel.load(Ordering::Relaxed) {
-        let batch: Vec<&(Mix, f64)> = open[i..].iter().take(4 * threads).collect();
-        i += batch.len();
-        let (todo, skip): (Vec<_>, Vec<_>) = batch
-            .into_iter()
-            .partition(|(m, lb)| spec.exhaustive || bounds.can_improve(m, *lb));
-        pruned.time_bound += skip.len() as u64;
-        let results: Vec<Option<Ranked>> = todo
+    // Best-first over the runs of mixes that share a timed ledger: each run's split-free lower
+    // bound orders them, and a run that cannot enter any list is not even screened.
+    let groups = groups(&mixes);
+    let group_lb: Vec<f64> = if spec.exhaustive {
+        vec![0.0; groups.len()]
+    } else {
+        groups
             .par_iter()
-            .map(|(mix, _)| {
-                let r = resolve(mix, spec, &gpu)?;
-                let cached = links.get(&(mix.tp, mix.cp, mix.ep, mix.pp)).cloned();
-                let e = Prepared::new(&r, cached).ok()?.finish_with(false).ok()?;
-                Some(Ranked {
-                    mix: *mix,
-                    estimate: e,
-                })
+            .map(|g| group_lower_bound(&mixes[g.clone()], spec, &gpu, &links))
+            .collect()
+    };
+    let mut order: Vec<usize> = (0..groups.len()).collect();
+    order.sort_by(|&a, &b| group_lb[a].total_cmp(&group_lb[b]));
+    let mut run = Run {
+        bounds: Bounds {
+            top: Vec::new(),
+            k: spec.top.max(1),
+            schedule: HashMap::new(),
+            zero: HashMap::new(),
+        },
+        fits: Vec::new(),
+        pruned: Pruned::default(),
+        evaluated: 0,
+    };
+    let threads = rayon::current_num_threads().max(1);
+    let mut done = 0u64;
+    let mut next = 0;
+    // Screened mixes waiting for their simulation, the lowest bound last.
+    let mut pending: Vec<(Mix, f64)> = Vec::new();
+    loop {
+        // Simulate, lowest bound first, what no unscreened run can undercut.
+        let frontier = order.get(next).map_or(f64::INFINITY, |&g| group_lb[g]);
+        let mut ready = Vec::new();
+        while pending.last().is_some_and(|p| p.1 <= frontier) {
+            ready.extend(pending.pop());
+        }
+        run.simulate(ready, spec, &gpu, &links, cancel);
+        if next == order.len() {
+            break;
+        }
+        // Screen the next runs: about 1024 candidates per thread between bound updates.
+        let mut batch = Vec::new();
+        let mut size = 0;
+        while next < order.len() && (batch.is_empty() || size < 1024 * threads) {
+            let g = order[next];
+            next += 1;
+            size += groups[g].len();
+            batch.push(g);
+        }
+        let cancelled = cancel.load(Ordering::Relaxed);
+        let (todo, skip): (Vec<usize>, Vec<usize>) = batch.into_iter().partition(|&g| {
+            !cancelled
+                && (spec.exhaustive
+                    || run
+                        .bounds
+                        .can_improve_any(&mixes[groups[g].clone()], group_lb[g]))
+        });
+        for g in skip {
+            let n = groups[g].len() as u64;
+            let kept = mixes[groups[g].clone()]
+                .iter()
+                .filter(|m| passes(m, spec))
+                .count() as u64;
+            run.pruned.constraint += n - kept;
+            run.pruned.time_bound += kept;
+            done += n;
+        }
+        let screened: Vec<Vec<Screened>> = todo
+            .par_iter()
+            .map(|&g| {
+                let mut cache = None;
+                mixes[groups[g].clone()]
+                    .iter()
+                    .map(|m| screen(m, spec, &gpu, &links, &mut cache))
+                    .collect()
             })
             .collect();
-        for r in results {
-            evaluated += 1;
-            match r {
-                Some(r) if r.estimate.memory.fits => {
-                    bounds.record(&r.mix, r.estimate.time.step_s);
-                    fits.push(r);
-                }
-                Some(_) => pruned.memory += 1,
-                None => pruned.invalid += 1,
+        for s in screened.into_iter().flatten() {
+            done += 1;
+            match s {
+                Screened::Constraint => run.pruned.constraint += 1,
+                Screened::Invalid => run.pruned.invalid += 1,
+                Screened::MemoryBound => run.pruned.memory_bound += 1,
+                Screened::Open { mix, time_lb } => pending.push((mix, time_lb)),
             }
         }
-        progress(total.min(done.load(Ordering::Relaxed)), total);
+        pending.sort_by(|a, b| b.1.total_cmp(&a.1));
+        progress(done.min(total), total);
     }
-    if cancel.load(Ordering::Relaxed) {
-        pruned.time_bound += (open.len() - i) as u64;
-    }
+    let Run {
+        mut fits,
+        pruned,
+        evaluated,
+        ..
+    } = run;
 
     fits.sort_by(|a, b| {
         a.estimate

@@ -42,7 +42,23 @@ fn card(ui: &mut Ui, title: &str, value: &str) {
     });
 }
 
-/// Draws the cards, the verdict, the communication table and the engine's warnings.
+/// How the GPUs sit in NVLink domains (as `parsim layout` says it): domains of how many
+/// GPUs over how many nodes, or the node as the domain.
+pub fn nvlink_domains(e: &Estimate) -> String {
+    let c = &e.config.cluster;
+    let per_node = c.gpus_per_node.max(1);
+    let domain = c.nvlink_domain_size.unwrap_or(per_node).max(1);
+    if domain == per_node {
+        return format!("NVLink domains: each node of {per_node} GPUs");
+    }
+    format!(
+        "NVLink domains: {} of {domain} GPUs ({} nodes of {per_node} each)",
+        c.num_gpus.div_ceil(domain),
+        domain / per_node
+    )
+}
+
+/// Draws the cards, the verdict, the NVLink domains, the communication table and the engine's warnings.
 pub fn ui(ui: &mut Ui, e: &Estimate) {
     ui.horizontal_wrapped(|ui| {
         for (t, v) in card_values(e) {
@@ -52,6 +68,7 @@ pub fn ui(ui: &mut Ui, e: &Estimate) {
     ui.add_space(4.0);
     ui.label(RichText::new(&e.verdict).italics());
     ui.add_space(4.0);
+    ui.label(nvlink_domains(e));
     let c = &e.communication.per_step_bytes_per_gpu;
     let g = &e.time.exposed_comm_by_group_s;
     egui::CollapsingHeader::new("Communication per step, per GPU")
@@ -76,7 +93,7 @@ pub fn ui(ui: &mut Ui, e: &Estimate) {
                                     "{}{}",
                                     gi.size,
                                     if gi.crosses_nodes {
-                                        " (inter-node)"
+                                        " (across NVLink domains)"
                                     } else {
                                         ""
                                     }

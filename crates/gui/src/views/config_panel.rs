@@ -616,6 +616,19 @@ fn cluster(ui: &mut Ui, c: &mut Config, p: Option<&Problems>) {
         p,
         |ui| ui.add(DragValue::new(&mut c.cluster.gpus_per_node).range(1..=1024)),
     );
+    // 0 leaves it to the profile (72 on an NVL72 rack where it fits), else the node.
+    let mut domain = c.cluster.nvlink_domain_size.unwrap_or(0);
+    let changed = row(
+        ui,
+        "NVLink domain",
+        "GPUs per NVLink domain (--nvlink-domain-size): a group inside one runs at NVLink rates across nodes; 0 = the profile's (72 on gb200/gb300 where it fits), else the node",
+        "cluster.nvlink_domain_size",
+        p,
+        |ui| ui.add(DragValue::new(&mut domain).range(0..=1_000_000)),
+    );
+    if changed {
+        c.cluster.nvlink_domain_size = (domain > 0).then_some(domain);
+    }
 }
 
 #[cfg(test)]

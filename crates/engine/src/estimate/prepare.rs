@@ -1,0 +1,226 @@
+//! Building a [`Prepared`] in two steps, so that a search can stop early: the ledger and the
+//! pipeline chunks first (enough for the memory lower bound), the per-stage costs only for
+//! what may fit; the ledger and the network borrowed when many mixes share them. Also a lower
+//! bound of the step shared by every pipeline split of one timed ledger.
+
+use super::dp::dp_tail_s;
+use super::{overlaps, stage_costs, EstimateError, Prepared};
+use crate::comm::{step_collectives, StepCollective};
+use crate::config::Resolved;
+use crate::memory::{same_blocks, stage_memories, updated_params, Pipeline};
+use crate::model::{
+    chunks_per_rank, rank_params, ChunkContents, Ledger, LedgerSummary, OptimizerState,
+};
+use crate::network::Network;
+use crate::time::{Rates, TimingContext};
+use std::borrow::Cow;
+
+/// The training dtype's rates on the configuration's GPU.
+fn rates(r: &Resolved) -> Rates<'_> {
+    let tr = &r.config.training;
+    Rates {
+        gpu: &r.gpu,
+        peak_flops: peak_flops(r),
+        element_bytes: tr.weight_bytes(),
+        matmul_efficiency: r.gpu.matmul_efficiency_for(tr.precision),
+    }
+}
+
+/// The dense peak the step is measured against (MFU): the training dtype's, else bf16's.
+fn peak_flops(r: &Resolved) -> f64 {
+    r.gpu
+        .peak_flops_for(r.config.training.precision)
+        .unwrap_or(r.gpu.peak_flops.bf16)
+}
+
+/// The op ledger of `r` with every block timed on `network`.
+pub fn timed_ledger(r: &Resolved, network: &Network) -> (Ledger, LedgerSummary) {
+    let tr = &r.config.training;
+    let timing = TimingContext {
+        rates: rates(r),
+        network,
+        overlaps: overlaps(r),
+        cp_comm: r.config.parallel.cp_comm,
+    };
+    let ledger = Ledger::build(r);
+    let s = LedgerSummary::timed(&ledger, tr.recompute, |b| {
+        timing.block_times(b, tr.recompute)
+    });
+    (ledger, s)
+}
+
+/// The most loaded rank's memory with one activation set in flight: a lower bound of its
+/// peak under any schedule.
+pub(super) fn memory_lower_bound(
+    r: &Resolved,
+    s: &LedgerSummary,
+    ledger: &Ledger,
+    chunks: &[Vec<ChunkContents>],
+) -> u64 {
+    let one = |_| Pipeline::Inflight {
+        sets: 1,
+        split: false,
+    };
+    stage_memories(r, s, ledger, chunks, one)
+        .iter()
+        .map(|m| m.total)
+        .max()
+        .unwrap_or(0)
+}
+
+/// A lower bound of the step time of every pipeline split (vpp, first/last stage, layout,
+/// slots) that shares the timed ledger `s`: the most loaded rank is busy for at least the
+/// mean of the ranks' work, and that work adds up, microbatch by microbatch, to every block
+/// of the model once (forward, both backward halves, recomputation and the communication
+/// each block exposes). Data-parallel gathers, the tail, the optimizer and the pipeline's
+/// fill only add to it. Rounded down by a relative 1e-9 so that a different order of the same
+/// sums can never put it above a split's own bound.
+pub fn split_free_lower_bound(r: &Resolved, s: &LedgerSummary) -> f64 {
+    let whole = ChunkContents::whole_model(&r.config.model);
+    let per_microbatch: f64 = whole
+        .blocks(s)
+        .map(|(b, n)| {
+            let t = &b.times;
+            n as f64
+                * (t.fwd_s
+                    + t.exposed_fwd_s()
+                    + t.dgrad_s
+                    + t.recompute_s
+                    + t.exposed_bwd_s()
+                    + t.wgrad_s)
+        })
+        .sum();
+    let pp = f64::from(r.config.parallel.pp.max(1));
+    let lb = f64::from(r.microbatches) * per_microbatch / pp * (1.0 - 1e-9);
+    if lb.is_finite() {
+        lb.max(0.0)
+    } else {
+        0.0
+    }
+}
+
+/// The first step of a [`Prepared`]: the timed ledger and each pipeline rank's chunks.
+pub struct Chunked<'a> {
+    r: &'a Resolved,
+    ledger: Cow<'a, Ledger>,
+    s: Cow<'a, LedgerSummary>,
+    chunks: Vec<Vec<ChunkContents>>,
+}
+
+impl<'a> Chunked<'a> {
+    /// Splits the model over the pipeline ranks of `r`, with the timed ledger `ledger`, `s`
+    /// ([`timed_ledger`]).
+    pub fn new(r: &'a Resolved, ledger: Cow<'a, Ledger>, s: Cow<'a, LedgerSummary>) -> Chunked<'a> {
+        Chunked {
+            r,
+            ledger,
+            s,
+            chunks: chunks_per_rank(r),
+        }
+    }
+
+    /// As [`Prepared::memory_lower_bound`], before any timing.
+    pub fn memory_lower_bound(&self) -> u64 {
+        memory_lower_bound(self.r, &self.s, &self.ledger, &self.chunks)
+    }
+
+    /// The per-stage costs and what each rank does after its last backward, on `network`.
+    pub fn prepare(self, network: Cow<'a, Network>) -> Result<Prepared<'a>, EstimateError> {
+        let Chunked {
+            r,
+            ledger,
+            s,
+            chunks,
+        } = self;
+        let tr = &r.config.training;
+        let rates = rates(r);
+        let (chunk_times, costs) = stage_costs(r, &s, &ledger, &chunks, &network)?;
+        // Ranks that hold the same blocks (the middle of a pipeline) issue the same step-level
+        // collectives and have the same tail and optimizer step: each is worked out once.
+        let mut step: Vec<Vec<StepCollective>> = Vec::new();
+        let mut step_of: Vec<usize> = Vec::with_capacity(chunks.len());
+        let mut after: Vec<(f64, f64)> = Vec::with_capacity(chunks.len());
+        for (rank, ch) in chunks.iter().enumerate() {
+            if let Some(same) = chunks[..rank].iter().position(|c| same_blocks(c, ch)) {
+                step_of.push(step_of[same]);
+                after.push(after[same]);
+                continue;
+            }
+            let rank_step = step_collectives(r, &s, &ledger, ch);
+            let p = rank_params(ch, &s);
+            let updated = updated_params(r, &p);
+            // The step also casts the updated weights for a low-precision recipe (once a
+            // step, cached over the microbatches: model/low_precision.rs).
+            let cast_bytes: u64 = ch
+                .iter()
+                .flat_map(|c| c.blocks(&s))
+                .map(|(b, n)| b.quantized.step_bytes * n)
+                .sum();
+            let optimizer_s = rates
+                .memory_s(updated * OptimizerState::of(tr).step_bytes_per_param())
+                + rates.memory_s(cast_bytes);
+            after.push((dp_tail_s(r, &network, &s, ch, &rank_step), optimizer_s));
+            step_of.push(step.len());
+            step.push(rank_step);
+        }
+        Ok(Prepared {
+            r,
+            ledger,
+            s,
+            network,
+            chunks,
+            step,
+            step_of,
+            chunk_times,
+            costs,
+            after,
+            peak: peak_flops(r),
+        })
+    }
+}
+
+/// A second lower bound of the step for the schedules that run stage s < pp on rank s and
+/// keep each rank's actions in sequence (GPipe, 1F1B, ZB-H1, interleaved 1F1B), simulated in
+/// full. Rank r starts only after the first microbatch's forward has passed the stages
+/// before r; every forward and input gradient of its chunks precedes the last microbatch's
+/// input gradient on its first chunk (stage r), whose gradient then passes back through the
+/// stages before r to rank 0, which still runs that microbatch's weight gradient (fused into
+/// the backward but for ZB-H1), its data-parallel tail and its optimizer step. Hops only add.
+/// 0 where it does not apply (the other bound stands).
+pub(super) fn drain_lower_bound(p: &Prepared<'_>) -> f64 {
+    use crate::config::ScheduleKind;
+    let r = p.r;
+    let par = &r.config.parallel;
+    let pp = par.pp as usize;
+    let m = r.microbatches;
+    let fused = match par.schedule {
+        ScheduleKind::Gpipe | ScheduleKind::OneFOneB | ScheduleKind::Interleaved1F1B => true,
+        ScheduleKind::ZbH1 => false,
+        _ => return 0.0,
+    };
+    let t = &p.chunk_times;
+    let placed = p.chunks.len() == pp
+        && p.chunks.iter().enumerate().all(|(rank, ch)| {
+            ch.iter().any(|c| c.stage == rank)
+                && ch.iter().all(|c| c.stage >= rank && c.stage < t.len())
+        });
+    if pp < 2 || !placed || !crate::schedule::simulates_in_full(par.schedule, par.pp, m) {
+        return 0.0;
+    }
+    let b = |s: usize| t[s].input_grad + if fused { t[s].weight_grad } else { 0.0 };
+    let (tail, opt) = p.after.first().copied().unwrap_or((0.0, 0.0));
+    let w0 = if fused { 0.0 } else { t[0].weight_grad };
+    let mut chain = 0.0; // forward and input gradient over the stages before rank r's first
+    let mut best: f64 = 0.0;
+    for (rank, ch) in p.chunks.iter().enumerate() {
+        let busy: f64 = ch.iter().map(|c| t[c.stage].fwd + b(c.stage)).sum();
+        best = best.max(chain + f64::from(m) * busy);
+        chain += t[rank].fwd + b(rank);
+    }
+    let lb = (best + w0 + tail + opt) * (1.0 - 1e-9);
+    if lb.is_finite() {
+        lb
+    } else {
+        0.0
+    }
+}
