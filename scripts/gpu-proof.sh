@@ -65,10 +65,23 @@ profile)
 # Kernel time by kernel over one timed step of the layer (Nsight Compute, clocks left alone).
 say "ncu layer"; timeout 400 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel "$B/parsim" execute --config tests/fixtures/gpu_layer.toml --backend cuda --precision bf16 --steps 2 --warmup 1 >"$OUT/ncu_layer.txt" 2>&1; echo "exit $?" | tee -a "$LOG"
 ;;
-attn)
+fa2)
+# The attention backward alone (after a kernel change): its twins in both modes, the
+# sanitizers, the whole-step twins, the bench, then Nsight Compute as in `attn`.
+step 120 "$B/kernels_gpu" --test-threads=1 --nocapture
+step 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/kernels_gpu" --test-threads=1
+step 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/kernels_gpu" --test-threads=1
+step 150 "$B/cuda_twin" --test-threads=1 --nocapture
+PARSIM_CUDA_FLASH_DETERMINISTIC=1 step 150 "$B/cuda_twin" --test-threads=1 --nocapture
+step 60 "$B/kernels"
+;;&
+attn|fa2)
 # What limits the attention kernels: Nsight Compute on one launch each of the tensor-core
 # forward and the fused and deterministic backwards at the bench's shape (clocks left alone).
-say "ncu attention"; timeout 240 ncu --clock-control none -k regex:'flash_mma_(fwd|bwd|dq|dkdv)_d128' -c 8 --section SpeedOfLight --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis "$B/kernels" >"$OUT/ncu_attention.txt" 2>&1; echo "exit $?" | tee -a "$LOG"
+: >"$OUT/ncu_attention.txt"
+for k in fwd bwd dq dkdv; do
+  say "ncu flash_mma_${k}_d128"; timeout 120 ncu --clock-control none -k "flash_mma_${k}_d128" -c 1 --section SpeedOfLight --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis "$B/kernels" >>"$OUT/ncu_attention.txt" 2>&1; echo "exit $?" | tee -a "$LOG"
+done
 ;;
 calibrate)
 step 500 "$B/parsim" execute --calibrate --backend cuda --gpu h100-sxm --out "$OUT/h100-measured.toml"

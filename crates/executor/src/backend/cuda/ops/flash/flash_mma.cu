@@ -448,6 +448,19 @@ __device__ void mma_dq(const bf16* q, const u32* qpos, const u32* qrng, u64 sq, 
     }
 }
 
+// p[0..2] += (x, y): one paired store, or two atomic adds where other blocks add to the
+// same elements.
+template <bool ATOMIC> __device__ __forceinline__ void add2(float* p, float x, float y) {
+    if (ATOMIC) {
+        atomicAdd(p, x);
+        atomicAdd(p + 1, y);
+    } else {
+        float2* q = reinterpret_cast<float2*>(p);
+        float2 v = *q;
+        *q = make_float2(v.x + x, v.y + y);
+    }
+}
+
 // dQ of the 16 rows qr0.. of the query tile at r0 (head h), d/2 columns from n0: scale * dS
 // K summed over a block's 64 keys, from dS [query][key] and K [key][d] (swizzled tiles in
 // shared memory), added to the f32 dq with atomics (other key blocks add to the same rows).
@@ -493,7 +506,8 @@ __device__ __forceinline__ void dq_tile(const bf16* dss, const bf16* ks, float* 
 // this is the backward as FlashAttention-2 runs it (Dao 2023, "FlashAttention-2", Algorithm
 // 2): dS also goes through shared memory for dQ += scale * dS K, added to the f32 dq with
 // atomics, five matrix products per tile where the two-kernel path (mma_dq, then this without
-// DQ) runs seven; the order of the atomic adds makes dq nondeterministic in its last bits.
+// DQ) runs seven; a block then takes one query head, so GQA's dK and dV are added with atomics
+// too, and the order of the adds makes the gradients nondeterministic in their last bits.
 // Shared memory: K and V (64 x d), Q and dO (32 x d), with DQ dS (32 x 64): 384 d bytes, or
 // 384 d + 4096 (52 KiB at d 128, opted in by the host).
 template <int D, bool DQ>
@@ -509,8 +523,14 @@ __device__ void mma_bwd(const bf16* q, const u32* qpos, const u32* qrng, u64 sq,
     bf16* dos = qs + BQ * D;
     bf16* dss = dos + BQ * D;  // dS [query][key], swizzled as the other tiles
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    u64 bi = blockIdx.y / hk;
-    u32 kh = blockIdx.y % hk, group = hq / hk;
+    // Without DQ a block takes every query head of its key head's group (grid y = b x hk)
+    // and owns its dK, dV rows; with DQ one query head (grid y = b x hq, four times the
+    // blocks under GQA 4:1), the group's blocks adding their dK, dV with atomics.
+    u32 group = hq / hk;
+    u64 bi = blockIdx.y / (DQ ? hq : hk);
+    u32 h = DQ ? blockIdx.y % hq : (blockIdx.y % hk) * group;
+    u32 kh = h / group;
+    const u32 hend = DQ ? h + 1 : h + group;
     u64 c0 = row_block(false) * BK;
     u64 nqg = (sq + RG - 1) / RG, nkg = (sk + RG - 1) / RG;
     u32 klo, khi;
@@ -521,8 +541,6 @@ __device__ void mma_bwd(const bf16* q, const u32* qpos, const u32* qrng, u64 sq,
     u32 pa = va ? kpos[ca] : 0xffffffffu, pb = vb ? kpos[cb] : 0xffffffffu;
     const u64 first = next_tile_now<BQ / RG, false>(qrng, 0, nqg, klo) * RG;
     if (first >= sq) return;
-    u32 h = kh * group;
-    const u32 hend = h + group;
     u64 r0 = first;
     load_tile<BK, D>(ks, k, bi, sk, hk, kh, c0);
     load_tile<BK, D>(vs, v, bi, sk, hk, kh, c0);
@@ -602,20 +620,10 @@ __device__ void mma_bwd(const bf16* q, const u32* qpos, const u32* qrng, u64 sq,
     u64 oa = ((bi * sk + ca) * hk + kh) * D + 2 * t, ob = ((bi * sk + cb) * hk + kh) * D + 2 * t;
 #pragma unroll
     for (int j = 0; j < DT; ++j) {
-        if (va) {
-            float2* pk = reinterpret_cast<float2*>(dk + oa + j * 8);
-            float2* pv = reinterpret_cast<float2*>(dv + oa + j * 8);
-            float2 x = *pk, y = *pv;
-            *pk = make_float2(x.x + scale * gk[j][0], x.y + scale * gk[j][1]);
-            *pv = make_float2(y.x + gv[j][0], y.y + gv[j][1]);
-        }
-        if (vb) {
-            float2* pk = reinterpret_cast<float2*>(dk + ob + j * 8);
-            float2* pv = reinterpret_cast<float2*>(dv + ob + j * 8);
-            float2 x = *pk, y = *pv;
-            *pk = make_float2(x.x + scale * gk[j][2], x.y + scale * gk[j][3]);
-            *pv = make_float2(y.x + gv[j][2], y.y + gv[j][3]);
-        }
+        if (va) add2<DQ>(dk + oa + j * 8, scale * gk[j][0], scale * gk[j][1]);
+        if (va) add2<DQ>(dv + oa + j * 8, gv[j][0], gv[j][1]);
+        if (vb) add2<DQ>(dk + ob + j * 8, scale * gk[j][2], scale * gk[j][3]);
+        if (vb) add2<DQ>(dv + ob + j * 8, gv[j][2], gv[j][3]);
     }
 }
 

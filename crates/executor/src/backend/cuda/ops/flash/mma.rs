@@ -194,7 +194,8 @@ pub unsafe fn forward_block(
 
 /// The gradients of one key block, as [`super::kernel::backward_block`]: dq [b, sq, hq, d] +=
 /// and dk, dv [b, sk, hk, d] += (f32) from the final `lse` [b, hq, sq] and `delta`
-/// [b, sq, hq]. One launch by key blocks adding dQ with atomics, or, [`deterministic`], two:
+/// [b, sq, hq]. One launch by key blocks and query heads adding dQ (and a GQA group's dK, dV)
+/// with atomics, or, [`deterministic`], two:
 /// dQ by query blocks and dK dV by key blocks (no atomics).
 ///
 /// # Safety
@@ -219,7 +220,8 @@ pub unsafe fn backward_block(
     if !deterministic() {
         let kn = kernel_name("bwd", sh.d);
         check(&kn, sh, &qs, &ks)?;
-        let Some(mut cfg) = geometry(&kn, ks.len, sh.b * sh.hk, sh.d)? else {
+        // One block per 64 keys and query head (dK, dV of a GQA group added with atomics).
+        let Some(mut cfg) = geometry(&kn, ks.len, sh.b * sh.hq, sh.d)? else {
             return Ok(());
         };
         if qs.len == 0 {
