@@ -25,7 +25,7 @@ mod run;
 pub use enumerate::enumerate;
 use enumerate::enumerate_in;
 pub use mix::{Cmp, Constraint, Knob, Mix, SearchError, Slots};
-use run::{group_lower_bound, groups, passes, Run};
+use run::{group_lower_bound, groups, Run, Runs};
 
 /// What to search.
 #[derive(Debug, Clone)]
@@ -319,42 +319,17 @@ pub fn search(
             batch.push(g);
         }
         let cancelled = cancel.load(Ordering::Relaxed);
-        let (todo, skip): (Vec<usize>, Vec<usize>) = batch.into_iter().partition(|&g| {
-            !cancelled
-                && (spec.exhaustive
-                    || run
-                        .bounds
-                        .can_improve_any(&mixes[groups[g].clone()], group_lb[g]))
-        });
-        for g in skip {
-            let n = groups[g].len() as u64;
-            let kept = mixes[groups[g].clone()]
-                .iter()
-                .filter(|m| passes(m, spec))
-                .count() as u64;
-            run.pruned.constraint += n - kept;
-            run.pruned.time_bound += kept;
-            done += n;
-        }
-        let screened: Vec<Vec<Screened>> = todo
-            .par_iter()
-            .map(|&g| {
-                let mut cache = None;
-                mixes[groups[g].clone()]
-                    .iter()
-                    .map(|m| screen(m, spec, &gpu, &links, &mut cache))
-                    .collect()
-            })
-            .collect();
-        for s in screened.into_iter().flatten() {
-            done += 1;
-            match s {
-                Screened::Constraint => run.pruned.constraint += 1,
-                Screened::Invalid => run.pruned.invalid += 1,
-                Screened::MemoryBound => run.pruned.memory_bound += 1,
-                Screened::Open { mix, time_lb } => pending.push((mix, time_lb)),
-            }
-        }
+        done += run.screen_runs(
+            &batch,
+            &Runs {
+                mixes: &mixes,
+                groups: &groups,
+                bounds: &group_lb,
+            },
+            (spec, &gpu, &links),
+            cancelled,
+            &mut pending,
+        );
         pending.sort_by(|a, b| b.1.total_cmp(&a.1));
         progress(done.min(total), total);
     }

@@ -3,7 +3,8 @@
 //! is not screened at all), and the simulation of what survives, in order of its own bound.
 
 use super::{
-    ledger_key, network_of, resolve, Bounds, Mix, NetworkCache, Pruned, Ranked, SearchSpec,
+    ledger_key, network_of, resolve, screen, Bounds, Mix, NetworkCache, Pruned, Ranked, Screened,
+    SearchSpec,
 };
 use crate::config::{GpuProfile, ScheduleKind};
 use crate::estimate::{split_free_lower_bound, timed_ledger, Prepared};
@@ -25,7 +26,7 @@ pub(super) fn groups(mixes: &[Mix]) -> Vec<Range<usize>> {
 }
 
 /// Whether `mix` meets every constraint.
-pub(super) fn passes(mix: &Mix, spec: &SearchSpec) -> bool {
+fn passes(mix: &Mix, spec: &SearchSpec) -> bool {
     let dp = spec.base.cluster.num_gpus / (mix.tp * mix.cp * mix.pp);
     spec.constraints.iter().all(|c| c.holds(mix, dp))
 }
@@ -62,7 +63,60 @@ pub(super) struct Run {
     pub evaluated: u64,
 }
 
+/// The enumerated mixes, their runs and each run's split-free lower bound.
+pub(super) struct Runs<'a> {
+    pub mixes: &'a [Mix],
+    pub groups: &'a [Range<usize>],
+    pub bounds: &'a [f64],
+}
+
 impl Run {
+    /// Screens the runs `batch` (indices into `runs`) on all cores, skipping those whose
+    /// bound already loses everywhere (all of them once `cancelled`), and adds the mixes that
+    /// survive to `pending` with their own bounds. Returns how many mixes it accounted for.
+    pub fn screen_runs(
+        &mut self,
+        batch: &[usize],
+        runs: &Runs<'_>,
+        (spec, gpu, links): (&SearchSpec, &GpuProfile, &NetworkCache),
+        cancelled: bool,
+        pending: &mut Vec<(Mix, f64)>,
+    ) -> u64 {
+        let members = |g: usize| &runs.mixes[runs.groups[g].clone()];
+        let (todo, skip): (Vec<usize>, Vec<usize>) = batch.iter().partition(|&&g| {
+            !cancelled
+                && (spec.exhaustive || self.bounds.can_improve_any(members(g), runs.bounds[g]))
+        });
+        let mut done = 0;
+        for g in skip {
+            let n = members(g).len() as u64;
+            let kept = members(g).iter().filter(|m| passes(m, spec)).count() as u64;
+            self.pruned.constraint += n - kept;
+            self.pruned.time_bound += kept;
+            done += n;
+        }
+        let screened: Vec<Vec<Screened>> = todo
+            .par_iter()
+            .map(|&g| {
+                let mut cache = None;
+                members(g)
+                    .iter()
+                    .map(|m| screen(m, spec, gpu, links, &mut cache))
+                    .collect()
+            })
+            .collect();
+        for s in screened.into_iter().flatten() {
+            done += 1;
+            match s {
+                Screened::Constraint => self.pruned.constraint += 1,
+                Screened::Invalid => self.pruned.invalid += 1,
+                Screened::MemoryBound => self.pruned.memory_bound += 1,
+                Screened::Open { mix, time_lb } => pending.push((mix, time_lb)),
+            }
+        }
+        done
+    }
+
     /// Simulates `open` (mixes with their step-time lower bounds) in order of the bound, in
     /// batches over the cores, skipping what can no longer enter any list; what is left when
     /// `cancel` is set counts as skipped.
