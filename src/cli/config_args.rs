@@ -68,11 +68,11 @@ pub struct WorkloadArgs {
     pub memory_margin: Option<f64>,
     /// Tokens to train, e.g. 15.6T, 300B or 1000000: adds the run (wall days, GPU-hours,
     /// energy, cost, goodput; docs/planning.md). [config: run.train_tokens]
-    #[arg(long, value_name = "N", value_parser = parsim::config::parse_token_count)]
+    #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = parsim::config::parse_token_count)]
     pub train_tokens: Option<u64>,
     /// Price of one GPU-hour in US dollars, for the run's cost (no default price).
     /// [config: run.price_per_gpu_hour_usd]
-    #[arg(long, value_name = "USD", value_parser = positive_f64)]
+    #[arg(long, value_name = "USD", allow_hyphen_values = true, value_parser = positive_f64)]
     pub gpu_hour_price: Option<f64>,
 }
 
