@@ -16,7 +16,7 @@ pub fn run_of(est: &Estimate) -> anyhow::Result<Option<RunReport>> {
 
 /// An output object with a `run` section after its own fields.
 #[derive(Serialize)]
-pub struct WithRun<'a, T: Serialize, R: Serialize> {
+pub struct WithRun<'a, T, R> {
     #[serde(flatten)]
     pub inner: &'a T,
     pub run: R,

@@ -263,8 +263,8 @@ impl GpuProfile {
         Ok(profile)
     }
 
-    /// Rejects non-positive or non-finite rates and sizes.
-    fn check(&self, origin: &str) -> Result<(), ConfigError> {
+    /// `power`: finite, 0 <= idle_w <= tdp_w, tdp_w > 0.
+    fn check_power(&self, origin: &str) -> Result<(), ConfigError> {
         if let Some(p) = &self.power {
             let ok = p.tdp_w.is_finite()
                 && p.tdp_w > 0.0
@@ -282,6 +282,12 @@ impl GpuProfile {
                 });
             }
         }
+        Ok(())
+    }
+
+    /// Rejects non-positive or non-finite rates and sizes.
+    fn check(&self, origin: &str) -> Result<(), ConfigError> {
+        self.check_power(origin)?;
         let positive = [
             ("hbm_bytes_per_s", self.hbm_bytes_per_s),
             ("peak_flops.bf16", self.peak_flops.bf16),

@@ -56,7 +56,7 @@ pub fn parse_token_count(s: &str) -> Result<u64, String> {
     let (num, scale) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
         Some('K') => (&t[..t.len() - 1], 1e3),
         Some('M') => (&t[..t.len() - 1], 1e6),
-        Some('B') | Some('G') => (&t[..t.len() - 1], 1e9),
+        Some('B' | 'G') => (&t[..t.len() - 1], 1e9),
         Some('T') => (&t[..t.len() - 1], 1e12),
         _ => (t.as_str(), 1.0),
     };

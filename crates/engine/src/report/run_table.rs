@@ -36,7 +36,7 @@ fn bytes(b: f64) -> String {
 pub fn run_rows(r: &RunReport) -> Vec<(String, String)> {
     let mut rows = vec![
         ("tokens".to_string(), tokens(r.tokens)),
-        (format!("steps"), r.steps.to_string()),
+        ("steps".to_string(), r.steps.to_string()),
         ("wall time".to_string(), format!("{:.2} days", r.wall_days)),
         (
             "  training (steps x step time)".into(),
