@@ -173,3 +173,27 @@ fn compare_gives_each_column_its_run() {
     );
     assert!(plain.get("run").is_none());
 }
+
+#[test]
+fn search_says_it_does_not_report_the_run_yet() {
+    let out = parsim()
+        .args([
+            "search",
+            "--model",
+            "llama3-8b",
+            "--gpus",
+            "8",
+            "--seq",
+            "2048",
+            "--gbs",
+            "16",
+            "--top",
+            "1",
+            "--train-tokens",
+            "1T",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not by search yet"));
+}
