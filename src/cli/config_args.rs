@@ -66,6 +66,22 @@ pub struct WorkloadArgs {
     /// 10% [default: the profile's memory_margin_fraction, 0.05 when it names none].
     #[arg(long, value_name = "FRACTION", value_parser = margin_fraction)]
     pub memory_margin: Option<f64>,
+    /// Tokens to train, e.g. 15.6T, 300B or 1000000: adds the run (wall days, GPU-hours,
+    /// energy, cost, goodput; docs/planning.md). [config: run.train_tokens]
+    #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = parsim::config::parse_token_count)]
+    pub train_tokens: Option<u64>,
+    /// Price of one GPU-hour in US dollars, for the run's cost (no default price).
+    /// [config: run.price_per_gpu_hour_usd]
+    #[arg(long, value_name = "USD", allow_hyphen_values = true, value_parser = positive_f64)]
+    pub gpu_hour_price: Option<f64>,
+}
+
+/// Parses a finite number above zero.
+fn positive_f64(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("must be a finite number above 0, got {s}")),
+    }
 }
 
 /// Parses a memory margin: a fraction in [0, 1) or a percentage such as `10%`.
@@ -199,6 +215,8 @@ impl WorkloadArgs {
         put(m, "training", "global_batch_size", self.gbs);
         put(m, "training", "precision", self.precision);
         put(m, "cluster", "memory_margin_fraction", self.memory_margin);
+        put(m, "run", "train_tokens", self.train_tokens);
+        put(m, "run", "price_per_gpu_hour_usd", self.gpu_hour_price);
     }
 
     /// The file and model source with these flags and the training flags over them (for

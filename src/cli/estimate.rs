@@ -34,8 +34,15 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<Outcome> {
     } else {
         (parsim::estimate::estimate(&args.config.resolve()?)?, None)
     };
+    let run = super::run_section::run_of(&est)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&est)?);
+        match &run {
+            Some(run) => {
+                let out = super::run_section::WithRun { inner: &est, run };
+                println!("{}", serde_json::to_string_pretty(&out)?);
+            }
+            None => println!("{}", serde_json::to_string_pretty(&est)?),
+        }
         if let Some(note) = &note {
             eprintln!("note: {note}");
         }
@@ -43,6 +50,9 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<Outcome> {
         print!("{}", parsim::report::table::estimate_text(&est));
         if let Some(note) = &note {
             println!("{note}");
+        }
+        if let Some(run) = &run {
+            print!("\n{}", parsim::report::run_table::run_text(run));
         }
     }
     Ok(if est.memory.fits {

@@ -12,6 +12,7 @@ mod launch_args;
 mod layout;
 mod moe_load;
 mod ranked;
+mod run_section;
 mod schedule;
 mod search;
 mod search_range;

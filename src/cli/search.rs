@@ -74,6 +74,11 @@ fn ranked_table(title: &str, rows: &[Ranked]) -> String {
 
 pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
     let base = args.workload.load(&args.source, &args.training)?;
+    if base.run.train_tokens.is_some() {
+        eprintln!(
+            "note: search ranks mixes by step time; the run of --train-tokens (days, energy, cost, goodput) is reported by `estimate` and `compare` for the mix chosen, not by search yet"
+        );
+    }
     let mut constraints = args
         .constraints
         .iter()

@@ -410,6 +410,7 @@ impl ParsimApp {
     fn results(&self, ui: &mut Ui, r: &Results) {
         ScrollArea::vertical().id_salt("results").show(ui, |ui| {
             cards::ui(ui, &r.estimate);
+            cards::run_ui(ui, r.run.as_ref());
             ui.add_space(6.0);
             let h = (ui.available_height() - 30.0).clamp(180.0, 420.0);
             memory_chart::ui(ui, &r.estimate, h);

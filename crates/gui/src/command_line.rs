@@ -78,6 +78,12 @@ fn flags(c: &Config, model: &str) -> Flags {
     f.overlaps(p, t.framework);
     f.training(t, &d.training);
     f.model_fields(m, model);
+    if let Some(n) = c.run.train_tokens {
+        f.value("train-tokens", "run", "train_tokens", n);
+    }
+    if let Some(p) = c.run.price_per_gpu_hour_usd {
+        f.value("gpu-hour-price", "run", "price_per_gpu_hour_usd", p);
+    }
     f
 }
 
@@ -358,6 +364,18 @@ mod tests {
         ] {
             assert!(c.text.contains(flag), "{flag} missing from {}", c.text);
         }
+    }
+
+    #[test]
+    fn a_token_budget_and_price_are_flags() {
+        let mut c = default_config();
+        c.run.train_tokens = Some(2_000_000_000_000);
+        c.run.price_per_gpu_hour_usd = Some(2.5);
+        let line = command_line(&c, None);
+        assert!(line.note.is_none(), "{line:?}");
+        assert!(line
+            .text
+            .contains("--train-tokens 2000000000000 --gpu-hour-price 2.5"));
     }
 
     #[test]

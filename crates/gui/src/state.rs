@@ -65,6 +65,9 @@ pub struct Results {
     /// Microbatches per pipeline per step.
     pub microbatches: u32,
     pub estimate: Estimate,
+    /// The run of `run.train_tokens` tokens (time to train, energy, cost, goodput), when set:
+    /// an error names the `[run]` setting at fault.
+    pub run: Option<Result<parsim::planning::RunReport, String>>,
     /// The schedule of this configuration, simulated with the engine's per-stage costs; an
     /// explanation instead when it is too large to draw.
     pub timeline: Result<Run, String>,
@@ -185,11 +188,15 @@ pub fn evaluate(
         let est = estimate(&r).map_err(|e| estimate_problems(&e))?;
         let timeline = timeline(&r);
         let compare = compare.map(|k| (k, compare_run(config, k, &gpu)));
+        let run = parsim::planning::run_report(&r, &est)
+            .map_err(|e| e.to_string())
+            .transpose();
         Ok(Results {
             config: config.clone(),
             dp: r.dp,
             microbatches: r.microbatches,
             estimate: est,
+            run,
             timeline,
             compare,
         })
@@ -354,6 +361,27 @@ mod tests {
         let (k, run) = r.compare.as_ref().unwrap();
         assert_eq!(*k, ScheduleKind::OneFOneB);
         assert_eq!(run.as_ref().unwrap().program.vpp, 1);
+    }
+
+    #[test]
+    fn a_token_budget_adds_the_run_and_its_cards() {
+        let mut s = Session::new(default_config());
+        s.refresh();
+        assert!(s.last_valid.as_ref().unwrap().run.is_none());
+        s.config.run.train_tokens = Some(1_000_000_000_000);
+        s.refresh();
+        let r = s.last_valid.as_ref().unwrap();
+        let run = r.run.as_ref().unwrap().as_ref().unwrap();
+        let gpus = f64::from(r.config.cluster.num_gpus);
+        assert!((run.gpu_hours - gpus * run.wall_days * 24.0).abs() < 1e-6 * run.gpu_hours);
+        let cards = crate::views::cards::run_card_values(run);
+        assert_eq!(cards[0], ("Train tokens", "1T".to_string()));
+        assert_eq!(cards[4], ("Cost", "-".to_string()));
+        s.config.run.storage_bytes_per_s = Some(0.0);
+        s.refresh();
+        let r = s.last_valid.as_ref().unwrap();
+        let err = r.run.as_ref().unwrap().as_ref().unwrap_err();
+        assert!(err.starts_with("run.storage_bytes_per_s"), "{err}");
     }
 
     #[test]

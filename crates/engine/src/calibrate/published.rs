@@ -424,6 +424,7 @@ fn narayanan(i: usize, r: &NarayananRow, approximate: bool) -> Result<Case, Publ
             flops_attention: FlopsAttention::Full,
             ..TrainingConfig::default()
         },
+        run: Default::default(),
     };
     Ok(Case {
         source: src,
@@ -493,6 +494,7 @@ fn megatron(i: usize, r: &MegatronRow, approximate: bool) -> Result<Case, Publis
             flops_attention: FlopsAttention::Full,
             ..TrainingConfig::default()
         },
+        run: Default::default(),
     };
     Ok(Case {
         source: src,
@@ -628,6 +630,7 @@ fn foundry(i: usize, r: &FoundryRow, approximate: bool) -> Result<Case, Publishe
             framework: crate::config::Framework::Fsdp,
             ..TrainingConfig::default()
         },
+        run: Default::default(),
     };
     Ok(Case {
         source: src,

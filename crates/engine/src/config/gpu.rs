@@ -148,6 +148,15 @@ impl Default for GemmShape {
     }
 }
 
+/// A GPU's board power, in watts: what it draws idle and its thermal design power (the most it
+/// draws under sustained load), each with its source in the profile file.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuPower {
+    pub idle_w: f64,
+    pub tdp_w: f64,
+}
+
 /// A GPU kind's profile (docs/design.md, Calibration).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -179,6 +188,10 @@ pub struct GpuProfile {
     /// core runs at `efficiency.attention`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention_kernel: Option<String>,
+    /// Board power at idle and at its thermal design power (the run's energy, `planning`);
+    /// `None` on profiles without published figures (energy is then left out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<GpuPower>,
     /// Field (or group of fields) -> where its value comes from.
     #[serde(default)]
     pub provenance: BTreeMap<String, String>,
@@ -255,8 +268,31 @@ impl GpuProfile {
         Ok(profile)
     }
 
+    /// `power`: finite, 0 <= idle_w <= tdp_w, tdp_w > 0.
+    fn check_power(&self, origin: &str) -> Result<(), ConfigError> {
+        if let Some(p) = &self.power {
+            let ok = p.tdp_w.is_finite()
+                && p.tdp_w > 0.0
+                && p.idle_w.is_finite()
+                && p.idle_w >= 0.0
+                && p.idle_w <= p.tdp_w;
+            if !ok {
+                return Err(ConfigError::Field {
+                    origin: origin.to_string(),
+                    field: "power".into(),
+                    message: format!(
+                        "needs 0 <= idle_w <= tdp_w and tdp_w > 0, finite (got idle_w {}, tdp_w {})",
+                        p.idle_w, p.tdp_w
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Rejects non-positive or non-finite rates and sizes.
     fn check(&self, origin: &str) -> Result<(), ConfigError> {
+        self.check_power(origin)?;
         let positive = [
             ("hbm_bytes_per_s", self.hbm_bytes_per_s),
             ("peak_flops.bf16", self.peak_flops.bf16),

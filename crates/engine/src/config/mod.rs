@@ -19,6 +19,7 @@ mod parallel;
 pub mod presets;
 mod resolve;
 pub(crate) mod rules;
+mod run;
 mod training;
 
 pub use cluster::ClusterConfig;
@@ -26,7 +27,7 @@ pub use enums::*;
 pub use error::{ConfigError, Violation};
 pub use framework::{zero3_exposed_s, Framework, OverlapDefaults};
 pub use fsdp::Fsdp;
-pub use gpu::{Efficiency, GemmShape, GpuProfile, Link, Links, NcclArch, PeakFlops};
+pub use gpu::{Efficiency, GemmShape, GpuPower, GpuProfile, Link, Links, NcclArch, PeakFlops};
 pub use model::{
     AttentionSpan, HybridLayer, LayerKind, MambaConfig, MlaConfig, ModelConfig, MAX_LAYER_VARIANTS,
 };
@@ -34,6 +35,7 @@ pub use parallel::ParallelConfig;
 pub use resolve::{PipelinePlacement, Resolved};
 pub use rules::check_base;
 pub use rules::pipeline_layout;
+pub use run::{parse_token_count, RunConfig};
 pub use training::{LoraConfig, TrainingConfig};
 
 use serde::{Deserialize, Serialize};
@@ -53,6 +55,9 @@ pub struct Config {
     pub parallel: ParallelConfig,
     #[serde(default)]
     pub training: TrainingConfig,
+    /// Whole-run settings (tokens, price, power, failures); left out when none is set.
+    #[serde(default, skip_serializing_if = "RunConfig::is_empty")]
+    pub run: RunConfig,
 }
 
 /// One layer of configuration input: a document and where it came from.

@@ -3,7 +3,9 @@
 
 use egui::{Frame, Grid, RichText, Ui};
 use parsim::estimate::{breakdown, Estimate};
+use parsim::planning::RunReport;
 use parsim::report::format::{bytes, count, flops, seconds};
+use parsim::report::run_table;
 use parsim::report::table::share;
 
 /// The cards' titles and values, in display order.
@@ -30,6 +32,47 @@ pub fn share_of(e: &Estimate, key: &str) -> String {
         .iter()
         .find(|t| t.key == key)
         .map_or_else(|| "-".into(), |t| share(t.share))
+}
+
+/// The run cards' titles and values (`--train-tokens`), in the JSON section's order.
+pub fn run_card_values(r: &RunReport) -> Vec<(&'static str, String)> {
+    vec![
+        ("Train tokens", run_table::tokens(r.tokens)),
+        ("Wall time", format!("{:.1} days", r.wall_days)),
+        ("GPU-hours", count(r.gpu_hours)),
+        (
+            "Energy",
+            r.energy_mwh.map_or("-".into(), |e| format!("{e:.1} MWh")),
+        ),
+        (
+            "Cost",
+            r.cost_usd.map_or("-".into(), |c| format!("${}", count(c))),
+        ),
+        ("Goodput", share(r.goodput_fraction)),
+        ("Checkpoint every", seconds(r.checkpoint_interval_s)),
+        ("Interruptions", format!("{:.1}", r.expected_interruptions)),
+    ]
+}
+
+/// Draws the run cards and their notes when the configuration asks for a run.
+pub fn run_ui(ui: &mut Ui, run: Option<&Result<RunReport, String>>) {
+    match run {
+        None => {}
+        Some(Err(e)) => {
+            ui.label(RichText::new(e).color(ui.visuals().error_fg_color));
+        }
+        Some(Ok(r)) => {
+            ui.add_space(4.0);
+            ui.horizontal_wrapped(|ui| {
+                for (t, v) in run_card_values(r) {
+                    card(ui, t, &v);
+                }
+            });
+            for n in &r.notes {
+                ui.label(RichText::new(format!("note: {n}")).small().weak());
+            }
+        }
+    }
 }
 
 fn card(ui: &mut Ui, title: &str, value: &str) {

@@ -177,6 +177,9 @@ pub fn ui(ui: &mut Ui, config: &mut Config, problems: Option<&Problems>) -> bool
     CollapsingHeader::new(RichText::new("Cluster").strong())
         .default_open(true)
         .show(ui, |ui| cluster(ui, config, p));
+    CollapsingHeader::new(RichText::new("Run").strong())
+        .default_open(false)
+        .show(ui, |ui| super::run_panel::ui(ui, config));
     *config != before
 }
 

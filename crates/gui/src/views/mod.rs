@@ -6,5 +6,6 @@ pub mod config_panel;
 pub mod controls;
 pub mod measured_timeline;
 pub mod memory_chart;
+pub mod run_panel;
 pub mod search_panel;
 pub mod timeline;

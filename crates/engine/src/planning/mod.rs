@@ -1,0 +1,355 @@
+//! The whole run: time to train a token budget, GPU-hours, energy, cost, and the goodput left
+//! after failures and checkpoints (docs/planning.md derives every formula).
+//!
+//! It sits after `estimate` in the module order: one step's estimate goes in, and the run is
+//! that step repeated, plus checkpoint stalls, plus what each expected failure costs.
+
+pub mod defaults;
+#[cfg(test)]
+mod tests;
+
+use crate::config::{Resolved, RunConfig};
+use crate::estimate::Estimate;
+use serde::Serialize;
+
+const S_PER_HOUR: f64 = 3600.0;
+const S_PER_DAY: f64 = 86_400.0;
+const J_PER_MWH: f64 = 3.6e9;
+
+/// A `[run]` setting or an input that cannot give a run (the field and the rule).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlanningError {
+    #[error("{field}: {rule} (got {value})")]
+    Field {
+        field: &'static str,
+        rule: &'static str,
+        value: f64,
+    },
+    /// Failures come faster than the run can make progress between them.
+    #[error("run.failure_rate_per_gpu_hour: {interruptions_per_hour:.3} interruptions per hour on {gpus} GPUs leave no progress: each costs {loss_s:.0} s (restart, restore, half an interval), more than the {mtbf_s:.0} s between them; lower the rate, the restart time or the checkpoint interval")]
+    NoProgress {
+        gpus: u32,
+        interruptions_per_hour: f64,
+        loss_s: f64,
+        mtbf_s: f64,
+    },
+}
+
+/// The run settings with every default filled in and checked.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Settings {
+    pub price_per_gpu_hour_usd: Option<f64>,
+    pub host_power_w_per_node: f64,
+    pub network_power_w_per_node: f64,
+    pub pue: f64,
+    pub failure_rate_per_gpu_hour: f64,
+    pub storage_bytes_per_s: f64,
+    pub checkpoint_async: bool,
+    pub restart_s: f64,
+    pub checkpoint_interval_s: Option<f64>,
+}
+
+fn check(
+    field: &'static str,
+    rule: &'static str,
+    value: f64,
+    ok: bool,
+) -> Result<f64, PlanningError> {
+    if ok && value.is_finite() {
+        Ok(value)
+    } else {
+        Err(PlanningError::Field { field, rule, value })
+    }
+}
+
+impl Settings {
+    /// The `[run]` table's settings over the cited defaults ([`defaults`]), each checked.
+    pub fn from_config(c: &RunConfig) -> Result<Settings, PlanningError> {
+        let pos = "must be a finite number above 0";
+        let nonneg = "must be a finite number, 0 or more";
+        let price = match c.price_per_gpu_hour_usd {
+            Some(p) => Some(check("run.price_per_gpu_hour_usd", pos, p, p > 0.0)?),
+            None => None,
+        };
+        let host = c
+            .host_power_w_per_node
+            .unwrap_or(defaults::HOST_POWER_W_PER_NODE);
+        let net = c
+            .network_power_w_per_node
+            .unwrap_or(defaults::NETWORK_POWER_W_PER_NODE);
+        let pue = c.pue.unwrap_or(defaults::PUE);
+        let rate = c
+            .failure_rate_per_gpu_hour
+            .unwrap_or(defaults::FAILURE_RATE_PER_GPU_HOUR);
+        let storage = c
+            .storage_bytes_per_s
+            .unwrap_or(defaults::STORAGE_BYTES_PER_S);
+        let restart = c.restart_s.unwrap_or(defaults::RESTART_S);
+        let interval = match c.checkpoint_interval_s {
+            Some(t) => Some(check("run.checkpoint_interval_s", pos, t, t > 0.0)?),
+            None => None,
+        };
+        Ok(Settings {
+            price_per_gpu_hour_usd: price,
+            host_power_w_per_node: check("run.host_power_w_per_node", nonneg, host, host >= 0.0)?,
+            network_power_w_per_node: check(
+                "run.network_power_w_per_node",
+                nonneg,
+                net,
+                net >= 0.0,
+            )?,
+            pue: check(
+                "run.pue",
+                "must be a finite number, 1 or more",
+                pue,
+                pue >= 1.0,
+            )?,
+            failure_rate_per_gpu_hour: check(
+                "run.failure_rate_per_gpu_hour",
+                nonneg,
+                rate,
+                rate >= 0.0,
+            )?,
+            storage_bytes_per_s: check("run.storage_bytes_per_s", pos, storage, storage > 0.0)?,
+            checkpoint_async: c.checkpoint_async.unwrap_or(false),
+            restart_s: check("run.restart_s", nonneg, restart, restart >= 0.0)?,
+            checkpoint_interval_s: interval,
+        })
+    }
+}
+
+/// One step and the cluster, as plain numbers: what the run is built from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepInputs {
+    pub step_s: f64,
+    /// Compute of the critical rank per step (its share of the step is the GPUs' utilisation).
+    pub compute_s: f64,
+    pub tokens_per_step: u64,
+    pub gpus: u32,
+    pub gpus_per_node: u32,
+    /// Board power idle and at TDP; `None` leaves the energy out.
+    pub gpu_idle_w: Option<f64>,
+    pub gpu_tdp_w: Option<f64>,
+    /// Bytes of one checkpoint over all ranks (each replicated tensor once).
+    pub checkpoint_bytes: f64,
+    /// Bytes the most loaded rank writes (what an asynchronous checkpoint copies to host).
+    pub checkpoint_bytes_per_rank: f64,
+}
+
+/// The `run` section of an estimate: the token budget's time, GPU-hours, energy, cost and
+/// goodput, with the terms behind them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunReport {
+    pub tokens: u64,
+    /// Expected wall-clock days: compute plus checkpoint stalls plus failure losses.
+    pub wall_days: f64,
+    /// GPUs x wall hours.
+    pub gpu_hours: f64,
+    /// Facility energy (GPUs, hosts, network, times the PUE); absent without GPU power figures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub energy_mwh: Option<f64>,
+    /// GPU-hours x the price; absent without `run.price_per_gpu_hour_usd`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+    /// Productive training time over wall time.
+    pub goodput_fraction: f64,
+    /// Training seconds between checkpoints (Young's optimum unless set).
+    pub checkpoint_interval_s: f64,
+    pub expected_interruptions: f64,
+    pub steps: u64,
+    /// Days of training alone (steps x step time).
+    pub compute_days: f64,
+    /// Days the checkpoint stalls add.
+    pub checkpoint_days: f64,
+    /// Days failures add: restarts, restores and recomputed work.
+    pub failure_days: f64,
+    pub checkpoint_bytes: f64,
+    /// Seconds to write one checkpoint to storage (and to read it back on a restart).
+    pub checkpoint_write_s: f64,
+    /// Seconds training stops per checkpoint (the write, or the host copy when asynchronous).
+    pub checkpoint_stall_s: f64,
+    /// Seconds from a failure to training again (restart plus reading the checkpoint).
+    pub restart_s: f64,
+    /// Seconds of work lost per failure on average (half an interval and its stall).
+    pub lost_work_per_failure_s: f64,
+    /// Mean time between failures of the whole job, in hours (absent at a zero failure rate).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job_mtbf_hours: Option<f64>,
+    /// Compute share of a step: the GPUs' utilisation while training.
+    pub gpu_utilization: f64,
+    /// Mean GPU board power while training, watts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_power_w: Option<f64>,
+    /// What was left out and why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+/// Young's optimal checkpoint interval (Young 1974, "A first order approximation to the
+/// optimum checkpoint interval"): sqrt(2 x stall x MTBF), the leading term of Daly's (2006).
+pub fn young_interval_s(stall_s: f64, mtbf_s: f64) -> f64 {
+    (2.0 * stall_s * mtbf_s).sqrt()
+}
+
+/// Expected wall seconds to do `work_s` of training with a checkpoint every `interval_s` of
+/// training costing `stall_s`, failures at `rate_per_s` each costing `restart_s` plus the half
+/// segment lost: T = W (1 + d/t) / (1 - rate (R + (t + d)/2)) (docs/planning.md).
+pub fn expected_wall_s(
+    work_s: f64,
+    interval_s: f64,
+    stall_s: f64,
+    restart_s: f64,
+    rate_per_s: f64,
+) -> Option<f64> {
+    let loss = restart_s + (interval_s + stall_s) / 2.0;
+    let denom = 1.0 - rate_per_s * loss;
+    (denom > 0.0).then(|| work_s * (1.0 + stall_s / interval_s) / denom)
+}
+
+/// The run of `tokens` tokens from one step's figures.
+pub fn plan(tokens: u64, step: &StepInputs, s: &Settings) -> Result<RunReport, PlanningError> {
+    if tokens == 0 {
+        return Err(PlanningError::Field {
+            field: "run.train_tokens",
+            rule: "must be a positive whole number of tokens",
+            value: 0.0,
+        });
+    }
+    check(
+        "step time",
+        "must be a finite number above 0",
+        step.step_s,
+        step.step_s > 0.0,
+    )?;
+    let per_step = step.tokens_per_step.max(1);
+    let steps = tokens.div_ceil(per_step);
+    let work_s = steps as f64 * step.step_s;
+    let gpus = f64::from(step.gpus.max(1));
+    let write_s = step.checkpoint_bytes / s.storage_bytes_per_s;
+    let stall_s = if s.checkpoint_async {
+        step.checkpoint_bytes_per_rank / defaults::HOST_COPY_BYTES_PER_S
+    } else {
+        write_s
+    };
+    let rate_per_s = s.failure_rate_per_gpu_hour * gpus / S_PER_HOUR;
+    // An interval is at least one step (checkpoints fall between steps), at least the write
+    // when asynchronous (one write at a time), and at most the whole run.
+    let floor = if s.checkpoint_async {
+        write_s.max(step.step_s)
+    } else {
+        step.step_s
+    };
+    let interval_s = match s.checkpoint_interval_s {
+        Some(t) => t,
+        None if rate_per_s > 0.0 => young_interval_s(stall_s, 1.0 / rate_per_s),
+        None => work_s,
+    }
+    .clamp(floor.min(work_s), work_s);
+    let restart_s = s.restart_s + write_s;
+    let lost_s = (interval_s + stall_s) / 2.0;
+    let wall_s = expected_wall_s(work_s, interval_s, stall_s, restart_s, rate_per_s).ok_or(
+        PlanningError::NoProgress {
+            gpus: step.gpus,
+            interruptions_per_hour: rate_per_s * S_PER_HOUR,
+            loss_s: restart_s + lost_s,
+            mtbf_s: 1.0 / rate_per_s,
+        },
+    )?;
+    check(
+        "run wall time",
+        "overflows: the token budget or step time is too large",
+        wall_s,
+        true,
+    )?;
+    let checkpoint_s = work_s * stall_s / interval_s;
+    let interruptions = rate_per_s * wall_s;
+    let utilization = (step.compute_s / step.step_s).clamp(0.0, 1.0);
+    let mut notes = Vec::new();
+    let (energy_mwh, gpu_power_w) = match (step.gpu_idle_w, step.gpu_tdp_w) {
+        (Some(idle), Some(tdp)) => {
+            let busy_w = idle + (tdp - idle) * utilization;
+            // Training (and recomputing lost work) at the busy power; stalls and restarts idle.
+            let training_s = work_s + interruptions * interval_s / 2.0;
+            let gpu_j = gpus * (busy_w * training_s + idle * (wall_s - training_s).max(0.0));
+            let nodes = f64::from(step.gpus.max(1).div_ceil(step.gpus_per_node.max(1)));
+            let other_j = nodes * (s.host_power_w_per_node + s.network_power_w_per_node) * wall_s;
+            (Some(s.pue * (gpu_j + other_j) / J_PER_MWH), Some(busy_w))
+        }
+        _ => {
+            notes.push("energy omitted: the GPU profile gives no [power] idle_w and tdp_w".into());
+            (None, None)
+        }
+    };
+    let gpu_hours = gpus * wall_s / S_PER_HOUR;
+    let cost_usd = s.price_per_gpu_hour_usd.map(|p| p * gpu_hours);
+    if cost_usd.is_none() {
+        notes.push("cost omitted: set run.price_per_gpu_hour_usd (--gpu-hour-price) for dollars; there is no default price".into());
+    }
+    Ok(RunReport {
+        tokens,
+        wall_days: wall_s / S_PER_DAY,
+        gpu_hours,
+        energy_mwh,
+        cost_usd,
+        goodput_fraction: work_s / wall_s,
+        checkpoint_interval_s: interval_s,
+        expected_interruptions: interruptions,
+        steps,
+        compute_days: work_s / S_PER_DAY,
+        checkpoint_days: checkpoint_s / S_PER_DAY,
+        failure_days: (wall_s - work_s - checkpoint_s).max(0.0) / S_PER_DAY,
+        checkpoint_bytes: step.checkpoint_bytes,
+        checkpoint_write_s: write_s,
+        checkpoint_stall_s: stall_s,
+        restart_s,
+        lost_work_per_failure_s: lost_s,
+        job_mtbf_hours: (rate_per_s > 0.0).then(|| 1.0 / rate_per_s / S_PER_HOUR),
+        gpu_utilization: utilization,
+        gpu_power_w,
+        notes,
+    })
+}
+
+/// Checkpoint bytes from the estimate's memory ledger: per pipeline rank, its weights and
+/// optimizer state as the mix shards them; a tensor replicated over the data-parallel
+/// replicas (weights below ZeRO-3, optimizer state without ZeRO) is written once. Returns
+/// (all ranks, the most loaded rank).
+pub fn checkpoint_bytes(r: &Resolved, est: &Estimate) -> (f64, f64) {
+    let ranks_per_stage = f64::from(r.world()) / f64::from(r.config.parallel.pp.max(1));
+    let replicas = f64::from(r.dense_replicas().max(1));
+    let zero = r.config.parallel.zero;
+    let (w_rep, o_rep) = (
+        if zero >= 3 { 1.0 } else { replicas },
+        if zero >= 1 { 1.0 } else { replicas },
+    );
+    let mut total = 0.0;
+    let mut rank_max: f64 = 0.0;
+    for st in &est.memory.stages {
+        let (w, o) = (st.weights as f64, st.optimizer as f64);
+        total += ranks_per_stage * (w / w_rep + o / o_rep);
+        rank_max = rank_max.max(w + o);
+    }
+    (total, rank_max)
+}
+
+/// The run section of `est` when its configuration sets `run.train_tokens` (`None` otherwise).
+pub fn run_report(r: &Resolved, est: &Estimate) -> Result<Option<RunReport>, PlanningError> {
+    let Some(tokens) = r.config.run.train_tokens else {
+        return Ok(None);
+    };
+    let settings = Settings::from_config(&r.config.run)?;
+    let (ckpt, ckpt_rank) = checkpoint_bytes(r, est);
+    let t = &r.config.training;
+    let step = StepInputs {
+        step_s: est.time.step_s,
+        compute_s: est.time.compute_s,
+        tokens_per_step: t.global_batch_size * t.seq_length,
+        gpus: r.world(),
+        gpus_per_node: r.config.cluster.gpus_per_node,
+        gpu_idle_w: r.gpu.power.map(|p| p.idle_w),
+        gpu_tdp_w: r.gpu.power.map(|p| p.tdp_w),
+        checkpoint_bytes: ckpt,
+        checkpoint_bytes_per_rank: ckpt_rank,
+    };
+    plan(tokens, &step, &settings).map(Some)
+}

@@ -1,0 +1,23 @@
+//! The run section (`--train-tokens`, `[run]`) that `estimate` and `compare` add to their
+//! output: absent unless asked for, so every other output stays as it was.
+
+use parsim::estimate::Estimate;
+use parsim::planning::RunReport;
+use serde::Serialize;
+
+/// The run of `est` when its configuration sets `run.train_tokens`.
+pub fn run_of(est: &Estimate) -> anyhow::Result<Option<RunReport>> {
+    if est.config.run.train_tokens.is_none() {
+        return Ok(None);
+    }
+    let r = parsim::config::Resolved::new(est.config.clone())?;
+    Ok(parsim::planning::run_report(&r, est)?)
+}
+
+/// An output object with a `run` section after its own fields.
+#[derive(Serialize)]
+pub struct WithRun<'a, T, R> {
+    #[serde(flatten)]
+    pub inner: &'a T,
+    pub run: R,
+}
