@@ -1,6 +1,8 @@
-"""Writes docs/gpu-validation.md and docs/performance.md from the files a GPU run of
+"""Writes docs/gpu-validation.md and docs/performance.md from the files GPU runs of
 scripts/gpu-proof.sh brought back (docs/gpu-results/<date>/) and the calibration it wrote
 (calibration/h100-measured.*): every figure in those two pages comes from here, not typing.
+The latest run (LATEST, its own section at the top of each page) comes first; the full run
+with the calibration (RES) follows.
 
 Run: python3 scripts/gpu_report.py [docs/gpu-results/2026-11-23]
 """
@@ -16,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RES = ROOT / (sys.argv[1] if len(sys.argv) > 1 else "docs/gpu-results/2026-11-23")
 DATE = RES.name
+LATEST = ROOT / "docs/gpu-results/2026-11-28"
 
 
 def objects(path):
@@ -143,6 +146,124 @@ cal = (ROOT / "docs/gpu-results" / DATE / "calibrate-log.txt").read_text().split
 cal_table = [l for l in cal if l.startswith(("│", "┌", "╞", "└", "fit", "held out", "outliers"))]
 
 
+def latest_sections():
+    """The sections of the latest run (LATEST): `scripts/gpu-proof.sh all` then `attn`, and
+    `fa2` after the fused backward's grid change (its own log)."""
+    lg = (LATEST / "proof-log.txt").read_text()
+    fa2 = (LATEST / "fa2-log.txt").read_text()
+    dr = json.loads((LATEST / "doctor.json").read_text())
+    tl = json.loads((LATEST / "torch_layer.json").read_text())
+    g = dr["gpus"][0]
+    lib = ", ".join(f"{l['library']} {l['version']}" for l in dr["libraries"] if l["found"])
+    mach = f"{g['name']} ({g['arch']}), driver {dr['driver_version']}, {lib}; {LATEST.name}"
+    results = [l for l in (lg + fa2).splitlines() if l.startswith("test result")]
+    failed = [l for l in results if "FAILED" in l]
+    ks = worst_errors(section(fa2, "kernels_gpu --test-threads=1 --nocapture"))
+    ks.update(worst_errors(section(lg, "kernels_gpu_flash --test-threads=1 --nocapture")))
+    sums = []
+    for src, binary in [(fa2, "kernels_gpu "), (lg, "kernels_gpu_flash ")]:
+        for tool in ["memcheck", "racecheck"]:
+            sec = section(src, f"--tool {tool} --error-exitcode 9 .device-bin/{binary}")
+            sums.append((tool, binary.strip(),
+                         next((l.strip("= ").strip() for l in sec if "SUMMARY" in l), "no summary")))
+    twins = [l for l in section(fa2, "cuda_twin --test-threads=1") if l.startswith("test ")]
+    execs = [l for l in section(lg, ".device-bin/executor cuda") if l.startswith("test ")]
+    grd = re.findall(r"(\S.*?) (Fp32|Bf16): worst relative difference ([0-9.e+-]+)", lg)
+    grd = [(m.replace("test cuda::every_mix_on_one_gpu_matches_the_one_rank_gpu_run ... ", ""), pr,
+            float(e)) for m, pr, e in grd]
+    one = [section(lg, "--steps 3 --warmup 1 (")[1], section(lg, "--nproc-per-node 1")[1]]
+    benchl = [l for l in section(fa2, ".device-bin/kernels (") if "TFLOP/s" in l or "GB/s" in l]
+    fa = tl["sdpa_flash_attention"]
+    tf = {k: float(re.search(r"([0-9.]+) TFLOP", l).group(1)) for k, l in
+          [("fwd", next(l for l in benchl if "flash_mma_fwd" in l)),
+           ("fused", next(l for l in benchl if "backward (fused" in l)),
+           ("det", next(l for l in benchl if "deterministic" in l))]}
+    ncu_rows = []
+    cur = None
+    for line in (LATEST / "ncu_attention.txt").read_text().splitlines():
+        m = re.match(r"\s+(flash_mma_\w+) \((\d+), (\d+), 1\)", line)
+        if m:
+            cur = {"kernel": m.group(1), "grid": f"{m.group(2)} x {m.group(3)}"}
+            ncu_rows.append(cur)
+            continue
+        for key, pat in [("ms", r"Duration\s+(ms|us)\s+([0-9.]+)"),
+                         ("sm", r"Compute \(SM\) Throughput\s+%\s+([0-9.]+)"),
+                         ("regs", r"Registers Per Thread\s+register/thread\s+(\d+)"),
+                         ("occ", r"Achieved Occupancy\s+%\s+([0-9.]+)")]:
+            m = re.search(pat, line)
+            if m and cur is not None and key not in cur:
+                cur[key] = (float(m.group(2)) * (1e-3 if m.group(1) == "us" else 1.0)
+                            if key == "ms" else m.group(1))
+    mem = []
+    for flags, o in zip(MIX_FLAGS, objects(LATEST / "memory.jsonl")):
+        for r in o["ranks"]:
+            mem.append((flags or "one rank", r["rank"], r["peak_bytes"], r["predicted_peak_bytes"]))
+    worst_mem = max(abs(m / pr - 1) for _, _, m, pr in mem)
+    val = [f"## Latest run: {LATEST.name}", "",
+           f"Machine: {mach}. `bash scripts/gpu-proof.sh all` and `attn`, then, after the fused",
+           "attention backward's grid changed to one block per query head, `bash scripts/gpu-proof.sh",
+           f"fa2` on its rebuilt binaries; logs and outputs in `docs/gpu-results/{LATEST.name}/`",
+           f"(`proof-log.txt`, `fa2-log.txt`). Test binaries: {len(results)} results, "
+           f"{'none failed' if not failed else str(len(failed)) + ' failed'}.", "",
+           "Kernels against their CPU twins (worst relative error; bounds fp32 1e-5, bf16 1e-2), the",
+           "tensor-core attention in both backward modes (fused, then deterministic):", "",
+           "| test | checks | worst relative error |", "| --- | --- | --- |"]
+    val += [f"| `{t}` | {n} | {e:.2e} |" for t, (e, n) in sorted(ks.items())]
+    val += ["", "| tool | binary | summary |", "| --- | --- | --- |"]
+    val += [f"| {t} | `{b}` | {sm} |" for t, b, sm in sums]
+    val += ["", "Whole steps against the CPU twin (`cuda_twin`, run twice: fused, then",
+            "`PARSIM_CUDA_FLASH_DETERMINISTIC=1`) and the executor's CUDA tests; among them the",
+            "owed one-rank bf16 three-step twin, the GPT-3-style twin at its 2e-4 bound and QK norm,",
+            "the router bias and the MoE pattern on the GPU:", "", "```"]
+    val += twins + execs + ["```", "", "Every mix on one GPU against the one-rank GPU run:", "",
+                            "| mix | fp32 | bf16 |", "| --- | --- | --- |"]
+    nm = []
+    for m, _, _ in grd:
+        if m not in nm:
+            nm.append(m)
+    for m in nm:
+        f32 = next(e for mm, pr, e in grd if mm == m and pr == "Fp32")
+        b16 = next(e for mm, pr, e in grd if mm == m and pr == "Bf16")
+        val.append(f"| {m} | {f32:.2e} | {b16:.2e} |")
+    val += ["", "NCCL with one rank against the single-process run:", "", "```"] + one + ["```", "",
+            "Memory, measured peak against the engine of the run's commit (`tests/fixtures/gpu_memory.toml`):",
+            "", "| mix | rank | measured GiB | predicted GiB | diff |", "| --- | --- | --- | --- | --- |"]
+    val += [f"| `{f}` | {r} | {gib(m)} | {gib(pr)} | {(m / pr - 1) * 100:+.2f}% |"
+            for f, r, m, pr in mem]
+    val += ["", f"Worst: {worst_mem * 100:.2f}%.", "",
+            "Two GPUs: NCCL between devices has never run (every lent machine had one GPU; the",
+            "mixes above share it through the backend's device-copy collectives). What would prove",
+            "it on a two-GPU machine: the memory mixes launched with `--nproc-per-node 2` (one",
+            "process and NCCL communicator per GPU) against the same runs on one GPU, losses and",
+            "parameters within the bounds above; the script has no such mode yet.", ""]
+    perf = [f"## Latest run: attention on {g['name']} ({LATEST.name})", "",
+            f"Machine: {mach}. `cargo bench -p parsim-executor --bench kernels` (s 4096, 32 query",
+            "heads, 8 KV heads, d 128, causal) from `fa2-log.txt`, PyTorch's SDPA flash backend (32",
+            "heads, d 128, causal) from `torch_layer.json` of the same machine:", "", "```"]
+    perf += benchl + ["```", "", "| | forward TFLOP/s | backward TFLOP/s | ratio to SDPA (fwd, bwd) |",
+                      "| --- | --- | --- | --- |",
+                      f"| parsim, fused backward (default) | {tf['fwd']:.1f} | {tf['fused']:.1f} | "
+                      f"{fa['fwd_tflops'] / tf['fwd']:.2f}x, {fa['bwd_tflops'] / tf['fused']:.2f}x |",
+                      f"| parsim, deterministic backward | {tf['fwd']:.1f} | {tf['det']:.1f} | "
+                      f"{fa['fwd_tflops'] / tf['fwd']:.2f}x, {fa['bwd_tflops'] / tf['det']:.2f}x |",
+                      f"| PyTorch SDPA flash | {fa['fwd_tflops']:.1f} | {fa['bwd_tflops']:.1f} | |", "",
+                      "Goals: backward within 1.5x, forward within 1.3x: both missed. Nsight Compute,",
+                      "one launch each (`ncu_attention.txt`):", "",
+                      "| kernel | grid | ms | SM throughput % | registers | achieved occupancy % |",
+                      "| --- | --- | --- | --- | --- | --- |"]
+    perf += [f"| `{r['kernel']}` | {r['grid']} | {r.get('ms', 0.0):.3f} | {r.get('sm', '')} | "
+             f"{r.get('regs', '')} | {r.get('occ', '')} |" for r in ncu_rows]
+    perf += ["", "What limits them: every kernel runs two or three blocks of four warps per SM (12-18%",
+             "occupancy), bounded by registers (the fused backward at 255, the ceiling, holding dK and dV for 64",
+             "keys x d 128 in registers) and shared memory; latency is not hidden and the SMs' compute",
+             "stays at a third to a half. The first fused version, one block per key head (512 blocks",
+             "under GQA 4:1, `ncu_attention_first_run.txt` has the forward only), ran no faster than",
+             "the two kernels; one block per query head (2048) made the backward 1.31x faster. What",
+             "would close the rest: 8 warps per block with 128-key tiles (FlashAttention-2's Hopper",
+             "shapes) so each warp keeps fewer rows, and wgmma/TMA on sm_90.", ""]
+    return val, perf
+
+
 def gib(x):
     return f"{x / 2**30:.3f}"
 
@@ -150,7 +271,8 @@ def gib(x):
 cmd_setup = ("build here: `cargo build --release` and the test binaries (`cargo test --release "
              "--no-run`) copied into `.device-bin/`; on the GPU machine: `bash scripts/gpu-proof.sh all`")
 
-v = [f"# GPU validation ({DATE})", "",
+LATEST_VAL, LATEST_PERF = latest_sections()
+v = [f"# GPU validation ({LATEST.name}, {DATE})", ""] + LATEST_VAL + [f"## Full run: {DATE}", "",
      f"Machine: {machine}.", "",
      "Every figure below comes from one run of `scripts/gpu-proof.sh` on that machine (its log and",
      f"outputs are in `docs/gpu-results/{DATE}/`) and is written into this page by",
@@ -240,9 +362,15 @@ v += ["", "\"Then\" is the engine of the run's commit; \"now\" the engine at thi
       "Attention points were set aside as outliers: parsim's own attention kernels are slower than",
       "the FlashAttention-3 rates the profile times attention at (see performance.md), so the",
       "attention efficiency is not identifiable from this sweep and held-out error stays at 33%.", ""]
-(ROOT / "docs/gpu-validation.md").write_text("\n".join(v))
+def nest(lines):
+    """The full run's sections one level below its heading (after the latest run's)."""
+    full = lines.index(next(l for l in lines if l.startswith("## Full run")))
+    return lines[:full + 1] + ["#" + l if l.startswith("## ") else l for l in lines[full + 1:]]
 
-p = [f"# Performance on the GPU ({DATE})", "",
+
+(ROOT / "docs/gpu-validation.md").write_text("\n".join(nest(v)))
+
+p = [f"# Performance on the GPU ({LATEST.name}, {DATE})", ""] + LATEST_PERF + [f"## Full run: {DATE}", "",
      f"Machine: {machine}. Figures from `scripts/gpu-proof.sh` (speed part) and",
      "`scripts/gpu_layer_torch.py` in the same run, written here by `scripts/gpu_report.py`.",
      "Times are CUDA events after warm-up (medians).", "",
@@ -303,5 +431,5 @@ p += ["## A whole small-model training step", "",
       f"{3 * small_fwd / 1e12:.2f} TFLOP a step, {small_t / 1e12:.0f} TFLOP/s = "
       f"{small_t / peak * 100:.1f}% of the measured GEMM peak ({small_t / 989.4e12 * 100:.1f}% of the",
       "datasheet's 989 TFLOP/s).", ""]
-(ROOT / "docs/performance.md").write_text("\n".join(p))
+(ROOT / "docs/performance.md").write_text("\n".join(nest(p)))
 print("wrote docs/gpu-validation.md and docs/performance.md")
