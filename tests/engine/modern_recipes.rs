@@ -89,7 +89,9 @@ const RECIPES: [Recipe; 16] = {
         r((Q30, "b300", 8, "mxfp8"), [1, 1, 1, 1, 8, 1], [8, 512, 4096], "none"),
         // MB GPT_OSS_120B_PRETRAIN_CONFIG_GB200_FP8_MX_V2 (EP 64, MBS 4, GBS 1280,
         // recompute_modules=[]), ..._GB300_FP8_MX_V2 (EP 16) and ..._B300_FP8_MX_V2 (EP 8):
-        // 64 GPUs; seq 4096 and MXFP8 from MB-PS 26.06's GPT OSS 120B table.
+        // 64 GPUs; seq 4096 and MXFP8 from MB-PS 26.06's GPT OSS 120B table (seq 4096 and
+        // no recomputation also in MB recipes/gpt_oss/h100/gpt_oss.py, the 120B pretrain
+        // config the performance script starts from).
         r((OSS, "gb200", 64, "mxfp8"), [1, 1, 1, 1, 64, 1], [4, 1280, 4096], "none"),
         r((OSS, "gb300", 64, "mxfp8"), [1, 1, 1, 1, 16, 1], [4, 1280, 4096], "none"),
         r((OSS, "b300", 64, "mxfp8"), [1, 1, 1, 1, 8, 1], [4, 1280, 4096], "none"),
