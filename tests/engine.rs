@@ -18,6 +18,7 @@ mod engine {
     pub mod megatron_modelopt;
     pub mod memory;
     pub mod modern_models;
+    pub mod modern_recipes;
     pub mod params;
     pub mod profiles;
     pub mod properties;
