@@ -15,6 +15,7 @@ mod ranked;
 mod run_section;
 mod schedule;
 mod search;
+mod search_objective;
 mod search_range;
 
 use clap::{CommandFactory, Parser, Subcommand};

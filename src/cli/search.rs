@@ -10,7 +10,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use parsim::report::csv::Csv;
 use parsim::report::format::{gib, seconds};
 use parsim::report::table;
-use parsim::search::{search, Constraint, Ranked, SearchSpec};
+use parsim::search::{
+    parse_deadline_s, search, Constraint, Objective, ObjectiveError, Ranked, SearchSpec, POOL,
+};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -49,6 +51,14 @@ pub struct SearchArgs {
     /// With --gpus LOW..HIGH: draw the best step time and tokens/s against GPUs as a PNG.
     #[arg(long, value_name = "FILE")]
     pub png: Option<std::path::PathBuf>,
+    /// With --train-tokens: rank by the run's wall time (time), cost (needs --gpu-hour-price)
+    /// or energy, showing the run columns; without it only time (step time) is accepted.
+    #[arg(long, value_name = "time|cost|energy")]
+    pub objective: Option<String>,
+    /// With --train-tokens (and --gpus LOW..HIGH): the cheapest cluster and mix (by cost when
+    /// priced, else the fewest GPUs) that trains the tokens within this, such as 60d or 36h.
+    #[arg(long, value_name = "DAYSd|HOURSh")]
+    pub deadline: Option<String>,
 }
 
 fn row(i: usize, r: &Ranked) -> Vec<String> {
@@ -74,7 +84,12 @@ fn ranked_table(title: &str, rows: &[Ranked]) -> String {
 
 pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
     let base = args.workload.load(&args.source, &args.training)?;
-    if base.run.train_tokens.is_some() {
+    let objective = args.objective.as_deref().map(Objective::parse).transpose()?;
+    let deadline_s = args.deadline.as_deref().map(parse_deadline_s).transpose()?;
+    if deadline_s.is_some() && base.run.train_tokens.is_none() {
+        return Err(ObjectiveError::DeadlineNoTokens.into());
+    }
+    if base.run.train_tokens.is_some() && objective.is_none() && deadline_s.is_none() {
         eprintln!(
             "note: search ranks mixes by step time; the run of --train-tokens (days, energy, cost, goodput) is reported by `estimate` and `compare` for the mix chosen, not by search yet"
         );
@@ -87,13 +102,31 @@ pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
     if let Some(r) = args.training.recompute {
         constraints.push(Constraint::parse(&format!("recompute={}", r.as_str()))?);
     }
-    let spec = SearchSpec {
+    let mut spec = SearchSpec {
         base,
         mbs_max: args.mbs_max,
         top: args.top,
         constraints,
         exhaustive: args.exhaustive,
     };
+    if let Some(o) = objective {
+        o.check(&spec)?;
+    }
+    if let Some(d) = deadline_s {
+        let counts = args
+            .workload
+            .gpu_range()
+            .map_or(vec![spec.base.cluster.num_gpus], |r| r.counts());
+        return super::search_objective::deadline(&spec, &counts, d, args.json);
+    }
+    // A run objective ranks a wider pool of the fastest mixes by step time.
+    let by_run = objective.filter(|_| spec.base.run.train_tokens.is_some());
+    if by_run.is_some() {
+        if args.workload.gpu_range().is_some() || args.csv || args.png.is_some() {
+            anyhow::bail!("--objective with --train-tokens ranks one GPU count as a table or --json: give --deadline for a range of --gpus; --csv and --png are not offered");
+        }
+        spec.top = args.top.max(POOL);
+    }
     if let Some(range) = args.workload.gpu_range() {
         let output = Output {
             json: args.json,
@@ -126,6 +159,9 @@ pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
     };
     let result = search(&spec, &progress, &cancel)?;
     bar.finish_and_clear();
+    if let Some(o) = by_run {
+        return super::search_objective::print_ranked(&spec, result, o, args.top, args.json);
+    }
 
     let outcome = if result.interrupted {
         // Exit status 130 once the partial results are printed, so scripts do not take them

@@ -20,11 +20,16 @@ use std::time::Instant;
 mod balance;
 mod enumerate;
 mod mix;
+mod objective;
 mod run;
 
 pub use enumerate::enumerate;
 use enumerate::enumerate_in;
 pub use mix::{Cmp, Constraint, Knob, Mix, SearchError, Slots};
+pub use objective::{
+    deadline_search, parse_deadline_s, rank_by, rank_result, DeadlineAnswer, DeadlinePoint,
+    Objective, ObjectiveError, ObjectiveResult, RunRanked, POOL,
+};
 use run::{group_lower_bound, groups, Run, Runs};
 
 /// What to search.
