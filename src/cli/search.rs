@@ -84,7 +84,11 @@ fn ranked_table(title: &str, rows: &[Ranked]) -> String {
 
 pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
     let base = args.workload.load(&args.source, &args.training)?;
-    let objective = args.objective.as_deref().map(Objective::parse).transpose()?;
+    let objective = args
+        .objective
+        .as_deref()
+        .map(Objective::parse)
+        .transpose()?;
     let deadline_s = args.deadline.as_deref().map(parse_deadline_s).transpose()?;
     if deadline_s.is_some() && base.run.train_tokens.is_none() {
         return Err(ObjectiveError::DeadlineNoTokens.into());

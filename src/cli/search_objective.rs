@@ -31,7 +31,15 @@ fn run_cells(r: &parsim::search::RunRanked) -> Vec<String> {
     ]
 }
 
-const RUN_HEADER: [&str; 7] = ["mix", "step", "MFU", "GiB", "wall days", "cost $", "energy MWh"];
+const RUN_HEADER: [&str; 7] = [
+    "mix",
+    "step",
+    "MFU",
+    "GiB",
+    "wall days",
+    "cost $",
+    "energy MWh",
+];
 
 /// Prints a search's fitting mixes re-ranked by `objective`.
 pub fn print_ranked(

@@ -268,9 +268,7 @@ pub fn deadline_search(
     } else {
         None
     };
-    let miss_days = closest
-        .as_ref()
-        .map(|c| wall(c) - deadline_s / S_PER_DAY);
+    let miss_days = closest.as_ref().map(|c| wall(c) - deadline_s / S_PER_DAY);
     Ok(DeadlineAnswer {
         deadline_days: deadline_s / S_PER_DAY,
         cheapest_by: if priced { "cost" } else { "gpus" },
