@@ -82,8 +82,11 @@ fn ranked_table(title: &str, rows: &[Ranked]) -> String {
     t.to_string()
 }
 
-pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
-    let base = args.workload.load(&args.source, &args.training)?;
+/// `--objective` and `--deadline`, parsed and checked against the token budget.
+fn run_flags(
+    args: &SearchArgs,
+    base: &parsim::config::Config,
+) -> anyhow::Result<(Option<Objective>, Option<f64>)> {
     let objective = args
         .objective
         .as_deref()
@@ -93,6 +96,12 @@ pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
     if deadline_s.is_some() && base.run.train_tokens.is_none() {
         return Err(ObjectiveError::DeadlineNoTokens.into());
     }
+    Ok((objective, deadline_s))
+}
+
+pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
+    let base = args.workload.load(&args.source, &args.training)?;
+    let (objective, deadline_s) = run_flags(&args, &base)?;
     if base.run.train_tokens.is_some() && objective.is_none() && deadline_s.is_none() {
         eprintln!(
             "note: search ranks mixes by step time; the run of --train-tokens (days, energy, cost, goodput) is reported by `estimate` and `compare` for the mix chosen, not by search yet"
