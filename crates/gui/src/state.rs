@@ -377,6 +377,23 @@ mod tests {
         let cards = crate::views::cards::run_card_values(run);
         assert_eq!(cards[0], ("Train tokens", "1T".to_string()));
         assert_eq!(cards[4], ("Cost", "-".to_string()));
+        assert!(cards.iter().all(|(t, _)| *t != "Deadline"));
+        // A deadline: its card says by how much, from the wall time computed here.
+        let wall = run.wall_days;
+        for (deadline, word) in [(2.0 * wall, "met"), (0.5 * wall, "missed")] {
+            s.config.run.deadline_days = Some(deadline);
+            s.refresh();
+            let r = s.last_valid.as_ref().unwrap();
+            let run = r.run.as_ref().unwrap().as_ref().unwrap();
+            let card = crate::views::cards::run_card_values(run)
+                .into_iter()
+                .find(|(t, _)| *t == "Deadline")
+                .expect("a deadline card");
+            assert!(card.1.contains(word), "{card:?}");
+            let margin = run.deadline_margin_days.unwrap();
+            assert!((margin - (deadline - wall)).abs() < 1e-9 * wall, "{margin}");
+        }
+        s.config.run.deadline_days = None;
         s.config.run.storage_bytes_per_s = Some(0.0);
         s.refresh();
         let r = s.last_valid.as_ref().unwrap();

@@ -40,6 +40,10 @@ pub struct RunConfig {
     /// A fixed checkpoint interval in seconds of training; absent: Young's optimum.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_interval_s: Option<f64>,
+    /// A deadline for the run in days: the run section says by how much it is met or missed
+    /// (the GUI's deadline; `search --deadline` for the inverse question).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_days: Option<f64>,
 }
 
 impl RunConfig {

@@ -47,6 +47,8 @@ pub struct Settings {
     pub checkpoint_async: bool,
     pub restart_s: f64,
     pub checkpoint_interval_s: Option<f64>,
+    /// The run's deadline in seconds, if any.
+    pub deadline_s: Option<f64>,
 }
 
 fn check(
@@ -89,7 +91,12 @@ impl Settings {
             Some(t) => Some(check("run.checkpoint_interval_s", pos, t, t > 0.0)?),
             None => None,
         };
+        let deadline_s = match c.deadline_days {
+            Some(d) => Some(check("run.deadline_days", pos, d, d > 0.0)? * S_PER_DAY),
+            None => None,
+        };
         Ok(Settings {
+            deadline_s,
             price_per_gpu_hour_usd: price,
             host_power_w_per_node: check("run.host_power_w_per_node", nonneg, host, host >= 0.0)?,
             network_power_w_per_node: check(
@@ -180,6 +187,11 @@ pub struct RunReport {
     /// Mean GPU board power while training, watts.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu_power_w: Option<f64>,
+    /// The deadline (`run.deadline_days`) and its margin: days to spare, negative when late.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline_days: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline_margin_days: Option<f64>,
     /// What was left out and why.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
@@ -221,6 +233,15 @@ pub fn plan(tokens: u64, step: &StepInputs, s: &Settings) -> Result<RunReport, P
         step.step_s,
         step.step_s > 0.0,
     )?;
+    if let Some(d) = s.deadline_s {
+        if d < step.step_s {
+            return Err(PlanningError::Field {
+                field: "run.deadline_days",
+                rule: "is shorter than one training step: no run of this mix can finish by it",
+                value: d / S_PER_DAY,
+            });
+        }
+    }
     let per_step = step.tokens_per_step.max(1);
     let steps = tokens.div_ceil(per_step);
     let work_s = steps as f64 * step.step_s;
@@ -306,6 +327,8 @@ pub fn plan(tokens: u64, step: &StepInputs, s: &Settings) -> Result<RunReport, P
         job_mtbf_hours: (rate_per_s > 0.0).then(|| 1.0 / rate_per_s / S_PER_HOUR),
         gpu_utilization: utilization,
         gpu_power_w,
+        deadline_days: s.deadline_s.map(|d| d / S_PER_DAY),
+        deadline_margin_days: s.deadline_s.map(|d| (d - wall_s) / S_PER_DAY),
         notes,
     })
 }

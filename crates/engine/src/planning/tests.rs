@@ -316,3 +316,43 @@ fn zero_checkpoint_bytes_and_async_checkpoints_stay_finite() {
     let sync = plan(1_000_000_000, &step(), &settings()).unwrap();
     assert!(r.goodput_fraction > sync.goodput_fraction);
 }
+
+#[test]
+fn a_deadline_gives_its_margin_and_one_shorter_than_a_step_is_refused() {
+    let plain = plan(1_000_000, &step(), &settings()).unwrap();
+    assert_eq!(
+        (plain.deadline_days, plain.deadline_margin_days),
+        (None, None)
+    );
+    let wall = plain.wall_days;
+    for deadline in [2.0 * wall, 0.5 * wall] {
+        let s = Settings {
+            deadline_s: Some(deadline * 86_400.0),
+            ..settings()
+        };
+        let r = plan(1_000_000, &step(), &s).unwrap();
+        assert_eq!(r.wall_days, wall, "a deadline changes nothing else");
+        assert_eq!(r.deadline_days, Some(deadline));
+        let m = r.deadline_margin_days.unwrap();
+        assert!((m - (deadline - wall)).abs() < 1e-12 * wall, "{m}");
+    }
+    // Half a step (the step is 1 s): no run of this mix can finish by it.
+    let s = Settings {
+        deadline_s: Some(0.5),
+        ..settings()
+    };
+    let e = plan(1_000_000, &step(), &s).unwrap_err().to_string();
+    assert!(
+        e.starts_with("run.deadline_days: is shorter than one training step"),
+        "{e}"
+    );
+    // Zero, negative and non-finite deadlines are refused by the field when read.
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let c = RunConfig {
+            deadline_days: Some(bad),
+            ..RunConfig::default()
+        };
+        let e = Settings::from_config(&c).unwrap_err().to_string();
+        assert!(e.starts_with("run.deadline_days"), "{bad}: {e}");
+    }
+}

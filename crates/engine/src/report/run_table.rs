@@ -86,6 +86,9 @@ pub fn run_rows(r: &RunReport) -> Vec<(String, String)> {
             format!("{:.1}", r.expected_interruptions),
         ),
     ]);
+    if let (Some(d), Some(m)) = (r.deadline_days, r.deadline_margin_days) {
+        rows.push(("deadline".into(), deadline_verdict(d, m)));
+    }
     if let Some(m) = r.job_mtbf_hours {
         rows.push(("job MTBF".into(), format!("{m:.2} h")));
     }
@@ -99,6 +102,18 @@ pub fn run_rows(r: &RunReport) -> Vec<(String, String)> {
         ));
     }
     rows
+}
+
+/// Whether a run meets its deadline of `deadline_days`, by its margin (negative: late).
+pub fn deadline_verdict(deadline_days: f64, margin_days: f64) -> String {
+    if margin_days >= 0.0 {
+        format!("{deadline_days:.1} days: met, {margin_days:.2} days to spare")
+    } else {
+        format!(
+            "{deadline_days:.1} days: missed by {:.2} days",
+            -margin_days
+        )
+    }
 }
 
 /// The run table, followed by its notes.

@@ -45,6 +45,8 @@ pub enum ObjectiveError {
     Deadline(String),
     #[error("--deadline needs --train-tokens N: a deadline bounds the run of a token budget")]
     DeadlineNoTokens,
+    #[error("--deadline: {deadline_s:.0} s is shorter than one training step ({step_s:.1} s, the fastest mix found at any GPU count): no run can finish by it")]
+    DeadlineBelowStep { deadline_s: f64, step_s: f64 },
     #[error(transparent)]
     Planning(#[from] PlanningError),
     #[error(transparent)]
@@ -240,6 +242,18 @@ pub fn deadline_search(
         if interrupted {
             break;
         }
+    }
+    // A deadline shorter than one step of the fastest mix cannot be met by any run.
+    let fastest_step_s = points
+        .iter()
+        .filter_map(|p| p.best.as_ref())
+        .map(|b| b.run.compute_days * S_PER_DAY / b.run.steps.max(1) as f64)
+        .fold(f64::INFINITY, f64::min);
+    if deadline_s < fastest_step_s && fastest_step_s.is_finite() {
+        return Err(ObjectiveError::DeadlineBelowStep {
+            deadline_s,
+            step_s: fastest_step_s,
+        });
     }
     let wall = |p: &DeadlinePoint| p.best.as_ref().map_or(f64::INFINITY, |b| b.run.wall_days);
     let cheap = |p: &DeadlinePoint| {

@@ -36,7 +36,7 @@ pub fn share_of(e: &Estimate, key: &str) -> String {
 
 /// The run cards' titles and values (`--train-tokens`), in the JSON section's order.
 pub fn run_card_values(r: &RunReport) -> Vec<(&'static str, String)> {
-    vec![
+    let mut cards = vec![
         ("Train tokens", run_table::tokens(r.tokens)),
         ("Wall time", format!("{:.1} days", r.wall_days)),
         ("GPU-hours", count(r.gpu_hours)),
@@ -51,7 +51,11 @@ pub fn run_card_values(r: &RunReport) -> Vec<(&'static str, String)> {
         ("Goodput", share(r.goodput_fraction)),
         ("Checkpoint every", seconds(r.checkpoint_interval_s)),
         ("Interruptions", format!("{:.1}", r.expected_interruptions)),
-    ]
+    ];
+    if let (Some(d), Some(m)) = (r.deadline_days, r.deadline_margin_days) {
+        cards.push(("Deadline", run_table::deadline_verdict(d, m)));
+    }
+    cards
 }
 
 /// Draws the run cards and their notes when the configuration asks for a run.

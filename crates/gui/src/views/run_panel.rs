@@ -1,5 +1,5 @@
-//! The run controls: tokens to train and the price of a GPU-hour (the `[run]` table; the
-//! figures appear as cards under the estimate's).
+//! The run controls: tokens to train, the price of a GPU-hour and a deadline (the `[run]`
+//! table; the figures appear as cards under the estimate's).
 
 use egui::{DragValue, Ui};
 use parsim::config::Config;
@@ -42,4 +42,16 @@ pub fn ui(ui: &mut Ui, c: &mut Config) {
         .on_hover_text("0: no price, no cost (there is no default price)");
     });
     c.run.price_per_gpu_hour_usd = (price > 0.0).then_some(price);
+    let mut days = c.run.deadline_days.unwrap_or(0.0);
+    ui.horizontal(|ui| {
+        ui.label("Deadline");
+        ui.add(
+            DragValue::new(&mut days)
+                .range(0.0..=36_500.0)
+                .speed(1.0)
+                .suffix(" days"),
+        )
+        .on_hover_text("0: no deadline; a card says by how much the run meets or misses it");
+    });
+    c.run.deadline_days = (days > 0.0).then_some(days);
 }
