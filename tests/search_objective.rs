@@ -167,6 +167,10 @@ fn bad_input_is_refused_naming_the_flag() {
             &["--gpus", "8", "--objective", "speed"],
             "--objective speed",
         ),
+        (
+            &["--gpus", "8", "--objective", "energy", "--deadline", "1d"],
+            "--objective energy: with --deadline",
+        ),
         // 0.36 s: shorter than one step of any mix of this model on 8 GPUs (its fastest run,
         // 10B tokens in about 1.6 days, is about 0.45 s a step).
         (

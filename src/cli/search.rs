@@ -96,6 +96,12 @@ fn run_flags(
     if deadline_s.is_some() && base.run.train_tokens.is_none() {
         return Err(ObjectiveError::DeadlineNoTokens.into());
     }
+    // The deadline answers the cheapest cluster: by cost when priced, else the fewest GPUs.
+    if let (Some(o), Some(_)) = (objective, deadline_s) {
+        if o != Objective::Cost {
+            anyhow::bail!("--objective {}: with --deadline the answer is the cheapest cluster that finishes (by cost with --gpu-hour-price, else the fewest GPUs); give --objective cost or leave --objective out", o.as_str());
+        }
+    }
     Ok((objective, deadline_s))
 }
 
