@@ -175,7 +175,7 @@ fn compare_gives_each_column_its_run() {
 }
 
 #[test]
-fn search_says_it_does_not_report_the_run_yet() {
+fn search_without_an_objective_says_how_to_rank_by_the_run() {
     let out = parsim()
         .args([
             "search",
@@ -195,5 +195,5 @@ fn search_says_it_does_not_report_the_run_yet() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not by search yet"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("give --objective time|cost|energy"));
 }

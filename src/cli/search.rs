@@ -110,7 +110,7 @@ pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
     let (objective, deadline_s) = run_flags(&args, &base)?;
     if base.run.train_tokens.is_some() && objective.is_none() && deadline_s.is_none() {
         eprintln!(
-            "note: search ranks mixes by step time; the run of --train-tokens (days, energy, cost, goodput) is reported by `estimate` and `compare` for the mix chosen, not by search yet"
+            "note: search ranks mixes by step time; give --objective time|cost|energy to rank by the run of --train-tokens and show its days, energy and cost (or --deadline D for the cheapest cluster that finishes)"
         );
     }
     let mut constraints = args
