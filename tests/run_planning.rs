@@ -131,6 +131,9 @@ fn bad_run_settings_in_a_file_name_the_field() {
             "run.failure_rate_per_gpu_hour",
         ),
         ("[run]\ntrain_tokens = 1000000000\nwatts = 3\n", "watts"),
+        // Without a token budget the settings are still checked, never ignored.
+        ("[run]\npue = 0.5\n", "run.pue"),
+        ("[run]\ndeadline_days = -1.0\n", "run.deadline_days"),
     ] {
         let path = dir.path().join("run.toml");
         std::fs::write(&path, body).unwrap();

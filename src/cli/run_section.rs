@@ -5,9 +5,11 @@ use parsim::estimate::Estimate;
 use parsim::planning::RunReport;
 use serde::Serialize;
 
-/// The run of `est` when its configuration sets `run.train_tokens`.
+/// The run of `est` when its configuration sets `run.train_tokens`. The other `[run]`
+/// settings are checked either way, so a bad one is refused by its field, never ignored.
 pub fn run_of(est: &Estimate) -> anyhow::Result<Option<RunReport>> {
     if est.config.run.train_tokens.is_none() {
+        parsim::planning::Settings::from_config(&est.config.run)?;
         return Ok(None);
     }
     let r = parsim::config::Resolved::new(est.config.clone())?;
