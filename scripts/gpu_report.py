@@ -49,6 +49,20 @@ def section(log, start):
     return out
 
 
+def mix_rows(text):
+    """The table rows (mix, fp32, bf16) of `every_mix_on_one_gpu_matches_the_one_rank_gpu_run`
+    in a log, in the order the mixes ran."""
+    found = re.findall(r"(\S.*?) (Fp32|Bf16): worst relative difference ([0-9.e+-]+)", text)
+    found = [(m.replace("test cuda::every_mix_on_one_gpu_matches_the_one_rank_gpu_run ... ", ""),
+              pr, float(e)) for m, pr, e in found]
+    names = []
+    for m, _, _ in found:
+        if m not in names:
+            names.append(m)
+    return [f"| {m} | {next(e for mm, pr, e in found if mm == m and pr == 'Fp32'):.2e} | "
+            f"{next(e for mm, pr, e in found if mm == m and pr == 'Bf16'):.2e} |" for m in names]
+
+
 log = (RES / "proof-log.txt").read_text()
 doctor = json.loads((RES / "doctor.json").read_text())
 torch = json.loads((RES / "torch_layer.json").read_text())
@@ -84,9 +98,6 @@ for tool in ["memcheck", "racecheck"]:
         sanit.append((tool, binary.strip(), summary, ok.split(";")[0]))
 
 # --- mixes on one GPU ------------------------------------------------------------------
-grid = re.findall(r"(\S.*?) (Fp32|Bf16): worst relative difference ([0-9.e+-]+)", log)
-grid = [(m.replace("test cuda::every_mix_on_one_gpu_matches_the_one_rank_gpu_run ... ", ""), p, float(e))
-        for m, p, e in grid]
 exec_tests = [l for l in section(log, ".device-bin/executor cuda") if l.startswith("test ")]
 twin_tests = [l for l in section(log, "cuda_twin --test-threads=1") if l.startswith("test ")]
 nccl = [section(log, "--steps 3 --warmup 1 (")[1], section(log, "--nproc-per-node 1")[1]]
@@ -168,9 +179,6 @@ def latest_sections():
                          next((l.strip("= ").strip() for l in sec if "SUMMARY" in l), "no summary")))
     twins = [l for l in section(fa2, "cuda_twin --test-threads=1") if l.startswith("test ")]
     execs = [l for l in section(lg, ".device-bin/executor cuda") if l.startswith("test ")]
-    grd = re.findall(r"(\S.*?) (Fp32|Bf16): worst relative difference ([0-9.e+-]+)", lg)
-    grd = [(m.replace("test cuda::every_mix_on_one_gpu_matches_the_one_rank_gpu_run ... ", ""), pr,
-            float(e)) for m, pr, e in grd]
     one = [section(lg, "--steps 3 --warmup 1 (")[1], section(lg, "--nproc-per-node 1")[1]]
     benchl = [l for l in section(fa2, ".device-bin/kernels (") if "TFLOP/s" in l or "GB/s" in l]
     fa = tl["sdpa_flash_attention"]
@@ -217,14 +225,7 @@ def latest_sections():
             "the router bias and the MoE pattern on the GPU:", "", "```"]
     val += twins + execs + ["```", "", "Every mix on one GPU against the one-rank GPU run:", "",
                             "| mix | fp32 | bf16 |", "| --- | --- | --- |"]
-    nm = []
-    for m, _, _ in grd:
-        if m not in nm:
-            nm.append(m)
-    for m in nm:
-        f32 = next(e for mm, pr, e in grd if mm == m and pr == "Fp32")
-        b16 = next(e for mm, pr, e in grd if mm == m and pr == "Bf16")
-        val.append(f"| {m} | {f32:.2e} | {b16:.2e} |")
+    val += mix_rows(lg)
     val += ["", "NCCL with one rank against the single-process run:", "", "```"] + one + ["```", "",
             "Memory, measured peak against the engine of the run's commit (`tests/fixtures/gpu_memory.toml`):",
             "", "| mix | rank | measured GiB | predicted GiB | diff |", "| --- | --- | --- | --- | --- |"]
@@ -316,14 +317,7 @@ v += twin_tests + [l for l in exec_tests if "cpu_twin" in l] + ["```", "",
       "the GPU through the backend's device-copy collectives; first loss and every parameter after",
       "three steps (largest difference over the tensor's largest value).", "",
       "| mix | fp32 | bf16 |", "| --- | --- | --- |"]
-names = []
-for m, _, _ in grid:
-    if m not in names:
-        names.append(m)
-for m in names:
-    f = next(e for mm, p, e in grid if mm == m and p == "Fp32")
-    bf = next(e for mm, p, e in grid if mm == m and p == "Bf16")
-    v.append(f"| {m} | {f:.2e} | {bf:.2e} |")
+v += mix_rows(log)
 v += ["", "NCCL with one rank (`--nproc-per-node 1`: the launcher, TCP rendezvous and",
       "`ncclCommInitRank`) against the single-process run of `tests/fixtures/gpu_memory.toml`:", "",
       "```"] + nccl + ["```", "",

@@ -3,7 +3,7 @@
 //! (a group inside it runs at NVLink rates across hosts); NCCL's model covers a whole NVL72
 //! rack and reproduces the published nccl-tests table of one; bad domains are refused by field.
 
-use super::common::{est, group_info, resolve};
+use super::common::{assert_search_no_slower, est, group_info, resolve, search_recipe, Degrees};
 use parsim::config::{Config, GpuProfile, Layer, Resolved};
 use parsim::layout::{GroupKind, Layout};
 use parsim::model::CollectiveKind;
@@ -652,44 +652,22 @@ fn nvidia_public_8b_and_deepseek_v3_recipes_are_accepted_by_estimate() {
 /// bound being exact.
 #[test]
 fn nvidia_public_recipes_are_accepted_by_search() {
-    use parsim::search::{enumerate, search, Constraint, SearchSpec};
-    use std::sync::atomic::AtomicBool;
     for r in llama_recipes().into_iter().chain(TABLE_RECIPES) {
         let recipe = est(recipe_config(&r, true));
         let base = Config::from_layers(&[Layer::overrides(recipe_config(&r, false))]).unwrap();
-        let pins = [
-            format!("tp={}", r.tp),
-            format!("cp={}", r.cp),
-            format!("pp={}", r.pp),
-            format!("ep={}", r.ep),
-            format!("mbs={}", r.mbs),
-            "zero=1".to_string(),
-            "cp_comm=p2p".to_string(),
-        ];
-        let spec = SearchSpec {
-            base: base.clone(),
-            mbs_max: r.mbs,
-            top: 1,
-            constraints: pins.iter().map(|p| Constraint::parse(p).unwrap()).collect(),
-            exhaustive: false,
+        let degrees = Degrees {
+            tp: r.tp,
+            cp: r.cp,
+            pp: r.pp,
+            vpp: r.vpp,
+            ep: r.ep,
+            mbs: r.mbs,
         };
-        let enumerated = enumerate(&base, r.mbs).iter().any(|m| {
-            (m.tp, m.cp, m.pp, m.vpp, m.ep, m.mbs, m.zero)
-                == (r.tp, r.cp, r.pp, r.vpp, r.ep, r.mbs, 1)
-        });
-        let found = search(&spec, &|_, _| {}, &AtomicBool::new(false)).unwrap();
-        let best = found.top.first().map(|b| b.estimate.time.step_s);
+        let (enumerated, best) = search_recipe(&base, degrees, &[]);
         println!(
             "{r:?}: recipe {:.3} s (fits {}), search best {best:?}, degrees enumerated {enumerated}",
             recipe.time.step_s, recipe.memory.fits
         );
-        if recipe.memory.fits {
-            let best = best.unwrap_or_else(|| panic!("{r:?}: no mix found"));
-            assert!(
-                best <= recipe.time.step_s * (1.0 + 1e-9),
-                "{r:?}: search {best} s, recipe {} s",
-                recipe.time.step_s
-            );
-        }
+        assert_search_no_slower(&format!("{r:?}"), &recipe, best);
     }
 }

@@ -34,3 +34,59 @@ pub fn group_info(e: &Estimate, kind: GroupKind) -> &GroupInfo {
         .find(|g| g.group == kind)
         .unwrap_or_else(|| panic!("no {kind} group"))
 }
+
+/// A published recipe's degrees (tp, cp, pp, vpp, ep, micro batch), as the search names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Degrees {
+    pub tp: u32,
+    pub cp: u32,
+    pub pp: u32,
+    pub vpp: u32,
+    pub ep: u32,
+    pub mbs: u64,
+}
+
+/// What `search` makes of a recipe over `base` with its degrees pinned (plus ZeRO-1 as
+/// Megatron's distributed optimizer, the P2P ring for CP, and `extra` pins): whether the
+/// recipe's degrees are among the enumerated mixes, and the best step time found.
+pub fn search_recipe(base: &Config, d: Degrees, extra: &[String]) -> (bool, Option<f64>) {
+    use parsim::search::{enumerate, search, Constraint, SearchSpec};
+    use std::sync::atomic::AtomicBool;
+    let mut pins = vec![
+        format!("tp={}", d.tp),
+        format!("cp={}", d.cp),
+        format!("pp={}", d.pp),
+        format!("ep={}", d.ep),
+        format!("mbs={}", d.mbs),
+        "zero=1".to_string(),
+        "cp_comm=p2p".to_string(),
+    ];
+    pins.extend(extra.iter().cloned());
+    let spec = SearchSpec {
+        base: base.clone(),
+        mbs_max: d.mbs,
+        top: 1,
+        constraints: pins.iter().map(|p| Constraint::parse(p).unwrap()).collect(),
+        exhaustive: false,
+    };
+    let enumerated = enumerate(base, d.mbs).iter().any(|m| {
+        (m.tp, m.cp, m.pp, m.vpp, m.ep, m.mbs, m.zero) == (d.tp, d.cp, d.pp, d.vpp, d.ep, d.mbs, 1)
+    });
+    let found = search(&spec, &|_, _| {}, &AtomicBool::new(false)).unwrap();
+    (
+        enumerated,
+        found.top.first().map(|b| b.estimate.time.step_s),
+    )
+}
+
+/// When the recipe fits, the search must rank first a mix no slower than it.
+pub fn assert_search_no_slower(label: &str, recipe: &Estimate, best: Option<f64>) {
+    if recipe.memory.fits {
+        let best = best.unwrap_or_else(|| panic!("{label}: no mix found"));
+        assert!(
+            best <= recipe.time.step_s * (1.0 + 1e-9),
+            "{label}: search {best} s, recipe {} s",
+            recipe.time.step_s
+        );
+    }
+}
