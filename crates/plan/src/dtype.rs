@@ -1,7 +1,20 @@
 //! Element types of the tensors a Plan describes and a backend holds.
 
 /// Element type of a device tensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum DType {
     /// IEEE single precision: master weights, gradients, optimizer states, the fp32 recipe.
     #[default]

@@ -6,6 +6,7 @@
 pub mod dtype;
 pub mod error;
 pub mod nonfinite;
+pub mod op_timing;
 pub mod pieces;
 pub mod plan;
 pub mod run;
@@ -15,5 +16,6 @@ mod validate;
 
 pub use dtype::DType;
 pub use error::PlanError;
+pub use op_timing::{OpKey, OpTiming};
 pub use plan::Plan;
 pub use run_report::RunReport;
