@@ -24,4 +24,5 @@ mod engine {
     pub mod properties;
     pub mod robustness;
     pub mod time;
+    pub mod training_options;
 }

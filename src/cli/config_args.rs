@@ -6,8 +6,8 @@ use anyhow::Context;
 use clap::Args;
 use parsim::config::megatron;
 use parsim::config::{
-    Activation, Config, CpComm, Dtype, FlopsAttention, Fp8Recipe, Layer, Precision, Recompute,
-    Resolved, RouterScore, ScheduleKind, TrainingMode,
+    Activation, Config, CpComm, Dtype, FlopsAttention, Fp8Recipe, Layer, Optimizer, Precision,
+    Recompute, RecomputeModule, Resolved, RouterScore, ScheduleKind, TrainingMode,
 };
 use parsim::scaling::GpuRange;
 use serde_json::{json, Map, Value};
@@ -333,6 +333,18 @@ pub struct TrainingArgs {
     /// Activation recomputation: none, selective, full. [default from config: selective]
     #[arg(long)]
     pub recompute: Option<Recompute>,
+    /// What selective recompute reruns, comma-separated: core_attn, moe_act, layernorm,
+    /// mla_up_proj, mlp, moe, shared_experts (Megatron's --recompute-modules). [default:
+    /// core_attn]
+    #[arg(long, value_delimiter = ',', value_name = "MODULES")]
+    pub recompute_modules: Option<Vec<RecomputeModule>>,
+    /// Decoder layers whose saved activations are offloaded to host memory (Megatron's
+    /// --cpu-offloading --cpu-offloading-num-layers N). [default: 0]
+    #[arg(long, value_name = "N")]
+    pub offload_activation_layers: Option<u32>,
+    /// The optimizer: adam, muon (Muon on the 2-D weights, Adam on the rest). [default: adam]
+    #[arg(long)]
+    pub optimizer: Option<Optimizer>,
     /// Fused (flash) attention on or off. [default from config: true]
     #[arg(long, value_name = "BOOL")]
     pub flash_attention: Option<bool>,
@@ -593,6 +605,19 @@ impl TrainingArgs {
         );
         put(m, "training", "bf16_layers_at_end", self.bf16_layers_at_end);
         put(m, "training", "recompute", self.recompute);
+        put(
+            m,
+            "training",
+            "recompute_modules",
+            self.recompute_modules.clone(),
+        );
+        put(
+            m,
+            "training",
+            "offload_activation_layers",
+            self.offload_activation_layers,
+        );
+        put(m, "training", "optimizer", self.optimizer);
         put(m, "training", "flash_attention", self.flash_attention);
         put(m, "training", "flops_attention", self.flops_attention);
         put(m, "training", "mode", self.mode);

@@ -15,6 +15,7 @@ pub mod lower;
 pub mod memory;
 pub mod model;
 pub mod network;
+pub mod offload;
 pub mod planning;
 pub mod report;
 pub mod scaling;

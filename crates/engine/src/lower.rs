@@ -52,6 +52,30 @@ impl Default for LowerOptions {
     }
 }
 
+/// The training settings the estimate models but the executor does not run: it steps with
+/// Adam, keeps every saved tensor on the GPU, and recomputes the attention core only.
+fn check_training(t: &crate::config::TrainingConfig) -> Result<(), PlanError> {
+    if t.optimizer != crate::config::Optimizer::Adam {
+        return Err(unsupported(
+            "training.optimizer",
+            format!("the executor steps with adam only, not {}", t.optimizer),
+        ));
+    }
+    if t.offload_activation_layers > 0 {
+        return Err(unsupported(
+            "training.offload_activation_layers",
+            "the executor does not offload activations to the host; set it to 0",
+        ));
+    }
+    if t.recompute_modules() != [crate::config::RecomputeModule::CoreAttn] {
+        return Err(unsupported(
+            "training.recompute_modules",
+            "the executor's selective recompute reruns the attention core only; leave recompute_modules out",
+        ));
+    }
+    Ok(())
+}
+
 fn unsupported(field: &'static str, message: impl Into<String>) -> PlanError {
     PlanError::Unsupported {
         field,
@@ -70,6 +94,7 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
             "context parallelism merges partial attention outputs by their log-sum-exp; set flash_attention = true",
         ));
     }
+    check_training(t)?;
     check_moe(r)?;
     check_layer_kinds(m, t.flash_attention)?;
     check_hybrid(r)?;

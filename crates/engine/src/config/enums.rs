@@ -152,6 +152,44 @@ named_enum!(
 );
 
 named_enum!(
+    /// A part of a layer that selective recomputation drops and reruns (Megatron-Core's
+    /// `--recompute-modules`, megatron/core/transformer/transformer_config.py). `moe_act`,
+    /// `layernorm` and `mla_up_proj` discard only their output after its consumer has run
+    /// (output-discarding checkpoints); the others checkpoint a whole submodule from its input.
+    RecomputeModule {
+        /// The attention core (today's `selective`).
+        CoreAttn => "core_attn",
+        /// The routed experts' activation function: the expert fc2's saved input is rebuilt.
+        MoeAct => "moe_act",
+        /// The norms Transformer Engine does not fuse into the next linear layer (the MoE
+        /// layer's pre-MLP norm, MLA's input norm): their outputs are rebuilt.
+        Layernorm => "layernorm",
+        /// MLA's query and key/value up-projections (and RoPE): Q, K, V are rebuilt.
+        MlaUpProj => "mla_up_proj",
+        /// The dense MLP, from its input.
+        Mlp => "mlp",
+        /// The whole MoE block (router, dispatch, experts, combine), from its input.
+        Moe => "moe",
+        /// The shared experts, from their input.
+        SharedExperts => "shared_experts",
+    }
+);
+
+named_enum!(
+    /// The optimizer of the step (Megatron's `--optimizer`).
+    #[derive(Default)]
+    Optimizer {
+        /// Adam (Kingma & Ba 2015) with an fp32 master copy and two fp32 moments.
+        #[default]
+        Adam => "adam",
+        /// Muon (Jordan et al. 2024; Liu et al. 2025, "Muon is Scalable for LLM Training") on
+        /// the 2-D weight matrices: one fp32 momentum buffer and a Newton-Schulz
+        /// orthogonalisation per step; Adam on embeddings, output layer, norms and biases.
+        Muon => "muon",
+    }
+);
+
+named_enum!(
     /// How attention FLOPs are counted for model FLOPs.
     FlopsAttention {
         /// Half of the s x s scores for a causal mask (Megatron-LM's current accounting).

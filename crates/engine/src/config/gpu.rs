@@ -48,6 +48,11 @@ pub struct Links {
     pub nvlink_domain_size: Option<u32>,
     pub intra_node: Link,
     pub inter_node: Link,
+    /// The GPU's link to its host's memory (PCIe, or NVLink-C2C on Grace systems), per
+    /// direction, which activation offloading moves saved tensors over; `None`: offloading
+    /// is refused on this profile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<Link>,
 }
 
 /// The GPU generation whose NCCL tuning constants apply (NCCL's src/graph/tuning.cc caps per

@@ -1,7 +1,8 @@
 //! Training settings: batch, sequence, precision, recomputation, optimizer, fine-tuning mode.
 
 use super::enums::{
-    Dtype, FlopsAttention, Fp8Recipe, LoraTarget, Precision, Recompute, TrainingMode,
+    Dtype, FlopsAttention, Fp8Recipe, LoraTarget, Optimizer, Precision, Recompute, RecomputeModule,
+    TrainingMode,
 };
 use super::framework::Framework;
 use serde::{Deserialize, Serialize};
@@ -60,6 +61,19 @@ pub struct TrainingConfig {
     /// Gradient accumulation buffer dtype (Megatron's fp32 `main_grad` by default).
     pub grad_dtype: Dtype,
     pub recompute: Recompute,
+    /// What `recompute = "selective"` reruns (Megatron's `--recompute-modules`); absent:
+    /// `["core_attn"]`, the attention core. Only with selective recomputation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recompute_modules: Option<Vec<RecomputeModule>>,
+    /// Decoder layers whose saved activations are offloaded to host memory between their
+    /// forward and backward (Megatron's `--cpu-offloading --cpu-offloading-num-layers N`
+    /// with activations and not weights offloaded); 0: none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub offload_activation_layers: u32,
+    /// The optimizer: `adam` (default) or `muon` (Adam on the parameters Muon does not
+    /// take: embeddings, output layer, norms, biases).
+    #[serde(default, skip_serializing_if = "is_adam")]
+    pub optimizer: Optimizer,
     /// Fused attention (FlashAttention): no s x s tensors are saved.
     pub flash_attention: bool,
     /// The fused attention kernel the framework runs ("flash-attention-2",
@@ -87,6 +101,9 @@ impl Default for TrainingConfig {
             bf16_layers_at_end: None,
             grad_dtype: Dtype::Fp32,
             recompute: Recompute::Selective,
+            recompute_modules: None,
+            offload_activation_layers: 0,
+            optimizer: Optimizer::Adam,
             flash_attention: true,
             attention_kernel: None,
             flops_attention: FlopsAttention::Causal,
@@ -100,7 +117,27 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+fn is_adam(o: &Optimizer) -> bool {
+    *o == Optimizer::Adam
+}
+
 impl TrainingConfig {
+    /// What selective recomputation reruns: the configured modules, or the attention core.
+    pub fn recompute_modules(&self) -> &[RecomputeModule] {
+        self.recompute_modules
+            .as_deref()
+            .unwrap_or(&[RecomputeModule::CoreAttn])
+    }
+
+    /// Whether selective recomputation reruns `module`.
+    pub fn recomputes(&self, module: RecomputeModule) -> bool {
+        self.recompute == Recompute::Selective && self.recompute_modules().contains(&module)
+    }
+
     /// Decoder layers kept in bf16 at the (start, end) of the model under a low-precision
     /// recipe: the settings, or 1 and 1 under nvfp4 and 0 otherwise (see the fields).
     pub fn bf16_layers(&self) -> (u32, u32) {

@@ -169,7 +169,7 @@ pub struct Term {
 /// during the step and the DP tail after it are separate terms.
 pub fn terms(t: &StepTime) -> Vec<Term> {
     let g = &t.exposed_comm_by_group_s;
-    let parts: [(&'static str, &'static str, &'static str, f64); 12] = [
+    let parts: [(&'static str, &'static str, &'static str, f64); 13] = [
         (
             "compute_s",
             "compute (critical pipeline rank)",
@@ -237,6 +237,12 @@ pub fn terms(t: &StepTime) -> Vec<Term> {
             "PP-communication",
             g.pp,
         ),
+        (
+            "exposed_comm_by_group_s.host",
+            "activation offload copies (host link)",
+            "host-link",
+            g.host,
+        ),
     ];
     parts
         .into_iter()
@@ -271,6 +277,7 @@ fn advice(key: &str, t: &StepTime) -> String {
         "exposed_comm_by_group_s.dp" => "overlap gradient reduction and parameter gathers, or a lower ZeRO stage".into(),
         "dp_tail_s" => "overlap gradient reduction (overlap_grad_reduce) with a smaller last bucket (ddp_bucket_size)".into(),
         "optimizer_s" => "shard the optimizer (ZeRO-1)".into(),
+        "exposed_comm_by_group_s.host" => "offload fewer layers (training.offload_activation_layers)".into(),
         _ => "raise GEMM efficiency or cut recomputation".into(),
     }
 }

@@ -190,6 +190,13 @@ fn stage_costs(
             t.exposed.add(&bt.exposed_fwd, k);
             t.exposed.add(&bt.exposed_bwd, k);
         }
+        if r.config.training.offload_activation_layers > 0 {
+            let layers = crate::offload::Layers::of(s, std::slice::from_ref(c));
+            let (of, ob) = crate::offload::exposed_s(r, &layers);
+            t.fwd += of;
+            t.input_grad += ob;
+            t.exposed.host += of + ob;
+        }
         let fwd_compute = t.fwd - t.exposed.total();
         let (zf, zb) =
             per_microbatch_dp_s(r, network, s, c, fwd_compute, t.input_grad + t.weight_grad);

@@ -8,9 +8,7 @@ use super::{overlaps, stage_costs, EstimateError, Prepared};
 use crate::comm::{step_collectives, StepCollective};
 use crate::config::Resolved;
 use crate::memory::{same_blocks, stage_memories, updated_params, Pipeline};
-use crate::model::{
-    chunks_per_rank, rank_params, ChunkContents, Ledger, LedgerSummary, OptimizerState,
-};
+use crate::model::{chunks_per_rank, rank_params, ChunkContents, Ledger, LedgerSummary};
 use crate::network::Network;
 use crate::time::{Rates, TimingContext};
 use std::borrow::Cow;
@@ -156,9 +154,10 @@ impl<'a> Chunked<'a> {
                 .flat_map(|c| c.blocks(&s))
                 .map(|(b, n)| b.quantized.step_bytes * n)
                 .sum();
-            let optimizer_s = rates
-                .memory_s(updated * OptimizerState::of(tr).step_bytes_per_param())
-                + rates.memory_s(cast_bytes);
+            let muon = crate::model::rank_muon(ch, &s);
+            let step_bytes = crate::model::optimizer_bytes(tr, updated, muon.dense + muon.expert).1;
+            let optimizer_s =
+                rates.memory_s(step_bytes) + rates.memory_s(cast_bytes) + muon_ns_s(r, &muon);
             after.push((dp_tail_s(r, &network, &s, ch, &rank_step), optimizer_s));
             step_of.push(step.len());
             step.push(rank_step);
@@ -177,6 +176,17 @@ impl<'a> Chunked<'a> {
             peak: peak_flops(r),
         })
     }
+}
+
+/// Seconds of Muon's Newton-Schulz iterations on this rank (none under Adam): GEMMs at the
+/// bf16 tensor-core rate (Megatron-Bridge's `muon_fp32_matmul_prec = "medium"` lets fp32
+/// matmuls run in bf16) and the profile's matmul efficiency.
+fn muon_ns_s(r: &Resolved, m: &crate::model::muon::MuonSums) -> f64 {
+    if r.config.training.optimizer != crate::config::Optimizer::Muon || m.ns_flops <= 0.0 {
+        return 0.0;
+    }
+    let peak = r.gpu.peak_flops.bf16 * r.gpu.matmul_efficiency_for(crate::config::Precision::Bf16);
+    m.ns_flops / peak
 }
 
 /// A second lower bound of the step for the schedules that run stage s < pp on rank s and

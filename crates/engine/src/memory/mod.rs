@@ -4,7 +4,7 @@
 
 use crate::config::{Recompute, Resolved};
 use crate::model::{
-    rank_params, BlockSummary, ChunkContents, Ledger, LedgerSummary, OptimizerState, ParamSums,
+    optimizer_bytes, rank_params, BlockSummary, ChunkContents, Ledger, LedgerSummary, ParamSums,
 };
 use crate::schedule::{Action, ActionKind};
 use serde::Serialize;
@@ -26,6 +26,10 @@ pub struct StageMemory {
     pub activations: u64,
     pub buffers: u64,
     pub total: u64,
+    /// Host memory holding the offloaded layers' saved activations
+    /// (`training.offload_activation_layers`; src/offload.rs); zero without offloading.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub host_offload: u64,
 }
 
 fn is_zero(x: &u64) -> bool {
@@ -242,8 +246,8 @@ pub enum Pipeline<'a> {
 
 /// Trainable parameters whose optimizer state a rank holds and updates: its shard over the
 /// replica group under ZeRO-1 and above (Rajbhandari et al. 2020), else all of them. Memory
-/// holds [`OptimizerState::state_bytes_per_param`] for each; the step streams
-/// [`OptimizerState::step_bytes_per_param`].
+/// holds [`crate::model::OptimizerState::state_bytes_per_param`] for each; the step streams
+/// [`crate::model::OptimizerState::step_bytes_per_param`] (Muon: [`optimizer_bytes`]).
 pub fn updated_params(r: &Resolved, p: &ParamSums) -> u64 {
     if r.config.parallel.zero >= 1 {
         p.rank_dense_trainable.div_ceil(r.dense_replicas() as u64)
@@ -392,7 +396,6 @@ impl RankStatic {
         let shard = |n: u64, reps: u64| n.div_ceil(reps);
         let w = tr.weight_bytes();
         let g = tr.grad_dtype.bytes();
-        let o = OptimizerState::of(tr).state_bytes_per_param();
         let zero = par.zero;
         let mut weights = if zero >= 3 {
             (shard(p.rank_dense, dense_rep) + shard(p.rank_expert, expert_rep)) * w
@@ -407,7 +410,8 @@ impl RankStatic {
         } else {
             (p.rank_dense_trainable + p.rank_expert_trainable) * g
         };
-        let optimizer = updated_params(r, &p) * o;
+        let muon = crate::model::rank_muon(chunks, s);
+        let optimizer = optimizer_bytes(tr, updated_params(r, &p), muon.dense + muon.expert).0;
 
         // Buffers: runtime overhead, the SP all-gather buffer, pipeline send/receive buffers,
         // then, by phase, ZeRO's gathered blocks and gradient bucket and the ops' transients:
@@ -553,6 +557,22 @@ impl RankStatic {
                 }
             }
         };
+        // Activation offloading: the offloaded layers' saved sets leave the GPU for the host.
+        let offloaded = tr.offload_activation_layers;
+        let (peak, host_offload) = if offloaded > 0 {
+            let layer = crate::offload::Layers::of(s, chunks).mean_saved_bytes();
+            let off = crate::offload::off_gpu_layers(r.config.model.num_layers, offloaded);
+            let freed = off as u64 * layer;
+            (
+                ActivationPeak {
+                    activations: peak.activations.saturating_sub(freed),
+                    with_buffers: peak.with_buffers.saturating_sub(freed),
+                },
+                offloaded as u64 * layer,
+            )
+        } else {
+            (peak, 0)
+        };
         let activations = peak.activations;
         let buffers = fixed + phase.max();
         // The worst moment, not the sum of each category's worst (which can be larger).
@@ -567,6 +587,7 @@ impl RankStatic {
             activations,
             buffers,
             total,
+            host_offload,
         }
     }
 }

@@ -13,9 +13,11 @@ mod mamba;
 mod mlp;
 mod moe;
 mod moe_lora;
+pub mod muon;
 mod norm;
 pub mod op;
 mod optimizer;
+mod recompute;
 pub mod summary;
 
 pub use dims::Dims;
@@ -25,9 +27,9 @@ pub use op::{
     Collective, CollectiveKind, Flops, Op, OpKind, OpRole, ParamClass, Params, Phase, Saved,
     TensorRole,
 };
-pub use optimizer::OptimizerState;
+pub use optimizer::{optimizer_bytes, OptimizerState};
 pub use summary::{
-    chunks_per_rank, rank_params, BlockSummary, BlockTimes, ChunkContents, GroupSeconds,
+    chunks_per_rank, rank_muon, rank_params, BlockSummary, BlockTimes, ChunkContents, GroupSeconds,
     LedgerSummary,
 };
 
@@ -94,6 +96,14 @@ pub struct GroupBytes {
     pub ep: f64,
     /// The expert-TP all-gather and reduce-scatter of an MoE layer's routed rows.
     pub expert_tp: f64,
+    /// Activation offloading's copies over the host link (`training.offload_activation_layers`);
+    /// absent without offloading.
+    #[serde(skip_serializing_if = "is_zero_f64")]
+    pub host: f64,
+}
+
+fn is_zero_f64(x: &f64) -> bool {
+    *x == 0.0
 }
 
 impl GroupBytes {
@@ -115,6 +125,7 @@ impl GroupBytes {
         self.dp += o.dp * k;
         self.ep += o.ep * k;
         self.expert_tp += o.expert_tp * k;
+        self.host += o.host * k;
     }
 
     pub fn max(&mut self, o: &GroupBytes) {
@@ -124,10 +135,11 @@ impl GroupBytes {
         self.dp = self.dp.max(o.dp);
         self.ep = self.ep.max(o.ep);
         self.expert_tp = self.expert_tp.max(o.expert_tp);
+        self.host = self.host.max(o.host);
     }
 
     pub fn total(&self) -> f64 {
-        self.tp + self.cp + self.pp + self.dp + self.ep + self.expert_tp
+        self.tp + self.cp + self.pp + self.dp + self.ep + self.expert_tp + self.host
     }
 }
 
@@ -539,6 +551,7 @@ impl Ledger {
                 BlockKind::MoeLayer => moe::moe_block(&mut ops, m, tr, d),
                 _ => mlp::mlp_block(&mut ops, m, tr, d),
             }
+            recompute::apply_modules(&mut ops, tr.recompute_modules());
             match &recipe {
                 Some(q) if !hp => low_precision::add_quantize_ops(&mut ops, q),
                 _ => {}
@@ -586,6 +599,7 @@ impl Ledger {
                         }
                     }
                 }
+                recompute::apply_modules(&mut ops, tr.recompute_modules());
                 if let Some(q) = &recipe {
                     low_precision::add_quantize_ops(&mut ops, q);
                 }

@@ -71,6 +71,9 @@ pub struct BlockSummary {
     pub times: BlockTimes,
     /// The low-precision recipe's weights in the block (zero without one).
     pub quantized: super::low_precision::QuantizedWeights,
+    /// What the Muon optimizer takes of the block (its matrices and their Newton-Schulz
+    /// FLOPs); zero when summarised without the ledger's dimensions.
+    pub muon: super::muon::MuonSums,
 }
 
 impl BlockSummary {
@@ -103,6 +106,7 @@ impl BlockSummary {
             recompute_rank,
             times,
             quantized: super::low_precision::QuantizedWeights::of(&b.ops),
+            muon: super::muon::MuonSums::default(),
         }
     }
 }
@@ -145,6 +149,7 @@ impl LedgerSummary {
                 l.dims.zero3_gather,
             ),
             backward_temp_split: b.backward_temp_bytes(incoming),
+            muon: super::muon::MuonSums::of(b, l.dims.a, l.dims.g),
             ..BlockSummary::timed(b, recompute, times(b))
         };
         let sum = |b: &Block| sum_with(b, l.dims.residual_bytes());
@@ -295,6 +300,18 @@ pub fn chunks_per_rank(r: &Resolved) -> Vec<Vec<ChunkContents>> {
 }
 
 /// Parameters held by one pipeline rank (before ZeRO-3 sharding).
+/// This rank's Muon share over its chunks ([`super::muon::MuonSums`]).
+pub fn rank_muon(chunks: &[ChunkContents], s: &LedgerSummary) -> super::muon::MuonSums {
+    let mut m = super::muon::MuonSums::default();
+    for c in chunks {
+        for (b, n) in c.blocks(s) {
+            m.add(&b.muon, n);
+        }
+    }
+    m
+}
+
+/// This rank's parameters over its chunks.
 pub fn rank_params(chunks: &[ChunkContents], s: &LedgerSummary) -> ParamSums {
     let mut p = ParamSums::default();
     for c in chunks {

@@ -169,6 +169,8 @@ pub(super) const KEPT_INTS: &[&str] = &[
     "--mamba-state-dim",
     "--num-layers-at-start-in-bf16",
     "--num-layers-at-end-in-bf16",
+    "--cpu-offloading-num-layers",
+    "--muon-num-ns-steps",
 ];
 
 /// Switches that the reader's `State::finish` combines.
@@ -201,6 +203,8 @@ pub(super) const KEPT_SWITCHES: &[&str] = &[
     "--is-hybrid-model",
     "--fp8-param-gather",
     "--first-last-layers-bf16",
+    "--cpu-offloading",
+    "--cpu-offloading-weights",
 ];
 
 /// Flags with a word value that the reader's `State::finish` combines.
@@ -227,7 +231,12 @@ pub(super) const KEPT_WORDS: &[&str] = &[
     "--outer-dp-sharding-strategy",
     "--hybrid-layer-pattern",
     "--hybrid-override-pattern",
+    "--optimizer",
+    "--muon-tp-mode",
 ];
+
+/// Flags with a list of words that the reader's `State::finish` combines.
+pub(super) const KEPT_LISTS: &[&str] = &["--recompute-modules"];
 
 /// Flags that change the model or the parallel layout in ways parsim does not model: an
 /// error naming the flag and why, never an estimate of another model.
@@ -276,5 +285,9 @@ pub(super) const REFUSED: &[(&str, &str)] = &[
     (
         "--pipeline-model-parallel-split-rank",
         "encoder-decoder pipelines are not modelled",
+    ),
+    (
+        "--fine-grained-activation-offloading",
+        "fine-grained activation offloading is not modelled (training.offload_activation_layers is whole-layer --cpu-offloading)",
     ),
 ];

@@ -2,7 +2,7 @@
 //! layer; those that combine (model shape, parallel degrees, precision, recompute) are kept and
 //! combined with Megatron's defaults in [`State::finish`].
 
-use super::flag_table::{Kind, DIRECT, KEPT_INTS, KEPT_SWITCHES, KEPT_WORDS, REFUSED};
+use super::flag_table::{Kind, DIRECT, KEPT_INTS, KEPT_LISTS, KEPT_SWITCHES, KEPT_WORDS, REFUSED};
 use super::put;
 use super::values::{first_dense_layers, layer_list, tokenizer_vocab};
 use serde_json::{json, Map, Value};
@@ -14,6 +14,7 @@ pub(super) struct State {
     ints: std::collections::BTreeMap<&'static str, u64>,
     switches: std::collections::BTreeSet<&'static str>,
     words: std::collections::BTreeMap<&'static str, String>,
+    lists: std::collections::BTreeMap<&'static str, Vec<String>>,
     ignored: Vec<String>,
     notes: Vec<String>,
     nproc_per_node: Option<u64>,
@@ -72,7 +73,8 @@ impl State {
         let known = DIRECT.iter().any(|d| d.0 == flag)
             || KEPT_INTS.contains(&flag.as_str())
             || KEPT_SWITCHES.contains(&flag.as_str())
-            || KEPT_WORDS.contains(&flag.as_str());
+            || KEPT_WORDS.contains(&flag.as_str())
+            || KEPT_LISTS.contains(&flag.as_str());
         if known && values.iter().any(|v| v.contains('$')) {
             self.notes.push(format!(
                 "{raw_flag} {}: the value is not resolved, so the flag is ignored",
@@ -101,6 +103,11 @@ impl State {
             self.switches.insert(name);
         } else if let Some(name) = KEPT_WORDS.iter().find(|n| **n == flag) {
             self.words.insert(name, single(&flag, values)?.to_string());
+        } else if let Some(name) = KEPT_LISTS.iter().find(|n| **n == flag) {
+            if values.is_empty() {
+                return Err(format!("{flag} needs at least one value"));
+            }
+            self.lists.insert(name, values.to_vec());
         } else if !self.ignored.contains(&raw_flag.to_string()) {
             self.ignored.push(raw_flag.to_string());
         }
@@ -741,6 +748,9 @@ impl State {
                 ));
             }
         }
+        self.recompute_modules(recompute)?;
+        self.offloading()?;
+        self.optimizer()?;
         match self.word("--attention-backend") {
             Some("unfused" | "local") => self.set("training", "flash_attention", json!(false)),
             Some(_) => self.set("training", "flash_attention", json!(true)),
@@ -748,6 +758,83 @@ impl State {
                 self.set("training", "flash_attention", json!(true))
             }
             None => {}
+        }
+        Ok(())
+    }
+
+    /// `--recompute-modules` (Megatron-Core's selective recompute modules), each a module
+    /// parsim models; only with selective recompute, as Megatron-Core reads it.
+    fn recompute_modules(&mut self, recompute: &str) -> Result<(), String> {
+        let Some(modules) = self.lists.get("--recompute-modules").cloned() else {
+            return Ok(());
+        };
+        if recompute != "selective" {
+            self.notes.push(format!(
+                "--recompute-modules {} applies to selective recompute only; the run recomputes {recompute}",
+                modules.join(" ")
+            ));
+            return Ok(());
+        }
+        let parsed = modules
+            .iter()
+            .map(|m| {
+                m.parse::<crate::config::RecomputeModule>()
+                    .map(|m| json!(m.as_str()))
+                    .map_err(|e| format!("--recompute-modules: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.set("training", "recompute_modules", Value::Array(parsed));
+        Ok(())
+    }
+
+    /// `--cpu-offloading` of activations (`--cpu-offloading-num-layers` layers); weight
+    /// offloading is refused. The layer count alone, without `--cpu-offloading`, offloads
+    /// nothing in Megatron-Core (its TransformerConfig checks it only when offloading is on).
+    fn offloading(&mut self) -> Result<(), String> {
+        let n = self.ints.get("--cpu-offloading-num-layers").copied();
+        if !self.on("--cpu-offloading") {
+            if let Some(n) = n.filter(|&n| n > 0) {
+                self.notes.push(format!(
+                    "--cpu-offloading-num-layers {n} without --cpu-offloading offloads nothing"
+                ));
+            }
+            return Ok(());
+        }
+        if self.on("--cpu-offloading-weights") {
+            return Err("--cpu-offloading-weights: offloading weights to the CPU is not modelled, so the run is not estimated".into());
+        }
+        let n = n.unwrap_or(0);
+        if n > 0 {
+            self.set("training", "offload_activation_layers", json!(n));
+        }
+        Ok(())
+    }
+
+    /// `--optimizer`: adam (Megatron's default) or muon as parsim models it (blockwise TP,
+    /// 5 Newton-Schulz steps); any other optimizer or Muon setting is refused by name.
+    fn optimizer(&mut self) -> Result<(), String> {
+        match self.word("--optimizer") {
+            None | Some("adam") => {}
+            Some("muon") => self.set("training", "optimizer", json!("muon")),
+            Some(other) => return Err(format!(
+                "--optimizer: '{other}' is not modelled (adam, muon), so the run is not estimated"
+            )),
+        }
+        if let Some(mode) = self.word("--muon-tp-mode").filter(|m| *m != "blockwise") {
+            return Err(format!(
+                "--muon-tp-mode: '{mode}' is not modelled (blockwise: each TP shard orthogonalised on its own)"
+            ));
+        }
+        if let Some(n) = self
+            .ints
+            .get("--muon-num-ns-steps")
+            .copied()
+            .filter(|&n| n != crate::model::muon::NS_STEPS)
+        {
+            return Err(format!(
+                "--muon-num-ns-steps: {n} is not modelled (Megatron's default, {})",
+                crate::model::muon::NS_STEPS
+            ));
         }
         Ok(())
     }

@@ -311,6 +311,20 @@ fn training_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
             flag("--recompute-num-layers", Some("1".into()));
         }
     }
+    if let Some(modules) = &t.recompute_modules {
+        let names: Vec<&str> = modules.iter().map(|m| m.as_str()).collect();
+        flag("--recompute-modules", Some(names.join(" ")));
+    }
+    if t.offload_activation_layers > 0 {
+        flag("--cpu-offloading", None);
+        flag(
+            "--cpu-offloading-num-layers",
+            Some(t.offload_activation_layers.to_string()),
+        );
+    }
+    if t.optimizer == crate::config::Optimizer::Muon {
+        flag("--optimizer", Some("muon".into()));
+    }
     let backend = if t.flash_attention {
         "flash"
     } else {

@@ -14,6 +14,7 @@ mod pipeline;
 pub mod pipeline_layout;
 mod precision;
 mod shape;
+mod training;
 
 pub use pipeline::stage_layer_counts;
 
@@ -47,7 +48,7 @@ pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
     if !errs.is_empty() {
         return Err(ConfigError::Invalid(errs));
     }
-    let groups: [&dyn Fn() -> Vec<Violation>; 18] = [
+    let groups: [&dyn Fn() -> Vec<Violation>; 21] = [
         &|| shape::heads(c),
         &|| shape::layer_patterns(c),
         &|| experts::model(c),
@@ -66,6 +67,9 @@ pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
         &|| precision::gradients(c),
         &|| precision::positions(c),
         &|| lora::lora(c),
+        &|| training::recompute_modules(c),
+        &|| training::offloading(c, gpu),
+        &|| training::optimizer(c),
     ];
     let errs: Vec<Violation> = groups.iter().flat_map(|g| g()).collect();
     if errs.is_empty() {
