@@ -175,6 +175,16 @@ fn plausible(r: &mut Rng, key: &str) -> Value {
         "bf16_layers_at_start" | "bf16_layers_at_end" => ints(r, &[0, 1, 2, 1000]),
         "grad_dtype" => json!(r.pick(&["fp32", "bf16", "fp16", "fp8"])),
         "recompute" => json!(r.pick(&["none", "selective", "full"])),
+        "recompute_modules" => r.pick(&[
+            json!(["core_attn"]),
+            json!(["layernorm", "moe_act"]),
+            json!(["mla_up_proj", "mlp"]),
+            json!(["moe", "shared_experts"]),
+            json!([]),
+            json!(["attention"]),
+        ]),
+        "offload_activation_layers" => ints(r, &[0, 1, 3, 1000]),
+        "optimizer" => json!(r.pick(&["adam", "muon", "sgd"])),
         "flops_attention" => json!(r.pick(&["causal", "full"])),
         "mode" => json!(r.pick(&["full", "lora"])),
         "lora" => json!({"rank": r.pick(&[0u64, 8, 64, 100_000])}),
@@ -264,6 +274,9 @@ const FIELDS: &[(&str, &[&str])] = &[
             "bf16_layers_at_end",
             "grad_dtype",
             "recompute",
+            "recompute_modules",
+            "offload_activation_layers",
+            "optimizer",
             "flash_attention",
             "flops_attention",
             "mode",
@@ -430,6 +443,15 @@ fn fuzz_megatron_args_in_process() {
         ("--use-torch-fsdp2", &[]),
         ("--use-distributed-optimizer", &[]),
         ("--tensor-model-parallel-size", &["1", "2", "3"]),
+        ("--optimizer", &["adam", "muon", "sgd"]),
+        ("--muon-tp-mode", &["blockwise", "duplicated"]),
+        ("--recompute-granularity", &["selective", "full"]),
+        (
+            "--recompute-modules",
+            &["layernorm moe_act", "mlp", "core_attn foo"],
+        ),
+        ("--cpu-offloading", &[]),
+        ("--cpu-offloading-num-layers", &["0", "2", "99"]),
     ];
     let mut r = Rng::seeded(7);
     for i in 0..400 {

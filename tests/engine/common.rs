@@ -52,15 +52,22 @@ pub struct Degrees {
 pub fn search_recipe(base: &Config, d: Degrees, extra: &[String]) -> (bool, Option<f64>) {
     use parsim::search::{enumerate, search, Constraint, SearchSpec};
     use std::sync::atomic::AtomicBool;
+    // ZeRO-1 (Megatron's distributed optimizer) unless `extra` pins another stage.
+    let zero: u8 = extra
+        .iter()
+        .find_map(|p| p.strip_prefix("zero="))
+        .map_or(1, |z| z.parse().expect("zero pin"));
     let mut pins = vec![
         format!("tp={}", d.tp),
         format!("cp={}", d.cp),
         format!("pp={}", d.pp),
         format!("ep={}", d.ep),
         format!("mbs={}", d.mbs),
-        "zero=1".to_string(),
         "cp_comm=p2p".to_string(),
     ];
+    if !extra.iter().any(|p| p.starts_with("zero=")) {
+        pins.push("zero=1".to_string());
+    }
     pins.extend(extra.iter().cloned());
     let spec = SearchSpec {
         base: base.clone(),
@@ -70,7 +77,8 @@ pub fn search_recipe(base: &Config, d: Degrees, extra: &[String]) -> (bool, Opti
         exhaustive: false,
     };
     let enumerated = enumerate(base, d.mbs).iter().any(|m| {
-        (m.tp, m.cp, m.pp, m.vpp, m.ep, m.mbs, m.zero) == (d.tp, d.cp, d.pp, d.vpp, d.ep, d.mbs, 1)
+        (m.tp, m.cp, m.pp, m.vpp, m.ep, m.mbs, m.zero)
+            == (d.tp, d.cp, d.pp, d.vpp, d.ep, d.mbs, zero)
     });
     let found = search(&spec, &|_, _| {}, &AtomicBool::new(false)).unwrap();
     (

@@ -816,9 +816,11 @@ impl State {
         match self.word("--optimizer") {
             None | Some("adam") => {}
             Some("muon") => self.set("training", "optimizer", json!("muon")),
-            Some(other) => return Err(format!(
+            Some(other) => {
+                return Err(format!(
                 "--optimizer: '{other}' is not modelled (adam, muon), so the run is not estimated"
-            )),
+            ))
+            }
         }
         if let Some(mode) = self.word("--muon-tp-mode").filter(|m| *m != "blockwise") {
             return Err(format!(
