@@ -123,7 +123,8 @@ fn checkpoint(ops: &mut [Op], inside: impl Fn(&Op) -> bool, keeps_input: impl Fn
         o.recomputed_by_selective = true;
         let keep = keeps_input(o);
         for s in o.saved.iter_mut() {
-            if !s.selective && !(keep && s.role == TensorRole::Input) {
+            let checkpoint_input = keep && s.role == TensorRole::Input;
+            if !s.selective && !checkpoint_input {
                 s.selective = true;
                 rebuilt += s.bytes;
             }
