@@ -23,5 +23,6 @@ mod engine {
     pub mod profiles;
     pub mod properties;
     pub mod robustness;
+    pub mod tables;
     pub mod time;
 }
