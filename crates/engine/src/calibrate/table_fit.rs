@@ -166,8 +166,7 @@ pub fn fit_tables(
                 let e = 2.0 * (*m as f64) * (*n as f64) * (*k as f64) / s / peak;
                 if e > 1.0 {
                     return Err(refuse(format!(
-                        "runs at {:.3} of the profile's {field} ({peak:e} FLOP/s): faster than the peak (a unit mistake, or the wrong profile)",
-                        e
+                        "runs at {e:.3} of the profile's {field} ({peak:e} FLOP/s): faster than the peak (a unit mistake, or the wrong profile)"
                     )));
                 }
                 gemm.entry((*dtype, octave(*m), octave(*n), octave(*k)))
