@@ -283,3 +283,72 @@ fn gpu_sweep_points_are_valid_single_rank_runs_that_fit_an_h100() {
         );
     }
 }
+
+/// Measurement lines carrying op timings (`"ops"`): `calibrate --out` writes the rate tables
+/// fitted from them into the profile (a 4096^3 bf16 GEMM timed at 2 x 4096^3 / (0.5 x
+/// 989.4e12) s per call is a bucket at efficiency 0.5; the one attention implementation
+/// timed becomes the profile's), prints how well they reproduce the timings, and `estimate`
+/// with that profile reports which ops its tables time. A negative op time is refused with
+/// its line and field.
+#[test]
+fn cli_fits_rate_tables_from_op_timings() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("m.jsonl");
+    let gemm_s = 2.0 * 4096f64.powi(3) / (0.5 * 989.4e12);
+    let attn_flops = 4.0 * 16.0 * 2048.0 * 2048.0 * 128.0 / 2.0;
+    let ops = json!([
+        {"class": "gemm", "m": 4096, "n": 4096, "k": 4096, "dtype": "bf16", "calls": 2, "total_s": 2.0 * gemm_s},
+        {"class": "attention", "batch_heads": 16, "q_len": 2048, "kv_len": 2048, "head_dim": 128,
+         "mask": "causal", "pass": "forward", "kernel": "flash_mma", "calls": 1, "total_s": attn_flops / 150e12},
+        {"class": "attention", "batch_heads": 16, "q_len": 2048, "kv_len": 2048, "head_dim": 128,
+         "mask": "causal", "pass": "backward", "kernel": "flash_mma", "calls": 1, "total_s": 2.5 * attn_flops / 80e12}
+    ]);
+    let configs = [
+        config(1, 1, 1, 2048, 2048, 8),
+        config(2, 1, 1, 2048, 2048, 8),
+        config(1, 1, 2, 2048, 1024, 8),
+        config(1, 2, 1, 2048, 2048, 8),
+    ];
+    let text: Vec<String> = lines(&configs, &truth())
+        .lines()
+        .map(|l| {
+            let mut v: Value = serde_json::from_str(l).unwrap();
+            v["ops"] = ops.clone();
+            v.to_string()
+        })
+        .collect();
+    std::fs::write(&m, text.join("\n")).unwrap();
+    let out = dir.path().join("fitted.toml");
+    cargo_bin_cmd!("parsim")
+        .args(["calibrate", "--measurements", m.to_str().unwrap()])
+        .args(["--profile", "h100-sxm", "--out", out.to_str().unwrap()])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("rate tables fitted"));
+    let fitted = GpuProfile::load(out.to_str().unwrap()).unwrap();
+    let b = &fitted.tables.gemm.as_ref().unwrap().buckets[0];
+    assert!((b.efficiency - 0.5).abs() < 1e-9 && b.count == 8, "{b:?}");
+    assert_eq!(fitted.tables.attention_kernel.as_deref(), Some("flash_mma"));
+    let est = cargo_bin_cmd!("parsim")
+        .args(["estimate", "--profile", out.to_str().unwrap(), "--json"])
+        .args(["--seq", "2048", "--gpus", "8"])
+        .output()
+        .unwrap();
+    assert!(est.status.success());
+    let v: Value = serde_json::from_slice(&est.stdout).unwrap();
+    assert!(
+        v["table_coverage"]["covered_ops"].as_u64().unwrap() >= 1,
+        "{v}"
+    );
+    let mut bad: Value = serde_json::from_str(&text[0]).unwrap();
+    bad["ops"][1]["total_s"] = json!(-1.0);
+    std::fs::write(&m, bad.to_string()).unwrap();
+    cargo_bin_cmd!("parsim")
+        .args(["calibrate", "--measurements", m.to_str().unwrap()])
+        .args(["--profile", "h100-sxm"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains(
+            "m.jsonl:1: `ops[1]`: `total_s` = -1",
+        ));
+}

@@ -23,6 +23,7 @@ mod engine {
     pub mod profiles;
     pub mod properties;
     pub mod robustness;
+    pub mod tables;
     pub mod time;
     pub mod training_options;
 }

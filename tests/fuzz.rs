@@ -724,3 +724,90 @@ fn fuzz_command_lines() {
     }
     eprintln!("exit statuses seen: {seen:?}");
 }
+
+/// Profiles with random measured rate tables (`[tables]`: a flash_mma attention curve, a
+/// memory curve, a GEMM bucket, an all-reduce curve, the host gap) with wild values mixed
+/// in: parsing refuses the bad ones, and every profile that parses estimates a small model
+/// without a panic or a non-number.
+#[test]
+fn fuzz_profile_tables_in_process() {
+    let mut r = Rng::seeded(11);
+    let base = toml::Value::try_from(parsim::config::GpuProfile::load("h100-sxm").unwrap())
+        .expect("a profile serializes");
+    let prov = json!({"date": "d", "device": "d", "driver": "d", "software": "s"});
+    let (mut accepted, mut refused) = (0, 0);
+    for i in 0..150 {
+        let rate = |r: &mut Rng| {
+            if r.chance(4) {
+                wild(r)
+            } else {
+                json!(r.pick(&[1e9, 1e11, 5e12, 1.5e14, 9e14]))
+            }
+        };
+        let keys = |r: &mut Rng, scale: u64| -> Value {
+            let n = if r.chance(5) { 0 } else { 1 + r.below(3) };
+            let mut ks: Vec<u64> = (0..n).map(|j| scale << (2 * j + r.below(2))).collect();
+            if r.chance(5) {
+                ks.reverse();
+            }
+            json!(ks)
+        };
+        let seq = keys(&mut r, 512);
+        let n = seq.as_array().unwrap().len();
+        let curve = |r: &mut Rng, pass: &str| {
+            json!({"pass": pass, "mask": r.pick(&["causal", "full"]), "head_dim": r.pick(&[64, 128]),
+                   "seq_len": seq.clone(), "flops_per_s": (0..n).map(|_| rate(r)).collect::<Vec<_>>(),
+                   "count": vec![1; n]})
+        };
+        let mut tables = json!({
+            "attention_kernel": if r.chance(5) { "other" } else { "flash_mma" },
+            "attention": {"flash_mma": {"provenance": prov, "curves": [curve(&mut r, "forward"), curve(&mut r, "backward")]}},
+        });
+        let bytes = keys(&mut r, 1 << 16);
+        let m = bytes.as_array().unwrap().len();
+        if r.chance(60) {
+            tables["memory"] = json!({"provenance": prov, "bytes": bytes,
+                "bytes_per_s": (0..m).map(|_| rate(&mut r)).collect::<Vec<_>>(), "count": vec![1; m]});
+        }
+        if r.chance(60) {
+            tables["gemm"] = json!({"provenance": prov, "buckets": [{"dtype": "bf16",
+                "m": if r.chance(10) { 3000 } else { 4096 }, "n": 4096, "k": 1024, "efficiency": rate(&mut r), "count": 1}]});
+        }
+        if r.chance(60) {
+            tables["collective"] = json!({"provenance": prov, "curves": [{"op": "all_reduce",
+                "group_size": if r.chance(10) { 1 } else { 8 }, "placement": "intra_node", "bytes": bytes,
+                "bus_bytes_per_s": (0..m).map(|_| rate(&mut r)).collect::<Vec<_>>(), "count": vec![1; m]}]});
+        }
+        if r.chance(50) {
+            let gap = if r.chance(50) {
+                json!(2e-6)
+            } else {
+                wild(&mut r)
+            };
+            tables["host_gap"] = json!({"provenance": prov, "seconds_per_op": gap, "count": 1});
+        }
+        let Ok(t) = toml::Value::try_from(&tables) else {
+            continue;
+        };
+        let mut profile = base.clone();
+        profile.as_table_mut().unwrap().insert("tables".into(), t);
+        let input = toml::to_string(&profile).unwrap_or_default();
+        match parsim::config::GpuProfile::parse(&input, "fuzz.toml") {
+            Ok(_) => accepted += 1,
+            Err(_) => refused += 1,
+        }
+        run_case("profile tables", i, &input, || {
+            let gpu = parsim::config::GpuProfile::parse(&input, "fuzz.toml").ok()?;
+            let doc = json!({"model": {"preset": "llama3-8b", "num_layers": 2},
+                             "cluster": {"num_gpus": 8}, "training": {"seq_length": 2048}});
+            let cfg = Config::from_layers(&[Layer::overrides(doc)]).ok()?;
+            let est = parsim::estimate::estimate(&Resolved::with_gpu(cfg, gpu).ok()?).ok()?;
+            Some(serde_json::to_value(&est).expect("estimate serializes"))
+        });
+    }
+    // Both sides are exercised: tables that time ops, and tables refused by field.
+    assert!(
+        accepted >= 10 && refused >= 10,
+        "{accepted} accepted, {refused} refused"
+    );
+}

@@ -6,6 +6,10 @@ use anyhow::Context;
 use clap::Args;
 use parsim::calibrate::measurements;
 use parsim::calibrate::profile_fit::{fit_profile, ProfileFit};
+use parsim::calibrate::table_fit::{
+    fit_tables, merge_tables, reproduce, Reproduction, REPRODUCTION_BOUND,
+};
+use parsim::config::tables::{RateTables, TableProvenance};
 use parsim::config::GpuProfile;
 use parsim::report::format::{gib, seconds};
 use parsim::report::table::table;
@@ -144,18 +148,90 @@ fn print_fit(f: &ProfileFit, report: bool) {
     }
 }
 
+/// The rate tables fitted from the measurement lines' op timings (every line's together),
+/// with how well they reproduce them; `None` when no line carries ops.
+fn fit_op_tables(
+    base: &GpuProfile,
+    ms: &[measurements::Measurement],
+    origin: &str,
+) -> anyhow::Result<Option<(RateTables, Vec<Reproduction>)>> {
+    let ops: Vec<_> = ms.iter().flat_map(|m| m.ops.iter().cloned()).collect();
+    if ops.is_empty() {
+        return Ok(None);
+    }
+    let provenance = TableProvenance {
+        date: parsim::host::utc_date(),
+        device: format!(
+            "{} (the profile fitted: the measurement lines do not name their device)",
+            base.description
+        ),
+        driver: "not recorded in the measurement lines".into(),
+        software: format!(
+            "parsim {} `calibrate` from the op timings in {origin}",
+            env!("CARGO_PKG_VERSION")
+        ),
+    };
+    let fitted = fit_tables(&ops, base, &provenance)
+        .with_context(|| format!("{origin}: fitting rate tables from the lines' `ops`"))?;
+    let reproduction = reproduce(&ops, &fitted, base);
+    Ok(Some((fitted, reproduction)))
+}
+
+/// Per op class, how closely the fitted tables give back the timings they came from.
+fn print_reproduction(rows: &[Reproduction]) {
+    let mut t = table(&[
+        "op class",
+        "timings",
+        "not covered",
+        "median error",
+        "worst error",
+    ]);
+    for r in rows {
+        t.add_row(vec![
+            r.class.to_string(),
+            r.ops.to_string(),
+            r.uncovered.to_string(),
+            format!("{:.1}%", 100.0 * r.median_error),
+            format!("{:.1}%", 100.0 * r.worst_error),
+        ]);
+    }
+    println!("rate tables fitted from the op timings (the tables time the ops they cover):\n{t}");
+}
+
 pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
-    let base = GpuProfile::load(&args.profile)?;
+    let mut base = GpuProfile::load(&args.profile)?;
     let ms = measurements::read(&args.measurements)?;
     for w in measurements::peak_warnings(&ms, &args.measurements.display().to_string()) {
         eprintln!("warning: {w}");
     }
     let origin = args.measurements.display().to_string();
+    // Tables first, so the scalar fit starts from them and fits only what they leave.
+    let op_tables = fit_op_tables(&base, &ms, &origin)?;
+    if let Some((fitted, _)) = &op_tables {
+        merge_tables(&mut base.tables, fitted.clone());
+    }
     let fit = fit_profile(&base, &ms, &origin)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&fit)?);
+        let mut v = serde_json::to_value(&fit)?;
+        if let (Some((_, rows)), Some(obj)) = (&op_tables, v.as_object_mut()) {
+            obj.insert("op_tables".into(), serde_json::to_value(rows)?);
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print_fit(&fit, args.report);
+        if let Some((_, rows)) = &op_tables {
+            print_reproduction(rows);
+        }
+    }
+    for r in op_tables.iter().flat_map(|(_, rows)| rows) {
+        if !r.within_bound() {
+            eprintln!(
+                "warning: the {} table misses its own timings by up to {:.1}% (bound {:.0}%)",
+                r.class,
+                100.0 * r.worst_error,
+                100.0 * REPRODUCTION_BOUND
+            );
+        }
     }
     if let Some(path) = &args.png {
         parsim::calibrate::plot::write_fit_png(path, &fit)?;

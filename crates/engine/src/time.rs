@@ -6,11 +6,15 @@
 //! Efficiency is data (STYLE.md, Calculon): every constant lives in the GPU profile, where
 //! calibration fits it.
 
+use crate::config::tables::RateTables;
 use crate::config::{CpComm, GpuProfile, Recompute};
 use crate::layout::GroupKind;
 use crate::model::{Block, BlockTimes, GroupSeconds, Op, OpKind, Phase, TensorRole};
 use crate::network::Network;
+use parsim_plan::dtype::DType;
+use parsim_plan::op_timing::{MaskKind, Pass};
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 /// Reduction depth of one k-loop iteration of a tensor-core GEMM tile (a 64-deep slice of
 /// bf16 operands), the unit stream-K scheduling shares out.
@@ -37,6 +41,9 @@ impl Rates<'_> {
         if m == 0 || n == 0 || k == 0 {
             return 0.0;
         }
+        if let Some(s) = self.table_gemm_s(m, n, k) {
+            return s;
+        }
         let wave_efficiency = self.wave_efficiency(self.output_tiles(m, n), k);
         let flops = 2.0 * m as f64 * n as f64 * k as f64;
         let e = &self.gpu.efficiency;
@@ -44,6 +51,26 @@ impl Rates<'_> {
         let bytes = (m * k + k * n + m * n) as f64 * self.element_bytes as f64;
         let memory = bytes / (self.gpu.hbm_bytes_per_s * e.memory_bound);
         compute.max(memory) + e.kernel_overhead_s
+    }
+
+    /// The GEMM dtype a measured table is keyed by: f32 for 4-byte operands, bf16 for 2-byte
+    /// ones at the bf16 peak; `None` (no table) for FP8 and FP4 recipes.
+    fn table_dtype(&self) -> Option<(DType, f64)> {
+        let peak = &self.gpu.peak_flops;
+        match self.element_bytes {
+            4 => Some((DType::F32, peak.fp32)),
+            2 if self.peak_flops == peak.bf16 => Some((DType::Bf16, peak.bf16)),
+            _ => None,
+        }
+    }
+
+    /// Seconds of an [m x k] . [k x n] GEMM at its measured bucket's efficiency of the dtype's
+    /// peak, plus the measured host gap, when the profile's GEMM table covers it.
+    fn table_gemm_s(&self, m: u64, n: u64, k: u64) -> Option<f64> {
+        let (dtype, peak) = self.table_dtype()?;
+        let t = &self.gpu.tables;
+        let e = t.gemm_efficiency(dtype, m, n, k)?;
+        Some(2.0 * m as f64 * n as f64 * k as f64 / (peak * e) + t.host_gap_s())
     }
 
     /// Output tiles of an [m x n] GEMM result.
@@ -102,6 +129,10 @@ impl Rates<'_> {
         if bytes == 0 {
             return 0.0;
         }
+        let t = &self.gpu.tables;
+        if let Some(rate) = t.memory_bytes_per_s(bytes) {
+            return bytes as f64 / rate + t.host_gap_s();
+        }
         let e = &self.gpu.efficiency;
         bytes as f64 / (self.gpu.hbm_bytes_per_s * e.memory_bound) + e.kernel_overhead_s
     }
@@ -127,6 +158,9 @@ impl Rates<'_> {
     /// run at `efficiency.attention`.
     pub fn attention_pass_s(&self, op: &Op) -> (f64, f64) {
         let f = &op.rank_flops;
+        if let Some(t) = self.table_attention_s(op) {
+            return t;
+        }
         let kernel = match (op.kind, &self.gpu.attention_kernel) {
             (
                 OpKind::Attention {
@@ -170,6 +204,89 @@ impl Rates<'_> {
                 k.backward_flops_per_s(seq_len, causal, head_dim),
             ),
         )
+    }
+
+    /// The (forward, backward) rates of a fused core in the selected kernel implementation's
+    /// measured curves (`tables.attention_kernel`), when both passes' curves cover its
+    /// sequence length at its mask and head dimension.
+    fn table_attention_rates(&self, op: &Op) -> Option<(f64, f64)> {
+        let OpKind::Attention {
+            seq_len,
+            causal,
+            fused: true,
+            head_dim,
+        } = op.kind
+        else {
+            return None;
+        };
+        let t = &self.gpu.tables;
+        let kernel = t.attention_kernel.as_deref()?;
+        let mask = if causal {
+            MaskKind::Causal
+        } else {
+            MaskKind::Full
+        };
+        let rate = |pass| t.attention_flops_per_s(kernel, pass, mask, head_dim, seq_len);
+        Some((rate(Pass::Forward)?, rate(Pass::Backward)?))
+    }
+
+    /// [`Self::attention_pass_s`] from the measured curves ([`Self::table_attention_rates`]),
+    /// FLOPs as the published path counts them, plus the measured host gap per pass.
+    fn table_attention_s(&self, op: &Op) -> Option<(f64, f64)> {
+        let (fwd_rate, bwd_rate) = self.table_attention_rates(op)?;
+        let f = &op.rank_flops;
+        let gap = self.gpu.tables.host_gap_s();
+        let timed = |flops: f64, rate: f64| {
+            if flops > 0.0 {
+                flops / rate + gap
+            } else {
+                0.0
+            }
+        };
+        Some((
+            timed(f.fwd, fwd_rate),
+            timed(
+                f.dgrad / 2.0 * crate::attention_rates::PAPER_BACKWARD_FLOPS_PER_FORWARD,
+                bwd_rate,
+            ),
+        ))
+    }
+
+    /// Whether the profile's tables time `op`'s compute: every GEMM of a matmul (forward and
+    /// both gradients), both passes of a fused attention core, a memory-bound op's forward
+    /// and backward bytes. `None` for ops no table times (an unfused core, untimed casts).
+    pub fn table_covers(&self, op: &Op) -> Option<(&'static str, bool)> {
+        let t = &self.gpu.tables;
+        let mem = |b: u64| b == 0 || t.memory_bytes_per_s(b).is_some();
+        match op.kind {
+            OpKind::Matmul { m, n, k } => {
+                let f = &op.rank_flops;
+                let passes = [
+                    (f.fwd, (m, n, k)),
+                    (f.dgrad, (m, k, n)),
+                    (f.wgrad, (k, n, m)),
+                ];
+                Some((
+                    "gemm",
+                    passes
+                        .iter()
+                        .filter(|(flops, _)| *flops > 0.0)
+                        .all(|&(_, (a, b, c))| self.table_gemm_s(a, b, c).is_some()),
+                ))
+            }
+            OpKind::Attention { fused: true, .. } => {
+                Some(("attention", self.table_attention_rates(op).is_some()))
+            }
+            OpKind::Attention { .. } => None,
+            OpKind::MemoryBound { bytes } => Some(("memory", mem(bytes) && mem(2 * bytes))),
+            OpKind::Quantize {
+                fwd_bytes,
+                bwd_bytes,
+                timed: true,
+                ..
+            } => Some(("memory", mem(fwd_bytes) && mem(bwd_bytes))),
+            OpKind::Quantize { timed: false, .. } => None,
+        }
     }
 
     /// HBM bytes an unfused attention core streams in its forward: the s x s scores are
@@ -417,6 +534,63 @@ impl StageImbalance {
         } else {
             why.join(", ")
         }
+    }
+}
+
+/// How many of a configuration's ops the profile's measured tables time ([`RateTables`]),
+/// and per op class how many fell outside them (timed by the analytic model instead), over
+/// the ops of the ledger's distinct blocks and their collectives. Absent from an estimate
+/// whose profile has no tables.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TableCoverage {
+    pub covered_ops: u64,
+    pub outside_ops: u64,
+    /// Op class ("gemm", "attention", "memory", "collective") -> ops outside its table.
+    pub outside_by_class: BTreeMap<String, u64>,
+}
+
+impl TableCoverage {
+    /// Counts `blocks`' ops and collectives.
+    pub fn of<'b>(
+        blocks: impl IntoIterator<Item = &'b Block>,
+        rates: &Rates,
+        network: &Network,
+    ) -> TableCoverage {
+        let mut c = TableCoverage::default();
+        let mut count = |class: &str, covered: bool| {
+            if covered {
+                c.covered_ops += 1;
+            } else {
+                c.outside_ops += 1;
+                *c.outside_by_class.entry(class.to_string()).or_default() += 1;
+            }
+        };
+        for b in blocks {
+            for op in &b.ops {
+                if let Some((class, covered)) = rates.table_covers(op) {
+                    count(class, covered);
+                }
+                for cm in &op.comms {
+                    if cm.group_size > 1 && cm.payload_bytes > 0 {
+                        let covered = network
+                            .table_collective_s(cm.group, cm.kind, cm.payload_bytes, cm.group_size)
+                            .is_some();
+                        count("collective", covered);
+                    }
+                }
+            }
+        }
+        c
+    }
+
+    /// The coverage of `tables`' profile, `None` when it has no tables.
+    pub fn when_tables<'b>(
+        tables: &RateTables,
+        blocks: impl IntoIterator<Item = &'b Block>,
+        rates: &Rates,
+        network: &Network,
+    ) -> Option<TableCoverage> {
+        (!tables.is_empty()).then(|| Self::of(blocks, rates, network))
     }
 }
 

@@ -19,6 +19,9 @@ pub struct Measurement {
     pub peak_bytes: Option<u64>,
     /// Forced into the held-out set.
     pub holdout: bool,
+    /// Op-class timings of the run (`"ops": [...]`, parsim_plan::op_timing), empty when the
+    /// line has none.
+    pub ops: Vec<parsim_plan::op_timing::OpTiming>,
 }
 
 impl Measurement {
@@ -67,7 +70,7 @@ pub fn peak_warnings(measurements: &[Measurement], origin: &str) -> Vec<String> 
 }
 
 /// The fields a measurement line may hold.
-const KNOWN_KEYS: [&str; 5] = ["config", "step_s", "peak_bytes", "label", "holdout"];
+const KNOWN_KEYS: [&str; 6] = ["config", "step_s", "peak_bytes", "label", "holdout", "ops"];
 
 /// The shortest and longest measured step accepted, in seconds: outside them a fit divides
 /// its way to infinity (a step of 1e-300 s) or the figure is not a step time.
@@ -145,6 +148,18 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<Measurement>, MeasurementEr
                 .as_bool()
                 .ok_or_else(|| err(format!("`holdout` must be true or false, got {h}")))?,
         };
+        let ops = match obj.get("ops") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(v) => {
+                let ops: Vec<parsim_plan::op_timing::OpTiming> =
+                    serde_path_to_error::deserialize(v)
+                        .map_err(|e| err(format!("`ops.{}`: {}", e.path(), e.inner())))?;
+                for (i, o) in ops.iter().enumerate() {
+                    o.validate().map_err(|e| err(format!("`ops[{i}]`: {e}")))?;
+                }
+                ops
+            }
+        };
         let layer = Layer {
             origin: format!("{origin}:{line}"),
             base_dir: Path::new(origin).parent().map(Path::to_path_buf),
@@ -162,6 +177,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<Measurement>, MeasurementEr
             step_s,
             peak_bytes,
             holdout,
+            ops,
         });
     }
     if out.is_empty() {

@@ -14,6 +14,7 @@ pub mod plot;
 pub mod profile_fit;
 pub mod published;
 pub mod sweep;
+pub mod table_fit;
 
 use fit::{Family, Params, Prediction};
 use published::{Case, PublishedError, Source};

@@ -344,6 +344,7 @@ pub fn measure(
         step_s: Data::new(per_step).median(),
         peak_bytes: (peak > 0).then_some(peak),
         holdout: p.holdout,
+        ops: Vec::new(),
     })
 }
 

@@ -3,6 +3,7 @@
 
 use super::enums::Precision;
 use super::error::ConfigError;
+use super::tables::RateTables;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -197,6 +198,10 @@ pub struct GpuProfile {
     /// `None` on profiles without published figures (energy is then left out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub power: Option<GpuPower>,
+    /// Measured rate tables (`[tables]`, [`RateTables`]): where one covers an op, it times
+    /// the op instead of the analytic model.
+    #[serde(default, skip_serializing_if = "RateTables::is_empty")]
+    pub tables: RateTables,
     /// Field (or group of fields) -> where its value comes from.
     #[serde(default)]
     pub provenance: BTreeMap<String, String>,
@@ -298,6 +303,13 @@ impl GpuProfile {
     /// Rejects non-positive or non-finite rates and sizes.
     fn check(&self, origin: &str) -> Result<(), ConfigError> {
         self.check_power(origin)?;
+        self.tables
+            .check()
+            .map_err(|(field, message)| ConfigError::Field {
+                origin: origin.to_string(),
+                field,
+                message,
+            })?;
         let positive = [
             ("hbm_bytes_per_s", self.hbm_bytes_per_s),
             ("peak_flops.bf16", self.peak_flops.bf16),

@@ -20,6 +20,7 @@ pub mod presets;
 mod resolve;
 pub(crate) mod rules;
 mod run;
+pub mod tables;
 mod training;
 
 pub use cluster::ClusterConfig;
@@ -36,6 +37,7 @@ pub use resolve::{PipelinePlacement, Resolved};
 pub use rules::check_base;
 pub use rules::pipeline_layout;
 pub use run::{parse_token_count, RunConfig};
+pub use tables::RateTables;
 pub use training::{LoraConfig, TrainingConfig};
 
 use serde::{Deserialize, Serialize};

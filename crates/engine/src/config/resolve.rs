@@ -135,8 +135,18 @@ impl Resolved {
         apply_nics(&config.cluster, &mut gpu)?;
         match config.training.attention_kernel.as_deref() {
             None => {}
-            Some(crate::attention_rates::NO_PUBLISHED_KERNEL) => gpu.attention_kernel = None,
-            Some(kernel) => gpu.attention_kernel = Some(attention_kernel_on(kernel, &gpu)?),
+            Some(crate::attention_rates::NO_PUBLISHED_KERNEL) => {
+                gpu.attention_kernel = None;
+                gpu.tables.attention_kernel = None;
+            }
+            // A kernel implementation the profile measured: its own curves.
+            Some(kernel) if gpu.tables.attention.contains_key(kernel) => {
+                gpu.tables.attention_kernel = Some(kernel.to_string());
+            }
+            Some(kernel) => {
+                gpu.attention_kernel = Some(attention_kernel_on(kernel, &gpu)?);
+                gpu.tables.attention_kernel = None;
+            }
         }
         rules::check(&config, &gpu)?;
         // The profile's NVLink domain (GB200/GB300 NVL72) filled in where it is not the node;
@@ -204,6 +214,15 @@ fn attention_kernel_on(kernel: &str, gpu: &GpuProfile) -> Result<String, ConfigE
         field: "training.attention_kernel".into(),
         message,
     };
+    let measured = gpu.tables.attention_kernels();
+    let measured_note = if measured.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; measured in the profile's tables: {}",
+            measured.join(", ")
+        )
+    };
     let Some(table) = gpu
         .attention_kernel
         .as_deref()
@@ -211,7 +230,7 @@ fn attention_kernel_on(kernel: &str, gpu: &GpuProfile) -> Result<String, ConfigE
         .map(|(table, _)| table)
     else {
         return Err(field_error(format!(
-            "GPU profile {:?} has no published attention kernel rates (calibration/data/attention-kernels.json); leave training.attention_kernel unset to time attention at efficiency.attention",
+            "GPU profile {:?} has no published attention kernel rates (calibration/data/attention-kernels.json){measured_note}; leave training.attention_kernel unset to time attention at efficiency.attention",
             gpu.name
         )));
     };
@@ -224,7 +243,7 @@ fn attention_kernel_on(kernel: &str, gpu: &GpuProfile) -> Result<String, ConfigE
         .filter_map(|k| k.name.strip_prefix(table)?.strip_prefix('/'))
         .collect();
     Err(field_error(format!(
-        "{kernel:?} has no published rates on {table} (known: {})",
+        "{kernel:?} has no published rates on {table} (known: {}){measured_note}",
         known.join(", ")
     )))
 }

@@ -112,7 +112,23 @@ impl Prepared<'_> {
             verdict: verdict_with_margin(&time, per_gpu_max_bytes, &r.gpu),
             warnings: r.warnings.clone(),
             framework_overrides: r.config.training.framework.overrides(&r.config.parallel),
+            table_coverage: self.table_coverage(),
         })
+    }
+
+    /// Which ops the profile's measured tables time, `None` without tables.
+    fn table_coverage(&self) -> Option<crate::time::TableCoverage> {
+        let l = &self.ledger;
+        let blocks = [&l.embedding, &l.dense, &l.output]
+            .into_iter()
+            .chain(
+                [&l.moe, &l.mtp, &l.dense_hp, &l.moe_hp]
+                    .into_iter()
+                    .flatten(),
+            )
+            .chain(&l.variants);
+        let rates = super::prepare::rates(self.r);
+        crate::time::TableCoverage::when_tables(&self.r.gpu.tables, blocks, &rates, &self.network)
     }
 
     /// Generates the program when it is short enough to walk and simulates it (in full when

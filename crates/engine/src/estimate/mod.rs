@@ -143,6 +143,9 @@ pub struct Estimate {
     /// Settings that differ from `training.framework`'s defaults (explicit overrides), as
     /// `field = value (overrides ...)` lines.
     pub framework_overrides: Vec<String>,
+    /// Ops the profile's measured tables time and those outside them (absent without tables).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub table_coverage: Option<crate::time::TableCoverage>,
 }
 
 /// Why an estimate could not be made (the configuration validated, but its schedule did not).

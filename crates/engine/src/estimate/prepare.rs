@@ -14,7 +14,7 @@ use crate::time::{Rates, TimingContext};
 use std::borrow::Cow;
 
 /// The training dtype's rates on the configuration's GPU.
-fn rates(r: &Resolved) -> Rates<'_> {
+pub(super) fn rates(r: &Resolved) -> Rates<'_> {
     let tr = &r.config.training;
     Rates {
         gpu: &r.gpu,

@@ -47,6 +47,8 @@ pub struct Network {
     models: Vec<[CollectiveModel; 3]>,
     /// Per group kind (as [`GroupKind::ALL`]): its shape's entry in `models`.
     model_of: [usize; GroupKind::ALL.len()],
+    /// The profile's measured tables when it has a collective table ([`Self::table_collective_s`]).
+    tables: Option<Box<crate::config::RateTables>>,
 }
 
 /// The tuned collectives' slot in [`Network`]'s cache.
@@ -141,7 +143,40 @@ impl Network {
             nccl,
             models,
             model_of,
+            tables: gpu
+                .tables
+                .collective
+                .is_some()
+                .then(|| Box::new(gpu.tables.clone())),
         }
+    }
+
+    /// Seconds of one collective from the profile's measured bus bandwidth for its op, group
+    /// size and placement (nccl-tests' busbw: seconds = bus factor x bytes / busbw), plus the
+    /// measured host gap, when the collective table covers `payload` bytes.
+    pub fn table_collective_s(
+        &self,
+        kind: GroupKind,
+        coll: CollectiveKind,
+        payload: u64,
+        n: u32,
+    ) -> Option<f64> {
+        use parsim_plan::op_timing::{CollectiveKind as Op, Placement};
+        let t = self.tables.as_deref()?;
+        let op = match coll {
+            CollectiveKind::AllReduce => Op::AllReduce,
+            CollectiveKind::AllGather => Op::AllGather,
+            CollectiveKind::ReduceScatter => Op::ReduceScatter,
+            CollectiveKind::AllToAll => Op::AllToAll,
+            CollectiveKind::SendRecv => Op::SendRecv,
+        };
+        let placement = if self.crosses_nodes(kind) {
+            Placement::InterNode
+        } else {
+            Placement::IntraNode
+        };
+        let busbw = t.collective_bus_bytes_per_s(op, n, placement, payload)?;
+        Some(crate::config::tables::bus_factor(op, n) * payload as f64 / busbw + t.host_gap_s())
     }
 
     fn kind_index(kind: GroupKind) -> usize {
@@ -197,6 +232,9 @@ impl Network {
         let b = payload as f64;
         if n <= 1 || payload == 0 {
             return (0.0, 0.0);
+        }
+        if let Some(s) = self.table_collective_s(kind, coll, payload, n) {
+            return (s, 0.0);
         }
         if let (Some(arch), Some(c)) = (self.nccl, tuned_index(coll)) {
             let predicted = if n == g.size && !self.models.is_empty() {
@@ -307,6 +345,7 @@ mod tests {
             nccl: None,
             models: Vec::new(),
             model_of: [0; GroupKind::ALL.len()],
+            tables: None,
         }
     }
 
