@@ -6,6 +6,7 @@ use assert_cmd::cargo::cargo_bin_cmd;
 use parsim::calibrate::measurements;
 use parsim::calibrate::profile_fit::fit_profile;
 use parsim::config::{Config, GpuProfile, Layer, Resolved};
+use parsim_plan::op_timing::OpKey;
 use predicates::prelude::*;
 use serde_json::{json, Value};
 
@@ -150,6 +151,30 @@ fn bad_measurement_files_name_the_line() {
             "x.jsonl:1: `peak_bytes` must be a positive integer",
         ),
         ("# only a comment\n".to_string(), "no measurements"),
+        // Op timings (docs/calibration.md): refused by line, element and field.
+        (
+            json!({"config": {}, "step_s": 1.0, "ops": [
+                {"class": "memory", "bytes": 64, "calls": 1, "total_s": 1e-6},
+                {"class": "gemm", "m": 8, "n": 8, "k": 8, "dtype": "f32", "calls": 2, "total_s": -1.0}
+            ]})
+            .to_string(),
+            "x.jsonl:1: `ops[1]`: `total_s` = -1 must be finite and not negative",
+        ),
+        (
+            r#"{"config": {}, "step_s": 1.0, "ops": [{"class": "host_gap", "calls": 1, "total_s": 1e999}]}"#
+                .to_string(),
+            // JSON has no infinity: an overflowing time is refused as it is read.
+            "x.jsonl:1: not JSON: number out of range",
+        ),
+        (
+            json!({"config": {}, "step_s": 1.0, "ops": {"class": "host_gap"}}).to_string(),
+            "x.jsonl:1: `ops` must be an array",
+        ),
+        (
+            json!({"config": {}, "step_s": 1.0, "ops": [{"class": "memory", "bytes": 0, "calls": 1, "total_s": 0.0}]})
+                .to_string(),
+            "x.jsonl:1: `ops[0]`: `bytes` must be at least 1",
+        ),
     ];
     for (text, expect) in cases {
         let e = measurements::parse(&text, "x.jsonl")
@@ -254,6 +279,13 @@ fn cpu_sweep_measures_real_runs_that_calibrate_can_read_back() {
         assert_eq!(a.step_s, b.step_s);
         assert_eq!(a.peak_bytes, b.peak_bytes);
         assert_eq!(a.config, b.config);
+        // `execute --calibrate` profiles every run: its op timings travel in the line.
+        assert!(
+            a.ops.iter().any(|o| matches!(o.key, OpKey::Gemm { .. })),
+            "{}",
+            a.label
+        );
+        assert_eq!(a.ops, b.ops);
     }
     let fit = fit_profile(&GpuProfile::load("cpu").unwrap(), &back, "sweep.jsonl").unwrap();
     assert_eq!(fit.rows.len(), 3);

@@ -44,6 +44,8 @@ mod moe_folding_groups;
 mod moe_memory;
 #[path = "executor/mtp.rs"]
 mod mtp;
+#[path = "executor/op_timing.rs"]
+mod op_timing;
 #[path = "executor/plan.rs"]
 mod plan;
 #[path = "executor/timeline.rs"]

@@ -70,6 +70,7 @@ fn rank_report(world: u32, rank: u32) -> RunReport {
             moe_dropped: 0,
             moe_load: Default::default(),
             device: None,
+            ops: Vec::new(),
         }],
         params: None,
         grads: None,

@@ -5,6 +5,7 @@
 //! (docs/executor.md), predicted on the configuration's own GPU profile.
 
 use super::config_args::ConfigArgs;
+use super::execute_ops::{self, OpClassOut};
 use super::launch_args::LaunchArgs;
 use super::moe_load::{moe_load, moe_load_text, MoeLoadOut};
 use anyhow::{bail, Context};
@@ -85,6 +86,11 @@ pub struct ExecuteArgs {
     /// actions that miss most (in the JSON with --json: `timeline_comparison`).
     #[arg(long, conflicts_with = "calibrate")]
     pub compare_timeline: bool,
+    /// Time each op class inside each action (GEMM, attention, memory-bound, collectives,
+    /// host gaps) and print the slowest rank's summary; every rank's records go into --json
+    /// (docs/calibration.md, "Op timings"). `--calibrate` always profiles.
+    #[arg(long)]
+    pub profile_ops: bool,
 }
 
 /// The largest run the CPU backend accepts (threads, and host memory by the prediction:
@@ -135,6 +141,9 @@ struct RankOut {
     /// reserved peak, and the driver's used and total bytes of the GPU (cuMemGetInfo).
     #[serde(skip_serializing_if = "Option::is_none")]
     device: Option<DeviceOut>,
+    /// `--profile-ops`: the rank's op-class timings over the timed steps, summed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    ops: Vec<parsim_plan::op_timing::OpTiming>,
 }
 
 #[derive(Debug, Serialize)]
@@ -162,6 +171,11 @@ struct ExecuteOut {
     moe_load: Option<MoeLoadOut>,
     #[serde(skip_serializing_if = "Option::is_none")]
     timeline_comparison: Option<TimelineComparison>,
+    /// `--profile-ops`: the slowest rank and its op classes per timed step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    op_classes_rank: Option<u32>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    op_classes: Vec<OpClassOut>,
     warnings: Vec<String>,
 }
 
@@ -279,6 +293,7 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
             _ => parsim_executor::plan::Precision::Fp32,
         },
         trace: (args.trace.is_some() || args.compare_timeline).then(Clock::new),
+        profile_ops: args.profile_ops,
         ..RunOptions::default()
     };
     let report = match args.backend {
@@ -305,6 +320,10 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
     let per_step: Vec<f64> = (0..timed.len())
         .map(|i| report.ranks.iter().map(|r| r.step_s[i]).fold(0.0, f64::max))
         .collect();
+    let (op_classes_rank, op_classes) = match execute_ops::summary(&report.ranks, timed.len()) {
+        Some((rank, rows)) => (Some(rank), rows),
+        None => (None, Vec::new()),
+    };
     let out = ExecuteOut {
         backend: args.backend.name(),
         world_size: report.world,
@@ -318,6 +337,8 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
             .collect(),
         moe_load: load.map(|l| l.0),
         timeline_comparison,
+        op_classes_rank,
+        op_classes,
         warnings,
     };
     if args.json {
@@ -390,6 +411,7 @@ fn rank_out(
             driver_used_bytes: d.driver_used_bytes,
             driver_total_bytes: d.driver_total_bytes,
         }),
+        ops: r.ops.clone(),
     }
 }
 
@@ -502,6 +524,9 @@ fn text(o: &ExecuteOut) -> String {
     }
     if let Some(c) = &o.timeline_comparison {
         s.push_str(&timeline_text(c));
+    }
+    if let Some(rank) = o.op_classes_rank {
+        s.push_str(&execute_ops::text(rank, &o.op_classes));
     }
     for w in &o.warnings {
         s.push_str(&format!("warning: {w}\n"));

@@ -7,6 +7,7 @@ mod doctor;
 mod estimate;
 mod execute;
 mod execute_cuda;
+mod execute_ops;
 mod gpu_defaults;
 mod launch_args;
 mod layout;

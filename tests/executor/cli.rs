@@ -495,3 +495,28 @@ fn the_balanced_routers_load_is_one_with_or_without_expert_tp() {
         assert_eq!(v["moe_load"]["imbalance"], 1.0, "etp {etp}");
     }
 }
+
+#[test]
+fn profile_ops_reports_every_rank_and_a_summary_that_covers_the_step() {
+    // The commands of docs/calibration.md, "Op timings".
+    let out = succeeded(parsim().args(["execute", "--config", SMALL, "--profile-ops", "--json"]));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    for r in v["ranks"].as_array().unwrap() {
+        let ops: Vec<parsim_plan::op_timing::OpTiming> =
+            serde_json::from_value(r["ops"].clone()).expect("op timings");
+        assert!(ops.iter().all(|t| t.validate().is_ok()), "{ops:?}");
+    }
+    // The classes with the host gap are the actions' time, which is the step's but for the
+    // events recorded between actions.
+    let share: f64 = v["op_classes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["share"].as_f64().unwrap())
+        .sum();
+    assert!(share > 0.8 && share <= 1.0 + 1e-6, "{share}");
+    let out = succeeded(parsim().args(["execute", "--config", SMALL, "--profile-ops"]));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("op classes of rank"), "{text}");
+    assert!(text.contains("FLOP/s"), "{text}");
+}

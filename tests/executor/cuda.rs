@@ -364,3 +364,78 @@ fn every_mix_on_one_gpu_matches_the_one_rank_gpu_run() {
         println!("ep2 dp2 {precision:?}: worst relative difference {worst:.2e}");
     }
 }
+
+/// Op profiling on the GPU (CUDA events on the compute stream, read after each step): TP 2 +
+/// SP x PP 2 in bf16 records the same GEMM, attention shape and collective keys with the same
+/// call counts as the CPU twin (the keys are the plan's, whatever the backend), attention
+/// under a CUDA kernel's name, and every rank's records sum with its host gaps to its actions'
+/// time within the events' resolution.
+#[test]
+fn profiled_ops_on_the_gpu_have_the_cpu_twins_keys_and_cover_the_actions() {
+    use parsim_executor::plan::Precision;
+    use parsim_executor::runner::{run_cpu, run_cuda, CudaWorld, RunOptions};
+    use parsim_plan::op_timing::OpKey;
+    use std::collections::BTreeMap;
+    if let Some(reason) = no_gpu() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let mix = super::common::Mix {
+        tp: 2,
+        sp: true,
+        pp: 2,
+        ..super::common::Mix::single()
+    };
+    let plan = super::common::plan(super::common::config(&mix, 4, true, "rmsnorm", "swiglu"));
+    let steps = 3;
+    let opts = RunOptions {
+        steps,
+        warmup: 1,
+        precision: Precision::Bf16,
+        profile_ops: true,
+        ..RunOptions::default()
+    };
+    let gpu = run_cuda(&plan, &opts, CudaWorld::SingleProcess).expect("cuda run");
+    let cpu = run_cpu(&plan, &opts).expect("cpu run");
+    // Keys with the kernel name left out (it names the backend's implementation).
+    let keys = |r: &parsim_executor::runner::RankReport| -> BTreeMap<String, u64> {
+        r.ops
+            .iter()
+            .filter(|t| t.key != OpKey::HostGap)
+            .map(|t| {
+                let mut k = t.key.clone();
+                if let OpKey::Attention { kernel, .. } = &mut k {
+                    kernel.clear();
+                }
+                (format!("{k:?}"), t.calls)
+            })
+            .collect()
+    };
+    for (g, c) in gpu.ranks.iter().zip(&cpu.ranks) {
+        assert_eq!(keys(g), keys(c), "rank {}", g.rank);
+        for t in &g.ops {
+            t.validate()
+                .unwrap_or_else(|e| panic!("rank {}: {t:?}: {e}", g.rank));
+            if let OpKey::Attention { kernel, .. } = &t.key {
+                assert!(
+                    ["flash_mma", "flash_scalar"].contains(&kernel.as_str()),
+                    "{kernel}"
+                );
+            }
+        }
+        let ops_s: f64 = g.ops.iter().map(|t| t.total_s).sum();
+        let p = &g.phases;
+        let actions_s = f64::from(steps - 1)
+            * (p.forward_s + p.backward_s + p.backward_weight_s + p.p2p_s + p.optimizer_s);
+        let gaps = g
+            .ops
+            .iter()
+            .find(|t| t.key == OpKey::HostGap)
+            .expect("host gap");
+        assert!(
+            (ops_s - actions_s).abs() <= 2e-6 * gaps.calls as f64,
+            "rank {}: ops {ops_s} s, actions {actions_s} s",
+            g.rank
+        );
+    }
+}

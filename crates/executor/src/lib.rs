@@ -12,10 +12,12 @@ pub mod backend;
 pub use parsim_plan::{nonfinite, pieces, plan, run_report};
 pub mod error;
 pub mod layers;
+pub mod op_profile;
 pub mod rng;
 pub mod runner;
 pub mod trace;
 pub mod traced_comm;
+pub mod traced_ops;
 pub mod tracker;
 
 pub use error::ExecError;

@@ -6,11 +6,15 @@
 //! A posted exchange ([`DeviceCollectives::p2p_start`]) records its sends when posted and
 //! each receive from its post to its wait, so the trace shows what was in flight meanwhile;
 //! [`TracedComm::kernel`] records the device work between them (the CP ring's blocks).
+//! With op profiling on, each collective is also timed by class through the rank's
+//! [`TracedOps`] (a posted exchange at its post and at its wait: the time the step waits).
 
 use crate::backend::{Backend, DeviceCollectives, DeviceTensor, ProcessGroup, ReduceOp};
 use crate::backend::{Pending, RecvInto, SendFrom, View, ViewMut};
 use crate::error::ExecError;
 use crate::trace::{Clock, Stream};
+use crate::traced_ops::TracedOps;
+use parsim_plan::op_timing::CollectiveKind;
 use std::cell::RefCell;
 use std::ops::Range;
 
@@ -37,17 +41,36 @@ pub struct TracedComm<'a, B: Backend> {
     me: u32,
     clock: Option<Clock>,
     log: RefCell<Vec<CommRecord>>,
+    /// The rank's device, whose events time each collective when profiling ops.
+    ops: &'a TracedOps<B>,
+}
+
+/// The class of a recorded collective (`op` as the trace names it).
+fn kind_of(op: &str) -> CollectiveKind {
+    match op {
+        "reduce_scatter" => CollectiveKind::ReduceScatter,
+        "all_reduce" => CollectiveKind::AllReduce,
+        "all_gather" => CollectiveKind::AllGather,
+        "p2p_send" | "p2p_recv" => CollectiveKind::SendRecv,
+        _ => CollectiveKind::AllToAll,
+    }
 }
 
 impl<'a, B: Backend> TracedComm<'a, B> {
-    /// Records on `clock` when it is set; otherwise forwards only.
-    pub fn new(inner: &'a B::Comm, me: u32, clock: Option<Clock>) -> Self {
+    /// Records on `clock` when it is set; times on `ops`' events when it profiles.
+    pub fn new(inner: &'a B::Comm, me: u32, clock: Option<Clock>, ops: &'a TracedOps<B>) -> Self {
         TracedComm {
             inner,
             me,
             clock,
             log: RefCell::new(Vec::new()),
+            ops,
         }
+    }
+
+    /// The rank's device with its op timing.
+    pub fn ops(&self) -> &'a TracedOps<B> {
+        self.ops
     }
 
     /// The wrapped collectives, for calls that are not collectives of the step (pipeline
@@ -89,6 +112,7 @@ impl<'a, B: Backend> TracedComm<'a, B> {
         bytes: u64,
         f: impl FnOnce() -> Result<T, ExecError>,
     ) -> Result<T, ExecError> {
+        let f = || self.ops.timed_collective(kind_of(op), bytes, group, f);
         let Some(clock) = self.clock.filter(|_| group.len() > 1) else {
             return f();
         };
@@ -271,7 +295,16 @@ impl<B: Backend> DeviceCollectives<B> for TracedComm<'_, B> {
         recvs: Vec<RecvInto<B::Tensor>>,
     ) -> Result<Pending<B>, ExecError> {
         let posted_s = self.clock.map(|c| c.now_s());
-        let mut p = self.inner.p2p_start(sends, recvs)?;
+        let bytes = sends
+            .iter()
+            .map(|s| view_bytes(s.data.tensor, &s.data.range))
+            .sum();
+        let pair = [self.me, sends.first().map_or(self.me, |s| s.to)];
+        let mut p = self
+            .ops
+            .timed_collective(CollectiveKind::SendRecv, bytes, &pair, || {
+                self.inner.p2p_start(sends, recvs)
+            })?;
         p.posted_s = posted_s;
         if let (Some(clock), Some(start_s)) = (self.clock, posted_s) {
             let end_s = clock.now_s();
@@ -298,7 +331,13 @@ impl<B: Backend> DeviceCollectives<B> for TracedComm<'_, B> {
             .iter()
             .map(|r| (r.from, r.buf.size_bytes()))
             .collect();
-        let got = self.inner.wait(p)?;
+        let bytes = recs.iter().map(|r| r.1).sum();
+        let pair = [recs.first().map_or(self.me, |r| r.0), self.me];
+        let got = self
+            .ops
+            .timed_collective(CollectiveKind::SendRecv, bytes, &pair, || {
+                self.inner.wait(p)
+            })?;
         if let (Some(clock), Some(start_s)) = (self.clock, posted_s) {
             let end_s = clock.now_s();
             for (from, bytes) in recs {

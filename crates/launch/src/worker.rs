@@ -419,6 +419,7 @@ mod tests {
                 moe_dropped: 0,
                 moe_load: Default::default(),
                 device: None,
+                ops: Vec::new(),
             }],
             params: None,
             grads: None,

@@ -2,6 +2,7 @@
 //! ring timings and MoE drops, and the run's losses and exported tensors. Plain data, the
 //! same for every backend; the engine's `execute` command prints and serialises it.
 
+use crate::op_timing::OpTiming;
 use crate::plan::Coords;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -85,6 +86,10 @@ pub struct RankReport {
     /// A GPU backend's own memory figures (absent on the CPU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<DeviceMemoryReport>,
+    /// Op-class timings of the timed steps, summed, one record per key (empty unless the
+    /// run profiled its ops: `execute --profile-ops`, `--calibrate`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ops: Vec<OpTiming>,
 }
 
 /// The rows an MoE run's routing sent a rank's experts, summed over its MoE layers and the

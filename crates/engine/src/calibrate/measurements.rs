@@ -3,8 +3,11 @@
 //! "label": "optional", "holdout": false}`. The configuration is the same document as a
 //! `--config` file (model preset or fields, cluster, parallel, training); `peak_bytes` is
 //! optional. Lines that are empty or start with `#` are skipped. Every error names the line.
+//! `ops` (optional) holds the op-class timings of the run's slowest rank, as
+//! `execute --calibrate` writes them (docs/calibration.md, "Op timings").
 
 use crate::config::{Config, ConfigError, Layer, Resolved};
+use parsim_plan::op_timing::OpTiming;
 use serde_json::Value;
 use std::path::Path;
 
@@ -19,9 +22,8 @@ pub struct Measurement {
     pub peak_bytes: Option<u64>,
     /// Forced into the held-out set.
     pub holdout: bool,
-    /// Op-class timings of the run (`"ops": [...]`, parsim_plan::op_timing), empty when the
-    /// line has none.
-    pub ops: Vec<parsim_plan::op_timing::OpTiming>,
+    /// The op-class timings of the slowest rank over the timed steps (empty: not profiled).
+    pub ops: Vec<OpTiming>,
 }
 
 impl Measurement {
@@ -76,6 +78,26 @@ const KNOWN_KEYS: [&str; 6] = ["config", "step_s", "peak_bytes", "label", "holdo
 /// its way to infinity (a step of 1e-300 s) or the figure is not a step time.
 const MIN_STEP_S: f64 = 1e-6;
 const MAX_STEP_S: f64 = 1e7;
+
+/// A line's `ops`: an array of op timings, each checked ([`OpTiming::validate`]); errors name
+/// the element and its field.
+fn parse_ops(v: Option<&Value>) -> Result<Vec<OpTiming>, String> {
+    let items = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(o) => return Err(format!("`ops` must be an array of op timings, got {o}")),
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(j, o)| {
+            let t: OpTiming =
+                serde_json::from_value(o.clone()).map_err(|e| format!("`ops[{j}]`: {e}"))?;
+            t.validate().map_err(|e| format!("`ops[{j}]`: {e}"))?;
+            Ok(t)
+        })
+        .collect()
+}
 
 /// Reads and checks a measurement file.
 pub fn read(path: &Path) -> Result<Vec<Measurement>, MeasurementError> {
@@ -148,18 +170,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<Measurement>, MeasurementEr
                 .as_bool()
                 .ok_or_else(|| err(format!("`holdout` must be true or false, got {h}")))?,
         };
-        let ops = match obj.get("ops") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(v) => {
-                let ops: Vec<parsim_plan::op_timing::OpTiming> =
-                    serde_path_to_error::deserialize(v)
-                        .map_err(|e| err(format!("`ops.{}`: {}", e.path(), e.inner())))?;
-                for (i, o) in ops.iter().enumerate() {
-                    o.validate().map_err(|e| err(format!("`ops[{i}]`: {e}")))?;
-                }
-                ops
-            }
-        };
+        let ops = parse_ops(obj.get("ops")).map_err(err)?;
         let layer = Layer {
             origin: format!("{origin}:{line}"),
             base_dir: Path::new(origin).parent().map(Path::to_path_buf),

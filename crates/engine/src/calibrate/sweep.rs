@@ -337,6 +337,13 @@ pub fn measure(
         .map(|k| k.peak.total())
         .max()
         .unwrap_or(0);
+    // The op timings of the slowest rank: the step ends with it.
+    let ops = report
+        .ranks
+        .iter()
+        .max_by(|a, b| a.median_step_s().total_cmp(&b.median_step_s()))
+        .map(|k| k.ops.clone())
+        .unwrap_or_default();
     Ok(Measurement {
         line: index + 1,
         label: p.label.clone(),
@@ -344,7 +351,7 @@ pub fn measure(
         step_s: Data::new(per_step).median(),
         peak_bytes: (peak > 0).then_some(peak),
         holdout: p.holdout,
-        ops: Vec::new(),
+        ops,
     })
 }
 
@@ -353,7 +360,11 @@ pub fn measure(
 pub fn to_jsonl(ms: &[Measurement]) -> String {
     ms.iter()
         .map(|m| {
-            json!({"label": m.label, "config": m.config, "step_s": m.step_s, "peak_bytes": m.peak_bytes, "holdout": m.holdout}).to_string()
+            let mut v = json!({"label": m.label, "config": m.config, "step_s": m.step_s, "peak_bytes": m.peak_bytes, "holdout": m.holdout});
+            if !m.ops.is_empty() {
+                v["ops"] = json!(m.ops);
+            }
+            v.to_string()
         })
         .collect::<Vec<_>>()
         .join("\n")

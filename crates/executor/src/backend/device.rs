@@ -3,6 +3,7 @@
 
 use super::collectives::DeviceCollectives;
 use super::ops::TensorOps;
+use super::shapes::BlockShape;
 use super::tensor::{DeviceTensor, View};
 use super::types::{BackendTypes, ProcessGroup};
 use crate::error::ExecError;
@@ -58,4 +59,7 @@ pub trait Device<B: BackendTypes>: TensorOps<B> {
     /// Seconds from `start` to `end` (waiting for `end`): step and phase times come from
     /// events, since a device's host calls return before its work ends.
     fn elapsed_s(&self, start: &B::Event, end: &B::Event) -> Result<f64, ExecError>;
+    /// The name of the attention kernel a call of shape `sh` on `dtype` inputs runs (op
+    /// profiling keys attention rates by implementation).
+    fn attention_kernel(&self, dtype: DType, sh: &BlockShape) -> &'static str;
 }

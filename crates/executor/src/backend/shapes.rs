@@ -23,6 +23,21 @@ pub struct AttnShape {
     pub span: crate::plan::AttnSpan,
 }
 
+impl AttnShape {
+    /// The block shape of this whole-sequence attention.
+    pub fn block(&self) -> BlockShape {
+        BlockShape {
+            b: self.b,
+            hq: self.heads,
+            hk: self.kv_heads,
+            d: self.d,
+            dv: self.dv,
+            dropout: self.dropout,
+            span: self.span,
+        }
+    }
+}
+
 /// One kept assignment of a token to an expert (MoE routing: host metadata, as the split
 /// sizes of the dispatch all-to-all are on the host for NCCL too).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -12,12 +12,13 @@ use crate::error::ExecError;
 use crate::plan::{Plan, RankPlan, Recompute};
 use crate::run_report::MoeLoad;
 use crate::traced_comm::TracedComm;
+use crate::traced_ops::TracedOps;
 use crate::tracker::Category;
 
 /// A zero-filled fp32 tensor on `ops`' device.
 #[track_caller]
 pub fn zeros<B: Backend>(
-    ops: &B::Device,
+    ops: &TracedOps<B>,
     cat: Category,
     shape: &[usize],
 ) -> Result<B::Tensor, ExecError> {
@@ -28,8 +29,8 @@ pub fn zeros<B: Backend>(
 pub struct Ctx<'a, B: Backend> {
     pub plan: &'a Plan,
     pub rd: RankDims,
-    /// The rank's device: allocation, memory tracker, tensor ops.
-    pub ops: B::Device,
+    /// The rank's device: allocation, memory tracker, tensor ops (timed when profiling ops).
+    pub ops: &'a TracedOps<B>,
     /// dtype of activations, activation gradients and weight copies (bf16 in mixed precision).
     pub act_dtype: DType,
     /// The rank's collectives, recorded when tracing (see [`TracedComm`]).
@@ -74,7 +75,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
     /// `cp` is this rank's context-parallel group (a group of one without CP).
     pub fn new(
         plan: &'a Plan,
-        ops: B::Device,
+        ops: &'a TracedOps<B>,
         comm: &'a TracedComm<'a, B>,
         tp: B::Group,
         rp: &RankPlan,
@@ -131,7 +132,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
     /// gradient buckets).
     #[track_caller]
     pub fn zeros_f32(&self, cat: Category, shape: &[usize]) -> Result<B::Tensor, ExecError> {
-        zeros::<B>(&self.ops, cat, shape)
+        zeros::<B>(self.ops, cat, shape)
     }
 
     /// Gathers a sequence shard [n_sp, h] into the SP buffer (SP only).

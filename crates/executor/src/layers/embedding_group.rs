@@ -17,6 +17,7 @@ use crate::backend::{
 };
 use crate::error::ExecError;
 use crate::plan::{Plan, RankPlan};
+use crate::traced_ops::TracedOps;
 use crate::tracker::Category;
 use std::ops::Range;
 
@@ -171,7 +172,7 @@ impl<B: Backend> SharedWeight<B> {
     /// the copies are first assembled by an all-reduce over DP of the valid parts.
     pub fn sync_grads(
         &self,
-        ops: &B::Device,
+        ops: &TracedOps<B>,
         comm: &impl DeviceCollectives<B>,
         g: GradShard<'_, B>,
     ) -> Result<(), ExecError> {

@@ -9,6 +9,7 @@
 use crate::backend::{Backend, DType, Device, DeviceCollectives, ReduceOp, View, ViewMut};
 use crate::error::ExecError;
 use crate::traced_comm::TracedComm;
+use crate::traced_ops::TracedOps;
 use crate::tracker::Category;
 use std::collections::BTreeMap;
 
@@ -45,7 +46,7 @@ impl RouterBias {
     /// `ops` and `comm` are the rank's device and collectives.
     pub fn update<B: Backend>(
         &mut self,
-        ops: &B::Device,
+        ops: &TracedOps<B>,
         comm: &TracedComm<B>,
         group: &B::Group,
         rate: f32,

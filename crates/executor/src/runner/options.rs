@@ -24,6 +24,11 @@ pub struct RunOptions {
     pub precision: Precision,
     /// Record every action of the timed steps on this clock (`RunReport::traces`).
     pub trace: Option<Clock>,
+    /// Time each op class inside each action of the timed steps (`RankReport::ops`).
+    pub profile_ops: bool,
+    /// Ranks per node, for the placement of a profiled collective's group (`None`: every
+    /// rank on one node, as on the CPU backend).
+    pub ranks_per_node: Option<u32>,
 }
 
 impl Default for RunOptions {
@@ -36,17 +41,21 @@ impl Default for RunOptions {
             perturb: Vec::new(),
             precision: Precision::Fp32,
             trace: None,
+            profile_ops: false,
+            ranks_per_node: None,
         }
     }
 }
 
 impl From<&RunLength> for RunOptions {
-    /// A timed run of `l.steps` steps in `l.precision`, exporting nothing.
+    /// A timed run of `l.steps` steps in `l.precision`, exporting nothing, its ops profiled:
+    /// the calibration sweep's run (`execute --calibrate` always records op timings).
     fn from(l: &RunLength) -> Self {
         RunOptions {
             steps: l.steps,
             warmup: l.warmup,
             precision: l.precision,
+            profile_ops: true,
             ..RunOptions::default()
         }
     }

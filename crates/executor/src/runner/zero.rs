@@ -23,6 +23,7 @@ use crate::backend::{flat_shard, Backend, DType, Device, ProcessGroup, View};
 use crate::error::ExecError;
 use crate::layers::blocks::{init_range, is_frozen_space, layout_len, BlockLayout, SPACES};
 use crate::plan::{Plan, Precision};
+use crate::traced_ops::TracedOps;
 use crate::tracker::Category;
 use std::ops::Range;
 use std::rc::Rc;
@@ -47,7 +48,7 @@ pub(super) struct Space<T> {
 /// Initialises space `sp` of `blocks` for a member of `group` (its ZeRO group), with the
 /// finite-difference perturbations applied.
 pub(super) fn init_space<B: Backend>(
-    ops: &B::Device,
+    ops: &TracedOps<B>,
     plan: &Plan,
     blocks: &[BlockLayout],
     g: &B::Group,

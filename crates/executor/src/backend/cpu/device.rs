@@ -4,7 +4,7 @@
 
 use super::tensor::{src, store_all};
 use super::{CpuComm, CpuOps, Group, Tensor};
-use crate::backend::{check_upload, Backend, DType, Device, View};
+use crate::backend::{check_upload, Backend, BlockShape, DType, Device, View};
 use crate::error::ExecError;
 use crate::tracker::{Category, MemoryTracker};
 
@@ -77,5 +77,10 @@ impl Device<Cpu> for CpuOps {
 
     fn elapsed_s(&self, start: &CpuEvent, end: &CpuEvent) -> Result<f64, ExecError> {
         Ok(end.0.saturating_duration_since(start.0).as_secs_f64())
+    }
+
+    /// One scalar implementation for every shape and dtype (cpu/ops/flash.rs).
+    fn attention_kernel(&self, _dtype: DType, _sh: &BlockShape) -> &'static str {
+        "cpu"
     }
 }

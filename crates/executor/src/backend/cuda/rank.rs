@@ -14,7 +14,7 @@ use crate::backend::cuda::device::tensor::CudaTensor;
 use crate::backend::cuda::diag::error::CudaError;
 use crate::backend::cuda::ops::elementwise::kernel as elementwise;
 use crate::backend::cuda::Cuda;
-use crate::backend::{Backend, DType, Device, DeviceTensor, View};
+use crate::backend::{Backend, BlockShape, DType, Device, DeviceTensor, View};
 use crate::error::ExecError;
 use crate::tracker::{Category, MemoryTracker};
 use cudarc::driver::{result as dr, CudaEvent, CudaStream};
@@ -286,5 +286,16 @@ impl Device<Cuda> for CudaRank {
 
     fn elapsed_s(&self, start: &CudaEvent, end: &CudaEvent) -> Result<f64, ExecError> {
         Ok(elapsed_s(start, end)?)
+    }
+
+    /// The tensor-core kernels (flash_mma.cu) where they take the shape, the scalar ones
+    /// (flash.cu) elsewhere; the tensors' alignment, which the pool's blocks meet, is not
+    /// known here.
+    fn attention_kernel(&self, dtype: DType, sh: &BlockShape) -> &'static str {
+        if crate::backend::cuda::ops::flash::mma::supports(dtype, sh, &[], &[]) {
+            "flash_mma"
+        } else {
+            "flash_scalar"
+        }
     }
 }

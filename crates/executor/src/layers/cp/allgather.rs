@@ -50,7 +50,7 @@ fn pass<B: Backend>(
     let s_loc = cp.positions[me].len();
     let (blk, vblk) = (gk.len() / size, gv.len() / size);
     let mut acc = ctx.zeros(Category::Activations, &[q.rows(), sh.hq * sh.dv])?;
-    let mut st = Stats::<B>::new(&ctx.ops, sh.b * sh.hq * s_loc)?;
+    let mut st = Stats::<B>::new(ctx.ops, sh.b * sh.hq * s_loc)?;
     let mut tile = ctx.zeros(Category::Buffers, &[s_loc, s_loc])?;
     let qs = Side {
         pos: &cp.positions[me],
@@ -81,9 +81,9 @@ fn pass<B: Backend>(
     });
     let work = work?;
     drop(tile);
-    let mut lse = st.finish(&ctx.ops, &sh, s_loc, &mut acc)?;
+    let mut lse = st.finish(ctx.ops, &sh, s_loc, &mut acc)?;
     let sinks = ctx.cp.as_ref().and_then(|c| c.sinks.as_ref());
-    fold_sinks::<B>(&ctx.ops, sinks, &sh, s_loc, 0, &mut acc, &mut lse)?;
+    fold_sinks::<B>(ctx.ops, sinks, &sh, s_loc, 0, &mut acc, &mut lse)?;
     if count {
         ctx.cp.as_mut().expect("cp context").stats.score_elements += work;
     }
@@ -106,7 +106,7 @@ pub fn forward<B: Backend>(
         .as_mut()
         .expect("cp context")
         .record(false, 0, compute_s, comm_s);
-    let attn = saved_lse::<B>(&ctx.ops, keep, lse);
+    let attn = saved_lse::<B>(ctx.ops, keep, lse);
     Ok((o, CoreSaved { q, k, v, attn }))
 }
 

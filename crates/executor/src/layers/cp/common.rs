@@ -5,6 +5,7 @@ use crate::backend::{AttnSaved, Backend, BlockShape, Device, Keep, TensorOps, Vi
 use crate::error::ExecError;
 use crate::layers::ctx::{zeros, Ctx};
 use crate::layers::dropout::attention_dropout;
+use crate::traced_ops::TracedOps;
 use crate::tracker::Category;
 use std::time::Instant;
 
@@ -50,7 +51,7 @@ pub(super) struct Stats<B: Backend> {
 
 impl<B: Backend> Stats<B> {
     /// Statistics before any key: maximum -inf, sum 0.
-    pub(super) fn new(ops: &B::Device, len: usize) -> Result<Stats<B>, ExecError> {
+    pub(super) fn new(ops: &TracedOps<B>, len: usize) -> Result<Stats<B>, ExecError> {
         let mut max = zeros::<B>(ops, Category::Buffers, &[len])?;
         ops.fill(&mut max, f32::NEG_INFINITY)?;
         Ok(Stats {
@@ -66,7 +67,7 @@ impl<B: Backend> Stats<B> {
     #[track_caller]
     pub(super) fn finish(
         &self,
-        ops: &B::Device,
+        ops: &TracedOps<B>,
         sh: &BlockShape,
         rows: usize,
         acc: &mut B::Tensor,
@@ -82,7 +83,7 @@ impl<B: Backend> Stats<B> {
 /// log-sum-exp.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn fold_sinks<B: Backend>(
-    ops: &B::Device,
+    ops: &TracedOps<B>,
     sinks: Option<&B::Tensor>,
     sh: &BlockShape,
     rows: usize,
@@ -148,7 +149,7 @@ pub(super) fn layer_shape<B: Backend>(ctx: &Ctx<B>, layer: u32) -> BlockShape {
 
 /// The log-sum-exp to keep (`Keep::Lse`) or nothing (selective recomputation).
 pub(super) fn saved_lse<B: Backend>(
-    ops: &B::Device,
+    ops: &TracedOps<B>,
     keep: Keep,
     lse: B::Tensor,
 ) -> AttnSaved<B::Tensor> {

@@ -147,7 +147,7 @@ fn pass<B: Backend>(
     let s_loc = cp.positions[me].len();
     let kv_len = (k.len(), v.len());
     let mut acc = ctx.zeros(Category::Activations, &[q.rows(), sh.hq * sh.dv])?;
-    let mut st = Stats::<B>::new(&ctx.ops, sh.b * sh.hq * s_loc)?;
+    let mut st = Stats::<B>::new(ctx.ops, sh.b * sh.hq * s_loc)?;
     let mut tile = ctx.zeros(Category::Buffers, &[s_loc, s_loc])?;
     let mut cur: Option<Pair<B>> = None;
     let n_steps = steps(ctx, &sh, s_loc, size);
@@ -196,9 +196,9 @@ fn pass<B: Backend>(
         cp.record(false, t, compute_s, comm_s);
     }
     drop((cur, tile));
-    let mut lse = st.finish(&ctx.ops, &sh, s_loc, &mut acc)?;
+    let mut lse = st.finish(ctx.ops, &sh, s_loc, &mut acc)?;
     let sinks = ctx.cp.as_ref().and_then(|c| c.sinks.as_ref());
-    fold_sinks::<B>(&ctx.ops, sinks, &sh, s_loc, 0, &mut acc, &mut lse)?;
+    fold_sinks::<B>(ctx.ops, sinks, &sh, s_loc, 0, &mut acc, &mut lse)?;
     Ok((acc, lse))
 }
 
@@ -232,7 +232,7 @@ pub fn forward<B: Backend>(
         Pass::Forward
     };
     let (o, lse) = pass(ctx, layer, which, &q, &k, &v)?;
-    let attn = saved_lse::<B>(&ctx.ops, keep, lse);
+    let attn = saved_lse::<B>(ctx.ops, keep, lse);
     Ok((o, CoreSaved { q, k, v, attn }))
 }
 

@@ -18,6 +18,7 @@ use crate::error::ExecError;
 use crate::layers::ctx::zeros;
 use crate::layers::ctx::Ctx;
 use crate::rng::AttnDropout;
+use crate::traced_ops::TracedOps;
 use crate::tracker::Category;
 
 type Geo = UlyssesGeo;
@@ -74,7 +75,7 @@ fn exchange<B: Backend>(
 /// work).
 #[allow(clippy::too_many_arguments)]
 fn attend<B: Backend>(
-    ops: &B::Device,
+    ops: &TracedOps<B>,
     geo: &Geo,
     sh: &BlockShape,
     all: &[u32],
@@ -149,7 +150,7 @@ pub fn forward<B: Backend>(
         ctx.cp.as_ref().and_then(|c| c.sinks.as_ref()),
         head0(ctx, &sh),
     );
-    let (r, compute_s) = timed(|| attend::<B>(&ctx.ops, &geo, &sh, &all, &qh, &kh, &vh, z));
+    let (r, compute_s) = timed(|| attend::<B>(ctx.ops, &geo, &sh, &all, &qh, &kh, &vh, z));
     let (oh, lse, work) = r?;
     let mut send = ctx.zeros(b, &[oh.len()])?;
     ctx.ops
@@ -167,7 +168,7 @@ pub fn forward<B: Backend>(
         cp.stats.score_elements += work;
     }
     cp.record(false, 0, compute_s, comm_s);
-    let attn = saved_lse::<B>(&ctx.ops, keep, lse);
+    let attn = saved_lse::<B>(ctx.ops, keep, lse);
     Ok((
         o,
         CoreSaved {
@@ -196,7 +197,7 @@ pub fn backward<B: Backend>(
                 ctx.cp.as_ref().and_then(|c| c.sinks.as_ref()),
                 head0(ctx, &sh),
             );
-            attend::<B>(&ctx.ops, &geo, &sh, &all, &q, &k, &v, z)?.1
+            attend::<B>(ctx.ops, &geo, &sh, &all, &q, &k, &v, z)?.1
         }
     };
     let (a_r, g_r, d, dv) = (ctx.rd.a_r, ctx.rd.g_r, ctx.rd.d, ctx.rd.dv);

@@ -24,6 +24,7 @@ use crate::error::ExecError;
 use crate::layers::Ctx;
 use crate::plan::{Plan, RankPlan};
 use crate::traced_comm::TracedComm;
+use crate::traced_ops::TracedOps;
 use state::Rank;
 use step::Measured;
 
@@ -39,7 +40,8 @@ pub(super) fn run_rank<B: Backend>(
     let dp = comm.group(&rp.dp_group)?;
     let cp = comm.group(&rp.cp_group)?;
     let act_dtype = opts.precision.compute_dtype();
-    let comm = &TracedComm::<B>::new(comm, rp.rank, opts.trace);
+    let ops = &TracedOps::<B>::new(ops, opts.profile_ops, opts.ranks_per_node);
+    let comm = &TracedComm::<B>::new(comm, rp.rank, opts.trace, ops);
     let ctx = Ctx::<B>::new(plan, ops, comm, tp, rp, cp, act_dtype)?;
     let mut rank = Rank::new(plan, rp, ctx, dp, opts)?;
     let mut measured = Measured::new(opts);

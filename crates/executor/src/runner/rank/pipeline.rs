@@ -6,6 +6,7 @@ use super::state::Rank;
 use crate::backend::{Backend, DeviceCollectives, DeviceTensor, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 use crate::tracker::Category;
+use parsim_plan::op_timing::CollectiveKind;
 
 impl<'a, B: Backend> Rank<'a, B> {
     /// Sends a chunk's output (or input gradient) straight from its tensor, which is the
@@ -21,11 +22,14 @@ impl<'a, B: Backend> Rank<'a, B> {
             .mailbox
             .remove(&(stage, mb, grad))
             .ok_or_else(|| self.missing("tensor to send", stage, mb))?;
-        // Pipeline messages are actions of the trace, not collectives.
+        // Pipeline messages are actions of the trace, not collectives; profiled, they are
+        // point-to-point messages.
+        let (comm, me) = (self.ctx.comm, self.rp.rank);
         self.ctx
-            .comm
-            .inner()
-            .send(to, tag(stage, mb, grad), View::all(&t))
+            .ops
+            .timed_collective(CollectiveKind::SendRecv, t.size_bytes(), &[me, to], || {
+                comm.inner().send(to, tag(stage, mb, grad), View::all(&t))
+            })
     }
 
     pub(super) fn recv(
@@ -36,10 +40,17 @@ impl<'a, B: Backend> Rank<'a, B> {
         grad: bool,
     ) -> Result<(), ExecError> {
         let buf = self.recv_buf.as_mut().expect("pp buffers");
-        self.ctx
-            .comm
-            .inner()
-            .recv(from, tag(stage, mb, grad), ViewMut::all(buf))?;
+        // Profiled, a receive's time includes its wait for the sender.
+        let (comm, me) = (self.ctx.comm, self.rp.rank);
+        self.ctx.ops.timed_collective(
+            CollectiveKind::SendRecv,
+            buf.size_bytes(),
+            &[from, me],
+            || {
+                comm.inner()
+                    .recv(from, tag(stage, mb, grad), ViewMut::all(buf))
+            },
+        )?;
         self.recv_arrived_s = self.clock.map(|c| c.now_s());
         let cat = if grad {
             Category::Buffers

@@ -55,15 +55,7 @@ impl<'a, B: Backend> Rank<'a, B> {
         let groups = [dp.clone(), edp.clone(), dp, edp];
         let space = |sp: usize| {
             let g = &groups[sp];
-            zero::init_space::<B>(
-                &ctx.ops,
-                plan,
-                &blocks,
-                g,
-                sp,
-                &opts.perturb,
-                opts.precision,
-            )
+            zero::init_space::<B>(ctx.ops, plan, &blocks, g, sp, &opts.perturb, opts.precision)
         };
         let (d, e, f, fe) = (
             space(DENSE_SPACE)?,

@@ -138,7 +138,7 @@ impl<'a, B: Backend> Rank<'a, B> {
                 let g = self.groups[DENSE_SPACE].clone();
                 let ctx = &mut self.ctx;
                 let rate = r.bias_update_rate;
-                ctx.router_bias.update(&ctx.ops, ctx.comm, &g, rate)?;
+                ctx.router_bias.update(ctx.ops, ctx.comm, &g, rate)?;
             }
         }
         // The gradient buckets reduced during backward, then (as Megatron's

@@ -9,6 +9,7 @@ use crate::plan::Action;
 use crate::run_report::{PhaseTimes, RankReport};
 use crate::runner::options::RunOptions;
 use crate::trace::{stream_of, EventKind, RankTrace, Stream, TraceEvent};
+use crate::traced_ops::TracedOps;
 
 /// What the timed steps measured: step times, phase times, per-step loss and load-balancing
 /// loss sums, and the trace when tracing.
@@ -61,6 +62,11 @@ impl<'a, B: Backend> Rank<'a, B> {
         // start never passes the host-timed collectives it calls first (the other order made
         // the span start after them whenever the two readings were far enough apart).
         let step_start_s = opts.trace.map(|c| c.now_s());
+        let prof = self.ctx.ops.profile();
+        if let Some(p) = prof {
+            p.start_step(timed);
+        }
+        let mut op_ranges = Vec::new();
         let t0 = self.ctx.ops.record()?;
         self.loss_sum = 0.0;
         self.ctx.moe_aux_loss = 0.0;
@@ -75,6 +81,7 @@ impl<'a, B: Backend> Rank<'a, B> {
                 self.reduce_for_export()?;
                 continue;
             }
+            let op0 = prof.map_or(0, |p| p.mark());
             self.act(*a)?;
             let mut traced_at = None;
             if let (Some(t), Some(c), Some(start_s)) = (out.trace.as_mut(), opts.trace, start_s) {
@@ -85,16 +92,24 @@ impl<'a, B: Backend> Rank<'a, B> {
             }
             if timed {
                 marks.push((*a, ta, self.ctx.ops.record()?, traced_at));
+                op_ranges.push(op0..prof.map_or(0, |p| p.mark()));
             }
         }
         let t1 = self.ctx.ops.record()?;
         if timed {
-            for (a, ta, tb, _) in &marks {
-                *phase_of(&mut out.phases, *a) += self.ctx.ops.elapsed_s(ta, tb)?;
+            let ops = self.ctx.ops;
+            let mut actions = Vec::with_capacity(marks.len());
+            for ((a, ta, tb, _), range) in marks.iter().zip(op_ranges) {
+                let action_s = ops.elapsed_s(ta, tb)?;
+                *phase_of(&mut out.phases, *a) += action_s;
+                actions.push((range, action_s));
+            }
+            if let Some(p) = prof {
+                p.finish_step(|a, b| ops.elapsed_s(a, b), &actions)?;
             }
             out.step_s.push(self.ctx.ops.elapsed_s(&t0, &t1)?);
             if let (Some(t), Some(s0)) = (out.trace.as_mut(), step_start_s) {
-                retime_on_events::<B>(&self.ctx.ops, t, &t0, &t1, s0, &marks)?;
+                retime_on_events::<B>(self.ctx.ops, t, &t0, &t1, s0, &marks)?;
             }
         }
         // The load-balancing loss of each microbatch, weighted by its tokens so that the
@@ -162,6 +177,12 @@ impl<'a, B: Backend> Rank<'a, B> {
                 moe_dropped: self.ctx.moe_dropped,
                 moe_load: self.ctx.moe_load.clone(),
                 device: None,
+                ops: self
+                    .ctx
+                    .ops
+                    .profile()
+                    .map(|p| p.timings())
+                    .unwrap_or_default(),
             },
             loss_sums,
             aux_sums,
@@ -275,7 +296,7 @@ type Mark<B> = (
 /// start event or, after a wait for a message, where the wait ended. The step's span comes
 /// from the same events, so the trace and the reported step time agree.
 fn retime_on_events<B: Backend>(
-    ops: &B::Device,
+    ops: &TracedOps<B>,
     t: &mut RankTrace,
     t0: &B::Event,
     t1: &B::Event,

@@ -27,15 +27,7 @@ pub fn causal_work(sh: &BlockShape, qpos: &[u32], kpos: &[u32]) -> u64 {
 
 /// The block shape of a whole-sequence attention.
 pub fn block_shape(sh: &AttnShape) -> BlockShape {
-    BlockShape {
-        b: sh.b,
-        hq: sh.heads,
-        hk: sh.kv_heads,
-        d: sh.d,
-        dv: sh.dv,
-        dropout: sh.dropout,
-        span: sh.span,
-    }
+    sh.block()
 }
 
 /// Running statistics of one forward: acc [b, rows, hq, dv], max and sum [b, hq, rows], f32.

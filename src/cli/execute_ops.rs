@@ -1,0 +1,226 @@
+//! `execute --profile-ops`: the op-class summary of the slowest rank (the step ends with it):
+//! per class, calls and seconds per timed step, the share of the step, and the rate achieved
+//! (FLOP/s for GEMMs and attention, B/s for memory-bound ops, bus bandwidth for collectives
+//! as nccl-tests defines it). docs/calibration.md describes the records it summarises.
+
+use comfy_table::{presets, CellAlignment, Table};
+use parsim::report::format::{bytes, flops, seconds};
+use parsim_executor::run_report::RankReport;
+use parsim_plan::op_timing::{CollectiveKind, MaskKind, OpKey, OpTiming, Pass};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// One op class of the summary.
+#[derive(Debug, Serialize)]
+pub struct OpClassOut {
+    pub class: String,
+    /// Calls and seconds per timed step.
+    pub calls: f64,
+    pub time_s: f64,
+    /// The class's seconds over the rank's mean step.
+    pub share: f64,
+    /// FLOP/s (`gemm`, `attention ...`), B/s (`memory`), bus B/s (collectives); absent where
+    /// the work is unknown (host gap, banded or partial-causal attention only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate: Option<f64>,
+    pub rate_unit: &'static str,
+}
+
+/// One class's sums: calls, seconds, and the work (FLOPs or bytes) of the calls whose work
+/// is known with the seconds they took.
+#[derive(Default)]
+struct Sums {
+    calls: u64,
+    total_s: f64,
+    work: f64,
+    work_s: f64,
+    unit: &'static str,
+}
+
+/// The summary of `ranks`' slowest rank over `timed` steps (`None` when nothing was profiled).
+pub fn summary(ranks: &[RankReport], timed: usize) -> Option<(u32, Vec<OpClassOut>)> {
+    let slowest = ranks
+        .iter()
+        .filter(|r| !r.ops.is_empty())
+        .max_by(|a, b| a.median_step_s().total_cmp(&b.median_step_s()))?;
+    let steps = timed.max(1) as f64;
+    let step_s = slowest.step_s.iter().sum::<f64>() / steps;
+    let mut classes: BTreeMap<(u8, String), Sums> = BTreeMap::new();
+    for t in &slowest.ops {
+        let (order, name, unit) = class_of(&t.key);
+        let e = classes.entry((order, name)).or_default();
+        e.unit = unit;
+        e.calls += t.calls;
+        e.total_s += t.total_s;
+        if let Some(w) = work(t) {
+            e.work += w;
+            e.work_s += t.total_s;
+        }
+    }
+    let rows = classes
+        .into_iter()
+        .map(|((_, class), e)| OpClassOut {
+            class,
+            calls: e.calls as f64 / steps,
+            time_s: e.total_s / steps,
+            share: if step_s > 0.0 {
+                e.total_s / steps / step_s
+            } else {
+                0.0
+            },
+            rate: (e.work > 0.0 && e.work_s > 0.0).then(|| e.work / e.work_s),
+            rate_unit: e.unit,
+        })
+        .collect();
+    Some((slowest.rank, rows))
+}
+
+/// The summary row a key counts in: its order in the table, name and rate unit.
+fn class_of(k: &OpKey) -> (u8, String, &'static str) {
+    match k {
+        OpKey::Gemm { .. } => (0, "gemm".into(), "FLOP/s"),
+        OpKey::Attention { pass, kernel, .. } => {
+            let p = match pass {
+                Pass::Forward => "forward",
+                Pass::Backward => "backward",
+            };
+            (1, format!("attention {p} ({kernel})"), "FLOP/s")
+        }
+        OpKey::Memory { .. } => (2, "memory".into(), "B/s"),
+        OpKey::Collective { op, .. } => (3, collective_name(*op).into(), "bus B/s"),
+        OpKey::HostGap => (4, "host gap".into(), ""),
+    }
+}
+
+fn collective_name(op: CollectiveKind) -> &'static str {
+    match op {
+        CollectiveKind::AllReduce => "all_reduce",
+        CollectiveKind::AllGather => "all_gather",
+        CollectiveKind::ReduceScatter => "reduce_scatter",
+        CollectiveKind::AllToAll => "all_to_all",
+        CollectiveKind::Broadcast => "broadcast",
+        CollectiveKind::SendRecv => "send_recv",
+    }
+}
+
+/// The work of a record's calls: FLOPs (a GEMM's 2mnk; attention's 4 d per visible query-key
+/// pair forward and 2.5 times that backward, FlashAttention-2's five matmuls to two), bytes
+/// moved, or bus bytes (nccl-tests: all-reduce 2(n-1)/n of the buffer, all-gather,
+/// reduce-scatter and all-to-all (n-1)/n, point-to-point and broadcast all of it).
+fn work(t: &OpTiming) -> Option<f64> {
+    let calls = t.calls as f64;
+    match &t.key {
+        OpKey::Gemm { m, n, k, .. } => Some(2.0 * (*m as f64) * (*n as f64) * (*k as f64) * calls),
+        OpKey::Attention {
+            batch_heads,
+            q_len,
+            kv_len,
+            head_dim,
+            mask,
+            pass,
+            ..
+        } => {
+            let (q, kv) = (*q_len as f64, *kv_len as f64);
+            let pairs = match mask {
+                MaskKind::Full => q * kv,
+                MaskKind::Causal if q_len == kv_len => q * (q + 1.0) / 2.0,
+                // A partial causal block or a band: the visible pairs are not in the key.
+                _ => return None,
+            };
+            let per_pass = match pass {
+                Pass::Forward => 1.0,
+                Pass::Backward => 2.5,
+            };
+            Some(4.0 * per_pass * pairs * (*head_dim as f64) * (*batch_heads as f64) * calls)
+        }
+        OpKey::Memory { bytes } => Some(*bytes as f64 * calls),
+        OpKey::Collective {
+            op,
+            bytes,
+            group_size,
+            ..
+        } => {
+            let n = f64::from(*group_size);
+            let factor = match op {
+                CollectiveKind::AllReduce => 2.0 * (n - 1.0) / n,
+                CollectiveKind::AllGather
+                | CollectiveKind::ReduceScatter
+                | CollectiveKind::AllToAll => (n - 1.0) / n,
+                CollectiveKind::SendRecv | CollectiveKind::Broadcast => 1.0,
+            };
+            Some(*bytes as f64 * factor * calls)
+        }
+        OpKey::HostGap => None,
+    }
+}
+
+/// The summary as a table.
+pub fn text(rank: u32, rows: &[OpClassOut]) -> String {
+    let mut t = Table::new();
+    t.load_style(presets::UTF8_BORDERS_ONLY);
+    t.set_header(vec!["op class", "calls", "time", "share", "rate"]);
+    for r in rows {
+        let rate = match r.rate {
+            Some(x) if r.rate_unit == "FLOP/s" => format!("{}/s", flops(x)),
+            Some(x) if r.rate_unit == "B/s" => format!("{}/s", bytes(x)),
+            Some(x) => format!("{}/s bus", bytes(x)),
+            None => "-".into(),
+        };
+        t.add_row(vec![
+            r.class.clone(),
+            format!("{:.1}", r.calls),
+            seconds(r.time_s),
+            format!("{:.1}%", r.share * 100.0),
+            rate,
+        ]);
+    }
+    for i in 1..5 {
+        if let Some(c) = t.column_mut(i) {
+            c.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    format!("op classes of rank {rank} (the slowest), per timed step:\n{t}\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use parsim_plan::op_timing::Placement;
+
+    #[test]
+    fn work_follows_the_published_counts() {
+        let t = |key| OpTiming {
+            key,
+            calls: 2,
+            total_s: 1.0,
+        };
+        // 2mnk per GEMM.
+        let g = t(OpKey::Gemm {
+            m: 4,
+            n: 5,
+            k: 6,
+            dtype: parsim_plan::DType::F32,
+        });
+        assert_eq!(work(&g), Some(2.0 * 2.0 * 4.0 * 5.0 * 6.0));
+        // Causal self-attention of 4 positions: 10 visible pairs, 4 d FLOPs each forward.
+        let a = t(OpKey::Attention {
+            batch_heads: 3,
+            q_len: 4,
+            kv_len: 4,
+            head_dim: 8,
+            mask: MaskKind::Causal,
+            pass: Pass::Forward,
+            kernel: "cpu".into(),
+        });
+        assert_eq!(work(&a), Some(2.0 * 3.0 * 10.0 * 4.0 * 8.0));
+        // nccl-tests: an all-reduce over 4 ranks moves 2 x 3/4 of its buffer per rank.
+        let c = t(OpKey::Collective {
+            op: CollectiveKind::AllReduce,
+            bytes: 1000,
+            group_size: 4,
+            placement: Placement::IntraNode,
+        });
+        assert_eq!(work(&c), Some(2.0 * 1500.0));
+        assert_eq!(work(&t(OpKey::HostGap)), None);
+    }
+}
