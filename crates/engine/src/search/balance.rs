@@ -127,6 +127,43 @@ pub fn balanced_split(layers: u32, pp: u32, ends: EndCosts) -> Option<(u32, u32)
 
 /// Megatron-Core's layout string for a split (`E` embedding, `t` layer, `L` loss, `|` between
 /// stages), e.g. `Et*11|t*10|t*10|t*9L`.
+/// Megatron-Core layouts for interleaving when `layers` does not split evenly over `stages`
+/// virtual stages: every stage holds `ceil(layers / stages)` but the two ends, which give up
+/// the shortfall, the last first (it also runs the output layer and the loss), then the
+/// first (it runs the embedding), keeping at least one layer there. Kimi K2's recipes are
+/// this shape: 61 layers as `Et*4|(t*4|)*14tL` on 16 stages, `Et|(tt|)*30L` on 32. Returns
+/// the (first, last) stages' layers, `None` when the ends cannot absorb the shortfall.
+pub fn short_end_stages(layers: u32, stages: u32) -> Option<(u32, u32)> {
+    if stages < 2 || layers < stages - 1 || layers % stages == 0 {
+        return None;
+    }
+    let per = layers.div_ceil(stages);
+    let short = per * stages - layers;
+    if short < per {
+        Some((per, per - short))
+    } else if short < 2 * per {
+        Some((2 * per - short, 0))
+    } else {
+        None
+    }
+}
+
+/// The explicit layout of `stages` virtual stages whose middle ones hold `per` layers each
+/// and whose ends hold `first` (with the embedding) and `last` (with the loss).
+pub fn virtual_layout_string(stages: u32, per: u32, first: u32, last: u32) -> String {
+    let layers = |n: u32| {
+        if n == 0 {
+            String::new()
+        } else {
+            format!("t*{n}")
+        }
+    };
+    let mut parts = vec![format!("E{}", layers(first))];
+    parts.extend((2..stages).map(|_| layers(per)));
+    parts.push(format!("{}L", layers(last)));
+    parts.join("|")
+}
+
 pub fn layout_string(split: &[u32]) -> String {
     let n = split.len();
     split
@@ -214,5 +251,46 @@ mod tests {
         let stages = crate::config::rules::pipeline_layout::parse(&s).unwrap();
         let decoder: Vec<u32> = stages.iter().map(|st| st.decoder).collect();
         assert_eq!(decoder, split);
+    }
+
+    #[test]
+    fn short_end_stages_give_kimi_k2s_published_layouts() {
+        // Megatron-Bridge's Kimi K2 recipes: 61 layers as `Et*4|(t*4|)*14tL` (pp 4 x vpp 4)
+        // and `Et|(tt|)*30L` (pp 16 x vpp 2).
+        assert_eq!(short_end_stages(61, 16), Some((4, 1)));
+        assert_eq!(
+            virtual_layout_string(16, 4, 4, 1),
+            format!("Et*4|{}t*1L", "t*4|".repeat(14))
+        );
+        assert_eq!(short_end_stages(61, 32), Some((1, 0)));
+        assert_eq!(
+            virtual_layout_string(32, 2, 1, 0),
+            format!("Et*1|{}L", "t*2|".repeat(30))
+        );
+        // An even split is not this family's.
+        assert_eq!(short_end_stages(64, 16), None);
+    }
+
+    #[test]
+    fn short_end_stages_hold_every_layer_with_no_stage_above_the_middle() {
+        for stages in 2..40u32 {
+            for layers in 1..200u32 {
+                let Some((first, last)) = short_end_stages(layers, stages) else {
+                    continue;
+                };
+                let per = layers.div_ceil(stages);
+                assert_eq!(
+                    first + (stages - 2) * per + last,
+                    layers,
+                    "{layers}/{stages}"
+                );
+                assert!(
+                    first >= 1 && first <= per && last < per,
+                    "{layers}/{stages}"
+                );
+                // The first gives up layers only once the last holds none.
+                assert!(first == per || last == 0, "{layers}/{stages}");
+            }
+        }
     }
 }

@@ -24,8 +24,9 @@ type Pipe = (u32, ScheduleKind, Option<u32>, Option<u32>, Slots);
 /// Every pipeline arrangement of `layers` over `pp` ranks: even splits with every vpp that
 /// divides them (interleaved) and the V schedules; Megatron-style uneven first/last stages;
 /// and the balanced splits that count the embedding and/or the loss as a layer slot, with
-/// every vpp those allow (Llama-3-405B's 126 layers + 2 slots over pp 16).
-fn pipelines(layers: u32, pp: u32, ends: Option<balance::EndCosts>) -> Vec<Pipe> {
+/// every vpp those allow (Llama-3-405B's 126 layers + 2 slots over pp 16); and, where none of
+/// those splits exists, interleaving with short end stages ([`balance::short_end_stages`]).
+fn pipelines(layers: u32, pp: u32, mtp: u32, ends: Option<balance::EndCosts>) -> Vec<Pipe> {
     let none = Slots::default();
     if pp == 1 {
         return vec![(1, ScheduleKind::OneFOneB, None, None, none)];
@@ -88,6 +89,22 @@ fn pipelines(layers: u32, pp: u32, ends: Option<balance::EndCosts>) -> Vec<Pipe>
             pipes.push((v, k, None, None, slots));
         }
     }
+    // Interleaving for a layer count no slot split divides (Kimi K2's 61 layers on pp 4 or
+    // 16): Megatron-Core's explicit layouts whose end virtual stages are short. For a Mix with
+    // vpp > 1, first/last are the end virtual stages' layers (Mix::apply writes the layout).
+    if mtp == 0 && (0..3).all(|extra| (layers + extra) % pp != 0) {
+        for v in 2..=layers / pp {
+            if let Some((first, last)) = balance::short_end_stages(layers, pp * v) {
+                pipes.push((
+                    v,
+                    ScheduleKind::Interleaved1F1B,
+                    Some(first),
+                    Some(last),
+                    none,
+                ));
+            }
+        }
+    }
     pipes
 }
 
@@ -136,7 +153,7 @@ pub(super) fn enumerate_in(base: &Config, mbs_max: u64, domain: u32) -> Vec<Mix>
             for pp in divisors(n / (tp * cp)).filter(|&p| p <= layers as u64) {
                 let dp = n / (tp * cp * pp);
                 let pp32 = pp as u32;
-                let mut pipes = pipelines(layers, pp32, ends);
+                let mut pipes = pipelines(layers, pp32, m.mtp_num_layers, ends);
                 pipes.sort_by_key(|p| p.1.as_str());
                 let eps = expert_parallel_sizes(base, tp * cp * dp);
                 for &ep in &eps {

@@ -15,6 +15,8 @@ pub struct Mix {
     pub pp: u32,
     pub vpp: u32,
     pub schedule: ScheduleKind,
+    /// Layers of the first and last pipeline stage; with vpp > 1, of the first and last
+    /// virtual stage (interleaving with short ends, the middle ones full).
     pub first_stage_layers: Option<u32>,
     pub last_stage_layers: Option<u32>,
     /// Megatron-Core's embedding/loss layer slots (`account_for_*_in_pipeline_split`).
@@ -40,9 +42,22 @@ impl Mix {
         p.first_stage_layers = self.first_stage_layers;
         p.last_stage_layers = self.last_stage_layers;
         p.pipeline_layout = None;
+        // Interleaving with short end stages: first/last are the end virtual stages' layers,
+        // the middle ones hold ceil(L / V) (balance::short_end_stages).
+        if let (true, Some(f), Some(l)) = (
+            self.vpp > 1,
+            self.first_stage_layers,
+            self.last_stage_layers,
+        ) {
+            let stages = self.pp * self.vpp;
+            let per = c.model.num_layers.div_ceil(stages);
+            p.pipeline_layout = Some(balance::virtual_layout_string(stages, per, f, l));
+            p.first_stage_layers = None;
+            p.last_stage_layers = None;
+        }
         // A balanced split whose middle stages differ by a layer has no first/last-stage form
         // in Megatron-Core: it becomes an explicit layout.
-        if let (Some(f), Some(l)) = (self.first_stage_layers, self.last_stage_layers) {
+        if let (Some(f), Some(l), 1) = (self.first_stage_layers, self.last_stage_layers, self.vpp) {
             let layers = c.model.num_layers;
             let middle = self.pp.saturating_sub(2);
             if middle > 0 && layers >= f + l && (layers - f - l) % middle != 0 {
