@@ -294,6 +294,8 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
         },
         trace: (args.trace.is_some() || args.compare_timeline).then(Clock::new),
         profile_ops: args.profile_ops,
+        // A launched CUDA job: its ranks fill the nodes in order.
+        ranks_per_node: args.launch.nproc_per_node,
         ..RunOptions::default()
     };
     let report = match args.backend {

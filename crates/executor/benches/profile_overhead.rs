@@ -2,11 +2,19 @@
 //! small single-rank model (hidden 256, 4 layers, seq 256: many short ops, where bracketing
 //! each with two clock readings costs most) stepped with and without profiling, in
 //! interleaved rounds so that drift in the machine's load touches both alike. Prints each
-//! round's median steps, the medians over rounds and their ratio (goal: within 5%).
+//! round's median steps, the medians over rounds and their ratio (goal: within 5%). On a
+//! loaded machine the steps' spread hides a cost this small, so it also prints a second
+//! estimate: the profiler's own cost per op (two clock readings, the record, reading it back
+//! and summing it by key), measured alone, times the ops a step times, over the step.
 //! Run: `cargo bench -p parsim-executor --bench profile_overhead`.
 
+use parsim_executor::backend::cpu::CpuOps;
+use parsim_executor::backend::Device;
+use parsim_executor::op_profile::OpProfile;
 use parsim_executor::plan::{AdamConfig, ModelShape, Plan, Recompute};
 use parsim_executor::runner::{run_cpu, RunOptions};
+use parsim_plan::op_timing::OpKey;
+use std::time::Instant;
 
 /// The median of `v` (not empty).
 fn median(mut v: Vec<f64>) -> f64 {
@@ -19,8 +27,30 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// Seconds the profiler adds per timed op: `n` ops bracketed and recorded, then read back
+/// and summed by key at the step's end, as the executor does.
+fn cost_per_op_s(n: usize) -> f64 {
+    let dev = CpuOps::new();
+    let p = OpProfile::default();
+    let key = OpKey::Memory { bytes: 64 };
+    let t = Instant::now();
+    p.start_step(true);
+    for _ in 0..n {
+        let (a, b) = (dev.record().expect("clock"), dev.record().expect("clock"));
+        p.push(key.clone(), a, b);
+    }
+    p.finish_step(|a, b| dev.elapsed_s(a, b), &[(0..n, 1.0)])
+        .expect("sums");
+    t.elapsed().as_secs_f64() / n as f64
+}
+
 /// The median timed step of one run of `plan` (`profile`: ops timed).
 fn step_s(plan: &Plan, profile: bool) -> f64 {
+    step_and_ops(plan, profile).0
+}
+
+/// The median timed step of one run of `plan` and the ops it timed per timed step.
+fn step_and_ops(plan: &Plan, profile: bool) -> (f64, f64) {
     let r = run_cpu(
         plan,
         &RunOptions {
@@ -31,7 +61,14 @@ fn step_s(plan: &Plan, profile: bool) -> f64 {
         },
     )
     .expect("runs");
-    r.ranks[0].median_step_s()
+    let k = &r.ranks[0];
+    let ops: u64 = k
+        .ops
+        .iter()
+        .filter(|t| t.key != OpKey::HostGap)
+        .map(|t| t.calls)
+        .sum();
+    (k.median_step_s(), ops as f64 / k.step_s.len() as f64)
 }
 
 fn main() {
@@ -77,5 +114,16 @@ fn main() {
         on * 1e3,
         on / off,
         (on / off - 1.0) * 100.0
+    );
+    let per_op_s = (0..5)
+        .map(|_| cost_per_op_s(200_000))
+        .fold(f64::MAX, f64::min);
+    let (_, ops) = step_and_ops(&plan, true);
+    println!(
+        "profiler cost: {:.0} ns per op (best of 5), {ops:.0} ops per step: {:.3} ms = {:.3}% of the {:.2} ms step",
+        per_op_s * 1e9,
+        per_op_s * ops * 1e3,
+        100.0 * per_op_s * ops / off,
+        off * 1e3
     );
 }

@@ -107,4 +107,6 @@ pub enum StateError {
     MtpWithoutBlock(String),
     #[error("gradient buckets of stages {0:?} were not reduced before the optimizer step")]
     GradBucketsNotIssued(Vec<u32>),
+    #[error("profile_ops: an action's timed ops took {ops_s} s, more than the action's {action_s} s (op timings overlap)")]
+    OverlappingOpTimes { ops_s: f64, action_s: f64 },
 }

@@ -4,7 +4,7 @@
 //! The ops of each action are summed by [`OpKey`]; what of the action's time no op covers is
 //! its host gap (launches, bookkeeping, allocation, waits outside a timed call).
 
-use crate::error::ExecError;
+use crate::error::{ExecError, StateError};
 use parsim_plan::op_timing::{OpKey, OpTiming};
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -80,10 +80,11 @@ impl<E> OpProfile<E> {
             }
             let gap_s = action_s - ops_s;
             if gap_s < -RESOLUTION_S {
-                return Err(ExecError::Unsupported {
-                    field: "profile_ops",
-                    message: "an action's timed ops took longer than the action itself: op timings overlap",
-                });
+                return Err(StateError::OverlappingOpTimes {
+                    ops_s,
+                    action_s: *action_s,
+                }
+                .into());
             }
             add(OpKey::HostGap, gap_s.max(0.0));
         }
