@@ -21,7 +21,9 @@ mod finish;
 mod prepare;
 
 use dp::per_microbatch_dp_s;
-pub use prepare::{split_free_lower_bound, timed_ledger, Chunked};
+pub use prepare::{
+    split_free_bound_of, split_free_lower_bound, split_free_per_microbatch_s, timed_ledger, Chunked,
+};
 use std::borrow::Cow;
 
 #[derive(Debug, Clone, Serialize)]

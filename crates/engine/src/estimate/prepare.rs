@@ -74,8 +74,18 @@ pub(super) fn memory_lower_bound(
 /// fill only add to it. Rounded down by a relative 1e-9 so that a different order of the same
 /// sums can never put it above a split's own bound.
 pub fn split_free_lower_bound(r: &Resolved, s: &LedgerSummary) -> f64 {
+    split_free_bound_of(
+        split_free_per_microbatch_s(r, s),
+        r.microbatches,
+        r.config.parallel.pp,
+    )
+}
+
+/// One microbatch's work over every block of the model once ([`split_free_lower_bound`]):
+/// the same for every pipeline depth that shares the timed ledger `s`.
+pub fn split_free_per_microbatch_s(r: &Resolved, s: &LedgerSummary) -> f64 {
     let whole = ChunkContents::whole_model(&r.config.model);
-    let per_microbatch: f64 = whole
+    whole
         .blocks(s)
         .map(|(b, n)| {
             let t = &b.times;
@@ -87,9 +97,13 @@ pub fn split_free_lower_bound(r: &Resolved, s: &LedgerSummary) -> f64 {
                     + t.exposed_bwd_s()
                     + t.wgrad_s)
         })
-        .sum();
-    let pp = f64::from(r.config.parallel.pp.max(1));
-    let lb = f64::from(r.microbatches) * per_microbatch / pp * (1.0 - 1e-9);
+        .sum()
+}
+
+/// [`split_free_lower_bound`] from its per-microbatch work, `microbatches` and `pp`.
+pub fn split_free_bound_of(per_microbatch_s: f64, microbatches: u32, pp: u32) -> f64 {
+    let pp = f64::from(pp.max(1));
+    let lb = f64::from(microbatches) * per_microbatch_s / pp * (1.0 - 1e-9);
     if lb.is_finite() {
         lb.max(0.0)
     } else {

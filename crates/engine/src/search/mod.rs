@@ -8,7 +8,7 @@
 
 use crate::config::{Config, CpComm, GpuProfile, Recompute, Resolved, ScheduleKind};
 use crate::estimate::{timed_ledger, Chunked, Estimate, Prepared};
-use crate::layout::Layout;
+use crate::layout::{GroupKind, Layout};
 use crate::network::Network;
 use rayon::prelude::*;
 use serde::Serialize;
@@ -30,7 +30,7 @@ pub use objective::{
     deadline_search, parse_deadline_s, rank_by, rank_result, DeadlineAnswer, DeadlinePoint,
     Objective, ObjectiveError, ObjectiveResult, RunRanked, POOL,
 };
-use run::{group_lower_bound, groups, Run, Runs};
+use run::{group_lower_bounds, groups, leads, Run, Runs};
 
 /// What to search.
 #[derive(Debug, Clone)]
@@ -97,6 +97,8 @@ enum Screened {
     Constraint,
     Invalid,
     MemoryBound,
+    /// Not screened: its run's step-time bound already loses to every list it could enter.
+    TimeBound,
     /// Worth simulating unless the bound says otherwise.
     Open {
         mix: Mix,
@@ -138,9 +140,19 @@ fn resolve(mix: &Mix, spec: &SearchSpec, gpu: &GpuProfile) -> Option<Resolved> {
 }
 
 /// What a timed ledger depends on within one search: everything but the layer split and the
-/// schedule, save that DualPipe-V overlaps the expert all-to-all with compute (its blocks are
-/// timed with that overlap).
-type LedgerKey = (u32, u32, CpComm, u32, bool, u32, u8, u64, Recompute);
+/// schedule, save the pipeline's shape ([`pipeline_shape`]).
+type LedgerKey = (u32, u32, CpComm, u32, u8, u32, u8, u64, Recompute);
+
+/// 0 for Megatron's loop placement, 1 for ZB-V and 2 for DualPipe-V: a V puts the last stage
+/// on the first rank (so tied embeddings and MTP's embedding copy differ), and DualPipe-V also
+/// overlaps the expert all-to-all with compute (its blocks are timed with that overlap).
+fn pipeline_shape(schedule: ScheduleKind) -> u8 {
+    match schedule {
+        ScheduleKind::ZbV => 1,
+        ScheduleKind::DualPipeV => 2,
+        _ => 0,
+    }
+}
 
 fn ledger_key(m: &Mix) -> LedgerKey {
     (
@@ -148,7 +160,7 @@ fn ledger_key(m: &Mix) -> LedgerKey {
         m.cp,
         m.cp_comm,
         m.pp,
-        m.schedule == ScheduleKind::DualPipeV,
+        pipeline_shape(m.schedule),
         m.ep,
         m.zero,
         m.mbs,
@@ -156,8 +168,51 @@ fn ledger_key(m: &Mix) -> LedgerKey {
     )
 }
 
-/// The last timed ledger built while screening a run of neighbouring mixes.
-type LedgerCache = Option<(LedgerKey, crate::model::Ledger, crate::model::LedgerSummary)>;
+/// What a timed ledger depends on within one search: the [`ledger_key`] less the pipeline's
+/// depth (one microbatch's blocks do not depend on it), whether the last stage sits on the
+/// first rank (tied embeddings, MTP's embedding copy), and the shape (size, members per
+/// domain, domains) of each group the blocks' own collectives run on (tp, cp, ep, expert tp),
+/// which is all the network times them by. Runs of different depths share one ledger.
+type TimedKey = (
+    u32,
+    u32,
+    u8,
+    u8,
+    u32,
+    u8,
+    u64,
+    u8,
+    bool,
+    [(u32, u32, u32); 4],
+);
+
+fn timed_key(m: &Mix, r: &Resolved, network: &Network) -> TimedKey {
+    let pl = &r.placement;
+    let shape = |k| {
+        let g = network.geometry(k);
+        (g.size, g.per_node, g.nodes)
+    };
+    (
+        m.tp,
+        m.cp,
+        m.cp_comm as u8,
+        pipeline_shape(m.schedule),
+        m.ep,
+        m.zero,
+        m.mbs,
+        m.recompute as u8,
+        pl.stage_rank.last() == pl.stage_rank.first(),
+        [
+            shape(GroupKind::Tp),
+            shape(GroupKind::Cp),
+            shape(GroupKind::Ep),
+            shape(GroupKind::ExpertTp),
+        ],
+    )
+}
+
+/// A timed ledger shared by the runs of one [`TimedKey`].
+type SharedLedger = (TimedKey, crate::model::Ledger, crate::model::LedgerSummary);
 
 /// The layout's links from the cache, else built for this mix alone.
 fn network_of<'a>(mix: &Mix, r: &Resolved, links: &'a NetworkCache) -> Cow<'a, Network> {
@@ -168,14 +223,14 @@ fn network_of<'a>(mix: &Mix, r: &Resolved, links: &'a NetworkCache) -> Cow<'a, N
 }
 
 /// Phase 1: validity, the memory lower bound and the step-time lower bound; no simulation.
-/// Neighbouring mixes share one timed ledger (borrowed, not copied); the per-stage costs are
-/// built only for a mix that passes the memory bound.
+/// A mix borrows its run's timed ledger (`shared`) when its own [`TimedKey`] matches, else
+/// times its own; the per-stage costs are built only for a mix that passes the memory bound.
 fn screen(
     mix: &Mix,
     spec: &SearchSpec,
     gpu: &GpuProfile,
     links: &NetworkCache,
-    cache: &mut LedgerCache,
+    shared: Option<&SharedLedger>,
 ) -> Screened {
     let dp = spec.base.cluster.num_gpus / (mix.tp * mix.cp * mix.pp);
     if !spec.constraints.iter().all(|c| c.holds(mix, dp)) {
@@ -185,15 +240,16 @@ fn screen(
         return Screened::Invalid;
     };
     let network = network_of(mix, &r, links);
-    let key = ledger_key(mix);
-    if !matches!(cache, Some((k, _, _)) if *k == key) {
-        let (l, s) = timed_ledger(&r, &network);
-        *cache = Some((key, l, s));
-    }
-    let Some((_, ledger, s)) = cache.as_ref() else {
-        return Screened::Invalid;
+    let key = timed_key(mix, &r, &network);
+    let chunked = match shared {
+        Some((k, ledger, s)) if *k == key => {
+            Chunked::new(&r, Cow::Borrowed(ledger), Cow::Borrowed(s))
+        }
+        _ => {
+            let (ledger, s) = timed_ledger(&r, &network);
+            Chunked::new(&r, Cow::Owned(ledger), Cow::Owned(s))
+        }
     };
-    let chunked = Chunked::new(&r, Cow::Borrowed(ledger), Cow::Borrowed(s));
     if chunked.memory_lower_bound() > r.gpu.usable_memory_bytes() {
         return Screened::MemoryBound;
     }
@@ -277,13 +333,11 @@ pub fn search(
     // Best-first over the runs of mixes that share a timed ledger: each run's split-free lower
     // bound orders them, and a run that cannot enter any list is not even screened.
     let groups = groups(&mixes);
+    let leads = leads(&mixes, &groups, spec, &gpu, &links);
     let group_lb: Vec<f64> = if spec.exhaustive {
         vec![0.0; groups.len()]
     } else {
-        groups
-            .par_iter()
-            .map(|g| group_lower_bound(&mixes[g.clone()], spec, &gpu, &links))
-            .collect()
+        group_lower_bounds(&mixes, &groups, &leads, spec, &gpu, &links)
     };
     let mut order: Vec<usize> = (0..groups.len()).collect();
     order.sort_by(|&a, &b| group_lb[a].total_cmp(&group_lb[b]));
@@ -329,6 +383,7 @@ pub fn search(
             &Runs {
                 mixes: &mixes,
                 groups: &groups,
+                leads: &leads,
                 bounds: &group_lb,
             },
             (spec, &gpu, &links),
