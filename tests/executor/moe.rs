@@ -171,10 +171,15 @@ fn dropped(r: &RunReport) -> u64 {
 }
 
 fn check(mixes: &[Moe]) -> Vec<(u64, u64)> {
+    check_steps(mixes, 3)
+}
+
+/// [`check`] over `steps` steps.
+fn check_steps(mixes: &[Moe], steps: u32) -> Vec<(u64, u64)> {
     let mut drops = Vec::new();
     for c in mixes {
-        let reference = run(&plan(moe_config(&c.single())), 3);
-        let got = run(&plan(moe_config(c)), 3);
+        let reference = run(&plan(moe_config(&c.single())), steps);
+        let got = run(&plan(moe_config(c)), steps);
         compare(&format!("{c:?}"), &got, &reference);
         drops.push((dropped(&got), dropped(&reference)));
     }
@@ -449,25 +454,33 @@ fn the_expert_bias_changes_the_routing_and_is_not_trained() {
 fn dropped_tokens_match_the_single_rank_run() {
     // Capacity ceil(1.0 x 32 tokens x k / 8) per expert and source microbatch: 4 (top-1),
     // 8 (top-2); the router is not balanced at initialisation, so some experts overflow.
-    let drops = check(&[
-        Moe {
-            ep: 2,
-            dp: 4,
-            top_k: 2,
-            capacity_factor: 1.0,
-            zero: 1,
-            ..BASE
-        },
-        Moe {
-            ep: 4,
-            dp: 4,
-            top_k: 1,
-            capacity_factor: 1.0,
-            ..BASE
-        },
-    ]);
+    // One step: after a step the parallel run's weights differ from the single rank's in the
+    // last bits (its gradients are summed in another order), and at capacity that can swap
+    // which of two tokens with near-equal scores an expert keeps (seen on an AVX2 host: one
+    // expert's weights 1.7e-4 apart after 3 steps). The first step routes identical inputs
+    // through identical weights, so its drops must match exactly.
+    let drops = check_steps(
+        &[
+            Moe {
+                ep: 2,
+                dp: 4,
+                top_k: 2,
+                capacity_factor: 1.0,
+                zero: 1,
+                ..BASE
+            },
+            Moe {
+                ep: 4,
+                dp: 4,
+                top_k: 1,
+                capacity_factor: 1.0,
+                ..BASE
+            },
+        ],
+        1,
+    );
     for (got, reference) in drops {
-        eprintln!("dropped assignments over 3 steps: {got} (single rank {reference})");
+        eprintln!("dropped assignments in the first step: {got} (single rank {reference})");
         assert!(reference > 0, "the capacity dropped nothing");
         assert_eq!(got, reference, "the same assignments are dropped");
     }
