@@ -4,7 +4,8 @@
 //! schedule simulator, and the step's breakdown.
 //!
 //! Efficiency is data (STYLE.md, Calculon): every constant lives in the GPU profile, where
-//! calibration fits it.
+//! calibration fits it. Where the profile's measured tables (`[tables]`, config/tables.rs)
+//! cover an op, they time it instead; [`TableCoverage`] counts the ops they leave out.
 
 use crate::config::tables::RateTables;
 use crate::config::{CpComm, GpuProfile, Recompute};

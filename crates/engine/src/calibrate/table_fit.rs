@@ -132,11 +132,6 @@ pub fn fit_tables(
     let mut attention: BTreeMap<(String, Pass, MaskKind, u64), BTreeMap<u64, Samples>> =
         BTreeMap::new();
     let mut memory: BTreeMap<u64, Samples> = BTreeMap::new();
-    type CollKey = (
-        parsim_plan::op_timing::CollectiveKind,
-        u32,
-        parsim_plan::op_timing::Placement,
-    );
     let mut collective: BTreeMap<CollKey, BTreeMap<u64, Samples>> = BTreeMap::new();
     let mut gaps: Vec<f64> = Vec::new();
     let mut gap_calls = 0u64;
@@ -220,6 +215,45 @@ pub fn fit_tables(
             OpKey::HostGap => unreachable!("handled above"),
         }
     }
+    Ok(assemble(
+        Buckets {
+            gemm,
+            attention,
+            memory,
+            collective,
+            gaps,
+            gap_calls,
+        },
+        provenance,
+    ))
+}
+
+type CollKey = (
+    parsim_plan::op_timing::CollectiveKind,
+    u32,
+    parsim_plan::op_timing::Placement,
+);
+
+/// The timings sorted into buckets, per op class.
+struct Buckets {
+    gemm: BTreeMap<(DType, u64, u64, u64), Samples>,
+    attention: BTreeMap<(String, Pass, MaskKind, u64), BTreeMap<u64, Samples>>,
+    memory: BTreeMap<u64, Samples>,
+    collective: BTreeMap<CollKey, BTreeMap<u64, Samples>>,
+    gaps: Vec<f64>,
+    gap_calls: u64,
+}
+
+/// One table per op class with buckets: each bucket's median rate and calls.
+fn assemble(b: Buckets, provenance: &TableProvenance) -> RateTables {
+    let Buckets {
+        gemm,
+        attention,
+        memory,
+        collective,
+        mut gaps,
+        gap_calls,
+    } = b;
     let p = || provenance.clone();
     let mut tables = RateTables::default();
     if !gemm.is_empty() {
@@ -301,7 +335,7 @@ pub fn fit_tables(
             count: gap_calls,
         });
     }
-    Ok(tables)
+    tables
 }
 
 /// Puts the tables of `fitted` into `into`, replacing those of the same class (and, for

@@ -300,16 +300,21 @@ impl GpuProfile {
         Ok(())
     }
 
-    /// Rejects non-positive or non-finite rates and sizes.
-    fn check(&self, origin: &str) -> Result<(), ConfigError> {
-        self.check_power(origin)?;
+    /// `tables`: every measured table well formed ([`RateTables::check`]), by field.
+    fn check_tables(&self, origin: &str) -> Result<(), ConfigError> {
         self.tables
             .check()
             .map_err(|(field, message)| ConfigError::Field {
                 origin: origin.to_string(),
                 field,
                 message,
-            })?;
+            })
+    }
+
+    /// Rejects non-positive or non-finite rates and sizes.
+    fn check(&self, origin: &str) -> Result<(), ConfigError> {
+        self.check_power(origin)?;
+        self.check_tables(origin)?;
         let positive = [
             ("hbm_bytes_per_s", self.hbm_bytes_per_s),
             ("peak_flops.bf16", self.peak_flops.bf16),
