@@ -28,7 +28,7 @@ pub struct SearchArgs {
     /// recomputation.
     #[command(flatten)]
     pub training: TrainingArgs,
-    /// Largest micro batch size tried (powers of two from 1).
+    /// Largest micro batch size tried (powers of two from 1, and this value if it is not one).
     #[arg(long, default_value_t = 4)]
     pub mbs_max: u64,
     /// How many mixes to list.

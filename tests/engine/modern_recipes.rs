@@ -25,14 +25,18 @@
 //!   `recipes/kimi/kimi_k2.py`'s `_get_kimi_k2_pipeline_layout`, `Et*4|(t*4|)*14tL`, which
 //!   the search enumerates (search/balance.rs, `short_end_stages`).
 //!
+//! - MB at 07eea52d4523a69fc8975cef34938d61ae13f9e2, `gpt_oss_workload_base_configs.py` and
+//!   `gpt_oss_llm_pretrain.py` (GPT-OSS-20B's MXFP8 rows: seq 8192 and vocabulary 128256 from
+//!   `set_gpt_oss_20b_common_configs`, no forced load balancing; that function also sets
+//!   `cpu_offloading_num_layers = 95` but never `cpu_offloading`, so nothing is offloaded, as
+//!   Megatron-Core with offloading on would refuse 95 of 24 layers). The NVFP4 rows are left
+//!   out: their first/last-layer bf16 split is blackwell.rs's subject. parsim finds the two
+//!   8-GPU rows too big (B300 270 GiB, GB200 241 GiB at ZeRO-1); the same function sets
+//!   `ddp.data_parallel_sharding_strategy = "optim_grads_params"` and `fsdp_double_buffer`,
+//!   Megatron-FSDP's settings, but whether `use_megatron_fsdp` is on was not pinned, so the
+//!   rows keep the distributed optimizer and the printout shows the gap.
+//!
 //! Left out:
-//! - GPT-OSS-20B (MB `gpt_oss_workload_base_configs.py`): `set_gpt_oss_20b_common_configs`
-//!   sets `cpu_offloading_num_layers = 95` on the model but never `cpu_offloading` (only
-//!   `utils/overrides.py` turns it on, for a workload config's own layer count, which the
-//!   20B configs do not set), so Megatron-Core offloads nothing (with offloading on it would
-//!   refuse 95 of 24 layers); its rows also override the vocabulary (128256), and its MXFP8
-//!   rows run full-iteration CUDA graphs with paged MoE stashing, which parsim does not model.
-//!   `training.offload_activation_layers` models `--cpu-offloading` where a recipe uses it.
 //! - Kimi K2 on H100 (`..._H100`: TP 8, PP 16 x VP 2, EP 64, GBS 8192): the
 //!   `_get_kimi_k2_pipeline_layout` read with the workload file has no (16, 2) entry (it raises
 //!   for one), so which layout that row ran with is not pinned to a published version. (The
@@ -90,7 +94,7 @@ impl Recipe {
 }
 
 #[rustfmt::skip]
-const RECIPES: [Recipe; 23] = {
+const RECIPES: [Recipe; 27] = {
     /// (preset, gpu, gpus, precision), [tp, pp, cp, vpp, ep, expert_tp], [mbs, gbs, seq],
     /// recompute.
     const fn r(
@@ -107,6 +111,7 @@ const RECIPES: [Recipe; 23] = {
     const MAV: &str = "llama4-maverick";
     const Q235: &str = "qwen3-235b-a22b";
     const KIMI: &str = "kimi-k2";
+    const OSS20: &str = "gpt-oss-20b";
     const LN_ACT: &[&str] = &["layernorm", "moe_act"];
     // Kimi K2's 61 layers over 16 (virtual) stages, 4 each, the last one layer and the loss
     // (MB recipes/kimi/h100/kimi_k2.py, `_get_kimi_k2_pipeline_layout` for PP 16).
@@ -175,6 +180,13 @@ const RECIPES: [Recipe; 23] = {
             .with(&["mla_up_proj"], true, KIMI_16),
         r((KIMI, "gb300", 256, "bf16"), [1, 4, 1, 4, 64, 1], [1, 2048, 4096], "selective")
             .with(&["moe_act"], true, KIMI_16),
+        // MB (07eea52) GPT_OSS_20B_PRETRAIN_CONFIG_B300_FP8_MX_V1 (8 GPUs, MBS 3, GBS 24),
+        // ..._GB200_FP8_MX_V1 (8 GPUs, MBS 2, GBS 16), _V2 (72 GPUs, CP 2, EP 4, GBS 36) and
+        // _V3 (512 GPUs, TP 2 with SP, CP 4, EP 8, GBS 64); EP 1 and ETP 1 where unset.
+        r((OSS20, "b300", 8, "mxfp8"), [1, 1, 1, 1, 1, 1], [3, 24, 8192], "none"),
+        r((OSS20, "gb200", 8, "mxfp8"), [1, 1, 1, 1, 1, 1], [2, 16, 8192], "none"),
+        r((OSS20, "gb200", 72, "mxfp8"), [1, 1, 2, 1, 4, 1], [1, 36, 8192], "none"),
+        r((OSS20, "gb200", 512, "mxfp8"), [2, 1, 4, 1, 8, 1], [1, 64, 8192], "none"),
     ]
 };
 
@@ -196,7 +208,10 @@ fn recipe_config(r: &Recipe, with_parallel: bool) -> Value {
         "training": {"precision": precision, "seq_length": r.seq, "micro_batch_size": r.mbs,
                      "global_batch_size": r.gbs, "recompute": r.recompute}
     });
-    if r.preset != "llama4-maverick" {
+    if r.preset == "gpt-oss-20b" {
+        // set_gpt_oss_20b_common_configs: vocab_size 128256, no forced balancing.
+        c["model"]["vocab_size"] = json!(128256);
+    } else if r.preset != "llama4-maverick" {
         c["model"]["moe_router_force_load_balancing"] = json!(true);
     }
     if r.gpu.starts_with("gb") {

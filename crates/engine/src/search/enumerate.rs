@@ -9,13 +9,15 @@ fn divisors(n: u64) -> impl Iterator<Item = u64> {
     (1..=n).filter(move |d| n % d == 0)
 }
 
-/// The micro batch sizes tried: powers of two up to `mbs_max`, and never above the global
-/// batch (a larger one cannot divide it), so a huge `--mbs-max` neither wraps nor loops.
+/// The micro batch sizes tried: powers of two up to `mbs_max`, and `mbs_max` itself when it
+/// is not one (a recipe's micro batch of 3), never above the global batch (a larger one
+/// cannot divide it), so a huge `--mbs-max` neither wraps nor loops.
 fn micro_batches(mbs_max: u64, gbs: u64) -> impl Iterator<Item = u64> {
     let most = mbs_max.min(gbs);
     (0..u64::BITS)
         .map(|i| 1u64 << i)
         .take_while(move |&b| b <= most)
+        .chain((most == mbs_max && !mbs_max.is_power_of_two()).then_some(mbs_max))
 }
 
 /// One pipeline arrangement: (vpp, schedule, first-stage layers, last-stage layers, slots).
@@ -192,4 +194,20 @@ pub(super) fn enumerate_in(base: &Config, mbs_max: u64, domain: u32) -> Vec<Mix>
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::micro_batches;
+
+    #[test]
+    fn micro_batches_are_the_powers_of_two_and_a_maximum_that_is_not_one() {
+        let tried = |max, gbs| micro_batches(max, gbs).collect::<Vec<_>>();
+        assert_eq!(tried(8, 1024), [1, 2, 4, 8]);
+        // A recipe's micro batch of 3 (GPT-OSS-20B on B300) is tried.
+        assert_eq!(tried(3, 24), [1, 2, 3]);
+        // Capped by the global batch: 6 cannot divide 4, and 4 is already a power of two.
+        assert_eq!(tried(6, 4), [1, 2, 4]);
+        assert_eq!(tried(u64::MAX, 3), [1, 2]);
+    }
 }
