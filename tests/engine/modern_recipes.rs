@@ -39,8 +39,7 @@
 //! Left out:
 //! - Kimi K2 on H100 (`..._H100`: TP 8, PP 16 x VP 2, EP 64, GBS 8192): the
 //!   `_get_kimi_k2_pipeline_layout` read with the workload file has no (16, 2) entry (it raises
-//!   for one), so which layout that row ran with is not pinned to a published version. (The
-//!   search does enumerate `Et|(tt|)*30L` for pp 16 x vpp 2: short_end_stages.)
+//!   for one), so which layout that row ran with is not pinned to a published version.
 //! - Llama 4 Scout: no NVIDIA pre-training recipe was found in either repository.
 //! - Qwen3-Next-80B-A3B (MB `qwen3_workload_base_configs.py`): no preset (its gated-delta-net
 //!   layers are not modelled). Qwen3-235B-A22B on H100 is in ep_folded_grid.rs.

@@ -128,24 +128,19 @@ pub fn balanced_split(layers: u32, pp: u32, ends: EndCosts) -> Option<(u32, u32)
 /// Megatron-Core's layout string for a split (`E` embedding, `t` layer, `L` loss, `|` between
 /// stages), e.g. `Et*11|t*10|t*10|t*9L`.
 /// Megatron-Core layouts for interleaving when `layers` does not split evenly over `stages`
-/// virtual stages: every stage holds `ceil(layers / stages)` but the two ends, which give up
-/// the shortfall, the last first (it also runs the output layer and the loss), then the
-/// first (it runs the embedding), keeping at least one layer there. Kimi K2's recipes are
-/// this shape: 61 layers as `Et*4|(t*4|)*14tL` on 16 stages, `Et|(tt|)*30L` on 32. Returns
-/// the (first, last) stages' layers, `None` when the ends cannot absorb the shortfall.
+/// virtual stages: every stage holds `ceil(layers / stages)` but the last, which gives up the
+/// shortfall (it also runs the output layer and the loss) and keeps at least one layer.
+/// Kimi K2's recipes on GB200 and GB300 are this shape: 61 layers as `Et*4|(t*4|)*14tL` on
+/// 16 stages. Returns the (first, last) stages' layers, `None` when the last stage cannot
+/// absorb the shortfall. (Layouts that also shorten the first stage, such as `Et|(tt|)*30L`,
+/// are left to `parallel.pipeline_layout`: each would add candidates to every search.)
 pub fn short_end_stages(layers: u32, stages: u32) -> Option<(u32, u32)> {
-    if stages < 2 || layers < stages - 1 || layers % stages == 0 {
+    if stages < 2 || layers < stages || layers % stages == 0 {
         return None;
     }
     let per = layers.div_ceil(stages);
     let short = per * stages - layers;
-    if short < per {
-        Some((per, per - short))
-    } else if short < 2 * per {
-        Some((2 * per - short, 0))
-    } else {
-        None
-    }
+    (short < per).then(|| (per, per - short))
 }
 
 /// The explicit layout of `stages` virtual stages whose middle ones hold `per` layers each
@@ -254,19 +249,16 @@ mod tests {
     }
 
     #[test]
-    fn short_end_stages_give_kimi_k2s_published_layouts() {
-        // Megatron-Bridge's Kimi K2 recipes: 61 layers as `Et*4|(t*4|)*14tL` (pp 4 x vpp 4)
-        // and `Et|(tt|)*30L` (pp 16 x vpp 2).
+    fn short_end_stages_give_kimi_k2s_published_layout() {
+        // Megatron-Bridge's Kimi K2 recipes on GB200/GB300: 61 layers as `Et*4|(t*4|)*14tL`
+        // (pp 4 x vpp 4).
         assert_eq!(short_end_stages(61, 16), Some((4, 1)));
         assert_eq!(
             virtual_layout_string(16, 4, 4, 1),
             format!("Et*4|{}t*1L", "t*4|".repeat(14))
         );
-        assert_eq!(short_end_stages(61, 32), Some((1, 0)));
-        assert_eq!(
-            virtual_layout_string(32, 2, 1, 0),
-            format!("Et*1|{}L", "t*2|".repeat(30))
-        );
+        // 32 stages would need the first stage short too: not this family's.
+        assert_eq!(short_end_stages(61, 32), None);
         // An even split is not this family's.
         assert_eq!(short_end_stages(64, 16), None);
     }
