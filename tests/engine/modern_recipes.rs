@@ -29,9 +29,9 @@
 //!   `gpt_oss_llm_pretrain.py` (GPT-OSS-20B's MXFP8 rows: seq 8192 and vocabulary 128256 from
 //!   `set_gpt_oss_20b_common_configs`, no forced load balancing; that function also sets
 //!   `cpu_offloading_num_layers = 95` but never `cpu_offloading`, so nothing is offloaded, as
-//!   Megatron-Core with offloading on would refuse 95 of 24 layers). The NVFP4 rows are left
-//!   out: their first/last-layer bf16 split is blackwell.rs's subject. parsim finds the two
-//!   8-GPU rows too big (B300 270 GiB, GB200 241 GiB at ZeRO-1); the same function sets
+//!   Megatron-Core with offloading on would refuse 95 of 24 layers); the NVFP4 rows keep the
+//!   last 4 layers in bf16 (`get_gpt_oss_20b_precision_config`). parsim finds three
+//!   8-GPU rows too big at ZeRO-1 (MXFP8: B300 270 GiB, GB200 241 GiB; NVFP4: GB200 170 GiB); the same function sets
 //!   `ddp.data_parallel_sharding_strategy = "optim_grads_params"` and `fsdp_double_buffer`,
 //!   Megatron-FSDP's settings, but whether `use_megatron_fsdp` is on was not pinned, so the
 //!   rows keep the distributed optimizer and the printout shows the gap.
@@ -93,7 +93,7 @@ impl Recipe {
 }
 
 #[rustfmt::skip]
-const RECIPES: [Recipe; 27] = {
+const RECIPES: [Recipe; 31] = {
     /// (preset, gpu, gpus, precision), [tp, pp, cp, vpp, ep, expert_tp], [mbs, gbs, seq],
     /// recompute.
     const fn r(
@@ -186,6 +186,12 @@ const RECIPES: [Recipe; 27] = {
         r((OSS20, "gb200", 8, "mxfp8"), [1, 1, 1, 1, 1, 1], [2, 16, 8192], "none"),
         r((OSS20, "gb200", 72, "mxfp8"), [1, 1, 2, 1, 4, 1], [1, 36, 8192], "none"),
         r((OSS20, "gb200", 512, "mxfp8"), [2, 1, 4, 1, 8, 1], [1, 64, 8192], "none"),
+        // ..._B300_NVFP4_V1 and ..._GB200_NVFP4_V1 (EP 2, else as FP8_MX_V1); _B300_NVFP4_V2
+        // (64 GPUs, CP 2, EP 4, MBS 1, GBS 32) and _GB200_NVFP4_V2 (72 GPUs, GBS 36).
+        r((OSS20, "b300", 8, "nvfp4"), [1, 1, 1, 1, 2, 1], [3, 24, 8192], "none"),
+        r((OSS20, "gb200", 8, "nvfp4"), [1, 1, 1, 1, 2, 1], [2, 16, 8192], "none"),
+        r((OSS20, "b300", 64, "nvfp4"), [1, 1, 2, 1, 4, 1], [1, 32, 8192], "none"),
+        r((OSS20, "gb200", 72, "nvfp4"), [1, 1, 2, 1, 4, 1], [1, 36, 8192], "none"),
     ]
 };
 
@@ -208,8 +214,12 @@ fn recipe_config(r: &Recipe, with_parallel: bool) -> Value {
                      "global_batch_size": r.gbs, "recompute": r.recompute}
     });
     if r.preset == "gpt-oss-20b" {
-        // set_gpt_oss_20b_common_configs: vocab_size 128256, no forced balancing.
+        // set_gpt_oss_20b_common_configs: vocab_size 128256, no forced balancing;
+        // get_gpt_oss_20b_precision_config: NVFP4 keeps the last 4 layers in bf16.
         c["model"]["vocab_size"] = json!(128256);
+        if r.precision == "nvfp4" {
+            c["training"]["bf16_layers_at_end"] = json!(4);
+        }
     } else if r.preset != "llama4-maverick" {
         c["model"]["moe_router_force_load_balancing"] = json!(true);
     }
