@@ -189,6 +189,10 @@ named_enum!(
     }
 );
 
+/// Muon's Newton-Schulz iterations a step (Megatron's `--muon-num-ns-steps`, default 5): the
+/// count parsim models, so the importer refuses another.
+pub const MUON_NS_STEPS: u64 = 5;
+
 named_enum!(
     /// How attention FLOPs are counted for model FLOPs.
     FlopsAttention {

@@ -16,7 +16,7 @@ use super::op::{OpKind, ParamClass};
 use super::Block;
 
 /// Newton-Schulz iterations a step (Megatron's `--muon-num-ns-steps`, default 5).
-pub const NS_STEPS: u64 = 5;
+pub const NS_STEPS: u64 = crate::config::MUON_NS_STEPS;
 
 /// This rank's Muon share of a block.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -7,6 +7,8 @@ use super::put;
 use super::values::{first_dense_layers, layer_list, tokenizer_vocab};
 use serde_json::{json, Map, Value};
 
+mod training_flags;
+
 /// Flags kept until [`State::finish`], by name.
 #[derive(Debug, Default)]
 pub(super) struct State {
@@ -758,85 +760,6 @@ impl State {
                 self.set("training", "flash_attention", json!(true))
             }
             None => {}
-        }
-        Ok(())
-    }
-
-    /// `--recompute-modules` (Megatron-Core's selective recompute modules), each a module
-    /// parsim models; only with selective recompute, as Megatron-Core reads it.
-    fn recompute_modules(&mut self, recompute: &str) -> Result<(), String> {
-        let Some(modules) = self.lists.get("--recompute-modules").cloned() else {
-            return Ok(());
-        };
-        if recompute != "selective" {
-            self.notes.push(format!(
-                "--recompute-modules {} applies to selective recompute only; the run recomputes {recompute}",
-                modules.join(" ")
-            ));
-            return Ok(());
-        }
-        let parsed = modules
-            .iter()
-            .map(|m| {
-                m.parse::<crate::config::RecomputeModule>()
-                    .map(|m| json!(m.as_str()))
-                    .map_err(|e| format!("--recompute-modules: {e}"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        self.set("training", "recompute_modules", Value::Array(parsed));
-        Ok(())
-    }
-
-    /// `--cpu-offloading` of activations (`--cpu-offloading-num-layers` layers); weight
-    /// offloading is refused. The layer count alone, without `--cpu-offloading`, offloads
-    /// nothing in Megatron-Core (its TransformerConfig checks it only when offloading is on).
-    fn offloading(&mut self) -> Result<(), String> {
-        let n = self.ints.get("--cpu-offloading-num-layers").copied();
-        if !self.on("--cpu-offloading") {
-            if let Some(n) = n.filter(|&n| n > 0) {
-                self.notes.push(format!(
-                    "--cpu-offloading-num-layers {n} without --cpu-offloading offloads nothing"
-                ));
-            }
-            return Ok(());
-        }
-        if self.on("--cpu-offloading-weights") {
-            return Err("--cpu-offloading-weights: offloading weights to the CPU is not modelled, so the run is not estimated".into());
-        }
-        let n = n.unwrap_or(0);
-        if n > 0 {
-            self.set("training", "offload_activation_layers", json!(n));
-        }
-        Ok(())
-    }
-
-    /// `--optimizer`: adam (Megatron's default) or muon as parsim models it (blockwise TP,
-    /// 5 Newton-Schulz steps); any other optimizer or Muon setting is refused by name.
-    fn optimizer(&mut self) -> Result<(), String> {
-        match self.word("--optimizer") {
-            None | Some("adam") => {}
-            Some("muon") => self.set("training", "optimizer", json!("muon")),
-            Some(other) => {
-                return Err(format!(
-                "--optimizer: '{other}' is not modelled (adam, muon), so the run is not estimated"
-            ))
-            }
-        }
-        if let Some(mode) = self.word("--muon-tp-mode").filter(|m| *m != "blockwise") {
-            return Err(format!(
-                "--muon-tp-mode: '{mode}' is not modelled (blockwise: each TP shard orthogonalised on its own)"
-            ));
-        }
-        if let Some(n) = self
-            .ints
-            .get("--muon-num-ns-steps")
-            .copied()
-            .filter(|&n| n != crate::model::muon::NS_STEPS)
-        {
-            return Err(format!(
-                "--muon-num-ns-steps: {n} is not modelled (Megatron's default, {})",
-                crate::model::muon::NS_STEPS
-            ));
         }
         Ok(())
     }
