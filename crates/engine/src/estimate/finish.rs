@@ -182,21 +182,41 @@ impl Prepared<'_> {
     fn memory_stages(&self, simulated: &Simulated) -> Vec<StageMemory> {
         let r = self.r;
         let par = &r.config.parallel;
-        let program = simulated.generated.as_ref().map(GeneratedProgram::program);
+        if let Some(g) = &simulated.generated {
+            return self.walked_stages(g.program());
+        }
         let sim = &simulated.sim;
-        stage_memories(
-            r,
-            &self.s,
-            &self.ledger,
-            &self.chunks,
-            |rank| match program {
-                Some(p) => Pipeline::Actions(&p.ranks[rank]),
-                None => Pipeline::Inflight {
-                    sets: sim.peak_inflight[rank],
-                    split: matches!(par.schedule, ScheduleKind::ZbH1 | ScheduleKind::ZbV),
-                },
-            },
-        )
+        stage_memories(r, &self.s, &self.ledger, &self.chunks, |rank| {
+            Pipeline::Inflight {
+                sets: sim.peak_inflight[rank],
+                split: matches!(par.schedule, ScheduleKind::ZbH1 | ScheduleKind::ZbV),
+            }
+        })
+    }
+
+    /// Memory stage by stage from each rank's action list in `program`.
+    fn walked_stages(&self, program: &crate::schedule::Program) -> Vec<StageMemory> {
+        stage_memories(self.r, &self.s, &self.ledger, &self.chunks, |rank| {
+            Pipeline::Actions(&program.ranks[rank])
+        })
+    }
+
+    /// The most loaded rank's memory as [`Prepared::finish`] reports it, before any
+    /// simulation, where the program is short enough to walk (`None` otherwise: the
+    /// simulation's peak of live chunk sets gives it). A search skips simulating what
+    /// cannot fit.
+    pub fn walked_peak_bytes(&self) -> Result<Option<u64>, EstimateError> {
+        let r = self.r;
+        let par = &r.config.parallel;
+        if par.pp as u64 * par.vpp as u64 * r.microbatches as u64 > MAX_WALKED_CELLS {
+            return Ok(None);
+        }
+        let g = GeneratedProgram::of(par.schedule, par.pp, par.vpp, r.microbatches)?;
+        Ok(self
+            .walked_stages(g.program())
+            .iter()
+            .map(|m| m.total)
+            .max())
     }
 
     /// The step's communication volume per group on the most loaded rank.

@@ -183,7 +183,15 @@ fn stage_costs(
     let par = &r.config.parallel;
     let stages = r.placement.num_stages();
     let mut chunk_times = vec![ChunkTimes::default(); stages];
+    // A chunk's times depend on what it holds, not on its stage: the many alike chunks of a
+    // deep pipeline are timed once.
+    let mut timed: Vec<(ChunkContents, ChunkTimes)> = Vec::new();
     for c in chunks.iter().flatten() {
+        let contents = ChunkContents { stage: 0, ..*c };
+        if let Some((_, t)) = timed.iter().find(|(k, _)| *k == contents) {
+            chunk_times[c.stage] = *t;
+            continue;
+        }
         let mut t = ChunkTimes::default();
         for (b, n) in c.blocks(s) {
             let k = n as f64;
@@ -209,6 +217,7 @@ fn stage_costs(
         t.input_grad += zb;
         t.exposed.dp += zf + zb;
         chunk_times[c.stage] = t;
+        timed.push((contents, t));
     }
     let hop_bytes = ledger.dims.residual_bytes();
     let hop_s = network.collective_s(GroupKind::Pp, CollectiveKind::SendRecv, hop_bytes, par.pp)
@@ -303,6 +312,20 @@ impl<'a> Prepared<'a> {
     /// microbatch's forward through the stages before its first one, is busy for its whole
     /// work, then runs its data-parallel tail and optimizer step.
     pub fn time_lower_bound(&self) -> f64 {
+        self.busy_lower_bound()
+            .max(self.drain_lower_bound_as(self.r.config.parallel.schedule))
+    }
+
+    /// The pipeline-drain bound of [`Prepared::time_lower_bound`] were the schedule
+    /// `schedule` (GPipe, 1F1B and ZB-H1 share a split's [`Prepared`]; 0 where it does not
+    /// apply).
+    pub fn drain_lower_bound_as(&self, schedule: ScheduleKind) -> f64 {
+        prepare::drain_lower_bound(self, schedule)
+    }
+
+    /// [`Prepared::time_lower_bound`] less the drain bound: each rank's fill, busy time, tail
+    /// and optimizer step, at its most (0 without ranks).
+    pub fn busy_lower_bound(&self) -> f64 {
         let m = self.r.microbatches as f64;
         let fwd: Vec<f64> = self.chunk_times.iter().map(|t| t.fwd).collect();
         self.chunks
@@ -320,7 +343,7 @@ impl<'a> Prepared<'a> {
                 let head: f64 = fwd[..first].iter().sum();
                 head + m * busy + tail + opt
             })
-            .fold(prepare::drain_lower_bound(self), f64::max)
+            .fold(0.0, f64::max)
     }
 
     /// A lower bound of the most loaded rank's memory: one activation set in flight.

@@ -211,13 +211,15 @@ fn muon_ns_s(r: &Resolved, m: &crate::model::muon::MuonSums) -> f64 {
 /// stages before r to rank 0, which still runs that microbatch's weight gradient (fused into
 /// the backward but for ZB-H1), its data-parallel tail and its optimizer step. Hops only add.
 /// 0 where it does not apply (the other bound stands).
-pub(super) fn drain_lower_bound(p: &Prepared<'_>) -> f64 {
+/// `schedule` stands for the configuration's own: GPipe, 1F1B and ZB-H1 place and cost a
+/// split alike, so one [`Prepared`] serves all three.
+pub(super) fn drain_lower_bound(p: &Prepared<'_>, schedule: crate::config::ScheduleKind) -> f64 {
     use crate::config::ScheduleKind;
     let r = p.r;
     let par = &r.config.parallel;
     let pp = par.pp as usize;
     let m = r.microbatches;
-    let fused = match par.schedule {
+    let fused = match schedule {
         ScheduleKind::Gpipe | ScheduleKind::OneFOneB | ScheduleKind::Interleaved1F1B => true,
         ScheduleKind::ZbH1 => false,
         _ => return 0.0,
@@ -228,7 +230,7 @@ pub(super) fn drain_lower_bound(p: &Prepared<'_>) -> f64 {
             ch.iter().any(|c| c.stage == rank)
                 && ch.iter().all(|c| c.stage >= rank && c.stage < t.len())
         });
-    if pp < 2 || !placed || !crate::schedule::simulates_in_full(par.schedule, par.pp, m) {
+    if pp < 2 || !placed || !crate::schedule::simulates_in_full(schedule, par.pp, m) {
         return 0.0;
     }
     let b = |s: usize| t[s].input_grad + if fused { t[s].weight_grad } else { 0.0 };

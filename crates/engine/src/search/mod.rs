@@ -6,7 +6,9 @@
 //! cannot be valid or cannot fit (a memory lower bound, before any timing), simulate the rest
 //! on all cores in order of their own bound, and rank the mixes that fit by step time.
 
-use crate::config::{Config, CpComm, GpuProfile, Recompute, Resolved, ScheduleKind};
+use crate::config::{
+    Config, CpComm, GpuProfile, PipelinePlacement, Recompute, Resolved, ScheduleKind,
+};
 use crate::estimate::{timed_ledger, Chunked, Estimate, Prepared};
 use crate::layout::{GroupKind, Layout};
 use crate::network::Network;
@@ -186,12 +188,13 @@ type TimedKey = (
     [(u32, u32, u32); 4],
 );
 
-fn timed_key(m: &Mix, r: &Resolved, network: &Network) -> TimedKey {
-    let pl = &r.placement;
+fn timed_key(m: &Mix, network: &Network) -> TimedKey {
     let shape = |k| {
         let g = network.geometry(k);
         (g.size, g.per_node, g.nodes)
     };
+    // The placement a resolved mix gets (config/resolve.rs): from pp, vpp and the schedule.
+    let ranks = PipelinePlacement::stage_ranks(m.pp, m.vpp, m.schedule);
     (
         m.tp,
         m.cp,
@@ -201,7 +204,7 @@ fn timed_key(m: &Mix, r: &Resolved, network: &Network) -> TimedKey {
         m.zero,
         m.mbs,
         m.recompute as u8,
-        pl.stage_rank.last() == pl.stage_rank.first(),
+        ranks.last() == ranks.first(),
         [
             shape(GroupKind::Tp),
             shape(GroupKind::Cp),
@@ -209,6 +212,18 @@ fn timed_key(m: &Mix, r: &Resolved, network: &Network) -> TimedKey {
             shape(GroupKind::ExpertTp),
         ],
     )
+}
+
+/// What a timed ledger's block times depend on: its [`TimedKey`] less the ZeRO stage, which
+/// changes what a block holds in memory (gradient buckets, gathered weights) but none of its
+/// ops (ZeRO's collectives are timed per stage, estimate/dp.rs). The runs of all four stages
+/// share one split-free bound.
+type BoundKey = TimedKey;
+
+fn bound_key(key: TimedKey) -> BoundKey {
+    let mut k = key;
+    k.5 = 0;
+    k
 }
 
 /// A timed ledger shared by the runs of one [`TimedKey`].
@@ -222,15 +237,53 @@ fn network_of<'a>(mix: &Mix, r: &Resolved, links: &'a NetworkCache) -> Cow<'a, N
     }
 }
 
+/// The schedules whose mixes of one run share a vpp-1 split's screening: one timed ledger,
+/// the same placement, chunks and per-stage costs; only the drain bound differs.
+const SPLIT_SHARED: [ScheduleKind; 3] = [
+    ScheduleKind::Gpipe,
+    ScheduleKind::OneFOneB,
+    ScheduleKind::ZbH1,
+];
+
+/// What one split screened to, for the [`SPLIT_SHARED`] schedules of a run.
+#[derive(Clone, Copy)]
+enum SplitScreen {
+    Invalid,
+    MemoryBound,
+    /// The busy bound and each shared schedule's drain bound.
+    Open {
+        busy_lb: f64,
+        drain_lb: [f64; 3],
+    },
+}
+
+/// The splits a run has screened so far ([`SPLIT_SHARED`]), by (first, last, slots).
+#[derive(Default)]
+struct SplitCache(Vec<(SplitKey, SplitScreen)>);
+
+/// A vpp-1 split: first and last stage layers, and the embedding/loss slots.
+type SplitKey = (Option<u32>, Option<u32>, Slots);
+
+impl SplitCache {
+    /// Splits held.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
 /// Phase 1: validity, the memory lower bound and the step-time lower bound; no simulation.
 /// A mix borrows its run's timed ledger (`shared`) when its own [`TimedKey`] matches, else
 /// times its own; the per-stage costs are built only for a mix that passes the memory bound.
+/// A mix of a [`SPLIT_SHARED`] schedule takes its split's bounds from `cache` when a mix of
+/// its run with another of those schedules screened them (it is still validated itself).
 fn screen(
     mix: &Mix,
     spec: &SearchSpec,
     gpu: &GpuProfile,
     links: &NetworkCache,
     shared: Option<&SharedLedger>,
+    cache: &mut SplitCache,
 ) -> Screened {
     let dp = spec.base.cluster.num_gpus / (mix.tp * mix.cp * mix.pp);
     if !spec.constraints.iter().all(|c| c.holds(mix, dp)) {
@@ -239,8 +292,26 @@ fn screen(
     let Some(r) = resolve(mix, spec, gpu) else {
         return Screened::Invalid;
     };
+    let slot = SPLIT_SHARED
+        .iter()
+        .position(|&k| k == mix.schedule)
+        .filter(|_| mix.vpp == 1);
+    let split = (mix.first_stage_layers, mix.last_stage_layers, mix.slots);
+    let of = |s: SplitScreen, slot: usize| match s {
+        SplitScreen::Invalid => Screened::Invalid,
+        SplitScreen::MemoryBound => Screened::MemoryBound,
+        SplitScreen::Open { busy_lb, drain_lb } => Screened::Open {
+            mix: *mix,
+            time_lb: busy_lb.max(drain_lb[slot]),
+        },
+    };
+    if let Some(slot) = slot {
+        if let Some(&(_, s)) = cache.0.iter().find(|(k, _)| *k == split) {
+            return of(s, slot);
+        }
+    }
     let network = network_of(mix, &r, links);
-    let key = timed_key(mix, &r, &network);
+    let key = timed_key(mix, &network);
     let chunked = match shared {
         Some((k, ledger, s)) if *k == key => {
             Chunked::new(&r, Cow::Borrowed(ledger), Cow::Borrowed(s))
@@ -251,15 +322,29 @@ fn screen(
         }
     };
     if chunked.memory_lower_bound() > r.gpu.usable_memory_bytes() {
+        if slot.is_some() {
+            cache.0.push((split, SplitScreen::MemoryBound));
+        }
         return Screened::MemoryBound;
     }
     let Ok(prep) = chunked.prepare(network) else {
+        if slot.is_some() {
+            cache.0.push((split, SplitScreen::Invalid));
+        }
         return Screened::Invalid;
     };
-    Screened::Open {
-        mix: *mix,
-        time_lb: prep.time_lower_bound(),
-    }
+    let Some(slot) = slot else {
+        return Screened::Open {
+            mix: *mix,
+            time_lb: prep.time_lower_bound(),
+        };
+    };
+    let s = SplitScreen::Open {
+        busy_lb: prep.busy_lower_bound(),
+        drain_lb: SPLIT_SHARED.map(|k| prep.drain_lower_bound_as(k)),
+    };
+    cache.0.push((split, s));
+    of(s, slot)
 }
 
 /// Best step times found so far: the top K, and the best per schedule and per ZeRO stage.
@@ -333,11 +418,11 @@ pub fn search(
     // Best-first over the runs of mixes that share a timed ledger: each run's split-free lower
     // bound orders them, and a run that cannot enter any list is not even screened.
     let groups = groups(&mixes);
-    let leads = leads(&mixes, &groups, spec, &gpu, &links);
+    let leads = leads(&mixes, &groups, spec, &links);
     let group_lb: Vec<f64> = if spec.exhaustive {
         vec![0.0; groups.len()]
     } else {
-        group_lower_bounds(&mixes, &groups, &leads, spec, &gpu, &links)
+        group_lower_bounds(&mixes, &groups, &leads, (spec, &gpu, &links))
     };
     let mut order: Vec<usize> = (0..groups.len()).collect();
     order.sort_by(|&a, &b| group_lb[a].total_cmp(&group_lb[b]));

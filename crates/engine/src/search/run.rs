@@ -3,8 +3,8 @@
 //! is not screened at all), and the simulation of what survives, in order of its own bound.
 
 use super::{
-    ledger_key, network_of, resolve, screen, timed_key, Bounds, Mix, NetworkCache, Pruned, Ranked,
-    Screened, SearchSpec, SharedLedger, TimedKey,
+    bound_key, ledger_key, network_of, resolve, screen, timed_key, BoundKey, Bounds, Mix,
+    NetworkCache, Pruned, Ranked, Screened, SearchSpec, SharedLedger, SplitCache, TimedKey,
 };
 use crate::config::{GpuProfile, ScheduleKind};
 use crate::estimate::{split_free_bound_of, split_free_per_microbatch_s, timed_ledger, Prepared};
@@ -32,111 +32,134 @@ fn passes(mix: &Mix, spec: &SearchSpec) -> bool {
     spec.constraints.iter().all(|c| c.holds(mix, dp))
 }
 
-/// A run's first mix that meets the constraints and validates: its index, microbatches and
-/// the key of the timed ledger every mix of the run shares.
+/// A run's first mix that meets the constraints: its index, microbatches and the key of the
+/// timed ledger every mix of the run shares (all from the mix and its layout's links; no
+/// validation, which [`first_valid`] does once per key instead of once per run).
 pub(super) struct Lead {
     mix: usize,
     microbatches: u32,
     key: TimedKey,
 }
 
-/// Each run's [`Lead`] (`None` when no mix of it meets the constraints and validates).
+/// Each run's [`Lead`] (`None` when no mix of it meets the constraints, or its layout has no
+/// links: such a run is screened mix by mix).
 pub(super) fn leads(
     mixes: &[Mix],
     groups: &[Range<usize>],
     spec: &SearchSpec,
-    gpu: &GpuProfile,
     links: &NetworkCache,
 ) -> Vec<Option<Lead>> {
+    let n = u64::from(spec.base.cluster.num_gpus);
+    let gbs = spec.base.training.global_batch_size;
     groups
         .par_iter()
         .map(|g| {
-            g.clone()
-                .filter(|&i| passes(&mixes[i], spec))
-                .find_map(|i| {
-                    let m = &mixes[i];
-                    let r = resolve(m, spec, gpu)?;
-                    let network = network_of(m, &r, links);
-                    Some(Lead {
-                        mix: i,
-                        microbatches: r.microbatches,
-                        key: timed_key(m, &r, &network),
-                    })
-                })
+            let i = g.clone().find(|&i| passes(&mixes[i], spec))?;
+            let m = &mixes[i];
+            let network = links.get(&(m.tp, m.cp, m.ep, m.pp))?;
+            let dp = n / u64::from(m.tp * m.cp * m.pp);
+            // The enumeration keeps only micro batches with gbs % (mbs x dp) == 0.
+            let microbatches = u32::try_from(gbs / (m.mbs * dp)).ok()?;
+            Some(Lead {
+                mix: i,
+                microbatches,
+                key: timed_key(m, network),
+            })
         })
         .collect()
 }
 
-/// The timed ledger of each distinct key among `leads`, from the first lead that has it.
-fn shared_ledgers<'a>(
-    mixes: &[Mix],
-    leads: impl Iterator<Item = &'a Lead>,
-    spec: &SearchSpec,
-    gpu: &GpuProfile,
-    links: &NetworkCache,
-) -> HashMap<TimedKey, SharedLedger> {
-    let mut firsts: HashMap<TimedKey, usize> = HashMap::new();
-    for l in leads {
-        firsts.entry(l.key).or_insert(l.mix);
+/// The runs among `runs` (indices into `groups`) that have a lead, by `project` of its key,
+/// each key's runs in order.
+fn runs_by_key<K: std::hash::Hash + Eq>(
+    runs: impl Iterator<Item = usize>,
+    leads: &[Option<Lead>],
+    project: impl Fn(TimedKey) -> K,
+) -> HashMap<K, Vec<usize>> {
+    let mut out: HashMap<K, Vec<usize>> = HashMap::new();
+    for g in runs {
+        if let Some(l) = &leads[g] {
+            out.entry(project(l.key)).or_default().push(g);
+        }
     }
-    firsts
-        .into_par_iter()
-        .filter_map(|(key, i)| {
+    out
+}
+
+/// The first mix of `runs` (in order) that meets the constraints and validates, resolved,
+/// with its links.
+fn first_valid<'a>(
+    runs: &[usize],
+    mixes: &[Mix],
+    groups: &[Range<usize>],
+    (spec, gpu, links): (&SearchSpec, &GpuProfile, &'a NetworkCache),
+) -> Option<(
+    crate::config::Resolved,
+    std::borrow::Cow<'a, crate::network::Network>,
+)> {
+    runs.iter()
+        .flat_map(|&g| groups[g].clone())
+        .filter(|&i| passes(&mixes[i], spec))
+        .find_map(|i| {
             let m = &mixes[i];
             let r = resolve(m, spec, gpu)?;
             let network = network_of(m, &r, links);
+            Some((r, network))
+        })
+}
+
+/// The timed ledger of each distinct key among the runs `todo`, from the first of their mixes
+/// that validates.
+fn shared_ledgers(
+    todo: &[usize],
+    runs: &Runs<'_>,
+    ctx: (&SearchSpec, &GpuProfile, &NetworkCache),
+) -> HashMap<TimedKey, SharedLedger> {
+    runs_by_key(todo.iter().copied(), runs.leads, |k| k)
+        .into_par_iter()
+        .filter_map(|(key, of_key)| {
+            let (r, network) = first_valid(&of_key, runs.mixes, runs.groups, ctx)?;
             let (ledger, s) = timed_ledger(&r, &network);
             Some((key, (key, ledger, s)))
         })
         .collect()
 }
 
-/// A lower bound of the step of every mix of each run ([`crate::estimate::split_free_lower_bound`]), from its
-/// lead; 0 (never skipped) when it has none, and for DualPipe-V, whose overlapped forward and
-/// backward the bound does not cover. The per-microbatch work is computed once per timed
-/// ledger (runs that differ only in pipeline depth share it), so to the bit as per run.
+/// A lower bound of the step of every mix of each run ([`crate::estimate::split_free_lower_bound`]):
+/// one microbatch's split-free work, computed once per [`super::BoundKey`] (runs that differ
+/// only in pipeline depth or ZeRO stage share it, to the bit) from the first valid mix of the
+/// runs that have it, times the run's microbatches over its depth. 0 (never skipped) for a
+/// run without a lead or whose key no mix validates, and for DualPipe-V, whose overlapped
+/// forward and backward the bound does not cover.
 pub(super) fn group_lower_bounds(
     mixes: &[Mix],
     groups: &[Range<usize>],
     leads: &[Option<Lead>],
-    spec: &SearchSpec,
-    gpu: &GpuProfile,
-    links: &NetworkCache,
+    ctx: (&SearchSpec, &GpuProfile, &NetworkCache),
 ) -> Vec<f64> {
     let dual = |g: &Range<usize>| {
         mixes[g.clone()]
             .iter()
             .any(|m| m.schedule == ScheduleKind::DualPipeV)
     };
-    let bounded: Vec<Option<&Lead>> = groups
-        .iter()
-        .zip(leads)
-        .map(|(g, l)| l.as_ref().filter(|_| !dual(g)))
-        .collect();
-    let mut firsts: HashMap<TimedKey, usize> = HashMap::new();
-    for l in bounded.iter().flatten() {
-        firsts.entry(l.key).or_insert(l.mix);
-    }
-    let per_microbatch_s: HashMap<TimedKey, f64> = firsts
-        .into_par_iter()
-        .filter_map(|(key, i)| {
-            let m = &mixes[i];
-            let r = resolve(m, spec, gpu)?;
-            let network = network_of(m, &r, links);
-            let (_, s) = timed_ledger(&r, &network);
-            Some((key, split_free_per_microbatch_s(&r, &s)))
-        })
-        .collect();
-    bounded
-        .iter()
-        .map(|l| {
-            l.and_then(|l| {
-                let per = per_microbatch_s.get(&l.key)?;
-                Some(split_free_bound_of(*per, l.microbatches, mixes[l.mix].pp))
+    let bounded: Vec<usize> = (0..groups.len()).filter(|&g| !dual(&groups[g])).collect();
+    let per_microbatch_s: HashMap<BoundKey, f64> =
+        runs_by_key(bounded.iter().copied(), leads, bound_key)
+            .into_par_iter()
+            .filter_map(|(key, of_key)| {
+                let (r, network) = first_valid(&of_key, mixes, groups, ctx)?;
+                let (_, s) = timed_ledger(&r, &network);
+                Some((key, split_free_per_microbatch_s(&r, &s)))
             })
-            .unwrap_or(0.0)
-        })
-        .collect()
+            .collect();
+    let mut out = vec![0.0; groups.len()];
+    for g in bounded {
+        if let Some(l) = &leads[g] {
+            if let Some(per) = per_microbatch_s.get(&bound_key(l.key)) {
+                out[g] = split_free_bound_of(*per, l.microbatches, mixes[l.mix].pp);
+            }
+        }
+    }
+    out
 }
 
 /// What the search has found so far.
@@ -182,13 +205,7 @@ impl Run {
         }
         // Runs of one batch that differ only in pipeline depth share one timed ledger.
         let lead_of = |&g: &usize| runs.leads[g].as_ref();
-        let shared = shared_ledgers(
-            runs.mixes,
-            todo.iter().filter_map(lead_of),
-            spec,
-            gpu,
-            links,
-        );
+        let shared = shared_ledgers(&todo, runs, (spec, gpu, links));
         // A mix whose own lists (its schedule's, its ZeRO stage's) and the top K all beat its
         // run's bound is not screened: its own bound is at least the run's, and the lists only
         // get faster, so it would be skipped before its simulation anyway.
@@ -198,6 +215,7 @@ impl Run {
             .map(|g| {
                 let ledger = lead_of(g).and_then(|l| shared.get(&l.key));
                 let lb = runs.bounds[*g];
+                let mut cache = SplitCache::default();
                 members(*g)
                     .iter()
                     .map(|m| {
@@ -208,7 +226,7 @@ impl Run {
                                 Screened::Constraint
                             }
                         } else {
-                            screen(m, spec, gpu, links, ledger)
+                            screen(m, spec, gpu, links, ledger, &mut cache)
                         }
                     })
                     .collect()
@@ -248,31 +266,56 @@ impl Run {
                 .into_iter()
                 .partition(|(m, lb)| spec.exhaustive || self.bounds.can_improve(m, *lb));
             self.pruned.time_bound += skip.len() as u64;
-            let results: Vec<Option<Ranked>> = todo
+            let results: Vec<Simulated> = todo
                 .par_iter()
-                .map(|(mix, _)| {
-                    let r = resolve(mix, spec, gpu)?;
-                    let cached = links.get(&(mix.tp, mix.cp, mix.ep, mix.pp)).cloned();
-                    let e = Prepared::new(&r, cached).ok()?.finish_with(false).ok()?;
-                    Some(Ranked {
-                        mix: *mix,
-                        estimate: e,
-                    })
-                })
+                .map(|(mix, _)| simulate_one(mix, spec, gpu, links))
                 .collect();
             for r in results {
                 self.evaluated += 1;
                 match r {
-                    Some(r) if r.estimate.memory.fits => {
+                    Simulated::Fits(r) => {
                         self.bounds.record(&r.mix, r.estimate.time.step_s);
-                        self.fits.push(r);
+                        self.fits.push(*r);
                     }
-                    Some(_) => self.pruned.memory += 1,
-                    None => self.pruned.invalid += 1,
+                    Simulated::DoesNotFit => self.pruned.memory += 1,
+                    Simulated::Invalid => self.pruned.invalid += 1,
                 }
             }
         }
         self.pruned.time_bound += (open.len() - i) as u64;
+    }
+}
+
+/// What the simulation of one mix found.
+enum Simulated {
+    Fits(Box<Ranked>),
+    DoesNotFit,
+    Invalid,
+}
+
+/// Estimates `mix` (without the bubble's split by cause); one whose walked memory already
+/// exceeds the GPU ([`Prepared::walked_peak_bytes`], the figure the estimate reports) is not
+/// simulated.
+fn simulate_one(mix: &Mix, spec: &SearchSpec, gpu: &GpuProfile, links: &NetworkCache) -> Simulated {
+    let Some(r) = resolve(mix, spec, gpu) else {
+        return Simulated::Invalid;
+    };
+    let cached = links.get(&(mix.tp, mix.cp, mix.ep, mix.pp)).cloned();
+    let Ok(prepared) = Prepared::new(&r, cached) else {
+        return Simulated::Invalid;
+    };
+    match prepared.walked_peak_bytes() {
+        Err(_) => return Simulated::Invalid,
+        Ok(Some(peak)) if peak > r.gpu.usable_memory_bytes() => return Simulated::DoesNotFit,
+        Ok(_) => {}
+    }
+    match prepared.finish_with(false) {
+        Ok(e) if e.memory.fits => Simulated::Fits(Box::new(Ranked {
+            mix: *mix,
+            estimate: e,
+        })),
+        Ok(_) => Simulated::DoesNotFit,
+        Err(_) => Simulated::Invalid,
     }
 }
 
@@ -323,11 +366,12 @@ mod tests {
             let mixes = enumerate_in(&spec.base, spec.mbs_max, domain);
             let links = network_cache(&mixes, &spec.base, &gpu);
             let groups = groups(&mixes);
-            let leads = leads(&mixes, &groups, &spec, &gpu, &links);
-            let bounds = group_lower_bounds(&mixes, &groups, &leads, &spec, &gpu, &links);
-            let (mut checked, mut shared) = (0, 0);
+            let leads = leads(&mixes, &groups, &spec, &links);
+            let bounds = group_lower_bounds(&mixes, &groups, &leads, (&spec, &gpu, &links));
+            let (mut checked, mut shared, mut walked_checked) = (0, 0, 0);
             let mut per_key: HashMap<TimedKey, f64> = HashMap::new();
-            for (g, lb) in groups.iter().zip(&bounds) {
+            let mut zeros = std::collections::HashSet::new();
+            for (g_index, (g, lb)) in groups.iter().zip(&bounds).enumerate() {
                 let dual = mixes[g.clone()]
                     .iter()
                     .any(|m| m.schedule == ScheduleKind::DualPipeV);
@@ -338,10 +382,15 @@ mod tests {
                     };
                     let network = network_of(m, &r, &links);
                     let (_, s) = timed_ledger(&r, &network);
-                    let key = timed_key(m, &r, &network);
+                    let key = timed_key(m, &network);
+                    if let Some(l) = &leads[g_index] {
+                        assert_eq!(key, l.key, "{m}");
+                    }
                     let per = split_free_per_microbatch_s(&r, &s);
-                    let first = *per_key.entry(key).or_insert(per);
+                    // Every ZeRO stage shares the bound key's per-microbatch work, to the bit.
+                    let first = *per_key.entry(bound_key(key)).or_insert(per);
                     assert_eq!(per.to_bits(), first.to_bits(), "{m}: {key:?}");
+                    zeros.insert((bound_key(key), m.zero));
                     shared += 1;
                     if !lead_seen {
                         lead_seen = true;
@@ -354,21 +403,81 @@ mod tests {
                     }
                     // Every third valid mix is simulated (keeps the test quick).
                     if shared % 3 == 0 {
-                        let e = Prepared::new(&r, Some(network.into_owned()))
-                            .and_then(|p| p.finish_with(false));
-                        if let Ok(e) = e {
+                        let Ok(p) = Prepared::new(&r, Some(network.into_owned())) else {
+                            continue;
+                        };
+                        let walked = p.walked_peak_bytes();
+                        if let Ok(e) = p.finish_with(false) {
                             assert!(*lb <= e.time.step_s, "{m}: {lb} > {}", e.time.step_s);
                             checked += 1;
+                            // The memory a search checks before simulating is the estimate's.
+                            if let Ok(Some(w)) = walked {
+                                assert_eq!(w, e.memory.per_gpu_max_bytes, "{m}");
+                                walked_checked += 1;
+                            }
                         }
                     }
                 }
             }
             assert!(checked > 50, "{checked} steps checked");
+            assert!(walked_checked > 50, "{walked_checked} walked peaks checked");
             assert!(
                 per_key.len() * 2 < shared,
                 "{} ledgers for {shared} mixes",
                 per_key.len()
             );
+            // The sharing across ZeRO stages was exercised: bound keys met with several stages.
+            assert!(
+                zeros.len() >= 2 * per_key.len(),
+                "{} for {}",
+                zeros.len(),
+                per_key.len()
+            );
+        }
+    }
+
+    /// What [`screen`] makes of a mix, comparable: the outcome and, for an open mix, its
+    /// bound's bits.
+    fn outcome(s: Screened) -> (u8, u64) {
+        match s {
+            Screened::Constraint => (0, 0),
+            Screened::Invalid => (1, 0),
+            Screened::MemoryBound => (2, 0),
+            Screened::TimeBound => (3, 0),
+            Screened::Open { time_lb, .. } => (4, time_lb.to_bits()),
+        }
+    }
+
+    /// Screening a run's GPipe, 1F1B and ZB-H1 mixes through one [`SplitCache`] gives each
+    /// mix, to the bit, what screening it alone gives; and the cache was used.
+    #[test]
+    fn a_split_screened_once_serves_its_runs_schedules_to_the_bit() {
+        for spec in cases() {
+            let gpu = GpuProfile::load(&spec.base.cluster.gpu).unwrap();
+            let domain = spec.base.cluster.nvlink_domain(&gpu);
+            let mixes = enumerate_in(&spec.base, spec.mbs_max, domain);
+            let links = network_cache(&mixes, &spec.base, &gpu);
+            let (mut served, mut open) = (0, 0);
+            for g in groups(&mixes) {
+                let mut cache = SplitCache::default();
+                for m in &mixes[g] {
+                    let before = cache.len();
+                    let cached = outcome(screen(m, &spec, &gpu, &links, None, &mut cache));
+                    let alone = outcome(screen(
+                        m,
+                        &spec,
+                        &gpu,
+                        &links,
+                        None,
+                        &mut SplitCache::default(),
+                    ));
+                    assert_eq!(cached, alone, "{m}");
+                    let shares = m.vpp == 1 && super::super::SPLIT_SHARED.contains(&m.schedule);
+                    served += usize::from(cache.len() == before && shares && cached.0 != 1);
+                    open += usize::from(cached.0 == 4);
+                }
+            }
+            assert!(served > 100 && open > 100, "{served} served, {open} open");
         }
     }
 }

@@ -131,10 +131,53 @@ pub fn parse(layout: &str) -> Result<Vec<LayoutStage>, Violation> {
     Ok(stages)
 }
 
+/// The arguments of a [`stage_layers`] call and what it returned.
+type Checked = ((String, u32, u32, u32, u32), Result<Vec<u32>, Violation>);
+
+/// Layouts kept per thread ([`stage_layers`]).
+const KEPT_LAYOUTS: usize = 16;
+
+thread_local! {
+    /// The last layouts checked on this thread: a search validates the same few layouts for
+    /// many mixes (and each validation asks twice).
+    static CHECKED: std::cell::RefCell<Vec<Checked>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Decoder layers of each global stage from `layout`, checked against the model and the
 /// pipeline: pp x vpp stages, every layer once, the embedding first, the loss (and MTP, which
-/// parsim places with the loss) last.
+/// parsim places with the loss) last. The answer depends on the arguments alone: the last
+/// [`KEPT_LAYOUTS`] are kept per thread.
 pub fn stage_layers(
+    layout: &str,
+    layers: u32,
+    mtp_layers: u32,
+    pp: u32,
+    vpp: u32,
+) -> Result<Vec<u32>, Violation> {
+    let hit = CHECKED.with(|c| {
+        c.borrow()
+            .iter()
+            .find(|((l, a, b, c, d), _)| {
+                (*a, *b, *c, *d) == (layers, mtp_layers, pp, vpp) && l == layout
+            })
+            .map(|(_, r)| r.clone())
+    });
+    if let Some(r) = hit {
+        return r;
+    }
+    let r = check_stage_layers(layout, layers, mtp_layers, pp, vpp);
+    CHECKED.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.len() >= KEPT_LAYOUTS {
+            drop(c.remove(0));
+        }
+        c.push(((layout.to_string(), layers, mtp_layers, pp, vpp), r.clone()));
+    });
+    r
+}
+
+/// [`stage_layers`], worked out.
+fn check_stage_layers(
     layout: &str,
     layers: u32,
     mtp_layers: u32,
@@ -279,5 +322,26 @@ mod tests {
         assert_eq!(v.iter().sum::<u32>(), 126);
         // Without the slots, 126 does not split over 32 stages.
         assert!(accounted_stage_layers(126, 16, 2, false, false).is_err());
+    }
+
+    /// The kept answers are the worked-out ones, valid or not, in any order and past the
+    /// number kept (so that entries are dropped and asked for again).
+    #[test]
+    fn kept_layouts_answer_as_worked_out() {
+        let layouts = [
+            "Ett|ttL", "Et|tttL", "Ettt|tL", "Ett|tx|L", "Ett||ttL", "Ett|tL", "EttL|tt",
+        ];
+        for round in 0..3 {
+            for (i, l) in layouts.iter().enumerate() {
+                for pp in 1..=(KEPT_LAYOUTS as u32 / 2) {
+                    let (layers, vpp) = (4 + (i as u32 + round) % 2, 1);
+                    assert_eq!(
+                        stage_layers(l, layers, 0, pp, vpp),
+                        check_stage_layers(l, layers, 0, pp, vpp),
+                        "{l} pp {pp}"
+                    );
+                }
+            }
+        }
     }
 }
