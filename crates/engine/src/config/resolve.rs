@@ -3,6 +3,7 @@
 use super::{rules, ClusterConfig, Config, ConfigError, GpuProfile, ScheduleKind};
 use serde::Serialize;
 use std::ops::Range;
+use std::sync::Arc;
 
 /// Which layers each global pipeline stage (model chunk) holds and which rank runs it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -67,7 +68,8 @@ impl PipelinePlacement {
 #[derive(Debug, Clone)]
 pub struct Resolved {
     pub config: Config,
-    pub gpu: GpuProfile,
+    /// Shared: a search resolves many mixes on one profile.
+    pub gpu: Arc<GpuProfile>,
     /// Data-parallel degree (EP folds into it).
     pub dp: u32,
     /// Microbatches per pipeline per step: global batch / (micro batch x dp).
@@ -121,7 +123,11 @@ impl Resolved {
     }
 
     /// As [`Resolved::new`] with an already-loaded profile.
-    pub fn with_gpu(mut config: Config, mut gpu: GpuProfile) -> Result<Resolved, ConfigError> {
+    pub fn with_gpu(
+        mut config: Config,
+        gpu: impl Into<Arc<GpuProfile>>,
+    ) -> Result<Resolved, ConfigError> {
+        let mut gpu: Arc<GpuProfile> = gpu.into();
         if let Some(margin) = config.cluster.memory_margin_fraction {
             if !(margin.is_finite() && (0.0..1.0).contains(&margin)) {
                 return Err(ConfigError::Field {
@@ -130,22 +136,28 @@ impl Resolved {
                     message: format!("must be in [0, 1), got {margin}"),
                 });
             }
-            gpu.memory_margin_fraction = margin;
+            Arc::make_mut(&mut gpu).memory_margin_fraction = margin;
         }
-        apply_nics(&config.cluster, &mut gpu)?;
+        let c = &config.cluster;
+        if c.nics_per_node.is_some() || c.nic_bandwidth_bytes_per_s.is_some() {
+            apply_nics(c, Arc::make_mut(&mut gpu))?;
+        }
         match config.training.attention_kernel.as_deref() {
             None => {}
             Some(crate::attention_rates::NO_PUBLISHED_KERNEL) => {
-                gpu.attention_kernel = None;
-                gpu.tables.attention_kernel = None;
+                let g = Arc::make_mut(&mut gpu);
+                g.attention_kernel = None;
+                g.tables.attention_kernel = None;
             }
             // A kernel implementation the profile measured: its own curves.
             Some(kernel) if gpu.tables.attention.contains_key(kernel) => {
-                gpu.tables.attention_kernel = Some(kernel.to_string());
+                Arc::make_mut(&mut gpu).tables.attention_kernel = Some(kernel.to_string());
             }
             Some(kernel) => {
-                gpu.attention_kernel = Some(attention_kernel_on(kernel, &gpu)?);
-                gpu.tables.attention_kernel = None;
+                let on = attention_kernel_on(kernel, &gpu)?;
+                let g = Arc::make_mut(&mut gpu);
+                g.attention_kernel = Some(on);
+                g.tables.attention_kernel = None;
             }
         }
         rules::check(&config, &gpu)?;

@@ -7,7 +7,7 @@ use super::dp::dp_tail_s;
 use super::{overlaps, stage_costs, EstimateError, Prepared};
 use crate::comm::{step_collectives, StepCollective};
 use crate::config::Resolved;
-use crate::memory::{same_blocks, stage_memories, updated_params, Pipeline};
+use crate::memory::{inflight_peak_bytes, same_blocks, updated_params};
 use crate::model::{chunks_per_rank, rank_params, ChunkContents, Ledger, LedgerSummary};
 use crate::network::Network;
 use crate::time::{Rates, TimingContext};
@@ -55,15 +55,7 @@ pub(super) fn memory_lower_bound(
     ledger: &Ledger,
     chunks: &[Vec<ChunkContents>],
 ) -> u64 {
-    let one = |_| Pipeline::Inflight {
-        sets: 1,
-        split: false,
-    };
-    stage_memories(r, s, ledger, chunks, one)
-        .iter()
-        .map(|m| m.total)
-        .max()
-        .unwrap_or(0)
+    inflight_peak_bytes(r, s, ledger, chunks, 1, false)
 }
 
 /// A lower bound of the step time of every pipeline split (vpp, first/last stage, layout,

@@ -300,6 +300,34 @@ pub fn stage_memories<'p>(
     out
 }
 
+/// The most loaded rank's total with `sets` activation sets in flight on each rank
+/// ([`Pipeline::Inflight`]), as the largest of [`stage_memories`]' totals: under that
+/// pipeline a rank's memory follows from what it holds alone, so ranks alike (the middle of
+/// a pipeline) are worked out once.
+pub fn inflight_peak_bytes(
+    r: &Resolved,
+    s: &LedgerSummary,
+    l: &Ledger,
+    chunks: &[Vec<ChunkContents>],
+    sets: u32,
+    split: bool,
+) -> u64 {
+    let mut seen: Vec<usize> = Vec::new();
+    let mut most = 0;
+    for (rank, ch) in chunks.iter().enumerate() {
+        let alike =
+            |&k: &usize| hands_off(&chunks[k]) == hands_off(ch) && same_blocks(&chunks[k], ch);
+        if seen.iter().any(alike) {
+            continue;
+        }
+        seen.push(rank);
+        let st = RankStatic::of(r, s, l, ch, split);
+        let m = st.memory(r, s, rank as u32, ch, Pipeline::Inflight { sets, split });
+        most = most.max(m.total);
+    }
+    most
+}
+
 /// True when two ranks hold the same blocks chunk by chunk (whatever their stages): their
 /// parameters, step-level collectives, data-parallel tails and memory but for the activation
 /// walk are the same.

@@ -17,6 +17,7 @@ use serde::Serialize;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 mod balance;
@@ -108,6 +109,9 @@ enum Screened {
     },
 }
 
+/// The GPU profile every mix of a search resolves on, shared.
+type Gpu = Arc<GpuProfile>;
+
 /// Layout-dependent link geometry, computed once per (tp, cp, ep, pp).
 type NetworkCache = HashMap<(u32, u32, u32, u32), Network>;
 
@@ -137,8 +141,8 @@ fn network_cache(mixes: &[Mix], base: &Config, gpu: &GpuProfile) -> NetworkCache
         .collect()
 }
 
-fn resolve(mix: &Mix, spec: &SearchSpec, gpu: &GpuProfile) -> Option<Resolved> {
-    Resolved::with_gpu(mix.apply(&spec.base), gpu.clone()).ok()
+fn resolve(mix: &Mix, spec: &SearchSpec, gpu: &Gpu) -> Option<Resolved> {
+    Resolved::with_gpu(mix.apply(&spec.base), Arc::clone(gpu)).ok()
 }
 
 /// What a timed ledger depends on within one search: everything but the layer split and the
@@ -280,7 +284,7 @@ impl SplitCache {
 fn screen(
     mix: &Mix,
     spec: &SearchSpec,
-    gpu: &GpuProfile,
+    gpu: &Gpu,
     links: &NetworkCache,
     shared: Option<&SharedLedger>,
     cache: &mut SplitCache,
@@ -406,7 +410,7 @@ pub fn search(
     }
     crate::config::check_base(&spec.base)?;
     let start = Instant::now();
-    let gpu = GpuProfile::load(&spec.base.cluster.gpu)?;
+    let gpu = Gpu::new(GpuProfile::load(&spec.base.cluster.gpu)?);
     let mixes = enumerate_in(
         &spec.base,
         spec.mbs_max,

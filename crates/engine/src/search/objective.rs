@@ -137,7 +137,8 @@ pub fn rank_by(
     objective: Objective,
 ) -> Result<Vec<RunRanked>, ObjectiveError> {
     objective.check(spec)?;
-    let gpu = GpuProfile::load(&spec.base.cluster.gpu).map_err(SearchError::from)?;
+    let gpu =
+        std::sync::Arc::new(GpuProfile::load(&spec.base.cluster.gpu).map_err(SearchError::from)?);
     let mut out = Vec::with_capacity(ranked.len());
     for r in ranked {
         let Some(resolved) = resolve(&r.mix, spec, &gpu) else {

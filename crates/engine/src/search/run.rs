@@ -3,10 +3,10 @@
 //! is not screened at all), and the simulation of what survives, in order of its own bound.
 
 use super::{
-    bound_key, ledger_key, network_of, resolve, screen, timed_key, BoundKey, Bounds, Mix,
+    bound_key, ledger_key, network_of, resolve, screen, timed_key, BoundKey, Bounds, Gpu, Mix,
     NetworkCache, Pruned, Ranked, Screened, SearchSpec, SharedLedger, SplitCache, TimedKey,
 };
-use crate::config::{GpuProfile, ScheduleKind};
+use crate::config::ScheduleKind;
 use crate::estimate::{split_free_bound_of, split_free_per_microbatch_s, timed_ledger, Prepared};
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -91,7 +91,7 @@ fn first_valid<'a>(
     runs: &[usize],
     mixes: &[Mix],
     groups: &[Range<usize>],
-    (spec, gpu, links): (&SearchSpec, &GpuProfile, &'a NetworkCache),
+    (spec, gpu, links): (&SearchSpec, &Gpu, &'a NetworkCache),
 ) -> Option<(
     crate::config::Resolved,
     std::borrow::Cow<'a, crate::network::Network>,
@@ -112,7 +112,7 @@ fn first_valid<'a>(
 fn shared_ledgers(
     todo: &[usize],
     runs: &Runs<'_>,
-    ctx: (&SearchSpec, &GpuProfile, &NetworkCache),
+    ctx: (&SearchSpec, &Gpu, &NetworkCache),
 ) -> HashMap<TimedKey, SharedLedger> {
     runs_by_key(todo.iter().copied(), runs.leads, |k| k)
         .into_par_iter()
@@ -134,7 +134,7 @@ pub(super) fn group_lower_bounds(
     mixes: &[Mix],
     groups: &[Range<usize>],
     leads: &[Option<Lead>],
-    ctx: (&SearchSpec, &GpuProfile, &NetworkCache),
+    ctx: (&SearchSpec, &Gpu, &NetworkCache),
 ) -> Vec<f64> {
     let dual = |g: &Range<usize>| {
         mixes[g.clone()]
@@ -186,7 +186,7 @@ impl Run {
         &mut self,
         batch: &[usize],
         runs: &Runs<'_>,
-        (spec, gpu, links): (&SearchSpec, &GpuProfile, &NetworkCache),
+        (spec, gpu, links): (&SearchSpec, &Gpu, &NetworkCache),
         cancelled: bool,
         pending: &mut Vec<(Mix, f64)>,
     ) -> u64 {
@@ -252,7 +252,7 @@ impl Run {
         &mut self,
         mut open: Vec<(Mix, f64)>,
         spec: &SearchSpec,
-        gpu: &GpuProfile,
+        gpu: &Gpu,
         links: &NetworkCache,
         cancel: &AtomicBool,
     ) {
@@ -296,7 +296,7 @@ enum Simulated {
 /// Estimates `mix` (without the bubble's split by cause); one whose walked memory already
 /// exceeds the GPU ([`Prepared::walked_peak_bytes`], the figure the estimate reports) is not
 /// simulated.
-fn simulate_one(mix: &Mix, spec: &SearchSpec, gpu: &GpuProfile, links: &NetworkCache) -> Simulated {
+fn simulate_one(mix: &Mix, spec: &SearchSpec, gpu: &Gpu, links: &NetworkCache) -> Simulated {
     let Some(r) = resolve(mix, spec, gpu) else {
         return Simulated::Invalid;
     };
@@ -323,8 +323,9 @@ fn simulate_one(mix: &Mix, spec: &SearchSpec, gpu: &GpuProfile, links: &NetworkC
 mod tests {
     use super::super::{enumerate_in, network_cache};
     use super::*;
-    use crate::config::{Config, Layer};
+    use crate::config::{Config, GpuProfile, Layer};
     use crate::estimate::split_free_lower_bound;
+    use crate::memory::{inflight_peak_bytes, stage_memories, Pipeline};
 
     fn spec(overlay: serde_json::Value) -> SearchSpec {
         SearchSpec {
@@ -361,7 +362,7 @@ mod tests {
     #[test]
     fn shared_run_bounds_equal_direct_ones_and_never_exceed_a_step() {
         for spec in cases() {
-            let gpu = GpuProfile::load(&spec.base.cluster.gpu).unwrap();
+            let gpu = Gpu::new(GpuProfile::load(&spec.base.cluster.gpu).unwrap());
             let domain = spec.base.cluster.nvlink_domain(&gpu);
             let mixes = enumerate_in(&spec.base, spec.mbs_max, domain);
             let links = network_cache(&mixes, &spec.base, &gpu);
@@ -381,7 +382,17 @@ mod tests {
                         continue;
                     };
                     let network = network_of(m, &r, &links);
-                    let (_, s) = timed_ledger(&r, &network);
+                    let (ledger, s) = timed_ledger(&r, &network);
+                    // The in-flight peak worked out once per alike rank is every rank's most.
+                    let chunks = crate::model::chunks_per_rank(&r);
+                    for (sets, split) in [(1, false), (3, true)] {
+                        let each = stage_memories(&r, &s, &ledger, &chunks, |_| {
+                            Pipeline::Inflight { sets, split }
+                        });
+                        let most = each.iter().map(|m| m.total).max().unwrap_or(0);
+                        let once = inflight_peak_bytes(&r, &s, &ledger, &chunks, sets, split);
+                        assert_eq!(once, most, "{m}");
+                    }
                     let key = timed_key(m, &network);
                     if let Some(l) = &leads[g_index] {
                         assert_eq!(key, l.key, "{m}");
@@ -453,7 +464,7 @@ mod tests {
     #[test]
     fn a_split_screened_once_serves_its_runs_schedules_to_the_bit() {
         for spec in cases() {
-            let gpu = GpuProfile::load(&spec.base.cluster.gpu).unwrap();
+            let gpu = Gpu::new(GpuProfile::load(&spec.base.cluster.gpu).unwrap());
             let domain = spec.base.cluster.nvlink_domain(&gpu);
             let mixes = enumerate_in(&spec.base, spec.mbs_max, domain);
             let links = network_cache(&mixes, &spec.base, &gpu);
