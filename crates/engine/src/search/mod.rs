@@ -33,7 +33,7 @@ pub use objective::{
     deadline_search, parse_deadline_s, rank_by, rank_result, DeadlineAnswer, DeadlinePoint,
     Objective, ObjectiveError, ObjectiveResult, RunRanked, POOL,
 };
-use run::{group_lower_bounds, groups, leads, Run, Runs};
+use run::{group_lower_bounds, groups, leads, Pending, Run, Runs};
 
 /// What to search.
 #[derive(Debug, Clone)]
@@ -444,15 +444,12 @@ pub fn search(
     let threads = rayon::current_num_threads().max(1);
     let mut done = 0u64;
     let mut next = 0;
-    // Screened mixes waiting for their simulation, the lowest bound last.
-    let mut pending: Vec<(Mix, f64)> = Vec::new();
+    // Screened mixes waiting for their simulation.
+    let mut pending = Pending::default();
     loop {
         // Simulate, lowest bound first, what no unscreened run can undercut.
         let frontier = order.get(next).map_or(f64::INFINITY, |&g| group_lb[g]);
-        let mut ready = Vec::new();
-        while pending.last().is_some_and(|p| p.1 <= frontier) {
-            ready.extend(pending.pop());
-        }
+        let ready = pending.take_up_to(frontier);
         run.simulate(ready, spec, &gpu, &links, cancel);
         if next == order.len() {
             break;
@@ -479,7 +476,6 @@ pub fn search(
             cancelled,
             &mut pending,
         );
-        pending.sort_by(|a, b| b.1.total_cmp(&a.1));
         progress(done.min(total), total);
     }
     let Run {

@@ -9,7 +9,7 @@ use super::{
 use crate::config::ScheduleKind;
 use crate::estimate::{split_free_bound_of, split_free_per_microbatch_s, timed_ledger, Prepared};
 use rayon::prelude::*;
-use std::collections::HashMap;
+use std::collections::{BinaryHeap, HashMap};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -162,6 +162,64 @@ pub(super) fn group_lower_bounds(
     out
 }
 
+/// Screened mixes waiting for their simulation: the lowest bound comes out first, and of
+/// equal bounds the last screened.
+#[derive(Default)]
+pub(super) struct Pending {
+    heap: BinaryHeap<Waiting>,
+    screened: u64,
+}
+
+/// A mix in [`Pending`] with its bound and screening order.
+struct Waiting {
+    lb: f64,
+    order: u64,
+    mix: Mix,
+}
+
+impl Ord for Waiting {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other
+            .lb
+            .total_cmp(&self.lb)
+            .then(self.order.cmp(&other.order))
+    }
+}
+
+impl PartialOrd for Waiting {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Waiting {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for Waiting {}
+
+impl Pending {
+    fn push(&mut self, mix: Mix, lb: f64) {
+        self.screened += 1;
+        self.heap.push(Waiting {
+            lb,
+            order: self.screened,
+            mix,
+        });
+    }
+
+    /// Takes out, lowest first, the mixes whose bound is at most `frontier`.
+    pub fn take_up_to(&mut self, frontier: f64) -> Vec<(Mix, f64)> {
+        let mut out = Vec::new();
+        while self.heap.peek().is_some_and(|w| w.lb <= frontier) {
+            out.extend(self.heap.pop().map(|w| (w.mix, w.lb)));
+        }
+        out
+    }
+}
+
 /// What the search has found so far.
 pub(super) struct Run {
     pub bounds: Bounds,
@@ -188,7 +246,7 @@ impl Run {
         runs: &Runs<'_>,
         (spec, gpu, links): (&SearchSpec, &Gpu, &NetworkCache),
         cancelled: bool,
-        pending: &mut Vec<(Mix, f64)>,
+        pending: &mut Pending,
     ) -> u64 {
         let members = |g: usize| &runs.mixes[runs.groups[g].clone()];
         let (todo, skip): (Vec<usize>, Vec<usize>) = batch.iter().partition(|&&g| {
@@ -239,7 +297,7 @@ impl Run {
                 Screened::Invalid => self.pruned.invalid += 1,
                 Screened::MemoryBound => self.pruned.memory_bound += 1,
                 Screened::TimeBound => self.pruned.time_bound += 1,
-                Screened::Open { mix, time_lb } => pending.push((mix, time_lb)),
+                Screened::Open { mix, time_lb } => pending.push(mix, time_lb),
             }
         }
         done
