@@ -45,6 +45,27 @@ fn lines(configs: &[Value], truth: &GpuProfile) -> String {
         .join("\n")
 }
 
+/// Writes to `path` [`lines`] of the true profile for four small configurations, each line
+/// carrying the op timings `ops`; returns the lines.
+fn write_lines_with_ops(path: &std::path::Path, ops: &Value) -> Vec<String> {
+    let configs = [
+        config(1, 1, 1, 2048, 2048, 8),
+        config(2, 1, 1, 2048, 2048, 8),
+        config(1, 1, 2, 2048, 1024, 8),
+        config(1, 2, 1, 2048, 2048, 8),
+    ];
+    let text: Vec<String> = lines(&configs, &truth())
+        .lines()
+        .map(|l| {
+            let mut v: Value = serde_json::from_str(l).unwrap();
+            v["ops"] = ops.clone();
+            v.to_string()
+        })
+        .collect();
+    std::fs::write(path, text.join("\n")).unwrap();
+    text
+}
+
 #[test]
 fn recovers_a_known_profile_and_predicts_held_out_runs() {
     let configs = [
@@ -335,21 +356,7 @@ fn cli_fits_rate_tables_from_op_timings() {
         {"class": "attention", "batch_heads": 16, "q_len": 2048, "kv_len": 2048, "head_dim": 128,
          "mask": "causal", "pass": "backward", "kernel": "flash_mma", "calls": 1, "total_s": 2.5 * attn_flops / 80e12}
     ]);
-    let configs = [
-        config(1, 1, 1, 2048, 2048, 8),
-        config(2, 1, 1, 2048, 2048, 8),
-        config(1, 1, 2, 2048, 1024, 8),
-        config(1, 2, 1, 2048, 2048, 8),
-    ];
-    let text: Vec<String> = lines(&configs, &truth())
-        .lines()
-        .map(|l| {
-            let mut v: Value = serde_json::from_str(l).unwrap();
-            v["ops"] = ops.clone();
-            v.to_string()
-        })
-        .collect();
-    std::fs::write(&m, text.join("\n")).unwrap();
+    let text = write_lines_with_ops(&m, &ops);
     let out = dir.path().join("fitted.toml");
     cargo_bin_cmd!("parsim")
         .args(["calibrate", "--measurements", m.to_str().unwrap()])
@@ -406,21 +413,7 @@ fn report_compares_op_classes_before_and_after_the_fit() {
          "mask": "banded", "pass": "forward", "kernel": "flash_mma", "calls": 1, "total_s": 1e-3},
         {"class": "host_gap", "calls": 5, "total_s": 0.0}
     ]);
-    let configs = [
-        config(1, 1, 1, 2048, 2048, 8),
-        config(2, 1, 1, 2048, 2048, 8),
-        config(1, 1, 2, 2048, 1024, 8),
-        config(1, 2, 1, 2048, 2048, 8),
-    ];
-    let text: Vec<String> = lines(&configs, &truth())
-        .lines()
-        .map(|l| {
-            let mut v: Value = serde_json::from_str(l).unwrap();
-            v["ops"] = ops.clone();
-            v.to_string()
-        })
-        .collect();
-    std::fs::write(&m, text.join("\n")).unwrap();
+    let n_lines = write_lines_with_ops(&m, &ops).len();
     let run = |extra: &[&str]| {
         cargo_bin_cmd!("parsim")
             .args(["calibrate", "--measurements", m.to_str().unwrap()])
@@ -451,7 +444,7 @@ fn report_compares_op_classes_before_and_after_the_fit() {
             .as_f64()
             .unwrap_or_else(|| panic!("{path:?} in {r}"))
     };
-    let lines_n = configs.len() as f64;
+    let lines_n = n_lines as f64;
     // Measured: the lines' total_s per class, summed by hand.
     let class_sum = |class: &str| -> f64 {
         ops.as_array()
@@ -471,7 +464,7 @@ fn report_compares_op_classes_before_and_after_the_fit() {
         );
         assert_eq!(
             row(class)["timings"],
-            json!(configs.len() * if class == "memory" { 2 } else { 1 })
+            json!(n_lines * if class == "memory" { 2 } else { 1 })
         );
     }
     // Before: the analytic memory-bound formula of the profile as given.
@@ -491,10 +484,7 @@ fn report_compares_op_classes_before_and_after_the_fit() {
     );
     assert!((p / meas - 1.0).abs() < 1e-9, "gemm after: {p} vs {meas}");
     // A banded attention is not predicted; no collective was timed.
-    assert_eq!(
-        row("attention")["after"]["unpredicted"],
-        json!(configs.len())
-    );
+    assert_eq!(row("attention")["after"]["unpredicted"], json!(n_lines));
     assert_eq!(row("collective")["timings"], json!(0));
     // The text report: absent and zero-time classes say so, nothing is NaN or inf.
     let png = dir.path().join("ops.png");

@@ -172,35 +172,18 @@ fn draw_fit<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     fit: &ProfileFit,
 ) -> DrawResult<DB::ErrorType> {
-    let all = fit
+    let all: Vec<f64> = fit
         .rows
         .iter()
-        .flat_map(|r| [r.measured_s, r.before_s, r.after_s]);
-    let hi = all.clone().fold(f64::MIN_POSITIVE, f64::max) * 1.2;
-    let lo = all.fold(hi, f64::min) / 1.2;
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(root)
-        .caption(
-            "parsim calibrate: predicted vs measured step time (log axes)",
-            (FONT, 20),
-        )
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
-        .build_cartesian_2d((lo..hi).log_scale(), (lo..hi).log_scale())?;
-    chart
-        .configure_mesh()
-        .x_desc("measured seconds per step")
-        .y_desc("predicted seconds per step")
-        .x_label_formatter(&|v| format!("{v:.3}"))
-        .y_label_formatter(&|v| format!("{v:.3}"))
-        .label_style((FONT, 13))
-        .axis_desc_style((FONT, 14))
-        .draw()?;
-    chart
-        .draw_series(LineSeries::new([(lo, lo), (hi, hi)], BLACK.stroke_width(2)))?
-        .label("y = x")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
+        .flat_map(|r| [r.measured_s, r.before_s, r.after_s])
+        .collect();
+    let frame = SecondsFrame {
+        caption: "parsim calibrate: predicted vs measured step time (log axes)",
+        per: "step",
+        pad: 1.2,
+        label: |v| format!("{v:.3}"),
+    };
+    let mut chart = frame.draw(root, &all)?;
     let grey = RGBColor(150, 150, 150);
     chart
         .draw_series(
@@ -288,31 +271,13 @@ fn draw_ops<DB: DrawingBackend>(
         .chain(op_pairs(report, false))
         .flat_map(|(_, m, p)| [m, p])
         .collect();
-    let hi = all.iter().copied().fold(f64::MIN_POSITIVE, f64::max) * 1.5;
-    let lo = all.iter().copied().fold(hi, f64::min) / 1.5;
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(root)
-        .caption(
-            "parsim calibrate: predicted vs measured op time (log axes)",
-            (FONT, 20),
-        )
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
-        .build_cartesian_2d((lo..hi).log_scale(), (lo..hi).log_scale())?;
-    chart
-        .configure_mesh()
-        .x_desc("measured seconds per call")
-        .y_desc("predicted seconds per call")
-        .x_label_formatter(&|v| format!("{v:.0e}"))
-        .y_label_formatter(&|v| format!("{v:.0e}"))
-        .label_style((FONT, 13))
-        .axis_desc_style((FONT, 14))
-        .draw()?;
-    chart
-        .draw_series(LineSeries::new([(lo, lo), (hi, hi)], BLACK.stroke_width(2)))?
-        .label("y = x")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
+    let frame = SecondsFrame {
+        caption: "parsim calibrate: predicted vs measured op time (log axes)",
+        per: "call",
+        pad: 1.5,
+        label: |v| format!("{v:.0e}"),
+    };
+    let mut chart = frame.draw(root, &all)?;
     for class in CLASSES {
         let c = class_colour(class);
         let of = |after| op_pairs(report, after).filter(move |p| p.0 == class);
@@ -329,6 +294,50 @@ fn draw_ops<DB: DrawingBackend>(
             .legend(move |(x, y)| Circle::new((x + 10, y), 4, c.filled()));
     }
     legend(&mut chart)
+}
+
+/// The frame both `calibrate` scatter plots share: log-log axes of predicted against measured
+/// seconds per `per` over the values' range widened by `pad`, the mesh, and the y = x line.
+struct SecondsFrame {
+    caption: &'static str,
+    per: &'static str,
+    pad: f64,
+    label: fn(&f64) -> String,
+}
+
+/// The chart a [`SecondsFrame`] draws into.
+type SecondsChart<'a, DB> = ChartContext<'a, DB, Cartesian2d<LogCoord<f64>, LogCoord<f64>>>;
+
+impl SecondsFrame {
+    fn draw<'a, DB: DrawingBackend>(
+        &self,
+        root: &'a DrawingArea<DB, Shift>,
+        values: &[f64],
+    ) -> Result<SecondsChart<'a, DB>, DrawingAreaErrorKind<DB::ErrorType>> {
+        let hi = values.iter().copied().fold(f64::MIN_POSITIVE, f64::max) * self.pad;
+        let lo = values.iter().copied().fold(hi, f64::min) / self.pad;
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(root)
+            .caption(self.caption, (FONT, 20))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(70)
+            .build_cartesian_2d((lo..hi).log_scale(), (lo..hi).log_scale())?;
+        chart
+            .configure_mesh()
+            .x_desc(format!("measured seconds per {}", self.per))
+            .y_desc(format!("predicted seconds per {}", self.per))
+            .x_label_formatter(&self.label)
+            .y_label_formatter(&self.label)
+            .label_style((FONT, 13))
+            .axis_desc_style((FONT, 14))
+            .draw()?;
+        chart
+            .draw_series(LineSeries::new([(lo, lo), (hi, hi)], BLACK.stroke_width(2)))?
+            .label("y = x")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
+        Ok(chart)
+    }
 }
 
 /// The series legend of both plots, top left.
