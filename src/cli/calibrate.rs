@@ -280,9 +280,10 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A prediction's seconds and relative error ("n/a" where it has none).
-fn predicted_cells(p: &Predicted) -> [String; 2] {
-    if p.measured_s <= 0.0 && p.predicted_s <= 0.0 && p.unpredicted > 0 {
+/// A prediction's seconds and relative error ("n/a" where it has none) for a class of
+/// `timings` timings.
+fn predicted_cells(p: &Predicted, timings: usize) -> [String; 2] {
+    if p.unpredicted == timings {
         return ["not predicted".into(), "n/a".into()];
     }
     [
@@ -319,8 +320,8 @@ fn op_class_text(rows: &[ClassRow]) -> String {
             ]);
             continue;
         }
-        let [before, before_error] = predicted_cells(&r.before);
-        let [after, after_error] = predicted_cells(&r.after);
+        let [before, before_error] = predicted_cells(&r.before, r.timings);
+        let [after, after_error] = predicted_cells(&r.after, r.timings);
         t.add_row(vec![
             r.class.to_string(),
             r.timings.to_string(),

@@ -4,10 +4,9 @@
 //! predicts an op from its rate tables where they cover it, and from the analytic model of
 //! the time model elsewhere.
 
-use super::table_fit::{class_of, table_seconds};
+use super::table_fit::{class_of, gemm_peak, table_seconds};
 use crate::config::GpuProfile;
 use crate::time::Rates;
-use parsim_plan::dtype::DType;
 use parsim_plan::op_timing::{OpKey, OpTiming, Placement};
 use serde::Serialize;
 
@@ -39,11 +38,7 @@ pub fn predict_op_s(gpu: &GpuProfile, key: &OpKey) -> Option<f64> {
     }
     Some(match key {
         OpKey::Gemm { m, n, k, dtype } => {
-            let peak = match dtype {
-                DType::Bf16 => gpu.peak_flops.bf16,
-                DType::F32 => gpu.peak_flops.fp32,
-                DType::U8 => return None,
-            };
+            let (peak, _) = gemm_peak(gpu, *dtype)?;
             let rates = Rates {
                 gpu,
                 peak_flops: peak,

@@ -33,7 +33,7 @@ pub enum TableFitError {
 }
 
 /// The dense peak a GEMM of `dtype` is measured against; `None` for dtypes no GEMM runs in.
-fn gemm_peak(gpu: &GpuProfile, dtype: DType) -> Option<(f64, &'static str)> {
+pub(super) fn gemm_peak(gpu: &GpuProfile, dtype: DType) -> Option<(f64, &'static str)> {
     match dtype {
         DType::Bf16 => Some((gpu.peak_flops.bf16, "peak_flops.bf16")),
         DType::F32 => Some((gpu.peak_flops.fp32, "peak_flops.fp32")),
