@@ -45,6 +45,27 @@ fn lines(configs: &[Value], truth: &GpuProfile) -> String {
         .join("\n")
 }
 
+/// Writes to `path` [`lines`] of the true profile for four small configurations, each line
+/// carrying the op timings `ops`; returns the lines.
+fn write_lines_with_ops(path: &std::path::Path, ops: &Value) -> Vec<String> {
+    let configs = [
+        config(1, 1, 1, 2048, 2048, 8),
+        config(2, 1, 1, 2048, 2048, 8),
+        config(1, 1, 2, 2048, 1024, 8),
+        config(1, 2, 1, 2048, 2048, 8),
+    ];
+    let text: Vec<String> = lines(&configs, &truth())
+        .lines()
+        .map(|l| {
+            let mut v: Value = serde_json::from_str(l).unwrap();
+            v["ops"] = ops.clone();
+            v.to_string()
+        })
+        .collect();
+    std::fs::write(path, text.join("\n")).unwrap();
+    text
+}
+
 #[test]
 fn recovers_a_known_profile_and_predicts_held_out_runs() {
     let configs = [
@@ -335,21 +356,7 @@ fn cli_fits_rate_tables_from_op_timings() {
         {"class": "attention", "batch_heads": 16, "q_len": 2048, "kv_len": 2048, "head_dim": 128,
          "mask": "causal", "pass": "backward", "kernel": "flash_mma", "calls": 1, "total_s": 2.5 * attn_flops / 80e12}
     ]);
-    let configs = [
-        config(1, 1, 1, 2048, 2048, 8),
-        config(2, 1, 1, 2048, 2048, 8),
-        config(1, 1, 2, 2048, 1024, 8),
-        config(1, 2, 1, 2048, 2048, 8),
-    ];
-    let text: Vec<String> = lines(&configs, &truth())
-        .lines()
-        .map(|l| {
-            let mut v: Value = serde_json::from_str(l).unwrap();
-            v["ops"] = ops.clone();
-            v.to_string()
-        })
-        .collect();
-    std::fs::write(&m, text.join("\n")).unwrap();
+    let text = write_lines_with_ops(&m, &ops);
     let out = dir.path().join("fitted.toml");
     cargo_bin_cmd!("parsim")
         .args(["calibrate", "--measurements", m.to_str().unwrap()])
@@ -383,4 +390,163 @@ fn cli_fits_rate_tables_from_op_timings() {
         .stderr(predicate::str::contains(
             "m.jsonl:1: `ops[1]`: `total_s` = -1",
         ));
+}
+
+/// `calibrate --report`'s op-class table (docs/calibration.md, "Reports"), checked against a
+/// second computation: per class the measured seconds are the lines' `total_s` summed here;
+/// before the fit, the memory-bound ops are predicted by the analytic model's formula, bytes
+/// over hbm_bytes_per_s x efficiency.memory_bound of the profile as given (h100-sxm has no
+/// memory table); after it, a GEMM table fitted from identical timings gives them back
+/// exactly. A class the lines lack is reported absent, one measured in no time has no error
+/// ("n/a"), a banded attention is not predicted, and nothing prints NaN or inf. `--ops-png`
+/// writes a PNG that decodes at its stated size.
+#[test]
+fn report_compares_op_classes_before_and_after_the_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("m.jsonl");
+    let gemm_s = 2.0 * 4096f64.powi(3) / (0.5 * 989.4e12);
+    let ops = json!([
+        {"class": "gemm", "m": 4096, "n": 4096, "k": 4096, "dtype": "bf16", "calls": 2, "total_s": 2.0 * gemm_s},
+        {"class": "memory", "bytes": 1 << 26, "calls": 3, "total_s": 3.0e-4},
+        {"class": "memory", "bytes": 1 << 20, "calls": 1, "total_s": 2.0e-6},
+        {"class": "attention", "batch_heads": 16, "q_len": 2048, "kv_len": 2048, "head_dim": 128,
+         "mask": "banded", "pass": "forward", "kernel": "flash_mma", "calls": 1, "total_s": 1e-3},
+        {"class": "host_gap", "calls": 5, "total_s": 0.0}
+    ]);
+    let n_lines = write_lines_with_ops(&m, &ops).len();
+    let run = |extra: &[&str]| {
+        cargo_bin_cmd!("parsim")
+            .args(["calibrate", "--measurements", m.to_str().unwrap()])
+            .args(["--profile", "h100-sxm"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = |class: &str| {
+        v["op_classes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["class"] == class)
+            .unwrap_or_else(|| panic!("no {class} row in {v}"))
+            .clone()
+    };
+    let num = |r: &Value, path: &[&str]| {
+        path.iter()
+            .fold(r, |x, k| &x[*k])
+            .as_f64()
+            .unwrap_or_else(|| panic!("{path:?} in {r}"))
+    };
+    let lines_n = n_lines as f64;
+    // Measured: the lines' total_s per class, summed by hand.
+    let class_sum = |class: &str| -> f64 {
+        ops.as_array()
+            .unwrap()
+            .iter()
+            .filter(|o| o["class"] == class)
+            .map(|o| o["total_s"].as_f64().unwrap())
+            .sum::<f64>()
+            * lines_n
+    };
+    for class in ["gemm", "memory", "attention", "host_gap"] {
+        let got = num(&row(class), &["measured_s"]);
+        let want = class_sum(class);
+        assert!(
+            (got - want).abs() <= 1e-12 * want.max(1e-12),
+            "{class}: {got} vs {want}"
+        );
+        assert_eq!(
+            row(class)["timings"],
+            json!(n_lines * if class == "memory" { 2 } else { 1 })
+        );
+    }
+    // Before: the analytic memory-bound formula of the profile as given.
+    let h100 = GpuProfile::load("h100-sxm").unwrap();
+    let rate = h100.hbm_bytes_per_s * h100.efficiency.memory_bound;
+    let want = lines_n * (3.0 * (1u64 << 26) as f64 + (1u64 << 20) as f64) / rate;
+    let got = num(&row("memory"), &["before", "predicted_s"]);
+    assert!(
+        (got - want).abs() <= 1e-9 * want,
+        "memory before: {got} vs {want}"
+    );
+    // After: the GEMM table fitted from identical timings gives them back.
+    let gemm = row("gemm");
+    let (p, meas) = (
+        num(&gemm, &["after", "predicted_s"]),
+        num(&gemm, &["after", "measured_s"]),
+    );
+    assert!((p / meas - 1.0).abs() < 1e-9, "gemm after: {p} vs {meas}");
+    // A banded attention is not predicted; no collective was timed.
+    assert_eq!(row("attention")["after"]["unpredicted"], json!(n_lines));
+    assert_eq!(row("collective")["timings"], json!(0));
+    // The text report: absent and zero-time classes say so, nothing is NaN or inf.
+    let png = dir.path().join("ops.png");
+    let out = run(&["--report", "--ops-png", png.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let table = &stdout[stdout.find("op classes:").expect("the op-class table")..];
+    let line_of = |class: &str| {
+        table
+            .lines()
+            .find(|l| l.contains(&format!(" {class} ")))
+            .unwrap_or_else(|| panic!("{class} in {table}"))
+            .to_string()
+    };
+    assert!(
+        line_of("collective").contains("absent from the lines"),
+        "{table}"
+    );
+    assert!(line_of("host_gap").contains("n/a"), "{table}");
+    assert!(line_of("attention").contains("not predicted"), "{table}");
+    let words: Vec<&str> = stdout.split(|c: char| !c.is_ascii_alphanumeric()).collect();
+    for bad in ["NaN", "inf"] {
+        assert!(!words.contains(&bad), "{bad} in {stdout}");
+    }
+    let decoder = png::Decoder::new(std::io::Cursor::new(std::fs::read(&png).unwrap()));
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let frame = reader.next_frame(&mut buf).unwrap();
+    assert_eq!(
+        (frame.width, frame.height),
+        parsim::calibrate::plot::OPS_PNG_SIZE
+    );
+}
+
+/// Lines without op timings: `--report` says so once, and `--ops-png` is refused naming the
+/// flag (nothing to draw).
+#[test]
+fn report_without_op_timings_says_so_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("m.jsonl");
+    let configs = [
+        config(1, 1, 1, 2048, 2048, 8),
+        config(2, 1, 1, 2048, 2048, 8),
+    ];
+    std::fs::write(&m, lines(&configs, &truth())).unwrap();
+    let out = cargo_bin_cmd!("parsim")
+        .args(["calibrate", "--measurements", m.to_str().unwrap()])
+        .args(["--profile", "h100-sxm", "--report"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.matches("carries `ops`").count(), 1, "{stdout}");
+    cargo_bin_cmd!("parsim")
+        .args(["calibrate", "--measurements", m.to_str().unwrap()])
+        .args(["--profile", "h100-sxm", "--ops-png"])
+        .arg(dir.path().join("x.png"))
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("--ops-png: no line of"));
 }

@@ -1,4 +1,4 @@
-//! Every command the README (and docs/planning.md, where it exists) shows runs as written:
+//! Every command the README (and docs/planning.md and docs/calibration.md) shows runs as written:
 //! each line of a ```sh block that starts with `cargo run --release -- ` (with its `\`
 //! continuation lines) runs with this build's `parsim` binary in place of `cargo run --release
 //! --`, in a scratch directory whose entries link to the repository's, so written files
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 const PREFIX: &str = "cargo run --release -- ";
-const DOCUMENTS: &[&str] = &["README.md", "docs/planning.md"];
+const DOCUMENTS: &[&str] = &["README.md", "docs/planning.md", "docs/calibration.md"];
 
 /// One documented command: where it is, its words, redirections and expected exit code.
 #[derive(Debug)]

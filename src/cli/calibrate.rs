@@ -5,6 +5,7 @@
 use anyhow::Context;
 use clap::Args;
 use parsim::calibrate::measurements;
+use parsim::calibrate::op_report::{compare, ClassRow, Predicted};
 use parsim::calibrate::profile_fit::{fit_profile, ProfileFit};
 use parsim::calibrate::table_fit::{
     fit_tables, merge_tables, reproduce, Reproduction, REPRODUCTION_BOUND,
@@ -13,6 +14,7 @@ use parsim::config::tables::{RateTables, TableProvenance};
 use parsim::config::GpuProfile;
 use parsim::report::format::{gib, seconds};
 use parsim::report::table::table;
+use parsim_plan::op_timing::OpTiming;
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -26,12 +28,17 @@ pub struct CalibrateArgs {
     /// Where to write the fitted profile (TOML).
     #[arg(long, value_name = "NEW.toml")]
     pub out: Option<PathBuf>,
-    /// Print every measurement, predicted before and after.
+    /// Print every measurement, predicted before and after, and per op class the lines' op
+    /// timings (`ops`) against the op time predicted before and after.
     #[arg(long)]
     pub report: bool,
     /// Draw predicted vs measured step time (before and after) as a PNG scatter plot.
     #[arg(long, value_name = "FILE")]
     pub png: Option<PathBuf>,
+    /// Draw predicted vs measured time per call of every op timing in the lines' `ops` (before
+    /// and after, one colour per op class) as a PNG scatter plot.
+    #[arg(long, value_name = "FILE")]
+    pub ops_png: Option<PathBuf>,
     /// Print the fit as JSON.
     #[arg(long)]
     pub json: bool,
@@ -152,10 +159,9 @@ fn print_fit(f: &ProfileFit, report: bool) {
 /// with how well they reproduce them; `None` when no line carries ops.
 fn fit_op_tables(
     base: &GpuProfile,
-    ms: &[measurements::Measurement],
+    ops: &[OpTiming],
     origin: &str,
 ) -> anyhow::Result<Option<(RateTables, Vec<Reproduction>)>> {
-    let ops: Vec<_> = ms.iter().flat_map(|m| m.ops.iter().cloned()).collect();
     if ops.is_empty() {
         return Ok(None);
     }
@@ -171,9 +177,9 @@ fn fit_op_tables(
             env!("CARGO_PKG_VERSION")
         ),
     };
-    let fitted = fit_tables(&ops, base, &provenance)
+    let fitted = fit_tables(ops, base, &provenance)
         .with_context(|| format!("{origin}: fitting rate tables from the lines' `ops`"))?;
-    let reproduction = reproduce(&ops, &fitted, base);
+    let reproduction = reproduce(ops, &fitted, base);
     Ok(Some((fitted, reproduction)))
 }
 
@@ -205,22 +211,42 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
         eprintln!("warning: {w}");
     }
     let origin = args.measurements.display().to_string();
+    let ops: Vec<OpTiming> = ms.iter().flat_map(|m| m.ops.iter().cloned()).collect();
+    if ops.is_empty() && args.ops_png.is_some() {
+        anyhow::bail!(
+            "--ops-png: no line of {origin} carries `ops` (op timings: `execute --profile-ops`, docs/calibration.md)"
+        );
+    }
+    // The profile as given, for the op classes' "before".
+    let given = base.clone();
     // Tables first, so the scalar fit starts from them and fits only what they leave.
-    let op_tables = fit_op_tables(&base, &ms, &origin)?;
+    let op_tables = fit_op_tables(&base, &ops, &origin)?;
     if let Some((fitted, _)) = &op_tables {
         merge_tables(&mut base.tables, fitted.clone());
     }
     let fit = fit_profile(&base, &ms, &origin)?;
+    let op_report = (!ops.is_empty()).then(|| compare(&ops, &given, &fit.profile));
     if args.json {
         let mut v = serde_json::to_value(&fit)?;
         if let (Some((_, rows)), Some(obj)) = (&op_tables, v.as_object_mut()) {
             obj.insert("op_tables".into(), serde_json::to_value(rows)?);
+        }
+        if let (Some(r), Some(obj)) = (&op_report, v.as_object_mut()) {
+            obj.insert("op_classes".into(), serde_json::to_value(&r.rows)?);
         }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print_fit(&fit, args.report);
         if let Some((_, rows)) = &op_tables {
             print_reproduction(rows);
+        }
+        if args.report {
+            match &op_report {
+                Some(r) => print!("{}", op_class_text(&r.rows)),
+                None => println!(
+                    "op classes: no line of {origin} carries `ops` (op timings), so there is no per-class table"
+                ),
+            }
         }
     }
     for r in op_tables.iter().flat_map(|(_, rows)| rows) {
@@ -237,6 +263,10 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
         parsim::calibrate::plot::write_fit_png(path, &fit)?;
         eprintln!("wrote {}", path.display());
     }
+    if let (Some(path), Some(r)) = (&args.ops_png, &op_report) {
+        parsim::calibrate::plot::write_ops_png(path, r)?;
+        eprintln!("wrote {}", path.display());
+    }
     if let Some(path) = &args.out {
         let text = toml::to_string(&fit.profile).context("serializing the fitted profile")?;
         let header = format!(
@@ -248,6 +278,65 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
         eprintln!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// A prediction's seconds and relative error ("n/a" where it has none) for a class of
+/// `timings` timings.
+fn predicted_cells(p: &Predicted, timings: usize) -> [String; 2] {
+    if p.unpredicted == timings {
+        return ["not predicted".into(), "n/a".into()];
+    }
+    [
+        seconds(p.predicted_s),
+        p.error()
+            .map_or("n/a".into(), |e| format!("{:+.1}%", 100.0 * e)),
+    ]
+}
+
+/// `--report`'s op-class table: per class the measured op time of the lines' timings against
+/// the time the profile predicts for them, before and after the fit.
+fn op_class_text(rows: &[ClassRow]) -> String {
+    let mut t = table(&[
+        "op class",
+        "timings",
+        "measured",
+        "before",
+        "error",
+        "after",
+        "error",
+        "not predicted",
+    ]);
+    for r in rows {
+        if r.timings == 0 {
+            t.add_row(vec![
+                r.class.to_string(),
+                "absent from the lines".into(),
+                "n/a".into(),
+                "n/a".into(),
+                "n/a".into(),
+                "n/a".into(),
+                "n/a".into(),
+                "n/a".into(),
+            ]);
+            continue;
+        }
+        let [before, before_error] = predicted_cells(&r.before, r.timings);
+        let [after, after_error] = predicted_cells(&r.after, r.timings);
+        t.add_row(vec![
+            r.class.to_string(),
+            r.timings.to_string(),
+            seconds(r.measured_s),
+            before,
+            before_error,
+            after,
+            after_error,
+            format!("{} / {}", r.before.unpredicted, r.after.unpredicted),
+        ]);
+    }
+    format!(
+        "op classes: the lines' op timings (calls x seconds, summed) against the profile's \
+         prediction as given (before) and fitted (after); error over the timings it predicts:\n{t}\n"
+    )
 }
 
 /// Runs of each sweep point in `parsim execute --calibrate` (the fastest is kept: interference

@@ -192,14 +192,31 @@ fn run_precision(args: &ExecuteArgs) -> anyhow::Result<Precision> {
     }
 }
 
-/// The configuration on the backend's own profile: the CPU runs on the `cpu` profile, in fp32
-/// or bf16 mixed precision (fp32 gradients), as [`run_precision`] says.
+/// Whether the CPU backend's prediction can use the profile `gpu` names: the shipped `cpu`
+/// profile, or a profile file fitted from it (`execute --calibrate --out`, `calibrate
+/// --profile cpu --out`), whose name stays `cpu`. A profile file that does not load is an
+/// error, naming the file.
+fn cpu_profile(gpu: &str) -> anyhow::Result<bool> {
+    if gpu == "cpu" {
+        return Ok(true);
+    }
+    if !gpu.ends_with(".toml") {
+        return Ok(false);
+    }
+    let p = parsim::config::GpuProfile::load(gpu)
+        .with_context(|| format!("cluster.gpu = \"{gpu}\": the profile the prediction uses"))?;
+    Ok(p.name == "cpu")
+}
+
+/// The configuration on the backend's own profile: the CPU runs on the `cpu` profile (or one
+/// calibrated from it, [`cpu_profile`]), in fp32 or bf16 mixed precision (fp32 gradients), as
+/// [`run_precision`] says.
 fn resolve_for_backend(args: &ExecuteArgs) -> anyhow::Result<Resolved> {
     let mut cfg = args.config.load()?;
     let mut notes = Vec::new();
-    if args.backend == Backend::Cpu && cfg.cluster.gpu != "cpu" {
+    if args.backend == Backend::Cpu && !cpu_profile(&cfg.cluster.gpu)? {
         notes.push(format!(
-            "cluster.gpu = \"{}\" replaced by \"cpu\": the prediction uses the CPU backend's profile",
+            "cluster.gpu = \"{}\" replaced by \"cpu\": the prediction uses the CPU backend's profile (or a profile file fitted from it, --gpu my-cpu.toml)",
             cfg.cluster.gpu
         ));
         cfg.cluster.gpu = "cpu".into();

@@ -6,7 +6,7 @@
 use comfy_table::{presets, CellAlignment, Table};
 use parsim::report::format::{bytes, flops, seconds};
 use parsim_executor::run_report::RankReport;
-use parsim_plan::op_timing::{CollectiveKind, MaskKind, OpKey, OpTiming, Pass};
+use parsim_plan::op_timing::{CollectiveKind, OpKey, OpTiming, Pass};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -20,7 +20,7 @@ pub struct OpClassOut {
     /// The class's seconds over the rank's mean step.
     pub share: f64,
     /// FLOP/s (`gemm`, `attention ...`), B/s (`memory`), bus B/s (collectives); absent where
-    /// the work is unknown (host gap, banded or partial-causal attention only).
+    /// the work is unknown (host gap, banded attention only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate: Option<f64>,
     pub rate_unit: &'static str,
@@ -103,55 +103,10 @@ fn collective_name(op: CollectiveKind) -> &'static str {
     }
 }
 
-/// The work of a record's calls: FLOPs (a GEMM's 2mnk; attention's 4 d per visible query-key
-/// pair forward and 2.5 times that backward, FlashAttention-2's five matmuls to two), bytes
-/// moved, or bus bytes (nccl-tests: all-reduce 2(n-1)/n of the buffer, all-gather,
-/// reduce-scatter and all-to-all (n-1)/n, point-to-point and broadcast all of it).
+/// The work of a record's calls in its rate's unit: [`OpKey::work`] (FLOPs, bytes moved or
+/// nccl-tests' bus bytes) times the calls.
 fn work(t: &OpTiming) -> Option<f64> {
-    let calls = t.calls as f64;
-    match &t.key {
-        OpKey::Gemm { m, n, k, .. } => Some(2.0 * (*m as f64) * (*n as f64) * (*k as f64) * calls),
-        OpKey::Attention {
-            batch_heads,
-            q_len,
-            kv_len,
-            head_dim,
-            mask,
-            pass,
-            ..
-        } => {
-            let (q, kv) = (*q_len as f64, *kv_len as f64);
-            let pairs = match mask {
-                MaskKind::Full => q * kv,
-                MaskKind::Causal if q_len == kv_len => q * (q + 1.0) / 2.0,
-                // A partial causal block or a band: the visible pairs are not in the key.
-                _ => return None,
-            };
-            let per_pass = match pass {
-                Pass::Forward => 1.0,
-                Pass::Backward => 2.5,
-            };
-            Some(4.0 * per_pass * pairs * (*head_dim as f64) * (*batch_heads as f64) * calls)
-        }
-        OpKey::Memory { bytes } => Some(*bytes as f64 * calls),
-        OpKey::Collective {
-            op,
-            bytes,
-            group_size,
-            ..
-        } => {
-            let n = f64::from(*group_size);
-            let factor = match op {
-                CollectiveKind::AllReduce => 2.0 * (n - 1.0) / n,
-                CollectiveKind::AllGather
-                | CollectiveKind::ReduceScatter
-                | CollectiveKind::AllToAll => (n - 1.0) / n,
-                CollectiveKind::SendRecv | CollectiveKind::Broadcast => 1.0,
-            };
-            Some(*bytes as f64 * factor * calls)
-        }
-        OpKey::HostGap => None,
-    }
+    Some(t.key.work()?.0 * t.calls as f64)
 }
 
 /// The summary as a table.
@@ -185,7 +140,7 @@ pub fn text(rank: u32, rows: &[OpClassOut]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use parsim_plan::op_timing::Placement;
+    use parsim_plan::op_timing::{MaskKind, Placement};
 
     #[test]
     fn work_follows_the_published_counts() {
@@ -202,7 +157,8 @@ mod tests {
             dtype: parsim_plan::DType::F32,
         });
         assert_eq!(work(&g), Some(2.0 * 2.0 * 4.0 * 5.0 * 6.0));
-        // Causal self-attention of 4 positions: 10 visible pairs, 4 d FLOPs each forward.
+        // Causal self-attention of 4 positions: half the 16 pairs (FlashAttention-2's count),
+        // 4 d FLOPs each forward.
         let a = t(OpKey::Attention {
             batch_heads: 3,
             q_len: 4,
@@ -212,7 +168,7 @@ mod tests {
             pass: Pass::Forward,
             kernel: "cpu".into(),
         });
-        assert_eq!(work(&a), Some(2.0 * 3.0 * 10.0 * 4.0 * 8.0));
+        assert_eq!(work(&a), Some(2.0 * 3.0 * 8.0 * 4.0 * 8.0));
         // nccl-tests: an all-reduce over 4 ranks moves 2 x 3/4 of its buffer per rank.
         let c = t(OpKey::Collective {
             op: CollectiveKind::AllReduce,

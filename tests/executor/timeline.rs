@@ -357,3 +357,69 @@ fn trace_errors_name_the_flag() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--trace"));
 }
+
+/// `--compare-timeline` with a calibrated CPU profile (a profile file named `cpu`, as
+/// `execute --calibrate --out` writes it): the prediction uses it, not the shipped one, and
+/// the per-action misses are listed. A kernel overhead 1 ms larger per op lengthens every
+/// predicted forward action (a property of the time model: each op adds the overhead).
+#[test]
+fn compare_timeline_uses_a_calibrated_cpu_profile() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(&cfg, config("1f1b", 1)).unwrap();
+    let shipped =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("calibration/cpu.toml"))
+            .unwrap();
+    let overhead = "kernel_overhead_s = 0.000004327";
+    assert_eq!(shipped.matches(overhead).count(), 1, "{shipped}");
+    let profile = dir.path().join("my-cpu.toml");
+    std::fs::write(
+        &profile,
+        shipped.replace(overhead, "kernel_overhead_s = 0.001"),
+    )
+    .unwrap();
+    let run = |gpu: Option<&Path>| {
+        let mut cmd = parsim();
+        cmd.args(["execute", "--config", cfg.to_str().unwrap()])
+            .args(["--json", "--compare-timeline"]);
+        if let Some(p) = gpu {
+            cmd.arg("--gpu").arg(p);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        (v["timeline_comparison"].clone(), stderr)
+    };
+    let (base, _) = run(None);
+    let (calibrated, stderr) = run(Some(&profile));
+    assert!(!stderr.contains("replaced by"), "{stderr}");
+    let forward = |c: &Value| -> f64 {
+        c["per_kind"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|k| k["kind"] == "F")
+            .map(|k| num(k, "predicted_s"))
+            .sum()
+    };
+    assert!(
+        forward(&calibrated) > forward(&base) + 1e-3,
+        "{} vs {}",
+        forward(&calibrated),
+        forward(&base)
+    );
+    let actions = calibrated["actions"].as_array().unwrap();
+    assert!(!actions.is_empty());
+    for a in actions {
+        assert!(
+            num(a, "predicted_s").is_finite() && num(a, "measured_s") > 0.0,
+            "{a}"
+        );
+    }
+    assert_eq!(calibrated["largest_misses"].as_array().unwrap().len(), 5);
+}

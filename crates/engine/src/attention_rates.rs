@@ -18,9 +18,9 @@ use std::sync::OnceLock;
 /// The shipped table.
 const TABLE_JSON: &str = include_str!("../../../calibration/data/attention-kernels.json");
 
-/// FLOPs the FlashAttention papers count for a backward pass, per forward FLOP: five
-/// matmuls (dV, dP, dQ, dK and the recomputed scores) against the forward's two.
-pub const PAPER_BACKWARD_FLOPS_PER_FORWARD: f64 = 2.5;
+/// FLOPs the FlashAttention papers count for a backward pass, per forward FLOP (defined
+/// beside the op keys, whose attention work counts it).
+pub use parsim_plan::op_timing::PAPER_BACKWARD_FLOPS_PER_FORWARD;
 
 /// `training.attention_kernel` for a kernel without published rates (a custom one): the
 /// core is timed at the profile's `efficiency.attention`.

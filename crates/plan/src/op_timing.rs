@@ -85,6 +85,84 @@ pub enum OpKey {
     HostGap,
 }
 
+/// FLOPs the FlashAttention papers count for a backward pass, per forward FLOP: five
+/// matmuls (dV, dP, dQ, dK and the recomputed scores) against the forward's two.
+pub const PAPER_BACKWARD_FLOPS_PER_FORWARD: f64 = 2.5;
+
+/// nccl-tests' bus-bandwidth factor of `op` over `n` ranks (its PERFORMANCE.md): all-reduce
+/// 2(n-1)/n; all-gather, reduce-scatter and all-to-all (n-1)/n; broadcast and send/receive 1.
+/// Seconds = factor x bytes / bus bandwidth.
+pub fn bus_factor(op: CollectiveKind, n: u32) -> f64 {
+    let n = n.max(1) as f64;
+    match op {
+        CollectiveKind::AllReduce => 2.0 * (n - 1.0) / n,
+        CollectiveKind::AllGather | CollectiveKind::ReduceScatter | CollectiveKind::AllToAll => {
+            (n - 1.0) / n
+        }
+        CollectiveKind::Broadcast | CollectiveKind::SendRecv => 1.0,
+    }
+}
+
+/// What an op class's rate counts: the work of [`OpKey::work`] per second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateUnit {
+    /// FLOP/s (GEMMs, attention).
+    Flops,
+    /// Bytes moved per second (memory-bound ops).
+    Bytes,
+    /// nccl-tests' bus bytes per second (collectives).
+    BusBytes,
+}
+
+impl OpKey {
+    /// The work of one call, in the unit its rate counts ([`RateUnit`]): a GEMM's 2mnk FLOPs;
+    /// attention's FLOPs as the FlashAttention papers count them (forward 4 x heads x q x kv
+    /// x d, halved under a causal mask; backward 2.5 times that); a memory-bound op's bytes;
+    /// a collective's bus bytes (its bytes times [`bus_factor`]). `None` for the host gap and
+    /// for a banded mask, whose visited fraction the key does not give. The rate tables are
+    /// fitted in these counts and the `execute --profile-ops` summary reports rates in them.
+    pub fn work(&self) -> Option<(f64, RateUnit)> {
+        match self {
+            OpKey::Gemm { m, n, k, .. } => Some((
+                2.0 * (*m as f64) * (*n as f64) * (*k as f64),
+                RateUnit::Flops,
+            )),
+            OpKey::Attention {
+                batch_heads,
+                q_len,
+                kv_len,
+                head_dim,
+                mask,
+                pass,
+                ..
+            } => {
+                let full = 4.0 * (*batch_heads * *q_len) as f64 * (*kv_len * *head_dim) as f64;
+                let forward = match mask {
+                    MaskKind::Full => full,
+                    MaskKind::Causal => full / 2.0,
+                    MaskKind::Banded => return None,
+                };
+                let flops = match pass {
+                    Pass::Forward => forward,
+                    Pass::Backward => forward * PAPER_BACKWARD_FLOPS_PER_FORWARD,
+                };
+                Some((flops, RateUnit::Flops))
+            }
+            OpKey::Memory { bytes } => Some((*bytes as f64, RateUnit::Bytes)),
+            OpKey::Collective {
+                op,
+                bytes,
+                group_size,
+                ..
+            } => Some((
+                bus_factor(*op, *group_size) * *bytes as f64,
+                RateUnit::BusBytes,
+            )),
+            OpKey::HostGap => None,
+        }
+    }
+}
+
 /// The timing of one op key: `calls` calls taking `total_s` seconds together.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OpTiming {
@@ -109,6 +187,14 @@ impl OpTiming {
     /// Seconds per call.
     pub fn mean_s(&self) -> f64 {
         self.total_s / self.calls as f64
+    }
+
+    /// The rate the calls ran at: [`OpKey::work`] per second of their mean time; `None` where
+    /// the work is unknown or the calls took no time.
+    pub fn rate(&self) -> Option<f64> {
+        let (work, _) = self.key.work()?;
+        let s = self.mean_s();
+        (s > 0.0).then(|| work / s)
     }
 
     /// Checks what a fit divides by: a finite, non-negative time, at least one call and no
@@ -167,6 +253,52 @@ mod tests {
         assert!((t.mean_s() - 0.002).abs() < 1e-15);
         let back: OpTiming = serde_json::from_str(&serde_json::to_string(&t).unwrap()).unwrap();
         assert_eq!(back, t);
+    }
+
+    /// Rates by hand: a 4 x 5 x 6 GEMM is 2 x 120 = 240 FLOPs; causal self-attention over
+    /// 3 heads of 4 positions at d = 8 is 4 x 3 x 4 x 4 x 8 / 2 = 768 FLOPs forward
+    /// (FlashAttention-2's count) and 2.5 x that backward; an all-reduce over 4 ranks moves
+    /// 2 x 3/4 of its 1000 bytes on the bus (nccl-tests' PERFORMANCE.md).
+    #[test]
+    fn work_and_rate_follow_the_published_counts() {
+        let gemm = OpKey::Gemm {
+            m: 4,
+            n: 5,
+            k: 6,
+            dtype: DType::F32,
+        };
+        assert_eq!(gemm.work(), Some((240.0, RateUnit::Flops)));
+        let attention = |pass| OpKey::Attention {
+            batch_heads: 3,
+            q_len: 4,
+            kv_len: 4,
+            head_dim: 8,
+            mask: MaskKind::Causal,
+            pass,
+            kernel: "cpu".into(),
+        };
+        assert_eq!(attention(Pass::Forward).work().unwrap().0, 768.0);
+        assert_eq!(attention(Pass::Backward).work().unwrap().0, 1920.0);
+        let all_reduce = OpKey::Collective {
+            op: CollectiveKind::AllReduce,
+            bytes: 1000,
+            group_size: 4,
+            placement: Placement::IntraNode,
+        };
+        assert_eq!(all_reduce.work(), Some((1500.0, RateUnit::BusBytes)));
+        assert_eq!(
+            OpKey::Memory { bytes: 64 }.work(),
+            Some((64.0, RateUnit::Bytes))
+        );
+        assert_eq!(OpKey::HostGap.work(), None);
+        // Two calls of 240 FLOPs in 2 s: 240 FLOP/s; no time, no rate.
+        let t = OpTiming {
+            key: gemm,
+            calls: 2,
+            total_s: 2.0,
+        };
+        assert_eq!(t.rate(), Some(240.0));
+        assert_eq!(OpTiming { total_s: 0.0, ..t }.rate(), None);
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod fields;
 pub mod fit;
 pub mod loso;
 pub mod measurements;
+pub mod op_report;
 pub mod plot;
 pub mod profile_fit;
 pub mod published;

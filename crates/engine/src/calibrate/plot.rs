@@ -1,8 +1,10 @@
 //! The scatter plot of docs/accuracy.png: predicted vs published TFLOP/s per GPU, one colour
 //! per source, held-out rows filled and fitting rows hollow, with the y = x line and the
 //! +-10% and +-25% bands; and the before/after plot of `parsim calibrate --png`. Both are
-//! [`Chart`]s, written by `report::chart` (size check, shipped font, PNG writer).
+//! [`Chart`]s, as is `--ops-png`'s op-time scatter, written by `report::chart` (size check,
+//! shipped font, PNG writer).
 
+use super::op_report::{OpReport, CLASSES};
 use super::profile_fit::ProfileFit;
 use super::{CalibrateError, Evaluation, Role};
 use crate::calibrate::published::Source;
@@ -170,35 +172,18 @@ fn draw_fit<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     fit: &ProfileFit,
 ) -> DrawResult<DB::ErrorType> {
-    let all = fit
+    let all: Vec<f64> = fit
         .rows
         .iter()
-        .flat_map(|r| [r.measured_s, r.before_s, r.after_s]);
-    let hi = all.clone().fold(f64::MIN_POSITIVE, f64::max) * 1.2;
-    let lo = all.fold(hi, f64::min) / 1.2;
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(root)
-        .caption(
-            "parsim calibrate: predicted vs measured step time (log axes)",
-            (FONT, 20),
-        )
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
-        .build_cartesian_2d((lo..hi).log_scale(), (lo..hi).log_scale())?;
-    chart
-        .configure_mesh()
-        .x_desc("measured seconds per step")
-        .y_desc("predicted seconds per step")
-        .x_label_formatter(&|v| format!("{v:.3}"))
-        .y_label_formatter(&|v| format!("{v:.3}"))
-        .label_style((FONT, 13))
-        .axis_desc_style((FONT, 14))
-        .draw()?;
-    chart
-        .draw_series(LineSeries::new([(lo, lo), (hi, hi)], BLACK.stroke_width(2)))?
-        .label("y = x")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
+        .flat_map(|r| [r.measured_s, r.before_s, r.after_s])
+        .collect();
+    let frame = SecondsFrame {
+        caption: "parsim calibrate: predicted vs measured step time (log axes)",
+        per: "step",
+        pad: 1.2,
+        label: |v| format!("{v:.3}"),
+    };
+    let mut chart = frame.draw(root, &all)?;
     let grey = RGBColor(150, 150, 150);
     chart
         .draw_series(
@@ -229,6 +214,130 @@ fn draw_fit<DB: DrawingBackend>(
         .label("after, held out")
         .legend(move |(x, y)| Circle::new((x + 10, y), 6, red.stroke_width(2)));
     legend(&mut chart)
+}
+
+/// Writes `parsim calibrate --ops-png`: per op timing of the measurement lines, predicted vs
+/// measured seconds per call (log axes), one colour per op class: after the fit filled, before
+/// it hollow; with the y = x line.
+pub fn write_ops_png(path: &Path, report: &OpReport) -> Result<(), CalibrateError> {
+    write(path, &OpScatter(report), OPS_PNG_SIZE)
+}
+
+/// The pixel size of [`write_ops_png`]'s plot.
+pub const OPS_PNG_SIZE: (u32, u32) = (820, 760);
+
+/// Predicted (before and after the fit) vs measured seconds per call of every op timing.
+struct OpScatter<'a>(&'a OpReport);
+
+/// The plotted pairs (measured, predicted) of `report`, both positive (log axes), before or
+/// after the fit, with their class.
+fn op_pairs(report: &OpReport, after: bool) -> impl Iterator<Item = (&'static str, f64, f64)> + '_ {
+    report.points.iter().filter_map(move |p| {
+        let predicted = if after { p.after_s } else { p.before_s }?;
+        (p.measured_s > 0.0 && predicted > 0.0).then_some((p.class, p.measured_s, predicted))
+    })
+}
+
+impl Chart for OpScatter<'_> {
+    fn empty(&self) -> Option<&'static str> {
+        (op_pairs(self.0, true).next().is_none() && op_pairs(self.0, false).next().is_none())
+            .then_some("no op timing has a positive measured and predicted time")
+    }
+
+    fn min_size(&self) -> (u32, u32) {
+        (320, 320)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB::ErrorType> {
+        draw_ops(root, self.0)
+    }
+}
+
+fn class_colour(class: &str) -> RGBColor {
+    match class {
+        "gemm" => RGBColor(31, 119, 180),
+        "attention" => RGBColor(214, 39, 40),
+        "memory" => RGBColor(44, 160, 44),
+        "collective" => RGBColor(148, 103, 189),
+        _ => RGBColor(255, 127, 14),
+    }
+}
+
+fn draw_ops<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    report: &OpReport,
+) -> DrawResult<DB::ErrorType> {
+    let all: Vec<f64> = op_pairs(report, true)
+        .chain(op_pairs(report, false))
+        .flat_map(|(_, m, p)| [m, p])
+        .collect();
+    let frame = SecondsFrame {
+        caption: "parsim calibrate: predicted vs measured op time (log axes)",
+        per: "call",
+        pad: 1.5,
+        label: |v| format!("{v:.0e}"),
+    };
+    let mut chart = frame.draw(root, &all)?;
+    for class in CLASSES {
+        let c = class_colour(class);
+        let of = |after| op_pairs(report, after).filter(move |p| p.0 == class);
+        if of(true).next().is_none() && of(false).next().is_none() {
+            continue;
+        }
+        chart
+            .draw_series(of(false).map(|(_, m, p)| Circle::new((m, p), 4, c.stroke_width(1))))?
+            .label(format!("{class}, before the fit"))
+            .legend(move |(x, y)| Circle::new((x + 10, y), 4, c.stroke_width(1)));
+        chart
+            .draw_series(of(true).map(|(_, m, p)| Circle::new((m, p), 4, c.filled())))?
+            .label(format!("{class}, after"))
+            .legend(move |(x, y)| Circle::new((x + 10, y), 4, c.filled()));
+    }
+    legend(&mut chart)
+}
+
+/// The frame both `calibrate` scatter plots share: log-log axes of predicted against measured
+/// seconds per `per` over the values' range widened by `pad`, the mesh, and the y = x line.
+struct SecondsFrame {
+    caption: &'static str,
+    per: &'static str,
+    pad: f64,
+    label: fn(&f64) -> String,
+}
+
+/// The chart a [`SecondsFrame`] draws into.
+type SecondsChart<'a, DB> = ChartContext<'a, DB, Cartesian2d<LogCoord<f64>, LogCoord<f64>>>;
+
+impl SecondsFrame {
+    fn draw<'a, DB: DrawingBackend>(
+        &self,
+        root: &'a DrawingArea<DB, Shift>,
+        values: &[f64],
+    ) -> Result<SecondsChart<'a, DB>, DrawingAreaErrorKind<DB::ErrorType>> {
+        let hi = values.iter().copied().fold(f64::MIN_POSITIVE, f64::max) * self.pad;
+        let lo = values.iter().copied().fold(hi, f64::min) / self.pad;
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(root)
+            .caption(self.caption, (FONT, 20))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(70)
+            .build_cartesian_2d((lo..hi).log_scale(), (lo..hi).log_scale())?;
+        chart
+            .configure_mesh()
+            .x_desc(format!("measured seconds per {}", self.per))
+            .y_desc(format!("predicted seconds per {}", self.per))
+            .x_label_formatter(&self.label)
+            .y_label_formatter(&self.label)
+            .label_style((FONT, 13))
+            .axis_desc_style((FONT, 14))
+            .draw()?;
+        chart
+            .draw_series(LineSeries::new([(lo, lo), (hi, hi)], BLACK.stroke_width(2)))?
+            .label("y = x")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
+        Ok(chart)
+    }
 }
 
 /// The series legend of both plots, top left.

@@ -9,8 +9,8 @@
 //! point sits at the median size of its timings, so neighbouring points interpolate.
 
 use crate::config::tables::{
-    bus_factor, octave, AttentionCurve, AttentionTable, CollectiveCurve, CollectiveTable,
-    GemmBucket, GemmTable, HostGapTable, MemoryTable, RateTables, TableProvenance,
+    octave, AttentionCurve, AttentionTable, CollectiveCurve, CollectiveTable, GemmBucket,
+    GemmTable, HostGapTable, MemoryTable, RateTables, TableProvenance,
 };
 use crate::config::GpuProfile;
 use parsim_plan::dtype::DType;
@@ -32,40 +32,31 @@ pub enum TableFitError {
     },
 }
 
-/// FLOPs of one attention call as the FlashAttention papers count them: forward
-/// 4 x heads x q x kv x d, halved under a causal mask; backward 2.5 times that. `None` for a
-/// banded mask, whose visited fraction the key does not give.
-pub fn attention_flops(key: &OpKey) -> Option<f64> {
-    let OpKey::Attention {
-        batch_heads,
-        q_len,
-        kv_len,
-        head_dim,
-        mask,
-        pass,
-        ..
-    } = key
-    else {
-        return None;
-    };
-    let full = 4.0 * (*batch_heads * *q_len) as f64 * (*kv_len * *head_dim) as f64;
-    let fwd = match mask {
-        MaskKind::Full => full,
-        MaskKind::Causal => full / 2.0,
-        MaskKind::Banded => return None,
-    };
-    Some(match pass {
-        Pass::Forward => fwd,
-        Pass::Backward => fwd * crate::attention_rates::PAPER_BACKWARD_FLOPS_PER_FORWARD,
-    })
-}
-
 /// The dense peak a GEMM of `dtype` is measured against; `None` for dtypes no GEMM runs in.
-fn gemm_peak(gpu: &GpuProfile, dtype: DType) -> Option<(f64, &'static str)> {
+pub(super) fn gemm_peak(gpu: &GpuProfile, dtype: DType) -> Option<(f64, &'static str)> {
     match dtype {
         DType::Bf16 => Some((gpu.peak_flops.bf16, "peak_flops.bf16")),
         DType::F32 => Some((gpu.peak_flops.fp32, "peak_flops.fp32")),
         DType::U8 => None,
+    }
+}
+
+/// An attention curve: kernel implementation, pass, mask and head dimension.
+type AttentionCurveKey<'a> = (&'a str, Pass, MaskKind, u64);
+
+/// Where an attention timing sits in the tables: its curve (kernel implementation, pass,
+/// mask, head dimension) and the key length along it; `None` for other classes.
+fn attention_point(key: &OpKey) -> Option<(AttentionCurveKey<'_>, u64)> {
+    match key {
+        OpKey::Attention {
+            kv_len,
+            head_dim,
+            mask,
+            pass,
+            kernel,
+            ..
+        } => Some(((kernel.as_str(), *pass, *mask, *head_dim), *kv_len)),
+        _ => None,
     }
 }
 
@@ -142,23 +133,36 @@ pub fn fit_tables(
             message,
         };
         t.validate().map_err(|e| refuse(e.to_string()))?;
-        let s = t.mean_s();
         if t.key == OpKey::HostGap {
-            gaps.push(s);
+            gaps.push(t.mean_s());
             gap_calls += t.calls;
             continue;
         }
-        if s <= 0.0 {
+        if t.mean_s() <= 0.0 {
             return Err(refuse(format!(
                 "`total_s` = {} gives no rate: a timed op takes some time",
                 t.total_s
             )));
         }
+        // The work per second of OpKey::work; a banded mask's work is not in its key, so no
+        // curve takes it.
+        let Some(rate) = t.rate() else {
+            continue;
+        };
+        if let Some(((kernel, pass, mask, head_dim), kv_len)) = attention_point(&t.key) {
+            attention
+                .entry((kernel.to_string(), pass, mask, head_dim))
+                .or_default()
+                .entry(kv_len)
+                .or_default()
+                .add(kv_len, rate, t.calls);
+            continue;
+        }
         match &t.key {
             OpKey::Gemm { m, n, k, dtype } => {
                 let (peak, field) = gemm_peak(gpu, *dtype)
                     .ok_or_else(|| refuse(format!("`dtype` {dtype:?}: no GEMM peak for it")))?;
-                let e = 2.0 * (*m as f64) * (*n as f64) * (*k as f64) / s / peak;
+                let e = rate / peak;
                 if e > 1.0 {
                     return Err(refuse(format!(
                         "runs at {e:.3} of the profile's {field} ({peak:e} FLOP/s): faster than the peak (a unit mistake, or the wrong profile)"
@@ -168,30 +172,11 @@ pub fn fit_tables(
                     .or_default()
                     .add(0, e, t.calls);
             }
-            OpKey::Attention {
-                kv_len,
-                head_dim,
-                mask,
-                pass,
-                kernel,
-                ..
-            } => {
-                // A banded mask's FLOPs are not in its key: no curve takes it.
-                let Some(flops) = attention_flops(&t.key) else {
-                    continue;
-                };
-                attention
-                    .entry((kernel.clone(), *pass, *mask, *head_dim))
-                    .or_default()
-                    .entry(*kv_len)
-                    .or_default()
-                    .add(*kv_len, flops / s, t.calls);
-            }
             OpKey::Memory { bytes } => {
                 memory
                     .entry(octave(*bytes))
                     .or_default()
-                    .add(*bytes, *bytes as f64 / s, t.calls);
+                    .add(*bytes, rate, t.calls);
             }
             OpKey::Collective {
                 op,
@@ -204,15 +189,14 @@ pub fn fit_tables(
                         "`group_size` = {group_size}: a collective needs at least 2 ranks"
                     )));
                 }
-                let busbw = bus_factor(*op, *group_size) * *bytes as f64 / s;
                 collective
                     .entry((*op, *group_size, *placement))
                     .or_default()
                     .entry(octave(*bytes))
                     .or_default()
-                    .add(*bytes, busbw, t.calls);
+                    .add(*bytes, rate, t.calls);
             }
-            OpKey::HostGap => unreachable!("handled above"),
+            OpKey::HostGap | OpKey::Attention { .. } => unreachable!("handled above"),
         }
     }
     Ok(assemble(
@@ -360,35 +344,25 @@ pub fn merge_tables(into: &mut RateTables, fitted: RateTables) {
 /// The seconds per call `tables` give an op (the rate only: without the host gap, which the
 /// timings hold as their own class); `None` where no table covers it.
 pub fn table_seconds(tables: &RateTables, gpu: &GpuProfile, key: &OpKey) -> Option<f64> {
-    match key {
+    // The table's rate, in the unit of OpKey::work.
+    let rate = match key {
         OpKey::Gemm { m, n, k, dtype } => {
-            let (peak, _) = gemm_peak(gpu, *dtype)?;
-            let e = tables.gemm_efficiency(*dtype, *m, *n, *k)?;
-            Some(2.0 * (*m as f64) * (*n as f64) * (*k as f64) / (peak * e))
+            gemm_peak(gpu, *dtype)?.0 * tables.gemm_efficiency(*dtype, *m, *n, *k)?
         }
-        OpKey::Attention {
-            kv_len,
-            head_dim,
-            mask,
-            pass,
-            kernel,
-            ..
-        } => {
-            let rate = tables.attention_flops_per_s(kernel, *pass, *mask, *head_dim, *kv_len)?;
-            Some(attention_flops(key)? / rate)
+        OpKey::Attention { .. } => {
+            let ((kernel, pass, mask, head_dim), kv_len) = attention_point(key)?;
+            tables.attention_flops_per_s(kernel, pass, mask, head_dim, kv_len)?
         }
-        OpKey::Memory { bytes } => Some(*bytes as f64 / tables.memory_bytes_per_s(*bytes)?),
+        OpKey::Memory { bytes } => tables.memory_bytes_per_s(*bytes)?,
         OpKey::Collective {
             op,
             bytes,
             group_size,
             placement,
-        } => {
-            let busbw = tables.collective_bus_bytes_per_s(*op, *group_size, *placement, *bytes)?;
-            Some(bus_factor(*op, *group_size) * *bytes as f64 / busbw)
-        }
-        OpKey::HostGap => Some(tables.host_gap.as_ref()?.seconds_per_op),
-    }
+        } => tables.collective_bus_bytes_per_s(*op, *group_size, *placement, *bytes)?,
+        OpKey::HostGap => return Some(tables.host_gap.as_ref()?.seconds_per_op),
+    };
+    Some(key.work()?.0 / rate)
 }
 
 /// How well one op class's table reproduces its timings: |table / measured - 1| per timing.
@@ -461,30 +435,5 @@ mod tests {
         assert_eq!(median_u64(&mut [5, 1, 3]), 3);
         assert_eq!(median_u64(&mut [4097, 4095]), 4096);
         assert_eq!(median_u64(&mut [u64::MAX, u64::MAX]), u64::MAX);
-    }
-
-    /// FlashAttention-2's count: 4 s^2 d per head forward, half under a causal mask, and the
-    /// backward 2.5 times that (the kernels bench's own convention).
-    #[test]
-    fn attention_flops_follow_the_papers_count() {
-        let key = |mask, pass| OpKey::Attention {
-            batch_heads: 32,
-            q_len: 4096,
-            kv_len: 4096,
-            head_dim: 128,
-            mask,
-            pass,
-            kernel: "flash_mma".into(),
-        };
-        let full = 4.0 * 32.0 * 4096.0 * 4096.0 * 128.0;
-        assert_eq!(
-            attention_flops(&key(MaskKind::Full, Pass::Forward)),
-            Some(full)
-        );
-        assert_eq!(
-            attention_flops(&key(MaskKind::Causal, Pass::Backward)),
-            Some(full / 2.0 * 2.5)
-        );
-        assert_eq!(attention_flops(&key(MaskKind::Banded, Pass::Forward)), None);
     }
 }

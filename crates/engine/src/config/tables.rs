@@ -441,19 +441,8 @@ impl RateTables {
     }
 }
 
-/// nccl-tests' bus-bandwidth factor of `op` over `n` ranks (its PERFORMANCE.md): all-reduce
-/// 2(n-1)/n; all-gather, reduce-scatter and all-to-all (n-1)/n; broadcast and send/receive 1.
-/// Seconds = factor x bytes / bus bandwidth.
-pub fn bus_factor(op: CollectiveKind, n: u32) -> f64 {
-    let n = n.max(1) as f64;
-    match op {
-        CollectiveKind::AllReduce => 2.0 * (n - 1.0) / n,
-        CollectiveKind::AllGather | CollectiveKind::ReduceScatter | CollectiveKind::AllToAll => {
-            (n - 1.0) / n
-        }
-        CollectiveKind::Broadcast | CollectiveKind::SendRecv => 1.0,
-    }
-}
+/// nccl-tests' bus-bandwidth factor (defined beside the op keys, in the plan contract).
+pub use parsim_plan::op_timing::bus_factor;
 
 #[cfg(test)]
 mod tests {

@@ -19,6 +19,21 @@ use crate::tracker::{Category, MemoryTracker};
 use parsim_plan::op_timing::{CollectiveKind, MaskKind, OpKey, Pass, Placement};
 use parsim_plan::DType;
 
+/// Memory-bound methods of a device trait, forwarded to the wrapped device through
+/// [`TracedOps::run`]: when recording, each call is timed as an [`OpKey::Memory`] of the bytes
+/// its entry names. An entry is the method's signature without `&self` and `Result`, then `=`
+/// the bytes the call moves: `fn fill(t: &mut B::Tensor, value: f32) -> () = tb(t);`.
+macro_rules! memory_bound {
+    ($(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = $bytes:expr;)*) => {
+        $(
+            fn $name(&self, $($arg: $ty),*) -> Result<$ret, ExecError> {
+                let key = self.mem(|| $bytes);
+                self.run(key, |d| d.$name($($arg),*))
+            }
+        )*
+    };
+}
+
 mod mamba;
 
 /// A rank's device with op timing (see the module doc).
@@ -243,212 +258,124 @@ impl<B: Backend> TensorOps<B> for TracedOps<B> {
         self.run(key, |d| d.linear_wgrad(dy, x, dims, dw))
     }
 
-    fn norm_fwd(
-        &self,
-        kind: Norm,
-        x: &B::Tensor,
-        p: View<'_, B::Tensor>,
-        eps: f32,
-        y: &mut B::Tensor,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| tb(x) + vb(&p) + tb(y));
-        self.run(key, |d| d.norm_fwd(kind, x, p, eps, y))
-    }
-    fn norm_dgrad(
-        &self,
-        kind: Norm,
-        x: &B::Tensor,
-        p: View<'_, B::Tensor>,
-        dy: &B::Tensor,
-        eps: f32,
-        dx: &mut B::Tensor,
-        acc: bool,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| tb(x) + vb(&p) + tb(dy) + tb(dx) * (1 + u64::from(acc)));
-        self.run(key, |d| d.norm_dgrad(kind, x, p, dy, eps, dx, acc))
-    }
-    fn norm_wgrad(
-        &self,
-        kind: Norm,
-        x: &B::Tensor,
-        dy: &B::Tensor,
-        eps: f32,
-        dp: ViewMut<'_, B::Tensor>,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| tb(x) + tb(dy) + 2 * vmb(&dp));
-        self.run(key, |d| d.norm_wgrad(kind, x, dy, eps, dp))
-    }
+    memory_bound! {
+        fn norm_fwd(
+            kind: Norm,
+            x: &B::Tensor,
+            p: View<'_, B::Tensor>,
+            eps: f32,
+            y: &mut B::Tensor,
+        ) -> () = tb(x) + vb(&p) + tb(y);
+        fn norm_dgrad(
+            kind: Norm,
+            x: &B::Tensor,
+            p: View<'_, B::Tensor>,
+            dy: &B::Tensor,
+            eps: f32,
+            dx: &mut B::Tensor,
+            acc: bool,
+        ) -> () = tb(x) + vb(&p) + tb(dy) + tb(dx) * (1 + u64::from(acc));
+        fn norm_wgrad(
+            kind: Norm,
+            x: &B::Tensor,
+            dy: &B::Tensor,
+            eps: f32,
+            dp: ViewMut<'_, B::Tensor>,
+        ) -> () = tb(x) + tb(dy) + 2 * vmb(&dp);
 
-    fn rotary(
-        &self,
-        x: &mut B::Tensor,
-        heads: usize,
-        positions: &[u32],
-        theta: f32,
-        inverse: bool,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| 2 * tb(x));
-        self.run(key, |d| d.rotary(x, heads, positions, theta, inverse))
-    }
+        fn rotary(
+            x: &mut B::Tensor,
+            heads: usize,
+            positions: &[u32],
+            theta: f32,
+            inverse: bool,
+        ) -> () = 2 * tb(x);
 
-    fn act_fwd(
-        &self,
-        kind: Activation,
-        u: &B::Tensor,
-        out: &mut B::Tensor,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| tb(u) + tb(out));
-        self.run(key, |d| d.act_fwd(kind, u, out))
-    }
-    fn act_bwd_inplace(
-        &self,
-        kind: Activation,
-        u: &mut B::Tensor,
-        dout: &B::Tensor,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| 2 * tb(u) + tb(dout));
-        self.run(key, |d| d.act_bwd_inplace(kind, u, dout))
-    }
+        fn act_fwd(kind: Activation, u: &B::Tensor, out: &mut B::Tensor) -> () = tb(u) + tb(out);
+        fn act_bwd_inplace(
+            kind: Activation,
+            u: &mut B::Tensor,
+            dout: &B::Tensor,
+        ) -> () = 2 * tb(u) + tb(dout);
 
-    fn add(&self, a: &B::Tensor, b: &B::Tensor, out: &mut B::Tensor) -> Result<(), ExecError> {
-        let key = self.mem(|| tb(a) + tb(b) + tb(out));
-        self.run(key, |d| d.add(a, b, out))
-    }
-    fn axpy(
-        &self,
-        alpha: f32,
-        x: View<'_, B::Tensor>,
-        y: ViewMut<'_, B::Tensor>,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| vb(&x) + 2 * vmb(&y));
-        self.run(key, |d| d.axpy(alpha, x, y))
-    }
-    fn copy(&self, src: View<'_, B::Tensor>, dst: ViewMut<'_, B::Tensor>) -> Result<(), ExecError> {
-        let key = self.mem(|| vb(&src) + vmb(&dst));
-        self.run(key, |d| d.copy(src, dst))
-    }
-    fn fill(&self, t: &mut B::Tensor, value: f32) -> Result<(), ExecError> {
-        let key = self.mem(|| tb(t));
-        self.run(key, |d| d.fill(t, value))
-    }
+        fn add(a: &B::Tensor, b: &B::Tensor, out: &mut B::Tensor) -> () = tb(a) + tb(b) + tb(out);
+        fn axpy(
+            alpha: f32,
+            x: View<'_, B::Tensor>,
+            y: ViewMut<'_, B::Tensor>,
+        ) -> () = vb(&x) + 2 * vmb(&y);
+        fn copy(src: View<'_, B::Tensor>, dst: ViewMut<'_, B::Tensor>) -> () = vb(&src) + vmb(&dst);
+        fn fill(t: &mut B::Tensor, value: f32) -> () = tb(t);
 
-    fn bias_add(&self, y: &mut B::Tensor, b: View<'_, B::Tensor>) -> Result<(), ExecError> {
-        let key = self.mem(|| 2 * tb(y) + vb(&b));
-        self.run(key, |d| d.bias_add(y, b))
-    }
-    fn bias_grad(&self, dy: &B::Tensor, db: ViewMut<'_, B::Tensor>) -> Result<(), ExecError> {
-        let key = self.mem(|| tb(dy) + 2 * vmb(&db));
-        self.run(key, |d| d.bias_grad(dy, db))
-    }
+        fn bias_add(y: &mut B::Tensor, b: View<'_, B::Tensor>) -> () = 2 * tb(y) + vb(&b);
+        fn bias_grad(dy: &B::Tensor, db: ViewMut<'_, B::Tensor>) -> () = tb(dy) + 2 * vmb(&db);
 
-    fn qkv_split(
-        &self,
-        qkv: &B::Tensor,
-        q: &mut B::Tensor,
-        k: &mut B::Tensor,
-        v: &mut B::Tensor,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| tb(qkv) + tb(q) + tb(k) + tb(v));
-        self.run(key, |d| d.qkv_split(qkv, q, k, v))
-    }
-    fn qkv_merge(
-        &self,
-        q: &B::Tensor,
-        k: &B::Tensor,
-        v: &B::Tensor,
-        qkv: &mut B::Tensor,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| tb(qkv) + tb(q) + tb(k) + tb(v));
-        self.run(key, |d| d.qkv_merge(q, k, v, qkv))
-    }
-    fn embedding_gather(
-        &self,
-        table: View<'_, B::Tensor>,
-        tokens: &[u32],
-        lo: usize,
-        out: &mut B::Tensor,
-    ) -> Result<(), ExecError> {
+        fn qkv_split(
+            qkv: &B::Tensor,
+            q: &mut B::Tensor,
+            k: &mut B::Tensor,
+            v: &mut B::Tensor,
+        ) -> () = tb(qkv) + tb(q) + tb(k) + tb(v);
+        fn qkv_merge(
+            q: &B::Tensor,
+            k: &B::Tensor,
+            v: &B::Tensor,
+            qkv: &mut B::Tensor,
+        ) -> () = tb(qkv) + tb(q) + tb(k) + tb(v);
         // The gathered rows read, the output written.
-        let key = self.mem(|| 2 * tb(out));
-        self.run(key, |d| d.embedding_gather(table, tokens, lo, out))
-    }
-    fn embedding_scatter_add(
-        &self,
-        dy: &B::Tensor,
-        tokens: &[u32],
-        lo: usize,
-        grad: ViewMut<'_, B::Tensor>,
-    ) -> Result<(), ExecError> {
+        fn embedding_gather(
+            table: View<'_, B::Tensor>,
+            tokens: &[u32],
+            lo: usize,
+            out: &mut B::Tensor,
+        ) -> () = 2 * tb(out);
         // dy read, the rows it adds into read and written.
-        let key = self.mem(|| 3 * tb(dy));
-        self.run(key, |d| d.embedding_scatter_add(dy, tokens, lo, grad))
-    }
+        fn embedding_scatter_add(
+            dy: &B::Tensor,
+            tokens: &[u32],
+            lo: usize,
+            grad: ViewMut<'_, B::Tensor>,
+        ) -> () = 3 * tb(dy);
 
-    fn heads_concat(
-        &self,
-        a: &B::Tensor,
-        b: &B::Tensor,
-        heads: usize,
-        out: &mut B::Tensor,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| tb(a) + tb(b) + tb(out));
-        self.run(key, |d| d.heads_concat(a, b, heads, out))
-    }
-    fn heads_split(
-        &self,
-        dout: &B::Tensor,
-        heads: usize,
-        da: &mut B::Tensor,
-        db: &mut B::Tensor,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| tb(dout) + tb(da) + tb(db));
-        self.run(key, |d| d.heads_split(dout, heads, da, db))
-    }
+        fn heads_concat(
+            a: &B::Tensor,
+            b: &B::Tensor,
+            heads: usize,
+            out: &mut B::Tensor,
+        ) -> () = tb(a) + tb(b) + tb(out);
+        fn heads_split(
+            dout: &B::Tensor,
+            heads: usize,
+            da: &mut B::Tensor,
+            db: &mut B::Tensor,
+        ) -> () = tb(dout) + tb(da) + tb(db);
 
-    fn ce_row_max(&self, logits: &B::Tensor, max: &mut B::Tensor) -> Result<(), ExecError> {
-        let key = self.mem(|| tb(logits) + tb(max));
-        self.run(key, |d| d.ce_row_max(logits, max))
-    }
-    fn ce_exp(
-        &self,
-        logits: &B::Tensor,
-        max: &B::Tensor,
-        probs: &mut B::Tensor,
-        sum: &mut B::Tensor,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| tb(logits) + tb(max) + tb(probs) + tb(sum));
-        self.run(key, |d| d.ce_exp(logits, max, probs, sum))
-    }
-    fn ce_target_logit(
-        &self,
-        logits: &B::Tensor,
-        targets: &[u32],
-        lo: usize,
-        out: &mut B::Tensor,
-    ) -> Result<(), ExecError> {
+        fn ce_row_max(logits: &B::Tensor, max: &mut B::Tensor) -> () = tb(logits) + tb(max);
+        fn ce_exp(
+            logits: &B::Tensor,
+            max: &B::Tensor,
+            probs: &mut B::Tensor,
+            sum: &mut B::Tensor,
+        ) -> () = tb(logits) + tb(max) + tb(probs) + tb(sum);
         // One logit read per row, the row's value written.
-        let key = self.mem(|| 2 * tb(out));
-        self.run(key, |d| d.ce_target_logit(logits, targets, lo, out))
-    }
-    fn ce_loss(
-        &self,
-        probs: &mut B::Tensor,
-        sum: &B::Tensor,
-        max: &B::Tensor,
-        target_logit: &B::Tensor,
-    ) -> Result<f64, ExecError> {
-        let key = self.mem(|| 2 * tb(probs) + tb(sum) + tb(max) + tb(target_logit));
-        self.run(key, |d| d.ce_loss(probs, sum, max, target_logit))
-    }
-    fn ce_grad(
-        &self,
-        probs: &mut B::Tensor,
-        targets: &[u32],
-        lo: usize,
-        scale: f32,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| 2 * tb(probs));
-        self.run(key, |d| d.ce_grad(probs, targets, lo, scale))
+        fn ce_target_logit(
+            logits: &B::Tensor,
+            targets: &[u32],
+            lo: usize,
+            out: &mut B::Tensor,
+        ) -> () = 2 * tb(out);
+        fn ce_loss(
+            probs: &mut B::Tensor,
+            sum: &B::Tensor,
+            max: &B::Tensor,
+            target_logit: &B::Tensor,
+        ) -> f64 = 2 * tb(probs) + tb(sum) + tb(max) + tb(target_logit);
+        fn ce_grad(
+            probs: &mut B::Tensor,
+            targets: &[u32],
+            lo: usize,
+            scale: f32,
+        ) -> () = 2 * tb(probs);
     }
 
     fn attn_fwd(
@@ -501,53 +428,37 @@ impl<B: Backend> TensorOps<B> for TracedOps<B> {
             d.flash_fwd_block(sh, q, qs, k, v, ks, acc, max, sum, tile)
         })
     }
-    fn flash_finish(
-        &self,
-        sh: &BlockShape,
-        rows: usize,
-        acc: &mut B::Tensor,
-        max: &B::Tensor,
-        sum: &B::Tensor,
-        lse: &mut B::Tensor,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| 2 * tb(acc) + tb(max) + tb(sum) + tb(lse));
-        self.run(key, |d| d.flash_finish(sh, rows, acc, max, sum, lse))
-    }
-    fn flash_delta(
-        &self,
-        sh: &BlockShape,
-        rows: usize,
-        dout: &B::Tensor,
-        o: &B::Tensor,
-        out: &mut B::Tensor,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| tb(dout) + tb(o) + tb(out));
-        self.run(key, |d| d.flash_delta(sh, rows, dout, o, out))
-    }
-    fn attn_sink_fwd(
-        &self,
-        sh: &BlockShape,
-        rows: usize,
-        o: &mut B::Tensor,
-        lse: &mut B::Tensor,
-        sinks: View<'_, B::Tensor>,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| 2 * tb(o) + 2 * tb(lse) + vb(&sinks));
-        self.run(key, |d| d.attn_sink_fwd(sh, rows, o, lse, sinks))
-    }
-    fn attn_sink_grad(
-        &self,
-        sh: &BlockShape,
-        rows: usize,
-        lse: &B::Tensor,
-        delta: &B::Tensor,
-        sinks: View<'_, B::Tensor>,
-        dsinks: ViewMut<'_, B::Tensor>,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| tb(lse) + tb(delta) + vb(&sinks) + 2 * vmb(&dsinks));
-        self.run(key, |d| {
-            d.attn_sink_grad(sh, rows, lse, delta, sinks, dsinks)
-        })
+    memory_bound! {
+        fn flash_finish(
+            sh: &BlockShape,
+            rows: usize,
+            acc: &mut B::Tensor,
+            max: &B::Tensor,
+            sum: &B::Tensor,
+            lse: &mut B::Tensor,
+        ) -> () = 2 * tb(acc) + tb(max) + tb(sum) + tb(lse);
+        fn flash_delta(
+            sh: &BlockShape,
+            rows: usize,
+            dout: &B::Tensor,
+            o: &B::Tensor,
+            out: &mut B::Tensor,
+        ) -> () = tb(dout) + tb(o) + tb(out);
+        fn attn_sink_fwd(
+            sh: &BlockShape,
+            rows: usize,
+            o: &mut B::Tensor,
+            lse: &mut B::Tensor,
+            sinks: View<'_, B::Tensor>,
+        ) -> () = 2 * tb(o) + 2 * tb(lse) + vb(&sinks);
+        fn attn_sink_grad(
+            sh: &BlockShape,
+            rows: usize,
+            lse: &B::Tensor,
+            delta: &B::Tensor,
+            sinks: View<'_, B::Tensor>,
+            dsinks: ViewMut<'_, B::Tensor>,
+        ) -> () = tb(lse) + tb(delta) + vb(&sinks) + 2 * vmb(&dsinks);
     }
     fn flash_bwd_block(
         &self,
@@ -576,144 +487,84 @@ impl<B: Backend> TensorOps<B> for TracedOps<B> {
         })
     }
 
-    fn ulysses_pack(
-        &self,
-        geo: &UlyssesGeo,
-        from: UlyssesLayout,
-        xs: &[(&B::Tensor, UlyssesPart)],
-        out: &mut B::Tensor,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| 2 * tb(out));
-        self.run(key, |d| d.ulysses_pack(geo, from, xs, out))
-    }
-    fn ulysses_unpack(
-        &self,
-        geo: &UlyssesGeo,
-        to: UlyssesLayout,
-        recv: &B::Tensor,
-        parts: &[UlyssesPart],
-        outs: &mut [&mut B::Tensor],
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| 2 * tb(recv));
-        self.run(key, |d| d.ulysses_unpack(geo, to, recv, parts, outs))
-    }
+    memory_bound! {
+        fn ulysses_pack(
+            geo: &UlyssesGeo,
+            from: UlyssesLayout,
+            xs: &[(&B::Tensor, UlyssesPart)],
+            out: &mut B::Tensor,
+        ) -> () = 2 * tb(out);
+        fn ulysses_unpack(
+            geo: &UlyssesGeo,
+            to: UlyssesLayout,
+            recv: &B::Tensor,
+            parts: &[UlyssesPart],
+            outs: &mut [&mut B::Tensor],
+        ) -> () = 2 * tb(recv);
 
-    fn moe_route(
-        &self,
-        logits: &mut B::Tensor,
-        moe: &MoeShape,
-    ) -> Result<(Routing, f64), ExecError> {
-        let key = self.mem(|| 2 * tb(logits));
-        self.run(key, |d| d.moe_route(logits, moe))
-    }
-    fn moe_route_scored(
-        &self,
-        logits: &mut B::Tensor,
-        bias: Option<&[f32]>,
-        moe: &MoeShape,
-    ) -> Result<(Routing, f64, Vec<usize>), ExecError> {
-        let key = self.mem(|| 2 * tb(logits));
-        self.run(key, |d| d.moe_route_scored(logits, bias, moe))
-    }
-    fn moe_router_bwd(
-        &self,
-        dm: &mut B::Tensor,
-        probs: &B::Tensor,
-        fraction: &[f64],
-        aux_scale: f64,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| 2 * tb(dm) + tb(probs));
-        self.run(key, |d| d.moe_router_bwd(dm, probs, fraction, aux_scale))
-    }
-    fn moe_router_scored_bwd(
-        &self,
-        dm: &mut B::Tensor,
-        scores: &B::Tensor,
-        chosen: &[usize],
-        moe: &MoeShape,
-        fraction: &[f64],
-        aux_scale: f64,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| 2 * tb(dm) + tb(scores));
-        self.run(key, |d| {
-            d.moe_router_scored_bwd(dm, scores, chosen, moe, fraction, aux_scale)
-        })
-    }
-    fn gather_rows(
-        &self,
-        src: &B::Tensor,
-        rows: &[usize],
-        out: &mut B::Tensor,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| 2 * tb(out));
-        self.run(key, |d| d.gather_rows(src, rows, out))
-    }
-    fn scatter_add_rows(
-        &self,
-        src: &B::Tensor,
-        rows: &[usize],
-        weights: Option<&[f32]>,
-        out: &mut B::Tensor,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| 3 * tb(src));
-        self.run(key, |d| d.scatter_add_rows(src, rows, weights, out))
-    }
-    fn moe_combine_bwd(
-        &self,
-        dy: &B::Tensor,
-        y: &B::Tensor,
-        routes: &[Route],
-        dprobs: &mut B::Tensor,
-        dsend: &mut B::Tensor,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| tb(dy) + tb(y) + tb(dprobs) + tb(dsend));
-        self.run(key, |d| d.moe_combine_bwd(dy, y, routes, dprobs, dsend))
-    }
+        fn moe_route(logits: &mut B::Tensor, moe: &MoeShape) -> (Routing, f64) = 2 * tb(logits);
+        fn moe_route_scored(
+            logits: &mut B::Tensor,
+            bias: Option<&[f32]>,
+            moe: &MoeShape,
+        ) -> (Routing, f64, Vec<usize>) = 2 * tb(logits);
+        fn moe_router_bwd(
+            dm: &mut B::Tensor,
+            probs: &B::Tensor,
+            fraction: &[f64],
+            aux_scale: f64,
+        ) -> () = 2 * tb(dm) + tb(probs);
+        fn moe_router_scored_bwd(
+            dm: &mut B::Tensor,
+            scores: &B::Tensor,
+            chosen: &[usize],
+            moe: &MoeShape,
+            fraction: &[f64],
+            aux_scale: f64,
+        ) -> () = 2 * tb(dm) + tb(scores);
+        fn gather_rows(src: &B::Tensor, rows: &[usize], out: &mut B::Tensor) -> () = 2 * tb(out);
+        fn scatter_add_rows(
+            src: &B::Tensor,
+            rows: &[usize],
+            weights: Option<&[f32]>,
+            out: &mut B::Tensor,
+        ) -> () = 3 * tb(src);
+        fn moe_combine_bwd(
+            dy: &B::Tensor,
+            y: &B::Tensor,
+            routes: &[Route],
+            dprobs: &mut B::Tensor,
+            dsend: &mut B::Tensor,
+        ) -> () = tb(dy) + tb(y) + tb(dprobs) + tb(dsend);
 
-    fn dropout_inplace(
-        &self,
-        dkey: &crate::rng::DropoutKey,
-        tokens: &[u64],
-        col_offset: u64,
-        x: ViewMut<'_, B::Tensor>,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| 2 * vmb(&x));
-        self.run(key, |d| d.dropout_inplace(dkey, tokens, col_offset, x))
-    }
-    fn dropout_save(
-        &self,
-        dkey: &crate::rng::DropoutKey,
-        tokens: &[u64],
-        col_offset: u64,
-        x: ViewMut<'_, B::Tensor>,
-    ) -> Result<B::Tensor, ExecError> {
+        fn dropout_inplace(
+            dkey: &crate::rng::DropoutKey,
+            tokens: &[u64],
+            col_offset: u64,
+            x: ViewMut<'_, B::Tensor>,
+        ) -> () = 2 * vmb(&x);
         // The mask: one byte per element.
-        let key = self.mem(|| 2 * vmb(&x) + x.len() as u64);
-        self.run(key, |d| d.dropout_save(dkey, tokens, col_offset, x))
-    }
-    fn dropout_apply(
-        &self,
-        mask: &B::Tensor,
-        scale: f32,
-        x: ViewMut<'_, B::Tensor>,
-    ) -> Result<(), ExecError> {
-        let key = self.mem(|| tb(mask) + 2 * vmb(&x));
-        self.run(key, |d| d.dropout_apply(mask, scale, x))
-    }
+        fn dropout_save(
+            dkey: &crate::rng::DropoutKey,
+            tokens: &[u64],
+            col_offset: u64,
+            x: ViewMut<'_, B::Tensor>,
+        ) -> B::Tensor = 2 * vmb(&x) + x.len() as u64;
+        fn dropout_apply(
+            mask: &B::Tensor,
+            scale: f32,
+            x: ViewMut<'_, B::Tensor>,
+        ) -> () = tb(mask) + 2 * vmb(&x);
 
-    fn adam(
-        &self,
-        c: &AdamConfig,
-        t: u32,
-        p: ViewMut<'_, B::Tensor>,
-        g: View<'_, B::Tensor>,
-        m: &mut B::Tensor,
-        v: &mut B::Tensor,
-        weight_copy: Option<ViewMut<'_, B::Tensor>>,
-    ) -> Result<(), ExecError> {
-        let key = self
-            .mem(|| 2 * (vmb(&p) + tb(m) + tb(v)) + vb(&g) + weight_copy.as_ref().map_or(0, vmb));
-        self.run(key, |d| d.adam(c, t, p, g, m, v, weight_copy))
+        fn adam(
+            c: &AdamConfig,
+            t: u32,
+            p: ViewMut<'_, B::Tensor>,
+            g: View<'_, B::Tensor>,
+            m: &mut B::Tensor,
+            v: &mut B::Tensor,
+            weight_copy: Option<ViewMut<'_, B::Tensor>>,
+        ) -> () = 2 * (vmb(&p) + tb(m) + tb(v)) + vb(&g) + weight_copy.as_ref().map_or(0, vmb);
     }
 }
 
