@@ -6,7 +6,7 @@
 use comfy_table::{presets, CellAlignment, Table};
 use parsim::report::format::{bytes, flops, seconds};
 use parsim_executor::run_report::RankReport;
-use parsim_plan::op_timing::{CollectiveKind, OpKey, OpTiming, Pass};
+use parsim_plan::op_timing::{OpKey, OpTiming, Pass, RateUnit, OP_CLASSES};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -45,11 +45,10 @@ pub fn summary(ranks: &[RankReport], timed: usize) -> Option<(u32, Vec<OpClassOu
         .max_by(|a, b| a.median_step_s().total_cmp(&b.median_step_s()))?;
     let steps = timed.max(1) as f64;
     let step_s = slowest.step_s.iter().sum::<f64>() / steps;
-    let mut classes: BTreeMap<(u8, String), Sums> = BTreeMap::new();
+    let mut classes: BTreeMap<(usize, String), Sums> = BTreeMap::new();
     for t in &slowest.ops {
-        let (order, name, unit) = class_of(&t.key);
-        let e = classes.entry((order, name)).or_default();
-        e.unit = unit;
+        let e = classes.entry(class_of(&t.key)).or_default();
+        e.unit = unit_name(&t.key);
         e.calls += t.calls;
         e.total_s += t.total_s;
         if let Some(w) = work(t) {
@@ -75,31 +74,32 @@ pub fn summary(ranks: &[RankReport], timed: usize) -> Option<(u32, Vec<OpClassOu
     Some((slowest.rank, rows))
 }
 
-/// The summary row a key counts in: its order in the table, name and rate unit.
-fn class_of(k: &OpKey) -> (u8, String, &'static str) {
-    match k {
-        OpKey::Gemm { .. } => (0, "gemm".into(), "FLOP/s"),
+/// The summary row a key counts in: its order in the table (its class's among
+/// [`OP_CLASSES`]) and name.
+fn class_of(k: &OpKey) -> (usize, String) {
+    let order = OP_CLASSES.iter().position(|&c| c == k.class()).unwrap_or(0);
+    let name = match k {
         OpKey::Attention { pass, kernel, .. } => {
             let p = match pass {
                 Pass::Forward => "forward",
                 Pass::Backward => "backward",
             };
-            (1, format!("attention {p} ({kernel})"), "FLOP/s")
+            format!("attention {p} ({kernel})")
         }
-        OpKey::Memory { .. } => (2, "memory".into(), "B/s"),
-        OpKey::Collective { op, .. } => (3, collective_name(*op).into(), "bus B/s"),
-        OpKey::HostGap => (4, "host gap".into(), ""),
-    }
+        OpKey::Collective { op, .. } => op.as_str().into(),
+        OpKey::HostGap => "host gap".into(),
+        _ => k.class().into(),
+    };
+    (order, name)
 }
 
-fn collective_name(op: CollectiveKind) -> &'static str {
-    match op {
-        CollectiveKind::AllReduce => "all_reduce",
-        CollectiveKind::AllGather => "all_gather",
-        CollectiveKind::ReduceScatter => "reduce_scatter",
-        CollectiveKind::AllToAll => "all_to_all",
-        CollectiveKind::Broadcast => "broadcast",
-        CollectiveKind::SendRecv => "send_recv",
+/// How the summary names a rate unit.
+fn unit_name(k: &OpKey) -> &'static str {
+    match k.rate_unit() {
+        Some(RateUnit::Flops) => "FLOP/s",
+        Some(RateUnit::Bytes) => "B/s",
+        Some(RateUnit::BusBytes) => "bus B/s",
+        None => "",
     }
 }
 
@@ -140,7 +140,7 @@ pub fn text(rank: u32, rows: &[OpClassOut]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use parsim_plan::op_timing::{MaskKind, Placement};
+    use parsim_plan::op_timing::{CollectiveKind, MaskKind, Placement};
 
     #[test]
     fn work_follows_the_published_counts() {

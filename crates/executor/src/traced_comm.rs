@@ -45,17 +45,6 @@ pub struct TracedComm<'a, B: Backend> {
     ops: &'a TracedOps<B>,
 }
 
-/// The class of a recorded collective (`op` as the trace names it).
-fn kind_of(op: &str) -> CollectiveKind {
-    match op {
-        "reduce_scatter" => CollectiveKind::ReduceScatter,
-        "all_reduce" => CollectiveKind::AllReduce,
-        "all_gather" => CollectiveKind::AllGather,
-        "p2p_send" | "p2p_recv" => CollectiveKind::SendRecv,
-        _ => CollectiveKind::AllToAll,
-    }
-}
-
 impl<'a, B: Backend> TracedComm<'a, B> {
     /// Records on `clock` when it is set; times on `ops`' events when it profiles.
     pub fn new(inner: &'a B::Comm, me: u32, clock: Option<Clock>, ops: &'a TracedOps<B>) -> Self {
@@ -104,15 +93,17 @@ impl<'a, B: Backend> TracedComm<'a, B> {
         });
     }
 
-    /// Runs `f`, recording it as `op` on `group` with `bytes` when tracing.
+    /// Runs `f`, recording it as `op` on `group` with `bytes` when tracing, and timing it as
+    /// a `kind` collective when profiling ops.
     fn timed<T>(
         &self,
+        kind: CollectiveKind,
         op: &'static str,
         group: &[u32],
         bytes: u64,
         f: impl FnOnce() -> Result<T, ExecError>,
     ) -> Result<T, ExecError> {
-        let f = || self.ops.timed_collective(kind_of(op), bytes, group, f);
+        let f = || self.ops.timed_collective(kind, bytes, group, f);
         let Some(clock) = self.clock.filter(|_| group.len() > 1) else {
             return f();
         };
@@ -160,9 +151,13 @@ impl<B: Backend> DeviceCollectives<B> for TracedComm<'_, B> {
         mine: Range<usize>,
     ) -> Result<(), ExecError> {
         let bytes = buf.size_bytes();
-        self.timed("reduce_scatter", g.members(), bytes, || {
-            self.inner.reduce_scatter_in_place(g, buf, mine)
-        })
+        self.timed(
+            CollectiveKind::ReduceScatter,
+            "reduce_scatter",
+            g.members(),
+            bytes,
+            || self.inner.reduce_scatter_in_place(g, buf, mine),
+        )
     }
 
     /// Recorded as the all-reduce or reduce-scatter of the bucket, inside the action that
@@ -175,12 +170,12 @@ impl<B: Backend> DeviceCollectives<B> for TracedComm<'_, B> {
         sharded: bool,
     ) -> Result<(), ExecError> {
         let bytes = view_bytes(&*grads, &bucket);
-        let op = if sharded {
-            "reduce_scatter"
+        let (kind, op) = if sharded {
+            (CollectiveKind::ReduceScatter, "reduce_scatter")
         } else {
-            "all_reduce"
+            (CollectiveKind::AllReduce, "all_reduce")
         };
-        self.timed(op, g.members(), bytes, || {
+        self.timed(kind, op, g.members(), bytes, || {
             self.inner.reduce_grad_bucket(g, grads, bucket, sharded)
         })
     }
@@ -196,9 +191,13 @@ impl<B: Backend> DeviceCollectives<B> for TracedComm<'_, B> {
         mine: Range<usize>,
     ) -> Result<(), ExecError> {
         let bytes = buf.size_bytes();
-        self.timed("all_gather", g.members(), bytes, || {
-            self.inner.all_gather_in_place(g, buf, mine)
-        })
+        self.timed(
+            CollectiveKind::AllGather,
+            "all_gather",
+            g.members(),
+            bytes,
+            || self.inner.all_gather_in_place(g, buf, mine),
+        )
     }
 
     fn all_reduce(
@@ -208,9 +207,13 @@ impl<B: Backend> DeviceCollectives<B> for TracedComm<'_, B> {
         op: ReduceOp,
     ) -> Result<(), ExecError> {
         let bytes = view_bytes(&*buf.tensor, &buf.range);
-        self.timed("all_reduce", g.members(), bytes, || {
-            self.inner.all_reduce(g, buf, op)
-        })
+        self.timed(
+            CollectiveKind::AllReduce,
+            "all_reduce",
+            g.members(),
+            bytes,
+            || self.inner.all_reduce(g, buf, op),
+        )
     }
 
     fn all_gather(
@@ -220,9 +223,13 @@ impl<B: Backend> DeviceCollectives<B> for TracedComm<'_, B> {
         out: ViewMut<'_, B::Tensor>,
     ) -> Result<(), ExecError> {
         let bytes = view_bytes(&*out.tensor, &out.range);
-        self.timed("all_gather", g.members(), bytes, || {
-            self.inner.all_gather(g, input, out)
-        })
+        self.timed(
+            CollectiveKind::AllGather,
+            "all_gather",
+            g.members(),
+            bytes,
+            || self.inner.all_gather(g, input, out),
+        )
     }
 
     fn reduce_scatter(
@@ -232,9 +239,13 @@ impl<B: Backend> DeviceCollectives<B> for TracedComm<'_, B> {
         out: ViewMut<'_, B::Tensor>,
     ) -> Result<(), ExecError> {
         let bytes = view_bytes(input.tensor, &input.range);
-        self.timed("reduce_scatter", g.members(), bytes, || {
-            self.inner.reduce_scatter(g, input, out)
-        })
+        self.timed(
+            CollectiveKind::ReduceScatter,
+            "reduce_scatter",
+            g.members(),
+            bytes,
+            || self.inner.reduce_scatter(g, input, out),
+        )
     }
 
     fn all_to_all(
@@ -244,17 +255,25 @@ impl<B: Backend> DeviceCollectives<B> for TracedComm<'_, B> {
         out: ViewMut<'_, B::Tensor>,
     ) -> Result<(), ExecError> {
         let bytes = view_bytes(input.tensor, &input.range);
-        self.timed("all_to_all", g.members(), bytes, || {
-            self.inner.all_to_all(g, input, out)
-        })
+        self.timed(
+            CollectiveKind::AllToAll,
+            "all_to_all",
+            g.members(),
+            bytes,
+            || self.inner.all_to_all(g, input, out),
+        )
     }
 
     /// Counts travel as 8-byte integers.
     fn all_to_all_counts(&self, g: &B::Group, send: &[usize]) -> Result<Vec<usize>, ExecError> {
         let bytes = (send.len() * 8) as u64;
-        self.timed("all_to_all_counts", g.members(), bytes, || {
-            self.inner.all_to_all_counts(g, send)
-        })
+        self.timed(
+            CollectiveKind::AllToAll,
+            "all_to_all_counts",
+            g.members(),
+            bytes,
+            || self.inner.all_to_all_counts(g, send),
+        )
     }
 
     /// Bytes: the elements this rank sends.
@@ -267,24 +286,38 @@ impl<B: Backend> DeviceCollectives<B> for TracedComm<'_, B> {
         recv_counts: &[usize],
     ) -> Result<(), ExecError> {
         let bytes = send_counts.iter().sum::<usize>() as u64 * input.tensor.dtype().size_bytes();
-        self.timed("all_to_all_v", g.members(), bytes, || {
-            self.inner
-                .all_to_all_v(g, input, send_counts, out, recv_counts)
-        })
+        self.timed(
+            CollectiveKind::AllToAll,
+            "all_to_all_v",
+            g.members(),
+            bytes,
+            || {
+                self.inner
+                    .all_to_all_v(g, input, send_counts, out, recv_counts)
+            },
+        )
     }
 
     fn send(&self, to: u32, tag: u64, data: View<'_, B::Tensor>) -> Result<(), ExecError> {
         let bytes = view_bytes(data.tensor, &data.range);
-        self.timed("p2p_send", &[self.me, to], bytes, || {
-            self.inner.send(to, tag, data)
-        })
+        self.timed(
+            CollectiveKind::SendRecv,
+            "p2p_send",
+            &[self.me, to],
+            bytes,
+            || self.inner.send(to, tag, data),
+        )
     }
 
     fn recv(&self, from: u32, tag: u64, out: ViewMut<'_, B::Tensor>) -> Result<(), ExecError> {
         let bytes = view_bytes(&*out.tensor, &out.range);
-        self.timed("p2p_recv", &[from, self.me], bytes, || {
-            self.inner.recv(from, tag, out)
-        })
+        self.timed(
+            CollectiveKind::SendRecv,
+            "p2p_recv",
+            &[from, self.me],
+            bytes,
+            || self.inner.recv(from, tag, out),
+        )
     }
 
     /// Each send is recorded as a `p2p_send` span over the posting of the whole exchange
@@ -364,9 +397,13 @@ impl<B: Backend> DeviceCollectives<B> for TracedComm<'_, B> {
         out: ViewMut<'_, B::Tensor>,
     ) -> Result<(), ExecError> {
         let bytes = want.len() as u64 * out.tensor.dtype().size_bytes();
-        self.timed("all_gather", g.members(), bytes, || {
-            self.inner.gather_range(g, mine_lo, mine, want, out)
-        })
+        self.timed(
+            CollectiveKind::AllGather,
+            "all_gather",
+            g.members(),
+            bytes,
+            || self.inner.gather_range(g, mine_lo, mine, want, out),
+        )
     }
 
     /// Bytes: the input reduced.
@@ -379,9 +416,15 @@ impl<B: Backend> DeviceCollectives<B> for TracedComm<'_, B> {
         out: ViewMut<'_, B::Tensor>,
     ) -> Result<(), ExecError> {
         let bytes = view_bytes(input.tensor, &input.range);
-        self.timed("reduce_scatter", g.members(), bytes, || {
-            self.inner
-                .reduce_scatter_range(g, input_lo, input, mine, out)
-        })
+        self.timed(
+            CollectiveKind::ReduceScatter,
+            "reduce_scatter",
+            g.members(),
+            bytes,
+            || {
+                self.inner
+                    .reduce_scatter_range(g, input_lo, input, mine, out)
+            },
+        )
     }
 }

@@ -85,6 +85,24 @@ pub enum OpKey {
     HostGap,
 }
 
+/// The op classes, in the order reports list them: [`OpKey::class`]'s names, which are also
+/// the `class` tags of the JSON records.
+pub const OP_CLASSES: [&str; 5] = ["gemm", "attention", "memory", "collective", "host_gap"];
+
+impl CollectiveKind {
+    /// The name as the JSON records spell it (`all_reduce`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CollectiveKind::AllReduce => "all_reduce",
+            CollectiveKind::AllGather => "all_gather",
+            CollectiveKind::ReduceScatter => "reduce_scatter",
+            CollectiveKind::AllToAll => "all_to_all",
+            CollectiveKind::Broadcast => "broadcast",
+            CollectiveKind::SendRecv => "send_recv",
+        }
+    }
+}
+
 /// FLOPs the FlashAttention papers count for a backward pass, per forward FLOP: five
 /// matmuls (dV, dP, dQ, dK and the recomputed scores) against the forward's two.
 pub const PAPER_BACKWARD_FLOPS_PER_FORWARD: f64 = 2.5;
@@ -115,6 +133,28 @@ pub enum RateUnit {
 }
 
 impl OpKey {
+    /// The key's class, one of [`OP_CLASSES`] (its `class` tag in the JSON records).
+    pub fn class(&self) -> &'static str {
+        let i = match self {
+            OpKey::Gemm { .. } => 0,
+            OpKey::Attention { .. } => 1,
+            OpKey::Memory { .. } => 2,
+            OpKey::Collective { .. } => 3,
+            OpKey::HostGap => 4,
+        };
+        OP_CLASSES[i]
+    }
+
+    /// The unit the class's rate counts in ([`OpKey::work`]; the host gap has none).
+    pub fn rate_unit(&self) -> Option<RateUnit> {
+        match self {
+            OpKey::Gemm { .. } | OpKey::Attention { .. } => Some(RateUnit::Flops),
+            OpKey::Memory { .. } => Some(RateUnit::Bytes),
+            OpKey::Collective { .. } => Some(RateUnit::BusBytes),
+            OpKey::HostGap => None,
+        }
+    }
+
     /// The work of one call, in the unit its rate counts ([`RateUnit`]): a GEMM's 2mnk FLOPs;
     /// attention's FLOPs as the FlashAttention papers count them (forward 4 x heads x q x kv
     /// x d, halved under a causal mask; backward 2.5 times that); a memory-bound op's bytes;
@@ -334,5 +374,57 @@ mod tests {
             t.validate(),
             Err(OpTimingError::ZeroDimension { field: "bytes" })
         );
+    }
+
+    /// A key's class and a collective's name are what its JSON record spells, and a class's
+    /// rate unit is the unit of its work wherever the work is known.
+    #[test]
+    fn class_names_and_units_follow_the_records() {
+        let ops = [
+            CollectiveKind::AllReduce,
+            CollectiveKind::AllGather,
+            CollectiveKind::ReduceScatter,
+            CollectiveKind::AllToAll,
+            CollectiveKind::Broadcast,
+            CollectiveKind::SendRecv,
+        ];
+        let mut keys = vec![
+            OpKey::Gemm {
+                m: 2,
+                n: 3,
+                k: 4,
+                dtype: DType::Bf16,
+            },
+            OpKey::Attention {
+                batch_heads: 2,
+                q_len: 8,
+                kv_len: 8,
+                head_dim: 4,
+                mask: MaskKind::Causal,
+                pass: Pass::Backward,
+                kernel: "cpu".into(),
+            },
+            OpKey::Memory { bytes: 64 },
+            OpKey::HostGap,
+        ];
+        for op in ops {
+            let json = serde_json::to_value(op).unwrap();
+            assert_eq!(json, op.as_str(), "{op:?}");
+            keys.push(OpKey::Collective {
+                op,
+                bytes: 100,
+                group_size: 4,
+                placement: Placement::InterNode,
+            });
+        }
+        for k in &keys {
+            let json = serde_json::to_value(k).unwrap();
+            assert_eq!(json["class"], k.class(), "{k:?}");
+            assert!(OP_CLASSES.contains(&k.class()));
+            if let Some((_, unit)) = k.work() {
+                assert_eq!(Some(unit), k.rate_unit(), "{k:?}");
+            }
+        }
+        assert_eq!(OpKey::HostGap.rate_unit(), None);
     }
 }

@@ -91,8 +91,8 @@ fn parse_ops(v: Option<&Value>) -> Result<Vec<OpTiming>, String> {
         .iter()
         .enumerate()
         .map(|(j, o)| {
-            let t: OpTiming =
-                serde_json::from_value(o.clone()).map_err(|e| format!("`ops[{j}]`: {e}"))?;
+            let t = <OpTiming as serde::Deserialize>::deserialize(o)
+                .map_err(|e| format!("`ops[{j}]`: {e}"))?;
             t.validate().map_err(|e| format!("`ops[{j}]`: {e}"))?;
             Ok(t)
         })

@@ -4,14 +4,14 @@
 //! predicts an op from its rate tables where they cover it, and from the analytic model of
 //! the time model elsewhere.
 
-use super::table_fit::{class_of, gemm_peak, table_seconds};
+use super::table_fit::{gemm_peak, table_seconds};
 use crate::config::GpuProfile;
 use crate::time::Rates;
 use parsim_plan::op_timing::{OpKey, OpTiming, Placement};
 use serde::Serialize;
 
 /// The op classes, in the order the report lists them.
-pub const CLASSES: [&str; 5] = ["gemm", "attention", "memory", "collective", "host_gap"];
+pub use parsim_plan::op_timing::OP_CLASSES as CLASSES;
 
 /// The seconds of one call of `key` that `gpu` predicts, without the per-op overhead (the
 /// timings hold host time as their own class, `host_gap`):
@@ -136,7 +136,7 @@ pub fn compare(timings: &[OpTiming], before: &GpuProfile, after: &GpuProfile) ->
         .collect();
     let mut points = Vec::with_capacity(timings.len());
     for t in timings {
-        let class = class_of(&t.key);
+        let class = t.key.class();
         let Some(row) = rows.iter_mut().find(|r| r.class == class) else {
             continue;
         };

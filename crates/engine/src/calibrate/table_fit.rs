@@ -384,23 +384,12 @@ impl Reproduction {
     }
 }
 
-/// The class name of an op key.
-pub fn class_of(key: &OpKey) -> &'static str {
-    match key {
-        OpKey::Gemm { .. } => "gemm",
-        OpKey::Attention { .. } => "attention",
-        OpKey::Memory { .. } => "memory",
-        OpKey::Collective { .. } => "collective",
-        OpKey::HostGap => "host_gap",
-    }
-}
-
 /// Per op class, how closely `tables` give back the mean time per call of each of
 /// `timings` (classes in a fixed order: gemm, attention, memory, collective, host_gap).
 pub fn reproduce(timings: &[OpTiming], tables: &RateTables, gpu: &GpuProfile) -> Vec<Reproduction> {
     let mut errors: BTreeMap<&'static str, (Vec<f64>, usize)> = BTreeMap::new();
     for t in timings {
-        let entry = errors.entry(class_of(&t.key)).or_default();
+        let entry = errors.entry(t.key.class()).or_default();
         let measured = t.mean_s();
         match table_seconds(tables, gpu, &t.key) {
             Some(p) if measured > 0.0 => entry.0.push((p / measured - 1.0).abs()),

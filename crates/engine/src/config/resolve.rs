@@ -18,17 +18,20 @@ impl PipelinePlacement {
     /// The pipeline rank of each global stage: stage s runs on rank s mod pp (Megatron's loop
     /// placement) or, for V-shaped schedules, stages r and 2pp-1-r on rank r.
     pub fn stage_ranks(pp: u32, vpp: u32, schedule: ScheduleKind) -> Vec<u32> {
-        let v_shape = matches!(schedule, ScheduleKind::ZbV | ScheduleKind::DualPipeV);
         (0..pp * vpp)
-            .map(|s| {
-                // (A V holds exactly 2 chunks per rank; the schedule rule refuses other vpp.)
-                if v_shape && s >= pp && s < 2 * pp {
-                    2 * pp - 1 - s
-                } else {
-                    s % pp
-                }
-            })
+            .map(|s| Self::stage_rank_of(s, pp, schedule))
             .collect()
+    }
+
+    /// The pipeline rank of global stage `s` ([`PipelinePlacement::stage_ranks`]).
+    pub fn stage_rank_of(s: u32, pp: u32, schedule: ScheduleKind) -> u32 {
+        let v_shape = matches!(schedule, ScheduleKind::ZbV | ScheduleKind::DualPipeV);
+        // (A V holds exactly 2 chunks per rank; the schedule rule refuses other vpp.)
+        if v_shape && s >= pp && s < 2 * pp {
+            2 * pp - 1 - s
+        } else {
+            s % pp
+        }
     }
 
     /// Places `stage_layers[s]` consecutive layers on global stage s (ranks as

@@ -279,31 +279,49 @@ pub fn stage_memories<'p>(
     chunks: &[Vec<ChunkContents>],
     pipeline: impl Fn(usize) -> Pipeline<'p>,
 ) -> Vec<StageMemory> {
+    let pipelines: Vec<Pipeline> = (0..chunks.len()).map(&pipeline).collect();
+    let statics = rank_statics(r, s, l, chunks, |rank| splits_backward(&pipelines[rank]));
+    pipelines
+        .into_iter()
+        .zip(statics)
+        .enumerate()
+        .map(|(rank, (pl, (st, _)))| st.memory(r, s, rank as u32, &chunks[rank], pl))
+        .collect()
+}
+
+/// Each rank's [`RankStatic`] (its backward split as `split` says), worked out once per set
+/// of alike ranks (the same blocks, split and hand-off: the middle of a pipeline), and whether
+/// the rank is the first of its set.
+fn rank_statics(
+    r: &Resolved,
+    s: &LedgerSummary,
+    l: &Ledger,
+    chunks: &[Vec<ChunkContents>],
+    split: impl Fn(usize) -> bool,
+) -> Vec<(RankStatic, bool)> {
     let mut seen: Vec<(usize, RankStatic)> = Vec::new();
     let mut out = Vec::with_capacity(chunks.len());
     for (rank, ch) in chunks.iter().enumerate() {
-        let pl = pipeline(rank);
-        let split = splits_backward(&pl);
+        let split = split(rank);
         let known = seen.iter().find(|(k, st)| {
             st.split == split && st.handoff == hands_off(ch) && same_blocks(&chunks[*k], ch)
         });
-        let st = match known {
-            Some((_, st)) => *st,
+        out.push(match known {
+            Some((_, st)) => (*st, false),
             None => {
                 let st = RankStatic::of(r, s, l, ch, split);
                 seen.push((rank, st));
-                st
+                (st, true)
             }
-        };
-        out.push(st.memory(r, s, rank as u32, ch, pl));
+        });
     }
     out
 }
 
 /// The most loaded rank's total with `sets` activation sets in flight on each rank
 /// ([`Pipeline::Inflight`]), as the largest of [`stage_memories`]' totals: under that
-/// pipeline a rank's memory follows from what it holds alone, so ranks alike (the middle of
-/// a pipeline) are worked out once.
+/// pipeline a rank's memory follows from what it holds alone, so only the first of each set
+/// of alike ranks ([`rank_statics`]) is worked out.
 pub fn inflight_peak_bytes(
     r: &Resolved,
     s: &LedgerSummary,
@@ -312,20 +330,16 @@ pub fn inflight_peak_bytes(
     sets: u32,
     split: bool,
 ) -> u64 {
-    let mut seen: Vec<usize> = Vec::new();
-    let mut most = 0;
-    for (rank, ch) in chunks.iter().enumerate() {
-        let alike =
-            |&k: &usize| hands_off(&chunks[k]) == hands_off(ch) && same_blocks(&chunks[k], ch);
-        if seen.iter().any(alike) {
-            continue;
-        }
-        seen.push(rank);
-        let st = RankStatic::of(r, s, l, ch, split);
-        let m = st.memory(r, s, rank as u32, ch, Pipeline::Inflight { sets, split });
-        most = most.max(m.total);
-    }
-    most
+    rank_statics(r, s, l, chunks, |_| split)
+        .into_iter()
+        .enumerate()
+        .filter(|(_, (_, first))| *first)
+        .map(|(rank, (st, _))| {
+            let pl = Pipeline::Inflight { sets, split };
+            st.memory(r, s, rank as u32, &chunks[rank], pl).total
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// True when two ranks hold the same blocks chunk by chunk (whatever their stages): their

@@ -143,22 +143,8 @@ pub fn short_end_stages(layers: u32, stages: u32) -> Option<(u32, u32)> {
     (short < per).then(|| (per, per - short))
 }
 
-/// The explicit layout of `stages` virtual stages whose middle ones hold `per` layers each
-/// and whose ends hold `first` (with the embedding) and `last` (with the loss).
-pub fn virtual_layout_string(stages: u32, per: u32, first: u32, last: u32) -> String {
-    let layers = |n: u32| {
-        if n == 0 {
-            String::new()
-        } else {
-            format!("t*{n}")
-        }
-    };
-    let mut parts = vec![format!("E{}", layers(first))];
-    parts.extend((2..stages).map(|_| layers(per)));
-    parts.push(format!("{}L", layers(last)));
-    parts.join("|")
-}
-
+/// The explicit layout holding `split[s]` layers on stage s, the embedding on the first and
+/// the loss on the last (Megatron-Core's `pipeline_model_parallel_layout`).
 pub fn layout_string(split: &[u32]) -> String {
     let n = split.len();
     split
@@ -254,7 +240,7 @@ mod tests {
         // (pp 4 x vpp 4).
         assert_eq!(short_end_stages(61, 16), Some((4, 1)));
         assert_eq!(
-            virtual_layout_string(16, 4, 4, 1),
+            layout_string(&[4].repeat(15).into_iter().chain([1]).collect::<Vec<_>>()),
             format!("Et*4|{}t*1L", "t*4|".repeat(14))
         );
         // 32 stages would need the first stage short too: not this family's.

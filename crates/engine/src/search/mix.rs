@@ -51,7 +51,11 @@ impl Mix {
         ) {
             let stages = self.pp * self.vpp;
             let per = c.model.num_layers.div_ceil(stages);
-            p.pipeline_layout = Some(balance::virtual_layout_string(stages, per, f, l));
+            let split: Vec<u32> = std::iter::once(f)
+                .chain(std::iter::repeat_n(per, stages as usize - 2))
+                .chain(std::iter::once(l))
+                .collect();
+            p.pipeline_layout = Some(balance::layout_string(&split));
             p.first_stage_layers = None;
             p.last_stage_layers = None;
         }

@@ -198,7 +198,9 @@ fn timed_key(m: &Mix, network: &Network) -> TimedKey {
         (g.size, g.per_node, g.nodes)
     };
     // The placement a resolved mix gets (config/resolve.rs): from pp, vpp and the schedule.
-    let ranks = PipelinePlacement::stage_ranks(m.pp, m.vpp, m.schedule);
+    let last = (m.pp * m.vpp).saturating_sub(1);
+    let last_on_first = PipelinePlacement::stage_rank_of(last, m.pp, m.schedule)
+        == PipelinePlacement::stage_rank_of(0, m.pp, m.schedule);
     (
         m.tp,
         m.cp,
@@ -208,7 +210,7 @@ fn timed_key(m: &Mix, network: &Network) -> TimedKey {
         m.zero,
         m.mbs,
         m.recompute as u8,
-        ranks.last() == ranks.first(),
+        last_on_first,
         [
             shape(GroupKind::Tp),
             shape(GroupKind::Cp),
