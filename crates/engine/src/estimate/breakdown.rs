@@ -6,8 +6,8 @@
 use crate::config::ScheduleKind;
 use crate::model::ChunkContents;
 use crate::schedule::{
-    base_microbatches, closed_form, generate, simulate_extrapolated, simulate_summary,
-    CheckedProgram, Costs, PipelineSummary, ScheduleError,
+    base_microbatches, closed_form, simulate_extrapolated, simulate_summary, CheckedProgram, Costs,
+    GeneratedProgram, PipelineSummary, ScheduleError,
 };
 use crate::time::{StageImbalance, StepTime};
 
@@ -109,8 +109,8 @@ pub fn split_idle(
             match program {
                 Some(p) if short == pipe.microbatches => idle_of(&simulate_summary(p, &balanced)?),
                 _ => {
-                    let p = generate(pipe.kind, pipe.pp, pipe.vpp, short)?;
-                    idle_of(&simulate_summary(CheckedProgram::new(&p)?, &balanced)?)
+                    let p = GeneratedProgram::of(pipe.kind, pipe.pp, pipe.vpp, short)?;
+                    idle_of(&simulate_summary(p.checked(), &balanced)?)
                 }
             }
         }
@@ -330,7 +330,7 @@ pub fn verdict_line(t: &StepTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::schedule::simulate;
+    use crate::schedule::{generate, simulate};
 
     /// With every stage alike, a rank's idle time stops growing once the pipeline is in steady
     /// state: the short run [`split_idle`] simulates gives the idle time of the long one.

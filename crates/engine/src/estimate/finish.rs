@@ -10,7 +10,7 @@ use super::{
 use crate::comm::rank_step_bytes;
 use crate::config::ScheduleKind;
 use crate::layout::GroupKind;
-use crate::memory::{stage_memories, Pipeline, StageMemory};
+use crate::memory::{peak_total_until, stage_memories, Pipeline, StageMemory};
 use crate::model::{GroupBytes, GroupSeconds};
 use crate::schedule::{
     simulate_extrapolated, simulate_summaries, simulate_summary, simulates_in_full,
@@ -206,17 +206,27 @@ impl Prepared<'_> {
     /// simulation's peak of live chunk sets gives it). A search skips simulating what
     /// cannot fit.
     pub fn walked_peak_bytes(&self) -> Result<Option<u64>, EstimateError> {
+        self.walked_peak_bytes_until(u64::MAX)
+    }
+
+    /// As [`Prepared::walked_peak_bytes`], but once a rank's total exceeds `stop_above` that
+    /// total is the answer (the ranks left are not walked): whether the mix fits, cheaply.
+    pub fn walked_peak_bytes_until(&self, stop_above: u64) -> Result<Option<u64>, EstimateError> {
         let r = self.r;
         let par = &r.config.parallel;
         if par.pp as u64 * par.vpp as u64 * r.microbatches as u64 > MAX_WALKED_CELLS {
             return Ok(None);
         }
         let g = GeneratedProgram::of(par.schedule, par.pp, par.vpp, r.microbatches)?;
-        Ok(self
-            .walked_stages(g.program())
-            .iter()
-            .map(|m| m.total)
-            .max())
+        let program = g.program();
+        Ok(Some(peak_total_until(
+            r,
+            &self.s,
+            &self.ledger,
+            &self.chunks,
+            |rank| Pipeline::Actions(&program.ranks[rank]),
+            stop_above,
+        )))
     }
 
     /// The step's communication volume per group on the most loaded rank.

@@ -22,7 +22,8 @@ mod prepare;
 
 use dp::per_microbatch_dp_s;
 pub use prepare::{
-    split_free_bound_of, split_free_lower_bound, split_free_per_microbatch_s, timed_ledger, Chunked,
+    split_free_bound_of, split_free_lower_bound, split_free_per_microbatch_s, timed_ledger,
+    Chunked, RunMemo,
 };
 use std::borrow::Cow;
 
@@ -179,13 +180,13 @@ fn stage_costs(
     ledger: &Ledger,
     chunks: &[Vec<ChunkContents>],
     network: &Network,
+    timed: &mut Vec<(ChunkContents, ChunkTimes)>,
 ) -> Result<(Vec<ChunkTimes>, Costs), EstimateError> {
     let par = &r.config.parallel;
     let stages = r.placement.num_stages();
     let mut chunk_times = vec![ChunkTimes::default(); stages];
     // A chunk's times depend on what it holds, not on its stage: the many alike chunks of a
-    // deep pipeline are timed once.
-    let mut timed: Vec<(ChunkContents, ChunkTimes)> = Vec::new();
+    // deep pipeline (and, through `timed`, of a search run's splits) are timed once.
     for c in chunks.iter().flatten() {
         let contents = ChunkContents { stage: 0, ..*c };
         if let Some((_, t)) = timed.iter().find(|(k, _)| *k == contents) {

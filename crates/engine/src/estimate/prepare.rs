@@ -7,7 +7,9 @@ use super::dp::dp_tail_s;
 use super::{overlaps, stage_costs, EstimateError, Prepared};
 use crate::comm::{step_collectives, StepCollective};
 use crate::config::Resolved;
-use crate::memory::{inflight_peak_bytes, same_blocks, updated_params};
+use crate::memory::{
+    inflight_peak_bytes, inflight_peak_bytes_memo, same_blocks, updated_params, RankStaticMemo,
+};
 use crate::model::{chunks_per_rank, rank_params, ChunkContents, Ledger, LedgerSummary};
 use crate::network::Network;
 use crate::time::{Rates, TimingContext};
@@ -103,6 +105,29 @@ pub fn split_free_bound_of(per_microbatch_s: f64, microbatches: u32, pp: u32) ->
     }
 }
 
+/// What the mixes of one search run (the same resolved configuration but for the pipeline
+/// split: vpp, schedule, first/last stage layers, slots) work out alike under one shared timed
+/// ledger and network, kept from one mix to the next: the ranks' static memories, each
+/// chunk's times, and each rank's step-level collectives, data-parallel tail and optimizer
+/// step, all by what a chunk or rank holds. None of them reads the split.
+#[derive(Default)]
+pub struct RunMemo {
+    statics: RankStaticMemo,
+    chunk_times: Vec<(ChunkContents, super::ChunkTimes)>,
+    ranks: Vec<RankAfter>,
+}
+
+/// A rank's chunks, its step-level collectives, and its (data-parallel tail, optimizer step)
+/// seconds.
+type RankAfter = (Vec<ChunkContents>, Vec<StepCollective>, (f64, f64));
+
+impl RunMemo {
+    /// True when nothing is kept yet.
+    pub fn is_empty(&self) -> bool {
+        self.statics.is_empty() && self.chunk_times.is_empty() && self.ranks.is_empty()
+    }
+}
+
 /// The first step of a [`Prepared`]: the timed ledger and each pipeline rank's chunks.
 pub struct Chunked<'a> {
     r: &'a Resolved,
@@ -128,8 +153,26 @@ impl<'a> Chunked<'a> {
         memory_lower_bound(self.r, &self.s, &self.ledger, &self.chunks)
     }
 
+    /// [`Chunked::memory_lower_bound`] with the ranks' static memories from, and kept in,
+    /// `memo` (a [`RunMemo`]: for the mixes of one run that share this timed ledger).
+    pub fn memory_lower_bound_memo(&self, memo: &mut RunMemo) -> u64 {
+        let (r, s, l) = (self.r, &*self.s, &*self.ledger);
+        inflight_peak_bytes_memo(r, s, l, &self.chunks, 1, false, Some(&mut memo.statics))
+    }
+
     /// The per-stage costs and what each rank does after its last backward, on `network`.
     pub fn prepare(self, network: Cow<'a, Network>) -> Result<Prepared<'a>, EstimateError> {
+        self.prepare_memo(network, &mut RunMemo::default())
+    }
+
+    /// [`Chunked::prepare`] with chunk times and each rank's step-level collectives, tail and
+    /// optimizer step taken from, and kept in, `memo` (a [`RunMemo`]: for the mixes of one run
+    /// that share this timed ledger and `network`).
+    pub fn prepare_memo(
+        self,
+        network: Cow<'a, Network>,
+        memo: &mut RunMemo,
+    ) -> Result<Prepared<'a>, EstimateError> {
         let Chunked {
             r,
             ledger,
@@ -138,7 +181,8 @@ impl<'a> Chunked<'a> {
         } = self;
         let tr = &r.config.training;
         let rates = rates(r);
-        let (chunk_times, costs) = stage_costs(r, &s, &ledger, &chunks, &network)?;
+        let (chunk_times, costs) =
+            stage_costs(r, &s, &ledger, &chunks, &network, &mut memo.chunk_times)?;
         // Ranks that hold the same blocks (the middle of a pipeline) issue the same step-level
         // collectives and have the same tail and optimizer step: each is worked out once.
         let mut step: Vec<Vec<StepCollective>> = Vec::new();
@@ -148,6 +192,14 @@ impl<'a> Chunked<'a> {
             if let Some(same) = chunks[..rank].iter().position(|c| same_blocks(c, ch)) {
                 step_of.push(step_of[same]);
                 after.push(after[same]);
+                continue;
+            }
+            if let Some((_, rank_step, done)) =
+                memo.ranks.iter().find(|(k, _, _)| same_blocks(k, ch))
+            {
+                after.push(*done);
+                step_of.push(step.len());
+                step.push(rank_step.clone());
                 continue;
             }
             let rank_step = step_collectives(r, &s, &ledger, ch);
@@ -164,7 +216,9 @@ impl<'a> Chunked<'a> {
             let step_bytes = crate::model::optimizer_bytes(tr, updated, muon.dense + muon.expert).1;
             let optimizer_s =
                 rates.memory_s(step_bytes) + rates.memory_s(cast_bytes) + muon_ns_s(r, &muon);
-            after.push((dp_tail_s(r, &network, &s, ch, &rank_step), optimizer_s));
+            let done = (dp_tail_s(r, &network, &s, ch, &rank_step), optimizer_s);
+            after.push(done);
+            memo.ranks.push((ch.clone(), rank_step.clone(), done));
             step_of.push(step.len());
             step.push(rank_step);
         }

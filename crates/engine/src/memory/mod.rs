@@ -10,7 +10,11 @@ use crate::schedule::{Action, ActionKind};
 use serde::Serialize;
 use walk::ChunkBytes;
 
+mod alike;
 mod walk;
+
+use alike::AlikeRanks;
+pub use alike::RankStaticMemo;
 
 /// Memory of one pipeline rank (the most loaded rank of that stage), in bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -279,49 +283,44 @@ pub fn stage_memories<'p>(
     chunks: &[Vec<ChunkContents>],
     pipeline: impl Fn(usize) -> Pipeline<'p>,
 ) -> Vec<StageMemory> {
-    let pipelines: Vec<Pipeline> = (0..chunks.len()).map(&pipeline).collect();
-    let statics = rank_statics(r, s, l, chunks, |rank| splits_backward(&pipelines[rank]));
-    pipelines
-        .into_iter()
-        .zip(statics)
-        .enumerate()
-        .map(|(rank, (pl, (st, _)))| st.memory(r, s, rank as u32, &chunks[rank], pl))
+    let mut alike = AlikeRanks::new(r, s, l, chunks);
+    (0..chunks.len())
+        .map(|rank| {
+            let pl = pipeline(rank);
+            let (st, _) = alike.of(rank, splits_backward(&pl));
+            st.memory(r, s, rank as u32, &chunks[rank], pl)
+        })
         .collect()
 }
 
-/// Each rank's [`RankStatic`] (its backward split as `split` says), worked out once per set
-/// of alike ranks (the same blocks, split and hand-off: the middle of a pipeline), and whether
-/// the rank is the first of its set.
-fn rank_statics(
+/// The largest of [`stage_memories`]' totals, or, once some rank's total exceeds
+/// `stop_above`, that rank's total (a figure above the limit, without walking the ranks left):
+/// a search only asks whether a mix fits.
+pub fn peak_total_until<'p>(
     r: &Resolved,
     s: &LedgerSummary,
     l: &Ledger,
     chunks: &[Vec<ChunkContents>],
-    split: impl Fn(usize) -> bool,
-) -> Vec<(RankStatic, bool)> {
-    let mut seen: Vec<(usize, RankStatic)> = Vec::new();
-    let mut out = Vec::with_capacity(chunks.len());
+    pipeline: impl Fn(usize) -> Pipeline<'p>,
+    stop_above: u64,
+) -> u64 {
+    let mut alike = AlikeRanks::new(r, s, l, chunks);
+    let mut most = 0;
     for (rank, ch) in chunks.iter().enumerate() {
-        let split = split(rank);
-        let known = seen.iter().find(|(k, st)| {
-            st.split == split && st.handoff == hands_off(ch) && same_blocks(&chunks[*k], ch)
-        });
-        out.push(match known {
-            Some((_, st)) => (*st, false),
-            None => {
-                let st = RankStatic::of(r, s, l, ch, split);
-                seen.push((rank, st));
-                (st, true)
-            }
-        });
+        let pl = pipeline(rank);
+        let (st, _) = alike.of(rank, splits_backward(&pl));
+        most = most.max(st.memory(r, s, rank as u32, ch, pl).total);
+        if most > stop_above {
+            break;
+        }
     }
-    out
+    most
 }
 
 /// The most loaded rank's total with `sets` activation sets in flight on each rank
 /// ([`Pipeline::Inflight`]), as the largest of [`stage_memories`]' totals: under that
 /// pipeline a rank's memory follows from what it holds alone, so only the first of each set
-/// of alike ranks ([`rank_statics`]) is worked out.
+/// of alike ranks ([`AlikeRanks`]) is worked out.
 pub fn inflight_peak_bytes(
     r: &Resolved,
     s: &LedgerSummary,
@@ -330,13 +329,27 @@ pub fn inflight_peak_bytes(
     sets: u32,
     split: bool,
 ) -> u64 {
-    rank_statics(r, s, l, chunks, |_| split)
-        .into_iter()
-        .enumerate()
-        .filter(|(_, (_, first))| *first)
-        .map(|(rank, (st, _))| {
+    inflight_peak_bytes_memo(r, s, l, chunks, sets, split, None)
+}
+
+/// [`inflight_peak_bytes`] with the static memories taken from, and kept in, `memo` (see
+/// [`RankStaticMemo`] for when that is valid).
+pub fn inflight_peak_bytes_memo(
+    r: &Resolved,
+    s: &LedgerSummary,
+    l: &Ledger,
+    chunks: &[Vec<ChunkContents>],
+    sets: u32,
+    split: bool,
+    memo: Option<&mut RankStaticMemo>,
+) -> u64 {
+    let mut alike = AlikeRanks::new(r, s, l, chunks);
+    alike.memo = memo;
+    (0..chunks.len())
+        .filter_map(|rank| {
+            let (st, first) = alike.of(rank, split);
             let pl = Pipeline::Inflight { sets, split };
-            st.memory(r, s, rank as u32, &chunks[rank], pl).total
+            first.then(|| st.memory(r, s, rank as u32, &chunks[rank], pl).total)
         })
         .max()
         .unwrap_or(0)

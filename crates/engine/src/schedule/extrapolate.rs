@@ -9,7 +9,7 @@
 //! off its definition). Tests compare it with full simulations.
 
 use super::simulate::{bubble_fraction, peak_live, play, CheckedProgram};
-use super::{generate, Costs, ScheduleError, ScheduleKind};
+use super::{Costs, GeneratedProgram, ScheduleError, ScheduleKind};
 
 /// The parts of a simulation the estimate needs, for the full microbatch count.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,9 +73,13 @@ pub fn simulate_summaries<const N: usize>(
     }))
 }
 
-/// [`simulate_summary`] of a program just generated.
-fn summary_of(program: super::Program, costs: &Costs) -> Result<PipelineSummary, ScheduleError> {
-    simulate_summary(CheckedProgram::new(&program)?, costs)
+/// [`simulate_summary`] of the program of `kind` for `pp` ranks, `vpp` chunks and `m`
+/// microbatches (generated and checked once per thread, [`GeneratedProgram::of`]).
+fn summary_of(
+    (kind, pp, vpp, m): (ScheduleKind, u32, u32, u32),
+    costs: &Costs,
+) -> Result<PipelineSummary, ScheduleError> {
+    simulate_summary(GeneratedProgram::of(kind, pp, vpp, m)?.checked(), costs)
 }
 
 /// True when [`simulate_extrapolated`] would simulate all `m` microbatches itself (so a
@@ -119,17 +123,17 @@ pub fn simulate_extrapolated(
 ) -> Result<PipelineSummary, ScheduleError> {
     let m0 = base_microbatches(kind, pp, m);
     if m <= m0 + pp {
-        return summary_of(generate(kind, pp, vpp, m)?, costs);
+        return summary_of((kind, pp, vpp, m), costs);
     }
     let mut m0 = m0;
     let cells = |m: u32| pp as u64 * vpp as u64 * m as u64;
     let mut last_slope: Option<f64> = None;
     let (a, b) = loop {
         if m0 + pp >= m {
-            return summary_of(generate(kind, pp, vpp, m)?, costs);
+            return summary_of((kind, pp, vpp, m), costs);
         }
-        let a = summary_of(generate(kind, pp, vpp, m0)?, costs)?;
-        let b = summary_of(generate(kind, pp, vpp, m0 + pp)?, costs)?;
+        let a = summary_of((kind, pp, vpp, m0), costs)?;
+        let b = summary_of((kind, pp, vpp, m0 + pp), costs)?;
         let next = 2 * m0 - m0 % pp + m % pp;
         // Bounded memory: when the next try would exceed the program limit, the line through
         // the two longest runs that fit is the estimate (the slack left is at most the

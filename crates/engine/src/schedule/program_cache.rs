@@ -16,7 +16,7 @@ type Shape = (ScheduleKind, u32, u32, u32);
 
 /// Programs kept per thread, and the most actions they may hold together (about 12 bytes
 /// each): past either the oldest go first.
-const CAPACITY: usize = 8;
+const CAPACITY: usize = 32;
 const MAX_ACTIONS: usize = 1 << 20;
 
 thread_local! {

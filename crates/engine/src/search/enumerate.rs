@@ -3,6 +3,7 @@
 
 use super::balance;
 use super::mix::{Mix, Slots};
+use crate::config::rules::ulysses_splits_heads;
 use crate::config::{Config, CpComm, Recompute, ScheduleKind};
 
 fn divisors(n: u64) -> impl Iterator<Item = u64> {
@@ -151,7 +152,14 @@ pub(super) fn enumerate_in(base: &Config, mbs_max: u64, domain: u32) -> Vec<Mix>
     {
         for cp in divisors(n / tp).filter(|c| c.is_power_of_two() && seq % (2 * c) == 0 && *c <= 64)
         {
-            let comms: &[CpComm] = if cp > 1 { CpComm::ALL } else { &[CpComm::P2p] };
+            // Ulysses only where each CP rank gets whole heads (config rules' own test).
+            let ulysses = ulysses_splits_heads(base, tp as u32, cp as u32);
+            let all: Vec<CpComm> = CpComm::ALL
+                .iter()
+                .copied()
+                .filter(|&c| c != CpComm::A2a || ulysses)
+                .collect();
+            let comms: &[CpComm] = if cp > 1 { &all } else { &[CpComm::P2p] };
             for pp in divisors(n / (tp * cp)).filter(|&p| p <= layers as u64) {
                 let dp = n / (tp * cp * pp);
                 let pp32 = pp as u32;
@@ -198,7 +206,38 @@ pub(super) fn enumerate_in(base: &Config, mbs_max: u64, domain: u32) -> Vec<Mix>
 
 #[cfg(test)]
 mod tests {
-    use super::micro_batches;
+    use super::{enumerate_in, micro_batches};
+    use crate::config::{Config, CpComm, GpuProfile, Layer, Resolved};
+
+    /// Ulysses is enumerated exactly where validation accepts it: Llama-3-70B's 8 KV heads
+    /// split over tp x cp up to 8 (tp 2 x cp 4 yes, tp 4 x cp 4 no), and every other CP
+    /// exchange is kept.
+    #[test]
+    fn ulysses_is_enumerated_where_its_rule_holds() {
+        let base = Config::from_layers(&[Layer::overrides(serde_json::json!({
+            "model": {"preset": "llama3-70b"},
+            "cluster": {"num_gpus": 64, "gpus_per_node": 8, "gpu": "h100-sxm"},
+            "training": {"seq_length": 8192, "global_batch_size": 64}
+        }))])
+        .unwrap();
+        let gpu = std::sync::Arc::new(GpuProfile::load(&base.cluster.gpu).unwrap());
+        let mixes = enumerate_in(&base, 1, 8);
+        let a2a = |tp: u32, cp: u32| {
+            mixes
+                .iter()
+                .any(|m| m.tp == tp && m.cp == cp && m.cp_comm == CpComm::A2a)
+        };
+        assert!(a2a(2, 4) && a2a(1, 8) && !a2a(4, 4) && !a2a(8, 2));
+        assert!(mixes
+            .iter()
+            .any(|m| m.tp == 4 && m.cp == 4 && m.cp_comm == CpComm::P2p));
+        // Each enumerated Ulysses mix passes the rule (it may fail others).
+        for m in mixes.iter().filter(|m| m.cp_comm == CpComm::A2a) {
+            if let Err(e) = Resolved::with_gpu(m.apply(&base), gpu.clone()) {
+                assert!(!e.to_string().contains("Ulysses"), "{m}: {e}");
+            }
+        }
+    }
 
     #[test]
     fn micro_batches_are_the_powers_of_two_and_a_maximum_that_is_not_one() {

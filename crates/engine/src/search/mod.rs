@@ -9,7 +9,7 @@
 use crate::config::{
     Config, CpComm, GpuProfile, PipelinePlacement, Recompute, Resolved, ScheduleKind,
 };
-use crate::estimate::{timed_ledger, Chunked, Estimate, Prepared};
+use crate::estimate::{timed_ledger, Chunked, Estimate, Prepared, RunMemo};
 use crate::layout::{GroupKind, Layout};
 use crate::network::Network;
 use rayon::prelude::*;
@@ -263,9 +263,13 @@ enum SplitScreen {
     },
 }
 
-/// The splits a run has screened so far ([`SPLIT_SHARED`]), by (first, last, slots).
+/// What a run has screened so far: its splits ([`SPLIT_SHARED`]) by (first, last, slots), and
+/// what its mixes work out alike under the run's shared timed ledger ([`RunMemo`]).
 #[derive(Default)]
-struct SplitCache(Vec<(SplitKey, SplitScreen)>);
+struct SplitCache {
+    splits: Vec<(SplitKey, SplitScreen)>,
+    memo: RunMemo,
+}
 
 /// A vpp-1 split: first and last stage layers, and the embedding/loss slots.
 type SplitKey = (Option<u32>, Option<u32>, Slots);
@@ -274,15 +278,15 @@ impl SplitCache {
     /// Splits held.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.0.len()
+        self.splits.len()
     }
 }
 
 /// Phase 1: validity, the memory lower bound and the step-time lower bound; no simulation.
 /// A mix borrows its run's timed ledger (`shared`) when its own [`TimedKey`] matches, else
 /// times its own; the per-stage costs are built only for a mix that passes the memory bound.
-/// A mix of a [`SPLIT_SHARED`] schedule takes its split's bounds from `cache` when a mix of
-/// its run with another of those schedules screened them (it is still validated itself).
+/// A mix of a [`SPLIT_SHARED`] schedule takes its split's outcome (validity included) from
+/// `cache` when a mix of its run with another of those schedules screened it.
 fn screen(
     mix: &Mix,
     spec: &SearchSpec,
@@ -295,9 +299,6 @@ fn screen(
     if !spec.constraints.iter().all(|c| c.holds(mix, dp)) {
         return Screened::Constraint;
     }
-    let Some(r) = resolve(mix, spec, gpu) else {
-        return Screened::Invalid;
-    };
     let slot = SPLIT_SHARED
         .iter()
         .position(|&k| k == mix.schedule)
@@ -311,31 +312,52 @@ fn screen(
             time_lb: busy_lb.max(drain_lb[slot]),
         },
     };
+    // No rule tells these schedules apart at vpp 1 (one chunk per rank, the same loop
+    // placement), so a split's validity holds for all three: a cached split is not
+    // validated again.
     if let Some(slot) = slot {
-        if let Some(&(_, s)) = cache.0.iter().find(|(k, _)| *k == split) {
+        if let Some(&(_, s)) = cache.splits.iter().find(|(k, _)| *k == split) {
             return of(s, slot);
         }
     }
+    let Some(r) = resolve(mix, spec, gpu) else {
+        if slot.is_some() {
+            cache.splits.push((split, SplitScreen::Invalid));
+        }
+        return Screened::Invalid;
+    };
     let network = network_of(mix, &r, links);
     let key = timed_key(mix, &network);
-    let chunked = match shared {
-        Some((k, ledger, s)) if *k == key => {
-            Chunked::new(&r, Cow::Borrowed(ledger), Cow::Borrowed(s))
-        }
+    // The run's static memories hold for the run's shared ledger only.
+    let (chunked, borrowed) = match shared {
+        Some((k, ledger, s)) if *k == key => (
+            Chunked::new(&r, Cow::Borrowed(ledger), Cow::Borrowed(s)),
+            true,
+        ),
         _ => {
             let (ledger, s) = timed_ledger(&r, &network);
-            Chunked::new(&r, Cow::Owned(ledger), Cow::Owned(s))
+            (Chunked::new(&r, Cow::Owned(ledger), Cow::Owned(s)), false)
         }
     };
-    if chunked.memory_lower_bound() > r.gpu.usable_memory_bytes() {
+    let memory_lb = if borrowed {
+        chunked.memory_lower_bound_memo(&mut cache.memo)
+    } else {
+        chunked.memory_lower_bound()
+    };
+    if memory_lb > r.gpu.usable_memory_bytes() {
         if slot.is_some() {
-            cache.0.push((split, SplitScreen::MemoryBound));
+            cache.splits.push((split, SplitScreen::MemoryBound));
         }
         return Screened::MemoryBound;
     }
-    let Ok(prep) = chunked.prepare(network) else {
+    let prepared = if borrowed {
+        chunked.prepare_memo(network, &mut cache.memo)
+    } else {
+        chunked.prepare(network)
+    };
+    let Ok(prep) = prepared else {
         if slot.is_some() {
-            cache.0.push((split, SplitScreen::Invalid));
+            cache.splits.push((split, SplitScreen::Invalid));
         }
         return Screened::Invalid;
     };
@@ -349,7 +371,7 @@ fn screen(
         busy_lb: prep.busy_lower_bound(),
         drain_lb: SPLIT_SHARED.map(|k| prep.drain_lower_bound_as(k)),
     };
-    cache.0.push((split, s));
+    cache.splits.push((split, s));
     of(s, slot)
 }
 

@@ -4,6 +4,17 @@
 
 use super::super::{Config, CpComm, Violation};
 
+/// Whether Ulysses' all-to-all can give each of `cp` ranks whole heads of a `tp` rank's share:
+/// the heads (and, without MLA's shared latent, the KV heads) per TP rank divide by `cp`. The
+/// search enumerates Ulysses only where this holds.
+pub fn ulysses_splits_heads(cfg: &Config, tp: u32, cp: u32) -> bool {
+    let m = &cfg.model;
+    let (tp, cp) = (u64::from(tp.max(1)), u64::from(cp.max(1)));
+    let heads_rank = m.num_attention_heads as u64 / tp;
+    let groups_rank = m.num_query_groups as u64 / tp;
+    heads_rank % cp == 0 && (m.mla.is_some() || groups_rank % cp == 0)
+}
+
 /// Ulysses needs the heads per TP rank divisible by CP; CP runs on fused attention; the
 /// sequence splits into CP chunks (2 CP for zigzag and all-gather).
 pub fn context_parallel(cfg: &Config) -> Vec<Violation> {
@@ -14,7 +25,7 @@ pub fn context_parallel(cfg: &Config) -> Vec<Violation> {
     if p.cp_comm == CpComm::A2a && p.cp > 1 && heads % p.tp as u64 == 0 {
         let heads_rank = heads / p.tp as u64;
         let groups_rank = groups / p.tp as u64;
-        if heads_rank % p.cp as u64 != 0 || (m.mla.is_none() && groups_rank % p.cp as u64 != 0) {
+        if !ulysses_splits_heads(cfg, p.tp, p.cp) {
             errs.push(
                 Violation::new(
                     "parallel.cp",

@@ -16,6 +16,7 @@ mod precision;
 mod shape;
 mod training;
 
+pub use context::ulysses_splits_heads;
 pub use pipeline::stage_layer_counts;
 
 use super::{Config, ConfigError, GpuProfile, PositionEmbedding, Violation};

@@ -1,0 +1,82 @@
+//! Ranks that hold the same blocks share their static memory ([`RankStatic`]): worked out
+//! once per set of alike ranks within a mix, and, through [`RankStaticMemo`], once per run of
+//! a search's mixes that differ only in their pipeline split.
+
+use super::{hands_off, same_blocks, RankStatic};
+use crate::config::Resolved;
+use crate::model::{ChunkContents, Ledger, LedgerSummary};
+
+/// Static memories already worked out ([`RankStatic`]), by the blocks a rank holds (whatever
+/// their stages), its backward split and hand-off. Valid for one resolved run of mixes that
+/// differ only in their pipeline split (vpp, schedule, first/last stage layers, slots) and
+/// share one timed ledger: none of those enters a rank's static memory, so a search screening
+/// such a run reuses the middle ranks' figures from one split to the next.
+#[derive(Default)]
+pub struct RankStaticMemo(Vec<(Vec<ChunkContents>, RankStatic)>);
+
+impl RankStaticMemo {
+    /// True when nothing is kept yet.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn find(&self, chunks: &[ChunkContents], split: bool) -> Option<RankStatic> {
+        let handoff = hands_off(chunks);
+        self.0
+            .iter()
+            .find(|(k, st)| st.split == split && st.handoff == handoff && same_blocks(k, chunks))
+            .map(|(_, st)| *st)
+    }
+}
+
+/// Each rank's [`RankStatic`] (its backward split as asked), worked out once per set of alike
+/// ranks (the same blocks, split and hand-off: the middle of a pipeline), on demand; from
+/// `memo` when given (and kept there).
+pub(super) struct AlikeRanks<'a, 'm> {
+    r: &'a Resolved,
+    s: &'a LedgerSummary,
+    l: &'a Ledger,
+    chunks: &'a [Vec<ChunkContents>],
+    seen: Vec<(usize, RankStatic)>,
+    pub(super) memo: Option<&'m mut RankStaticMemo>,
+}
+
+impl<'a, 'm> AlikeRanks<'a, 'm> {
+    pub(super) fn new(
+        r: &'a Resolved,
+        s: &'a LedgerSummary,
+        l: &'a Ledger,
+        chunks: &'a [Vec<ChunkContents>],
+    ) -> Self {
+        AlikeRanks {
+            r,
+            s,
+            l,
+            chunks,
+            seen: Vec::new(),
+            memo: None,
+        }
+    }
+
+    /// `rank`'s static memory with its backward `split` or not, and whether it is the first
+    /// of its set of alike ranks asked for.
+    pub(super) fn of(&mut self, rank: usize, split: bool) -> (RankStatic, bool) {
+        let ch = &self.chunks[rank];
+        let chunks = self.chunks;
+        let known = self.seen.iter().find(|(k, st)| {
+            st.split == split && st.handoff == hands_off(ch) && same_blocks(&chunks[*k], ch)
+        });
+        if let Some((_, st)) = known {
+            return (*st, false);
+        }
+        let kept = self.memo.as_deref().and_then(|m| m.find(ch, split));
+        let st = kept.unwrap_or_else(|| RankStatic::of(self.r, self.s, self.l, ch, split));
+        if kept.is_none() {
+            if let Some(m) = self.memo.as_deref_mut() {
+                m.0.push((ch.clone(), st));
+            }
+        }
+        self.seen.push((rank, st));
+        (st, true)
+    }
+}
