@@ -215,6 +215,27 @@ impl<const N: usize> Ends<N> {
     }
 }
 
+impl<const N: usize> Ends<N> {
+    /// Records that `a` ended at `t1`; returns the input that end is to the next action that
+    /// needs it (on stage s + 1 for a forward, s - 1 for a gradient; none for a W or past
+    /// the ends of the pipeline).
+    fn store(&mut self, a: &Action, t1: [f64; N], stages: u32) -> Option<Input> {
+        let s = a.stage;
+        let cell = self.cell(s, a.microbatch);
+        match a.kind {
+            ActionKind::F => {
+                self.f[cell] = t1;
+                (s + 1 < stages).then_some(Input::Forward(cell))
+            }
+            ActionKind::B | ActionKind::I => {
+                self.g[cell] = t1;
+                (s > 0).then_some(Input::Gradient(cell))
+            }
+            ActionKind::W => None,
+        }
+    }
+}
+
 /// An input an action waits for: the end of the forward (F) or of the input-gradient
 /// backward (B or I) of a cell.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -248,6 +269,37 @@ pub(super) fn play<const N: usize>(
     let mut busy = vec![[0.0f64; N]; pp];
     // Per rank: the input it is parked on, if any. A rank is woken only by the end of that
     // input (on another rank), so it is not retried for actions that cannot help it.
+    if let Some(order) = checked.1 {
+        for &(r, k) in &order.0 {
+            let (r, k) = (r as usize, k as usize);
+            let acts = &program.ranks[r];
+            let n = if acts[k].overlap == Overlap::First {
+                2
+            } else {
+                1
+            };
+            let slot = &acts[k..k + n];
+            let mut t0 = free[r];
+            for b in slot {
+                // Every input was produced earlier in the order.
+                let t = ends.ready(b, &lanes).map_err(|_| {
+                    ScheduleError::InvalidProgram(format!(
+                        "the play order reaches rank {r} action {k} before its inputs"
+                    ))
+                })?;
+                t0 = max(t0, t);
+            }
+            let dur = slot_duration(slot, &lanes, overlap_factor);
+            let t1 = plus(t0, dur);
+            free[r] = t1;
+            busy[r] = plus(busy[r], dur);
+            for b in slot {
+                record(r, spans(t0, t1));
+                ends.store(b, t1, stages);
+            }
+        }
+        return Ok(played(&free, &busy));
+    }
     let mut parked: Vec<Option<Input>> = vec![None; pp];
     let mut stack: Vec<usize> = (0..pp).rev().collect();
 
@@ -276,39 +328,20 @@ pub(super) fn play<const N: usize>(
                 parked[r] = blocked;
                 break;
             }
-            let duration = |b: &Action| lanes[b.stage as usize].duration[kind_slot(b.kind)];
-            let dur = if n == 2 {
-                let both = plus(duration(a), duration(&acts[k + 1]));
-                std::array::from_fn(|i| overlap_factor[i] * both[i])
-            } else {
-                duration(a)
-            };
+            let dur = slot_duration(slot, &lanes, overlap_factor);
             let t1 = plus(t0, dur);
             rank_free = t1;
             rank_busy = plus(rank_busy, dur);
             for b in slot {
-                record(
-                    r,
-                    std::array::from_fn(|i| Span {
-                        start: t0[i],
-                        end: t1[i],
-                    }),
-                );
-                let s = b.stage;
-                let cell = ends.cell(s, b.microbatch);
+                record(r, spans(t0, t1));
                 // The end just produced, and the rank that consumes it.
-                let wake = match b.kind {
-                    ActionKind::F => {
-                        ends.f[cell] = t1;
-                        (s + 1 < stages)
-                            .then(|| (lanes[s as usize + 1].owner, Input::Forward(cell)))
-                    }
-                    ActionKind::B | ActionKind::I => {
-                        ends.g[cell] = t1;
-                        (s > 0).then(|| (lanes[s as usize - 1].owner, Input::Gradient(cell)))
-                    }
-                    ActionKind::W => None,
-                };
+                let wake = ends.store(b, t1, stages).map(|input| {
+                    let consumer = match input {
+                        Input::Forward(_) => b.stage as usize + 1,
+                        Input::Gradient(_) => b.stage as usize - 1,
+                    };
+                    (lanes[consumer].owner, input)
+                });
                 if let Some((q, input)) = wake {
                     let q = q as usize;
                     if q != r && parked[q] == Some(input) {
@@ -327,10 +360,40 @@ pub(super) fn play<const N: usize>(
     if let Some(err) = deadlock(program, &pc) {
         return Err(err);
     }
-    Ok(std::array::from_fn(|i| Played {
+    Ok(played(&free, &busy))
+}
+
+/// Each lane's [`Played`] from the ranks' free times and busy times.
+fn played<const N: usize>(free: &[[f64; N]], busy: &[[f64; N]]) -> [Played; N] {
+    std::array::from_fn(|i| Played {
         finish: free.iter().map(|t| t[i]).collect(),
         busy: busy.iter().map(|t| t[i]).collect(),
-    }))
+    })
+}
+
+/// How long a slot (one action, or the two halves of an overlapped DualPipe-V slot at the
+/// overlap factor) takes, per lane.
+fn slot_duration<const N: usize>(
+    slot: &[Action],
+    lanes: &[StageLanes<N>],
+    overlap_factor: [f64; N],
+) -> [f64; N] {
+    let duration = |b: &Action| lanes[b.stage as usize].duration[kind_slot(b.kind)];
+    match slot {
+        [a, b] => {
+            let both = plus(duration(a), duration(b));
+            std::array::from_fn(|i| overlap_factor[i] * both[i])
+        }
+        _ => duration(&slot[0]),
+    }
+}
+
+/// One span per lane from start and end times.
+fn spans<const N: usize>(t0: [f64; N], t1: [f64; N]) -> [Span; N] {
+    std::array::from_fn(|i| Span {
+        start: t0[i],
+        end: t1[i],
+    })
 }
 
 /// The program and costs describe the same stages, and the cells fit the simulator's indices.
@@ -350,7 +413,7 @@ fn check_costs(program: &Program, costs: &Costs) -> Result<(), ScheduleError> {
 /// [`super::MAX_CELLS`], [`check_program`]): plays of it skip them, so the estimate, which
 /// plays one program with several cost sets, checks it once.
 #[derive(Debug, Clone, Copy)]
-pub struct CheckedProgram<'a>(&'a Program);
+pub struct CheckedProgram<'a>(&'a Program, Option<&'a PlayOrder>);
 
 impl<'a> CheckedProgram<'a> {
     /// Checks `program`. Errors: a rank count other than pp, too many cells, or an invalid
@@ -372,18 +435,54 @@ impl<'a> CheckedProgram<'a> {
             });
         }
         check_program(program)?;
-        Ok(CheckedProgram(program))
+        Ok(CheckedProgram(program, None))
     }
 
     /// A program that passed [`CheckedProgram::new`] before (kept by
     /// [`super::GeneratedProgram`]).
-    pub(super) fn already_checked(program: &'a Program) -> Self {
-        CheckedProgram(program)
+    pub(super) fn already_checked(program: &'a Program, order: Option<&'a PlayOrder>) -> Self {
+        CheckedProgram(program, order)
     }
 
     /// The program itself.
     pub fn program(&self) -> &'a Program {
         self.0
+    }
+}
+
+/// The order in which a checked program's slots can be played: every input of a slot is
+/// produced by a slot before it. It depends on the program alone (whether an action can start
+/// depends on which inputs exist, never on when), so a program played many times (the
+/// estimate's, a search's) finds it once, by a play with free actions, and then plays
+/// straight down the list without parking and waking ranks. Each entry is a rank and the
+/// index of its slot's first action.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlayOrder(Vec<(u32, u32)>);
+
+impl PlayOrder {
+    /// The order of `checked`'s slots as the parking walk of [`play`] meets them. Errors: a
+    /// deadlock.
+    pub fn of(checked: CheckedProgram) -> Result<PlayOrder, ScheduleError> {
+        let program = checked.program();
+        let stages = program.num_stages() as usize;
+        let free = Costs::from_split(
+            vec![0.0; stages],
+            vec![0.0; stages],
+            vec![0.0; stages],
+            0.0,
+            vec![0.0; stages.saturating_sub(1)],
+        )?;
+        let mut order = Vec::with_capacity(program.ranks.iter().map(Vec::len).sum());
+        let mut next = vec![0u32; program.ranks.len()];
+        let walk = CheckedProgram(program, None);
+        play(walk, [&free], |r, _| {
+            let k = next[r];
+            next[r] += 1;
+            if program.ranks[r][k as usize].overlap != Overlap::Second {
+                order.push((r as u32, k));
+            }
+        })?;
+        Ok(PlayOrder(order))
     }
 }
 

@@ -328,14 +328,19 @@ impl Run {
                 .par_iter()
                 .map(|(mix, _)| simulate_one(mix, spec, gpu, links))
                 .collect();
+            // Every candidate is counted once: a mix that fails here (its estimate refused it)
+            // is invalid, not simulated.
             for r in results {
-                self.evaluated += 1;
                 match r {
                     Simulated::Fits(r) => {
+                        self.evaluated += 1;
                         self.bounds.record(&r.mix, r.estimate.time.step_s);
                         self.fits.push(*r);
                     }
-                    Simulated::DoesNotFit => self.pruned.memory += 1,
+                    Simulated::DoesNotFit => {
+                        self.evaluated += 1;
+                        self.pruned.memory += 1;
+                    }
                     Simulated::Invalid => self.pruned.invalid += 1,
                 }
             }
