@@ -20,11 +20,10 @@ impl RankStaticMemo {
         self.0.is_empty()
     }
 
-    fn find(&self, chunks: &[ChunkContents], split: bool) -> Option<RankStatic> {
-        let handoff = hands_off(chunks);
+    fn find(&self, chunks: &[ChunkContents], split: bool, handoff: bool) -> Option<RankStatic> {
         self.0
             .iter()
-            .find(|(k, st)| st.split == split && st.handoff == handoff && same_blocks(k, chunks))
+            .find(|(k, st)| alike(st, split, handoff, k, chunks))
             .map(|(_, st)| *st)
     }
 }
@@ -63,13 +62,18 @@ impl<'a, 'm> AlikeRanks<'a, 'm> {
     pub(super) fn of(&mut self, rank: usize, split: bool) -> (RankStatic, bool) {
         let ch = &self.chunks[rank];
         let chunks = self.chunks;
-        let known = self.seen.iter().find(|(k, st)| {
-            st.split == split && st.handoff == hands_off(ch) && same_blocks(&chunks[*k], ch)
-        });
+        let handoff = hands_off(ch);
+        let known = self
+            .seen
+            .iter()
+            .find(|(k, st)| alike(st, split, handoff, &chunks[*k], ch));
         if let Some((_, st)) = known {
             return (*st, false);
         }
-        let kept = self.memo.as_deref().and_then(|m| m.find(ch, split));
+        let kept = self
+            .memo
+            .as_deref()
+            .and_then(|m| m.find(ch, split, handoff));
         let st = kept.unwrap_or_else(|| RankStatic::of(self.r, self.s, self.l, ch, split));
         if kept.is_none() {
             if let Some(m) = self.memo.as_deref_mut() {
@@ -79,4 +83,16 @@ impl<'a, 'm> AlikeRanks<'a, 'm> {
         self.seen.push((rank, st));
         (st, true)
     }
+}
+
+/// Whether `st`, worked out for a rank holding `held`, serves a rank holding `chunks` with
+/// that backward `split` and `handoff`: the same blocks, whatever their stages.
+fn alike(
+    st: &RankStatic,
+    split: bool,
+    handoff: bool,
+    held: &[ChunkContents],
+    chunks: &[ChunkContents],
+) -> bool {
+    st.split == split && st.handoff == handoff && same_blocks(held, chunks)
 }

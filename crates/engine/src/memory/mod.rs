@@ -283,14 +283,7 @@ pub fn stage_memories<'p>(
     chunks: &[Vec<ChunkContents>],
     pipeline: impl Fn(usize) -> Pipeline<'p>,
 ) -> Vec<StageMemory> {
-    let mut alike = AlikeRanks::new(r, s, l, chunks);
-    (0..chunks.len())
-        .map(|rank| {
-            let pl = pipeline(rank);
-            let (st, _) = alike.of(rank, splits_backward(&pl));
-            st.memory(r, s, rank as u32, &chunks[rank], pl)
-        })
-        .collect()
+    rank_memories(r, s, l, chunks, pipeline).collect()
 }
 
 /// The largest of [`stage_memories`]' totals, or, once some rank's total exceeds
@@ -304,17 +297,30 @@ pub fn peak_total_until<'p>(
     pipeline: impl Fn(usize) -> Pipeline<'p>,
     stop_above: u64,
 ) -> u64 {
-    let mut alike = AlikeRanks::new(r, s, l, chunks);
     let mut most = 0;
-    for (rank, ch) in chunks.iter().enumerate() {
-        let pl = pipeline(rank);
-        let (st, _) = alike.of(rank, splits_backward(&pl));
-        most = most.max(st.memory(r, s, rank as u32, ch, pl).total);
+    for m in rank_memories(r, s, l, chunks, pipeline) {
+        most = most.max(m.total);
         if most > stop_above {
             break;
         }
     }
     most
+}
+
+/// [`stage_memory`] of each pipeline rank in turn, worked out as the caller asks for it.
+fn rank_memories<'a, 'p>(
+    r: &'a Resolved,
+    s: &'a LedgerSummary,
+    l: &'a Ledger,
+    chunks: &'a [Vec<ChunkContents>],
+    pipeline: impl Fn(usize) -> Pipeline<'p> + 'a,
+) -> impl Iterator<Item = StageMemory> + 'a {
+    let mut alike = AlikeRanks::new(r, s, l, chunks);
+    (0..chunks.len()).map(move |rank| {
+        let pl = pipeline(rank);
+        let (st, _) = alike.of(rank, splits_backward(&pl));
+        st.memory(r, s, rank as u32, &chunks[rank], pl)
+    })
 }
 
 /// The most loaded rank's total with `sets` activation sets in flight on each rank

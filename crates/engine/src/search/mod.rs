@@ -339,23 +339,15 @@ fn screen(
             (Chunked::new(&r, Cow::Owned(ledger), Cow::Owned(s)), false)
         }
     };
-    let memory_lb = if borrowed {
-        chunked.memory_lower_bound_memo(&mut cache.memo)
-    } else {
-        chunked.memory_lower_bound()
-    };
-    if memory_lb > r.gpu.usable_memory_bytes() {
+    let mut own = RunMemo::default();
+    let memo = if borrowed { &mut cache.memo } else { &mut own };
+    if chunked.memory_lower_bound_memo(memo) > r.gpu.usable_memory_bytes() {
         if slot.is_some() {
             cache.splits.push((split, SplitScreen::MemoryBound));
         }
         return Screened::MemoryBound;
     }
-    let prepared = if borrowed {
-        chunked.prepare_memo(network, &mut cache.memo)
-    } else {
-        chunked.prepare(network)
-    };
-    let Ok(prep) = prepared else {
+    let Ok(prep) = chunked.prepare_memo(network, memo) else {
         if slot.is_some() {
             cache.splits.push((split, SplitScreen::Invalid));
         }
