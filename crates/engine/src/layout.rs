@@ -14,6 +14,7 @@
 //! groups. EP need not divide DP: only expert_tp x ep must divide tp x cp x dp
 //! ([`Layout::with_expert_tp`]).
 
+use arrayvec::ArrayVec;
 use serde::Serialize;
 use std::fmt;
 
@@ -415,7 +416,7 @@ impl Layout {
 
     /// (rank stride, size) of each axis a `kind` group varies along that has more than one
     /// rank, fastest first: two kinds with the same list have the same groups, on either grid.
-    pub fn varied_axes(&self, kind: GroupKind) -> Vec<(u32, u32)> {
+    pub fn varied_axes(&self, kind: GroupKind) -> ArrayVec<(u32, u32), 5> {
         let grid = self.grid(kind);
         varied_positions(grid, kind.axes())
             .into_iter()
@@ -429,27 +430,37 @@ impl Layout {
     /// default) these are members per node and nodes.
     pub fn group_geometry(&self, kind: GroupKind, rank: u32) -> (u32, u32, u32) {
         let grid = self.grid(kind);
-        let base = digits(grid, rank);
+        let mut base = digits(grid, rank);
         let varied = varied_positions(grid, kind.axes());
-        let size: u32 = varied.iter().map(|&i| grid[i].1).product();
-        let (mut first, mut per_node, mut nodes, mut last) = (u32::MAX, 0, 0, u32::MAX);
-        for mut k in 0..size {
-            let mut d = base;
-            for &i in &varied {
-                d[i] = k % grid[i].1;
-                k /= grid[i].1;
-            }
-            // Members come in increasing rank order, so domains do too.
-            let node = self.domain_of(compose(grid, &d));
-            if first == u32::MAX {
-                first = node;
-            }
-            if node == first {
-                per_node += 1;
-            }
+        // Members in increasing rank order (the fastest varied axis first), stepped as an
+        // odometer: each varied axis adds its stride, and wrapping takes back its span.
+        let mut odometer = [(0u64, 0u32, 0u32); 5]; // (stride, size, digit)
+        for (slot, &i) in odometer.iter_mut().zip(&varied) {
+            let stride: u64 = grid[..i].iter().map(|&(_, s)| u64::from(s)).product();
+            *slot = (stride, grid[i].1, 0);
+            base[i] = 0;
+        }
+        let odometer = &mut odometer[..varied.len()];
+        let size: u32 = odometer.iter().map(|&(_, n, _)| n).product();
+        let mut member = u64::from(compose(grid, &base));
+        let domain = |m: u64| m / u64::from(self.nvlink_domain_size);
+        let first = domain(member);
+        let (mut per_node, mut nodes, mut last) = (0, 0, u64::MAX);
+        for _ in 0..size {
+            let node = domain(member);
+            per_node += u32::from(node == first);
             if node != last {
                 nodes += 1;
                 last = node;
+            }
+            for (stride, n, digit) in odometer.iter_mut() {
+                *digit += 1;
+                member += *stride;
+                if *digit < *n {
+                    break;
+                }
+                *digit = 0;
+                member -= *stride * u64::from(*n);
             }
         }
         (size, per_node, nodes)
@@ -508,8 +519,8 @@ impl Layout {
 }
 
 /// Positions on `grid` (fastest first) of `axes` that have more than one rank.
-fn varied_positions(grid: &Grid, axes: &[Axis]) -> Vec<usize> {
-    let mut v: Vec<usize> = axes
+fn varied_positions(grid: &Grid, axes: &[Axis]) -> ArrayVec<usize, 5> {
+    let mut v: ArrayVec<usize, 5> = axes
         .iter()
         .map(|a| position(grid, *a))
         .filter(|&i| grid[i].1 > 1)

@@ -22,6 +22,16 @@ use crate::time::StepTime;
 /// memory walk ([`crate::memory::activation_peak`]).
 const MAX_WALKED_CELLS: u64 = 1 << 16;
 
+/// What rank `rank` of the generated program `g` runs, for the memory walk: its actions, with
+/// the live sets kept with the program where they are whole passes.
+fn walked(g: &GeneratedProgram, rank: usize) -> Pipeline<'_> {
+    let actions = &g.program().ranks[rank];
+    match g.whole_passes_sets(rank) {
+        Some(sets) => Pipeline::WholePasses { actions, sets },
+        None => Pipeline::Actions(actions),
+    }
+}
+
 /// The simulated schedule: the generated program when short enough to walk, the simulation,
 /// and (for the bubble split) the run with free hops.
 struct Simulated {
@@ -183,7 +193,7 @@ impl Prepared<'_> {
         let r = self.r;
         let par = &r.config.parallel;
         if let Some(g) = &simulated.generated {
-            return self.walked_stages(g.program());
+            return self.walked_stages(g);
         }
         let sim = &simulated.sim;
         stage_memories(r, &self.s, &self.ledger, &self.chunks, |rank| {
@@ -194,10 +204,10 @@ impl Prepared<'_> {
         })
     }
 
-    /// Memory stage by stage from each rank's action list in `program`.
-    fn walked_stages(&self, program: &crate::schedule::Program) -> Vec<StageMemory> {
+    /// Memory stage by stage from each rank's action list in the generated program `g`.
+    fn walked_stages(&self, g: &GeneratedProgram) -> Vec<StageMemory> {
         stage_memories(self.r, &self.s, &self.ledger, &self.chunks, |rank| {
-            Pipeline::Actions(&program.ranks[rank])
+            walked(g, rank)
         })
     }
 
@@ -218,13 +228,12 @@ impl Prepared<'_> {
             return Ok(None);
         }
         let g = GeneratedProgram::of(par.schedule, par.pp, par.vpp, r.microbatches)?;
-        let program = g.program();
         Ok(Some(peak_total_until(
             r,
             &self.s,
             &self.ledger,
             &self.chunks,
-            |rank| Pipeline::Actions(&program.ranks[rank]),
+            |rank| walked(&g, rank),
             stop_above,
         )))
     }

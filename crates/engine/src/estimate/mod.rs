@@ -412,10 +412,14 @@ impl<'a> Prepared<'a> {
                 .map(|(b, n)| n * trainable_of(b))
                 .sum()
         };
+        // Ranks that share a step-collective list hold the same blocks: one count each.
         let per_gpu_max = self
             .chunks
             .iter()
-            .map(|c| rank_params(c, s).rank())
+            .zip(&self.step_of)
+            .enumerate()
+            .filter(|&(rank, (_, j))| !self.step_of[..rank].contains(j))
+            .map(|(_, (c, _))| rank_params(c, s).rank())
             .max()
             .unwrap_or(0);
         let final_norm: u64 = ledger

@@ -162,7 +162,7 @@ impl<'a> Chunked<'a> {
 
     /// The per-stage costs and what each rank does after its last backward, on `network`.
     pub fn prepare(self, network: Cow<'a, Network>) -> Result<Prepared<'a>, EstimateError> {
-        self.prepare_memo(network, &mut RunMemo::default())
+        self.prepare_with(network, None)
     }
 
     /// [`Chunked::prepare`] with chunk times and each rank's step-level collectives, tail and
@@ -173,6 +173,19 @@ impl<'a> Chunked<'a> {
         network: Cow<'a, Network>,
         memo: &mut RunMemo,
     ) -> Result<Prepared<'a>, EstimateError> {
+        self.prepare_with(network, Some(memo))
+    }
+
+    /// [`Chunked::prepare_memo`], or with nothing kept past this mix (`None`: alike chunks and
+    /// ranks are still worked out once within it).
+    fn prepare_with(
+        self,
+        network: Cow<'a, Network>,
+        memo: Option<&mut RunMemo>,
+    ) -> Result<Prepared<'a>, EstimateError> {
+        let mut own = RunMemo::default();
+        let keep = memo.is_some();
+        let memo = memo.unwrap_or(&mut own);
         let Chunked {
             r,
             ledger,
@@ -218,7 +231,9 @@ impl<'a> Chunked<'a> {
                 rates.memory_s(step_bytes) + rates.memory_s(cast_bytes) + muon_ns_s(r, &muon);
             let done = (dp_tail_s(r, &network, &s, ch, &rank_step), optimizer_s);
             after.push(done);
-            memo.ranks.push((ch.clone(), rank_step.clone(), done));
+            if keep {
+                memo.ranks.push((ch.clone(), rank_step.clone(), done));
+            }
             step_of.push(step.len());
             step.push(rank_step);
         }

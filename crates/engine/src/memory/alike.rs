@@ -12,7 +12,7 @@ use crate::model::{ChunkContents, Ledger, LedgerSummary};
 /// share one timed ledger: none of those enters a rank's static memory, so a search screening
 /// such a run reuses the middle ranks' figures from one split to the next.
 #[derive(Default)]
-pub struct RankStaticMemo(Vec<(Vec<ChunkContents>, RankStatic)>);
+pub struct RankStaticMemo(Vec<(u64, Vec<ChunkContents>, RankStatic)>);
 
 impl RankStaticMemo {
     /// True when nothing is kept yet.
@@ -20,11 +20,17 @@ impl RankStaticMemo {
         self.0.is_empty()
     }
 
-    fn find(&self, chunks: &[ChunkContents], split: bool, handoff: bool) -> Option<RankStatic> {
+    fn find(
+        &self,
+        key: u64,
+        chunks: &[ChunkContents],
+        split: bool,
+        handoff: bool,
+    ) -> Option<RankStatic> {
         self.0
             .iter()
-            .find(|(k, st)| alike(st, split, handoff, k, chunks))
-            .map(|(_, st)| *st)
+            .find(|(h, k, st)| *h == key && alike(st, split, handoff, k, chunks))
+            .map(|(_, _, st)| *st)
     }
 }
 
@@ -36,7 +42,7 @@ pub(super) struct AlikeRanks<'a, 'm> {
     s: &'a LedgerSummary,
     l: &'a Ledger,
     chunks: &'a [Vec<ChunkContents>],
-    seen: Vec<(usize, RankStatic)>,
+    seen: Vec<(usize, u64, RankStatic)>,
     pub(super) memo: Option<&'m mut RankStaticMemo>,
 }
 
@@ -60,29 +66,58 @@ impl<'a, 'm> AlikeRanks<'a, 'm> {
     /// `rank`'s static memory with its backward `split` or not, and whether it is the first
     /// of its set of alike ranks asked for.
     pub(super) fn of(&mut self, rank: usize, split: bool) -> (RankStatic, bool) {
+        let (st, first, _) = self.indexed(rank, split);
+        (st, first)
+    }
+
+    /// [`AlikeRanks::of`], with the index of `rank`'s set of alike ranks (in the order the
+    /// sets were first asked for).
+    pub(super) fn indexed(&mut self, rank: usize, split: bool) -> (RankStatic, bool, usize) {
         let ch = &self.chunks[rank];
         let chunks = self.chunks;
         let handoff = hands_off(ch);
+        let key = blocks_key(ch);
         let known = self
             .seen
             .iter()
-            .find(|(k, st)| alike(st, split, handoff, &chunks[*k], ch));
-        if let Some((_, st)) = known {
-            return (*st, false);
+            .position(|(k, h, st)| *h == key && alike(st, split, handoff, &chunks[*k], ch));
+        if let Some(i) = known {
+            return (self.seen[i].2, false, i);
         }
         let kept = self
             .memo
             .as_deref()
-            .and_then(|m| m.find(ch, split, handoff));
+            .and_then(|m| m.find(key, ch, split, handoff));
         let st = kept.unwrap_or_else(|| RankStatic::of(self.r, self.s, self.l, ch, split));
         if kept.is_none() {
             if let Some(m) = self.memo.as_deref_mut() {
-                m.0.push((ch.clone(), st));
+                m.0.push((key, ch.clone(), st));
             }
         }
-        self.seen.push((rank, st));
-        (st, true)
+        self.seen.push((rank, key, st));
+        (st, true, self.seen.len() - 1)
     }
+}
+
+/// A fingerprint of the blocks a rank holds, chunk by chunk, whatever their stages: equal for
+/// ranks that hold the same blocks ([`same_blocks`]), so most ranks that do not are told apart
+/// by one comparison.
+fn blocks_key(chunks: &[ChunkContents]) -> u64 {
+    let mut h = chunks.len() as u64;
+    for c in chunks {
+        let fields = [
+            u64::from(c.embedding) | u64::from(c.output) << 1,
+            c.dense_layers.into(),
+            c.moe_layers.into(),
+            c.mtp_layers.into(),
+            c.hp_dense_layers.into(),
+            c.hp_moe_layers.into(),
+        ];
+        for x in fields.into_iter().chain(c.variant_layers.map(u64::from)) {
+            h = (h.rotate_left(5) ^ x).wrapping_mul(0x517c_c1b7_2722_0a95);
+        }
+    }
+    h
 }
 
 /// Whether `st`, worked out for a rank holding `held`, serves a rank holding `chunks` with

@@ -4,7 +4,8 @@
 
 use crate::config::{Recompute, Resolved};
 use crate::model::{
-    optimizer_bytes, rank_params, BlockSummary, ChunkContents, Ledger, LedgerSummary, ParamSums,
+    held_blocks, optimizer_bytes, rank_params, BlockSummary, ChunkContents, Ledger, LedgerSummary,
+    ParamSums,
 };
 use crate::schedule::{Action, ActionKind};
 use serde::Serialize;
@@ -94,7 +95,8 @@ impl RankPhases {
     /// buffers category, one chunk's for the moments of that chunk's passes, which hold only
     /// its own blocks' transients.
     fn of(&self, s: &LedgerSummary, chunks: &[ChunkContents]) -> PhaseBuffers {
-        let blocks = || chunks.iter().flat_map(|c| c.blocks(s)).map(|(b, _)| b);
+        let held = held_blocks(chunks, s);
+        let blocks = || held.iter().copied();
         let (zero, w, g) = (self.zero, self.weight_bytes, self.grad_bytes);
         let gathered_of = |b: &BlockSummary| if zero >= 3 { b.params.rank() * w } else { 0 };
         let bucket_of = |b: &BlockSummary| {
@@ -190,45 +192,15 @@ pub fn activation_peak(
     recompute: Recompute,
     phases: &[(u32, PhaseBuffers)],
 ) -> ActivationPeak {
-    let chunk = |stage: u32| -> ChunkBytes<i128> {
-        let mut c: ChunkBytes<i128> = ChunkBytes {
-            stage,
-            ..ChunkBytes::default()
-        };
-        for ch in chunks.iter().filter(|c| c.stage == stage as usize) {
-            for (b, n) in ch.blocks(s) {
-                let n = n as i128;
-                c.saved += b.saved as i128 * n;
-                c.pending += b.wgrad_pending as i128 * n;
-                if recompute == Recompute::Full && b.saved != b.saved_all {
-                    c.rebuilt = c.rebuilt.max((b.saved_all - b.saved) as i128);
-                }
-            }
-            if ch.output {
-                c.tail += s.output.saved as i128;
-                c.tail_pending += s.output.wgrad_pending as i128;
-            }
-        }
-        let phase = phases
-            .iter()
-            .find(|(st, _)| *st == stage)
-            .map(|(_, p)| *p)
-            .unwrap_or_default();
-        c.fwd = phase.forward as i128;
-        c.out_fwd = phase.output_forward as i128;
-        c.out_bwd = phase.output_backward as i128;
-        c.layer_bwd = phase.layer_backward as i128;
-        c.wpass = phase.weight_pass as i128;
-        c
-    };
+    let chunk = |stage: u32| chunk_bytes(chunks, s, recompute, phases, stage);
     // A rank holds a few chunks: a short list beats a hash map. Each with the buffers of its
     // passes, looked up once here rather than per action.
     let (peak, with) = match chunks {
-        [only] => walk::peaks(actions, &[chunk(only.stage as u32)]),
+        [only] => walk::peaks(actions, &[chunk(only.stage as u32)], None),
         _ => {
             let by_stage: Vec<ChunkBytes<i128>> =
                 chunks.iter().map(|c| chunk(c.stage as u32)).collect();
-            walk::peaks(actions, &by_stage)
+            walk::peaks(actions, &by_stage, None)
         }
     };
     ActivationPeak {
@@ -237,11 +209,55 @@ pub fn activation_peak(
     }
 }
 
+/// The bytes the activation walk adds for the chunks of `chunks` at `stage`, with the buffers
+/// of their passes from `phases` (by stage).
+fn chunk_bytes(
+    chunks: &[ChunkContents],
+    s: &LedgerSummary,
+    recompute: Recompute,
+    phases: &[(u32, PhaseBuffers)],
+    stage: u32,
+) -> ChunkBytes<i128> {
+    let mut c: ChunkBytes<i128> = ChunkBytes {
+        stage,
+        ..ChunkBytes::default()
+    };
+    for ch in chunks.iter().filter(|c| c.stage == stage as usize) {
+        for (b, n) in ch.blocks(s) {
+            let n = n as i128;
+            c.saved += b.saved as i128 * n;
+            c.pending += b.wgrad_pending as i128 * n;
+            if recompute == Recompute::Full && b.saved != b.saved_all {
+                c.rebuilt = c.rebuilt.max((b.saved_all - b.saved) as i128);
+            }
+        }
+        if ch.output {
+            c.tail += s.output.saved as i128;
+            c.tail_pending += s.output.wgrad_pending as i128;
+        }
+    }
+    let phase = phases
+        .iter()
+        .find(|(st, _)| *st == stage)
+        .map(|(_, p)| *p)
+        .unwrap_or_default();
+    c.fwd = phase.forward as i128;
+    c.out_fwd = phase.output_forward as i128;
+    c.out_bwd = phase.output_backward as i128;
+    c.layer_bwd = phase.layer_backward as i128;
+    c.wpass = phase.weight_pass as i128;
+    c
+}
+
 /// What a pipeline rank runs, for its activation peak.
 #[derive(Debug, Clone, Copy)]
 pub enum Pipeline<'a> {
     /// Its action list from the schedule generator: the exact walk of [`activation_peak`].
     Actions(&'a [Action]),
+    /// The same, for an action list of whole forwards and backwards of one stage with at most
+    /// `sets` live ([`crate::schedule::whole_passes_sets`], kept with a generated program):
+    /// the walk's result in closed form.
+    WholePasses { actions: &'a [Action], sets: u32 },
     /// Only the peak number of live chunk sets (programs too long to walk, or a lower bound):
     /// that many sets of the rank's average chunk, plus the layer full recompute rebuilds;
     /// `split` when the schedule splits its backward (its W pass fills the gradient bucket).
@@ -270,7 +286,8 @@ pub fn stage_memory(
     chunks: &[ChunkContents],
     pipeline: Pipeline,
 ) -> StageMemory {
-    RankStatic::of(r, s, l, chunks, splits_backward(&pipeline)).memory(r, s, rank, chunks, pipeline)
+    let st = RankStatic::of(r, s, l, chunks, splits_backward(&pipeline));
+    st.memory(r, s, rank, chunks, pipeline, None)
 }
 
 /// [`stage_memory`] of every pipeline rank (`pipeline(rank)` is what it runs). Ranks that hold
@@ -316,10 +333,21 @@ fn rank_memories<'a, 'p>(
     pipeline: impl Fn(usize) -> Pipeline<'p> + 'a,
 ) -> impl Iterator<Item = StageMemory> + 'a {
     let mut alike = AlikeRanks::new(r, s, l, chunks);
+    // Each set of alike ranks' walk bytes (ranks of one chunk), worked out by its first.
+    let mut bytes: Vec<Option<ChunkBytes<i128>>> = Vec::new();
+    let recompute = r.config.training.recompute;
     (0..chunks.len()).map(move |rank| {
         let pl = pipeline(rank);
-        let (st, _) = alike.of(rank, splits_backward(&pl));
-        st.memory(r, s, rank as u32, &chunks[rank], pl)
+        let (st, first, set) = alike.indexed(rank, splits_backward(&pl));
+        if first {
+            let single = match &chunks[rank][..] {
+                [only] => Some(st.single_bytes(s, recompute, only)),
+                _ => None,
+            };
+            bytes.push(single);
+        }
+        let single = bytes.get(set).and_then(Option::as_ref);
+        st.memory(r, s, rank as u32, &chunks[rank], pl, single)
     })
 }
 
@@ -355,7 +383,7 @@ pub fn inflight_peak_bytes_memo(
         .filter_map(|rank| {
             let (st, first) = alike.of(rank, split);
             let pl = Pipeline::Inflight { sets, split };
-            first.then(|| st.memory(r, s, rank as u32, &chunks[rank], pl).total)
+            first.then(|| st.memory(r, s, rank as u32, &chunks[rank], pl, None).total)
         })
         .max()
         .unwrap_or(0)
@@ -378,6 +406,7 @@ pub fn same_blocks(a: &[ChunkContents], b: &[ChunkContents]) -> bool {
 fn splits_backward(pipeline: &Pipeline) -> bool {
     match pipeline {
         Pipeline::Actions(actions) => actions.iter().any(|a| a.kind == ActionKind::I),
+        Pipeline::WholePasses { .. } => false,
         Pipeline::Inflight { split, .. } => *split,
     }
 }
@@ -485,7 +514,8 @@ impl RankStatic {
         //   its W pass, where nothing else is transient.
         // The buffers category takes the rank's worst phase; the activation walk takes each pass
         // with its own chunk's transients (`RankPhases::of` on that chunk alone).
-        let blocks = || chunks.iter().flat_map(|c| c.blocks(s)).map(|(b, _)| b);
+        let held = held_blocks(chunks, s);
+        let blocks = || held.iter().copied();
         let mut fixed = r.gpu.runtime_overhead_bytes;
         fixed += blocks().map(|b| b.sp_gather).max().unwrap_or(0);
         // Pipeline: the receive buffer, and a send buffer. A chunk's output waits in it from its
@@ -555,7 +585,20 @@ impl RankStatic {
         }
     }
 
-    /// The rank's memory with its activation walk over `pipeline`.
+    /// What the activation walk adds for a rank of the one chunk `only`.
+    fn single_bytes(
+        &self,
+        s: &LedgerSummary,
+        recompute: Recompute,
+        only: &ChunkContents,
+    ) -> ChunkBytes<i128> {
+        let stage = only.stage as u32;
+        let only = std::slice::from_ref(only);
+        chunk_bytes(only, s, recompute, &[(stage, self.phase)], stage)
+    }
+
+    /// The rank's memory with its activation walk over `pipeline`; `single`, for a rank of
+    /// one chunk, the walk's bytes of an alike rank (its stage aside), else worked out here.
     fn memory(
         &self,
         r: &Resolved,
@@ -563,6 +606,7 @@ impl RankStatic {
         rank: u32,
         chunks: &[ChunkContents],
         pipeline: Pipeline,
+        single: Option<&ChunkBytes<i128>>,
     ) -> StageMemory {
         let tr = &r.config.training;
         let RankStatic {
@@ -580,10 +624,23 @@ impl RankStatic {
         // total takes each moment with the buffers of the phase running then.
         let peak = match pipeline {
             // A rank of one chunk (no interleaving) has its rank-wide phases as that chunk's.
-            Pipeline::Actions(actions) => match chunks {
+            Pipeline::Actions(actions) | Pipeline::WholePasses { actions, .. } => match chunks {
                 [only] => {
-                    let phases = [(only.stage as u32, phase)];
-                    activation_peak(actions, chunks, s, tr.recompute, &phases)
+                    let whole = match pipeline {
+                        Pipeline::WholePasses { sets, .. } => Some(sets),
+                        _ => None,
+                    };
+                    // Alike ranks share their bytes; this one walks at its own stage.
+                    let stage = only.stage as u32;
+                    let c = match single {
+                        Some(c) => ChunkBytes { stage, ..*c },
+                        None => self.single_bytes(s, tr.recompute, only),
+                    };
+                    let (peak, with) = walk::peaks(actions, &[c], whole);
+                    ActivationPeak {
+                        activations: peak.max(0) as u64,
+                        with_buffers: with.max(0) as u64,
+                    }
                 }
                 _ => {
                     let phases: Vec<(u32, PhaseBuffers)> = chunks

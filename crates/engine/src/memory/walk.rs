@@ -3,7 +3,7 @@
 //! walk subtracts what it frees, so i128 always holds them; i64, when the walk's largest
 //! possible sum fits, gives the same result with half-width arithmetic.
 
-use crate::schedule::{Action, ActionKind};
+use crate::schedule::{whole_passes_sets, Action, ActionKind};
 use std::ops::{Add, Sub};
 
 /// One chunk's bytes as the walk adds them, with the buffers of its passes.
@@ -66,7 +66,22 @@ impl ChunkBytes<i128> {
 /// in i64 when no sum of the walk can leave it, else in i128. Every field is non-negative
 /// and each action moves the live bytes by at most one field, so no sum exceeds
 /// (actions + 4) x 4 x the largest field.
-pub(super) fn peaks(actions: &[Action], chunks: &[ChunkBytes<i128>]) -> (i128, i128) {
+/// `whole_sets`, when given, says the actions are whole forwards and backwards of one stage,
+/// each set freed, at most that many live (what [`crate::schedule::whole_passes_sets`] finds).
+pub(super) fn peaks(
+    actions: &[Action],
+    chunks: &[ChunkBytes<i128>],
+    whole_sets: Option<u32>,
+) -> (i128, i128) {
+    if let [only] = chunks {
+        let on_chunk = actions.first().is_none_or(|a| a.stage == only.stage);
+        let sets = whole_sets
+            .or_else(|| whole_passes_sets(actions))
+            .filter(|_| on_chunk);
+        if let Some(p) = sets.and_then(|k| whole_passes_peaks(only, k.into())) {
+            return p;
+        }
+    }
     let largest = chunks
         .iter()
         .flat_map(ChunkBytes::fields)
@@ -90,6 +105,37 @@ pub(super) fn peaks(actions: &[Action], chunks: &[ChunkBytes<i128>]) -> (i128, i
         }
     }
     walk(actions, chunks)
+}
+
+/// [`walk`]'s result, in closed form, for a rank of one chunk `c` whose actions are whole
+/// forwards and backwards with at most `sets` live ([`whole_passes_sets`]); `None` when a field
+/// is negative. Every term the walk takes grows with the live bytes, and the most sets live,
+/// K, are reached by a forward that a backward follows (another forward would make K + 1): so
+/// each term is largest at K live sets, which is what walking K forwards and K backwards gives.
+fn whole_passes_peaks(c: &ChunkBytes<i128>, sets: u64) -> Option<(i128, i128)> {
+    if c.fields().iter().any(|&x| x < 0) {
+        return None;
+    }
+    if sets == 0 {
+        return Some((0, 0));
+    }
+    let l = i128::from(sets) * c.saved;
+    let layers = l - c.tail + c.rebuilt;
+    let peak = l.max(layers).max(0);
+    let mut with = [
+        layers + c.fwd,
+        l + if c.tail > 0 { c.out_fwd } else { c.fwd },
+        l,
+        layers + c.layer_bwd,
+        0,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
+    if c.tail > 0 {
+        with = with.max(l + c.out_bwd);
+    }
+    Some((peak, with))
 }
 
 /// The walk itself (docs on [`super::activation_peak`]): (peak, peak with buffers).
@@ -191,12 +237,94 @@ mod tests {
         let wide = walk(&actions, &small);
         let narrow = walk(&actions, &[small[0].narrow().expect("fits")]);
         assert_eq!(wide, (narrow.0.into(), narrow.1.into()));
-        assert_eq!(peaks(&actions, &small), wide);
+        assert_eq!(peaks(&actions, &small, None), wide);
         // By hand with S = 2^62 saved bytes a set: F, F (2 S live), I frees S - S/4 (1.25 S),
         // then the third F holds 2.25 S, less its tail S/8 plus the rebuilt S/2 while its
         // layers run: 2.625 S = 2^63 + 2^61 + 2^59, past i64.
         let huge = [chunk(1i128 << 62)];
-        let (peak, _) = peaks(&actions, &huge);
+        let (peak, _) = peaks(&actions, &huge, None);
         assert_eq!(peak, (1i128 << 63) + (1i128 << 61) + (1i128 << 59));
+    }
+
+    /// The closed form of a rank of whole forwards and backwards is the walk's result, on
+    /// random orders (every prefix frees no more sets than it made) and random byte counts,
+    /// with and without an output block; anything else (a split backward, a second stage,
+    /// a set never freed) is left to the walk.
+    #[test]
+    fn whole_passes_closed_form_is_the_walk() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut draw = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut compared = 0;
+        for case in 0..400 {
+            let mut field = || i128::from(draw(1 << 40));
+            let saved = field();
+            let c = ChunkBytes {
+                stage: 3,
+                saved,
+                pending: field() % (saved + 1),
+                tail: if case % 2 == 0 {
+                    0
+                } else {
+                    field() % (saved + 1)
+                },
+                tail_pending: field() % 1000,
+                rebuilt: if case % 3 == 0 { 0 } else { field() },
+                fwd: field(),
+                out_fwd: field(),
+                out_bwd: field(),
+                layer_bwd: field(),
+                wpass: field(),
+            };
+            let n = 1 + draw(12);
+            let (mut made, mut freed) = (0, 0);
+            let mut actions = Vec::new();
+            while freed < n {
+                let forward = made < n && (made == freed || draw(2) == 0);
+                let kind = if forward {
+                    ActionKind::F
+                } else {
+                    ActionKind::B
+                };
+                actions.push(Action::new(kind, 3, 0));
+                if forward {
+                    made += 1;
+                } else {
+                    freed += 1;
+                }
+            }
+            let sets = whole_passes_sets(&actions).expect("whole passes");
+            let closed = whole_passes_peaks(&c, sets.into()).expect("no negative field");
+            assert_eq!(closed, walk(&actions, &[c]), "case {case}: {actions:?}");
+            assert_eq!(peaks(&actions, &[c], None), closed);
+            assert_eq!(peaks(&actions, &[c], Some(sets)), closed);
+            compared += 1;
+        }
+        assert_eq!(compared, 400);
+        let c = ChunkBytes {
+            stage: 0,
+            saved: 10,
+            ..ChunkBytes::default()
+        };
+        let split = [ActionKind::F, ActionKind::I, ActionKind::W];
+        let split: Vec<Action> = split.iter().map(|&k| Action::new(k, 0, 0)).collect();
+        assert_eq!(whole_passes_sets(&split), None);
+        let two_stages = [
+            Action::new(ActionKind::F, 0, 0),
+            Action::new(ActionKind::F, 1, 0),
+        ];
+        assert_eq!(whole_passes_sets(&two_stages), None);
+        assert_eq!(whole_passes_sets(&[Action::new(ActionKind::F, 0, 0)]), None);
+        let other_stage = [
+            Action::new(ActionKind::F, 1, 0),
+            Action::new(ActionKind::B, 1, 0),
+        ];
+        assert_eq!(whole_passes_sets(&other_stage), Some(1));
+        // Whole passes, but of a stage the chunk is not: the walk's answer (nothing live).
+        assert_eq!(peaks(&other_stage, &[c], None), walk(&other_stage, &[c]));
     }
 }

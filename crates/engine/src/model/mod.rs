@@ -29,8 +29,8 @@ pub use op::{
 };
 pub use optimizer::{optimizer_bytes, OptimizerState};
 pub use summary::{
-    chunks_per_rank, rank_muon, rank_params, BlockSummary, BlockTimes, ChunkContents, GroupSeconds,
-    LedgerSummary,
+    chunks_per_rank, held_blocks, rank_muon, rank_params, BlockSummary, BlockTimes, ChunkContents,
+    GroupSeconds, LedgerSummary,
 };
 
 use crate::config::{AttentionSpan, HybridLayer, Recompute, Resolved};

@@ -4,6 +4,7 @@
 
 use super::{Block, GroupBytes, Ledger, ParamSums};
 use crate::config::{ModelConfig, Recompute, Resolved, MAX_LAYER_VARIANTS};
+use arrayvec::ArrayVec;
 
 /// Seconds per group, for breakdowns.
 pub type GroupSeconds = GroupBytes;
@@ -284,7 +285,10 @@ pub fn chunks_per_rank(r: &Resolved) -> Vec<Vec<ChunkContents>> {
     let bf16 = r.config.training.bf16_layers();
     let pl = &r.placement;
     let last = pl.num_stages() - 1;
-    let mut out = vec![Vec::new(); r.config.parallel.pp as usize];
+    let vpp = r.config.parallel.vpp as usize;
+    let mut out: Vec<Vec<ChunkContents>> = (0..r.config.parallel.pp)
+        .map(|_| Vec::with_capacity(vpp))
+        .collect();
     for (stage, layers) in pl.stage_layers.iter().enumerate() {
         let mut c = ChunkContents {
             stage,
@@ -300,6 +304,24 @@ pub fn chunks_per_rank(r: &Resolved) -> Vec<Vec<ChunkContents>> {
 }
 
 /// Parameters held by one pipeline rank (before ZeRO-3 sharding).
+/// The distinct blocks of a rank's `chunks`, whatever their counts: what per-block maxima (the
+/// phase buffers, the largest gathered unit) read, gathered once rather than walking every
+/// chunk's blocks for each.
+pub fn held_blocks<'a>(
+    chunks: &[ChunkContents],
+    s: &'a LedgerSummary,
+) -> ArrayVec<&'a BlockSummary, { 7 + MAX_LAYER_VARIANTS }> {
+    let mut held: ArrayVec<&'a BlockSummary, { 7 + MAX_LAYER_VARIANTS }> = ArrayVec::new();
+    for c in chunks {
+        for (b, _) in c.blocks(s) {
+            if !held.iter().any(|h| std::ptr::eq(*h, b)) {
+                held.push(b);
+            }
+        }
+    }
+    held
+}
+
 /// This rank's Muon share over its chunks ([`super::muon::MuonSums`]).
 pub fn rank_muon(chunks: &[ChunkContents], s: &LedgerSummary) -> super::muon::MuonSums {
     let mut m = super::muon::MuonSums::default();

@@ -93,7 +93,7 @@ impl Network {
     pub fn new(layout: &Layout, gpu: &GpuProfile) -> Network {
         // Kinds that vary the same non-trivial axes (e.g. dp and expert_dp when ep = 1) share
         // one computation.
-        let mut seen: Vec<(Vec<(u32, u32)>, GroupGeometry)> =
+        let mut seen: Vec<(arrayvec::ArrayVec<(u32, u32), 5>, GroupGeometry)> =
             Vec::with_capacity(GroupKind::ALL.len());
         let geometry = GroupKind::ALL.map(|k| {
             let axes = layout.varied_axes(k);

@@ -50,12 +50,15 @@ pub fn simulate_summaries<const N: usize>(
     costs: [&Costs; N],
 ) -> Result<[PipelineSummary; N], ScheduleError> {
     let played = play(program, costs, |_, _| {})?;
-    let peak_inflight: Vec<u32> = program
-        .program()
-        .ranks
-        .iter()
-        .map(|a| peak_live(a))
-        .collect();
+    let peak_inflight: Vec<u32> = match program.1 {
+        Some(order) => order.peak_live.clone(),
+        None => program
+            .program()
+            .ranks
+            .iter()
+            .map(|a| peak_live(a))
+            .collect(),
+    };
     let makespan = |p: &super::simulate::Played| p.finish.iter().copied().fold(0.0, f64::max);
     for p in &played {
         let makespan = makespan(p);

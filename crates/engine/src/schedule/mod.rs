@@ -26,6 +26,7 @@ mod extrapolate;
 mod gpipe;
 mod interleaved;
 mod one_f_one_b;
+mod play_order;
 mod program_cache;
 mod simulate;
 mod zbv;
@@ -40,7 +41,9 @@ pub use extrapolate::{
     simulates_in_full, PipelineSummary,
 };
 pub use program_cache::GeneratedProgram;
-pub use simulate::{check_program, peak_live, simulate, CheckedProgram, Simulation, Span};
+pub use simulate::{
+    check_program, peak_live, simulate, whole_passes_sets, CheckedProgram, Simulation, Span,
+};
 
 /// The most stage-microbatch pairs (`pp * vpp * microbatches`) one program may hold: about
 /// 150 bytes each between the action lists and the simulated spans, so a program stays under

@@ -3,7 +3,8 @@
 //! search that share a pipeline shape, play the same one. [`GeneratedProgram::of`] generates
 //! and checks a shape once per thread and hands out the shared program after.
 
-use super::simulate::{CheckedProgram, PlayOrder};
+use super::play_order::PlayOrder;
+use super::simulate::CheckedProgram;
 use super::{generate, Program, ScheduleError, ScheduleKind};
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -14,10 +15,10 @@ pub struct GeneratedProgram(Rc<(Program, PlayOrder)>);
 
 type Shape = (ScheduleKind, u32, u32, u32);
 
-/// Programs kept per thread, and the most actions they may hold together (about 12 bytes
-/// each): past either the oldest go first.
+/// Programs kept per thread, and the most actions they may hold together (about 44 bytes
+/// each with their compiled play order): past either the oldest go first.
 const CAPACITY: usize = 32;
-const MAX_ACTIONS: usize = 1 << 20;
+const MAX_ACTIONS: usize = 1 << 19;
 
 thread_local! {
     static PROGRAMS: RefCell<Vec<(Shape, GeneratedProgram)>> = const { RefCell::new(Vec::new()) };
@@ -65,6 +66,12 @@ impl GeneratedProgram {
     /// The program itself.
     pub fn program(&self) -> &Program {
         &self.0 .0
+    }
+
+    /// Rank `rank`'s most live activation sets when its actions are whole forwards and
+    /// backwards of one stage ([`super::whole_passes_sets`]), `None` otherwise.
+    pub fn whole_passes_sets(&self, rank: usize) -> Option<u32> {
+        self.0 .1.whole_sets.get(rank).copied().flatten()
     }
 
     /// The program as checked (it was, when generated), played in its [`PlayOrder`].

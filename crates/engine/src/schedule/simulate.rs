@@ -17,6 +17,7 @@
 use super::action::{rank_of_stage, Action, ActionKind, Overlap, Program};
 use super::costs::Costs;
 use super::error::ScheduleError;
+use super::play_order::PlayOrder;
 
 /// Start and end time of one action.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -138,14 +139,14 @@ fn stage_lanes<const N: usize>(program: &Program, costs: [&Costs; N]) -> Vec<Sta
         .collect()
 }
 
-fn plus<const N: usize>(a: [f64; N], b: [f64; N]) -> [f64; N] {
+pub(super) fn plus<const N: usize>(a: [f64; N], b: [f64; N]) -> [f64; N] {
     std::array::from_fn(|i| a[i] + b[i])
 }
 
 /// The later of two times, lane by lane. Times here are never NaN (sums of finite,
 /// non-negative costs, [`Costs::validate`]), so a plain comparison gives what `f64::max` does
 /// without its NaN handling.
-fn max<const N: usize>(a: [f64; N], b: [f64; N]) -> [f64; N] {
+pub(super) fn max<const N: usize>(a: [f64; N], b: [f64; N]) -> [f64; N] {
     std::array::from_fn(|i| if b[i] > a[i] { b[i] } else { a[i] })
 }
 
@@ -259,6 +260,9 @@ pub(super) fn play<const N: usize>(
     for c in costs {
         check_costs(program, c)?;
     }
+    if let Some(order) = checked.1 {
+        return Ok(order.play(program, costs, record));
+    }
     let stages = program.num_stages();
     let pp = program.pp as usize;
     let lanes = stage_lanes(program, costs);
@@ -269,37 +273,6 @@ pub(super) fn play<const N: usize>(
     let mut busy = vec![[0.0f64; N]; pp];
     // Per rank: the input it is parked on, if any. A rank is woken only by the end of that
     // input (on another rank), so it is not retried for actions that cannot help it.
-    if let Some(order) = checked.1 {
-        for &(r, k) in &order.0 {
-            let (r, k) = (r as usize, k as usize);
-            let acts = &program.ranks[r];
-            let n = if acts[k].overlap == Overlap::First {
-                2
-            } else {
-                1
-            };
-            let slot = &acts[k..k + n];
-            let mut t0 = free[r];
-            for b in slot {
-                // Every input was produced earlier in the order.
-                let t = ends.ready(b, &lanes).map_err(|_| {
-                    ScheduleError::InvalidProgram(format!(
-                        "the play order reaches rank {r} action {k} before its inputs"
-                    ))
-                })?;
-                t0 = max(t0, t);
-            }
-            let dur = slot_duration(slot, &lanes, overlap_factor);
-            let t1 = plus(t0, dur);
-            free[r] = t1;
-            busy[r] = plus(busy[r], dur);
-            for b in slot {
-                record(r, spans(t0, t1));
-                ends.store(b, t1, stages);
-            }
-        }
-        return Ok(played(&free, &busy));
-    }
     let mut parked: Vec<Option<Input>> = vec![None; pp];
     let mut stack: Vec<usize> = (0..pp).rev().collect();
 
@@ -364,7 +337,7 @@ pub(super) fn play<const N: usize>(
 }
 
 /// Each lane's [`Played`] from the ranks' free times and busy times.
-fn played<const N: usize>(free: &[[f64; N]], busy: &[[f64; N]]) -> [Played; N] {
+pub(super) fn played<const N: usize>(free: &[[f64; N]], busy: &[[f64; N]]) -> [Played; N] {
     std::array::from_fn(|i| Played {
         finish: free.iter().map(|t| t[i]).collect(),
         busy: busy.iter().map(|t| t[i]).collect(),
@@ -389,7 +362,7 @@ fn slot_duration<const N: usize>(
 }
 
 /// One span per lane from start and end times.
-fn spans<const N: usize>(t0: [f64; N], t1: [f64; N]) -> [Span; N] {
+pub(super) fn spans<const N: usize>(t0: [f64; N], t1: [f64; N]) -> [Span; N] {
     std::array::from_fn(|i| Span {
         start: t0[i],
         end: t1[i],
@@ -413,7 +386,7 @@ fn check_costs(program: &Program, costs: &Costs) -> Result<(), ScheduleError> {
 /// [`super::MAX_CELLS`], [`check_program`]): plays of it skip them, so the estimate, which
 /// plays one program with several cost sets, checks it once.
 #[derive(Debug, Clone, Copy)]
-pub struct CheckedProgram<'a>(&'a Program, Option<&'a PlayOrder>);
+pub struct CheckedProgram<'a>(pub(super) &'a Program, pub(super) Option<&'a PlayOrder>);
 
 impl<'a> CheckedProgram<'a> {
     /// Checks `program`. Errors: a rank count other than pp, too many cells, or an invalid
@@ -447,42 +420,6 @@ impl<'a> CheckedProgram<'a> {
     /// The program itself.
     pub fn program(&self) -> &'a Program {
         self.0
-    }
-}
-
-/// The order in which a checked program's slots can be played: every input of a slot is
-/// produced by a slot before it. It depends on the program alone (whether an action can start
-/// depends on which inputs exist, never on when), so a program played many times (the
-/// estimate's, a search's) finds it once, by a play with free actions, and then plays
-/// straight down the list without parking and waking ranks. Each entry is a rank and the
-/// index of its slot's first action.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PlayOrder(Vec<(u32, u32)>);
-
-impl PlayOrder {
-    /// The order of `checked`'s slots as the parking walk of [`play`] meets them. Errors: a
-    /// deadlock.
-    pub fn of(checked: CheckedProgram) -> Result<PlayOrder, ScheduleError> {
-        let program = checked.program();
-        let stages = program.num_stages() as usize;
-        let free = Costs::from_split(
-            vec![0.0; stages],
-            vec![0.0; stages],
-            vec![0.0; stages],
-            0.0,
-            vec![0.0; stages.saturating_sub(1)],
-        )?;
-        let mut order = Vec::with_capacity(program.ranks.iter().map(Vec::len).sum());
-        let mut next = vec![0u32; program.ranks.len()];
-        let walk = CheckedProgram(program, None);
-        play(walk, [&free], |r, _| {
-            let k = next[r];
-            next[r] += 1;
-            if program.ranks[r][k as usize].overlap != Overlap::Second {
-                order.push((r as u32, k));
-            }
-        })?;
-        Ok(PlayOrder(order))
     }
 }
 
@@ -550,6 +487,28 @@ pub(super) fn bubble_fraction(makespan: f64, busy: &[f64]) -> f64 {
     } else {
         0.0
     }
+}
+
+/// The most activation sets live at once on a rank whose actions are only whole forwards
+/// and backwards of one stage, each forward's set freed by a later backward (GPipe's and
+/// 1F1B's ranks); `None` for any other list.
+pub fn whole_passes_sets(actions: &[Action]) -> Option<u32> {
+    let stage = actions.first().map_or(0, |a| a.stage);
+    let (mut live, mut most) = (0u32, 0u32);
+    for a in actions {
+        if a.stage != stage {
+            return None;
+        }
+        match a.kind {
+            ActionKind::F => {
+                live += 1;
+                most = most.max(live);
+            }
+            ActionKind::B if live > 0 => live -= 1,
+            _ => return None,
+        }
+    }
+    (live == 0).then_some(most)
 }
 
 /// Peak live activation sets of one rank's action list: +1 at each F, -1 after the action
