@@ -127,8 +127,27 @@ impl Resolved {
 
     /// As [`Resolved::new`] with an already-loaded profile.
     pub fn with_gpu(
+        config: Config,
+        gpu: impl Into<Arc<GpuProfile>>,
+    ) -> Result<Resolved, ConfigError> {
+        Self::with_gpu_checking(config, gpu, false)
+    }
+
+    /// As [`Resolved::with_gpu`] for a configuration that differs only in its pipeline split
+    /// from one that passed it with the same profile: only the rules that read the split are
+    /// checked again ([`rules::check_split`]), the rest held for the other. A search screens
+    /// the mixes of one run this way.
+    pub fn resplit(
+        config: Config,
+        gpu: impl Into<Arc<GpuProfile>>,
+    ) -> Result<Resolved, ConfigError> {
+        Self::with_gpu_checking(config, gpu, true)
+    }
+
+    fn with_gpu_checking(
         mut config: Config,
         gpu: impl Into<Arc<GpuProfile>>,
+        split_only: bool,
     ) -> Result<Resolved, ConfigError> {
         let mut gpu: Arc<GpuProfile> = gpu.into();
         if let Some(margin) = config.cluster.memory_margin_fraction {
@@ -163,7 +182,11 @@ impl Resolved {
                 g.tables.attention_kernel = None;
             }
         }
-        rules::check(&config, &gpu)?;
+        if split_only {
+            rules::check_split(&config)?;
+        } else {
+            rules::check(&config, &gpu)?;
+        }
         // The profile's NVLink domain (GB200/GB300 NVL72) filled in where it is not the node;
         // one that does not fit the cluster is named in a warning.
         let mut domain_warning = None;

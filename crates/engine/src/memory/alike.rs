@@ -43,6 +43,8 @@ pub(super) struct AlikeRanks<'a, 'm> {
     l: &'a Ledger,
     chunks: &'a [Vec<ChunkContents>],
     seen: Vec<(usize, u64, RankStatic)>,
+    /// Each rank's set in `seen` (by rank; `usize::MAX` for a rank not asked for).
+    set_of: Vec<usize>,
     pub(super) memo: Option<&'m mut RankStaticMemo>,
 }
 
@@ -59,6 +61,7 @@ impl<'a, 'm> AlikeRanks<'a, 'm> {
             l,
             chunks,
             seen: Vec::new(),
+            set_of: Vec::new(),
             memo: None,
         }
     }
@@ -76,6 +79,41 @@ impl<'a, 'm> AlikeRanks<'a, 'm> {
         let ch = &self.chunks[rank];
         let chunks = self.chunks;
         let handoff = hands_off(ch);
+        // The middle of a pipeline: most often the rank before holds the same blocks.
+        if let Some(i) = rank.checked_sub(1).and_then(|before| {
+            let i = self
+                .set_of
+                .get(before)
+                .copied()
+                .filter(|&i| i != usize::MAX)?;
+            let st = &self.seen[i].2;
+            alike(st, split, handoff, &chunks[before], ch).then_some(i)
+        }) {
+            self.remember(rank, i);
+            return (self.seen[i].2, false, i);
+        }
+        let (st, first, i) = self.find_or_work_out(rank, split, handoff);
+        self.remember(rank, i);
+        (st, first, i)
+    }
+
+    /// Notes that `rank` is of set `i`.
+    fn remember(&mut self, rank: usize, i: usize) {
+        if self.set_of.len() <= rank {
+            self.set_of.resize(rank + 1, usize::MAX);
+        }
+        self.set_of[rank] = i;
+    }
+
+    /// [`AlikeRanks::indexed`] past the rank before: the sets seen, the memo, or worked out now.
+    fn find_or_work_out(
+        &mut self,
+        rank: usize,
+        split: bool,
+        handoff: bool,
+    ) -> (RankStatic, bool, usize) {
+        let ch = &self.chunks[rank];
+        let chunks = self.chunks;
         let key = blocks_key(ch);
         let known = self
             .seen

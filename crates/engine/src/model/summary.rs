@@ -251,23 +251,36 @@ impl ChunkContents {
             mtp_layers: m.mtp_num_layers,
             ..ChunkContents::default()
         };
-        c.count_layers(m, 0..m.num_layers, (0, 0));
+        c.count_layers(m, &m.layer_variants(), 0..m.num_layers, (0, 0));
         c
     }
 
     /// Adds the layers `layers` (0-based decoder layers) by kind; of the full-attention dense
     /// and MoE layers, the first `bf16.0` and last `bf16.1` of the model as bf16 layers.
-    fn count_layers(&mut self, m: &ModelConfig, layers: std::ops::Range<u32>, bf16: (u32, u32)) {
-        let variants = m.layer_variants();
+    fn count_layers(
+        &mut self,
+        m: &ModelConfig,
+        variants: &[crate::config::LayerKind],
+        layers: std::ops::Range<u32>,
+        bf16: (u32, u32),
+    ) {
         let hp = |l: u32| l < bf16.0 || l >= m.num_layers.saturating_sub(bf16.1);
         if variants.is_empty() && bf16 == (0, 0) {
-            let moe = layers.clone().filter(|&l| m.is_moe_layer(l)).count() as u32;
+            // MoE from layer `moe_first_k_dense` on (no pattern): counted, not walked.
+            let moe = if !m.is_moe() {
+                0
+            } else if m.moe_layer_pattern.is_empty() && m.hybrid_layer_pattern.is_none() {
+                let from = layers.start.max(m.moe_first_k_dense);
+                layers.end.saturating_sub(from)
+            } else {
+                layers.clone().filter(|&l| m.is_moe_layer(l)).count() as u32
+            };
             self.moe_layers += moe;
             self.dense_layers += layers.len() as u32 - moe;
             return;
         }
         for l in layers {
-            match m.variant_of(l, &variants) {
+            match m.variant_of(l, variants) {
                 Some(i) => self.variant_layers[i] += 1,
                 None if m.is_moe_layer(l) && hp(l) => self.hp_moe_layers += 1,
                 None if m.is_moe_layer(l) => self.moe_layers += 1,
@@ -283,6 +296,7 @@ pub fn chunks_per_rank(r: &Resolved) -> Vec<Vec<ChunkContents>> {
     let m = &r.config.model;
     // The layers a low-precision recipe keeps in bf16 (the ledger's `dense_hp` / `moe_hp`).
     let bf16 = r.config.training.bf16_layers();
+    let variants = m.layer_variants();
     let pl = &r.placement;
     let last = pl.num_stages() - 1;
     let vpp = r.config.parallel.vpp as usize;
@@ -297,7 +311,7 @@ pub fn chunks_per_rank(r: &Resolved) -> Vec<Vec<ChunkContents>> {
             mtp_layers: if stage == last { m.mtp_num_layers } else { 0 },
             ..ChunkContents::default()
         };
-        c.count_layers(m, layers.clone(), bf16);
+        c.count_layers(m, &variants, layers.clone(), bf16);
         out[pl.stage_rank[stage] as usize].push(c);
     }
     out
@@ -342,4 +356,32 @@ pub fn rank_params(chunks: &[ChunkContents], s: &LedgerSummary) -> ParamSums {
         }
     }
     p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::presets::preset;
+
+    /// MoE layers from `moe_first_k_dense` on are counted by range arithmetic; the count equals
+    /// asking each layer of every range (DeepSeek-V3's three dense layers first, and a model
+    /// with no MoE layer).
+    #[test]
+    fn counted_moe_layers_equal_the_layers_asked_one_by_one() {
+        for name in ["deepseek-v3", "llama3-8b"] {
+            let m = preset(name).unwrap();
+            for a in 0..=m.num_layers {
+                for b in a..=m.num_layers {
+                    let mut c = ChunkContents::default();
+                    c.count_layers(&m, &[], a..b, (0, 0));
+                    let moe = (a..b).filter(|&l| m.is_moe_layer(l)).count() as u32;
+                    assert_eq!(
+                        (c.moe_layers, c.dense_layers),
+                        (moe, b - a - moe),
+                        "{name} {a}..{b}"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -145,6 +145,18 @@ fn resolve(mix: &Mix, spec: &SearchSpec, gpu: &Gpu) -> Option<Resolved> {
     Resolved::with_gpu(mix.apply(&spec.base), Arc::clone(gpu)).ok()
 }
 
+/// [`resolve`] for a mix of a run in which another mix passed every rule (`checked`): only the
+/// rules that read the split are checked again ([`Resolved::resplit`]); `checked` is set once
+/// a mix passes them all.
+fn resolve_in_run(mix: &Mix, spec: &SearchSpec, gpu: &Gpu, checked: &mut bool) -> Option<Resolved> {
+    if *checked {
+        return Resolved::resplit(mix.apply(&spec.base), Arc::clone(gpu)).ok();
+    }
+    let r = resolve(mix, spec, gpu);
+    *checked = r.is_some();
+    r
+}
+
 /// What a timed ledger depends on within one search: everything but the layer split and the
 /// schedule, save the pipeline's shape ([`pipeline_shape`]).
 type LedgerKey = (u32, u32, CpComm, u32, u8, u32, u8, u64, Recompute);
@@ -263,12 +275,15 @@ enum SplitScreen {
     },
 }
 
-/// What a run has screened so far: its splits ([`SPLIT_SHARED`]) by (first, last, slots), and
-/// what its mixes work out alike under the run's shared timed ledger ([`RunMemo`]).
+/// What a run has screened so far: its splits ([`SPLIT_SHARED`]) by (first, last, slots),
+/// what its mixes work out alike under the run's shared timed ledger ([`RunMemo`]), and
+/// whether one of them passed every rule.
 #[derive(Default)]
 struct SplitCache {
     splits: Vec<(SplitKey, SplitScreen)>,
     memo: RunMemo,
+    /// A mix of the run passed every rule ([`resolve_in_run`]).
+    checked: bool,
 }
 
 /// A vpp-1 split: first and last stage layers, and the embedding/loss slots.
@@ -320,7 +335,7 @@ fn screen(
             return of(s, slot);
         }
     }
-    let Some(r) = resolve(mix, spec, gpu) else {
+    let Some(r) = resolve_in_run(mix, spec, gpu, &mut cache.checked) else {
         if slot.is_some() {
             cache.splits.push((split, SplitScreen::Invalid));
         }

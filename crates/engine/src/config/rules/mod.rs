@@ -80,6 +80,24 @@ pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
     }
 }
 
+/// The rule groups that read the pipeline split (`parallel.vpp`, `schedule`,
+/// `first_stage_layers`, `last_stage_layers`, `pipeline_layout` and the embedding and loss
+/// slots): the sizes and the pipeline's. No other group reads any of them, so a
+/// configuration that differs from one that passed [`check`] only in its split passes
+/// [`check`] exactly when it passes these (a search's runs: [`crate::config::Resolved::resplit`]).
+pub fn check_split(c: &Config) -> Result<(), ConfigError> {
+    let mut errs = bounds::sizes(c);
+    if errs.is_empty() {
+        errs.extend(pipeline::schedule(c));
+        errs.extend(pipeline::layer_split(c));
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid(errs))
+    }
+}
+
 /// The size rules of a base configuration whose parallel section and micro batch are still
 /// to be chosen (`parsim search`): a zero GPU count, sequence or global batch is named here
 /// instead of every mix failing validation and the search answering "no mix fits".
