@@ -532,8 +532,10 @@ mod tests {
     }
 
     /// Screening a run's mixes through one [`SplitCache`] with the run's shared ledger gives
-    /// each mix, to the bit, what screening it alone with its own ledger gives; and the cache
-    /// was used (GPipe, 1F1B and ZB-H1 splits served, the ranks' static memories kept).
+    /// each mix, to the bit, what screening it alone with its own ledger gives (its validity
+    /// included: in the run, mixes after the first valid one check only the split's rules,
+    /// alone every rule); and the cache was used (GPipe, 1F1B and ZB-H1 splits served, the
+    /// ranks' static memories kept).
     #[test]
     fn a_split_screened_once_serves_its_runs_schedules_to_the_bit() {
         for spec in cases() {
