@@ -106,6 +106,9 @@ pub struct ParsimApp {
     pub measured: Option<MeasuredTimeline>,
     search_task: Option<SearchTask>,
     search_result: Option<Result<SearchResult, String>>,
+    /// The page's own state (the web build).
+    #[cfg(target_arch = "wasm32")]
+    pub web: crate::web::WebState,
 }
 
 impl Default for ParsimApp {
@@ -130,6 +133,8 @@ impl ParsimApp {
             measured: None,
             search_task: None,
             search_result: None,
+            #[cfg(target_arch = "wasm32")]
+            web: Default::default(),
         }
     }
 
@@ -167,12 +172,21 @@ impl ParsimApp {
         }
     }
 
-    fn ok(&mut self, text: String) {
+    pub(crate) fn ok(&mut self, text: String) {
         self.status = Some(Status { text, error: false });
     }
 
-    fn fail(&mut self, text: String) {
+    pub(crate) fn fail(&mut self, text: String) {
         self.status = Some(Status { text, error: true });
+    }
+
+    /// Reports a download (the web build's file menu).
+    #[cfg(target_arch = "wasm32")]
+    pub(crate) fn done(&mut self, r: Result<(), String>, name: &str) {
+        match r {
+            Ok(()) => self.ok(format!("downloaded {name}")),
+            Err(e) => self.fail(e),
+        }
     }
 
     /// The file the configuration came from or went to, if it still holds exactly it.
@@ -262,51 +276,67 @@ impl ParsimApp {
         }
     }
 
+    /// The File menu of the web build: uploads, downloads and the link.
+    #[cfg(target_arch = "wasm32")]
+    fn file_menu(&mut self, ui: &mut Ui) {
+        crate::web::file_menu(self, ui);
+        ui.separator();
+        self.copy_command_line(ui);
+    }
+
+    fn copy_command_line(&mut self, ui: &mut Ui) {
+        if ui.button("Copy command line").clicked() {
+            let c = command_line(&self.session.config, self.saved_path().as_deref());
+            ui.ctx().copy_text(c.text.clone());
+            self.command = Some(c);
+        }
+    }
+
+    /// The File menu of the desktop: paths to open, save and export.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn file_menu(&mut self, ui: &mut Ui) {
+        let prompt = |action, path: &str| {
+            Some(PathPrompt {
+                action,
+                path: path.to_string(),
+            })
+        };
+        let current = self.file.as_ref().map(|(p, _)| p.display().to_string());
+        if ui.button("Open…").clicked() {
+            self.prompt = prompt(
+                FileAction::Open,
+                current.as_deref().unwrap_or("parsim-gui.toml"),
+            );
+        }
+        if ui.button("Save").clicked() {
+            match self.file.as_ref().map(|(p, _)| p.clone()) {
+                Some(p) => self.save(&p),
+                None => self.prompt = prompt(FileAction::SaveAs, "parsim-gui.toml"),
+            }
+        }
+        if ui.button("Save as…").clicked() {
+            self.prompt = prompt(
+                FileAction::SaveAs,
+                current.as_deref().unwrap_or("parsim-gui.toml"),
+            );
+        }
+        if ui.button("Open measured trace…").clicked() {
+            self.prompt = prompt(FileAction::OpenTrace, "parsim-trace.json");
+        }
+        ui.separator();
+        if ui.button("Export timeline…").clicked() {
+            self.prompt = prompt(FileAction::ExportTimeline, "parsim-timeline.png");
+        }
+        if ui.button("Export memory chart…").clicked() {
+            self.prompt = prompt(FileAction::ExportMemory, "parsim-memory.png");
+        }
+        ui.separator();
+        self.copy_command_line(ui);
+    }
+
     fn menu(&mut self, ui: &mut Ui) {
         egui::MenuBar::new().ui(ui, |ui| {
-            ui.menu_button("File", |ui| {
-                let prompt = |action, path: &str| {
-                    Some(PathPrompt {
-                        action,
-                        path: path.to_string(),
-                    })
-                };
-                let current = self.file.as_ref().map(|(p, _)| p.display().to_string());
-                if ui.button("Open…").clicked() {
-                    self.prompt = prompt(
-                        FileAction::Open,
-                        current.as_deref().unwrap_or("parsim-gui.toml"),
-                    );
-                }
-                if ui.button("Save").clicked() {
-                    match self.file.as_ref().map(|(p, _)| p.clone()) {
-                        Some(p) => self.save(&p),
-                        None => self.prompt = prompt(FileAction::SaveAs, "parsim-gui.toml"),
-                    }
-                }
-                if ui.button("Save as…").clicked() {
-                    self.prompt = prompt(
-                        FileAction::SaveAs,
-                        current.as_deref().unwrap_or("parsim-gui.toml"),
-                    );
-                }
-                if ui.button("Open measured trace…").clicked() {
-                    self.prompt = prompt(FileAction::OpenTrace, "parsim-trace.json");
-                }
-                ui.separator();
-                if ui.button("Export timeline…").clicked() {
-                    self.prompt = prompt(FileAction::ExportTimeline, "parsim-timeline.png");
-                }
-                if ui.button("Export memory chart…").clicked() {
-                    self.prompt = prompt(FileAction::ExportMemory, "parsim-memory.png");
-                }
-                ui.separator();
-                if ui.button("Copy command line").clicked() {
-                    let c = command_line(&self.session.config, self.saved_path().as_deref());
-                    ui.ctx().copy_text(c.text.clone());
-                    self.command = Some(c);
-                }
-            });
+            ui.menu_button("File", |ui| self.file_menu(ui));
             ui.menu_button("View", |ui| {
                 ui.checkbox(&mut self.show_search, "Search panel");
                 ui.checkbox(&mut self.timeline.compare, "Compare two schedules");
@@ -639,6 +669,8 @@ impl ParsimApp {
 impl eframe::App for ParsimApp {
     fn ui(&mut self, ui: &mut Ui, _frame: &mut eframe::Frame) {
         self.show(ui);
+        #[cfg(target_arch = "wasm32")]
+        crate::web::frame(self, ui);
         let ctx = ui.ctx().clone();
         self.drive_screenshot(&ctx);
     }

@@ -67,6 +67,30 @@ pub fn export_memory(path: &Path, estimate: &Estimate) -> Result<(), String> {
     .map_err(|e| e.to_string())
 }
 
+/// The timeline of `runs` as an SVG document, with its size in pixels (the web build's
+/// downloads: no file system there).
+pub fn timeline_svg(runs: &[&Run]) -> Result<(String, (u32, u32)), String> {
+    let pairs: Vec<_> = runs.iter().map(|r| (&r.program, &r.sim)).collect();
+    let size = gantt::default_size(&pairs);
+    let svg = gantt::svg_string(&pairs, size).map_err(|e| e.to_string())?;
+    Ok((svg, size))
+}
+
+/// The memory chart of `estimate` as an SVG document, with its size in pixels.
+pub fn memory_svg(estimate: &Estimate) -> Result<(String, (u32, u32)), String> {
+    let m = &estimate.memory;
+    let size = memory_chart::default_size(m);
+    let svg = memory_chart::svg_string(m, size).map_err(|e| e.to_string())?;
+    Ok((svg, size))
+}
+
+/// The simulated schedules of `runs` as a Chrome trace (chrome://tracing, Perfetto), as
+/// `parsim schedule --trace` writes it.
+pub fn trace_json(runs: &[&Run]) -> String {
+    let pairs: Vec<_> = runs.iter().map(|r| (&r.program, &r.sim)).collect();
+    parsim::report::chrome_trace::chrome_trace(&pairs).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

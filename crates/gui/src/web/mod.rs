@@ -1,0 +1,293 @@
+//! The web page (wasm32): eframe's [`WebRunner`] on the page's canvas, the configuration in
+//! the URL fragment ([`crate::link`]), the page title naming the parameter count, uploads
+//! and downloads in place of the desktop's file paths ([`files`]), and the search in slices
+//! ([`search`]). What the page cannot do: run the executor (`parsim execute`), which the
+//! GUI never links.
+
+pub mod files;
+pub mod search;
+
+use crate::app::ParsimApp;
+use crate::export;
+use crate::link;
+use crate::state::{Results, Session};
+use eframe::{WebOptions, WebRunner};
+use egui::Ui;
+use files::{UploadKind, UploadSlot};
+use parsim::config::{load, Config, Layer};
+use std::cell::RefCell;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
+
+/// The page's own state, next to the app's.
+#[derive(Debug, Default)]
+pub struct WebState {
+    uploads: UploadSlot,
+    /// The configuration the address bar holds (rewritten when the edited one differs).
+    in_url: Option<Config>,
+    title: String,
+    /// Why the link's configuration was refused (shown until closed).
+    link_error: Option<String>,
+}
+
+thread_local! {
+    /// The runner lives as long as the page.
+    static RUNNER: RefCell<Option<WebRunner>> = const { RefCell::new(None) };
+}
+
+fn window() -> Result<web_sys::Window, JsValue> {
+    web_sys::window().ok_or_else(|| JsValue::from_str("no window"))
+}
+
+fn now_ms() -> f64 {
+    web_sys::window()
+        .and_then(|w| w.performance())
+        .map_or(0.0, |p| p.now())
+}
+
+/// Writes `text` into the page's accessible status line (`#parsim-status`).
+fn set_status(text: &str) {
+    if let Some(e) = web_sys::window()
+        .and_then(|w| w.document())
+        .and_then(|d| d.get_element_by_id("parsim-status"))
+    {
+        e.set_text_content(Some(text));
+    }
+}
+
+/// Starts the app on `<canvas id="parsim_canvas">` (called by `main` in the wasm build).
+pub fn start() {
+    eframe::WebLogger::init(log::LevelFilter::Warn).ok();
+    wasm_bindgen_futures::spawn_local(async {
+        if let Err(e) = run().await {
+            let text = format!("parsim could not start: {e:?}");
+            web_sys::console::error_1(&JsValue::from_str(&text));
+            set_status(&text);
+        }
+    });
+}
+
+async fn run() -> Result<(), JsValue> {
+    let window = window()?;
+    let canvas: web_sys::HtmlCanvasElement = window
+        .document()
+        .and_then(|d| d.get_element_by_id("parsim_canvas"))
+        .ok_or_else(|| JsValue::from_str("no <canvas id=\"parsim_canvas\">"))?
+        .dyn_into()?;
+    let fragment = window.location().hash()?;
+    let app = app_from_fragment(&fragment);
+    // The first estimate is in (Session::new evaluates): the browser test reads this line.
+    web_sys::console::log_1(&JsValue::from_str(&format!(
+        "parsim: first estimate at {:.1} ms after navigation ({:.1} ms in the engine)",
+        now_ms(),
+        app.session.last_recompute.as_secs_f64() * 1e3
+    )));
+    let runner = WebRunner::new();
+    runner
+        .start(
+            canvas,
+            WebOptions::default(),
+            Box::new(move |_| Ok(Box::new(app))),
+        )
+        .await?;
+    RUNNER.with(|r| *r.borrow_mut() = Some(runner));
+    Ok(())
+}
+
+/// The app for the page's fragment: its configuration, else the default one with the
+/// engine's error shown (in the window and the page's status line).
+fn app_from_fragment(fragment: &str) -> ParsimApp {
+    match link::decode(fragment) {
+        Ok(Some(config)) => {
+            let mut app = ParsimApp::new(Session::new(config.clone()));
+            app.web.in_url = Some(config);
+            app
+        }
+        Ok(None) => {
+            let mut app = ParsimApp::default();
+            app.web.in_url = Some(app.session.config.clone());
+            app
+        }
+        Err(e) => {
+            let mut app = ParsimApp::default();
+            app.web.in_url = Some(app.session.config.clone());
+            set_status(&e);
+            web_sys::console::warn_1(&JsValue::from_str(&e));
+            app.fail(e.clone());
+            app.web.link_error = Some(e);
+            app
+        }
+    }
+}
+
+/// The parameter count as the page title gives it ("parsim — 8.03 B params").
+pub fn title(params: u64) -> String {
+    format!("parsim — {:.2} B params", params as f64 / 1e9)
+}
+
+/// After each frame: picks up uploads, keeps the title and the address bar in step with the
+/// configuration, and shows why the link's configuration was refused.
+pub fn frame(app: &mut ParsimApp, ui: &mut Ui) {
+    let upload = app.web.uploads.borrow_mut().take();
+    if let Some(u) = upload {
+        receive(app, u);
+    }
+    if let Some(r) = app
+        .session
+        .last_valid
+        .as_ref()
+        .filter(|_| app.session.is_current())
+    {
+        let t = title(r.estimate.params.total);
+        if t != app.web.title {
+            if let Some(d) = web_sys::window().and_then(|w| w.document()) {
+                d.set_title(&t);
+            }
+            app.web.title = t;
+        }
+    }
+    if app.web.in_url.as_ref() != Some(&app.session.config) {
+        let url = format!("#{}", link::encode(&app.session.config));
+        if let Ok(h) = window().and_then(|w| w.history()) {
+            h.replace_state_with_url(&JsValue::NULL, "", Some(&url))
+                .ok();
+        }
+        app.web.in_url = Some(app.session.config.clone());
+    }
+    if let Some(e) = &app.web.link_error {
+        let mut open = true;
+        egui::Window::new("The link's configuration was not loaded")
+            .open(&mut open)
+            .default_width(520.0)
+            .show(ui.ctx(), |ui| {
+                ui.label(egui::RichText::new(e).color(ui.visuals().error_fg_color));
+                ui.label("The default configuration is loaded instead.");
+            });
+        if !open {
+            app.web.link_error = None;
+            set_status("");
+        }
+    }
+}
+
+/// Applies a finished upload.
+fn receive(app: &mut ParsimApp, u: files::Upload) {
+    let text = match u.text {
+        Ok(t) => t,
+        Err(e) => return app.fail(e),
+    };
+    let json = u.name.to_ascii_lowercase().ends_with(".json");
+    match u.kind {
+        UploadKind::Config => {
+            let value = if json {
+                load::parse_json(&text, &u.name)
+            } else {
+                load::parse_toml(&text, &u.name)
+            };
+            let layer = |value| Layer {
+                origin: u.name.clone(),
+                base_dir: None,
+                value,
+            };
+            match value.and_then(|v| Config::from_layers(&[layer(v)])) {
+                Ok(c) => {
+                    app.session.config = c;
+                    app.ok(format!("opened {}", u.name));
+                }
+                Err(e) => app.fail(e.to_string()),
+            }
+        }
+        UploadKind::HfConfig => {
+            match load::parse_json(&text, &u.name)
+                .and_then(|v| parsim::config::hf::import(&v, &u.name))
+            {
+                Ok(m) => {
+                    app.session.config.model = m;
+                    app.ok(format!("imported the model of {}", u.name));
+                }
+                Err(e) => app.fail(e.to_string()),
+            }
+        }
+    }
+}
+
+/// The File menu of the page: uploads, downloads and the link.
+pub fn file_menu(app: &mut ParsimApp, ui: &mut Ui) {
+    let ctx = ui.ctx().clone();
+    let upload = |app: &mut ParsimApp, kind, accept| {
+        let ctx = ctx.clone();
+        if let Err(e) = files::pick(kind, accept, &app.web.uploads, move || {
+            ctx.request_repaint()
+        }) {
+            app.fail(e);
+        }
+    };
+    if ui.button("Open configuration (TOML/JSON)…").clicked() {
+        upload(app, UploadKind::Config, ".toml,.json");
+    }
+    if ui.button("Import Hugging Face config.json…").clicked() {
+        upload(app, UploadKind::HfConfig, ".json");
+    }
+    if ui.button("Download configuration (TOML)").clicked() {
+        let r = files::download_text("parsim.toml", &app.session.config.to_toml(), "text/plain");
+        app.done(r, "parsim.toml");
+    }
+    ui.separator();
+    let clicked: Vec<&str> = DOWNLOADS
+        .iter()
+        .filter(|(label, _)| ui.button(*label).clicked())
+        .map(|(_, name)| *name)
+        .collect();
+    for name in clicked {
+        let r = download(app, name);
+        app.done(r, name);
+    }
+    ui.separator();
+    if ui.button("Copy link").clicked() {
+        match window().and_then(|w| w.location().href()) {
+            Ok(href) => {
+                let base = href.split('#').next().unwrap_or(&href).to_string();
+                let url = format!("{base}#{}", link::encode(&app.session.config));
+                ui.ctx().copy_text(url);
+                app.ok("copied the link to this configuration".into());
+            }
+            Err(e) => app.fail(format!("cannot read the page's address: {e:?}")),
+        }
+    }
+}
+
+/// The chart and trace downloads: menu label and file name (whose extension says the format).
+const DOWNLOADS: [(&str, &str); 5] = [
+    ("Download timeline (PNG)", "parsim-timeline.png"),
+    ("Download timeline (SVG)", "parsim-timeline.svg"),
+    ("Download trace (Chrome JSON)", "parsim-trace.json"),
+    ("Download memory chart (PNG)", "parsim-memory.png"),
+    ("Download memory chart (SVG)", "parsim-memory.svg"),
+];
+
+/// Offers the download `name` (one of [`DOWNLOADS`]) of the last valid results.
+fn download(app: &ParsimApp, name: &str) -> Result<(), String> {
+    let r: &Results = app
+        .session
+        .last_valid
+        .as_ref()
+        .ok_or("no valid configuration to draw yet")?;
+    let runs = || -> Result<Vec<&crate::state::Run>, String> {
+        let mut runs = vec![r.timeline.as_ref().map_err(Clone::clone)?];
+        if let Some((_, Ok(c))) = r.compare.as_ref().filter(|_| app.timeline.compare) {
+            runs.push(c);
+        }
+        Ok(runs)
+    };
+    let svg = |(svg, _): (String, (u32, u32))| files::download_text(name, &svg, "image/svg+xml");
+    let png = |(svg, size): (String, (u32, u32))| files::download_svg_as_png(name, &svg, size);
+    match name {
+        "parsim-timeline.png" => export::timeline_svg(&runs()?).and_then(png),
+        "parsim-timeline.svg" => export::timeline_svg(&runs()?).and_then(svg),
+        "parsim-trace.json" => {
+            files::download_text(name, &export::trace_json(&runs()?), "application/json")
+        }
+        "parsim-memory.png" => export::memory_svg(&r.estimate).and_then(png),
+        _ => export::memory_svg(&r.estimate).and_then(svg),
+    }
+}

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The web page in a real browser (docs/web.md): serves the folder scripts/web-build.sh wrote
+# on localhost, opens it in headless Chromium (Debian's, installed when missing) with a
+# configuration in the URL, and checks that the canvas draws, that the title carries the
+# parameter count the native `parsim estimate --json` gives for the same file, that the
+# console has no errors, and that a malformed configuration shows the CLI's field-named
+# error. Writes a screenshot; reports the wasm's compressed size and the page's time to its
+# first estimate. Usage: scripts/web-test.sh [DIST_DIR] [SCREENSHOT.png]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dist="${1:-target/web-dist}"
+shot="${2:-target/web-test/web.png}"
+work="target/web-test"
+mkdir -p "$work" "$(dirname "$shot")"
+
+[ -f "$dist/index.html" ] || { echo "web-test: no $dist/index.html (run scripts/web-build.sh)" >&2; exit 1; }
+
+if ! command -v chromium >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
+fi
+# playwright-core only drives the browser (it downloads none); kept out of the repository.
+if [ ! -d "$work/node/node_modules/playwright-core" ]; then
+    mkdir -p "$work/node"
+    npm install --no-save --no-audit --no-fund --silent --prefix "$work/node" playwright-core@1.64.1
+fi
+
+# What the page must show, from the native CLI on the same files.
+parsim() { cargo run -q --bin parsim -- "$@"; }
+expected_params=$(parsim estimate --json --config tests/web/config.toml \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["params"]["total"])')
+malformed_error=$(parsim estimate --config tests/web/malformed.toml 2>&1 >/dev/null || true)
+case "$malformed_error" in
+    *"field \`cluster.num_gpus\`"*) ;;
+    *) echo "web-test: the CLI no longer names cluster.num_gpus: $malformed_error" >&2; exit 1 ;;
+esac
+
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+python3 -m http.server -d "$dist" --bind 127.0.0.1 "$port" >"$work/server.log" 2>&1 &
+server=$!
+trap 'kill "$server" 2>/dev/null || true' EXIT
+
+gz=$(gzip -9 -c "$dist/parsim-gui_bg.wasm" | wc -c)
+echo "web-test: wasm $((gz / 1024)) KiB gzip-compressed"
+
+PLAYWRIGHT_CORE="$PWD/$work/node/node_modules/playwright-core" \
+URL="http://127.0.0.1:$port/" \
+CONFIG_TOML="$(cat tests/web/config.toml)" \
+MALFORMED_TOML="$(cat tests/web/malformed.toml)" \
+EXPECTED_PARAMS="$expected_params" \
+CLI_ERROR="$malformed_error" \
+SCREENSHOT="$shot" \
+USER_DATA_DIR="$(mktemp -d)" \
+    node scripts/web-test.cjs
