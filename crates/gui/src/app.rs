@@ -50,6 +50,53 @@ impl FileAction {
     }
 }
 
+/// A File-menu entry of the web page (no paths there): uploads, downloads and the link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WebRequest {
+    /// Upload a configuration (TOML, or JSON by name).
+    OpenConfig,
+    /// Upload a Hugging Face config.json and import its model.
+    ImportHfConfig,
+    /// Download the file of this name (its extension says the format).
+    Download(&'static str),
+    /// Copy the page's link with the configuration in its fragment.
+    CopyLink,
+}
+
+/// The web page's File menu: labels and what they ask for, in order.
+pub const WEB_FILE_MENU: [(&str, WebRequest); 9] = [
+    ("Open configuration (TOML/JSON)…", WebRequest::OpenConfig),
+    (
+        "Import Hugging Face config.json…",
+        WebRequest::ImportHfConfig,
+    ),
+    (
+        "Download configuration (TOML)",
+        WebRequest::Download("parsim.toml"),
+    ),
+    (
+        "Download timeline (PNG)",
+        WebRequest::Download("parsim-timeline.png"),
+    ),
+    (
+        "Download timeline (SVG)",
+        WebRequest::Download("parsim-timeline.svg"),
+    ),
+    (
+        "Download trace (Chrome JSON)",
+        WebRequest::Download("parsim-trace.json"),
+    ),
+    (
+        "Download memory chart (PNG)",
+        WebRequest::Download("parsim-memory.png"),
+    ),
+    (
+        "Download memory chart (SVG)",
+        WebRequest::Download("parsim-memory.svg"),
+    ),
+    ("Copy link", WebRequest::CopyLink),
+];
+
 /// A pending path prompt (a text field, so it works the same on every platform and in tests).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PathPrompt {
@@ -106,9 +153,9 @@ pub struct ParsimApp {
     pub measured: Option<MeasuredTimeline>,
     search_task: Option<SearchTask>,
     search_result: Option<Result<SearchResult, String>>,
-    /// The page's own state (the web build).
-    #[cfg(target_arch = "wasm32")]
-    pub web: crate::web::WebState,
+    /// What the web page's File menu asked for, carried out by the page after the frame
+    /// (`crate::web`, which owns the browser side).
+    pub web_request: Option<WebRequest>,
 }
 
 impl Default for ParsimApp {
@@ -133,8 +180,7 @@ impl ParsimApp {
             measured: None,
             search_task: None,
             search_result: None,
-            #[cfg(target_arch = "wasm32")]
-            web: Default::default(),
+            web_request: None,
         }
     }
 
@@ -172,17 +218,16 @@ impl ParsimApp {
         }
     }
 
-    pub(crate) fn ok(&mut self, text: String) {
+    pub fn ok(&mut self, text: String) {
         self.status = Some(Status { text, error: false });
     }
 
-    pub(crate) fn fail(&mut self, text: String) {
+    pub fn fail(&mut self, text: String) {
         self.status = Some(Status { text, error: true });
     }
 
     /// Reports a download (the web build's file menu).
-    #[cfg(target_arch = "wasm32")]
-    pub(crate) fn done(&mut self, r: Result<(), String>, name: &str) {
+    pub fn done(&mut self, r: Result<(), String>, name: &str) {
         match r {
             Ok(()) => self.ok(format!("downloaded {name}")),
             Err(e) => self.fail(e),
@@ -276,11 +321,18 @@ impl ParsimApp {
         }
     }
 
-    /// The File menu of the web build: uploads, downloads and the link.
+    /// The File menu of the web build: uploads, downloads and the link, each a request the
+    /// page carries out after the frame.
     #[cfg(target_arch = "wasm32")]
     fn file_menu(&mut self, ui: &mut Ui) {
-        crate::web::file_menu(self, ui);
-        ui.separator();
+        for (i, (label, request)) in WEB_FILE_MENU.iter().enumerate() {
+            if [2, 3, 8].contains(&i) {
+                ui.separator();
+            }
+            if ui.button(*label).clicked() {
+                self.web_request = Some(*request);
+            }
+        }
         self.copy_command_line(ui);
     }
 
@@ -669,8 +721,6 @@ impl ParsimApp {
 impl eframe::App for ParsimApp {
     fn ui(&mut self, ui: &mut Ui, _frame: &mut eframe::Frame) {
         self.show(ui);
-        #[cfg(target_arch = "wasm32")]
-        crate::web::frame(self, ui);
         let ctx = ui.ctx().clone();
         self.drive_screenshot(&ctx);
     }

@@ -7,7 +7,7 @@
 pub mod files;
 pub mod search;
 
-use crate::app::ParsimApp;
+use crate::app::{ParsimApp, WebRequest};
 use crate::export;
 use crate::link;
 use crate::state::{Results, Session};
@@ -18,6 +18,19 @@ use parsim::config::{load, Config, Layer};
 use std::cell::RefCell;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
+
+/// The app and the page's own state: what eframe runs in the page.
+pub struct WebApp {
+    pub app: ParsimApp,
+    pub web: WebState,
+}
+
+impl eframe::App for WebApp {
+    fn ui(&mut self, ui: &mut Ui, _frame: &mut eframe::Frame) {
+        self.app.show(ui);
+        frame(&mut self.app, &mut self.web, ui);
+    }
+}
 
 /// The page's own state, next to the app's.
 #[derive(Debug, Default)]
@@ -80,7 +93,7 @@ async fn run() -> Result<(), JsValue> {
     web_sys::console::log_1(&JsValue::from_str(&format!(
         "parsim: first estimate at {:.1} ms after navigation ({:.1} ms in the engine)",
         now_ms(),
-        app.session.last_recompute.as_secs_f64() * 1e3
+        app.app.session.last_recompute.as_secs_f64() * 1e3
     )));
     let runner = WebRunner::new();
     runner
@@ -96,28 +109,23 @@ async fn run() -> Result<(), JsValue> {
 
 /// The app for the page's fragment: its configuration, else the default one with the
 /// engine's error shown (in the window and the page's status line).
-fn app_from_fragment(fragment: &str) -> ParsimApp {
-    match link::decode(fragment) {
-        Ok(Some(config)) => {
-            let mut app = ParsimApp::new(Session::new(config.clone()));
-            app.web.in_url = Some(config);
-            app
-        }
-        Ok(None) => {
-            let mut app = ParsimApp::default();
-            app.web.in_url = Some(app.session.config.clone());
-            app
-        }
-        Err(e) => {
-            let mut app = ParsimApp::default();
-            app.web.in_url = Some(app.session.config.clone());
-            set_status(&e);
-            web_sys::console::warn_1(&JsValue::from_str(&e));
-            app.fail(e.clone());
-            app.web.link_error = Some(e);
-            app
-        }
+fn app_from_fragment(fragment: &str) -> WebApp {
+    let (mut app, error) = match link::decode(fragment) {
+        Ok(Some(config)) => (ParsimApp::new(Session::new(config)), None),
+        Ok(None) => (ParsimApp::default(), None),
+        Err(e) => (ParsimApp::default(), Some(e)),
+    };
+    let web = WebState {
+        in_url: Some(app.session.config.clone()),
+        link_error: error.clone(),
+        ..WebState::default()
+    };
+    if let Some(e) = error {
+        set_status(&e);
+        web_sys::console::warn_1(&JsValue::from_str(&e));
+        app.fail(e);
     }
+    WebApp { app, web }
 }
 
 /// The parameter count as the page title gives it ("parsim — 8.03 B params").
@@ -125,10 +133,14 @@ pub fn title(params: u64) -> String {
     format!("parsim — {:.2} B params", params as f64 / 1e9)
 }
 
-/// After each frame: picks up uploads, keeps the title and the address bar in step with the
-/// configuration, and shows why the link's configuration was refused.
-pub fn frame(app: &mut ParsimApp, ui: &mut Ui) {
-    let upload = app.web.uploads.borrow_mut().take();
+/// After each frame: carries out the File menu's request, picks up uploads, keeps the title
+/// and the address bar in step with the configuration, and shows why the link's
+/// configuration was refused.
+fn frame(app: &mut ParsimApp, web: &mut WebState, ui: &mut Ui) {
+    if let Some(request) = app.web_request.take() {
+        carry_out(app, web, request, ui.ctx());
+    }
+    let upload = web.uploads.borrow_mut().take();
     if let Some(u) = upload {
         receive(app, u);
     }
@@ -139,22 +151,22 @@ pub fn frame(app: &mut ParsimApp, ui: &mut Ui) {
         .filter(|_| app.session.is_current())
     {
         let t = title(r.estimate.params.total);
-        if t != app.web.title {
+        if t != web.title {
             if let Some(d) = web_sys::window().and_then(|w| w.document()) {
                 d.set_title(&t);
             }
-            app.web.title = t;
+            web.title = t;
         }
     }
-    if app.web.in_url.as_ref() != Some(&app.session.config) {
+    if web.in_url.as_ref() != Some(&app.session.config) {
         let url = format!("#{}", link::encode(&app.session.config));
         if let Ok(h) = window().and_then(|w| w.history()) {
             h.replace_state_with_url(&JsValue::NULL, "", Some(&url))
                 .ok();
         }
-        app.web.in_url = Some(app.session.config.clone());
+        web.in_url = Some(app.session.config.clone());
     }
-    if let Some(e) = &app.web.link_error {
+    if let Some(e) = &web.link_error {
         let mut open = true;
         egui::Window::new("The link's configuration was not loaded")
             .open(&mut open)
@@ -164,9 +176,35 @@ pub fn frame(app: &mut ParsimApp, ui: &mut Ui) {
                 ui.label("The default configuration is loaded instead.");
             });
         if !open {
-            app.web.link_error = None;
+            web.link_error = None;
             set_status("");
         }
+    }
+}
+
+/// Carries out a File-menu request.
+fn carry_out(app: &mut ParsimApp, web: &WebState, request: WebRequest, ctx: &egui::Context) {
+    let upload = |app: &mut ParsimApp, kind, accept| {
+        let ctx = ctx.clone();
+        if let Err(e) = files::pick(kind, accept, &web.uploads, move || ctx.request_repaint()) {
+            app.fail(e);
+        }
+    };
+    match request {
+        WebRequest::OpenConfig => upload(app, UploadKind::Config, ".toml,.json"),
+        WebRequest::ImportHfConfig => upload(app, UploadKind::HfConfig, ".json"),
+        WebRequest::Download(name) => {
+            let r = download(app, name);
+            app.done(r, name);
+        }
+        WebRequest::CopyLink => match window().and_then(|w| w.location().href()) {
+            Ok(href) => {
+                let base = href.split('#').next().unwrap_or(&href);
+                ctx.copy_text(format!("{base}#{}", link::encode(&app.session.config)));
+                app.ok("copied the link to this configuration".into());
+            }
+            Err(e) => app.fail(format!("cannot read the page's address: {e:?}")),
+        },
     }
 }
 
@@ -211,62 +249,12 @@ fn receive(app: &mut ParsimApp, u: files::Upload) {
     }
 }
 
-/// The File menu of the page: uploads, downloads and the link.
-pub fn file_menu(app: &mut ParsimApp, ui: &mut Ui) {
-    let ctx = ui.ctx().clone();
-    let upload = |app: &mut ParsimApp, kind, accept| {
-        let ctx = ctx.clone();
-        if let Err(e) = files::pick(kind, accept, &app.web.uploads, move || {
-            ctx.request_repaint()
-        }) {
-            app.fail(e);
-        }
-    };
-    if ui.button("Open configuration (TOML/JSON)…").clicked() {
-        upload(app, UploadKind::Config, ".toml,.json");
-    }
-    if ui.button("Import Hugging Face config.json…").clicked() {
-        upload(app, UploadKind::HfConfig, ".json");
-    }
-    if ui.button("Download configuration (TOML)").clicked() {
-        let r = files::download_text("parsim.toml", &app.session.config.to_toml(), "text/plain");
-        app.done(r, "parsim.toml");
-    }
-    ui.separator();
-    let clicked: Vec<&str> = DOWNLOADS
-        .iter()
-        .filter(|(label, _)| ui.button(*label).clicked())
-        .map(|(_, name)| *name)
-        .collect();
-    for name in clicked {
-        let r = download(app, name);
-        app.done(r, name);
-    }
-    ui.separator();
-    if ui.button("Copy link").clicked() {
-        match window().and_then(|w| w.location().href()) {
-            Ok(href) => {
-                let base = href.split('#').next().unwrap_or(&href).to_string();
-                let url = format!("{base}#{}", link::encode(&app.session.config));
-                ui.ctx().copy_text(url);
-                app.ok("copied the link to this configuration".into());
-            }
-            Err(e) => app.fail(format!("cannot read the page's address: {e:?}")),
-        }
-    }
-}
-
-/// The chart and trace downloads: menu label and file name (whose extension says the format).
-const DOWNLOADS: [(&str, &str); 5] = [
-    ("Download timeline (PNG)", "parsim-timeline.png"),
-    ("Download timeline (SVG)", "parsim-timeline.svg"),
-    ("Download trace (Chrome JSON)", "parsim-trace.json"),
-    ("Download memory chart (PNG)", "parsim-memory.png"),
-    ("Download memory chart (SVG)", "parsim-memory.svg"),
-];
-
-/// Offers the download `name` (one of [`DOWNLOADS`]) of the last valid results.
+/// Offers the download `name` (of [`crate::app::WEB_FILE_MENU`]) of the current configuration
+/// and its last valid results.
 fn download(app: &ParsimApp, name: &str) -> Result<(), String> {
+    if name.ends_with(".toml") {
+        return files::download_text(name, &app.session.config.to_toml(), "text/plain");
+    }
     let r: &Results = app
         .session
         .last_valid
