@@ -37,8 +37,35 @@ async function pixels(page, png) {
   }, png.toString("base64"));
 }
 
-async function open(browser, fragment) {
+// JSON with every object's keys sorted (serde_json's maps sort them, the CLI's order is the
+// struct's).
+const canonical = (v) => JSON.stringify(v, (_, x) =>
+  x && typeof x === "object" && !Array.isArray(x)
+    ? Object.fromEntries(Object.keys(x).sort().map((k) => [k, x[k]]))
+    : x);
+
+// Waits until a console line starting with `prefix` has been logged.
+async function waitForLog(logs, prefix, timeoutMs) {
+  const end = Date.now() + timeoutMs;
+  for (;;) {
+    const line = logs.find((l) => l.startsWith(prefix));
+    if (line !== undefined) return line;
+    if (Date.now() > end) throw new Error(`no console line "${prefix}..." within ${timeoutMs} ms`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+async function open(browser, fragment, extra = "") {
   const page = await browser.newPage();
+  // Every animation frame's time, on the page's own clock (performance.now()).
+  await page.addInitScript(() => {
+    window.__frames = [];
+    const tick = (t) => {
+      window.__frames.push(t);
+      requestAnimationFrame(tick);
+    };
+    requestAnimationFrame(tick);
+  });
   const errors = [];
   const logs = [];
   page.on("console", (m) => {
@@ -47,7 +74,7 @@ async function open(browser, fragment) {
   });
   page.on("pageerror", (e) => errors.push(String(e)));
   page.on("requestfailed", (r) => errors.push(`request failed: ${r.url()}`));
-  await page.goto(env("URL") + "#config=" + encodeURIComponent(fragment));
+  await page.goto(env("URL") + "#config=" + encodeURIComponent(fragment) + extra);
   // The app names the parameter count in the title once its first estimate is drawn.
   await page.waitForFunction(() => / B params$/.test(document.title), null, { timeout: 120000 });
   // A few frames more, for the layout to settle.
@@ -94,6 +121,24 @@ async function open(browser, fragment) {
     const badTitle = await bad.page.title();
     check(badTitle !== expected, `the default configuration stays loaded ("${badTitle}")`);
     check(bad.errors.length === 0, `no console errors${bad.errors.length ? ": " + bad.errors.join(" | ") : ""}`);
+
+    // A search in the page: the native search's fastest mix, with frames between slices.
+    const s = await open(browser, env("SEARCH_TOML"), "&search");
+    const line = await waitForLog(s.logs, "parsim: search ", 300000);
+    const got = JSON.parse(line.slice("parsim: search ".length));
+    const want = JSON.parse(env("EXPECTED_SEARCH"));
+    // The longest wait between frames while the search ran (its start and end included).
+    const gap = await s.page.evaluate(([a, b]) => {
+      const t = [a, ...window.__frames.filter((f) => f > a && f < b), b];
+      return Math.max(...t.slice(1).map((x, i) => x - t[i]));
+    }, [got.started_ms, got.ended_ms]);
+    check(got.candidates === want.candidates, `the page's search covers ${got.candidates} candidates (parsim search: ${want.candidates})`);
+    check(got.top && canonical(got.top.mix) === canonical(want.mix)
+      && Math.abs(got.top.step_s - want.step_s) <= 1e-9 * want.step_s,
+      `the page's fastest mix is parsim search's (${JSON.stringify(got.top && got.top.mix)}, ${got.top && got.top.step_s} s)`);
+    console.log(`web-test: the search took ${(got.ended_ms - got.started_ms).toFixed(0)} ms in the page; longest gap between frames ${gap.toFixed(0)} ms`);
+    check(gap < 1000, `frames kept coming during the search (longest gap ${gap.toFixed(0)} ms < 1000 ms)`);
+    check(s.errors.length === 0, `no console errors${s.errors.length ? ": " + s.errors.join(" | ") : ""}`);
   } finally {
     await browser.close();
   }

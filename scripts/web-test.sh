@@ -3,8 +3,9 @@
 # on localhost, opens it in headless Chromium (Debian's, installed when missing) with a
 # configuration in the URL, and checks that the canvas draws, that the title carries the
 # parameter count the native `parsim estimate --json` gives for the same file, that the
-# console has no errors, and that a malformed configuration shows the CLI's field-named
-# error. Writes a screenshot; reports the wasm's compressed size and the page's time to its
+# console has no errors, that a malformed configuration shows the CLI's field-named error,
+# and that a search run in the page (in slices between frames) finds the native search's
+# fastest mix while frames keep coming. Writes a screenshot; reports the wasm's compressed size and the page's time to its
 # first estimate. Usage: scripts/web-test.sh [DIST_DIR] [SCREENSHOT.png]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +30,9 @@ fi
 parsim() { cargo run -q --bin parsim -- "$@"; }
 expected_params=$(parsim estimate --json --config tests/web/config.toml \
     | python3 -c 'import json, sys; print(json.load(sys.stdin)["params"]["total"])')
+# The fastest mix of the search the page runs (the GUI's defaults: top 10, micro batch <= 2).
+expected_search=$(parsim search --config tests/web/search.toml --top 10 --mbs-max 2 --json \
+    | python3 -c 'import json, sys; d = json.load(sys.stdin); print(json.dumps({"candidates": d["candidates"], "mix": d["top"][0]["mix"], "step_s": d["top"][0]["time"]["step_s"]}))')
 malformed_error=$(parsim estimate --config tests/web/malformed.toml 2>&1 >/dev/null || true)
 case "$malformed_error" in
     *"field \`cluster.num_gpus\`"*) ;;
@@ -47,6 +51,8 @@ PLAYWRIGHT_CORE="$PWD/$work/node/node_modules/playwright-core" \
 URL="http://127.0.0.1:$port/" \
 CONFIG_TOML="$(cat tests/web/config.toml)" \
 MALFORMED_TOML="$(cat tests/web/malformed.toml)" \
+SEARCH_TOML="$(cat tests/web/search.toml)" \
+EXPECTED_SEARCH="$expected_search" \
 EXPECTED_PARAMS="$expected_params" \
 CLI_ERROR="$malformed_error" \
 SCREENSHOT="$shot" \

@@ -306,6 +306,11 @@ impl ParsimApp {
         self.search_task = Some(SearchTask::start(spec, move || ctx.request_repaint()));
     }
 
+    /// The last search's outcome, once it has finished.
+    pub fn search_result(&self) -> Option<&Result<SearchResult, String>> {
+        self.search_result.as_ref()
+    }
+
     /// True while a search runs.
     pub fn searching(&self) -> bool {
         self.search_task.is_some()

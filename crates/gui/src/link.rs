@@ -48,6 +48,12 @@ pub fn decode(fragment: &str) -> Result<Option<Config>, String> {
     Ok(Some(config))
 }
 
+/// True when the fragment has the part `flag` on its own (`#config=...&search`).
+pub fn has_flag(fragment: &str, flag: &str) -> bool {
+    let fragment = fragment.strip_prefix('#').unwrap_or(fragment);
+    fragment.split('&').any(|p| p == flag)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,6 +81,8 @@ mod tests {
     fn no_config_part_is_no_configuration() {
         assert_eq!(decode("").unwrap(), None);
         assert_eq!(decode("#view=search").unwrap(), None);
+        assert!(has_flag("#config=x&search", "search"));
+        assert!(!has_flag("#config=search", "search"));
     }
 
     /// A hand-written TOML in the fragment (as a person would paste it) decodes like the

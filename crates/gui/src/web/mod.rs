@@ -41,6 +41,10 @@ pub struct WebState {
     title: String,
     /// Why the link's configuration was refused (shown until closed).
     link_error: Option<String>,
+    /// `#...&search`: open the search panel and run a search on the first frame.
+    start_search: bool,
+    /// When the running search started (page time, ms), to report it when it ends.
+    search_started_ms: Option<f64>,
 }
 
 thread_local! {
@@ -115,9 +119,12 @@ fn app_from_fragment(fragment: &str) -> WebApp {
         Ok(None) => (ParsimApp::default(), None),
         Err(e) => (ParsimApp::default(), Some(e)),
     };
+    let start_search = link::has_flag(fragment, "search");
+    app.show_search |= start_search;
     let web = WebState {
         in_url: Some(app.session.config.clone()),
         link_error: error.clone(),
+        start_search,
         ..WebState::default()
     };
     if let Some(e) = error {
@@ -140,6 +147,12 @@ fn frame(app: &mut ParsimApp, web: &mut WebState, ui: &mut Ui) {
     if let Some(request) = app.web_request.take() {
         carry_out(app, web, request, ui.ctx());
     }
+    if std::mem::take(&mut web.start_search) {
+        // Timed from before the set-up (enumeration and bounds), which is not sliced.
+        web.search_started_ms = Some(now_ms());
+        app.start_search(ui.ctx());
+    }
+    report_search(app, web);
     let upload = web.uploads.borrow_mut().take();
     if let Some(u) = upload {
         receive(app, u);
@@ -179,6 +192,34 @@ fn frame(app: &mut ParsimApp, web: &mut WebState, ui: &mut Ui) {
             web.link_error = None;
             set_status("");
         }
+    }
+}
+
+/// Logs a search's start and end to the console, with the fastest mix as JSON (the browser
+/// test compares it with `parsim search --json`).
+fn report_search(app: &ParsimApp, web: &mut WebState) {
+    match (app.searching(), web.search_started_ms) {
+        (true, None) => web.search_started_ms = Some(now_ms()),
+        (false, Some(start)) => {
+            web.search_started_ms = None;
+            let line = match app.search_result() {
+                Some(Ok(r)) => serde_json::json!({
+                    "started_ms": start,
+                    "ended_ms": now_ms(),
+                    "candidates": r.candidates,
+                    "evaluated": r.evaluated,
+                    "top": r.top.first().map(|t| serde_json::json!({
+                        "mix": t.mix,
+                        "step_s": t.estimate.time.step_s,
+                    })),
+                })
+                .to_string(),
+                Some(Err(e)) => serde_json::json!({ "error": e }).to_string(),
+                None => return,
+            };
+            web_sys::console::log_1(&JsValue::from_str(&format!("parsim: search {line}")));
+        }
+        _ => {}
     }
 }
 
