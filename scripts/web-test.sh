@@ -7,14 +7,12 @@
 # and that a search run in the page (in slices between frames) finds the native search's
 # fastest mix while frames keep coming. Writes a screenshot; reports the wasm's compressed size and the page's time to its
 # first estimate. Usage: scripts/web-test.sh [DIST_DIR] [SCREENSHOT.png]
+#        scripts/web-test.sh --prepare   (only installs the browser and its driver; .ci/run
+#                                         starts this in the background, early)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dist="${1:-target/web-dist}"
-shot="${2:-target/web-test/web.png}"
 work="target/web-test"
-mkdir -p "$work" "$(dirname "$shot")"
-
-[ -f "$dist/index.html" ] || { echo "web-test: no $dist/index.html (run scripts/web-build.sh)" >&2; exit 1; }
+mkdir -p "$work"
 
 if ! command -v chromium >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
@@ -25,6 +23,12 @@ if [ ! -d "$work/node/node_modules/playwright-core" ]; then
     mkdir -p "$work/node"
     npm install --no-save --no-audit --no-fund --silent --prefix "$work/node" playwright-core@1.64.1
 fi
+[ "${1:-}" = --prepare ] && exit 0
+
+dist="${1:-target/web-dist}"
+shot="${2:-$work/web.png}"
+mkdir -p "$(dirname "$shot")"
+[ -f "$dist/index.html" ] || { echo "web-test: no $dist/index.html (run scripts/web-build.sh)" >&2; exit 1; }
 
 # What the page must show, from the native CLI on the same files.
 parsim() { cargo run -q --bin parsim -- "$@"; }
