@@ -20,15 +20,33 @@ if [ -z "$version" ]; then
 fi
 if ! command -v wasm-bindgen >/dev/null 2>&1 || [ "$(wasm-bindgen --version | awk '{print $2}')" != "$version" ]; then
     # --debug: the CLI only rewrites one file per build; a debug build of it installs in a
-    # fraction of a release build's time (CI's budget).
+    # fraction of a release build's time (CI's budget). Only the `wasm-bindgen` binary, and no
+    # TLS (its test runner's downloads): fewer crates to compile. Its lock file may name a
+    # version the registry no longer serves: then the newest compatible ones.
     start=$SECONDS
-    cargo install --debug --locked wasm-bindgen-cli --version "=$version" \
-        || cargo install --debug wasm-bindgen-cli --version "=$version"
+    install=(cargo install --debug --no-default-features --bin wasm-bindgen wasm-bindgen-cli --version "=$version")
+    "${install[@]}" --locked || "${install[@]}"
     echo "web-build: installed wasm-bindgen-cli $version in $((SECONDS - start)) s"
 fi
 
+# The workspace's crates compile through clippy-driver with warnings denied, so the wasm-only
+# code is linted as it is built (what `cargo clippy --target wasm32-unknown-unknown -- -D
+# warnings` checks, without a second pass over every dependency). PARSIM_WEB_LINT=0 builds
+# with plain rustc.
+clippy_driver="$(dirname "$(command -v cargo)")/clippy-driver"
+if command -v rustup >/dev/null 2>&1; then
+    clippy_driver="$(dirname "$(rustup which cargo)")/clippy-driver"
+fi
+lint=()
+if [ "${PARSIM_WEB_LINT:-1}" != 0 ]; then
+    if [ -x "$clippy_driver" ]; then
+        lint=(env RUSTC_WORKSPACE_WRAPPER="$clippy_driver" RUSTFLAGS="${RUSTFLAGS:-} -D warnings")
+    else
+        echo "web-build: no clippy-driver next to cargo: building without lints" >&2
+    fi
+fi
 start=$SECONDS
-cargo build -p parsim-gui --bin parsim-gui --target wasm32-unknown-unknown --profile web
+"${lint[@]}" cargo build -p parsim-gui --bin parsim-gui --target wasm32-unknown-unknown --profile web
 echo "web-build: wasm built in $((SECONDS - start)) s"
 
 rm -rf "$out"
