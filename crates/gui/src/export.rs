@@ -122,4 +122,30 @@ mod tests {
         }
         assert!(export_memory(&dir.path().join("m.jpg"), &r.estimate).is_err());
     }
+
+    /// The web build's downloads are the desktop's SVG files, byte for byte, and the trace is
+    /// the engine's Chrome trace of the same runs.
+    #[test]
+    fn web_downloads_equal_the_desktop_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Session::default();
+        let r = s.last_valid.as_ref().unwrap();
+        let run = r.timeline.as_ref().unwrap();
+        let (t, m) = (dir.path().join("t.svg"), dir.path().join("m.svg"));
+        export_timeline(&t, &[run]).unwrap();
+        export_memory(&m, &r.estimate).unwrap();
+        assert_eq!(
+            timeline_svg(&[run]).unwrap().0,
+            std::fs::read_to_string(t).unwrap()
+        );
+        assert_eq!(
+            memory_svg(&r.estimate).unwrap().0,
+            std::fs::read_to_string(m).unwrap()
+        );
+        let trace: serde_json::Value = serde_json::from_str(&trace_json(&[run])).unwrap();
+        let events = trace["traceEvents"].as_array().expect("traceEvents");
+        // One complete event per action of the program (report/chrome_trace.rs).
+        let complete = events.iter().filter(|e| e["ph"] == "X").count();
+        assert_eq!(complete, run.program.num_actions());
+    }
 }
