@@ -23,6 +23,7 @@ pub fn parse_meminfo(text: &str) -> Option<u64> {
 }
 
 /// Today's date in UTC as YYYY-MM-DD (the C library's `gmtime_r`), for provenance notes.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn utc_date() -> String {
     // SAFETY: `time(NULL)` only returns the clock; `gmtime_r` writes the zeroed `tm` we own.
     unsafe {
@@ -38,6 +39,12 @@ pub fn utc_date() -> String {
             tm.tm_mday
         )
     }
+}
+
+/// The web build (wasm32) has no C library: its provenance notes say so.
+#[cfg(target_arch = "wasm32")]
+pub fn utc_date() -> String {
+    "unknown date".into()
 }
 
 #[cfg(test)]

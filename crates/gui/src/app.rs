@@ -50,6 +50,53 @@ impl FileAction {
     }
 }
 
+/// A File-menu entry of the web page (no paths there): uploads, downloads and the link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WebRequest {
+    /// Upload a configuration (TOML, or JSON by name).
+    OpenConfig,
+    /// Upload a Hugging Face config.json and import its model.
+    ImportHfConfig,
+    /// Download the file of this name (its extension says the format).
+    Download(&'static str),
+    /// Copy the page's link with the configuration in its fragment.
+    CopyLink,
+}
+
+/// The web page's File menu: labels and what they ask for, in order.
+pub const WEB_FILE_MENU: [(&str, WebRequest); 9] = [
+    ("Open configuration (TOML/JSON)…", WebRequest::OpenConfig),
+    (
+        "Import Hugging Face config.json…",
+        WebRequest::ImportHfConfig,
+    ),
+    (
+        "Download configuration (TOML)",
+        WebRequest::Download("parsim.toml"),
+    ),
+    (
+        "Download timeline (PNG)",
+        WebRequest::Download("parsim-timeline.png"),
+    ),
+    (
+        "Download timeline (SVG)",
+        WebRequest::Download("parsim-timeline.svg"),
+    ),
+    (
+        "Download trace (Chrome JSON)",
+        WebRequest::Download("parsim-trace.json"),
+    ),
+    (
+        "Download memory chart (PNG)",
+        WebRequest::Download("parsim-memory.png"),
+    ),
+    (
+        "Download memory chart (SVG)",
+        WebRequest::Download("parsim-memory.svg"),
+    ),
+    ("Copy link", WebRequest::CopyLink),
+];
+
 /// A pending path prompt (a text field, so it works the same on every platform and in tests).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PathPrompt {
@@ -106,6 +153,9 @@ pub struct ParsimApp {
     pub measured: Option<MeasuredTimeline>,
     search_task: Option<SearchTask>,
     search_result: Option<Result<SearchResult, String>>,
+    /// What the web page's File menu asked for, carried out by the page after the frame
+    /// (`crate::web`, which owns the browser side).
+    pub web_request: Option<WebRequest>,
 }
 
 impl Default for ParsimApp {
@@ -130,6 +180,7 @@ impl ParsimApp {
             measured: None,
             search_task: None,
             search_result: None,
+            web_request: None,
         }
     }
 
@@ -167,12 +218,20 @@ impl ParsimApp {
         }
     }
 
-    fn ok(&mut self, text: String) {
+    pub fn ok(&mut self, text: String) {
         self.status = Some(Status { text, error: false });
     }
 
-    fn fail(&mut self, text: String) {
+    pub fn fail(&mut self, text: String) {
         self.status = Some(Status { text, error: true });
+    }
+
+    /// Reports a download (the web build's file menu).
+    pub fn done(&mut self, r: Result<(), String>, name: &str) {
+        match r {
+            Ok(()) => self.ok(format!("downloaded {name}")),
+            Err(e) => self.fail(e),
+        }
     }
 
     /// The file the configuration came from or went to, if it still holds exactly it.
@@ -247,6 +306,11 @@ impl ParsimApp {
         self.search_task = Some(SearchTask::start(spec, move || ctx.request_repaint()));
     }
 
+    /// The last search's outcome, once it has finished.
+    pub fn search_result(&self) -> Option<&Result<SearchResult, String>> {
+        self.search_result.as_ref()
+    }
+
     /// True while a search runs.
     pub fn searching(&self) -> bool {
         self.search_task.is_some()
@@ -262,51 +326,74 @@ impl ParsimApp {
         }
     }
 
+    /// The File menu of the web build: uploads, downloads and the link, each a request the
+    /// page carries out after the frame.
+    #[cfg(target_arch = "wasm32")]
+    fn file_menu(&mut self, ui: &mut Ui) {
+        for (i, (label, request)) in WEB_FILE_MENU.iter().enumerate() {
+            if [2, 3, 8].contains(&i) {
+                ui.separator();
+            }
+            if ui.button(*label).clicked() {
+                self.web_request = Some(*request);
+            }
+        }
+        self.copy_command_line(ui);
+    }
+
+    fn copy_command_line(&mut self, ui: &mut Ui) {
+        if ui.button("Copy command line").clicked() {
+            let c = command_line(&self.session.config, self.saved_path().as_deref());
+            ui.ctx().copy_text(c.text.clone());
+            self.command = Some(c);
+        }
+    }
+
+    /// The File menu of the desktop: paths to open, save and export.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn file_menu(&mut self, ui: &mut Ui) {
+        let prompt = |action, path: &str| {
+            Some(PathPrompt {
+                action,
+                path: path.to_string(),
+            })
+        };
+        let current = self.file.as_ref().map(|(p, _)| p.display().to_string());
+        if ui.button("Open…").clicked() {
+            self.prompt = prompt(
+                FileAction::Open,
+                current.as_deref().unwrap_or("parsim-gui.toml"),
+            );
+        }
+        if ui.button("Save").clicked() {
+            match self.file.as_ref().map(|(p, _)| p.clone()) {
+                Some(p) => self.save(&p),
+                None => self.prompt = prompt(FileAction::SaveAs, "parsim-gui.toml"),
+            }
+        }
+        if ui.button("Save as…").clicked() {
+            self.prompt = prompt(
+                FileAction::SaveAs,
+                current.as_deref().unwrap_or("parsim-gui.toml"),
+            );
+        }
+        if ui.button("Open measured trace…").clicked() {
+            self.prompt = prompt(FileAction::OpenTrace, "parsim-trace.json");
+        }
+        ui.separator();
+        if ui.button("Export timeline…").clicked() {
+            self.prompt = prompt(FileAction::ExportTimeline, "parsim-timeline.png");
+        }
+        if ui.button("Export memory chart…").clicked() {
+            self.prompt = prompt(FileAction::ExportMemory, "parsim-memory.png");
+        }
+        ui.separator();
+        self.copy_command_line(ui);
+    }
+
     fn menu(&mut self, ui: &mut Ui) {
         egui::MenuBar::new().ui(ui, |ui| {
-            ui.menu_button("File", |ui| {
-                let prompt = |action, path: &str| {
-                    Some(PathPrompt {
-                        action,
-                        path: path.to_string(),
-                    })
-                };
-                let current = self.file.as_ref().map(|(p, _)| p.display().to_string());
-                if ui.button("Open…").clicked() {
-                    self.prompt = prompt(
-                        FileAction::Open,
-                        current.as_deref().unwrap_or("parsim-gui.toml"),
-                    );
-                }
-                if ui.button("Save").clicked() {
-                    match self.file.as_ref().map(|(p, _)| p.clone()) {
-                        Some(p) => self.save(&p),
-                        None => self.prompt = prompt(FileAction::SaveAs, "parsim-gui.toml"),
-                    }
-                }
-                if ui.button("Save as…").clicked() {
-                    self.prompt = prompt(
-                        FileAction::SaveAs,
-                        current.as_deref().unwrap_or("parsim-gui.toml"),
-                    );
-                }
-                if ui.button("Open measured trace…").clicked() {
-                    self.prompt = prompt(FileAction::OpenTrace, "parsim-trace.json");
-                }
-                ui.separator();
-                if ui.button("Export timeline…").clicked() {
-                    self.prompt = prompt(FileAction::ExportTimeline, "parsim-timeline.png");
-                }
-                if ui.button("Export memory chart…").clicked() {
-                    self.prompt = prompt(FileAction::ExportMemory, "parsim-memory.png");
-                }
-                ui.separator();
-                if ui.button("Copy command line").clicked() {
-                    let c = command_line(&self.session.config, self.saved_path().as_deref());
-                    ui.ctx().copy_text(c.text.clone());
-                    self.command = Some(c);
-                }
-            });
+            ui.menu_button("File", |ui| self.file_menu(ui));
             ui.menu_button("View", |ui| {
                 ui.checkbox(&mut self.show_search, "Search panel");
                 ui.checkbox(&mut self.timeline.compare, "Compare two schedules");

@@ -67,6 +67,30 @@ pub fn export_memory(path: &Path, estimate: &Estimate) -> Result<(), String> {
     .map_err(|e| e.to_string())
 }
 
+/// The timeline of `runs` as an SVG document, with its size in pixels (the web build's
+/// downloads: no file system there).
+pub fn timeline_svg(runs: &[&Run]) -> Result<(String, (u32, u32)), String> {
+    let pairs: Vec<_> = runs.iter().map(|r| (&r.program, &r.sim)).collect();
+    let size = gantt::default_size(&pairs);
+    let svg = gantt::svg_string(&pairs, size).map_err(|e| e.to_string())?;
+    Ok((svg, size))
+}
+
+/// The memory chart of `estimate` as an SVG document, with its size in pixels.
+pub fn memory_svg(estimate: &Estimate) -> Result<(String, (u32, u32)), String> {
+    let m = &estimate.memory;
+    let size = memory_chart::default_size(m);
+    let svg = memory_chart::svg_string(m, size).map_err(|e| e.to_string())?;
+    Ok((svg, size))
+}
+
+/// The simulated schedules of `runs` as a Chrome trace (chrome://tracing, Perfetto), as
+/// `parsim schedule --trace` writes it.
+pub fn trace_json(runs: &[&Run]) -> String {
+    let pairs: Vec<_> = runs.iter().map(|r| (&r.program, &r.sim)).collect();
+    parsim::report::chrome_trace::chrome_trace(&pairs).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,5 +121,31 @@ mod tests {
             export_memory(&dir.path().join(name), &r.estimate).unwrap();
         }
         assert!(export_memory(&dir.path().join("m.jpg"), &r.estimate).is_err());
+    }
+
+    /// The web build's downloads are the desktop's SVG files, byte for byte, and the trace is
+    /// the engine's Chrome trace of the same runs.
+    #[test]
+    fn web_downloads_equal_the_desktop_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Session::default();
+        let r = s.last_valid.as_ref().unwrap();
+        let run = r.timeline.as_ref().unwrap();
+        let (t, m) = (dir.path().join("t.svg"), dir.path().join("m.svg"));
+        export_timeline(&t, &[run]).unwrap();
+        export_memory(&m, &r.estimate).unwrap();
+        assert_eq!(
+            timeline_svg(&[run]).unwrap().0,
+            std::fs::read_to_string(t).unwrap()
+        );
+        assert_eq!(
+            memory_svg(&r.estimate).unwrap().0,
+            std::fs::read_to_string(m).unwrap()
+        );
+        let trace: serde_json::Value = serde_json::from_str(&trace_json(&[run])).unwrap();
+        let events = trace["traceEvents"].as_array().expect("traceEvents");
+        // One complete event per action of the program (report/chrome_trace.rs).
+        let complete = events.iter().filter(|e| e["ph"] == "X").count();
+        assert_eq!(complete, run.program.num_actions());
     }
 }

@@ -1,11 +1,22 @@
 //! The engine's search run on a background thread, so the window stays responsive: progress
 //! is shared through atomics, the result comes back once, and the search can be cancelled.
+//! The web page has no threads: there the same API steps the engine's sliced search between
+//! frames ([`crate::web::search`]).
 
-use parsim::search::{search, Constraint, SearchError, SearchResult, SearchSpec};
+use parsim::search::Constraint;
+#[cfg(not(target_arch = "wasm32"))]
+use parsim::search::{search, SearchError, SearchResult, SearchSpec};
+#[cfg(not(target_arch = "wasm32"))]
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+#[cfg(not(target_arch = "wasm32"))]
 use std::sync::{Arc, Mutex};
+#[cfg(not(target_arch = "wasm32"))]
 use std::thread::JoinHandle;
 
+#[cfg(target_arch = "wasm32")]
+pub use crate::web::search::SearchTask;
+
+#[cfg(not(target_arch = "wasm32"))]
 /// What the thread shares with the window.
 #[derive(Debug, Default)]
 struct Shared {
@@ -15,6 +26,7 @@ struct Shared {
     result: Mutex<Option<Result<SearchResult, String>>>,
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 /// A search in flight (or finished, until its result is taken).
 #[derive(Debug)]
 pub struct SearchTask {
@@ -33,6 +45,7 @@ pub fn parse_constraints(text: &str) -> Result<Vec<Constraint>, String> {
         .collect()
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 impl SearchTask {
     /// Starts `spec` on a new thread; `wake` is called whenever there is progress to show
     /// (the app passes a repaint request).
@@ -98,6 +111,7 @@ impl SearchTask {
     }
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 impl Drop for SearchTask {
     fn drop(&mut self) {
         self.cancel();

@@ -10,7 +10,8 @@ use parsim::config::{Config, ConfigError, GpuProfile, Resolved, ScheduleKind, Vi
 use parsim::estimate::{estimate, pipeline, Estimate, EstimateError};
 use parsim::schedule::{simulate, Program, Simulation};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use web_time::Instant;
 
 /// Programs with more actions than this are not simulated for drawing (the estimate still
 /// simulates them, extrapolated): a timeline of a quarter million bars is unreadable anyway.

@@ -61,12 +61,37 @@ pub fn write_svg(path: &Path, chart: &impl Chart, size: (u32, u32)) -> Result<()
     root.present().map_err(|e| draw_err(path, e))
 }
 
-/// Writes `chart` as a PNG of `size` pixels to `path`.
+/// `chart` as an SVG document of `size` pixels (the web build's downloads, which have no file
+/// system to write to).
+pub fn svg_string(chart: &impl Chart, size: (u32, u32)) -> Result<String, ChartError> {
+    check(chart, size)?;
+    let mut out = String::new();
+    {
+        let root = SVGBackend::with_string(&mut out, size).into_drawing_area();
+        let here = Path::new("(memory)");
+        chart.draw(&root).map_err(|e| draw_err(here, e))?;
+        root.present().map_err(|e| draw_err(here, e))?;
+    }
+    Ok(out)
+}
+
+/// Writes `chart` as a PNG of `size` pixels to `path` (not in the web build, where plotters
+/// draws no text into bitmaps).
+#[cfg(not(target_arch = "wasm32"))]
 pub fn write_png(path: &Path, chart: &impl Chart, size: (u32, u32)) -> Result<(), ChartError> {
     check(chart, size)?;
     let root = BitMapBackend::new(path, size).into_drawing_area();
     chart.draw(&root).map_err(|e| draw_err(path, e))?;
     root.present().map_err(|e| draw_err(path, e))
+}
+
+/// In the web build there is no file to write, and plotters draws no text into bitmaps.
+#[cfg(target_arch = "wasm32")]
+pub fn write_png(path: &Path, _chart: &impl Chart, _size: (u32, u32)) -> Result<(), ChartError> {
+    Err(ChartError::Draw {
+        path: path.display().to_string(),
+        message: "PNG charts need the native build (the web build exports SVG)".into(),
+    })
 }
 
 /// Converts one of the shared colours ([`super::colors`]) to plotters' type.

@@ -54,6 +54,14 @@ pub fn write_svg(
     chart::write_svg(path, &Gantt(runs), size)
 }
 
+/// An SVG Gantt chart of `runs` (stacked) of `size` pixels, as a string.
+pub fn svg_string(
+    runs: &[(&Program, &Simulation)],
+    size: (u32, u32),
+) -> Result<String, ChartError> {
+    chart::svg_string(&Gantt(runs), size)
+}
+
 /// Writes a PNG Gantt chart of `runs` (stacked) of `size` pixels to `path`.
 pub fn write_png(
     path: &Path,

@@ -69,6 +69,11 @@ pub fn write_svg(path: &Path, m: &MemoryReport, size: (u32, u32)) -> Result<(), 
     chart::write_svg(path, &MemoryChart(m), size)
 }
 
+/// An SVG chart of `m` of `size` pixels, as a string.
+pub fn svg_string(m: &MemoryReport, size: (u32, u32)) -> Result<String, ChartError> {
+    chart::svg_string(&MemoryChart(m), size)
+}
+
 /// Writes a PNG chart of `m` of `size` pixels to `path`.
 pub fn write_png(path: &Path, m: &MemoryReport, size: (u32, u32)) -> Result<(), ChartError> {
     chart::write_png(path, &MemoryChart(m), size)

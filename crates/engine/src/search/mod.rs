@@ -9,22 +9,22 @@
 use crate::config::{
     Config, CpComm, GpuProfile, PipelinePlacement, Recompute, Resolved, ScheduleKind,
 };
-use crate::estimate::{timed_ledger, Chunked, Estimate, Prepared, RunMemo};
+use crate::estimate::{timed_ledger, Chunked, Estimate, RunMemo};
 use crate::layout::{GroupKind, Layout};
 use crate::network::Network;
 use rayon::prelude::*;
 use serde::Serialize;
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Instant;
 
 mod balance;
 mod enumerate;
 mod mix;
 mod objective;
 mod run;
+mod sliced;
 
 pub use enumerate::enumerate;
 use enumerate::enumerate_in;
@@ -34,6 +34,7 @@ pub use objective::{
     Objective, ObjectiveError, ObjectiveResult, RunRanked, POOL,
 };
 use run::{group_lower_bounds, groups, leads, Pending, Run, Runs};
+pub use sliced::{Search, Step};
 
 /// What to search.
 #[derive(Debug, Clone)]
@@ -427,135 +428,18 @@ impl Bounds {
 
 /// Runs the search. `progress(done, total)` is called as work finishes (phase 1 counts the
 /// candidates, phase 2 the survivors); setting `cancel` stops it early with what has been
-/// evaluated.
+/// evaluated. The same as [`Search`] stepped to its end.
 pub fn search(
     spec: &SearchSpec,
     progress: &(dyn Fn(u64, u64) + Sync),
     cancel: &AtomicBool,
 ) -> Result<SearchResult, SearchError> {
-    if spec.mbs_max == 0 {
-        return Err(SearchError::MbsMax);
-    }
-    if spec.top == 0 {
-        return Err(SearchError::Top);
-    }
-    crate::config::check_base(&spec.base)?;
-    let start = Instant::now();
-    let gpu = Gpu::new(GpuProfile::load(&spec.base.cluster.gpu)?);
-    let mixes = enumerate_in(
-        &spec.base,
-        spec.mbs_max,
-        spec.base.cluster.nvlink_domain(&gpu),
-    );
-    let total = mixes.len() as u64;
-    let links = network_cache(&mixes, &spec.base, &gpu);
-
-    // Best-first over the runs of mixes that share a timed ledger: each run's split-free lower
-    // bound orders them, and a run that cannot enter any list is not even screened.
-    let groups = groups(&mixes);
-    let leads = leads(&mixes, &groups, spec, &links);
-    let group_lb: Vec<f64> = if spec.exhaustive {
-        vec![0.0; groups.len()]
-    } else {
-        group_lower_bounds(&mixes, &groups, &leads, (spec, &gpu, &links))
-    };
-    let mut order: Vec<usize> = (0..groups.len()).collect();
-    order.sort_by(|&a, &b| group_lb[a].total_cmp(&group_lb[b]));
-    let mut run = Run {
-        bounds: Bounds {
-            top: Vec::new(),
-            k: spec.top.max(1),
-            schedule: HashMap::new(),
-            zero: HashMap::new(),
-        },
-        fits: Vec::new(),
-        pruned: Pruned::default(),
-        evaluated: 0,
-    };
-    let threads = rayon::current_num_threads().max(1);
-    let mut done = 0u64;
-    let mut next = 0;
-    // Screened mixes waiting for their simulation.
-    let mut pending = Pending::default();
+    let mut s = Search::new(spec)?;
     loop {
-        // Simulate, lowest bound first, what no unscreened run can undercut.
-        let frontier = order.get(next).map_or(f64::INFINITY, |&g| group_lb[g]);
-        let ready = pending.take_up_to(frontier);
-        run.simulate(ready, spec, &gpu, &links, cancel);
-        if next == order.len() {
-            break;
+        match s.step(cancel) {
+            Step::Screened { done, total } => progress(done, total),
+            Step::Simulated => {}
+            Step::Done => return Ok(s.finish(cancel)),
         }
-        // Screen the next runs: about 1024 candidates per thread between bound updates.
-        let mut batch = Vec::new();
-        let mut size = 0;
-        while next < order.len() && (batch.is_empty() || size < 1024 * threads) {
-            let g = order[next];
-            next += 1;
-            size += groups[g].len();
-            batch.push(g);
-        }
-        let cancelled = cancel.load(Ordering::Relaxed);
-        done += run.screen_runs(
-            &batch,
-            &Runs {
-                mixes: &mixes,
-                groups: &groups,
-                leads: &leads,
-                bounds: &group_lb,
-            },
-            (spec, &gpu, &links),
-            cancelled,
-            &mut pending,
-        );
-        progress(done.min(total), total);
     }
-    let Run {
-        mut fits,
-        pruned,
-        evaluated,
-        ..
-    } = run;
-
-    fits.sort_by(|a, b| {
-        a.estimate
-            .time
-            .step_s
-            .total_cmp(&b.estimate.time.step_s)
-            .then_with(|| a.mix.to_string().cmp(&b.mix.to_string()))
-    });
-    let best_by = |key: &dyn Fn(&Ranked) -> String| -> Vec<Ranked> {
-        let mut seen = std::collections::BTreeSet::new();
-        fits.iter()
-            .filter(|r| seen.insert(key(r)))
-            .cloned()
-            .collect()
-    };
-    let mut best_per_schedule = best_by(&|r| r.mix.schedule.as_str().to_string());
-    let mut best_per_zero = best_by(&|r| r.mix.zero.to_string());
-    fits.truncate(spec.top);
-    // Ranked without the bubble's split by cause; what is reported gets the full estimate
-    // (the same step time: the split only names the parts of the idle time). The mix was
-    // estimated once already, so this cannot fail; were it to, the ranked figures stay.
-    for list in [&mut fits, &mut best_per_schedule, &mut best_per_zero] {
-        list.par_iter_mut().for_each(|ranked| {
-            let m = &ranked.mix;
-            let full = resolve(m, spec, &gpu).and_then(|r| {
-                let cached = links.get(&(m.tp, m.cp, m.ep, m.pp)).cloned();
-                Prepared::new(&r, cached).ok()?.finish().ok()
-            });
-            if let Some(e) = full {
-                ranked.estimate = e;
-            }
-        });
-    }
-    Ok(SearchResult {
-        candidates: total,
-        pruned,
-        evaluated,
-        elapsed_s: start.elapsed().as_secs_f64(),
-        interrupted: cancel.load(Ordering::Relaxed),
-        top: fits,
-        best_per_schedule,
-        best_per_zero,
-    })
 }

@@ -1,7 +1,7 @@
 //! Headline figures as cards (parameters, FLOPs per step, step time, tokens/s, TFLOP/s per GPU,
 //! MFU, and the pipeline bubble's three parts as the CLI splits them), the verdict, and communication per parallel group.
 
-use egui::{Frame, Grid, RichText, Ui};
+use egui::{vec2, Frame, Grid, RichText, TextStyle, TextWrapMode, Ui, WidgetText};
 use parsim::estimate::{breakdown, Estimate};
 use parsim::planning::RunReport;
 use parsim::report::format::{bytes, count, flops, seconds};
@@ -79,12 +79,38 @@ pub fn run_ui(ui: &mut Ui, run: Option<&Result<RunReport, String>>) {
     }
 }
 
+/// The narrowest card, in points.
+const CARD_MIN_WIDTH: f32 = 112.0;
+
+/// One card. A wrapping row places a widget by the size it asks for before it is drawn, so
+/// the card asks for its whole measured size: one that does not fit starts the next row
+/// instead of running past the panel's edge (and widening everything drawn under it).
 fn card(ui: &mut Ui, title: &str, value: &str) {
-    Frame::group(ui.style()).inner_margin(8.0).show(ui, |ui| {
-        ui.set_min_width(112.0);
-        ui.vertical(|ui| {
-            ui.label(RichText::new(title).small().weak());
-            ui.label(RichText::new(value).size(19.0).strong());
+    let title = WidgetText::from(RichText::new(title).small().weak());
+    let value = WidgetText::from(RichText::new(value).size(19.0).strong());
+    let measure = |t: &WidgetText| {
+        t.clone()
+            .into_galley(
+                ui,
+                Some(TextWrapMode::Extend),
+                f32::INFINITY,
+                TextStyle::Body,
+            )
+            .size()
+    };
+    let (t, v) = (measure(&title), measure(&value));
+    let frame = Frame::group(ui.style()).inner_margin(8.0);
+    let content = vec2(
+        t.x.max(v.x).max(CARD_MIN_WIDTH),
+        t.y + ui.spacing().item_spacing.y + v.y,
+    );
+    ui.allocate_ui(content + frame.total_margin().sum(), |ui| {
+        frame.show(ui, |ui| {
+            ui.set_min_width(CARD_MIN_WIDTH);
+            ui.vertical(|ui| {
+                ui.label(title);
+                ui.label(value);
+            });
         });
     });
 }
