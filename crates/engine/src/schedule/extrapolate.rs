@@ -59,7 +59,7 @@ pub fn simulate_summaries<const N: usize>(
             .map(|a| peak_live(a))
             .collect(),
     };
-    let makespan = |p: &super::simulate::Played| p.finish.iter().copied().fold(0.0, f64::max);
+    let makespan = |p: &super::lanes::Played| p.finish.iter().copied().fold(0.0, f64::max);
     for p in &played {
         let makespan = makespan(p);
         if !(makespan.is_finite() && p.busy.iter().all(|b| b.is_finite())) {

@@ -25,6 +25,7 @@ mod error;
 mod extrapolate;
 mod gpipe;
 mod interleaved;
+mod lanes;
 mod one_f_one_b;
 mod play_order;
 mod program_cache;

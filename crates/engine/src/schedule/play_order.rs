@@ -7,10 +7,7 @@
 
 use super::action::{rank_of_stage, ActionKind, Overlap, Program};
 use super::costs::Costs;
-use super::error::ScheduleError;
-use super::simulate::{
-    max, peak_live, play, played, plus, spans, whole_passes_sets, CheckedProgram, Played, Span,
-};
+use super::lanes::{max, played, plus, spans, Played, Span};
 
 /// The end that is always 0 (the input a first-stage forward does not have) and its hop.
 const ZERO: u32 = 0;
@@ -36,8 +33,8 @@ struct Step {
 
 /// The order in which a checked program's slots can be played, compiled ([`Step`]): every
 /// input of a slot is produced by a slot before it. Kept with it, each rank's peak of live
-/// activation sets ([`peak_live`]) and, for a rank of whole passes,
-/// [`whole_passes_sets`]' answer: plays and memory walks of the program read them here.
+/// activation sets ([`super::peak_live`]) and, for a rank of whole passes,
+/// [`super::whole_passes_sets`]' answer: plays and memory walks of the program read them here.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlayOrder {
     steps: Vec<Step>,
@@ -46,43 +43,31 @@ pub struct PlayOrder {
 }
 
 impl PlayOrder {
-    /// The order of `checked`'s slots as the parking walk of [`play`] meets them. Errors: a
-    /// deadlock.
-    pub fn of(checked: CheckedProgram) -> Result<PlayOrder, ScheduleError> {
-        let program = checked.program();
-        let stages = program.num_stages();
-        let zeros = vec![0.0; stages as usize];
-        let free = Costs::from_split(
-            zeros.clone(),
-            zeros.clone(),
-            zeros,
-            0.0,
-            vec![0.0; stages.saturating_sub(1) as usize],
-        )?;
-        let mut order = Vec::with_capacity(program.num_actions());
-        let mut next = vec![0usize; program.ranks.len()];
-        play(CheckedProgram(program, None), [&free], |r, _| {
-            let k = next[r];
-            next[r] += 1;
-            let a = &program.ranks[r][k];
-            order.push(step(
-                program,
-                r as u32,
-                a.kind,
-                a.stage,
-                a.microbatch,
-                a.overlap,
-            ));
-        })?;
-        Ok(PlayOrder {
-            steps: order,
-            peak_live: program.ranks.iter().map(|a| peak_live(a)).collect(),
-            whole_sets: program.ranks.iter().map(|a| whole_passes_sets(a)).collect(),
-        })
+    /// The order a parking walk met the slots of `program` in (each entry a rank and the
+    /// index of an action, every action once), compiled, with each rank's peak of live sets
+    /// and, for a rank of whole passes, its most live sets.
+    pub(super) fn compile(
+        program: &Program,
+        walked: &[(u32, u32)],
+        peak_live: Vec<u32>,
+        whole_sets: Vec<Option<u32>>,
+    ) -> PlayOrder {
+        let steps = walked
+            .iter()
+            .map(|&(r, k)| {
+                let a = &program.ranks[r as usize][k as usize];
+                step(program, r, a.kind, a.stage, a.microbatch, a.overlap)
+            })
+            .collect();
+        PlayOrder {
+            steps,
+            peak_live,
+            whole_sets,
+        }
     }
 
     /// Plays the program this order was compiled from (`program`) with each cost set in its
-    /// lane, handing each action's spans to `record` as [`play`] does, to the bit.
+    /// lane, handing each action's spans to `record` as the simulator's walk does, to the bit.
     pub(super) fn play<const N: usize>(
         &self,
         program: &Program,

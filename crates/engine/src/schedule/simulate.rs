@@ -17,16 +17,9 @@
 use super::action::{rank_of_stage, Action, ActionKind, Overlap, Program};
 use super::costs::Costs;
 use super::error::ScheduleError;
+pub use super::lanes::Span;
+use super::lanes::{max, played, plus, spans, Played};
 use super::play_order::PlayOrder;
-
-/// Start and end time of one action.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Span {
-    /// When the action starts.
-    pub start: f64,
-    /// When it ends. The two halves of an overlapped slot both end when the slot ends.
-    pub end: f64,
-}
 
 /// The outcome of playing a program.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,12 +62,6 @@ pub fn simulate(program: &Program, costs: &Costs) -> Result<Simulation, Schedule
         });
     }
     Ok(sim)
-}
-
-/// What one play of a program leaves per rank: when its last action ends and its compute time.
-pub(super) struct Played {
-    pub finish: Vec<f64>,
-    pub busy: Vec<f64>,
 }
 
 /// One stage as every lane of [`play`] sees it, looked up once per play rather than per
@@ -137,17 +124,6 @@ fn stage_lanes<const N: usize>(program: &Program, costs: [&Costs; N]) -> Vec<Sta
             }
         })
         .collect()
-}
-
-pub(super) fn plus<const N: usize>(a: [f64; N], b: [f64; N]) -> [f64; N] {
-    std::array::from_fn(|i| a[i] + b[i])
-}
-
-/// The later of two times, lane by lane. Times here are never NaN (sums of finite,
-/// non-negative costs, [`Costs::validate`]), so a plain comparison gives what `f64::max` does
-/// without its NaN handling.
-pub(super) fn max<const N: usize>(a: [f64; N], b: [f64; N]) -> [f64; N] {
-    std::array::from_fn(|i| if b[i] > a[i] { b[i] } else { a[i] })
 }
 
 /// End times of every (stage, microbatch) cell's forward and input-gradient backward, per
@@ -336,14 +312,6 @@ pub(super) fn play<const N: usize>(
     Ok(played(&free, &busy))
 }
 
-/// Each lane's [`Played`] from the ranks' free times and busy times.
-pub(super) fn played<const N: usize>(free: &[[f64; N]], busy: &[[f64; N]]) -> [Played; N] {
-    std::array::from_fn(|i| Played {
-        finish: free.iter().map(|t| t[i]).collect(),
-        busy: busy.iter().map(|t| t[i]).collect(),
-    })
-}
-
 /// How long a slot (one action, or the two halves of an overlapped DualPipe-V slot at the
 /// overlap factor) takes, per lane.
 fn slot_duration<const N: usize>(
@@ -359,14 +327,6 @@ fn slot_duration<const N: usize>(
         }
         _ => duration(&slot[0]),
     }
-}
-
-/// One span per lane from start and end times.
-pub(super) fn spans<const N: usize>(t0: [f64; N], t1: [f64; N]) -> [Span; N] {
-    std::array::from_fn(|i| Span {
-        start: t0[i],
-        end: t1[i],
-    })
 }
 
 /// The program and costs describe the same stages, and the cells fit the simulator's indices.
@@ -420,6 +380,35 @@ impl<'a> CheckedProgram<'a> {
     /// The program itself.
     pub fn program(&self) -> &'a Program {
         self.0
+    }
+}
+
+impl PlayOrder {
+    /// The order of `checked`'s slots as the parking walk of [`play`] meets them, compiled
+    /// ([`PlayOrder::compile`]). Errors: a deadlock.
+    pub fn of(checked: CheckedProgram) -> Result<PlayOrder, ScheduleError> {
+        let program = checked.program();
+        let stages = program.num_stages();
+        let zeros = vec![0.0; stages as usize];
+        let free = Costs::from_split(
+            zeros.clone(),
+            zeros.clone(),
+            zeros,
+            0.0,
+            vec![0.0; stages.saturating_sub(1) as usize],
+        )?;
+        let mut walked = Vec::with_capacity(program.num_actions());
+        let mut next = vec![0u32; program.ranks.len()];
+        play(CheckedProgram(program, None), [&free], |r, _| {
+            walked.push((r as u32, next[r]));
+            next[r] += 1;
+        })?;
+        Ok(PlayOrder::compile(
+            program,
+            &walked,
+            program.ranks.iter().map(|a| peak_live(a)).collect(),
+            program.ranks.iter().map(|a| whole_passes_sets(a)).collect(),
+        ))
     }
 }
 
