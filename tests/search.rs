@@ -60,6 +60,10 @@ fn bound_gives_the_same_answer_as_exhaustive() {
             + fast.evaluated,
         fast.candidates
     );
+    // As the GUI's summary line counts them: the mixes that do not fit after their estimate are
+    // among the evaluated, not the pruned.
+    assert_eq!(fast.pruned.unevaluated() + fast.evaluated, fast.candidates);
+    assert!(fast.pruned.memory <= fast.evaluated);
 }
 
 #[test]

@@ -68,8 +68,10 @@ pub struct Pruned {
 }
 
 impl Pruned {
-    pub fn total(&self) -> u64 {
-        self.constraint + self.invalid + self.memory_bound + self.memory + self.time_bound
+    /// The candidates dropped before any estimate: with [`SearchResult::evaluated`], every
+    /// candidate once. `memory` is not among them: those mixes were evaluated, and counted there.
+    pub fn unevaluated(&self) -> u64 {
+        self.constraint + self.invalid + self.memory_bound + self.time_bound
     }
 }
 

@@ -110,10 +110,11 @@ pub fn ui(ui: &mut Ui, opt: &mut SearchOptions, view: &SearchView<'_>) -> Search
         Some(Ok(r)) => {
             ui.label(
                 RichText::new(format!(
-                    "{} candidates, {} evaluated, {} pruned, {:.2} s{}",
+                    "{} candidates, {} evaluated ({} do not fit), {} pruned, {:.2} s{}",
                     r.candidates,
                     r.evaluated,
-                    r.pruned.total(),
+                    r.pruned.memory,
+                    r.pruned.unevaluated(),
                     r.elapsed_s,
                     if r.interrupted { " (cancelled)" } else { "" }
                 ))
