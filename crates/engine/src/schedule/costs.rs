@@ -151,24 +151,17 @@ impl Costs {
                 self.hop_transfer.len()
             )));
         }
-        let times = [
+        for (name, v) in [
             ("forward", &self.forward[..]),
             ("input_grad", &self.input_grad[..]),
             ("weight_grad", &self.weight_grad[..]),
             ("hop_transfer", &self.hop_transfer[..]),
             ("p2p_latency", std::slice::from_ref(&self.p2p_latency)),
-        ];
-        // Every time at once (the plays of an estimate and a search check costs often), then,
-        // only on failure, which one.
-        let time = |x: &f64| *x >= 0.0 && *x < f64::INFINITY;
-        let all_times = |v: &[f64]| v.iter().fold(true, |ok, x| ok & time(x));
-        if !times.iter().fold(true, |ok, (_, v)| ok & all_times(v)) {
-            for (name, v) in times {
-                if let Some(x) = v.iter().find(|x| !time(x)) {
-                    return Err(ScheduleError::BadCosts(format!(
-                        "{name} must be a finite, non-negative time (got {x})"
-                    )));
-                }
+        ] {
+            if let Some(x) = v.iter().find(|x| !x.is_finite() || **x < 0.0) {
+                return Err(ScheduleError::BadCosts(format!(
+                    "{name} must be a finite, non-negative time (got {x})"
+                )));
             }
         }
         if !(self.overlap_factor > 0.0 && self.overlap_factor <= 1.0) {

@@ -5,12 +5,15 @@
 //! program played many times (the estimate's, a search's) then plays straight down the list,
 //! with no parking, waking or input lookups.
 
-use super::action::{rank_of_stage, ActionKind, Overlap, Program};
+use super::action::{ActionKind, Overlap, Program};
 use super::costs::Costs;
-use super::lanes::{max, played, plus, spans, Played, Span};
+use super::lanes::{max, played, plus, spans, stage_lanes, Played, Span, FROM_AFTER, FROM_BEFORE};
 
-/// The end that is always 0 (the input a first-stage forward does not have) and its hop.
+/// The end that is always 0 (the input a first-stage forward does not have).
 const ZERO: u32 = 0;
+/// The hop of an input that pays none: the first stage's forward input hop, always 0
+/// ([`super::lanes::StageLanes::hop`], stage 0).
+const NO_HOP: u32 = FROM_BEFORE as u32;
 /// The end nobody reads (a W's).
 const SINK: u32 = 1;
 /// Ends before the cells': [`ZERO`] and [`SINK`].
@@ -18,8 +21,8 @@ const RESERVED: u32 = 2;
 
 /// One action as the compiled play runs it. Ends are numbered [`RESERVED`] + cell for
 /// forwards and [`RESERVED`] + cells + cell for input gradients (B or I); durations
-/// stage x 4 + kind; hops 1 + stage for a forward's input, 1 + stages + stage for a
-/// gradient's, [`ZERO`] for none.
+/// stage x 4 + kind slot and hops stage x 2 + [`super::lanes::StageLanes::hop`]'s slot, of the play's
+/// [`stage_lanes`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Step {
     rank: u32,
@@ -76,41 +79,11 @@ impl PlayOrder {
     ) -> [Played; N] {
         let stages = program.num_stages();
         let pp = program.pp as usize;
-        let owner = |s: u32| rank_of_stage(program.placement, program.pp, s);
-        let durations: Vec<[f64; N]> = (0..stages as usize)
-            .flat_map(|s| {
-                [
-                    costs.map(|c| c.forward[s]),
-                    costs.map(|c| c.backward[s]),
-                    costs.map(|c| c.input_grad[s]),
-                    costs.map(|c| c.weight_grad[s]),
-                ]
-            })
-            .collect();
-        // A hop across the boundary above `lower`, paid only between different ranks.
-        let crossing = |a: u32, b: u32, lower: u32| -> [f64; N] {
-            if owner(a) != owner(b) {
-                costs.map(|c| c.hop(lower))
-            } else {
-                [0.0; N]
-            }
-        };
-        let mut hops: Vec<[f64; N]> = Vec::with_capacity(1 + 2 * stages as usize);
-        hops.push([0.0; N]);
-        hops.extend((0..stages).map(|s| {
-            if s == 0 {
-                [0.0; N]
-            } else {
-                crossing(s - 1, s, s - 1)
-            }
-        }));
-        hops.extend((0..stages).map(|s| {
-            if s + 1 == stages {
-                [0.0; N]
-            } else {
-                crossing(s + 1, s, s)
-            }
-        }));
+        // Flat tables, indexed as the steps are compiled (stage x 4 + kind slot, stage x 2 +
+        // hop slot).
+        let lanes = stage_lanes(program, costs);
+        let durations: Vec<[f64; N]> = lanes.iter().flat_map(|l| l.duration).collect();
+        let hops: Vec<[f64; N]> = lanes.iter().flat_map(|l| l.hop).collect();
         let overlap_factor: [f64; N] = costs.map(|c| c.overlap_factor);
         let cells = stages as usize * program.microbatches as usize;
         let mut ends = vec![[0.0f64; N]; RESERVED as usize + 2 * cells];
@@ -171,18 +144,31 @@ fn step(
     let f_end = |s: u32| RESERVED + cell(s);
     let g_end = |s: u32| RESERVED + cells + cell(s);
     let (slot, out, input, hop) = match kind {
-        ActionKind::F if stage == 0 => (0, f_end(stage), [ZERO; 2], [ZERO; 2]),
-        ActionKind::F => (0, f_end(stage), [f_end(stage - 1), ZERO], [1 + stage, ZERO]),
+        ActionKind::F if stage == 0 => (0, f_end(stage), [ZERO; 2], [NO_HOP; 2]),
+        ActionKind::F => {
+            let from_before = 2 * stage + FROM_BEFORE as u32;
+            (
+                0,
+                f_end(stage),
+                [f_end(stage - 1), ZERO],
+                [from_before, NO_HOP],
+            )
+        }
         ActionKind::B | ActionKind::I => {
             let slot = if kind == ActionKind::B { 1 } else { 2 };
             let above = if stage + 1 == stages {
-                (ZERO, ZERO)
+                (ZERO, NO_HOP)
             } else {
-                (g_end(stage + 1), 1 + stages + stage)
+                (g_end(stage + 1), 2 * stage + FROM_AFTER as u32)
             };
-            (slot, g_end(stage), [f_end(stage), above.0], [ZERO, above.1])
+            (
+                slot,
+                g_end(stage),
+                [f_end(stage), above.0],
+                [NO_HOP, above.1],
+            )
         }
-        ActionKind::W => (3, SINK, [g_end(stage), ZERO], [ZERO; 2]),
+        ActionKind::W => (3, SINK, [g_end(stage), ZERO], [NO_HOP; 2]),
     };
     Step {
         rank,

@@ -14,11 +14,13 @@
 //! overlapped DualPipe-V slot count together (the forward's activations are created while the
 //! backward's are still held).
 
-use super::action::{rank_of_stage, Action, ActionKind, Overlap, Program};
+use super::action::{Action, ActionKind, Overlap, Program};
 use super::costs::Costs;
 use super::error::ScheduleError;
 pub use super::lanes::Span;
-use super::lanes::{max, played, plus, spans, Played};
+use super::lanes::{
+    kind_slot, max, played, plus, spans, stage_lanes, Played, StageLanes, FROM_AFTER, FROM_BEFORE,
+};
 use super::play_order::PlayOrder;
 
 /// The outcome of playing a program.
@@ -64,68 +66,6 @@ pub fn simulate(program: &Program, costs: &Costs) -> Result<Simulation, Schedule
     Ok(sim)
 }
 
-/// One stage as every lane of [`play`] sees it, looked up once per play rather than per
-/// action: its rank, the durations of its F, B, I and W, and the hops its inputs pay.
-#[derive(Clone, Copy)]
-struct StageLanes<const N: usize> {
-    owner: u32,
-    /// Durations per lane, indexed by [`kind_slot`].
-    duration: [[f64; N]; 4],
-    /// The hop the forward input (from s - 1) pays: 0 on the first stage or the same rank.
-    f_hop: [f64; N],
-    /// The hop the backward input (from s + 1) pays: 0 on the last stage or the same rank.
-    b_hop: [f64; N],
-}
-
-/// The slot of an action kind in [`StageLanes::duration`].
-fn kind_slot(kind: ActionKind) -> usize {
-    match kind {
-        ActionKind::F => 0,
-        ActionKind::B => 1,
-        ActionKind::I => 2,
-        ActionKind::W => 3,
-    }
-}
-
-/// Every stage's [`StageLanes`] for `costs` on `program`'s placement.
-fn stage_lanes<const N: usize>(program: &Program, costs: [&Costs; N]) -> Vec<StageLanes<N>> {
-    let stages = program.num_stages();
-    let owner = |s: u32| rank_of_stage(program.placement, program.pp, s);
-    // A hop between `a` and `b` (stages), across the boundary above `lower`: paid only when
-    // the two run on different ranks (a checked program runs each stage on its owner).
-    let crossing = |a: u32, b: u32, lower: u32| -> [f64; N] {
-        if owner(a) != owner(b) {
-            costs.map(|c| c.hop(lower))
-        } else {
-            [0.0; N]
-        }
-    };
-    (0..stages)
-        .map(|s| {
-            let i = s as usize;
-            StageLanes {
-                owner: owner(s),
-                duration: [
-                    costs.map(|c| c.forward[i]),
-                    costs.map(|c| c.backward[i]),
-                    costs.map(|c| c.input_grad[i]),
-                    costs.map(|c| c.weight_grad[i]),
-                ],
-                f_hop: if s == 0 {
-                    [0.0; N]
-                } else {
-                    crossing(s - 1, s, s - 1)
-                },
-                b_hop: if s + 1 == stages {
-                    [0.0; N]
-                } else {
-                    crossing(s + 1, s, s)
-                },
-            }
-        })
-        .collect()
-}
-
 /// End times of every (stage, microbatch) cell's forward and input-gradient backward, per
 /// lane; lane 0's NaN marks an action not yet run (all lanes run together).
 struct Ends<const N: usize> {
@@ -162,7 +102,7 @@ impl<const N: usize> Ends<N> {
                 if !exists(&t) {
                     return Err(Input::Forward(cell));
                 }
-                Ok(plus(t, lanes[s as usize].f_hop))
+                Ok(plus(t, lanes[s as usize].hop[FROM_BEFORE]))
             }
             ActionKind::B | ActionKind::I => {
                 let cell = self.cell(s, a.microbatch);
@@ -178,7 +118,7 @@ impl<const N: usize> Ends<N> {
                 if !exists(&t) {
                     return Err(Input::Gradient(above));
                 }
-                Ok(max(own, plus(t, lanes[s as usize].b_hop)))
+                Ok(max(own, plus(t, lanes[s as usize].hop[FROM_AFTER])))
             }
             ActionKind::W => {
                 let cell = self.cell(s, a.microbatch);
