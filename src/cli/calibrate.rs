@@ -4,13 +4,12 @@
 
 use anyhow::Context;
 use clap::Args;
+use parsim::calibrate::loop_fit::{fit_with_tables, FittedTables, LoopFit};
 use parsim::calibrate::measurements;
 use parsim::calibrate::op_report::{compare, ClassRow, Predicted};
-use parsim::calibrate::profile_fit::{fit_profile, ProfileFit};
-use parsim::calibrate::table_fit::{
-    fit_tables, merge_tables, reproduce, Reproduction, REPRODUCTION_BOUND,
-};
-use parsim::config::tables::{RateTables, TableProvenance};
+use parsim::calibrate::profile_fit::ProfileFit;
+use parsim::calibrate::table_fit::{Reproduction, REPRODUCTION_BOUND};
+use parsim::config::tables::TableProvenance;
 use parsim::config::GpuProfile;
 use parsim::report::format::{gib, seconds};
 use parsim::report::table::table;
@@ -66,7 +65,7 @@ fn print_fit(f: &ProfileFit, report: bool) {
             num(p.before),
             num(p.after),
             p.ci95
-                .map_or("-".into(), |(a, b)| format!("[{}, {}]", num(a), num(b))),
+                .map_or("n/a".into(), |(a, b)| format!("[{}, {}]", num(a), num(b))),
             match (p.identifiable, fitted) {
                 (true, true) => "yes".into(),
                 (true, false) => "yes, but not fitted: more parameters than measurements".into(),
@@ -78,7 +77,7 @@ fn print_fit(f: &ProfileFit, report: bool) {
         "runtime_overhead_bytes".to_string(),
         gib(f.runtime_overhead_bytes.0) + " GiB",
         gib(f.runtime_overhead_bytes.1) + " GiB",
-        "-".into(),
+        "n/a".into(),
         if f.rows.iter().any(|r| r.measured_peak_bytes.is_some()) {
             "yes".into()
         } else {
@@ -86,9 +85,14 @@ fn print_fit(f: &ProfileFit, report: bool) {
         },
     ]);
     println!("{t}");
+    // With no degrees of freedom the fit passes through its points: R^2 says nothing.
+    let r2 = if f.degrees_of_freedom > 0 && f.r2.is_finite() {
+        format!("{:.4}", f.r2)
+    } else {
+        "n/a".into()
+    };
     println!(
-        "fit: R^2 {:.4} on log step time, residual spread {:.2}% (rms), {} degrees of freedom",
-        f.r2,
+        "fit: R^2 {r2} on log step time, residual spread {:.2}% (rms), {} degrees of freedom",
         100.0 * f.residual_rms,
         f.degrees_of_freedom
     );
@@ -155,17 +159,9 @@ fn print_fit(f: &ProfileFit, report: bool) {
     }
 }
 
-/// The rate tables fitted from the measurement lines' op timings (every line's together),
-/// with how well they reproduce them; `None` when no line carries ops.
-fn fit_op_tables(
-    base: &GpuProfile,
-    ops: &[OpTiming],
-    origin: &str,
-) -> anyhow::Result<Option<(RateTables, Vec<Reproduction>)>> {
-    if ops.is_empty() {
-        return Ok(None);
-    }
-    let provenance = TableProvenance {
+/// The provenance of tables fitted by `parsim calibrate` from the lines of `origin`.
+fn table_provenance(base: &GpuProfile, origin: &str) -> TableProvenance {
+    TableProvenance {
         date: parsim::host::utc_date(),
         device: format!(
             "{} (the profile fitted: the measurement lines do not name their device)",
@@ -176,11 +172,7 @@ fn fit_op_tables(
             "parsim {} `calibrate` from the op timings in {origin}",
             env!("CARGO_PKG_VERSION")
         ),
-    };
-    let fitted = fit_tables(ops, base, &provenance)
-        .with_context(|| format!("{origin}: fitting rate tables from the lines' `ops`"))?;
-    let reproduction = reproduce(ops, &fitted, base);
-    Ok(Some((fitted, reproduction)))
+    }
 }
 
 /// Per op class, how closely the fitted tables give back the timings they came from.
@@ -189,23 +181,27 @@ fn print_reproduction(rows: &[Reproduction]) {
         "op class",
         "timings",
         "not covered",
-        "median error",
-        "worst error",
+        "class total",
+        "median timing",
+        "worst timing",
     ]);
     for r in rows {
         t.add_row(vec![
             r.class.to_string(),
             r.ops.to_string(),
             r.uncovered.to_string(),
+            format!("{:+.1}%", 100.0 * r.total_error),
             format!("{:.1}%", 100.0 * r.median_error),
             format!("{:.1}%", 100.0 * r.worst_error),
         ]);
     }
-    println!("rate tables fitted from the op timings (the tables time the ops they cover):\n{t}");
+    println!(
+        "rate tables fitted from the fitting lines' op timings, against those timings (the class's seconds, and each timing's error):\n{t}"
+    );
 }
 
 pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
-    let mut base = GpuProfile::load(&args.profile)?;
+    let base = GpuProfile::load(&args.profile)?;
     let ms = measurements::read(&args.measurements)?;
     for w in measurements::peak_warnings(&ms, &args.measurements.display().to_string()) {
         eprintln!("warning: {w}");
@@ -217,14 +213,13 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
             "--ops-png: no line of {origin} carries `ops` (op timings: `execute --profile-ops`, docs/calibration.md)"
         );
     }
-    // The profile as given, for the op classes' "before".
+    // The profile as given, for the op classes' "before". Tables first (from the fitting
+    // lines' timings only), so the scalar fit starts from them and fits only what they leave.
     let given = base.clone();
-    // Tables first, so the scalar fit starts from them and fits only what they leave.
-    let op_tables = fit_op_tables(&base, &ops, &origin)?;
-    if let Some((fitted, _)) = &op_tables {
-        merge_tables(&mut base.tables, fitted.clone());
-    }
-    let fit = fit_profile(&base, &ms, &origin)?;
+    let LoopFit { fit, tables } =
+        fit_with_tables(&base, &ms, &origin, &table_provenance(&base, &origin))
+            .with_context(|| origin.clone())?;
+    let op_tables = tables.map(|t| (t.tables, t.reproduction));
     let op_report = (!ops.is_empty()).then(|| compare(&ops, &given, &fit.profile));
     if args.json {
         let mut v = serde_json::to_value(&fit)?;
@@ -252,9 +247,9 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
     for r in op_tables.iter().flat_map(|(_, rows)| rows) {
         if !r.within_bound() {
             eprintln!(
-                "warning: the {} table misses its own timings by up to {:.1}% (bound {:.0}%)",
+                "warning: the {} table gives its timings' seconds {:+.1}% off (bound {:.0}%)",
                 r.class,
-                100.0 * r.worst_error,
+                100.0 * r.total_error,
                 100.0 * REPRODUCTION_BOUND
             );
         }
@@ -339,9 +334,31 @@ fn op_class_text(rows: &[ClassRow]) -> String {
     )
 }
 
+/// `execute --calibrate`'s report of its fit: the fit and, with op timings, the tables'
+/// reproduction of them (`--json`: the fit with `op_tables`).
+fn print_sweep_fit(
+    fit: &ProfileFit,
+    tables: Option<&FittedTables>,
+    json: bool,
+) -> anyhow::Result<()> {
+    if json {
+        let mut v = serde_json::to_value(fit)?;
+        if let (Some(t), Some(obj)) = (tables, v.as_object_mut()) {
+            obj.insert("op_tables".into(), serde_json::to_value(&t.reproduction)?);
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print_fit(fit, true);
+        if let Some(t) = tables {
+            print_reproduction(&t.reproduction);
+        }
+    }
+    Ok(())
+}
+
 /// Runs of each sweep point in `parsim execute --calibrate` (the fastest is kept: interference
 /// from other work only ever adds time).
-const REPEATS: u32 = 2;
+const REPEATS: u32 = 3;
 
 /// `parsim execute --calibrate`: run the sweep on the CPU backend, fit the CPU profile, write
 /// it (and the measurements beside it, as its provenance).
@@ -390,7 +407,12 @@ pub fn run_execute_calibrate(
                 .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
         })
         .unwrap_or_else(|| "unknown CPU".into());
+    // The measurements first: a fit that fails leaves them for `parsim calibrate`.
     let jsonl_path = out.map(|o| o.with_extension("jsonl"));
+    if let Some(jsonl) = &jsonl_path {
+        std::fs::write(jsonl, sweep::to_jsonl(&ms))
+            .with_context(|| format!("cannot write {}", jsonl.display()))?;
+    }
     let origin = format!(
         "{} (CPU backend sweep, {}, {})",
         jsonl_path
@@ -399,18 +421,21 @@ pub fn run_execute_calibrate(
         date.trim(),
         host
     );
-    let mut fit = fit_profile(&base, &ms, &origin)?;
+    let provenance = TableProvenance {
+        date: date.trim().to_string(),
+        device: host.clone(),
+        driver: "none: the CPU backend (threads)".into(),
+        software: format!(
+            "parsim {} `execute --calibrate --backend cpu`",
+            env!("CARGO_PKG_VERSION")
+        ),
+    };
+    let LoopFit { mut fit, tables } = fit_with_tables(&base, &ms, &origin, &provenance)?;
     // The CPU tracker counts only the run's own tensors: keep its runtime overhead at zero.
     fit.profile.runtime_overhead_bytes = 0;
     fit.profile.provenance.remove("runtime_overhead_bytes");
-    if json {
-        println!("{}", serde_json::to_string_pretty(&fit)?);
-    } else {
-        print_fit(&fit, true);
-    }
+    print_sweep_fit(&fit, tables.as_ref(), json)?;
     if let (Some(path), Some(jsonl)) = (out, jsonl_path) {
-        std::fs::write(&jsonl, sweep::to_jsonl(&ms))
-            .with_context(|| format!("cannot write {}", jsonl.display()))?;
         let header = format!(
             "# {}: fitted by `parsim execute --calibrate` from {origin}; provenance below.\n",
             fit.profile.name
@@ -484,7 +509,12 @@ pub fn run_execute_calibrate_cuda(
             );
         },
     )?;
+    // The measurements first: a fit that fails leaves them for `parsim calibrate`.
     let jsonl_path = out.map(|o| o.with_extension("jsonl"));
+    if let Some(jsonl) = &jsonl_path {
+        std::fs::write(jsonl, sweep::to_jsonl(&ms))
+            .with_context(|| format!("cannot write {}", jsonl.display()))?;
+    }
     let driver = cuda_driver_note();
     let origin = format!(
         "{} (CUDA backend sweep on {gpus} x {gpu_name}, {driver}, {} UTC, from the {base} profile)",
@@ -493,15 +523,18 @@ pub fn run_execute_calibrate_cuda(
             .map_or("the sweep".into(), |p| p.display().to_string()),
         parsim::host::utc_date(),
     );
-    let fit = fit_profile(&base_profile, &ms, &origin)?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&fit)?);
-    } else {
-        print_fit(&fit, true);
-    }
+    let provenance = TableProvenance {
+        date: parsim::host::utc_date(),
+        device: format!("{gpus} x {gpu_name}"),
+        driver,
+        software: format!(
+            "parsim {} `execute --calibrate --backend cuda`",
+            env!("CARGO_PKG_VERSION")
+        ),
+    };
+    let LoopFit { fit, tables } = fit_with_tables(&base_profile, &ms, &origin, &provenance)?;
+    print_sweep_fit(&fit, tables.as_ref(), json)?;
     if let (Some(path), Some(jsonl)) = (out, jsonl_path) {
-        std::fs::write(&jsonl, sweep::to_jsonl(&ms))
-            .with_context(|| format!("cannot write {}", jsonl.display()))?;
         let header = format!(
             "# {}: fitted by `parsim execute --calibrate --backend cuda` from {origin}; provenance below.\n",
             fit.profile.name

@@ -373,6 +373,21 @@ pub struct TimingContext<'a> {
     pub network: &'a Network,
     pub overlaps: Overlaps,
     pub cp_comm: CpComm,
+    /// The group every rank waits at once a step at least ([`step_sync_group`]).
+    pub step_sync: Option<GroupKind>,
+}
+
+/// The group where the ranks of a configuration wait for each other at least once a step,
+/// for blocks that issue no synchronising collective themselves: the data-parallel gradient
+/// reduction when dp > 1, else the pipeline hand-offs when pp > 1; `None` on one rank.
+pub fn step_sync_group(dp: u32, pp: u32) -> Option<GroupKind> {
+    if dp > 1 {
+        Some(GroupKind::Dp)
+    } else if pp > 1 {
+        Some(GroupKind::Pp)
+    } else {
+        None
+    }
 }
 
 impl TimingContext<'_> {
@@ -391,11 +406,14 @@ impl TimingContext<'_> {
             self.overlaps,
             recompute,
             self.cp_comm,
+            self.step_sync,
         )
     }
 }
 
-/// Times one block: compute per op and the communication each op leaves exposed.
+/// Times one block: compute per op and the communication each op leaves exposed, plus the
+/// members' waiting for each other (`efficiency.sync_skew` of the compute) at the block's
+/// first synchronising collective of each pass, else at `step_sync`.
 pub fn block_times(
     b: &Block,
     rates: &Rates,
@@ -403,8 +421,12 @@ pub fn block_times(
     overlaps: Overlaps,
     recompute: Recompute,
     cp_comm: CpComm,
+    step_sync: Option<GroupKind>,
 ) -> BlockTimes {
     let mut t = BlockTimes::default();
+    // The first synchronising collective of each pass: where the block's members wait for
+    // each other ([`crate::config::gpu::Efficiency::sync_skew`]).
+    let mut sync: [Option<GroupKind>; 2] = [None, None];
     for op in &b.ops {
         let (f, d, w) = rates.op_s(op);
         t.fwd_s += f;
@@ -415,6 +437,15 @@ pub fn block_times(
             t.recompute_s += f;
         }
         for c in &op.comms {
+            if c.group_size > 1
+                && matches!(
+                    c.group,
+                    GroupKind::Tp | GroupKind::Cp | GroupKind::Ep | GroupKind::ExpertTp
+                )
+            {
+                let pass = usize::from(c.phase == Phase::Backward);
+                sync[pass].get_or_insert(c.group);
+            }
             let (total_s, pipeline_s) =
                 network.collective_parts_s(c.group, c.kind, c.payload_bytes, c.group_size);
             // Overlapped TP transfers run through Megatron-Core's userbuffers (copy engines),
@@ -459,6 +490,19 @@ pub fn block_times(
             if rerun_comm {
                 t.exposed_bwd.add_group(c.group, exposed);
             }
+        }
+    }
+    let skew = rates.gpu.efficiency.sync_skew;
+    if skew > 0.0 {
+        let sync = sync.map(|g| g.or(step_sync));
+        if let Some(g) = sync[0] {
+            t.exposed_fwd.add_group(g, skew * t.fwd_s);
+            if recompute != Recompute::None && t.recompute_s > 0.0 {
+                t.exposed_bwd.add_group(g, skew * t.recompute_s);
+            }
+        }
+        if let Some(g) = sync[1] {
+            t.exposed_bwd.add_group(g, skew * (t.dgrad_s + t.wgrad_s));
         }
     }
     t
@@ -645,7 +689,16 @@ mod tests {
                 ep,
             };
             let r = rates(&gpu);
-            block_times(&block, &r, &network, overlaps, Recompute::None, CpComm::P2p).exposed_fwd
+            block_times(
+                &block,
+                &r,
+                &network,
+                overlaps,
+                Recompute::None,
+                CpComm::P2p,
+                None,
+            )
+            .exposed_fwd
         };
         let (open, hidden) = (times(false), times(true));
         assert!(open.ep > 0.0 && hidden.ep < open.ep, "{open:?} {hidden:?}");

@@ -2,7 +2,8 @@
 //! the backend's events (the host clock on the CPU, CUDA events on the compute stream), kept
 //! until the step ends and only then read, so the GPU is never synchronised inside a step.
 //! The ops of each action are summed by [`OpKey`]; what of the action's time no op covers is
-//! its host gap (launches, bookkeeping, allocation, waits outside a timed call).
+//! its host gap (launches, bookkeeping, allocation, waits outside a timed call), counted in
+//! calls as the ops it falls between.
 
 use crate::error::{ExecError, StateError};
 use parsim_plan::op_timing::{OpKey, OpTiming};
@@ -18,7 +19,8 @@ pub const RESOLUTION_S: f64 = 1e-6;
 pub struct OpProfile<E> {
     /// Recording (a timed step is running).
     active: Cell<bool>,
-    pending: RefCell<Vec<(OpKey, E, E)>>,
+    /// Each op's key, events and the seconds of it spent waiting for other ranks.
+    pending: RefCell<Vec<(OpKey, E, E, f64)>>,
     totals: RefCell<BTreeMap<OpKey, (u64, f64)>>,
 }
 
@@ -51,7 +53,13 @@ impl<E> OpProfile<E> {
 
     /// Records an op of key `key` between events `start` and `end`.
     pub fn push(&self, key: OpKey, start: E, end: E) {
-        self.pending.borrow_mut().push((key, start, end));
+        self.push_waited(key, start, end, 0.0);
+    }
+
+    /// Records an op of which `wait_s` seconds were spent waiting for other ranks: that part
+    /// goes to [`OpKey::Wait`], the rest to `key`.
+    pub fn push_waited(&self, key: OpKey, start: E, end: E, wait_s: f64) {
+        self.pending.borrow_mut().push((key, start, end, wait_s));
     }
 
     /// Ends a timed step: reads every op's events with `elapsed_s` and adds them to the
@@ -66,17 +74,22 @@ impl<E> OpProfile<E> {
         self.active.set(false);
         let pending = std::mem::take(&mut *self.pending.borrow_mut());
         let mut totals = self.totals.borrow_mut();
-        let mut add = |key: OpKey, s: f64| {
+        let mut add = |key: OpKey, calls: u64, s: f64| {
             let e = totals.entry(key).or_insert((0, 0.0));
-            e.0 += 1;
+            e.0 += calls;
             e.1 += s;
         };
         for (range, action_s) in actions {
             let mut ops_s = 0.0;
-            for (key, start, end) in &pending[range.clone()] {
+            for (key, start, end, wait_s) in &pending[range.clone()] {
                 let s = elapsed_s(start, end)?;
                 ops_s += s;
-                add(key.clone(), s);
+                // The host clock times the wait inside the op's own span: at most all of it.
+                let wait_s = wait_s.clamp(0.0, s);
+                add(key.clone(), 1, s - wait_s);
+                if wait_s > 0.0 {
+                    add(OpKey::Wait, 1, wait_s);
+                }
             }
             let gap_s = action_s - ops_s;
             if gap_s < -RESOLUTION_S {
@@ -86,7 +99,9 @@ impl<E> OpProfile<E> {
                 }
                 .into());
             }
-            add(OpKey::HostGap, gap_s.max(0.0));
+            // The gap is shared out over the action's ops (an action with none counts one), so
+            // a host gap record's mean is seconds per op, the unit the time model adds it in.
+            add(OpKey::HostGap, range.len().max(1) as u64, gap_s.max(0.0));
         }
         Ok(())
     }
@@ -119,13 +134,15 @@ mod tests {
         p.push(mem.clone(), 0.0, 0.25);
         p.push(mem.clone(), 0.5, 0.75);
         p.push(mem.clone(), 2.0, 2.5);
-        // Two actions: 1 s holding two ops (0.5 s), 1 s holding one (0.5 s).
-        p.finish_step(elapsed, &[(0..2, 1.0), (2..3, 1.0)]).unwrap();
+        // Three actions: 1 s holding two ops (0.5 s), 1 s holding one (0.5 s), 0.5 s holding
+        // none. The gaps count one call per op they fall between, one for the empty action.
+        p.finish_step(elapsed, &[(0..2, 1.0), (2..3, 1.0), (3..3, 0.5)])
+            .unwrap();
         let t = p.timings();
         let total: f64 = t.iter().map(|r| r.total_s).sum();
-        assert!((total - 2.0).abs() < 1e-12);
+        assert!((total - 2.5).abs() < 1e-12);
         let gap = t.iter().find(|r| r.key == OpKey::HostGap).unwrap();
-        assert_eq!((gap.calls, gap.total_s), (2, 1.0));
+        assert_eq!((gap.calls, gap.total_s), (2 + 1 + 1, 1.5));
         // Not recording: nothing is kept.
         p.start_step(false);
         assert!(!p.active());

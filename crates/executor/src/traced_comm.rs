@@ -103,7 +103,7 @@ impl<'a, B: Backend> TracedComm<'a, B> {
         bytes: u64,
         f: impl FnOnce() -> Result<T, ExecError>,
     ) -> Result<T, ExecError> {
-        let f = || self.ops.timed_collective(kind, bytes, group, f);
+        let f = || self.ops.timed_collective(self.inner, kind, bytes, group, f);
         let Some(clock) = self.clock.filter(|_| group.len() > 1) else {
             return f();
         };
@@ -333,11 +333,13 @@ impl<B: Backend> DeviceCollectives<B> for TracedComm<'_, B> {
             .map(|s| view_bytes(s.data.tensor, &s.data.range))
             .sum();
         let pair = [self.me, sends.first().map_or(self.me, |s| s.to)];
-        let mut p = self
-            .ops
-            .timed_collective(CollectiveKind::SendRecv, bytes, &pair, || {
-                self.inner.p2p_start(sends, recvs)
-            })?;
+        let mut p = self.ops.timed_collective(
+            self.inner,
+            CollectiveKind::SendRecv,
+            bytes,
+            &pair,
+            || self.inner.p2p_start(sends, recvs),
+        )?;
         p.posted_s = posted_s;
         if let (Some(clock), Some(start_s)) = (self.clock, posted_s) {
             let end_s = clock.now_s();
@@ -366,11 +368,13 @@ impl<B: Backend> DeviceCollectives<B> for TracedComm<'_, B> {
             .collect();
         let bytes = recs.iter().map(|r| r.1).sum();
         let pair = [recs.first().map_or(self.me, |r| r.0), self.me];
-        let got = self
-            .ops
-            .timed_collective(CollectiveKind::SendRecv, bytes, &pair, || {
-                self.inner.wait(p)
-            })?;
+        let got = self.ops.timed_collective(
+            self.inner,
+            CollectiveKind::SendRecv,
+            bytes,
+            &pair,
+            || self.inner.wait(p),
+        )?;
         if let (Some(clock), Some(start_s)) = (self.clock, posted_s) {
             let end_s = clock.now_s();
             for (from, bytes) in recs {

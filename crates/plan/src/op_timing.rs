@@ -81,13 +81,28 @@ pub enum OpKey {
         group_size: u32,
         placement: Placement,
     },
-    /// Host time between timed ops inside an action: launches, bookkeeping, waits.
+    /// Host time between timed ops inside an action: launches, bookkeeping, waits. Its
+    /// `calls` are the timed ops the gaps fall between (an action with none counts one), so
+    /// its mean is seconds per op.
     HostGap,
+    /// Time blocked inside a collective or a receive waiting for the other ranks to arrive
+    /// (pipeline bubbles, stage imbalance, skew), kept apart from the collective's own time,
+    /// which starts when the last member arrives. The time model predicts it from the
+    /// schedule, not from a rate: no table is fitted to it. Measured where the backend can
+    /// see it (the CPU backend's barriers and mailboxes); `calls` are the waits.
+    Wait,
 }
 
 /// The op classes, in the order reports list them: [`OpKey::class`]'s names, which are also
 /// the `class` tags of the JSON records.
-pub const OP_CLASSES: [&str; 5] = ["gemm", "attention", "memory", "collective", "host_gap"];
+pub const OP_CLASSES: [&str; 6] = [
+    "gemm",
+    "attention",
+    "memory",
+    "collective",
+    "host_gap",
+    "wait",
+];
 
 impl CollectiveKind {
     /// The name as the JSON records spell it (`all_reduce`, ...).
@@ -141,8 +156,35 @@ impl OpKey {
             OpKey::Memory { .. } => 2,
             OpKey::Collective { .. } => 3,
             OpKey::HostGap => 4,
+            OpKey::Wait => 5,
         };
         OP_CLASSES[i]
+    }
+
+    /// The first dimension of the key that is zero (an op that does no work: an expert that
+    /// got no tokens), which a rate cannot be taken from; `None` for the host gap.
+    pub fn zero_dimension(&self) -> Option<&'static str> {
+        let dims: &[(&'static str, u64)] = match self {
+            OpKey::Gemm { m, n, k, .. } => &[("m", *m), ("n", *n), ("k", *k)],
+            OpKey::Attention {
+                batch_heads,
+                q_len,
+                kv_len,
+                head_dim,
+                ..
+            } => &[
+                ("batch_heads", *batch_heads),
+                ("q_len", *q_len),
+                ("kv_len", *kv_len),
+                ("head_dim", *head_dim),
+            ],
+            OpKey::Memory { bytes } => &[("bytes", *bytes)],
+            OpKey::Collective {
+                bytes, group_size, ..
+            } => &[("bytes", *bytes), ("group_size", u64::from(*group_size))],
+            OpKey::HostGap | OpKey::Wait => &[],
+        };
+        dims.iter().find(|(_, v)| *v == 0).map(|(field, _)| *field)
     }
 
     /// The unit the class's rate counts in ([`OpKey::work`]; the host gap has none).
@@ -151,7 +193,7 @@ impl OpKey {
             OpKey::Gemm { .. } | OpKey::Attention { .. } => Some(RateUnit::Flops),
             OpKey::Memory { .. } => Some(RateUnit::Bytes),
             OpKey::Collective { .. } => Some(RateUnit::BusBytes),
-            OpKey::HostGap => None,
+            OpKey::HostGap | OpKey::Wait => None,
         }
     }
 
@@ -198,7 +240,7 @@ impl OpKey {
                 bus_factor(*op, *group_size) * *bytes as f64,
                 RateUnit::BusBytes,
             )),
-            OpKey::HostGap => None,
+            OpKey::HostGap | OpKey::Wait => None,
         }
     }
 }
@@ -246,33 +288,12 @@ impl OpTiming {
         if self.calls == 0 {
             return Err(OpTimingError::NoCalls);
         }
-        let dims: &[(&'static str, u64)] = match &self.key {
-            OpKey::Gemm { m, n, k, .. } => &[("m", *m), ("n", *n), ("k", *k)],
-            OpKey::Attention {
-                batch_heads,
-                q_len,
-                kv_len,
-                head_dim,
-                ..
-            } => &[
-                ("batch_heads", *batch_heads),
-                ("q_len", *q_len),
-                ("kv_len", *kv_len),
-                ("head_dim", *head_dim),
-            ],
-            OpKey::Memory { bytes } => &[("bytes", *bytes)],
-            OpKey::Collective {
-                bytes, group_size, ..
-            } => &[("bytes", *bytes), ("group_size", u64::from(*group_size))],
-            OpKey::HostGap => &[],
-        };
-        match dims.iter().find(|(_, v)| *v == 0) {
-            Some((field, _)) => Err(OpTimingError::ZeroDimension { field }),
+        match self.key.zero_dimension() {
+            Some(field) => Err(OpTimingError::ZeroDimension { field }),
             None => Ok(()),
         }
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -406,6 +427,7 @@ mod tests {
             },
             OpKey::Memory { bytes: 64 },
             OpKey::HostGap,
+            OpKey::Wait,
         ];
         for op in ops {
             let json = serde_json::to_value(op).unwrap();

@@ -55,6 +55,10 @@ profile_field!(
     OVERLAP_INTERFERENCE: efficiency.overlap_interference
 );
 profile_field!(
+    /// `efficiency.sync_skew`: waiting at synchronising collectives, per second of compute.
+    SYNC_SKEW: efficiency.sync_skew
+);
+profile_field!(
     /// `links.intra_node.efficiency`: achieved share of NVLink bandwidth.
     INTRA_LINK: links.intra_node.efficiency
 );

@@ -8,6 +8,7 @@
 
 pub mod fields;
 pub mod fit;
+pub mod loop_fit;
 pub mod loso;
 pub mod measurements;
 pub mod op_report;

@@ -51,7 +51,7 @@ const FRACTION: Scale = Scale::Logit { lo: 0.01, hi: 1.0 };
 const SHARE: Scale = Scale::Logit { lo: 0.0, hi: 1.0 };
 
 /// The step-time parameters `calibrate` fits (runtime overhead is fitted from memory).
-pub const PARAMS: [FitParam; 7] = [
+pub const PARAMS: [FitParam; 8] = [
     FitParam {
         field: fields::MATMUL,
         scale: FRACTION,
@@ -70,6 +70,10 @@ pub const PARAMS: [FitParam; 7] = [
     },
     FitParam {
         field: fields::OVERLAP_INTERFERENCE,
+        scale: SHARE,
+    },
+    FitParam {
+        field: fields::SYNC_SKEW,
         scale: SHARE,
     },
     FitParam {
@@ -217,6 +221,32 @@ fn held_out(groups: &[Group<'_>]) -> Vec<bool> {
         .collect()
 }
 
+/// The least change of some fitting line's log step time (0.5%) that moving a parameter by 5%
+/// of its range (a time by 20%) must make for the parameter to count as identifiable: below
+/// it, the ops the parameter times are too small a share of every step to be told from the
+/// measurements' noise (a few percent), and fitting it would only absorb that noise.
+const IDENTIFIABLE_LOG_STEP: f64 = 5e-3;
+
+/// Per measurement line, whether [`fit_profile`] holds it out (its configuration's group is
+/// held out by the rule of [`held_out`]).
+pub fn held_out_lines(ms: &[Measurement]) -> Vec<bool> {
+    let groups = collapse(ms);
+    let held = held_out(&groups);
+    let by_key: BTreeMap<String, bool> = groups
+        .iter()
+        .zip(held)
+        .map(|(g, h)| {
+            (
+                serde_json::to_string(&g.first.config).unwrap_or_default(),
+                h,
+            )
+        })
+        .collect();
+    ms.iter()
+        .map(|m| by_key[&serde_json::to_string(&m.config).unwrap_or_default()])
+        .collect()
+}
+
 /// The fit's working state: the base profile, the collapsed measurements and their log step
 /// times, and the starting coordinates of every parameter in [`PARAMS`].
 struct Fitter<'a> {
@@ -311,7 +341,7 @@ impl<'a> Fitter<'a> {
                     .zip(&base_logs)
                     .map(|(a, b)| (a - b).abs())
                     .fold(0.0, f64::max);
-                Ok(sens > 1e-4)
+                Ok(sens > IDENTIFIABLE_LOG_STEP)
             })
             .collect()
     }

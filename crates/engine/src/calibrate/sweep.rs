@@ -52,11 +52,11 @@ pub fn for_cpu(mut c: Config) -> Config {
 
 fn point(label: &str, holdout: bool, v: Value) -> SweepPoint {
     let base = json!({
-        "model": {"name": label, "num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "num_query_groups": 2,
-                  "ffn_hidden_size": 256, "vocab_size": 256, "max_position_embeddings": 4096},
+        "model": {"name": label, "num_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "num_query_groups": 2,
+                  "ffn_hidden_size": 512, "vocab_size": 256, "max_position_embeddings": 4096},
         "cluster": {"num_gpus": 1, "gpus_per_node": 2},
         "parallel": {"tp": 1, "sp": false, "pp": 1, "zero": 0},
-        "training": {"seq_length": 128, "micro_batch_size": 1, "global_batch_size": 2, "recompute": "none"}
+        "training": {"seq_length": 256, "micro_batch_size": 1, "global_batch_size": 2, "recompute": "none"}
     });
     SweepPoint {
         label: label.to_string(),
@@ -71,6 +71,42 @@ fn layered(base: Value, v: Value) -> Config {
         .expect("built-in sweep point parses")
 }
 
+/// The rule that picks the held-out points of a built-in sweep, fixed before any run and
+/// blind to every error: every third point in sweep order (the 3rd, 6th, ...).
+pub fn held_out_by_rule(index: usize) -> bool {
+    index % 3 == 2
+}
+
+/// Points from (label, configuration) in sweep order, held out by [`held_out_by_rule`].
+fn by_rule(
+    points: Vec<(&str, Value)>,
+    make: impl Fn(&str, bool, Value) -> SweepPoint,
+) -> Vec<SweepPoint> {
+    points
+        .into_iter()
+        .enumerate()
+        .map(|(i, (label, v))| make(label, held_out_by_rule(i), v))
+        .collect()
+}
+
+/// Merges `b` into `a`, object by object (b's leaves win).
+fn merge(a: &mut Value, b: Value) {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (a, b) => *a = b,
+    }
+}
+
+/// `a` with `b` merged in.
+fn with(mut a: Value, b: Value) -> Value {
+    merge(&mut a, b);
+    a
+}
+
 /// A sweep point prepared for the CUDA backend: the profile `gpu` (the base the fit starts
 /// from), the bf16 mixed-precision recipe with fp32 gradients that the backend runs.
 pub fn for_cuda(mut c: Config, gpu: &str) -> Config {
@@ -80,86 +116,388 @@ pub fn for_cuda(mut c: Config, gpu: &str) -> Config {
     c
 }
 
-/// The built-in CPU sweep (at most 2 ranks per run). Held-out points use model shapes and
-/// parallel mixes that no fitting point has.
+/// The built-in CPU sweep: every run on two ranks, so each rank has its own core as the model
+/// assumes and every run shares the host's caches and memory bandwidth the same way (a
+/// single-rank run's ops run a few percent faster than the same ops beside a second rank): the
+/// shapes (hidden size, sequence, micro batch, recompute) and the mixes a plan chooses among
+/// (TP with and without SP; PP 1F1B, interleaved and ZB-V; DP with ZeRO 0-3; CP p2p, zigzag,
+/// all-gather and a2a; EP), three points per family in sweep order, so that the rule (every
+/// third point held out, [`held_out_by_rule`]) holds out one run of each family at a shape
+/// between its two fitting runs'. Head dimension 64 throughout.
 pub fn default_cpu_sweep() -> Vec<SweepPoint> {
+    let mut points = shape_families();
+    points.extend(tp_pp_families());
+    points.extend(zero_cp_ep_families());
+    by_rule(points, point)
+}
+
+/// Two ranks.
+fn two(p: Value) -> Value {
+    with(json!({"cluster": {"num_gpus": 2}}), p)
+}
+
+/// Data parallel over two ranks without ZeRO, two micro batches per rank unless `p` says
+/// otherwise.
+fn dp(p: Value) -> Value {
+    two(with(json!({"training": {"global_batch_size": 4}}), p))
+}
+
+/// A model shape: hidden size, query heads, query groups, FFN size.
+fn h(hidden: u32, heads: u32, groups: u32, ffn: u32) -> Value {
+    json!({"model": {"hidden_size": hidden, "num_attention_heads": heads, "num_query_groups": groups, "ffn_hidden_size": ffn}})
+}
+
+fn h384() -> Value {
+    h(384, 6, 3, 768)
+}
+
+fn h320() -> Value {
+    h(320, 5, 5, 640)
+}
+
+/// Hidden 384 for TP and CP, which split heads and query groups: 6 / 2.
+fn h384s() -> Value {
+    h(384, 6, 2, 768)
+}
+
+fn tr(t: Value) -> Value {
+    json!({ "training": t })
+}
+
+fn par(p: Value, t: Value) -> Value {
+    json!({"parallel": p, "training": t})
+}
+
+/// Four layers (two per pipeline stage).
+fn l4(v: Value) -> Value {
+    with(json!({"model": {"num_layers": 4}}), v)
+}
+
+/// Four experts, top-2, with balanced routing (Megatron's benchmarking switch): the sweep
+/// measures the hardware, not an untrained router's imbalance.
+fn moe() -> Value {
+    json!({"model": {"num_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 256, "moe_router_force_load_balancing": true}})
+}
+
+fn pp(schedule: &str, vpp: u32) -> Value {
+    json!({"pp": 2, "vpp": vpp, "schedule": schedule})
+}
+
+fn cp(comm: &str) -> Value {
+    json!({"cp": 2, "cp_comm": comm})
+}
+
+/// Data parallel without ZeRO over hidden size, sequence, micro batch and recompute.
+fn shape_families() -> Vec<(&'static str, Value)> {
     vec![
-        point("gemm-small h128", false, json!({})),
-        point(
-            "gemm-large h384 f1024",
-            false,
-            json!({"model": {"hidden_size": 384, "num_attention_heads": 6, "num_query_groups": 6, "ffn_hidden_size": 1024}}),
+        ("dp2 h256 s256", dp(json!({}))),
+        (
+            "dp2 h384 s512",
+            dp(with(h384(), tr(json!({"seq_length": 512})))),
         ),
-        point(
-            "gemm-wide f2048",
-            false,
-            json!({"model": {"hidden_size": 256, "ffn_hidden_size": 2048}}),
+        (
+            "dp2 h320 s384",
+            dp(with(h320(), tr(json!({"seq_length": 384})))),
         ),
-        point(
-            "attention s512",
-            false,
-            json!({"model": {"hidden_size": 64}, "training": {"seq_length": 512}}),
+        (
+            "dp2 attention h128 s1024",
+            dp(with(h(128, 2, 2, 256), tr(json!({"seq_length": 1024})))),
         ),
-        point(
-            "attention s1024 h128",
-            false,
-            json!({"training": {"seq_length": 1024}}),
+        (
+            "dp2 attention h192 s512",
+            dp(with(h(192, 3, 3, 512), tr(json!({"seq_length": 512})))),
         ),
-        point(
-            "kernels h32 l8",
-            false,
-            json!({"model": {"num_layers": 8, "hidden_size": 32, "ffn_hidden_size": 64}, "training": {"seq_length": 64, "global_batch_size": 8}}),
+        (
+            "dp2 attention h128 s768",
+            dp(with(h(128, 2, 1, 384), tr(json!({"seq_length": 768})))),
         ),
-        point(
+        (
+            "dp2 mbs2 h256",
+            dp(tr(json!({"micro_batch_size": 2, "global_batch_size": 8}))),
+        ),
+        (
+            "dp2 mbs4 h384 s128",
+            dp(with(
+                h384(),
+                tr(json!({"seq_length": 128, "micro_batch_size": 4, "global_batch_size": 8})),
+            )),
+        ),
+        (
+            "dp2 mbs2 h320 l3",
+            dp(with(
+                with(h320(), json!({"model": {"num_layers": 3}})),
+                tr(json!({"micro_batch_size": 2, "global_batch_size": 8})),
+            )),
+        ),
+        (
+            "dp2 recompute full h256",
+            dp(tr(json!({"recompute": "full"}))),
+        ),
+        (
+            "dp2 recompute selective h384 s512",
+            dp(with(
+                h384(),
+                tr(json!({"recompute": "selective", "seq_length": 512})),
+            )),
+        ),
+        (
+            "dp2 recompute full h320 s384",
+            dp(with(
+                h320(),
+                tr(json!({"recompute": "full", "seq_length": 384})),
+            )),
+        ),
+    ]
+}
+
+/// TP with and without SP; PP 1F1B, interleaved and ZB-V.
+fn tp_pp_families() -> Vec<(&'static str, Value)> {
+    vec![
+        (
             "tp2 sp h256",
-            false,
-            json!({"model": {"hidden_size": 256, "ffn_hidden_size": 512}, "cluster": {"num_gpus": 2}, "parallel": {"tp": 2, "sp": true}}),
+            two(par(json!({"tp": 2, "sp": true}), json!({}))),
         ),
-        point(
-            "dp2 zero1 h256",
-            false,
-            json!({"model": {"hidden_size": 256, "ffn_hidden_size": 512}, "cluster": {"num_gpus": 2}, "parallel": {"zero": 1}, "training": {"global_batch_size": 4}}),
+        (
+            "tp2 sp h384 s512",
+            two(with(
+                h384s(),
+                par(json!({"tp": 2, "sp": true}), json!({"seq_length": 512})),
+            )),
         ),
-        point(
+        (
+            "tp2 sp h384 s384",
+            two(with(
+                h384s(),
+                par(json!({"tp": 2, "sp": true}), json!({"seq_length": 384})),
+            )),
+        ),
+        (
+            "tp2 h256 s512",
+            two(par(json!({"tp": 2}), json!({"seq_length": 512}))),
+        ),
+        (
+            "tp2 h384 mbs2",
+            two(with(
+                h384s(),
+                par(
+                    json!({"tp": 2}),
+                    json!({"micro_batch_size": 2, "global_batch_size": 4}),
+                ),
+            )),
+        ),
+        (
+            "tp2 h256 s384 mbs2",
+            two(par(
+                json!({"tp": 2}),
+                json!({"seq_length": 384, "micro_batch_size": 2, "global_batch_size": 4}),
+            )),
+        ),
+        (
             "pp2 1f1b h256",
-            false,
-            json!({"model": {"hidden_size": 256, "ffn_hidden_size": 512, "num_layers": 4}, "cluster": {"num_gpus": 2}, "parallel": {"pp": 2}, "training": {"global_batch_size": 4}}),
+            two(l4(par(pp("1f1b", 1), json!({"global_batch_size": 4})))),
         ),
-        point(
-            "recompute full h256",
-            false,
-            json!({"model": {"hidden_size": 256, "ffn_hidden_size": 512}, "training": {"recompute": "full"}}),
+        (
+            "pp2 1f1b h384 s512",
+            two(l4(with(
+                h384(),
+                par(
+                    pp("1f1b", 1),
+                    json!({"seq_length": 512, "global_batch_size": 4}),
+                ),
+            ))),
         ),
-        point(
-            "tp2 sp h384 s128",
-            false,
-            json!({"model": {"hidden_size": 384, "num_attention_heads": 6, "num_query_groups": 6, "ffn_hidden_size": 768}, "cluster": {"num_gpus": 2}, "parallel": {"tp": 2, "sp": true}}),
+        (
+            "pp2 1f1b h320 s384",
+            two(l4(with(
+                h320(),
+                par(
+                    pp("1f1b", 1),
+                    json!({"seq_length": 384, "global_batch_size": 4}),
+                ),
+            ))),
         ),
-        point(
-            "tp2 h128 s512",
-            false,
-            json!({"cluster": {"num_gpus": 2}, "parallel": {"tp": 2, "sp": false}, "training": {"seq_length": 512}}),
+        (
+            "pp2 interleaved h256",
+            two(l4(par(
+                pp("interleaved-1f1b", 2),
+                json!({"global_batch_size": 4}),
+            ))),
         ),
-        point(
-            "dp2 zero2 h128",
-            false,
-            json!({"cluster": {"num_gpus": 2}, "parallel": {"zero": 2}, "training": {"global_batch_size": 4}}),
+        (
+            "pp2 interleaved h384 s512",
+            two(l4(with(
+                h384(),
+                par(
+                    pp("interleaved-1f1b", 2),
+                    json!({"seq_length": 512, "global_batch_size": 4}),
+                ),
+            ))),
         ),
-        // Held out: other shapes and mixes.
-        point(
-            "held-out h192 s384 l3",
-            true,
-            json!({"model": {"num_layers": 3, "hidden_size": 192, "num_attention_heads": 6, "num_query_groups": 3, "ffn_hidden_size": 768}, "training": {"seq_length": 384}}),
+        (
+            "pp2 interleaved h320 s384",
+            two(l4(with(
+                h320(),
+                par(
+                    pp("interleaved-1f1b", 2),
+                    json!({"seq_length": 384, "global_batch_size": 4}),
+                ),
+            ))),
         ),
-        point(
-            "held-out tp2 pp1 h320",
-            true,
-            json!({"model": {"hidden_size": 320, "num_attention_heads": 8, "num_query_groups": 4, "ffn_hidden_size": 896}, "cluster": {"num_gpus": 2}, "parallel": {"tp": 2, "sp": true}, "training": {"seq_length": 256}}),
+        (
+            "pp2 zb-v h256",
+            two(l4(par(pp("zb-v", 2), json!({"global_batch_size": 4})))),
         ),
-        point(
-            "held-out pp2 zb-h1 h192",
-            true,
-            json!({"model": {"hidden_size": 192, "num_attention_heads": 6, "num_query_groups": 3, "ffn_hidden_size": 512, "num_layers": 4}, "cluster": {"num_gpus": 2}, "parallel": {"pp": 2, "schedule": "zb-h1"}, "training": {"global_batch_size": 4, "recompute": "selective"}}),
+        (
+            "pp2 zb-v h384 s512",
+            two(l4(with(
+                h384(),
+                par(
+                    pp("zb-v", 2),
+                    json!({"seq_length": 512, "global_batch_size": 4}),
+                ),
+            ))),
+        ),
+        (
+            "pp2 zb-v h320 s384",
+            two(l4(with(
+                h320(),
+                par(
+                    pp("zb-v", 2),
+                    json!({"seq_length": 384, "global_batch_size": 4}),
+                ),
+            ))),
+        ),
+    ]
+}
+
+/// DP with ZeRO 1-3; CP p2p, zigzag, all-gather and a2a; EP.
+fn zero_cp_ep_families() -> Vec<(&'static str, Value)> {
+    vec![
+        (
+            "dp2 zero1 h256",
+            two(par(json!({"zero": 1}), json!({"global_batch_size": 4}))),
+        ),
+        (
+            "dp2 zero3 h384",
+            two(with(
+                h384(),
+                par(json!({"zero": 3}), json!({"global_batch_size": 4})),
+            )),
+        ),
+        (
+            "dp2 zero2 h320",
+            two(with(
+                h320(),
+                par(json!({"zero": 2}), json!({"global_batch_size": 4})),
+            )),
+        ),
+        (
+            "dp2 zero3 h256 s512",
+            two(par(
+                json!({"zero": 3}),
+                json!({"seq_length": 512, "global_batch_size": 4}),
+            )),
+        ),
+        (
+            "dp2 zero2 h384",
+            two(with(
+                h384(),
+                par(json!({"zero": 2}), json!({"global_batch_size": 4})),
+            )),
+        ),
+        (
+            "dp2 zero3 h320 s384",
+            two(with(
+                h320(),
+                par(
+                    json!({"zero": 3}),
+                    json!({"seq_length": 384, "global_batch_size": 4}),
+                ),
+            )),
+        ),
+        (
+            "cp2 p2p h256 s512",
+            two(par(cp("p2p"), json!({"seq_length": 512}))),
+        ),
+        (
+            "cp2 p2p h384 s1024",
+            two(with(h384s(), par(cp("p2p"), json!({"seq_length": 1024})))),
+        ),
+        (
+            "cp2 p2p h384 s768",
+            two(with(h384s(), par(cp("p2p"), json!({"seq_length": 768})))),
+        ),
+        (
+            "cp2 zigzag h256 s512",
+            two(par(cp("zigzag"), json!({"seq_length": 512}))),
+        ),
+        (
+            "cp2 zigzag h384 s1024",
+            two(with(
+                h384s(),
+                par(cp("zigzag"), json!({"seq_length": 1024})),
+            )),
+        ),
+        (
+            "cp2 zigzag h256 s768",
+            two(par(cp("zigzag"), json!({"seq_length": 768}))),
+        ),
+        (
+            "cp2 allgather h256 s512",
+            two(par(cp("allgather"), json!({"seq_length": 512}))),
+        ),
+        (
+            "cp2 allgather h384 s1024",
+            two(with(
+                h384s(),
+                par(cp("allgather"), json!({"seq_length": 1024})),
+            )),
+        ),
+        (
+            "cp2 allgather h384 s768",
+            two(with(
+                h384s(),
+                par(cp("allgather"), json!({"seq_length": 768})),
+            )),
+        ),
+        (
+            "cp2 a2a h256 s512",
+            two(par(cp("a2a"), json!({"seq_length": 512}))),
+        ),
+        (
+            "cp2 a2a h384 s1024",
+            two(with(h384s(), par(cp("a2a"), json!({"seq_length": 1024})))),
+        ),
+        (
+            "cp2 a2a h384 s768",
+            two(with(h384s(), par(cp("a2a"), json!({"seq_length": 768})))),
+        ),
+        (
+            "ep2 moe h256",
+            two(with(
+                moe(),
+                par(json!({"ep": 2}), json!({"global_batch_size": 4})),
+            )),
+        ),
+        (
+            "ep2 moe h384 s512",
+            two(with(
+                with(h384(), moe()),
+                par(
+                    json!({"ep": 2}),
+                    json!({"seq_length": 512, "global_batch_size": 4}),
+                ),
+            )),
+        ),
+        (
+            "ep2 moe h320 s384",
+            two(with(
+                with(h320(), moe()),
+                par(
+                    json!({"ep": 2}),
+                    json!({"seq_length": 384, "global_batch_size": 4}),
+                ),
+            )),
         ),
     ]
 }

@@ -1,12 +1,13 @@
 //! Fitting a profile's rate tables ([`RateTables`]) from op-class timings (`execute
-//! --profile-ops`, parsim_plan::op_timing): per bucket the median rate of its timings, each
-//! point with the calls behind it; and the check that the fitted tables reproduce the op
+//! --profile-ops`, parsim_plan::op_timing): per bucket the time-weighted rate of its timings
+//! (their work over their seconds), each point with the calls behind it; and the check that the fitted tables reproduce the op
 //! times they were fitted from.
 //!
 //! Buckets: a GEMM's dtype and the power-of-two octaves of m, n and k; an attention
 //! implementation's pass, mask, head dimension and key length; a memory-bound op's octave of
 //! bytes; a collective's op, group size, placement and octave of bytes. Within an octave the
-//! point sits at the median size of its timings, so neighbouring points interpolate.
+//! point sits at the median size of its timings, so neighbouring points interpolate; the end
+//! points sit at the smallest and largest sizes timed, so a curve covers what was measured.
 
 use crate::config::tables::{
     octave, AttentionCurve, AttentionTable, CollectiveCurve, CollectiveTable, GemmBucket,
@@ -84,28 +85,47 @@ fn key_text(key: &OpKey) -> String {
     serde_json::to_string(key).unwrap_or_else(|_| format!("{key:?}"))
 }
 
-/// Samples of one bucket: per timing (size, rate) and the calls.
+/// Samples of one bucket: per timing its size, and the bucket's work, seconds and calls.
+/// The bucket's rate is its work over its seconds (time-weighted), so a table gives back the
+/// total time of the timings it was fitted from, which is what a step's time adds up.
 #[derive(Default)]
 struct Samples {
     sizes: Vec<u64>,
-    rates: Vec<f64>,
+    work: f64,
+    seconds: f64,
     calls: u64,
 }
 
 impl Samples {
-    fn add(&mut self, size: u64, rate: f64, calls: u64) {
+    /// Adds a timing of `calls` calls of `size`, `rate` work per second, `seconds` in all.
+    fn add(&mut self, size: u64, rate: f64, seconds: f64, calls: u64) {
         self.sizes.push(size);
-        self.rates.push(rate);
+        self.work += rate * seconds;
+        self.seconds += seconds;
         self.calls += calls;
+    }
+
+    fn rate(&self) -> f64 {
+        self.work / self.seconds
     }
 }
 
-/// Points of a size curve from octave buckets: (median size, median rate, calls), by size.
+/// Points of a size curve from octave buckets: (size, time-weighted rate, calls), by size.
+/// An inner point sits at its bucket's median size; the first at its bucket's smallest size
+/// and the last at its largest, so the curve covers every size its timings span (a lone
+/// bucket keeps its median: one point covers one size).
 fn curve_points(buckets: BTreeMap<u64, Samples>) -> (Vec<u64>, Vec<f64>, Vec<u64>) {
+    let n = buckets.len();
     let mut out = (Vec::new(), Vec::new(), Vec::new());
-    for (_, mut s) in buckets {
-        out.0.push(median_u64(&mut s.sizes));
-        out.1.push(median(&mut s.rates));
+    for (i, (_, mut s)) in buckets.into_iter().enumerate() {
+        let size = match (i, n) {
+            (_, 1) => median_u64(&mut s.sizes),
+            (0, _) => s.sizes.iter().copied().min().unwrap_or(0),
+            (i, n) if i + 1 == n => s.sizes.iter().copied().max().unwrap_or(0),
+            _ => median_u64(&mut s.sizes),
+        };
+        out.0.push(size);
+        out.1.push(s.rate());
         out.2.push(s.calls);
     }
     out
@@ -124,8 +144,7 @@ pub fn fit_tables(
         BTreeMap::new();
     let mut memory: BTreeMap<u64, Samples> = BTreeMap::new();
     let mut collective: BTreeMap<CollKey, BTreeMap<u64, Samples>> = BTreeMap::new();
-    let mut gaps: Vec<f64> = Vec::new();
-    let mut gap_calls = 0u64;
+    let mut gaps = Samples::default();
     for (index, t) in timings.iter().enumerate() {
         let refuse = |message: String| TableFitError::Op {
             index,
@@ -134,8 +153,14 @@ pub fn fit_tables(
         };
         t.validate().map_err(|e| refuse(e.to_string()))?;
         if t.key == OpKey::HostGap {
-            gaps.push(t.mean_s());
-            gap_calls += t.calls;
+            // Seconds per op over all the gaps: each record's calls are the ops its gaps fall
+            // between (parsim_plan::op_timing).
+            gaps.seconds += t.total_s;
+            gaps.calls += t.calls;
+            continue;
+        }
+        // Waiting for other ranks is the schedule's, not a rate's.
+        if t.key == OpKey::Wait {
             continue;
         }
         if t.mean_s() <= 0.0 {
@@ -155,7 +180,7 @@ pub fn fit_tables(
                 .or_default()
                 .entry(kv_len)
                 .or_default()
-                .add(kv_len, rate, t.calls);
+                .add(kv_len, rate, t.total_s, t.calls);
             continue;
         }
         match &t.key {
@@ -170,13 +195,13 @@ pub fn fit_tables(
                 }
                 gemm.entry((*dtype, octave(*m), octave(*n), octave(*k)))
                     .or_default()
-                    .add(0, e, t.calls);
+                    .add(0, e, t.total_s, t.calls);
             }
             OpKey::Memory { bytes } => {
                 memory
                     .entry(octave(*bytes))
                     .or_default()
-                    .add(*bytes, rate, t.calls);
+                    .add(*bytes, rate, t.total_s, t.calls);
             }
             OpKey::Collective {
                 op,
@@ -194,9 +219,12 @@ pub fn fit_tables(
                     .or_default()
                     .entry(octave(*bytes))
                     .or_default()
-                    .add(*bytes, rate, t.calls);
+                    .add(*bytes, rate, t.total_s, t.calls);
             }
-            OpKey::HostGap | OpKey::Attention { .. } => unreachable!("handled above"),
+            // The host gap is handled above; a wait and attention have no rate here.
+            OpKey::HostGap | OpKey::Wait | OpKey::Attention { .. } => {
+                unreachable!("handled above")
+            }
         }
     }
     Ok(assemble(
@@ -206,7 +234,6 @@ pub fn fit_tables(
             memory,
             collective,
             gaps,
-            gap_calls,
         },
         provenance,
     ))
@@ -224,19 +251,17 @@ struct Buckets {
     attention: BTreeMap<(String, Pass, MaskKind, u64), BTreeMap<u64, Samples>>,
     memory: BTreeMap<u64, Samples>,
     collective: BTreeMap<CollKey, BTreeMap<u64, Samples>>,
-    gaps: Vec<f64>,
-    gap_calls: u64,
+    gaps: Samples,
 }
 
-/// One table per op class with buckets: each bucket's median rate and calls.
+/// One table per op class with buckets: each bucket's time-weighted rate and calls.
 fn assemble(b: Buckets, provenance: &TableProvenance) -> RateTables {
     let Buckets {
         gemm,
         attention,
         memory,
         collective,
-        mut gaps,
-        gap_calls,
+        gaps,
     } = b;
     let p = || provenance.clone();
     let mut tables = RateTables::default();
@@ -245,12 +270,12 @@ fn assemble(b: Buckets, provenance: &TableProvenance) -> RateTables {
             provenance: p(),
             buckets: gemm
                 .into_iter()
-                .map(|((dtype, m, n, k), mut s)| GemmBucket {
+                .map(|((dtype, m, n, k), s)| GemmBucket {
                     dtype,
                     m,
                     n,
                     k,
-                    efficiency: median(&mut s.rates),
+                    efficiency: s.rate(),
                     count: s.calls,
                 })
                 .collect(),
@@ -312,11 +337,11 @@ fn assemble(b: Buckets, provenance: &TableProvenance) -> RateTables {
                 .collect(),
         });
     }
-    if !gaps.is_empty() {
+    if gaps.calls > 0 {
         tables.host_gap = Some(HostGapTable {
             provenance: p(),
-            seconds_per_op: median(&mut gaps),
-            count: gap_calls,
+            seconds_per_op: gaps.seconds / gaps.calls as f64,
+            count: gaps.calls,
         });
     }
     tables
@@ -361,6 +386,8 @@ pub fn table_seconds(tables: &RateTables, gpu: &GpuProfile, key: &OpKey) -> Opti
             placement,
         } => tables.collective_bus_bytes_per_s(*op, *group_size, *placement, *bytes)?,
         OpKey::HostGap => return Some(tables.host_gap.as_ref()?.seconds_per_op),
+        // Waits are the schedule's to predict, not a table's.
+        OpKey::Wait => return None,
     };
     Some(key.work()?.0 / rate)
 }
@@ -375,32 +402,41 @@ pub struct Reproduction {
     pub uncovered: usize,
     pub median_error: f64,
     pub worst_error: f64,
+    /// The class's total: the tables' seconds for every covered timing (calls included) over
+    /// the measured seconds, less 1. What a step's time adds up, and what the bound applies to.
+    pub total_error: f64,
 }
 
 impl Reproduction {
-    /// Whether the worst timing is within [`REPRODUCTION_BOUND`].
+    /// Whether the class's total is within [`REPRODUCTION_BOUND`] of the measured one.
     pub fn within_bound(&self) -> bool {
-        self.worst_error <= REPRODUCTION_BOUND
+        self.total_error.abs() <= REPRODUCTION_BOUND
     }
 }
 
 /// Per op class, how closely `tables` give back the mean time per call of each of
 /// `timings` (classes in a fixed order: gemm, attention, memory, collective, host_gap).
 pub fn reproduce(timings: &[OpTiming], tables: &RateTables, gpu: &GpuProfile) -> Vec<Reproduction> {
-    let mut errors: BTreeMap<&'static str, (Vec<f64>, usize)> = BTreeMap::new();
+    // Per class: per-timing errors, uncovered timings, and table and measured seconds.
+    let mut errors: BTreeMap<&'static str, (Vec<f64>, usize, f64, f64)> = BTreeMap::new();
     for t in timings {
         let entry = errors.entry(t.key.class()).or_default();
         let measured = t.mean_s();
         match table_seconds(tables, gpu, &t.key) {
-            Some(p) if measured > 0.0 => entry.0.push((p / measured - 1.0).abs()),
-            Some(p) => entry.0.push(if p == 0.0 { 0.0 } else { f64::INFINITY }),
+            Some(p) if measured > 0.0 => {
+                entry.0.push((p / measured - 1.0).abs());
+                entry.2 += p * t.calls as f64;
+                entry.3 += t.total_s;
+            }
+            // A timing of no time: only a table that gives none reproduces it.
+            Some(p) => entry.0.push(if p == 0.0 { 0.0 } else { 1.0 }),
             None => entry.1 += 1,
         }
     }
     ["gemm", "attention", "memory", "collective", "host_gap"]
         .into_iter()
         .filter_map(|class| {
-            let (mut e, uncovered) = errors.remove(class)?;
+            let (mut e, uncovered, table_s, measured_s) = errors.remove(class)?;
             let worst = e.iter().copied().fold(0.0, f64::max);
             Some(Reproduction {
                 class,
@@ -408,6 +444,11 @@ pub fn reproduce(timings: &[OpTiming], tables: &RateTables, gpu: &GpuProfile) ->
                 uncovered,
                 median_error: if e.is_empty() { 0.0 } else { median(&mut e) },
                 worst_error: worst,
+                total_error: if measured_s > 0.0 {
+                    table_s / measured_s - 1.0
+                } else {
+                    0.0
+                },
             })
         })
         .collect()

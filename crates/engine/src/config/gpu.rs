@@ -85,6 +85,13 @@ pub struct Efficiency {
     /// NCCL kernels take SMs and HBM bandwidth from the compute they hide behind. 0 = free.
     #[serde(default)]
     pub overlap_interference: f64,
+    /// Waiting at synchronising collectives, as a fraction of the compute between them: the
+    /// members of a TP, CP or EP group never finish their share at the same instant (clock
+    /// and scheduling jitter, uneven work), and each collective waits for the last. Applied
+    /// to every block that issues such a collective. 0 = members in lockstep (the default;
+    /// fitted by `parsim calibrate` where op timings or step times show it).
+    #[serde(default)]
+    pub sync_skew: f64,
 }
 
 impl Efficiency {
@@ -397,12 +404,19 @@ impl GpuProfile {
                 });
             }
         }
-        let oi = self.efficiency.overlap_interference;
-        if !(oi.is_finite() && (0.0..=1.0).contains(&oi)) {
-            return Err(ConfigError::Profile {
-                origin: origin.to_string(),
-                message: format!("efficiency.overlap_interference must be in [0, 1], got {oi}"),
-            });
+        for (field, v) in [
+            (
+                "efficiency.overlap_interference",
+                self.efficiency.overlap_interference,
+            ),
+            ("efficiency.sync_skew", self.efficiency.sync_skew),
+        ] {
+            if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
+                return Err(ConfigError::Profile {
+                    origin: origin.to_string(),
+                    message: format!("{field} must be in [0, 1], got {v}"),
+                });
+            }
         }
         for (field, v) in [
             ("efficiency.matmul", self.efficiency.matmul),
@@ -429,21 +443,7 @@ impl GpuProfile {
                 });
             }
         }
-        if let Some(name) = &self.attention_kernel {
-            if crate::attention_rates::attention_kernel(name).is_none() {
-                let known: Vec<&str> = crate::attention_rates::attention_kernels()
-                    .iter()
-                    .map(|k| k.name.as_str())
-                    .collect();
-                return Err(ConfigError::Profile {
-                    origin: origin.to_string(),
-                    message: format!(
-                        "attention_kernel {name:?} is not in calibration/data/attention-kernels.json (known: {})",
-                        known.join(", ")
-                    ),
-                });
-            }
-        }
+        self.check_attention_kernel(origin)?;
         if self.memory_bytes == 0 {
             return Err(ConfigError::Profile {
                 origin: origin.to_string(),
@@ -457,6 +457,27 @@ impl GpuProfile {
             });
         }
         Ok(())
+    }
+
+    /// A published attention kernel the profile names must be in the shipped rates.
+    fn check_attention_kernel(&self, origin: &str) -> Result<(), ConfigError> {
+        let Some(name) = &self.attention_kernel else {
+            return Ok(());
+        };
+        if crate::attention_rates::attention_kernel(name).is_some() {
+            return Ok(());
+        }
+        let known: Vec<&str> = crate::attention_rates::attention_kernels()
+            .iter()
+            .map(|k| k.name.as_str())
+            .collect();
+        Err(ConfigError::Profile {
+            origin: origin.to_string(),
+            message: format!(
+                "attention_kernel {name:?} is not in calibration/data/attention-kernels.json (known: {})",
+                known.join(", ")
+            ),
+        })
     }
 
     /// The GEMM efficiency of `precision`'s matmul dtype: `efficiency.matmul`, and for FP8 that

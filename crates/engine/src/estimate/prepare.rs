@@ -41,6 +41,7 @@ pub fn timed_ledger(r: &Resolved, network: &Network) -> (Ledger, LedgerSummary) 
         network,
         overlaps: overlaps(r),
         cp_comm: r.config.parallel.cp_comm,
+        step_sync: crate::time::step_sync_group(r.dp, r.config.parallel.pp),
     };
     let ledger = Ledger::build(r);
     let s = LedgerSummary::timed(&ledger, tr.recompute, |b| {

@@ -17,6 +17,13 @@ pub enum ReduceOp {
 /// host-slice [`Collectives`](super::cpu::Collectives) for each one's contract), plus
 /// point-to-point messages.
 pub trait DeviceCollectives<B: BackendTypes> {
+    /// Seconds this rank has spent blocked waiting for its peers so far (a collective's
+    /// members to arrive, a message to come), where the backend can tell; op profiling keeps
+    /// it apart from the collectives' own time. Zero where it cannot (the CUDA backend: NCCL
+    /// waits inside its kernels).
+    fn blocked_s(&self) -> f64 {
+        0.0
+    }
     /// This rank's handle on the group of `members` (global ranks, in member order).
     fn group(&self, members: &[u32]) -> Result<B::Group, ExecError>;
     /// In-place reduce-scatter of a flat buffer held whole by every member: afterwards

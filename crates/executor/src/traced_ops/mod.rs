@@ -9,8 +9,9 @@
 //! (in place, or accumulated) twice; a gather or scatter counts the rows it touches.
 
 use crate::backend::{
-    AttnSaved, AttnShape, Backend, BlockShape, Device, DeviceTensor, Keep, MambaGeo, MambaOps,
-    Route, Routing, Side, TensorOps, UlyssesGeo, UlyssesLayout, UlyssesPart, View, ViewMut,
+    AttnSaved, AttnShape, Backend, BlockShape, Device, DeviceCollectives, DeviceTensor, Keep,
+    MambaGeo, MambaOps, Route, Routing, Side, TensorOps, UlyssesGeo, UlyssesLayout, UlyssesPart,
+    View, ViewMut,
 };
 use crate::error::ExecError;
 use crate::op_profile::OpProfile;
@@ -133,7 +134,9 @@ impl<B: Backend> TracedOps<B> {
         })
     }
 
-    /// Runs `f` on the device, bracketed by events and recorded under `key` when set.
+    /// Runs `f` on the device, bracketed by events and recorded under `key` when set. An op
+    /// with a zero dimension (an expert with no tokens) does no work and is not recorded: its
+    /// time, a call's overhead, falls into the host gap.
     fn run<T>(
         &self,
         key: Option<OpKey>,
@@ -142,6 +145,9 @@ impl<B: Backend> TracedOps<B> {
         let (Some(key), Some(p)) = (key, self.prof.as_ref()) else {
             return f(&self.inner);
         };
+        if key.zero_dimension().is_some() {
+            return f(&self.inner);
+        }
         let start = self.inner.record()?;
         let r = f(&self.inner)?;
         let end = self.inner.record()?;
@@ -149,12 +155,15 @@ impl<B: Backend> TracedOps<B> {
         Ok(r)
     }
 
-    /// Runs the collective `f` (`op` of `bytes` over the global ranks `group`), timed on the
-    /// compute stream's events when recording: on a device whose collectives run on their own
-    /// stream, the compute stream waits for each, so this is its time as the step sees it.
-    /// A group of one, or nothing moved, is not a collective and is not recorded.
+    /// Runs the collective `f` (`op` of `bytes` over the global ranks `group`, on `comm`),
+    /// timed on the compute stream's events when recording: on a device whose collectives run
+    /// on their own stream, the compute stream waits for each, so this is its time as the step
+    /// sees it. The part `comm` reports blocked waiting for the other members
+    /// ([`DeviceCollectives::blocked_s`]) is recorded as [`OpKey::Wait`], not as the
+    /// collective's. A group of one, or nothing moved, is not a collective and is not recorded.
     pub fn timed_collective<T>(
         &self,
+        comm: &B::Comm,
         op: CollectiveKind,
         bytes: u64,
         group: &[u32],
@@ -168,7 +177,15 @@ impl<B: Backend> TracedOps<B> {
                 placement: self.placement(group),
             })
             .filter(|_| group.len() > 1 && bytes > 0);
-        self.run(key, |_| f())
+        let (Some(key), Some(p)) = (key, self.prof.as_ref()) else {
+            return f();
+        };
+        let blocked_before_s = comm.blocked_s();
+        let start = self.inner.record()?;
+        let r = f()?;
+        let end = self.inner.record()?;
+        p.push_waited(key, start, end, comm.blocked_s() - blocked_before_s);
+        Ok(r)
     }
 
     /// Where `group`'s members sit.

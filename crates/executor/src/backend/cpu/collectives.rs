@@ -14,7 +14,7 @@ use crate::backend::types::ProcessGroup;
 use crate::error::{CollectiveError, ExecError};
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -179,6 +179,9 @@ impl World {
 pub struct CpuComm {
     pub rank: u32,
     world: Arc<World>,
+    /// Seconds blocked at barriers and empty mailboxes so far (an f64's bits; only this
+    /// rank's thread writes it).
+    blocked: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -187,7 +190,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl CpuComm {
     pub fn new(rank: u32, world: Arc<World>) -> CpuComm {
-        CpuComm { rank, world }
+        CpuComm {
+            rank,
+            world,
+            blocked: AtomicU64::new(0),
+        }
     }
 
     /// The group with these members (ascending; must contain this rank).
@@ -213,6 +220,16 @@ impl CpuComm {
             })
             .clone();
         Group { state, index }
+    }
+
+    /// Seconds this rank has spent blocked waiting for its peers so far.
+    pub fn blocked_s(&self) -> f64 {
+        f64::from_bits(self.blocked.load(Ordering::Relaxed))
+    }
+
+    fn add_blocked(&self, since: Instant) {
+        let s = self.blocked_s() + since.elapsed().as_secs_f64();
+        self.blocked.store(s.to_bits(), Ordering::Relaxed);
     }
 
     fn check_abort(&self) -> Result<(), ExecError> {
@@ -247,6 +264,7 @@ impl CpuComm {
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
         }
+        self.add_blocked(start);
         Ok(())
     }
 
@@ -429,8 +447,12 @@ impl Collectives for CpuComm {
         let mb = &self.world.mailboxes[self.rank as usize];
         let mut q = lock(&mb.queue);
         let start = Instant::now();
+        let mut waited = false;
         loop {
             if let Some(i) = q.iter().position(|m| m.from == from && m.tag == tag) {
+                if waited {
+                    self.add_blocked(start);
+                }
                 let m = q.swap_remove(i);
                 assert_eq!(m.data.len(), out.len(), "recv size from rank {from}");
                 out.copy_from_slice(&m.data);
@@ -443,6 +465,7 @@ impl Collectives for CpuComm {
                     seconds: TIMEOUT.as_secs(),
                 });
             }
+            waited = true;
             q = mb
                 .cv
                 .wait_timeout(q, POLL)

@@ -35,6 +35,10 @@ fn in_view(
 /// Collectives on tensors run the host-slice collectives on their storage; a bf16 result is
 /// rounded once, after the fp32 reduction (NCCL's bf16 reductions also round per hop).
 impl DeviceCollectives<Cpu> for CpuComm {
+    fn blocked_s(&self) -> f64 {
+        CpuComm::blocked_s(self)
+    }
+
     fn group(&self, members: &[u32]) -> Result<Group, ExecError> {
         member_index(self.rank, members)?;
         Ok(CpuComm::group(self, members))

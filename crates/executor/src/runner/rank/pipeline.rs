@@ -25,11 +25,13 @@ impl<'a, B: Backend> Rank<'a, B> {
         // Pipeline messages are actions of the trace, not collectives; profiled, they are
         // point-to-point messages.
         let (comm, me) = (self.ctx.comm, self.rp.rank);
-        self.ctx
-            .ops
-            .timed_collective(CollectiveKind::SendRecv, t.size_bytes(), &[me, to], || {
-                comm.inner().send(to, tag(stage, mb, grad), View::all(&t))
-            })
+        self.ctx.ops.timed_collective(
+            comm.inner(),
+            CollectiveKind::SendRecv,
+            t.size_bytes(),
+            &[me, to],
+            || comm.inner().send(to, tag(stage, mb, grad), View::all(&t)),
+        )
     }
 
     pub(super) fn recv(
@@ -40,9 +42,11 @@ impl<'a, B: Backend> Rank<'a, B> {
         grad: bool,
     ) -> Result<(), ExecError> {
         let buf = self.recv_buf.as_mut().expect("pp buffers");
-        // Profiled, a receive's time includes its wait for the sender.
+        // Profiled, a receive's wait for the sender is recorded apart (OpKey::Wait) where the
+        // backend sees it.
         let (comm, me) = (self.ctx.comm, self.rp.rank);
         self.ctx.ops.timed_collective(
+            comm.inner(),
             CollectiveKind::SendRecv,
             buf.size_bytes(),
             &[from, me],
