@@ -519,7 +519,8 @@ pub struct StepTime {
     /// Exposed communication of that rank plus the data-parallel tail.
     pub exposed_comm_s: f64,
     /// Exposed communication per group; `dp` includes the DP tail, `ep` is the exposed expert
-    /// all-to-all, `pp` is 0 (pipeline transfers on the critical path are `pp_wait_s`).
+    /// all-to-all, `pp` holds only the members' waiting at the pipeline hand-offs
+    /// (`efficiency.sync_skew`; pipeline transfers on the critical path are `pp_wait_s`).
     pub exposed_comm_by_group_s: GroupSeconds,
     /// Idle time of the critical rank in the simulated schedule: the sum of the next three.
     pub bubble_s: f64,
@@ -650,6 +651,79 @@ mod tests {
             element_bytes: 2,
             matmul_efficiency: gpu.efficiency.matmul,
         }
+    }
+
+    /// `efficiency.sync_skew` charges its share of each pass's compute, by hand: at the pass's
+    /// first synchronising collective (TP forward, CP backward here), else at the step's sync
+    /// group, and nothing on one rank or at a skew of 0.
+    #[test]
+    fn sync_skew_charges_its_share_of_each_pass_at_the_first_synchronising_group() {
+        use crate::layout::Layout;
+        use crate::model::{BlockKind, Collective, CollectiveKind};
+        let mut gpu = GpuProfile::load("h100-sxm").unwrap();
+        let layout = Layout::new("tp-cp-ep-dp-pp", 2, 2, 1, 2, 1, 8).unwrap();
+        let network = Network::new(&layout, &gpu);
+        let coll = |group, phase| Collective {
+            kind: CollectiveKind::AllGather,
+            group,
+            group_size: 2,
+            phase,
+            payload_bytes: 1 << 20,
+            count: 1,
+        };
+        let op = |comms: Vec<Collective>| {
+            let mut o = Op::new("x", OpKind::MemoryBound { bytes: 1 << 30 });
+            for c in comms {
+                o = o.comm(c);
+            }
+            o
+        };
+        let block = |ops| Block {
+            kind: BlockKind::DenseLayer,
+            ops,
+            input_bytes: 0,
+            unit_starts: Vec::new(),
+            high_precision: false,
+        };
+        let overlaps = Overlaps {
+            tp_comm: false,
+            cp_ring: false,
+            ep: false,
+        };
+        let times = |gpu: &GpuProfile, b: &Block, step_sync| {
+            block_times(
+                b,
+                &rates(gpu),
+                &network,
+                overlaps,
+                Recompute::None,
+                CpComm::P2p,
+                step_sync,
+            )
+        };
+        let synced = block(vec![
+            op(vec![coll(GroupKind::Tp, Phase::Forward)]),
+            op(vec![coll(GroupKind::Cp, Phase::Backward)]),
+        ]);
+        let plain = block(vec![op(Vec::new())]);
+        let base = times(&gpu, &synced, Some(GroupKind::Dp));
+        let base_plain = times(&gpu, &plain, Some(GroupKind::Dp));
+        assert_eq!(base_plain.exposed_fwd.total(), 0.0);
+        gpu.efficiency.sync_skew = 0.1;
+        let t = times(&gpu, &synced, Some(GroupKind::Dp));
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1e-30);
+        assert!(close(t.exposed_fwd.tp - base.exposed_fwd.tp, 0.1 * t.fwd_s));
+        assert!(close(
+            t.exposed_bwd.cp - base.exposed_bwd.cp,
+            0.1 * (t.dgrad_s + t.wgrad_s)
+        ));
+        assert_eq!((t.exposed_fwd.dp, t.exposed_bwd.dp), (0.0, 0.0));
+        // No synchronising collective: the step's group takes it; on one rank nothing does.
+        let p = times(&gpu, &plain, Some(GroupKind::Dp));
+        assert!(close(p.exposed_fwd.dp, 0.1 * p.fwd_s) && p.fwd_s > 0.0);
+        assert!(close(p.exposed_bwd.dp, 0.1 * (p.dgrad_s + p.wgrad_s)));
+        let alone = times(&gpu, &plain, None);
+        assert_eq!(alone.exposed_fwd.total() + alone.exposed_bwd.total(), 0.0);
     }
 
     /// The EP overlap (DualPipe's) hides the all-to-all behind the op's compute but never the

@@ -535,7 +535,8 @@ const PROFILE_DATA: &str = "### What each profile rests on\n\n\
 | h100-sxm | datasheet | measured | NCCL model, checked on nccl-tests.json | fitted (H100 rows) |\n\
 | h200, b200, mi300x | datasheet | measured | H200: NCCL model; B200, MI300X: alpha-beta rings | H100's, matmul scaled by the GEMM share |\n\
 | b300, gb200, gb300 | vendor system tables (NVIDIA HGX B300, GB200 NVL72, GB300 NVL72), per GPU | assumed: B200's measured share (no published measurement) | NCCL's Blackwell model; GB200 NVL72 checked on CoreWeave's published rack table (nccl-tests-nvl72.json, within 15%) | H100's, matmul scaled by B200's share |\n\
-| mi355x | AMD figures (256 CUs x 2.4 GHz x per-CU rates, 288 GB, 8 TB/s) | assumed: MI300X's measured share | alpha-beta rings | H100's, matmul scaled by MI300X's share |\n\n\
+| mi355x | AMD figures (256 CUs x 2.4 GHz x per-CU rates, 288 GB, 8 TB/s) | assumed: MI300X's measured share | alpha-beta rings | H100's, matmul scaled by MI300X's share |\n\
+| cpu (the executor's CPU backend) | peak above every GEMM rate measured on the host; memory and links nominal | - | measured: collective bus bandwidth tables from op timings | rate tables per op class and `efficiency.sync_skew`, fitted from three recorded sweeps of the built-in CPU sweep (calibration/cpu.jsonl, docs/calibration.md); held-out step time 3.5% median, 8.4% worst |\n\n\
 No end-to-end throughput of a Blackwell system is fitted: published performance summaries of NeMo, \
 Megatron-Bridge or torchtitan on B200, GB200 and GB300 are reserved for validation.\n\n";
 
