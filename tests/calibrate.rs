@@ -525,24 +525,30 @@ fn report_compares_op_classes_before_and_after_the_fit() {
     );
 }
 
-/// Lines without op timings: `--report` says so once, and `--ops-png` is refused naming the
-/// flag (nothing to draw).
-#[test]
-fn report_without_op_timings_says_so_once() {
-    let dir = tempfile::tempdir().unwrap();
+/// Writes the true profile's lines for `configs` into `dir` and runs `parsim calibrate
+/// --report` on them from h100-sxm, which must succeed: the file and the printed report.
+fn report_of(dir: &tempfile::TempDir, configs: &[Value]) -> (std::path::PathBuf, String) {
     let m = dir.path().join("m.jsonl");
-    let configs = [
-        config(1, 1, 1, 2048, 2048, 8),
-        config(2, 1, 1, 2048, 2048, 8),
-    ];
-    std::fs::write(&m, lines(&configs, &truth())).unwrap();
+    std::fs::write(&m, lines(configs, &truth())).unwrap();
     let out = cargo_bin_cmd!("parsim")
         .args(["calibrate", "--measurements", m.to_str().unwrap()])
         .args(["--profile", "h100-sxm", "--report"])
         .output()
         .unwrap();
     assert!(out.status.success());
-    let stdout = String::from_utf8(out.stdout).unwrap();
+    (m, String::from_utf8(out.stdout).unwrap())
+}
+
+/// Lines without op timings: `--report` says so once, and `--ops-png` is refused naming the
+/// flag (nothing to draw).
+#[test]
+fn report_without_op_timings_says_so_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let configs = [
+        config(1, 1, 1, 2048, 2048, 8),
+        config(2, 1, 1, 2048, 2048, 8),
+    ];
+    let (m, stdout) = report_of(&dir, &configs);
     assert_eq!(stdout.matches("carries `ops`").count(), 1, "{stdout}");
     cargo_bin_cmd!("parsim")
         .args(["calibrate", "--measurements", m.to_str().unwrap()])
@@ -558,15 +564,7 @@ fn report_without_op_timings_says_so_once() {
 #[test]
 fn a_fit_without_degrees_of_freedom_prints_n_a() {
     let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m.jsonl");
-    std::fs::write(&m, lines(&[config(1, 1, 1, 2048, 2048, 8)], &truth())).unwrap();
-    let out = cargo_bin_cmd!("parsim")
-        .args(["calibrate", "--measurements", m.to_str().unwrap()])
-        .args(["--profile", "h100-sxm", "--report"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let stdout = String::from_utf8(out.stdout).unwrap();
+    let (_, stdout) = report_of(&dir, &[config(1, 1, 1, 2048, 2048, 8)]);
     assert!(
         stdout.contains("R^2 n/a") && stdout.contains("0 degrees of freedom"),
         "{stdout}"

@@ -219,20 +219,17 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
     let LoopFit { fit, tables } =
         fit_with_tables(&base, &ms, &origin, &table_provenance(&base, &origin))
             .with_context(|| origin.clone())?;
-    let op_tables = tables.map(|t| (t.tables, t.reproduction));
+    let op_tables = tables.map(|t| t.reproduction);
     let op_report = (!ops.is_empty()).then(|| compare(&ops, &given, &fit.profile));
     if args.json {
-        let mut v = serde_json::to_value(&fit)?;
-        if let (Some((_, rows)), Some(obj)) = (&op_tables, v.as_object_mut()) {
-            obj.insert("op_tables".into(), serde_json::to_value(rows)?);
-        }
+        let mut v = fit_json(&fit, op_tables.as_deref())?;
         if let (Some(r), Some(obj)) = (&op_report, v.as_object_mut()) {
             obj.insert("op_classes".into(), serde_json::to_value(&r.rows)?);
         }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print_fit(&fit, args.report);
-        if let Some((_, rows)) = &op_tables {
+        if let Some(rows) = &op_tables {
             print_reproduction(rows);
         }
         if args.report {
@@ -244,7 +241,7 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
             }
         }
     }
-    for r in op_tables.iter().flat_map(|(_, rows)| rows) {
+    for r in op_tables.iter().flatten() {
         if !r.within_bound() {
             eprintln!(
                 "warning: the {} table gives its timings' seconds {:+.1}% off (bound {:.0}%)",
@@ -334,6 +331,33 @@ fn op_class_text(rows: &[ClassRow]) -> String {
     )
 }
 
+/// The fit as `--json` prints it, with the tables' reproduction of the op timings as
+/// `op_tables` when the lines carry them.
+fn fit_json(
+    fit: &ProfileFit,
+    op_tables: Option<&[Reproduction]>,
+) -> anyhow::Result<serde_json::Value> {
+    let mut v = serde_json::to_value(fit)?;
+    if let (Some(rows), Some(obj)) = (op_tables, v.as_object_mut()) {
+        obj.insert("op_tables".into(), serde_json::to_value(rows)?);
+    }
+    Ok(v)
+}
+
+/// Writes the sweep's measurements beside the profile `out` names (`.jsonl`, readable by
+/// `parsim calibrate`) before any fit, so that a fit that fails leaves them; their path.
+fn write_measurements(
+    out: Option<&std::path::Path>,
+    ms: &[measurements::Measurement],
+) -> anyhow::Result<Option<PathBuf>> {
+    let Some(jsonl) = out.map(|o| o.with_extension("jsonl")) else {
+        return Ok(None);
+    };
+    std::fs::write(&jsonl, parsim::calibrate::sweep::to_jsonl(ms))
+        .with_context(|| format!("cannot write {}", jsonl.display()))?;
+    Ok(Some(jsonl))
+}
+
 /// `execute --calibrate`'s report of its fit: the fit and, with op timings, the tables'
 /// reproduction of them (`--json`: the fit with `op_tables`).
 fn print_sweep_fit(
@@ -342,10 +366,7 @@ fn print_sweep_fit(
     json: bool,
 ) -> anyhow::Result<()> {
     if json {
-        let mut v = serde_json::to_value(fit)?;
-        if let (Some(t), Some(obj)) = (tables, v.as_object_mut()) {
-            obj.insert("op_tables".into(), serde_json::to_value(&t.reproduction)?);
-        }
+        let v = fit_json(fit, tables.map(|t| t.reproduction.as_slice()))?;
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print_fit(fit, true);
@@ -407,12 +428,7 @@ pub fn run_execute_calibrate(
                 .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
         })
         .unwrap_or_else(|| "unknown CPU".into());
-    // The measurements first: a fit that fails leaves them for `parsim calibrate`.
-    let jsonl_path = out.map(|o| o.with_extension("jsonl"));
-    if let Some(jsonl) = &jsonl_path {
-        std::fs::write(jsonl, sweep::to_jsonl(&ms))
-            .with_context(|| format!("cannot write {}", jsonl.display()))?;
-    }
+    let jsonl_path = write_measurements(out, &ms)?;
     let origin = format!(
         "{} (CPU backend sweep, {}, {})",
         jsonl_path
@@ -509,12 +525,7 @@ pub fn run_execute_calibrate_cuda(
             );
         },
     )?;
-    // The measurements first: a fit that fails leaves them for `parsim calibrate`.
-    let jsonl_path = out.map(|o| o.with_extension("jsonl"));
-    if let Some(jsonl) = &jsonl_path {
-        std::fs::write(jsonl, sweep::to_jsonl(&ms))
-            .with_context(|| format!("cannot write {}", jsonl.display()))?;
-    }
+    let jsonl_path = write_measurements(out, &ms)?;
     let driver = cuda_driver_note();
     let origin = format!(
         "{} (CUDA backend sweep on {gpus} x {gpu_name}, {driver}, {} UTC, from the {base} profile)",

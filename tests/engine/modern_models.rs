@@ -183,19 +183,8 @@ fn gpt_oss_20b(over: Value) -> Resolved {
         "cluster": {"num_gpus": 1, "gpus_per_node": 8},
         "parallel": {"tp": 1, "sp": false},
         "training": {"seq_length": 4096, "global_batch_size": 8}});
-    merge(&mut v, over);
+    parsim::config::load::merge(&mut v, over);
     resolve(v)
-}
-
-fn merge(a: &mut Value, b: Value) {
-    match (a, b) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k).or_insert(Value::Null), v);
-            }
-        }
-        (a, b) => *a = b,
-    }
 }
 
 fn core(ops: &[Op]) -> &Op {

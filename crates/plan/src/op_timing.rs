@@ -294,6 +294,7 @@ impl OpTiming {
         }
     }
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;

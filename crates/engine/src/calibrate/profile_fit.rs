@@ -157,6 +157,8 @@ pub enum ProfileFitError {
 }
 
 struct Group<'a> {
+    /// The configuration as JSON: what its repeats share.
+    key: String,
     first: &'a Measurement,
     repeats: usize,
     step_s: f64,
@@ -164,20 +166,25 @@ struct Group<'a> {
     holdout: bool,
 }
 
+/// What repeats of one configuration share: its configuration as JSON.
+fn config_key(m: &Measurement) -> String {
+    serde_json::to_string(&m.config).unwrap_or_default()
+}
+
 fn collapse(ms: &[Measurement]) -> Vec<Group<'_>> {
     let mut by: BTreeMap<String, Vec<&Measurement>> = BTreeMap::new();
     let mut order = Vec::new();
     for m in ms {
-        let key = serde_json::to_string(&m.config).unwrap_or_default();
+        let key = config_key(m);
         if !by.contains_key(&key) {
             order.push(key.clone());
         }
         by.entry(key).or_default().push(m);
     }
     order
-        .iter()
-        .map(|k| {
-            let g = &by[k];
+        .into_iter()
+        .map(|key| {
+            let g = &by[&key];
             let peaks: Vec<f64> = g
                 .iter()
                 .filter_map(|m| m.peak_bytes)
@@ -186,6 +193,7 @@ fn collapse(ms: &[Measurement]) -> Vec<Group<'_>> {
             Group {
                 first: g[0],
                 repeats: g.len(),
+                key,
                 step_s: median(g.iter().map(|m| m.step_s).collect()),
                 peak: (!peaks.is_empty()).then(|| median(peaks).round() as u64),
                 holdout: g.iter().any(|m| m.holdout),
@@ -231,20 +239,12 @@ const IDENTIFIABLE_LOG_STEP: f64 = 5e-3;
 /// held out by the rule of [`held_out`]).
 pub fn held_out_lines(ms: &[Measurement]) -> Vec<bool> {
     let groups = collapse(ms);
-    let held = held_out(&groups);
-    let by_key: BTreeMap<String, bool> = groups
+    let held: BTreeMap<&str, bool> = groups
         .iter()
-        .zip(held)
-        .map(|(g, h)| {
-            (
-                serde_json::to_string(&g.first.config).unwrap_or_default(),
-                h,
-            )
-        })
+        .map(|g| g.key.as_str())
+        .zip(held_out(&groups))
         .collect();
-    ms.iter()
-        .map(|m| by_key[&serde_json::to_string(&m.config).unwrap_or_default()])
-        .collect()
+    ms.iter().map(|m| held[config_key(m).as_str()]).collect()
 }
 
 /// The fit's working state: the base profile, the collapsed measurements and their log step

@@ -89,21 +89,9 @@ fn by_rule(
         .collect()
 }
 
-/// Merges `b` into `a`, object by object (b's leaves win).
-fn merge(a: &mut Value, b: Value) {
-    match (a, b) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k).or_insert(Value::Null), v);
-            }
-        }
-        (a, b) => *a = b,
-    }
-}
-
 /// `a` with `b` merged in.
 fn with(mut a: Value, b: Value) -> Value {
-    merge(&mut a, b);
+    crate::config::load::merge(&mut a, b);
     a
 }
 

@@ -1,7 +1,7 @@
 //! Fitting a profile's rate tables ([`RateTables`]) from op-class timings (`execute
 //! --profile-ops`, parsim_plan::op_timing): per bucket the time-weighted rate of its timings
-//! (their work over their seconds), each point with the calls behind it; and the check that the fitted tables reproduce the op
-//! times they were fitted from.
+//! (their work over their seconds), each point with the calls behind it; and the check that
+//! the fitted tables reproduce the op times they were fitted from.
 //!
 //! Buckets: a GEMM's dtype and the power-of-two octaves of m, n and k; an attention
 //! implementation's pass, mask, head dimension and key length; a memory-bound op's octave of

@@ -142,16 +142,28 @@ impl<B: Backend> TracedOps<B> {
         key: Option<OpKey>,
         f: impl FnOnce(&B::Device) -> Result<T, ExecError>,
     ) -> Result<T, ExecError> {
+        self.run_waited(key, || 0.0, f)
+    }
+
+    /// [`Self::run`], with the part of the op's time that `blocked_s` (seconds blocked so far)
+    /// grows by recorded as a wait ([`OpProfile::push_waited`]).
+    fn run_waited<T>(
+        &self,
+        key: Option<OpKey>,
+        blocked_s: impl Fn() -> f64,
+        f: impl FnOnce(&B::Device) -> Result<T, ExecError>,
+    ) -> Result<T, ExecError> {
         let (Some(key), Some(p)) = (key, self.prof.as_ref()) else {
             return f(&self.inner);
         };
         if key.zero_dimension().is_some() {
             return f(&self.inner);
         }
+        let blocked_before_s = blocked_s();
         let start = self.inner.record()?;
         let r = f(&self.inner)?;
         let end = self.inner.record()?;
-        p.push(key, start, end);
+        p.push_waited(key, start, end, blocked_s() - blocked_before_s);
         Ok(r)
     }
 
@@ -177,15 +189,7 @@ impl<B: Backend> TracedOps<B> {
                 placement: self.placement(group),
             })
             .filter(|_| group.len() > 1 && bytes > 0);
-        let (Some(key), Some(p)) = (key, self.prof.as_ref()) else {
-            return f();
-        };
-        let blocked_before_s = comm.blocked_s();
-        let start = self.inner.record()?;
-        let r = f()?;
-        let end = self.inner.record()?;
-        p.push_waited(key, start, end, comm.blocked_s() - blocked_before_s);
-        Ok(r)
+        self.run_waited(key, || comm.blocked_s(), |_| f())
     }
 
     /// Where `group`'s members sit.
