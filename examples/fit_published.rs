@@ -6,6 +6,9 @@
 //!
 //! `cargo run --release --example fit_published -- --fit --write`
 //!
+//! `--write` also rebuilds calibration/residuals.json, the step-time intervals' residual
+//! model; `--intervals` prints its coverage on the published rows.
+//!
 //! `--leave-one-source-out` instead fits each GPU family without one source table at a time
 //! and predicts that table (`parsim::calibrate::loso`), printing every row and the per-source
 //! and overall median and worst error.
@@ -17,6 +20,13 @@ fn main() -> anyhow::Result<()> {
     let refit = args.iter().any(|a| a == "--fit");
     let write = args.iter().any(|a| a == "--write");
     let t = std::time::Instant::now();
+    if args.iter().any(|a| a == "--intervals") {
+        let l = calibrate::loso::leave_one_source_out()?;
+        let file = calibrate::residuals::build(&l, std::path::Path::new("."))?;
+        print!("{}", calibrate::residuals::report(&file)?);
+        eprintln!("{:.1} s", t.elapsed().as_secs_f64());
+        return Ok(());
+    }
     if args.iter().any(|a| a == "--leave-one-source-out") {
         let l = calibrate::loso::leave_one_source_out()?;
         print!(
@@ -92,13 +102,21 @@ fn main() -> anyhow::Result<()> {
         let mut md = calibrate::markdown(&e, &fits);
         md.push('\n');
         md.push_str(&calibrate::loso::markdown(&l, "accuracy-loso.png").replacen("# ", "## ", 1));
+        let residuals = calibrate::residuals::build(&l, std::path::Path::new("."))?;
+        md.push('\n');
+        md.push_str(&calibrate::residuals::markdown(&residuals)?);
         std::fs::write("docs/accuracy.md", md)?;
+        std::fs::write(
+            calibrate::residuals::PATH,
+            serde_json::to_string_pretty(&residuals.to_json())? + "\n",
+        )?;
+        print!("{}", calibrate::residuals::report(&residuals)?);
         calibrate::plot::write_png(
             std::path::Path::new("docs/accuracy-loso.png"),
             &l.evaluation,
         )?;
         print!("{}", l.report());
-        println!("wrote docs/accuracy.md, docs/accuracy.png and docs/accuracy-loso.png");
+        println!("wrote docs/accuracy.md, docs/accuracy.png, docs/accuracy-loso.png and calibration/residuals.json");
     }
     eprintln!("{:.1} s", t.elapsed().as_secs_f64());
     Ok(())

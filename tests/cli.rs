@@ -919,3 +919,47 @@ fn cluster_nics_per_node_is_checked_and_used() {
         "one NIC per node must slow the DP all-reduce"
     );
 }
+
+/// Issue 33: a residual file that does not parse, names an unknown regime key, or gives a
+/// percentile outside (0, 1) is refused by field; a good one (the shipped file itself) is
+/// taken and its interval printed; `--rank-by` takes step or p90 only.
+#[test]
+fn residual_files_and_rank_by_are_checked() {
+    let not_json = temp_file(".json", "{ residuals: ");
+    rejects(
+        &["--residuals", not_json.path().to_str().unwrap()],
+        &["not valid JSON"],
+    );
+    let shipped = std::fs::read_to_string("calibration/residuals.json").unwrap();
+    let bad_key = temp_file(
+        ".json",
+        &shipped.replacen("\"gpu_family\":", "\"gpu_famly\":", 1),
+    );
+    rejects(
+        &["--residuals", bad_key.path().to_str().unwrap()],
+        &["residuals[0].regime.gpu_famly", "unknown regime key"],
+    );
+    let bad_percentile = temp_file(
+        ".json",
+        &shipped.replacen("\"upper_percentile\": 0.9", "\"upper_percentile\": 1.5", 1),
+    );
+    rejects(
+        &["--residuals", bad_percentile.path().to_str().unwrap()],
+        &["upper_percentile", "outside (0, 1)"],
+    );
+    parsim()
+        .args(["estimate", "--residuals", "calibration/residuals.json"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("interval p10-p90"));
+    parsim()
+        .args(["search", "--rank-by", "p95"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("--rank-by p95: expected step"));
+    parsim()
+        .args(["search", "--rank-by", "p90", "--gpus", "8..16"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("one GPU count"));
+}

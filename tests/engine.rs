@@ -14,6 +14,7 @@ mod engine {
     pub mod fsdp;
     pub mod hf_import;
     pub mod hybrid;
+    pub mod intervals;
     pub mod low_precision;
     pub mod megatron_modelopt;
     pub mod memory;

@@ -17,6 +17,17 @@ pub struct EstimateArgs {
     /// flags) instead of estimating; `--megatron-args` reads it back.
     #[arg(long, conflicts_with = "json")]
     pub print_megatron_args: bool,
+    /// Take the step-time interval from this residual file (the format of
+    /// calibration/residuals.json, e.g. one built from your own measured runs) instead of the
+    /// shipped one.
+    #[arg(long, value_name = "FILE")]
+    pub residuals: Option<std::path::PathBuf>,
+}
+
+/// The residual model in `path`, read and validated.
+pub fn interval_model(path: &std::path::Path) -> anyhow::Result<parsim::interval::IntervalModel> {
+    let file = parsim::interval::ResidualFile::read(path)?;
+    Ok(parsim::interval::IntervalModel::new(&file)?)
 }
 
 pub fn run(args: EstimateArgs) -> anyhow::Result<Outcome> {
@@ -28,12 +39,16 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<Outcome> {
         print!("{}", parsim::config::megatron::to_megatron_args(&config));
         return Ok(Outcome::Ok);
     }
-    let (est, note) = if args.config.mbs == Some(MicroBatch::Max) {
+    let model = args.residuals.as_deref().map(interval_model).transpose()?;
+    let (mut est, note) = if args.config.mbs == Some(MicroBatch::Max) {
         let (est, note) = largest_fitting_mbs(&args.config)?;
         (est, Some(note))
     } else {
         (parsim::estimate::estimate(&args.config.resolve()?)?, None)
     };
+    if let Some(m) = &model {
+        est.use_interval_model(m);
+    }
     let run = super::run_section::run_of(&est)?;
     if args.json {
         match &run {

@@ -11,7 +11,8 @@ use parsim::report::csv::Csv;
 use parsim::report::format::{gib, seconds};
 use parsim::report::table;
 use parsim::search::{
-    parse_deadline_s, search, Constraint, Objective, ObjectiveError, Ranked, SearchSpec, POOL,
+    parse_deadline_s, search, search_by_p90, Constraint, Objective, ObjectiveError, RankBy, Ranked,
+    SearchSpec, POOL,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -59,6 +60,14 @@ pub struct SearchArgs {
     /// priced, else the fewest GPUs) that trains the tokens within this, such as 60d or 36h.
     #[arg(long, value_name = "DAYSd|HOURSh")]
     pub deadline: Option<String>,
+    /// Rank by the predicted step time (step) or by the upper end of its interval (p90, the
+    /// pessimistic figure: a mix whose regime the model has missed by more ranks lower).
+    #[arg(long, value_name = "step|p90", default_value = "step")]
+    pub rank_by: String,
+    /// Take the step-time intervals from this residual file instead of the shipped one
+    /// (calibration/residuals.json's format).
+    #[arg(long, value_name = "FILE")]
+    pub residuals: Option<std::path::PathBuf>,
 }
 
 fn row(i: usize, r: &Ranked) -> Vec<String> {
@@ -67,6 +76,11 @@ fn row(i: usize, r: &Ranked) -> Vec<String> {
         (i + 1).to_string(),
         r.mix.to_string(),
         seconds(e.time.step_s),
+        format!(
+            "{} - {}",
+            seconds(e.time.step_s_p10),
+            seconds(e.time.step_s_p90)
+        ),
         format!("{:.0}", e.throughput.tokens_per_s),
         format!("{:.1}%", 100.0 * e.throughput.mfu),
         gib(e.memory.per_gpu_max_bytes),
@@ -75,7 +89,16 @@ fn row(i: usize, r: &Ranked) -> Vec<String> {
 }
 
 fn ranked_table(title: &str, rows: &[Ranked]) -> String {
-    let mut t = table::table(&["#", title, "step", "tokens/s", "MFU", "GiB", "bound by"]);
+    let mut t = table::table(&[
+        "#",
+        title,
+        "step",
+        "p10 - p90",
+        "tokens/s",
+        "MFU",
+        "GiB",
+        "bound by",
+    ]);
     for (i, r) in rows.iter().enumerate() {
         t.add_row(row(i, r));
     }
@@ -105,9 +128,27 @@ fn run_flags(
     Ok((objective, deadline_s))
 }
 
+/// `--rank-by` (p90 ranks one GPU count, without a run objective) and the residual model the
+/// intervals come from (`--residuals`, else the shipped one).
+fn interval_flags(
+    args: &SearchArgs,
+    by_run: bool,
+) -> anyhow::Result<(RankBy, parsim::interval::IntervalModel)> {
+    let rank_by = RankBy::parse(&args.rank_by)?;
+    if rank_by == RankBy::P90 && (by_run || args.workload.gpu_range().is_some()) {
+        anyhow::bail!("--rank-by p90 ranks the mixes of one GPU count by their upper step time: not with --objective, --deadline or --gpus LOW..HIGH");
+    }
+    let model = match &args.residuals {
+        Some(path) => super::estimate::interval_model(path)?,
+        None => parsim::interval::shipped()?.clone(),
+    };
+    Ok((rank_by, model))
+}
+
 pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
     let base = args.workload.load(&args.source, &args.training)?;
     let (objective, deadline_s) = run_flags(&args, &base)?;
+    let (rank_by, model) = interval_flags(&args, objective.is_some() || deadline_s.is_some())?;
     if base.run.train_tokens.is_some() && objective.is_none() && deadline_s.is_none() {
         eprintln!(
             "note: search ranks mixes by step time; give --objective time|cost|energy to rank by the run of --train-tokens and show its days, energy and cost (or --deadline D for the cheapest cluster that finishes)"
@@ -176,8 +217,19 @@ pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
             bar.set_draw_target(ProgressDrawTarget::stderr());
         }
     };
-    let result = search(&spec, &progress, &cancel)?;
+    let mut result = match rank_by {
+        RankBy::P90 => search_by_p90(&spec, &model, &progress, &cancel)?,
+        RankBy::Step => search(&spec, &progress, &cancel)?,
+    };
     bar.finish_and_clear();
+    for r in result
+        .top
+        .iter_mut()
+        .chain(&mut result.best_per_schedule)
+        .chain(&mut result.best_per_zero)
+    {
+        r.estimate.use_interval_model(&model);
+    }
     if let Some(o) = by_run {
         return super::search_objective::print_ranked(&spec, result, o, args.top, args.json);
     }
@@ -204,6 +256,13 @@ pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
         print!("{}", csv.finish());
         return Ok(outcome);
     }
+    print_text(&spec, &result, rank_by);
+    Ok(outcome)
+}
+
+/// The search's tables: the header, what was pruned, the top mixes (by `rank_by`), the best
+/// per schedule and per ZeRO stage, and the leader's verdict.
+fn print_text(spec: &SearchSpec, result: &parsim::search::SearchResult, rank_by: RankBy) {
     let p = &result.pruned;
     let m = &spec.base.model;
     println!(
@@ -230,11 +289,15 @@ pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
     );
     if result.top.is_empty() {
         println!("no mix fits: more GPUs, a GPU with more memory, or a shorter sequence");
-        return Ok(outcome);
+        return;
     }
     println!(
-        "\ntop {} by step time\n{}",
+        "\ntop {} by {}\n{}",
         result.top.len(),
+        match rank_by {
+            RankBy::Step => "step time",
+            RankBy::P90 => "upper step time (p90)",
+        },
         ranked_table("mix", &result.top)
     );
     println!(
@@ -246,5 +309,4 @@ pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
         ranked_table("mix", &result.best_per_zero)
     );
     println!("\nverdict for #1: {}", result.top[0].estimate.verdict);
-    Ok(outcome)
 }

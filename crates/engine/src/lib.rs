@@ -10,6 +10,7 @@ pub mod comm;
 pub mod config;
 pub mod estimate;
 pub mod host;
+pub mod interval;
 pub mod layout;
 pub mod lower;
 pub mod memory;

@@ -514,6 +514,10 @@ pub fn block_times(
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct StepTime {
     pub step_s: f64,
+    /// The interval's lower and upper step time (`step_interval`: the lower and upper
+    /// percentile of measured residuals of the estimate's regime, 0.1 and 0.9 by default).
+    pub step_s_p10: f64,
+    pub step_s_p90: f64,
     /// Compute of the critical pipeline rank (recomputation included).
     pub compute_s: f64,
     /// Exposed communication of that rank plus the data-parallel tail.

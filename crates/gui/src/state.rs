@@ -120,6 +120,9 @@ fn estimate_problems(e: &EstimateError) -> Problems {
         EstimateError::NonFinite { .. } => Problems {
             violations: vec![Violation::new("cluster.gpu", e.to_string())],
         },
+        EstimateError::Interval(_) => Problems {
+            violations: vec![Violation::new("", e.to_string())],
+        },
     }
 }
 

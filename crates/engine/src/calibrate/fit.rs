@@ -154,6 +154,8 @@ pub struct Prediction {
     pub fits: bool,
     /// Predicted peak memory of the most loaded GPU over its capacity.
     pub memory_fraction: f64,
+    /// Exposed communication over the predicted step (the regime of its residual).
+    pub comm_share: f64,
 }
 
 /// Predicts one row with `profile` (already carrying the efficiencies to use).
@@ -176,6 +178,7 @@ pub fn predict(case: &Case, profile: &GpuProfile) -> Result<Prediction, FitError
         flops_ratio: own / flops,
         fits: e.memory.fits,
         memory_fraction: e.memory.per_gpu_max_bytes as f64 / e.memory.capacity_bytes as f64,
+        comm_share: e.time.exposed_comm_s / e.time.step_s,
     })
 }
 

@@ -15,6 +15,7 @@ pub mod op_report;
 pub mod plot;
 pub mod profile_fit;
 pub mod published;
+pub mod residuals;
 pub mod sweep;
 pub mod table_fit;
 
@@ -98,6 +99,9 @@ pub enum CalibrateError {
     Fit(#[from] fit::FitError),
     #[error("drawing {path}: {message}")]
     Plot { path: String, message: String },
+    /// The interval model's residuals could not be made.
+    #[error("residuals: {0}")]
+    Residuals(String),
 }
 
 /// Rows whose published TFLOP/s per GPU is at least [`INCONSISTENCY`] below a peer's: a row of
@@ -345,12 +349,12 @@ fn notes(r: &Row) -> String {
 /// shows that the model does not capture (a section of docs/accuracy.md).
 const MODEL_NOTES: &str = "## Modelling choices and what the residuals say\n\n\
 Changes to the time model made with this fit:\n\n\
-- **Inter-node all-gather and reduce-scatter are hierarchical** (`src/comm.rs`), like the \
+- **Inter-node all-gather and reduce-scatter are hierarchical** (`crates/engine/src/comm.rs`), like the \
 all-reduce already was: with k members of a group per node every GPU drives its own NIC, so \
 the network carries 1/k of the data per GPU (a ring across nodes on B/k, then one inside the \
 node). Before, ZeRO-3 across nodes ran the whole payload through one NIC per GPU and \
 multi-node llm-foundry rows were predicted up to 3x too slow.\n\
-- **An unfused attention core streams its s x s tensors** (`src/time.rs`): scores written, \
+- **An unfused attention core streams its s x s tensors** (`crates/engine/src/time.rs`): scores written, \
 softmax read and written, dropout read, written and masked, probabilities read by the \
 product with V (backward 1.5x). Narayanan et al. 2021 predates fused attention; without \
 this term the small-hidden rows (1.7B, 3.6B) came out 19-30% too fast.\n\
@@ -360,7 +364,7 @@ GEMMs at `efficiency.matmul` with wave quantisation, instead of a fitted attenti
 efficiency that only Narayanan et al.'s rows constrained (left out, it fell to 0.056 and \
 their rows came out 20-48% slow; the old fit's 0.774 sat next to its matmul 0.748).\n\
 - **The attention core runs at most at the bf16 rate**: FP8 training (Transformer \
-Engine) casts the linear layers' GEMMs, not the attention kernel.\n- **Fused attention runs at published kernel rates** (`src/kernels.rs`, `calibration/data/attention-kernels.json`): FlashAttention-3, cuDNN and FlashAttention-2 on H100 from the FlashAttention-3 paper (Shah et al. 2024, Figures 5 and 6), as a function of the kernel call's sequence length and causal mask, each published point within 10% (`tests/kernel_rates.rs`). The Megatron-Core rows run cuDNN's rates (Transformer Engine on Hopper, assumed). llm-foundry's 2023 rows ran MPT's Triton flash kernel (FlashAttention's `flash_attn_triton.py` on the pre-MLIR Triton compiler), whose H100 rates nobody published; they are derived, never fitted: FlashAttention Triton's A100 rates (below) times FlashAttention-2's published H100 / A100 speed-up at the same length and mask (neither kernel uses Hopper's wgmma; the table's `derived` entry, reproduced within 10% by `tests/kernel_rates.rs`). The FlashAttention-3 paper's own Triton series is the later Triton tutorial kernel, a different kernel. So no published row times attention at `efficiency.attention` any more, and it is not fitted. The shipped H100 and H200 profiles time attention at FlashAttention-3's rates (`training.attention_kernel` picks another). Before, one fitted scalar (0.158 of peak) timed every attention core, and long-context runs came out 2-3x too slow.\n\
+Engine) casts the linear layers' GEMMs, not the attention kernel.\n- **Fused attention runs at published kernel rates** (`crates/engine/src/attention_rates.rs`, `calibration/data/attention-kernels.json`): FlashAttention-3, cuDNN and FlashAttention-2 on H100 from the FlashAttention-3 paper (Shah et al. 2024, Figures 5 and 6), as a function of the kernel call's sequence length and causal mask, each published point within 10% (`tests/kernel_rates.rs`). The Megatron-Core rows run cuDNN's rates (Transformer Engine on Hopper, assumed). llm-foundry's 2023 rows ran MPT's Triton flash kernel (FlashAttention's `flash_attn_triton.py` on the pre-MLIR Triton compiler), whose H100 rates nobody published; they are derived, never fitted: FlashAttention Triton's A100 rates (below) times FlashAttention-2's published H100 / A100 speed-up at the same length and mask (neither kernel uses Hopper's wgmma; the table's `derived` entry, reproduced within 10% by `tests/kernel_rates.rs`). The FlashAttention-3 paper's own Triton series is the later Triton tutorial kernel, a different kernel. So no published row times attention at `efficiency.attention` any more, and it is not fitted. The shipped H100 and H200 profiles time attention at FlashAttention-3's rates (`training.attention_kernel` picks another). Before, one fitted scalar (0.158 of peak) timed every attention core, and long-context runs came out 2-3x too slow.\n\
 - **A100 attention from FlashAttention-2's figure** (Dao 2023, *FlashAttention-2: Faster \
 Attention with Better Parallelism and Work Partitioning*, Figure 4: forward + backward on \
 A100 80GB SXM4, head dims 64 and 128, causal and not, sequence 512-16k): \
@@ -533,12 +537,19 @@ const PROFILE_DATA: &str = "### What each profile rests on\n\n\
 | --- | --- | --- | --- | --- |\n\
 | a100-40g, a100-80g | datasheet (calibration/data/gpus.json) | measured (gemm-rates.json) | NCCL model, checked on nccl-tests.json | fitted (A100 rows) |\n\
 | h100-sxm | datasheet | measured | NCCL model, checked on nccl-tests.json | fitted (H100 rows) |\n\
-| h200, b200, mi300x | datasheet | measured | H200: NCCL model; B200, MI300X: alpha-beta rings | H100's, matmul scaled by the GEMM share |\n\
-| b300, gb200, gb300 | vendor system tables (NVIDIA HGX B300, GB200 NVL72, GB300 NVL72), per GPU | assumed: B200's measured share (no published measurement) | NCCL's Blackwell model; GB200 NVL72 checked on CoreWeave's published rack table (nccl-tests-nvl72.json, within 15%) | H100's, matmul scaled by B200's share |\n\
+| h200, mi300x | datasheet | measured | H200: NCCL model; MI300X: alpha-beta rings | H100's, matmul scaled by the GEMM share |\n\
+| b200 | datasheet | measured: bf16 and fp8 (gemm-rates.json), NVFP4 (gemm-rates-blackwell.json: cuBLASLt via torch._scaled_mm, pytorch/ao PR 2427) | alpha-beta rings | H100's, matmul scaled by the GEMM share |\n\
+| gb200 | vendor system table (NVIDIA GB200 NVL72), per GPU | measured: bf16 and fp8 (gemm-rates-blackwell.json, Bekman's table); NVFP4 assumed B200's (same die) | NCCL's Blackwell model, checked on CoreWeave's published rack table (nccl-tests-nvl72.json, within 15%) | H100's, matmul scaled by its own GEMM share |\n\
+| b300 | vendor system table (NVIDIA HGX B300), per GPU | measured: bf16 and fp8 (gemm-rates-blackwell.json); NVFP4 takes the fp8 share (no published measurement) | NCCL's Blackwell model | H100's, matmul scaled by its own GEMM share |\n\
+| gb300 | vendor system table (NVIDIA GB300 NVL72), per GPU | assumed: B200's bf16 and fp8 shares (no published GB300 measurement); NVFP4 takes the fp8 share | NCCL's Blackwell model | H100's, matmul scaled by B200's share |\n\
 | mi355x | AMD figures (256 CUs x 2.4 GHz x per-CU rates, 288 GB, 8 TB/s) | assumed: MI300X's measured share | alpha-beta rings | H100's, matmul scaled by MI300X's share |\n\
 | cpu (the executor's CPU backend) | peak above every GEMM rate measured on the host; memory and links nominal | - | measured: collective bus bandwidth tables from op timings | rate tables per op class and `efficiency.sync_skew`, fitted from three recorded sweeps of the built-in CPU sweep (calibration/cpu.jsonl, docs/calibration.md); held-out step time 3.5% median, 8.4% worst |\n\n\
-No end-to-end throughput of a Blackwell system is fitted: published performance summaries of NeMo, \
-Megatron-Bridge or torchtitan on B200, GB200 and GB300 are reserved for validation.\n\n";
+MXFP8 GEMMs take each profile's FP8 share everywhere: no achievable MXFP8 GEMM rate of a \
+Blackwell GPU is published (torchao quotes only a 2-3x speedup over bf16). `cargo test -p \
+parsim-cli --test engine low_precision -- --nocapture` prints the GEMM model against every \
+point of calibration/data/gemm-rates-blackwell.json (all within 3%). Only kernel \
+microbenchmarks are fitted to: published performance summaries of NeMo, Megatron-Bridge or \
+torchtitan on B200, GB200 and GB300 are reserved for validation.\n\n";
 
 /// Held-out error per source and overall, and the error on the fitting rows.
 fn markdown_held_out_error(s: &mut String, e: &Evaluation) {

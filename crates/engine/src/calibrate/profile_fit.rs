@@ -247,6 +247,19 @@ pub fn held_out_lines(ms: &[Measurement]) -> Vec<bool> {
     ms.iter().map(|m| held[config_key(m).as_str()]).collect()
 }
 
+/// The configurations [`fit_profile`] holds out, each as its first measurement and its
+/// median measured step time (what the held-out residuals of the interval model compare).
+pub fn held_out_configs(ms: &[Measurement]) -> Vec<(&Measurement, f64)> {
+    let groups = collapse(ms);
+    let held = held_out(&groups);
+    groups
+        .iter()
+        .zip(held)
+        .filter(|(_, h)| *h)
+        .map(|(g, _)| (g.first, g.step_s))
+        .collect()
+}
+
 /// The fit's working state: the base profile, the collapsed measurements and their log step
 /// times, and the starting coordinates of every parameter in [`PARAMS`].
 struct Fitter<'a> {

@@ -87,7 +87,14 @@ impl Prepared<'_> {
                 return Err(EstimateError::NonFinite { quantity, value });
             }
         }
-        Ok(Estimate {
+        let interval = crate::interval::shipped()
+            .map_err(|e| EstimateError::Interval(e.to_string()))?
+            .lookup(&crate::interval::Regime::of(
+                cfg,
+                &r.gpu,
+                time.exposed_comm_s / step_s,
+            ));
+        let mut estimate = Estimate {
             config: cfg.clone(),
             gpu: r.gpu.name.clone(),
             params,
@@ -118,12 +125,19 @@ impl Prepared<'_> {
                 tflops_per_gpu: per_step_model / step_s / world / 1e12,
                 hardware_tflops_per_gpu: per_step_hardware / step_s / world / 1e12,
                 mfu: per_step_model / (step_s * world * self.peak),
+                tokens_per_s_p10: 0.0,
+                tokens_per_s_p90: 0.0,
+                mfu_p10: 0.0,
+                mfu_p90: 0.0,
             },
+            step_interval: interval.clone(),
             verdict: verdict_with_margin(&time, per_gpu_max_bytes, &r.gpu),
             warnings: r.warnings.clone(),
             framework_overrides: r.config.training.framework.overrides(&r.config.parallel),
             table_coverage: self.table_coverage(),
-        })
+        };
+        estimate.set_interval(interval);
+        Ok(estimate)
     }
 
     /// Which ops the profile's measured tables time, `None` without tables.
@@ -316,6 +330,9 @@ impl Prepared<'_> {
             .collect();
         Ok(StepTime {
             step_s,
+            // Set with the interval, once the estimate is assembled.
+            step_s_p10: step_s,
+            step_s_p90: step_s,
             compute_s,
             exposed_comm_s: by_group.total(),
             exposed_comm_by_group_s: by_group,

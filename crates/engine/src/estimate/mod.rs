@@ -18,6 +18,7 @@ use serde::Serialize;
 pub mod breakdown;
 mod dp;
 mod finish;
+mod interval;
 mod prepare;
 
 use dp::per_microbatch_dp_s;
@@ -121,11 +122,17 @@ pub struct ScheduleReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct Throughput {
     pub tokens_per_s: f64,
+    /// Tokens per second at the interval's upper and lower step time (p10 is the slow end).
+    pub tokens_per_s_p10: f64,
+    pub tokens_per_s_p90: f64,
     /// Model FLOPs per second per GPU, in TFLOP/s.
     pub tflops_per_gpu: f64,
     /// Hardware FLOPs (recomputation included) per second per GPU, in TFLOP/s.
     pub hardware_tflops_per_gpu: f64,
     pub mfu: f64,
+    /// MFU at the interval's upper and lower step time.
+    pub mfu_p10: f64,
+    pub mfu_p90: f64,
 }
 
 /// The whole estimate (the output contract of docs/design.md).
@@ -140,6 +147,8 @@ pub struct Estimate {
     pub schedule: ScheduleReport,
     pub time: StepTime,
     pub throughput: Throughput,
+    /// What the step time's interval rests on (`time.step_s_p10`, `time.step_s_p90`).
+    pub step_interval: crate::interval::StepInterval,
     /// One line: what bounds the step.
     pub verdict: String,
     pub warnings: Vec<String>,
@@ -160,6 +169,9 @@ pub enum EstimateError {
     /// null or infinity is printed as a result.
     #[error("the estimated {quantity} is not a finite number ({value}): the configuration's or the hardware profile's figures overflow")]
     NonFinite { quantity: &'static str, value: f64 },
+    /// The shipped residual model (calibration/residuals.json) did not load.
+    #[error("the step-time interval: {0}")]
+    Interval(String),
 }
 
 /// Per-stage durations of one chunk for one microbatch, with its exposed communication.

@@ -89,7 +89,7 @@ fn differs(values: &[f64]) -> bool {
 /// Compares `estimates` (labelled by `labels`).
 pub fn compare(labels: Vec<String>, estimates: Vec<Estimate>) -> Comparison {
     type Get = fn(&Estimate, &StageMemory) -> f64;
-    let rows: [(&str, &str, Unit, Get); 20] = [
+    let rows: [(&str, &str, Unit, Get); 26] = [
         ("memory", "weights", Unit::Bytes, |_, s| s.weights as f64),
         ("memory", "gradients", Unit::Bytes, |_, s| {
             s.gradients as f64
@@ -111,6 +111,12 @@ pub fn compare(labels: Vec<String>, estimates: Vec<Estimate>) -> Comparison {
             f64::from(u8::from(e.memory.fits))
         }),
         ("time", "step", Unit::Seconds, |e, _| e.time.step_s),
+        ("time", "  interval low (p10)", Unit::Seconds, |e, _| {
+            e.time.step_s_p10
+        }),
+        ("time", "  interval high (p90)", Unit::Seconds, |e, _| {
+            e.time.step_s_p90
+        }),
         ("time", "compute", Unit::Seconds, |e, _| e.time.compute_s),
         ("time", "exposed communication", Unit::Seconds, |e, _| {
             e.time.exposed_comm_s
@@ -138,11 +144,35 @@ pub fn compare(labels: Vec<String>, estimates: Vec<Estimate>) -> Comparison {
         }),
         (
             "throughput",
+            "  interval low (p10)",
+            Unit::TokensPerS,
+            |e, _| e.throughput.tokens_per_s_p10,
+        ),
+        (
+            "throughput",
+            "  interval high (p90)",
+            Unit::TokensPerS,
+            |e, _| e.throughput.tokens_per_s_p90,
+        ),
+        (
+            "throughput",
             "TFLOP/s per GPU",
             Unit::TflopsPerGpu,
             |e, _| e.throughput.tflops_per_gpu,
         ),
         ("throughput", "MFU", Unit::Fraction, |e, _| e.throughput.mfu),
+        (
+            "throughput",
+            "  MFU interval low (p10)",
+            Unit::Fraction,
+            |e, _| e.throughput.mfu_p10,
+        ),
+        (
+            "throughput",
+            "  MFU interval high (p90)",
+            Unit::Fraction,
+            |e, _| e.throughput.mfu_p90,
+        ),
     ];
     let stages: Vec<StageMemory> = estimates.iter().map(worst_stage).collect();
     let metrics = rows

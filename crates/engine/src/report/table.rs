@@ -46,6 +46,12 @@ pub fn estimate_text(e: &Estimate) -> String {
     let _ = writeln!(out, "verdict: {}", e.verdict);
     let _ = writeln!(
         out,
+        "interval: {} (regime: {})",
+        e.step_interval.note,
+        crate::interval::Regime::describe(&e.step_interval.regime_key)
+    );
+    let _ = writeln!(
+        out,
         "framework: {}{}",
         e.config.training.framework.name(),
         if e.framework_overrides.is_empty() {
@@ -235,6 +241,11 @@ fn time_table(e: &Estimate) -> Table {
     let tm = &e.time;
     let mut t = table(&["step time", "seconds", "share"]);
     t.add_row(vec!["step".into(), seconds(tm.step_s), share(1.0)]);
+    t.add_row(vec![
+        format!("  interval {}", percentile_pair(e)),
+        format!("{} - {}", seconds(tm.step_s_p10), seconds(tm.step_s_p90)),
+        String::new(),
+    ]);
     for term in crate::estimate::breakdown::terms(tm) {
         // Compute and the optimizer always show, the pipeline's terms with a pipeline, the
         // rest where they are not zero.
@@ -264,6 +275,16 @@ fn time_table(e: &Estimate) -> Table {
     t
 }
 
+/// `p10-p90`: the percentiles of the estimate's interval.
+pub fn percentile_pair(e: &Estimate) -> String {
+    let i = &e.step_interval;
+    format!(
+        "p{:.0}-p{:.0}",
+        100.0 * i.lower_percentile,
+        100.0 * i.upper_percentile
+    )
+}
+
 /// A fraction of the step as the CLI table and the GUI cards print it.
 pub fn share(fraction: f64) -> String {
     format!("{:.1}%", 100.0 * fraction)
@@ -278,6 +299,10 @@ fn throughput_table(e: &Estimate) -> Table {
         format!("{:.0}", th.tokens_per_s),
     ]);
     t.add_row(vec![
+        format!("  interval {}", percentile_pair(e)),
+        format!("{:.0} - {:.0}", th.tokens_per_s_p10, th.tokens_per_s_p90),
+    ]);
+    t.add_row(vec![
         "model TFLOP/s per GPU".to_string(),
         format!("{:.1}", th.tflops_per_gpu),
     ]);
@@ -286,6 +311,10 @@ fn throughput_table(e: &Estimate) -> Table {
         format!("{:.1}", th.hardware_tflops_per_gpu),
     ]);
     t.add_row(vec!["MFU".to_string(), format!("{:.1}%", 100.0 * th.mfu)]);
+    t.add_row(vec![
+        format!("  interval {}", percentile_pair(e)),
+        format!("{:.1}% - {:.1}%", 100.0 * th.mfu_p10, 100.0 * th.mfu_p90),
+    ]);
     t.add_row(vec![
         format!("bubble ({}, of ideal compute)", e.schedule.name),
         format!("{:.1}%", 100.0 * e.schedule.bubble_fraction),

@@ -23,6 +23,7 @@ mod balance;
 mod enumerate;
 mod mix;
 mod objective;
+mod pessimistic;
 mod run;
 mod sliced;
 
@@ -33,6 +34,7 @@ pub use objective::{
     deadline_search, parse_deadline_s, rank_by, rank_result, DeadlineAnswer, DeadlinePoint,
     Objective, ObjectiveError, ObjectiveResult, RunRanked, POOL,
 };
+pub use pessimistic::{search_by_p90, RankBy};
 use run::{group_lower_bounds, groups, leads, Pending, Run, Runs};
 pub use sliced::{Search, Step};
 

@@ -129,10 +129,12 @@ pub fn ui(ui: &mut Ui, opt: &mut SearchOptions, view: &SearchView<'_>) -> Search
                     for (i, t) in r.top.iter().enumerate() {
                         let e = &t.estimate;
                         let text = format!(
-                            "{}. {}\n      {} · MFU {:.1}% · {:.1} GiB",
+                            "{}. {}\n      {} ({} - {}) · MFU {:.1}% · {:.1} GiB",
                             i + 1,
                             t.mix,
                             seconds(e.time.step_s),
+                            seconds(e.time.step_s_p10),
+                            seconds(e.time.step_s_p90),
                             100.0 * e.throughput.mfu,
                             e.memory.per_gpu_max_bytes as f64 / (1u64 << 30) as f64
                         );

@@ -1,0 +1,282 @@
+//! The residual file (calibration/residuals.json, or a user's): how it was made, the
+//! percentiles, the back-off order and every residual with its regime. Read field by field so
+//! that a bad file is refused naming the field and the rule.
+
+use super::regime::{Dimension, Regime, DIMENSIONS};
+use serde_json::{json, Map, Value};
+
+/// One prediction's error: ln(measured step time / predicted step time), with where it comes
+/// from and its regime.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Residual {
+    /// The table or measurement file the measured figure comes from.
+    pub source: String,
+    /// The row or run.
+    pub row: String,
+    pub regime: Regime,
+    pub log_ratio: f64,
+}
+
+/// A residual model as data.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResidualFile {
+    /// How the residuals were made (what was fitted, what was held out).
+    pub about: String,
+    /// The command that rebuilds the file.
+    pub command: String,
+    pub lower_percentile: f64,
+    pub upper_percentile: f64,
+    /// Every dimension once: the order in which a thin regime is pooled with its neighbours.
+    pub backoff: Vec<Dimension>,
+    pub residuals: Vec<Residual>,
+}
+
+/// Why a residual file or its percentiles cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum IntervalError {
+    #[error("cannot read residual file {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{origin}: not valid JSON: {message}")]
+    Parse { origin: String, message: String },
+    #[error("{origin}: {field}: {rule}")]
+    Field {
+        origin: String,
+        field: String,
+        rule: String,
+    },
+    #[error("lower_percentile {lower} and upper_percentile {upper}: no number of residuals gives both order statistics")]
+    Percentiles { lower: f64, upper: f64 },
+    #[error(
+        "the residual file holds {n} residuals; a {lower}-{upper} interval needs at least {need}"
+    )]
+    TooFew {
+        n: usize,
+        need: usize,
+        lower: f64,
+        upper: f64,
+    },
+}
+
+const TOP_KEYS: [&str; 6] = [
+    "about",
+    "command",
+    "lower_percentile",
+    "upper_percentile",
+    "backoff",
+    "residuals",
+];
+const RESIDUAL_KEYS: [&str; 4] = ["source", "row", "regime", "log_ratio"];
+
+impl ResidualFile {
+    /// Reads and validates the file at `path`.
+    pub fn read(path: &std::path::Path) -> Result<ResidualFile, IntervalError> {
+        let text = std::fs::read_to_string(path).map_err(|source| IntervalError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates `text` (`origin` names it in errors).
+    pub fn parse(text: &str, origin: &str) -> Result<ResidualFile, IntervalError> {
+        let v: Value = serde_json::from_str(text).map_err(|e| IntervalError::Parse {
+            origin: origin.to_string(),
+            message: e.to_string(),
+        })?;
+        let bad = |field: &str, rule: String| IntervalError::Field {
+            origin: origin.to_string(),
+            field: field.to_string(),
+            rule,
+        };
+        let top = object(&v, "(top level)", &TOP_KEYS, &bad)?;
+        let text_of = |k: &str| -> Result<String, IntervalError> {
+            top.get(k)
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .ok_or_else(|| bad(k, "must be a string".into()))
+        };
+        let percentile = |k: &str| -> Result<f64, IntervalError> {
+            let p = top
+                .get(k)
+                .and_then(Value::as_f64)
+                .ok_or_else(|| bad(k, "must be a number".into()))?;
+            if p > 0.0 && p < 1.0 {
+                Ok(p)
+            } else {
+                Err(bad(k, format!("{p} is outside (0, 1)")))
+            }
+        };
+        let (lower, upper) = (
+            percentile("lower_percentile")?,
+            percentile("upper_percentile")?,
+        );
+        if lower >= upper {
+            return Err(bad(
+                "upper_percentile",
+                format!("{upper} must exceed lower_percentile {lower}"),
+            ));
+        }
+        let backoff = backoff(top.get("backoff"), &bad)?;
+        let list = top
+            .get("residuals")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad("residuals", "must be an array".into()))?;
+        let residuals = list
+            .iter()
+            .enumerate()
+            .map(|(i, r)| residual(r, &format!("residuals[{i}]"), &bad))
+            .collect::<Result<_, _>>()?;
+        Ok(ResidualFile {
+            about: text_of("about")?,
+            command: text_of("command")?,
+            lower_percentile: lower,
+            upper_percentile: upper,
+            backoff,
+            residuals,
+        })
+    }
+
+    /// The file as JSON (what [`ResidualFile::parse`] reads back).
+    pub fn to_json(&self) -> Value {
+        let residuals: Vec<Value> = self
+            .residuals
+            .iter()
+            .map(|r| {
+                let regime: Map<String, Value> = DIMENSIONS
+                    .iter()
+                    .map(|d| (d.key().to_string(), json!(r.regime.value(*d))))
+                    .collect();
+                json!({"source": r.source, "row": r.row, "regime": regime, "log_ratio": r.log_ratio})
+            })
+            .collect();
+        json!({
+            "about": self.about,
+            "command": self.command,
+            "lower_percentile": self.lower_percentile,
+            "upper_percentile": self.upper_percentile,
+            "backoff": self.backoff.iter().map(|d| d.key()).collect::<Vec<_>>(),
+            "residuals": residuals,
+        })
+    }
+}
+
+type Bad<'a> = dyn Fn(&str, String) -> IntervalError + 'a;
+
+/// `v` as an object holding exactly `keys` (an unknown or missing one is refused).
+fn object<'v>(
+    v: &'v Value,
+    field: &str,
+    keys: &[&str],
+    bad: &Bad<'_>,
+) -> Result<&'v Map<String, Value>, IntervalError> {
+    let m = v
+        .as_object()
+        .ok_or_else(|| bad(field, "must be an object".into()))?;
+    let at = |k: &str| {
+        if field.starts_with('(') {
+            k.to_string()
+        } else {
+            format!("{field}.{k}")
+        }
+    };
+    if let Some(k) = m.keys().find(|k| !keys.contains(&k.as_str())) {
+        return Err(bad(
+            &at(k),
+            format!("unknown key (known: {})", keys.join(", ")),
+        ));
+    }
+    if let Some(k) = keys.iter().find(|k| !m.contains_key(**k)) {
+        return Err(bad(&at(k), "missing".into()));
+    }
+    Ok(m)
+}
+
+/// The back-off order: every dimension exactly once.
+fn backoff(v: Option<&Value>, bad: &Bad<'_>) -> Result<Vec<Dimension>, IntervalError> {
+    let list = v
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad("backoff", "must be an array of regime keys".into()))?;
+    let mut out = Vec::new();
+    for (i, k) in list.iter().enumerate() {
+        let field = format!("backoff[{i}]");
+        let name = k
+            .as_str()
+            .ok_or_else(|| bad(&field, "must be a string".into()))?;
+        let d = Dimension::parse(name).ok_or_else(|| bad(&field, unknown_key(name)))?;
+        if out.contains(&d) {
+            return Err(bad(&field, format!("{name} is listed twice")));
+        }
+        out.push(d);
+    }
+    if out.len() != DIMENSIONS.len() {
+        return Err(bad(
+            "backoff",
+            format!("must list every regime key once ({})", keys_list()),
+        ));
+    }
+    Ok(out)
+}
+
+fn residual(v: &Value, field: &str, bad: &Bad<'_>) -> Result<Residual, IntervalError> {
+    let m = object(v, field, &RESIDUAL_KEYS, bad)?;
+    let string = |k: &str| {
+        m[k].as_str()
+            .map(str::to_string)
+            .ok_or_else(|| bad(&format!("{field}.{k}"), "must be a string".into()))
+    };
+    let log_ratio = m["log_ratio"]
+        .as_f64()
+        .filter(|x| x.is_finite())
+        .ok_or_else(|| {
+            bad(
+                &format!("{field}.log_ratio"),
+                "must be a finite number".into(),
+            )
+        })?;
+    let regime_field = format!("{field}.regime");
+    let keys: Vec<&str> = DIMENSIONS.iter().map(|d| d.key()).collect();
+    let rm = m["regime"]
+        .as_object()
+        .ok_or_else(|| bad(&regime_field, "must be an object".into()))?;
+    if let Some(k) = rm.keys().find(|k| Dimension::parse(k).is_none()) {
+        return Err(bad(&format!("{regime_field}.{k}"), unknown_key(k)));
+    }
+    let mut regime = Regime([0; 6]);
+    for d in DIMENSIONS {
+        let f = format!("{regime_field}.{}", d.key());
+        let value = rm
+            .get(d.key())
+            .ok_or_else(|| bad(&f, format!("missing (a regime gives {})", keys.join(", "))))?;
+        let name = value
+            .as_str()
+            .ok_or_else(|| bad(&f, "must be a string".into()))?;
+        let index = d.values().iter().position(|v| *v == name).ok_or_else(|| {
+            bad(
+                &f,
+                format!("unknown value {name:?} (known: {})", d.values().join(", ")),
+            )
+        })?;
+        regime = regime.with(d, index as u8);
+    }
+    Ok(Residual {
+        source: string("source")?,
+        row: string("row")?,
+        regime,
+        log_ratio,
+    })
+}
+
+fn keys_list() -> String {
+    DIMENSIONS
+        .iter()
+        .map(|d| d.key())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn unknown_key(name: &str) -> String {
+    format!("unknown regime key {name:?} (known: {})", keys_list())
+}

@@ -1,0 +1,217 @@
+//! Step-time intervals from measured residuals: every prediction's error against a measured
+//! or published step time (ln measured / predicted) is kept with its [`Regime`], and an
+//! estimate's interval is the lower and upper percentile of its regime's residuals, applied
+//! to its step time. The percentiles are split-conformal order statistics (Lei et al. 2018,
+//! *Distribution-Free Predictive Inference for Regression*): with n residuals, the
+//! floor((n+1) p)-th smallest and the ceil((n+1) p)-th, so a regime with few residuals gets
+//! its extreme ones (a wider interval) and one with fewer than that needs is pooled with its
+//! neighbours along the file's back-off order, and the interval says so. The interval is a
+//! lookup, not a second run of the model.
+
+pub mod file;
+pub mod regime;
+
+pub use file::{IntervalError, Residual, ResidualFile};
+pub use regime::{calibrated_on_machine, Dimension, Regime, DIMENSIONS};
+
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::OnceLock;
+
+/// The shipped residual model (calibration/residuals.json; rebuilt by
+/// `cargo run --release --example fit_published -- --fit --write`).
+pub const SHIPPED_JSON: &str = include_str!("../../../../calibration/residuals.json");
+
+/// A regime value meaning "any band" in a pooled cell's key.
+const ANY: u8 = u8::MAX;
+
+/// The interval of one estimate: factors on its predicted step time.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepInterval {
+    /// The percentiles the interval spans (0.1 and 0.9 in the shipped model).
+    pub lower_percentile: f64,
+    pub upper_percentile: f64,
+    /// Lower and upper step time over the predicted one.
+    pub lower_factor: f64,
+    pub upper_factor: f64,
+    /// Residuals the interval comes from.
+    pub residuals: u32,
+    /// The estimate's regime, every dimension.
+    pub regime: BTreeMap<&'static str, &'static str>,
+    /// Dimensions pooled over because the regime alone held too few residuals.
+    pub pooled_over: Vec<Dimension>,
+    /// One line: what the interval rests on.
+    pub note: String,
+    /// The regime as looked up (to look it up again in another model).
+    #[serde(skip)]
+    pub regime_key: Regime,
+}
+
+/// Residual percentiles per regime and per pooled regime, built once from a file.
+#[derive(Debug, Clone)]
+pub struct IntervalModel {
+    pub lower_percentile: f64,
+    pub upper_percentile: f64,
+    /// Dimensions dropped in this order when a regime holds fewer than `min_residuals`.
+    pub backoff: Vec<Dimension>,
+    /// The fewest residuals whose order statistics give both percentiles.
+    pub min_residuals: usize,
+    /// Residuals in the file.
+    pub total: usize,
+    /// (pooling level, regime with the pooled dimensions set to [`ANY`]) -> cell.
+    cells: HashMap<(u8, [u8; 6]), Cell>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Cell {
+    lo_log: f64,
+    hi_log: f64,
+    n: u32,
+}
+
+/// The 1-based ranks of the lower and upper order statistics of `n` residuals, or `None`
+/// when `n` is too few for either.
+pub fn conformal_ranks(n: usize, lower: f64, upper: f64) -> Option<(usize, usize)> {
+    let m = (n + 1) as f64;
+    // Guard against 0.9 * 10 landing a hair above 9 in binary.
+    let lo = (m * lower + 1e-9).floor() as usize;
+    let hi = (m * upper - 1e-9).ceil() as usize;
+    (lo >= 1 && hi <= n && lo <= hi).then_some((lo, hi))
+}
+
+impl IntervalModel {
+    /// Builds the cells of every pooling level from `file` (already validated).
+    pub fn new(file: &ResidualFile) -> Result<IntervalModel, IntervalError> {
+        let (lower, upper) = (file.lower_percentile, file.upper_percentile);
+        let min_residuals = (1..=1_000_000usize)
+            .find(|n| conformal_ranks(*n, lower, upper).is_some())
+            .ok_or(IntervalError::Percentiles { lower, upper })?;
+        if file.residuals.len() < min_residuals {
+            return Err(IntervalError::TooFew {
+                n: file.residuals.len(),
+                need: min_residuals,
+                lower,
+                upper,
+            });
+        }
+        let mut pooled: HashMap<(u8, [u8; 6]), Vec<f64>> = HashMap::new();
+        for r in &file.residuals {
+            for level in 0..=file.backoff.len() {
+                let key = masked(&r.regime, &file.backoff[..level]);
+                pooled
+                    .entry((level as u8, key))
+                    .or_default()
+                    .push(r.log_ratio);
+            }
+        }
+        let cells = pooled
+            .into_iter()
+            .filter_map(|(k, mut v)| {
+                v.sort_by(f64::total_cmp);
+                let (lo, hi) = conformal_ranks(v.len(), lower, upper)?;
+                Some((
+                    k,
+                    Cell {
+                        lo_log: v[lo - 1],
+                        hi_log: v[hi - 1],
+                        n: v.len() as u32,
+                    },
+                ))
+            })
+            .collect();
+        Ok(IntervalModel {
+            lower_percentile: lower,
+            upper_percentile: upper,
+            backoff: file.backoff.clone(),
+            min_residuals,
+            total: file.residuals.len(),
+            cells,
+        })
+    }
+
+    /// The interval of a prediction in `regime`: its own residuals when it holds enough, else
+    /// those of the least pooled regime that does (the whole file at last, which holds enough
+    /// by construction).
+    pub fn lookup(&self, regime: &Regime) -> StepInterval {
+        let (level, cell) = (0..=self.backoff.len())
+            .find_map(|level| {
+                let key = masked(regime, &self.backoff[..level]);
+                self.cells.get(&(level as u8, key)).map(|c| (level, *c))
+            })
+            .expect("the fully pooled cell holds every residual, at least min_residuals");
+        let pooled_over = self.backoff[..level].to_vec();
+        StepInterval {
+            lower_percentile: self.lower_percentile,
+            upper_percentile: self.upper_percentile,
+            lower_factor: cell.lo_log.exp(),
+            upper_factor: cell.hi_log.exp(),
+            residuals: cell.n,
+            regime: DIMENSIONS
+                .iter()
+                .map(|d| (d.key(), regime.value(*d)))
+                .collect(),
+            note: self.note(cell.n as usize, &pooled_over),
+            pooled_over,
+            regime_key: *regime,
+        }
+    }
+
+    /// The smallest upper factor any communication share could give `regime` (the other
+    /// dimensions kept): a bound for ranking mixes of one search by their upper step time.
+    pub fn min_upper_factor(&self, regime: &Regime) -> f64 {
+        (0..Dimension::CommShare.values().len() as u8)
+            .map(|b| {
+                self.lookup(&regime.with(Dimension::CommShare, b))
+                    .upper_factor
+            })
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    fn note(&self, n: usize, pooled_over: &[Dimension]) -> String {
+        let pct = |p: f64| format!("p{}", (100.0 * p).round());
+        let mut s = format!(
+            "{}-{} from {n} residuals",
+            pct(self.lower_percentile),
+            pct(self.upper_percentile)
+        );
+        if !pooled_over.is_empty() {
+            let dims: Vec<_> = pooled_over.iter().map(|d| d.key()).collect();
+            s.push_str(&format!(
+                ", pooled over {}: the regime itself holds fewer than {}, so the interval is wider than its own residuals would give",
+                dims.join(" and "),
+                self.min_residuals
+            ));
+        } else if n < 2 * self.min_residuals {
+            s.push_str(" of this regime; few, so the interval sits at their extremes");
+        } else {
+            s.push_str(" of this regime");
+        }
+        s
+    }
+}
+
+/// `regime` with the dimensions in `pooled` set to [`ANY`].
+fn masked(regime: &Regime, pooled: &[Dimension]) -> [u8; 6] {
+    let mut key = regime.0;
+    for (i, d) in DIMENSIONS.iter().enumerate() {
+        if pooled.contains(d) {
+            key[i] = ANY;
+        }
+    }
+    key
+}
+
+/// The shipped model, parsed once. The file is embedded; a defect in it is a build defect
+/// that `tests` catch, reported here as an error rather than a panic.
+pub fn shipped() -> Result<&'static IntervalModel, &'static IntervalError> {
+    static MODEL: OnceLock<Result<IntervalModel, IntervalError>> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            ResidualFile::parse(SHIPPED_JSON, "calibration/residuals.json")
+                .and_then(|f| IntervalModel::new(&f))
+        })
+        .as_ref()
+}
+
+#[cfg(test)]
+mod tests;

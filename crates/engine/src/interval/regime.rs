@@ -1,0 +1,232 @@
+//! The regime of a step-time prediction: the traits along which the model's measured errors
+//! differ (GPU family, framework, scale, sequence, communication share, and whether the
+//! profile was calibrated on the machine), each cut into a few named bands. Residuals are
+//! grouped by regime, and an estimate's interval comes from the residuals of its own.
+
+use crate::config::{Config, Framework, GpuProfile, NcclArch};
+use serde::Serialize;
+
+/// The regime's dimensions, in the order their keys are written.
+pub const DIMENSIONS: [Dimension; 6] = [
+    Dimension::GpuFamily,
+    Dimension::Framework,
+    Dimension::Scale,
+    Dimension::Sequence,
+    Dimension::CommShare,
+    Dimension::Calibrated,
+];
+
+/// One trait of a regime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dimension {
+    GpuFamily,
+    Framework,
+    Scale,
+    Sequence,
+    CommShare,
+    Calibrated,
+}
+
+/// GPU families (by profile name, else by the NCCL generation the profile names).
+const GPU_FAMILIES: [&str; 6] = ["ampere", "hopper", "blackwell", "cdna", "cpu", "other"];
+/// GPUs in the run: one node, up to a pod, up to a large cluster, beyond.
+const SCALES: [&str; 4] = ["1-8", "9-128", "129-1024", "1025+"];
+const SCALE_UPPER: [u64; 3] = [8, 128, 1024];
+/// Sequence length: the short-context bulk, mid, and long context (attention-dominated).
+const SEQUENCES: [&str; 3] = ["<=2048", "2049-8192", "8193+"];
+const SEQUENCE_UPPER: [u64; 2] = [2048, 8192];
+/// Exposed communication over the step.
+const COMM_SHARES: [&str; 3] = ["<5%", "5-15%", "15%+"];
+const COMM_SHARE_UPPER: [f64; 2] = [0.05, 0.15];
+const CALIBRATED: [&str; 2] = ["no", "yes"];
+
+impl Dimension {
+    /// The key in residual files and in the estimate's JSON.
+    pub fn key(self) -> &'static str {
+        match self {
+            Dimension::GpuFamily => "gpu_family",
+            Dimension::Framework => "framework",
+            Dimension::Scale => "scale",
+            Dimension::Sequence => "sequence",
+            Dimension::CommShare => "comm_share",
+            Dimension::Calibrated => "calibrated",
+        }
+    }
+
+    /// The dimension a key names.
+    pub fn parse(key: &str) -> Option<Dimension> {
+        DIMENSIONS.into_iter().find(|d| d.key() == key)
+    }
+
+    /// The values a regime may take along this dimension (its bands).
+    pub fn values(self) -> &'static [&'static str] {
+        match self {
+            Dimension::GpuFamily => &GPU_FAMILIES,
+            Dimension::Framework => &FRAMEWORKS,
+            Dimension::Scale => &SCALES,
+            Dimension::Sequence => &SEQUENCES,
+            Dimension::CommShare => &COMM_SHARES,
+            Dimension::Calibrated => &CALIBRATED,
+        }
+    }
+
+    fn index(self) -> usize {
+        DIMENSIONS
+            .iter()
+            .position(|d| *d == self)
+            .expect("every dimension is listed")
+    }
+}
+
+const FRAMEWORKS: [&str; 3] = ["megatron-core", "deepspeed", "fsdp"];
+
+/// A regime: one band index per dimension (indices into [`Dimension::values`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Regime(pub [u8; 6]);
+
+impl Regime {
+    /// The regime of `config` run on `gpu` whose predicted step spends `comm_share` of its
+    /// time in exposed communication.
+    pub fn of(config: &Config, gpu: &GpuProfile, comm_share: f64) -> Regime {
+        let gpus = config.cluster.num_gpus;
+        let seq = config.training.seq_length;
+        let band_u = |x: u64, upper: &[u64]| upper.iter().take_while(|u| x > **u).count();
+        let band_f = |x: f64, upper: &[f64]| upper.iter().take_while(|u| x >= **u).count();
+        let framework = Framework::ALL
+            .iter()
+            .position(|f| *f == config.training.framework)
+            .expect("every framework is listed");
+        debug_assert_eq!(FRAMEWORKS[framework], config.training.framework.name());
+        let mut r = [0u8; 6];
+        r[Dimension::GpuFamily.index()] = gpu_family(gpu) as u8;
+        r[Dimension::Framework.index()] = framework as u8;
+        r[Dimension::Scale.index()] = band_u(u64::from(gpus), &SCALE_UPPER) as u8;
+        r[Dimension::Sequence.index()] = band_u(seq, &SEQUENCE_UPPER) as u8;
+        r[Dimension::CommShare.index()] = band_f(comm_share, &COMM_SHARE_UPPER) as u8;
+        r[Dimension::Calibrated.index()] = u8::from(calibrated_on_machine(gpu));
+        Regime(r)
+    }
+
+    /// The band name along `d`.
+    pub fn value(&self, d: Dimension) -> &'static str {
+        d.values()[usize::from(self.0[d.index()])]
+    }
+
+    /// The same regime with `d` set to band `index`.
+    pub fn with(mut self, d: Dimension, index: u8) -> Regime {
+        self.0[d.index()] = index;
+        self
+    }
+
+    /// `gpu_family=hopper framework=fsdp ...`, every dimension.
+    pub fn describe(&self) -> String {
+        DIMENSIONS
+            .iter()
+            .map(|d| format!("{}={}", d.key(), self.value(*d)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// The GPU family of a profile, as an index into the family names.
+fn gpu_family(gpu: &GpuProfile) -> usize {
+    let name = gpu.name.to_ascii_lowercase();
+    let family = if name == "cpu" {
+        "cpu"
+    } else if name.starts_with("a100") {
+        "ampere"
+    } else if name.starts_with("h100") || name.starts_with("h200") {
+        "hopper"
+    } else if ["b200", "b300", "gb200", "gb300"]
+        .iter()
+        .any(|p| name.starts_with(p))
+    {
+        "blackwell"
+    } else if name.starts_with("mi3") {
+        "cdna"
+    } else {
+        match gpu.links.nccl {
+            Some(NcclArch::Ampere) => "ampere",
+            Some(NcclArch::Hopper) => "hopper",
+            Some(NcclArch::Blackwell) => "blackwell",
+            None => "other",
+        }
+    };
+    GPU_FAMILIES
+        .iter()
+        .position(|f| *f == family)
+        .expect("family listed")
+}
+
+/// Whether the profile's efficiencies were fitted by `parsim calibrate` to runs measured on
+/// the machine (its provenance says so, or it carries measured rate tables).
+pub fn calibrated_on_machine(gpu: &GpuProfile) -> bool {
+    !gpu.tables.is_empty()
+        || gpu
+            .provenance
+            .values()
+            .any(|v| v.starts_with("fitted by `parsim calibrate`"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bands split where their names say: 8 GPUs is one node, 9 is not; 2048 tokens is
+    /// short, 2049 is not; a 5% share is no longer under 5%.
+    #[test]
+    fn bands_cut_at_their_names() {
+        let mut c = Config::default();
+        let gpu = GpuProfile::load("h100-sxm").unwrap();
+        for (gpus, band) in [
+            (8, "1-8"),
+            (9, "9-128"),
+            (1024, "129-1024"),
+            (1025, "1025+"),
+        ] {
+            c.cluster.num_gpus = gpus;
+            assert_eq!(Regime::of(&c, &gpu, 0.0).value(Dimension::Scale), band);
+        }
+        for (seq, band) in [(2048, "<=2048"), (2049, "2049-8192"), (8193, "8193+")] {
+            c.training.seq_length = seq;
+            assert_eq!(Regime::of(&c, &gpu, 0.0).value(Dimension::Sequence), band);
+        }
+        for (share, band) in [(0.049, "<5%"), (0.05, "5-15%"), (0.15, "15%+")] {
+            assert_eq!(
+                Regime::of(&c, &gpu, share).value(Dimension::CommShare),
+                band
+            );
+        }
+        let r = Regime::of(&c, &gpu, 0.0);
+        assert_eq!(r.value(Dimension::GpuFamily), "hopper");
+        assert_eq!(r.value(Dimension::Calibrated), "no");
+        for f in Framework::ALL {
+            c.training.framework = f;
+            assert_eq!(
+                Regime::of(&c, &gpu, 0.0).value(Dimension::Framework),
+                f.name()
+            );
+        }
+    }
+
+    /// The shipped CPU profile was fitted by `parsim calibrate`; the published-fit GPU
+    /// profiles were not (their efficiencies come from published tables).
+    #[test]
+    fn calibrated_profiles_are_recognised() {
+        assert!(calibrated_on_machine(&GpuProfile::load("cpu").unwrap()));
+        assert!(calibrated_on_machine(
+            &GpuProfile::load(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../calibration/h100-measured.toml"
+            ))
+            .unwrap()
+        ));
+        for name in ["a100-80g", "h100-sxm", "b200", "mi300x"] {
+            assert!(
+                !calibrated_on_machine(&GpuProfile::load(name).unwrap()),
+                "{name}"
+            );
+        }
+    }
+}

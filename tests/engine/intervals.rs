@@ -1,0 +1,137 @@
+//! Issue 33's step-time intervals on estimates and in the search: the interval fields follow
+//! from the residual model's lookup of the estimate's own regime, and ranking by the upper
+//! step time (`--rank-by p90`) gives the order a brute-force sort of every fitting mix gives.
+
+use parsim::config::{Config, GpuProfile, Layer, Resolved};
+use parsim::estimate::estimate;
+use parsim::interval::{self, Dimension, IntervalModel, Regime, Residual, ResidualFile};
+use parsim::search::{search, search_by_p90, SearchSpec};
+use std::sync::atomic::AtomicBool;
+
+fn config(v: serde_json::Value) -> Config {
+    Config::from_layers(&[Layer::overrides(v)]).unwrap()
+}
+
+/// The interval fields are the predicted figures at the lower and upper factor of the shipped
+/// model's lookup of the regime `Regime::of` gives, and throughput's p10 is the slow end.
+#[test]
+fn estimate_fields_follow_the_lookup_of_its_regime() {
+    let c = config(serde_json::json!({}));
+    let r = Resolved::new(c.clone()).unwrap();
+    let e = estimate(&r).unwrap();
+    let regime = Regime::of(&c, &r.gpu, e.time.exposed_comm_s / e.time.step_s);
+    let want = interval::shipped().unwrap().lookup(&regime);
+    assert_eq!(e.step_interval, want);
+    let (s, t) = (&e.time, &e.throughput);
+    let close = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-12;
+    assert!(close(s.step_s_p10, s.step_s * want.lower_factor));
+    assert!(close(s.step_s_p90, s.step_s * want.upper_factor));
+    assert!(s.step_s_p10 < s.step_s_p90);
+    let tokens_per_step = (c.training.global_batch_size * c.training.seq_length) as f64;
+    assert!(close(t.tokens_per_s_p10 * s.step_s_p90, tokens_per_step));
+    assert!(close(t.tokens_per_s_p90 * s.step_s_p10, tokens_per_step));
+    assert!(close(t.mfu_p10 * s.step_s_p90, t.mfu * s.step_s));
+    assert!(close(t.mfu_p90 * s.step_s_p10, t.mfu * s.step_s));
+    assert_eq!(want.regime["gpu_family"], "hopper");
+    assert_eq!(want.regime["calibrated"], "no");
+    assert!(want.residuals as usize >= interval::shipped().unwrap().min_residuals);
+}
+
+/// The CPU backend's shipped profile was calibrated on its machine: its estimates take the
+/// calibrated residuals (the held-out runs of its own sweep), not the published rows'.
+#[test]
+fn a_calibrated_profile_takes_calibrated_residuals() {
+    let c = config(serde_json::json!({
+        "cluster": {"gpu": "cpu", "num_gpus": 2, "gpus_per_node": 2},
+        "model": {"num_layers": 2, "hidden_size": 256, "num_attention_heads": 4,
+                  "num_query_groups": 4, "ffn_hidden_size": 1024, "vocab_size": 1024},
+        "training": {"seq_length": 256, "global_batch_size": 4, "micro_batch_size": 1}
+    }));
+    let e = estimate(&Resolved::new(c).unwrap()).unwrap();
+    assert_eq!(e.step_interval.regime["calibrated"], "yes");
+    assert_eq!(e.step_interval.regime["gpu_family"], "cpu");
+    assert!(!e.step_interval.pooled_over.contains(&Dimension::Calibrated));
+}
+
+/// A model whose upper factor depends strongly on the communication share (9 residuals per
+/// share band, the highest 0.5, 0 and 0.3 in log), so ranking by p90 reorders the mixes.
+fn share_dependent_model(regime: Regime) -> IntervalModel {
+    let highs = [0.5, 0.0, 0.3];
+    let residuals = (0..3u8)
+        .flat_map(|b| {
+            (0..9).map(move |i| Residual {
+                source: "test".into(),
+                row: format!("{b}/{i}"),
+                regime: regime.with(Dimension::CommShare, b),
+                log_ratio: highs[usize::from(b)] - 0.01 * f64::from(i),
+            })
+        })
+        .collect();
+    let file = ResidualFile {
+        about: "test".into(),
+        command: "none".into(),
+        lower_percentile: 0.1,
+        upper_percentile: 0.9,
+        backoff: parsim::calibrate::residuals::BACKOFF.to_vec(),
+        residuals,
+    };
+    IntervalModel::new(&file).unwrap()
+}
+
+/// `search_by_p90` against brute force: every fitting mix estimated (a pool larger than the
+/// candidates), its interval from the same model, sorted by upper step time.
+#[test]
+fn rank_by_p90_matches_a_sort_of_every_fitting_mix() {
+    let base = config(serde_json::json!({
+        "model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": 16},
+        "training": {"seq_length": 4096, "global_batch_size": 64}
+    }));
+    let gpu = GpuProfile::load(&base.cluster.gpu).unwrap();
+    let e = estimate(&Resolved::new(base.clone()).unwrap()).unwrap();
+    let model = share_dependent_model(Regime::of(
+        &base,
+        &gpu,
+        e.time.exposed_comm_s / e.time.step_s,
+    ));
+    let spec = SearchSpec {
+        base,
+        mbs_max: 2,
+        top: 8,
+        constraints: vec![],
+        exhaustive: false,
+    };
+    let cancel = AtomicBool::new(false);
+    let ranked = search_by_p90(&spec, &model, &|_, _| {}, &cancel).unwrap();
+    let mut all = search(
+        &SearchSpec {
+            top: 100_000,
+            exhaustive: true,
+            ..spec.clone()
+        },
+        &|_, _| {},
+        &cancel,
+    )
+    .unwrap()
+    .top;
+    for r in &mut all {
+        r.estimate.use_interval_model(&model);
+    }
+    all.sort_by(|a, b| {
+        a.estimate
+            .time
+            .step_s_p90
+            .total_cmp(&b.estimate.time.step_s_p90)
+            .then_with(|| a.mix.to_string().cmp(&b.mix.to_string()))
+    });
+    let want: Vec<String> = all.iter().take(8).map(|r| r.mix.to_string()).collect();
+    let got: Vec<String> = ranked.top.iter().map(|r| r.mix.to_string()).collect();
+    assert_eq!(got, want);
+    // The model does reorder: the fastest mix by step time is not first by p90 here, or the
+    // share bands differ among the leaders.
+    let by_step: Vec<String> = {
+        let mut s = all.clone();
+        s.sort_by(|a, b| a.estimate.time.step_s.total_cmp(&b.estimate.time.step_s));
+        s.iter().take(8).map(|r| r.mix.to_string()).collect()
+    };
+    assert_ne!(by_step, want, "the test model should reorder the leaders");
+}
