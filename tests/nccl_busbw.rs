@@ -2,7 +2,7 @@
 //! src/network/nccl_search.rs) reproduce every published nccl-tests bus bandwidth in
 //! calibration/data/nccl-tests.json within 15%: the single figures ("points") and every row of
 //! the per-size tables ("tables") from 1 MiB to 4 GiB, with the algorithm the run forced.
-//! `cargo test -p parsim --test nccl_busbw -- --nocapture` prints model vs published per row.
+//! `cargo test -p parsim-cli --test nccl_busbw -- --nocapture` prints model vs published per row.
 
 use parsim::model::CollectiveKind;
 use parsim::network::nccl::{

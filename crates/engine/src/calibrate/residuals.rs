@@ -280,7 +280,9 @@ pub fn markdown(file: &ResidualFile) -> Result<String, CalibrateError> {
          Predictive Inference for Regression*): with n residuals the floor((n+1) 0.1)-th and \
          ceil((n+1) 0.9)-th smallest, so a regime needs at least 9 and a thin one sits at its \
          extremes; a regime with fewer is pooled with its neighbours, dropping {backoff} in that \
-         order, and the estimate's `step_interval.note` says so.\n\n",
+         order, and its interval is the envelope of the pooled cell's and those of the regimes it \
+         pools that hold enough (it could be like any of them), which the estimate's \
+         `step_interval.note` says.\n\n",
         lo = file.lower_percentile,
         hi = file.upper_percentile,
         n = file.residuals.len(),

@@ -104,7 +104,7 @@ impl IntervalModel {
                     .push(r.log_ratio);
             }
         }
-        let cells = pooled
+        let mut cells: HashMap<(u8, [u8; 6]), Cell> = pooled
             .into_iter()
             .filter_map(|(k, mut v)| {
                 v.sort_by(f64::total_cmp);
@@ -119,6 +119,7 @@ impl IntervalModel {
                 ))
             })
             .collect();
+        widen_pooled(&mut cells, &file.backoff);
         Ok(IntervalModel {
             lower_percentile: lower,
             upper_percentile: upper,
@@ -187,6 +188,28 @@ impl IntervalModel {
             s.push_str(" of this regime");
         }
         s
+    }
+}
+
+/// Widens every pooled cell to the envelope of its own interval and those of the regimes it
+/// pools (the cells one level down, along the dimension it drops, that hold enough
+/// residuals): a regime without enough residuals of its own could be like any of its
+/// neighbours, so its interval spans theirs. Levels are widened bottom-up, so an envelope
+/// carries down the chain.
+fn widen_pooled(cells: &mut HashMap<(u8, [u8; 6]), Cell>, backoff: &[Dimension]) {
+    for level in 1..=backoff.len() {
+        let dropped = backoff[level - 1];
+        let children: Vec<([u8; 6], Cell)> = cells
+            .iter()
+            .filter(|((l, _), _)| usize::from(*l) == level - 1)
+            .map(|((_, k), c)| (masked(&Regime(*k), &[dropped]), *c))
+            .collect();
+        for (parent, child) in children {
+            if let Some(c) = cells.get_mut(&(level as u8, parent)) {
+                c.lo_log = c.lo_log.min(child.lo_log);
+                c.hi_log = c.hi_log.max(child.hi_log);
+            }
+        }
     }
 }
 

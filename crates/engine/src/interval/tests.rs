@@ -178,3 +178,30 @@ fn shipped_model_loads() {
     let m = shipped().unwrap();
     assert!(m.total >= m.min_residuals);
 }
+
+/// A pooled regime spans the regimes it pools: with a narrow regime (19 residuals within
+/// +-0.09) and a wide one (9 residuals -0.5 .. +0.5 by 0.125) beside it, a third regime of 2
+/// residuals pooled over the sequence takes the wide one's extremes (+-0.5), not the pooled
+/// cell's own ranks 3 and 28 of 30 (-0.25, +0.25).
+#[test]
+fn a_pooled_regime_spans_the_regimes_it_pools() {
+    let narrow = regime("hopper", "<=2048");
+    let wide = regime("hopper", "2049-8192");
+    let thin = regime("hopper", "8193+");
+    let mut rs: Vec<Residual> = (-9..=9)
+        .map(|i| residual(narrow, f64::from(i) / 100.0))
+        .collect();
+    rs.extend((-4..=4).map(|i| residual(wide, 0.125 * f64::from(i))));
+    rs.extend([0.0, 0.01].map(|x| residual(thin, x)));
+    let m = IntervalModel::new(&file(rs)).unwrap();
+    let w = m.lookup(&wide);
+    assert!(w.pooled_over.is_empty());
+    assert!((w.lower_factor - (-0.5f64).exp()).abs() < 1e-12);
+    let t = m.lookup(&thin);
+    assert_eq!(t.residuals, 30);
+    assert!((t.lower_factor - (-0.5f64).exp()).abs() < 1e-12, "{t:?}");
+    assert!((t.upper_factor - 0.5f64.exp()).abs() < 1e-12, "{t:?}");
+    // The narrow regime keeps its own interval.
+    let n = m.lookup(&narrow);
+    assert!((n.upper_factor - 0.08f64.exp()).abs() < 1e-12);
+}
