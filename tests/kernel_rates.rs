@@ -120,6 +120,7 @@ fn the_time_model_times_attention_at_the_published_rates() {
                 causal,
                 fused: true,
                 head_dim: 128,
+                ring: None,
             },
         );
         op.rank_flops = Flops {
@@ -185,6 +186,7 @@ fn a100_forward_backward_points_are_within_10_percent() {
                     causal: s.causal,
                     fused: true,
                     head_dim: s.head_dim,
+                    ring: None,
                 },
             );
             op.rank_flops = Flops {

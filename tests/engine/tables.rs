@@ -101,6 +101,7 @@ fn attention_op(seq_len: u64, fwd: f64) -> Op {
             causal: true,
             fused: true,
             head_dim: 128,
+            ring: None,
         },
     );
     op.rank_flops.fwd = fwd;

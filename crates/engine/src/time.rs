@@ -152,59 +152,106 @@ impl Rates<'_> {
 
     /// Seconds of the attention core's (forward, backward) FLOPs. A fused core on a GPU whose
     /// profile names a published kernel runs at that kernel's measured rate for its sequence
-    /// length, head dimension and mask (src/kernels.rs; FlashAttention-3 Figures 5 and 6 on
+    /// length, head dimension and mask (src/attention_rates.rs; FlashAttention-3 Figures 5 and 6 on
     /// H100, FlashAttention-2 Figure 4 on A100): the backward's
     /// rate is quoted for 2.5 forward FLOPs, so its time is 2.5 x forward FLOPs over it.
     /// An unfused core runs its batched GEMMs ([`Self::unfused_core_s`]). Otherwise both
-    /// run at `efficiency.attention`.
+    /// run at `efficiency.attention`. A ring core is one call per KV block
+    /// ([`Self::ring_calls_s`]).
     pub fn attention_pass_s(&self, op: &Op) -> (f64, f64) {
-        let f = &op.rank_flops;
         if let Some(t) = self.table_attention_s(op) {
             return t;
         }
-        let kernel = match (op.kind, &self.gpu.attention_kernel) {
-            (
-                OpKind::Attention {
-                    seq_len,
-                    causal,
-                    fused: true,
-                    head_dim,
-                },
-                Some(name),
-            ) => crate::attention_rates::attention_kernel(name)
-                .map(|k| (k, seq_len, causal, head_dim)),
+        let (diag, other) = self.ring_calls_s(op);
+        let ring = match op.kind {
+            OpKind::Attention { ring, .. } => ring,
             _ => None,
         };
-        let Some((k, seq_len, causal, head_dim)) = kernel else {
-            if let OpKind::Attention {
-                seq_len,
-                fused: false,
-                head_dim,
-                ..
-            } = op.kind
-            {
-                if f.fwd > 0.0 {
-                    return self.unfused_core_s(seq_len, head_dim, f.fwd);
-                }
+        match ring {
+            Some(r) => {
+                let others = f64::from(r.blocks.saturating_sub(1));
+                (diag.0 + others * other.0, diag.1 + others * other.1)
             }
-            return (self.attention_s(f.fwd), self.attention_s(f.dgrad));
+            None => other,
+        }
+    }
+
+    /// The attention core's (forward, backward) seconds of one kernel call: for a ring
+    /// ([`crate::model::RingCalls`]), the diagonal call and one off-diagonal call (each with
+    /// its launch; the zigzag layout's off-diagonal calls are half blocks, timed at the rate
+    /// of their s/2cp length); else the whole core, as both.
+    fn ring_calls_s(&self, op: &Op) -> ((f64, f64), (f64, f64)) {
+        let f = &op.rank_flops;
+        let OpKind::Attention {
+            seq_len,
+            causal,
+            fused,
+            head_dim,
+            ring,
+        } = op.kind
+        else {
+            let t = (self.attention_s(f.fwd), self.attention_s(f.dgrad));
+            return (t, t);
+        };
+        // (FLOP share, call length, mask) of the diagonal and of each other call.
+        let (diag, other) = match ring {
+            Some(r) => {
+                let (d, o) = r.flop_shares();
+                let len = if r.zigzag { seq_len / 2 } else { seq_len };
+                ((d, seq_len, true), (o, len.max(1), causal))
+            }
+            None => ((1.0, seq_len, causal), (1.0, seq_len, causal)),
+        };
+        let kernel = match &self.gpu.attention_kernel {
+            Some(name) if fused => crate::attention_rates::attention_kernel(name),
+            _ => None,
         };
         let overhead = self.gpu.efficiency.kernel_overhead_s;
-        let timed = |flops: f64, rate: f64| {
-            if flops > 0.0 {
-                flops / rate + overhead
-            } else {
-                0.0
-            }
+        let call = |(share, len, masked): (f64, u64, bool)| -> (f64, f64) {
+            let Some(k) = kernel else {
+                if !fused && f.fwd > 0.0 {
+                    return self.unfused_core_s(len, head_dim, share * f.fwd);
+                }
+                return (
+                    self.attention_s(share * f.fwd),
+                    self.attention_s(share * f.dgrad),
+                );
+            };
+            let timed = |flops: f64, rate: f64| {
+                if flops > 0.0 {
+                    flops / rate + overhead
+                } else {
+                    0.0
+                }
+            };
+            (
+                timed(share * f.fwd, k.forward_flops_per_s(len, masked, head_dim)),
+                // The ledger counts the backward as 2 forward FLOPs (dgrad = 2 x fwd).
+                timed(
+                    share * f.dgrad / 2.0
+                        * crate::attention_rates::PAPER_BACKWARD_FLOPS_PER_FORWARD,
+                    k.backward_flops_per_s(len, masked, head_dim),
+                ),
+            )
         };
-        (
-            timed(f.fwd, k.forward_flops_per_s(seq_len, causal, head_dim)),
-            // The ledger counts the backward as 2 forward FLOPs (dgrad = 2 x fwd).
-            timed(
-                f.dgrad / 2.0 * crate::attention_rates::PAPER_BACKWARD_FLOPS_PER_FORWARD,
-                k.backward_flops_per_s(seq_len, causal, head_dim),
-            ),
-        )
+        (call(diag), call(other))
+    }
+
+    /// A ring core's (diagonal, off-diagonal) call seconds in `phase` (forward; backward is
+    /// input gradient), for the exchange's overlap: `None` when the core is not a ring or
+    /// measured tables time it (their single figure is not split by call).
+    pub fn ring_block_s(&self, op: &Op, phase: Phase) -> Option<(f64, f64)> {
+        let OpKind::Attention { ring: Some(_), .. } = op.kind else {
+            return None;
+        };
+        if self.table_attention_s(op).is_some() {
+            return None;
+        }
+        let (diag, other) = self.ring_calls_s(op);
+        Some(match phase {
+            Phase::Forward => (diag.0, other.0),
+            Phase::Backward => (diag.1, other.1),
+        })
     }
 
     /// The (forward, backward) rates of a fused core in the selected kernel implementation's
@@ -216,6 +263,7 @@ impl Rates<'_> {
             causal,
             fused: true,
             head_dim,
+            ..
         } = op.kind
         else {
             return None;
@@ -462,14 +510,22 @@ pub fn block_times(
             };
             let exposed = match c.group {
                 GroupKind::Tp if overlaps.tp_comm => (comm_s - compute_s).max(0.0),
-                // Ring attention: each of the cp-1 hops hides behind the attention on the
-                // block at hand (one cp-th of the core's compute).
+                // Ring attention: each of the cp-1 hops hides behind the call on the block at
+                // hand (the diagonal first, then the off-diagonal ones), as far as it lasts.
                 GroupKind::Cp
                     if overlaps.cp_ring && matches!(cp_comm, CpComm::P2p | CpComm::Zigzag) =>
                 {
                     let steps = c.count.max(1) as f64;
-                    let per_block = compute_s / (steps + 1.0);
-                    steps * (comm_s / steps - per_block).max(0.0)
+                    let hop = comm_s / steps;
+                    match rates.ring_block_s(op, c.phase) {
+                        Some((diag, other)) => {
+                            (hop - diag).max(0.0) + (steps - 1.0) * (hop - other).max(0.0)
+                        }
+                        None => {
+                            let per_block = compute_s / (steps + 1.0);
+                            steps * (hop - per_block).max(0.0)
+                        }
+                    }
                 }
                 GroupKind::Ep if overlaps.ep => (comm_s - compute_s).max(0.0),
                 // The expert-TP all-gather and reduce-scatter run between the all-to-all and
@@ -784,6 +840,47 @@ mod tests {
         assert_eq!(hidden.expert_tp, open.expert_tp);
     }
 
+    /// A ring core is one kernel call per KV block (Transformer Engine's context parallelism):
+    /// by hand at cp 4, s/cp = 8192 on H100's FlashAttention-3 rates, the contiguous ring's
+    /// busiest rank runs the causal diagonal (0.5 / 3.5 of its FLOPs) and three full blocks
+    /// (1 / 3.5 each) at the 8192-long rates; the zigzag ring the diagonal and three half
+    /// blocks (1/4 each), the half blocks at the 4096-long unmasked rate; every call pays its
+    /// launch. The exchange then hides behind each call as far as it lasts.
+    #[test]
+    fn ring_attention_is_one_call_per_block() {
+        let gpu = GpuProfile::load("h100-sxm").unwrap();
+        let k = crate::attention_rates::attention_kernel(gpu.attention_kernel.as_deref().unwrap())
+            .unwrap();
+        let overhead = gpu.efficiency.kernel_overhead_s;
+        let (fwd, len) = (3.0e12, 8192u64);
+        for zigzag in [false, true] {
+            let mut core = Op::new(
+                "attn.core",
+                OpKind::Attention {
+                    seq_len: len,
+                    causal: false,
+                    fused: true,
+                    head_dim: 128,
+                    ring: Some(crate::model::RingCalls { blocks: 4, zigzag }),
+                },
+            );
+            core.rank_flops.fwd = fwd;
+            core.rank_flops.dgrad = 2.0 * fwd;
+            let (d, o, other_len) = if zigzag {
+                (0.25, 0.25, len / 2)
+            } else {
+                (0.5 / 3.5, 1.0 / 3.5, len)
+            };
+            let diag_s = d * fwd / k.forward_flops_per_s(len, true, 128) + overhead;
+            let other_s = o * fwd / k.forward_flops_per_s(other_len, false, 128) + overhead;
+            let r = rates(&gpu);
+            let (t_fwd, _, _) = r.op_s(&core);
+            assert!((t_fwd - diag_s - 3.0 * other_s).abs() < 1e-12, "{zigzag}");
+            let (bd, bo) = r.ring_block_s(&core, Phase::Forward).unwrap();
+            assert!((bd - diag_s).abs() < 1e-15 && (bo - other_s).abs() < 1e-15);
+        }
+    }
+
     /// An unfused core pays for streaming its s x s tensors; a fused one does not.
     #[test]
     fn unfused_attention_streams_its_scores() {
@@ -796,6 +893,7 @@ mod tests {
                 causal: true,
                 fused: false,
                 head_dim: 128,
+                ring: None,
             },
         );
         core.rank_flops.fwd = 1e12;
@@ -834,6 +932,7 @@ mod tests {
                 causal: true,
                 fused: false,
                 head_dim: d,
+                ring: None,
             },
         );
         let fwd_flops = 4.0 * heads * (s * s * d) as f64;

@@ -6,7 +6,7 @@ use super::dims::Dims;
 use super::linear::{lora_adapter, row_bias, tp_comm, Linear, Split};
 use super::norm::{dropout, norm};
 use super::op::{
-    Collective, CollectiveKind, Flops, Op, OpKind, ParamClass, Params, Phase, TensorRole,
+    Collective, CollectiveKind, Flops, Op, OpKind, ParamClass, Params, Phase, RingCalls, TensorRole,
 };
 use crate::config::{
     AttentionSpan, CpComm, LoraTarget, MlaConfig, ModelConfig, PositionEmbedding, TrainingConfig,
@@ -343,6 +343,17 @@ fn core_attention(d: &Dims, a_r: u64, g_r: u64, dqk: u64, dv: u64, span: Attenti
     } else {
         (d.attn_model_fraction, d.attn_hw_fraction)
     };
+    let ring = (d.c > 1 && windowed.is_none())
+        .then_some(d.cp_comm)
+        .and_then(|m| match m {
+            CpComm::P2p => Some(false),
+            CpComm::Zigzag => Some(true),
+            _ => None,
+        })
+        .map(|zigzag| RingCalls {
+            blocks: d.c as u32,
+            zigzag,
+        });
     let mut op = Op::new(
         "attn.core",
         OpKind::Attention {
@@ -350,6 +361,7 @@ fn core_attention(d: &Dims, a_r: u64, g_r: u64, dqk: u64, dv: u64, span: Attenti
             causal,
             fused: d.flash,
             head_dim: dqk.max(dv),
+            ring,
         },
     );
     op.recomputed_by_selective = true;

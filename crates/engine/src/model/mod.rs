@@ -24,8 +24,8 @@ pub use dims::Dims;
 pub use mamba::ssd_flops;
 pub use moe::{imbalance_of_rank_load, rank_load_factor};
 pub use op::{
-    Collective, CollectiveKind, Flops, Op, OpKind, OpRole, ParamClass, Params, Phase, Saved,
-    TensorRole,
+    Collective, CollectiveKind, Flops, Op, OpKind, OpRole, ParamClass, Params, Phase, RingCalls,
+    Saved, TensorRole,
 };
 pub use optimizer::{optimizer_bytes, OptimizerState};
 pub use summary::{

@@ -66,6 +66,33 @@ impl Flops {
     }
 }
 
+/// A ring attention's kernel calls on the busiest CP rank, as Transformer Engine's context
+/// parallelism runs them (one call per KV block the ring brings): first the diagonal block
+/// under the causal mask, then `blocks - 1` unmasked ones. Contiguous layout: full s/cp x s/cp
+/// blocks, and the last rank (the busiest) computes all of them. Zigzag layout (each rank
+/// holds chunks r and 2cp-1-r): the off-diagonal calls are half blocks (half the queries or
+/// half the keys, s/2cp long), so every rank does the same work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RingCalls {
+    /// CP ranks in the ring: the calls per pass.
+    pub blocks: u32,
+    pub zigzag: bool,
+}
+
+impl RingCalls {
+    /// The shares of the rank's core FLOPs in the diagonal call and in each other call: the
+    /// diagonal holds half a block's pairs; contiguous, c - 1/2 blocks in all; zigzag, c
+    /// halves.
+    pub fn flop_shares(self) -> (f64, f64) {
+        let c = f64::from(self.blocks.max(1));
+        if self.zigzag {
+            (1.0 / c, 1.0 / c)
+        } else {
+            (0.5 / (c - 0.5), 1.0 / (c - 0.5))
+        }
+    }
+}
+
 /// What an op costs on this rank, for the time model.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "type")]
@@ -83,6 +110,10 @@ pub enum OpKind {
         /// Head dimension (the larger of the query/key and value ones), which picks the
         /// published kernel series nearest to it.
         head_dim: u64,
+        /// Ring context parallelism: the core runs as one kernel call per KV block as the
+        /// ring turns (`seq_len` and `causal` then describe the off-diagonal calls).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        ring: Option<RingCalls>,
     },
     /// Bandwidth-bound: bytes read and written on this rank, forward.
     MemoryBound { bytes: u64 },
