@@ -3,6 +3,12 @@
 //! FlashAttention-2 paper's Figure 4, Dao 2023, on A100), so that the attention core's time
 //! follows sequence length, head dimension and the causal mask instead of one fitted scalar.
 //!
+//! A kernel's name carries the software release its rates were measured with where one is
+//! known ("cudnn-9.4" is cuDNN 9.4.0; "cudnn" is the cuDNN 9.1.1 of the FlashAttention-3
+//! paper), and the table's `releases` map what a user runs (a cuDNN version, an NGC PyTorch
+//! container, a Transformer Engine release) to that kernel ([`kernel_for_release`]), so a
+//! 2024 stack is not timed at a later kernel's rates.
+//!
 //! A kernel published on one GPU only can be derived for another (the table's `derived`
 //! entries: FlashAttention's Triton kernel on H100 from its A100 rates times
 //! FlashAttention-2's published H100 / A100 speed-up), the assumption stated with it.
@@ -51,6 +57,29 @@ pub struct Series {
     /// paper when absent).
     #[serde(default)]
     pub source: Option<String>,
+    /// The GPU the series was measured on where it differs from the table it is held in
+    /// (cuDNN's H200 results held in the GH100 table `h100-sxm`, which the H100 and H200
+    /// profiles share).
+    #[serde(default)]
+    pub measured_on: Option<String>,
+}
+
+/// A software release a user can name, the cuDNN version it runs and the published kernel
+/// whose rates time it (the table's `releases`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Release {
+    /// The name a user gives: "cudnn-9.4.0", "ngc-pytorch-25.04", "transformer-engine-2.0".
+    pub release: String,
+    /// The cuDNN version it runs ("9.4.0"), or the minimum it requires (">= 9.3").
+    pub cudnn: String,
+    /// The kernel (as `training.attention_kernel` names it) whose published rates are that
+    /// cuDNN's; `None` where none are published.
+    pub kernel: Option<String>,
+    /// Where the version (and the rates) were read.
+    pub source: String,
+    /// Why no kernel times it, where none does.
+    #[serde(default)]
+    pub why: Option<String>,
 }
 
 /// A kernel with no published rates on one GPU, derived from its published rates on another
@@ -72,6 +101,8 @@ struct Table {
     series: Vec<Series>,
     #[serde(default)]
     derived: Vec<Derived>,
+    #[serde(default)]
+    releases: Vec<Release>,
 }
 
 fn table() -> &'static Table {
@@ -81,6 +112,7 @@ fn table() -> &'static Table {
         serde_json::from_str::<Table>(TABLE_JSON).unwrap_or(Table {
             series: Vec::new(),
             derived: Vec::new(),
+            releases: Vec::new(),
         })
     })
 }
@@ -96,7 +128,10 @@ pub struct RateCurve {
 
 impl RateCurve {
     /// Least-squares fit of `1/rate = 1/max + (half/max) / s` to published points (TFLOP/s).
-    /// `None` with fewer than two distinct lengths or a fit that is not increasing in `s`.
+    /// A series whose rate falls with length (cuDNN 9.1 and 9.4 beyond 8k: their last tiles
+    /// cost more than the launch they amortise) is fitted flat, at its harmonic mean: the
+    /// curve cannot fall, and a flat one keeps the published points within a few percent.
+    /// `None` with fewer than two distinct lengths or non-positive rates.
     pub fn fit(seq_len: &[u64], tflops: &[f64]) -> Option<RateCurve> {
         if seq_len.len() != tflops.len() || seq_len.len() < 2 {
             return None;
@@ -111,9 +146,9 @@ impl RateCurve {
         if sxx <= 0.0 {
             return None;
         }
-        let slope = sxy / sxx;
+        let slope = (sxy / sxx).max(0.0);
         let intercept = my - slope * mx;
-        if !(intercept > 0.0 && slope >= 0.0) {
+        if !(intercept > 0.0 && intercept.is_finite()) {
             return None;
         }
         Some(RateCurve {
@@ -306,6 +341,27 @@ pub fn attention_kernels() -> &'static [AttentionKernel] {
     })
 }
 
+/// The software releases the table documents (a cuDNN version, an NGC PyTorch container, a
+/// Transformer Engine release), each with its cuDNN version and the kernel that times it.
+pub fn releases() -> &'static [Release] {
+    &table().releases
+}
+
+/// The release named `name` (case and surrounding space ignored: "NGC-PyTorch-25.04").
+pub fn release(name: &str) -> Option<&'static Release> {
+    let name = name.trim();
+    releases()
+        .iter()
+        .find(|r| r.release.eq_ignore_ascii_case(name))
+}
+
+/// The kernel (as `training.attention_kernel` names it, e.g. "cudnn-9.4") whose published
+/// rates are those of the release named `name`; `None` for an unknown release or one whose
+/// cuDNN has no published rates (its `why` says so).
+pub fn kernel_for_release(name: &str) -> Option<&'static str> {
+    release(name)?.kernel.as_deref()
+}
+
 /// The kernel named `name` ("gpu/kernel", e.g. "h100-sxm/flash-attention-3").
 pub fn attention_kernel(name: &str) -> Option<&'static AttentionKernel> {
     attention_kernels().iter().find(|k| k.name == name)
@@ -387,5 +443,37 @@ mod tests {
         assert_eq!(RateCurve::fit(&[1024], &[500.0]), None);
         assert_eq!(RateCurve::fit(&[1024, 1024], &[500.0, 510.0]), None);
         assert_eq!(RateCurve::fit(&[512, 1024], &[500.0]), None);
+        assert_eq!(RateCurve::fit(&[512, 1024], &[-500.0, -400.0]), None);
+    }
+
+    /// A falling series is fitted flat at its harmonic mean (the time-weighted rate).
+    #[test]
+    fn a_falling_series_is_fitted_flat() {
+        let fit = RateCurve::fit(&[4096, 65536], &[600.0, 400.0]).expect("fit");
+        assert_eq!(fit.half_seq, 0.0);
+        assert!((fit.max_flops_per_s / 480e12 - 1.0).abs() < 1e-12);
+    }
+
+    /// Releases resolve to the kernel of their cuDNN, names case-insensitively; a release
+    /// without published rates, or an unknown one, has none; every kernel a release names
+    /// is published on the GH100 table, and every release without one says why.
+    #[test]
+    fn attention_rates_kernel_for_release() {
+        assert_eq!(kernel_for_release("cudnn-9.4.0"), Some("cudnn-9.4"));
+        assert_eq!(kernel_for_release(" CUDNN-9.19.1 "), Some("cudnn-9.19"));
+        assert_eq!(kernel_for_release("cudnn-9.1.1"), Some("cudnn"));
+        assert_eq!(kernel_for_release("ngc-pytorch-25.04"), None);
+        assert_eq!(release("ngc-pytorch-25.04").unwrap().cudnn, "9.9.0");
+        assert_eq!(kernel_for_release("cudnn-7.0"), None);
+        for r in releases() {
+            match &r.kernel {
+                Some(k) => assert!(
+                    attention_kernel(&format!("h100-sxm/{k}")).is_some(),
+                    "{}: {k}",
+                    r.release
+                ),
+                None => assert!(r.why.is_some(), "{} says why it has no kernel", r.release),
+            }
+        }
     }
 }
