@@ -963,3 +963,44 @@ fn residual_files_and_rank_by_are_checked() {
         .code(1)
         .stderr(predicate::str::contains("one GPU count"));
 }
+
+/// Issue 33: `--attention-kernel` takes a software release as well as a kernel: a release
+/// with published rates times the core exactly as its kernel does; one whose cuDNN has none
+/// is refused naming the field, the cuDNN version and why.
+#[test]
+fn attention_kernel_takes_a_release() {
+    let step = |kernel: &str| -> f64 {
+        let out = parsim()
+            .args([
+                "estimate",
+                "--cp",
+                "4",
+                "--cp-comm",
+                "zigzag",
+                "--seq",
+                "65536",
+                "--gbs",
+                "8",
+                "--gpus",
+                "32",
+                "--json",
+                "--attention-kernel",
+                kernel,
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["time"]["step_s"].as_f64().unwrap()
+    };
+    assert_eq!(step("cudnn-9.4.0"), step("cudnn-9.4"));
+    assert_ne!(step("cudnn-9.4"), step("flash-attention-3"));
+    rejects(
+        &["--attention-kernel", "ngc-pytorch-25.04"],
+        &["training.attention_kernel", "cuDNN 9.9.0", "not published"],
+    );
+}

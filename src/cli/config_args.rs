@@ -411,6 +411,9 @@ pub struct TrainingArgs {
     /// The training framework whose overlap and bucketing defaults apply: megatron-core (or nemo), deepspeed, fsdp (docs/time-model.md). Explicit flags override them. [default from config: megatron-core]
     #[arg(long, value_name = "NAME")]
     pub framework: Option<String>,
+    /// The fused-attention kernel whose published rates time the core (flash-attention-3, cudnn-9.4, ...), or a release that names one (cudnn-9.4.0, ngc-pytorch-25.04). [default from config: the GPU profile's]
+    #[arg(long, value_name = "KERNEL|RELEASE")]
+    pub attention_kernel: Option<String>,
     /// Overlap the DP gradient reduction with backward, all but the last bucket. [default from config: the framework's]
     #[arg(long, conflicts_with = "no_overlap_grad_reduce")]
     pub overlap_grad_reduce: bool,
@@ -564,6 +567,12 @@ impl TrainingArgs {
             put(m, "parallel", "tp_comm_overlap", Some(true));
         }
         put(m, "training", "framework", self.framework.clone());
+        put(
+            m,
+            "training",
+            "attention_kernel",
+            self.attention_kernel.clone(),
+        );
         if self.overlap_grad_reduce {
             put(m, "parallel", "overlap_grad_reduce", Some(true));
         }

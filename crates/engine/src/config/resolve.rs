@@ -176,7 +176,7 @@ impl Resolved {
                 Arc::make_mut(&mut gpu).tables.attention_kernel = Some(kernel.to_string());
             }
             Some(kernel) => {
-                let on = attention_kernel_on(kernel, &gpu)?;
+                let on = attention_kernel_on(release_kernel(kernel)?, &gpu)?;
                 let g = Arc::make_mut(&mut gpu);
                 g.attention_kernel = Some(on);
                 g.tables.attention_kernel = None;
@@ -246,6 +246,25 @@ impl Resolved {
 /// The published kernel `kernel` ("flash-attention-2", ...) on the GPU `gpu`'s rate table
 /// (the table its profile's `attention_kernel` names), or an error naming
 /// `training.attention_kernel` and the kernels published for that GPU.
+/// `training.attention_kernel` may name a software release ("cudnn-9.4.0",
+/// "ngc-pytorch-25.04"; calibration/data/attention-kernels.json's `releases`): the kernel whose
+/// published rates are that release's cuDNN, refused naming the field where none are published.
+fn release_kernel(name: &str) -> Result<&str, ConfigError> {
+    let Some(r) = crate::attention_rates::release(name) else {
+        return Ok(name);
+    };
+    r.kernel.as_deref().ok_or_else(|| ConfigError::Field {
+        origin: "configuration".into(),
+        field: "training.attention_kernel".into(),
+        message: format!(
+            "release {:?} runs cuDNN {}, whose fused-attention rates are not published ({}); name a kernel with published rates instead (e.g. cudnn-9.1, cudnn-9.4, cudnn-9.19, flash-attention-3)",
+            r.release,
+            r.cudnn,
+            r.why.as_deref().unwrap_or("no source")
+        ),
+    })
+}
+
 fn attention_kernel_on(kernel: &str, gpu: &GpuProfile) -> Result<String, ConfigError> {
     let field_error = |message: String| ConfigError::Field {
         origin: "configuration".into(),
