@@ -404,6 +404,7 @@ fn cudnn_release_points_are_within_10_percent() {
                     causal: s.causal,
                     fused: true,
                     head_dim: 128,
+                    ring: None,
                 },
             );
             op.rank_flops = Flops {
