@@ -27,4 +27,5 @@ mod engine {
     pub mod tables;
     pub mod time;
     pub mod training_options;
+    pub mod zero_calls;
 }

@@ -78,26 +78,32 @@ fn explicit_settings_override_the_framework() {
     assert_eq!(est(v).framework_overrides.len(), 2);
 }
 
-/// DeepSpeed prefetches 5e7 parameters ahead (stage3_prefetch_bucket_size), under one
-/// Llama-3-70B layer on a TP-8 rank (856M / 8 = 107M parameters): part of every layer's
-/// gather waits, where Megatron-Core and FSDP prefetch a whole layer. So DeepSpeed's exposed
-/// DP time is at least Megatron-Core's; and no prefetch at all exposes the most.
+/// DeepSpeed's prefetch (partitioned_param_coordinator.py, `fetch_sub_module`): every
+/// module's hook prefetches one more `stage3_prefetch_bucket_size` group, until
+/// `stage3_max_live_parameters` elements are held. Llama-3-70B on a TP-8 rank has 107M
+/// parameters a layer in four partitioned linear modules, so the 5e7 groups run ahead past a
+/// whole layer under the default 1e9 cap: DeepSpeed hides its gathers as far as Megatron-Core's
+/// one layer ahead. A cap of 5e7 (below a layer) leaves part of every gather waiting, and no
+/// prefetch at all (bucket 0) exposes the most.
 #[test]
-fn deepspeed_zero3_exposes_at_least_megatron_core_gathers() {
+fn deepspeed_zero3_prefetch_reaches_as_far_as_max_live_allows() {
     let dp = |v: serde_json::Value| est(v).time.exposed_comm_by_group_s.dp;
     let megatron = dp(cfg("megatron-core", 3));
     let deepspeed = dp(cfg("deepspeed", 3));
-    let mut none = cfg("megatron-core", 3);
-    none["parallel"]["zero3_prefetch_params"] = json!(0);
+    let mut capped = cfg("deepspeed", 3);
+    capped["parallel"]["zero3_max_live_parameters"] = json!(50_000_000u64);
+    let capped = dp(capped);
+    let mut none = cfg("deepspeed", 3);
+    none["parallel"]["zero3_prefetch_bucket_size"] = json!(0);
     let none = dp(none);
-    assert!(megatron > 0.0);
-    assert!(deepspeed > megatron, "{deepspeed} vs {megatron}");
-    assert!(none >= deepspeed, "{none} vs {deepspeed}");
-    // With DeepSpeed's prefetch raised to a whole layer, it matches Megatron-Core's exposure
-    // of the gathers (the gradient buckets still differ: 5e8 vs 40M parameters).
-    let mut ds_layer = cfg("deepspeed", 3);
-    ds_layer["parallel"]["zero3_prefetch_params"] = json!(200_000_000u64);
-    assert!(dp(ds_layer) < deepspeed);
+    assert!(megatron > 0.0 && deepspeed > 0.0);
+    assert!(capped > deepspeed, "{capped} vs {deepspeed}");
+    assert!(none >= capped, "{none} vs {capped}");
+    // The default depth reaches past one layer, as Megatron-Core's does: raising it changes
+    // nothing.
+    let mut deeper = cfg("deepspeed", 3);
+    deeper["parallel"]["zero3_prefetch_params"] = json!(1_000_000_000u64);
+    assert_eq!(dp(deeper), deepspeed);
 }
 
 /// An unknown framework is refused naming the field and the known names.

@@ -100,16 +100,12 @@ fn the_double_buffers_are_the_exact_difference_from_generic_zero() {
 
 #[test]
 fn fsdp_reduces_gradients_one_unit_at_a_time() {
-    // Megatron-FSDP and FSDP2 reduce-scatter each unit's gradients as one collective: the
-    // same time as the generic model with its bucket set to the average unit (the rank's
-    // parameters over its 4 blocks: embedding, two layers, output), where Megatron-Core's own
-    // bucket is max(40M, 1M x dp) parameters (the whole model here).
+    // Megatron-FSDP and FSDP2 reduce-scatter each unit's gradients as one collective (the
+    // calls themselves are derived in tests/engine/zero_calls.rs), where Megatron-Core's own
+    // bucket is max(40M, 1M x dp) parameters (the whole model here, one call): the step
+    // differs from the generic model's.
     for zero in [2, 3] {
         let fsdp = est(small(zero, Some("megatron")));
-        let mut per_unit = small(zero, None);
-        per_unit["parallel"]["ddp_bucket_size"] = json!(TOTAL / 4);
-        let per_unit = est(per_unit);
-        assert_eq!(fsdp.time.step_s, per_unit.time.step_s, "zero {zero}");
         let generic = est(small(zero, None));
         assert!(fsdp.time.step_s != generic.time.step_s, "zero {zero}");
     }

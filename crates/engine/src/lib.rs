@@ -8,6 +8,7 @@ pub mod attention_rates;
 pub mod calibrate;
 pub mod comm;
 pub mod config;
+pub mod dp_calls;
 pub mod estimate;
 pub mod host;
 pub mod interval;

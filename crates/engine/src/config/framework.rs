@@ -35,8 +35,15 @@ pub enum Framework {
 
 /// DeepSpeed's `reduce_bucket_size` default, elements.
 pub const DEEPSPEED_REDUCE_BUCKET: u64 = 500_000_000;
-/// DeepSpeed's `stage3_prefetch_bucket_size` default, elements.
+/// DeepSpeed's `stage3_prefetch_bucket_size` default, elements: each prefetch all-gather's
+/// size (src/dp_calls.rs).
 pub const DEEPSPEED_PREFETCH_BUCKET: u64 = 50_000_000;
+/// DeepSpeed's `stage3_param_persistence_threshold` default, elements: parameters this small
+/// or smaller are never partitioned.
+pub const DEEPSPEED_PERSISTENCE_THRESHOLD: u64 = 100_000;
+/// DeepSpeed's `stage3_max_live_parameters` default, elements: how much a rank may hold
+/// gathered, which bounds its prefetch.
+pub const DEEPSPEED_MAX_LIVE_PARAMS: u64 = 1_000_000_000;
 
 /// The overlap switches a framework turns on by default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,11 +114,13 @@ impl Framework {
     /// Parameters ZeRO-3 gathers ahead of the layer computing, when
     /// `parallel.zero3_prefetch_params` is unset: Megatron-Core dispatches the next bucket's
     /// gather as the current one computes and FSDP the next unit's (one layer ahead);
-    /// DeepSpeed prefetches `stage3_prefetch_bucket_size` = 5e7 elements.
-    pub fn prefetch_params(self, layer_params: u64) -> u64 {
+    /// DeepSpeed's depth is what its prefetch reaches (`deepspeed_ahead`, from
+    /// src/dp_calls.rs: each module's hook prefetches one more `stage3_prefetch_bucket_size`
+    /// group until `stage3_max_live_parameters` are held).
+    pub fn prefetch_params(self, layer_params: u64, deepspeed_ahead: Option<u64>) -> u64 {
         match self {
             Framework::MegatronCore | Framework::Fsdp => layer_params,
-            Framework::Deepspeed => DEEPSPEED_PREFETCH_BUCKET,
+            Framework::Deepspeed => deepspeed_ahead.unwrap_or(DEEPSPEED_PREFETCH_BUCKET),
         }
     }
 
@@ -153,11 +162,22 @@ impl Framework {
                 self.name()
             ));
         }
-        if let Some(b) = p.zero3_prefetch_params {
-            out.push(format!(
-                "parallel.zero3_prefetch_params = {b} (overrides {}'s prefetch)",
-                self.name()
-            ));
+        let deepspeed = [
+            ("zero3_prefetch_params", p.zero3_prefetch_params),
+            ("zero3_prefetch_bucket_size", p.zero3_prefetch_bucket_size),
+            (
+                "zero3_param_persistence_threshold",
+                p.zero3_param_persistence_threshold,
+            ),
+            ("zero3_max_live_parameters", p.zero3_max_live_parameters),
+        ];
+        for (name, v) in deepspeed {
+            if let Some(b) = v {
+                out.push(format!(
+                    "parallel.{name} = {b} (overrides {}'s prefetch)",
+                    self.name()
+                ));
+            }
         }
         out
     }

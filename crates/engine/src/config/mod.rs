@@ -26,7 +26,10 @@ mod training;
 pub use cluster::ClusterConfig;
 pub use enums::*;
 pub use error::{ConfigError, Violation};
-pub use framework::{zero3_exposed_s, Framework, OverlapDefaults};
+pub use framework::{
+    zero3_exposed_s, Framework, OverlapDefaults, DEEPSPEED_MAX_LIVE_PARAMS,
+    DEEPSPEED_PERSISTENCE_THRESHOLD, DEEPSPEED_PREFETCH_BUCKET, DEEPSPEED_REDUCE_BUCKET,
+};
 pub use fsdp::Fsdp;
 pub use gpu::{Efficiency, GemmShape, GpuPower, GpuProfile, Link, Links, NcclArch, PeakFlops};
 pub use model::{

@@ -70,6 +70,20 @@ pub struct ParallelConfig {
     /// and FSDP, 5e7 for DeepSpeed); 0 = no prefetch, every gather exposed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zero3_prefetch_params: Option<u64>,
+    /// DeepSpeed's `stage3_prefetch_bucket_size`: elements each ZeRO-3 prefetch all-gather
+    /// collects (parameters in use order until the sum reaches it; one larger parameter alone);
+    /// `None` = DeepSpeed's 5e7; 0 = no prefetch, each module gathered when it runs. Only under
+    /// `training.framework = "deepspeed"` at `zero = 3` (src/estimate/dp_calls.rs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero3_prefetch_bucket_size: Option<u64>,
+    /// DeepSpeed's `stage3_param_persistence_threshold`: parameters of at most this many
+    /// elements are never partitioned, so never gathered; `None` = DeepSpeed's 1e5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero3_param_persistence_threshold: Option<u64>,
+    /// DeepSpeed's `stage3_max_live_parameters`: gathered elements a rank holds at most, which
+    /// bounds how far its prefetch runs ahead; `None` = DeepSpeed's 1e9.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero3_max_live_parameters: Option<u64>,
     /// Ring attention sends the next K/V block while computing on the current one (exposed =
     /// max(0, transfer - compute) per ring step). Off: the exchange is exposed.
     pub cp_comm_overlap: bool,
@@ -101,6 +115,9 @@ impl Default for ParallelConfig {
             overlap_param_gather: true,
             ddp_bucket_size: None,
             zero3_prefetch_params: None,
+            zero3_prefetch_bucket_size: None,
+            zero3_param_persistence_threshold: None,
+            zero3_max_live_parameters: None,
             cp_comm_overlap: true,
         }
     }

@@ -4,7 +4,10 @@
 
 use crate::comm::{dp_collectives, replica_sets, StepCollective, StepRole};
 use crate::config::{zero3_exposed_s, Resolved};
-use crate::model::{rank_params, ChunkContents, Collective, CollectiveKind, LedgerSummary};
+use crate::dp_calls::microbatch_calls;
+use crate::model::{
+    rank_params, ChunkContents, Collective, CollectiveKind, Ledger, LedgerSummary, Phase,
+};
 use crate::network::Network;
 
 /// Parameters of one wrapped unit (a layer, the embedding, the output) of `chunks`, and the
@@ -50,13 +53,15 @@ pub(super) fn bucketed_s(network: &Network, c: &Collective, bucket_bytes: u64) -
 
 /// ZeRO-2/3 collectives issued every microbatch for a chunk's parameters (the chunk's own
 /// [`dp_collectives`]: the gradient reduce-scatter in backward, in the framework's buckets,
-/// and ZeRO-3's parameter all-gather before forward and backward, one per layer), exposed
-/// beyond the compute they overlap with: (forward, backward) seconds. ZeRO-3 gathers hide
-/// behind the previous layer's compute only as far as the framework prefetches
-/// ([`zero3_exposed_s`]).
+/// and ZeRO-3's parameter all-gather before forward and backward), exposed beyond the compute
+/// they overlap with: (forward, backward) seconds. DeepSpeed and FSDP issue the calls
+/// [`microbatch_calls`] lists, each timed at its own size; the generic model one gather per
+/// layer and `bucketed_s`'s buckets. ZeRO-3 gathers hide behind the previous layer's compute
+/// only as far as the framework prefetches ([`zero3_exposed_s`]).
 pub(super) fn per_microbatch_dp_s(
     r: &Resolved,
     network: &Network,
+    l: &Ledger,
     s: &LedgerSummary,
     c: &ChunkContents,
     fwd_compute: f64,
@@ -67,6 +72,70 @@ pub(super) fn per_microbatch_dp_s(
         return (0.0, 0.0);
     }
     let (layer_params, layers) = units(s, std::slice::from_ref(c));
+    let time =
+        |c: &Collective| network.collective_s(c.group, c.kind, c.payload_bytes, c.group_size);
+    let calls = microbatch_calls(r, l, s, c);
+    let (fwd_gather, bwd_gather_all, reduce) = match &calls {
+        Some(m) => (
+            m.of(CollectiveKind::AllGather, Phase::Forward)
+                .map(time)
+                .sum(),
+            m.of(CollectiveKind::AllGather, Phase::Backward)
+                .map(time)
+                .sum(),
+            m.calls
+                .iter()
+                .filter(|c| c.kind != CollectiveKind::AllGather)
+                .map(time)
+                .sum(),
+        ),
+        None => {
+            let (g, r) = generic_s(r, network, s, c, layer_params, layers);
+            (g, g, r)
+        }
+    };
+    let e = &r.gpu.efficiency;
+    let ahead = calls.as_ref().and_then(|m| m.prefetch_ahead_params);
+    let prefetch = par.zero3_prefetch_params.unwrap_or_else(|| {
+        r.config
+            .training
+            .framework
+            .prefetch_params(layer_params, ahead)
+    });
+    let hidden = |comm: f64, compute: f64| {
+        let exposed = zero3_exposed_s(comm, compute, layers, layer_params, prefetch);
+        e.charged_s(comm, exposed)
+    };
+    let (fwd_exposed, bwd_gather) = if par.overlap_param_gather {
+        (
+            hidden(fwd_gather, fwd_compute),
+            hidden(bwd_gather_all, bwd_compute),
+        )
+    } else {
+        (fwd_gather, bwd_gather_all)
+    };
+    let bwd_exposed = if par.overlap_grad_reduce {
+        // The backward's gathers come first on the communication stream; the reduction
+        // overlaps with whatever compute they leave.
+        let left = (bwd_compute - (bwd_gather_all - bwd_gather)).max(0.0);
+        bwd_gather + e.charged_s(reduce, (reduce - left).max(0.0))
+    } else {
+        bwd_gather + reduce
+    };
+    (fwd_exposed, bwd_exposed)
+}
+
+/// The generic model's seconds of one pass's ZeRO-3 gathers (one per layer, at the mean
+/// layer's size) and of a microbatch's gradient reduction in `bucket_params`'s buckets.
+fn generic_s(
+    r: &Resolved,
+    network: &Network,
+    s: &LedgerSummary,
+    c: &ChunkContents,
+    layer_params: u64,
+    layers: u64,
+) -> (f64, f64) {
+    let par = &r.config.parallel;
     let gb = r.config.training.grad_dtype.bytes();
     let bucket_bytes = bucket_params(r, layer_params) * gb;
     let mut gather = 0.0;
@@ -85,37 +154,18 @@ pub(super) fn per_microbatch_dp_s(
             }
         }
     }
-    let e = &r.gpu.efficiency;
-    let prefetch = par
-        .zero3_prefetch_params
-        .unwrap_or_else(|| r.config.training.framework.prefetch_params(layer_params));
-    let hidden = |comm: f64, compute: f64| {
-        let exposed = zero3_exposed_s(comm, compute, layers, layer_params, prefetch);
-        e.charged_s(comm, exposed)
-    };
-    let (fwd_exposed, bwd_gather) = if par.overlap_param_gather {
-        (hidden(gather, fwd_compute), hidden(gather, bwd_compute))
-    } else {
-        (gather, gather)
-    };
-    let bwd_exposed = if par.overlap_grad_reduce {
-        // The backward's gathers come first on the communication stream; the reduction
-        // overlaps with whatever compute they leave.
-        let left = (bwd_compute - (gather - bwd_gather)).max(0.0);
-        bwd_gather + e.charged_s(reduce, (reduce - left).max(0.0))
-    } else {
-        bwd_gather + reduce
-    };
-    (fwd_exposed, bwd_exposed)
+    (gather, reduce)
 }
 
 /// Data-parallel work left after a rank's last backward, from its step-level collectives:
-/// the last gradient bucket (all of it without `overlap_grad_reduce`), the parameter
+/// the last gradient bucket (all of it without `overlap_grad_reduce` at ZeRO 0-1; at ZeRO-2/3
+/// a reduction not overlapped is charged in each backward already), the parameter
 /// all-gather of ZeRO-1/2 unless overlapped with the next forward, the tied-embedding and
 /// TP-replicated gradient all-reduces.
 pub(super) fn dp_tail_s(
     r: &Resolved,
     network: &Network,
+    l: &Ledger,
     s: &LedgerSummary,
     chunks: &[ChunkContents],
     step: &[StepCollective],
@@ -125,6 +175,20 @@ pub(super) fn dp_tail_s(
     let (layer_params, _) = units(s, chunks);
     let bucket_bytes = bucket_params(r, layer_params) * gb;
     let e = &r.gpu.efficiency;
+    let time =
+        |c: &Collective| network.collective_s(c.group, c.kind, c.payload_bytes, c.group_size);
+    // DeepSpeed's and FSDP's reductions of one microbatch as issued, the first chunk's (whose
+    // backward ends the step) last.
+    let mut reduce_calls: Option<Vec<Collective>> = None;
+    for ch in chunks.iter().rev() {
+        if let Some(m) = microbatch_calls(r, l, s, ch) {
+            let calls = m
+                .calls
+                .into_iter()
+                .filter(|c| c.kind != CollectiveKind::AllGather);
+            reduce_calls.get_or_insert_with(Vec::new).extend(calls);
+        }
+    }
     let mut tail = 0.0;
     for StepCollective { role, coll: c } in step {
         tail += match role {
@@ -135,6 +199,19 @@ pub(super) fn dp_tail_s(
                 network.collective_s(c.group, c.kind, c.payload_bytes, c.group_size),
                 0.0,
             ),
+            // ZeRO-2/3 reduce every microbatch in its backward, where a reduction not
+            // overlapped is charged whole (the stage costs): nothing of it is left after.
+            StepRole::GradReduce if par.zero >= 2 && !par.overlap_grad_reduce => 0.0,
+            StepRole::GradReduce if reduce_calls.is_some() => {
+                let mut own = reduce_calls.iter().flatten().filter(|k| k.group == c.group);
+                let full: f64 = own.clone().map(time).sum();
+                let last = own.next_back().map_or(0.0, time);
+                if par.overlap_grad_reduce {
+                    e.charged_s(full, last.min(full))
+                } else {
+                    full
+                }
+            }
             StepRole::GradReduce => {
                 let full = bucketed_s(network, c, bucket_bytes);
                 if par.overlap_grad_reduce {

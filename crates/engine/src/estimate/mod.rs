@@ -224,8 +224,15 @@ fn stage_costs(
             t.exposed.host += of + ob;
         }
         let fwd_compute = t.fwd - t.exposed.total();
-        let (zf, zb) =
-            per_microbatch_dp_s(r, network, s, c, fwd_compute, t.input_grad + t.weight_grad);
+        let (zf, zb) = per_microbatch_dp_s(
+            r,
+            network,
+            ledger,
+            s,
+            c,
+            fwd_compute,
+            t.input_grad + t.weight_grad,
+        );
         t.fwd += zf;
         t.input_grad += zb;
         t.exposed.dp += zf + zb;

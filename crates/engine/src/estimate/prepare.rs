@@ -230,7 +230,10 @@ impl<'a> Chunked<'a> {
             let step_bytes = crate::model::optimizer_bytes(tr, updated, muon.dense + muon.expert).1;
             let optimizer_s =
                 rates.memory_s(step_bytes) + rates.memory_s(cast_bytes) + muon_ns_s(r, &muon);
-            let done = (dp_tail_s(r, &network, &s, ch, &rank_step), optimizer_s);
+            let done = (
+                dp_tail_s(r, &network, &ledger, &s, ch, &rank_step),
+                optimizer_s,
+            );
             after.push(done);
             if keep {
                 memo.ranks.push((ch.clone(), rank_step.clone(), done));

@@ -387,8 +387,19 @@ fn not_expressible(cfg: &Config) -> Vec<String> {
             cfg.training.framework.name()
         ));
     }
-    if let Some(n) = p.zero3_prefetch_params {
-        lost.push(format!("zero3_prefetch_params = {n}"));
+    let zero3 = [
+        ("zero3_prefetch_params", p.zero3_prefetch_params),
+        ("zero3_prefetch_bucket_size", p.zero3_prefetch_bucket_size),
+        (
+            "zero3_param_persistence_threshold",
+            p.zero3_param_persistence_threshold,
+        ),
+        ("zero3_max_live_parameters", p.zero3_max_live_parameters),
+    ];
+    for (name, v) in zero3 {
+        if let Some(n) = v {
+            lost.push(format!("{name} = {n}"));
+        }
     }
     if p.order != "tp-cp-ep-dp-pp" {
         lost.push(format!("order = \"{}\"", p.order));

@@ -213,7 +213,7 @@ fn router_groups(m: &crate::config::ModelConfig) -> Option<Violation> {
 pub fn upper(cfg: &Config) -> Vec<Violation> {
     let (m, c, p, t) = (&cfg.model, &cfg.cluster, &cfg.parallel, &cfg.training);
     let mut errs = Vec::new();
-    let at_most: [(&str, u64, u64); 22] = [
+    let at_most: [(&str, u64, u64); 25] = [
         ("model.num_layers", m.num_layers as u64, 10_000),
         ("model.hidden_size", m.hidden_size, 1 << 20),
         (
@@ -234,6 +234,21 @@ pub fn upper(cfg: &Config) -> Vec<Violation> {
         (
             "parallel.zero3_prefetch_params",
             p.zero3_prefetch_params.unwrap_or(0),
+            1 << 40,
+        ),
+        (
+            "parallel.zero3_prefetch_bucket_size",
+            p.zero3_prefetch_bucket_size.unwrap_or(0),
+            1 << 40,
+        ),
+        (
+            "parallel.zero3_param_persistence_threshold",
+            p.zero3_param_persistence_threshold.unwrap_or(0),
+            1 << 40,
+        ),
+        (
+            "parallel.zero3_max_live_parameters",
+            p.zero3_max_live_parameters.unwrap_or(0),
             1 << 40,
         ),
         ("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size, 1 << 22),

@@ -110,10 +110,46 @@ pub fn options(cfg: &Config) -> Vec<Violation> {
         ),
         _ => {}
     }
+    errs.extend(deepspeed_zero3(cfg));
     if let Err(msg) = check_order(&p.order) {
         errs.push(
             Violation::new("parallel.order", msg)
                 .hint("e.g. tp-cp-ep-dp-pp (Megatron's order, fastest first)"),
+        );
+    }
+    errs
+}
+
+/// DeepSpeed's ZeRO-3 settings (`zero3_prefetch_bucket_size`,
+/// `zero3_param_persistence_threshold`, `zero3_max_live_parameters`) shape DeepSpeed's ZeRO-3
+/// calls only (src/dp_calls.rs): set elsewhere they would change nothing, so they are refused.
+fn deepspeed_zero3(cfg: &Config) -> Vec<Violation> {
+    let p = &cfg.parallel;
+    let deepspeed = cfg.training.framework == Framework::Deepspeed;
+    let settings = [
+        ("zero3_prefetch_bucket_size", p.zero3_prefetch_bucket_size),
+        (
+            "zero3_param_persistence_threshold",
+            p.zero3_param_persistence_threshold,
+        ),
+        ("zero3_max_live_parameters", p.zero3_max_live_parameters),
+    ];
+    let mut errs = Vec::new();
+    for (name, v) in settings {
+        if v.is_none() || (deepspeed && p.zero == 3) {
+            continue;
+        }
+        let why = if deepspeed {
+            format!("DeepSpeed's ZeRO-3 setting: zero must be 3, got {}", p.zero)
+        } else {
+            format!(
+                "DeepSpeed's ZeRO-3 setting: training.framework must be \"deepspeed\", got \"{}\"",
+                cfg.training.framework.name()
+            )
+        };
+        errs.push(
+            Violation::new(format!("parallel.{name}"), why)
+                .hint("leave it out, or set framework = \"deepspeed\" and zero = 3"),
         );
     }
     errs
@@ -183,5 +219,17 @@ mod tests {
             assert!(v.is_empty(), "megatron zero {zero}");
         }
         assert!(check_order("pp-dp-ep-cp-tp").is_ok());
+        // DeepSpeed's ZeRO-3 settings only under DeepSpeed at ZeRO-3.
+        let v = options(&with(|c| {
+            c.parallel.zero3_prefetch_bucket_size = Some(1);
+            c.parallel.zero = 3;
+        }));
+        assert_eq!(fields(&v), ["parallel.zero3_prefetch_bucket_size"]);
+        let v = options(&with(|c| {
+            c.parallel.zero3_max_live_parameters = Some(1);
+            c.training.framework = Framework::Deepspeed;
+        }));
+        assert_eq!(fields(&v), ["parallel.zero3_max_live_parameters"]);
+        assert!(v[0].rule.contains("zero must be 3"), "{}", v[0].rule);
     }
 }
