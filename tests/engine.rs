@@ -21,6 +21,7 @@ mod engine {
     pub mod modern_models;
     pub mod modern_recipes;
     pub mod params;
+    pub mod pp_p2p;
     pub mod profiles;
     pub mod properties;
     pub mod robustness;

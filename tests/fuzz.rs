@@ -157,6 +157,7 @@ fn plausible(r: &mut Rng, key: &str) -> Value {
         "first_stage_layers" | "last_stage_layers" => ints(r, &[0, 1, 2, 5, 30]),
         "ddp_bucket_size" => ints(r, &[0, 1, 1000, 40_000_000]),
         "cp_comm" => json!(r.pick(&["p2p", "zigzag", "allgather", "a2a"])),
+        "pp_p2p" => json!(r.pick(&["overlapped", "blocking"])),
         "schedule" => json!(r.pick(&[
             "gpipe",
             "1f1b",
@@ -259,6 +260,7 @@ const FIELDS: &[(&str, &[&str])] = &[
             "overlap_param_gather",
             "ddp_bucket_size",
             "cp_comm_overlap",
+            "pp_p2p",
         ],
     ),
     (

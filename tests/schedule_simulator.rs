@@ -242,3 +242,95 @@ fn checked_programs_refuse_malformed_ones() {
         Err(ScheduleError::InvalidProgram(_))
     ));
 }
+
+/// Blocking pipeline p2p on a uniform 1F1B pipeline matches a closed form derived from the
+/// order of 2021 Megatron-LM's calls (megatron/schedules.py at NVIDIA/Megatron-LM de7dc40f,
+/// `forward_backward_pipelining_without_interleaving`; every `p2p_communication._communicate`
+/// waits for its transfers, then `torch.cuda.synchronize()`s).
+///
+/// Derivation. Every stage's forward takes F, its backward B, and one transfer between
+/// neighbours h (latency included); a transfer holds both ends for h. Stage s runs
+/// `recv_forward, F, send_forward` for its p - 1 - s warm-up microbatches, then per
+/// steady-state microbatch `F, send_forward_recv_backward, B, send_backward_recv_forward`
+/// (each call one transfer with one neighbour, both directions at once), then
+/// `recv_backward, B, send_backward` to cool down. A receive is the very transfer its
+/// neighbour's send makes, so counting each transfer once on the sender's side, a forward
+/// with a next stage lasts F + h and a backward with a previous stage B + h, and the next
+/// action on the other rank can start when it ends: a middle stage is busy F + B + 2h per
+/// microbatch, the first and the last F + B + h.
+///
+/// Without communication, the longest chain of 1F1B has m + p - 1 forwards and as many
+/// backwards ((m + p - 1)(F + B), Narayanan et al. 2021, Section 2.2). With p >= 3 the
+/// longest chain runs microbatch 0's forwards down to the last stage and its backwards back
+/// to stage 1, then zig-zags between stages 1 and 2 (F on 1, F on 2, B on 2, B on 1, two
+/// microbatches on), the last microbatch's forwards down again and backwards up to stage 0.
+/// Every one of its actions carries an h but the last stage's two forwards and stage 0's
+/// final backward: T = (m + p - 1)(F + B) + (2(m + p - 1) - 3) h. With p = 2 the chain is
+/// F on 0, then all of stage 1's m forwards and m backwards, then B on 0, and only stage 0's
+/// forward and stage 1's backwards carry an h: T = (m + 1)(F + B) + (m + 1) h. (An
+/// independent event simulation of the engines' calls, with each transfer waiting for both
+/// ends, gave the same values, for h up to 0.3 F with B = 1.5 to 2.5 F.)
+#[test]
+fn blocking_p2p_matches_the_2021_megatron_closed_form() {
+    let (f, b, latency, transfer) = (1.0, 2.0, 0.05, 0.2);
+    let h: f64 = latency + transfer;
+    for (p, m) in [
+        (2u32, 1u32),
+        (2, 4),
+        (2, 9),
+        (3, 3),
+        (3, 7),
+        (4, 4),
+        (4, 8),
+        (8, 8),
+        (8, 16),
+    ] {
+        let costs = Costs::uniform(p, 1, f, b, None, latency)
+            .unwrap()
+            .with_hop_transfer(transfer)
+            .unwrap()
+            .with_blocking_hops(Placement::Loop, p)
+            .unwrap();
+        assert_eq!(costs.p2p_latency, 0.0);
+        assert!(costs.hop_transfer.iter().all(|&x| x == 0.0));
+        let program = generate(ScheduleKind::OneFOneB, p, 1, m).unwrap();
+        let got = simulate(&program, &costs).unwrap().makespan;
+        let slots = f64::from(m + p - 1);
+        let want = if p == 2 {
+            slots * (f + b) + f64::from(m + 1) * h
+        } else {
+            slots * (f + b) + (2.0 * slots - 3.0) * h
+        };
+        assert!((got - want).abs() < 1e-9, "p {p} m {m}: {got} vs {want}");
+        // Each stage's busy time: F + B per microbatch, plus one h per send it makes.
+        let busy = simulate(&program, &costs).unwrap().busy;
+        for (s, busy_s) in busy.iter().enumerate() {
+            let sends = u32::from(s + 1 < p as usize) + u32::from(s > 0);
+            let want = f64::from(m) * (f + b + f64::from(sends) * h);
+            assert!((busy_s - want).abs() < 1e-9, "p {p} m {m} stage {s}");
+        }
+    }
+}
+
+/// Two stages of one rank (the bottom of ZB-V's V) hand over free under blocking p2p too,
+/// and the hops between ranks move into the actions at their ends, nowhere else.
+#[test]
+fn blocking_p2p_folds_only_hops_between_ranks() {
+    let pp = 3;
+    let costs = Costs::uniform(pp, 2, 1.0, 2.0, Some(1.0), 0.1)
+        .unwrap()
+        .with_hop_transfer(0.4)
+        .unwrap()
+        .with_blocking_hops(Placement::V, pp)
+        .unwrap();
+    // Stages 0..5 on ranks 0 1 2 2 1 0: boundary 2|3 is on rank 2.
+    assert_eq!(costs.forward, vec![1.5, 1.5, 1.0, 1.5, 1.5, 1.0]);
+    assert_eq!(costs.input_grad, vec![2.0, 2.5, 2.5, 2.0, 2.5, 2.5]);
+    assert_eq!(costs.weight_grad, vec![1.0; 6]);
+    for s in 0..6 {
+        assert_eq!(
+            costs.backward[s],
+            costs.input_grad[s] + costs.weight_grad[s]
+        );
+    }
+}

@@ -6,8 +6,8 @@ use anyhow::Context;
 use clap::Args;
 use parsim::config::megatron;
 use parsim::config::{
-    Activation, Config, CpComm, Dtype, FlopsAttention, Fp8Recipe, Layer, Optimizer, Precision,
-    Recompute, RecomputeModule, Resolved, RouterScore, ScheduleKind, TrainingMode,
+    Activation, Config, CpComm, Dtype, FlopsAttention, Fp8Recipe, Layer, Optimizer, PpP2p,
+    Precision, Recompute, RecomputeModule, Resolved, RouterScore, ScheduleKind, TrainingMode,
 };
 use parsim::scaling::GpuRange;
 use serde_json::{json, Map, Value};
@@ -435,6 +435,9 @@ pub struct TrainingArgs {
     /// DP gradient bucket size in parameters (Megatron's --ddp-bucket-size, DeepSpeed's reduce_bucket_size). [default from config: the framework's: Megatron-Core max(40M, 1M x dp), DeepSpeed 5e8, FSDP one layer]
     #[arg(long)]
     pub ddp_bucket_size: Option<u64>,
+    /// How pipeline sends and receives run: overlapped (asynchronous, Megatron-Core) or blocking (each transfer holds both stages' compute: DeepSpeed's PipelineEngine, 2021 Megatron-LM). [default from config: the framework's: blocking for deepspeed, else overlapped]
+    #[arg(long, value_name = "MODE")]
+    pub pp_p2p: Option<PpP2p>,
 }
 
 /// `--gpus`: a count, or a range for `search`.
@@ -595,6 +598,7 @@ impl TrainingArgs {
             put(m, "parallel", "cp_comm_overlap", Some(false));
         }
         put(m, "parallel", "ddp_bucket_size", self.ddp_bucket_size);
+        put(m, "parallel", "pp_p2p", self.pp_p2p);
         put(
             m,
             "cluster",

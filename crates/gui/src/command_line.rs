@@ -204,6 +204,9 @@ impl Flags {
         if let Some(v) = p.ddp_bucket_size {
             self.value("ddp-bucket-size", "parallel", "ddp_bucket_size", v);
         }
+        if let Some(v) = p.pp_p2p {
+            self.value("pp-p2p", "parallel", "pp_p2p", v);
+        }
     }
 
     /// The training flags, where they differ from the defaults `d` (micro and global batch

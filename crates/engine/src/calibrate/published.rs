@@ -18,7 +18,7 @@
 
 use crate::config::{
     Activation, ClusterConfig, Config, CpComm, Dtype, FlopsAttention, ModelConfig, Normalization,
-    ParallelConfig, PositionEmbedding, Precision, Recompute, ScheduleKind, TrainingConfig,
+    ParallelConfig, PositionEmbedding, PpP2p, Precision, Recompute, ScheduleKind, TrainingConfig,
 };
 use serde::Deserialize;
 use std::path::Path;
@@ -358,7 +358,9 @@ fn cluster(gpu: &str, n: u32) -> ClusterConfig {
 /// `examples/academic_paper_scripts/sc21` scripts: fp16, full (uniform, one layer per
 /// checkpoint) recomputation, interleaved 1F1B where `--num-layers-per-virtual-pipeline-stage`
 /// is set, no sequence parallelism, no distributed optimizer, gradient all-reduce after the
-/// backward (Megatron's 2021 local DDP does not overlap it), no fused attention (2021).
+/// backward (Megatron's 2021 local DDP does not overlap it), no fused attention (2021), and
+/// blocking pipeline sends and receives with the scatter/gather split (2021
+/// `megatron/p2p_communication.py`, `--scatter-gather-tensors-in-pipeline` on by default).
 fn narayanan(i: usize, r: &NarayananRow, approximate: bool) -> Result<Case, PublishedError> {
     let src = Source::Narayanan2021;
     if !r.recompute.starts_with("full") {
@@ -411,6 +413,8 @@ fn narayanan(i: usize, r: &NarayananRow, approximate: bool) -> Result<Case, Publ
             overlap_grad_reduce: false,
             overlap_param_gather: false,
             cp_comm_overlap: false,
+            // 2021 Megatron-LM's p2p_communication waits for every send and receive.
+            pp_p2p: Some(PpP2p::Blocking),
             ..ParallelConfig::default()
         },
         training: TrainingConfig {

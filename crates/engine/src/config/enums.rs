@@ -57,6 +57,20 @@ named_enum!(
 );
 
 named_enum!(
+    /// How the pipeline engine runs its sends and receives between stages
+    /// (`parallel.pp_p2p`).
+    PpP2p {
+        /// Asynchronous: a hop delays only the receiving stage; the sender computes on
+        /// (Megatron-Core's p2p, issued on its own stream).
+        Overlapped => "overlapped",
+        /// Blocking: every send and receive holds the stage's compute stream for the transfer,
+        /// as 2021 Megatron-LM (`_communicate` then `torch.cuda.synchronize()`) and DeepSpeed's
+        /// `PipelineEngine` (send/recv instructions between the compute instructions) ran them.
+        Blocking => "blocking",
+    }
+);
+
+named_enum!(
     /// The MoE router's score function (Megatron's `--moe-router-score-function`).
     #[derive(Default)]
     RouterScore {

@@ -15,7 +15,13 @@
 //!   one all-gather per wrapped unit (a transformer layer under the usual auto-wrap policy),
 //!   implicit forward prefetching always on, `backward_prefetch = BACKWARD_PRE` by default;
 //!   gradients reduce-scattered per unit on a separate stream during backward.
+//! - Pipeline sends and receives (`parallel.pp_p2p`): DeepSpeed's `PipelineEngine`
+//!   (deepspeed/runtime/pipe/engine.py, `_exec_send_activations` ... `_exec_recv_grads`,
+//!   blocking `p2p.send` / `p2p.recv` instructions between the compute instructions) blocks;
+//!   Megatron-Core's p2p is asynchronous; FSDP has no pipeline (overlapped, which costs as
+//!   nothing there).
 
+use super::enums::PpP2p;
 use super::parallel::ParallelConfig;
 use serde::{Deserialize, Serialize};
 
@@ -124,6 +130,15 @@ impl Framework {
         }
     }
 
+    /// How this framework's pipeline engine runs its sends and receives when
+    /// `parallel.pp_p2p` is unset: DeepSpeed's blocks, the others overlap.
+    pub fn pp_p2p(self) -> PpP2p {
+        match self {
+            Framework::Deepspeed => PpP2p::Blocking,
+            Framework::MegatronCore | Framework::Fsdp => PpP2p::Overlapped,
+        }
+    }
+
     /// Sets `p`'s overlap switches to this framework's defaults at `p.zero`.
     pub fn apply_defaults(self, p: &mut ParallelConfig) {
         let d = self.overlap_defaults(p.zero);
@@ -178,6 +193,13 @@ impl Framework {
                     self.name()
                 ));
             }
+        }
+        if let Some(v) = p.pp_p2p.filter(|v| *v != self.pp_p2p()) {
+            out.push(format!(
+                "parallel.pp_p2p = \"{v}\" (overrides {}'s default \"{}\")",
+                self.name(),
+                self.pp_p2p()
+            ));
         }
         out
     }

@@ -1,6 +1,6 @@
 //! The parallel mix: tensor, sequence, context, pipeline, data (with ZeRO) and expert parallelism.
 
-use super::enums::{CpComm, ScheduleKind};
+use super::enums::{CpComm, PpP2p, ScheduleKind};
 use super::fsdp::Fsdp;
 use serde::{Deserialize, Serialize};
 
@@ -87,6 +87,11 @@ pub struct ParallelConfig {
     /// Ring attention sends the next K/V block while computing on the current one (exposed =
     /// max(0, transfer - compute) per ring step). Off: the exchange is exposed.
     pub cp_comm_overlap: bool,
+    /// How pipeline sends and receives run: `overlapped` (asynchronous, the sender computes
+    /// on) or `blocking` (each transfer holds both stages' compute); `None` = the framework's
+    /// (`training.framework`: blocking for DeepSpeed, overlapped otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pp_p2p: Option<PpP2p>,
 }
 
 impl Default for ParallelConfig {
@@ -119,6 +124,7 @@ impl Default for ParallelConfig {
             zero3_param_persistence_threshold: None,
             zero3_max_live_parameters: None,
             cp_comm_overlap: true,
+            pp_p2p: None,
         }
     }
 }
@@ -127,6 +133,11 @@ impl ParallelConfig {
     /// Expert tensor-parallel degree (default 1).
     pub fn etp(&self) -> u32 {
         self.expert_tp.unwrap_or(1)
+    }
+
+    /// How pipeline sends and receives run: `parallel.pp_p2p`, or `framework`'s default.
+    pub fn pp_p2p_under(&self, framework: super::Framework) -> PpP2p {
+        self.pp_p2p.unwrap_or_else(|| framework.pp_p2p())
     }
 
     /// True when sequence parallelism is in effect (requested and tp > 1).

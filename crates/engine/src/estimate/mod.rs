@@ -3,7 +3,7 @@
 //! output contract of docs/design.md.
 
 use crate::comm::StepCollective;
-use crate::config::{Config, Resolved, ScheduleKind};
+use crate::config::{Config, PpP2p, Resolved, ScheduleKind};
 use crate::layout::{GroupKind, Layout};
 use crate::memory::StageMemory;
 use crate::model::{
@@ -240,24 +240,57 @@ fn stage_costs(
         timed.push((contents, t));
     }
     let hop_bytes = ledger.dims.residual_bytes();
-    let hop_s = network.collective_s(GroupKind::Pp, CollectiveKind::SendRecv, hop_bytes, par.pp)
-        - if par.pp > 1 {
-            network.latency_s(GroupKind::Pp)
-        } else {
-            0.0
-        };
+    let latency_s = if par.pp > 1 {
+        network.latency_s(GroupKind::Pp)
+    } else {
+        0.0
+    };
+    let blocking = par.pp_p2p_under(r.config.training.framework) == PpP2p::Blocking;
+    let hop_s = if blocking {
+        blocking_hop_s(r, network, hop_bytes)
+    } else {
+        network.collective_s(GroupKind::Pp, CollectiveKind::SendRecv, hop_bytes, par.pp)
+    } - latency_s;
     let costs = Costs::from_split(
         chunk_times.iter().map(|t| t.fwd).collect(),
         chunk_times.iter().map(|t| t.input_grad).collect(),
         chunk_times.iter().map(|t| t.weight_grad).collect(),
-        if par.pp > 1 {
-            network.latency_s(GroupKind::Pp)
-        } else {
-            0.0
-        },
+        latency_s,
         vec![hop_s.max(0.0); stages.saturating_sub(1)],
     )?;
+    if !blocking {
+        return Ok((chunk_times, costs));
+    }
+    // The hops are now busy time of the stages at their ends: exposed pipeline communication.
+    let costs = costs.with_blocking_hops(crate::schedule::placement_of(par.schedule), par.pp)?;
+    for (s, t) in chunk_times.iter_mut().enumerate() {
+        let added_s = (costs.forward[s] - t.fwd) + (costs.input_grad[s] - t.input_grad);
+        t.fwd = costs.forward[s];
+        t.input_grad = costs.input_grad[s];
+        t.exposed.pp += added_s;
+    }
     Ok((chunk_times, costs))
+}
+
+/// Seconds one blocking pipeline transfer holds a stage: the send/recv of `hop_bytes` over the
+/// pipeline group, latency included. Both blocking engines split a tensor-parallel rank's
+/// activation when TP replicates it (no sequence parallelism): 2021 Megatron-LM's
+/// `--scatter-gather-tensors-in-pipeline` (on by default; Narayanan et al. 2021, Section 4.1)
+/// and DeepSpeed's `pipe_partitioned` / `grad_partitioned` (on by default with model
+/// parallelism). Each of the t ranks then sends 1/t of it and the receiver all-gathers it over
+/// the TP group. With sequence parallelism the residual is already the 1/t shard
+/// (`residual_bytes` counts n/t tokens) and nothing is gathered.
+fn blocking_hop_s(r: &Resolved, network: &Network, hop_bytes: u64) -> f64 {
+    let par = &r.config.parallel;
+    let p2p =
+        |bytes: u64| network.collective_s(GroupKind::Pp, CollectiveKind::SendRecv, bytes, par.pp);
+    if par.tp > 1 && !par.sp_active() {
+        let shard_bytes = hop_bytes.div_ceil(par.tp as u64);
+        p2p(shard_bytes)
+            + network.collective_s(GroupKind::Tp, CollectiveKind::AllGather, hop_bytes, par.tp)
+    } else {
+        p2p(hop_bytes)
+    }
 }
 
 /// The schedule program and per-stage costs the estimate simulates (for `parsim schedule

@@ -12,11 +12,14 @@
 //! - A hop between stages s and s+1 on different ranks costs `p2p_latency + hop_transfer[s]`
 //!   in either direction (activations forward, their gradients backward: same size). A
 //!   hand-over between two stages on the same rank (the bottom of a V) costs nothing.
+//! - Under blocking pipeline p2p ([`Costs::with_blocking_hops`]) a hop between ranks is part
+//!   of the busy time of the actions at both ends instead, and hands over free.
 //! - An overlapped forward-and-backward slot of DualPipe-V lasts
 //!   `overlap_factor * (F + B)`; the default 1.0 gives no overlap benefit (the DualPipe README
 //!   bubble formula and its schedule figure count F&B as F + B). A measured factor below 1
 //!   models compute-communication overlap.
 
+use super::action::{rank_of_stage, Placement};
 use super::error::ScheduleError;
 
 /// Durations of every stage's actions and the cost of one pipeline hop.
@@ -117,6 +120,39 @@ impl Costs {
     /// Sets the measured overlap factor of DualPipe-V's F&B slots (duration = factor * (F+B)).
     pub fn with_overlap_factor(mut self, factor: f64) -> Result<Costs, ScheduleError> {
         self.overlap_factor = factor;
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// These costs as a blocking pipeline engine runs them (2021 Megatron-LM's
+    /// `p2p_communication._communicate`, which waits for its transfers and then
+    /// `torch.cuda.synchronize()`s; DeepSpeed's `PipelineEngine`, whose send and receive
+    /// instructions run between its compute instructions). Every hop between stages on
+    /// different ranks (`placement` over `pp` ranks) is moved into the busy time of the actions
+    /// that run it, in the order of Megatron-LM's 1F1B (`schedules.py`): the forward of stage s
+    /// is followed by the send of its output (`send_forward`, or `send_forward_recv_backward`,
+    /// whose receive of the gradient runs in the same batched call), the input-gradient
+    /// backward of stage s + 1 by the send of its input's gradient. The receive at the other
+    /// end is the same transfer, which the receiver waits for anyway, so the receiver's input
+    /// exists when the sender's action ends: the hop then costs nothing, latency included (not
+    /// counted twice). Two stages on the same rank hand over free, as before.
+    pub fn with_blocking_hops(
+        mut self,
+        placement: Placement,
+        pp: u32,
+    ) -> Result<Costs, ScheduleError> {
+        for s in 0..self.num_stages().saturating_sub(1) {
+            let (lower, upper) = (s as u32, s as u32 + 1);
+            if rank_of_stage(placement, pp, lower) == rank_of_stage(placement, pp, upper) {
+                continue;
+            }
+            let hop_s = self.hop(lower);
+            self.forward[s] += hop_s;
+            self.input_grad[s + 1] += hop_s;
+            self.backward[s + 1] += hop_s;
+        }
+        self.p2p_latency = 0.0;
+        self.hop_transfer.iter_mut().for_each(|x| *x = 0.0);
         self.validate()?;
         Ok(self)
     }

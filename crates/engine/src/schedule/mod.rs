@@ -97,6 +97,18 @@ pub fn parameter_copies(kind: ScheduleKind) -> u32 {
     }
 }
 
+/// How `kind` places global stages on ranks: a V for ZB-V and DualPipe-V, a loop otherwise
+/// (the placement [`generate`] gives the program).
+pub fn placement_of(kind: ScheduleKind) -> Placement {
+    match kind {
+        ScheduleKind::ZbV | ScheduleKind::DualPipeV => Placement::V,
+        ScheduleKind::Gpipe
+        | ScheduleKind::OneFOneB
+        | ScheduleKind::ZbH1
+        | ScheduleKind::Interleaved1F1B => Placement::Loop,
+    }
+}
+
 /// The per-rank action lists of `kind` for `pp` ranks, `vpp` chunks per rank and
 /// `microbatches` microbatches per step, with Megatron's default group size.
 pub fn generate(
