@@ -22,6 +22,17 @@ fn rejects(args: &[&str], fragments: &[&str]) {
     }
 }
 
+/// Runs `parsim ARGS`, expects success, and parses its stdout as JSON.
+fn json_of(args: &[&str]) -> serde_json::Value {
+    let out = parsim().args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn temp_file(ext: &str, text: &str) -> tempfile::NamedTempFile {
     let mut f = tempfile::Builder::new().suffix(ext).tempfile().unwrap();
     f.write_all(text.as_bytes()).unwrap();
@@ -591,33 +602,24 @@ fn an_order_that_moves_the_expert_pipeline_is_refused() {
 
 #[test]
 fn search_json_has_the_contract_keys() {
-    let out = parsim()
-        .args([
-            "search",
-            "--model",
-            "llama2-7b",
-            "--gpus",
-            "8",
-            "--seq",
-            "2048",
-            "--gbs",
-            "32",
-            "--mbs-max",
-            "1",
-            "--top",
-            "3",
-            "--constraint",
-            "pp<=2",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_of(&[
+        "search",
+        "--model",
+        "llama2-7b",
+        "--gpus",
+        "8",
+        "--seq",
+        "2048",
+        "--gbs",
+        "32",
+        "--mbs-max",
+        "1",
+        "--top",
+        "3",
+        "--constraint",
+        "pp<=2",
+        "--json",
+    ]);
     for key in ["candidates", "pruned", "evaluated", "elapsed_s", "top"] {
         assert!(v.get(key).is_some(), "missing {key}");
     }
@@ -651,16 +653,7 @@ fn search_rejects_a_bad_constraint() {
 #[test]
 fn schedule_takes_durations_from_a_configuration() {
     let f = temp_file(".toml", "[model]\npreset = \"llama3-70b\"\n[cluster]\nnum_gpus = 64\n[parallel]\ntp = 8\npp = 4\nvpp = 5\nschedule = \"interleaved-1f1b\"\n[training]\nglobal_batch_size = 64\n");
-    let out = parsim()
-        .args(["schedule", "--json", "--config", f.path().to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_of(&["schedule", "--json", "--config", f.path().to_str().unwrap()]);
     assert_eq!(v["pp"], 4);
     assert_eq!(v["vpp"], 5);
     assert_eq!(v["microbatches"], 32);
@@ -902,16 +895,7 @@ fn cluster_nics_per_node_is_checked_and_used() {
             ".toml",
             &format!("[cluster]\nnum_gpus = 32\nnics_per_node = {nics}\n[parallel]\ntp = 8\n"),
         );
-        let out = parsim()
-            .args(["estimate", "--json", "--config", f.path().to_str().unwrap()])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v = json_of(&["estimate", "--json", "--config", f.path().to_str().unwrap()]);
         v["time"]["step_s"].as_f64().expect("time.step_s")
     };
     assert!(
@@ -970,31 +954,22 @@ fn residual_files_and_rank_by_are_checked() {
 #[test]
 fn attention_kernel_takes_a_release() {
     let step = |kernel: &str| -> f64 {
-        let out = parsim()
-            .args([
-                "estimate",
-                "--cp",
-                "4",
-                "--cp-comm",
-                "zigzag",
-                "--seq",
-                "65536",
-                "--gbs",
-                "8",
-                "--gpus",
-                "32",
-                "--json",
-                "--attention-kernel",
-                kernel,
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v = json_of(&[
+            "estimate",
+            "--cp",
+            "4",
+            "--cp-comm",
+            "zigzag",
+            "--seq",
+            "65536",
+            "--gbs",
+            "8",
+            "--gpus",
+            "32",
+            "--json",
+            "--attention-kernel",
+            kernel,
+        ]);
         v["time"]["step_s"].as_f64().unwrap()
     };
     assert_eq!(step("cudnn-9.4.0"), step("cudnn-9.4"));

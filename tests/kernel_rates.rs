@@ -17,6 +17,27 @@ use parsim::config::GpuProfile;
 use parsim::model::{Flops, Op, OpKind};
 use parsim::time::Rates;
 
+/// A fused attention core of one kernel call (`seq_len` long, `causal` or not, head dimension
+/// `head_dim`) doing `fwd` forward FLOPs and the ledger's 2 x `fwd` backward.
+fn fused_core(seq_len: u64, causal: bool, head_dim: u64, fwd: f64) -> Op {
+    let mut op = Op::new(
+        "attn.core",
+        OpKind::Attention {
+            seq_len,
+            causal,
+            fused: true,
+            head_dim,
+            ring: None,
+        },
+    );
+    op.rank_flops = Flops {
+        fwd,
+        dgrad: 2.0 * fwd,
+        wgrad: 0.0,
+    };
+    op
+}
+
 #[test]
 fn the_shipped_table_parses_and_defines_its_kernels() {
     let series = published_series();
@@ -119,21 +140,7 @@ fn the_time_model_times_attention_at_the_published_rates() {
     // Fig. 6 publishes no causal backward: only the forward is checked under the mask.
     for (causal, fwd_tflops, bwd_tflops) in [(false, 648.0, Some(561.0)), (true, 616.0, None)] {
         let fwd = if causal { full_fwd / 2.0 } else { full_fwd };
-        let mut op = Op::new(
-            "attn.core",
-            OpKind::Attention {
-                seq_len: 16384,
-                causal,
-                fused: true,
-                head_dim: 128,
-                ring: None,
-            },
-        );
-        op.rank_flops = Flops {
-            fwd,
-            dgrad: 2.0 * fwd,
-            wgrad: 0.0,
-        };
+        let op = fused_core(16384, causal, 128, fwd);
         let (fwd_s, bwd_s, wgrad_s) = rates.op_s(&op);
         assert_eq!(wgrad_s, 0.0);
         let published_fwd_s = fwd / (fwd_tflops * 1e12);
@@ -185,21 +192,7 @@ fn a100_forward_backward_points_are_within_10_percent() {
             let batch = 16384.0 / len as f64;
             let full = 4.0 * batch * heads * (len * len * s.head_dim) as f64;
             let fwd = if s.causal { full / 2.0 } else { full };
-            let mut op = Op::new(
-                "attn.core",
-                OpKind::Attention {
-                    seq_len: len,
-                    causal: s.causal,
-                    fused: true,
-                    head_dim: s.head_dim,
-                    ring: None,
-                },
-            );
-            op.rank_flops = Flops {
-                fwd,
-                dgrad: 2.0 * fwd,
-                wgrad: 0.0,
-            };
+            let op = fused_core(len, s.causal, s.head_dim, fwd);
             let timed = if s.kernel == "flash-attention-2" {
                 let (f, b, _) = rates.op_s(&op);
                 let overhead = 2.0 * gpu.efficiency.kernel_overhead_s;
@@ -397,21 +390,7 @@ fn cudnn_release_points_are_within_10_percent() {
             } / 1e12;
             let full = 4.0 * heads * (len * len * 128) as f64;
             let fwd = if s.causal { full / 2.0 } else { full };
-            let mut op = Op::new(
-                "attn.core",
-                OpKind::Attention {
-                    seq_len: len,
-                    causal: s.causal,
-                    fused: true,
-                    head_dim: 128,
-                    ring: None,
-                },
-            );
-            op.rank_flops = Flops {
-                fwd,
-                dgrad: 2.0 * fwd,
-                wgrad: 0.0,
-            };
+            let op = fused_core(len, s.causal, 128, fwd);
             let (f, b, _) = rates.op_s(&op);
             let timed = match s.pass {
                 Pass::Forward => fwd / (f - overhead),

@@ -5,55 +5,15 @@
 //! `cargo test -p parsim-cli --test nccl_busbw -- --nocapture` prints model vs published per row.
 
 use parsim::model::CollectiveKind;
-use parsim::network::nccl::{
-    Algorithm, CollectiveModel, Fabric, Prediction, Protocol, PIPELINE_OVERHEAD_S,
-};
+use parsim::network::nccl::{Algorithm, CollectiveModel, Fabric, Protocol, PIPELINE_OVERHEAD_S};
 use serde_json::Value;
+
+mod nccl_common;
+use nccl_common::{collective, fabric};
 
 const TOLERANCE: f64 = 0.15;
 const MIB: f64 = (1u64 << 20) as f64;
 const GIB: f64 = (1u64 << 30) as f64;
-
-fn fabric(system: &str) -> Fabric {
-    match system {
-        "dgx-h100" => Fabric::dgx_h100(),
-        "dgx-a100" => Fabric::dgx_a100(),
-        // The same node with four HDR NICs (nccl-tests issue 119's servers).
-        "a100-4nic" => Fabric {
-            nics_per_node: 4,
-            ..Fabric::dgx_a100()
-        },
-        // Four H100 SXM per node, four 200 Gb/s NICs (nccl-tests issue 252); no NVSwitch
-        // assumed (the run forces the ring, which does not use it).
-        "hgx-h100-4gpu-4nic" => Fabric {
-            nvls: false,
-            nics_per_node: 4,
-            nic_bytes_per_s: 25.0e9,
-            ..Fabric::dgx_h100()
-        },
-        other => panic!("unknown system {other}"),
-    }
-}
-
-fn collective(name: &str) -> CollectiveKind {
-    match name {
-        "all_reduce" => CollectiveKind::AllReduce,
-        "all_gather" => CollectiveKind::AllGather,
-        "reduce_scatter" => CollectiveKind::ReduceScatter,
-        c => panic!("unknown collective {c}"),
-    }
-}
-
-/// `NCCL_ALGO` as the data file records it (null: NCCL chooses).
-fn forced(v: &Value) -> Option<Algorithm> {
-    match v["nccl_algo"].as_str() {
-        None => None,
-        Some("RING") => Some(Algorithm::Ring),
-        Some("TREE") => Some(Algorithm::Tree),
-        Some("NVLS") => Some(Algorithm::Nvls),
-        Some(a) => panic!("unknown NCCL_ALGO {a}"),
-    }
-}
 
 /// nccl-tests' bus bandwidth from a time: algbw x its bus factor.
 fn busbw_gbps(coll: CollectiveKind, bytes: f64, n: u32, time_s: f64) -> f64 {
@@ -68,12 +28,7 @@ fn check(entry: &Value, bytes: f64, want_gbps: f64) -> f64 {
     let system = entry["system"].as_str().unwrap();
     assert!(entry["source"].as_str().unwrap().starts_with("https://"));
     assert!((MIB..=8.0 * GIB).contains(&bytes), "{bytes} B out of range");
-    let model = CollectiveModel::new(&fabric(system), coll, n, nodes);
-    let pred: Prediction = match forced(entry) {
-        Some(a) => model.predict_with(bytes, a),
-        None => model.predict(bytes),
-    }
-    .expect("modelled collective");
+    let pred = nccl_common::predict(entry, bytes);
     let got = busbw_gbps(coll, bytes, n, pred.time_s);
     let err = got / want_gbps - 1.0;
     println!(

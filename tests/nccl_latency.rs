@@ -16,46 +16,18 @@
 //! row, and the median and worst error.
 
 use parsim::model::CollectiveKind;
-use parsim::network::nccl::{Algorithm, CollectiveModel, Fabric, Prediction};
+use parsim::network::nccl::{Algorithm, CollectiveModel, Fabric};
 use serde_json::Value;
+
+mod nccl_common;
 
 const TOLERANCE: f64 = 0.15;
 /// The small-message range the latency rows cover: 8 B to 256 KiB.
 const MAX_BYTES: f64 = (256u64 << 10) as f64;
 
-fn fabric(system: &str) -> Fabric {
-    match system {
-        "dgx-h100" => Fabric::dgx_h100(),
-        // Crusoe's A100-80GB SXM VMs: the HGX A100 node, 8 HDR HCAs (mlx5_1..mlx5_8).
-        "a100-80gb-8hdr" => Fabric::dgx_a100(),
-        other => panic!("unknown system {other}"),
-    }
-}
-
-fn collective(name: &str) -> CollectiveKind {
-    match name {
-        "all_reduce" => CollectiveKind::AllReduce,
-        "all_gather" => CollectiveKind::AllGather,
-        "reduce_scatter" => CollectiveKind::ReduceScatter,
-        c => panic!("unknown collective {c}"),
-    }
-}
-
-/// `NCCL_ALGO` as the data file records it (null: NCCL chooses).
-fn forced(v: &Value) -> Option<Algorithm> {
-    match v["nccl_algo"].as_str() {
-        None => None,
-        Some("RING") => Some(Algorithm::Ring),
-        Some("TREE") => Some(Algorithm::Tree),
-        Some("NVLS") => Some(Algorithm::Nvls),
-        Some(a) => panic!("unknown NCCL_ALGO {a}"),
-    }
-}
-
 /// One published time against the model: prints the row and returns the relative error of
 /// the predicted time.
 fn check(row: &Value) -> f64 {
-    let coll = collective(row["collective"].as_str().unwrap());
     let n = row["gpus"].as_u64().unwrap() as u32;
     let nodes = row["nodes"].as_u64().unwrap() as u32;
     let system = row["system"].as_str().unwrap();
@@ -68,12 +40,7 @@ fn check(row: &Value) -> f64 {
         row["nccl_proto"].is_null(),
         "NCCL_PROTO is not modelled: {row}"
     );
-    let model = CollectiveModel::new(&fabric(system), coll, n, nodes);
-    let pred: Prediction = match forced(row) {
-        Some(a) => model.predict_with(bytes, a),
-        None => model.predict(bytes),
-    }
-    .expect("modelled collective");
+    let pred = nccl_common::predict(row, bytes);
     let got_us = pred.time_s * 1e6;
     let err = got_us / want_us - 1.0;
     let mark = if row["unmatched"].is_string() {

@@ -222,13 +222,16 @@ pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
         RankBy::Step => search(&spec, &progress, &cancel)?,
     };
     bar.finish_and_clear();
-    for r in result
-        .top
-        .iter_mut()
-        .chain(&mut result.best_per_schedule)
-        .chain(&mut result.best_per_zero)
-    {
-        r.estimate.use_interval_model(&model);
+    // Estimates carry the shipped model's intervals; another file's replaces them.
+    if args.residuals.is_some() {
+        for r in result
+            .top
+            .iter_mut()
+            .chain(&mut result.best_per_schedule)
+            .chain(&mut result.best_per_zero)
+        {
+            r.estimate.use_interval_model(&model);
+        }
     }
     if let Some(o) = by_run {
         return super::search_objective::print_ranked(&spec, result, o, args.top, args.json);

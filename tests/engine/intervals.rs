@@ -32,8 +32,8 @@ fn estimate_fields_follow_the_lookup_of_its_regime() {
     assert!(close(t.tokens_per_s_p90 * s.step_s_p10, tokens_per_step));
     assert!(close(t.mfu_p10 * s.step_s_p90, t.mfu * s.step_s));
     assert!(close(t.mfu_p90 * s.step_s_p10, t.mfu * s.step_s));
-    assert_eq!(want.regime["gpu_family"], "hopper");
-    assert_eq!(want.regime["calibrated"], "no");
+    assert_eq!(want.regime.value(Dimension::GpuFamily), "hopper");
+    assert_eq!(want.regime.value(Dimension::Calibrated), "no");
     assert!(want.residuals as usize >= interval::shipped().unwrap().min_residuals);
 }
 
@@ -48,8 +48,8 @@ fn a_calibrated_profile_takes_calibrated_residuals() {
         "training": {"seq_length": 256, "global_batch_size": 4, "micro_batch_size": 1}
     }));
     let e = estimate(&Resolved::new(c).unwrap()).unwrap();
-    assert_eq!(e.step_interval.regime["calibrated"], "yes");
-    assert_eq!(e.step_interval.regime["gpu_family"], "cpu");
+    assert_eq!(e.step_interval.regime.value(Dimension::Calibrated), "yes");
+    assert_eq!(e.step_interval.regime.value(Dimension::GpuFamily), "cpu");
     assert!(!e.step_interval.pooled_over.contains(&Dimension::Calibrated));
 }
 
@@ -72,7 +72,7 @@ fn share_dependent_model(regime: Regime) -> IntervalModel {
         command: "none".into(),
         lower_percentile: 0.1,
         upper_percentile: 0.9,
-        backoff: parsim::calibrate::residuals::BACKOFF.to_vec(),
+        backoff: interval::BACKOFF.to_vec(),
         residuals,
     };
     IntervalModel::new(&file).unwrap()

@@ -639,7 +639,8 @@ pub fn fit_profile(
     }
 
     let stamp = format!(
-        "fitted by `parsim calibrate` from {origin} ({} measurements, {} configurations)",
+        "{} from {origin} ({} measurements, {} configurations)",
+        crate::config::CALIBRATE_PROVENANCE,
         ms.len(),
         groups.len()
     );

@@ -28,18 +28,6 @@ pub const CALIBRATED: [(&str, &str); 2] = [
     ),
 ];
 
-/// The order in which a thin regime is pooled with its neighbours: first the figures that
-/// vary most from mix to mix within one question (communication share, scale), last what
-/// the planner cannot change (the GPU and whether the profile was measured on it).
-pub const BACKOFF: [Dimension; 6] = [
-    Dimension::CommShare,
-    Dimension::Scale,
-    Dimension::Sequence,
-    Dimension::Framework,
-    Dimension::GpuFamily,
-    Dimension::Calibrated,
-];
-
 /// The residuals of every in-scope row the leave-one-source-out fits predicted.
 pub fn published_residuals(l: &LeaveOneSourceOut) -> Result<Vec<Residual>, CalibrateError> {
     let mut out = Vec::new();
@@ -102,7 +90,7 @@ pub fn build(l: &LeaveOneSourceOut, root: &Path) -> Result<ResidualFile, Calibra
         command: COMMAND.to_string(),
         lower_percentile: 0.1,
         upper_percentile: 0.9,
-        backoff: BACKOFF.to_vec(),
+        backoff: crate::interval::BACKOFF.to_vec(),
         residuals,
     })
 }
@@ -156,13 +144,12 @@ pub fn intervals(
 impl Coverage {
     /// The coverage of rows given as (inside, width).
     pub fn of(rows: &[(bool, f64)]) -> Coverage {
-        let mut widths: Vec<f64> = rows.iter().map(|r| r.1).collect();
-        widths.sort_by(f64::total_cmp);
+        let widths: Vec<f64> = rows.iter().map(|r| r.1).collect();
         let n = widths.len();
-        let median_width = match n {
-            0 => 0.0,
-            n if n % 2 == 1 => widths[n / 2],
-            n => 0.5 * (widths[n / 2 - 1] + widths[n / 2]),
+        let median_width = if n == 0 {
+            0.0
+        } else {
+            super::fields::median(widths)
         };
         Coverage {
             n,

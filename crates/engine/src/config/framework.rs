@@ -67,7 +67,7 @@ impl Framework {
     ];
 
     /// The name in configurations and on the command line.
-    pub fn name(self) -> &'static str {
+    pub const fn name(self) -> &'static str {
         match self {
             Framework::MegatronCore => "megatron-core",
             Framework::Deepspeed => "deepspeed",

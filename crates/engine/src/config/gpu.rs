@@ -244,7 +244,20 @@ const SHIPPED: &[(&str, &str)] = &[
     ("cpu", include_str!("../../../../calibration/cpu.toml")),
 ];
 
+/// How `parsim calibrate` begins the provenance of every value it fits.
+pub const CALIBRATE_PROVENANCE: &str = "fitted by `parsim calibrate`";
+
 impl GpuProfile {
+    /// Whether the profile was fitted by `parsim calibrate` to runs measured on its machine:
+    /// a value's provenance says so, or it carries measured rate tables.
+    pub fn calibrated_on_machine(&self) -> bool {
+        !self.tables.is_empty()
+            || self
+                .provenance
+                .values()
+                .any(|v| v.starts_with(CALIBRATE_PROVENANCE))
+    }
+
     /// Device memory a configuration may use: `memory_bytes` less the margin.
     pub fn usable_memory_bytes(&self) -> u64 {
         let margin = self.memory_margin_fraction.clamp(0.0, 1.0);

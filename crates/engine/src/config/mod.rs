@@ -31,7 +31,10 @@ pub use framework::{
     DEEPSPEED_PERSISTENCE_THRESHOLD, DEEPSPEED_PREFETCH_BUCKET, DEEPSPEED_REDUCE_BUCKET,
 };
 pub use fsdp::Fsdp;
-pub use gpu::{Efficiency, GemmShape, GpuPower, GpuProfile, Link, Links, NcclArch, PeakFlops};
+pub use gpu::{
+    Efficiency, GemmShape, GpuPower, GpuProfile, Link, Links, NcclArch, PeakFlops,
+    CALIBRATE_PROVENANCE,
+};
 pub use model::{
     AttentionSpan, HybridLayer, LayerKind, MambaConfig, MlaConfig, ModelConfig, MAX_LAYER_VARIANTS,
 };

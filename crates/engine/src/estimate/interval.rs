@@ -26,7 +26,7 @@ impl Estimate {
 
     /// The interval of this estimate's regime in another residual model (a user's file).
     pub fn use_interval_model(&mut self, model: &IntervalModel) {
-        let interval = model.lookup(&self.step_interval.regime_key);
+        let interval = model.lookup(&self.step_interval.regime);
         self.set_interval(interval);
     }
 }

@@ -12,10 +12,10 @@ pub mod file;
 pub mod regime;
 
 pub use file::{IntervalError, Residual, ResidualFile};
-pub use regime::{calibrated_on_machine, Dimension, Regime, DIMENSIONS};
+pub use regime::{Dimension, Regime, DIMENSIONS};
 
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::OnceLock;
 
 /// The shipped residual model (calibration/residuals.json; rebuilt by
@@ -36,16 +36,25 @@ pub struct StepInterval {
     pub upper_factor: f64,
     /// Residuals the interval comes from.
     pub residuals: u32,
-    /// The estimate's regime, every dimension.
-    pub regime: BTreeMap<&'static str, &'static str>,
+    /// The estimate's regime, every dimension (a map of band names in JSON).
+    pub regime: Regime,
     /// Dimensions pooled over because the regime alone held too few residuals.
     pub pooled_over: Vec<Dimension>,
     /// One line: what the interval rests on.
     pub note: String,
-    /// The regime as looked up (to look it up again in another model).
-    #[serde(skip)]
-    pub regime_key: Regime,
 }
+
+/// The default order in which a thin regime is pooled with its neighbours: first the figures
+/// that vary most from mix to mix within one question (communication share, scale), last what
+/// the planner cannot change (the GPU and whether the profile was measured on it).
+pub const BACKOFF: [Dimension; 6] = [
+    Dimension::CommShare,
+    Dimension::Scale,
+    Dimension::Sequence,
+    Dimension::Framework,
+    Dimension::GpuFamily,
+    Dimension::Calibrated,
+];
 
 /// Residual percentiles per regime and per pooled regime, built once from a file.
 #[derive(Debug, Clone)]
@@ -134,12 +143,7 @@ impl IntervalModel {
     /// those of the least pooled regime that does (the whole file at last, which holds enough
     /// by construction).
     pub fn lookup(&self, regime: &Regime) -> StepInterval {
-        let (level, cell) = (0..=self.backoff.len())
-            .find_map(|level| {
-                let key = masked(regime, &self.backoff[..level]);
-                self.cells.get(&(level as u8, key)).map(|c| (level, *c))
-            })
-            .expect("the fully pooled cell holds every residual, at least min_residuals");
+        let (level, cell) = self.cell(regime);
         let pooled_over = self.backoff[..level].to_vec();
         StepInterval {
             lower_percentile: self.lower_percentile,
@@ -147,25 +151,29 @@ impl IntervalModel {
             lower_factor: cell.lo_log.exp(),
             upper_factor: cell.hi_log.exp(),
             residuals: cell.n,
-            regime: DIMENSIONS
-                .iter()
-                .map(|d| (d.key(), regime.value(*d)))
-                .collect(),
+            regime: *regime,
             note: self.note(cell.n as usize, &pooled_over),
             pooled_over,
-            regime_key: *regime,
         }
+    }
+
+    /// The least pooled cell holding enough residuals for `regime`, with its pooling level.
+    fn cell(&self, regime: &Regime) -> (usize, Cell) {
+        (0..=self.backoff.len())
+            .find_map(|level| {
+                let key = masked(regime, &self.backoff[..level]);
+                self.cells.get(&(level as u8, key)).map(|c| (level, *c))
+            })
+            .expect("the fully pooled cell holds every residual, at least min_residuals")
     }
 
     /// The smallest upper factor any communication share could give `regime` (the other
     /// dimensions kept): a bound for ranking mixes of one search by their upper step time.
     pub fn min_upper_factor(&self, regime: &Regime) -> f64 {
         (0..Dimension::CommShare.values().len() as u8)
-            .map(|b| {
-                self.lookup(&regime.with(Dimension::CommShare, b))
-                    .upper_factor
-            })
+            .map(|b| self.cell(&regime.with(Dimension::CommShare, b)).1.hi_log)
             .fold(f64::INFINITY, f64::min)
+            .exp()
     }
 
     fn note(&self, n: usize, pooled_over: &[Dimension]) -> String {

@@ -79,11 +79,28 @@ impl Dimension {
     }
 }
 
-const FRAMEWORKS: [&str; 3] = ["megatron-core", "deepspeed", "fsdp"];
+/// Framework names, in `Framework::ALL`'s order (a regime's framework band is its index).
+const FRAMEWORKS: [&str; 3] = [
+    Framework::ALL[0].name(),
+    Framework::ALL[1].name(),
+    Framework::ALL[2].name(),
+];
 
-/// A regime: one band index per dimension (indices into [`Dimension::values`]).
+/// A regime: one band index per dimension (indices into [`Dimension::values`]). In JSON, a
+/// map from each dimension's key to its band's name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Regime(pub [u8; 6]);
+
+impl Serialize for Regime {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(DIMENSIONS.len()))?;
+        for d in DIMENSIONS {
+            m.serialize_entry(d.key(), self.value(d))?;
+        }
+        m.end()
+    }
+}
 
 impl Regime {
     /// The regime of `config` run on `gpu` whose predicted step spends `comm_share` of its
@@ -97,14 +114,13 @@ impl Regime {
             .iter()
             .position(|f| *f == config.training.framework)
             .expect("every framework is listed");
-        debug_assert_eq!(FRAMEWORKS[framework], config.training.framework.name());
         let mut r = [0u8; 6];
         r[Dimension::GpuFamily.index()] = gpu_family(gpu) as u8;
         r[Dimension::Framework.index()] = framework as u8;
         r[Dimension::Scale.index()] = band_u(u64::from(gpus), &SCALE_UPPER) as u8;
         r[Dimension::Sequence.index()] = band_u(seq, &SEQUENCE_UPPER) as u8;
         r[Dimension::CommShare.index()] = band_f(comm_share, &COMM_SHARE_UPPER) as u8;
-        r[Dimension::Calibrated.index()] = u8::from(calibrated_on_machine(gpu));
+        r[Dimension::Calibrated.index()] = u8::from(gpu.calibrated_on_machine());
         Regime(r)
     }
 
@@ -159,16 +175,6 @@ fn gpu_family(gpu: &GpuProfile) -> usize {
         .expect("family listed")
 }
 
-/// Whether the profile's efficiencies were fitted by `parsim calibrate` to runs measured on
-/// the machine (its provenance says so, or it carries measured rate tables).
-pub fn calibrated_on_machine(gpu: &GpuProfile) -> bool {
-    !gpu.tables.is_empty()
-        || gpu
-            .provenance
-            .values()
-            .any(|v| v.starts_with("fitted by `parsim calibrate`"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,8 +220,10 @@ mod tests {
     /// profiles were not (their efficiencies come from published tables).
     #[test]
     fn calibrated_profiles_are_recognised() {
-        assert!(calibrated_on_machine(&GpuProfile::load("cpu").unwrap()));
-        assert!(calibrated_on_machine(
+        assert!(GpuProfile::calibrated_on_machine(
+            &GpuProfile::load("cpu").unwrap()
+        ));
+        assert!(GpuProfile::calibrated_on_machine(
             &GpuProfile::load(concat!(
                 env!("CARGO_MANIFEST_DIR"),
                 "/../../calibration/h100-measured.toml"
@@ -224,7 +232,7 @@ mod tests {
         ));
         for name in ["a100-80g", "h100-sxm", "b200", "mi300x"] {
             assert!(
-                !calibrated_on_machine(&GpuProfile::load(name).unwrap()),
+                !GpuProfile::calibrated_on_machine(&GpuProfile::load(name).unwrap()),
                 "{name}"
             );
         }

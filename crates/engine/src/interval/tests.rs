@@ -22,14 +22,7 @@ fn file(residuals: Vec<Residual>) -> ResidualFile {
         command: "none".into(),
         lower_percentile: 0.1,
         upper_percentile: 0.9,
-        backoff: vec![
-            Dimension::CommShare,
-            Dimension::Scale,
-            Dimension::Sequence,
-            Dimension::Framework,
-            Dimension::GpuFamily,
-            Dimension::Calibrated,
-        ],
+        backoff: BACKOFF.to_vec(),
         residuals,
     }
 }

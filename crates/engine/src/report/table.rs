@@ -48,7 +48,7 @@ pub fn estimate_text(e: &Estimate) -> String {
         out,
         "interval: {} (regime: {})",
         e.step_interval.note,
-        crate::interval::Regime::describe(&e.step_interval.regime_key)
+        crate::interval::Regime::describe(&e.step_interval.regime)
     );
     let _ = writeln!(
         out,

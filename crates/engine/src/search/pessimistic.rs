@@ -59,7 +59,7 @@ pub fn search_by_p90(
             .map(|t| t.estimate.time.step_s)
             .fold(0.0, f64::max);
         let min_factor = r.top.first().map_or(1.0, |t| {
-            model.min_upper_factor(&t.estimate.step_interval.regime_key)
+            model.min_upper_factor(&t.estimate.step_interval.regime)
         });
         r.top.sort_by(|a, b| {
             a.estimate
