@@ -15,6 +15,7 @@ mod engine {
     pub mod hf_import;
     pub mod hybrid;
     pub mod intervals;
+    pub mod llama3_regime;
     pub mod low_precision;
     pub mod megatron_modelopt;
     pub mod memory;

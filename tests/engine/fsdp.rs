@@ -228,3 +228,83 @@ fn megatron_fsdp_flags_are_read_and_written() {
         assert!(err.contains(needle), "{extra}: {err}");
     }
 }
+
+/// The small model on two pipeline stages of four data-parallel ranks (8 GPUs), 4
+/// microbatches, torch FSDP2 (ZeRO-3) under `framework`: "fsdp" is torch.distributed.pipelining
+/// (torchtitan), "megatron-core" Megatron-LM's `--use-torch-fsdp2`.
+fn pipelined(framework: &str) -> Value {
+    let mut v = small(3, Some("torch"));
+    v["cluster"] = json!({"num_gpus": 8, "gpus_per_node": 8});
+    v["parallel"]["pp"] = json!(2);
+    v["training"]["global_batch_size"] = json!(16);
+    v["training"]["framework"] = json!(framework);
+    v
+}
+
+#[test]
+fn torch_fsdp2_under_pipelining_gathers_and_reduces_once_a_step() {
+    use parsim::layout::{GroupKind, Layout};
+    use parsim::model::CollectiveKind;
+    use parsim::network::Network;
+    // torch.distributed.pipelining's stage runs every microbatch's backward with
+    // set_requires_gradient_sync(False) and set_reshard_after_backward(False), then calls the
+    // post-backward hooks (the reduce-scatters) after the last; torchtitan leaves
+    // reshard_after_forward False under PP. So, by hand, stage 0 (the embedding and layer 0,
+    // 69,760 parameters; stage 1 holds layer 1, the final norm and the output, 69,824):
+    // its bf16 weights whole (2 bytes each), its gradients unsharded in bf16 plus the fp32
+    // shard they are reduce-scattered into (2 + 4 / 4 bytes), the optimizer sharded (12 / 4).
+    let stage0 = LAYER + EMBEDDING;
+    let stage1 = LAYER + 64 + 4_096;
+    assert!(parsim::config::syncs_once_per_step(
+        &resolve(pipelined("fsdp")).config
+    ));
+    assert!(!parsim::config::syncs_once_per_step(
+        &resolve(pipelined("megatron-core")).config
+    ));
+    let e = est(pipelined("fsdp"));
+    for (s, n) in [(&e.memory.stages[0], stage0), (&e.memory.stages[1], stage1)] {
+        assert_eq!(s.weights, n * 2);
+        assert_eq!(s.gradients, n * 2 + n.div_ceil(4) * 4);
+        assert_eq!(s.optimizer, n.div_ceil(4) * 12);
+    }
+    // Megatron-LM's torch FSDP2 keeps per-microbatch ZeRO-3: the shards alone.
+    let m = est(pipelined("megatron-core"));
+    let s = &m.memory.stages[0];
+    assert_eq!(
+        (s.weights, s.gradients),
+        (stage0.div_ceil(4) * 2, stage0.div_ceil(4) * 4)
+    );
+
+    // Traffic per step on the data-parallel group of the most loaded rank: one all-gather of
+    // the bf16 weights and one reduce-scatter of the fp32 gradients, each (n-1)/n of its
+    // buffer on the wire, against ZeRO-3's 2m gathers and m reduce-scatters (m = 4).
+    let wire =
+        |n: u64, gathers: u64, reduces: u64| (3 * (gathers * n * 2 + reduces * n * 4)).div_ceil(4);
+    let dp_bytes = |e: &Estimate| e.communication.per_step_bytes_per_gpu.dp;
+    let once = dp_bytes(&e);
+    assert!(
+        [wire(stage0, 1, 1), wire(stage1, 1, 1)].contains(&once),
+        "{once}"
+    );
+    let every = dp_bytes(&m);
+    assert!(
+        [wire(stage0, 8, 4), wire(stage1, 8, 4)].contains(&every),
+        "{every}"
+    );
+
+    // The tail: the critical rank's reduce-scatters, one per FSDP unit, none overlapped (no
+    // compute of that rank is left): on stage 0 the layer's and the root module's (the
+    // embedding), on stage 1 the layer's and the root's (final norm and output layer).
+    let r = resolve(pipelined("fsdp"));
+    let net = Network::new(&Layout::of(&r), &r.gpu);
+    let rs =
+        |params: u64| net.collective_s(GroupKind::Dp, CollectiveKind::ReduceScatter, params * 4, 4);
+    let tails = [rs(LAYER) + rs(EMBEDDING), rs(LAYER) + rs(64 + 4_096)];
+    let tail = e.time.dp_tail_s;
+    assert!(
+        tails.iter().any(|t| (t - tail).abs() <= 1e-12 * t),
+        "{tail} against {tails:?}"
+    );
+    // Under Megatron-LM the reductions run in each backward, overlapped: a smaller tail.
+    assert!(m.time.dp_tail_s < tail, "{} {tail}", m.time.dp_tail_s);
+}

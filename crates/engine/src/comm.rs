@@ -134,6 +134,8 @@ pub struct StepCollective {
 /// volume (here) and the time model (the estimate's data-parallel tail): each replica set's
 /// data-parallel traffic ([`dp_collectives`]), the embedding group's gradient all-reduce
 /// when the two ends sit on different ranks (tied embeddings, multi-token prediction), and with SP the all-reduce of TP-replicated gradients.
+/// Under torch FSDP2 with pipelining ([`crate::config::syncs_once_per_step`]) ZeRO-3 gathers
+/// and reduce-scatters once a step.
 pub fn step_collectives(
     r: &Resolved,
     s: &LedgerSummary,
@@ -143,12 +145,18 @@ pub fn step_collectives(
     let par = &r.config.parallel;
     let gb = r.config.training.grad_dtype.bytes();
     let mut out = Vec::with_capacity(6);
+    // torch FSDP2 under pipeline parallelism gathers once and reduces once a step.
+    let once = crate::config::syncs_once_per_step(&r.config);
+    let syncs = if once { 1 } else { r.microbatches };
     for set in replica_sets(r, s, chunks) {
-        for c in dp_collectives(par.zero, set, r.microbatches) {
+        for mut c in dp_collectives(par.zero, set, syncs) {
             let role = match c.kind {
                 CollectiveKind::AllGather => StepRole::ParamGather,
                 _ => StepRole::GradReduce,
             };
+            if once && role == StepRole::ParamGather {
+                c.count = 1;
+            }
             out.push(StepCollective { role, coll: c });
         }
     }

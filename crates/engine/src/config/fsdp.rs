@@ -76,6 +76,24 @@ impl Fsdp {
     }
 }
 
+/// Whether data parallelism gathers the parameters once and reduce-scatters the gradients
+/// once a step rather than every microbatch: torch FSDP2 under `torch.distributed.pipelining`
+/// (`training.framework = "fsdp"`, `parallel.fsdp = "torch"`, pp > 1, as torchtitan runs it).
+/// The pipeline stage runs every backward with `set_requires_gradient_sync(False)` and
+/// `set_reshard_after_backward(False)` and, after the last, calls each parameter group's
+/// post-backward (the reduce-scatters) itself (`backward_maybe_with_nosync` in
+/// torch/distributed/pipelining/stage.py); torchtitan leaves `reshard_after_forward` False
+/// under pipeline parallelism. So the stage's parameters stay gathered and its gradients
+/// accumulate unsharded for the whole step, and the reduce-scatters run after the stage's last
+/// backward, overlapping only the other stages' drain. Megatron-FSDP, by contrast, syncs
+/// sharded gradients every microbatch (its `no_sync`: "for grads shard mode there will
+/// actually always be gradient sync happening").
+pub fn syncs_once_per_step(cfg: &super::Config) -> bool {
+    cfg.training.framework == super::Framework::Fsdp
+        && cfg.parallel.fsdp == Some(Fsdp::Torch)
+        && cfg.parallel.pp > 1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -114,6 +114,12 @@ pub(super) fn per_microbatch_dp_s(
     } else {
         (fwd_gather, bwd_gather_all)
     };
+    if crate::config::syncs_once_per_step(&r.config) {
+        // torch FSDP2 under pipelining: the first microbatch's forward gathers the stage's
+        // units once (held to the step's end; a one-off on the rank's path, spread over its
+        // microbatches' forwards), and the reductions wait for the last backward (the tail).
+        return (fwd_exposed / f64::from(r.microbatches.max(1)), 0.0);
+    }
     let bwd_exposed = if par.overlap_grad_reduce {
         // The backward's gathers come first on the communication stream; the reduction
         // overlaps with whatever compute they leave.
@@ -195,6 +201,16 @@ pub(super) fn dp_tail_s(
             // ZeRO-3 gathers are per microbatch (in the stage costs); ZeRO-1/2 gather the
             // updated weights once, hidden behind the next forward when overlapped.
             StepRole::ParamGather if par.zero >= 3 => 0.0,
+            // torch FSDP2 under pipelining: every unit's reduce-scatter after the stage's last
+            // backward (the stage calls the post-backward hooks itself), with no compute of
+            // this rank left to hide behind; the other ranks' drain hides it (each rank's tail
+            // runs from its own last backward).
+            StepRole::GradReduce if crate::config::syncs_once_per_step(&r.config) => {
+                match &reduce_calls {
+                    Some(calls) => calls.iter().filter(|k| k.group == c.group).map(time).sum(),
+                    None => bucketed_s(network, c, bucket_bytes),
+                }
+            }
             StepRole::ParamGather if par.overlap_param_gather => e.charged_s(
                 network.collective_s(c.group, c.kind, c.payload_bytes, c.group_size),
                 0.0,

@@ -432,7 +432,7 @@ fn low_precision_weights(r: &Resolved, s: &LedgerSummary, chunks: &[ChunkContent
         }
     }
     let tr = &r.config.training;
-    let zero3 = r.config.parallel.zero >= 3;
+    let zero3 = r.config.parallel.zero >= 3 && !crate::config::syncs_once_per_step(&r.config);
     let cache = if zero3 { 0 } else { q.cache_bytes };
     if !tr.fp8_param_gather {
         return (cache, 0);
@@ -486,7 +486,11 @@ impl RankStatic {
         let shard = |n: u64, reps: u64| n.div_ceil(reps);
         let w = tr.weight_bytes();
         let g = tr.grad_dtype.bytes();
-        let zero = par.zero;
+        // torch FSDP2 under pipelining holds the stage's parameters gathered and its gradients
+        // unsharded (in the parameters' dtype) for the whole step, then reduce-scatters them
+        // into the sharded gradients (`syncs_once_per_step`): no per-unit gather or bucket.
+        let once = crate::config::syncs_once_per_step(&r.config);
+        let zero = if once { 1 } else { par.zero };
         let mut weights = if zero >= 3 {
             (shard(p.rank_dense, dense_rep) + shard(p.rank_expert, expert_rep)) * w
         } else {
@@ -494,9 +498,12 @@ impl RankStatic {
         };
         let (low_precision_weights, narrowed) = low_precision_weights(r, s, chunks);
         weights -= narrowed;
-        let grads = if zero >= 2 {
-            (shard(p.rank_dense_trainable, dense_rep) + shard(p.rank_expert_trainable, expert_rep))
-                * g
+        let sharded_grads =
+            shard(p.rank_dense_trainable, dense_rep) + shard(p.rank_expert_trainable, expert_rep);
+        let grads = if once {
+            (p.rank_dense_trainable + p.rank_expert_trainable) * w + sharded_grads * g
+        } else if zero >= 2 {
+            sharded_grads * g
         } else {
             (p.rank_dense_trainable + p.rank_expert_trainable) * g
         };
@@ -544,6 +551,7 @@ impl RankStatic {
         // gradients); torch FSDP2's root module (the embedding) gathered from forward to
         // backward on the rank holding it.
         let (fsdp_backward, fsdp_grads) = match par.fsdp {
+            Some(_) if once => (0, 0),
             Some(f) => {
                 let (units, bufs) = f.extra_backward_units(zero);
                 let unit = blocks()

@@ -94,6 +94,9 @@ fn header(out: &mut String, e: &Estimate) {
                 " (Megatron-FSDP {})",
                 crate::config::Fsdp::megatron_strategy(p.zero)
             ),
+            Some(crate::config::Fsdp::Torch) if crate::config::syncs_once_per_step(&e.config) => {
+                " (torch FSDP2, gathered and reduced once a step under pipelining)".to_string()
+            }
             Some(crate::config::Fsdp::Torch) => " (torch FSDP2)".to_string(),
             None => String::new(),
         }
