@@ -119,7 +119,7 @@ fn the_gemm_model_reproduces_each_measured_rate_within_10_percent() {
 
 /// A large FP8 GEMM on H100 runs at 1978.9 TF x matmul x 0.709 / 0.803, and a GPU of the
 /// H100 family without training rows takes H100's fitted share scaled by its own measured
-/// GEMM rate (MI300X: 0.723 x 0.511 / 0.803 = 0.460).
+/// GEMM rate (MI300X: 0.788 x 0.511 / 0.803 = 0.501).
 #[test]
 fn fp8_and_other_gpus_use_their_own_measured_shares() {
     let h100 = GpuProfile::load("h100-sxm").unwrap();

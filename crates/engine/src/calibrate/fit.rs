@@ -241,14 +241,14 @@ pub fn objective(rows: &[&Case], params: Params) -> f64 {
     }
 }
 
-/// Indices into [`Params::FIELDS`] that may be fitted: matmul, attention, memory_bound and
-/// overlap_interference (the link efficiency keeps the profile's value).
-pub const FITTED: [usize; 4] = [0, 1, 2, 3];
+/// Indices into [`Params::FIELDS`] that may be fitted: matmul, attention and memory_bound.
+/// The overlap interference is measured ([`super::interference`]) and the link efficiency
+/// keeps the profile's value.
+pub const FITTED: [usize; 3] = [0, 1, 2];
 
 /// The indices of [`FITTED`] that `rows` constrain: moving one of them away from `start`
 /// changes the objective. The others keep `start`'s value: a direction no row depends on
-/// (`attention` where every core runs a published kernel or as GEMMs, the overlap
-/// interference where nothing overlaps, as in Narayanan et al.'s runs) would wander to a
+/// (`attention` where every core runs a published kernel or as GEMMs) would wander to a
 /// bound and mean nothing.
 pub fn free_params(rows: &[&Case], start: Params) -> Vec<usize> {
     let base = objective(rows, start);
@@ -308,31 +308,13 @@ pub fn fit(family: Family, rows: &[&Case], start: Params) -> Result<FitResult, F
     }
     // The fitted coordinates; the rest keep `start`.
     let free = free_params(rows, start);
-    let mut best: Option<(Vec<f64>, f64, Vec<f64>)> = None;
-    let mut evaluations = 0;
-    // The objective has a basin at each end of the overlap interference (hidden communication
-    // free vs fully charged, traded against matmul efficiency): start from both ends and the
-    // middle, restart each simplex from its optimum until it stops improving, keep the best.
-    let interference_starts = if free.contains(&3) {
-        vec![0.1, 0.5, 0.9]
-    } else {
-        vec![start.overlap_interference]
-    };
-    for interference in interference_starts {
-        let x0 = to_unbounded(Params {
-            overlap_interference: interference,
-            ..start
-        });
-        let full = |x: &[f64]| -> Params { from_unbounded(&with_free(&x0, &free, x)) };
-        let f = |x: &[f64]| objective(rows, full(x));
-        let start: Vec<f64> = free.iter().map(|&i| x0[i]).collect();
-        let (x, fx, e) = nelder_mead_restarted(f, &start, 1e-9, 400, 8);
-        evaluations += e;
-        if best.as_ref().is_none_or(|b| fx < b.1) {
-            best = Some((x, fx, x0.clone()));
-        }
-    }
-    let (x, fx, x0) = best.expect("at least one start");
+    // Nelder-Mead from `start`, each simplex restarted from its optimum until it stops
+    // improving.
+    let x0 = to_unbounded(start);
+    let full = |x: &[f64]| -> Params { from_unbounded(&with_free(&x0, &free, x)) };
+    let f = |x: &[f64]| objective(rows, full(x));
+    let init: Vec<f64> = free.iter().map(|&i| x0[i]).collect();
+    let (x, fx, evaluations) = nelder_mead_restarted(f, &init, 1e-9, 400, 8);
     Ok(FitResult {
         family,
         params: round_params(from_unbounded(&with_free(&x0, &free, &x))),
