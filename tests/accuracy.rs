@@ -145,7 +145,7 @@ fn shipped_efficiencies_are_the_fit() {
 }
 
 /// The fit does not depend on where it starts: from the old placeholder efficiencies (0.7,
-/// 0.5, 0.7, no interference) it lands on the shipped values too.
+/// 0.5, 0.7) it lands on the shipped values too; the interference is never moved.
 #[test]
 fn fit_from_placeholders_reaches_the_shipped_values() {
     // The overlap interference is measured (Lee et al. 2025), never fitted: a fit keeps

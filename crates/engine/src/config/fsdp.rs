@@ -94,6 +94,17 @@ pub fn syncs_once_per_step(cfg: &super::Config) -> bool {
         && cfg.parallel.pp > 1
 }
 
+/// The ZeRO stage of what a rank holds while the step runs: `parallel.zero`, except where
+/// [`syncs_once_per_step`] keeps the weights gathered and the gradients whole for the step
+/// (only the optimizer state stays sharded: stage 1).
+pub fn held_zero(cfg: &super::Config) -> u8 {
+    if syncs_once_per_step(cfg) {
+        1
+    } else {
+        cfg.parallel.zero
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,7 +30,7 @@ pub use framework::{
     zero3_exposed_s, Framework, OverlapDefaults, DEEPSPEED_MAX_LIVE_PARAMS,
     DEEPSPEED_PERSISTENCE_THRESHOLD, DEEPSPEED_PREFETCH_BUCKET, DEEPSPEED_REDUCE_BUCKET,
 };
-pub use fsdp::{syncs_once_per_step, Fsdp};
+pub use fsdp::{held_zero, syncs_once_per_step, Fsdp};
 pub use gpu::{
     Efficiency, GemmShape, GpuPower, GpuProfile, Link, Links, NcclArch, PeakFlops,
     CALIBRATE_PROVENANCE,

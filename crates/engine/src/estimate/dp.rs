@@ -195,6 +195,7 @@ pub(super) fn dp_tail_s(
             reduce_calls.get_or_insert_with(Vec::new).extend(calls);
         }
     }
+    let once = crate::config::syncs_once_per_step(&r.config);
     let mut tail = 0.0;
     for StepCollective { role, coll: c } in step {
         tail += match role {
@@ -205,12 +206,10 @@ pub(super) fn dp_tail_s(
             // backward (the stage calls the post-backward hooks itself), with no compute of
             // this rank left to hide behind; the other ranks' drain hides it (each rank's tail
             // runs from its own last backward).
-            StepRole::GradReduce if crate::config::syncs_once_per_step(&r.config) => {
-                match &reduce_calls {
-                    Some(calls) => calls.iter().filter(|k| k.group == c.group).map(time).sum(),
-                    None => bucketed_s(network, c, bucket_bytes),
-                }
-            }
+            StepRole::GradReduce if once => match &reduce_calls {
+                Some(calls) => calls.iter().filter(|k| k.group == c.group).map(time).sum(),
+                None => bucketed_s(network, c, bucket_bytes),
+            },
             StepRole::ParamGather if par.overlap_param_gather => e.charged_s(
                 network.collective_s(c.group, c.kind, c.payload_bytes, c.group_size),
                 0.0,

@@ -432,7 +432,7 @@ fn low_precision_weights(r: &Resolved, s: &LedgerSummary, chunks: &[ChunkContent
         }
     }
     let tr = &r.config.training;
-    let zero3 = r.config.parallel.zero >= 3 && !crate::config::syncs_once_per_step(&r.config);
+    let zero3 = crate::config::held_zero(&r.config) >= 3;
     let cache = if zero3 { 0 } else { q.cache_bytes };
     if !tr.fp8_param_gather {
         return (cache, 0);
@@ -488,9 +488,10 @@ impl RankStatic {
         let g = tr.grad_dtype.bytes();
         // torch FSDP2 under pipelining holds the stage's parameters gathered and its gradients
         // unsharded (in the parameters' dtype) for the whole step, then reduce-scatters them
-        // into the sharded gradients (`syncs_once_per_step`): no per-unit gather or bucket.
+        // into the sharded gradients (`syncs_once_per_step`): no per-unit gather, bucket or
+        // double buffer (`held_zero` is 1).
         let once = crate::config::syncs_once_per_step(&r.config);
-        let zero = if once { 1 } else { par.zero };
+        let zero = crate::config::held_zero(&r.config);
         let mut weights = if zero >= 3 {
             (shard(p.rank_dense, dense_rep) + shard(p.rank_expert, expert_rep)) * w
         } else {
@@ -551,7 +552,6 @@ impl RankStatic {
         // gradients); torch FSDP2's root module (the embedding) gathered from forward to
         // backward on the rank holding it.
         let (fsdp_backward, fsdp_grads) = match par.fsdp {
-            Some(_) if once => (0, 0),
             Some(f) => {
                 let (units, bufs) = f.extra_backward_units(zero);
                 let unit = blocks()
