@@ -15,8 +15,8 @@
 //! ([`Layout::with_expert_tp`]).
 
 use arrayvec::ArrayVec;
+pub use parsim_plan::group::{Coords, GroupKind};
 use serde::Serialize;
-use std::fmt;
 
 /// One axis of the rank grid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -31,82 +31,19 @@ pub enum Axis {
     Pp,
 }
 
-/// A process group kind: the axes its members vary along.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GroupKind {
-    Tp,
-    Cp,
-    Pp,
-    /// Dense data parallel (the dense grid's dp axis).
-    Dp,
-    /// Expert parallel.
-    Ep,
-    /// Data parallel of the routed experts: the ranks holding the same experts (the expert
-    /// grid's dp axis, into which Megatron folds CP).
-    ExpertDp,
-    /// DP x CP: the replicas of dense parameters, over which gradients reduce and the
-    /// distributed optimizer shards.
-    DpCp,
-    /// Expert tensor parallel: the ranks over which each routed expert splits, which
-    /// all-gather the rows the EP all-to-all delivers (the expert grid's tp axis).
-    ExpertTp,
-}
-
-impl GroupKind {
-    pub const ALL: [GroupKind; 8] = [
-        GroupKind::Tp,
-        GroupKind::Cp,
-        GroupKind::Pp,
-        GroupKind::Dp,
-        GroupKind::Ep,
-        GroupKind::ExpertDp,
-        GroupKind::DpCp,
-        GroupKind::ExpertTp,
-    ];
-
-    fn axes(self) -> &'static [Axis] {
-        match self {
-            GroupKind::Tp => &[Axis::Tp],
-            GroupKind::Cp => &[Axis::Cp],
-            GroupKind::Pp => &[Axis::Pp],
-            GroupKind::Dp => &[Axis::Ep, Axis::Dp],
-            GroupKind::Ep => &[Axis::Ep],
-            GroupKind::ExpertDp => &[Axis::Cp, Axis::Dp],
-            GroupKind::DpCp => &[Axis::Cp, Axis::Ep, Axis::Dp],
-            GroupKind::ExpertTp => &[Axis::Tp],
-        }
+/// The axes a group's members vary along, on its grid (the dense grid for the dense groups,
+/// the expert grid for EP, expert DP and expert TP).
+fn axes(kind: GroupKind) -> &'static [Axis] {
+    match kind {
+        GroupKind::Tp => &[Axis::Tp],
+        GroupKind::Cp => &[Axis::Cp],
+        GroupKind::Pp => &[Axis::Pp],
+        GroupKind::Dp => &[Axis::Ep, Axis::Dp],
+        GroupKind::Ep => &[Axis::Ep],
+        GroupKind::ExpertDp => &[Axis::Cp, Axis::Dp],
+        GroupKind::DpCp => &[Axis::Cp, Axis::Ep, Axis::Dp],
+        GroupKind::ExpertTp => &[Axis::Tp],
     }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            GroupKind::Tp => "tp",
-            GroupKind::Cp => "cp",
-            GroupKind::Pp => "pp",
-            GroupKind::Dp => "dp",
-            GroupKind::Ep => "ep",
-            GroupKind::ExpertDp => "expert_dp",
-            GroupKind::DpCp => "dp_cp",
-            GroupKind::ExpertTp => "expert_tp",
-        }
-    }
-}
-
-impl fmt::Display for GroupKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A rank's coordinates: `tp`, `cp`, `dp` and `pp` on the dense grid (`dp` in 0..dp), `ep` its
-/// index on the expert grid's ep axis (the experts it holds).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Coords {
-    pub tp: u32,
-    pub cp: u32,
-    pub ep: u32,
-    pub dp: u32,
-    pub pp: u32,
 }
 
 /// Errors building a layout.
@@ -404,7 +341,7 @@ impl Layout {
 
     /// Members (ascending) of the `kind` group that contains `rank`.
     pub fn group_of(&self, kind: GroupKind, rank: u32) -> Vec<u32> {
-        members(self.grid(kind), kind.axes(), rank)
+        members(self.grid(kind), axes(kind), rank)
     }
 
     /// Members (ascending) of the expert-TP group that contains `rank`: the ranks over which
@@ -418,7 +355,7 @@ impl Layout {
     /// rank, fastest first: two kinds with the same list have the same groups, on either grid.
     pub fn varied_axes(&self, kind: GroupKind) -> ArrayVec<(u32, u32), 5> {
         let grid = self.grid(kind);
-        varied_positions(grid, kind.axes())
+        varied_positions(grid, axes(kind))
             .into_iter()
             .map(|i| (grid[..i].iter().map(|&(_, s)| s).product(), grid[i].1))
             .collect()
@@ -431,7 +368,7 @@ impl Layout {
     pub fn group_geometry(&self, kind: GroupKind, rank: u32) -> (u32, u32, u32) {
         let grid = self.grid(kind);
         let mut base = digits(grid, rank);
-        let varied = varied_positions(grid, kind.axes());
+        let varied = varied_positions(grid, axes(kind));
         // Members in increasing rank order (the fastest varied axis first), stepped as an
         // odometer: each varied axis adds its stride, and wrapping takes back its span.
         let mut odometer = [(0u64, 0u32, 0u32); 5]; // (stride, size, digit)

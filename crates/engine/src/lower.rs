@@ -10,7 +10,7 @@ use crate::config::{
     Activation, CpComm, LoraTarget, Normalization, PositionEmbedding, Recompute, Resolved,
     RouterScore, TrainingMode,
 };
-use crate::layout::{Coords as LCoords, GroupKind, Layout};
+use crate::layout::{GroupKind, Layout};
 use crate::schedule::{self, ActionKind, ScheduleError};
 use parsim_plan::plan::{
     self as xp, Action, AdamConfig, AttentionShape, Coords, LoraShape, MlaShape, ModelShape,
@@ -515,7 +515,7 @@ pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
         .map(|rank| {
             let c = layout.coords(rank);
             let peer = |stage: u32| {
-                layout.rank(LCoords {
+                layout.rank(Coords {
                     pp: program.rank_of_stage(stage),
                     ..c
                 })
@@ -524,13 +524,7 @@ pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
             let actions = rank_actions(&program, me, peer);
             RankPlan {
                 rank,
-                coords: Coords {
-                    tp: c.tp,
-                    cp: c.cp,
-                    ep: c.ep,
-                    dp: c.dp,
-                    pp: c.pp,
-                },
+                coords: c,
                 tp_group: layout.group_of(GroupKind::Tp, rank),
                 cp_group: layout.group_of(GroupKind::Cp, rank),
                 dp_group: layout.group_of(GroupKind::DpCp, rank),

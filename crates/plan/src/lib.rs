@@ -5,6 +5,7 @@
 
 pub mod dtype;
 pub mod error;
+pub mod group;
 pub mod nonfinite;
 pub mod op_timing;
 pub mod pieces;
@@ -16,6 +17,7 @@ mod validate;
 
 pub use dtype::DType;
 pub use error::PlanError;
+pub use group::{Coords, GroupKind};
 pub use op_timing::{OpKey, OpTiming};
 pub use plan::Plan;
 pub use run_report::RunReport;

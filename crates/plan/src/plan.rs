@@ -3,6 +3,7 @@
 //! (model chunks) it holds, and its ordered actions. The engine lowers a configuration into a
 //! Plan (`parsim::lower`), so prediction and execution describe the same work.
 
+pub use crate::group::Coords;
 use serde::Serialize;
 use std::ops::Range;
 
@@ -502,16 +503,6 @@ pub enum Action {
     RecvGrad { from: u32, stage: u32, mb: u32 },
     /// Reduce gradients over data parallelism (ZeRO as configured) and run Adam.
     OptimizerStep,
-}
-
-/// A rank's coordinates (Megatron order tp-cp-ep-dp-pp by default).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, Default)]
-pub struct Coords {
-    pub tp: u32,
-    pub cp: u32,
-    pub ep: u32,
-    pub dp: u32,
-    pub pp: u32,
 }
 
 /// What one rank does.
