@@ -3,6 +3,9 @@
 # repository root, with the binaries built elsewhere in .device-bin/ (see the doc).
 # Writes everything to $OUT (default ./gpu-out).
 set -u
+# Every GPU test's "skipped" (no driver, no GPU, a library missing) fails here instead: on the
+# lent GPU a broken device lookup must not pass as a skip.
+export PARSIM_REQUIRE_GPU=1
 OUT="${OUT:-$PWD/gpu-out}"; mkdir -p "$OUT"
 B="${PARSIM_BIN_DIR:-.device-bin}"
 LOG="$OUT/log.txt"

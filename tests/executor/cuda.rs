@@ -203,7 +203,7 @@ fn gpu_twin_plan(
 fn tp2_sp_pp2_and_dp2_steps_match_the_cpu_twin_on_the_gpu() {
     use parsim_executor::plan::Precision;
     if let Some(reason) = no_gpu() {
-        eprintln!("skipped: {reason}");
+        parsim_executor::backend::cuda::diag::gpu_test::skip_gpu_test(&reason);
         return;
     }
     use super::common::Mix;
@@ -230,7 +230,7 @@ fn grad_buckets_during_backward_match_the_cpu_twin_on_the_gpu() {
     use parsim_executor::runner::{run_cuda, CudaWorld, RunOptions};
     use parsim_executor::trace::Clock;
     if let Some(reason) = no_gpu() {
-        eprintln!("skipped: {reason}");
+        parsim_executor::backend::cuda::diag::gpu_test::skip_gpu_test(&reason);
         return;
     }
     for zero in [0u8, 1] {
@@ -324,7 +324,7 @@ fn every_mix_on_one_gpu_matches_the_one_rank_gpu_run() {
     use super::common::Mix;
     use parsim_executor::plan::Precision;
     if let Some(reason) = no_gpu() {
-        eprintln!("skipped: {reason}");
+        parsim_executor::backend::cuda::diag::gpu_test::skip_gpu_test(&reason);
         return;
     }
     let mixes = [
@@ -377,7 +377,7 @@ fn profiled_ops_on_the_gpu_have_the_cpu_twins_keys_and_cover_the_actions() {
     use parsim_plan::op_timing::OpKey;
     use std::collections::BTreeMap;
     if let Some(reason) = no_gpu() {
-        eprintln!("skipped: {reason}");
+        parsim_executor::backend::cuda::diag::gpu_test::skip_gpu_test(&reason);
         return;
     }
     let mix = super::common::Mix {

@@ -48,7 +48,9 @@ fn doctor_json_lists_every_library_and_the_kernels_for_arch() {
     }
     assert_eq!(v["arch"], "sm_90");
     if !Library::Nvrtc.present() {
-        eprintln!("skipped the kernel check: NVRTC is not installed");
+        parsim_executor::backend::cuda::diag::gpu_test::skip_gpu_test(
+            &"the kernel check: NVRTC is not installed",
+        );
         assert!(!out.status.success(), "compiling without NVRTC must fail");
         assert!(String::from_utf8_lossy(&out.stdout).contains("NVRTC"));
         return;

@@ -1,10 +1,12 @@
 //! The CUDA backend against its CPU twin on a GPU: the linear layers' cuBLASLt products per op
 //! (fresh random inputs, output poisoned first; relative error below 1e-5 in fp32 and 1e-2
 //! in bf16), upload / download and the tracker, and a whole small step (loss and parameters).
-//! Without a driver or a GPU each test prints why it skips and returns.
+//! Without a driver or a GPU each test prints why it skips and returns; under
+//! `PARSIM_REQUIRE_GPU=1` (the lent-GPU scripts) it fails with that reason instead.
 
 use parsim_executor::backend::cpu::CpuOps;
 use parsim_executor::backend::cuda::device::context::{visible_gpus, RankGpu};
+use parsim_executor::backend::cuda::diag::gpu_test::{skip_gpu_test, REQUIRE_GPU_VAR};
 use parsim_executor::backend::cuda::device::device::CudaDevice;
 use parsim_executor::backend::cuda::ops::linear::matmul::LinearOp;
 use parsim_executor::backend::cuda::Library;
@@ -48,7 +50,7 @@ fn linear_products_match_the_cpu_twin() {
     let dev = match gpu() {
         Ok(d) => d,
         Err(reason) => {
-            eprintln!("skipped: {reason}");
+            skip_gpu_test(&reason);
             return;
         }
     };
@@ -121,12 +123,57 @@ fn linear_products_match_the_cpu_twin() {
     }
 }
 
+/// `PARSIM_REQUIRE_GPU=1` turns a GPU test's skip into a failure with its reason. Runs one
+/// GPU test of this binary in a child process that sees no GPU (`CUDA_VISIBLE_DEVICES` empty;
+/// on a machine without a driver the driver is missing anyway): without the variable it
+/// passes and prints why it skipped, with it it fails naming the variable and the same reason.
+/// So it holds on a lent GPU too, where the scripts set the variable for this binary.
+#[test]
+fn require_gpu_turns_a_skipped_gpu_test_into_a_failure_with_the_reason() {
+    let exe = std::env::current_exe().expect("this test binary");
+    let run = |require: Option<&str>| {
+        let mut child = std::process::Command::new(&exe);
+        child
+            .args([
+                "--exact",
+                "upload_download_and_tracking_on_the_gpu",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("CUDA_VISIBLE_DEVICES", "");
+        match require {
+            Some(v) => child.env(REQUIRE_GPU_VAR, v),
+            None => child.env_remove(REQUIRE_GPU_VAR),
+        };
+        let out = child.output().expect("the test binary runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
+    };
+    let (passed, text) = run(None);
+    assert!(passed, "without the variable the GPU test skips:\n{text}");
+    let reason = text
+        .lines()
+        .find_map(|l| l.strip_prefix("skipped: "))
+        .unwrap_or_else(|| panic!("no `skipped:` line:\n{text}"))
+        .to_string();
+    assert!(text.contains("1 passed"), "{text}");
+    let (passed, text) = run(Some("1"));
+    assert!(!passed, "under {REQUIRE_GPU_VAR}=1 the skip must fail:\n{text}");
+    assert!(text.contains(&format!("{REQUIRE_GPU_VAR}=1")), "{text}");
+    assert!(text.contains(&reason), "the failure names the reason `{reason}`:\n{text}");
+    assert!(!text.contains("skipped: "), "{text}");
+    // A value that is neither 0 nor 1 is refused by name, not read as either.
+    let (passed, text) = run(Some("yes"));
+    assert!(!passed && text.contains(&format!("{REQUIRE_GPU_VAR}=\"yes\"")), "{text}");
+}
+
 #[test]
 fn upload_download_and_tracking_on_the_gpu() {
     let dev = match gpu() {
         Ok(d) => d,
         Err(reason) => {
-            eprintln!("skipped: {reason}");
+            skip_gpu_test(&reason);
             return;
         }
     };
@@ -163,7 +210,7 @@ fn small_shape() -> parsim_executor::plan::ModelShape {
 #[test]
 fn a_whole_step_matches_the_cpu_twin() {
     if let Err(reason) = gpu() {
-        eprintln!("skipped: {reason}");
+        skip_gpu_test(&reason);
         return;
     }
     twin(small_shape());
@@ -177,7 +224,7 @@ fn a_whole_step_matches_the_cpu_twin() {
 fn a_gpt3_style_step_matches_the_cpu_twin() {
     use parsim_executor::plan::{Activation, ModelShape, Norm};
     if let Err(reason) = gpu() {
-        eprintln!("skipped: {reason}");
+        skip_gpu_test(&reason);
         return;
     }
     let shape = ModelShape {
@@ -205,7 +252,7 @@ fn a_gpt3_style_step_matches_the_cpu_twin() {
 fn an_mla_step_with_narrower_value_heads_matches_the_cpu_twin() {
     use parsim_executor::plan::{MlaShape, ModelShape};
     if let Err(reason) = gpu() {
-        eprintln!("skipped: {reason}");
+        skip_gpu_test(&reason);
         return;
     }
     let shape = ModelShape {
@@ -325,7 +372,7 @@ fn twin(shape: parsim_executor::plan::ModelShape) {
 fn a_forced_balancing_moe_step_matches_the_cpu_twin() {
     use parsim_executor::plan::{ModelShape, MoeShape, RouterShape, ScoreFunction};
     if let Err(reason) = gpu() {
-        eprintln!("skipped: {reason}");
+        skip_gpu_test(&reason);
         return;
     }
     let routers = [
@@ -370,7 +417,7 @@ fn a_forced_balancing_moe_step_matches_the_cpu_twin() {
 fn qk_norm_router_bias_and_a_moe_pattern_match_the_cpu_twin() {
     use parsim_executor::plan::{AttentionShape, ModelShape, MoeShape, RouterShape};
     if let Err(reason) = gpu() {
-        eprintln!("skipped: {reason}");
+        skip_gpu_test(&reason);
         return;
     }
     twin(ModelShape {
@@ -406,7 +453,7 @@ fn a_bf16_step_on_the_tensor_core_kernels_matches_the_scalar_kernels() {
     use parsim_executor::plan::{AdamConfig, ModelShape, Plan, Precision, Recompute};
     use parsim_executor::runner::{run_cpu, run_cuda, CudaWorld, RunOptions};
     if let Err(reason) = gpu() {
-        eprintln!("skipped: {reason}");
+        skip_gpu_test(&reason);
         return;
     }
     let shape = ModelShape {

@@ -4,6 +4,7 @@
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use parsim_executor::backend::cuda::compile::kernels::Kernels;
+use parsim_executor::backend::cuda::diag::gpu_test::skip_gpu_test;
 use parsim_executor::backend::cuda::probe::{self, Library};
 use std::sync::Arc;
 
@@ -13,18 +14,19 @@ pub struct Gpu {
     pub k: Kernels,
 }
 
-/// The GPU, or None after printing why the test skips (no driver, NVRTC or GPU).
+/// The GPU, or None after printing why the test skips (no driver, NVRTC or GPU); under
+/// `PARSIM_REQUIRE_GPU=1` the skip fails the test instead.
 pub fn gpu() -> Option<Gpu> {
     for lib in [Library::Driver, Library::Nvrtc] {
         if let Err(e) = probe::require(lib) {
-            eprintln!("skipped: {e}");
+            skip_gpu_test(&e);
             return None;
         }
     }
     match CudaContext::device_count() {
         Ok(n) if n > 0 => {}
         other => {
-            eprintln!("skipped: no GPU ({other:?})");
+            skip_gpu_test(&format!("no GPU ({other:?})"));
             return None;
         }
     }
