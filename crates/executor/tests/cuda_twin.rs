@@ -6,8 +6,8 @@
 
 use parsim_executor::backend::cpu::CpuOps;
 use parsim_executor::backend::cuda::device::context::{visible_gpus, RankGpu};
-use parsim_executor::backend::cuda::diag::gpu_test::{skip_gpu_test, REQUIRE_GPU_VAR};
 use parsim_executor::backend::cuda::device::device::CudaDevice;
+use parsim_executor::backend::cuda::diag::gpu_test::{skip_gpu_test, REQUIRE_GPU_VAR};
 use parsim_executor::backend::cuda::ops::linear::matmul::LinearOp;
 use parsim_executor::backend::cuda::Library;
 use parsim_executor::backend::{DType, Device, DeviceTensor, TensorOps, View, ViewMut};
@@ -159,13 +159,22 @@ fn require_gpu_turns_a_skipped_gpu_test_into_a_failure_with_the_reason() {
         .to_string();
     assert!(text.contains("1 passed"), "{text}");
     let (passed, text) = run(Some("1"));
-    assert!(!passed, "under {REQUIRE_GPU_VAR}=1 the skip must fail:\n{text}");
+    assert!(
+        !passed,
+        "under {REQUIRE_GPU_VAR}=1 the skip must fail:\n{text}"
+    );
     assert!(text.contains(&format!("{REQUIRE_GPU_VAR}=1")), "{text}");
-    assert!(text.contains(&reason), "the failure names the reason `{reason}`:\n{text}");
+    assert!(
+        text.contains(&reason),
+        "the failure names the reason `{reason}`:\n{text}"
+    );
     assert!(!text.contains("skipped: "), "{text}");
     // A value that is neither 0 nor 1 is refused by name, not read as either.
     let (passed, text) = run(Some("yes"));
-    assert!(!passed && text.contains(&format!("{REQUIRE_GPU_VAR}=\"yes\"")), "{text}");
+    assert!(
+        !passed && text.contains(&format!("{REQUIRE_GPU_VAR}=\"yes\"")),
+        "{text}"
+    );
 }
 
 #[test]
