@@ -144,43 +144,6 @@ fn shipped_efficiencies_are_the_fit() {
     }
 }
 
-/// The fit does not depend on where it starts: from the old placeholder efficiencies (0.7,
-/// 0.5, 0.7) it lands on the shipped values too; the interference is never moved.
-#[test]
-fn fit_from_placeholders_reaches_the_shipped_values() {
-    // The overlap interference is measured (Lee et al. 2025), never fitted: a fit keeps
-    // whatever it starts from.
-    let measured = calibrate::interference::measured_overlap_interference();
-    let start = Params {
-        matmul: 0.7,
-        attention: 0.5,
-        memory_bound: 0.7,
-        overlap_interference: 0.0,
-        intra_link: 0.8,
-    };
-    for f in calibrate::fit_all_from(Some(start)).unwrap() {
-        assert_eq!(f.params.overlap_interference, 0.0, "{}", f.family.name());
-    }
-    let start = Params {
-        overlap_interference: measured,
-        ..start
-    };
-    for f in calibrate::fit_all_from(Some(start)).unwrap() {
-        let shipped = calibrate::shipped_params(f.family).unwrap();
-        for ((name, a), b) in Params::FIELDS
-            .iter()
-            .zip(f.params.to_vec())
-            .zip(shipped.to_vec())
-        {
-            assert!(
-                (a - b).abs() <= 0.01,
-                "{} {name}: fit from placeholders returns {a:.3}, the profile ships {b:.3}",
-                f.family.name()
-            );
-        }
-    }
-}
-
 #[test]
 fn held_out_rows_are_within_the_bound() {
     let e = calibrate::evaluate(&shipped()).unwrap();

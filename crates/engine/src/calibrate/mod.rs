@@ -23,9 +23,24 @@ pub mod table_fit;
 use fit::{Family, Params, Prediction};
 use published::{Case, PublishedError, Source};
 
-/// Held-out rows are asserted within this relative error of the published TFLOP/s per GPU
-/// when the data fully specifies them (issue 4's acceptance bound).
+/// The worst-row guard: every held-out row the data fully specifies (known misses aside) is
+/// within this relative error of its published TFLOP/s per GPU. What it guards: a row off by
+/// a quarter has lost a mechanism, not a calibration. A quarter is the share of a step the
+/// model's smallest whole mechanisms take on these rows: full recomputation's extra forward is
+/// one of a recomputed step's four forward-equivalents (Korthikanti et al. 2022, "Reducing
+/// Activation Recomputation in Large Transformer Models", section 5), and dropping the
+/// measured overlap interference, or halving `efficiency.memory_bound`, takes some held-out
+/// row past it (tests/calibrate.rs moves each and checks the guard trips). A row beyond it
+/// for a reason the model cannot represent goes into [`KNOWN_MISSES`] with that reason.
 pub const BOUND: f64 = 0.25;
+
+/// The median guard: the median error of the rows [`BOUND`] is asserted on stays within this.
+/// What it guards: the calibration's level. A family's fitted `efficiency.matmul` off by a
+/// tenth (a stale profile, a fit stopped early) moves a GEMM-bound step by a tenth and a
+/// typical row, whose GEMMs are about 70% of its step, by about 7%; on these rows such a
+/// profile puts the median at 8-9% (tests/calibrate.rs moves matmul by 10% either way and
+/// checks the guard trips). The goal (issue 4) is 5%.
+pub const MEDIAN_BOUND: f64 = 0.07;
 
 /// A row whose published TFLOP/s is this much below a peer's is inconsistent (see
 /// [`inconsistent_rows`]).
@@ -193,16 +208,12 @@ pub fn fit_all() -> Result<Vec<fit::FitResult>, CalibrateError> {
     fit_all_from(Some(loso::placeholder_params(0.0)))
 }
 
-/// Fits every family on its fitting rows from `start` (the shipped values when `None`).
+/// Fits every family on its fitting rows from `start` (the shipped values when `None`; the
+/// intra-node link efficiency always the family's shipped one).
 pub fn fit_all_from(start: Option<Params>) -> Result<Vec<fit::FitResult>, CalibrateError> {
     let (rows, _) = cases_with_roles()?;
     let mut out = Vec::new();
     for family in Family::ALL {
-        let train: Vec<&Case> = rows
-            .iter()
-            .filter(|(c, r)| *r == Role::Fit && Family::of(c.gpu) == family)
-            .map(|(c, _)| c)
-            .collect();
         let mut from = shipped_params(family)?;
         if let Some(p) = start {
             from = Params {
@@ -210,9 +221,30 @@ pub fn fit_all_from(start: Option<Params>) -> Result<Vec<fit::FitResult>, Calibr
                 ..p
             };
         }
-        out.push(fit::fit(family, &train, from)?);
+        out.push(fit_on_rows(family, &rows, from)?);
     }
     Ok(out)
+}
+
+/// Fits `family` on its fitting rows from exactly `start` (every value, the ones the fit does
+/// not move included).
+pub fn fit_family_from(family: Family, start: Params) -> Result<fit::FitResult, CalibrateError> {
+    let (rows, _) = cases_with_roles()?;
+    fit_on_rows(family, &rows, start)
+}
+
+/// [`fit::fit`] of `family` on the rows of `rows` in the fitting half.
+fn fit_on_rows(
+    family: Family,
+    rows: &[(Case, Role)],
+    start: Params,
+) -> Result<fit::FitResult, CalibrateError> {
+    let train: Vec<&Case> = rows
+        .iter()
+        .filter(|(c, r)| *r == Role::Fit && Family::of(c.gpu) == family)
+        .map(|(c, _)| c)
+        .collect();
+    Ok(fit::fit(family, &train, start)?)
 }
 
 /// Predicts every row with `params` for its family.
@@ -288,6 +320,33 @@ impl Evaluation {
             .filter(|r| r.asserted())
             .filter(|r| r.error().is_none_or(|e| e.abs() > BOUND))
             .collect()
+    }
+
+    /// The held-out guards this evaluation fails, one line each: the median of the rows
+    /// [`BOUND`] is asserted on beyond [`MEDIAN_BOUND`], and every such row beyond [`BOUND`].
+    /// Empty when both hold.
+    pub fn guard_failures(&self) -> Vec<String> {
+        let checked = self.summary(Row::asserted);
+        let mut out = Vec::new();
+        if checked.median > MEDIAN_BOUND {
+            out.push(format!(
+                "median: {:.1}% over {} checked held-out rows, beyond the {:.0}% guard",
+                100.0 * checked.median,
+                checked.n,
+                100.0 * MEDIAN_BOUND
+            ));
+        }
+        for r in self.violations() {
+            out.push(format!(
+                "worst: {} {} at {}, beyond the {:.0}% guard",
+                r.case.source.short(),
+                r.case.label,
+                r.error()
+                    .map_or("no prediction".into(), |e| format!("{:+.1}%", 100.0 * e)),
+                100.0 * BOUND
+            ));
+        }
+        out
     }
 
     /// The rows whose role is in `roles`, as a text table for the test output.
@@ -591,11 +650,14 @@ fn markdown_held_out_error(s: &mut String, e: &Evaluation) {
     let fit_rows = e.summary(|r| r.role == Role::Fit);
     s.push_str(&format!(
         "\nOn the {} fitting rows: median {}, worst {}. Goal (issue 4): median within 5%, \
-         worst within 10%; the test fails beyond {} on any fully specified held-out row \
-         outside the known misses below.\n\n",
+         worst within 10%; the tests fail when the median of the fully specified held-out rows \
+         outside the known misses below passes {} (the error a family's GEMM efficiency a \
+         tenth off gives) or any one of them passes {} (a lost mechanism: a quarter of a \
+         step).\n\n",
         fit_rows.n,
         pct(fit_rows.median),
         pct(fit_rows.worst),
+        pct(MEDIAN_BOUND),
         pct(BOUND)
     ));
 }
