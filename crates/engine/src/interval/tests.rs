@@ -165,11 +165,77 @@ fn bad_files_name_the_field() {
     assert!(e.contains("f.json") && e.contains("not valid JSON"), "{e}");
 }
 
-/// The shipped file loads and every estimate's regime finds an interval in it.
+/// A skewed residual distribution with known quantiles: Gumbel, location 0.02, scale 0.05
+/// (a long right tail: runs slower than predicted more often than faster).
+const GUMBEL: (f64, f64) = (0.02, 0.05);
+
+fn gumbel_quantile(p: f64) -> f64 {
+    GUMBEL.0 - GUMBEL.1 * (-p.ln()).ln()
+}
+
+fn gumbel_cdf(x: f64) -> f64 {
+    (-(-(x - GUMBEL.0) / GUMBEL.1).exp()).exp()
+}
+
+/// The share of the distribution an interval of one regime covers, from its factors.
+fn covered(i: &StepInterval) -> f64 {
+    gumbel_cdf(i.upper_factor.ln()) - gumbel_cdf(i.lower_factor.ln())
+}
+
+/// Split-conformal coverage by hand (Lei et al. 2018, Theorem 2.2): with n residuals at the
+/// distribution's exact quantiles F^-1(i / (n + 1)), the interval's order statistics of ranks
+/// lo and hi are F^-1(lo / (n + 1)) and F^-1(hi / (n + 1)), so it covers (hi - lo) / (n + 1)
+/// of the distribution: at least the nominal 80% and at most 80% + 2 / (n + 1). Every n from
+/// 9 to 200; at n = 19 and 99 the order statistics are the 10th and 90th percentiles exactly.
 #[test]
-fn shipped_model_loads() {
-    let m = shipped().unwrap();
-    assert!(m.total >= m.min_residuals);
+fn intervals_cover_the_nominal_share_of_a_known_distribution() {
+    let r = regime("hopper", "<=2048");
+    for n in 9..=200usize {
+        let rs = (1..=n)
+            .map(|i| residual(r, gumbel_quantile(i as f64 / (n + 1) as f64)))
+            .collect();
+        let i = IntervalModel::new(&file(rs)).unwrap().lookup(&r);
+        let c = covered(&i);
+        let slack = 2.0 / (n + 1) as f64;
+        assert!(
+            (0.8 - 1e-9..=0.8 + slack + 1e-9).contains(&c),
+            "n = {n}: covers {c:.4}, outside [0.8, {:.4}]",
+            0.8 + slack
+        );
+        if n == 19 || n == 99 {
+            assert!((i.lower_factor.ln() - gumbel_quantile(0.1)).abs() < 1e-12);
+            assert!((i.upper_factor.ln() - gumbel_quantile(0.9)).abs() < 1e-12);
+        }
+    }
+}
+
+/// The same guarantee as a second method, by simulation: 4000 regimes of 19 residuals drawn
+/// at random from the Gumbel above (seeded), each interval's coverage of the distribution;
+/// the order statistics of ranks 2 and 18 of 19 cover Beta(16, 4) of it, mean 16 / 20 = 0.8
+/// and standard deviation 0.087, so the mean of 4000 lies within 0.8 +- 0.0055 (4 standard
+/// errors). A lookup that took the wrong ranks (1 and 19: 0.9; 3 and 17: 0.7) fails.
+#[test]
+fn random_residuals_cover_the_nominal_share_on_average() {
+    use proptest::prelude::RngExt;
+    use proptest::test_runner::{RngAlgorithm, TestRng};
+    let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]);
+    let r = regime("ampere", "2049-8192");
+    let trials = 4000;
+    let mean = (0..trials)
+        .map(|_| {
+            let rs = (0..19)
+                .map(|_| residual(r, gumbel_quantile(rng.random_range(1e-12..1.0))))
+                .collect();
+            covered(&IntervalModel::new(&file(rs)).unwrap().lookup(&r))
+        })
+        .sum::<f64>()
+        / f64::from(trials);
+    let sd = (16.0 * 4.0 / (20.0 * 20.0 * 21.0) / f64::from(trials)).sqrt();
+    assert!(
+        (mean - 0.8).abs() <= 4.0 * sd,
+        "mean coverage {mean:.4}, expected 0.8 +- {:.4}",
+        4.0 * sd
+    );
 }
 
 /// A pooled regime spans the regimes it pools: with a narrow regime (19 residuals within
