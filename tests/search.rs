@@ -1,5 +1,6 @@
 //! Search: the step-time bound never changes the answer, the 70B case finds a mix that
-//! fits, and the ranking is stable under small changes of the efficiency parameters.
+//! fits, and its mixes' steps move with each efficiency parameter no more than that parameter's
+//! own share.
 
 use parsim::config::{Config, GpuProfile, Layer, Resolved};
 use parsim::estimate::estimate;
@@ -90,8 +91,19 @@ fn constraints_filter_the_candidates() {
     }
 }
 
+/// The 70B case finds a mix that fits, and its ranking moves with the parameters no
+/// more than the model's structure allows. Every term of a step is work at a rate (compute at
+/// an efficiency of the peak, a transfer at an efficiency of a link) or a fixed cost per kernel,
+/// and the step is built from such terms by sums and maxima (overlap, the pipeline's critical
+/// path, NCCL's fastest algorithm). So moving one efficiency by a factor f < 1 slows every mix
+/// by a factor between 1 and 1/f, raising it by 1/f speeds it by at most f, and scaling the
+/// per-kernel cost by 1.1 slows it by at most 1.1; in consequence two mixes more than 1/f
+/// apart keep their order. Each parameter moves by 10%, the size of the held-out median error
+/// (docs/accuracy.md), so the test shows which neighbours of the ranking calibration cannot
+/// tell apart (printed) and fails on any term that is not monotone in its parameter, or that
+/// moves a step by more than its own share.
 #[test]
-fn llama3_70b_on_64_h100_fits_and_ranks_stably() {
+fn llama3_70b_on_64_h100_fits_and_its_steps_move_no_more_than_their_parameters() {
     // The case: llama3-70b on 64 x H100 at seq 8192, global batch 512.
     let b = base(
         serde_json::json!({"model": {"preset": "llama3-70b"}, "cluster": {"num_gpus": 64, "gpu": "h100-sxm"},
@@ -108,11 +120,10 @@ fn llama3_70b_on_64_h100_fits_and_ranks_stably() {
     let best = &r.top[0].estimate;
     assert!(best.memory.fits && best.memory.per_gpu_max_bytes <= best.memory.capacity_bytes);
 
-    // Re-estimate the ranked mixes with each efficiency parameter moved by +-1%: any two mixes
-    // more than 5% apart keep their order.
     let mut mixes: Vec<_> = r.top.iter().map(|x| x.mix).collect();
     mixes.extend(r.best_per_schedule.iter().map(|x| x.mix));
     mixes.extend(r.best_per_zero.iter().map(|x| x.mix));
+    mixes.sort_by_key(|m| m.to_string());
     mixes.dedup();
     let gpu = GpuProfile::load("h100-sxm").unwrap();
     let steps = |g: &GpuProfile| -> Vec<f64> {
@@ -127,38 +138,72 @@ fn llama3_70b_on_64_h100_fits_and_ranks_stably() {
             .collect()
     };
     let base_steps = steps(&gpu);
-    let knobs: [(&str, Field); 6] = [
-        ("efficiency.matmul", |g| &mut g.efficiency.matmul),
-        ("efficiency.attention", |g| &mut g.efficiency.attention),
-        ("efficiency.memory_bound", |g| {
-            &mut g.efficiency.memory_bound
-        }),
-        ("efficiency.kernel_overhead_s", |g| {
-            &mut g.efficiency.kernel_overhead_s
-        }),
-        ("links.intra_node.efficiency", |g| {
-            &mut g.links.intra_node.efficiency
-        }),
-        ("links.inter_node.efficiency", |g| {
-            &mut g.links.inter_node.efficiency
-        }),
+    // (name, field, whether a larger value is faster).
+    let knobs: [(&str, Field, bool); 6] = [
+        ("efficiency.matmul", |g| &mut g.efficiency.matmul, true),
+        (
+            "efficiency.attention",
+            |g| &mut g.efficiency.attention,
+            true,
+        ),
+        (
+            "efficiency.memory_bound",
+            |g| &mut g.efficiency.memory_bound,
+            true,
+        ),
+        (
+            "efficiency.kernel_overhead_s",
+            |g| &mut g.efficiency.kernel_overhead_s,
+            false,
+        ),
+        (
+            "links.intra_node.efficiency",
+            |g| &mut g.links.intra_node.efficiency,
+            true,
+        ),
+        (
+            "links.inter_node.efficiency",
+            |g| &mut g.links.inter_node.efficiency,
+            true,
+        ),
     ];
-    for (name, field) in knobs {
-        for factor in [0.99, 1.01] {
+    let tol = 1e-9;
+    for (name, field, faster_when_larger) in knobs {
+        for factor in [0.9, 1.0 / 0.9] {
             let mut g = gpu.clone();
             *field(&mut g) *= factor;
             let moved = steps(&g);
+            // The step's factor lies between 1 and the parameter's own.
+            let own = if faster_when_larger {
+                1.0 / factor
+            } else {
+                factor
+            };
+            let (lo, hi) = if own >= 1.0 { (1.0, own) } else { (own, 1.0) };
+            for (i, m) in mixes.iter().enumerate() {
+                let ratio = moved[i] / base_steps[i];
+                assert!(
+                    ratio >= lo * (1.0 - tol) && ratio <= hi * (1.0 + tol),
+                    "{name} x{factor:.3}: {m} moves by {ratio:.4}, outside [{lo:.4}, {hi:.4}]"
+                );
+            }
+            let mut swapped = Vec::new();
             for i in 0..mixes.len() {
                 for j in 0..mixes.len() {
-                    if base_steps[i] * 1.05 < base_steps[j] {
-                        assert!(
-                            moved[i] < moved[j],
-                            "{name} x{factor}: {} vs {}",
+                    if base_steps[i] < base_steps[j] && moved[i] > moved[j] {
+                        swapped.push(format!(
+                            "{} / {} ({:.1}% apart)",
                             mixes[i],
-                            mixes[j]
-                        );
+                            mixes[j],
+                            100.0 * (base_steps[j] / base_steps[i] - 1.0)
+                        ));
+                        // The consequence: only mixes within the parameter's own factor swap.
+                        assert!(base_steps[j] <= base_steps[i] * own.max(1.0 / own) * (1.0 + tol));
                     }
                 }
+            }
+            if !swapped.is_empty() {
+                println!("{name} x{factor:.3} swaps {}", swapped.join(", "));
             }
         }
     }
