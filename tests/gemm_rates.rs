@@ -1,9 +1,10 @@
-//! The GEMM model against the published rates it was built from (issue 17, part 1):
-//! calibration/data/gemm-rates.json holds each accelerator's Maximum Achievable Matmul FLOPS
-//! (Bekman, Machine Learning Engineering Open Book: the best of a scan of matmul shapes). Each
-//! profile's `gemm.achievable_*_fraction` is that rate over the profile's own peak, and the
-//! time model (the fraction times the wave quantisation of the profile's output tiles)
-//! reproduces each rate within 10% at its best shape.
+//! The GEMM model against published rates: calibration/data/gemm-rates.json holds each
+//! accelerator's Maximum Achievable Matmul FLOPS (Bekman, Machine Learning Engineering Open
+//! Book: the best of a scan of matmul shapes), and each profile's `gemm.achievable_*_fraction`
+//! is that rate over the profile's own peak. At that best shape the model gives the rate back
+//! by construction, so the model is checked at other shapes: published rates held out from the
+//! fractions (calibration/data/gemm-rates-shapes.json), each within 10% or within a bound of
+//! its own with the reason it misses.
 
 use parsim::config::{GpuProfile, Precision};
 use parsim::time::Rates;
@@ -13,7 +14,6 @@ struct Point {
     profiles: Vec<String>,
     fp8: bool,
     tflops: f64,
-    shape: [u64; 3],
 }
 
 fn points() -> Vec<Point> {
@@ -24,29 +24,20 @@ fn points() -> Vec<Point> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| {
-            let shape: Vec<u64> = p["shape_mnk"]
+        .map(|p| Point {
+            accelerator: p["accelerator"].as_str().unwrap().into(),
+            profiles: p["profiles"]
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|x| x.as_u64().unwrap())
-                .collect();
-            Point {
-                accelerator: p["accelerator"].as_str().unwrap().into(),
-                profiles: p["profiles"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.as_str().unwrap().into())
-                    .collect(),
-                fp8: match p["dtype"].as_str().unwrap() {
-                    "bf16" => false,
-                    "fp8" => true,
-                    d => panic!("unknown dtype {d}"),
-                },
-                tflops: p["tflops"].as_f64().unwrap(),
-                shape: [shape[0], shape[1], shape[2]],
-            }
+                .map(|x| x.as_str().unwrap().into())
+                .collect(),
+            fp8: match p["dtype"].as_str().unwrap() {
+                "bf16" => false,
+                "fp8" => true,
+                d => panic!("unknown dtype {d}"),
+            },
+            tflops: p["tflops"].as_f64().unwrap(),
         })
         .collect()
 }
@@ -88,33 +79,200 @@ fn every_profile_carries_its_measured_fraction() {
     }
 }
 
-#[test]
-fn the_gemm_model_reproduces_each_measured_rate_within_10_percent() {
-    for p in points() {
-        for name in &p.profiles {
-            let mut gpu = GpuProfile::load(name).unwrap();
-            let (peak, fraction) = peak_and_fraction(&gpu, p.fp8);
-            // The kernel alone: no launch overhead, the measured share as the efficiency.
-            gpu.efficiency.kernel_overhead_s = 0.0;
-            let rates = Rates {
-                gpu: &gpu,
-                peak_flops: peak,
-                element_bytes: if p.fp8 { 1 } else { 2 },
-                matmul_efficiency: fraction.unwrap(),
-            };
-            let [m, n, k] = p.shape;
-            let flops = 2.0 * m as f64 * n as f64 * k as f64;
-            let model_tflops = flops / rates.gemm_s(m, n, k) / 1e12;
-            let err = model_tflops / p.tflops - 1.0;
-            println!(
-                "{name} {} {m}x{n}x{k}: model {model_tflops:.1} TF vs measured {} ({:+.1}%)",
-                if p.fp8 { "fp8" } else { "bf16" },
-                p.tflops,
-                100.0 * err
-            );
-            assert!(err.abs() <= 0.10, "{name} {}: {err:+.3}", p.accelerator);
+/// The GEMM model as it ships for one profile and dtype: the profile's achievable fraction for
+/// the dtype as the efficiency, wave quantisation over its tiles, the memory roofline and its
+/// per-kernel cost (a kernel's fixed cost is part of a GEMM's time in a benchmark as in a
+/// step). TFLOP/s of an [m x k] . [k x n] product.
+fn model_tflops(profile: &str, dtype: &str, [m, n, k]: [u64; 3]) -> f64 {
+    let gpu = GpuProfile::load(profile).unwrap();
+    let (peak, fraction, element_bytes) = match dtype {
+        "bf16" => (gpu.peak_flops.bf16, gpu.gemm.achievable_bf16_fraction, 2),
+        "fp8" => (
+            gpu.peak_flops.fp8.unwrap(),
+            gpu.gemm.achievable_fp8_fraction,
+            1,
+        ),
+        "nvfp4" => (
+            gpu.peak_flops.fp4.unwrap(),
+            gpu.gemm.achievable_fp4_fraction,
+            1,
+        ),
+        d => panic!("unknown dtype {d}"),
+    };
+    let rates = Rates {
+        gpu: &gpu,
+        peak_flops: peak,
+        element_bytes,
+        matmul_efficiency: fraction.unwrap_or_else(|| panic!("{profile}: no {dtype} fraction")),
+    };
+    2.0 * (m * n * k) as f64 / rates.gemm_s(m, n, k) / 1e12
+}
+
+/// (profile, dtype, shape, TFLOP/s) of every point of the two files the achievable fractions
+/// come from.
+fn fraction_points() -> Vec<(String, String, [u64; 3], f64)> {
+    let mut out = Vec::new();
+    for file in ["gemm-rates.json", "gemm-rates-blackwell.json"] {
+        let v = read_json(file);
+        for p in v["points"].as_array().unwrap() {
+            for profile in p["profiles"].as_array().unwrap() {
+                out.push((
+                    profile.as_str().unwrap().to_string(),
+                    p["dtype"].as_str().unwrap().to_string(),
+                    shape(&p["shape_mnk"]),
+                    p["tflops"].as_f64().unwrap(),
+                ));
+            }
         }
     }
+    out
+}
+
+fn read_json(file: &str) -> serde_json::Value {
+    let path = format!("{}/calibration/data/{file}", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn shape(v: &serde_json::Value) -> [u64; 3] {
+    let s: Vec<u64> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    [s[0], s[1], s[2]]
+}
+
+/// The GEMM model at shapes other than the one each fraction comes from. Each profile's
+/// achievable fraction is its best published rate over its peak, so at that shape the model
+/// gives the rate back by construction; these points are held out from it
+/// (calibration/data/gemm-rates-shapes.json: B200 bf16 and NVFP4 sweeps of square shapes from
+/// two publications, and the best of five square sizes on H100, H200, A100 and B200 from a
+/// third; and the points of the fractions' own files that are not their GPU's best). Each is
+/// within 10% of the model, the tolerance every published kernel rate is held to
+/// (tests/kernel_rates.rs), or carries its own bound and reason and still misses 10%.
+#[test]
+fn the_gemm_model_predicts_published_rates_at_shapes_the_fractions_did_not_come_from() {
+    const TOLERANCE: f64 = 0.10;
+    let fractions = fraction_points();
+    let best = |profile: &str, dtype: &str| {
+        fractions
+            .iter()
+            .filter(|(p, d, _, _)| p == profile && d == dtype)
+            .max_by(|a, b| a.3.total_cmp(&b.3))
+            .map(|(_, _, s, t)| (*s, *t))
+            .unwrap_or_else(|| panic!("{profile} {dtype}: no fraction point"))
+    };
+    // (label, profile, dtype, shapes whose best rate is published, TFLOP/s, own bound and why)
+    let mut held: Vec<(
+        String,
+        String,
+        String,
+        Vec<[u64; 3]>,
+        f64,
+        Option<(f64, String)>,
+    )> = Vec::new();
+    for (p, d, s, t) in &fractions {
+        if best(p, d).0 != *s {
+            held.push((
+                "fraction file".into(),
+                p.clone(),
+                d.clone(),
+                vec![*s],
+                *t,
+                None,
+            ));
+        }
+    }
+    let v = read_json("gemm-rates-shapes.json");
+    for p in v["points"].as_array().unwrap() {
+        let source = p["source"].as_str().unwrap();
+        assert!(v["sources"][source]["url"]
+            .as_str()
+            .unwrap()
+            .starts_with("https://"));
+        let shapes: Vec<[u64; 3]> = match p.get("shape_mnk") {
+            Some(s) => vec![shape(s)],
+            None => p["best_of_squares"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|n| [n.as_u64().unwrap(); 3])
+                .collect(),
+        };
+        let miss = p.get("miss").map(|m| {
+            (
+                m["bound"].as_f64().unwrap(),
+                m["why"].as_str().unwrap().to_string(),
+            )
+        });
+        for profile in p["profiles"].as_array().unwrap() {
+            held.push((
+                source.into(),
+                profile.as_str().unwrap().into(),
+                p["dtype"].as_str().unwrap().into(),
+                shapes.clone(),
+                p["tflops"].as_f64().unwrap(),
+                miss.clone(),
+            ));
+        }
+    }
+    assert!(held.len() >= 20, "{} held-out points", held.len());
+    let mut errors = Vec::new();
+    for (source, profile, dtype, shapes, published, miss) in &held {
+        // Held out: none is the shape its profile's fraction comes from.
+        let (best_shape, _) = best(profile, dtype);
+        assert!(
+            shapes.len() > 1 || shapes[0] != best_shape,
+            "{source} {profile} {dtype} {:?} is the fraction's own point",
+            shapes[0]
+        );
+        let model = shapes
+            .iter()
+            .map(|s| model_tflops(profile, dtype, *s))
+            .fold(0.0, f64::max);
+        let err = model / published - 1.0;
+        let what = if shapes.len() > 1 {
+            "best square".to_string()
+        } else {
+            let [m, n, k] = shapes[0];
+            format!("{m}x{n}x{k}")
+        };
+        println!(
+            "{source:16} {profile:9} {dtype:5} {what:16} published {published:7.1} model {model:7.1} TF ({:+.1}%){}",
+            100.0 * err,
+            if miss.is_some() { "  miss" } else { "" }
+        );
+        match miss {
+            None => assert!(
+                err.abs() <= TOLERANCE,
+                "{source} {profile} {dtype} {what}: {:+.1}% beyond 10%",
+                100.0 * err
+            ),
+            Some((bound, why)) => {
+                assert!(!why.is_empty() && *bound > TOLERANCE && *bound < 1.0);
+                assert!(
+                    err.abs() > TOLERANCE,
+                    "{source} {profile} {dtype} {what} is within 10% now ({:+.1}%): drop its miss",
+                    100.0 * err
+                );
+                assert!(
+                    err.abs() <= *bound,
+                    "{source} {profile} {dtype} {what}: {:+.1}% beyond its own bound {:.0}%",
+                    100.0 * err,
+                    100.0 * bound
+                );
+            }
+        }
+        errors.push(err.abs());
+    }
+    errors.sort_by(f64::total_cmp);
+    println!(
+        "{} held-out points: median {:.1}%, worst {:.1}%",
+        errors.len(),
+        100.0 * errors[errors.len() / 2],
+        100.0 * errors[errors.len() - 1]
+    );
 }
 
 /// A large FP8 GEMM on H100 runs at 1978.9 TF x matmul x 0.709 / 0.803, and a GPU of the
