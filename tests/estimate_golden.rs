@@ -3,12 +3,23 @@
 //!
 //! Each case's output lives in tests/golden/estimate/NAME.json. Numbers compare within a
 //! relative 1e-9 (summation order may move the last bits), everything else exactly. To record
-//! again after a deliberate change, run with `PARSIM_UPDATE_GOLDEN=1` and list every changed
-//! figure, with its reason, in the commit.
+//! again after a deliberate change, run
+//! `PARSIM_UPDATE_GOLDEN=1 cargo test --test estimate_golden -- --nocapture`: it prints every
+//! changed field (path, old, new, relative change), by field across cases and then per case,
+//! and writes the same to `target/tmp/estimate-golden-changes.txt`; that summary goes in the
+//! commit message, with the reason for each change.
+//!
+//! Whether recording or comparing, each case's headline figures must equal what the test
+//! derives by hand from the case's configuration (tests/golden_headline): the parameter count,
+//! the model FLOPs per token and, for dense models, the model-state bytes of the most loaded
+//! GPU; a re-recording cannot move them silently.
 
 use assert_cmd::cargo::cargo_bin_cmd;
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+mod golden_headline;
 
 /// (name, flags after `estimate`). Dense, GQA, MHA, MoE, MLA, every schedule, every CP
 /// exchange, every ZeRO stage, LoRA, recompute and precision settings, several GPUs.
@@ -352,18 +363,73 @@ fn golden_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/estimate")
 }
 
-/// Every place where `got` differs from `want`, as "path: want -> got".
-fn diff(path: &str, want: &Value, got: &Value, out: &mut Vec<String>) {
+/// One changed field: its path, the recorded value and the new one.
+struct Change {
+    path: String,
+    old: Value,
+    new: Value,
+}
+
+impl Change {
+    /// New over old minus one, for numbers with a nonzero old value.
+    fn relative(&self) -> Option<f64> {
+        let (a, b) = (self.old.as_f64()?, self.new.as_f64()?);
+        (a != 0.0).then(|| b / a - 1.0)
+    }
+
+    fn line(&self) -> String {
+        let rel = self
+            .relative()
+            .map_or(String::new(), |r| format!(" ({:+.3}%)", 100.0 * r));
+        format!("{}: {} -> {}{rel}", self.path, self.old, self.new)
+    }
+
+    /// The path with array indices folded, so one field of every stage or rank groups.
+    fn field(&self) -> String {
+        let mut out = String::new();
+        let mut in_index = false;
+        for ch in self.path.chars() {
+            match ch {
+                '[' => {
+                    in_index = true;
+                    out.push_str("[*]");
+                }
+                ']' => in_index = false,
+                _ if !in_index => out.push(ch),
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+/// Every place where `got` differs from `want`.
+fn diff(path: &str, want: &Value, got: &Value, out: &mut Vec<Change>) {
+    let mut change = |path: String| {
+        out.push(Change {
+            path,
+            old: want.clone(),
+            new: got.clone(),
+        })
+    };
     match (want, got) {
         (Value::Object(a), Value::Object(b)) => {
             for (k, va) in a {
                 match b.get(k) {
                     Some(vb) => diff(&format!("{path}.{k}"), va, vb, out),
-                    None => out.push(format!("{path}.{k}: removed")),
+                    None => out.push(Change {
+                        path: format!("{path}.{k}"),
+                        old: va.clone(),
+                        new: Value::Null,
+                    }),
                 }
             }
-            for k in b.keys().filter(|k| !a.contains_key(*k)) {
-                out.push(format!("{path}.{k}: added"));
+            for (k, vb) in b.iter().filter(|(k, _)| !a.contains_key(*k)) {
+                out.push(Change {
+                    path: format!("{path}.{k}"),
+                    old: Value::Null,
+                    new: vb.clone(),
+                });
             }
         }
         (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
@@ -375,12 +441,124 @@ fn diff(path: &str, want: &Value, got: &Value, out: &mut Vec<String>) {
             let (x, y) = (a.as_f64().unwrap(), b.as_f64().unwrap());
             let scale = x.abs().max(y.abs());
             if (x - y).abs() > 1e-9 * scale {
-                out.push(format!("{path}: {x} -> {y}"));
+                change(path.to_string());
             }
         }
         _ if want == got => {}
-        _ => out.push(format!("{path}: {want} -> {got}")),
+        _ => change(path.to_string()),
     }
+}
+
+/// The change summary of a re-recording: per field across cases (how many changed, the
+/// range of relative changes), then every change per case.
+fn change_summary(changes: &[(&str, Vec<Change>)]) -> String {
+    let changed: Vec<_> = changes.iter().filter(|(_, c)| !c.is_empty()).collect();
+    let mut s = format!(
+        "estimate goldens re-recorded: {} of {} cases changed, {} fields\n",
+        changed.len(),
+        changes.len(),
+        changed.iter().map(|(_, c)| c.len()).sum::<usize>()
+    );
+    let mut fields: BTreeMap<String, (usize, f64, f64)> = BTreeMap::new();
+    for (_, cs) in &changed {
+        for c in cs {
+            let e = fields
+                .entry(c.field())
+                .or_insert((0, f64::INFINITY, f64::NEG_INFINITY));
+            e.0 += 1;
+            if let Some(r) = c.relative() {
+                e.1 = e.1.min(r);
+                e.2 = e.2.max(r);
+            }
+        }
+    }
+    s.push_str("by field (changes, relative change):\n");
+    for (field, (n, lo, hi)) in &fields {
+        let range = if lo.is_finite() {
+            format!("{:+.3}% .. {:+.3}%", 100.0 * lo, 100.0 * hi)
+        } else {
+            "not numeric".to_string()
+        };
+        s.push_str(&format!("  {field}: {n}, {range}\n"));
+    }
+    s.push_str("per case:\n");
+    for (name, cs) in &changed {
+        s.push_str(&format!("  {name}:\n"));
+        for c in cs {
+            s.push_str(&format!("    {}\n", c.line()));
+        }
+    }
+    s
+}
+
+/// Parameters of the named models as their publishers count them: the model's parameter
+/// count printed by Hugging Face from the released safetensors (Meta Llama 3 8B / 70B /
+/// 405B, Llama 2 7B / 70B, Mixtral 8x7B, Qwen2 7B, GPT-2). The hand count must give them.
+const PUBLISHED_PARAMS: &[(&str, u64)] = &[
+    ("llama3-8b", 8_030_261_248),
+    ("llama3-70b", 70_553_706_496),
+    ("llama3-405b", 405_853_388_800),
+    ("llama2-7b", 6_738_415_616),
+    ("llama2-70b", 68_976_648_192),
+    ("mixtral-8x7b", 46_702_792_704),
+    ("Qwen2ForCausalLM", 7_615_616_512),
+    ("GPT2LMHeadModel", 124_439_808),
+];
+
+/// The rounded counts their papers give: GPT-3 175B (Brown et al. 2020, Table 2.1) and
+/// DeepSeek-V3's 671B without its MTP module (DeepSeek-V3 technical report, section 1); the
+/// hand count must round to them (within 0.3%: the papers print three figures).
+const ROUNDED_PARAMS: &[(&str, f64)] = &[("gpt3-175b", 175e9), ("deepseek-v3", 671e9)];
+
+/// The case's headline figures in `got` against the hand count of its configuration; one
+/// line per mismatch.
+fn headline_mismatches(name: &str, got: &Value) -> Vec<String> {
+    let config = &got["config"];
+    let hand = golden_headline::headline(config);
+    let mut bad = Vec::new();
+    let model = config["model"]["name"].as_str().unwrap_or_default();
+    let unmodified = !name.contains("gelu") && config["training"]["mode"] == "full";
+    if unmodified {
+        if let Some((_, n)) = PUBLISHED_PARAMS.iter().find(|(m, _)| *m == model) {
+            if hand.params != *n {
+                bad.push(format!("hand count {} vs published {n}", hand.params));
+            }
+        }
+        if let Some((_, n)) = ROUNDED_PARAMS.iter().find(|(m, _)| *m == model) {
+            let mtp_free = config["model"]["mtp_num_layers"].as_u64() == Some(0);
+            if mtp_free && (hand.params as f64 / n - 1.0).abs() > 0.003 {
+                bad.push(format!("hand count {} vs published {n:e}", hand.params));
+            }
+        }
+    }
+    if got["params"]["total"].as_u64() != Some(hand.params) {
+        bad.push(format!(
+            "params.total {} vs {} by hand",
+            got["params"]["total"], hand.params
+        ));
+    }
+    let flops = got["flops"]["per_token_model"].as_f64().unwrap();
+    if (flops / hand.flops_per_token - 1.0).abs() > 1e-9 {
+        bad.push(format!(
+            "flops.per_token_model {flops} vs {} by hand",
+            hand.flops_per_token
+        ));
+    }
+    if let Some(want) = hand.model_state_bytes {
+        let stages = got["memory"]["stages"].as_array().unwrap();
+        let state = stages
+            .iter()
+            .map(|s| ["weights", "gradients", "optimizer"].map(|k| s[k].as_u64().unwrap()))
+            .map(|b| b.iter().sum::<u64>())
+            .max()
+            .unwrap();
+        if state != want {
+            bad.push(format!(
+                "model state {state} B on the most loaded GPU vs {want} by hand"
+            ));
+        }
+    }
+    bad.into_iter().map(|b| format!("{name}: {b}")).collect()
 }
 
 #[test]
@@ -392,6 +570,7 @@ fn estimate_json_matches_recorded_outputs() {
     let update = std::env::var_os("PARSIM_UPDATE_GOLDEN").is_some();
     std::fs::create_dir_all(golden_dir()).unwrap();
     let mut failures = Vec::new();
+    let mut changes = Vec::new();
     for (name, args) in CASES {
         let out = cargo_bin_cmd!("parsim")
             .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -409,30 +588,69 @@ fn estimate_json_matches_recorded_outputs() {
             continue;
         }
         let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+        failures.extend(headline_mismatches(name, &got));
         let file = golden_dir().join(format!("{name}.json"));
+        let want: Option<Value> = std::fs::read_to_string(&file)
+            .ok()
+            .map(|text| serde_json::from_str(&text).unwrap());
+        let mut diffs = Vec::new();
+        if let Some(want) = &want {
+            diff("", want, &got, &mut diffs);
+        }
         if update {
             let text = serde_json::to_string_pretty(&got).unwrap();
             std::fs::write(&file, text + "\n").unwrap();
-            continue;
-        }
-        let want: Value = serde_json::from_str(
-            &std::fs::read_to_string(&file)
-                .unwrap_or_else(|e| panic!("{name}: no recorded output {}: {e}", file.display())),
-        )
-        .unwrap();
-        let mut diffs = Vec::new();
-        diff("", &want, &got, &mut diffs);
-        if !diffs.is_empty() {
+        } else if want.is_none() {
+            failures.push(format!("{name}: no recorded output {}", file.display()));
+        } else if !diffs.is_empty() {
             failures.push(format!(
                 "{name} ({} differences):\n  {}",
                 diffs.len(),
-                diffs.join("\n  ")
+                diffs
+                    .iter()
+                    .map(Change::line)
+                    .collect::<Vec<_>>()
+                    .join("\n  ")
             ));
         }
+        changes.push((*name, diffs));
+    }
+    if update {
+        let summary = change_summary(&changes);
+        println!("{summary}");
+        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("estimate-golden-changes.txt");
+        std::fs::write(&path, &summary).unwrap();
+        println!("(also in {})", path.display());
     }
     assert!(
         failures.is_empty(),
         "outputs changed:\n{}",
         failures.join("\n")
     );
+}
+
+/// The summary names each changed field with its old and new values and relative change,
+/// groups a field across cases and stages, and leaves unchanged cases out.
+#[test]
+fn change_summary_lists_every_changed_field() {
+    let old: Value = serde_json::json!({"time": {"step_s": 2.0}, "memory": {"stages": [{"total": 10}, {"total": 20}]}, "name": "a"});
+    let new: Value = serde_json::json!({"time": {"step_s": 2.5}, "memory": {"stages": [{"total": 11}, {"total": 20}]}, "name": "b"});
+    let mut d = Vec::new();
+    diff("", &old, &new, &mut d);
+    let s = change_summary(&[("one", d), ("two", Vec::new())]);
+    assert!(s.contains("1 of 2 cases changed, 3 fields"), "{s}");
+    assert!(s.contains(".time.step_s: 2.0 -> 2.5 (+25.000%)"), "{s}");
+    assert!(
+        s.contains(".memory.stages[0].total: 10 -> 11 (+10.000%)"),
+        "{s}"
+    );
+    assert!(
+        s.contains(".memory.stages[*].total: 1, +10.000% .. +10.000%"),
+        "{s}"
+    );
+    assert!(
+        s.contains(".name: 1, not numeric") && s.contains(".name: \"a\" -> \"b\""),
+        "{s}"
+    );
+    assert!(!s.contains("two:"), "{s}");
 }
