@@ -143,47 +143,48 @@ fn shape(v: &serde_json::Value) -> [u64; 3] {
     [s[0], s[1], s[2]]
 }
 
-/// The GEMM model at shapes other than the one each fraction comes from. Each profile's
-/// achievable fraction is its best published rate over its peak, so at that shape the model
-/// gives the rate back by construction; these points are held out from it
-/// (calibration/data/gemm-rates-shapes.json: B200 bf16 and NVFP4 sweeps of square shapes from
-/// two publications, and the best of five square sizes on H100, H200, A100 and B200 from a
-/// third; and the points of the fractions' own files that are not their GPU's best). Each is
-/// within 10% of the model, the tolerance every published kernel rate is held to
-/// (tests/kernel_rates.rs), or carries its own bound and reason and still misses 10%.
-#[test]
-fn the_gemm_model_predicts_published_rates_at_shapes_the_fractions_did_not_come_from() {
-    const TOLERANCE: f64 = 0.10;
-    let fractions = fraction_points();
-    let best = |profile: &str, dtype: &str| {
-        fractions
-            .iter()
-            .filter(|(p, d, _, _)| p == profile && d == dtype)
-            .max_by(|a, b| a.3.total_cmp(&b.3))
-            .map(|(_, _, s, t)| (*s, *t))
-            .unwrap_or_else(|| panic!("{profile} {dtype}: no fraction point"))
-    };
-    // (label, profile, dtype, shapes whose best rate is published, TFLOP/s, own bound and why)
-    let mut held: Vec<(
-        String,
-        String,
-        String,
-        Vec<[u64; 3]>,
-        f64,
-        Option<(f64, String)>,
-    )> = Vec::new();
-    for (p, d, s, t) in &fractions {
-        if best(p, d).0 != *s {
-            held.push((
-                "fraction file".into(),
-                p.clone(),
-                d.clone(),
-                vec![*s],
-                *t,
-                None,
-            ));
-        }
-    }
+/// A published GEMM rate held out from the achievable fractions.
+struct HeldOut {
+    source: String,
+    profile: String,
+    dtype: String,
+    /// Its shape, or the shapes whose best rate is published.
+    shapes: Vec<[u64; 3]>,
+    tflops: f64,
+    /// Its own bound and the reason it misses 10%.
+    miss: Option<(f64, String)>,
+}
+
+/// The shape of `profile`'s best `dtype` point in the fraction files: where its fraction
+/// comes from.
+fn best_shape(
+    fractions: &[(String, String, [u64; 3], f64)],
+    profile: &str,
+    dtype: &str,
+) -> [u64; 3] {
+    fractions
+        .iter()
+        .filter(|(p, d, _, _)| p == profile && d == dtype)
+        .max_by(|a, b| a.3.total_cmp(&b.3))
+        .map(|(_, _, s, _)| *s)
+        .unwrap_or_else(|| panic!("{profile} {dtype}: no fraction point"))
+}
+
+/// The fraction files' points that are not their GPU's best, then every point of
+/// gemm-rates-shapes.json.
+fn held_out_points(fractions: &[(String, String, [u64; 3], f64)]) -> Vec<HeldOut> {
+    let mut held: Vec<HeldOut> = fractions
+        .iter()
+        .filter(|(p, d, s, _)| best_shape(fractions, p, d) != *s)
+        .map(|(p, d, s, t)| HeldOut {
+            source: "fraction file".into(),
+            profile: p.clone(),
+            dtype: d.clone(),
+            shapes: vec![*s],
+            tflops: *t,
+            miss: None,
+        })
+        .collect();
     let v = read_json("gemm-rates-shapes.json");
     for p in v["points"].as_array().unwrap() {
         let source = p["source"].as_str().unwrap();
@@ -207,23 +208,46 @@ fn the_gemm_model_predicts_published_rates_at_shapes_the_fractions_did_not_come_
             )
         });
         for profile in p["profiles"].as_array().unwrap() {
-            held.push((
-                source.into(),
-                profile.as_str().unwrap().into(),
-                p["dtype"].as_str().unwrap().into(),
-                shapes.clone(),
-                p["tflops"].as_f64().unwrap(),
-                miss.clone(),
-            ));
+            held.push(HeldOut {
+                source: source.into(),
+                profile: profile.as_str().unwrap().into(),
+                dtype: p["dtype"].as_str().unwrap().into(),
+                shapes: shapes.clone(),
+                tflops: p["tflops"].as_f64().unwrap(),
+                miss: miss.clone(),
+            });
         }
     }
+    held
+}
+
+/// The GEMM model at shapes other than the one each fraction comes from. Each profile's
+/// achievable fraction is its best published rate over its peak, so at that shape the model
+/// gives the rate back by construction; these points are held out from it
+/// (calibration/data/gemm-rates-shapes.json: B200 bf16 and NVFP4 sweeps of square shapes from
+/// two publications, and the best of five square sizes on H100, H200, A100 and B200 from a
+/// third; and the points of the fractions' own files that are not their GPU's best). Each is
+/// within 10% of the model, the tolerance every published kernel rate is held to
+/// (tests/kernel_rates.rs), or carries its own bound and reason and still misses 10%.
+#[test]
+fn the_gemm_model_predicts_published_rates_at_shapes_the_fractions_did_not_come_from() {
+    const TOLERANCE: f64 = 0.10;
+    let fractions = fraction_points();
+    let held = held_out_points(&fractions);
     assert!(held.len() >= 20, "{} held-out points", held.len());
     let mut errors = Vec::new();
-    for (source, profile, dtype, shapes, published, miss) in &held {
+    for HeldOut {
+        source,
+        profile,
+        dtype,
+        shapes,
+        tflops: published,
+        miss,
+    } in &held
+    {
         // Held out: none is the shape its profile's fraction comes from.
-        let (best_shape, _) = best(profile, dtype);
         assert!(
-            shapes.len() > 1 || shapes[0] != best_shape,
+            shapes.len() > 1 || shapes[0] != best_shape(&fractions, profile, dtype),
             "{source} {profile} {dtype} {:?} is the fraction's own point",
             shapes[0]
         );

@@ -277,18 +277,20 @@ fn model_state(
     // Layers per chunk: the first and last stages may be set apart (vpp 1 only).
     let first = p["first_stage_layers"].as_u64();
     let last = p["last_stage_layers"].as_u64();
-    let mut sizes = vec![layers / chunks; chunks as usize];
-    if let (Some(f), Some(l)) = (first, last) {
-        assert_eq!(vpp, 1, "uneven stages with virtual stages: no hand count");
-        let middle = (layers - f - l) / (pp - 2).max(1);
-        sizes = (0..pp)
-            .map(|r| match r {
-                0 => f,
-                r if r == pp - 1 => l,
-                _ => middle,
-            })
-            .collect();
-    }
+    let sizes: Vec<u64> = match (first, last) {
+        (Some(f), Some(l)) => {
+            assert_eq!(vpp, 1, "uneven stages with virtual stages: no hand count");
+            let middle = (layers - f - l) / (pp - 2).max(1);
+            (0..pp)
+                .map(|r| match r {
+                    0 => f,
+                    r if r == pp - 1 => l,
+                    _ => middle,
+                })
+                .collect()
+        }
+        _ => vec![layers / chunks; chunks as usize],
+    };
     assert_eq!(sizes.iter().sum::<u64>(), layers, "layers split unevenly");
     let v_shape = matches!(p["schedule"].as_str(), Some("zb-v" | "dualpipe-v"));
     let rank_of = |c: u64| {
