@@ -9,6 +9,7 @@ mod execute;
 mod execute_cuda;
 mod execute_ops;
 mod gpu_defaults;
+mod ignored_flags;
 mod launch_args;
 mod layout;
 mod moe_load;
