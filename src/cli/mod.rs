@@ -5,6 +5,7 @@ mod compare;
 mod config_args;
 mod doctor;
 mod estimate;
+mod evidence;
 mod execute;
 mod execute_cuda;
 mod execute_ops;
