@@ -141,23 +141,7 @@ pub fn render(program: &Program, sim: &Simulation, color: bool, max_columns: usi
         shown.dedup();
         drawn += shown.len();
         let _ = write!(out, "{:<g$}|", format!("rank {r}"), g = gutter);
-        for cell in &cells {
-            match (color, cell.style) {
-                (true, Some((mb, kind))) => {
-                    let fg = PALETTE[mb as usize % PALETTE.len()];
-                    let attr = match kind {
-                        ActionKind::F => "",
-                        ActionKind::B => "1;7;",
-                        ActionKind::I => "7;",
-                        ActionKind::W => "4;",
-                    };
-                    let _ = write!(out, "\x1b[{attr}38;5;{fg}m{}\x1b[0m ", cell.text);
-                }
-                _ => {
-                    let _ = write!(out, "{} ", cell.text);
-                }
-            }
-        }
+        write_cells(&mut out, &cells, color);
         let _ = writeln!(
             out,
             "| idle {} | peak {}",
@@ -173,6 +157,27 @@ pub fn render(program: &Program, sim: &Simulation, color: bool, max_columns: usi
         );
     }
     out
+}
+
+/// One rank's cells, each with its ANSI colour and attribute when `color`.
+fn write_cells(out: &mut String, cells: &[Cell], color: bool) {
+    for cell in cells {
+        match (color, cell.style) {
+            (true, Some((mb, kind))) => {
+                let fg = PALETTE[mb as usize % PALETTE.len()];
+                let attr = match kind {
+                    ActionKind::F => "",
+                    ActionKind::B => "1;7;",
+                    ActionKind::I => "7;",
+                    ActionKind::W => "4;",
+                };
+                let _ = write!(out, "\x1b[{attr}38;5;{fg}m{}\x1b[0m ", cell.text);
+            }
+            _ => {
+                let _ = write!(out, "{} ", cell.text);
+            }
+        }
+    }
 }
 
 /// A compact decimal: at most 4 significant decimals, no trailing zeros.
