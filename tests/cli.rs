@@ -979,3 +979,182 @@ fn attention_kernel_takes_a_release() {
         &["training.attention_kernel", "cuDNN 9.9.0", "not published"],
     );
 }
+
+/// `compare` of three flag sets: lettered columns listed above a table no wider than 130
+/// characters (the flag strings were its headers, and the mix one long cell: about 230 wide
+/// here, 370 in the case), the mix one setting a row,
+/// and a warning every column shares printed once, one only some share naming them.
+#[test]
+fn compare_is_narrow_and_names_each_warning_once() {
+    let out = parsim()
+        .args([
+            "compare",
+            "--base",
+            "--model llama3-70b --gpus 64 --seq 8192 --gbs 128 --recompute full --lora-rank 8",
+            "--set",
+            "--tp 4 --pp 4",
+            "--set",
+            "--tp 8 --pp 2",
+            "--set",
+            "--tp 2 --cp 4 --cp-comm a2a --pp 8 --moe-router-topk 2",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let widest = text
+        .lines()
+        .filter(|l| l.starts_with(['│', '┌', '└', '╞']))
+        .map(|l| l.chars().count())
+        .max()
+        .unwrap();
+    assert!(widest <= 130, "{widest} wide:\n{text}");
+    assert!(text.contains("  A  --tp 4 --pp 4") && text.contains("  C  --tp 2 --cp 4"));
+    assert!(text.contains("mix: pp x vpp"), "{text}");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(stderr.matches("--lora-rank ignored").count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("warning: --lora-rank ignored"),
+        "shared by all columns: {stderr}"
+    );
+    assert!(
+        stderr.contains("warning (C): --moe-router-topk ignored"),
+        "one column's: {stderr}"
+    );
+}
+
+/// A MoE model that does not fit is told to raise EP (the experts shard over it); a dense one
+/// is not.
+#[test]
+fn a_moe_model_that_does_not_fit_is_told_to_raise_ep() {
+    let verdict = |args: &[&str]| -> String {
+        let out = parsim()
+            .arg("estimate")
+            .args(args)
+            .arg("--json")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(3), "does not fit");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["verdict"].as_str().unwrap().to_string()
+    };
+    let moe = verdict(&[
+        "--model",
+        "mixtral-8x7b",
+        "--gpus",
+        "8",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--ep",
+        "1",
+        "--seq",
+        "4096",
+        "--gbs",
+        "64",
+    ]);
+    assert!(moe.contains("raise EP"), "{moe}");
+    let dense = verdict(&[
+        "--model",
+        "llama3-70b",
+        "--gpus",
+        "8",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--seq",
+        "4096",
+        "--gbs",
+        "64",
+    ]);
+    assert!(!dense.contains("EP"), "{dense}");
+}
+
+/// The best MFU of the published H100 runs in calibration/data/published-throughput.json, read
+/// here from the rows themselves: TFLOP/s per GPU over the H100 SXM datasheet's dense peak
+/// (989.4 TF bf16, 1978.9 TF fp8).
+fn best_published_h100_mfu() -> f64 {
+    let text = std::fs::read_to_string("calibration/data/published-throughput.json").unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut best: f64 = 0.0;
+    for t in doc["tables"].as_array().unwrap() {
+        for r in t["rows"].as_array().unwrap() {
+            let gpu = r["gpu"].as_str().unwrap_or("").to_ascii_lowercase();
+            if !gpu.contains("h100") {
+                continue;
+            }
+            let tflops = r["tflops_per_gpu"]
+                .as_f64()
+                .or(r["model_tflops_per_gpu"].as_f64())
+                .unwrap_or(0.0);
+            let fp8 = r["precision"].as_str().unwrap_or("").contains("fp8");
+            best = best.max(tflops / if fp8 { 1978.9 } else { 989.4 });
+        }
+    }
+    best
+}
+
+/// An estimate says plainly what its interval rests on: a regime without measured steps of
+/// its own (counted here in calibration/residuals.json), and a fast end above every published
+/// run on the GPU (Llama-3-70B's p90 MFU on H100 reached about 70%; no run in the data does).
+#[test]
+fn the_interval_says_what_it_rests_on() {
+    let args = [
+        "estimate",
+        "--model",
+        "llama3-70b",
+        "--gpus",
+        "64",
+        "--tp",
+        "2",
+        "--cp",
+        "4",
+        "--cp-comm",
+        "a2a",
+        "--pp",
+        "8",
+        "--vpp",
+        "10",
+        "--schedule",
+        "interleaved-1f1b",
+        "--recompute",
+        "none",
+        "--seq",
+        "8192",
+        "--gbs",
+        "128",
+    ];
+    let json = parsim().args(args).arg("--json").output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let text = String::from_utf8(parsim().args(args).output().unwrap().stdout).unwrap();
+    let regime = &v["step_interval"]["regime"];
+    let residuals: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string("calibration/residuals.json").unwrap())
+            .unwrap();
+    let own = residuals["residuals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| &r["regime"] == regime)
+        .count();
+    let pooled = !v["step_interval"]["pooled_over"]
+        .as_array()
+        .unwrap()
+        .is_empty();
+    assert!(pooled, "the case's regime is pooled");
+    let said = if own == 0 {
+        "holds no measured step of its own".to_string()
+    } else {
+        format!("holds only {own} measured step(s) of its own")
+    };
+    assert!(text.contains(&said), "{said}:\n{text}");
+    let fast = v["throughput"]["mfu_p90"].as_f64().unwrap();
+    let best = best_published_h100_mfu();
+    assert!(fast > best, "{fast} vs {best}");
+    assert!(
+        text.contains("is above every published run on h100-sxm")
+            && text.contains(&format!("best {:.1}%", 100.0 * best)),
+        "{text}"
+    );
+}

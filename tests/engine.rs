@@ -4,6 +4,7 @@
 mod engine {
     pub mod activations;
     pub mod blackwell;
+    pub mod checkpoint;
     pub mod comm;
     pub mod common;
     pub mod ep_folded_grid;

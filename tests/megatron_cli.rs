@@ -135,3 +135,71 @@ fn the_mtp_loss_weight_round_trips() {
         0.1
     );
 }
+
+/// NVIDIA's own Llama-3-8B FP8 launch (examples/llama/train_llama3_8b_h100_fp8.sh, verbatim;
+/// tests/fixtures/megatron/SOURCES.md) builds its arguments with `TRAINING_ARGS+=(...)` and an
+/// `if [[ "$DTYPE" == "fp8" ]]` block: read as bash runs it, the run is ZeRO-1 (the distributed
+/// optimizer) in FP8 with both overlaps, as the script's own lines say, and its
+/// `--train-samples 1953125000` of 8192 tokens is the run's length. Before, the appends were
+/// dropped: ZeRO-0 in bf16, "DOES NOT FIT: 160.69 GiB", no warning.
+#[test]
+fn nvidias_launch_script_is_read_with_its_appends_and_conditions() {
+    let out = parsim()
+        .args([
+            "estimate",
+            "--megatron-args",
+            "tests/fixtures/megatron/train_llama3_8b_h100_fp8.sh",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let c = &v["config"];
+    assert_eq!(c["parallel"]["zero"], 1);
+    assert_eq!(c["parallel"]["overlap_grad_reduce"], true);
+    assert_eq!(c["parallel"]["overlap_param_gather"], true);
+    assert_eq!(c["training"]["precision"], "fp8");
+    assert_eq!(c["training"]["fp8_param_gather"], true);
+    assert_eq!(c["model"]["vocab_size"], 128256);
+    assert_eq!(
+        v["run"]["tokens"].as_u64(),
+        Some(1_953_125_000 * 8192),
+        "--train-samples x --seq-length"
+    );
+    // The branch chosen on the script's own (absent) arguments is named, with its line.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("line 135:") && stderr.contains("argument 3"),
+        "{stderr}"
+    );
+}
+
+/// The minimal repro, through stdin: `B+=( --use-distributed-optimizer )` is read.
+#[test]
+fn an_array_append_gives_the_distributed_optimizer() {
+    let script = "A=(--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 --seq-length 8192 --max-position-embeddings 8192 --swiglu --micro-batch-size 1 --global-batch-size 128 --bf16)\nB=(--tensor-model-parallel-size 1)\nB+=( --use-distributed-optimizer )\ntorchrun --nproc_per_node 8 pretrain_gpt.py ${A[@]} ${B[@]}\n";
+    let out = parsim()
+        .args(["estimate", "--megatron-args", "-", "--json"])
+        .write_stdin(script)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["config"]["parallel"]["zero"], 1);
+    // The vocabulary warning names a flag that exists: parsim's --vocab-size sets it.
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(stderr.contains("parsim's --vocab-size N"), "{stderr}");
+    let out = parsim()
+        .args([
+            "estimate",
+            "--megatron-args",
+            "-",
+            "--vocab-size",
+            "128256",
+            "--json",
+        ])
+        .write_stdin(script)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["config"]["model"]["vocab_size"], 128256);
+}

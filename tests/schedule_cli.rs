@@ -192,3 +192,48 @@ fn bad_inputs_give_clear_errors() {
     fails_with(&["--schedule", "zero-bubble"], &["unknown value"]);
     fails_with(&["--size", "12"], &["WIDTHxHEIGHT"]);
 }
+
+/// `--config FILE --compare A,B` runs each schedule on the file's configuration with the
+/// engine's stage costs; each row equals `--config` on a file that sets that schedule (and
+/// the chunks per rank it takes).
+#[test]
+fn config_compares_schedules_on_its_own_costs() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = std::fs::read_to_string("tests/fixtures/executor_small.toml").unwrap();
+    let out = cargo_bin_cmd!("parsim")
+        .args([
+            "schedule",
+            "--config",
+            "tests/fixtures/executor_small.toml",
+            "--compare",
+            "1f1b,zb-v",
+            "--json",
+        ])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let docs: Value = serde_json::from_slice(&out).unwrap();
+    let docs = docs.as_array().unwrap();
+    assert_eq!(docs.len(), 2);
+    for (doc, (schedule, vpp)) in docs.iter().zip([("1f1b", 1), ("zb-v", 2)]) {
+        let file = dir.path().join(format!("{schedule}.toml"));
+        let mut table: toml::Table = base.parse().unwrap();
+        let par = table
+            .entry("parallel")
+            .or_insert(toml::Value::Table(toml::Table::new()))
+            .as_table_mut()
+            .unwrap();
+        par.insert("schedule".into(), toml::Value::String(schedule.into()));
+        par.insert("vpp".into(), toml::Value::Integer(vpp));
+        std::fs::write(&file, toml::to_string(&table).unwrap()).unwrap();
+        let one = cargo_bin_cmd!("parsim")
+            .args(["schedule", "--config", file.to_str().unwrap(), "--json"])
+            .output()
+            .unwrap();
+        let alone: Value = serde_json::from_slice(&one.stdout).unwrap();
+        assert_eq!(doc["schedule"], schedule);
+        assert_eq!(doc["makespan"], alone["makespan"], "{schedule}");
+    }
+}

@@ -127,3 +127,32 @@ fn json_document_lists_actions_in_execution_order() {
         assert!(starts.windows(2).all(|w| w[0] <= w[1]));
     }
 }
+
+/// A bar's number is its microbatch (with its chunk when a rank holds several), so bars of
+/// microbatches whose hues recur still read apart: at vpp 1 the chunk would be 0 on every bar.
+#[test]
+fn gantt_bars_are_numbered_by_microbatch() {
+    let p = generate(ScheduleKind::OneFOneB, 2, 1, 16).unwrap();
+    let c = Costs::uniform(2, 1, 1.0, 2.0, None, 0.0).unwrap();
+    let s = simulate(&p, &c).unwrap();
+    let svg = gantt::svg_string(&[(&p, &s)], (1400, 300)).unwrap();
+    // The texts of the picture (plotters writes each on its own line inside <text>).
+    let texts: Vec<&str> = svg
+        .split("</text>")
+        .filter_map(|t| t.rsplit('>').next())
+        .map(str::trim)
+        .collect();
+    for mb in ["0", "7", "13", "15"] {
+        // Forward and backward bars of each microbatch on both ranks, plus the axis ticks.
+        let bars = texts.iter().filter(|t| **t == mb).count();
+        assert!(bars >= 4, "microbatch {mb}: {bars} labels");
+    }
+    assert!(texts.contains(&"number in bar = microbatch"));
+    let (p2, _) = run(ScheduleKind::Interleaved1F1B, 4, 8);
+    assert_eq!(
+        gantt::bar_label(&p2, 5, 4),
+        "5.1",
+        "stage 4 of pp 4 is chunk 1"
+    );
+    assert_eq!(gantt::bar_label(&p, 5, 1), "5");
+}

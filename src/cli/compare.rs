@@ -71,10 +71,30 @@ pub fn run(args: CompareArgs) -> anyhow::Result<Outcome> {
     }
     let mut labels = Vec::new();
     let mut estimates = Vec::new();
-    for (label, c) in columns {
-        let r = c.resolve().with_context(|| label.clone())?;
+    // Each column's warnings, printed once each with the columns they concern.
+    let mut warned: Vec<(String, Vec<usize>)> = Vec::new();
+    let n = columns.len();
+    for (i, (label, c)) in columns.into_iter().enumerate() {
+        let mut warnings = Vec::new();
+        let cfg = c
+            .load_noting(&mut warnings)
+            .with_context(|| label.clone())?;
+        for w in warnings {
+            match warned.iter_mut().find(|(t, _)| *t == w) {
+                Some((_, idx)) => idx.push(i),
+                None => warned.push((w, vec![i])),
+            }
+        }
+        let r = parsim::config::Resolved::new(cfg).with_context(|| label.clone())?;
         estimates.push(parsim::estimate::estimate(&r).with_context(|| label.clone())?);
         labels.push(label);
+    }
+    for (w, idx) in &warned {
+        let cols = compare::columns_of(idx, n);
+        match w.split_once(": ") {
+            Some((kind, rest)) => eprintln!("{kind}{cols}: {rest}"),
+            None => eprintln!("{w}{cols}"),
+        }
     }
     let all_fit = estimates.iter().all(|e| e.memory.fits);
     let runs = estimates

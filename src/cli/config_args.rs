@@ -115,18 +115,30 @@ impl SourceArgs {
     /// The configuration file's layer (none without a file) under the override layer
     /// `overrides`, merged.
     pub fn load_with(&self, overrides: Value) -> anyhow::Result<Config> {
+        let mut warnings = Vec::new();
+        let cfg = self.load_noting(overrides, &mut warnings);
+        for w in warnings {
+            eprintln!("warning: {w}");
+        }
+        cfg
+    }
+
+    /// [`SourceArgs::load_with`], its warnings added to `warnings` instead of printed.
+    pub fn load_noting(
+        &self,
+        overrides: Value,
+        warnings: &mut Vec<String>,
+    ) -> anyhow::Result<Config> {
         let mut layers = Vec::new();
         if let Some(path) = &self.config {
             layers.push(Layer::from_file(path)?);
         }
         if let Some(path) = &self.megatron_args {
-            layers.push(megatron_layer(path)?);
+            layers.push(megatron_layer(path, warnings)?);
         }
         layers.push(Layer::overrides(overrides));
         let cfg = Config::from_layers(&layers)?;
-        for w in self.dropped_model(&layers[..layers.len() - 1]) {
-            eprintln!("warning: {w}");
-        }
+        warnings.extend(self.dropped_model(&layers[..layers.len() - 1]));
         Ok(cfg)
     }
 
@@ -164,8 +176,8 @@ impl SourceArgs {
 }
 
 /// The override layer of a Megatron-LM launch (`-` reads stdin); what did not carry over is
-/// printed as warnings.
-fn megatron_layer(path: &Path) -> anyhow::Result<Layer> {
+/// added to `warnings`.
+fn megatron_layer(path: &Path, warnings: &mut Vec<String>) -> anyhow::Result<Layer> {
     let (text, origin) = if path.as_os_str() == "-" {
         let mut text = String::new();
         std::io::stdin()
@@ -179,7 +191,7 @@ fn megatron_layer(path: &Path) -> anyhow::Result<Layer> {
     };
     let imported = megatron::import(&text, &origin)?;
     for warning in imported.warnings() {
-        eprintln!("warning: {origin}: {warning}");
+        warnings.push(format!("{origin}: {warning}"));
     }
     Ok(Layer {
         origin,
@@ -348,6 +360,10 @@ pub struct TrainingArgs {
     /// Fused (flash) attention on or off. [default from config: true]
     #[arg(long, value_name = "BOOL")]
     pub flash_attention: Option<bool>,
+    /// Vocabulary size before padding (Megatron's --vocab-size), e.g. for a model imported
+    /// with a tokenizer whose size is not read. [default from config: the model's]
+    #[arg(long, value_name = "N")]
+    pub vocab_size: Option<u64>,
     /// Pad the vocabulary to a multiple of N x TP (Megatron; 1 = no padding). [default from config: the model's; 1 for the built-in model]
     #[arg(long, value_name = "N")]
     pub make_vocab_size_divisible_by: Option<u64>,
@@ -505,6 +521,7 @@ fn put<T: serde::Serialize>(map: &mut Map<String, Value>, section: &str, key: &s
 impl TrainingArgs {
     /// Adds these flags to the override layer `m`.
     fn put_overrides(&self, m: &mut Map<String, Value>) {
+        put(m, "model", "vocab_size", self.vocab_size);
         put(
             m,
             "model",
@@ -706,16 +723,27 @@ impl ConfigArgs {
     /// from a flag or the file), degrees that do not divide the GPU count are lowered, with a
     /// note on stderr.
     pub fn load(&self) -> anyhow::Result<Config> {
+        let mut warnings = Vec::new();
+        let config = self.load_noting(&mut warnings);
+        for w in warnings {
+            eprintln!("{w}");
+        }
+        config
+    }
+
+    /// [`ConfigArgs::load`], its warnings and notes (`warning: ...`, `note: ...`) added to
+    /// `warnings` instead of printed.
+    pub fn load_noting(&self, warnings: &mut Vec<String>) -> anyhow::Result<Config> {
         if self.mbs == Some(MicroBatch::Max) {
             anyhow::bail!("--mbs max: only `parsim estimate` looks for the largest micro batch");
         }
         if self.workload.gpu_range().is_some() {
             anyhow::bail!("--gpus LOW..HIGH: only `parsim search` takes a range of GPU counts");
         }
-        let mut config = self.source.load_with(self.overrides())?;
-        for w in self.ignored(&config) {
-            eprintln!("warning: {w}");
-        }
+        let mut loaded = Vec::new();
+        let mut config = self.source.load_noting(self.overrides(), &mut loaded)?;
+        loaded.extend(self.ignored(&config));
+        warnings.extend(loaded.into_iter().map(|w| format!("warning: {w}")));
         let degrees_given = self.tp.is_some()
             || self.cp.is_some()
             || self.pp.is_some()
@@ -723,7 +751,7 @@ impl ConfigArgs {
             || self.source.file_sets_degrees()?;
         if self.workload.gpus.is_some() && !degrees_given {
             if let Some(note) = super::gpu_defaults::fit_degrees(&mut config) {
-                eprintln!("note: {note}");
+                warnings.push(format!("note: {note}"));
             }
         }
         Ok(config)
@@ -735,62 +763,6 @@ impl ConfigArgs {
             mbs: Some(MicroBatch::Size(mbs)),
             ..self.clone()
         }
-    }
-
-    /// Flags that the merged configuration `cfg` does not use, each named: they were
-    /// silently dropped before.
-    fn ignored(&self, cfg: &Config) -> Vec<String> {
-        let mut w = Vec::new();
-        if self.training.lora_rank.is_some() && cfg.training.mode != TrainingMode::Lora {
-            w.push("--lora-rank ignored: training.mode is full (add --mode lora)".to_string());
-        }
-        if self.training.mtp_loss_scaling_factor.is_some() && cfg.model.mtp_num_layers == 0 {
-            w.push(
-                "--mtp-loss-scaling-factor ignored: model.mtp_num_layers is 0 (add --mtp-layers N)"
-                    .to_string(),
-            );
-        }
-        if !cfg.model.is_moe() {
-            let model = &cfg.model.name;
-            if self.expert_tp.is_some() {
-                w.push(format!(
-                    "--expert-tp ignored: {model} is dense (model.num_experts = 0)"
-                ));
-            }
-            let t = &self.training;
-            let given = [
-                ("--moe-load-imbalance", t.moe_load_imbalance.is_some()),
-                ("--moe-capacity-factor", t.moe_capacity_factor.is_some()),
-                ("--moe-dropped-fraction", t.moe_dropped_fraction.is_some()),
-                ("--moe-aux-loss-coeff", t.moe_aux_loss_coeff.is_some()),
-                ("--moe-router-topk", t.moe_router_topk.is_some()),
-                (
-                    "--moe-router-score-function",
-                    t.moe_router_score_function.is_some(),
-                ),
-                (
-                    "--moe-router-renormalize",
-                    t.moe_router_renormalize.is_some(),
-                ),
-                ("--moe-router-bias", t.moe_router_bias.is_some()),
-                (
-                    "--moe-router-force-load-balancing",
-                    t.moe_router_force_load_balancing.is_some(),
-                ),
-                (
-                    "--moe-router-bias-update-rate",
-                    t.moe_router_bias_update_rate.is_some(),
-                ),
-                ("--moe-router-num-groups", t.moe_router_num_groups.is_some()),
-                ("--moe-router-group-topk", t.moe_router_group_topk.is_some()),
-            ];
-            for (flag, _) in given.iter().filter(|g| g.1) {
-                w.push(format!(
-                    "{flag} ignored: {model} is dense (model.num_experts = 0)"
-                ));
-            }
-        }
-        w
     }
 
     /// The merged and validated configuration.

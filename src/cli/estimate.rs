@@ -63,6 +63,10 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<Outcome> {
         }
     } else {
         print!("{}", parsim::report::table::estimate_text(&est));
+        let best = super::evidence::published_best(&est.gpu);
+        for line in parsim::report::confidence::estimate_lines(&est, best.as_ref()) {
+            println!("{line}");
+        }
         if let Some(note) = &note {
             println!("{note}");
         }

@@ -14,6 +14,9 @@ pub const CSV_COLUMNS: &[&str] = &[
     "pp",
     "vpp",
     "schedule",
+    "first_stage_layers",
+    "last_stage_layers",
+    "pipeline_layout",
     "ep",
     "dp",
     "zero",
@@ -27,19 +30,26 @@ pub const CSV_COLUMNS: &[&str] = &[
     "per_gpu_max_bytes",
     "usable_bytes",
     "verdict",
+    "command",
 ];
 
-/// The [`CSV_COLUMNS`] fields of `r`.
+/// The [`CSV_COLUMNS`] fields of `r`: its label, its settings (the pipeline split as the
+/// estimate's configuration holds it), its figures and the command that reproduces it.
 pub fn csv_fields(r: &Ranked) -> Vec<String> {
     let (m, e) = (&r.mix, &r.estimate);
+    let p = &e.config.parallel;
+    let opt = |v: Option<u32>| v.map_or(String::new(), |n| n.to_string());
     vec![
-        m.to_string(),
+        r.label.clone(),
         m.tp.to_string(),
         m.cp.to_string(),
         m.cp_comm.to_string(),
         m.pp.to_string(),
         m.vpp.to_string(),
         m.schedule.to_string(),
+        opt(p.first_stage_layers),
+        opt(p.last_stage_layers),
+        p.pipeline_layout.clone().unwrap_or_default(),
         m.ep.to_string(),
         e.config.parallel.dp.unwrap_or(0).to_string(),
         m.zero.to_string(),
@@ -53,6 +63,7 @@ pub fn csv_fields(r: &Ranked) -> Vec<String> {
         e.memory.per_gpu_max_bytes.to_string(),
         e.memory.usable_bytes.to_string(),
         e.verdict.clone(),
+        r.command.clone().unwrap_or_default(),
     ]
 }
 

@@ -94,7 +94,9 @@ pub struct ScheduleArgs {
     pub max_columns: usize,
     /// Take the schedule and per-stage durations (F, I, W and hop costs, in seconds) from the
     /// engine for this configuration file instead of --pp/--vpp/--microbatches/--f/--b/--w.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["compare", "f", "b", "w", "p2p", "pp", "vpp", "microbatches", "schedule"])]
+    /// With --compare, each schedule runs on the file's configuration (with the chunks per
+    /// rank it takes).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["f", "b", "w", "p2p", "pp", "vpp", "microbatches", "schedule"])]
     pub config: Option<PathBuf>,
 }
 
@@ -170,6 +172,33 @@ fn ignored_flags(args: &ScheduleArgs, kinds: &[ScheduleKind]) -> Vec<String> {
     w
 }
 
+/// The configuration's schedule (or `kind`, with the chunks per rank it takes: the file's
+/// pipeline split is dropped when that changes the chunk count), its program, simulation and
+/// the engine's stage costs.
+fn configured(
+    mut cfg: parsim::config::Config,
+    kind: Option<ScheduleKind>,
+) -> Result<(Program, Simulation, Costs)> {
+    if let Some(kind) = kind {
+        let p = &mut cfg.parallel;
+        let vpp = parsim::schedule::vpp_for(kind, p.vpp);
+        if vpp != p.vpp {
+            p.first_stage_layers = None;
+            p.last_stage_layers = None;
+            p.pipeline_layout = None;
+        }
+        p.schedule = kind;
+        p.vpp = vpp;
+    }
+    let name = cfg.parallel.schedule;
+    let resolved = parsim::config::Resolved::new(cfg)
+        .with_context(|| format!("the {name} schedule on the configuration"))?;
+    let (program, costs) = parsim::estimate::pipeline(&resolved)?;
+    let sim = simulate(&program, &costs)
+        .with_context(|| format!("cannot simulate the {name} schedule"))?;
+    Ok((program, sim, costs))
+}
+
 /// Runs `parsim schedule`.
 pub fn run(args: ScheduleArgs) -> Result<()> {
     let kinds: Vec<ScheduleKind> = match &args.compare {
@@ -192,10 +221,13 @@ pub fn run(args: ScheduleArgs) -> Result<()> {
     let mut runs: Vec<(Program, Simulation, Costs)> = Vec::new();
     if let Some(path) = &args.config {
         let cfg = parsim::config::Config::from_layers(&[parsim::config::Layer::from_file(path)?])?;
-        let resolved = parsim::config::Resolved::new(cfg)?;
-        let (program, costs) = parsim::estimate::pipeline(&resolved)?;
-        let sim = simulate(&program, &costs).context("cannot simulate the configured schedule")?;
-        runs.push((program, sim, costs));
+        let compared = args.compare.as_deref().unwrap_or_default();
+        if compared.is_empty() {
+            runs.push(configured(cfg.clone(), None)?);
+        }
+        for &kind in compared {
+            runs.push(configured(cfg.clone(), Some(kind))?);
+        }
     }
     for &kind in kinds.iter().filter(|_| args.config.is_none()) {
         // In a comparison each schedule runs with its own chunk count, except that --vpp
@@ -261,6 +293,19 @@ pub fn run(args: ScheduleArgs) -> Result<()> {
     if args.csv {
         let with_costs: Vec<_> = runs.iter().map(|(p, s, c)| (p, s, c)).collect();
         write!(out, "{}", table_schedule::compare_csv(&with_costs))?;
+        return Ok(());
+    }
+    if let (Some(_), Some(path)) = (&args.compare, &args.config) {
+        let (p, _, _) = &runs[0];
+        writeln!(
+            out,
+            "{}: pp {}, {} microbatches, stage costs from the engine (seconds)",
+            path.display(),
+            p.pp,
+            p.microbatches
+        )?;
+        let with_costs: Vec<_> = runs.iter().map(|(p, s, c)| (p, s, c)).collect();
+        writeln!(out, "{}", table_schedule::compare_table(&with_costs))?;
         return Ok(());
     }
     if args.compare.is_some() {

@@ -2,6 +2,7 @@
 
 use super::config_args::{SourceArgs, TrainingArgs, WorkloadArgs};
 use super::ranked::{cancel_on_ctrl_c, csv_fields, CSV_COLUMNS};
+use super::row_command::{commands_text, write_configs, UserFlags};
 use super::search_range::Output;
 use super::Outcome;
 use anyhow::Context;
@@ -11,8 +12,8 @@ use parsim::report::csv::Csv;
 use parsim::report::format::{gib, seconds};
 use parsim::report::table;
 use parsim::search::{
-    parse_deadline_s, search, search_by_p90, Constraint, Objective, ObjectiveError, RankBy, Ranked,
-    SearchSpec, POOL,
+    framework_schedules, parse_deadline_s, search, search_by_p90, Constraint, Knob, Objective,
+    ObjectiveError, RankBy, Ranked, SearchSpec, POOL,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -68,13 +69,30 @@ pub struct SearchArgs {
     /// (calibration/residuals.json's format).
     #[arg(long, value_name = "FILE")]
     pub residuals: Option<std::path::PathBuf>,
+    /// Rank every pipeline schedule, also those the configuration's framework does not run
+    /// (Megatron-Core runs 1f1b and interleaved-1f1b only; docs/planning.md).
+    #[arg(long)]
+    pub all_schedules: bool,
+    /// Write each top row's whole configuration to DIR/rank-NN.toml: `parsim estimate --config
+    /// DIR/rank-01.toml` gives row 1's figures, as its printed command does.
+    #[arg(long, value_name = "DIR")]
+    pub write_configs: Option<std::path::PathBuf>,
 }
 
-fn row(i: usize, r: &Ranked) -> Vec<String> {
+/// A row's run columns (wall days, cost) when the search has a token budget.
+fn run_cells(r: &Ranked) -> Option<Vec<String>> {
+    let run = super::run_section::run_of(&r.estimate).ok().flatten()?;
+    Some(vec![
+        format!("{:.2}", run.wall_days),
+        run.cost_usd.map_or("-".to_string(), |c| format!("{c:.0}")),
+    ])
+}
+
+fn row(i: usize, r: &Ranked, with_run: bool) -> Vec<String> {
     let e = &r.estimate;
-    vec![
+    let mut cells = vec![
         (i + 1).to_string(),
-        r.mix.to_string(),
+        r.label.clone(),
         seconds(e.time.step_s),
         format!(
             "{} - {}",
@@ -84,23 +102,24 @@ fn row(i: usize, r: &Ranked) -> Vec<String> {
         format!("{:.0}", e.throughput.tokens_per_s),
         format!("{:.1}%", 100.0 * e.throughput.mfu),
         gib(e.memory.per_gpu_max_bytes),
-        e.verdict.split(':').next().unwrap_or("").to_string(),
-    ]
+    ];
+    if with_run {
+        cells.extend(run_cells(r).unwrap_or_else(|| vec!["-".into(), "-".into()]));
+    }
+    cells.push(e.verdict.split(':').next().unwrap_or("").to_string());
+    cells
 }
 
-fn ranked_table(title: &str, rows: &[Ranked]) -> String {
-    let mut t = table::table(&[
-        "#",
-        title,
-        "step",
-        "p10 - p90",
-        "tokens/s",
-        "MFU",
-        "GiB",
-        "bound by",
-    ]);
+/// A table of ranked mixes; with a token budget (`--train-tokens`), each row's run too.
+fn ranked_table(title: &str, rows: &[Ranked], with_run: bool) -> String {
+    let mut header = vec!["#", title, "step", "p10 - p90", "tokens/s", "MFU", "GiB"];
+    if with_run {
+        header.extend(["wall days", "cost $"]);
+    }
+    header.push("bound by");
+    let mut t = table::table(&header);
     for (i, r) in rows.iter().enumerate() {
-        t.add_row(row(i, r));
+        t.add_row(row(i, r, with_run));
     }
     t.to_string()
 }
@@ -149,11 +168,6 @@ pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
     let base = args.workload.load(&args.source, &args.training)?;
     let (objective, deadline_s) = run_flags(&args, &base)?;
     let (rank_by, model) = interval_flags(&args, objective.is_some() || deadline_s.is_some())?;
-    if base.run.train_tokens.is_some() && objective.is_none() && deadline_s.is_none() {
-        eprintln!(
-            "note: search ranks mixes by step time; give --objective time|cost|energy to rank by the run of --train-tokens and show its days, energy and cost (or --deadline D for the cheapest cluster that finishes)"
-        );
-    }
     let mut constraints = args
         .constraints
         .iter()
@@ -162,6 +176,15 @@ pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
     if let Some(r) = args.training.recompute {
         constraints.push(Constraint::parse(&format!("recompute={}", r.as_str()))?);
     }
+    // Only the schedules the framework runs, unless asked otherwise or a constraint names one.
+    let names_schedule = constraints.iter().any(|c| c.knob == Knob::Schedule);
+    let schedules_note = if args.all_schedules || names_schedule {
+        None
+    } else {
+        let (only, note) = framework_schedules(&base);
+        constraints.extend(only);
+        note
+    };
     let mut spec = SearchSpec {
         base,
         mbs_max: args.mbs_max,
@@ -172,12 +195,13 @@ pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
     if let Some(o) = objective {
         o.check(&spec)?;
     }
+    let user = UserFlags::of_search();
     if let Some(d) = deadline_s {
         let counts = args
             .workload
             .gpu_range()
             .map_or(vec![spec.base.cluster.num_gpus], |r| r.counts());
-        return super::search_objective::deadline(&spec, &counts, d, args.json);
+        return super::search_objective::deadline(&spec, &counts, d, args.json, &user);
     }
     // A run objective ranks a wider pool of the fastest mixes by step time.
     let by_run = objective.filter(|_| spec.base.run.train_tokens.is_some());
@@ -193,7 +217,7 @@ pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
             csv: args.csv,
             png: args.png.as_deref(),
         };
-        return super::search_range::run(&spec, range, &output);
+        return super::search_range::run(&spec, range, &output, &user);
     }
     if args.png.is_some() {
         anyhow::bail!("--png draws a sweep over GPU counts: give --gpus LOW..HIGH");
@@ -234,7 +258,23 @@ pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
         }
     }
     if let Some(o) = by_run {
-        return super::search_objective::print_ranked(&spec, result, o, args.top, args.json);
+        return super::search_objective::print_ranked(&spec, result, o, args.top, args.json, &user);
+    }
+    user.fill(
+        result
+            .top
+            .iter_mut()
+            .chain(&mut result.best_per_schedule)
+            .chain(&mut result.best_per_zero),
+        &spec.base,
+    );
+    if let Some(dir) = &args.write_configs {
+        let files = write_configs(dir, "rank", &result.top)?;
+        eprintln!(
+            "wrote {} configurations to {} (rank-01.toml is row 1)",
+            files.len(),
+            dir.display()
+        );
     }
 
     let outcome = if result.interrupted {
@@ -259,17 +299,37 @@ pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
         print!("{}", csv.finish());
         return Ok(outcome);
     }
-    print_text(&spec, &result, rank_by);
+    let best = result
+        .top
+        .first()
+        .and_then(|r| super::evidence::published_best(&r.estimate.gpu));
+    print_text(
+        &spec,
+        &result,
+        rank_by,
+        best.as_ref(),
+        schedules_note.as_deref(),
+    );
     Ok(outcome)
 }
 
-/// The search's tables: the header, what was pruned, the top mixes (by `rank_by`), the best
-/// per schedule and per ZeRO stage, and the leader's verdict.
-fn print_text(spec: &SearchSpec, result: &parsim::search::SearchResult, rank_by: RankBy) {
+/// The search's tables: the header, what was pruned, the top mixes (by `rank_by`) with the
+/// command of each row and how far the model tells them apart, the best per schedule and per
+/// ZeRO stage, and the leader's verdict. With a token budget each row shows its run.
+fn print_text(
+    spec: &SearchSpec,
+    result: &parsim::search::SearchResult,
+    rank_by: RankBy,
+    best: Option<&parsim::report::confidence::PublishedBest>,
+    schedules_note: Option<&str>,
+) {
     let p = &result.pruned;
     let m = &spec.base.model;
+    let budget = spec.base.run.train_tokens.map_or(String::new(), |t| {
+        format!(", {} tokens", parsim::report::run_table::tokens(t))
+    });
     println!(
-        "search: {} on {} x {} ({} per node), seq {}, global batch {}",
+        "search: {} on {} x {} ({} per node), seq {}, global batch {}{budget}",
         m.name,
         spec.base.cluster.num_gpus,
         spec.base.cluster.gpu,
@@ -290,26 +350,41 @@ fn print_text(spec: &SearchSpec, result: &parsim::search::SearchResult, rank_by:
         result.candidates as f64 / result.elapsed_s.max(1e-9),
         if result.interrupted { " -- INTERRUPTED, partial results" } else { "" }
     );
+    if let Some(note) = schedules_note {
+        println!("{note}");
+    }
     if result.top.is_empty() {
         println!("no mix fits: more GPUs, a GPU with more memory, or a shorter sequence");
         return;
     }
+    let with_run = spec.base.run.train_tokens.is_some();
     println!(
-        "\ntop {} by {}\n{}",
+        "\ntop {} by {}{}\n{}",
         result.top.len(),
         match rank_by {
             RankBy::Step => "step time",
             RankBy::P90 => "upper step time (p90)",
         },
-        ranked_table("mix", &result.top)
+        if with_run {
+            " (the run's wall days and cost beside; --objective time|cost|energy ranks by them)"
+        } else {
+            ""
+        },
+        ranked_table("mix", &result.top, with_run)
     );
+    for line in parsim::report::confidence::ranking_lines(&result.top, best) {
+        println!("{line}");
+    }
+    print!("{}", commands_text(&result.top, &spec.base));
     println!(
         "\nbest per schedule\n{}",
-        ranked_table("mix", &result.best_per_schedule)
+        ranked_table("mix", &result.best_per_schedule, with_run)
     );
+    print!("{}", commands_text(&result.best_per_schedule, &spec.base));
     println!(
         "\nbest per ZeRO stage\n{}",
-        ranked_table("mix", &result.best_per_zero)
+        ranked_table("mix", &result.best_per_zero, with_run)
     );
+    print!("{}", commands_text(&result.best_per_zero, &spec.base));
     println!("\nverdict for #1: {}", result.top[0].estimate.verdict);
 }

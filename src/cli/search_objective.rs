@@ -3,6 +3,7 @@
 //! mix that finishes by the deadline).
 
 use super::ranked::cancel_on_ctrl_c;
+use super::row_command::{commands_text, UserFlags};
 use super::Outcome;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -17,7 +18,7 @@ use parsim::search::{
 fn run_cells(r: &parsim::search::RunRanked) -> Vec<String> {
     let e = &r.ranked.estimate;
     vec![
-        r.ranked.mix.to_string(),
+        r.ranked.label.clone(),
         seconds(e.time.step_s),
         format!("{:.1}%", 100.0 * e.throughput.mfu),
         gib(e.memory.per_gpu_max_bytes),
@@ -48,9 +49,11 @@ pub fn print_ranked(
     objective: Objective,
     top: usize,
     json: bool,
+    user: &UserFlags,
 ) -> anyhow::Result<Outcome> {
     let interrupted = result.interrupted;
-    let r: ObjectiveResult = rank_result(spec, result, objective, top)?;
+    let mut r: ObjectiveResult = rank_result(spec, result, objective, top)?;
+    user.fill(r.top.iter_mut().map(|x| &mut x.ranked), &spec.base);
     let outcome = if interrupted {
         Outcome::Interrupted
     } else if r.top.is_empty() {
@@ -70,7 +73,7 @@ pub fn print_ranked(
         spec.base.cluster.gpu,
         spec.base.training.seq_length,
         spec.base.training.global_batch_size,
-        spec.base.run.train_tokens.unwrap_or(0),
+        parsim::report::run_table::tokens(spec.base.run.train_tokens.unwrap_or(0)),
         objective.as_str(),
         spec.top
     );
@@ -87,6 +90,8 @@ pub fn print_ranked(
         t.add_row(row);
     }
     println!("{t}");
+    let rows: Vec<parsim::search::Ranked> = r.top.iter().map(|x| x.ranked.clone()).collect();
+    print!("{}", commands_text(&rows, &spec.base));
     Ok(outcome)
 }
 
@@ -99,7 +104,7 @@ fn point_line(p: &DeadlinePoint) -> String {
                 .map_or(String::new(), |c| format!(", ${c:.0}"));
             format!(
                 "{} GPUs, {}: {:.2} days{cost}",
-                p.gpus, b.ranked.mix, b.run.wall_days
+                p.gpus, b.ranked.label, b.run.wall_days
             )
         }
         None => format!("{} GPUs: no mix fits", p.gpus),
@@ -112,6 +117,7 @@ pub fn deadline(
     counts: &[u32],
     deadline_s: f64,
     json: bool,
+    user: &UserFlags,
 ) -> anyhow::Result<Outcome> {
     let cancel = cancel_on_ctrl_c();
     let bar = ProgressBar::new(counts.len() as u64);
@@ -121,7 +127,16 @@ pub fn deadline(
             .progress_chars("=> "),
     );
     let progress = |i: usize, _n: usize| bar.set_position(i as u64);
-    let a: DeadlineAnswer = deadline_search(spec, counts, deadline_s, &progress, &cancel)?;
+    let mut a: DeadlineAnswer = deadline_search(spec, counts, deadline_s, &progress, &cancel)?;
+    let points = a
+        .points
+        .iter_mut()
+        .chain(a.answer.as_mut())
+        .chain(a.closest.as_mut());
+    user.fill(
+        points.filter_map(|p| p.best.as_mut().map(|b| &mut b.ranked)),
+        &spec.base,
+    );
     bar.finish_and_clear();
     let outcome = if a.interrupted {
         Outcome::Interrupted
@@ -138,7 +153,7 @@ pub fn deadline(
     println!(
         "deadline: {} for {} tokens on {} within {:.2} days, cheapest by {}; GPU counts: {:?}",
         m.name,
-        spec.base.run.train_tokens.unwrap_or(0),
+        parsim::report::run_table::tokens(spec.base.run.train_tokens.unwrap_or(0)),
         spec.base.cluster.gpu,
         a.deadline_days,
         a.cheapest_by,
@@ -161,7 +176,12 @@ pub fn deadline(
     }
     println!("{t}");
     match (&a.answer, &a.closest, a.miss_days) {
-        (Some(p), _, _) => println!("cheapest that finishes: {}", point_line(p)),
+        (Some(p), _, _) => {
+            println!("cheapest that finishes: {}", point_line(p));
+            if let Some(c) = p.best.as_ref().and_then(|b| b.ranked.command.as_ref()) {
+                println!("  as a command: {c}");
+            }
+        }
         (None, Some(c), Some(miss)) => println!(
             "none finishes by the deadline; the closest is {}, {miss:.2} days late",
             point_line(c)

@@ -2,6 +2,7 @@
 //! count where one fits, as a table, CSV, JSON or a PNG of step time and tokens/s.
 
 use super::ranked::{cancel_on_ctrl_c, csv_fields, CSV_COLUMNS};
+use super::row_command::UserFlags;
 use super::Outcome;
 use anyhow::Context;
 use parsim::report::csv::Csv;
@@ -19,14 +20,23 @@ pub struct Output<'a> {
 }
 
 /// Searches every count of `range` and prints the result as `args` asks.
-pub fn run(spec: &SearchSpec, range: GpuRange, args: &Output<'_>) -> anyhow::Result<Outcome> {
+pub fn run(
+    spec: &SearchSpec,
+    range: GpuRange,
+    args: &Output<'_>,
+    user: &UserFlags,
+) -> anyhow::Result<Outcome> {
     let cancel = cancel_on_ctrl_c();
     let progress = |i: usize, n: usize| {
         if !args.json && !args.csv {
             eprintln!("searching {} of {n} GPU counts", i + 1);
         }
     };
-    let result = search_range(spec, range, &progress, &cancel)?;
+    let mut result = search_range(spec, range, &progress, &cancel)?;
+    user.fill(
+        result.points.iter_mut().filter_map(|p| p.best.as_mut()),
+        &spec.base,
+    );
     if let Some(path) = args.png {
         scaling_chart::write_png(path, &result, scaling_chart::DEFAULT_SIZE)
             .with_context(|| format!("--png {}", path.display()))?;
@@ -78,7 +88,7 @@ fn text(spec: &SearchSpec, result: &ScalingResult) -> String {
                 let e = &b.estimate;
                 t.add_row(vec![
                     p.gpus.to_string(),
-                    b.mix.to_string(),
+                    b.label.clone(),
                     seconds(e.time.step_s),
                     format!("{:.0}", e.throughput.tokens_per_s),
                     format!("{:.0}", e.throughput.tokens_per_s / p.gpus as f64),
@@ -98,8 +108,18 @@ fn text(spec: &SearchSpec, result: &ScalingResult) -> String {
             result.range.low, result.range.high
         ),
     };
+    let mut commands = String::from("each row as a command (it gives the row's figures):\n");
+    for p in &result.points {
+        if let Some(b) = &p.best {
+            let text = b
+                .command
+                .clone()
+                .unwrap_or_else(|| UserFlags::explain(b, &spec.base));
+            commands.push_str(&format!("  {:>5} GPUs  {text}\n", p.gpus));
+        }
+    }
     format!(
-        "search: {} on {}..{} x {} ({} per node), seq {}, global batch {}; GPU counts: the powers of two in the range and both ends\n{t}\n{smallest}{}\n",
+        "search: {} on {}..{} x {} ({} per node), seq {}, global batch {}; GPU counts: the powers of two in the range and both ends\n{t}\n{smallest}{}\n{commands}",
         m.name,
         result.range.low,
         result.range.high,

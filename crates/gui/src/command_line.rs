@@ -9,6 +9,7 @@
 use crate::views::config_panel::preset_of;
 use parsim::config::presets::preset;
 use parsim::config::{Config, Framework, Layer, ModelConfig, ParallelConfig, TrainingConfig};
+use parsim::report::format::shell_quote as quote;
 use serde_json::{json, Map, Value};
 
 /// A command line and, when it needs one, what to do first.
@@ -17,16 +18,6 @@ pub struct CommandLine {
     pub text: String,
     /// Set when the command reads a file that must be saved first.
     pub note: Option<String>,
-}
-
-/// Quotes `s` for a POSIX shell when it holds anything but safe characters.
-fn quote(s: &str) -> String {
-    let safe = |c: char| c.is_ascii_alphanumeric() || "-_./=:,+".contains(c);
-    if !s.is_empty() && s.chars().all(safe) {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
-    }
 }
 
 /// Flags and the override document they stand for, built side by side.

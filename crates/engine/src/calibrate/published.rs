@@ -281,6 +281,29 @@ pub fn shipped() -> Result<Vec<Result<Case, PublishedError>>, PublishedError> {
     load(DATA)
 }
 
+/// The highest MFU of the shipped published runs on the GPU profile `gpu` (each row's
+/// TFLOP/s per GPU, as its source counts them, over the profile's dense peak for the row's
+/// precision), with the row that reached it; `None` when no row ran on that GPU.
+pub fn best_mfu(gpu: &str) -> Option<(f64, String)> {
+    let profile = crate::config::GpuProfile::load(gpu).ok()?;
+    shipped()
+        .ok()?
+        .into_iter()
+        .flatten()
+        .filter(|c| c.gpu == profile.name)
+        .filter_map(|c| {
+            let peak = profile.peak_flops_for(c.config.training.precision)?;
+            let mfu = c.published_tflops * 1e12 / peak;
+            mfu.is_finite().then(|| {
+                (
+                    mfu,
+                    format!("{} #{} {}", c.source.short(), c.index, c.label),
+                )
+            })
+        })
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+}
+
 /// Parses the data set: every row of the three tables, as a [`Case`] or the reason it cannot
 /// be one.
 pub fn load(text: &str) -> Result<Vec<Result<Case, PublishedError>>, PublishedError> {

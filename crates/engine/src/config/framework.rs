@@ -21,7 +21,7 @@
 //!   Megatron-Core's p2p is asynchronous; FSDP has no pipeline (overlapped, which costs as
 //!   nothing there).
 
-use super::enums::PpP2p;
+use super::enums::{PpP2p, ScheduleKind};
 use super::parallel::ParallelConfig;
 use serde::{Deserialize, Serialize};
 
@@ -72,6 +72,36 @@ impl Framework {
             Framework::MegatronCore => "megatron-core",
             Framework::Deepspeed => "deepspeed",
             Framework::Fsdp => "fsdp",
+        }
+    }
+
+    /// The pipeline schedules the framework's mainline runs:
+    /// - Megatron-Core: `get_forward_backward_func` in megatron/core/pipeline_parallel/
+    ///   schedules.py (NVIDIA/Megatron-LM, commit d98e8a64) picks
+    ///   `forward_backward_pipelining_without_interleaving` (1F1B) or, with virtual stages,
+    ///   `..._with_interleaving`; there is no GPipe, zero-bubble or DualPipe schedule.
+    /// - DeepSpeed: `PipelineEngine` runs `TrainSchedule` (deepspeed/runtime/pipe/schedule.py),
+    ///   a one-forward-one-backward schedule.
+    /// - FSDP (torchtitan): torch.distributed.pipelining's `ScheduleGPipe`, `Schedule1F1B`,
+    ///   `ScheduleInterleaved1F1B`, `ScheduleInterleavedZeroBubble` (ZB-H1's ZB1P),
+    ///   `ScheduleZBVZeroBubble` and `ScheduleDualPipeV` (torch/distributed/pipelining/
+    ///   schedules.py).
+    pub fn schedules(self) -> &'static [ScheduleKind] {
+        match self {
+            Framework::MegatronCore => &[ScheduleKind::OneFOneB, ScheduleKind::Interleaved1F1B],
+            Framework::Deepspeed => &[ScheduleKind::OneFOneB],
+            Framework::Fsdp => ScheduleKind::ALL,
+        }
+    }
+
+    /// Where [`Framework::schedules`] is read, in a few words.
+    pub fn schedules_source(self) -> &'static str {
+        match self {
+            Framework::MegatronCore => {
+                "Megatron-LM's get_forward_backward_func (megatron/core/pipeline_parallel/schedules.py)"
+            }
+            Framework::Deepspeed => "DeepSpeed's PipelineEngine TrainSchedule",
+            Framework::Fsdp => "torch.distributed.pipelining's schedules",
         }
     }
 

@@ -256,8 +256,18 @@ pub fn terms(t: &StepTime) -> Vec<Term> {
         .collect()
 }
 
+/// What the advice needs to know of the layout beyond the step's terms: whether the model has
+/// routed experts, and which groups already run inside one NVLink domain (a node, or a
+/// GB200/GB300 NVL72 rack), where "keep it inside a node" would not apply.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AdviceContext {
+    pub moe: bool,
+    pub ep_inside_domain: bool,
+    pub expert_tp_inside_domain: bool,
+}
+
 /// What helps when `key` is the largest term.
-fn advice(key: &str, t: &StepTime) -> String {
+fn advice(key: &str, t: &StepTime, ctx: AdviceContext) -> String {
     match key {
         "warmup_cooldown_s" => "more microbatches (a larger global batch or a smaller micro batch), interleaving (vpp) or a zero-bubble schedule".into(),
         "imbalance_s" => match &t.imbalance {
@@ -272,7 +282,9 @@ fn advice(key: &str, t: &StepTime) -> String {
         "pp_wait_s" => "fewer pipeline hops (lower pp or vpp) or faster links between stages".into(),
         "exposed_comm_by_group_s.tp" => "lower TP, keep TP inside a node, or --tp-comm-overlap".into(),
         "exposed_comm_by_group_s.cp" => "overlap the ring or lower CP".into(),
+        "exposed_comm_by_group_s.ep" if ctx.ep_inside_domain => "the all-to-all already runs inside one NVLink domain: overlap it with compute (DualPipeV), or a lower EP (fewer, larger exchanges)".into(),
         "exposed_comm_by_group_s.ep" => "keep EP inside a node, or overlap the all-to-all (DualPipeV)".into(),
+        "exposed_comm_by_group_s.expert_tp" if ctx.expert_tp_inside_domain => "a lower expert_tp (MoE Parallel Folding lets it differ from tp; its group already runs on NVLink)".into(),
         "exposed_comm_by_group_s.expert_tp" => "a lower expert_tp (MoE Parallel Folding lets it differ from tp), or keep the expert-TP group inside a node".into(),
         "exposed_comm_by_group_s.dp" => "overlap gradient reduction and parameter gathers, or a lower ZeRO stage".into(),
         "dp_tail_s" => "overlap gradient reduction (overlap_grad_reduce) with a smaller last bucket (ddp_bucket_size)".into(),
@@ -286,7 +298,7 @@ fn advice(key: &str, t: &StepTime) -> String {
 const MENTIONED_OVERHEAD: f64 = 0.05;
 
 /// One line naming what bounds the step and, from the largest overhead, the change that helps.
-pub fn verdict_line(t: &StepTime) -> String {
+pub fn verdict_line(t: &StepTime, ctx: AdviceContext) -> String {
     let all = terms(t);
     let largest = |it: &mut dyn Iterator<Item = &Term>| {
         it.fold(None::<&Term>, |a, b| match a {
@@ -307,7 +319,7 @@ pub fn verdict_line(t: &StepTime) -> String {
                 pct(top.share),
                 overhead.label,
                 pct(overhead.share),
-                advice(overhead.key, t)
+                advice(overhead.key, t, ctx)
             )
         } else {
             format!(
@@ -322,7 +334,7 @@ pub fn verdict_line(t: &StepTime) -> String {
             top.label,
             pct(top.share),
             pct(t.compute_s / t.step_s.max(f64::MIN_POSITIVE)),
-            advice(top.key, t)
+            advice(top.key, t, ctx)
         )
     }
 }
@@ -428,11 +440,45 @@ mod tests {
         t.exposed_comm_by_group_s.dp = 0.5;
         let sum: f64 = terms(&t).iter().map(|x| x.seconds).sum();
         assert!((sum - t.step_s).abs() < 1e-12, "{sum}");
-        let v = verdict_line(&t);
+        let v = verdict_line(&t, AdviceContext::default());
         assert!(
             v.contains("rank 7 is 20% slower") && v.contains("output layer"),
             "{v}"
         );
         assert!(v.contains("more microbatches do not help"), "{v}");
+    }
+
+    /// EP advice follows the layout: "keep EP inside a node" only where its group crosses
+    /// NVLink domains (an NVL72 rack holding the whole EP group already has it there).
+    #[test]
+    fn ep_advice_follows_whether_the_group_crosses_domains() {
+        let mut t = StepTime {
+            step_s: 10.0,
+            compute_s: 6.0,
+            ..StepTime::default()
+        };
+        t.exposed_comm_by_group_s.ep = 4.0;
+        t.exposed_comm_s = 4.0;
+        let across = verdict_line(
+            &t,
+            AdviceContext {
+                moe: true,
+                ..AdviceContext::default()
+            },
+        );
+        assert!(across.contains("keep EP inside a node"), "{across}");
+        let inside = verdict_line(
+            &t,
+            AdviceContext {
+                moe: true,
+                ep_inside_domain: true,
+                ..AdviceContext::default()
+            },
+        );
+        assert!(!inside.contains("keep EP inside"), "{inside}");
+        assert!(
+            inside.contains("already runs inside one NVLink domain"),
+            "{inside}"
+        );
     }
 }

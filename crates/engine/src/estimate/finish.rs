@@ -131,13 +131,24 @@ impl Prepared<'_> {
                 mfu_p90: 0.0,
             },
             step_interval: interval.clone(),
-            verdict: verdict_with_margin(&time, per_gpu_max_bytes, &r.gpu),
+            verdict: verdict_with_margin(&time, per_gpu_max_bytes, &r.gpu, self.advice_context()),
             warnings: r.warnings.clone(),
             framework_overrides: r.config.training.framework.overrides(&r.config.parallel),
             table_coverage: self.table_coverage(),
         };
         estimate.set_interval(interval);
         Ok(estimate)
+    }
+
+    /// What the verdict's advice needs of the layout: routed experts, and which groups run
+    /// inside one NVLink domain already.
+    fn advice_context(&self) -> breakdown::AdviceContext {
+        let inside = |g| !self.network.crosses_nodes(g);
+        breakdown::AdviceContext {
+            moe: self.r.config.model.is_moe(),
+            ep_inside_domain: inside(GroupKind::Ep),
+            expert_tp_inside_domain: inside(GroupKind::ExpertTp),
+        }
     }
 
     /// Which ops the profile's measured tables time, `None` without tables.

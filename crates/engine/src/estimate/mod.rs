@@ -522,7 +522,12 @@ pub fn estimate(r: &Resolved) -> Result<Estimate, EstimateError> {
 
 /// [`verdict`] measured against the usable memory: a configuration that fits the device but
 /// not its margin is named as such.
-pub fn verdict_with_margin(t: &StepTime, need: u64, gpu: &crate::config::GpuProfile) -> String {
+pub fn verdict_with_margin(
+    t: &StepTime,
+    need: u64,
+    gpu: &crate::config::GpuProfile,
+    ctx: breakdown::AdviceContext,
+) -> String {
     let usable = gpu.usable_memory_bytes();
     if need > usable && need <= gpu.memory_bytes {
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
@@ -534,18 +539,31 @@ pub fn verdict_with_margin(t: &StepTime, need: u64, gpu: &crate::config::GpuProf
             100.0 * gpu.memory_margin_fraction
         );
     }
-    verdict(t, need <= usable, need, gpu.memory_bytes)
+    verdict(t, need <= usable, need, gpu.memory_bytes, ctx)
 }
 
-/// One line naming what bounds the step.
-pub fn verdict(t: &StepTime, fits: bool, need: u64, capacity: u64) -> String {
+/// One line naming what bounds the step; for a configuration that does not fit, what frees
+/// memory (with routed experts, raising EP first: they hold most of an MoE model's weights and
+/// optimizer state, and shard over it).
+pub fn verdict(
+    t: &StepTime,
+    fits: bool,
+    need: u64,
+    capacity: u64,
+    ctx: breakdown::AdviceContext,
+) -> String {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     if !fits {
+        let fixes = if ctx.moe {
+            "raise EP (the routed experts shard over it), more TP/PP/CP, a higher ZeRO stage or more recomputation"
+        } else {
+            "more TP/PP/CP, a higher ZeRO stage or more recomputation"
+        };
         return format!(
-            "does not fit: the most loaded GPU needs {:.1} GiB of {:.1} GiB (more TP/PP/CP, a higher ZeRO stage or more recomputation)",
+            "does not fit: the most loaded GPU needs {:.1} GiB of {:.1} GiB ({fixes})",
             gib(need),
             gib(capacity)
         );
     }
-    breakdown::verdict_line(t)
+    breakdown::verdict_line(t, ctx)
 }

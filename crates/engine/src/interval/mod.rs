@@ -42,6 +42,10 @@ pub struct StepInterval {
     pub pooled_over: Vec<Dimension>,
     /// One line: what the interval rests on.
     pub note: String,
+    /// Measured or published steps in the regime itself (before any pooling): 0 when the
+    /// model was never checked in this regime.
+    #[serde(skip)]
+    pub regime_residuals: u32,
 }
 
 /// The default order in which a thin regime is pooled with its neighbours: first the figures
@@ -69,6 +73,8 @@ pub struct IntervalModel {
     pub total: usize,
     /// (pooling level, regime with the pooled dimensions set to [`ANY`]) -> cell.
     cells: HashMap<(u8, [u8; 6]), Cell>,
+    /// Residuals per regime, unpooled (however few).
+    own: HashMap<[u8; 6], u32>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -113,6 +119,11 @@ impl IntervalModel {
                     .push(r.log_ratio);
             }
         }
+        let own = pooled
+            .iter()
+            .filter(|((level, _), _)| *level == 0)
+            .map(|((_, k), v)| (*k, v.len() as u32))
+            .collect();
         let mut cells: HashMap<(u8, [u8; 6]), Cell> = pooled
             .into_iter()
             .filter_map(|(k, mut v)| {
@@ -136,6 +147,7 @@ impl IntervalModel {
             min_residuals,
             total: file.residuals.len(),
             cells,
+            own,
         })
     }
 
@@ -154,6 +166,7 @@ impl IntervalModel {
             regime: *regime,
             note: self.note(cell.n as usize, &pooled_over),
             pooled_over,
+            regime_residuals: self.own.get(&regime.0).copied().unwrap_or(0),
         }
     }
 

@@ -333,26 +333,44 @@ pub fn plan(tokens: u64, step: &StepInputs, s: &Settings) -> Result<RunReport, P
     })
 }
 
-/// Checkpoint bytes from the estimate's memory ledger: per pipeline rank, its weights and
-/// optimizer state as the mix shards them; a tensor replicated over the data-parallel
-/// replicas (weights below ZeRO-3, optimizer state without ZeRO) is written once. Returns
-/// (all ranks, the most loaded rank).
+/// Checkpoint bytes: every parameter once, in its training dtype, and for each trainable one
+/// its optimizer state (the fp32 master copy and Adam's two fp32 moments: 2 + 4 + 8 = 14 bytes
+/// a parameter under bf16 mixed precision, Micikevicius et al. 2018 and Kingma & Ba 2015; Muon
+/// keeps one moment), as a distributed checkpoint writes each shard once. The figure is the
+/// model's, whatever the parallel mix: expert parallelism shards the experts, it does not
+/// drop them. Returns (all ranks, the most loaded rank's weights and optimizer state, which an
+/// asynchronous checkpoint copies to host memory).
 pub fn checkpoint_bytes(r: &Resolved, est: &Estimate) -> (f64, f64) {
-    let ranks_per_stage = f64::from(r.world()) / f64::from(r.config.parallel.pp.max(1));
-    let replicas = f64::from(r.dense_replicas().max(1));
-    let zero = r.config.parallel.zero;
-    let (w_rep, o_rep) = (
-        if zero >= 3 { 1.0 } else { replicas },
-        if zero >= 1 { 1.0 } else { replicas },
-    );
-    let mut total = 0.0;
-    let mut rank_max: f64 = 0.0;
-    for st in &est.memory.stages {
-        let (w, o) = (st.weights as f64, st.optimizer as f64);
-        total += ranks_per_stage * (w / w_rep + o / o_rep);
-        rank_max = rank_max.max(w + o);
-    }
-    (total, rank_max)
+    let tr = &r.config.training;
+    let muon = if tr.optimizer == crate::config::Optimizer::Muon {
+        muon_params(r)
+    } else {
+        0
+    };
+    let weights = est.params.total as f64 * tr.weight_bytes() as f64;
+    let state = crate::model::optimizer_bytes(tr, est.params.trainable, muon).0 as f64;
+    let rank_max = est
+        .memory
+        .stages
+        .iter()
+        .map(|st| (st.weights + st.optimizer) as f64)
+        .fold(0.0, f64::max);
+    (weights + state, rank_max)
+}
+
+/// The matrix parameters Muon updates in the whole model: each pipeline rank's shares times
+/// the ranks that split them (TP for the dense matrices, EP x expert TP for the experts).
+fn muon_params(r: &Resolved) -> u64 {
+    let ledger = crate::model::Ledger::build(r);
+    let summary = crate::model::LedgerSummary::of(&ledger, r.config.training.recompute);
+    let p = &r.config.parallel;
+    crate::model::chunks_per_rank(r)
+        .iter()
+        .map(|chunks| {
+            let m = crate::model::rank_muon(chunks, &summary);
+            m.dense * u64::from(p.tp) + m.expert * u64::from(p.ep * p.etp())
+        })
+        .sum()
 }
 
 /// The run section of `est` when its configuration sets `run.train_tokens` (`None` otherwise).

@@ -5,7 +5,9 @@
 //! chunks per rank, its chunk (`F3.1` = forward of microbatch 3, chunk 1); the cells it goes
 //! on for show `-`; idle cells show `.`. An overlapped DualPipe-V slot shows its forward label
 //! then its backward label. With `color`, cells get an ANSI colour per microbatch: forwards
-//! plain, full backwards bold reverse video, I reverse video, W underlined.
+//! plain, full backwards bold reverse video, I reverse video, W underlined. When the columns
+//! are coarser than the shortest action, a later action can cover an earlier one's cell: a
+//! closing line says how many actions are not drawn and which `max_columns` draws them all.
 
 use crate::schedule::{ActionKind, Overlap, Program, Simulation};
 use std::fmt::Write as _;
@@ -50,6 +52,8 @@ pub fn render(program: &Program, sim: &Simulation, color: bool, max_columns: usi
     let max_columns = max_columns.max(8);
     let mut dt = min_dur;
     let mut columns = (sim.makespan / dt).ceil() as usize;
+    let natural_columns = columns;
+    let (mut drawn, mut total) = (0usize, 0usize);
     if columns > max_columns {
         dt = sim.makespan / max_columns as f64;
         columns = max_columns;
@@ -83,6 +87,8 @@ pub fn render(program: &Program, sim: &Simulation, color: bool, max_columns: usi
             };
             columns
         ];
+        // Which action's label each cell shows, to count the actions left with none.
+        let mut label_of: Vec<Option<usize>> = vec![None; columns];
         let mut k = 0;
         while k < acts.len() {
             let a = &acts[k];
@@ -106,6 +112,16 @@ pub fn render(program: &Program, sim: &Simulation, color: bool, max_columns: usi
                 };
                 let first_cell_of_half =
                     off == 0 || (halves.len() == 2 && off == (c1 - c0) / 2 && c1 - c0 > 1);
+                if first_cell_of_half {
+                    let id = if std::ptr::eq(which, halves[0]) {
+                        k
+                    } else {
+                        k + 1
+                    };
+                    label_of[c] = Some(id);
+                } else if label_of[c].is_some() {
+                    label_of[c] = None;
+                }
                 cell.text = if first_cell_of_half {
                     format!(
                         "{:<w$}",
@@ -119,24 +135,13 @@ pub fn render(program: &Program, sim: &Simulation, color: bool, max_columns: usi
             }
             k += halves.len();
         }
+        total += acts.len();
+        let mut shown: Vec<usize> = label_of.into_iter().flatten().collect();
+        shown.sort_unstable();
+        shown.dedup();
+        drawn += shown.len();
         let _ = write!(out, "{:<g$}|", format!("rank {r}"), g = gutter);
-        for cell in &cells {
-            match (color, cell.style) {
-                (true, Some((mb, kind))) => {
-                    let fg = PALETTE[mb as usize % PALETTE.len()];
-                    let attr = match kind {
-                        ActionKind::F => "",
-                        ActionKind::B => "1;7;",
-                        ActionKind::I => "7;",
-                        ActionKind::W => "4;",
-                    };
-                    let _ = write!(out, "\x1b[{attr}38;5;{fg}m{}\x1b[0m ", cell.text);
-                }
-                _ => {
-                    let _ = write!(out, "{} ", cell.text);
-                }
-            }
-        }
+        write_cells(&mut out, &cells, color);
         let _ = writeln!(
             out,
             "| idle {} | peak {}",
@@ -144,7 +149,35 @@ pub fn render(program: &Program, sim: &Simulation, color: bool, max_columns: usi
             sim.peak_inflight[r]
         );
     }
+    if drawn < total {
+        let _ = writeln!(
+            out,
+            "note: {} of {total} actions are narrower than a column and not drawn; --max-columns {natural_columns} draws every one",
+            total - drawn
+        );
+    }
     out
+}
+
+/// One rank's cells, each with its ANSI colour and attribute when `color`.
+fn write_cells(out: &mut String, cells: &[Cell], color: bool) {
+    for cell in cells {
+        match (color, cell.style) {
+            (true, Some((mb, kind))) => {
+                let fg = PALETTE[mb as usize % PALETTE.len()];
+                let attr = match kind {
+                    ActionKind::F => "",
+                    ActionKind::B => "1;7;",
+                    ActionKind::I => "7;",
+                    ActionKind::W => "4;",
+                };
+                let _ = write!(out, "\x1b[{attr}38;5;{fg}m{}\x1b[0m ", cell.text);
+            }
+            _ => {
+                let _ = write!(out, "{} ", cell.text);
+            }
+        }
+    }
 }
 
 /// A compact decimal: at most 4 significant decimals, no trailing zeros.
@@ -155,5 +188,36 @@ fn trim(x: f64) -> String {
         "0".into()
     } else {
         s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::{generate, simulate, Costs, ScheduleKind};
+
+    fn timeline(m: u32, max_columns: usize) -> String {
+        let p = generate(ScheduleKind::OneFOneB, 4, 1, m).unwrap();
+        let c = Costs::uniform(4, 1, 1.0, 2.0, None, 0.0).unwrap();
+        render(&p, &simulate(&p, &c).unwrap(), false, max_columns)
+    }
+
+    /// 1F1B on 4 ranks with 32 microbatches lasts (m + p - 1)(F + B) = 35 x 3 = 105 forward
+    /// times: at one column per forward every action has its cell; at 40 columns, several
+    /// 1-unit forwards share a column, so some are covered, and the note says so.
+    #[test]
+    fn dropped_actions_are_counted_and_named() {
+        let full = timeline(32, 200);
+        assert!(!full.contains("not drawn"), "{full}");
+        let coarse = timeline(32, 40);
+        let note = coarse.lines().last().unwrap();
+        assert!(
+            note.contains("of 256 actions are narrower than a column"),
+            "{note}"
+        );
+        assert!(
+            note.ends_with("--max-columns 105 draws every one"),
+            "{note}"
+        );
     }
 }

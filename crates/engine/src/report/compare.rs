@@ -223,15 +223,92 @@ fn cell(unit: Unit, first: f64, v: f64, column: usize) -> String {
     format!("{text} ({:+.1}%)", 100.0 * (v - first) / first)
 }
 
-/// The comparison as a text table: rows that differ start with `*`, and each value after the
-/// first configuration's carries its relative change.
+/// The short name of column `i` in the text table: A, B, ..., Z, AA, AB, ...
+pub fn column_letter(i: usize) -> String {
+    let mut n = i + 1;
+    let mut out = Vec::new();
+    while n > 0 {
+        let r = (n - 1) % 26;
+        out.push(b'A' + r as u8);
+        n = (n - 1) / 26;
+    }
+    out.reverse();
+    String::from_utf8(out).expect("ASCII letters")
+}
+
+/// `(A, C)` for the columns `idx`, or nothing when they are all of `n` columns.
+pub fn columns_of(idx: &[usize], n: usize) -> String {
+    if idx.len() == n {
+        return String::new();
+    }
+    let names: Vec<String> = idx.iter().map(|&i| column_letter(i)).collect();
+    format!(" ({})", names.join(", "))
+}
+
+/// The parallel mix, one row per setting: the columns stay as narrow as their numbers.
+fn mix_rows(e: &Estimate) -> Vec<(&'static str, String)> {
+    let p = &e.config.parallel;
+    let t = &e.config.training;
+    vec![
+        ("GPUs", format!("{} x {}", e.config.cluster.num_gpus, e.gpu)),
+        ("tp", format!("{}{}", p.tp, if p.sp { " +sp" } else { "" })),
+        (
+            "cp",
+            format!(
+                "{} {}",
+                p.cp,
+                if p.cp > 1 { p.cp_comm.as_str() } else { "" }
+            )
+            .trim_end()
+            .to_string(),
+        ),
+        ("pp x vpp", format!("{} x {}", p.pp, p.vpp)),
+        ("schedule", p.schedule.to_string()),
+        ("dp", p.dp.unwrap_or(0).to_string()),
+        ("ep", p.ep.to_string()),
+        ("zero", p.zero.to_string()),
+        ("micro batch", t.micro_batch_size.to_string()),
+        ("recompute", t.recompute.to_string()),
+    ]
+}
+
+/// Groups `lines` (one per column) by their text: each distinct text once, with the columns
+/// that have it.
+pub fn grouped_lines(lines: &[String]) -> Vec<(String, Vec<usize>)> {
+    let mut out: Vec<(String, Vec<usize>)> = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        match out.iter_mut().find(|(t, _)| t == l) {
+            Some((_, idx)) => idx.push(i),
+            None => out.push((l.clone(), vec![i])),
+        }
+    }
+    out
+}
+
+/// The comparison as a text table: the columns are lettered (A, B, ...) and listed with their
+/// files or flags above it, the parallel mix takes one row per setting, rows that differ start
+/// with `*`, and each value after the first configuration's carries its relative change. A
+/// verdict that several columns share is printed once.
 pub fn text(c: &Comparison) -> String {
+    let letters: Vec<String> = (0..c.labels.len()).map(column_letter).collect();
+    let mut out = String::from("columns:\n");
+    for (l, label) in letters.iter().zip(&c.labels) {
+        out.push_str(&format!("  {l}  {label}\n"));
+    }
     let mut header = vec!["", "quantity"];
-    header.extend(c.labels.iter().map(String::as_str));
+    header.extend(letters.iter().map(String::as_str));
     let mut t = table(&header);
-    let mut mix_row = vec![String::new(), "parallel mix".to_string()];
-    mix_row.extend(c.mixes.iter().cloned());
-    t.add_row(mix_row);
+    let mixes: Vec<Vec<(&str, String)>> = c.estimates.iter().map(mix_rows).collect();
+    for (k, (name, _)) in mixes.first().into_iter().flatten().enumerate() {
+        let cells: Vec<String> = mixes.iter().map(|m| m[k].1.clone()).collect();
+        let differs = cells.iter().any(|x| *x != cells[0]);
+        let mut row = vec![
+            if differs { "*" } else { "" }.to_string(),
+            format!("mix: {name}"),
+        ];
+        row.extend(cells);
+        t.add_row(row);
+    }
     for m in &c.metrics {
         let mut row = vec![
             if m.differs { "*" } else { "" }.to_string(),
@@ -247,9 +324,11 @@ pub fn text(c: &Comparison) -> String {
         t.add_row(row);
     }
     right_align(&mut t, 2);
-    let mut out = format!("{t}\n* differs from {}\n", c.labels[0]);
-    for (label, e) in c.labels.iter().zip(&c.estimates) {
-        out.push_str(&format!("verdict for {label}: {}\n", e.verdict));
+    out.push_str(&format!("{t}\n* differs from A\n"));
+    let verdicts: Vec<String> = c.estimates.iter().map(|e| e.verdict.clone()).collect();
+    for (v, idx) in grouped_lines(&verdicts) {
+        let names: Vec<&str> = idx.iter().map(|&i| letters[i].as_str()).collect();
+        out.push_str(&format!("verdict for {}: {v}\n", names.join(", ")));
     }
     out
 }

@@ -78,6 +78,17 @@ pub fn seconds(s: f64) -> String {
     }
 }
 
+/// Quotes `s` for a POSIX shell when it holds anything but safe characters, so a printed
+/// command pastes back as the same words.
+pub fn shell_quote(s: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "-_./=:,+".contains(c);
+    if !s.is_empty() && s.chars().all(safe) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,5 +102,8 @@ mod tests {
         assert_eq!(flops(2.5e15), "2.50 PFLOP");
         assert_eq!(bytes(1536.0), "1.50 KiB");
         assert_eq!(seconds(0.0025), "2.50 ms");
+        assert_eq!(shell_quote("Et*10|t*9L"), "'Et*10|t*9L'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote("--tp"), "--tp");
     }
 }

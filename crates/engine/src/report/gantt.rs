@@ -2,8 +2,9 @@
 //!
 //! One row per pipeline rank (rank 0 on top), time running right, one bar per action. The
 //! bar's hue is its microbatch; its shade is its kind: forward light, input-gradient I medium,
-//! full backward B dark, weight-gradient W darkest. The number in a bar (when it fits) is the
-//! model chunk on that rank. An overlapped DualPipe-V slot is drawn as its forward over its
+//! full backward B dark, weight-gradient W darkest. The number in a bar (when it fits) is its
+//! microbatch, with `.chunk` after it when a rank holds several model chunks (`3.1`, as the
+//! ASCII timeline writes it): hues recur over many microbatches, the number never does. An overlapped DualPipe-V slot is drawn as its forward over its
 //! backward in the two halves of one bar. The title gives the bubble share. Several schedules
 //! are stacked on one time axis, and a legend closes the picture.
 //!
@@ -164,14 +165,16 @@ fn draw_one<DB: DrawingBackend>(
             ));
             let width_px = (s.end - s.start) * px_per_unit;
             let height_px = (hi - lo) * row_px;
-            if width_px >= 9.0 && height_px >= 8.0 {
-                let fsize = font_px.min(height_px * 0.9);
+            let text = bar_label(program, a.microbatch, a.stage);
+            let fsize = font_px.min(height_px * 0.9);
+            // About 0.6 em a digit.
+            if width_px >= 0.6 * fsize * text.len() as f64 + 3.0 && height_px >= 8.0 {
                 let style = (FONT, fsize)
                     .into_font()
                     .color(&rgb(action_text_color(a.kind)))
                     .pos(Pos::new(HPos::Center, VPos::Center));
                 labels.push(Text::new(
-                    program.chunk_of_stage(a.stage).to_string(),
+                    text,
                     ((s.start + s.end) / 2.0, (lo + hi) / 2.0),
                     style,
                 ));
@@ -246,12 +249,22 @@ fn draw_legend<DB: DrawingBackend>(
         ))?;
         x += 26;
     }
-    area.draw(&Text::new(
-        "number in bar = chunk on the rank".to_string(),
-        (x + 14, y + 2),
-        text,
-    ))?;
+    let number = if runs.iter().any(|(p, _)| p.vpp > 1) {
+        "number in bar = microbatch.chunk"
+    } else {
+        "number in bar = microbatch"
+    };
+    area.draw(&Text::new(number.to_string(), (x + 14, y + 2), text))?;
     Ok(())
+}
+
+/// The text of a bar: its microbatch, and its chunk on the rank when there are several.
+pub fn bar_label(program: &Program, microbatch: u32, stage: u32) -> String {
+    if program.vpp > 1 {
+        format!("{microbatch}.{}", program.chunk_of_stage(stage))
+    } else {
+        microbatch.to_string()
+    }
 }
 
 fn short(x: f64) -> String {

@@ -5,6 +5,7 @@ pub mod chart;
 pub mod chrome_trace;
 pub mod colors;
 pub mod compare;
+pub mod confidence;
 pub mod csv;
 pub mod font;
 pub mod format;

@@ -42,30 +42,16 @@ impl Mix {
         p.first_stage_layers = self.first_stage_layers;
         p.last_stage_layers = self.last_stage_layers;
         p.pipeline_layout = None;
-        // Interleaving with short end stages: first/last are the end virtual stages' layers,
-        // the middle ones hold ceil(L / V) (balance::short_end_stages).
-        if let (true, Some(f), Some(l)) = (
-            self.vpp > 1,
-            self.first_stage_layers,
-            self.last_stage_layers,
-        ) {
-            let stages = self.pp * self.vpp;
-            let per = c.model.num_layers.div_ceil(stages);
-            let split: Vec<u32> = std::iter::once(f)
-                .chain(std::iter::repeat_n(per, stages as usize - 2))
-                .chain(std::iter::once(l))
-                .collect();
-            p.pipeline_layout = Some(balance::layout_string(&split));
-            p.first_stage_layers = None;
-            p.last_stage_layers = None;
-        }
-        // A balanced split whose middle stages differ by a layer has no first/last-stage form
-        // in Megatron-Core: it becomes an explicit layout.
-        if let (Some(f), Some(l), 1) = (self.first_stage_layers, self.last_stage_layers, self.vpp) {
+        // Interleaving with short end stages (first/last are the end virtual stages' layers,
+        // the middle ones hold ceil(L / V): balance::short_end_stages), and a balanced split
+        // whose middle stages differ by a layer (no first/last-stage form in Megatron-Core),
+        // become an explicit layout.
+        if let (Some(f), Some(l)) = (self.first_stage_layers, self.last_stage_layers) {
             let layers = c.model.num_layers;
             let middle = self.pp.saturating_sub(2);
-            if middle > 0 && layers >= f + l && (layers - f - l) % middle != 0 {
-                if let Some(split) = balance::stage_layers(layers, self.pp, f, l) {
+            let uneven_middle = middle > 0 && layers >= f + l && (layers - f - l) % middle != 0;
+            if self.vpp > 1 || uneven_middle {
+                if let Some(split) = self.stage_split(layers) {
                     p.pipeline_layout = Some(balance::layout_string(&split));
                     p.first_stage_layers = None;
                     p.last_stage_layers = None;
@@ -100,6 +86,8 @@ impl Mix {
     }
 }
 
+/// A compact key of the mix (the search's tie-break order); rows show [`Mix::label`], which
+/// adds DP and each stage's layers.
 impl fmt::Display for Mix {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "tp{}", self.tp)?;
@@ -285,6 +273,49 @@ impl Constraint {
             KnobValue::Name(n) => (n == self.value) == (self.cmp == Cmp::Eq),
         }
     }
+}
+
+/// The constraints that keep a search to the pipeline schedules the base configuration's
+/// framework runs ([`crate::config::Framework::schedules`]), and a line naming the ones left
+/// out and the framework that runs them (none when the framework runs them all).
+pub fn framework_schedules(base: &Config) -> (Vec<Constraint>, Option<String>) {
+    let fw = base.training.framework;
+    let runs = fw.schedules();
+    let left: Vec<ScheduleKind> = ScheduleKind::ALL
+        .iter()
+        .copied()
+        .filter(|k| !runs.contains(k))
+        .collect();
+    if left.is_empty() {
+        return (Vec::new(), None);
+    }
+    let constraints = left
+        .iter()
+        .map(|k| Constraint {
+            knob: Knob::Schedule,
+            cmp: Cmp::Ne,
+            value: k.as_str().to_string(),
+        })
+        .collect();
+    let names = |ks: &[ScheduleKind]| ks.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ");
+    let others: Vec<&str> = crate::config::Framework::ALL
+        .iter()
+        .filter(|f| left.iter().all(|k| f.schedules().contains(k)))
+        .map(|f| f.name())
+        .collect();
+    let note = format!(
+        "schedules: {} only, what {} runs ({}); {} need {}, or --all-schedules to rank them anyway",
+        names(runs),
+        fw.name(),
+        fw.schedules_source(),
+        names(&left),
+        if others.is_empty() {
+            "another framework".to_string()
+        } else {
+            format!("--framework {}", others.join(" or "))
+        }
+    );
+    (constraints, Some(note))
 }
 
 #[cfg(test)]

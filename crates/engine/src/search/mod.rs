@@ -24,17 +24,19 @@ mod enumerate;
 mod mix;
 mod objective;
 mod pessimistic;
+mod reproduce;
 mod run;
 mod sliced;
 
 pub use enumerate::enumerate;
 use enumerate::enumerate_in;
-pub use mix::{Cmp, Constraint, Knob, Mix, SearchError, Slots};
+pub use mix::{framework_schedules, Cmp, Constraint, Knob, Mix, SearchError, Slots};
 pub use objective::{
     deadline_search, parse_deadline_s, rank_by, rank_result, DeadlineAnswer, DeadlinePoint,
     Objective, ObjectiveError, ObjectiveResult, RunRanked, POOL,
 };
 pub use pessimistic::{search_by_p90, RankBy};
+pub use reproduce::MIX_FLAGS;
 use run::{group_lower_bounds, groups, leads, Pending, Run, Runs};
 pub use sliced::{Search, Step};
 
@@ -81,6 +83,12 @@ impl Pruned {
 #[derive(Debug, Clone, Serialize)]
 pub struct Ranked {
     pub mix: Mix,
+    /// The row's label ([`Mix::label`]).
+    pub label: String,
+    /// The `parsim estimate` command that reproduces this row (set by the command line,
+    /// which knows the flags the search was given).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
     #[serde(flatten)]
     pub estimate: Estimate,
 }

@@ -376,6 +376,8 @@ fn simulate_one(mix: &Mix, spec: &SearchSpec, gpu: &Gpu, links: &NetworkCache) -
     match prepared.finish_with(false) {
         Ok(e) if e.memory.fits => Simulated::Fits(Box::new(Ranked {
             mix: *mix,
+            label: mix.label(&spec.base),
+            command: None,
             estimate: e,
         })),
         Ok(_) => Simulated::DoesNotFit,

@@ -624,20 +624,56 @@ fn cluster(ui: &mut Ui, c: &mut Config, p: Option<&Problems>) {
     let changed = row(
         ui,
         "NVLink domain",
-        "GPUs per NVLink domain (--nvlink-domain-size): a group inside one runs at NVLink rates across nodes; 0 = the profile's (72 on gb200/gb300 where it fits), else the node",
+        "GPUs per NVLink domain (--nvlink-domain-size): a group inside one runs at NVLink rates across nodes; auto (0) = the profile's (72 on gb200/gb300 where it fits), else the node",
         "cluster.nvlink_domain_size",
         p,
-        |ui| ui.add(DragValue::new(&mut domain).range(0..=1_000_000)),
+        |ui| {
+            ui.add(
+                DragValue::new(&mut domain)
+                    .range(0..=1_000_000)
+                    .custom_formatter(|v, _| nvlink_domain_text(v))
+                    .custom_parser(parse_nvlink_domain),
+            )
+        },
     );
     if changed {
         c.cluster.nvlink_domain_size = (domain > 0).then_some(domain);
     }
 }
 
+/// The NVLink-domain field's text: `auto` for 0 (the profile's domain where it fits, else the
+/// node), else the GPU count.
+pub fn nvlink_domain_text(v: f64) -> String {
+    if v <= 0.0 {
+        "auto".to_string()
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+/// Reads the NVLink-domain field: `auto` (or 0) for the automatic domain, else a GPU count.
+fn parse_nvlink_domain(s: &str) -> Option<f64> {
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("auto") {
+        return Some(0.0);
+    }
+    t.parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::state::default_config;
+
+    /// The automatic NVLink domain reads as `auto`, never as a domain of 0 GPUs.
+    #[test]
+    fn the_automatic_nvlink_domain_reads_auto() {
+        assert_eq!(nvlink_domain_text(0.0), "auto");
+        assert_eq!(nvlink_domain_text(72.0), "72");
+        assert_eq!(parse_nvlink_domain("auto"), Some(0.0));
+        assert_eq!(parse_nvlink_domain(" 4 "), Some(4.0));
+        assert_eq!(parse_nvlink_domain("-1"), None);
+    }
 
     #[test]
     fn offered_degrees_are_valid_for_the_defaults() {

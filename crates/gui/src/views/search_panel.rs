@@ -131,7 +131,7 @@ pub fn ui(ui: &mut Ui, opt: &mut SearchOptions, view: &SearchView<'_>) -> Search
                         let text = format!(
                             "{}. {}\n      {} ({} - {}) · MFU {:.1}% · {:.1} GiB",
                             i + 1,
-                            t.mix,
+                            t.label,
                             seconds(e.time.step_s),
                             seconds(e.time.step_s_p10),
                             seconds(e.time.step_s_p90),

@@ -228,11 +228,12 @@ fn paint_bars(
                 );
             }
             let h = by1 - by0;
-            if x1 - x0 >= 12.0 && h >= 9.0 {
+            let label = parsim::report::gantt::bar_label(&run.program, a.microbatch, a.stage);
+            if x1 - x0 >= 4.0 + 6.0 * label.len() as f32 && h >= 9.0 {
                 c.painter.text(
                     bar.center(),
                     Align2::CENTER_CENTER,
-                    run.program.chunk_of_stage(a.stage).to_string(),
+                    label,
                     FontId::proportional((h * 0.62).min(12.0)),
                     text_color(a.kind),
                 );

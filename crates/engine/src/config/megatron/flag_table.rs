@@ -171,6 +171,8 @@ pub(super) const KEPT_INTS: &[&str] = &[
     "--num-layers-at-end-in-bf16",
     "--cpu-offloading-num-layers",
     "--muon-num-ns-steps",
+    "--train-samples",
+    "--train-iters",
 ];
 
 /// Switches that the reader's `State::finish` combines.

@@ -58,15 +58,16 @@ impl MegatronImport {
     }
 }
 
-/// Reads a Megatron-LM launch: a script (`torchrun ... pretrain_gpt.py ARGS`, with variables,
-/// arrays and line continuations) or a bare argument list; NeMo's Hydra overrides
+/// Reads a Megatron-LM launch: a script (`torchrun ... pretrain_gpt.py ARGS`, evaluated as
+/// bash runs it: variables, arrays and appends, conditions, loops, functions;
+/// [`shell`]) or a bare argument list; NeMo's Hydra overrides
 /// (`model.tensor_model_parallel_size=2`, `trainer.devices=8`) are read as the Megatron flags
 /// they configure. `origin` names it in errors.
 pub fn import(text: &str, origin: &str) -> Result<MegatronImport, ConfigError> {
     let script = shell::parse(text);
     let (mut launcher, mut args) = pick_command(&script.commands);
     let mut var_notes = Vec::new();
-    if !args.iter().any(|a| a.starts_with("--")) {
+    if !args.iter().any(|a| a.text.starts_with("--")) {
         // A file that only sets variables (Megatron-LM's examples/post_training/modelopt/conf/
         // files: `MODEL_ARGS="..."`, run by a launcher elsewhere): its `*ARGS` variables are
         // the arguments, in the order they are set.
@@ -76,10 +77,10 @@ pub fn import(text: &str, origin: &str) -> Result<MegatronImport, ConfigError> {
                 "no training command: the arguments are the variables {}",
                 names.join(", ")
             ));
-            args = from_vars;
+            args = from_vars.into_iter().map(plain_arg).collect();
             // The tokenizer such a file names in a variable (the modelopt conf files'
             // TOKENIZER_MODEL), for the vocabulary.
-            if !args.iter().any(|a| a == "--tokenizer-model") {
+            if !args.iter().any(|a| a.text == "--tokenizer-model") {
                 let tokenizer = script
                     .assignments
                     .iter()
@@ -87,12 +88,20 @@ pub fn import(text: &str, origin: &str) -> Result<MegatronImport, ConfigError> {
                     .find(|(n, v)| n == "TOKENIZER_MODEL" && v.len() == 1)
                     .map(|(_, v)| v[0].clone());
                 if let Some(t) = tokenizer {
-                    args.push("--tokenizer-model".into());
-                    args.push(t);
+                    args.push(plain_arg("--tokenizer-model".into()));
+                    args.push(plain_arg(t));
                 }
             }
         }
     }
+    var_notes.extend(script.notes.iter().cloned());
+    var_notes.extend(environment_notes(&args));
+    let args: Vec<String> = args.into_iter().map(|a| a.text).collect();
+    // What the training command's words hold unresolved (not a `mkdir "$(dirname ...)"`).
+    let mut unresolved = script.unresolved;
+    unresolved.retain(|u| launcher.iter().chain(&args).any(|w| w.contains(u.as_str())));
+    unresolved.sort();
+    unresolved.dedup();
     let nemo = nemo::take_overrides(&args);
     launcher.extend(nemo.launcher);
     let mut state = flags::State::default();
@@ -109,9 +118,6 @@ pub fn import(text: &str, origin: &str) -> Result<MegatronImport, ConfigError> {
         origin: origin.to_string(),
         message,
     })?;
-    let mut unresolved = script.unresolved;
-    unresolved.sort();
-    unresolved.dedup();
     var_notes.extend(finished.notes);
     Ok(MegatronImport {
         layer: finished.layer,
@@ -119,6 +125,62 @@ pub fn import(text: &str, origin: &str) -> Result<MegatronImport, ConfigError> {
         unresolved,
         notes: var_notes,
     })
+}
+
+fn plain_arg(text: String) -> shell::Arg {
+    shell::Arg {
+        text,
+        env: Default::default(),
+    }
+}
+
+/// One note per flag the import reads whose value came from a variable the script does not
+/// set (its default, or the environment) or from the script's own arguments.
+fn environment_notes(args: &[shell::Arg]) -> Vec<String> {
+    let mut notes = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        let a = &args[i];
+        let (flag, inline) = match a.text.split_once('=') {
+            Some((f, _)) if f.starts_with("--") => (f.to_string(), true),
+            _ => (a.text.clone(), false),
+        };
+        i += 1;
+        if !flag.starts_with("--") {
+            if nemo::is_override(&a.text) && !a.env.is_empty() {
+                notes.push(format!(
+                    "{}: read from {}",
+                    a.text,
+                    shell::describe_env(&a.env)
+                ));
+            }
+            continue;
+        }
+        let mut env = if inline {
+            a.env.clone()
+        } else {
+            Default::default()
+        };
+        let mut values = Vec::new();
+        while !inline && i < args.len() && !args[i].text.starts_with("--") {
+            env.extend(args[i].env.iter().cloned());
+            values.push(args[i].text.as_str());
+            i += 1;
+        }
+        if !env.is_empty() && flags::reads(&flag.replace('_', "-")) {
+            let shown = if inline {
+                a.text.clone()
+            } else {
+                format!("{flag} {}", values.join(" "))
+            };
+            notes.push(format!(
+                "{}: read from {}",
+                shown.trim_end(),
+                shell::describe_env(&env)
+            ));
+        }
+    }
+    notes
 }
 
 /// The words of the variables named `*ARGS` that hold `--flags`, in the order they are set
@@ -138,11 +200,12 @@ fn args_from_variables(assignments: &[(String, Vec<String>)]) -> (Vec<String>, V
 /// The launcher words (before the training script) and the training script's arguments. The
 /// training script is the last `pretrain*.py` (else any `*.py`) command; without one, every
 /// word from the first `--flag` or Hydra override on is an argument.
-fn pick_command(commands: &[Vec<String>]) -> (Vec<String>, Vec<String>) {
+fn pick_command(commands: &[Vec<shell::Arg>]) -> (Vec<String>, Vec<shell::Arg>) {
     let find = |pred: &dyn Fn(&str) -> bool| {
         commands.iter().rev().find_map(|words| {
-            let i = words.iter().position(|w| pred(w))?;
-            Some((words[..i].to_vec(), words[i + 1..].to_vec()))
+            let i = words.iter().position(|w| pred(&w.text))?;
+            let launcher = words[..i].iter().map(|w| w.text.clone()).collect();
+            Some((launcher, words[i + 1..].to_vec()))
         })
     };
     let file_name = |w: &str| w.rsplit('/').next().unwrap_or(w).to_string();
@@ -155,10 +218,10 @@ fn pick_command(commands: &[Vec<String>]) -> (Vec<String>, Vec<String>) {
     if let Some(found) = find(&|w| w.ends_with(".py")) {
         return found;
     }
-    let all: Vec<String> = commands.iter().flatten().cloned().collect();
-    let start = all
-        .iter()
-        .position(|w| w.starts_with("--") || w.starts_with("model.") || w.starts_with("trainer."));
+    let all: Vec<shell::Arg> = commands.iter().flatten().cloned().collect();
+    let start = all.iter().position(|w| {
+        w.text.starts_with("--") || w.text.starts_with("model.") || w.text.starts_with("trainer.")
+    });
     (
         Vec::new(),
         start.map_or_else(Vec::new, |i| all[i..].to_vec()),

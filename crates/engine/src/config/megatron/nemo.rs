@@ -38,7 +38,7 @@ const SAME_NAME: &[&str] = &[
 ];
 
 /// True for a Hydra override of the NeMo config (`model.x=1`, `+trainer.y=2`).
-fn is_override(word: &str) -> bool {
+pub(super) fn is_override(word: &str) -> bool {
     let w = word.trim_start_matches(['+', '~']);
     (w.starts_with("model.") || w.starts_with("trainer.")) && w.contains('=')
 }

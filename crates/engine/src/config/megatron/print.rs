@@ -260,6 +260,12 @@ fn parallel_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
 fn training_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
     let t = &cfg.training;
     flag("--seq-length", Some(t.seq_length.to_string()));
+    // The tokens to train as whole sequences (else named among what has no flag).
+    if let Some(tokens) = cfg.run.train_tokens {
+        if t.seq_length > 0 && tokens % t.seq_length == 0 {
+            flag("--train-samples", Some((tokens / t.seq_length).to_string()));
+        }
+    }
     flag("--micro-batch-size", Some(t.micro_batch_size.to_string()));
     flag("--global-batch-size", Some(t.global_batch_size.to_string()));
     match t.precision {
@@ -409,6 +415,14 @@ fn not_expressible(cfg: &Config) -> Vec<String> {
     }
     if p.dp.is_some() {
         lost.push("dp (Megatron derives it from the GPU count)".into());
+    }
+    if let Some(tokens) = cfg.run.train_tokens {
+        let seq = cfg.training.seq_length;
+        if seq == 0 || tokens % seq != 0 {
+            lost.push(format!(
+                "run.train_tokens = {tokens} (not a whole number of {seq}-token sequences)"
+            ));
+        }
     }
     lost.push(format!("cluster.gpu = \"{}\"", cfg.cluster.gpu));
     lost

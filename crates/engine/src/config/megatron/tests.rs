@@ -3,6 +3,10 @@ use crate::config::{presets, Config, CpComm, Layer, Precision, Resolved, Schedul
 
 const LLAMA3_8B_SCRIPT: &str = include_str!("../../../../../tests/fixtures/megatron/llama3_8b.sh");
 
+/// NVIDIA's own launch script, verbatim (tests/fixtures/megatron/SOURCES.md).
+const NVIDIA_LLAMA3_8B_FP8: &str =
+    include_str!("../../../../../tests/fixtures/megatron/train_llama3_8b_h100_fp8.sh");
+
 /// The configuration the import gives over the built-in defaults.
 fn imported(text: &str) -> (Config, MegatronImport) {
     let imp = import(text, "test").expect("imports");
@@ -307,4 +311,76 @@ fn low_precision_settings_print_and_read_back() {
     assert_eq!(t.fp8_recipe, c.training.fp8_recipe);
     assert!(t.fp8_param_gather);
     assert_eq!(t.bf16_layers(), (0, 3));
+}
+
+/// Megatron-LM's examples/llama/train_llama3_8b_h100_fp8.sh read as bash runs it: its
+/// `TRAINING_ARGS+=("${DDP_ARGS[@]}")` append gives the distributed optimizer (ZeRO-1) with both
+/// overlaps, its `if [[ "$DTYPE" == "fp8" ]]` block the FP8 recipe and --fp8-param-gather, the
+/// mock-data branch (the script's arguments are not given) --vocab-size 128256, and
+/// --train-samples 1953125000 of 8192 tokens the run's length. Every value is read off the
+/// script by hand.
+#[test]
+fn nvidias_llama3_fp8_script_reads_its_appends_and_conditions() {
+    let (cfg, imp) = imported(NVIDIA_LLAMA3_8B_FP8);
+    let p = &cfg.parallel;
+    assert_eq!(
+        (p.tp, p.cp, p.pp, p.zero),
+        (1, 1, 1, 1),
+        "distributed optimizer"
+    );
+    assert!(p.overlap_grad_reduce && p.overlap_param_gather);
+    let t = &cfg.training;
+    assert_eq!(t.precision, Precision::Fp8);
+    assert!(t.fp8_param_gather);
+    assert_eq!(t.grad_dtype.to_string(), "bf16");
+    assert_eq!(
+        (t.seq_length, t.micro_batch_size, t.global_batch_size),
+        (8192, 1, 128)
+    );
+    assert_eq!(cfg.model.vocab_size, 128_256);
+    assert_eq!(cfg.run.train_tokens, Some(1_953_125_000 * 8192));
+    assert_eq!((cfg.cluster.num_gpus, cfg.cluster.gpus_per_node), (8, 8));
+    let notes = imp.notes.join("\n");
+    // The data branch rests on the script's arguments 3 and 4, which it is read without.
+    assert!(
+        notes.contains("argument") && notes.contains("DATA_ARGS_LIST"),
+        "{notes}"
+    );
+    // The `[ ! -f "$PRETRAIN_SCRIPT_PATH" ]` test exits when false: nothing to say.
+    assert!(!notes.contains("file test"), "{notes}");
+    // `$(dirname ...)` of the mkdir lines is not the training command's.
+    assert!(
+        imp.unresolved.iter().all(|u| !u.contains("dirname")),
+        "{:?}",
+        imp.unresolved
+    );
+    Resolved::new(cfg).expect("the imported run is valid");
+}
+
+/// The minimal repro: `B+=( --use-distributed-optimizer )` is ZeRO-1, not ZeRO-0.
+#[test]
+fn an_appended_array_item_is_read() {
+    let text = "A=(--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 --seq-length 8192 --max-position-embeddings 8192 --swiglu --micro-batch-size 1 --global-batch-size 128 --bf16)\nB=(--tensor-model-parallel-size 1)\nB+=( --use-distributed-optimizer )\ntorchrun --nproc_per_node 8 pretrain_gpt.py ${A[@]} ${B[@]}\n";
+    let (cfg, imp) = imported(text);
+    assert_eq!(cfg.parallel.zero, 1);
+    assert!(imp.ignored.is_empty(), "{:?}", imp.ignored);
+}
+
+/// `--train-iters` counts steps of the global batch; a value from the environment is named.
+#[test]
+fn train_iters_and_environment_values_are_read_and_named() {
+    let text = "TP=${TP:-2}\ntorchrun pretrain_gpt.py --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --global-batch-size 16 --train-iters 1000 --tensor-model-parallel-size $TP\n";
+    let (cfg, imp) = imported(text);
+    assert_eq!(cfg.run.train_tokens, Some(1000 * 16 * 128));
+    assert_eq!(cfg.parallel.tp, 2);
+    assert!(
+        imp.notes
+            .iter()
+            .any(|n| n.starts_with("--tensor-model-parallel-size 2") && n.contains("TP (not set")),
+        "{:?}",
+        imp.notes
+    );
+    // Printed back as --train-samples, it reads to the same run length.
+    let printed = to_megatron_args(&cfg);
+    assert!(printed.contains("--train-samples 16000"), "{printed}");
 }

@@ -44,6 +44,16 @@ fn single<'a>(flag: &str, values: &'a [String]) -> Result<&'a str, String> {
     }
 }
 
+/// True when the import reads `flag` (spelled with dashes): it maps onto a field or is
+/// combined with others; false for flags it ignores or refuses.
+pub(super) fn reads(flag: &str) -> bool {
+    DIRECT.iter().any(|d| d.0 == flag)
+        || KEPT_INTS.contains(&flag)
+        || KEPT_SWITCHES.contains(&flag)
+        || KEPT_WORDS.contains(&flag)
+        || KEPT_LISTS.contains(&flag)
+}
+
 impl State {
     /// Reads the GPU count from torchrun's (or torch.distributed.launch's) own flags.
     pub fn launcher(&mut self, words: &[String]) {
@@ -72,11 +82,7 @@ impl State {
                 "{why}; this flag changes the model or its parallel layout, so the run is not estimated"
             ));
         }
-        let known = DIRECT.iter().any(|d| d.0 == flag)
-            || KEPT_INTS.contains(&flag.as_str())
-            || KEPT_SWITCHES.contains(&flag.as_str())
-            || KEPT_WORDS.contains(&flag.as_str())
-            || KEPT_LISTS.contains(&flag.as_str());
+        let known = reads(&flag);
         if known && values.iter().any(|v| v.contains('$')) {
             self.notes.push(format!(
                 "{raw_flag} {}: the value is not resolved, so the flag is ignored",
@@ -129,6 +135,7 @@ impl State {
         self.model()?;
         self.parallel()?;
         self.training()?;
+        self.run_length();
         self.cluster();
         Ok(Finished {
             layer: Value::Object(self.layer),
@@ -482,7 +489,7 @@ impl State {
                 .word("--tokenizer-model")
                 .map_or_else(String::new, |t| format!(" ({t})"));
             self.notes.push(format!(
-                "the vocabulary size comes from the tokenizer{from}, which is not read: the base model's is kept (give --vocab-size to set it)"
+                "the vocabulary size comes from the tokenizer{from}, which is not read: the base model's is kept (set it with parsim's --vocab-size N, or add Megatron's --vocab-size N to the launch)"
             ));
         }
         let div = self.ints.get("--make-vocab-size-divisible-by").copied();

@@ -1,6 +1,7 @@
 //! The training flags that pick the optimizer, the recompute modules and activation
-//! offloading (`--optimizer`, `--recompute-modules`, `--cpu-offloading*`): read as Megatron-LM
-//! reads them, refused by name where parsim does not model the setting.
+//! offloading (`--optimizer`, `--recompute-modules`, `--cpu-offloading*`) and the run's length
+//! (`--train-samples`, `--train-iters`): read as Megatron-LM reads them, refused by name where
+//! parsim does not model the setting.
 
 use super::State;
 use serde_json::{json, Value};
@@ -83,5 +84,56 @@ impl State {
             ));
         }
         Ok(())
+    }
+
+    /// The tokens to train (`run.train_tokens`): `--train-samples` sequences of
+    /// `--seq-length`, or `--train-iters` steps of `--global-batch-size` sequences (Megatron-LM
+    /// refuses a batch-size ramp-up with iteration-based training, so every step is whole).
+    pub(super) fn run_length(&mut self) {
+        let training = |key: &str| {
+            self.layer
+                .get("training")
+                .and_then(|t| t.get(key))
+                .and_then(Value::as_u64)
+        };
+        let (seq, gbs) = (training("seq_length"), training("global_batch_size"));
+        let (what, tokens) = if let Some(n) = self.ints.get("--train-samples").copied() {
+            let what = format!("--train-samples {n} x --seq-length {}", seq.unwrap_or(0));
+            (what, seq.map(|s| n.checked_mul(s)))
+        } else if let Some(n) = self.ints.get("--train-iters").copied() {
+            let what = format!(
+                "--train-iters {n} x --global-batch-size {} x --seq-length {}",
+                gbs.unwrap_or(0),
+                seq.unwrap_or(0)
+            );
+            let tokens = seq
+                .zip(gbs)
+                .map(|(s, g)| n.checked_mul(s).and_then(|x| x.checked_mul(g)));
+            (what, tokens)
+        } else {
+            return;
+        };
+        match tokens {
+            None => self.notes.push(format!(
+                "{what}: the launch gives no {}, so the tokens to train are not counted",
+                if seq.is_none() {
+                    "--seq-length"
+                } else {
+                    "--global-batch-size"
+                }
+            )),
+            Some(None) => self.notes.push(format!(
+                "{what}: more tokens than parsim counts (2^64), so the run is not planned"
+            )),
+            Some(Some(0)) => self
+                .notes
+                .push(format!("{what}: zero tokens, so the run is not planned")),
+            Some(Some(t)) => {
+                self.set("run", "train_tokens", json!(t));
+                self.notes.push(format!(
+                    "{what} = {t} tokens to train (run.train_tokens): the run's days, energy and cost follow"
+                ));
+            }
+        }
     }
 }
