@@ -2,6 +2,7 @@
 //! layer (shaped like the file) that is merged over the file, so flags and files go through
 //! the same deserialization and validation.
 
+use super::registry_help;
 use anyhow::Context;
 use clap::Args;
 use parsim::config::megatron;
@@ -21,8 +22,7 @@ pub struct SourceArgs {
     /// Configuration file (TOML, or JSON by extension); flags override it.
     #[arg(long, short = 'c', value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Model preset (gpt3-175b, llama2-7b, llama2-70b, llama3-8b, llama3-70b, llama3-405b, mixtral-8x7b, deepseek-v3). [default from config: llama3-8b]
-    #[arg(long, value_name = "PRESET", conflicts_with = "model_config")]
+    #[arg(long, value_name = "PRESET", conflicts_with = "model_config", help = registry_help::model())]
     pub model: Option<String>,
     /// A Hugging Face config.json to import the model from.
     #[arg(long, value_name = "HF_CONFIG_JSON")]
@@ -49,8 +49,7 @@ pub struct WorkloadArgs {
     /// where it fits the GPU count), else gpus-per-node]
     #[arg(long, value_name = "GPUS")]
     pub nvlink_domain_size: Option<u32>,
-    /// GPU profile name (a100-40g, a100-80g, h100-sxm, h200, b200, b300, gb200, gb300, mi300x, mi355x) or profile TOML path. [default from config: h100-sxm]
-    #[arg(long)]
+    #[arg(long, help = registry_help::gpu())]
     pub gpu: Option<String>,
     /// Sequence length. [default from config: 8192]
     #[arg(long)]
@@ -58,9 +57,7 @@ pub struct WorkloadArgs {
     /// Global batch size. [default from config: 64]
     #[arg(long)]
     pub gbs: Option<u64>,
-    /// Precision: bf16, fp16, fp8, fp32, mxfp8, nvfp4 (mxfp8 and nvfp4 on Blackwell and
-    /// CDNA 4 profiles). [default from config: bf16]
-    #[arg(long)]
+    #[arg(long, help = registry_help::precision())]
     pub precision: Option<Precision>,
     /// Fraction of GPU memory kept free for allocator fragmentation and reserve, e.g. 0.1 or
     /// 10% [default: the profile's memory_margin_fraction, 0.05 when it names none].

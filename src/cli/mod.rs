@@ -13,6 +13,7 @@ mod launch_args;
 mod layout;
 mod moe_load;
 mod ranked;
+mod registry_help;
 mod run_section;
 mod schedule;
 mod search;

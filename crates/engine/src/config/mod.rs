@@ -17,6 +17,7 @@ pub mod megatron;
 mod model;
 mod parallel;
 pub mod presets;
+pub mod registry;
 mod resolve;
 pub(crate) mod rules;
 mod run;
@@ -32,13 +33,14 @@ pub use framework::{
 };
 pub use fsdp::{held_zero, syncs_once_per_step, Fsdp};
 pub use gpu::{
-    Efficiency, GemmShape, GpuPower, GpuProfile, Link, Links, NcclArch, PeakFlops,
+    Efficiency, Evidence, GemmShape, GpuPower, GpuProfile, Link, Links, NcclArch, PeakFlops,
     CALIBRATE_PROVENANCE,
 };
 pub use model::{
     AttentionSpan, HybridLayer, LayerKind, MambaConfig, MlaConfig, ModelConfig, MAX_LAYER_VARIANTS,
 };
 pub use parallel::ParallelConfig;
+pub use registry::Registry;
 pub use resolve::{PipelinePlacement, Resolved};
 pub use rules::check_base;
 pub use rules::pipeline_layout;
