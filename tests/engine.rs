@@ -21,6 +21,7 @@ mod engine {
     pub mod memory;
     pub mod modern_models;
     pub mod modern_recipes;
+    pub mod nvlink_domains;
     pub mod params;
     pub mod pp_p2p;
     pub mod profiles;

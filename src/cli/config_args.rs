@@ -41,12 +41,13 @@ pub struct WorkloadArgs {
     /// and both ends). [default from config: 8]
     #[arg(long, value_name = "N|LOW..HIGH", value_parser = gpu_count)]
     pub gpus: Option<GpuCount>,
-    /// GPUs per node. [default from config: 8]
+    /// GPUs per node (a host: CPU memory, NICs). [default: the GPU profile's gpus_per_node]
     #[arg(long)]
     pub gpus_per_node: Option<u32>,
-    /// GPUs per NVLink domain: a group inside one runs at NVLink rates across nodes (72 on a
-    /// GB200/GB300 NVL72 rack of 4-GPU nodes). [default: the profile's (72 on gb200 and gb300,
-    /// where it fits the GPU count), else gpus-per-node]
+    /// GPUs per NVLink domain: a group inside one runs at NVLink rates across nodes. [default:
+    /// automatic; on a profile whose NVLink spans racks, a job of at most a rack is one domain,
+    /// else whole racks, else the profile's racks a job is scheduled on (64 of an NVL72's 72),
+    /// else the node, with a warning]
     #[arg(long, value_name = "GPUS")]
     pub nvlink_domain_size: Option<u32>,
     #[arg(long, help = registry_help::gpu())]

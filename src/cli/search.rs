@@ -1,7 +1,7 @@
 //! `parsim search`: rank every valid parallel mix for a model and a GPU count.
 
 use super::config_args::{SourceArgs, TrainingArgs, WorkloadArgs};
-use super::ranked::{cancel_on_ctrl_c, csv_fields, CSV_COLUMNS};
+use super::ranked::{cancel_on_ctrl_c, csv_fields, nvlink_domain_lines, CSV_COLUMNS};
 use super::search_range::Output;
 use super::Outcome;
 use anyhow::Context;
@@ -146,7 +146,10 @@ fn interval_flags(
 }
 
 pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
-    let base = args.workload.load(&args.source, &args.training)?;
+    let base = args
+        .workload
+        .load(&args.source, &args.training)?
+        .with_profile_defaults()?;
     let (objective, deadline_s) = run_flags(&args, &base)?;
     let (rank_by, model) = interval_flags(&args, objective.is_some() || deadline_s.is_some())?;
     if base.run.train_tokens.is_some() && objective.is_none() && deadline_s.is_none() {
@@ -273,10 +276,13 @@ fn print_text(spec: &SearchSpec, result: &parsim::search::SearchResult, rank_by:
         m.name,
         spec.base.cluster.num_gpus,
         spec.base.cluster.gpu,
-        spec.base.cluster.gpus_per_node,
+        spec.base.cluster.per_node(),
         spec.base.training.seq_length,
         spec.base.training.global_batch_size
     );
+    for line in nvlink_domain_lines(&spec.base.cluster, true) {
+        println!("{line}");
+    }
     println!(
         "{} candidates: {} by constraints, {} invalid, {} cannot fit even with one microbatch in flight, {} cannot beat the leaders (step-time lower bound), {} simulated ({} of them do not fit) in {:.2} s ({:.0} candidates/s){}",
         result.candidates,

@@ -42,10 +42,15 @@ pub struct Links {
     /// cover (MI300X on RCCL, B200, the CPU backend).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nccl: Option<NcclArch>,
-    /// GPUs that share one NVLink domain on this system (72 on a GB200/GB300 NVL72 rack), the
-    /// default of `cluster.nvlink_domain_size`; `None`: the node is the domain.
+    /// GPUs that share one NVLink domain on this system (72 on a GB200/GB300 NVL72 rack): the
+    /// rack `cluster.nvlink_domain_size` defaults from (`ClusterConfig::nvlink_domain_choice`);
+    /// `None`: the node is the domain.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvlink_domain_size: Option<u32>,
+    /// The part of a rack a job is scheduled on when it does not fill whole racks (64 of an
+    /// NVL72's 72: 16 of 18 trays), the domain of such jobs where they fill those.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_domain_job_size: Option<u32>,
     pub intra_node: Link,
     pub inter_node: Link,
     /// The GPU's link to its host's memory (PCIe, or NVLink-C2C on Grace systems), per
@@ -169,6 +174,13 @@ pub struct GpuPower {
     pub tdp_w: f64,
 }
 
+/// GPUs per node when a profile names none: an HGX/DGX board of eight.
+pub const DEFAULT_GPUS_PER_NODE: u32 = 8;
+
+fn default_gpus_per_node() -> u32 {
+    DEFAULT_GPUS_PER_NODE
+}
+
 /// What a profile's figures rest on, one phrase per kind of figure: the rows of
 /// docs/accuracy.md's "What each profile rests on" (`calibrate::markdown`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -200,6 +212,10 @@ pub struct GpuProfile {
     /// CPU's, fitted by `parsim calibrate`), and the published fit leaves it alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub efficiency_family: Option<String>,
+    /// GPUs per node (host: CPU memory, NICs) as the system ships: 4 on a GB200/GB300 NVL72
+    /// compute tray, 8 on an HGX/DGX board. The default of `cluster.gpus_per_node`.
+    #[serde(default = "default_gpus_per_node")]
+    pub gpus_per_node: u32,
     /// The training precisions its tensor cores run (`training.precision`). Absent: bf16, fp16
     /// and fp32, plus fp8 with a `peak_flops.fp8` and mxfp8 and nvfp4 with a `peak_flops.fp4`,
     /// what a profile meant before it listed them ([`GpuProfile::runs`]).
@@ -529,6 +545,34 @@ impl GpuProfile {
                 origin: origin.to_string(),
                 message: "links.nvlink_domain_size must be at least 1 GPU".into(),
             });
+        }
+        self.check_nodes(origin)?;
+        Ok(())
+    }
+
+    /// `gpus_per_node` at least 1; a domain a job is scheduled on is whole nodes inside the
+    /// rack, and only with a rack.
+    fn check_nodes(&self, origin: &str) -> Result<(), ConfigError> {
+        let refuse = |message: String| {
+            Err(ConfigError::Profile {
+                origin: origin.to_string(),
+                message,
+            })
+        };
+        let per_node = self.gpus_per_node;
+        if per_node == 0 {
+            return refuse("gpus_per_node must be at least 1, got 0".into());
+        }
+        if let Some(part) = self.links.nvlink_domain_job_size {
+            match self.links.nvlink_domain_size {
+                Some(rack) if part > 0 && part < rack && part % per_node == 0 => {}
+                rack => {
+                    return refuse(format!(
+                        "links.nvlink_domain_job_size ({part}) must be whole nodes of {per_node} GPUs inside links.nvlink_domain_size ({})",
+                        rack.map_or("not given".into(), |r| r.to_string())
+                    ))
+                }
+            }
         }
         Ok(())
     }

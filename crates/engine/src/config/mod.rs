@@ -24,7 +24,7 @@ mod run;
 pub mod tables;
 mod training;
 
-pub use cluster::ClusterConfig;
+pub use cluster::{ClusterConfig, DomainRule, NvlinkDomain};
 pub use enums::*;
 pub use error::{ConfigError, Violation};
 pub use framework::{
@@ -34,7 +34,7 @@ pub use framework::{
 pub use fsdp::{held_zero, syncs_once_per_step, Fsdp};
 pub use gpu::{
     Efficiency, Evidence, GemmShape, GpuPower, GpuProfile, Link, Links, NcclArch, PeakFlops,
-    CALIBRATE_PROVENANCE,
+    CALIBRATE_PROVENANCE, DEFAULT_GPUS_PER_NODE,
 };
 pub use model::{
     AttentionSpan, HybridLayer, LayerKind, MambaConfig, MlaConfig, ModelConfig, MAX_LAYER_VARIANTS,
@@ -224,6 +224,20 @@ impl Config {
             origin
         };
         load::from_value(merged, &origin)
+    }
+
+    /// Fills in what the GPU profile gives by default: `cluster.gpus_per_node` (4 on a
+    /// GB200/GB300 tray, 8 on an HGX board) where the configuration leaves it out.
+    pub fn fill_profile_defaults(&mut self, gpu: &GpuProfile) {
+        self.cluster.gpus_per_node = Some(self.cluster.gpus_per_node_on(gpu));
+    }
+
+    /// This configuration with its profile's defaults filled in ([`Config::fill_profile_defaults`]),
+    /// the profile loaded by `cluster.gpu`.
+    pub fn with_profile_defaults(mut self) -> Result<Config, ConfigError> {
+        let gpu = GpuProfile::load(&self.cluster.gpu)?;
+        self.fill_profile_defaults(&gpu);
+        Ok(self)
     }
 
     /// The overlap switches of this configuration's framework at its ZeRO stage, for callers

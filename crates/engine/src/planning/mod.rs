@@ -368,7 +368,7 @@ pub fn run_report(r: &Resolved, est: &Estimate) -> Result<Option<RunReport>, Pla
         compute_s: est.time.compute_s,
         tokens_per_step: t.global_batch_size * t.seq_length,
         gpus: r.world(),
-        gpus_per_node: r.config.cluster.gpus_per_node,
+        gpus_per_node: r.config.cluster.per_node(),
         gpu_idle_w: r.gpu.power.map(|p| p.idle_w),
         gpu_tdp_w: r.gpu.power.map(|p| p.tdp_w),
         checkpoint_bytes: ckpt,
