@@ -27,6 +27,7 @@ mod engine {
     pub mod profiles;
     pub mod properties;
     pub mod robustness;
+    pub mod run_energy;
     pub mod tables;
     pub mod time;
     pub mod training_options;

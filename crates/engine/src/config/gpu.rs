@@ -166,12 +166,18 @@ impl Default for GemmShape {
 }
 
 /// A GPU's board power, in watts: what it draws idle and its thermal design power (the most it
-/// draws under sustained load), each with its source in the profile file.
+/// draws under sustained load), and the power of the node it ships in besides its GPUs, each
+/// with its source in the profile file.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuPower {
     pub idle_w: f64,
     pub tdp_w: f64,
+    /// One node of the profile's `gpus_per_node` GPUs besides them (CPUs, memory, NICs, fans,
+    /// its share of a rack's switches and power shelves), at most: the system's maximum power
+    /// less its GPUs' TDP. `None`: the run assumes DGX H100's per GPU, and says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_w_per_node: Option<f64>,
 }
 
 /// GPUs per node when a profile names none: an HGX/DGX board of eight.
@@ -322,7 +328,7 @@ impl GpuProfile {
         Ok(profile)
     }
 
-    /// `power`: finite, 0 <= idle_w <= tdp_w, tdp_w > 0.
+    /// `power`: finite, 0 <= idle_w <= tdp_w, tdp_w > 0, host_w_per_node >= 0.
     fn check_power(&self, origin: &str) -> Result<(), ConfigError> {
         if let Some(p) = &self.power {
             let ok = p.tdp_w.is_finite()
@@ -338,6 +344,13 @@ impl GpuProfile {
                         "needs 0 <= idle_w <= tdp_w and tdp_w > 0, finite (got idle_w {}, tdp_w {})",
                         p.idle_w, p.tdp_w
                     ),
+                });
+            }
+            if let Some(h) = p.host_w_per_node.filter(|h| !(h.is_finite() && *h >= 0.0)) {
+                return Err(ConfigError::Field {
+                    origin: origin.to_string(),
+                    field: "power.host_w_per_node".into(),
+                    message: format!("must be a finite number of watts, 0 or more, got {h}"),
                 });
             }
         }
