@@ -3,10 +3,13 @@
 use super::enums::{Activation, Normalization, PositionEmbedding, RouterScore};
 use super::model::{MambaConfig, MlaConfig, ModelConfig};
 
+/// Builds a preset's model under the name it is asked by.
+pub type BuildPreset = fn(&str) -> ModelConfig;
+
 /// The built-in presets: a name and the function that builds the model (with its source in
 /// a comment there). A new preset is one line here; the names (`--model`'s help, the
 /// unknown-preset error, the GUI's list, the fuzz lists) derive from this table.
-pub const PRESETS: &[(&str, fn(&str) -> ModelConfig)] = &[
+pub const PRESETS: &[(&str, BuildPreset)] = &[
     ("gpt3-175b", gpt3_175b),
     // Touvron et al. 2023 ("Llama 2"), Table 1 and the released config.json files.
     ("llama2-7b", |n| {
