@@ -59,9 +59,9 @@ fn main() -> anyhow::Result<()> {
     let params: Vec<_> = if refit {
         fits.iter().map(|f| (f.family, f.params)).collect()
     } else {
-        Family::ALL
-            .iter()
-            .map(|&f| Ok((f, calibrate::shipped_params(f)?)))
+        Family::all()
+            .into_iter()
+            .map(|f| Ok((f, calibrate::shipped_params(f)?)))
             .collect::<Result<_, calibrate::CalibrateError>>()?
     };
     let e = calibrate::evaluate(&params)?;

@@ -13,9 +13,9 @@ use parsim::config::{GpuProfile, Resolved};
 use parsim::estimate::estimate;
 
 fn shipped() -> Vec<(Family, Params)> {
-    Family::ALL
-        .iter()
-        .map(|&f| (f, calibrate::shipped_params(f).unwrap()))
+    Family::all()
+        .into_iter()
+        .map(|f| (f, calibrate::shipped_params(f).unwrap()))
         .collect()
 }
 

@@ -632,7 +632,11 @@ fn published_fit_lands_on_the_shipped_values_from_every_corner_and_a_random_star
     let fits: Vec<(&str, Params, FitResult)> = std::thread::scope(|scope| {
         let handles: Vec<_> = starts
             .iter()
-            .flat_map(|&(kind, x)| Family::ALL.map(|f| (kind, f, start_of(f, x))))
+            .flat_map(|&(kind, x)| {
+                Family::all()
+                    .into_iter()
+                    .map(move |f| (kind, f, start_of(f, x)))
+            })
             .map(|(kind, family, start)| {
                 scope.spawn(move || (kind, start, fit_family_from(family, start).unwrap()))
             })
@@ -691,9 +695,9 @@ fn published_fit_lands_on_the_shipped_values_from_every_corner_and_a_random_star
     // The interference is measured, never fitted: a start of 0 stays 0.
     let no_interference = Params {
         overlap_interference: 0.0,
-        ..shipped_params(Family::H100).unwrap()
+        ..shipped_params(Family::of("h100-sxm").unwrap()).unwrap()
     };
-    let fit = fit_family_from(Family::H100, no_interference).unwrap();
+    let fit = fit_family_from(Family::of("h100-sxm").unwrap(), no_interference).unwrap();
     assert_eq!(fit.params.overlap_interference, 0.0);
 }
 
@@ -704,9 +708,9 @@ fn shipped_with(
     parsim::calibrate::fit::Family,
     parsim::calibrate::fit::Params,
 )> {
-    parsim::calibrate::fit::Family::ALL
-        .iter()
-        .map(|&f| {
+    parsim::calibrate::fit::Family::all()
+        .into_iter()
+        .map(|f| {
             let mut p = parsim::calibrate::shipped_params(f).unwrap();
             edit(&mut p);
             (f, p)

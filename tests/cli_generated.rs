@@ -40,3 +40,23 @@ fn help_shows_defaults() {
                 .and(predicate::str::contains("[default from config: 8192]")),
         );
 }
+
+/// `--help` lists what the engine's registries hold: every shipped GPU profile and every model
+/// preset (derived from them, so a new one shows without touching the CLI).
+#[test]
+fn help_lists_every_profile_and_preset() {
+    let out = parsim().args(["estimate", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for name in parsim::config::GpuProfile::shipped_names() {
+        assert!(
+            help.contains(name),
+            "--help lacks the profile {name}:\n{help}"
+        );
+    }
+    for name in parsim::config::presets::PRESET_NAMES {
+        assert!(
+            help.contains(name),
+            "--help lacks the preset {name}:\n{help}"
+        );
+    }
+}

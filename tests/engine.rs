@@ -22,11 +22,13 @@ mod engine {
     pub mod memory;
     pub mod modern_models;
     pub mod modern_recipes;
+    pub mod nvlink_domains;
     pub mod params;
     pub mod pp_p2p;
     pub mod profiles;
     pub mod properties;
     pub mod robustness;
+    pub mod run_energy;
     pub mod tables;
     pub mod time;
     pub mod training_options;

@@ -140,12 +140,8 @@ fn plausible(r: &mut Rng, key: &str) -> Value {
             "Ex|L",
             ""
         ])),
-        "gpu" => {
-            json!(r.pick(&[
-                "h100-sxm", "a100-40g", "a100-80g", "h200", "b200", "b300", "gb200", "gb300",
-                "mi300x", "mi355x", "cpu"
-            ]))
-        }
+        // Every shipped profile (config/gpu.rs `SHIPPED`), so a new one is fuzzed too.
+        "gpu" => json!(r.pick(&parsim::config::GpuProfile::shipped_names())),
         "num_gpus" => ints(r, &[1, 2, 4, 8, 16, 64, 512, 4096, 65536]),
         "gpus_per_node" => ints(r, &[1, 2, 4, 8, 16]),
         "nvlink_domain_size" => ints(r, &[0, 1, 4, 8, 64, 72, 576]),
@@ -605,6 +601,8 @@ const FUZZ_EXIT_CODES: [i32; 4] = [0, 1, 2, 3];
 #[test]
 fn fuzz_command_lines() {
     let mut r = Rng::seeded(6);
+    // Every shipped profile (config/gpu.rs `SHIPPED`), so a new one is fuzzed too.
+    let gpus = parsim::config::GpuProfile::shipped_names();
     let flag_values: &[(&str, &[&str])] = &[
         ("--gpus", &["0", "1", "8", "64", "4294967295"]),
         ("--tp", &["0", "1", "2", "8", "3"]),
@@ -630,10 +628,7 @@ fn fuzz_command_lines() {
         ("--lora-rank", &["0", "16", "99999999"]),
         ("--mode", &["lora", "full"]),
         ("--precision", &["fp8", "fp32", "mxfp8", "nvfp4"]),
-        (
-            "--gpu",
-            &["h100-sxm", "b200", "b300", "gb200", "gb300", "mi355x"],
-        ),
+        ("--gpu", &gpus),
         ("--gpus-per-node", &["1", "4", "8"]),
         (
             "--nvlink-domain-size",

@@ -352,11 +352,29 @@ fn search_over_a_gpu_range_prints_a_table_and_draws_a_png() {
 
 /// Parses CSV without quoted commas in the checked columns: the header and the rows.
 fn csv_rows(text: &str) -> (Vec<String>, Vec<Vec<String>>) {
-    let mut lines = text
-        .lines()
-        .map(|l| l.split(',').map(String::from).collect::<Vec<_>>());
+    let mut lines = text.lines().map(csv_fields);
     let header = lines.next().unwrap();
     (header, lines.collect())
+}
+
+/// One CSV line's fields (RFC 4180: a field in double quotes may hold commas, and `""` is a
+/// quote), so labels such as `pp8[10x6,11,9]` stay one field.
+fn csv_fields(line: &str) -> Vec<String> {
+    let (mut fields, mut field, mut quoted) = (Vec::new(), String::new(), false);
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                field.push('"');
+                chars.next();
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => fields.push(std::mem::take(&mut field)),
+            _ => field.push(c),
+        }
+    }
+    fields.push(field);
+    fields
 }
 
 #[test]

@@ -178,7 +178,7 @@ fn compare_gives_each_column_its_run() {
 }
 
 #[test]
-fn search_without_an_objective_says_how_to_rank_by_the_run() {
+fn search_without_an_objective_shows_each_rows_run_and_how_to_rank_by_it() {
     let out = parsim()
         .args([
             "search",
@@ -198,5 +198,24 @@ fn search_without_an_objective_says_how_to_rank_by_the_run() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("give --objective time|cost|energy"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("--objective time|cost|energy ranks by them"),
+        "{text}"
+    );
+    // The row's wall days are the budget over its throughput: 1e12 tokens / (tokens/s) / 86400.
+    let header = text.lines().find(|l| l.starts_with("│ #")).unwrap();
+    let row = text.lines().find(|l| l.starts_with("│ 1 ")).unwrap();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    let column = |name: &str| {
+        let at = header.find(name).unwrap();
+        row[at..].split_whitespace().next().unwrap().to_string()
+    };
+    let tokens_per_s: f64 = column("tokens/s").parse().unwrap();
+    let days: f64 = column("wall days").parse().unwrap();
+    let expected = 1e12 / tokens_per_s / 86_400.0;
+    assert!(
+        (days / expected - 1.0).abs() < 1e-3,
+        "{days} vs {expected}: {cells:?}"
+    );
 }

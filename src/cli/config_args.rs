@@ -2,6 +2,7 @@
 //! layer (shaped like the file) that is merged over the file, so flags and files go through
 //! the same deserialization and validation.
 
+use super::registry_help;
 use anyhow::Context;
 use clap::Args;
 use parsim::config::megatron;
@@ -21,8 +22,7 @@ pub struct SourceArgs {
     /// Configuration file (TOML, or JSON by extension); flags override it.
     #[arg(long, short = 'c', value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Model preset (gpt3-175b, llama2-7b, llama2-70b, llama3-8b, llama3-70b, llama3-405b, mixtral-8x7b, deepseek-v3). [default from config: llama3-8b]
-    #[arg(long, value_name = "PRESET", conflicts_with = "model_config")]
+    #[arg(long, value_name = "PRESET", conflicts_with = "model_config", help = registry_help::model())]
     pub model: Option<String>,
     /// A Hugging Face config.json to import the model from.
     #[arg(long, value_name = "HF_CONFIG_JSON")]
@@ -41,16 +41,16 @@ pub struct WorkloadArgs {
     /// and both ends). [default from config: 8]
     #[arg(long, value_name = "N|LOW..HIGH", value_parser = gpu_count)]
     pub gpus: Option<GpuCount>,
-    /// GPUs per node. [default from config: 8]
+    /// GPUs per node (a host: CPU memory, NICs). [default: the GPU profile's gpus_per_node]
     #[arg(long)]
     pub gpus_per_node: Option<u32>,
-    /// GPUs per NVLink domain: a group inside one runs at NVLink rates across nodes (72 on a
-    /// GB200/GB300 NVL72 rack of 4-GPU nodes). [default: the profile's (72 on gb200 and gb300,
-    /// where it fits the GPU count), else gpus-per-node]
+    /// GPUs per NVLink domain: a group inside one runs at NVLink rates across nodes. [default:
+    /// automatic; on a profile whose NVLink spans racks, a job of at most a rack is one domain,
+    /// else whole racks, else the profile's racks a job is scheduled on (64 of an NVL72's 72),
+    /// else the node, with a warning]
     #[arg(long, value_name = "GPUS")]
     pub nvlink_domain_size: Option<u32>,
-    /// GPU profile name (a100-40g, a100-80g, h100-sxm, h200, b200, b300, gb200, gb300, mi300x, mi355x) or profile TOML path. [default from config: h100-sxm]
-    #[arg(long)]
+    #[arg(long, help = registry_help::gpu())]
     pub gpu: Option<String>,
     /// Sequence length. [default from config: 8192]
     #[arg(long)]
@@ -58,9 +58,7 @@ pub struct WorkloadArgs {
     /// Global batch size. [default from config: 64]
     #[arg(long)]
     pub gbs: Option<u64>,
-    /// Precision: bf16, fp16, fp8, fp32, mxfp8, nvfp4 (mxfp8 and nvfp4 on Blackwell and
-    /// CDNA 4 profiles). [default from config: bf16]
-    #[arg(long)]
+    #[arg(long, help = registry_help::precision())]
     pub precision: Option<Precision>,
     /// Fraction of GPU memory kept free for allocator fragmentation and reserve, e.g. 0.1 or
     /// 10% [default: the profile's memory_margin_fraction, 0.05 when it names none].

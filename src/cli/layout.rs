@@ -42,11 +42,14 @@ pub fn run(args: LayoutArgs) -> anyhow::Result<()> {
             layout.world()
         );
     }
+    // How the NVLink domain was chosen, where that is more than "each node".
+    let domain = Some(&resolved.nvlink_domain).filter(|d| d.is_worth_saying());
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&parsim::report::layout::layout_json(&layout))?
-        );
+        let mut v = parsim::report::layout::layout_json(&layout);
+        if let Some(d) = domain {
+            v["nvlink_domain_choice"] = serde_json::to_value(d)?;
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!(
             "{}",
@@ -57,6 +60,12 @@ pub fn run(args: LayoutArgs) -> anyhow::Result<()> {
                 args.rank
             )
         );
+        if let Some(d) = domain {
+            println!("NVLink domain: {}", d.reason);
+            if let Some(w) = &d.warning {
+                println!("warning: {w}");
+            }
+        }
     }
     Ok(())
 }

@@ -15,6 +15,7 @@ mod launch_args;
 mod layout;
 mod moe_load;
 mod ranked;
+mod registry_help;
 mod row_command;
 mod run_section;
 mod schedule;

@@ -1,5 +1,5 @@
-//! What `search` and `search --gpus LOW..HIGH` share: the CSV columns of a ranked mix and the
-//! Ctrl-C flag.
+//! What `search` and `search --gpus LOW..HIGH` share: the CSV columns of a ranked mix, the
+//! Ctrl-C flag, and the lines saying how the NVLink domain was chosen.
 
 use parsim::search::Ranked;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -76,4 +76,20 @@ pub fn cancel_on_ctrl_c() -> Arc<AtomicBool> {
         flag.store(true, Ordering::Relaxed);
     }));
     cancel
+}
+
+/// What the search's table says of the NVLink domain at the cluster's GPU count: how it was
+/// chosen where that is more than the node (with `how`), and the warning of a count that
+/// fills no racks.
+pub fn nvlink_domain_lines(cluster: &parsim::config::ClusterConfig, how: bool) -> Vec<String> {
+    let Ok(gpu) = parsim::config::GpuProfile::load(&cluster.gpu) else {
+        return Vec::new();
+    };
+    let d = cluster.nvlink_domain_choice(&gpu);
+    let mut lines = Vec::new();
+    if how && d.is_worth_saying() {
+        lines.push(format!("NVLink domain: {}", d.reason));
+    }
+    lines.extend(d.warning.map(|w| format!("warning: {w}")));
+    lines
 }

@@ -1,7 +1,7 @@
 //! `parsim search`: rank every valid parallel mix for a model and a GPU count.
 
 use super::config_args::{SourceArgs, TrainingArgs, WorkloadArgs};
-use super::ranked::{cancel_on_ctrl_c, csv_fields, CSV_COLUMNS};
+use super::ranked::{cancel_on_ctrl_c, csv_fields, nvlink_domain_lines, CSV_COLUMNS};
 use super::row_command::{commands_text, write_configs, UserFlags};
 use super::search_range::Output;
 use super::Outcome;
@@ -165,7 +165,10 @@ fn interval_flags(
 }
 
 pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
-    let base = args.workload.load(&args.source, &args.training)?;
+    let base = args
+        .workload
+        .load(&args.source, &args.training)?
+        .with_profile_defaults()?;
     let (objective, deadline_s) = run_flags(&args, &base)?;
     let (rank_by, model) = interval_flags(&args, objective.is_some() || deadline_s.is_some())?;
     let mut constraints = args
@@ -222,30 +225,7 @@ pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
     if args.png.is_some() {
         anyhow::bail!("--png draws a sweep over GPU counts: give --gpus LOW..HIGH");
     }
-    let cancel = cancel_on_ctrl_c();
-    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::hidden());
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} searching [{bar:40}] {pos}/{len} mixes ({per_sec}, eta {eta})",
-        )
-        .context("progress template")?
-        .progress_chars("=> "),
-    );
-    let started = Instant::now();
-    let shown = AtomicBool::new(false);
-    let progress = |done: u64, total: u64| {
-        bar.set_length(total);
-        bar.set_position(done);
-        // The bar appears once a search has run for a second; the first thread there shows it.
-        if started.elapsed() > Duration::from_secs(1) && !shown.swap(true, Ordering::Relaxed) {
-            bar.set_draw_target(ProgressDrawTarget::stderr());
-        }
-    };
-    let mut result = match rank_by {
-        RankBy::P90 => search_by_p90(&spec, &model, &progress, &cancel)?,
-        RankBy::Step => search(&spec, &progress, &cancel)?,
-    };
-    bar.finish_and_clear();
+    let mut result = search_with_progress(&spec, rank_by, &model)?;
     // Estimates carry the shipped model's intervals; another file's replaces them.
     if args.residuals.is_some() {
         for r in result
@@ -313,6 +293,40 @@ pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
     Ok(outcome)
 }
 
+/// Runs the search (ranked by `rank_by`) with a progress bar on stderr that appears once it
+/// has run for a second, stopping early on Ctrl-C with what was evaluated.
+fn search_with_progress(
+    spec: &SearchSpec,
+    rank_by: RankBy,
+    model: &parsim::interval::IntervalModel,
+) -> anyhow::Result<parsim::search::SearchResult> {
+    let cancel = cancel_on_ctrl_c();
+    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::hidden());
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} searching [{bar:40}] {pos}/{len} mixes ({per_sec}, eta {eta})",
+        )
+        .context("progress template")?
+        .progress_chars("=> "),
+    );
+    let started = Instant::now();
+    let shown = AtomicBool::new(false);
+    let progress = |done: u64, total: u64| {
+        bar.set_length(total);
+        bar.set_position(done);
+        // The bar appears once a search has run for a second; the first thread there shows it.
+        if started.elapsed() > Duration::from_secs(1) && !shown.swap(true, Ordering::Relaxed) {
+            bar.set_draw_target(ProgressDrawTarget::stderr());
+        }
+    };
+    let result = match rank_by {
+        RankBy::P90 => search_by_p90(spec, model, &progress, &cancel)?,
+        RankBy::Step => search(spec, &progress, &cancel)?,
+    };
+    bar.finish_and_clear();
+    Ok(result)
+}
+
 /// The search's tables: the header, what was pruned, the top mixes (by `rank_by`) with the
 /// command of each row and how far the model tells them apart, the best per schedule and per
 /// ZeRO stage, and the leader's verdict. With a token budget each row shows its run.
@@ -333,10 +347,13 @@ fn print_text(
         m.name,
         spec.base.cluster.num_gpus,
         spec.base.cluster.gpu,
-        spec.base.cluster.gpus_per_node,
+        spec.base.cluster.per_node(),
         spec.base.training.seq_length,
         spec.base.training.global_batch_size
     );
+    for line in nvlink_domain_lines(&spec.base.cluster, true) {
+        println!("{line}");
+    }
     println!(
         "{} candidates: {} by constraints, {} invalid, {} cannot fit even with one microbatch in flight, {} cannot beat the leaders (step-time lower bound), {} simulated ({} of them do not fit) in {:.2} s ({:.0} candidates/s){}",
         result.candidates,

@@ -1,7 +1,7 @@
 //! `parsim search --gpus LOW..HIGH`: the best mix at each GPU count of a range, the smallest
 //! count where one fits, as a table, CSV, JSON or a PNG of step time and tokens/s.
 
-use super::ranked::{cancel_on_ctrl_c, csv_fields, CSV_COLUMNS};
+use super::ranked::{cancel_on_ctrl_c, csv_fields, nvlink_domain_lines, CSV_COLUMNS};
 use super::row_command::UserFlags;
 use super::Outcome;
 use anyhow::Context;
@@ -101,6 +101,15 @@ fn text(spec: &SearchSpec, result: &ScalingResult) -> String {
             }
         }
     }
+    // Counts that fill no racks of the profile's NVLink domain say so.
+    let mut notes = String::new();
+    for p in &result.points {
+        let mut cluster = spec.base.cluster.clone();
+        cluster.num_gpus = p.gpus;
+        for line in nvlink_domain_lines(&cluster, false) {
+            notes.push_str(&format!("{} GPUs: {line}\n", p.gpus));
+        }
+    }
     let smallest = match result.smallest_fitting_gpus {
         Some(n) => format!("smallest GPU count that fits: {n}"),
         None => format!(
@@ -119,12 +128,12 @@ fn text(spec: &SearchSpec, result: &ScalingResult) -> String {
         }
     }
     format!(
-        "search: {} on {}..{} x {} ({} per node), seq {}, global batch {}; GPU counts: the powers of two in the range and both ends\n{t}\n{smallest}{}\n{commands}",
+        "search: {} on {}..{} x {} ({} per node), seq {}, global batch {}; GPU counts: the powers of two in the range and both ends\n{t}\n{notes}{smallest}{}\n{commands}",
         m.name,
         result.range.low,
         result.range.high,
         spec.base.cluster.gpu,
-        spec.base.cluster.gpus_per_node,
+        spec.base.cluster.per_node(),
         spec.base.training.seq_length,
         spec.base.training.global_batch_size,
         if result.interrupted { " -- INTERRUPTED, partial results" } else { "" }

@@ -222,7 +222,7 @@ fn rejected(overlay: Value) -> String {
 }
 
 /// Bad domains are refused by field, saying which rule: zero, not whole nodes, not filling
-/// the GPUs. A profile's default that does not fit is not used (a warning says so).
+/// the GPUs. The profile's default is chosen to fit (racks of 64 where 72 does not).
 #[test]
 fn bad_domains_are_refused_by_field_and_rule() {
     let cluster = |n: u32, gpn: u32, d: u32| {
@@ -244,15 +244,16 @@ fn bad_domains_are_refused_by_field_and_rule() {
         e.contains("cluster.nvlink_domain_size") && e.contains("num_gpus = 256"),
         "{e}"
     );
-    // 2,048 GB200s: racks of 72 do not fit, so the node is the domain and a warning names the
-    // field; 64 per rack (16 trays) fits.
+    // 2,048 GB200s: racks of 72 do not fit, so the default is racks of 64 (16 trays), as
+    // given explicitly below; a count that fills neither falls back to the node with a
+    // warning naming the field (tests/engine/nvlink_domains.rs).
     let r = resolve(
         json!({"cluster": {"gpu": "gb200", "num_gpus": 2048, "gpus_per_node": 4},
                            "parallel": {"tp": 4}, "training": {"global_batch_size": 512}}),
     );
-    assert_eq!(r.config.cluster.nvlink_domain_size, None);
+    assert_eq!(r.config.cluster.nvlink_domain_size, Some(64));
     assert!(
-        r.warnings
+        !r.warnings
             .iter()
             .any(|w| w.contains("cluster.nvlink_domain_size")),
         "{:?}",

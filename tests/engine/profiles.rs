@@ -72,3 +72,191 @@ fn a_profile_file_with_a_bad_value_is_rejected() {
         "{err}"
     );
 }
+
+/// A throwaway GPU: the A100 80GB file renamed, declaring itself a Blackwell of the H100 fit
+/// family that runs FP8 (with an FP8 peak). Its name prefix says A100 and Ampere; everything
+/// derived must follow what it declares instead.
+fn throwaway_text() -> String {
+    include_str!("../../calibration/a100-80g.toml")
+        .replace("name = \"a100-80g\"", "name = \"a100-throwaway\"")
+        .replace("family = \"ampere\"", "family = \"blackwell\"")
+        .replace(
+            "efficiency_family = \"A100\"",
+            "efficiency_family = \"H100\"",
+        )
+        .replace(
+            "precisions = [\"bf16\", \"fp16\", \"fp32\"]",
+            "precisions = [\"bf16\", \"fp16\", \"fp32\", \"fp8\"]",
+        )
+        .replace("# fp8: no FP8 tensor cores on Ampere", "fp8 = 624e12")
+        .replace(
+            "peaks = \"datasheet (calibration/data/gpus.json)\"",
+            "peaks = \"a throwaway's own figures\"",
+        )
+}
+
+/// A new GPU is its TOML file plus one registration line: a throwaway profile registered
+/// beside the shipped ones shows up in every list the registry derives (names and the
+/// `--gpu` help, the published-fit family it names, the GPUs that run FP8 and the
+/// `--precision` help, the table of what each profile rests on), and its interval regime and
+/// fit family are the ones it declares, not those of the neighbour its name resembles.
+#[test]
+fn a_registered_profile_reaches_every_derived_list() {
+    use parsim::config::{Precision, Registry};
+    use parsim::interval::{Dimension, Regime};
+    let name = "a100-throwaway";
+    let text = throwaway_text();
+    let profile = GpuProfile::parse(&text, name).unwrap();
+    let shipped = Registry::shipped();
+    let reg = shipped.clone().with(profile.clone(), name).unwrap();
+    assert_eq!(reg.names().len(), shipped.names().len() + 1);
+    assert!(reg.names().contains(&name) && !shipped.names().contains(&name));
+    assert!(reg.gpu_help().contains(name), "{}", reg.gpu_help());
+    // The fit family it declares (H100), not its prefix's (A100).
+    assert!(reg.efficiency_family_members("H100").contains(&name));
+    assert!(!reg.efficiency_family_members("A100").contains(&name));
+    assert_eq!(reg.efficiency_families(), shipped.efficiency_families());
+    // It runs FP8 (A100 does not), so it joins FP8's list and the help's.
+    assert!(reg.running(Precision::Fp8).contains(&name));
+    assert!(!reg.running(Precision::Nvfp4).contains(&name));
+    assert!(
+        reg.precision_help().contains(name),
+        "{}",
+        reg.precision_help()
+    );
+    // Its own row in the table of what each profile rests on.
+    let rows = reg.evidence_rows();
+    let mine = rows
+        .iter()
+        .find(|(names, _)| names.contains(&name))
+        .unwrap();
+    assert_eq!(mine.0, [name]);
+    assert_eq!(mine.1.peaks, "a throwaway's own figures");
+    let table = parsim::calibrate::profile_table(&reg);
+    assert!(table.contains(&format!("| {name} | a throwaway's own figures |")));
+    // Its step-time interval pools with the family it declares.
+    let c = parsim::config::Config::default();
+    let regime = Regime::of(&c, &profile, 0.0);
+    assert_eq!(regime.value(Dimension::GpuFamily), "blackwell");
+    let r = parsim::config::Resolved::with_gpu(c, profile).unwrap();
+    let e = parsim::estimate::estimate(&r).unwrap();
+    assert_eq!(
+        e.step_interval.regime.value(Dimension::GpuFamily),
+        "blackwell"
+    );
+    // A family no shipped profile declares is `other`, never a neighbour's.
+    let other = GpuProfile::parse(
+        &text.replace("family = \"blackwell\"", "family = \"volta\""),
+        name,
+    )
+    .unwrap();
+    let c = parsim::config::Config::default();
+    assert_eq!(
+        Regime::of(&c, &other, 0.0).value(Dimension::GpuFamily),
+        "other"
+    );
+    // The registry refuses a name that is not the file's, or one registered twice.
+    assert!(shipped.clone().with(other.clone(), "b200").is_err());
+    let twice = reg.with(other, name).unwrap_err().to_string();
+    assert!(twice.contains("registered twice"), "{twice}");
+}
+
+/// Every shipped profile says what it is (a family, its precisions, what it rests on), each
+/// but the CPU's names the published-fit family it takes its efficiencies from, the fit's
+/// families are the ones the profiles name, and a family's first member is a GPU with
+/// published rows (its shipped values are read from it).
+#[test]
+fn shipped_profiles_describe_themselves() {
+    use parsim::calibrate::fit::Family;
+    use parsim::config::Registry;
+    let reg = Registry::shipped();
+    for p in reg.profiles() {
+        assert!(p.family.is_some(), "{}", p.name);
+        assert!(!p.precisions.is_empty(), "{}", p.name);
+        assert!(p.evidence.is_some(), "{}", p.name);
+        assert_eq!(p.efficiency_family.is_none(), p.name == "cpu", "{}", p.name);
+    }
+    let families: Vec<&str> = Family::all().iter().map(|f| f.name()).collect();
+    assert_eq!(families, ["A100", "H100"]);
+    assert_eq!(Family::of("a100-40g").map(Family::name), Some("A100"));
+    assert_eq!(Family::of("gb300").map(Family::name), Some("H100"));
+    assert_eq!(Family::of("cpu"), None);
+    let published = parsim::calibrate::published::shipped().unwrap();
+    for f in Family::all() {
+        let first = f.profiles()[0];
+        assert!(
+            published.iter().flatten().any(|c| c.gpu == first),
+            "{}: {first} has no published rows",
+            f.name()
+        );
+    }
+}
+
+/// docs/accuracy.md carries the table of what each profile rests on exactly as the registry
+/// writes it (regenerated by `cargo run --release --example fit_published -- --fit --write`).
+#[test]
+fn the_accuracy_page_lists_the_registry() {
+    let page = include_str!("../../docs/accuracy.md");
+    let table = parsim::calibrate::profile_table(parsim::config::Registry::shipped());
+    assert!(
+        page.contains(&table),
+        "docs/accuracy.md's profile table is stale; regenerate it:\n{table}"
+    );
+}
+
+/// The tensor cores' precisions, by the vendors' documents: FP8 from Hopper and CDNA 3, both
+/// block-scaled formats on Blackwell, MXFP8 but not NVFP4 on CDNA 4 (its microscaling is
+/// OCP MX's, E8M0 scales per 32 values); a precision the profile does not run is refused by
+/// field, and the hint names the profiles that do run it.
+#[test]
+fn precisions_are_what_the_tensor_cores_run() {
+    use parsim::config::{Config, Layer, Precision, Resolved};
+    let runs = |gpu: &str, p: Precision| GpuProfile::load(gpu).unwrap().runs(p);
+    for gpu in ["a100-40g", "a100-80g"] {
+        assert!(!runs(gpu, Precision::Fp8), "{gpu}");
+    }
+    for gpu in ["h100-sxm", "h200", "mi300x"] {
+        assert!(runs(gpu, Precision::Fp8), "{gpu}");
+        assert!(
+            !runs(gpu, Precision::Mxfp8) && !runs(gpu, Precision::Nvfp4),
+            "{gpu}"
+        );
+    }
+    for gpu in ["b200", "b300", "gb200", "gb300"] {
+        assert!(
+            runs(gpu, Precision::Mxfp8) && runs(gpu, Precision::Nvfp4),
+            "{gpu}"
+        );
+    }
+    assert!(runs("mi355x", Precision::Mxfp8) && !runs("mi355x", Precision::Nvfp4));
+    let cfg = Config::from_layers(&[Layer::overrides(serde_json::json!({
+        "cluster": {"gpu": "mi355x"}, "training": {"precision": "nvfp4"}
+    }))])
+    .unwrap();
+    let e = Resolved::new(cfg).unwrap_err().to_string();
+    assert!(
+        e.contains("training.precision") && e.contains("mi355x lacks"),
+        "{e}"
+    );
+    assert!(e.contains("b200, b300, gb200, gb300"), "{e}");
+}
+
+/// Model presets come from one table: every name builds a model of that name, and an unknown
+/// preset's error lists every one.
+#[test]
+fn presets_are_one_table() {
+    use parsim::config::presets::{preset, PRESETS, PRESET_NAMES};
+    assert_eq!(PRESET_NAMES.len(), PRESETS.len());
+    for (n, (m, _)) in PRESET_NAMES.iter().zip(PRESETS) {
+        assert_eq!(n, m);
+        assert_eq!(preset(n).unwrap().name, *n);
+    }
+    let err = parsim::config::Config::from_layers(&[parsim::config::Layer::overrides(
+        serde_json::json!({"model": {"preset": "nope"}}),
+    )])
+    .unwrap_err()
+    .to_string();
+    for n in PRESET_NAMES {
+        assert!(err.contains(n), "{n} missing from: {err}");
+    }
+}

@@ -239,12 +239,9 @@ impl Layout {
             p.ep,
             r.dp,
             p.pp,
-            r.config.cluster.gpus_per_node,
+            r.config.cluster.per_node(),
         )
-        .and_then(|l| {
-            let c = &r.config.cluster;
-            l.with_nvlink_domain(c.nvlink_domain_size.unwrap_or(c.gpus_per_node))
-        })
+        .and_then(|l| l.with_nvlink_domain(r.nvlink_domain.size))
         .and_then(|l| l.with_experts_of(&r.config))
         .expect("validated configuration has a valid layout")
     }

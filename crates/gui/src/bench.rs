@@ -45,7 +45,9 @@ fn edit(c: &mut Config, i: usize) {
                 ScheduleKind::OneFOneB
             }
         }
-        _ => c.cluster.gpus_per_node = if c.cluster.gpus_per_node == 8 { 4 } else { 8 },
+        _ => {
+            c.cluster.gpus_per_node = Some(if c.cluster.per_node() == 8 { 4 } else { 8 });
+        }
     }
 }
 

@@ -59,8 +59,11 @@ fn flags(c: &Config, model: &str) -> Flags {
     f.value("model", "model", "preset", model);
     f.value("gpu", "cluster", "gpu", &k.gpu);
     f.value("gpus", "cluster", "num_gpus", k.num_gpus);
-    if k.gpus_per_node != d.cluster.gpus_per_node {
-        f.value("gpus-per-node", "cluster", "gpus_per_node", k.gpus_per_node);
+    if let Some(n) = k
+        .gpus_per_node
+        .filter(|_| k.gpus_per_node != d.cluster.gpus_per_node)
+    {
+        f.value("gpus-per-node", "cluster", "gpus_per_node", n);
     }
     if let Some(d) = k.nvlink_domain_size {
         f.value("nvlink-domain-size", "cluster", "nvlink_domain_size", d);

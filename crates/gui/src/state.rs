@@ -19,7 +19,7 @@ pub const MAX_TIMELINE_ACTIONS: u64 = 250_000;
 
 /// The configuration the app opens on: the classic interleaved picture (4 pipeline ranks,
 /// 2 virtual stages each, 8 microbatches, interleaved 1F1B) for Llama-3-8B, the smallest
-/// preset, on one node of 8 H100s with TP 2 (so DP is 1 and the global batch of 8 gives 8
+/// preset, on one node of 8 H100s (the profile's node) with TP 2 (so DP is 1 and the global batch of 8 gives 8
 /// microbatches). It fits comfortably, and every value can be expressed as `parsim estimate`
 /// flags.
 pub fn default_config() -> Config {
@@ -30,7 +30,6 @@ pub fn default_config() -> Config {
     c.parallel.vpp = 2;
     c.parallel.schedule = ScheduleKind::Interleaved1F1B;
     c.cluster.num_gpus = 8;
-    c.cluster.gpus_per_node = 8;
     c.training.global_batch_size = 8;
     c.training.micro_batch_size = 1;
     c

@@ -362,7 +362,7 @@ fn extreme_and_broken_configurations_never_panic_the_window() {
         |c| c.parallel.vpp = 0,
         |c| c.parallel.cp = 0,
         |c| c.cluster.num_gpus = 0,
-        |c| c.cluster.gpus_per_node = 0,
+        |c| c.cluster.gpus_per_node = Some(0),
         |c| c.model.num_layers = 0,
         |c| c.model.num_attention_heads = 0,
         |c| c.model.num_query_groups = 0,
@@ -684,7 +684,7 @@ fn nvlink_domains_are_shown_and_set_in_the_cluster_panel() {
     config.model = parsim::config::presets::preset("llama3-70b").unwrap();
     config.cluster.gpu = "gb200".into();
     config.cluster.num_gpus = 144;
-    config.cluster.gpus_per_node = 4;
+    config.cluster.gpus_per_node = Some(4);
     config.parallel.tp = 8;
     config.parallel.pp = 2;
     config.parallel.vpp = 1;
@@ -693,10 +693,16 @@ fn nvlink_domains_are_shown_and_set_in_the_cluster_panel() {
     let mut h = harness(ParsimApp::new(parsim_gui::state::Session::new(
         config.clone(),
     )));
-    // 144 GPUs = 2 racks of 72 = 18 trays of 4 each.
+    // 144 GPUs = 2 racks of 72 = 18 trays of 4 each, chosen because they fill whole racks.
     assert_eq!(
         text_of(&h, "NVLink domains:"),
-        "NVLink domains: 2 of 72 GPUs (18 nodes of 4 each)"
+        "NVLink domains: 2 of 72 GPUs (18 nodes of 4 each); automatic: racks of 72 (144 GPUs fill 2 racks)"
+    );
+    // The cluster panel says the same beside its NVLink domain (72, never 0 for automatic).
+    assert_eq!(
+        h.get_all_by_label_contains("automatic: racks of 72")
+            .count(),
+        2
     );
     let tp_crosses = |c: &Config| {
         let e = estimate(&Resolved::new(c.clone()).expect("valid")).expect("estimate");
@@ -725,7 +731,7 @@ fn nvlink_domains_are_shown_and_set_in_the_cluster_panel() {
     assert!(tp_crosses(&trays));
     assert_eq!(
         text_of(&h, "NVLink domains:"),
-        "NVLink domains: each node of 4 GPUs"
+        "NVLink domains: each node of 4 GPUs; set to 4 GPUs (cluster.nvlink_domain_size)"
     );
     // TP and expert TP (the same 8 GPUs for a dense model) now cross.
     assert_eq!(

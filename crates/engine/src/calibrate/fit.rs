@@ -4,46 +4,42 @@
 
 use super::fields::{self, median, ProfileField, Scale};
 use super::published::{Case, Source};
-use crate::config::{ConfigError, GpuProfile, Resolved};
+use crate::config::{ConfigError, GpuProfile, Registry, Resolved};
 use crate::estimate::{estimate, EstimateError};
 
-/// GPUs that share one set of fitted efficiencies.
+/// GPUs that share one set of fitted efficiencies: the shipped profiles whose
+/// `efficiency_family` names it (calibration/*.toml), the first of them the one its shipped
+/// values are read from. A100 (40 and 80 GB: Narayanan et al. 2021 and llm-foundry) and H100
+/// (Megatron-Core 2024 and llm-foundry) today; the profiles say which one each GPU reuses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Family {
-    /// A100 40GB and 80GB (same SM, clocks and NVLink; Narayanan et al. 2021 and llm-foundry).
-    A100,
-    /// H100 SXM (Megatron-Core 2024 and llm-foundry); H200, B200, B300, GB200, GB300, MI300X
-    /// and MI355X reuse it.
-    H100,
-}
+pub struct Family(&'static str);
 
 impl Family {
-    pub const ALL: [Family; 2] = [Family::A100, Family::H100];
+    /// Every family the shipped profiles declare, in registration order.
+    pub fn all() -> Vec<Family> {
+        Registry::shipped()
+            .efficiency_families()
+            .into_iter()
+            .map(Family)
+            .collect()
+    }
 
-    /// The family a shipped profile belongs to (the GPU whose data calibrates it).
-    pub fn of(gpu: &str) -> Family {
-        if gpu.starts_with("a100") {
-            Family::A100
-        } else {
-            Family::H100
-        }
+    /// The family of the shipped profile `gpu`: `None` for one that declares none (the CPU's
+    /// efficiencies are its own) and for a name that is not shipped.
+    pub fn of(gpu: &str) -> Option<Family> {
+        Registry::shipped()
+            .get(gpu)
+            .and_then(|p| p.efficiency_family.as_deref())
+            .map(Family)
     }
 
     pub fn name(self) -> &'static str {
-        match self {
-            Family::A100 => "A100",
-            Family::H100 => "H100",
-        }
+        self.0
     }
 
-    /// Shipped profiles that take this family's fitted values.
-    pub fn profiles(self) -> &'static [&'static str] {
-        match self {
-            Family::A100 => &["a100-40g", "a100-80g"],
-            Family::H100 => &[
-                "h100-sxm", "h200", "b200", "b300", "gb200", "gb300", "mi300x", "mi355x",
-            ],
-        }
+    /// Shipped profiles that take this family's fitted values, in registration order.
+    pub fn profiles(self) -> Vec<&'static str> {
+        Registry::shipped().efficiency_family_members(self.0)
     }
 }
 
@@ -138,6 +134,9 @@ pub enum FitError {
     Estimate(#[from] EstimateError),
     #[error("no rows to fit for {0}")]
     NoRows(&'static str),
+    /// A published row names a GPU whose profile declares no `efficiency_family`.
+    #[error("{0}: its profile declares no efficiency_family, so no fitted values apply to it")]
+    NoFamily(String),
 }
 
 /// parsim's prediction for one published row.

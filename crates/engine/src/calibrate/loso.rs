@@ -57,10 +57,10 @@ pub fn leave_one_source_out() -> Result<LeaveOneSourceOut, CalibrateError> {
     let usable = |r: &Role| matches!(r, Role::Fit | Role::HeldOut);
     let mut fits = Vec::new();
     let mut rows = Vec::with_capacity(cases.len());
-    for family in Family::ALL {
+    for family in Family::all() {
         let start = placeholder_params(shipped_params(family)?.intra_link);
         for left_out in Source::ALL {
-            let mine = |c: &super::published::Case| Family::of(c.gpu) == family;
+            let mine = |c: &super::published::Case| Family::of(c.gpu) == Some(family);
             if !cases.iter().any(|(c, _)| mine(c) && c.source == left_out) {
                 continue;
             }
@@ -120,10 +120,10 @@ pub fn leave_one_source_out() -> Result<LeaveOneSourceOut, CalibrateError> {
 fn in_sample(cases: &[(super::published::Case, Role)]) -> Result<InSample, CalibrateError> {
     let usable = |r: &Role| matches!(r, Role::Fit | Role::HeldOut);
     let mut rows = Vec::new();
-    for family in Family::ALL {
+    for family in Family::all() {
         let mine: Vec<_> = cases
             .iter()
-            .filter(|(c, r)| Family::of(c.gpu) == family && usable(r))
+            .filter(|(c, r)| Family::of(c.gpu) == Some(family) && usable(r))
             .map(|(c, _)| c)
             .collect();
         if mine.is_empty() {

@@ -213,7 +213,7 @@ pub fn fit_all() -> Result<Vec<fit::FitResult>, CalibrateError> {
 pub fn fit_all_from(start: Option<Params>) -> Result<Vec<fit::FitResult>, CalibrateError> {
     let (rows, _) = cases_with_roles()?;
     let mut out = Vec::new();
-    for family in Family::ALL {
+    for family in Family::all() {
         let mut from = shipped_params(family)?;
         if let Some(p) = start {
             from = Params {
@@ -241,7 +241,7 @@ fn fit_on_rows(
 ) -> Result<fit::FitResult, CalibrateError> {
     let train: Vec<&Case> = rows
         .iter()
-        .filter(|(c, r)| *r == Role::Fit && Family::of(c.gpu) == family)
+        .filter(|(c, r)| *r == Role::Fit && Family::of(c.gpu) == Some(family))
         .map(|(c, _)| c)
         .collect();
     Ok(fit::fit(family, &train, start)?)
@@ -252,7 +252,8 @@ pub fn evaluate(params: &[(Family, Params)]) -> Result<Evaluation, CalibrateErro
     let (cases, unreadable) = cases_with_roles()?;
     let mut rows = Vec::with_capacity(cases.len());
     for (case, role) in cases {
-        let family = Family::of(case.gpu);
+        let family =
+            Family::of(case.gpu).ok_or_else(|| fit::FitError::NoFamily(case.gpu.to_string()))?;
         let p = params
             .iter()
             .find(|(f, _)| *f == family)
@@ -511,7 +512,7 @@ check small-K or skinny GEMMs against.\n\n";
 pub fn markdown(e: &Evaluation, fits: &[fit::FitResult]) -> String {
     let mut s = String::new();
     markdown_intro(&mut s);
-    markdown_fitted_values(&mut s, fits);
+    markdown_fitted_values(&mut s, e, fits);
     markdown_held_out_error(&mut s, e);
     markdown_rows(&mut s, e);
     s
@@ -561,7 +562,8 @@ fn markdown_intro(s: &mut String) {
 }
 
 /// The fitted values of each GPU family.
-fn markdown_fitted_values(s: &mut String, fits: &[fit::FitResult]) {
+fn markdown_fitted_values(s: &mut String, e: &Evaluation, fits: &[fit::FitResult]) {
+    let rows_gpus: Vec<&str> = e.rows.iter().map(|r| r.case.gpu).collect();
     s.push_str("## Fitted values\n\n");
     s.push_str(
         "| family | profiles | matmul | memory_bound | overlap_interference | attention (not fitted) | intra-node link (not fitted) | fitting rows | objective |\n\
@@ -581,34 +583,71 @@ fn markdown_fitted_values(s: &mut String, fits: &[fit::FitResult]) {
             f.objective
         ));
     }
+    s.push_str(&borrowed_values(fits, &rows_gpus));
     s.push_str(
-        "\nH200, B200, B300, GB200, GB300, MI300X and MI355X have no published rows here and \
-         reuse H100's values (their profiles say so; see \"What each profile rests on\" \
-         below). `attention` (a fraction of the dense peak for a fused core on a GPU \
+        "`attention` (a fraction of the dense peak for a fused core on a GPU \
          without published kernel rates) is not fitted: every published row runs its \
          attention core at a published kernel's rates or, unfused, as GEMMs, so no row depends \
          on it and it keeps the placeholder. The fit leaves any value no fitting row \
          constrains at its start (`fit::free_params`). A value at 1.000 sits on the fit's \
          bound.\n\n",
     );
-    s.push_str(PROFILE_DATA);
+    s.push_str(&profile_table(crate::config::Registry::shipped()));
 }
 
-/// Which data each shipped profile's figures rest on (issue 30's data policy: Blackwell's
+/// The sentence naming the profiles that carry a family's fitted values without published
+/// rows of their own (their `efficiency_family`; `gpus` are the GPUs with rows).
+fn borrowed_values(fits: &[fit::FitResult], gpus: &[&str]) -> String {
+    let mut s = String::from("\n");
+    for f in fits {
+        let borrowed: Vec<&str> = f
+            .family
+            .profiles()
+            .into_iter()
+            .filter(|p| !gpus.contains(p))
+            .collect();
+        if let Some((last, rest)) = borrowed.split_last() {
+            let list = if rest.is_empty() {
+                last.to_string()
+            } else {
+                format!("{} and {last}", rest.join(", "))
+            };
+            s.push_str(&format!(
+                "Profiles {list} have no published rows here and reuse {}'s values (their \
+                 profiles say so; see \"What each profile rests on\" below). ",
+                f.family.name()
+            ));
+        }
+    }
+    s
+}
+
+/// Which data each registered profile's figures rest on (issue 30's data policy: Blackwell's
 /// efficiencies come only from kernel and collective microbenchmarks; end-to-end tables of
-/// these systems are kept for independent validation, never fitted).
-const PROFILE_DATA: &str = "### What each profile rests on\n\n\
-| profile | peaks, memory, links | GEMM share (`gemm.achievable_*_fraction`) | collectives | efficiencies |\n\
-| --- | --- | --- | --- | --- |\n\
-| a100-40g, a100-80g | datasheet (calibration/data/gpus.json) | measured (gemm-rates.json) | NCCL model, checked on nccl-tests.json | fitted (A100 rows) |\n\
-| h100-sxm | datasheet | measured | NCCL model, checked on nccl-tests.json | fitted (H100 rows) |\n\
-| h200, mi300x | datasheet | measured | H200: NCCL model; MI300X: alpha-beta rings | H100's, matmul scaled by the GEMM share |\n\
-| b200 | datasheet | measured: bf16 and fp8 (gemm-rates.json), NVFP4 (gemm-rates-blackwell.json: cuBLASLt via torch._scaled_mm, pytorch/ao PR 2427) | alpha-beta rings | H100's, matmul scaled by the GEMM share |\n\
-| gb200 | vendor system table (NVIDIA GB200 NVL72), per GPU | measured: bf16 and fp8 (gemm-rates-blackwell.json, Bekman's table); NVFP4 assumed B200's (same die) | NCCL's Blackwell model, checked on CoreWeave's published rack table (nccl-tests-nvl72.json, within 15%) | H100's, matmul scaled by its own GEMM share |\n\
-| b300 | vendor system table (NVIDIA HGX B300), per GPU | measured: bf16 and fp8 (gemm-rates-blackwell.json); NVFP4 takes the fp8 share (no published measurement) | NCCL's Blackwell model | H100's, matmul scaled by its own GEMM share |\n\
-| gb300 | vendor system table (NVIDIA GB300 NVL72), per GPU | assumed: B200's bf16 and fp8 shares (no published GB300 measurement); NVFP4 takes the fp8 share | NCCL's Blackwell model | H100's, matmul scaled by B200's share |\n\
-| mi355x | AMD figures (256 CUs x 2.4 GHz x per-CU rates, 288 GB, 8 TB/s) | assumed: MI300X's measured share | alpha-beta rings | H100's, matmul scaled by MI300X's share |\n\
-| cpu (the executor's CPU backend) | peak above every GEMM rate measured on the host; memory and links nominal | - | measured: collective bus bandwidth tables from op timings | rate tables per op class and `efficiency.sync_skew`, fitted from three recorded sweeps of the built-in CPU sweep (calibration/cpu.jsonl, docs/calibration.md); held-out step time 3.5% median, 8.4% worst |\n\n\
+/// these systems are kept for independent validation, never fitted), from each profile's
+/// `[evidence]`; profiles in a row share every cell.
+pub fn profile_table(registry: &crate::config::Registry) -> String {
+    let mut s = String::from(
+        "### What each profile rests on\n\n\
+         | profile | peaks, memory, links | GEMM share (`gemm.achievable_*_fraction`) | collectives | efficiencies |\n\
+         | --- | --- | --- | --- | --- |\n",
+    );
+    for (names, e) in registry.evidence_rows() {
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} |\n",
+            names.join(", "),
+            e.peaks,
+            e.gemm_share,
+            e.collectives,
+            e.efficiencies
+        ));
+    }
+    s.push_str(PROFILE_NOTES);
+    s
+}
+
+/// What docs/accuracy.md says under the profile table.
+const PROFILE_NOTES: &str = "\n\
 MXFP8 GEMMs take each profile's FP8 share everywhere: no achievable MXFP8 GEMM rate of a \
 Blackwell GPU is published (torchao quotes only a 2-3x speedup over bf16). `cargo test -p \
 parsim-cli --test engine low_precision -- --nocapture` prints the GEMM model against every \

@@ -372,7 +372,7 @@ fn cluster(gpu: &str, n: u32) -> ClusterConfig {
     ClusterConfig {
         gpu: gpu.into(),
         num_gpus: n,
-        gpus_per_node: 8,
+        gpus_per_node: Some(8),
         ..ClusterConfig::default()
     }
 }

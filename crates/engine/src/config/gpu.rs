@@ -6,7 +6,6 @@ use super::error::ConfigError;
 use super::tables::RateTables;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::path::Path;
 
 /// Dense tensor-core peak rates in FLOP/s per dtype. `fp32` is the TF32 rate used for fp32 matmuls.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -43,10 +42,15 @@ pub struct Links {
     /// cover (MI300X on RCCL, B200, the CPU backend).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nccl: Option<NcclArch>,
-    /// GPUs that share one NVLink domain on this system (72 on a GB200/GB300 NVL72 rack), the
-    /// default of `cluster.nvlink_domain_size`; `None`: the node is the domain.
+    /// GPUs that share one NVLink domain on this system (72 on a GB200/GB300 NVL72 rack): the
+    /// rack `cluster.nvlink_domain_size` defaults from (`ClusterConfig::nvlink_domain_choice`);
+    /// `None`: the node is the domain.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvlink_domain_size: Option<u32>,
+    /// The part of a rack a job is scheduled on when it does not fill whole racks (64 of an
+    /// NVL72's 72: 16 of 18 trays), the domain of such jobs where they fill those.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_domain_job_size: Option<u32>,
     pub intra_node: Link,
     pub inter_node: Link,
     /// The GPU's link to its host's memory (PCIe, or NVLink-C2C on Grace systems), per
@@ -162,12 +166,40 @@ impl Default for GemmShape {
 }
 
 /// A GPU's board power, in watts: what it draws idle and its thermal design power (the most it
-/// draws under sustained load), each with its source in the profile file.
+/// draws under sustained load), and the power of the node it ships in besides its GPUs, each
+/// with its source in the profile file.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuPower {
     pub idle_w: f64,
     pub tdp_w: f64,
+    /// One node of the profile's `gpus_per_node` GPUs besides them (CPUs, memory, NICs, fans,
+    /// its share of a rack's switches and power shelves), at most: the system's maximum power
+    /// less its GPUs' TDP. `None`: the run assumes DGX H100's per GPU, and says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_w_per_node: Option<f64>,
+}
+
+/// GPUs per node when a profile names none: an HGX/DGX board of eight.
+pub const DEFAULT_GPUS_PER_NODE: u32 = 8;
+
+fn default_gpus_per_node() -> u32 {
+    DEFAULT_GPUS_PER_NODE
+}
+
+/// What a profile's figures rest on, one phrase per kind of figure: the rows of
+/// docs/accuracy.md's "What each profile rests on" (`calibrate::markdown`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Evidence {
+    /// Peak rates, memory and links: a datasheet, a vendor system table, a measurement.
+    pub peaks: String,
+    /// The measured GEMM shares (`gemm.achievable_*_fraction`), or why there are none.
+    pub gemm_share: String,
+    /// How collectives are timed and what that was checked against.
+    pub collectives: String,
+    /// Where the efficiencies come from (a fit, a family's values, a measured sweep).
+    pub efficiencies: String,
 }
 
 /// A GPU kind's profile (docs/design.md, Calibration).
@@ -176,6 +208,25 @@ pub struct GpuPower {
 pub struct GpuProfile {
     pub name: String,
     pub description: String,
+    /// The hardware generation (`ampere`, `hopper`, `blackwell`, `cdna`, `cpu`): step-time
+    /// intervals pool measured residuals by it (the interval regime's `gpu_family`). Absent, or
+    /// one no shipped profile declares: `other`, which no shipped residual is in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub family: Option<String>,
+    /// The published-fit family whose fitted efficiencies the profile carries (`A100`, `H100`:
+    /// `calibrate::fit::Family`, docs/accuracy.md). Absent: its efficiencies are its own (the
+    /// CPU's, fitted by `parsim calibrate`), and the published fit leaves it alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub efficiency_family: Option<String>,
+    /// GPUs per node (host: CPU memory, NICs) as the system ships: 4 on a GB200/GB300 NVL72
+    /// compute tray, 8 on an HGX/DGX board. The default of `cluster.gpus_per_node`.
+    #[serde(default = "default_gpus_per_node")]
+    pub gpus_per_node: u32,
+    /// The training precisions its tensor cores run (`training.precision`). Absent: bf16, fp16
+    /// and fp32, plus fp8 with a `peak_flops.fp8` and mxfp8 and nvfp4 with a `peak_flops.fp4`,
+    /// what a profile meant before it listed them ([`GpuProfile::runs`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub precisions: Vec<Precision>,
     /// Device memory as the driver reports it.
     pub memory_bytes: u64,
     /// Memory outside tensors: CUDA context, library workspaces.
@@ -209,13 +260,19 @@ pub struct GpuProfile {
     /// the op instead of the analytic model.
     #[serde(default, skip_serializing_if = "RateTables::is_empty")]
     pub tables: RateTables,
+    /// What the figures rest on, in a phrase each (docs/accuracy.md); `None` on a user's file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<Evidence>,
     /// Field (or group of fields) -> where its value comes from.
     #[serde(default)]
     pub provenance: BTreeMap<String, String>,
 }
 
-/// The profiles shipped in calibration/, embedded so the binary works from any directory.
-const SHIPPED: &[(&str, &str)] = &[
+/// The profiles shipped in calibration/, embedded so the binary works from any directory: a
+/// new GPU is its TOML file and one line here; every list of GPUs (the `--gpu` help, the
+/// published-fit families, the interval regime's families, who runs which precision, the
+/// docs' table of what each profile rests on) derives from them ([`super::registry`]).
+pub(super) const SHIPPED: &[(&str, &str)] = &[
     (
         "a100-40g",
         include_str!("../../../../calibration/a100-40g.toml"),
@@ -264,33 +321,6 @@ impl GpuProfile {
         (self.memory_bytes as f64 * (1.0 - margin)).floor() as u64
     }
 
-    /// Names of the shipped profiles.
-    pub fn shipped_names() -> Vec<&'static str> {
-        SHIPPED.iter().map(|(n, _)| *n).collect()
-    }
-
-    /// A shipped profile by name, or a profile file when `name_or_path` ends in `.toml` or
-    /// names an existing file.
-    pub fn load(name_or_path: &str) -> Result<GpuProfile, ConfigError> {
-        if let Some((_, text)) = SHIPPED.iter().find(|(n, _)| *n == name_or_path) {
-            return Self::parse(text, name_or_path);
-        }
-        let path = Path::new(name_or_path);
-        if name_or_path.ends_with(".toml") || path.is_file() {
-            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
-                path: path.display().to_string(),
-                source,
-            })?;
-            return Self::parse(&text, name_or_path);
-        }
-        Err(ConfigError::UnknownName {
-            field: "cluster.gpu",
-            value: name_or_path.to_string(),
-            known: Self::shipped_names().join(", "),
-            hint: "or give the path of a profile TOML file",
-        })
-    }
-
     /// Parses profile TOML; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<GpuProfile, ConfigError> {
         let profile: GpuProfile = super::load::parse_toml_typed(text, origin)?;
@@ -298,7 +328,7 @@ impl GpuProfile {
         Ok(profile)
     }
 
-    /// `power`: finite, 0 <= idle_w <= tdp_w, tdp_w > 0.
+    /// `power`: finite, 0 <= idle_w <= tdp_w, tdp_w > 0, host_w_per_node >= 0.
     fn check_power(&self, origin: &str) -> Result<(), ConfigError> {
         if let Some(p) = &self.power {
             let ok = p.tdp_w.is_finite()
@@ -316,6 +346,13 @@ impl GpuProfile {
                     ),
                 });
             }
+            if let Some(h) = p.host_w_per_node.filter(|h| !(h.is_finite() && *h >= 0.0)) {
+                return Err(ConfigError::Field {
+                    origin: origin.to_string(),
+                    field: "power.host_w_per_node".into(),
+                    message: format!("must be a finite number of watts, 0 or more, got {h}"),
+                });
+            }
         }
         Ok(())
     }
@@ -331,8 +368,61 @@ impl GpuProfile {
             })
     }
 
+    /// Whether its tensor cores run `precision` (`precisions`, or what the peaks imply where
+    /// the profile lists none).
+    pub fn runs(&self, precision: Precision) -> bool {
+        if !self.precisions.is_empty() {
+            return self.precisions.contains(&precision);
+        }
+        match precision {
+            Precision::Bf16 | Precision::Fp16 | Precision::Fp32 => true,
+            Precision::Fp8 => self.peak_flops.fp8.is_some(),
+            Precision::Mxfp8 | Precision::Nvfp4 => self.peak_flops.fp4.is_some(),
+        }
+    }
+
+    /// The precisions it runs, in `Precision::ALL`'s order.
+    pub fn precisions_run(&self) -> Vec<Precision> {
+        Precision::ALL
+            .iter()
+            .copied()
+            .filter(|p| self.runs(*p))
+            .collect()
+    }
+
+    /// `family`, `efficiency_family` and `precisions`: names that are not blank, a peak for
+    /// every precision listed.
+    fn check_identity(&self, origin: &str) -> Result<(), ConfigError> {
+        let bad = |field: &str, message: String| ConfigError::Field {
+            origin: origin.to_string(),
+            field: field.into(),
+            message,
+        };
+        for (field, v) in [
+            ("family", &self.family),
+            ("efficiency_family", &self.efficiency_family),
+        ] {
+            if v.as_deref().is_some_and(|v| v.trim().is_empty()) {
+                return Err(bad(field, "must name a family, got an empty string".into()));
+            }
+        }
+        for p in &self.precisions {
+            if self.peak_flops_for(*p).is_none() {
+                return Err(bad(
+                    "precisions",
+                    format!(
+                        "lists {p}, but peak_flops has no {} rate for it",
+                        if *p == Precision::Nvfp4 { "fp4" } else { "fp8" }
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Rejects non-positive or non-finite rates and sizes.
     fn check(&self, origin: &str) -> Result<(), ConfigError> {
+        self.check_identity(origin)?;
         self.check_power(origin)?;
         self.check_tables(origin)?;
         let positive = [
@@ -468,6 +558,34 @@ impl GpuProfile {
                 origin: origin.to_string(),
                 message: "links.nvlink_domain_size must be at least 1 GPU".into(),
             });
+        }
+        self.check_nodes(origin)?;
+        Ok(())
+    }
+
+    /// `gpus_per_node` at least 1; a domain a job is scheduled on is whole nodes inside the
+    /// rack, and only with a rack.
+    fn check_nodes(&self, origin: &str) -> Result<(), ConfigError> {
+        let refuse = |message: String| {
+            Err(ConfigError::Profile {
+                origin: origin.to_string(),
+                message,
+            })
+        };
+        let per_node = self.gpus_per_node;
+        if per_node == 0 {
+            return refuse("gpus_per_node must be at least 1, got 0".into());
+        }
+        if let Some(part) = self.links.nvlink_domain_job_size {
+            match self.links.nvlink_domain_size {
+                Some(rack) if part > 0 && part < rack && part % per_node == 0 => {}
+                rack => {
+                    return refuse(format!(
+                        "links.nvlink_domain_job_size ({part}) must be whole nodes of {per_node} GPUs inside links.nvlink_domain_size ({})",
+                        rack.map_or("not given".into(), |r| r.to_string())
+                    ))
+                }
+            }
         }
         Ok(())
     }

@@ -17,13 +17,14 @@ pub mod megatron;
 mod model;
 mod parallel;
 pub mod presets;
+pub mod registry;
 mod resolve;
 pub(crate) mod rules;
 mod run;
 pub mod tables;
 mod training;
 
-pub use cluster::ClusterConfig;
+pub use cluster::{ClusterConfig, DomainRule, NvlinkDomain};
 pub use enums::*;
 pub use error::{ConfigError, Violation};
 pub use framework::{
@@ -32,13 +33,14 @@ pub use framework::{
 };
 pub use fsdp::{held_zero, syncs_once_per_step, Fsdp};
 pub use gpu::{
-    Efficiency, GemmShape, GpuPower, GpuProfile, Link, Links, NcclArch, PeakFlops,
-    CALIBRATE_PROVENANCE,
+    Efficiency, Evidence, GemmShape, GpuPower, GpuProfile, Link, Links, NcclArch, PeakFlops,
+    CALIBRATE_PROVENANCE, DEFAULT_GPUS_PER_NODE,
 };
 pub use model::{
     AttentionSpan, HybridLayer, LayerKind, MambaConfig, MlaConfig, ModelConfig, MAX_LAYER_VARIANTS,
 };
 pub use parallel::ParallelConfig;
+pub use registry::Registry;
 pub use resolve::{PipelinePlacement, Resolved};
 pub use rules::check_base;
 pub use rules::pipeline_layout;
@@ -222,6 +224,20 @@ impl Config {
             origin
         };
         load::from_value(merged, &origin)
+    }
+
+    /// Fills in what the GPU profile gives by default: `cluster.gpus_per_node` (4 on a
+    /// GB200/GB300 tray, 8 on an HGX board) where the configuration leaves it out.
+    pub fn fill_profile_defaults(&mut self, gpu: &GpuProfile) {
+        self.cluster.gpus_per_node = Some(self.cluster.gpus_per_node_on(gpu));
+    }
+
+    /// This configuration with its profile's defaults filled in ([`Config::fill_profile_defaults`]),
+    /// the profile loaded by `cluster.gpu`.
+    pub fn with_profile_defaults(mut self) -> Result<Config, ConfigError> {
+        let gpu = GpuProfile::load(&self.cluster.gpu)?;
+        self.fill_profile_defaults(&gpu);
+        Ok(self)
     }
 
     /// The overlap switches of this configuration's framework at its ZeRO stage, for callers

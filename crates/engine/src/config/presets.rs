@@ -3,29 +3,72 @@
 use super::enums::{Activation, Normalization, PositionEmbedding, RouterScore};
 use super::model::{MambaConfig, MlaConfig, ModelConfig};
 
-/// Names of the built-in presets.
-pub const PRESET_NAMES: &[&str] = &[
-    "gpt3-175b",
-    "llama2-7b",
-    "llama2-70b",
-    "llama3-8b",
-    "llama3-70b",
-    "llama3-405b",
-    "mixtral-8x7b",
-    "deepseek-v3",
-    "qwen3-8b",
-    "qwen3-30b-a3b",
-    "qwen3-235b-a22b",
-    "gpt-oss-20b",
-    "gpt-oss-120b",
-    "kimi-k2",
-    "llama4-scout",
-    "llama4-maverick",
-    "nemotron-h-8b",
-    "nemotron-h-47b",
-    "nemotron-h-56b",
-    "nemotron-3-nano",
+/// Builds a preset's model under the name it is asked by.
+pub type BuildPreset = fn(&str) -> ModelConfig;
+
+/// The built-in presets: a name and the function that builds the model (with its source in
+/// a comment there). A new preset is one line here; the names (`--model`'s help, the
+/// unknown-preset error, the GUI's list, the fuzz lists) derive from this table.
+pub const PRESETS: &[(&str, BuildPreset)] = &[
+    ("gpt3-175b", gpt3_175b),
+    // Touvron et al. 2023 ("Llama 2"), Table 1 and the released config.json files.
+    ("llama2-7b", |n| {
+        llama(n, 32, 4096, (32, 32), 11008, 32000, 4096)
+    }),
+    ("llama2-70b", |n| {
+        llama(n, 80, 8192, (64, 8), 28672, 32000, 4096)
+    }),
+    // Meta 2024 ("The Llama 3 Herd of Models"), Table 3.
+    ("llama3-8b", |n| {
+        llama(n, 32, 4096, (32, 8), 14336, 128256, 8192)
+    }),
+    ("llama3-70b", |n| {
+        llama(n, 80, 8192, (64, 8), 28672, 128256, 8192)
+    }),
+    ("llama3-405b", |n| {
+        llama(n, 126, 16384, (128, 8), 53248, 128256, 8192)
+    }),
+    ("mixtral-8x7b", mixtral_8x7b),
+    ("deepseek-v3", deepseek_v3),
+    ("qwen3-8b", |n| qwen3(n, 36, 4096, (32, 8), 12288, None)),
+    ("qwen3-30b-a3b", |n| {
+        qwen3(n, 48, 2048, (32, 4), 6144, Some((128, 8, 768)))
+    }),
+    ("qwen3-235b-a22b", |n| {
+        qwen3(n, 94, 4096, (64, 4), 12288, Some((128, 8, 1536)))
+    }),
+    ("gpt-oss-20b", |n| gpt_oss(n, 24, 32)),
+    ("gpt-oss-120b", |n| gpt_oss(n, 36, 128)),
+    ("kimi-k2", kimi_k2),
+    ("llama4-scout", |n| llama4(n, 16, false, 10485760)),
+    ("llama4-maverick", |n| llama4(n, 128, true, 1048576)),
+    ("nemotron-h-8b", |n| {
+        nemotron_h(n, NEMOTRON_H_8B, 4096, 32, 21504, (128, 128))
+    }),
+    ("nemotron-h-47b", |n| {
+        nemotron_h(n, NEMOTRON_H_47B, 8192, 64, 30720, (256, 256))
+    }),
+    ("nemotron-h-56b", |n| {
+        nemotron_h(n, NEMOTRON_H_56B, 8192, 64, 32768, (256, 256))
+    }),
+    ("nemotron-3-nano", nemotron_3_nano),
 ];
+
+/// Names of the built-in presets, in [`PRESETS`]' order.
+pub const PRESET_NAMES: &[&str] = &{
+    let mut names = [""; PRESETS.len()];
+    let mut i = 0;
+    while i < PRESETS.len() {
+        names[i] = PRESETS[i].0;
+        i += 1;
+    }
+    names
+};
+
+/// The `--model` help: every preset.
+pub fn preset_help() -> String {
+    format!("Model preset ({}).", PRESET_NAMES.join(", "))
+}
 
 /// A Qwen3 model (Qwen team 2025, "Qwen3 Technical Report", Tables 1 and 2, and the released
 /// config.json files): head dimension 128 whatever hidden / heads is, QK norm, untied
@@ -159,126 +202,124 @@ fn llama(name: &str, l: u32, h: u64, (a, g): (u32, u32), f: u64, v: u64, ctx: u6
 
 /// The preset called `name`, if there is one.
 pub fn preset(name: &str) -> Option<ModelConfig> {
-    Some(match name {
-        // Brown et al. 2020 ("Language Models are Few-Shot Learners"), Table 2.1: 96 layers,
-        // d_model 12288, 96 heads, context 2048; GPT-2 vocabulary (50257), learned positions,
-        // biases, tied embeddings, LayerNorm, GeLU, dropout 0.1.
-        "gpt3-175b" => ModelConfig {
-            name: name.into(),
-            num_layers: 96,
-            hidden_size: 12288,
-            num_attention_heads: 96,
-            num_query_groups: 96,
-            kv_channels: None,
-            ffn_hidden_size: 4 * 12288,
-            vocab_size: 50257,
-            max_position_embeddings: 2048,
-            position_embedding: PositionEmbedding::Learned,
-            activation: Activation::Gelu,
-            normalization: Normalization::Layernorm,
-            add_bias_linear: true,
-            add_qkv_bias: true,
-            tied_embeddings: true,
-            hidden_dropout: 0.1,
-            attention_dropout: 0.1,
-            ..ModelConfig::default()
-        },
-        // Touvron et al. 2023 ("Llama 2"), Table 1 and the released config.json files.
-        "llama2-7b" => llama(name, 32, 4096, (32, 32), 11008, 32000, 4096),
-        "llama2-70b" => llama(name, 80, 8192, (64, 8), 28672, 32000, 4096),
-        // Meta 2024 ("The Llama 3 Herd of Models"), Table 3.
-        "llama3-8b" => llama(name, 32, 4096, (32, 8), 14336, 128256, 8192),
-        "llama3-70b" => llama(name, 80, 8192, (64, 8), 28672, 128256, 8192),
-        "llama3-405b" => llama(name, 126, 16384, (128, 8), 53248, 128256, 8192),
-        // Jiang et al. 2024 ("Mixtral of Experts"), Table 1: 8 experts, top-2, every layer MoE.
-        "mixtral-8x7b" => ModelConfig {
-            num_experts: 8,
-            moe_router_topk: 2,
-            moe_ffn_hidden_size: 14336,
-            ..llama(name, 32, 4096, (32, 8), 14336, 32000, 32768)
-        },
-        // DeepSeek-AI 2024 ("DeepSeek-V3 Technical Report"), Sec. 4.2, and its config.json:
-        // 61 layers, hidden 7168, 128 heads, MLA (q rank 1536, kv rank 512, nope 128, rope 64,
-        // v 128), first 3 layers dense (FFN 18432), then 1 shared + 256 routed experts of 2048,
-        // top-8, with the aux-loss-free score-correction bias. MTP off by default.
-        "deepseek-v3" => ModelConfig {
-            name: name.into(),
-            num_layers: 61,
-            hidden_size: 7168,
-            num_attention_heads: 128,
-            num_query_groups: 128,
-            kv_channels: Some(128),
-            ffn_hidden_size: 18432,
-            vocab_size: 129280,
-            max_position_embeddings: 163840,
-            mla: Some(MlaConfig {
-                q_lora_rank: 1536,
-                kv_lora_rank: 512,
-                qk_nope_head_dim: 128,
-                qk_rope_head_dim: 64,
-                v_head_dim: 128,
-            }),
-            num_experts: 256,
-            moe_router_topk: 8,
-            moe_ffn_hidden_size: 2048,
-            moe_shared_expert_intermediate_size: 2048,
-            moe_first_k_dense: 3,
-            moe_router_bias: true,
-            // Sigmoid gates renormalised over the top 8, within 4 of 8 node groups
-            // (DeepSeek-V3 Technical Report, sec. 2.1.2 and 4.2).
-            moe_router_score_function: RouterScore::Sigmoid,
-            moe_router_renormalize: true,
-            moe_router_num_groups: 8,
-            moe_router_group_topk: 4,
-            ..ModelConfig::default()
-        },
-        "qwen3-8b" => qwen3(name, 36, 4096, (32, 8), 12288, None),
-        "qwen3-30b-a3b" => qwen3(name, 48, 2048, (32, 4), 6144, Some((128, 8, 768))),
-        "qwen3-235b-a22b" => qwen3(name, 94, 4096, (64, 4), 12288, Some((128, 8, 1536))),
-        "gpt-oss-20b" => gpt_oss(name, 24, 32),
-        "gpt-oss-120b" => gpt_oss(name, 36, 128),
-        // Moonshot AI 2025 ("Kimi K2: Open Agentic Intelligence", sec. 2.3 and Table 2, and
-        // its config.json): DeepSeek-V3's architecture with 64 heads, 384 routed experts and
-        // one shared, the first layer dense, no expert groups, a 163,840-token vocabulary.
-        "kimi-k2" => ModelConfig {
-            name: name.into(),
-            num_attention_heads: 64,
-            num_query_groups: 64,
-            vocab_size: 163840,
-            max_position_embeddings: 131072,
-            num_experts: 384,
-            moe_first_k_dense: 1,
-            moe_router_num_groups: 0,
-            moe_router_group_topk: 0,
-            ..preset("deepseek-v3")?
-        },
-        "llama4-scout" => llama4(name, 16, false, 10485760),
-        "llama4-maverick" => llama4(name, 128, true, 1048576),
-        "nemotron-h-8b" => nemotron_h(name, NEMOTRON_H_8B, 4096, 32, 21504, (128, 128)),
-        "nemotron-h-47b" => nemotron_h(name, NEMOTRON_H_47B, 8192, 64, 30720, (256, 256)),
-        "nemotron-h-56b" => nemotron_h(name, NEMOTRON_H_56B, 8192, 64, 32768, (256, 256)),
-        // NVIDIA 2025 ("NVIDIA Nemotron 3 Nano 30B-A3B" model card and config.json; Megatron-LM's
-        // modelopt conf file): hidden 2688, 32 query and 2 KV heads of 128, Mamba-2 mixers of 64
-        // heads of 64 (state 128, 8 groups), MoE layers of 128 squared-ReLU experts of 1856 with
-        // top-6 sigmoid routing, the aux-loss-free expert bias and one shared expert of 3712.
-        "nemotron-3-nano" => ModelConfig {
-            num_experts: 128,
-            moe_router_topk: 6,
-            moe_ffn_hidden_size: 1856,
-            moe_shared_expert_intermediate_size: 3712,
-            moe_router_score_function: RouterScore::Sigmoid,
-            moe_router_bias: true,
-            num_query_groups: 2,
-            mamba: Some(MambaConfig {
-                num_heads: 64,
-                head_dim: 64,
-                state_dim: 128,
-                num_groups: 8,
-                conv_kernel: 4,
-                chunk_size: 128,
-            }),
-            ..nemotron_h(name, NEMOTRON_3_NANO, 2688, 32, 1856, (64, 128))
-        },
-        _ => return None,
-    })
+    PRESETS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(n, build)| build(n))
+}
+
+/// Brown et al. 2020 ("Language Models are Few-Shot Learners"), Table 2.1: 96 layers, d_model
+/// 12288, 96 heads, context 2048; GPT-2 vocabulary (50257), learned positions, biases, tied
+/// embeddings, LayerNorm, GeLU, dropout 0.1.
+fn gpt3_175b(name: &str) -> ModelConfig {
+    ModelConfig {
+        name: name.into(),
+        num_layers: 96,
+        hidden_size: 12288,
+        num_attention_heads: 96,
+        num_query_groups: 96,
+        kv_channels: None,
+        ffn_hidden_size: 4 * 12288,
+        vocab_size: 50257,
+        max_position_embeddings: 2048,
+        position_embedding: PositionEmbedding::Learned,
+        activation: Activation::Gelu,
+        normalization: Normalization::Layernorm,
+        add_bias_linear: true,
+        add_qkv_bias: true,
+        tied_embeddings: true,
+        hidden_dropout: 0.1,
+        attention_dropout: 0.1,
+        ..ModelConfig::default()
+    }
+}
+
+/// Jiang et al. 2024 ("Mixtral of Experts"), Table 1: 8 experts, top-2, every layer MoE.
+fn mixtral_8x7b(name: &str) -> ModelConfig {
+    ModelConfig {
+        num_experts: 8,
+        moe_router_topk: 2,
+        moe_ffn_hidden_size: 14336,
+        ..llama(name, 32, 4096, (32, 8), 14336, 32000, 32768)
+    }
+}
+
+/// DeepSeek-AI 2024 ("DeepSeek-V3 Technical Report"), Sec. 4.2, and its config.json: 61
+/// layers, hidden 7168, 128 heads, MLA (q rank 1536, kv rank 512, nope 128, rope 64, v 128),
+/// first 3 layers dense (FFN 18432), then 1 shared + 256 routed experts of 2048, top-8, with
+/// the aux-loss-free score-correction bias. MTP off by default.
+fn deepseek_v3(name: &str) -> ModelConfig {
+    ModelConfig {
+        name: name.into(),
+        num_layers: 61,
+        hidden_size: 7168,
+        num_attention_heads: 128,
+        num_query_groups: 128,
+        kv_channels: Some(128),
+        ffn_hidden_size: 18432,
+        vocab_size: 129280,
+        max_position_embeddings: 163840,
+        mla: Some(MlaConfig {
+            q_lora_rank: 1536,
+            kv_lora_rank: 512,
+            qk_nope_head_dim: 128,
+            qk_rope_head_dim: 64,
+            v_head_dim: 128,
+        }),
+        num_experts: 256,
+        moe_router_topk: 8,
+        moe_ffn_hidden_size: 2048,
+        moe_shared_expert_intermediate_size: 2048,
+        moe_first_k_dense: 3,
+        moe_router_bias: true,
+        // Sigmoid gates renormalised over the top 8, within 4 of 8 node groups
+        // (DeepSeek-V3 Technical Report, sec. 2.1.2 and 4.2).
+        moe_router_score_function: RouterScore::Sigmoid,
+        moe_router_renormalize: true,
+        moe_router_num_groups: 8,
+        moe_router_group_topk: 4,
+        ..ModelConfig::default()
+    }
+}
+
+/// Moonshot AI 2025 ("Kimi K2: Open Agentic Intelligence", sec. 2.3 and Table 2, and its
+/// config.json): DeepSeek-V3's architecture with 64 heads, 384 routed experts and one shared,
+/// the first layer dense, no expert groups, a 163,840-token vocabulary.
+fn kimi_k2(name: &str) -> ModelConfig {
+    ModelConfig {
+        num_attention_heads: 64,
+        num_query_groups: 64,
+        vocab_size: 163840,
+        max_position_embeddings: 131072,
+        num_experts: 384,
+        moe_first_k_dense: 1,
+        moe_router_num_groups: 0,
+        moe_router_group_topk: 0,
+        ..deepseek_v3(name)
+    }
+}
+
+/// NVIDIA 2025 ("NVIDIA Nemotron 3 Nano 30B-A3B" model card and config.json; Megatron-LM's
+/// modelopt conf file): hidden 2688, 32 query and 2 KV heads of 128, Mamba-2 mixers of 64
+/// heads of 64 (state 128, 8 groups), MoE layers of 128 squared-ReLU experts of 1856 with
+/// top-6 sigmoid routing, the aux-loss-free expert bias and one shared expert of 3712.
+fn nemotron_3_nano(name: &str) -> ModelConfig {
+    ModelConfig {
+        num_experts: 128,
+        moe_router_topk: 6,
+        moe_ffn_hidden_size: 1856,
+        moe_shared_expert_intermediate_size: 3712,
+        moe_router_score_function: RouterScore::Sigmoid,
+        moe_router_bias: true,
+        num_query_groups: 2,
+        mamba: Some(MambaConfig {
+            num_heads: 64,
+            head_dim: 64,
+            state_dim: 128,
+            num_groups: 8,
+            conv_kernel: 4,
+            chunk_size: 128,
+        }),
+        ..nemotron_h(name, NEMOTRON_3_NANO, 2688, 32, 1856, (64, 128))
+    }
 }

@@ -1,6 +1,6 @@
 //! A validated configuration with its derived quantities: DP, microbatches, layer placement.
 
-use super::{rules, ClusterConfig, Config, ConfigError, GpuProfile, ScheduleKind};
+use super::{rules, ClusterConfig, Config, ConfigError, GpuProfile, NvlinkDomain, ScheduleKind};
 use serde::Serialize;
 use std::ops::Range;
 use std::sync::Arc;
@@ -80,6 +80,9 @@ pub struct Resolved {
     pub placement: PipelinePlacement,
     /// Non-fatal adjustments and caveats, shown to the user.
     pub warnings: Vec<String>,
+    /// The NVLink domain and how it was chosen (`cluster.nvlink_domain_size` holds its size
+    /// where it is not the node).
+    pub nvlink_domain: NvlinkDomain,
 }
 
 /// Applies `cluster.nics_per_node` and `cluster.nic_bandwidth_bytes_per_s` to the profile's
@@ -109,7 +112,7 @@ fn apply_nics(cluster: &ClusterConfig, gpu: &mut GpuProfile) -> Result<(), Confi
     if cluster.nics_per_node.is_none() && cluster.nic_bandwidth_bytes_per_s.is_none() {
         return Ok(());
     }
-    let per_node = cluster.gpus_per_node.max(1) as f64;
+    let per_node = cluster.per_node().max(1) as f64;
     let nics = cluster.nics_per_node.map_or(per_node, |n| n as f64);
     let rate = cluster
         .nic_bandwidth_bytes_per_s
@@ -150,6 +153,7 @@ impl Resolved {
         split_only: bool,
     ) -> Result<Resolved, ConfigError> {
         let mut gpu: Arc<GpuProfile> = gpu.into();
+        config.fill_profile_defaults(&gpu);
         if let Some(margin) = config.cluster.memory_margin_fraction {
             if !(margin.is_finite() && (0.0..1.0).contains(&margin)) {
                 return Err(ConfigError::Field {
@@ -187,25 +191,16 @@ impl Resolved {
         } else {
             rules::check(&config, &gpu)?;
         }
-        // The profile's NVLink domain (GB200/GB300 NVL72) filled in where it is not the node;
-        // one that does not fit the cluster is named in a warning.
-        let mut domain_warning = None;
-        if config.cluster.nvlink_domain_size.is_none() {
-            let domain = config.cluster.nvlink_domain(&gpu);
-            if domain != config.cluster.gpus_per_node {
-                config.cluster.nvlink_domain_size = Some(domain);
-            }
-            if let Some(d) = gpu.links.nvlink_domain_size {
-                if config.cluster.profile_domain(&gpu).is_none() {
-                    domain_warning = Some(format!(
-                        "cluster.nvlink_domain_size: the {} profile's NVLink domain of {d} GPUs does not fit {} GPUs of {} per node, so each node is its own domain; set it (64 runs NVL72 racks 16 trays to a job)",
-                        gpu.name, config.cluster.num_gpus, config.cluster.gpus_per_node
-                    ));
-                }
-            }
+        // The NVLink domain chosen from the profile's racks (GB200/GB300 NVL72) filled in
+        // where it is not the node; a count that fills no racks is named in a warning.
+        let nvlink_domain = config.cluster.nvlink_domain_choice(&gpu);
+        if config.cluster.nvlink_domain_size.is_none()
+            && nvlink_domain.size != config.cluster.per_node()
+        {
+            config.cluster.nvlink_domain_size = Some(nvlink_domain.size);
         }
         let mut warnings = rules::warnings(&config);
-        warnings.extend(domain_warning);
+        warnings.extend(nvlink_domain.warning.clone());
         let p = &config.parallel;
         let t = &config.training;
         let dp = rules::data_parallel(&config).expect("checked: the world divides");
@@ -222,6 +217,7 @@ impl Resolved {
             microbatches: microbatches as u32,
             placement,
             warnings,
+            nvlink_domain,
         })
     }
 

@@ -135,6 +135,7 @@ impl Prepared<'_> {
             warnings: r.warnings.clone(),
             framework_overrides: r.config.training.framework.overrides(&r.config.parallel),
             table_coverage: self.table_coverage(),
+            nvlink_domain: Some(r.nvlink_domain.clone()).filter(|d| d.is_worth_saying()),
         };
         estimate.set_interval(interval);
         Ok(estimate)

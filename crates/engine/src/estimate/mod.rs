@@ -158,6 +158,10 @@ pub struct Estimate {
     /// Ops the profile's measured tables time and those outside them (absent without tables).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub table_coverage: Option<crate::time::TableCoverage>,
+    /// The NVLink domain and how it was chosen, where that is more than "each node", as ever
+    /// (a rack of an NVL72, racks of 64, a given size, a fallback to the node).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nvlink_domain: Option<crate::config::NvlinkDomain>,
 }
 
 /// Why an estimate could not be made (the configuration validated, but its schedule did not).

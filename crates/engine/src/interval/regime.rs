@@ -3,7 +3,8 @@
 //! profile was calibrated on the machine), each cut into a few named bands. Residuals are
 //! grouped by regime, and an estimate's interval comes from the residuals of its own.
 
-use crate::config::{Config, Framework, GpuProfile, NcclArch};
+use crate::config::registry::{shipped_hardware_families, OTHER_FAMILY};
+use crate::config::{Config, Framework, GpuProfile};
 use serde::Serialize;
 
 /// The regime's dimensions, in the order their keys are written.
@@ -28,8 +29,6 @@ pub enum Dimension {
     Calibrated,
 }
 
-/// GPU families (by profile name, else by the NCCL generation the profile names).
-const GPU_FAMILIES: [&str; 6] = ["ampere", "hopper", "blackwell", "cdna", "cpu", "other"];
 /// GPUs in the run: one node, up to a pod, up to a large cluster, beyond.
 const SCALES: [&str; 4] = ["1-8", "9-128", "129-1024", "1025+"];
 const SCALE_UPPER: [u64; 3] = [8, 128, 1024];
@@ -62,7 +61,7 @@ impl Dimension {
     /// The values a regime may take along this dimension (its bands).
     pub fn values(self) -> &'static [&'static str] {
         match self {
-            Dimension::GpuFamily => &GPU_FAMILIES,
+            Dimension::GpuFamily => shipped_hardware_families(),
             Dimension::Framework => &FRAMEWORKS,
             Dimension::Scale => &SCALES,
             Dimension::Sequence => &SEQUENCES,
@@ -145,34 +144,17 @@ impl Regime {
     }
 }
 
-/// The GPU family of a profile, as an index into the family names.
+/// The GPU family of a profile, as an index into the family names: the family its profile
+/// declares (`family`), else [`OTHER_FAMILY`] (as for a family no shipped profile declares).
+/// Never guessed from the name: a new GPU pools with the family it says it is.
 fn gpu_family(gpu: &GpuProfile) -> usize {
-    let name = gpu.name.to_ascii_lowercase();
-    let family = if name == "cpu" {
-        "cpu"
-    } else if name.starts_with("a100") {
-        "ampere"
-    } else if name.starts_with("h100") || name.starts_with("h200") {
-        "hopper"
-    } else if ["b200", "b300", "gb200", "gb300"]
+    let families = shipped_hardware_families();
+    let declared = gpu.family.as_deref().unwrap_or(OTHER_FAMILY);
+    families
         .iter()
-        .any(|p| name.starts_with(p))
-    {
-        "blackwell"
-    } else if name.starts_with("mi3") {
-        "cdna"
-    } else {
-        match gpu.links.nccl {
-            Some(NcclArch::Ampere) => "ampere",
-            Some(NcclArch::Hopper) => "hopper",
-            Some(NcclArch::Blackwell) => "blackwell",
-            None => "other",
-        }
-    };
-    GPU_FAMILIES
-        .iter()
-        .position(|f| *f == family)
-        .expect("family listed")
+        .position(|f| *f == declared)
+        .or_else(|| families.iter().position(|f| *f == OTHER_FAMILY))
+        .expect("the families end with OTHER_FAMILY")
 }
 
 #[cfg(test)]

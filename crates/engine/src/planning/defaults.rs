@@ -18,16 +18,19 @@ pub const STORAGE_BYTES_PER_S: f64 = 2.0e12;
 /// lanes, 128b/130b encoding).
 pub const HOST_COPY_BYTES_PER_S: f64 = 64.0e9;
 
-/// Node power besides the GPUs, watts: NVIDIA DGX H100's maximum system power, about 10.2 kW
-/// (DGX H100 datasheet), less its eight 700 W GPUs: 10,200 - 5,600 = 4,600 W. A ceiling: the
-/// CPUs, memory, NICs and fans rarely all run at their maximum.
-pub const HOST_POWER_W_PER_NODE: f64 = 4_600.0;
+/// Host power per GPU, watts, for a profile whose `[power]` gives no `host_w_per_node`:
+/// NVIDIA DGX H100's maximum system power, about 10.2 kW (DGX H100 datasheet), less its eight
+/// 700 W GPUs, over the eight: (10,200 - 5,600) / 8 = 575 W. A ceiling: the CPUs, memory,
+/// NICs and fans rarely all run at their maximum. Each shipped GPU profile gives its own
+/// system's figure per node (calibration/*.toml, `power.host_w_per_node`).
+pub const HOST_POWER_W_PER_GPU: f64 = 4_600.0 / 8.0;
 
-/// Network switch power per node, watts: a two-tier non-blocking fat tree uses three switch
-/// ports per NIC port (leaf down, leaf up, spine down), so a node with eight 400 Gb/s NICs
-/// takes 24 ports of 64-port NVIDIA Quantum-2 QM9700 switches, each about 1,720 W at most
-/// (QM9700/QM9790 user manual, Specifications): 24 / 64 x 1,720 = 645 W.
-pub const NETWORK_POWER_W_PER_NODE: f64 = 645.0;
+/// Network switch power per NIC, watts: a two-tier non-blocking fat tree uses three switch
+/// ports per NIC port (leaf down, leaf up, spine down) of 64-port NVIDIA Quantum-2 QM9700
+/// switches, each about 1,720 W at most (QM9700/QM9790 user manual, Specifications):
+/// 3 / 64 x 1,720 = 80.625 W; a DGX H100 with eight NICs, 645 W. One NIC per GPU, as every
+/// shipped profile's inter-node link is.
+pub const NETWORK_POWER_W_PER_NIC: f64 = 3.0 / 64.0 * 1_720.0;
 
 /// Power usage effectiveness: Google's fleet-wide trailing-twelve-month PUE of 1.10 (Google
 /// Data Centers, "Efficiency", 2023), a modern hyperscale figure; the Uptime Institute's 2023

@@ -39,8 +39,10 @@ pub enum PlanningError {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Settings {
     pub price_per_gpu_hour_usd: Option<f64>,
-    pub host_power_w_per_node: f64,
-    pub network_power_w_per_node: f64,
+    /// Given per node of `cluster.gpus_per_node`; `None`: the GPU profile's ([`host_power`]).
+    pub host_power_w_per_node: Option<f64>,
+    /// Given per node of `cluster.gpus_per_node`; `None`: per NIC, one per GPU.
+    pub network_power_w_per_node: Option<f64>,
     pub pue: f64,
     pub failure_rate_per_gpu_hour: f64,
     pub storage_bytes_per_s: f64,
@@ -73,12 +75,10 @@ impl Settings {
             Some(p) => Some(check("run.price_per_gpu_hour_usd", pos, p, p > 0.0)?),
             None => None,
         };
-        let host = c
-            .host_power_w_per_node
-            .unwrap_or(defaults::HOST_POWER_W_PER_NODE);
-        let net = c
-            .network_power_w_per_node
-            .unwrap_or(defaults::NETWORK_POWER_W_PER_NODE);
+        let nonneg_w = |field, w: Option<f64>| match w {
+            Some(w) => check(field, nonneg, w, w >= 0.0).map(Some),
+            None => Ok(None),
+        };
         let pue = c.pue.unwrap_or(defaults::PUE);
         let rate = c
             .failure_rate_per_gpu_hour
@@ -98,12 +98,10 @@ impl Settings {
         Ok(Settings {
             deadline_s,
             price_per_gpu_hour_usd: price,
-            host_power_w_per_node: check("run.host_power_w_per_node", nonneg, host, host >= 0.0)?,
-            network_power_w_per_node: check(
+            host_power_w_per_node: nonneg_w("run.host_power_w_per_node", c.host_power_w_per_node)?,
+            network_power_w_per_node: nonneg_w(
                 "run.network_power_w_per_node",
-                nonneg,
-                net,
-                net >= 0.0,
+                c.network_power_w_per_node,
             )?,
             pue: check(
                 "run.pue",
@@ -133,7 +131,8 @@ pub struct StepInputs {
     pub compute_s: f64,
     pub tokens_per_step: u64,
     pub gpus: u32,
-    pub gpus_per_node: u32,
+    /// Power of the run's hosts and network besides the GPUs, watts ([`host_power`]).
+    pub hosts_w: f64,
     /// Board power idle and at TDP; `None` leaves the energy out.
     pub gpu_idle_w: Option<f64>,
     pub gpu_tdp_w: Option<f64>,
@@ -292,8 +291,7 @@ pub fn plan(tokens: u64, step: &StepInputs, s: &Settings) -> Result<RunReport, P
             // Training (and recomputing lost work) at the busy power; stalls and restarts idle.
             let training_s = work_s + interruptions * interval_s / 2.0;
             let gpu_j = gpus * (busy_w * training_s + idle * (wall_s - training_s).max(0.0));
-            let nodes = f64::from(step.gpus.max(1).div_ceil(step.gpus_per_node.max(1)));
-            let other_j = nodes * (s.host_power_w_per_node + s.network_power_w_per_node) * wall_s;
+            let other_j = step.hosts_w * wall_s;
             (Some(s.pue * (gpu_j + other_j) / J_PER_MWH), Some(busy_w))
         }
         _ => {
@@ -379,6 +377,7 @@ pub fn run_report(r: &Resolved, est: &Estimate) -> Result<Option<RunReport>, Pla
         return Ok(None);
     };
     let settings = Settings::from_config(&r.config.run)?;
+    let hosts = host_power(r, &settings);
     let (ckpt, ckpt_rank) = checkpoint_bytes(r, est);
     let t = &r.config.training;
     let step = StepInputs {
@@ -386,11 +385,78 @@ pub fn run_report(r: &Resolved, est: &Estimate) -> Result<Option<RunReport>, Pla
         compute_s: est.time.compute_s,
         tokens_per_step: t.global_batch_size * t.seq_length,
         gpus: r.world(),
-        gpus_per_node: r.config.cluster.gpus_per_node,
+        hosts_w: hosts.total_w(),
         gpu_idle_w: r.gpu.power.map(|p| p.idle_w),
         gpu_tdp_w: r.gpu.power.map(|p| p.tdp_w),
         checkpoint_bytes: ckpt,
         checkpoint_bytes_per_rank: ckpt_rank,
     };
-    plan(tokens, &step, &settings).map(Some)
+    let mut report = plan(tokens, &step, &settings)?;
+    if report.energy_mwh.is_some() {
+        report.notes.extend(hosts.note);
+    }
+    Ok(Some(report))
+}
+
+/// What a run's hosts draw besides their GPUs: how many nodes, and each one's host and network
+/// power.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostPower {
+    /// Nodes the host power is charged for.
+    pub host_nodes: f64,
+    pub host_w_per_node: f64,
+    /// Nodes the network power is charged for.
+    pub network_nodes: f64,
+    pub network_w_per_node: f64,
+    /// What was assumed where the profile gives no figure.
+    pub note: Option<String>,
+}
+
+impl HostPower {
+    /// Watts of every host and its network share.
+    pub fn total_w(&self) -> f64 {
+        self.host_nodes * self.host_w_per_node + self.network_nodes * self.network_w_per_node
+    }
+}
+
+/// The hosts of a run. A figure given in `[run]` is per node of `cluster.gpus_per_node`, the
+/// node the user described. Otherwise the hardware is the profile's: its own nodes of
+/// `gpus_per_node` GPUs (a job fills whole ones), each drawing `power.host_w_per_node` (DGX
+/// H100's per GPU where the profile gives none) and the switch ports of one NIC per GPU, so
+/// the energy does not move when only `cluster.gpus_per_node` does.
+pub fn host_power(r: &Resolved, s: &Settings) -> HostPower {
+    let gpus = r.world().max(1);
+    let nodes_of = |per_node: u32| f64::from(gpus.div_ceil(per_node.max(1)));
+    let (given, hardware) = (r.config.cluster.per_node(), r.gpu.gpus_per_node);
+    let profile_host = r.gpu.power.and_then(|p| p.host_w_per_node);
+    let mut note = None;
+    let (host_nodes, host_w_per_node) = match (s.host_power_w_per_node, profile_host) {
+        (Some(w), _) => (nodes_of(given), w),
+        (None, Some(w)) => (nodes_of(hardware), w),
+        (None, None) => {
+            note = Some(format!(
+                "host power: the {} profile gives no power.host_w_per_node; DGX H100's {} W per GPU assumed (set run.host_power_w_per_node)",
+                r.gpu.name,
+                defaults::HOST_POWER_W_PER_GPU
+            ));
+            (
+                nodes_of(hardware),
+                defaults::HOST_POWER_W_PER_GPU * f64::from(hardware),
+            )
+        }
+    };
+    let (network_nodes, network_w_per_node) = match s.network_power_w_per_node {
+        Some(w) => (nodes_of(given), w),
+        None => (
+            nodes_of(hardware),
+            defaults::NETWORK_POWER_W_PER_NIC * f64::from(hardware),
+        ),
+    };
+    HostPower {
+        host_nodes,
+        host_w_per_node,
+        network_nodes,
+        network_w_per_node,
+        note,
+    }
 }

@@ -12,7 +12,8 @@ fn step() -> StepInputs {
         compute_s: 0.8,
         tokens_per_step: 1000,
         gpus: 16,
-        gpus_per_node: 8,
+        // Two DGX H100 nodes: 2 x (4,600 W host + 645 W of switch ports).
+        hosts_w: 2.0 * (4600.0 + 645.0),
         gpu_idle_w: Some(70.0),
         gpu_tdp_w: Some(700.0),
         checkpoint_bytes: 2.0e12,
@@ -170,12 +171,14 @@ fn goodput_matches_a_monte_carlo_simulation() {
 #[test]
 fn gpu_hours_are_gpus_times_wall_hours_and_energy_lies_in_the_envelope() {
     let s = Settings {
-        host_power_w_per_node: 0.0,
-        network_power_w_per_node: 0.0,
         pue: 1.0,
         ..settings()
     };
-    let r = plan(1_000_000_000, &step(), &s).unwrap();
+    let no_hosts = StepInputs {
+        hosts_w: 0.0,
+        ..step()
+    };
+    let r = plan(1_000_000_000, &no_hosts, &s).unwrap();
     let wall_h = r.wall_days * 24.0;
     assert!((r.gpu_hours - 16.0 * wall_h).abs() < 1e-6 * r.gpu_hours);
     let e = r.energy_mwh.unwrap() * 1e6; // Wh
@@ -191,7 +194,7 @@ fn gpu_hours_are_gpus_times_wall_hours_and_energy_lies_in_the_envelope() {
     let st = StepInputs {
         compute_s: 1.0,
         checkpoint_bytes: 0.0,
-        ..step()
+        ..no_hosts
     };
     let r = plan(1_000_000_000, &st, &ideal).unwrap();
     // 1e9 tokens / 1000 per step = 1e6 steps of 1 s on 16 GPUs at 700 W = 3.111 MWh.

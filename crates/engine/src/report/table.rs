@@ -73,8 +73,14 @@ fn header(out: &mut String, e: &Estimate) {
     let tr = &c.training;
     let _ = writeln!(
         out,
-        "parsim estimate: {} on {} x {} ({} per node)",
-        c.model.name, c.cluster.num_gpus, e.gpu, c.cluster.gpus_per_node
+        "parsim estimate: {} on {} x {} ({} per node{})",
+        c.model.name,
+        c.cluster.num_gpus,
+        e.gpu,
+        c.cluster.per_node(),
+        e.nvlink_domain
+            .as_ref()
+            .map_or(String::new(), |d| format!("; NVLink domain: {}", d.reason))
     );
     let _ = writeln!(
         out,

@@ -26,7 +26,7 @@ pub fn end_costs(base: &Config) -> Option<EndCosts> {
         ..ParallelConfig::default()
     };
     c.cluster.num_gpus = 1;
-    c.cluster.gpus_per_node = 1;
+    c.cluster.gpus_per_node = Some(1);
     c.training.micro_batch_size = 1;
     c.training.global_batch_size = 1;
     let r = Resolved::new(c).ok()?;

@@ -125,14 +125,15 @@ fn expert_parallel_sizes(base: &Config, stage_ranks: u64) -> Vec<u64> {
         .collect()
 }
 
-/// Every mix the enumeration produces for `base` (before validation and pruning).
+/// Every mix the enumeration produces for `base` (before validation and pruning), tensor
+/// parallelism inside the NVLink domain its profile gives (the node where it does not load).
 pub fn enumerate(base: &Config, mbs_max: u64) -> Vec<Mix> {
     let c = &base.cluster;
-    enumerate_in(
-        base,
-        mbs_max,
-        c.nvlink_domain_size.unwrap_or(c.gpus_per_node),
-    )
+    let domain = crate::config::GpuProfile::load(&c.gpu)
+        .map_or(c.nvlink_domain_size.unwrap_or(c.per_node()), |g| {
+            c.nvlink_domain(&g)
+        });
+    enumerate_in(base, mbs_max, domain)
 }
 
 /// [`enumerate`] with tensor parallelism inside NVLink domains of `domain` GPUs.

@@ -144,7 +144,7 @@ fn network_cache(mixes: &[Mix], base: &Config, gpu: &GpuProfile) -> NetworkCache
                 ep,
                 dp,
                 pp,
-                base.cluster.gpus_per_node,
+                base.cluster.gpus_per_node_on(gpu),
             )
             .and_then(|l| l.with_nvlink_domain(base.cluster.nvlink_domain(gpu)))
             .and_then(|l| l.with_experts_of(base))

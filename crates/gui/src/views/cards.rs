@@ -194,18 +194,23 @@ fn draw_band(ui: &mut Ui, b: &Band, width: f32) {
 }
 
 /// How the GPUs sit in NVLink domains (as `parsim layout` says it): domains of how many
-/// GPUs over how many nodes, or the node as the domain.
+/// GPUs over how many nodes, or the node as the domain, and how the size was chosen where
+/// the engine says more than "each node".
 pub fn nvlink_domains(e: &Estimate) -> String {
     let c = &e.config.cluster;
-    let per_node = c.gpus_per_node.max(1);
+    let per_node = c.per_node().max(1);
     let domain = c.nvlink_domain_size.unwrap_or(per_node).max(1);
+    let how = e
+        .nvlink_domain
+        .as_ref()
+        .map_or(String::new(), |d| format!("; {}", d.reason));
     if domain == per_node {
-        return format!("NVLink domains: each node of {per_node} GPUs");
+        return format!("NVLink domains: each node of {per_node} GPUs{how}");
     }
     format!(
-        "NVLink domains: {} of {domain} GPUs ({} nodes of {per_node} each)",
+        "NVLink domains: {} of {domain} GPUs ({} nodes of {per_node} each){how}",
         c.num_gpus.div_ceil(domain),
-        domain / per_node
+        domain.div_ceil(per_node)
     )
 }
 

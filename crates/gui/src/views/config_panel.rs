@@ -611,69 +611,56 @@ fn cluster(ui: &mut Ui, c: &mut Config, p: Option<&Problems>) {
         p,
         |ui| ui.add(stepped(&mut c.cluster.num_gpus, 1..=MAX_GPUS, mp)),
     );
-    row(
-        ui,
-        "GPUs per node",
-        "GPUs in one node (NVLink domain)",
-        "cluster.gpus_per_node",
-        p,
-        |ui| ui.add(DragValue::new(&mut c.cluster.gpus_per_node).range(1..=1024)),
-    );
-    // 0 leaves it to the profile (72 on an NVL72 rack where it fits), else the node.
-    let mut domain = c.cluster.nvlink_domain_size.unwrap_or(0);
+    nodes_and_domain(ui, c, p);
+}
+
+/// GPUs per node and the NVLink domain: each shows its value, the profile's choice where the
+/// configuration leaves it out ("automatic", never a bare 0); editing either sets it.
+fn nodes_and_domain(ui: &mut Ui, c: &mut Config, p: Option<&Problems>) {
+    let gpu = GpuProfile::load(&c.cluster.gpu).ok();
+    let mut per_node = gpu
+        .as_ref()
+        .map_or(c.cluster.per_node(), |g| c.cluster.gpus_per_node_on(g));
     let changed = row(
         ui,
-        "NVLink domain",
-        "GPUs per NVLink domain (--nvlink-domain-size): a group inside one runs at NVLink rates across nodes; auto (0) = the profile's (72 on gb200/gb300 where it fits), else the node",
-        "cluster.nvlink_domain_size",
+        "GPUs per node",
+        "GPUs in one node, whose host's CPU memory and NICs they share (--gpus-per-node); default the profile's: 4 on a GB200/GB300 tray, 8 on an HGX board",
+        "cluster.gpus_per_node",
         p,
-        |ui| {
-            ui.add(
-                DragValue::new(&mut domain)
-                    .range(0..=1_000_000)
-                    .custom_formatter(|v, _| nvlink_domain_text(v))
-                    .custom_parser(parse_nvlink_domain),
-            )
-        },
+        |ui| ui.add(DragValue::new(&mut per_node).range(1..=1024)),
     );
     if changed {
-        c.cluster.nvlink_domain_size = (domain > 0).then_some(domain);
+        c.cluster.gpus_per_node = Some(per_node);
     }
-}
-
-/// The NVLink-domain field's text: `auto` for 0 (the profile's domain where it fits, else the
-/// node), else the GPU count.
-pub fn nvlink_domain_text(v: f64) -> String {
-    if v <= 0.0 {
-        "auto".to_string()
-    } else {
-        format!("{v:.0}")
+    let chosen = gpu.as_ref().map(|g| c.cluster.nvlink_domain_choice(g));
+    let mut domain = chosen.as_ref().map_or(per_node, |d| d.size);
+    let mut automatic = c.cluster.nvlink_domain_size.is_none();
+    ui.horizontal(|ui| {
+        let l = label(
+            ui,
+            "NVLink domain",
+            "GPUs per NVLink domain (--nvlink-domain-size): a group inside one runs at NVLink rates across nodes. Automatic: on an NVL72 profile, a job of at most a rack is one domain, else whole racks of 72, else racks of 64 (16 of 18 trays), else the node",
+        );
+        let drag = ui
+            .add(DragValue::new(&mut domain).range(1..=1_000_000))
+            .labelled_by(l.id);
+        let check = ui.checkbox(&mut automatic, "automatic");
+        if drag.changed() {
+            c.cluster.nvlink_domain_size = Some(domain);
+        } else if check.changed() {
+            c.cluster.nvlink_domain_size = (!automatic).then_some(domain);
+        }
+    });
+    if let Some(d) = chosen.filter(|_| c.cluster.nvlink_domain_size.is_none()) {
+        ui.label(RichText::new(d.reason).small());
     }
-}
-
-/// Reads the NVLink-domain field: `auto` (or 0) for the automatic domain, else a GPU count.
-fn parse_nvlink_domain(s: &str) -> Option<f64> {
-    let t = s.trim();
-    if t.eq_ignore_ascii_case("auto") {
-        return Some(0.0);
-    }
-    t.parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0)
+    errors(ui, p, "cluster.nvlink_domain_size");
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::state::default_config;
-
-    /// The automatic NVLink domain reads as `auto`, never as a domain of 0 GPUs.
-    #[test]
-    fn the_automatic_nvlink_domain_reads_auto() {
-        assert_eq!(nvlink_domain_text(0.0), "auto");
-        assert_eq!(nvlink_domain_text(72.0), "72");
-        assert_eq!(parse_nvlink_domain("auto"), Some(0.0));
-        assert_eq!(parse_nvlink_domain(" 4 "), Some(4.0));
-        assert_eq!(parse_nvlink_domain("-1"), None);
-    }
 
     #[test]
     fn offered_degrees_are_valid_for_the_defaults() {

@@ -24,9 +24,10 @@ pub fn to_megatron_args(cfg: &Config) -> String {
         out.push_str(&lost.join(", "));
         out.push('\n');
     }
-    let nodes = cfg.cluster.num_gpus / cfg.cluster.gpus_per_node.max(1);
-    let per_node = if nodes * cfg.cluster.gpus_per_node == cfg.cluster.num_gpus {
-        cfg.cluster.gpus_per_node
+    let per_node = cfg.cluster.per_node();
+    let nodes = cfg.cluster.num_gpus / per_node.max(1);
+    let per_node = if nodes * per_node == cfg.cluster.num_gpus {
+        per_node
     } else {
         out.push_str("# the GPU count is not a whole number of nodes: one node of all of them\n");
         cfg.cluster.num_gpus

@@ -47,7 +47,10 @@ fn llama3_8b_launch_script_imports_every_setting() {
     );
     assert_eq!(t.precision, Precision::Fp8);
     assert_eq!(t.grad_dtype.to_string(), "bf16");
-    assert_eq!((cfg.cluster.num_gpus, cfg.cluster.gpus_per_node), (8, 8));
+    assert_eq!(
+        (cfg.cluster.num_gpus, cfg.cluster.gpus_per_node),
+        (8, Some(8))
+    );
     for flag in [
         "--lr",
         "--use-mcore-models",
@@ -127,6 +130,8 @@ fn moe_layer_frequency_and_mla_import() {
 /// `cfg` with what Megatron flags cannot carry set as the import leaves it.
 fn comparable(mut cfg: Config) -> Config {
     cfg.model.name = "megatron".into();
+    // torchrun's --nproc_per_node always states the node (the profile's, where left out).
+    cfg.cluster.gpus_per_node = Some(cfg.cluster.per_node());
     if cfg.model.num_experts > 0 {
         cfg.parallel.expert_tp = Some(cfg.parallel.etp());
     }
@@ -219,7 +224,10 @@ fn nemo_hydra_overrides_import_as_their_megatron_flags() {
                 model.encoder_seq_length=4096 model.optim.name=distributed_fused_adam \\\n\
                 model.optim.lr=3e-4 model.activations_checkpoint_granularity=selective\n";
     let (cfg, imp) = imported(text);
-    assert_eq!((cfg.cluster.num_gpus, cfg.cluster.gpus_per_node), (16, 8));
+    assert_eq!(
+        (cfg.cluster.num_gpus, cfg.cluster.gpus_per_node),
+        (16, Some(8))
+    );
     assert_eq!(
         (cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.zero),
         (4, 2, 1)
@@ -339,7 +347,10 @@ fn nvidias_llama3_fp8_script_reads_its_appends_and_conditions() {
     );
     assert_eq!(cfg.model.vocab_size, 128_256);
     assert_eq!(cfg.run.train_tokens, Some(1_953_125_000 * 8192));
-    assert_eq!((cfg.cluster.num_gpus, cfg.cluster.gpus_per_node), (8, 8));
+    assert_eq!(
+        (cfg.cluster.num_gpus, cfg.cluster.gpus_per_node),
+        (8, Some(8))
+    );
     let notes = imp.notes.join("\n");
     // The data branch rests on the script's arguments 3 and 4, which it is read without.
     assert!(

@@ -3,30 +3,29 @@
 
 use super::super::{Config, Violation};
 
-/// `cluster.nvlink_domain_size` against the nodes and the GPU count. (A profile's default
-/// domain that does not fit is not used: [`super::super::ClusterConfig::profile_domain`].)
+/// `cluster.nvlink_domain_size` against the nodes and the GPU count. (The default is chosen
+/// to fit: [`super::super::ClusterConfig::nvlink_domain_choice`].)
 pub fn nvlink_domain(cfg: &Config) -> Vec<Violation> {
     let c = &cfg.cluster;
     let Some(domain) = c.nvlink_domain_size else {
         return Vec::new();
     };
     let mut errs = Vec::new();
-    if domain == 0 || c.gpus_per_node == 0 {
+    let per_node = c.per_node();
+    if domain == 0 || per_node == 0 {
         // The size rules name a zero; nothing more to say here.
         return errs;
     }
-    if domain % c.gpus_per_node != 0 {
+    if domain % per_node != 0 {
         errs.push(
             Violation::new(
                 "cluster.nvlink_domain_size",
                 format!(
-                    "{domain} is not a multiple of cluster.gpus_per_node = {}: an NVLink domain holds whole nodes",
-                    c.gpus_per_node
+                    "{domain} is not a multiple of cluster.gpus_per_node = {per_node}: an NVLink domain holds whole nodes",
                 ),
             )
             .hint(format!(
-                "a multiple of {} (a GB200 NVL72 rack: gpus_per_node 4, nvlink_domain_size 72)",
-                c.gpus_per_node
+                "a multiple of {per_node} (a GB200 NVL72 rack: gpus_per_node 4, nvlink_domain_size 72)",
             )),
         );
     }
@@ -62,7 +61,7 @@ mod tests {
         let rack = |n: u32, gpn: u32, d: u32| {
             with(|c| {
                 c.cluster.num_gpus = n;
-                c.cluster.gpus_per_node = gpn;
+                c.cluster.gpus_per_node = Some(gpn);
                 c.cluster.nvlink_domain_size = Some(d);
             })
         };

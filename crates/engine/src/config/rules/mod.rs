@@ -122,7 +122,7 @@ pub fn check_base(c: &Config) -> Result<(), ConfigError> {
 pub fn warnings(c: &Config) -> Vec<String> {
     let (m, p, t) = (&c.model, &c.parallel, &c.training);
     let mut w = Vec::new();
-    let gpn = c.cluster.gpus_per_node;
+    let gpn = c.cluster.per_node();
     match c.cluster.nvlink_domain_size.filter(|&d| d != gpn) {
         Some(domain) if p.tp > domain => w.push(format!(
             "parallel.tp = {} exceeds cluster.nvlink_domain_size = {domain}: tensor parallelism leaves the NVLink domain",

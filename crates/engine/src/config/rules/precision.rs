@@ -1,24 +1,42 @@
-//! Precision and hardware: FP8 needs FP8 tensor cores; a learned position embedding covers
-//! the sequence.
+//! Precision and hardware: a precision needs tensor cores that run it; a learned position
+//! embedding covers the sequence.
 
-use super::super::{Config, Dtype, GpuProfile, PositionEmbedding, Precision, Violation};
+use super::super::{Config, Dtype, GpuProfile, PositionEmbedding, Precision, Registry, Violation};
 
-/// FP8 training needs a GPU with FP8 tensor cores; MXFP8 and NVFP4 need the block-scaled
-/// (microscaling) tensor cores of Blackwell and CDNA 4, which the profile marks with an FP4
-/// rate; an FP8 recipe applies to FP8 only.
+/// A precision runs only on tensor cores that run it (the profile's `precisions`: FP8 from
+/// Hopper and CDNA 3, MXFP8 on Blackwell and CDNA 4, NVFP4 on Blackwell); an FP8 recipe
+/// applies to FP8 only.
 pub fn hardware(cfg: &Config, gpu: &GpuProfile) -> Vec<Violation> {
     let t = &cfg.training;
     let mut errs = Vec::new();
-    if matches!(t.precision, Precision::Mxfp8 | Precision::Nvfp4) && gpu.peak_flops.fp4.is_none() {
+    if !gpu.runs(t.precision) {
+        let runs: Vec<&str> = gpu.precisions_run().iter().map(|p| p.as_str()).collect();
+        let block_scaled = matches!(t.precision, Precision::Mxfp8 | Precision::Nvfp4);
+        let fallback = if block_scaled {
+            "fp8 (with training.fp8_recipe) or bf16"
+        } else {
+            "bf16"
+        };
         errs.push(
             Violation::new(
                 "training.precision",
                 format!(
-                    "{} needs block-scaled FP4/FP8 tensor cores (Blackwell, CDNA 4), which {} lacks (no peak_flops.fp4 in its profile)",
-                    t.precision, gpu.name
+                    "{p} needs {cores}, which {gpu} lacks (its profile runs {runs})",
+                    p = t.precision,
+                    cores = if block_scaled {
+                        format!("block-scaled {} tensor cores", t.precision)
+                    } else {
+                        format!("{} tensor cores", t.precision.as_str().to_uppercase())
+                    },
+                    gpu = gpu.name,
+                    runs = runs.join(", ")
                 ),
             )
-            .hint("use fp8 (with training.fp8_recipe) or bf16, or a profile with FP4: b200, b300, gb200, gb300, mi355x"),
+            .hint(format!(
+                "use {fallback}, or a profile that runs {}: {}",
+                t.precision,
+                Registry::shipped().running(t.precision).join(", ")
+            )),
         );
     }
     if t.fp8_recipe.is_some() && t.precision != Precision::Fp8 {
@@ -34,15 +52,6 @@ pub fn hardware(cfg: &Config, gpu: &GpuProfile) -> Vec<Violation> {
         );
     }
     errs.extend(recipe_settings(cfg));
-    if t.precision == Precision::Fp8 && gpu.peak_flops.fp8.is_none() {
-        errs.push(
-            Violation::new(
-                "training.precision",
-                format!("fp8 needs FP8 tensor cores, which {} lacks", gpu.name),
-            )
-            .hint("use bf16, or an H100/H200/B200/MI300X profile"),
-        );
-    }
     errs
 }
 
