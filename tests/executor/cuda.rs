@@ -150,7 +150,7 @@ fn no_gpu() -> Option<String> {
 fn gpu_twin(
     label: &str,
     mix: super::common::Mix,
-    precision: parsim_executor::plan::Precision,
+    precision: parsim_plan::plan::Precision,
     tol: f64,
 ) {
     let gbs = u64::from(mix.dp) * 2;
@@ -161,8 +161,8 @@ fn gpu_twin(
 /// [`gpu_twin`] of a given Plan.
 fn gpu_twin_plan(
     label: &str,
-    plan: &parsim_executor::plan::Plan,
-    precision: parsim_executor::plan::Precision,
+    plan: &parsim_plan::plan::Plan,
+    precision: parsim_plan::plan::Precision,
     tol: f64,
 ) {
     use parsim_executor::runner::{run_cpu, run_cuda, CudaWorld, RunOptions};
@@ -201,7 +201,7 @@ fn gpu_twin_plan(
 
 #[test]
 fn tp2_sp_pp2_and_dp2_steps_match_the_cpu_twin_on_the_gpu() {
-    use parsim_executor::plan::Precision;
+    use parsim_plan::plan::Precision;
     if let Some(reason) = no_gpu() {
         eprintln!("skipped: {reason}");
         return;
@@ -226,9 +226,9 @@ fn tp2_sp_pp2_and_dp2_steps_match_the_cpu_twin_on_the_gpu() {
 /// stream, joined at the optimizer step).
 #[test]
 fn grad_buckets_during_backward_match_the_cpu_twin_on_the_gpu() {
-    use parsim_executor::plan::{Action, Precision};
     use parsim_executor::runner::{run_cuda, CudaWorld, RunOptions};
     use parsim_executor::trace::Clock;
+    use parsim_plan::plan::{Action, Precision};
     if let Some(reason) = no_gpu() {
         eprintln!("skipped: {reason}");
         return;
@@ -277,8 +277,8 @@ fn grad_buckets_during_backward_match_the_cpu_twin_on_the_gpu() {
 fn gpu_run(
     label: &str,
     v: serde_json::Value,
-    precision: parsim_executor::plan::Precision,
-) -> parsim_executor::runner::RunReport {
+    precision: parsim_plan::plan::Precision,
+) -> parsim_plan::run_report::RunReport {
     use parsim_executor::runner::{run_cuda, CudaWorld, RunOptions};
     let opts = RunOptions {
         steps: 3,
@@ -295,8 +295,8 @@ fn gpu_run(
 /// steps within `tol` (largest difference over the tensor's largest value). Returns the worst.
 fn against_one_rank(
     label: &str,
-    got: &parsim_executor::runner::RunReport,
-    want: &parsim_executor::runner::RunReport,
+    got: &parsim_plan::run_report::RunReport,
+    want: &parsim_plan::run_report::RunReport,
     tol: f64,
 ) -> f64 {
     let (a, b) = (got.loss[0], want.loss[0]);
@@ -322,7 +322,7 @@ fn against_one_rank(
 #[test]
 fn every_mix_on_one_gpu_matches_the_one_rank_gpu_run() {
     use super::common::Mix;
-    use parsim_executor::plan::Precision;
+    use parsim_plan::plan::Precision;
     if let Some(reason) = no_gpu() {
         eprintln!("skipped: {reason}");
         return;
@@ -372,9 +372,9 @@ fn every_mix_on_one_gpu_matches_the_one_rank_gpu_run() {
 /// time within the events' resolution.
 #[test]
 fn profiled_ops_on_the_gpu_have_the_cpu_twins_keys_and_cover_the_actions() {
-    use parsim_executor::plan::Precision;
     use parsim_executor::runner::{run_cpu, run_cuda, CudaWorld, RunOptions};
     use parsim_plan::op_timing::OpKey;
+    use parsim_plan::plan::Precision;
     use std::collections::BTreeMap;
     if let Some(reason) = no_gpu() {
         eprintln!("skipped: {reason}");
@@ -398,7 +398,7 @@ fn profiled_ops_on_the_gpu_have_the_cpu_twins_keys_and_cover_the_actions() {
     let gpu = run_cuda(&plan, &opts, CudaWorld::SingleProcess).expect("cuda run");
     let cpu = run_cpu(&plan, &opts).expect("cpu run");
     // Keys with the kernel name left out (it names the backend's implementation).
-    let keys = |r: &parsim_executor::runner::RankReport| -> BTreeMap<String, u64> {
+    let keys = |r: &parsim_plan::run_report::RankReport| -> BTreeMap<String, u64> {
         r.ops
             .iter()
             .filter(|t| t.key != OpKey::HostGap)

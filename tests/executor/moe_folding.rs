@@ -112,7 +112,7 @@ fn whole_experts_under_tp_match_the_single_rank_run() {
         let got = run(&plan(folded(&c)), 3);
         compare(&format!("expert TP 1 {c:?}"), &got, &reference);
         if c.capacity_factor > 0.0 {
-            let drops = |r: &parsim_executor::runner::RunReport| {
+            let drops = |r: &parsim_plan::run_report::RunReport| {
                 r.ranks.iter().map(|x| x.moe_dropped).sum::<u64>()
             };
             assert!(drops(&reference) > 0, "the capacity drops nothing");

@@ -3,7 +3,7 @@
 
 use super::common::*;
 use parsim::schedule::{generate, ActionKind};
-use parsim_executor::plan::Action;
+use parsim_plan::plan::Action;
 use std::collections::HashMap;
 
 #[test]

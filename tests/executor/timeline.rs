@@ -7,7 +7,7 @@
 use assert_cmd::Command;
 use parsim::config::{Config, Layer, Resolved};
 use parsim::lower::{lower, LowerOptions};
-use parsim_executor::plan::Action;
+use parsim_plan::plan::Action;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::Path;

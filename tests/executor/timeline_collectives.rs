@@ -6,9 +6,10 @@ use super::common::{config, plan, Mix};
 use super::moe::{moe_config, BASE};
 use parsim::config::{Config, Layer, Resolved};
 use parsim::lower::{lower, LowerOptions};
-use parsim_executor::plan::{Action, Plan};
 use parsim_executor::runner::{run_cpu, RunOptions};
-use parsim_executor::trace::{Clock, EventKind, RankTrace, Stream};
+use parsim_executor::trace::Clock;
+use parsim_plan::plan::{Action, Plan};
+use parsim_plan::trace::{EventKind, RankTrace, Stream};
 use std::collections::BTreeMap;
 
 fn traced(plan: &Plan) -> Vec<RankTrace> {

@@ -7,9 +7,11 @@
 
 use super::common::{config, plan, rel_diff, Mix};
 use super::moe::{moe_config, BASE};
-use parsim_executor::plan::{Action, Plan, RankPlan};
-use parsim_executor::runner::{run_cpu, RunOptions, RunReport};
-use parsim_executor::trace::{Clock, EventKind, RankTrace};
+use parsim_executor::runner::{run_cpu, RunOptions};
+use parsim_executor::trace::Clock;
+use parsim_plan::plan::{Action, Plan, RankPlan};
+use parsim_plan::trace::{EventKind, RankTrace};
+use parsim_plan::RunReport;
 use serde_json::Value;
 
 /// The small model's parameters per TP rank at TP 2 (hidden 64, 8 heads and 4 KV heads of 8,

@@ -7,8 +7,8 @@
 //! >= 70% of the peak), and the whole step's achieved GFLOP/s.
 
 use parsim_executor::backend::cpu::ops::gemm::{gemm, GemmCounter, View};
-use parsim_executor::plan::{AdamConfig, ModelShape, Plan, Recompute};
 use parsim_executor::runner::{run_cpu, RunOptions};
+use parsim_plan::plan::{AdamConfig, ModelShape, Plan, Recompute};
 use std::time::Instant;
 
 fn gemm_rate(m: usize, k: usize, n: usize, reps: usize) -> f64 {

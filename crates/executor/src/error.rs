@@ -42,7 +42,7 @@ pub enum ExecError {
     Dropout(#[from] crate::rng::DropoutError),
     /// Exported parameters or gradients that the ranks do not cover.
     #[error(transparent)]
-    Export(#[from] crate::pieces::MissingElements),
+    Export(#[from] parsim_plan::pieces::MissingElements),
     /// Operands of a device call whose sizes cannot match, naming the call and the rule.
     #[error("{op}: {rule}")]
     Shape { op: &'static str, rule: String },
@@ -54,7 +54,7 @@ pub enum ExecError {
     },
 }
 
-pub use parsim_plan::PlanError;
+use parsim_plan::PlanError;
 
 /// Run options that cannot apply to a plan.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

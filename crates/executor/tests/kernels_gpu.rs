@@ -10,8 +10,9 @@ use parsim_executor::backend::cpu::ops::{
     activation, adam, cross_entropy, elementwise, flash, norm, rotary,
 };
 use parsim_executor::backend::cuda::ops;
-use parsim_executor::backend::{BlockShape, DType, Side};
-use parsim_executor::plan::{Activation, AdamConfig, Norm};
+use parsim_executor::backend::{BlockShape, Side};
+use parsim_plan::plan::{Activation, AdamConfig, Norm};
+use parsim_plan::DType;
 
 /// The outputs of the cross-entropy's three readers of the logits.
 struct CeReaders {
@@ -303,7 +304,7 @@ fn flash_attention_matches_the_cpu_on_a_zigzag_layout_with_gqa() {
         d: 72,
         dv: 72,
         dropout: None,
-        span: parsim_executor::plan::AttnSpan::Full,
+        span: parsim_plan::plan::AttnSpan::Full,
     };
     // Zigzag CP shard of a 64-row sequence over cp 2: chunks 0 and 3 (queries), all keys.
     let qpos: Vec<u32> = (0..16).chain(48..64).collect();
@@ -554,8 +555,8 @@ fn bf16_kernels_match_the_cpu_on_rounded_inputs() {
 fn dropout_heads_and_scored_router_match_the_cpu() {
     use parsim_executor::backend::cpu::ops::{dropout, mla, router};
     use parsim_executor::backend::cuda::ops::moe::kernel::ScoredTopk;
-    use parsim_executor::plan::{MoeShape, RouterShape, ScoreFunction};
     use parsim_executor::rng::{DropoutKey, DropoutSite};
+    use parsim_plan::plan::{MoeShape, RouterShape, ScoreFunction};
     let Some(g) = gpu() else { return };
     // Dropout: random tokens past 2^32, a column offset mid-block; exact in f32.
     let (rows, cols) = (37, 300);
@@ -984,7 +985,7 @@ fn mma_cases(g: &Gpu) {
         d,
         dv: d,
         dropout: None,
-        span: parsim_executor::plan::AttnSpan::Full,
+        span: parsim_plan::plan::AttnSpan::Full,
     };
     // Contiguous causal, 100 rows (not a multiple of the 64- or 32-row tiles), GQA 4:2, d 64.
     let pos: Vec<u32> = (0..100).collect();

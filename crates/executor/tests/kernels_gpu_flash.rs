@@ -10,8 +10,9 @@ mod gpu_common;
 use gpu_common::{check, gpu, rand, Gpu};
 use parsim_executor::backend::cpu::ops::flash;
 use parsim_executor::backend::cuda::ops;
-use parsim_executor::backend::{BlockShape, DType, Side};
+use parsim_executor::backend::{BlockShape, Side};
 use parsim_executor::rng::AttnDropout;
+use parsim_plan::DType;
 
 /// One case's inputs and the outputs of forward (o, lse) and backward (dq, dk, dv).
 struct Run {
@@ -188,7 +189,7 @@ fn flash_kernels_match_the_cpu_with_narrower_values_and_attention_dropout() {
                 d,
                 dv,
                 dropout: drop,
-                span: parsim_executor::plan::AttnSpan::Full,
+                span: parsim_plan::plan::AttnSpan::Full,
             };
             let (sq, sk) = (qpos.len(), kpos.len());
             seed += 4;
@@ -228,7 +229,7 @@ fn flash_dropout_mask_equals_the_cpus_exactly() {
         d: 16,
         dv: 64,
         dropout: Some(dr),
-        span: parsim_executor::plan::AttnSpan::Full,
+        span: parsim_plan::plan::AttnSpan::Full,
     };
     let qpos: Vec<u32> = (0..16).chain(48..64).collect();
     let kpos: Vec<u32> = (0..64).collect();

@@ -26,7 +26,6 @@ pub use collectives::{
 };
 pub use device::{Backend, Device};
 pub use ops::{MambaOps, TensorOps};
-pub use parsim_plan::DType;
 pub use shapes::{
     AttnSaved, AttnShape, BlockShape, Keep, MambaGeo, Route, Routing, Side, UlyssesGeo,
     UlyssesLayout, UlyssesPart,

@@ -14,7 +14,7 @@ use super::shapes::{
 use super::tensor::{View, ViewMut};
 use super::types::BackendTypes;
 use crate::error::ExecError;
-use crate::plan::{Activation, AdamConfig, MoeShape, Norm};
+use parsim_plan::plan::{Activation, AdamConfig, MoeShape, Norm};
 
 /// The tensor ops of a training step on device tensors, each with its backward; every op is
 /// fallible (a device kernel can fail to launch). Row-major; `n` rows of `i` inputs and `o`

@@ -20,7 +20,7 @@ pub struct AttnShape {
     /// Dropout of the attention probabilities (`None`: none), its mask regenerated in backward.
     pub dropout: Option<crate::rng::AttnDropout>,
     /// The keys each query sees besides the causal mask (sliding window, chunk).
-    pub span: crate::plan::AttnSpan,
+    pub span: parsim_plan::plan::AttnSpan,
 }
 
 impl AttnShape {
@@ -72,7 +72,7 @@ pub struct BlockShape {
     /// Dropout of the attention probabilities (`None`: none), its mask regenerated in backward.
     pub dropout: Option<crate::rng::AttnDropout>,
     /// The keys each query sees besides the causal mask (sliding window, chunk).
-    pub span: crate::plan::AttnSpan,
+    pub span: parsim_plan::plan::AttnSpan,
 }
 
 /// One side of a block attention: rows of `b` sequences, [b, pos.len(), heads, d] row-major,

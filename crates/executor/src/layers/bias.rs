@@ -20,8 +20,8 @@ use super::dropout::block_layer;
 use super::wtask::{Sink, WTask};
 use crate::backend::{Backend, DeviceTensor, TensorOps, View, ViewMut};
 use crate::error::ExecError;
-use crate::plan::{Activation, ModelShape};
 use crate::tracker::Category;
+use parsim_plan::plan::{Activation, ModelShape};
 
 /// Which linear layer a bias belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,9 +16,9 @@ use crate::backend::{
     Backend, DeviceCollectives, ProcessGroup, ReduceOp, TensorOps, View, ViewMut,
 };
 use crate::error::ExecError;
-use crate::plan::{Plan, RankPlan};
 use crate::traced_ops::TracedOps;
 use crate::tracker::Category;
+use parsim_plan::plan::{Plan, RankPlan};
 use std::ops::Range;
 
 /// Members (global ranks, ascending, deduplicated) of the embedding group of a rank: the

@@ -16,9 +16,9 @@ use super::moe::moe_bwd;
 use super::wtask::Sink;
 use crate::backend::{AttnSaved, Backend, TensorOps, View};
 use crate::error::{ExecError, StateError};
-use crate::plan::HybridLayer;
 use crate::rng::DropoutSite;
 use crate::tracker::Category;
+use parsim_plan::plan::HybridLayer;
 
 /// Forward of decoder layer `l` on the residual shard `x` [n_sp, h]: its output and what it
 /// saves (the caller keeps only `x` under full recompute).

@@ -21,9 +21,9 @@ use crate::backend::{AttnSaved, AttnShape, Keep};
 use crate::backend::{Backend, Device, DeviceTensor};
 use crate::backend::{TensorOps, View};
 use crate::error::{ExecError, StateError};
-use crate::plan::Recompute;
 use crate::rng::DropoutSite;
 use crate::tracker::Category;
+use parsim_plan::plan::Recompute;
 
 pub(super) const ATTN_NORM: usize = 0;
 const QKV: usize = 1;

@@ -31,8 +31,8 @@ use super::wtask::{Sink, WTask};
 use crate::backend::{Backend, ReduceOp, TensorOps, View, ViewMut};
 use crate::backend::{DeviceCollectives, DeviceTensor};
 use crate::error::ExecError;
-use crate::plan::LoraShape;
 use crate::tracker::Category;
+use parsim_plan::plan::LoraShape;
 
 /// A target projection: index 0 QKV, 1 the attention output projection, 2 fc1, 3 fc2.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

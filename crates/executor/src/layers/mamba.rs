@@ -18,9 +18,9 @@ use super::dropout::{dropout_grad, hidden_dropout};
 use super::wtask::{Sink, WTask};
 use crate::backend::{Backend, MambaGeo, MambaOps, TensorOps, View, ViewMut};
 use crate::error::ExecError;
-use crate::plan::{MambaShape, Plan};
 use crate::rng::DropoutSite;
 use crate::tracker::Category;
+use parsim_plan::plan::{MambaShape, Plan};
 
 /// The block's tensors: pre-norm, in_proj, the convolution [conv, k + 1] (taps, bias), the
 /// SSM's A_log, D and dt bias [3, heads], the gated norm's weight, out_proj.

@@ -16,8 +16,8 @@ use crate::backend::{
     Backend, DeviceCollectives, DeviceTensor, ReduceOp, TensorOps, View, ViewMut,
 };
 use crate::error::ExecError;
-use crate::plan::MlaShape;
 use crate::tracker::Category;
+use parsim_plan::plan::MlaShape;
 
 /// The fused down-projection's tensor (the QKV slot of a layer block).
 const DOWN: usize = 1;

@@ -18,8 +18,8 @@ use super::wtask::{Sink, WTask};
 use crate::backend::{AttnSaved, AttnShape, Backend, BlockShape, DeviceTensor, Keep};
 use crate::backend::{DeviceCollectives, ReduceOp, TensorOps, View, ViewMut};
 use crate::error::ExecError;
-use crate::plan::{ModelShape, Plan};
 use crate::tracker::Category;
+use parsim_plan::plan::{ModelShape, Plan};
 
 /// Which of the parts a tensor is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -42,14 +42,14 @@ use super::wtask::{Sink, WTask};
 use crate::backend::{Backend, Device, DeviceTensor, ProcessGroup};
 use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
 use crate::error::{ExecError, StateError};
-use crate::plan::{Activation, MoeShape};
 use crate::tracker::Category;
+use parsim_plan::plan::{Activation, MoeShape};
 
 pub use crate::backend::{Route, Routing};
 
 /// Tensors per routed expert in the experts block: fc1 and fc2, then with linear biases
 /// (Megatron's `--add-bias-linear`: each expert's fc1 and fc2 biases) fc1's and fc2's biases.
-fn per_expert(m: &crate::plan::ModelShape) -> usize {
+fn per_expert(m: &parsim_plan::plan::ModelShape) -> usize {
     if m.bias_linear {
         4
     } else {
@@ -58,7 +58,10 @@ fn per_expert(m: &crate::plan::ModelShape) -> usize {
 }
 
 /// The experts block's tensors of local expert `j`: (fc1, fc2, biases (fc1's, fc2's)).
-fn expert_tensors(m: &crate::plan::ModelShape, j: usize) -> (usize, usize, Option<(usize, usize)>) {
+fn expert_tensors(
+    m: &parsim_plan::plan::ModelShape,
+    j: usize,
+) -> (usize, usize, Option<(usize, usize)>) {
     let t = per_expert(m) * j;
     (t, t + 1, m.bias_linear.then_some((t + 2, t + 3)))
 }
@@ -78,7 +81,7 @@ type ExpertWeights<'p, T> = (View<'p, T>, View<'p, T>, Option<(View<'p, T>, View
 /// [`ExpertWeights`] of local expert `j`: in the frozen-experts block `fe` when there is one
 /// (laid out as the experts block without LoRA), else in the experts block `(le, pe)`.
 fn expert_weights<'p, T: crate::backend::DeviceTensor>(
-    m: &crate::plan::ModelShape,
+    m: &parsim_plan::plan::ModelShape,
     fe: Option<(&BlockLayout, &View<'p, T>)>,
     (le, pe): (&BlockLayout, &View<'p, T>),
     j: usize,

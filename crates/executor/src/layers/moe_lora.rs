@@ -16,8 +16,8 @@ use super::wtask::{Sink, WTask};
 use crate::backend::{Backend, ReduceOp, TensorOps, View, ViewMut};
 use crate::backend::{DeviceCollectives, DeviceTensor};
 use crate::error::ExecError;
-use crate::plan::{Activation, LoraShape, Plan};
 use crate::tracker::Category;
+use parsim_plan::plan::{Activation, LoraShape, Plan};
 
 /// True when the routed experts carry adapters (LoRA on fc1 or fc2 of an MoE model).
 pub fn routed(plan: &Plan) -> bool {

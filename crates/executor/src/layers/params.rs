@@ -6,7 +6,7 @@ use super::blocks::{
     fc1_rows, seg, BlockKind, BlockLayout, Builder, RankDims, DENSE_SPACE, EXPERT_SPACE,
     FROZEN_EXPERT_SPACE, FROZEN_SPACE, SPACES,
 };
-use crate::plan::{Activation, HybridLayer, LoraShape, MlaShape, Norm, Plan, RankPlan};
+use parsim_plan::plan::{Activation, HybridLayer, LoraShape, MlaShape, Norm, Plan, RankPlan};
 
 /// The blocks laid out so far, each in its space, back to back.
 struct Layout<'p> {

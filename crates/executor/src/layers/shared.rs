@@ -16,8 +16,8 @@ use super::lora::{self, Adapters, LoraSaved, Target};
 use super::wtask::{Sink, WTask};
 use crate::backend::{Backend, Device, TensorOps, View, ViewMut};
 use crate::error::ExecError;
-use crate::plan::Activation;
 use crate::tracker::Category;
+use parsim_plan::plan::Activation;
 
 /// The shared experts' fc1 and fc2 in an MoE layer's block (after the router).
 pub const SHARED_FC1: usize = super::blocks::ROUTER + 1;

@@ -19,12 +19,14 @@
 //! as Megatron keeps expert parameters apart: everything above applies to it with the
 //! expert-data-parallel group (the ranks holding the same experts) in place of DP.
 
-use crate::backend::{flat_shard, Backend, DType, Device, ProcessGroup, View};
+use crate::backend::{flat_shard, Backend, Device, ProcessGroup, View};
+
 use crate::error::ExecError;
 use crate::layers::blocks::{init_range, is_frozen_space, layout_len, BlockLayout, SPACES};
-use crate::plan::{Plan, Precision};
 use crate::traced_ops::TracedOps;
 use crate::tracker::Category;
+use parsim_plan::plan::{Plan, Precision};
+use parsim_plan::DType;
 use std::ops::Range;
 use std::rc::Rc;
 

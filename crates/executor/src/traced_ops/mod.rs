@@ -15,9 +15,9 @@ use crate::backend::{
 };
 use crate::error::ExecError;
 use crate::op_profile::OpProfile;
-use crate::plan::{Activation, AdamConfig, AttnSpan, MoeShape, Norm};
 use crate::tracker::{Category, MemoryTracker};
 use parsim_plan::op_timing::{CollectiveKind, MaskKind, OpKey, Pass, Placement};
+use parsim_plan::plan::{Activation, AdamConfig, AttnSpan, MoeShape, Norm};
 use parsim_plan::DType;
 
 /// Memory-bound methods of a device trait, forwarded to the wrapped device through

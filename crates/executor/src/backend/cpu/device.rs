@@ -4,9 +4,10 @@
 
 use super::tensor::{src, store_all};
 use super::{CpuComm, CpuOps, Group, Tensor};
-use crate::backend::{check_upload, Backend, BlockShape, DType, Device, View};
+use crate::backend::{check_upload, Backend, BlockShape, Device, View};
 use crate::error::ExecError;
 use crate::tracker::{Category, MemoryTracker};
+use parsim_plan::DType;
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Cpu;

@@ -16,7 +16,7 @@ pub mod device;
 pub mod ops;
 pub mod tensor;
 
-pub use crate::tracker::{Category, MemoryBreakdown, MemoryTracker};
+pub use crate::tracker::{Category, MemoryTracker};
 pub use collectives::{Collectives, CpuComm, Group, World};
 pub use device::{Cpu, CpuEvent};
 use ops::gemm::GemmCounter;

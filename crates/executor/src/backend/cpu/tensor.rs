@@ -4,8 +4,10 @@
 //! f32 values that are exactly bf16 numbers (every write rounds), and counts 2 bytes per
 //! element, as the device would hold it.
 
-use crate::backend::{DType, DeviceTensor, View, ViewMut};
+use crate::backend::{DeviceTensor, View, ViewMut};
+
 use crate::tracker::{Category, MemoryTracker};
+use parsim_plan::DType;
 use std::ops::Range;
 
 /// A tracked, row-major tensor.

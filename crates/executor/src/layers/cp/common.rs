@@ -134,7 +134,7 @@ pub(super) fn shape<B: Backend>(ctx: &Ctx<B>) -> BlockShape {
         d: ctx.rd.d,
         dv: ctx.rd.dv,
         dropout: None,
-        span: crate::plan::AttnSpan::Full,
+        span: parsim_plan::plan::AttnSpan::Full,
     }
 }
 

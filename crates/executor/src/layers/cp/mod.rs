@@ -18,9 +18,9 @@ use crate::error::ExecError;
 use crate::layers::ctx::Ctx;
 use crate::layers::modern::{self, Part};
 use crate::layers::wtask::{Sink, WTask};
-use crate::plan::CpComm;
 use crate::tracker::Category;
 use common::shape;
+use parsim_plan::plan::CpComm;
 
 /// Forward of the attention core of layer `layer` on the sequence shards `q`, `k`, `v`
 /// (rotary applied), with the layer's attention sinks if any: the output [n, a_r d] (the

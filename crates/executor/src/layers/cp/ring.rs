@@ -21,8 +21,8 @@ use crate::backend::{BlockShape, Side};
 use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 use crate::layers::ctx::Ctx;
-use crate::plan::{AttnSpan, CpComm};
 use crate::tracker::Category;
+use parsim_plan::plan::{AttnSpan, CpComm};
 
 const KEYS: u64 = 0;
 const VALUES: u64 = 1;

@@ -10,8 +10,8 @@ use crate::layers::data;
 use crate::layers::ends::{embedding_fwd, head_fwd, output_fwd};
 use crate::layers::hybrid::decoder_fwd;
 use crate::layers::mtp::mtp_in_fwd;
-use crate::plan::Recompute;
 use crate::tracker::Category;
+use parsim_plan::plan::Recompute;
 use std::ops::Range;
 
 /// The state a chunk's forward carries from block to block.

@@ -22,9 +22,9 @@ use super::options::RunOptions;
 use crate::backend::{Backend, DeviceCollectives};
 use crate::error::ExecError;
 use crate::layers::Ctx;
-use crate::plan::{Plan, RankPlan};
 use crate::traced_comm::TracedComm;
 use crate::traced_ops::TracedOps;
+use parsim_plan::plan::{Plan, RankPlan};
 use state::Rank;
 use step::Measured;
 

@@ -10,10 +10,10 @@ use crate::layers::blocks::{
 use crate::layers::embedding_group::{self, SharedWeight};
 use crate::layers::params::rank_layout;
 use crate::layers::Ctx;
-use crate::plan::{Plan, RankPlan};
 use crate::runner::options::RunOptions;
 use crate::runner::zero;
 use crate::tracker::Category;
+use parsim_plan::plan::{Plan, RankPlan};
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 

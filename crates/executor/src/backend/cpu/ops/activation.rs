@@ -1,7 +1,7 @@
 //! MLP activations: SwiGLU (Shazeer 2020; input is [gate | up]) and GeLU (tanh approximation,
 //! as GPT-2 and Megatron-LM).
 
-use crate::plan::Activation;
+use parsim_plan::plan::Activation;
 
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())

@@ -2,7 +2,7 @@
 //! contiguous shard of the flat parameter buffer: element-wise, so sharding (ZeRO) does not
 //! change the result.
 
-use crate::plan::AdamConfig;
+use parsim_plan::plan::AdamConfig;
 
 /// One update at step `t` (1-based).
 pub fn adam_step(c: &AdamConfig, t: u32, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {

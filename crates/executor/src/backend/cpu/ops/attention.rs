@@ -8,9 +8,9 @@ use super::elementwise::round_bf16_slice;
 use super::gemm::{gemm, GemmCounter, View};
 use crate::backend::cpu::tensor::Tensor;
 use crate::backend::cpu::CpuOps;
-use crate::backend::DType;
 pub use crate::backend::{AttnShape, Keep};
 use crate::tracker::Category;
+use parsim_plan::DType;
 
 impl AttnShape {
     fn views(&self, bi: usize, hq: usize) -> (View, View) {

@@ -8,8 +8,9 @@ use super::attention::{attn_bwd, attn_fwd, AttnSaved, AttnShape, Keep};
 use super::flash::{backward_block, delta, finish, forward_block, sink_fwd, sink_grad, Online};
 use crate::backend::cpu::tensor::Tensor;
 use crate::backend::cpu::CpuOps;
-use crate::backend::{BlockShape, DType, Side};
-use crate::plan::AttnSpan;
+use crate::backend::{BlockShape, Side};
+use parsim_plan::plan::AttnSpan;
+use parsim_plan::DType;
 
 fn rand(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

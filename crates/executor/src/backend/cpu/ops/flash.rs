@@ -8,7 +8,7 @@
 
 use super::gemm::{gemm, GemmCounter, View};
 pub use crate::backend::{BlockShape, Side};
-use crate::plan::AttnSpan;
+use parsim_plan::plan::AttnSpan;
 
 impl BlockShape {
     fn scale(&self) -> f32 {
@@ -431,7 +431,7 @@ mod tests {
                 sample0: 0,
                 seq: s as u64,
             }),
-            span: crate::plan::AttnSpan::Full,
+            span: parsim_plan::plan::AttnSpan::Full,
         };
         let dev = CpuOps::new();
         let mut x = [
@@ -441,7 +441,7 @@ mod tests {
         ];
         let r = rand(s * hq * d, 8);
         let fwd = |x: &[Vec<f32>; 3], o: &mut [f32]| {
-            let dt = crate::backend::DType::F32;
+            let dt = parsim_plan::DType::F32;
             attn_fwd(&dev, &ash, &x[0], &x[1], &x[2], o, Keep::Lse, dt)
         };
         let loss = |x: &[Vec<f32>; 3]| -> f64 {
@@ -484,7 +484,7 @@ mod tests {
             d,
             dv: dvw,
             dropout,
-            span: crate::plan::AttnSpan::Full,
+            span: parsim_plan::plan::AttnSpan::Full,
         };
         let q = rand(b * s * hq * d, 1);
         let k = rand(b * s * hk * d, 2);
@@ -498,7 +498,7 @@ mod tests {
             d,
             dv: dvw,
             dropout,
-            span: crate::plan::AttnSpan::Full,
+            span: parsim_plan::plan::AttnSpan::Full,
         };
         let mut o_ref = vec![0.0; dout.len()];
         let dev = CpuOps::new();
@@ -510,7 +510,7 @@ mod tests {
             &v,
             &mut o_ref,
             Keep::Probs,
-            crate::backend::DType::F32,
+            parsim_plan::DType::F32,
         );
         let (mut dq_ref, mut dk_ref, mut dv_ref) =
             (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);

@@ -31,8 +31,8 @@ use crate::backend::{
     TensorOps, UlyssesGeo, UlyssesLayout, UlyssesPart, View, ViewMut,
 };
 use crate::error::ExecError;
-use crate::plan::{Activation, AdamConfig, MoeShape, Norm};
 use crate::tracker::Category;
+use parsim_plan::plan::{Activation, AdamConfig, MoeShape, Norm};
 
 impl TensorOps<Cpu> for CpuOps {
     // --- linear layers (ops/gemm.rs) ---
@@ -715,7 +715,7 @@ impl TensorOps<Cpu> for CpuOps {
         Ok(Tensor::typed(
             self.memory(),
             Category::Activations,
-            crate::backend::DType::U8,
+            parsim_plan::DType::U8,
             &[n],
             keep,
         ))

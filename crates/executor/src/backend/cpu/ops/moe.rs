@@ -4,7 +4,7 @@
 //! by the gates), and the backward of the combine and of the router.
 
 use crate::backend::{Route, Routing};
-use crate::plan::MoeShape;
+use parsim_plan::plan::MoeShape;
 
 /// Row-wise softmax of `logits` [n, e] in place.
 pub fn softmax_rows(x: &mut [f32], e: usize) {
@@ -161,7 +161,7 @@ pub fn router_bwd(d: &mut [f32], probs: &[f32], fraction: &[f64], aux_scale: f64
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::MoeShape;
+    use parsim_plan::plan::MoeShape;
 
     fn shape(e: usize, k: usize, cf: f32) -> MoeShape {
         MoeShape {

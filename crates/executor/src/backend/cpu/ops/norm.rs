@@ -2,7 +2,7 @@
 //! rows of `h` features. The per-row statistics are recomputed in backward from the saved input
 //! (the engine does not count them, as Korthikanti et al. 2022 do not).
 
-use crate::plan::Norm;
+use parsim_plan::plan::Norm;
 
 fn stats(kind: Norm, x: &[f32], eps: f32) -> (f32, f32) {
     let h = x.len() as f32;

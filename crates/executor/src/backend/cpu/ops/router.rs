@@ -6,7 +6,7 @@
 
 use super::moe::{finish, softmax_rows};
 use crate::backend::Routing;
-use crate::plan::{MoeShape, ScoreFunction};
+use parsim_plan::plan::{MoeShape, ScoreFunction};
 
 /// Scores of `x` [n, e] in place: row softmax, or elementwise sigmoid.
 pub fn scores(x: &mut [f32], e: usize, f: ScoreFunction) {
@@ -118,7 +118,7 @@ pub fn router_bwd(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::RouterShape;
+    use parsim_plan::plan::RouterShape;
 
     fn shape(e: usize, k: usize, router: RouterShape) -> MoeShape {
         MoeShape {

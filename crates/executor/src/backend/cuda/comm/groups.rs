@@ -3,7 +3,7 @@
 //! them share one (NCCL refuses two ranks of one communicator on one device). Host logic
 //! only, so it is unit-tested without a GPU.
 
-use crate::plan::Plan;
+use parsim_plan::plan::Plan;
 use std::collections::BTreeSet;
 
 /// How the ranks of a run map onto processes and GPUs.

@@ -10,9 +10,11 @@ use crate::backend::cuda::device::tensor::{from_device_bytes, to_device_bytes, C
 use crate::backend::cuda::diag::error::CudaError;
 use crate::backend::cuda::diag::probe::Library;
 use crate::backend::cuda::ops::linear::matmul::{operands, GemmArgs, GemmDesc, LinearOp};
-use crate::backend::{DType, DeviceTensor, View, ViewMut};
-use crate::tracker::{Category, MemoryBreakdown, MemoryTracker};
+use crate::backend::{DeviceTensor, View, ViewMut};
+use crate::tracker::{Category, MemoryTracker};
 use cudarc::driver::{result as dr, CudaEvent};
+use parsim_plan::run_report::MemoryBreakdown;
+use parsim_plan::DType;
 use std::cell::Cell;
 
 /// The rank's memory as the run report shows it.

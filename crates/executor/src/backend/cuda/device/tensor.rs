@@ -6,9 +6,10 @@
 use crate::backend::cpu::ops::elementwise::round_bf16;
 use crate::backend::cuda::device::context::{drv, DriverMemory};
 use crate::backend::cuda::device::pool::{Block, Pool};
-use crate::backend::{DType, DeviceTensor};
+use crate::backend::DeviceTensor;
 use crate::tracker::{Category, MemoryTracker};
 use cudarc::driver::CudaEvent;
+use parsim_plan::DType;
 use std::sync::{Arc, Mutex};
 
 /// A tracked tensor in device memory.

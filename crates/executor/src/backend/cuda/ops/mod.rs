@@ -28,7 +28,7 @@ use crate::backend::{
     UlyssesLayout, UlyssesPart, View, ViewMut,
 };
 use crate::error::ExecError;
-use crate::plan::{Activation, AdamConfig, MoeShape, Norm};
+use parsim_plan::plan::{Activation, AdamConfig, MoeShape, Norm};
 
 /// Writes each listed method as a call of its family's function of the same name and
 /// arguments: `family::method(args) -> Ret;` becomes

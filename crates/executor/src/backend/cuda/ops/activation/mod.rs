@@ -6,7 +6,7 @@ use crate::backend::cuda::device::tensor::CudaTensor;
 use crate::backend::cuda::rank::CudaRank;
 use crate::backend::DeviceTensor;
 use crate::error::ExecError;
-use crate::plan::Activation;
+use parsim_plan::plan::Activation;
 
 pub fn act_fwd(
     cr: &CudaRank,

@@ -5,9 +5,10 @@ pub mod kernel;
 use crate::backend::cuda::device::tensor::CudaTensor;
 use crate::backend::cuda::ops::launch::F32;
 use crate::backend::cuda::rank::CudaRank;
-use crate::backend::{DType, DeviceTensor, View, ViewMut};
+use crate::backend::{DeviceTensor, View, ViewMut};
 use crate::error::ExecError;
-use crate::plan::AdamConfig;
+use parsim_plan::plan::AdamConfig;
+use parsim_plan::DType;
 
 #[allow(clippy::too_many_arguments)]
 pub fn adam(

@@ -4,8 +4,9 @@ pub mod kernel;
 
 use crate::backend::cuda::device::tensor::CudaTensor;
 use crate::backend::cuda::rank::CudaRank;
-use crate::backend::{DType, DeviceTensor, TensorOps, View, ViewMut};
+use crate::backend::{DeviceTensor, TensorOps, View, ViewMut};
 use crate::error::ExecError;
+use parsim_plan::DType;
 
 use crate::backend::cpu::ops::dropout as host_dropout;
 use crate::rng::DropoutKey;

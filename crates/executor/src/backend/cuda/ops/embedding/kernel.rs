@@ -3,6 +3,7 @@
 //! embedding_scatter_add).
 
 use crate::backend::cuda::ops::launch::*;
+use parsim_plan::DType;
 
 /// out[r] = table[tokens[r] - lo] for tokens in the shard's `table_rows` rows.
 ///

@@ -10,8 +10,9 @@ use crate::backend::cuda::diag::error::CudaError;
 use crate::backend::cuda::ops::flash::kernel::{self as flash, Rows};
 use crate::backend::cuda::ops::flash::mma::{self as flash_mma, MmaRows};
 use crate::backend::cuda::rank::CudaRank;
-use crate::backend::{AttnSaved, AttnShape, BlockShape, DType, DeviceTensor, Keep};
+use crate::backend::{AttnSaved, AttnShape, BlockShape, DeviceTensor, Keep};
 use crate::tracker::Category;
+use parsim_plan::DType;
 
 /// Unmasked score elements of a block: per (sequence, query head), the (query, key) pairs
 /// with the key's position at or before the query's.
@@ -314,7 +315,7 @@ mod tests {
             d: 4,
             dv: 4,
             dropout: None,
-            span: crate::plan::AttnSpan::Full,
+            span: parsim_plan::plan::AttnSpan::Full,
         };
         let pos: Vec<u32> = (0..7).collect();
         assert_eq!(causal_work(&sh, &pos, &pos), 2 * 3 * 7 * 8 / 2);
@@ -333,7 +334,7 @@ mod tests {
             d: 2,
             dv: 2,
             dropout: None,
-            span: crate::plan::AttnSpan::Full,
+            span: parsim_plan::plan::AttnSpan::Full,
         };
         let (qpos, kpos) = ([0u32, 1, 6, 7], [2u32, 3, 4, 5]);
         let (sq, sk) = (qpos.len(), kpos.len());

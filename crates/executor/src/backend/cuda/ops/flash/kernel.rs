@@ -6,6 +6,7 @@
 use crate::backend::cuda::ops::launch::*;
 use crate::backend::BlockShape;
 use crate::rng::AttnDropout;
+use parsim_plan::DType;
 
 /// backend/cuda/ops/flash/flash.cu's `AttnDrop`: one call's attention dropout by value (threshold
 /// 0: none).

@@ -11,8 +11,8 @@ use crate::backend::cuda::ops::launch::F32;
 use crate::backend::cuda::rank::CudaRank;
 use crate::backend::{AttnSaved, AttnShape, BlockShape, DeviceTensor, Keep, Side, View, ViewMut};
 use crate::error::ExecError;
-use crate::plan::AttnSpan;
 use attn::Running;
+use parsim_plan::plan::AttnSpan;
 
 /// The CUDA kernels mask causally only: a sliding window or chunk is refused by name (the
 /// run refuses it before it starts, `runner::cuda`; this guards direct calls).

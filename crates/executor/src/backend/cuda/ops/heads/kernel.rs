@@ -2,6 +2,7 @@
 //! parts and its backward (CPU twin: cpu/ops/mla.rs).
 
 use crate::backend::cuda::ops::launch::*;
+use parsim_plan::DType;
 
 /// The per-head widths (a, b) of `[n, heads, a + b]` from `[n, heads, a]` and `b` holding
 /// `b_len` elements (per head, or shared by the heads: `[n, b]`), and whether b is shared;

@@ -7,8 +7,8 @@
 
 use crate::backend::cuda::diag::error::CudaError;
 use crate::backend::cuda::diag::probe::Library;
-use crate::backend::DType;
 use cudarc::cublaslt::{result as lt, sys};
+use parsim_plan::DType;
 use std::ffi::c_void;
 
 /// Which linear-layer product.

@@ -7,9 +7,10 @@ use crate::backend::cuda::device::tensor::CudaTensor;
 use crate::backend::cuda::diag::error::CudaError;
 use crate::backend::cuda::ops::launch::F32;
 use crate::backend::cuda::rank::CudaRank;
-use crate::backend::{DType, DeviceTensor, TensorOps, View, ViewMut};
+use crate::backend::{DeviceTensor, TensorOps, View, ViewMut};
 use crate::error::ExecError;
 use cudarc::driver::sys;
+use parsim_plan::DType;
 
 use matmul::LinearOp;
 

@@ -9,7 +9,7 @@ use crate::backend::cuda::ops::launch::F32;
 use crate::backend::cuda::rank::CudaRank;
 use crate::backend::{DeviceTensor, Route, Routing};
 use crate::error::ExecError;
-use crate::plan::MoeShape;
+use parsim_plan::plan::MoeShape;
 
 pub fn moe_route(
     cr: &CudaRank,

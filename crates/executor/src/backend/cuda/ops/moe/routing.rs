@@ -14,8 +14,9 @@ use crate::backend::cuda::diag::error::CudaError;
 use crate::backend::cuda::ops::launch::shape_error;
 use crate::backend::cuda::ops::moe::kernel::{self as moe, ScoredTopk};
 use crate::backend::cuda::rank::CudaRank;
-use crate::backend::{DType, DeviceTensor, Routing, View};
-use crate::plan::{MoeShape, ScoreFunction};
+use crate::backend::{DeviceTensor, Routing, View};
+use parsim_plan::plan::{MoeShape, ScoreFunction};
+use parsim_plan::DType;
 
 const F32: DType = DType::F32;
 
@@ -223,7 +224,7 @@ pub fn scored_bwd(
 mod tests {
     use super::*;
     use crate::backend::cpu::ops::router;
-    use crate::plan::RouterShape;
+    use parsim_plan::plan::RouterShape;
 
     /// The host half of the device routing equals the CPU twin's routing when the kernel's
     /// choice is the CPU's own (per-token choice order, gates renormalised), capacity drops

@@ -7,7 +7,7 @@ use crate::backend::cuda::ops::launch::F32;
 use crate::backend::cuda::rank::CudaRank;
 use crate::backend::{DeviceTensor, View, ViewMut};
 use crate::error::ExecError;
-use crate::plan::Norm;
+use parsim_plan::plan::Norm;
 
 pub fn norm_fwd(
     cr: &CudaRank,

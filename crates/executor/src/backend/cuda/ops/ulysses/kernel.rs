@@ -3,6 +3,7 @@
 
 use crate::backend::cuda::ops::launch::*;
 use crate::backend::{UlyssesGeo, UlyssesLayout, UlyssesPart};
+use parsim_plan::DType;
 
 /// Offsets of each part inside a chunk, and the chunk's length (the CPU's `chunk`).
 pub fn part_offsets(g: &UlyssesGeo, parts: &[UlyssesPart]) -> (Vec<usize>, usize) {
