@@ -97,7 +97,7 @@ fn a_tp_pp_dp_plan_places_on_one_two_and_eight_gpus() {
         .all(|g| g.transport == Transport::Nccl));
     // Every rank's TP, PP and DP group is among the groups, with the world.
     for rp in &plan.ranks {
-        for grp in [&rp.tp_group, &rp.pp_group, &rp.dp_group] {
+        for grp in [&rp.tp_group, &rp.pp_group, &rp.dp_cp_group] {
             assert!(eight.groups.iter().any(|g| &g.members == grp), "{grp:?}");
         }
     }

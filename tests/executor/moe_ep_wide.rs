@@ -53,8 +53,8 @@ fn ep_wider_than_dp_spans_the_stage() {
             assert_eq!(r.ep_group, [0, 1, 2, 3], "{label}");
             assert_eq!(r.expert_dp_group, [r.rank], "{label}");
             assert_eq!(r.expert_tp_group, [r.rank], "{label}");
-            assert_eq!(r.dp_group.len() as u32, c.dp, "{label}");
-            assert!(r.ep_group.len() > r.dp_group.len(), "{label}");
+            assert_eq!(r.dp_cp_group.len() as u32, c.dp, "{label}");
+            assert!(r.ep_group.len() > r.dp_cp_group.len(), "{label}");
         }
     }
     let p = plan(etp1(&mixes()[1]));

@@ -259,7 +259,7 @@ fn ep_above_dp_lies_on_the_expert_grid() {
         assert_eq!(r.expert_dp_group, vec![r.rank]);
         assert_eq!(r.expert_tp_group, vec![r.rank - t, r.rank - t + 1]);
         // The dense DP group {r mod 4, r mod 4 + 4} has 2 ranks; the EP group covers both.
-        assert_eq!(r.dp_group, vec![r.rank % 4, r.rank % 4 + 4]);
+        assert_eq!(r.dp_cp_group, vec![r.rank % 4, r.rank % 4 + 4]);
         let mut dps: Vec<u32> = r
             .ep_group
             .iter()

@@ -106,5 +106,5 @@ fn unexecutable_fields_are_refused_by_name() {
     let p = parsim::lower::lower(&resolve(v), &options()).expect("lowers");
     p.validate().expect("valid");
     assert_eq!(p.ranks[0].cp_group, vec![0, 1]);
-    assert_eq!(p.ranks[1].dp_group, vec![0, 1]);
+    assert_eq!(p.ranks[1].dp_cp_group, vec![0, 1]);
 }

@@ -188,7 +188,7 @@ fn check(schedule: &str, vpp: u32, dir: &Path) {
         assert_eq!(ops, per_step.repeat(timed), "{schedule}");
         for c in &collectives {
             let group: Vec<u32> = serde_json::from_value(c["args"]["group"].clone()).unwrap();
-            assert_eq!(group, rp.dp_group, "{schedule}: {c}");
+            assert_eq!(group, rp.dp_cp_group, "{schedule}: {c}");
             assert!(c["args"]["bytes"].as_u64().unwrap() > 0);
             let inside = compute
                 .iter()

@@ -194,7 +194,7 @@ fn timeline_records_cp_ring_messages() {
         assert_eq!(c.iter().filter(|(k, _)| k.0 == "O").count(), 0, "{c:?}");
         let dp: Vec<_> = c
             .iter()
-            .filter(|(k, _)| k.1 == "all_reduce" && k.2 == rp.dp_group)
+            .filter(|(k, _)| k.1 == "all_reduce" && k.2 == rp.dp_cp_group)
             .collect();
         assert_eq!(dp.len(), 1, "{c:?}");
         assert_eq!((dp[0].0 .0, *dp[0].1), ("B", 1), "{c:?}");
@@ -306,7 +306,7 @@ fn timeline_records_moe_all_to_all() {
         assert_eq!(c.iter().filter(|(k, _)| k.0 == "O").count(), 0, "{c:?}");
         let dp: Vec<_> = c
             .iter()
-            .filter(|(k, _)| k.1 == "all_reduce" && k.2 == rp.dp_group)
+            .filter(|(k, _)| k.1 == "all_reduce" && k.2 == rp.dp_cp_group)
             .collect();
         assert_eq!(dp.len(), 1, "{c:?}");
         assert_eq!((dp[0].0 .0, *dp[0].1), ("B", 1), "{c:?}");

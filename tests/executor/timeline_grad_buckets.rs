@@ -77,7 +77,7 @@ pub(super) fn collectives(t: &RankTrace) -> Vec<Collective> {
 
 /// A gradient reduction over the rank's DP group (not ZeRO 1's parameter all-gather).
 pub(super) fn is_reduction(c: &Collective, rp: &RankPlan) -> bool {
-    c.2 == rp.dp_group && (c.1 == "all_reduce" || c.1 == "reduce_scatter")
+    c.2 == rp.dp_cp_group && (c.1 == "all_reduce" || c.1 == "reduce_scatter")
 }
 
 /// Each block its own bucket (`ddp_bucket_size` = 1), TP 2 + SP x DP 2, 2 microbatches a DP
@@ -142,7 +142,7 @@ fn timeline_grad_buckets_reduce_in_the_last_backward_in_reverse_layer_order() {
             // ZeRO 1 all-gathers the updated shards over DP: every parameter, fp32.
             let gathers = at_step
                 .iter()
-                .filter(|c| c.1 == "all_gather" && c.2 == rp.dp_group)
+                .filter(|c| c.1 == "all_gather" && c.2 == rp.dp_cp_group)
                 .map(|c| c.3)
                 .collect::<Vec<_>>();
             let total = (OUTPUT + 8 * LAYER + EMBEDDING) * 4;

@@ -527,7 +527,7 @@ pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
                 coords: c,
                 tp_group: layout.group_of(GroupKind::Tp, rank),
                 cp_group: layout.group_of(GroupKind::Cp, rank),
-                dp_group: layout.group_of(GroupKind::DpCp, rank),
+                dp_cp_group: layout.group_of(GroupKind::DpCp, rank),
                 pp_group: layout.group_of(GroupKind::Pp, rank),
                 // MoE Parallel Folding's expert grid (Megatron-Core's expert rank generator).
                 ep_group: layout.group_of(GroupKind::Ep, rank),

@@ -105,7 +105,9 @@ pub enum PlanError {
     RankCount { ranks: usize, world: usize },
     #[error("rank plan {index} has rank {rank}")]
     RankNumber { index: usize, rank: u32 },
-    #[error("rank {rank}: group sizes do not match tp/cp/dp/pp")]
+    #[error(
+        "rank {rank}: the tp, cp, dp x cp and pp groups must have tp, cp, dp x cp and pp members"
+    )]
     GroupSizes { rank: usize },
     #[error("rank {rank}: ep group ({ep_group}) and expert-dp group ({expert_dp_group}) must have ep ({ep}) and dp x cp x tp / (expert tp x ep) ({expert_dp}) members")]
     ExpertGroupSizes {

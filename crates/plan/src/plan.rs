@@ -514,8 +514,9 @@ pub struct RankPlan {
     pub tp_group: Vec<u32>,
     /// Ranks with the same TP, PP and DP coordinates (the context-parallel ring).
     pub cp_group: Vec<u32>,
-    /// Data parallelism together with context parallelism (gradients are reduced over both).
-    pub dp_group: Vec<u32>,
+    /// DP x CP: the replicas of the dense parameters, over which their gradients reduce and
+    /// ZeRO shards (Megatron folds context parallelism into data parallelism for gradients).
+    pub dp_cp_group: Vec<u32>,
     pub pp_group: Vec<u32>,
     /// Expert parallelism: the ranks among which the experts are split (size ep), and the
     /// ranks holding the same slices of the same experts (size dp x cp x tp / (etp x ep)),
@@ -643,7 +644,7 @@ impl Plan {
                 coords: Coords::default(),
                 tp_group: vec![0],
                 cp_group: vec![0],
-                dp_group: vec![0],
+                dp_cp_group: vec![0],
                 pp_group: vec![0],
                 ep_group: vec![0],
                 expert_dp_group: vec![0],

@@ -79,7 +79,7 @@ impl Plan {
             }
             if r.tp_group.len() != t
                 || r.cp_group.len() != c
-                || r.dp_group.len() != p.dp as usize * c
+                || r.dp_cp_group.len() != p.dp as usize * c
                 || r.pp_group.len() != p.pp as usize
             {
                 return Err(PlanError::GroupSizes { rank: i });

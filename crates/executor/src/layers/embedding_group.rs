@@ -127,8 +127,8 @@ pub struct GradShard<'a, B: Backend> {
     pub valid: Range<usize>,
     /// Flat index of `grads[0]` (0 when the buffer is whole, the shard's start under ZeRO 2/3).
     pub base: usize,
-    /// The DP group that shards the buffer (`None`: every gradient is whole here).
-    pub dp: Option<&'a B::Group>,
+    /// The DP x CP group that shards the buffer (`None`: every gradient is whole here).
+    pub dp_cp: Option<&'a B::Group>,
 }
 
 fn intersect(a: &Range<usize>, b: &Range<usize>) -> Range<usize> {
@@ -168,8 +168,8 @@ impl<B: Backend> SharedWeight<B> {
     }
 
     /// Replaces every copy's gradient by the sum over all copies (here and over the group),
-    /// after the DP reduction: under ZeRO each DP member holds the sums of its shard only, so
-    /// the copies are first assembled by an all-reduce over DP of the valid parts.
+    /// after the DP x CP reduction: under ZeRO each member holds the sums of its shard only, so
+    /// the copies are first assembled by an all-reduce over DP x CP of the valid parts.
     pub fn sync_grads(
         &self,
         ops: &TracedOps<B>,
@@ -186,8 +186,8 @@ impl<B: Backend> SharedWeight<B> {
                 ViewMut::all(&mut sum).sub(ci..ci + n),
             )?;
         }
-        if let Some(dp) = g.dp.filter(|d| d.size() > 1) {
-            comm.all_reduce(dp, ViewMut::all(&mut sum), ReduceOp::Sum)?;
+        if let Some(dp_cp) = g.dp_cp.filter(|d| d.size() > 1) {
+            comm.all_reduce(dp_cp, ViewMut::all(&mut sum), ReduceOp::Sum)?;
         }
         if let Some(group) = &self.group {
             comm.all_reduce(group, ViewMut::all(&mut sum), ReduceOp::Sum)?;

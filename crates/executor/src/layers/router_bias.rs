@@ -44,7 +44,7 @@ impl RouterBias {
     }
 
     /// The end-of-step update of every layer's bias from its loads summed over `group` (the
-    /// rank's data-parallel group, which sees every token of the step), then the loads reset.
+    /// rank's DP x CP group, which sees every token of the step), then the loads reset.
     /// `ops` and `comm` are the rank's device and collectives.
     pub fn update<B: Backend>(
         &mut self,

@@ -37,13 +37,13 @@ pub(super) fn run_rank<B: Backend>(
     opts: &RunOptions,
 ) -> Result<RankOutput, ExecError> {
     let tp = comm.group(&rp.tp_group)?;
-    let dp = comm.group(&rp.dp_group)?;
+    let dp_cp = comm.group(&rp.dp_cp_group)?;
     let cp = comm.group(&rp.cp_group)?;
     let act_dtype = opts.precision.compute_dtype();
     let ops = &TracedOps::<B>::new(ops, opts.profile_ops, opts.ranks_per_node);
     let comm = &TracedComm::<B>::new(comm, rp.rank, opts.trace, ops);
     let ctx = Ctx::<B>::new(plan, ops, comm, tp, rp, cp, act_dtype)?;
-    let mut rank = Rank::new(plan, rp, ctx, dp, opts)?;
+    let mut rank = Rank::new(plan, rp, ctx, dp_cp, opts)?;
     let mut measured = Measured::new(opts);
     for step in 0..opts.steps {
         rank.play_step(step, opts, &mut measured)?;

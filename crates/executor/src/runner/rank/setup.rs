@@ -34,12 +34,13 @@ fn stage_ranges(blocks: &[BlockLayout], stages: &[u32]) -> HashMap<u32, Range<us
 }
 
 impl<'a, B: Backend> Rank<'a, B> {
-    /// Rank `rp` of `plan` with its context `ctx` and data-parallel group `dp`.
+    /// Rank `rp` of `plan` with its context `ctx` and DP x CP group `dp_cp` (the dense
+    /// parameters' replicas).
     pub(super) fn new(
         plan: &'a Plan,
         rp: &'a RankPlan,
         mut ctx: Ctx<'a, B>,
-        dp: B::Group,
+        dp_cp: B::Group,
         opts: &RunOptions,
     ) -> Result<Rank<'a, B>, ExecError> {
         let comm = ctx.comm;
@@ -52,7 +53,7 @@ impl<'a, B: Backend> Rank<'a, B> {
         let blocks = rank_layout(plan, rp, ep_rank);
         let stage_blocks = stage_ranges(&blocks, &rp.stages);
         let edp = comm.group(&rp.expert_dp_group)?;
-        let groups = [dp.clone(), edp.clone(), dp, edp];
+        let groups = [dp_cp.clone(), edp.clone(), dp_cp, edp];
         let space = |sp: usize| {
             let g = &groups[sp];
             zero::init_space::<B>(ctx.ops, plan, &blocks, g, sp, &opts.perturb, opts.precision)

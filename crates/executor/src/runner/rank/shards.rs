@@ -175,7 +175,7 @@ impl<'a, B: Backend> Rank<'a, B> {
                     let whole = self.zero == 0;
                     let base = if self.zero >= 2 { sh.start } else { 0 };
                     let valid = if whole { 0..grads.len() } else { sh.clone() };
-                    let dp = (!whole).then_some(g);
+                    let dp_cp = (!whole).then_some(g);
                     t.sync_grads(
                         ops,
                         comm,
@@ -183,7 +183,7 @@ impl<'a, B: Backend> Rank<'a, B> {
                             grads: &mut *grads,
                             valid,
                             base,
-                            dp,
+                            dp_cp,
                         },
                     )?;
                 }

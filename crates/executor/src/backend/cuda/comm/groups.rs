@@ -82,7 +82,7 @@ pub fn device_of(
     }
 }
 
-/// Every distinct process group of `plan` (tensor, context, data, pipeline, expert, expert-data and
+/// Every distinct process group of `plan` (tensor, context, DP x CP, pipeline, expert, expert-data and
 /// expert-tensor parallel, and the whole world), sorted, each with its members' GPUs and its
 /// transport. In several processes, `local_rank_of(r)` gives rank r's rank on its node and
 /// `node_of(r)` its node; two members on one GPU of one node is an error there.
@@ -96,7 +96,7 @@ pub fn plan_groups(
         [
             &rp.tp_group,
             &rp.cp_group,
-            &rp.dp_group,
+            &rp.dp_cp_group,
             &rp.pp_group,
             &rp.ep_group,
             &rp.expert_dp_group,
