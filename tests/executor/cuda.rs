@@ -3,6 +3,7 @@
 //! driver these print why they skip.
 
 use assert_cmd::Command;
+use parsim_plan::GroupKind;
 
 const SMALL: &str = "tests/fixtures/executor_small.toml";
 
@@ -97,8 +98,12 @@ fn a_tp_pp_dp_plan_places_on_one_two_and_eight_gpus() {
         .all(|g| g.transport == Transport::Nccl));
     // Every rank's TP, PP and DP group is among the groups, with the world.
     for rp in &plan.ranks {
-        for grp in [&rp.tp_group, &rp.pp_group, &rp.dp_cp_group] {
-            assert!(eight.groups.iter().any(|g| &g.members == grp), "{grp:?}");
+        for grp in [
+            rp.groups.get(GroupKind::Tp),
+            rp.groups.get(GroupKind::Pp),
+            rp.groups.get(GroupKind::DpCp),
+        ] {
+            assert!(eight.groups.iter().any(|g| g.members == grp), "{grp:?}");
         }
     }
     assert!(eight
@@ -107,15 +112,16 @@ fn a_tp_pp_dp_plan_places_on_one_two_and_eight_gpus() {
         .any(|g| g.members == (0..8).collect::<Vec<u32>>()));
     let two = cuda_layout(&plan, &CudaWorld::SingleProcess, 2).unwrap();
     for rp in &plan.ranks {
-        let t = |m: &Vec<u32>| {
+        let t = |m: &[u32]| {
             two.groups
                 .iter()
-                .find(|g| &g.members == m)
+                .find(|g| g.members == m)
                 .unwrap()
                 .transport
         };
         let devs: Vec<u32> = rp
-            .tp_group
+            .groups
+            .get(GroupKind::Tp)
             .iter()
             .map(|&r| two.local[r as usize].1)
             .collect();
@@ -125,10 +131,10 @@ fn a_tp_pp_dp_plan_places_on_one_two_and_eight_gpus() {
             Transport::Nccl
         };
         assert_eq!(
-            t(&rp.tp_group),
+            t(rp.groups.get(GroupKind::Tp)),
             want,
             "tp group {:?} on {devs:?}",
-            rp.tp_group
+            rp.groups.get(GroupKind::Tp)
         );
     }
 }

@@ -9,6 +9,7 @@ use super::common::*;
 use super::equivalence::{compare, GBS};
 use parsim_plan::plan::Plan;
 use parsim_plan::run_report::RunReport;
+use parsim_plan::GroupKind;
 use serde_json::{json, Value};
 
 /// The small model with LoRA adapters of rank 4, alpha 16, on `targets`.
@@ -663,7 +664,9 @@ fn lora_with_moe_under_zero3_and_ep_matches_the_single_rank_run() {
         let p = seeded(v);
         // The frozen experts shard over the expert-DP group (2 members on every rank).
         assert!(
-            p.ranks.iter().all(|r| r.expert_dp_group.len() == 2),
+            p.ranks
+                .iter()
+                .all(|r| r.groups.get(GroupKind::ExpertDp).len() == 2),
             "{name}"
         );
         compare_mixes(

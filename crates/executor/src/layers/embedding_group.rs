@@ -19,6 +19,7 @@ use crate::error::ExecError;
 use crate::traced_ops::TracedOps;
 use crate::tracker::Category;
 use parsim_plan::plan::{Plan, RankPlan};
+use parsim_plan::GroupKind;
 use std::ops::Range;
 
 /// Members (global ranks, ascending, deduplicated) of the embedding group of a rank: the
@@ -27,7 +28,8 @@ use std::ops::Range;
 pub fn members(plan: &Plan, rp: &RankPlan) -> Vec<u32> {
     let first = plan.stages.first().map_or(0, |s| s.pp_rank) as usize;
     let last = plan.stages.last().map_or(0, |s| s.pp_rank) as usize;
-    let mut m = vec![rp.pp_group[first], rp.pp_group[last]];
+    let pp_group = rp.groups.get(GroupKind::Pp);
+    let mut m = vec![pp_group[first], pp_group[last]];
     m.sort_unstable();
     m.dedup();
     m

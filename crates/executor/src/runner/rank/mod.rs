@@ -25,6 +25,7 @@ use crate::layers::Ctx;
 use crate::traced_comm::TracedComm;
 use crate::traced_ops::TracedOps;
 use parsim_plan::plan::{Plan, RankPlan};
+use parsim_plan::GroupKind;
 use state::Rank;
 use step::Measured;
 
@@ -36,9 +37,9 @@ pub(super) fn run_rank<B: Backend>(
     comm: &B::Comm,
     opts: &RunOptions,
 ) -> Result<RankOutput, ExecError> {
-    let tp = comm.group(&rp.tp_group)?;
-    let dp_cp = comm.group(&rp.dp_cp_group)?;
-    let cp = comm.group(&rp.cp_group)?;
+    let tp = comm.group(rp.groups.get(GroupKind::Tp))?;
+    let dp_cp = comm.group(rp.groups.get(GroupKind::DpCp))?;
+    let cp = comm.group(rp.groups.get(GroupKind::Cp))?;
     let act_dtype = opts.precision.compute_dtype();
     let ops = &TracedOps::<B>::new(ops, opts.profile_ops, opts.ranks_per_node);
     let comm = &TracedComm::<B>::new(comm, rp.rank, opts.trace, ops);

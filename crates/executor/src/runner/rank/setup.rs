@@ -14,6 +14,7 @@ use crate::runner::options::RunOptions;
 use crate::runner::zero;
 use crate::tracker::Category;
 use parsim_plan::plan::{Plan, RankPlan};
+use parsim_plan::GroupKind;
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 
@@ -44,15 +45,15 @@ impl<'a, B: Backend> Rank<'a, B> {
         opts: &RunOptions,
     ) -> Result<Rank<'a, B>, ExecError> {
         let comm = ctx.comm;
-        let ep = comm.group(&rp.ep_group)?;
+        let ep = comm.group(rp.groups.get(GroupKind::Ep))?;
         let ep_rank = ep.index() as u32;
         if plan.model.moe.is_some() {
             ctx.ep = Some(ep);
-            ctx.etp = comm.group(&rp.expert_tp_group)?;
+            ctx.etp = comm.group(rp.groups.get(GroupKind::ExpertTp))?;
         }
         let blocks = rank_layout(plan, rp, ep_rank);
         let stage_blocks = stage_ranges(&blocks, &rp.stages);
-        let edp = comm.group(&rp.expert_dp_group)?;
+        let edp = comm.group(rp.groups.get(GroupKind::ExpertDp))?;
         let groups = [dp_cp.clone(), edp.clone(), dp_cp, edp];
         let space = |sp: usize| {
             let g = &groups[sp];

@@ -92,17 +92,10 @@ pub fn plan_groups(
     node_of: impl Fn(u32) -> u32,
     local_rank_of: impl Fn(u32) -> u32,
 ) -> Result<Vec<GroupSpec>, PlacementError> {
-    let lists = plan.ranks.iter().flat_map(|rp| {
-        [
-            &rp.tp_group,
-            &rp.cp_group,
-            &rp.dp_cp_group,
-            &rp.pp_group,
-            &rp.ep_group,
-            &rp.expert_dp_group,
-            &rp.expert_tp_group,
-        ]
-    });
+    let lists = plan
+        .ranks
+        .iter()
+        .flat_map(|rp| rp.groups.iter().map(|(_, members)| members));
     groups_of(
         plan.ranks.len() as u32,
         lists,
@@ -115,7 +108,7 @@ pub fn plan_groups(
 /// [`plan_groups`] on the group lists of every rank of a `world`-rank run.
 pub fn groups_of<'a>(
     world: u32,
-    lists: impl Iterator<Item = &'a Vec<u32>>,
+    lists: impl Iterator<Item = &'a [u32]>,
     placement: Placement,
     node_of: impl Fn(u32) -> u32,
     local_rank_of: impl Fn(u32) -> u32,
@@ -125,7 +118,7 @@ pub fn groups_of<'a>(
     }
     let mut distinct: BTreeSet<Vec<u32>> = BTreeSet::new();
     distinct.insert((0..world).collect());
-    distinct.extend(lists.filter(|g| !g.is_empty()).cloned());
+    distinct.extend(lists.filter(|g| !g.is_empty()).map(<[u32]>::to_vec));
     distinct
         .into_iter()
         .enumerate()
@@ -291,7 +284,7 @@ mod tests {
         let lists = tp2_dp2();
         let g = groups_of(
             4,
-            lists.iter(),
+            lists.iter().map(Vec::as_slice),
             Placement::SingleProcess { gpus: 4 },
             |_| 0,
             |r| r,
@@ -309,7 +302,7 @@ mod tests {
         rev.reverse();
         let g2 = groups_of(
             4,
-            rev.iter(),
+            rev.iter().map(Vec::as_slice),
             Placement::SingleProcess { gpus: 4 },
             |_| 0,
             |r| r,
@@ -332,7 +325,7 @@ mod tests {
         // uses the device-copy collectives.
         let g = groups_of(
             4,
-            tp2_dp2().iter(),
+            tp2_dp2().iter().map(Vec::as_slice),
             Placement::SingleProcess { gpus: 1 },
             |_| 0,
             |_| 0,
@@ -347,7 +340,7 @@ mod tests {
         // Two GPUs: TP pairs share a GPU (local), DP pairs span both (NCCL).
         let g = groups_of(
             4,
-            tp2_dp2().iter(),
+            tp2_dp2().iter().map(Vec::as_slice),
             Placement::SingleProcess { gpus: 2 },
             |_| 0,
             |_| 0,
