@@ -8,7 +8,7 @@ use super::common::*;
 use super::memory::compare_config;
 use super::moe::{compare, moe_config, Moe, BASE};
 use parsim_executor::backend::cpu::ops::mamba::{ssd_chunked, ssd_sequential};
-use parsim_executor::backend::MambaGeo;
+use parsim_executor::backend::ops::MambaGeo;
 use parsim_executor::runner::{run_cpu, RunOptions};
 use parsim_plan::plan::{AdamConfig, HybridLayer, MambaShape, ModelShape, Plan, Recompute};
 use serde_json::{json, Value};

@@ -10,7 +10,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use parsim_executor::backend::cuda::compile::kernels::Kernels;
 use parsim_executor::backend::cuda::ops;
 use parsim_executor::backend::cuda::probe::{self, Library};
-use parsim_executor::backend::BlockShape;
+use parsim_executor::backend::ops::BlockShape;
 use parsim_plan::plan::Activation;
 use parsim_plan::DType;
 use std::sync::Arc;

@@ -6,7 +6,8 @@
 //! step's GEMM FLOPs and the rate they ran at inside the step (the "matmul share" of the goal:
 //! >= 70% of the peak), and the whole step's achieved GFLOP/s.
 
-use parsim_executor::backend::cpu::ops::gemm::{gemm, GemmCounter, View};
+use parsim_executor::backend::cpu::gemm_counter::GemmCounter;
+use parsim_executor::backend::cpu::ops::gemm::{gemm, View};
 use parsim_executor::runner::{run_cpu, RunOptions};
 use parsim_plan::plan::{AdamConfig, ModelShape, Plan, Recompute};
 use std::time::Instant;

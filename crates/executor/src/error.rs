@@ -52,6 +52,12 @@ pub enum ExecError {
         field: &'static str,
         message: &'static str,
     },
+    /// An op the backend has no kernel for (the op family's default refusal).
+    #[error("the {backend} backend does not run the op {op}")]
+    UnsupportedOp {
+        op: &'static str,
+        backend: &'static str,
+    },
 }
 
 use parsim_plan::PlanError;

@@ -8,7 +8,8 @@ use parsim_executor::backend::cuda::device::context::{visible_gpus, RankGpu};
 use parsim_executor::backend::cuda::device::device::CudaDevice;
 use parsim_executor::backend::cuda::ops::linear::matmul::LinearOp;
 use parsim_executor::backend::cuda::Library;
-use parsim_executor::backend::{Device, DeviceTensor, TensorOps, View, ViewMut};
+use parsim_executor::backend::ops::LinearOps;
+use parsim_executor::backend::{Device, DeviceTensor, View, ViewMut};
 use parsim_executor::tracker::Category;
 use parsim_plan::DType;
 

@@ -10,7 +10,7 @@ use parsim_executor::backend::cpu::ops::{
     activation, adam, cross_entropy, elementwise, flash, norm, rotary,
 };
 use parsim_executor::backend::cuda::ops;
-use parsim_executor::backend::{BlockShape, Side};
+use parsim_executor::backend::ops::{BlockShape, Side};
 use parsim_plan::plan::{Activation, AdamConfig, Norm};
 use parsim_plan::DType;
 
@@ -315,7 +315,7 @@ fn flash_attention_matches_the_cpu_on_a_zigzag_layout_with_gqa() {
     let v = rand(sh.b * sk * sh.hk * sh.d, 23);
     let dout = rand(sh.b * sq * sh.hq * sh.d, 24);
     let nst = sh.b * sh.hq * sq;
-    let gc = parsim_executor::backend::cpu::ops::gemm::GemmCounter::new();
+    let gc = parsim_executor::backend::cpu::gemm_counter::GemmCounter::new();
     let (qs, ks) = (
         Side {
             pos: &qpos,
@@ -468,7 +468,9 @@ fn bf16_down(g: &Gpu, x: &CudaSlice<u16>) -> Vec<f32> {
 }
 
 fn rounded(x: &[f32]) -> Vec<f32> {
-    x.iter().map(|&v| elementwise::round_bf16(v)).collect()
+    x.iter()
+        .map(|&v| parsim_executor::backend::bf16::round_bf16(v))
+        .collect()
 }
 
 #[test]
@@ -553,7 +555,7 @@ fn bf16_kernels_match_the_cpu_on_rounded_inputs() {
 /// (cpu/ops/dropout.rs, mla.rs, router.rs): outputs poisoned first, fresh random inputs.
 #[test]
 fn dropout_heads_and_scored_router_match_the_cpu() {
-    use parsim_executor::backend::cpu::ops::{dropout, mla, router};
+    use parsim_executor::backend::cpu::ops::{dropout, heads, router};
     use parsim_executor::backend::cuda::ops::moe::kernel::ScoredTopk;
     use parsim_executor::rng::{DropoutKey, DropoutSite};
     use parsim_plan::plan::{MoeShape, RouterShape, ScoreFunction};
@@ -620,7 +622,7 @@ fn dropout_heads_and_scored_router_match_the_cpu() {
         let b = rand(n * hb * db, 44);
         let w = n * heads * (da + db);
         let mut want = vec![0.0; w];
-        mla::heads_concat(&a, &b, &mut want, n, heads);
+        heads::heads_concat(&a, &b, &mut want, n, heads);
         let (pa, pb, po) = (g.up(&a), g.up(&b), g.poisoned(w));
         // SAFETY: lengths as passed, f32.
         unsafe {
@@ -639,7 +641,7 @@ fn dropout_heads_and_scored_router_match_the_cpu() {
         check("heads_concat_f32", &g.down(&po), &want, 1e-6);
         let dout = rand(w, 45);
         let (mut wa, mut wb) = (vec![0.0; a.len()], vec![0.0; b.len()]);
-        mla::heads_split(&dout, &mut wa, &mut wb, n, heads);
+        heads::heads_split(&dout, &mut wa, &mut wb, n, heads);
         let (pd, pda, pdb) = (g.up(&dout), g.poisoned(a.len()), g.poisoned(b.len()));
         // SAFETY: lengths as passed, f32.
         unsafe {
@@ -823,7 +825,7 @@ fn mma_case(g: &Gpu, name: &str, sh: &BlockShape, qpos: &[u32], kblocks: &[Vec<u
             (rounded(&rand(n, s)), rounded(&rand(n, s + 1)))
         })
         .collect();
-    let gc = parsim_executor::backend::cpu::ops::gemm::GemmCounter::new();
+    let gc = parsim_executor::backend::cpu::gemm_counter::GemmCounter::new();
     let side = |pos| Side { pos, tile: 16 };
     // CPU: the merge, finish, delta and each block's backward.
     let (mut acc, mut mx, mut sm, mut lse) = (

@@ -10,7 +10,7 @@ mod gpu_common;
 use gpu_common::{check, gpu, rand, Gpu};
 use parsim_executor::backend::cpu::ops::flash;
 use parsim_executor::backend::cuda::ops;
-use parsim_executor::backend::{BlockShape, Side};
+use parsim_executor::backend::ops::{BlockShape, Side};
 use parsim_executor::rng::AttnDropout;
 use parsim_plan::DType;
 
@@ -37,7 +37,7 @@ struct Inputs<'a> {
 fn cpu(x: &Inputs) -> Run {
     let (sh, sq) = (x.sh, x.qpos.len());
     let nst = sh.b * sh.hq * sq;
-    let gc = parsim_executor::backend::cpu::ops::gemm::GemmCounter::new();
+    let gc = parsim_executor::backend::cpu::gemm_counter::GemmCounter::new();
     let (qs, ks) = (
         Side {
             pos: x.qpos,

@@ -4,9 +4,9 @@
 use super::blocks::RankDims;
 use super::cp::state::CpCtx;
 use super::router_bias::RouterBias;
+use crate::backend::ops::*;
 use crate::backend::{
-    Backend, Device, DeviceCollectives, DeviceTensor, ProcessGroup, ReduceOp, TensorOps, View,
-    ViewMut,
+    Backend, Device, DeviceCollectives, DeviceTensor, ProcessGroup, ReduceOp, View, ViewMut,
 };
 use crate::error::ExecError;
 use crate::traced_comm::TracedComm;

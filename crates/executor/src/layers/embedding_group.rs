@@ -12,9 +12,8 @@
 //! optimizer.
 
 use super::blocks::{BlockKind, BlockLayout, LocalTensor, DENSE_SPACE};
-use crate::backend::{
-    Backend, DeviceCollectives, ProcessGroup, ReduceOp, TensorOps, View, ViewMut,
-};
+use crate::backend::ops::*;
+use crate::backend::{Backend, DeviceCollectives, ProcessGroup, ReduceOp, View, ViewMut};
 use crate::error::ExecError;
 use crate::traced_ops::TracedOps;
 use crate::tracker::Category;

@@ -13,13 +13,14 @@ use super::ctx::Ctx;
 use super::dropout::{dropout_grad, hidden_dropout};
 use super::lora::{self, Adapters, LoraSaved, Target};
 use super::mamba::MambaSaved;
-use super::mla::{mla_bwd, mla_fwd, MlaSaved, Qkv};
+use super::mla::{mla_bwd, mla_fwd, MlaSaved, QkvTensors};
 use super::modern::{self, Part};
 use super::moe::{moe_bwd, moe_fwd, MoeSaved};
 use super::wtask::{Sink, WTask};
-use crate::backend::{AttnSaved, AttnShape, Keep};
+
+use crate::backend::ops::*;
+use crate::backend::View;
 use crate::backend::{Backend, Device, DeviceTensor};
-use crate::backend::{TensorOps, View};
 use crate::error::{ExecError, StateError};
 use crate::rng::DropoutSite;
 use crate::tracker::Category;
@@ -195,13 +196,13 @@ pub(super) fn attention_fwd<B: Backend>(
     x: &B::Tensor,
 ) -> Result<(B::Tensor, AttnParts<B>, Option<B::Tensor>), ExecError> {
     let m = &ctx.plan.model;
-    let (norm, eps) = (m.norm, m.norm_eps);
+    let spec = NormSpec::of(m);
     let rd = ctx.rd;
     let (n, n_sp, h) = (ctx.n, ctx.n_sp, rd.h);
     let a = Category::Activations;
     let mut ln1 = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops
-        .norm_fwd(norm, x, slice(p, l, ATTN_NORM), eps, &mut ln1)?;
+        .norm_fwd(spec, x, slice(p, l, ATTN_NORM), &mut ln1)?;
     let (q, k, v, mla, qk) = if m.mla.is_some() {
         let ((q, k, v), ms) = mla_fwd(ctx, l, p, &ln1)?;
         (q, k, v, Some(Box::new(ms)), None)
@@ -218,8 +219,28 @@ pub(super) fn attention_fwd<B: Backend>(
         let mut o = ctx.zeros(a, &[n, ow])?;
         let sh = attn_shape(ctx, layer_index(l));
         let attn = match sinks {
-            Some(z) => modern::attn_fwd_sinks(ctx, &sh, (&q, &k, &v), &mut o, keep, z)?,
-            None => ctx.ops.attn_fwd(&sh, &q, &k, &v, &mut o, keep)?,
+            Some(z) => modern::attn_fwd_sinks(
+                ctx,
+                &sh,
+                Qkv {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                },
+                &mut o,
+                keep,
+                z,
+            )?,
+            None => ctx.ops.attn_fwd(
+                &sh,
+                Qkv {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                },
+                &mut o,
+                keep,
+            )?,
         };
         (o, q, k, v, attn)
     };
@@ -267,12 +288,12 @@ pub(super) fn ffn_fwd<B: Backend>(
     ExecError,
 > {
     let m = &ctx.plan.model;
-    let (norm, eps) = (m.norm, m.norm_eps);
+    let spec = NormSpec::of(m);
     let (n_sp, h) = (ctx.n_sp, ctx.rd.h);
     let a = Category::Activations;
     let mut ln2 = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops
-        .norm_fwd(norm, x1, slice(p, l, MLP_NORM), eps, &mut ln2)?;
+        .norm_fwd(spec, x1, slice(p, l, MLP_NORM), &mut ln2)?;
     let (mlp_out, u, act, moe) = if let Some((le, pe, fe)) = experts {
         let lora = (ad, ls);
         let (out, ms) = moe_fwd(ctx, l, p.clone(), (le, pe, fe), &ln2, lora)?;
@@ -340,7 +361,7 @@ fn qkv_fwd<B: Backend>(
     ln1: &B::Tensor,
     ad: &Adapters<B>,
     ls: &mut LoraSaved<B>,
-) -> Result<(Qkv<B>, Option<QkInputs<B>>), ExecError> {
+) -> Result<(QkvTensors<B>, Option<QkInputs<B>>), ExecError> {
     let rd = ctx.rd;
     let (n, h, d) = (ctx.n, rd.h, rd.d);
     let theta = ctx.plan.model.rope_theta;
@@ -453,9 +474,9 @@ pub(super) fn norm_bwd<B: Backend>(
     sink: &mut Sink<B>,
 ) -> Result<B::Tensor, ExecError> {
     let m = &ctx.plan.model;
-    let (norm, eps) = (m.norm, m.norm_eps);
+    let spec = NormSpec::of(m);
     ctx.ops
-        .norm_dgrad(norm, &x, slice(p, l, tensor), &dy, eps, &mut dres, true)?;
+        .norm_dgrad(spec, &x, slice(p, l, tensor), &dy, &mut dres, true)?;
     sink(ctx, WTask::Norm { tensor, x, dy })?;
     Ok(dres)
 }
@@ -585,7 +606,11 @@ pub(super) fn attention_bwd<B: Backend>(
         Some(_) => (Some(cp::row_delta(ctx, &d_o, &o)?), attn),
         None => {
             let sh = attn_shape(ctx, layer_index(l));
-            let qkv = (&q, &k, &v);
+            let qkv = Qkv {
+                q: &q,
+                k: &k,
+                v: &v,
+            };
             let attn = modern::sinks_bwd(ctx, l, p, &sh, qkv, attn, (&o, &d_o), sink)?;
             (None, attn)
         }
@@ -611,17 +636,18 @@ pub(super) fn attention_bwd<B: Backend>(
         let mut dq = ctx.zeros(b, &[n, qw])?;
         let mut dk = ctx.zeros(b, &[n, kw])?;
         let mut dv = ctx.zeros(b, &[n, rd.g_r * rd.dv])?;
-        ctx.ops.attn_bwd(
-            &attn_shape(ctx, layer_index(l)),
-            &q,
-            &k,
-            &v,
-            &attn,
-            &d_o,
-            &mut dq,
-            &mut dk,
-            &mut dv,
-        )?;
+        let sh = attn_shape(ctx, layer_index(l));
+        let grads = QkvGrads {
+            dq: &mut dq,
+            dk: &mut dk,
+            dv: &mut dv,
+        };
+        let x = Qkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        };
+        ctx.ops.attn_bwd(&sh, x, &attn, &d_o, grads)?;
         drop((q, k, v, attn, d_o));
         (dq, dk, dv)
     };

@@ -39,13 +39,12 @@ use super::ctx::Ctx;
 use super::lora::{Adapters, LoraSaved};
 use super::shared::SharedLora;
 use super::wtask::{Sink, WTask};
+use crate::backend::ops::*;
 use crate::backend::{Backend, Device, DeviceTensor, ProcessGroup};
-use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
+use crate::backend::{DeviceCollectives, View, ViewMut};
 use crate::error::{ExecError, StateError};
 use crate::tracker::Category;
 use parsim_plan::plan::{Activation, MoeShape};
-
-pub use crate::backend::{Route, Routing};
 
 /// Tensors per routed expert in the experts block: fc1 and fc2, then with linear biases
 /// (Megatron's `--add-bias-linear`: each expert's fc1 and fc2 biases) fc1's and fc2's biases.

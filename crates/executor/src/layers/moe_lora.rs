@@ -13,7 +13,8 @@
 use super::blocks::{fc1_rows, seg, BlockLayout, Builder, RankDims};
 use super::ctx::Ctx;
 use super::wtask::{Sink, WTask};
-use crate::backend::{Backend, ReduceOp, TensorOps, View, ViewMut};
+use crate::backend::ops::*;
+use crate::backend::{Backend, ReduceOp, View, ViewMut};
 use crate::backend::{DeviceCollectives, DeviceTensor};
 use crate::error::ExecError;
 use crate::tracker::Category;

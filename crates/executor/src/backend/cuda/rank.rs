@@ -14,7 +14,8 @@ use crate::backend::cuda::device::tensor::CudaTensor;
 use crate::backend::cuda::diag::error::CudaError;
 use crate::backend::cuda::ops::elementwise::kernel as elementwise;
 use crate::backend::cuda::Cuda;
-use crate::backend::{Backend, BlockShape, Device, DeviceTensor, View};
+use crate::backend::ops::*;
+use crate::backend::{Backend, Device, DeviceTensor, View};
 use crate::error::ExecError;
 use crate::tracker::{Category, MemoryTracker};
 use cudarc::driver::{result as dr, CudaEvent, CudaStream};
@@ -24,6 +25,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 impl Backend for Cuda {
+    const NAME: &'static str = "cuda";
     type Tensor = CudaTensor;
     type Event = CudaEvent;
     type Group = CudaGroup;

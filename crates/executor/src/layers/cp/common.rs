@@ -1,7 +1,8 @@
 //! What the three CP attention cores share: message tags, the saved state, the online
 //! softmax's statistics, the attention shape and timing.
 
-use crate::backend::{AttnSaved, Backend, BlockShape, Device, Keep, TensorOps, View, ViewMut};
+use crate::backend::ops::*;
+use crate::backend::{Backend, Device, View, ViewMut};
 use crate::error::ExecError;
 use crate::layers::ctx::{zeros, Ctx};
 use crate::layers::dropout::attention_dropout;

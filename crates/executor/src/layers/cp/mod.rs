@@ -13,7 +13,8 @@ mod ulysses;
 pub use common::{CoreSaved, Grads};
 pub use state::CpCtx;
 
-use crate::backend::{Backend, DeviceTensor, Keep, TensorOps, View, ViewMut};
+use crate::backend::ops::*;
+use crate::backend::{Backend, DeviceTensor, View, ViewMut};
 use crate::error::ExecError;
 use crate::layers::ctx::Ctx;
 use crate::layers::modern::{self, Part};

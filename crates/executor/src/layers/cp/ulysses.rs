@@ -8,12 +8,11 @@
 use super::common::{
     fold_sinks, layer_shape, saved_lse, sinks_grad, timed, CoreSaved, Grads, Stats,
 };
-use crate::backend::{AttnSaved, Keep};
+
+use crate::backend::ops::*;
 use crate::backend::{Backend, DeviceTensor};
-use crate::backend::{BlockShape, Side};
-use crate::backend::{
-    DeviceCollectives, TensorOps, UlyssesGeo, UlyssesLayout, UlyssesPart, View, ViewMut,
-};
+
+use crate::backend::{DeviceCollectives, View, ViewMut};
 use crate::error::ExecError;
 use crate::layers::ctx::zeros;
 use crate::layers::ctx::Ctx;
@@ -94,14 +93,17 @@ fn attend<B: Backend>(
     let mut tile = zeros::<B>(ops, Category::Buffers, &[geo.s_loc, geo.s_loc])?;
     let work = ops.flash_fwd_block(
         sh,
-        q,
-        side,
-        View::all(k),
-        View::all(v),
-        side,
-        &mut acc,
-        &mut st.max,
-        &mut st.sum,
+        BlockQuery { q, side },
+        BlockKv {
+            k: View::all(k),
+            v: View::all(v),
+            side,
+        },
+        BlockAcc {
+            acc: &mut acc,
+            max: &mut st.max,
+            sum: &mut st.sum,
+        },
         &mut tile,
     )?;
     drop(tile);
@@ -234,19 +236,23 @@ pub fn backward<B: Backend>(
     let (r, compute_s) = timed(|| {
         ctx.ops.flash_bwd_block(
             &sh,
-            &q,
-            side,
-            View::all(&k),
-            View::all(&v),
-            side,
-            &doh,
-            &lse,
-            &delta,
-            &mut dqh,
-            ViewMut::all(&mut dkh),
-            ViewMut::all(&mut dvh),
-            &mut p_tile,
-            &mut dp_tile,
+            BlockQuery { q: &q, side },
+            BlockKv {
+                k: View::all(&k),
+                v: View::all(&v),
+                side,
+            },
+            BlockStats {
+                dout: &doh,
+                lse: &lse,
+                delta: &delta,
+            },
+            BlockGrads {
+                dq: &mut dqh,
+                dk: ViewMut::all(&mut dkh),
+                dv: ViewMut::all(&mut dvh),
+            },
+            (&mut p_tile, &mut dp_tile),
         )
     });
     r?;

@@ -3,7 +3,8 @@
 
 use super::state::{BlockSaved, BlockTasks, Rank};
 use super::views::{views, BlockViews};
-use crate::backend::{Backend, TensorOps, View, ViewMut};
+use crate::backend::ops::*;
+use crate::backend::{Backend, View, ViewMut};
 use crate::error::{ExecError, StateError};
 use crate::layers::blocks::{
     is_frozen_space, BlockKind, BlockLayout, DENSE_SPACE, EXPERT_SPACE, FROZEN_SPACE, SPACES,

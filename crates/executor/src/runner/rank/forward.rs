@@ -3,7 +3,8 @@
 
 use super::state::{BlockSaved, Rank};
 use super::views::views;
-use crate::backend::{Backend, Device, DeviceTensor, TensorOps, View, ViewMut};
+use crate::backend::ops::*;
+use crate::backend::{Backend, Device, DeviceTensor, View, ViewMut};
 use crate::error::ExecError;
 use crate::layers::blocks::BlockKind;
 use crate::layers::data;

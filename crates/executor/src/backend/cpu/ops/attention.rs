@@ -4,11 +4,14 @@
 //! (Korthikanti et al. 2022). Without either (selective recompute) backward recomputes the
 //! softmax from Q and K.
 
-use super::elementwise::round_bf16_slice;
-use super::gemm::{gemm, GemmCounter, View};
-use crate::backend::cpu::tensor::Tensor;
-use crate::backend::cpu::CpuOps;
-pub use crate::backend::{AttnShape, Keep};
+use super::gemm::{gemm, View};
+use crate::backend::bf16::round_bf16_slice;
+use crate::backend::cpu::device::{Cpu, CpuOps};
+use crate::backend::cpu::gemm_counter::GemmCounter;
+use crate::backend::cpu::tensor::{store_all, Tensor};
+use crate::backend::ops::{AttentionOps, AttnShape, Keep, Qkv, QkvGrads};
+use crate::backend::DeviceTensor;
+use crate::error::ExecError;
 use crate::tracker::Category;
 use parsim_plan::DType;
 
@@ -41,7 +44,7 @@ impl AttnShape {
 }
 
 /// What the CPU attention forward keeps for backward.
-pub type AttnSaved = crate::backend::AttnSaved<Tensor>;
+pub type AttnSaved = crate::backend::ops::AttnSaved<Tensor>;
 
 /// Scores into `sc` and the row-wise softmax in place; returns nothing. Masked entries are 0.
 fn scores(
@@ -261,5 +264,37 @@ pub fn attn_bwd(
             gemm(g, sh.scale(), dpd, View::rm(s, s), k, kv, 0.0, dq, qv);
             gemm(g, sh.scale(), dpd, View::rm(s, s).t(), q, qv, 1.0, dk, kv);
         }
+    }
+}
+
+impl AttentionOps<Cpu> for CpuOps {
+    fn attn_fwd(
+        &self,
+        sh: &AttnShape,
+        x: Qkv<'_, Tensor>,
+        o: &mut Tensor,
+        keep: Keep,
+    ) -> Result<AttnSaved, ExecError> {
+        let (q, k, v) = (x.q.data(), x.k.data(), x.v.data());
+        let saved = attn_fwd(self, sh, q, k, v, o.data_mut(), keep, x.q.dtype());
+        store_all(o);
+        Ok(saved)
+    }
+
+    fn attn_bwd(
+        &self,
+        sh: &AttnShape,
+        x: Qkv<'_, Tensor>,
+        saved: &AttnSaved,
+        dout: &Tensor,
+        g: QkvGrads<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        let (q, k, v) = (x.q.data(), x.k.data(), x.v.data());
+        let (dq, dk, dv) = (g.dq.data_mut(), g.dk.data_mut(), g.dv.data_mut());
+        attn_bwd(self, sh, q, k, v, saved, dout.data(), dq, dk, dv);
+        for t in [g.dq, g.dk, g.dv] {
+            store_all(t);
+        }
+        Ok(())
     }
 }

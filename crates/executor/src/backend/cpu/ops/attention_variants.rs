@@ -4,11 +4,11 @@
 //! dropped), for the whole-sequence kernel and for the block kernel with K/V blocks visited
 //! out of order at zigzag positions; the gradients against central finite differences.
 
-use super::attention::{attn_bwd, attn_fwd, AttnSaved, AttnShape, Keep};
+use super::attention::{attn_bwd, attn_fwd, AttnSaved};
 use super::flash::{backward_block, delta, finish, forward_block, sink_fwd, sink_grad, Online};
+use crate::backend::cpu::device::CpuOps;
 use crate::backend::cpu::tensor::Tensor;
-use crate::backend::cpu::CpuOps;
-use crate::backend::{BlockShape, Side};
+use crate::backend::ops::{AttnShape, BlockShape, Keep, Side};
 use parsim_plan::plan::AttnSpan;
 use parsim_plan::DType;
 

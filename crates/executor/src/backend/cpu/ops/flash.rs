@@ -6,8 +6,15 @@
 //! gathered layouts; the causal mask compares positions, and a pair of position runs that is
 //! entirely in the future is skipped.
 
-use super::gemm::{gemm, GemmCounter, View};
-pub use crate::backend::{BlockShape, Side};
+use super::gemm::{gemm, View};
+use crate::backend::cpu::device::{Cpu, CpuOps};
+use crate::backend::cpu::gemm_counter::GemmCounter;
+use crate::backend::cpu::tensor::{dst, src, store, store_all, store_view, Tensor};
+use crate::backend::ops::{
+    BlockAcc, BlockGrads, BlockKv, BlockQuery, BlockShape, BlockStats, FlashOps, Side,
+};
+use crate::backend::{View as TensorView, ViewMut};
+use crate::error::ExecError;
 use parsim_plan::plan::AttnSpan;
 
 impl BlockShape {
@@ -358,11 +365,140 @@ pub fn backward_block(
     work
 }
 
+impl FlashOps<Cpu> for CpuOps {
+    fn flash_fwd_block(
+        &self,
+        sh: &BlockShape,
+        q: BlockQuery<'_, Tensor>,
+        kv: BlockKv<'_, Tensor>,
+        run: BlockAcc<'_, Tensor>,
+        tile: &mut Tensor,
+    ) -> Result<u64, ExecError> {
+        let mut st = Online {
+            max: run.max.data_mut(),
+            sum: run.sum.data_mut(),
+        };
+        let g = self.gemm_counter();
+        let (qd, k, v) = (q.q.data(), src(&kv.k), src(&kv.v));
+        let acc = run.acc.data_mut();
+        let work = forward_block(
+            g,
+            sh,
+            qd,
+            q.side,
+            k,
+            v,
+            kv.side,
+            acc,
+            &mut st,
+            tile.data_mut(),
+        );
+        store_all(run.acc);
+        Ok(work)
+    }
+
+    fn flash_finish(
+        &self,
+        sh: &BlockShape,
+        rows: usize,
+        acc: &mut Tensor,
+        max: &Tensor,
+        sum: &Tensor,
+        lse: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        finish(
+            sh,
+            rows,
+            acc.data_mut(),
+            max.data(),
+            sum.data(),
+            lse.data_mut(),
+        );
+        store_all(acc);
+        Ok(())
+    }
+
+    fn flash_delta(
+        &self,
+        sh: &BlockShape,
+        rows: usize,
+        dout: &Tensor,
+        o: &Tensor,
+        out: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        delta(sh, rows, dout.data(), o.data(), out.data_mut());
+        Ok(())
+    }
+
+    fn attn_sink_fwd(
+        &self,
+        sh: &BlockShape,
+        rows: usize,
+        o: &mut Tensor,
+        lse: &mut Tensor,
+        sinks: TensorView<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        sink_fwd(sh, rows, o.data_mut(), lse.data_mut(), src(&sinks));
+        store_all(o);
+        Ok(())
+    }
+
+    fn attn_sink_grad(
+        &self,
+        sh: &BlockShape,
+        rows: usize,
+        lse: &Tensor,
+        delta: &Tensor,
+        sinks: TensorView<'_, Tensor>,
+        mut dsinks: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        let d = dst(&mut dsinks);
+        sink_grad(sh, rows, lse.data(), delta.data(), src(&sinks), d);
+        store_view(&mut dsinks);
+        Ok(())
+    }
+
+    fn flash_bwd_block(
+        &self,
+        sh: &BlockShape,
+        q: BlockQuery<'_, Tensor>,
+        kv: BlockKv<'_, Tensor>,
+        stats: BlockStats<'_, Tensor>,
+        grads: BlockGrads<'_, Tensor>,
+        (p_tile, dp_tile): (&mut Tensor, &mut Tensor),
+    ) -> Result<u64, ExecError> {
+        let BlockGrads { dq, mut dk, mut dv } = grads;
+        let work = backward_block(
+            self.gemm_counter(),
+            sh,
+            q.q.data(),
+            q.side,
+            src(&kv.k),
+            src(&kv.v),
+            kv.side,
+            stats.dout.data(),
+            stats.lse.data(),
+            stats.delta.data(),
+            dq.data_mut(),
+            dst(&mut dk),
+            dst(&mut dv),
+            p_tile.data_mut(),
+            dp_tile.data_mut(),
+        );
+        store_all(dq);
+        let (rk, rv) = (dk.range.clone(), dv.range.clone());
+        store(dk.tensor, rk);
+        store(dv.tensor, rv);
+        Ok(work)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::ops::attention::{attn_bwd, attn_fwd, AttnSaved, AttnShape, Keep};
+    use crate::backend::cpu::ops::attention::{attn_bwd, attn_fwd, AttnSaved};
     use crate::backend::cpu::CpuOps;
+    use crate::backend::ops::{AttnShape, Keep};
 
     fn rand(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed

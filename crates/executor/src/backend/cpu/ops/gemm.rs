@@ -1,33 +1,14 @@
 //! Matrix multiplication through `matrixmultiply`'s sgemm (packed, SIMD micro-kernels), with
-//! transposes expressed as strides. Each rank's device counts its GEMM FLOPs and seconds in a
-//! [`GemmCounter`], so a step can report the rate its matmuls ran at.
+//! transposes expressed as strides, counted in the rank's [`GemmCounter`]; the linear layers
+//! on it, and [`LinearOps`] for the CPU.
 
-use std::sync::{Arc, Mutex};
+use super::super::gemm_counter::GemmCounter;
+use crate::backend::cpu::device::{Cpu, CpuOps};
+use crate::backend::cpu::tensor::{dst, src, store_all, store_view, Tensor};
+use crate::backend::ops::LinearOps;
+use crate::backend::tensor::ViewMut;
+use crate::error::ExecError;
 use std::time::Instant;
-
-/// FLOPs and seconds of the GEMMs of one rank; clones share the count.
-#[derive(Debug, Clone, Default)]
-pub struct GemmCounter {
-    flops_seconds: Arc<Mutex<(f64, f64)>>,
-}
-
-impl GemmCounter {
-    /// A counter at zero.
-    pub fn new() -> GemmCounter {
-        GemmCounter::default()
-    }
-
-    fn add(&self, flops: f64, seconds: f64) {
-        let mut c = self.flops_seconds.lock().unwrap_or_else(|e| e.into_inner());
-        c.0 += flops;
-        c.1 += seconds;
-    }
-
-    /// (FLOPs, seconds) counted so far.
-    pub fn get(&self) -> (f64, f64) {
-        *self.flops_seconds.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
 
 /// A strided matrix view: element (i, j) at `offset + i * rs + j * cs`.
 #[derive(Debug, Clone, Copy)]
@@ -213,4 +194,60 @@ pub fn linear_wgrad(
         dw,
         View::rm(o, i),
     );
+}
+
+impl LinearOps<Cpu> for CpuOps {
+    fn linear_fwd(
+        &self,
+        x: &Tensor,
+        w: crate::backend::View<'_, Tensor>,
+        (n, i, o): (usize, usize, usize),
+        y: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        linear_fwd(
+            self.gemm_counter(),
+            x.data(),
+            src(&w),
+            n,
+            i,
+            o,
+            y.data_mut(),
+        );
+        store_all(y);
+        Ok(())
+    }
+
+    fn linear_dgrad(
+        &self,
+        dy: &Tensor,
+        w: crate::backend::View<'_, Tensor>,
+        (n, i, o): (usize, usize, usize),
+        dx: &mut Tensor,
+        acc: bool,
+    ) -> Result<(), ExecError> {
+        let g = self.gemm_counter();
+        linear_dgrad(g, dy.data(), src(&w), n, i, o, dx.data_mut(), acc);
+        store_all(dx);
+        Ok(())
+    }
+
+    fn linear_wgrad(
+        &self,
+        dy: &Tensor,
+        x: &Tensor,
+        (n, i, o): (usize, usize, usize),
+        mut dw: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        linear_wgrad(
+            self.gemm_counter(),
+            dy.data(),
+            x.data(),
+            n,
+            i,
+            o,
+            dst(&mut dw),
+        );
+        store_view(&mut dw);
+        Ok(())
+    }
 }

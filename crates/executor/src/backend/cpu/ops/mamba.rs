@@ -9,9 +9,12 @@
 //! through each chunk from them. [`ssd_sequential`] is the plain recurrence, the tests'
 //! reference.
 
-use super::super::tensor::{dst, src, store_all, store_view};
-use super::super::{Cpu, CpuOps, Tensor};
-use crate::backend::{MambaGeo, MambaOps, View, ViewMut};
+use crate::backend::cpu::device::{Cpu, CpuOps};
+use crate::backend::cpu::tensor::{dst, src, store_all, store_view, Tensor};
+use crate::backend::ops::{
+    GateGrads, GateInputs, MambaGeo, MambaOps, SsdGrads, SsdInputs, SsdOutputs,
+};
+use crate::backend::{View, ViewMut};
 use crate::error::ExecError;
 
 fn sigmoid(v: f32) -> f32 {
@@ -464,39 +467,44 @@ impl MambaOps<Cpu> for CpuOps {
     fn mamba_ssd_fwd(
         &self,
         g: &MambaGeo,
-        xbc: &Tensor,
-        dt_raw: &Tensor,
-        ssm: View<'_, Tensor>,
-        y: &mut Tensor,
-        dt: &mut Tensor,
-        da: &mut Tensor,
+        x: SsdInputs<'_, Tensor>,
+        out: SsdOutputs<'_, Tensor>,
         states: &mut Tensor,
     ) -> Result<(), ExecError> {
-        let ssm = src(&ssm);
-        discretize(g, dt_raw.data(), ssm, dt.data_mut(), da.data_mut());
+        let ssm = src(&x.ssm);
+        discretize(g, x.dt.data(), ssm, out.dt.data_mut(), out.da.data_mut());
         let d = &ssm[g.heads..2 * g.heads];
-        let (dt, da) = (dt.data(), da.data());
-        ssd_chunked(g, xbc.data(), dt, da, d, y.data_mut(), states.data_mut());
-        store_all(y);
+        let (dt, da) = (out.dt.data(), out.da.data());
+        ssd_chunked(
+            g,
+            x.xbc.data(),
+            dt,
+            da,
+            d,
+            out.y.data_mut(),
+            states.data_mut(),
+        );
+        store_all(out.y);
         Ok(())
     }
 
     fn mamba_ssd_bwd(
         &self,
         g: &MambaGeo,
-        xbc: &Tensor,
-        dt: &Tensor,
-        ssm: View<'_, Tensor>,
+        x: SsdInputs<'_, Tensor>,
         dy: &Tensor,
-        dxbc: &mut Tensor,
-        ddt_raw: &mut Tensor,
-        mut dssm: ViewMut<'_, Tensor>,
+        grads: SsdGrads<'_, Tensor>,
         states: &mut Tensor,
     ) -> Result<(), ExecError> {
-        let (x, ssm, dyv) = (xbc.data(), src(&ssm), dy.data());
+        let SsdGrads {
+            dxbc,
+            ddt_raw,
+            mut dssm,
+        } = grads;
+        let (xv, ssm, dyv) = (x.xbc.data(), src(&x.ssm), dy.data());
         let (dx, ddt) = (dxbc.data_mut(), ddt_raw.data_mut());
         let st = states.data_mut();
-        ssd_bwd(g, x, dt.data(), ssm, dyv, dx, ddt, dst(&mut dssm), st);
+        ssd_bwd(g, xv, x.dt.data(), ssm, dyv, dx, ddt, dst(&mut dssm), st);
         store_all(dxbc);
         store_all(ddt_raw);
         store_view(&mut dssm);
@@ -506,12 +514,10 @@ impl MambaOps<Cpu> for CpuOps {
     fn mamba_gate_fwd(
         &self,
         g: &MambaGeo,
-        y: &Tensor,
-        z: &Tensor,
-        w: View<'_, Tensor>,
+        x: GateInputs<'_, Tensor>,
         out: &mut Tensor,
     ) -> Result<(), ExecError> {
-        gate_fwd(g, y.data(), z.data(), src(&w), out.data_mut());
+        gate_fwd(g, x.y.data(), x.z.data(), src(&x.w), out.data_mut());
         store_all(out);
         Ok(())
     }
@@ -519,25 +525,14 @@ impl MambaOps<Cpu> for CpuOps {
     fn mamba_gate_bwd(
         &self,
         g: &MambaGeo,
-        y: &Tensor,
-        z: &Tensor,
-        w: View<'_, Tensor>,
+        x: GateInputs<'_, Tensor>,
         dout: &Tensor,
-        dy: &mut Tensor,
-        dz: &mut Tensor,
-        mut dw: ViewMut<'_, Tensor>,
+        grads: GateGrads<'_, Tensor>,
     ) -> Result<(), ExecError> {
-        let (yv, zv, dov) = (y.data(), z.data(), dout.data());
-        gate_bwd(
-            g,
-            yv,
-            zv,
-            src(&w),
-            dov,
-            dy.data_mut(),
-            dz.data_mut(),
-            dst(&mut dw),
-        );
+        let GateGrads { dy, dz, mut dw } = grads;
+        let (yv, zv, dov) = (x.y.data(), x.z.data(), dout.data());
+        let dwv = dst(&mut dw);
+        gate_bwd(g, yv, zv, src(&x.w), dov, dy.data_mut(), dz.data_mut(), dwv);
         store_all(dy);
         store_all(dz);
         store_view(&mut dw);

@@ -3,7 +3,12 @@
 //! (rows gathered in route order) and its inverse (rows added back into their tokens, weighted
 //! by the gates), and the backward of the combine and of the router.
 
-use crate::backend::{Route, Routing};
+use super::router;
+use crate::backend::cpu::device::{Cpu, CpuOps};
+use crate::backend::cpu::tensor::{store_all, Tensor};
+use crate::backend::ops::{MoeOps, Route, Routing};
+
+use crate::error::ExecError;
 use parsim_plan::plan::MoeShape;
 
 /// Row-wise softmax of `logits` [n, e] in place.
@@ -155,6 +160,93 @@ pub fn router_bwd(d: &mut [f32], probs: &[f32], fraction: &[f64], aux_scale: f64
         for (x, q) in dl.iter_mut().zip(pr) {
             *x = q * (*x - dot);
         }
+    }
+}
+
+impl MoeOps<Cpu> for CpuOps {
+    fn moe_route(&self, logits: &mut Tensor, moe: &MoeShape) -> Result<(Routing, f64), ExecError> {
+        let (n, e) = (logits.rows(), logits.cols());
+        softmax_rows(logits.data_mut(), e);
+        let r = route(logits.data(), n, moe);
+        let aux = aux_loss(moe.aux_loss_coeff, logits.data(), n, &r.fraction);
+        store_all(logits);
+        Ok((r, aux))
+    }
+
+    fn moe_route_scored(
+        &self,
+        logits: &mut Tensor,
+        bias: Option<&[f32]>,
+        moe: &MoeShape,
+    ) -> Result<(Routing, f64, Vec<usize>), ExecError> {
+        let (n, e) = (logits.rows(), logits.cols());
+        router::scores(logits.data_mut(), e, moe.router.score);
+        let (r, chosen) = router::route(logits.data(), n, bias, moe);
+        let aux = aux_loss(moe.aux_loss_coeff, logits.data(), n, &r.fraction);
+        store_all(logits);
+        Ok((r, aux, chosen))
+    }
+
+    fn moe_router_bwd(
+        &self,
+        d: &mut Tensor,
+        probs: &Tensor,
+        fraction: &[f64],
+        aux_scale: f64,
+    ) -> Result<(), ExecError> {
+        router_bwd(d.data_mut(), probs.data(), fraction, aux_scale);
+        store_all(d);
+        Ok(())
+    }
+
+    fn moe_router_scored_bwd(
+        &self,
+        d: &mut Tensor,
+        scores: &Tensor,
+        chosen: &[usize],
+        moe: &MoeShape,
+        fraction: &[f64],
+        aux_scale: f64,
+    ) -> Result<(), ExecError> {
+        let s = scores.data();
+        router::router_bwd(d.data_mut(), s, chosen, moe, fraction, aux_scale);
+        store_all(d);
+        Ok(())
+    }
+
+    fn gather_rows(&self, src: &Tensor, rows: &[usize], out: &mut Tensor) -> Result<(), ExecError> {
+        gather_rows(src.data(), rows, src.cols(), out.data_mut());
+        store_all(out);
+        Ok(())
+    }
+
+    fn scatter_add_rows(
+        &self,
+        src: &Tensor,
+        rows: &[usize],
+        weights: Option<&[f32]>,
+        out: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let h = out.cols();
+        scatter_add_rows(src.data(), rows, weights, h, out.data_mut());
+        store_all(out);
+        Ok(())
+    }
+
+    fn moe_combine_bwd(
+        &self,
+        dy: &Tensor,
+        y: &Tensor,
+        routes: &[Route],
+        dprobs: &mut Tensor,
+        dsend: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let (h, e) = (dy.cols(), dprobs.cols());
+        let (dp, ds) = (dprobs.data_mut(), dsend.data_mut());
+        combine_bwd(dy.data(), y.data(), routes, h, e, dp, ds);
+        store_all(dprobs);
+        store_all(dsend);
+        Ok(())
     }
 }
 

@@ -5,7 +5,7 @@
 //! renormalised over the k chosen; and the backward of all that.
 
 use super::moe::{finish, softmax_rows};
-use crate::backend::Routing;
+use crate::backend::ops::Routing;
 use parsim_plan::plan::{MoeShape, ScoreFunction};
 
 /// Scores of `x` [n, e] in place: row softmax, or elementwise sigmoid.

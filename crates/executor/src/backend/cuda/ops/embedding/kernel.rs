@@ -1,5 +1,5 @@
 //! Launches of backend/cuda/ops/embedding/embedding.cu: gather and scatter-add over a vocabulary
-//! shard starting at token `lo` (CPU twin: cpu/ops/layout.rs embedding_gather /
+//! shard starting at token `lo` (CPU twin: cpu/ops/embedding.rs embedding_gather /
 //! embedding_scatter_add).
 
 use crate::backend::cuda::ops::launch::*;

@@ -10,7 +10,8 @@ use crate::backend::cuda::diag::error::CudaError;
 use crate::backend::cuda::ops::flash::kernel::{self as flash, Rows};
 use crate::backend::cuda::ops::flash::mma::{self as flash_mma, MmaRows};
 use crate::backend::cuda::rank::CudaRank;
-use crate::backend::{AttnSaved, AttnShape, BlockShape, DeviceTensor, Keep};
+use crate::backend::ops::*;
+use crate::backend::DeviceTensor;
 use crate::tracker::Category;
 use parsim_plan::DType;
 
@@ -303,7 +304,6 @@ pub fn attn_bwd(
 mod tests {
     use super::*;
     use crate::backend::cpu::ops::flash as cpu_flash;
-    use crate::backend::Side;
 
     #[test]
     fn causal_work_of_a_whole_sequence_is_the_triangle() {
@@ -344,7 +344,7 @@ mod tests {
         let mut max = vec![f32::NEG_INFINITY; sq * sh.hq];
         let mut sum = vec![0.0f32; sq * sh.hq];
         let mut tile = vec![0.0f32; 64];
-        let g = crate::backend::cpu::ops::gemm::GemmCounter::default();
+        let g = crate::backend::cpu::gemm_counter::GemmCounter::default();
         let cpu = cpu_flash::forward_block(
             &g,
             &sh,

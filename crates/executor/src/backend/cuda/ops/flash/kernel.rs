@@ -4,7 +4,7 @@
 //! attention dropout drawn in the kernels from the shape's [`AttnDropout`].
 
 use crate::backend::cuda::ops::launch::*;
-use crate::backend::BlockShape;
+use crate::backend::ops::*;
 use crate::rng::AttnDropout;
 use parsim_plan::DType;
 

@@ -5,7 +5,7 @@
 //! tiles wholly in the past.
 
 use crate::backend::cuda::ops::launch::*;
-use crate::backend::BlockShape;
+use crate::backend::ops::*;
 use parsim_plan::DType;
 
 /// Rows per position-range group (RG in flash_mma.cu).

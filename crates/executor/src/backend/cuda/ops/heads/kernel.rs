@@ -1,5 +1,5 @@
 //! Launches of backend/cuda/ops/heads/heads.cu: MLA's per-head concat of the no-rotary and rotary
-//! parts and its backward (CPU twin: cpu/ops/mla.rs).
+//! parts and its backward (CPU twin: cpu/ops/heads.rs).
 
 use crate::backend::cuda::ops::launch::*;
 use parsim_plan::DType;

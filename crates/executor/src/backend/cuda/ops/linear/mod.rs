@@ -7,7 +7,9 @@ use crate::backend::cuda::device::tensor::CudaTensor;
 use crate::backend::cuda::diag::error::CudaError;
 use crate::backend::cuda::ops::launch::F32;
 use crate::backend::cuda::rank::CudaRank;
-use crate::backend::{DeviceTensor, TensorOps, View, ViewMut};
+use crate::backend::cuda::Cuda;
+use crate::backend::ops::{BiasOps, LayoutOps, LinearOps};
+use crate::backend::{DeviceTensor, View, ViewMut};
 use crate::error::ExecError;
 use cudarc::driver::sys;
 use parsim_plan::DType;
@@ -111,136 +113,141 @@ fn memcpy_2d(
     }
 }
 
-pub fn linear_fwd(
-    cr: &CudaRank,
-    x: &CudaTensor,
-    w: View<'_, CudaTensor>,
-    dims: (usize, usize, usize),
-    y: &mut CudaTensor,
-) -> Result<(), ExecError> {
-    let od = x.dtype();
-    let ws = cr.input_view(&w, od)?;
-    let r = 0..y.len();
-    Ok(cr.gemm(LinearOp::Fwd, dims, od, x.ptr_at(0), ws.ptr, 0, y, r, false)?)
-}
-
-pub fn linear_dgrad(
-    cr: &CudaRank,
-    dy: &CudaTensor,
-    w: View<'_, CudaTensor>,
-    dims: (usize, usize, usize),
-    dx: &mut CudaTensor,
-    acc: bool,
-) -> Result<(), ExecError> {
-    let od = dy.dtype();
-    let ws = cr.input_view(&w, od)?;
-    let r = 0..dx.len();
-    Ok(cr.gemm(
-        LinearOp::Dgrad,
-        dims,
-        od,
-        0,
-        ws.ptr,
-        dy.ptr_at(0),
-        dx,
-        r,
-        acc,
-    )?)
-}
-
-pub fn linear_wgrad(
-    cr: &CudaRank,
-    dy: &CudaTensor,
-    x: &CudaTensor,
-    dims: (usize, usize, usize),
-    dw: ViewMut<'_, CudaTensor>,
-) -> Result<(), ExecError> {
-    let od = dy.dtype();
-    let xs = cr.input(x, od)?;
-    let r = dw.range.clone();
-    Ok(cr.gemm(
-        LinearOp::Wgrad,
-        dims,
-        od,
-        xs.ptr,
-        0,
-        dy.ptr_at(0),
-        dw.tensor,
-        r,
-        true,
-    )?)
-}
-
-/// y[n, o] += ones[n, 1] . b[1, o]: a rank-1 GEMM through cuBLASLt (no kernel of its own).
-pub fn bias_add(
-    cr: &CudaRank,
-    y: &mut CudaTensor,
-    b: View<'_, CudaTensor>,
-) -> Result<(), ExecError> {
-    let o = b.range.len();
-    let n = y.len() / o.max(1);
-    let ones = crate::backend::Device::upload(
-        cr,
-        crate::tracker::Category::Buffers,
-        y.dtype(),
-        &[n, 1],
-        &vec![1.0; n],
-    )?;
-    cr.linear_dgrad(&ones, b, (n, o, 1), y, true)
-}
-
-/// db[o, 1] += dy[n, o]^T . ones[n, 1]: the column sums as a GEMM through cuBLASLt.
-pub fn bias_grad(
-    cr: &CudaRank,
-    dy: &CudaTensor,
-    db: ViewMut<'_, CudaTensor>,
-) -> Result<(), ExecError> {
-    let o = db.range.len();
-    let n = dy.len() / o.max(1);
-    let ones = crate::backend::Device::upload(
-        cr,
-        crate::tracker::Category::Buffers,
-        dy.dtype(),
-        &[n, 1],
-        &vec![1.0; n],
-    )?;
-    cr.linear_wgrad(dy, &ones, (n, 1, o), db)
-}
-
-pub fn qkv_split(
-    cr: &CudaRank,
-    qkv: &CudaTensor,
-    q: &mut CudaTensor,
-    k: &mut CudaTensor,
-    v: &mut CudaTensor,
-) -> Result<(), ExecError> {
-    let (n, c) = (qkv.rows(), qkv.cols());
-    let mut col = 0;
-    for t in [q, k, v] {
-        let src = cr.input(qkv, t.dtype())?;
-        let w = t.cols();
-        cr.copy_cols(src.ptr, c, col, t.ptr_at(0), w, 0, w, n, t.dtype())?;
-        col += w;
+impl LinearOps<Cuda> for CudaRank {
+    fn linear_fwd(
+        &self,
+        x: &CudaTensor,
+        w: View<'_, CudaTensor>,
+        dims: (usize, usize, usize),
+        y: &mut CudaTensor,
+    ) -> Result<(), ExecError> {
+        let cr = self;
+        let od = x.dtype();
+        let ws = cr.input_view(&w, od)?;
+        let r = 0..y.len();
+        Ok(cr.gemm(LinearOp::Fwd, dims, od, x.ptr_at(0), ws.ptr, 0, y, r, false)?)
     }
-    Ok(())
+
+    fn linear_dgrad(
+        &self,
+        dy: &CudaTensor,
+        w: View<'_, CudaTensor>,
+        dims: (usize, usize, usize),
+        dx: &mut CudaTensor,
+        acc: bool,
+    ) -> Result<(), ExecError> {
+        let cr = self;
+        let od = dy.dtype();
+        let ws = cr.input_view(&w, od)?;
+        let r = 0..dx.len();
+        Ok(cr.gemm(
+            LinearOp::Dgrad,
+            dims,
+            od,
+            0,
+            ws.ptr,
+            dy.ptr_at(0),
+            dx,
+            r,
+            acc,
+        )?)
+    }
+
+    fn linear_wgrad(
+        &self,
+        dy: &CudaTensor,
+        x: &CudaTensor,
+        dims: (usize, usize, usize),
+        dw: ViewMut<'_, CudaTensor>,
+    ) -> Result<(), ExecError> {
+        let cr = self;
+        let od = dy.dtype();
+        let xs = cr.input(x, od)?;
+        let r = dw.range.clone();
+        Ok(cr.gemm(
+            LinearOp::Wgrad,
+            dims,
+            od,
+            xs.ptr,
+            0,
+            dy.ptr_at(0),
+            dw.tensor,
+            r,
+            true,
+        )?)
+    }
 }
 
-pub fn qkv_merge(
-    cr: &CudaRank,
-    q: &CudaTensor,
-    k: &CudaTensor,
-    v: &CudaTensor,
-    qkv: &mut CudaTensor,
-) -> Result<(), ExecError> {
-    let (n, c, dt) = (qkv.rows(), qkv.cols(), qkv.dtype());
-    let mut col = 0;
-    for t in [q, k, v] {
-        let src = cr.input(t, dt)?;
-        let w = t.cols();
-        cr.copy_cols(src.ptr, w, 0, qkv.ptr_at(0), c, col, w, n, dt)?;
-        col += w;
+impl BiasOps<Cuda> for CudaRank {
+    /// y[n, o] += ones[n, 1] . b[1, o]: a rank-1 GEMM through cuBLASLt (no kernel of its own).
+    fn bias_add(&self, y: &mut CudaTensor, b: View<'_, CudaTensor>) -> Result<(), ExecError> {
+        let cr = self;
+        let o = b.range.len();
+        let n = y.len() / o.max(1);
+        let ones = crate::backend::Device::upload(
+            cr,
+            crate::tracker::Category::Buffers,
+            y.dtype(),
+            &[n, 1],
+            &vec![1.0; n],
+        )?;
+        cr.linear_dgrad(&ones, b, (n, o, 1), y, true)
     }
-    Ok(())
+
+    /// db[o, 1] += dy[n, o]^T . ones[n, 1]: the column sums as a GEMM through cuBLASLt.
+    fn bias_grad(&self, dy: &CudaTensor, db: ViewMut<'_, CudaTensor>) -> Result<(), ExecError> {
+        let cr = self;
+        let o = db.range.len();
+        let n = dy.len() / o.max(1);
+        let ones = crate::backend::Device::upload(
+            cr,
+            crate::tracker::Category::Buffers,
+            dy.dtype(),
+            &[n, 1],
+            &vec![1.0; n],
+        )?;
+        cr.linear_wgrad(dy, &ones, (n, 1, o), db)
+    }
+}
+
+impl LayoutOps<Cuda> for CudaRank {
+    fn qkv_split(
+        &self,
+        qkv: &CudaTensor,
+        q: &mut CudaTensor,
+        k: &mut CudaTensor,
+        v: &mut CudaTensor,
+    ) -> Result<(), ExecError> {
+        let cr = self;
+        let (n, c) = (qkv.rows(), qkv.cols());
+        let mut col = 0;
+        for t in [q, k, v] {
+            let src = cr.input(qkv, t.dtype())?;
+            let w = t.cols();
+            cr.copy_cols(src.ptr, c, col, t.ptr_at(0), w, 0, w, n, t.dtype())?;
+            col += w;
+        }
+        Ok(())
+    }
+
+    fn qkv_merge(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        qkv: &mut CudaTensor,
+    ) -> Result<(), ExecError> {
+        let cr = self;
+        let (n, c, dt) = (qkv.rows(), qkv.cols(), qkv.dtype());
+        let mut col = 0;
+        for t in [q, k, v] {
+            let src = cr.input(t, dt)?;
+            let w = t.cols();
+            cr.copy_cols(src.ptr, w, 0, qkv.ptr_at(0), c, col, w, n, dt)?;
+            col += w;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

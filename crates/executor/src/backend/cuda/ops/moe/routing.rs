@@ -14,7 +14,8 @@ use crate::backend::cuda::diag::error::CudaError;
 use crate::backend::cuda::ops::launch::shape_error;
 use crate::backend::cuda::ops::moe::kernel::{self as moe, ScoredTopk};
 use crate::backend::cuda::rank::CudaRank;
-use crate::backend::{DeviceTensor, Routing, View};
+use crate::backend::ops::*;
+use crate::backend::{DeviceTensor, View};
 use parsim_plan::plan::{MoeShape, ScoreFunction};
 use parsim_plan::DType;
 
