@@ -20,26 +20,20 @@ fn gemm_rate(m: usize, k: usize, n: usize, reps: usize) -> f64 {
     gemm(
         &counter,
         1.0,
-        &a,
-        View::rm(m, k),
-        &b,
-        View::rm(k, n),
+        (&a, View::rm(m, k)),
+        (&b, View::rm(k, n)),
         0.0,
-        &mut c,
-        View::rm(m, n),
+        (&mut c, View::rm(m, n)),
     );
     let t = Instant::now();
     for _ in 0..reps {
         gemm(
             &counter,
             1.0,
-            &a,
-            View::rm(m, k),
-            &b,
-            View::rm(k, n),
+            (&a, View::rm(m, k)),
+            (&b, View::rm(k, n)),
             0.0,
-            &mut c,
-            View::rm(m, n),
+            (&mut c, View::rm(m, n)),
         );
     }
     2.0 * (m * k * n * reps) as f64 / t.elapsed().as_secs_f64() / 1e9

@@ -6,7 +6,7 @@
 use parsim_executor::backend::cpu::CpuOps;
 use parsim_executor::backend::cuda::device::context::{visible_gpus, RankGpu};
 use parsim_executor::backend::cuda::device::device::CudaDevice;
-use parsim_executor::backend::cuda::ops::linear::matmul::LinearOp;
+use parsim_executor::backend::cuda::ops::linear::matmul::{LinearInputs, LinearOp};
 use parsim_executor::backend::cuda::Library;
 use parsim_executor::backend::ops::LinearOps;
 use parsim_executor::backend::{Device, DeviceTensor, View, ViewMut};
@@ -86,18 +86,14 @@ fn linear_products_match_the_cpu_twin() {
             let gw = up(&dev, dtype, &[o, i], &w);
             let gdy = up(&dev, dtype, &[n, o], &dy);
             let gout = up(&dev, DType::F32, &out_shape, &out0);
-            dev.linear(
-                op,
-                (n, i, o),
-                gx.ptr_at(0),
-                gw.ptr_at(0),
-                gdy.ptr_at(0),
+            let inputs = LinearInputs {
+                x: gx.ptr_at(0),
+                w: gw.ptr_at(0),
+                dy: gdy.ptr_at(0),
                 dtype,
-                gout.ptr_at(0),
-                DType::F32,
-                acc,
-            )
-            .expect("cublasLt");
+            };
+            dev.linear(op, (n, i, o), inputs, (gout.ptr_at(0), DType::F32), acc)
+                .expect("cublasLt");
             let got = dev.download(View::all(&gout)).expect("download");
             let cu = |dt, shape: &[usize], v: &[f32]| {
                 Device::upload(&cpu, Category::Buffers, dt, shape, v).expect("cpu upload")

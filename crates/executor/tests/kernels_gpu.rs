@@ -10,7 +10,7 @@ use parsim_executor::backend::cpu::ops::{
     activation, adam, cross_entropy, elementwise, flash, norm, rotary,
 };
 use parsim_executor::backend::cuda::ops;
-use parsim_executor::backend::ops::{BlockShape, Side};
+use parsim_executor::backend::ops::{BlockQuery, BlockShape, BlockStats, Side};
 use parsim_plan::plan::{Activation, AdamConfig, Norm};
 use parsim_plan::DType;
 
@@ -336,11 +336,8 @@ fn flash_attention_matches_the_cpu_on_a_zigzag_layout_with_gqa() {
     flash::forward_block(
         &gc,
         &sh,
-        &q,
-        qs,
-        &k,
-        &v,
-        ks,
+        BlockQuery { q: &q, side: qs },
+        (&k, &v, ks),
         &mut acc,
         &mut flash::Online {
             max: &mut mx,
@@ -354,8 +351,17 @@ fn flash_attention_matches_the_cpu_on_a_zigzag_layout_with_gqa() {
     let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
     let (mut pt, mut dpt) = (vec![0.0; 64], vec![0.0; 64]);
     flash::backward_block(
-        &gc, &sh, &q, qs, &k, &v, ks, &dout, &lse, &delta, &mut dq, &mut dk, &mut dv, &mut pt,
-        &mut dpt,
+        &gc,
+        &sh,
+        BlockQuery { q: &q, side: qs },
+        (&k, &v, ks),
+        BlockStats {
+            dout: &dout,
+            lse: &lse,
+            delta: &delta,
+        },
+        (&mut dq, &mut dk, &mut dv),
+        (&mut pt, &mut dpt),
     );
 
     let (pq, pk, pv, pdo) = (g.up(&q), g.up(&k), g.up(&v), g.up(&dout));
@@ -843,11 +849,11 @@ fn mma_case(g: &Gpu, name: &str, sh: &BlockShape, qpos: &[u32], kblocks: &[Vec<u
         flash::forward_block(
             &gc,
             sh,
-            &q,
-            side(qpos),
-            k,
-            v,
-            side(kp),
+            BlockQuery {
+                q: &q,
+                side: side(qpos),
+            },
+            (k, v, side(kp)),
             &mut acc,
             &mut on,
             &mut tile,
@@ -867,19 +873,18 @@ fn mma_case(g: &Gpu, name: &str, sh: &BlockShape, qpos: &[u32], kblocks: &[Vec<u
         flash::backward_block(
             &gc,
             sh,
-            &q,
-            side(qpos),
-            k,
-            v,
-            side(kp),
-            &dout,
-            &lse,
-            &delta,
-            &mut dq,
-            &mut dk,
-            &mut dv,
-            &mut pt,
-            &mut dpt,
+            BlockQuery {
+                q: &q,
+                side: side(qpos),
+            },
+            (k, v, side(kp)),
+            BlockStats {
+                dout: &dout,
+                lse: &lse,
+                delta: &delta,
+            },
+            (&mut dq, &mut dk, &mut dv),
+            (&mut pt, &mut dpt),
         );
         dkv.push((dk0, dv0, dk, dv));
     }

@@ -10,7 +10,7 @@ mod gpu_common;
 use gpu_common::{check, gpu, rand, Gpu};
 use parsim_executor::backend::cpu::ops::flash;
 use parsim_executor::backend::cuda::ops;
-use parsim_executor::backend::ops::{BlockShape, Side};
+use parsim_executor::backend::ops::{BlockQuery, BlockShape, BlockStats, Side};
 use parsim_executor::rng::AttnDropout;
 use parsim_plan::DType;
 
@@ -54,11 +54,8 @@ fn cpu(x: &Inputs) -> Run {
     flash::forward_block(
         &gc,
         sh,
-        &x.q,
-        qs,
-        &x.k,
-        &x.v,
-        ks,
+        BlockQuery { q: &x.q, side: qs },
+        (&x.k, &x.v, ks),
         &mut o,
         &mut flash::Online {
             max: &mut mx,
@@ -76,8 +73,17 @@ fn cpu(x: &Inputs) -> Run {
     );
     let (mut pt, mut dpt) = (vec![0.0; 64], vec![0.0; 64]);
     flash::backward_block(
-        &gc, sh, &x.q, qs, &x.k, &x.v, ks, &x.dout, &lse, &delta, &mut dq, &mut dk, &mut dv,
-        &mut pt, &mut dpt,
+        &gc,
+        sh,
+        BlockQuery { q: &x.q, side: qs },
+        (&x.k, &x.v, ks),
+        BlockStats {
+            dout: &x.dout,
+            lse: &lse,
+            delta: &delta,
+        },
+        (&mut dq, &mut dk, &mut dv),
+        (&mut pt, &mut dpt),
     );
     Run { o, lse, dq, dk, dv }
 }

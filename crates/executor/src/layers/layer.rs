@@ -396,13 +396,11 @@ fn qkv_fwd<B: Backend>(
 
 /// Input gradient of one layer: dx [n_sp, h] from dy [n_sp, h]; each weight-gradient task goes
 /// to `sink` as soon as its tensors exist (so a full backward frees them at once).
-#[allow(clippy::too_many_arguments)]
 pub fn layer_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: View<'_, B::Tensor>,
-    experts: Experts<B>,
-    ad: Adapters<B>,
+    (experts, ad): (Experts<B>, Adapters<B>),
     s: LayerSaved<B>,
     dy: B::Tensor,
     sink: &mut Sink<B>,
@@ -438,14 +436,14 @@ pub fn layer_bwd<B: Backend>(
     let d_ln2 = match (moe, experts) {
         (Some(ms), Some(ex)) => {
             let lora = (&ad, &mut ls);
-            moe_bwd(ctx, l, p.clone(), ex, ln2, *ms, dy_mlp, lora, sink)?
+            moe_bwd(ctx, (l, p.clone()), ex, (ln2, *ms), dy_mlp, lora, sink)?
         }
         (Some(_), None) | (None, Some(_)) => return Err(StateError::MoeSavedMismatch.into()),
         (None, None) => mlp_bwd(ctx, l, &p, (&ad, &mut ls), (ln2, u, act), dy_mlp, sink)?,
     };
     drop(d_mlp);
     // The residual's gradient takes dy's buffer; the norm's input gradient is added to it.
-    let dx1 = norm_bwd(ctx, l, &p, MLP_NORM, x1, d_ln2, dy, sink)?;
+    let dx1 = norm_bwd(ctx, l, &p, MLP_NORM, (x1, d_ln2), dy, sink)?;
     let saved = AttnParts {
         ln1,
         q,
@@ -456,20 +454,18 @@ pub fn layer_bwd<B: Backend>(
         mla,
         qk,
     };
-    let d_ln1 = attention_bwd(ctx, l, &p, saved, attn_mask, &dx1, (&ad, &mut ls), sink)?;
-    norm_bwd(ctx, l, &p, ATTN_NORM, x, d_ln1, dx1, sink)
+    let d_ln1 = attention_bwd(ctx, l, &p, (saved, attn_mask), &dx1, (&ad, &mut ls), sink)?;
+    norm_bwd(ctx, l, &p, ATTN_NORM, (x, d_ln1), dx1, sink)
 }
 
 /// Norm `tensor`'s input gradient from its output gradient `dy` (input `x`), added to the
 /// residual's gradient `dres`; the gain's (and bias's) gradient task goes to `sink`.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn norm_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: &View<'_, B::Tensor>,
     tensor: usize,
-    x: B::Tensor,
-    dy: B::Tensor,
+    (x, dy): (B::Tensor, B::Tensor),
     mut dres: B::Tensor,
     sink: &mut Sink<B>,
 ) -> Result<B::Tensor, ExecError> {
@@ -503,7 +499,7 @@ pub(super) fn mlp_bwd<B: Backend>(
     ctx.ops
         .linear_dgrad(&dyg, slice(p, l, FC2), (n, rd.f_r, h), &mut d_act, false)?;
     if let Some(ad) = ad {
-        lora::row_bwd(ctx, ad, Target::Fc2, ls, &act, dy_mlp, &mut d_act, sink)?;
+        lora::row_bwd(ctx, ad, Target::Fc2, ls, (&act, dy_mlp), &mut d_act, sink)?;
     }
     sink(
         ctx,
@@ -529,7 +525,7 @@ pub(super) fn mlp_bwd<B: Backend>(
         .linear_dgrad(&du, slice(p, l, FC1), (n, h, rd.fc1_r), &mut part, false)?;
     let mut d_ln2 = ctx.reduce_to_region(part, b)?;
     if let Some(ad) = ad {
-        lora::col_bwd(ctx, ad, Target::Fc1, ls, &ln2, &du, &mut d_ln2, sink)?;
+        lora::col_bwd(ctx, ad, Target::Fc1, ls, (&ln2, &du), &mut d_ln2, sink)?;
     }
     sink(
         ctx,
@@ -562,13 +558,11 @@ pub struct AttnParts<B: Backend> {
 /// Attention's backward: the projection (row-parallel), the core (under CP, its exchanges),
 /// rotary, QKV or MLA (column-parallel), from the residual's gradient `dx1`; returns the normed
 /// input's gradient [n_sp, h].
-#[allow(clippy::too_many_arguments)]
 pub(super) fn attention_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: &View<'_, B::Tensor>,
-    s: AttnParts<B>,
-    attn_mask: Option<B::Tensor>,
+    (s, attn_mask): (AttnParts<B>, Option<B::Tensor>),
     dx1: &B::Tensor,
     (ad, ls): (&Adapters<B>, &mut LoraSaved<B>),
     sink: &mut Sink<B>,
@@ -597,7 +591,7 @@ pub(super) fn attention_bwd<B: Backend>(
         .linear_dgrad(&dxg, slice(p, l, PROJ), (n, ow, h), &mut d_o, false)?;
     if let Some(ad) = ad {
         let dy_reg = d_attn.as_ref().unwrap_or(dx1);
-        lora::row_bwd(ctx, ad, Target::Proj, ls, &o, dy_reg, &mut d_o, sink)?;
+        lora::row_bwd(ctx, ad, Target::Proj, ls, (&o, dy_reg), &mut d_o, sink)?;
     }
     drop(d_attn);
     // Context parallelism needs rowsum(dO * O) before the output goes to the weight gradient,
@@ -611,7 +605,7 @@ pub(super) fn attention_bwd<B: Backend>(
                 k: &k,
                 v: &v,
             };
-            let attn = modern::sinks_bwd(ctx, l, p, &sh, qkv, attn, (&o, &d_o), sink)?;
+            let attn = modern::sinks_bwd(ctx, l, p, &sh, (qkv, attn), (&o, &d_o), sink)?;
             (None, attn)
         }
     };
@@ -652,22 +646,20 @@ pub(super) fn attention_bwd<B: Backend>(
         (dq, dk, dv)
     };
     let d_ln1 = match mla {
-        Some(ms) => mla_bwd(ctx, l, p, *ms, ln1, dq, dk, dv, sink)?,
-        None => qkv_bwd(ctx, l, p, ln1, [dq, dk, dv], qk, (ad, ls), sink)?,
+        Some(ms) => mla_bwd(ctx, l, p, *ms, ln1, [dq, dk, dv], sink)?,
+        None => qkv_bwd(ctx, l, p, (ln1, qk), [dq, dk, dv], (ad, ls), sink)?,
     };
     Ok(d_ln1)
 }
 
 /// The normed block input's gradient [n_sp, h] through rotary, QK norm and the fused QKV
 /// projection.
-#[allow(clippy::too_many_arguments)]
 fn qkv_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: &View<'_, B::Tensor>,
-    ln1: B::Tensor,
+    (ln1, qk): (B::Tensor, Option<Box<QkInputs<B>>>),
     [mut dq, mut dk, dv]: [B::Tensor; 3],
-    qk: Option<Box<[B::Tensor; 2]>>,
     (ad, ls): (&Adapters<B>, &mut LoraSaved<B>),
     sink: &mut Sink<B>,
 ) -> Result<B::Tensor, ExecError> {
@@ -697,7 +689,7 @@ fn qkv_bwd<B: Backend>(
         .linear_dgrad(&dqkv, slice(p, l, QKV), (n, h, qkv_r), &mut part, false)?;
     let mut d_ln1 = ctx.reduce_to_region(part, b)?;
     if let Some(ad) = ad {
-        lora::col_bwd(ctx, ad, Target::Qkv, ls, &ln1, &dqkv, &mut d_ln1, sink)?;
+        lora::col_bwd(ctx, ad, Target::Qkv, ls, (&ln1, &dqkv), &mut d_ln1, sink)?;
     }
     let sp = ctx.sp;
     sink(

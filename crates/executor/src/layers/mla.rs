@@ -144,16 +144,13 @@ pub fn mla_fwd<B: Backend>(
 
 /// The normed block input's gradient [n_sp, h] from dQ, dK, dV; the weight-gradient tasks go
 /// to `sink`.
-#[allow(clippy::too_many_arguments)]
 pub fn mla_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: &View<'_, B::Tensor>,
     s: MlaSaved<B>,
     ln1: B::Tensor,
-    dq: B::Tensor,
-    dk: B::Tensor,
-    dv: B::Tensor,
+    [dq, dk, dv]: [B::Tensor; 3],
     sink: &mut Sink<B>,
 ) -> Result<B::Tensor, ExecError> {
     let a = shape(ctx);

@@ -182,14 +182,12 @@ pub fn attn_fwd_sinks<B: Backend>(
 /// The sinks' part of a whole-sequence attention's backward: the final log-sum-exp (saved, or
 /// recomputed under selective recomputation) for the keys' backward, and the sink logits'
 /// gradient from D = rowsum(dO * O) to `sink`. `o` is the attention's output.
-#[allow(clippy::too_many_arguments)]
 pub fn sinks_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: &View<'_, B::Tensor>,
     sh: &AttnShape,
-    x: Qkv<'_, B::Tensor>,
-    saved: AttnSaved<B::Tensor>,
+    (x, saved): (Qkv<'_, B::Tensor>, AttnSaved<B::Tensor>),
     (o, dout): (&B::Tensor, &B::Tensor),
     sink: &mut Sink<B>,
 ) -> Result<AttnSaved<B::Tensor>, ExecError> {

@@ -214,7 +214,6 @@ fn gathered_spans(spans: &[(usize, usize)]) -> impl Iterator<Item = (usize, usiz
 /// Forward of the MoE block on the normed input `ln2` [n, h] (the router's parameters in
 /// `p`/`l`, the rank's experts in `pe`/`le`, the shared experts' LoRA adapters in `ad`);
 /// returns the combined expert output [n, h].
-#[allow(clippy::too_many_arguments)]
 pub fn moe_fwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
@@ -436,14 +435,11 @@ fn route<B: Backend>(
 /// Input gradient of the MoE block: d ln2 [n_sp, h] (its region's) from the gradient `dy`
 /// [n_sp, h] of its output; the router's, the experts' ([`WTask::Expert`]) and the shared
 /// experts' weight-gradient tasks go to `sink`.
-#[allow(clippy::too_many_arguments)]
 pub fn moe_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
-    l: &BlockLayout,
-    p: View<'_, B::Tensor>,
+    (l, p): (&BlockLayout, View<'_, B::Tensor>),
     ex: ExpertsIn<'_, B>,
-    ln2: B::Tensor,
-    mut s: MoeSaved<B>,
+    (ln2, mut s): (B::Tensor, MoeSaved<B>),
     dy: &B::Tensor,
     (ad, ls): (&Adapters<B>, &mut LoraSaved<B>),
     sink: &mut Sink<B>,
@@ -517,7 +513,8 @@ pub fn moe_bwd<B: Backend>(
         let mut d_lora = None;
         if let Some(sh) = shared {
             let dys = (dy_full?, dy);
-            d_lora = super::shared::shared_bwd(ctx, l, p, sh, ln2, dys, &mut d, (ad, ls), sink)?;
+            d_lora =
+                super::shared::shared_bwd(ctx, (l, p), (sh, ln2), dys, &mut d, (ad, ls), sink)?;
         }
         let mut d = ctx.reduce_to_region(d, bcat)?;
         if let Some(dl) = d_lora {
@@ -529,7 +526,8 @@ pub fn moe_bwd<B: Backend>(
     if let Some(sh) = shared {
         let mut part = ctx.zeros(bcat, &[ctx.n, h])?;
         let dys = (dy_full?, dy);
-        let d_lora = super::shared::shared_bwd(ctx, l, p, sh, ln2, dys, &mut part, (ad, ls), sink)?;
+        let d_lora =
+            super::shared::shared_bwd(ctx, (l, p), (sh, ln2), dys, &mut part, (ad, ls), sink)?;
         let region = ctx.reduce_to_region(part, bcat)?;
         ctx.ops
             .axpy(1.0, View::all(&region), ViewMut::all(&mut d))?;
@@ -543,7 +541,6 @@ pub fn moe_bwd<B: Backend>(
 /// Backward of the routed experts and the router over the rows this rank routed, from their
 /// output gradient `dy` [rows, h]: the rows' input gradient (the experts' and the router's)
 /// and the router's logit gradient [rows, E].
-#[allow(clippy::too_many_arguments)]
 fn routed_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
@@ -676,7 +673,7 @@ fn experts_bwd<B: Backend>(
         ctx.ops
             .linear_dgrad(&dyj, w_fc2, (c, f, h), &mut dact, false)?;
         if let Some(s2) = ls2 {
-            super::moe_lora::fc2_bwd(ctx, (le, pe), j, s2, &act, &dyj, &mut dact, sink)?;
+            super::moe_lora::fc2_bwd(ctx, (le, pe), j, s2, (&act, &dyj), &mut dact, sink)?;
         }
         if !frozen {
             let (x, dy) = (act, dyj);
@@ -701,7 +698,7 @@ fn experts_bwd<B: Backend>(
         ctx.ops
             .linear_dgrad(&du, w_fc1, (c, h, w1), &mut dx, false)?;
         if let Some(s1) = ls1 {
-            super::moe_lora::fc1_bwd(ctx, (le, pe), j, s1, &x, &du, &mut dx, sink)?;
+            super::moe_lora::fc1_bwd(ctx, (le, pe), j, s1, (&x, &du), &mut dx, sink)?;
         }
         if !frozen {
             sink(

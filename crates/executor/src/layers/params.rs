@@ -161,7 +161,7 @@ fn layer_blocks(out: &mut Layout, l: u32, s: u32, rd: &RankDims, ep_rank: u32) {
             let et = (rd.et, rd.et_rank);
             expert_mlp(b, m.activation, &q, moe.ffn, et, h, std);
             if m.bias_linear {
-                super::bias::mlp_biases(b, m.activation, &q, moe.ffn, et, h, std, false);
+                super::bias::mlp_biases(b, m.activation, &q, (moe.ffn, h), et, std, false);
             }
         }
     };

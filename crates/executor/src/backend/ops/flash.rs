@@ -32,7 +32,7 @@ pub struct Side<'a> {
 
 /// The queries of a block attention (this rank's rows) and their side.
 #[derive(Debug)]
-pub struct BlockQuery<'a, T> {
+pub struct BlockQuery<'a, T: ?Sized> {
     pub q: &'a T,
     pub side: Side<'a>,
 }
@@ -57,7 +57,7 @@ pub struct BlockAcc<'a, T> {
 /// What a block's backward reads besides Q, K and V: the output gradient, the final
 /// log-sum-exp and D = rowsum(dO * O).
 #[derive(Debug)]
-pub struct BlockStats<'a, T> {
+pub struct BlockStats<'a, T: ?Sized> {
     pub dout: &'a T,
     pub lse: &'a T,
     pub delta: &'a T,

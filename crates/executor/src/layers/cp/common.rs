@@ -82,7 +82,6 @@ impl<B: Backend> Stats<B> {
 /// Attention sinks under CP: folds the layer's sink logits of heads `head0..head0 + sh.hq`
 /// ([`super::CpCtx::sinks`], when set) into a finished output `acc` [b, rows, hq, dv] and its
 /// log-sum-exp.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn fold_sinks<B: Backend>(
     ops: &TracedOps<B>,
     sinks: Option<&B::Tensor>,

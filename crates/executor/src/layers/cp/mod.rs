@@ -89,7 +89,6 @@ pub fn row_delta<B: Backend>(
 /// Backward of the attention core: dQ, dK, dV as sequence shards [n, ..] (rotary not yet
 /// undone) from the output gradient `dout` and its [`row_delta`]; with attention sinks their
 /// gradient (this rank's rows) goes to `sink`.
-#[allow(clippy::too_many_arguments)]
 pub fn backward<B: Backend>(
     ctx: &mut Ctx<B>,
     layer: u32,

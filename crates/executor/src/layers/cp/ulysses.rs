@@ -72,15 +72,12 @@ fn exchange<B: Backend>(
 /// Attention of the head group over the whole sequence, with the sinks of its heads
 /// (`sinks`: the TP rank's logits and the group's first head): (normalised output, lse,
 /// work).
-#[allow(clippy::too_many_arguments)]
 fn attend<B: Backend>(
     ops: &TracedOps<B>,
     geo: &Geo,
     sh: &BlockShape,
     all: &[u32],
-    q: &B::Tensor,
-    k: &B::Tensor,
-    v: &B::Tensor,
+    Qkv { q, k, v }: Qkv<'_, B::Tensor>,
     sinks: (Option<&B::Tensor>, usize),
 ) -> Result<(B::Tensor, B::Tensor, u64), ExecError> {
     let s = all.len();
@@ -152,7 +149,20 @@ pub fn forward<B: Backend>(
         ctx.cp.as_ref().and_then(|c| c.sinks.as_ref()),
         head0(ctx, &sh),
     );
-    let (r, compute_s) = timed(|| attend::<B>(ctx.ops, &geo, &sh, &all, &qh, &kh, &vh, z));
+    let (r, compute_s) = timed(|| {
+        attend::<B>(
+            ctx.ops,
+            &geo,
+            &sh,
+            &all,
+            Qkv {
+                q: &qh,
+                k: &kh,
+                v: &vh,
+            },
+            z,
+        )
+    });
     let (oh, lse, work) = r?;
     let mut send = ctx.zeros(b, &[oh.len()])?;
     ctx.ops
@@ -199,7 +209,19 @@ pub fn backward<B: Backend>(
                 ctx.cp.as_ref().and_then(|c| c.sinks.as_ref()),
                 head0(ctx, &sh),
             );
-            attend::<B>(ctx.ops, &geo, &sh, &all, &q, &k, &v, z)?.1
+            attend::<B>(
+                ctx.ops,
+                &geo,
+                &sh,
+                &all,
+                Qkv {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                },
+                z,
+            )?
+            .1
         }
     };
     let (a_r, g_r, d, dv) = (ctx.rd.a_r, ctx.rd.g_r, ctx.rd.d, ctx.rd.dv);

@@ -165,12 +165,12 @@ fn block_bwd<B: Backend>(
         }
         BlockSaved::Layer(ls) => {
             let dy = flow.grad();
-            flow.dy = Some(decoder_bwd(ctx, l, v.p, v.experts, v.ad, *ls, dy, sink)?);
+            flow.dy = Some(decoder_bwd(ctx, l, v.p, (v.experts, v.ad), *ls, dy, sink)?);
         }
         BlockSaved::LayerInput(x) => {
             let ls = rerun_layer(ctx, l, &v, x)?;
             let dy = flow.grad();
-            flow.dy = Some(decoder_bwd(ctx, l, v.p, v.experts, v.ad, ls, dy, sink)?);
+            flow.dy = Some(decoder_bwd(ctx, l, v.p, (v.experts, v.ad), ls, dy, sink)?);
         }
         BlockSaved::Embedding(tokens, mask) => {
             embedding_bwd(ctx, tokens, mask, flow.grad(), 0, sink)?

@@ -58,7 +58,14 @@ fn scores(
 ) {
     let (qv, kv) = sh.views(bi, hq);
     let s = sh.s;
-    gemm(g, sh.scale(), q, qv, k, kv.t(), 0.0, sc, View::rm(s, s));
+    gemm(
+        g,
+        sh.scale(),
+        (q, qv),
+        (k, kv.t()),
+        0.0,
+        (sc, View::rm(s, s)),
+    );
 }
 
 fn softmax_rows(sh: &AttnShape, sc: &mut [f32], lse_out: Option<&mut [f32]>) {
@@ -110,13 +117,10 @@ fn masked_in_place(sh: &AttnShape, bi: usize, hq: usize, x: &mut [f32]) {
 /// o = softmax(q k^T / sqrt(d), causal) v; returns what `keep` asks to save. The
 /// probabilities are stored in `probs_dtype` (rounded before they multiply V, as a bf16 softmax
 /// kernel's output would be).
-#[allow(clippy::too_many_arguments)]
 pub fn attn_fwd(
     dev: &CpuOps,
     sh: &AttnShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    Qkv { q, k, v }: Qkv<'_, [f32]>,
     o: &mut [f32],
     keep: Keep,
     probs_dtype: DType,
@@ -162,9 +166,9 @@ pub fn attn_fwd(
                 Some(pz) => {
                     let pz = pz.data_mut();
                     masked(sh, bi, hq, sc, pz);
-                    gemm(g, 1.0, pz, View::rm(s, s), v, vv, 0.0, o, ov);
+                    gemm(g, 1.0, (pz, View::rm(s, s)), (v, vv), 0.0, (o, ov));
                 }
-                None => gemm(g, 1.0, sc, View::rm(s, s), v, vv, 0.0, o, ov),
+                None => gemm(g, 1.0, (sc, View::rm(s, s)), (v, vv), 0.0, (o, ov)),
             }
         }
     }
@@ -176,18 +180,13 @@ pub fn attn_fwd(
 }
 
 /// dq (written), dk and dv (written) from do.
-#[allow(clippy::too_many_arguments)]
 pub fn attn_bwd(
     dev: &CpuOps,
     sh: &AttnShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    Qkv { q, k, v }: Qkv<'_, [f32]>,
     saved: &AttnSaved,
     dout: &[f32],
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
+    QkvGrads { dq, dk, dv }: QkvGrads<'_, [f32]>,
 ) {
     let s = sh.s;
     let g = dev.gemm_counter();
@@ -232,14 +231,14 @@ pub fn attn_bwd(
                     // dV += (P Z)^T dO; dP = Z (dO V^T), the mask regenerated.
                     let pz = pz.data_mut();
                     masked(sh, bi, hq, p, pz);
-                    gemm(g, 1.0, pz, View::rm(s, s).t(), dout, ov, 1.0, dv, vv);
-                    gemm(g, 1.0, dout, ov, v, vv.t(), 0.0, dpd, View::rm(s, s));
+                    gemm(g, 1.0, (pz, View::rm(s, s).t()), (dout, ov), 1.0, (dv, vv));
+                    gemm(g, 1.0, (dout, ov), (v, vv.t()), 0.0, (dpd, View::rm(s, s)));
                     masked_in_place(sh, bi, hq, dpd);
                 }
                 None => {
                     // dV += P^T dO; dP = dO V^T
-                    gemm(g, 1.0, p, View::rm(s, s).t(), dout, ov, 1.0, dv, vv);
-                    gemm(g, 1.0, dout, ov, v, vv.t(), 0.0, dpd, View::rm(s, s));
+                    gemm(g, 1.0, (p, View::rm(s, s).t()), (dout, ov), 1.0, (dv, vv));
+                    gemm(g, 1.0, (dout, ov), (v, vv.t()), 0.0, (dpd, View::rm(s, s)));
                 }
             }
             // dS = P * (dP - rowsum(dP * P))
@@ -261,8 +260,15 @@ pub fn attn_bwd(
                 }
             }
             // dQ = dS K * scale; dK += dS^T Q * scale
-            gemm(g, sh.scale(), dpd, View::rm(s, s), k, kv, 0.0, dq, qv);
-            gemm(g, sh.scale(), dpd, View::rm(s, s).t(), q, qv, 1.0, dk, kv);
+            gemm(g, sh.scale(), (dpd, View::rm(s, s)), (k, kv), 0.0, (dq, qv));
+            gemm(
+                g,
+                sh.scale(),
+                (dpd, View::rm(s, s).t()),
+                (q, qv),
+                1.0,
+                (dk, kv),
+            );
         }
     }
 }
@@ -275,8 +281,12 @@ impl AttentionOps<Cpu> for CpuOps {
         o: &mut Tensor,
         keep: Keep,
     ) -> Result<AttnSaved, ExecError> {
-        let (q, k, v) = (x.q.data(), x.k.data(), x.v.data());
-        let saved = attn_fwd(self, sh, q, k, v, o.data_mut(), keep, x.q.dtype());
+        let host = Qkv {
+            q: x.q.data(),
+            k: x.k.data(),
+            v: x.v.data(),
+        };
+        let saved = attn_fwd(self, sh, host, o.data_mut(), keep, x.q.dtype());
         store_all(o);
         Ok(saved)
     }
@@ -289,9 +299,17 @@ impl AttentionOps<Cpu> for CpuOps {
         dout: &Tensor,
         g: QkvGrads<'_, Tensor>,
     ) -> Result<(), ExecError> {
-        let (q, k, v) = (x.q.data(), x.k.data(), x.v.data());
-        let (dq, dk, dv) = (g.dq.data_mut(), g.dk.data_mut(), g.dv.data_mut());
-        attn_bwd(self, sh, q, k, v, saved, dout.data(), dq, dk, dv);
+        let host = Qkv {
+            q: x.q.data(),
+            k: x.k.data(),
+            v: x.v.data(),
+        };
+        let host_grads = QkvGrads {
+            dq: g.dq.data_mut(),
+            dk: g.dk.data_mut(),
+            dv: g.dv.data_mut(),
+        };
+        attn_bwd(self, sh, host, saved, dout.data(), host_grads);
         for t in [g.dq, g.dk, g.dv] {
             store_all(t);
         }

@@ -155,15 +155,11 @@ fn for_each_pair(sh: &BlockShape, qs: Side, ks: Side, mut f: impl FnMut(&Pair)) 
 /// Merges one K/V block into the running output `acc` ([b, q rows, hq, d], unnormalised) and
 /// statistics. `tile` is scratch of at least (q tile x k tile). Returns the unmasked score
 /// elements computed (the causal work).
-#[allow(clippy::too_many_arguments)]
 pub fn forward_block(
     g: &GemmCounter,
     sh: &BlockShape,
-    q: &[f32],
-    qs: Side,
-    k: &[f32],
-    v: &[f32],
-    ks: Side,
+    BlockQuery { q, side: qs }: BlockQuery<'_, [f32]>,
+    (k, v, ks): (&[f32], &[f32], Side),
     acc: &mut [f32],
     st: &mut Online,
     tile: &mut [f32],
@@ -174,7 +170,14 @@ pub fn forward_block(
     let mut z = Vec::new();
     for_each_pair(sh, qs, ks, |pr| {
         let (rn, cn) = (pr.rn, pr.cn);
-        gemm(g, sh.scale(), q, pr.qv, k, pr.kv.t(), 0.0, tile, pr.tv);
+        gemm(
+            g,
+            sh.scale(),
+            (q, pr.qv),
+            (k, pr.kv.t()),
+            0.0,
+            (tile, pr.tv),
+        );
         for i in 0..rn {
             let (lo, hi) = pr.visible(i);
             let row = &mut tile[i * cn..(i + 1) * cn];
@@ -211,7 +214,7 @@ pub fn forward_block(
                 acc[o..o + d].iter_mut().for_each(|x| *x *= alpha);
             }
         }
-        gemm(g, 1.0, tile, pr.tv, v, pr.vv, 1.0, acc, pr.ov);
+        gemm(g, 1.0, (tile, pr.tv), (v, pr.vv), 1.0, (acc, pr.ov));
     });
     work
 }
@@ -303,23 +306,14 @@ pub fn delta(sh: &BlockShape, rows: usize, dout: &[f32], o: &[f32], out: &mut [f
 /// the final log-sum-exp [b, hq, rows] and `delta` [b, rows, hq] ([`delta`]).
 /// `p_tile` and `dp_tile` are scratch of at least (q tile x k tile) each. Returns the unmasked
 /// score elements.
-#[allow(clippy::too_many_arguments)]
 pub fn backward_block(
     g: &GemmCounter,
     sh: &BlockShape,
-    q: &[f32],
-    qs: Side,
-    k: &[f32],
-    v: &[f32],
-    ks: Side,
-    dout: &[f32],
-    lse: &[f32],
-    delta: &[f32],
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
-    p_tile: &mut [f32],
-    dp_tile: &mut [f32],
+    BlockQuery { q, side: qs }: BlockQuery<'_, [f32]>,
+    (k, v, ks): (&[f32], &[f32], Side),
+    BlockStats { dout, lse, delta }: BlockStats<'_, [f32]>,
+    (dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]),
+    (p_tile, dp_tile): (&mut [f32], &mut [f32]),
 ) -> u64 {
     let sq = qs.rows();
     let scale = sh.scale();
@@ -327,7 +321,7 @@ pub fn backward_block(
     let mut z = Vec::new();
     for_each_pair(sh, qs, ks, |pr| {
         let (rn, cn, tv) = (pr.rn, pr.cn, pr.tv);
-        gemm(g, scale, q, pr.qv, k, pr.kv.t(), 0.0, p_tile, tv);
+        gemm(g, scale, (q, pr.qv), (k, pr.kv.t()), 0.0, (p_tile, tv));
         for i in 0..rn {
             let (lo, hi) = pr.visible(i);
             work += (hi - lo) as u64;
@@ -338,7 +332,7 @@ pub fn backward_block(
             row[hi..].fill(0.0);
         }
         // dP = dO V^T (of the dropped probabilities)
-        gemm(g, 1.0, dout, pr.ov, v, pr.vv.t(), 0.0, dp_tile, tv);
+        gemm(g, 1.0, (dout, pr.ov), (v, pr.vv.t()), 0.0, (dp_tile, tv));
         // With the mask Z (regenerated): dS = P * (Z dP - D), and P becomes P Z for dV.
         // D = rowsum(dO * O) is still rowsum(P * Z dP) since O = (P Z) V.
         z.resize(cn, 1.0);
@@ -357,10 +351,10 @@ pub fn backward_block(
             }
         }
         // dV += (P Z)^T dO
-        gemm(g, 1.0, p_tile, tv.t(), dout, pr.ov, 1.0, dv, pr.vv);
+        gemm(g, 1.0, (p_tile, tv.t()), (dout, pr.ov), 1.0, (dv, pr.vv));
         // dQ += scale dS K; dK += scale dS^T Q
-        gemm(g, scale, dp_tile, tv, k, pr.kv, 1.0, dq, pr.qv);
-        gemm(g, scale, dp_tile, tv.t(), q, pr.qv, 1.0, dk, pr.kv);
+        gemm(g, scale, (dp_tile, tv), (k, pr.kv), 1.0, (dq, pr.qv));
+        gemm(g, scale, (dp_tile, tv.t()), (q, pr.qv), 1.0, (dk, pr.kv));
     });
     work
 }
@@ -384,11 +378,11 @@ impl FlashOps<Cpu> for CpuOps {
         let work = forward_block(
             g,
             sh,
-            qd,
-            q.side,
-            k,
-            v,
-            kv.side,
+            BlockQuery {
+                q: qd,
+                side: q.side,
+            },
+            (k, v, kv.side),
             acc,
             &mut st,
             tile.data_mut(),
@@ -471,19 +465,18 @@ impl FlashOps<Cpu> for CpuOps {
         let work = backward_block(
             self.gemm_counter(),
             sh,
-            q.q.data(),
-            q.side,
-            src(&kv.k),
-            src(&kv.v),
-            kv.side,
-            stats.dout.data(),
-            stats.lse.data(),
-            stats.delta.data(),
-            dq.data_mut(),
-            dst(&mut dk),
-            dst(&mut dv),
-            p_tile.data_mut(),
-            dp_tile.data_mut(),
+            BlockQuery {
+                q: q.q.data(),
+                side: q.side,
+            },
+            (src(&kv.k), src(&kv.v), kv.side),
+            BlockStats {
+                dout: stats.dout.data(),
+                lse: stats.lse.data(),
+                delta: stats.delta.data(),
+            },
+            (dq.data_mut(), dst(&mut dk), dst(&mut dv)),
+            (p_tile.data_mut(), dp_tile.data_mut()),
         );
         store_all(dq);
         let (rk, rv) = (dk.range.clone(), dv.range.clone());
@@ -498,7 +491,7 @@ mod tests {
     use super::*;
     use crate::backend::cpu::ops::attention::{attn_bwd, attn_fwd, AttnSaved};
     use crate::backend::cpu::CpuOps;
-    use crate::backend::ops::{AttnShape, Keep};
+    use crate::backend::ops::{AttnShape, Keep, Qkv, QkvGrads};
 
     fn rand(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed
@@ -578,7 +571,18 @@ mod tests {
         let r = rand(s * hq * d, 8);
         let fwd = |x: &[Vec<f32>; 3], o: &mut [f32]| {
             let dt = parsim_plan::DType::F32;
-            attn_fwd(&dev, &ash, &x[0], &x[1], &x[2], o, Keep::Lse, dt)
+            attn_fwd(
+                &dev,
+                &ash,
+                Qkv {
+                    q: &x[0],
+                    k: &x[1],
+                    v: &x[2],
+                },
+                o,
+                Keep::Lse,
+                dt,
+            )
         };
         let loss = |x: &[Vec<f32>; 3]| -> f64 {
             let mut o = vec![0.0; r.len()];
@@ -593,7 +597,22 @@ mod tests {
             vec![0.0; x[2].len()],
         ];
         let [g0, g1, g2] = &mut g;
-        attn_bwd(&dev, &ash, &x[0], &x[1], &x[2], &saved, &r, g0, g1, g2);
+        attn_bwd(
+            &dev,
+            &ash,
+            Qkv {
+                q: &x[0],
+                k: &x[1],
+                v: &x[2],
+            },
+            &saved,
+            &r,
+            QkvGrads {
+                dq: g0,
+                dk: g1,
+                dv: g2,
+            },
+        );
         let eps = 1e-2f32;
         let mut worst = 0.0f64;
         for t in 0..3 {
@@ -641,9 +660,11 @@ mod tests {
         let saved = attn_fwd(
             &dev,
             &ash,
-            &q,
-            &k,
-            &v,
+            Qkv {
+                q: &q,
+                k: &k,
+                v: &v,
+            },
             &mut o_ref,
             Keep::Probs,
             parsim_plan::DType::F32,
@@ -653,14 +674,18 @@ mod tests {
         attn_bwd(
             &dev,
             &ash,
-            &q,
-            &k,
-            &v,
+            Qkv {
+                q: &q,
+                k: &k,
+                v: &v,
+            },
             &saved,
             &dout,
-            &mut dq_ref,
-            &mut dk_ref,
-            &mut dv_ref,
+            QkvGrads {
+                dq: &mut dq_ref,
+                dk: &mut dk_ref,
+                dv: &mut dv_ref,
+            },
         );
         drop(saved);
         let _ = AttnSaved::None;
@@ -691,11 +716,8 @@ mod tests {
             work += forward_block(
                 &dev.gemm_counter().clone(),
                 &sh,
-                &q,
-                qs,
-                &block(&k, hk, j, d),
-                &block(&v, hk, j, dvw),
-                ks,
+                BlockQuery { q: &q, side: qs },
+                (&block(&k, hk, j, d), &block(&v, hk, j, dvw), ks),
                 &mut acc,
                 &mut st,
                 &mut tile,
@@ -719,19 +741,15 @@ mod tests {
             backward_block(
                 dev.gemm_counter(),
                 &sh,
-                &q,
-                qs,
-                &block(&k, hk, j, d),
-                &block(&v, hk, j, dvw),
-                ks,
-                &dout,
-                &lse,
-                &dl,
-                &mut dq,
-                &mut dkb,
-                &mut dvb,
-                &mut pt,
-                &mut dpt,
+                BlockQuery { q: &q, side: qs },
+                (&block(&k, hk, j, d), &block(&v, hk, j, dvw), ks),
+                BlockStats {
+                    dout: &dout,
+                    lse: &lse,
+                    delta: &dl,
+                },
+                (&mut dq, &mut dkb, &mut dvb),
+                (&mut pt, &mut dpt),
             );
             for bi in 0..b {
                 let lo = (bi * s + j * 4) * hk * d;

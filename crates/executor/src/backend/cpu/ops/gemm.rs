@@ -63,19 +63,15 @@ impl View {
     }
 }
 
-/// C = alpha * A . B + beta * C for strided views (beta = 0 overwrites C, NaNs included),
-/// counted in `counter`.
-#[allow(clippy::too_many_arguments)]
+/// C = alpha * A . B + beta * C for strided views (each operand with its view; beta = 0
+/// overwrites C, NaNs included), counted in `counter`.
 pub fn gemm(
     counter: &GemmCounter,
     alpha: f32,
-    a: &[f32],
-    av: View,
-    b: &[f32],
-    bv: View,
+    (a, av): (&[f32], View),
+    (b, bv): (&[f32], View),
     beta: f32,
-    c: &mut [f32],
-    cv: View,
+    (c, cv): (&mut [f32], View),
 ) {
     assert_eq!(av.cols, bv.rows, "gemm inner dimensions");
     assert_eq!((av.rows, bv.cols), (cv.rows, cv.cols), "gemm output shape");
@@ -130,46 +126,35 @@ pub fn linear_fwd(
     counter: &GemmCounter,
     x: &[f32],
     w: &[f32],
-    n: usize,
-    i: usize,
-    o: usize,
+    (n, i, o): (usize, usize, usize),
     y: &mut [f32],
 ) {
     gemm(
         counter,
         1.0,
-        x,
-        View::rm(n, i),
-        w,
-        View::rm(o, i).t(),
+        (x, View::rm(n, i)),
+        (w, View::rm(o, i).t()),
         0.0,
-        y,
-        View::rm(n, o),
+        (y, View::rm(n, o)),
     );
 }
 
 /// dX[n, i] (+)= dY[n, o] . W[o, i].
-#[allow(clippy::too_many_arguments)]
 pub fn linear_dgrad(
     counter: &GemmCounter,
     dy: &[f32],
     w: &[f32],
-    n: usize,
-    i: usize,
-    o: usize,
+    (n, i, o): (usize, usize, usize),
     dx: &mut [f32],
     acc: bool,
 ) {
     gemm(
         counter,
         1.0,
-        dy,
-        View::rm(n, o),
-        w,
-        View::rm(o, i),
+        (dy, View::rm(n, o)),
+        (w, View::rm(o, i)),
         if acc { 1.0 } else { 0.0 },
-        dx,
-        View::rm(n, i),
+        (dx, View::rm(n, i)),
     );
 }
 
@@ -178,21 +163,16 @@ pub fn linear_wgrad(
     counter: &GemmCounter,
     dy: &[f32],
     x: &[f32],
-    n: usize,
-    i: usize,
-    o: usize,
+    (n, i, o): (usize, usize, usize),
     dw: &mut [f32],
 ) {
     gemm(
         counter,
         1.0,
-        dy,
-        View::rm(n, o).t(),
-        x,
-        View::rm(n, i),
+        (dy, View::rm(n, o).t()),
+        (x, View::rm(n, i)),
         1.0,
-        dw,
-        View::rm(o, i),
+        (dw, View::rm(o, i)),
     );
 }
 
@@ -201,18 +181,10 @@ impl LinearOps<Cpu> for CpuOps {
         &self,
         x: &Tensor,
         w: crate::backend::View<'_, Tensor>,
-        (n, i, o): (usize, usize, usize),
+        dims: (usize, usize, usize),
         y: &mut Tensor,
     ) -> Result<(), ExecError> {
-        linear_fwd(
-            self.gemm_counter(),
-            x.data(),
-            src(&w),
-            n,
-            i,
-            o,
-            y.data_mut(),
-        );
+        linear_fwd(self.gemm_counter(), x.data(), src(&w), dims, y.data_mut());
         store_all(y);
         Ok(())
     }
@@ -221,12 +193,12 @@ impl LinearOps<Cpu> for CpuOps {
         &self,
         dy: &Tensor,
         w: crate::backend::View<'_, Tensor>,
-        (n, i, o): (usize, usize, usize),
+        dims: (usize, usize, usize),
         dx: &mut Tensor,
         acc: bool,
     ) -> Result<(), ExecError> {
         let g = self.gemm_counter();
-        linear_dgrad(g, dy.data(), src(&w), n, i, o, dx.data_mut(), acc);
+        linear_dgrad(g, dy.data(), src(&w), dims, dx.data_mut(), acc);
         store_all(dx);
         Ok(())
     }
@@ -235,18 +207,10 @@ impl LinearOps<Cpu> for CpuOps {
         &self,
         dy: &Tensor,
         x: &Tensor,
-        (n, i, o): (usize, usize, usize),
+        dims: (usize, usize, usize),
         mut dw: ViewMut<'_, Tensor>,
     ) -> Result<(), ExecError> {
-        linear_wgrad(
-            self.gemm_counter(),
-            dy.data(),
-            x.data(),
-            n,
-            i,
-            o,
-            dst(&mut dw),
-        );
+        linear_wgrad(self.gemm_counter(), dy.data(), x.data(), dims, dst(&mut dw));
         store_view(&mut dw);
         Ok(())
     }

@@ -237,19 +237,14 @@ pub fn ssd_sequential(g: &MambaGeo, xbc: &[f32], dt: &[f32], da: &[f32], d: &[f3
     }
 }
 
-/// The scan's backward: dxbc and ddt_raw written, dssm [3, heads] accumulated (A_log, D, dt's
-/// bias). The states entering each chunk are recomputed into `states`; inside a chunk the
+/// The scan's backward from the saved (x/B/C, dt, ssm) and dy: dxbc and ddt_raw written, dssm
+/// [3, heads] accumulated (A_log, D, dt's bias). The states entering each chunk are recomputed into `states`; inside a chunk the
 /// token states are rebuilt from them and the recurrence's adjoint runs backwards.
-#[allow(clippy::too_many_arguments)]
 pub fn ssd_bwd(
     g: &MambaGeo,
-    xbc: &[f32],
-    dt: &[f32],
-    ssm: &[f32],
+    (xbc, dt, ssm): (&[f32], &[f32], &[f32]),
     dy: &[f32],
-    dxbc: &mut [f32],
-    ddt_raw: &mut [f32],
-    dssm: &mut [f32],
+    (dxbc, ddt_raw, dssm): (&mut [f32], &mut [f32], &mut [f32]),
     states: &mut [f32],
 ) {
     let xs = Xbc { d: xbc, g: *g };
@@ -367,17 +362,12 @@ pub fn gate_fwd(g: &MambaGeo, y: &[f32], z: &[f32], w: &[f32], out: &mut [f32]) 
     }
 }
 
-/// dy, dz (written) and dw (accumulated) of [`gate_fwd`] from dout.
-#[allow(clippy::too_many_arguments)]
+/// dy, dz (written) and dw (accumulated) of [`gate_fwd`] of (y, z, w), from dout.
 pub fn gate_bwd(
     g: &MambaGeo,
-    y: &[f32],
-    z: &[f32],
-    w: &[f32],
+    (y, z, w): (&[f32], &[f32], &[f32]),
     dout: &[f32],
-    dy: &mut [f32],
-    dz: &mut [f32],
-    dw: &mut [f32],
+    (dy, dz, dw): (&mut [f32], &mut [f32], &mut [f32]),
 ) {
     let gs = g.inner() / g.groups.max(1);
     let mut gv = vec![0.0f32; gs];
@@ -504,7 +494,13 @@ impl MambaOps<Cpu> for CpuOps {
         let (xv, ssm, dyv) = (x.xbc.data(), src(&x.ssm), dy.data());
         let (dx, ddt) = (dxbc.data_mut(), ddt_raw.data_mut());
         let st = states.data_mut();
-        ssd_bwd(g, xv, x.dt.data(), ssm, dyv, dx, ddt, dst(&mut dssm), st);
+        ssd_bwd(
+            g,
+            (xv, x.dt.data(), ssm),
+            dyv,
+            (dx, ddt, dst(&mut dssm)),
+            st,
+        );
         store_all(dxbc);
         store_all(ddt_raw);
         store_view(&mut dssm);
@@ -532,7 +528,12 @@ impl MambaOps<Cpu> for CpuOps {
         let GateGrads { dy, dz, mut dw } = grads;
         let (yv, zv, dov) = (x.y.data(), x.z.data(), dout.data());
         let dwv = dst(&mut dw);
-        gate_bwd(g, yv, zv, src(&x.w), dov, dy.data_mut(), dz.data_mut(), dwv);
+        gate_bwd(
+            g,
+            (yv, zv, src(&x.w)),
+            dov,
+            (dy.data_mut(), dz.data_mut(), dwv),
+        );
         store_all(dy);
         store_all(dz);
         store_view(&mut dw);

@@ -82,7 +82,6 @@ pub fn route(s: &[f32], n: usize, bias: Option<&[f32]>, moe: &MoeShape) -> (Rout
 /// elsewhere) and becomes the logits' gradient: through the renormalisation g_j = s_j / S
 /// (ds_j = (dg_j - sum_i dg_i g_i) / S over the chosen), the load-balancing loss's `aux_scale`
 /// f_i (softmax scores only), then the score function.
-#[allow(clippy::too_many_arguments)]
 pub fn router_bwd(
     d: &mut [f32],
     s: &[f32],

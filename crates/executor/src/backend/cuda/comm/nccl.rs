@@ -245,7 +245,6 @@ impl NcclComm {
     }
 
     /// Variable all-to-all (counts in elements, member order) as grouped sends and receives.
-    #[allow(clippy::too_many_arguments)]
     pub fn all_to_all_v(
         &self,
         send: u64,

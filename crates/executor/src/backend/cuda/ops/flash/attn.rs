@@ -240,17 +240,12 @@ struct Grads {
 
 /// Causal attention backward (FlashAttention-2): the forward output is recomputed (the trait
 /// passes no o), then D = rowsum(dO * O) and the block backward; dq, dk, dv are written.
-#[allow(clippy::too_many_arguments)]
 pub fn attn_bwd(
     r: &CudaRank,
     sh: &AttnShape,
-    q: &CudaTensor,
-    k: &CudaTensor,
-    v: &CudaTensor,
+    Qkv { q, k, v }: Qkv<'_, CudaTensor>,
     dout: &CudaTensor,
-    dq: &mut CudaTensor,
-    dk: &mut CudaTensor,
-    dv: &mut CudaTensor,
+    QkvGrads { dq, dk, dv }: QkvGrads<'_, CudaTensor>,
 ) -> Result<(), CudaError> {
     let dt = q.dtype();
     let bs = block_shape(sh);
@@ -348,17 +343,21 @@ mod tests {
         let cpu = cpu_flash::forward_block(
             &g,
             &sh,
-            &q,
-            Side {
-                pos: &qpos,
-                tile: 2,
+            BlockQuery {
+                q: &q,
+                side: Side {
+                    pos: &qpos,
+                    tile: 2,
+                },
             },
-            &k,
-            &k,
-            Side {
-                pos: &kpos,
-                tile: 2,
-            },
+            (
+                &k,
+                &k,
+                Side {
+                    pos: &kpos,
+                    tile: 2,
+                },
+            ),
             &mut acc,
             &mut cpu_flash::Online {
                 max: &mut max,

@@ -91,10 +91,8 @@ impl AttentionOps<Cuda> for CudaRank {
         dout: &CudaTensor,
         grads: QkvGrads<'_, CudaTensor>,
     ) -> Result<(), ExecError> {
-        let (cr, Qkv { q, k, v }) = (self, x);
-        let QkvGrads { dq, dk, dv } = grads;
         full_span(sh.span)?;
-        Ok(attn::attn_bwd(cr, sh, q, k, v, dout, dq, dk, dv)?)
+        Ok(attn::attn_bwd(self, sh, x, dout, grads)?)
     }
 }
 

@@ -104,6 +104,16 @@ impl GemmDesc {
     }
 }
 
+/// The device operands of one of a linear layer's products: the input `x`, the weight `w` and
+/// the output gradient `dy` (each product reads two of them; the third may be 0), of `dtype`.
+#[derive(Debug, Clone, Copy)]
+pub struct LinearInputs {
+    pub x: u64,
+    pub w: u64,
+    pub dy: u64,
+    pub dtype: DType,
+}
+
 /// Which of the op's tensors is cuBLASLt's A and which its B: (x, w, dy) -> (A, B).
 pub fn operands<T>(op: LinearOp, x: T, w: T, dy: T) -> (T, T) {
     match op {

@@ -14,62 +14,60 @@ use crate::error::ExecError;
 use cudarc::driver::sys;
 use parsim_plan::DType;
 
-use matmul::LinearOp;
+use matmul::{LinearInputs, LinearOp};
+
+/// A strip of columns of a row-major buffer: the buffer at `ptr`, rows `cols` elements wide,
+/// the strip starting at column `col` (in elements, or bytes where the caller says so).
+#[derive(Debug, Clone, Copy)]
+struct Strip {
+    ptr: u64,
+    cols: usize,
+    col: usize,
+}
 
 impl CudaRank {
-    /// One GEMM of the linear layer: operands at `od` (the activation's dtype), the output
+    /// One GEMM of the linear layer: operands at their dtype (the activation's), the output
     /// staged to f32 where the operands are f32 and the output bf16 (cuBLASLt takes bf16
     /// output only from bf16 inputs).
-    #[allow(clippy::too_many_arguments)]
     fn gemm(
         &self,
         op: LinearOp,
         dims: (usize, usize, usize),
-        od: DType,
-        x: u64,
-        w: u64,
-        dy: u64,
-        out: &CudaTensor,
-        range: std::ops::Range<usize>,
+        inputs: LinearInputs,
+        (out, range): (&CudaTensor, std::ops::Range<usize>),
         acc: bool,
     ) -> Result<(), CudaError> {
-        let want = if od == F32 { F32 } else { out.dtype() };
+        let want = if inputs.dtype == F32 {
+            F32
+        } else {
+            out.dtype()
+        };
         let o = self.output_at(out, range.clone(), want, acc)?;
         let ev = self.gemm_begin()?;
-        self.dev.linear(op, dims, x, w, dy, od, o.ptr, want, acc)?;
+        self.dev.linear(op, dims, inputs, (o.ptr, want), acc)?;
         self.gemm_end(ev)?;
         self.store(o, out, range)
     }
 
-    /// Column blocks of rows: dst[:, dst_col..+width] = src[:, src_col..+width] over `n` rows
-    /// of one dtype (`cuMemcpy2DAsync`, the fused projection's split and merge).
-    #[allow(clippy::too_many_arguments)]
+    /// Column strips of `n` rows of one dtype: dst's strip = src's, `width` columns wide
+    /// (`cuMemcpy2DAsync`, the fused projection's split and merge).
     fn copy_cols(
         &self,
-        src: u64,
-        src_cols: usize,
-        src_col: usize,
-        dst: u64,
-        dst_cols: usize,
-        dst_col: usize,
-        width: usize,
-        n: usize,
+        src: Strip,
+        dst: Strip,
+        (width, n): (usize, usize),
         dt: DType,
     ) -> Result<(), CudaError> {
         if width == 0 || n == 0 {
             return Ok(());
         }
         let es = dt.size_bytes() as usize;
-        let p = memcpy_2d(
-            src,
-            src_cols * es,
-            src_col * es,
-            dst,
-            dst_cols * es,
-            dst_col * es,
-            width * es,
-            n,
-        );
+        let bytes = |s: Strip| Strip {
+            ptr: s.ptr,
+            cols: s.cols * es,
+            col: s.col * es,
+        };
+        let p = memcpy_2d(bytes(src), bytes(dst), width * es, n);
         // SAFETY: both buffers hold n rows of their pitch.
         unsafe { sys::cuMemcpy2DAsync_v2(&p, self.s().cu_stream()) }
             .result()
@@ -79,20 +77,12 @@ impl CudaRank {
     }
 }
 
-/// The descriptor of a device-to-device 2-D copy: `height` rows of `width_bytes` from column
-/// byte `src_x` of rows `src_pitch` apart to column byte `dst_x` of rows `dst_pitch` apart.
-/// Built field by field: `CUmemorytype` has no zero value, so a zeroed descriptor is invalid.
-#[allow(clippy::too_many_arguments)]
-fn memcpy_2d(
-    src: u64,
-    src_pitch: usize,
-    src_x: usize,
-    dst: u64,
-    dst_pitch: usize,
-    dst_x: usize,
-    width_bytes: usize,
-    height: usize,
-) -> sys::CUDA_MEMCPY2D {
+/// The descriptor of a device-to-device 2-D copy: `height` rows of `width_bytes` from `src`'s
+/// strip to `dst`'s (pitches and columns in bytes). Built field by field: `CUmemorytype` has
+/// no zero value, so a zeroed descriptor is invalid.
+fn memcpy_2d(src: Strip, dst: Strip, width_bytes: usize, height: usize) -> sys::CUDA_MEMCPY2D {
+    let (src_pitch, src_x, dst_pitch, dst_x) = (src.cols, src.col, dst.cols, dst.col);
+    let (src, dst) = (src.ptr, dst.ptr);
     sys::CUDA_MEMCPY2D {
         srcXInBytes: src_x,
         srcY: 0,
@@ -125,7 +115,13 @@ impl LinearOps<Cuda> for CudaRank {
         let od = x.dtype();
         let ws = cr.input_view(&w, od)?;
         let r = 0..y.len();
-        Ok(cr.gemm(LinearOp::Fwd, dims, od, x.ptr_at(0), ws.ptr, 0, y, r, false)?)
+        let inputs = LinearInputs {
+            x: x.ptr_at(0),
+            w: ws.ptr,
+            dy: 0,
+            dtype: od,
+        };
+        Ok(cr.gemm(LinearOp::Fwd, dims, inputs, (y, r), false)?)
     }
 
     fn linear_dgrad(
@@ -140,17 +136,13 @@ impl LinearOps<Cuda> for CudaRank {
         let od = dy.dtype();
         let ws = cr.input_view(&w, od)?;
         let r = 0..dx.len();
-        Ok(cr.gemm(
-            LinearOp::Dgrad,
-            dims,
-            od,
-            0,
-            ws.ptr,
-            dy.ptr_at(0),
-            dx,
-            r,
-            acc,
-        )?)
+        let inputs = LinearInputs {
+            x: 0,
+            w: ws.ptr,
+            dy: dy.ptr_at(0),
+            dtype: od,
+        };
+        Ok(cr.gemm(LinearOp::Dgrad, dims, inputs, (dx, r), acc)?)
     }
 
     fn linear_wgrad(
@@ -164,17 +156,13 @@ impl LinearOps<Cuda> for CudaRank {
         let od = dy.dtype();
         let xs = cr.input(x, od)?;
         let r = dw.range.clone();
-        Ok(cr.gemm(
-            LinearOp::Wgrad,
-            dims,
-            od,
-            xs.ptr,
-            0,
-            dy.ptr_at(0),
-            dw.tensor,
-            r,
-            true,
-        )?)
+        let inputs = LinearInputs {
+            x: xs.ptr,
+            w: 0,
+            dy: dy.ptr_at(0),
+            dtype: od,
+        };
+        Ok(cr.gemm(LinearOp::Wgrad, dims, inputs, (dw.tensor, r), true)?)
     }
 }
 
@@ -224,7 +212,17 @@ impl LayoutOps<Cuda> for CudaRank {
         for t in [q, k, v] {
             let src = cr.input(qkv, t.dtype())?;
             let w = t.cols();
-            cr.copy_cols(src.ptr, c, col, t.ptr_at(0), w, 0, w, n, t.dtype())?;
+            let from = Strip {
+                ptr: src.ptr,
+                cols: c,
+                col,
+            };
+            let to = Strip {
+                ptr: t.ptr_at(0),
+                cols: w,
+                col: 0,
+            };
+            cr.copy_cols(from, to, (w, n), t.dtype())?;
             col += w;
         }
         Ok(())
@@ -243,7 +241,17 @@ impl LayoutOps<Cuda> for CudaRank {
         for t in [q, k, v] {
             let src = cr.input(t, dt)?;
             let w = t.cols();
-            cr.copy_cols(src.ptr, w, 0, qkv.ptr_at(0), c, col, w, n, dt)?;
+            let from = Strip {
+                ptr: src.ptr,
+                cols: w,
+                col: 0,
+            };
+            let to = Strip {
+                ptr: qkv.ptr_at(0),
+                cols: c,
+                col,
+            };
+            cr.copy_cols(from, to, (w, n), dt)?;
             col += w;
         }
         Ok(())
@@ -259,7 +267,8 @@ mod tests {
     /// type enum has no zero value).
     #[test]
     fn memcpy_2d_descriptor_names_device_memory_and_the_extent() {
-        let p = memcpy_2d(0x1000, 96, 32, 0x2000, 64, 0, 32, 7);
+        let at = |ptr, cols, col| Strip { ptr, cols, col };
+        let p = memcpy_2d(at(0x1000, 96, 32), at(0x2000, 64, 0), 32, 7);
         assert_eq!(p.srcMemoryType, sys::CUmemorytype::CU_MEMORYTYPE_DEVICE);
         assert_eq!(p.dstMemoryType, sys::CUmemorytype::CU_MEMORYTYPE_DEVICE);
         assert_eq!(
