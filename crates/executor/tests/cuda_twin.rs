@@ -6,7 +6,7 @@
 use parsim_executor::backend::cpu::CpuOps;
 use parsim_executor::backend::cuda::device::context::{visible_gpus, RankGpu};
 use parsim_executor::backend::cuda::device::device::CudaDevice;
-use parsim_executor::backend::cuda::ops::linear::matmul::{LinearInputs, LinearOp};
+use parsim_executor::backend::cuda::device::matmul::{LinearInputs, LinearOp};
 use parsim_executor::backend::cuda::Library;
 use parsim_executor::backend::ops::LinearOps;
 use parsim_executor::backend::{Device, DeviceTensor, View, ViewMut};

@@ -2,7 +2,7 @@
 //! process groups, sequence-parallel buffer, context-parallel and MoE state).
 
 use super::blocks::RankDims;
-use super::cp::state::CpCtx;
+use super::cp_state::CpCtx;
 use super::router_bias::RouterBias;
 use crate::backend::ops::*;
 use crate::backend::{

@@ -80,7 +80,7 @@ impl<B: Backend> Stats<B> {
 }
 
 /// Attention sinks under CP: folds the layer's sink logits of heads `head0..head0 + sh.hq`
-/// ([`super::CpCtx::sinks`], when set) into a finished output `acc` [b, rows, hq, dv] and its
+/// ([`CpCtx::sinks`](crate::layers::cp_state::CpCtx::sinks), when set) into a finished output `acc` [b, rows, hq, dv] and its
 /// log-sum-exp.
 pub(super) fn fold_sinks<B: Backend>(
     ops: &TracedOps<B>,
@@ -99,7 +99,7 @@ pub(super) fn fold_sinks<B: Backend>(
 
 /// The sink logits' gradient of heads `head0..head0 + sh.hq` over `rows` rows per sequence,
 /// from the final log-sum-exp [b, hq, rows] and D [b, rows, hq], added into
-/// [`super::CpCtx::dsinks`] (when set).
+/// [`CpCtx::dsinks`](crate::layers::cp_state::CpCtx::dsinks) (when set).
 pub(super) fn sinks_grad<B: Backend>(
     ctx: &mut Ctx<B>,
     sh: &BlockShape,

@@ -7,11 +7,9 @@
 mod allgather;
 mod common;
 mod ring;
-pub mod state;
 mod ulysses;
 
 pub use common::{CoreSaved, Grads};
-pub use state::CpCtx;
 
 use crate::backend::ops::*;
 use crate::backend::{Backend, DeviceTensor, View, ViewMut};

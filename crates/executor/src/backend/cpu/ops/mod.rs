@@ -23,4 +23,5 @@ pub mod moe;
 pub mod norm;
 pub mod rotary;
 pub mod router;
+pub mod routes;
 pub mod ulysses;

@@ -4,7 +4,7 @@
 //! selection only) within the best groups, gates from the unbiased scores, optionally
 //! renormalised over the k chosen; and the backward of all that.
 
-use super::moe::{finish, softmax_rows};
+use super::routes::{finish, softmax_rows};
 use crate::backend::ops::Routing;
 use parsim_plan::plan::{MoeShape, ScoreFunction};
 
@@ -105,7 +105,7 @@ pub fn router_bwd(
         }
     }
     match moe.router.score {
-        ScoreFunction::Softmax => super::moe::router_bwd(d, s, fraction, aux_scale),
+        ScoreFunction::Softmax => super::routes::router_bwd(d, s, fraction, aux_scale),
         ScoreFunction::Sigmoid => {
             for (dv, sv) in d.iter_mut().zip(s) {
                 *dv *= sv * (1.0 - sv);

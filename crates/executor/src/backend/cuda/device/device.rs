@@ -5,13 +5,11 @@
 //! waits for it.
 
 use crate::backend::cuda::device::context::{drv, RankGpu};
+use crate::backend::cuda::device::matmul::{operands, GemmArgs, GemmDesc, LinearInputs, LinearOp};
 use crate::backend::cuda::device::pool::PoolError;
 use crate::backend::cuda::device::tensor::{from_device_bytes, to_device_bytes, CudaTensor};
 use crate::backend::cuda::diag::error::CudaError;
 use crate::backend::cuda::diag::probe::Library;
-use crate::backend::cuda::ops::linear::matmul::{
-    operands, GemmArgs, GemmDesc, LinearInputs, LinearOp,
-};
 use crate::backend::{DeviceTensor, View, ViewMut};
 use crate::tracker::{Category, MemoryTracker};
 use cudarc::driver::{result as dr, CudaEvent};
