@@ -1,6 +1,6 @@
 //! The optimizer step (CPU twin: `cpu/ops/adam.rs`; CUDA: `cuda/ops/adam/`).
 
-use super::family::op_family;
+use super::family::op_list;
 use crate::backend::tensor::{View, ViewMut};
 
 /// The tensors of one Adam step: the fp32 master weights `p`, their gradient `g`, the moments
@@ -15,24 +15,16 @@ pub struct AdamState<'a, T> {
     pub weight_copy: Option<ViewMut<'a, T>>,
 }
 
-/// The optimizer's op, listed once (see `backend::ops`).
-macro_rules! adam_ops {
-    ($make:ident) => {
-        $make! {
-            /// Adam (Kingma and Ba 2015) with decoupled weight decay (Loshchilov and Hutter 2019).
-            AdamOps {
-                /// Step `t` of Adam with `c` on `s`.
-                fn adam(
-                    c: &parsim_plan::plan::AdamConfig,
-                    t: u32,
-                    s: AdamState<'_, B::Tensor>,
-                ) -> () = memory(
-                    2 * (vmb(&s.p) + tb(s.m) + tb(s.v)) + vb(&s.g) + s.weight_copy.as_ref().map_or(0, vmb)
-                );
-            }
-        }
-    };
+op_list! { $ adam_ops:
+    /// Adam (Kingma and Ba 2015) with decoupled weight decay (Loshchilov and Hutter 2019).
+    AdamOps {
+        /// Step `t` of Adam with `c` on `s`.
+        fn adam(
+            c: &parsim_plan::plan::AdamConfig,
+            t: u32,
+            s: AdamState<'_, B::Tensor>,
+        ) -> () = memory(
+            2 * (vmb(&s.p) + tb(s.m) + tb(s.v)) + vb(&s.g) + s.weight_copy.as_ref().map_or(0, vmb)
+        );
+    }
 }
-pub(crate) use adam_ops;
-
-adam_ops!(op_family);

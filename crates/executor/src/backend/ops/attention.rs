@@ -1,7 +1,7 @@
 //! Causal grouped-query attention over whole sequences (CPU twin: `cpu/ops/attention.rs`;
 //! CUDA: `cuda/ops/flash/`), its shape and what its forward keeps.
 
-use super::family::op_family;
+use super::family::op_list;
 use super::flash::BlockShape;
 
 /// Shapes of one causal grouped-query attention call on one rank: `b` sequences of `s`
@@ -87,36 +87,28 @@ pub struct QkvGrads<'a, T: ?Sized> {
     pub dv: &'a mut T,
 }
 
-/// The whole-sequence attention's ops, listed once (see `backend::ops`).
-macro_rules! attention_ops {
-    ($make:ident) => {
-        $make! {
-            /// Causal GQA attention over whole sequences and its backward.
-            AttentionOps {
-                /// o = softmax(q k^T / sqrt(d)) v over whole sequences; returns what `keep` asks
-                /// to save.
-                fn attn_fwd(
-                    sh: &AttnShape,
-                    x: Qkv<'_, B::Tensor>,
-                    o: &mut B::Tensor,
-                    keep: Keep,
-                ) -> AttnSaved<B::Tensor> = attention(
-                    &sh.block(), x.q.dtype(), sh.s, sh.s, mask_of(sh.span, &[], &[]), Pass::Forward
-                );
-                /// dq, dk and dv (written) from do.
-                fn attn_bwd(
-                    sh: &AttnShape,
-                    x: Qkv<'_, B::Tensor>,
-                    saved: &AttnSaved<B::Tensor>,
-                    dout: &B::Tensor,
-                    grads: QkvGrads<'_, B::Tensor>,
-                ) -> () = attention(
-                    &sh.block(), x.q.dtype(), sh.s, sh.s, mask_of(sh.span, &[], &[]), Pass::Backward
-                );
-            }
-        }
-    };
+op_list! { $ attention_ops:
+    /// Causal GQA attention over whole sequences and its backward.
+    AttentionOps {
+        /// o = softmax(q k^T / sqrt(d)) v over whole sequences; returns what `keep` asks
+        /// to save.
+        fn attn_fwd(
+            sh: &AttnShape,
+            x: Qkv<'_, B::Tensor>,
+            o: &mut B::Tensor,
+            keep: Keep,
+        ) -> AttnSaved<B::Tensor> = attention(
+            &sh.block(), x.q.dtype(), sh.s, sh.s, mask_of(sh.span, &[], &[]), Pass::Forward
+        );
+        /// dq, dk and dv (written) from do.
+        fn attn_bwd(
+            sh: &AttnShape,
+            x: Qkv<'_, B::Tensor>,
+            saved: &AttnSaved<B::Tensor>,
+            dout: &B::Tensor,
+            grads: QkvGrads<'_, B::Tensor>,
+        ) -> () = attention(
+            &sh.block(), x.q.dtype(), sh.s, sh.s, mask_of(sh.span, &[], &[]), Pass::Backward
+        );
+    }
 }
-pub(crate) use attention_ops;
-
-attention_ops!(op_family);

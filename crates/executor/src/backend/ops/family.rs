@@ -1,6 +1,6 @@
-//! The two macros an op family is written with: [`op_family!`] makes a family's trait from its
-//! op list (each op's default body refuses it by name), [`op_union!`] the trait that holds
-//! every family.
+//! The macros an op family is written with: `op_list!` keeps a family's op list and makes its
+//! trait (`op_family!`: each op's default body refuses it by name); `op_union!` makes the trait
+//! that holds every family.
 
 use super::super::types::BackendTypes;
 use crate::error::ExecError;
@@ -39,6 +39,25 @@ macro_rules! op_family {
     };
 }
 pub(crate) use op_family;
+
+/// A family's op list, written once: `op_list! { $ norm_ops: /// doc NormOps { entries } }`
+/// makes the family's trait ([`op_family!`]) and `norm_ops!`, which hands the same list to
+/// another macro (`norm_ops!(timed_family)` in `traced_ops` writes the timed forwarding).
+/// The leading `$` is passed in for the inner macro's own `$` (macro_rules! cannot write one).
+macro_rules! op_list {
+    ($d:tt $list:ident: $($family:tt)*) => {
+        /// The family's op list, handed to the macro `make` (see `op_list!`).
+        macro_rules! $list {
+            ($d make:ident) => {
+                $d make! { $($family)* }
+            };
+        }
+        pub(crate) use $list;
+
+        $crate::backend::ops::family::op_family! { $($family)* }
+    };
+}
+pub(crate) use op_list;
 
 /// The trait `$name` that every family `$family` makes up, implemented for every type that
 /// implements them all.

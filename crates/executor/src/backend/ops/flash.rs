@@ -2,7 +2,7 @@
 //! backward, and attention sinks (CPU twin: `cpu/ops/flash.rs`; CUDA: `cuda/ops/flash/`).
 //! Context parallelism runs its attention on these.
 
-use super::family::op_family;
+use super::family::op_list;
 use crate::backend::tensor::{View, ViewMut};
 
 /// Shapes shared by the query and key sides of a block attention: `b` sequences, `hq` query
@@ -71,82 +71,74 @@ pub struct BlockGrads<'a, T> {
     pub dv: ViewMut<'a, T>,
 }
 
-/// The block attention's ops, listed once (see `backend::ops`).
-macro_rules! flash_ops {
-    ($make:ident) => {
-        $make! {
-            /// Block attention (FlashAttention-2's forward and backward, one K/V block at a
-            /// time), its end and the sinks' terms.
-            FlashOps {
-                /// Merges one K/V block into `run`; `tile` is scratch of at least (q tile x k
-                /// tile). Returns the unmasked score elements (the causal work).
-                fn flash_fwd_block(
-                    sh: &BlockShape,
-                    q: BlockQuery<'_, B::Tensor>,
-                    kv: BlockKv<'_, B::Tensor>,
-                    run: BlockAcc<'_, B::Tensor>,
-                    tile: &mut B::Tensor,
-                ) -> u64 = attention(
-                    sh, q.q.dtype(), q.side.pos.len(), kv.side.pos.len(),
-                    mask_of(sh.span, q.side.pos, kv.side.pos), Pass::Forward
-                );
-                /// The merge's end: normalises `acc` in place and writes the log-sum-exp.
-                fn flash_finish(
-                    sh: &BlockShape,
-                    rows: usize,
-                    acc: &mut B::Tensor,
-                    max: &B::Tensor,
-                    sum: &B::Tensor,
-                    lse: &mut B::Tensor,
-                ) -> () = memory(2 * tb(acc) + tb(max) + tb(sum) + tb(lse));
-                /// FlashAttention-2's D = rowsum(dO * O) per row and head, [b, rows, hq].
-                fn flash_delta(
-                    sh: &BlockShape,
-                    rows: usize,
-                    dout: &B::Tensor,
-                    o: &B::Tensor,
-                    out: &mut B::Tensor,
-                ) -> () = memory(tb(dout) + tb(o) + tb(out));
-                /// Attention sinks (GPT-OSS): head h's logit `sinks[h]` joins every row's
-                /// softmax denominator. From the normalised output `o` [b, rows, hq, dv] and the
-                /// keys' log-sum-exp `lse` [b, hq, rows], in place: lse' = log(exp(lse) +
-                /// exp(sink)), o *= exp(lse - lse'). The backward of the keys then runs
-                /// unchanged on lse'.
-                fn attn_sink_fwd(
-                    sh: &BlockShape,
-                    rows: usize,
-                    o: &mut B::Tensor,
-                    lse: &mut B::Tensor,
-                    sinks: View<'_, B::Tensor>,
-                ) -> () = memory(2 * tb(o) + 2 * tb(lse) + vb(&sinks));
-                /// The sinks' gradient, added into `dsinks`: -sum over each head's rows of
-                /// exp(sink - lse') D, from the final `lse` [b, hq, rows] and D (`flash_delta`,
-                /// [b, rows, hq]).
-                fn attn_sink_grad(
-                    sh: &BlockShape,
-                    rows: usize,
-                    lse: &B::Tensor,
-                    delta: &B::Tensor,
-                    sinks: View<'_, B::Tensor>,
-                    dsinks: ViewMut<'_, B::Tensor>,
-                ) -> () = memory(tb(lse) + tb(delta) + vb(&sinks) + 2 * vmb(&dsinks));
-                /// Block attention backward: `grads` +=, from the final log-sum-exp and D;
-                /// `tiles` (p, dp) are scratch. Returns the work.
-                fn flash_bwd_block(
-                    sh: &BlockShape,
-                    q: BlockQuery<'_, B::Tensor>,
-                    kv: BlockKv<'_, B::Tensor>,
-                    stats: BlockStats<'_, B::Tensor>,
-                    grads: BlockGrads<'_, B::Tensor>,
-                    tiles: (&mut B::Tensor, &mut B::Tensor),
-                ) -> u64 = attention(
-                    sh, q.q.dtype(), q.side.pos.len(), kv.side.pos.len(),
-                    mask_of(sh.span, q.side.pos, kv.side.pos), Pass::Backward
-                );
-            }
-        }
-    };
+op_list! { $ flash_ops:
+    /// Block attention (FlashAttention-2's forward and backward, one K/V block at a
+    /// time), its end and the sinks' terms.
+    FlashOps {
+        /// Merges one K/V block into `run`; `tile` is scratch of at least (q tile x k
+        /// tile). Returns the unmasked score elements (the causal work).
+        fn flash_fwd_block(
+            sh: &BlockShape,
+            q: BlockQuery<'_, B::Tensor>,
+            kv: BlockKv<'_, B::Tensor>,
+            run: BlockAcc<'_, B::Tensor>,
+            tile: &mut B::Tensor,
+        ) -> u64 = attention(
+            sh, q.q.dtype(), q.side.pos.len(), kv.side.pos.len(),
+            mask_of(sh.span, q.side.pos, kv.side.pos), Pass::Forward
+        );
+        /// The merge's end: normalises `acc` in place and writes the log-sum-exp.
+        fn flash_finish(
+            sh: &BlockShape,
+            rows: usize,
+            acc: &mut B::Tensor,
+            max: &B::Tensor,
+            sum: &B::Tensor,
+            lse: &mut B::Tensor,
+        ) -> () = memory(2 * tb(acc) + tb(max) + tb(sum) + tb(lse));
+        /// FlashAttention-2's D = rowsum(dO * O) per row and head, [b, rows, hq].
+        fn flash_delta(
+            sh: &BlockShape,
+            rows: usize,
+            dout: &B::Tensor,
+            o: &B::Tensor,
+            out: &mut B::Tensor,
+        ) -> () = memory(tb(dout) + tb(o) + tb(out));
+        /// Attention sinks (GPT-OSS): head h's logit `sinks[h]` joins every row's
+        /// softmax denominator. From the normalised output `o` [b, rows, hq, dv] and the
+        /// keys' log-sum-exp `lse` [b, hq, rows], in place: lse' = log(exp(lse) +
+        /// exp(sink)), o *= exp(lse - lse'). The backward of the keys then runs
+        /// unchanged on lse'.
+        fn attn_sink_fwd(
+            sh: &BlockShape,
+            rows: usize,
+            o: &mut B::Tensor,
+            lse: &mut B::Tensor,
+            sinks: View<'_, B::Tensor>,
+        ) -> () = memory(2 * tb(o) + 2 * tb(lse) + vb(&sinks));
+        /// The sinks' gradient, added into `dsinks`: -sum over each head's rows of
+        /// exp(sink - lse') D, from the final `lse` [b, hq, rows] and D (`flash_delta`,
+        /// [b, rows, hq]).
+        fn attn_sink_grad(
+            sh: &BlockShape,
+            rows: usize,
+            lse: &B::Tensor,
+            delta: &B::Tensor,
+            sinks: View<'_, B::Tensor>,
+            dsinks: ViewMut<'_, B::Tensor>,
+        ) -> () = memory(tb(lse) + tb(delta) + vb(&sinks) + 2 * vmb(&dsinks));
+        /// Block attention backward: `grads` +=, from the final log-sum-exp and D;
+        /// `tiles` (p, dp) are scratch. Returns the work.
+        fn flash_bwd_block(
+            sh: &BlockShape,
+            q: BlockQuery<'_, B::Tensor>,
+            kv: BlockKv<'_, B::Tensor>,
+            stats: BlockStats<'_, B::Tensor>,
+            grads: BlockGrads<'_, B::Tensor>,
+            tiles: (&mut B::Tensor, &mut B::Tensor),
+        ) -> u64 = attention(
+            sh, q.q.dtype(), q.side.pos.len(), kv.side.pos.len(),
+            mask_of(sh.span, q.side.pos, kv.side.pos), Pass::Backward
+        );
+    }
 }
-pub(crate) use flash_ops;
-
-flash_ops!(op_family);

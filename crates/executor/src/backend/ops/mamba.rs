@@ -2,7 +2,7 @@
 //! MambaMixer; CPU twin: `cpu/ops/mamba.rs`; no CUDA kernels: the CUDA backend refuses hybrid
 //! plans before it runs).
 
-use super::family::op_family;
+use super::family::op_list;
 use crate::backend::tensor::{View, ViewMut};
 
 /// One rank's Mamba-2 mixer on one microbatch: `b` sequences of `s` tokens (rows sequence by
@@ -93,90 +93,82 @@ pub struct GateGrads<'a, T> {
     pub dw: ViewMut<'a, T>,
 }
 
-/// The Mamba-2 mixer's ops, listed once (see `backend::ops`).
-macro_rules! mamba_ops {
-    ($make:ident) => {
-        $make! {
-            /// The Mamba-2 mixer's split and merge of in_proj's output, causal convolution,
-            /// SSD scan and gated norm, each with its backward.
-            MambaOps {
-                /// Splits in_proj's output [n, proj] into z [n, inner], x/B/C [n, conv] and dt
-                /// [n, heads].
-                fn mamba_split(
-                    zxbcdt: &B::Tensor,
-                    z: &mut B::Tensor,
-                    xbc: &mut B::Tensor,
-                    dt: &mut B::Tensor,
-                ) -> () = memory(tb(zxbcdt) + tb(z) + tb(xbc) + tb(dt));
-                /// The reverse of `mamba_split`: the gradients into one [n, proj].
-                fn mamba_merge(
-                    dz: &B::Tensor,
-                    dxbc: &B::Tensor,
-                    ddt: &B::Tensor,
-                    out: &mut B::Tensor,
-                ) -> () = memory(tb(dz) + tb(dxbc) + tb(ddt) + tb(out));
-                /// SiLU of the causal depthwise convolution over each sequence; `w` is
-                /// [conv, k + 1], the k taps then the bias of each channel.
-                fn mamba_conv_fwd(
-                    g: &MambaGeo,
-                    x: &B::Tensor,
-                    w: View<'_, B::Tensor>,
-                    y: &mut B::Tensor,
-                ) -> () = memory(tb(x) + vb(&w) + tb(y));
-                /// The convolution's input gradient `dx` (written) and its weights' `dw`
-                /// (accumulated), from its input `x` and the output gradient `dy`.
-                fn mamba_conv_bwd(
-                    g: &MambaGeo,
-                    x: &B::Tensor,
-                    w: View<'_, B::Tensor>,
-                    dy: &B::Tensor,
-                    dx: &mut B::Tensor,
-                    dw: ViewMut<'_, B::Tensor>,
-                ) -> () = memory(tb(x) + vb(&w) + tb(dy) + tb(dx) + 2 * vmb(&dw));
-                /// The SSD chunked scan with the D skip; `states` is the chunk states' scratch
-                /// (`MambaGeo::states_len`).
-                fn mamba_ssd_fwd(
-                    g: &MambaGeo,
-                    x: SsdInputs<'_, B::Tensor>,
-                    out: SsdOutputs<'_, B::Tensor>,
-                    states: &mut B::Tensor,
-                ) -> () = memory(
-                    tb(x.xbc) + tb(x.dt) + vb(&x.ssm) + tb(out.y) + tb(out.dt) + tb(out.da)
-                        + 2 * tb(states)
-                );
-                /// The scan's backward from the saved inputs (dt after the softplus) and the
-                /// output gradient `dy`; the chunk states are recomputed in `states`.
-                fn mamba_ssd_bwd(
-                    g: &MambaGeo,
-                    x: SsdInputs<'_, B::Tensor>,
-                    dy: &B::Tensor,
-                    grads: SsdGrads<'_, B::Tensor>,
-                    states: &mut B::Tensor,
-                ) -> () = memory(
-                    tb(x.xbc) + tb(x.dt) + vb(&x.ssm) + tb(dy) + tb(grads.dxbc)
-                        + tb(grads.ddt_raw) + 2 * vmb(&grads.dssm) + 2 * tb(states)
-                );
-                /// The gated RMSNorm: out = rmsnorm(y x SiLU(z)) x w, normalised over each B/C
-                /// group's heads (Megatron-Core's RMSNormGated, norm_before_gate = False).
-                fn mamba_gate_fwd(
-                    g: &MambaGeo,
-                    x: GateInputs<'_, B::Tensor>,
-                    out: &mut B::Tensor,
-                ) -> () = memory(tb(x.y) + tb(x.z) + vb(&x.w) + tb(out));
-                /// The gated norm's gradients from the output gradient `dout`.
-                fn mamba_gate_bwd(
-                    g: &MambaGeo,
-                    x: GateInputs<'_, B::Tensor>,
-                    dout: &B::Tensor,
-                    grads: GateGrads<'_, B::Tensor>,
-                ) -> () = memory(
-                    tb(x.y) + tb(x.z) + vb(&x.w) + tb(dout) + tb(grads.dy) + tb(grads.dz)
-                        + 2 * vmb(&grads.dw)
-                );
-            }
-        }
-    };
+op_list! { $ mamba_ops:
+    /// The Mamba-2 mixer's split and merge of in_proj's output, causal convolution,
+    /// SSD scan and gated norm, each with its backward.
+    MambaOps {
+        /// Splits in_proj's output [n, proj] into z [n, inner], x/B/C [n, conv] and dt
+        /// [n, heads].
+        fn mamba_split(
+            zxbcdt: &B::Tensor,
+            z: &mut B::Tensor,
+            xbc: &mut B::Tensor,
+            dt: &mut B::Tensor,
+        ) -> () = memory(tb(zxbcdt) + tb(z) + tb(xbc) + tb(dt));
+        /// The reverse of `mamba_split`: the gradients into one [n, proj].
+        fn mamba_merge(
+            dz: &B::Tensor,
+            dxbc: &B::Tensor,
+            ddt: &B::Tensor,
+            out: &mut B::Tensor,
+        ) -> () = memory(tb(dz) + tb(dxbc) + tb(ddt) + tb(out));
+        /// SiLU of the causal depthwise convolution over each sequence; `w` is
+        /// [conv, k + 1], the k taps then the bias of each channel.
+        fn mamba_conv_fwd(
+            g: &MambaGeo,
+            x: &B::Tensor,
+            w: View<'_, B::Tensor>,
+            y: &mut B::Tensor,
+        ) -> () = memory(tb(x) + vb(&w) + tb(y));
+        /// The convolution's input gradient `dx` (written) and its weights' `dw`
+        /// (accumulated), from its input `x` and the output gradient `dy`.
+        fn mamba_conv_bwd(
+            g: &MambaGeo,
+            x: &B::Tensor,
+            w: View<'_, B::Tensor>,
+            dy: &B::Tensor,
+            dx: &mut B::Tensor,
+            dw: ViewMut<'_, B::Tensor>,
+        ) -> () = memory(tb(x) + vb(&w) + tb(dy) + tb(dx) + 2 * vmb(&dw));
+        /// The SSD chunked scan with the D skip; `states` is the chunk states' scratch
+        /// (`MambaGeo::states_len`).
+        fn mamba_ssd_fwd(
+            g: &MambaGeo,
+            x: SsdInputs<'_, B::Tensor>,
+            out: SsdOutputs<'_, B::Tensor>,
+            states: &mut B::Tensor,
+        ) -> () = memory(
+            tb(x.xbc) + tb(x.dt) + vb(&x.ssm) + tb(out.y) + tb(out.dt) + tb(out.da)
+                + 2 * tb(states)
+        );
+        /// The scan's backward from the saved inputs (dt after the softplus) and the
+        /// output gradient `dy`; the chunk states are recomputed in `states`.
+        fn mamba_ssd_bwd(
+            g: &MambaGeo,
+            x: SsdInputs<'_, B::Tensor>,
+            dy: &B::Tensor,
+            grads: SsdGrads<'_, B::Tensor>,
+            states: &mut B::Tensor,
+        ) -> () = memory(
+            tb(x.xbc) + tb(x.dt) + vb(&x.ssm) + tb(dy) + tb(grads.dxbc)
+                + tb(grads.ddt_raw) + 2 * vmb(&grads.dssm) + 2 * tb(states)
+        );
+        /// The gated RMSNorm: out = rmsnorm(y x SiLU(z)) x w, normalised over each B/C
+        /// group's heads (Megatron-Core's RMSNormGated, norm_before_gate = False).
+        fn mamba_gate_fwd(
+            g: &MambaGeo,
+            x: GateInputs<'_, B::Tensor>,
+            out: &mut B::Tensor,
+        ) -> () = memory(tb(x.y) + tb(x.z) + vb(&x.w) + tb(out));
+        /// The gated norm's gradients from the output gradient `dout`.
+        fn mamba_gate_bwd(
+            g: &MambaGeo,
+            x: GateInputs<'_, B::Tensor>,
+            dout: &B::Tensor,
+            grads: GateGrads<'_, B::Tensor>,
+        ) -> () = memory(
+            tb(x.y) + tb(x.z) + vb(&x.w) + tb(dout) + tb(grads.dy) + tb(grads.dz)
+                + 2 * vmb(&grads.dw)
+        );
+    }
 }
-pub(crate) use mamba_ops;
-
-mamba_ops!(op_family);

@@ -4,11 +4,11 @@
 //! the ops it runs, and [`TensorOps`] is the union of the families, held by every device that
 //! implements them all.
 //!
-//! Each family's file lists its ops once, in a `<family>_ops!` macro: the op's doc, its
-//! signature (without `&self` and `Result`) and what it costs when timed (`= memory(bytes)`,
-//! `= gemm(m, n, k, dtype)` or `= attention(..)`, the timing layer's words, `traced_ops/cost.rs`).
-//! The list makes the family's trait here (`op_family!`, family.rs) and the timed forwarding
-//! in `traced_ops`, so a new op of a family is written in its family's list, its CPU twin
+//! Each family's file lists its ops once (`op_list!`, family.rs, which also makes the
+//! `<family>_ops!` macro that hands the list on): the op's doc, its signature (without `&self`
+//! and `Result`) and what it costs when timed (`= memory(bytes)`, `= gemm(m, n, k, dtype)` or
+//! `= attention(..)`, the timing layer's words, `traced_ops/cost.rs`). The list makes the
+//! family's trait here and the timed forwarding in `traced_ops`, so a new op of a family is written in its family's list, its CPU twin
 //! (`cpu/ops/<family>.rs`) and its CUDA kernel (`cuda/ops/<family>/`), and nowhere else.
 //! Every op is fallible (a device kernel can fail to launch); tensors are row-major, `n` rows
 //! of `i` inputs and `o` outputs for linear layers (weights [o, i]); accumulation is fp32

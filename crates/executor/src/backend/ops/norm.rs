@@ -1,6 +1,6 @@
 //! RMSNorm and LayerNorm over rows (CPU twin: `cpu/ops/norm.rs`; CUDA: `cuda/ops/norm/`).
 
-use super::family::op_family;
+use super::family::op_list;
 use crate::backend::tensor::{View, ViewMut};
 use parsim_plan::plan::{ModelShape, Norm};
 
@@ -21,40 +21,32 @@ impl NormSpec {
     }
 }
 
-/// The norms' ops, listed once (see `backend::ops`).
-macro_rules! norm_ops {
-    ($make:ident) => {
-        $make! {
-            /// A norm over the rows of `x` with gain (and bias for LayerNorm) `p`, and its two
-            /// gradients.
-            NormOps {
-                /// y = norm(x) with `p`.
-                fn norm_fwd(
-                    spec: NormSpec,
-                    x: &B::Tensor,
-                    p: View<'_, B::Tensor>,
-                    y: &mut B::Tensor,
-                ) -> () = memory(tb(x) + vb(&p) + tb(y));
-                /// dx (+)= the norm's input gradient.
-                fn norm_dgrad(
-                    spec: NormSpec,
-                    x: &B::Tensor,
-                    p: View<'_, B::Tensor>,
-                    dy: &B::Tensor,
-                    dx: &mut B::Tensor,
-                    acc: bool,
-                ) -> () = memory(tb(x) + vb(&p) + tb(dy) + tb(dx) * (1 + u64::from(acc)));
-                /// dp += the gain (and bias) gradient.
-                fn norm_wgrad(
-                    spec: NormSpec,
-                    x: &B::Tensor,
-                    dy: &B::Tensor,
-                    dp: ViewMut<'_, B::Tensor>,
-                ) -> () = memory(tb(x) + tb(dy) + 2 * vmb(&dp));
-            }
-        }
-    };
+op_list! { $ norm_ops:
+    /// A norm over the rows of `x` with gain (and bias for LayerNorm) `p`, and its two
+    /// gradients.
+    NormOps {
+        /// y = norm(x) with `p`.
+        fn norm_fwd(
+            spec: NormSpec,
+            x: &B::Tensor,
+            p: View<'_, B::Tensor>,
+            y: &mut B::Tensor,
+        ) -> () = memory(tb(x) + vb(&p) + tb(y));
+        /// dx (+)= the norm's input gradient.
+        fn norm_dgrad(
+            spec: NormSpec,
+            x: &B::Tensor,
+            p: View<'_, B::Tensor>,
+            dy: &B::Tensor,
+            dx: &mut B::Tensor,
+            acc: bool,
+        ) -> () = memory(tb(x) + vb(&p) + tb(dy) + tb(dx) * (1 + u64::from(acc)));
+        /// dp += the gain (and bias) gradient.
+        fn norm_wgrad(
+            spec: NormSpec,
+            x: &B::Tensor,
+            dy: &B::Tensor,
+            dp: ViewMut<'_, B::Tensor>,
+        ) -> () = memory(tb(x) + tb(dy) + 2 * vmb(&dp));
+    }
 }
-pub(crate) use norm_ops;
-
-norm_ops!(op_family);

@@ -1,7 +1,7 @@
 //! Ulysses' all-to-all layouts (CPU twin: `cpu/ops/ulysses.rs`; CUDA: `cuda/ops/ulysses/`):
 //! sequence shards to head shards and back (Jacobs et al. 2023, DeepSpeed-Ulysses).
 
-use super::family::op_family;
+use super::family::op_list;
 
 /// The geometry of a Ulysses all-to-all: `b` sequences of `cp` shards of `s_loc` rows.
 #[derive(Debug, Clone, Copy)]
@@ -47,31 +47,23 @@ pub enum UlyssesLayout {
     Head,
 }
 
-/// The Ulysses ops, listed once (see `backend::ops`).
-macro_rules! ulysses_ops {
-    ($make:ident) => {
-        $make! {
-            /// The all-to-all buffers' packing and unpacking.
-            UlyssesOps {
-                /// Tensors on side `from` into the all-to-all send buffer `out`.
-                fn ulysses_pack(
-                    geo: &UlyssesGeo,
-                    from: UlyssesLayout,
-                    xs: &[(&B::Tensor, UlyssesPart)],
-                    out: &mut B::Tensor,
-                ) -> () = memory(2 * tb(out));
-                /// The received buffer into tensors on side `to`.
-                fn ulysses_unpack(
-                    geo: &UlyssesGeo,
-                    to: UlyssesLayout,
-                    recv: &B::Tensor,
-                    parts: &[UlyssesPart],
-                    outs: &mut [&mut B::Tensor],
-                ) -> () = memory(2 * tb(recv));
-            }
-        }
-    };
+op_list! { $ ulysses_ops:
+    /// The all-to-all buffers' packing and unpacking.
+    UlyssesOps {
+        /// Tensors on side `from` into the all-to-all send buffer `out`.
+        fn ulysses_pack(
+            geo: &UlyssesGeo,
+            from: UlyssesLayout,
+            xs: &[(&B::Tensor, UlyssesPart)],
+            out: &mut B::Tensor,
+        ) -> () = memory(2 * tb(out));
+        /// The received buffer into tensors on side `to`.
+        fn ulysses_unpack(
+            geo: &UlyssesGeo,
+            to: UlyssesLayout,
+            recv: &B::Tensor,
+            parts: &[UlyssesPart],
+            outs: &mut [&mut B::Tensor],
+        ) -> () = memory(2 * tb(recv));
+    }
 }
-pub(crate) use ulysses_ops;
-
-ulysses_ops!(op_family);
