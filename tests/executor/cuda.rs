@@ -65,6 +65,50 @@ fn calibrate_cuda_without_a_driver_fails_before_the_sweep() {
     assert_names_the_driver(ok, &err);
 }
 
+/// The CUDA layout makes a communicator for every group the executor runs collectives over
+/// and no other: a CP 2 x DP 2 plan states the dense DP groups too (the Plan holds every
+/// kind), but the dense gradients reduce over DP x CP, so those are left out.
+#[test]
+fn the_cuda_layout_leaves_out_the_dense_dp_groups_it_never_uses() {
+    use parsim_executor::runner::{cuda_layout, CudaWorld};
+    use std::collections::BTreeSet;
+    let mix = super::common::Mix {
+        cp: 2,
+        dp: 2,
+        ..super::common::Mix::single()
+    };
+    let plan = super::common::plan(super::common::config(&mix, 8, true, "rmsnorm", "swiglu"));
+    assert_eq!(plan.world(), 4);
+    let used = [
+        GroupKind::Tp,
+        GroupKind::Cp,
+        GroupKind::DpCp,
+        GroupKind::Pp,
+        GroupKind::Ep,
+        GroupKind::ExpertDp,
+        GroupKind::ExpertTp,
+    ];
+    let mut want: BTreeSet<Vec<u32>> = plan
+        .ranks
+        .iter()
+        .flat_map(|rp| used.map(|k| rp.groups.get(k).to_vec()))
+        .collect();
+    want.insert((0..plan.world()).collect());
+    let got: BTreeSet<Vec<u32>> = cuda_layout(&plan, &CudaWorld::SingleProcess, 4)
+        .unwrap()
+        .groups
+        .into_iter()
+        .map(|g| g.members)
+        .collect();
+    assert_eq!(got, want);
+    // The dense DP groups differ from every used one here, and none was made.
+    for rp in &plan.ranks {
+        let dp = rp.groups.get(GroupKind::Dp).to_vec();
+        assert_eq!(dp.len(), 2);
+        assert!(!got.contains(&dp), "{dp:?}");
+    }
+}
+
 /// A TP 2 x PP 2 x DP 2 plan lowered by the engine: on one GPU every group of two or more
 /// ranks uses the device-copy collectives (so it runs on a workstation); on eight GPUs every
 /// such group uses NCCL; on two GPUs the TP pairs (adjacent ranks) share a GPU and the rest

@@ -8,7 +8,8 @@
 //! One concept per file: `tensor` (device tensors and their flat views), `types` (the types
 //! the traits are written over), `device` ([`Backend`], [`Device`]), `ops/` (the op families,
 //! one file each with its host-side argument types, and [`TensorOps`], their union),
-//! `collectives` ([`DeviceCollectives`] and the point-to-point exchange). The `cpu` backend is the reference; the `cuda` backend
+//! `collectives` ([`DeviceCollectives`] and the point-to-point exchange), `bf16` (the rounding
+//! both backends store with). The `cpu` backend is the reference; the `cuda` backend
 //! implements the same traits on device buffers.
 
 pub mod bf16;

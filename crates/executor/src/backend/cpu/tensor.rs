@@ -1,8 +1,8 @@
 //! Tensors of the CPU backend: a row-major buffer with a shape, a dtype and a memory category,
 //! counted by the tracker of the rank that allocated it, from creation to drop. Tensors are
-//! made by the rank's device ([`CpuOps`](super::device::CpuOps)). A bf16 tensor keeps its elements as
-//! f32 values that are exactly bf16 numbers (every write rounds), and counts 2 bytes per
-//! element, as the device would hold it.
+//! made by the rank's device ([`CpuOps`](super::device::CpuOps)). A bf16 tensor keeps its
+//! elements as f32 values that are exactly bf16 numbers (every write rounds), and counts 2
+//! bytes per element, as the device would hold it.
 
 use crate::backend::bf16::round_bf16_slice;
 use crate::backend::{DeviceTensor, View, ViewMut};

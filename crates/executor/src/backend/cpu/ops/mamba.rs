@@ -238,8 +238,9 @@ pub fn ssd_sequential(g: &MambaGeo, xbc: &[f32], dt: &[f32], da: &[f32], d: &[f3
 }
 
 /// The scan's backward from the saved (x/B/C, dt, ssm) and dy: dxbc and ddt_raw written, dssm
-/// [3, heads] accumulated (A_log, D, dt's bias). The states entering each chunk are recomputed into `states`; inside a chunk the
-/// token states are rebuilt from them and the recurrence's adjoint runs backwards.
+/// [3, heads] accumulated (A_log, D, dt's bias). The states entering each chunk are recomputed
+/// into `states`; inside a chunk the token states are rebuilt from them and the recurrence's
+/// adjoint runs backwards.
 pub fn ssd_bwd(
     g: &MambaGeo,
     (xbc, dt, ssm): (&[f32], &[f32], &[f32]),

@@ -4,6 +4,7 @@
 //! only, so it is unit-tested without a GPU.
 
 use parsim_plan::plan::Plan;
+use parsim_plan::GroupKind;
 use std::collections::BTreeSet;
 
 /// How the ranks of a run map onto processes and GPUs.
@@ -82,20 +83,23 @@ pub fn device_of(
     }
 }
 
-/// Every distinct process group of `plan` (tensor, context, DP x CP, pipeline, expert, expert-data and
-/// expert-tensor parallel, and the whole world), sorted, each with its members' GPUs and its
-/// transport. In several processes, `local_rank_of(r)` gives rank r's rank on its node and
-/// `node_of(r)` its node; two members on one GPU of one node is an error there.
+/// Every distinct process group of `plan` the executor communicates over (each kind it states
+/// but the dense DP group: the dense gradients reduce over DP x CP), and the whole world,
+/// sorted, each with its members' GPUs and its transport. In several processes,
+/// `local_rank_of(r)` gives rank r's rank on its node and `node_of(r)` its node; two members on
+/// one GPU of one node is an error there.
 pub fn plan_groups(
     plan: &Plan,
     placement: Placement,
     node_of: impl Fn(u32) -> u32,
     local_rank_of: impl Fn(u32) -> u32,
 ) -> Result<Vec<GroupSpec>, PlacementError> {
-    let lists = plan
-        .ranks
-        .iter()
-        .flat_map(|rp| rp.groups.iter().map(|(_, members)| members));
+    let lists = plan.ranks.iter().flat_map(|rp| {
+        rp.groups
+            .iter()
+            .filter(|&(kind, _)| kind != GroupKind::Dp)
+            .map(|(_, members)| members)
+    });
     groups_of(
         plan.ranks.len() as u32,
         lists,

@@ -1,5 +1,5 @@
-//! The op trait of dropout for [`CudaRank`]: each op stages its operands on the rank
-//! and launches its kernels.
+//! The op trait of dropout for `CudaRank`: each op stages its operands on the rank and launches its
+//! kernels.
 
 use super::kernel;
 use crate::backend::cuda::device::tensor::CudaTensor;
@@ -31,7 +31,8 @@ impl DropoutOps<Cuda> for CudaRank {
         }
         let toks = r.upload_u64(tokens)?;
         let dt = x.tensor.dtype();
-        // SAFETY: the view's elements lie in the tensor (rows x cols of its dtype); tokens rows u64.
+        // SAFETY: the view's elements lie in the tensor (rows x cols of its dtype); tokens rows
+        // u64.
         unsafe {
             kernel::dropout(
                 r.s(),

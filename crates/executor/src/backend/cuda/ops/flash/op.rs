@@ -1,5 +1,5 @@
-//! The op trait of whole-sequence and block attention for [`CudaRank`]: each op stages its operands on the rank
-//! and launches its kernels.
+//! The op trait of whole-sequence and block attention for `CudaRank`: each op stages its operands
+//! on the rank and launches its kernels.
 
 use super::attn::Running;
 use super::{attn, kernel};

@@ -1,5 +1,5 @@
-//! The op trait of the linear layers, their biases and the fused projection's layout for [`CudaRank`]: each op stages its operands on the rank
-//! and launches its kernels.
+//! The op trait of the linear layers, their biases and the fused projection's layout for
+//! `CudaRank`: each op stages its operands on the rank and launches its kernels.
 
 use crate::backend::cuda::device::tensor::CudaTensor;
 use crate::backend::cuda::diag::error::CudaError;

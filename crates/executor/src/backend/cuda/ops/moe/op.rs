@@ -1,5 +1,5 @@
-//! The op trait of MoE routing and token permutation for [`CudaRank`]: each op stages its operands on the rank
-//! and launches its kernels.
+//! The op trait of MoE routing and token permutation for `CudaRank`: each op stages its operands on
+//! the rank and launches its kernels.
 
 use super::{kernel, routing};
 use crate::backend::cuda::device::tensor::CudaTensor;

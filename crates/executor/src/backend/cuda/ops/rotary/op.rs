@@ -1,5 +1,5 @@
-//! The op trait of rotary embedding for [`CudaRank`]: each op stages its operands on the rank
-//! and launches its kernels.
+//! The op trait of rotary embedding for `CudaRank`: each op stages its operands on the rank and
+//! launches its kernels.
 
 use super::kernel;
 use crate::backend::cuda::device::tensor::CudaTensor;
