@@ -7,13 +7,13 @@
 use parsim_executor::backend::cuda::comm::nccl_id::nccl_unique_id;
 use parsim_executor::backend::cuda::Library;
 use parsim_executor::error::ExecError;
-use parsim_executor::plan::Coords;
-use parsim_executor::run_report::{PhaseTimes, RankReport, RunReport};
-use parsim_executor::tracker::MemoryBreakdown;
 use parsim_launch::env::Overrides;
 use parsim_launch::{
     run_worker, supervise, LaunchError, LaunchInfo, LocalLaunch, RankEnv, UniqueId, WorkerOptions,
 };
+use parsim_plan::plan::Coords;
+use parsim_plan::run_report::MemoryBreakdown;
+use parsim_plan::run_report::{PhaseTimes, RankReport, RunReport};
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -99,7 +99,7 @@ fn sharded_report(mode: &str, world: u32, rank: u32) -> RunReport {
             ("w".to_string(), i, 1.5 * i as f32)
         }));
     }
-    r.param_pieces = Some(parsim_executor::pieces::pieces_of(&elements));
+    r.param_pieces = Some(parsim_plan::pieces::pieces_of(&elements));
     r
 }
 

@@ -16,9 +16,9 @@ use parsim::lower::{lower, LowerOptions};
 use parsim::report::format::{bytes, seconds};
 use parsim::report::measured_trace::measured_chrome_trace;
 use parsim::report::timeline_compare::{compare_timeline, TimelineComparison};
-use parsim_executor::run_report::{CpStats, MoeLoad, PhaseTimes, StepTime};
 use parsim_executor::runner::{run_cpu, RunOptions};
 use parsim_executor::trace::Clock;
+use parsim_plan::run_report::{CpStats, MoeLoad, PhaseTimes, StepTime};
 use serde::Serialize;
 use statrs::statistics::{Data, Median};
 
@@ -306,8 +306,8 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
         steps: args.steps,
         warmup: args.warmup,
         precision: match run_precision(&args)? {
-            Precision::Bf16 => parsim_executor::plan::Precision::Bf16,
-            _ => parsim_executor::plan::Precision::Fp32,
+            Precision::Bf16 => parsim_plan::plan::Precision::Bf16,
+            _ => parsim_plan::plan::Precision::Fp32,
         },
         trace: (args.trace.is_some() || args.compare_timeline).then(Clock::new),
         profile_ops: args.profile_ops,
@@ -389,7 +389,7 @@ fn check_host_memory(predicted: &[parsim::memory::StageMemory], world: u32) -> a
 /// One rank's measured figures beside the engine's prediction for its pipeline stage `p`
 /// (less the profile's runtime reserve, which the trackers do not see).
 fn rank_out(
-    r: &parsim_executor::run_report::RankReport,
+    r: &parsim_plan::run_report::RankReport,
     p: &parsim::memory::StageMemory,
     runtime_bytes: u64,
 ) -> RankOut {
@@ -439,8 +439,8 @@ fn rank_out(
 fn timelines(
     args: &ExecuteArgs,
     resolved: &Resolved,
-    plan: &parsim_executor::Plan,
-    report: &parsim_executor::RunReport,
+    plan: &parsim_plan::Plan,
+    report: &parsim_plan::RunReport,
 ) -> anyhow::Result<Option<TimelineComparison>> {
     let Some(traces) = report.traces.as_deref() else {
         return Ok(None);

@@ -7,9 +7,10 @@ use anyhow::ensure;
 use parsim_executor::backend::cuda::comm::nccl_id::nccl_unique_id;
 use parsim_executor::backend::cuda::{probe, Library};
 use parsim_executor::runner::{run_cuda, CudaWorld, RunOptions};
-use parsim_executor::{ExecError, Plan, RunReport};
+use parsim_executor::ExecError;
 use parsim_launch::worker::WORKER_MARKER;
 use parsim_launch::{run_worker, supervise, LaunchInfo, RankEnv, UniqueId, WorkerOptions};
+use parsim_plan::{Plan, RunReport};
 
 /// Runs `plan` on CUDA. `Some(report)` where this process prints the run's report (a single
 /// process, or rank 0 of many, with every rank's report combined); `None` on the other ranks

@@ -5,8 +5,8 @@
 
 use comfy_table::{presets, CellAlignment, Table};
 use parsim::report::format::{bytes, flops, seconds};
-use parsim_executor::run_report::RankReport;
 use parsim_plan::op_timing::{OpKey, OpTiming, Pass, RateUnit, OP_CLASSES};
+use parsim_plan::run_report::RankReport;
 use serde::Serialize;
 use std::collections::BTreeMap;
 

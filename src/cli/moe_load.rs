@@ -4,10 +4,10 @@
 //! (docs/engine.md, MoE load), so that a user can feed them back to `estimate`.
 
 use parsim::model::imbalance_of_rank_load;
-use parsim_executor::run_report::RankReport;
+use parsim_plan::run_report::RankReport;
 use serde::Serialize;
 
-/// The run's MoE load, from every rank's [`parsim_executor::run_report::MoeLoad`].
+/// The run's MoE load, from every rank's [`parsim_plan::run_report::MoeLoad`].
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct MoeLoadOut {
     /// The (first) rank whose experts received the most rows over its uniform share.

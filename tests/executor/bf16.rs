@@ -17,8 +17,9 @@
 
 use super::common::*;
 use super::equivalence::{covering_array, mix_of, GBS};
-use parsim_executor::plan::{Plan, Precision};
-use parsim_executor::runner::{run_cpu, RunOptions, RunReport};
+use parsim_executor::runner::{run_cpu, RunOptions};
+use parsim_plan::plan::{Plan, Precision};
+use parsim_plan::RunReport;
 
 const TOL: f64 = 1e-2;
 

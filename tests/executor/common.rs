@@ -2,8 +2,9 @@
 
 use parsim::config::{Config, Layer, Resolved};
 use parsim::lower::{lower, LowerOptions};
-use parsim_executor::plan::{AdamConfig, Plan};
-use parsim_executor::runner::{run_cpu, RunOptions, RunReport};
+use parsim_executor::runner::{run_cpu, RunOptions};
+use parsim_plan::plan::{AdamConfig, Plan};
+use parsim_plan::RunReport;
 use serde_json::{json, Value};
 
 /// One point of the parallel grid.

@@ -3,6 +3,7 @@
 //! driver these print why they skip.
 
 use assert_cmd::Command;
+use parsim_plan::GroupKind;
 
 const SMALL: &str = "tests/fixtures/executor_small.toml";
 
@@ -64,6 +65,50 @@ fn calibrate_cuda_without_a_driver_fails_before_the_sweep() {
     assert_names_the_driver(ok, &err);
 }
 
+/// The CUDA layout makes a communicator for every group the executor runs collectives over
+/// and no other: a CP 2 x DP 2 plan states the dense DP groups too (the Plan holds every
+/// kind), but the dense gradients reduce over DP x CP, so those are left out.
+#[test]
+fn the_cuda_layout_leaves_out_the_dense_dp_groups_it_never_uses() {
+    use parsim_executor::runner::{cuda_layout, CudaWorld};
+    use std::collections::BTreeSet;
+    let mix = super::common::Mix {
+        cp: 2,
+        dp: 2,
+        ..super::common::Mix::single()
+    };
+    let plan = super::common::plan(super::common::config(&mix, 8, true, "rmsnorm", "swiglu"));
+    assert_eq!(plan.world(), 4);
+    let used = [
+        GroupKind::Tp,
+        GroupKind::Cp,
+        GroupKind::DpCp,
+        GroupKind::Pp,
+        GroupKind::Ep,
+        GroupKind::ExpertDp,
+        GroupKind::ExpertTp,
+    ];
+    let mut want: BTreeSet<Vec<u32>> = plan
+        .ranks
+        .iter()
+        .flat_map(|rp| used.map(|k| rp.groups.get(k).to_vec()))
+        .collect();
+    want.insert((0..plan.world()).collect());
+    let got: BTreeSet<Vec<u32>> = cuda_layout(&plan, &CudaWorld::SingleProcess, 4)
+        .unwrap()
+        .groups
+        .into_iter()
+        .map(|g| g.members)
+        .collect();
+    assert_eq!(got, want);
+    // The dense DP groups differ from every used one here, and none was made.
+    for rp in &plan.ranks {
+        let dp = rp.groups.get(GroupKind::Dp).to_vec();
+        assert_eq!(dp.len(), 2);
+        assert!(!got.contains(&dp), "{dp:?}");
+    }
+}
+
 /// A TP 2 x PP 2 x DP 2 plan lowered by the engine: on one GPU every group of two or more
 /// ranks uses the device-copy collectives (so it runs on a workstation); on eight GPUs every
 /// such group uses NCCL; on two GPUs the TP pairs (adjacent ranks) share a GPU and the rest
@@ -97,8 +142,12 @@ fn a_tp_pp_dp_plan_places_on_one_two_and_eight_gpus() {
         .all(|g| g.transport == Transport::Nccl));
     // Every rank's TP, PP and DP group is among the groups, with the world.
     for rp in &plan.ranks {
-        for grp in [&rp.tp_group, &rp.pp_group, &rp.dp_group] {
-            assert!(eight.groups.iter().any(|g| &g.members == grp), "{grp:?}");
+        for grp in [
+            rp.groups.get(GroupKind::Tp),
+            rp.groups.get(GroupKind::Pp),
+            rp.groups.get(GroupKind::DpCp),
+        ] {
+            assert!(eight.groups.iter().any(|g| g.members == grp), "{grp:?}");
         }
     }
     assert!(eight
@@ -107,15 +156,16 @@ fn a_tp_pp_dp_plan_places_on_one_two_and_eight_gpus() {
         .any(|g| g.members == (0..8).collect::<Vec<u32>>()));
     let two = cuda_layout(&plan, &CudaWorld::SingleProcess, 2).unwrap();
     for rp in &plan.ranks {
-        let t = |m: &Vec<u32>| {
+        let t = |m: &[u32]| {
             two.groups
                 .iter()
-                .find(|g| &g.members == m)
+                .find(|g| g.members == m)
                 .unwrap()
                 .transport
         };
         let devs: Vec<u32> = rp
-            .tp_group
+            .groups
+            .get(GroupKind::Tp)
             .iter()
             .map(|&r| two.local[r as usize].1)
             .collect();
@@ -125,10 +175,10 @@ fn a_tp_pp_dp_plan_places_on_one_two_and_eight_gpus() {
             Transport::Nccl
         };
         assert_eq!(
-            t(&rp.tp_group),
+            t(rp.groups.get(GroupKind::Tp)),
             want,
             "tp group {:?} on {devs:?}",
-            rp.tp_group
+            rp.groups.get(GroupKind::Tp)
         );
     }
 }
@@ -150,7 +200,7 @@ fn no_gpu() -> Option<String> {
 fn gpu_twin(
     label: &str,
     mix: super::common::Mix,
-    precision: parsim_executor::plan::Precision,
+    precision: parsim_plan::plan::Precision,
     tol: f64,
 ) {
     let gbs = u64::from(mix.dp) * 2;
@@ -161,8 +211,8 @@ fn gpu_twin(
 /// [`gpu_twin`] of a given Plan.
 fn gpu_twin_plan(
     label: &str,
-    plan: &parsim_executor::plan::Plan,
-    precision: parsim_executor::plan::Precision,
+    plan: &parsim_plan::plan::Plan,
+    precision: parsim_plan::plan::Precision,
     tol: f64,
 ) {
     use parsim_executor::runner::{run_cpu, run_cuda, CudaWorld, RunOptions};
@@ -201,7 +251,7 @@ fn gpu_twin_plan(
 
 #[test]
 fn tp2_sp_pp2_and_dp2_steps_match_the_cpu_twin_on_the_gpu() {
-    use parsim_executor::plan::Precision;
+    use parsim_plan::plan::Precision;
     if let Some(reason) = no_gpu() {
         parsim_executor::backend::cuda::diag::gpu_test::skip_gpu_test(&reason);
         return;
@@ -226,9 +276,9 @@ fn tp2_sp_pp2_and_dp2_steps_match_the_cpu_twin_on_the_gpu() {
 /// stream, joined at the optimizer step).
 #[test]
 fn grad_buckets_during_backward_match_the_cpu_twin_on_the_gpu() {
-    use parsim_executor::plan::{Action, Precision};
     use parsim_executor::runner::{run_cuda, CudaWorld, RunOptions};
     use parsim_executor::trace::Clock;
+    use parsim_plan::plan::{Action, Precision};
     if let Some(reason) = no_gpu() {
         parsim_executor::backend::cuda::diag::gpu_test::skip_gpu_test(&reason);
         return;
@@ -277,8 +327,8 @@ fn grad_buckets_during_backward_match_the_cpu_twin_on_the_gpu() {
 fn gpu_run(
     label: &str,
     v: serde_json::Value,
-    precision: parsim_executor::plan::Precision,
-) -> parsim_executor::runner::RunReport {
+    precision: parsim_plan::plan::Precision,
+) -> parsim_plan::run_report::RunReport {
     use parsim_executor::runner::{run_cuda, CudaWorld, RunOptions};
     let opts = RunOptions {
         steps: 3,
@@ -295,8 +345,8 @@ fn gpu_run(
 /// steps within `tol` (largest difference over the tensor's largest value). Returns the worst.
 fn against_one_rank(
     label: &str,
-    got: &parsim_executor::runner::RunReport,
-    want: &parsim_executor::runner::RunReport,
+    got: &parsim_plan::run_report::RunReport,
+    want: &parsim_plan::run_report::RunReport,
     tol: f64,
 ) -> f64 {
     let (a, b) = (got.loss[0], want.loss[0]);
@@ -322,7 +372,7 @@ fn against_one_rank(
 #[test]
 fn every_mix_on_one_gpu_matches_the_one_rank_gpu_run() {
     use super::common::Mix;
-    use parsim_executor::plan::Precision;
+    use parsim_plan::plan::Precision;
     if let Some(reason) = no_gpu() {
         parsim_executor::backend::cuda::diag::gpu_test::skip_gpu_test(&reason);
         return;
@@ -372,9 +422,9 @@ fn every_mix_on_one_gpu_matches_the_one_rank_gpu_run() {
 /// time within the events' resolution.
 #[test]
 fn profiled_ops_on_the_gpu_have_the_cpu_twins_keys_and_cover_the_actions() {
-    use parsim_executor::plan::Precision;
     use parsim_executor::runner::{run_cpu, run_cuda, CudaWorld, RunOptions};
     use parsim_plan::op_timing::OpKey;
+    use parsim_plan::plan::Precision;
     use std::collections::BTreeMap;
     if let Some(reason) = no_gpu() {
         parsim_executor::backend::cuda::diag::gpu_test::skip_gpu_test(&reason);
@@ -398,7 +448,7 @@ fn profiled_ops_on_the_gpu_have_the_cpu_twins_keys_and_cover_the_actions() {
     let gpu = run_cuda(&plan, &opts, CudaWorld::SingleProcess).expect("cuda run");
     let cpu = run_cpu(&plan, &opts).expect("cpu run");
     // Keys with the kernel name left out (it names the backend's implementation).
-    let keys = |r: &parsim_executor::runner::RankReport| -> BTreeMap<String, u64> {
+    let keys = |r: &parsim_plan::run_report::RankReport| -> BTreeMap<String, u64> {
         r.ops
             .iter()
             .filter(|t| t.key != OpKey::HostGap)

@@ -15,7 +15,7 @@
 use super::common::*;
 use parsim::config::{Config, Layer, Resolved};
 use parsim::lower::lower;
-use parsim_executor::runner::RunReport;
+use parsim_plan::run_report::RunReport;
 use std::collections::{BTreeSet, HashMap};
 
 const SCHEDULES: [(&str, u32); 6] = [

@@ -7,8 +7,9 @@
 
 use super::common::*;
 use super::equivalence::{compare, GBS};
-use parsim_executor::plan::Plan;
-use parsim_executor::runner::RunReport;
+use parsim_plan::plan::Plan;
+use parsim_plan::run_report::RunReport;
+use parsim_plan::GroupKind;
 use serde_json::{json, Value};
 
 /// The small model with LoRA adapters of rank 4, alpha 16, on `targets`.
@@ -23,7 +24,7 @@ const ALL: [&str; 4] = ["qkv", "proj", "fc1", "fc2"];
 
 /// The plan of `v` with B seeded (nonzero), so that the test cannot pass with an adapter path
 /// that does nothing.
-fn seeded(v: Value) -> parsim_executor::plan::Plan {
+fn seeded(v: Value) -> parsim_plan::plan::Plan {
     let mut p = plan(v);
     p.lora.as_mut().expect("lora plan").seeded_b = true;
     p
@@ -280,8 +281,8 @@ fn lora_mixes_not_executed_are_refused_by_field() {
 /// optimizer states exactly).
 #[test]
 fn lora_in_bf16_matches_fp32_and_its_memory_prediction() {
-    use parsim_executor::plan::Precision;
     use parsim_executor::runner::{run_cpu, RunOptions};
+    use parsim_plan::plan::Precision;
     let opts = |precision, export_params| RunOptions {
         steps: 3,
         warmup: 0,
@@ -663,7 +664,9 @@ fn lora_with_moe_under_zero3_and_ep_matches_the_single_rank_run() {
         let p = seeded(v);
         // The frozen experts shard over the expert-DP group (2 members on every rank).
         assert!(
-            p.ranks.iter().all(|r| r.expert_dp_group.len() == 2),
+            p.ranks
+                .iter()
+                .all(|r| r.groups.get(GroupKind::ExpertDp).len() == 2),
             "{name}"
         );
         compare_mixes(

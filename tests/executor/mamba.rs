@@ -8,9 +8,9 @@ use super::common::*;
 use super::memory::compare_config;
 use super::moe::{compare, moe_config, Moe, BASE};
 use parsim_executor::backend::cpu::ops::mamba::{ssd_chunked, ssd_sequential};
-use parsim_executor::backend::MambaGeo;
-use parsim_executor::plan::{AdamConfig, HybridLayer, MambaShape, ModelShape, Plan, Recompute};
+use parsim_executor::backend::ops::MambaGeo;
 use parsim_executor::runner::{run_cpu, RunOptions};
+use parsim_plan::plan::{AdamConfig, HybridLayer, MambaShape, ModelShape, Plan, Recompute};
 use serde_json::{json, Value};
 
 /// A deterministic uniform in [-1, 1) (a 64-bit LCG's high bits).
@@ -305,7 +305,7 @@ fn unsupported_hybrid_features_are_refused_by_field() {
 /// fp32's within bf16's 1e-2, and it does round.
 #[test]
 fn the_hybrid_model_in_bf16_matches_fp32_within_bf16_tolerance() {
-    use parsim_executor::plan::Precision;
+    use parsim_plan::plan::Precision;
     let p = plan(hybrid_config(&Mix::single()));
     let with = |precision| {
         let opts = RunOptions {

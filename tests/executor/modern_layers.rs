@@ -354,7 +354,7 @@ fn sinks_without_flash_attention_are_refused_by_name() {
 fn bad_layer_kinds_in_a_plan_are_refused_by_name() {
     let good = plan(llama4(&BASE));
     good.validate().expect("valid");
-    type Spoil = fn(&mut parsim_executor::plan::Plan);
+    type Spoil = fn(&mut parsim_plan::plan::Plan);
     let cases: [(&str, Spoil); 4] = [
         ("model.attention.window", |p| {
             p.model.attention.window = Some(0)

@@ -5,7 +5,8 @@
 use super::common::*;
 use parsim::config::{Config, Layer, Resolved};
 use parsim::lower::lower;
-use parsim_executor::runner::{run_cpu, RunOptions, RunReport};
+use parsim_executor::runner::{run_cpu, RunOptions};
+use parsim_plan::RunReport;
 use serde_json::Value;
 
 const GBS: u64 = 8;

@@ -11,6 +11,7 @@
 use super::common::{plan, run};
 use super::moe::{compare, moe_config, Moe, BASE};
 use super::moe_folding::check_memory;
+use parsim_plan::GroupKind;
 use serde_json::Value;
 
 /// [`moe_config`] with expert TP 1 (the engine's default, written out).
@@ -50,15 +51,21 @@ fn ep_wider_than_dp_spans_the_stage() {
         let p = plan(etp1(&c));
         for r in &p.ranks {
             let label = format!("{c:?} rank {}", r.rank);
-            assert_eq!(r.ep_group, [0, 1, 2, 3], "{label}");
-            assert_eq!(r.expert_dp_group, [r.rank], "{label}");
-            assert_eq!(r.expert_tp_group, [r.rank], "{label}");
-            assert_eq!(r.dp_group.len() as u32, c.dp, "{label}");
-            assert!(r.ep_group.len() > r.dp_group.len(), "{label}");
+            assert_eq!(r.groups.get(GroupKind::Ep), [0, 1, 2, 3], "{label}");
+            assert_eq!(r.groups.get(GroupKind::ExpertDp), [r.rank], "{label}");
+            assert_eq!(r.groups.get(GroupKind::ExpertTp), [r.rank], "{label}");
+            assert_eq!(r.groups.get(GroupKind::DpCp).len() as u32, c.dp, "{label}");
+            assert!(
+                r.groups.get(GroupKind::Ep).len() > r.groups.get(GroupKind::DpCp).len(),
+                "{label}"
+            );
         }
     }
     let p = plan(etp1(&mixes()[1]));
-    assert!(p.ranks.iter().all(|r| r.ep_group == r.tp_group));
+    assert!(p
+        .ranks
+        .iter()
+        .all(|r| r.groups.get(GroupKind::Ep) == r.groups.get(GroupKind::Tp)));
 }
 
 /// The Plan contract takes ep above dp under the expert grid's rule and names the rule when

@@ -13,6 +13,7 @@
 use super::common::*;
 use super::memory::{compare_config, weight_bytes};
 use super::moe::{compare, moe_config, Moe, BASE};
+use parsim_plan::GroupKind;
 use serde_json::Value;
 
 /// Every rank's measured peak within 2% of the engine's prediction, and its weights within
@@ -112,7 +113,7 @@ fn whole_experts_under_tp_match_the_single_rank_run() {
         let got = run(&plan(folded(&c)), 3);
         compare(&format!("expert TP 1 {c:?}"), &got, &reference);
         if c.capacity_factor > 0.0 {
-            let drops = |r: &parsim_executor::runner::RunReport| {
+            let drops = |r: &parsim_plan::run_report::RunReport| {
                 r.ranks.iter().map(|x| x.moe_dropped).sum::<u64>()
             };
             assert!(drops(&reference) > 0, "the capacity drops nothing");
@@ -137,10 +138,30 @@ fn whole_experts_are_held_by_every_tp_rank() {
     assert_eq!(p.parallel.etp, 1);
     for r in &p.ranks {
         let (t, j) = (r.rank % 2, r.rank / 2);
-        assert_eq!(r.expert_tp_group, vec![r.rank], "rank {}", r.rank);
-        assert_eq!(r.ep_group, vec![2 * j, 2 * j + 1], "rank {}", r.rank);
-        assert_eq!(r.ep_group, r.tp_group, "rank {}: its TP group", r.rank);
-        assert_eq!(r.expert_dp_group, vec![t, t + 2], "rank {}", r.rank);
+        assert_eq!(
+            r.groups.get(GroupKind::ExpertTp),
+            vec![r.rank],
+            "rank {}",
+            r.rank
+        );
+        assert_eq!(
+            r.groups.get(GroupKind::Ep),
+            vec![2 * j, 2 * j + 1],
+            "rank {}",
+            r.rank
+        );
+        assert_eq!(
+            r.groups.get(GroupKind::Ep),
+            r.groups.get(GroupKind::Tp),
+            "rank {}: its TP group",
+            r.rank
+        );
+        assert_eq!(
+            r.groups.get(GroupKind::ExpertDp),
+            vec![t, t + 2],
+            "rank {}",
+            r.rank
+        );
     }
 }
 
@@ -225,14 +246,24 @@ fn expert_tp_blocks_and_expert_dp_groups_follow_the_layout() {
     for r in &p.ranks {
         let (tp, base) = (r.coords.tp, r.rank - r.coords.tp);
         let block = base + (tp / 2) * 2;
-        assert_eq!(r.expert_tp_group, vec![block, block + 1], "rank {}", r.rank);
         assert_eq!(
-            r.ep_group,
+            r.groups.get(GroupKind::ExpertTp),
+            vec![block, block + 1],
+            "rank {}",
+            r.rank
+        );
+        assert_eq!(
+            r.groups.get(GroupKind::Ep),
             vec![base + tp % 2, base + 2 + tp % 2],
             "rank {}",
             r.rank
         );
-        assert_eq!(r.expert_dp_group, vec![tp, tp + 4], "rank {}", r.rank);
+        assert_eq!(
+            r.groups.get(GroupKind::ExpertDp),
+            vec![tp, tp + 4],
+            "rank {}",
+            r.rank
+        );
     }
 }
 
@@ -340,7 +371,7 @@ fn expert_tp_above_tp_matches_the_single_rank_run() {
 #[test]
 fn expert_tp_above_tp_groups_follow_the_layout() {
     use parsim::config::{Config, Layer, Resolved};
-    use parsim::layout::{GroupKind, Layout};
+    use parsim::layout::Layout;
     let mixes = etp_above_tp_mixes();
     let all4 = vec![0, 1, 2, 3];
     let (lo, hi) = (vec![0, 1, 2], vec![3, 4, 5]);
@@ -372,23 +403,37 @@ fn expert_tp_above_tp_groups_follow_the_layout() {
         for r in &p.ranks {
             let i = r.rank as usize;
             assert_eq!(
-                r.expert_tp_group, want_etp[i],
+                r.groups.get(GroupKind::ExpertTp),
+                want_etp[i],
                 "{mix} rank {i}: expert-TP group"
             );
             assert_eq!(
-                r.expert_dp_group, want_edp[i],
+                r.groups.get(GroupKind::ExpertDp),
+                want_edp[i],
                 "{mix} rank {i}: expert-DP group"
             );
-            assert_eq!(r.ep_group, want_ep[i], "{mix} rank {i}: EP group");
-            assert_eq!(r.expert_dp_group.len(), res.expert_dp() as usize);
-            assert_eq!(r.ep_group, layout.group_of(GroupKind::Ep, r.rank));
             assert_eq!(
-                r.expert_dp_group,
+                r.groups.get(GroupKind::Ep),
+                want_ep[i],
+                "{mix} rank {i}: EP group"
+            );
+            assert_eq!(
+                r.groups.get(GroupKind::ExpertDp).len(),
+                res.expert_dp() as usize
+            );
+            assert_eq!(
+                r.groups.get(GroupKind::Ep),
+                layout.group_of(GroupKind::Ep, r.rank)
+            );
+            assert_eq!(
+                r.groups.get(GroupKind::ExpertDp),
                 layout.group_of(GroupKind::ExpertDp, r.rank)
             );
             // Expert TP x expert DP x EP covers the world once per rank.
             assert_eq!(
-                r.expert_tp_group.len() * r.expert_dp_group.len() * r.ep_group.len(),
+                r.groups.get(GroupKind::ExpertTp).len()
+                    * r.groups.get(GroupKind::ExpertDp).len()
+                    * r.groups.get(GroupKind::Ep).len(),
                 p.ranks.len(),
                 "{mix} rank {i}"
             );
@@ -410,7 +455,10 @@ fn the_cuda_runner_creates_the_expert_tp_groups_above_tp() {
     let specs = plan_groups(&p, Placement::SingleProcess { gpus: 4 }, |_| 0, |_| 0)
         .expect("places the ranks");
     for members in [vec![0, 1], vec![2, 3]] {
-        assert!(p.ranks.iter().any(|r| r.expert_tp_group == members));
+        assert!(p
+            .ranks
+            .iter()
+            .any(|r| r.groups.get(GroupKind::ExpertTp) == members));
         let g = specs
             .iter()
             .find(|g| g.members == members)
@@ -419,8 +467,12 @@ fn the_cuda_runner_creates_the_expert_tp_groups_above_tp() {
         assert_eq!(g.transport, Transport::Nccl);
     }
     for r in &p.ranks {
-        assert!(specs.iter().any(|g| g.members == r.expert_tp_group));
-        assert!(specs.iter().any(|g| g.members == r.expert_dp_group));
+        assert!(specs
+            .iter()
+            .any(|g| g.members == r.groups.get(GroupKind::ExpertTp)));
+        assert!(specs
+            .iter()
+            .any(|g| g.members == r.groups.get(GroupKind::ExpertDp)));
     }
 }
 
@@ -465,7 +517,7 @@ fn the_executor_refuses_a_foreign_expert_tp_group() {
     let c = Moe { tp: 4, ..ds() };
     let mut p = plan(etp2(&c));
     // Ranks 0 and 2 share an expert-TP index, not a block.
-    p.ranks[0].expert_tp_group = vec![0, 2];
+    p.ranks[0].groups.insert(GroupKind::ExpertTp, vec![0, 2]);
     let e = run_cpu(&p, &RunOptions::default()).unwrap_err().to_string();
     assert!(
         e.contains("rank 0: the expert-TP group") && e.contains("expert tp (2)"),
@@ -481,7 +533,9 @@ fn the_executor_refuses_a_foreign_expert_tp_group() {
     // Above tp: an expert-TP group of both TP groups that leaves out a TP peer.
     let (c, etp) = &etp_above_tp_mixes()[0];
     let mut p = plan(with_etp(c, *etp));
-    p.ranks[1].expert_tp_group = vec![0, 1, 2, 2];
+    p.ranks[1]
+        .groups
+        .insert(GroupKind::ExpertTp, vec![0, 1, 2, 2]);
     let e = run_cpu(&p, &RunOptions::default()).unwrap_err().to_string();
     assert!(e.contains("rank 1: the expert-TP group"), "{e}");
 }

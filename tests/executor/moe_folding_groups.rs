@@ -163,9 +163,17 @@ fn engine_and_plan_expert_groups_are_megatrons_for_every_rank() {
         for r in &p.ranks {
             let i = r.rank as usize;
             let label = format!("{c:?} rank {i}");
-            assert_eq!(r.ep_group, ep[i], "{label}: plan EP");
-            assert_eq!(r.expert_dp_group, edp[i], "{label}: plan expert DP");
-            assert_eq!(r.expert_tp_group, etp[i], "{label}: plan expert TP");
+            assert_eq!(r.groups.get(GroupKind::Ep), ep[i], "{label}: plan EP");
+            assert_eq!(
+                r.groups.get(GroupKind::ExpertDp),
+                edp[i],
+                "{label}: plan expert DP"
+            );
+            assert_eq!(
+                r.groups.get(GroupKind::ExpertTp),
+                etp[i],
+                "{label}: plan expert TP"
+            );
             assert_eq!(
                 layout.group_of(GroupKind::Ep, r.rank),
                 ep[i],
@@ -200,9 +208,12 @@ fn expert_tp_1_under_tp_8_puts_each_ep_group_in_one_node() {
     let p = plan(config(&mixes()[0]));
     for r in &p.ranks {
         let j = r.rank / 8;
-        assert_eq!(r.ep_group, (8 * j..8 * j + 8).collect::<Vec<_>>());
         assert_eq!(
-            r.expert_dp_group,
+            r.groups.get(GroupKind::Ep),
+            (8 * j..8 * j + 8).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            r.groups.get(GroupKind::ExpertDp),
             (0..8).map(|d| r.rank % 8 + 8 * d).collect::<Vec<_>>()
         );
     }
@@ -229,12 +240,18 @@ fn expert_tp_equal_to_tp_without_cp_keeps_the_dense_groups() {
                 "{kind}"
             );
         }
-        assert_eq!(r.ep_group, dense.group_of(GroupKind::Ep, r.rank));
         assert_eq!(
-            r.expert_dp_group,
+            r.groups.get(GroupKind::Ep),
+            dense.group_of(GroupKind::Ep, r.rank)
+        );
+        assert_eq!(
+            r.groups.get(GroupKind::ExpertDp),
             dense.group_of(GroupKind::ExpertDp, r.rank)
         );
-        assert_eq!(r.expert_tp_group, r.tp_group);
+        assert_eq!(
+            r.groups.get(GroupKind::ExpertTp),
+            r.groups.get(GroupKind::Tp)
+        );
     }
 }
 
@@ -255,13 +272,25 @@ fn ep_above_dp_lies_on_the_expert_grid() {
     let p = plan(config(&c));
     for r in &p.ranks {
         let t = r.rank % 2;
-        assert_eq!(r.ep_group, vec![t, t + 2, t + 4, t + 6], "rank {}", r.rank);
-        assert_eq!(r.expert_dp_group, vec![r.rank]);
-        assert_eq!(r.expert_tp_group, vec![r.rank - t, r.rank - t + 1]);
+        assert_eq!(
+            r.groups.get(GroupKind::Ep),
+            vec![t, t + 2, t + 4, t + 6],
+            "rank {}",
+            r.rank
+        );
+        assert_eq!(r.groups.get(GroupKind::ExpertDp), vec![r.rank]);
+        assert_eq!(
+            r.groups.get(GroupKind::ExpertTp),
+            vec![r.rank - t, r.rank - t + 1]
+        );
         // The dense DP group {r mod 4, r mod 4 + 4} has 2 ranks; the EP group covers both.
-        assert_eq!(r.dp_group, vec![r.rank % 4, r.rank % 4 + 4]);
+        assert_eq!(
+            r.groups.get(GroupKind::DpCp),
+            vec![r.rank % 4, r.rank % 4 + 4]
+        );
         let mut dps: Vec<u32> = r
-            .ep_group
+            .groups
+            .get(GroupKind::Ep)
             .iter()
             .map(|&x| p.ranks[x as usize].coords.dp)
             .collect();
@@ -284,13 +313,24 @@ fn expert_tp_equal_to_tp_with_cp_folds_cp_into_expert_dp() {
     let p = plan(v);
     for r in &p.ranks {
         let lo = r.rank % 2 + (r.rank / 4) * 4;
-        assert_eq!(r.ep_group, vec![lo, lo + 2], "rank {}", r.rank);
-        assert_ne!(
-            p.ranks[r.ep_group[0] as usize].coords.cp,
-            p.ranks[r.ep_group[1] as usize].coords.cp
+        assert_eq!(
+            r.groups.get(GroupKind::Ep),
+            vec![lo, lo + 2],
+            "rank {}",
+            r.rank
         );
-        assert_eq!(r.expert_dp_group, vec![r.rank % 4, r.rank % 4 + 4]);
-        assert_eq!(r.expert_tp_group, r.tp_group);
+        assert_ne!(
+            p.ranks[r.groups.get(GroupKind::Ep)[0] as usize].coords.cp,
+            p.ranks[r.groups.get(GroupKind::Ep)[1] as usize].coords.cp
+        );
+        assert_eq!(
+            r.groups.get(GroupKind::ExpertDp),
+            vec![r.rank % 4, r.rank % 4 + 4]
+        );
+        assert_eq!(
+            r.groups.get(GroupKind::ExpertTp),
+            r.groups.get(GroupKind::Tp)
+        );
     }
 }
 

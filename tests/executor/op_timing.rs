@@ -4,10 +4,11 @@
 //! group and bytes.
 
 use super::common::{config, plan, Mix};
-use parsim_executor::plan::Plan;
-use parsim_executor::runner::{run_cpu, RunOptions, RunReport};
+use parsim_executor::runner::{run_cpu, RunOptions};
 use parsim_plan::op_timing::{CollectiveKind, OpKey, Placement};
+use parsim_plan::plan::Plan;
 use parsim_plan::DType;
+use parsim_plan::RunReport;
 use std::collections::BTreeMap;
 
 /// Runs `plan` for `steps` steps (one warm-up), profiling ops.

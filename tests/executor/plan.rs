@@ -3,7 +3,8 @@
 
 use super::common::*;
 use parsim::schedule::{generate, ActionKind};
-use parsim_executor::plan::Action;
+use parsim_plan::plan::Action;
+use parsim_plan::GroupKind;
 use std::collections::HashMap;
 
 #[test]
@@ -105,6 +106,6 @@ fn unexecutable_fields_are_refused_by_name() {
     v["cluster"]["num_gpus"] = 2.into();
     let p = parsim::lower::lower(&resolve(v), &options()).expect("lowers");
     p.validate().expect("valid");
-    assert_eq!(p.ranks[0].cp_group, vec![0, 1]);
-    assert_eq!(p.ranks[1].dp_group, vec![0, 1]);
+    assert_eq!(p.ranks[0].groups.get(GroupKind::Cp), vec![0, 1]);
+    assert_eq!(p.ranks[1].groups.get(GroupKind::DpCp), vec![0, 1]);
 }

@@ -7,7 +7,8 @@
 use assert_cmd::Command;
 use parsim::config::{Config, Layer, Resolved};
 use parsim::lower::{lower, LowerOptions};
-use parsim_executor::plan::Action;
+use parsim_plan::plan::Action;
+use parsim_plan::GroupKind;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::Path;
@@ -188,7 +189,7 @@ fn check(schedule: &str, vpp: u32, dir: &Path) {
         assert_eq!(ops, per_step.repeat(timed), "{schedule}");
         for c in &collectives {
             let group: Vec<u32> = serde_json::from_value(c["args"]["group"].clone()).unwrap();
-            assert_eq!(group, rp.dp_group, "{schedule}: {c}");
+            assert_eq!(group, rp.groups.get(GroupKind::DpCp), "{schedule}: {c}");
             assert!(c["args"]["bytes"].as_u64().unwrap() > 0);
             let inside = compute
                 .iter()

@@ -6,9 +6,11 @@ use super::common::{config, plan, Mix};
 use super::moe::{moe_config, BASE};
 use parsim::config::{Config, Layer, Resolved};
 use parsim::lower::{lower, LowerOptions};
-use parsim_executor::plan::{Action, Plan};
 use parsim_executor::runner::{run_cpu, RunOptions};
-use parsim_executor::trace::{Clock, EventKind, RankTrace, Stream};
+use parsim_executor::trace::Clock;
+use parsim_plan::plan::{Action, Plan};
+use parsim_plan::trace::{EventKind, RankTrace, Stream};
+use parsim_plan::GroupKind;
 use std::collections::BTreeMap;
 
 fn traced(plan: &Plan) -> Vec<RankTrace> {
@@ -130,7 +132,7 @@ fn timeline_records_tp_sp_collectives_of_the_model() {
         let c = census(t);
         let first = usize::from(rp.stages.contains(&0));
         let last = usize::from(rp.stages.contains(&1));
-        let g = &rp.tp_group;
+        let g = rp.groups.get(GroupKind::Tp);
         assert_eq!(g.len(), 2);
         let expect = [
             ("F", "all_gather", act_bytes, mbs * (2 * layers + last)),
@@ -176,7 +178,12 @@ fn timeline_records_cp_ring_messages() {
         check_timeline(t, rp.rank as usize);
         let c = census(t);
         let me = rp.rank;
-        let peer = *rp.cp_group.iter().find(|&&r| r != me).unwrap();
+        let peer = *rp
+            .groups
+            .get(GroupKind::Cp)
+            .iter()
+            .find(|&&r| r != me)
+            .unwrap();
         for (k, per_layer) in [("F", 2), ("B", 4)] {
             assert_eq!(
                 count(&c, k, "p2p_send", &[me, peer], block_bytes),
@@ -193,7 +200,7 @@ fn timeline_records_cp_ring_messages() {
         assert_eq!(c.iter().filter(|(k, _)| k.0 == "O").count(), 0, "{c:?}");
         let dp: Vec<_> = c
             .iter()
-            .filter(|(k, _)| k.1 == "all_reduce" && k.2 == rp.dp_group)
+            .filter(|(k, _)| k.1 == "all_reduce" && k.2 == rp.groups.get(GroupKind::DpCp))
             .collect();
         assert_eq!(dp.len(), 1, "{c:?}");
         assert_eq!((dp[0].0 .0, *dp[0].1), ("B", 1), "{c:?}");
@@ -226,9 +233,14 @@ fn timeline_cp_ring_posts_each_exchange_before_the_attention_it_overlaps() {
             check_timeline(t, rp.rank as usize);
             let c = census(t);
             let me = rp.rank;
-            let i = rp.cp_group.iter().position(|&r| r == me).unwrap();
-            let next = rp.cp_group[(i + 1) % cp as usize];
-            let prev = rp.cp_group[(i + cp as usize - 1) % cp as usize];
+            let i = rp
+                .groups
+                .get(GroupKind::Cp)
+                .iter()
+                .position(|&r| r == me)
+                .unwrap();
+            let next = rp.groups.get(GroupKind::Cp)[(i + 1) % cp as usize];
+            let prev = rp.groups.get(GroupKind::Cp)[(i + cp as usize - 1) % cp as usize];
             for (k, per_step) in [("F", 2), ("B", 4)] {
                 let want = mbs * layers * steps * per_step;
                 let sends = count(&c, k, "p2p_send", &[me, next], block_bytes);
@@ -284,7 +296,7 @@ fn timeline_records_moe_all_to_all() {
     for (rp, t) in p.ranks.iter().zip(&traces) {
         check_timeline(t, rp.rank as usize);
         let c = census(t);
-        let g = &rp.ep_group;
+        let g = rp.groups.get(GroupKind::Ep);
         assert_eq!(count(&c, "F", "all_to_all_counts", g, 8 * 8), layers * mbs);
         for k in ["F", "B"] {
             let a2a: Vec<(u64, usize)> = c
@@ -297,7 +309,7 @@ fn timeline_records_moe_all_to_all() {
                 .collect();
             assert_eq!(a2a.iter().map(|x| x.1).sum::<usize>(), 2 * layers * mbs);
             assert!(count(&c, k, "all_to_all_v", g, dispatch_bytes) >= layers * mbs);
-            *group_bytes.entry((g.clone(), k)).or_insert(0) +=
+            *group_bytes.entry((g.to_vec(), k)).or_insert(0) +=
                 a2a.iter().map(|&(b, v)| b * v as u64).sum::<u64>();
         }
         // The dense gradients' all-reduce over DP, one bucket in the last backward (the
@@ -305,7 +317,7 @@ fn timeline_records_moe_all_to_all() {
         assert_eq!(c.iter().filter(|(k, _)| k.0 == "O").count(), 0, "{c:?}");
         let dp: Vec<_> = c
             .iter()
-            .filter(|(k, _)| k.1 == "all_reduce" && k.2 == rp.dp_group)
+            .filter(|(k, _)| k.1 == "all_reduce" && k.2 == rp.groups.get(GroupKind::DpCp))
             .collect();
         assert_eq!(dp.len(), 1, "{c:?}");
         assert_eq!((dp[0].0 .0, *dp[0].1), ("B", 1), "{c:?}");
@@ -383,7 +395,7 @@ recompute = "none"
         assert_eq!(on_thread.len(), in_memory, "rank {}", rp.rank);
         for e in on_thread {
             let group: Vec<u32> = serde_json::from_value(e["args"]["group"].clone()).unwrap();
-            assert_eq!(group, rp.tp_group, "{e}");
+            assert_eq!(group, rp.groups.get(GroupKind::Tp), "{e}");
             assert!(e["args"]["bytes"].as_u64().unwrap() > 0, "{e}");
             let op = e["cat"].as_str().unwrap();
             assert!(e["name"].as_str().unwrap().starts_with(op), "{e}");
@@ -438,7 +450,7 @@ fn timeline_records_cp_all_gather_and_ulysses_all_to_all() {
             let c = census(t);
             for &(k, op, bytes, want) in &expect {
                 assert_eq!(
-                    count(&c, k, op, &rp.cp_group, bytes),
+                    count(&c, k, op, rp.groups.get(GroupKind::Cp), bytes),
                     want,
                     "{cp_comm} rank {}: {k} {op} of {bytes} bytes in {c:?}",
                     rp.rank
@@ -479,12 +491,13 @@ fn the_engines_expert_tp_bytes_are_what_the_executor_sends() {
     let p = plan(v);
     let traces = traced(&p);
     for (rp, t) in p.ranks.iter().zip(&traces) {
-        assert_eq!(rp.expert_tp_group.len(), 2);
+        assert_eq!(rp.groups.get(GroupKind::ExpertTp).len(), 2);
         let c = census(t);
         let sent: u64 = c
             .iter()
             .filter(|(k, _)| {
-                k.2 == rp.expert_tp_group && matches!(k.1.as_str(), "all_gather" | "reduce_scatter")
+                k.2 == rp.groups.get(GroupKind::ExpertTp)
+                    && matches!(k.1.as_str(), "all_gather" | "reduce_scatter")
             })
             .map(|(k, &n)| k.3 * n as u64)
             .sum();

@@ -7,9 +7,12 @@
 
 use super::common::{config, plan, rel_diff, Mix};
 use super::moe::{moe_config, BASE};
-use parsim_executor::plan::{Action, Plan, RankPlan};
-use parsim_executor::runner::{run_cpu, RunOptions, RunReport};
-use parsim_executor::trace::{Clock, EventKind, RankTrace};
+use parsim_executor::runner::{run_cpu, RunOptions};
+use parsim_executor::trace::Clock;
+use parsim_plan::plan::{Action, Plan, RankPlan};
+use parsim_plan::trace::{EventKind, RankTrace};
+use parsim_plan::GroupKind;
+use parsim_plan::RunReport;
 use serde_json::Value;
 
 /// The small model's parameters per TP rank at TP 2 (hidden 64, 8 heads and 4 KV heads of 8,
@@ -75,7 +78,7 @@ pub(super) fn collectives(t: &RankTrace) -> Vec<Collective> {
 
 /// A gradient reduction over the rank's DP group (not ZeRO 1's parameter all-gather).
 pub(super) fn is_reduction(c: &Collective, rp: &RankPlan) -> bool {
-    c.2 == rp.dp_group && (c.1 == "all_reduce" || c.1 == "reduce_scatter")
+    c.2 == rp.groups.get(GroupKind::DpCp) && (c.1 == "all_reduce" || c.1 == "reduce_scatter")
 }
 
 /// Each block its own bucket (`ddp_bucket_size` = 1), TP 2 + SP x DP 2, 2 microbatches a DP
@@ -121,7 +124,9 @@ fn timeline_grad_buckets_reduce_in_the_last_backward_in_reverse_layer_order() {
                 .collect();
             for w in pos.windows(2) {
                 assert!(
-                    all[w[0] + 1..w[1]].iter().any(|c| c.2 == rp.tp_group),
+                    all[w[0] + 1..w[1]]
+                        .iter()
+                        .any(|c| c.2 == rp.groups.get(GroupKind::Tp)),
                     "zero {zero} rank {}: buckets {w:?} with no backward between: {all:?}",
                     rp.rank
                 );
@@ -134,13 +139,15 @@ fn timeline_grad_buckets_reduce_in_the_last_backward_in_reverse_layer_order() {
             let at_step: Vec<_> = all.iter().filter(|c| c.0 == opt).collect();
             let norms = at_step
                 .iter()
-                .filter(|c| c.1 == "all_reduce" && c.2 == rp.tp_group && c.3 == 64 * 4)
+                .filter(|c| {
+                    c.1 == "all_reduce" && c.2 == rp.groups.get(GroupKind::Tp) && c.3 == 64 * 4
+                })
                 .count();
             assert_eq!(norms, 2 * 8 + 1, "zero {zero}: {at_step:?}");
             // ZeRO 1 all-gathers the updated shards over DP: every parameter, fp32.
             let gathers = at_step
                 .iter()
-                .filter(|c| c.1 == "all_gather" && c.2 == rp.dp_group)
+                .filter(|c| c.1 == "all_gather" && c.2 == rp.groups.get(GroupKind::DpCp))
                 .map(|c| c.3)
                 .collect::<Vec<_>>();
             let total = (OUTPUT + 8 * LAYER + EMBEDDING) * 4;

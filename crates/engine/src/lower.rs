@@ -10,12 +10,13 @@ use crate::config::{
     Activation, CpComm, LoraTarget, Normalization, PositionEmbedding, Recompute, Resolved,
     RouterScore, TrainingMode,
 };
-use crate::layout::{GroupKind, Layout};
+use crate::layout::Layout;
 use crate::schedule::{self, ActionKind, ScheduleError};
 use parsim_plan::plan::{
     self as xp, Action, AdamConfig, AttentionShape, Coords, LoraShape, MlaShape, ModelShape,
     MoeShape, Parallelism, Plan, RankPlan, RouterShape, StagePlan,
 };
+use parsim_plan::Groups;
 
 /// Why a configuration cannot be executed (yet).
 #[derive(Debug, thiserror::Error)]
@@ -525,14 +526,9 @@ pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
             RankPlan {
                 rank,
                 coords: c,
-                tp_group: layout.group_of(GroupKind::Tp, rank),
-                cp_group: layout.group_of(GroupKind::Cp, rank),
-                dp_group: layout.group_of(GroupKind::DpCp, rank),
-                pp_group: layout.group_of(GroupKind::Pp, rank),
-                // MoE Parallel Folding's expert grid (Megatron-Core's expert rank generator).
-                ep_group: layout.group_of(GroupKind::Ep, rank),
-                expert_dp_group: layout.group_of(GroupKind::ExpertDp, rank),
-                expert_tp_group: layout.expert_tp_group(rank),
+                // Every kind's group; the expert ones on MoE Parallel Folding's expert grid
+                // (Megatron-Core's expert rank generator).
+                groups: Groups::of_every_kind(|kind| layout.group_of(kind, rank)),
                 stages: (0..nstages)
                     .filter(|&s| program.rank_of_stage(s) == me)
                     .collect(),

@@ -10,8 +10,9 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use parsim_executor::backend::cuda::compile::kernels::Kernels;
 use parsim_executor::backend::cuda::ops;
 use parsim_executor::backend::cuda::probe::{self, Library};
-use parsim_executor::backend::{BlockShape, DType};
-use parsim_executor::plan::Activation;
+use parsim_executor::backend::ops::BlockShape;
+use parsim_plan::plan::Activation;
+use parsim_plan::DType;
 use std::sync::Arc;
 
 /// Median milliseconds of `f` over 20 timed runs after 3 warm-up runs.
@@ -101,7 +102,7 @@ fn flash(s: &Arc<CudaStream>, k: &Kernels) {
         d: 128,
         dv: 128,
         dropout: None,
-        span: parsim_executor::plan::AttnSpan::Full,
+        span: parsim_plan::plan::AttnSpan::Full,
     };
     let sq = 4096;
     let pos: Vec<u32> = (0..sq as u32).collect();

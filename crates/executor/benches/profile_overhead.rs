@@ -11,9 +11,9 @@
 use parsim_executor::backend::cpu::CpuOps;
 use parsim_executor::backend::Device;
 use parsim_executor::op_profile::OpProfile;
-use parsim_executor::plan::{AdamConfig, ModelShape, Plan, Recompute};
 use parsim_executor::runner::{run_cpu, RunOptions};
 use parsim_plan::op_timing::OpKey;
+use parsim_plan::plan::{AdamConfig, ModelShape, Plan, Recompute};
 use std::time::Instant;
 
 /// The median of `v` (not empty).

@@ -6,9 +6,10 @@
 //! step's GEMM FLOPs and the rate they ran at inside the step (the "matmul share" of the goal:
 //! >= 70% of the peak), and the whole step's achieved GFLOP/s.
 
-use parsim_executor::backend::cpu::ops::gemm::{gemm, GemmCounter, View};
-use parsim_executor::plan::{AdamConfig, ModelShape, Plan, Recompute};
+use parsim_executor::backend::cpu::gemm_counter::GemmCounter;
+use parsim_executor::backend::cpu::ops::gemm::{gemm, View};
 use parsim_executor::runner::{run_cpu, RunOptions};
+use parsim_plan::plan::{AdamConfig, ModelShape, Plan, Recompute};
 use std::time::Instant;
 
 fn gemm_rate(m: usize, k: usize, n: usize, reps: usize) -> f64 {
@@ -19,26 +20,20 @@ fn gemm_rate(m: usize, k: usize, n: usize, reps: usize) -> f64 {
     gemm(
         &counter,
         1.0,
-        &a,
-        View::rm(m, k),
-        &b,
-        View::rm(k, n),
+        (&a, View::rm(m, k)),
+        (&b, View::rm(k, n)),
         0.0,
-        &mut c,
-        View::rm(m, n),
+        (&mut c, View::rm(m, n)),
     );
     let t = Instant::now();
     for _ in 0..reps {
         gemm(
             &counter,
             1.0,
-            &a,
-            View::rm(m, k),
-            &b,
-            View::rm(k, n),
+            (&a, View::rm(m, k)),
+            (&b, View::rm(k, n)),
             0.0,
-            &mut c,
-            View::rm(m, n),
+            (&mut c, View::rm(m, n)),
         );
     }
     2.0 * (m * k * n * reps) as f64 / t.elapsed().as_secs_f64() / 1e9

@@ -42,7 +42,7 @@ pub enum ExecError {
     Dropout(#[from] crate::rng::DropoutError),
     /// Exported parameters or gradients that the ranks do not cover.
     #[error(transparent)]
-    Export(#[from] crate::pieces::MissingElements),
+    Export(#[from] parsim_plan::pieces::MissingElements),
     /// Operands of a device call whose sizes cannot match, naming the call and the rule.
     #[error("{op}: {rule}")]
     Shape { op: &'static str, rule: String },
@@ -52,9 +52,15 @@ pub enum ExecError {
         field: &'static str,
         message: &'static str,
     },
+    /// An op the backend has no kernel for (the op family's default refusal).
+    #[error("the {backend} backend does not run the op {op}")]
+    UnsupportedOp {
+        op: &'static str,
+        backend: &'static str,
+    },
 }
 
-pub use parsim_plan::PlanError;
+use parsim_plan::PlanError;
 
 /// Run options that cannot apply to a plan.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

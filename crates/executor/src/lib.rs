@@ -1,4 +1,4 @@
-//! parsim-executor: plays a [`Plan`](plan::Plan) (shard shapes, process groups, per-rank
+//! parsim-executor: plays a [`Plan`](parsim_plan::Plan) (shard shapes, process groups, per-rank
 //! actions) on a backend and measures it. It knows nothing of models, presets or
 //! configuration files: the engine (`parsim::lower`) lowers a configuration into a Plan.
 //!
@@ -8,8 +8,6 @@
 //! the loss and parameters of the single-rank run.
 
 pub mod backend;
-// The contract's modules, under the names the executor has always used.
-pub use parsim_plan::{nonfinite, pieces, plan, run_report};
 pub mod error;
 pub mod layers;
 pub mod op_profile;
@@ -21,6 +19,4 @@ pub mod traced_ops;
 pub mod tracker;
 
 pub use error::ExecError;
-pub use plan::Plan;
-pub use run_report::RunReport;
 pub use runner::{run_cpu, RunOptions};

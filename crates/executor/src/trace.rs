@@ -1,7 +1,6 @@
 //! The executor's trace clock; the trace's data types are the plan crate's
-//! ([`parsim_plan::trace`]), re-exported here.
+//! ([`parsim_plan::trace`]).
 
-pub use parsim_plan::trace::*;
 use std::time::Instant;
 
 /// The clock every rank of a run reads: a monotonic origin taken before the ranks start, so

@@ -12,9 +12,10 @@
 use crate::backend::{Backend, DeviceCollectives, DeviceTensor, ProcessGroup, ReduceOp};
 use crate::backend::{Pending, RecvInto, SendFrom, View, ViewMut};
 use crate::error::ExecError;
-use crate::trace::{Clock, Stream};
+use crate::trace::Clock;
 use crate::traced_ops::TracedOps;
 use parsim_plan::op_timing::CollectiveKind;
+use parsim_plan::trace::Stream;
 use std::cell::RefCell;
 use std::ops::Range;
 

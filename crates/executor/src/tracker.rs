@@ -22,7 +22,7 @@ pub enum Category {
     Buffers,
 }
 
-pub use parsim_plan::run_report::MemoryBreakdown;
+use parsim_plan::run_report::MemoryBreakdown;
 
 /// The field of `b` that counts category `c`.
 fn slot(b: &mut MemoryBreakdown, c: Category) -> &mut u64 {

@@ -175,8 +175,8 @@ fn flat_range_variants_shard_and_gather_a_buffer() {
 
 #[test]
 fn a_failing_rank_stops_the_run_with_its_error_instead_of_hanging() {
-    use parsim_executor::plan::{Action, Activation, AdamConfig, ModelShape, Plan, Recompute};
     use parsim_executor::runner::{run_cpu, RunOptions};
+    use parsim_plan::plan::{Action, Activation, AdamConfig, ModelShape, Plan, Recompute};
     let model = ModelShape {
         activation: Activation::Gelu,
         seq: 4,

@@ -7,11 +7,13 @@
 use parsim_executor::backend::cpu::CpuOps;
 use parsim_executor::backend::cuda::device::context::{visible_gpus, RankGpu};
 use parsim_executor::backend::cuda::device::device::CudaDevice;
+use parsim_executor::backend::cuda::device::matmul::{LinearInputs, LinearOp};
 use parsim_executor::backend::cuda::diag::gpu_test::{skip_gpu_test, REQUIRE_GPU_VAR};
-use parsim_executor::backend::cuda::ops::linear::matmul::LinearOp;
 use parsim_executor::backend::cuda::Library;
-use parsim_executor::backend::{DType, Device, DeviceTensor, TensorOps, View, ViewMut};
+use parsim_executor::backend::ops::LinearOps;
+use parsim_executor::backend::{Device, DeviceTensor, View, ViewMut};
 use parsim_executor::tracker::Category;
+use parsim_plan::DType;
 
 /// GPU 0 as a rank's device, or the reason there is none.
 fn gpu() -> Result<CudaDevice, String> {
@@ -86,18 +88,14 @@ fn linear_products_match_the_cpu_twin() {
             let gw = up(&dev, dtype, &[o, i], &w);
             let gdy = up(&dev, dtype, &[n, o], &dy);
             let gout = up(&dev, DType::F32, &out_shape, &out0);
-            dev.linear(
-                op,
-                (n, i, o),
-                gx.ptr_at(0),
-                gw.ptr_at(0),
-                gdy.ptr_at(0),
+            let inputs = LinearInputs {
+                x: gx.ptr_at(0),
+                w: gw.ptr_at(0),
+                dy: gdy.ptr_at(0),
                 dtype,
-                gout.ptr_at(0),
-                DType::F32,
-                acc,
-            )
-            .expect("cublasLt");
+            };
+            dev.linear(op, (n, i, o), inputs, (gout.ptr_at(0), DType::F32), acc)
+                .expect("cublasLt");
             let got = dev.download(View::all(&gout)).expect("download");
             let cu = |dt, shape: &[usize], v: &[f32]| {
                 Device::upload(&cpu, Category::Buffers, dt, shape, v).expect("cpu upload")
@@ -205,8 +203,8 @@ fn upload_download_and_tracking_on_the_gpu() {
 
 /// The small one-rank model the twins start from: 2 layers, hidden 64, 4 heads and 2 KV heads
 /// of 16, RMSNorm, SwiGLU, seq 32, micro batch 2, no dropout, biases or MoE.
-fn small_shape() -> parsim_executor::plan::ModelShape {
-    use parsim_executor::plan::ModelShape;
+fn small_shape() -> parsim_plan::plan::ModelShape {
+    use parsim_plan::plan::ModelShape;
     ModelShape {
         seq: 32,
         micro_batch: 2,
@@ -231,7 +229,7 @@ fn a_whole_step_matches_the_cpu_twin() {
 /// Philox coordinates, regenerated in backward).
 #[test]
 fn a_gpt3_style_step_matches_the_cpu_twin() {
-    use parsim_executor::plan::{Activation, ModelShape, Norm};
+    use parsim_plan::plan::{Activation, ModelShape, Norm};
     if let Err(reason) = gpu() {
         skip_gpu_test(&reason);
         return;
@@ -259,7 +257,7 @@ fn a_gpt3_style_step_matches_the_cpu_twin() {
 /// without and with attention dropout, against the CPU twin.
 #[test]
 fn an_mla_step_with_narrower_value_heads_matches_the_cpu_twin() {
-    use parsim_executor::plan::{MlaShape, ModelShape};
+    use parsim_plan::plan::{MlaShape, ModelShape};
     if let Err(reason) = gpu() {
         skip_gpu_test(&reason);
         return;
@@ -293,7 +291,7 @@ fn rms(x: &[f32]) -> f64 {
 /// them all by q . b_k: its gradient sums dS over each row, which is zero), so its value after
 /// Adam (which scales rounding noise to a full step) is no comparison between two summation
 /// orders; every other tensor must have a real gradient.
-fn vanishing_gradients(plan: &parsim_executor::plan::Plan) -> Vec<String> {
+fn vanishing_gradients(plan: &parsim_plan::plan::Plan) -> Vec<String> {
     use parsim_executor::runner::{run_cpu, run_cuda, CudaWorld, RunOptions};
     // Two steps without the optimizer: the second step's dropout masks (keyed by the step)
     // are in the accumulated gradients too.
@@ -330,9 +328,9 @@ fn vanishing_gradients(plan: &parsim_executor::plan::Plan) -> Vec<String> {
 /// The CUDA run against the CPU run (fp32) for a one-rank plan: every gradient of one step
 /// within 1e-5 (see [`vanishing_gradients`]), the losses within 1e-5 and the parameters after
 /// two steps within 2e-4.
-fn twin(shape: parsim_executor::plan::ModelShape) {
-    use parsim_executor::plan::{AdamConfig, Plan, Recompute};
+fn twin(shape: parsim_plan::plan::ModelShape) {
     use parsim_executor::runner::{run_cpu, run_cuda, CudaWorld, RunOptions};
+    use parsim_plan::plan::{AdamConfig, Plan, Recompute};
     let qkv_bias = shape.qkv_bias;
     let layers = shape.num_layers;
     let plan = Plan::single_rank(shape, AdamConfig::default(), 5, 2, Recompute::None);
@@ -379,7 +377,7 @@ fn twin(shape: parsim_executor::plan::ModelShape) {
 /// load-balancing loss, and with DeepSeek-V3's renormalised sigmoid gates.
 #[test]
 fn a_forced_balancing_moe_step_matches_the_cpu_twin() {
-    use parsim_executor::plan::{ModelShape, MoeShape, RouterShape, ScoreFunction};
+    use parsim_plan::plan::{ModelShape, MoeShape, RouterShape, ScoreFunction};
     if let Err(reason) = gpu() {
         skip_gpu_test(&reason);
         return;
@@ -424,7 +422,7 @@ fn a_forced_balancing_moe_step_matches_the_cpu_twin() {
 /// before the run (`runner::cuda::check_layer_kinds`).
 #[test]
 fn qk_norm_router_bias_and_a_moe_pattern_match_the_cpu_twin() {
-    use parsim_executor::plan::{AttentionShape, ModelShape, MoeShape, RouterShape};
+    use parsim_plan::plan::{AttentionShape, ModelShape, MoeShape, RouterShape};
     if let Err(reason) = gpu() {
         skip_gpu_test(&reason);
         return;
@@ -459,8 +457,8 @@ fn qk_norm_router_bias_and_a_moe_pattern_match_the_cpu_twin() {
 #[test]
 fn a_bf16_step_on_the_tensor_core_kernels_matches_the_scalar_kernels() {
     use parsim_executor::backend::cuda::ops::flash::mma as flash_mma;
-    use parsim_executor::plan::{AdamConfig, ModelShape, Plan, Precision, Recompute};
     use parsim_executor::runner::{run_cpu, run_cuda, CudaWorld, RunOptions};
+    use parsim_plan::plan::{AdamConfig, ModelShape, Plan, Precision, Recompute};
     if let Err(reason) = gpu() {
         skip_gpu_test(&reason);
         return;

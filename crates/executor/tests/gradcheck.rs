@@ -4,11 +4,11 @@
 //! parameter tensor. Central differences of the f64-accumulated mean loss. Mixture-of-experts
 //! layers too: router, softmax, top-k gates, experts, the load-balancing loss, dropping.
 
-use parsim_executor::plan::{
+use parsim_executor::runner::{run_cpu, RunOptions};
+use parsim_plan::plan::{
     Activation, AdamConfig, MlaShape, ModelShape, MoeShape, Norm, Plan, Recompute, RouterShape,
     ScoreFunction,
 };
-use parsim_executor::runner::{run_cpu, RunOptions};
 
 fn tiny(norm: Norm, activation: Activation, flash: bool) -> ModelShape {
     ModelShape {

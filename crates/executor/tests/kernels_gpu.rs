@@ -10,8 +10,9 @@ use parsim_executor::backend::cpu::ops::{
     activation, adam, cross_entropy, elementwise, flash, norm, rotary,
 };
 use parsim_executor::backend::cuda::ops;
-use parsim_executor::backend::{BlockShape, DType, Side};
-use parsim_executor::plan::{Activation, AdamConfig, Norm};
+use parsim_executor::backend::ops::{BlockQuery, BlockShape, BlockStats, Side};
+use parsim_plan::plan::{Activation, AdamConfig, Norm};
+use parsim_plan::DType;
 
 /// The outputs of the cross-entropy's three readers of the logits.
 struct CeReaders {
@@ -303,7 +304,7 @@ fn flash_attention_matches_the_cpu_on_a_zigzag_layout_with_gqa() {
         d: 72,
         dv: 72,
         dropout: None,
-        span: parsim_executor::plan::AttnSpan::Full,
+        span: parsim_plan::plan::AttnSpan::Full,
     };
     // Zigzag CP shard of a 64-row sequence over cp 2: chunks 0 and 3 (queries), all keys.
     let qpos: Vec<u32> = (0..16).chain(48..64).collect();
@@ -314,7 +315,7 @@ fn flash_attention_matches_the_cpu_on_a_zigzag_layout_with_gqa() {
     let v = rand(sh.b * sk * sh.hk * sh.d, 23);
     let dout = rand(sh.b * sq * sh.hq * sh.d, 24);
     let nst = sh.b * sh.hq * sq;
-    let gc = parsim_executor::backend::cpu::ops::gemm::GemmCounter::new();
+    let gc = parsim_executor::backend::cpu::gemm_counter::GemmCounter::new();
     let (qs, ks) = (
         Side {
             pos: &qpos,
@@ -335,11 +336,8 @@ fn flash_attention_matches_the_cpu_on_a_zigzag_layout_with_gqa() {
     flash::forward_block(
         &gc,
         &sh,
-        &q,
-        qs,
-        &k,
-        &v,
-        ks,
+        BlockQuery { q: &q, side: qs },
+        (&k, &v, ks),
         &mut acc,
         &mut flash::Online {
             max: &mut mx,
@@ -353,8 +351,17 @@ fn flash_attention_matches_the_cpu_on_a_zigzag_layout_with_gqa() {
     let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
     let (mut pt, mut dpt) = (vec![0.0; 64], vec![0.0; 64]);
     flash::backward_block(
-        &gc, &sh, &q, qs, &k, &v, ks, &dout, &lse, &delta, &mut dq, &mut dk, &mut dv, &mut pt,
-        &mut dpt,
+        &gc,
+        &sh,
+        BlockQuery { q: &q, side: qs },
+        (&k, &v, ks),
+        BlockStats {
+            dout: &dout,
+            lse: &lse,
+            delta: &delta,
+        },
+        (&mut dq, &mut dk, &mut dv),
+        (&mut pt, &mut dpt),
     );
 
     let (pq, pk, pv, pdo) = (g.up(&q), g.up(&k), g.up(&v), g.up(&dout));
@@ -467,7 +474,9 @@ fn bf16_down(g: &Gpu, x: &CudaSlice<u16>) -> Vec<f32> {
 }
 
 fn rounded(x: &[f32]) -> Vec<f32> {
-    x.iter().map(|&v| elementwise::round_bf16(v)).collect()
+    x.iter()
+        .map(|&v| parsim_executor::backend::bf16::round_bf16(v))
+        .collect()
 }
 
 #[test]
@@ -552,10 +561,10 @@ fn bf16_kernels_match_the_cpu_on_rounded_inputs() {
 /// (cpu/ops/dropout.rs, mla.rs, router.rs): outputs poisoned first, fresh random inputs.
 #[test]
 fn dropout_heads_and_scored_router_match_the_cpu() {
-    use parsim_executor::backend::cpu::ops::{dropout, mla, router};
+    use parsim_executor::backend::cpu::ops::{dropout, heads, router};
     use parsim_executor::backend::cuda::ops::moe::kernel::ScoredTopk;
-    use parsim_executor::plan::{MoeShape, RouterShape, ScoreFunction};
     use parsim_executor::rng::{DropoutKey, DropoutSite};
+    use parsim_plan::plan::{MoeShape, RouterShape, ScoreFunction};
     let Some(g) = gpu() else { return };
     // Dropout: random tokens past 2^32, a column offset mid-block; exact in f32.
     let (rows, cols) = (37, 300);
@@ -619,7 +628,7 @@ fn dropout_heads_and_scored_router_match_the_cpu() {
         let b = rand(n * hb * db, 44);
         let w = n * heads * (da + db);
         let mut want = vec![0.0; w];
-        mla::heads_concat(&a, &b, &mut want, n, heads);
+        heads::heads_concat(&a, &b, &mut want, n, heads);
         let (pa, pb, po) = (g.up(&a), g.up(&b), g.poisoned(w));
         // SAFETY: lengths as passed, f32.
         unsafe {
@@ -638,7 +647,7 @@ fn dropout_heads_and_scored_router_match_the_cpu() {
         check("heads_concat_f32", &g.down(&po), &want, 1e-6);
         let dout = rand(w, 45);
         let (mut wa, mut wb) = (vec![0.0; a.len()], vec![0.0; b.len()]);
-        mla::heads_split(&dout, &mut wa, &mut wb, n, heads);
+        heads::heads_split(&dout, &mut wa, &mut wb, n, heads);
         let (pd, pda, pdb) = (g.up(&dout), g.poisoned(a.len()), g.poisoned(b.len()));
         // SAFETY: lengths as passed, f32.
         unsafe {
@@ -822,7 +831,7 @@ fn mma_case(g: &Gpu, name: &str, sh: &BlockShape, qpos: &[u32], kblocks: &[Vec<u
             (rounded(&rand(n, s)), rounded(&rand(n, s + 1)))
         })
         .collect();
-    let gc = parsim_executor::backend::cpu::ops::gemm::GemmCounter::new();
+    let gc = parsim_executor::backend::cpu::gemm_counter::GemmCounter::new();
     let side = |pos| Side { pos, tile: 16 };
     // CPU: the merge, finish, delta and each block's backward.
     let (mut acc, mut mx, mut sm, mut lse) = (
@@ -840,11 +849,11 @@ fn mma_case(g: &Gpu, name: &str, sh: &BlockShape, qpos: &[u32], kblocks: &[Vec<u
         flash::forward_block(
             &gc,
             sh,
-            &q,
-            side(qpos),
-            k,
-            v,
-            side(kp),
+            BlockQuery {
+                q: &q,
+                side: side(qpos),
+            },
+            (k, v, side(kp)),
             &mut acc,
             &mut on,
             &mut tile,
@@ -864,19 +873,18 @@ fn mma_case(g: &Gpu, name: &str, sh: &BlockShape, qpos: &[u32], kblocks: &[Vec<u
         flash::backward_block(
             &gc,
             sh,
-            &q,
-            side(qpos),
-            k,
-            v,
-            side(kp),
-            &dout,
-            &lse,
-            &delta,
-            &mut dq,
-            &mut dk,
-            &mut dv,
-            &mut pt,
-            &mut dpt,
+            BlockQuery {
+                q: &q,
+                side: side(qpos),
+            },
+            (k, v, side(kp)),
+            BlockStats {
+                dout: &dout,
+                lse: &lse,
+                delta: &delta,
+            },
+            (&mut dq, &mut dk, &mut dv),
+            (&mut pt, &mut dpt),
         );
         dkv.push((dk0, dv0, dk, dv));
     }
@@ -984,7 +992,7 @@ fn mma_cases(g: &Gpu) {
         d,
         dv: d,
         dropout: None,
-        span: parsim_executor::plan::AttnSpan::Full,
+        span: parsim_plan::plan::AttnSpan::Full,
     };
     // Contiguous causal, 100 rows (not a multiple of the 64- or 32-row tiles), GQA 4:2, d 64.
     let pos: Vec<u32> = (0..100).collect();

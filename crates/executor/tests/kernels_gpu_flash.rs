@@ -10,8 +10,9 @@ mod gpu_common;
 use gpu_common::{check, gpu, rand, Gpu};
 use parsim_executor::backend::cpu::ops::flash;
 use parsim_executor::backend::cuda::ops;
-use parsim_executor::backend::{BlockShape, DType, Side};
+use parsim_executor::backend::ops::{BlockQuery, BlockShape, BlockStats, Side};
 use parsim_executor::rng::AttnDropout;
+use parsim_plan::DType;
 
 /// One case's inputs and the outputs of forward (o, lse) and backward (dq, dk, dv).
 struct Run {
@@ -36,7 +37,7 @@ struct Inputs<'a> {
 fn cpu(x: &Inputs) -> Run {
     let (sh, sq) = (x.sh, x.qpos.len());
     let nst = sh.b * sh.hq * sq;
-    let gc = parsim_executor::backend::cpu::ops::gemm::GemmCounter::new();
+    let gc = parsim_executor::backend::cpu::gemm_counter::GemmCounter::new();
     let (qs, ks) = (
         Side {
             pos: x.qpos,
@@ -53,11 +54,8 @@ fn cpu(x: &Inputs) -> Run {
     flash::forward_block(
         &gc,
         sh,
-        &x.q,
-        qs,
-        &x.k,
-        &x.v,
-        ks,
+        BlockQuery { q: &x.q, side: qs },
+        (&x.k, &x.v, ks),
         &mut o,
         &mut flash::Online {
             max: &mut mx,
@@ -75,8 +73,17 @@ fn cpu(x: &Inputs) -> Run {
     );
     let (mut pt, mut dpt) = (vec![0.0; 64], vec![0.0; 64]);
     flash::backward_block(
-        &gc, sh, &x.q, qs, &x.k, &x.v, ks, &x.dout, &lse, &delta, &mut dq, &mut dk, &mut dv,
-        &mut pt, &mut dpt,
+        &gc,
+        sh,
+        BlockQuery { q: &x.q, side: qs },
+        (&x.k, &x.v, ks),
+        BlockStats {
+            dout: &x.dout,
+            lse: &lse,
+            delta: &delta,
+        },
+        (&mut dq, &mut dk, &mut dv),
+        (&mut pt, &mut dpt),
     );
     Run { o, lse, dq, dk, dv }
 }
@@ -188,7 +195,7 @@ fn flash_kernels_match_the_cpu_with_narrower_values_and_attention_dropout() {
                 d,
                 dv,
                 dropout: drop,
-                span: parsim_executor::plan::AttnSpan::Full,
+                span: parsim_plan::plan::AttnSpan::Full,
             };
             let (sq, sk) = (qpos.len(), kpos.len());
             seed += 4;
@@ -228,7 +235,7 @@ fn flash_dropout_mask_equals_the_cpus_exactly() {
         d: 16,
         dv: 64,
         dropout: Some(dr),
-        span: parsim_executor::plan::AttnSpan::Full,
+        span: parsim_plan::plan::AttnSpan::Full,
     };
     let qpos: Vec<u32> = (0..16).chain(48..64).collect();
     let kpos: Vec<u32> = (0..64).collect();

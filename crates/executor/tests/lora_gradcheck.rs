@@ -3,8 +3,8 @@
 //! and B's gradients are nonzero. Central differences of the f64-accumulated mean loss for a
 //! sample of elements of every adapter tensor; the frozen base weights get no gradient.
 
-use parsim_executor::plan::{Activation, AdamConfig, LoraShape, ModelShape, Plan, Recompute};
 use parsim_executor::runner::{run_cpu, RunOptions};
+use parsim_plan::plan::{Activation, AdamConfig, LoraShape, ModelShape, Plan, Recompute};
 
 fn tiny(activation: Activation) -> ModelShape {
     ModelShape {
@@ -31,7 +31,7 @@ fn lora_plan(activation: Activation, recompute: Recompute) -> Plan {
     plan
 }
 
-fn run(plan: &Plan, perturb: Vec<(String, usize, f32)>) -> parsim_executor::run_report::RunReport {
+fn run(plan: &Plan, perturb: Vec<(String, usize, f32)>) -> parsim_plan::run_report::RunReport {
     run_cpu(
         plan,
         &RunOptions {

@@ -1,5 +1,7 @@
 //! Why a Plan is refused: each variant names the quantity and the rule.
 
+use crate::group::GroupKind;
+
 /// A Plan that fails [`Plan::validate`](crate::plan::Plan::validate), naming the quantity.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PlanError {
@@ -105,15 +107,13 @@ pub enum PlanError {
     RankCount { ranks: usize, world: usize },
     #[error("rank plan {index} has rank {rank}")]
     RankNumber { index: usize, rank: u32 },
-    #[error("rank {rank}: group sizes do not match tp/cp/dp/pp")]
-    GroupSizes { rank: usize },
-    #[error("rank {rank}: ep group ({ep_group}) and expert-dp group ({expert_dp_group}) must have ep ({ep}) and dp x cp x tp / (expert tp x ep) ({expert_dp}) members")]
-    ExpertGroupSizes {
+    #[error("rank {rank}: the {group} group has {members} members, {rule} ({expected}) expected")]
+    GroupSize {
         rank: usize,
-        ep_group: usize,
-        expert_dp_group: usize,
-        ep: usize,
-        expert_dp: usize,
+        group: GroupKind,
+        members: usize,
+        rule: &'static str,
+        expected: usize,
     },
     #[error("rank {rank}: the expert-TP group must be the expert tp ({etp}) ranks of its EP index and pipeline rank holding it (a block of consecutive TP ranks when expert tp divides tp, whole TP groups when tp divides it), ascending, meeting the expert-DP group in the rank alone")]
     ExpertTpGroup { rank: usize, etp: u32 },

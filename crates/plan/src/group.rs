@@ -1,7 +1,9 @@
 //! The vocabulary of process groups both sides of the contract speak: which group a rank
-//! belongs to ([`GroupKind`]) and where it sits on the rank grid ([`Coords`]).
+//! belongs to ([`GroupKind`]), the members of each of a rank's groups ([`Groups`]) and where it
+//! sits on the rank grid ([`Coords`]).
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fmt;
 
 /// A process group kind: the axes its members vary along (Megatron-Core's
@@ -60,6 +62,40 @@ impl fmt::Display for GroupKind {
     }
 }
 
+/// A rank's process groups keyed by kind: the members (global ranks, ascending) of the group of
+/// each kind that holds the rank. A new parallel kind is a new key, not a new field; a Plan's
+/// JSON writes them as `{"tp": [0, 1], "cp": [0], ...}`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Groups(BTreeMap<GroupKind, Vec<u32>>);
+
+impl Groups {
+    /// The rank's group of each kind in [`GroupKind::ALL`], made by `members`.
+    pub fn of_every_kind(mut members: impl FnMut(GroupKind) -> Vec<u32>) -> Groups {
+        Groups(GroupKind::ALL.iter().map(|&k| (k, members(k))).collect())
+    }
+
+    /// Every kind's group holding `rank` alone (a one-rank run).
+    pub fn alone(rank: u32) -> Groups {
+        Groups::of_every_kind(|_| vec![rank])
+    }
+
+    /// The members of the `kind` group (empty when the plan states none).
+    pub fn get(&self, kind: GroupKind) -> &[u32] {
+        self.0.get(&kind).map_or(&[], Vec::as_slice)
+    }
+
+    /// Sets the members of the `kind` group.
+    pub fn insert(&mut self, kind: GroupKind, members: Vec<u32>) {
+        self.0.insert(kind, members);
+    }
+
+    /// Each kind stated, with its members, in kind order.
+    pub fn iter(&self) -> impl Iterator<Item = (GroupKind, &[u32])> {
+        self.0.iter().map(|(&k, m)| (k, m.as_slice()))
+    }
+}
+
 /// A rank's coordinates (Megatron order tp-cp-ep-dp-pp by default): `tp`, `cp`, `dp` and `pp`
 /// on the dense grid (`dp` in 0..dp), `ep` its index on the expert grid's ep axis (the experts
 /// it holds).
@@ -70,4 +106,28 @@ pub struct Coords {
     pub ep: u32,
     pub dp: u32,
     pub pp: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_are_keyed_by_kind_and_written_as_a_map_of_kind_names() {
+        let mut g = Groups::alone(3);
+        assert_eq!(g.iter().count(), GroupKind::ALL.len());
+        assert!(GroupKind::ALL.iter().all(|&k| g.get(k) == [3]));
+        g.insert(GroupKind::Tp, vec![2, 3]);
+        assert_eq!(g.get(GroupKind::Tp), [2, 3]);
+        assert!(Groups::default().get(GroupKind::DpCp).is_empty());
+        // Readable JSON: one key per kind, as its snake_case name, in kind order.
+        let json = serde_json::to_string(&g).unwrap();
+        assert!(
+            json.starts_with(r#"{"tp":[2,3],"cp":[3],"pp":[3],"dp":[3],"#),
+            "{json}"
+        );
+        assert!(json.contains(r#""dp_cp":[3]"#) && json.contains(r#""expert_tp":[3]"#));
+        let back: Groups = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, g);
+    }
 }

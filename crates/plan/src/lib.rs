@@ -17,7 +17,7 @@ mod validate;
 
 pub use dtype::DType;
 pub use error::PlanError;
-pub use group::{Coords, GroupKind};
+pub use group::{Coords, GroupKind, Groups};
 pub use op_timing::{OpKey, OpTiming};
 pub use plan::Plan;
 pub use run_report::RunReport;

@@ -4,6 +4,7 @@
 //! Plan (`parsim::lower`), so prediction and execution describe the same work.
 
 pub use crate::group::Coords;
+use crate::group::{GroupKind, Groups};
 use serde::Serialize;
 use std::ops::Range;
 
@@ -510,23 +511,15 @@ pub enum Action {
 pub struct RankPlan {
     pub rank: u32,
     pub coords: Coords,
-    /// Members (global ranks, ascending) of this rank's groups.
-    pub tp_group: Vec<u32>,
-    /// Ranks with the same TP, PP and DP coordinates (the context-parallel ring).
-    pub cp_group: Vec<u32>,
-    /// Data parallelism together with context parallelism (gradients are reduced over both).
-    pub dp_group: Vec<u32>,
-    pub pp_group: Vec<u32>,
-    /// Expert parallelism: the ranks among which the experts are split (size ep), and the
-    /// ranks holding the same slices of the same experts (size dp x cp x tp / (etp x ep)),
-    /// over which expert gradients reduce.
-    pub ep_group: Vec<u32>,
-    pub expert_dp_group: Vec<u32>,
-    /// Expert tensor parallelism: the `etp` ranks (ascending) over which each expert's
-    /// intermediate size splits and the received rows gather: a block of `tp_group` when etp
-    /// divides tp, else consecutive ranks of the flattened tp x cp x dp index (MoE Parallel
-    /// Folding).
-    pub expert_tp_group: Vec<u32>,
+    /// Members (global ranks, ascending) of this rank's group of each kind: the dense grid's
+    /// TP, CP (the context-parallel ring), DP, DP x CP (the dense parameters' replicas, over
+    /// which their gradients reduce and ZeRO shards) and PP groups; the expert grid's EP group
+    /// (the ranks among which the experts are split), expert-DP group (the ranks holding the
+    /// same slices of the same experts, over which expert gradients reduce) and expert-TP group
+    /// (the `etp` ranks over which each expert's intermediate size splits: a block of the TP
+    /// group when etp divides tp, else consecutive ranks of the flattened tp x cp x dp index,
+    /// MoE Parallel Folding).
+    pub groups: Groups,
     /// Global stages this rank holds, ascending.
     pub stages: Vec<u32>,
     /// One step's actions.
@@ -537,7 +530,8 @@ impl RankPlan {
     /// This rank's expert-TP index: its place in its expert-TP group (the slice of each local
     /// expert's intermediate size it holds; 0 without the group).
     pub fn et_rank(&self) -> u32 {
-        self.expert_tp_group
+        self.groups
+            .get(GroupKind::ExpertTp)
             .iter()
             .position(|&x| x == self.rank)
             .unwrap_or(0) as u32
@@ -641,13 +635,7 @@ impl Plan {
             ranks: vec![RankPlan {
                 rank: 0,
                 coords: Coords::default(),
-                tp_group: vec![0],
-                cp_group: vec![0],
-                dp_group: vec![0],
-                pp_group: vec![0],
-                ep_group: vec![0],
-                expert_dp_group: vec![0],
-                expert_tp_group: vec![0],
+                groups: Groups::alone(0),
                 stages: vec![0],
                 actions,
             }],

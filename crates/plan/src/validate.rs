@@ -3,6 +3,7 @@
 //! ranks), checked in that order so the first broken rule is the one named.
 
 use crate::error::PlanError;
+use crate::group::GroupKind;
 use crate::plan::{
     CpComm, HybridLayer, LoraShape, ModelShape, Parallelism, Plan, RankPlan, RouterShape,
     ScoreFunction,
@@ -14,25 +15,31 @@ use crate::plan::{
 /// group when `etp` divides tp, whole TP groups (of several DP or CP ranks) when tp divides
 /// `etp`.
 fn expert_tp_group_ok(plan: &Plan, r: &RankPlan) -> bool {
-    let (g, etp, tp) = (
-        &r.expert_tp_group,
-        plan.parallel.etp as usize,
-        r.tp_group.len(),
+    let (g, tp_group) = (
+        r.groups.get(GroupKind::ExpertTp),
+        r.groups.get(GroupKind::Tp),
     );
+    let (etp, tp) = (plan.parallel.etp as usize, tp_group.len());
     // The EP index is a rank's place in its EP group (the experts it holds), which MoE
     // Parallel Folding need not tie to the dense coordinates.
-    let ep_index = |o: &RankPlan| o.ep_group.iter().position(|&y| y == o.rank);
+    let ep_index = |o: &RankPlan| {
+        o.groups
+            .get(GroupKind::Ep)
+            .iter()
+            .position(|&y| y == o.rank)
+    };
     let same_ep_pp = |x: &u32| {
         plan.ranks
             .get(*x as usize)
             .is_some_and(|o| ep_index(o) == ep_index(r) && o.coords.pp == r.coords.pp)
     };
-    let shared = g.iter().filter(|x| r.expert_dp_group.contains(x)).count();
+    let expert_dp = r.groups.get(GroupKind::ExpertDp);
+    let shared = g.iter().filter(|x| expert_dp.contains(x)).count();
     let shape = if tp % etp == 0 {
         let lo = (r.coords.tp as usize / etp) * etp;
-        r.tp_group.get(lo..lo + etp) == Some(g.as_slice())
+        tp_group.get(lo..lo + etp) == Some(g)
     } else if etp % tp == 0 {
-        r.tp_group.iter().all(|x| g.contains(x))
+        tp_group.iter().all(|x| g.contains(x))
     } else {
         true
     };
@@ -77,24 +84,18 @@ impl Plan {
                     rank: r.rank,
                 });
             }
-            if r.tp_group.len() != t
-                || r.cp_group.len() != c
-                || r.dp_group.len() != p.dp as usize * c
-                || r.pp_group.len() != p.pp as usize
-            {
-                return Err(PlanError::GroupSizes { rank: i });
-            }
-            // The experts' replicas: the ranks with the same slices of the same experts, the
-            // tp x cp x dp ranks over etp x ep (Megatron folds CP into expert data parallelism).
-            let expert_dp = p.dp as usize * c * t / (p.etp.max(1) as usize * ep);
-            if r.ep_group.len() != ep || r.expert_dp_group.len() != expert_dp {
-                return Err(PlanError::ExpertGroupSizes {
-                    rank: i,
-                    ep_group: r.ep_group.len(),
-                    expert_dp_group: r.expert_dp_group.len(),
-                    ep,
-                    expert_dp,
-                });
+            for kind in GroupKind::ALL {
+                let (expected, rule) = group_size(kind, p, t, c, ep);
+                let members = r.groups.get(kind).len();
+                if members != expected {
+                    return Err(PlanError::GroupSize {
+                        rank: i,
+                        group: kind,
+                        members,
+                        rule,
+                        expected,
+                    });
+                }
             }
             if m.moe.is_some() && !expert_tp_group_ok(self, r) {
                 return Err(PlanError::ExpertTpGroup {
@@ -109,6 +110,33 @@ impl Plan {
             }
         }
         Ok(())
+    }
+}
+
+/// The members each rank's `kind` group must have, and the rule that gives them, under `p`
+/// with TP `t`, CP `c` and EP `ep`.
+fn group_size(
+    kind: GroupKind,
+    p: &Parallelism,
+    t: usize,
+    c: usize,
+    ep: usize,
+) -> (usize, &'static str) {
+    let dp = p.dp as usize;
+    match kind {
+        GroupKind::Tp => (t, "tp"),
+        GroupKind::Cp => (c, "cp"),
+        GroupKind::Pp => (p.pp as usize, "pp"),
+        GroupKind::Dp => (dp, "dp"),
+        GroupKind::DpCp => (dp * c, "dp x cp"),
+        GroupKind::Ep => (ep, "ep"),
+        // The experts' replicas: the ranks with the same slices of the same experts, the
+        // tp x cp x dp ranks over etp x ep (Megatron folds CP into expert data parallelism).
+        GroupKind::ExpertDp => (
+            dp * c * t / (p.etp.max(1) as usize * ep),
+            "dp x cp x tp / (expert tp x ep)",
+        ),
+        GroupKind::ExpertTp => (p.etp as usize, "expert tp"),
     }
 }
 
@@ -410,6 +438,7 @@ impl RouterShape {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::group::Groups;
     use crate::plan::{AdamConfig, MambaShape, Recompute};
 
     /// "M*" of hidden 8 with a mixer of 4 heads in 2 groups.
@@ -431,6 +460,34 @@ mod tests {
 
     fn error(p: &Plan) -> String {
         p.validate().expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn every_group_kind_is_checked_by_size_naming_it() {
+        let one = || {
+            Plan::single_rank(
+                ModelShape::dense(2, 8, 2, 1, 12, 16),
+                AdamConfig::default(),
+                1,
+                1,
+                Recompute::None,
+            )
+        };
+        assert!(one().validate().is_ok());
+        for kind in GroupKind::ALL {
+            // A group the plan does not state, then one of two members for a one-rank world.
+            let mut p = one();
+            p.ranks[0].groups = Groups::of_every_kind(|k| if k == kind { vec![] } else { vec![0] });
+            let want = format!("rank 0: the {kind} group has 0 members, ");
+            assert!(error(&p).starts_with(&want), "{}", error(&p));
+            p.ranks[0].groups.insert(kind, vec![0, 1]);
+            assert!(
+                error(&p).contains(" group has 2 members, "),
+                "{}",
+                error(&p)
+            );
+            assert!(error(&p).ends_with("(1) expected"), "{}", error(&p));
+        }
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! allocates, uploads and downloads the rank's tensors and runs its [`TensorOps`].
 
 use super::collectives::DeviceCollectives;
+use super::ops::BlockShape;
 use super::ops::TensorOps;
-use super::shapes::BlockShape;
 use super::tensor::{DeviceTensor, View};
 use super::types::{BackendTypes, ProcessGroup};
 use crate::error::ExecError;
@@ -13,6 +13,8 @@ use parsim_plan::DType;
 /// A backend: its associated types. Model code is generic over `B: Backend` and monomorphised
 /// per backend.
 pub trait Backend: Sized + 'static {
+    /// The backend's name in messages (`cpu`, `cuda`), as `--backend` spells it.
+    const NAME: &'static str;
     /// A tensor in device memory, with its shape, dtype and memory category.
     type Tensor: DeviceTensor;
     /// A point in a device stream that another stream (or the host) can wait for.
@@ -26,6 +28,7 @@ pub trait Backend: Sized + 'static {
 }
 
 impl<B: Backend> BackendTypes for B {
+    const NAME: &'static str = B::NAME;
     type Tensor = B::Tensor;
     type Event = B::Event;
     type Group = B::Group;

@@ -6,18 +6,19 @@
 //! the same way: associated storage types, monomorphised model code).
 //!
 //! One concept per file: `tensor` (device tensors and their flat views), `types` (the types
-//! the traits are written over), `device` ([`Backend`], [`Device`]), `ops` ([`TensorOps`]),
-//! `shapes` (the ops' host-side arguments), `collectives` ([`DeviceCollectives`] and the
-//! point-to-point exchange). The `cpu` backend is the reference; the `cuda` backend
+//! the traits are written over), `device` ([`Backend`], [`Device`]), `ops/` (the op families,
+//! one file each with its host-side argument types, and [`TensorOps`], their union),
+//! `collectives` ([`DeviceCollectives`] and the point-to-point exchange), `bf16` (the rounding
+//! both backends store with). The `cpu` backend is the reference; the `cuda` backend
 //! implements the same traits on device buffers.
 
+pub mod bf16;
 pub mod collectives;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;
 pub mod ops;
-pub mod shapes;
 pub mod tensor;
 pub mod types;
 
@@ -25,11 +26,6 @@ pub use collectives::{
     flat_shard, member_index, overlap, DeviceCollectives, Pending, RecvInto, ReduceOp, SendFrom,
 };
 pub use device::{Backend, Device};
-pub use ops::{MambaOps, TensorOps};
-pub use parsim_plan::DType;
-pub use shapes::{
-    AttnSaved, AttnShape, BlockShape, Keep, MambaGeo, Route, Routing, Side, UlyssesGeo,
-    UlyssesLayout, UlyssesPart,
-};
+pub use ops::TensorOps;
 pub use tensor::{check_copy, check_upload, DeviceTensor, View, ViewMut};
 pub use types::{BackendTypes, ProcessGroup};

@@ -8,6 +8,8 @@ use super::tensor::DeviceTensor;
 /// A backend's tensor, event and process group (see [`Backend`](super::Backend) for each
 /// one's meaning); implemented for every backend, never by hand.
 pub trait BackendTypes {
+    /// The backend's name in messages (`cpu`, `cuda`).
+    const NAME: &'static str;
     type Tensor: DeviceTensor;
     type Event;
     type Group: ProcessGroup + Clone;

@@ -18,10 +18,11 @@ use super::blocks::{fc1_rows, seg, BlockLayout, Builder, RankDims};
 use super::ctx::Ctx;
 use super::dropout::block_layer;
 use super::wtask::{Sink, WTask};
-use crate::backend::{Backend, DeviceTensor, TensorOps, View, ViewMut};
+use crate::backend::ops::*;
+use crate::backend::{Backend, DeviceTensor, View, ViewMut};
 use crate::error::ExecError;
-use crate::plan::{Activation, ModelShape};
 use crate::tracker::Category;
+use parsim_plan::plan::{Activation, ModelShape};
 
 /// Which linear layer a bias belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,7 +102,7 @@ pub(super) fn push(b: &mut Builder, m: &ModelShape, layer: u32, p: &str, rd: &Ra
     if m.is_moe_layer(layer) {
         if let Some(f) = mlp_ffn(m, layer) {
             let q = format!("{p}.shared_experts");
-            mlp_biases(b, m.activation, &q, f, (rd.t, r), h, std, true);
+            mlp_biases(b, m.activation, &q, (f, h), (rd.t, r), std, true);
         }
         return;
     }
@@ -127,14 +128,12 @@ pub(super) fn push(b: &mut Builder, m: &ModelShape, layer: u32, p: &str, rd: &Ra
 /// rows of its slice) and `{q}.fc2_bias` [h], whole on every rank (added once, after the
 /// reduction). `fc2_partial`: its gradient is a partial sum over TP under SP (a bias added to
 /// the sequence-sharded region, as the dense layer's `b_down`).
-#[allow(clippy::too_many_arguments)]
 pub(super) fn mlp_biases(
     b: &mut Builder,
     act: Activation,
     q: &str,
-    f: usize,
+    (f, h): (usize, usize),
     (t, r): (usize, usize),
-    h: usize,
     std: f32,
     fc2_partial: bool,
 ) {

@@ -10,7 +10,7 @@
 //! parameters in their own buffers: dense parameters reduce (and ZeRO-shard) over DP, expert
 //! parameters over the expert-data-parallel group.
 
-use crate::plan::{Activation, Norm, Plan, RankPlan};
+use parsim_plan::plan::{Activation, Norm, Plan, RankPlan};
 use std::ops::Range;
 
 /// Which block.

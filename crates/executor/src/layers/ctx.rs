@@ -2,18 +2,19 @@
 //! process groups, sequence-parallel buffer, context-parallel and MoE state).
 
 use super::blocks::RankDims;
-use super::cp::state::CpCtx;
+use super::cp_state::CpCtx;
 use super::router_bias::RouterBias;
+use crate::backend::ops::*;
 use crate::backend::{
-    Backend, DType, Device, DeviceCollectives, DeviceTensor, ProcessGroup, ReduceOp, TensorOps,
-    View, ViewMut,
+    Backend, Device, DeviceCollectives, DeviceTensor, ProcessGroup, ReduceOp, View, ViewMut,
 };
 use crate::error::ExecError;
-use crate::plan::{Plan, RankPlan, Recompute};
-use crate::run_report::MoeLoad;
 use crate::traced_comm::TracedComm;
 use crate::traced_ops::TracedOps;
 use crate::tracker::Category;
+use parsim_plan::plan::{Plan, RankPlan, Recompute};
+use parsim_plan::run_report::MoeLoad;
+use parsim_plan::DType;
 
 /// A zero-filled fp32 tensor on `ops`' device.
 #[track_caller]

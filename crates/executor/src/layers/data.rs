@@ -4,7 +4,7 @@
 //! with d * m microbatches sees the same sequences.
 
 use super::blocks::uniform;
-use crate::plan::ModelShape;
+use parsim_plan::plan::ModelShape;
 
 const DATA_STREAM: u64 = 0xDA7A;
 

@@ -15,7 +15,8 @@
 
 use super::blocks::{BlockKind, BlockLayout};
 use super::ctx::Ctx;
-use crate::backend::{Backend, DeviceTensor, ProcessGroup, TensorOps, View, ViewMut};
+use crate::backend::ops::*;
+use crate::backend::{Backend, DeviceTensor, ProcessGroup, View, ViewMut};
 use crate::error::ExecError;
 use crate::rng::{global_token, AttnDropout, DropoutKey, DropoutSite};
 use crate::tracker::Category;

@@ -12,13 +12,13 @@
 //! optimizer.
 
 use super::blocks::{BlockKind, BlockLayout, LocalTensor, DENSE_SPACE};
-use crate::backend::{
-    Backend, DeviceCollectives, ProcessGroup, ReduceOp, TensorOps, View, ViewMut,
-};
+use crate::backend::ops::*;
+use crate::backend::{Backend, DeviceCollectives, ProcessGroup, ReduceOp, View, ViewMut};
 use crate::error::ExecError;
-use crate::plan::{Plan, RankPlan};
 use crate::traced_ops::TracedOps;
 use crate::tracker::Category;
+use parsim_plan::plan::{Plan, RankPlan};
+use parsim_plan::GroupKind;
 use std::ops::Range;
 
 /// Members (global ranks, ascending, deduplicated) of the embedding group of a rank: the
@@ -27,7 +27,8 @@ use std::ops::Range;
 pub fn members(plan: &Plan, rp: &RankPlan) -> Vec<u32> {
     let first = plan.stages.first().map_or(0, |s| s.pp_rank) as usize;
     let last = plan.stages.last().map_or(0, |s| s.pp_rank) as usize;
-    let mut m = vec![rp.pp_group[first], rp.pp_group[last]];
+    let pp_group = rp.groups.get(GroupKind::Pp);
+    let mut m = vec![pp_group[first], pp_group[last]];
     m.sort_unstable();
     m.dedup();
     m
@@ -127,8 +128,8 @@ pub struct GradShard<'a, B: Backend> {
     pub valid: Range<usize>,
     /// Flat index of `grads[0]` (0 when the buffer is whole, the shard's start under ZeRO 2/3).
     pub base: usize,
-    /// The DP group that shards the buffer (`None`: every gradient is whole here).
-    pub dp: Option<&'a B::Group>,
+    /// The DP x CP group that shards the buffer (`None`: every gradient is whole here).
+    pub dp_cp: Option<&'a B::Group>,
 }
 
 fn intersect(a: &Range<usize>, b: &Range<usize>) -> Range<usize> {
@@ -168,8 +169,8 @@ impl<B: Backend> SharedWeight<B> {
     }
 
     /// Replaces every copy's gradient by the sum over all copies (here and over the group),
-    /// after the DP reduction: under ZeRO each DP member holds the sums of its shard only, so
-    /// the copies are first assembled by an all-reduce over DP of the valid parts.
+    /// after the DP x CP reduction: under ZeRO each member holds the sums of its shard only, so
+    /// the copies are first assembled by an all-reduce over DP x CP of the valid parts.
     pub fn sync_grads(
         &self,
         ops: &TracedOps<B>,
@@ -186,8 +187,8 @@ impl<B: Backend> SharedWeight<B> {
                 ViewMut::all(&mut sum).sub(ci..ci + n),
             )?;
         }
-        if let Some(dp) = g.dp.filter(|d| d.size() > 1) {
-            comm.all_reduce(dp, ViewMut::all(&mut sum), ReduceOp::Sum)?;
+        if let Some(dp_cp) = g.dp_cp.filter(|d| d.size() > 1) {
+            comm.all_reduce(dp_cp, ViewMut::all(&mut sum), ReduceOp::Sum)?;
         }
         if let Some(group) = &self.group {
             comm.all_reduce(group, ViewMut::all(&mut sum), ReduceOp::Sum)?;

@@ -6,8 +6,9 @@ use super::ctx::Ctx;
 use super::dropout::{apply_saved, hidden_dropout};
 use super::positions;
 use super::wtask::{Sink, WTask};
+use crate::backend::ops::*;
 use crate::backend::{Backend, Device};
-use crate::backend::{DeviceCollectives, ReduceOp, TensorOps, View, ViewMut};
+use crate::backend::{DeviceCollectives, ReduceOp, View, ViewMut};
 use crate::error::ExecError;
 use crate::rng::DropoutSite;
 use crate::tracker::Category;
@@ -92,7 +93,7 @@ pub fn head_fwd<B: Backend>(
     let m = &ctx.plan.model;
     let (h, v_r, n, n_sp) = (ctx.rd.h, ctx.rd.v_r, ctx.n, ctx.n_sp);
     let mut lnf = ctx.zeros(Category::Activations, &[n_sp, h])?;
-    ctx.ops.norm_fwd(m.norm, &x, norm, m.norm_eps, &mut lnf)?;
+    ctx.ops.norm_fwd(NormSpec::of(m), &x, norm, &mut lnf)?;
     let mut logits = ctx.zeros(Category::Buffers, &[n, v_r])?;
     ctx.with_gathered(&lnf, |c, xg| {
         c.ops.linear_fwd(xg, w, (n, h, v_r), &mut logits)
@@ -180,7 +181,7 @@ pub fn head_bwd<B: Backend>(
     )?;
     let mut dx = ctx.zeros(Category::Buffers, &[n_sp, h])?;
     ctx.ops
-        .norm_dgrad(m.norm, &x, norm, &d_lnf, m.norm_eps, &mut dx, false)?;
+        .norm_dgrad(NormSpec::of(m), &x, norm, &d_lnf, &mut dx, false)?;
     sink(
         ctx,
         WTask::Norm {

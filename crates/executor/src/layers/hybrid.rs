@@ -14,11 +14,12 @@ use super::lora::{Adapters, LoraSaved};
 use super::mamba::{mamba_bwd, mamba_fwd};
 use super::moe::moe_bwd;
 use super::wtask::Sink;
-use crate::backend::{AttnSaved, Backend, TensorOps, View};
+use crate::backend::ops::*;
+use crate::backend::{Backend, View};
 use crate::error::{ExecError, StateError};
-use crate::plan::HybridLayer;
 use crate::rng::DropoutSite;
 use crate::tracker::Category;
+use parsim_plan::plan::HybridLayer;
 
 /// Forward of decoder layer `l` on the residual shard `x` [n_sp, h]: its output and what it
 /// saves (the caller keeps only `x` under full recompute).
@@ -38,20 +39,18 @@ pub fn decoder_fwd<B: Backend>(
 
 /// Input gradient of decoder layer `l`: dx [n_sp, h] from dy [n_sp, h]; each weight-gradient
 /// task goes to `sink`.
-#[allow(clippy::too_many_arguments)]
 pub fn decoder_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: View<'_, B::Tensor>,
-    experts: Experts<B>,
-    ad: Adapters<B>,
+    (experts, ad): (Experts<B>, Adapters<B>),
     mut s: LayerSaved<B>,
     dy: B::Tensor,
     sink: &mut Sink<B>,
 ) -> Result<B::Tensor, ExecError> {
     match s.hybrid.take() {
-        Some(hs) => hybrid_bwd(ctx, l, p, experts, *hs, s.x, dy, sink),
-        None => layer_bwd(ctx, l, p, experts, ad, s, dy, sink),
+        Some(hs) => hybrid_bwd(ctx, l, p, experts, (*hs, s.x), dy, sink),
+        None => layer_bwd(ctx, l, p, (experts, ad), s, dy, sink),
     }
 }
 
@@ -119,14 +118,12 @@ fn hybrid_fwd<B: Backend>(
 }
 
 /// Input gradient of hybrid layer `l` (input `x`) from dy [n_sp, h].
-#[allow(clippy::too_many_arguments)]
 fn hybrid_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: View<'_, B::Tensor>,
     experts: Experts<B>,
-    hs: HybridSaved<B>,
-    x: B::Tensor,
+    (hs, x): (HybridSaved<B>, B::Tensor),
     dy: B::Tensor,
     sink: &mut Sink<B>,
 ) -> Result<B::Tensor, ExecError> {
@@ -136,8 +133,8 @@ fn hybrid_bwd<B: Backend>(
         HybridSaved::Mamba(ms) => mamba_bwd(ctx, l, &p, ms, x, dy, sink),
         HybridSaved::Attention { parts, mask } => {
             let lora = (&ad, &mut ls);
-            let d_ln1 = attention_bwd(ctx, l, &p, parts, mask, &dy, lora, sink)?;
-            norm_bwd(ctx, l, &p, ATTN_NORM, x, d_ln1, dy, sink)
+            let d_ln1 = attention_bwd(ctx, l, &p, (parts, mask), &dy, lora, sink)?;
+            norm_bwd(ctx, l, &p, ATTN_NORM, (x, d_ln1), dy, sink)
         }
         HybridSaved::Ffn {
             ln2,
@@ -151,12 +148,14 @@ fn hybrid_bwd<B: Backend>(
             let dyv = d.as_ref().unwrap_or(&dy);
             let lora = (&ad, &mut ls);
             let d_ln2 = match (moe, experts) {
-                (Some(ms), Some(ex)) => moe_bwd(ctx, l, p.clone(), ex, ln2, *ms, dyv, lora, sink)?,
+                (Some(ms), Some(ex)) => {
+                    moe_bwd(ctx, (l, p.clone()), ex, (ln2, *ms), dyv, lora, sink)?
+                }
                 (None, None) => mlp_bwd(ctx, l, &p, lora, (ln2, u, act), dyv, sink)?,
                 _ => return Err(StateError::MoeSavedMismatch.into()),
             };
             drop(d);
-            norm_bwd(ctx, l, &p, MLP_NORM, x, d_ln2, dy, sink)
+            norm_bwd(ctx, l, &p, MLP_NORM, (x, d_ln2), dy, sink)
         }
     }
 }

@@ -13,17 +13,18 @@ use super::ctx::Ctx;
 use super::dropout::{dropout_grad, hidden_dropout};
 use super::lora::{self, Adapters, LoraSaved, Target};
 use super::mamba::MambaSaved;
-use super::mla::{mla_bwd, mla_fwd, MlaSaved, Qkv};
+use super::mla::{mla_bwd, mla_fwd, MlaSaved, QkvTensors};
 use super::modern::{self, Part};
 use super::moe::{moe_bwd, moe_fwd, MoeSaved};
 use super::wtask::{Sink, WTask};
-use crate::backend::{AttnSaved, AttnShape, Keep};
+
+use crate::backend::ops::*;
+use crate::backend::View;
 use crate::backend::{Backend, Device, DeviceTensor};
-use crate::backend::{TensorOps, View};
 use crate::error::{ExecError, StateError};
-use crate::plan::Recompute;
 use crate::rng::DropoutSite;
 use crate::tracker::Category;
+use parsim_plan::plan::Recompute;
 
 pub(super) const ATTN_NORM: usize = 0;
 const QKV: usize = 1;
@@ -195,13 +196,13 @@ pub(super) fn attention_fwd<B: Backend>(
     x: &B::Tensor,
 ) -> Result<(B::Tensor, AttnParts<B>, Option<B::Tensor>), ExecError> {
     let m = &ctx.plan.model;
-    let (norm, eps) = (m.norm, m.norm_eps);
+    let spec = NormSpec::of(m);
     let rd = ctx.rd;
     let (n, n_sp, h) = (ctx.n, ctx.n_sp, rd.h);
     let a = Category::Activations;
     let mut ln1 = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops
-        .norm_fwd(norm, x, slice(p, l, ATTN_NORM), eps, &mut ln1)?;
+        .norm_fwd(spec, x, slice(p, l, ATTN_NORM), &mut ln1)?;
     let (q, k, v, mla, qk) = if m.mla.is_some() {
         let ((q, k, v), ms) = mla_fwd(ctx, l, p, &ln1)?;
         (q, k, v, Some(Box::new(ms)), None)
@@ -218,8 +219,28 @@ pub(super) fn attention_fwd<B: Backend>(
         let mut o = ctx.zeros(a, &[n, ow])?;
         let sh = attn_shape(ctx, layer_index(l));
         let attn = match sinks {
-            Some(z) => modern::attn_fwd_sinks(ctx, &sh, (&q, &k, &v), &mut o, keep, z)?,
-            None => ctx.ops.attn_fwd(&sh, &q, &k, &v, &mut o, keep)?,
+            Some(z) => modern::attn_fwd_sinks(
+                ctx,
+                &sh,
+                Qkv {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                },
+                &mut o,
+                keep,
+                z,
+            )?,
+            None => ctx.ops.attn_fwd(
+                &sh,
+                Qkv {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                },
+                &mut o,
+                keep,
+            )?,
         };
         (o, q, k, v, attn)
     };
@@ -267,12 +288,12 @@ pub(super) fn ffn_fwd<B: Backend>(
     ExecError,
 > {
     let m = &ctx.plan.model;
-    let (norm, eps) = (m.norm, m.norm_eps);
+    let spec = NormSpec::of(m);
     let (n_sp, h) = (ctx.n_sp, ctx.rd.h);
     let a = Category::Activations;
     let mut ln2 = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops
-        .norm_fwd(norm, x1, slice(p, l, MLP_NORM), eps, &mut ln2)?;
+        .norm_fwd(spec, x1, slice(p, l, MLP_NORM), &mut ln2)?;
     let (mlp_out, u, act, moe) = if let Some((le, pe, fe)) = experts {
         let lora = (ad, ls);
         let (out, ms) = moe_fwd(ctx, l, p.clone(), (le, pe, fe), &ln2, lora)?;
@@ -340,7 +361,7 @@ fn qkv_fwd<B: Backend>(
     ln1: &B::Tensor,
     ad: &Adapters<B>,
     ls: &mut LoraSaved<B>,
-) -> Result<(Qkv<B>, Option<QkInputs<B>>), ExecError> {
+) -> Result<(QkvTensors<B>, Option<QkInputs<B>>), ExecError> {
     let rd = ctx.rd;
     let (n, h, d) = (ctx.n, rd.h, rd.d);
     let theta = ctx.plan.model.rope_theta;
@@ -375,13 +396,11 @@ fn qkv_fwd<B: Backend>(
 
 /// Input gradient of one layer: dx [n_sp, h] from dy [n_sp, h]; each weight-gradient task goes
 /// to `sink` as soon as its tensors exist (so a full backward frees them at once).
-#[allow(clippy::too_many_arguments)]
 pub fn layer_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: View<'_, B::Tensor>,
-    experts: Experts<B>,
-    ad: Adapters<B>,
+    (experts, ad): (Experts<B>, Adapters<B>),
     s: LayerSaved<B>,
     dy: B::Tensor,
     sink: &mut Sink<B>,
@@ -417,14 +436,14 @@ pub fn layer_bwd<B: Backend>(
     let d_ln2 = match (moe, experts) {
         (Some(ms), Some(ex)) => {
             let lora = (&ad, &mut ls);
-            moe_bwd(ctx, l, p.clone(), ex, ln2, *ms, dy_mlp, lora, sink)?
+            moe_bwd(ctx, (l, p.clone()), ex, (ln2, *ms), dy_mlp, lora, sink)?
         }
         (Some(_), None) | (None, Some(_)) => return Err(StateError::MoeSavedMismatch.into()),
         (None, None) => mlp_bwd(ctx, l, &p, (&ad, &mut ls), (ln2, u, act), dy_mlp, sink)?,
     };
     drop(d_mlp);
     // The residual's gradient takes dy's buffer; the norm's input gradient is added to it.
-    let dx1 = norm_bwd(ctx, l, &p, MLP_NORM, x1, d_ln2, dy, sink)?;
+    let dx1 = norm_bwd(ctx, l, &p, MLP_NORM, (x1, d_ln2), dy, sink)?;
     let saved = AttnParts {
         ln1,
         q,
@@ -435,27 +454,25 @@ pub fn layer_bwd<B: Backend>(
         mla,
         qk,
     };
-    let d_ln1 = attention_bwd(ctx, l, &p, saved, attn_mask, &dx1, (&ad, &mut ls), sink)?;
-    norm_bwd(ctx, l, &p, ATTN_NORM, x, d_ln1, dx1, sink)
+    let d_ln1 = attention_bwd(ctx, l, &p, (saved, attn_mask), &dx1, (&ad, &mut ls), sink)?;
+    norm_bwd(ctx, l, &p, ATTN_NORM, (x, d_ln1), dx1, sink)
 }
 
 /// Norm `tensor`'s input gradient from its output gradient `dy` (input `x`), added to the
 /// residual's gradient `dres`; the gain's (and bias's) gradient task goes to `sink`.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn norm_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: &View<'_, B::Tensor>,
     tensor: usize,
-    x: B::Tensor,
-    dy: B::Tensor,
+    (x, dy): (B::Tensor, B::Tensor),
     mut dres: B::Tensor,
     sink: &mut Sink<B>,
 ) -> Result<B::Tensor, ExecError> {
     let m = &ctx.plan.model;
-    let (norm, eps) = (m.norm, m.norm_eps);
+    let spec = NormSpec::of(m);
     ctx.ops
-        .norm_dgrad(norm, &x, slice(p, l, tensor), &dy, eps, &mut dres, true)?;
+        .norm_dgrad(spec, &x, slice(p, l, tensor), &dy, &mut dres, true)?;
     sink(ctx, WTask::Norm { tensor, x, dy })?;
     Ok(dres)
 }
@@ -482,7 +499,7 @@ pub(super) fn mlp_bwd<B: Backend>(
     ctx.ops
         .linear_dgrad(&dyg, slice(p, l, FC2), (n, rd.f_r, h), &mut d_act, false)?;
     if let Some(ad) = ad {
-        lora::row_bwd(ctx, ad, Target::Fc2, ls, &act, dy_mlp, &mut d_act, sink)?;
+        lora::row_bwd(ctx, ad, Target::Fc2, ls, (&act, dy_mlp), &mut d_act, sink)?;
     }
     sink(
         ctx,
@@ -508,7 +525,7 @@ pub(super) fn mlp_bwd<B: Backend>(
         .linear_dgrad(&du, slice(p, l, FC1), (n, h, rd.fc1_r), &mut part, false)?;
     let mut d_ln2 = ctx.reduce_to_region(part, b)?;
     if let Some(ad) = ad {
-        lora::col_bwd(ctx, ad, Target::Fc1, ls, &ln2, &du, &mut d_ln2, sink)?;
+        lora::col_bwd(ctx, ad, Target::Fc1, ls, (&ln2, &du), &mut d_ln2, sink)?;
     }
     sink(
         ctx,
@@ -541,13 +558,11 @@ pub struct AttnParts<B: Backend> {
 /// Attention's backward: the projection (row-parallel), the core (under CP, its exchanges),
 /// rotary, QKV or MLA (column-parallel), from the residual's gradient `dx1`; returns the normed
 /// input's gradient [n_sp, h].
-#[allow(clippy::too_many_arguments)]
 pub(super) fn attention_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: &View<'_, B::Tensor>,
-    s: AttnParts<B>,
-    attn_mask: Option<B::Tensor>,
+    (s, attn_mask): (AttnParts<B>, Option<B::Tensor>),
     dx1: &B::Tensor,
     (ad, ls): (&Adapters<B>, &mut LoraSaved<B>),
     sink: &mut Sink<B>,
@@ -576,7 +591,7 @@ pub(super) fn attention_bwd<B: Backend>(
         .linear_dgrad(&dxg, slice(p, l, PROJ), (n, ow, h), &mut d_o, false)?;
     if let Some(ad) = ad {
         let dy_reg = d_attn.as_ref().unwrap_or(dx1);
-        lora::row_bwd(ctx, ad, Target::Proj, ls, &o, dy_reg, &mut d_o, sink)?;
+        lora::row_bwd(ctx, ad, Target::Proj, ls, (&o, dy_reg), &mut d_o, sink)?;
     }
     drop(d_attn);
     // Context parallelism needs rowsum(dO * O) before the output goes to the weight gradient,
@@ -585,8 +600,12 @@ pub(super) fn attention_bwd<B: Backend>(
         Some(_) => (Some(cp::row_delta(ctx, &d_o, &o)?), attn),
         None => {
             let sh = attn_shape(ctx, layer_index(l));
-            let qkv = (&q, &k, &v);
-            let attn = modern::sinks_bwd(ctx, l, p, &sh, qkv, attn, (&o, &d_o), sink)?;
+            let qkv = Qkv {
+                q: &q,
+                k: &k,
+                v: &v,
+            };
+            let attn = modern::sinks_bwd(ctx, l, p, &sh, (qkv, attn), (&o, &d_o), sink)?;
             (None, attn)
         }
     };
@@ -611,37 +630,36 @@ pub(super) fn attention_bwd<B: Backend>(
         let mut dq = ctx.zeros(b, &[n, qw])?;
         let mut dk = ctx.zeros(b, &[n, kw])?;
         let mut dv = ctx.zeros(b, &[n, rd.g_r * rd.dv])?;
-        ctx.ops.attn_bwd(
-            &attn_shape(ctx, layer_index(l)),
-            &q,
-            &k,
-            &v,
-            &attn,
-            &d_o,
-            &mut dq,
-            &mut dk,
-            &mut dv,
-        )?;
+        let sh = attn_shape(ctx, layer_index(l));
+        let grads = QkvGrads {
+            dq: &mut dq,
+            dk: &mut dk,
+            dv: &mut dv,
+        };
+        let x = Qkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        };
+        ctx.ops.attn_bwd(&sh, x, &attn, &d_o, grads)?;
         drop((q, k, v, attn, d_o));
         (dq, dk, dv)
     };
     let d_ln1 = match mla {
-        Some(ms) => mla_bwd(ctx, l, p, *ms, ln1, dq, dk, dv, sink)?,
-        None => qkv_bwd(ctx, l, p, ln1, [dq, dk, dv], qk, (ad, ls), sink)?,
+        Some(ms) => mla_bwd(ctx, l, p, *ms, ln1, [dq, dk, dv], sink)?,
+        None => qkv_bwd(ctx, l, p, (ln1, qk), [dq, dk, dv], (ad, ls), sink)?,
     };
     Ok(d_ln1)
 }
 
 /// The normed block input's gradient [n_sp, h] through rotary, QK norm and the fused QKV
 /// projection.
-#[allow(clippy::too_many_arguments)]
 fn qkv_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: &View<'_, B::Tensor>,
-    ln1: B::Tensor,
+    (ln1, qk): (B::Tensor, Option<Box<QkInputs<B>>>),
     [mut dq, mut dk, dv]: [B::Tensor; 3],
-    qk: Option<Box<[B::Tensor; 2]>>,
     (ad, ls): (&Adapters<B>, &mut LoraSaved<B>),
     sink: &mut Sink<B>,
 ) -> Result<B::Tensor, ExecError> {
@@ -671,7 +689,7 @@ fn qkv_bwd<B: Backend>(
         .linear_dgrad(&dqkv, slice(p, l, QKV), (n, h, qkv_r), &mut part, false)?;
     let mut d_ln1 = ctx.reduce_to_region(part, b)?;
     if let Some(ad) = ad {
-        lora::col_bwd(ctx, ad, Target::Qkv, ls, &ln1, &dqkv, &mut d_ln1, sink)?;
+        lora::col_bwd(ctx, ad, Target::Qkv, ls, (&ln1, &dqkv), &mut d_ln1, sink)?;
     }
     let sp = ctx.sp;
     sink(

@@ -28,11 +28,12 @@
 use super::blocks::{seg, Builder, RankDims};
 use super::ctx::Ctx;
 use super::wtask::{Sink, WTask};
-use crate::backend::{Backend, ReduceOp, TensorOps, View, ViewMut};
+use crate::backend::ops::*;
+use crate::backend::{Backend, ReduceOp, View, ViewMut};
 use crate::backend::{DeviceCollectives, DeviceTensor};
 use crate::error::ExecError;
-use crate::plan::LoraShape;
 use crate::tracker::Category;
+use parsim_plan::plan::LoraShape;
 
 /// A target projection: index 0 QKV, 1 the attention output projection, 2 fc1, 3 fc2.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -282,14 +283,12 @@ pub fn col_fwd<B: Backend>(
 /// Column-parallel target `t` backward from the output gradient `dy` [n, o_r]: sends dA and
 /// dB, and adds the adapter's input gradient to `dx_reg` [n_sp, h] (already reduced to the
 /// region); `x_reg` is the saved region input.
-#[allow(clippy::too_many_arguments)]
 pub fn col_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     a: &(&super::blocks::BlockLayout, View<'_, B::Tensor>),
     t: Target,
     saved: &mut LoraSaved<B>,
-    x_reg: &B::Tensor,
-    dy: &B::Tensor,
+    (x_reg, dy): (&B::Tensor, &B::Tensor),
     dx_reg: &mut B::Tensor,
     sink: &mut Sink<B>,
 ) -> Result<(), ExecError> {
@@ -344,14 +343,12 @@ pub fn row_fwd<B: Backend>(
 /// Row-parallel target `t` backward from the region output gradient `dy_reg` [n_sp, h]:
 /// sends dA and dB, and adds the adapter's input gradient to `dx` [n, i_r]; `x` is the saved
 /// (TP-split) input.
-#[allow(clippy::too_many_arguments)]
 pub fn row_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     a: &(&super::blocks::BlockLayout, View<'_, B::Tensor>),
     t: Target,
     saved: &mut LoraSaved<B>,
-    x: &B::Tensor,
-    dy_reg: &B::Tensor,
+    (x, dy_reg): (&B::Tensor, &B::Tensor),
     dx: &mut B::Tensor,
     sink: &mut Sink<B>,
 ) -> Result<(), ExecError> {

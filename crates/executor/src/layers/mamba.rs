@@ -16,11 +16,12 @@ use super::blocks::{BlockLayout, Builder, RankDims};
 use super::ctx::Ctx;
 use super::dropout::{dropout_grad, hidden_dropout};
 use super::wtask::{Sink, WTask};
-use crate::backend::{Backend, MambaGeo, MambaOps, TensorOps, View, ViewMut};
+use crate::backend::ops::*;
+use crate::backend::{Backend, View, ViewMut};
 use crate::error::ExecError;
-use crate::plan::{MambaShape, Plan};
 use crate::rng::DropoutSite;
 use crate::tracker::Category;
+use parsim_plan::plan::{MambaShape, Plan};
 
 /// The block's tensors: pre-norm, in_proj, the convolution [conv, k + 1] (taps, bias), the
 /// SSM's A_log, D and dt bias [3, heads], the gated norm's weight, out_proj.
@@ -157,7 +158,7 @@ pub fn mamba_fwd<B: Backend>(
     let (a, bf) = (Category::Activations, Category::Buffers);
     let mut ln = ctx.zeros(a, &[n_sp, h])?;
     ctx.ops
-        .norm_fwd(m.norm, x, slice::<B>(p, l, NORM), m.norm_eps, &mut ln)?;
+        .norm_fwd(NormSpec::of(m), x, slice::<B>(p, l, NORM), &mut ln)?;
     let mut proj = ctx.zeros(bf, &[n, g.proj()])?;
     ctx.with_gathered(&ln, |c, xg| {
         let w = slice::<B>(p, l, IN_PROJ);
@@ -179,18 +180,29 @@ pub fn mamba_fwd<B: Backend>(
     let ssm = slice::<B>(p, l, SSM);
     ctx.ops.mamba_ssd_fwd(
         &g,
-        &xbc,
-        &dt_raw,
-        ssm,
-        &mut y,
-        &mut dt,
-        &mut da,
+        SsdInputs {
+            xbc: &xbc,
+            dt: &dt_raw,
+            ssm,
+        },
+        SsdOutputs {
+            y: &mut y,
+            dt: &mut dt,
+            da: &mut da,
+        },
         &mut states,
     )?;
     drop((states, dt_raw));
     let mut yn = ctx.zeros(a, &[n, g.inner()])?;
-    ctx.ops
-        .mamba_gate_fwd(&g, &y, &z, slice::<B>(p, l, GATE), &mut yn)?;
+    ctx.ops.mamba_gate_fwd(
+        &g,
+        GateInputs {
+            y: &y,
+            z: &z,
+            w: slice::<B>(p, l, GATE),
+        },
+        &mut yn,
+    )?;
     let mut partial = ctx.zeros(bf, &[n, h])?;
     ctx.ops.linear_fwd(
         &yn,
@@ -268,8 +280,20 @@ pub fn mamba_bwd<B: Backend>(
     let mut d_gate = ctx.zeros_f32(bf, &[l.tensors[GATE].len()])?;
     let w_gate = slice::<B>(p, l, GATE);
     let dg = ViewMut::all(&mut d_gate);
-    ctx.ops
-        .mamba_gate_bwd(&g, &y, &z, w_gate, &d_yn, &mut d_y, &mut d_z, dg)?;
+    ctx.ops.mamba_gate_bwd(
+        &g,
+        GateInputs {
+            y: &y,
+            z: &z,
+            w: w_gate,
+        },
+        &d_yn,
+        GateGrads {
+            dy: &mut d_y,
+            dz: &mut d_z,
+            dw: dg,
+        },
+    )?;
     drop((y, z, d_yn));
     sink(
         ctx,
@@ -285,13 +309,17 @@ pub fn mamba_bwd<B: Backend>(
     let (ssm, ds) = (slice::<B>(p, l, SSM), ViewMut::all(&mut d_ssm));
     ctx.ops.mamba_ssd_bwd(
         &g,
-        &xbc,
-        &dt,
-        ssm,
+        SsdInputs {
+            xbc: &xbc,
+            dt: &dt,
+            ssm,
+        },
         &d_y,
-        &mut d_xbc,
-        &mut d_dt,
-        ds,
+        SsdGrads {
+            dxbc: &mut d_xbc,
+            ddt_raw: &mut d_dt,
+            dssm: ds,
+        },
         &mut states,
     )?;
     drop((states, xbc, dt, d_y));
@@ -335,10 +363,10 @@ pub fn mamba_bwd<B: Backend>(
     };
     sink(ctx, task)?;
     // The pre-norm: its input gradient added to the residual's (dy's buffer).
-    let (norm, eps) = (ctx.plan.model.norm, ctx.plan.model.norm_eps);
+    let spec = NormSpec::of(&ctx.plan.model);
     let mut dx = dy;
     let w = slice::<B>(p, l, NORM);
-    ctx.ops.norm_dgrad(norm, &x, w, &d_ln, eps, &mut dx, true)?;
+    ctx.ops.norm_dgrad(spec, &x, w, &d_ln, &mut dx, true)?;
     sink(
         ctx,
         WTask::Norm {

@@ -12,12 +12,11 @@ use super::blocks::BlockLayout;
 use super::ctx::Ctx;
 use super::params::{mla_down_rows, mla_q_rows, mla_up_tensors};
 use super::wtask::{Sink, WTask};
-use crate::backend::{
-    Backend, DeviceCollectives, DeviceTensor, ReduceOp, TensorOps, View, ViewMut,
-};
+use crate::backend::ops::*;
+use crate::backend::{Backend, DeviceCollectives, DeviceTensor, ReduceOp, View, ViewMut};
 use crate::error::ExecError;
-use crate::plan::MlaShape;
 use crate::tracker::Category;
+use parsim_plan::plan::MlaShape;
 
 /// The fused down-projection's tensor (the QKV slot of a layer block).
 const DOWN: usize = 1;
@@ -32,7 +31,7 @@ pub struct MlaSaved<B: Backend> {
 }
 
 /// Q, K and V of this rank's heads.
-pub type Qkv<B> = (
+pub type QkvTensors<B> = (
     <B as Backend>::Tensor,
     <B as Backend>::Tensor,
     <B as Backend>::Tensor,
@@ -72,10 +71,10 @@ pub fn mla_fwd<B: Backend>(
     l: &BlockLayout,
     p: &View<'_, B::Tensor>,
     ln1: &B::Tensor,
-) -> Result<(Qkv<B>, MlaSaved<B>), ExecError> {
+) -> Result<(QkvTensors<B>, MlaSaved<B>), ExecError> {
     let a = shape(ctx);
     let m = &ctx.plan.model;
-    let (norm, eps, theta) = (m.norm, m.norm_eps, m.rope_theta);
+    let (spec, theta) = (NormSpec::of(m), m.rope_theta);
     let (n, h, ar) = (ctx.n, ctx.rd.h, ctx.rd.a_r);
     let (qr, kvr, dr) = (a.q_lora_rank, a.kv_lora_rank, a.qk_rope);
     let (act, buf) = (Category::Activations, Category::Buffers);
@@ -98,7 +97,7 @@ pub fn mla_fwd<B: Backend>(
     drop(down);
     let mut ckv_n = ctx.zeros(act, &[n, kvr])?;
     ctx.ops
-        .norm_fwd(norm, &ckv, w::<B>(p, l, u.kv_norm), eps, &mut ckv_n)?;
+        .norm_fwd(spec, &ckv, w::<B>(p, l, u.kv_norm), &mut ckv_n)?;
 
     // Query: no-rotary and rotary parts of every head, rotary applied, then per-head concat.
     let (qup, cq) = match u.q {
@@ -106,7 +105,7 @@ pub fn mla_fwd<B: Backend>(
             let cq = q_first;
             let mut cq_n = ctx.zeros(act, &[n, qr])?;
             ctx.ops
-                .norm_fwd(norm, &cq, w::<B>(p, l, q_norm), eps, &mut cq_n)?;
+                .norm_fwd(spec, &cq, w::<B>(p, l, q_norm), &mut cq_n)?;
             let mut qup = ctx.zeros(buf, &[n, qn + qp])?;
             ctx.ops
                 .linear_fwd(&cq_n, w::<B>(p, l, q_up), (n, qr, qn + qp), &mut qup)?;
@@ -145,16 +144,13 @@ pub fn mla_fwd<B: Backend>(
 
 /// The normed block input's gradient [n_sp, h] from dQ, dK, dV; the weight-gradient tasks go
 /// to `sink`.
-#[allow(clippy::too_many_arguments)]
 pub fn mla_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: &View<'_, B::Tensor>,
     s: MlaSaved<B>,
     ln1: B::Tensor,
-    dq: B::Tensor,
-    dk: B::Tensor,
-    dv: B::Tensor,
+    [dq, dk, dv]: [B::Tensor; 3],
     sink: &mut Sink<B>,
 ) -> Result<B::Tensor, ExecError> {
     let a = shape(ctx);
@@ -284,10 +280,10 @@ fn norm_bwd<B: Backend>(
     sink: &mut Sink<B>,
 ) -> Result<B::Tensor, ExecError> {
     let m = &ctx.plan.model;
-    let (norm, eps) = (m.norm, m.norm_eps);
+    let spec = NormSpec::of(m);
     let mut dx = ctx.zeros(Category::Buffers, &[ctx.n, x.cols()])?;
     ctx.ops
-        .norm_dgrad(norm, &x, w::<B>(p, l, t), &dy, eps, &mut dx, false)?;
+        .norm_dgrad(spec, &x, w::<B>(p, l, t), &dy, &mut dx, false)?;
     sink(ctx, WTask::Norm { tensor: t, x, dy })?;
     Ok(dx)
 }

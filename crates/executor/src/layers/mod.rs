@@ -12,6 +12,7 @@
 pub mod bias;
 pub mod blocks;
 pub mod cp;
+pub mod cp_state;
 pub mod ctx;
 pub mod data;
 pub mod dropout;

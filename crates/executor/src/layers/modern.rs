@@ -15,11 +15,12 @@ use super::blocks::{seg, BlockLayout, Builder, RankDims};
 use super::ctx::Ctx;
 use super::dropout::block_layer;
 use super::wtask::{Sink, WTask};
-use crate::backend::{AttnSaved, AttnShape, Backend, BlockShape, DeviceTensor, Keep};
-use crate::backend::{DeviceCollectives, ReduceOp, TensorOps, View, ViewMut};
+use crate::backend::ops::*;
+use crate::backend::{Backend, DeviceTensor};
+use crate::backend::{DeviceCollectives, ReduceOp, View, ViewMut};
 use crate::error::ExecError;
-use crate::plan::{ModelShape, Plan};
 use crate::tracker::Category;
+use parsim_plan::plan::{ModelShape, Plan};
 
 /// Which of the parts a tensor is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +96,7 @@ pub fn qk_norm_fwd<B: Backend>(
     let mut input = ctx.zeros(Category::Activations, &[rows, d])?;
     ctx.ops.copy(View::all(x), ViewMut::all(&mut input))?;
     let mut y = ctx.zeros(Category::Buffers, &[rows, d])?;
-    ctx.ops.norm_fwd(m.norm, &input, w, m.norm_eps, &mut y)?;
+    ctx.ops.norm_fwd(NormSpec::of(m), &input, w, &mut y)?;
     ctx.ops.copy(View::all(&y), ViewMut::all(x))?;
     Ok(Some(input))
 }
@@ -115,17 +116,16 @@ pub fn qk_norm_bwd<B: Backend>(
         return Ok(());
     };
     let m = &ctx.plan.model;
-    let (norm, eps) = (m.norm, m.norm_eps);
+    let spec = NormSpec::of(m);
     let shape = [input.rows(), input.cols()];
     let b = Category::Buffers;
     let mut dy = ctx.zeros(b, &shape)?;
     ctx.ops.copy(View::all(dx), ViewMut::all(&mut dy))?;
     let mut din = ctx.zeros(b, &shape)?;
-    ctx.ops
-        .norm_dgrad(norm, &input, w, &dy, eps, &mut din, false)?;
+    ctx.ops.norm_dgrad(spec, &input, w, &dy, &mut din, false)?;
     let mut g = ctx.zeros_f32(b, &[l.tensors[t].len()])?;
     ctx.ops
-        .norm_wgrad(norm, &input, &dy, eps, ViewMut::all(&mut g))?;
+        .norm_wgrad(spec, &input, &dy, ViewMut::all(&mut g))?;
     drop((dy, input));
     if ctx.rd.t > 1 {
         ctx.comm
@@ -160,16 +160,15 @@ pub fn block_of(sh: &AttnShape) -> BlockShape {
 /// Whole-sequence attention with sinks: the keys' attention keeping their log-sum-exp, then
 /// the sinks folded into the output `o` and the log-sum-exp; returns what `keep` asks to save
 /// (the log-sum-exp or, under selective recomputation, nothing).
-#[allow(clippy::too_many_arguments)]
 pub fn attn_fwd_sinks<B: Backend>(
     ctx: &Ctx<B>,
     sh: &AttnShape,
-    (q, k, v): (&B::Tensor, &B::Tensor, &B::Tensor),
+    x: Qkv<'_, B::Tensor>,
     o: &mut B::Tensor,
     keep: Keep,
     sinks: View<'_, B::Tensor>,
 ) -> Result<AttnSaved<B::Tensor>, ExecError> {
-    let AttnSaved::Lse(mut lse) = ctx.ops.attn_fwd(sh, q, k, v, o, Keep::Lse)? else {
+    let AttnSaved::Lse(mut lse) = ctx.ops.attn_fwd(sh, x, o, Keep::Lse)? else {
         return Err(crate::error::StateError::SinksWithoutLse.into());
     };
     ctx.ops
@@ -183,14 +182,12 @@ pub fn attn_fwd_sinks<B: Backend>(
 /// The sinks' part of a whole-sequence attention's backward: the final log-sum-exp (saved, or
 /// recomputed under selective recomputation) for the keys' backward, and the sink logits'
 /// gradient from D = rowsum(dO * O) to `sink`. `o` is the attention's output.
-#[allow(clippy::too_many_arguments)]
 pub fn sinks_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
     p: &View<'_, B::Tensor>,
     sh: &AttnShape,
-    (q, k, v): (&B::Tensor, &B::Tensor, &B::Tensor),
-    saved: AttnSaved<B::Tensor>,
+    (x, saved): (Qkv<'_, B::Tensor>, AttnSaved<B::Tensor>),
     (o, dout): (&B::Tensor, &B::Tensor),
     sink: &mut Sink<B>,
 ) -> Result<AttnSaved<B::Tensor>, ExecError> {
@@ -202,7 +199,7 @@ pub fn sinks_bwd<B: Backend>(
         AttnSaved::Lse(l) => l,
         _ => {
             let mut o2 = ctx.zeros(Category::Buffers, &[o.rows(), o.cols()])?;
-            let again = attn_fwd_sinks(ctx, sh, (q, k, v), &mut o2, Keep::Lse, logits.clone())?;
+            let again = attn_fwd_sinks(ctx, sh, x, &mut o2, Keep::Lse, logits.clone())?;
             match again {
                 AttnSaved::Lse(l) => l,
                 _ => return Err(crate::error::StateError::SinksWithoutLse.into()),

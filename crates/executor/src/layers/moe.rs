@@ -39,17 +39,16 @@ use super::ctx::Ctx;
 use super::lora::{Adapters, LoraSaved};
 use super::shared::SharedLora;
 use super::wtask::{Sink, WTask};
+use crate::backend::ops::*;
 use crate::backend::{Backend, Device, DeviceTensor, ProcessGroup};
-use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
+use crate::backend::{DeviceCollectives, View, ViewMut};
 use crate::error::{ExecError, StateError};
-use crate::plan::{Activation, MoeShape};
 use crate::tracker::Category;
-
-pub use crate::backend::{Route, Routing};
+use parsim_plan::plan::{Activation, MoeShape};
 
 /// Tensors per routed expert in the experts block: fc1 and fc2, then with linear biases
 /// (Megatron's `--add-bias-linear`: each expert's fc1 and fc2 biases) fc1's and fc2's biases.
-fn per_expert(m: &crate::plan::ModelShape) -> usize {
+fn per_expert(m: &parsim_plan::plan::ModelShape) -> usize {
     if m.bias_linear {
         4
     } else {
@@ -58,7 +57,10 @@ fn per_expert(m: &crate::plan::ModelShape) -> usize {
 }
 
 /// The experts block's tensors of local expert `j`: (fc1, fc2, biases (fc1's, fc2's)).
-fn expert_tensors(m: &crate::plan::ModelShape, j: usize) -> (usize, usize, Option<(usize, usize)>) {
+fn expert_tensors(
+    m: &parsim_plan::plan::ModelShape,
+    j: usize,
+) -> (usize, usize, Option<(usize, usize)>) {
     let t = per_expert(m) * j;
     (t, t + 1, m.bias_linear.then_some((t + 2, t + 3)))
 }
@@ -78,7 +80,7 @@ type ExpertWeights<'p, T> = (View<'p, T>, View<'p, T>, Option<(View<'p, T>, View
 /// [`ExpertWeights`] of local expert `j`: in the frozen-experts block `fe` when there is one
 /// (laid out as the experts block without LoRA), else in the experts block `(le, pe)`.
 fn expert_weights<'p, T: crate::backend::DeviceTensor>(
-    m: &crate::plan::ModelShape,
+    m: &parsim_plan::plan::ModelShape,
     fe: Option<(&BlockLayout, &View<'p, T>)>,
     (le, pe): (&BlockLayout, &View<'p, T>),
     j: usize,
@@ -212,7 +214,6 @@ fn gathered_spans(spans: &[(usize, usize)]) -> impl Iterator<Item = (usize, usiz
 /// Forward of the MoE block on the normed input `ln2` [n, h] (the router's parameters in
 /// `p`/`l`, the rank's experts in `pe`/`le`, the shared experts' LoRA adapters in `ad`);
 /// returns the combined expert output [n, h].
-#[allow(clippy::too_many_arguments)]
 pub fn moe_fwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
@@ -434,14 +435,11 @@ fn route<B: Backend>(
 /// Input gradient of the MoE block: d ln2 [n_sp, h] (its region's) from the gradient `dy`
 /// [n_sp, h] of its output; the router's, the experts' ([`WTask::Expert`]) and the shared
 /// experts' weight-gradient tasks go to `sink`.
-#[allow(clippy::too_many_arguments)]
 pub fn moe_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
-    l: &BlockLayout,
-    p: View<'_, B::Tensor>,
+    (l, p): (&BlockLayout, View<'_, B::Tensor>),
     ex: ExpertsIn<'_, B>,
-    ln2: B::Tensor,
-    mut s: MoeSaved<B>,
+    (ln2, mut s): (B::Tensor, MoeSaved<B>),
     dy: &B::Tensor,
     (ad, ls): (&Adapters<B>, &mut LoraSaved<B>),
     sink: &mut Sink<B>,
@@ -515,7 +513,8 @@ pub fn moe_bwd<B: Backend>(
         let mut d_lora = None;
         if let Some(sh) = shared {
             let dys = (dy_full?, dy);
-            d_lora = super::shared::shared_bwd(ctx, l, p, sh, ln2, dys, &mut d, (ad, ls), sink)?;
+            d_lora =
+                super::shared::shared_bwd(ctx, (l, p), (sh, ln2), dys, &mut d, (ad, ls), sink)?;
         }
         let mut d = ctx.reduce_to_region(d, bcat)?;
         if let Some(dl) = d_lora {
@@ -527,7 +526,8 @@ pub fn moe_bwd<B: Backend>(
     if let Some(sh) = shared {
         let mut part = ctx.zeros(bcat, &[ctx.n, h])?;
         let dys = (dy_full?, dy);
-        let d_lora = super::shared::shared_bwd(ctx, l, p, sh, ln2, dys, &mut part, (ad, ls), sink)?;
+        let d_lora =
+            super::shared::shared_bwd(ctx, (l, p), (sh, ln2), dys, &mut part, (ad, ls), sink)?;
         let region = ctx.reduce_to_region(part, bcat)?;
         ctx.ops
             .axpy(1.0, View::all(&region), ViewMut::all(&mut d))?;
@@ -541,7 +541,6 @@ pub fn moe_bwd<B: Backend>(
 /// Backward of the routed experts and the router over the rows this rank routed, from their
 /// output gradient `dy` [rows, h]: the rows' input gradient (the experts' and the router's)
 /// and the router's logit gradient [rows, E].
-#[allow(clippy::too_many_arguments)]
 fn routed_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     l: &BlockLayout,
@@ -674,7 +673,7 @@ fn experts_bwd<B: Backend>(
         ctx.ops
             .linear_dgrad(&dyj, w_fc2, (c, f, h), &mut dact, false)?;
         if let Some(s2) = ls2 {
-            super::moe_lora::fc2_bwd(ctx, (le, pe), j, s2, &act, &dyj, &mut dact, sink)?;
+            super::moe_lora::fc2_bwd(ctx, (le, pe), j, s2, (&act, &dyj), &mut dact, sink)?;
         }
         if !frozen {
             let (x, dy) = (act, dyj);
@@ -699,7 +698,7 @@ fn experts_bwd<B: Backend>(
         ctx.ops
             .linear_dgrad(&du, w_fc1, (c, h, w1), &mut dx, false)?;
         if let Some(s1) = ls1 {
-            super::moe_lora::fc1_bwd(ctx, (le, pe), j, s1, &x, &du, &mut dx, sink)?;
+            super::moe_lora::fc1_bwd(ctx, (le, pe), j, s1, (&x, &du), &mut dx, sink)?;
         }
         if !frozen {
             sink(

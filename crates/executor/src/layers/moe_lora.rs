@@ -13,11 +13,12 @@
 use super::blocks::{fc1_rows, seg, BlockLayout, Builder, RankDims};
 use super::ctx::Ctx;
 use super::wtask::{Sink, WTask};
-use crate::backend::{Backend, ReduceOp, TensorOps, View, ViewMut};
+use crate::backend::ops::*;
+use crate::backend::{Backend, ReduceOp, View, ViewMut};
 use crate::backend::{DeviceCollectives, DeviceTensor};
 use crate::error::ExecError;
-use crate::plan::{Activation, LoraShape, Plan};
 use crate::tracker::Category;
+use parsim_plan::plan::{Activation, LoraShape, Plan};
 
 /// True when the routed experts carry adapters (LoRA on fc1 or fc2 of an MoE model).
 pub fn routed(plan: &Plan) -> bool {
@@ -170,14 +171,12 @@ pub fn fc2_fwd<B: Backend>(
 
 /// fc2's adapter backward from expert `j`'s output gradient `dy` [c, h] (whole on every
 /// expert-TP member): sends dB and dA, adds the activation gradient to `dact` [c, f_r].
-#[allow(clippy::too_many_arguments)]
 pub fn fc2_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     (le, pe): (&BlockLayout, &View<'_, B::Tensor>),
     j: usize,
     s: B::Tensor,
-    act: &B::Tensor,
-    dy: &B::Tensor,
+    (act, dy): (&B::Tensor, &B::Tensor),
     dact: &mut B::Tensor,
     sink: &mut Sink<B>,
 ) -> Result<(), ExecError> {
@@ -202,14 +201,12 @@ pub fn fc2_bwd<B: Backend>(
 
 /// fc1's adapter backward from expert `j`'s fc1 output gradient `du` [c, w1_r]: sends dB and
 /// dA, adds the input gradient to `dx` [c, h] (a partial sum over expert TP) on rank 0.
-#[allow(clippy::too_many_arguments)]
 pub fn fc1_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
     (le, pe): (&BlockLayout, &View<'_, B::Tensor>),
     j: usize,
     s: B::Tensor,
-    x: &B::Tensor,
-    du: &B::Tensor,
+    (x, du): (&B::Tensor, &B::Tensor),
     dx: &mut B::Tensor,
     sink: &mut Sink<B>,
 ) -> Result<(), ExecError> {

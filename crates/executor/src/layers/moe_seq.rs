@@ -8,7 +8,8 @@
 //! CP rank routes the whole microbatch identically and keeps its own tokens' assignments.
 
 use super::ctx::Ctx;
-use crate::backend::{Backend, DeviceCollectives, DeviceTensor, Routing, TensorOps};
+use crate::backend::ops::*;
+use crate::backend::{Backend, DeviceCollectives, DeviceTensor};
 use crate::backend::{View, ViewMut};
 use crate::error::ExecError;
 use crate::tracker::Category;
@@ -130,7 +131,6 @@ fn own_chosen(chosen: &[usize], mine: &[usize], k: usize) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Route;
 
     #[test]
     fn a_rank_keeps_its_own_assignments_renumbered_and_counts_its_drops() {

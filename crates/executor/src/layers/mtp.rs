@@ -9,7 +9,8 @@ use super::blocks::{BlockKind, BlockLayout};
 use super::ctx::Ctx;
 use super::ends::{embedding_bwd, embedding_fwd};
 use super::wtask::{Sink, WTask};
-use crate::backend::{Backend, TensorOps, View, ViewMut};
+use crate::backend::ops::*;
+use crate::backend::{Backend, View, ViewMut};
 use crate::error::ExecError;
 use crate::tracker::Category;
 
@@ -51,7 +52,7 @@ pub fn mtp_in_fwd<B: Backend>(
     tokens: Vec<u32>,
 ) -> Result<(B::Tensor, MtpInSaved<B>), ExecError> {
     let m = &ctx.plan.model;
-    let (norm, eps) = (m.norm, m.norm_eps);
+    let spec = NormSpec::of(m);
     let (n, n_sp, hd, t, r) = (ctx.n, ctx.n_sp, ctx.rd.h, ctx.rd.t, ctx.rd.tp_rank);
     let hr = hd / t;
     let (act, buf) = (Category::Activations, Category::Buffers);
@@ -62,11 +63,9 @@ pub fn mtp_in_fwd<B: Backend>(
     };
     let (e, mask) = embedding_fwd(ctx, emb.0, emb.1, &tokens, shift)?;
     let mut en = ctx.zeros(act, &[n_sp, hd])?;
-    ctx.ops
-        .norm_fwd(norm, &e, w::<B>(&p, l, ENORM), eps, &mut en)?;
+    ctx.ops.norm_fwd(spec, &e, w::<B>(&p, l, ENORM), &mut en)?;
     let mut hn = ctx.zeros(act, &[n_sp, hd])?;
-    ctx.ops
-        .norm_fwd(norm, &h, w::<B>(&p, l, HNORM), eps, &mut hn)?;
+    ctx.ops.norm_fwd(spec, &h, w::<B>(&p, l, HNORM), &mut hn)?;
     let mut y = ctx.zeros(buf, &[n, hr])?;
     ctx.with_gathered(&en, |c, xg| {
         c.ops
@@ -110,7 +109,7 @@ pub fn mtp_in_bwd<B: Backend>(
     sink: &mut Sink<B>,
 ) -> Result<B::Tensor, ExecError> {
     let m = &ctx.plan.model;
-    let (norm, eps) = (m.norm, m.norm_eps);
+    let spec = NormSpec::of(m);
     let (n, n_sp, hd, t, r) = (ctx.n, ctx.n_sp, ctx.rd.h, ctx.rd.t, ctx.rd.tp_rank);
     let hr = hd / t;
     let (sp, buf) = (ctx.sp, Category::Buffers);
@@ -149,15 +148,8 @@ pub fn mtp_in_bwd<B: Backend>(
     let d_hn = d_normed.pop().expect("hidden half");
     let d_en = d_normed.pop().expect("embedding half");
     let mut d_e = ctx.zeros(buf, &[n_sp, hd])?;
-    ctx.ops.norm_dgrad(
-        norm,
-        &s.e,
-        w::<B>(&p, l, ENORM),
-        &d_en,
-        eps,
-        &mut d_e,
-        false,
-    )?;
+    ctx.ops
+        .norm_dgrad(spec, &s.e, w::<B>(&p, l, ENORM), &d_en, &mut d_e, false)?;
     sink(
         ctx,
         WTask::Norm {
@@ -167,15 +159,8 @@ pub fn mtp_in_bwd<B: Backend>(
         },
     )?;
     let mut d_h = ctx.zeros(buf, &[n_sp, hd])?;
-    ctx.ops.norm_dgrad(
-        norm,
-        &s.h,
-        w::<B>(&p, l, HNORM),
-        &d_hn,
-        eps,
-        &mut d_h,
-        false,
-    )?;
+    ctx.ops
+        .norm_dgrad(spec, &s.h, w::<B>(&p, l, HNORM), &d_hn, &mut d_h, false)?;
     sink(
         ctx,
         WTask::Norm {

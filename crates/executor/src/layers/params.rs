@@ -6,7 +6,7 @@ use super::blocks::{
     fc1_rows, seg, BlockKind, BlockLayout, Builder, RankDims, DENSE_SPACE, EXPERT_SPACE,
     FROZEN_EXPERT_SPACE, FROZEN_SPACE, SPACES,
 };
-use crate::plan::{Activation, HybridLayer, LoraShape, MlaShape, Norm, Plan, RankPlan};
+use parsim_plan::plan::{Activation, HybridLayer, LoraShape, MlaShape, Norm, Plan, RankPlan};
 
 /// The blocks laid out so far, each in its space, back to back.
 struct Layout<'p> {
@@ -161,7 +161,7 @@ fn layer_blocks(out: &mut Layout, l: u32, s: u32, rd: &RankDims, ep_rank: u32) {
             let et = (rd.et, rd.et_rank);
             expert_mlp(b, m.activation, &q, moe.ffn, et, h, std);
             if m.bias_linear {
-                super::bias::mlp_biases(b, m.activation, &q, moe.ffn, et, h, std, false);
+                super::bias::mlp_biases(b, m.activation, &q, (moe.ffn, h), et, std, false);
             }
         }
     };

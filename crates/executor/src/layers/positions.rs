@@ -8,7 +8,8 @@
 
 use super::blocks::{seg, BlockLayout, Builder};
 use super::ctx::Ctx;
-use crate::backend::{Backend, TensorOps, View, ViewMut};
+use crate::backend::ops::*;
+use crate::backend::{Backend, View, ViewMut};
 use crate::error::ExecError;
 use crate::tracker::Category;
 

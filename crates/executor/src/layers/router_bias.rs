@@ -6,11 +6,13 @@
 //! not a trained parameter: no gradient, no optimizer moments; it starts at zero as in
 //! Megatron, so every rank holds the same values after the same steps.
 
-use crate::backend::{Backend, DType, Device, DeviceCollectives, ReduceOp, View, ViewMut};
+use crate::backend::{Backend, Device, DeviceCollectives, ReduceOp, View, ViewMut};
+
 use crate::error::ExecError;
 use crate::traced_comm::TracedComm;
 use crate::traced_ops::TracedOps;
 use crate::tracker::Category;
+use parsim_plan::DType;
 use std::collections::BTreeMap;
 
 /// The biases and this step's expert loads of the MoE layers a rank holds.
@@ -42,7 +44,7 @@ impl RouterBias {
     }
 
     /// The end-of-step update of every layer's bias from its loads summed over `group` (the
-    /// rank's data-parallel group, which sees every token of the step), then the loads reset.
+    /// rank's DP x CP group, which sees every token of the step), then the loads reset.
     /// `ops` and `comm` are the rank's device and collectives.
     pub fn update<B: Backend>(
         &mut self,

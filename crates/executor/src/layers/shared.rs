@@ -14,10 +14,11 @@ use super::blocks::BlockLayout;
 use super::ctx::Ctx;
 use super::lora::{self, Adapters, LoraSaved, Target};
 use super::wtask::{Sink, WTask};
-use crate::backend::{Backend, Device, TensorOps, View, ViewMut};
+use crate::backend::ops::*;
+use crate::backend::{Backend, Device, View, ViewMut};
 use crate::error::ExecError;
-use crate::plan::Activation;
 use crate::tracker::Category;
+use parsim_plan::plan::Activation;
 
 /// The shared experts' fc1 and fc2 in an MoE layer's block (after the router).
 pub const SHARED_FC1: usize = super::blocks::ROUTER + 1;
@@ -106,13 +107,10 @@ pub fn shared_fc2_lora<B: Backend>(
 /// their weight-gradient tasks (fc1's input: `ln2`, this rank's SP shard when SP is on) go to
 /// `sink`. Returns the adapters' input gradient on the region [n_sp, h] (already reduced),
 /// which the caller adds after reducing `d_ln2`.
-#[allow(clippy::too_many_arguments)]
 pub fn shared_bwd<B: Backend>(
     ctx: &mut Ctx<B>,
-    l: &BlockLayout,
-    p: View<'_, B::Tensor>,
-    s: SharedSaved<B>,
-    ln2: B::Tensor,
+    (l, p): (&BlockLayout, View<'_, B::Tensor>),
+    (s, ln2): (SharedSaved<B>, B::Tensor),
     (dy, dy_reg): (B::Tensor, &B::Tensor),
     d_ln2: &mut B::Tensor,
     (ad, ls): (&Adapters<B>, &mut LoraSaved<B>),
@@ -134,7 +132,7 @@ pub fn shared_bwd<B: Backend>(
         false,
     )?;
     if let Some(ad) = ad {
-        lora::row_bwd(ctx, ad, Target::Fc2, ls, &s.act, dy_reg, &mut d_act, sink)?;
+        lora::row_bwd(ctx, ad, Target::Fc2, ls, (&s.act, dy_reg), &mut d_act, sink)?;
     }
     sink(
         ctx,
@@ -163,7 +161,7 @@ pub fn shared_bwd<B: Backend>(
     let d_reg = match ad {
         Some(ad) => {
             let mut d = ctx.zeros(b, &[ctx.n_sp, h])?;
-            lora::col_bwd(ctx, ad, Target::Fc1, ls, &ln2, &du, &mut d, sink)?;
+            lora::col_bwd(ctx, ad, Target::Fc1, ls, (&ln2, &du), &mut d, sink)?;
             Some(d)
         }
         None => None,

@@ -3,7 +3,8 @@
 use super::blocks::BlockLayout;
 use super::ctx::Ctx;
 use super::positions;
-use crate::backend::{Backend, Device, DeviceTensor, TensorOps, View, ViewMut};
+use crate::backend::ops::*;
+use crate::backend::{Backend, Device, DeviceTensor, View, ViewMut};
 use crate::error::ExecError;
 use crate::tracker::Category;
 
@@ -71,7 +72,7 @@ impl<B: Backend> WTask<B> {
                 let mut grad = ctx.zeros(a, &[t.len()])?;
                 let m = &ctx.plan.model;
                 ctx.ops
-                    .norm_wgrad(m.norm, &x, &dy, m.norm_eps, ViewMut::all(&mut grad))?;
+                    .norm_wgrad(NormSpec::of(m), &x, &dy, ViewMut::all(&mut grad))?;
                 WTask::Ready { tensor, grad }
             }
             WTask::Ready { tensor, grad } => WTask::Ready { tensor, grad },
@@ -163,8 +164,7 @@ impl<B: Backend> WTask<B> {
         layout: &BlockLayout,
         mut grad: ViewMut<'_, B::Tensor>,
     ) -> Result<(), ExecError> {
-        let eps = ctx.plan.model.norm_eps;
-        let norm = ctx.plan.model.norm;
+        let spec = NormSpec::of(&ctx.plan.model);
         match self {
             WTask::Linear {
                 tensor,
@@ -189,7 +189,7 @@ impl<B: Backend> WTask<B> {
             }
             WTask::Norm { tensor, x, dy } => {
                 let r = layout.tensors[tensor].range();
-                ctx.ops.norm_wgrad(norm, &x, &dy, eps, grad.sub(r))?;
+                ctx.ops.norm_wgrad(spec, &x, &dy, grad.sub(r))?;
             }
             WTask::Expert {
                 tensor,

@@ -3,9 +3,9 @@
 use super::options::RunOptions;
 use super::rank::output::{Element, RankOutput};
 use crate::error::ExecError;
-use crate::pieces::{merge, pieces_of, TensorPieces};
-use crate::plan::Plan;
-use crate::run_report::RunReport;
+use parsim_plan::pieces::{merge, pieces_of, TensorPieces};
+use parsim_plan::plan::Plan;
+use parsim_plan::run_report::RunReport;
 
 /// How a report carries the exported tensors.
 #[derive(Debug, Clone, Copy, PartialEq)]

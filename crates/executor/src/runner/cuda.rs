@@ -23,8 +23,8 @@ use crate::backend::cuda::Cuda;
 use crate::backend::cuda::CudaError;
 use crate::backend::DeviceCollectives;
 use crate::error::ExecError;
-use crate::plan::{Plan, RankPlan};
-use crate::run_report::{DeviceMemoryReport, RunReport};
+use parsim_plan::plan::{Plan, RankPlan};
+use parsim_plan::run_report::{DeviceMemoryReport, RunReport};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -326,7 +326,7 @@ fn play_rank(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{AdamConfig, ModelShape, Recompute};
+    use parsim_plan::plan::{AdamConfig, ModelShape, Recompute};
 
     fn one_rank() -> Plan {
         let shape = ModelShape {
@@ -376,7 +376,7 @@ mod tests {
 
     #[test]
     fn windows_chunks_and_sinks_are_refused_by_name_before_looking_for_a_gpu() {
-        use crate::plan::AttentionShape;
+        use parsim_plan::plan::AttentionShape;
         let cases = [
             (
                 AttentionShape {
@@ -417,7 +417,7 @@ mod tests {
     #[test]
     fn a_hybrid_model_is_refused_by_name_before_looking_for_a_gpu() {
         let mut plan = one_rank();
-        plan.model.hybrid = vec![crate::plan::HybridLayer::Attention];
+        plan.model.hybrid = vec![parsim_plan::plan::HybridLayer::Attention];
         let e = run_cuda(&plan, &RunOptions::default(), CudaWorld::SingleProcess).unwrap_err();
         assert!(e.to_string().starts_with("model.hybrid: "), "{e}");
     }

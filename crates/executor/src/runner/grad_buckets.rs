@@ -12,7 +12,7 @@
 
 use crate::error::ExecError;
 use crate::layers::blocks::BlockLayout;
-use crate::plan::Action;
+use parsim_plan::plan::Action;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 

@@ -12,14 +12,14 @@ mod zero;
 
 use crate::backend::cpu::{Cpu, CpuComm, CpuOps, World};
 use crate::error::ExecError;
-use crate::plan::Plan;
-pub use crate::run_report::{PhaseTimes, RankReport, RunReport};
 use assemble::{assemble, Exported};
 #[cfg(feature = "cuda")]
 pub use cuda::{layout as cuda_layout, run_cuda, CudaLayout, CudaWorld};
 use options::check_run;
 pub use options::RunOptions;
 use parsim_plan::run::RunLength;
+use parsim_plan::Plan;
+use parsim_plan::RunReport;
 use rank::{run_rank, RankOutput};
 use std::sync::Arc;
 

@@ -1,8 +1,8 @@
 //! How to run ([`RunOptions`]) and the checks every backend makes before running.
 
 use crate::error::{ExecError, OptionsError};
-use crate::plan::{Plan, Precision};
 use crate::trace::Clock;
+use parsim_plan::plan::{Plan, Precision};
 use parsim_plan::run::RunLength;
 
 /// How to run.

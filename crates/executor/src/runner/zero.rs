@@ -2,9 +2,10 @@
 //! distributed optimizer shards them: sharding of each space (dense, experts) over its group,
 //! the ZeRO-3 gather cache, the gradient buckets of ZeRO 2/3, and the optimizer step per stage.
 //!
-//! The rank's parameters are one flat buffer split into `dp` contiguous shards of
-//! ceil(P / dp) elements.
-//! - 0: full gradients, all-reduced over DP at the step; Adam on every parameter.
+//! The rank's parameters are one flat buffer split over its group, DP x CP (the replicas of the
+//! dense parameters, as Megatron folds CP into DP for gradients), into contiguous shards of
+//! ceil(P / members) elements.
+//! - 0: full gradients, all-reduced over DP x CP at the step; Adam on every parameter.
 //! - 1: full gradients, reduce-scattered at the step; Adam on the shard; updated shards
 //!   all-gathered.
 //! - 2: as 1, but each block's gradients are reduce-scattered into the shard as soon as they
@@ -17,14 +18,16 @@
 //!
 //! Mixture-of-experts models keep their experts in a second flat buffer (an expert *space*),
 //! as Megatron keeps expert parameters apart: everything above applies to it with the
-//! expert-data-parallel group (the ranks holding the same experts) in place of DP.
+//! expert-data-parallel group (the ranks holding the same experts) in place of DP x CP.
 
-use crate::backend::{flat_shard, Backend, DType, Device, ProcessGroup, View};
+use crate::backend::{flat_shard, Backend, Device, ProcessGroup, View};
+
 use crate::error::ExecError;
 use crate::layers::blocks::{init_range, is_frozen_space, layout_len, BlockLayout, SPACES};
-use crate::plan::{Plan, Precision};
 use crate::traced_ops::TracedOps;
 use crate::tracker::Category;
+use parsim_plan::plan::{Plan, Precision};
+use parsim_plan::DType;
 use std::ops::Range;
 use std::rc::Rc;
 

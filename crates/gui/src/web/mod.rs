@@ -1,11 +1,10 @@
 //! The web page (wasm32): eframe's [`WebRunner`] on the page's canvas, the configuration in
 //! the URL fragment ([`crate::link`]), the page title naming the parameter count, uploads
 //! and downloads in place of the desktop's file paths ([`files`]), and the search in slices
-//! ([`search`]). What the page cannot do: run the executor (`parsim execute`), which the
+//! ([`crate::search_task`]). What the page cannot do: run the executor (`parsim execute`), which the
 //! GUI never links.
 
 pub mod files;
-pub mod search;
 
 use crate::app::{ParsimApp, WebRequest};
 use crate::export;

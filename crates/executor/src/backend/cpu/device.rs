@@ -2,14 +2,62 @@
 //! [`CpuOps`], its collectives the shared-memory [`CpuComm`]. Every op runs to completion
 //! before it returns, so events are plain markers.
 
-use super::tensor::{src, store_all};
-use super::{CpuComm, CpuOps, Group, Tensor};
-use crate::backend::{check_upload, Backend, BlockShape, DType, Device, View};
+use super::collectives::{CpuComm, Group};
+use super::gemm_counter::GemmCounter;
+use super::tensor::{src, store_all, Tensor};
+use crate::backend::ops::*;
+use crate::backend::{check_upload, Backend, Device, View};
 use crate::error::ExecError;
 use crate::tracker::{Category, MemoryTracker};
+use parsim_plan::DType;
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Cpu;
+
+/// One rank's CPU device: its tensor ops, the allocation of its tensors, its memory tracker
+/// and its GEMM counters (per rank, so ranks that share a thread, or a rank whose tensors
+/// are freed on another thread, still count apart). Clones share the tracker and counters.
+#[derive(Debug, Clone, Default)]
+pub struct CpuOps {
+    memory: MemoryTracker,
+    gemm: GemmCounter,
+}
+
+impl CpuOps {
+    /// A device with its own tracker and counters.
+    pub fn new() -> CpuOps {
+        CpuOps::default()
+    }
+
+    /// The device's memory tracker.
+    pub fn memory(&self) -> &MemoryTracker {
+        &self.memory
+    }
+
+    /// The device's GEMM FLOPs and seconds.
+    pub fn gemm_counter(&self) -> &GemmCounter {
+        &self.gemm
+    }
+
+    /// A zero-filled tensor.
+    #[track_caller]
+    pub fn zeros(&self, cat: Category, shape: &[usize]) -> Tensor {
+        let n = shape.iter().product();
+        Tensor::new(&self.memory, cat, shape, vec![0.0; n])
+    }
+
+    /// Wraps `data` (its length must be the shape's product).
+    #[track_caller]
+    pub fn from_vec(&self, cat: Category, shape: &[usize], data: Vec<f32>) -> Tensor {
+        Tensor::new(&self.memory, cat, shape, data)
+    }
+
+    /// A tracked copy of a slice.
+    #[track_caller]
+    pub fn copy_of(&self, cat: Category, shape: &[usize], src: &[f32]) -> Tensor {
+        Tensor::new(&self.memory, cat, shape, src.to_vec())
+    }
+}
 
 /// A point in the CPU's (synchronous) stream: already reached when made, so its time is the
 /// host clock's.
@@ -17,6 +65,7 @@ pub struct Cpu;
 pub struct CpuEvent(std::time::Instant);
 
 impl Backend for Cpu {
+    const NAME: &'static str = "cpu";
     type Tensor = Tensor;
     type Event = CpuEvent;
     type Group = Group;

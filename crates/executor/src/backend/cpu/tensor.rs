@@ -1,11 +1,14 @@
 //! Tensors of the CPU backend: a row-major buffer with a shape, a dtype and a memory category,
 //! counted by the tracker of the rank that allocated it, from creation to drop. Tensors are
-//! made by the rank's device ([`CpuOps`](super::CpuOps)). A bf16 tensor keeps its elements as
-//! f32 values that are exactly bf16 numbers (every write rounds), and counts 2 bytes per
-//! element, as the device would hold it.
+//! made by the rank's device ([`CpuOps`](super::device::CpuOps)). A bf16 tensor keeps its
+//! elements as f32 values that are exactly bf16 numbers (every write rounds), and counts 2
+//! bytes per element, as the device would hold it.
 
-use crate::backend::{DType, DeviceTensor, View, ViewMut};
+use crate::backend::bf16::round_bf16_slice;
+use crate::backend::{DeviceTensor, View, ViewMut};
+
 use crate::tracker::{Category, MemoryTracker};
+use parsim_plan::DType;
 use std::ops::Range;
 
 /// A tracked, row-major tensor.
@@ -129,7 +132,7 @@ impl std::fmt::Debug for Tensor {
 /// Rounds `r` of `t` to bf16 when `t` is a bf16 tensor.
 pub(super) fn store(t: &mut Tensor, r: Range<usize>) {
     if t.dtype() == DType::Bf16 {
-        super::ops::elementwise::round_bf16_slice(&mut t.data_mut()[r]);
+        round_bf16_slice(&mut t.data_mut()[r]);
     }
 }
 

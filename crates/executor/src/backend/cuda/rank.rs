@@ -14,15 +14,23 @@ use crate::backend::cuda::device::tensor::CudaTensor;
 use crate::backend::cuda::diag::error::CudaError;
 use crate::backend::cuda::ops::elementwise::kernel as elementwise;
 use crate::backend::cuda::Cuda;
-use crate::backend::{Backend, BlockShape, DType, Device, DeviceTensor, View};
+use crate::backend::ops::MambaOps;
+use crate::backend::ops::*;
+use crate::backend::{Backend, Device, DeviceTensor, View};
 use crate::error::ExecError;
 use crate::tracker::{Category, MemoryTracker};
 use cudarc::driver::{result as dr, CudaEvent, CudaStream};
+use parsim_plan::DType;
 use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::Arc;
 
+/// No Mamba-2 kernels yet: the mixer's ops answer with the family's refusal (the CUDA runner
+/// refuses hybrid plans before they start, `runner::cuda`).
+impl MambaOps<Cuda> for CudaRank {}
+
 impl Backend for Cuda {
+    const NAME: &'static str = "cuda";
     type Tensor = CudaTensor;
     type Event = CudaEvent;
     type Group = CudaGroup;

@@ -7,10 +7,10 @@
 use super::common::{
     fold_sinks, layer_shape, saved_lse, sinks_grad, timed, CoreSaved, Grads, Stats,
 };
-use crate::backend::Side;
-use crate::backend::{AttnSaved, Keep};
+
+use crate::backend::ops::*;
 use crate::backend::{Backend, DeviceTensor};
-use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
+use crate::backend::{DeviceCollectives, View, ViewMut};
 use crate::error::ExecError;
 use crate::layers::ctx::Ctx;
 use crate::tracker::Category;
@@ -63,17 +63,20 @@ fn pass<B: Backend>(
             let rv = src * vblk..(src + 1) * vblk;
             work += ctx.ops.flash_fwd_block(
                 &sh,
-                q,
-                qs,
-                View::all(gk).sub(r),
-                View::all(gv).sub(rv),
-                Side {
-                    pos: &cp.positions[src],
-                    tile: s_loc,
+                BlockQuery { q, side: qs },
+                BlockKv {
+                    k: View::all(gk).sub(r),
+                    v: View::all(gv).sub(rv),
+                    side: Side {
+                        pos: &cp.positions[src],
+                        tile: s_loc,
+                    },
                 },
-                &mut acc,
-                &mut st.max,
-                &mut st.sum,
+                BlockAcc {
+                    acc: &mut acc,
+                    max: &mut st.max,
+                    sum: &mut st.sum,
+                },
                 &mut tile,
             )?;
         }
@@ -150,22 +153,26 @@ pub fn backward<B: Backend>(
             let rv = src * vblk..(src + 1) * vblk;
             ctx.ops.flash_bwd_block(
                 &sh,
-                &q,
-                qs,
-                View::all(&gk).sub(r.clone()),
-                View::all(&gv).sub(rv.clone()),
-                Side {
-                    pos: &cp.positions[src],
-                    tile: s_loc,
+                BlockQuery { q: &q, side: qs },
+                BlockKv {
+                    k: View::all(&gk).sub(r.clone()),
+                    v: View::all(&gv).sub(rv.clone()),
+                    side: Side {
+                        pos: &cp.positions[src],
+                        tile: s_loc,
+                    },
                 },
-                &dout,
-                &lse,
-                &delta,
-                &mut dq,
-                ViewMut::all(&mut gdk).sub(r),
-                ViewMut::all(&mut gdv).sub(rv),
-                &mut p_tile,
-                &mut dp_tile,
+                BlockStats {
+                    dout: &dout,
+                    lse: &lse,
+                    delta: &delta,
+                },
+                BlockGrads {
+                    dq: &mut dq,
+                    dk: ViewMut::all(&mut gdk).sub(r),
+                    dv: ViewMut::all(&mut gdv).sub(rv),
+                },
+                (&mut p_tile, &mut dp_tile),
             )?;
         }
         Ok(())

@@ -1,7 +1,8 @@
 //! What the three CP attention cores share: message tags, the saved state, the online
 //! softmax's statistics, the attention shape and timing.
 
-use crate::backend::{AttnSaved, Backend, BlockShape, Device, Keep, TensorOps, View, ViewMut};
+use crate::backend::ops::*;
+use crate::backend::{Backend, Device, View, ViewMut};
 use crate::error::ExecError;
 use crate::layers::ctx::{zeros, Ctx};
 use crate::layers::dropout::attention_dropout;
@@ -79,9 +80,8 @@ impl<B: Backend> Stats<B> {
 }
 
 /// Attention sinks under CP: folds the layer's sink logits of heads `head0..head0 + sh.hq`
-/// ([`super::CpCtx::sinks`], when set) into a finished output `acc` [b, rows, hq, dv] and its
+/// ([`CpCtx::sinks`](crate::layers::cp_state::CpCtx::sinks), when set) into a finished output `acc` [b, rows, hq, dv] and its
 /// log-sum-exp.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn fold_sinks<B: Backend>(
     ops: &TracedOps<B>,
     sinks: Option<&B::Tensor>,
@@ -99,7 +99,7 @@ pub(super) fn fold_sinks<B: Backend>(
 
 /// The sink logits' gradient of heads `head0..head0 + sh.hq` over `rows` rows per sequence,
 /// from the final log-sum-exp [b, hq, rows] and D [b, rows, hq], added into
-/// [`super::CpCtx::dsinks`] (when set).
+/// [`CpCtx::dsinks`](crate::layers::cp_state::CpCtx::dsinks) (when set).
 pub(super) fn sinks_grad<B: Backend>(
     ctx: &mut Ctx<B>,
     sh: &BlockShape,
@@ -134,7 +134,7 @@ pub(super) fn shape<B: Backend>(ctx: &Ctx<B>) -> BlockShape {
         d: ctx.rd.d,
         dv: ctx.rd.dv,
         dropout: None,
-        span: crate::plan::AttnSpan::Full,
+        span: parsim_plan::plan::AttnSpan::Full,
     }
 }
 

@@ -7,20 +7,19 @@
 mod allgather;
 mod common;
 mod ring;
-pub mod state;
 mod ulysses;
 
 pub use common::{CoreSaved, Grads};
-pub use state::CpCtx;
 
-use crate::backend::{Backend, DeviceTensor, Keep, TensorOps, View, ViewMut};
+use crate::backend::ops::*;
+use crate::backend::{Backend, DeviceTensor, View, ViewMut};
 use crate::error::ExecError;
 use crate::layers::ctx::Ctx;
 use crate::layers::modern::{self, Part};
 use crate::layers::wtask::{Sink, WTask};
-use crate::plan::CpComm;
 use crate::tracker::Category;
 use common::shape;
+use parsim_plan::plan::CpComm;
 
 /// Forward of the attention core of layer `layer` on the sequence shards `q`, `k`, `v`
 /// (rotary applied), with the layer's attention sinks if any: the output [n, a_r d] (the
@@ -88,7 +87,6 @@ pub fn row_delta<B: Backend>(
 /// Backward of the attention core: dQ, dK, dV as sequence shards [n, ..] (rotary not yet
 /// undone) from the output gradient `dout` and its [`row_delta`]; with attention sinks their
 /// gradient (this rank's rows) goes to `sink`.
-#[allow(clippy::too_many_arguments)]
 pub fn backward<B: Backend>(
     ctx: &mut Ctx<B>,
     layer: u32,

@@ -15,14 +15,15 @@
 
 use super::common::{fold_sinks, sinks_grad};
 use super::common::{layer_shape, saved_lse, tag, timed, CoreSaved, Grads, Pass, Stats};
-use crate::backend::{AttnSaved, Keep, Pending, RecvInto, SendFrom};
+use crate::backend::ops::*;
 use crate::backend::{Backend, DeviceTensor};
-use crate::backend::{BlockShape, Side};
-use crate::backend::{DeviceCollectives, TensorOps, View, ViewMut};
+use crate::backend::{Pending, RecvInto, SendFrom};
+
+use crate::backend::{DeviceCollectives, View, ViewMut};
 use crate::error::ExecError;
 use crate::layers::ctx::Ctx;
-use crate::plan::{AttnSpan, CpComm};
 use crate::tracker::Category;
+use parsim_plan::plan::{AttnSpan, CpComm};
 
 const KEYS: u64 = 0;
 const VALUES: u64 = 1;
@@ -171,14 +172,17 @@ fn pass<B: Backend>(
             ctx.comm.kernel("attn_fwd_block", || {
                 ctx.ops.flash_fwd_block(
                     &sh,
-                    q,
-                    qs,
-                    kb,
-                    vb,
-                    ks,
-                    &mut acc,
-                    &mut st.max,
-                    &mut st.sum,
+                    BlockQuery { q, side: qs },
+                    BlockKv {
+                        k: kb,
+                        v: vb,
+                        side: ks,
+                    },
+                    BlockAcc {
+                        acc: &mut acc,
+                        max: &mut st.max,
+                        sum: &mut st.sum,
+                    },
                     &mut tile,
                 )
             })
@@ -311,19 +315,23 @@ pub fn backward<B: Backend>(
             ctx.comm.kernel("attn_bwd_block", || {
                 ctx.ops.flash_bwd_block(
                     &sh,
-                    &q,
-                    qs,
-                    kb,
-                    vb,
-                    ks,
-                    &dout,
-                    &lse,
-                    &delta,
-                    &mut dq,
-                    gk,
-                    gv,
-                    &mut p_tile,
-                    &mut dp_tile,
+                    BlockQuery { q: &q, side: qs },
+                    BlockKv {
+                        k: kb,
+                        v: vb,
+                        side: ks,
+                    },
+                    BlockStats {
+                        dout: &dout,
+                        lse: &lse,
+                        delta: &delta,
+                    },
+                    BlockGrads {
+                        dq: &mut dq,
+                        dk: gk,
+                        dv: gv,
+                    },
+                    (&mut p_tile, &mut dp_tile),
                 )
             })
         });

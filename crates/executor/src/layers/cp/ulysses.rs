@@ -8,12 +8,11 @@
 use super::common::{
     fold_sinks, layer_shape, saved_lse, sinks_grad, timed, CoreSaved, Grads, Stats,
 };
-use crate::backend::{AttnSaved, Keep};
+
+use crate::backend::ops::*;
 use crate::backend::{Backend, DeviceTensor};
-use crate::backend::{BlockShape, Side};
-use crate::backend::{
-    DeviceCollectives, TensorOps, UlyssesGeo, UlyssesLayout, UlyssesPart, View, ViewMut,
-};
+
+use crate::backend::{DeviceCollectives, View, ViewMut};
 use crate::error::ExecError;
 use crate::layers::ctx::zeros;
 use crate::layers::ctx::Ctx;
@@ -73,15 +72,12 @@ fn exchange<B: Backend>(
 /// Attention of the head group over the whole sequence, with the sinks of its heads
 /// (`sinks`: the TP rank's logits and the group's first head): (normalised output, lse,
 /// work).
-#[allow(clippy::too_many_arguments)]
 fn attend<B: Backend>(
     ops: &TracedOps<B>,
     geo: &Geo,
     sh: &BlockShape,
     all: &[u32],
-    q: &B::Tensor,
-    k: &B::Tensor,
-    v: &B::Tensor,
+    Qkv { q, k, v }: Qkv<'_, B::Tensor>,
     sinks: (Option<&B::Tensor>, usize),
 ) -> Result<(B::Tensor, B::Tensor, u64), ExecError> {
     let s = all.len();
@@ -94,14 +90,17 @@ fn attend<B: Backend>(
     let mut tile = zeros::<B>(ops, Category::Buffers, &[geo.s_loc, geo.s_loc])?;
     let work = ops.flash_fwd_block(
         sh,
-        q,
-        side,
-        View::all(k),
-        View::all(v),
-        side,
-        &mut acc,
-        &mut st.max,
-        &mut st.sum,
+        BlockQuery { q, side },
+        BlockKv {
+            k: View::all(k),
+            v: View::all(v),
+            side,
+        },
+        BlockAcc {
+            acc: &mut acc,
+            max: &mut st.max,
+            sum: &mut st.sum,
+        },
         &mut tile,
     )?;
     drop(tile);
@@ -150,7 +149,20 @@ pub fn forward<B: Backend>(
         ctx.cp.as_ref().and_then(|c| c.sinks.as_ref()),
         head0(ctx, &sh),
     );
-    let (r, compute_s) = timed(|| attend::<B>(ctx.ops, &geo, &sh, &all, &qh, &kh, &vh, z));
+    let (r, compute_s) = timed(|| {
+        attend::<B>(
+            ctx.ops,
+            &geo,
+            &sh,
+            &all,
+            Qkv {
+                q: &qh,
+                k: &kh,
+                v: &vh,
+            },
+            z,
+        )
+    });
     let (oh, lse, work) = r?;
     let mut send = ctx.zeros(b, &[oh.len()])?;
     ctx.ops
@@ -197,7 +209,19 @@ pub fn backward<B: Backend>(
                 ctx.cp.as_ref().and_then(|c| c.sinks.as_ref()),
                 head0(ctx, &sh),
             );
-            attend::<B>(ctx.ops, &geo, &sh, &all, &q, &k, &v, z)?.1
+            attend::<B>(
+                ctx.ops,
+                &geo,
+                &sh,
+                &all,
+                Qkv {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                },
+                z,
+            )?
+            .1
         }
     };
     let (a_r, g_r, d, dv) = (ctx.rd.a_r, ctx.rd.g_r, ctx.rd.d, ctx.rd.dv);
@@ -234,19 +258,23 @@ pub fn backward<B: Backend>(
     let (r, compute_s) = timed(|| {
         ctx.ops.flash_bwd_block(
             &sh,
-            &q,
-            side,
-            View::all(&k),
-            View::all(&v),
-            side,
-            &doh,
-            &lse,
-            &delta,
-            &mut dqh,
-            ViewMut::all(&mut dkh),
-            ViewMut::all(&mut dvh),
-            &mut p_tile,
-            &mut dp_tile,
+            BlockQuery { q: &q, side },
+            BlockKv {
+                k: View::all(&k),
+                v: View::all(&v),
+                side,
+            },
+            BlockStats {
+                dout: &doh,
+                lse: &lse,
+                delta: &delta,
+            },
+            BlockGrads {
+                dq: &mut dqh,
+                dk: ViewMut::all(&mut dkh),
+                dv: ViewMut::all(&mut dvh),
+            },
+            (&mut p_tile, &mut dp_tile),
         )
     });
     r?;

@@ -3,7 +3,8 @@
 
 use super::state::{BlockSaved, BlockTasks, Rank};
 use super::views::{views, BlockViews};
-use crate::backend::{Backend, TensorOps, View, ViewMut};
+use crate::backend::ops::*;
+use crate::backend::{Backend, View, ViewMut};
 use crate::error::{ExecError, StateError};
 use crate::layers::blocks::{
     is_frozen_space, BlockKind, BlockLayout, DENSE_SPACE, EXPERT_SPACE, FROZEN_SPACE, SPACES,
@@ -164,12 +165,12 @@ fn block_bwd<B: Backend>(
         }
         BlockSaved::Layer(ls) => {
             let dy = flow.grad();
-            flow.dy = Some(decoder_bwd(ctx, l, v.p, v.experts, v.ad, *ls, dy, sink)?);
+            flow.dy = Some(decoder_bwd(ctx, l, v.p, (v.experts, v.ad), *ls, dy, sink)?);
         }
         BlockSaved::LayerInput(x) => {
             let ls = rerun_layer(ctx, l, &v, x)?;
             let dy = flow.grad();
-            flow.dy = Some(decoder_bwd(ctx, l, v.p, v.experts, v.ad, ls, dy, sink)?);
+            flow.dy = Some(decoder_bwd(ctx, l, v.p, (v.experts, v.ad), ls, dy, sink)?);
         }
         BlockSaved::Embedding(tokens, mask) => {
             embedding_bwd(ctx, tokens, mask, flow.grad(), 0, sink)?

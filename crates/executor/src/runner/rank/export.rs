@@ -1,5 +1,5 @@
 //! Test and finite-difference export: every parameter (or gradient) element of a rank with
-//! its global tensor name and index (merged into global tensors by [`crate::pieces`]).
+//! its global tensor name and index (merged into global tensors by [`parsim_plan::pieces`]).
 
 use super::output::Element;
 use super::state::Rank;

@@ -3,15 +3,16 @@
 
 use super::state::{BlockSaved, Rank};
 use super::views::views;
-use crate::backend::{Backend, Device, DeviceTensor, TensorOps, View, ViewMut};
+use crate::backend::ops::*;
+use crate::backend::{Backend, Device, DeviceTensor, View, ViewMut};
 use crate::error::ExecError;
 use crate::layers::blocks::BlockKind;
 use crate::layers::data;
 use crate::layers::ends::{embedding_fwd, head_fwd, output_fwd};
 use crate::layers::hybrid::decoder_fwd;
 use crate::layers::mtp::mtp_in_fwd;
-use crate::plan::Recompute;
 use crate::tracker::Category;
+use parsim_plan::plan::Recompute;
 use std::ops::Range;
 
 /// The state a chunk's forward carries from block to block.

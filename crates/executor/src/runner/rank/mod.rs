@@ -22,9 +22,10 @@ use super::options::RunOptions;
 use crate::backend::{Backend, DeviceCollectives};
 use crate::error::ExecError;
 use crate::layers::Ctx;
-use crate::plan::{Plan, RankPlan};
 use crate::traced_comm::TracedComm;
 use crate::traced_ops::TracedOps;
+use parsim_plan::plan::{Plan, RankPlan};
+use parsim_plan::GroupKind;
 use state::Rank;
 use step::Measured;
 
@@ -36,14 +37,14 @@ pub(super) fn run_rank<B: Backend>(
     comm: &B::Comm,
     opts: &RunOptions,
 ) -> Result<RankOutput, ExecError> {
-    let tp = comm.group(&rp.tp_group)?;
-    let dp = comm.group(&rp.dp_group)?;
-    let cp = comm.group(&rp.cp_group)?;
+    let tp = comm.group(rp.groups.get(GroupKind::Tp))?;
+    let dp_cp = comm.group(rp.groups.get(GroupKind::DpCp))?;
+    let cp = comm.group(rp.groups.get(GroupKind::Cp))?;
     let act_dtype = opts.precision.compute_dtype();
     let ops = &TracedOps::<B>::new(ops, opts.profile_ops, opts.ranks_per_node);
     let comm = &TracedComm::<B>::new(comm, rp.rank, opts.trace, ops);
     let ctx = Ctx::<B>::new(plan, ops, comm, tp, rp, cp, act_dtype)?;
-    let mut rank = Rank::new(plan, rp, ctx, dp, opts)?;
+    let mut rank = Rank::new(plan, rp, ctx, dp_cp, opts)?;
     let mut measured = Measured::new(opts);
     for step in 0..opts.steps {
         rank.play_step(step, opts, &mut measured)?;

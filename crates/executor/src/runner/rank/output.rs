@@ -1,7 +1,7 @@
 //! What a rank hands back to the orchestration.
 
-use crate::run_report::RankReport;
-use crate::trace::RankTrace;
+use parsim_plan::run_report::RankReport;
+use parsim_plan::trace::RankTrace;
 
 /// (global tensor name, flat index in it, value).
 pub(in crate::runner) type Element = (String, usize, f32);

@@ -3,7 +3,8 @@
 
 use super::state::tag;
 use super::state::Rank;
-use crate::backend::{Backend, DeviceCollectives, DeviceTensor, TensorOps, View, ViewMut};
+use crate::backend::ops::*;
+use crate::backend::{Backend, DeviceCollectives, DeviceTensor, View, ViewMut};
 use crate::error::ExecError;
 use crate::tracker::Category;
 use parsim_plan::op_timing::CollectiveKind;

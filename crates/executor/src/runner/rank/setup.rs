@@ -10,10 +10,11 @@ use crate::layers::blocks::{
 use crate::layers::embedding_group::{self, SharedWeight};
 use crate::layers::params::rank_layout;
 use crate::layers::Ctx;
-use crate::plan::{Plan, RankPlan};
 use crate::runner::options::RunOptions;
 use crate::runner::zero;
 use crate::tracker::Category;
+use parsim_plan::plan::{Plan, RankPlan};
+use parsim_plan::GroupKind;
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 
@@ -34,25 +35,26 @@ fn stage_ranges(blocks: &[BlockLayout], stages: &[u32]) -> HashMap<u32, Range<us
 }
 
 impl<'a, B: Backend> Rank<'a, B> {
-    /// Rank `rp` of `plan` with its context `ctx` and data-parallel group `dp`.
+    /// Rank `rp` of `plan` with its context `ctx` and DP x CP group `dp_cp` (the dense
+    /// parameters' replicas).
     pub(super) fn new(
         plan: &'a Plan,
         rp: &'a RankPlan,
         mut ctx: Ctx<'a, B>,
-        dp: B::Group,
+        dp_cp: B::Group,
         opts: &RunOptions,
     ) -> Result<Rank<'a, B>, ExecError> {
         let comm = ctx.comm;
-        let ep = comm.group(&rp.ep_group)?;
+        let ep = comm.group(rp.groups.get(GroupKind::Ep))?;
         let ep_rank = ep.index() as u32;
         if plan.model.moe.is_some() {
             ctx.ep = Some(ep);
-            ctx.etp = comm.group(&rp.expert_tp_group)?;
+            ctx.etp = comm.group(rp.groups.get(GroupKind::ExpertTp))?;
         }
         let blocks = rank_layout(plan, rp, ep_rank);
         let stage_blocks = stage_ranges(&blocks, &rp.stages);
-        let edp = comm.group(&rp.expert_dp_group)?;
-        let groups = [dp.clone(), edp.clone(), dp, edp];
+        let edp = comm.group(rp.groups.get(GroupKind::ExpertDp))?;
+        let groups = [dp_cp.clone(), edp.clone(), dp_cp, edp];
         let space = |sp: usize| {
             let g = &groups[sp];
             zero::init_space::<B>(ctx.ops, plan, &blocks, g, sp, &opts.perturb, opts.precision)

@@ -2,8 +2,9 @@
 //! ZeRO-3, gradient buckets reduce-scattered into the shard, and the optimizer step.
 
 use super::state::Rank;
+use crate::backend::ops::*;
 use crate::backend::ReduceOp;
-use crate::backend::{Backend, DeviceCollectives, DeviceTensor, TensorOps, View, ViewMut};
+use crate::backend::{Backend, DeviceCollectives, DeviceTensor, View, ViewMut};
 use crate::error::ExecError;
 use crate::layers::blocks::layout_len;
 use crate::layers::blocks::{BlockKind, DENSE_SPACE, EXPERT_SPACE};
@@ -175,7 +176,7 @@ impl<'a, B: Backend> Rank<'a, B> {
                     let whole = self.zero == 0;
                     let base = if self.zero >= 2 { sh.start } else { 0 };
                     let valid = if whole { 0..grads.len() } else { sh.clone() };
-                    let dp = (!whole).then_some(g);
+                    let dp_cp = (!whole).then_some(g);
                     t.sync_grads(
                         ops,
                         comm,
@@ -183,7 +184,7 @@ impl<'a, B: Backend> Rank<'a, B> {
                             grads: &mut *grads,
                             valid,
                             base,
-                            dp,
+                            dp_cp,
                         },
                     )?;
                 }
@@ -203,8 +204,28 @@ impl<'a, B: Backend> Rank<'a, B> {
             };
             // Mixed precision: Adam updates the fp32 master weights and writes the bf16 copy.
             match self.master[sp].as_mut() {
-                Some(w) => ops.adam(&adam, self.step, ViewMut::all(w), gs, m, v, Some(pv))?,
-                None => ops.adam(&adam, self.step, pv, gs, m, v, None)?,
+                Some(w) => ops.adam(
+                    &adam,
+                    self.step,
+                    AdamState {
+                        p: ViewMut::all(w),
+                        g: gs,
+                        m,
+                        v,
+                        weight_copy: Some(pv),
+                    },
+                )?,
+                None => ops.adam(
+                    &adam,
+                    self.step,
+                    AdamState {
+                        p: pv,
+                        g: gs,
+                        m,
+                        v,
+                        weight_copy: None,
+                    },
+                )?,
             }
             if sharded {
                 comm.all_gather_in_place(g, params, sh.clone())?;

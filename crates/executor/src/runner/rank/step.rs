@@ -5,11 +5,11 @@ use super::output::RankOutput;
 use super::state::Rank;
 use crate::backend::{Backend, Device};
 use crate::error::ExecError;
-use crate::plan::Action;
-use crate::run_report::{PhaseTimes, RankReport};
 use crate::runner::options::RunOptions;
-use crate::trace::{stream_of, EventKind, RankTrace, Stream, TraceEvent};
 use crate::traced_ops::TracedOps;
+use parsim_plan::plan::Action;
+use parsim_plan::run_report::{PhaseTimes, RankReport};
+use parsim_plan::trace::{stream_of, EventKind, RankTrace, Stream, TraceEvent};
 
 /// What the timed steps measured: step times, phase times, per-step loss and load-balancing
 /// loss sums, and the trace when tracing.

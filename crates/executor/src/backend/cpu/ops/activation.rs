@@ -1,7 +1,11 @@
 //! MLP activations: SwiGLU (Shazeer 2020; input is [gate | up]) and GeLU (tanh approximation,
 //! as GPT-2 and Megatron-LM).
 
-use crate::plan::Activation;
+use crate::backend::cpu::device::{Cpu, CpuOps};
+use crate::backend::cpu::tensor::{store_all, Tensor};
+use crate::backend::ops::ActivationOps;
+use crate::error::ExecError;
+use parsim_plan::plan::Activation;
 
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
@@ -82,6 +86,27 @@ pub fn act_bwd_inplace(kind: Activation, u: &mut [f32], dout: &[f32], n: usize, 
                 *x = d * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * dinner);
             }
         }
+    }
+}
+
+impl ActivationOps<Cpu> for CpuOps {
+    fn act_fwd(&self, kind: Activation, u: &Tensor, out: &mut Tensor) -> Result<(), ExecError> {
+        let (n, f) = (out.rows(), out.cols());
+        act_fwd(kind, u.data(), n, f, out.data_mut());
+        store_all(out);
+        Ok(())
+    }
+
+    fn act_bwd_inplace(
+        &self,
+        kind: Activation,
+        u: &mut Tensor,
+        dout: &Tensor,
+    ) -> Result<(), ExecError> {
+        let (n, f) = (dout.rows(), dout.cols());
+        act_bwd_inplace(kind, u.data_mut(), dout.data(), n, f);
+        store_all(u);
+        Ok(())
     }
 }
 

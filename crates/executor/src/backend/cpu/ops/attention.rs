@@ -4,13 +4,16 @@
 //! (Korthikanti et al. 2022). Without either (selective recompute) backward recomputes the
 //! softmax from Q and K.
 
-use super::elementwise::round_bf16_slice;
-use super::gemm::{gemm, GemmCounter, View};
-use crate::backend::cpu::tensor::Tensor;
-use crate::backend::cpu::CpuOps;
-use crate::backend::DType;
-pub use crate::backend::{AttnShape, Keep};
+use super::gemm::{gemm, View};
+use crate::backend::bf16::round_bf16_slice;
+use crate::backend::cpu::device::{Cpu, CpuOps};
+use crate::backend::cpu::gemm_counter::GemmCounter;
+use crate::backend::cpu::tensor::{store_all, Tensor};
+use crate::backend::ops::{AttentionOps, AttnShape, Keep, Qkv, QkvGrads};
+use crate::backend::DeviceTensor;
+use crate::error::ExecError;
 use crate::tracker::Category;
+use parsim_plan::DType;
 
 impl AttnShape {
     fn views(&self, bi: usize, hq: usize) -> (View, View) {
@@ -41,7 +44,7 @@ impl AttnShape {
 }
 
 /// What the CPU attention forward keeps for backward.
-pub type AttnSaved = crate::backend::AttnSaved<Tensor>;
+pub type AttnSaved = crate::backend::ops::AttnSaved<Tensor>;
 
 /// Scores into `sc` and the row-wise softmax in place; returns nothing. Masked entries are 0.
 fn scores(
@@ -55,7 +58,14 @@ fn scores(
 ) {
     let (qv, kv) = sh.views(bi, hq);
     let s = sh.s;
-    gemm(g, sh.scale(), q, qv, k, kv.t(), 0.0, sc, View::rm(s, s));
+    gemm(
+        g,
+        sh.scale(),
+        (q, qv),
+        (k, kv.t()),
+        0.0,
+        (sc, View::rm(s, s)),
+    );
 }
 
 fn softmax_rows(sh: &AttnShape, sc: &mut [f32], lse_out: Option<&mut [f32]>) {
@@ -107,13 +117,10 @@ fn masked_in_place(sh: &AttnShape, bi: usize, hq: usize, x: &mut [f32]) {
 /// o = softmax(q k^T / sqrt(d), causal) v; returns what `keep` asks to save. The
 /// probabilities are stored in `probs_dtype` (rounded before they multiply V, as a bf16 softmax
 /// kernel's output would be).
-#[allow(clippy::too_many_arguments)]
 pub fn attn_fwd(
     dev: &CpuOps,
     sh: &AttnShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    Qkv { q, k, v }: Qkv<'_, [f32]>,
     o: &mut [f32],
     keep: Keep,
     probs_dtype: DType,
@@ -159,9 +166,9 @@ pub fn attn_fwd(
                 Some(pz) => {
                     let pz = pz.data_mut();
                     masked(sh, bi, hq, sc, pz);
-                    gemm(g, 1.0, pz, View::rm(s, s), v, vv, 0.0, o, ov);
+                    gemm(g, 1.0, (pz, View::rm(s, s)), (v, vv), 0.0, (o, ov));
                 }
-                None => gemm(g, 1.0, sc, View::rm(s, s), v, vv, 0.0, o, ov),
+                None => gemm(g, 1.0, (sc, View::rm(s, s)), (v, vv), 0.0, (o, ov)),
             }
         }
     }
@@ -173,18 +180,13 @@ pub fn attn_fwd(
 }
 
 /// dq (written), dk and dv (written) from do.
-#[allow(clippy::too_many_arguments)]
 pub fn attn_bwd(
     dev: &CpuOps,
     sh: &AttnShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    Qkv { q, k, v }: Qkv<'_, [f32]>,
     saved: &AttnSaved,
     dout: &[f32],
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
+    QkvGrads { dq, dk, dv }: QkvGrads<'_, [f32]>,
 ) {
     let s = sh.s;
     let g = dev.gemm_counter();
@@ -229,14 +231,14 @@ pub fn attn_bwd(
                     // dV += (P Z)^T dO; dP = Z (dO V^T), the mask regenerated.
                     let pz = pz.data_mut();
                     masked(sh, bi, hq, p, pz);
-                    gemm(g, 1.0, pz, View::rm(s, s).t(), dout, ov, 1.0, dv, vv);
-                    gemm(g, 1.0, dout, ov, v, vv.t(), 0.0, dpd, View::rm(s, s));
+                    gemm(g, 1.0, (pz, View::rm(s, s).t()), (dout, ov), 1.0, (dv, vv));
+                    gemm(g, 1.0, (dout, ov), (v, vv.t()), 0.0, (dpd, View::rm(s, s)));
                     masked_in_place(sh, bi, hq, dpd);
                 }
                 None => {
                     // dV += P^T dO; dP = dO V^T
-                    gemm(g, 1.0, p, View::rm(s, s).t(), dout, ov, 1.0, dv, vv);
-                    gemm(g, 1.0, dout, ov, v, vv.t(), 0.0, dpd, View::rm(s, s));
+                    gemm(g, 1.0, (p, View::rm(s, s).t()), (dout, ov), 1.0, (dv, vv));
+                    gemm(g, 1.0, (dout, ov), (v, vv.t()), 0.0, (dpd, View::rm(s, s)));
                 }
             }
             // dS = P * (dP - rowsum(dP * P))
@@ -258,8 +260,59 @@ pub fn attn_bwd(
                 }
             }
             // dQ = dS K * scale; dK += dS^T Q * scale
-            gemm(g, sh.scale(), dpd, View::rm(s, s), k, kv, 0.0, dq, qv);
-            gemm(g, sh.scale(), dpd, View::rm(s, s).t(), q, qv, 1.0, dk, kv);
+            gemm(g, sh.scale(), (dpd, View::rm(s, s)), (k, kv), 0.0, (dq, qv));
+            gemm(
+                g,
+                sh.scale(),
+                (dpd, View::rm(s, s).t()),
+                (q, qv),
+                1.0,
+                (dk, kv),
+            );
         }
+    }
+}
+
+impl AttentionOps<Cpu> for CpuOps {
+    fn attn_fwd(
+        &self,
+        sh: &AttnShape,
+        x: Qkv<'_, Tensor>,
+        o: &mut Tensor,
+        keep: Keep,
+    ) -> Result<AttnSaved, ExecError> {
+        let host = Qkv {
+            q: x.q.data(),
+            k: x.k.data(),
+            v: x.v.data(),
+        };
+        let saved = attn_fwd(self, sh, host, o.data_mut(), keep, x.q.dtype());
+        store_all(o);
+        Ok(saved)
+    }
+
+    fn attn_bwd(
+        &self,
+        sh: &AttnShape,
+        x: Qkv<'_, Tensor>,
+        saved: &AttnSaved,
+        dout: &Tensor,
+        g: QkvGrads<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        let host = Qkv {
+            q: x.q.data(),
+            k: x.k.data(),
+            v: x.v.data(),
+        };
+        let host_grads = QkvGrads {
+            dq: g.dq.data_mut(),
+            dk: g.dk.data_mut(),
+            dv: g.dv.data_mut(),
+        };
+        attn_bwd(self, sh, host, saved, dout.data(), host_grads);
+        for t in [g.dq, g.dk, g.dv] {
+            store_all(t);
+        }
+        Ok(())
     }
 }

@@ -4,12 +4,15 @@
 //! dropped), for the whole-sequence kernel and for the block kernel with K/V blocks visited
 //! out of order at zigzag positions; the gradients against central finite differences.
 
-use super::attention::{attn_bwd, attn_fwd, AttnSaved, AttnShape, Keep};
+use super::attention::{attn_bwd, attn_fwd, AttnSaved};
 use super::flash::{backward_block, delta, finish, forward_block, sink_fwd, sink_grad, Online};
+use crate::backend::cpu::device::CpuOps;
 use crate::backend::cpu::tensor::Tensor;
-use crate::backend::cpu::CpuOps;
-use crate::backend::{BlockShape, DType, Side};
-use crate::plan::AttnSpan;
+use crate::backend::ops::{
+    AttnShape, BlockQuery, BlockShape, BlockStats, Keep, Qkv, QkvGrads, Side,
+};
+use parsim_plan::plan::AttnSpan;
+use parsim_plan::DType;
 
 fn rand(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -128,9 +131,11 @@ fn whole_fwd(
     let saved = attn_fwd(
         dev,
         &whole(span),
-        &x[0],
-        &x[1],
-        &x[2],
+        Qkv {
+            q: &x[0],
+            k: &x[1],
+            v: &x[2],
+        },
         &mut o,
         Keep::Lse,
         DType::F32,
@@ -214,7 +219,15 @@ fn block_kernel_with_spans_and_sinks_matches_the_naive_softmax() {
                 Side { pos: &kp, tile: 3 },
             );
             let g = dev.gemm_counter();
-            work += forward_block(g, &sh, &q, qs, &kb, &vb, ks, &mut acc, &mut st, &mut tile);
+            work += forward_block(
+                g,
+                &sh,
+                BlockQuery { q: &q, side: qs },
+                (&kb, &vb, ks),
+                &mut acc,
+                &mut st,
+                &mut tile,
+            );
         }
         let pairs = (0..S)
             .map(|i| (0..S).filter(|&j| sees(span, i, j)).count())
@@ -264,14 +277,18 @@ fn span_and_sink_gradients_match_finite_differences() {
         attn_bwd(
             &dev,
             &whole(span),
-            &x[0],
-            &x[1],
-            &x[2],
+            Qkv {
+                q: &x[0],
+                k: &x[1],
+                v: &x[2],
+            },
             &saved,
             &r,
-            g0,
-            g1,
-            g2,
+            QkvGrads {
+                dq: g0,
+                dk: g1,
+                dv: g2,
+            },
         );
         let mut dl = vec![0.0; B * S * HQ];
         delta(&block(span), S, &r, &o, &mut dl);
@@ -321,19 +338,15 @@ fn span_and_sink_gradients_match_finite_differences() {
         backward_block(
             dev.gemm_counter(),
             &sh,
-            &x[0],
-            side,
-            &x[1],
-            &x[2],
-            side,
-            &r,
-            &lse,
-            &dl,
-            &mut dq,
-            &mut dk,
-            &mut dv,
-            &mut pt,
-            &mut dpt,
+            BlockQuery { q: &x[0], side },
+            (&x[1], &x[2], side),
+            BlockStats {
+                dout: &r,
+                lse: &lse,
+                delta: &dl,
+            },
+            (&mut dq, &mut dk, &mut dv),
+            (&mut pt, &mut dpt),
         );
         for (a, b) in [(&dq, &g[0]), (&dk, &g[1]), (&dv, &g[2])] {
             let e = worst(a, &b.iter().map(|&v| v as f64).collect::<Vec<_>>());

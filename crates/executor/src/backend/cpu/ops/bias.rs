@@ -2,6 +2,12 @@
 //! the bias to every row of the output; the backward's bias gradient is the column sum of the
 //! output gradient over the rows this rank holds.
 
+use crate::backend::cpu::device::{Cpu, CpuOps};
+use crate::backend::cpu::tensor::{dst, src, store_all, store_view, Tensor};
+use crate::backend::ops::BiasOps;
+use crate::backend::{View, ViewMut};
+use crate::error::ExecError;
+
 /// y[n, o] += b[o] for every row.
 pub fn bias_add(y: &mut [f32], b: &[f32]) {
     if b.is_empty() {
@@ -19,6 +25,20 @@ pub fn bias_grad(dy: &[f32], db: &mut [f32]) {
     }
     for row in dy.chunks(db.len()) {
         db.iter_mut().zip(row).for_each(|(g, d)| *g += d);
+    }
+}
+
+impl BiasOps<Cpu> for CpuOps {
+    fn bias_add(&self, y: &mut Tensor, b: View<'_, Tensor>) -> Result<(), ExecError> {
+        bias_add(y.data_mut(), src(&b));
+        store_all(y);
+        Ok(())
+    }
+
+    fn bias_grad(&self, dy: &Tensor, mut db: ViewMut<'_, Tensor>) -> Result<(), ExecError> {
+        bias_grad(dy.data(), dst(&mut db));
+        store_view(&mut db);
+        Ok(())
     }
 }
 

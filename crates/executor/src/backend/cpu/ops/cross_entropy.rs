@@ -2,6 +2,11 @@
 //! over TP (row maximum, sum of exponentials, target logit) run between them: each rank holds
 //! the logits of its vocabulary columns `lo..lo + v`.
 
+use crate::backend::cpu::device::{Cpu, CpuOps};
+use crate::backend::cpu::tensor::{store_all, Tensor};
+use crate::backend::ops::CrossEntropyOps;
+use crate::error::ExecError;
+
 /// max[r] = the maximum of row r of `logits` [n, v].
 pub fn row_max(logits: &[f32], v: usize, max: &mut [f32]) {
     for (m, row) in max.iter_mut().zip(logits.chunks_exact(v)) {
@@ -59,6 +64,68 @@ pub fn grad(probs: &mut [f32], v: usize, targets: &[u32], lo: usize, scale: f32)
         }
     }
     probs.iter_mut().for_each(|x| *x *= scale);
+}
+
+impl CrossEntropyOps<Cpu> for CpuOps {
+    fn ce_row_max(&self, logits: &Tensor, max: &mut Tensor) -> Result<(), ExecError> {
+        row_max(logits.data(), logits.cols(), max.data_mut());
+        Ok(())
+    }
+
+    fn ce_exp(
+        &self,
+        logits: &Tensor,
+        max: &Tensor,
+        probs: &mut Tensor,
+        sum: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let v = logits.cols();
+        exp_rows(
+            logits.data(),
+            v,
+            max.data(),
+            probs.data_mut(),
+            sum.data_mut(),
+        );
+        Ok(())
+    }
+
+    fn ce_target_logit(
+        &self,
+        logits: &Tensor,
+        targets: &[u32],
+        lo: usize,
+        out: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let v = logits.cols();
+        target_logit(logits.data(), v, targets, lo, out.data_mut());
+        Ok(())
+    }
+
+    fn ce_loss(
+        &self,
+        probs: &mut Tensor,
+        sum: &Tensor,
+        max: &Tensor,
+        target_logit: &Tensor,
+    ) -> Result<f64, ExecError> {
+        let v = probs.cols();
+        let (s, m, t) = (sum.data(), max.data(), target_logit.data());
+        Ok(loss(probs.data_mut(), v, s, m, t))
+    }
+
+    fn ce_grad(
+        &self,
+        probs: &mut Tensor,
+        targets: &[u32],
+        lo: usize,
+        scale: f32,
+    ) -> Result<(), ExecError> {
+        let v = probs.cols();
+        grad(probs.data_mut(), v, targets, lo, scale);
+        store_all(probs);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

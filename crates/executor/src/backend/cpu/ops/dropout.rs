@@ -3,7 +3,14 @@
 //! ([`dropout_save`], one byte per element, then [`dropout_apply`] in backward), as Megatron
 //! does, so that the memory held is Megatron's.
 
+use crate::backend::cpu::device::{Cpu, CpuOps};
+use crate::backend::cpu::tensor::{dst, store_view, Tensor};
+use crate::backend::ops::DropoutOps;
+use crate::backend::ViewMut;
+use crate::error::ExecError;
 use crate::rng::{DropoutError, DropoutKey};
+use crate::tracker::Category;
+use parsim_plan::DType;
 
 /// Checks the key and that `elements` split into one row per token (shared with the CUDA
 /// kernel's launch, so both backends refuse the same inputs with the same error).
@@ -53,6 +60,46 @@ pub fn dropout_save(
 /// x *= keep x scale.
 pub fn dropout_apply(keep: &[f32], scale: f32, x: &mut [f32]) {
     x.iter_mut().zip(keep).for_each(|(v, k)| *v *= k * scale);
+}
+
+impl DropoutOps<Cpu> for CpuOps {
+    fn dropout_inplace(
+        &self,
+        key: &DropoutKey,
+        tokens: &[u64],
+        col_offset: u64,
+        mut x: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        dropout_inplace(key, tokens, col_offset, dst(&mut x))?;
+        store_view(&mut x);
+        Ok(())
+    }
+
+    fn dropout_save(
+        &self,
+        key: &DropoutKey,
+        tokens: &[u64],
+        col_offset: u64,
+        mut x: ViewMut<'_, Tensor>,
+    ) -> Result<Tensor, ExecError> {
+        let n = x.range.len();
+        let mut keep = vec![0.0; n];
+        dropout_save(key, tokens, col_offset, dst(&mut x), &mut keep)?;
+        store_view(&mut x);
+        let cat = Category::Activations;
+        Ok(Tensor::typed(self.memory(), cat, DType::U8, &[n], keep))
+    }
+
+    fn dropout_apply(
+        &self,
+        mask: &Tensor,
+        scale: f32,
+        mut x: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        dropout_apply(mask.data(), scale, dst(&mut x));
+        store_view(&mut x);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -1,20 +1,11 @@
-//! Element-wise kernels: the residual add, axpy, copy with dtype conversion, and bf16 rounding
-//! (round to nearest, ties to even, as CUDA's `__float2bfloat16_rn`).
+//! Element-wise kernels: the residual add and axpy; and [`ElementwiseOps`] for the CPU (add,
+//! axpy, copy with the dtype's rounding, fill).
 
-/// The bf16 number nearest to `x` (ties to even), as an f32; NaN stays NaN.
-pub fn round_bf16(x: f32) -> f32 {
-    if x.is_nan() {
-        return x;
-    }
-    let b = x.to_bits();
-    let rounded = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000;
-    f32::from_bits(rounded)
-}
-
-/// Rounds every element to bf16 in place.
-pub fn round_bf16_slice(x: &mut [f32]) {
-    x.iter_mut().for_each(|v| *v = round_bf16(*v));
-}
+use crate::backend::cpu::device::{Cpu, CpuOps};
+use crate::backend::cpu::tensor::{dst, src, store_all, store_view, Tensor};
+use crate::backend::ops::ElementwiseOps;
+use crate::backend::{check_copy, View, ViewMut};
+use crate::error::ExecError;
 
 /// out = a + b.
 pub fn add(a: &[f32], b: &[f32], out: &mut [f32]) {
@@ -32,22 +23,34 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+impl ElementwiseOps<Cpu> for CpuOps {
+    fn add(&self, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<(), ExecError> {
+        add(a.data(), b.data(), out.data_mut());
+        store_all(out);
+        Ok(())
+    }
 
-    #[test]
-    fn bf16_rounds_to_nearest_even() {
-        // 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: ties go to the even mantissa (1).
-        assert_eq!(round_bf16(1.0 + 2f32.powi(-8)), 1.0);
-        // 1 + 3 * 2^-8 lies halfway between 1 + 2^-7 and 1 + 2^-6: even is 1 + 2^-6.
-        assert_eq!(round_bf16(1.0 + 3.0 * 2f32.powi(-8)), 1.0 + 2f32.powi(-6));
-        assert_eq!(round_bf16(1.0 + 2f32.powi(-7)), 1.0 + 2f32.powi(-7));
-        assert_eq!(round_bf16(-3.0), -3.0);
-        assert!(round_bf16(f32::NAN).is_nan());
-        // Relative error of bf16 is at most 2^-9.
-        for &x in &[0.1f32, 3.3, -2.7, 1e-20, 6.5e4] {
-            assert!(((round_bf16(x) - x) / x).abs() <= 2f32.powi(-9), "{x}");
-        }
+    fn axpy(
+        &self,
+        alpha: f32,
+        x: View<'_, Tensor>,
+        mut y: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        axpy(alpha, src(&x), dst(&mut y));
+        store_view(&mut y);
+        Ok(())
+    }
+
+    fn copy(&self, s: View<'_, Tensor>, mut d: ViewMut<'_, Tensor>) -> Result<(), ExecError> {
+        check_copy(s.len(), d.len())?;
+        dst(&mut d).copy_from_slice(src(&s));
+        store_view(&mut d);
+        Ok(())
+    }
+
+    fn fill(&self, t: &mut Tensor, value: f32) -> Result<(), ExecError> {
+        t.data_mut().fill(value);
+        store_all(t);
+        Ok(())
     }
 }

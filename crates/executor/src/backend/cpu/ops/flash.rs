@@ -6,9 +6,16 @@
 //! gathered layouts; the causal mask compares positions, and a pair of position runs that is
 //! entirely in the future is skipped.
 
-use super::gemm::{gemm, GemmCounter, View};
-pub use crate::backend::{BlockShape, Side};
-use crate::plan::AttnSpan;
+use super::gemm::{gemm, View};
+use crate::backend::cpu::device::{Cpu, CpuOps};
+use crate::backend::cpu::gemm_counter::GemmCounter;
+use crate::backend::cpu::tensor::{dst, src, store, store_all, store_view, Tensor};
+use crate::backend::ops::{
+    BlockAcc, BlockGrads, BlockKv, BlockQuery, BlockShape, BlockStats, FlashOps, Side,
+};
+use crate::backend::{View as TensorView, ViewMut};
+use crate::error::ExecError;
+use parsim_plan::plan::AttnSpan;
 
 impl BlockShape {
     fn scale(&self) -> f32 {
@@ -148,15 +155,11 @@ fn for_each_pair(sh: &BlockShape, qs: Side, ks: Side, mut f: impl FnMut(&Pair)) 
 /// Merges one K/V block into the running output `acc` ([b, q rows, hq, d], unnormalised) and
 /// statistics. `tile` is scratch of at least (q tile x k tile). Returns the unmasked score
 /// elements computed (the causal work).
-#[allow(clippy::too_many_arguments)]
 pub fn forward_block(
     g: &GemmCounter,
     sh: &BlockShape,
-    q: &[f32],
-    qs: Side,
-    k: &[f32],
-    v: &[f32],
-    ks: Side,
+    BlockQuery { q, side: qs }: BlockQuery<'_, [f32]>,
+    (k, v, ks): (&[f32], &[f32], Side),
     acc: &mut [f32],
     st: &mut Online,
     tile: &mut [f32],
@@ -167,7 +170,14 @@ pub fn forward_block(
     let mut z = Vec::new();
     for_each_pair(sh, qs, ks, |pr| {
         let (rn, cn) = (pr.rn, pr.cn);
-        gemm(g, sh.scale(), q, pr.qv, k, pr.kv.t(), 0.0, tile, pr.tv);
+        gemm(
+            g,
+            sh.scale(),
+            (q, pr.qv),
+            (k, pr.kv.t()),
+            0.0,
+            (tile, pr.tv),
+        );
         for i in 0..rn {
             let (lo, hi) = pr.visible(i);
             let row = &mut tile[i * cn..(i + 1) * cn];
@@ -204,7 +214,7 @@ pub fn forward_block(
                 acc[o..o + d].iter_mut().for_each(|x| *x *= alpha);
             }
         }
-        gemm(g, 1.0, tile, pr.tv, v, pr.vv, 1.0, acc, pr.ov);
+        gemm(g, 1.0, (tile, pr.tv), (v, pr.vv), 1.0, (acc, pr.ov));
     });
     work
 }
@@ -296,23 +306,14 @@ pub fn delta(sh: &BlockShape, rows: usize, dout: &[f32], o: &[f32], out: &mut [f
 /// the final log-sum-exp [b, hq, rows] and `delta` [b, rows, hq] ([`delta`]).
 /// `p_tile` and `dp_tile` are scratch of at least (q tile x k tile) each. Returns the unmasked
 /// score elements.
-#[allow(clippy::too_many_arguments)]
 pub fn backward_block(
     g: &GemmCounter,
     sh: &BlockShape,
-    q: &[f32],
-    qs: Side,
-    k: &[f32],
-    v: &[f32],
-    ks: Side,
-    dout: &[f32],
-    lse: &[f32],
-    delta: &[f32],
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
-    p_tile: &mut [f32],
-    dp_tile: &mut [f32],
+    BlockQuery { q, side: qs }: BlockQuery<'_, [f32]>,
+    (k, v, ks): (&[f32], &[f32], Side),
+    BlockStats { dout, lse, delta }: BlockStats<'_, [f32]>,
+    (dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]),
+    (p_tile, dp_tile): (&mut [f32], &mut [f32]),
 ) -> u64 {
     let sq = qs.rows();
     let scale = sh.scale();
@@ -320,7 +321,7 @@ pub fn backward_block(
     let mut z = Vec::new();
     for_each_pair(sh, qs, ks, |pr| {
         let (rn, cn, tv) = (pr.rn, pr.cn, pr.tv);
-        gemm(g, scale, q, pr.qv, k, pr.kv.t(), 0.0, p_tile, tv);
+        gemm(g, scale, (q, pr.qv), (k, pr.kv.t()), 0.0, (p_tile, tv));
         for i in 0..rn {
             let (lo, hi) = pr.visible(i);
             work += (hi - lo) as u64;
@@ -331,7 +332,7 @@ pub fn backward_block(
             row[hi..].fill(0.0);
         }
         // dP = dO V^T (of the dropped probabilities)
-        gemm(g, 1.0, dout, pr.ov, v, pr.vv.t(), 0.0, dp_tile, tv);
+        gemm(g, 1.0, (dout, pr.ov), (v, pr.vv.t()), 0.0, (dp_tile, tv));
         // With the mask Z (regenerated): dS = P * (Z dP - D), and P becomes P Z for dV.
         // D = rowsum(dO * O) is still rowsum(P * Z dP) since O = (P Z) V.
         z.resize(cn, 1.0);
@@ -350,19 +351,147 @@ pub fn backward_block(
             }
         }
         // dV += (P Z)^T dO
-        gemm(g, 1.0, p_tile, tv.t(), dout, pr.ov, 1.0, dv, pr.vv);
+        gemm(g, 1.0, (p_tile, tv.t()), (dout, pr.ov), 1.0, (dv, pr.vv));
         // dQ += scale dS K; dK += scale dS^T Q
-        gemm(g, scale, dp_tile, tv, k, pr.kv, 1.0, dq, pr.qv);
-        gemm(g, scale, dp_tile, tv.t(), q, pr.qv, 1.0, dk, pr.kv);
+        gemm(g, scale, (dp_tile, tv), (k, pr.kv), 1.0, (dq, pr.qv));
+        gemm(g, scale, (dp_tile, tv.t()), (q, pr.qv), 1.0, (dk, pr.kv));
     });
     work
+}
+
+impl FlashOps<Cpu> for CpuOps {
+    fn flash_fwd_block(
+        &self,
+        sh: &BlockShape,
+        q: BlockQuery<'_, Tensor>,
+        kv: BlockKv<'_, Tensor>,
+        run: BlockAcc<'_, Tensor>,
+        tile: &mut Tensor,
+    ) -> Result<u64, ExecError> {
+        let mut st = Online {
+            max: run.max.data_mut(),
+            sum: run.sum.data_mut(),
+        };
+        let g = self.gemm_counter();
+        let (qd, k, v) = (q.q.data(), src(&kv.k), src(&kv.v));
+        let acc = run.acc.data_mut();
+        let work = forward_block(
+            g,
+            sh,
+            BlockQuery {
+                q: qd,
+                side: q.side,
+            },
+            (k, v, kv.side),
+            acc,
+            &mut st,
+            tile.data_mut(),
+        );
+        store_all(run.acc);
+        Ok(work)
+    }
+
+    fn flash_finish(
+        &self,
+        sh: &BlockShape,
+        rows: usize,
+        acc: &mut Tensor,
+        max: &Tensor,
+        sum: &Tensor,
+        lse: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        finish(
+            sh,
+            rows,
+            acc.data_mut(),
+            max.data(),
+            sum.data(),
+            lse.data_mut(),
+        );
+        store_all(acc);
+        Ok(())
+    }
+
+    fn flash_delta(
+        &self,
+        sh: &BlockShape,
+        rows: usize,
+        dout: &Tensor,
+        o: &Tensor,
+        out: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        delta(sh, rows, dout.data(), o.data(), out.data_mut());
+        Ok(())
+    }
+
+    fn attn_sink_fwd(
+        &self,
+        sh: &BlockShape,
+        rows: usize,
+        o: &mut Tensor,
+        lse: &mut Tensor,
+        sinks: TensorView<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        sink_fwd(sh, rows, o.data_mut(), lse.data_mut(), src(&sinks));
+        store_all(o);
+        Ok(())
+    }
+
+    fn attn_sink_grad(
+        &self,
+        sh: &BlockShape,
+        rows: usize,
+        lse: &Tensor,
+        delta: &Tensor,
+        sinks: TensorView<'_, Tensor>,
+        mut dsinks: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        let d = dst(&mut dsinks);
+        sink_grad(sh, rows, lse.data(), delta.data(), src(&sinks), d);
+        store_view(&mut dsinks);
+        Ok(())
+    }
+
+    fn flash_bwd_block(
+        &self,
+        sh: &BlockShape,
+        q: BlockQuery<'_, Tensor>,
+        kv: BlockKv<'_, Tensor>,
+        stats: BlockStats<'_, Tensor>,
+        grads: BlockGrads<'_, Tensor>,
+        (p_tile, dp_tile): (&mut Tensor, &mut Tensor),
+    ) -> Result<u64, ExecError> {
+        let BlockGrads { dq, mut dk, mut dv } = grads;
+        let work = backward_block(
+            self.gemm_counter(),
+            sh,
+            BlockQuery {
+                q: q.q.data(),
+                side: q.side,
+            },
+            (src(&kv.k), src(&kv.v), kv.side),
+            BlockStats {
+                dout: stats.dout.data(),
+                lse: stats.lse.data(),
+                delta: stats.delta.data(),
+            },
+            (dq.data_mut(), dst(&mut dk), dst(&mut dv)),
+            (p_tile.data_mut(), dp_tile.data_mut()),
+        );
+        store_all(dq);
+        let (rk, rv) = (dk.range.clone(), dv.range.clone());
+        store(dk.tensor, rk);
+        store(dv.tensor, rv);
+        Ok(work)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::ops::attention::{attn_bwd, attn_fwd, AttnSaved, AttnShape, Keep};
+    use crate::backend::cpu::ops::attention::{attn_bwd, attn_fwd, AttnSaved};
     use crate::backend::cpu::CpuOps;
+    use crate::backend::ops::{AttnShape, Keep, Qkv, QkvGrads};
 
     fn rand(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed
@@ -431,7 +560,7 @@ mod tests {
                 sample0: 0,
                 seq: s as u64,
             }),
-            span: crate::plan::AttnSpan::Full,
+            span: parsim_plan::plan::AttnSpan::Full,
         };
         let dev = CpuOps::new();
         let mut x = [
@@ -441,8 +570,19 @@ mod tests {
         ];
         let r = rand(s * hq * d, 8);
         let fwd = |x: &[Vec<f32>; 3], o: &mut [f32]| {
-            let dt = crate::backend::DType::F32;
-            attn_fwd(&dev, &ash, &x[0], &x[1], &x[2], o, Keep::Lse, dt)
+            let dt = parsim_plan::DType::F32;
+            attn_fwd(
+                &dev,
+                &ash,
+                Qkv {
+                    q: &x[0],
+                    k: &x[1],
+                    v: &x[2],
+                },
+                o,
+                Keep::Lse,
+                dt,
+            )
         };
         let loss = |x: &[Vec<f32>; 3]| -> f64 {
             let mut o = vec![0.0; r.len()];
@@ -457,7 +597,22 @@ mod tests {
             vec![0.0; x[2].len()],
         ];
         let [g0, g1, g2] = &mut g;
-        attn_bwd(&dev, &ash, &x[0], &x[1], &x[2], &saved, &r, g0, g1, g2);
+        attn_bwd(
+            &dev,
+            &ash,
+            Qkv {
+                q: &x[0],
+                k: &x[1],
+                v: &x[2],
+            },
+            &saved,
+            &r,
+            QkvGrads {
+                dq: g0,
+                dk: g1,
+                dv: g2,
+            },
+        );
         let eps = 1e-2f32;
         let mut worst = 0.0f64;
         for t in 0..3 {
@@ -484,7 +639,7 @@ mod tests {
             d,
             dv: dvw,
             dropout,
-            span: crate::plan::AttnSpan::Full,
+            span: parsim_plan::plan::AttnSpan::Full,
         };
         let q = rand(b * s * hq * d, 1);
         let k = rand(b * s * hk * d, 2);
@@ -498,33 +653,39 @@ mod tests {
             d,
             dv: dvw,
             dropout,
-            span: crate::plan::AttnSpan::Full,
+            span: parsim_plan::plan::AttnSpan::Full,
         };
         let mut o_ref = vec![0.0; dout.len()];
         let dev = CpuOps::new();
         let saved = attn_fwd(
             &dev,
             &ash,
-            &q,
-            &k,
-            &v,
+            Qkv {
+                q: &q,
+                k: &k,
+                v: &v,
+            },
             &mut o_ref,
             Keep::Probs,
-            crate::backend::DType::F32,
+            parsim_plan::DType::F32,
         );
         let (mut dq_ref, mut dk_ref, mut dv_ref) =
             (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
         attn_bwd(
             &dev,
             &ash,
-            &q,
-            &k,
-            &v,
+            Qkv {
+                q: &q,
+                k: &k,
+                v: &v,
+            },
             &saved,
             &dout,
-            &mut dq_ref,
-            &mut dk_ref,
-            &mut dv_ref,
+            QkvGrads {
+                dq: &mut dq_ref,
+                dk: &mut dk_ref,
+                dv: &mut dv_ref,
+            },
         );
         drop(saved);
         let _ = AttnSaved::None;
@@ -555,11 +716,8 @@ mod tests {
             work += forward_block(
                 &dev.gemm_counter().clone(),
                 &sh,
-                &q,
-                qs,
-                &block(&k, hk, j, d),
-                &block(&v, hk, j, dvw),
-                ks,
+                BlockQuery { q: &q, side: qs },
+                (&block(&k, hk, j, d), &block(&v, hk, j, dvw), ks),
                 &mut acc,
                 &mut st,
                 &mut tile,
@@ -583,19 +741,15 @@ mod tests {
             backward_block(
                 dev.gemm_counter(),
                 &sh,
-                &q,
-                qs,
-                &block(&k, hk, j, d),
-                &block(&v, hk, j, dvw),
-                ks,
-                &dout,
-                &lse,
-                &dl,
-                &mut dq,
-                &mut dkb,
-                &mut dvb,
-                &mut pt,
-                &mut dpt,
+                BlockQuery { q: &q, side: qs },
+                (&block(&k, hk, j, d), &block(&v, hk, j, dvw), ks),
+                BlockStats {
+                    dout: &dout,
+                    lse: &lse,
+                    delta: &dl,
+                },
+                (&mut dq, &mut dkb, &mut dvb),
+                (&mut pt, &mut dpt),
             );
             for bi in 0..b {
                 let lo = (bi * s + j * 4) * hk * d;

@@ -1,33 +1,14 @@
 //! Matrix multiplication through `matrixmultiply`'s sgemm (packed, SIMD micro-kernels), with
-//! transposes expressed as strides. Each rank's device counts its GEMM FLOPs and seconds in a
-//! [`GemmCounter`], so a step can report the rate its matmuls ran at.
+//! transposes expressed as strides, counted in the rank's [`GemmCounter`]; the linear layers
+//! on it, and [`LinearOps`] for the CPU.
 
-use std::sync::{Arc, Mutex};
+use super::super::gemm_counter::GemmCounter;
+use crate::backend::cpu::device::{Cpu, CpuOps};
+use crate::backend::cpu::tensor::{dst, src, store_all, store_view, Tensor};
+use crate::backend::ops::LinearOps;
+use crate::backend::tensor::ViewMut;
+use crate::error::ExecError;
 use std::time::Instant;
-
-/// FLOPs and seconds of the GEMMs of one rank; clones share the count.
-#[derive(Debug, Clone, Default)]
-pub struct GemmCounter {
-    flops_seconds: Arc<Mutex<(f64, f64)>>,
-}
-
-impl GemmCounter {
-    /// A counter at zero.
-    pub fn new() -> GemmCounter {
-        GemmCounter::default()
-    }
-
-    fn add(&self, flops: f64, seconds: f64) {
-        let mut c = self.flops_seconds.lock().unwrap_or_else(|e| e.into_inner());
-        c.0 += flops;
-        c.1 += seconds;
-    }
-
-    /// (FLOPs, seconds) counted so far.
-    pub fn get(&self) -> (f64, f64) {
-        *self.flops_seconds.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
 
 /// A strided matrix view: element (i, j) at `offset + i * rs + j * cs`.
 #[derive(Debug, Clone, Copy)]
@@ -82,19 +63,15 @@ impl View {
     }
 }
 
-/// C = alpha * A . B + beta * C for strided views (beta = 0 overwrites C, NaNs included),
-/// counted in `counter`.
-#[allow(clippy::too_many_arguments)]
+/// C = alpha * A . B + beta * C for strided views (each operand with its view; beta = 0
+/// overwrites C, NaNs included), counted in `counter`.
 pub fn gemm(
     counter: &GemmCounter,
     alpha: f32,
-    a: &[f32],
-    av: View,
-    b: &[f32],
-    bv: View,
+    (a, av): (&[f32], View),
+    (b, bv): (&[f32], View),
     beta: f32,
-    c: &mut [f32],
-    cv: View,
+    (c, cv): (&mut [f32], View),
 ) {
     assert_eq!(av.cols, bv.rows, "gemm inner dimensions");
     assert_eq!((av.rows, bv.cols), (cv.rows, cv.cols), "gemm output shape");
@@ -149,46 +126,35 @@ pub fn linear_fwd(
     counter: &GemmCounter,
     x: &[f32],
     w: &[f32],
-    n: usize,
-    i: usize,
-    o: usize,
+    (n, i, o): (usize, usize, usize),
     y: &mut [f32],
 ) {
     gemm(
         counter,
         1.0,
-        x,
-        View::rm(n, i),
-        w,
-        View::rm(o, i).t(),
+        (x, View::rm(n, i)),
+        (w, View::rm(o, i).t()),
         0.0,
-        y,
-        View::rm(n, o),
+        (y, View::rm(n, o)),
     );
 }
 
 /// dX[n, i] (+)= dY[n, o] . W[o, i].
-#[allow(clippy::too_many_arguments)]
 pub fn linear_dgrad(
     counter: &GemmCounter,
     dy: &[f32],
     w: &[f32],
-    n: usize,
-    i: usize,
-    o: usize,
+    (n, i, o): (usize, usize, usize),
     dx: &mut [f32],
     acc: bool,
 ) {
     gemm(
         counter,
         1.0,
-        dy,
-        View::rm(n, o),
-        w,
-        View::rm(o, i),
+        (dy, View::rm(n, o)),
+        (w, View::rm(o, i)),
         if acc { 1.0 } else { 0.0 },
-        dx,
-        View::rm(n, i),
+        (dx, View::rm(n, i)),
     );
 }
 
@@ -197,20 +163,55 @@ pub fn linear_wgrad(
     counter: &GemmCounter,
     dy: &[f32],
     x: &[f32],
-    n: usize,
-    i: usize,
-    o: usize,
+    (n, i, o): (usize, usize, usize),
     dw: &mut [f32],
 ) {
     gemm(
         counter,
         1.0,
-        dy,
-        View::rm(n, o).t(),
-        x,
-        View::rm(n, i),
+        (dy, View::rm(n, o).t()),
+        (x, View::rm(n, i)),
         1.0,
-        dw,
-        View::rm(o, i),
+        (dw, View::rm(o, i)),
     );
+}
+
+impl LinearOps<Cpu> for CpuOps {
+    fn linear_fwd(
+        &self,
+        x: &Tensor,
+        w: crate::backend::View<'_, Tensor>,
+        dims: (usize, usize, usize),
+        y: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        linear_fwd(self.gemm_counter(), x.data(), src(&w), dims, y.data_mut());
+        store_all(y);
+        Ok(())
+    }
+
+    fn linear_dgrad(
+        &self,
+        dy: &Tensor,
+        w: crate::backend::View<'_, Tensor>,
+        dims: (usize, usize, usize),
+        dx: &mut Tensor,
+        acc: bool,
+    ) -> Result<(), ExecError> {
+        let g = self.gemm_counter();
+        linear_dgrad(g, dy.data(), src(&w), dims, dx.data_mut(), acc);
+        store_all(dx);
+        Ok(())
+    }
+
+    fn linear_wgrad(
+        &self,
+        dy: &Tensor,
+        x: &Tensor,
+        dims: (usize, usize, usize),
+        mut dw: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        linear_wgrad(self.gemm_counter(), dy.data(), x.data(), dims, dst(&mut dw));
+        store_view(&mut dw);
+        Ok(())
+    }
 }

@@ -1,5 +1,10 @@
-//! Row re-layouts and row lookups: the fused QKV projection split into Q, K and V and merged
-//! back, and the vocab-parallel embedding's row gather and its gradient's scatter-add.
+//! The fused QKV projection split into Q, K and V and merged back, and [`LayoutOps`] for the
+//! CPU.
+
+use crate::backend::cpu::device::{Cpu, CpuOps};
+use crate::backend::cpu::tensor::{store_all, Tensor};
+use crate::backend::ops::LayoutOps;
+use crate::error::ExecError;
 
 /// Splits each row of `qkv` [n, qw + kw + vw] into q [n, qw], k [n, kw], v [n, vw].
 pub fn qkv_split(qkv: &[f32], q: &mut [f32], k: &mut [f32], v: &mut [f32], n: usize) {
@@ -25,29 +30,33 @@ pub fn qkv_merge(q: &[f32], k: &[f32], v: &[f32], qkv: &mut [f32], n: usize) {
     }
 }
 
-/// out[r] = table[tokens[r] - lo] (rows of `h`) where the token lies in the table's
-/// `table.len() / h` rows from `lo`; other rows of `out` are left as they are.
-pub fn embedding_gather(table: &[f32], tokens: &[u32], lo: usize, h: usize, out: &mut [f32]) {
-    let rows = table.len() / h.max(1);
-    for (r, &id) in tokens.iter().enumerate() {
-        let id = id as usize;
-        if id >= lo && id < lo + rows {
-            out[r * h..(r + 1) * h].copy_from_slice(&table[(id - lo) * h..(id - lo + 1) * h]);
+impl LayoutOps<Cpu> for CpuOps {
+    fn qkv_split(
+        &self,
+        qkv: &Tensor,
+        q: &mut Tensor,
+        k: &mut Tensor,
+        v: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let n = qkv.rows();
+        qkv_split(qkv.data(), q.data_mut(), k.data_mut(), v.data_mut(), n);
+        for t in [q, k, v] {
+            store_all(t);
         }
+        Ok(())
     }
-}
 
-/// grad[tokens[r] - lo] += dy[r] for the tokens in the gradient's rows from `lo`.
-pub fn embedding_scatter_add(dy: &[f32], tokens: &[u32], lo: usize, h: usize, grad: &mut [f32]) {
-    let rows = grad.len() / h.max(1);
-    for (r, &id) in tokens.iter().enumerate() {
-        let id = id as usize;
-        if id >= lo && id < lo + rows {
-            let dst = &mut grad[(id - lo) * h..(id - lo + 1) * h];
-            for (d, s) in dst.iter_mut().zip(&dy[r * h..(r + 1) * h]) {
-                *d += s;
-            }
-        }
+    fn qkv_merge(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        qkv: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let n = qkv.rows();
+        qkv_merge(q.data(), k.data(), v.data(), qkv.data_mut(), n);
+        store_all(qkv);
+        Ok(())
     }
 }
 
@@ -67,17 +76,5 @@ mod tests {
         let mut back = vec![0.0; n * 7];
         qkv_merge(&q, &k, &v, &mut back, n);
         assert_eq!(back, qkv);
-    }
-
-    #[test]
-    fn embedding_rows_outside_the_shard_are_skipped() {
-        // Shard of rows 2..4 of a vocabulary, h = 2.
-        let table = [1.0, 2.0, 3.0, 4.0];
-        let mut out = vec![0.0; 6];
-        embedding_gather(&table, &[3, 0, 2], 2, 2, &mut out);
-        assert_eq!(out, vec![3.0, 4.0, 0.0, 0.0, 1.0, 2.0]);
-        let mut grad = vec![0.0; 4];
-        embedding_scatter_add(&[1.0, 1.0, 5.0, 5.0, 2.0, 2.0], &[3, 0, 3], 2, 2, &mut grad);
-        assert_eq!(grad, vec![0.0, 0.0, 3.0, 3.0]);
     }
 }

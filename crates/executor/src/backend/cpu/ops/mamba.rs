@@ -9,9 +9,12 @@
 //! through each chunk from them. [`ssd_sequential`] is the plain recurrence, the tests'
 //! reference.
 
-use super::super::tensor::{dst, src, store_all, store_view};
-use super::super::{Cpu, CpuOps, Tensor};
-use crate::backend::{MambaGeo, MambaOps, View, ViewMut};
+use crate::backend::cpu::device::{Cpu, CpuOps};
+use crate::backend::cpu::tensor::{dst, src, store_all, store_view, Tensor};
+use crate::backend::ops::{
+    GateGrads, GateInputs, MambaGeo, MambaOps, SsdGrads, SsdInputs, SsdOutputs,
+};
+use crate::backend::{View, ViewMut};
 use crate::error::ExecError;
 
 fn sigmoid(v: f32) -> f32 {
@@ -234,19 +237,15 @@ pub fn ssd_sequential(g: &MambaGeo, xbc: &[f32], dt: &[f32], da: &[f32], d: &[f3
     }
 }
 
-/// The scan's backward: dxbc and ddt_raw written, dssm [3, heads] accumulated (A_log, D, dt's
-/// bias). The states entering each chunk are recomputed into `states`; inside a chunk the
-/// token states are rebuilt from them and the recurrence's adjoint runs backwards.
-#[allow(clippy::too_many_arguments)]
+/// The scan's backward from the saved (x/B/C, dt, ssm) and dy: dxbc and ddt_raw written, dssm
+/// [3, heads] accumulated (A_log, D, dt's bias). The states entering each chunk are recomputed
+/// into `states`; inside a chunk the token states are rebuilt from them and the recurrence's
+/// adjoint runs backwards.
 pub fn ssd_bwd(
     g: &MambaGeo,
-    xbc: &[f32],
-    dt: &[f32],
-    ssm: &[f32],
+    (xbc, dt, ssm): (&[f32], &[f32], &[f32]),
     dy: &[f32],
-    dxbc: &mut [f32],
-    ddt_raw: &mut [f32],
-    dssm: &mut [f32],
+    (dxbc, ddt_raw, dssm): (&mut [f32], &mut [f32], &mut [f32]),
     states: &mut [f32],
 ) {
     let xs = Xbc { d: xbc, g: *g };
@@ -364,17 +363,12 @@ pub fn gate_fwd(g: &MambaGeo, y: &[f32], z: &[f32], w: &[f32], out: &mut [f32]) 
     }
 }
 
-/// dy, dz (written) and dw (accumulated) of [`gate_fwd`] from dout.
-#[allow(clippy::too_many_arguments)]
+/// dy, dz (written) and dw (accumulated) of [`gate_fwd`] of (y, z, w), from dout.
 pub fn gate_bwd(
     g: &MambaGeo,
-    y: &[f32],
-    z: &[f32],
-    w: &[f32],
+    (y, z, w): (&[f32], &[f32], &[f32]),
     dout: &[f32],
-    dy: &mut [f32],
-    dz: &mut [f32],
-    dw: &mut [f32],
+    (dy, dz, dw): (&mut [f32], &mut [f32], &mut [f32]),
 ) {
     let gs = g.inner() / g.groups.max(1);
     let mut gv = vec![0.0f32; gs];
@@ -464,39 +458,50 @@ impl MambaOps<Cpu> for CpuOps {
     fn mamba_ssd_fwd(
         &self,
         g: &MambaGeo,
-        xbc: &Tensor,
-        dt_raw: &Tensor,
-        ssm: View<'_, Tensor>,
-        y: &mut Tensor,
-        dt: &mut Tensor,
-        da: &mut Tensor,
+        x: SsdInputs<'_, Tensor>,
+        out: SsdOutputs<'_, Tensor>,
         states: &mut Tensor,
     ) -> Result<(), ExecError> {
-        let ssm = src(&ssm);
-        discretize(g, dt_raw.data(), ssm, dt.data_mut(), da.data_mut());
+        let ssm = src(&x.ssm);
+        discretize(g, x.dt.data(), ssm, out.dt.data_mut(), out.da.data_mut());
         let d = &ssm[g.heads..2 * g.heads];
-        let (dt, da) = (dt.data(), da.data());
-        ssd_chunked(g, xbc.data(), dt, da, d, y.data_mut(), states.data_mut());
-        store_all(y);
+        let (dt, da) = (out.dt.data(), out.da.data());
+        ssd_chunked(
+            g,
+            x.xbc.data(),
+            dt,
+            da,
+            d,
+            out.y.data_mut(),
+            states.data_mut(),
+        );
+        store_all(out.y);
         Ok(())
     }
 
     fn mamba_ssd_bwd(
         &self,
         g: &MambaGeo,
-        xbc: &Tensor,
-        dt: &Tensor,
-        ssm: View<'_, Tensor>,
+        x: SsdInputs<'_, Tensor>,
         dy: &Tensor,
-        dxbc: &mut Tensor,
-        ddt_raw: &mut Tensor,
-        mut dssm: ViewMut<'_, Tensor>,
+        grads: SsdGrads<'_, Tensor>,
         states: &mut Tensor,
     ) -> Result<(), ExecError> {
-        let (x, ssm, dyv) = (xbc.data(), src(&ssm), dy.data());
+        let SsdGrads {
+            dxbc,
+            ddt_raw,
+            mut dssm,
+        } = grads;
+        let (xv, ssm, dyv) = (x.xbc.data(), src(&x.ssm), dy.data());
         let (dx, ddt) = (dxbc.data_mut(), ddt_raw.data_mut());
         let st = states.data_mut();
-        ssd_bwd(g, x, dt.data(), ssm, dyv, dx, ddt, dst(&mut dssm), st);
+        ssd_bwd(
+            g,
+            (xv, x.dt.data(), ssm),
+            dyv,
+            (dx, ddt, dst(&mut dssm)),
+            st,
+        );
         store_all(dxbc);
         store_all(ddt_raw);
         store_view(&mut dssm);
@@ -506,12 +511,10 @@ impl MambaOps<Cpu> for CpuOps {
     fn mamba_gate_fwd(
         &self,
         g: &MambaGeo,
-        y: &Tensor,
-        z: &Tensor,
-        w: View<'_, Tensor>,
+        x: GateInputs<'_, Tensor>,
         out: &mut Tensor,
     ) -> Result<(), ExecError> {
-        gate_fwd(g, y.data(), z.data(), src(&w), out.data_mut());
+        gate_fwd(g, x.y.data(), x.z.data(), src(&x.w), out.data_mut());
         store_all(out);
         Ok(())
     }
@@ -519,24 +522,18 @@ impl MambaOps<Cpu> for CpuOps {
     fn mamba_gate_bwd(
         &self,
         g: &MambaGeo,
-        y: &Tensor,
-        z: &Tensor,
-        w: View<'_, Tensor>,
+        x: GateInputs<'_, Tensor>,
         dout: &Tensor,
-        dy: &mut Tensor,
-        dz: &mut Tensor,
-        mut dw: ViewMut<'_, Tensor>,
+        grads: GateGrads<'_, Tensor>,
     ) -> Result<(), ExecError> {
-        let (yv, zv, dov) = (y.data(), z.data(), dout.data());
+        let GateGrads { dy, dz, mut dw } = grads;
+        let (yv, zv, dov) = (x.y.data(), x.z.data(), dout.data());
+        let dwv = dst(&mut dw);
         gate_bwd(
             g,
-            yv,
-            zv,
-            src(&w),
+            (yv, zv, src(&x.w)),
             dov,
-            dy.data_mut(),
-            dz.data_mut(),
-            dst(&mut dw),
+            (dy.data_mut(), dz.data_mut(), dwv),
         );
         store_all(dy);
         store_all(dz);

@@ -3,28 +3,14 @@
 //! (rows gathered in route order) and its inverse (rows added back into their tokens, weighted
 //! by the gates), and the backward of the combine and of the router.
 
-use crate::backend::{Route, Routing};
-use crate::plan::MoeShape;
+use super::router;
+use super::routes::{aux_loss, finish, router_bwd, softmax_rows};
+use crate::backend::cpu::device::{Cpu, CpuOps};
+use crate::backend::cpu::tensor::{store_all, Tensor};
+use crate::backend::ops::{MoeOps, Route, Routing};
 
-/// Row-wise softmax of `logits` [n, e] in place.
-pub fn softmax_rows(x: &mut [f32], e: usize) {
-    for row in x.chunks_exact_mut(e) {
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0.0f32;
-        for v in row.iter_mut() {
-            *v = (*v - max).exp();
-            sum += *v;
-        }
-        for v in row.iter_mut() {
-            *v /= sum;
-        }
-    }
-}
-
-/// Expert capacity for `tokens` tokens: ceil(cf x tokens x k / E); `None` without dropping.
-pub fn capacity(cf: f32, tokens: usize, k: usize, experts: usize) -> Option<usize> {
-    (cf > 0.0).then(|| (cf as f64 * tokens as f64 * k as f64 / experts as f64).ceil() as usize)
-}
+use crate::error::ExecError;
+use parsim_plan::plan::MoeShape;
 
 /// Top-k of each row of `probs` [n, E] (ties: lower expert first), then the capacity's drops.
 pub fn route(probs: &[f32], n: usize, moe: &MoeShape) -> Routing {
@@ -41,56 +27,6 @@ pub fn route(probs: &[f32], n: usize, moe: &MoeShape) -> Routing {
         }
     }
     finish(per_expert, n, moe)
-}
-
-/// The routing of the assignments `per_expert` (token, gate) of `n` tokens (in token order):
-/// the slot fractions, then the capacity's drops (the lowest gates of a full expert).
-pub fn finish(per_expert: Vec<Vec<(usize, f32)>>, n: usize, moe: &MoeShape) -> Routing {
-    let (e, k) = (moe.num_experts, moe.top_k);
-    let slots = (n * k) as f64;
-    let fraction = per_expert.iter().map(|v| v.len() as f64 / slots).collect();
-    let cap = capacity(moe.capacity_factor, n, k, e);
-    let mut dropped = 0;
-    let mut routes = Vec::with_capacity(n * k);
-    for (x, mut list) in per_expert.into_iter().enumerate() {
-        if let Some(c) = cap {
-            if list.len() > c {
-                // Keep the c most probable (earlier token on ties), then back to token order.
-                list.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-                dropped += list.len() - c;
-                list.truncate(c);
-                list.sort_by_key(|a| a.0);
-            }
-        }
-        routes.extend(list.into_iter().map(|(token, gate)| Route {
-            token,
-            expert: x,
-            gate,
-        }));
-    }
-    Routing {
-        routes,
-        fraction,
-        dropped,
-    }
-}
-
-/// The load-balancing loss coeff x E x sum_i f_i P_i (Fedus et al. 2021, eq. 4) of `probs`
-/// [n, E] with slot fractions `fraction`.
-pub fn aux_loss(coeff: f32, probs: &[f32], n: usize, fraction: &[f64]) -> f64 {
-    let e = fraction.len();
-    let mut mean = vec![0.0f64; e];
-    for row in probs.chunks_exact(e) {
-        for (m, p) in mean.iter_mut().zip(row) {
-            *m += *p as f64;
-        }
-    }
-    let s: f64 = mean
-        .iter()
-        .zip(fraction)
-        .map(|(m, f)| m / n as f64 * f)
-        .sum();
-    coeff as f64 * e as f64 * s
 }
 
 /// out[i] = src[rows[i]] (rows of `h`): tokens permuted into route order.
@@ -138,30 +74,98 @@ pub fn combine_bwd(
     }
 }
 
-/// The router's backward in place: the load-balancing loss adds `aux_scale` f_i to the
-/// gradient of every probability of expert i, then the softmax's backward turns `d` [n, e]
-/// into the logits' gradient.
-pub fn router_bwd(d: &mut [f32], probs: &[f32], fraction: &[f64], aux_scale: f64) {
-    let e = fraction.len();
-    if aux_scale != 0.0 {
-        for row in d.chunks_exact_mut(e) {
-            for (x, fi) in row.iter_mut().zip(fraction) {
-                *x += (aux_scale * fi) as f32;
-            }
-        }
+impl MoeOps<Cpu> for CpuOps {
+    fn moe_route(&self, logits: &mut Tensor, moe: &MoeShape) -> Result<(Routing, f64), ExecError> {
+        let (n, e) = (logits.rows(), logits.cols());
+        softmax_rows(logits.data_mut(), e);
+        let r = route(logits.data(), n, moe);
+        let aux = aux_loss(moe.aux_loss_coeff, logits.data(), n, &r.fraction);
+        store_all(logits);
+        Ok((r, aux))
     }
-    for (dl, pr) in d.chunks_exact_mut(e).zip(probs.chunks_exact(e)) {
-        let dot: f32 = dl.iter().zip(pr).map(|(a, b)| a * b).sum();
-        for (x, q) in dl.iter_mut().zip(pr) {
-            *x = q * (*x - dot);
-        }
+
+    fn moe_route_scored(
+        &self,
+        logits: &mut Tensor,
+        bias: Option<&[f32]>,
+        moe: &MoeShape,
+    ) -> Result<(Routing, f64, Vec<usize>), ExecError> {
+        let (n, e) = (logits.rows(), logits.cols());
+        router::scores(logits.data_mut(), e, moe.router.score);
+        let (r, chosen) = router::route(logits.data(), n, bias, moe);
+        let aux = aux_loss(moe.aux_loss_coeff, logits.data(), n, &r.fraction);
+        store_all(logits);
+        Ok((r, aux, chosen))
+    }
+
+    fn moe_router_bwd(
+        &self,
+        d: &mut Tensor,
+        probs: &Tensor,
+        fraction: &[f64],
+        aux_scale: f64,
+    ) -> Result<(), ExecError> {
+        router_bwd(d.data_mut(), probs.data(), fraction, aux_scale);
+        store_all(d);
+        Ok(())
+    }
+
+    fn moe_router_scored_bwd(
+        &self,
+        d: &mut Tensor,
+        scores: &Tensor,
+        chosen: &[usize],
+        moe: &MoeShape,
+        fraction: &[f64],
+        aux_scale: f64,
+    ) -> Result<(), ExecError> {
+        let s = scores.data();
+        router::router_bwd(d.data_mut(), s, chosen, moe, fraction, aux_scale);
+        store_all(d);
+        Ok(())
+    }
+
+    fn gather_rows(&self, src: &Tensor, rows: &[usize], out: &mut Tensor) -> Result<(), ExecError> {
+        gather_rows(src.data(), rows, src.cols(), out.data_mut());
+        store_all(out);
+        Ok(())
+    }
+
+    fn scatter_add_rows(
+        &self,
+        src: &Tensor,
+        rows: &[usize],
+        weights: Option<&[f32]>,
+        out: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let h = out.cols();
+        scatter_add_rows(src.data(), rows, weights, h, out.data_mut());
+        store_all(out);
+        Ok(())
+    }
+
+    fn moe_combine_bwd(
+        &self,
+        dy: &Tensor,
+        y: &Tensor,
+        routes: &[Route],
+        dprobs: &mut Tensor,
+        dsend: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let (h, e) = (dy.cols(), dprobs.cols());
+        let (dp, ds) = (dprobs.data_mut(), dsend.data_mut());
+        combine_bwd(dy.data(), y.data(), routes, h, e, dp, ds);
+        store_all(dprobs);
+        store_all(dsend);
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::routes::capacity;
     use super::*;
-    use crate::plan::MoeShape;
+    use parsim_plan::plan::MoeShape;
 
     fn shape(e: usize, k: usize, cf: f32) -> MoeShape {
         MoeShape {

@@ -2,7 +2,12 @@
 //! rows of `h` features. The per-row statistics are recomputed in backward from the saved input
 //! (the engine does not count them, as Korthikanti et al. 2022 do not).
 
-use crate::plan::Norm;
+use crate::backend::cpu::device::{Cpu, CpuOps};
+use crate::backend::cpu::tensor::{dst, src, store_all, store_view, Tensor};
+use crate::backend::ops::{NormOps, NormSpec};
+use crate::backend::{View, ViewMut};
+use crate::error::ExecError;
+use parsim_plan::plan::Norm;
 
 fn stats(kind: Norm, x: &[f32], eps: f32) -> (f32, f32) {
     let h = x.len() as f32;
@@ -98,5 +103,64 @@ pub fn norm_wgrad(kind: Norm, x: &[f32], dy: &[f32], h: usize, eps: f32, dparams
                 dparams[h + j] += dyr[j];
             }
         }
+    }
+}
+
+impl NormOps<Cpu> for CpuOps {
+    fn norm_fwd(
+        &self,
+        spec: NormSpec,
+        x: &Tensor,
+        p: View<'_, Tensor>,
+        y: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        norm_fwd(
+            spec.kind,
+            x.data(),
+            src(&p),
+            x.cols(),
+            spec.eps,
+            y.data_mut(),
+        );
+        store_all(y);
+        Ok(())
+    }
+
+    fn norm_dgrad(
+        &self,
+        spec: NormSpec,
+        x: &Tensor,
+        p: View<'_, Tensor>,
+        dy: &Tensor,
+        dx: &mut Tensor,
+        acc: bool,
+    ) -> Result<(), ExecError> {
+        let (h, eps, kind) = (x.cols(), spec.eps, spec.kind);
+        if acc {
+            norm_dgrad_acc(kind, x.data(), src(&p), dy.data(), h, eps, dx.data_mut());
+        } else {
+            norm_dgrad(kind, x.data(), src(&p), dy.data(), h, eps, dx.data_mut());
+        }
+        store_all(dx);
+        Ok(())
+    }
+
+    fn norm_wgrad(
+        &self,
+        spec: NormSpec,
+        x: &Tensor,
+        dy: &Tensor,
+        mut dp: ViewMut<'_, Tensor>,
+    ) -> Result<(), ExecError> {
+        norm_wgrad(
+            spec.kind,
+            x.data(),
+            dy.data(),
+            x.cols(),
+            spec.eps,
+            dst(&mut dp),
+        );
+        store_view(&mut dp);
+        Ok(())
     }
 }

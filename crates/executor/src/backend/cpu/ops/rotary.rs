@@ -2,6 +2,11 @@
 //! and Llama: feature j pairs with j + d/2 within each head. Row r of a sequence sits at
 //! position `positions[r mod positions.len()]` (context parallelism holds non-contiguous rows).
 
+use crate::backend::cpu::device::{Cpu, CpuOps};
+use crate::backend::cpu::tensor::{store_all, Tensor};
+use crate::backend::ops::RotaryOps;
+use crate::error::ExecError;
+
 /// Rotates `heads` heads of `d` features per row, in place; `inverse` applies the transpose
 /// (the backward of the rotation).
 pub fn rotary(
@@ -31,5 +36,21 @@ pub fn rotary(
                 x[base + j + half] = x1 * s + x2 * c;
             }
         }
+    }
+}
+
+impl RotaryOps<Cpu> for CpuOps {
+    fn rotary(
+        &self,
+        x: &mut Tensor,
+        heads: usize,
+        positions: &[u32],
+        theta: f32,
+        inverse: bool,
+    ) -> Result<(), ExecError> {
+        let (rows, d) = (x.rows(), x.cols() / heads.max(1));
+        rotary(x.data_mut(), rows, heads, d, positions, theta, inverse);
+        store_all(x);
+        Ok(())
     }
 }

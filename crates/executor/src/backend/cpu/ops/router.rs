@@ -4,9 +4,9 @@
 //! selection only) within the best groups, gates from the unbiased scores, optionally
 //! renormalised over the k chosen; and the backward of all that.
 
-use super::moe::{finish, softmax_rows};
-use crate::backend::Routing;
-use crate::plan::{MoeShape, ScoreFunction};
+use super::routes::{finish, softmax_rows};
+use crate::backend::ops::Routing;
+use parsim_plan::plan::{MoeShape, ScoreFunction};
 
 /// Scores of `x` [n, e] in place: row softmax, or elementwise sigmoid.
 pub fn scores(x: &mut [f32], e: usize, f: ScoreFunction) {
@@ -82,7 +82,6 @@ pub fn route(s: &[f32], n: usize, bias: Option<&[f32]>, moe: &MoeShape) -> (Rout
 /// elsewhere) and becomes the logits' gradient: through the renormalisation g_j = s_j / S
 /// (ds_j = (dg_j - sum_i dg_i g_i) / S over the chosen), the load-balancing loss's `aux_scale`
 /// f_i (softmax scores only), then the score function.
-#[allow(clippy::too_many_arguments)]
 pub fn router_bwd(
     d: &mut [f32],
     s: &[f32],
@@ -106,7 +105,7 @@ pub fn router_bwd(
         }
     }
     match moe.router.score {
-        ScoreFunction::Softmax => super::moe::router_bwd(d, s, fraction, aux_scale),
+        ScoreFunction::Softmax => super::routes::router_bwd(d, s, fraction, aux_scale),
         ScoreFunction::Sigmoid => {
             for (dv, sv) in d.iter_mut().zip(s) {
                 *dv *= sv * (1.0 - sv);
@@ -118,7 +117,7 @@ pub fn router_bwd(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::RouterShape;
+    use parsim_plan::plan::RouterShape;
 
     fn shape(e: usize, k: usize, router: RouterShape) -> MoeShape {
         MoeShape {

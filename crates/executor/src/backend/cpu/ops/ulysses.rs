@@ -2,7 +2,10 @@
 //! per-head-group send chunks and head shards into per-rank chunks, and unpacking the received
 //! buffers. Row walks shared by pack and unpack, so the two are exact inverses.
 
-use crate::backend::{UlyssesGeo, UlyssesLayout, UlyssesPart};
+use crate::backend::cpu::device::{Cpu, CpuOps};
+use crate::backend::cpu::tensor::{store_all, Tensor};
+use crate::backend::ops::{UlyssesGeo, UlyssesLayout, UlyssesOps, UlyssesPart};
+use crate::error::ExecError;
 
 /// Walks the sequence-shard side [b, s_loc, H, e]: for chunk j (head group j), each part and
 /// row, `f(part, offset in the shard, offset in the chunk buffer, width)`.
@@ -70,6 +73,39 @@ pub fn unpack(
     walk(g, to, parts, |t, x, c, w| {
         outs[t][x..x + w].copy_from_slice(&recv[c..c + w])
     });
+}
+
+impl UlyssesOps<Cpu> for CpuOps {
+    fn ulysses_pack(
+        &self,
+        geo: &UlyssesGeo,
+        from: UlyssesLayout,
+        xs: &[(&Tensor, UlyssesPart)],
+        out: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let hx: Vec<(&[f32], UlyssesPart)> = xs.iter().map(|(t, p)| (t.data(), *p)).collect();
+        pack(geo, from, &hx, out.data_mut());
+        store_all(out);
+        Ok(())
+    }
+
+    fn ulysses_unpack(
+        &self,
+        geo: &UlyssesGeo,
+        to: UlyssesLayout,
+        recv: &Tensor,
+        parts: &[UlyssesPart],
+        outs: &mut [&mut Tensor],
+    ) -> Result<(), ExecError> {
+        {
+            let mut ho: Vec<&mut [f32]> = outs.iter_mut().map(|t| t.data_mut()).collect();
+            unpack(geo, to, recv.data(), parts, &mut ho);
+        }
+        for t in outs.iter_mut() {
+            store_all(t);
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

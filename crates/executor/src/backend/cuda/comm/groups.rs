@@ -3,7 +3,8 @@
 //! them share one (NCCL refuses two ranks of one communicator on one device). Host logic
 //! only, so it is unit-tested without a GPU.
 
-use crate::plan::Plan;
+use parsim_plan::plan::Plan;
+use parsim_plan::GroupKind;
 use std::collections::BTreeSet;
 
 /// How the ranks of a run map onto processes and GPUs.
@@ -82,10 +83,11 @@ pub fn device_of(
     }
 }
 
-/// Every distinct process group of `plan` (tensor, context, data, pipeline, expert, expert-data and
-/// expert-tensor parallel, and the whole world), sorted, each with its members' GPUs and its
-/// transport. In several processes, `local_rank_of(r)` gives rank r's rank on its node and
-/// `node_of(r)` its node; two members on one GPU of one node is an error there.
+/// Every distinct process group of `plan` the executor communicates over (each kind it states
+/// but the dense DP group: the dense gradients reduce over DP x CP), and the whole world,
+/// sorted, each with its members' GPUs and its transport. In several processes,
+/// `local_rank_of(r)` gives rank r's rank on its node and `node_of(r)` its node; two members on
+/// one GPU of one node is an error there.
 pub fn plan_groups(
     plan: &Plan,
     placement: Placement,
@@ -93,15 +95,10 @@ pub fn plan_groups(
     local_rank_of: impl Fn(u32) -> u32,
 ) -> Result<Vec<GroupSpec>, PlacementError> {
     let lists = plan.ranks.iter().flat_map(|rp| {
-        [
-            &rp.tp_group,
-            &rp.cp_group,
-            &rp.dp_group,
-            &rp.pp_group,
-            &rp.ep_group,
-            &rp.expert_dp_group,
-            &rp.expert_tp_group,
-        ]
+        rp.groups
+            .iter()
+            .filter(|&(kind, _)| kind != GroupKind::Dp)
+            .map(|(_, members)| members)
     });
     groups_of(
         plan.ranks.len() as u32,
@@ -115,7 +112,7 @@ pub fn plan_groups(
 /// [`plan_groups`] on the group lists of every rank of a `world`-rank run.
 pub fn groups_of<'a>(
     world: u32,
-    lists: impl Iterator<Item = &'a Vec<u32>>,
+    lists: impl Iterator<Item = &'a [u32]>,
     placement: Placement,
     node_of: impl Fn(u32) -> u32,
     local_rank_of: impl Fn(u32) -> u32,
@@ -125,7 +122,7 @@ pub fn groups_of<'a>(
     }
     let mut distinct: BTreeSet<Vec<u32>> = BTreeSet::new();
     distinct.insert((0..world).collect());
-    distinct.extend(lists.filter(|g| !g.is_empty()).cloned());
+    distinct.extend(lists.filter(|g| !g.is_empty()).map(<[u32]>::to_vec));
     distinct
         .into_iter()
         .enumerate()
@@ -291,7 +288,7 @@ mod tests {
         let lists = tp2_dp2();
         let g = groups_of(
             4,
-            lists.iter(),
+            lists.iter().map(Vec::as_slice),
             Placement::SingleProcess { gpus: 4 },
             |_| 0,
             |r| r,
@@ -309,7 +306,7 @@ mod tests {
         rev.reverse();
         let g2 = groups_of(
             4,
-            rev.iter(),
+            rev.iter().map(Vec::as_slice),
             Placement::SingleProcess { gpus: 4 },
             |_| 0,
             |r| r,
@@ -332,7 +329,7 @@ mod tests {
         // uses the device-copy collectives.
         let g = groups_of(
             4,
-            tp2_dp2().iter(),
+            tp2_dp2().iter().map(Vec::as_slice),
             Placement::SingleProcess { gpus: 1 },
             |_| 0,
             |_| 0,
@@ -347,7 +344,7 @@ mod tests {
         // Two GPUs: TP pairs share a GPU (local), DP pairs span both (NCCL).
         let g = groups_of(
             4,
-            tp2_dp2().iter(),
+            tp2_dp2().iter().map(Vec::as_slice),
             Placement::SingleProcess { gpus: 2 },
             |_| 0,
             |_| 0,

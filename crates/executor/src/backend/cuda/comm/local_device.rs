@@ -7,8 +7,8 @@
 use crate::backend::cuda::comm::local::{Buf, Mover};
 use crate::backend::cuda::device::context::drv;
 use crate::backend::cuda::diag::error::CudaError;
-use crate::backend::DType;
 use cudarc::driver::{sys, CudaStream};
+use parsim_plan::DType;
 
 /// The element-wise sum kernel: (stream, dtype, a, b, out, n) computes out = a + b; the
 /// caller passes the kernel launch wrapper of `launch::elementwise::add`.

@@ -8,9 +8,10 @@
 use crate::backend::cuda::comm::groups::GroupSpec;
 use crate::backend::cuda::diag::error::CudaError;
 use crate::backend::cuda::diag::probe::{require, Library};
-use crate::backend::{DType, ReduceOp};
+use crate::backend::ReduceOp;
 use cudarc::driver::sys::CUstream;
 use cudarc::nccl::{result as nr, sys};
+use parsim_plan::DType;
 use std::ffi::c_void;
 
 /// `NCCL_SPLIT_NOCOLOR` (nccl.h): the rank takes no part in the split.
@@ -244,7 +245,6 @@ impl NcclComm {
     }
 
     /// Variable all-to-all (counts in elements, member order) as grouped sends and receives.
-    #[allow(clippy::too_many_arguments)]
     pub fn all_to_all_v(
         &self,
         send: u64,

@@ -4,10 +4,10 @@
 //! (`cuMemGetInfo`) for the run report. Every call checked; the driver is probed first since
 //! cudarc panics when it is missing.
 
+use crate::backend::cuda::device::matmul::{Lt, WORKSPACE_BYTES};
 use crate::backend::cuda::device::pool::{Pool, PoolError, RawDevice};
 use crate::backend::cuda::diag::error::CudaError;
 use crate::backend::cuda::diag::probe::{require, Library};
-use crate::backend::cuda::ops::linear::matmul::{Lt, WORKSPACE_BYTES};
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream, DriverError};
 use std::sync::{Arc, Mutex};
 

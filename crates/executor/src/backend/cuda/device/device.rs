@@ -5,14 +5,16 @@
 //! waits for it.
 
 use crate::backend::cuda::device::context::{drv, RankGpu};
+use crate::backend::cuda::device::matmul::{operands, GemmArgs, GemmDesc, LinearInputs, LinearOp};
 use crate::backend::cuda::device::pool::PoolError;
 use crate::backend::cuda::device::tensor::{from_device_bytes, to_device_bytes, CudaTensor};
 use crate::backend::cuda::diag::error::CudaError;
 use crate::backend::cuda::diag::probe::Library;
-use crate::backend::cuda::ops::linear::matmul::{operands, GemmArgs, GemmDesc, LinearOp};
-use crate::backend::{DType, DeviceTensor, View, ViewMut};
-use crate::tracker::{Category, MemoryBreakdown, MemoryTracker};
+use crate::backend::{DeviceTensor, View, ViewMut};
+use crate::tracker::{Category, MemoryTracker};
 use cudarc::driver::{result as dr, CudaEvent};
+use parsim_plan::run_report::MemoryBreakdown;
+use parsim_plan::DType;
 use std::cell::Cell;
 
 /// The rank's memory as the run report shows it.
@@ -131,21 +133,17 @@ impl CudaDevice {
 
     /// One of the linear layer's products, as the CPU backend's `linear_fwd` / `_dgrad` /
     /// `_wgrad` define them (`acc`: add to the output instead of overwriting it).
-    #[allow(clippy::too_many_arguments)]
     pub fn linear(
         &self,
         op: LinearOp,
         dims: (usize, usize, usize),
-        x: u64,
-        w: u64,
-        dy: u64,
-        operand_dtype: DType,
-        out: u64,
-        out_dtype: DType,
+        inputs: LinearInputs,
+        (out, out_dtype): (u64, DType),
         acc: bool,
     ) -> Result<(), CudaError> {
         let g = GemmDesc::of(op, dims);
-        let (a, b) = operands(op, x, w, dy);
+        let (a, b) = operands(op, inputs.x, inputs.w, inputs.dy);
+        let operand_dtype = inputs.dtype;
         self.gpu.lt.gemm(
             &g,
             &GemmArgs {

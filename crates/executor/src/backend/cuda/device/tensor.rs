@@ -3,12 +3,13 @@
 //! reserved) from creation to drop, when the block goes back to the pool. bf16 elements are
 //! stored as their upper 16 bits, rounded to nearest even on upload as the CPU twin rounds.
 
-use crate::backend::cpu::ops::elementwise::round_bf16;
+use crate::backend::bf16::round_bf16;
 use crate::backend::cuda::device::context::{drv, DriverMemory};
 use crate::backend::cuda::device::pool::{Block, Pool};
-use crate::backend::{DType, DeviceTensor};
+use crate::backend::DeviceTensor;
 use crate::tracker::{Category, MemoryTracker};
 use cudarc::driver::CudaEvent;
+use parsim_plan::DType;
 use std::sync::{Arc, Mutex};
 
 /// A tracked tensor in device memory.

@@ -6,8 +6,8 @@
 
 pub use crate::backend::cuda::diag::error::CudaError;
 use crate::backend::cuda::diag::library::Library;
-pub use crate::backend::DType;
 pub use cudarc::driver::LaunchConfig;
+use parsim_plan::DType;
 
 pub use crate::backend::cuda::compile::kernels::Kernels;
 pub use cudarc::driver::sys::CUdeviceptr;

@@ -25,12 +25,13 @@ use crate::backend::cuda::diag::probe::Library;
 use crate::backend::cuda::ops::elementwise::kernel as elementwise;
 use crate::backend::cuda::Cuda;
 use crate::backend::{
-    DType, DeviceCollectives, DeviceTensor, Pending, ProcessGroup, RecvInto, ReduceOp, SendFrom,
-    View, ViewMut,
+    DeviceCollectives, DeviceTensor, Pending, ProcessGroup, RecvInto, ReduceOp, SendFrom, View,
+    ViewMut,
 };
 use crate::error::ExecError;
 use crate::tracker::{Category, MemoryTracker};
 use cudarc::driver::{result as dr, sys, CudaEvent, CudaStream};
+use parsim_plan::DType;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;

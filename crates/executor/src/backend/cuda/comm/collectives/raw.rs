@@ -64,7 +64,6 @@ impl CudaComm {
 
     /// Gathers the flat buffer's elements `want` into `dst` from every member's held range
     /// (`have` at `src`).
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn gather_raw(
         &self,
         g: &CudaGroup,

@@ -2,7 +2,8 @@
 //! twin: cpu/ops/activation.rs). The backward may run in place (`du == u`).
 
 use crate::backend::cuda::ops::launch::*;
-use crate::plan::Activation;
+use parsim_plan::plan::Activation;
+use parsim_plan::DType;
 
 fn stem(kind: Activation, fwd: bool) -> &'static str {
     match (kind, fwd) {

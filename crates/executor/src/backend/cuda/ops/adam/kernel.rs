@@ -2,7 +2,7 @@
 //! twin: cpu/ops/adam.rs).
 
 use crate::backend::cuda::ops::launch::*;
-use crate::plan::AdamConfig;
+use parsim_plan::plan::AdamConfig;
 
 /// The bias corrections (1 - beta1^t, 1 - beta2^t), computed in f32 as the CPU does.
 pub fn bias_corrections(c: &AdamConfig, t: u32) -> (f32, f32) {

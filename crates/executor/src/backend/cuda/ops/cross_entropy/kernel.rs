@@ -3,6 +3,7 @@
 //! the shard starting at column `lo`; probabilities and row statistics f32.
 
 use crate::backend::cuda::ops::launch::*;
+use parsim_plan::DType;
 
 /// max[r] = max of row r.
 ///

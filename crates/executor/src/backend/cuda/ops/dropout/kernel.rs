@@ -4,6 +4,7 @@
 
 use crate::backend::cuda::ops::launch::*;
 use crate::rng::DropoutKey;
+use parsim_plan::DType;
 
 /// x[i, j] *= mask(tokens[i], col_offset + j) over `rows` x `cols` elements of `dtype`.
 ///

@@ -2,6 +2,7 @@
 //! collectives' sum) and fill.
 
 use crate::backend::cuda::ops::launch::*;
+use parsim_plan::DType;
 
 /// f32 `x` -> bf16 `y` (round to nearest even), `n` elements.
 ///

@@ -1,5 +1,5 @@
 // Embedding gather and scatter-add over a vocabulary shard [lo, lo + table_rows): the CPU twin
-// is executor/src/backend/cpu/ops/layout.rs (embedding_gather, embedding_scatter_add). Rows
+// is executor/src/backend/cpu/ops/embedding.rs (embedding_gather, embedding_scatter_add). Rows
 // whose token lies outside the shard are left as they are. Launch: 1-D grid-stride over n*h.
 #include "common.cuh"
 

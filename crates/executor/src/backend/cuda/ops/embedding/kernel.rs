@@ -1,8 +1,9 @@
 //! Launches of backend/cuda/ops/embedding/embedding.cu: gather and scatter-add over a vocabulary
-//! shard starting at token `lo` (CPU twin: cpu/ops/layout.rs embedding_gather /
+//! shard starting at token `lo` (CPU twin: cpu/ops/embedding.rs embedding_gather /
 //! embedding_scatter_add).
 
 use crate::backend::cuda::ops::launch::*;
+use parsim_plan::DType;
 
 /// out[r] = table[tokens[r] - lo] for tokens in the shard's `table_rows` rows.
 ///

@@ -10,8 +10,10 @@ use crate::backend::cuda::diag::error::CudaError;
 use crate::backend::cuda::ops::flash::kernel::{self as flash, Rows};
 use crate::backend::cuda::ops::flash::mma::{self as flash_mma, MmaRows};
 use crate::backend::cuda::rank::CudaRank;
-use crate::backend::{AttnSaved, AttnShape, BlockShape, DType, DeviceTensor, Keep};
+use crate::backend::ops::*;
+use crate::backend::DeviceTensor;
 use crate::tracker::Category;
+use parsim_plan::DType;
 
 /// Unmasked score elements of a block: per (sequence, query head), the (query, key) pairs
 /// with the key's position at or before the query's.
@@ -238,17 +240,12 @@ struct Grads {
 
 /// Causal attention backward (FlashAttention-2): the forward output is recomputed (the trait
 /// passes no o), then D = rowsum(dO * O) and the block backward; dq, dk, dv are written.
-#[allow(clippy::too_many_arguments)]
 pub fn attn_bwd(
     r: &CudaRank,
     sh: &AttnShape,
-    q: &CudaTensor,
-    k: &CudaTensor,
-    v: &CudaTensor,
+    Qkv { q, k, v }: Qkv<'_, CudaTensor>,
     dout: &CudaTensor,
-    dq: &mut CudaTensor,
-    dk: &mut CudaTensor,
-    dv: &mut CudaTensor,
+    QkvGrads { dq, dk, dv }: QkvGrads<'_, CudaTensor>,
 ) -> Result<(), CudaError> {
     let dt = q.dtype();
     let bs = block_shape(sh);
@@ -302,7 +299,6 @@ pub fn attn_bwd(
 mod tests {
     use super::*;
     use crate::backend::cpu::ops::flash as cpu_flash;
-    use crate::backend::Side;
 
     #[test]
     fn causal_work_of_a_whole_sequence_is_the_triangle() {
@@ -314,7 +310,7 @@ mod tests {
             d: 4,
             dv: 4,
             dropout: None,
-            span: crate::plan::AttnSpan::Full,
+            span: parsim_plan::plan::AttnSpan::Full,
         };
         let pos: Vec<u32> = (0..7).collect();
         assert_eq!(causal_work(&sh, &pos, &pos), 2 * 3 * 7 * 8 / 2);
@@ -333,7 +329,7 @@ mod tests {
             d: 2,
             dv: 2,
             dropout: None,
-            span: crate::plan::AttnSpan::Full,
+            span: parsim_plan::plan::AttnSpan::Full,
         };
         let (qpos, kpos) = ([0u32, 1, 6, 7], [2u32, 3, 4, 5]);
         let (sq, sk) = (qpos.len(), kpos.len());
@@ -343,21 +339,25 @@ mod tests {
         let mut max = vec![f32::NEG_INFINITY; sq * sh.hq];
         let mut sum = vec![0.0f32; sq * sh.hq];
         let mut tile = vec![0.0f32; 64];
-        let g = crate::backend::cpu::ops::gemm::GemmCounter::default();
+        let g = crate::backend::cpu::gemm_counter::GemmCounter::default();
         let cpu = cpu_flash::forward_block(
             &g,
             &sh,
-            &q,
-            Side {
-                pos: &qpos,
-                tile: 2,
+            BlockQuery {
+                q: &q,
+                side: Side {
+                    pos: &qpos,
+                    tile: 2,
+                },
             },
-            &k,
-            &k,
-            Side {
-                pos: &kpos,
-                tile: 2,
-            },
+            (
+                &k,
+                &k,
+                Side {
+                    pos: &kpos,
+                    tile: 2,
+                },
+            ),
             &mut acc,
             &mut cpu_flash::Online {
                 max: &mut max,

@@ -4,8 +4,9 @@
 //! attention dropout drawn in the kernels from the shape's [`AttnDropout`].
 
 use crate::backend::cuda::ops::launch::*;
-use crate::backend::BlockShape;
+use crate::backend::ops::*;
 use crate::rng::AttnDropout;
+use parsim_plan::DType;
 
 /// backend/cuda/ops/flash/flash.cu's `AttnDrop`: one call's attention dropout by value (threshold
 /// 0: none).

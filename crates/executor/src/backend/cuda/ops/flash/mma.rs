@@ -5,7 +5,8 @@
 //! tiles wholly in the past.
 
 use crate::backend::cuda::ops::launch::*;
-use crate::backend::BlockShape;
+use crate::backend::ops::*;
+use parsim_plan::DType;
 
 /// Rows per position-range group (RG in flash_mma.cu).
 pub const RANGE_ROWS: usize = 32;
@@ -278,7 +279,7 @@ mod tests {
             d,
             dv,
             dropout: None,
-            span: crate::plan::AttnSpan::Full,
+            span: parsim_plan::plan::AttnSpan::Full,
         }
     }
 

@@ -1,5 +1,5 @@
 // Multi-head latent attention's head layout (DeepSeek-V2, section 2.1.3): the CPU twin is
-// executor/src/backend/cpu/ops/mla.rs (heads_concat, heads_split). Each output head is a's
+// executor/src/backend/cpu/ops/heads.rs (heads_concat, heads_split). Each output head is a's
 // head (da wide) then b's (db wide; b is per head, or one vector shared by every head). The
 // split is the concat's backward: a shared part's gradient sums its heads in head order, as the
 // CPU does. Launch: 1-D grid-stride, 256 threads.

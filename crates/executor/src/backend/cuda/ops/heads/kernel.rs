@@ -1,7 +1,8 @@
 //! Launches of backend/cuda/ops/heads/heads.cu: MLA's per-head concat of the no-rotary and rotary
-//! parts and its backward (CPU twin: cpu/ops/mla.rs).
+//! parts and its backward (CPU twin: cpu/ops/heads.rs).
 
 use crate::backend::cuda::ops::launch::*;
+use parsim_plan::DType;
 
 /// The per-head widths (a, b) of `[n, heads, a + b]` from `[n, heads, a]` and `b` holding
 /// `b_len` elements (per head, or shared by the heads: `[n, b]`), and whether b is shared;

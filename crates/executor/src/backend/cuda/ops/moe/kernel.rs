@@ -3,6 +3,7 @@
 //! indices are u32 on the device.
 
 use crate::backend::cuda::ops::launch::*;
+use parsim_plan::DType;
 
 /// Row-wise softmax of x [n, e] in place.
 ///

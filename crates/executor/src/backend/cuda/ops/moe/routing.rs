@@ -7,15 +7,17 @@
 //! are on the host for NCCL too. Forced load balancing chooses by token index, not by score: the
 //! scores come back and the CPU twin routes them.
 
-use crate::backend::cpu::ops::moe as host_moe;
 use crate::backend::cpu::ops::router as host_router;
+use crate::backend::cpu::ops::routes as host_routes;
 use crate::backend::cuda::device::tensor::CudaTensor;
 use crate::backend::cuda::diag::error::CudaError;
 use crate::backend::cuda::ops::launch::shape_error;
 use crate::backend::cuda::ops::moe::kernel::{self as moe, ScoredTopk};
 use crate::backend::cuda::rank::CudaRank;
-use crate::backend::{DType, DeviceTensor, Routing, View};
-use crate::plan::{MoeShape, ScoreFunction};
+use crate::backend::ops::*;
+use crate::backend::{DeviceTensor, View};
+use parsim_plan::plan::{MoeShape, ScoreFunction};
+use parsim_plan::DType;
 
 const F32: DType = DType::F32;
 
@@ -43,7 +45,7 @@ pub fn routing_from(
         list.push((i / k, g));
         chosen.push(x);
     }
-    Ok((host_moe::finish(per_expert, n, moe), chosen))
+    Ok((host_routes::finish(per_expert, n, moe), chosen))
 }
 
 /// The load-balancing loss from the device's per-expert score sums of scores [n, e] at `ptr`.
@@ -63,7 +65,12 @@ fn aux_loss(
     unsafe { moe::score_colsum(r.s(), r.k(), ptr, n, e, sums.ptr_at(0)) }?;
     let colsum = r.dev.download(View::all(&sums))?;
     // One "row" of column sums: aux_loss's mean over rows is then the sum itself.
-    Ok(host_moe::aux_loss(moe.aux_loss_coeff, &colsum, n, fraction))
+    Ok(host_routes::aux_loss(
+        moe.aux_loss_coeff,
+        &colsum,
+        n,
+        fraction,
+    ))
 }
 
 /// Downloads the chosen experts and gates [n, k] of two device temporaries.
@@ -223,7 +230,7 @@ pub fn scored_bwd(
 mod tests {
     use super::*;
     use crate::backend::cpu::ops::router;
-    use crate::plan::RouterShape;
+    use parsim_plan::plan::RouterShape;
 
     /// The host half of the device routing equals the CPU twin's routing when the kernel's
     /// choice is the CPU's own (per-token choice order, gates renormalised), capacity drops

@@ -3,6 +3,7 @@
 //! f32).
 
 use crate::backend::cuda::ops::launch::*;
+use parsim_plan::DType;
 
 /// Rows per block of the parameter-gradient kernel (NORM_WGRAD_ROWS in norm.cu).
 pub const WGRAD_ROWS: usize = 32;

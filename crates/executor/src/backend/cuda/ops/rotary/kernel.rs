@@ -2,6 +2,7 @@
 //! twin: cpu/ops/rotary.rs); `inverse` is the backward.
 
 use crate::backend::cuda::ops::launch::*;
+use parsim_plan::DType;
 
 /// Rotates x [rows, heads, d] in place; row r at position positions[r % npos].
 ///

@@ -1,36 +1,4 @@
 //! Rotary position embedding on `rotary.cu` (CPU twin: cpu/ops/rotary.rs).
 
 pub mod kernel;
-
-use crate::backend::cuda::device::tensor::CudaTensor;
-use crate::backend::cuda::rank::CudaRank;
-use crate::backend::DeviceTensor;
-use crate::error::ExecError;
-
-pub fn rotary(
-    cr: &CudaRank,
-    x: &mut CudaTensor,
-    heads: usize,
-    positions: &[u32],
-    theta: f32,
-    inverse: bool,
-) -> Result<(), ExecError> {
-    let (rows, d) = (x.rows(), x.cols() / heads.max(1));
-    let pos = cr.upload_u32(positions)?;
-    // SAFETY: x holds rows x heads x d of its dtype; pos positions.len() u32.
-    Ok(unsafe {
-        kernel::rotary(
-            cr.s(),
-            cr.k(),
-            x.dtype(),
-            x.ptr_at(0),
-            rows,
-            heads,
-            d,
-            pos.ptr_at(0),
-            positions.len(),
-            theta,
-            inverse,
-        )
-    }?)
-}
+mod op;

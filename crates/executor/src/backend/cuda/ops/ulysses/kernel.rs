@@ -2,7 +2,9 @@
 //! cpu/ops/ulysses.rs), one launch per part at the part's offset inside each chunk.
 
 use crate::backend::cuda::ops::launch::*;
-use crate::backend::{UlyssesGeo, UlyssesLayout, UlyssesPart};
+use crate::backend::ops::*;
+
+use parsim_plan::DType;
 
 /// Offsets of each part inside a chunk, and the chunk's length (the CPU's `chunk`).
 pub fn part_offsets(g: &UlyssesGeo, parts: &[UlyssesPart]) -> (Vec<usize>, usize) {

@@ -3,6 +3,11 @@
 //! vector shared by all heads. `heads_concat` builds [n, heads (da + db)] from the two parts;
 //! `heads_split` is its backward (a shared part's gradient is the sum over the heads).
 
+use crate::backend::cpu::device::{Cpu, CpuOps};
+use crate::backend::cpu::tensor::{store_all, Tensor};
+use crate::backend::ops::HeadsOps;
+use crate::error::ExecError;
+
 /// out[r, h, :] = [a[r, h, :], b[r, h or 0, :]]: `a` [n, heads da]; `b` [n, heads db], or
 /// [n, db] shared by every head.
 pub fn heads_concat(a: &[f32], b: &[f32], out: &mut [f32], n: usize, heads: usize) {
@@ -44,6 +49,35 @@ pub fn heads_split(dout: &[f32], da: &mut [f32], db: &mut [f32], n: usize, heads
 fn widths(a: &[f32], out: &[f32], n: usize, heads: usize) -> (usize, usize) {
     let per = (n * heads).max(1);
     (a.len() / per, out.len() / per)
+}
+
+impl HeadsOps<Cpu> for CpuOps {
+    fn heads_concat(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        heads: usize,
+        out: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let n = out.rows();
+        heads_concat(a.data(), b.data(), out.data_mut(), n, heads);
+        store_all(out);
+        Ok(())
+    }
+
+    fn heads_split(
+        &self,
+        dout: &Tensor,
+        heads: usize,
+        da: &mut Tensor,
+        db: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let n = dout.rows();
+        heads_split(dout.data(), da.data_mut(), db.data_mut(), n, heads);
+        store_all(da);
+        store_all(db);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -7,8 +7,8 @@
 
 use crate::backend::cuda::diag::error::CudaError;
 use crate::backend::cuda::diag::probe::Library;
-use crate::backend::DType;
 use cudarc::cublaslt::{result as lt, sys};
+use parsim_plan::DType;
 use std::ffi::c_void;
 
 /// Which linear-layer product.
@@ -102,6 +102,16 @@ impl GemmDesc {
     pub fn flops(&self) -> f64 {
         2.0 * self.m as f64 * self.n as f64 * self.k as f64
     }
+}
+
+/// The device operands of one of a linear layer's products: the input `x`, the weight `w` and
+/// the output gradient `dy` (each product reads two of them; the third may be 0), of `dtype`.
+#[derive(Debug, Clone, Copy)]
+pub struct LinearInputs {
+    pub x: u64,
+    pub w: u64,
+    pub dy: u64,
+    pub dtype: DType,
 }
 
 /// Which of the op's tensors is cuBLASLt's A and which its B: (x, w, dy) -> (A, B).

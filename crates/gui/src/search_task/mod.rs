@@ -1,7 +1,8 @@
 //! The engine's search run on a background thread, so the window stays responsive: progress
 //! is shared through atomics, the result comes back once, and the search can be cancelled.
 //! The web page has no threads: there the same API steps the engine's sliced search between
-//! frames ([`crate::web::search`]).
+//! frames ([`web`], beside this file, so the page's module and the app reach it without each
+//! other).
 
 use parsim::search::Constraint;
 #[cfg(not(target_arch = "wasm32"))]
@@ -14,7 +15,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 #[cfg(target_arch = "wasm32")]
-pub use crate::web::search::SearchTask;
+mod web;
+#[cfg(target_arch = "wasm32")]
+pub use web::SearchTask;
 
 #[cfg(not(target_arch = "wasm32"))]
 /// What the thread shares with the window.

@@ -1,7 +1,7 @@
 //! The search in the page: no threads there, so the engine's sliced search
 //! ([`parsim::search::Search`]) advances a few milliseconds at a time whenever the app polls
 //! it (once a frame), and asks for the next frame until it is done. Same API as the desktop's
-//! background thread ([`crate::search_task`]).
+//! background thread (`search_task/mod.rs`).
 
 use parsim::search::{Search, SearchResult, SearchSpec, Step};
 use std::sync::atomic::{AtomicBool, Ordering};

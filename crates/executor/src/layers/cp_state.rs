@@ -2,8 +2,8 @@
 //! and the timing of the exchanges.
 
 use crate::backend::{Backend, ProcessGroup};
-use crate::plan::CpComm;
-use crate::run_report::{CpStats, StepTime};
+use parsim_plan::plan::CpComm;
+use parsim_plan::run_report::{CpStats, StepTime};
 
 /// A rank's context-parallel state.
 pub struct CpCtx<B: Backend> {
