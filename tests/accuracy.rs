@@ -379,19 +379,7 @@ fn accuracy_guards_hold_and_the_page_is_current() {
     let (checks, misses) = guards::check(&file, &report);
     assert_eq!(checks.len(), file.guard.len(), "every guard is checked");
     assert_eq!(misses.len(), file.miss.len(), "every known miss is checked");
-    let failed: Vec<String> = checks
-        .iter()
-        .filter(|c| !c.failures.is_empty())
-        .map(|c| format!("{}: {}", c.guard.id, c.failures.join("; ")))
-        .chain(misses.iter().filter(|m| !m.failures.is_empty()).map(|m| {
-            format!(
-                "miss {} #{}: {}",
-                m.miss.source,
-                m.miss.row,
-                m.failures.join("; ")
-            )
-        }))
-        .collect();
+    let failed = guards::failures(&checks, &misses);
     assert!(
         failed.is_empty(),
         "accuracy guards that do not hold ({}; a bound may only tighten: fix the regression, \

@@ -147,19 +147,7 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<()> {
         std::fs::write(path, new).with_context(|| format!("writing {}", path.display()))?;
         eprintln!("wrote the validation section of {}", path.display());
     }
-    let failed: Vec<String> = checks
-        .iter()
-        .filter(|c| !c.failures.is_empty())
-        .map(|c| format!("{}: {}", c.guard.id, c.failures.join("; ")))
-        .chain(misses.iter().filter(|m| !m.failures.is_empty()).map(|m| {
-            format!(
-                "miss {} #{}: {}",
-                m.miss.source,
-                m.miss.row,
-                m.failures.join("; ")
-            )
-        }))
-        .collect();
+    let failed = guards::failures(&checks, &misses);
     if !failed.is_empty() {
         anyhow::bail!(
             "{} accuracy guards do not hold ({}):\n  {}",

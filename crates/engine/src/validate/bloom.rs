@@ -5,9 +5,8 @@
 //! Fitting is allowed; no efficiency is fitted to it today, so every row is predicted out of
 //! sample. The timings are single snapshots of iteration 2 (noisy, per their author).
 
-use super::data;
+use super::{data, deepspeed_gpt};
 use super::{Measured, SourceRow};
-use crate::calibrate::published::gpt;
 use serde_json::{json, Value};
 
 /// The settings the table does not print, and where they come from.
@@ -97,38 +96,18 @@ fn overlay(
     (h, l, a): (u64, u32, u32),
     notes: &mut Vec<String>,
 ) -> Result<Value, String> {
-    let seq = data::required(v, "seq")?;
+    let name = format!("bloom-{}", size(data::text(v, "model")).to_lowercase());
     let zero = data::required(v, "zero_stage")?;
-    if zero > 3 {
-        return Err(format!("zero_stage {zero} is not a ZeRO stage"));
-    }
-    let model = gpt(
-        &format!("bloom-{}", size(data::text(v, "model")).to_lowercase()),
-        (l, h, a, 4 * h),
-        250880,
-        seq,
-        true,
-    );
+    let mut o = deepspeed_gpt::overlay(v, &name, (h, l, a), 250880, zero)?;
     let pp = data::degree(v, "pp")?;
-    let mut parallel = json!({"tp": data::degree(v, "tp")?, "pp": pp,
-                              "dp": data::degree(v, "dp")?, "cp": 1, "vpp": 1, "sp": false,
-                              "zero": zero, "schedule": "1f1b"});
     if l % pp != 0 {
         let layout = balanced_layout(l, pp);
         notes.push(format!(
             "{l} layers over {pp} stages as DeepSpeed's balanced partition: {layout}"
         ));
-        parallel["pipeline_layout"] = json!(layout);
+        o["parallel"]["pipeline_layout"] = json!(layout);
     }
-    Ok(json!({
-        "model": serde_json::to_value(model).map_err(|e| e.to_string())?,
-        "cluster": {"gpu": "a100-80g", "num_gpus": data::degree(v, "gpus")?, "gpus_per_node": 8},
-        "parallel": parallel,
-        "training": {"framework": "deepspeed", "precision": "fp16", "grad_dtype": "fp32",
-                     "recompute": "full", "flash_attention": false, "flops_attention": "full",
-                     "seq_length": seq, "micro_batch_size": data::required(v, "mbs")?,
-                     "global_batch_size": data::required(v, "gbs")?},
-    }))
+    Ok(o)
 }
 
 #[cfg(test)]

@@ -106,6 +106,22 @@ fn check_bound(what: &str, field: &str, v: f64) -> Result<(), super::ValidateErr
     }
 }
 
+/// [`check_bound`] on (median, worst) and, where set, (signed, coverage).
+fn check_bounds(
+    what: &str,
+    [median, worst]: [f64; 2],
+    [signed, coverage]: [Option<f64>; 2],
+) -> Result<(), super::ValidateError> {
+    check_bound(what, "median", median)?;
+    check_bound(what, "worst", worst)?;
+    for (field, v) in [("signed", signed), ("coverage", coverage)] {
+        if let Some(v) = v {
+            check_bound(what, field, v)?;
+        }
+    }
+    Ok(())
+}
+
 fn check_sources(what: &str, sources: &[String]) -> Result<(), super::ValidateError> {
     if sources.is_empty() {
         return Err(bad(format!("{what}: sources is empty")));
@@ -128,14 +144,7 @@ impl GuardFile {
         for g in &f.goal {
             let what = format!("goal '{}'", g.name);
             check_sources(&what, &g.sources)?;
-            for (field, v) in [("median", Some(g.median)), ("worst", Some(g.worst))]
-                .into_iter()
-                .chain([("signed", g.signed), ("coverage", g.coverage)])
-            {
-                if let Some(v) = v {
-                    check_bound(&what, field, v)?;
-                }
-            }
+            check_bounds(&what, [g.median, g.worst], [g.signed, g.coverage])?;
         }
         for (i, g) in f.guard.iter().enumerate() {
             let what = format!("guard '{}'", g.id);
@@ -143,14 +152,7 @@ impl GuardFile {
                 return Err(bad(format!("{what} is listed twice")));
             }
             check_sources(&what, &g.sources)?;
-            for (field, v) in [("median", Some(g.median)), ("worst", Some(g.worst))]
-                .into_iter()
-                .chain([("signed", g.signed), ("coverage", g.coverage)])
-            {
-                if let Some(v) = v {
-                    check_bound(&what, field, v)?;
-                }
-            }
+            check_bounds(&what, [g.median, g.worst], [g.signed, g.coverage])?;
         }
         for m in &f.miss {
             let what = format!("miss '{}' #{}", m.source, m.row);
@@ -314,6 +316,23 @@ fn check_miss(file: &GuardFile, m: &Miss, report: &Report) -> MissCheck {
     }
 }
 
+/// Every guard and known miss that does not hold, one line each (empty: all hold).
+pub fn failures(checks: &[GuardCheck], misses: &[MissCheck]) -> Vec<String> {
+    checks
+        .iter()
+        .filter(|c| !c.failures.is_empty())
+        .map(|c| format!("{}: {}", c.guard.id, c.failures.join("; ")))
+        .chain(misses.iter().filter(|m| !m.failures.is_empty()).map(|m| {
+            format!(
+                "miss {} #{}: {}",
+                m.miss.source,
+                m.miss.row,
+                m.failures.join("; ")
+            )
+        }))
+        .collect()
+}
+
 /// A goal against today's figures: per source, and over its sources together.
 #[derive(Debug, Clone, Serialize)]
 pub struct GoalCheck {
@@ -401,7 +420,8 @@ pub fn loosened(old: &GuardFile, new: &GuardFile) -> Vec<(String, String)> {
                 _ => false,
             };
             if looser {
-                out.push((o.id.clone(), format!("{name} {a:?} -> {b:?}")));
+                let v = |x: Option<f64>| x.map_or("none".to_string(), |x| x.to_string());
+                out.push((o.id.clone(), format!("{name} {} -> {}", v(a), v(b))));
             }
         };
         raised("median", Some(o.median), Some(n.median), true);

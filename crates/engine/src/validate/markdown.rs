@@ -5,8 +5,11 @@
 
 use super::guards::{self, GuardFile};
 use super::stats::{self, Stats};
-use super::text::{coverage, fits, memory, pct, rows_of, signed, usage};
-use super::{Outcome, Report, Source};
+use super::text::{
+    coverage, fits, goal_cells, guard_cells, memory, miss_cells, pct, row_cells, rows_of, signed,
+    usage, GOAL_HEADER, GUARD_HEADER, ROW_HEADER,
+};
+use super::{Report, Source};
 use std::fmt::Write;
 
 /// The line that opens the generated section.
@@ -98,77 +101,26 @@ fn guards_section(s: &mut String, report: &Report, file: &GuardFile) {
          goal is issue 47's acceptance, printed beside the figures and not asserted.\n\n",
     );
     let (checks, misses) = guards::check(file, report);
-    s.push_str("| guard | rows | median (bound) | worst (bound) | signed (bound) | coverage (bound) | holds | what it guards |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
-    let with = |x: Option<f64>, b: Option<f64>| match b {
-        Some(b) => format!("{} ({})", pct(x), pct(Some(b))),
-        None => pct(x),
-    };
+    table_head(s, &[&GUARD_HEADER[..], &["what it guards"]].concat());
     for c in &checks {
-        let g = &c.guard;
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
-            g.id,
-            c.stats.predicted,
-            with(c.stats.median, Some(g.median)),
-            with(c.stats.worst, Some(g.worst)),
-            match g.signed {
-                Some(_) => with(c.stats.mean_signed.map(f64::abs), g.signed),
-                None => signed(c.stats.mean_signed),
-            },
-            with(c.stats.coverage(), g.coverage),
-            if c.failures.is_empty() {
-                "yes"
-            } else {
-                "**no**"
-            },
-            g.guards
-        );
+        let mut cells = guard_cells(c);
+        cells.push(c.guard.guards.clone());
+        table_row(s, &cells);
     }
     for m in &misses {
-        let _ = writeln!(
-            s,
-            "| known miss: {} #{} {} | 1 | - | {} | - | - | {} | {} |",
-            m.miss.source,
-            m.miss.row,
-            m.miss.label,
-            with(m.error.map(f64::abs), Some(m.miss.bound)),
-            if m.failures.is_empty() {
-                "yes"
-            } else {
-                "**no**"
-            },
-            m.miss.reason
+        let mut cells = miss_cells(m);
+        cells[0] = format!(
+            "known miss: {} #{} {}",
+            m.miss.source, m.miss.row, m.miss.label
         );
+        cells.push(m.miss.reason.clone());
+        table_row(s, &cells);
     }
-    s.push_str("\n| goal | rows of | median / goal | worst / goal | signed mean / goal | coverage / goal | missed |\n| --- | --- | --- | --- | --- | --- | --- |\n");
+    s.push('\n');
+    table_head(s, &GOAL_HEADER);
     for c in guards::goals(file, report) {
-        let g = &c.goal;
         for (key, st) in &c.figures {
-            let missed = g.misses(st);
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} / {} | {} / {} | {} | {} | {} |",
-                g.name,
-                key,
-                pct(st.median),
-                pct(Some(g.median)),
-                pct(st.worst),
-                pct(Some(g.worst)),
-                match g.signed {
-                    Some(b) => format!("{} / +-{}", signed(st.mean_signed), pct(Some(b))),
-                    None => signed(st.mean_signed),
-                },
-                match g.coverage {
-                    Some(b) => format!("{} / {}", pct(st.coverage()), pct(Some(b))),
-                    None => pct(st.coverage()),
-                },
-                if missed.is_empty() {
-                    "met".to_string()
-                } else {
-                    missed.join(", ")
-                }
-            );
+            table_row(s, &goal_cells(&c.goal, key, st));
         }
     }
     s.push_str("\n#### Guard changes\n\n");
@@ -235,57 +187,24 @@ fn breakdown(
 fn rows_section(s: &mut String, report: &Report) {
     for src in LISTED.into_iter().filter(|x| report.sources.contains(x)) {
         let _ = writeln!(s, "### {} rows\n", src.name());
-        s.push_str("| # | row | measured s | predicted s | error | p10-p90 s | fits | notes |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+        table_head(s, &ROW_HEADER[1..]);
         for r in report.of(src) {
-            let secs = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.3}"));
-            let (pred, interval, fit, why) = match &r.outcome {
-                Outcome::Predicted(p) => (
-                    secs(Some(p.step_s)),
-                    match (p.step_s_p10, p.step_s_p90) {
-                        (Some(a), Some(b)) => format!("{a:.3}-{b:.3}"),
-                        _ => "-".into(),
-                    },
-                    if p.fits { "yes" } else { "no" },
-                    String::new(),
-                ),
-                Outcome::NotExpressible(w) => {
-                    ("-".into(), "-".into(), "-", format!("not expressible: {w}"))
-                }
-                Outcome::Excluded(w) => ("-".into(), "-".into(), "-", w.clone()),
-            };
-            let mut notes: Vec<String> = Vec::new();
-            if !why.is_empty() {
-                notes.push(why);
-            }
-            if r.measured.fits == Some(false) {
-                notes.push("ran out of memory".into());
-            }
-            if let Some(m) = r.measured.memory_bytes {
-                notes.push(format!(
-                    "memory {:.1} GiB, predicted {}",
-                    m as f64 / (1u64 << 30) as f64,
-                    r.predicted().map_or("-".into(), |p| format!(
-                        "{:.1} GiB",
-                        p.peak_bytes as f64 / (1u64 << 30) as f64
-                    ))
-                ));
-            }
-            notes.extend(r.notes.iter().cloned());
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} | {} | {} | {} | {} | {} |",
-                r.index,
-                r.label,
-                secs(r.measured.step_s),
-                pred,
-                signed(r.error()),
-                interval,
-                fit,
-                notes.join("; ").replace('|', "\\|")
-            );
+            table_row(s, &row_cells(r)[1..]);
         }
         s.push('\n');
     }
+}
+
+/// A Markdown table's header and rule.
+fn table_head(s: &mut String, header: &[&str]) {
+    let _ = writeln!(s, "| {} |", header.join(" | "));
+    let _ = writeln!(s, "|{}", " --- |".repeat(header.len()));
+}
+
+/// A Markdown table row (pipes in cells escaped).
+fn table_row(s: &mut String, cells: &[String]) {
+    let cells: Vec<String> = cells.iter().map(|c| c.replace('|', "\\|")).collect();
+    let _ = writeln!(s, "| {} |", cells.join(" | "));
 }
 
 /// `doc` with its generated section replaced by `section` (both markers must be there once).

@@ -1,7 +1,7 @@
 //! `parsim validate`'s human output: per source, the guards and goals, per (model, system), the
 //! reasons rows are not expressible, the defaults each source takes, and (`--rows`) every row.
 
-use super::guards::{self, GoalCheck, GuardCheck, GuardFile, MissCheck};
+use super::guards::{self, Goal, GoalCheck, GuardCheck, GuardFile, MissCheck};
 use super::stats::{self, Stats};
 use super::{Outcome, Report, Row, Source, Use};
 use crate::report::table::{right_align, table};
@@ -127,50 +127,64 @@ fn against(x: Option<f64>, bound: Option<f64>) -> String {
     }
 }
 
-/// The guards (each against its bounds) and the known misses.
+/// "yes", or "NO: why".
+fn holds(failures: &[String]) -> String {
+    if failures.is_empty() {
+        "yes".into()
+    } else {
+        format!("NO: {}", failures.join("; "))
+    }
+}
+
+/// The columns of the guard tables.
+pub const GUARD_HEADER: [&str; 7] = [
+    "guard",
+    "rows",
+    "median (bound)",
+    "worst (bound)",
+    "signed (bound)",
+    "coverage (bound)",
+    "holds",
+];
+
+/// A guard's row: its figures against its bounds, and whether it holds.
+pub fn guard_cells(c: &GuardCheck) -> Vec<String> {
+    let g = &c.guard;
+    vec![
+        g.id.clone(),
+        c.stats.predicted.to_string(),
+        against(c.stats.median, Some(g.median)),
+        against(c.stats.worst, Some(g.worst)),
+        match g.signed {
+            Some(_) => against(c.stats.mean_signed.map(f64::abs), g.signed),
+            None => signed(c.stats.mean_signed),
+        },
+        against(c.stats.coverage(), g.coverage),
+        holds(&c.failures),
+    ]
+}
+
+/// A known miss's row, as [`guard_cells`].
+pub fn miss_cells(m: &MissCheck) -> Vec<String> {
+    vec![
+        format!("miss {} #{}", m.miss.source, m.miss.row),
+        "1".into(),
+        "-".into(),
+        against(m.error.map(f64::abs), Some(m.miss.bound)),
+        "-".into(),
+        "-".into(),
+        holds(&m.failures),
+    ]
+}
+
+/// The guards (each against its bounds) and the known misses, with why each misses.
 pub fn guards(checks: &[GuardCheck], misses: &[MissCheck]) -> String {
-    let mut t = table(&[
-        "guard",
-        "rows",
-        "median (bound)",
-        "worst (bound)",
-        "signed (bound)",
-        "coverage (bound)",
-        "holds",
-    ]);
+    let mut t = table(&GUARD_HEADER);
     for c in checks {
-        let g = &c.guard;
-        t.add_row(vec![
-            g.id.clone(),
-            c.stats.predicted.to_string(),
-            against(c.stats.median, Some(g.median)),
-            against(c.stats.worst, Some(g.worst)),
-            match g.signed {
-                Some(_) => against(c.stats.mean_signed.map(f64::abs), g.signed),
-                None => signed(c.stats.mean_signed),
-            },
-            against(c.stats.coverage(), g.coverage),
-            if c.failures.is_empty() {
-                "yes".into()
-            } else {
-                format!("NO: {}", c.failures.join("; "))
-            },
-        ]);
+        t.add_row(guard_cells(c));
     }
     for m in misses {
-        t.add_row(vec![
-            format!("miss {} #{}", m.miss.source, m.miss.row),
-            "1".into(),
-            "-".into(),
-            against(m.error.map(f64::abs), Some(m.miss.bound)),
-            "-".into(),
-            "-".into(),
-            if m.failures.is_empty() {
-                "yes".into()
-            } else {
-                format!("NO: {}", m.failures.join("; "))
-            },
-        ]);
+        t.add_row(miss_cells(m));
     }
     right_align(&mut t, 1);
     let mut s = t.to_string();
@@ -184,58 +198,68 @@ pub fn guards(checks: &[GuardCheck], misses: &[MissCheck]) -> String {
     s
 }
 
+/// The columns of the goal tables.
+pub const GOAL_HEADER: [&str; 7] = [
+    "goal",
+    "rows of",
+    "median / goal",
+    "worst / goal",
+    "signed mean / goal",
+    "coverage / goal",
+    "missed",
+];
+
+/// A goal's row for the figures `s` of `key` (a source, or "all").
+pub fn goal_cells(g: &Goal, key: &str, s: &Stats) -> Vec<String> {
+    let missed = g.misses(s);
+    vec![
+        g.name.clone(),
+        key.to_string(),
+        format!("{} / {}", pct(s.median), pct(Some(g.median))),
+        format!("{} / {}", pct(s.worst), pct(Some(g.worst))),
+        match g.signed {
+            Some(b) => format!("{} / +-{}", signed(s.mean_signed), pct(Some(b))),
+            None => signed(s.mean_signed),
+        },
+        match g.coverage {
+            Some(b) => format!("{} / {}", pct(s.coverage()), pct(Some(b))),
+            None => pct(s.coverage()),
+        },
+        if missed.is_empty() {
+            "met".into()
+        } else {
+            missed.join(", ")
+        },
+    ]
+}
+
 /// Each goal beside today's figures, with what is still missed.
 pub fn goals(checks: &[GoalCheck]) -> String {
-    let mut t = table(&[
-        "goal",
-        "rows of",
-        "median",
-        "worst",
-        "signed mean",
-        "coverage",
-        "missed",
-    ]);
+    let mut t = table(&GOAL_HEADER);
     for c in checks {
-        let g = &c.goal;
         for (key, s) in &c.figures {
-            let missed = g.misses(s);
-            t.add_row(vec![
-                g.name.clone(),
-                key.clone(),
-                format!("{} / {}", pct(s.median), pct(Some(g.median))),
-                format!("{} / {}", pct(s.worst), pct(Some(g.worst))),
-                match g.signed {
-                    Some(b) => format!("{} / +-{}", signed(s.mean_signed), pct(Some(b))),
-                    None => signed(s.mean_signed),
-                },
-                match g.coverage {
-                    Some(b) => format!("{} / {}", pct(s.coverage()), pct(Some(b))),
-                    None => pct(s.coverage()),
-                },
-                if missed.is_empty() {
-                    "met".into()
-                } else {
-                    missed.join(", ")
-                },
-            ]);
+            t.add_row(goal_cells(&c.goal, key, s));
         }
     }
     t.to_string()
 }
 
+/// The columns of the row tables.
+pub const ROW_HEADER: [&str; 9] = [
+    "source",
+    "#",
+    "row",
+    "measured s",
+    "predicted s",
+    "error",
+    "p10-p90 s",
+    "fits",
+    "notes",
+];
+
 /// Every row of the report.
 pub fn rows(report: &Report) -> String {
-    let mut t = table(&[
-        "source",
-        "#",
-        "row",
-        "measured s",
-        "predicted s",
-        "error",
-        "p10-p90 s",
-        "fits",
-        "notes",
-    ]);
+    let mut t = table(&ROW_HEADER);
     for r in &report.rows {
         t.add_row(row_cells(r));
     }
@@ -243,7 +267,15 @@ pub fn rows(report: &Report) -> String {
     t.to_string()
 }
 
-fn row_cells(r: &Row) -> Vec<String> {
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// One row's cells: source, index, label, measured and predicted step, error, interval (or
+/// whether the cross-fitted one holds it), parsim's fits verdict, and notes (why it is not
+/// expressible, an out-of-memory run, labelled memory against parsim's peak, the row's own
+/// settings).
+pub fn row_cells(r: &Row) -> Vec<String> {
     let secs = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.3}"));
     let (pred, interval, fit, mut notes) = match &r.outcome {
         Outcome::Predicted(p) => (
@@ -267,6 +299,13 @@ fn row_cells(r: &Row) -> Vec<String> {
     };
     if r.measured.fits == Some(false) {
         notes.push("ran out of memory".into());
+    }
+    if let Some(m) = r.measured.memory_bytes {
+        notes.push(format!(
+            "memory {}, predicted {}",
+            gib(m),
+            r.predicted().map_or("-".into(), |p| gib(p.peak_bytes))
+        ));
     }
     notes.extend(r.notes.iter().cloned());
     vec![

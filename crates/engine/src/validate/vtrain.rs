@@ -5,10 +5,9 @@
 //! dp and micro batch. Fitting is allowed; no efficiency is fitted to it today, so every row is
 //! predicted out of sample.
 
-use super::data;
+use super::{data, deepspeed_gpt};
 use super::{Measured, SourceRow};
-use crate::calibrate::published::gpt;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// The settings the table does not print, and where they come from.
 pub const DEFAULTS: &str = "The table's notes and vTrain's defaults: a Megatron GPT (LayerNorm, \
@@ -68,25 +67,7 @@ fn overlay(v: &Value, (h, l, a): (u64, u32, u32)) -> Result<Value, String> {
             data::text(v, "metric_unit")
         ));
     }
-    let seq = data::required(v, "seq")?;
-    let model = gpt(
-        &format!("gpt-h{h}-l{l}"),
-        (l, h, a, 4 * h),
-        50257,
-        seq,
-        true,
-    );
-    Ok(json!({
-        "model": serde_json::to_value(model).map_err(|e| e.to_string())?,
-        "cluster": {"gpu": "a100-80g", "num_gpus": data::degree(v, "gpus")?, "gpus_per_node": 8},
-        "parallel": {"tp": data::degree(v, "tp")?, "pp": data::degree(v, "pp")?,
-                     "dp": data::degree(v, "dp")?, "cp": 1, "vpp": 1, "sp": false, "zero": 0,
-                     "schedule": "1f1b"},
-        "training": {"framework": "deepspeed", "precision": "fp16", "grad_dtype": "fp32",
-                     "recompute": "full", "flash_attention": false, "flops_attention": "full",
-                     "seq_length": seq, "micro_batch_size": data::required(v, "mbs")?,
-                     "global_batch_size": data::required(v, "gbs")?},
-    }))
+    deepspeed_gpt::overlay(v, &format!("gpt-h{h}-l{l}"), (h, l, a), 50257, 0)
 }
 
 #[cfg(test)]
