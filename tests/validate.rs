@@ -4,6 +4,7 @@
 //! published table read here on its own, the prediction from an estimate of the row's printed
 //! settings typed here, and the summary figures recomputed from the rows the command prints.
 
+use assert_cmd::cargo::cargo_bin_cmd;
 use assert_cmd::Command;
 use parsim::config::{Config, Layer, Resolved};
 use parsim::estimate::estimate;
@@ -11,7 +12,7 @@ use parsim::validate::{self, Options, Outcome, Row, Source};
 use serde_json::{json, Value};
 
 fn parsim() -> Command {
-    Command::cargo_bin("parsim").expect("the parsim binary")
+    cargo_bin_cmd!("parsim")
 }
 
 /// The rows of the published table whose source starts with `prefix`, read straight from the
