@@ -7,13 +7,16 @@
 //! `cargo run --release --example fit_published -- --fit --write`
 //!
 //! `--write` also rebuilds calibration/residuals.json, the step-time intervals' residual
-//! model; `--intervals` prints its coverage on the published rows.
+//! model; `--intervals` prints its coverage on the published rows. The page opens with the
+//! validation harness's section (`parsim validate`: every public source at its published
+//! settings, the accuracy guards and goals), which `parsim validate --write-docs` rewrites alone.
 //!
 //! `--leave-one-source-out` instead fits each GPU family without one source table at a time
 //! and predicts that table (`parsim::calibrate::loso`), printing every row and the per-source
 //! and overall median and worst error.
 
 use parsim::calibrate::{self, fit::Family};
+use parsim::validate;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -98,11 +101,18 @@ fn main() -> anyhow::Result<()> {
             fits
         };
         calibrate::plot::write_png(std::path::Path::new("docs/accuracy.png"), &e)?;
-        let l = calibrate::loso::leave_one_source_out()?;
-        let mut md = calibrate::markdown(&e, &fits);
+        let l = calibrate::loso::shared()?;
+        let report = validate::run(&validate::Options::default(), &|_, _| {})?;
+        let mut md = String::from(validate::markdown::PAGE_INTRO);
+        md.push_str(&validate::markdown::section(
+            &report,
+            &validate::GuardFile::shipped()?,
+        ));
         md.push('\n');
-        md.push_str(&calibrate::loso::markdown(&l, "accuracy-loso.png").replacen("# ", "## ", 1));
-        let residuals = calibrate::residuals::build(&l, std::path::Path::new("."))?;
+        md.push_str(&calibrate::markdown(&e, &fits).replacen("# ", "## ", 1));
+        md.push('\n');
+        md.push_str(&calibrate::loso::markdown(l, "accuracy-loso.png").replacen("# ", "## ", 1));
+        let residuals = calibrate::residuals::build(l, std::path::Path::new("."))?;
         md.push('\n');
         md.push_str(&calibrate::residuals::markdown(&residuals)?);
         std::fs::write("docs/accuracy.md", md)?;

@@ -22,6 +22,7 @@ mod schedule;
 mod search;
 mod search_objective;
 mod search_range;
+mod validate;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
@@ -91,6 +92,12 @@ pub enum Command {
     Calibrate(calibrate::CalibrateArgs),
     /// Run the configuration for real (CPU threads) and compare with the prediction.
     Execute(execute::ExecuteArgs),
+    /// Every public measured source at each row's published settings: error per source and
+    /// per (model, system), interval coverage, memory and out-of-memory agreement, the accuracy
+    /// guards and the goals beside them.
+    ///
+    /// Exits 1 when an accuracy guard does not hold.
+    Validate(validate::ValidateArgs),
     /// What the CUDA backend finds here: driver, GPUs, libraries, and every kernel compiled
     /// for the GPU's architecture or --arch (nonzero exit when one does not compile).
     Doctor(doctor::DoctorArgs),
@@ -114,6 +121,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Layout(a) => done(layout::run(a)),
         Command::Calibrate(a) => done(calibrate::run(a)),
         Command::Execute(a) => done(execute::run(a)),
+        Command::Validate(a) => done(validate::run(a)),
         Command::Doctor(a) => done(doctor::run(a)),
         Command::Completions { shell } => {
             let mut cmd = Cli::command();

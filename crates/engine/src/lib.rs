@@ -24,3 +24,4 @@ pub mod scaling;
 pub mod schedule;
 pub mod search;
 pub mod time;
+pub mod validate;

@@ -50,6 +50,17 @@ pub struct InSample {
 /// The error beyond which a row misses issue 17's leave-one-source-out goal for the worst row.
 pub const WORST_GOAL: f64 = 0.12;
 
+/// [`leave_one_source_out`] computed once per process and shared: it is deterministic (fixed
+/// data, fixed starts), and `parsim validate` and several accuracy tests each need it.
+pub fn shared() -> Result<&'static LeaveOneSourceOut, CalibrateError> {
+    static SHARED: std::sync::OnceLock<Option<LeaveOneSourceOut>> = std::sync::OnceLock::new();
+    match SHARED.get_or_init(|| leave_one_source_out().ok()) {
+        Some(l) => Ok(l),
+        // It failed once and fails the same way again: return that error.
+        None => leave_one_source_out().map(|l| &*Box::leak(Box::new(l))),
+    }
+}
+
 /// Runs the validation over the shipped data set. Rows of a family that no other source
 /// covers stay unpredicted (an error message in place of the prediction).
 pub fn leave_one_source_out() -> Result<LeaveOneSourceOut, CalibrateError> {

@@ -343,7 +343,7 @@ pub fn load(text: &str) -> Result<Vec<Result<Case, PublishedError>>, PublishedEr
 /// A GPT of Narayanan et al. 2021 / Megatron-LM: LayerNorm, GeLU, biases, learned positions,
 /// dropout 0.1 (Megatron's defaults).
 /// `shape` is (layers, hidden, heads, FFN).
-fn gpt(name: &str, shape: (u32, u64, u32, u64), v: u64, s: u64, tied: bool) -> ModelConfig {
+pub fn gpt(name: &str, shape: (u32, u64, u32, u64), v: u64, s: u64, tied: bool) -> ModelConfig {
     let (l, h, a, f) = shape;
     ModelConfig {
         name: name.into(),

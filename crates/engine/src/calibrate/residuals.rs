@@ -159,6 +159,40 @@ impl Coverage {
     }
 }
 
+/// Each residual of `source` in file order, with whether the cross-fitted interval holds it
+/// and that interval's width: the source's residuals split in two alternating halves, each
+/// half's intervals from a model without that half (the other half and every other residual).
+pub fn cross_fitted(
+    file: &ResidualFile,
+    source: Source,
+) -> Result<Vec<(&Residual, bool, f64)>, CalibrateError> {
+    let mine: Vec<(usize, &Residual)> = file
+        .residuals
+        .iter()
+        .filter(|r| r.source == source.short())
+        .enumerate()
+        .collect();
+    let mut out = vec![None; mine.len()];
+    for half in 0..2 {
+        let rows: Vec<(usize, &Residual)> = mine
+            .iter()
+            .copied()
+            .filter(|(i, _)| i % 2 == half)
+            .collect();
+        let held: Vec<&Residual> = rows.iter().map(|(_, r)| *r).collect();
+        let model_rows = file
+            .residuals
+            .iter()
+            .filter(|r| !held.iter().any(|x| std::ptr::eq(*x, *r)))
+            .cloned()
+            .collect();
+        for ((i, r), (inside, width)) in rows.iter().zip(intervals(file, model_rows, &held)?) {
+            out[*i] = Some((*r, inside, width));
+        }
+    }
+    Ok(out.into_iter().flatten().collect())
+}
+
 /// The published rows' coverage, two ways, for `source` (`None`: every source):
 /// - cross-fitted: the rows of each source split in two alternating halves; each half's
 ///   intervals come from a model without that half (the other half and every other residual);
@@ -174,27 +208,16 @@ pub fn published_coverage(
         .into_iter()
         .filter(|s| source.is_none_or(|x| x == *s))
     {
-        let mine: Vec<(usize, &Residual)> = file
+        cross.extend(
+            cross_fitted(file, s)?
+                .into_iter()
+                .map(|(_, inside, w)| (inside, w)),
+        );
+        let rows: Vec<&Residual> = file
             .residuals
             .iter()
             .filter(|r| r.source == s.short())
-            .enumerate()
             .collect();
-        for half in 0..2 {
-            let rows: Vec<&Residual> = mine
-                .iter()
-                .filter(|(i, _)| i % 2 == half)
-                .map(|(_, r)| *r)
-                .collect();
-            let model_rows = file
-                .residuals
-                .iter()
-                .filter(|r| !rows.iter().any(|x| std::ptr::eq(*x, *r)))
-                .cloned()
-                .collect();
-            cross.extend(intervals(file, model_rows, &rows)?);
-        }
-        let rows: Vec<&Residual> = mine.iter().map(|(_, r)| *r).collect();
         let model_rows = file
             .residuals
             .iter()

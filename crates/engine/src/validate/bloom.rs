@@ -1,0 +1,151 @@
+//! BigScience BLOOM tr11 topology sweeps (github.com/bigscience-workshop/bigscience,
+//! train/tr11-176B-ml/chronicles-prequel.md, February 2022): 91 runs of 18B-196B GPT shapes on
+//! Jean Zay's A100-SXM4-80GB (8 a node) under Megatron-DeepSpeed with ZeRO-1, each with its
+//! seconds per iteration, and where labelled the peak memory and whether it ran out of memory.
+//! Fitting is allowed; no efficiency is fitted to it today, so every row is predicted out of
+//! sample. The timings are single snapshots of iteration 2 (noisy, per their author).
+
+use super::{data, deepspeed_gpt};
+use super::{Measured, SourceRow};
+use serde_json::{json, Value};
+
+/// The settings the table does not print, and where they come from.
+pub const DEFAULTS: &str = "The table's notes: Megatron-DeepSpeed with the row's ZeRO stage, \
+A100-SXM4-80GB (a100-80g) 8 per node, full activation checkpointing, fp16 mixed precision with \
+fp32 gradients (the notes are not certain of fp16), a GPT with FFN 4h and vocabulary 250880; \
+Megatron's defaults for what the section does not state (LayerNorm, GeLU, biases, learned \
+positions, tied embeddings, dropout 0.1), no fused attention (2022), no sequence parallelism, \
+1F1B, parsim's deepspeed framework (DeepSpeed's pipeline engine: blocking sends, gradient \
+reduction after the backward). Memory 'as labelled' is read as GiB (2^30 bytes: what PyTorch, \
+DeepSpeed and nvidia-smi's MiB print) and compared with parsim's peak of the most loaded GPU; an \
+'oom' row is one that did not fit.";
+
+/// Every row of the table.
+pub fn rows() -> Result<Vec<SourceRow>, String> {
+    let t = data::table("BigScience BLOOM")?;
+    Ok(t.rows.iter().enumerate().map(|(i, v)| row(i, v)).collect())
+}
+
+/// The size in the model description ("BLOOM-style GPT (181B): ..." -> "181B").
+fn size(model: &str) -> &str {
+    model
+        .split_once('(')
+        .and_then(|(_, rest)| rest.split_once(')'))
+        .map_or("", |(s, _)| s)
+}
+
+fn row(index: usize, v: &Value) -> SourceRow {
+    let model = data::text(v, "model");
+    let shape = data::gpt_shape(model);
+    let name = match &shape {
+        Ok((h, l, a)) => format!("GPT {} h{h} l{l} a{a}", size(model)),
+        Err(_) => model.to_string(),
+    };
+    let label = format!(
+        "{name} x{} t{} p{} d{} mbs{} gbs{} z{}",
+        data::text_num(v, "gpus"),
+        data::text_num(v, "tp"),
+        data::text_num(v, "pp"),
+        data::text_num(v, "dp"),
+        data::text_num(v, "mbs"),
+        data::text_num(v, "gbs"),
+        data::text_num(v, "zero_stage")
+    );
+    let oom = v.get("oom").and_then(Value::as_bool);
+    let seconds = data::number(v, "metric_value").ok().flatten();
+    let gib = data::number(v, "peak_memory_gb_as_labeled").ok().flatten();
+    let mut notes = Vec::new();
+    let setup = shape.and_then(|s| overlay(v, s, &mut notes));
+    SourceRow {
+        index,
+        label,
+        model: name,
+        system: format!("A100-80GB x{}", data::text_num(v, "gpus")),
+        measured: Measured {
+            step_s: seconds.filter(|_| data::text(v, "metric_unit") == "s"),
+            memory_bytes: gib.map(|g| (g * (1u64 << 30) as f64).round() as u64),
+            fits: oom.map(|o| !o),
+        },
+        setup,
+        notes,
+    }
+}
+
+/// `layers` over `pp` pipeline stages as DeepSpeed's `PipelineModule` balances uniform layers
+/// (`partition_method="type:transformer"`, deepspeed/runtime/utils.py): stage sizes differ by at
+/// most one, the first `layers mod pp` stages taking the extra layer; the embedding on the first
+/// stage and the loss on the last, as a Megatron-Core layout string.
+pub fn balanced_layout(layers: u32, pp: u32) -> String {
+    let (base, extra) = (layers / pp, layers % pp);
+    (0..pp)
+        .map(|s| {
+            let n = base + u32::from(s < extra);
+            format!(
+                "{}t*{n}{}",
+                if s == 0 { "E" } else { "" },
+                if s + 1 == pp { "L" } else { "" }
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+/// The configuration of a row.
+fn overlay(
+    v: &Value,
+    (h, l, a): (u64, u32, u32),
+    notes: &mut Vec<String>,
+) -> Result<Value, String> {
+    let name = format!("bloom-{}", size(data::text(v, "model")).to_lowercase());
+    let zero = data::required(v, "zero_stage")?;
+    let mut o = deepspeed_gpt::overlay(v, &name, (h, l, a), 250880, zero)?;
+    let pp = data::degree(v, "pp")?;
+    if l % pp != 0 {
+        let layout = balanced_layout(l, pp);
+        notes.push(format!(
+            "{l} layers over {pp} stages as DeepSpeed's balanced partition: {layout}"
+        ));
+        o["parallel"]["pipeline_layout"] = json!(layout);
+    }
+    Ok(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_carry_step_memory_and_oom_labels() {
+        let rows = rows().unwrap();
+        assert_eq!(rows.len(), 91);
+        // The first row: 181B, 384 GPUs, TP 8 PP 12 DP 4, 143.31 s, 29 GB on its first stage.
+        let r = &rows[0];
+        assert_eq!(r.model, "GPT 181B h14336 l72 a64");
+        assert_eq!(r.measured.step_s, Some(143.31));
+        assert_eq!(r.measured.memory_bytes, Some(29 << 30));
+        assert_eq!(r.measured.fits, Some(true));
+        let ooms = rows
+            .iter()
+            .filter(|r| r.measured.fits == Some(false))
+            .count();
+        assert_eq!(ooms, 3);
+        // An OOM row has no step time, and is still a configuration (its fit is checked).
+        let oom = rows
+            .iter()
+            .find(|r| r.measured.fits == Some(false))
+            .unwrap();
+        assert_eq!(oom.measured.step_s, None);
+        assert!(oom.setup.is_ok());
+    }
+
+    /// 78 layers over 12 stages: 6 stages of 7 and 6 of 6, every layer once.
+    #[test]
+    fn uneven_splits_balance_like_deepspeed() {
+        let l = balanced_layout(78, 12);
+        let stages = crate::config::pipeline_layout::parse(&l).unwrap();
+        let sizes: Vec<u32> = stages.iter().map(|s| s.decoder).collect();
+        assert_eq!(sizes, [7, 7, 7, 7, 7, 7, 6, 6, 6, 6, 6, 6]);
+        assert!(stages[0].embedding && stages[11].loss);
+        assert_eq!(balanced_layout(4, 2), "Et*2|t*2L");
+    }
+}

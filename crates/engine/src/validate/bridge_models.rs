@@ -1,0 +1,260 @@
+//! The models behind the Megatron-Bridge performance summary's rows: the parsim preset each
+//! table name is, and the settings of the model's recipe that the table does not print but
+//! that the row needs to be expressible at all (how 61 layers split over virtual stages), or
+//! that the recipe is documented to set. Each entry cites where its settings come from; the
+//! same settings, with the same citations, are what `tests/engine/blackwell.rs` and
+//! `tests/engine/modern_recipes.rs` build these recipes with.
+
+/// One model of the table.
+#[derive(Debug, Clone, Copy)]
+pub struct BridgeModel {
+    /// The table's name, without a parenthesised variant ("DeepSeekV3").
+    pub name: &'static str,
+    /// The parsim preset, or why no configuration describes the model.
+    pub preset: Result<&'static str, &'static str>,
+    /// Megatron's `account_for_{embedding,loss}_in_pipeline_split`: the embedding and the loss
+    /// each take a layer's slot in the pipeline split.
+    pub pipeline_slots: bool,
+    /// MTP layers the recipe trains (DeepSeek-V3: 1; "(w/o MTP)" rows: 0).
+    pub mtp_layers: u32,
+    /// `pipeline_model_parallel_layout` by the number of virtual stages (pp x vpp), written
+    /// with the recipe's MTP layers (`m`).
+    pub layouts: &'static [(u32, &'static str)],
+    /// Muon without the distributed optimizer (ZeRO-0), as the recipe trains.
+    pub muon: bool,
+    /// `recompute_modules` the recipe sets, by the GPU profile and precision they apply to
+    /// (`""`: any); absent: Megatron-Core's default, no recomputation.
+    pub recompute_modules: &'static [RecomputeRule],
+    /// Where the settings above come from.
+    pub cite: &'static str,
+}
+
+/// Selective recomputation of `modules` on `gpu` (`""`: any) at `precision` (`""`: any).
+#[derive(Debug, Clone, Copy)]
+pub struct RecomputeRule {
+    pub gpu: &'static str,
+    pub precision: &'static str,
+    pub modules: &'static [&'static str],
+}
+
+const fn none() -> BridgeModel {
+    BridgeModel {
+        name: "",
+        preset: Err(""),
+        pipeline_slots: false,
+        mtp_layers: 0,
+        layouts: &[],
+        muon: false,
+        recompute_modules: &[],
+        cite: "",
+    }
+}
+
+const fn rule(
+    gpu: &'static str,
+    precision: &'static str,
+    modules: &'static [&'static str],
+) -> RecomputeRule {
+    RecomputeRule {
+        gpu,
+        precision,
+        modules,
+    }
+}
+
+/// Every model name of the table.
+pub const MODELS: &[BridgeModel] = &[
+    BridgeModel {
+        name: "LLAMA3_8B",
+        preset: Ok("llama3-8b"),
+        ..none()
+    },
+    BridgeModel {
+        name: "LLAMA3_70B",
+        preset: Ok("llama3-70b"),
+        ..none()
+    },
+    BridgeModel {
+        name: "LLAMA3.1_405B",
+        preset: Ok("llama3-405b"),
+        pipeline_slots: true,
+        cite: "Megatron-Bridge's Llama 3.1 405B recipe: the embedding and the loss take a slot \
+               each, 126 layers in 128 slots",
+        ..none()
+    },
+    BridgeModel {
+        name: "DeepSeekV3",
+        preset: Ok("deepseek-v3"),
+        mtp_layers: 1,
+        layouts: &[
+            (4, "Et*16|t*16|t*16|t*13mL"),
+            (8, "Et*8|(t*8|)*6,t*5mL"),
+            (16, "Et*4|(t*4|)*14,tmL"),
+        ],
+        cite: "Megatron-Bridge's DeepSeek-V3 recipe: one MTP layer, and \
+               set_deepseek_v3_pipeline_model_parallel_layout's layouts for 4, 8 and 16 virtual \
+               stages (the embedding first, the MTP layer and the loss last)",
+        ..none()
+    },
+    BridgeModel {
+        name: "Kimi_K2",
+        preset: Ok("kimi-k2"),
+        layouts: &[(16, "Et*4|(t*4|)*14tL")],
+        muon: true,
+        recompute_modules: &[
+            rule("b200", "", &["mla_up_proj"]),
+            rule("gb200", "", &["mla_up_proj"]),
+            rule("gb300", "", &["moe_act"]),
+        ],
+        cite: "Megatron-Bridge kimi_workload_base_configs.py and kimi_llm_pretrain.py: Muon \
+               without the distributed optimizer, recompute_modules by system, and \
+               _get_kimi_k2_pipeline_layout for 16 virtual stages",
+        ..none()
+    },
+    BridgeModel {
+        name: "Qwen3_30B_a3B",
+        preset: Ok("qwen3-30b-a3b"),
+        cite: "Megatron-Bridge qwen3 performance configs: no recomputation",
+        ..none()
+    },
+    BridgeModel {
+        name: "Qwen3_235B_a22B",
+        preset: Ok("qwen3-235b-a22b"),
+        pipeline_slots: true,
+        cite: "Megatron-Bridge recipes/qwen/qwen3_moe.py: the embedding and the loss take a \
+               slot each (94 layers in 96 slots); no recomputation",
+        ..none()
+    },
+    BridgeModel {
+        name: "GPT OSS 120B",
+        preset: Ok("gpt-oss-120b"),
+        recompute_modules: &[
+            rule("h100-sxm", "bf16", &["layernorm", "moe_act"]),
+            rule("b200", "bf16", &["layernorm", "moe_act"]),
+            rule("gb200", "bf16", &["layernorm", "moe_act"]),
+        ],
+        cite: "Megatron-Bridge gpt_oss_workload_base_configs.py: the H100, B200 and GB200 BF16 \
+               configs recompute layernorm and moe_act; the MXFP8 configs recompute nothing",
+        ..none()
+    },
+    BridgeModel {
+        name: "Nemotron_3_Nano",
+        preset: Ok("nemotron-3-nano"),
+        ..none()
+    },
+    BridgeModel {
+        name: "Nemotron_3_Super",
+        preset: Err("Nemotron 3 Super: latent MoE (--moe-latent-size) is not modelled"),
+        ..none()
+    },
+    BridgeModel {
+        name: "Nemotron_3_Ultra",
+        preset: Err("Nemotron 3 Ultra: latent MoE (--moe-latent-size) is not modelled"),
+        ..none()
+    },
+    BridgeModel {
+        name: "Nemotron_3_5_Lightning",
+        preset: Err("Nemotron 3.5 Lightning: no preset (its architecture is not in parsim)"),
+        ..none()
+    },
+    BridgeModel {
+        name: "DeepSeekV4 Flash",
+        preset: Err("DeepSeek-V4 Flash: no preset (its architecture is not in parsim)"),
+        ..none()
+    },
+];
+
+/// A table name split into the model and its parenthesised variant ("DeepSeekV3 (w/o MTP)" ->
+/// ("DeepSeekV3", Some("w/o MTP"))).
+pub fn split_variant(name: &str) -> (&str, Option<&str>) {
+    match name.find(" (") {
+        Some(i) if name.ends_with(')') => (&name[..i], Some(&name[i + 2..name.len() - 1])),
+        _ => (name, None),
+    }
+}
+
+/// The model of a table name.
+pub fn find(name: &str) -> Option<&'static BridgeModel> {
+    let (base, _) = split_variant(name);
+    MODELS.iter().find(|m| m.name == base)
+}
+
+impl BridgeModel {
+    /// The recipe's layout for `stages` virtual stages, with `mtp` MTP layers (the string is
+    /// written with the recipe's; without them its `m` is dropped).
+    pub fn layout(&self, stages: u32, mtp: u32) -> Option<String> {
+        let (_, l) = self.layouts.iter().find(|(n, _)| *n == stages)?;
+        Some(if mtp == self.mtp_layers {
+            (*l).to_string()
+        } else {
+            l.replace('m', "")
+        })
+    }
+
+    /// The modules the recipe recomputes on `gpu` at `precision`, if it sets any.
+    pub fn recompute_modules(&self, gpu: &str, precision: &str) -> Option<&'static [&'static str]> {
+        self.recompute_modules
+            .iter()
+            .find(|r| {
+                (r.gpu.is_empty() || r.gpu == gpu)
+                    && (r.precision.is_empty() || r.precision == precision)
+            })
+            .map(|r| r.modules)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::pipeline_layout;
+
+    #[test]
+    fn every_named_preset_exists() {
+        for m in MODELS {
+            if let Ok(p) = m.preset {
+                assert!(crate::config::presets::preset(p).is_some(), "{}", m.name);
+            }
+        }
+    }
+
+    /// Each layout holds the model's layers, its MTP layers, one embedding and one loss, over
+    /// exactly the stage count it is listed for, and so does its MTP-free variant.
+    #[test]
+    fn layouts_place_every_layer_once() {
+        for m in MODELS {
+            let Ok(p) = m.preset else { continue };
+            let layers = crate::config::presets::preset(p).unwrap().num_layers;
+            for &(stages, _) in m.layouts {
+                for mtp in [m.mtp_layers, 0] {
+                    let l = m.layout(stages, mtp).unwrap();
+                    let parsed = pipeline_layout::parse(&l).unwrap();
+                    assert_eq!(parsed.len() as u32, stages, "{l}");
+                    let decoder: u32 = parsed.iter().map(|s| s.decoder).sum();
+                    let mtps: u32 = parsed.iter().map(|s| s.mtp).sum();
+                    assert_eq!((decoder, mtps), (layers, mtp), "{l}");
+                    assert!(parsed[0].embedding && parsed[parsed.len() - 1].loss, "{l}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn variants_split_off_and_names_are_found() {
+        assert_eq!(
+            split_variant("DeepSeekV3 (w/o MTP)"),
+            ("DeepSeekV3", Some("w/o MTP"))
+        );
+        assert_eq!(split_variant("GPT OSS 120B"), ("GPT OSS 120B", None));
+        assert_eq!(
+            find("Qwen3_30B_a3B (tokendrop)").unwrap().name,
+            "Qwen3_30B_a3B"
+        );
+        assert!(find("Unknown").is_none());
+        let kimi = find("Kimi_K2").unwrap();
+        assert_eq!(
+            kimi.recompute_modules("gb300", "mxfp8"),
+            Some(&["moe_act"][..])
+        );
+        assert_eq!(kimi.recompute_modules("h100-sxm", "bf16"), None);
+    }
+}
