@@ -197,6 +197,29 @@ impl OpKey {
         }
     }
 
+    /// An attention key's forward FLOPs as the FlashAttention papers count them, whatever its
+    /// pass: 4 x heads x q x kv x d, halved under a causal mask. `None` for other keys and for
+    /// a banded mask, whose visited fraction the key does not give.
+    pub fn attention_forward_flops(&self) -> Option<f64> {
+        let OpKey::Attention {
+            batch_heads,
+            q_len,
+            kv_len,
+            head_dim,
+            mask,
+            ..
+        } = self
+        else {
+            return None;
+        };
+        let full = 4.0 * (*batch_heads * *q_len) as f64 * (*kv_len * *head_dim) as f64;
+        match mask {
+            MaskKind::Full => Some(full),
+            MaskKind::Causal => Some(full / 2.0),
+            MaskKind::Banded => None,
+        }
+    }
+
     /// The work of one call, in the unit its rate counts ([`RateUnit`]): a GEMM's 2mnk FLOPs;
     /// attention's FLOPs as the FlashAttention papers count them (forward 4 x heads x q x kv
     /// x d, halved under a causal mask; backward 2.5 times that); a memory-bound op's bytes;
@@ -209,21 +232,8 @@ impl OpKey {
                 2.0 * (*m as f64) * (*n as f64) * (*k as f64),
                 RateUnit::Flops,
             )),
-            OpKey::Attention {
-                batch_heads,
-                q_len,
-                kv_len,
-                head_dim,
-                mask,
-                pass,
-                ..
-            } => {
-                let full = 4.0 * (*batch_heads * *q_len) as f64 * (*kv_len * *head_dim) as f64;
-                let forward = match mask {
-                    MaskKind::Full => full,
-                    MaskKind::Causal => full / 2.0,
-                    MaskKind::Banded => return None,
-                };
+            OpKey::Attention { pass, .. } => {
+                let forward = self.attention_forward_flops()?;
                 let flops = match pass {
                     Pass::Forward => forward,
                     Pass::Backward => forward * PAPER_BACKWARD_FLOPS_PER_FORWARD,

@@ -14,6 +14,7 @@ use crate::config::tables::{
     GemmTable, HostGapTable, MemoryTable, RateTables, TableProvenance,
 };
 use crate::config::GpuProfile;
+use crate::op_cost::gemm_peak;
 use parsim_plan::dtype::DType;
 use parsim_plan::op_timing::{MaskKind, OpKey, OpTiming, Pass};
 use serde::Serialize;
@@ -31,15 +32,6 @@ pub enum TableFitError {
         key: String,
         message: String,
     },
-}
-
-/// The dense peak a GEMM of `dtype` is measured against; `None` for dtypes no GEMM runs in.
-pub(super) fn gemm_peak(gpu: &GpuProfile, dtype: DType) -> Option<(f64, &'static str)> {
-    match dtype {
-        DType::Bf16 => Some((gpu.peak_flops.bf16, "peak_flops.bf16")),
-        DType::F32 => Some((gpu.peak_flops.fp32, "peak_flops.fp32")),
-        DType::U8 => None,
-    }
 }
 
 /// An attention curve: kernel implementation, pass, mask and head dimension.
