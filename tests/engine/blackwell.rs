@@ -138,7 +138,7 @@ fn nvl72_all_reduce_reproduces_the_published_table() {
             let published = row[1].as_f64().unwrap();
             let p = m.predict(bytes).unwrap();
             assert_eq!(p.algorithm, Algorithm::Nvls, "{bytes}");
-            let busbw = bytes / p.time_s * CollectiveKind::AllReduce.ring_factor(n) / 1e9;
+            let busbw = bytes / p.time_s * CollectiveKind::AllReduce.bus_factor(n) / 1e9;
             let err = busbw / published - 1.0;
             println!(
                 "{bytes:>12} B: model {busbw:7.1} GB/s, published {published:7.1} ({err:+.3})"
@@ -149,7 +149,7 @@ fn nvl72_all_reduce_reproduces_the_published_table() {
     // The plateau by hand: a huge message approaches NVLS's bus bandwidth from below.
     let m = CollectiveModel::new(&Fabric::nvl72(), CollectiveKind::AllReduce, 72, 1);
     let b = 1e15;
-    let busbw = b / m.predict(b).unwrap().time_s * CollectiveKind::AllReduce.ring_factor(72);
+    let busbw = b / m.predict(b).unwrap().time_s * CollectiveKind::AllReduce.bus_factor(72);
     assert!(busbw < 917.6e9 && busbw > 0.99 * 917.6e9, "{busbw}");
 }
 

@@ -272,7 +272,7 @@ fn megatron_flags_carry_the_settings_and_refuse_the_rest() {
 
 #[test]
 fn the_executor_refuses_what_it_does_not_run() {
-    use parsim::lower::{lower, LowerOptions, PlanError};
+    use parsim::lower::{lower, LowerError, LowerOptions};
     for (training, field) in [
         (json!({"optimizer": "muon"}), "training.optimizer"),
         (
@@ -292,7 +292,7 @@ fn the_executor_refuses_what_it_does_not_run() {
         });
         let r = resolve(c);
         match lower(&r, &LowerOptions::default()) {
-            Err(PlanError::Unsupported { field: f, .. }) => assert_eq!(f, field),
+            Err(LowerError::Unsupported { field: f, .. }) => assert_eq!(f, field),
             other => panic!("{field}: {:?}", other.map(|_| ())),
         }
     }

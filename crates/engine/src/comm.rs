@@ -5,8 +5,7 @@
 use crate::config::Resolved;
 use crate::layout::GroupKind;
 use crate::model::{
-    rank_params, ChunkContents, Collective, CollectiveKind, GroupBytes, Ledger, LedgerSummary,
-    Phase,
+    rank_params, ChunkContents, Collective, CollectiveKind, Ledger, LedgerSummary, PerGroup, Phase,
 };
 
 fn coll(kind: CollectiveKind, group: GroupKind, size: u32, payload: u64, count: u32) -> Collective {
@@ -211,9 +210,9 @@ pub fn rank_step_bytes(
     l: &Ledger,
     chunks: &[ChunkContents],
     step: &[StepCollective],
-) -> GroupBytes {
+) -> PerGroup {
     let m = r.microbatches;
-    let mut g = GroupBytes::default();
+    let mut g = PerGroup::default();
     for c in chunks {
         for (b, n) in c.blocks(s) {
             g.add(&b.comm, (n * m as u64) as f64);

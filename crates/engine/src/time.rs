@@ -10,7 +10,7 @@
 use crate::config::tables::RateTables;
 use crate::config::{CpComm, Recompute};
 use crate::layout::GroupKind;
-use crate::model::{Block, BlockTimes, GroupSeconds, Op, OpKind, Phase, TensorRole};
+use crate::model::{Block, BlockTimes, Op, OpKind, PerGroup, Phase, TensorRole};
 use crate::network::{CollectiveGroup, Network};
 use crate::op_cost::{AttentionCall, AttentionKernel, Call, CollectiveCall, CostModel, OpCost};
 use parsim_plan::op_timing::{MaskKind, Pass};
@@ -499,7 +499,7 @@ pub struct StepTime {
     /// Exposed communication per group; `dp` includes the DP tail, `ep` is the exposed expert
     /// all-to-all, `pp` holds only the members' waiting at the pipeline hand-offs
     /// (`efficiency.sync_skew`; pipeline transfers on the critical path are `pp_wait_s`).
-    pub exposed_comm_by_group_s: GroupSeconds,
+    pub exposed_comm_by_group_s: PerGroup,
     /// Idle time of the critical rank in the simulated schedule: the sum of the next three.
     pub bubble_s: f64,
     /// The schedule's own fill and drain: the idle time of the same schedule with every stage

@@ -116,25 +116,27 @@ impl CollectiveKind {
             CollectiveKind::SendRecv => "send_recv",
         }
     }
+
+    /// The bus factor of this collective over `n` ranks: nccl-tests' bus-bandwidth factor (its
+    /// PERFORMANCE.md; seconds = factor x bytes / bus bandwidth), which is also the bytes each
+    /// rank sends on the wire per payload byte with ring algorithms (Thakur et al. 2005):
+    /// all-reduce 2(n-1)/n; all-gather, reduce-scatter and all-to-all (n-1)/n; broadcast and
+    /// send/receive 1. The one factor of the volume model, the time model and the rate tables.
+    pub fn bus_factor(self, n: u32) -> f64 {
+        let n = n.max(1) as f64;
+        match self {
+            CollectiveKind::AllReduce => 2.0 * (n - 1.0) / n,
+            CollectiveKind::AllGather
+            | CollectiveKind::ReduceScatter
+            | CollectiveKind::AllToAll => (n - 1.0) / n,
+            CollectiveKind::Broadcast | CollectiveKind::SendRecv => 1.0,
+        }
+    }
 }
 
 /// FLOPs the FlashAttention papers count for a backward pass, per forward FLOP: five
 /// matmuls (dV, dP, dQ, dK and the recomputed scores) against the forward's two.
 pub const PAPER_BACKWARD_FLOPS_PER_FORWARD: f64 = 2.5;
-
-/// nccl-tests' bus-bandwidth factor of `op` over `n` ranks (its PERFORMANCE.md): all-reduce
-/// 2(n-1)/n; all-gather, reduce-scatter and all-to-all (n-1)/n; broadcast and send/receive 1.
-/// Seconds = factor x bytes / bus bandwidth.
-pub fn bus_factor(op: CollectiveKind, n: u32) -> f64 {
-    let n = n.max(1) as f64;
-    match op {
-        CollectiveKind::AllReduce => 2.0 * (n - 1.0) / n,
-        CollectiveKind::AllGather | CollectiveKind::ReduceScatter | CollectiveKind::AllToAll => {
-            (n - 1.0) / n
-        }
-        CollectiveKind::Broadcast | CollectiveKind::SendRecv => 1.0,
-    }
-}
 
 /// What an op class's rate counts: the work of [`OpKey::work`] per second.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -223,7 +225,7 @@ impl OpKey {
     /// The work of one call, in the unit its rate counts ([`RateUnit`]): a GEMM's 2mnk FLOPs;
     /// attention's FLOPs as the FlashAttention papers count them (forward 4 x heads x q x kv
     /// x d, halved under a causal mask; backward 2.5 times that); a memory-bound op's bytes;
-    /// a collective's bus bytes (its bytes times [`bus_factor`]). `None` for the host gap and
+    /// a collective's bus bytes (its bytes times [`CollectiveKind::bus_factor`]). `None` for the host gap and
     /// for a banded mask, whose visited fraction the key does not give. The rate tables are
     /// fitted in these counts and the `execute --profile-ops` summary reports rates in them.
     pub fn work(&self) -> Option<(f64, RateUnit)> {
@@ -247,7 +249,7 @@ impl OpKey {
                 group_size,
                 ..
             } => Some((
-                bus_factor(*op, *group_size) * *bytes as f64,
+                op.bus_factor(*group_size) * *bytes as f64,
                 RateUnit::BusBytes,
             )),
             OpKey::HostGap | OpKey::Wait => None,

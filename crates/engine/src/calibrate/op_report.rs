@@ -247,11 +247,7 @@ mod tests {
             ),
         ] {
             let got = predict(&gpu, &collective(op, n, placement)).unwrap();
-            let engine_op = match op {
-                CollectiveKind::AllGather => crate::model::CollectiveKind::AllGather,
-                _ => crate::model::CollectiveKind::AllReduce,
-            };
-            let want = net.collective_s(kind, engine_op, 1_000_000_000, n);
+            let want = net.collective_s(kind, op, 1_000_000_000, n);
             assert!(close(got, want), "{op:?}: {got} vs {want}");
         }
     }

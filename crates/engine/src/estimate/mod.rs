@@ -7,8 +7,8 @@ use crate::config::{Config, PpP2p, Resolved, ScheduleKind};
 use crate::layout::{GroupKind, Layout};
 use crate::memory::StageMemory;
 use crate::model::{
-    rank_params, BlockSummary, ChunkContents, CollectiveKind, GroupBytes, GroupSeconds, Ledger,
-    LedgerSummary, OpRole,
+    rank_params, BlockSummary, ChunkContents, CollectiveKind, Ledger, LedgerSummary, OpRole,
+    PerGroup,
 };
 use crate::network::Network;
 use crate::schedule::{generate, Costs, ScheduleError};
@@ -79,8 +79,8 @@ pub struct GroupBytesInt {
     pub expert_tp: u64,
 }
 
-impl From<GroupBytes> for GroupBytesInt {
-    fn from(g: GroupBytes) -> Self {
+impl From<PerGroup> for GroupBytesInt {
+    fn from(g: PerGroup) -> Self {
         GroupBytesInt {
             tp: g.tp.round() as u64,
             cp: g.cp.round() as u64,
@@ -181,7 +181,7 @@ struct ChunkTimes {
     input_grad: f64,
     weight_grad: f64,
     compute: f64,
-    exposed: GroupSeconds,
+    exposed: PerGroup,
 }
 
 /// Per-stage durations of one microbatch (F, I, W with exposed communication) and the hop

@@ -30,7 +30,7 @@ pub use op::{
 pub use optimizer::{optimizer_bytes, OptimizerState};
 pub use summary::{
     chunks_per_rank, held_blocks, rank_muon, rank_params, BlockSummary, BlockTimes, ChunkContents,
-    GroupSeconds, LedgerSummary,
+    LedgerSummary,
 };
 
 use crate::config::{AttentionSpan, HybridLayer, Recompute, Resolved};
@@ -86,9 +86,10 @@ impl ParamSums {
     }
 }
 
-/// Wire bytes per communication group (the keys of docs/design.md).
+/// A figure per communication group (the keys of docs/design.md): wire bytes or seconds, as
+/// the field holding it says.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct GroupBytes {
+pub struct PerGroup {
     pub tp: f64,
     pub cp: f64,
     pub pp: f64,
@@ -106,7 +107,7 @@ fn is_zero_f64(x: &f64) -> bool {
     *x == 0.0
 }
 
-impl GroupBytes {
+impl PerGroup {
     pub fn add_group(&mut self, g: GroupKind, bytes: f64) {
         match g {
             GroupKind::Tp => self.tp += bytes,
@@ -118,7 +119,7 @@ impl GroupBytes {
         }
     }
 
-    pub fn add(&mut self, o: &GroupBytes, k: f64) {
+    pub fn add(&mut self, o: &PerGroup, k: f64) {
         self.tp += o.tp * k;
         self.cp += o.cp * k;
         self.pp += o.pp * k;
@@ -128,7 +129,7 @@ impl GroupBytes {
         self.host += o.host * k;
     }
 
-    pub fn max(&mut self, o: &GroupBytes) {
+    pub fn max(&mut self, o: &PerGroup) {
         self.tp = self.tp.max(o.tp);
         self.cp = self.cp.max(o.cp);
         self.pp = self.pp.max(o.pp);
@@ -458,8 +459,8 @@ impl Block {
 
     /// Wire bytes per group for one microbatch, including forward collectives that
     /// recomputation issues again.
-    pub fn comm_bytes(&self, recompute: Recompute) -> GroupBytes {
-        let mut g = GroupBytes::default();
+    pub fn comm_bytes(&self, recompute: Recompute) -> PerGroup {
+        let mut g = PerGroup::default();
         for o in &self.ops {
             for c in &o.comms {
                 g.add_group(c.group, c.wire_bytes());

@@ -2,12 +2,9 @@
 //! bytes, wire bytes, FLOPs, and its times when a time model is given), and which blocks each
 //! pipeline rank's chunks hold.
 
-use super::{Block, GroupBytes, Ledger, ParamSums};
+use super::{Block, Ledger, ParamSums, PerGroup};
 use crate::config::{ModelConfig, Recompute, Resolved, MAX_LAYER_VARIANTS};
 use arrayvec::ArrayVec;
-
-/// Seconds per group, for breakdowns.
-pub type GroupSeconds = GroupBytes;
 
 /// Per-microbatch times of one block on this rank.
 #[derive(Debug, Clone, Copy, Default)]
@@ -18,8 +15,8 @@ pub struct BlockTimes {
     /// Forward rerun by recomputation (in the backward, before the input gradient).
     pub recompute_s: f64,
     /// Exposed communication in the forward and backward, per group.
-    pub exposed_fwd: GroupSeconds,
-    pub exposed_bwd: GroupSeconds,
+    pub exposed_fwd: PerGroup,
+    pub exposed_bwd: PerGroup,
 }
 
 impl BlockTimes {
@@ -59,7 +56,7 @@ pub struct BlockSummary {
     pub gather_dense: u64,
     pub gather_expert: u64,
     /// Wire bytes per microbatch, per group, recomputation included.
-    pub comm: GroupBytes,
+    pub comm: PerGroup,
     pub model_flops: f64,
     /// This rank's FLOPs per microbatch, forward / input-gradient / weight-gradient.
     pub rank_fwd: f64,

@@ -16,12 +16,13 @@ use nccl::{CollectiveModel, Fabric, Graphs};
 use parsim_plan::op_timing::Placement;
 
 /// Seconds of a ring collective: alpha + factor x B / bandwidth, with the ring factors
-/// 2(n-1)/n (all-reduce), (n-1)/n (all-gather, reduce-scatter, all-to-all) and 1 (send).
+/// ([`CollectiveKind::bus_factor`]) 2(n-1)/n (all-reduce), (n-1)/n (all-gather,
+/// reduce-scatter, all-to-all) and 1 (broadcast, send).
 pub fn ring_s(kind: CollectiveKind, bytes: f64, n: u32, bandwidth: f64, latency_s: f64) -> f64 {
     if n <= 1 || bytes <= 0.0 {
         return 0.0;
     }
-    latency_s + kind.ring_factor(n) * bytes / bandwidth
+    latency_s + kind.bus_factor(n) * bytes / bandwidth
 }
 
 /// How one group kind sits on the cluster: its size, members per NVLink domain, domains spanned
@@ -98,7 +99,7 @@ fn tuned_index(coll: CollectiveKind) -> Option<usize> {
         CollectiveKind::AllReduce => Some(0),
         CollectiveKind::AllGather => Some(1),
         CollectiveKind::ReduceScatter => Some(2),
-        CollectiveKind::AllToAll | CollectiveKind::SendRecv => None,
+        CollectiveKind::AllToAll | CollectiveKind::Broadcast | CollectiveKind::SendRecv => None,
     }
 }
 
@@ -219,23 +220,15 @@ impl Network {
         payload: u64,
         n: u32,
     ) -> Option<CollectiveTime> {
-        use parsim_plan::op_timing::CollectiveKind as Op;
         let t = self.tables.as_deref()?;
-        let op = match coll {
-            CollectiveKind::AllReduce => Op::AllReduce,
-            CollectiveKind::AllGather => Op::AllGather,
-            CollectiveKind::ReduceScatter => Op::ReduceScatter,
-            CollectiveKind::AllToAll => Op::AllToAll,
-            CollectiveKind::SendRecv => Op::SendRecv,
-        };
         let placement = if g.nodes > 1 {
             Placement::InterNode
         } else {
             Placement::IntraNode
         };
-        let busbw = t.collective_bus_bytes_per_s(op, n, placement, payload)?;
+        let busbw = t.collective_bus_bytes_per_s(coll, n, placement, payload)?;
         Some(CollectiveTime {
-            wire_s: crate::config::tables::bus_factor(op, n) * payload as f64 / busbw,
+            wire_s: coll.bus_factor(n) * payload as f64 / busbw,
             pipeline_s: 0.0,
             host_gap_s: t.host_gap_s(),
         })
@@ -475,7 +468,7 @@ mod tests {
         l.models = vec![TUNED.map(|c| nccl_model(NcclArch::Hopper, &l.inter, c, 4, 1, 4))];
         let b = (1u64 << 30) as f64;
         let t = l.collective_s(GroupKind::DpCp, CollectiveKind::AllReduce, b as u64, 4);
-        let busbw = CollectiveKind::AllReduce.ring_factor(4) * b / t;
+        let busbw = CollectiveKind::AllReduce.bus_factor(4) * b / t;
         assert!((0.8 * 50e9..=50e9).contains(&busbw), "{busbw}");
         // Small messages pay NCCL's latencies (several microseconds), not bytes/bandwidth.
         let small = l.collective_s(GroupKind::DpCp, CollectiveKind::AllReduce, 4096, 4);
@@ -487,6 +480,6 @@ mod tests {
         node.nccl = Some(NcclArch::Hopper);
         node.models = vec![TUNED.map(|c| nccl_model(NcclArch::Hopper, &node.inter, c, 8, 8, 1))];
         let t = node.collective_s(GroupKind::Tp, CollectiveKind::AllGather, b as u64, 8);
-        assert!(CollectiveKind::AllGather.ring_factor(8) * b / t > 300e9);
+        assert!(CollectiveKind::AllGather.bus_factor(8) * b / t > 300e9);
     }
 }

@@ -14,9 +14,7 @@ pub mod rates;
 use crate::config::GpuProfile;
 use crate::model::CollectiveKind;
 use crate::network::{CollectiveGroup, GroupGeometry, Network};
-use parsim_plan::op_timing::{
-    CollectiveKind as KeyCollective, MaskKind, OpKey, Pass, PAPER_BACKWARD_FLOPS_PER_FORWARD,
-};
+use parsim_plan::op_timing::{MaskKind, OpKey, Pass, PAPER_BACKWARD_FLOPS_PER_FORWARD};
 pub use rates::{gemm_peak, OpCost, Rates};
 
 /// How an attention core runs.
@@ -181,7 +179,7 @@ impl<'k> Call<'k> {
     /// shape, [`OpKey::work`]); a memory-bound op as its bytes; a collective over a group of
     /// its size placed as it says ([`GroupGeometry::of_placement`]); the host gap as itself.
     /// `None` where no model prices the key: a banded mask (its visited fraction is not in the
-    /// key), a GEMM dtype with no peak, a collective the engine does not model, and a wait
+    /// key), a GEMM dtype with no peak, and a wait
     /// (the schedule's to predict, not a rate's).
     pub fn of_key<'g>(gpu: &'g GpuProfile, key: &'k OpKey) -> Option<(Rates<'g>, Call<'k>)> {
         let bf16 = || Rates::of_dtype(gpu, parsim_plan::DType::Bf16);
@@ -227,16 +225,8 @@ impl<'k> Call<'k> {
                 group_size,
                 placement,
             } => {
-                let kind = match op {
-                    KeyCollective::AllReduce => CollectiveKind::AllReduce,
-                    KeyCollective::AllGather => CollectiveKind::AllGather,
-                    KeyCollective::ReduceScatter => CollectiveKind::ReduceScatter,
-                    KeyCollective::AllToAll => CollectiveKind::AllToAll,
-                    KeyCollective::SendRecv => CollectiveKind::SendRecv,
-                    KeyCollective::Broadcast => return None,
-                };
                 let call = CollectiveCall {
-                    kind,
+                    kind: *op,
                     payload_bytes: *bytes,
                     group_size: *group_size,
                     group: CollectiveGroup::Shape(GroupGeometry::of_placement(

@@ -5,7 +5,7 @@
 
 use egui::{vec2, Frame, Grid, RichText, TextStyle, TextWrapMode, Ui, WidgetText};
 use parsim::estimate::{breakdown, Estimate};
-use parsim::planning::RunReport;
+use parsim::planning::RunForecast;
 use parsim::report::format::{bytes, count, flops, seconds};
 use parsim::report::run_table;
 use parsim::report::table::share;
@@ -78,7 +78,7 @@ pub fn share_of(e: &Estimate, key: &str) -> String {
 }
 
 /// The run cards' titles and values (`--train-tokens`), in the JSON section's order.
-pub fn run_card_values(r: &RunReport) -> Vec<(&'static str, String)> {
+pub fn run_card_values(r: &RunForecast) -> Vec<(&'static str, String)> {
     let mut cards = vec![
         ("Train tokens", run_table::tokens(r.tokens)),
         ("Wall time", format!("{:.1} days", r.wall_days)),
@@ -102,7 +102,7 @@ pub fn run_card_values(r: &RunReport) -> Vec<(&'static str, String)> {
 }
 
 /// Draws the run cards and their notes when the configuration asks for a run.
-pub fn run_ui(ui: &mut Ui, run: Option<&Result<RunReport, String>>) {
+pub fn run_ui(ui: &mut Ui, run: Option<&Result<RunForecast, String>>) {
     match run {
         None => {}
         Some(Err(e)) => {
