@@ -6,7 +6,7 @@
 use super::common::{assert_search_no_slower, est, group_info, resolve, search_recipe, Degrees};
 use parsim::config::{Config, GpuProfile, Layer, Resolved};
 use parsim::layout::{GroupKind, Layout};
-use parsim::model::CollectiveKind;
+use parsim::model::{CollectiveKind, CommKind};
 use parsim::network::nccl::{Algorithm, CollectiveModel, Fabric};
 use parsim::network::Network;
 use serde_json::{json, Value};
@@ -192,7 +192,10 @@ fn a_group_inside_one_nvlink_domain_runs_at_nvlink_rates_across_hosts() {
     let (e_rack, e_trays) = (est(rack), est(trays));
     assert!(!group_info(&e_rack, GroupKind::Tp).crosses_nodes);
     assert!(group_info(&e_trays, GroupKind::Tp).crosses_nodes);
-    assert!(e_rack.time.exposed_comm_by_group_s.tp < e_trays.time.exposed_comm_by_group_s.tp);
+    assert!(
+        e_rack.time.exposed_comm_by_group_s[CommKind::Tp]
+            < e_trays.time.exposed_comm_by_group_s[CommKind::Tp]
+    );
 }
 
 /// The node as the domain, said explicitly, changes no figure of the default configuration.

@@ -5,7 +5,7 @@
 use super::common::{est, resolve};
 use parsim::config::{Config, Layer, Recompute, Resolved};
 use parsim::model::muon::{MuonSums, NS_STEPS};
-use parsim::model::{Ledger, LedgerSummary};
+use parsim::model::{CommKind, Ledger, LedgerSummary};
 use serde_json::{json, Value};
 
 /// A 2-layer dense model (hidden 64, 8 heads of 8 in 4 groups, SwiGLU 128, vocabulary 128,
@@ -210,7 +210,7 @@ fn offloaded_layers_leave_the_gpu_for_the_host() {
     assert_eq!(b.host_offload, 3 * layer);
     assert_eq!(a.host_offload, 0);
     // The copies over PCIe outlast the layers they overlap: exposed, so the step is slower.
-    assert!(on.time.exposed_comm_by_group_s.host > 0.0);
+    assert!(on.time.exposed_comm_by_group_s[CommKind::Host] > 0.0);
     assert!(on.time.step_s > off.time.step_s);
 }
 

@@ -499,7 +499,7 @@ pub struct StepTime {
     /// Exposed communication per group; `dp` includes the DP tail, `ep` is the exposed expert
     /// all-to-all, `pp` holds only the members' waiting at the pipeline hand-offs
     /// (`efficiency.sync_skew`; pipeline transfers on the critical path are `pp_wait_s`).
-    pub exposed_comm_by_group_s: PerGroup,
+    pub exposed_comm_by_group_s: PerGroup<f64>,
     /// Idle time of the critical rank in the simulated schedule: the sum of the next three.
     pub bubble_s: f64,
     /// The schedule's own fill and drain: the idle time of the same schedule with every stage
@@ -622,6 +622,7 @@ impl TableCoverage {
 mod tests {
     use super::*;
     use crate::config::GpuProfile;
+    use crate::model::CommKind;
 
     fn rates(gpu: &GpuProfile) -> Rates<'_> {
         Rates {
@@ -691,16 +692,25 @@ mod tests {
         gpu.efficiency.sync_skew = 0.1;
         let t = times(&gpu, &synced, Some(GroupKind::Dp));
         let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1e-30);
-        assert!(close(t.exposed_fwd.tp - base.exposed_fwd.tp, 0.1 * t.fwd_s));
         assert!(close(
-            t.exposed_bwd.cp - base.exposed_bwd.cp,
+            t.exposed_fwd[CommKind::Tp] - base.exposed_fwd[CommKind::Tp],
+            0.1 * t.fwd_s
+        ));
+        assert!(close(
+            t.exposed_bwd[CommKind::Cp] - base.exposed_bwd[CommKind::Cp],
             0.1 * (t.dgrad_s + t.wgrad_s)
         ));
-        assert_eq!((t.exposed_fwd.dp, t.exposed_bwd.dp), (0.0, 0.0));
+        assert_eq!(
+            (t.exposed_fwd[CommKind::Dp], t.exposed_bwd[CommKind::Dp]),
+            (0.0, 0.0)
+        );
         // No synchronising collective: the step's group takes it; on one rank nothing does.
         let p = times(&gpu, &plain, Some(GroupKind::Dp));
-        assert!(close(p.exposed_fwd.dp, 0.1 * p.fwd_s) && p.fwd_s > 0.0);
-        assert!(close(p.exposed_bwd.dp, 0.1 * (p.dgrad_s + p.wgrad_s)));
+        assert!(close(p.exposed_fwd[CommKind::Dp], 0.1 * p.fwd_s) && p.fwd_s > 0.0);
+        assert!(close(
+            p.exposed_bwd[CommKind::Dp],
+            0.1 * (p.dgrad_s + p.wgrad_s)
+        ));
         let alone = times(&gpu, &plain, None);
         assert_eq!(alone.exposed_fwd.total() + alone.exposed_bwd.total(), 0.0);
     }
@@ -754,9 +764,12 @@ mod tests {
             .exposed_fwd
         };
         let (open, hidden) = (times(false), times(true));
-        assert!(open.ep > 0.0 && hidden.ep < open.ep, "{open:?} {hidden:?}");
-        assert!(open.expert_tp > 0.0);
-        assert_eq!(hidden.expert_tp, open.expert_tp);
+        assert!(
+            open[CommKind::Ep] > 0.0 && hidden[CommKind::Ep] < open[CommKind::Ep],
+            "{open:?} {hidden:?}"
+        );
+        assert!(open[CommKind::ExpertTp] > 0.0);
+        assert_eq!(hidden[CommKind::ExpertTp], open[CommKind::ExpertTp]);
     }
 
     /// A ring core is one kernel call per KV block (Transformer Engine's context parallelism):

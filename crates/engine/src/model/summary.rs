@@ -15,8 +15,8 @@ pub struct BlockTimes {
     /// Forward rerun by recomputation (in the backward, before the input gradient).
     pub recompute_s: f64,
     /// Exposed communication in the forward and backward, per group.
-    pub exposed_fwd: PerGroup,
-    pub exposed_bwd: PerGroup,
+    pub exposed_fwd: PerGroup<f64>,
+    pub exposed_bwd: PerGroup<f64>,
 }
 
 impl BlockTimes {
@@ -56,7 +56,7 @@ pub struct BlockSummary {
     pub gather_dense: u64,
     pub gather_expert: u64,
     /// Wire bytes per microbatch, per group, recomputation included.
-    pub comm: PerGroup,
+    pub comm: PerGroup<f64>,
     pub model_flops: f64,
     /// This rank's FLOPs per microbatch, forward / input-gradient / weight-gradient.
     pub rank_fwd: f64,

@@ -8,7 +8,7 @@ use parsim::estimate::{breakdown, Estimate};
 use parsim::planning::RunForecast;
 use parsim::report::format::{bytes, count, flops, seconds};
 use parsim::report::run_table;
-use parsim::report::table::share;
+use parsim::report::table::{comm_rows, share};
 
 /// The cards' titles and values, in display order.
 pub fn card_values(e: &Estimate) -> Vec<(&'static str, String)> {
@@ -222,8 +222,6 @@ pub fn ui(ui: &mut Ui, e: &Estimate) {
     ui.label(RichText::new(&e.verdict).italics());
     ui.add_space(4.0);
     ui.label(nvlink_domains(e));
-    let c = &e.communication.per_step_bytes_per_gpu;
-    let g = &e.time.exposed_comm_by_group_s;
     egui::CollapsingHeader::new("Communication per step, per GPU")
         .default_open(true)
         .show(ui, |ui| {
@@ -236,36 +234,16 @@ pub fn ui(ui: &mut Ui, e: &Estimate) {
                     ui.strong("sent");
                     ui.strong("exposed");
                     ui.end_row();
-                    let size = |name: &str| {
-                        e.communication
-                            .groups
-                            .iter()
-                            .find(|gi| gi.group.as_str().eq_ignore_ascii_case(name))
-                            .map(|gi| {
-                                format!(
-                                    "{}{}",
-                                    gi.size,
-                                    if gi.crosses_nodes {
-                                        " (across NVLink domains)"
-                                    } else {
-                                        ""
-                                    }
-                                )
-                            })
-                            .unwrap_or_default()
-                    };
-                    for (name, b, s) in [
-                        ("TP", c.tp, g.tp),
-                        ("CP", c.cp, g.cp),
-                        ("PP", c.pp, g.pp),
-                        ("DP", c.dp, g.dp),
-                        ("EP", c.ep, g.ep),
-                        ("expert_TP", c.expert_tp, g.expert_tp),
-                    ] {
-                        ui.label(name);
-                        ui.label(size(name));
-                        ui.label(bytes(b as f64));
-                        ui.label(seconds(s));
+                    for row in comm_rows(e) {
+                        let across = if row.crosses_nodes {
+                            " (across NVLink domains)"
+                        } else {
+                            ""
+                        };
+                        ui.label(row.kind.info().name);
+                        ui.label(format!("{}{across}", row.size));
+                        ui.label(bytes(row.sent_bytes as f64));
+                        ui.label(seconds(row.exposed_s));
                         ui.end_row();
                     }
                 });
