@@ -210,9 +210,9 @@ pub fn rank_step_bytes(
     l: &Ledger,
     chunks: &[ChunkContents],
     step: &[StepCollective],
-) -> PerGroup<f64> {
+) -> PerGroup {
     let m = r.microbatches;
-    let mut g = PerGroup::<f64>::default();
+    let mut g = PerGroup::default();
     for c in chunks {
         for (b, n) in c.blocks(s) {
             g.add(&b.comm, (n * m as u64) as f64);

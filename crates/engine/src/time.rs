@@ -499,7 +499,7 @@ pub struct StepTime {
     /// Exposed communication per group; `dp` includes the DP tail, `ep` is the exposed expert
     /// all-to-all, `pp` holds only the members' waiting at the pipeline hand-offs
     /// (`efficiency.sync_skew`; pipeline transfers on the critical path are `pp_wait_s`).
-    pub exposed_comm_by_group_s: PerGroup<f64>,
+    pub exposed_comm_by_group_s: PerGroup,
     /// Idle time of the critical rank in the simulated schedule: the sum of the next three.
     pub bubble_s: f64,
     /// The schedule's own fill and drain: the idle time of the same schedule with every stage

@@ -93,6 +93,9 @@ pub enum OpKey {
     Wait,
 }
 
+/// An attention rate curve: kernel implementation, pass, mask and head dimension.
+pub type AttentionCurveKey<'a> = (&'a str, Pass, MaskKind, u64);
+
 /// The op classes, in the order reports list them: [`OpKey::class`]'s names, which are also
 /// the `class` tags of the JSON records.
 pub const OP_CLASSES: [&str; 6] = [
@@ -196,6 +199,22 @@ impl OpKey {
             OpKey::Memory { .. } => Some(RateUnit::Bytes),
             OpKey::Collective { .. } => Some(RateUnit::BusBytes),
             OpKey::HostGap | OpKey::Wait => None,
+        }
+    }
+
+    /// Where an attention key sits in the rate tables: its curve (kernel implementation,
+    /// pass, mask, head dimension) and its key length along it; `None` for other classes.
+    pub fn attention_point(&self) -> Option<(AttentionCurveKey<'_>, u64)> {
+        match self {
+            OpKey::Attention {
+                kv_len,
+                head_dim,
+                mask,
+                pass,
+                kernel,
+                ..
+            } => Some(((kernel.as_str(), *pass, *mask, *head_dim), *kv_len)),
+            _ => None,
         }
     }
 

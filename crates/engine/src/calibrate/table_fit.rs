@@ -34,25 +34,6 @@ pub enum TableFitError {
     },
 }
 
-/// An attention curve: kernel implementation, pass, mask and head dimension.
-type AttentionCurveKey<'a> = (&'a str, Pass, MaskKind, u64);
-
-/// Where an attention timing sits in the tables: its curve (kernel implementation, pass,
-/// mask, head dimension) and the key length along it; `None` for other classes.
-fn attention_point(key: &OpKey) -> Option<(AttentionCurveKey<'_>, u64)> {
-    match key {
-        OpKey::Attention {
-            kv_len,
-            head_dim,
-            mask,
-            pass,
-            kernel,
-            ..
-        } => Some(((kernel.as_str(), *pass, *mask, *head_dim), *kv_len)),
-        _ => None,
-    }
-}
-
 fn median(xs: &mut [f64]) -> f64 {
     xs.sort_by(f64::total_cmp);
     let n = xs.len();
@@ -166,7 +147,7 @@ pub fn fit_tables(
         let Some(rate) = t.rate() else {
             continue;
         };
-        if let Some(((kernel, pass, mask, head_dim), kv_len)) = attention_point(&t.key) {
+        if let Some(((kernel, pass, mask, head_dim), kv_len)) = t.key.attention_point() {
             attention
                 .entry((kernel.to_string(), pass, mask, head_dim))
                 .or_default()
@@ -367,7 +348,7 @@ pub fn table_seconds(tables: &RateTables, gpu: &GpuProfile, key: &OpKey) -> Opti
             gemm_peak(gpu, *dtype)?.0 * tables.gemm_efficiency(*dtype, *m, *n, *k)?
         }
         OpKey::Attention { .. } => {
-            let ((kernel, pass, mask, head_dim), kv_len) = attention_point(key)?;
+            let ((kernel, pass, mask, head_dim), kv_len) = key.attention_point()?;
             tables.attention_flops_per_s(kernel, pass, mask, head_dim, kv_len)?
         }
         OpKey::Memory { bytes } => tables.memory_bytes_per_s(*bytes)?,

@@ -253,8 +253,8 @@ impl Prepared<'_> {
     }
 
     /// The step's communication volume per group on the most loaded rank.
-    fn step_bytes(&self) -> PerGroup<f64> {
-        let mut comm = PerGroup::<f64>::default();
+    fn step_bytes(&self) -> PerGroup {
+        let mut comm = PerGroup::default();
         // Ranks sharing a step-collective list hold the same blocks: their bytes are one count.
         for (i, list) in self.step.iter().enumerate() {
             if let Some(rank) = self.step_of.iter().position(|&j| j == i) {
@@ -297,7 +297,7 @@ impl Prepared<'_> {
                 .iter()
                 .map(|c| chunk_times[c.stage].compute)
                 .sum::<f64>();
-        let mut by_group = PerGroup::<f64>::default();
+        let mut by_group = PerGroup::default();
         for c in crit_chunks {
             by_group.add(&chunk_times[c.stage].exposed, mb);
         }

@@ -158,7 +158,7 @@ struct ChunkTimes {
     input_grad: f64,
     weight_grad: f64,
     compute: f64,
-    exposed: PerGroup<f64>,
+    exposed: PerGroup,
 }
 
 /// Per-stage durations of one microbatch (F, I, W with exposed communication) and the hop

@@ -403,8 +403,8 @@ impl Block {
 
     /// Wire bytes per group for one microbatch, including forward collectives that
     /// recomputation issues again.
-    pub fn comm_bytes(&self, recompute: Recompute) -> PerGroup<f64> {
-        let mut g = PerGroup::<f64>::default();
+    pub fn comm_bytes(&self, recompute: Recompute) -> PerGroup {
+        let mut g = PerGroup::default();
         for o in &self.ops {
             for c in &o.comms {
                 g.add_group(c.group, c.wire_bytes());

@@ -190,9 +190,10 @@ impl CommKind {
     }
 }
 
-/// One figure per communication kind (bytes or seconds, as the field holding it says).
+/// One figure per communication kind (bytes or seconds, as the field holding it says): `f64`
+/// unless it says otherwise (whole bytes in the JSON are `PerGroup<u64>`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct PerGroup<T>([T; CommKind::ALL.len()]);
+pub struct PerGroup<T = f64>([T; CommKind::ALL.len()]);
 
 impl<T> Index<CommKind> for PerGroup<T> {
     type Output = T;
@@ -219,21 +220,21 @@ impl<T: Copy> PerGroup<T> {
     }
 }
 
-impl PerGroup<f64> {
+impl PerGroup {
     /// Adds `x` to the kind group `g`'s traffic counts under.
     pub fn add_group(&mut self, g: GroupKind, x: f64) {
         self[CommKind::of_group(g)] += x;
     }
 
     /// Adds `k` times `o`, kind by kind.
-    pub fn add(&mut self, o: &PerGroup<f64>, k: f64) {
+    pub fn add(&mut self, o: &PerGroup, k: f64) {
         for (a, b) in self.0.iter_mut().zip(&o.0) {
             *a += b * k;
         }
     }
 
     /// The larger of this and `o`, kind by kind.
-    pub fn max(&mut self, o: &PerGroup<f64>) {
+    pub fn max(&mut self, o: &PerGroup) {
         for (a, b) in self.0.iter_mut().zip(&o.0) {
             *a = a.max(*b);
         }

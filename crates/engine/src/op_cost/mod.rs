@@ -57,6 +57,28 @@ pub struct CollectiveCall {
     pub group: CollectiveGroup,
 }
 
+impl CollectiveCall {
+    /// A measured collective: its group of its size, placed as the key says
+    /// ([`GroupGeometry::of_placement`]); `None` for other keys.
+    fn of_key(key: &OpKey) -> Option<CollectiveCall> {
+        let &OpKey::Collective {
+            op,
+            bytes,
+            group_size,
+            placement,
+        } = key
+        else {
+            return None;
+        };
+        Some(CollectiveCall {
+            kind: op,
+            payload_bytes: bytes,
+            group_size,
+            group: CollectiveGroup::Shape(GroupGeometry::of_placement(placement, group_size)),
+        })
+    }
+}
+
 /// One call, as the cost model prices it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Call<'a> {
@@ -179,8 +201,7 @@ impl<'k> Call<'k> {
     /// shape, [`OpKey::work`]); a memory-bound op as its bytes; a collective over a group of
     /// its size placed as it says ([`GroupGeometry::of_placement`]); the host gap as itself.
     /// `None` where no model prices the key: a banded mask (its visited fraction is not in the
-    /// key), a GEMM dtype with no peak, and a wait
-    /// (the schedule's to predict, not a rate's).
+    /// key), a GEMM dtype with no peak, and a wait (the schedule's to predict, not a rate's).
     pub fn of_key<'g>(gpu: &'g GpuProfile, key: &'k OpKey) -> Option<(Rates<'g>, Call<'k>)> {
         let bf16 = || Rates::of_dtype(gpu, parsim_plan::DType::Bf16);
         Some(match key {
@@ -192,14 +213,8 @@ impl<'k> Call<'k> {
                     k: *k,
                 },
             ),
-            OpKey::Attention {
-                kv_len,
-                head_dim,
-                mask,
-                pass,
-                kernel,
-                ..
-            } => {
+            OpKey::Attention { .. } => {
+                let ((kernel, pass, mask, head_dim), kv_len) = key.attention_point()?;
                 // None for a banded mask.
                 let forward_flops = key.attention_forward_flops()?;
                 let flops = match pass {
@@ -208,34 +223,18 @@ impl<'k> Call<'k> {
                 };
                 let call = AttentionCall {
                     flops,
-                    pass: *pass,
-                    len: *kv_len,
-                    causal: *mask == MaskKind::Causal,
-                    head_dim: *head_dim,
+                    pass,
+                    len: kv_len,
+                    causal: mask == MaskKind::Causal,
+                    head_dim,
                     kernel: AttentionKernel::Fused {
-                        measured: Some(kernel.as_str()),
+                        measured: Some(kernel),
                     },
                 };
                 (bf16()?, Call::Attention(call))
             }
             OpKey::Memory { bytes } => (bf16()?, Call::Memory { bytes: *bytes }),
-            OpKey::Collective {
-                op,
-                bytes,
-                group_size,
-                placement,
-            } => {
-                let call = CollectiveCall {
-                    kind: *op,
-                    payload_bytes: *bytes,
-                    group_size: *group_size,
-                    group: CollectiveGroup::Shape(GroupGeometry::of_placement(
-                        *placement,
-                        *group_size,
-                    )),
-                };
-                (bf16()?, Call::Collective(call))
-            }
+            OpKey::Collective { .. } => (bf16()?, Call::Collective(CollectiveCall::of_key(key)?)),
             OpKey::HostGap => (bf16()?, Call::HostGap),
             OpKey::Wait => return None,
         })
