@@ -52,6 +52,7 @@ impl Core {
 
 impl Rates<'_> {
     /// The cost of one call with no network (compute calls only).
+    #[inline]
     fn cost(&self, call: &Call) -> OpCost {
         let model = CostModel {
             rates: *self,

@@ -218,22 +218,22 @@ impl ChunkContents {
         fixed: [Option<&'a T>; 7],
         variants: &'a [T],
     ) -> impl Iterator<Item = (&'a T, u64)> + use<'a, T> {
-        let counts = [
-            self.embedding as u64,
-            self.dense_layers as u64,
-            self.moe_layers as u64,
-            self.output as u64,
-            self.mtp_layers as u64,
-            self.hp_dense_layers as u64,
-            self.hp_moe_layers as u64,
+        let [embedding, dense, moe, output, mtp, dense_hp, moe_hp] = fixed;
+        let items: [(Option<&'a T>, u64); 7] = [
+            (embedding, self.embedding as u64),
+            (dense, self.dense_layers as u64),
+            (moe, self.moe_layers as u64),
+            (output, self.output as u64),
+            (mtp, self.mtp_layers as u64),
+            (dense_hp, self.hp_dense_layers as u64),
+            (moe_hp, self.hp_moe_layers as u64),
         ];
         let variants = variants
             .iter()
             .zip(self.variant_layers)
             .map(|(b, n)| (Some(b), n as u64));
-        fixed
+        items
             .into_iter()
-            .zip(counts)
             .chain(variants)
             .filter_map(|(b, n)| b.filter(|_| n > 0).map(|b| (b, n)))
     }

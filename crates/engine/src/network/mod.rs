@@ -75,6 +75,16 @@ pub struct CollectiveTime {
     pub host_gap_s: f64,
 }
 
+impl CollectiveTime {
+    /// `wire_s` on the wire, nothing else.
+    fn on_wire(wire_s: f64) -> CollectiveTime {
+        CollectiveTime {
+            wire_s,
+            ..CollectiveTime::default()
+        }
+    }
+}
+
 /// The cluster's links as every group kind of one configuration sees them (from the rank
 /// layout): the intra- and inter-node link classes and each kind's geometry.
 #[derive(Debug, Clone)]
@@ -310,35 +320,30 @@ impl Network {
         if let Some(t) = self.table_collective(g, coll, payload, n) {
             return t;
         }
-        let wire = |wire_s: f64| CollectiveTime {
-            wire_s,
-            ..CollectiveTime::default()
-        };
         if let (Some(arch), Some(c)) = (self.nccl, tuned_index(coll)) {
-            let cached = match group {
+            let predicted = match group {
                 CollectiveGroup::Kind(kind) if n == g.size && !self.models.is_empty() => {
-                    Some(self.models[self.model_of[Self::kind_index(kind)]][c].predict(b))
+                    self.models[self.model_of[Self::kind_index(kind)]][c].predict(b)
                 }
-                _ => None,
-            };
-            let predicted = cached.unwrap_or_else(|| {
                 // A sub-group (the two ends of tied embeddings on the pipeline group), or a
                 // shape given outright.
-                let nodes = g.nodes.min(n);
-                let per_node = n.div_ceil(nodes);
-                let key = model_cache::ShapeKey {
-                    arch,
-                    nic_bytes_per_s_bits: self.inter.bandwidth_bytes_per_s.to_bits(),
-                    ranks: n,
-                    per_node,
-                    nodes,
-                };
-                model_cache::with_models(
-                    key,
-                    || nccl_models(arch, &self.inter, TUNED, n, per_node, nodes),
-                    |m| m[c].predict(b),
-                )
-            });
+                _ => {
+                    let nodes = g.nodes.min(n);
+                    let per_node = n.div_ceil(nodes);
+                    let key = model_cache::ShapeKey {
+                        arch,
+                        nic_bytes_per_s_bits: self.inter.bandwidth_bytes_per_s.to_bits(),
+                        ranks: n,
+                        per_node,
+                        nodes,
+                    };
+                    model_cache::with_models(
+                        key,
+                        || nccl_models(arch, &self.inter, TUNED, n, per_node, nodes),
+                        |m| m[c].predict(b),
+                    )
+                }
+            };
             if let Some(p) = predicted {
                 return CollectiveTime {
                     wire_s: p.time_s,
@@ -349,7 +354,13 @@ impl Network {
         }
         let link = |l: &Link| l.bandwidth_bytes_per_s * l.efficiency;
         if g.nodes <= 1 || n <= 1 {
-            return wire(ring_s(coll, b, n, link(&self.intra), self.intra.latency_s));
+            return CollectiveTime::on_wire(ring_s(
+                coll,
+                b,
+                n,
+                link(&self.intra),
+                self.intra.latency_s,
+            ));
         }
         if coll == CollectiveKind::AllReduce && g.per_node > 1 {
             let k = g.per_node;
@@ -367,7 +378,7 @@ impl Network {
                 link(&self.inter),
                 self.inter.latency_s,
             );
-            return wire(2.0 * intra + inter);
+            return CollectiveTime::on_wire(2.0 * intra + inter);
         }
         if matches!(
             coll,
@@ -383,9 +394,9 @@ impl Network {
                 link(&self.inter),
                 self.inter.latency_s,
             );
-            return wire(intra + inter);
+            return CollectiveTime::on_wire(intra + inter);
         }
-        wire(ring_s(coll, b, n, link(&self.inter), self.inter.latency_s))
+        CollectiveTime::on_wire(ring_s(coll, b, n, link(&self.inter), self.inter.latency_s))
     }
 }
 

@@ -26,6 +26,7 @@ pub struct OpCost {
 
 impl OpCost {
     /// `device_s` seconds on the device after `overhead_s` of launch.
+    #[inline]
     pub fn new(device_s: f64, overhead_s: f64) -> OpCost {
         OpCost {
             device_s,
@@ -35,6 +36,7 @@ impl OpCost {
     }
 
     /// Device time plus overhead: what the call adds to a step.
+    #[inline]
     pub fn total_s(&self) -> f64 {
         self.device_s + self.overhead_s
     }
@@ -51,6 +53,7 @@ impl OpCost {
 
 impl Add for OpCost {
     type Output = OpCost;
+    #[inline]
     fn add(self, o: OpCost) -> OpCost {
         OpCost {
             device_s: self.device_s + o.device_s,
