@@ -143,7 +143,7 @@ impl CostModel<'_> {
 
     /// One attention call ([`AttentionKernel`] says which rates time it).
     fn attention(&self, a: &AttentionCall) -> OpCost {
-        if a.flops <= 0.0 {
+        if a.flops.is_nan() || a.flops <= 0.0 {
             return OpCost::default();
         }
         let gpu = self.rates.gpu;
