@@ -17,7 +17,7 @@ const GIB: f64 = (1u64 << 30) as f64;
 
 /// nccl-tests' bus bandwidth from a time: algbw x its bus factor.
 fn busbw_gbps(coll: CollectiveKind, bytes: f64, n: u32, time_s: f64) -> f64 {
-    bytes / time_s * coll.ring_factor(n) / 1e9
+    bytes / time_s * coll.bus_factor(n) / 1e9
 }
 
 /// One published figure against the model: prints the row and returns the relative error.

@@ -3,12 +3,13 @@
 //! never break generation or simulation.
 
 use parsim::schedule::{
-    generate, natural_vpp, simulate, simulate_summaries, simulate_summary, Action, ActionKind,
-    CheckedProgram, Costs, PipelineSummary, Placement, Program, ScheduleError, ScheduleKind,
+    generate, natural_vpp, simulate, simulate_summaries, simulate_summary, ActionKind,
+    CheckedProgram, ComputeAction, Costs, PipelineSummary, Placement, Program, ScheduleError,
+    ScheduleKind,
 };
 use proptest::prelude::*;
 
-fn program(pp: u32, m: u32, ranks: Vec<Vec<Action>>) -> Program {
+fn program(pp: u32, m: u32, ranks: Vec<Vec<ComputeAction>>) -> Program {
     Program {
         kind: ScheduleKind::OneFOneB,
         pp,
@@ -19,8 +20,8 @@ fn program(pp: u32, m: u32, ranks: Vec<Vec<Action>>) -> Program {
     }
 }
 
-fn a(kind: ActionKind, stage: u32, mb: u32) -> Action {
-    Action::new(kind, stage, mb)
+fn a(kind: ActionKind, stage: u32, mb: u32) -> ComputeAction {
+    ComputeAction::new(kind, stage, mb)
 }
 
 #[test]

@@ -8,7 +8,7 @@
 //! cost so that a wrong dependency would show.
 
 use parsim::schedule::{
-    generate, generate_with, simulate, Action, ActionKind, Costs, GenerateOptions, Overlap,
+    generate, generate_with, simulate, ActionKind, ComputeAction, Costs, GenerateOptions, Overlap,
     Program, ScheduleError, ScheduleKind, Simulation,
 };
 use std::collections::HashMap;
@@ -108,7 +108,7 @@ fn check(kind: ScheduleKind, program: &Program, sim: &Simulation, costs: &Costs)
         let mut prev_end = 0.0f64;
         let mut k = 0;
         while k < acts.len() {
-            let a: &Action = &acts[k];
+            let a: &ComputeAction = &acts[k];
             let sp = spans[k];
             let pair = a.overlap == Overlap::First;
             assert!(

@@ -6,7 +6,7 @@
 use super::common::{assert_search_no_slower, est, group_info, resolve, search_recipe, Degrees};
 use parsim::config::{Config, GpuProfile, Layer, Resolved};
 use parsim::layout::{GroupKind, Layout};
-use parsim::model::CollectiveKind;
+use parsim::model::{CollectiveKind, CommKind};
 use parsim::network::nccl::{Algorithm, CollectiveModel, Fabric};
 use parsim::network::Network;
 use serde_json::{json, Value};
@@ -138,7 +138,7 @@ fn nvl72_all_reduce_reproduces_the_published_table() {
             let published = row[1].as_f64().unwrap();
             let p = m.predict(bytes).unwrap();
             assert_eq!(p.algorithm, Algorithm::Nvls, "{bytes}");
-            let busbw = bytes / p.time_s * CollectiveKind::AllReduce.ring_factor(n) / 1e9;
+            let busbw = bytes / p.time_s * CollectiveKind::AllReduce.bus_factor(n) / 1e9;
             let err = busbw / published - 1.0;
             println!(
                 "{bytes:>12} B: model {busbw:7.1} GB/s, published {published:7.1} ({err:+.3})"
@@ -149,7 +149,7 @@ fn nvl72_all_reduce_reproduces_the_published_table() {
     // The plateau by hand: a huge message approaches NVLS's bus bandwidth from below.
     let m = CollectiveModel::new(&Fabric::nvl72(), CollectiveKind::AllReduce, 72, 1);
     let b = 1e15;
-    let busbw = b / m.predict(b).unwrap().time_s * CollectiveKind::AllReduce.ring_factor(72);
+    let busbw = b / m.predict(b).unwrap().time_s * CollectiveKind::AllReduce.bus_factor(72);
     assert!(busbw < 917.6e9 && busbw > 0.99 * 917.6e9, "{busbw}");
 }
 
@@ -192,7 +192,10 @@ fn a_group_inside_one_nvlink_domain_runs_at_nvlink_rates_across_hosts() {
     let (e_rack, e_trays) = (est(rack), est(trays));
     assert!(!group_info(&e_rack, GroupKind::Tp).crosses_nodes);
     assert!(group_info(&e_trays, GroupKind::Tp).crosses_nodes);
-    assert!(e_rack.time.exposed_comm_by_group_s.tp < e_trays.time.exposed_comm_by_group_s.tp);
+    assert!(
+        e_rack.time.exposed_comm_by_group_s[CommKind::Tp]
+            < e_trays.time.exposed_comm_by_group_s[CommKind::Tp]
+    );
 }
 
 /// The node as the domain, said explicitly, changes no figure of the default configuration.

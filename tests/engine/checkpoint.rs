@@ -6,7 +6,7 @@
 
 use super::common::resolve;
 use parsim::estimate::estimate;
-use parsim::planning::run_report;
+use parsim::planning::run_forecast;
 use serde_json::json;
 
 const BYTES_PER_PARAM: u64 = 2 + 4 + 8;
@@ -14,7 +14,7 @@ const BYTES_PER_PARAM: u64 = 2 + 4 + 8;
 fn checkpoint(overlay: serde_json::Value) -> f64 {
     let r = resolve(overlay);
     let e = estimate(&r).expect("estimate");
-    run_report(&r, &e)
+    run_forecast(&r, &e)
         .expect("run")
         .expect("train_tokens set")
         .checkpoint_bytes

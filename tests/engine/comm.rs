@@ -1,9 +1,10 @@
 //! Communication volumes per step per GPU against hand counts.
 
 use super::common::est;
+use parsim::model::{CommKind, PerGroup};
 use serde_json::json;
 
-fn bytes(v: serde_json::Value) -> parsim::estimate::GroupBytesInt {
+fn bytes(v: serde_json::Value) -> PerGroup<u64> {
     est(v).communication.per_step_bytes_per_gpu
 }
 
@@ -16,8 +17,11 @@ fn dp_allreduce_is_two_n_minus_one_over_n_of_the_gradients() {
                          "training": {"seq_length": 1024, "global_batch_size": 8}}),
     );
     let grads = 6_738_415_616f64 * 4.0;
-    assert_eq!(b.dp, (2.0 * 7.0 / 8.0 * grads).round() as u64);
-    assert_eq!(b.tp + b.cp + b.pp + b.ep, 0);
+    assert_eq!(b[CommKind::Dp], (2.0 * 7.0 / 8.0 * grads).round() as u64);
+    assert_eq!(
+        b[CommKind::Tp] + b[CommKind::Cp] + b[CommKind::Pp] + b[CommKind::Ep],
+        0
+    );
 }
 
 #[test]
@@ -29,7 +33,10 @@ fn zero1_sends_reduce_scatter_plus_all_gather() {
                          "training": {"seq_length": 1024, "global_batch_size": 16}}),
     );
     let p = 6_738_415_616f64;
-    assert_eq!(b.dp, (7.0 / 8.0 * (4.0 * p + 2.0 * p)).round() as u64);
+    assert_eq!(
+        b[CommKind::Dp],
+        (7.0 / 8.0 * (4.0 * p + 2.0 * p)).round() as u64
+    );
 }
 
 #[test]
@@ -42,8 +49,8 @@ fn sequence_parallel_moves_the_all_reduce_volume_plus_the_backward_regather() {
                "parallel": {"tp": 4, "sp": sp, "zero": 0},
                "training": {"seq_length": 1024, "global_batch_size": 1, "recompute": "none"}})
     };
-    let with = bytes(base(true)).tp as f64;
-    let without = bytes(base(false)).tp as f64;
+    let with = bytes(base(true))[CommKind::Tp] as f64;
+    let without = bytes(base(false))[CommKind::Tp] as f64;
     let (n, h, t) = (1024f64, 4096f64, 4f64);
     let unit = (t - 1.0) / t * n * h * 2.0;
     let regather = (2.0 * 2.0 + 1.0) * unit;
@@ -67,7 +74,7 @@ fn ring_attention_passes_kv_cp_minus_one_times_each_way() {
                          "training": {"seq_length": 8192, "global_batch_size": 1, "recompute": "none"}}),
     );
     let kv = 2 * (8192 / cp) * 8 * 128 * 2;
-    assert_eq!(b.cp, 2 * 3 * (cp - 1) * kv);
+    assert_eq!(b[CommKind::Cp], 2 * 3 * (cp - 1) * kv);
 }
 
 #[test]
@@ -80,5 +87,5 @@ fn expert_all_to_all_moves_top_k_copies() {
                          "training": {"seq_length": 4096, "global_batch_size": 8, "recompute": "none"}}),
     );
     let per_mb = 4.0 * (ep as f64 - 1.0) / ep as f64 * (4096.0 * 2.0 * 4096.0 * 2.0);
-    assert_eq!(b.ep, per_mb.round() as u64);
+    assert_eq!(b[CommKind::Ep], per_mb.round() as u64);
 }

@@ -12,6 +12,7 @@ use super::common::{group_info, resolve};
 use parsim::config::Resolved;
 use parsim::estimate::estimate;
 use parsim::layout::{GroupKind, Layout};
+use parsim::model::CommKind;
 use parsim::search::{search, Constraint, SearchSpec};
 use serde_json::{json, Value};
 use std::sync::atomic::AtomicBool;
@@ -66,7 +67,7 @@ fn the_qwen3_235b_h100_recipe_estimates_with_ep_above_dp() {
     assert!(ep.crosses_nodes);
     let per_exchange = 2048u64 * 8 * 4096 * 2 * 31 / 32;
     assert_eq!(
-        e.communication.per_step_bytes_per_gpu.ep,
+        e.communication.per_step_bytes_per_gpu[CommKind::Ep],
         per_exchange * 4 * 12 * 128
     );
     assert!(e.time.step_s.is_finite() && e.time.step_s > 0.0);
@@ -163,12 +164,12 @@ fn the_expert_all_to_all_is_priced_by_its_members_domains() {
     assert!(group_info(&e8, GroupKind::Ep).crosses_nodes);
     assert!(!group_info(&e32, GroupKind::Ep).crosses_nodes);
     assert_eq!(
-        e8.communication.per_step_bytes_per_gpu.ep,
-        e32.communication.per_step_bytes_per_gpu.ep
+        e8.communication.per_step_bytes_per_gpu[CommKind::Ep],
+        e32.communication.per_step_bytes_per_gpu[CommKind::Ep]
     );
     let (x8, x32) = (
-        e8.time.exposed_comm_by_group_s.ep,
-        e32.time.exposed_comm_by_group_s.ep,
+        e8.time.exposed_comm_by_group_s[CommKind::Ep],
+        e32.time.exposed_comm_by_group_s[CommKind::Ep],
     );
     eprintln!("exposed expert all-to-all: {x8:.3} s over 4 domains, {x32:.3} s in one");
     assert!(x32 < x8);

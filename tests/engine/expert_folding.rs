@@ -10,7 +10,7 @@ use super::common::{group_info, resolve};
 use parsim::config::Resolved;
 use parsim::estimate::{Estimate, Prepared};
 use parsim::layout::{GroupKind, Layout};
-use parsim::model::CollectiveKind;
+use parsim::model::{CollectiveKind, CommKind};
 use parsim::network::Network;
 use serde_json::json;
 
@@ -88,8 +88,8 @@ fn expert_tp_1_under_tp_8_keeps_the_expert_all_to_all_inside_a_node() {
     assert!(!ep_crosses_nodes(&now));
     assert!(ep_crosses_nodes(&before));
     let (ep_now, ep_before) = (
-        now.time.exposed_comm_by_group_s.ep,
-        before.time.exposed_comm_by_group_s.ep,
+        now.time.exposed_comm_by_group_s[CommKind::Ep],
+        before.time.exposed_comm_by_group_s[CommKind::Ep],
     );
     eprintln!(
         "exposed ep {ep_now:.4} s (was {ep_before:.4} s), step {:.3} s (was {:.3} s)",
@@ -99,8 +99,8 @@ fn expert_tp_1_under_tp_8_keeps_the_expert_all_to_all_inside_a_node() {
     assert!(now.time.step_s < before.time.step_s);
     // Only placement moved: the bytes each GPU sends are the same.
     assert_eq!(
-        now.communication.per_step_bytes_per_gpu.ep,
-        before.communication.per_step_bytes_per_gpu.ep
+        now.communication.per_step_bytes_per_gpu[CommKind::Ep],
+        before.communication.per_step_bytes_per_gpu[CommKind::Ep]
     );
 }
 

@@ -5,6 +5,7 @@
 
 use super::common::{est, group_info};
 use parsim::layout::GroupKind;
+use parsim::model::CommKind;
 use serde_json::{json, Value};
 
 /// 2 MoE layers of 8 experts (top-2, ffn 64, hidden 64), the hottest expert at twice its share,
@@ -35,11 +36,14 @@ fn expert_tp_2_sends_the_gathered_rows_four_times_a_layer() {
     // all-gather and reduce-scatter, backward the mirror), 2 layers, 8 microbatches:
     // 5120 x 4 x 2 x 8 = 327680 bytes a step.
     let e = est(moe(2));
-    assert_eq!(e.communication.per_step_bytes_per_gpu.expert_tp, 327_680);
+    assert_eq!(
+        e.communication.per_step_bytes_per_gpu[CommKind::ExpertTp],
+        327_680
+    );
     let g = group_info(&e, GroupKind::ExpertTp);
     assert_eq!((g.size, g.crosses_nodes), (2, false));
     // Not overlapped: what it sends takes time on the critical path.
-    assert!(e.time.exposed_comm_by_group_s.expert_tp > 0.0);
+    assert!(e.time.exposed_comm_by_group_s[CommKind::ExpertTp] > 0.0);
 }
 
 #[test]
@@ -52,9 +56,22 @@ fn expert_tp_1_sends_nothing_and_moves_no_other_figure() {
     let two = est(moe(2));
     let b1 = one.communication.per_step_bytes_per_gpu;
     let b2 = two.communication.per_step_bytes_per_gpu;
-    assert_eq!(b1.expert_tp, 0);
-    assert_eq!(one.time.exposed_comm_by_group_s.expert_tp, 0.0);
-    assert_eq!((b1.tp, b1.cp, b1.pp, b1.ep), (b2.tp, b2.cp, b2.pp, b2.ep));
+    assert_eq!(b1[CommKind::ExpertTp], 0);
+    assert_eq!(one.time.exposed_comm_by_group_s[CommKind::ExpertTp], 0.0);
+    assert_eq!(
+        (
+            b1[CommKind::Tp],
+            b1[CommKind::Cp],
+            b1[CommKind::Pp],
+            b1[CommKind::Ep]
+        ),
+        (
+            b2[CommKind::Tp],
+            b2[CommKind::Cp],
+            b2[CommKind::Pp],
+            b2[CommKind::Ep]
+        )
+    );
     let g = group_info(&one, GroupKind::ExpertTp);
     assert_eq!(g.size, 1);
 }

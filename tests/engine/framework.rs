@@ -4,6 +4,7 @@
 
 use super::common::{est, resolve};
 use parsim::config::{Config, Layer};
+use parsim::model::CommKind;
 use serde_json::json;
 
 /// Llama-3-70B, TP 8 over 64 H100s, ZeRO stage `zero` under `framework`.
@@ -87,7 +88,7 @@ fn explicit_settings_override_the_framework() {
 /// prefetch at all (bucket 0) exposes the most.
 #[test]
 fn deepspeed_zero3_prefetch_reaches_as_far_as_max_live_allows() {
-    let dp = |v: serde_json::Value| est(v).time.exposed_comm_by_group_s.dp;
+    let dp = |v: serde_json::Value| est(v).time.exposed_comm_by_group_s[CommKind::Dp];
     let megatron = dp(cfg("megatron-core", 3));
     let deepspeed = dp(cfg("deepspeed", 3));
     let mut capped = cfg("deepspeed", 3);

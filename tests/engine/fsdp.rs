@@ -8,6 +8,7 @@ use super::common::{est, resolve};
 use parsim::config::megatron::{import, to_megatron_args};
 use parsim::config::{Config, ConfigError, Fsdp, Layer, Resolved};
 use parsim::estimate::Estimate;
+use parsim::model::CommKind;
 use serde_json::{json, Value};
 
 /// A 2-layer Llama-style model (hidden 64, 4 heads of 16, SwiGLU FFN 256, vocabulary 64,
@@ -280,7 +281,7 @@ fn torch_fsdp2_under_pipelining_gathers_and_reduces_once_a_step() {
     // buffer on the wire, against ZeRO-3's 2m gathers and m reduce-scatters (m = 4).
     let wire =
         |n: u64, gathers: u64, reduces: u64| (3 * (gathers * n * 2 + reduces * n * 4)).div_ceil(4);
-    let dp_bytes = |e: &Estimate| e.communication.per_step_bytes_per_gpu.dp;
+    let dp_bytes = |e: &Estimate| e.communication.per_step_bytes_per_gpu[CommKind::Dp];
     let once = dp_bytes(&e);
     assert!(
         [wire(stage0, 1, 1), wire(stage1, 1, 1)].contains(&once),

@@ -13,6 +13,7 @@
 //!   per-step reduce-scatter of torch FSDP2 under pipelining by hand).
 
 use super::common::est;
+use parsim::model::CommKind;
 use serde_json::{json, Value};
 
 /// Megatron-Core layouts of 126 layers on 16 x v virtual stages, the embedding and loss in
@@ -46,7 +47,7 @@ fn pipeline_sends_are_one_sp_activation_per_chunk_boundary_and_microbatch() {
         let e = est(llama3(vpp as u32, 2048, 1));
         assert_eq!(e.schedule.microbatches, 16);
         assert_eq!(
-            e.communication.per_step_bytes_per_gpu.pp,
+            e.communication.per_step_bytes_per_gpu[CommKind::Pp],
             2 * 16 * vpp * send,
             "vpp {vpp}"
         );
@@ -88,18 +89,13 @@ fn gradient_reduction_runs_once_a_step_after_each_ranks_last_backward() {
             base.time.dp_tail_s
         );
         assert_eq!(
-            other.communication.per_step_bytes_per_gpu.dp,
-            base.communication.per_step_bytes_per_gpu.dp
+            other.communication.per_step_bytes_per_gpu[CommKind::Dp],
+            base.communication.per_step_bytes_per_gpu[CommKind::Dp]
         );
     }
     // ZeRO-2 outside DeepSpeed and torch FSDP2's pipelining is Megatron-FSDP's optim_grads,
     // which reduce-scatters every microbatch: 16 of them, and at 32 microbatches 32.
-    let z2 = |gbs| {
-        est(llama3(4, gbs, 2))
-            .communication
-            .per_step_bytes_per_gpu
-            .dp
-    };
+    let z2 = |gbs| est(llama3(4, gbs, 2)).communication.per_step_bytes_per_gpu[CommKind::Dp];
     let (a, b) = (z2(2048), z2(4096));
     assert!(b > a && b < 2 * a, "{a} {b}");
 }

@@ -7,6 +7,7 @@
 use super::common::{est, resolve};
 use parsim::config::{Config, Layer, PpP2p};
 use parsim::estimate::pipeline;
+use parsim::model::CommKind;
 use serde_json::{json, Value};
 
 /// Llama-3-8B over 4 pipeline stages of 8 GPUs each (TP `tp`) under `framework`.
@@ -102,7 +103,10 @@ fn a_blocking_hop_is_busy_time_at_both_ends() {
         eb.time.step_s,
         eo.time.step_s
     );
-    assert!(eb.time.exposed_comm_by_group_s.pp > eo.time.exposed_comm_by_group_s.pp);
+    assert!(
+        eb.time.exposed_comm_by_group_s[CommKind::Pp]
+            > eo.time.exposed_comm_by_group_s[CommKind::Pp]
+    );
 }
 
 /// With TP and no sequence parallelism both blocking engines split the activation over the

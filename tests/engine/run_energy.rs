@@ -7,7 +7,7 @@
 use super::common::resolve;
 use parsim::config::{GpuProfile, Resolved};
 use parsim::estimate::estimate;
-use parsim::planning::{host_power, run_report, RunReport, Settings};
+use parsim::planning::{host_power, run_forecast, RunForecast, Settings};
 use serde_json::{json, Value};
 
 /// The default PUE: Google's 2023 fleet-wide figure.
@@ -29,15 +29,15 @@ fn run(gpu: &str, n: u32) -> Value {
            "run": {"train_tokens": 1_000_000_000u64, "failure_rate_per_gpu_hour": 0.0}})
 }
 
-fn report(r: &Resolved) -> RunReport {
+fn report(r: &Resolved) -> RunForecast {
     let e = estimate(r).unwrap();
-    run_report(r, &e).unwrap().unwrap()
+    run_forecast(r, &e).unwrap().unwrap()
 }
 
 /// The facility energy in MWh from the run's own wall time, training time and utilisation:
 /// GPUs busy (idle + (TDP - idle) x utilisation) while training and idle while stalled, the
 /// hosts over the whole wall time, all times the PUE.
-fn energy_by_hand(run: &RunReport, gpus: f64, (idle_w, tdp_w): (f64, f64), hosts_w: f64) -> f64 {
+fn energy_by_hand(run: &RunForecast, gpus: f64, (idle_w, tdp_w): (f64, f64), hosts_w: f64) -> f64 {
     let wall_s = run.wall_days * 86_400.0;
     let work_s = run.compute_days * 86_400.0;
     let busy_w = idle_w + (tdp_w - idle_w) * run.gpu_utilization;

@@ -4,7 +4,7 @@
 use super::common::{est, resolve};
 use parsim::config::GpuProfile;
 use parsim::layout::{GroupKind, Layout};
-use parsim::model::CollectiveKind;
+use parsim::model::{CollectiveKind, CommKind};
 use parsim::network::{ring_s, Network};
 use proptest::prelude::*;
 use serde_json::json;
@@ -150,7 +150,7 @@ proptest! {
         let a = est(config(tp, pp, 1, dp, 0, gpn, 8)).time;
         let b = est(config(tp, pp, 1, 2 * dp, 0, gpn, 8)).time;
         let d_step = b.step_s - a.step_s;
-        let d_dp = b.exposed_comm_by_group_s.dp - a.exposed_comm_by_group_s.dp;
+        let d_dp = b.exposed_comm_by_group_s[CommKind::Dp] - a.exposed_comm_by_group_s[CommKind::Dp];
         prop_assert!((d_step - d_dp).abs() <= 1e-9 * a.step_s, "{d_step} vs {d_dp}");
         prop_assert!((b.compute_s - a.compute_s).abs() <= 1e-12 * a.compute_s);
     }

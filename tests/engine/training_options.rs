@@ -5,7 +5,7 @@
 use super::common::{est, resolve};
 use parsim::config::{Config, Layer, Recompute, Resolved};
 use parsim::model::muon::{MuonSums, NS_STEPS};
-use parsim::model::{Ledger, LedgerSummary};
+use parsim::model::{CommKind, Ledger, LedgerSummary};
 use serde_json::{json, Value};
 
 /// A 2-layer dense model (hidden 64, 8 heads of 8 in 4 groups, SwiGLU 128, vocabulary 128,
@@ -210,7 +210,7 @@ fn offloaded_layers_leave_the_gpu_for_the_host() {
     assert_eq!(b.host_offload, 3 * layer);
     assert_eq!(a.host_offload, 0);
     // The copies over PCIe outlast the layers they overlap: exposed, so the step is slower.
-    assert!(on.time.exposed_comm_by_group_s.host > 0.0);
+    assert!(on.time.exposed_comm_by_group_s[CommKind::Host] > 0.0);
     assert!(on.time.step_s > off.time.step_s);
 }
 
@@ -272,7 +272,7 @@ fn megatron_flags_carry_the_settings_and_refuse_the_rest() {
 
 #[test]
 fn the_executor_refuses_what_it_does_not_run() {
-    use parsim::lower::{lower, LowerOptions, PlanError};
+    use parsim::lower::{lower, LowerError, LowerOptions};
     for (training, field) in [
         (json!({"optimizer": "muon"}), "training.optimizer"),
         (
@@ -292,7 +292,7 @@ fn the_executor_refuses_what_it_does_not_run() {
         });
         let r = resolve(c);
         match lower(&r, &LowerOptions::default()) {
-            Err(PlanError::Unsupported { field: f, .. }) => assert_eq!(f, field),
+            Err(LowerError::Unsupported { field: f, .. }) => assert_eq!(f, field),
             other => panic!("{field}: {:?}", other.map(|_| ())),
         }
     }

@@ -6,7 +6,9 @@
 use super::common::{est, resolve};
 use parsim::dp_calls::microbatch_calls;
 use parsim::layout::Layout;
-use parsim::model::{chunks_per_rank, Collective, CollectiveKind, Ledger, LedgerSummary, Phase};
+use parsim::model::{
+    chunks_per_rank, Collective, CollectiveKind, CommKind, Ledger, LedgerSummary, Phase,
+};
 use parsim::network::Network;
 use serde_json::{json, Value};
 
@@ -192,7 +194,7 @@ fn dp_time_is_the_sum_of_each_calls_nccl_time() {
         assert!(gathers > 0.0 && reduce > 0.0);
         let e = est(v);
         let want = r.microbatches as f64 * (gathers + reduce);
-        let got = e.time.exposed_comm_by_group_s.dp;
+        let got = e.time.exposed_comm_by_group_s[CommKind::Dp];
         assert!((got - want).abs() <= 1e-12 * want, "{got} vs {want}");
     }
 }

@@ -6,6 +6,7 @@ use super::common::{config, plan, Mix};
 use super::moe::{moe_config, BASE};
 use parsim::config::{Config, Layer, Resolved};
 use parsim::lower::{lower, LowerOptions};
+use parsim::model::CommKind;
 use parsim_executor::runner::{run_cpu, RunOptions};
 use parsim_executor::trace::Clock;
 use parsim_plan::plan::{Action, Plan};
@@ -469,7 +470,7 @@ fn timeline_records_cp_all_gather_and_ulysses_all_to_all() {
 /// the engine's balanced router exactly), fp32, 4 MoE layers, 2 microbatches a rank: each
 /// rank's traced all-gathers and reduce-scatters over its expert-TP group (their whole buffer:
 /// a gather's output, a reduce-scatter's input), times the ring's (n - 1)/n = 1/2, equal the
-/// estimate's `communication.per_step_bytes_per_gpu.expert_tp` for the same configuration.
+/// estimate's `communication.per_step_bytes_per_gpu[CommKind::ExpertTp]` for the same configuration.
 #[test]
 fn the_engines_expert_tp_bytes_are_what_the_executor_sends() {
     let m = super::moe::Moe {
@@ -483,8 +484,7 @@ fn the_engines_expert_tp_bytes_are_what_the_executor_sends() {
     let predicted = parsim::estimate::estimate(&super::common::resolve(v.clone()))
         .expect("estimates")
         .communication
-        .per_step_bytes_per_gpu
-        .expert_tp;
+        .per_step_bytes_per_gpu[CommKind::ExpertTp];
     // By hand: 32 tokens x top-2 = 64 rows received a rank, 128 gathered over 2 members of
     // h 64 fp32 = 32768 bytes, half on the wire, 4 calls x 4 layers x 2 microbatches.
     assert_eq!(predicted, 32768 / 2 * 4 * 4 * 2);

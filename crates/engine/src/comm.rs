@@ -5,8 +5,7 @@
 use crate::config::Resolved;
 use crate::layout::GroupKind;
 use crate::model::{
-    rank_params, ChunkContents, Collective, CollectiveKind, GroupBytes, Ledger, LedgerSummary,
-    Phase,
+    rank_params, ChunkContents, Collective, CollectiveKind, Ledger, LedgerSummary, PerGroup, Phase,
 };
 
 fn coll(kind: CollectiveKind, group: GroupKind, size: u32, payload: u64, count: u32) -> Collective {
@@ -211,9 +210,9 @@ pub fn rank_step_bytes(
     l: &Ledger,
     chunks: &[ChunkContents],
     step: &[StepCollective],
-) -> GroupBytes {
+) -> PerGroup {
     let m = r.microbatches;
-    let mut g = GroupBytes::default();
+    let mut g = PerGroup::default();
     for c in chunks {
         for (b, n) in c.blocks(s) {
             g.add(&b.comm, (n * m as u64) as f64);
@@ -225,7 +224,7 @@ pub fn rank_step_bytes(
     let last = r.placement.num_stages() - 1;
     for c in chunks {
         let sends = (c.stage != last) as u32 + (c.stage != 0) as u32;
-        g.pp += boundary * (sends * m) as f64;
+        g.add_group(GroupKind::Pp, boundary * (sends * m) as f64);
     }
     for sc in step {
         g.add_group(sc.coll.group, sc.coll.wire_bytes());
@@ -237,7 +236,7 @@ pub fn rank_step_bytes(
 mod tests {
     use super::*;
     use crate::config::{Config, Layer};
-    use crate::model::chunks_per_rank;
+    use crate::model::{chunks_per_rank, CommKind};
 
     fn resolved(v: serde_json::Value) -> Resolved {
         Resolved::new(Config::from_layers(&[Layer::overrides(v)]).expect("loads")).expect("valid")
@@ -301,9 +300,15 @@ mod tests {
             let with = rank_step_bytes(&r, &s, &l, &ch, &step);
             let without = rank_step_bytes(&r, &s, &l, &ch, &[]);
             let dp: f64 = step[..2].iter().map(|c| c.coll.wire_bytes()).sum();
-            assert_eq!(with.dp - without.dp, dp);
-            assert_eq!(with.pp - without.pp, step[2].coll.wire_bytes());
-            assert_eq!(with.tp - without.tp, step[3].coll.wire_bytes());
+            assert_eq!(with[CommKind::Dp] - without[CommKind::Dp], dp);
+            assert_eq!(
+                with[CommKind::Pp] - without[CommKind::Pp],
+                step[2].coll.wire_bytes()
+            );
+            assert_eq!(
+                with[CommKind::Tp] - without[CommKind::Tp],
+                step[3].coll.wire_bytes()
+            );
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod memory;
 pub mod model;
 pub mod network;
 pub mod offload;
+pub mod op_cost;
 pub mod planning;
 pub mod report;
 pub mod scaling;

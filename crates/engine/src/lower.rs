@@ -20,7 +20,7 @@ use parsim_plan::Groups;
 
 /// Why a configuration cannot be executed (yet).
 #[derive(Debug, thiserror::Error)]
-pub enum PlanError {
+pub enum LowerError {
     #[error("{field}: {message}")]
     Unsupported {
         field: &'static str,
@@ -55,7 +55,7 @@ impl Default for LowerOptions {
 
 /// The training settings the estimate models but the executor does not run: it steps with
 /// Adam, keeps every saved tensor on the GPU, and recomputes the attention core only.
-fn check_training(t: &crate::config::TrainingConfig) -> Result<(), PlanError> {
+fn check_training(t: &crate::config::TrainingConfig) -> Result<(), LowerError> {
     if t.optimizer != crate::config::Optimizer::Adam {
         return Err(unsupported(
             "training.optimizer",
@@ -77,15 +77,15 @@ fn check_training(t: &crate::config::TrainingConfig) -> Result<(), PlanError> {
     Ok(())
 }
 
-fn unsupported(field: &'static str, message: impl Into<String>) -> PlanError {
-    PlanError::Unsupported {
+fn unsupported(field: &'static str, message: impl Into<String>) -> LowerError {
+    LowerError::Unsupported {
         field,
         message: message.into(),
     }
 }
 
 /// Refuses what the executor does not run yet, naming the field.
-fn check(r: &Resolved) -> Result<(), PlanError> {
+fn check(r: &Resolved) -> Result<(), LowerError> {
     let m = &r.config.model;
     let p = &r.config.parallel;
     let t = &r.config.training;
@@ -160,7 +160,7 @@ fn check(r: &Resolved) -> Result<(), PlanError> {
 
 /// Refuses what the executor cannot run of issue 31's layer kinds, naming the field: sinks
 /// need the flash attention's log-sum-exp.
-fn check_layer_kinds(m: &crate::config::ModelConfig, flash: bool) -> Result<(), PlanError> {
+fn check_layer_kinds(m: &crate::config::ModelConfig, flash: bool) -> Result<(), LowerError> {
     if m.attention_sinks && !flash {
         return Err(unsupported(
             "training.flash_attention",
@@ -172,7 +172,7 @@ fn check_layer_kinds(m: &crate::config::ModelConfig, flash: bool) -> Result<(), 
 
 /// Refuses what the executor does not run in a hybrid model, naming the field: LoRA (the
 /// engine has no adapter targets in the Mamba-2 mixer), linear biases and MLA.
-fn check_hybrid(r: &Resolved) -> Result<(), PlanError> {
+fn check_hybrid(r: &Resolved) -> Result<(), LowerError> {
     let m = &r.config.model;
     if m.hybrid_layer_pattern.is_none() {
         return Ok(());
@@ -198,7 +198,7 @@ fn check_hybrid(r: &Resolved) -> Result<(), PlanError> {
 }
 
 /// Refuses the mixture-of-experts features the executor does not run, naming the field.
-fn check_moe(r: &Resolved) -> Result<(), PlanError> {
+fn check_moe(r: &Resolved) -> Result<(), LowerError> {
     let m = &r.config.model;
     let p = &r.config.parallel;
     if !m.is_moe() {
@@ -477,7 +477,7 @@ fn parallelism(r: &Resolved) -> Parallelism {
 }
 
 /// The Plan of a resolved configuration.
-pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, PlanError> {
+pub fn lower(r: &Resolved, o: &LowerOptions) -> Result<Plan, LowerError> {
     check(r)?;
     let p = &r.config.parallel;
     // MoE Parallel Folding's expert grid for an MoE model ([`Layout::of`]); a dense model has

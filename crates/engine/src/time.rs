@@ -1,173 +1,105 @@
-//! The time model: compute time per op from the ledger (GEMMs by a roofline with wave
-//! quantisation, attention at a fused-kernel efficiency, memory-bound ops by bytes over HBM
-//! bandwidth), communication exposed per the overlap switches, per-stage durations for the
-//! schedule simulator, and the step's breakdown.
+//! The time model: each ledger op's calls (its GEMMs, attention kernel calls, memory-bound
+//! kernels, collectives), priced by the one op-cost function ([`crate::op_cost`]); the
+//! communication each op leaves exposed per the overlap switches; per-stage durations for the
+//! schedule simulator; and the step's breakdown.
 //!
 //! Efficiency is data (STYLE.md, Calculon): every constant lives in the GPU profile, where
 //! calibration fits it. Where the profile's measured tables (`[tables]`, config/tables.rs)
 //! cover an op, they time it instead; [`TableCoverage`] counts the ops they leave out.
 
 use crate::config::tables::RateTables;
-use crate::config::{CpComm, GpuProfile, Recompute};
+use crate::config::{CpComm, Recompute};
 use crate::layout::GroupKind;
-use crate::model::{Block, BlockTimes, GroupSeconds, Op, OpKind, Phase, TensorRole};
-use crate::network::Network;
-use parsim_plan::dtype::DType;
+use crate::model::{Block, BlockTimes, Op, OpKind, PerGroup, Phase, TensorRole};
+use crate::network::{CollectiveGroup, Network};
+use crate::op_cost::{AttentionCall, AttentionKernel, Call, CollectiveCall, CostModel, OpCost};
 use parsim_plan::op_timing::{MaskKind, Pass};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
-/// Reduction depth of one k-loop iteration of a tensor-core GEMM tile (a 64-deep slice of
-/// bf16 operands), the unit stream-K scheduling shares out.
-const STREAM_K_ITERATION_DEPTH: u64 = 64;
+pub use crate::op_cost::Rates;
 
-/// The rates one op runs at: matmul peak for its dtype and the profile's efficiencies.
+/// An attention core's shape, read off its ledger op.
 #[derive(Debug, Clone, Copy)]
-pub struct Rates<'a> {
-    pub gpu: &'a GpuProfile,
-    /// Dense peak FLOP/s for the training dtype.
-    pub peak_flops: f64,
-    /// Bytes of one GEMM operand element.
-    pub element_bytes: u64,
-    /// Fraction of `peak_flops` a large, well-shaped GEMM of the training dtype reaches
-    /// ([`GpuProfile::matmul_efficiency_for`]).
-    pub matmul_efficiency: f64,
+struct Core {
+    seq_len: u64,
+    causal: bool,
+    fused: bool,
+    head_dim: u64,
+    ring: Option<crate::model::RingCalls>,
 }
 
-impl Rates<'_> {
-    /// Seconds for an [m x k] . [k x n] GEMM: the slower of compute (at `efficiency.matmul`,
-    /// divided by the wave-quantisation efficiency of its output tiles) and memory (operands
-    /// and result over HBM), plus the kernel overhead.
-    pub fn gemm_s(&self, m: u64, n: u64, k: u64) -> f64 {
-        if m == 0 || n == 0 || k == 0 {
-            return 0.0;
-        }
-        if let Some(s) = self.table_gemm_s(m, n, k) {
-            return s;
-        }
-        let wave_efficiency = self.wave_efficiency(self.output_tiles(m, n), k);
-        let flops = 2.0 * m as f64 * n as f64 * k as f64;
-        let e = &self.gpu.efficiency;
-        let compute = flops / (self.peak_flops * self.matmul_efficiency * wave_efficiency);
-        let bytes = (m * k + k * n + m * n) as f64 * self.element_bytes as f64;
-        let memory = bytes / (self.gpu.hbm_bytes_per_s * e.memory_bound);
-        compute.max(memory) + e.kernel_overhead_s
-    }
-
-    /// The GEMM dtype a measured table is keyed by: f32 for 4-byte operands, bf16 for 2-byte
-    /// ones at the bf16 peak; `None` (no table) for FP8 and FP4 recipes.
-    fn table_dtype(&self) -> Option<(DType, f64)> {
-        let peak = &self.gpu.peak_flops;
-        match self.element_bytes {
-            4 => Some((DType::F32, peak.fp32)),
-            2 if self.peak_flops == peak.bf16 => Some((DType::Bf16, peak.bf16)),
+impl Core {
+    fn of(op: &Op) -> Option<Core> {
+        match op.kind {
+            OpKind::Attention {
+                seq_len,
+                causal,
+                fused,
+                head_dim,
+                ring,
+            } => Some(Core {
+                seq_len,
+                causal,
+                fused,
+                head_dim,
+                ring,
+            }),
             _ => None,
         }
     }
+}
 
-    /// Seconds of an [m x k] . [k x n] GEMM at its measured bucket's efficiency of the dtype's
-    /// peak, plus the measured host gap, when the profile's GEMM table covers it.
-    fn table_gemm_s(&self, m: u64, n: u64, k: u64) -> Option<f64> {
-        let (dtype, peak) = self.table_dtype()?;
-        let t = &self.gpu.tables;
-        let e = t.gemm_efficiency(dtype, m, n, k)?;
-        Some(2.0 * m as f64 * n as f64 * k as f64 / (peak * e) + t.host_gap_s())
-    }
-
-    /// Output tiles of an [m x n] GEMM result.
-    fn output_tiles(&self, m: u64, n: u64) -> u64 {
-        let g = &self.gpu.gemm;
-        m.div_ceil(g.tile_m.max(1) as u64) * n.div_ceil(g.tile_n.max(1) as u64)
-    }
-
-    /// Fraction of the SMs' time doing work when `tiles` output tiles of reduction depth `k`
-    /// run in waves of one tile per SM: a last, partial wave costs a full one. With stream-K
-    /// scheduling (`gemm.stream_k`; Osama et al. 2023, "Stream-K: Work-centric Parallel
-    /// Decomposition for Dense Matrix-Matrix Multiplication on the GPU") the SMs share the
-    /// tiles' k-loop iterations instead, so only the last round of iterations is partial.
-    fn wave_efficiency(&self, tiles: u64, k: u64) -> f64 {
-        let sms = self.gpu.gemm.sms.max(1) as u64;
-        let work = if self.gpu.gemm.stream_k {
-            tiles.saturating_mul(k.div_ceil(STREAM_K_ITERATION_DEPTH).max(1))
-        } else {
-            tiles
+impl Rates<'_> {
+    /// The cost of one call with no network (compute calls only).
+    #[inline]
+    fn cost(&self, call: &Call) -> OpCost {
+        let model = CostModel {
+            rates: *self,
+            network: None,
         };
-        let rounds = work.div_ceil(sms).max(1);
-        work as f64 / (rounds as f64 * sms as f64)
+        model.cost(call).unwrap_or_default()
     }
 
-    /// Compute seconds of `batch` independent [m x k] . [k x n] GEMMs in one batched call
-    /// (cuBLAS's strided-batched GEMM, as an unfused attention core runs QK^T and PV): the
-    /// batch's output tiles share the waves, each GEMM runs at `efficiency.matmul`, and at most
-    /// at the bf16 rate (FP8 recipes cast the linear layers, not the attention core). The HBM
-    /// traffic of the s x s operands is the caller's to add ([`Self::unfused_attention_bytes`]).
-    pub fn batched_gemm_compute_s(&self, batch: f64, m: u64, n: u64, k: u64) -> f64 {
-        if batch.is_nan() || batch <= 0.0 || m == 0 || n == 0 || k == 0 {
-            return 0.0;
-        }
-        let tiles = (batch.ceil() as u64).saturating_mul(self.output_tiles(m, n));
-        let flops = batch * 2.0 * m as f64 * n as f64 * k as f64;
-        let e = &self.gpu.efficiency;
-        let peak = self.peak_flops.min(self.gpu.peak_flops.bf16);
-        flops / (peak * e.matmul * self.wave_efficiency(tiles, k)) + e.kernel_overhead_s
+    /// Seconds for an [m x k] . [k x n] GEMM (its measured bucket where the profile's table
+    /// covers it, else the roofline with wave quantisation), with its launch.
+    pub fn gemm_s(&self, m: u64, n: u64, k: u64) -> f64 {
+        self.cost(&Call::Gemm { m, n, k }).total_s()
     }
 
-    /// Seconds of an unfused attention core's (forward, backward) GEMMs, from first
-    /// principles instead of a fitted attention efficiency: per head, forward QK^T
-    /// ([s x d] . [d x s]) and PV ([s x s] . [s x d]); backward dP = dO V^T (s x s x d) and
-    /// dV = P^T dO, dQ = dS K, dK = dS^T Q (s x d x s each). The heads x micro batch count is
-    /// the forward's FLOPs over one head's 4 s^2 d.
-    pub fn unfused_core_s(&self, seq_len: u64, head_dim: u64, forward_flops: f64) -> (f64, f64) {
-        let (s, d) = (seq_len.max(1), head_dim.max(1));
-        let heads = forward_flops / (4.0 * s as f64 * s as f64 * d as f64);
-        let scores = self.batched_gemm_compute_s(heads, s, s, d);
-        let by_v = self.batched_gemm_compute_s(heads, s, d, s);
-        (scores + by_v, scores + 3.0 * by_v)
-    }
-
-    /// Seconds to stream `bytes` through HBM once, plus the kernel overhead.
+    /// Seconds to stream `bytes` through HBM once, with the launch.
     pub fn memory_s(&self, bytes: u64) -> f64 {
-        if bytes == 0 {
-            return 0.0;
-        }
-        let t = &self.gpu.tables;
-        if let Some(rate) = t.memory_bytes_per_s(bytes) {
-            return bytes as f64 / rate + t.host_gap_s();
-        }
-        let e = &self.gpu.efficiency;
-        bytes as f64 / (self.gpu.hbm_bytes_per_s * e.memory_bound) + e.kernel_overhead_s
+        self.cost(&Call::Memory { bytes }).total_s()
     }
 
-    /// Seconds of attention-core FLOPs at the fused kernel's efficiency. The core runs at
-    /// most at the bf16 rate: FP8 training (Transformer Engine's recipe) casts the linear
-    /// layers' GEMMs, not the attention kernel.
+    /// Seconds of attention-core FLOPs at the fused kernel's efficiency, with the launch; 0
+    /// for no FLOPs. The core runs at most at the bf16 rate: FP8 training (Transformer
+    /// Engine's recipe) casts the linear layers' GEMMs, not the attention kernel.
     pub fn attention_s(&self, flops: f64) -> f64 {
         if flops <= 0.0 {
             return 0.0;
         }
-        let e = &self.gpu.efficiency;
-        let peak = self.peak_flops.min(self.gpu.peak_flops.bf16);
-        flops / (peak * e.attention) + e.kernel_overhead_s
+        self.attention_efficiency(flops).total_s()
     }
 
-    /// Seconds of the attention core's (forward, backward) FLOPs. A fused core on a GPU whose
-    /// profile names a published kernel runs at that kernel's measured rate for its sequence
-    /// length, head dimension and mask (src/attention_rates.rs; FlashAttention-3 Figures 5 and 6 on
-    /// H100, FlashAttention-2 Figure 4 on A100): the backward's
-    /// rate is quoted for 2.5 forward FLOPs, so its time is 2.5 x forward FLOPs over it.
-    /// An unfused core runs its batched GEMMs ([`Self::unfused_core_s`]). Otherwise both
-    /// run at `efficiency.attention`. A ring core is one call per KV block
-    /// ([`Self::ring_calls_s`]).
+    /// Seconds of the attention core's (forward, backward) FLOPs. A fused core whose both
+    /// passes the profile's measured curves cover runs at them, as one call. Else a fused core
+    /// on a GPU whose profile names a published kernel runs at that kernel's measured rate for
+    /// its sequence length, head dimension and mask (src/attention_rates.rs; FlashAttention-3
+    /// Figures 5 and 6 on H100, FlashAttention-2 Figure 4 on A100): the backward's rate is
+    /// quoted for 2.5 forward FLOPs, so its time is 2.5 x forward FLOPs over it. An unfused
+    /// core runs its batched GEMMs ([`Rates::unfused_core_s`]). Otherwise both run at
+    /// `efficiency.attention`. A ring core is one call per KV block ([`Self::ring_calls_s`]).
+    /// Every call is priced by [`CostModel::cost`].
     pub fn attention_pass_s(&self, op: &Op) -> (f64, f64) {
-        if let Some(t) = self.table_attention_s(op) {
+        let Some(core) = Core::of(op) else {
+            return (0.0, 0.0);
+        };
+        if let Some(t) = self.table_attention_s(op, &core) {
             return t;
         }
-        let (diag, other) = self.ring_calls_s(op);
-        let ring = match op.kind {
-            OpKind::Attention { ring, .. } => ring,
-            _ => None,
-        };
-        match ring {
+        let (diag, other) = self.ring_calls_s(op, &core);
+        match core.ring {
             Some(r) => {
                 let others = f64::from(r.blocks.saturating_sub(1));
                 (diag.0 + others * other.0, diag.1 + others * other.1)
@@ -176,137 +108,114 @@ impl Rates<'_> {
         }
     }
 
+    /// The (forward, backward) seconds of the attention calls of `share` of the core's FLOPs,
+    /// `len` long, masked or not, by `kernel`.
+    fn core_calls_s(
+        &self,
+        op: &Op,
+        core: &Core,
+        (share, len, causal): (f64, u64, bool),
+        kernel: AttentionKernel,
+    ) -> (f64, f64) {
+        let f = &op.rank_flops;
+        let call = |flops: f64, pass: Pass| {
+            let call = AttentionCall {
+                flops,
+                pass,
+                len,
+                causal,
+                head_dim: core.head_dim,
+                kernel,
+            };
+            self.cost(&Call::Attention(call)).total_s()
+        };
+        (
+            call(share * f.fwd, Pass::Forward),
+            call(share * f.dgrad, Pass::Backward),
+        )
+    }
+
     /// The attention core's (forward, backward) seconds of one kernel call: for a ring
     /// ([`crate::model::RingCalls`]), the diagonal call and one off-diagonal call (each with
     /// its launch; the zigzag layout's off-diagonal calls are half blocks, timed at the rate
     /// of their s/2cp length); else the whole core, as both.
-    fn ring_calls_s(&self, op: &Op) -> ((f64, f64), (f64, f64)) {
-        let f = &op.rank_flops;
-        let OpKind::Attention {
-            seq_len,
-            causal,
-            fused,
-            head_dim,
-            ring,
-        } = op.kind
-        else {
-            let t = (self.attention_s(f.fwd), self.attention_s(f.dgrad));
-            return (t, t);
-        };
+    fn ring_calls_s(&self, op: &Op, core: &Core) -> ((f64, f64), (f64, f64)) {
         // (FLOP share, call length, mask) of the diagonal and of each other call.
-        let (diag, other) = match ring {
+        let (diag, other) = match core.ring {
             Some(r) => {
                 let (d, o) = r.flop_shares();
-                let len = if r.zigzag { seq_len / 2 } else { seq_len };
-                ((d, seq_len, true), (o, len.max(1), causal))
-            }
-            None => ((1.0, seq_len, causal), (1.0, seq_len, causal)),
-        };
-        let kernel = match &self.gpu.attention_kernel {
-            Some(name) if fused => crate::attention_rates::attention_kernel(name),
-            _ => None,
-        };
-        let overhead = self.gpu.efficiency.kernel_overhead_s;
-        let call = |(share, len, masked): (f64, u64, bool)| -> (f64, f64) {
-            let Some(k) = kernel else {
-                if !fused && f.fwd > 0.0 {
-                    return self.unfused_core_s(len, head_dim, share * f.fwd);
-                }
-                return (
-                    self.attention_s(share * f.fwd),
-                    self.attention_s(share * f.dgrad),
-                );
-            };
-            let timed = |flops: f64, rate: f64| {
-                if flops > 0.0 {
-                    flops / rate + overhead
+                let len = if r.zigzag {
+                    core.seq_len / 2
                 } else {
-                    0.0
-                }
-            };
-            (
-                timed(share * f.fwd, k.forward_flops_per_s(len, masked, head_dim)),
-                // The ledger counts the backward as 2 forward FLOPs (dgrad = 2 x fwd).
-                timed(
-                    share * f.dgrad / 2.0
-                        * crate::attention_rates::PAPER_BACKWARD_FLOPS_PER_FORWARD,
-                    k.backward_flops_per_s(len, masked, head_dim),
-                ),
-            )
+                    core.seq_len
+                };
+                ((d, core.seq_len, true), (o, len.max(1), core.causal))
+            }
+            None => {
+                let whole = (1.0, core.seq_len, core.causal);
+                (whole, whole)
+            }
         };
-        (call(diag), call(other))
+        let kernel = if core.fused {
+            AttentionKernel::Fused { measured: None }
+        } else {
+            AttentionKernel::Unfused
+        };
+        (
+            self.core_calls_s(op, core, diag, kernel),
+            self.core_calls_s(op, core, other, kernel),
+        )
     }
 
     /// A ring core's (diagonal, off-diagonal) call seconds in `phase` (forward; backward is
     /// input gradient), for the exchange's overlap: `None` when the core is not a ring or
     /// measured tables time it (their single figure is not split by call).
     pub fn ring_block_s(&self, op: &Op, phase: Phase) -> Option<(f64, f64)> {
-        let OpKind::Attention { ring: Some(_), .. } = op.kind else {
-            return None;
-        };
-        if self.table_attention_s(op).is_some() {
+        let core = Core::of(op).filter(|c| c.ring.is_some())?;
+        if self.table_attention_rates(op).is_some() {
             return None;
         }
-        let (diag, other) = self.ring_calls_s(op);
+        let (diag, other) = self.ring_calls_s(op, &core);
         Some(match phase {
             Phase::Forward => (diag.0, other.0),
             Phase::Backward => (diag.1, other.1),
         })
     }
 
-    /// The (forward, backward) rates of a fused core in the selected kernel implementation's
-    /// measured curves (`tables.attention_kernel`), when both passes' curves cover its
-    /// sequence length at its mask and head dimension.
-    fn table_attention_rates(&self, op: &Op) -> Option<(f64, f64)> {
-        let OpKind::Attention {
-            seq_len,
-            causal,
-            fused: true,
-            head_dim,
-            ..
-        } = op.kind
-        else {
-            return None;
-        };
+    /// The implementation whose measured curves (`tables.attention_kernel`) cover both passes
+    /// of a fused core at its sequence length, mask and head dimension.
+    fn table_attention_rates(&self, op: &Op) -> Option<&str> {
+        let core = Core::of(op).filter(|c| c.fused)?;
         let t = &self.gpu.tables;
         let kernel = t.attention_kernel.as_deref()?;
-        let mask = if causal {
+        let mask = if core.causal {
             MaskKind::Causal
         } else {
             MaskKind::Full
         };
-        let rate = |pass| t.attention_flops_per_s(kernel, pass, mask, head_dim, seq_len);
-        Some((rate(Pass::Forward)?, rate(Pass::Backward)?))
+        let covers = |pass| {
+            t.attention_flops_per_s(kernel, pass, mask, core.head_dim, core.seq_len)
+                .is_some()
+        };
+        (covers(Pass::Forward) && covers(Pass::Backward)).then_some(kernel)
     }
 
-    /// [`Self::attention_pass_s`] from the measured curves ([`Self::table_attention_rates`]),
-    /// FLOPs as the published path counts them, plus the measured host gap per pass.
-    fn table_attention_s(&self, op: &Op) -> Option<(f64, f64)> {
-        let (fwd_rate, bwd_rate) = self.table_attention_rates(op)?;
-        let f = &op.rank_flops;
-        let gap = self.gpu.tables.host_gap_s();
-        let timed = |flops: f64, rate: f64| {
-            if flops > 0.0 {
-                flops / rate + gap
-            } else {
-                0.0
-            }
+    /// [`Self::attention_pass_s`] from the measured curves ([`Self::table_attention_rates`]):
+    /// the whole core as one call.
+    fn table_attention_s(&self, op: &Op, core: &Core) -> Option<(f64, f64)> {
+        let measured = self.table_attention_rates(op)?;
+        let whole = (1.0, core.seq_len, core.causal);
+        let kernel = AttentionKernel::Fused {
+            measured: Some(measured),
         };
-        Some((
-            timed(f.fwd, fwd_rate),
-            timed(
-                f.dgrad / 2.0 * crate::attention_rates::PAPER_BACKWARD_FLOPS_PER_FORWARD,
-                bwd_rate,
-            ),
-        ))
+        Some(self.core_calls_s(op, core, whole, kernel))
     }
 
     /// Whether the profile's tables time `op`'s compute: every GEMM of a matmul (forward and
     /// both gradients), both passes of a fused attention core, a memory-bound op's forward
     /// and backward bytes. `None` for ops no table times (an unfused core, untimed casts).
     pub fn table_covers(&self, op: &Op) -> Option<(&'static str, bool)> {
-        let t = &self.gpu.tables;
-        let mem = |b: u64| b == 0 || t.memory_bytes_per_s(b).is_some();
+        let mem = |b: u64| b == 0 || self.table_memory(b).is_some();
         match op.kind {
             OpKind::Matmul { m, n, k } => {
                 let f = &op.rank_flops;
@@ -320,7 +229,7 @@ impl Rates<'_> {
                     passes
                         .iter()
                         .filter(|(flops, _)| *flops > 0.0)
-                        .all(|&(_, (a, b, c))| self.table_gemm_s(a, b, c).is_some()),
+                        .all(|&(_, (a, b, c))| self.table_gemm(a, b, c).is_some()),
                 ))
             }
             OpKind::Attention { fused: true, .. } => {
@@ -472,6 +381,10 @@ pub fn block_times(
     step_sync: Option<GroupKind>,
 ) -> BlockTimes {
     let mut t = BlockTimes::default();
+    let model = CostModel {
+        rates: *rates,
+        network: Some(network),
+    };
     // The first synchronising collective of each pass: where the block's members wait for
     // each other ([`crate::config::gpu::Efficiency::sync_skew`]).
     let mut sync: [Option<GroupKind>; 2] = [None, None];
@@ -494,8 +407,14 @@ pub fn block_times(
                 let pass = usize::from(c.phase == Phase::Backward);
                 sync[pass].get_or_insert(c.group);
             }
-            let (total_s, pipeline_s) =
-                network.collective_parts_s(c.group, c.kind, c.payload_bytes, c.group_size);
+            let call = Call::Collective(CollectiveCall {
+                kind: c.kind,
+                payload_bytes: c.payload_bytes,
+                group_size: c.group_size,
+                group: CollectiveGroup::Kind(c.group),
+            });
+            let cost = model.cost(&call).unwrap_or_default();
+            let (total_s, pipeline_s) = (cost.total_s(), cost.pipeline_s);
             // Overlapped TP transfers run through Megatron-Core's userbuffers (copy engines),
             // not NCCL's chunk pipeline.
             let tp_userbuffers = c.group == GroupKind::Tp && overlaps.tp_comm;
@@ -581,7 +500,7 @@ pub struct StepTime {
     /// Exposed communication per group; `dp` includes the DP tail, `ep` is the exposed expert
     /// all-to-all, `pp` holds only the members' waiting at the pipeline hand-offs
     /// (`efficiency.sync_skew`; pipeline transfers on the critical path are `pp_wait_s`).
-    pub exposed_comm_by_group_s: GroupSeconds,
+    pub exposed_comm_by_group_s: PerGroup,
     /// Idle time of the critical rank in the simulated schedule: the sum of the next three.
     pub bubble_s: f64,
     /// The schedule's own fill and drain: the idle time of the same schedule with every stage
@@ -703,6 +622,8 @@ impl TableCoverage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::GpuProfile;
+    use crate::model::CommKind;
 
     fn rates(gpu: &GpuProfile) -> Rates<'_> {
         Rates {
@@ -772,16 +693,25 @@ mod tests {
         gpu.efficiency.sync_skew = 0.1;
         let t = times(&gpu, &synced, Some(GroupKind::Dp));
         let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1e-30);
-        assert!(close(t.exposed_fwd.tp - base.exposed_fwd.tp, 0.1 * t.fwd_s));
         assert!(close(
-            t.exposed_bwd.cp - base.exposed_bwd.cp,
+            t.exposed_fwd[CommKind::Tp] - base.exposed_fwd[CommKind::Tp],
+            0.1 * t.fwd_s
+        ));
+        assert!(close(
+            t.exposed_bwd[CommKind::Cp] - base.exposed_bwd[CommKind::Cp],
             0.1 * (t.dgrad_s + t.wgrad_s)
         ));
-        assert_eq!((t.exposed_fwd.dp, t.exposed_bwd.dp), (0.0, 0.0));
+        assert_eq!(
+            (t.exposed_fwd[CommKind::Dp], t.exposed_bwd[CommKind::Dp]),
+            (0.0, 0.0)
+        );
         // No synchronising collective: the step's group takes it; on one rank nothing does.
         let p = times(&gpu, &plain, Some(GroupKind::Dp));
-        assert!(close(p.exposed_fwd.dp, 0.1 * p.fwd_s) && p.fwd_s > 0.0);
-        assert!(close(p.exposed_bwd.dp, 0.1 * (p.dgrad_s + p.wgrad_s)));
+        assert!(close(p.exposed_fwd[CommKind::Dp], 0.1 * p.fwd_s) && p.fwd_s > 0.0);
+        assert!(close(
+            p.exposed_bwd[CommKind::Dp],
+            0.1 * (p.dgrad_s + p.wgrad_s)
+        ));
         let alone = times(&gpu, &plain, None);
         assert_eq!(alone.exposed_fwd.total() + alone.exposed_bwd.total(), 0.0);
     }
@@ -835,9 +765,12 @@ mod tests {
             .exposed_fwd
         };
         let (open, hidden) = (times(false), times(true));
-        assert!(open.ep > 0.0 && hidden.ep < open.ep, "{open:?} {hidden:?}");
-        assert!(open.expert_tp > 0.0);
-        assert_eq!(hidden.expert_tp, open.expert_tp);
+        assert!(
+            open[CommKind::Ep] > 0.0 && hidden[CommKind::Ep] < open[CommKind::Ep],
+            "{open:?} {hidden:?}"
+        );
+        assert!(open[CommKind::ExpertTp] > 0.0);
+        assert_eq!(hidden[CommKind::ExpertTp], open[CommKind::ExpertTp]);
     }
 
     /// A ring core is one kernel call per KV block (Transformer Engine's context parallelism):

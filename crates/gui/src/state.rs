@@ -67,7 +67,7 @@ pub struct Results {
     pub estimate: Estimate,
     /// The run of `run.train_tokens` tokens (time to train, energy, cost, goodput), when set:
     /// an error names the `[run]` setting at fault.
-    pub run: Option<Result<parsim::planning::RunReport, String>>,
+    pub run: Option<Result<parsim::planning::RunForecast, String>>,
     /// The schedule of this configuration, simulated with the engine's per-stage costs; an
     /// explanation instead when it is too large to draw.
     pub timeline: Result<Run, String>,
@@ -191,7 +191,7 @@ pub fn evaluate(
         let est = estimate(&r).map_err(|e| estimate_problems(&e))?;
         let timeline = timeline(&r);
         let compare = compare.map(|k| (k, compare_run(config, k, &gpu)));
-        let run = parsim::planning::run_report(&r, &est)
+        let run = parsim::planning::run_forecast(&r, &est)
             .map_err(|e| e.to_string())
             .transpose();
         Ok(Results {

@@ -93,6 +93,9 @@ pub enum OpKey {
     Wait,
 }
 
+/// An attention rate curve: kernel implementation, pass, mask and head dimension.
+pub type AttentionCurveKey<'a> = (&'a str, Pass, MaskKind, u64);
+
 /// The op classes, in the order reports list them: [`OpKey::class`]'s names, which are also
 /// the `class` tags of the JSON records.
 pub const OP_CLASSES: [&str; 6] = [
@@ -116,25 +119,27 @@ impl CollectiveKind {
             CollectiveKind::SendRecv => "send_recv",
         }
     }
+
+    /// The bus factor of this collective over `n` ranks: nccl-tests' bus-bandwidth factor (its
+    /// PERFORMANCE.md; seconds = factor x bytes / bus bandwidth), which is also the bytes each
+    /// rank sends on the wire per payload byte with ring algorithms (Thakur et al. 2005):
+    /// all-reduce 2(n-1)/n; all-gather, reduce-scatter and all-to-all (n-1)/n; broadcast and
+    /// send/receive 1. The one factor of the volume model, the time model and the rate tables.
+    pub fn bus_factor(self, n: u32) -> f64 {
+        let n = n.max(1) as f64;
+        match self {
+            CollectiveKind::AllReduce => 2.0 * (n - 1.0) / n,
+            CollectiveKind::AllGather
+            | CollectiveKind::ReduceScatter
+            | CollectiveKind::AllToAll => (n - 1.0) / n,
+            CollectiveKind::Broadcast | CollectiveKind::SendRecv => 1.0,
+        }
+    }
 }
 
 /// FLOPs the FlashAttention papers count for a backward pass, per forward FLOP: five
 /// matmuls (dV, dP, dQ, dK and the recomputed scores) against the forward's two.
 pub const PAPER_BACKWARD_FLOPS_PER_FORWARD: f64 = 2.5;
-
-/// nccl-tests' bus-bandwidth factor of `op` over `n` ranks (its PERFORMANCE.md): all-reduce
-/// 2(n-1)/n; all-gather, reduce-scatter and all-to-all (n-1)/n; broadcast and send/receive 1.
-/// Seconds = factor x bytes / bus bandwidth.
-pub fn bus_factor(op: CollectiveKind, n: u32) -> f64 {
-    let n = n.max(1) as f64;
-    match op {
-        CollectiveKind::AllReduce => 2.0 * (n - 1.0) / n,
-        CollectiveKind::AllGather | CollectiveKind::ReduceScatter | CollectiveKind::AllToAll => {
-            (n - 1.0) / n
-        }
-        CollectiveKind::Broadcast | CollectiveKind::SendRecv => 1.0,
-    }
-}
 
 /// What an op class's rate counts: the work of [`OpKey::work`] per second.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -197,10 +202,49 @@ impl OpKey {
         }
     }
 
+    /// Where an attention key sits in the rate tables: its curve (kernel implementation,
+    /// pass, mask, head dimension) and its key length along it; `None` for other classes.
+    pub fn attention_point(&self) -> Option<(AttentionCurveKey<'_>, u64)> {
+        match self {
+            OpKey::Attention {
+                kv_len,
+                head_dim,
+                mask,
+                pass,
+                kernel,
+                ..
+            } => Some(((kernel.as_str(), *pass, *mask, *head_dim), *kv_len)),
+            _ => None,
+        }
+    }
+
+    /// An attention key's forward FLOPs as the FlashAttention papers count them, whatever its
+    /// pass: 4 x heads x q x kv x d, halved under a causal mask. `None` for other keys and for
+    /// a banded mask, whose visited fraction the key does not give.
+    pub fn attention_forward_flops(&self) -> Option<f64> {
+        let OpKey::Attention {
+            batch_heads,
+            q_len,
+            kv_len,
+            head_dim,
+            mask,
+            ..
+        } = self
+        else {
+            return None;
+        };
+        let full = 4.0 * (*batch_heads * *q_len) as f64 * (*kv_len * *head_dim) as f64;
+        match mask {
+            MaskKind::Full => Some(full),
+            MaskKind::Causal => Some(full / 2.0),
+            MaskKind::Banded => None,
+        }
+    }
+
     /// The work of one call, in the unit its rate counts ([`RateUnit`]): a GEMM's 2mnk FLOPs;
     /// attention's FLOPs as the FlashAttention papers count them (forward 4 x heads x q x kv
     /// x d, halved under a causal mask; backward 2.5 times that); a memory-bound op's bytes;
-    /// a collective's bus bytes (its bytes times [`bus_factor`]). `None` for the host gap and
+    /// a collective's bus bytes (its bytes times [`CollectiveKind::bus_factor`]). `None` for the host gap and
     /// for a banded mask, whose visited fraction the key does not give. The rate tables are
     /// fitted in these counts and the `execute --profile-ops` summary reports rates in them.
     pub fn work(&self) -> Option<(f64, RateUnit)> {
@@ -209,21 +253,8 @@ impl OpKey {
                 2.0 * (*m as f64) * (*n as f64) * (*k as f64),
                 RateUnit::Flops,
             )),
-            OpKey::Attention {
-                batch_heads,
-                q_len,
-                kv_len,
-                head_dim,
-                mask,
-                pass,
-                ..
-            } => {
-                let full = 4.0 * (*batch_heads * *q_len) as f64 * (*kv_len * *head_dim) as f64;
-                let forward = match mask {
-                    MaskKind::Full => full,
-                    MaskKind::Causal => full / 2.0,
-                    MaskKind::Banded => return None,
-                };
+            OpKey::Attention { pass, .. } => {
+                let forward = self.attention_forward_flops()?;
                 let flops = match pass {
                     Pass::Forward => forward,
                     Pass::Backward => forward * PAPER_BACKWARD_FLOPS_PER_FORWARD,
@@ -237,7 +268,7 @@ impl OpKey {
                 group_size,
                 ..
             } => Some((
-                bus_factor(*op, *group_size) * *bytes as f64,
+                op.bus_factor(*group_size) * *bytes as f64,
                 RateUnit::BusBytes,
             )),
             OpKey::HostGap | OpKey::Wait => None,

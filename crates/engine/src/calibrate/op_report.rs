@@ -1,62 +1,29 @@
 //! `parsim calibrate --report`'s op-class table and `--ops-png`'s points: the op timings the
 //! measurement lines carry (`ops`) against the time a profile predicts for the same ops,
-//! before the fit (the profile as given) and after it (the fitted profile). A profile
-//! predicts an op from its rate tables where they cover it, and from the analytic model of
-//! the time model elsewhere.
+//! before the fit (the profile as given) and after it (the fitted profile). Each op is priced
+//! by the estimate's own op-cost function ([`crate::op_cost`]): the profile's rate tables
+//! where they cover it, the time model's analytic models elsewhere.
 
-use super::table_fit::{gemm_peak, table_seconds};
 use crate::config::GpuProfile;
-use crate::time::Rates;
-use parsim_plan::op_timing::{OpKey, OpTiming, Placement};
+use crate::network::Network;
+use crate::op_cost::key_cost;
+use parsim_plan::op_timing::{OpKey, OpTiming};
 use serde::Serialize;
 
 /// The op classes, in the order the report lists them.
 pub use parsim_plan::op_timing::OP_CLASSES as CLASSES;
 
-/// The seconds of one call of `key` that `gpu` predicts, without the per-op overhead (the
-/// timings hold host time as their own class, `host_gap`):
-/// - where the profile's rate tables cover the op, the table's rate (as the fit reads it);
-/// - else a GEMM by the time model's roofline with wave quantisation at `efficiency.matmul`;
-///   attention's FLOPs ([`OpKey::work`]) at `efficiency.attention` of the bf16 peak; a
-///   memory-bound op's bytes over HBM at `efficiency.memory_bound`; a collective's bus bytes
-///   over its placement's link bandwidth times the link's efficiency, plus its latency; the
-///   host gap as `efficiency.kernel_overhead_s`.
-///
-/// `None` where neither knows the op: a banded mask (its work is not in the key), or a GEMM
-/// dtype with no peak.
-pub fn predict_op_s(gpu: &GpuProfile, key: &OpKey) -> Option<f64> {
-    if let Some(s) = table_seconds(&gpu.tables, gpu, key) {
-        return Some(s);
-    }
-    let e = &gpu.efficiency;
-    let (work, _) = match key {
-        OpKey::HostGap => return Some(e.kernel_overhead_s),
-        _ => key.work()?,
-    };
-    if work <= 0.0 {
-        return Some(0.0);
-    }
+/// The seconds of one call of `key` that `gpu` predicts ([`key_cost`], over `network`, the
+/// profile's links), as its class measures them: the device time without the per-call overhead
+/// (the timings hold host time as their own class, `host_gap`), and for the host gap the
+/// overhead alone (the measured gap where the profile has one, else
+/// `efficiency.kernel_overhead_s`). `None` where the model prices nothing: a banded mask (its
+/// work is not in the key), a GEMM dtype with no peak, a wait.
+pub fn predict_op_s(gpu: &GpuProfile, network: &Network, key: &OpKey) -> Option<f64> {
+    let cost = key_cost(gpu, network, key)?;
     Some(match key {
-        OpKey::Gemm { m, n, k, dtype } => {
-            let (peak, _) = gemm_peak(gpu, *dtype)?;
-            let rates = Rates {
-                gpu,
-                peak_flops: peak,
-                element_bytes: dtype.size_bytes(),
-                matmul_efficiency: e.matmul,
-            };
-            rates.gemm_s(*m, *n, *k) - e.kernel_overhead_s
-        }
-        OpKey::Attention { .. } => work / (gpu.peak_flops.bf16 * e.attention),
-        OpKey::Memory { .. } => work / (gpu.hbm_bytes_per_s * e.memory_bound),
-        OpKey::Collective { placement, .. } => {
-            let link = match placement {
-                Placement::IntraNode => &gpu.links.intra_node,
-                Placement::InterNode => &gpu.links.inter_node,
-            };
-            work / (link.bandwidth_bytes_per_s * link.efficiency) + link.latency_s
-        }
-        OpKey::HostGap | OpKey::Wait => return None,
+        OpKey::HostGap => cost.overhead_s,
+        _ => cost.device_s,
     })
 }
 
@@ -124,6 +91,7 @@ fn add(p: &mut Predicted, t: &OpTiming, per_call_s: Option<f64>) {
 
 /// Compares `timings` with what `before` and `after` predict for them (see [`OpReport`]).
 pub fn compare(timings: &[OpTiming], before: &GpuProfile, after: &GpuProfile) -> OpReport {
+    let (net_before, net_after) = (Network::of_links(before), Network::of_links(after));
     let mut rows: Vec<ClassRow> = CLASSES
         .iter()
         .map(|&class| ClassRow {
@@ -140,7 +108,10 @@ pub fn compare(timings: &[OpTiming], before: &GpuProfile, after: &GpuProfile) ->
         let Some(row) = rows.iter_mut().find(|r| r.class == class) else {
             continue;
         };
-        let (b, a) = (predict_op_s(before, &t.key), predict_op_s(after, &t.key));
+        let (b, a) = (
+            predict_op_s(before, &net_before, &t.key),
+            predict_op_s(after, &net_after, &t.key),
+        );
         row.timings += 1;
         row.measured_s += t.total_s;
         add(&mut row.before, t, b);
@@ -159,39 +130,126 @@ pub fn compare(timings: &[OpTiming], before: &GpuProfile, after: &GpuProfile) ->
 mod tests {
     use super::*;
 
-    /// The CPU profile's analytic model (its rate tables taken out) by hand: a memory-bound op
-    /// of 1e9 bytes at
-    /// hbm_bytes_per_s x efficiency.memory_bound; an intra-node all-reduce over 2 ranks of
-    /// 1e9 bytes moves 2 x 1/2 of it on the bus (nccl-tests) over the link's bandwidth times
-    /// its efficiency, plus its latency.
+    use crate::layout::{GroupKind, Layout};
+    use parsim_plan::op_timing::{CollectiveKind, MaskKind, Pass, Placement};
+
+    fn predict(gpu: &GpuProfile, key: &OpKey) -> Option<f64> {
+        predict_op_s(gpu, &Network::of_links(gpu), key)
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-12 * b.abs()
+    }
+
+    fn collective(op: CollectiveKind, n: u32, placement: Placement) -> OpKey {
+        OpKey::Collective {
+            op,
+            bytes: 1_000_000_000,
+            group_size: n,
+            placement,
+        }
+    }
+
+    /// The CPU profile's analytic model (its rate tables taken out, no NCCL generation) by
+    /// hand: a memory-bound op of 1e9 bytes at hbm_bytes_per_s x efficiency.memory_bound; an
+    /// intra-node all-reduce over 2 ranks of 1e9 bytes moves 2 x 1/2 of it on the bus
+    /// (nccl-tests) over the link's bandwidth times its efficiency, plus its latency; an
+    /// inter-node all-gather over 4 ranks, one per node, 3/4 of it over the network link; the
+    /// host gap is the kernel overhead.
     #[test]
     fn the_analytic_model_times_memory_and_collectives_by_their_formulas() {
         let mut gpu = GpuProfile::load("cpu").unwrap();
         gpu.tables = Default::default();
+        assert_eq!(gpu.links.nccl, None);
         let e = &gpu.efficiency;
-        let mem = predict_op_s(
+        let mem = predict(
             &gpu,
             &OpKey::Memory {
                 bytes: 1_000_000_000,
             },
         )
         .unwrap();
-        let expect = 1e9 / (gpu.hbm_bytes_per_s * e.memory_bound);
-        assert!((mem - expect).abs() <= 1e-12 * expect, "{mem} vs {expect}");
-        let ar = OpKey::Collective {
-            op: parsim_plan::op_timing::CollectiveKind::AllReduce,
-            bytes: 1_000_000_000,
-            group_size: 2,
-            placement: Placement::IntraNode,
-        };
+        assert!(close(mem, 1e9 / (gpu.hbm_bytes_per_s * e.memory_bound)));
+        let ar = collective(CollectiveKind::AllReduce, 2, Placement::IntraNode);
         let l = &gpu.links.intra_node;
         let expect = 1e9 / (l.bandwidth_bytes_per_s * l.efficiency) + l.latency_s;
-        let got = predict_op_s(&gpu, &ar).unwrap();
-        assert!((got - expect).abs() <= 1e-12 * expect, "{got} vs {expect}");
-        assert_eq!(
-            predict_op_s(&gpu, &OpKey::HostGap),
-            Some(e.kernel_overhead_s)
-        );
+        assert!(close(predict(&gpu, &ar).unwrap(), expect));
+        let ag = collective(CollectiveKind::AllGather, 4, Placement::InterNode);
+        let l = &gpu.links.inter_node;
+        let expect = 0.75e9 / (l.bandwidth_bytes_per_s * l.efficiency) + l.latency_s;
+        assert!(close(predict(&gpu, &ag).unwrap(), expect));
+        assert_eq!(predict(&gpu, &OpKey::HostGap), Some(e.kernel_overhead_s));
+    }
+
+    /// Attention as the estimate times it, by hand from the FLOP count: causal self-attention
+    /// over 16 heads of 4096 positions at d = 128 is 4 x 16 x 4096^2 x 128 / 2 FLOPs forward
+    /// (FlashAttention-2's count). On H100 (the profile names FlashAttention-3) the forward
+    /// runs at the published kernel's rate at that length and mask, the backward 2.5 x those
+    /// FLOPs at the backward's rate; on a profile with no published kernel (the CPU's, its
+    /// tables taken out) at efficiency.attention of the bf16 peak, the backward twice the
+    /// forward's FLOPs (the ledger's count, which the efficiency was fitted in).
+    #[test]
+    fn attention_is_timed_at_the_published_kernel_or_the_attention_efficiency() {
+        let key = |pass| OpKey::Attention {
+            batch_heads: 16,
+            q_len: 4096,
+            kv_len: 4096,
+            head_dim: 128,
+            mask: MaskKind::Causal,
+            pass,
+            kernel: "flash_mma".into(),
+        };
+        let flops = 4.0 * 16.0 * 4096.0 * 4096.0 * 128.0 / 2.0;
+        let h100 = GpuProfile::load("h100-sxm").unwrap();
+        let name = h100.attention_kernel.as_deref().unwrap();
+        let k = crate::attention_rates::attention_kernel(name).unwrap();
+        let fwd = flops / k.forward_flops_per_s(4096, true, 128);
+        let bwd = 2.5 * flops / k.backward_flops_per_s(4096, true, 128);
+        assert!(close(predict(&h100, &key(Pass::Forward)).unwrap(), fwd));
+        assert!(close(predict(&h100, &key(Pass::Backward)).unwrap(), bwd));
+        let mut cpu = GpuProfile::load("cpu").unwrap();
+        cpu.tables = Default::default();
+        assert_eq!(cpu.attention_kernel, None);
+        let rate = cpu.peak_flops.bf16 * cpu.efficiency.attention;
+        assert!(close(
+            predict(&cpu, &key(Pass::Forward)).unwrap(),
+            flops / rate
+        ));
+        assert!(close(
+            predict(&cpu, &key(Pass::Backward)).unwrap(),
+            2.0 * flops / rate
+        ));
+    }
+
+    /// On a profile with an NCCL generation (H100) a measured collective is priced as the
+    /// estimate prices the same group: an intra-node all-gather over 8 ranks as the TP group of
+    /// an 8-GPU node, an inter-node all-reduce over 2 ranks as a DP group with one member per
+    /// node (tp 8 fills each node), both read off a layout by the estimate's network.
+    #[test]
+    fn collectives_are_priced_as_the_estimate_prices_the_same_group() {
+        let gpu = GpuProfile::load("h100-sxm").unwrap();
+        assert!(gpu.links.nccl.is_some());
+        let layout = Layout::new("tp-cp-ep-dp-pp", 8, 1, 1, 2, 1, 8).unwrap();
+        let net = crate::network::Network::new(&layout, &gpu);
+        assert_eq!(net.geometry(GroupKind::Dp).per_node, 1);
+        for (op, n, placement, kind) in [
+            (
+                CollectiveKind::AllGather,
+                8,
+                Placement::IntraNode,
+                GroupKind::Tp,
+            ),
+            (
+                CollectiveKind::AllReduce,
+                2,
+                Placement::InterNode,
+                GroupKind::Dp,
+            ),
+        ] {
+            let got = predict(&gpu, &collective(op, n, placement)).unwrap();
+            let want = net.collective_s(kind, op, 1_000_000_000, n);
+            assert!(close(got, want), "{op:?}: {got} vs {want}");
+        }
     }
 
     /// An absent class has no timings; a class measured in zero seconds has no error

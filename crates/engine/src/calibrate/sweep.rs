@@ -8,7 +8,7 @@
 
 use super::measurements::Measurement;
 use crate::config::{Config, ConfigError, Dtype, Layer, Precision, Resolved};
-use crate::lower::{lower, LowerOptions, PlanError};
+use crate::lower::{lower, LowerError, LowerOptions};
 use parsim_plan::plan::Plan;
 use parsim_plan::run::RunLength;
 use parsim_plan::run_report::RunReport;
@@ -31,7 +31,7 @@ pub enum SweepError {
     #[error("sweep point '{label}': {source}")]
     Config { label: String, source: ConfigError },
     #[error("sweep point '{label}': {source}")]
-    Plan { label: String, source: PlanError },
+    Plan { label: String, source: LowerError },
     #[error("sweep point '{label}': {message}")]
     Run { label: String, message: String },
     #[error("{path}:{line}: {message}")]

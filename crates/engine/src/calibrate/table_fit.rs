@@ -14,6 +14,7 @@ use crate::config::tables::{
     GemmTable, HostGapTable, MemoryTable, RateTables, TableProvenance,
 };
 use crate::config::GpuProfile;
+use crate::op_cost::gemm_peak;
 use parsim_plan::dtype::DType;
 use parsim_plan::op_timing::{MaskKind, OpKey, OpTiming, Pass};
 use serde::Serialize;
@@ -31,34 +32,6 @@ pub enum TableFitError {
         key: String,
         message: String,
     },
-}
-
-/// The dense peak a GEMM of `dtype` is measured against; `None` for dtypes no GEMM runs in.
-pub(super) fn gemm_peak(gpu: &GpuProfile, dtype: DType) -> Option<(f64, &'static str)> {
-    match dtype {
-        DType::Bf16 => Some((gpu.peak_flops.bf16, "peak_flops.bf16")),
-        DType::F32 => Some((gpu.peak_flops.fp32, "peak_flops.fp32")),
-        DType::U8 => None,
-    }
-}
-
-/// An attention curve: kernel implementation, pass, mask and head dimension.
-type AttentionCurveKey<'a> = (&'a str, Pass, MaskKind, u64);
-
-/// Where an attention timing sits in the tables: its curve (kernel implementation, pass,
-/// mask, head dimension) and the key length along it; `None` for other classes.
-fn attention_point(key: &OpKey) -> Option<(AttentionCurveKey<'_>, u64)> {
-    match key {
-        OpKey::Attention {
-            kv_len,
-            head_dim,
-            mask,
-            pass,
-            kernel,
-            ..
-        } => Some(((kernel.as_str(), *pass, *mask, *head_dim), *kv_len)),
-        _ => None,
-    }
 }
 
 fn median(xs: &mut [f64]) -> f64 {
@@ -174,7 +147,7 @@ pub fn fit_tables(
         let Some(rate) = t.rate() else {
             continue;
         };
-        if let Some(((kernel, pass, mask, head_dim), kv_len)) = attention_point(&t.key) {
+        if let Some(((kernel, pass, mask, head_dim), kv_len)) = t.key.attention_point() {
             attention
                 .entry((kernel.to_string(), pass, mask, head_dim))
                 .or_default()
@@ -375,7 +348,7 @@ pub fn table_seconds(tables: &RateTables, gpu: &GpuProfile, key: &OpKey) -> Opti
             gemm_peak(gpu, *dtype)?.0 * tables.gemm_efficiency(*dtype, *m, *n, *k)?
         }
         OpKey::Attention { .. } => {
-            let ((kernel, pass, mask, head_dim), kv_len) = attention_point(key)?;
+            let ((kernel, pass, mask, head_dim), kv_len) = key.attention_point()?;
             tables.attention_flops_per_s(kernel, pass, mask, head_dim, kv_len)?
         }
         OpKey::Memory { bytes } => tables.memory_bytes_per_s(*bytes)?,

@@ -441,9 +441,6 @@ impl RateTables {
     }
 }
 
-/// nccl-tests' bus-bandwidth factor (defined beside the op keys, in the plan contract).
-pub use parsim_plan::op_timing::bus_factor;
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -476,8 +473,8 @@ mod tests {
     /// nccl-tests' PERFORMANCE.md: all-reduce over 8 ranks moves 2 x 7/8 of the buffer.
     #[test]
     fn bus_factors_follow_nccl_tests() {
-        assert_eq!(bus_factor(CollectiveKind::AllReduce, 8), 1.75);
-        assert_eq!(bus_factor(CollectiveKind::AllGather, 4), 0.75);
-        assert_eq!(bus_factor(CollectiveKind::SendRecv, 2), 1.0);
+        assert_eq!(CollectiveKind::AllReduce.bus_factor(8), 1.75);
+        assert_eq!(CollectiveKind::AllGather.bus_factor(4), 0.75);
+        assert_eq!(CollectiveKind::SendRecv.bus_factor(2), 1.0);
     }
 }

@@ -4,7 +4,7 @@
 //! GUI cards and the verdict, so they show the same numbers.
 
 use crate::config::ScheduleKind;
-use crate::model::ChunkContents;
+use crate::model::{ChunkContents, CommKind};
 use crate::schedule::{
     base_microbatches, closed_form, simulate_extrapolated, simulate_summary, CheckedProgram, Costs,
     GeneratedProgram, PipelineSummary, ScheduleError,
@@ -155,103 +155,96 @@ pub fn slowest_stage(chunks: &[Vec<ChunkContents>], per_mb_s: &[f64]) -> Option<
 /// One named part of the step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Term {
-    /// The JSON key under `time` it comes from.
-    pub key: &'static str,
+    /// The JSON key under `time` it comes from (`exposed_comm_by_group_s.tp`, ...).
+    pub key: String,
     pub label: &'static str,
     /// What a step dominated by this term is bound by, e.g. "stage-imbalance".
     pub bound: &'static str,
     pub seconds: f64,
     /// Fraction of the step.
     pub share: f64,
+    /// The communication kind whose exposed time it is.
+    comm: Option<CommKind>,
 }
+
+/// The exposed communication of the kinds shown `during_step` (else after the optimizer), in
+/// their breakdown order, as terms (key, label, bound, seconds, kind). DP's during the step
+/// leaves out the DP tail, its own term.
+fn comm_terms(t: &StepTime, during_step: bool) -> Vec<TermParts> {
+    let mut kinds: Vec<CommKind> = CommKind::ALL
+        .into_iter()
+        .filter(|k| k.info().term.during_step == during_step)
+        .collect();
+    kinds.sort_by_key(|k| k.info().term.rank);
+    kinds
+        .into_iter()
+        .map(|k| {
+            let g = t.exposed_comm_by_group_s[k];
+            let seconds = if k == CommKind::Dp {
+                (g - t.dp_tail_s).max(0.0)
+            } else {
+                g
+            };
+            let term = k.info().term;
+            let key = format!("exposed_comm_by_group_s.{}", k.key());
+            (key, term.label, term.bound, seconds, Some(k))
+        })
+        .collect()
+}
+
+/// A term before its share: key, label, bound, seconds and communication kind.
+type TermParts = (String, &'static str, &'static str, f64, Option<CommKind>);
 
 /// The parts of the step in display order; they add up to `step_s`. Exposed DP communication
 /// during the step and the DP tail after it are separate terms.
 pub fn terms(t: &StepTime) -> Vec<Term> {
-    let g = &t.exposed_comm_by_group_s;
-    let parts: [(&'static str, &'static str, &'static str, f64); 13] = [
-        (
-            "compute_s",
-            "compute (critical pipeline rank)",
-            "compute",
-            t.compute_s,
-        ),
-        (
-            "exposed_comm_by_group_s.tp",
-            "exposed TP communication",
-            "TP-communication",
-            g.tp,
-        ),
-        (
-            "exposed_comm_by_group_s.cp",
-            "exposed CP communication",
-            "CP-communication",
-            g.cp,
-        ),
-        (
-            "exposed_comm_by_group_s.ep",
-            "expert all-to-all waits",
-            "EP-all-to-all",
-            g.ep,
-        ),
-        (
-            "exposed_comm_by_group_s.expert_tp",
-            "expert-TP all-gather/reduce-scatter",
-            "expert-TP-communication",
-            g.expert_tp,
-        ),
-        (
-            "exposed_comm_by_group_s.dp",
-            "exposed DP communication (in the step)",
-            "DP-communication",
-            (g.dp - t.dp_tail_s).max(0.0),
-        ),
-        (
+    let part = |key: &str, label, bound, seconds| -> TermParts {
+        (key.to_string(), label, bound, seconds, None)
+    };
+    let mut parts = vec![part(
+        "compute_s",
+        "compute (critical pipeline rank)",
+        "compute",
+        t.compute_s,
+    )];
+    parts.extend(comm_terms(t, true));
+    parts.extend([
+        part(
             "warmup_cooldown_s",
             "pipeline warm-up/cool-down bubble",
             "bubble",
             t.warmup_cooldown_s,
         ),
-        (
+        part(
             "imbalance_s",
             "pipeline stage imbalance",
             "stage-imbalance",
             t.imbalance_s,
         ),
-        (
+        part(
             "pp_wait_s",
             "pipeline send/receive waits",
             "pipeline-send",
             t.pp_wait_s,
         ),
-        (
+        part(
             "dp_tail_s",
             "DP tail (after the last backward)",
             "DP-tail",
             t.dp_tail_s,
         ),
-        ("optimizer_s", "optimizer step", "optimizer", t.optimizer_s),
-        (
-            "exposed_comm_by_group_s.pp",
-            "exposed PP communication",
-            "PP-communication",
-            g.pp,
-        ),
-        (
-            "exposed_comm_by_group_s.host",
-            "activation offload copies (host link)",
-            "host-link",
-            g.host,
-        ),
-    ];
+        part("optimizer_s", "optimizer step", "optimizer", t.optimizer_s),
+    ]);
+    parts.extend(comm_terms(t, false));
     parts
         .into_iter()
-        .map(|(key, label, bound, seconds)| Term {
+        .map(|(key, label, bound, seconds, comm)| Term {
             key,
             label,
             bound,
             seconds,
             share: seconds / t.step_s.max(f64::MIN_POSITIVE),
+            comm,
         })
         .collect()
 }
@@ -266,9 +259,20 @@ pub struct AdviceContext {
     pub expert_tp_inside_domain: bool,
 }
 
-/// What helps when `key` is the largest term.
-fn advice(key: &str, t: &StepTime, ctx: AdviceContext) -> String {
-    match key {
+/// What helps when `term` is the largest; the layout (`ctx`) says where "keep it inside a
+/// node" would not apply.
+fn advice(term: &Term, t: &StepTime, ctx: AdviceContext) -> String {
+    match term.comm {
+        Some(CommKind::Ep) if ctx.ep_inside_domain => {
+            return "the all-to-all already runs inside one NVLink domain: overlap it with compute (DualPipeV), or a lower EP (fewer, larger exchanges)".into();
+        }
+        Some(CommKind::ExpertTp) if ctx.expert_tp_inside_domain => {
+            return "a lower expert_tp (MoE Parallel Folding lets it differ from tp; its group already runs on NVLink)".into();
+        }
+        Some(k) => return k.info().term.advice.into(),
+        None => {}
+    }
+    match term.key.as_str() {
         "warmup_cooldown_s" => "more microbatches (a larger global batch or a smaller micro batch), interleaving (vpp) or a zero-bubble schedule".into(),
         "imbalance_s" => match &t.imbalance {
             Some(i) => format!(
@@ -280,16 +284,8 @@ fn advice(key: &str, t: &StepTime, ctx: AdviceContext) -> String {
             None => "balance the pipeline stages".into(),
         },
         "pp_wait_s" => "fewer pipeline hops (lower pp or vpp) or faster links between stages".into(),
-        "exposed_comm_by_group_s.tp" => "lower TP, keep TP inside a node, or --tp-comm-overlap".into(),
-        "exposed_comm_by_group_s.cp" => "overlap the ring or lower CP".into(),
-        "exposed_comm_by_group_s.ep" if ctx.ep_inside_domain => "the all-to-all already runs inside one NVLink domain: overlap it with compute (DualPipeV), or a lower EP (fewer, larger exchanges)".into(),
-        "exposed_comm_by_group_s.ep" => "keep EP inside a node, or overlap the all-to-all (DualPipeV)".into(),
-        "exposed_comm_by_group_s.expert_tp" if ctx.expert_tp_inside_domain => "a lower expert_tp (MoE Parallel Folding lets it differ from tp; its group already runs on NVLink)".into(),
-        "exposed_comm_by_group_s.expert_tp" => "a lower expert_tp (MoE Parallel Folding lets it differ from tp), or keep the expert-TP group inside a node".into(),
-        "exposed_comm_by_group_s.dp" => "overlap gradient reduction and parameter gathers, or a lower ZeRO stage".into(),
         "dp_tail_s" => "overlap gradient reduction (overlap_grad_reduce) with a smaller last bucket (ddp_bucket_size)".into(),
         "optimizer_s" => "shard the optimizer (ZeRO-1)".into(),
-        "exposed_comm_by_group_s.host" => "offload fewer layers (training.offload_activation_layers)".into(),
         _ => "raise GEMM efficiency or cut recomputation".into(),
     }
 }
@@ -319,7 +315,7 @@ pub fn verdict_line(t: &StepTime, ctx: AdviceContext) -> String {
                 pct(top.share),
                 overhead.label,
                 pct(overhead.share),
-                advice(overhead.key, t, ctx)
+                advice(&overhead, t, ctx)
             )
         } else {
             format!(
@@ -334,7 +330,7 @@ pub fn verdict_line(t: &StepTime, ctx: AdviceContext) -> String {
             top.label,
             pct(top.share),
             pct(t.compute_s / t.step_s.max(f64::MIN_POSITIVE)),
-            advice(top.key, t, ctx)
+            advice(&top, t, ctx)
         )
     }
 }
@@ -437,7 +433,7 @@ mod tests {
             }),
             ..StepTime::default()
         };
-        t.exposed_comm_by_group_s.dp = 0.5;
+        t.exposed_comm_by_group_s[CommKind::Dp] = 0.5;
         let sum: f64 = terms(&t).iter().map(|x| x.seconds).sum();
         assert!((sum - t.step_s).abs() < 1e-12, "{sum}");
         let v = verdict_line(&t, AdviceContext::default());
@@ -457,7 +453,7 @@ mod tests {
             compute_s: 6.0,
             ..StepTime::default()
         };
-        t.exposed_comm_by_group_s.ep = 4.0;
+        t.exposed_comm_by_group_s[CommKind::Ep] = 4.0;
         t.exposed_comm_s = 4.0;
         let across = verdict_line(
             &t,
@@ -480,5 +476,46 @@ mod tests {
             inside.contains("already runs inside one NVLink domain"),
             "{inside}"
         );
+    }
+
+    /// Every communication kind is a term, in the order the CLI's step-time table has always
+    /// listed them (tests/snapshots): the kinds exposed during the step after compute (DP's without its tail), the
+    /// pipeline's idle terms, the DP tail and the optimizer, then the pipeline hand-offs and the
+    /// host link; the largest communication term's advice is its kind's.
+    #[test]
+    fn communication_terms_stand_in_the_documented_order() {
+        let mut t = StepTime {
+            step_s: 10.0,
+            compute_s: 1.0,
+            dp_tail_s: 0.25,
+            ..StepTime::default()
+        };
+        for (i, k) in CommKind::ALL.into_iter().enumerate() {
+            t.exposed_comm_by_group_s[k] = 0.5 + i as f64 / 10.0;
+        }
+        let keys: Vec<String> = terms(&t).into_iter().map(|x| x.key).collect();
+        let g = |k: &str| format!("exposed_comm_by_group_s.{k}");
+        let want = [
+            "compute_s".to_string(),
+            g("tp"),
+            g("cp"),
+            g("ep"),
+            g("expert_tp"),
+            g("dp"),
+            "warmup_cooldown_s".into(),
+            "imbalance_s".into(),
+            "pp_wait_s".into(),
+            "dp_tail_s".into(),
+            "optimizer_s".into(),
+            g("pp"),
+            g("host"),
+        ];
+        assert_eq!(keys, want);
+        let dp = terms(&t).into_iter().find(|x| x.key == g("dp")).unwrap();
+        assert!((dp.seconds - (0.8 - 0.25)).abs() < 1e-12);
+        // The host link (0.5 + 6/10 s) is the largest overhead.
+        let v = verdict_line(&t, AdviceContext::default());
+        assert!(v.starts_with("host-link-bound"), "{v}");
+        assert!(v.contains("offload fewer layers"), "{v}");
     }
 }

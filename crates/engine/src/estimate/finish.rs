@@ -11,7 +11,7 @@ use crate::comm::rank_step_bytes;
 use crate::config::ScheduleKind;
 use crate::layout::GroupKind;
 use crate::memory::{peak_total_until, stage_memories, Pipeline, StageMemory};
-use crate::model::{GroupBytes, GroupSeconds};
+use crate::model::{CommKind, PerGroup};
 use crate::schedule::{
     simulate_extrapolated, simulate_summaries, simulate_summary, simulates_in_full,
     GeneratedProgram, PipelineSummary,
@@ -108,7 +108,7 @@ impl Prepared<'_> {
                 stages: memory_stages,
             },
             communication: CommReport {
-                per_step_bytes_per_gpu: comm.into(),
+                per_step_bytes_per_gpu: comm.map(|b| b.round() as u64),
                 groups,
             },
             schedule: ScheduleReport {
@@ -265,8 +265,8 @@ impl Prepared<'_> {
     }
 
     /// The step's communication volume per group on the most loaded rank.
-    fn step_bytes(&self) -> GroupBytes {
-        let mut comm = GroupBytes::default();
+    fn step_bytes(&self) -> PerGroup {
+        let mut comm = PerGroup::default();
         // Ranks sharing a step-collective list hold the same blocks: their bytes are one count.
         for (i, list) in self.step.iter().enumerate() {
             if let Some(rank) = self.step_of.iter().position(|&j| j == i) {
@@ -309,11 +309,11 @@ impl Prepared<'_> {
                 .iter()
                 .map(|c| chunk_times[c.stage].compute)
                 .sum::<f64>();
-        let mut by_group = GroupSeconds::default();
+        let mut by_group = PerGroup::default();
         for c in crit_chunks {
             by_group.add(&chunk_times[c.stage].exposed, mb);
         }
-        by_group.dp += dp_tail;
+        by_group[CommKind::Dp] += dp_tail;
         let finish = sim.finish[crit];
         let bubble_s = (finish - sim.busy[crit]).max(0.0);
         let pipe = breakdown::Pipe {

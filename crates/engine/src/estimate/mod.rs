@@ -7,8 +7,8 @@ use crate::config::{Config, PpP2p, Resolved, ScheduleKind};
 use crate::layout::{GroupKind, Layout};
 use crate::memory::StageMemory;
 use crate::model::{
-    rank_params, BlockSummary, ChunkContents, CollectiveKind, GroupBytes, GroupSeconds, Ledger,
-    LedgerSummary, OpRole,
+    rank_params, BlockSummary, ChunkContents, CollectiveKind, CommKind, Ledger, LedgerSummary,
+    OpRole, PerGroup,
 };
 use crate::network::Network;
 use crate::schedule::{generate, Costs, ScheduleError};
@@ -68,30 +68,6 @@ pub struct MemoryReport {
     pub stages: Vec<StageMemory>,
 }
 
-/// Wire bytes per step sent by the most loaded GPU, per group.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct GroupBytesInt {
-    pub tp: u64,
-    pub cp: u64,
-    pub pp: u64,
-    pub dp: u64,
-    pub ep: u64,
-    pub expert_tp: u64,
-}
-
-impl From<GroupBytes> for GroupBytesInt {
-    fn from(g: GroupBytes) -> Self {
-        GroupBytesInt {
-            tp: g.tp.round() as u64,
-            cp: g.cp.round() as u64,
-            pp: g.pp.round() as u64,
-            dp: g.dp.round() as u64,
-            ep: g.ep.round() as u64,
-            expert_tp: g.expert_tp.round() as u64,
-        }
-    }
-}
-
 #[derive(Debug, Clone, Serialize)]
 pub struct GroupInfo {
     pub group: GroupKind,
@@ -103,7 +79,8 @@ pub struct GroupInfo {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct CommReport {
-    pub per_step_bytes_per_gpu: GroupBytesInt,
+    /// Wire bytes per step sent by the most loaded GPU, per group.
+    pub per_step_bytes_per_gpu: PerGroup<u64>,
     pub groups: Vec<GroupInfo>,
 }
 
@@ -185,7 +162,7 @@ struct ChunkTimes {
     input_grad: f64,
     weight_grad: f64,
     compute: f64,
-    exposed: GroupSeconds,
+    exposed: PerGroup,
 }
 
 /// Per-stage durations of one microbatch (F, I, W with exposed communication) and the hop
@@ -225,7 +202,7 @@ fn stage_costs(
             let (of, ob) = crate::offload::exposed_s(r, &layers);
             t.fwd += of;
             t.input_grad += ob;
-            t.exposed.host += of + ob;
+            t.exposed[CommKind::Host] += of + ob;
         }
         let fwd_compute = t.fwd - t.exposed.total();
         let (zf, zb) = per_microbatch_dp_s(
@@ -239,7 +216,7 @@ fn stage_costs(
         );
         t.fwd += zf;
         t.input_grad += zb;
-        t.exposed.dp += zf + zb;
+        t.exposed[CommKind::Dp] += zf + zb;
         chunk_times[c.stage] = t;
         timed.push((contents, t));
     }
@@ -271,7 +248,7 @@ fn stage_costs(
         let added_s = (costs.forward[s] - t.fwd) + (costs.input_grad[s] - t.input_grad);
         t.fwd = costs.forward[s];
         t.input_grad = costs.input_grad[s];
-        t.exposed.pp += added_s;
+        t.exposed[CommKind::Pp] += added_s;
     }
     Ok((chunk_times, costs))
 }

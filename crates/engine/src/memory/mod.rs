@@ -7,7 +7,7 @@ use crate::model::{
     held_blocks, optimizer_bytes, rank_params, BlockSummary, ChunkContents, Ledger, LedgerSummary,
     ParamSums,
 };
-use crate::schedule::{Action, ActionKind};
+use crate::schedule::{ActionKind, ComputeAction};
 use serde::Serialize;
 use walk::ChunkBytes;
 
@@ -186,7 +186,7 @@ pub struct ActivationPeak {
 /// by stage: a chunk's pass holds only its own blocks' transients), since activations and
 /// buffers peak at different times.
 pub fn activation_peak(
-    actions: &[Action],
+    actions: &[ComputeAction],
     chunks: &[ChunkContents],
     s: &LedgerSummary,
     recompute: Recompute,
@@ -253,11 +253,14 @@ fn chunk_bytes(
 #[derive(Debug, Clone, Copy)]
 pub enum Pipeline<'a> {
     /// Its action list from the schedule generator: the exact walk of [`activation_peak`].
-    Actions(&'a [Action]),
+    Actions(&'a [ComputeAction]),
     /// The same, for an action list of whole forwards and backwards of one stage with at most
     /// `sets` live ([`crate::schedule::whole_passes_sets`], kept with a generated program):
     /// the walk's result in closed form.
-    WholePasses { actions: &'a [Action], sets: u32 },
+    WholePasses {
+        actions: &'a [ComputeAction],
+        sets: u32,
+    },
     /// Only the peak number of live chunk sets (programs too long to walk, or a lower bound):
     /// that many sets of the rank's average chunk, plus the layer full recompute rebuilds;
     /// `split` when the schedule splits its backward (its W pass fills the gradient bucket).
@@ -784,7 +787,8 @@ mod tests {
             ),
             (10, 3, 4, 50)
         );
-        let actions = [ActionKind::F, ActionKind::I, ActionKind::W].map(|k| Action::new(k, 0, 0));
+        let actions =
+            [ActionKind::F, ActionKind::I, ActionKind::W].map(|k| ComputeAction::new(k, 0, 0));
         let peak = activation_peak(&actions, &[chunk], &s, Recompute::None, &[(0, p)]);
         assert_eq!(peak.activations, 130);
         assert_eq!(peak.with_buffers, 155);
@@ -811,9 +815,9 @@ mod tests {
         // With the dense chunk's backward at its peak (two microbatches in flight), the
         // moment is 2 x 100 + 50 = 250, where the rank-wide phase gave 270.
         let actions = [
-            Action::new(ActionKind::F, 0, 0),
-            Action::new(ActionKind::F, 0, 1),
-            Action::new(ActionKind::I, 0, 0),
+            ComputeAction::new(ActionKind::F, 0, 0),
+            ComputeAction::new(ActionKind::F, 0, 1),
+            ComputeAction::new(ActionKind::I, 0, 0),
         ];
         let per_chunk = [(0, phases().of(&s, &[dense])), (3, phases().of(&s, &[moe]))];
         let peak = activation_peak(&actions, &[dense, moe], &s, Recompute::None, &per_chunk);

@@ -3,7 +3,7 @@
 //! walk subtracts what it frees, so i128 always holds them; i64, when the walk's largest
 //! possible sum fits, gives the same result with half-width arithmetic.
 
-use crate::schedule::{whole_passes_sets, Action, ActionKind};
+use crate::schedule::{whole_passes_sets, ActionKind, ComputeAction};
 use std::ops::{Add, Sub};
 
 /// One chunk's bytes as the walk adds them, with the buffers of its passes.
@@ -69,7 +69,7 @@ impl ChunkBytes<i128> {
 /// `whole_sets`, when given, says the actions are whole forwards and backwards of one stage,
 /// each set freed, at most that many live (what [`crate::schedule::whole_passes_sets`] finds).
 pub(super) fn peaks(
-    actions: &[Action],
+    actions: &[ComputeAction],
     chunks: &[ChunkBytes<i128>],
     whole_sets: Option<u32>,
 ) -> (i128, i128) {
@@ -139,7 +139,7 @@ fn whole_passes_peaks(c: &ChunkBytes<i128>, sets: u64) -> Option<(i128, i128)> {
 }
 
 /// The walk itself (docs on [`super::activation_peak`]): (peak, peak with buffers).
-fn walk<T>(actions: &[Action], chunks: &[ChunkBytes<T>]) -> (T, T)
+fn walk<T>(actions: &[ComputeAction], chunks: &[ChunkBytes<T>]) -> (T, T)
 where
     T: Copy + Ord + Default + Add<Output = T> + Sub<Output = T>,
 {
@@ -232,7 +232,8 @@ mod tests {
             ActionKind::I,
             ActionKind::W,
         ];
-        let actions: Vec<Action> = kinds.iter().map(|&k| Action::new(k, 0, 0)).collect();
+        let actions: Vec<ComputeAction> =
+            kinds.iter().map(|&k| ComputeAction::new(k, 0, 0)).collect();
         let small = [chunk(1_000_003)];
         let wide = walk(&actions, &small);
         let narrow = walk(&actions, &[small[0].narrow().expect("fits")]);
@@ -290,7 +291,7 @@ mod tests {
                 } else {
                     ActionKind::B
                 };
-                actions.push(Action::new(kind, 3, 0));
+                actions.push(ComputeAction::new(kind, 3, 0));
                 if forward {
                     made += 1;
                 } else {
@@ -311,17 +312,21 @@ mod tests {
             ..ChunkBytes::default()
         };
         let split = [ActionKind::F, ActionKind::I, ActionKind::W];
-        let split: Vec<Action> = split.iter().map(|&k| Action::new(k, 0, 0)).collect();
+        let split: Vec<ComputeAction> =
+            split.iter().map(|&k| ComputeAction::new(k, 0, 0)).collect();
         assert_eq!(whole_passes_sets(&split), None);
         let two_stages = [
-            Action::new(ActionKind::F, 0, 0),
-            Action::new(ActionKind::F, 1, 0),
+            ComputeAction::new(ActionKind::F, 0, 0),
+            ComputeAction::new(ActionKind::F, 1, 0),
         ];
         assert_eq!(whole_passes_sets(&two_stages), None);
-        assert_eq!(whole_passes_sets(&[Action::new(ActionKind::F, 0, 0)]), None);
+        assert_eq!(
+            whole_passes_sets(&[ComputeAction::new(ActionKind::F, 0, 0)]),
+            None
+        );
         let other_stage = [
-            Action::new(ActionKind::F, 1, 0),
-            Action::new(ActionKind::B, 1, 0),
+            ComputeAction::new(ActionKind::F, 1, 0),
+            ComputeAction::new(ActionKind::B, 1, 0),
         ];
         assert_eq!(whole_passes_sets(&other_stage), Some(1));
         // Whole passes, but of a stage the chunk is not: the walk's answer (nothing live).

@@ -17,6 +17,7 @@ pub mod muon;
 mod norm;
 pub mod op;
 mod optimizer;
+pub mod per_group;
 mod recompute;
 pub mod summary;
 
@@ -28,9 +29,10 @@ pub use op::{
     Saved, TensorRole,
 };
 pub use optimizer::{optimizer_bytes, OptimizerState};
+pub use per_group::{CommKind, PerGroup};
 pub use summary::{
     chunks_per_rank, held_blocks, rank_muon, rank_params, BlockSummary, BlockTimes, ChunkContents,
-    GroupSeconds, LedgerSummary,
+    LedgerSummary,
 };
 
 use crate::config::{AttentionSpan, HybridLayer, Recompute, Resolved};
@@ -83,63 +85,6 @@ impl ParamSums {
         self.tp_replicated += o.tp_replicated * times;
         self.expert_total += o.expert_total * times;
         self.lora_replicated += o.lora_replicated * times;
-    }
-}
-
-/// Wire bytes per communication group (the keys of docs/design.md).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct GroupBytes {
-    pub tp: f64,
-    pub cp: f64,
-    pub pp: f64,
-    pub dp: f64,
-    pub ep: f64,
-    /// The expert-TP all-gather and reduce-scatter of an MoE layer's routed rows.
-    pub expert_tp: f64,
-    /// Activation offloading's copies over the host link (`training.offload_activation_layers`);
-    /// absent without offloading.
-    #[serde(skip_serializing_if = "is_zero_f64")]
-    pub host: f64,
-}
-
-fn is_zero_f64(x: &f64) -> bool {
-    *x == 0.0
-}
-
-impl GroupBytes {
-    pub fn add_group(&mut self, g: GroupKind, bytes: f64) {
-        match g {
-            GroupKind::Tp => self.tp += bytes,
-            GroupKind::Cp => self.cp += bytes,
-            GroupKind::Pp => self.pp += bytes,
-            GroupKind::Ep => self.ep += bytes,
-            GroupKind::ExpertTp => self.expert_tp += bytes,
-            GroupKind::Dp | GroupKind::ExpertDp | GroupKind::DpCp => self.dp += bytes,
-        }
-    }
-
-    pub fn add(&mut self, o: &GroupBytes, k: f64) {
-        self.tp += o.tp * k;
-        self.cp += o.cp * k;
-        self.pp += o.pp * k;
-        self.dp += o.dp * k;
-        self.ep += o.ep * k;
-        self.expert_tp += o.expert_tp * k;
-        self.host += o.host * k;
-    }
-
-    pub fn max(&mut self, o: &GroupBytes) {
-        self.tp = self.tp.max(o.tp);
-        self.cp = self.cp.max(o.cp);
-        self.pp = self.pp.max(o.pp);
-        self.dp = self.dp.max(o.dp);
-        self.ep = self.ep.max(o.ep);
-        self.expert_tp = self.expert_tp.max(o.expert_tp);
-        self.host = self.host.max(o.host);
-    }
-
-    pub fn total(&self) -> f64 {
-        self.tp + self.cp + self.pp + self.dp + self.ep + self.expert_tp + self.host
     }
 }
 
@@ -458,8 +403,8 @@ impl Block {
 
     /// Wire bytes per group for one microbatch, including forward collectives that
     /// recomputation issues again.
-    pub fn comm_bytes(&self, recompute: Recompute) -> GroupBytes {
-        let mut g = GroupBytes::default();
+    pub fn comm_bytes(&self, recompute: Recompute) -> PerGroup {
+        let mut g = PerGroup::default();
         for o in &self.ops {
             for c in &o.comms {
                 g.add_group(c.group, c.wire_bytes());

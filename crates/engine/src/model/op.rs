@@ -186,32 +186,9 @@ pub struct Saved {
     pub selective: bool,
 }
 
-/// Collective kinds with NCCL's semantics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CollectiveKind {
-    AllReduce,
-    AllGather,
-    ReduceScatter,
-    AllToAll,
-    SendRecv,
-}
-
-impl CollectiveKind {
-    /// Bytes each of `n` ranks sends on the wire per payload byte with ring algorithms
-    /// (Thakur et al. 2005): all-reduce 2(n-1)/n, all-gather, reduce-scatter and all-to-all
-    /// (n-1)/n, send 1. The one ring factor of both the volume and the time model.
-    pub fn ring_factor(self, n: u32) -> f64 {
-        let n = n as f64;
-        match self {
-            CollectiveKind::AllReduce => 2.0 * (n - 1.0) / n,
-            CollectiveKind::AllGather
-            | CollectiveKind::ReduceScatter
-            | CollectiveKind::AllToAll => (n - 1.0) / n,
-            CollectiveKind::SendRecv => 1.0,
-        }
-    }
-}
+/// Collective kinds with NCCL's semantics: the plan contract's, one vocabulary for the ledger,
+/// the time model and the executor's measured ops.
+pub use parsim_plan::op_timing::CollectiveKind;
 
 /// Forward or backward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -238,7 +215,7 @@ impl Collective {
     /// Bytes each rank sends on the wire per call with ring algorithms: all-reduce
     /// 2(n-1)/n B, all-gather and reduce-scatter (n-1)/n B, all-to-all (n-1)/n B, send B.
     pub fn wire_bytes_per_call(&self) -> f64 {
-        self.kind.ring_factor(self.group_size) * self.payload_bytes as f64
+        self.kind.bus_factor(self.group_size) * self.payload_bytes as f64
     }
 
     /// Wire bytes of all `count` calls.

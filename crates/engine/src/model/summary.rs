@@ -2,12 +2,9 @@
 //! bytes, wire bytes, FLOPs, and its times when a time model is given), and which blocks each
 //! pipeline rank's chunks hold.
 
-use super::{Block, GroupBytes, Ledger, ParamSums};
+use super::{Block, Ledger, ParamSums, PerGroup};
 use crate::config::{ModelConfig, Recompute, Resolved, MAX_LAYER_VARIANTS};
 use arrayvec::ArrayVec;
-
-/// Seconds per group, for breakdowns.
-pub type GroupSeconds = GroupBytes;
 
 /// Per-microbatch times of one block on this rank.
 #[derive(Debug, Clone, Copy, Default)]
@@ -18,8 +15,8 @@ pub struct BlockTimes {
     /// Forward rerun by recomputation (in the backward, before the input gradient).
     pub recompute_s: f64,
     /// Exposed communication in the forward and backward, per group.
-    pub exposed_fwd: GroupSeconds,
-    pub exposed_bwd: GroupSeconds,
+    pub exposed_fwd: PerGroup,
+    pub exposed_bwd: PerGroup,
 }
 
 impl BlockTimes {
@@ -59,7 +56,7 @@ pub struct BlockSummary {
     pub gather_dense: u64,
     pub gather_expert: u64,
     /// Wire bytes per microbatch, per group, recomputation included.
-    pub comm: GroupBytes,
+    pub comm: PerGroup,
     pub model_flops: f64,
     /// This rank's FLOPs per microbatch, forward / input-gradient / weight-gradient.
     pub rank_fwd: f64,
@@ -167,6 +164,22 @@ impl LedgerSummary {
     }
 }
 
+/// The fixed blocks of a ledger or of its summary, which name them alike: embedding, dense,
+/// MoE, output, MTP, and the dense and MoE layers a low-precision recipe keeps in bf16.
+macro_rules! fixed_blocks {
+    ($h:expr) => {
+        [
+            Some(&$h.embedding),
+            Some(&$h.dense),
+            $h.moe.as_ref(),
+            Some(&$h.output),
+            $h.mtp.as_ref(),
+            $h.dense_hp.as_ref(),
+            $h.moe_hp.as_ref(),
+        ]
+    };
+}
+
 /// What one global pipeline stage (model chunk) holds.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ChunkContents {
@@ -190,39 +203,32 @@ impl ChunkContents {
         &self,
         s: &'a LedgerSummary,
     ) -> impl Iterator<Item = (&'a BlockSummary, u64)> {
-        let items: [(Option<&'a BlockSummary>, u64); 7] = [
-            (Some(&s.embedding), self.embedding as u64),
-            (Some(&s.dense), self.dense_layers as u64),
-            (s.moe.as_ref(), self.moe_layers as u64),
-            (Some(&s.output), self.output as u64),
-            (s.mtp.as_ref(), self.mtp_layers as u64),
-            (s.dense_hp.as_ref(), self.hp_dense_layers as u64),
-            (s.moe_hp.as_ref(), self.hp_moe_layers as u64),
-        ];
-        let variants = s
-            .variants
-            .iter()
-            .zip(self.variant_layers)
-            .map(|(b, n)| (Some(b), n as u64));
-        items
-            .into_iter()
-            .chain(variants)
-            .filter_map(|(b, n)| b.filter(|_| n > 0).map(|b| (b, n)))
+        self.held(fixed_blocks!(s), &s.variants)
     }
 
     /// The ledger's blocks this chunk holds, with their multiplicities.
     pub fn ledger_blocks<'a>(&self, l: &'a Ledger) -> impl Iterator<Item = (&'a Block, u64)> {
-        let items: [(Option<&'a Block>, u64); 7] = [
-            (Some(&l.embedding), self.embedding as u64),
-            (Some(&l.dense), self.dense_layers as u64),
-            (l.moe.as_ref(), self.moe_layers as u64),
-            (Some(&l.output), self.output as u64),
-            (l.mtp.as_ref(), self.mtp_layers as u64),
-            (l.dense_hp.as_ref(), self.hp_dense_layers as u64),
-            (l.moe_hp.as_ref(), self.hp_moe_layers as u64),
+        self.held(fixed_blocks!(l), &l.variants)
+    }
+
+    /// The blocks of `fixed` (as [`fixed_blocks!`] lists them) and `variants` this chunk holds,
+    /// with their multiplicities.
+    fn held<'a, T>(
+        &self,
+        fixed: [Option<&'a T>; 7],
+        variants: &'a [T],
+    ) -> impl Iterator<Item = (&'a T, u64)> + use<'a, T> {
+        let [embedding, dense, moe, output, mtp, dense_hp, moe_hp] = fixed;
+        let items: [(Option<&'a T>, u64); 7] = [
+            (embedding, self.embedding as u64),
+            (dense, self.dense_layers as u64),
+            (moe, self.moe_layers as u64),
+            (output, self.output as u64),
+            (mtp, self.mtp_layers as u64),
+            (dense_hp, self.hp_dense_layers as u64),
+            (moe_hp, self.hp_moe_layers as u64),
         ];
-        let variants = l
-            .variants
+        let variants = variants
             .iter()
             .zip(self.variant_layers)
             .map(|(b, n)| (Some(b), n as u64));

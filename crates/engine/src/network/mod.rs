@@ -13,14 +13,16 @@ use crate::config::{GpuProfile, Link, NcclArch};
 use crate::layout::{GroupKind, Layout};
 use crate::model::CollectiveKind;
 use nccl::{CollectiveModel, Fabric, Graphs};
+use parsim_plan::op_timing::Placement;
 
 /// Seconds of a ring collective: alpha + factor x B / bandwidth, with the ring factors
-/// 2(n-1)/n (all-reduce), (n-1)/n (all-gather, reduce-scatter, all-to-all) and 1 (send).
+/// ([`CollectiveKind::bus_factor`]) 2(n-1)/n (all-reduce), (n-1)/n (all-gather,
+/// reduce-scatter, all-to-all) and 1 (broadcast, send).
 pub fn ring_s(kind: CollectiveKind, bytes: f64, n: u32, bandwidth: f64, latency_s: f64) -> f64 {
     if n <= 1 || bytes <= 0.0 {
         return 0.0;
     }
-    latency_s + kind.ring_factor(n) * bytes / bandwidth
+    latency_s + kind.bus_factor(n) * bytes / bandwidth
 }
 
 /// How one group kind sits on the cluster: its size, members per NVLink domain, domains spanned
@@ -31,6 +33,56 @@ pub struct GroupGeometry {
     pub size: u32,
     pub per_node: u32,
     pub nodes: u32,
+}
+
+impl GroupGeometry {
+    /// A group of `n` ranks where only its placement is known (a measured op's key): all in one
+    /// NVLink domain, or across the network with one member per domain (the flat ring on the
+    /// inter-node link; NCCL's hierarchy is not assumed).
+    pub fn of_placement(placement: Placement, n: u32) -> GroupGeometry {
+        match placement {
+            Placement::IntraNode => GroupGeometry {
+                size: n,
+                per_node: n,
+                nodes: 1,
+            },
+            Placement::InterNode => GroupGeometry {
+                size: n,
+                per_node: 1,
+                nodes: n,
+            },
+        }
+    }
+}
+
+/// The group a collective runs over: a kind of the layout's groups (its shape and NCCL models
+/// read off the layout), or a shape given outright.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CollectiveGroup {
+    Kind(GroupKind),
+    Shape(GroupGeometry),
+}
+
+/// One collective's seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CollectiveTime {
+    /// From the first byte sent to the last received, latency included.
+    pub wire_s: f64,
+    /// Of `wire_s`, NCCL's chunk pipeline inside a node, which a copy-engine transfer does not
+    /// pay (0 where NCCL's model did not time it).
+    pub pipeline_s: f64,
+    /// The measured host gap, where the profile's collective table timed it (else 0).
+    pub host_gap_s: f64,
+}
+
+impl CollectiveTime {
+    /// `wire_s` on the wire, nothing else.
+    fn on_wire(wire_s: f64) -> CollectiveTime {
+        CollectiveTime {
+            wire_s,
+            ..CollectiveTime::default()
+        }
+    }
 }
 
 /// The cluster's links as every group kind of one configuration sees them (from the rank
@@ -57,7 +109,7 @@ fn tuned_index(coll: CollectiveKind) -> Option<usize> {
         CollectiveKind::AllReduce => Some(0),
         CollectiveKind::AllGather => Some(1),
         CollectiveKind::ReduceScatter => Some(2),
-        CollectiveKind::AllToAll | CollectiveKind::SendRecv => None,
+        CollectiveKind::AllToAll | CollectiveKind::Broadcast | CollectiveKind::SendRecv => None,
     }
 }
 
@@ -110,7 +162,7 @@ impl Network {
             g
         });
         let nccl = gpu.links.nccl;
-        let inter = gpu.links.inter_node.clone();
+        let inter = &gpu.links.inter_node;
         // One topology search per distinct shape: kinds of the same shape share its models.
         let mut models: Vec<[CollectiveModel; 3]> = Vec::new();
         let mut model_of = [0usize; GroupKind::ALL.len()];
@@ -128,7 +180,7 @@ impl Network {
                         };
                         models.push(model_cache::with_models(
                             key,
-                            || nccl_models(arch, &inter, TUNED, g.size, g.per_node, g.nodes),
+                            || nccl_models(arch, inter, TUNED, g.size, g.per_node, g.nodes),
                             |m| m.clone(),
                         ));
                         models.len() - 1
@@ -137,12 +189,29 @@ impl Network {
             }
         }
         Network {
-            intra: gpu.links.intra_node.clone(),
-            inter,
             geometry,
-            nccl,
             models,
             model_of,
+            ..Network::of_links(gpu)
+        }
+    }
+
+    /// The links of `gpu` with no layout: every group kind a single rank, so only
+    /// [`CollectiveGroup::Shape`] groups have a price (a measured op names its group's size and
+    /// placement, not its kind).
+    pub fn of_links(gpu: &GpuProfile) -> Network {
+        let one = GroupGeometry {
+            size: 1,
+            per_node: 1,
+            nodes: 1,
+        };
+        Network {
+            intra: gpu.links.intra_node.clone(),
+            inter: gpu.links.inter_node.clone(),
+            geometry: [one; GroupKind::ALL.len()],
+            nccl: gpu.links.nccl,
+            models: Vec::new(),
+            model_of: [0; GroupKind::ALL.len()],
             tables: gpu
                 .tables
                 .collective
@@ -151,9 +220,32 @@ impl Network {
         }
     }
 
-    /// Seconds of one collective from the profile's measured bus bandwidth for its op, group
-    /// size and placement (nccl-tests' busbw: seconds = bus factor x bytes / busbw), plus the
-    /// measured host gap, when the collective table covers `payload` bytes.
+    /// One collective from the profile's measured bus bandwidth for its op, group size and
+    /// placement (nccl-tests' busbw: seconds = bus factor x bytes / busbw), with the measured
+    /// host gap, when the collective table covers `payload` bytes.
+    fn table_collective(
+        &self,
+        g: GroupGeometry,
+        coll: CollectiveKind,
+        payload: u64,
+        n: u32,
+    ) -> Option<CollectiveTime> {
+        let t = self.tables.as_deref()?;
+        let placement = if g.nodes > 1 {
+            Placement::InterNode
+        } else {
+            Placement::IntraNode
+        };
+        let busbw = t.collective_bus_bytes_per_s(coll, n, placement, payload)?;
+        Some(CollectiveTime {
+            wire_s: coll.bus_factor(n) * payload as f64 / busbw,
+            pipeline_s: 0.0,
+            host_gap_s: t.host_gap_s(),
+        })
+    }
+
+    /// [`Self::collective_s`] from the profile's collective table alone, `None` where it does
+    /// not cover the call.
     pub fn table_collective_s(
         &self,
         kind: GroupKind,
@@ -161,22 +253,8 @@ impl Network {
         payload: u64,
         n: u32,
     ) -> Option<f64> {
-        use parsim_plan::op_timing::{CollectiveKind as Op, Placement};
-        let t = self.tables.as_deref()?;
-        let op = match coll {
-            CollectiveKind::AllReduce => Op::AllReduce,
-            CollectiveKind::AllGather => Op::AllGather,
-            CollectiveKind::ReduceScatter => Op::ReduceScatter,
-            CollectiveKind::AllToAll => Op::AllToAll,
-            CollectiveKind::SendRecv => Op::SendRecv,
-        };
-        let placement = if self.crosses_nodes(kind) {
-            Placement::InterNode
-        } else {
-            Placement::IntraNode
-        };
-        let busbw = t.collective_bus_bytes_per_s(op, n, placement, payload)?;
-        Some(crate::config::tables::bus_factor(op, n) * payload as f64 / busbw + t.host_gap_s())
+        self.table_collective(self.geometry(kind), coll, payload, n)
+            .map(|t| t.wire_s + t.host_gap_s)
     }
 
     fn kind_index(kind: GroupKind) -> usize {
@@ -205,67 +283,84 @@ impl Network {
         }
     }
 
-    /// Seconds of one collective of `payload` bytes over `n` ranks of group `kind`. Inside a node
-    /// it runs on NVLink. Across nodes, with k > 1 members per node, the collectives NCCL
-    /// builds from rings are hierarchical: every GPU drives its own NIC, so each node moves
-    /// only 1/k of the data per GPU across the network. An all-reduce is a reduce-scatter in
-    /// the node, an all-reduce across nodes on 1/k of the data and an all-gather in the node;
-    /// an all-gather is an all-gather across nodes of 1/k of the output, then one in the node
-    /// (a reduce-scatter the reverse). All-to-all and send/recv run at the inter-node link.
-    ///
-    /// With an NCCL generation in the profile, all-reduce, all-gather and reduce-scatter are
-    /// NCCL's predicted time instead ([`nccl::CollectiveModel`]), for the group's placement.
+    /// Seconds of one collective of `payload` bytes over `n` ranks of group `kind`
+    /// ([`Self::collective_time`]: on the wire, and the host gap where a table timed it).
     pub fn collective_s(&self, kind: GroupKind, coll: CollectiveKind, payload: u64, n: u32) -> f64 {
-        self.collective_parts_s(kind, coll, payload, n).0
+        let t = self.collective_time(CollectiveGroup::Kind(kind), coll, payload, n);
+        t.wire_s + t.host_gap_s
     }
 
-    /// [`Network::collective_s`] and the part of it that is NCCL's chunk pipeline inside a
-    /// node (0 where NCCL's model does not time it), which a copy-engine transfer does not pay.
-    pub fn collective_parts_s(
+    /// One collective of `payload` bytes over `n` ranks of `group`. The profile's collective
+    /// table times it where it covers it. Else, inside a node it runs on NVLink. Across nodes,
+    /// with k > 1 members per node, the collectives NCCL builds from rings are hierarchical:
+    /// every GPU drives its own NIC, so each node moves only 1/k of the data per GPU across the
+    /// network. An all-reduce is a reduce-scatter in the node, an all-reduce across nodes on
+    /// 1/k of the data and an all-gather in the node; an all-gather is an all-gather across
+    /// nodes of 1/k of the output, then one in the node (a reduce-scatter the reverse).
+    /// All-to-all and send/recv run at the inter-node link.
+    ///
+    /// With an NCCL generation in the profile, all-reduce, all-gather and reduce-scatter are
+    /// NCCL's predicted time instead ([`nccl::CollectiveModel`]), for the group's placement,
+    /// with the part of it that is NCCL's chunk pipeline inside a node.
+    pub fn collective_time(
         &self,
-        kind: GroupKind,
+        group: CollectiveGroup,
         coll: CollectiveKind,
         payload: u64,
         n: u32,
-    ) -> (f64, f64) {
-        let g = self.geometry(kind);
+    ) -> CollectiveTime {
+        let g = match group {
+            CollectiveGroup::Kind(kind) => self.geometry(kind),
+            CollectiveGroup::Shape(g) => g,
+        };
         let b = payload as f64;
         if n <= 1 || payload == 0 {
-            return (0.0, 0.0);
+            return CollectiveTime::default();
         }
-        if let Some(s) = self.table_collective_s(kind, coll, payload, n) {
-            return (s, 0.0);
+        if let Some(t) = self.table_collective(g, coll, payload, n) {
+            return t;
         }
         if let (Some(arch), Some(c)) = (self.nccl, tuned_index(coll)) {
-            let predicted = if n == g.size && !self.models.is_empty() {
-                self.models[self.model_of[Self::kind_index(kind)]][c].predict(b)
-            } else {
-                // A sub-group (the two ends of tied embeddings on the pipeline group).
-                let nodes = g.nodes.min(n);
-                let per_node = n.div_ceil(nodes);
-                let key = model_cache::ShapeKey {
-                    arch,
-                    nic_bytes_per_s_bits: self.inter.bandwidth_bytes_per_s.to_bits(),
-                    ranks: n,
-                    per_node,
-                    nodes,
-                };
-                model_cache::with_models(
-                    key,
-                    || nccl_models(arch, &self.inter, TUNED, n, per_node, nodes),
-                    |m| m[c].predict(b),
-                )
+            let predicted = match group {
+                CollectiveGroup::Kind(kind) if n == g.size && !self.models.is_empty() => {
+                    self.models[self.model_of[Self::kind_index(kind)]][c].predict(b)
+                }
+                // A sub-group (the two ends of tied embeddings on the pipeline group), or a
+                // shape given outright.
+                _ => {
+                    let nodes = g.nodes.min(n);
+                    let per_node = n.div_ceil(nodes);
+                    let key = model_cache::ShapeKey {
+                        arch,
+                        nic_bytes_per_s_bits: self.inter.bandwidth_bytes_per_s.to_bits(),
+                        ranks: n,
+                        per_node,
+                        nodes,
+                    };
+                    model_cache::with_models(
+                        key,
+                        || nccl_models(arch, &self.inter, TUNED, n, per_node, nodes),
+                        |m| m[c].predict(b),
+                    )
+                }
             };
             if let Some(p) = predicted {
-                return (p.time_s, p.pipeline_s);
+                return CollectiveTime {
+                    wire_s: p.time_s,
+                    pipeline_s: p.pipeline_s,
+                    host_gap_s: 0.0,
+                };
             }
         }
         let link = |l: &Link| l.bandwidth_bytes_per_s * l.efficiency;
         if g.nodes <= 1 || n <= 1 {
-            return (
-                ring_s(coll, b, n, link(&self.intra), self.intra.latency_s),
-                0.0,
-            );
+            return CollectiveTime::on_wire(ring_s(
+                coll,
+                b,
+                n,
+                link(&self.intra),
+                self.intra.latency_s,
+            ));
         }
         if coll == CollectiveKind::AllReduce && g.per_node > 1 {
             let k = g.per_node;
@@ -283,7 +378,7 @@ impl Network {
                 link(&self.inter),
                 self.inter.latency_s,
             );
-            return (2.0 * intra + inter, 0.0);
+            return CollectiveTime::on_wire(2.0 * intra + inter);
         }
         if matches!(
             coll,
@@ -299,12 +394,9 @@ impl Network {
                 link(&self.inter),
                 self.inter.latency_s,
             );
-            return (intra + inter, 0.0);
+            return CollectiveTime::on_wire(intra + inter);
         }
-        (
-            ring_s(coll, b, n, link(&self.inter), self.inter.latency_s),
-            0.0,
-        )
+        CollectiveTime::on_wire(ring_s(coll, b, n, link(&self.inter), self.inter.latency_s))
     }
 }
 
@@ -387,7 +479,7 @@ mod tests {
         l.models = vec![TUNED.map(|c| nccl_model(NcclArch::Hopper, &l.inter, c, 4, 1, 4))];
         let b = (1u64 << 30) as f64;
         let t = l.collective_s(GroupKind::DpCp, CollectiveKind::AllReduce, b as u64, 4);
-        let busbw = CollectiveKind::AllReduce.ring_factor(4) * b / t;
+        let busbw = CollectiveKind::AllReduce.bus_factor(4) * b / t;
         assert!((0.8 * 50e9..=50e9).contains(&busbw), "{busbw}");
         // Small messages pay NCCL's latencies (several microseconds), not bytes/bandwidth.
         let small = l.collective_s(GroupKind::DpCp, CollectiveKind::AllReduce, 4096, 4);
@@ -399,6 +491,6 @@ mod tests {
         node.nccl = Some(NcclArch::Hopper);
         node.models = vec![TUNED.map(|c| nccl_model(NcclArch::Hopper, &node.inter, c, 8, 8, 1))];
         let t = node.collective_s(GroupKind::Tp, CollectiveKind::AllGather, b as u64, 8);
-        assert!(CollectiveKind::AllGather.ring_factor(8) * b / t > 300e9);
+        assert!(CollectiveKind::AllGather.bus_factor(8) * b / t > 300e9);
     }
 }

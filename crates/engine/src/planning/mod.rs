@@ -145,7 +145,7 @@ pub struct StepInputs {
 /// The `run` section of an estimate: the token budget's time, GPU-hours, energy, cost and
 /// goodput, with the terms behind them.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct RunReport {
+pub struct RunForecast {
     pub tokens: u64,
     /// Expected wall-clock days: compute plus checkpoint stalls plus failure losses.
     pub wall_days: f64,
@@ -218,7 +218,7 @@ pub fn expected_wall_s(
 }
 
 /// The run of `tokens` tokens from one step's figures.
-pub fn plan(tokens: u64, step: &StepInputs, s: &Settings) -> Result<RunReport, PlanningError> {
+pub fn plan(tokens: u64, step: &StepInputs, s: &Settings) -> Result<RunForecast, PlanningError> {
     if tokens == 0 {
         return Err(PlanningError::Field {
             field: "run.train_tokens",
@@ -304,7 +304,7 @@ pub fn plan(tokens: u64, step: &StepInputs, s: &Settings) -> Result<RunReport, P
     if cost_usd.is_none() {
         notes.push("cost omitted: set run.price_per_gpu_hour_usd (--gpu-hour-price) for dollars; there is no default price".into());
     }
-    Ok(RunReport {
+    Ok(RunForecast {
         tokens,
         wall_days: wall_s / S_PER_DAY,
         gpu_hours,
@@ -372,7 +372,7 @@ fn muon_params(r: &Resolved) -> u64 {
 }
 
 /// The run section of `est` when its configuration sets `run.train_tokens` (`None` otherwise).
-pub fn run_report(r: &Resolved, est: &Estimate) -> Result<Option<RunReport>, PlanningError> {
+pub fn run_forecast(r: &Resolved, est: &Estimate) -> Result<Option<RunForecast>, PlanningError> {
     let Some(tokens) = r.config.run.train_tokens else {
         return Ok(None);
     };

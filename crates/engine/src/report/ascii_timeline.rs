@@ -95,7 +95,7 @@ pub fn render(program: &Program, sim: &Simulation, color: bool, max_columns: usi
             let s = spans[k];
             let c0 = to_col(s.start).min(columns - 1);
             let c1 = to_col(s.end).max(c0 + 1).min(columns);
-            let halves: Vec<&crate::schedule::Action> = if a.overlap == Overlap::First {
+            let halves: Vec<&crate::schedule::ComputeAction> = if a.overlap == Overlap::First {
                 acts.get(k + 1).into_iter().fold(vec![a], |mut v, b| {
                     v.push(b);
                     v

@@ -2,7 +2,7 @@
 //! per figure, with the terms behind the wall time.
 
 use super::table::{right_align, table};
-use crate::planning::RunReport;
+use crate::planning::RunForecast;
 
 /// A token count as people write it: 15.6T, 300B, 2.5M, or the integer below a thousand.
 pub fn tokens(n: u64) -> String {
@@ -33,7 +33,7 @@ fn bytes(b: f64) -> String {
 }
 
 /// The (name, value) rows of the run, in the order of the JSON section.
-pub fn run_rows(r: &RunReport) -> Vec<(String, String)> {
+pub fn run_rows(r: &RunForecast) -> Vec<(String, String)> {
     let mut rows = vec![
         ("tokens".to_string(), tokens(r.tokens)),
         ("steps".to_string(), r.steps.to_string()),
@@ -117,7 +117,7 @@ pub fn deadline_verdict(deadline_days: f64, margin_days: f64) -> String {
 }
 
 /// The run table, followed by its notes.
-pub fn run_text(r: &RunReport) -> String {
+pub fn run_text(r: &RunForecast) -> String {
     let mut t = table(&["run", "value"]);
     for (k, v) in run_rows(r) {
         t.add_row(vec![k, v]);
@@ -132,7 +132,7 @@ pub fn run_text(r: &RunReport) -> String {
 
 /// The runs of several configurations side by side (`compare`): one column each, a dash
 /// where a column has no run.
-pub fn runs_text(labels: &[String], runs: &[Option<RunReport>]) -> String {
+pub fn runs_text(labels: &[String], runs: &[Option<RunForecast>]) -> String {
     let mut header = vec!["run"];
     header.extend(labels.iter().map(String::as_str));
     let mut t = table(&header);

@@ -2,6 +2,7 @@
 
 use super::format::{bytes, count, flops, gib, grouped, seconds};
 use crate::estimate::Estimate;
+use crate::model::CommKind;
 use comfy_table::{presets, CellAlignment, Table};
 use std::fmt::Write;
 
@@ -212,33 +213,51 @@ fn flops_table(e: &Estimate) -> Table {
     t
 }
 
+/// One process group's communication as the tables and the GUI's cards show it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CommRow {
+    pub kind: CommKind,
+    /// Members of the group the kind's bytes run over, and whether it spans NVLink domains.
+    pub size: u32,
+    pub crosses_nodes: bool,
+    pub sent_bytes: u64,
+    pub exposed_s: f64,
+}
+
+/// A row per communication kind that is a process group, in [`CommKind::ALL`]'s order.
+pub fn comm_rows(e: &Estimate) -> Vec<CommRow> {
+    let cm = &e.communication;
+    CommKind::ALL
+        .into_iter()
+        .filter_map(|kind| {
+            let group = kind.info().group?;
+            let info = cm.groups.iter().find(|g| g.group == group);
+            let (size, crosses_nodes) = info.map_or((1, false), |g| (g.size, g.crosses_nodes));
+            Some(CommRow {
+                kind,
+                size,
+                crosses_nodes,
+                sent_bytes: cm.per_step_bytes_per_gpu[kind],
+                exposed_s: e.time.exposed_comm_by_group_s[kind],
+            })
+        })
+        .collect()
+}
+
 /// Bytes each GPU sends per step, per process group.
 fn communication_table(e: &Estimate) -> Table {
-    let cm = &e.communication;
-    let b = cm.per_step_bytes_per_gpu;
     let mut t = table(&["group", "size", "crosses nodes", "sent per step per GPU"]);
-    for (name, v) in [
-        ("tp", b.tp),
-        ("cp", b.cp),
-        ("pp", b.pp),
-        ("dp", b.dp),
-        ("ep", b.ep),
-        ("expert_tp", b.expert_tp),
-    ] {
-        let info = cm
-            .groups
-            .iter()
-            .find(|g| g.group.as_str() == if name == "dp" { "dp_cp" } else { name });
-        let (size, crosses) = info.map_or((1, false), |g| (g.size, g.crosses_nodes));
+    for row in comm_rows(e) {
+        let crosses = match (row.size > 1, row.crosses_nodes) {
+            (false, _) => "-",
+            (true, true) => "yes",
+            (true, false) => "no",
+        };
         t.add_row(vec![
-            name.to_string(),
-            size.to_string(),
-            if size > 1 {
-                if crosses { "yes" } else { "no" }.to_string()
-            } else {
-                "-".into()
-            },
-            bytes(v as f64),
+            row.kind.key().to_string(),
+            row.size.to_string(),
+            crosses.to_string(),
+            bytes(row.sent_bytes as f64),
         ]);
     }
     right_align(&mut t, 1);
@@ -258,8 +277,11 @@ fn time_table(e: &Estimate) -> Table {
     for term in crate::estimate::breakdown::terms(tm) {
         // Compute and the optimizer always show, the pipeline's terms with a pipeline, the
         // rest where they are not zero.
-        let pipeline = matches!(term.key, "warmup_cooldown_s" | "imbalance_s" | "pp_wait_s");
-        let always = matches!(term.key, "compute_s" | "optimizer_s");
+        let pipeline = matches!(
+            term.key.as_str(),
+            "warmup_cooldown_s" | "imbalance_s" | "pp_wait_s"
+        );
+        let always = matches!(term.key.as_str(), "compute_s" | "optimizer_s");
         if always || (pipeline && tm.imbalance.is_some()) || term.seconds > 0.0 {
             t.add_row(vec![
                 format!("  {}", term.label),
@@ -330,4 +352,37 @@ fn throughput_table(e: &Estimate) -> Table {
     ]);
     right_align(&mut t, 1);
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, Resolved};
+
+    /// The communication rows are the process-group kinds in the JSON's order, each with its
+    /// JSON bytes and exposed seconds; `dp` stands beside the DP x CP group, whose members are
+    /// dp x cp (here 2 x 2 of 8 GPUs at TP 2), and the host link is no row.
+    #[test]
+    fn communication_rows_follow_the_json_and_the_dp_x_cp_group() {
+        let mut c = Config::default();
+        c.cluster.num_gpus = 8;
+        c.parallel.tp = 2;
+        c.parallel.cp = 2;
+        c.training.global_batch_size = 8;
+        let e = crate::estimate::estimate(&Resolved::new(c).unwrap()).unwrap();
+        let rows = comm_rows(&e);
+        let keys: Vec<&str> = rows.iter().map(|r| r.kind.key()).collect();
+        assert_eq!(keys, ["tp", "cp", "pp", "dp", "ep", "expert_tp"]);
+        let json = serde_json::to_value(&e).unwrap();
+        for r in &rows {
+            let k = r.kind.key();
+            assert_eq!(
+                json["communication"]["per_step_bytes_per_gpu"][k], r.sent_bytes,
+                "{k}"
+            );
+            assert_eq!(json["time"]["exposed_comm_by_group_s"][k], r.exposed_s);
+        }
+        let dp = rows.iter().find(|r| r.kind == CommKind::Dp).unwrap();
+        assert_eq!((dp.size, e.config.parallel.dp), (4, Some(2)));
+    }
 }

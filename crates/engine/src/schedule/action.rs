@@ -60,9 +60,11 @@ pub enum Overlap {
     Second,
 }
 
-/// One computation on one rank.
+/// One computation on one rank: a forward, backward or backward part of one stage for one
+/// microbatch (lowering turns each into a `parsim_plan::plan::Action` and adds the sends,
+/// receives and optimizer step around them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Action {
+pub struct ComputeAction {
     /// Forward, backward or a backward part.
     pub kind: ActionKind,
     /// Global stage (model chunk) index, `0..num_stages`.
@@ -73,10 +75,10 @@ pub struct Action {
     pub overlap: Overlap,
 }
 
-impl Action {
+impl ComputeAction {
     /// A stand-alone action.
     pub fn new(kind: ActionKind, stage: u32, microbatch: u32) -> Self {
-        Action {
+        ComputeAction {
             kind,
             stage,
             microbatch,
@@ -85,7 +87,7 @@ impl Action {
     }
 }
 
-impl fmt::Display for Action {
+impl fmt::Display for ComputeAction {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -119,7 +121,7 @@ pub struct Program {
     /// Stage-to-rank layout.
     pub placement: Placement,
     /// `ranks[r]` is rank r's actions in execution order.
-    pub ranks: Vec<Vec<Action>>,
+    pub ranks: Vec<Vec<ComputeAction>>,
 }
 
 impl Program {

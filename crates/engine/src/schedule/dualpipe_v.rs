@@ -20,11 +20,11 @@
 //! The reference asserts `m >= 2p`. Per the README, activations per device peak at PP+1 chunk
 //! sets with PP = 2p stages, i.e. 2p+1, and the bubble is (PP/2-1)(F&B + B - 3W).
 
-use super::action::{Action, ActionKind, Overlap};
+use super::action::{ActionKind, ComputeAction, Overlap};
 use std::collections::VecDeque;
 
 struct Rank {
-    out: Vec<Action>,
+    out: Vec<ComputeAction>,
     stage: [u32; 2],
     f: [u32; 2],
     b: [u32; 2],
@@ -33,7 +33,7 @@ struct Rank {
 
 impl Rank {
     fn forward(&mut self, phase: usize) {
-        let a = Action::new(ActionKind::F, self.stage[phase], self.f[phase]);
+        let a = ComputeAction::new(ActionKind::F, self.stage[phase], self.f[phase]);
         self.f[phase] += 1;
         self.out.push(a);
     }
@@ -43,10 +43,10 @@ impl Rank {
         self.b[phase] += 1;
         let stage = self.stage[phase];
         if zero_bubble {
-            self.out.push(Action::new(ActionKind::I, stage, mb));
+            self.out.push(ComputeAction::new(ActionKind::I, stage, mb));
             self.pending_w.push_back((stage, mb));
         } else {
-            self.out.push(Action::new(ActionKind::B, stage, mb));
+            self.out.push(ComputeAction::new(ActionKind::B, stage, mb));
         }
     }
 
@@ -55,7 +55,7 @@ impl Rank {
         // queue would be a bug in this file, and the simulator's program check would report
         // the missing W rather than panicking here.
         if let Some((stage, mb)) = self.pending_w.pop_front() {
-            self.out.push(Action::new(ActionKind::W, stage, mb));
+            self.out.push(ComputeAction::new(ActionKind::W, stage, mb));
         }
     }
 
@@ -72,7 +72,7 @@ impl Rank {
 }
 
 /// Rank programs for `pp` ranks and `m >= 2 pp` microbatches (checked by the caller).
-pub(super) fn ranks(pp: u32, m: u32) -> Vec<Vec<Action>> {
+pub(super) fn ranks(pp: u32, m: u32) -> Vec<Vec<ComputeAction>> {
     (0..pp)
         .map(|r| {
             let mut k = Rank {

@@ -5,15 +5,15 @@
 //! all m activation sets at the turn, and the bubble is (p-1)/m of the ideal time when F = B
 //! and communication is free (Narayanan et al. 2021, §2.2.1).
 
-use super::action::{Action, ActionKind};
+use super::action::{ActionKind, ComputeAction};
 
 /// Rank programs for `pp` ranks and `m` microbatches (one stage per rank).
-pub(super) fn ranks(pp: u32, m: u32) -> Vec<Vec<Action>> {
+pub(super) fn ranks(pp: u32, m: u32) -> Vec<Vec<ComputeAction>> {
     (0..pp)
         .map(|r| {
             let mut v = Vec::with_capacity(2 * m as usize);
-            v.extend((0..m).map(|mb| Action::new(ActionKind::F, r, mb)));
-            v.extend((0..m).map(|mb| Action::new(ActionKind::B, r, mb)));
+            v.extend((0..m).map(|mb| ComputeAction::new(ActionKind::F, r, mb)));
+            v.extend((0..m).map(|mb| ComputeAction::new(ActionKind::B, r, mb)));
             v
         })
         .collect()

@@ -11,7 +11,7 @@
 //! microbatches; with the default N = p that means m must be a multiple of p. Peak live
 //! activation sets on rank r: warm-up + 1, capped at m v.
 
-use super::action::{Action, ActionKind};
+use super::action::{ActionKind, ComputeAction};
 
 /// The (microbatch, chunk) order of forwards, Megatron's `get_schedule_table`.
 pub(super) fn schedule_table(m: u32, v: u32, group: u32) -> Vec<(u32, u32)> {
@@ -36,7 +36,7 @@ pub(super) fn warmup(pp: u32, v: u32, m: u32, group: u32, r: u32) -> u32 {
 }
 
 /// Rank programs; the arguments were checked by the caller (`v >= 2`, group rules).
-pub(super) fn ranks(pp: u32, v: u32, m: u32, group: u32) -> Vec<Vec<Action>> {
+pub(super) fn ranks(pp: u32, v: u32, m: u32, group: u32) -> Vec<Vec<ComputeAction>> {
     let table = schedule_table(m, v, group);
     let total = table.len();
     (0..pp)
@@ -44,11 +44,11 @@ pub(super) fn ranks(pp: u32, v: u32, m: u32, group: u32) -> Vec<Vec<Action>> {
             let w = warmup(pp, v, m, group, r) as usize;
             let fwd = |k: usize| {
                 let (mb, c) = table[k];
-                Action::new(ActionKind::F, c * pp + r, mb)
+                ComputeAction::new(ActionKind::F, c * pp + r, mb)
             };
             let bwd = |k: usize| {
                 let (mb, c) = table[k];
-                Action::new(ActionKind::B, (v - 1 - c) * pp + r, mb)
+                ComputeAction::new(ActionKind::B, (v - 1 - c) * pp + r, mb)
             };
             let mut out = Vec::with_capacity(2 * total);
             out.extend((0..w).map(fwd));

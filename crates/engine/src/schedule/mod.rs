@@ -34,7 +34,7 @@ mod zbv;
 mod zero_bubble;
 
 pub use crate::config::ScheduleKind;
-pub use action::{rank_of_stage, Action, ActionKind, Overlap, Placement, Program};
+pub use action::{rank_of_stage, ActionKind, ComputeAction, Overlap, Placement, Program};
 pub use costs::Costs;
 pub use error::ScheduleError;
 pub use extrapolate::{

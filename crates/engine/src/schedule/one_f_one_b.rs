@@ -6,20 +6,20 @@
 //! drains the remaining backwards. At most `p - i` activation sets are live on rank i, and the
 //! bubble is the same (p-1)/m as GPipe's.
 
-use super::action::{Action, ActionKind};
+use super::action::{ActionKind, ComputeAction};
 
 /// Rank programs for `pp` ranks and `m` microbatches (one stage per rank).
-pub(super) fn ranks(pp: u32, m: u32) -> Vec<Vec<Action>> {
+pub(super) fn ranks(pp: u32, m: u32) -> Vec<Vec<ComputeAction>> {
     (0..pp)
         .map(|r| {
             let warmup = (pp - r - 1).min(m);
             let mut v = Vec::with_capacity(2 * m as usize);
-            v.extend((0..warmup).map(|mb| Action::new(ActionKind::F, r, mb)));
+            v.extend((0..warmup).map(|mb| ComputeAction::new(ActionKind::F, r, mb)));
             for k in 0..m - warmup {
-                v.push(Action::new(ActionKind::F, r, warmup + k));
-                v.push(Action::new(ActionKind::B, r, k));
+                v.push(ComputeAction::new(ActionKind::F, r, warmup + k));
+                v.push(ComputeAction::new(ActionKind::B, r, k));
             }
-            v.extend((m - warmup..m).map(|mb| Action::new(ActionKind::B, r, mb)));
+            v.extend((m - warmup..m).map(|mb| ComputeAction::new(ActionKind::B, r, mb)));
             v
         })
         .collect()

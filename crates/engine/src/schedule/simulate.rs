@@ -14,7 +14,7 @@
 //! overlapped DualPipe-V slot count together (the forward's activations are created while the
 //! backward's are still held).
 
-use super::action::{Action, ActionKind, Overlap, Program};
+use super::action::{ActionKind, ComputeAction, Overlap, Program};
 use super::costs::Costs;
 use super::error::ScheduleError;
 pub use super::lanes::Span;
@@ -89,7 +89,7 @@ impl<const N: usize> Ends<N> {
     }
 
     /// The time at which the inputs of `a` exist, or the first one missing.
-    fn ready(&self, a: &Action, lanes: &[StageLanes<N>]) -> Result<[f64; N], Input> {
+    fn ready(&self, a: &ComputeAction, lanes: &[StageLanes<N>]) -> Result<[f64; N], Input> {
         let exists = |t: &[f64; N]| N == 0 || !t[0].is_nan();
         let s = a.stage;
         match a.kind {
@@ -136,7 +136,7 @@ impl<const N: usize> Ends<N> {
     /// Records that `a` ended at `t1`; returns the input that end is to the next action that
     /// needs it (on stage s + 1 for a forward, s - 1 for a gradient; none for a W or past
     /// the ends of the pipeline).
-    fn store(&mut self, a: &Action, t1: [f64; N], stages: u32) -> Option<Input> {
+    fn store(&mut self, a: &ComputeAction, t1: [f64; N], stages: u32) -> Option<Input> {
         let s = a.stage;
         let cell = self.cell(s, a.microbatch);
         match a.kind {
@@ -255,11 +255,11 @@ pub(super) fn play<const N: usize>(
 /// How long a slot (one action, or the two halves of an overlapped DualPipe-V slot at the
 /// overlap factor) takes, per lane.
 fn slot_duration<const N: usize>(
-    slot: &[Action],
+    slot: &[ComputeAction],
     lanes: &[StageLanes<N>],
     overlap_factor: [f64; N],
 ) -> [f64; N] {
-    let duration = |b: &Action| lanes[b.stage as usize].duration[kind_slot(b.kind)];
+    let duration = |b: &ComputeAction| lanes[b.stage as usize].duration[kind_slot(b.kind)];
     match slot {
         [a, b] => {
             let both = plus(duration(a), duration(b));
@@ -421,7 +421,7 @@ pub(super) fn bubble_fraction(makespan: f64, busy: &[f64]) -> f64 {
 /// The most activation sets live at once on a rank whose actions are only whole forwards
 /// and backwards of one stage, each forward's set freed by a later backward (GPipe's and
 /// 1F1B's ranks); `None` for any other list.
-pub fn whole_passes_sets(actions: &[Action]) -> Option<u32> {
+pub fn whole_passes_sets(actions: &[ComputeAction]) -> Option<u32> {
     let stage = actions.first().map_or(0, |a| a.stage);
     let (mut live, mut most) = (0u32, 0u32);
     for a in actions {
@@ -442,7 +442,7 @@ pub fn whole_passes_sets(actions: &[Action]) -> Option<u32> {
 
 /// Peak live activation sets of one rank's action list: +1 at each F, -1 after the action
 /// that frees them (B, or W for a split backward).
-pub fn peak_live(actions: &[super::action::Action]) -> u32 {
+pub fn peak_live(actions: &[super::action::ComputeAction]) -> u32 {
     let mut live: i64 = 0;
     let mut peak: i64 = 0;
     for a in actions {

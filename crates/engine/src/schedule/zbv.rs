@@ -9,20 +9,20 @@
 //! every rank peaks at 2p live chunk activations, i.e. p stage-sized sets: the paper's "same
 //! peak memory as 1F1B".
 
-use super::action::{Action, ActionKind};
+use super::action::{ActionKind, ComputeAction};
 
 /// Rank programs for `pp` ranks and `m` microbatches (two chunks per rank).
-pub(super) fn ranks(pp: u32, m: u32) -> Vec<Vec<Action>> {
+pub(super) fn ranks(pp: u32, m: u32) -> Vec<Vec<ComputeAction>> {
     let n = m.max(2 * pp - 1);
     (0..pp)
         .map(|r| {
             let s0 = r;
             let s1 = 2 * pp - 1 - r;
-            let mut v: Vec<Action> = Vec::with_capacity(6 * m as usize);
+            let mut v: Vec<ComputeAction> = Vec::with_capacity(6 * m as usize);
             let (mut f0, mut f1, mut b0, mut b1) = (0u32, 0u32, 0u32, 0u32);
-            let push = |v: &mut Vec<Action>, kind, stage, mb: u32| {
+            let push = |v: &mut Vec<ComputeAction>, kind, stage, mb: u32| {
                 if mb < m {
-                    v.push(Action::new(kind, stage, mb));
+                    v.push(ComputeAction::new(kind, stage, mb));
                 }
             };
             for _ in 0..2 * (pp - r) - 1 {

@@ -13,28 +13,28 @@
 //! this crate), the `r` W passes that rank r postpones keep `p` sets live on every rank, not
 //! `p - r` as in 1F1B.
 
-use super::action::{Action, ActionKind};
+use super::action::{ActionKind, ComputeAction};
 
 /// Rank programs for `pp` ranks and `m` microbatches (one stage per rank).
-pub(super) fn ranks(pp: u32, m: u32) -> Vec<Vec<Action>> {
+pub(super) fn ranks(pp: u32, m: u32) -> Vec<Vec<ComputeAction>> {
     (0..pp)
         .map(|r| {
             let warmup = (pp - r - 1).min(m);
             let mut v = Vec::with_capacity(3 * m as usize);
             let mut next_w = 0u32;
-            v.extend((0..warmup).map(|mb| Action::new(ActionKind::F, r, mb)));
+            v.extend((0..warmup).map(|mb| ComputeAction::new(ActionKind::F, r, mb)));
             for op in warmup..m + warmup {
                 if op < m {
-                    v.push(Action::new(ActionKind::F, r, op));
+                    v.push(ComputeAction::new(ActionKind::F, r, op));
                 }
                 let k = op - warmup;
-                v.push(Action::new(ActionKind::I, r, k));
+                v.push(ComputeAction::new(ActionKind::I, r, k));
                 if k >= r {
-                    v.push(Action::new(ActionKind::W, r, next_w));
+                    v.push(ComputeAction::new(ActionKind::W, r, next_w));
                     next_w += 1;
                 }
             }
-            v.extend((next_w..m).map(|mb| Action::new(ActionKind::W, r, mb)));
+            v.extend((next_w..m).map(|mb| ComputeAction::new(ActionKind::W, r, mb)));
             v
         })
         .collect()

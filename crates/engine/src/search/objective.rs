@@ -8,7 +8,7 @@
 
 use super::{resolve, search, Pruned, Ranked, SearchError, SearchResult, SearchSpec};
 use crate::config::GpuProfile;
-use crate::planning::{run_report, PlanningError, RunReport};
+use crate::planning::{run_forecast, PlanningError, RunForecast};
 use serde::Serialize;
 use std::sync::atomic::AtomicBool;
 
@@ -72,7 +72,7 @@ impl Objective {
     }
 
     /// The run's figure this objective minimises (`None` when the run lacks it).
-    pub fn key(self, run: &RunReport) -> Option<f64> {
+    pub fn key(self, run: &RunForecast) -> Option<f64> {
         match self {
             Objective::Time => Some(run.wall_days),
             Objective::Cost => run.cost_usd,
@@ -115,7 +115,7 @@ pub fn parse_deadline_s(text: &str) -> Result<f64, ObjectiveError> {
 pub struct RunRanked {
     #[serde(flatten)]
     pub ranked: Ranked,
-    pub run: RunReport,
+    pub run: RunForecast,
 }
 
 /// `parsim search --objective X --train-tokens N --json`.
@@ -144,7 +144,7 @@ pub fn rank_by(
         let Some(resolved) = resolve(&r.mix, spec, &gpu) else {
             continue;
         };
-        let Some(run) = run_report(&resolved, &r.estimate)? else {
+        let Some(run) = run_forecast(&resolved, &r.estimate)? else {
             return Err(ObjectiveError::NoTokens(objective.as_str()));
         };
         if objective.key(&run).is_none() {

@@ -5,10 +5,10 @@
 
 use egui::{vec2, Frame, Grid, RichText, TextStyle, TextWrapMode, Ui, WidgetText};
 use parsim::estimate::{breakdown, Estimate};
-use parsim::planning::RunReport;
+use parsim::planning::RunForecast;
 use parsim::report::format::{bytes, count, flops, seconds};
 use parsim::report::run_table;
-use parsim::report::table::share;
+use parsim::report::table::{comm_rows, share};
 
 /// The cards' titles and values, in display order.
 pub fn card_values(e: &Estimate) -> Vec<(&'static str, String)> {
@@ -78,7 +78,7 @@ pub fn share_of(e: &Estimate, key: &str) -> String {
 }
 
 /// The run cards' titles and values (`--train-tokens`), in the JSON section's order.
-pub fn run_card_values(r: &RunReport) -> Vec<(&'static str, String)> {
+pub fn run_card_values(r: &RunForecast) -> Vec<(&'static str, String)> {
     let mut cards = vec![
         ("Train tokens", run_table::tokens(r.tokens)),
         ("Wall time", format!("{:.1} days", r.wall_days)),
@@ -102,7 +102,7 @@ pub fn run_card_values(r: &RunReport) -> Vec<(&'static str, String)> {
 }
 
 /// Draws the run cards and their notes when the configuration asks for a run.
-pub fn run_ui(ui: &mut Ui, run: Option<&Result<RunReport, String>>) {
+pub fn run_ui(ui: &mut Ui, run: Option<&Result<RunForecast, String>>) {
     match run {
         None => {}
         Some(Err(e)) => {
@@ -227,8 +227,6 @@ pub fn ui(ui: &mut Ui, e: &Estimate) {
     ui.label(RichText::new(&e.verdict).italics());
     ui.add_space(4.0);
     ui.label(nvlink_domains(e));
-    let c = &e.communication.per_step_bytes_per_gpu;
-    let g = &e.time.exposed_comm_by_group_s;
     egui::CollapsingHeader::new("Communication per step, per GPU")
         .default_open(true)
         .show(ui, |ui| {
@@ -241,36 +239,16 @@ pub fn ui(ui: &mut Ui, e: &Estimate) {
                     ui.strong("sent");
                     ui.strong("exposed");
                     ui.end_row();
-                    let size = |name: &str| {
-                        e.communication
-                            .groups
-                            .iter()
-                            .find(|gi| gi.group.as_str().eq_ignore_ascii_case(name))
-                            .map(|gi| {
-                                format!(
-                                    "{}{}",
-                                    gi.size,
-                                    if gi.crosses_nodes {
-                                        " (across NVLink domains)"
-                                    } else {
-                                        ""
-                                    }
-                                )
-                            })
-                            .unwrap_or_default()
-                    };
-                    for (name, b, s) in [
-                        ("TP", c.tp, g.tp),
-                        ("CP", c.cp, g.cp),
-                        ("PP", c.pp, g.pp),
-                        ("DP", c.dp, g.dp),
-                        ("EP", c.ep, g.ep),
-                        ("expert_TP", c.expert_tp, g.expert_tp),
-                    ] {
-                        ui.label(name);
-                        ui.label(size(name));
-                        ui.label(bytes(b as f64));
-                        ui.label(seconds(s));
+                    for row in comm_rows(e) {
+                        let across = if row.crosses_nodes {
+                            " (across NVLink domains)"
+                        } else {
+                            ""
+                        };
+                        ui.label(row.kind.info().name);
+                        ui.label(format!("{}{across}", row.size));
+                        ui.label(bytes(row.sent_bytes as f64));
+                        ui.label(seconds(row.exposed_s));
                         ui.end_row();
                     }
                 });

@@ -19,7 +19,7 @@ use egui::{
 use parsim::config::ScheduleKind;
 use parsim::report::colors::{self, Rgb};
 use parsim::report::format::seconds;
-use parsim::schedule::{Action, ActionKind, Overlap, Program, Simulation};
+use parsim::schedule::{ActionKind, ComputeAction, Overlap, Program, Simulation};
 
 /// Width of the rank-label column, in points.
 const LABEL_W: f32 = 58.0;
@@ -151,7 +151,7 @@ fn paint_grid(c: &Canvas<'_>, ui: &Ui, axis: Option<Rect>) {
 
 /// The vertical extent of an action's bar within its row (overlapped DualPipe-V slots take a
 /// half each: the forward on top, the backward below).
-fn bar_y(row: Rect, a: &Action) -> (f32, f32) {
+fn bar_y(row: Rect, a: &ComputeAction) -> (f32, f32) {
     let (y0, y1) = (row.top() + 1.0, row.bottom() - 1.0);
     match a.overlap {
         Overlap::None => (y0, y1),
