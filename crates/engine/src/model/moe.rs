@@ -35,8 +35,19 @@ pub fn capacity_limit(factor: f64, local: u64, k: u64, experts: u64, ep: u64) ->
     if factor.is_nan() || factor <= 0.0 || experts == 0 {
         return None;
     }
-    let per_source = (factor * (local * k) as f64 / experts as f64).ceil() as u64;
-    Some((experts / ep.max(1)) * ep.max(1) * per_source)
+    // A source sends an expert at most its own local x k assignments: a larger capacity (a
+    // huge factor) limits nothing, so it is that many. The product is formed in u128; one
+    // past u64 is no limit on any row count either.
+    let assignments = u128::from(local) * u128::from(k);
+    let per_source = (factor * assignments as f64 / experts as f64).ceil();
+    let per_source = if per_source < assignments as f64 {
+        per_source as u128
+    } else {
+        assignments
+    };
+    let ep = u128::from(ep.max(1));
+    let limit = (u128::from(experts) / ep) * ep * per_source;
+    Some(u64::try_from(limit).unwrap_or(u64::MAX))
 }
 
 /// The rows of the hottest EP rank's MoE layer: what it receives and what it sends.

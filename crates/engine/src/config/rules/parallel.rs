@@ -8,8 +8,8 @@ use super::{divisors, fmt_list};
 pub fn world(cfg: &Config) -> Vec<Violation> {
     let (c, p) = (&cfg.cluster, &cfg.parallel);
     let mut errs = Vec::new();
-    let model_parallel = p.tp as u64 * p.cp as u64 * p.pp as u64;
-    let world = c.num_gpus as u64;
+    let model_parallel = super::model_parallel(p);
+    let world = u128::from(c.num_gpus);
     if world % model_parallel != 0 {
         errs.push(
             Violation::new(
@@ -24,7 +24,7 @@ pub fn world(cfg: &Config) -> Vec<Violation> {
     } else {
         let dp = world / model_parallel;
         if let Some(given) = p.dp {
-            if given as u64 != dp {
+            if u128::from(given) != dp {
                 errs.push(
                     Violation::new(
                         "parallel.dp",
@@ -34,7 +34,7 @@ pub fn world(cfg: &Config) -> Vec<Violation> {
                     )
                     .hint(format!(
                         "leave dp out to derive it, or set cluster.num_gpus = {}",
-                        model_parallel * given as u64
+                        model_parallel * u128::from(given)
                     )),
                 );
             }
