@@ -291,7 +291,10 @@ fn print_text(spec: &SearchSpec, result: &parsim::search::SearchResult, rank_by:
         if result.interrupted { " -- INTERRUPTED, partial results" } else { "" }
     );
     if result.top.is_empty() {
-        println!("no mix fits: more GPUs, a GPU with more memory, or a shorter sequence");
+        match &result.no_fit {
+            Some(n) => print!("{}", parsim::report::no_fit::no_fit_text(n)),
+            None => println!("no mix fits"),
+        }
         return;
     }
     println!(

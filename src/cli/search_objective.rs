@@ -50,6 +50,7 @@ pub fn print_ranked(
     json: bool,
 ) -> anyhow::Result<Outcome> {
     let interrupted = result.interrupted;
+    let no_fit = result.no_fit.clone();
     let r: ObjectiveResult = rank_result(spec, result, objective, top)?;
     let outcome = if interrupted {
         Outcome::Interrupted
@@ -75,7 +76,10 @@ pub fn print_ranked(
         spec.top
     );
     if r.top.is_empty() {
-        println!("no mix fits: more GPUs, a GPU with more memory, or a shorter sequence");
+        match &no_fit {
+            Some(n) => print!("{}", parsim::report::no_fit::no_fit_text(n)),
+            None => println!("no mix fits"),
+        }
         return Ok(outcome);
     }
     let mut header = vec!["#"];
