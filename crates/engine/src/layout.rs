@@ -745,4 +745,15 @@ mod tests {
             Err(LayoutError::Order(_))
         ));
     }
+
+    /// A world past 2^32 - 1 ranks (rank numbers are u32) is refused, not wrapped.
+    #[test]
+    fn a_world_past_32_bits_is_refused() {
+        let e = Layout::new("tp-cp-ep-dp-pp", 1 << 16, 1 << 16, 1, 2, 1, 8).unwrap_err();
+        assert!(
+            matches!(e, LayoutError::TooLarge { world } if world == 1 << 33),
+            "{e}"
+        );
+        assert!(Layout::new("tp-cp-ep-dp-pp", 1 << 16, 1 << 14, 1, 2, 1, 8).is_ok());
+    }
 }

@@ -484,4 +484,17 @@ mod tests {
         // the 80 rows of the whole microbatch, as without TP.
         assert_eq!(expert_rows_tp(0.0, 2), 80);
     }
+
+    /// A capacity factor of 2^53 (its per-source product overflowed u64) lets every
+    /// assignment through, as no capacity does: the hottest rank's rows are the same.
+    #[test]
+    fn a_huge_capacity_factor_limits_nothing() {
+        assert_eq!(expert_rows(9_007_199_254_740_992.0), expert_rows(0.0));
+        // Every expert takes a source's every assignment: experts x tokens x k rows.
+        let most = capacity_limit(f64::MAX, u64::from(u32::MAX), 1 << 16, 1 << 16, 1);
+        assert_eq!(most, Some((1 << 32) * u64::from(u32::MAX)));
+        // Past 2^64 rows no row count reaches the limit: u64::MAX stands for it.
+        let most = capacity_limit(f64::MAX, 1 << 40, 1 << 16, 1 << 16, 1);
+        assert_eq!(most, Some(u64::MAX));
+    }
 }

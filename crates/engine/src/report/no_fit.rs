@@ -1,5 +1,5 @@
 //! The lines `parsim search` prints when no mix fits: what removed the candidates, by
-//! constraint, by rule and by memory, the candidate closest to fitting, and what removed the
+//! divisibility rule, by constraint, by rule and by memory, the candidate closest to fitting, and what removed the
 //! last ones ([`crate::search::NoFit`]).
 
 use super::format::gib;
@@ -8,6 +8,19 @@ use crate::search::NoFit;
 /// `no mix fits: ...` and the lines under it.
 pub fn no_fit_text(n: &NoFit) -> String {
     let mut parts = Vec::new();
+    let skipped: u64 = n.splits_skipped.iter().map(|r| r.removed).sum();
+    if skipped > 0 {
+        let by: Vec<String> = n
+            .splits_skipped
+            .iter()
+            .map(|r| format!("{} {}: {}", r.field, r.removed, r.example))
+            .collect();
+        parts.push(format!(
+            "{skipped} of the {} splits of the GPUs into tp x cp x pp x dp break a divisibility rule ({})",
+            n.splits,
+            by.join("; ")
+        ));
+    }
     let removed: Vec<String> = n
         .constraints
         .iter()
@@ -33,11 +46,15 @@ pub fn no_fit_text(n: &NoFit) -> String {
     if n.over_memory > 0 {
         parts.push(format!("{} do not fit in memory", n.over_memory));
     }
-    let mut out = format!(
-        "no mix fits: of {} candidates, {}\n",
-        n.candidates,
-        parts.join("; ")
-    );
+    let mut out = if n.candidates == 0 {
+        format!("no mix fits: no candidate: {}\n", parts.join("; "))
+    } else {
+        format!(
+            "no mix fits: of {} candidates, {}\n",
+            n.candidates,
+            parts.join("; ")
+        )
+    };
     if let Some(r) = n.rules.first() {
         out.push_str(&format!("  most refused by {}: {}\n", r.field, r.example));
     }
@@ -79,6 +96,10 @@ fn last_line(n: &NoFit) -> String {
             )
         }
         None if n.removed_last_by == ["memory"] => "removed last by memory: no mix fits in the GPU's memory even without the constraints: more GPUs, a GPU with more memory, a shorter sequence or more recomputation\n".to_string(),
+        None if n.candidates == 0 => format!(
+            "removed last by the divisibility rules: {} (no split of the GPUs gives a candidate)\n",
+            n.removed_last_by.join(", ")
+        ),
         None => format!(
             "removed last by the rules: {} (no candidate passes them)\n",
             n.removed_last_by.join(", ")

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 mod balance;
 mod enumerate;
+mod grid;
 mod mix;
 mod objective;
 mod pessimistic;

@@ -1,5 +1,6 @@
-//! Why a search ranked no mix: which filter removed the last candidates. Each candidate is
-//! removed by the constraints (`--constraint`, `--recompute`), refused by the rules (a
+//! Why a search ranked no mix: which filter removed the last candidates. The divisibility
+//! rules decide which splits of the GPUs into tp x cp x pp x dp yield candidates at all
+//! ([`super::grid`]); each candidate is then removed by the constraints (`--constraint`, `--recompute`), refused by the rules (a
 //! divisibility or size rule of the configuration, or the schedule's own), or does not fit
 //! the GPU's memory. When none is left, the constraints that stand between the user and a mix
 //! that fits are named (from a search without them, [`NoFit::without_constraints`]); when no
@@ -49,6 +50,10 @@ pub struct Closest {
 /// Why no mix was ranked (`parsim search`'s answer when nothing fits).
 #[derive(Debug, Clone, Serialize)]
 pub struct NoFit {
+    /// The splits of the GPU count into tp x cp x pp x dp, and those a divisibility rule
+    /// skipped (no candidate is built from them), by field, most first.
+    pub splits: u64,
+    pub splits_skipped: Vec<RuleCount>,
     pub candidates: u64,
     /// Candidates some constraint excludes.
     pub removed_by_constraints: u64,
@@ -58,9 +63,11 @@ pub struct NoFit {
     pub rules: Vec<RuleCount>,
     /// Candidates every constraint keeps and the rules accept whose memory exceeds the GPU's.
     pub over_memory: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub closest: Option<Closest>,
     /// The fastest mix that fits once the constraints are dropped (none: none fits anyway),
     /// and how many of the fastest that fit [`ConstraintCount::fitting_removed`] counts over.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub fastest_without_constraints: Option<Mix>,
     pub fitting_without_constraints: u64,
     /// What removed the last candidates: constraints (as given), `memory`, or rule fields.
@@ -71,6 +78,25 @@ pub struct NoFit {
 fn dp_of(mix: &Mix, gpus: u32) -> u32 {
     let model = u64::from(mix.tp) * u64::from(mix.cp) * u64::from(mix.pp);
     u32::try_from(u64::from(gpus) / model.max(1)).unwrap_or(u32::MAX)
+}
+
+/// The skipped splits of `base`'s GPUs by the field of their rule, most first, and how many
+/// splits there are.
+fn split_counts(base: &crate::config::Config, mbs_max: u64, domain: u32) -> (u64, Vec<RuleCount>) {
+    let all = super::grid::splits(base, mbs_max, domain);
+    let mut counts: Vec<RuleCount> = Vec::new();
+    for skip in all.iter().filter_map(|(_, s)| s.as_ref()) {
+        match counts.iter_mut().find(|c| c.field == skip.field) {
+            Some(c) => c.removed += 1,
+            None => counts.push(RuleCount {
+                field: skip.field.to_string(),
+                example: skip.rule.clone(),
+                removed: 1,
+            }),
+        }
+    }
+    counts.sort_by(|a, b| b.removed.cmp(&a.removed));
+    (all.len() as u64, counts)
 }
 
 /// The rule that refuses `mix`: its field and text, or None when the configuration passes.
@@ -164,7 +190,11 @@ impl NoFit {
             .filter(|m| spec.constraints.iter().all(|c| holds(c, m)))
             .collect();
         let rules = rule_counts(&kept, spec, gpu, pruned.invalid);
+        let domain = spec.base.cluster.nvlink_domain(gpu);
+        let (splits, splits_skipped) = split_counts(&spec.base, spec.mbs_max, domain);
         let mut no_fit = NoFit {
+            splits,
+            splits_skipped,
             candidates: mixes.len() as u64,
             removed_by_constraints: (mixes.len() - kept.len()) as u64,
             constraints,
@@ -203,7 +233,8 @@ impl NoFit {
 
     /// [`NoFit::removed_last_by`]: the constraints that exclude the fastest mix that fits
     /// without them (and any that alone excludes a fitting mix); else memory, when some
-    /// candidate passed every rule; else the rules that refused.
+    /// candidate passed every rule; else the divisibility rules, when no split of the GPUs
+    /// gave a candidate; else the rules that refused the candidates.
     fn decide(&mut self, spec: &SearchSpec) {
         let gpus = spec.base.cluster.num_gpus;
         self.removed_last_by = match self.fastest_without_constraints {
@@ -217,6 +248,11 @@ impl NoFit {
                 .map(|(count, _)| count.constraint.clone())
                 .collect(),
             None if self.over_memory > 0 => vec!["memory".into()],
+            None if self.candidates == 0 => self
+                .splits_skipped
+                .iter()
+                .map(|r| r.field.clone())
+                .collect(),
             None => self.rules.iter().map(|r| r.field.clone()).collect(),
         };
     }

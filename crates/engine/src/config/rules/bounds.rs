@@ -566,4 +566,60 @@ mod tests {
             ["model.kv_channels", "parallel.ddp_bucket_size"]
         );
     }
+
+    /// Each degree at most the GPU count's bound, and pp x vpp at most 2^16 virtual stages:
+    /// named before the other rules form products of them.
+    #[test]
+    fn degrees_and_virtual_stages_are_bounded() {
+        let v = upper(&with(|c| {
+            c.parallel.pp = 1 << 31;
+            c.parallel.vpp = 2;
+            c.parallel.dp = Some(u32::MAX);
+            c.parallel.first_stage_layers = Some(10_001);
+        }));
+        assert_eq!(
+            fields(&v),
+            [
+                "parallel.pp",
+                "parallel.dp",
+                "parallel.first_stage_layers",
+                "parallel.vpp"
+            ]
+        );
+        assert!(
+            v[3].rule.contains("2147483648 x 2 = 4294967296"),
+            "{}",
+            v[3].rule
+        );
+        // At the bounds: 2^24 GPUs of one degree, 2^16 virtual stages.
+        let v = upper(&with(|c| {
+            c.parallel.tp = 1 << 24;
+            c.parallel.pp = 1 << 6;
+            c.parallel.vpp = 1 << 10;
+        }));
+        assert!(v.is_empty(), "{v:?}");
+    }
+
+    /// One micro batch's widest tensor: 2^20 tokens x a 2^20 vocabulary = 2^40 elements is
+    /// the most accepted; twice the tokens is refused, naming the widest field.
+    #[test]
+    fn the_widest_tensor_is_bounded() {
+        let at = |seq: u64| {
+            model_size(&with(|c| {
+                c.model.vocab_size = 1 << 20;
+                c.training.seq_length = seq;
+            }))
+        };
+        assert!(at(1 << 20).is_empty());
+        let v = at(1 << 21);
+        assert_eq!(fields(&v), ["training.micro_batch_size"]);
+        assert!(v[0].rule.contains("model.vocab_size"), "{}", v[0].rule);
+        // Megatron's largest published runs are far inside: Llama 3 405B at 131072 tokens.
+        let v = model_size(&with(|c| {
+            c.model.vocab_size = 128_256;
+            c.model.ffn_hidden_size = 53_248;
+            c.training.seq_length = 131_072;
+        }));
+        assert!(v.is_empty(), "{v:?}");
+    }
 }

@@ -232,4 +232,20 @@ mod tests {
         assert_eq!(fields(&v), ["parallel.zero3_max_live_parameters"]);
         assert!(v[0].rule.contains("zero must be 3"), "{}", v[0].rule);
     }
+
+    /// tp x cp x pp of three 32-bit degrees overflowed u64; in u128 it is exact, so the
+    /// world rule names the product (here 2^96 - ...) and no dp is derived.
+    #[test]
+    fn three_extreme_degrees_do_not_overflow() {
+        let c = with(|c| {
+            c.parallel.tp = u32::MAX;
+            c.parallel.cp = u32::MAX;
+            c.parallel.pp = u32::MAX;
+        });
+        assert_eq!(super::super::data_parallel(&c), None);
+        let v = world(&c);
+        assert_eq!(fields(&v), ["cluster.num_gpus"]);
+        let product = u128::from(u32::MAX).pow(3);
+        assert!(v[0].rule.contains(&product.to_string()), "{}", v[0].rule);
+    }
 }

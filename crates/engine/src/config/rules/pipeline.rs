@@ -241,4 +241,29 @@ mod tests {
         let v = layer_split(&with(|c| c.parallel.pp = 3));
         assert_eq!(fields(&v), ["model.num_layers"]);
     }
+
+    /// The reported `--pp 2147483648 --vpp 2`: (pp - 2) x vpp wrapped to 0 in u32 (and
+    /// first + last wrapped too), then the split divided by it. Called past the size rules,
+    /// the split answers with a violation for every 32-bit count.
+    #[test]
+    fn extreme_counts_split_to_a_violation_not_a_wrap() {
+        for (pp, vpp, first, last) in [
+            (1 << 31, 2, None, None),
+            (1 << 31, 2, Some(2), Some(2)),
+            (u32::MAX, u32::MAX, Some(u32::MAX), None),
+            (4, 1, Some(u32::MAX), Some(1)),
+            (3, 1 << 31, Some(1 << 31), Some(1 << 31)),
+        ] {
+            let e = split_layers(32, pp, vpp, first, last).unwrap_err();
+            assert!(
+                [
+                    "model.num_layers",
+                    "parallel.first_stage_layers",
+                    "parallel.last_stage_layers"
+                ]
+                .contains(&e.field.as_str()),
+                "{pp} {vpp} {first:?} {last:?}: {e}"
+            );
+        }
+    }
 }
