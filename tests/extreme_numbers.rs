@@ -43,8 +43,11 @@ const NOT_DRAWN: [&str; 5] = [
     "--gbs",
 ];
 
-/// `command`'s flags from its `--help`: (flag, takes a value).
-fn flags_of(command: &str) -> Vec<(String, bool)> {
+/// A command's flags: (flag, takes a value).
+type Flags = Vec<(String, bool)>;
+
+/// `command`'s flags from its `--help`.
+fn flags_of(command: &str) -> Flags {
     let out = cargo_bin_cmd!("parsim")
         .args([command, "--help"])
         .output()
@@ -119,7 +122,7 @@ struct Line {
 }
 
 fn lines() -> impl Strategy<Value = Line> {
-    let per_command: Vec<(&str, &[&str], Vec<(String, bool)>)> = COMMANDS
+    let per_command: Vec<(&str, &[&str], Flags)> = COMMANDS
         .iter()
         .map(|&(c, fixed)| (c, fixed, flags_of(c)))
         .collect();

@@ -215,6 +215,12 @@ fn names<T: Copy>(all: &[T], name: fn(T) -> &'static str) -> FieldKind {
     FieldKind::Name(all.iter().map(|&k| name(k)).collect())
 }
 
+/// A base's drawn fields: `section.key` (or an argument's name) and how it is drawn.
+type Fields = Vec<(String, FieldKind)>;
+
+/// A field and the largest value the rules accept for it.
+type Bounded = (String, u64);
+
 /// How a field is drawn.
 #[derive(Debug, Clone)]
 enum FieldKind {
@@ -234,7 +240,7 @@ pub fn cases() -> impl Strategy<Value = Case> {
 
 /// A command, a base, and two or three distinct fields with drawn values.
 fn edge_cases() -> impl Strategy<Value = Case> {
-    let per_command: Vec<(Command, usize, Vec<(String, FieldKind)>)> = Command::ALL
+    let per_command: Vec<(Command, usize, Fields)> = Command::ALL
         .iter()
         .flat_map(|&command| {
             let docs = if command == Command::Search {
@@ -282,7 +288,10 @@ fn accepted_max(base: &Value, path: &str) -> Option<u64> {
     let (section, rest) = path.split_once('.')?;
     set_path(&mut doc[section], rest, json!(u32::MAX));
     let cfg = Config::from_layers(&[Layer::overrides(base.clone()), Layer::overrides(doc)]).ok()?;
-    let Err(parsim::config::ConfigError::Invalid(violations)) = Resolved::new(cfg) else {
+    // The probe is a case of its own: a panic here fails the test naming the field.
+    let resolved = std::panic::catch_unwind(|| Resolved::new(cfg))
+        .unwrap_or_else(|_| panic!("{path} = {} on base {base} panicked", u32::MAX));
+    let Err(parsim::config::ConfigError::Invalid(violations)) = resolved else {
         return None;
     };
     let v = violations.iter().find(|v| v.field == path)?;
@@ -295,11 +304,11 @@ fn accepted_max(base: &Value, path: &str) -> Option<u64> {
 /// edge values leave small (tokens x widths x layers) are largest: a size rule that bounds
 /// each field but not their products shows here.
 fn largest_cases() -> impl Strategy<Value = Case> {
-    let per_base: Vec<(Command, usize, Vec<(String, u64)>)> = bases()
+    let per_base: Vec<(Command, usize, Vec<Bounded>)> = bases()
         .iter()
         .enumerate()
         .flat_map(|(i, doc)| {
-            let bounded: Vec<(String, u64)> = fields_of(Command::Estimate, doc)
+            let bounded: Vec<Bounded> = fields_of(Command::Estimate, doc)
                 .into_iter()
                 .filter(|(_, kind)| matches!(kind, FieldKind::Number))
                 .filter_map(|(path, _)| Some((path.clone(), accepted_max(doc, &path)?)))

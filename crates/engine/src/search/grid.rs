@@ -7,7 +7,7 @@
 //! finds none names the rules ([`super::NoFit`]).
 
 use super::balance;
-use super::enumerate::{expert_parallel_sizes, micro_batches, pipelines};
+use super::options::{divisors, expert_parallel_sizes, micro_batches, pipelines};
 use crate::config::Config;
 
 /// One split of the GPUs: tp, cp, pp and the dp they leave.
@@ -24,23 +24,6 @@ pub(super) struct Split {
 pub(super) struct Skip {
     pub field: &'static str,
     pub rule: String,
-}
-
-/// The divisors of `n` in increasing order, in O(sqrt n).
-pub(super) fn divisors(n: u64) -> Vec<u64> {
-    let (mut low, mut high) = (Vec::new(), Vec::new());
-    let mut d = 1;
-    while d * d <= n {
-        if n % d == 0 {
-            low.push(d);
-            if d * d != n {
-                high.push(n / d);
-            }
-        }
-        d += 1;
-    }
-    low.extend(high.into_iter().rev());
-    low
 }
 
 /// Every split of `base`'s GPUs in tp, cp, pp order (each increasing), with the rule that

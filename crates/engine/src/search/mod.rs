@@ -24,6 +24,7 @@ mod enumerate;
 mod grid;
 mod mix;
 mod objective;
+mod options;
 mod pessimistic;
 mod run;
 mod sliced;
@@ -465,7 +466,11 @@ pub fn search(
             ..spec.clone()
         };
         let fitting = run_to_end(&free, &|_, _| {}, cancel, false)?;
-        if !fitting.interrupted {
+        if fitting.interrupted {
+            // Cancelled while saying why: the answer is partial, so none is given.
+            result.interrupted = true;
+            result.no_fit = None;
+        } else {
             no_fit.without_constraints(spec, &fitting.top);
         }
     }

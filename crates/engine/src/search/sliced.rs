@@ -199,9 +199,11 @@ impl Search {
             closest,
             ..
         } = run;
+        let no_fit = (why && fits.is_empty() && !cancel.load(Ordering::Relaxed))
+            .then(|| super::NoFit::of(&spec, &gpu, &mixes, &pruned, &closest, cancel));
+        // Cancelled while saying why: the answer is partial, so none is given.
         let interrupted = cancel.load(Ordering::Relaxed);
-        let no_fit = (why && fits.is_empty() && !interrupted)
-            .then(|| super::NoFit::of(&spec, &gpu, &mixes, &pruned, &closest));
+        let no_fit = no_fit.filter(|_| !interrupted);
         fits.sort_by(|a, b| {
             a.estimate
                 .time

@@ -11,6 +11,7 @@ use super::{Constraint, Gpu, Mix, Pruned, Ranked, SearchSpec};
 use crate::config::{ConfigError, Resolved};
 use rayon::prelude::*;
 use serde::Serialize;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// One constraint's share of the candidates.
@@ -80,23 +81,32 @@ fn dp_of(mix: &Mix, gpus: u32) -> u32 {
     u32::try_from(u64::from(gpus) / model.max(1)).unwrap_or(u32::MAX)
 }
 
-/// The skipped splits of `base`'s GPUs by the field of their rule, most first, and how many
-/// splits there are.
-fn split_counts(base: &crate::config::Config, mbs_max: u64, domain: u32) -> (u64, Vec<RuleCount>) {
-    let all = super::grid::splits(base, mbs_max, domain);
+/// (field, rule) pairs counted by field, most first, each with its first rule.
+fn tally(refusals: impl IntoIterator<Item = (String, String)>) -> Vec<RuleCount> {
     let mut counts: Vec<RuleCount> = Vec::new();
-    for skip in all.iter().filter_map(|(_, s)| s.as_ref()) {
-        match counts.iter_mut().find(|c| c.field == skip.field) {
+    for (field, rule) in refusals {
+        match counts.iter_mut().find(|c| c.field == field) {
             Some(c) => c.removed += 1,
             None => counts.push(RuleCount {
-                field: skip.field.to_string(),
-                example: skip.rule.clone(),
+                field,
+                example: rule,
                 removed: 1,
             }),
         }
     }
-    counts.sort_by(|a, b| b.removed.cmp(&a.removed));
-    (all.len() as u64, counts)
+    counts.sort_by_key(|c| std::cmp::Reverse(c.removed));
+    counts
+}
+
+/// The skipped splits of `base`'s GPUs by the field of their rule, most first, and how many
+/// splits there are.
+fn split_counts(base: &crate::config::Config, mbs_max: u64, domain: u32) -> (u64, Vec<RuleCount>) {
+    let all = super::grid::splits(base, mbs_max, domain);
+    let skipped = all
+        .iter()
+        .filter_map(|(_, s)| s.as_ref())
+        .map(|s| (s.field.to_string(), s.rule.clone()));
+    (all.len() as u64, tally(skipped))
 }
 
 /// The rule that refuses `mix`: its field and text, or None when the configuration passes.
@@ -110,22 +120,17 @@ fn refusal(mix: &Mix, spec: &SearchSpec, gpu: &Gpu) -> Option<(String, String)> 
 
 /// The candidates' refusals by field, most first; `invalid` (the search's count) beyond the
 /// configuration's refusals were refused by the schedule or the estimate.
-fn rule_counts(kept: &[&Mix], spec: &SearchSpec, gpu: &Gpu, invalid: u64) -> Vec<RuleCount> {
+fn rule_counts(
+    kept: &[&Mix],
+    (spec, gpu, cancel): (&SearchSpec, &Gpu, &AtomicBool),
+    invalid: u64,
+) -> Vec<RuleCount> {
     let refused: Vec<(String, String)> = kept
         .par_iter()
+        .filter(|_| !cancel.load(Ordering::Relaxed))
         .filter_map(|m| refusal(m, spec, gpu))
         .collect();
-    let mut rules: Vec<RuleCount> = Vec::new();
-    for (field, rule) in refused {
-        match rules.iter_mut().find(|r| r.field == field) {
-            Some(r) => r.removed += 1,
-            None => rules.push(RuleCount {
-                field,
-                example: rule,
-                removed: 1,
-            }),
-        }
-    }
+    let mut rules = tally(refused);
     let by_rules: u64 = rules.iter().map(|r| r.removed).sum();
     if invalid > by_rules {
         rules.push(RuleCount {
@@ -134,16 +139,20 @@ fn rule_counts(kept: &[&Mix], spec: &SearchSpec, gpu: &Gpu, invalid: u64) -> Vec
             removed: invalid - by_rules,
         });
     }
-    rules.sort_by(|a, b| b.removed.cmp(&a.removed));
+    rules.sort_by_key(|c| std::cmp::Reverse(c.removed));
     rules
 }
 
 /// Of `closest` (mixes with their memory bound or peak, fewest bytes first), the one whose
 /// estimate reports the least memory: a peak is at least its bound, so when the least peak
 /// is below the bounds of the mixes not kept it is the least of all.
-fn closest_of(closest: &[(Mix, u64)], spec: &SearchSpec, gpu: &Gpu) -> Option<Closest> {
+fn closest_of(
+    closest: &[(Mix, u64)],
+    (spec, gpu, cancel): (&SearchSpec, &Gpu, &AtomicBool),
+) -> Option<Closest> {
     closest
         .par_iter()
+        .filter(|_| !cancel.load(Ordering::Relaxed))
         .filter_map(|&(mix, bound)| {
             let r = Resolved::with_gpu(mix.apply(&spec.base), Arc::clone(gpu)).ok()?;
             let peak = crate::estimate::estimate(&r)
@@ -165,13 +174,15 @@ fn closest_of(closest: &[(Mix, u64)], spec: &SearchSpec, gpu: &Gpu) -> Option<Cl
 impl NoFit {
     /// What the search of `spec` over `mixes` removed (`pruned`), with the candidates closest
     /// to fitting it met (`closest`, [`super::run::Run::closest`]); the constraints' effect on
-    /// mixes that fit is added by [`NoFit::without_constraints`].
+    /// mixes that fit is added by [`NoFit::without_constraints`]. Once `cancel` is set the
+    /// rest is skipped (and the caller drops the answer).
     pub(super) fn of(
         spec: &SearchSpec,
         gpu: &Gpu,
         mixes: &[Mix],
         pruned: &Pruned,
         closest: &[(Mix, u64)],
+        cancel: &AtomicBool,
     ) -> NoFit {
         let gpus = spec.base.cluster.num_gpus;
         let holds = |c: &Constraint, m: &Mix| c.holds(m, dp_of(m, gpus));
@@ -189,7 +200,7 @@ impl NoFit {
             .iter()
             .filter(|m| spec.constraints.iter().all(|c| holds(c, m)))
             .collect();
-        let rules = rule_counts(&kept, spec, gpu, pruned.invalid);
+        let rules = rule_counts(&kept, (spec, gpu, cancel), pruned.invalid);
         let domain = spec.base.cluster.nvlink_domain(gpu);
         let (splits, splits_skipped) = split_counts(&spec.base, spec.mbs_max, domain);
         let mut no_fit = NoFit {
@@ -200,7 +211,7 @@ impl NoFit {
             constraints,
             rules,
             over_memory: pruned.memory_bound + pruned.memory,
-            closest: closest_of(closest, spec, gpu),
+            closest: closest_of(closest, (spec, gpu, cancel)),
             fastest_without_constraints: None,
             fitting_without_constraints: 0,
             removed_last_by: Vec::new(),
