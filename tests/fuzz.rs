@@ -3,11 +3,17 @@
 //! files, measurement lines and schedules go through the library in-process (thousands of
 //! cases in seconds); a few dozen flag sets go through the binary. Each must finish without
 //! a panic, within a time bound, and with no null (other than an unset optional field), NaN
-//! or infinity in its JSON. Set `PARSIM_FUZZ_SEED` to explore other inputs.
+//! or infinity in its JSON. Set `PARSIM_FUZZ_SEED` to explore other inputs, and
+//! `PARSIM_FUZZ_CASES` to run that many cases in each in-process test (other than the
+//! search's, whose every case searches a whole space).
 
 mod common;
+mod fuzz {
+    pub mod extreme_numbers;
+}
 use assert_cmd::cargo::cargo_bin_cmd;
 use common::non_numbers;
+use fuzz::extreme_numbers;
 use parsim::config::{Config, Layer, Resolved};
 use serde_json::{json, Value};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -15,6 +21,14 @@ use std::time::{Duration, Instant};
 
 /// The longest one in-process case may take (debug build, shared cores).
 const CASE_LIMIT: Duration = Duration::from_secs(10);
+
+/// `default` cases, or `PARSIM_FUZZ_CASES` where set.
+fn case_count(default: usize) -> usize {
+    std::env::var("PARSIM_FUZZ_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
 
 /// splitmix64: small, seeded, good enough to pick inputs.
 struct Rng(u64);
@@ -333,7 +347,8 @@ fn fuzz_configurations_in_process() {
     let mut r = Rng::seeded(1);
     let mut estimated = 0;
     let start = Instant::now();
-    for i in 0..2000 {
+    let n = case_count(2000);
+    for i in 0..n {
         let doc = random_config(&mut r);
         let input = doc.to_string();
         run_case("configuration", i, &input, || {
@@ -343,13 +358,23 @@ fn fuzz_configurations_in_process() {
         });
     }
     eprintln!(
-        "2000 configurations ({estimated} estimated) in {:?}",
+        "{n} configurations ({estimated} estimated) in {:?}",
         start.elapsed()
     );
     assert!(
-        estimated > 100,
+        estimated as usize > n / 20,
         "too few random configurations validate ({estimated})"
     );
+}
+
+/// Every numeric field and flag at the integer edges, two and three at a time, through
+/// estimate, search, schedule, layout and execute's path up to its Plan (extreme_numbers.rs).
+#[test]
+fn fuzz_extreme_numbers_in_process() {
+    let n = case_count(1000) as u32;
+    if let Err(e) = extreme_numbers::run_cases(n) {
+        panic!("{e}");
+    }
 }
 
 #[test]
@@ -374,7 +399,7 @@ fn fuzz_hugging_face_files_in_process() {
     })
     .collect();
     let mut r = Rng::seeded(2);
-    for i in 0..500 {
+    for i in 0..case_count(500) {
         let mut v = r.pick(&fixtures);
         let keys: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
         for _ in 0..1 + r.below(3) {
@@ -452,7 +477,7 @@ fn fuzz_megatron_args_in_process() {
         ("--cpu-offloading-num-layers", &["0", "2", "99"]),
     ];
     let mut r = Rng::seeded(7);
-    for i in 0..400 {
+    for i in 0..case_count(400) {
         let mut args = String::from(
             "--hidden-size 256 --num-attention-heads 4 --max-position-embeddings 8192",
         );
@@ -487,7 +512,7 @@ fn fuzz_megatron_args_in_process() {
 #[test]
 fn fuzz_measurement_lines_in_process() {
     let mut r = Rng::seeded(3);
-    for i in 0..500 {
+    for i in 0..case_count(500) {
         let mut line = json!({"config": random_config(&mut r), "step_s": 1.0});
         for _ in 0..r.below(3) {
             let key = r.pick(&[
@@ -520,7 +545,7 @@ fn fuzz_schedules_in_process() {
         ScheduleKind::DualPipeV,
     ];
     let mut r = Rng::seeded(4);
-    for i in 0..500 {
+    for i in 0..case_count(500) {
         let kind = r.pick(&kinds);
         // Large programs are bounded (schedule::MAX_CELLS) but take seconds each in a debug
         // build: the sizes here stay small, except those refused outright.
@@ -733,7 +758,7 @@ fn fuzz_profile_tables_in_process() {
         .expect("a profile serializes");
     let prov = json!({"date": "d", "device": "d", "driver": "d", "software": "s"});
     let (mut accepted, mut refused) = (0, 0);
-    for i in 0..150 {
+    for i in 0..case_count(150) {
         let rate = |r: &mut Rng| {
             if r.chance(4) {
                 wild(r)

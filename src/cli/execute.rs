@@ -91,6 +91,25 @@ pub struct ExecuteArgs {
     /// (docs/calibration.md, "Op timings"). `--calibrate` always profiles.
     #[arg(long)]
     pub profile_ops: bool,
+    /// Check the configuration, lower it into its Plan (every rank's groups and actions) and
+    /// validate that, then print the Plan's size instead of running it (nothing is allocated
+    /// for the model, so any size the backend accepts is checked in a moment).
+    #[arg(long, conflicts_with_all = ["calibrate", "trace", "compare_timeline", "profile_ops"])]
+    pub plan_only: bool,
+}
+
+/// What `execute --plan-only` prints: the Plan's size.
+#[derive(Debug, Serialize)]
+struct PlanOut {
+    backend: &'static str,
+    world_size: u32,
+    microbatches: u32,
+    stages: usize,
+    schedule: String,
+    /// Actions of all ranks, and of the busiest.
+    actions: usize,
+    max_rank_actions: usize,
+    warnings: Vec<String>,
 }
 
 /// The largest run the CPU backend accepts (threads, and host memory by the prediction:
@@ -292,7 +311,7 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
     // The tracked categories hold what the model allocates; the profile's runtime reserve
     // (CUDA context, cuBLAS and NCCL workspaces) is the driver's, so it leaves the comparison.
     let runtime_bytes = resolved.gpu.runtime_overhead_bytes;
-    if args.backend == Backend::Cpu {
+    if args.backend == Backend::Cpu && !args.plan_only {
         check_host_memory(&predicted, world)?;
     }
     let plan = lower(
@@ -302,6 +321,9 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
             ..LowerOptions::default()
         },
     )?;
+    if args.plan_only {
+        return print_plan(&args, &resolved, &plan);
+    }
     let opts = RunOptions {
         steps: args.steps,
         warmup: args.warmup,
@@ -364,6 +386,35 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         print!("{}", text(&out));
+    }
+    Ok(())
+}
+
+/// `--plan-only`: the validated Plan's size, as JSON or one line.
+fn print_plan(
+    args: &ExecuteArgs,
+    resolved: &Resolved,
+    plan: &parsim_plan::Plan,
+) -> anyhow::Result<()> {
+    plan.validate().context("validating the Plan")?;
+    let per_rank = plan.ranks.iter().map(|r| r.actions.len());
+    let out = PlanOut {
+        backend: args.backend.name(),
+        world_size: resolved.world(),
+        microbatches: plan.microbatches,
+        stages: plan.stages.len(),
+        schedule: plan.schedule.clone(),
+        actions: per_rank.clone().sum(),
+        max_rank_actions: per_rank.max().unwrap_or(0),
+        warnings: resolved.warnings.clone(),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!(
+            "plan: {} ranks, {} {} stages, {} microbatches, {} actions ({} on the busiest rank): valid",
+            out.world_size, out.stages, out.schedule, out.microbatches, out.actions, out.max_rank_actions
+        );
     }
     Ok(())
 }

@@ -371,7 +371,10 @@ fn print_text(
         println!("{note}");
     }
     if result.top.is_empty() {
-        println!("no mix fits: more GPUs, a GPU with more memory, or a shorter sequence");
+        match &result.no_fit {
+            Some(n) => print!("{}", parsim::report::no_fit::no_fit_text(n)),
+            None => println!("no mix fits"),
+        }
         return;
     }
     let with_run = spec.base.run.train_tokens.is_some();

@@ -52,6 +52,7 @@ pub fn print_ranked(
     user: &UserFlags,
 ) -> anyhow::Result<Outcome> {
     let interrupted = result.interrupted;
+    let no_fit = result.no_fit.clone();
     let mut r: ObjectiveResult = rank_result(spec, result, objective, top)?;
     user.fill(r.top.iter_mut().map(|x| &mut x.ranked), &spec.base);
     let outcome = if interrupted {
@@ -78,7 +79,10 @@ pub fn print_ranked(
         spec.top
     );
     if r.top.is_empty() {
-        println!("no mix fits: more GPUs, a GPU with more memory, or a shorter sequence");
+        match &no_fit {
+            Some(n) => print!("{}", parsim::report::no_fit::no_fit_text(n)),
+            None => println!("no mix fits"),
+        }
         return Ok(outcome);
     }
     let mut header = vec!["#"];

@@ -54,6 +54,11 @@ pub enum LayoutError {
     #[error("a degree is zero")]
     Zero,
     #[error(
+        "tp x cp x dp x pp = {world} ranks: a rank is a 32-bit number, so at most {}",
+        u32::MAX
+    )]
+    TooLarge { world: u128 },
+    #[error(
         "parallel.expert_tp: expert_tp x ep ({etp} x {ep}) must divide tp x cp x dp ({ranks})"
     )]
     ExpertTp { etp: u32, ep: u32, ranks: u64 },
@@ -138,6 +143,14 @@ impl Layout {
     ) -> Result<Layout, LayoutError> {
         if [tp, cp, ep, dp, pp, gpus_per_node].contains(&0) {
             return Err(LayoutError::Zero);
+        }
+        // Ranks are u32 (and so every product of degrees below, each dividing the world).
+        let world = [tp, cp, dp, pp]
+            .iter()
+            .map(|&d| u128::from(d))
+            .product::<u128>();
+        if world > u128::from(u32::MAX) {
+            return Err(LayoutError::TooLarge { world });
         }
         let names: Vec<&str> = order.split('-').collect();
         let mut axes = [(Axis::Tp, 0); 5];
@@ -728,5 +741,16 @@ mod tests {
             Layout::new("tp-tp-ep-dp-pp", 1, 1, 1, 1, 1, 8),
             Err(LayoutError::Order(_))
         ));
+    }
+
+    /// A world past 2^32 - 1 ranks (rank numbers are u32) is refused, not wrapped.
+    #[test]
+    fn a_world_past_32_bits_is_refused() {
+        let e = Layout::new("tp-cp-ep-dp-pp", 1 << 16, 1 << 16, 1, 2, 1, 8).unwrap_err();
+        assert!(
+            matches!(e, LayoutError::TooLarge { world } if world == 1 << 33),
+            "{e}"
+        );
+        assert!(Layout::new("tp-cp-ep-dp-pp", 1 << 16, 1 << 14, 1, 2, 1, 8).is_ok());
     }
 }

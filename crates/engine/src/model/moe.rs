@@ -35,8 +35,19 @@ pub fn capacity_limit(factor: f64, local: u64, k: u64, experts: u64, ep: u64) ->
     if factor.is_nan() || factor <= 0.0 || experts == 0 {
         return None;
     }
-    let per_source = (factor * (local * k) as f64 / experts as f64).ceil() as u64;
-    Some((experts / ep.max(1)) * ep.max(1) * per_source)
+    // A source sends an expert at most its own local x k assignments: a larger capacity (a
+    // huge factor) limits nothing, so it is that many. The product is formed in u128; one
+    // past u64 is no limit on any row count either.
+    let assignments = u128::from(local) * u128::from(k);
+    let per_source = (factor * assignments as f64 / experts as f64).ceil();
+    let per_source = if per_source < assignments as f64 {
+        per_source as u128
+    } else {
+        assignments
+    };
+    let ep = u128::from(ep.max(1));
+    let limit = (u128::from(experts) / ep) * ep * per_source;
+    Some(u64::try_from(limit).unwrap_or(u64::MAX))
 }
 
 /// The rows of the hottest EP rank's MoE layer: what it receives and what it sends.
@@ -472,5 +483,18 @@ mod tests {
         // all-gathers the received rows over the expert-TP group, so each expert slice runs
         // the 80 rows of the whole microbatch, as without TP.
         assert_eq!(expert_rows_tp(0.0, 2), 80);
+    }
+
+    /// A capacity factor of 2^53 (its per-source product overflowed u64) lets every
+    /// assignment through, as no capacity does: the hottest rank's rows are the same.
+    #[test]
+    fn a_huge_capacity_factor_limits_nothing() {
+        assert_eq!(expert_rows(9_007_199_254_740_992.0), expert_rows(0.0));
+        // Every expert takes a source's every assignment: experts x tokens x k rows.
+        let most = capacity_limit(f64::MAX, u64::from(u32::MAX), 1 << 16, 1 << 16, 1);
+        assert_eq!(most, Some((1 << 32) * u64::from(u32::MAX)));
+        // Past 2^64 rows no row count reaches the limit: u64::MAX stands for it.
+        let most = capacity_limit(f64::MAX, 1 << 40, 1 << 16, 1 << 16, 1);
+        assert_eq!(most, Some(u64::MAX));
     }
 }

@@ -13,6 +13,7 @@ pub mod gantt;
 pub mod layout;
 pub mod measured_trace;
 pub mod memory_chart;
+pub mod no_fit;
 pub mod run_table;
 pub mod scaling_chart;
 pub mod schedule_json;

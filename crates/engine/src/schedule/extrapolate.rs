@@ -88,7 +88,7 @@ fn summary_of(
 /// True when [`simulate_extrapolated`] would simulate all `m` microbatches itself (so a
 /// caller holding the program can simulate it directly).
 pub fn simulates_in_full(kind: ScheduleKind, pp: u32, m: u32) -> bool {
-    m <= base_microbatches(kind, pp, m) + pp
+    u64::from(m) <= u64::from(base_microbatches(kind, pp, m)) + u64::from(pp)
 }
 
 fn summary(sim: &super::Simulation) -> PipelineSummary {
@@ -108,12 +108,15 @@ fn summary(sim: &super::Simulation) -> PipelineSummary {
 
 /// The shortest run that is already in steady state, with the same remainder mod pp (so the
 /// interleaved schedule's microbatch groups keep their shape).
+/// (At most 7 pp, a u32 for any pp a program can hold: [`super::MAX_CELLS`]; it saturates
+/// only past that, where generating any program is refused.)
 pub fn base_microbatches(kind: ScheduleKind, pp: u32, m: u32) -> u32 {
     let floor = match kind {
-        ScheduleKind::ZbV | ScheduleKind::DualPipeV => 6 * pp,
-        _ => 4 * pp,
+        ScheduleKind::ZbV | ScheduleKind::DualPipeV => 6,
+        _ => 4,
     };
-    floor + m % pp
+    pp.saturating_mul(floor)
+        .saturating_add(m.checked_rem(pp).unwrap_or(0))
 }
 
 /// Simulates `kind` over `m` microbatches with `costs`, extrapolating long runs.
@@ -124,12 +127,20 @@ pub fn simulate_extrapolated(
     m: u32,
     costs: &Costs,
 ) -> Result<PipelineSummary, ScheduleError> {
+    let cells = |m: u32| u64::from(pp) * u64::from(vpp) * u64::from(m);
+    if cells(1) > super::MAX_CELLS {
+        return Err(ScheduleError::TooLarge {
+            stages: cells(1),
+            microbatches: m,
+        });
+    }
+    // From here pp x vpp <= 2^22: every count below (7 pp, 2 m0 + pp with m0 held under
+    // MAX_CELLS) fits a u32.
     let m0 = base_microbatches(kind, pp, m);
-    if m <= m0 + pp {
+    if simulates_in_full(kind, pp, m) {
         return summary_of((kind, pp, vpp, m), costs);
     }
     let mut m0 = m0;
-    let cells = |m: u32| pp as u64 * vpp as u64 * m as u64;
     let mut last_slope: Option<f64> = None;
     let (a, b) = loop {
         if m0 + pp >= m {

@@ -138,8 +138,12 @@ pub fn generate_with(
     if m == 0 {
         return Err(ScheduleError::ZeroMicrobatches { microbatches: m });
     }
-    let stages = pp as u64 * vpp as u64;
-    if stages * m as u64 > MAX_CELLS {
+    // Two 32-bit factors fit u64; the third may not, so it is a checked product.
+    let stages = u64::from(pp) * u64::from(vpp);
+    if stages
+        .checked_mul(u64::from(m))
+        .is_none_or(|cells| cells > MAX_CELLS)
+    {
         return Err(ScheduleError::TooLarge {
             stages,
             microbatches: m,

@@ -2,128 +2,11 @@
 //! arrangements, ep, ZeRO stage, micro batch and recomputation that the GPU count allows.
 
 use super::balance;
-use super::mix::{Mix, Slots};
+use super::grid::splits;
+use super::mix::Mix;
+use super::options::{expert_parallel_sizes, micro_batches, pipelines};
 use crate::config::rules::ulysses_splits_heads;
-use crate::config::{Config, CpComm, Recompute, ScheduleKind};
-
-fn divisors(n: u64) -> impl Iterator<Item = u64> {
-    (1..=n).filter(move |d| n % d == 0)
-}
-
-/// The micro batch sizes tried: powers of two up to `mbs_max`, and `mbs_max` itself when it
-/// is not one (a recipe's micro batch of 3), never above the global batch (a larger one
-/// cannot divide it), so a huge `--mbs-max` neither wraps nor loops.
-fn micro_batches(mbs_max: u64, gbs: u64) -> impl Iterator<Item = u64> {
-    let most = mbs_max.min(gbs);
-    (0..u64::BITS)
-        .map(|i| 1u64 << i)
-        .take_while(move |&b| b <= most)
-        .chain((most == mbs_max && !mbs_max.is_power_of_two()).then_some(mbs_max))
-}
-
-/// One pipeline arrangement: (vpp, schedule, first-stage layers, last-stage layers, slots).
-type Pipe = (u32, ScheduleKind, Option<u32>, Option<u32>, Slots);
-
-/// Every pipeline arrangement of `layers` over `pp` ranks: even splits with every vpp that
-/// divides them (interleaved) and the V schedules; Megatron-style uneven first/last stages;
-/// and the balanced splits that count the embedding and/or the loss as a layer slot, with
-/// every vpp those allow (Llama-3-405B's 126 layers + 2 slots over pp 16); and, where none of
-/// those splits exists, interleaving with short end stages ([`balance::short_end_stages`]).
-fn pipelines(layers: u32, pp: u32, mtp: u32, ends: Option<balance::EndCosts>) -> Vec<Pipe> {
-    let none = Slots::default();
-    if pp == 1 {
-        return vec![(1, ScheduleKind::OneFOneB, None, None, none)];
-    }
-    let mut pipes = Vec::new();
-    let mut splits: Vec<(Option<u32>, Option<u32>)> = Vec::new();
-    if layers % pp == 0 {
-        splits.push((None, None));
-    } else if pp >= 3 {
-        // Megatron-style: middle stages take ceil(L/p), the ends share the rest.
-        let mid = layers.div_ceil(pp);
-        let rest = layers as i64 - (pp as i64 - 2) * mid as i64;
-        if rest >= 2 {
-            let f = (rest / 2) as u32;
-            splits.push((Some(f), Some(rest as u32 - f)));
-        }
-    }
-    // The split that balances the stages' FLOPs when the output layer and loss (and the
-    // embedding) are counted: the middle stages share the rest as evenly as they can.
-    if let Some(fl) = ends.and_then(|e| balance::balanced_split(layers, pp, e)) {
-        let even = layers % pp == 0 && fl == (layers / pp, layers / pp);
-        if !even && !splits.contains(&(Some(fl.0), Some(fl.1))) {
-            splits.push((Some(fl.0), Some(fl.1)));
-        }
-    }
-    for &(f, l) in &splits {
-        for k in [
-            ScheduleKind::Gpipe,
-            ScheduleKind::OneFOneB,
-            ScheduleKind::ZbH1,
-        ] {
-            pipes.push((1, k, f, l, none));
-        }
-    }
-    if layers % pp == 0 {
-        let per = layers / pp;
-        for v in (2..=per).filter(|v| per % v == 0) {
-            pipes.push((v, ScheduleKind::Interleaved1F1B, None, None, none));
-        }
-        if per % 2 == 0 {
-            pipes.push((2, ScheduleKind::ZbV, None, None, none));
-            pipes.push((2, ScheduleKind::DualPipeV, None, None, none));
-        }
-    }
-    for (embedding, loss) in [(true, true), (true, false), (false, true)] {
-        let slots_n = layers + embedding as u32 + loss as u32;
-        if slots_n % pp != 0 {
-            continue;
-        }
-        let per = slots_n / pp;
-        let slots = Slots { embedding, loss };
-        // A stage holding only the embedding or only the loss is allowed; one that would
-        // hold both (a single slot on a single stage) is not.
-        for v in (1..=per).filter(|v| per % v == 0) {
-            let k = if v == 1 {
-                ScheduleKind::OneFOneB
-            } else {
-                ScheduleKind::Interleaved1F1B
-            };
-            pipes.push((v, k, None, None, slots));
-        }
-    }
-    // Interleaving for a layer count no slot split divides (Kimi K2's 61 layers on pp 4 or
-    // 16): Megatron-Core's explicit layouts whose end virtual stages are short. For a Mix with
-    // vpp > 1, first/last are the end virtual stages' layers (Mix::apply writes the layout).
-    if mtp == 0 && (0..3).all(|extra| (layers + extra) % pp != 0) {
-        for v in 2..=layers / pp {
-            if let Some((first, last)) = balance::short_end_stages(layers, pp * v) {
-                pipes.push((
-                    v,
-                    ScheduleKind::Interleaved1F1B,
-                    Some(first),
-                    Some(last),
-                    none,
-                ));
-            }
-        }
-    }
-    pipes
-}
-
-/// The ep sizes to try over `stage_ranks` (tp x cp x dp) ranks: on Megatron-Core's expert
-/// grid (expert_tp x ep x expert dp over a pipeline stage's ranks), the divisors of
-/// `stage_ranks` / expert_tp that divide the experts, so ep may exceed dp; 1 for a dense model.
-fn expert_parallel_sizes(base: &Config, stage_ranks: u64) -> Vec<u64> {
-    let m = &base.model;
-    let etp = u64::from(base.parallel.etp());
-    if !m.is_moe() || etp == 0 || stage_ranks % etp != 0 {
-        return if m.is_moe() { Vec::new() } else { vec![1] };
-    }
-    divisors(stage_ranks / etp)
-        .filter(|e| u64::from(m.num_experts) % e == 0)
-        .collect()
-}
+use crate::config::{Config, CpComm, Recompute};
 
 /// Every mix the enumeration produces for `base` (before validation and pruning), tensor
 /// parallelism inside the NVLink domain its profile gives (the node where it does not load).
@@ -136,65 +19,57 @@ pub fn enumerate(base: &Config, mbs_max: u64) -> Vec<Mix> {
     enumerate_in(base, mbs_max, domain)
 }
 
-/// [`enumerate`] with tensor parallelism inside NVLink domains of `domain` GPUs.
+/// [`enumerate`] with tensor parallelism inside NVLink domains of `domain` GPUs: the mixes
+/// of every split the divisibility rules keep ([`super::grid::splits`]).
 pub(super) fn enumerate_in(base: &Config, mbs_max: u64, domain: u32) -> Vec<Mix> {
     let m = &base.model;
-    let n = base.cluster.num_gpus as u64;
-    let per_node = u64::from(domain);
-    let heads = m.num_attention_heads as u64;
-    let kv = m.num_query_groups as u64;
     let layers = m.num_layers;
-    let seq = base.training.seq_length;
     let gbs = base.training.global_batch_size;
     let ends = balance::end_costs(base);
     let mut out = Vec::new();
-    for tp in divisors(n.min(per_node))
-        .filter(|t| n % t == 0 && heads % t == 0 && (m.mla.is_some() || kv % t == 0))
+    for (split, _) in splits(base, mbs_max, domain)
+        .into_iter()
+        .filter(|(_, skip)| skip.is_none())
     {
-        for cp in divisors(n / tp).filter(|c| c.is_power_of_two() && seq % (2 * c) == 0 && *c <= 64)
-        {
-            // Ulysses only where each CP rank gets whole heads (config rules' own test).
-            let ulysses = ulysses_splits_heads(base, tp as u32, cp as u32);
-            let all: Vec<CpComm> = CpComm::ALL
-                .iter()
-                .copied()
-                .filter(|&c| c != CpComm::A2a || ulysses)
-                .collect();
-            let comms: &[CpComm] = if cp > 1 { &all } else { &[CpComm::P2p] };
-            for pp in divisors(n / (tp * cp)).filter(|&p| p <= layers as u64) {
-                let dp = n / (tp * cp * pp);
-                let pp32 = pp as u32;
-                let mut pipes = pipelines(layers, pp32, m.mtp_num_layers, ends);
-                pipes.sort_by_key(|p| p.1.as_str());
-                let eps = expert_parallel_sizes(base, tp * cp * dp);
-                for &ep in &eps {
-                    for zero in 0..=3u8 {
-                        for mbs in micro_batches(mbs_max, gbs) {
-                            // mbs <= gbs and dp <= num_gpus: the product fits in u64.
-                            if gbs % (mbs * dp) != 0 {
-                                continue;
-                            }
-                            for recompute in Recompute::ALL.iter().copied() {
-                                for &cp_comm in comms {
-                                    // Innermost, so that neighbours share a timed ledger.
-                                    for &(vpp, schedule, first, last, slots) in &pipes {
-                                        out.push(Mix {
-                                            tp: tp as u32,
-                                            cp: cp as u32,
-                                            cp_comm,
-                                            pp: pp32,
-                                            vpp,
-                                            schedule,
-                                            first_stage_layers: first,
-                                            last_stage_layers: last,
-                                            slots,
-                                            ep: ep as u32,
-                                            zero,
-                                            mbs,
-                                            recompute,
-                                        });
-                                    }
-                                }
+        let (tp, cp, pp, dp) = (split.tp, split.cp, split.pp, split.dp);
+        // Ulysses only where each CP rank gets whole heads (config rules' own test).
+        let ulysses = ulysses_splits_heads(base, tp as u32, cp as u32);
+        let all: Vec<CpComm> = CpComm::ALL
+            .iter()
+            .copied()
+            .filter(|&c| c != CpComm::A2a || ulysses)
+            .collect();
+        let comms: &[CpComm] = if cp > 1 { &all } else { &[CpComm::P2p] };
+        let pp32 = pp as u32;
+        let mut pipes = pipelines(layers, pp32, m.mtp_num_layers, ends);
+        pipes.sort_by_key(|p| p.1.as_str());
+        let eps = expert_parallel_sizes(base, tp * cp * dp);
+        for &ep in &eps {
+            for zero in 0..=3u8 {
+                for mbs in micro_batches(mbs_max, gbs) {
+                    // mbs <= gbs and dp <= num_gpus: the product fits in u64.
+                    if gbs % (mbs * dp) != 0 {
+                        continue;
+                    }
+                    for recompute in Recompute::ALL.iter().copied() {
+                        for &cp_comm in comms {
+                            // Innermost, so that neighbours share a timed ledger.
+                            for &(vpp, schedule, first, last, slots) in &pipes {
+                                out.push(Mix {
+                                    tp: tp as u32,
+                                    cp: cp as u32,
+                                    cp_comm,
+                                    pp: pp32,
+                                    vpp,
+                                    schedule,
+                                    first_stage_layers: first,
+                                    last_stage_layers: last,
+                                    slots,
+                                    ep: ep as u32,
+                                    zero,
+                                    mbs,
+                                    recompute,
+                                });
                             }
                         }
                     }
@@ -207,8 +82,11 @@ pub(super) fn enumerate_in(base: &Config, mbs_max: u64, domain: u32) -> Vec<Mix>
 
 #[cfg(test)]
 mod tests {
-    use super::{enumerate_in, micro_batches};
-    use crate::config::{Config, CpComm, GpuProfile, Layer, Resolved};
+    use super::super::options::{divisors, expert_parallel_sizes, micro_batches, pipelines};
+    use super::{balance, enumerate_in, Mix};
+    use crate::config::{
+        rules::ulysses_splits_heads, Config, CpComm, GpuProfile, Layer, Recompute, Resolved,
+    };
 
     /// Ulysses is enumerated exactly where validation accepts it: Llama-3-70B's 8 KV heads
     /// split over tp x cp up to 8 (tp 2 x cp 4 yes, tp 4 x cp 4 no), and every other CP
@@ -249,5 +127,117 @@ mod tests {
         // Capped by the global batch: 6 cannot divide 4, and 4 is already a power of two.
         assert_eq!(tried(6, 4), [1, 2, 4]);
         assert_eq!(tried(u64::MAX, 3), [1, 2]);
+    }
+
+    /// The enumeration as nested loops over tp, cp and pp with their filters inline (before
+    /// the splits and their rules moved to grid.rs; cp = 1 no longer needs an even sequence).
+    fn enumerate_by_loops(base: &Config, mbs_max: u64, domain: u32) -> Vec<Mix> {
+        let m = &base.model;
+        let n = base.cluster.num_gpus as u64;
+        let per_node = u64::from(domain);
+        let heads = m.num_attention_heads as u64;
+        let kv = m.num_query_groups as u64;
+        let layers = m.num_layers;
+        let seq = base.training.seq_length;
+        let gbs = base.training.global_batch_size;
+        let ends = balance::end_costs(base);
+        let mut out = Vec::new();
+        for tp in divisors(n.min(per_node))
+            .into_iter()
+            .filter(|t| n % t == 0 && heads % t == 0 && (m.mla.is_some() || kv % t == 0))
+        {
+            for cp in divisors(n / tp)
+                .into_iter()
+                .filter(|&c| c.is_power_of_two() && (c == 1 || seq % (2 * c) == 0) && c <= 64)
+            {
+                // Ulysses only where each CP rank gets whole heads (config rules' own test).
+                let ulysses = ulysses_splits_heads(base, tp as u32, cp as u32);
+                let all: Vec<CpComm> = CpComm::ALL
+                    .iter()
+                    .copied()
+                    .filter(|&c| c != CpComm::A2a || ulysses)
+                    .collect();
+                let comms: &[CpComm] = if cp > 1 { &all } else { &[CpComm::P2p] };
+                for pp in divisors(n / (tp * cp))
+                    .into_iter()
+                    .filter(|&p| p <= layers as u64)
+                {
+                    let dp = n / (tp * cp * pp);
+                    let pp32 = pp as u32;
+                    let mut pipes = pipelines(layers, pp32, m.mtp_num_layers, ends);
+                    pipes.sort_by_key(|p| p.1.as_str());
+                    let eps = expert_parallel_sizes(base, tp * cp * dp);
+                    for &ep in &eps {
+                        for zero in 0..=3u8 {
+                            for mbs in micro_batches(mbs_max, gbs) {
+                                // mbs <= gbs and dp <= num_gpus: the product fits in u64.
+                                if gbs % (mbs * dp) != 0 {
+                                    continue;
+                                }
+                                for recompute in Recompute::ALL.iter().copied() {
+                                    for &cp_comm in comms {
+                                        // Innermost, so that neighbours share a timed ledger.
+                                        for &(vpp, schedule, first, last, slots) in &pipes {
+                                            out.push(Mix {
+                                                tp: tp as u32,
+                                                cp: cp as u32,
+                                                cp_comm,
+                                                pp: pp32,
+                                                vpp,
+                                                schedule,
+                                                first_stage_layers: first,
+                                                last_stage_layers: last,
+                                                slots,
+                                                ep: ep as u32,
+                                                zero,
+                                                mbs,
+                                                recompute,
+                                            });
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The mixes built from the kept splits are the loops' mixes, in their order, for dense,
+    /// MoE and MLA models, NVLink domains smaller than and not dividing the GPU count, and
+    /// odd sequences.
+    #[test]
+    fn kept_splits_give_the_loops_mixes() {
+        for (v, domain) in [
+            (
+                serde_json::json!({"model": {"preset": "llama3-70b"}, "cluster": {"num_gpus": 64},
+                "training": {"seq_length": 8192, "global_batch_size": 64}}),
+                8,
+            ),
+            (
+                serde_json::json!({"model": {"preset": "llama3-8b"}, "cluster": {"num_gpus": 16},
+                "training": {"seq_length": 4095, "global_batch_size": 48}}),
+                12,
+            ),
+            (
+                serde_json::json!({"model": {"preset": "mixtral-8x7b"}, "cluster": {"num_gpus": 32},
+                "training": {"seq_length": 4096, "global_batch_size": 32}}),
+                8,
+            ),
+            (
+                serde_json::json!({"model": {"preset": "deepseek-v3", "num_layers": 8},
+                "cluster": {"num_gpus": 24}, "training": {"global_batch_size": 24}}),
+                4,
+            ),
+        ] {
+            let base = Config::from_layers(&[Layer::overrides(v)]).unwrap();
+            for mbs_max in [1, 3, 8] {
+                let new = enumerate_in(&base, mbs_max, domain);
+                assert!(!new.is_empty());
+                assert_eq!(new, enumerate_by_loops(&base, mbs_max, domain));
+            }
+        }
     }
 }

@@ -186,6 +186,61 @@ pub enum SearchError {
     RankBy(String),
 }
 
+impl Knob {
+    /// Every knob.
+    pub const ALL: [Knob; 11] = [
+        Knob::Tp,
+        Knob::Cp,
+        Knob::Pp,
+        Knob::Vpp,
+        Knob::Dp,
+        Knob::Ep,
+        Knob::Zero,
+        Knob::Mbs,
+        Knob::Schedule,
+        Knob::Recompute,
+        Knob::CpComm,
+    ];
+
+    /// The name `--constraint` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Knob::Tp => "tp",
+            Knob::Cp => "cp",
+            Knob::Pp => "pp",
+            Knob::Vpp => "vpp",
+            Knob::Dp => "dp",
+            Knob::Ep => "ep",
+            Knob::Zero => "zero",
+            Knob::Mbs => "mbs",
+            Knob::Schedule => "schedule",
+            Knob::Recompute => "recompute",
+            Knob::CpComm => "cp_comm",
+        }
+    }
+}
+
+impl Cmp {
+    /// The operator as written.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Cmp::Le => "<=",
+            Cmp::Ge => ">=",
+            Cmp::Lt => "<",
+            Cmp::Gt => ">",
+            Cmp::Eq => "=",
+            Cmp::Ne => "!=",
+        }
+    }
+}
+
+/// `tp<=4`, as `--constraint` takes it.
+impl fmt::Display for Constraint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}{}", self.knob.name(), self.cmp.symbol(), self.value)
+    }
+}
+
 impl Constraint {
     /// Parses `KNOB OP VALUE`.
     pub fn parse(text: &str) -> Result<Constraint, SearchError> {
@@ -205,20 +260,11 @@ impl Constraint {
             .min_by_key(|(i, s, _)| (*i, usize::MAX - s.len()))
             .ok_or_else(|| SearchError::Syntax(text.into()))?;
         let (name, value) = (&t[..pos], &t[pos + op.len()..]);
-        let knob = match name {
-            "tp" => Knob::Tp,
-            "cp" => Knob::Cp,
-            "pp" => Knob::Pp,
-            "vpp" => Knob::Vpp,
-            "dp" => Knob::Dp,
-            "ep" => Knob::Ep,
-            "zero" => Knob::Zero,
-            "mbs" => Knob::Mbs,
-            "schedule" => Knob::Schedule,
-            "recompute" => Knob::Recompute,
-            "cp_comm" | "cp-comm" => Knob::CpComm,
-            _ => return Err(SearchError::Syntax(text.into())),
-        };
+        let name = if name == "cp-comm" { "cp_comm" } else { name };
+        let knob = Knob::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .ok_or_else(|| SearchError::Syntax(text.into()))?;
         let named = matches!(knob, Knob::Schedule | Knob::Recompute | Knob::CpComm);
         if value.is_empty() {
             return Err(SearchError::Syntax(text.into()));

@@ -21,12 +21,15 @@ use std::sync::Arc;
 
 mod balance;
 mod enumerate;
+mod grid;
 mod mix;
 mod objective;
+mod options;
 mod pessimistic;
 mod reproduce;
 mod run;
 mod sliced;
+mod why;
 
 pub use enumerate::enumerate;
 use enumerate::enumerate_in;
@@ -39,6 +42,7 @@ pub use pessimistic::{search_by_p90, RankBy};
 pub use reproduce::MIX_FLAGS;
 use run::{group_lower_bounds, groups, leads, Pending, Run, Runs};
 pub use sliced::{Search, Step};
+pub use why::{Closest, ConstraintCount, NoFit, RuleCount};
 
 /// What to search.
 #[derive(Debug, Clone)]
@@ -106,13 +110,20 @@ pub struct SearchResult {
     /// The fastest fitting mix of each schedule and each ZeRO stage.
     pub best_per_schedule: Vec<Ranked>,
     pub best_per_zero: Vec<Ranked>,
+    /// When no mix fits (and the search ran to its end): what removed the last candidates.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub no_fit: Option<NoFit>,
 }
 
 /// What phase 1 made of one candidate.
 enum Screened {
     Constraint,
     Invalid,
-    MemoryBound,
+    /// The memory lower bound, in bytes, exceeds the GPU's usable memory.
+    MemoryBound {
+        mix: Mix,
+        bytes: u64,
+    },
     /// Not screened: its run's step-time bound already loses to every list it could enter.
     TimeBound,
     /// Worth simulating unless the bound says otherwise.
@@ -280,7 +291,8 @@ const SPLIT_SHARED: [ScheduleKind; 3] = [
 #[derive(Clone, Copy)]
 enum SplitScreen {
     Invalid,
-    MemoryBound,
+    /// The memory lower bound, in bytes (the same for each of the split's schedules).
+    MemoryBound(u64),
     /// The busy bound and each shared schedule's drain bound.
     Open {
         busy_lb: f64,
@@ -334,7 +346,7 @@ fn screen(
     let split = (mix.first_stage_layers, mix.last_stage_layers, mix.slots);
     let of = |s: SplitScreen, slot: usize| match s {
         SplitScreen::Invalid => Screened::Invalid,
-        SplitScreen::MemoryBound => Screened::MemoryBound,
+        SplitScreen::MemoryBound(bytes) => Screened::MemoryBound { mix: *mix, bytes },
         SplitScreen::Open { busy_lb, drain_lb } => Screened::Open {
             mix: *mix,
             time_lb: busy_lb.max(drain_lb[slot]),
@@ -369,11 +381,12 @@ fn screen(
     };
     let mut own = RunMemo::default();
     let memo = if borrowed { &mut cache.memo } else { &mut own };
-    if chunked.memory_lower_bound_memo(memo) > r.gpu.usable_memory_bytes() {
+    let bytes = chunked.memory_lower_bound_memo(memo);
+    if bytes > r.gpu.usable_memory_bytes() {
         if slot.is_some() {
-            cache.splits.push((split, SplitScreen::MemoryBound));
+            cache.splits.push((split, SplitScreen::MemoryBound(bytes)));
         }
-        return Screened::MemoryBound;
+        return Screened::MemoryBound { mix: *mix, bytes };
     }
     let Ok(prep) = chunked.prepare_memo(network, memo) else {
         if slot.is_some() {
@@ -440,18 +453,51 @@ impl Bounds {
 
 /// Runs the search. `progress(done, total)` is called as work finishes (phase 1 counts the
 /// candidates, phase 2 the survivors); setting `cancel` stops it early with what has been
-/// evaluated. The same as [`Search`] stepped to its end.
+/// evaluated. The same as [`Search`] stepped to its end, and when no mix fits, a second
+/// search without the constraints for [`NoFit::without_constraints`].
 pub fn search(
     spec: &SearchSpec,
     progress: &(dyn Fn(u64, u64) + Sync),
     cancel: &AtomicBool,
+) -> Result<SearchResult, SearchError> {
+    let mut result = run_to_end(spec, progress, cancel, true)?;
+    // Nothing fits: a search of the same space without the constraints tells whether they
+    // removed the last mixes that fit, and which.
+    if let Some(no_fit) = result
+        .no_fit
+        .as_mut()
+        .filter(|n| n.constraints_removed_any())
+    {
+        let free = SearchSpec {
+            constraints: Vec::new(),
+            top: spec.top.max(POOL),
+            ..spec.clone()
+        };
+        let fitting = run_to_end(&free, &|_, _| {}, cancel, false)?;
+        if fitting.interrupted {
+            // Cancelled while saying why: the answer is partial, so none is given.
+            result.interrupted = true;
+            result.no_fit = None;
+        } else {
+            no_fit.without_constraints(spec, &fitting.top);
+        }
+    }
+    Ok(result)
+}
+
+/// [`Search`] stepped to its end; with `why`, an empty result says why ([`NoFit`]).
+fn run_to_end(
+    spec: &SearchSpec,
+    progress: &(dyn Fn(u64, u64) + Sync),
+    cancel: &AtomicBool,
+    why: bool,
 ) -> Result<SearchResult, SearchError> {
     let mut s = Search::new(spec)?;
     loop {
         match s.step(cancel) {
             Step::Screened { done, total } => progress(done, total),
             Step::Simulated => {}
-            Step::Done => return Ok(s.finish(cancel)),
+            Step::Done => return Ok(s.finish_with(cancel, why)),
         }
     }
 }

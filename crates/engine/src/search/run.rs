@@ -226,7 +226,14 @@ pub(super) struct Run {
     pub fits: Vec<Ranked>,
     pub pruned: Pruned,
     pub evaluated: u64,
+    /// Of the mixes whose memory exceeds the GPU's, the [`CLOSEST_KEPT`] that exceed it
+    /// least, fewest bytes first (the memory lower bound, or the estimate's peak once
+    /// simulated).
+    pub closest: Vec<(Mix, u64)>,
 }
+
+/// How many of the mixes closest to fitting a search keeps ([`Run::closest`]).
+pub(super) const CLOSEST_KEPT: usize = 8;
 
 /// The enumerated mixes, their runs and each run's split-free lower bound.
 pub(super) struct Runs<'a> {
@@ -237,6 +244,15 @@ pub(super) struct Runs<'a> {
 }
 
 impl Run {
+    /// Keeps `mix` among [`Run::closest`] when it needs fewer bytes than one held.
+    fn note_over_memory(&mut self, mix: Mix, bytes: u64) {
+        let at = self.closest.partition_point(|&(_, b)| b <= bytes);
+        if at < CLOSEST_KEPT {
+            self.closest.insert(at, (mix, bytes));
+            self.closest.truncate(CLOSEST_KEPT);
+        }
+    }
+
     /// Screens the runs `batch` (indices into `runs`) on all cores, skipping those whose
     /// bound already loses everywhere (all of them once `cancelled`), and adds the mixes that
     /// survive to `pending` with their own bounds. Returns how many mixes it accounted for.
@@ -295,7 +311,10 @@ impl Run {
             match s {
                 Screened::Constraint => self.pruned.constraint += 1,
                 Screened::Invalid => self.pruned.invalid += 1,
-                Screened::MemoryBound => self.pruned.memory_bound += 1,
+                Screened::MemoryBound { mix, bytes } => {
+                    self.pruned.memory_bound += 1;
+                    self.note_over_memory(mix, bytes);
+                }
                 Screened::TimeBound => self.pruned.time_bound += 1,
                 Screened::Open { mix, time_lb } => pending.push(mix, time_lb),
             }
@@ -324,9 +343,17 @@ impl Run {
                 .into_iter()
                 .partition(|(m, lb)| spec.exhaustive || self.bounds.can_improve(m, *lb));
             self.pruned.time_bound += skip.len() as u64;
+            // Each mix looks at `cancel` before it starts: a cancelled search stops after the
+            // estimates already running, not after a whole batch.
             let results: Vec<Simulated> = todo
                 .par_iter()
-                .map(|(mix, _)| simulate_one(mix, spec, gpu, links))
+                .map(|(mix, _)| {
+                    if cancel.load(Ordering::Relaxed) {
+                        Simulated::Cancelled
+                    } else {
+                        simulate_one(mix, spec, gpu, links)
+                    }
+                })
                 .collect();
             // Every candidate is counted once: a mix that fails here (its estimate refused it)
             // is invalid, not simulated.
@@ -337,11 +364,13 @@ impl Run {
                         self.bounds.record(&r.mix, r.estimate.time.step_s);
                         self.fits.push(*r);
                     }
-                    Simulated::DoesNotFit => {
+                    Simulated::DoesNotFit { mix, bytes } => {
                         self.evaluated += 1;
                         self.pruned.memory += 1;
+                        self.note_over_memory(mix, bytes);
                     }
                     Simulated::Invalid => self.pruned.invalid += 1,
+                    Simulated::Cancelled => self.pruned.time_bound += 1,
                 }
             }
         }
@@ -352,8 +381,14 @@ impl Run {
 /// What the simulation of one mix found.
 enum Simulated {
     Fits(Box<Ranked>),
-    DoesNotFit,
+    /// Its memory (the walked or the simulated peak, in bytes) exceeds the GPU's.
+    DoesNotFit {
+        mix: Mix,
+        bytes: u64,
+    },
     Invalid,
+    /// Not started: the search was cancelled (counted with the skipped ones).
+    Cancelled,
 }
 
 /// Estimates `mix` (without the bubble's split by cause); one whose walked memory already
@@ -370,7 +405,12 @@ fn simulate_one(mix: &Mix, spec: &SearchSpec, gpu: &Gpu, links: &NetworkCache) -
     let usable = r.gpu.usable_memory_bytes();
     match prepared.walked_peak_bytes_until(usable) {
         Err(_) => return Simulated::Invalid,
-        Ok(Some(peak)) if peak > usable => return Simulated::DoesNotFit,
+        Ok(Some(peak)) if peak > usable => {
+            return Simulated::DoesNotFit {
+                mix: *mix,
+                bytes: peak,
+            }
+        }
         Ok(_) => {}
     }
     match prepared.finish_with(false) {
@@ -380,7 +420,10 @@ fn simulate_one(mix: &Mix, spec: &SearchSpec, gpu: &Gpu, links: &NetworkCache) -
             command: None,
             estimate: e,
         })),
-        Ok(_) => Simulated::DoesNotFit,
+        Ok(e) => Simulated::DoesNotFit {
+            mix: *mix,
+            bytes: e.memory.per_gpu_max_bytes,
+        },
         Err(_) => Simulated::Invalid,
     }
 }
@@ -527,7 +570,7 @@ mod tests {
         match s {
             Screened::Constraint => (0, 0),
             Screened::Invalid => (1, 0),
-            Screened::MemoryBound => (2, 0),
+            Screened::MemoryBound { bytes, .. } => (2, bytes),
             Screened::TimeBound => (3, 0),
             Screened::Open { time_lb, .. } => (4, time_lb.to_bits()),
         }

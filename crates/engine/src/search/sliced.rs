@@ -106,6 +106,7 @@ impl Search {
                 fits: Vec::new(),
                 pruned: Pruned::default(),
                 evaluated: 0,
+                closest: Vec::new(),
             },
             pending: Pending::default(),
             ready: Vec::new(),
@@ -176,6 +177,12 @@ impl Search {
     /// Ranks what was found (call once [`Search::step`] returned [`Step::Done`]; earlier, the
     /// result covers what was evaluated and the rest is not counted).
     pub fn finish(self, cancel: &AtomicBool) -> SearchResult {
+        self.finish_with(cancel, true)
+    }
+
+    /// [`Search::finish`]; with `why`, a result without a mix says why ([`super::NoFit`]:
+    /// every candidate the constraints kept is validated again for its rule).
+    pub(super) fn finish_with(self, cancel: &AtomicBool, why: bool) -> SearchResult {
         let Search {
             spec,
             start,
@@ -189,8 +196,14 @@ impl Search {
             mut fits,
             pruned,
             evaluated,
+            closest,
             ..
         } = run;
+        let no_fit = (why && fits.is_empty() && !cancel.load(Ordering::Relaxed))
+            .then(|| super::NoFit::of(&spec, &gpu, &mixes, &pruned, &closest, cancel));
+        // Cancelled while saying why: the answer is partial, so none is given.
+        let interrupted = cancel.load(Ordering::Relaxed);
+        let no_fit = no_fit.filter(|_| !interrupted);
         fits.sort_by(|a, b| {
             a.estimate
                 .time
@@ -228,10 +241,11 @@ impl Search {
             pruned,
             evaluated,
             elapsed_s: start.elapsed().as_secs_f64(),
-            interrupted: cancel.load(Ordering::Relaxed),
+            interrupted,
             top: fits,
             best_per_schedule,
             best_per_zero,
+            no_fit,
         }
     }
 }

@@ -6,6 +6,18 @@ use super::super::{Config, Violation};
 /// The largest NVLink domain accepted: far beyond NVL576, small enough for any product.
 const MAX_NVLINK_DOMAIN_GPUS: u32 = 1 << 16;
 
+/// The most GPUs (`cluster.num_gpus`), and so the largest parallel degree: a degree counts
+/// GPUs of the world.
+pub const MAX_GPUS: u64 = 1 << 24;
+
+/// The most layers (`model.num_layers`), and so the most a pipeline stage holds.
+const MAX_LAYERS: u64 = 10_000;
+
+/// The most virtual pipeline stages (`parallel.pp x parallel.vpp`): each holds a layer, the
+/// embedding or the loss, so a real split has at most num_layers + MTP + 2 of them; the bound
+/// keeps every stage count and stage index a small 32-bit number.
+pub const MAX_VIRTUAL_STAGES: u64 = 1 << 16;
+
 /// Every size rule; the other groups run only when these pass.
 pub fn sizes(cfg: &Config) -> Vec<Violation> {
     let mut errs = positive(cfg);
@@ -214,7 +226,7 @@ pub fn upper(cfg: &Config) -> Vec<Violation> {
     let (m, c, p, t) = (&cfg.model, &cfg.cluster, &cfg.parallel, &cfg.training);
     let mut errs = Vec::new();
     let at_most: [(&str, u64, u64); 25] = [
-        ("model.num_layers", m.num_layers as u64, 10_000),
+        ("model.num_layers", m.num_layers as u64, MAX_LAYERS),
         ("model.hidden_size", m.hidden_size, 1 << 20),
         (
             "model.num_attention_heads",
@@ -263,7 +275,7 @@ pub fn upper(cfg: &Config) -> Vec<Violation> {
             m.make_vocab_size_divisible_by,
             1 << 16,
         ),
-        ("cluster.num_gpus", c.num_gpus as u64, 1 << 24),
+        ("cluster.num_gpus", c.num_gpus as u64, MAX_GPUS),
         ("cluster.gpus_per_node", c.per_node() as u64, 1 << 12),
         ("training.seq_length", t.seq_length, 1 << 24),
         ("training.micro_batch_size", t.micro_batch_size, 1 << 16),
@@ -296,6 +308,7 @@ pub fn upper(cfg: &Config) -> Vec<Violation> {
             ));
         }
     }
+    errs.extend(parallel_upper(p));
     if t.seq_length.saturating_mul(t.micro_batch_size) > 1 << 32 {
         errs.push(Violation::new(
             "training.micro_batch_size",
@@ -324,8 +337,57 @@ pub fn upper(cfg: &Config) -> Vec<Violation> {
     errs
 }
 
-/// The whole model at most 10^15 parameters, and unfused attention scores at most 2^50 bytes
-/// per layer (checked once the sizes are in range).
+/// Parallel degrees at most [`MAX_GPUS`] (a degree counts GPUs), explicit stage sizes at most
+/// [`MAX_LAYERS`], and at most [`MAX_VIRTUAL_STAGES`] virtual pipeline stages: the products
+/// the other rules form of them (tp x cp x pp, pp x vpp, expert_tp x ep) then stay far inside
+/// 64 bits, and each is refused by name before any is formed.
+fn parallel_upper(p: &crate::config::ParallelConfig) -> Vec<Violation> {
+    let mut errs = Vec::new();
+    for (field, v) in [
+        ("parallel.tp", Some(p.tp)),
+        ("parallel.cp", Some(p.cp)),
+        ("parallel.pp", Some(p.pp)),
+        ("parallel.ep", Some(p.ep)),
+        ("parallel.expert_tp", p.expert_tp),
+        ("parallel.dp", p.dp),
+    ] {
+        if let Some(v) = v.filter(|&v| u64::from(v) > MAX_GPUS) {
+            errs.push(Violation::new(
+                field,
+                format!("must be at most {MAX_GPUS} (a degree counts GPUs, and cluster.num_gpus is at most {MAX_GPUS}), got {v}"),
+            ));
+        }
+    }
+    for (field, v) in [
+        ("parallel.first_stage_layers", p.first_stage_layers),
+        ("parallel.last_stage_layers", p.last_stage_layers),
+    ] {
+        if let Some(v) = v.filter(|&v| u64::from(v) > MAX_LAYERS) {
+            errs.push(Violation::new(
+                field,
+                format!("must be at most {MAX_LAYERS} layers (model.num_layers' bound), got {v}"),
+            ));
+        }
+    }
+    let stages = u64::from(p.pp) * u64::from(p.vpp);
+    if stages > MAX_VIRTUAL_STAGES {
+        errs.push(
+            Violation::new(
+                "parallel.vpp",
+                format!(
+                    "parallel.pp x parallel.vpp = {} x {} = {stages} virtual stages: at most {MAX_VIRTUAL_STAGES} (each holds at least a layer, the embedding or the loss)",
+                    p.pp, p.vpp
+                ),
+            )
+            .hint("lower parallel.pp or parallel.vpp"),
+        );
+    }
+    errs
+}
+
+/// The whole model at most 10^15 parameters, one micro batch's widest activation tensor at
+/// most [`MAX_TENSOR_ELEMENTS`], and unfused attention scores at most 2^50 bytes per layer
+/// (checked once the sizes are in range).
 pub fn model_size(cfg: &Config) -> Vec<Violation> {
     let (m, t) = (&cfg.model, &cfg.training);
     let mut errs = Vec::new();
@@ -348,6 +410,7 @@ pub fn model_size(cfg: &Config) -> Vec<Violation> {
             format!("about {rough:.2e} parameters: at most 10^15 are supported"),
         ));
     }
+    errs.extend(widest_tensor(cfg));
     // Without a fused kernel the s x s scores are materialised.
     if !t.flash_attention {
         let scores = t.micro_batch_size as f64
@@ -362,6 +425,70 @@ pub fn model_size(cfg: &Config) -> Vec<Violation> {
         }
     }
     errs
+}
+
+/// The most elements one activation tensor of one micro batch may hold (tokens x its width):
+/// 2^40, 4 times a 1M-token sequence's logits over a 256k vocabulary. With it a layer saves
+/// at most about 2^50 bytes, and all 10,000 layers a model may have, twice over (an
+/// interleaved pipeline's peak), stay below 2^62: every byte count fits in 64 bits.
+pub const MAX_TENSOR_ELEMENTS: f64 = (1u64 << 40) as f64;
+
+/// seq_length x micro_batch_size tokens times the widest per-token activation (the hidden
+/// state, an MLP's, the routed experts' k rows, the router's scores, the logits, the attention
+/// projections, the Mamba mixer's) at most [`MAX_TENSOR_ELEMENTS`]; in floating point, so
+/// that it cannot wrap.
+fn widest_tensor(cfg: &Config) -> Option<Violation> {
+    let (m, t) = (&cfg.model, &cfg.training);
+    let f = |x: u64| x as f64;
+    let heads = f(m.num_attention_heads.into());
+    let head_dim = f(m.head_dim());
+    let mut widths: Vec<(&str, f64)> = vec![
+        ("model.hidden_size", f(m.hidden_size)),
+        ("model.ffn_hidden_size", f(m.ffn_hidden_size)),
+        (
+            "model.moe_ffn_hidden_size",
+            f(m.moe_ffn_hidden_size) * f(m.moe_router_topk.max(1).into()),
+        ),
+        (
+            "model.moe_shared_expert_intermediate_size",
+            f(m.moe_shared_expert_intermediate_size),
+        ),
+        ("model.num_experts", f(m.num_experts.into())),
+        ("model.vocab_size", f(m.vocab_size)),
+        ("model.num_attention_heads", heads * head_dim),
+        (
+            "model.num_query_groups",
+            f(m.num_query_groups.into()) * head_dim,
+        ),
+    ];
+    if let Some(a) = &m.mla {
+        let qk = f(a.qk_nope_head_dim) + f(a.qk_rope_head_dim);
+        widths.push(("model.mla", heads * qk.max(f(a.v_head_dim))));
+        widths.push(("model.mla", f(a.q_lora_rank).max(f(a.kv_lora_rank))));
+    }
+    if let Some(mc) = &m.mamba {
+        widths.push((
+            "model.mamba",
+            (f(mc.num_heads.into()) * f(mc.head_dim))
+                .max(f(mc.num_groups.into()) * f(mc.state_dim)),
+        ));
+    }
+    let (field, width) =
+        widths.into_iter().fold(
+            ("model.hidden_size", 0.0),
+            |a, b| if b.1 > a.1 { b } else { a },
+        );
+    let tokens = f(t.seq_length) * f(t.micro_batch_size);
+    let elements = tokens * width;
+    (elements > MAX_TENSOR_ELEMENTS).then(|| {
+        Violation::new(
+            "training.micro_batch_size",
+            format!(
+                "seq_length x micro_batch_size x the widest activation ({field}: {width} per token) = {elements:.3e} elements in one tensor of one micro batch: at most 2^40"
+            ),
+        )
+        .hint("a shorter sequence, a smaller micro batch, or a narrower model")
+    })
 }
 
 #[cfg(test)]
@@ -438,5 +565,61 @@ mod tests {
             fields(&v),
             ["model.kv_channels", "parallel.ddp_bucket_size"]
         );
+    }
+
+    /// Each degree at most the GPU count's bound, and pp x vpp at most 2^16 virtual stages:
+    /// named before the other rules form products of them.
+    #[test]
+    fn degrees_and_virtual_stages_are_bounded() {
+        let v = upper(&with(|c| {
+            c.parallel.pp = 1 << 31;
+            c.parallel.vpp = 2;
+            c.parallel.dp = Some(u32::MAX);
+            c.parallel.first_stage_layers = Some(10_001);
+        }));
+        assert_eq!(
+            fields(&v),
+            [
+                "parallel.pp",
+                "parallel.dp",
+                "parallel.first_stage_layers",
+                "parallel.vpp"
+            ]
+        );
+        assert!(
+            v[3].rule.contains("2147483648 x 2 = 4294967296"),
+            "{}",
+            v[3].rule
+        );
+        // At the bounds: 2^24 GPUs of one degree, 2^16 virtual stages.
+        let v = upper(&with(|c| {
+            c.parallel.tp = 1 << 24;
+            c.parallel.pp = 1 << 6;
+            c.parallel.vpp = 1 << 10;
+        }));
+        assert!(v.is_empty(), "{v:?}");
+    }
+
+    /// One micro batch's widest tensor: 2^20 tokens x a 2^20 vocabulary = 2^40 elements is
+    /// the most accepted; twice the tokens is refused, naming the widest field.
+    #[test]
+    fn the_widest_tensor_is_bounded() {
+        let at = |seq: u64| {
+            model_size(&with(|c| {
+                c.model.vocab_size = 1 << 20;
+                c.training.seq_length = seq;
+            }))
+        };
+        assert!(at(1 << 20).is_empty());
+        let v = at(1 << 21);
+        assert_eq!(fields(&v), ["training.micro_batch_size"]);
+        assert!(v[0].rule.contains("model.vocab_size"), "{}", v[0].rule);
+        // Megatron's largest published runs are far inside: Llama 3 405B at 131072 tokens.
+        let v = model_size(&with(|c| {
+            c.model.vocab_size = 128_256;
+            c.model.ffn_hidden_size = 53_248;
+            c.training.seq_length = 131_072;
+        }));
+        assert!(v.is_empty(), "{v:?}");
     }
 }

@@ -31,13 +31,20 @@ fn fmt_list(v: &[u64]) -> String {
     v.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
 }
 
+/// tp x cp x pp, the GPUs of one data-parallel replica: three 32-bit degrees multiply into
+/// at most 96 bits, so the product is exact in u128 whatever the degrees (the rules run on
+/// every field at once, also beside a degree the size rules refuse).
+pub fn model_parallel(p: &super::ParallelConfig) -> u128 {
+    u128::from(p.tp) * u128::from(p.cp) * u128::from(p.pp)
+}
+
 /// Data-parallel degree: num_gpus / (tp x cp x pp), or None when it does not divide (the
 /// parallel-degree group reports that).
 pub fn data_parallel(c: &Config) -> Option<u64> {
-    let p = &c.parallel;
-    let model_parallel = p.tp as u64 * p.cp as u64 * p.pp as u64;
-    let world = c.cluster.num_gpus as u64;
-    (model_parallel > 0 && world % model_parallel == 0).then(|| world / model_parallel)
+    let model_parallel = model_parallel(&c.parallel);
+    let world = u128::from(c.cluster.num_gpus);
+    // The quotient of a 32-bit world is a 32-bit number.
+    (model_parallel > 0 && world % model_parallel == 0).then(|| (world / model_parallel) as u64)
 }
 
 /// Every rule group, in the order their violations are listed.

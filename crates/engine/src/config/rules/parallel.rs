@@ -8,8 +8,8 @@ use super::{divisors, fmt_list};
 pub fn world(cfg: &Config) -> Vec<Violation> {
     let (c, p) = (&cfg.cluster, &cfg.parallel);
     let mut errs = Vec::new();
-    let model_parallel = p.tp as u64 * p.cp as u64 * p.pp as u64;
-    let world = c.num_gpus as u64;
+    let model_parallel = super::model_parallel(p);
+    let world = u128::from(c.num_gpus);
     if world % model_parallel != 0 {
         errs.push(
             Violation::new(
@@ -24,7 +24,7 @@ pub fn world(cfg: &Config) -> Vec<Violation> {
     } else {
         let dp = world / model_parallel;
         if let Some(given) = p.dp {
-            if given as u64 != dp {
+            if u128::from(given) != dp {
                 errs.push(
                     Violation::new(
                         "parallel.dp",
@@ -34,7 +34,7 @@ pub fn world(cfg: &Config) -> Vec<Violation> {
                     )
                     .hint(format!(
                         "leave dp out to derive it, or set cluster.num_gpus = {}",
-                        model_parallel * given as u64
+                        model_parallel * u128::from(given)
                     )),
                 );
             }
@@ -231,5 +231,21 @@ mod tests {
         }));
         assert_eq!(fields(&v), ["parallel.zero3_max_live_parameters"]);
         assert!(v[0].rule.contains("zero must be 3"), "{}", v[0].rule);
+    }
+
+    /// tp x cp x pp of three 32-bit degrees overflowed u64; in u128 it is exact, so the
+    /// world rule names the product (here 2^96 - ...) and no dp is derived.
+    #[test]
+    fn three_extreme_degrees_do_not_overflow() {
+        let c = with(|c| {
+            c.parallel.tp = u32::MAX;
+            c.parallel.cp = u32::MAX;
+            c.parallel.pp = u32::MAX;
+        });
+        assert_eq!(super::super::data_parallel(&c), None);
+        let v = world(&c);
+        assert_eq!(fields(&v), ["cluster.num_gpus"]);
+        let product = u128::from(u32::MAX).pow(3);
+        assert!(v[0].rule.contains(&product.to_string()), "{}", v[0].rule);
     }
 }

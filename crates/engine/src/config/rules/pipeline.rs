@@ -141,10 +141,11 @@ pub fn split_layers(
         }
         return Ok(vec![layers]);
     }
-    let f = first.unwrap_or(0);
-    let l = last.unwrap_or(0);
-    let middle_ranks = pp - first.is_some() as u32 - last.is_some() as u32;
-    if f + l > layers {
+    // Sums and products of the counts in u64: each is a 32-bit field, so none wraps.
+    let f = u64::from(first.unwrap_or(0));
+    let l = u64::from(last.unwrap_or(0));
+    let middle_ranks = u64::from(pp) - u64::from(first.is_some()) - u64::from(last.is_some());
+    if f + l > u64::from(layers) {
         return Err(Violation::new(
             "parallel.first_stage_layers",
             format!("first ({f}) + last ({l}) stage layers exceed num_layers ({layers})"),
@@ -163,7 +164,8 @@ pub fn split_layers(
             }
         }
     }
-    let rest = layers - f - l;
+    let rest = u64::from(layers) - f - l;
+    let chunks = middle_ranks * u64::from(vpp);
     if middle_ranks == 0 {
         if rest != 0 {
             return Err(Violation::new(
@@ -171,8 +173,7 @@ pub fn split_layers(
                 format!("with pp = 2 the first and last stage counts must add up to num_layers ({layers})"),
             ));
         }
-    } else if rest % (middle_ranks * vpp) != 0 || rest == 0 {
-        let chunks = middle_ranks * vpp;
+    } else if rest % chunks != 0 || rest == 0 {
         let mut v = Violation::new(
             "model.num_layers",
             if first.is_some() || last.is_some() {
@@ -186,7 +187,8 @@ pub fn split_layers(
         }
         return Err(v);
     }
-    let mid = rest.checked_div(middle_ranks).unwrap_or(0);
+    // At most num_layers, a u32.
+    let mid = rest.checked_div(middle_ranks).unwrap_or(0) as u32;
     Ok((0..pp)
         .map(|r| match (r, first, last) {
             (0, Some(f), _) => f,
@@ -238,5 +240,30 @@ mod tests {
         assert!(layer_split(&Config::default()).is_empty());
         let v = layer_split(&with(|c| c.parallel.pp = 3));
         assert_eq!(fields(&v), ["model.num_layers"]);
+    }
+
+    /// The reported `--pp 2147483648 --vpp 2`: (pp - 2) x vpp wrapped to 0 in u32 (and
+    /// first + last wrapped too), then the split divided by it. Called past the size rules,
+    /// the split answers with a violation for every 32-bit count.
+    #[test]
+    fn extreme_counts_split_to_a_violation_not_a_wrap() {
+        for (pp, vpp, first, last) in [
+            (1 << 31, 2, None, None),
+            (1 << 31, 2, Some(2), Some(2)),
+            (u32::MAX, u32::MAX, Some(u32::MAX), None),
+            (4, 1, Some(u32::MAX), Some(1)),
+            (3, 1 << 31, Some(1 << 31), Some(1 << 31)),
+        ] {
+            let e = split_layers(32, pp, vpp, first, last).unwrap_err();
+            assert!(
+                [
+                    "model.num_layers",
+                    "parallel.first_stage_layers",
+                    "parallel.last_stage_layers"
+                ]
+                .contains(&e.field.as_str()),
+                "{pp} {vpp} {first:?} {last:?}: {e}"
+            );
+        }
     }
 }
