@@ -377,6 +377,46 @@ fn fuzz_extreme_numbers_in_process() {
     }
 }
 
+/// The property catches the wrap it was written for: with the layer split's former u32
+/// arithmetic put back in place of the rules (pp x vpp chunks, wrapping, then the layers taken
+/// modulo the chunks: `--pp 2147483648 --vpp 2` divided by zero), the same cases from the same
+/// seed and count as `fuzz_extreme_numbers_in_process` find a failing case, and it sets
+/// parallel.pp or parallel.vpp (the other may come from its base).
+#[test]
+fn extreme_numbers_catch_the_former_pipeline_wrap() {
+    use proptest::test_runner::{TestCaseError, TestError};
+    // The layer split as it was: Ok where the former code went on, Err where it divided by 0.
+    let former_split = |layers: u32, pp: u32, vpp: u32| -> Result<(), TestCaseError> {
+        if pp < 2 || vpp == 0 {
+            return Ok(()); // one stage, or a zero degree: refused or split before the product
+        }
+        match layers.checked_rem(pp.wrapping_mul(vpp)) {
+            Some(_) => Ok(()),
+            None => Err(TestCaseError::fail(format!(
+                "pp x vpp = {pp} x {vpp} wraps to 0 in u32: remainder with a divisor of zero"
+            ))),
+        }
+    };
+    let n = case_count(1000) as u32;
+    let result = extreme_numbers::runner(n).run(&extreme_numbers::cases(), |case| {
+        let Some(cfg) = extreme_numbers::case_config(&case) else {
+            return Ok(()); // refused while loading, before any rule
+        };
+        let p = &cfg.parallel;
+        former_split(cfg.model.num_layers, p.pp, p.vpp)
+    });
+    let Err(TestError::Fail(why, case)) = result else {
+        panic!(
+            "{n} cases of the extreme-number property never reached the former wrap: {result:?}"
+        );
+    };
+    let fields: Vec<&str> = case.fields.iter().map(|(k, _)| k.as_str()).collect();
+    assert!(
+        fields.contains(&"parallel.pp") || fields.contains(&"parallel.vpp"),
+        "the failing case should set pp or vpp: {case} ({why})"
+    );
+}
+
 #[test]
 fn fuzz_hugging_face_files_in_process() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");

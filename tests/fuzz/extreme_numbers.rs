@@ -62,7 +62,7 @@ pub struct Case {
 impl Case {
     /// The case as an override document (configuration fields only) and the command's own
     /// arguments.
-    fn split(&self) -> (Value, Vec<(String, Value)>) {
+    pub fn split(&self) -> (Value, Vec<(String, Value)>) {
         let mut doc = json!({});
         let mut args = Vec::new();
         for (path, v) in &self.fields {
@@ -589,14 +589,10 @@ pub fn seed() -> (u64, [u8; 32]) {
     (seed, bytes)
 }
 
-/// Runs `cases` drawn cases from the seed; a failure is shrunk to a smallest failing case and
-/// reported with the seed that replays it.
-pub fn run_cases(cases_n: u32) -> Result<u32, String> {
-    let (seed, bytes) = seed();
-    eprintln!(
-        "extreme numbers: {cases_n} cases, seed {seed} (PARSIM_FUZZ_SEED={seed} replays them)"
-    );
-    let mut runner = TestRunner::new_with_rng(
+/// A runner over the suite's seed and `cases_n` cases, as [`run_cases`] draws them.
+pub fn runner(cases_n: u32) -> TestRunner {
+    let (_, bytes) = seed();
+    TestRunner::new_with_rng(
         RunnerConfig {
             cases: cases_n,
             failure_persistence: None,
@@ -604,7 +600,23 @@ pub fn run_cases(cases_n: u32) -> Result<u32, String> {
             ..RunnerConfig::default()
         },
         TestRng::from_seed(RngAlgorithm::ChaCha, &bytes),
+    )
+}
+
+/// The configuration a case draws (its base with its fields over it), or None where loading
+/// refuses it.
+pub fn case_config(case: &Case) -> Option<Config> {
+    config(case, &case.split().0)
+}
+
+/// Runs `cases` drawn cases from the seed; a failure is shrunk to a smallest failing case and
+/// reported with the seed that replays it.
+pub fn run_cases(cases_n: u32) -> Result<u32, String> {
+    let (seed, _) = seed();
+    eprintln!(
+        "extreme numbers: {cases_n} cases, seed {seed} (PARSIM_FUZZ_SEED={seed} replays them)"
     );
+    let mut runner = runner(cases_n);
     let start = Instant::now();
     let hang = std::cell::RefCell::new(None);
     let result = runner.run(&cases(), |case| {
