@@ -247,6 +247,21 @@ fn split_alternates_within_each_source_and_gpu() {
     }
 }
 
+/// The held-out split's bounds in the code are the guard file's `[held_out]`, so that raising
+/// one in the code is a loosening `accuracy_guards_only_tighten` sees.
+#[test]
+fn held_out_bounds_are_the_guard_files() {
+    let file = parsim::validate::guards::GuardFile::shipped().unwrap();
+    let h = file
+        .held_out
+        .expect("calibration/accuracy-guards.toml has a [held_out] table");
+    assert_eq!(
+        (h.median, h.worst),
+        (calibrate::MEDIAN_BOUND, BOUND),
+        "calibrate::MEDIAN_BOUND / BOUND differ from the guard file's [held_out]"
+    );
+}
+
 /// Leave-one-source-out (issue 17): each GPU family is fitted without one source table, from
 /// placeholder values, and that table is predicted. The figures are recomputed from the model
 /// and the data here; their bounds (per source and GPU family, and the known misses) are the

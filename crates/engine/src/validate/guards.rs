@@ -26,6 +26,9 @@ pub struct GuardFile {
     pub guard: Vec<Guard>,
     #[serde(default)]
     pub miss: Vec<Miss>,
+    /// The bounds of the calibration's held-out split (`parsim::calibrate::evaluate`), which
+    /// `calibrate::MEDIAN_BOUND` and `calibrate::BOUND` must equal (tests/accuracy.rs).
+    pub held_out: Option<HeldOut>,
     /// Every loosening, with why: docs/accuracy.md lists them.
     #[serde(default)]
     pub loosened: Vec<Loosening>,
@@ -63,6 +66,17 @@ pub struct Guard {
     pub signed: Option<f64>,
     pub coverage: Option<f64>,
     /// What the guard holds and where its bounds come from.
+    pub guards: String,
+}
+
+/// The held-out split's guards: the median and the worst error of the fitted tables' rows kept
+/// out of the fit.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeldOut {
+    pub median: f64,
+    pub worst: f64,
+    /// What the bounds guard and why they are where they are.
     pub guards: String,
 }
 
@@ -158,6 +172,9 @@ impl GuardFile {
             let what = format!("miss '{}' #{}", m.source, m.row);
             check_sources(&what, std::slice::from_ref(&m.source))?;
             check_bound(&what, "bound", m.bound)?;
+        }
+        if let Some(h) = &f.held_out {
+            check_bounds("held_out", [h.median, h.worst], [None, None])?;
         }
         Ok(f)
     }
@@ -429,6 +446,17 @@ pub fn loosened(old: &GuardFile, new: &GuardFile) -> Vec<(String, String)> {
         raised("signed", o.signed, n.signed, true);
         raised("coverage", o.coverage, n.coverage, false);
     }
+    match (&old.held_out, &new.held_out) {
+        (Some(_), None) => out.push(("held_out".into(), "removed".into())),
+        (Some(o), Some(n)) => {
+            for (name, a, b) in [("median", o.median, n.median), ("worst", o.worst, n.worst)] {
+                if b > a {
+                    out.push(("held_out".into(), format!("{name} {a} -> {b}")));
+                }
+            }
+        }
+        _ => {}
+    }
     for n in &new.miss {
         let id = format!("miss {} #{}", n.source, n.row);
         match old
@@ -493,6 +521,36 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("twice"));
+    }
+
+    #[test]
+    fn a_held_out_bound_raised_or_dropped_is_a_loosening() {
+        let with = |median: f64, worst: f64| {
+            GuardFile::parse(&format!(
+                "{BASE}\n[held_out]\nmedian = {median}\nworst = {worst}\nguards = \"t\"\n"
+            ))
+            .unwrap()
+        };
+        let base = with(0.07, 0.25);
+        assert!(loosened(&base, &with(0.06, 0.25)).is_empty());
+        assert_eq!(
+            loosened(&base, &with(0.07, 0.3)),
+            vec![("held_out".into(), "worst 0.25 -> 0.3".into())]
+        );
+        assert_eq!(
+            loosened(&base, &with(0.08, 0.25))[0].1,
+            "median 0.07 -> 0.08"
+        );
+        let without = GuardFile::parse(BASE).unwrap();
+        assert_eq!(
+            loosened(&base, &without),
+            vec![("held_out".into(), "removed".into())]
+        );
+        let inf = format!("{BASE}\n[held_out]\nmedian = 0.07\nworst = inf\nguards = \"t\"\n");
+        assert!(GuardFile::parse(&inf)
+            .unwrap_err()
+            .to_string()
+            .contains("held_out"));
     }
 
     #[test]

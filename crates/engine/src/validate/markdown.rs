@@ -117,6 +117,16 @@ fn guards_section(s: &mut String, report: &Report, file: &GuardFile) {
         table_row(s, &cells);
     }
     s.push('\n');
+    if let Some(h) = &file.held_out {
+        let _ = writeln!(
+            s,
+            "The calibration's held-out split (`[held_out]`, checked by `tests/calibrate.rs`): \
+             median within {:.1}%, every row within {:.1}%: {}\n",
+            100.0 * h.median,
+            100.0 * h.worst,
+            h.guards
+        );
+    }
     table_head(s, &GOAL_HEADER);
     for c in guards::goals(file, report) {
         for (key, st) in &c.figures {
