@@ -141,6 +141,27 @@ pub fn warnings(c: &Config) -> Vec<String> {
         )),
         _ => {}
     }
+    let fw = t.framework;
+    if p.pp > 1 && !fw.schedules().contains(&p.schedule) {
+        let runs: Vec<&str> = super::Framework::ALL
+            .iter()
+            .filter(|f| f.schedules().contains(&p.schedule))
+            .map(|f| f.name())
+            .collect();
+        w.push(format!(
+            "parallel.schedule = {}: training.framework = {} does not run it (its schedules: {}, \
+             from {}); the estimate times it as {} runs it",
+            p.schedule.as_str(),
+            fw.name(),
+            fw.schedules()
+                .iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            fw.schedules_source(),
+            runs.join(" or "),
+        ));
+    }
     if p.sp && p.tp == 1 {
         w.push(
             "parallel.sp ignored: sequence parallelism needs tp > 1 (turned off, as Megatron does)"
@@ -180,6 +201,30 @@ pub(crate) mod test_support {
 mod tests {
     use super::test_support::with;
     use super::*;
+
+    /// Megatron-Core's `get_forward_backward_func` picks 1F1B or the interleaved schedule
+    /// only (megatron/core/pipeline_parallel/schedules.py); torch.distributed.pipelining runs
+    /// every schedule parsim models.
+    #[test]
+    fn a_schedule_the_framework_does_not_run_is_named() {
+        use crate::config::{Framework, ScheduleKind};
+        let at = |fw: Framework, kind: ScheduleKind, pp: u32| {
+            warnings(&with(|c| {
+                c.training.framework = fw;
+                c.parallel.pp = pp;
+                c.parallel.schedule = kind;
+            }))
+        };
+        let w = at(Framework::MegatronCore, ScheduleKind::ZbH1, 4);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].starts_with("parallel.schedule = zb-h1: training.framework = megatron-core"));
+        assert!(w[0].contains("1f1b, interleaved-1f1b") && w[0].ends_with("as fsdp runs it"));
+        assert!(at(Framework::MegatronCore, ScheduleKind::OneFOneB, 4).is_empty());
+        assert!(at(Framework::Fsdp, ScheduleKind::ZbH1, 4).is_empty());
+        // One stage runs no pipeline schedule at all.
+        assert!(at(Framework::MegatronCore, ScheduleKind::ZbH1, 1).is_empty());
+        assert!(!at(Framework::Deepspeed, ScheduleKind::Interleaved1F1B, 4).is_empty());
+    }
 
     #[test]
     fn the_default_passes_every_group() {
