@@ -17,19 +17,23 @@ pub enum RowError {
     DataSet { message: String },
     #[error("{PATH} has no table whose source starts with '{prefix}'")]
     NoTable { prefix: String },
-    #[error("field '{field}' is not a non-negative number: {value}")]
-    NotNumber { field: String, value: String },
-    #[error("field '{field}' is not a whole number: {value}")]
-    NotWhole { field: String, value: f64 },
-    #[error("field '{field}' is missing")]
-    Missing { field: String },
-    #[error("field '{field}' is 0")]
-    Zero { field: String },
+    /// A field of a row that breaks its rule: missing, not a (whole, non-negative) number, 0.
+    #[error("field '{field}' {rule}")]
+    Field { field: String, rule: String },
     #[error("model '{model}' does not give 'hidden H, L layers, A heads'")]
     NoShape { model: String },
     /// A feature of the row that parsim does not model, said by the source's reader.
     #[error("{0}")]
     NotModelled(String),
+}
+
+impl RowError {
+    fn field(field: &str, rule: String) -> RowError {
+        RowError::Field {
+            field: field.to_string(),
+            rule,
+        }
+    }
 }
 
 /// The data set shipped with the repository.
@@ -95,10 +99,10 @@ pub fn number(row: &Value, key: &str) -> Result<Option<f64>, RowError> {
     };
     match parsed {
         Some(x) if x.is_finite() && x >= 0.0 => Ok(Some(x)),
-        _ => Err(RowError::NotNumber {
-            field: key.to_string(),
-            value: v.to_string(),
-        }),
+        _ => Err(RowError::field(
+            key,
+            format!("is not a non-negative number: {v}"),
+        )),
     }
 }
 
@@ -107,26 +111,19 @@ pub fn whole(row: &Value, key: &str) -> Result<Option<u64>, RowError> {
     match number(row, key)? {
         None => Ok(None),
         Some(x) if x.fract() == 0.0 && x <= u32::MAX as f64 => Ok(Some(x as u64)),
-        Some(x) => Err(RowError::NotWhole {
-            field: key.to_string(),
-            value: x,
-        }),
+        Some(x) => Err(RowError::field(key, format!("is not a whole number: {x}"))),
     }
 }
 
 /// A whole number that must be present.
 pub fn required(row: &Value, key: &str) -> Result<u64, RowError> {
-    whole(row, key)?.ok_or_else(|| RowError::Missing {
-        field: key.to_string(),
-    })
+    whole(row, key)?.ok_or_else(|| RowError::field(key, "is missing".into()))
 }
 
 /// A positive whole number that must be present, as a parallel degree or GPU count.
 pub fn degree(row: &Value, key: &str) -> Result<u32, RowError> {
     match required(row, key)? {
-        0 => Err(RowError::Zero {
-            field: key.to_string(),
-        }),
+        0 => Err(RowError::field(key, "is 0".into())),
         // `whole` keeps values at most u32::MAX.
         n => Ok(n as u32),
     }
