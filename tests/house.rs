@@ -9,8 +9,8 @@
 //!
 //! Test code is left out everywhere: items under a `#[cfg(test)]` attribute (`mod tests { .. }`,
 //! helpers) and the files they declare (`#[cfg(test)] mod tests;`), and `tests/` folders.
-//! The engine's modules also keep docs/design.md's order (the check that was
-//! tests/module_graph.rs).
+//! Each crate's modules also keep the order docs/architecture.md states in its module-order
+//! table (`documented_order` below reads it from the page).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -771,44 +771,6 @@ fn every_crate_keeps_the_house_rules() {
     );
 }
 
-/// The engine's top-level modules in docs/design.md's order (config -> layout -> model ->
-/// network/time -> schedule -> memory/comm -> estimate -> planning -> search): each imports only those
-/// before it, and the top-level modules form no cycle.
-#[test]
-fn engine_modules_import_one_way() {
-    let src = load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/engine/src"));
-    let mut top: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let first = |f: &str| module_of(f).first().cloned();
-    for (from, tos) in file_graph(&src) {
-        let Some(a) = first(&from) else { continue };
-        let edges = top.entry(a.clone()).or_default();
-        for to in tos {
-            if let Some(b) = first(&to).filter(|b| *b != a) {
-                edges.insert(b);
-            }
-        }
-    }
-    assert!(top.contains_key("model") && top.contains_key("network"));
-    let order = [
-        "config", "layout", "model", "network", "time", "schedule", "memory", "comm", "estimate",
-        "planning", "search",
-    ];
-    let rank = |m: &str| order.iter().position(|o| *o == m);
-    for (from, tos) in &top {
-        for to in tos {
-            if let (Some(a), Some(b)) = (rank(from), rank(to)) {
-                let same_tier = matches!((from.as_str(), to.as_str()), ("comm", "memory"));
-                assert!(
-                    b < a && !same_tier,
-                    "{from} imports {to}, against docs/design.md's order {order:?}"
-                );
-            }
-        }
-    }
-    let cyc = cycles(&top);
-    assert!(cyc.is_empty(), "import cycle between modules: {cyc:?}");
-}
-
 // ---------------------------------------------------------------------------------------------
 // The checker on literal snippets, so it cannot pass by seeing nothing.
 
@@ -991,4 +953,265 @@ fn a_file_beside_its_directory_is_one_module_style_too_many() {
         offenders("k", &src, &dirs),
         vec!["k/a.rs beside k/a/: use k/a/mod.rs"]
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The module order docs/architecture.md states.
+
+/// Each crate's modules in the order docs/architecture.md states (its module-order table),
+/// read from the page: every module of the crate is listed, and none imports one listed after
+/// it. Tiers are joined by `->`, lowest first; modules of one tier, joined by `,`, import
+/// neither each other; `a + b` is a knot the page names, two modules that import each other.
+mod documented_order {
+    use super::{file_graph, lex, load, Sources};
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::path::Path;
+
+    /// One row of the page's table: a module folder (`crates/engine/src`, `src/cli`) and its
+    /// modules in tiers, lowest first; each tier's members are knots of one or more modules.
+    #[derive(Debug, PartialEq)]
+    pub(super) struct Order {
+        pub folder: String,
+        pub tiers: Vec<Vec<Vec<String>>>,
+    }
+
+    /// The rows of the table that follows `<!-- module-order -->`, up to the next blank line:
+    /// `` | `folder` | a, b -> c + d -> e | ``.
+    pub(super) fn parse(doc: &str) -> Result<Vec<Order>, String> {
+        let start = doc
+            .find("<!-- module-order -->")
+            .ok_or("no `<!-- module-order -->` table")?;
+        let mut out = Vec::new();
+        for line in doc[start..].lines().skip(1) {
+            let line = line.trim();
+            if line.is_empty() {
+                break;
+            }
+            let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+            let [folder, order] = cells[..] else {
+                return Err(format!("module-order row `{line}` has not two cells"));
+            };
+            if !folder.starts_with('`') {
+                continue; // the header and its rule
+            }
+            let name = |m: &str| m.trim().trim_matches('`').to_string();
+            let tiers: Vec<Vec<Vec<String>>> = order
+                .split("->")
+                .map(|t| {
+                    t.split(',')
+                        .map(|k| k.split('+').map(name).collect::<Vec<_>>())
+                        .collect()
+                })
+                .collect();
+            if tiers.iter().flatten().flatten().any(String::is_empty) {
+                return Err(format!("module-order row `{line}` has an empty name"));
+            }
+            out.push(Order {
+                folder: name(folder).trim_end_matches('/').to_string(),
+                tiers,
+            });
+        }
+        if out.is_empty() {
+            return Err("the module-order table has no rows".into());
+        }
+        Ok(out)
+    }
+
+    /// The file modules declared (outside tests) by the root files of `dir` (`lib.rs`,
+    /// `main.rs` or `mod.rs`; `dir` relative to the crate's `src/`, `""` for `src/` itself).
+    pub(super) fn declared(src: &Sources, dir: &str) -> BTreeSet<String> {
+        let prefix = if dir.is_empty() {
+            String::new()
+        } else {
+            format!("{dir}/")
+        };
+        let mut out = BTreeSet::new();
+        for root in ["lib.rs", "main.rs", "mod.rs"] {
+            let Some(text) = src.get(&format!("{prefix}{root}")) else {
+                continue;
+            };
+            let toks = lex(text).toks;
+            for (i, t) in toks.iter().enumerate() {
+                if t.text == "mod" && toks.get(i + 2).is_some_and(|n| n.text == ";") {
+                    out.insert(toks[i + 1].text.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// The modules directly under `dir` that each one's files name (the root files belong to
+    /// none: a crate root may re-export anything).
+    pub(super) fn module_graph(src: &Sources, dir: &str) -> BTreeMap<String, BTreeSet<String>> {
+        let prefix: Vec<&str> = dir.split('/').filter(|p| !p.is_empty()).collect();
+        let module = |file: &str| -> Option<String> {
+            let parts: Vec<&str> = file.trim_end_matches(".rs").split('/').collect();
+            let m = *parts.get(prefix.len())?;
+            let root = parts.len() == prefix.len() + 1 && matches!(m, "lib" | "main" | "mod");
+            (parts.starts_with(&prefix) && !root).then(|| m.to_string())
+        };
+        let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (from, tos) in file_graph(src) {
+            let Some(a) = module(&from) else { continue };
+            let edges = out.entry(a.clone()).or_default();
+            edges.extend(tos.iter().filter_map(|t| module(t)).filter(|b| *b != a));
+        }
+        out
+    }
+
+    /// Everything wrong with `order` for a folder declaring `modules` that import as `graph`:
+    /// a module left out or listed twice, a name that is no module, an import of a module
+    /// above, and one of a module beside it outside a knot.
+    pub(super) fn violations(
+        order: &Order,
+        modules: &BTreeSet<String>,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+    ) -> Vec<String> {
+        let f = &order.folder;
+        let mut out = Vec::new();
+        // Each listed module's (tier, knot) position.
+        let mut at: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+        for (t, tier) in order.tiers.iter().enumerate() {
+            for (k, knot) in tier.iter().enumerate() {
+                for m in knot {
+                    if at.insert(m, (t, k)).is_some() {
+                        out.push(format!("{f}: `{m}` is listed twice"));
+                    }
+                    if !modules.contains(m) {
+                        out.push(format!("{f}: `{m}` is listed but is no module of it"));
+                    }
+                }
+            }
+        }
+        for m in modules.iter().filter(|m| !at.contains_key(m.as_str())) {
+            out.push(format!(
+                "{f}: module `{m}` is missing from docs/architecture.md's order"
+            ));
+        }
+        for (from, tos) in graph {
+            for to in tos {
+                let (Some(a), Some(b)) = (at.get(from.as_str()), at.get(to.as_str())) else {
+                    continue;
+                };
+                if b.0 > a.0 {
+                    out.push(format!("{f}: `{from}` imports `{to}`, which is above it"));
+                } else if b.0 == a.0 && b.1 != a.1 {
+                    out.push(format!(
+                        "{f}: `{from}` imports `{to}`, beside it (a knot `{from} + {to}` says so)"
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_crate_keeps_the_module_order_docs_architecture_md_states() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let doc = std::fs::read_to_string(root.join("docs/architecture.md")).expect("read doc");
+        let orders = parse(&doc).expect("the module-order table parses");
+        let mut listed = BTreeSet::new();
+        let mut all = Vec::new();
+        for order in &orders {
+            let Some((krate, dir)) = order.folder.split_once("src") else {
+                panic!(
+                    "module-order folder `{}` is not a src/ folder",
+                    order.folder
+                );
+            };
+            let crate_src = format!("{krate}src");
+            let dir = dir.trim_start_matches('/');
+            let src = load(&root.join(&crate_src));
+            let modules = declared(&src, dir);
+            assert!(!modules.is_empty(), "{} declares no module", order.folder);
+            all.extend(violations(order, &modules, &module_graph(&src, dir)));
+            listed.insert(crate_src);
+        }
+        for d in super::crate_dirs(root) {
+            if !listed.contains(&d) {
+                all.push(format!(
+                    "{d}: no row in docs/architecture.md's module order"
+                ));
+            }
+        }
+        assert!(
+            all.is_empty(),
+            "{} offenders:\n{}",
+            all.len(),
+            all.join("\n")
+        );
+    }
+
+    /// A crate of four modules: `low` imports nothing, `mid` and `peer` import `low`, `top`
+    /// imports `mid` and `peer`.
+    fn tiny(extra: &str) -> Sources {
+        super::crate_of(&[
+            (
+                "lib.rs",
+                "mod low;\nmod mid;\nmod peer;\nmod top;\n#[cfg(test)]\nmod tests;\n",
+            ),
+            ("low.rs", extra),
+            ("mid/mod.rs", "mod inner;\nuse crate::low::X;\n"),
+            ("mid/inner.rs", "use crate::low::Y;\n"),
+            ("peer.rs", "use super::low;\n"),
+            ("top.rs", "use crate::{mid, peer};\n"),
+        ])
+    }
+
+    fn check(table: &str, src: &Sources) -> Vec<String> {
+        let doc = format!(
+            "text\n<!-- module-order -->\n| folder | order |\n| --- | --- |\n{table}\n\nmore\n"
+        );
+        let orders = parse(&doc).expect("parses");
+        assert_eq!(orders.len(), 1);
+        violations(&orders[0], &declared(src, ""), &module_graph(src, ""))
+    }
+
+    #[test]
+    fn a_kept_order_passes_and_the_table_reads_as_tiers_and_knots() {
+        let src = tiny("");
+        assert_eq!(
+            declared(&src, ""),
+            BTreeSet::from(["low", "mid", "peer", "top"].map(String::from)),
+            "the test module is no module of the order"
+        );
+        assert!(check("| `x/src` | low -> mid, peer -> top |", &src).is_empty());
+        let doc = "<!-- module-order -->\n| `src/cli` | `a`, b + c -> d |\n";
+        let want = Order {
+            folder: "src/cli".into(),
+            tiers: vec![
+                vec![vec!["a".into()], vec!["b".into(), "c".into()]],
+                vec![vec!["d".into()]],
+            ],
+        };
+        assert_eq!(parse(doc), Ok(vec![want]));
+        assert!(parse("no table").is_err());
+    }
+
+    #[test]
+    fn a_module_missing_from_the_doc_or_a_stale_name_is_an_offender() {
+        let src = tiny("");
+        assert_eq!(
+            check("| `x/src` | low -> mid, gone -> top |", &src),
+            vec![
+                "x/src: `gone` is listed but is no module of it",
+                "x/src: module `peer` is missing from docs/architecture.md's order",
+            ]
+        );
+    }
+
+    #[test]
+    fn an_arrow_up_or_between_peers_is_an_offender_and_a_knot_is_not() {
+        // `low` reaches `mid`'s inner file: an arrow up, found through a file below the module.
+        let src = tiny("fn f() { crate::mid::inner::g() }\n");
+        assert_eq!(
+            check("| `x/src` | low -> mid, peer -> top |", &src),
+            vec!["x/src: `low` imports `mid`, which is above it"]
+        );
+        assert_eq!(
+            check("| `x/src` | low, mid -> peer -> top |", &tiny("")),
+            vec!["x/src: `mid` imports `low`, beside it (a knot `mid + low` says so)"]
+        );
+        assert!(check("| `x/src` | low + mid -> peer -> top |", &src).is_empty());
+    }
 }

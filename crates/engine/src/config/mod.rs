@@ -44,7 +44,7 @@ pub use registry::Registry;
 pub use resolve::{PipelinePlacement, Resolved};
 pub use rules::check_base;
 pub use rules::pipeline_layout;
-pub use run::{parse_token_count, RunConfig};
+pub use run::{parse_token_count, RunConfig, TokenCountError};
 pub use tables::RateTables;
 pub use training::{LoraConfig, TrainingConfig};
 

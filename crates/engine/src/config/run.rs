@@ -53,9 +53,21 @@ impl RunConfig {
     }
 }
 
+/// A token count that [`parse_token_count`] refuses: the text as typed and the rule.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error(
+    "must be a positive whole number of tokens, e.g. 2T, 15.6T, 300B or 1000000{why}, got {value}"
+)]
+pub struct TokenCountError {
+    /// The text as typed (quoted), or `0`.
+    pub value: String,
+    /// What more the rule says of this value (`" (not a fraction of a token)"`), or nothing.
+    pub why: &'static str,
+}
+
 /// Parses a token count: a plain integer (`300000000000`) or a number with a K, M, B or T
 /// suffix (`300B`, `2T`, `15.6T`); refuses zero, negatives, fractions of a token and overflow.
-pub fn parse_token_count(s: &str) -> Result<u64, String> {
+pub fn parse_token_count(s: &str) -> Result<u64, TokenCountError> {
     let t = s.trim().replace('_', "");
     let (num, scale) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
         Some('K') => (&t[..t.len() - 1], 1e3),
@@ -64,21 +76,27 @@ pub fn parse_token_count(s: &str) -> Result<u64, String> {
         Some('T') => (&t[..t.len() - 1], 1e12),
         _ => (t.as_str(), 1.0),
     };
-    let rule = "must be a positive whole number of tokens, e.g. 2T, 15.6T, 300B or 1000000";
+    let refused = |why| TokenCountError {
+        value: format!("{s:?}"),
+        why,
+    };
     if scale == 1.0 {
         return match num.parse::<u64>() {
-            Ok(0) => Err(format!("{rule}, got 0")),
+            Ok(0) => Err(TokenCountError {
+                value: "0".into(),
+                why: "",
+            }),
             Ok(n) => Ok(n),
-            Err(_) => Err(format!("{rule}, got {s:?}")),
+            Err(_) => Err(refused("")),
         };
     }
-    let v: f64 = num.parse().map_err(|_| format!("{rule}, got {s:?}"))?;
+    let v: f64 = num.parse().map_err(|_| refused(""))?;
     let tokens = v * scale;
     if !tokens.is_finite() || tokens < 1.0 || tokens >= u64::MAX as f64 {
-        return Err(format!("{rule}, got {s:?}"));
+        return Err(refused(""));
     }
     if (tokens - tokens.round()).abs() > 1e-6 * tokens.max(1.0) {
-        return Err(format!("{rule} (not a fraction of a token), got {s:?}"));
+        return Err(refused(" (not a fraction of a token)"));
     }
     Ok(tokens.round() as u64)
 }

@@ -5,7 +5,8 @@
 //! Fitting is allowed; no efficiency is fitted to it today, so every row is predicted out of
 //! sample. The timings are single snapshots of iteration 2 (noisy, per their author).
 
-use super::{data, deepspeed_gpt};
+use super::data::{self, RowError};
+use super::deepspeed_gpt;
 use super::{Measured, SourceRow};
 use serde_json::{json, Value};
 
@@ -21,7 +22,7 @@ DeepSpeed and nvidia-smi's MiB print) and compared with parsim's peak of the mos
 'oom' row is one that did not fit.";
 
 /// Every row of the table.
-pub fn rows() -> Result<Vec<SourceRow>, String> {
+pub fn rows() -> Result<Vec<SourceRow>, RowError> {
     let t = data::table("BigScience BLOOM")?;
     Ok(t.rows.iter().enumerate().map(|(i, v)| row(i, v)).collect())
 }
@@ -95,7 +96,7 @@ fn overlay(
     v: &Value,
     (h, l, a): (u64, u32, u32),
     notes: &mut Vec<String>,
-) -> Result<Value, String> {
+) -> Result<Value, RowError> {
     let name = format!("bloom-{}", size(data::text(v, "model")).to_lowercase());
     let zero = data::required(v, "zero_stage")?;
     let mut o = deepspeed_gpt::overlay(v, &name, (h, l, a), 250880, zero)?;

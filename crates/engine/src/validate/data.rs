@@ -8,6 +8,34 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::sync::OnceLock;
 
+/// Why a published row cannot be read or described as a configuration: the field and the rule
+/// it breaks, or the feature of the run that parsim does not model.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RowError {
+    /// The data set itself does not parse.
+    #[error("{PATH}: {message}")]
+    DataSet { message: String },
+    #[error("{PATH} has no table whose source starts with '{prefix}'")]
+    NoTable { prefix: String },
+    /// A field of a row that breaks its rule: missing, not a (whole, non-negative) number, 0.
+    #[error("field '{field}' {rule}")]
+    Field { field: String, rule: String },
+    #[error("model '{model}' does not give 'hidden H, L layers, A heads'")]
+    NoShape { model: String },
+    /// A feature of the row that parsim does not model, said by the source's reader.
+    #[error("{0}")]
+    NotModelled(String),
+}
+
+impl RowError {
+    fn field(field: &str, rule: String) -> RowError {
+        RowError::Field {
+            field: field.to_string(),
+            rule,
+        }
+    }
+}
+
 /// The data set shipped with the repository.
 pub const DATA: &str = include_str!("../../../../calibration/data/published-runs-2026.json");
 
@@ -31,16 +59,22 @@ pub struct Table {
 }
 
 /// The table whose `source` starts with `prefix`.
-pub fn table(prefix: &str) -> Result<&'static Table, String> {
-    static DOC: OnceLock<Result<Document, String>> = OnceLock::new();
+pub fn table(prefix: &str) -> Result<&'static Table, RowError> {
+    static DOC: OnceLock<Result<Document, RowError>> = OnceLock::new();
     let doc = DOC
-        .get_or_init(|| serde_json::from_str(DATA).map_err(|e| format!("{PATH}: {e}")))
+        .get_or_init(|| {
+            serde_json::from_str(DATA).map_err(|e| RowError::DataSet {
+                message: e.to_string(),
+            })
+        })
         .as_ref()
         .map_err(Clone::clone)?;
     doc.tables
         .iter()
         .find(|t| t.source.starts_with(prefix))
-        .ok_or_else(|| format!("{PATH} has no table whose source starts with '{prefix}'"))
+        .ok_or_else(|| RowError::NoTable {
+            prefix: prefix.to_string(),
+        })
 }
 
 /// A field's main value: a `{"value": v, "alt_in_parentheses": a}` pair (a second figure the
@@ -53,7 +87,7 @@ pub fn main(v: &Value) -> &Value {
 /// The number in field `key`: `None` when absent or null. A string whose first word is a
 /// number (`"661 [note:gpt-oss-note]"`) gives that number; anything else is an error naming
 /// the field.
-pub fn number(row: &Value, key: &str) -> Result<Option<f64>, String> {
+pub fn number(row: &Value, key: &str) -> Result<Option<f64>, RowError> {
     let Some(v) = row.get(key).map(main) else {
         return Ok(None);
     };
@@ -65,28 +99,31 @@ pub fn number(row: &Value, key: &str) -> Result<Option<f64>, String> {
     };
     match parsed {
         Some(x) if x.is_finite() && x >= 0.0 => Ok(Some(x)),
-        _ => Err(format!("field '{key}' is not a non-negative number: {v}")),
+        _ => Err(RowError::field(
+            key,
+            format!("is not a non-negative number: {v}"),
+        )),
     }
 }
 
 /// A whole number in field `key` (`None` when absent or null).
-pub fn whole(row: &Value, key: &str) -> Result<Option<u64>, String> {
+pub fn whole(row: &Value, key: &str) -> Result<Option<u64>, RowError> {
     match number(row, key)? {
         None => Ok(None),
         Some(x) if x.fract() == 0.0 && x <= u32::MAX as f64 => Ok(Some(x as u64)),
-        Some(x) => Err(format!("field '{key}' is not a whole number: {x}")),
+        Some(x) => Err(RowError::field(key, format!("is not a whole number: {x}"))),
     }
 }
 
 /// A whole number that must be present.
-pub fn required(row: &Value, key: &str) -> Result<u64, String> {
-    whole(row, key)?.ok_or_else(|| format!("field '{key}' is missing"))
+pub fn required(row: &Value, key: &str) -> Result<u64, RowError> {
+    whole(row, key)?.ok_or_else(|| RowError::field(key, "is missing".into()))
 }
 
 /// A positive whole number that must be present, as a parallel degree or GPU count.
-pub fn degree(row: &Value, key: &str) -> Result<u32, String> {
+pub fn degree(row: &Value, key: &str) -> Result<u32, RowError> {
     match required(row, key)? {
-        0 => Err(format!("field '{key}' is 0")),
+        0 => Err(RowError::field(key, "is 0".into())),
         // `whole` keeps values at most u32::MAX.
         n => Ok(n as u32),
     }
@@ -108,7 +145,7 @@ pub fn text_num(row: &Value, key: &str) -> String {
 
 /// The shape a GPT-style model description gives: "hidden 1024, 24 layers, 16 heads" (the
 /// vTrain and BLOOM tables' `model` field), as (hidden, layers, heads).
-pub fn gpt_shape(model: &str) -> Result<(u64, u32, u32), String> {
+pub fn gpt_shape(model: &str) -> Result<(u64, u32, u32), RowError> {
     let words: Vec<&str> = model
         .split(|c: char| c == ',' || c == ':' || c.is_whitespace())
         .filter(|w| !w.is_empty())
@@ -127,9 +164,9 @@ pub fn gpt_shape(model: &str) -> Result<(u64, u32, u32), String> {
     };
     match (after("hidden"), before("layers"), before("heads")) {
         (Some(h), Some(l), Some(a)) if h > 0 && l > 0 && a > 0 => Ok((h, l, a)),
-        _ => Err(format!(
-            "model '{model}' does not give 'hidden H, L layers, A heads'"
-        )),
+        _ => Err(RowError::NoShape {
+            model: model.to_string(),
+        }),
     }
 }
 
@@ -149,7 +186,10 @@ mod tests {
             assert_eq!(t.rows.len(), rows, "{prefix}");
             assert!(!t.usage.is_empty() && !t.notes.is_empty(), "{prefix}");
         }
-        assert!(table("nothing").unwrap_err().contains("nothing"));
+        assert!(table("nothing")
+            .unwrap_err()
+            .to_string()
+            .contains("nothing"));
     }
 
     #[test]
@@ -161,13 +201,16 @@ mod tests {
         assert_eq!(number(&row, "c").unwrap(), Some(661.0));
         assert_eq!(whole(&row, "d").unwrap(), None);
         assert_eq!(whole(&row, "missing").unwrap(), None);
-        assert!(number(&row, "e").unwrap_err().contains("'e'"));
-        assert!(whole(&row, "f").unwrap_err().contains("'f'"));
-        assert!(number(&row, "g").unwrap_err().contains("'g'"));
+        let said = |r: Result<_, RowError>| r.map(|_: u64| ()).unwrap_err().to_string();
+        let said_f = |r: Result<Option<f64>, RowError>| r.unwrap_err().to_string();
+        assert!(said_f(number(&row, "e")).contains("'e'"));
+        assert!(whole(&row, "f").unwrap_err().to_string().contains("'f'"));
+        assert!(said_f(number(&row, "g")).contains("'g'"));
         assert!(degree(&json!({"tp": 0}), "tp")
             .unwrap_err()
+            .to_string()
             .contains("'tp'"));
-        assert!(required(&row, "d").unwrap_err().contains("missing"));
+        assert!(said(required(&row, "d")).contains("missing"));
     }
 
     #[test]

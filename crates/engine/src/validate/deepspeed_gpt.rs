@@ -6,7 +6,7 @@
 //! engine: blocking sends, gradient reduction after the backward). Both tables name their
 //! degrees and batch `gpus`, `tp`, `pp`, `dp`, `mbs`, `gbs` and `seq`.
 
-use super::data;
+use super::data::{self, RowError};
 use crate::calibrate::published::gpt;
 use serde_json::{json, Value};
 
@@ -18,14 +18,17 @@ pub fn overlay(
     (h, l, a): (u64, u32, u32),
     vocab: u64,
     zero: u64,
-) -> Result<Value, String> {
+) -> Result<Value, RowError> {
     if zero > 3 {
-        return Err(format!("ZeRO stage {zero} is not one of 0-3"));
+        return Err(RowError::NotModelled(format!(
+            "ZeRO stage {zero} is not one of 0-3"
+        )));
     }
     let seq = data::required(v, "seq")?;
     let model = gpt(name, (l, h, a, 4 * h), vocab, seq, true);
     Ok(json!({
-        "model": serde_json::to_value(model).map_err(|e| e.to_string())?,
+        "model": serde_json::to_value(model)
+            .map_err(|e| RowError::NotModelled(e.to_string()))?,
         "cluster": {"gpu": "a100-80g", "num_gpus": data::degree(v, "gpus")?, "gpus_per_node": 8},
         "parallel": {"tp": data::degree(v, "tp")?, "pp": data::degree(v, "pp")?,
                      "dp": data::degree(v, "dp")?, "cp": 1, "vpp": 1, "sp": false,

@@ -217,15 +217,22 @@ fn table_row(s: &mut String, cells: &[String]) {
     let _ = writeln!(s, "| {} |", cells.join(" | "));
 }
 
+/// A page without the generated section's markers, naming the marker it lacks.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SectionError {
+    #[error("no line '{BEGIN}' in the page")]
+    NoBegin,
+    #[error("no line '{END}' after the section's start")]
+    NoEnd,
+}
+
 /// `doc` with its generated section replaced by `section` (both markers must be there once).
-pub fn replace_section(doc: &str, section: &str) -> Result<String, String> {
-    let start = doc
-        .find(BEGIN)
-        .ok_or_else(|| format!("no line '{BEGIN}' in the page"))?;
+pub fn replace_section(doc: &str, section: &str) -> Result<String, SectionError> {
+    let start = doc.find(BEGIN).ok_or(SectionError::NoBegin)?;
     let end = doc[start..]
         .find(END)
         .map(|i| start + i + END.len())
-        .ok_or_else(|| format!("no line '{END}' after the section's start"))?;
+        .ok_or(SectionError::NoEnd)?;
     let rest = doc[end..].strip_prefix('\n').unwrap_or(&doc[end..]);
     Ok(format!("{}{section}{rest}", &doc[..start]))
 }

@@ -5,7 +5,7 @@
 //! Validation only: no efficiency is ever fitted to these rows.
 
 use super::bridge_models::{self, BridgeModel};
-use super::data;
+use super::data::{self, RowError};
 use super::{Measured, SourceRow};
 use serde_json::{json, Map, Value};
 
@@ -37,7 +37,7 @@ const SYSTEMS: [(&str, &str); 5] = [
 ];
 
 /// Every row of the table.
-pub fn rows() -> Result<Vec<SourceRow>, String> {
+pub fn rows() -> Result<Vec<SourceRow>, RowError> {
     let t = data::table("NVIDIA Megatron-Bridge")?;
     Ok(t.rows.iter().enumerate().map(|(i, v)| row(i, v)).collect())
 }
@@ -57,8 +57,8 @@ struct Printed {
     seq: u64,
 }
 
-fn printed(v: &Value) -> Result<Printed, String> {
-    let or_one = |k: &str| -> Result<u32, String> {
+fn printed(v: &Value) -> Result<Printed, RowError> {
+    let or_one = |k: &str| -> Result<u32, RowError> {
         Ok(match data::whole(v, k)? {
             None | Some(0) => 1,
             Some(n) => n as u32,
@@ -133,7 +133,7 @@ fn row(index: usize, v: &Value) -> SourceRow {
 fn precision(
     p: &str,
     notes: &mut Vec<String>,
-) -> Result<(&'static str, Option<&'static str>), String> {
+) -> Result<(&'static str, Option<&'static str>), RowError> {
     let main = p.split(" (").next().unwrap_or(p).trim();
     Ok(match main {
         "MXFP8" | "FP8-MX" => ("mxfp8", None),
@@ -150,22 +150,28 @@ fn precision(
         }
         "NVFP4" => ("nvfp4", None),
         "BF16" => ("bf16", None),
-        other => return Err(format!("precision '{other}' is not one parsim models")),
+        other => {
+            return Err(RowError::NotModelled(format!(
+                "precision '{other}' is not one parsim models"
+            )))
+        }
     })
 }
 
 /// The configuration overlay of a row, or why parsim cannot describe it.
-fn overlay(v: &Value, p: &Printed, notes: &mut Vec<String>) -> Result<Value, String> {
+fn overlay(v: &Value, p: &Printed, notes: &mut Vec<String>) -> Result<Value, RowError> {
     let name = data::text(v, "model");
-    let model: &BridgeModel =
-        bridge_models::find(name).ok_or_else(|| format!("model '{name}': no preset"))?;
-    let preset = model.preset.map_err(str::to_string)?;
+    let model: &BridgeModel = bridge_models::find(name)
+        .ok_or_else(|| RowError::NotModelled(format!("model '{name}': no preset")))?;
+    let preset = model
+        .preset
+        .map_err(|why| RowError::NotModelled(why.to_string()))?;
     let system = data::text(v, "system");
     let gpu = SYSTEMS
         .iter()
         .find(|(s, _)| *s == system)
         .map(|(_, g)| *g)
-        .ok_or_else(|| format!("system '{system}': no GPU profile"))?;
+        .ok_or_else(|| RowError::NotModelled(format!("system '{system}': no GPU profile")))?;
     let (precision, fp8_recipe) = precision(data::text(v, "precision"), notes)?;
     let (_, variant) = bridge_models::split_variant(name);
     let moe = crate::config::presets::preset(preset).is_some_and(|m| m.num_experts > 0);
@@ -202,11 +208,11 @@ fn overlay(v: &Value, p: &Printed, notes: &mut Vec<String>) -> Result<Value, Str
     let stages = p.pp * p.vpp;
     if p.pp > 1 && !model.layouts.is_empty() {
         let layout = model.layout(stages, mtp).ok_or_else(|| {
-            format!(
+            RowError::NotModelled(format!(
                 "{}: the recipe's layout map has no entry for pp x vp = {stages} virtual \
                  stages (which split of its layers the row ran is not published)",
                 model.name
-            )
+            ))
         })?;
         notes.push(format!("pipeline layout {layout} (the model's recipe)"));
         par["pipeline_layout"] = json!(layout);
@@ -271,7 +277,12 @@ mod tests {
             .collect();
         assert!(!super_rows.is_empty());
         for r in super_rows {
-            assert!(r.setup.as_ref().unwrap_err().contains("latent MoE"));
+            assert!(r
+                .setup
+                .as_ref()
+                .unwrap_err()
+                .to_string()
+                .contains("latent MoE"));
         }
     }
 
@@ -286,6 +297,9 @@ mod tests {
         assert!(notes.is_empty());
         assert_eq!(precision("FP8", &mut notes).unwrap().0, "fp8");
         assert_eq!(notes.len(), 1);
-        assert!(precision("INT4", &mut notes).unwrap_err().contains("INT4"));
+        assert!(precision("INT4", &mut notes)
+            .unwrap_err()
+            .to_string()
+            .contains("INT4"));
     }
 }

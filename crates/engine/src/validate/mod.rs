@@ -251,15 +251,17 @@ pub struct SourceRow {
     pub model: String,
     pub system: String,
     pub measured: Measured,
-    pub setup: Result<serde_json::Value, String>,
+    pub setup: Result<serde_json::Value, data::RowError>,
     pub notes: Vec<String>,
 }
 
 /// Why validation could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum ValidateError {
-    #[error("{0}")]
-    Data(String),
+    #[error(transparent)]
+    Data(#[from] data::RowError),
+    #[error(transparent)]
+    Residuals(#[from] crate::interval::IntervalError),
     #[error(transparent)]
     Calibrate(#[from] crate::calibrate::CalibrateError),
     #[error("{path}: {message}")]

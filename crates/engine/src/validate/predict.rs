@@ -57,7 +57,7 @@ pub fn all(rows: &[(Source, SourceRow)], progress: &(dyn Fn(u64, u64) + Sync)) -
         .map(|(source, r)| {
             let outcome = match &r.setup {
                 Ok(overlay) => outcome(overlay, &r.measured),
-                Err(why) => Outcome::NotExpressible(why.clone()),
+                Err(why) => Outcome::NotExpressible(why.to_string()),
             };
             progress(done.fetch_add(1, Ordering::Relaxed) + 1, total);
             Row {

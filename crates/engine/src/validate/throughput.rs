@@ -21,8 +21,7 @@ cross-fitted one (a residual model without the row's half of its table).";
 /// The rows of the fitted `sources` (every `every`-th), and remarks on the run.
 pub fn rows(sources: &[Source], every: usize) -> Result<(Vec<Row>, Vec<String>), ValidateError> {
     let l = loso::shared()?;
-    let file = ResidualFile::parse(SHIPPED_JSON, residuals::PATH)
-        .map_err(|e| ValidateError::Data(e.to_string()))?;
+    let file = ResidualFile::parse(SHIPPED_JSON, residuals::PATH)?;
     let mut out = Vec::new();
     let mut remarks = Vec::new();
     for &source in sources {

@@ -5,7 +5,8 @@
 //! dp and micro batch. Fitting is allowed; no efficiency is fitted to it today, so every row is
 //! predicted out of sample.
 
-use super::{data, deepspeed_gpt};
+use super::data::{self, RowError};
+use super::deepspeed_gpt;
 use super::{Measured, SourceRow};
 use serde_json::Value;
 
@@ -19,7 +20,7 @@ stated), parsim's deepspeed framework (blocking pipeline sends, gradient reducti
 backward); the A100 variant is not stated: a100-80g assumed (8 GPUs per node, as stated).";
 
 /// Every row of the table.
-pub fn rows() -> Result<Vec<SourceRow>, String> {
+pub fn rows() -> Result<Vec<SourceRow>, RowError> {
     let t = data::table("vTrain")?;
     Ok(t.rows.iter().enumerate().map(|(i, v)| row(i, v)).collect())
 }
@@ -60,12 +61,12 @@ fn row(index: usize, v: &Value) -> SourceRow {
 }
 
 /// The configuration of a row.
-fn overlay(v: &Value, (h, l, a): (u64, u32, u32)) -> Result<Value, String> {
+fn overlay(v: &Value, (h, l, a): (u64, u32, u32)) -> Result<Value, RowError> {
     if data::text(v, "metric_unit") != "ms" {
-        return Err(format!(
+        return Err(RowError::NotModelled(format!(
             "metric unit '{}' is not ms",
             data::text(v, "metric_unit")
-        ));
+        )));
     }
     deepspeed_gpt::overlay(v, &format!("gpt-h{h}-l{l}"), (h, l, a), 50257, 0)
 }

@@ -6,23 +6,30 @@
 
 use std::fmt::Display;
 
+/// A value of [`REQUIRE_GPU_VAR`] other than 0 or 1, refused with the values it takes.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{REQUIRE_GPU_VAR}={value:?}: set it to 1 (GPU tests must run) or 0 (they may skip)")]
+pub struct RequireGpuError {
+    pub value: String,
+}
+
 /// The environment variable that turns every GPU test's skip into a failure.
 pub const REQUIRE_GPU_VAR: &str = "PARSIM_REQUIRE_GPU";
 
 /// What a value of [`REQUIRE_GPU_VAR`] asks for: `1` a GPU; unset, empty or `0` none. Any
 /// other value is refused with the variable's name and the values it takes (never guessed).
-pub fn parse_require_gpu(value: Option<&str>) -> Result<bool, String> {
+pub fn parse_require_gpu(value: Option<&str>) -> Result<bool, RequireGpuError> {
     match value.map(str::trim) {
         None | Some("" | "0") => Ok(false),
         Some("1") => Ok(true),
-        Some(other) => Err(format!(
-            "{REQUIRE_GPU_VAR}={other:?}: set it to 1 (GPU tests must run) or 0 (they may skip)"
-        )),
+        Some(other) => Err(RequireGpuError {
+            value: other.to_string(),
+        }),
     }
 }
 
 /// Whether this process's environment asks for a GPU ([`parse_require_gpu`]).
-pub fn gpu_required() -> Result<bool, String> {
+pub fn gpu_required() -> Result<bool, RequireGpuError> {
     parse_require_gpu(std::env::var(REQUIRE_GPU_VAR).ok().as_deref())
 }
 
@@ -57,7 +64,7 @@ mod tests {
         assert_eq!(parse_require_gpu(Some("1")), Ok(true));
         assert_eq!(parse_require_gpu(Some(" 1\n")), Ok(true));
         for bad in ["yes", "true", "2"] {
-            let e = parse_require_gpu(Some(bad)).unwrap_err();
+            let e = parse_require_gpu(Some(bad)).unwrap_err().to_string();
             assert!(e.contains(REQUIRE_GPU_VAR) && e.contains(bad), "{e}");
         }
     }
