@@ -201,15 +201,11 @@ impl LeaveOneSourceOut {
     pub fn report(&self) -> String {
         let mut s = String::new();
         for f in &self.fits {
-            let p = f.fit.params;
+            let [mm, at, mb, oi] = fitted_values(&f.fit.params);
             s.push_str(&format!(
-                "without {:19} {}: matmul {:.3} attention {:.3} memory_bound {:.3} overlap_interference {:.3} ({} rows)\n",
+                "without {:19} {}: matmul {mm} attention {at} memory_bound {mb} overlap_interference {oi} ({} rows)\n",
                 f.left_out.short(),
                 f.fit.family.name(),
-                p.matmul,
-                p.attention,
-                p.memory_bound,
-                p.overlap_interference,
                 f.fit.rows
             ));
         }
@@ -253,15 +249,11 @@ pub fn markdown(l: &LeaveOneSourceOut, png: &str) -> String {
     );
     s.push_str("| left out | family | matmul | attention | memory_bound | overlap_interference | fitting rows |\n| --- | --- | --- | --- | --- | --- | --- |\n");
     for f in &l.fits {
-        let p = f.fit.params;
         s.push_str(&format!(
-            "| {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {} |\n",
+            "| {} | {} | {} | {} |\n",
             f.left_out.short(),
             f.fit.family.name(),
-            p.matmul,
-            p.attention,
-            p.memory_bound,
-            p.overlap_interference,
+            fitted_values(&f.fit.params).join(" | "),
             f.fit.rows
         ));
     }
@@ -315,4 +307,16 @@ pub fn markdown(l: &LeaveOneSourceOut, png: &str) -> String {
         ));
     }
     s
+}
+
+/// One fold's fitted values as its report prints them: matmul, attention, memory_bound and
+/// overlap_interference, to three places.
+fn fitted_values(p: &Params) -> [String; 4] {
+    [
+        p.matmul,
+        p.attention,
+        p.memory_bound,
+        p.overlap_interference,
+    ]
+    .map(|v| format!("{v:.3}"))
 }

@@ -49,17 +49,14 @@ pub fn attention_block(
     // (heads on this rank, q/k head dim, v head dim, K/V heads on this rank)
     let (a_r, dqk, dv, g_r) = match &m.mla {
         None => {
-            let qkv = Linear {
-                name: "attn.qkv",
-                in_features: d.h,
-                out_features: (d.a + 2 * d.g) * d.d,
-                split: Split::Column,
-                bias: bias || m.add_qkv_bias,
+            let qkv = Linear::sharded(
+                "attn.qkv",
+                d.h,
+                (d.a + 2 * d.g) * d.d,
+                Split::Column,
+                bias || m.add_qkv_bias,
                 trainable,
-                save_input: true,
-                communicate: true,
-                sp_gathered_input: true,
-            };
+            );
             push_linear(
                 ops,
                 qkv,
@@ -90,17 +87,7 @@ pub fn attention_block(
     if m.attention_sinks {
         ops.push(sinks(d));
     }
-    let proj = Linear {
-        name: "attn.proj",
-        in_features: d.a * dv,
-        out_features: d.h,
-        split: Split::Row,
-        bias,
-        trainable,
-        save_input: true,
-        communicate: true,
-        sp_gathered_input: true,
-    };
+    let proj = Linear::sharded("attn.proj", d.a * dv, d.h, Split::Row, bias, trainable);
     push_linear(
         ops,
         proj,
@@ -128,15 +115,15 @@ fn mla_projections(
     let latent_q = mla.q_lora_rank;
     if latent_q > 0 {
         let down = Linear {
-            name: "attn.q_down",
-            in_features: d.h,
-            out_features: latent_q,
-            split: Split::Replicated,
-            bias: false,
-            trainable,
-            save_input: true,
             communicate: false,
-            sp_gathered_input: true,
+            ..Linear::sharded(
+                "attn.q_down",
+                d.h,
+                latent_q,
+                Split::Replicated,
+                false,
+                trainable,
+            )
         };
         ops.push(down.op(d).comm(tp_comm(
             d,
@@ -146,41 +133,36 @@ fn mla_projections(
         )));
         ops.push(norm("attn.q_norm", m.normalization, latent_q, d.n, d));
         let up = Linear {
-            name: "attn.q_up",
-            in_features: latent_q,
-            out_features: d.a * dqk,
-            split: Split::Column,
-            bias: false,
-            trainable,
-            save_input: true,
             communicate: false,
             sp_gathered_input: false,
+            ..Linear::sharded(
+                "attn.q_up",
+                latent_q,
+                d.a * dqk,
+                Split::Column,
+                false,
+                trainable,
+            )
         };
         ops.push(up.op(d));
     } else {
         let q = Linear {
-            name: "attn.q",
-            in_features: d.h,
-            out_features: d.a * dqk,
-            split: Split::Column,
-            bias: false,
-            trainable,
-            save_input: true,
             communicate: false,
-            sp_gathered_input: true,
+            ..Linear::sharded("attn.q", d.h, d.a * dqk, Split::Column, false, trainable)
         };
         ops.push(q.op(d));
     }
     let kv_down = Linear {
-        name: "attn.kv_down",
-        in_features: d.h,
-        out_features: mla.kv_lora_rank + mla.qk_rope_head_dim,
-        split: Split::Replicated,
-        bias: false,
-        trainable,
         save_input: false,
         communicate: false,
-        sp_gathered_input: true,
+        ..Linear::sharded(
+            "attn.kv_down",
+            d.h,
+            mla.kv_lora_rank + mla.qk_rope_head_dim,
+            Split::Replicated,
+            false,
+            trainable,
+        )
     };
     let kv_grad = d.n * mla.kv_lora_rank * d.act;
     let mut kv_down_op = kv_down.op(d).comm(tp_comm(
@@ -216,15 +198,16 @@ fn mla_projections(
         d,
     ));
     let kv_up = Linear {
-        name: "attn.kv_up",
-        in_features: mla.kv_lora_rank,
-        out_features: d.a * (mla.qk_nope_head_dim + mla.v_head_dim),
-        split: Split::Column,
-        bias: false,
-        trainable,
-        save_input: true,
         communicate: false,
         sp_gathered_input: false,
+        ..Linear::sharded(
+            "attn.kv_up",
+            mla.kv_lora_rank,
+            d.a * (mla.qk_nope_head_dim + mla.v_head_dim),
+            Split::Column,
+            false,
+            trainable,
+        )
     };
     ops.push(kv_up.op(d));
     (d.a / d.t, dqk, mla.v_head_dim, d.a / d.t)

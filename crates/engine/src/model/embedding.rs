@@ -72,17 +72,7 @@ pub fn output_block(
 ) {
     ops.push(norm("output.norm", m.normalization, d.h, d.n_sp, d).with_role(OpRole::FinalNorm));
     let trainable = !d.lora;
-    let lin = Linear {
-        name: "output.layer",
-        in_features: d.h,
-        out_features: d.v,
-        split: Split::Column,
-        bias: false,
-        trainable,
-        save_input: true,
-        communicate: true,
-        sp_gathered_input: true,
-    };
+    let lin = Linear::sharded("output.layer", d.h, d.v, Split::Column, false, trainable);
     let mut op = lin.op(d);
     if !owns_weight {
         op.params = None;
@@ -121,17 +111,7 @@ pub fn output_block(
 pub fn mtp_prelude(ops: &mut Vec<Op>, m: &ModelConfig, d: &Dims) {
     ops.push(norm("mtp.enorm", m.normalization, d.h, d.n_sp, d));
     ops.push(norm("mtp.hnorm", m.normalization, d.h, d.n_sp, d));
-    let proj = Linear {
-        name: "mtp.eh_proj",
-        in_features: 2 * d.h,
-        out_features: d.h,
-        split: Split::Column,
-        bias: false,
-        trainable: !d.lora,
-        save_input: true,
-        communicate: true,
-        sp_gathered_input: true,
-    };
+    let proj = Linear::sharded("mtp.eh_proj", 2 * d.h, d.h, Split::Column, false, !d.lora);
     ops.push(proj.op(d));
 }
 

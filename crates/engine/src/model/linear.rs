@@ -51,6 +51,30 @@ pub fn tp_comm(d: &Dims, kind: CollectiveKind, phase: Phase, bytes: u64) -> Coll
 }
 
 impl Linear {
+    /// A tensor-parallel projection that saves its input, issues its own TP collectives and
+    /// reads the gathered sequence-parallel activation: Megatron's ColumnParallelLinear /
+    /// RowParallelLinear as most layers use them.
+    pub fn sharded(
+        name: &'static str,
+        in_features: u64,
+        out_features: u64,
+        split: Split,
+        bias: bool,
+        trainable: bool,
+    ) -> Linear {
+        Linear {
+            name,
+            in_features,
+            out_features,
+            split,
+            bias,
+            trainable,
+            save_input: true,
+            communicate: true,
+            sp_gathered_input: true,
+        }
+    }
+
     /// The op for this layer on one rank, over the n tokens of this CP rank.
     pub fn op(&self, d: &Dims) -> Op {
         let (i, o, t) = (self.in_features, self.out_features, d.t);

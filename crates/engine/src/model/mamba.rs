@@ -36,17 +36,14 @@ pub fn mamba_layer(ops: &mut Vec<Op>, m: &ModelConfig, mc: &MambaConfig, d: &Dim
     let inner_r = heads_r * p;
     let conv_r = inner_r + 2 * groups_r * n;
     ops.push(norm("mamba.norm", m.normalization, d.h, d.n_sp, d));
-    let in_proj = Linear {
-        name: "mamba.in_proj",
-        in_features: d.h,
-        out_features: 2 * inner + 2 * groups * n + heads,
-        split: Split::Column,
-        bias: m.add_bias_linear,
+    let in_proj = Linear::sharded(
+        "mamba.in_proj",
+        d.h,
+        2 * inner + 2 * groups * n + heads,
+        Split::Column,
+        m.add_bias_linear,
         trainable,
-        save_input: true,
-        communicate: true,
-        sp_gathered_input: true,
-    };
+    );
     push_linear(ops, in_proj, d, None, "", "");
 
     // The causal depthwise convolution (and SiLU) over x, B, C: conv_kernel weights and a bias
@@ -128,17 +125,14 @@ pub fn mamba_layer(ops: &mut Vec<Op>, m: &ModelConfig, mc: &MambaConfig, d: &Dim
         trainable,
     });
     ops.push(gated);
-    let out_proj = Linear {
-        name: "mamba.out_proj",
-        in_features: inner,
-        out_features: d.h,
-        split: Split::Row,
-        bias: m.add_bias_linear,
+    let out_proj = Linear::sharded(
+        "mamba.out_proj",
+        inner,
+        d.h,
+        Split::Row,
+        m.add_bias_linear,
         trainable,
-        save_input: true,
-        communicate: true,
-        sp_gathered_input: true,
-    };
+    );
     push_linear(ops, out_proj, d, None, "mamba.out_proj_bias", "");
     ops.push(dropout("mamba.dropout", d.n_sp, d.h, d.hidden_dropout));
 }

@@ -53,17 +53,7 @@ pub fn mlp_body(
     };
     push_linear(ops, fc1, d, lora(LoraTarget::Fc1), "", fc1_lora);
     ops.push(activation_op(act_name, d.n, width.div_ceil(d.t), d));
-    let fc2 = Linear {
-        name: fc2_name,
-        in_features: f,
-        out_features: d.h,
-        split: Split::Row,
-        bias: m.add_bias_linear,
-        trainable,
-        save_input: true,
-        communicate: true,
-        sp_gathered_input: true,
-    };
+    let fc2 = Linear::sharded(fc2_name, f, d.h, Split::Row, m.add_bias_linear, trainable);
     push_linear(ops, fc2, d, lora(LoraTarget::Fc2), fc2_bias, fc2_lora);
 }
 

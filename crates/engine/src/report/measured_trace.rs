@@ -99,6 +99,19 @@ fn meta(pid: u64, tid: Option<u32>, name: &str, value: Value) -> Value {
     }
 }
 
+/// A process's name and its place in the viewer (its pid), as two metadata events.
+fn process_meta(pid: u64, label: String) -> [Value; 2] {
+    [
+        meta(pid, None, "process_name", json!({ "name": label })),
+        meta(
+            pid,
+            None,
+            "process_sort_index",
+            json!({ "sort_index": pid }),
+        ),
+    ]
+}
+
 /// The Chrome trace of a measured run (`plan` and its per-rank `traces`, rank order), with
 /// `predicted` (the engine's program and its simulation) added as one process per pipeline
 /// rank when given. Seconds are written as microseconds, the format's unit.
@@ -117,13 +130,7 @@ pub fn measured_chrome_trace(
             "measured rank {} (pp {}, dp {}, tp {})",
             rp.rank, c.pp, c.dp, c.tp
         );
-        events.push(meta(pid, None, "process_name", json!({ "name": label })));
-        events.push(meta(
-            pid,
-            None,
-            "process_sort_index",
-            json!({ "sort_index": pid }),
-        ));
+        events.extend(process_meta(pid, label));
         for (s, n) in [
             (Stream::Compute, "compute"),
             (Stream::Collectives, "collectives"),
@@ -192,13 +199,7 @@ fn predicted_events(
     for (r, (acts, spans)) in program.ranks.iter().zip(&sim.timeline).enumerate() {
         let pid = first_pid + r as u64;
         let label = format!("predicted pipeline rank {r} ({})", program.kind);
-        events.push(meta(pid, None, "process_name", json!({ "name": label })));
-        events.push(meta(
-            pid,
-            None,
-            "process_sort_index",
-            json!({ "sort_index": pid }),
-        ));
+        events.extend(process_meta(pid, label));
         events.push(meta(
             pid,
             Some(0),

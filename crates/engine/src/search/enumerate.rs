@@ -22,9 +22,6 @@ pub fn enumerate(base: &Config, mbs_max: u64) -> Vec<Mix> {
 /// [`enumerate`] with tensor parallelism inside NVLink domains of `domain` GPUs: the mixes
 /// of every split the divisibility rules keep ([`super::grid::splits`]).
 pub(super) fn enumerate_in(base: &Config, mbs_max: u64, domain: u32) -> Vec<Mix> {
-    let m = &base.model;
-    let layers = m.num_layers;
-    let gbs = base.training.global_batch_size;
     let ends = balance::end_costs(base);
     let mut out = Vec::new();
     for (split, _) in splits(base, mbs_max, domain)
@@ -32,61 +29,73 @@ pub(super) fn enumerate_in(base: &Config, mbs_max: u64, domain: u32) -> Vec<Mix>
         .filter(|(_, skip)| skip.is_none())
     {
         let (tp, cp, pp, dp) = (split.tp, split.cp, split.pp, split.dp);
-        // Ulysses only where each CP rank gets whole heads (config rules' own test).
-        let ulysses = ulysses_splits_heads(base, tp as u32, cp as u32);
-        let all: Vec<CpComm> = CpComm::ALL
-            .iter()
-            .copied()
-            .filter(|&c| c != CpComm::A2a || ulysses)
-            .collect();
-        let comms: &[CpComm] = if cp > 1 { &all } else { &[CpComm::P2p] };
-        let pp32 = pp as u32;
-        let mut pipes = pipelines(layers, pp32, m.mtp_num_layers, ends);
-        pipes.sort_by_key(|p| p.1.as_str());
-        let eps = expert_parallel_sizes(base, tp * cp * dp);
-        for &ep in &eps {
-            for zero in 0..=3u8 {
-                for mbs in micro_batches(mbs_max, gbs) {
-                    // mbs <= gbs and dp <= num_gpus: the product fits in u64.
-                    if gbs % (mbs * dp) != 0 {
-                        continue;
-                    }
-                    for recompute in Recompute::ALL.iter().copied() {
-                        for &cp_comm in comms {
-                            // Innermost, so that neighbours share a timed ledger.
-                            for &(vpp, schedule, first, last, slots) in &pipes {
-                                out.push(Mix {
-                                    tp: tp as u32,
-                                    cp: cp as u32,
-                                    cp_comm,
-                                    pp: pp32,
-                                    vpp,
-                                    schedule,
-                                    first_stage_layers: first,
-                                    last_stage_layers: last,
-                                    slots,
-                                    ep: ep as u32,
-                                    zero,
-                                    mbs,
-                                    recompute,
-                                });
-                            }
+        push_mixes_of_split(base, mbs_max, [tp, cp, pp, dp], ends, &mut out);
+    }
+    out
+}
+
+/// Every mix of one split of the GPUs into `[tp, cp, pp, dp]`: the CP exchanges it allows,
+/// the pipeline arrangements of its pp, the expert sizes of its tp x cp x dp, every ZeRO
+/// stage, micro batch dividing the global batch over dp and recomputation, in the search's
+/// order (the pipeline innermost, so that neighbours share a timed ledger).
+fn push_mixes_of_split(
+    base: &Config,
+    mbs_max: u64,
+    [tp, cp, pp, dp]: [u64; 4],
+    ends: Option<balance::EndCosts>,
+    out: &mut Vec<Mix>,
+) {
+    let m = &base.model;
+    let gbs = base.training.global_batch_size;
+    // Ulysses only where each CP rank gets whole heads (config rules' own test).
+    let ulysses = ulysses_splits_heads(base, tp as u32, cp as u32);
+    let all: Vec<CpComm> = CpComm::ALL
+        .iter()
+        .copied()
+        .filter(|&c| c != CpComm::A2a || ulysses)
+        .collect();
+    let comms: &[CpComm] = if cp > 1 { &all } else { &[CpComm::P2p] };
+    let pp32 = pp as u32;
+    let mut pipes = pipelines(m.num_layers, pp32, m.mtp_num_layers, ends);
+    pipes.sort_by_key(|p| p.1.as_str());
+    for ep in expert_parallel_sizes(base, tp * cp * dp) {
+        for zero in 0..=3u8 {
+            for mbs in micro_batches(mbs_max, gbs) {
+                // mbs <= gbs and dp <= num_gpus: the product fits in u64.
+                if gbs % (mbs * dp) != 0 {
+                    continue;
+                }
+                for recompute in Recompute::ALL.iter().copied() {
+                    for &cp_comm in comms {
+                        for &(vpp, schedule, first, last, slots) in &pipes {
+                            out.push(Mix {
+                                tp: tp as u32,
+                                cp: cp as u32,
+                                cp_comm,
+                                pp: pp32,
+                                vpp,
+                                schedule,
+                                first_stage_layers: first,
+                                last_stage_layers: last,
+                                slots,
+                                ep: ep as u32,
+                                zero,
+                                mbs,
+                                recompute,
+                            });
                         }
                     }
                 }
             }
         }
     }
-    out
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::options::{divisors, expert_parallel_sizes, micro_batches, pipelines};
-    use super::{balance, enumerate_in, Mix};
-    use crate::config::{
-        rules::ulysses_splits_heads, Config, CpComm, GpuProfile, Layer, Recompute, Resolved,
-    };
+    use super::super::options::{divisors, micro_batches};
+    use super::{balance, enumerate_in, push_mixes_of_split, Mix};
+    use crate::config::{Config, CpComm, GpuProfile, Layer, Resolved};
 
     /// Ulysses is enumerated exactly where validation accepts it: Llama-3-70B's 8 KV heads
     /// split over tp x cp up to 8 (tp 2 x cp 4 yes, tp 4 x cp 4 no), and every other CP
@@ -130,7 +139,8 @@ mod tests {
     }
 
     /// The enumeration as nested loops over tp, cp and pp with their filters inline (before
-    /// the splits and their rules moved to grid.rs; cp = 1 no longer needs an even sequence).
+    /// the splits and their rules moved to grid.rs; cp = 1 no longer needs an even sequence),
+    /// each split's mixes built as the search builds them: the splits are what is compared.
     fn enumerate_by_loops(base: &Config, mbs_max: u64, domain: u32) -> Vec<Mix> {
         let m = &base.model;
         let n = base.cluster.num_gpus as u64;
@@ -139,7 +149,6 @@ mod tests {
         let kv = m.num_query_groups as u64;
         let layers = m.num_layers;
         let seq = base.training.seq_length;
-        let gbs = base.training.global_batch_size;
         let ends = balance::end_costs(base);
         let mut out = Vec::new();
         for tp in divisors(n.min(per_node))
@@ -150,55 +159,12 @@ mod tests {
                 .into_iter()
                 .filter(|&c| c.is_power_of_two() && (c == 1 || seq % (2 * c) == 0) && c <= 64)
             {
-                // Ulysses only where each CP rank gets whole heads (config rules' own test).
-                let ulysses = ulysses_splits_heads(base, tp as u32, cp as u32);
-                let all: Vec<CpComm> = CpComm::ALL
-                    .iter()
-                    .copied()
-                    .filter(|&c| c != CpComm::A2a || ulysses)
-                    .collect();
-                let comms: &[CpComm] = if cp > 1 { &all } else { &[CpComm::P2p] };
                 for pp in divisors(n / (tp * cp))
                     .into_iter()
                     .filter(|&p| p <= layers as u64)
                 {
                     let dp = n / (tp * cp * pp);
-                    let pp32 = pp as u32;
-                    let mut pipes = pipelines(layers, pp32, m.mtp_num_layers, ends);
-                    pipes.sort_by_key(|p| p.1.as_str());
-                    let eps = expert_parallel_sizes(base, tp * cp * dp);
-                    for &ep in &eps {
-                        for zero in 0..=3u8 {
-                            for mbs in micro_batches(mbs_max, gbs) {
-                                // mbs <= gbs and dp <= num_gpus: the product fits in u64.
-                                if gbs % (mbs * dp) != 0 {
-                                    continue;
-                                }
-                                for recompute in Recompute::ALL.iter().copied() {
-                                    for &cp_comm in comms {
-                                        // Innermost, so that neighbours share a timed ledger.
-                                        for &(vpp, schedule, first, last, slots) in &pipes {
-                                            out.push(Mix {
-                                                tp: tp as u32,
-                                                cp: cp as u32,
-                                                cp_comm,
-                                                pp: pp32,
-                                                vpp,
-                                                schedule,
-                                                first_stage_layers: first,
-                                                last_stage_layers: last,
-                                                slots,
-                                                ep: ep as u32,
-                                                zero,
-                                                mbs,
-                                                recompute,
-                                            });
-                                        }
-                                    }
-                                }
-                            }
-                        }
-                    }
+                    push_mixes_of_split(base, mbs_max, [tp, cp, pp, dp], ends, &mut out);
                 }
             }
         }

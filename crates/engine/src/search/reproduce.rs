@@ -151,25 +151,21 @@ impl Mix {
         if p.tp_comm_overlap && !d.tp_comm_overlap {
             f.push("--tp-comm-overlap".into());
         }
-        if p.overlap_grad_reduce != d.overlap_grad_reduce {
-            f.push(
-                if p.overlap_grad_reduce {
-                    "--overlap-grad-reduce"
-                } else {
-                    "--no-overlap-grad-reduce"
-                }
-                .into(),
-            );
-        }
-        if p.overlap_param_gather != d.overlap_param_gather {
-            f.push(
-                if p.overlap_param_gather {
-                    "--overlap-param-gather"
-                } else {
-                    "--no-overlap-param-gather"
-                }
-                .into(),
-            );
+        for (flag, on, default) in [
+            (
+                "overlap-grad-reduce",
+                p.overlap_grad_reduce,
+                d.overlap_grad_reduce,
+            ),
+            (
+                "overlap-param-gather",
+                p.overlap_param_gather,
+                d.overlap_param_gather,
+            ),
+        ] {
+            if on != default {
+                f.push(format!("--{}{flag}", if on { "" } else { "no-" }));
+            }
         }
         f
     }
