@@ -11,10 +11,7 @@
 //! calibration/accuracy-guards.toml on its figures and that docs/accuracy.md's section is
 //! current, and `accuracy_guards_only_tighten` walks the guard file's history.
 
-mod accuracy {
-    pub mod guard_history;
-}
-use accuracy::guard_history;
+use crate::guard_history;
 
 use parsim::calibrate::fit::{Family, Params};
 use parsim::calibrate::published::{self, FlopsConvention, PublishedError, Source};

@@ -1,5 +1,5 @@
 //! `parsim validate`, the validation harness, on samples of each source (every K-th row), so
-//! it stays within CI's budget; tests/accuracy.rs runs the whole harness once, for the guards
+//! it stays within CI's budget; tests/accuracy/published_throughput.rs runs the whole harness once, for the guards
 //! and the accuracy page. Each check derives its value another way: the measured step from the
 //! published table read here on its own, the prediction from an estimate of the row's printed
 //! settings typed here, and the summary figures recomputed from the rows the command prints.

@@ -31,7 +31,7 @@ fn provenance() -> TableProvenance {
         date: "2026-12-02".into(),
         device: "the recorded host".into(),
         driver: "none".into(),
-        software: "tests/calibrate_cpu.rs".into(),
+        software: "tests/calibration/calibrate_cpu.rs".into(),
     }
 }
 

@@ -228,7 +228,7 @@ fn held_out_points(fractions: &[(String, String, [u64; 3], f64)]) -> Vec<HeldOut
 /// two publications, and the best of five square sizes on H100, H200, A100 and B200 from a
 /// third; and the points of the fractions' own files that are not their GPU's best). Each is
 /// within 10% of the model, the tolerance every published kernel rate is held to
-/// (tests/kernel_rates.rs), or carries its own bound and reason and still misses 10%.
+/// (tests/calibration/kernel_rates.rs), or carries its own bound and reason and still misses 10%.
 #[test]
 fn the_gemm_model_predicts_published_rates_at_shapes_the_fractions_did_not_come_from() {
     const TOLERANCE: f64 = 0.10;

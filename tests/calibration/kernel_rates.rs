@@ -222,7 +222,7 @@ fn a100_forward_backward_points_are_within_10_percent() {
 /// A profile naming a kernel the table lacks is refused, naming the field.
 #[test]
 fn an_unknown_kernel_is_a_clear_error() {
-    let text = include_str!("../calibration/h100-sxm.toml").replace(
+    let text = include_str!("../../calibration/h100-sxm.toml").replace(
         "attention_kernel = \"h100-sxm/flash-attention-3\"",
         "attention_kernel = \"h100-sxm/flash-attention-9\"",
     );

@@ -2,14 +2,14 @@
 //! src/network/nccl_search.rs) reproduce every published nccl-tests bus bandwidth in
 //! calibration/data/nccl-tests.json within 15%: the single figures ("points") and every row of
 //! the per-size tables ("tables") from 1 MiB to 4 GiB, with the algorithm the run forced.
-//! `cargo test -p parsim-cli --test nccl_busbw -- --nocapture` prints model vs published per row.
+//! `cargo test -p parsim-cli --test calibration nccl_busbw -- --nocapture` prints model vs published per row.
 
 use parsim::model::CollectiveKind;
 use parsim::network::nccl::{Algorithm, CollectiveModel, Fabric, Protocol, PIPELINE_OVERHEAD_S};
 use serde_json::Value;
 
-mod nccl_common;
-use nccl_common::{collective, fabric};
+use crate::nccl_rows;
+use nccl_rows::{collective, fabric};
 
 const TOLERANCE: f64 = 0.15;
 const MIB: f64 = (1u64 << 20) as f64;
@@ -28,7 +28,7 @@ fn check(entry: &Value, bytes: f64, want_gbps: f64) -> f64 {
     let system = entry["system"].as_str().unwrap();
     assert!(entry["source"].as_str().unwrap().starts_with("https://"));
     assert!((MIB..=8.0 * GIB).contains(&bytes), "{bytes} B out of range");
-    let pred = nccl_common::predict(entry, bytes);
+    let pred = nccl_rows::predict(entry, bytes);
     let got = busbw_gbps(coll, bytes, n, pred.time_s);
     let err = got / want_gbps - 1.0;
     println!(

@@ -15,14 +15,14 @@
 //! on Azure's one-process `-g 8` tables) adds 6.5 us that this run does not show; the A100
 //! pair of nodes from 512 B on, where NCCL's model (parsim adds nothing across nodes) stays at
 //! 25-39 us against 30-51 us measured on cloud VMs with SR-IOV HCAs.
-//! `cargo test -p parsim-cli --test nccl_latency -- --nocapture` prints model vs published per
+//! `cargo test -p parsim-cli --test calibration nccl_latency -- --nocapture` prints model vs published per
 //! row, and the median and worst error.
 
 use parsim::model::CollectiveKind;
 use parsim::network::nccl::{Algorithm, CollectiveModel, Fabric};
 use serde_json::Value;
 
-mod nccl_common;
+use crate::nccl_rows;
 
 const TOLERANCE: f64 = 0.15;
 /// The small-message range the latency rows cover: 8 B to 256 KiB.
@@ -43,7 +43,7 @@ fn check(row: &Value) -> f64 {
         row["nccl_proto"].is_null(),
         "NCCL_PROTO is not modelled: {row}"
     );
-    let pred = nccl_common::predict(row, bytes);
+    let pred = nccl_rows::predict(row, bytes);
     let got_us = pred.time_s * 1e6;
     let err = got_us / want_us - 1.0;
     let mark = if row["unmatched"].is_string() {

@@ -1,4 +1,4 @@
-//! What tests/nccl_busbw.rs and tests/nccl_latency.rs share: the systems of
+//! What nccl_busbw.rs and nccl_latency.rs share: the systems of
 //! calibration/data/nccl-tests.json as NCCL fabrics, its collective names, and one entry's
 //! prediction by NCCL's tuning model (the algorithm the run forced, else NCCL's choice).
 

@@ -1,7 +1,7 @@
 //! Snapshots of the CLI's human (non-JSON) output: the whole text of each command is compared
 //! with the `.snap` file under `tests/snapshots/`, so a change to any table, line or figure
 //! shows up as a reviewable diff (`cargo insta review`, or `INSTA_UPDATE=always cargo test
-//! --test cli_snapshots` to accept every change at once).
+//! --test cli` to accept every change at once).
 //!
 //! Timings, rates and paths differ between runs and machines: [`cli_snapshot!`] replaces them
 //! with placeholders before comparing.
@@ -28,6 +28,7 @@ fn run(args: &[&str]) -> String {
 fn settings() -> insta::Settings {
     let mut s = insta::Settings::clone_current();
     s.set_prepend_module_to_snapshot(false);
+    s.set_snapshot_path("../snapshots");
     s.add_filter(
         r"in \d+(\.\d+)? s \(\d+ candidates/s\)",
         "in [ELAPSED] s ([RATE] candidates/s)",

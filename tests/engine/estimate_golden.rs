@@ -4,13 +4,13 @@
 //! Each case's output lives in tests/golden/estimate/NAME.json. Numbers compare within a
 //! relative 1e-9 (summation order may move the last bits), everything else exactly. To record
 //! again after a deliberate change, run
-//! `PARSIM_UPDATE_GOLDEN=1 cargo test --test estimate_golden -- --nocapture`: it prints every
+//! `PARSIM_UPDATE_GOLDEN=1 cargo test --test engine estimate_golden -- --nocapture`: it prints every
 //! changed field (path, old, new, relative change), by field across cases and then per case,
 //! and writes the same to `target/tmp/estimate-golden-changes.txt`; that summary goes in the
 //! commit message, with the reason for each change.
 //!
 //! Whether recording or comparing, each case's headline figures must equal what the test
-//! derives by hand from the case's configuration (tests/golden_headline): the parameter count,
+//! derives by hand from the case's configuration (tests/engine/golden_headline.rs): the parameter count,
 //! the model FLOPs per token and, for dense models, the model-state bytes of the most loaded
 //! GPU; a re-recording cannot move them silently.
 
@@ -19,7 +19,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-mod golden_headline;
+use crate::golden_headline;
 
 /// (name, flags after `estimate`). Dense, GQA, MHA, MoE, MLA, every schedule, every CP
 /// exchange, every ZeRO stage, LoRA, recompute and precision settings, several GPUs.

@@ -265,7 +265,7 @@ fn zero(r: &Recipe) -> u8 {
 /// Every recipe is accepted by `estimate`: a finite positive step and an MFU inside (0, 1).
 /// The step time of the Megatron-Bridge recipes against NVIDIA's published tokens/s per GPU is
 /// checked by the validation harness, with a guard per model and system
-/// (calibration/accuracy-guards.toml, `tests/accuracy.rs`).
+/// (calibration/accuracy-guards.toml, `tests/accuracy/published_throughput.rs`).
 /// Each row's expert grid fits Megatron-Core's fold (expert_tp x ep divides tp x cp x dp).
 #[test]
 fn modern_moe_recipes_are_accepted_by_estimate() {

@@ -2,7 +2,7 @@
 //! accepted without a word has a test here (each failed before its fix). Inputs either finish
 //! in bounded memory with finite numbers, or are refused with the field or flag named.
 
-mod common;
+use crate::common;
 use assert_cmd::cargo::cargo_bin_cmd;
 use predicates::prelude::*;
 use std::io::Write;
@@ -483,7 +483,7 @@ fn execute_names_the_host_memory_it_read() {
     );
 }
 
-// ---- found by tests/fuzz.rs ------------------------------------------------------------
+// ---- found by tests/fuzz/random_inputs.rs ------------------------------------------------------------
 
 #[test]
 fn fuzz_findings_are_refused_or_finish() {

@@ -2,9 +2,9 @@
 //! refusal by field, and flags drawn two and three at a time from each command's own
 //! `--help` at 0, 1, 2, 2^16, 2^31, 2^32-1 and 2^53 end in a documented exit status, never a
 //! panic, with finite JSON. The in-process property over every configuration field is in the
-//! fuzz suite (tests/fuzz/extreme_numbers.rs); this is its smaller set through the binary.
+//! fuzz suite (tests/fuzz/extreme_numbers_rules.rs); this is its smaller set through the binary.
 
-mod common;
+use crate::common;
 use assert_cmd::cargo::cargo_bin_cmd;
 use common::non_numbers;
 use proptest::prelude::*;

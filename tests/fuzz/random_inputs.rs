@@ -7,13 +7,9 @@
 //! `PARSIM_FUZZ_CASES` to run that many cases in each in-process test (other than the
 //! search's, whose every case searches a whole space).
 
-mod common;
-mod fuzz {
-    pub mod extreme_numbers;
-}
+use crate::common::non_numbers;
+use crate::extreme_numbers_rules as extreme_numbers;
 use assert_cmd::cargo::cargo_bin_cmd;
-use common::non_numbers;
-use fuzz::extreme_numbers;
 use parsim::config::{Config, Layer, Resolved};
 use serde_json::{json, Value};
 use std::panic::{catch_unwind, AssertUnwindSafe};

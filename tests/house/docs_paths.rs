@@ -1,6 +1,6 @@
-//! The documentation names real files: every repository path a page of docs/ or the README
-//! quotes in backticks (`crates/engine/src/time.rs`, `tests/executor/`) exists, and
-//! docs/architecture.md names every crate of the workspace. A move that leaves a page
+//! The documentation names real files: every repository path a page of docs/, the README or
+//! the test index (tests/README.md) quotes in backticks (`crates/engine/src/time.rs`,
+//! `tests/executor/`) exists, and docs/architecture.md names every crate of the workspace. A move that leaves a page
 //! pointing at a file that is gone fails here.
 
 use std::fs;
@@ -72,6 +72,7 @@ fn every_quoted_repository_path_exists() {
         .filter(|p| p.extension().is_some_and(|x| x == "md"))
         .collect();
     pages.push(root.join("README.md"));
+    pages.push(root.join("tests/README.md"));
     let mut missing = Vec::new();
     let mut checked = 0;
     for page in &pages {

@@ -139,7 +139,7 @@ fn bad_layouts_are_refused_naming_the_field() {
 }
 
 /// Llama-3-70B, TP 8 x PP 8 on 64 H100s, 1F1B, gbs 2048 (the imbalance case of
-/// tests/step_breakdown.rs): the last stage also runs the output layer and loss (about 1.3
+/// tests/engine/step_breakdown.rs): the last stage also runs the output layer and loss (about 1.3
 /// layers of FLOPs: h V against 12 h^2 + attention per layer), so the search also tries the
 /// FLOP-balanced split. It must rank above the even split, with less stage imbalance, and the
 /// same mix estimated directly from its explicit layout must give the same step.

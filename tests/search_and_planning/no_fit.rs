@@ -3,7 +3,7 @@
 //! checked against every candidate's own estimate), a configuration rule, the divisibility
 //! rules that give no candidate at all, and a deadline.
 
-mod common;
+use crate::common;
 use assert_cmd::cargo::cargo_bin_cmd;
 use common::non_numbers;
 use parsim::config::{Config, Layer, Resolved};

@@ -418,6 +418,7 @@ fn snapshot(name: &str, args: &[&str]) {
     );
     let mut s = insta::Settings::clone_current();
     s.set_prepend_module_to_snapshot(false);
+    s.set_snapshot_path("../snapshots");
     s.bind(|| insta::assert_snapshot!(name, text));
 }
 

@@ -1,3 +1,5 @@
+//! An SVG drawn first in a fresh process; a binary of its own, as no other test may draw a PNG before it.
+//!
 //! An SVG drawn in a fresh process, before any PNG: text layout needs the shipped font to be
 //! registered by the SVG path too (plotters measures text for SVG as well).
 

@@ -1,3 +1,5 @@
+//! The CUDA backend against its CPU twin; its own binary, run twice by scripts/gpu-proof.sh (fused, deterministic).
+//!
 //! The CUDA backend against its CPU twin on a GPU: the linear layers' cuBLASLt products per op
 //! (fresh random inputs, output poisoned first; relative error below 1e-5 in fp32 and 1e-2
 //! in bf16), upload / download and the tracker, and a whole small step (loss and parameters).

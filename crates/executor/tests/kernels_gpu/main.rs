@@ -1,11 +1,14 @@
+//! Each CUDA kernel against its CPU twin; its own binary, run by scripts/gpu-proof.sh under compute-sanitizer.
+//!
 //! Each kernel against its CPU twin (executor/src/backend/cpu/ops) on fresh random inputs with
 //! the outputs poisoned (NaN) first: relative error (max |gpu - cpu| / max |cpu|) below 1e-5
 //! in fp32 and 1e-2 in bf16. Needs a GPU, its driver and NVRTC: prints why it skips otherwise.
 
-mod gpu_common;
+#[path = "../common/mod.rs"]
+mod common;
 
+use common::{check, gpu, p, rand, Gpu};
 use cudarc::driver::CudaSlice;
-use gpu_common::{check, gpu, p, rand, Gpu};
 use parsim_executor::backend::cpu::ops::{
     activation, adam, cross_entropy, elementwise, flash, norm, rotary,
 };

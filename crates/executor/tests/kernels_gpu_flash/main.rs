@@ -1,3 +1,5 @@
+//! The flash kernels' MLA widths and dropout; its own binary, run by scripts/gpu-proof.sh under compute-sanitizer.
+//!
 //! backend/cuda/ops/flash/flash.cu's scalar kernels with MLA's value heads narrower than its query/key heads
 //! (dv < d) and with attention dropout drawn inside the kernels, against the CPU twin
 //! (executor/src/backend/cpu/ops/flash.rs) on fresh random inputs, the statistics poisoned
@@ -5,9 +7,10 @@
 //! to rng/attention.rs's, element for element. Needs a GPU, its driver and NVRTC: prints why
 //! it skips otherwise.
 
-mod gpu_common;
+#[path = "../common/mod.rs"]
+mod common;
 
-use gpu_common::{check, gpu, rand, Gpu};
+use common::{check, gpu, rand, Gpu};
 use parsim_executor::backend::cpu::ops::flash;
 use parsim_executor::backend::cuda::ops;
 use parsim_executor::backend::ops::{BlockQuery, BlockShape, BlockStats, Side};

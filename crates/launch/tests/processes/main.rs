@@ -1,3 +1,5 @@
+//! The launcher across real processes; a binary of its own, as it runs itself as the workers.
+//!
 //! The launcher across real processes, without a GPU: this test binary runs itself as the
 //! workers (`worker_entry` does the work when PARSIM_TEST_WORKER is set), under torchrun's
 //! variables, Slurm's, and the local supervisor. Every wait has a deadline; the timeouts that

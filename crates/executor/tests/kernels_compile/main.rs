@@ -1,3 +1,5 @@
+//! Every CUDA kernel compiles with NVRTC, no GPU needed; its own binary, as it needs the `cuda` feature.
+//!
 //! Every backend/cuda/ops/*/*.cu file compiles with NVRTC for sm_80 and sm_90 with register spills as
 //! errors, and ptxas reports every kernel the source declares. Needs NVRTC (no GPU): skips
 //! with the reason where it is absent (fails under `PARSIM_REQUIRE_GPU=1`).

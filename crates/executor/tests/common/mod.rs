@@ -1,4 +1,4 @@
-//! What the GPU kernel tests share (kernels_gpu.rs, kernels_gpu_flash.rs): the GPU or why the
+//! What the GPU kernel tests share (kernels_gpu/, kernels_gpu_flash/): the GPU or why the
 //! test skips, random inputs, NaN-poisoned outputs, and the relative-error check.
 #![allow(dead_code)]
 
