@@ -3,7 +3,7 @@
 //! fit each sweep alone and the three together (rate tables from the fitting lines' op
 //! timings, then the scalars), and print how well each fit predicts the held-out runs, how
 //! closely the tables give back the op times, and whether the three sweeps' fitted values
-//! agree within their intervals: the figures `tests/calibrate_cpu.rs` checks on the recorded
+//! agree within their intervals: the figures `tests/calibration/calibrate_cpu.rs` checks on the recorded
 //! sweeps. Timings depend on the machine's load: run it on a quiet machine (about 5 minutes
 //! on a 2-core host).
 //!

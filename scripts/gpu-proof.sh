@@ -42,7 +42,7 @@ step 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/kernels_gpu_f
 step 150 "$B/cuda_twin" --test-threads=1 --nocapture
 # The whole-step twins again on the deterministic two-kernel attention backward.
 PARSIM_CUDA_FLASH_DETERMINISTIC=1 step 150 "$B/cuda_twin" --test-threads=1 --nocapture
-step 60 "$B/collectives" --test-threads=1 --nocapture
+step 60 "$B/numerics" collectives:: --test-threads=1 --nocapture
 step 300 "$B/executor" cuda --test-threads=1 --nocapture
 # NCCL with one rank: the launcher's path (TCP rendezvous, ncclCommInitRank) against the
 # single-process run of the same one-GPU configuration: the losses must agree.

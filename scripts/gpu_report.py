@@ -282,7 +282,7 @@ v = [f"# GPU validation ({LATEST.name}, {DATE})", ""] + LATEST_VAL + [f"## Full 
      "the script. Without a GPU every GPU test prints why it skips; the script sets",
      "`PARSIM_REQUIRE_GPU=1`, which turns each such skip into a failure with its reason.", "",
      "## 1. Kernels against their CPU twins", "",
-     "`crates/executor/tests/kernels_gpu.rs` and `kernels_gpu_flash.rs`: fresh random inputs, outputs",
+     "`crates/executor/tests/kernels_gpu/main.rs` and `kernels_gpu_flash.rs`: fresh random inputs, outputs",
      "poisoned with NaN before each launch, shapes that are not multiples of the tiles (33 x 257,",
      "100/200/301 rows), forward and backward. Bounds: fp32 1e-5, bf16 1e-2 (relative error).", "",
      "| test | checks | worst relative error |", "| --- | --- | --- |"]
@@ -293,7 +293,7 @@ v += ["", "compute-sanitizer on the same tests:", "", "| tool | binary | summary
 for tool, binary, summary, ok in sanit:
     v.append(f"| {tool} | `{binary}` | {summary} | {ok} |")
 v += ["", "## 2. Whole steps against the CPU backend", "",
-      "`crates/executor/tests/cuda_twin.rs` (one rank) and `tests/executor/cuda.rs`'s CPU twin of TP 2 + SP,",
+      "`crates/executor/tests/cuda_twin/main.rs` (one rank) and `tests/executor/cuda.rs`'s CPU twin of TP 2 + SP,",
       "PP 2 and DP 2 ZeRO 1 (fp32 1e-5, bf16 1e-2), as they ran:", "", "```"]
 v += twin_tests + [l for l in exec_tests if "cpu_twin" in l] + ["```", "",
       "Three tests failed in that run, each on a bound since changed, and ran again:",

@@ -634,7 +634,7 @@ fn recipe_config(r: &Recipe, with_parallel: bool) -> Value {
 /// The Llama 3 8B and DeepSeek-V3 recipes are accepted by `estimate` (a finite step, an MFU
 /// inside (0, 1)). Their step time against NVIDIA's published tokens/s per GPU is checked by
 /// the validation harness, row by row of the Megatron-Bridge table, with a guard per model
-/// and system (calibration/accuracy-guards.toml, `tests/accuracy.rs`). Every DeepSeek-V3 row's EP divides its data parallelism (256 / pp), so
+/// and system (calibration/accuracy-guards.toml, `tests/accuracy/published_throughput.rs`). Every DeepSeek-V3 row's EP divides its data parallelism (256 / pp), so
 /// none needs expert-parallel folding.
 #[test]
 fn nvidia_public_8b_and_deepseek_v3_recipes_are_accepted_by_estimate() {

@@ -1,6 +1,6 @@
 //! Megatron-LM's modelopt conf files (tests/fixtures/megatron/modelopt/, sources in its
 //! SOURCES.md) through the Megatron import: each gives its model card's total (the same model
-//! as parsim's preset of it, whose total tests/engine/modern_models.rs checks against the
+//! as parsim's preset of it, whose total tests/engine/model_cards.rs checks against the
 //! card) or is refused with the reason, naming the flag; none is estimated as another model.
 
 use parsim::config::megatron::{import, to_megatron_args};

@@ -44,7 +44,7 @@ fn isolated_collectives_cost_alpha_plus_ring_factor_bytes_over_bandwidth() {
 #[test]
 fn tp_inside_a_node_uses_nvlink_and_dp_across_nodes_the_network() {
     // The alpha-beta path (profiles without `links.nccl`); the NCCL path is checked against
-    // nccl-tests in tests/nccl_busbw.rs and by its bounds below.
+    // nccl-tests in tests/calibration/nccl_busbw.rs and by its bounds below.
     let mut gpu = GpuProfile::load("h100-sxm").unwrap();
     gpu.links.nccl = None;
     // 32 GPUs, 8 per node, TP 8: TP groups are whole nodes; DP 4 spans 4 nodes.

@@ -108,7 +108,7 @@ struct Table {
 fn table() -> &'static Table {
     static TABLE: OnceLock<Table> = OnceLock::new();
     TABLE.get_or_init(|| {
-        // The table is part of the binary; tests/kernel_rates.rs checks that it parses.
+        // The table is part of the binary; tests/calibration/kernel_rates.rs checks that it parses.
         serde_json::from_str::<Table>(TABLE_JSON).unwrap_or(Table {
             series: Vec::new(),
             derived: Vec::new(),

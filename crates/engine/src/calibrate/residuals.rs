@@ -310,7 +310,7 @@ pub fn markdown(file: &ResidualFile) -> Result<String, CalibrateError> {
     ));
     s.push_str(
         "Coverage on the published rows, two ways (`cargo run --release --example fit_published \
-         -- --intervals` prints the same; `tests/accuracy.rs` (`interval_coverage`) recomputes \
+         -- --intervals` prints the same; `tests/accuracy/published_throughput.rs` (`interval_coverage`) recomputes \
          it): *cross-fitted*, each source's rows split into two alternating halves, each half's \
          intervals from a model built without it (every other residual kept); *nested*, each \
          row's interval from a model without any residual of its own source, as for a software \

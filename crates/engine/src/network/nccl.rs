@@ -218,7 +218,7 @@ impl Choice {
 ///
 /// K is the one constant set from data here: the value of least worst-case error over the 13
 /// rows (1 MiB to 4 GiB) of Azure's published ND A100 v4 all-reduce table
-/// (calibration/data/nccl-tests.json, scanned in 0.1 us steps; tests/nccl_busbw.rs re-derives
+/// (calibration/data/nccl-tests.json, scanned in 0.1 us steps; tests/calibration/nccl_busbw.rs re-derives
 /// it). It is checked on the tables it was not set from: the ND H100 v5 table (NVLS, another
 /// GPU and algorithm) and the plateau figures. Across nodes it does not apply: NCCL's own
 /// "plateau effect of ring" latency covers the network rings there.

@@ -3,7 +3,7 @@
 //! that the row needs to be expressible at all (how 61 layers split over virtual stages), or
 //! that the recipe is documented to set. Each entry cites where its settings come from; the
 //! same settings, with the same citations, are what `tests/engine/blackwell.rs` and
-//! `tests/engine/modern_recipes.rs` build these recipes with.
+//! `tests/engine/moe_recipes.rs` build these recipes with.
 
 /// One model of the table.
 #[derive(Debug, Clone, Copy)]

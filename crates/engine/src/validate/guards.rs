@@ -1,6 +1,6 @@
 //! The accuracy guards and goals (`calibration/accuracy-guards.toml`). A guard bounds what the
 //! model reaches today on a group of rows (median and worst error, optionally the signed mean
-//! and the interval coverage), so that a change that makes it worse fails `tests/accuracy.rs`;
+//! and the interval coverage), so that a change that makes it worse fails `tests/accuracy/published_throughput.rs`;
 //! a known miss bounds one row the source's guard leaves out, with why. A goal is where the
 //! figures should be (issue 47's acceptance); goals are printed beside the guards, never
 //! asserted. A bound may only tighten: a commit that raises a bound, drops a guard or adds a
@@ -27,7 +27,7 @@ pub struct GuardFile {
     #[serde(default)]
     pub miss: Vec<Miss>,
     /// The bounds of the calibration's held-out split (`parsim::calibrate::evaluate`), which
-    /// `calibrate::MEDIAN_BOUND` and `calibrate::BOUND` must equal (tests/accuracy.rs).
+    /// `calibrate::MEDIAN_BOUND` and `calibrate::BOUND` must equal (tests/accuracy/published_throughput.rs).
     pub held_out: Option<HeldOut>,
     /// Every loosening, with why: docs/accuracy.md lists them.
     #[serde(default)]

@@ -1,7 +1,7 @@
 //! The validation section of docs/accuracy.md, written by `parsim validate --write-docs` (and by
 //! `cargo run --release --example fit_published -- --fit --write`, which regenerates the whole
 //! page): the figures come from the harness, never typed. The section sits between
-//! [`BEGIN`] and [`END`]; `tests/accuracy.rs` checks it is what the harness prints today.
+//! [`BEGIN`] and [`END`]; `tests/accuracy/published_throughput.rs` checks it is what the harness prints today.
 
 use super::guards::{self, GuardFile};
 use super::stats::{self, Stats};
@@ -57,7 +57,7 @@ pub fn section(report: &Report, file: &GuardFile) -> String {
         "`parsim validate` runs every row of every public source at the row's own settings \
          (never a searched stand-in) and prints what follows; `parsim validate --rows` lists \
          every row, `--json` gives all of it, `--source NAME` one source. This section is \
-         written by `parsim validate --write-docs`, and `tests/accuracy.rs` checks that it is \
+         written by `parsim validate --write-docs`, and `tests/accuracy/published_throughput.rs` checks that it is \
          what the harness gives today. Error = measured / predicted step time - 1: positive \
          when parsim is too fast (its throughput over the published one - 1). Coverage: the \
          share of measured steps inside parsim's p10-p90 interval (for the fitted tables, the \
@@ -95,7 +95,7 @@ fn guards_section(s: &mut String, report: &Report, file: &GuardFile) {
     s.push_str("### Guards and goals\n\n");
     s.push_str(
         "A guard (`calibration/accuracy-guards.toml`) bounds what the model reaches on a group \
-         of rows, so a change that makes it worse fails `tests/accuracy.rs`; a bound may only \
+         of rows, so a change that makes it worse fails `tests/accuracy/published_throughput.rs`; a bound may only \
          tighten (the same test walks the file's history: a commit that raises a bound, drops a \
          guard or adds a known miss must add a line naming it under *Guard changes* below). A \
          goal is issue 47's acceptance, printed beside the figures and not asserted.\n\n",
@@ -120,7 +120,7 @@ fn guards_section(s: &mut String, report: &Report, file: &GuardFile) {
     if let Some(h) = &file.held_out {
         let _ = writeln!(
             s,
-            "The calibration's held-out split (`[held_out]`, checked by `tests/calibrate.rs`): \
+            "The calibration's held-out split (`[held_out]`, checked by `tests/calibration/calibrate.rs`): \
              median within {:.1}%, every row within {:.1}%: {}\n",
             100.0 * h.median,
             100.0 * h.worst,

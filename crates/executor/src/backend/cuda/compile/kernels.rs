@@ -23,7 +23,7 @@ pub struct KernelFile {
 pub const HEADER: (&str, &str) = ("common.cuh", include_str!("common.cuh"));
 
 /// The Philox 4x32-10 generator of the dropout masks (plain C as well as CUDA C: the test
-/// executor/tests/philox_c.rs compiles it with the system C compiler against rng.rs).
+/// executor/tests/numerics/philox_c.rs compiles it with the system C compiler against rng.rs).
 pub const PHILOX: (&str, &str) = ("philox.h", include_str!("philox.h"));
 
 /// Every header a kernel file may include.

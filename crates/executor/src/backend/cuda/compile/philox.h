@@ -1,6 +1,6 @@
 // Philox 4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11) and the
 // dropout masks' counter/key layouts: the CPU twins are executor/src/rng.rs (philox4x32,
-// DropoutKey::block, DropoutKey::keep) and executor/src/rng/attention.rs (AttnDropout::keep). Plain C as well as CUDA C: executor/tests/philox_c.rs
+// DropoutKey::block, DropoutKey::keep) and executor/src/rng/attention.rs (AttnDropout::keep). Plain C as well as CUDA C: executor/tests/numerics/philox_c.rs
 // compiles this header with the system C compiler and compares it with rng.rs bit for bit, the
 // second method that proves the device generator draws the CPU's masks.
 #pragma once

@@ -1,0 +1,9 @@
+//! Calibration and the published rates it rests on: `calibrate`, the CPU loop, GEMM and attention kernel rates, NCCL.
+
+mod calibrate;
+mod calibrate_cpu;
+mod gemm_rates;
+mod kernel_rates;
+mod nccl_busbw;
+mod nccl_latency;
+mod nccl_rows;

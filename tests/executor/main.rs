@@ -1,0 +1,30 @@
+//! The executor across crates: runs against the single-rank run and the engine's predictions, and `parsim execute`.
+
+mod attention_dropout;
+mod bf16;
+mod cli;
+mod common;
+mod cp;
+mod cuda;
+mod doctor;
+mod dropout;
+mod equivalence;
+mod gpt3;
+mod launch_without_gpu;
+mod lora;
+mod mamba;
+mod memory;
+mod mla;
+mod modern_layers;
+mod moe;
+mod moe_bias;
+mod moe_ep_wide;
+mod moe_folding;
+mod moe_folding_groups;
+mod moe_memory;
+mod mtp;
+mod op_timing;
+mod plan;
+mod timeline;
+mod timeline_collectives;
+mod timeline_grad_buckets;
