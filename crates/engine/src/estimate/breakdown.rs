@@ -255,6 +255,7 @@ pub fn terms(t: &StepTime) -> Vec<Term> {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AdviceContext {
     pub moe: bool,
+    pub tp_inside_domain: bool,
     pub ep_inside_domain: bool,
     pub expert_tp_inside_domain: bool,
 }
@@ -263,6 +264,9 @@ pub struct AdviceContext {
 /// node" would not apply.
 fn advice(term: &Term, t: &StepTime, ctx: AdviceContext) -> String {
     match term.comm {
+        Some(CommKind::Tp) if ctx.tp_inside_domain => {
+            return "lower TP or --tp-comm-overlap (the TP group already runs inside one NVLink domain)".into();
+        }
         Some(CommKind::Ep) if ctx.ep_inside_domain => {
             return "the all-to-all already runs inside one NVLink domain: overlap it with compute (DualPipeV), or a lower EP (fewer, larger exchanges)".into();
         }
@@ -446,6 +450,28 @@ mod tests {
 
     /// EP advice follows the layout: "keep EP inside a node" only where its group crosses
     /// NVLink domains (an NVL72 rack holding the whole EP group already has it there).
+    #[test]
+    fn tp_advice_follows_whether_the_group_crosses_domains() {
+        let mut t = StepTime {
+            step_s: 10.0,
+            compute_s: 6.0,
+            ..StepTime::default()
+        };
+        t.exposed_comm_by_group_s[CommKind::Tp] = 4.0;
+        t.exposed_comm_s = 4.0;
+        let across = verdict_line(&t, AdviceContext::default());
+        assert!(across.contains("keep TP inside a node"), "{across}");
+        let inside = verdict_line(
+            &t,
+            AdviceContext {
+                tp_inside_domain: true,
+                ..AdviceContext::default()
+            },
+        );
+        assert!(!inside.contains("keep TP inside"), "{inside}");
+        assert!(inside.contains("lower TP or --tp-comm-overlap"), "{inside}");
+    }
+
     #[test]
     fn ep_advice_follows_whether_the_group_crosses_domains() {
         let mut t = StepTime {

@@ -147,6 +147,7 @@ impl Prepared<'_> {
         let inside = |g| !self.network.crosses_nodes(g);
         breakdown::AdviceContext {
             moe: self.r.config.model.is_moe(),
+            tp_inside_domain: inside(GroupKind::Tp),
             ep_inside_domain: inside(GroupKind::Ep),
             expert_tp_inside_domain: inside(GroupKind::ExpertTp),
         }
