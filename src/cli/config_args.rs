@@ -33,14 +33,12 @@ pub struct SourceArgs {
     /// it. Flags with no counterpart are named in a warning.
     #[arg(long, value_name = "FILE|-")]
     pub megatron_args: Option<PathBuf>,
-    /// A torchtitan job file (its TOML JobConfig): its parallelism, batch, precision,
-    /// activation checkpointing and llama3 flavor apply over --config (and a Megatron launch),
-    /// and the flags given here over it. What parsim cannot model is refused by name.
+    /// A torchtitan job file (TOML JobConfig): applies over --config, flags over it; what
+    /// parsim cannot model is refused by name.
     #[arg(long, value_name = "JOB_TOML")]
     pub torchtitan_config: Option<PathBuf>,
-    /// One of torchtitan's `--section.field value` launch overrides, written
-    /// `section.field=value` (e.g. parallelism.tensor_parallel_degree=8), applied over
-    /// --torchtitan-config in order; repeatable.
+    /// A torchtitan launch override `--section.field value`, written section.field=value,
+    /// over --torchtitan-config in order; repeatable.
     #[arg(
         long = "torchtitan-override",
         visible_alias = "tt",
@@ -152,13 +150,9 @@ impl SourceArgs {
             layers.push(megatron_layer(path, warnings)?);
         }
         if let Some(path) = &self.torchtitan_config {
-            let world = torchtitan_world(&layers, &overrides);
-            layers.push(torchtitan_layer(
-                path,
-                &self.torchtitan_overrides,
-                world,
-                warnings,
-            )?);
+            let tt = torchtitan::load(path, &self.torchtitan_overrides, &layers, &overrides)?;
+            warnings.extend(tt.notes.iter().map(|n| format!("{}: {n}", path.display())));
+            layers.push(tt.layer);
         }
         layers.push(Layer::overrides(overrides));
         let cfg = Config::from_layers(&layers)?;
@@ -222,38 +216,6 @@ fn megatron_layer(path: &Path, warnings: &mut Vec<String>) -> anyhow::Result<Lay
         base_dir: None,
         value: imported.layer,
     })
-}
-
-/// The override layer of a torchtitan job file with its launch overrides; its notes are
-/// added to `warnings`.
-fn torchtitan_layer(
-    path: &Path,
-    overrides: &[String],
-    world: u32,
-    warnings: &mut Vec<String>,
-) -> anyhow::Result<Layer> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading torchtitan job {}", path.display()))?;
-    let origin = path.display().to_string();
-    let imported = torchtitan::import(&text, &origin, overrides, world)?;
-    for note in imported.notes {
-        warnings.push(format!("{origin}: {note}"));
-    }
-    Ok(Layer {
-        origin,
-        base_dir: None,
-        value: imported.layer,
-    })
-}
-
-/// The GPU count a torchtitan job's `data_parallel_shard_degree = -1` divides: `--gpus`, else
-/// the last file layer's `cluster.num_gpus`, else the default cluster's.
-fn torchtitan_world(layers: &[Layer], overrides: &Value) -> u32 {
-    std::iter::once(overrides)
-        .chain(layers.iter().rev().map(|l| &l.value))
-        .find_map(|v| v["cluster"]["num_gpus"].as_u64())
-        .and_then(|n| u32::try_from(n).ok())
-        .unwrap_or(parsim::config::ClusterConfig::default().num_gpus)
 }
 
 impl SourceArgs {

@@ -10,7 +10,7 @@ pub enum TorchtitanError {
     #[error(transparent)]
     Parse(#[from] ConfigError),
     /// A table that torchtitan's `JobConfig` does not have.
-    #[error("{origin}: [{path}]: unknown section (not one of torchtitan's JobConfig; see docs/config.md)")]
+    #[error("{origin}: [{path}]: unknown section (not one of torchtitan's JobConfig)")]
     UnknownSection { origin: String, path: String },
     /// A key that its section does not have.
     #[error("{origin}: {path}: unknown key (torchtitan's JobConfig has no such field)")]

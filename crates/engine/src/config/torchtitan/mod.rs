@@ -22,9 +22,49 @@ pub use parallelism::DDP_BUCKET_PARAMS;
 pub use training::FLAVORS;
 
 use crate::config::megatron::put;
+use crate::config::{ClusterConfig, ConfigError, Layer};
 use job::Job;
 use schema::Effect;
 use serde_json::{json, Map, Value};
+use std::path::Path;
+
+/// A job file read from disk as a layer, with the notes to show.
+#[derive(Debug, Clone)]
+pub struct LoadedJob {
+    pub layer: Layer,
+    pub notes: Vec<String>,
+}
+
+/// Reads the job file at `path` with `overrides` into a layer placed over `earlier` layers
+/// and under `flags` (the command line's layer): the GPU count that
+/// `data_parallel_shard_degree = -1` divides is the flags' `cluster.num_gpus`, else the last
+/// earlier layer's, else the default cluster's.
+pub fn load(
+    path: &Path,
+    overrides: &[String],
+    earlier: &[Layer],
+    flags: &Value,
+) -> Result<LoadedJob, TorchtitanError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let world = std::iter::once(flags)
+        .chain(earlier.iter().rev().map(|l| &l.value))
+        .find_map(|v| v["cluster"]["num_gpus"].as_u64())
+        .and_then(|n| u32::try_from(n).ok())
+        .unwrap_or(ClusterConfig::default().num_gpus);
+    let origin = path.display().to_string();
+    let imported = import(&text, &origin, overrides, world)?;
+    Ok(LoadedJob {
+        layer: Layer {
+            origin,
+            base_dir: None,
+            value: imported.layer,
+        },
+        notes: imported.notes,
+    })
+}
 
 /// The result of reading a job: the override layer and what the reader noted.
 #[derive(Debug, Clone, PartialEq)]
