@@ -6,6 +6,7 @@ use super::registry_help;
 use anyhow::Context;
 use clap::Args;
 use parsim::config::megatron;
+use parsim::config::torchtitan;
 use parsim::config::{
     Activation, Config, CpComm, Dtype, FlopsAttention, Fp8Recipe, Layer, Optimizer, PpP2p,
     Precision, Recompute, RecomputeModule, Resolved, RouterScore, ScheduleKind, TrainingMode,
@@ -32,6 +33,20 @@ pub struct SourceArgs {
     /// it. Flags with no counterpart are named in a warning.
     #[arg(long, value_name = "FILE|-")]
     pub megatron_args: Option<PathBuf>,
+    /// A torchtitan job file (TOML JobConfig): applies over --config, flags over it; what
+    /// parsim cannot model is refused by name.
+    #[arg(long, value_name = "JOB_TOML")]
+    pub torchtitan_config: Option<PathBuf>,
+    /// A torchtitan launch override `--section.field value`, written section.field=value,
+    /// over --torchtitan-config in order; repeatable.
+    #[arg(
+        long = "torchtitan-override",
+        visible_alias = "tt",
+        value_name = "SECTION.FIELD=VALUE",
+        requires = "torchtitan_config",
+        allow_hyphen_values = true
+    )]
+    pub torchtitan_overrides: Vec<String>,
 }
 
 /// The cluster and the workload: what `search` keeps fixed while it searches the parallel mix.
@@ -133,6 +148,11 @@ impl SourceArgs {
         }
         if let Some(path) = &self.megatron_args {
             layers.push(megatron_layer(path, warnings)?);
+        }
+        if let Some(path) = &self.torchtitan_config {
+            let tt = torchtitan::load(path, &self.torchtitan_overrides, &layers, &overrides)?;
+            warnings.extend(tt.notes.iter().map(|n| format!("{}: {n}", path.display())));
+            layers.push(tt.layer);
         }
         layers.push(Layer::overrides(overrides));
         let cfg = Config::from_layers(&layers)?;

@@ -3,4 +3,5 @@
 mod generated;
 mod human_output;
 mod megatron_args;
+mod torchtitan_config;
 mod validation;

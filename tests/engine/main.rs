@@ -34,5 +34,6 @@ mod run_energy;
 mod step_breakdown;
 mod tables;
 mod time;
+mod torchtitan_import;
 mod training_options;
 mod zero_calls;

@@ -22,6 +22,7 @@ mod resolve;
 pub(crate) mod rules;
 mod run;
 pub mod tables;
+pub mod torchtitan;
 mod training;
 
 pub use cluster::{ClusterConfig, DomainRule, NvlinkDomain};

@@ -1,0 +1,242 @@
+//! torchtitan's model, precision, activation checkpointing and optimizer settings.
+
+use super::error::TorchtitanError;
+use super::job::Job;
+use super::parallelism::Degrees;
+use crate::config::megatron::put;
+use serde_json::{json, Map, Value};
+
+/// torchtitan's model flavors that are parsim presets: (`model.name`, `model.flavor`,
+/// preset). The shapes agree: torchtitan/models/llama3/__init__.py's `llama3_args` give dim,
+/// layers, heads and KV heads, and `FeedForward` (model/model.py) sizes the MLP as
+/// multiple_of x ceil(ffn_dim_multiplier x int(8 dim / 3) / multiple_of), the presets'
+/// ffn_hidden_size (tests/engine/torchtitan_import.rs derives it).
+pub const FLAVORS: &[(&str, &str, &str)] = &[
+    ("llama3", "8B", "llama3-8b"),
+    ("llama3", "70B", "llama3-70b"),
+    ("llama3", "405B", "llama3-405b"),
+];
+
+/// The parsim preset of the job's model.
+pub fn preset(job: &Job) -> Result<&'static str, TorchtitanError> {
+    let name = job.string("model.name").unwrap_or_default();
+    let flavor = job.string("model.flavor").unwrap_or_default();
+    if !FLAVORS.iter().any(|(n, _, _)| *n == name) {
+        let names: Vec<&str> = FLAVORS.iter().map(|(n, _, _)| *n).collect();
+        return Err(job.unmodelled(
+            "model.name",
+            format!("no parsim preset for this model (read: {})", names[0]),
+        ));
+    }
+    FLAVORS
+        .iter()
+        .find(|(n, f, _)| *n == name && *f == flavor)
+        .map(|(_, _, p)| *p)
+        .ok_or_else(|| {
+            let known: Vec<&str> = FLAVORS
+                .iter()
+                .filter(|(n, _, _)| *n == name)
+                .map(|(_, f, _)| *f)
+                .collect();
+            job.unmodelled(
+                "model.flavor",
+                format!(
+                    "no parsim preset matches {name} flavor '{flavor}' (known: {})",
+                    known.join(", ")
+                ),
+            )
+        })
+}
+
+/// Puts the precision: the FSDP2 `MixedPrecisionPolicy` (`mixed_precision_param`,
+/// `mixed_precision_reduce`; `apply_fsdp`), autocast under DDP or on one GPU, none with TP or
+/// PP and no FSDP (`maybe_enable_amp`, torchtitan/distributed/utils.py), and the float8 or
+/// MX converters (torchtitan/components/quantization/).
+pub fn put_precision(
+    job: &Job,
+    d: &Degrees,
+    layer: &mut Map<String, Value>,
+    notes: &mut Vec<String>,
+) -> Result<(), TorchtitanError> {
+    const PARAM: &str = "training.mixed_precision_param";
+    const REDUCE: &str = "training.mixed_precision_reduce";
+    let param = match job.string(PARAM).as_deref() {
+        Some("bfloat16") => "bf16",
+        Some("float32") => "fp32",
+        _ => return Err(job.invalid(PARAM, "must be \"bfloat16\" or \"float32\"")),
+    };
+    if job.string(REDUCE).as_deref() != Some("float32") {
+        return Err(job.invalid(REDUCE, "must be \"float32\" (its only value in torchtitan)"));
+    }
+    let mixed = d.fsdp || (d.tp == 1 && d.pp == 1);
+    let mut precision = if mixed { param } else { "fp32" };
+    if !mixed && param != "fp32" {
+        notes.push(
+            "no FSDP with tp or pp > 1: torchtitan trains without mixed precision (maybe_enable_amp), so fp32".into(),
+        );
+    }
+    put(layer, "training", "grad_dtype", json!("fp32"));
+    let converters = job.list("model.converters");
+    for c in &converters {
+        let (format, section) = match c.as_str() {
+            "float8" => ("fp8", "float8"),
+            "quantize.linear.float8" => ("fp8", "quantize.linear.float8"),
+            "mx" => ("mxfp8", "mx"),
+            "quantize.linear.mx" => ("mxfp8", "quantize.linear.mx"),
+            "quantize.grouped_mm.float8" | "quantize.grouped_mm.mx" => continue,
+            other => {
+                return Err(job.unmodelled(
+                    "model.converters",
+                    format!(
+                        "converter '{other}': parsim reads the float8 and mx linear converters"
+                    ),
+                ))
+            }
+        };
+        if precision == "fp8" || precision == "mxfp8" {
+            return Err(job.invalid("model.converters", "two linear quantization converters"));
+        }
+        precision = format;
+        low_precision(job, section, d, layer)?;
+    }
+    put(layer, "training", "precision", json!(precision));
+    Ok(())
+}
+
+/// The settings of a float8 or MX converter, read from its `section`: the recipe (float8:
+/// none or "tensorwise" is dynamic per-tensor scaling, parsim's "current"; MX: an MXFP8
+/// recipe), the output layer kept in high precision (`filter_fqns = ["output"]`, parsim's
+/// low-precision recipes quantise the transformer layers only), and float8 all-gathers under
+/// FSDP (`enable_fsdp_float8_all_gather`, effective with dp_shard > 1).
+fn low_precision(
+    job: &Job,
+    section: &str,
+    d: &Degrees,
+    layer: &mut Map<String, Value>,
+) -> Result<(), TorchtitanError> {
+    let path = |k: &str| format!("{section}.{k}");
+    let filter = path("filter_fqns");
+    if job.list(&filter) != ["output"] {
+        return Err(job.unmodelled(
+            &filter,
+            "parsim's low-precision recipes keep exactly the output layer in bf16: filter_fqns must be [\"output\"]",
+        ));
+    }
+    let recipe = path("recipe_name");
+    let name = job.string(&recipe);
+    if section.ends_with("mx") {
+        let name = name.unwrap_or_default();
+        if !name.starts_with("mxfp8") || name.contains("emulated") {
+            return Err(job.unmodelled(
+                &recipe,
+                "parsim's MX precision is MXFP8 on hardware (mxfp8_cublas, mxfp8_cutlass)",
+            ));
+        }
+        return Ok(());
+    }
+    let gather = path("enable_fsdp_float8_all_gather");
+    match name.as_deref() {
+        None | Some("tensorwise") => {}
+        Some(_) => {
+            return Err(job.unmodelled(
+                &recipe,
+                "rowwise float8 scaling is not modelled (parsim: per-tensor delayed or current, or 128 x 128 blockwise)",
+            ))
+        }
+    }
+    if name.is_some() && job.flag(&gather) {
+        return Err(job.invalid(
+            &gather,
+            "cannot be combined with recipe_name (Float8LinearConverter)",
+        ));
+    }
+    put(layer, "training", "fp8_recipe", json!("current"));
+    if job.flag(&gather) && d.shard > 1 {
+        put(layer, "training", "fp8_param_gather", json!(true));
+    }
+    Ok(())
+}
+
+/// Puts the activation checkpointing (torchtitan/distributed/activation_checkpoint.py,
+/// `apply_ac`): "none"; "full" (every block wrapped); "selective" with a layer period N
+/// (`_apply_layer_sac`: every Nth block wrapped, so N = 0 or 1 is every block, parsim's full
+/// recompute); per-op selective ("op") and "memory_budget" are refused.
+pub fn put_recompute(job: &Job, layer: &mut Map<String, Value>) -> Result<(), TorchtitanError> {
+    const MODE: &str = "activation_checkpoint.mode";
+    const OPTION: &str = "activation_checkpoint.selective_ac_option";
+    let recompute = match job.string(MODE).as_deref() {
+        Some("none") => "none",
+        Some("full") => "full",
+        Some("selective") => {
+            let option = job.string(OPTION).unwrap_or_default();
+            match option.parse::<u32>() {
+                Ok(0 | 1) => "full",
+                Ok(n) => {
+                    return Err(job.unmodelled(
+                        OPTION,
+                        format!("checkpointing every {n}th layer is not modelled (parsim recomputes every layer or none)"),
+                    ))
+                }
+                Err(_) if option == "op" => {
+                    return Err(job.unmodelled(
+                        OPTION,
+                        "per-op selective checkpointing (torchtitan's _op_sac_save_list) is not modelled: parsim's selective recompute is Megatron's attention core",
+                    ))
+                }
+                Err(_) => {
+                    return Err(job.invalid(
+                        OPTION,
+                        "must be 'op' or a layer period such as '2' (_apply_ac_to_transformer_block)",
+                    ))
+                }
+            }
+        }
+        Some("memory_budget") => {
+            return Err(job.unmodelled(
+                MODE,
+                "the compiler's memory-budget partitioner is not modelled",
+            ))
+        }
+        _ => {
+            return Err(job.invalid(
+                MODE,
+                "must be \"none\", \"selective\", \"full\" or \"memory_budget\"",
+            ))
+        }
+    };
+    put(layer, "training", "recompute", json!(recompute));
+    Ok(())
+}
+
+/// Puts the optimizer (torchtitan/components/optimizer.py, `build_optimizers`: Adam or AdamW,
+/// both parsim's Adam with its fp32 moments) and the run's tokens (`training.steps` steps of
+/// `global` sequences of `seq` tokens).
+pub fn put_optimizer_and_run(
+    job: &Job,
+    global: u64,
+    seq: u64,
+    layer: &mut Map<String, Value>,
+) -> Result<(), TorchtitanError> {
+    match job.string("optimizer.name").as_deref() {
+        Some("Adam" | "AdamW") => put(layer, "training", "optimizer", json!("adam")),
+        _ => {
+            return Err(job.unmodelled("optimizer.name", "parsim reads torchtitan's Adam and AdamW"))
+        }
+    }
+    match job.int("training.steps") {
+        Some(steps) if steps >= 1 => {
+            let tokens = (steps as u64)
+                .checked_mul(global)
+                .and_then(|t| t.checked_mul(seq))
+                .ok_or_else(|| {
+                    job.invalid("training.steps", "steps x batch x sequence overflows")
+                })?;
+            put(layer, "run", "train_tokens", json!(tokens));
+            Ok(())
+        }
+        _ => Err(job.invalid(
+            "training.steps",
+            format!("must be 1 or more, got {}", job.get("training.steps")),
+        )),
+    }
+}
