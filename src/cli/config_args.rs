@@ -5,7 +5,7 @@
 use super::registry_help;
 use anyhow::Context;
 use clap::Args;
-use parsim::config::megatron;
+use parsim::config::{deepspeed, megatron};
 use parsim::config::{
     Activation, Config, CpComm, Dtype, FlopsAttention, Fp8Recipe, Layer, Optimizer, PpP2p,
     Precision, Recompute, RecomputeModule, Resolved, RouterScore, ScheduleKind, TrainingMode,
@@ -32,6 +32,11 @@ pub struct SourceArgs {
     /// it. Flags with no counterpart are named in a warning.
     #[arg(long, value_name = "FILE|-")]
     pub megatron_args: Option<PathBuf>,
+    /// A DeepSpeed configuration (the JSON given to `deepspeed.initialize`): its ZeRO stage,
+    /// precision, batch and ZeRO buckets apply over --config and --megatron-args, and the flags
+    /// given here over it. Keys parsim cannot model are refused by name.
+    #[arg(long, value_name = "DS_CONFIG_JSON")]
+    pub deepspeed_config: Option<PathBuf>,
 }
 
 /// The cluster and the workload: what `search` keeps fixed while it searches the parallel mix.
@@ -134,8 +139,26 @@ impl SourceArgs {
         if let Some(path) = &self.megatron_args {
             layers.push(megatron_layer(path, warnings)?);
         }
+        let deepspeed = match &self.deepspeed_config {
+            Some(path) => Some(deepspeed_layer(path, &mut layers, warnings)?),
+            None => None,
+        };
         layers.push(Layer::overrides(overrides));
-        let cfg = Config::from_layers(&layers)?;
+        let mut cfg = Config::from_layers(&layers)?;
+        if let Some((imported, at)) = deepspeed {
+            // The batch needs the data-parallel size of the merged configuration.
+            let batch = imported.batch_layer(&cfg).map_err(|e| in_file(&at, e))?;
+            if let Some((value, note)) = batch {
+                warnings.push(format!("{at}: {note}"));
+                let layer = Layer {
+                    origin: at,
+                    base_dir: None,
+                    value,
+                };
+                layers.insert(layers.len() - 1, layer);
+                cfg = Config::from_layers(&layers)?;
+            }
+        }
         warnings.extend(self.dropped_model(&layers[..layers.len() - 1]));
         Ok(cfg)
     }
@@ -170,6 +193,36 @@ impl SourceArgs {
                 })
             })
             .collect()
+    }
+}
+
+/// Reads a DeepSpeed configuration into `layers`; its notes go to `warnings`. Returns the
+/// import (for its batch, which needs the merged data-parallel size) and its origin.
+fn deepspeed_layer(
+    path: &Path,
+    layers: &mut Vec<Layer>,
+    warnings: &mut Vec<String>,
+) -> anyhow::Result<(deepspeed::DeepspeedImport, String)> {
+    let origin = path.display().to_string();
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading DeepSpeed configuration {origin}"))?;
+    let imported = deepspeed::import(&text, &origin).map_err(|e| in_file(&origin, e))?;
+    for warning in imported.warnings() {
+        warnings.push(format!("{origin}: {warning}"));
+    }
+    layers.push(Layer {
+        origin: origin.clone(),
+        base_dir: None,
+        value: imported.layer.clone(),
+    });
+    Ok((imported, origin))
+}
+
+/// A DeepSpeed import's error with the file it names (a parse error names it already).
+fn in_file(origin: &str, e: deepspeed::DeepspeedError) -> anyhow::Error {
+    match e {
+        deepspeed::DeepspeedError::Parse(_) => e.into(),
+        e => anyhow::anyhow!("{origin}: {e}"),
     }
 }
 
