@@ -2,10 +2,11 @@
 //! layer (shaped like the file) that is merged over the file, so flags and files go through
 //! the same deserialization and validation.
 
+use super::deepspeed_layer;
 use super::registry_help;
 use anyhow::Context;
 use clap::Args;
-use parsim::config::{deepspeed, megatron};
+use parsim::config::megatron;
 use parsim::config::{
     Activation, Config, CpComm, Dtype, FlopsAttention, Fp8Recipe, Layer, Optimizer, PpP2p,
     Precision, Recompute, RecomputeModule, Resolved, RouterScore, ScheduleKind, TrainingMode,
@@ -140,14 +141,16 @@ impl SourceArgs {
             layers.push(megatron_layer(path, warnings)?);
         }
         let deepspeed = match &self.deepspeed_config {
-            Some(path) => Some(deepspeed_layer(path, &mut layers, warnings)?),
+            Some(path) => Some(deepspeed_layer::read(path, &mut layers, warnings)?),
             None => None,
         };
         layers.push(Layer::overrides(overrides));
         let mut cfg = Config::from_layers(&layers)?;
         if let Some((imported, at)) = deepspeed {
             // The batch needs the data-parallel size of the merged configuration.
-            let batch = imported.batch_layer(&cfg).map_err(|e| in_file(&at, e))?;
+            let batch = imported
+                .batch_layer(&cfg)
+                .map_err(|e| deepspeed_layer::in_file(&at, e))?;
             if let Some((value, note)) = batch {
                 warnings.push(format!("{at}: {note}"));
                 let layer = Layer {
@@ -193,36 +196,6 @@ impl SourceArgs {
                 })
             })
             .collect()
-    }
-}
-
-/// Reads a DeepSpeed configuration into `layers`; its notes go to `warnings`. Returns the
-/// import (for its batch, which needs the merged data-parallel size) and its origin.
-fn deepspeed_layer(
-    path: &Path,
-    layers: &mut Vec<Layer>,
-    warnings: &mut Vec<String>,
-) -> anyhow::Result<(deepspeed::DeepspeedImport, String)> {
-    let origin = path.display().to_string();
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading DeepSpeed configuration {origin}"))?;
-    let imported = deepspeed::import(&text, &origin).map_err(|e| in_file(&origin, e))?;
-    for warning in imported.warnings() {
-        warnings.push(format!("{origin}: {warning}"));
-    }
-    layers.push(Layer {
-        origin: origin.clone(),
-        base_dir: None,
-        value: imported.layer.clone(),
-    });
-    Ok((imported, origin))
-}
-
-/// A DeepSpeed import's error with the file it names (a parse error names it already).
-fn in_file(origin: &str, e: deepspeed::DeepspeedError) -> anyhow::Error {
-    match e {
-        deepspeed::DeepspeedError::Parse(_) => e.into(),
-        e => anyhow::anyhow!("{origin}: {e}"),
     }
 }
 

@@ -3,6 +3,7 @@
 pub(crate) mod calibrate;
 mod compare;
 mod config_args;
+mod deepspeed_layer;
 mod doctor;
 mod estimate;
 mod evidence;
