@@ -174,7 +174,7 @@ fn bad_values_are_refused_by_path() {
             r#"{"train_micro_batch_size_per_gpu": 1, "train_micro_batch_size_per_gpu": 2}"#,
             "x:",
         ),
-        (r#"[1]"#, "(top level):"),
+        ("[1]", "(top level):"),
     ];
     for (text, path) in cases {
         let e = import(text, "x").expect_err(text);

@@ -43,7 +43,9 @@ pub enum Default {
     Null,
 }
 
-use Rule::*;
+use Rule::{
+    DefaultOnly, Mapped, NoEffect, NoEffectSection, Offload, Section, UnlessDisabled, Unmodelled,
+};
 
 /// The top level (deepspeed/runtime/config.py `_initialize_params`, constants.py).
 pub const TOP: &[(&str, Rule)] = &[

@@ -95,14 +95,11 @@ pub fn import(text: &str, origin: &str) -> Result<DeepspeedImport, DeepspeedErro
     zero_settings(&walked, stage, &mut m, &mut accepted)?;
     optimizer(&walked, &mut m)?;
     if let Some(v) = walked.get("data_types.grad_accum_dtype") {
-        let dtype = match v.as_str() {
-            Some(d @ ("fp32" | "bf16" | "fp16")) => d,
-            _ => {
-                return Err(invalid(
-                    "data_types.grad_accum_dtype",
-                    format!("must be \"fp32\", \"bf16\" or \"fp16\", got {v}"),
-                ))
-            }
+        let Some(dtype @ ("fp32" | "bf16" | "fp16")) = v.as_str() else {
+            return Err(invalid(
+                "data_types.grad_accum_dtype",
+                format!("must be \"fp32\", \"bf16\" or \"fp16\", got {v}"),
+            ));
         };
         put(&mut m, "training", "grad_dtype", dtype.into());
     }
