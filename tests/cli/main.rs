@@ -1,5 +1,6 @@
 //! The `parsim` binary's flags and outputs: validation errors, JSON, generated help and shells, snapshots, imports.
 
+mod deepspeed_config;
 mod generated;
 mod human_output;
 mod megatron_args;

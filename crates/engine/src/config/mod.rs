@@ -6,6 +6,7 @@
 //! name the field. [`Config::resolve`] validates the result into a [`Resolved`] configuration.
 
 mod cluster;
+pub mod deepspeed;
 mod enums;
 mod error;
 mod framework;
