@@ -7,8 +7,9 @@ use super::source_args::put;
 pub use super::source_args::SourceArgs;
 use clap::Args;
 use parsim::config::{
-    Activation, Config, CpComm, Dtype, FlopsAttention, Fp8Recipe, Optimizer, PpP2p, Precision,
-    Recompute, RecomputeModule, Resolved, RouterScore, ScheduleKind, TrainingMode,
+    Activation, Config, CpComm, Dtype, FlopsAttention, Fp8Recipe, Optimizer, OptimizerStateDtype,
+    PpP2p, Precision, Recompute, RecomputeModule, Resolved, RouterScore, ScheduleKind,
+    TrainingMode,
 };
 use parsim::scaling::GpuRange;
 use serde_json::{json, Map, Value};
@@ -318,6 +319,15 @@ pub struct TrainingArgs {
     /// How pipeline sends and receives run: overlapped (asynchronous, Megatron-Core) or blocking (each transfer holds both stages' compute: DeepSpeed's PipelineEngine, 2021 Megatron-LM). [default from config: the framework's: blocking for deepspeed, else overlapped]
     #[arg(long, value_name = "MODE")]
     pub pp_p2p: Option<PpP2p>,
+    /// Pure-bf16 training: no fp32 master copy, the optimizer updates the bf16 weights (FSDP,
+    /// DeepSpeed's bf16_master_weights_and_grads; needs --grad-dtype bf16). [default: master
+    /// weights kept]
+    #[arg(long)]
+    pub no_master_weights: bool,
+    /// Adam's moments: fp32, bf16, fp16, fp8 (Megatron's --exp-avg-dtype), int8
+    /// (bitsandbytes). [default from config: fp32, bf16 with --no-master-weights]
+    #[arg(long, value_name = "DTYPE")]
+    pub optimizer_state_dtype: Option<OptimizerStateDtype>,
 }
 
 /// `--gpus`: a count, or a range for `search`.
@@ -512,6 +522,15 @@ impl TrainingArgs {
             let sec = m.entry("training").or_insert_with(|| json!({}));
             sec["lora"] = json!({ "rank": r });
         }
+        if self.no_master_weights {
+            put(m, "training", "master_weights", Some(false));
+        }
+        put(
+            m,
+            "training",
+            "optimizer_state_dtype",
+            self.optimizer_state_dtype,
+        );
     }
 }
 

@@ -12,6 +12,7 @@
 mod flag_table;
 mod flags;
 mod nemo;
+mod optimizer_state;
 mod precision;
 mod print;
 mod sharding;
