@@ -274,3 +274,42 @@ fn published_configs_estimate_end_to_end() {
     let r = Resolved::new(merged).unwrap();
     assert!(estimate(&r).is_ok());
 }
+
+/// `bf16.bf16_master_weights_and_grads` and `bf16.bf16_optimizer_states` (DeepSpeed's
+/// precision_config.py) are the run without an fp32 master: on Llama-2-7B over 8 GPUs at
+/// ZeRO-1 the rank holds bf16 weights and gradients (2 + 2 bytes a parameter) and an eighth of
+/// the bf16 partition copy and the two bf16 moments (2 + 2 + 2): 4p + 6p/8, by hand. bf16
+/// moments beside an fp32 master are refused by the configuration rules, naming the field.
+#[test]
+fn bf16_master_weights_and_optimizer_states_map_to_pure_bf16() {
+    let text = r#"{"bf16": {"enabled": true, "bf16_master_weights_and_grads": true,
+                   "bf16_optimizer_states": true},
+                   "zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": 1}"#;
+    let imp = import(text, "inline").unwrap();
+    let t = &imp.layer["training"];
+    assert_eq!(t["master_weights"], false);
+    assert_eq!(t["grad_dtype"], "bf16");
+    assert_eq!(t["optimizer_state_dtype"], "bf16");
+    let cfg = Config::from_layers(&[
+        Layer::overrides(serde_json::json!({"model": {"preset": "llama2-7b"},
+            "cluster": {"num_gpus": 8}, "parallel": {"tp": 1, "sp": false},
+            "training": {"seq_length": 4096, "global_batch_size": 8}})),
+        Layer::overrides(imp.layer),
+    ])
+    .unwrap();
+    let e = estimate(&Resolved::new(cfg).unwrap()).unwrap();
+    let s = &e.memory.stages[0];
+    let p: u64 = 6_738_415_616; // Llama-2-7B's parameters
+    assert_eq!(s.weights + s.gradients + s.optimizer, 4 * p + 6 * p / 8);
+
+    let moments_only = r#"{"bf16": {"enabled": true, "bf16_optimizer_states": true},
+                           "zero_optimization": {"stage": 1}, "train_batch_size": 64}"#;
+    let imp = import(moments_only, "inline").unwrap();
+    let cfg = Config::from_layers(&[Layer::overrides(imp.layer)]).unwrap();
+    let err = Resolved::new(cfg).unwrap_err().to_string();
+    assert!(err.contains("optimizer_state_dtype"), "{err}");
+    let bad = r#"{"bf16": {"enabled": true, "bf16_optimizer_states": "yes"},
+                  "train_batch_size": 64}"#;
+    let err = import(bad, "inline").unwrap_err().to_string();
+    assert!(err.contains("bf16.bf16_optimizer_states"), "{err}");
+}

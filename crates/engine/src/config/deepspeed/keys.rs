@@ -415,20 +415,8 @@ const BF16: &[(&str, Rule)] = &[
             "gradients applied to the fp32 accumulator as they are produced are not modelled",
         ),
     ),
-    (
-        "bf16_master_weights_and_grads",
-        DefaultOnly(
-            Default::Bool(false),
-            "bf16 master weights and gradients are not modelled",
-        ),
-    ),
-    (
-        "bf16_optimizer_states",
-        DefaultOnly(
-            Default::Bool(false),
-            "bf16 optimizer states are not modelled",
-        ),
-    ),
+    ("bf16_master_weights_and_grads", Mapped),
+    ("bf16_optimizer_states", Mapped),
 ];
 
 /// `fp16` (precision_config.py `DeepSpeedFP16Config`): the loss-scaling settings change

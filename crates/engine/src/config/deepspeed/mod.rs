@@ -94,6 +94,7 @@ pub fn import(text: &str, origin: &str) -> Result<DeepspeedImport, DeepspeedErro
     precision(&walked, &mut m, &mut notes)?;
     zero_settings(&walked, stage, &mut m, &mut accepted)?;
     optimizer(&walked, &mut m)?;
+    bf16_optimizer_precision(&walked, &mut m)?;
     if let Some(v) = walked.get("data_types.grad_accum_dtype") {
         let Some(dtype @ ("fp32" | "bf16" | "fp16")) = v.as_str() else {
             return Err(invalid(
@@ -206,6 +207,32 @@ fn precision(
         (false, false) => "fp32",
     };
     put(m, "training", "precision", precision.into());
+    Ok(())
+}
+
+/// `bf16.bf16_master_weights_and_grads` -> no fp32 master copy and bf16 gradients
+/// (`training.master_weights = false`, `grad_dtype = "bf16"`: stage_1_and_2.py keeps the rank's
+/// partition in bf16), `bf16.bf16_optimizer_states` -> bf16 Adam moments
+/// (`training.optimizer_state_dtype = "bf16"`); the configuration rules then say which pairs
+/// DeepSpeed runs (precision_config.py `DeepSpeedBF16Config`).
+fn bf16_optimizer_precision(
+    w: &walk::Walked,
+    m: &mut Map<String, Value>,
+) -> Result<(), DeepspeedError> {
+    let on = |path: &str| -> Result<bool, DeepspeedError> {
+        match w.get(path) {
+            None => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(v) => Err(invalid(path, format!("must be true or false, got {v}"))),
+        }
+    };
+    if on("bf16.bf16_master_weights_and_grads")? {
+        put(m, "training", "master_weights", false.into());
+        put(m, "training", "grad_dtype", "bf16".into());
+    }
+    if on("bf16.bf16_optimizer_states")? {
+        put(m, "training", "optimizer_state_dtype", "bf16".into());
+    }
     Ok(())
 }
 
