@@ -339,6 +339,15 @@ mod tests {
         RankEnv::from_vars(&|n| map.get(n).cloned(), &Overrides::default())
     }
 
+    /// The error of `base` with variable `k` set to `v` (or unset), as shown.
+    fn refusal(base: &[(&str, &str)], k: &str, v: Option<&str>) -> String {
+        let mut p: Vec<(&str, &str)> = base.iter().filter(|(n, _)| *n != k).copied().collect();
+        if let Some(v) = v {
+            p.push((k, v));
+        }
+        parse(&p).unwrap_err().to_string()
+    }
+
     const TORCHRUN: [(&str, &str); 6] = [
         ("RANK", "5"),
         ("WORLD_SIZE", "8"),
@@ -365,14 +374,7 @@ mod tests {
 
     #[test]
     fn bad_torchrun_variables_name_the_variable() {
-        let with = |k: &str, v: Option<&str>| {
-            let mut p: Vec<(&str, &str)> =
-                TORCHRUN.iter().filter(|(n, _)| *n != k).copied().collect();
-            if let Some(v) = v {
-                p.push((k, v));
-            }
-            parse(&p).unwrap_err().to_string()
-        };
+        let with = |k: &str, v: Option<&str>| refusal(&TORCHRUN, k, v);
         let cases = [
             (
                 "RANK",
@@ -450,13 +452,7 @@ mod tests {
             ("SLURM_NTASKS_PER_NODE", "4"),
             ("SLURM_NODELIST", "n[1-2]"),
         ];
-        let with = |k: &str, v: Option<&str>| {
-            let mut p: Vec<(&str, &str)> = base.iter().filter(|(n, _)| *n != k).copied().collect();
-            if let Some(v) = v {
-                p.push((k, v));
-            }
-            parse(&p).unwrap_err().to_string()
-        };
+        let with = |k: &str, v: Option<&str>| refusal(&base, k, v);
         let cases = [
             (
                 "SLURM_PROCID",

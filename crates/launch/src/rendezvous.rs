@@ -359,6 +359,13 @@ mod tests {
 
     const T: Duration = Duration::from_secs(3);
 
+    /// Rank 0's error serving `me` with a stand-in id, as shown.
+    fn serve_refusal(l: &TcpListener, me: &RankEnv) -> String {
+        serve(l, me, &UniqueId::stand_in(), Instant::now() + T, T)
+            .unwrap_err()
+            .to_string()
+    }
+
     #[test]
     fn every_rank_gets_rank_zeros_id() {
         let (l, port) = listener();
@@ -467,15 +474,7 @@ mod tests {
         // A rank of another world size is refused, and told why.
         let (l, port) = listener();
         let other = std::thread::spawn(move || fetch(&env(1, 8, port), Instant::now() + T, T));
-        let e = serve(
-            &l,
-            &env(0, 2, port),
-            &UniqueId::stand_in(),
-            Instant::now() + T,
-            T,
-        )
-        .unwrap_err()
-        .to_string();
+        let e = serve_refusal(&l, &env(0, 2, port));
         assert!(e.contains("world size 8, rank 0 has 2"), "{e}");
         let e1 = other.join().unwrap().unwrap_err().to_string();
         assert!(e1.contains("world size 8"), "{e1}");
@@ -485,15 +484,7 @@ mod tests {
         let twins: Vec<_> = (0..2)
             .map(|_| std::thread::spawn(move || fetch(&env(1, 3, port), Instant::now() + T, T)))
             .collect();
-        let e = serve(
-            &l,
-            &env(0, 3, port),
-            &UniqueId::stand_in(),
-            Instant::now() + T,
-            T,
-        )
-        .unwrap_err()
-        .to_string();
+        let e = serve_refusal(&l, &env(0, 3, port));
         assert!(e.contains("two processes claim rank 1"), "{e}");
         for t in twins {
             assert!(t.join().unwrap().is_err());
@@ -512,15 +503,7 @@ mod tests {
             s.write_all(&b).unwrap();
             std::thread::sleep(Duration::from_millis(300));
         });
-        let e = serve(
-            &l,
-            &env(0, 2, port),
-            &UniqueId::stand_in(),
-            Instant::now() + T,
-            T,
-        )
-        .unwrap_err()
-        .to_string();
+        let e = serve_refusal(&l, &env(0, 2, port));
         assert!(e.contains("protocol version 9"), "{e}");
         old.join().unwrap();
     }

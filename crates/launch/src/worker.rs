@@ -410,22 +410,11 @@ mod tests {
                     weights: 100 * u64::from(rank),
                     ..MemoryBreakdown::default()
                 },
-                category_max: MemoryBreakdown::default(),
-                reserved_peak: MemoryBreakdown::default(),
-                peak_site: None,
                 gemm_flops: 1.0,
                 gemm_seconds: 0.5,
-                cp: None,
-                moe_dropped: 0,
-                moe_load: Default::default(),
-                device: None,
-                ops: Vec::new(),
+                ..RankReport::default()
             }],
-            params: None,
-            grads: None,
-            param_pieces: None,
-            grad_pieces: None,
-            traces: None,
+            ..RunReport::default()
         }
     }
 

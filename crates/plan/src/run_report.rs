@@ -55,7 +55,7 @@ pub struct CpStats {
 }
 
 /// One rank's measurements.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct RankReport {
     pub rank: u32,
     pub coords: Coords,
@@ -170,7 +170,7 @@ impl RankReport {
 }
 
 /// A whole run (serialisable: a worker process sends its report to rank 0 as JSON).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct RunReport {
     pub world: u32,
     /// The global mean token loss of every step (warm-up included), computed on the

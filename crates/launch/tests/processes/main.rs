@@ -13,9 +13,7 @@ use parsim_launch::env::Overrides;
 use parsim_launch::{
     run_worker, supervise, LaunchError, LaunchInfo, LocalLaunch, RankEnv, UniqueId, WorkerOptions,
 };
-use parsim_plan::plan::Coords;
-use parsim_plan::run_report::MemoryBreakdown;
-use parsim_plan::run_report::{PhaseTimes, RankReport, RunReport};
+use parsim_plan::run_report::{RankReport, RunReport};
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -59,26 +57,10 @@ fn rank_report(world: u32, rank: u32) -> RunReport {
         aux_loss: vec![0.0],
         ranks: vec![RankReport {
             rank,
-            coords: Coords::default(),
             step_s: vec![0.01],
-            phases: PhaseTimes::default(),
-            peak: MemoryBreakdown::default(),
-            category_max: MemoryBreakdown::default(),
-            reserved_peak: MemoryBreakdown::default(),
-            peak_site: None,
-            gemm_flops: 0.0,
-            gemm_seconds: 0.0,
-            cp: None,
-            moe_dropped: 0,
-            moe_load: Default::default(),
-            device: None,
-            ops: Vec::new(),
+            ..RankReport::default()
         }],
-        params: None,
-        grads: None,
-        param_pieces: None,
-        grad_pieces: None,
-        traces: None,
+        ..RunReport::default()
     }
 }
 
