@@ -17,16 +17,7 @@ fn gemm_rate(m: usize, k: usize, n: usize, reps: usize) -> f64 {
     let b = vec![0.25f32; k * n];
     let mut c = vec![0.0f32; m * n];
     let counter = GemmCounter::new();
-    gemm(
-        &counter,
-        1.0,
-        (&a, View::rm(m, k)),
-        (&b, View::rm(k, n)),
-        0.0,
-        (&mut c, View::rm(m, n)),
-    );
-    let t = Instant::now();
-    for _ in 0..reps {
+    let mut run = || {
         gemm(
             &counter,
             1.0,
@@ -34,7 +25,12 @@ fn gemm_rate(m: usize, k: usize, n: usize, reps: usize) -> f64 {
             (&b, View::rm(k, n)),
             0.0,
             (&mut c, View::rm(m, n)),
-        );
+        )
+    };
+    run(); // warm-up
+    let t = Instant::now();
+    for _ in 0..reps {
+        run();
     }
     2.0 * (m * k * n * reps) as f64 / t.elapsed().as_secs_f64() / 1e9
 }
