@@ -82,9 +82,12 @@ async function open(browser, fragment, extra = "") {
   return { page, errors, logs };
 }
 
-(async () => {
-  // A fresh profile (USER_DATA_DIR, empty) for every run.
-  const browser = await chromium.launchPersistentContext(env("USER_DATA_DIR"), {
+// Chromium can die while it starts on a loaded machine (seen once in CI: SIGSEGV before the
+// first page); the start alone is tried up to three times, each with a fresh, empty profile
+// (USER_DATA_DIR, then a new folder beside it), and each failure is printed. Nothing the test
+// checks is retried.
+async function launch() {
+  const options = {
     executablePath: "/usr/bin/chromium",
     headless: true,
     viewport: { width: 1600, height: 1000 },
@@ -93,7 +96,23 @@ async function open(browser, fragment, extra = "") {
       "--disable-background-networking", "--disable-component-update", "--disable-sync",
       "--use-angle=swiftshader", "--enable-unsafe-swiftshader",
     ],
-  });
+  };
+  for (let attempt = 1; ; attempt++) {
+    const dir = attempt === 1
+      ? env("USER_DATA_DIR")
+      : require("fs").mkdtempSync(env("USER_DATA_DIR") + "-retry");
+    try {
+      return await chromium.launchPersistentContext(dir, options);
+    } catch (e) {
+      if (attempt === 3) throw e;
+      console.log(`web-test: chromium did not start (try ${attempt} of 3): ${String(e).split("\n")[0]}`);
+      await new Promise((r) => setTimeout(r, 2000));
+    }
+  }
+}
+
+(async () => {
+  const browser = await launch();
   try {
     // A configuration in the URL: its parameter count in the title, the canvas drawn.
     const { page, errors, logs } = await open(browser, env("CONFIG_TOML"));
