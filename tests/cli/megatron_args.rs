@@ -174,7 +174,7 @@ fn nvidias_launch_script_is_read_with_its_appends_and_conditions() {
     );
 }
 
-/// The minimal repro, through stdin: `B+=( --use-distributed-optimizer )` is read.
+/// A minimal script built by appends, through stdin: `B+=( --use-distributed-optimizer )` is read.
 #[test]
 fn an_array_append_gives_the_distributed_optimizer() {
     let script = "A=(--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 --seq-length 8192 --max-position-embeddings 8192 --swiglu --micro-batch-size 1 --global-batch-size 128 --bf16)\nB=(--tensor-model-parallel-size 1)\nB+=( --use-distributed-optimizer )\ntorchrun --nproc_per_node 8 pretrain_gpt.py ${A[@]} ${B[@]}\n";

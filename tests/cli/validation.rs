@@ -982,7 +982,7 @@ fn attention_kernel_takes_a_release() {
 
 /// `compare` of three flag sets: lettered columns listed above a table no wider than 130
 /// characters (the flag strings were its headers, and the mix one long cell: about 230 wide
-/// here, 370 in the case), the mix one setting a row,
+/// here, 370 with three such flag sets before), the mix one setting a row,
 /// and a warning every column shares printed once, one only some share naming them.
 #[test]
 fn compare_is_narrow_and_names_each_warning_once() {

@@ -6,7 +6,7 @@
 
 use assert_cmd::cargo::cargo_bin_cmd;
 
-/// Llama-3-70B on 64 H100s, 128 sequences of 8,192 a step: the search.
+/// Llama-3-70B on 64 H100s, 128 sequences of 8,192 a step: a planner's first search.
 const LLAMA3_70B_64: [&str; 8] = [
     "--model",
     "llama3-70b",

@@ -39,7 +39,7 @@ pub const BOUND: f64 = 0.25;
 /// tenth (a stale profile, a fit stopped early) moves a GEMM-bound step by a tenth and a
 /// typical row, whose GEMMs are about 70% of its step, by about 7%; on these rows such a
 /// profile puts the median at 8-9% (tests/calibration/calibrate.rs moves matmul by 10% either way and
-/// checks the guard trips). The goal (issue 4) is 5%.
+/// checks the guard trips). The accuracy goal is 5%.
 pub const MEDIAN_BOUND: f64 = 0.07;
 
 /// A row whose published TFLOP/s is this much below a peer's is inconsistent (see

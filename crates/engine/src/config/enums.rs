@@ -15,6 +15,10 @@ macro_rules! named_enum {
         impl $name {
             /// Every value, in declaration order.
             pub const ALL: &'static [$name] = &[$($name::$variant),+];
+            /// The configuration-file spellings of `values`, comma-separated (for messages).
+            pub fn names(values: &[$name]) -> String {
+                values.iter().map(|v| v.as_str()).collect::<Vec<_>>().join(", ")
+            }
             /// The configuration-file spelling.
             pub fn as_str(self) -> &'static str {
                 match self { $($name::$variant => $text),+ }

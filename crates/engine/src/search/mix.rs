@@ -343,7 +343,6 @@ pub fn framework_schedules(base: &Config) -> (Vec<Constraint>, Option<String>) {
             value: k.as_str().to_string(),
         })
         .collect();
-    let names = |ks: &[ScheduleKind]| ks.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ");
     let others: Vec<&str> = crate::config::Framework::ALL
         .iter()
         .filter(|f| left.iter().all(|k| f.schedules().contains(k)))
@@ -351,10 +350,10 @@ pub fn framework_schedules(base: &Config) -> (Vec<Constraint>, Option<String>) {
         .collect();
     let note = format!(
         "schedules: {} only, what {} runs ({}); {} need {}, or --all-schedules to rank them anyway",
-        names(runs),
+        ScheduleKind::names(runs),
         fw.name(),
         fw.schedules_source(),
-        names(&left),
+        ScheduleKind::names(&left),
         if others.is_empty() {
             "another framework".to_string()
         } else {

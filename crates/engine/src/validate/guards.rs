@@ -2,7 +2,7 @@
 //! model reaches today on a group of rows (median and worst error, optionally the signed mean
 //! and the interval coverage), so that a change that makes it worse fails `tests/accuracy/published_throughput.rs`;
 //! a known miss bounds one row the source's guard leaves out, with why. A goal is where the
-//! figures should be (issue 47's acceptance); goals are printed beside the guards, never
+//! figures should be (the project's accuracy goals); goals are printed beside the guards, never
 //! asserted. A bound may only tighten: a commit that raises a bound, drops a guard or adds a
 //! known miss must say why in docs/accuracy.md ([`loosened`] lists what a change loosens).
 

@@ -98,7 +98,7 @@ fn guards_section(s: &mut String, report: &Report, file: &GuardFile) {
          of rows, so a change that makes it worse fails `tests/accuracy/published_throughput.rs`; a bound may only \
          tighten (the same test walks the file's history: a commit that raises a bound, drops a \
          guard or adds a known miss must add a line naming it under *Guard changes* below). A \
-         goal is issue 47's acceptance, printed beside the figures and not asserted.\n\n",
+         goal is where the figures should be, printed beside the figures and not asserted.\n\n",
     );
     let (checks, misses) = guards::check(file, report);
     table_head(s, &[&GUARD_HEADER[..], &["what it guards"]].concat());

@@ -392,7 +392,7 @@ fn nvidias_llama3_fp8_script_reads_its_appends_and_conditions() {
     Resolved::new(cfg).expect("the imported run is valid");
 }
 
-/// The minimal repro: `B+=( --use-distributed-optimizer )` is ZeRO-1, not ZeRO-0.
+/// A minimal script built by appends: `B+=( --use-distributed-optimizer )` is ZeRO-1, not ZeRO-0.
 #[test]
 fn an_appended_array_item_is_read() {
     let text = "A=(--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 --seq-length 8192 --max-position-embeddings 8192 --swiglu --micro-batch-size 1 --global-batch-size 128 --bf16)\nB=(--tensor-model-parallel-size 1)\nB+=( --use-distributed-optimizer )\ntorchrun --nproc_per_node 8 pretrain_gpt.py ${A[@]} ${B[@]}\n";

@@ -156,11 +156,7 @@ pub fn warnings(c: &Config) -> Vec<String> {
              from {}); the estimate times it as {} runs it",
             p.schedule.as_str(),
             fw.name(),
-            fw.schedules()
-                .iter()
-                .map(|k| k.as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
+            super::ScheduleKind::names(fw.schedules()),
             fw.schedules_source(),
             runs.join(" or "),
         ));
