@@ -107,7 +107,7 @@ fn refusals_exit_1_naming_the_path() {
         ),
         (
             "deepspeedexamples_imagenet_fp16_z1",
-            "unknown DeepSpeed key 'cuda_visible_devices'",
+            "cuda_visible_devices: unknown key (not a key of DeepSpeed's configuration)",
         ),
         (
             "refuse_batch_identity",

@@ -110,7 +110,7 @@ fn each_refusal_names_its_path() {
         ),
         (
             "refuse_unknown_key",
-            "unknown DeepSpeed key 'zero_optimization.overlap_gradients'",
+            "zero_optimization.overlap_gradients: unknown key (not a key of DeepSpeed's configuration)",
         ),
         (
             "refuse_partition_activations",
@@ -123,7 +123,7 @@ fn each_refusal_names_its_path() {
         ("refuse_both_precisions", "fp16.enabled: bf16 and fp16"),
         (
             "deepspeedexamples_imagenet_fp16_z1",
-            "unknown DeepSpeed key 'cuda_visible_devices'",
+            "cuda_visible_devices: unknown key (not a key of DeepSpeed's configuration)",
         ),
         (
             "deepspeedexamples_zero3_leaf_module",

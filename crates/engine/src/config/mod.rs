@@ -13,6 +13,7 @@ mod framework;
 mod fsdp;
 mod gpu;
 pub mod hf;
+pub mod import;
 pub mod load;
 pub mod megatron;
 mod model;

@@ -21,45 +21,31 @@ use super::Config;
 use serde_json::{Map, Value};
 
 /// Why a DeepSpeed configuration cannot be read; each names the JSON path and the rule.
-#[derive(Debug, thiserror::Error)]
-pub enum DeepspeedError {
-    #[error(transparent)]
-    Parse(#[from] super::ConfigError),
-    #[error("unknown DeepSpeed key '{path}' (not a key of DeepSpeed's configuration)")]
-    UnknownKey { path: String },
-    #[error("{path}: {what}")]
-    Unmodelled { path: String, what: String },
-    #[error("{path}: {rule}")]
-    Invalid { path: String, rule: String },
-}
+pub type DeepspeedError = super::import::ImportError;
 
 /// The result of reading a DeepSpeed configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeepspeedImport {
-    /// An override layer (`{"parallel": {...}, "training": {...}}`), without the batch.
-    pub layer: Value,
-    /// The batch fields as written, resolved against the data-parallel size later.
-    pub batch: BatchFields,
     /// Keys accepted because they change neither memory nor step time (or sit at the
     /// default parsim models), by JSON path.
     pub accepted: Vec<String>,
     /// Values taken from elsewhere or read with a caveat, one sentence each.
     pub notes: Vec<String>,
+    /// An override layer (`{"parallel": {...}, "training": {...}}`), without the batch.
+    pub layer: Value,
+    /// The batch fields as written, resolved against the data-parallel size later.
+    pub batch: BatchFields,
 }
 
 impl DeepspeedImport {
     /// One warning line per kind of note (empty when nothing needs saying).
     pub fn warnings(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        if !self.accepted.is_empty() {
-            out.push(format!(
-                "accepted {} DeepSpeed key(s) that change neither memory nor step time: {}",
-                self.accepted.len(),
-                self.accepted.join(", ")
-            ));
-        }
-        out.extend(self.notes.iter().cloned());
-        out
+        let what = "DeepSpeed key(s) that change neither memory nor step time";
+        let accepted = super::import::listed("accepted", what, &self.accepted);
+        accepted
+            .into_iter()
+            .chain(self.notes.iter().cloned())
+            .collect()
     }
 
     /// The batch layer at the data-parallel size of `merged` (the configuration with this
@@ -131,10 +117,7 @@ pub fn import(text: &str, origin: &str) -> Result<DeepspeedImport, DeepspeedErro
 }
 
 fn invalid(path: &str, rule: impl Into<String>) -> DeepspeedError {
-    DeepspeedError::Invalid {
-        path: path.to_string(),
-        rule: rule.into(),
-    }
+    DeepspeedError::field(path, rule)
 }
 
 /// A whole number of elements (JSON numbers such as `5e8` are floats), or `None` for "auto".
@@ -323,12 +306,12 @@ fn optimizer(w: &walk::Walked, m: &mut Map<String, Value>) -> Result<(), Deepspe
         "adam" | "adamw" | "fusedadam" => put(m, "training", "optimizer", "adam".into()),
         "muon" => put(m, "training", "optimizer", "muon".into()),
         _ => {
-            return Err(DeepspeedError::Unmodelled {
-                path: path.into(),
-                what: format!(
+            return Err(invalid(
+                path,
+                format!(
                     "the optimizer \"{name}\" is not modelled (parsim models Adam/AdamW and Muon)"
                 ),
-            })
+            ))
         }
     }
     Ok(())

@@ -1,7 +1,7 @@
 //! Walks a DeepSpeed configuration against the key tables ([`super::keys`]): every key is
 //! mapped, accepted as having no effect, or refused by its JSON path.
 
-use super::keys::{Default, Rule, OFFLOAD_DEVICES, TOP};
+use super::keys::{self, Default, Rule, OFFLOAD_DEVICES};
 use super::DeepspeedError;
 use serde_json::{Map, Value};
 
@@ -24,13 +24,13 @@ impl Walked {
 /// Walks the whole document (an object: DeepSpeed's `param_dict`).
 pub fn walk(doc: &Value) -> Result<Walked, DeepspeedError> {
     let Value::Object(top) = doc else {
-        return Err(DeepspeedError::Invalid {
-            path: "(top level)".into(),
-            rule: "a DeepSpeed configuration is a JSON object".into(),
-        });
+        return Err(DeepspeedError::field(
+            "(top level)",
+            "a DeepSpeed configuration is a JSON object",
+        ));
     };
     let mut out = Walked::default();
-    section(top, "", TOP, &mut out)?;
+    section(top, "", &mut out)?;
     Ok(out)
 }
 
@@ -42,27 +42,22 @@ fn join(prefix: &str, key: &str) -> String {
     }
 }
 
-fn section(
-    obj: &Map<String, Value>,
-    prefix: &str,
-    table: &[(&str, Rule)],
-    out: &mut Walked,
-) -> Result<(), DeepspeedError> {
+fn section(obj: &Map<String, Value>, prefix: &str, out: &mut Walked) -> Result<(), DeepspeedError> {
     for (key, value) in obj {
         let path = join(prefix, key);
-        let Some((_, rule)) = table.iter().find(|(k, _)| k == key) else {
-            return Err(DeepspeedError::UnknownKey { path });
+        let Some(rule) = keys::rule(&path) else {
+            return Err(DeepspeedError::field(
+                path,
+                "unknown key (not a key of DeepSpeed's configuration)",
+            ));
         };
-        apply(*rule, &path, value, out)?;
+        apply(rule, &path, value, out)?;
     }
     Ok(())
 }
 
 fn apply(rule: Rule, path: &str, value: &Value, out: &mut Walked) -> Result<(), DeepspeedError> {
-    let refuse = |what: &str| DeepspeedError::Unmodelled {
-        path: path.to_string(),
-        what: what.to_string(),
-    };
+    let refuse = |what: &str| DeepspeedError::field(path, what);
     match rule {
         Rule::Mapped => out.mapped.push((path.to_string(), value.clone())),
         Rule::NoEffect | Rule::NoEffectSection => out.accepted.push(path.to_string()),
@@ -86,26 +81,16 @@ fn apply(rule: Rule, path: &str, value: &Value, out: &mut Walked) -> Result<(), 
             }
             out.accepted.push(path.to_string());
         }
-        Rule::Section(table) => match value {
-            Value::Object(m) => section(m, path, table, out)?,
+        Rule::Section => match value {
+            Value::Object(m) => section(m, path, out)?,
             Value::Null => {}
-            _ => {
-                return Err(DeepspeedError::Invalid {
-                    path: path.to_string(),
-                    rule: "must be an object".into(),
-                })
-            }
+            _ => return Err(DeepspeedError::field(path, "must be an object")),
         },
         Rule::Offload(why) => {
             let device = match value {
                 Value::Null => None,
                 Value::Object(m) => m.get("device"),
-                _ => {
-                    return Err(DeepspeedError::Invalid {
-                        path: path.to_string(),
-                        rule: "must be an object".into(),
-                    })
-                }
+                _ => return Err(DeepspeedError::field(path, "must be an object")),
             };
             match device.and_then(Value::as_str) {
                 None | Some("none") => out.accepted.push(path.to_string()),
@@ -113,13 +98,13 @@ fn apply(rule: Rule, path: &str, value: &Value, out: &mut Walked) -> Result<(), 
                     return Err(refuse(&format!("{why} (device \"{d}\")")));
                 }
                 Some(d) => {
-                    return Err(DeepspeedError::Invalid {
-                        path: format!("{path}.device"),
-                        rule: format!(
+                    return Err(DeepspeedError::field(
+                        format!("{path}.device"),
+                        format!(
                             "unknown offload device \"{d}\" (DeepSpeed's: {})",
                             OFFLOAD_DEVICES.join(", ")
                         ),
-                    })
+                    ))
                 }
             }
         }

@@ -17,28 +17,22 @@ pub fn master_weights(cfg: &Config) -> Vec<Violation> {
         return Vec::new();
     }
     let field = "training.master_weights";
-    let mut errs = Vec::new();
-    if t.precision != Precision::Bf16 {
-        errs.push(Violation::new(
-            field,
-            format!(
-                "false is pure-bf16 training (bf16 weights updated without an fp32 master copy), so needs precision bf16, got {}",
-                t.precision
-            ),
-        ));
-    }
-    if t.grad_dtype != Dtype::Bf16 {
-        errs.push(
+    let pure_bf16 = "false is pure-bf16 training (bf16 weights updated without an fp32 master copy), so needs precision bf16";
+    let grads = "without a master copy the gradients are the weights' bf16 (torch's param.grad; DeepSpeed's bf16_master_weights_and_grads)";
+    let mut errs: Vec<Violation> = [
+        (t.precision != Precision::Bf16)
+            .then(|| Violation::new(field, format!("{pure_bf16}, got {}", t.precision))),
+        (t.grad_dtype != Dtype::Bf16).then(|| {
             Violation::new(
                 field,
-                format!(
-                    "without a master copy the gradients are the weights' bf16 (torch's param.grad; DeepSpeed's bf16_master_weights_and_grads), got training.grad_dtype {}",
-                    t.grad_dtype
-                ),
+                format!("{grads}, got training.grad_dtype {}", t.grad_dtype),
             )
-            .hint("set training.grad_dtype = \"bf16\" (--grad-dtype bf16)"),
-        );
-    }
+            .hint("set training.grad_dtype = \"bf16\" (--grad-dtype bf16)")
+        }),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     match t.framework {
         Framework::MegatronCore => errs.push(
             Violation::new(

@@ -2,8 +2,8 @@
 //! overrides over them, each checked against torchtitan's `JobConfig` (src/config/torchtitan/
 //! schema.rs), with torchtitan's default for every field left out.
 
-use super::error::TorchtitanError;
 use super::schema::{self, Field, Ty};
+use super::TorchtitanError;
 use serde_json::Value;
 use std::collections::BTreeMap;
 
@@ -49,20 +49,14 @@ impl Job {
                 }
                 Ok(())
             }
-            Value::Object(_) => Err(TorchtitanError::UnknownSection {
-                origin: self.origin.clone(),
-                path,
-            }),
+            Value::Object(_) => Err(self.unknown_section(&path)),
             _ if path.contains('.') && !schema::is_section(parent(&path)) => {
-                Err(TorchtitanError::UnknownSection {
-                    origin: self.origin.clone(),
-                    path: parent(&path).to_string(),
-                })
+                Err(self.unknown_section(parent(&path)))
             }
-            _ => Err(TorchtitanError::UnknownKey {
-                origin: self.origin.clone(),
-                path,
-            }),
+            _ => Err(TorchtitanError::field(
+                format!("{}: {path}", self.origin),
+                "unknown key (torchtitan's JobConfig has no such field)",
+            )),
         }
     }
 
@@ -86,21 +80,14 @@ impl Job {
         if ok {
             Ok(value)
         } else {
-            Err(TorchtitanError::Type {
-                origin: self.origin.clone(),
-                path: f.path.to_string(),
-                expected: f.ty.name(),
-                got: value.to_string(),
-            })
+            Err(self.invalid(f.path, format!("must be {}, got {value}", f.ty.name())))
         }
     }
 
     /// One `section.field=value` override, typed by its field.
     fn apply_override(&mut self, text: &str) -> Result<(), TorchtitanError> {
-        let bad = |rule: String| TorchtitanError::Override {
-            text: text.to_string(),
-            rule,
-        };
+        let bad =
+            |rule: String| TorchtitanError::field(format!("torchtitan override '{text}'"), rule);
         let body = text.strip_prefix("--").unwrap_or(text);
         let (path, raw) = match body.split_once('=') {
             Some((p, v)) => (p.trim(), Some(v.trim())),
@@ -190,21 +177,23 @@ impl Job {
 
     /// An error naming `path` and a rule torchtitan itself enforces.
     pub fn invalid(&self, path: &str, rule: impl Into<String>) -> TorchtitanError {
-        TorchtitanError::Invalid {
-            origin: self.origin.clone(),
-            path: path.to_string(),
-            rule: rule.into(),
-        }
+        TorchtitanError::field(format!("{}: {path}", self.origin), rule)
     }
 
     /// An error naming `path`, its value and why parsim cannot model it.
     pub fn unmodelled(&self, path: &str, reason: impl Into<String>) -> TorchtitanError {
-        TorchtitanError::Unmodelled {
-            origin: self.origin.clone(),
-            path: path.to_string(),
-            value: self.get(path).to_string(),
-            reason: reason.into(),
-        }
+        TorchtitanError::field(
+            format!("{}: {path} = {}", self.origin, self.get(path)),
+            format!("not modelled: {}", reason.into()),
+        )
+    }
+
+    /// An error naming a table torchtitan's `JobConfig` does not have.
+    fn unknown_section(&self, path: &str) -> TorchtitanError {
+        TorchtitanError::field(
+            format!("{}: [{path}]", self.origin),
+            "unknown section (not one of torchtitan's JobConfig)",
+        )
     }
 }
 

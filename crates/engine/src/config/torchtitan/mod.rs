@@ -10,14 +10,15 @@
 //! accepted only at a value parsim models and refused by name otherwise; what changes neither
 //! is listed in one note. Unknown sections and keys are refused by name.
 
-mod error;
 mod job;
 mod parallelism;
 mod pipeline;
 pub mod schema;
 mod training;
 
-pub use error::TorchtitanError;
+/// Why a torchtitan job could not be imported: each error names the job's TOML path (or the
+/// override) and the rule.
+pub type TorchtitanError = super::import::ImportError;
 pub use parallelism::DDP_BUCKET_PARAMS;
 pub use training::FLAVORS;
 
@@ -86,30 +87,39 @@ pub fn import(
 ) -> Result<TorchtitanImport, TorchtitanError> {
     let job = Job::read(text, origin, overrides)?;
     check_unmodelled(&job)?;
-    let mut layer = Map::new();
-    let mut notes = Vec::new();
-    put(&mut layer, "training", "framework", json!("fsdp"));
+    let mut out = Out::default();
+    put(&mut out.layer, "training", "framework", json!("fsdp"));
     let preset = training::preset(&job)?;
-    put(&mut layer, "model", "preset", json!(preset));
+    put(&mut out.layer, "model", "preset", json!(preset));
     let layers = crate::config::presets::preset(preset).map_or(0, |m| m.num_layers);
     let d = parallelism::degrees(&job, world)?;
-    parallelism::put_parallel(&job, &d, &mut layer, &mut notes)?;
-    pipeline::put_pipeline(&job, d.pp, layers, &mut layer)?;
-    let global = parallelism::put_batch(&job, &d, &mut layer)?;
+    parallelism::put_parallel(&job, &d, &mut out)?;
+    pipeline::put_pipeline(&job, &d, layers, &mut out)?;
+    let global = parallelism::put_batch(&job, &d, &mut out)?;
     let seq = match job.int("training.seq_len") {
         Some(s) if s >= 1 => s as u64,
         _ => return Err(job.invalid("training.seq_len", "must be 1 or more")),
     };
-    put(&mut layer, "training", "seq_length", json!(seq));
-    training::put_precision(&job, &d, &mut layer, &mut notes)?;
-    training::put_recompute(&job, &mut layer)?;
-    training::put_optimizer_and_run(&job, global, seq, &mut layer)?;
-    notes.extend(compile_note(&job));
-    notes.extend(no_effect_note(&job));
+    put(&mut out.layer, "training", "seq_length", json!(seq));
+    training::put_precision(&job, &d, &mut out)?;
+    training::put_recompute(&job, &mut out)?;
+    let step_tokens = global
+        .checked_mul(seq)
+        .ok_or_else(|| job.invalid("training.seq_len", "batch x sequence overflows"))?;
+    training::put_run(&job, step_tokens, &mut out)?;
+    out.notes.extend(compile_note(&job));
+    out.notes.extend(no_effect_note(&job));
     Ok(TorchtitanImport {
-        layer: Value::Object(layer),
-        notes,
+        layer: Value::Object(out.layer),
+        notes: out.notes,
     })
+}
+
+/// What an import writes: the override layer and its notes.
+#[derive(Debug, Default)]
+pub struct Out {
+    pub layer: Map<String, Value>,
+    pub notes: Vec<String>,
 }
 
 /// Refuses every field the job sets that parsim does not model at a value other than

@@ -4,10 +4,10 @@
 //! (torchtitan/models/llama3/infra/parallelize.py, `parallelize_llama`, `apply_fsdp`,
 //! `apply_ddp`) and the batch (torchtitan/train.py, `Trainer.__init__`).
 
-use super::error::TorchtitanError;
 use super::job::Job;
+use super::{Out, TorchtitanError};
 use crate::config::megatron::put;
-use serde_json::{json, Map, Value};
+use serde_json::json;
 
 const SHARD: &str = "parallelism.data_parallel_shard_degree";
 const REPLICATE: &str = "parallelism.data_parallel_replicate_degree";
@@ -97,12 +97,8 @@ pub fn degrees(job: &Job, world: u32) -> Result<Degrees, TorchtitanError> {
 }
 
 /// Puts the data-parallel and tensor/context-parallel settings of `d` into `layer`.
-pub fn put_parallel(
-    job: &Job,
-    d: &Degrees,
-    layer: &mut Map<String, Value>,
-    notes: &mut Vec<String>,
-) -> Result<(), TorchtitanError> {
+pub fn put_parallel(job: &Job, d: &Degrees, out: &mut Out) -> Result<(), TorchtitanError> {
+    let Out { layer, notes } = out;
     if job.int(SHARD) != Some(-1) {
         let world = d.dp() * d.cp * d.tp * d.pp;
         put(layer, "cluster", "num_gpus", json!(world));
@@ -204,11 +200,8 @@ fn cp_comm(job: &Job) -> Result<&'static str, TorchtitanError> {
 /// data-parallel rank, `global_batch_size` (-1: local x dp) a multiple of local x dp
 /// (gradient accumulation); under pipeline parallelism each local batch runs as
 /// `pipeline_parallel_microbatch_size` microbatches in one schedule.
-pub fn put_batch(
-    job: &Job,
-    d: &Degrees,
-    layer: &mut Map<String, Value>,
-) -> Result<u64, TorchtitanError> {
+pub fn put_batch(job: &Job, d: &Degrees, out: &mut Out) -> Result<u64, TorchtitanError> {
+    let layer = &mut out.layer;
     const LOCAL: &str = "training.local_batch_size";
     const MBS: &str = "parallelism.pipeline_parallel_microbatch_size";
     let positive = |path: &str| match job.int(path) {

@@ -3,8 +3,9 @@
 //! (torchtitan/distributed/pipeline_parallel.py: `pipeline_llm`,
 //! `generate_llm_fqn_per_model_part`).
 
-use super::error::TorchtitanError;
 use super::job::Job;
+use super::parallelism::Degrees;
+use super::{Out, TorchtitanError};
 use crate::config::megatron::put;
 use crate::config::pipeline_layout::accounted_stage_layers;
 use crate::config::ScheduleKind;
@@ -77,10 +78,11 @@ const SCHEDULES: &[Schedule] = &[
 /// embedding/loss slots where torchtitan's split is theirs, else an explicit layout).
 pub fn put_pipeline(
     job: &Job,
-    pp: u32,
+    d: &Degrees,
     layers: u32,
-    layer: &mut Map<String, Value>,
+    out: &mut Out,
 ) -> Result<(), TorchtitanError> {
+    let (pp, layer) = (d.pp, &mut out.layer);
     put(layer, "parallel", "pp", json!(pp));
     if pp == 1 {
         return Ok(());

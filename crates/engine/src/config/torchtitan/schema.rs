@@ -61,67 +61,38 @@ pub struct Field {
 /// the unmodelled fields as `@name = text` lines (the file's header says more).
 const TABLE: &str = include_str!("job_fields.txt");
 
-/// A malformed row of [`TABLE`] (a unit test parses the shipped table, so none ships).
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("config/torchtitan/job_fields.txt line {line}: {rule}")]
-pub struct TableError {
-    pub line: usize,
-    pub rule: String,
-}
+use super::super::import::{read_rows, TableError};
 
-/// Parses a field table in [`TABLE`]'s format.
+/// Parses a field table in [`TABLE`]'s format (the shared reader, `super::super::import`).
 pub fn parse_table(text: &'static str) -> Result<Vec<Field>, TableError> {
-    let mut reasons: Vec<(&str, &'static str)> = Vec::new();
-    let mut fields = Vec::new();
-    for (i, raw) in text.lines().enumerate() {
-        let bad = |rule: String| TableError { line: i + 1, rule };
-        let line = raw.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        if let Some(rest) = line.strip_prefix('@') {
-            let (name, reason) = rest
-                .split_once(" = ")
-                .ok_or_else(|| bad("a reason is `@name = text`".into()))?;
-            reasons.push((name.trim(), reason.trim()));
-            continue;
-        }
-        let cells: Vec<&'static str> = line.split(" | ").map(str::trim).collect();
-        let [path, ty, default, effect] = cells[..] else {
-            return Err(bad(format!("{} cells, a row has 4", cells.len())));
-        };
-        let ty = match ty {
-            "bool" => Ty::Bool,
-            "int" => Ty::Int,
-            "float" => Ty::Float,
-            "str" => Ty::Str,
-            "list" => Ty::List,
-            "lists" => Ty::Lists,
-            other => return Err(bad(format!("unknown type '{other}'"))),
-        };
-        let effect = match effect.strip_prefix("unmodelled @") {
-            Some(name) => Effect::Unmodelled(
-                reasons
-                    .iter()
-                    .find(|(n, _)| *n == name)
-                    .map(|(_, r)| *r)
-                    .ok_or_else(|| bad(format!("no reason '@{name}' above")))?,
-            ),
-            None => match effect {
-                "mapped" => Effect::Mapped,
-                "no-effect" => Effect::NoEffect,
-                "noted" => Effect::Noted,
-                other => return Err(bad(format!("unknown effect '{other}'"))),
-            },
-        };
-        fields.push(Field {
-            path,
-            ty,
-            default,
-            effect,
-        });
-    }
-    Ok(fields)
+    read_rows("torchtitan/job_fields.txt", text, 4)?
+        .into_iter()
+        .map(|row| {
+            let [path, ty, default, effect] = [0, 1, 2, 3].map(|i| row.cells[i]);
+            let ty = match ty {
+                "bool" => Ty::Bool,
+                "int" => Ty::Int,
+                "float" => Ty::Float,
+                "str" => Ty::Str,
+                "list" => Ty::List,
+                "lists" => Ty::Lists,
+                other => return Err(row.error(format!("unknown type '{other}'"))),
+            };
+            let effect = match (effect, row.reason) {
+                ("unmodelled", Some(reason)) => Effect::Unmodelled(reason),
+                ("mapped", None) => Effect::Mapped,
+                ("no-effect", None) => Effect::NoEffect,
+                ("noted", None) => Effect::Noted,
+                (other, _) => return Err(row.error(format!("unknown effect '{other}'"))),
+            };
+            Ok(Field {
+                path,
+                ty,
+                default,
+                effect,
+            })
+        })
+        .collect()
 }
 
 /// Every field parsim knows, by section.

@@ -1,8 +1,8 @@
 //! torchtitan's model, precision, activation checkpointing and optimizer settings.
 
-use super::error::TorchtitanError;
 use super::job::Job;
 use super::parallelism::Degrees;
+use super::{Out, TorchtitanError};
 use crate::config::megatron::put;
 use serde_json::{json, Map, Value};
 
@@ -52,12 +52,8 @@ pub fn preset(job: &Job) -> Result<&'static str, TorchtitanError> {
 /// `mixed_precision_reduce`; `apply_fsdp`), autocast under DDP or on one GPU, none with TP or
 /// PP and no FSDP (`maybe_enable_amp`, torchtitan/distributed/utils.py), and the float8 or
 /// MX converters (torchtitan/components/quantization/).
-pub fn put_precision(
-    job: &Job,
-    d: &Degrees,
-    layer: &mut Map<String, Value>,
-    notes: &mut Vec<String>,
-) -> Result<(), TorchtitanError> {
+pub fn put_precision(job: &Job, d: &Degrees, out: &mut Out) -> Result<(), TorchtitanError> {
+    let Out { layer, notes } = out;
     const PARAM: &str = "training.mixed_precision_param";
     const REDUCE: &str = "training.mixed_precision_reduce";
     let param = match job.string(PARAM).as_deref() {
@@ -161,7 +157,8 @@ fn low_precision(
 /// `apply_ac`): "none"; "full" (every block wrapped); "selective" with a layer period N
 /// (`_apply_layer_sac`: every Nth block wrapped, so N = 0 or 1 is every block, parsim's full
 /// recompute); per-op selective ("op") and "memory_budget" are refused.
-pub fn put_recompute(job: &Job, layer: &mut Map<String, Value>) -> Result<(), TorchtitanError> {
+pub fn put_recompute(job: &Job, out: &mut Out) -> Result<(), TorchtitanError> {
+    let layer = &mut out.layer;
     const MODE: &str = "activation_checkpoint.mode";
     const OPTION: &str = "activation_checkpoint.selective_ac_option";
     let recompute = match job.string(MODE).as_deref() {
@@ -210,13 +207,9 @@ pub fn put_recompute(job: &Job, layer: &mut Map<String, Value>) -> Result<(), To
 
 /// Puts the optimizer (torchtitan/components/optimizer.py, `build_optimizers`: Adam or AdamW,
 /// both parsim's Adam with its fp32 moments) and the run's tokens (`training.steps` steps of
-/// `global` sequences of `seq` tokens).
-pub fn put_optimizer_and_run(
-    job: &Job,
-    global: u64,
-    seq: u64,
-    layer: &mut Map<String, Value>,
-) -> Result<(), TorchtitanError> {
+/// `step_tokens`: the global batch's sequences times their length).
+pub fn put_run(job: &Job, step_tokens: u64, out: &mut Out) -> Result<(), TorchtitanError> {
+    let layer = &mut out.layer;
     match job.string("optimizer.name").as_deref() {
         Some("Adam" | "AdamW") => put(layer, "training", "optimizer", json!("adam")),
         _ => {
@@ -225,12 +218,9 @@ pub fn put_optimizer_and_run(
     }
     match job.int("training.steps") {
         Some(steps) if steps >= 1 => {
-            let tokens = (steps as u64)
-                .checked_mul(global)
-                .and_then(|t| t.checked_mul(seq))
-                .ok_or_else(|| {
-                    job.invalid("training.steps", "steps x batch x sequence overflows")
-                })?;
+            let tokens = (steps as u64).checked_mul(step_tokens).ok_or_else(|| {
+                job.invalid("training.steps", "steps x batch x sequence overflows")
+            })?;
             put(layer, "run", "train_tokens", json!(tokens));
             Ok(())
         }
