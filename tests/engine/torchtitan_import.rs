@@ -3,7 +3,8 @@
 //! rules (cited per test), and each refusal by its TOML path.
 
 use parsim::config::torchtitan::{import, schema, TorchtitanImport, DDP_BUCKET_PARAMS, FLAVORS};
-use parsim::config::{Config, Layer};
+use parsim::config::{Config, Layer, Resolved};
+use parsim::estimate::estimate;
 use serde_json::{json, Value};
 
 fn fixture(name: &str) -> String {
@@ -252,7 +253,20 @@ fn refusals_name_their_path() {
         ),
         (
             "llama3_70b.toml",
-            &["training.dtype=bfloat16"],
+            &[
+                "training.dtype=bfloat16",
+                "training.mixed_precision_param=float32",
+            ],
+            "training.mixed_precision_param",
+        ),
+        (
+            "llama3_70b.toml",
+            &["training.dtype=bfloat16", "model.converters=float8"],
+            "model.converters",
+        ),
+        (
+            "llama3_70b.toml",
+            &["training.dtype=float16"],
             "training.dtype",
         ),
         (
@@ -335,4 +349,42 @@ fn schema_covers_the_published_sections() {
         assert!(schema::field(p).is_some(), "{p}");
     }
     read("llama3_8b.toml", &["activation_checkpoint.mode=full"], 64);
+}
+
+/// `training.dtype = "bfloat16"` is pure-bf16 training: torchtitan builds the model under
+/// `set_default_dtype(training.dtype)` (train.py) and its JobConfig's `Training.dtype` puts "all
+/// parameters, gradients, and optimizer states in bfloat16, without an extra copy of fp32
+/// weights". On llama3 8B over 8 GPUs (FSDP, shard 8) a rank then holds an eighth of the bf16
+/// weights, bf16 gradients and AdamW's two bf16 moments: (2 + 2 + 2 + 2) p / 8 = p bytes, by
+/// hand; under bf16 mixed precision (the file's float32 dtype) it is the 18 bytes a parameter
+/// of docs/engine.md's optimizer table (bf16 weight, fp32 gradient, master and moments) / 8.
+#[test]
+fn bf16_training_dtype_is_pure_bf16_without_master_weights() {
+    let states = |overrides: &[&str]| {
+        let imp = read("llama3_8b.toml", overrides, 8);
+        let cfg = Config::from_layers(&[
+            Layer::overrides(json!({"cluster": {"num_gpus": 8}})),
+            Layer::overrides(imp.layer.clone()),
+        ])
+        .unwrap();
+        let e = estimate(&Resolved::new(cfg).unwrap()).unwrap();
+        let s = &e.memory.stages[0];
+        (imp, s.weights + s.gradients + s.optimizer)
+    };
+    let full = "activation_checkpoint.mode=full";
+    let (imp, pure) = states(&[full, "training.dtype=bfloat16"]);
+    let l = &imp.layer;
+    assert_eq!(at(l, "training.master_weights"), &json!(false));
+    assert_eq!(at(l, "training.grad_dtype"), &json!("bf16"));
+    assert_eq!(at(l, "training.precision"), &json!("bf16"));
+    assert!(imp.notes.iter().any(|n| n.contains("no fp32 master copy")));
+    let (_, mixed) = states(&[full]);
+    // Llama 3 8B's parameters: untied embeddings 2 x 128256 x 4096, 32 layers of attention
+    // (2 x 4096^2 + 2 x 4096 x 1024) and SwiGLU MLP (3 x 4096 x 14336) and two norms, the final
+    // norm: 8,030,261,248 (Meta's "8.03B").
+    let layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096;
+    let p: u64 = 2 * 128256 * 4096 + 32 * layer + 4096;
+    assert_eq!(p, 8_030_261_248);
+    assert_eq!(pure, p, "pure bf16");
+    assert_eq!(mixed, 18 * p / 8, "fp32 parameters, bf16 compute");
 }

@@ -50,8 +50,9 @@ pub fn preset(job: &Job) -> Result<&'static str, TorchtitanError> {
 
 /// Puts the precision: the FSDP2 `MixedPrecisionPolicy` (`mixed_precision_param`,
 /// `mixed_precision_reduce`; `apply_fsdp`), autocast under DDP or on one GPU, none with TP or
-/// PP and no FSDP (`maybe_enable_amp`, torchtitan/distributed/utils.py), and the float8 or
-/// MX converters (torchtitan/components/quantization/).
+/// PP and no FSDP (`maybe_enable_amp`, torchtitan/distributed/utils.py), pure bf16
+/// (`training.dtype`, [`pure_bf16`]), and the float8 or MX converters
+/// (torchtitan/components/quantization/).
 pub fn put_precision(job: &Job, d: &Degrees, out: &mut Out) -> Result<(), TorchtitanError> {
     let Out { layer, notes } = out;
     const PARAM: &str = "training.mixed_precision_param";
@@ -65,13 +66,23 @@ pub fn put_precision(job: &Job, d: &Degrees, out: &mut Out) -> Result<(), Torcht
         return Err(job.invalid(REDUCE, "must be \"float32\" (its only value in torchtitan)"));
     }
     let mixed = d.fsdp || (d.tp == 1 && d.pp == 1);
-    let mut precision = if mixed { param } else { "fp32" };
-    if !mixed && param != "fp32" {
+    let pure_bf16 = pure_bf16(job, mixed && param == "fp32")?;
+    let mut precision = match (pure_bf16, mixed) {
+        (true, _) => "bf16",
+        (false, true) => param,
+        (false, false) => "fp32",
+    };
+    if !mixed && !pure_bf16 && param != "fp32" {
         notes.push(
             "no FSDP with tp or pp > 1: torchtitan trains without mixed precision (maybe_enable_amp), so fp32".into(),
         );
     }
-    put(layer, "training", "grad_dtype", json!("fp32"));
+    if pure_bf16 {
+        put(layer, "training", "master_weights", json!(false));
+        notes.push(PURE_BF16_NOTE.into());
+    }
+    let grad_dtype = if pure_bf16 { "bf16" } else { "fp32" };
+    put(layer, "training", "grad_dtype", json!(grad_dtype));
     let converters = job.list("model.converters");
     for c in &converters {
         let (format, section) = match c.as_str() {
@@ -92,11 +103,39 @@ pub fn put_precision(job: &Job, d: &Degrees, out: &mut Out) -> Result<(), Torcht
         if precision == "fp8" || precision == "mxfp8" {
             return Err(job.invalid("model.converters", "two linear quantization converters"));
         }
+        if pure_bf16 {
+            return Err(job.unmodelled(
+                "model.converters",
+                "training.dtype = \"bfloat16\" with a float8 or MX converter: parsim models training without a master copy at bf16 precision only",
+            ));
+        }
         precision = format;
         low_precision(job, section, d, layer)?;
     }
     put(layer, "training", "precision", json!(precision));
     Ok(())
+}
+
+/// What `training.dtype = "bfloat16"` means, said once in the import's notes.
+const PURE_BF16_NOTE: &str = "training.dtype = \"bfloat16\": parameters, gradients and AdamW's moments in bf16 with no fp32 master copy (torchtitan builds the model under set_default_dtype(training.dtype), train.py; JobConfig's Training.dtype), so training.master_weights = false";
+
+/// Whether the job trains in pure bf16: `training.dtype = "bfloat16"` builds the model's
+/// parameters in bf16 (train.py: the model is built under `set_default_dtype(training.dtype)`;
+/// job_config.py's `Training.dtype`: "all parameters, gradients, and optimizer states in
+/// bfloat16, without an extra copy of fp32 weights"). `fp32_compute` (mixed precision with
+/// `mixed_precision_param = "float32"`) over bf16 parameters is refused: parsim runs no fp32
+/// compute over a bf16 store.
+fn pure_bf16(job: &Job, fp32_compute: bool) -> Result<bool, TorchtitanError> {
+    const DTYPE: &str = "training.dtype";
+    match job.string(DTYPE).as_deref() {
+        Some("float32") => Ok(false),
+        Some("bfloat16") if fp32_compute => Err(job.unmodelled(
+            "training.mixed_precision_param",
+            "fp32 compute over bf16 parameters (training.dtype = \"bfloat16\") is not modelled",
+        )),
+        Some("bfloat16") => Ok(true),
+        _ => Err(job.invalid(DTYPE, "must be \"bfloat16\" or \"float32\"")),
+    }
 }
 
 /// The settings of a float8 or MX converter, read from its `section`: the recipe (float8:
