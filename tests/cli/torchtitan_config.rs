@@ -80,18 +80,25 @@ fn overrides_beat_the_file_and_flags_beat_overrides() {
     assert_eq!(v["config"]["training"]["seq_length"], 2048);
 }
 
-/// The published 8B file asks for per-op selective checkpointing: refused by path, exit 1;
-/// with the mode overridden it estimates.
+/// Checkpointing every second layer is refused by path, exit 1; the published 8B file's
+/// per-op selective checkpointing estimates (recompute module per_op), as does its mode
+/// overridden.
 #[test]
 fn refusal_names_the_path_and_exits_1() {
     let path = format!("{DIR}/llama3_8b.toml");
     parsim()
-        .args(["estimate", "--torchtitan-config", &path])
+        .args([
+            "estimate",
+            "--torchtitan-config",
+            &format!("{DIR}/layer_sac.toml"),
+        ])
         .assert()
         .code(1)
         .stderr(predicate::str::contains(
-            "activation_checkpoint.selective_ac_option = \"op\": not modelled",
+            "activation_checkpoint.selective_ac_option = \"2\": not modelled",
         ));
+    let v = estimate_json(&["--torchtitan-config", &path]);
+    assert_eq!(v["config"]["training"]["recompute_modules"][0], "per_op");
     parsim()
         .args([
             "estimate",

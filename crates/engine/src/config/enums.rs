@@ -225,6 +225,10 @@ named_enum!(
         Moe => "moe",
         /// The shared experts, from their input.
         SharedExperts => "shared_experts",
+        /// torchtitan's per-op selective checkpointing (`selective_ac_option = "op"`): a
+        /// dense layer is one checkpoint that keeps only the outputs of the ops on
+        /// torchtitan's save list and reruns every other op (src/model/per_op.rs).
+        PerOp => "per_op",
     }
 );
 

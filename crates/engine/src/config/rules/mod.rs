@@ -11,6 +11,7 @@ mod experts;
 mod lora;
 mod optimizer_state;
 mod parallel;
+mod per_op;
 mod pipeline;
 pub mod pipeline_layout;
 mod precision;
@@ -57,7 +58,7 @@ pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
     if !errs.is_empty() {
         return Err(ConfigError::Invalid(errs));
     }
-    let groups: [&dyn Fn() -> Vec<Violation>; 23] = [
+    let groups: [&dyn Fn() -> Vec<Violation>; 24] = [
         &|| shape::heads(c),
         &|| shape::layer_patterns(c),
         &|| experts::model(c),
@@ -77,6 +78,7 @@ pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
         &|| precision::positions(c),
         &|| lora::lora(c),
         &|| training::recompute_modules(c),
+        &|| per_op::per_op(c),
         &|| training::offloading(c, gpu),
         &|| training::optimizer(c),
         &|| optimizer_state::master_weights(c),

@@ -195,7 +195,8 @@ fn low_precision(
 /// Puts the activation checkpointing (torchtitan/distributed/activation_checkpoint.py,
 /// `apply_ac`): "none"; "full" (every block wrapped); "selective" with a layer period N
 /// (`_apply_layer_sac`: every Nth block wrapped, so N = 0 or 1 is every block, parsim's full
-/// recompute); per-op selective ("op") and "memory_budget" are refused.
+/// recompute); per-op selective ("op", `_apply_op_sac`) is parsim's `per_op` recompute module
+/// (src/model/per_op.rs); a longer layer period and "memory_budget" are refused.
 pub fn put_recompute(job: &Job, out: &mut Out) -> Result<(), TorchtitanError> {
     let layer = &mut out.layer;
     const MODE: &str = "activation_checkpoint.mode";
@@ -214,10 +215,8 @@ pub fn put_recompute(job: &Job, out: &mut Out) -> Result<(), TorchtitanError> {
                     ))
                 }
                 Err(_) if option == "op" => {
-                    return Err(job.unmodelled(
-                        OPTION,
-                        "per-op selective checkpointing (torchtitan's _op_sac_save_list) is not modelled: parsim's selective recompute is Megatron's attention core",
-                    ))
+                    put(layer, "training", "recompute_modules", json!(["per_op"]));
+                    "selective"
                 }
                 Err(_) => {
                     return Err(job.invalid(
