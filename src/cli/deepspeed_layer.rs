@@ -31,6 +31,6 @@ pub fn read(
 pub fn in_file(origin: &str, e: deepspeed::DeepspeedError) -> anyhow::Error {
     match e {
         deepspeed::DeepspeedError::Parse(_) => e.into(),
-        e => anyhow::anyhow!("{origin}: {e}"),
+        e @ deepspeed::DeepspeedError::Field { .. } => anyhow::anyhow!("{origin}: {e}"),
     }
 }

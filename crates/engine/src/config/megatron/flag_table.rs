@@ -297,4 +297,8 @@ pub(super) const REFUSED: &[(&str, &str)] = &[
         "--fine-grained-activation-offloading",
         "fine-grained activation offloading is not modelled (training.offload_activation_layers is whole-layer --cpu-offloading)",
     ),
+    (
+        "--optimizer-cpu-offload",
+        "CPU optimizer offload (master weights and moments in host memory, the update on the CPU) is not modelled",
+    ),
 ];
