@@ -290,6 +290,9 @@ fn bf16_master_weights_and_optimizer_states_map_to_pure_bf16() {
     assert_eq!(t["master_weights"], false);
     assert_eq!(t["grad_dtype"], "bf16");
     assert_eq!(t["optimizer_state_dtype"], "bf16");
+    // The section's older name reads the same (it was accepted and not applied).
+    let older = import(&text.replace("\"bf16\"", "\"bfloat16\""), "inline").unwrap();
+    assert_eq!(older.layer["training"], imp.layer["training"]);
     let cfg = Config::from_layers(&[
         Layer::overrides(serde_json::json!({"model": {"preset": "llama2-7b"},
             "cluster": {"num_gpus": 8}, "parallel": {"tp": 1, "sp": false},

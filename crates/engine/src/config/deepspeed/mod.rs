@@ -209,11 +209,15 @@ fn bf16_optimizer_precision(
             Some(v) => Err(invalid(path, format!("must be true or false, got {v}"))),
         }
     };
-    if on("bf16.bf16_master_weights_and_grads")? {
+    // The section's older name, `bfloat16`, holds the same keys (keys.txt).
+    let either = |key: &str| -> Result<bool, DeepspeedError> {
+        Ok(on(&format!("bf16.{key}"))? || on(&format!("bfloat16.{key}"))?)
+    };
+    if either("bf16_master_weights_and_grads")? {
         put(m, "training", "master_weights", false.into());
         put(m, "training", "grad_dtype", "bf16".into());
     }
-    if on("bf16.bf16_optimizer_states")? {
+    if either("bf16_optimizer_states")? {
         put(m, "training", "optimizer_state_dtype", "bf16".into());
     }
     Ok(())

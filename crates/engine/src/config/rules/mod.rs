@@ -58,7 +58,7 @@ pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
     if !errs.is_empty() {
         return Err(ConfigError::Invalid(errs));
     }
-    let groups: [&dyn Fn() -> Vec<Violation>; 24] = [
+    let groups: [&dyn Fn() -> Vec<Violation>; 23] = [
         &|| shape::heads(c),
         &|| shape::layer_patterns(c),
         &|| experts::model(c),
@@ -78,7 +78,6 @@ pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
         &|| precision::positions(c),
         &|| lora::lora(c),
         &|| training::recompute_modules(c),
-        &|| per_op::per_op(c),
         &|| training::offloading(c, gpu),
         &|| training::optimizer(c),
         &|| optimizer_state::master_weights(c),
