@@ -3,7 +3,9 @@
 //! torchtitan builds it (torchtitan/models/llama3/model/model.py; parallelize.py's
 //! `apply_tp`), whose matmuls are wq, wk, wv, wo, w1, w3, w2 in that order.
 
-use super::super::{Activation, Config, Framework, Precision, RecomputeModule, Violation};
+use super::super::{
+    Activation, Config, Framework, Precision, RecomputeModule, TrainingMode, Violation,
+};
 
 /// Each way the configuration leaves llama3's block, naming the field.
 pub fn per_op(cfg: &Config) -> Vec<Violation> {
@@ -16,7 +18,7 @@ pub fn per_op(cfg: &Config) -> Vec<Violation> {
         return Vec::new();
     };
     let block = "torchtitan's per-op checkpointing (recompute_modules [\"per_op\"]) is modelled on llama3's block";
-    let needs: [(bool, &str, String); 12] = [
+    let needs: [(bool, &str, String); 15] = [
         (
             modules.len() > 1,
             "training.recompute_modules",
@@ -54,6 +56,21 @@ pub fn per_op(cfg: &Config) -> Vec<Violation> {
             m.add_bias_linear || m.add_qkv_bias || m.qk_layernorm,
             "model.add_bias_linear",
             format!("{block}: no linear biases (addmm is not on the save list) and no QK norm"),
+        ),
+        (
+            m.window_size.is_some() || m.attention_chunk_size.is_some() || m.attention_sinks,
+            "model.window_size",
+            format!("{block}: full causal attention (no window, chunks or sinks)"),
+        ),
+        (
+            m.mtp_num_layers > 0,
+            "model.mtp_num_layers",
+            format!("{block}: no multi-token prediction layers"),
+        ),
+        (
+            t.mode == TrainingMode::Lora,
+            "training.mode",
+            format!("{block}: full training (LoRA's adapters are not on the save list)"),
         ),
         (
             m.hidden_dropout > 0.0 || m.attention_dropout > 0.0,
@@ -117,12 +134,14 @@ mod tests {
             c.model.add_bias_linear = true;
             c.parallel.cp = 2;
             c.training.precision = Precision::Fp8;
+            c.model.mtp_num_layers = 1;
         });
         assert_eq!(
             fields(&v),
             [
                 "training.framework",
                 "model.add_bias_linear",
+                "model.mtp_num_layers",
                 "parallel.cp",
                 "training.precision"
             ]
