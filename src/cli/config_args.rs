@@ -3,36 +3,17 @@
 //! the same deserialization and validation.
 
 use super::registry_help;
-use anyhow::Context;
+use super::source_args::put;
+pub use super::source_args::SourceArgs;
 use clap::Args;
-use parsim::config::megatron;
 use parsim::config::{
-    Activation, Config, CpComm, Dtype, FlopsAttention, Fp8Recipe, Layer, Optimizer, PpP2p,
-    Precision, Recompute, RecomputeModule, Resolved, RouterScore, ScheduleKind, TrainingMode,
+    Activation, Config, CpComm, Dtype, FlopsAttention, Fp8Recipe, Optimizer, OptimizerStateDtype,
+    PpP2p, Precision, Recompute, RecomputeModule, Resolved, RouterScore, ScheduleKind,
+    TrainingMode,
 };
 use parsim::scaling::GpuRange;
 use serde_json::{json, Map, Value};
-use std::io::Read;
-use std::path::{Path, PathBuf};
-
-/// Where the configuration starts from: a file, and the model from a preset or a Hugging Face
-/// config.json. Shared by every subcommand that reads a configuration.
-#[derive(Debug, Clone, Default, Args)]
-pub struct SourceArgs {
-    /// Configuration file (TOML, or JSON by extension); flags override it.
-    #[arg(long, short = 'c', value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    #[arg(long, value_name = "PRESET", conflicts_with = "model_config", help = registry_help::model())]
-    pub model: Option<String>,
-    /// A Hugging Face config.json to import the model from.
-    #[arg(long, value_name = "HF_CONFIG_JSON")]
-    pub model_config: Option<PathBuf>,
-    /// A Megatron-LM (or NeMo Megatron) launch script or argument list, `-` for stdin: its
-    /// model, parallel and training flags apply over --config, and the flags given here over
-    /// it. Flags with no counterpart are named in a warning.
-    #[arg(long, value_name = "FILE|-")]
-    pub megatron_args: Option<PathBuf>,
-}
+use std::path::PathBuf;
 
 /// The cluster and the workload: what `search` keeps fixed while it searches the parallel mix.
 #[derive(Debug, Clone, Default, Args)]
@@ -95,120 +76,6 @@ fn margin_fraction(s: &str) -> Result<f64, String> {
         Err(format!(
             "must be a fraction in [0, 1) or a percentage below 100%, got {s}"
         ))
-    }
-}
-
-impl SourceArgs {
-    /// Adds the model source to the override layer `m`.
-    fn put_overrides(&self, m: &mut Map<String, Value>) {
-        put(m, "model", "preset", self.model.clone());
-        put(
-            m,
-            "model",
-            "hf_config",
-            self.model_config.as_ref().map(|p| p.display().to_string()),
-        );
-    }
-
-    /// The configuration file's layer (none without a file) under the override layer
-    /// `overrides`, merged.
-    pub fn load_with(&self, overrides: Value) -> anyhow::Result<Config> {
-        let mut warnings = Vec::new();
-        let cfg = self.load_noting(overrides, &mut warnings);
-        for w in warnings {
-            eprintln!("warning: {w}");
-        }
-        cfg
-    }
-
-    /// [`SourceArgs::load_with`], its warnings added to `warnings` instead of printed.
-    pub fn load_noting(
-        &self,
-        overrides: Value,
-        warnings: &mut Vec<String>,
-    ) -> anyhow::Result<Config> {
-        let mut layers = Vec::new();
-        if let Some(path) = &self.config {
-            layers.push(Layer::from_file(path)?);
-        }
-        if let Some(path) = &self.megatron_args {
-            layers.push(megatron_layer(path, warnings)?);
-        }
-        layers.push(Layer::overrides(overrides));
-        let cfg = Config::from_layers(&layers)?;
-        warnings.extend(self.dropped_model(&layers[..layers.len() - 1]));
-        Ok(cfg)
-    }
-
-    /// The model fields of the files that `--model` or `--model-config` replaces, named
-    /// (they were silently discarded before).
-    fn dropped_model(&self, files: &[Layer]) -> Vec<String> {
-        let flag = match (&self.model, &self.model_config) {
-            (Some(_), _) => "--model",
-            (None, Some(_)) => "--model-config",
-            (None, None) => return Vec::new(),
-        };
-        files
-            .iter()
-            .filter_map(|layer| {
-                let model = layer.value.get("model")?.as_object()?;
-                let dropped: Vec<&str> = model
-                    .keys()
-                    .map(String::as_str)
-                    .filter(|k| !matches!(*k, "preset" | "hf_config"))
-                    .collect();
-                (!model.is_empty()).then(|| {
-                    format!(
-                        "{flag} replaces the model of {}: its [model] fields{} are ignored",
-                        layer.origin,
-                        if dropped.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" ({})", dropped.join(", "))
-                        }
-                    )
-                })
-            })
-            .collect()
-    }
-}
-
-/// The override layer of a Megatron-LM launch (`-` reads stdin); what did not carry over is
-/// added to `warnings`.
-fn megatron_layer(path: &Path, warnings: &mut Vec<String>) -> anyhow::Result<Layer> {
-    let (text, origin) = if path.as_os_str() == "-" {
-        let mut text = String::new();
-        std::io::stdin()
-            .read_to_string(&mut text)
-            .context("reading Megatron arguments from stdin")?;
-        (text, "Megatron arguments (stdin)".to_string())
-    } else {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading Megatron arguments {}", path.display()))?;
-        (text, path.display().to_string())
-    };
-    let imported = megatron::import(&text, &origin)?;
-    for warning in imported.warnings() {
-        warnings.push(format!("{origin}: {warning}"));
-    }
-    Ok(Layer {
-        origin,
-        base_dir: None,
-        value: imported.layer,
-    })
-}
-
-impl SourceArgs {
-    /// True when the configuration file sets tp, cp, pp or dp.
-    fn file_sets_degrees(&self) -> anyhow::Result<bool> {
-        let Some(path) = &self.config else {
-            return Ok(false);
-        };
-        let layer = Layer::from_file(path)?;
-        let parallel = &layer.value["parallel"];
-        Ok(["tp", "cp", "pp", "dp"]
-            .iter()
-            .any(|k| parallel.get(k).is_some()))
     }
 }
 
@@ -452,6 +319,15 @@ pub struct TrainingArgs {
     /// How pipeline sends and receives run: overlapped (asynchronous, Megatron-Core) or blocking (each transfer holds both stages' compute: DeepSpeed's PipelineEngine, 2021 Megatron-LM). [default from config: the framework's: blocking for deepspeed, else overlapped]
     #[arg(long, value_name = "MODE")]
     pub pp_p2p: Option<PpP2p>,
+    /// Pure-bf16 training: no fp32 master copy, the optimizer updates the bf16 weights (FSDP,
+    /// DeepSpeed's bf16_master_weights_and_grads; needs --grad-dtype bf16). [default: master
+    /// weights kept]
+    #[arg(long)]
+    pub no_master_weights: bool,
+    /// Adam's moments: fp32, bf16, fp16, fp8 (Megatron's --exp-avg-dtype), int8
+    /// (bitsandbytes). [default from config: fp32, bf16 with --no-master-weights]
+    #[arg(long, value_name = "DTYPE")]
+    pub optimizer_state_dtype: Option<OptimizerStateDtype>,
 }
 
 /// `--gpus`: a count, or a range for `search`.
@@ -506,13 +382,6 @@ fn finite_f64(s: &str) -> Result<f64, String> {
         Ok(v)
     } else {
         Err(format!("must be a finite number, got {s}"))
-    }
-}
-
-fn put<T: serde::Serialize>(map: &mut Map<String, Value>, section: &str, key: &str, v: Option<T>) {
-    if let Some(v) = v {
-        let sec = map.entry(section).or_insert_with(|| json!({}));
-        sec[key] = serde_json::to_value(v).expect("flag value serializes");
     }
 }
 
@@ -653,6 +522,15 @@ impl TrainingArgs {
             let sec = m.entry("training").or_insert_with(|| json!({}));
             sec["lora"] = json!({ "rank": r });
         }
+        if self.no_master_weights {
+            put(m, "training", "master_weights", Some(false));
+        }
+        put(
+            m,
+            "training",
+            "optimizer_state_dtype",
+            self.optimizer_state_dtype,
+        );
     }
 }
 

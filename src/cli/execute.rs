@@ -232,6 +232,7 @@ fn cpu_profile(gpu: &str) -> anyhow::Result<bool> {
 /// [`run_precision`] says.
 fn resolve_for_backend(args: &ExecuteArgs) -> anyhow::Result<Resolved> {
     let mut cfg = args.config.load()?;
+    parsim::lower::check_training(&cfg.training)?;
     let mut notes = Vec::new();
     if args.backend == Backend::Cpu && !cpu_profile(&cfg.cluster.gpu)? {
         notes.push(format!(

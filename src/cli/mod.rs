@@ -3,6 +3,7 @@
 pub(crate) mod calibrate;
 mod compare;
 mod config_args;
+mod deepspeed_layer;
 mod doctor;
 mod estimate;
 mod evidence;
@@ -22,6 +23,7 @@ mod schedule;
 mod search;
 mod search_objective;
 mod search_range;
+mod source_args;
 mod validate;
 
 use clap::{CommandFactory, Parser, Subcommand};

@@ -1158,3 +1158,40 @@ fn the_interval_says_what_it_rests_on() {
         "{text}"
     );
 }
+
+#[test]
+fn optimizer_precision_flags_are_checked_against_the_framework() {
+    // Master weights off keeps bf16 gradients, and Megatron-Core has no such mode.
+    rejects(
+        &["--no-master-weights"],
+        &[
+            "training.master_weights",
+            "grad_dtype",
+            "--main-params-dtype",
+        ],
+    );
+    // bitsandbytes' int8 states are not among Megatron's --exp-avg-dtype choices.
+    rejects(
+        &["--optimizer-state-dtype", "int8"],
+        &["training.optimizer_state_dtype", "--exp-avg-dtype"],
+    );
+    let bad = temp_file(".toml", "[training]\noptimizer_state_dtype = \"fp4\"\n");
+    rejects(
+        &["--config", bad.path().to_str().unwrap()],
+        &["optimizer_state_dtype", "fp4"],
+    );
+    // The flags reach the resolved configuration, and pure bf16 defaults to bf16 moments
+    // (the field stays absent: its default).
+    let v = json_of(&[
+        "estimate",
+        "--framework",
+        "fsdp",
+        "--no-master-weights",
+        "--grad-dtype",
+        "bf16",
+        "--json",
+    ]);
+    assert_eq!(v["config"]["training"]["master_weights"], false);
+    let v = json_of(&["estimate", "--optimizer-state-dtype", "fp8", "--json"]);
+    assert_eq!(v["config"]["training"]["optimizer_state_dtype"], "fp8");
+}

@@ -136,3 +136,64 @@ fn shared_rank_memory_equals_each_rank_alone() {
         }
     }
 }
+
+/// Llama-2-7B's parameters (divisible by 8 and by bitsandbytes' 2048-element blocks).
+const LLAMA2_7B: u64 = 6_738_415_616;
+
+/// Weights + gradients + optimizer of Llama-2-7B on 8 data-parallel GPUs under `training`.
+fn llama2_7b_on_8(zero: u8, training: serde_json::Value) -> u64 {
+    let mut t = json!({"seq_length": 4096, "global_batch_size": 8});
+    t.as_object_mut()
+        .unwrap()
+        .extend(training.as_object().unwrap().clone());
+    model_states(&est(
+        json!({"model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": 8},
+               "parallel": {"tp": 1, "zero": zero, "sp": false}, "training": t}),
+    ))
+}
+
+#[test]
+fn pure_bf16_training_shards_its_eight_or_ten_bytes_by_zero_stage() {
+    // Without a master copy (bf16 weight 2, bf16 gradient 2, moments): FSDP's torch AdamW
+    // keeps bf16 moments 2 + 2; DeepSpeed's bf16_master_weights_and_grads also a bf16 copy of
+    // its partition (2). ZeRO-1 shards the optimizer term over d = 8, ZeRO-2 the gradients
+    // too, ZeRO-3 the weights too (Rajbhandari et al. 2020, Fig. 1).
+    let p = LLAMA2_7B;
+    let pure = |framework: &str| json!({"framework": framework, "master_weights": false, "grad_dtype": "bf16"});
+    for (framework, optimizer) in [("fsdp", 4), ("deepspeed", 6)] {
+        let run = |zero| llama2_7b_on_8(zero, pure(framework));
+        assert_eq!(run(1), 4 * p + optimizer * p / 8, "{framework} zero 1");
+        assert_eq!(
+            run(2),
+            2 * p + (2 + optimizer) * p / 8,
+            "{framework} zero 2"
+        );
+        assert_eq!(run(3), (4 + optimizer) * p / 8, "{framework} zero 3");
+    }
+}
+
+#[test]
+fn megatrons_precision_aware_optimizer_keeps_the_master_as_remainders() {
+    // --use-precision-aware-optimizer with the distributed optimizer: bf16 weights 2 and fp32
+    // main gradients 4 whole, and per d the master's 16 remainder bits (TE FusedAdam's
+    // store_param_remainders: an int16 `master_param`) 2 plus the moments: bf16 2 + 2, fp8
+    // 1 + 1. Today's 6 + 12/d becomes 6 + 6/d and 6 + 4/d.
+    let p = LLAMA2_7B;
+    let with = |dtype: &str| llama2_7b_on_8(1, json!({"optimizer_state_dtype": dtype}));
+    assert_eq!(with("bf16"), 6 * p + 6 * p / 8);
+    assert_eq!(with("fp8"), 6 * p + 4 * p / 8);
+    assert_eq!(with("fp32"), 6 * p + 12 * p / 8);
+}
+
+#[test]
+fn bitsandbytes_int8_moments_add_one_absmax_per_2048_elements() {
+    // DDP (ZeRO 0) with bitsandbytes' 8-bit AdamW: bf16 weights 2, fp32 gradients 4, fp32
+    // master 4, and per moment one byte per element plus a 4-byte absmax per block of 2048
+    // (bitsandbytes/optim/optimizer.py, Optimizer2State.init_state).
+    let p = LLAMA2_7B;
+    let got = llama2_7b_on_8(
+        0,
+        json!({"framework": "fsdp", "optimizer_state_dtype": "int8"}),
+    );
+    assert_eq!(got, 10 * p + 2 * (p + 4 * (p / 2048)));
+}

@@ -520,3 +520,35 @@ fn profile_ops_reports_every_rank_and_a_summary_that_covers_the_step() {
     assert!(text.contains("op classes of rank"), "{text}");
     assert!(text.contains("FLOP/s"), "{text}");
 }
+
+#[test]
+fn optimizer_precisions_the_executor_does_not_run_are_refused_by_field() {
+    // The executor keeps fp32 master weights and fp32 moments: it refuses the others by name
+    // before it adapts the precision to the backend.
+    let cases: [(&[&str], &str); 2] = [
+        (
+            &[
+                "--framework",
+                "fsdp",
+                "--no-master-weights",
+                "--grad-dtype",
+                "bf16",
+            ],
+            "training.master_weights",
+        ),
+        (
+            &["--optimizer-state-dtype", "bf16"],
+            "training.optimizer_state_dtype",
+        ),
+    ];
+    for (flags, field) in cases {
+        let out = parsim()
+            .args(["execute", "--config", SMALL])
+            .args(flags)
+            .output()
+            .expect("runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flags:?}");
+        assert!(err.contains(field) && err.contains("executor"), "{err}");
+    }
+}

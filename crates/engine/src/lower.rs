@@ -54,12 +54,29 @@ impl Default for LowerOptions {
 }
 
 /// The training settings the estimate models but the executor does not run: it steps with
-/// Adam, keeps every saved tensor on the GPU, and recomputes the attention core only.
-fn check_training(t: &crate::config::TrainingConfig) -> Result<(), LowerError> {
+/// Adam on fp32 master weights with fp32 moments, keeps every saved tensor on the GPU, and
+/// recomputes the attention core only. `execute` asks before it adapts the precision to the
+/// backend, so these are refused as the user set them.
+pub fn check_training(t: &crate::config::TrainingConfig) -> Result<(), LowerError> {
     if t.optimizer != crate::config::Optimizer::Adam {
         return Err(unsupported(
             "training.optimizer",
             format!("the executor steps with adam only, not {}", t.optimizer),
+        ));
+    }
+    if !t.master_weights {
+        return Err(unsupported(
+            "training.master_weights",
+            "the executor keeps fp32 master weights (its mixed-precision recipe: bf16 weight copies, fp32 master, gradients and Adam moments); leave master_weights out",
+        ));
+    }
+    if t.optimizer_state_dtype() != crate::config::OptimizerStateDtype::Fp32 {
+        return Err(unsupported(
+            "training.optimizer_state_dtype",
+            format!(
+                "the executor keeps Adam's moments in fp32, not {}; leave optimizer_state_dtype out",
+                t.optimizer_state_dtype()
+            ),
         ));
     }
     if t.offload_activation_layers > 0 {

@@ -395,7 +395,7 @@ pub fn block_times(
         t.wgrad_s += w;
         let rerun = b.reruns(op, recompute);
         if rerun {
-            t.recompute_s += f;
+            t.recompute_s += f * op.rerun_compute_share();
         }
         for c in &op.comms {
             if c.group_size > 1
@@ -456,7 +456,7 @@ pub fn block_times(
             };
             // Hidden communication still slows the compute it overlaps.
             let exposed = rates.gpu.efficiency.charged_s(comm_s, exposed);
-            let rerun_comm = rerun && c.phase == Phase::Forward;
+            let rerun_comm = rerun && op.rerun_repeats_comms() && c.phase == Phase::Forward;
             let slot = match c.phase {
                 Phase::Forward => &mut t.exposed_fwd,
                 Phase::Backward => &mut t.exposed_bwd,

@@ -220,6 +220,17 @@ impl Flags {
         if t.grad_dtype != d.grad_dtype {
             self.value("grad-dtype", "training", "grad_dtype", t.grad_dtype);
         }
+        if !t.master_weights {
+            self.switch("no-master-weights", "training", "master_weights", false);
+        }
+        if let Some(dtype) = t.optimizer_state_dtype {
+            self.value(
+                "optimizer-state-dtype",
+                "training",
+                "optimizer_state_dtype",
+                dtype,
+            );
+        }
         if t.recompute != d.recompute {
             self.value("recompute", "training", "recompute", t.recompute);
         }

@@ -159,6 +159,41 @@ impl Dtype {
 }
 
 named_enum!(
+    /// Element type of Adam's two moments (and Muon's momentum) as the optimizer stores them.
+    OptimizerStateDtype {
+        Fp32 => "fp32",
+        /// Megatron-Core's precision-aware optimizer (TE FusedAdam), DeepSpeed's
+        /// `bf16_optimizer_states`, or torch's AdamW on bf16 parameters.
+        Bf16 => "bf16",
+        /// Megatron-Core's precision-aware optimizer, with one fp32 scale per tensor.
+        Fp16 => "fp16",
+        /// FP8 E4M3 with one fp32 scale per tensor (TE FusedAdam's `torch.uint8` states).
+        Fp8 => "fp8",
+        /// bitsandbytes' 8-bit Adam (Dettmers et al. 2022, "8-bit Optimizers via Block-wise
+        /// Quantization"): one byte per element and one fp32 absmax per block of 2048.
+        Int8 => "int8",
+    }
+);
+
+/// Elements per block of bitsandbytes' block-wise 8-bit optimizer states, each block with
+/// one fp32 absmax (bitsandbytes/optim/optimizer.py, `Optimizer2State.init_state`).
+pub const INT8_STATE_BLOCK: u64 = 2048;
+
+impl OptimizerStateDtype {
+    /// Bytes of `n` elements of one moment: the elements, and for int8 the fp32 absmax of
+    /// each block of [`INT8_STATE_BLOCK`] (fp16 and fp8 keep one fp32 scale per tensor,
+    /// left out: 4 bytes beside millions of elements).
+    pub fn moment_bytes(self, n: u64) -> u64 {
+        match self {
+            OptimizerStateDtype::Fp32 => 4 * n,
+            OptimizerStateDtype::Bf16 | OptimizerStateDtype::Fp16 => 2 * n,
+            OptimizerStateDtype::Fp8 => n,
+            OptimizerStateDtype::Int8 => n + 4 * n.div_ceil(INT8_STATE_BLOCK),
+        }
+    }
+}
+
+named_enum!(
     /// Activation recomputation (Korthikanti et al. 2022).
     Recompute {
         None => "none",
@@ -190,6 +225,10 @@ named_enum!(
         Moe => "moe",
         /// The shared experts, from their input.
         SharedExperts => "shared_experts",
+        /// torchtitan's per-op selective checkpointing (`selective_ac_option = "op"`): a
+        /// dense layer is one checkpoint that keeps only the outputs of the ops on
+        /// torchtitan's save list and reruns every other op (src/model/per_op.rs).
+        PerOp => "per_op",
     }
 );
 

@@ -6,12 +6,14 @@
 //! name the field. [`Config::resolve`] validates the result into a [`Resolved`] configuration.
 
 mod cluster;
+pub mod deepspeed;
 mod enums;
 mod error;
 mod framework;
 mod fsdp;
 mod gpu;
 pub mod hf;
+pub mod import;
 pub mod load;
 pub mod megatron;
 mod model;
@@ -22,6 +24,7 @@ mod resolve;
 pub(crate) mod rules;
 mod run;
 pub mod tables;
+pub mod torchtitan;
 mod training;
 
 pub use cluster::{ClusterConfig, DomainRule, NvlinkDomain};

@@ -1,8 +1,8 @@
 //! Training settings: batch, sequence, precision, recomputation, optimizer, fine-tuning mode.
 
 use super::enums::{
-    Dtype, FlopsAttention, Fp8Recipe, LoraTarget, Optimizer, Precision, Recompute, RecomputeModule,
-    TrainingMode,
+    Dtype, FlopsAttention, Fp8Recipe, LoraTarget, Optimizer, OptimizerStateDtype, Precision,
+    Recompute, RecomputeModule, TrainingMode,
 };
 use super::framework::Framework;
 use serde::{Deserialize, Serialize};
@@ -74,6 +74,18 @@ pub struct TrainingConfig {
     /// take: embeddings, output layer, norms, biases).
     #[serde(default, skip_serializing_if = "is_adam")]
     pub optimizer: Optimizer,
+    /// The optimizer keeps an fp32 master copy of the low-precision weights (Micikevicius et
+    /// al. 2018); false: pure-bf16 training, the optimizer updates the bf16 weights (torch's
+    /// AdamW on bf16 parameters; DeepSpeed's `bf16_master_weights_and_grads`, which keeps a
+    /// bf16 copy of its partition). Megatron-Core has no such mode.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub master_weights: bool,
+    /// What the optimizer stores its moments in (Megatron's `--exp-avg-dtype` and
+    /// `--exp-avg-sq-dtype`, DeepSpeed's `bf16_optimizer_states`, bitsandbytes' 8-bit Adam).
+    /// Absent: fp32, or the weights' bf16 without a master copy (torch's AdamW keeps its
+    /// moments in the parameters' dtype).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_state_dtype: Option<OptimizerStateDtype>,
     /// Fused attention (FlashAttention): no s x s tensors are saved.
     pub flash_attention: bool,
     /// The fused attention kernel the framework runs ("flash-attention-2",
@@ -104,6 +116,8 @@ impl Default for TrainingConfig {
             recompute_modules: None,
             offload_activation_layers: 0,
             optimizer: Optimizer::Adam,
+            master_weights: true,
+            optimizer_state_dtype: None,
             flash_attention: true,
             attention_kernel: None,
             flops_attention: FlopsAttention::Causal,
@@ -115,6 +129,14 @@ impl Default for TrainingConfig {
 
 fn is_false(b: &bool) -> bool {
     !*b
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -149,6 +171,17 @@ impl TrainingConfig {
             ),
             _ => (0, 0),
         }
+    }
+
+    /// The moments' element type: the setting, or fp32 with a master copy and bf16 without
+    /// (see the field).
+    pub fn optimizer_state_dtype(&self) -> OptimizerStateDtype {
+        self.optimizer_state_dtype
+            .unwrap_or(if self.master_weights {
+                OptimizerStateDtype::Fp32
+            } else {
+                OptimizerStateDtype::Bf16
+            })
     }
 
     /// Bytes of one weight element during the step.

@@ -269,8 +269,8 @@ pub enum Pipeline<'a> {
 
 /// Trainable parameters whose optimizer state a rank holds and updates: its shard over the
 /// replica group under ZeRO-1 and above (Rajbhandari et al. 2020), else all of them. Memory
-/// holds [`crate::model::OptimizerState::state_bytes_per_param`] for each; the step streams
-/// [`crate::model::OptimizerState::step_bytes_per_param`] (Muon: [`optimizer_bytes`]).
+/// holds [`crate::model::OptimizerState::state_bytes`] of them; the step streams
+/// [`crate::model::OptimizerState::step_bytes`] (Muon: [`optimizer_bytes`]).
 pub fn updated_params(r: &Resolved, p: &ParamSums) -> u64 {
     if r.config.parallel.zero >= 1 {
         p.rank_dense_trainable.div_ceil(r.dense_replicas() as u64)

@@ -18,6 +18,7 @@ mod norm;
 pub mod op;
 mod optimizer;
 pub mod per_group;
+mod per_op;
 mod recompute;
 pub mod summary;
 
@@ -35,7 +36,7 @@ pub use summary::{
     LedgerSummary,
 };
 
-use crate::config::{AttentionSpan, HybridLayer, Recompute, Resolved};
+use crate::config::{AttentionSpan, HybridLayer, Recompute, RecomputeModule, Resolved};
 use crate::layout::GroupKind;
 use serde::Serialize;
 use std::ops::Range;
@@ -397,7 +398,8 @@ impl Block {
     /// Forward FLOPs rerun in backward under `recompute`: (model count, this rank).
     pub fn recompute_flops(&self, recompute: Recompute) -> (f64, f64) {
         self.recomputed(recompute).fold((0.0, 0.0), |(m, r), o| {
-            (m + o.model_flops.fwd, r + o.rank_flops.fwd)
+            let share = o.rerun_compute_share();
+            (m + o.model_flops.fwd * share, r + o.rank_flops.fwd * share)
         })
     }
 
@@ -410,7 +412,10 @@ impl Block {
                 g.add_group(c.group, c.wire_bytes());
             }
         }
-        for o in self.recomputed(recompute) {
+        for o in self
+            .recomputed(recompute)
+            .filter(|o| o.rerun_repeats_comms())
+        {
             for c in o.comms.iter().filter(|c| c.phase == Phase::Forward) {
                 g.add_group(c.group, c.wire_bytes());
             }
@@ -497,6 +502,9 @@ impl Ledger {
                 _ => mlp::mlp_block(&mut ops, m, tr, d),
             }
             recompute::apply_modules(&mut ops, tr.recompute_modules());
+            if tr.recomputes(RecomputeModule::PerOp) {
+                per_op::apply(&mut ops, d);
+            }
             match &recipe {
                 Some(q) if !hp => low_precision::add_quantize_ops(&mut ops, q),
                 _ => {}

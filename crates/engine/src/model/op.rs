@@ -164,6 +164,8 @@ pub enum TensorRole {
     ExpertOutputs,
     /// LoRA's rank-r intermediate x A.
     LoraIntermediate,
+    /// The op's output, kept by a checkpoint policy that saves it (torchtitan's per-op one).
+    Output,
 }
 
 /// What an op is, where another model needs to find it (the word embedding's output gradient
@@ -228,6 +230,15 @@ pub(crate) fn is_zero(x: &u64) -> bool {
     *x == 0
 }
 
+/// What a partial rerun repeats of an op's forward.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PartialRerun {
+    /// The share of its compute (FLOPs and time).
+    pub compute_share: f64,
+    /// Whether its forward collectives run again (not when their outputs were kept).
+    pub comms: bool,
+}
+
 /// One op of the ledger, sized for one microbatch on the most loaded rank of its kind.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Op {
@@ -242,6 +253,10 @@ pub struct Op {
     pub rank_flops: Flops,
     /// Selective recompute reruns this op's forward.
     pub recomputed_by_selective: bool,
+    /// Where selective recompute reruns the op only in part (torchtitan's per-op policy: a
+    /// fused QKV projection whose K third alone reruns); `None`: it reruns whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partial_rerun: Option<PartialRerun>,
     pub saved: Vec<Saved>,
     /// Transient bytes alive while the op runs (not kept for backward).
     pub temp_bytes: u64,
@@ -276,6 +291,7 @@ impl Op {
             model_flops: Flops::default(),
             rank_flops: Flops::default(),
             recomputed_by_selective: false,
+            partial_rerun: None,
             saved: Vec::new(),
             temp_bytes: 0,
             backward_scratch_bytes: 0,
@@ -284,6 +300,16 @@ impl Op {
             lora_replicated_params: 0,
             comms: Vec::new(),
         }
+    }
+
+    /// The share of the op's forward compute a rerun repeats (1 unless it reruns in part).
+    pub fn rerun_compute_share(&self) -> f64 {
+        self.partial_rerun.map_or(1.0, |p| p.compute_share)
+    }
+
+    /// Whether a rerun repeats the op's forward collectives.
+    pub fn rerun_repeats_comms(&self) -> bool {
+        self.partial_rerun.is_none_or(|p| p.comms)
     }
 
     /// The same op in role `role`.

@@ -207,6 +207,7 @@ pub(super) const KEPT_SWITCHES: &[&str] = &[
     "--first-last-layers-bf16",
     "--cpu-offloading",
     "--cpu-offloading-weights",
+    "--use-precision-aware-optimizer",
 ];
 
 /// Flags with a word value that the reader's `State::finish` combines.
@@ -235,6 +236,10 @@ pub(super) const KEPT_WORDS: &[&str] = &[
     "--hybrid-override-pattern",
     "--optimizer",
     "--muon-tp-mode",
+    "--main-grads-dtype",
+    "--main-params-dtype",
+    "--exp-avg-dtype",
+    "--exp-avg-sq-dtype",
 ];
 
 /// Flags with a list of words that the reader's `State::finish` combines.
@@ -291,5 +296,9 @@ pub(super) const REFUSED: &[(&str, &str)] = &[
     (
         "--fine-grained-activation-offloading",
         "fine-grained activation offloading is not modelled (training.offload_activation_layers is whole-layer --cpu-offloading)",
+    ),
+    (
+        "--optimizer-cpu-offload",
+        "CPU optimizer offload (master weights and moments in host memory, the update on the CPU) is not modelled",
     ),
 ];

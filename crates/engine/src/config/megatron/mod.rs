@@ -12,6 +12,7 @@
 mod flag_table;
 mod flags;
 mod nemo;
+mod optimizer_state;
 mod precision;
 mod print;
 mod sharding;
@@ -39,14 +40,10 @@ pub struct MegatronImport {
 impl MegatronImport {
     /// One warning line per kind of loss (empty when everything carried over).
     pub fn warnings(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        if !self.ignored.is_empty() {
-            out.push(format!(
-                "ignored {} Megatron flag(s) with no parsim counterpart: {}",
-                self.ignored.len(),
-                self.ignored.join(", ")
-            ));
-        }
+        let what = "Megatron flag(s) with no parsim counterpart";
+        let mut out: Vec<String> = super::import::listed("ignored", what, &self.ignored)
+            .into_iter()
+            .collect();
         if !self.unresolved.is_empty() {
             out.push(format!(
                 "could not resolve {} (set them in the script or pass the values as flags)",

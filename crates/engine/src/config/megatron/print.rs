@@ -309,6 +309,19 @@ fn training_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
     if t.grad_dtype == Dtype::Bf16 {
         flag("--grad-reduce-in-bf16", None);
     }
+    // Moments below fp32: the precision-aware optimizer (int8 has no Megatron flag: lost).
+    let states = t.optimizer_state_dtype();
+    if !matches!(
+        states,
+        crate::config::OptimizerStateDtype::Fp32 | crate::config::OptimizerStateDtype::Int8
+    ) {
+        flag("--use-precision-aware-optimizer", None);
+        if t.grad_dtype == Dtype::Bf16 {
+            flag("--main-grads-dtype", Some("bf16".into()));
+        }
+        flag("--exp-avg-dtype", Some(states.to_string()));
+        flag("--exp-avg-sq-dtype", Some(states.to_string()));
+    }
     match t.recompute {
         Recompute::None => {}
         Recompute::Selective => flag("--recompute-granularity", Some("selective".into())),
@@ -384,6 +397,12 @@ fn not_expressible(cfg: &Config) -> Vec<String> {
     }
     if !matches!(cfg.training.grad_dtype, Dtype::Fp32 | Dtype::Bf16) {
         lost.push(format!("grad_dtype = \"{}\"", cfg.training.grad_dtype));
+    }
+    if !cfg.training.master_weights {
+        lost.push("master_weights = false (Megatron-Core always keeps a master copy)".into());
+    }
+    if cfg.training.optimizer_state_dtype() == crate::config::OptimizerStateDtype::Int8 {
+        lost.push("optimizer_state_dtype = \"int8\" (no Megatron flag)".into());
     }
     if !p.cp_comm_overlap {
         lost.push("cp_comm_overlap = false".into());

@@ -321,6 +321,30 @@ fn low_precision_settings_print_and_read_back() {
     assert_eq!(t.bf16_layers(), (0, 3));
 }
 
+/// The precision-aware optimizer's flags print and read back: fp8 moments with bf16 main
+/// gradients give `--use-precision-aware-optimizer --main-grads-dtype bf16 --exp-avg-dtype fp8
+/// --exp-avg-sq-dtype fp8`; pure bf16 and int8 moments have no Megatron flag, so a command
+/// written for them says what it lost.
+#[test]
+fn precision_aware_optimizer_settings_print_and_read_back() {
+    let mut c = Config::default();
+    c.training.optimizer_state_dtype = Some(crate::config::OptimizerStateDtype::Fp8);
+    c.training.grad_dtype = crate::config::Dtype::Bf16;
+    let args = super::print::to_megatron_args(&c);
+    for flag in ["--use-precision-aware-optimizer", "--exp-avg-sq-dtype fp8"] {
+        assert!(args.contains(flag), "{flag}: {args}");
+    }
+    let t = imported(&args).0.training;
+    assert_eq!(t.optimizer_state_dtype, c.training.optimizer_state_dtype);
+    assert_eq!(t.grad_dtype, c.training.grad_dtype);
+    c.training.framework = crate::config::Framework::Fsdp;
+    c.training.master_weights = false;
+    c.training.optimizer_state_dtype = Some(crate::config::OptimizerStateDtype::Int8);
+    let args = super::print::to_megatron_args(&c);
+    assert!(args.contains("master_weights = false"), "{args}");
+    assert!(args.contains("optimizer_state_dtype = \"int8\""), "{args}");
+}
+
 /// Megatron-LM's examples/llama/train_llama3_8b_h100_fp8.sh read as bash runs it: its
 /// `TRAINING_ARGS+=("${DDP_ARGS[@]}")` append gives the distributed optimizer (ZeRO-1) with both
 /// overlaps, its `if [[ "$DTYPE" == "fp8" ]]` block the FP8 recipe and --fp8-param-gather, the

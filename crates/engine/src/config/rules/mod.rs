@@ -9,7 +9,9 @@ mod cluster;
 mod context;
 mod experts;
 mod lora;
+mod optimizer_state;
 mod parallel;
+mod per_op;
 mod pipeline;
 pub mod pipeline_layout;
 mod precision;
@@ -56,7 +58,7 @@ pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
     if !errs.is_empty() {
         return Err(ConfigError::Invalid(errs));
     }
-    let groups: [&dyn Fn() -> Vec<Violation>; 21] = [
+    let groups: [&dyn Fn() -> Vec<Violation>; 23] = [
         &|| shape::heads(c),
         &|| shape::layer_patterns(c),
         &|| experts::model(c),
@@ -78,6 +80,8 @@ pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
         &|| training::recompute_modules(c),
         &|| training::offloading(c, gpu),
         &|| training::optimizer(c),
+        &|| optimizer_state::master_weights(c),
+        &|| optimizer_state::state_dtype(c),
     ];
     let errs: Vec<Violation> = groups.iter().flat_map(|g| g()).collect();
     if errs.is_empty() {

@@ -8,7 +8,8 @@ use super::super::{
 
 /// `training.recompute_modules` only with selective recomputation, and each module on a
 /// model that has it (Megatron refuses `mla_up_proj` without MLA; an MoE module on a dense
-/// model would be silently without effect, so it is refused here too).
+/// model would be silently without effect, so it is refused here too); torchtitan's `per_op`
+/// on the block it describes ([`super::per_op`]).
 pub fn recompute_modules(cfg: &Config) -> Vec<Violation> {
     let t = &cfg.training;
     let m = &cfg.model;
@@ -16,7 +17,7 @@ pub fn recompute_modules(cfg: &Config) -> Vec<Violation> {
         return Vec::new();
     };
     let field = "training.recompute_modules";
-    let mut errs = Vec::new();
+    let mut errs = super::per_op::per_op(cfg);
     if t.recompute != Recompute::Selective {
         errs.push(
             Violation::new(

@@ -729,6 +729,10 @@ impl State {
             "fp32"
         };
         self.set("training", "grad_dtype", json!(grad));
+        let optimizer = super::optimizer_state::settings(|f| self.word(f), |f| self.on(f))?;
+        for (key, value) in optimizer {
+            self.set("training", key, value);
+        }
         let recompute = match self.word("--recompute-granularity") {
             Some("full") => "full",
             Some("selective") => "selective",

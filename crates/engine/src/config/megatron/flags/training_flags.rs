@@ -23,9 +23,13 @@ impl State {
         let parsed = modules
             .iter()
             .map(|m| {
-                m.parse::<crate::config::RecomputeModule>()
-                    .map(|m| json!(m.as_str()))
-                    .map_err(|e| format!("--recompute-modules: {e}"))
+                match m.parse::<crate::config::RecomputeModule>() {
+                    Ok(crate::config::RecomputeModule::PerOp) => Err(
+                        "--recompute-modules: per_op is torchtitan's per-op checkpointing, not a Megatron-Core module".to_string(),
+                    ),
+                    Ok(m) => Ok(json!(m.as_str())),
+                    Err(e) => Err(format!("--recompute-modules: {e}")),
+                }
             })
             .collect::<Result<Vec<_>, _>>()?;
         self.set("training", "recompute_modules", Value::Array(parsed));
