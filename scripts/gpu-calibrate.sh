@@ -3,7 +3,10 @@
 # "The GPU loop"): measure the built-in GPU sweep with op timings (`parsim execute --calibrate
 # --backend cuda`, every point the fastest of three runs), fit the profile of the GPU found
 # (rate tables from the fitting runs' op timings, then the scalars) and print the held-out
-# check and the per-class report; everything goes to $OUT.
+# check and the per-class report; then the trace path: one run of parsim's own traced with its
+# op timings (`execute --trace --profile-ops`) and a PyTorch reference training of a small GPT
+# under torch.profiler (scripts/reference_gpt.py), each fitted by `calibrate --trace`;
+# everything goes to $OUT.
 #
 #   bash scripts/gpu-proof.sh calibrate     # on the GPU machine (sets up the CUDA libraries)
 #   bash scripts/gpu-calibrate.sh --dry-run # anywhere: the same steps on the CPU backend with a
@@ -33,6 +36,8 @@ if [ "${1:-}" = "--dry-run" ]; then
 J
     measure=("$PARSIM" execute --calibrate --backend cpu --sweep "$sweep" --out "$OUT/measured.toml")
     profile=cpu
+    traced=("$PARSIM" execute --config tests/fixtures/executor_small.toml --backend cpu --steps 2 --warmup 1)
+    reference_flags=(--dry-run)
 else
     PARSIM="${PARSIM:-${PARSIM_BIN_DIR:-.device-bin}/parsim}"
     # On the lent GPU a GPU test that cannot find its device fails rather than skips (the dry
@@ -45,6 +50,8 @@ else
         *) echo "gpu-calibrate: no H100 or H200 found (nvidia-smi: '${name:-none}'); use --dry-run without a GPU" >&2; exit 1 ;;
     esac
     measure=("$PARSIM" execute --calibrate --backend cuda --gpu "$profile" --out "$OUT/measured.toml")
+    traced=("$PARSIM" execute --config tests/fixtures/gpu_layer.toml --backend cuda --gpu "$profile")
+    reference_flags=()
 fi
 
 start=$(date +%s)
@@ -62,4 +69,16 @@ timeout "$left" "$PARSIM" calibrate --measurements "$OUT/measured.jsonl" --profi
     --report --ops-png "$OUT/ops.png" --json >"$OUT/calibrate-report.json"
 timeout "$left" "$PARSIM" calibrate --measurements "$OUT/measured.jsonl" --profile "$profile" \
     --report | tee "$OUT/calibrate-report.txt"
+echo "=== the trace path: parsim's own run as a Kineto trace, fitted by calibrate --trace"
+timeout "$left" "${traced[@]}" --profile-ops --trace "$OUT/parsim-trace.json" >"$OUT/traced-run.txt"
+timeout "$left" "$PARSIM" calibrate --trace "$OUT/parsim-trace.json" --gpu "$profile" \
+    --out "$OUT/trace-fitted.toml" | tee "$OUT/trace-fit.txt"
+echo "=== the PyTorch reference trainer under torch.profiler (scripts/reference_gpt.py)"
+py="${PYTHON:-/opt/torch/.venv/bin/python3}"
+[ -x "$py" ] || py=python3
+timeout "$left" "$py" scripts/reference_gpt.py --out "$OUT/reference" "${reference_flags[@]}"
+if [ -e "$OUT/reference/trace.json.gz" ]; then
+    timeout "$left" "$PARSIM" calibrate --trace "$OUT/reference/trace.json.gz" --gpu "$profile" \
+        --out "$OUT/reference-fitted.toml" | tee "$OUT/reference-trace-fit.txt"
+fi
 echo "=== done in $(( $(date +%s) - start )) s (budget ${BUDGET_S} s); results in $OUT"

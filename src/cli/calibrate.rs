@@ -19,10 +19,15 @@ use std::path::PathBuf;
 #[derive(Debug, Args)]
 pub struct CalibrateArgs {
     /// Measurements, one JSON object per line: {"config": {...}, "step_s": 1.2, "peak_bytes": 123, "holdout": false}.
-    #[arg(long, value_name = "FILE.jsonl")]
-    pub measurements: PathBuf,
+    #[arg(long, value_name = "FILE.jsonl", required_unless_present = "trace")]
+    pub measurements: Option<PathBuf>,
+    /// Profiler traces of a real run instead (PyTorch's Kineto JSON, gzipped or not, one file
+    /// per rank; or `parsim execute --trace FILE --profile-ops`): fit the profile's rate
+    /// tables from their kernels and name what they could not place (docs/calibration.md).
+    #[arg(long, value_name = "FILE", num_args = 1.., conflicts_with_all = ["measurements", "report", "png", "ops_png"])]
+    pub trace: Vec<PathBuf>,
     /// The profile to start from (a shipped name such as h100-sxm, or a profile TOML).
-    #[arg(long, value_name = "BASE")]
+    #[arg(long, value_name = "BASE", visible_alias = "gpu")]
     pub profile: String,
     /// Where to write the fitted profile (TOML).
     #[arg(long, value_name = "NEW.toml")]
@@ -201,12 +206,20 @@ fn print_reproduction(rows: &[Reproduction]) {
 }
 
 pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
+    let Some(measurements_path) = args.measurements.as_deref() else {
+        return super::calibrate_trace::run(super::calibrate_trace::TraceArgs {
+            traces: &args.trace,
+            profile: &args.profile,
+            out: args.out.as_deref(),
+            json: args.json,
+        });
+    };
     let base = GpuProfile::load(&args.profile)?;
-    let ms = measurements::read(&args.measurements)?;
-    for w in measurements::peak_warnings(&ms, &args.measurements.display().to_string()) {
+    let ms = measurements::read(measurements_path)?;
+    let origin = measurements_path.display().to_string();
+    for w in measurements::peak_warnings(&ms, &origin) {
         eprintln!("warning: {w}");
     }
-    let origin = args.measurements.display().to_string();
     let ops: Vec<OpTiming> = ms.iter().flat_map(|m| m.ops.iter().cloned()).collect();
     if ops.is_empty() && args.ops_png.is_some() {
         anyhow::bail!(

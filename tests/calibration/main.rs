@@ -7,3 +7,4 @@ mod kernel_rates;
 mod nccl_busbw;
 mod nccl_latency;
 mod nccl_rows;
+mod trace;

@@ -39,7 +39,7 @@ fn cost_per_op_s(n: usize) -> f64 {
         let (a, b) = (dev.record().expect("clock"), dev.record().expect("clock"));
         p.push(key.clone(), a, b);
     }
-    p.finish_step(|a, b| dev.elapsed_s(a, b), &[(0..n, 1.0)])
+    p.finish_step(|a, b| dev.elapsed_s(a, b), &[(0..n, 1.0)], None)
         .expect("sums");
     t.elapsed().as_secs_f64() / n as f64
 }

@@ -6,6 +6,7 @@
 //! `parsim execute --trace` writes them as a Chrome trace beside the engine's predicted
 //! timeline.
 
+use crate::op_timing::OpKey;
 use crate::plan::Action;
 use serde::Serialize;
 
@@ -21,6 +22,8 @@ pub enum Stream {
     /// Device work inside an action recorded on its own to show what it overlaps: each
     /// attention block of the CP ring, computed while the next block's exchange is in flight.
     Kernels,
+    /// Every timed op of the step (`--profile-ops` with `--trace`), keyed as its op timing.
+    Ops,
 }
 
 /// What an event records.
@@ -40,6 +43,14 @@ pub enum EventKind {
     /// A piece of device work inside an action (see [`Stream::Kernels`]).
     Kernel {
         name: std::borrow::Cow<'static, str>,
+    },
+    /// A timed op (see [`Stream::Ops`]): its op-timing key, the seconds of its span spent
+    /// waiting for other ranks (counted as [`OpKey::Wait`], not as the op's), and for a
+    /// collective its group's global ranks.
+    Op {
+        key: OpKey,
+        wait_s: f64,
+        group: Vec<u32>,
     },
 }
 

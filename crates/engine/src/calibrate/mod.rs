@@ -19,6 +19,7 @@ pub mod published;
 pub mod residuals;
 pub mod sweep;
 pub mod table_fit;
+pub mod trace;
 
 use fit::{Family, Params, Prediction};
 use published::{Case, PublishedError, Source};

@@ -5,6 +5,7 @@
 //! for the same configuration as a second group of processes (one per pipeline rank), shifted
 //! so that each timed step's prediction starts when the measured step started.
 
+use super::kineto_ops::{op_events, OPS_CPU_TID, OPS_KERNEL_TID};
 use crate::schedule::{ActionKind, Program, Simulation};
 use parsim_plan::plan::{Action, Plan};
 use parsim_plan::trace::{EventKind, RankTrace, Stream, TraceEvent};
@@ -17,8 +18,12 @@ pub fn stream_tid(s: Stream) -> u32 {
         Stream::Collectives => 1,
         Stream::Pipeline => 2,
         Stream::Kernels => 3,
+        Stream::Ops => OPS_CPU_TID,
     }
 }
+
+/// The thread of each rank's `ProfilerStep#N` spans (one per timed step).
+pub const STEPS_TID: u32 = 6;
 
 /// The schedule kind, stage and microbatch of a compute action of the Plan (`None` for
 /// sends, receives and the optimizer step, which the schedule does not list).
@@ -51,6 +56,7 @@ pub fn event_kind(e: &TraceEvent) -> &str {
         EventKind::Wait { .. } => "wait",
         EventKind::Collective { op, .. } => op,
         EventKind::Kernel { name } => name,
+        EventKind::Op { key, .. } => key.class(),
     }
 }
 
@@ -73,6 +79,7 @@ pub fn event_name(e: &TraceEvent, program: &Program) -> String {
         EventKind::Wait { .. } => "wait".into(),
         EventKind::Collective { op, group, .. } => format!("{op} {group:?}"),
         EventKind::Kernel { name } => name.to_string(),
+        EventKind::Op { key, .. } => key.class().to_string(),
     }
 }
 
@@ -114,7 +121,10 @@ fn process_meta(pid: u64, label: String) -> [Value; 2] {
 
 /// The Chrome trace of a measured run (`plan` and its per-rank `traces`, rank order), with
 /// `predicted` (the engine's program and its simulation) added as one process per pipeline
-/// rank when given. Seconds are written as microseconds, the format's unit.
+/// rank when given. Seconds are written as microseconds, the format's unit. It has Kineto's
+/// shape (`schemaVersion`, `distributedInfo`, a `ProfilerStep#N` span per rank and timed step,
+/// and the timed ops, when the run profiled them, as CPU ops and kernels: [`op_events`]), so
+/// `parsim calibrate --trace` reads it as it reads PyTorch's traces.
 pub fn measured_chrome_trace(
     plan: &Plan,
     traces: &[RankTrace],
@@ -123,6 +133,7 @@ pub fn measured_chrome_trace(
 ) -> Value {
     let origin = origin_s(traces);
     let mut events = Vec::new();
+    let mut next_id = 1u64;
     for (rp, t) in plan.ranks.iter().zip(traces) {
         let pid = rp.rank as u64;
         let c = rp.coords;
@@ -131,13 +142,15 @@ pub fn measured_chrome_trace(
             rp.rank, c.pp, c.dp, c.tp
         );
         events.extend(process_meta(pid, label));
-        for (s, n) in [
-            (Stream::Compute, "compute"),
-            (Stream::Collectives, "collectives"),
-            (Stream::Pipeline, "pipeline sends"),
-            (Stream::Kernels, "kernels (CP ring blocks)"),
+        for (tid, n) in [
+            (stream_tid(Stream::Compute), "compute"),
+            (stream_tid(Stream::Collectives), "collectives"),
+            (stream_tid(Stream::Pipeline), "pipeline sends"),
+            (stream_tid(Stream::Kernels), "kernels (CP ring blocks)"),
+            (OPS_CPU_TID, "timed ops (--profile-ops)"),
+            (OPS_KERNEL_TID, "timed ops' kernels (--profile-ops)"),
+            (STEPS_TID, "timed steps"),
         ] {
-            let tid = stream_tid(s);
             events.push(meta(pid, Some(tid), "thread_name", json!({ "name": n })));
             events.push(meta(
                 pid,
@@ -146,7 +159,23 @@ pub fn measured_chrome_trace(
                 json!({ "sort_index": tid }),
             ));
         }
+        for (k, &(s0, s1)) in t.steps.iter().enumerate() {
+            events.push(json!({
+                "ph": "X", "cat": "user_annotation", "name": format!("ProfilerStep#{k}"),
+                "pid": pid, "tid": STEPS_TID, "ts": (s0 - origin) * 1e6,
+                "dur": (s1 - s0) * 1e6, "args": {"step": k, "measured": true},
+            }));
+        }
         for e in &t.events {
+            if let EventKind::Op { key, wait_s, group } = &e.kind {
+                let times = (
+                    (e.start_s - origin) * 1e6,
+                    e.duration_s() * 1e6,
+                    wait_s * 1e6,
+                );
+                events.extend(op_events(pid, key, group, times, &mut next_id));
+                continue;
+            }
             let mut args = json!({
                 "step": e.step, "kind": event_kind(e), "measured": true, "pp": c.pp,
             });
@@ -163,7 +192,7 @@ pub fn measured_chrome_trace(
                     args["group"] = json!(group);
                     args["bytes"] = json!(bytes);
                 }
-                EventKind::Kernel { .. } => {}
+                EventKind::Kernel { .. } | EventKind::Op { .. } => {}
             }
             events.push(json!({
                 "name": event_name(e, program),
@@ -184,7 +213,13 @@ pub fn measured_chrome_trace(
             .collect();
         predicted_events(&mut events, plan.world() as u64, program, sim, &offsets);
     }
-    json!({"traceEvents": events, "displayTimeUnit": "ms"})
+    json!({
+        "schemaVersion": 1,
+        "traceName": "parsim execute",
+        "distributedInfo": {"backend": "parsim", "world_size": plan.world()},
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+    })
 }
 
 /// The predicted timeline once per timed step (shifted by `offsets_s`), one process per

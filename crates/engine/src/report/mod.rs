@@ -10,6 +10,7 @@ pub mod csv;
 pub mod font;
 pub mod format;
 pub mod gantt;
+pub mod kineto_ops;
 pub mod layout;
 pub mod measured_trace;
 pub mod memory_chart;

@@ -68,15 +68,17 @@ impl<B: Backend> TracedOps<B> {
         key: Option<OpKey>,
         f: impl FnOnce(&B::Device) -> Result<T, ExecError>,
     ) -> Result<T, ExecError> {
-        self.run_waited(key, || 0.0, f)
+        self.run_waited(key, || 0.0, &[], f)
     }
 
     /// [`Self::run`], with the part of the op's time that `blocked_s` (seconds blocked so far)
-    /// grows by recorded as a wait ([`OpProfile::push_waited`]).
+    /// grows by recorded as a wait, and a collective's `group` (global ranks; empty for other
+    /// ops) kept for the trace ([`OpProfile::push_collective`]).
     fn run_waited<T>(
         &self,
         key: Option<OpKey>,
         blocked_s: impl Fn() -> f64,
+        group: &[u32],
         f: impl FnOnce(&B::Device) -> Result<T, ExecError>,
     ) -> Result<T, ExecError> {
         let (Some(key), Some(p)) = (key, self.prof.as_ref()) else {
@@ -89,7 +91,13 @@ impl<B: Backend> TracedOps<B> {
         let start = self.inner.record()?;
         let r = f(&self.inner)?;
         let end = self.inner.record()?;
-        p.push_waited(key, start, end, blocked_s() - blocked_before_s);
+        p.push_collective(
+            key,
+            start,
+            end,
+            blocked_s() - blocked_before_s,
+            group.to_vec(),
+        );
         Ok(r)
     }
 
@@ -115,7 +123,7 @@ impl<B: Backend> TracedOps<B> {
                 placement: self.placement(group),
             })
             .filter(|_| group.len() > 1 && bytes > 0);
-        self.run_waited(key, || comm.blocked_s(), |_| f())
+        self.run_waited(key, || comm.blocked_s(), group, |_| f())
     }
 
     /// Where `group`'s members sit.

@@ -105,7 +105,22 @@ impl<'a, B: Backend> Rank<'a, B> {
                 actions.push((range, action_s));
             }
             if let Some(p) = prof {
-                p.finish_step(|a, b| ops.elapsed_s(a, b), &actions)?;
+                // Tracing, every timed op's span goes into the trace too, on the step's axis.
+                let origin = out.trace.is_some().then_some(&t0);
+                let spans = p.finish_step(|a, b| ops.elapsed_s(a, b), &actions, origin)?;
+                if let (Some(t), Some(s0)) = (out.trace.as_mut(), step_start_s) {
+                    t.events.extend(spans.into_iter().map(|o| TraceEvent {
+                        step: step - opts.warmup,
+                        stream: Stream::Ops,
+                        kind: EventKind::Op {
+                            key: o.key,
+                            wait_s: o.wait_s,
+                            group: o.group,
+                        },
+                        start_s: s0 + o.start_s,
+                        end_s: s0 + o.end_s,
+                    }));
+                }
             }
             out.step_s.push(self.ctx.ops.elapsed_s(&t0, &t1)?);
             if let (Some(t), Some(s0)) = (out.trace.as_mut(), step_start_s) {
