@@ -40,3 +40,20 @@ def cli_json(cli):
         return json.loads(out)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def megatron_args():
+    """A small Megatron-LM launch as sys.argv holds it (the script, then its flags)."""
+    return [
+        "pretrain_gpt.py",
+        "--num-layers", "8",
+        "--hidden-size", "1024",
+        "--num-attention-heads", "16",
+        "--seq-length", "2048",
+        "--max-position-embeddings", "2048",
+        "--micro-batch-size", "2",
+        "--global-batch-size", "64",
+        "--tensor-model-parallel-size", "2",
+        "--vocab-size", "32000",
+    ]

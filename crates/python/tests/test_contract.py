@@ -11,18 +11,6 @@ TOML = "docs/planning/llama3-70b-tp8-pp4.toml"
 TOML_B = "docs/planning/llama3-70b-tp4-pp4-full.toml"
 HF = "tests/fixtures/hf/qwen3-8b.json"
 SCRIPT = "tests/fixtures/megatron/llama3_8b.sh"
-ARGS = [
-    "pretrain_gpt.py",
-    "--num-layers", "8",
-    "--hidden-size", "1024",
-    "--num-attention-heads", "16",
-    "--seq-length", "2048",
-    "--max-position-embeddings", "2048",
-    "--micro-batch-size", "2",
-    "--global-batch-size", "64",
-    "--tensor-model-parallel-size", "2",
-    "--vocab-size", "32000",
-]
 
 
 def test_estimate_of_a_toml_file_equals_the_cli(repo, cli_json):
@@ -60,10 +48,10 @@ def test_estimate_of_a_megatron_script_equals_the_cli(repo, cli_json):
     assert got == cli_json("estimate", "--megatron-args", SCRIPT, "--json")
 
 
-def test_estimate_of_a_megatron_argument_list_equals_the_cli(tmp_path, cli_json):
+def test_estimate_of_a_megatron_argument_list_equals_the_cli(tmp_path, cli_json, megatron_args):
     script = tmp_path / "launch.sh"
-    script.write_text(" ".join(ARGS) + "\n")
-    got = parsim.estimate(ARGS)
+    script.write_text(" ".join(megatron_args) + "\n")
+    got = parsim.estimate(megatron_args)
     assert got == cli_json("estimate", "--megatron-args", str(script), "--json")
     assert got["config"]["model"]["num_layers"] == 8
     assert got["config"]["parallel"]["tp"] == 2
