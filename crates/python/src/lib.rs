@@ -82,7 +82,14 @@ fn compare(
         for (c, label) in configs.iter().zip(&labels) {
             let est = resolve(py, c, overrides)
                 .and_then(|r| parsim::estimate::estimate(&r).map_err(config_error))
-                .map_err(|e| ConfigError::new_err(format!("{label}: {}", e.value(py))))?;
+                .map_err(|e| {
+                    // The column's label first, as the CLI names the column that failed.
+                    if e.is_instance_of::<ConfigError>(py) {
+                        ConfigError::new_err(format!("{label}: {}", e.value(py)))
+                    } else {
+                        e
+                    }
+                })?;
             estimates.push(est);
         }
         let cmp = contract::compared(labels, estimates).map_err(config_error)?;

@@ -104,3 +104,10 @@ def test_bad_input_never_panics(config):
             assert isinstance(e, (parsim.ConfigError, TypeError)), repr(e)
             assert not isinstance(e, parsim.InternalError), repr(e)
             assert str(e)
+
+
+def test_a_compare_error_names_its_column():
+    with pytest.raises(parsim.ConfigError, match=r"(?s)^#2: .*parallel\.tp"):
+        parsim.compare([{}, {"parallel": {"tp": 3}}])
+    with pytest.raises(TypeError):
+        parsim.compare([{}, 7])
