@@ -17,21 +17,30 @@ pub fn pessimistic_memory_bytes(est: &Estimate) -> (u64, &'static str) {
 pub struct Verdict<'a> {
     /// The pessimistic memory is at most the usable memory (the capacity less the margin).
     pub fits: bool,
+    /// The most loaded GPU's memory at the pessimistic end of the estimate.
     pub memory_bytes: u64,
-    /// The estimate's field `memory_bytes` was read from.
-    pub memory_source: &'static str,
+    /// The capacity less the margin, rounded down: what `fits` is measured against.
     pub usable_bytes: u64,
+    /// The device memory as the driver reports it.
     pub capacity_bytes: u64,
+    /// The fraction of the capacity kept free (the `margin` argument, else the profile's).
     pub margin_fraction: f64,
     /// Usable less needed: negative by how far it is from fitting (null only past 2^63).
     pub headroom_bytes: Option<i64>,
+    /// The predicted step time and its interval (the estimate's `time.step_s_p10/p90`).
     pub step_s: f64,
     pub step_s_p10: f64,
     pub step_s_p90: f64,
+    /// Tokens per second at the predicted step time.
     pub tokens_per_s: f64,
+    /// The GPU profile's name.
     pub gpu: &'a str,
+    /// The world size.
     pub num_gpus: u32,
+    /// What bounds the step, and what to try.
     pub verdict: &'a str,
+    /// The estimate's field `memory_bytes` was read from.
+    pub memory_source: &'static str,
 }
 
 /// The pre-flight verdict of `est`.

@@ -111,11 +111,8 @@ fn label_of(config: &Bound<'_, PyAny>, i: usize) -> String {
 /// `parsim layout --json`: every rank's coordinates and process groups.
 #[pyfunction]
 #[pyo3(signature = (config, *, overrides = None))]
-fn layout(
-    py: Python<'_>,
-    config: &Bound<'_, PyAny>,
-    overrides: Option<&Bound<'_, PyDict>>,
-) -> PyResult<PyObject> {
+fn layout(config: &Bound<'_, PyAny>, overrides: Option<&Bound<'_, PyDict>>) -> PyResult<PyObject> {
+    let py = config.py();
     guarded(|| {
         let resolved = resolve(py, config, overrides)?;
         let layout = Layout::of(&resolved);

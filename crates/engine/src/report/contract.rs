@@ -13,12 +13,6 @@ use serde::Serialize;
 /// Why a document could not be built (each names the field, the column or the schedule).
 #[derive(Debug, thiserror::Error)]
 pub enum ContractError {
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    #[error(transparent)]
-    Planning(#[from] PlanningError),
-    #[error(transparent)]
-    Estimate(#[from] EstimateError),
     /// One column of a comparison failed (the column's label; the reason is the source).
     #[error("{label}")]
     Column {
@@ -39,6 +33,14 @@ pub enum ContractError {
         #[source]
         source: ScheduleError,
     },
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A `[run]` setting, or a run that cannot be forecast.
+    #[error(transparent)]
+    Planning(#[from] PlanningError),
+    /// The estimate's own figures (a schedule, a non-finite number).
+    #[error(transparent)]
+    Estimate(#[from] EstimateError),
     #[error("writing JSON: {0}")]
     Json(#[from] serde_json::Error),
 }
