@@ -97,37 +97,22 @@ pub fn run(args: CompareArgs) -> anyhow::Result<Outcome> {
         }
     }
     let all_fit = estimates.iter().all(|e| e.memory.fits);
-    let runs = estimates
-        .iter()
-        .zip(&labels)
-        .map(|(e, l)| super::run_section::run_of(e).with_context(|| l.clone()))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let any_run = runs.iter().any(Option::is_some);
-    let run_labels = labels.clone();
-    let cmp = compare::compare(labels, estimates);
+    let cmp = parsim::report::contract::compared(labels, estimates)?;
     if args.json {
-        if any_run {
-            let out = super::run_section::WithRun {
-                inner: &cmp,
-                run: &runs,
-            };
-            println!("{}", serde_json::to_string_pretty(&out)?);
-        } else {
-            println!("{}", serde_json::to_string_pretty(&cmp)?);
-        }
+        println!("{}", cmp.json()?);
     } else if args.csv {
-        print!("{}", compare::csv(&cmp));
-        if any_run {
+        print!("{}", compare::csv(&cmp.comparison));
+        if cmp.any_run() {
             eprintln!(
                 "note: the run (--train-tokens) is in the table and --json output, not the CSV"
             );
         }
     } else {
-        print!("{}", compare::text(&cmp));
-        if any_run {
+        print!("{}", compare::text(&cmp.comparison));
+        if cmp.any_run() {
             print!(
                 "\n{}",
-                parsim::report::run_table::runs_text(&run_labels, &runs)
+                parsim::report::run_table::runs_text(&cmp.labels, &cmp.runs)
             );
         }
     }

@@ -49,15 +49,12 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<Outcome> {
     if let Some(m) = &model {
         est.use_interval_model(m);
     }
-    let run = super::run_section::run_of(&est)?;
+    let run = parsim::report::contract::run_of(&est)?;
     if args.json {
-        match &run {
-            Some(run) => {
-                let out = super::run_section::WithRun { inner: &est, run };
-                println!("{}", serde_json::to_string_pretty(&out)?);
-            }
-            None => println!("{}", serde_json::to_string_pretty(&est)?),
-        }
+        println!(
+            "{}",
+            parsim::report::contract::with_run_json(&est, run.as_ref())?
+        );
         if let Some(note) = &note {
             eprintln!("note: {note}");
         }

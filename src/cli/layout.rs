@@ -3,6 +3,7 @@
 use super::config_args::ConfigArgs;
 use clap::Args;
 use parsim::layout::Layout;
+use parsim::report::contract::MAX_LISTED_RANKS;
 
 #[derive(Debug, Args)]
 pub struct LayoutArgs {
@@ -18,10 +19,6 @@ pub struct LayoutArgs {
     #[arg(long)]
     pub json: bool,
 }
-
-/// The largest world whose every group `--json` and `--all` list: 65536 ranks give about
-/// 20 MB of JSON; 2^24 ranks needed over 8 GB of memory.
-const MAX_LISTED_RANKS: u32 = 1 << 16;
 
 pub fn run(args: LayoutArgs) -> anyhow::Result<()> {
     let resolved = args.config.resolve()?;
@@ -45,11 +42,10 @@ pub fn run(args: LayoutArgs) -> anyhow::Result<()> {
     // How the NVLink domain was chosen, where that is more than "each node".
     let domain = Some(&resolved.nvlink_domain).filter(|d| d.is_worth_saying());
     if args.json {
-        let mut v = parsim::report::layout::layout_json(&layout);
-        if let Some(d) = domain {
-            v["nvlink_domain_choice"] = serde_json::to_value(d)?;
-        }
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!(
+            "{}",
+            parsim::report::contract::layout_json(&resolved, &layout)?
+        );
     } else {
         print!(
             "{}",

@@ -19,7 +19,6 @@ mod moe_load;
 mod ranked;
 mod registry_help;
 mod row_command;
-mod run_section;
 mod schedule;
 mod search;
 mod search_objective;

@@ -2,7 +2,8 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use parsim::report::{ascii_timeline, chrome_trace, gantt, schedule_json, table_schedule};
+use parsim::report::contract::{configured_schedule, schedule_json};
+use parsim::report::{ascii_timeline, chrome_trace, gantt, table_schedule};
 use parsim::schedule::{
     generate_with, natural_vpp, simulate, Costs, GenerateOptions, Program, ScheduleKind, Simulation,
 };
@@ -172,33 +173,6 @@ fn ignored_flags(args: &ScheduleArgs, kinds: &[ScheduleKind]) -> Vec<String> {
     w
 }
 
-/// The configuration's schedule (or `kind`, with the chunks per rank it takes: the file's
-/// pipeline split is dropped when that changes the chunk count), its program, simulation and
-/// the engine's stage costs.
-fn configured(
-    mut cfg: parsim::config::Config,
-    kind: Option<ScheduleKind>,
-) -> Result<(Program, Simulation, Costs)> {
-    if let Some(kind) = kind {
-        let p = &mut cfg.parallel;
-        let vpp = parsim::schedule::vpp_for(kind, p.vpp);
-        if vpp != p.vpp {
-            p.first_stage_layers = None;
-            p.last_stage_layers = None;
-            p.pipeline_layout = None;
-        }
-        p.schedule = kind;
-        p.vpp = vpp;
-    }
-    let name = cfg.parallel.schedule;
-    let resolved = parsim::config::Resolved::new(cfg)
-        .with_context(|| format!("the {name} schedule on the configuration"))?;
-    let (program, costs) = parsim::estimate::pipeline(&resolved)?;
-    let sim = simulate(&program, &costs)
-        .with_context(|| format!("cannot simulate the {name} schedule"))?;
-    Ok((program, sim, costs))
-}
-
 /// Runs `parsim schedule`.
 pub fn run(args: ScheduleArgs) -> Result<()> {
     let kinds: Vec<ScheduleKind> = match &args.compare {
@@ -223,10 +197,10 @@ pub fn run(args: ScheduleArgs) -> Result<()> {
         let cfg = parsim::config::Config::from_layers(&[parsim::config::Layer::from_file(path)?])?;
         let compared = args.compare.as_deref().unwrap_or_default();
         if compared.is_empty() {
-            runs.push(configured(cfg.clone(), None)?);
+            runs.push(configured_schedule(cfg.clone(), None)?);
         }
         for &kind in compared {
-            runs.push(configured(cfg.clone(), Some(kind))?);
+            runs.push(configured_schedule(cfg.clone(), Some(kind))?);
         }
     }
     for &kind in kinds.iter().filter(|_| args.config.is_none()) {
@@ -278,16 +252,7 @@ pub fn run(args: ScheduleArgs) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     if args.json {
-        let docs: Vec<_> = refs
-            .iter()
-            .map(|(p, s)| schedule_json::schedule_json(p, s))
-            .collect();
-        if args.compare.is_some() {
-            serde_json::to_writer_pretty(&mut out, &docs)?;
-        } else {
-            serde_json::to_writer_pretty(&mut out, &docs[0])?;
-        }
-        writeln!(out)?;
+        writeln!(out, "{}", schedule_json(&refs, args.compare.is_some())?)?;
         return Ok(());
     }
     if args.csv {

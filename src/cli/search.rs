@@ -12,8 +12,8 @@ use parsim::report::csv::Csv;
 use parsim::report::format::{gib, seconds};
 use parsim::report::table;
 use parsim::search::{
-    framework_schedules, parse_deadline_s, search, search_by_p90, Constraint, Knob, Objective,
-    ObjectiveError, RankBy, Ranked, SearchSpec, POOL,
+    parse_deadline_s, search, search_by_p90, Objective, ObjectiveError, RankBy, Ranked,
+    SearchRequest, SearchSpec, POOL,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -81,7 +81,9 @@ pub struct SearchArgs {
 
 /// A row's run columns (wall days, cost) when the search has a token budget.
 fn run_cells(r: &Ranked) -> Option<Vec<String>> {
-    let run = super::run_section::run_of(&r.estimate).ok().flatten()?;
+    let run = parsim::report::contract::run_of(&r.estimate)
+        .ok()
+        .flatten()?;
     Some(vec![
         format!("{:.2}", run.wall_days),
         run.cost_usd.map_or("-".to_string(), |c| format!("{c:.0}")),
@@ -171,30 +173,18 @@ pub fn run(args: SearchArgs) -> anyhow::Result<Outcome> {
         .with_profile_defaults()?;
     let (objective, deadline_s) = run_flags(&args, &base)?;
     let (rank_by, model) = interval_flags(&args, objective.is_some() || deadline_s.is_some())?;
-    let mut constraints = args
-        .constraints
-        .iter()
-        .map(|c| Constraint::parse(c))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut constraints = args.constraints.clone();
     if let Some(r) = args.training.recompute {
-        constraints.push(Constraint::parse(&format!("recompute={}", r.as_str()))?);
+        constraints.push(format!("recompute={}", r.as_str()));
     }
-    // Only the schedules the framework runs, unless asked otherwise or a constraint names one.
-    let names_schedule = constraints.iter().any(|c| c.knob == Knob::Schedule);
-    let schedules_note = if args.all_schedules || names_schedule {
-        None
-    } else {
-        let (only, note) = framework_schedules(&base);
-        constraints.extend(only);
-        note
-    };
-    let mut spec = SearchSpec {
-        base,
+    let request = SearchRequest {
         mbs_max: args.mbs_max,
         top: args.top,
         constraints,
         exhaustive: args.exhaustive,
+        all_schedules: args.all_schedules,
     };
+    let (mut spec, schedules_note) = request.spec(base)?;
     if let Some(o) = objective {
         o.check(&spec)?;
     }

@@ -6,6 +6,7 @@ pub mod chrome_trace;
 pub mod colors;
 pub mod compare;
 pub mod confidence;
+pub mod contract;
 pub mod csv;
 pub mod font;
 pub mod format;

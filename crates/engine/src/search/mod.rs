@@ -27,6 +27,7 @@ mod objective;
 mod options;
 mod pessimistic;
 mod reproduce;
+mod request;
 mod run;
 mod sliced;
 mod why;
@@ -40,6 +41,7 @@ pub use objective::{
 };
 pub use pessimistic::{search_by_p90, RankBy};
 pub use reproduce::MIX_FLAGS;
+pub use request::SearchRequest;
 use run::{group_lower_bounds, groups, leads, Pending, Run, Runs};
 pub use sliced::{Search, Step};
 pub use why::{Closest, ConstraintCount, NoFit, RuleCount};
