@@ -8,6 +8,7 @@ mod blackwell;
 mod checkpoint;
 mod comm;
 mod common;
+mod deepspeed_memory;
 mod ep_folded_grid;
 mod estimate_golden;
 mod expert_folding;

@@ -56,10 +56,17 @@ pub struct FlopsReport {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryReport {
+    /// The most loaded GPU's allocated peak (what `torch.cuda.max_memory_allocated` shows,
+    /// with the runtime's reserve).
     pub per_gpu_max_bytes: u64,
+    /// The most loaded GPU's reserved peak, where the caching allocator keeps more than it
+    /// allocates (src/memory/allocator.rs): what `torch.cuda.max_memory_reserved` and
+    /// nvidia-smi show, and what "fits" is decided on. Absent where it equals the allocated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_gpu_max_reserved_bytes: Option<u64>,
     /// Device memory as the driver reports it.
     pub capacity_bytes: u64,
-    /// True when the most loaded GPU needs at most `usable_bytes` (the margin kept free).
+    /// True when the most loaded GPU reserves at most `usable_bytes` (the margin kept free).
     pub fits: bool,
     /// Fraction of the capacity kept free for allocator fragmentation and reserve.
     pub margin_fraction: f64,
