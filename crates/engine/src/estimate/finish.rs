@@ -106,7 +106,6 @@ impl Prepared<'_> {
             flops,
             memory: MemoryReport {
                 per_gpu_max_bytes,
-                per_gpu_max_reserved_bytes: (reserved > per_gpu_max_bytes).then_some(reserved),
                 capacity_bytes: r.gpu.memory_bytes,
                 fits,
                 margin_fraction: r.gpu.memory_margin_fraction,

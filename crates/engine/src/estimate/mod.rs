@@ -59,11 +59,6 @@ pub struct MemoryReport {
     /// The most loaded GPU's allocated peak (what `torch.cuda.max_memory_allocated` shows,
     /// with the runtime's reserve).
     pub per_gpu_max_bytes: u64,
-    /// The most loaded GPU's reserved peak, where the caching allocator keeps more than it
-    /// allocates (src/memory/allocator.rs): what `torch.cuda.max_memory_reserved` and
-    /// nvidia-smi show, and what "fits" is decided on. Absent where it equals the allocated.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub per_gpu_max_reserved_bytes: Option<u64>,
     /// Device memory as the driver reports it.
     pub capacity_bytes: u64,
     /// True when the most loaded GPU reserves at most `usable_bytes` (the margin kept free).
@@ -73,6 +68,16 @@ pub struct MemoryReport {
     /// The capacity less the margin: what "fits" is measured against.
     pub usable_bytes: u64,
     pub stages: Vec<StageMemory>,
+}
+
+impl MemoryReport {
+    /// The most loaded GPU's reserved peak ([`StageMemory::reserved`]: the caching allocator's
+    /// blocks it cannot reuse on top of the allocated peak), what `torch.cuda.max_memory_reserved`
+    /// and nvidia-smi show and what `fits` is decided on; `None` where it equals the allocated.
+    pub fn reserved_peak_bytes(&self) -> Option<u64> {
+        let reserved = self.stages.iter().map(StageMemory::reserved).max()?;
+        (reserved > self.per_gpu_max_bytes).then_some(reserved)
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]

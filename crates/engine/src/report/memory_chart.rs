@@ -52,7 +52,7 @@ pub fn stage_parts(s: &StageMemory) -> [u64; 5] {
 /// The title line: the most loaded GPU against the capacity, in GiB, with the caching
 /// allocator's reserved peak where it exceeds the allocated one (what "fits" is decided on).
 pub fn headline(m: &MemoryReport) -> String {
-    let reserved = match m.per_gpu_max_reserved_bytes {
+    let reserved = match m.reserved_peak_bytes() {
         Some(r) => format!(" ({:.2} GiB reserved)", r as f64 / GIB),
         None => String::new(),
     };
@@ -192,7 +192,6 @@ mod tests {
             .collect();
         MemoryReport {
             per_gpu_max_bytes: total_gib.iter().max().copied().unwrap_or(0) << 30,
-            per_gpu_max_reserved_bytes: None,
             capacity_bytes: capacity_gib << 30,
             fits: total_gib.iter().all(|&t| t <= capacity_gib),
             margin_fraction: 0.0,

@@ -202,7 +202,7 @@ fn memory_section(out: &mut String, e: &Estimate) {
         gib(mem.capacity_bytes)
     );
     let _ = writeln!(out, "{t}");
-    let needs = match mem.per_gpu_max_reserved_bytes {
+    let needs = match mem.reserved_peak_bytes() {
         Some(r) => format!(
             "{} GiB reserved ({} allocated)",
             gib(r),

@@ -48,7 +48,7 @@ pub fn outcome(overlay: &serde_json::Value, measured: &Measured) -> Outcome {
         // What a run's memory log shows: the reserved peak (nvidia-smi, max_memory_reserved).
         peak_bytes: e
             .memory
-            .per_gpu_max_reserved_bytes
+            .reserved_peak_bytes()
             .unwrap_or(e.memory.per_gpu_max_bytes),
     })
 }
