@@ -9,6 +9,7 @@ mod checkpoint;
 mod comm;
 mod common;
 mod deepspeed_import;
+mod deepspeed_memory;
 mod ep_folded_grid;
 mod estimate_golden;
 mod expert_folding;

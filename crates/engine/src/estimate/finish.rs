@@ -66,6 +66,11 @@ impl Prepared<'_> {
         let time = self.step_time(&simulated, split_bubble)?;
         let step_s = time.step_s;
         let per_gpu_max_bytes = memory_stages.iter().map(|st| st.total).max().unwrap_or(0);
+        let reserved = memory_stages
+            .iter()
+            .map(|st| st.reserved())
+            .max()
+            .unwrap_or(0);
         let world = r.world() as f64;
         let groups = GroupKind::ALL
             .iter()
@@ -76,7 +81,7 @@ impl Prepared<'_> {
             })
             .collect();
         let usable_bytes = r.gpu.usable_memory_bytes();
-        let fits = per_gpu_max_bytes <= usable_bytes;
+        let fits = reserved <= usable_bytes;
         for (quantity, value) in [
             ("step time", step_s),
             ("compute time", time.compute_s),
@@ -131,7 +136,7 @@ impl Prepared<'_> {
                 mfu_p90: 0.0,
             },
             step_interval: interval.clone(),
-            verdict: verdict_with_margin(&time, per_gpu_max_bytes, &r.gpu, self.advice_context()),
+            verdict: verdict_with_margin(&time, reserved, &r.gpu, self.advice_context()),
             warnings: r.warnings.clone(),
             framework_overrides: r.config.training.framework.overrides(&r.config.parallel),
             table_coverage: self.table_coverage(),

@@ -56,16 +56,28 @@ pub struct FlopsReport {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryReport {
+    /// The most loaded GPU's allocated peak (what `torch.cuda.max_memory_allocated` shows,
+    /// with the runtime's reserve).
     pub per_gpu_max_bytes: u64,
     /// Device memory as the driver reports it.
     pub capacity_bytes: u64,
-    /// True when the most loaded GPU needs at most `usable_bytes` (the margin kept free).
+    /// True when the most loaded GPU reserves at most `usable_bytes` (the margin kept free).
     pub fits: bool,
     /// Fraction of the capacity kept free for allocator fragmentation and reserve.
     pub margin_fraction: f64,
     /// The capacity less the margin: what "fits" is measured against.
     pub usable_bytes: u64,
     pub stages: Vec<StageMemory>,
+}
+
+impl MemoryReport {
+    /// The most loaded GPU's reserved peak ([`StageMemory::reserved`]: the caching allocator's
+    /// blocks it cannot reuse on top of the allocated peak), what `torch.cuda.max_memory_reserved`
+    /// and nvidia-smi show and what `fits` is decided on; `None` where it equals the allocated.
+    pub fn reserved_peak_bytes(&self) -> Option<u64> {
+        let reserved = self.stages.iter().map(StageMemory::reserved).max()?;
+        (reserved > self.per_gpu_max_bytes).then_some(reserved)
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -49,10 +49,15 @@ pub fn stage_parts(s: &StageMemory) -> [u64; 5] {
     ]
 }
 
-/// The title line: the most loaded GPU against the capacity, in GiB.
+/// The title line: the most loaded GPU against the capacity, in GiB, with the caching
+/// allocator's reserved peak where it exceeds the allocated one (what "fits" is decided on).
 pub fn headline(m: &MemoryReport) -> String {
+    let reserved = match m.reserved_peak_bytes() {
+        Some(r) => format!(" ({:.2} GiB reserved)", r as f64 / GIB),
+        None => String::new(),
+    };
     format!(
-        "Peak memory per GPU: {:.2} GiB of {:.2} GiB ({})",
+        "Peak memory per GPU: {:.2} GiB{reserved} of {:.2} GiB ({})",
         m.per_gpu_max_bytes as f64 / GIB,
         m.capacity_bytes as f64 / GIB,
         if m.fits { "fits" } else { "does not fit" }

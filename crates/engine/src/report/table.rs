@@ -147,18 +147,26 @@ fn memory_section(out: &mut String, e: &Estimate) {
     let mem = &e.memory;
     // A low-precision recipe's weight copies get a column of their own (none without one).
     let low = mem.stages.iter().any(|s| s.low_precision_weights > 0);
+    // The framework's own lines (src/memory/deepspeed.rs, allocator.rs), where it has them.
+    let bucket = mem.stages.iter().any(|s| s.reduce_bucket > 0);
+    let step = mem.stages.iter().any(|s| s.step_grads > 0);
+    let cache = mem.stages.iter().any(|s| s.allocator_cache > 0);
     let mut head = vec!["pp stage", "weights"];
     if low {
         head.push("low-prec copies");
     }
-    head.extend([
-        "grads",
-        "optimizer",
-        "activations",
-        "buffers",
-        "total GiB",
-        "of capacity",
-    ]);
+    head.extend(["grads", "optimizer", "activations", "buffers"]);
+    if bucket {
+        head.push("reduce bucket");
+    }
+    if step {
+        head.push("step grad copies");
+    }
+    head.push("total GiB");
+    if cache {
+        head.push("reserved GiB");
+    }
+    head.push("of capacity");
     let mut t = table(&head);
     for s in &mem.stages {
         let mut row = vec![s.stage.to_string(), gib(s.weights)];
@@ -170,9 +178,21 @@ fn memory_section(out: &mut String, e: &Estimate) {
             gib(s.optimizer),
             gib(s.activations),
             gib(s.buffers),
-            gib(s.total),
-            format!("{:.0}%", 100.0 * s.total as f64 / mem.capacity_bytes as f64),
         ]);
+        if bucket {
+            row.push(gib(s.reduce_bucket));
+        }
+        if step {
+            row.push(gib(s.step_grads));
+        }
+        row.push(gib(s.total));
+        if cache {
+            row.push(gib(s.reserved()));
+        }
+        row.push(format!(
+            "{:.0}%",
+            100.0 * s.reserved() as f64 / mem.capacity_bytes as f64
+        ));
         t.add_row(row);
     }
     right_align(&mut t, 0);
@@ -182,11 +202,18 @@ fn memory_section(out: &mut String, e: &Estimate) {
         gib(mem.capacity_bytes)
     );
     let _ = writeln!(out, "{t}");
+    let needs = match mem.reserved_peak_bytes() {
+        Some(r) => format!(
+            "{} GiB reserved ({} allocated)",
+            gib(r),
+            gib(mem.per_gpu_max_bytes)
+        ),
+        None => format!("{} GiB", gib(mem.per_gpu_max_bytes)),
+    };
     let _ = writeln!(
         out,
-        "  {}: most loaded GPU needs {} GiB of {} GiB ({} GiB usable, {:.0}% margin)\n",
+        "  {}: most loaded GPU needs {needs} of {} GiB ({} GiB usable, {:.0}% margin)\n",
         if mem.fits { "FITS" } else { "DOES NOT FIT" },
-        gib(mem.per_gpu_max_bytes),
         gib(mem.capacity_bytes),
         gib(mem.usable_bytes),
         100.0 * mem.margin_fraction

@@ -45,7 +45,11 @@ pub fn outcome(overlay: &serde_json::Value, measured: &Measured) -> Outcome {
             .filter(|_| interval)
             .map(|m| lo <= m && m <= hi),
         fits: e.memory.fits,
-        peak_bytes: e.memory.per_gpu_max_bytes,
+        // What a run's memory log shows: the reserved peak (nvidia-smi, max_memory_reserved).
+        peak_bytes: e
+            .memory
+            .reserved_peak_bytes()
+            .unwrap_or(e.memory.per_gpu_max_bytes),
     })
 }
 

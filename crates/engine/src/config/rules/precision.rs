@@ -112,16 +112,21 @@ fn recipe_settings(cfg: &Config) -> Vec<Violation> {
     errs
 }
 
-/// Gradient buffers are fp32 or bf16 (Megatron's --grad-reduce-in-bf16); the optimizer and
-/// the communication model have no fp16 or fp8 gradient path.
+/// Gradient buffers are fp32 or bf16 (Megatron's --grad-reduce-in-bf16), or fp16 under fp16
+/// training, where DeepSpeed's fp16 optimizers keep and reduce them in the parameters' dtype
+/// (`FP16_Optimizer`, ZeRO's `ipg_buffer`); there is no fp8 gradient path.
 pub fn gradients(cfg: &Config) -> Vec<Violation> {
     let t = &cfg.training;
-    if matches!(t.grad_dtype, Dtype::Fp32 | Dtype::Bf16) {
+    let fp16_grads = t.grad_dtype == Dtype::Fp16 && t.precision == Precision::Fp16;
+    if matches!(t.grad_dtype, Dtype::Fp32 | Dtype::Bf16) || fp16_grads {
         return Vec::new();
     }
     vec![Violation::new(
         "training.grad_dtype",
-        format!("must be fp32 or bf16, got {}", t.grad_dtype.as_str()),
+        format!(
+            "must be fp32 or bf16 (or fp16 under precision fp16), got {}",
+            t.grad_dtype.as_str()
+        ),
     )
     .hint("fp32 (the default) or bf16 (Megatron's --grad-reduce-in-bf16)")]
 }
@@ -201,5 +206,12 @@ mod tests {
             assert_eq!(fields(&v), ["training.grad_dtype"]);
         }
         assert!(gradients(&with(|c| c.training.grad_dtype = Dtype::Bf16)).is_empty());
+        // fp16 training keeps fp16 gradients where the framework does (DeepSpeed's fp16
+        // optimizers, Megatron without --accumulate-allreduce-grads-in-fp32).
+        assert!(gradients(&with(|c| {
+            c.training.precision = Precision::Fp16;
+            c.training.grad_dtype = Dtype::Fp16;
+        }))
+        .is_empty());
     }
 }

@@ -1,0 +1,366 @@
+//! The memory of a rank that its action list does not change: weights, low-precision copies,
+//! gradients, optimizer states, the fixed and phase buffers and the framework's own lines
+//! (src/memory/deepspeed.rs), worked out once per set of alike ranks; and the rank's total
+//! with its activation walk.
+
+use super::walk::ChunkBytes;
+use super::{
+    activation_peak, allocator, chunk_bytes, deepspeed, hands_off, updated_params, walk,
+    ActivationPeak, PhaseBuffers, Pipeline, RankPhases, StageMemory,
+};
+use crate::config::{Recompute, Resolved};
+use crate::model::{
+    held_blocks, optimizer_bytes, rank_params, ChunkContents, Ledger, LedgerSummary,
+};
+
+/// A rank's low-precision weight copies and the bytes its weights shrink by: the cached
+/// copies of every quantised weight of its blocks (none under ZeRO-3, where each gathered
+/// block is cast as it runs and freed with it); with `training.fp8_param_gather` the weights
+/// are held in 8 bits, so they shrink by a byte a quantised element (their shard under
+/// ZeRO-3) and the cache loses the rowwise copy, which is the weight itself.
+fn low_precision_weights(r: &Resolved, s: &LedgerSummary, chunks: &[ChunkContents]) -> (u64, u64) {
+    let mut q = crate::model::low_precision::QuantizedWeights::default();
+    for c in chunks {
+        for (b, n) in c.blocks(s) {
+            q.add(&b.quantized, n);
+        }
+    }
+    let tr = &r.config.training;
+    let zero3 = crate::config::held_zero(&r.config) >= 3;
+    let cache = if zero3 { 0 } else { q.cache_bytes };
+    if !tr.fp8_param_gather {
+        return (cache, 0);
+    }
+    let elements = if zero3 {
+        q.dense_elements.div_ceil(r.dense_replicas() as u64)
+            + q.expert_elements.div_ceil(r.expert_dp() as u64)
+    } else {
+        q.dense_elements + q.expert_elements
+    };
+    let narrowed = elements * tr.weight_bytes().saturating_sub(1);
+    let rowwise = if zero3 {
+        0
+    } else {
+        q.dense_elements + q.expert_elements
+    };
+    (cache.saturating_sub(rowwise), narrowed)
+}
+
+/// The memory of a rank that depends only on the blocks it holds, whether it splits its
+/// backward and whether it hands off inside the rank: all but the activation walk.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RankStatic {
+    weights: u64,
+    low_precision_weights: u64,
+    grads: u64,
+    optimizer: u64,
+    fixed: u64,
+    pub(super) split: bool,
+    pub(super) handoff: bool,
+    rank_phases: RankPhases,
+    /// The rank's worst phase buffers (all its chunks).
+    phase: PhaseBuffers,
+    /// The framework's reduce bucket and the optimizer step's flat gradient copies.
+    reduce_bucket: u64,
+    step_grads: u64,
+    /// Bytes live during the optimizer step beyond the resident ones, the largest of them in
+    /// one buffer, and the largest block the backward leaves cached (for the allocator).
+    step: u64,
+    step_largest: u64,
+    largest_cached: u64,
+}
+
+impl RankStatic {
+    /// The parts of the memory of a rank holding `chunks` that its action list does not change.
+    pub(super) fn of(
+        r: &Resolved,
+        s: &LedgerSummary,
+        l: &Ledger,
+        chunks: &[ChunkContents],
+        split: bool,
+    ) -> RankStatic {
+        let tr = &r.config.training;
+        let par = &r.config.parallel;
+        let d = &l.dims;
+        let p = rank_params(chunks, s);
+        let dense_rep = r.dense_replicas() as u64;
+        let expert_rep = r.expert_dp() as u64;
+        let shard = |n: u64, reps: u64| n.div_ceil(reps);
+        let w = tr.weight_bytes();
+        let g = tr.grad_dtype.bytes();
+        // torch FSDP2 under pipelining holds the stage's parameters gathered and its gradients
+        // unsharded (in the parameters' dtype) for the whole step, then reduce-scatters them
+        // into the sharded gradients (`syncs_once_per_step`): no per-unit gather, bucket or
+        // double buffer (`held_zero` is 1).
+        let once = crate::config::syncs_once_per_step(&r.config);
+        let zero = crate::config::held_zero(&r.config);
+        let mut weights = if zero >= 3 {
+            (shard(p.rank_dense, dense_rep) + shard(p.rank_expert, expert_rep)) * w
+        } else {
+            p.rank() * w
+        };
+        let (low_precision_weights, narrowed) = low_precision_weights(r, s, chunks);
+        weights -= narrowed;
+        let sharded_grads =
+            shard(p.rank_dense_trainable, dense_rep) + shard(p.rank_expert_trainable, expert_rep);
+        let grads = if once {
+            (p.rank_dense_trainable + p.rank_expert_trainable) * w + sharded_grads * g
+        } else if zero >= 2 {
+            sharded_grads * g
+        } else {
+            (p.rank_dense_trainable + p.rank_expert_trainable) * g
+        };
+        let muon = crate::model::rank_muon(chunks, s);
+        let optimizer = optimizer_bytes(tr, updated_params(r, &p), muon.dense + muon.expert).0;
+
+        // Buffers: runtime overhead, the SP all-gather buffer, pipeline send/receive buffers,
+        // then, by phase, ZeRO's gathered blocks and gradient bucket and the ops' transients:
+        // - forward: ZeRO-3's two gathered parameter sets (the one in use and the one beside it),
+        //   and the largest forward transient of any op;
+        // - backward of a block: its gathered weights (ZeRO-3) and its backward transient, which
+        //   holds its gradient buckets (ZeRO-2/3: a space's gradients at full size before they
+        //   are reduce-scattered into the shard, as DeepSpeed's reduce bucket) from its first
+        //   weight gradient on; a split backward (zero-bubble schedules) fills the bucket only in
+        //   its W pass, where nothing else is transient.
+        // The buffers category takes the rank's worst phase; the activation walk takes each pass
+        // with its own chunk's transients (`RankPhases::of` on that chunk alone).
+        let held = held_blocks(chunks, s);
+        let blocks = || held.iter().copied();
+        let mut fixed = r.gpu.runtime_overhead_bytes;
+        fixed += blocks().map(|b| b.sp_gather).max().unwrap_or(0);
+        // Pipeline: the receive buffer, and a send buffer. A chunk's output waits in it from its
+        // forward to the send right after (a forward transient), unless the next stage sits on
+        // the same rank (the bottom of a V), where it waits for that chunk's forward.
+        let handoff = hands_off(chunks);
+        let pp_send = if par.pp > 1 { d.residual_bytes() } else { 0 };
+        if par.pp > 1 {
+            fixed += pp_send + if handoff { pp_send } else { 0 };
+        }
+        // ZeRO-3 gathers a block's experts apart from the rest of it (the expert space), so the
+        // two sets forward holds (the one in use and the one beside it) are each a unit's dense
+        // part or its experts: an MoE layer's two parts, or one part and the previous block's
+        // (two experts parts are never adjacent; the neighbour may be another chunk's, so the
+        // rank's largest): at most the largest dense part and the larger of the largest dense and
+        // experts parts.
+        let gathered_sets = if zero >= 3 {
+            let dense = blocks().map(|b| b.gather_dense).max().unwrap_or(0);
+            let expert = blocks().map(|b| b.gather_expert).max().unwrap_or(0);
+            (dense + dense.max(expert)) * w
+        } else {
+            0
+        };
+        // FSDP (`parallel.fsdp`): the double buffers in backward, each the rank's largest unit
+        // (a block's dense part or experts for the weights, its trainable parameters for the
+        // gradients); torch FSDP2's root module (the embedding) gathered from forward to
+        // backward on the rank holding it.
+        let (fsdp_backward, fsdp_grads) = match par.fsdp {
+            Some(f) => {
+                let (units, bufs) = f.extra_backward_units(zero);
+                let unit = blocks()
+                    .map(|b| b.gather_dense.max(b.gather_expert))
+                    .max()
+                    .unwrap_or(0);
+                let bucket = blocks()
+                    .map(|b| b.params.rank_dense_trainable + b.params.rank_expert_trainable)
+                    .max()
+                    .unwrap_or(0);
+                let grads = bufs * bucket * g;
+                (units * unit * w + grads, grads)
+            }
+            None => (0, 0),
+        };
+        if par.fsdp.is_some_and(|f| f.holds_root(zero)) && chunks.iter().any(|c| c.embedding) {
+            fixed += s.embedding.params.rank() * w;
+        }
+        let ds = deepspeed::buffers(r, &p, d.residual_bytes());
+        let rank_phases = RankPhases {
+            zero,
+            weight_bytes: w,
+            grad_bytes: g,
+            split,
+            gathered_sets,
+            pp_send: if handoff { 0 } else { pp_send },
+            fsdp_backward,
+            fsdp_grads,
+            framework_backward: if ds.bucket_in_backward {
+                ds.reduce_bucket
+            } else {
+                0
+            },
+            kept_output: ds.kept_output,
+            kept_input: ds.kept_input,
+        };
+        let phase = rank_phases.of(s, chunks);
+        // The blocks the backward leaves cached are at most a block's whole saved set or a
+        // phase's transients (an upper bound on any one tensor among them).
+        let largest_cached = blocks()
+            .map(|b| b.saved_all.max(b.temp).max(b.backward_temp))
+            .max()
+            .unwrap_or(0)
+            .max(phase.max());
+        let bucket_after = if ds.bucket_in_backward {
+            0
+        } else {
+            ds.reduce_bucket
+        };
+        RankStatic {
+            weights,
+            low_precision_weights,
+            grads,
+            optimizer,
+            fixed,
+            split,
+            handoff,
+            rank_phases,
+            phase,
+            reduce_bucket: ds.reduce_bucket,
+            step_grads: ds.step_grads,
+            step: bucket_after.max(ds.step_grads),
+            step_largest: ds.step_largest.max(bucket_after),
+            largest_cached,
+        }
+    }
+
+    /// What the activation walk adds for a rank of the one chunk `only`.
+    pub(super) fn single_bytes(
+        &self,
+        s: &LedgerSummary,
+        recompute: Recompute,
+        only: &ChunkContents,
+    ) -> ChunkBytes<i128> {
+        let stage = only.stage as u32;
+        let only = std::slice::from_ref(only);
+        chunk_bytes(only, s, recompute, &[(stage, self.phase)], stage)
+    }
+
+    /// The rank's memory with its activation walk over `pipeline`; `single`, for a rank of
+    /// one chunk, the walk's bytes of an alike rank (its stage aside), else worked out here.
+    pub(super) fn memory(
+        &self,
+        r: &Resolved,
+        s: &LedgerSummary,
+        rank: u32,
+        chunks: &[ChunkContents],
+        pipeline: Pipeline,
+        single: Option<&ChunkBytes<i128>>,
+    ) -> StageMemory {
+        let tr = &r.config.training;
+        let RankStatic {
+            weights,
+            low_precision_weights,
+            grads,
+            optimizer,
+            fixed,
+            rank_phases,
+            phase,
+            ..
+        } = *self;
+        let blocks = || chunks.iter().flat_map(|c| c.blocks(s)).map(|(b, _)| b);
+        // Activations: the chunk sets live at the worst moment of this rank's action list; the
+        // total takes each moment with the buffers of the phase running then.
+        let peak = match pipeline {
+            // A rank of one chunk (no interleaving) has its rank-wide phases as that chunk's.
+            Pipeline::Actions(actions) | Pipeline::WholePasses { actions, .. } => match chunks {
+                [only] => {
+                    let whole = match pipeline {
+                        Pipeline::WholePasses { sets, .. } => Some(sets),
+                        _ => None,
+                    };
+                    // Alike ranks share their bytes; this one walks at its own stage.
+                    let stage = only.stage as u32;
+                    let c = match single {
+                        Some(c) => ChunkBytes { stage, ..*c },
+                        None => self.single_bytes(s, tr.recompute, only),
+                    };
+                    let (peak, with) = walk::peaks(actions, &[c], whole);
+                    ActivationPeak {
+                        activations: peak.max(0) as u64,
+                        with_buffers: with.max(0) as u64,
+                    }
+                }
+                _ => {
+                    let phases: Vec<(u32, PhaseBuffers)> = chunks
+                        .iter()
+                        .map(|c| (c.stage as u32, rank_phases.of(s, std::slice::from_ref(c))))
+                        .collect();
+                    activation_peak(actions, chunks, s, tr.recompute, &phases)
+                }
+            },
+            Pipeline::Inflight { sets, .. } => {
+                // That many sets of the rank's average chunk, plus the layer being rebuilt.
+                let v = chunks.len().max(1) as u64;
+                let kept: u64 = chunks
+                    .iter()
+                    .map(|c| {
+                        u64::from(!c.output) * phase.kept_output
+                            + u64::from(!c.embedding) * phase.kept_input
+                    })
+                    .sum();
+                let per_microbatch: u64 = chunks
+                    .iter()
+                    .flat_map(|c| c.blocks(s))
+                    .map(|(b, n)| b.saved * n)
+                    .sum::<u64>()
+                    + kept;
+                let rebuilt = blocks()
+                    .filter(|b| tr.recompute == Recompute::Full && b.saved != b.saved_all)
+                    .map(|b| b.saved_all - b.saved)
+                    .max()
+                    .unwrap_or(0);
+                // Saturating: GPipe keeps every microbatch live, up to 2^30 of them, which is
+                // reported as not fitting rather than wrapping.
+                let a = per_microbatch
+                    .saturating_mul(sets as u64)
+                    .div_ceil(v)
+                    .saturating_add(rebuilt);
+                ActivationPeak {
+                    activations: a,
+                    with_buffers: a.saturating_add(phase.max()),
+                }
+            }
+        };
+        // Activation offloading: the offloaded layers' saved sets leave the GPU for the host.
+        let offloaded = tr.offload_activation_layers;
+        let (peak, host_offload) = if offloaded > 0 {
+            let layer = crate::offload::Layers::of(s, chunks).mean_saved_bytes();
+            let off = crate::offload::off_gpu_layers(r.config.model.num_layers, offloaded);
+            let freed = off as u64 * layer;
+            (
+                ActivationPeak {
+                    activations: peak.activations.saturating_sub(freed),
+                    with_buffers: peak.with_buffers.saturating_sub(freed),
+                },
+                offloaded as u64 * layer,
+            )
+        } else {
+            (peak, 0)
+        };
+        let activations = peak.activations;
+        let buffers = fixed + phase.max();
+        // The worst moment, not the sum of each category's worst (which can be larger): a
+        // moment of the activation walk, or the optimizer step (the framework's bucket when it
+        // reduces after the backward, and its flat gradient copies), when no activation lives.
+        let resident = weights + low_precision_weights + grads + optimizer + fixed;
+        let total = resident.saturating_add(peak.with_buffers.max(self.step));
+        let allocator_cache = allocator::step_reserve(
+            peak.with_buffers,
+            self.step,
+            self.step_largest,
+            self.largest_cached,
+        );
+        StageMemory {
+            stage: rank,
+            weights,
+            low_precision_weights,
+            gradients: grads,
+            optimizer,
+            activations,
+            buffers,
+            total,
+            host_offload,
+            reduce_bucket: self.reduce_bucket,
+            step_grads: self.step_grads,
+            allocator_cache,
+        }
+    }
+}
