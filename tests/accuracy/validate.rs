@@ -89,11 +89,20 @@ fn megatron_bridge_rows_are_estimates_of_their_printed_settings() {
                      "global_batch_size": 256, "recompute": "none"}
     }));
     assert_eq!(predicted(r), want, "{}", r.label);
-    // 26.04 Nemotron_3_Super: latent MoE, which parsim does not model, by name.
-    match &rows[4].outcome {
-        Outcome::NotExpressible(why) => assert!(why.contains("latent MoE"), "{why}"),
-        other => panic!("expected not expressible, got {other:?}"),
-    }
+    // 26.04 Nemotron_3_Super, DGX-GB200, 64 GPUs, MXFP8, GBS 512, MBS 1, seq 8192, TP 2 EP 64:
+    // 6674. Its recipe (perf_recipes/nemotronh/gb200/nemotronh.py) recomputes nothing and
+    // trains one shared MTP block; every MoE model's rows force-balance their tokens.
+    let r = rows[4];
+    assert_eq!(r.measured.step_s, Some(512.0 * 8192.0 / (6674.0 * 64.0)));
+    let want = step_of(json!({
+        "model": {"preset": "nemotron-3-super", "mtp_num_layers": 1,
+                  "moe_router_force_load_balancing": true},
+        "cluster": {"gpu": "gb200", "num_gpus": 64},
+        "parallel": {"tp": 2, "pp": 1, "cp": 1, "vpp": 1, "ep": 64, "zero": 1},
+        "training": {"precision": "mxfp8", "seq_length": 8192, "micro_batch_size": 1,
+                     "global_batch_size": 512, "recompute": "none"}
+    }));
+    assert_eq!(predicted(r), want, "{}", r.label);
     // Every row the table prints is a row of the report, expressible or with its reason.
     assert_eq!(table("NVIDIA Megatron-Bridge").len(), 278);
 }
