@@ -25,6 +25,9 @@ pub struct BridgeModel {
     /// `recompute_modules` the recipe sets, by the GPU profile and precision they apply to
     /// (`""`: any); absent: Megatron-Core's default, no recomputation.
     pub recompute_modules: &'static [RecomputeRule],
+    /// Gradients reduced and accumulated in bf16 (the recipe's `grad_reduce_in_fp32 = False`);
+    /// else Megatron-Core's default, fp32.
+    pub bf16_grads: bool,
     /// Settings of the recipe that parsim's configuration does not say (a token dispatcher
     /// other than all-to-all, CUDA graphs and their scope): the rows are predicted without
     /// them, and each row's notes name them.
@@ -53,6 +56,7 @@ const fn none() -> BridgeModel {
         layouts: &[],
         muon: false,
         recompute_modules: &[],
+        bf16_grads: false,
         unmodelled: &[],
         refused: None,
         cite: "",
@@ -165,6 +169,7 @@ pub const MODELS: &[BridgeModel] = &[
             rule("b300", "bf16", &["moe_act", "layernorm"]),
             rule("b300", "nvfp4", &["moe_act", "layernorm"]),
         ],
+        bf16_grads: true,
         unmodelled: &[
             "the flex token dispatcher with HybridEP (modelled as all-to-all)",
             "CUDA graphs over attn, mamba, moe_router and moe_preprocess",
@@ -175,7 +180,8 @@ pub const MODELS: &[BridgeModel] = &[
                (nemotron_3_super_pretrain_64gpu_*_config, commit 067f987d, Aug 2026) and \
                recipes/nemotronh/h100/nemotron_3_super.py: recompute_modules by system and \
                precision (none on GB200 and GB300, nor for B200 NVFP4 or B300 MXFP8), the flex \
-               dispatcher with HybridEP, CUDA graphs, one shared MTP block",
+               dispatcher with HybridEP, CUDA graphs, one shared MTP block; common.py's \
+               _apply_nemotron_3_super_perf_defaults: grad_reduce_in_fp32 = False",
         ..none()
     },
     BridgeModel {
