@@ -102,7 +102,7 @@ fn the_latent_moe_layers_flops_are_megatrons() {
         latent_block(&l)
             .ops
             .iter()
-            .filter(|o| matches!(o.kind, OpKind::Matmul { .. }) && pred(&o.name))
+            .filter(|o| matches!(o.kind, OpKind::Matmul { .. }) && pred(o.name))
             .map(|o| o.model_flops.fwd)
             .sum()
     };

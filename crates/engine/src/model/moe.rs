@@ -5,7 +5,7 @@
 
 use super::dims::Dims;
 use super::mlp::{activation_op, fc1_width, mlp_body, mlp_norm};
-use super::moe_latent::latent_proj;
+use super::moe_latent::{project_down, project_up};
 use super::moe_lora::expert_adapter;
 use super::norm::dropout;
 use super::op::{
@@ -172,15 +172,7 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         payload_bytes: bytes,
         count: 1,
     };
-    if let Some(latent) = m.moe_latent_size {
-        ops.push(latent_proj(
-            "moe.fc1_latent_proj",
-            local,
-            (d.h, latent),
-            d.lin != d.act,
-            d,
-        ));
-    }
+    project_down(ops, m, local, d);
     let tokens_bytes = kept * width * d.act;
     let (gather, scatter) = expert_tp_collectives(d, hot, width);
     // Dispatch: permute the kept top-k copies of each token, all-to-all them to their experts,
@@ -219,15 +211,7 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         .save(TensorRole::ExpertOutputs, tokens_bytes)
         .temp(2 * tokens_bytes),
     );
-    if let Some(latent) = m.moe_latent_size {
-        ops.push(latent_proj(
-            "moe.fc2_latent_proj",
-            local,
-            (latent, d.h),
-            true,
-            d,
-        ));
-    }
+    project_up(ops, m, local, d);
 
     ops.push(dropout("mlp.dropout", d.n_sp, d.h, d.hidden_dropout));
 }

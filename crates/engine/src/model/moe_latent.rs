@@ -7,13 +7,41 @@
 
 use super::dims::Dims;
 use super::op::{Flops, Op, OpKind, ParamClass, Params, TensorRole};
+use crate::config::ModelConfig;
+
+/// Appends `fc1_latent_proj` on the rank's `rows` routed tokens when the model has a latent.
+pub fn project_down(ops: &mut Vec<Op>, m: &ModelConfig, rows: u64, d: &Dims) {
+    if let Some(latent) = m.moe_latent_size {
+        let dims = (d.h, latent);
+        ops.push(latent_proj(
+            "moe.fc1_latent_proj",
+            rows,
+            dims,
+            d.lin != d.act,
+            d,
+        ));
+    }
+}
+
+/// Appends `fc2_latent_proj` on the rank's `rows` combined tokens when the model has a latent.
+pub fn project_up(ops: &mut Vec<Op>, m: &ModelConfig, rows: u64, d: &Dims) {
+    if let Some(latent) = m.moe_latent_size {
+        ops.push(latent_proj(
+            "moe.fc2_latent_proj",
+            rows,
+            (latent, d.h),
+            true,
+            d,
+        ));
+    }
+}
 
 /// One latent projection, `i` -> `o`, on the rank's `rows` routed tokens (the sequence shard):
 /// `fc1_latent_proj` (hidden -> latent) before the dispatch, `fc2_latent_proj` (latent ->
 /// hidden) after the combine. It saves its input for the weight gradient when `save_input`
 /// (the down-projection's input is the router's, which the router saves at activation width;
 /// under FP8 Transformer Engine keeps its own quantised copy beside it).
-pub fn latent_proj(
+fn latent_proj(
     name: &'static str,
     rows: u64,
     (i, o): (u64, u64),
