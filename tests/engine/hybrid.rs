@@ -264,8 +264,8 @@ fn nemotron_h_config_json_errors_name_the_field() {
             "unknown layer 'X'",
         ),
         (
-            &|v: &mut Value| v["moe_latent_size"] = json!(1024),
-            "`moe_latent_size`",
+            &|v: &mut Value| v["moe_latent_size"] = json!(-1),
+            "`moe_latent_size` must be a non-negative integer",
         ),
         (
             &|v: &mut Value| v["mlp_hidden_act"] = json!("silu"),

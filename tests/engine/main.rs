@@ -21,6 +21,7 @@ mod golden_headline;
 mod hf_import;
 mod hybrid;
 mod intervals;
+mod latent_moe;
 mod llama3_regime;
 mod low_precision;
 mod megatron_modelopt;

@@ -63,6 +63,8 @@ fn conf_files_give_their_models_totals() {
         // the 47B, Megatron's 128 for the Nano) and squared-ReLU MLPs or MoE.
         ("Nemotron-H-47B-Reasoning-128K", "nemotron-h-47b"),
         ("NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "nemotron-3-nano"),
+        // Nemotron 3 Super: the same layer kinds with a latent MoE (--moe-latent-size 1024).
+        ("NVIDIA-Nemotron-3-Super-120B-A12B-BF16", "nemotron-3-super"),
     ] {
         assert_eq!(conf_total(file), preset_total(preset), "{file}");
     }
@@ -124,11 +126,15 @@ fn hybrid_conf_files_give_their_cards_totals() {
 
 #[test]
 fn conf_files_parsim_cannot_model_are_refused_naming_the_flag() {
-    // Nemotron 3 Super's MoE projects tokens to a latent before its experts: refused, not
-    // estimated as another model.
+    // A gated shared expert (--moe-use-shared-expert-gate) changes the MoE layer: refused,
+    // not estimated as another model.
     let file = "NVIDIA-Nemotron-3-Super-120B-A12B-BF16";
-    let err = import(&conf(file), file).unwrap_err().to_string();
-    assert!(err.contains("--moe-latent-size"), "{err}");
+    let text = conf(file).replace(
+        "--moe-latent-size 1024",
+        "--moe-latent-size 1024 --moe-use-shared-expert-gate",
+    );
+    let err = import(&text, file).unwrap_err().to_string();
+    assert!(err.contains("--moe-use-shared-expert-gate"), "{err}");
     assert!(err.contains("not modelled"), "{err}");
 }
 

@@ -236,6 +236,12 @@ fn check_moe(r: &Resolved) -> Result<(), LowerError> {
             "the load-balancing loss is executed on softmax scores; with moe_router_score_function = \"sigmoid\" set it to 0 (DeepSeek-V3 balances by the expert bias)",
         ));
     }
+    if m.moe_latent_size.is_some() {
+        return Err(unsupported(
+            "model.moe_latent_size",
+            "the executor's experts work at the hidden size; it does not run a latent MoE's projections",
+        ));
+    }
     if m.moe_router_force_load_balancing && m.moe_router_num_groups > 0 {
         return Err(unsupported(
             "model.moe_router_force_load_balancing",

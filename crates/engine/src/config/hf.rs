@@ -501,8 +501,9 @@ fn llama4(f: &Fields) -> Result<ModelConfig, ConfigError> {
 /// of `mamba_num_heads` x `mamba_head_dim` with `n_groups` groups of state `ssm_state_size`,
 /// squared-ReLU MLPs (`relu2`, not gated), no positional embedding, and for the `E` layers
 /// `n_routed_experts` sigmoid-routed experts with the aux-loss-free bias and a shared expert.
-/// What parsim does not model is refused by field: a latent MoE (`moe_latent_size`,
-/// Nemotron 3 Super), biases, a convolution without bias.
+/// A latent MoE (`moe_latent_size`, Nemotron 3 Super and Ultra) projects the routed tokens to
+/// that width. What parsim does not model is refused by field: biases, a convolution without
+/// bias.
 fn nemotron_h(f: &Fields) -> Result<ModelConfig, ConfigError> {
     let layers = f.u32("num_hidden_layers")?;
     let pattern: String = match (
@@ -548,11 +549,6 @@ fn nemotron_h(f: &Fields) -> Result<ModelConfig, ConfigError> {
                 "`mlp_hidden_act` = {other} is not supported (relu2)"
             )))
         }
-    }
-    if f.v.get("moe_latent_size").is_some_and(|v| !v.is_null()) {
-        return Err(f.err(
-            "`moe_latent_size`: a latent MoE (tokens projected down before the experts, Nemotron 3 Super) is not modelled".into(),
-        ));
     }
     for key in ["use_bias", "mlp_bias", "attention_bias", "mamba_proj_bias"] {
         if f.bool_or(key, false)? {
@@ -618,5 +614,6 @@ fn nemotron_h(f: &Fields) -> Result<ModelConfig, ConfigError> {
         m.moe_router_bias = true;
         m.moe_router_renormalize = f.bool_or("norm_topk_prob", true)?;
     }
+    m.moe_latent_size = f.opt_u64("moe_latent_size")?;
     Ok(m)
 }

@@ -72,6 +72,13 @@ pub struct ModelConfig {
     /// Intermediate size of the shared experts together (0 = none); DeepSeek's
     /// n_shared_experts x moe_intermediate_size.
     pub moe_shared_expert_intermediate_size: u64,
+    /// Megatron's `--moe-latent-size` (latent MoE, Nemotron 3 Super and Ultra): each MoE layer
+    /// projects its tokens from the hidden size down to this width before routing them
+    /// (`fc1_latent_proj`), its routed experts work and its tokens travel at this width, and
+    /// `fc2_latent_proj` projects the combined output back up (Megatron-Core's moe_layer.py);
+    /// the router and the shared experts stay at the hidden size. `None`: no projection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_latent_size: Option<u64>,
     /// The first k layers are dense (DeepSeek-V3: 3).
     pub moe_first_k_dense: u32,
     /// Router carries a per-expert score-correction bias (DeepSeek-V3's aux-loss-free balancing).
@@ -300,6 +307,7 @@ impl Default for ModelConfig {
             moe_router_topk: 0,
             moe_ffn_hidden_size: 0,
             moe_shared_expert_intermediate_size: 0,
+            moe_latent_size: None,
             moe_first_k_dense: 0,
             moe_router_bias: false,
             moe_load_imbalance: 1.0,

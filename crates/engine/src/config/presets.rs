@@ -52,6 +52,12 @@ pub const PRESETS: &[(&str, BuildPreset)] = &[
         nemotron_h(n, NEMOTRON_H_56B, 8192, 64, 32768, (256, 256))
     }),
     ("nemotron-3-nano", nemotron_3_nano),
+    ("nemotron-3-super", |n| {
+        nemotron_3_latent(n, NEMOTRON_3_SUPER, 4096, (32, 128), (2688, 5376, 1024))
+    }),
+    ("nemotron-3-ultra", |n| {
+        nemotron_3_latent(n, NEMOTRON_3_ULTRA, 8192, (64, 256), (5120, 10240, 2048))
+    }),
 ];
 
 /// Names of the built-in presets, in [`PRESETS`]' order.
@@ -183,6 +189,11 @@ const NEMOTRON_H_47B: &str = "M-M-M-M-M-M-M-M-M*-M-M-M-M-M-M-M-M-M-M*-M-M-M-M-M*
 const NEMOTRON_H_56B: &str = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-";
 /// Nemotron 3 Nano 30B-A3B's 52 layers: 23 Mamba-2, 6 attention, 23 MoE.
 const NEMOTRON_3_NANO: &str = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME";
+/// Nemotron 3 Super 120B-A12B's 88 layers: 40 Mamba-2, 8 attention, 40 latent MoE.
+const NEMOTRON_3_SUPER: &str =
+    "MEMEMEM*EMEMEMEM*EMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEM*EMEMEMEME";
+/// Nemotron 3 Ultra 550B-A55B's 108 layers: 48 Mamba-2, 12 attention, 48 latent MoE.
+const NEMOTRON_3_ULTRA: &str = "MEMEMEM*EMEMEM*EMEMEMEM*EMEMEMEM*EMEMEM*EMEMEMEM*EMEMEMEM*EMEMEM*EMEMEMEM*EMEMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME";
 
 /// A Llama-style dense model (RMSNorm, SwiGLU, rotary, untied, no biases).
 /// `heads` is (attention heads, KV heads).
@@ -321,5 +332,33 @@ fn nemotron_3_nano(name: &str) -> ModelConfig {
             chunk_size: 128,
         }),
         ..nemotron_h(name, NEMOTRON_3_NANO, 2688, 32, 1856, (64, 128))
+    }
+}
+
+/// Nemotron 3 Super and Ultra (NVIDIA 2026; Megatron-LM's modelopt conf files
+/// examples/post_training/modelopt/conf/nvidia/NVIDIA-Nemotron-3-{Super-120B-A12B,
+/// Ultra-550B-A55B}-BF16.sh, which Megatron-Bridge's NemotronH bridge reads from the same
+/// config.json fields): Nemotron 3 Nano's layer kinds at hidden `h`, 2 KV groups of 128,
+/// Mamba-2 mixers of `mamba_heads` heads of 64 (state 128, 8 groups), and latent MoE layers of
+/// 512 squared-ReLU experts, top-22 sigmoid routing with the expert bias; `moe` is (expert
+/// FFN, shared expert FFN, `--moe-latent-size`). The MTP block the checkpoints also hold is
+/// not part of the preset (`model.mtp_num_layers`, as Megatron's conf files leave it out).
+fn nemotron_3_latent(
+    name: &str,
+    pattern: &str,
+    h: u64,
+    (heads, mamba_heads): (u32, u32),
+    (f, shared, latent): (u64, u64, u64),
+) -> ModelConfig {
+    ModelConfig {
+        num_experts: 512,
+        moe_router_topk: 22,
+        moe_ffn_hidden_size: f,
+        moe_shared_expert_intermediate_size: shared,
+        moe_latent_size: Some(latent),
+        moe_router_score_function: RouterScore::Sigmoid,
+        moe_router_bias: true,
+        num_query_groups: 2,
+        ..nemotron_h(name, pattern, h, heads, f, (mamba_heads, 128))
     }
 }

@@ -12,6 +12,7 @@ pub mod low_precision;
 mod mamba;
 mod mlp;
 mod moe;
+mod moe_latent;
 mod moe_lora;
 pub mod muon;
 mod norm;

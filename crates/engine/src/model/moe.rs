@@ -1,9 +1,11 @@
 //! The mixture-of-experts block (Shazeer et al. 2017; Megatron-Core's MoE): a top-k router,
 //! routed experts split over the EP group and dispatched/combined by all-to-all, optional
-//! shared experts, and the load imbalance of the hottest rank.
+//! shared experts, the load imbalance of the hottest rank, and the projections of a latent MoE
+//! ([`super::moe_latent`]).
 
 use super::dims::Dims;
 use super::mlp::{activation_op, fc1_width, mlp_body, mlp_norm};
+use super::moe_latent::{project_down, project_up};
 use super::moe_lora::expert_adapter;
 use super::norm::dropout;
 use super::op::{
@@ -90,6 +92,8 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
     let local = d.n_sp;
     let routed = local * k;
     let RoutedRows { hot, kept } = routed_rows(m, local, d.ep);
+    // The width of the routed tokens: the latent one in a latent MoE, else the hidden size.
+    let width = m.moe_latent_size.unwrap_or(d.h);
 
     // Shared experts (DeepSeekMoE) on every token; their input is the router's saved input.
     // Their ops come before the router's: the executor runs their backward once the routed
@@ -168,8 +172,9 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         payload_bytes: bytes,
         count: 1,
     };
-    let tokens_bytes = kept * d.h * d.act;
-    let (gather, scatter) = expert_tp_collectives(d, hot);
+    project_down(ops, m, local, d);
+    let tokens_bytes = kept * width * d.act;
+    let (gather, scatter) = expert_tp_collectives(d, hot, width);
     // Dispatch: permute the kept top-k copies of each token, all-to-all them to their experts,
     // all-gather the received rows over expert TP (its backward reduce-scatters their
     // gradients before the all-to-all back).
@@ -187,7 +192,7 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         .temp(2 * tokens_bytes),
     );
 
-    routed_experts(ops, m, tr, d, hot);
+    routed_experts(ops, m, tr, d, (hot, width));
 
     // Combine: reduce-scatter the experts' outputs over expert TP, all-to-all back, unpermute,
     // weight by the router probabilities (the expert outputs are saved for the probabilities'
@@ -206,6 +211,7 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         .save(TensorRole::ExpertOutputs, tokens_bytes)
         .temp(2 * tokens_bytes),
     );
+    project_up(ops, m, local, d);
 
     ops.push(dropout("mlp.dropout", d.n_sp, d.h, d.hidden_dropout));
 }
@@ -214,14 +220,16 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
 /// `MoEAlltoAllTokenDispatcher`, megatron/core/transformer/moe/token_dispatcher.py: "AG(TP)"
 /// of the received rows after the EP all-to-all in `dispatch_postprocess`, "RS(TP)" of the
 /// experts' outputs before it in `combine_preprocess`, over the expert-TP group). Each moves
-/// the gathered rows, the `hot` rows of each of the etp members (`hot` x etp x h), as the
-/// engine's other all-gathers count their output and reduce-scatters their input. With
-/// expert_tp 1 the group has one member and [`Op::comm`] drops them.
+/// the gathered rows, the `hot` rows of each of the etp members (`hot` x etp x `width`, the
+/// routed tokens' width), as the engine's other all-gathers count their output and
+/// reduce-scatters their input. With expert_tp 1 the group has one member and [`Op::comm`]
+/// drops them.
 fn expert_tp_collectives(
     d: &Dims,
     hot: u64,
+    width: u64,
 ) -> (impl Fn(Phase) -> Collective, impl Fn(Phase) -> Collective) {
-    let payload_bytes = hot * d.etp * d.h * d.act;
+    let payload_bytes = hot * d.etp * width * d.act;
     let group_size = d.etp as u32;
     let coll = move |kind, phase| Collective {
         kind,
@@ -238,8 +246,15 @@ fn expert_tp_collectives(
 }
 
 /// Appends the rank's routed experts (E/ep, each split over expert TP) on the `hot` rows it
-/// receives, with their LoRA adapters under LoRA.
-fn routed_experts(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Dims, hot: u64) {
+/// receives, tokens of `h` features (the latent width in a latent MoE), with their LoRA
+/// adapters under LoRA.
+fn routed_experts(
+    ops: &mut Vec<Op>,
+    m: &ModelConfig,
+    tr: &TrainingConfig,
+    d: &Dims,
+    (hot, h): (u64, u64),
+) {
     let e = m.num_experts as u64;
     let k = m.moe_router_topk as u64;
     let f = m.moe_ffn_hidden_size;
@@ -279,9 +294,9 @@ fn routed_experts(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &D
     let rows = hot * d.etp;
     let lora = |t: LoraTarget| (d.lora && tr.lora.targets.contains(&t)).then_some(tr.lora.rank);
     let shape = (e, local_experts, k);
-    ops.push(expert("moe.experts.fc1", rows, d.h, width, true));
+    ops.push(expert("moe.experts.fc1", rows, h, width, true));
     if let Some(r) = lora(LoraTarget::Fc1) {
-        let dims = (rows, d.h, width, true);
+        let dims = (rows, h, width, true);
         ops.push(expert_adapter("moe.experts.fc1_lora", dims, r, shape, d));
     }
     ops.push(activation_op(
@@ -293,11 +308,11 @@ fn routed_experts(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &D
     // The experts' backward holds the output-gradient rows received by the combine's
     // all-to-all and the input-gradient rows gathered for the dispatch's (2 x rows x h, as
     // Megatron-Core's grouped GEMM over the local experts) beside an expert's own gradients.
-    let mut fc2 = expert("moe.experts.fc2", rows, f, d.h, false);
-    fc2.backward_scratch_bytes = 2 * rows * d.h * d.act;
+    let mut fc2 = expert("moe.experts.fc2", rows, f, h, false);
+    fc2.backward_scratch_bytes = 2 * rows * h * d.act;
     ops.push(fc2);
     if let Some(r) = lora(LoraTarget::Fc2) {
-        let dims = (rows, f, d.h, false);
+        let dims = (rows, f, h, false);
         ops.push(expert_adapter("moe.experts.fc2_lora", dims, r, shape, d));
     }
 }

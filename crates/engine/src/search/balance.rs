@@ -144,16 +144,21 @@ pub fn short_end_stages(layers: u32, stages: u32) -> Option<(u32, u32)> {
 }
 
 /// The explicit layout holding `split[s]` layers on stage s, the embedding on the first and
-/// the loss on the last (Megatron-Core's `pipeline_model_parallel_layout`).
-pub fn layout_string(split: &[u32]) -> String {
+/// `mtp` MTP layers and the loss on the last (Megatron-Core's `pipeline_model_parallel_layout`,
+/// DeepSeek-V3's `...|t*1mL`).
+pub fn layout_string(split: &[u32], mtp: u32) -> String {
     let n = split.len();
     split
         .iter()
         .enumerate()
         .map(|(i, &l)| {
             let e = if i == 0 { "E" } else { "" };
-            let loss = if i + 1 == n { "L" } else { "" };
-            format!("{e}t*{l}{loss}")
+            let end = if i + 1 == n {
+                format!("{}L", "m".repeat(mtp as usize))
+            } else {
+                String::new()
+            };
+            format!("{e}t*{l}{end}")
         })
         .collect::<Vec<_>>()
         .join("|")
@@ -227,7 +232,7 @@ mod tests {
     fn the_layout_string_parses_back_to_the_split() {
         let split = stage_layers(80, 8, 11, 8).unwrap();
         assert_eq!(split.iter().sum::<u32>(), 80);
-        let s = layout_string(&split);
+        let s = layout_string(&split, 0);
         assert_eq!(s, "Et*11|t*10|t*10|t*10|t*10|t*10|t*11|t*8L");
         let stages = crate::config::rules::pipeline_layout::parse(&s).unwrap();
         let decoder: Vec<u32> = stages.iter().map(|st| st.decoder).collect();
@@ -240,7 +245,10 @@ mod tests {
         // (pp 4 x vpp 4).
         assert_eq!(short_end_stages(61, 16), Some((4, 1)));
         assert_eq!(
-            layout_string(&[4].repeat(15).into_iter().chain([1]).collect::<Vec<_>>()),
+            layout_string(
+                &[4].repeat(15).into_iter().chain([1]).collect::<Vec<_>>(),
+                0
+            ),
             format!("Et*4|{}t*1L", "t*4|".repeat(14))
         );
         // 32 stages would need the first stage short too: not this family's.

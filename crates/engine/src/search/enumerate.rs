@@ -56,7 +56,7 @@ fn push_mixes_of_split(
         .collect();
     let comms: &[CpComm] = if cp > 1 { &all } else { &[CpComm::P2p] };
     let pp32 = pp as u32;
-    let mut pipes = pipelines(m.num_layers, pp32, m.mtp_num_layers, ends);
+    let mut pipes = pipelines(m.num_layers, pp32, ends);
     pipes.sort_by_key(|p| p.1.as_str());
     for ep in expert_parallel_sizes(base, tp * cp * dp) {
         for zero in 0..=3u8 {

@@ -88,7 +88,7 @@ fn skip(base: &Config, mbs_max: u64, domain: u32, s: Split) -> Option<Skip> {
     }
     let ends = balance::end_costs(base);
     // pp <= num_layers, a u32.
-    if pipelines(m.num_layers, s.pp as u32, m.mtp_num_layers, ends).is_empty() {
+    if pipelines(m.num_layers, s.pp as u32, ends).is_empty() {
         return rule(
             "model.num_layers",
             format!("{} layers split over pp {}", m.num_layers, s.pp),

@@ -52,7 +52,8 @@ impl Mix {
             let uneven_middle = middle > 0 && layers >= f + l && (layers - f - l) % middle != 0;
             if self.vpp > 1 || uneven_middle {
                 if let Some(split) = self.stage_split(layers) {
-                    p.pipeline_layout = Some(balance::layout_string(&split));
+                    p.pipeline_layout =
+                        Some(balance::layout_string(&split, c.model.mtp_num_layers));
                     p.first_stage_layers = None;
                     p.last_stage_layers = None;
                 }

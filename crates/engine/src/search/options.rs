@@ -42,12 +42,7 @@ type Pipe = (u32, ScheduleKind, Option<u32>, Option<u32>, Slots);
 /// and the balanced splits that count the embedding and/or the loss as a layer slot, with
 /// every vpp those allow (Llama-3-405B's 126 layers + 2 slots over pp 16); and, where none of
 /// those splits exists, interleaving with short end stages ([`balance::short_end_stages`]).
-pub(super) fn pipelines(
-    layers: u32,
-    pp: u32,
-    mtp: u32,
-    ends: Option<balance::EndCosts>,
-) -> Vec<Pipe> {
+pub(super) fn pipelines(layers: u32, pp: u32, ends: Option<balance::EndCosts>) -> Vec<Pipe> {
     let none = Slots::default();
     if pp == 1 {
         return vec![(1, ScheduleKind::OneFOneB, None, None, none)];
@@ -110,20 +105,23 @@ pub(super) fn pipelines(
             pipes.push((v, k, None, None, slots));
         }
     }
-    // Interleaving for a layer count no slot split divides (Kimi K2's 61 layers on pp 4 or
-    // 16): Megatron-Core's explicit layouts whose end virtual stages are short. For a Mix with
-    // vpp > 1, first/last are the end virtual stages' layers (Mix::apply writes the layout).
-    if mtp == 0 && (0..3).all(|extra| (layers + extra) % pp != 0) {
-        for v in 2..=layers / pp {
-            if let Some((first, last)) = balance::short_end_stages(layers, pp * v) {
-                pipes.push((
-                    v,
-                    ScheduleKind::Interleaved1F1B,
-                    Some(first),
-                    Some(last),
-                    none,
-                ));
-            }
+    // Interleaving at every vpp the splits above do not give (Kimi K2's 61 layers on pp 4 x
+    // vpp 4; DeepSeek-V3's 61 and its MTP layer on pp 2 x vpp 8, where the slot split gives
+    // only vpp 31): Megatron-Core's explicit layouts whose end virtual stages are short, the
+    // MTP layers on the last. For a Mix with vpp > 1, first/last are the end virtual stages'
+    // layers (Mix::apply writes the layout).
+    for v in 2..=layers / pp {
+        if pipes.iter().any(|p| p.0 == v) {
+            continue;
+        }
+        if let Some((first, last)) = balance::short_end_stages(layers, pp * v) {
+            pipes.push((
+                v,
+                ScheduleKind::Interleaved1F1B,
+                Some(first),
+                Some(last),
+                none,
+            ));
         }
     }
     pipes
@@ -142,4 +140,36 @@ pub(super) fn expert_parallel_sizes(base: &Config, stage_ranks: u64) -> Vec<u64>
         .into_iter()
         .filter(|e| u64::from(m.num_experts) % e == 0)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::rules::pipeline_layout;
+    use crate::config::{Config, Layer};
+
+    #[test]
+    fn deepseek_v3s_pp2_vpp8_layout_is_enumerated_with_its_mtp_layer() {
+        // Megatron-Bridge's DeepSeek-V3 recipe on 256 GB200/GB300 (pp 2 x vpp 8):
+        // set_deepseek_v3_pipeline_model_parallel_layout's 16-stage layout
+        // `Et*4|(t*4|)*14,tmL`. The slot splits give pp 2 only vpp 1 and 31 (62 / 2 = 31
+        // slots a rank), so vpp 8 comes from the short-end-stage family, the MTP on the last.
+        let pipes = pipelines(61, 2, None);
+        assert!(pipes.iter().any(|p| p.0 == 8
+            && p.1 == ScheduleKind::Interleaved1F1B
+            && (p.2, p.3) == (Some(4), Some(1))));
+        let base = Config::from_layers(&[Layer::overrides(serde_json::json!({
+            "model": {"preset": "deepseek-v3", "mtp_num_layers": 1},
+            "cluster": {"gpu": "gb300", "num_gpus": 256, "gpus_per_node": 4},
+            "training": {"precision": "mxfp8", "seq_length": 4096, "global_batch_size": 4096}
+        }))])
+        .unwrap();
+        let published = pipeline_layout::parse("Et*4|(t*4|)*14,tmL").unwrap();
+        let found = super::super::enumerate(&base, 1)
+            .into_iter()
+            .filter(|m| (m.tp, m.pp, m.vpp, m.ep) == (1, 2, 8, 32))
+            .filter_map(|m| m.apply(&base).parallel.pipeline_layout)
+            .any(|l| pipeline_layout::parse(&l).unwrap() == published);
+        assert!(found, "no pp 2 x vpp 8 mix with the published layout");
+    }
 }

@@ -25,6 +25,16 @@ pub struct BridgeModel {
     /// `recompute_modules` the recipe sets, by the GPU profile and precision they apply to
     /// (`""`: any); absent: Megatron-Core's default, no recomputation.
     pub recompute_modules: &'static [RecomputeRule],
+    /// Gradients reduced and accumulated in bf16 (the recipe's `grad_reduce_in_fp32 = False`);
+    /// else Megatron-Core's default, fp32.
+    pub bf16_grads: bool,
+    /// Settings of the recipe that parsim's configuration does not say (a token dispatcher
+    /// other than all-to-all, CUDA graphs and their scope): the rows are predicted without
+    /// them, and each row's notes name them.
+    pub unmodelled: &'static [&'static str],
+    /// A setting of the recipe without which the row would be another run, and which parsim
+    /// cannot say: the row is not expressible, for this reason.
+    pub refused: Option<&'static str>,
     /// Where the settings above come from.
     pub cite: &'static str,
 }
@@ -46,6 +56,9 @@ const fn none() -> BridgeModel {
         layouts: &[],
         muon: false,
         recompute_modules: &[],
+        bf16_grads: false,
+        unmodelled: &[],
+        refused: None,
         cite: "",
     }
 }
@@ -144,12 +157,47 @@ pub const MODELS: &[BridgeModel] = &[
     },
     BridgeModel {
         name: "Nemotron_3_Super",
-        preset: Err("Nemotron 3 Super: latent MoE (--moe-latent-size) is not modelled"),
+        preset: Ok("nemotron-3-super"),
+        mtp_layers: 1,
+        recompute_modules: &[
+            rule(
+                "b200",
+                "bf16",
+                &["moe_act", "moe", "layernorm", "core_attn"],
+            ),
+            rule("b200", "mxfp8", &["moe_act", "layernorm"]),
+            rule("b300", "bf16", &["moe_act", "layernorm"]),
+            rule("b300", "nvfp4", &["moe_act", "layernorm"]),
+        ],
+        bf16_grads: true,
+        unmodelled: &[
+            "the flex token dispatcher with HybridEP (modelled as all-to-all)",
+            "CUDA graphs over attn, mamba, moe_router and moe_preprocess",
+            "the MTP layer run twice (mtp_num_layers 2 with mtp_use_repeated_layer: one \
+             block's parameters, counted once here, and one of its two passes)",
+        ],
+        cite: "Megatron-Bridge perf_recipes/nemotronh/{b200,b300,gb200,gb300}/nemotronh.py \
+               (nemotron_3_super_pretrain_64gpu_*_config, commit 067f987d, Aug 2026) and \
+               recipes/nemotronh/h100/nemotron_3_super.py: recompute_modules by system and \
+               precision (none on GB200 and GB300, nor for B200 NVFP4 or B300 MXFP8), the flex \
+               dispatcher with HybridEP, CUDA graphs, one shared MTP block; common.py's \
+               _apply_nemotron_3_super_perf_defaults: grad_reduce_in_fp32 = False",
         ..none()
     },
     BridgeModel {
         name: "Nemotron_3_Ultra",
-        preset: Err("Nemotron 3 Ultra: latent MoE (--moe-latent-size) is not modelled"),
+        preset: Ok("nemotron-3-ultra"),
+        mtp_layers: 1,
+        refused: Some(
+            "Nemotron 3 Ultra: its recipe shards with Megatron-FSDP as HSDP (parameters, \
+             gradients and optimizer within each 64-GPU NVLink domain, the optimizer again \
+             across domains; num_distributed_optimizer_instances = GPUs / 64) and offloads \
+             the expert MLP's activations by fine-grained activation offloading; parsim \
+             models neither",
+        ),
+        cite: "Megatron-Bridge perf_recipes/nemotronh/common.py \
+               (_apply_nemotron_3_ultra_fsdp_hsdp) and {gb200,gb300}/nemotronh.py \
+               (nemotron_3_ultra_pretrain_256gpu_*_fp8mx_config), commit 067f987d",
         ..none()
     },
     BridgeModel {

@@ -32,6 +32,7 @@ pub(super) const DIRECT: &[(&str, &str, &str, Kind)] = &[
         "moe_shared_expert_intermediate_size",
         Kind::Int,
     ),
+    ("--moe-latent-size", "model", "moe_latent_size", Kind::Int),
     (
         "--moe-expert-capacity-factor",
         "model",
@@ -255,10 +256,6 @@ pub(super) const REFUSED: &[(&str, &str)] = &[
     (
         "--hybrid-mlp-ratio",
         "hybrid Mamba-2/attention models are not modelled yet",
-    ),
-    (
-        "--moe-latent-size",
-        "latent MoE projections (Nemotron 3) are not modelled",
     ),
     (
         "--moe-use-shared-expert-gate",

@@ -174,6 +174,9 @@ fn model_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
                 Some(m.moe_aux_loss_coeff.to_string()),
             );
         }
+        if let Some(latent) = m.moe_latent_size {
+            flag("--moe-latent-size", Some(latent.to_string()));
+        }
     }
     if m.mtp_num_layers > 0 {
         flag("--mtp-num-layers", s(m.mtp_num_layers.into()));

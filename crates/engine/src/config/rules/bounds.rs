@@ -225,7 +225,7 @@ fn router_groups(m: &crate::config::ModelConfig) -> Option<Violation> {
 pub fn upper(cfg: &Config) -> Vec<Violation> {
     let (m, c, p, t) = (&cfg.model, &cfg.cluster, &cfg.parallel, &cfg.training);
     let mut errs = Vec::new();
-    let at_most: [(&str, u64, u64); 25] = [
+    let at_most: [(&str, u64, u64); 26] = [
         ("model.num_layers", m.num_layers as u64, MAX_LAYERS),
         ("model.hidden_size", m.hidden_size, 1 << 20),
         (
@@ -264,6 +264,11 @@ pub fn upper(cfg: &Config) -> Vec<Violation> {
             1 << 40,
         ),
         ("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size, 1 << 22),
+        (
+            "model.moe_latent_size",
+            m.moe_latent_size.unwrap_or(0),
+            1 << 22,
+        ),
         (
             "model.moe_shared_expert_intermediate_size",
             m.moe_shared_expert_intermediate_size,

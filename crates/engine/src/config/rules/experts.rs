@@ -20,6 +20,12 @@ fn fitting_eps(num_experts: u32, etp: u64, stage_ranks: u64) -> Vec<u64> {
 pub fn model(cfg: &Config) -> Vec<Violation> {
     let (m, p) = (&cfg.model, &cfg.parallel);
     let mut errs = Vec::new();
+    if m.moe_latent_size.is_some() && !m.is_moe() {
+        errs.push(Violation::new(
+            "model.moe_latent_size",
+            "projects the routed tokens of an MoE layer: it needs num_experts > 0",
+        ));
+    }
     if m.is_moe() {
         if m.moe_router_topk == 0 || m.moe_router_topk > m.num_experts {
             errs.push(Violation::new(
@@ -34,6 +40,12 @@ pub fn model(cfg: &Config) -> Vec<Violation> {
             errs.push(Violation::new(
                 "model.moe_ffn_hidden_size",
                 "must be at least 1 for an MoE model",
+            ));
+        }
+        if m.moe_latent_size == Some(0) {
+            errs.push(Violation::new(
+                "model.moe_latent_size",
+                "must be at least 1 (leave it out for no latent projection)",
             ));
         }
         if m.moe_first_k_dense > m.num_layers {
