@@ -246,7 +246,10 @@ mod tests {
     fn the_table_covers_every_framework_within_its_ranges() {
         let t = table().expect("calibration/data/host-overhead.json parses");
         for f in Framework::ALL {
-            let k = t.frameworks.get(f.name()).expect(f.name());
+            let k = t
+                .frameworks
+                .get(f.name())
+                .unwrap_or_else(|| panic!("no {} table", f.name()));
             assert!(
                 t.sources.contains_key(&k.source),
                 "{}: {}",
