@@ -12,6 +12,7 @@ use crate::config::{CpComm, Recompute};
 use crate::layout::GroupKind;
 use crate::model::{Block, BlockTimes, Op, OpKind, PerGroup, Phase, TensorRole};
 use crate::network::{CollectiveGroup, Network};
+use crate::op_cost::host_issue::{BlockIssue, HostIssue};
 use crate::op_cost::{AttentionCall, AttentionKernel, Call, CollectiveCall, CostModel, OpCost};
 use parsim_plan::op_timing::{MaskKind, Pass};
 use serde::Serialize;
@@ -332,6 +333,9 @@ pub struct TimingContext<'a> {
     pub cp_comm: CpComm,
     /// The group every rank waits at once a step at least ([`step_sync_group`]).
     pub step_sync: Option<GroupKind>,
+    /// How the host issues the kernels: the device waits where the host falls behind
+    /// ([`crate::op_cost::host_issue`]); [`HostIssue::NONE`] times the device alone.
+    pub host: HostIssue<'a>,
 }
 
 /// The group where the ranks of a configuration wait for each other at least once a step,
@@ -356,21 +360,148 @@ impl TimingContext<'_> {
             matmul_efficiency: self.rates.gpu.efficiency.matmul,
             ..self.rates
         };
-        block_times(
+        self.times(
             b,
             if b.high_precision { &bf16 } else { &self.rates },
-            self.network,
-            self.overlaps,
             recompute,
-            self.cp_comm,
-            self.step_sync,
         )
+    }
+
+    /// Times one block at `rates`: compute per op and the communication each op leaves
+    /// exposed, plus the members' waiting for each other (`efficiency.sync_skew` of the
+    /// compute) at the block's first synchronising collective of each pass, else at
+    /// `step_sync`; plus the device's waiting on the host's issue in each pass (in the
+    /// pass's compute: the stream is held by it).
+    fn times(&self, b: &Block, rates: &Rates, recompute: Recompute) -> BlockTimes {
+        let mut t = BlockTimes::default();
+        let model = CostModel {
+            rates: *rates,
+            network: Some(self.network),
+        };
+        let mut issue = BlockIssue::default();
+        // The first synchronising collective of each pass: where the block's members wait for
+        // each other ([`crate::config::gpu::Efficiency::sync_skew`]).
+        let mut sync: [Option<GroupKind>; 2] = [None, None];
+        for op in &b.ops {
+            let (f, d, w) = rates.op_s(op);
+            t.fwd_s += f;
+            t.dgrad_s += d;
+            t.wgrad_s += w;
+            let rerun = b.reruns(op, recompute);
+            if rerun {
+                t.recompute_s += f * op.rerun_compute_share();
+            }
+            issue.op(&self.host, op, (f, d, w), rerun);
+            for c in &op.comms {
+                if c.group_size > 1
+                    && matches!(
+                        c.group,
+                        GroupKind::Tp | GroupKind::Cp | GroupKind::Ep | GroupKind::ExpertTp
+                    )
+                {
+                    let pass = usize::from(c.phase == Phase::Backward);
+                    sync[pass].get_or_insert(c.group);
+                }
+                let call = Call::Collective(CollectiveCall {
+                    kind: c.kind,
+                    payload_bytes: c.payload_bytes,
+                    group_size: c.group_size,
+                    group: CollectiveGroup::Kind(c.group),
+                });
+                let cost = model.cost(&call).unwrap_or_default();
+                let compute_s = match c.phase {
+                    Phase::Forward => f,
+                    Phase::Backward => d + w,
+                };
+                let exposed = self.exposed_s(rates, op, c, cost, compute_s);
+                let rerun_comm = rerun && op.rerun_repeats_comms() && c.phase == Phase::Forward;
+                if c.group_size > 1 && c.payload_bytes > 0 {
+                    issue.collective(&self.host, c.phase, exposed, rerun_comm);
+                }
+                let slot = match c.phase {
+                    Phase::Forward => &mut t.exposed_fwd,
+                    Phase::Backward => &mut t.exposed_bwd,
+                };
+                slot.add_group(c.group, exposed);
+                if rerun_comm {
+                    t.exposed_bwd.add_group(c.group, exposed);
+                }
+            }
+        }
+        let skew = rates.gpu.efficiency.sync_skew;
+        if skew > 0.0 {
+            let sync = sync.map(|g| g.or(self.step_sync));
+            if let Some(g) = sync[0] {
+                t.exposed_fwd.add_group(g, skew * t.fwd_s);
+                if recompute != Recompute::None && t.recompute_s > 0.0 {
+                    t.exposed_bwd.add_group(g, skew * t.recompute_s);
+                }
+            }
+            if let Some(g) = sync[1] {
+                t.exposed_bwd.add_group(g, skew * (t.dgrad_s + t.wgrad_s));
+            }
+        }
+        let wait = issue.wait(&self.host);
+        t.fwd_s += wait.fwd_s;
+        t.dgrad_s += wait.bwd_s;
+        t.recompute_s += wait.recompute_s;
+        t
+    }
+
+    /// What collective `c` of `op` leaves on the critical path, its `cost` per call, beside
+    /// `compute_s` of the op's pass, per the overlap switches; hidden communication still
+    /// slows the compute it overlaps (`efficiency.charged_s`).
+    fn exposed_s(
+        &self,
+        rates: &Rates,
+        op: &Op,
+        c: &crate::model::Collective,
+        cost: OpCost,
+        compute_s: f64,
+    ) -> f64 {
+        let overlaps = self.overlaps;
+        let (total_s, pipeline_s) = (cost.total_s(), cost.pipeline_s);
+        // Overlapped TP transfers run through Megatron-Core's userbuffers (copy engines),
+        // not NCCL's chunk pipeline.
+        let tp_userbuffers = c.group == GroupKind::Tp && overlaps.tp_comm;
+        let comm_s = if tp_userbuffers {
+            total_s - pipeline_s
+        } else {
+            total_s
+        } * c.count as f64;
+        let exposed = match c.group {
+            GroupKind::Tp if overlaps.tp_comm => (comm_s - compute_s).max(0.0),
+            // Ring attention: each of the cp-1 hops hides behind the call on the block at
+            // hand (the diagonal first, then the off-diagonal ones), as far as it lasts.
+            GroupKind::Cp
+                if overlaps.cp_ring && matches!(self.cp_comm, CpComm::P2p | CpComm::Zigzag) =>
+            {
+                let steps = c.count.max(1) as f64;
+                let hop = comm_s / steps;
+                match rates.ring_block_s(op, c.phase) {
+                    Some((diag, other)) => {
+                        (hop - diag).max(0.0) + (steps - 1.0) * (hop - other).max(0.0)
+                    }
+                    None => {
+                        let per_block = compute_s / (steps + 1.0);
+                        steps * (hop - per_block).max(0.0)
+                    }
+                }
+            }
+            GroupKind::Ep if overlaps.ep => (comm_s - compute_s).max(0.0),
+            // The expert-TP all-gather and reduce-scatter run between the all-to-all and
+            // the experts (Megatron-Core's dispatch post- and combine pre-processing, where
+            // its docstrings warn communication "may get exposed" even when the all-to-all
+            // overlaps): never hidden, DualPipe's overlap included.
+            GroupKind::ExpertTp => comm_s,
+            _ => comm_s,
+        };
+        rates.gpu.efficiency.charged_s(comm_s, exposed)
     }
 }
 
-/// Times one block: compute per op and the communication each op leaves exposed, plus the
-/// members' waiting for each other (`efficiency.sync_skew` of the compute) at the block's
-/// first synchronising collective of each pass, else at `step_sync`.
+/// Times one block with free host issue ([`TimingContext::block_times`] with
+/// [`HostIssue::NONE`]): the device's time alone.
 pub fn block_times(
     b: &Block,
     rates: &Rates,
@@ -380,107 +511,15 @@ pub fn block_times(
     cp_comm: CpComm,
     step_sync: Option<GroupKind>,
 ) -> BlockTimes {
-    let mut t = BlockTimes::default();
-    let model = CostModel {
+    let ctx = TimingContext {
         rates: *rates,
-        network: Some(network),
+        network,
+        overlaps,
+        cp_comm,
+        step_sync,
+        host: HostIssue::NONE,
     };
-    // The first synchronising collective of each pass: where the block's members wait for
-    // each other ([`crate::config::gpu::Efficiency::sync_skew`]).
-    let mut sync: [Option<GroupKind>; 2] = [None, None];
-    for op in &b.ops {
-        let (f, d, w) = rates.op_s(op);
-        t.fwd_s += f;
-        t.dgrad_s += d;
-        t.wgrad_s += w;
-        let rerun = b.reruns(op, recompute);
-        if rerun {
-            t.recompute_s += f * op.rerun_compute_share();
-        }
-        for c in &op.comms {
-            if c.group_size > 1
-                && matches!(
-                    c.group,
-                    GroupKind::Tp | GroupKind::Cp | GroupKind::Ep | GroupKind::ExpertTp
-                )
-            {
-                let pass = usize::from(c.phase == Phase::Backward);
-                sync[pass].get_or_insert(c.group);
-            }
-            let call = Call::Collective(CollectiveCall {
-                kind: c.kind,
-                payload_bytes: c.payload_bytes,
-                group_size: c.group_size,
-                group: CollectiveGroup::Kind(c.group),
-            });
-            let cost = model.cost(&call).unwrap_or_default();
-            let (total_s, pipeline_s) = (cost.total_s(), cost.pipeline_s);
-            // Overlapped TP transfers run through Megatron-Core's userbuffers (copy engines),
-            // not NCCL's chunk pipeline.
-            let tp_userbuffers = c.group == GroupKind::Tp && overlaps.tp_comm;
-            let comm_s = if tp_userbuffers {
-                total_s - pipeline_s
-            } else {
-                total_s
-            } * c.count as f64;
-            let compute_s = match c.phase {
-                Phase::Forward => f,
-                Phase::Backward => d + w,
-            };
-            let exposed = match c.group {
-                GroupKind::Tp if overlaps.tp_comm => (comm_s - compute_s).max(0.0),
-                // Ring attention: each of the cp-1 hops hides behind the call on the block at
-                // hand (the diagonal first, then the off-diagonal ones), as far as it lasts.
-                GroupKind::Cp
-                    if overlaps.cp_ring && matches!(cp_comm, CpComm::P2p | CpComm::Zigzag) =>
-                {
-                    let steps = c.count.max(1) as f64;
-                    let hop = comm_s / steps;
-                    match rates.ring_block_s(op, c.phase) {
-                        Some((diag, other)) => {
-                            (hop - diag).max(0.0) + (steps - 1.0) * (hop - other).max(0.0)
-                        }
-                        None => {
-                            let per_block = compute_s / (steps + 1.0);
-                            steps * (hop - per_block).max(0.0)
-                        }
-                    }
-                }
-                GroupKind::Ep if overlaps.ep => (comm_s - compute_s).max(0.0),
-                // The expert-TP all-gather and reduce-scatter run between the all-to-all and
-                // the experts (Megatron-Core's dispatch post- and combine pre-processing, where
-                // its docstrings warn communication "may get exposed" even when the all-to-all
-                // overlaps): never hidden, DualPipe's overlap included.
-                GroupKind::ExpertTp => comm_s,
-                _ => comm_s,
-            };
-            // Hidden communication still slows the compute it overlaps.
-            let exposed = rates.gpu.efficiency.charged_s(comm_s, exposed);
-            let rerun_comm = rerun && op.rerun_repeats_comms() && c.phase == Phase::Forward;
-            let slot = match c.phase {
-                Phase::Forward => &mut t.exposed_fwd,
-                Phase::Backward => &mut t.exposed_bwd,
-            };
-            slot.add_group(c.group, exposed);
-            if rerun_comm {
-                t.exposed_bwd.add_group(c.group, exposed);
-            }
-        }
-    }
-    let skew = rates.gpu.efficiency.sync_skew;
-    if skew > 0.0 {
-        let sync = sync.map(|g| g.or(step_sync));
-        if let Some(g) = sync[0] {
-            t.exposed_fwd.add_group(g, skew * t.fwd_s);
-            if recompute != Recompute::None && t.recompute_s > 0.0 {
-                t.exposed_bwd.add_group(g, skew * t.recompute_s);
-            }
-        }
-        if let Some(g) = sync[1] {
-            t.exposed_bwd.add_group(g, skew * (t.dgrad_s + t.wgrad_s));
-        }
-    }
-    t
+    ctx.times(b, rates, recompute)
 }
 
 /// Step time and its parts, in seconds (docs/design.md, `time`). The parts add up to the
@@ -634,13 +673,31 @@ mod tests {
         }
     }
 
+    /// Every overlap switch off.
+    const NO_OVERLAPS: Overlaps = Overlaps {
+        tp_comm: false,
+        cp_ring: false,
+        ep: false,
+    };
+
+    /// A dense layer of `ops`.
+    fn dense_block(ops: Vec<Op>) -> Block {
+        Block {
+            kind: crate::model::BlockKind::DenseLayer,
+            ops,
+            input_bytes: 0,
+            unit_starts: Vec::new(),
+            high_precision: false,
+        }
+    }
+
     /// `efficiency.sync_skew` charges its share of each pass's compute, by hand: at the pass's
     /// first synchronising collective (TP forward, CP backward here), else at the step's sync
     /// group, and nothing on one rank or at a skew of 0.
     #[test]
     fn sync_skew_charges_its_share_of_each_pass_at_the_first_synchronising_group() {
         use crate::layout::Layout;
-        use crate::model::{BlockKind, Collective, CollectiveKind};
+        use crate::model::{Collective, CollectiveKind};
         let mut gpu = GpuProfile::load("h100-sxm").unwrap();
         let layout = Layout::new("tp-cp-ep-dp-pp", 2, 2, 1, 2, 1, 8).unwrap();
         let network = Network::new(&layout, &gpu);
@@ -659,18 +716,8 @@ mod tests {
             }
             o
         };
-        let block = |ops| Block {
-            kind: BlockKind::DenseLayer,
-            ops,
-            input_bytes: 0,
-            unit_starts: Vec::new(),
-            high_precision: false,
-        };
-        let overlaps = Overlaps {
-            tp_comm: false,
-            cp_ring: false,
-            ep: false,
-        };
+        let block = dense_block;
+        let overlaps = NO_OVERLAPS;
         let times = |gpu: &GpuProfile, b: &Block, step_sync| {
             block_times(
                 b,
@@ -927,5 +974,58 @@ mod tests {
             bare.matmul_efficiency_for(crate::config::Precision::Fp8),
             gpu.efficiency.matmul
         );
+    }
+
+    /// The host's issue adds nothing where the device is the slower (kernels of
+    /// milliseconds: the device-only times, exactly), and makes a pass of short kernels the
+    /// host's: by hand, one 1 KiB memory-bound op under Megatron-DeepSpeed is the layer's own
+    /// 10 calls and the op's 2 forward (12 x the per-call cost), 16 and 2 backward (18 x).
+    #[test]
+    fn host_issue_binds_only_short_kernels() {
+        use crate::config::Framework;
+        use crate::layout::Layout;
+        use crate::op_cost::host_issue::HostIssue;
+        let gpu = GpuProfile::load("a100-80g").unwrap();
+        let layout = Layout::new("tp-cp-ep-dp-pp", 1, 1, 1, 1, 1, 8).unwrap();
+        let network = Network::new(&layout, &gpu);
+        let block =
+            |bytes| dense_block(vec![Op::new("mlp.dropout", OpKind::MemoryBound { bytes })]);
+        let overlaps = NO_OVERLAPS;
+        let host = HostIssue::of(Framework::Deepspeed, false);
+        let ctx = TimingContext {
+            rates: rates(&gpu),
+            network: &network,
+            overlaps,
+            cp_comm: CpComm::P2p,
+            step_sync: None,
+            host,
+        };
+        let device_only = |b: &Block| {
+            block_times(
+                b,
+                &rates(&gpu),
+                &network,
+                overlaps,
+                Recompute::None,
+                CpComm::P2p,
+                None,
+            )
+        };
+        let long = block(1 << 34);
+        let (with, without) = (ctx.block_times(&long, Recompute::None), device_only(&long));
+        assert!(without.fwd_s > 1e-3, "{without:?}");
+        assert_eq!(
+            (with.fwd_s, with.dgrad_s, with.wgrad_s),
+            (without.fwd_s, without.dgrad_s, without.wgrad_s)
+        );
+        let short = block(1 << 10);
+        let t = ctx.block_times(&short, Recompute::None);
+        let c = host.per_call_s;
+        assert!(
+            device_only(&short).fwd_s < c,
+            "the kernel is shorter than one call"
+        );
+        assert!((t.fwd_s - 12.0 * c).abs() < 1e-12, "{t:?}");
+        assert!((t.dgrad_s - 18.0 * c).abs() < 1e-12, "{t:?}");
     }
 }

@@ -95,6 +95,11 @@ pub struct TrainingConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention_kernel: Option<String>,
     pub flops_attention: FlopsAttention,
+    /// The layers run as captured CUDA graphs (Megatron's `--enable-cuda-graph`, torch.compile's
+    /// mode "reduce-overhead"): the host issues one graph launch per layer and pass instead
+    /// of each kernel (calibration/data/host-overhead.json).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub cuda_graphs: bool,
     pub mode: TrainingMode,
     pub lora: LoraConfig,
 }
@@ -121,6 +126,7 @@ impl Default for TrainingConfig {
             flash_attention: true,
             attention_kernel: None,
             flops_attention: FlopsAttention::Causal,
+            cuda_graphs: false,
             mode: TrainingMode::Full,
             lora: LoraConfig::default(),
         }

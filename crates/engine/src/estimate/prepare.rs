@@ -42,6 +42,7 @@ pub fn timed_ledger(r: &Resolved, network: &Network) -> (Ledger, LedgerSummary) 
         overlaps: overlaps(r),
         cp_comm: r.config.parallel.cp_comm,
         step_sync: crate::time::step_sync_group(r.dp, r.config.parallel.pp),
+        host: crate::op_cost::host_issue::HostIssue::of(tr.framework, tr.cuda_graphs),
     };
     let ledger = Ledger::build(r);
     let s = LedgerSummary::timed(&ledger, tr.recompute, |b| {

@@ -9,6 +9,8 @@
 //! unfused one as batched GEMMs, memory-bound kernels over HBM, collectives by NCCL's model or
 //! the alpha-beta ring ([`crate::network`]).
 
+pub mod host_issue;
+pub mod issue;
 pub mod rates;
 
 use crate::config::GpuProfile;

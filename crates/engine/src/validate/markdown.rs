@@ -80,9 +80,11 @@ pub fn section(report: &Report, file: &GuardFile) -> String {
         "\nData: `calibration/data/published-runs-2026.json` (Megatron-Bridge, vTrain, BLOOM \
          tr11; each table's `use` and `notes` kept with its citation) and \
          `calibration/data/published-throughput.json` (the fitted tables). The Megatron-Bridge \
-         table is never fitted to; vTrain's and BLOOM's may be, but no efficiency is fitted to \
-         them today, so their rows are predicted out of sample like the leave-one-source-out \
-         rows of the fitted tables.\n\n",
+         table is never fitted to; vTrain's and BLOOM's may be, but no GPU efficiency is fitted \
+         to them, so their rows are predicted out of sample like the leave-one-source-out rows \
+         of the fitted tables, but for one figure: the host's cost per framework call \
+         (`calibration/data/host-overhead.json`) is placed, inside its sources' range, where \
+         vTrain's rows put the host-bound floor.\n\n",
     );
     guards_section(&mut s, report, file);
     groups_section(&mut s, report);
