@@ -1,6 +1,7 @@
 //! The `parsim` command line (clap). Each subcommand lives in its own file.
 
 pub(crate) mod calibrate;
+mod closed_loop;
 mod compare;
 mod config_args;
 mod doctor;
