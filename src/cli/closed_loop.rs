@@ -52,7 +52,7 @@ pub fn print_lofo(fit: &ProfileFit, lofo: &LeaveOneFamilyOut, in_family: &[Class
     for f in &lofo.folds {
         for r in &f.rows {
             t.add_row(vec![
-                f.family.clone(),
+                r.family.clone(),
                 r.label.clone(),
                 seconds(r.measured_s),
                 seconds(r.predicted_s),

@@ -4,7 +4,7 @@
 //! executed beside it and predicted by the fitted profile, which never saw them: what a user
 //! planning a run they have not made gets.
 
-use super::family::{abs_summary, family_of};
+use super::family::{abs_summary, family_of, PredictedRow};
 use super::measurements::Measurement;
 use super::op_report::{compare, ClassRow};
 use super::profile_fit::ProfileFit;
@@ -92,27 +92,11 @@ pub fn unseen_cpu_points() -> Vec<SweepPoint> {
         .collect()
 }
 
-/// One unseen configuration, measured and predicted.
-#[derive(Debug, Clone, Serialize)]
-pub struct LoopRow {
-    pub label: String,
-    pub family: String,
-    pub measured_s: f64,
-    pub predicted_s: f64,
-}
-
-impl LoopRow {
-    /// predicted / measured - 1.
-    pub fn error(&self) -> f64 {
-        self.predicted_s / self.measured_s - 1.0
-    }
-}
-
 /// The closed loop's outcome: every unseen configuration, and its op timings per class
 /// against the fitted profile.
 #[derive(Debug, Clone, Serialize)]
 pub struct ClosedLoop {
-    pub rows: Vec<LoopRow>,
+    pub rows: Vec<PredictedRow>,
     pub classes: Vec<ClassRow>,
 }
 
@@ -126,7 +110,7 @@ impl ClosedLoop {
             .rows
             .iter()
             .filter(|r| unseen(&r.label))
-            .map(|r| LoopRow {
+            .map(|r| PredictedRow {
                 label: r.label.trim_start_matches(UNSEEN).to_string(),
                 family: ms
                     .iter()

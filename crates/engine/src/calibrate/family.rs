@@ -43,23 +43,25 @@ pub fn family_of(c: &Config) -> String {
 /// One left-out family: its lines predicted by the fit that never saw the family.
 #[derive(Debug, Clone, Serialize)]
 pub struct FamilyFold {
-    pub family: String,
-    /// Per line of the family (collapsed repeats): label, measured and predicted step.
-    pub rows: Vec<FoldRow>,
+    /// Per line of the family (collapsed repeats, each naming the family): label, measured and
+    /// predicted step.
+    pub rows: Vec<PredictedRow>,
     /// The family's op timings against the fold's profile (`after`) and the given one
     /// (`before`).
     pub classes: Vec<ClassRow>,
 }
 
-/// One line of a left-out family.
+/// One line the fit never saw (a left-out family's, an unseen configuration's), measured and
+/// predicted.
 #[derive(Debug, Clone, Serialize)]
-pub struct FoldRow {
+pub struct PredictedRow {
     pub label: String,
+    pub family: String,
     pub measured_s: f64,
     pub predicted_s: f64,
 }
 
-impl FoldRow {
+impl PredictedRow {
     /// predicted / measured - 1.
     pub fn error(&self) -> f64 {
         self.predicted_s / self.measured_s - 1.0
@@ -158,8 +160,9 @@ pub fn leave_one_family_out(
             .rows
             .iter()
             .filter(|r| labels.contains(&r.label.as_str()))
-            .map(|r| FoldRow {
+            .map(|r| PredictedRow {
                 label: r.label.clone(),
+                family: family.clone(),
                 measured_s: r.measured_s,
                 predicted_s: r.after_s,
             })
@@ -177,7 +180,6 @@ pub fn leave_one_family_out(
                 .for_each(|(a, b)| add_class(a, b)),
         }
         folds.push(FamilyFold {
-            family: family.clone(),
             rows,
             classes: fold_classes,
         });
