@@ -252,6 +252,7 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
                     "op classes: no line of {origin} carries `ops` (op timings), so there is no per-class table"
                 ),
             }
+            print_held_out_families(&given, &ms, &fit, &origin)?;
         }
     }
     for r in op_tables.iter().flatten() {
@@ -281,6 +282,37 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
         std::fs::write(path, header + &text)
             .with_context(|| format!("cannot write {}", path.display()))?;
         eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// `--report`'s leave-one-family-out figures beside the in-family held-out ones.
+fn print_held_out_families(
+    given: &GpuProfile,
+    ms: &[measurements::Measurement],
+    fit: &ProfileFit,
+    origin: &str,
+) -> anyhow::Result<()> {
+    let held = parsim::calibrate::profile_fit::held_out_lines(ms);
+    let in_family: Vec<OpTiming> = ms
+        .iter()
+        .zip(&held)
+        .filter(|(_, h)| **h)
+        .flat_map(|(m, _)| m.ops.iter().cloned())
+        .collect();
+    let in_family = compare(&in_family, given, &fit.profile).rows;
+    let lofo = parsim::calibrate::family::leave_one_family_out(
+        given,
+        ms,
+        origin,
+        &table_provenance(given, origin),
+    )
+    .with_context(|| format!("leave-one-family-out fits of {origin}"))?;
+    super::closed_loop::print_lofo(fit, &lofo, &in_family);
+    // Lines of `execute --calibrate --closed-loop` (held out, labelled "unseen: ").
+    let unseen = parsim::calibrate::closed_loop::ClosedLoop::of(ms, fit, given);
+    if !unseen.rows.is_empty() {
+        super::closed_loop::print_closed_loop(&unseen);
     }
     Ok(())
 }
@@ -390,6 +422,17 @@ fn print_sweep_fit(
     Ok(())
 }
 
+/// The CPU backend's seconds per synchronisation on this host now: the median of five rounds
+/// of 400 one-element all-reduces between two threads (`tables.collective.rendezvous_s`).
+fn rendezvous_s() -> anyhow::Result<f64> {
+    let mut rounds = (0..5)
+        .map(|_| parsim_executor::backend::cpu::rendezvous::rendezvous_s(400))
+        .collect::<Result<Vec<f64>, _>>()
+        .context("timing the CPU backend's rendezvous")?;
+    rounds.sort_by(f64::total_cmp);
+    Ok(rounds[rounds.len() / 2])
+}
+
 /// Runs of each sweep point in `parsim execute --calibrate` (the fastest is kept: interference
 /// from other work only ever adds time).
 const REPEATS: u32 = 3;
@@ -398,6 +441,7 @@ const REPEATS: u32 = 3;
 /// it (and the measurements beside it, as its provenance).
 pub fn run_execute_calibrate(
     sweep: Option<&std::path::Path>,
+    closed_loop: bool,
     out: Option<&std::path::Path>,
     steps: u32,
     warmup: u32,
@@ -405,11 +449,15 @@ pub fn run_execute_calibrate(
 ) -> anyhow::Result<()> {
     use indicatif::{ProgressBar, ProgressStyle};
     use parsim::calibrate::sweep;
-    let points = match sweep {
+    let mut points = match sweep {
         Some(p) => sweep::read_sweep(p)?,
         None => sweep::default_cpu_sweep(),
     };
     anyhow::ensure!(!points.is_empty(), "the sweep has no points");
+    if closed_loop {
+        points.extend(parsim::calibrate::closed_loop::unseen_cpu_points());
+    }
+    let started = std::time::Instant::now();
     let bar = ProgressBar::new(REPEATS as u64 * points.len() as u64);
     bar.set_style(
         ProgressStyle::with_template("{spinner} measuring [{bar:30}] {pos}/{len} runs")
@@ -425,7 +473,18 @@ pub fn run_execute_calibrate(
         |_| bar.inc(1),
     )?;
     bar.finish_and_clear();
-    let base = GpuProfile::load("cpu")?;
+    let mut base = GpuProfile::load("cpu")?;
+    if let Some(c) = base.tables.collective.as_mut() {
+        let s = rendezvous_s()?;
+        c.rendezvous_s = Some(s);
+        base.provenance.insert(
+            "tables.collective.rendezvous_s".into(),
+            format!(
+                "measured by `execute --calibrate` after its sweep: {:.1} us per one-element all-reduce between two threads, median of five rounds of 400",
+                1e6 * s
+            ),
+        );
+    }
     let date = std::process::Command::new("date")
         .arg("-u")
         .arg("+%Y-%m-%d")
@@ -463,7 +522,28 @@ pub fn run_execute_calibrate(
     // The CPU tracker counts only the run's own tensors: keep its runtime overhead at zero.
     fit.profile.runtime_overhead_bytes = 0;
     fit.profile.provenance.remove("runtime_overhead_bytes");
-    print_sweep_fit(&fit, tables.as_ref(), json)?;
+    let unseen =
+        closed_loop.then(|| parsim::calibrate::closed_loop::ClosedLoop::of(&ms, &fit, &base));
+    match &unseen {
+        // One JSON document: the fit with the unseen configurations as `closed_loop`.
+        Some(l) if json => {
+            let mut v = fit_json(&fit, tables.as_ref().map(|t| t.reproduction.as_slice()))?;
+            v["closed_loop"] = serde_json::to_value(l)?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        Some(l) => {
+            print_sweep_fit(&fit, tables.as_ref(), false)?;
+            super::closed_loop::print_closed_loop(l);
+        }
+        None => print_sweep_fit(&fit, tables.as_ref(), json)?,
+    }
+    if closed_loop {
+        eprintln!(
+            "measured {} runs in {:.0} s",
+            REPEATS as usize * points.len(),
+            started.elapsed().as_secs_f64()
+        );
+    }
     if let (Some(path), Some(jsonl)) = (out, jsonl_path) {
         let header = format!(
             "# {}: fitted by `parsim execute --calibrate` from {origin}; provenance below.\n",

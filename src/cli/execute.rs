@@ -72,6 +72,12 @@ pub struct ExecuteArgs {
     /// With --calibrate: write the fitted profile here (and the measurements beside it, .jsonl).
     #[arg(long, value_name = "NAME.toml", requires = "calibrate")]
     pub out: Option<std::path::PathBuf>,
+    /// With --calibrate on the CPU: also execute configurations no sweep point has (another
+    /// width and rank count, other micro batch counts and mixes at other shapes), held out, and
+    /// print each measured against the fitted profile's prediction, their median and worst
+    /// error and their op classes (docs/calibration.md, "The closed loop").
+    #[arg(long, requires = "calibrate")]
+    pub closed_loop: bool,
     #[command(flatten)]
     pub launch: LaunchArgs,
     /// Record every action of the timed steps and write them as a Chrome trace (Perfetto):
@@ -264,6 +270,10 @@ fn run_calibrate(args: &ExecuteArgs) -> anyhow::Result<()> {
         args.warmup
     );
     if args.backend == Backend::Cuda {
+        anyhow::ensure!(
+            !args.closed_loop,
+            "--closed-loop: its unseen configurations are sized for the CPU backend (--backend cpu)"
+        );
         return super::calibrate::run_execute_calibrate_cuda(
             args.sweep.as_deref(),
             args.out.as_deref(),
@@ -275,6 +285,7 @@ fn run_calibrate(args: &ExecuteArgs) -> anyhow::Result<()> {
     }
     super::calibrate::run_execute_calibrate(
         args.sweep.as_deref(),
+        args.closed_loop,
         args.out.as_deref(),
         args.steps.max(4),
         args.warmup,

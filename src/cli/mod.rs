@@ -2,6 +2,7 @@
 
 pub(crate) mod calibrate;
 pub(crate) mod calibrate_trace;
+mod closed_loop;
 mod compare;
 mod config_args;
 mod deepspeed_layer;

@@ -209,6 +209,7 @@ fn a_collective_table_times_the_collectives_it_covers() {
     let mut gpu = plain.clone();
     gpu.tables.collective = Some(CollectiveTable {
         provenance: provenance(),
+        rendezvous_s: None,
         curves: vec![CollectiveCurve {
             op: op_timing::CollectiveKind::AllReduce,
             group_size: 8,
@@ -231,6 +232,28 @@ fn a_collective_table_times_the_collectives_it_covers() {
         net.collective_s(GroupKind::Tp, CollectiveKind::AllGather, b, 8),
         base.collective_s(GroupKind::Tp, CollectiveKind::AllGather, b, 8)
     );
+    // A rendezvous the timings left out is added once per covered call, whatever its bytes;
+    // an uncovered call keeps NCCL's model (whose latency holds it).
+    let mut rv = gpu.clone();
+    if let Some(c) = rv.tables.collective.as_mut() {
+        c.rendezvous_s = Some(50e-6);
+    }
+    rv.tables.check().unwrap();
+    let with = Network::new(&layout, &rv);
+    for bytes in [b, 4 * b] {
+        let added = with.collective_s(GroupKind::Tp, CollectiveKind::AllReduce, bytes, 8)
+            - net.collective_s(GroupKind::Tp, CollectiveKind::AllReduce, bytes, 8);
+        assert!(close(added, 50e-6, 1e-9), "{added}");
+    }
+    assert_eq!(
+        with.collective_s(GroupKind::Tp, CollectiveKind::AllGather, b, 8),
+        base.collective_s(GroupKind::Tp, CollectiveKind::AllGather, b, 8)
+    );
+    if let Some(c) = rv.tables.collective.as_mut() {
+        c.rendezvous_s = Some(f64::NAN);
+    }
+    let (field, _) = rv.tables.check().unwrap_err();
+    assert_eq!(field, "tables.collective.rendezvous_s");
 }
 
 /// `--json` says how many ops the tables time and which fell outside; a profile without

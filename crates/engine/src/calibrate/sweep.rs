@@ -50,7 +50,7 @@ pub fn for_cpu(mut c: Config) -> Config {
     c
 }
 
-fn point(label: &str, holdout: bool, v: Value) -> SweepPoint {
+pub(super) fn point(label: &str, holdout: bool, v: Value) -> SweepPoint {
     let base = json!({
         "model": {"name": label, "num_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "num_query_groups": 2,
                   "ffn_hidden_size": 512, "vocab_size": 256, "max_position_embeddings": 4096},
@@ -90,7 +90,7 @@ fn by_rule(
 }
 
 /// `a` with `b` merged in.
-fn with(mut a: Value, b: Value) -> Value {
+pub(super) fn with(mut a: Value, b: Value) -> Value {
     crate::config::load::merge(&mut a, b);
     a
 }
@@ -120,18 +120,18 @@ pub fn default_cpu_sweep() -> Vec<SweepPoint> {
 }
 
 /// Two ranks.
-fn two(p: Value) -> Value {
+pub(super) fn two(p: Value) -> Value {
     with(json!({"cluster": {"num_gpus": 2}}), p)
 }
 
 /// Data parallel over two ranks without ZeRO, two micro batches per rank unless `p` says
 /// otherwise.
-fn dp(p: Value) -> Value {
+pub(super) fn dp(p: Value) -> Value {
     two(with(json!({"training": {"global_batch_size": 4}}), p))
 }
 
 /// A model shape: hidden size, query heads, query groups, FFN size.
-fn h(hidden: u32, heads: u32, groups: u32, ffn: u32) -> Value {
+pub(super) fn h(hidden: u32, heads: u32, groups: u32, ffn: u32) -> Value {
     json!({"model": {"hidden_size": hidden, "num_attention_heads": heads, "num_query_groups": groups, "ffn_hidden_size": ffn}})
 }
 
@@ -148,30 +148,30 @@ fn h384s() -> Value {
     h(384, 6, 2, 768)
 }
 
-fn tr(t: Value) -> Value {
+pub(super) fn tr(t: Value) -> Value {
     json!({ "training": t })
 }
 
-fn par(p: Value, t: Value) -> Value {
+pub(super) fn par(p: Value, t: Value) -> Value {
     json!({"parallel": p, "training": t})
 }
 
 /// Four layers (two per pipeline stage).
-fn l4(v: Value) -> Value {
+pub(super) fn l4(v: Value) -> Value {
     with(json!({"model": {"num_layers": 4}}), v)
 }
 
 /// Four experts, top-2, with balanced routing (Megatron's benchmarking switch): the sweep
 /// measures the hardware, not an untrained router's imbalance.
-fn moe() -> Value {
+pub(super) fn moe() -> Value {
     json!({"model": {"num_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 256, "moe_router_force_load_balancing": true}})
 }
 
-fn pp(schedule: &str, vpp: u32) -> Value {
+pub(super) fn pp(schedule: &str, vpp: u32) -> Value {
     json!({"pp": 2, "vpp": vpp, "schedule": schedule})
 }
 
-fn cp(comm: &str) -> Value {
+pub(super) fn cp(comm: &str) -> Value {
     json!({"cp": 2, "cp_comm": comm})
 }
 

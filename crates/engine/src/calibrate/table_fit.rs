@@ -294,6 +294,7 @@ fn assemble(b: Buckets, provenance: &TableProvenance) -> RateTables {
     if !collective.is_empty() {
         tables.collective = Some(CollectiveTable {
             provenance: p(),
+            rendezvous_s: None,
             curves: collective
                 .into_iter()
                 .map(|((op, group_size, placement), sizes)| {
@@ -335,7 +336,12 @@ pub fn merge_tables(into: &mut RateTables, fitted: RateTables) {
     into.gemm = gemm.or(into.gemm.take());
     into.attention.extend(attention);
     into.memory = memory.or(into.memory.take());
-    into.collective = collective.or(into.collective.take());
+    // A rendezvous measured apart from the op timings stays with the fitted curves.
+    let rendezvous_s = into.collective.as_ref().and_then(|c| c.rendezvous_s);
+    into.collective = collective.or(into.collective.take()).map(|mut c| {
+        c.rendezvous_s = c.rendezvous_s.or(rendezvous_s);
+        c
+    });
     into.host_gap = host_gap.or(into.host_gap.take());
 }
 

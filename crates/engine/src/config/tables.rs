@@ -104,6 +104,13 @@ pub struct CollectiveCurve {
 #[serde(deny_unknown_fields)]
 pub struct CollectiveTable {
     pub provenance: TableProvenance,
+    /// Seconds per call spent synchronising that the curves' timings leave out: parsim's CPU
+    /// backend records the time a member waits for its peers apart (the `wait` op class), and
+    /// a member that arrives first sleeps and must be woken, a fixed cost per call whatever
+    /// its bytes (measured by `execute --calibrate` with two threads exchanging one element,
+    /// `parsim_executor::backend::cpu::rendezvous`). Absent (NCCL timings hold it): 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rendezvous_s: Option<f64>,
     pub curves: Vec<CollectiveCurve>,
 }
 
@@ -363,6 +370,14 @@ impl RateTables {
                 }
             }
         }
+        if let Some(s) = self.collective.as_ref().and_then(|c| c.rendezvous_s) {
+            if !(s.is_finite() && (0.0..=1.0).contains(&s)) {
+                return Err((
+                    "tables.collective.rendezvous_s".into(),
+                    format!("must be a finite number of seconds in [0, 1] (got {s})"),
+                ));
+            }
+        }
         if let Some(h) = &self.host_gap {
             check_provenance("tables.host_gap", &h.provenance)?;
             let s = h.seconds_per_op;
@@ -438,6 +453,15 @@ impl RateTables {
     /// Seconds added per table-timed op: the measured host gap, or 0 without a host-gap table.
     pub fn host_gap_s(&self) -> f64 {
         self.host_gap.as_ref().map_or(0.0, |h| h.seconds_per_op)
+    }
+
+    /// Seconds of synchronisation added per table-timed collective (`rendezvous_s`), 0 where
+    /// the table's timings hold it.
+    pub fn collective_rendezvous_s(&self) -> f64 {
+        self.collective
+            .as_ref()
+            .and_then(|c| c.rendezvous_s)
+            .unwrap_or(0.0)
     }
 }
 

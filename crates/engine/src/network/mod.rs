@@ -71,7 +71,8 @@ pub struct CollectiveTime {
     /// Of `wire_s`, NCCL's chunk pipeline inside a node, which a copy-engine transfer does not
     /// pay (0 where NCCL's model did not time it).
     pub pipeline_s: f64,
-    /// The measured host gap, where the profile's collective table timed it (else 0).
+    /// The measured host gap and synchronisation (`tables.collective.rendezvous_s`), where
+    /// the profile's collective table timed it (else 0).
     pub host_gap_s: f64,
 }
 
@@ -240,7 +241,7 @@ impl Network {
         Some(CollectiveTime {
             wire_s: coll.bus_factor(n) * payload as f64 / busbw,
             pipeline_s: 0.0,
-            host_gap_s: t.host_gap_s(),
+            host_gap_s: t.host_gap_s() + t.collective_rendezvous_s(),
         })
     }
 

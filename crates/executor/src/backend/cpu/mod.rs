@@ -16,6 +16,7 @@ pub mod comm;
 pub mod device;
 pub mod gemm_counter;
 pub mod ops;
+pub mod rendezvous;
 pub mod tensor;
 
 pub use collectives::{Collectives, CpuComm, Group, World};
