@@ -76,7 +76,10 @@ impl Prepared<'_> {
             })
             .collect();
         let usable_bytes = r.gpu.usable_memory_bytes();
-        let fits = per_gpu_max_bytes <= usable_bytes;
+        let memory_interval = crate::interval::memory::shipped()
+            .map_err(|e| EstimateError::Interval(e.to_string()))?
+            .lookup(cfg.training.framework);
+        let verdict = memory_interval.verdict(per_gpu_max_bytes, usable_bytes);
         for (quantity, value) in [
             ("step time", step_s),
             ("compute time", time.compute_s),
@@ -102,7 +105,12 @@ impl Prepared<'_> {
             memory: MemoryReport {
                 per_gpu_max_bytes,
                 capacity_bytes: r.gpu.memory_bytes,
-                fits,
+                fits: verdict.fits,
+                fits_at_prediction: verdict.fits_at_prediction,
+                per_gpu_max_bytes_p10: verdict.peak_bytes_p10,
+                per_gpu_max_bytes_p90: verdict.peak_bytes_p90,
+                margin_bytes_p90: verdict.margin_bytes_p90,
+                interval: memory_interval,
                 margin_fraction: r.gpu.memory_margin_fraction,
                 usable_bytes,
                 stages: memory_stages,

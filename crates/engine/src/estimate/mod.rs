@@ -54,13 +54,22 @@ pub struct FlopsReport {
     pub per_token_model: f64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct MemoryReport {
     pub per_gpu_max_bytes: u64,
     /// Device memory as the driver reports it.
     pub capacity_bytes: u64,
-    /// True when the most loaded GPU needs at most `usable_bytes` (the margin kept free).
+    /// True when the most loaded GPU's pessimistic peak (`per_gpu_max_bytes_p90`) is at most
+    /// `usable_bytes` (the margin kept free): the verdict is decided at the interval's end.
     pub fits: bool,
+    /// The predicted peak alone is at most `usable_bytes` (the verdict before the interval).
+    pub fits_at_prediction: bool,
+    /// The peak's interval from the framework's measured residuals ([`crate::interval::memory`]).
+    pub per_gpu_max_bytes_p10: u64,
+    pub per_gpu_max_bytes_p90: u64,
+    /// `usable_bytes` less the p90 peak: the room left at the pessimistic end (negative: short).
+    pub margin_bytes_p90: i64,
+    pub interval: crate::interval::memory::MemoryInterval,
     /// Fraction of the capacity kept free for allocator fragmentation and reserve.
     pub margin_fraction: f64,
     /// The capacity less the margin: what "fits" is measured against.

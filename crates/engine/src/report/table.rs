@@ -184,12 +184,24 @@ fn memory_section(out: &mut String, e: &Estimate) {
     let _ = writeln!(out, "{t}");
     let _ = writeln!(
         out,
-        "  {}: most loaded GPU needs {} GiB of {} GiB ({} GiB usable, {:.0}% margin)\n",
+        "  {}: most loaded GPU needs {} GiB of {} GiB ({} GiB usable, {:.0}% margin)",
         if mem.fits { "FITS" } else { "DOES NOT FIT" },
         gib(mem.per_gpu_max_bytes),
         gib(mem.capacity_bytes),
         gib(mem.usable_bytes),
         100.0 * mem.margin_fraction
+    );
+    let margin = mem.margin_bytes_p90.unsigned_abs();
+    let _ = writeln!(
+        out,
+        "  {} at p90 ({} GiB) with {} GiB {}; p10-p90 peak {}-{} GiB: {}\n",
+        if mem.fits { "fits" } else { "does not fit" },
+        gib(mem.per_gpu_max_bytes_p90),
+        gib(margin),
+        if mem.fits { "to spare" } else { "short" },
+        gib(mem.per_gpu_max_bytes_p10),
+        gib(mem.per_gpu_max_bytes_p90),
+        mem.interval.note
     );
 }
 

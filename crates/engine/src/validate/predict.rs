@@ -46,6 +46,7 @@ pub fn outcome(overlay: &serde_json::Value, measured: &Measured) -> Outcome {
             .map(|m| lo <= m && m <= hi),
         fits: e.memory.fits,
         peak_bytes: e.memory.per_gpu_max_bytes,
+        regime: Some(e.step_interval.regime),
     })
 }
 
