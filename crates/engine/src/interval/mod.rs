@@ -87,8 +87,9 @@ pub struct IntervalModel {
     cells: HashMap<(u8, Key), Cell>,
     /// Residuals per regime, unpooled (however few).
     own: HashMap<Key, u32>,
-    /// The interval of a regime without evidence: the envelope of every fully pooled cell
-    /// (each evidence combination that holds enough residuals), the widest spread observed.
+    /// The interval of a regime without evidence: the envelope of every fully pooled cell (each
+    /// evidence combination that holds enough residuals, widened by the regimes it pools), the
+    /// widest spread observed.
     widest: Cell,
 }
 
@@ -154,6 +155,8 @@ impl IntervalModel {
                 ))
             })
             .collect();
+        // The widest spread: the envelope of the evidence combinations' intervals, each already
+        // the envelope of the regimes it pools (so a thin regime's extremes count).
         widen_pooled(&mut cells, &file.backoff);
         let top = file.backoff.len() as u8;
         let widest = cells

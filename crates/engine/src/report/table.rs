@@ -191,14 +191,17 @@ fn memory_section(out: &mut String, e: &Estimate) {
         gib(mem.usable_bytes),
         100.0 * mem.margin_fraction
     );
-    let margin = mem.margin_bytes_p90.unsigned_abs();
+    let margin = gib(mem.margin_bytes_p90.unsigned_abs());
     let _ = writeln!(
         out,
-        "  {} at p90 ({} GiB) with {} GiB {}; p10-p90 peak {}-{} GiB: {}\n",
+        "  {} at p90 ({} GiB) {}; p10-p90 peak {}-{} GiB: {}\n",
         if mem.fits { "fits" } else { "does not fit" },
         gib(mem.per_gpu_max_bytes_p90),
-        gib(margin),
-        if mem.fits { "to spare" } else { "short" },
+        if mem.fits {
+            format!("with {margin} GiB to spare")
+        } else {
+            format!("{margin} GiB short")
+        },
         gib(mem.per_gpu_max_bytes_p10),
         gib(mem.per_gpu_max_bytes_p90),
         mem.interval.note
