@@ -15,10 +15,13 @@ pub fn leave_source_out(rows: &mut [Row]) -> Result<(), ValidateError> {
             continue;
         };
         let Some(regime) = p.regime else { continue };
-        if !models.contains_key(&r.source) {
-            models.insert(r.source, residuals::model_without(r.source)?);
-        }
-        let i = models[&r.source].lookup(&regime);
+        let model = match models.entry(r.source) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(residuals::model_without(r.source)?)
+            }
+        };
+        let i = model.lookup(&regime);
         let (lo, hi) = (p.step_s * i.lower_factor, p.step_s * i.upper_factor);
         p.step_s_p10 = Some(lo);
         p.step_s_p90 = Some(hi);
