@@ -7,7 +7,8 @@
 //! `cargo run --release --example fit_published -- --fit --write`
 //!
 //! `--write` also rebuilds calibration/residuals.json, the step-time intervals' residual
-//! model; `--intervals` prints its coverage on the published rows. The page opens with the
+//! model; `--write-residuals` rebuilds it alone, with calibration/memory-residuals.json (the
+//! memory intervals'); `--intervals` prints its coverage on the published rows. The page opens with the
 //! validation harness's section (`parsim validate`: every public source at its published
 //! settings, the accuracy guards and goals), which `parsim validate --write-docs` rewrites alone.
 //!
@@ -23,6 +24,29 @@ fn main() -> anyhow::Result<()> {
     let refit = args.iter().any(|a| a == "--fit");
     let write = args.iter().any(|a| a == "--write");
     let t = std::time::Instant::now();
+    if args.iter().any(|a| a == "--write-residuals") {
+        // The interval files alone: the step-time residuals (fitted tables leave-one-source-out,
+        // calibrated profiles, validation sources that allow it) and the memory residuals.
+        let file = validate::residuals::build(std::path::Path::new("."))?;
+        std::fs::write(
+            calibrate::residuals::PATH,
+            serde_json::to_string_pretty(&file.to_json())? + "\n",
+        )?;
+        let memory = validate::residuals::memory_file()?;
+        std::fs::write(
+            parsim::interval::memory::PATH,
+            serde_json::to_string_pretty(&memory)? + "\n",
+        )?;
+        println!(
+            "wrote {} ({} residuals) and {} ({} residuals) in {:.1} s",
+            calibrate::residuals::PATH,
+            file.residuals.len(),
+            parsim::interval::memory::PATH,
+            memory.residuals.len(),
+            t.elapsed().as_secs_f64()
+        );
+        return Ok(());
+    }
     if args.iter().any(|a| a == "--intervals") {
         let l = calibrate::loso::leave_one_source_out()?;
         let file = calibrate::residuals::build(&l, std::path::Path::new("."))?;
@@ -112,7 +136,7 @@ fn main() -> anyhow::Result<()> {
         md.push_str(&calibrate::markdown(&e, &fits).replacen("# ", "## ", 1));
         md.push('\n');
         md.push_str(&calibrate::loso::markdown(l, "accuracy-loso.png").replacen("# ", "## ", 1));
-        let residuals = calibrate::residuals::build(l, std::path::Path::new("."))?;
+        let residuals = validate::residuals::build(std::path::Path::new("."))?;
         md.push('\n');
         md.push_str(&calibrate::residuals::markdown(&residuals)?);
         std::fs::write("docs/accuracy.md", md)?;

@@ -12,8 +12,8 @@ use parsim::report::csv::Csv;
 use parsim::report::format::{gib, seconds};
 use parsim::report::table;
 use parsim::search::{
-    parse_deadline_s, search, search_by_p90, Objective, ObjectiveError, RankBy, Ranked,
-    SearchRequest, SearchSpec, POOL,
+    parse_deadline_s, search, search_by_memory_p90, search_by_p90, Objective, ObjectiveError,
+    RankBy, Ranked, SearchRequest, SearchSpec, POOL,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -61,9 +61,10 @@ pub struct SearchArgs {
     /// priced, else the fewest GPUs) that trains the tokens within this, such as 60d or 36h.
     #[arg(long, value_name = "DAYSd|HOURSh")]
     pub deadline: Option<String>,
-    /// Rank by the predicted step time (step) or by the upper end of its interval (p90, the
-    /// pessimistic figure: a mix whose regime the model has missed by more ranks lower).
-    #[arg(long, value_name = "step|p90", default_value = "step")]
+    /// Rank by the predicted step time (step), by the upper end of its interval (p90, the
+    /// pessimistic figure: a mix whose regime the model has missed by more ranks lower), or
+    /// by the pessimistic peak memory (memory-p90: the most room left at p90 first).
+    #[arg(long, value_name = "step|p90|memory-p90", default_value = "step")]
     pub rank_by: String,
     /// Take the step-time intervals from this residual file instead of the shipped one
     /// (calibration/residuals.json's format).
@@ -158,6 +159,9 @@ fn interval_flags(
     let rank_by = RankBy::parse(&args.rank_by)?;
     if rank_by == RankBy::P90 && (by_run || args.workload.gpu_range().is_some()) {
         anyhow::bail!("--rank-by p90 ranks the mixes of one GPU count by their upper step time: not with --objective, --deadline or --gpus LOW..HIGH");
+    }
+    if rank_by == RankBy::MemoryP90 && (by_run || args.workload.gpu_range().is_some()) {
+        anyhow::bail!("--rank-by memory-p90 ranks the mixes of one GPU count by their pessimistic peak memory: not with --objective, --deadline or --gpus LOW..HIGH");
     }
     let model = match &args.residuals {
         Some(path) => super::estimate::interval_model(path)?,
@@ -311,6 +315,7 @@ fn search_with_progress(
     };
     let result = match rank_by {
         RankBy::P90 => search_by_p90(spec, model, &progress, &cancel)?,
+        RankBy::MemoryP90 => search_by_memory_p90(spec, &progress, &cancel)?,
         RankBy::Step => search(spec, &progress, &cancel)?,
     };
     bar.finish_and_clear();
@@ -374,6 +379,7 @@ fn print_text(
         match rank_by {
             RankBy::Step => "step time",
             RankBy::P90 => "upper step time (p90)",
+            RankBy::MemoryP90 => "pessimistic peak memory (p90)",
         },
         if with_run {
             " (the run's wall days and cost beside; --objective time|cost|energy ranks by them)"

@@ -22,11 +22,16 @@ fn rejects(args: &[&str], fragments: &[&str]) {
     }
 }
 
-/// Runs `parsim ARGS`, expects success, and parses its stdout as JSON.
+/// Exit status of `estimate` when the estimate does not fit at the pessimistic (p90) peak: the
+/// estimate is still printed.
+const DOES_NOT_FIT: i32 = 3;
+
+/// Runs `parsim ARGS`, expects success (or an estimate that does not fit at p90, still
+/// printed), and parses its stdout as JSON.
 fn json_of(args: &[&str]) -> serde_json::Value {
     let out = parsim().args(args).output().unwrap();
     assert!(
-        out.status.success(),
+        out.status.success() || out.status.code() == Some(DOES_NOT_FIT),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
@@ -857,7 +862,7 @@ fn mtp_loss_scaling_factor_is_set_and_named_when_unused() {
             .output()
             .unwrap();
         assert!(
-            out.status.success(),
+            out.status.success() || out.status.code() == Some(DOES_NOT_FIT),
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );

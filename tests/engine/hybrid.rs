@@ -315,6 +315,13 @@ fn nvidia_recipes_for_nemotron_h_are_accepted() {
                 "precision": "fp8", "fp8_recipe": "current"}
         }));
         println!("{name}: {} bytes a GPU", e.memory.per_gpu_max_bytes);
+        // The predicted peak is what fits; the verdict at p90 needs measured Megatron-Core
+        // peaks, which calibration/memory-residuals.json does not hold yet (no evidence: the
+        // widest framework spread), so it is printed, not asserted.
+        println!(
+            "{name}: fits at p90 {} (margin {} bytes)",
+            e.memory.fits_at_p90, e.memory.margin_bytes_p90
+        );
         if fits {
             assert!(
                 e.memory.fits,

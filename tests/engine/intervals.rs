@@ -1,11 +1,13 @@
-//! Issue 33's step-time intervals on estimates and in the search: the interval fields follow
-//! from the residual model's lookup of the estimate's own regime, and ranking by the upper
-//! step time (`--rank-by p90`) gives the order a brute-force sort of every fitting mix gives.
+//! Step-time and memory intervals on estimates and in the search: the interval fields follow
+//! from the residual models' lookups (the step's regime, the memory's framework), the fits
+//! verdict is the p90 peak's, and ranking by the upper step time (`--rank-by p90`) or the
+//! pessimistic peak (`--rank-by memory-p90`) gives the order a brute-force sort of every
+//! fitting mix gives.
 
 use parsim::config::{Config, GpuProfile, Layer, Resolved};
 use parsim::estimate::estimate;
 use parsim::interval::{self, Dimension, IntervalModel, Regime, Residual, ResidualFile};
-use parsim::search::{search, search_by_p90, SearchSpec};
+use parsim::search::{search, search_by_memory_p90, search_by_p90, SearchSpec};
 use std::sync::atomic::AtomicBool;
 
 fn config(v: serde_json::Value) -> Config {
@@ -134,4 +136,91 @@ fn rank_by_p90_matches_a_sort_of_every_fitting_mix() {
         s.iter().take(8).map(|r| r.mix.to_string()).collect()
     };
     assert_ne!(by_step, want, "the test model should reorder the leaders");
+}
+
+/// The memory fields follow the shipped memory model's lookup of the framework: p10 <= peak <=
+/// p90, "fits" is the p90 peak against the usable bytes, the margin is their difference; and
+/// a configuration whose predicted peak fits but whose p90 does not is reported as not fitting
+/// (the predicted verdict kept beside it).
+#[test]
+fn memory_fields_follow_the_framework_lookup_and_decide_fits_at_p90() {
+    let mut c = config(serde_json::json!({
+        "model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": 8},
+        "training": {"seq_length": 4096, "global_batch_size": 64}
+    }));
+    let e = estimate(&Resolved::new(c.clone()).unwrap()).unwrap();
+    let m = &e.memory;
+    let want = interval::memory::shipped()
+        .unwrap()
+        .lookup(c.training.framework);
+    assert_eq!(m.interval, want);
+    assert!(m.per_gpu_max_bytes_p10 <= m.per_gpu_max_bytes);
+    assert!(m.per_gpu_max_bytes <= m.per_gpu_max_bytes_p90);
+    let p90 = (m.per_gpu_max_bytes as f64 * want.upper_factor).ceil() as u64;
+    assert_eq!(m.per_gpu_max_bytes_p90, p90);
+    assert_eq!(m.fits_at_p90, p90 <= m.usable_bytes);
+    assert_eq!(m.fits, m.per_gpu_max_bytes <= m.usable_bytes);
+    assert_eq!(m.margin_bytes_p90, m.usable_bytes as i64 - p90 as i64);
+    // Shrink the margin kept free until the predicted peak fits but its p90 does not.
+    assert!(want.upper_factor > 1.0, "the shipped model states a width");
+    let peak = m.per_gpu_max_bytes as f64;
+    let usable = peak * (1.0 + want.upper_factor) / 2.0;
+    c.cluster.memory_margin_fraction = Some(1.0 - usable / m.capacity_bytes as f64);
+    let e = estimate(&Resolved::new(c).unwrap()).unwrap();
+    assert!(
+        e.memory.fits && !e.memory.fits_at_p90,
+        "{:?}",
+        e.memory
+    );
+    assert!(e.memory.margin_bytes_p90 < 0);
+}
+
+/// `search_by_memory_p90` against brute force: every fitting mix (a pool larger than the
+/// candidates) sorted by its p90 peak, then step time, then name; and every mix it returns
+/// fits at p90.
+#[test]
+fn rank_by_memory_p90_matches_a_sort_of_every_fitting_mix() {
+    let base = config(serde_json::json!({
+        "model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": 16},
+        "training": {"seq_length": 4096, "global_batch_size": 64}
+    }));
+    let spec = SearchSpec {
+        base,
+        mbs_max: 2,
+        top: 8,
+        constraints: vec![],
+        exhaustive: false,
+    };
+    let cancel = AtomicBool::new(false);
+    let ranked = search_by_memory_p90(&spec, &|_, _| {}, &cancel).unwrap();
+    let mut all = search(
+        &SearchSpec {
+            top: 100_000,
+            exhaustive: true,
+            ..spec.clone()
+        },
+        &|_, _| {},
+        &cancel,
+    )
+    .unwrap()
+    .top;
+    assert!(all.len() > 8, "enough fitting mixes to rank");
+    assert!(all.iter().all(|r| r.estimate.memory.fits));
+    all.sort_by(|a, b| {
+        let (x, y) = (&a.estimate, &b.estimate);
+        x.memory
+            .per_gpu_max_bytes_p90
+            .cmp(&y.memory.per_gpu_max_bytes_p90)
+            .then_with(|| x.time.step_s.total_cmp(&y.time.step_s))
+            .then_with(|| a.mix.to_string().cmp(&b.mix.to_string()))
+    });
+    let want: Vec<String> = all.iter().take(8).map(|r| r.mix.to_string()).collect();
+    let got: Vec<String> = ranked.top.iter().map(|r| r.mix.to_string()).collect();
+    assert_eq!(got, want);
+    let p90: Vec<u64> = ranked
+        .top
+        .iter()
+        .map(|r| r.estimate.memory.per_gpu_max_bytes_p90)
+        .collect();
+    assert!(p90.windows(2).all(|w| w[0] <= w[1]), "{p90:?}");
 }

@@ -13,6 +13,10 @@ use crate::estimate::estimate;
 use crate::interval::{Dimension, IntervalModel, Regime, Residual, ResidualFile};
 use std::path::Path;
 
+/// The `source` of the validation sources' residuals in the file (the validation harness adds
+/// them: vTrain's and BLOOM tr11's keys).
+pub const VALIDATION_SOURCES: [&str; 2] = ["vtrain", "bloom-tr11"];
+
 /// The command that rebuilds the file (with docs/accuracy.md).
 pub const COMMAND: &str = "cargo run --release --example fit_published -- --fit --write";
 
@@ -193,6 +197,32 @@ pub fn cross_fitted(
     Ok(out.into_iter().flatten().collect())
 }
 
+/// Each residual of the source named `source` in file order, with whether the interval of a
+/// model without any residual of that source holds it, and that interval's width
+/// (leave-one-source-out: the source never widens or centres its own interval).
+pub fn held_out<'f>(
+    file: &'f ResidualFile,
+    source: &str,
+) -> Result<Vec<(&'f Residual, bool, f64)>, CalibrateError> {
+    let rows: Vec<&Residual> = file
+        .residuals
+        .iter()
+        .filter(|r| r.source == source)
+        .collect();
+    let model_rows = file
+        .residuals
+        .iter()
+        .filter(|r| r.source != source)
+        .cloned()
+        .collect();
+    let covered = intervals(file, model_rows, &rows)?;
+    Ok(rows
+        .into_iter()
+        .zip(covered)
+        .map(|(r, (inside, w))| (r, inside, w))
+        .collect())
+}
+
 /// The published rows' coverage, two ways, for `source` (`None`: every source):
 /// - cross-fitted: the rows of each source split in two alternating halves; each half's
 ///   intervals come from a model without that half (the other half and every other residual);
@@ -213,18 +243,11 @@ pub fn published_coverage(
                 .into_iter()
                 .map(|(_, inside, w)| (inside, w)),
         );
-        let rows: Vec<&Residual> = file
-            .residuals
-            .iter()
-            .filter(|r| r.source == s.short())
-            .collect();
-        let model_rows = file
-            .residuals
-            .iter()
-            .filter(|r| r.source != s.short())
-            .cloned()
-            .collect();
-        nested.extend(intervals(file, model_rows, &rows)?);
+        nested.extend(
+            held_out(file, s.short())?
+                .into_iter()
+                .map(|(_, inside, w)| (inside, w)),
+        );
     }
     Ok((Coverage::of(&cross), Coverage::of(&nested)))
 }
@@ -276,6 +299,11 @@ pub fn markdown(file: &ResidualFile) -> Result<String, CalibrateError> {
         .iter()
         .filter(|r| Source::ALL.iter().any(|s| s.short() == r.source))
         .count();
+    let validation = file
+        .residuals
+        .iter()
+        .filter(|r| VALIDATION_SOURCES.contains(&r.source.as_str()))
+        .count();
     let mut s = String::from("## Step-time intervals\n\n");
     s.push_str(&format!(
         "Every estimate carries `time.step_s_p10` and `time.step_s_p90` (and the matching \
@@ -283,20 +311,31 @@ pub fn markdown(file: &ResidualFile) -> Result<String, CalibrateError> {
          measured residuals (ln measured / predicted step time) of its regime, from `{PATH}` \
          (rebuilt by `{COMMAND}`). It holds {n} residuals: {published} leave-one-source-out \
          residuals of the published rows above (each row predicted by a fit that never saw its \
-         table) and {cal} held-out residuals of the shipped calibrated profiles ({profiles}). A \
-         regime is the GPU family, framework, GPUs ({scales}), sequence ({seqs}), exposed \
-         communication share ({comms}) and whether the profile was calibrated on the machine. \
-         The percentiles are split-conformal order statistics (Lei et al. 2018, *Distribution-Free \
-         Predictive Inference for Regression*): with n residuals the floor((n+1) 0.1)-th and \
-         ceil((n+1) 0.9)-th smallest, so a regime needs at least 9 and a thin one sits at its \
-         extremes; a regime with fewer is pooled with its neighbours, dropping {backoff} in that \
-         order, and its interval is the envelope of the pooled cell's and those of the regimes it \
-         pools that hold enough (it could be like any of them), which the estimate's \
-         `step_interval.note` says.\n\n",
+         table), {validation} residuals of the validation sources whose use allows it \
+         (vTrain, BLOOM tr11: each row at its published settings) and {cal} held-out residuals of \
+         the shipped calibrated profiles ({profiles}); Megatron-Bridge (validation only) never \
+         sets an interval. A regime is what the configuration alone says: the GPU family, dense \
+         or MoE, the NVLink fabric (node, or a rack-scale domain), whether the step is host- \
+         and launch-bound (one microbatch's largest per-GPU GEMM at most 2^31 multiply-adds: \
+         small hidden, TP 8, micro batch 1), the framework, GPUs ({scales}), sequence ({seqs}), \
+         exposed communication share ({comms}) and whether the profile was calibrated on the \
+         machine. The percentiles are split-conformal order statistics (Lei et al. 2018, \
+         *Distribution-Free Predictive Inference for Regression*): with n residuals the \
+         floor((n+1) 0.1)-th and ceil((n+1) 0.9)-th smallest, so a regime needs at least 9 and a \
+         thin one sits at its extremes; a regime with fewer is pooled with its neighbours, \
+         dropping {backoff} in that order, and its interval is the envelope of the pooled cell's \
+         and those of the regimes it pools that hold enough (it could be like any of them). The \
+         GPU family, dense or MoE, fabric and host-bound band are never pooled over: a regime \
+         whose combination of them holds fewer than 9 residuals has **no evidence**, and its \
+         interval is the widest spread any regime shows (the envelope of every such \
+         combination's interval), never a neighbour's; `step_interval.no_evidence` and \
+         `step_interval.note` say so. Every interval is widened where needed to hold the \
+         prediction itself (p10 <= step <= p90).\n\n",
         lo = file.lower_percentile,
         hi = file.upper_percentile,
         n = file.residuals.len(),
-        cal = file.residuals.len() - published,
+        validation = validation,
+        cal = file.residuals.len() - published - validation,
         profiles = CALIBRATED.map(|(_, p)| p).join(", "),
         scales = Dimension::Scale.values().join(", "),
         seqs = Dimension::Sequence.values().join(", "),
@@ -348,5 +387,58 @@ pub fn markdown(file: &ResidualFile) -> Result<String, CalibrateError> {
             ));
         }
     }
+    s.push_str(
+        "\nEvery source's coverage leave-one-source-out (each row's interval from the residual \
+         file without any residual of its own source, Megatron-Bridge's from the file as shipped) \
+         is the coverage column of the first table on this page (`parsim validate`).\n",
+    );
+    s.push_str(&memory_markdown());
     Ok(s)
+}
+
+/// The memory-interval paragraph of docs/accuracy.md: what the shipped memory residual file
+/// holds per framework and the interval each framework gets.
+fn memory_markdown() -> String {
+    use crate::config::Framework;
+    use crate::interval::memory;
+    let mut s = String::from("\n## Memory intervals\n\n");
+    let file = match memory::MemoryResidualFile::parse(memory::SHIPPED_JSON, memory::PATH) {
+        Ok(f) => f,
+        Err(e) => return format!("{s}{e}\n"),
+    };
+    let model = match memory::MemoryIntervalModel::new(&file, memory::PATH) {
+        Ok(m) => m,
+        Err(e) => return format!("{s}{e}\n"),
+    };
+    s.push_str(&format!(
+        "Every estimate carries `memory.per_gpu_max_bytes_p10` and `_p90`: its predicted peak \
+         times the p10 and p90 of the measured peak residuals (ln measured / predicted peak of \
+         the most loaded GPU) of its framework, from `{}` (rebuilt by `{}`; {} residuals). A \
+         framework with fewer than {} has no evidence and takes the widest spread any framework \
+         shows. `memory.fits_at_p90` is the verdict at p90 and `memory.margin_bytes_p90` the \
+         room left there; `memory.fits`, which `parsim search` keeps mixes by, stays the \
+         verdict of the predicted (reserved) peak until each framework's interval rests on its \
+         own measured peaks (only DeepSpeed's does today), and `--rank-by memory-p90` ranks \
+         the fitting mixes by the p90 peak.\n\n| framework | residuals | p10 factor | p90 factor | evidence |\n| --- | --- | --- | --- | --- |\n",
+        memory::PATH,
+        memory::COMMAND,
+        file.residuals.len(),
+        model.min_residuals
+    ));
+    for f in Framework::ALL {
+        let i = model.lookup(f);
+        s.push_str(&format!(
+            "| {} | {} | {:.3} | {:.3} | {} |\n",
+            f.name(),
+            file.residuals.iter().filter(|r| r.framework == f).count(),
+            i.lower_factor,
+            i.upper_factor,
+            if i.no_evidence {
+                "none: widest spread"
+            } else {
+                "own"
+            }
+        ));
+    }
+    s
 }

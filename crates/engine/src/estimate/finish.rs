@@ -82,6 +82,10 @@ impl Prepared<'_> {
             .collect();
         let usable_bytes = r.gpu.usable_memory_bytes();
         let fits = reserved <= usable_bytes;
+        let memory_interval = crate::interval::memory::shipped()
+            .map_err(|e| EstimateError::Interval(e.to_string()))?
+            .lookup(cfg.training.framework);
+        let verdict = memory_interval.verdict(reserved, usable_bytes);
         for (quantity, value) in [
             ("step time", step_s),
             ("compute time", time.compute_s),
@@ -108,6 +112,11 @@ impl Prepared<'_> {
                 per_gpu_max_bytes,
                 capacity_bytes: r.gpu.memory_bytes,
                 fits,
+                fits_at_p90: verdict.fits,
+                per_gpu_max_bytes_p10: verdict.peak_bytes_p10,
+                per_gpu_max_bytes_p90: verdict.peak_bytes_p90,
+                margin_bytes_p90: verdict.margin_bytes_p90,
+                interval: memory_interval,
                 margin_fraction: r.gpu.memory_margin_fraction,
                 usable_bytes,
                 stages: memory_stages,

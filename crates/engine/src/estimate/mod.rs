@@ -54,7 +54,7 @@ pub struct FlopsReport {
     pub per_token_model: f64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct MemoryReport {
     /// The most loaded GPU's allocated peak (what `torch.cuda.max_memory_allocated` shows,
     /// with the runtime's reserve).
@@ -62,7 +62,18 @@ pub struct MemoryReport {
     /// Device memory as the driver reports it.
     pub capacity_bytes: u64,
     /// True when the most loaded GPU reserves at most `usable_bytes` (the margin kept free).
+    /// The verdict stays at the prediction until each framework's memory interval rests on
+    /// its own measured peaks (today only DeepSpeed's does); `fits_at_p90` is the verdict at
+    /// the interval's pessimistic end.
     pub fits: bool,
+    /// The pessimistic peak (`per_gpu_max_bytes_p90`) is at most `usable_bytes`.
+    pub fits_at_p90: bool,
+    /// The peak's interval from the framework's measured residuals ([`crate::interval::memory`]).
+    pub per_gpu_max_bytes_p10: u64,
+    pub per_gpu_max_bytes_p90: u64,
+    /// `usable_bytes` less the p90 peak: the room left at the pessimistic end (negative: short).
+    pub margin_bytes_p90: i64,
+    pub interval: crate::interval::memory::MemoryInterval,
     /// Fraction of the capacity kept free for allocator fragmentation and reserve.
     pub margin_fraction: f64,
     /// The capacity less the margin: what "fits" is measured against.

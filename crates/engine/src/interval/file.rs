@@ -26,7 +26,8 @@ pub struct ResidualFile {
     pub command: String,
     pub lower_percentile: f64,
     pub upper_percentile: f64,
-    /// Every dimension once: the order in which a thin regime is pooled with its neighbours.
+    /// The order in which a thin regime is pooled with its neighbours, each dimension at most
+    /// once; the dimensions left out are never pooled over (a regime needs evidence in them).
     pub backoff: Vec<Dimension>,
     pub residuals: Vec<Residual>,
 }
@@ -58,6 +59,8 @@ pub enum IntervalError {
         lower: f64,
         upper: f64,
     },
+    #[error("no combination of the dimensions `backoff` leaves out holds {need} residuals: no regime has evidence to take the widest spread from")]
+    NoEvidence { need: usize },
 }
 
 const TOP_KEYS: [&str; 6] = [
@@ -194,7 +197,7 @@ fn object<'v>(
     Ok(m)
 }
 
-/// The back-off order: every dimension exactly once.
+/// The back-off order: regime keys, each at most once.
 fn backoff(v: Option<&Value>, bad: &Bad<'_>) -> Result<Vec<Dimension>, IntervalError> {
     let list = v
         .and_then(Value::as_array)
@@ -210,12 +213,6 @@ fn backoff(v: Option<&Value>, bad: &Bad<'_>) -> Result<Vec<Dimension>, IntervalE
             return Err(bad(&field, format!("{name} is listed twice")));
         }
         out.push(d);
-    }
-    if out.len() != DIMENSIONS.len() {
-        return Err(bad(
-            "backoff",
-            format!("must list every regime key once ({})", keys_list()),
-        ));
     }
     Ok(out)
 }
@@ -244,7 +241,7 @@ fn residual(v: &Value, field: &str, bad: &Bad<'_>) -> Result<Residual, IntervalE
     if let Some(k) = rm.keys().find(|k| Dimension::parse(k).is_none()) {
         return Err(bad(&format!("{regime_field}.{k}"), unknown_key(k)));
     }
-    let mut regime = Regime([0; 6]);
+    let mut regime = Regime([0; super::REGIME_DIMENSIONS]);
     for d in DIMENSIONS {
         let f = format!("{regime_field}.{}", d.key());
         let value = rm

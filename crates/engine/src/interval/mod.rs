@@ -5,14 +5,18 @@
 //! *Distribution-Free Predictive Inference for Regression*): with n residuals, the
 //! floor((n+1) p)-th smallest and the ceil((n+1) p)-th, so a regime with few residuals gets
 //! its extreme ones (a wider interval) and one with fewer than that needs is pooled with its
-//! neighbours along the file's back-off order, and the interval says so. The interval is a
+//! neighbours along the file's back-off order, and the interval says so. The dimensions the
+//! back-off never drops (GPU family, dense or MoE, fabric, host-bound) say what evidence a
+//! regime needs: one whose combination of them holds too few residuals has no evidence, and
+//! its interval is the widest spread any regime shows, never a neighbour's. The interval is a
 //! lookup, not a second run of the model.
 
 pub mod file;
+pub mod memory;
 pub mod regime;
 
 pub use file::{IntervalError, Residual, ResidualFile};
-pub use regime::{Dimension, Regime, DIMENSIONS};
+pub use regime::{Dimension, Regime, DIMENSIONS, REGIME_DIMENSIONS};
 
 use serde::Serialize;
 use std::collections::HashMap;
@@ -25,7 +29,8 @@ pub const SHIPPED_JSON: &str = include_str!("../../../../calibration/residuals.j
 /// A regime value meaning "any band" in a pooled cell's key.
 const ANY: u8 = u8::MAX;
 
-/// The interval of one estimate: factors on its predicted step time.
+/// The interval of one estimate: factors on its predicted step time, widened where needed to
+/// hold the prediction itself (lower <= 1 <= upper), so p10 <= step <= p90.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StepInterval {
     /// The percentiles the interval spans (0.1 and 0.9 in the shipped model).
@@ -42,6 +47,9 @@ pub struct StepInterval {
     pub pooled_over: Vec<Dimension>,
     /// One line: what the interval rests on.
     pub note: String,
+    /// No residual shares the regime's evidence dimensions (GPU family, dense or MoE, fabric,
+    /// host-bound) in enough number: the interval is the widest spread any regime shows.
+    pub no_evidence: bool,
     /// Measured or published steps in the regime itself (before any pooling): 0 when the
     /// model was never checked in this regime.
     #[serde(skip)]
@@ -49,16 +57,20 @@ pub struct StepInterval {
 }
 
 /// The default order in which a thin regime is pooled with its neighbours: first the figures
-/// that vary most from mix to mix within one question (communication share, scale), last what
-/// the planner cannot change (the GPU and whether the profile was measured on it).
-pub const BACKOFF: [Dimension; 6] = [
+/// that vary most from mix to mix within one question (communication share, scale), last
+/// whether the profile was measured on the machine. The dimensions left out are never pooled
+/// over: a regime needs residuals of its own GPU family, dense or MoE kind, fabric and
+/// host-bound band, else it has no evidence ([`StepInterval::no_evidence`]).
+pub const BACKOFF: [Dimension; 5] = [
     Dimension::CommShare,
     Dimension::Scale,
     Dimension::Sequence,
     Dimension::Framework,
-    Dimension::GpuFamily,
     Dimension::Calibrated,
 ];
+
+/// A regime key: band indices, [`ANY`] where pooled.
+type Key = [u8; REGIME_DIMENSIONS];
 
 /// Residual percentiles per regime and per pooled regime, built once from a file.
 #[derive(Debug, Clone)]
@@ -72,9 +84,13 @@ pub struct IntervalModel {
     /// Residuals in the file.
     pub total: usize,
     /// (pooling level, regime with the pooled dimensions set to [`ANY`]) -> cell.
-    cells: HashMap<(u8, [u8; 6]), Cell>,
+    cells: HashMap<(u8, Key), Cell>,
     /// Residuals per regime, unpooled (however few).
-    own: HashMap<[u8; 6], u32>,
+    own: HashMap<Key, u32>,
+    /// The interval of a regime without evidence: the envelope of every fully pooled cell (each
+    /// evidence combination that holds enough residuals, widened by the regimes it pools), the
+    /// widest spread observed.
+    widest: Cell,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -109,7 +125,7 @@ impl IntervalModel {
                 upper,
             });
         }
-        let mut pooled: HashMap<(u8, [u8; 6]), Vec<f64>> = HashMap::new();
+        let mut pooled: HashMap<(u8, Key), Vec<f64>> = HashMap::new();
         for r in &file.residuals {
             for level in 0..=file.backoff.len() {
                 let key = masked(&r.regime, &file.backoff[..level]);
@@ -124,7 +140,7 @@ impl IntervalModel {
             .filter(|((level, _), _)| *level == 0)
             .map(|((_, k), v)| (*k, v.len() as u32))
             .collect();
-        let mut cells: HashMap<(u8, [u8; 6]), Cell> = pooled
+        let mut cells: HashMap<(u8, Key), Cell> = pooled
             .into_iter()
             .filter_map(|(k, mut v)| {
                 v.sort_by(f64::total_cmp);
@@ -139,7 +155,22 @@ impl IntervalModel {
                 ))
             })
             .collect();
+        // The widest spread: the envelope of the evidence combinations' intervals, each already
+        // the envelope of the regimes it pools (so a thin regime's extremes count).
         widen_pooled(&mut cells, &file.backoff);
+        let top = file.backoff.len() as u8;
+        let widest = cells
+            .iter()
+            .filter(|((level, _), _)| *level == top)
+            .map(|(_, c)| *c)
+            .reduce(|a, b| Cell {
+                lo_log: a.lo_log.min(b.lo_log),
+                hi_log: a.hi_log.max(b.hi_log),
+                n: a.n + b.n,
+            })
+            .ok_or(IntervalError::NoEvidence {
+                need: min_residuals,
+            })?;
         Ok(IntervalModel {
             lower_percentile: lower,
             upper_percentile: upper,
@@ -148,6 +179,7 @@ impl IntervalModel {
             total: file.residuals.len(),
             cells,
             own,
+            widest,
         })
     }
 
@@ -155,36 +187,75 @@ impl IntervalModel {
     /// those of the least pooled regime that does (the whole file at last, which holds enough
     /// by construction).
     pub fn lookup(&self, regime: &Regime) -> StepInterval {
-        let (level, cell) = self.cell(regime);
+        let Some((level, cell)) = self.cell(regime) else {
+            return self.no_evidence(regime);
+        };
         let pooled_over = self.backoff[..level].to_vec();
         StepInterval {
             lower_percentile: self.lower_percentile,
             upper_percentile: self.upper_percentile,
-            lower_factor: cell.lo_log.exp(),
-            upper_factor: cell.hi_log.exp(),
+            lower_factor: cell.lo_log.min(0.0).exp(),
+            upper_factor: cell.hi_log.max(0.0).exp(),
             residuals: cell.n,
             regime: *regime,
             note: self.note(cell.n as usize, &pooled_over),
             pooled_over,
+            no_evidence: false,
             regime_residuals: self.own.get(&regime.0).copied().unwrap_or(0),
         }
     }
 
-    /// The least pooled cell holding enough residuals for `regime`, with its pooling level.
-    fn cell(&self, regime: &Regime) -> (usize, Cell) {
-        (0..=self.backoff.len())
-            .find_map(|level| {
-                let key = masked(regime, &self.backoff[..level]);
-                self.cells.get(&(level as u8, key)).map(|c| (level, *c))
-            })
-            .expect("the fully pooled cell holds every residual, at least min_residuals")
+    /// The interval of a regime whose evidence dimensions hold too few residuals: the widest
+    /// spread observed, said so in the note.
+    fn no_evidence(&self, regime: &Regime) -> StepInterval {
+        let pct = |p: f64| format!("p{}", (100.0 * p).round());
+        let evidence: Vec<String> = DIMENSIONS
+            .iter()
+            .filter(|d| !self.backoff.contains(d))
+            .map(|d| format!("{}={}", d.key(), regime.value(*d)))
+            .collect();
+        StepInterval {
+            lower_percentile: self.lower_percentile,
+            upper_percentile: self.upper_percentile,
+            lower_factor: self.widest.lo_log.min(0.0).exp(),
+            upper_factor: self.widest.hi_log.max(0.0).exp(),
+            residuals: 0,
+            regime: *regime,
+            pooled_over: self.backoff.clone(),
+            note: format!(
+                "no evidence: fewer than {} residuals share {}, so the {}-{} interval is the widest spread any measured regime shows (not a neighbour's)",
+                self.min_residuals,
+                evidence.join(" "),
+                pct(self.lower_percentile),
+                pct(self.upper_percentile)
+            ),
+            no_evidence: true,
+            regime_residuals: self.own.get(&regime.0).copied().unwrap_or(0),
+        }
+    }
+
+    /// The least pooled cell holding enough residuals for `regime`, with its pooling level;
+    /// `None` when even the fully pooled one (its evidence dimensions alone) holds too few.
+    fn cell(&self, regime: &Regime) -> Option<(usize, Cell)> {
+        (0..=self.backoff.len()).find_map(|level| {
+            let key = masked(regime, &self.backoff[..level]);
+            self.cells.get(&(level as u8, key)).map(|c| (level, *c))
+        })
+    }
+
+    /// The cell `regime` takes: its own or a pooled one, else the widest spread.
+    fn cell_or_widest(&self, regime: &Regime) -> Cell {
+        self.cell(regime).map_or(self.widest, |(_, c)| c)
     }
 
     /// The smallest upper factor any communication share could give `regime` (the other
     /// dimensions kept): a bound for ranking mixes of one search by their upper step time.
     pub fn min_upper_factor(&self, regime: &Regime) -> f64 {
         (0..Dimension::CommShare.values().len() as u8)
-            .map(|b| self.cell(&regime.with(Dimension::CommShare, b)).1.hi_log)
+            .map(|b| {
+                self.cell_or_widest(&regime.with(Dimension::CommShare, b))
+                    .hi_log
+            })
             .fold(f64::INFINITY, f64::min)
             .exp()
     }
@@ -217,10 +288,10 @@ impl IntervalModel {
 /// residuals): a regime without enough residuals of its own could be like any of its
 /// neighbours, so its interval spans theirs. Levels are widened bottom-up, so an envelope
 /// carries down the chain.
-fn widen_pooled(cells: &mut HashMap<(u8, [u8; 6]), Cell>, backoff: &[Dimension]) {
+fn widen_pooled(cells: &mut HashMap<(u8, Key), Cell>, backoff: &[Dimension]) {
     for level in 1..=backoff.len() {
         let dropped = backoff[level - 1];
-        let children: Vec<([u8; 6], Cell)> = cells
+        let children: Vec<(Key, Cell)> = cells
             .iter()
             .filter(|((l, _), _)| usize::from(*l) == level - 1)
             .map(|((_, k), c)| (masked(&Regime(*k), &[dropped]), *c))
@@ -235,7 +306,7 @@ fn widen_pooled(cells: &mut HashMap<(u8, [u8; 6]), Cell>, backoff: &[Dimension])
 }
 
 /// `regime` with the dimensions in `pooled` set to [`ANY`].
-fn masked(regime: &Regime, pooled: &[Dimension]) -> [u8; 6] {
+fn masked(regime: &Regime, pooled: &[Dimension]) -> Key {
     let mut key = regime.0;
     for (i, d) in DIMENSIONS.iter().enumerate() {
         if pooled.contains(d) {

@@ -197,6 +197,7 @@ mod tests {
             margin_fraction: 0.0,
             usable_bytes: capacity_gib << 30,
             stages,
+            ..MemoryReport::default()
         }
     }
 

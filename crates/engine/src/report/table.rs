@@ -212,11 +212,26 @@ fn memory_section(out: &mut String, e: &Estimate) {
     };
     let _ = writeln!(
         out,
-        "  {}: most loaded GPU needs {needs} of {} GiB ({} GiB usable, {:.0}% margin)\n",
+        "  {}: most loaded GPU needs {needs} of {} GiB ({} GiB usable, {:.0}% margin)",
         if mem.fits { "FITS" } else { "DOES NOT FIT" },
         gib(mem.capacity_bytes),
         gib(mem.usable_bytes),
         100.0 * mem.margin_fraction
+    );
+    let margin = gib(mem.margin_bytes_p90.unsigned_abs());
+    let _ = writeln!(
+        out,
+        "  {} at p90 ({} GiB) {}; p10-p90 peak {}-{} GiB: {}\n",
+        if mem.fits_at_p90 { "fits" } else { "does not fit" },
+        gib(mem.per_gpu_max_bytes_p90),
+        if mem.fits_at_p90 {
+            format!("with {margin} GiB to spare")
+        } else {
+            format!("{margin} GiB short")
+        },
+        gib(mem.per_gpu_max_bytes_p10),
+        gib(mem.per_gpu_max_bytes_p90),
+        mem.interval.note
     );
 }
 

@@ -183,7 +183,7 @@ pub enum SearchError {
     MbsMax,
     #[error("search: --top must be at least 1 (how many mixes to list)")]
     Top,
-    #[error("--rank-by {0}: expected step (the predicted step time) or p90 (the interval's upper step time)")]
+    #[error("--rank-by {0}: expected step (the predicted step time), p90 (the interval's upper step time) or memory-p90 (the pessimistic peak memory)")]
     RankBy(String),
 }
 

@@ -39,7 +39,7 @@ pub use objective::{
     deadline_search, parse_deadline_s, rank_by, rank_result, DeadlineAnswer, DeadlinePoint,
     Objective, ObjectiveError, ObjectiveResult, RunRanked, POOL,
 };
-pub use pessimistic::{search_by_p90, RankBy};
+pub use pessimistic::{search_by_memory_p90, search_by_p90, sort_by_memory_p90, RankBy};
 pub use reproduce::MIX_FLAGS;
 pub use request::SearchRequest;
 use run::{group_lower_bounds, groups, leads, Pending, Run, Runs};

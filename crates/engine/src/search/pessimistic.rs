@@ -19,14 +19,18 @@ pub enum RankBy {
     Step,
     /// The interval's upper step time (`time.step_s_p90`).
     P90,
+    /// The pessimistic peak memory (`memory.per_gpu_max_bytes_p90`), then the step time: the
+    /// mix with the most room at the end a fits verdict is decided at.
+    MemoryP90,
 }
 
 impl RankBy {
-    /// `step` or `p90`.
+    /// `step`, `p90` or `memory-p90`.
     pub fn parse(text: &str) -> Result<RankBy, SearchError> {
         match text.trim().to_ascii_lowercase().as_str() {
             "step" => Ok(RankBy::Step),
             "p90" => Ok(RankBy::P90),
+            "memory-p90" => Ok(RankBy::MemoryP90),
             _ => Err(SearchError::RankBy(text.to_string())),
         }
     }
@@ -78,4 +82,37 @@ pub fn search_by_p90(
         }
         pool *= 2;
     }
+}
+
+/// Every fitting mix the search keeps when asked for all of them.
+const EVERY_MIX: usize = 1 << 20;
+
+/// The search's top `spec.top` mixes by pessimistic peak memory (`per_gpu_max_bytes_p90`),
+/// ties by step time then mix name. Memory and step time do not bound each other, so every
+/// fitting mix is kept and sorted; `best_per_schedule` and `best_per_zero` stay by step time.
+pub fn search_by_memory_p90(
+    spec: &SearchSpec,
+    progress: &(dyn Fn(u64, u64) + Sync),
+    cancel: &AtomicBool,
+) -> Result<SearchResult, SearchError> {
+    let every = SearchSpec {
+        top: EVERY_MIX,
+        ..spec.clone()
+    };
+    let mut r = search(&every, progress, cancel)?;
+    sort_by_memory_p90(&mut r.top);
+    r.top.truncate(spec.top);
+    Ok(r)
+}
+
+/// Orders mixes by p90 peak memory, then step time, then name.
+pub fn sort_by_memory_p90(top: &mut [super::Ranked]) {
+    top.sort_by(|a, b| {
+        let (x, y) = (&a.estimate, &b.estimate);
+        x.memory
+            .per_gpu_max_bytes_p90
+            .cmp(&y.memory.per_gpu_max_bytes_p90)
+            .then_with(|| x.time.step_s.total_cmp(&y.time.step_s))
+            .then_with(|| a.mix.to_string().cmp(&b.mix.to_string()))
+    });
 }

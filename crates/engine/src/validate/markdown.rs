@@ -60,8 +60,10 @@ pub fn section(report: &Report, file: &GuardFile) -> String {
          written by `parsim validate --write-docs`, and `tests/accuracy/published_throughput.rs` checks that it is \
          what the harness gives today. Error = measured / predicted step time - 1: positive \
          when parsim is too fast (its throughput over the published one - 1). Coverage: the \
-         share of measured steps inside parsim's p10-p90 interval (for the fitted tables, the \
-         cross-fitted interval of a residual model without the row's half of its table). \
+         share of measured steps inside parsim's p10-p90 interval, leave-one-source-out: each \
+         row's interval comes from the shipped residual model (calibration/residuals.json) \
+         without any residual of the row's own source, so no source widens or centres its own \
+         interval (Megatron-Bridge, validation only, holds no residual at all). \
          Memory error: predicted / measured peak - 1 where the source labels memory; fits \
          agree: parsim's verdict against the run (it ran, or ran out of memory).\n\n",
     );

@@ -10,12 +10,14 @@
 
 pub mod bloom;
 pub mod bridge_models;
+pub mod coverage;
 pub mod data;
 pub mod deepspeed_gpt;
 pub mod guards;
 pub mod markdown;
 pub mod megatron_bridge;
 pub mod predict;
+pub mod residuals;
 pub mod stats;
 pub mod text;
 pub mod throughput;
@@ -121,6 +123,12 @@ impl Source {
         }
     }
 
+    /// The `source` its residuals carry in calibration/residuals.json: the fitted tables'
+    /// short names (as calibrate writes them), else the key.
+    pub fn residual_source(self) -> &'static str {
+        self.published().map_or(self.key(), |p| p.short())
+    }
+
     /// The published-throughput source this is, for the fitted ones.
     pub fn published(self) -> Option<crate::calibrate::published::Source> {
         use crate::calibrate::published::Source as P;
@@ -151,13 +159,16 @@ pub struct Predicted {
     /// The estimate's p10-p90 step time, where the estimate carries it.
     pub step_s_p10: Option<f64>,
     pub step_s_p90: Option<f64>,
-    /// The measured step lies inside the row's interval: the estimate's own p10-p90, or for a
-    /// fitted source's row the cross-fitted interval (a residual model without the row).
+    /// The measured step lies inside the row's interval, from the residual model without any
+    /// residual of the row's source (leave-one-source-out).
     pub covered: Option<bool>,
     /// parsim finds the configuration fits in GPU memory (with its margin).
     pub fits: bool,
     /// Predicted peak memory of the most loaded GPU, bytes.
     pub peak_bytes: u64,
+    /// The step-time regime of the estimate (what its interval is looked up by).
+    #[serde(skip)]
+    pub regime: Option<crate::interval::Regime>,
 }
 
 /// What became of a row.
@@ -338,6 +349,7 @@ pub fn run(opts: &Options, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<Repor
         },
     );
     let (more, remarks) = fitted_rows?;
+    coverage::leave_source_out(&mut rows)?;
     rows.extend(more);
     rows.sort_by_key(|r| (r.source, r.index));
     let mut sources = opts.sources.clone();

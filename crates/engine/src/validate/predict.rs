@@ -50,6 +50,7 @@ pub fn outcome(overlay: &serde_json::Value, measured: &Measured) -> Outcome {
             .memory
             .reserved_peak_bytes()
             .unwrap_or(e.memory.per_gpu_max_bytes),
+        regime: Some(e.step_interval.regime),
     })
 }
 

@@ -166,6 +166,7 @@ mod tests {
                 covered: Some(inside),
                 fits: predicted_s < 3.0,
                 peak_bytes: 110,
+                regime: None,
             }),
             notes: Vec::new(),
             degrees: None,

@@ -272,7 +272,7 @@ fn gib(bytes: u64) -> String {
 }
 
 /// One row's cells: source, index, label, measured and predicted step, error, interval (or
-/// whether the cross-fitted one holds it), parsim's fits verdict, and notes (why it is not
+/// whether the leave-one-source-out one holds it), parsim's fits verdict, and notes (why it is not
 /// expressible, an out-of-memory run, labelled memory against parsim's peak, the row's own
 /// settings).
 pub fn row_cells(r: &Row) -> Vec<String> {

@@ -1,9 +1,9 @@
 //! The fitted sources (`calibration/data/published-throughput.json`: Narayanan et al. 2021, the
 //! Megatron-LM README's Megatron-Core r0.8.0 weak scaling, MosaicML llm-foundry): each row
 //! predicted by the GPU family's efficiencies fitted without its table
-//! ([`crate::calibrate::loso`]), and covered (or not) by the cross-fitted interval of the shipped
-//! residual model ([`crate::calibrate::residuals::cross_fitted`]): a model built without the
-//! row's half of its table.
+//! ([`crate::calibrate::loso`]), and covered (or not) by the interval of the shipped residual
+//! model without any residual of its table ([`crate::calibrate::residuals::held_out`]):
+//! leave-one-source-out, as every other source's coverage.
 
 use super::{Degrees, Measured, Outcome, Predicted, Row, Source, ValidateError};
 use crate::calibrate::residuals;
@@ -15,8 +15,8 @@ pub const DEFAULTS: &str = "Each table's own settings with what it does not give
 crates/engine/src/calibrate/published.rs says per source (Narayanan et al.: Megatron-LM's 2021 \
 scripts; Megatron-Core 2024: micro batch 1, no virtual stages, no recomputation, bf16; \
 llm-foundry: the MPT yamls). Every row is predicted by its GPU family's efficiencies fitted from \
-placeholder values on the other tables alone (leave-one-source-out); its interval is the \
-cross-fitted one (a residual model without the row's half of its table).";
+placeholder values on the other tables alone (leave-one-source-out); its interval comes from the \
+residual model without any residual of its table (leave-one-source-out).";
 
 /// The rows of the fitted `sources` (every `every`-th), and remarks on the run.
 pub fn rows(sources: &[Source], every: usize) -> Result<(Vec<Row>, Vec<String>), ValidateError> {
@@ -29,7 +29,7 @@ pub fn rows(sources: &[Source], every: usize) -> Result<(Vec<Row>, Vec<String>),
             continue;
         };
         // The k-th residual of a source is its k-th predicted held-out row (residuals::build).
-        let covered = residuals::cross_fitted(&file, published)?;
+        let covered = residuals::held_out(&file, published.short())?;
         let mut k = 0;
         let mut stale = false;
         for r in l
@@ -52,6 +52,7 @@ pub fn rows(sources: &[Source], every: usize) -> Result<(Vec<Row>, Vec<String>),
                         step_s_p90: None,
                         covered: c.map(|(_, inside, _)| *inside),
                         fits: p.fits,
+                        regime: c.map(|(res, ..)| res.regime),
                         peak_bytes: (p.memory_fraction
                             * case_capacity_bytes(case.gpu).unwrap_or(0) as f64)
                             as u64,

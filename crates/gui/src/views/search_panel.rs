@@ -128,15 +128,18 @@ pub fn ui(ui: &mut Ui, opt: &mut SearchOptions, view: &SearchView<'_>) -> Search
                 .show(ui, |ui| {
                     for (i, t) in r.top.iter().enumerate() {
                         let e = &t.estimate;
+                        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
                         let text = format!(
-                            "{}. {}\n      {} ({} - {}) · MFU {:.1}% · {:.1} GiB",
+                            "{}. {}\n      {} ({} - {}) · MFU {:.1}% · {:.1} GiB (p90 {:.1} GiB, {:.1} GiB to spare)",
                             i + 1,
                             t.label,
                             seconds(e.time.step_s),
                             seconds(e.time.step_s_p10),
                             seconds(e.time.step_s_p90),
                             100.0 * e.throughput.mfu,
-                            e.memory.per_gpu_max_bytes as f64 / (1u64 << 30) as f64
+                            gib(e.memory.per_gpu_max_bytes),
+                            gib(e.memory.per_gpu_max_bytes_p90),
+                            e.memory.margin_bytes_p90 as f64 / (1u64 << 30) as f64
                         );
                         if ui
                             .selectable_label(false, text)
