@@ -4,7 +4,9 @@
 
 use crate::errors::{config_error, InternalError};
 use parsim::config::Config;
-use parsim::search::{search, search_by_p90, RankBy, SearchResult, SearchSpec};
+use parsim::search::{
+    search, search_by_memory_p90, search_by_p90, RankBy, SearchResult, SearchSpec,
+};
 use pyo3::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -42,6 +44,7 @@ pub fn run(
             };
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match rank_by {
                 RankBy::P90 => search_by_p90(spec, model, &report, &shared.cancel),
+                RankBy::MemoryP90 => search_by_memory_p90(spec, &report, &shared.cancel),
                 RankBy::Step => search(spec, &report, &shared.cancel),
             }));
             shared.finished.store(true, Ordering::Release);
