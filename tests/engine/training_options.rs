@@ -192,10 +192,11 @@ fn recompute_modules_are_refused_without_selective_or_unknown() {
 fn offloaded_layers_leave_the_gpu_for_the_host() {
     // 8 layers, 3 offloaded (5 follow, so none is in flight at the peak): the activation peak
     // drops by 3 layers' saved sets, which the host holds. A long sequence (8192) makes each
-    // layer's saved set (megabytes) outlast its small GEMMs over PCIe.
+    // layer's saved set (megabytes) outlast its small GEMMs over PCIe; CUDA graphs keep the
+    // small model from waiting on the host, which would hide the copies behind the wait.
     let cfg = |n: u32| {
         let mut c = tiny(json!({"recompute": "none", "offload_activation_layers": n,
-                                "seq_length": 8192}));
+                                "seq_length": 8192, "cuda_graphs": true}));
         c["model"]["num_layers"] = json!(8);
         c
     };
