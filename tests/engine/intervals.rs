@@ -167,11 +167,7 @@ fn memory_fields_follow_the_framework_lookup_and_decide_fits_at_p90() {
     let usable = peak * (1.0 + want.upper_factor) / 2.0;
     c.cluster.memory_margin_fraction = Some(1.0 - usable / m.capacity_bytes as f64);
     let e = estimate(&Resolved::new(c).unwrap()).unwrap();
-    assert!(
-        e.memory.fits && !e.memory.fits_at_p90,
-        "{:?}",
-        e.memory
-    );
+    assert!(e.memory.fits && !e.memory.fits_at_p90, "{:?}", e.memory);
     assert!(e.memory.margin_bytes_p90 < 0);
 }
 

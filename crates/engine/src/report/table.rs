@@ -222,7 +222,11 @@ fn memory_section(out: &mut String, e: &Estimate) {
     let _ = writeln!(
         out,
         "  {} at p90 ({} GiB) {}; p10-p90 peak {}-{} GiB: {}\n",
-        if mem.fits_at_p90 { "fits" } else { "does not fit" },
+        if mem.fits_at_p90 {
+            "fits"
+        } else {
+            "does not fit"
+        },
         gib(mem.per_gpu_max_bytes_p90),
         if mem.fits_at_p90 {
             format!("with {margin} GiB to spare")
