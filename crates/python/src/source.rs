@@ -1,10 +1,13 @@
 //! A configuration as a Python caller gives it: a dict shaped like parsim's TOML, a path to a
-//! TOML or JSON configuration, a Hugging Face config.json or a Megatron-LM launch script, or a
-//! Megatron argument list (such as `sys.argv`); an optional dict of overrides goes over it, as
-//! the CLI's flags go over `--config`.
+//! TOML or JSON configuration, a Hugging Face config.json, a torchtitan job file, a DeepSpeed
+//! configuration or a Megatron-LM launch script, or a Megatron argument list (such as
+//! `sys.argv`); an optional dict of overrides goes over it, as the CLI's flags go over
+//! `--config`. A file's kind is told by its top-level keys, which never overlap: parsim's
+//! sections, torchtitan's `[job]`, `[parallelism]` and the like, DeepSpeed's `zero_optimization` and batch
+//! keys, Hugging Face's `model_type`/`architectures`.
 
 use crate::errors::config_error;
-use parsim::config::{load, megatron, Config, Layer};
+use parsim::config::{deepspeed, load, megatron, torchtitan, Config, Layer};
 use pyo3::exceptions::{PyTypeError, PyUserWarning};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
@@ -20,17 +23,43 @@ pub fn load_config(
     overrides: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Config> {
     let mut warnings = Vec::new();
-    let mut layers = vec![layer_of(py, config, &mut warnings)?];
-    if let Some(o) = overrides {
-        layers.push(Layer {
-            origin: "overrides".into(),
-            base_dir: None,
-            value: dict_value(py, o, "overrides")?,
-        });
+    let flags = match overrides {
+        Some(o) => dict_value(py, o, "overrides")?,
+        None => json!({}),
+    };
+    let (first, deepspeed) = layer_of(py, config, &flags, &mut warnings)?;
+    let mut layers = vec![first];
+    layers.push(Layer {
+        origin: "overrides".into(),
+        base_dir: None,
+        value: flags,
+    });
+    let mut cfg = Config::from_layers(&layers).map_err(config_error)?;
+    if let Some(imported) = deepspeed {
+        // The batch needs the data-parallel size of the merged configuration (as the CLI's
+        // --deepspeed-config does).
+        let origin = layers[0].origin.clone();
+        if let Some((value, note)) = imported
+            .batch_layer(&cfg)
+            .map_err(|e| in_file(&origin, e))?
+        {
+            warnings.push(format!("{origin}: {note}"));
+            let batch = Layer {
+                origin,
+                base_dir: None,
+                value,
+            };
+            layers.insert(1, batch);
+            cfg = Config::from_layers(&layers).map_err(config_error)?;
+        }
     }
-    let cfg = Config::from_layers(&layers).map_err(config_error)?;
     warn(py, &warnings)?;
     Ok(cfg)
+}
+
+/// An import's error as `parsim.ConfigError`, naming the file it came from.
+fn in_file(origin: &str, e: parsim::config::import::ImportError) -> PyErr {
+    crate::errors::ConfigError::new_err(format!("{origin}: {}", crate::errors::message(&e)))
 }
 
 /// Raises each line as a `UserWarning` (an error when the warnings filter says so).
@@ -47,14 +76,16 @@ pub fn warn(py: Python<'_>, lines: &[String]) -> PyResult<()> {
 fn layer_of(
     py: Python<'_>,
     config: &Bound<'_, PyAny>,
+    flags: &Value,
     warnings: &mut Vec<String>,
-) -> PyResult<Layer> {
+) -> PyResult<(Layer, Option<deepspeed::DeepspeedImport>)> {
     if let Ok(d) = config.downcast::<PyDict>() {
-        return Ok(Layer {
+        let layer = Layer {
             origin: "config dict".into(),
             base_dir: None,
             value: dict_value(py, d, "config dict")?,
-        });
+        };
+        return Ok((layer, None));
     }
     if config.is_instance_of::<PyList>() || config.is_instance_of::<PyTuple>() {
         let words: Vec<String> = config.extract().map_err(|_| {
@@ -62,7 +93,8 @@ fn layer_of(
                 "config: a list is a Megatron argument list: every item must be a str",
             )
         })?;
-        return megatron_layer(&argument_text(&words), "Megatron arguments", warnings);
+        let layer = megatron_layer(&argument_text(&words), "Megatron arguments", warnings)?;
+        return Ok((layer, None));
     }
     let is_path =
         config.is_instance_of::<PyString>() || config.hasattr(pyo3::intern!(py, "__fspath__"))?;
@@ -73,27 +105,58 @@ fn layer_of(
         )));
     }
     let path: PathBuf = config.extract()?;
-    file_layer(&path, warnings)
+    file_layer(&path, flags, warnings)
 }
 
-/// A file's layer: `.toml` is a configuration, `.json` a configuration or (with
-/// `model_type` or `architectures` at its top) a Hugging Face config.json, anything else a
-/// Megatron-LM launch script.
-fn file_layer(path: &Path, warnings: &mut Vec<String>) -> PyResult<Layer> {
+/// A file's layer: `.toml` is a configuration or (with a section only torchtitan has) a
+/// torchtitan job file, `.json` a configuration, a Hugging Face config.json (with
+/// `model_type` or `architectures` at its top) or a DeepSpeed configuration (with
+/// `zero_optimization` or a batch key), anything else a Megatron-LM launch script. A DeepSpeed
+/// import comes back beside its layer: its batch is resolved once the layers are merged.
+fn file_layer(
+    path: &Path,
+    flags: &Value,
+    warnings: &mut Vec<String>,
+) -> PyResult<(Layer, Option<deepspeed::DeepspeedImport>)> {
     let ext = path
         .extension()
         .map(|e| e.to_string_lossy().to_ascii_lowercase());
+    let origin = path.display().to_string();
     match ext.as_deref() {
-        Some("toml") => Layer::from_file(path).map_err(config_error),
+        Some("toml") => {
+            let layer = Layer::from_file(path).map_err(config_error)?;
+            if !is_torchtitan_job(&layer.value) {
+                return Ok((layer, None));
+            }
+            let job = torchtitan::load(path, &[], &[], flags).map_err(|e| in_file(&origin, e))?;
+            warnings.extend(job.notes.iter().map(|n| format!("{origin}: {n}")));
+            Ok((job.layer, None))
+        }
         Some("json") => {
             let layer = Layer::from_file(path).map_err(config_error)?;
             if is_hf_config(&layer.value) {
-                Ok(Layer::overrides(
-                    json!({"model": {"hf_config": path.display().to_string()}}),
-                ))
-            } else {
-                Ok(layer)
+                let hf = json!({"model": {"hf_config": origin}});
+                return Ok((Layer::overrides(hf), None));
             }
+            if !is_deepspeed_config(&layer.value) {
+                return Ok((layer, None));
+            }
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                crate::errors::ConfigError::new_err(format!("reading {origin}: {e}"))
+            })?;
+            let imported = deepspeed::import(&text, &origin).map_err(|e| in_file(&origin, e))?;
+            warnings.extend(
+                imported
+                    .warnings()
+                    .into_iter()
+                    .map(|w| format!("{origin}: {w}")),
+            );
+            let layer = Layer {
+                origin,
+                base_dir: None,
+                value: imported.layer.clone(),
+            };
+            Ok((layer, Some(imported)))
         }
         _ => {
             let origin = path.display().to_string();
@@ -102,9 +165,33 @@ fn file_layer(path: &Path, warnings: &mut Vec<String>) -> PyResult<Layer> {
                     "reading Megatron arguments {origin}: {e}"
                 ))
             })?;
-            megatron_layer(&text, &origin, warnings)
+            Ok((megatron_layer(&text, &origin, warnings)?, None))
         }
     }
+}
+
+/// True for a torchtitan job file: a top-level section of torchtitan's JobConfig that is not
+/// one of parsim's (`[job]`, `[parallelism]`, `[activation_checkpoint]`, ...; both have
+/// `[model]` and `[training]`).
+fn is_torchtitan_job(v: &Value) -> bool {
+    const PARSIM: [&str; 5] = ["model", "cluster", "parallel", "training", "run"];
+    v.as_object().is_some_and(|top| {
+        top.keys()
+            .any(|k| !PARSIM.contains(&k.as_str()) && torchtitan::schema::is_section(k))
+    })
+}
+
+/// True for a DeepSpeed configuration: its ZeRO section or one of its batch keys at the top
+/// (none is a parsim section).
+fn is_deepspeed_config(v: &Value) -> bool {
+    [
+        "zero_optimization",
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+    ]
+    .iter()
+    .any(|k| v.get(k).is_some())
 }
 
 /// True for a Hugging Face config.json (parsim's own configurations have only sections at

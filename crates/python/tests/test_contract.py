@@ -109,3 +109,45 @@ def test_estimate_with_a_token_budget_has_the_run(cli_json):
     got = parsim.estimate({"run": {"train_tokens": 10**11}})
     assert got == cli_json("estimate", "--train-tokens", "100000000000", "--json")
     assert "run" in got
+
+
+TORCHTITAN = "tests/fixtures/torchtitan/llama3_8b.toml"
+DEEPSPEED = "tests/fixtures/deepspeed/megatron_deepspeed_gpt_zero1_fp16.json"
+
+
+def test_estimate_of_a_torchtitan_job_equals_the_cli(repo, cli_json):
+    with pytest.warns(UserWarning):
+        got = parsim.estimate(repo / TORCHTITAN)
+    assert got == cli_json("estimate", "--torchtitan-config", TORCHTITAN, "--json")
+    assert got["config"]["training"]["framework"] == "fsdp"
+
+
+def test_estimate_of_a_deepspeed_config_equals_the_cli(repo, cli_json):
+    overrides = {"model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": 8}}
+    with pytest.warns(UserWarning):
+        got = parsim.estimate(repo / DEEPSPEED, overrides=overrides)
+    want = cli_json(
+        "estimate", "--deepspeed-config", DEEPSPEED, "--model", "llama2-7b", "--gpus", "8", "--json"
+    )
+    assert got == want
+    assert got["config"]["training"]["framework"] == "deepspeed"
+    assert got["config"]["parallel"]["zero"] == 1
+
+
+@pytest.mark.parametrize(
+    "path, field",
+    [
+        ("tests/fixtures/torchtitan/unknown_key.toml", "unknown_key.toml"),
+        ("tests/fixtures/deepspeed/refuse_unknown_key.json", "refuse_unknown_key.json"),
+    ],
+)
+def test_imports_refuse_what_they_cannot_model_by_name(repo, cli, path, field):
+    flag = "--torchtitan-config" if path.endswith(".toml") else "--deepspeed-config"
+    with pytest.raises(parsim.ConfigError) as raised:
+        parsim.estimate(repo / path)
+    message = str(raised.value)
+    assert field in message
+    code, _, err = cli("estimate", flag, path, "--json")
+    assert code != 0
+    # The CLI names the same key: the last line of the Python message appears in its stderr.
+    assert message.split(": ")[-1] in err

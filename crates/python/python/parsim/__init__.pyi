@@ -11,7 +11,8 @@ else:  # pragma: no cover
     TypeAlias = Any
 
 #: A configuration: a dict shaped like parsim's TOML, a path to a TOML or JSON configuration,
-#: a Hugging Face config.json or a Megatron-LM launch script, or a Megatron argument list.
+#: a Hugging Face config.json, a torchtitan job file, a DeepSpeed configuration or a
+#: Megatron-LM launch script, or a Megatron argument list.
 Config: TypeAlias = Union[Dict[str, Any], str, "os.PathLike[str]", Sequence[str]]
 
 class ConfigError(ValueError):
