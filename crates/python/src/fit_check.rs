@@ -5,11 +5,14 @@
 use parsim::estimate::Estimate;
 use serde::Serialize;
 
-/// The bytes the most loaded GPU needs at the pessimistic end of the memory estimate, and the
-/// field of the estimate it comes from. The estimate gives one figure today
-/// (`memory.per_gpu_max_bytes`); when it gives an interval, its upper end belongs here.
+/// The bytes the most loaded GPU needs at the pessimistic end of the memory estimate (the p90
+/// of its memory interval, from the measured peaks of the run's framework), and the field of
+/// the estimate it comes from.
 pub fn pessimistic_memory_bytes(est: &Estimate) -> (u64, &'static str) {
-    (est.memory.per_gpu_max_bytes, "memory.per_gpu_max_bytes")
+    (
+        est.memory.per_gpu_max_bytes_p90,
+        "memory.per_gpu_max_bytes_p90",
+    )
 }
 
 /// The answer: whether it fits, by how much, and the step time with its interval.

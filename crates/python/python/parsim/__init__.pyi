@@ -25,6 +25,11 @@ class Memory(TypedDict):
     per_gpu_max_bytes: int
     capacity_bytes: int
     fits: bool
+    fits_at_p90: bool
+    per_gpu_max_bytes_p10: int
+    per_gpu_max_bytes_p90: int
+    margin_bytes_p90: int
+    interval: Dict[str, Any]
     margin_fraction: float
     usable_bytes: int
     stages: List[Dict[str, Any]]
