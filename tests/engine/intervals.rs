@@ -139,11 +139,11 @@ fn rank_by_p90_matches_a_sort_of_every_fitting_mix() {
 }
 
 /// The memory fields follow the shipped memory model's lookup of the framework: p10 <= peak <=
-/// p90, "fits" is the p90 peak against the usable bytes, the margin is their difference; and
-/// a configuration whose predicted peak fits but whose p90 does not is reported as not fitting
-/// (the predicted verdict kept beside it).
+/// p90, "fits_at_p90" is the p90 peak against the usable bytes, the margin is their
+/// difference; and a configuration whose predicted peak fits but whose p90 does not fits at
+/// the prediction (the verdict) and not at p90 (reported beside it).
 #[test]
-fn memory_fields_follow_the_framework_lookup_and_decide_fits_at_p90() {
+fn memory_fields_follow_the_framework_lookup_and_give_the_p90_verdict() {
     let mut c = config(serde_json::json!({
         "model": {"preset": "llama2-7b"}, "cluster": {"num_gpus": 8},
         "training": {"seq_length": 4096, "global_batch_size": 64}
