@@ -180,31 +180,6 @@ fn table_provenance(base: &GpuProfile, origin: &str) -> TableProvenance {
     }
 }
 
-/// Per op class, how closely the fitted tables give back the timings they came from.
-fn print_reproduction(rows: &[Reproduction]) {
-    let mut t = table(&[
-        "op class",
-        "timings",
-        "not covered",
-        "class total",
-        "median timing",
-        "worst timing",
-    ]);
-    for r in rows {
-        t.add_row(vec![
-            r.class.to_string(),
-            r.ops.to_string(),
-            r.uncovered.to_string(),
-            format!("{:+.1}%", 100.0 * r.total_error),
-            format!("{:.1}%", 100.0 * r.median_error),
-            format!("{:.1}%", 100.0 * r.worst_error),
-        ]);
-    }
-    println!(
-        "rate tables fitted from the fitting lines' op timings, against those timings (the class's seconds, and each timing's error):\n{t}"
-    );
-}
-
 pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
     let Some(measurements_path) = args.measurements.as_deref() else {
         return super::calibrate_trace::run(super::calibrate_trace::TraceArgs {
@@ -243,7 +218,10 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
     } else {
         print_fit(&fit, args.report);
         if let Some(rows) = &op_tables {
-            print_reproduction(rows);
+            super::calibrate_trace::print_reproduction(
+                rows,
+                "rate tables fitted from the fitting lines' op timings, against those timings (the class's seconds, and each timing's error)",
+            );
         }
         if args.report {
             match &op_report {
@@ -416,7 +394,10 @@ fn print_sweep_fit(
     } else {
         print_fit(fit, true);
         if let Some(t) = tables {
-            print_reproduction(&t.reproduction);
+            super::calibrate_trace::print_reproduction(
+                &t.reproduction,
+                "rate tables fitted from the fitting lines' op timings, against those timings (the class's seconds, and each timing's error)",
+            );
         }
     }
     Ok(())

@@ -3,7 +3,7 @@
 //! --profile-ops`), and report what the traces covered and what they could not place.
 
 use anyhow::Context;
-use parsim::calibrate::table_fit::{merge_tables, REPRODUCTION_BOUND};
+use parsim::calibrate::table_fit::{merge_tables, Reproduction, REPRODUCTION_BOUND};
 use parsim::calibrate::trace::{fit_trace, read_traces, TraceFit, TraceOps};
 use parsim::config::tables::TableProvenance;
 use parsim::config::GpuProfile;
@@ -99,23 +99,10 @@ fn print_report(ops: &TraceOps, fit: &TraceFit) {
         }
         println!("{t}");
     }
-    let mut t = table(&[
-        "op class",
-        "timings",
-        "class total",
-        "median timing",
-        "worst timing",
-    ]);
-    for r in &fit.reproduction {
-        t.add_row(vec![
-            r.class.to_string(),
-            r.ops.to_string(),
-            format!("{:+.1}%", 100.0 * r.total_error),
-            format!("{:.1}%", 100.0 * r.median_error),
-            format!("{:.1}%", 100.0 * r.worst_error),
-        ]);
-    }
-    println!("rate tables fitted from the traces, against the traces' timings:\n{t}");
+    print_reproduction(
+        &fit.reproduction,
+        "rate tables fitted from the traces, against the traces' timings",
+    );
 }
 
 /// `parsim calibrate --trace`.
@@ -187,4 +174,28 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         eprintln!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// Per op class, how closely the fitted tables give back the timings they came from (the
+/// executor's op timings or a trace's), under `heading`.
+pub(crate) fn print_reproduction(rows: &[Reproduction], heading: &str) {
+    let mut t = table(&[
+        "op class",
+        "timings",
+        "not covered",
+        "class total",
+        "median timing",
+        "worst timing",
+    ]);
+    for r in rows {
+        t.add_row(vec![
+            r.class.to_string(),
+            r.ops.to_string(),
+            r.uncovered.to_string(),
+            format!("{:+.1}%", 100.0 * r.total_error),
+            format!("{:.1}%", 100.0 * r.median_error),
+            format!("{:.1}%", 100.0 * r.worst_error),
+        ]);
+    }
+    println!("{heading}:\n{t}");
 }
