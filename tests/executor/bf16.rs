@@ -7,7 +7,7 @@
 //! test's Adam, lr 1e-4 and eps 1e-6, bounds how far a gradient difference moves a weight).
 //!
 //! Memory: measured peak per rank within 2% of the engine's prediction for the same
-//! configuration with `precision = "bf16"`, over the 25-mix memory grid.
+//! configuration with `precision = "bf16"`, in the same runs of the covering array.
 //!
 //! Where mixes round differently from the single rank: a TP or SP collective on a bf16
 //! activation (all-reduce, reduce-scatter, all-gather of partial sums) rounds the sum once
@@ -17,6 +17,7 @@
 
 use super::common::*;
 use super::equivalence::{covering_array, mix_of, GBS};
+use super::memory;
 use parsim_executor::runner::{run_cpu, RunOptions};
 use parsim_plan::plan::{Plan, Precision};
 use parsim_plan::RunReport;
@@ -70,29 +71,36 @@ fn bf16_single_rank_matches_fp32_within_bf16_tolerance() {
     }
 }
 
+/// The grid's configuration of `mix` with `precision = "bf16"` (what the engine predicts for).
+fn bf16_config(mix: &Mix, flash: bool, norm: &str, act: &str) -> serde_json::Value {
+    let mut v = config(mix, GBS, flash, norm, act);
+    v["training"]["precision"] = "bf16".into();
+    v
+}
+
+/// Each mix of the array in bf16 against the bf16 single rank (loss and parameters) and, in
+/// the same run, its measured peak per rank against the engine's bf16 prediction: bf16 weight
+/// copies (2 bytes), fp32 gradients (grad_dtype fp32), fp32 master weights with the Adam
+/// moments (12 bytes per parameter), bf16 activations except the loss's fp32 softmax and the
+/// attention statistics.
 #[test]
-fn every_mix_of_the_grid_in_bf16_matches_the_bf16_single_rank() {
+fn every_mix_of_the_grid_in_bf16_matches_the_bf16_single_rank_and_its_memory() {
     let (rows, _) = covering_array();
     let mut references = std::collections::HashMap::new();
     for r in &rows {
         let (mix, flash, norm, act) = mix_of(r);
         let reference = references.entry((flash, norm, act)).or_insert_with(|| {
             run_with(
-                &plan(config(&Mix::single(), GBS, flash, norm, act)),
+                &plan(bf16_config(&Mix::single(), flash, norm, act)),
                 3,
                 Precision::Bf16,
             )
         });
-        let got = run_with(
-            &plan(config(&mix, GBS, flash, norm, act)),
-            3,
-            Precision::Bf16,
-        );
-        assert_close(
-            &format!("{mix:?} flash {flash} {norm} {act}"),
-            &got,
-            reference,
-        );
+        let v = bf16_config(&mix, flash, norm, act);
+        let got = run_with(&plan(v.clone()), 3, Precision::Bf16);
+        let label = format!("{mix:?} flash {flash} {norm} {act}");
+        assert_close(&label, &got, reference);
+        memory::assert_within_two_percent(&label, &memory::against_prediction(v, &got));
     }
 }
 
@@ -113,75 +121,4 @@ fn bf16_tensors_count_two_bytes_and_master_weights_join_the_optimizer_states() {
     assert_eq!(bf16.ranks[0].reserved_peak, bf16.ranks[0].peak);
     // Activations are (mostly) bf16: fewer bytes, but not half (the loss's softmax is fp32).
     assert!(b.activations < a.activations && 2 * b.activations > a.activations);
-}
-
-/// Per rank of `mix` in bf16: (rank, measured peak, predicted peak, measured and predicted
-/// breakdowns), the prediction for the same configuration with `precision = "bf16"`.
-fn memory_bf16(
-    mix: &Mix,
-    flash: bool,
-    norm: &str,
-    act: &str,
-) -> Vec<(u32, u64, u64, String, String)> {
-    let mut v = config(mix, GBS, flash, norm, act);
-    v["training"]["precision"] = "bf16".into();
-    let res = resolve(v);
-    let est = parsim::estimate::estimate(&res).expect("estimate");
-    let p = parsim::lower::lower(&res, &options()).expect("lowers");
-    let rep = run_cpu(
-        &p,
-        &RunOptions {
-            steps: 2,
-            warmup: 0,
-            precision: Precision::Bf16,
-            ..RunOptions::default()
-        },
-    )
-    .expect("runs");
-    rep.ranks
-        .iter()
-        .map(|r| {
-            let s = &est.memory.stages[r.coords.pp as usize];
-            let m = r.peak;
-            (
-                r.rank,
-                m.total(),
-                s.total,
-                format!(
-                    "w {} g {} o {} a {} b {} (peak at {:?})",
-                    m.weights, m.gradients, m.optimizer, m.activations, m.buffers, r.peak_site
-                ),
-                format!(
-                    "w {} g {} o {} a {} b {}",
-                    s.weights, s.gradients, s.optimizer, s.activations, s.buffers
-                ),
-            )
-        })
-        .collect()
-}
-
-#[test]
-fn bf16_peak_memory_matches_the_bf16_prediction_on_the_memory_grid() {
-    // The engine's mixed-precision accounting: bf16 weight copies (2 bytes), fp32 gradients
-    // (grad_dtype fp32), fp32 master weights with the Adam moments (12 bytes per parameter),
-    // bf16 activations except the loss's fp32 softmax and the attention statistics.
-    let (rows, _) = covering_array();
-    for r in &rows {
-        let (mix, flash, norm, act) = mix_of(r);
-        let res = memory_bf16(&mix, flash, norm, act);
-        for (rank, _, _, mb, pb) in &res {
-            let head = |s: &str| s.split(" a ").next().unwrap_or("").to_string();
-            assert_eq!(
-                head(mb),
-                head(pb),
-                "{mix:?} rank {rank}: weights/gradients/optimizer"
-            );
-        }
-        let worst = res
-            .iter()
-            .map(|(_, m, p, _, _)| (*m as f64 - *p as f64) / *p as f64 * 100.0)
-            .fold(0.0f64, |a, b| if b.abs() > a.abs() { b } else { a });
-        eprintln!("{worst:+.2}% {mix:?} flash {flash} {norm} {act}");
-        assert!(worst.abs() <= 2.0, "{mix:?}: {worst:+.2}% {res:#?}");
-    }
 }

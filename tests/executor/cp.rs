@@ -4,8 +4,13 @@
 //! contiguous ring and of zigzag against their closed forms.
 
 use super::common::*;
-use super::equivalence::{compare, GBS};
+use super::equivalence::compare;
 use parsim_executor::runner::{run_cpu, RunOptions};
+
+/// Global batch of the CP runs: eight sequences (four microbatches per rank under DP 2), enough
+/// to accumulate gradients over microbatches and to fill PP 2's pipeline; half the grid's
+/// sixteen, since what differs here is the exchange inside one microbatch.
+const GBS: u64 = 8;
 
 const KINDS: [&str; 4] = ["p2p", "zigzag", "allgather", "a2a"];
 

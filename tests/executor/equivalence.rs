@@ -1,5 +1,6 @@
 //! Every mix of a pairwise covering array over the parallel knobs gives the single-rank run's
-//! loss after one step and its parameters after three optimizer steps, within 1e-5 relative.
+//! loss after one step and its parameters after three optimizer steps, within 1e-5 relative;
+//! the same runs' measured peak memory per rank is the engine's prediction within 2%.
 //!
 //! Knobs: TP 1, 2, 4; SP off/on; PP 1, 2, 4; the schedule (GPipe, 1F1B, interleaved 1F1B,
 //! ZB-H1, ZB-V, DualPipe-V, each with its vpp); DP 1, 2; ZeRO 0-3; recompute none / selective /
@@ -13,6 +14,7 @@
 //! Adam uses lr 1e-4 and eps 1e-6, which bounds that amplification by lr / eps.
 
 use super::common::*;
+use super::memory;
 use parsim::config::{Config, Layer, Resolved};
 use parsim::lower::lower;
 use parsim_plan::run_report::RunReport;
@@ -157,8 +159,10 @@ pub fn compare(label: &str, got: &RunReport, reference: &RunReport) {
     }
 }
 
+/// Each mix of the array against the single-rank run (loss and parameters) and, in the same
+/// run, its measured peak memory per rank against the engine's prediction (memory.rs).
 #[test]
-fn every_pair_of_knobs_matches_the_single_rank_run() {
+fn every_pair_of_knobs_matches_the_single_rank_run_and_the_predicted_memory() {
     let (rows, impossible) = covering_array();
     // Only pairs that no valid configuration has may be missing: interleaved 1F1B needs pp > 1.
     let interleaved_pp1 = (2, 0, 3, 2);
@@ -178,9 +182,11 @@ fn every_pair_of_knobs_matches_the_single_rank_run() {
         let reference = references
             .entry((flash, norm, act))
             .or_insert_with(|| run(&plan(config(&Mix::single(), GBS, flash, norm, act)), 3));
-        let got = run(&plan(config(&mix, GBS, flash, norm, act)), 3);
+        let v = config(&mix, GBS, flash, norm, act);
+        let got = run(&plan(v.clone()), 3);
         let label = format!("{mix:?} flash {flash} {norm} {act}");
         compare(&label, &got, reference);
+        memory::assert_within_two_percent(&label, &memory::against_prediction(v, &got));
         eprintln!("ok: {label}");
     }
     eprintln!("{} mixes", rows.len());

@@ -3,8 +3,9 @@
 //! continuation lines) runs with this build's `parsim` binary in place of `cargo run --release
 //! --`, in a scratch directory whose entries link to the repository's, so written files
 //! (`--png schedules.png`, `> parsim.1`) land in the scratch directory. A command passes when it
-//! exits 0, or N where its line ends with a comment `# exits N`. Commands run in order, in one
-//! scratch directory, so one may read what an earlier one wrote.
+//! exits 0, or N where its line ends with a comment `# exits N`. Each document is its own test
+//! with its own scratch directory (so the documents run in parallel); its commands run in order
+//! there, so one may read what an earlier one of the same document wrote.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -173,29 +174,49 @@ fn run(cmd: &DocCommand, dir: &Path) -> Result<(), String> {
     }
 }
 
-#[test]
-fn every_documented_command_runs_as_written() {
+/// Runs one document's commands in order in a scratch directory of its own (documents run as
+/// separate tests, so in parallel; a command reads only what an earlier one of its own document
+/// wrote). Returns the scratch directory and how many commands ran.
+fn run_document(doc: &str) -> (tempfile::TempDir, usize) {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dir = scratch(&repo);
-    let mut failures = Vec::new();
-    let mut count = 0;
-    for doc in DOCUMENTS {
-        let Ok(text) = std::fs::read_to_string(repo.join(doc)) else {
-            eprintln!("{doc}: not in this checkout, skipped");
-            continue;
-        };
-        for cmd in commands(doc, &text) {
-            count += 1;
-            if let Err(e) = run(&cmd, dir.path()) {
-                failures.push(e);
-            }
-        }
-    }
-    assert!(count >= 10, "only {count} commands found in the README");
+    let text = std::fs::read_to_string(repo.join(doc)).unwrap_or_else(|e| panic!("{doc}: {e}"));
+    let cmds = commands(doc, &text);
+    let failures: Vec<String> = cmds
+        .iter()
+        .filter_map(|cmd| run(cmd, dir.path()).err())
+        .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    (dir, cmds.len())
+}
+
+#[test]
+fn every_readme_command_runs_as_written() {
+    let (dir, count) = run_document(DOCUMENTS[0]);
+    assert!(count >= 10, "only {count} commands found in the README");
     assert!(
         dir.path().join("schedules.png").is_file(),
         "the schedule example writes its PNG in the scratch directory"
+    );
+}
+
+#[test]
+fn every_planning_guide_command_runs_as_written() {
+    let (_dir, count) = run_document(DOCUMENTS[1]);
+    assert!(
+        count >= 10,
+        "only {count} commands found in {}",
+        DOCUMENTS[1]
+    );
+}
+
+#[test]
+fn every_calibration_guide_command_runs_as_written() {
+    let (_dir, count) = run_document(DOCUMENTS[2]);
+    assert!(
+        count >= 3,
+        "only {count} commands found in {}",
+        DOCUMENTS[2]
     );
 }
 
