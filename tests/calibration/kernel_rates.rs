@@ -28,6 +28,7 @@ fn fused_core(seq_len: u64, causal: bool, head_dim: u64, fwd: f64) -> Op {
             fused: true,
             head_dim,
             ring: None,
+            window: None,
         },
     );
     op.rank_flops = Flops {
@@ -43,8 +44,9 @@ fn the_shipped_table_parses_and_defines_its_kernels() {
     let series = published_series();
     assert_eq!(
         series.len(),
-        9 + 8 + 12,
-        "nine H100 and eight A100 published series, twelve of cuDNN by release"
+        9 + 8 + 12 + 2 + 2 * (6 + 6),
+        "nine H100 and eight A100 published series, twelve of cuDNN by release on H200 and \
+         its window of 1024, six each of cuDNN 9.19 and 9.22 on GB200 and GB300"
     );
     let names: Vec<&str> = attention_kernels()
         .iter()
@@ -55,6 +57,10 @@ fn the_shipped_table_parses_and_defines_its_kernels() {
         [
             "a100-80g/flash-attention-2",
             "a100-80g/flash-attention-triton",
+            "gb200/cudnn-9.19",
+            "gb200/cudnn-9.22",
+            "gb300/cudnn-9.19",
+            "gb300/cudnn-9.22",
             "h100-sxm/cudnn",
             "h100-sxm/cudnn-9.1",
             "h100-sxm/cudnn-9.19",
@@ -162,7 +168,12 @@ fn the_time_model_times_attention_at_the_published_rates() {
         .iter()
         .filter(|s| s.pass == Pass::Backward)
         .count();
-    assert_eq!(series, 3 + 6, "FA3 paper's three, two per cuDNN release");
+    assert_eq!(
+        series,
+        3 + 6 + 1 + 4 * 3,
+        "FA3 paper's three, two per cuDNN release on H200 and its window's, three per cuDNN \
+         release on GB200 and GB300"
+    );
 }
 
 /// Every A100 forward + backward point (FlashAttention-2 Figure 4) is reproduced within 10% by
@@ -369,7 +380,7 @@ fn cudnn_release_points_are_within_10_percent() {
     let (mut checked, mut worst) = (0, 0.0f64);
     for s in published_series()
         .iter()
-        .filter(|s| s.kernel.starts_with("cudnn-"))
+        .filter(|s| s.kernel.starts_with("cudnn-") && s.gpu == "h100-sxm" && s.window.is_none())
     {
         assert_eq!(s.measured_on.as_deref(), Some("H200"));
         let name = format!("{}/{}", s.gpu, s.kernel);
@@ -434,10 +445,22 @@ fn releases_resolve_to_kernels_the_configuration_accepts() {
         .collect();
     assert_eq!(
         with_kernel,
-        ["cudnn", "cudnn-9.1", "cudnn-9.4", "cudnn-9.19"]
+        [
+            "cudnn",
+            "cudnn-9.1",
+            "cudnn-9.4",
+            "cudnn-9.19",
+            "cudnn-9.22"
+        ]
     );
+    for gpu in ["b200", "gb200", "b300", "gb300"] {
+        for kernel in ["cudnn-9.19", "cudnn-9.22", "cudnn-9.22.0"] {
+            let r = Resolved::new(llama3_8b(gpu, Some(kernel)));
+            assert!(r.is_ok(), "{gpu} {kernel}: {:?}", r.err());
+        }
+    }
     for gpu in ["h100-sxm", "h200"] {
-        for kernel in &with_kernel {
+        for kernel in &with_kernel[..4] {
             let r = Resolved::new(llama3_8b(gpu, Some(kernel)));
             assert!(r.is_ok(), "{gpu} {kernel}: {:?}", r.err());
         }

@@ -9,3 +9,4 @@ mod nccl_busbw;
 mod nccl_latency;
 mod nccl_rows;
 mod trace;
+mod window_rates;

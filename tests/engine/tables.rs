@@ -102,6 +102,7 @@ fn attention_op(seq_len: u64, fwd: f64) -> Op {
             fused: true,
             head_dim: 128,
             ring: None,
+            window: None,
         },
     );
     op.rank_flops.fwd = fwd;

@@ -62,6 +62,11 @@ pub struct Series {
     /// profiles share).
     #[serde(default)]
     pub measured_on: Option<String>,
+    /// A causal sliding window: each query attends to the last `window` keys, itself
+    /// included, and the series' FLOPs count only those pairs (cudnn-frontend's
+    /// benchmark_single_sdpa.py `flops()`). `None`: full attention.
+    #[serde(default)]
+    pub window: Option<u64>,
 }
 
 /// A software release a user can name, the cuDNN version it runs and the published kernel
@@ -182,14 +187,26 @@ enum Curves {
     },
 }
 
+/// The causal forward and backward curves of one kernel under one sliding window, at one
+/// head dimension (FLOPs counted over the window's pairs).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct WindowCurves {
+    head_dim: u64,
+    window: u64,
+    forward: RateCurve,
+    backward: RateCurve,
+}
+
 /// A fused attention kernel on one GPU: forward and backward rates, with and without mask,
-/// at each published head dimension.
+/// at each published head dimension, and causal rates under the published sliding windows.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttentionKernel {
     /// "gpu/kernel", as a profile's `attention_kernel` names it.
     pub name: String,
     /// (head dimension, curves), sorted by head dimension.
     variants: Vec<(u64, Curves)>,
+    /// Sliding-window curves, sorted by head dimension and window.
+    windows: Vec<WindowCurves>,
 }
 
 impl AttentionKernel {
@@ -260,6 +277,100 @@ impl AttentionKernel {
         }
     }
 
+    /// The published sliding windows, as (head dimension, window).
+    pub fn windows(&self) -> Vec<(u64, u64)> {
+        self.windows
+            .iter()
+            .map(|w| (w.head_dim, w.window))
+            .collect()
+    }
+
+    /// The window curves that time a causal call of `head_dim` under `window` keys: the
+    /// published head dimension nearest `head_dim` among the windowed series (as
+    /// [`Self::nearest_head_dim`] picks), then the published window nearest `window` by
+    /// ratio (a window's cost follows the key tiles each query tile visits, about w / 128 + 1
+    /// of them). `None` when the kernel publishes no windowed series.
+    fn window_curves(&self, head_dim: u64, window: u64) -> Option<&WindowCurves> {
+        let d = self
+            .windows
+            .iter()
+            .map(|w| w.head_dim)
+            .min_by_key(|d| (d.abs_diff(head_dim), u64::MAX - d))?;
+        let ratio = |w: &WindowCurves| (w.window.max(1) as f64 / window.max(1) as f64).ln().abs();
+        self.windows
+            .iter()
+            .filter(|w| w.head_dim == d)
+            .min_by(|a, b| ratio(a).total_cmp(&ratio(b)))
+    }
+
+    /// FLOP/s of one causal pass under a sliding window of `window` keys (FLOPs counted over
+    /// the window's pairs; a backward in the papers' 2.5-forward convention), from the
+    /// published window series nearest it ([`Self::window_curves`]); `None` where the kernel
+    /// publishes none (the caller then times the call as full causal attention).
+    pub fn window_flops_per_s(
+        &self,
+        seq_len: u64,
+        head_dim: u64,
+        window: u64,
+        backward: bool,
+    ) -> Option<f64> {
+        let w = self.window_curves(head_dim, window)?;
+        let curve = if backward { w.backward } else { w.forward };
+        Some(curve.flops_per_s(seq_len))
+    }
+
+    /// The published window of exactly `head_dim` that stands in for a full causal call of
+    /// `seq_len` where no full-attention series of that head dimension is published (cuDNN on
+    /// Blackwell and Hopper publishes head dim 64 only under windows): a causal query tile
+    /// visits s / 2 key tiles' worth on average, a window's w, so the window nearest s / 2
+    /// stands in if it is within a factor of two of it (a window of 1024 for s = 4096); else
+    /// `None`, and the call runs at the nearest published head dimension's full curves.
+    pub fn full_causal_stand_in(&self, head_dim: u64, seq_len: u64) -> Option<u64> {
+        if self.variants.iter().any(|v| v.0 == head_dim) {
+            return None;
+        }
+        let half = (seq_len.max(2) / 2) as f64;
+        let ratio = |w: u64| (w.max(1) as f64 / half).ln().abs();
+        self.windows
+            .iter()
+            .filter(|w| w.head_dim == head_dim)
+            .map(|w| w.window)
+            .min_by(|a, b| ratio(*a).total_cmp(&ratio(*b)))
+            .filter(|&w| ratio(w) <= std::f64::consts::LN_2 + 1e-9)
+    }
+
+    /// FLOP/s of one pass (`backward`: the papers' 2.5-forward convention) at sequence length
+    /// `seq_len`, mask `causal` and head dimension `head_dim`, under a causal sliding window
+    /// of `window` keys where one is set: the published window series nearest it
+    /// ([`Self::window_flops_per_s`]); a full causal call whose head dimension is published
+    /// only under windows runs at the window standing in for it
+    /// ([`Self::full_causal_stand_in`]); else the full-attention curves of the nearest
+    /// published head dimension.
+    pub fn pass_flops_per_s(
+        &self,
+        seq_len: u64,
+        causal: bool,
+        head_dim: u64,
+        window: Option<u64>,
+        backward: bool,
+    ) -> f64 {
+        let windowed = match window {
+            Some(w) if causal => Some(w),
+            _ if causal => self.full_causal_stand_in(head_dim, seq_len),
+            _ => None,
+        };
+        if let Some(rate) =
+            windowed.and_then(|w| self.window_flops_per_s(seq_len, head_dim, w, backward))
+        {
+            return rate;
+        }
+        if backward {
+            self.backward_flops_per_s(seq_len, causal, head_dim)
+        } else {
+            self.forward_flops_per_s(seq_len, causal, head_dim)
+        }
+    }
+
     /// Forward + backward FLOP/s in the papers' convention (3.5 forward FLOPs per forward
     /// FLOP): total FLOPs over the two passes' summed time.
     pub fn forward_backward_flops_per_s(&self, seq_len: u64, causal: bool, head_dim: u64) -> f64 {
@@ -304,7 +415,7 @@ fn derive(d: &Derived, kernels: &[AttentionKernel]) -> Vec<Series> {
     };
     published_series()
         .iter()
-        .filter(|s| s.gpu == d.from_gpu && s.kernel == d.kernel)
+        .filter(|s| s.gpu == d.from_gpu && s.kernel == d.kernel && s.window.is_none())
         .map(|s| {
             let hd = to.nearest_head_dim(s.head_dim);
             let rate = |k: &AttentionKernel, len: u64| match s.pass {
@@ -377,10 +488,10 @@ fn build_kernels(series: &[Series]) -> Vec<AttentionKernel> {
     names
         .into_iter()
         .filter_map(|name| {
-            let mine: Vec<&Series> = series
+            let (windowed, mine): (Vec<&Series>, Vec<&Series>) = series
                 .iter()
                 .filter(|s| format!("{}/{}", s.gpu, s.kernel) == name)
-                .collect();
+                .partition(|s| s.window.is_some());
             let mut dims: Vec<u64> = mine.iter().map(|s| s.head_dim).collect();
             dims.sort_unstable();
             dims.dedup();
@@ -388,7 +499,44 @@ fn build_kernels(series: &[Series]) -> Vec<AttentionKernel> {
                 .into_iter()
                 .filter_map(|d| Some((d, curves_of(&mine, d)?)))
                 .collect();
-            (!variants.is_empty()).then_some(AttentionKernel { name, variants })
+            let windows = window_curves_of(&windowed);
+            (!variants.is_empty()).then_some(AttentionKernel {
+                name,
+                variants,
+                windows,
+            })
+        })
+        .collect()
+}
+
+/// The window curves of one kernel's windowed series: one per (head dimension, window) whose
+/// causal forward and backward are both published.
+fn window_curves_of(series: &[&Series]) -> Vec<WindowCurves> {
+    let mut keys: Vec<(u64, u64)> = series
+        .iter()
+        .filter_map(|s| Some((s.head_dim, s.window?)))
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys.into_iter()
+        .filter_map(|(head_dim, window)| {
+            let curve = |pass: Pass| {
+                series
+                    .iter()
+                    .find(|s| {
+                        s.head_dim == head_dim
+                            && s.window == Some(window)
+                            && s.pass == pass
+                            && s.causal
+                    })
+                    .and_then(|s| RateCurve::fit(&s.seq_len, &s.tflops))
+            };
+            Some(WindowCurves {
+                head_dim,
+                window,
+                forward: curve(Pass::Forward)?,
+                backward: curve(Pass::Backward)?,
+            })
         })
         .collect()
 }
@@ -456,7 +604,7 @@ mod tests {
 
     /// Releases resolve to the kernel of their cuDNN, names case-insensitively; a release
     /// without published rates, or an unknown one, has none; every kernel a release names
-    /// is published on the GH100 table, and every release without one says why.
+    /// is published on the GH100 or a Blackwell table, and every release without one says why.
     #[test]
     fn attention_rates_kernel_for_release() {
         assert_eq!(kernel_for_release("cudnn-9.4.0"), Some("cudnn-9.4"));
@@ -468,7 +616,9 @@ mod tests {
         for r in releases() {
             match &r.kernel {
                 Some(k) => assert!(
-                    attention_kernel(&format!("h100-sxm/{k}")).is_some(),
+                    ["h100-sxm", "gb200", "gb300"]
+                        .iter()
+                        .any(|table| attention_kernel(&format!("{table}/{k}")).is_some()),
                     "{}: {k}",
                     r.release
                 ),

@@ -4,6 +4,7 @@
 //! parameter counts, FLOPs, per-GPU memory, communication, a pipeline timeline and a step
 //! time. Every figure is a sum over one op ledger ([`model`]).
 
+pub mod attention_backend;
 pub mod attention_rates;
 pub mod calibrate;
 pub mod comm;

@@ -28,6 +28,7 @@ struct Core {
     fused: bool,
     head_dim: u64,
     ring: Option<crate::model::RingCalls>,
+    window: Option<u64>,
 }
 
 impl Core {
@@ -39,12 +40,14 @@ impl Core {
                 fused,
                 head_dim,
                 ring,
+                window,
             } => Some(Core {
                 seq_len,
                 causal,
                 fused,
                 head_dim,
                 ring,
+                window,
             }),
             _ => None,
         }
@@ -126,6 +129,7 @@ impl Rates<'_> {
                 len,
                 causal,
                 head_dim: core.head_dim,
+                window: core.window,
                 kernel,
             };
             self.cost(&Call::Attention(call)).total_s()
@@ -842,6 +846,7 @@ mod tests {
                     fused: true,
                     head_dim: 128,
                     ring: Some(crate::model::RingCalls { blocks: 4, zigzag }),
+                    window: None,
                 },
             );
             core.rank_flops.fwd = fwd;
@@ -874,6 +879,7 @@ mod tests {
                 fused: false,
                 head_dim: 128,
                 ring: None,
+                window: None,
             },
         );
         core.rank_flops.fwd = 1e12;
@@ -913,6 +919,7 @@ mod tests {
                 fused: false,
                 head_dim: d,
                 ring: None,
+                window: None,
             },
         );
         let fwd_flops = 4.0 * heads * (s * s * d) as f64;

@@ -186,6 +186,7 @@ impl Resolved {
                 g.tables.attention_kernel = None;
             }
         }
+        let sink_warning = sink_attention(&config, &mut gpu);
         if split_only {
             rules::check_split(&config)?;
         } else {
@@ -201,6 +202,7 @@ impl Resolved {
         }
         let mut warnings = rules::warnings(&config);
         warnings.extend(nvlink_domain.warning.clone());
+        warnings.extend(sink_warning);
         let p = &config.parallel;
         let t = &config.training;
         let dp = rules::data_parallel(&config).expect("checked: the world divides");
@@ -237,6 +239,47 @@ impl Resolved {
     pub fn dense_replicas(&self) -> u32 {
         self.dp * self.config.parallel.cp
     }
+}
+
+/// Learned sinks under Megatron-Core (Transformer Engine's attention): TE disables
+/// FlashAttention for them (`get_attention_backend`), so the profile's FlashAttention default
+/// gives way to cuDNN's fused kernel ([`crate::attention_backend::kernel_for_sinks`]) unless
+/// `training.attention_kernel` names one. Returns a warning where TE has no backend at all
+/// (sinks under a CP exchange other than a2a).
+fn sink_attention(config: &Config, gpu: &mut Arc<GpuProfile>) -> Option<String> {
+    use crate::attention_backend::{selected, CpExchange, Features, CUDNN_WITH_SINKS};
+    if !config.model.attention_sinks || config.training.framework != super::Framework::MegatronCore
+    {
+        return None;
+    }
+    if config.training.attention_kernel.is_none() {
+        if let Some(k) = gpu
+            .attention_kernel
+            .as_deref()
+            .and_then(crate::attention_backend::kernel_for_sinks)
+        {
+            Arc::make_mut(gpu).attention_kernel = Some(k);
+        }
+    }
+    let p = &config.parallel;
+    let exchange = match p.cp_comm {
+        super::CpComm::A2a => CpExchange::A2a,
+        super::CpComm::Allgather => CpExchange::AllGather,
+        super::CpComm::P2p | super::CpComm::Zigzag => CpExchange::P2p,
+    };
+    let features = Features {
+        sinks: true,
+        window: config.model.window_size.is_some(),
+        context_parallel: (p.cp > 1).then_some(exchange),
+        cudnn: CUDNN_WITH_SINKS,
+        hopper_or_later: true,
+    };
+    selected(&features).is_none().then(|| {
+        format!(
+            "model.attention_sinks with parallel.cp {} and cp_comm {:?}: Transformer Engine runs sink attention under context parallelism only with the a2a exchange (get_attention_backend); this run would find no attention backend",
+            p.cp, p.cp_comm
+        )
+    })
 }
 
 /// The published kernel `kernel` ("flash-attention-2", ...) on the GPU `gpu`'s rate table

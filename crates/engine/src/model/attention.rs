@@ -345,6 +345,10 @@ fn core_attention(d: &Dims, a_r: u64, g_r: u64, dqk: u64, dv: u64, span: Attenti
             fused: d.flash,
             head_dim: dqk.max(dv),
             ring,
+            window: match span {
+                AttentionSpan::Window(w) if d.flash => Some(w.min(d.s)),
+                _ => None,
+            },
         },
     );
     op.recomputed_by_selective = true;

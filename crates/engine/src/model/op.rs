@@ -114,6 +114,11 @@ pub enum OpKind {
         /// ring turns (`seq_len` and `causal` then describe the off-diagonal calls).
         #[serde(skip_serializing_if = "Option::is_none")]
         ring: Option<RingCalls>,
+        /// A causal sliding window of this many keys per query (GPT-OSS's 128, Mistral's
+        /// 4096): the kernel skips the key tiles outside it, and its rate is the published
+        /// window series' (src/attention_rates.rs).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        window: Option<u64>,
     },
     /// Bandwidth-bound: bytes read and written on this rank, forward.
     MemoryBound { bytes: u64 },

@@ -45,6 +45,9 @@ pub struct AttentionCall<'a> {
     /// Under the causal mask, or unmasked.
     pub causal: bool,
     pub head_dim: u64,
+    /// A causal sliding window of this many keys per query (the FLOPs count only its pairs):
+    /// timed at the published kernel's window series where it has them.
+    pub window: Option<u64>,
     pub kernel: AttentionKernel<'a>,
 }
 
@@ -185,10 +188,8 @@ impl CostModel<'_> {
             .and_then(crate::attention_rates::attention_kernel);
         match published {
             Some(k) => {
-                let rate = match a.pass {
-                    Pass::Forward => k.forward_flops_per_s(a.len, a.causal, a.head_dim),
-                    Pass::Backward => k.backward_flops_per_s(a.len, a.causal, a.head_dim),
-                };
+                let backward = a.pass == Pass::Backward;
+                let rate = k.pass_flops_per_s(a.len, a.causal, a.head_dim, a.window, backward);
                 OpCost::new(quoted / rate, gpu.efficiency.kernel_overhead_s)
             }
             None => self.rates.attention_efficiency(a.flops),
@@ -229,6 +230,7 @@ impl<'k> Call<'k> {
                     len: kv_len,
                     causal: mask == MaskKind::Causal,
                     head_dim,
+                    window: None,
                     kernel: AttentionKernel::Fused {
                         measured: Some(kernel),
                     },
