@@ -2,8 +2,20 @@
 //! at its own settings. The labels are read straight from the published table, the verdicts
 //! from `parsim validate`'s rows (each an estimate of the row's printed settings).
 
-use parsim::validate::{self, Options, Outcome, Source};
+use parsim::validate::{self, Options, Outcome, Report, Source};
 use serde_json::Value;
+
+/// `parsim validate`'s rows of `source`, every one.
+fn every_row_of(source: Source) -> Report {
+    validate::run(
+        &Options {
+            sources: vec![source],
+            every: 1,
+        },
+        &|_, _| {},
+    )
+    .unwrap()
+}
 
 /// The BLOOM tr11 rows labelled `"oom": true` in the data file, by index.
 fn bloom_oom_rows() -> Vec<usize> {
@@ -40,14 +52,7 @@ fn bloom_oom_rows() -> Vec<usize> {
 fn bloom_runs_that_ran_out_of_memory_do_not_fit() {
     let ooms = bloom_oom_rows();
     assert!(!ooms.is_empty());
-    let report = validate::run(
-        &Options {
-            sources: vec![Source::BloomTr11],
-            every: 1,
-        },
-        &|_, _| {},
-    )
-    .unwrap();
+    let report = every_row_of(Source::BloomTr11);
     for i in ooms {
         let row = report.rows.iter().find(|r| r.index == i).unwrap();
         match &row.outcome {
@@ -60,4 +65,95 @@ fn bloom_runs_that_ran_out_of_memory_do_not_fit() {
             other => panic!("{}: {other:?}", row.label),
         }
     }
+}
+
+/// A family of Megatron-Bridge rows parsim still predicts over their GPU's usable memory at
+/// their recipe's settings: the rows of `model` on `system` whose label holds `label`, and the
+/// term that puts them over (GiB over the usable memory when this list was written).
+struct KnownOver {
+    model: &'static str,
+    system: &'static str,
+    label: &'static str,
+    why: &'static str,
+}
+
+const fn over(
+    model: &'static str,
+    system: &'static str,
+    label: &'static str,
+    why: &'static str,
+) -> KnownOver {
+    KnownOver {
+        model,
+        system,
+        label,
+        why,
+    }
+}
+
+/// The rows still over, each with the term that makes it so. Every entry names a term parsim
+/// has not found the mechanism for, never a figure shrunk to pass.
+const KNOWN_OVER: &[KnownOver] = &[
+    over("DeepSeekV3", "DGX-GB300", "mbs2", "activations, 231 GiB of pp 2 x vp 8 at micro batch 2 with no recomputation (today's GB300 MXFP8 recipe runs micro batch 1): +91 GiB; the recipe the 26.02-26.04.01 containers ran is not the one published"),
+    over("DeepSeekV3 (w/o MTP)", "DGX-GB200", "BF16", "activations of pp 4 x vp 4 at mla_up_proj recomputation: +8 GiB"),
+    over("DeepSeekV3 (tokendrop)", "DGX-GB200", "FP8", "activations of pp 4 x vp 4 at mlp recomputation: +10 GiB"),
+    over("Kimi_K2", "DGX-GB300", "MXFP8", "optimizer: Muon's state held whole on every rank (ZeRO-0), where the recipe's dist_muon (Megatron-Core's LayerWiseDistributedOptimizer) shards it by layer over data parallelism: +43 GiB"),
+    over("GPT OSS 120B", "DGX-B200", "BF16", "activations at micro batch 4: +2 GiB"),
+    over("GPT OSS 120B", "DGX-H100", "BF16", "activations, 71 GiB at micro batch 4 over pp 4: +34 GiB"),
+    over("LLAMA3.1_405B", "DGX-GB200", "NVFP4", "activations, 140 GiB of pp 16 x vp 8 (vp 4: +26 GiB): +14 GiB"),
+    over("LLAMA3.1_405B", "DGX-GB200", "fsdp", "activations at TP 2 without recomputation or offloading (no published 128-GPU GB200 FP8 FSDP recipe says which the 25.09 container ran): +95 GiB"),
+    over("LLAMA3_70B", "DGX-GB200", "fsdp", "activations of the 40 layers kept on the GPU at micro batch 2: +3 GiB"),
+    over("LLAMA3_70B", "DGX-GB300", "NVFP4", "activations, 270 GiB without recomputation (p 1 x v 1: +322 GiB, no FSDP printed): +15 GiB"),
+    over("LLAMA3_70B", "DGX-GB300", "MXFP8 t1 p4 c1 v1", "activations, 270 GiB of pp 4 at micro batch 2 without recomputation: +108 GiB"),
+    over("Nemotron_3_Nano", "DGX-H100", "FP8", "activations at sequence 8192: +4 GiB"),
+    over("Nemotron_3_Super", "DGX-B300", "NVFP4", "activations of the MoE layers at sequence 8192: +11 GiB"),
+    over("Qwen3_235B_a22B", "DGX-B200", "FP8-MX", "activations of pp 8 x vp 2: +2 GiB"),
+    over("Qwen3_235B_a22B", "DGX-GB300", "BF16", "activations of pp 4 x vp 12 at micro batch 2: +3 GiB"),
+    over("Qwen3_30B_a3B", "DGX-B300", "mbs8", "activations, 192 GiB at micro batch 8 without recomputation: +26 GiB"),
+    over("Qwen3_30B_a3B", "DGX-GB300", "mbs8", "activations, 192 GiB at micro batch 8 without recomputation: +18 GiB"),
+    over("Qwen3_30B_a3B", "DGX-H100", "v24", "activations of pp 2 x vp 24 at micro batch 2: +6 GiB"),
+    over("Qwen3_30B_a3B (tokendrop)", "DGX-H100", "v24", "activations of pp 2 x vp 24 at micro batch 2: +6 GiB"),
+];
+
+/// Every Megatron-Bridge recipe that ran (every row of the table: a property, since they ran)
+/// fits on its GPU at the recipe's memory settings (crates/engine/src/validate/bridge_models.rs:
+/// bf16 gradients, the low-precision parameter gather, recompute modules, offloaded layers),
+/// but the families of [`KNOWN_OVER`], each over for a named term. A row that newly goes over
+/// fails, and so does an entry whose rows all come to fit (drop it).
+#[test]
+fn megatron_bridge_recipes_that_ran_fit() {
+    let report = every_row_of(Source::MegatronBridge);
+    let known = |model: &str, system: &str, label: &str| {
+        KNOWN_OVER
+            .iter()
+            .position(|k| k.model == model && k.system == system && label.contains(k.label))
+    };
+    let mut used = vec![false; KNOWN_OVER.len()];
+    let mut fitting = 0;
+    for row in &report.rows {
+        let Outcome::Predicted(p) = &row.outcome else {
+            continue;
+        };
+        if p.fits {
+            fitting += 1;
+            continue;
+        }
+        match known(&row.model, &row.system, &row.label) {
+            Some(i) => used[i] = true,
+            None => panic!(
+                "{}: ran, predicted over at {:.1} GiB",
+                row.label,
+                p.peak_bytes as f64 / (1u64 << 30) as f64
+            ),
+        }
+    }
+    for (k, used) in KNOWN_OVER.iter().zip(used) {
+        assert!(
+            used,
+            "{} on {} ({}) fits now: drop it",
+            k.model, k.system, k.why
+        );
+    }
+    // 130 of 271 before the recipes' gradients, parameter gather, recomputation and offloading.
+    assert!(fitting >= 216, "{fitting}");
 }

@@ -63,7 +63,9 @@ fn megatron_bridge_rows_are_estimates_of_their_printed_settings() {
     );
     // 26.04.01 LLAMA3.1_405B, DGX-GB300, 256 GPUs, FP8, GBS 1536, MBS 1, seq 8192, TP 4 PP 8
     // VP 4: 1024 tokens/s per GPU. The 405B recipe counts the embedding and the loss as
-    // pipeline slots.
+    // pipeline slots; every performance recipe reduces gradients in bf16
+    // (perf_recipes/_common.py's _benchmark_common) and FP8 keeps and gathers its weights in
+    // FP8 (training/mixed_precision.py, fp8_param_gather).
     let r = rows[2];
     assert_eq!(r.measured.step_s, Some(1536.0 * 8192.0 / (1024.0 * 256.0)));
     let want = step_of(json!({
@@ -74,10 +76,12 @@ fn megatron_bridge_rows_are_estimates_of_their_printed_settings() {
                      "account_for_embedding_in_pipeline_split": true,
                      "account_for_loss_in_pipeline_split": true},
         "training": {"precision": "fp8", "fp8_recipe": "current", "seq_length": 8192,
-                     "micro_batch_size": 1, "global_batch_size": 1536, "recompute": "none"}
+                     "micro_batch_size": 1, "global_batch_size": 1536, "recompute": "none",
+                     "grad_dtype": "bf16", "fp8_param_gather": true}
     }));
     assert_eq!(predicted(r), want, "{}", r.label);
-    // 26.02 LLAMA3_70B, DGX-GB300, 64 GPUs, NVFP4, GBS 256, MBS 1, TP 1 PP 4 VP 5: 6798.
+    // 26.02 LLAMA3_70B, DGX-GB300, 64 GPUs, NVFP4, GBS 256, MBS 1, TP 1 PP 4 VP 5: 6798;
+    // NVFP4 keeps and gathers its weights in NVFP4 (bf16_with_nvfp4_mixed: fp4_param_gather).
     let r = rows[5];
     assert_eq!(r.measured.step_s, Some(256.0 * 8192.0 / (6798.0 * 64.0)));
     let want = step_of(json!({
@@ -86,13 +90,14 @@ fn megatron_bridge_rows_are_estimates_of_their_printed_settings() {
         "parallel": {"tp": 1, "pp": 4, "cp": 1, "vpp": 5, "ep": 1, "zero": 1,
                      "schedule": "interleaved-1f1b"},
         "training": {"precision": "nvfp4", "seq_length": 8192, "micro_batch_size": 1,
-                     "global_batch_size": 256, "recompute": "none"}
+                     "global_batch_size": 256, "recompute": "none", "grad_dtype": "bf16",
+                     "fp8_param_gather": true}
     }));
     assert_eq!(predicted(r), want, "{}", r.label);
     // 26.04 Nemotron_3_Super, DGX-GB200, 64 GPUs, MXFP8, GBS 512, MBS 1, seq 8192, TP 2 EP 64:
     // 6674. Its recipe (perf_recipes/nemotronh/gb200/nemotronh.py) recomputes nothing, reduces
-    // gradients in bf16 and trains one shared MTP block; every MoE model's rows force-balance
-    // their tokens.
+    // gradients in bf16, gathers its MXFP8 weights in MXFP8 and trains one shared MTP block;
+    // every MoE model's rows force-balance their tokens.
     let r = rows[4];
     assert_eq!(r.measured.step_s, Some(512.0 * 8192.0 / (6674.0 * 64.0)));
     let want = step_of(json!({
@@ -101,7 +106,8 @@ fn megatron_bridge_rows_are_estimates_of_their_printed_settings() {
         "cluster": {"gpu": "gb200", "num_gpus": 64},
         "parallel": {"tp": 2, "pp": 1, "cp": 1, "vpp": 1, "ep": 64, "zero": 1},
         "training": {"precision": "mxfp8", "seq_length": 8192, "micro_batch_size": 1,
-                     "global_batch_size": 512, "recompute": "none", "grad_dtype": "bf16"}
+                     "global_batch_size": 512, "recompute": "none", "grad_dtype": "bf16",
+                     "fp8_param_gather": true}
     }));
     assert_eq!(predicted(r), want, "{}", r.label);
     // Every row the table prints is a row of the report, expressible or with its reason.

@@ -116,19 +116,41 @@ fn nvfp4_keeps_its_end_layers_in_bf16() {
         .is_none());
 }
 
+/// `precision` on `gpu` over 2 GPUs at ZeRO-1, with or without the low-precision parameter
+/// gather (no layer kept in bf16).
+fn gather_config(gpu: &str, precision: &str, gather: bool) -> Value {
+    let mut v = l8b(gpu, precision);
+    v["cluster"]["num_gpus"] = json!(2);
+    v["parallel"]["zero"] = json!(1);
+    v["training"]["global_batch_size"] = json!(2);
+    v["training"]["fp8_param_gather"] = json!(gather);
+    if precision == "nvfp4" {
+        v["training"]["bf16_layers_at_start"] = json!(0);
+        v["training"]["bf16_layers_at_end"] = json!(0);
+    }
+    v
+}
+
+/// The dense replica set's trainable parameters and its parameter all-gather's payload.
+fn parameter_all_gather(v: Value) -> (u64, u64) {
+    let r = resolve(v);
+    let l = Ledger::build(&r);
+    let s = LedgerSummary::of(&l, r.config.training.recompute);
+    let chunks = chunks_per_rank(&r);
+    let set = replica_sets(&r, &s, &chunks[0])[0];
+    let ag = dp_collectives(1, set, 1)
+        .into_iter()
+        .find(|c| c.kind == parsim::model::CollectiveKind::AllGather)
+        .unwrap();
+    (set.trainable, ag.payload_bytes)
+}
+
 /// The fp8 parameter gather: the weights are held in 8 bits, so the bf16 weights shrink by a
 /// byte per quantised element (32 E) and the cache loses its rowwise copy (the weight itself);
 /// the distributed optimizer's parameter all-gather moves those elements in 1 byte.
 #[test]
 fn fp8_param_gather_holds_and_gathers_weights_in_8_bits() {
-    let base = |gather: bool| {
-        let mut v = l8b("h100-sxm", "fp8");
-        v["cluster"]["num_gpus"] = json!(2);
-        v["parallel"]["zero"] = json!(1);
-        v["training"]["global_batch_size"] = json!(2);
-        v["training"]["fp8_param_gather"] = json!(gather);
-        v
-    };
+    let base = |gather: bool| gather_config("h100-sxm", "fp8", gather);
     let (plain, gathered) = (est(base(false)), est(base(true)));
     let (p, g) = (&plain.memory.stages[0], &gathered.memory.stages[0]);
     let quantised = LAYERS * LAYER_WEIGHTS;
@@ -140,22 +162,29 @@ fn fp8_param_gather_holds_and_gathers_weights_in_8_bits() {
     );
     // The parameter all-gather of the dense replica set, by hand: trainable x 2 bytes less a
     // byte per quantised element.
-    let gather_payload = |v: Value| {
-        let r = resolve(v);
-        let l = Ledger::build(&r);
-        let s = LedgerSummary::of(&l, r.config.training.recompute);
-        let chunks = chunks_per_rank(&r);
-        let set = replica_sets(&r, &s, &chunks[0])[0];
-        let ag = dp_collectives(1, set, 1)
-            .into_iter()
-            .find(|c| c.kind == parsim::model::CollectiveKind::AllGather)
-            .unwrap();
-        (set.trainable, ag.payload_bytes)
-    };
-    let (trainable, plain_ag) = gather_payload(base(false));
-    let (_, narrow_ag) = gather_payload(base(true));
+    let (trainable, plain_ag) = parameter_all_gather(base(false));
+    let (_, narrow_ag) = parameter_all_gather(base(true));
     assert_eq!(plain_ag, trainable * 2);
     assert_eq!(narrow_ag, trainable * 2 - quantised);
+}
+
+/// NVFP4's parameter gather (Megatron's `--fp4-param-gather`): the weights are held as their
+/// packed E2M1 values, half a byte each, so the bf16 weights shrink by 1.5 bytes per quantised
+/// element, the cache loses the rowwise values (half a byte each; their E4M3 scales stay), and
+/// the parameter all-gather moves half a byte per quantised element in place of two.
+#[test]
+fn fp4_param_gather_holds_and_gathers_weights_in_half_a_byte() {
+    let base = |gather: bool| gather_config("b200", "nvfp4", gather);
+    let (plain, gathered) = (est(base(false)), est(base(true)));
+    let (p, g) = (&plain.memory.stages[0], &gathered.memory.stages[0]);
+    let quantised = LAYERS * LAYER_WEIGHTS;
+    assert_eq!(p.weights - g.weights, quantised * 3 / 2);
+    assert_eq!(
+        p.low_precision_weights - g.low_precision_weights,
+        quantised / 2
+    );
+    let (trainable, ag) = parameter_all_gather(base(true));
+    assert_eq!(ag, trainable * 2 - quantised * 3 / 2);
 }
 
 /// The quantise kernels of one layer, by hand (m = 2048 tokens): forward each linear layer
@@ -290,9 +319,9 @@ fn rejected(overlay: Value) -> String {
 /// model has, block-scaled recipes on a GPU without them.
 #[test]
 fn bad_recipe_settings_are_refused_by_field() {
-    let e = rejected(with(l8b("b200", "nvfp4"), "fp8_param_gather", json!(true)));
+    let e = rejected(with(l8b("b200", "bf16"), "fp8_param_gather", json!(true)));
     assert!(
-        e.contains("training.fp8_param_gather") && e.contains("fp8 or mxfp8"),
+        e.contains("training.fp8_param_gather") && e.contains("fp8, mxfp8 or nvfp4"),
         "{e}"
     );
     let e = rejected(with(l8b("h100-sxm", "fp8"), "bf16_layers_at_end", json!(2)));

@@ -29,8 +29,10 @@ pub struct Replicas {
     pub trainable: u64,
     pub grad_bytes: u64,
     pub weight_bytes: u64,
-    /// Of `params`, the quantised weights `training.fp8_param_gather` gathers in 1 byte.
+    /// Of `params`, the quantised weights `training.fp8_param_gather` gathers in the recipe's
+    /// format, and their bytes so ([`crate::model::low_precision::Recipe::held_weight_bytes`]).
     pub narrow_params: u64,
+    pub narrow_bytes: u64,
 }
 
 /// The two replica sets of a rank's parameters: dense weights over DP x CP (the distributed
@@ -38,15 +40,17 @@ pub struct Replicas {
 pub fn replica_sets(r: &Resolved, s: &LedgerSummary, chunks: &[ChunkContents]) -> [Replicas; 2] {
     let tr = &r.config.training;
     let p = &rank_params(chunks, s);
-    // The quantised weights gathered in 8 bits (dense, expert).
+    // The quantised weights gathered in the recipe's format (dense, expert).
     let mut q = crate::model::low_precision::QuantizedWeights::default();
-    if tr.fp8_param_gather {
+    let recipe = crate::model::low_precision::Recipe::of(r).filter(|_| tr.fp8_param_gather);
+    if recipe.is_some() {
         for c in chunks {
             for (b, n) in c.blocks(s) {
                 q.add(&b.quantized, n);
             }
         }
     }
+    let held = |elements: u64| recipe.map_or(0, |f| f.held_weight_bytes(elements));
     let dense = Replicas {
         group: GroupKind::DpCp,
         n: r.dense_replicas(),
@@ -55,6 +59,7 @@ pub fn replica_sets(r: &Resolved, s: &LedgerSummary, chunks: &[ChunkContents]) -
         grad_bytes: tr.grad_dtype.bytes(),
         weight_bytes: tr.weight_bytes(),
         narrow_params: q.dense_elements,
+        narrow_bytes: held(q.dense_elements),
     };
     let experts = Replicas {
         group: GroupKind::ExpertDp,
@@ -62,6 +67,7 @@ pub fn replica_sets(r: &Resolved, s: &LedgerSummary, chunks: &[ChunkContents]) -
         params: p.rank_expert,
         trainable: p.rank_expert_trainable,
         narrow_params: q.expert_elements,
+        narrow_bytes: held(q.expert_elements),
         ..dense
     };
     [dense, experts]
@@ -80,15 +86,23 @@ pub fn dp_collectives(zero: u8, r: Replicas, microbatches: u32) -> Vec<Collectiv
         grad_bytes,
         weight_bytes,
         narrow_params,
+        narrow_bytes,
     } = r;
     if n <= 1 || params == 0 {
         return Vec::new();
     }
     let g = trainable * grad_bytes;
-    // Quantised weights gathered in 8 bits save a byte each (of 2 in bf16).
-    let narrowed = |n: u64| n.min(params) * weight_bytes.saturating_sub(1);
-    let w_upd = (trainable * weight_bytes).saturating_sub(narrowed(narrow_params.min(trainable)));
-    let w_all = params * weight_bytes - narrowed(narrow_params);
+    // Quantised weights gathered in the recipe's format move `narrow_bytes` in place of their
+    // bf16 bytes; the updated ones (trainable) their share of that saving.
+    let narrow = narrow_params.min(params);
+    let saved = (narrow * weight_bytes).saturating_sub(narrow_bytes);
+    let saved_upd = if narrow == 0 {
+        0
+    } else {
+        (saved as u128 * narrow.min(trainable) as u128 / narrow as u128) as u64
+    };
+    let w_upd = (trainable * weight_bytes).saturating_sub(saved_upd);
+    let w_all = params * weight_bytes - saved;
     match zero {
         0 => vec![coll(CollectiveKind::AllReduce, group, n, g, 1)],
         1 => vec![

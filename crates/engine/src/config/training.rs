@@ -46,8 +46,9 @@ pub struct TrainingConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fp8_recipe: Option<Fp8Recipe>,
     /// Keep the linear weights in the low-precision format and all-gather them so
-    /// (Megatron's `--fp8-param-gather`): the bf16 copy of those weights is no longer held and
-    /// the distributed optimizer's parameter all-gather moves 1 byte per weight. fp8 and mxfp8.
+    /// (Megatron's `--fp8-param-gather`; under nvfp4 its `--fp4-param-gather`): the bf16 copy
+    /// of those weights is no longer held and the distributed optimizer's parameter all-gather
+    /// moves 1 byte per weight (NVFP4: half a byte) and its scales. fp8, mxfp8 and nvfp4.
     #[serde(default, skip_serializing_if = "is_false")]
     pub fp8_param_gather: bool,
     /// Decoder layers at the start and the end of the model kept in bf16 under a

@@ -16,8 +16,8 @@ use crate::model::{
 /// A rank's low-precision weight copies and the bytes its weights shrink by: the cached
 /// copies of every quantised weight of its blocks (none under ZeRO-3, where each gathered
 /// block is cast as it runs and freed with it); with `training.fp8_param_gather` the weights
-/// are held in 8 bits, so they shrink by a byte a quantised element (their shard under
-/// ZeRO-3) and the cache loses the rowwise copy, which is the weight itself.
+/// are held in the recipe's format (8 bits, NVFP4's 4), so they shrink to their rowwise copy
+/// (their shard's under ZeRO-3) and the cache loses that copy, which is the weight itself.
 fn low_precision_weights(r: &Resolved, s: &LedgerSummary, chunks: &[ChunkContents]) -> (u64, u64) {
     let mut q = crate::model::low_precision::QuantizedWeights::default();
     for c in chunks {
@@ -28,21 +28,21 @@ fn low_precision_weights(r: &Resolved, s: &LedgerSummary, chunks: &[ChunkContent
     let tr = &r.config.training;
     let zero3 = crate::config::held_zero(&r.config) >= 3;
     let cache = if zero3 { 0 } else { q.cache_bytes };
-    if !tr.fp8_param_gather {
-        return (cache, 0);
-    }
-    let elements = if zero3 {
-        q.dense_elements.div_ceil(r.dense_replicas() as u64)
-            + q.expert_elements.div_ceil(r.expert_dp() as u64)
-    } else {
-        q.dense_elements + q.expert_elements
+    let recipe = match crate::model::low_precision::Recipe::of(r) {
+        Some(recipe) if tr.fp8_param_gather => recipe,
+        _ => return (cache, 0),
     };
-    let narrowed = elements * tr.weight_bytes().saturating_sub(1);
-    let rowwise = if zero3 {
-        0
+    let (dense, expert) = if zero3 {
+        (
+            q.dense_elements.div_ceil(r.dense_replicas() as u64),
+            q.expert_elements.div_ceil(r.expert_dp() as u64),
+        )
     } else {
-        q.dense_elements + q.expert_elements
+        (q.dense_elements, q.expert_elements)
     };
+    let held = recipe.held_weight_bytes(dense) + recipe.held_weight_bytes(expert);
+    let narrowed = ((dense + expert) * tr.weight_bytes()).saturating_sub(held);
+    let rowwise = if zero3 { 0 } else { held };
     (cache.saturating_sub(rowwise), narrowed)
 }
 

@@ -90,6 +90,19 @@ impl Recipe {
         }
     }
 
+    /// Bytes of the values of `elements` weight elements in the recipe's format: what
+    /// `training.fp8_param_gather` holds in place of the bf16 weights and all-gathers
+    /// (Megatron-Core's param buffer under `--fp8-param-gather` or `--fp4-param-gather` maps
+    /// the rowwise data only, 1 byte a value or NVFP4's packed half byte: `_get` with
+    /// `get_nvfp4_rowwise_packed_shape`, megatron/core/distributed/param_and_grad_buffer.py);
+    /// the scales stay with Transformer Engine's cached copy.
+    pub fn held_weight_bytes(&self, elements: u64) -> u64 {
+        match self.format {
+            Format::Nvfp4 => elements.div_ceil(2),
+            Format::PerTensorFp8 | Format::Mxfp8 | Format::BlockwiseFp8 => elements,
+        }
+    }
+
     /// Bytes of every copy of a [rows x cols] tensor: the rowwise one and, with two copies,
     /// the columnwise one ([cols x rows], scaled along the rows).
     pub fn tensor_bytes(&self, rows: u64, cols: u64, weight: bool) -> u64 {

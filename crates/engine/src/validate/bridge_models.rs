@@ -25,9 +25,15 @@ pub struct BridgeModel {
     /// `recompute_modules` the recipe sets, by the GPU profile and precision they apply to
     /// (`""`: any); absent: Megatron-Core's default, no recomputation.
     pub recompute_modules: &'static [RecomputeRule],
-    /// Gradients reduced and accumulated in bf16 (the recipe's `grad_reduce_in_fp32 = False`);
-    /// else Megatron-Core's default, fp32.
-    pub bf16_grads: bool,
+    /// Decoder layers whose activations the recipe offloads to the host, on its Megatron-FSDP
+    /// rows (the recipes that shard with Megatron-FSDP are the ones that offload), by the GPU
+    /// profile and precision they apply to; absent: none.
+    pub fsdp_offload_layers: &'static [OffloadRule],
+    /// Where the recipe turns the low-precision parameter gather off (`fp8_param_gather`,
+    /// NVFP4's `fp4_param_gather`: the bf16 weights stay); elsewhere the mixed-precision
+    /// recipe's own setting, on (src/megatron/bridge/training/mixed_precision.py:
+    /// `bf16_with_fp8_current_scaling_mixed`, `bf16_with_mxfp8_mixed`, `bf16_with_nvfp4_mixed`).
+    pub param_gather_off: &'static [ByRecipe<()>],
     /// Settings of the recipe that parsim's configuration does not say (a token dispatcher
     /// other than all-to-all, CUDA graphs and their scope): the rows are predicted without
     /// them, and each row's notes name them.
@@ -39,12 +45,31 @@ pub struct BridgeModel {
     pub cite: &'static str,
 }
 
-/// Selective recomputation of `modules` on `gpu` (`""`: any) at `precision` (`""`: any).
+/// A recipe setting `value` on `gpu` (`""`: any) at `precision` (`""`: any); the first rule
+/// that matches a row applies.
 #[derive(Debug, Clone, Copy)]
-pub struct RecomputeRule {
+pub struct ByRecipe<T> {
     pub gpu: &'static str,
     pub precision: &'static str,
-    pub modules: &'static [&'static str],
+    pub value: T,
+}
+
+/// Selective recomputation of these modules.
+pub type RecomputeRule = ByRecipe<&'static [&'static str]>;
+
+/// Activation offloading of this many decoder layers (Megatron-Core's `cpu_offloading` with
+/// `cpu_offloading_weights = False` and `cpu_offloading_num_layers`).
+pub type OffloadRule = ByRecipe<u32>;
+
+/// The value of the first of `rules` that matches `gpu` and `precision`.
+fn first_match<T: Copy>(rules: &[ByRecipe<T>], gpu: &str, precision: &str) -> Option<T> {
+    rules
+        .iter()
+        .find(|r| {
+            (r.gpu.is_empty() || r.gpu == gpu)
+                && (r.precision.is_empty() || r.precision == precision)
+        })
+        .map(|r| r.value)
 }
 
 const fn none() -> BridgeModel {
@@ -56,7 +81,8 @@ const fn none() -> BridgeModel {
         layouts: &[],
         muon: false,
         recompute_modules: &[],
-        bf16_grads: false,
+        fsdp_offload_layers: &[],
+        param_gather_off: &[],
         unmodelled: &[],
         refused: None,
         cite: "",
@@ -68,10 +94,26 @@ const fn rule(
     precision: &'static str,
     modules: &'static [&'static str],
 ) -> RecomputeRule {
-    RecomputeRule {
+    ByRecipe {
         gpu,
         precision,
-        modules,
+        value: modules,
+    }
+}
+
+const fn off(gpu: &'static str, precision: &'static str) -> ByRecipe<()> {
+    ByRecipe {
+        gpu,
+        precision,
+        value: (),
+    }
+}
+
+const fn offload(gpu: &'static str, precision: &'static str, layers: u32) -> OffloadRule {
+    ByRecipe {
+        gpu,
+        precision,
+        value: layers,
     }
 }
 
@@ -85,14 +127,27 @@ pub const MODELS: &[BridgeModel] = &[
     BridgeModel {
         name: "LLAMA3_70B",
         preset: Ok("llama3-70b"),
+        fsdp_offload_layers: &[
+            offload("b200", "fp8", 5),
+            offload("gb200", "bf16", 20),
+            offload("gb200", "fp8", 40),
+            offload("gb300", "bf16", 30),
+            offload("gb300", "fp8", 20),
+        ],
+        cite: "Megatron-Bridge perf_recipes/llama/{b200,gb200,gb300}/llama3.py \
+               (llama3_70b_pretrain_64gpu_*_config, commit 067f987d): the Megatron-FSDP configs \
+               offload cpu_offloading_num_layers decoder layers' activations (weights kept)",
         ..none()
     },
     BridgeModel {
         name: "LLAMA3.1_405B",
         preset: Ok("llama3-405b"),
         pipeline_slots: true,
+        fsdp_offload_layers: &[offload("b300", "bf16", 40), offload("gb300", "bf16", 40)],
         cite: "Megatron-Bridge's Llama 3.1 405B recipe: the embedding and the loss take a slot \
-               each, 126 layers in 128 slots",
+               each, 126 layers in 128 slots; perf_recipes/llama/{b300,gb300}/llama31.py \
+               (llama31_405b_pretrain_*gpu_*_bf16_config, commit 067f987d): the Megatron-FSDP \
+               configs offload 40 decoder layers' activations",
         ..none()
     },
     BridgeModel {
@@ -104,9 +159,27 @@ pub const MODELS: &[BridgeModel] = &[
             (8, "Et*8|(t*8|)*6,t*5mL"),
             (16, "Et*4|(t*4|)*14,tmL"),
         ],
+        recompute_modules: &[
+            rule("h100-sxm", "", &["mla_up_proj", "mlp"]),
+            rule("b200", "mxfp8", &["mla_up_proj", "mlp"]),
+            rule("b200", "nvfp4", &["mla_up_proj", "layernorm", "moe_act"]),
+            rule("b200", "", &["mla_up_proj"]),
+            rule("b300", "", &["mla_up_proj"]),
+            rule("gb200", "fp8", &["mlp"]),
+            rule("gb200", "nvfp4", &["mlp"]),
+            rule("gb200", "", &["mla_up_proj"]),
+            rule("gb300", "bf16", &["moe_act"]),
+            rule("gb300", "mxfp8", &[]),
+            rule("gb300", "", &["mla_up_proj"]),
+        ],
+        param_gather_off: &[off("b200", "nvfp4")],
         cite: "Megatron-Bridge's DeepSeek-V3 recipe: one MTP layer, and \
                set_deepseek_v3_pipeline_model_parallel_layout's layouts for 4, 8 and 16 virtual \
-               stages (the embedding first, the MTP layer and the loss last)",
+               stages (the embedding first, the MTP layer and the loss last); \
+               perf_recipes/deepseek/{h100,b200,b300,gb200,gb300}/deepseek_v3.py \
+               (deepseek_v3_pretrain_*_config, commit 067f987d): recompute_modules by system \
+               and precision (none in the GB300 MXFP8 config); the B200 NVFP4 config \
+               turns fp4_param_gather off",
         ..none()
     },
     BridgeModel {
@@ -117,11 +190,15 @@ pub const MODELS: &[BridgeModel] = &[
         recompute_modules: &[
             rule("b200", "", &["mla_up_proj"]),
             rule("gb200", "", &["mla_up_proj"]),
-            rule("gb300", "", &["moe_act"]),
+            rule("gb300", "", &["mla_up_proj"]),
+            rule("h100-sxm", "", &["mla_up_proj", "mlp"]),
         ],
+        param_gather_off: &[off("", "")],
         cite: "Megatron-Bridge kimi_workload_base_configs.py and kimi_llm_pretrain.py: Muon \
-               without the distributed optimizer, recompute_modules by system, and \
-               _get_kimi_k2_pipeline_layout for 16 virtual stages",
+               without the distributed optimizer, recompute_modules by system (GB300: \
+               mla_up_proj since commit fecfbc9a1, Mar 2026, as perf_recipes/kimi/gb300/kimi_k2.py \
+               today), and _get_kimi_k2_pipeline_layout for 16 virtual stages; \
+               perf_recipes/kimi/{h100,b200,gb200,gb300}/kimi_k2.py: fp8_param_gather = False",
         ..none()
     },
     BridgeModel {
@@ -146,8 +223,10 @@ pub const MODELS: &[BridgeModel] = &[
             rule("b200", "bf16", &["layernorm", "moe_act"]),
             rule("gb200", "bf16", &["layernorm", "moe_act"]),
         ],
+        param_gather_off: &[off("", "")],
         cite: "Megatron-Bridge gpt_oss_workload_base_configs.py: the H100, B200 and GB200 BF16 \
-               configs recompute layernorm and moe_act; the MXFP8 configs recompute nothing",
+               configs recompute layernorm and moe_act; the MXFP8 configs recompute nothing; \
+               perf_recipes/gpt_oss/common.py: fp8_param_gather and fp4_param_gather = False",
         ..none()
     },
     BridgeModel {
@@ -169,7 +248,7 @@ pub const MODELS: &[BridgeModel] = &[
             rule("b300", "bf16", &["moe_act", "layernorm"]),
             rule("b300", "nvfp4", &["moe_act", "layernorm"]),
         ],
-        bf16_grads: true,
+        param_gather_off: &[off("", "nvfp4")],
         unmodelled: &[
             "the flex token dispatcher with HybridEP (modelled as all-to-all)",
             "CUDA graphs over attn, mamba, moe_router and moe_preprocess",
@@ -181,7 +260,7 @@ pub const MODELS: &[BridgeModel] = &[
                recipes/nemotronh/h100/nemotron_3_super.py: recompute_modules by system and \
                precision (none on GB200 and GB300, nor for B200 NVFP4 or B300 MXFP8), the flex \
                dispatcher with HybridEP, CUDA graphs, one shared MTP block; common.py's \
-               _apply_nemotron_3_super_perf_defaults: grad_reduce_in_fp32 = False",
+               _nemotron_3_super_nvfp4_precision: fp4_param_gather = False",
         ..none()
     },
     BridgeModel {
@@ -241,13 +320,19 @@ impl BridgeModel {
 
     /// The modules the recipe recomputes on `gpu` at `precision`, if it sets any.
     pub fn recompute_modules(&self, gpu: &str, precision: &str) -> Option<&'static [&'static str]> {
-        self.recompute_modules
-            .iter()
-            .find(|r| {
-                (r.gpu.is_empty() || r.gpu == gpu)
-                    && (r.precision.is_empty() || r.precision == precision)
-            })
-            .map(|r| r.modules)
+        first_match(self.recompute_modules, gpu, precision)
+    }
+
+    /// Whether the recipe on `gpu` at `precision` gathers its weights in their low-precision
+    /// format (`fp8_param_gather`, `fp4_param_gather`).
+    pub fn gathers_low_precision(&self, gpu: &str, precision: &str) -> bool {
+        matches!(precision, "fp8" | "mxfp8" | "nvfp4")
+            && first_match(self.param_gather_off, gpu, precision).is_none()
+    }
+
+    /// The decoder layers the recipe's Megatron-FSDP run on `gpu` at `precision` offloads.
+    pub fn fsdp_offload_layers(&self, gpu: &str, precision: &str) -> u32 {
+        first_match(self.fsdp_offload_layers, gpu, precision).unwrap_or(0)
     }
 }
 
@@ -301,8 +386,24 @@ mod tests {
         let kimi = find("Kimi_K2").unwrap();
         assert_eq!(
             kimi.recompute_modules("gb300", "mxfp8"),
-            Some(&["moe_act"][..])
+            Some(&["mla_up_proj"][..])
         );
-        assert_eq!(kimi.recompute_modules("h100-sxm", "bf16"), None);
+        assert_eq!(kimi.recompute_modules("b300", "bf16"), None);
+        let deepseek = find("DeepSeekV3").unwrap();
+        assert_eq!(deepseek.recompute_modules("gb300", "mxfp8"), Some(&[][..]));
+        assert_eq!(
+            deepseek.recompute_modules("gb200", "fp8"),
+            Some(&["mlp"][..])
+        );
+        let llama = find("LLAMA3_70B").unwrap();
+        assert_eq!(llama.fsdp_offload_layers("gb200", "fp8"), 40);
+        assert_eq!(llama.fsdp_offload_layers("h100-sxm", "fp8"), 0);
+        assert!(llama.gathers_low_precision("gb300", "nvfp4"));
+        assert!(!llama.gathers_low_precision("gb300", "bf16"));
+        assert!(!deepseek.gathers_low_precision("b200", "nvfp4"));
+        assert!(deepseek.gathers_low_precision("b200", "mxfp8"));
+        assert!(!find("GPT OSS 120B")
+            .unwrap()
+            .gathers_low_precision("gb200", "mxfp8"));
     }
 }

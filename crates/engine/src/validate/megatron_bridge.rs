@@ -23,7 +23,11 @@ gives neither); SFT rows as full fine-tuning at the row's sequence, LoRA rows as
 on the QKV, output, FC1 and FC2 projections (Megatron-Bridge's PEFT guide, \
 docs/training/peft.md); per model, the recipe settings its entry in \
 crates/engine/src/validate/bridge_models.rs cites (pipeline layouts, embedding and loss slots, \
-MTP, Muon, recompute modules); the recipe settings parsim's configuration does not say (a \
+MTP, Muon, recompute modules, fp8_param_gather turned off); every recipe's gradients \
+reduced and accumulated in bf16 (perf_recipes/_common.py's _benchmark_common: \
+grad_reduce_in_fp32 = False) and, at FP8, MXFP8 and NVFP4, its weights kept and gathered \
+in that format (training/mixed_precision.py: fp8_param_gather = True, NVFP4's \
+fp4_param_gather = True); the recipe settings parsim's configuration does not say (a \
 token dispatcher other than all-to-all, CUDA graphs) are named in the row's notes, and a \
 recipe parsim cannot say at all (Megatron-FSDP as HSDP, fine-grained activation offloading) \
 leaves its rows not expressible, by name. A figure in parentheses (the same run at another quantisation \
@@ -230,7 +234,10 @@ fn overlay(v: &Value, p: &Printed, notes: &mut Vec<String>) -> Result<Value, Row
     if let Some(r) = fp8_recipe {
         train["fp8_recipe"] = json!(r);
     }
-    if let Some(modules) = model.recompute_modules(gpu, precision) {
+    if let Some(modules) = model
+        .recompute_modules(gpu, precision)
+        .filter(|m| !m.is_empty())
+    {
         train["recompute"] = json!("selective");
         train["recompute_modules"] = json!(modules);
         notes.push(format!(
@@ -238,12 +245,22 @@ fn overlay(v: &Value, p: &Printed, notes: &mut Vec<String>) -> Result<Value, Row
             modules.join(", ")
         ));
     }
+    let offloaded = model.fsdp_offload_layers(gpu, precision);
+    if p.fsdp > 0 && offloaded > 0 {
+        train["offload_activation_layers"] = json!(offloaded);
+        notes.push(format!(
+            "activations of {offloaded} layers offloaded to the host (the model's recipe)"
+        ));
+    }
     if model.muon {
         train["optimizer"] = json!("muon");
     }
-    if model.bf16_grads {
-        train["grad_dtype"] = json!("bf16");
-        notes.push("gradients reduced in bf16 (the model's recipe)".into());
+    // Every performance recipe reduces and accumulates its gradients in bf16
+    // (`_benchmark_common`, src/megatron/bridge/perf_recipes/_common.py; before it the
+    // scripts/performance/configs/*_llm_pretrain.py of each model).
+    train["grad_dtype"] = json!("bf16");
+    if model.gathers_low_precision(gpu, precision) {
+        train["fp8_param_gather"] = json!(true);
     }
     for setting in model.unmodelled {
         notes.push(format!("not modelled: {setting} (the model's recipe)"));

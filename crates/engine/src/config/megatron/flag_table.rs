@@ -205,6 +205,7 @@ pub(super) const KEPT_SWITCHES: &[&str] = &[
     "--qk-l2-norm",
     "--is-hybrid-model",
     "--fp8-param-gather",
+    "--fp4-param-gather",
     "--first-last-layers-bf16",
     "--cpu-offloading",
     "--cpu-offloading-weights",

@@ -73,7 +73,7 @@ pub(super) fn settings<'a>(
     };
     out.push(("precision", json!(precision)));
     let low = matches!(precision, "fp8" | "mxfp8" | "nvfp4");
-    if on("--fp8-param-gather") {
+    if on("--fp8-param-gather") || (precision == "nvfp4" && on("--fp4-param-gather")) {
         out.push(("fp8_param_gather", json!(true)));
     }
     if low && on("--first-last-layers-bf16") {

@@ -301,7 +301,11 @@ fn training_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
         }
     }
     if t.fp8_param_gather {
-        flag("--fp8-param-gather", None);
+        if t.precision == Precision::Nvfp4 {
+            flag("--fp4-param-gather", None);
+        } else {
+            flag("--fp8-param-gather", None);
+        }
     }
     let (start, end) = t.bf16_layers();
     if start + end > 0 {

@@ -290,6 +290,11 @@ fn low_precision_flags_import_into_the_precision_settings() {
     let t = training("--bf16 --fp4-format e2m1 --fp4-recipe nvfp4");
     assert_eq!(t.precision, Precision::Nvfp4);
     assert_eq!(t.bf16_layers(), (0, 0));
+    assert!(!t.fp8_param_gather);
+    // NVFP4's parameter gather is --fp4-param-gather; under bf16 it gathers nothing.
+    let t = training("--bf16 --fp4-format e2m1 --fp4-recipe nvfp4 --fp4-param-gather");
+    assert!(t.fp8_param_gather);
+    assert!(!training("--bf16 --fp4-param-gather").fp8_param_gather);
     let t = training("--bf16 --fp4-format e2m1 --first-last-layers-bf16");
     assert_eq!(t.bf16_layers(), (1, 1));
     // Unknown values are errors naming the flag.

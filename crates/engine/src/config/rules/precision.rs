@@ -55,23 +55,29 @@ pub fn hardware(cfg: &Config, gpu: &GpuProfile) -> Vec<Violation> {
     errs
 }
 
-/// The recipe's own settings: an fp8 parameter gather needs an 8-bit weight format (fp8,
-/// mxfp8); bf16 layers need a low-precision recipe other than delayed scaling (Megatron runs
+/// The recipe's own settings: a low-precision parameter gather needs a low-precision weight
+/// format (fp8, mxfp8, or nvfp4: Megatron's `--fp4-param-gather`); bf16 layers need a low-precision recipe other than delayed scaling (Megatron runs
 /// delayed scaling in one outer FP8 context, so no layer can leave it) and must leave
 /// layers in it.
 fn recipe_settings(cfg: &Config) -> Vec<Violation> {
     let t = &cfg.training;
     let mut errs = Vec::new();
-    if t.fp8_param_gather && !matches!(t.precision, Precision::Fp8 | Precision::Mxfp8) {
+    if t.fp8_param_gather
+        && !matches!(
+            t.precision,
+            Precision::Fp8 | Precision::Mxfp8 | Precision::Nvfp4
+        )
+    {
         errs.push(
             Violation::new(
                 "training.fp8_param_gather",
                 format!(
-                    "gathers weights in an 8-bit format, so needs precision fp8 or mxfp8, got {}",
+                    "gathers weights in a low-precision format, so needs precision fp8, mxfp8 \
+                     or nvfp4, got {}",
                     t.precision
                 ),
             )
-            .hint("leave it out, or set training.precision = \"fp8\" or \"mxfp8\""),
+            .hint("leave it out, or set training.precision = \"fp8\", \"mxfp8\" or \"nvfp4\""),
         );
     }
     let set = t.bf16_layers_at_start.is_some() || t.bf16_layers_at_end.is_some();
