@@ -81,7 +81,9 @@ impl Prepared<'_> {
             })
             .collect();
         let usable_bytes = r.gpu.usable_memory_bytes();
-        let fits = reserved <= usable_bytes;
+        // Fits on the allocated peak: the caching allocator returns its cached segments before
+        // a request fails (src/memory/allocator.rs), so its reserve never makes a run fail.
+        let fits = per_gpu_max_bytes <= usable_bytes;
         let memory_interval = crate::interval::memory::shipped()
             .map_err(|e| EstimateError::Interval(e.to_string()))?
             .lookup(cfg.training.framework);
@@ -145,7 +147,7 @@ impl Prepared<'_> {
                 mfu_p90: 0.0,
             },
             step_interval: interval.clone(),
-            verdict: verdict_with_margin(&time, reserved, &r.gpu, self.advice_context()),
+            verdict: verdict_with_margin(&time, per_gpu_max_bytes, &r.gpu, self.advice_context()),
             warnings: r.warnings.clone(),
             framework_overrides: r.config.training.framework.overrides(&r.config.parallel),
             table_coverage: self.table_coverage(),

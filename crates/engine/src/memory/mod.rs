@@ -45,6 +45,10 @@ pub struct StageMemory {
     /// only during the step, within `total` when the step is the rank's worst moment.
     #[serde(skip_serializing_if = "is_zero")]
     pub step_grads: u64,
+    /// The step's fp32 overflow-check and fp64 norm copies of its largest gradient piece
+    /// (DeepSpeed ZeRO-1/2; src/memory/deepspeed.rs), one at a time, before the flat copies.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub grad_check_copies: u64,
     /// What the caching allocator keeps reserved beyond `total` (src/memory/allocator.rs):
     /// `total + allocator_cache` is what `torch.cuda.max_memory_reserved()` and nvidia-smi show.
     #[serde(skip_serializing_if = "is_zero")]
@@ -117,6 +121,9 @@ struct RankPhases {
     /// The framework's gradient reduce bucket where its backward fills it (DeepSpeed ZeRO-1/2
     /// without a pipeline).
     framework_backward: u64,
+    /// The vocabulary table's fresh weight gradient while the embedding or the output block
+    /// runs backward (DeepSpeed: `AccumulateGrad`, src/memory/deepspeed.rs).
+    table_wgrad: u64,
     /// [`PhaseBuffers::kept_output`] and [`PhaseBuffers::kept_input`].
     kept_output: u64,
     kept_input: u64,
@@ -140,9 +147,11 @@ impl RankPhases {
         };
         // A full backward's transient counts the buckets from their first weight gradient on
         // and the gathered weights of the unit running (the MTP module's three units apart).
+        let table = |b: &BlockSummary| std::ptr::eq(b, &s.embedding) || std::ptr::eq(b, &s.output);
         let backward_of = |b: &BlockSummary| {
             self.fsdp_backward
                 + self.framework_backward
+                + if table(b) { self.table_wgrad } else { 0 }
                 + if self.split {
                     gathered_of(b) + b.backward_temp_split
                 } else {
@@ -349,9 +358,10 @@ pub fn stage_memories<'p>(
     rank_memories(r, s, l, chunks, pipeline).collect()
 }
 
-/// The largest of [`stage_memories`]' reserved peaks ([`StageMemory::reserved`]), or, once
-/// some rank's exceeds `stop_above`, that rank's (a figure above the limit, without walking the ranks left):
-/// a search only asks whether a mix fits.
+/// The largest of [`stage_memories`]' allocated peaks (what decides a fit: the caching
+/// allocator returns its cache before a request fails, src/memory/allocator.rs), or, once
+/// some rank's exceeds `stop_above`, that rank's (a figure above the limit, without walking the
+/// ranks left): a search only asks whether a mix fits.
 pub fn peak_total_until<'p>(
     r: &Resolved,
     s: &LedgerSummary,
@@ -362,7 +372,7 @@ pub fn peak_total_until<'p>(
 ) -> u64 {
     let mut most = 0;
     for m in rank_memories(r, s, l, chunks, pipeline) {
-        most = most.max(m.reserved());
+        most = most.max(m.total);
         if most > stop_above {
             break;
         }
@@ -429,10 +439,7 @@ pub fn inflight_peak_bytes_memo(
         .filter_map(|rank| {
             let (st, first) = alike.of(rank, split);
             let pl = Pipeline::Inflight { sets, split };
-            first.then(|| {
-                st.memory(r, s, rank as u32, &chunks[rank], pl, None)
-                    .reserved()
-            })
+            first.then(|| st.memory(r, s, rank as u32, &chunks[rank], pl, None).total)
         })
         .max()
         .unwrap_or(0)
@@ -507,6 +514,7 @@ mod tests {
             fsdp_backward: 0,
             fsdp_grads: 0,
             framework_backward: 0,
+            table_wgrad: 0,
             kept_output: 0,
             kept_input: 0,
         }

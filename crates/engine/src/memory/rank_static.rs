@@ -60,14 +60,11 @@ pub(super) struct RankStatic {
     rank_phases: RankPhases,
     /// The rank's worst phase buffers (all its chunks).
     phase: PhaseBuffers,
-    /// The framework's reduce bucket and the optimizer step's flat gradient copies.
-    reduce_bucket: u64,
-    step_grads: u64,
-    /// Bytes live during the optimizer step beyond the resident ones, the largest of them in
-    /// one buffer, and the largest block the backward leaves cached (for the allocator).
-    step: u64,
-    step_largest: u64,
-    largest_cached: u64,
+    /// The framework's own lines (src/memory/deepspeed.rs).
+    ds: deepspeed::DeepspeedBuffers,
+    /// Blocks the backward leaves cached (for the allocator): the largest one tensor of the
+    /// walk, and the vocabulary table's weight-gradient transient.
+    cached: [u64; 2],
 }
 
 impl RankStatic {
@@ -172,7 +169,7 @@ impl RankStatic {
         if par.fsdp.is_some_and(|f| f.holds_root(zero)) && chunks.iter().any(|c| c.embedding) {
             fixed += s.embedding.params.rank() * w;
         }
-        let ds = deepspeed::buffers(r, &p, d.residual_bytes());
+        let ds = deepspeed::buffers(r, &p, deepspeed::RankTensors::of(r, d, chunks));
         let rank_phases = RankPhases {
             zero,
             weight_bytes: w,
@@ -189,20 +186,15 @@ impl RankStatic {
             },
             kept_output: ds.kept_output,
             kept_input: ds.kept_input,
+            table_wgrad: ds.table_wgrad,
         };
         let phase = rank_phases.of(s, chunks);
-        // The blocks the backward leaves cached are at most a block's whole saved set or a
-        // phase's transients (an upper bound on any one tensor among them).
+        // The blocks the backward leaves cached are at most a block's whole saved set or one
+        // of its transients (an upper bound on any one tensor among them).
         let largest_cached = blocks()
             .map(|b| b.saved_all.max(b.temp).max(b.backward_temp))
             .max()
-            .unwrap_or(0)
-            .max(phase.max());
-        let bucket_after = if ds.bucket_in_backward {
-            0
-        } else {
-            ds.reduce_bucket
-        };
+            .unwrap_or(0);
         RankStatic {
             weights,
             low_precision_weights,
@@ -213,11 +205,8 @@ impl RankStatic {
             handoff,
             rank_phases,
             phase,
-            reduce_bucket: ds.reduce_bucket,
-            step_grads: ds.step_grads,
-            step: bucket_after.max(ds.step_grads),
-            step_largest: ds.step_largest.max(bucket_after),
-            largest_cached,
+            ds,
+            cached: [largest_cached, ds.table_wgrad],
         }
     }
 
@@ -338,16 +327,15 @@ impl RankStatic {
         let activations = peak.activations;
         let buffers = fixed + phase.max();
         // The worst moment, not the sum of each category's worst (which can be larger): a
-        // moment of the activation walk, or the optimizer step (the framework's bucket when it
-        // reduces after the backward, and its flat gradient copies), when no activation lives.
+        // moment of the activation walk, or one after the backward, when no activation lives
+        // (the framework's bucket when it reduces then, its step's copies less the gradients
+        // it released before them).
         let resident = weights + low_precision_weights + grads + optimizer + fixed;
-        let total = resident.saturating_add(peak.with_buffers.max(self.step));
-        let allocator_cache = allocator::step_reserve(
-            peak.with_buffers,
-            self.step,
-            self.step_largest,
-            self.largest_cached,
-        );
+        let backward_total = resident.saturating_add(peak.with_buffers);
+        let total = backward_total.max(resident.saturating_add(self.ds.after_backward));
+        let new_segments = allocator::new_segment_bytes(&self.cached, &self.ds.step_allocs);
+        let allocator_cache =
+            allocator::cache_bytes(backward_total, new_segments, total, r.gpu.memory_bytes);
         StageMemory {
             stage: rank,
             weights,
@@ -358,8 +346,9 @@ impl RankStatic {
             buffers,
             total,
             host_offload,
-            reduce_bucket: self.reduce_bucket,
-            step_grads: self.step_grads,
+            reduce_bucket: self.ds.reduce_bucket,
+            step_grads: self.ds.step_grads,
+            grad_check_copies: self.ds.grad_check_copies,
             allocator_cache,
         }
     }

@@ -25,6 +25,7 @@ pub mod summary;
 
 pub use dims::Dims;
 pub use mamba::ssd_flops;
+pub use mlp::fc1_width;
 pub use moe::{imbalance_of_rank_load, rank_load_factor};
 pub use op::{
     Collective, CollectiveKind, Flops, Op, OpKind, OpRole, ParamClass, Params, Phase, RingCalls,

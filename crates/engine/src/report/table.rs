@@ -150,6 +150,7 @@ fn memory_section(out: &mut String, e: &Estimate) {
     // The framework's own lines (src/memory/deepspeed.rs, allocator.rs), where it has them.
     let bucket = mem.stages.iter().any(|s| s.reduce_bucket > 0);
     let step = mem.stages.iter().any(|s| s.step_grads > 0);
+    let check = mem.stages.iter().any(|s| s.grad_check_copies > 0);
     let cache = mem.stages.iter().any(|s| s.allocator_cache > 0);
     let mut head = vec!["pp stage", "weights"];
     if low {
@@ -161,6 +162,9 @@ fn memory_section(out: &mut String, e: &Estimate) {
     }
     if step {
         head.push("step grad copies");
+    }
+    if check {
+        head.push("grad check copies");
     }
     head.push("total GiB");
     if cache {
@@ -185,6 +189,9 @@ fn memory_section(out: &mut String, e: &Estimate) {
         if step {
             row.push(gib(s.step_grads));
         }
+        if check {
+            row.push(gib(s.grad_check_copies));
+        }
         row.push(gib(s.total));
         if cache {
             row.push(gib(s.reserved()));
@@ -202,11 +209,12 @@ fn memory_section(out: &mut String, e: &Estimate) {
         gib(mem.capacity_bytes)
     );
     let _ = writeln!(out, "{t}");
+    // A fit is decided on the allocated peak: the allocator returns its cache before failing.
     let needs = match mem.reserved_peak_bytes() {
         Some(r) => format!(
-            "{} GiB reserved ({} allocated)",
-            gib(r),
-            gib(mem.per_gpu_max_bytes)
+            "{} GiB allocated ({} reserved)",
+            gib(mem.per_gpu_max_bytes),
+            gib(r)
         ),
         None => format!("{} GiB", gib(mem.per_gpu_max_bytes)),
     };
