@@ -233,7 +233,10 @@ pub const MODELS: &[BridgeModel] = &[
             flex("b300", "", "hybridep", false),
         ],
         cite: "Megatron-Bridge gpt_oss_workload_base_configs.py: the H100, B200 and GB200 BF16 \
-               configs recompute layernorm and moe_act; the MXFP8 configs recompute nothing",
+               configs recompute layernorm and moe_act; the MXFP8 configs recompute nothing; \
+               the dispatcher from perf_recipes/gpt_oss/{b300,gb200,gb300}/gpt_oss.py and \
+               common.py's _apply_gpt_oss_120b_full_iter_fp8mx_configs (commit 067f987d): flex \
+               with HybridEP on B300 and for MXFP8 on GB200/GB300, there with the EP overlap",
         ..none()
     },
     BridgeModel {

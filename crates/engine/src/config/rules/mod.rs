@@ -96,7 +96,8 @@ pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
 
 /// The rule groups that read the pipeline split (`parallel.vpp`, `schedule`,
 /// `first_stage_layers`, `last_stage_layers`, `pipeline_layout` and the embedding and loss
-/// slots): the sizes and the pipeline's. No other group reads any of them, so a
+/// slots): the sizes, the pipeline's and the EP overlap's need for virtual stages. No other
+/// group reads any of them, so a
 /// configuration that differs from one that passed [`check`] only in its split passes
 /// [`check`] exactly when it passes these (a search's runs: [`crate::config::Resolved::resplit`]).
 pub fn check_split(c: &Config) -> Result<(), ConfigError> {
