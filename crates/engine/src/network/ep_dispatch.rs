@@ -300,13 +300,13 @@ mod tests {
         Network::new(&layout, &gpu).with_ep_dispatch(d)
     }
 
-    fn flex(backend: FlexBackend, experts: u64, topk: u64) -> Option<EpDispatch> {
-        Some(EpDispatch {
+    fn flex(backend: FlexBackend, experts: u64, topk: u64) -> EpDispatch {
+        EpDispatch {
             dispatcher: TokenDispatcher::Flex,
             backend,
             experts,
             topk,
-        })
+        }
     }
 
     fn ep_call_s(net: &Network, payload: u64, n: u32) -> f64 {
@@ -321,7 +321,7 @@ mod tests {
     /// NIC's 10 us latency.
     #[test]
     fn deepep_time_at_its_table_point_by_hand() {
-        let net = h100(16, flex(FlexBackend::DeepEp, 16, 2));
+        let net = h100(16, Some(flex(FlexBackend::DeepEp, 16, 2)));
         let payload = 2_000_000;
         let want = 1.0e-5 + 1.0e6 * 23.0 / 15.0 / (43.0 / 50.0 * 50e9);
         let got = ep_call_s(&net, payload, 16);
@@ -340,13 +340,13 @@ mod tests {
         for ep in [8, 16, 32, 64] {
             let nccl = ep_call_s(&h100(ep, None), payload, ep);
             for b in [FlexBackend::DeepEp, FlexBackend::HybridEp] {
-                let fused = ep_call_s(&h100(ep, flex(b, 256, 8)), payload, ep);
+                let fused = ep_call_s(&h100(ep, Some(flex(b, 256, 8))), payload, ep);
                 assert!(fused < nccl, "ep {ep} {b}: {fused} vs {nccl}");
             }
         }
         let gather = Some(EpDispatch {
             dispatcher: TokenDispatcher::AllGather,
-            ..flex(FlexBackend::DeepEp, 256, 8).unwrap()
+            ..flex(FlexBackend::DeepEp, 256, 8)
         });
         let net = h100(64, gather);
         let gathered = net.collective_s(
@@ -361,7 +361,7 @@ mod tests {
             .and_then(|l| l.with_nvlink_domain(72))
             .unwrap();
         let on = |b| {
-            let net = Network::new(&layout, &gpu).with_ep_dispatch(flex(b, 256, 8));
+            let net = Network::new(&layout, &gpu).with_ep_dispatch(Some(flex(b, 256, 8)));
             ep_call_s(&net, payload, 8)
         };
         assert!(on(FlexBackend::HybridEp) < on(FlexBackend::DeepEp));
