@@ -96,7 +96,8 @@ fn megatron_bridge_rows_are_estimates_of_their_printed_settings() {
     assert_eq!(predicted(r), want, "{}", r.label);
     // 26.04 Nemotron_3_Super, DGX-GB200, 64 GPUs, MXFP8, GBS 512, MBS 1, seq 8192, TP 2 EP 64:
     // 6674. Its recipe (perf_recipes/nemotronh/gb200/nemotronh.py) recomputes nothing, reduces
-    // gradients in bf16, gathers its MXFP8 weights in MXFP8 and trains one shared MTP block;
+    // gradients in bf16, gathers its MXFP8 weights in MXFP8, trains one shared MTP block and
+    // dispatches with flex over HybridEP;
     // every MoE model's rows force-balance their tokens.
     let r = rows[4];
     assert_eq!(r.measured.step_s, Some(512.0 * 8192.0 / (6674.0 * 64.0)));
@@ -104,7 +105,8 @@ fn megatron_bridge_rows_are_estimates_of_their_printed_settings() {
         "model": {"preset": "nemotron-3-super", "mtp_num_layers": 1,
                   "moe_router_force_load_balancing": true},
         "cluster": {"gpu": "gb200", "num_gpus": 64},
-        "parallel": {"tp": 2, "pp": 1, "cp": 1, "vpp": 1, "ep": 64, "zero": 1},
+        "parallel": {"tp": 2, "pp": 1, "cp": 1, "vpp": 1, "ep": 64, "zero": 1,
+                     "moe_token_dispatcher": "flex", "moe_flex_dispatcher_backend": "hybridep"},
         "training": {"precision": "mxfp8", "seq_length": 8192, "micro_batch_size": 1,
                      "global_batch_size": 512, "recompute": "none", "grad_dtype": "bf16",
                      "fp8_param_gather": true}

@@ -158,7 +158,7 @@ fn model_and_layout_flags_that_are_not_understood_are_errors() {
             "--moe-layer-freq",
         ),
         (
-            "--num-experts 4 --moe-token-dispatcher-type allgather",
+            "--num-experts 4 --moe-token-dispatcher-type bogus",
             "--moe-token-dispatcher-type",
         ),
         (

@@ -10,6 +10,7 @@ pub mod calibrate;
 pub mod comm;
 pub mod config;
 pub mod dp_calls;
+pub mod ep_overlap;
 pub mod estimate;
 pub mod host;
 pub mod interval;

@@ -9,6 +9,7 @@
 
 use crate::config::tables::RateTables;
 use crate::config::{CpComm, Recompute};
+use crate::ep_overlap::{self, EpWindows};
 use crate::layout::GroupKind;
 use crate::model::{Block, BlockTimes, Op, OpKind, PerGroup, Phase, TensorRole};
 use crate::network::{CollectiveGroup, Network};
@@ -326,6 +327,9 @@ pub struct Overlaps {
     pub cp_ring: bool,
     /// EP all-to-all hidden behind compute (DualPipe's overlapped forward-backward slots).
     pub ep: bool,
+    /// Megatron-Core's EP overlap in its combined 1F1B schedule
+    /// (`parallel.overlap_moe_expert_parallel_comm`, [`crate::ep_overlap`]).
+    pub ep_1f1b: bool,
 }
 
 /// What the time model needs to time a block.
@@ -386,8 +390,12 @@ impl TimingContext<'_> {
         // The first synchronising collective of each pass: where the block's members wait for
         // each other ([`crate::config::gpu::Efficiency::sync_skew`]).
         let mut sync: [Option<GroupKind>; 2] = [None, None];
+        // Under the combined 1F1B's EP overlap the EP transfers are exposed per window once
+        // the layer is walked.
+        let mut windows = self.overlaps.ep_1f1b.then(EpWindows::default);
         for op in &b.ops {
             let (f, d, w) = rates.op_s(op);
+            let mut ep_s = [0.0; 2];
             t.fwd_s += f;
             t.dgrad_s += d;
             t.wgrad_s += w;
@@ -417,6 +425,13 @@ impl TimingContext<'_> {
                     Phase::Forward => f,
                     Phase::Backward => d + w,
                 };
+                if windows.is_some() && c.group == GroupKind::Ep && c.group_size > 1 {
+                    ep_s[ep_overlap::pass(c.phase)] += cost.total_s() * c.count as f64;
+                    if c.payload_bytes > 0 {
+                        issue.collective(&self.host, c.phase, 0.0, false);
+                    }
+                    continue;
+                }
                 let exposed = self.exposed_s(rates, op, c, cost, compute_s);
                 let rerun_comm = rerun && op.rerun_repeats_comms() && c.phase == Phase::Forward;
                 if c.group_size > 1 && c.payload_bytes > 0 {
@@ -431,6 +446,15 @@ impl TimingContext<'_> {
                     t.exposed_bwd.add_group(c.group, exposed);
                 }
             }
+            if let Some(win) = windows.as_mut() {
+                win.op(f, d + w, ep_s);
+            }
+        }
+        if let Some(win) = windows {
+            let e = win.exposed();
+            let charge = |p: usize| rates.gpu.efficiency.charged_s(e.comm_s[p], e.exposed_s[p]);
+            t.exposed_fwd.add_group(GroupKind::Ep, charge(0));
+            t.exposed_bwd.add_group(GroupKind::Ep, charge(1));
         }
         let skew = rates.gpu.efficiency.sync_skew;
         if skew > 0.0 {
@@ -682,6 +706,7 @@ mod tests {
         tp_comm: false,
         cp_ring: false,
         ep: false,
+        ep_1f1b: false,
     };
 
     /// A dense layer of `ops`.
@@ -802,6 +827,7 @@ mod tests {
                 tp_comm: false,
                 cp_ring: false,
                 ep,
+                ep_1f1b: false,
             };
             let r = rates(&gpu);
             block_times(

@@ -87,6 +87,40 @@ named_enum!(
 );
 
 named_enum!(
+    /// How an MoE layer moves its routed tokens to the experts' EP ranks and back
+    /// (Megatron-Core's `moe_token_dispatcher_type`, megatron/core/transformer/moe/
+    /// token_dispatcher.py).
+    #[derive(Default)]
+    TokenDispatcher {
+        /// `MoEAlltoAllTokenDispatcher`: each (token, expert) row permuted and sent by an NCCL
+        /// all-to-all over the EP group.
+        #[default]
+        AllToAll => "alltoall",
+        /// `MoEAllGatherTokenDispatcher`: every rank all-gathers the hidden states of the EP
+        /// group, keeps its experts' rows, and reduce-scatters the outputs back.
+        AllGather => "allgather",
+        /// `MoEFlexTokenDispatcher`: the fused dispatch and combine kernels of the backend in
+        /// `parallel.moe_flex_dispatcher_backend` (each token sent once per destination).
+        Flex => "flex",
+    }
+);
+
+named_enum!(
+    /// The kernels of the flex token dispatcher (Megatron-Core's
+    /// `moe_flex_dispatcher_backend`, megatron/core/transformer/moe/fused_a2a.py).
+    #[derive(Default)]
+    FlexBackend {
+        /// DeepEP's normal (high-throughput) dispatch and combine kernels: NVLink inside a
+        /// node of at most 8 GPUs, RDMA between nodes (deepseek-ai/DeepEP).
+        #[default]
+        DeepEp => "deepep",
+        /// NVIDIA's HybridEP (DeepEP's hybrid-ep branch): TMA over NVLink, RDMA between NVLink
+        /// domains; the backend that spans a multi-node NVLink domain (MNNVL).
+        HybridEp => "hybridep",
+    }
+);
+
+named_enum!(
     /// How context-parallel ranks exchange keys and values.
     CpComm {
         /// Ring attention with a contiguous sequence split (Liu et al. 2023, Ring Attention).

@@ -1,6 +1,6 @@
 //! The parallel mix: tensor, sequence, context, pipeline, data (with ZeRO) and expert parallelism.
 
-use super::enums::{CpComm, PpP2p, ScheduleKind};
+use super::enums::{CpComm, FlexBackend, PpP2p, ScheduleKind, TokenDispatcher};
 use super::fsdp::Fsdp;
 use serde::{Deserialize, Serialize};
 
@@ -87,6 +87,21 @@ pub struct ParallelConfig {
     /// Ring attention sends the next K/V block while computing on the current one (exposed =
     /// max(0, transfer - compute) per ring step). Off: the exchange is exposed.
     pub cp_comm_overlap: bool,
+    /// How MoE layers dispatch their routed tokens (Megatron-Core's
+    /// `--moe-token-dispatcher-type`): `alltoall` (NCCL), `allgather`, or `flex` (DeepEP or
+    /// HybridEP kernels, `moe_flex_dispatcher_backend`), each timed at its own bandwidth
+    /// (calibration/data/ep-dispatch.json).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub moe_token_dispatcher: TokenDispatcher,
+    /// The flex dispatcher's kernels (Megatron-Core's `--moe-flex-dispatcher-backend`).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub moe_flex_dispatcher_backend: FlexBackend,
+    /// Megatron-Core's `--overlap-moe-expert-parallel-comm`: the combined 1F1B schedule runs
+    /// one microbatch's forward beside another's backward layer by layer, hiding each EP
+    /// dispatch and combine behind the other pass's compute (model_chunk_schedule_plan.py,
+    /// `TransformerLayerSchedulePlan.run`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub overlap_moe_expert_parallel_comm: bool,
     /// How pipeline sends and receives run: `overlapped` (asynchronous, the sender computes
     /// on) or `blocking` (each transfer holds both stages' compute); `None` = the framework's
     /// (`training.framework`: blocking for DeepSpeed, overlapped otherwise).
@@ -125,8 +140,15 @@ impl Default for ParallelConfig {
             zero3_max_live_parameters: None,
             cp_comm_overlap: true,
             pp_p2p: None,
+            moe_token_dispatcher: TokenDispatcher::AllToAll,
+            moe_flex_dispatcher_backend: FlexBackend::DeepEp,
+            overlap_moe_expert_parallel_comm: false,
         }
     }
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
 }
 
 impl ParallelConfig {

@@ -10,6 +10,7 @@ use crate::model::{
     rank_params, BlockSummary, ChunkContents, CollectiveKind, CommKind, Ledger, LedgerSummary,
     OpRole, PerGroup,
 };
+use crate::network::ep_dispatch::EpDispatch;
 use crate::network::Network;
 use crate::schedule::{generate, Costs, ScheduleError};
 use crate::time::{Overlaps, StepTime};
@@ -315,6 +316,7 @@ fn overlaps(r: &Resolved) -> Overlaps {
         tp_comm: par.tp_comm_overlap,
         cp_ring: par.cp_comm_overlap,
         ep: par.schedule == ScheduleKind::DualPipeV,
+        ep_1f1b: par.overlap_moe_expert_parallel_comm,
     }
 }
 
@@ -352,7 +354,9 @@ impl<'a> Prepared<'a> {
         network: Option<Network>,
         timed: Option<(Ledger, LedgerSummary)>,
     ) -> Result<Prepared<'a>, EstimateError> {
-        let network = network.unwrap_or_else(|| Network::new(&Layout::of(r), &r.gpu));
+        let network = network.unwrap_or_else(|| {
+            Network::new(&Layout::of(r), &r.gpu).with_ep_dispatch(EpDispatch::of(&r.config))
+        });
         let (ledger, s) = timed.unwrap_or_else(|| timed_ledger(r, &network));
         Chunked::new(r, Cow::Owned(ledger), Cow::Owned(s)).prepare(Cow::Owned(network))
     }

@@ -5,6 +5,7 @@
 //! alpha-beta ring model (Thakur et al. 2005, "Optimization of Collective Communication
 //! Operations in MPICH") on NVLink inside a node and on the network across nodes.
 
+pub mod ep_dispatch;
 mod model_cache;
 pub mod nccl;
 pub mod nccl_search;
@@ -102,6 +103,9 @@ pub struct Network {
     model_of: [usize; GroupKind::ALL.len()],
     /// The profile's measured tables when it has a collective table ([`Self::table_collective_s`]).
     tables: Option<Box<crate::config::RateTables>>,
+    /// How the EP group's all-to-all calls run when not NCCL's all-to-all
+    /// ([`ep_dispatch::EpDispatch`]).
+    ep_dispatch: Option<ep_dispatch::EpDispatch>,
 }
 
 /// The tuned collectives' slot in [`Network`]'s cache.
@@ -218,7 +222,15 @@ impl Network {
                 .collective
                 .is_some()
                 .then(|| Box::new(gpu.tables.clone())),
+            ep_dispatch: None,
         }
+    }
+
+    /// These links with the EP group's all-to-all calls timed as `dispatch` runs them (the
+    /// configuration's token dispatcher, [`ep_dispatch::EpDispatch::of`]).
+    pub fn with_ep_dispatch(mut self, dispatch: Option<ep_dispatch::EpDispatch>) -> Network {
+        self.ep_dispatch = dispatch;
+        self
     }
 
     /// One collective from the profile's measured bus bandwidth for its op, group size and
@@ -317,6 +329,13 @@ impl Network {
         let b = payload as f64;
         if n <= 1 || payload == 0 {
             return CollectiveTime::default();
+        }
+        if let (CollectiveGroup::Kind(GroupKind::Ep), CollectiveKind::AllToAll, Some(d)) =
+            (group, coll, self.ep_dispatch)
+        {
+            if let Some(t) = self.dispatch_time(d, g, payload, n) {
+                return t;
+            }
         }
         if let Some(t) = self.table_collective(g, coll, payload, n) {
             return t;
@@ -439,6 +458,7 @@ mod tests {
             models: Vec::new(),
             model_of: [0; GroupKind::ALL.len()],
             tables: None,
+            ep_dispatch: None,
         }
     }
 

@@ -11,6 +11,7 @@ use crate::config::{
 };
 use crate::estimate::{timed_ledger, Chunked, Estimate, RunMemo};
 use crate::layout::{GroupKind, Layout};
+use crate::network::ep_dispatch::EpDispatch;
 use crate::network::Network;
 use rayon::prelude::*;
 use serde::Serialize;
@@ -162,7 +163,10 @@ fn network_cache(mixes: &[Mix], base: &Config, gpu: &GpuProfile) -> NetworkCache
             .and_then(|l| l.with_nvlink_domain(base.cluster.nvlink_domain(gpu)))
             .and_then(|l| l.with_experts_of(base))
             .ok()?;
-            Some(((tp, cp, ep, pp), Network::new(&layout, gpu)))
+            Some((
+                (tp, cp, ep, pp),
+                Network::new(&layout, gpu).with_ep_dispatch(EpDispatch::of(base)),
+            ))
         })
         .collect()
 }
@@ -277,7 +281,9 @@ type SharedLedger = (TimedKey, crate::model::Ledger, crate::model::LedgerSummary
 fn network_of<'a>(mix: &Mix, r: &Resolved, links: &'a NetworkCache) -> Cow<'a, Network> {
     match links.get(&(mix.tp, mix.cp, mix.ep, mix.pp)) {
         Some(n) => Cow::Borrowed(n),
-        None => Cow::Owned(Network::new(&Layout::of(r), &r.gpu)),
+        None => Cow::Owned(
+            Network::new(&Layout::of(r), &r.gpu).with_ep_dispatch(EpDispatch::of(&r.config)),
+        ),
     }
 }
 

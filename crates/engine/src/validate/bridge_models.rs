@@ -41,9 +41,49 @@ pub struct BridgeModel {
     /// A setting of the recipe without which the row would be another run, and which parsim
     /// cannot say: the row is not expressible, for this reason.
     pub refused: Option<&'static str>,
+    /// The recipe's MoE token dispatcher by the GPU profile and precision it applies to
+    /// (`""`: any), first match wins; absent: the all-to-all dispatcher.
+    pub dispatch: &'static [DispatchRule],
     /// Where the settings above come from.
     pub cite: &'static str,
 }
+
+/// The token dispatcher (`parallel.moe_token_dispatcher`, `moe_flex_dispatcher_backend`) and
+/// EP overlap (`overlap_moe_expert_parallel_comm`) a recipe sets on `gpu` at `precision`.
+#[derive(Debug, Clone, Copy)]
+pub struct DispatchRule {
+    pub gpu: &'static str,
+    pub precision: &'static str,
+    pub dispatcher: &'static str,
+    pub backend: &'static str,
+    pub overlap: bool,
+}
+
+const fn flex(
+    gpu: &'static str,
+    precision: &'static str,
+    backend: &'static str,
+    overlap: bool,
+) -> DispatchRule {
+    DispatchRule {
+        gpu,
+        precision,
+        dispatcher: "flex",
+        backend,
+        overlap,
+    }
+}
+
+const fn alltoall(gpu: &'static str) -> DispatchRule {
+    DispatchRule {
+        gpu,
+        precision: "",
+        dispatcher: "alltoall",
+        backend: "",
+        overlap: false,
+    }
+}
+
 
 /// A recipe setting `value` on `gpu` (`""`: any) at `precision` (`""`: any); the first rule
 /// that matches a row applies.
@@ -85,6 +125,7 @@ const fn none() -> BridgeModel {
         param_gather_off: &[],
         unmodelled: &[],
         refused: None,
+        dispatch: &[],
         cite: "",
     }
 }
@@ -173,13 +214,21 @@ pub const MODELS: &[BridgeModel] = &[
             rule("gb300", "", &["mla_up_proj"]),
         ],
         param_gather_off: &[off("b200", "nvfp4")],
+        dispatch: &[
+            flex("b200", "", "deepep", true),
+            flex("b300", "", "hybridep", true),
+            flex("gb200", "", "hybridep", true),
+            flex("gb300", "", "hybridep", true),
+        ],
         cite: "Megatron-Bridge's DeepSeek-V3 recipe: one MTP layer, and \
                set_deepseek_v3_pipeline_model_parallel_layout's layouts for 4, 8 and 16 virtual \
                stages (the embedding first, the MTP layer and the loss last); \
                perf_recipes/deepseek/{h100,b200,b300,gb200,gb300}/deepseek_v3.py \
                (deepseek_v3_pretrain_*_config, commit 067f987d): recompute_modules by system \
                and precision (none in the GB300 MXFP8 config); the B200 NVFP4 config \
-               turns fp4_param_gather off",
+               turns fp4_param_gather off; the dispatcher from those files and common.py's \
+               _enable_deepseek_full_iteration_mxfp8: flex with DeepEP on B200, HybridEP \
+               elsewhere, overlap_moe_expert_parallel_comm",
         ..none()
     },
     BridgeModel {
@@ -194,6 +243,10 @@ pub const MODELS: &[BridgeModel] = &[
             rule("h100-sxm", "", &["mla_up_proj", "mlp"]),
         ],
         param_gather_off: &[off("", "")],
+        dispatch: &[
+            flex("gb200", "", "hybridep", false),
+            flex("gb300", "", "hybridep", false),
+        ],
         cite: "Megatron-Bridge kimi_workload_base_configs.py and kimi_llm_pretrain.py: Muon \
                without the distributed optimizer, recompute_modules by system (GB300: \
                mla_up_proj since commit fecfbc9a1, Mar 2026, as perf_recipes/kimi/gb300/kimi_k2.py \
@@ -204,15 +257,43 @@ pub const MODELS: &[BridgeModel] = &[
     BridgeModel {
         name: "Qwen3_30B_a3B",
         preset: Ok("qwen3-30b-a3b"),
-        cite: "Megatron-Bridge qwen3 performance configs: no recomputation",
+        dispatch: &[
+            flex("h100-sxm", "fp8", "hybridep", false),
+            flex("b200", "mxfp8", "hybridep", true),
+            flex("b300", "mxfp8", "hybridep", true),
+            flex("gb200", "mxfp8", "hybridep", true),
+            flex("gb300", "mxfp8", "hybridep", true),
+            flex("b200", "", "hybridep", false),
+            flex("b300", "", "hybridep", false),
+            flex("gb200", "", "hybridep", false),
+            flex("gb300", "", "hybridep", false),
+        ],
+        cite: "Megatron-Bridge qwen3 performance configs: no recomputation; the dispatcher \
+               from perf_recipes/qwen/{h100,b200,b300,gb200,gb300}/qwen3_moe.py and common.py's \
+               _enable_hybridep_full_iteration_mxfp8 (commit 067f987d): flex with HybridEP, \
+               the EP overlap with MXFP8",
         ..none()
     },
     BridgeModel {
         name: "Qwen3_235B_a22B",
         preset: Ok("qwen3-235b-a22b"),
         pipeline_slots: true,
+        dispatch: &[
+            alltoall("h100-sxm"),
+            flex("b200", "mxfp8", "hybridep", true),
+            alltoall("b200"),
+            flex("b300", "mxfp8", "hybridep", true),
+            flex("gb200", "mxfp8", "hybridep", true),
+            flex("gb300", "mxfp8", "hybridep", true),
+            flex("b300", "", "hybridep", false),
+            flex("gb200", "", "hybridep", false),
+            flex("gb300", "", "hybridep", false),
+        ],
         cite: "Megatron-Bridge recipes/qwen/qwen3_moe.py: the embedding and the loss take a \
-               slot each (94 layers in 96 slots); no recomputation",
+               slot each (94 layers in 96 slots); no recomputation; the dispatcher from \
+               perf_recipes/qwen/{h100,b200,b300,gb200,gb300}/qwen3_moe.py (commit 067f987d): \
+               all-to-all on H100 and on B200 but for MXFP8, else flex with HybridEP, the EP \
+               overlap with MXFP8",
         ..none()
     },
     BridgeModel {
@@ -224,9 +305,17 @@ pub const MODELS: &[BridgeModel] = &[
             rule("gb200", "bf16", &["layernorm", "moe_act"]),
         ],
         param_gather_off: &[off("", "")],
+        dispatch: &[
+            flex("gb200", "mxfp8", "hybridep", true),
+            flex("gb300", "mxfp8", "hybridep", true),
+            flex("b300", "", "hybridep", false),
+        ],
         cite: "Megatron-Bridge gpt_oss_workload_base_configs.py: the H100, B200 and GB200 BF16 \
                configs recompute layernorm and moe_act; the MXFP8 configs recompute nothing; \
-               perf_recipes/gpt_oss/common.py: fp8_param_gather and fp4_param_gather = False",
+               perf_recipes/gpt_oss/common.py: fp8_param_gather and fp4_param_gather = False; \
+               the dispatcher from perf_recipes/gpt_oss/{b300,gb200,gb300}/gpt_oss.py and \
+               common.py's _apply_gpt_oss_120b_full_iter_fp8mx_configs (commit 067f987d): flex \
+               with HybridEP on B300 and for MXFP8 on GB200/GB300, there with the EP overlap",
         ..none()
     },
     BridgeModel {
@@ -249,8 +338,8 @@ pub const MODELS: &[BridgeModel] = &[
             rule("b300", "nvfp4", &["moe_act", "layernorm"]),
         ],
         param_gather_off: &[off("", "nvfp4")],
+        dispatch: &[flex("", "", "hybridep", false)],
         unmodelled: &[
-            "the flex token dispatcher with HybridEP (modelled as all-to-all)",
             "CUDA graphs over attn, mamba, moe_router and moe_preprocess",
             "the MTP layer run twice (mtp_num_layers 2 with mtp_use_repeated_layer: one \
              block's parameters, counted once here, and one of its two passes)",
@@ -315,6 +404,14 @@ impl BridgeModel {
             (*l).to_string()
         } else {
             l.replace('m', "")
+        })
+    }
+
+    /// The token dispatcher the recipe sets on `gpu` at `precision`, if it sets one.
+    pub fn dispatch(&self, gpu: &str, precision: &str) -> Option<&'static DispatchRule> {
+        self.dispatch.iter().find(|r| {
+            (r.gpu.is_empty() || r.gpu == gpu)
+                && (r.precision.is_empty() || r.precision == precision)
         })
     }
 

@@ -215,6 +215,20 @@ fn overlay(v: &Value, p: &Printed, notes: &mut Vec<String>) -> Result<Value, Row
         par["account_for_embedding_in_pipeline_split"] = json!(true);
         par["account_for_loss_in_pipeline_split"] = json!(true);
     }
+    if let Some(d) = model.dispatch(gpu, precision).filter(|_| moe) {
+        par["moe_token_dispatcher"] = json!(d.dispatcher);
+        let mut what = d.dispatcher.to_string();
+        if !d.backend.is_empty() {
+            par["moe_flex_dispatcher_backend"] = json!(d.backend);
+            what = format!("{what} ({})", d.backend);
+        }
+        // Megatron-Core runs the EP overlap only with virtual stages under pipelining.
+        if d.overlap && p.ep > 1 && (p.pp == 1 || p.vpp > 1) {
+            par["overlap_moe_expert_parallel_comm"] = json!(true);
+            what.push_str(", EP overlap");
+        }
+        notes.push(format!("token dispatcher {what} (the model's recipe)"));
+    }
     let stages = p.pp * p.vpp;
     if p.pp > 1 && !model.layouts.is_empty() {
         let layout = model.layout(stages, mtp).ok_or_else(|| {
@@ -367,8 +381,10 @@ mod tests {
             o["training"]["recompute_modules"],
             json!(["moe_act", "layernorm"])
         );
+        assert_eq!(o["parallel"]["moe_token_dispatcher"], "flex");
+        assert_eq!(o["parallel"]["moe_flex_dispatcher_backend"], "hybridep");
         assert!(
-            r.notes.iter().any(|n| n.contains("HybridEP")),
+            r.notes.iter().any(|n| n.contains("flex (hybridep)")),
             "{:?}",
             r.notes
         );

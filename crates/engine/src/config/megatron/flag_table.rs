@@ -210,6 +210,10 @@ pub(super) const KEPT_SWITCHES: &[&str] = &[
     "--cpu-offloading",
     "--cpu-offloading-weights",
     "--use-precision-aware-optimizer",
+    "--moe-enable-deepep",
+    "--overlap-moe-expert-parallel-comm",
+    "--enable-cuda-graph",
+    "--external-cuda-graph",
 ];
 
 /// Flags with a word value that the reader's `State::finish` combines.
@@ -242,10 +246,16 @@ pub(super) const KEPT_WORDS: &[&str] = &[
     "--main-params-dtype",
     "--exp-avg-dtype",
     "--exp-avg-sq-dtype",
+    "--moe-flex-dispatcher-backend",
+    "--cuda-graph-impl",
 ];
 
 /// Flags with a list of words that the reader's `State::finish` combines.
-pub(super) const KEPT_LISTS: &[&str] = &["--recompute-modules"];
+pub(super) const KEPT_LISTS: &[&str] = &[
+    "--recompute-modules",
+    "--cuda-graph-scope",
+    "--cuda-graph-modules",
+];
 
 /// Flags that change the model or the parallel layout in ways parsim does not model: an
 /// error naming the flag and why, never an estimate of another model.

@@ -211,6 +211,18 @@ fn parallel_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
     if cfg.model.num_experts > 0 || p.expert_tp.is_some() {
         flag("--expert-tensor-parallel-size", s(p.etp()));
     }
+    // The dispatcher always, as Megatron-Core's default (allgather) is not parsim's.
+    if cfg.model.num_experts > 0 {
+        let d = p.moe_token_dispatcher;
+        flag("--moe-token-dispatcher-type", Some(d.to_string()));
+        if d == crate::config::TokenDispatcher::Flex {
+            let b = p.moe_flex_dispatcher_backend.to_string();
+            flag("--moe-flex-dispatcher-backend", Some(b));
+        }
+    }
+    if p.overlap_moe_expert_parallel_comm {
+        flag("--overlap-moe-expert-parallel-comm", None);
+    }
     if p.sp {
         flag("--sequence-parallel", None);
     }
@@ -271,6 +283,9 @@ fn training_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
         }
     }
     flag("--micro-batch-size", Some(t.micro_batch_size.to_string()));
+    if t.cuda_graphs {
+        flag("--cuda-graph-impl", Some("local".into()));
+    }
     flag("--global-batch-size", Some(t.global_batch_size.to_string()));
     match t.precision {
         Precision::Bf16 => flag("--bf16", None),

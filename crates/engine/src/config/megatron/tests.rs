@@ -424,3 +424,114 @@ fn train_iters_and_environment_values_are_read_and_named() {
     let printed = to_megatron_args(&cfg);
     assert!(printed.contains("--train-samples 16000"), "{printed}");
 }
+
+/// A MoE script's dispatcher, flex backend, EP overlap and CUDA graphs print and read back:
+/// DeepSeek-V3 with flex over HybridEP, the EP overlap (vpp 2 under pp 2, as Megatron-Core
+/// asks) and graphs over whole layers.
+#[test]
+fn dispatcher_and_cuda_graph_settings_print_and_read_back() {
+    let mut c = Config {
+        model: presets::preset("deepseek-v3").unwrap(),
+        ..Config::default()
+    };
+    c.cluster.num_gpus = 256;
+    c.parallel.tp = 1;
+    c.parallel.sp = false;
+    c.parallel.pp = 2;
+    c.parallel.vpp = 2;
+    c.parallel.schedule = ScheduleKind::Interleaved1F1B;
+    c.parallel.ep = 64;
+    c.parallel.moe_token_dispatcher = crate::config::TokenDispatcher::Flex;
+    c.parallel.moe_flex_dispatcher_backend = crate::config::FlexBackend::HybridEp;
+    c.parallel.overlap_moe_expert_parallel_comm = true;
+    c.training.cuda_graphs = true;
+    let args = super::print::to_megatron_args(&c);
+    let (back, imp) = imported(&args);
+    assert_eq!(back.parallel, comparable(c.clone()).parallel, "{args}");
+    assert!(back.training.cuda_graphs, "{args}");
+    assert!(imp.ignored.is_empty(), "{:?}", imp.ignored);
+}
+
+/// Each dispatcher and CUDA-graph flag sets its field as Megatron-LM reads it: no
+/// `--moe-token-dispatcher-type` on an MoE script is Megatron-Core's allgather;
+/// `--moe-enable-deepep` is the DeepEP backend; `--enable-cuda-graph`, `--external-cuda-graph`
+/// and `--cuda-graph-impl` turn graphs on, `--cuda-graph-impl none` leaves them off.
+#[test]
+fn dispatcher_and_cuda_graph_flags_set_their_fields() {
+    use crate::config::{FlexBackend, TokenDispatcher};
+    let moe = "--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --num-experts 8 \
+               --moe-router-topk 2 --moe-ffn-hidden-size 512";
+    let (cfg, imp) = imported(moe);
+    assert_eq!(
+        cfg.parallel.moe_token_dispatcher,
+        TokenDispatcher::AllGather
+    );
+    assert!(imp.notes.iter().any(|n| n.contains("allgather")));
+    let (cfg, _) = imported(&format!(
+        "{moe} --moe-token-dispatcher-type flex --moe-enable-deepep --overlap-moe-expert-parallel-comm"
+    ));
+    let p = &cfg.parallel;
+    assert_eq!(
+        (p.moe_token_dispatcher, p.moe_flex_dispatcher_backend),
+        (TokenDispatcher::Flex, FlexBackend::DeepEp)
+    );
+    assert!(p.overlap_moe_expert_parallel_comm);
+    let (dense, _) = imported("--num-layers 4");
+    assert_eq!(
+        dense.parallel.moe_token_dispatcher,
+        TokenDispatcher::AllToAll
+    );
+    for (flags, on) in [
+        ("--enable-cuda-graph", true),
+        ("--external-cuda-graph", true),
+        ("--cuda-graph-impl full_iteration", true),
+        (
+            "--cuda-graph-impl transformer_engine --cuda-graph-scope full",
+            true,
+        ),
+        ("--cuda-graph-impl none", false),
+        ("--cuda-graph-scope attn", false),
+    ] {
+        let (cfg, _) = imported(&format!("--num-layers 4 {flags}"));
+        assert_eq!(cfg.training.cuda_graphs, on, "{flags}");
+    }
+}
+
+/// What parsim cannot time is refused naming the flag: NCCL EP, DeepEP outside the flex
+/// dispatcher, an unknown dispatcher, graphs over part of a layer, both graph switches.
+#[test]
+fn dispatcher_and_cuda_graph_refusals_name_the_flag() {
+    let moe = "--num-layers 4 --num-experts 8 --moe-router-topk 2";
+    for (flags, flag) in [
+        (
+            "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend ncclep",
+            "--moe-flex-dispatcher-backend",
+        ),
+        ("--moe-enable-deepep", "--moe-enable-deepep"),
+        (
+            "--moe-token-dispatcher-type a2a",
+            "--moe-token-dispatcher-type",
+        ),
+        (
+            "--cuda-graph-impl transformer_engine --cuda-graph-scope attn moe_router",
+            "--cuda-graph-scope",
+        ),
+        (
+            "--enable-cuda-graph --cuda-graph-modules moe_router moe_preprocess",
+            "--cuda-graph-modules",
+        ),
+        (
+            "--enable-cuda-graph --external-cuda-graph",
+            "--enable-cuda-graph",
+        ),
+        (
+            "--enable-cuda-graph --cuda-graph-impl local",
+            "--cuda-graph-impl",
+        ),
+    ] {
+        let err = import(&format!("{moe} {flags}"), "run.sh")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(flag), "{flags}: {err}");
+    }
+}

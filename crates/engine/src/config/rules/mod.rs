@@ -7,6 +7,7 @@ mod batch;
 mod bounds;
 mod cluster;
 mod context;
+mod dispatch;
 mod experts;
 mod lora;
 mod optimizer_state;
@@ -58,7 +59,7 @@ pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
     if !errs.is_empty() {
         return Err(ConfigError::Invalid(errs));
     }
-    let groups: [&dyn Fn() -> Vec<Violation>; 23] = [
+    let groups: [&dyn Fn() -> Vec<Violation>; 25] = [
         &|| shape::heads(c),
         &|| shape::layer_patterns(c),
         &|| experts::model(c),
@@ -69,6 +70,8 @@ pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
         &|| context::context_parallel(c),
         &|| context::sequence_parallel(c),
         &|| experts::expert_parallel(c),
+        &|| dispatch::token_dispatcher(c),
+        &|| dispatch::overlap_split(c),
         &|| parallel::options(c),
         &|| pipeline::schedule(c),
         &|| pipeline::layer_split(c),
@@ -93,7 +96,8 @@ pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
 
 /// The rule groups that read the pipeline split (`parallel.vpp`, `schedule`,
 /// `first_stage_layers`, `last_stage_layers`, `pipeline_layout` and the embedding and loss
-/// slots): the sizes and the pipeline's. No other group reads any of them, so a
+/// slots): the sizes, the pipeline's and the EP overlap's need for virtual stages. No other
+/// group reads any of them, so a
 /// configuration that differs from one that passed [`check`] only in its split passes
 /// [`check`] exactly when it passes these (a search's runs: [`crate::config::Resolved::resplit`]).
 pub fn check_split(c: &Config) -> Result<(), ConfigError> {
@@ -101,6 +105,7 @@ pub fn check_split(c: &Config) -> Result<(), ConfigError> {
     if errs.is_empty() {
         errs.extend(pipeline::schedule(c));
         errs.extend(pipeline::layer_split(c));
+        errs.extend(dispatch::overlap_split(c));
     }
     if errs.is_empty() {
         Ok(())

@@ -7,6 +7,7 @@ use super::put;
 use super::values::{first_dense_layers, layer_list, tokenizer_vocab};
 use serde_json::{json, Map, Value};
 
+mod dispatch_flags;
 mod training_flags;
 
 /// Flags kept until [`State::finish`], by name.
@@ -382,7 +383,7 @@ impl State {
     }
 
     /// Sliding windows (`--window-size L,0`, `--window-attn-skip-freq`), the softmax's sink
-    /// (`--softmax-type`), QK norm and the MoE dispatcher.
+    /// (`--softmax-type`), QK norm and the MoE dispatcher ([`Self::dispatcher_flags`]).
     fn attention_flags(&mut self) -> Result<(), String> {
         // An L2 QK norm (Llama 4; modelopt's --export-qk-l2-norm) replaces the QK layernorm
         // and has no weights.
@@ -457,15 +458,7 @@ impl State {
                 ))
             }
         }
-        match self.word("--moe-token-dispatcher-type") {
-            None | Some("alltoall") => {}
-            Some(other) => {
-                return Err(format!(
-                    "--moe-token-dispatcher-type: only the all-to-all dispatcher is modelled, got '{other}'"
-                ))
-            }
-        }
-        Ok(())
+        self.dispatcher_flags()
     }
 
     /// The vocabulary: given, padded, or left to the base model (it comes from the tokenizer).
@@ -763,6 +756,7 @@ impl State {
         }
         self.recompute_modules(recompute)?;
         self.offloading()?;
+        self.cuda_graph_flags()?;
         self.optimizer()?;
         match self.word("--attention-backend") {
             Some("unfused" | "local") => self.set("training", "flash_attention", json!(false)),
