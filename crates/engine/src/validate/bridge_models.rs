@@ -84,7 +84,6 @@ const fn alltoall(gpu: &'static str) -> DispatchRule {
     }
 }
 
-
 /// A recipe setting `value` on `gpu` (`""`: any) at `precision` (`""`: any); the first rule
 /// that matches a row applies.
 #[derive(Debug, Clone, Copy)]
