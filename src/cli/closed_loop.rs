@@ -3,7 +3,7 @@
 //! execute --calibrate --closed-loop`'s unseen configurations, measured against predicted.
 
 use parsim::calibrate::closed_loop::ClosedLoop;
-use parsim::calibrate::family::LeaveOneFamilyOut;
+use parsim::calibrate::family::{LeaveOneFamilyOut, PredictedRow};
 use parsim::calibrate::op_report::ClassRow;
 use parsim::calibrate::profile_fit::ProfileFit;
 use parsim::report::format::seconds;
@@ -45,19 +45,24 @@ pub fn class_text(in_family: &[ClassRow], lofo: &[ClassRow]) -> String {
     t.to_string()
 }
 
+/// A predicted line's cells after its two naming columns: measured, predicted, signed error.
+fn row_cells(first: String, second: String, r: &PredictedRow) -> Vec<String> {
+    vec![
+        first,
+        second,
+        seconds(r.measured_s),
+        seconds(r.predicted_s),
+        format!("{:+.1}%", 100.0 * r.error()),
+    ]
+}
+
 /// `calibrate --report`'s leave-one-family-out figures: per family its lines' errors, the
 /// summary beside the in-family held-out one, and per op class both.
 pub fn print_lofo(fit: &ProfileFit, lofo: &LeaveOneFamilyOut, in_family: &[ClassRow]) {
     let mut t = table(&["left-out family", "line", "measured", "predicted", "error"]);
     for f in &lofo.folds {
         for r in &f.rows {
-            t.add_row(vec![
-                r.family.clone(),
-                r.label.clone(),
-                seconds(r.measured_s),
-                seconds(r.predicted_s),
-                format!("{:+.1}%", 100.0 * r.error()),
-            ]);
+            t.add_row(row_cells(r.family.clone(), r.label.clone(), r));
         }
     }
     println!(
@@ -85,13 +90,7 @@ pub fn print_closed_loop(l: &ClosedLoop) {
         "error",
     ]);
     for r in &l.rows {
-        t.add_row(vec![
-            r.label.clone(),
-            r.family.clone(),
-            seconds(r.measured_s),
-            seconds(r.predicted_s),
-            format!("{:+.1}%", 100.0 * r.error()),
-        ]);
+        t.add_row(row_cells(r.label.clone(), r.family.clone(), r));
     }
     println!("closed loop: configurations no sweep point has, executed and predicted by the fitted profile:\n{t}");
     println!("closed loop step time: {}", pct(l.summary()));

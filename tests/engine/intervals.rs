@@ -82,6 +82,22 @@ fn share_dependent_model(regime: Regime) -> IntervalModel {
 
 /// `search_by_p90` against brute force: every fitting mix estimated (a pool larger than the
 /// candidates), its interval from the same model, sorted by upper step time.
+/// Every fitting mix of `spec`, found exhaustively (the oracle the ranked searches are sorted
+/// against).
+fn every_fitting_mix(spec: &SearchSpec, cancel: &AtomicBool) -> Vec<parsim::search::Ranked> {
+    search(
+        &SearchSpec {
+            top: 100_000,
+            exhaustive: true,
+            ..spec.clone()
+        },
+        &|_, _| {},
+        cancel,
+    )
+    .unwrap()
+    .top
+}
+
 #[test]
 fn rank_by_p90_matches_a_sort_of_every_fitting_mix() {
     let base = config(serde_json::json!({
@@ -104,17 +120,7 @@ fn rank_by_p90_matches_a_sort_of_every_fitting_mix() {
     };
     let cancel = AtomicBool::new(false);
     let ranked = search_by_p90(&spec, &model, &|_, _| {}, &cancel).unwrap();
-    let mut all = search(
-        &SearchSpec {
-            top: 100_000,
-            exhaustive: true,
-            ..spec.clone()
-        },
-        &|_, _| {},
-        &cancel,
-    )
-    .unwrap()
-    .top;
+    let mut all = every_fitting_mix(&spec, &cancel);
     for r in &mut all {
         r.estimate.use_interval_model(&model);
     }
@@ -189,17 +195,7 @@ fn rank_by_memory_p90_matches_a_sort_of_every_fitting_mix() {
     };
     let cancel = AtomicBool::new(false);
     let ranked = search_by_memory_p90(&spec, &|_, _| {}, &cancel).unwrap();
-    let mut all = search(
-        &SearchSpec {
-            top: 100_000,
-            exhaustive: true,
-            ..spec.clone()
-        },
-        &|_, _| {},
-        &cancel,
-    )
-    .unwrap()
-    .top;
+    let mut all = every_fitting_mix(&spec, &cancel);
     assert!(all.len() > 8, "enough fitting mixes to rank");
     assert!(all.iter().all(|r| r.estimate.memory.fits));
     all.sort_by(|a, b| {
