@@ -656,7 +656,14 @@ Blackwell GPU is published (torchao quotes only a 2-3x speedup over bf16). `carg
 parsim-cli --test engine low_precision -- --nocapture` prints the GEMM model against every \
 point of calibration/data/gemm-rates-blackwell.json (all within 3%). Only kernel \
 microbenchmarks are fitted to: published performance summaries of NeMo, Megatron-Bridge or \
-torchtitan on B200, GB200 and GB300 are reserved for validation.\n\n";
+torchtitan on B200, GB200 and GB300 are reserved for validation.\n\n\
+Measured tables used as they are, never fitted: B200, B300, GB200 and GB300 time fused \
+attention at cuDNN 9.22's rates as NVIDIA's cudnn-frontend benchmark measured them on GB200 \
+and GB300 (calibration/data/attention-kernels.json; B200 and B300 borrow the GB parts' rates, \
+as their profiles say), sliding windows at the published window series; MoE's flex dispatcher \
+runs at the link share DeepEP's and HybridEP's published tables measure \
+(calibration/data/ep-dispatch.json). NCCL's all-to-all inside an NVL72 domain has no \
+measurement: it keeps the profile's link efficiency.\n\n";
 
 /// Held-out error per source and overall, and the error on the fitting rows.
 fn markdown_held_out_error(s: &mut String, e: &Evaluation) {

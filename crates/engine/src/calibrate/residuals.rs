@@ -417,7 +417,9 @@ fn memory_markdown() -> String {
          framework with fewer than {} has no evidence and takes the widest spread any framework \
          shows. `memory.fits_at_p90` is the verdict at p90 and `memory.margin_bytes_p90` the \
          room left there; `memory.fits`, which `parsim search` keeps mixes by, stays the \
-         verdict of the predicted (reserved) peak until each framework's interval rests on its \
+         verdict of the predicted allocated peak (the reserved peak beside it: the caching \
+         allocator frees its cache and retries before it fails; for Megatron-Core the two are \
+         equal) until each framework's interval rests on its \
          own measured peaks (only DeepSpeed's does today), and `--rank-by memory-p90` ranks \
          the fitting mixes by the p90 peak.\n\n| framework | residuals | p10 factor | p90 factor | evidence |\n| --- | --- | --- | --- | --- |\n",
         memory::PATH,
