@@ -94,25 +94,16 @@ const fn over(
 /// The rows still over, each with the term that makes it so. Every entry names a term parsim
 /// has not found the mechanism for, never a figure shrunk to pass.
 const KNOWN_OVER: &[KnownOver] = &[
-    over("DeepSeekV3", "DGX-GB300", "mbs2", "activations, 231 GiB of pp 2 x vp 8 at micro batch 2 with no recomputation (today's GB300 MXFP8 recipe runs micro batch 1): +91 GiB; the recipe the 26.02-26.04.01 containers ran is not the one published"),
+    over("DeepSeekV3", "DGX-GB300", "mbs2", "activations, of pp 2 x vp 8 at micro batch 2 with no recomputation (today's GB300 MXFP8 recipe runs micro batch 1): +57 GiB; the recipe the 26.02-26.04.01 containers ran is not the one published"),
     over("DeepSeekV3 (w/o MTP)", "DGX-GB200", "BF16", "activations of pp 4 x vp 4 at mla_up_proj recomputation: +8 GiB"),
-    over("DeepSeekV3 (tokendrop)", "DGX-GB200", "FP8", "activations of pp 4 x vp 4 at mlp recomputation: +10 GiB"),
-    over("Kimi_K2", "DGX-GB300", "MXFP8", "optimizer: Muon's state held whole on every rank (ZeRO-0), where the recipe's dist_muon (Megatron-Core's LayerWiseDistributedOptimizer) shards it by layer over data parallelism: +43 GiB"),
     over("GPT OSS 120B", "DGX-B200", "BF16", "activations at micro batch 4: +2 GiB"),
     over("GPT OSS 120B", "DGX-H100", "BF16", "activations, 71 GiB at micro batch 4 over pp 4: +34 GiB"),
-    over("LLAMA3.1_405B", "DGX-GB200", "NVFP4", "activations, 140 GiB of pp 16 x vp 8 (vp 4: +26 GiB): +14 GiB"),
-    over("LLAMA3.1_405B", "DGX-GB200", "fsdp", "activations at TP 2 without recomputation or offloading (no published 128-GPU GB200 FP8 FSDP recipe says which the 25.09 container ran): +95 GiB"),
-    over("LLAMA3_70B", "DGX-GB200", "fsdp", "activations of the 40 layers kept on the GPU at micro batch 2: +3 GiB"),
-    over("LLAMA3_70B", "DGX-GB300", "NVFP4", "activations, 270 GiB without recomputation (p 1 x v 1: +322 GiB, no FSDP printed): +15 GiB"),
-    over("LLAMA3_70B", "DGX-GB300", "MXFP8 t1 p4 c1 v1", "activations, 270 GiB of pp 4 at micro batch 2 without recomputation: +108 GiB"),
-    over("Nemotron_3_Nano", "DGX-H100", "FP8", "activations at sequence 8192: +4 GiB"),
-    over("Nemotron_3_Super", "DGX-B300", "NVFP4", "activations of the MoE layers at sequence 8192: +11 GiB"),
-    over("Qwen3_235B_a22B", "DGX-B200", "FP8-MX", "activations of pp 8 x vp 2: +2 GiB"),
+    over("LLAMA3.1_405B", "DGX-GB200", "p16 c1 v4", "FP8 and FP8-CS: activations of pp 16 x vp 4, with the attention output counted as Transformer Engine keeps it (bf16, saved by the fused attention and shared with the output projection, where a 1-byte copy was counted): +0.4 GiB"),
+    over("LLAMA3.1_405B", "DGX-GB200", "fsdp", "activations at TP 2 without recomputation or offloading (no published 128-GPU GB200 FP8 FSDP recipe says which the 25.09 container ran): +103 GiB"),
+    over("LLAMA3_70B", "DGX-GB200", "fsdp", "activations of the 40 layers kept on the GPU at micro batch 2: +8 GiB"),
+    over("LLAMA3_70B", "DGX-GB300", "NVFP4 t1 p1 c1 v1", "activations without recomputation at p 1 x v 1, micro batch 2 (no FSDP printed): +245 GiB"),
+    over("LLAMA3_70B", "DGX-GB300", "MXFP8 t1 p4 c1 v1", "activations of pp 4 at micro batch 2 without recomputation: +119 GiB"),
     over("Qwen3_235B_a22B", "DGX-GB300", "BF16", "activations of pp 4 x vp 12 at micro batch 2: +3 GiB"),
-    over("Qwen3_30B_a3B", "DGX-B300", "mbs8", "activations, 192 GiB at micro batch 8 without recomputation: +26 GiB"),
-    over("Qwen3_30B_a3B", "DGX-GB300", "mbs8", "activations, 192 GiB at micro batch 8 without recomputation: +18 GiB"),
-    over("Qwen3_30B_a3B", "DGX-H100", "v24", "activations of pp 2 x vp 24 at micro batch 2: +6 GiB"),
-    over("Qwen3_30B_a3B (tokendrop)", "DGX-H100", "v24", "activations of pp 2 x vp 24 at micro batch 2: +6 GiB"),
 ];
 
 /// Every Megatron-Bridge recipe that ran (every row of the table: a property, since they ran)
@@ -154,6 +145,8 @@ fn megatron_bridge_recipes_that_ran_fit() {
             k.model, k.system, k.why
         );
     }
-    // 130 of 271 before the recipes' gradients, parameter gather, recomputation and offloading.
-    assert!(fitting >= 216, "{fitting}");
+    // 130 of 271 before the recipes' gradients, parameter gather, recomputation and offloading;
+    // 216 before Transformer Engine's saved inputs, Megatron-Core's expert activation and the
+    // layer-wise distributed optimizer.
+    assert!(fitting >= 245, "{fitting}");
 }

@@ -7,7 +7,7 @@
 use super::common::{est, resolve};
 use parsim::comm::{dp_collectives, replica_sets};
 use parsim::config::{Config, GpuProfile, Layer, Precision, Resolved};
-use parsim::model::{chunks_per_rank, Ledger, LedgerSummary, OpKind};
+use parsim::model::{chunks_per_rank, Ledger, LedgerSummary, OpKind, TensorRole};
 use parsim::time::Rates;
 use serde_json::{json, Value};
 
@@ -432,4 +432,75 @@ fn blackwell_gemm_rates_are_reproduced_within_10_percent() {
         b300.matmul_efficiency_for(Precision::Nvfp4),
         b300.matmul_efficiency_for(Precision::Fp8)
     );
+}
+
+/// Bytes the ops of one Llama 3 8B layer keep as their input for backward, by op name.
+fn saved_inputs(v: Value) -> std::collections::HashMap<&'static str, u64> {
+    let l = Ledger::build(&resolve(v));
+    l.dense
+        .ops
+        .iter()
+        .map(|o| {
+            let input = o.saved.iter().filter(|s| s.role == TensorRole::Input);
+            (o.name, input.map(|s| s.bytes).sum())
+        })
+        .collect()
+}
+
+/// What Transformer Engine keeps of each linear layer's input for the weight gradient, one
+/// layer at sequence 2048 on a B200 (TP 1), by hand from its code: `_Linear.forward` and
+/// `_LayerNormLinear.forward` (transformer_engine/pytorch/module/linear.py,
+/// layernorm_linear.py) drop the row-wise usage and keep the column-wise one, scaled along the
+/// 2048 tokens. QKV and fc1 read [2048 x 4096] (E = 8388608), fc2 [2048 x 14336] (F =
+/// 29360128):
+/// - per-tensor FP8: one 1-byte copy and its FP32 scale, E + 4 and F + 4;
+/// - MXFP8: an E8M0 byte per 32 tokens of each feature, E + 4096 x 64, F + 14336 x 64;
+/// - NVFP4: half a byte, an E4M3 byte per 16 tokens and the FP32 tensor scale, E/2 + 4096 x
+///   128 + 4, F/2 + 14336 x 128 + 4.
+///
+/// The output projection's input is the fused attention's output, which the attention kernel
+/// saves in bf16 (2E): Megatron-Core has the projection save that original tensor under every
+/// recipe but delayed scaling (megatron/core/transformer/attention.py), which keeps its FP8
+/// copy, E + 4 (the attention's bf16 output beside it is not counted yet: docs/engine.md). The SwiGLU's input stays bf16 (Megatron's fused
+/// `bias_swiglu_impl` saves it so): 2048 x 28672 x 2.
+#[test]
+fn each_recipe_saves_linear_inputs_as_transformer_engine_keeps_them() {
+    let (e, f) = (2048 * 4096u64, 2048 * 14336u64);
+    let act = 2048 * 28672 * 2;
+    let cases: [(&str, Option<&str>, u64, u64, u64); 5] = [
+        ("bf16", None, 2 * e, 2 * e, 2 * f),
+        ("fp8", Some("delayed"), e + 4, e + 4, f + 4),
+        ("fp8", Some("current"), e + 4, 2 * e, f + 4),
+        ("mxfp8", None, e + 4096 * 64, 2 * e, f + 14336 * 64),
+        (
+            "nvfp4",
+            None,
+            e / 2 + 4096 * 128 + 4,
+            2 * e,
+            f / 2 + 14336 * 128 + 4,
+        ),
+    ];
+    for (precision, recipe, norm_fused, proj, fc2) in cases {
+        let mut v = l8b("b200", precision);
+        if let Some(r) = recipe {
+            v = with(v, "fp8_recipe", json!(r));
+        }
+        let s = saved_inputs(v);
+        let what = format!("{precision} {recipe:?}");
+        assert_eq!(s["attn.qkv"], norm_fused, "{what}: qkv");
+        assert_eq!(s["mlp.fc1"], norm_fused, "{what}: fc1");
+        assert_eq!(s["attn.proj"], proj, "{what}: proj");
+        assert_eq!(s["mlp.fc2"], fc2, "{what}: fc2");
+        assert_eq!(s["mlp.act"], act, "{what}: act");
+    }
+    // NVFP4 at TP 2 with SP: a layer-norm-fused layer whose backward re-gathers its input keeps
+    // both usages of its sequence shard [1024 x 4096] (layernorm_linear.py discards the
+    // row-wise one only for MXFP8 and blockwise FP8): column-wise 2097152 + 4096 x 64 + 4 and
+    // row-wise 2097152 + 1024 x 256 + 4; fc2 (row-parallel, [2048 x 7168]) the column-wise one.
+    let mut v = l8b("b200", "nvfp4");
+    v["cluster"]["num_gpus"] = json!(2);
+    v["parallel"] = json!({"tp": 2, "sp": true});
+    let s = saved_inputs(v);
+    assert_eq!(s["attn.qkv"], 2 * (2097152 + 262144 + 4));
+    assert_eq!(s["mlp.fc2"], 2048 * 7168 / 2 + 7168 * 128 + 4);
 }

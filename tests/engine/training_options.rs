@@ -83,13 +83,45 @@ fn newton_schulz_flops_are_three_matmuls_an_iteration_on_each_matrix() {
     assert_eq!(MuonSums::of(&l.output, l.dims.a, l.dims.g).dense, 0);
 }
 
+/// Muon under Megatron-Core's layer-wise distributed optimizer (`dist_muon`: ZeRO-1) on 2
+/// data-parallel ranks. The rank's 15 parameter tensors sorted by size (ties in model order):
+/// five norms of 64 (Adam), the two projections 4096 (Muon), the embedding 8192 (Adam), QKV
+/// and fc2 of each layer 8192 (Muon), the output layer 8192 (Adam), the two fc1 16384 (Muon).
+/// `_shard_params_ping_pong` deals them to ranks 0, 1, 1, 0, 0, 1, 1, 0, ...: rank 1 gets two
+/// norms, both projections, layer 1's fc2 and layer 2's QKV and both fc1, 128 x 12 + (8192 +
+/// 16384 + 32768) x 8 = 460288 bytes, rank 0 the rest, 16576 x 12 + 16384 x 8 = 329984. The
+/// weights and gradients stay whole.
+#[test]
+fn dist_muon_shards_whole_parameters_ping_pong_over_data_parallelism() {
+    let mut c = tiny(json!({"optimizer": "muon", "global_batch_size": 2}));
+    c["cluster"]["num_gpus"] = json!(2);
+    let whole = est(c.clone());
+    c["parallel"]["zero"] = json!(1);
+    let dist = est(c);
+    assert_eq!(dist.memory.stages[0].optimizer, 460288);
+    let matrices = 2 * 36864u64;
+    let total = whole.params.total;
+    assert_eq!(
+        whole.memory.stages[0].optimizer,
+        matrices * 8 + (total - matrices) * 12
+    );
+    assert_eq!(
+        dist.memory.stages[0].weights,
+        whole.memory.stages[0].weights
+    );
+    assert_eq!(
+        dist.memory.stages[0].gradients,
+        whole.memory.stages[0].gradients
+    );
+}
+
 #[test]
 fn muon_refuses_what_megatron_refuses() {
     let mut c = tiny(json!({"optimizer": "muon"}));
-    c["parallel"]["zero"] = json!(1);
+    c["parallel"]["zero"] = json!(2);
     let e = refused(c);
     assert!(
-        e.contains("training.optimizer") && e.contains("distributed optimizer"),
+        e.contains("training.optimizer") && e.contains("layer-wise distributed optimizer"),
         "{e}"
     );
     let e = refused(tiny(json!({"optimizer": "sgd"})));
@@ -251,6 +283,10 @@ fn megatron_flags_carry_the_settings_and_refuse_the_rest() {
     )
     .expect("imports");
     assert_eq!(imp.layer["training"]["offload_activation_layers"], json!(3));
+    // dist_muon: Muon under the layer-wise distributed optimizer, ZeRO-1.
+    let imp = import("pretrain_gpt.py --optimizer dist_muon", "test").expect("imports");
+    assert_eq!(imp.layer["training"]["optimizer"], json!("muon"));
+    assert_eq!(imp.layer["parallel"]["zero"], json!(1));
     for (args, flag) in [
         ("pretrain_gpt.py --optimizer sgd", "--optimizer"),
         (

@@ -13,6 +13,31 @@ use crate::model::{
     held_blocks, optimizer_bytes, rank_params, ChunkContents, Ledger, LedgerSummary,
 };
 
+/// A rank's optimizer state: Adam's (and Muon's on its matrices) over the parameters it
+/// updates, or under Muon with the distributed optimizer the layer-wise optimizer's share of
+/// whole parameters (model/layer_wise.rs).
+fn optimizer_state(
+    r: &Resolved,
+    s: &LedgerSummary,
+    l: &Ledger,
+    chunks: &[ChunkContents],
+    p: &crate::model::ParamSums,
+) -> u64 {
+    let tr = &r.config.training;
+    if tr.optimizer == crate::config::Optimizer::Muon && r.config.parallel.zero >= 1 {
+        use crate::model::layer_wise;
+        let tensors = layer_wise::state_tensors(chunks.iter().flat_map(|c| c.ledger_blocks(l)));
+        return layer_wise::state_bytes(
+            tr,
+            &tensors,
+            r.dense_replicas() as u64,
+            r.expert_dp() as u64,
+        );
+    }
+    let muon = crate::model::rank_muon(chunks, s);
+    optimizer_bytes(tr, updated_params(r, p), muon.dense + muon.expert).0
+}
+
 /// A rank's low-precision weight copies and the bytes its weights shrink by: the cached
 /// copies of every quantised weight of its blocks (none under ZeRO-3, where each gathered
 /// block is cast as it runs and freed with it); with `training.fp8_param_gather` the weights
@@ -107,8 +132,7 @@ impl RankStatic {
         } else {
             (p.rank_dense_trainable + p.rank_expert_trainable) * g
         };
-        let muon = crate::model::rank_muon(chunks, s);
-        let optimizer = optimizer_bytes(tr, updated_params(r, &p), muon.dense + muon.expert).0;
+        let optimizer = optimizer_state(r, s, l, chunks, &p);
 
         // Buffers: runtime overhead, the SP all-gather buffer, pipeline send/receive buffers,
         // then, by phase, ZeRO's gathered blocks and gradient bucket and the ops' transients:

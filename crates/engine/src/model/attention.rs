@@ -3,7 +3,7 @@
 //! exchange, the output projection and dropout.
 
 use super::dims::Dims;
-use super::linear::{lora_adapter, row_bias, tp_comm, Linear, Split};
+use super::linear::{lora_adapter, row_bias, tp_comm, Linear, SavedInput, Split};
 use super::norm::{dropout, norm};
 use super::op::{
     Collective, CollectiveKind, Flops, Op, OpKind, ParamClass, Params, Phase, RingCalls, TensorRole,
@@ -49,14 +49,17 @@ pub fn attention_block(
     // (heads on this rank, q/k head dim, v head dim, K/V heads on this rank)
     let (a_r, dqk, dv, g_r) = match &m.mla {
         None => {
-            let qkv = Linear::sharded(
-                "attn.qkv",
-                d.h,
-                (d.a + 2 * d.g) * d.d,
-                Split::Column,
-                bias || m.add_qkv_bias,
-                trainable,
-            );
+            let qkv = Linear {
+                input: SavedInput::NormFused,
+                ..Linear::sharded(
+                    "attn.qkv",
+                    d.h,
+                    (d.a + 2 * d.g) * d.d,
+                    Split::Column,
+                    bias || m.add_qkv_bias,
+                    trainable,
+                )
+            };
             push_linear(
                 ops,
                 qkv,
@@ -87,7 +90,10 @@ pub fn attention_block(
     if m.attention_sinks {
         ops.push(sinks(d));
     }
-    let proj = Linear::sharded("attn.proj", d.a * dv, d.h, Split::Row, bias, trainable);
+    let proj = Linear {
+        input: SavedInput::AttentionOutput,
+        ..Linear::sharded("attn.proj", d.a * dv, d.h, Split::Row, bias, trainable)
+    };
     push_linear(
         ops,
         proj,
@@ -152,8 +158,10 @@ fn mla_projections(
         };
         ops.push(q.op(d));
     }
+    // Its input is the query down projection's; a recipe's TELinear keeps its own quantised
+    // copy of it.
     let kv_down = Linear {
-        save_input: false,
+        save_input: d.quantized.is_some(),
         communicate: false,
         ..Linear::sharded(
             "attn.kv_down",

@@ -2,7 +2,8 @@
 //! Letters as in Korthikanti et al. 2022: s sequence, b micro batch, h hidden, a heads,
 //! t tensor-parallel degree; plus c (context parallel), g (KV heads), d (head dim), V (vocab).
 
-use crate::config::{CpComm, FlopsAttention, Precision, Resolved, TrainingMode};
+use super::low_precision::Recipe;
+use crate::config::{CpComm, FlopsAttention, Resolved, TrainingMode};
 use serde::Serialize;
 
 /// Per-rank shapes and byte sizes of one microbatch.
@@ -26,8 +27,15 @@ pub struct Dims {
     pub n_sp: u64,
     /// Bytes of a saved activation element.
     pub act: u64,
-    /// Bytes of a saved linear-layer input (1 under fp8, as Transformer Engine keeps fp8 casts).
-    pub lin: u64,
+    /// The low-precision recipe whose quantised copy of a linear layer's input Transformer
+    /// Engine keeps for the weight gradient; `None` without a recipe and in the layers a recipe
+    /// keeps in bf16, which save their inputs at the activation dtype.
+    #[serde(skip)]
+    pub quantized: Option<Recipe>,
+    /// Under a recipe, Megatron-Core has the attention output projection save its original
+    /// bf16 input (the fused attention's own saved output) in place of a quantised copy
+    /// ([`Recipe::saves_original_projection_input`]).
+    pub proj_input_original: bool,
     /// Bytes of a weight element.
     pub weight: u64,
     /// Bytes per trainable parameter of a block's gradient bucket: the gradient dtype's under
@@ -78,11 +86,9 @@ impl Dims {
             n,
             n_sp: if sp { n / t } else { n },
             act: tr.activation_bytes(),
-            lin: if matches!(tr.precision, Precision::Fp8 | Precision::Mxfp8) {
-                1
-            } else {
-                tr.activation_bytes()
-            },
+            quantized: Recipe::of(r),
+            proj_input_original: Recipe::of(r)
+                .is_some_and(|q| q.saves_original_projection_input(tr.fp8_recipe)),
             weight: tr.weight_bytes(),
             grad_bucket: if p.zero >= 2 {
                 tr.grad_dtype.bytes()
@@ -109,6 +115,17 @@ impl Dims {
     /// Rows of the vocabulary on the most loaded TP rank (ceil(V / t) when not padded).
     pub fn vocab_rank(&self) -> u64 {
         self.v.div_ceil(self.t)
+    }
+
+    /// Bytes a linear layer keeps of its input, `rows` tokens of `cols` features, for its
+    /// weight gradient: the activation dtype's, or what the recipe's quantised copy takes
+    /// ([`Recipe::saved_input_bytes`]; `norm_gather`: a layer-norm-fused layer whose backward
+    /// re-gathers its sequence-parallel input).
+    pub fn saved_input_bytes(&self, rows: u64, cols: u64, norm_gather: bool) -> u64 {
+        match &self.quantized {
+            Some(q) => q.saved_input_bytes(rows, cols, norm_gather),
+            None => rows * cols * self.act,
+        }
     }
 
     /// Bytes of the residual stream of this rank's tokens in the SP region: n_sp x h.

@@ -18,6 +18,23 @@ pub enum Split {
     Replicated,
 }
 
+/// What a linear layer keeps of its input under a low-precision recipe, by the Transformer
+/// Engine module Megatron-Core's layer spec builds it with (megatron/core/models/gpt/
+/// gpt_layer_specs.py); without a recipe every kind keeps the input at the activation dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SavedInput {
+    /// TELinear, TEColumnParallelLinear, TERowParallelLinear, TEGroupedLinear: the quantised
+    /// copy ([`Dims::saved_input_bytes`]).
+    Quantized,
+    /// TELayerNormColumnParallelLinear (the QKV projection, a dense MLP's fc1): the norm
+    /// kernel's quantised output, both usages of it under NVFP4 where backward re-gathers it.
+    NormFused,
+    /// The attention output projection: the fused attention's output, saved by the attention
+    /// kernel in bf16 and shared with the projection when Megatron-Core sets
+    /// `save_original_input`, else the projection's quantised copy beside it.
+    AttentionOutput,
+}
+
 /// A linear layer `in_features -> out_features` (unsharded sizes).
 #[derive(Debug, Clone, Copy)]
 pub struct Linear {
@@ -36,6 +53,8 @@ pub struct Linear {
     /// Its input is the all-gathered sequence-parallel activation, so with SP only the
     /// sequence shard is saved (false for inputs that are already whole on every TP rank).
     pub sp_gathered_input: bool,
+    /// What it keeps of its input under a low-precision recipe.
+    pub input: SavedInput,
 }
 
 /// A TP collective on the `t` ranks of the tensor-parallel group.
@@ -72,6 +91,25 @@ impl Linear {
             save_input: true,
             communicate: true,
             sp_gathered_input: true,
+            input: SavedInput::Quantized,
+        }
+    }
+
+    /// Bytes the layer keeps of its input, `rows` tokens of its `cols` input features on this
+    /// rank, for its weight gradient.
+    fn saved_input_bytes(&self, d: &Dims, rows: u64, cols: u64) -> u64 {
+        let whole = rows * cols * d.act;
+        match (self.input, &d.quantized) {
+            (_, None) => whole,
+            (SavedInput::Quantized, Some(_)) => d.saved_input_bytes(rows, cols, false),
+            (SavedInput::NormFused, Some(_)) => {
+                let regathered = self.split == Split::Column && d.sp && d.t > 1;
+                d.saved_input_bytes(rows, cols, regathered && self.sp_gathered_input)
+            }
+            (SavedInput::AttentionOutput, Some(_)) if d.proj_input_original => whole,
+            // Delayed scaling: the projection's 1-byte copy. The fused attention's bf16 output
+            // is alive beside it too, and not counted yet (docs/engine.md).
+            (SavedInput::AttentionOutput, Some(q)) => q.saved_input_bytes(rows, cols, false),
         }
     }
 
@@ -117,7 +155,7 @@ impl Linear {
                 Split::Column | Split::Replicated if d.sp && self.sp_gathered_input => d.n_sp,
                 _ => d.n,
             };
-            op = op.save(TensorRole::Input, rows * rank_in * d.lin);
+            op = op.save(TensorRole::Input, self.saved_input_bytes(d, rows, rank_in));
         }
         if self.communicate && t > 1 {
             let full_in = d.n * i * d.act;

@@ -114,6 +114,42 @@ impl Recipe {
         }
     }
 
+    /// Bytes Transformer Engine keeps of a GEMM input X, `rows` tokens of `cols` features, for
+    /// the weight gradient dW = dY^T X (transformer_engine/pytorch/module/linear.py,
+    /// `_Linear.forward`; layernorm_linear.py, `_LayerNormLinear.forward`; grouped_linear.py):
+    /// the quantised input with its row-wise usage discarded, so the column-wise usage alone,
+    /// scaled along the tokens: MXFP8 1 byte a value and an E8M0 byte per 32 tokens, NVFP4
+    /// half a byte and an E4M3 byte per 16 and the FP32 tensor scale, blockwise FP8 an FP32
+    /// scale per 128. Per-tensor FP8 keeps one 1-byte copy in either usage (the row-wise one
+    /// where backward re-gathers it, since its column-wise data cannot be all-gathered:
+    /// `supports_only_rowwise_all_gather`). A layer-norm-fused layer whose backward re-gathers
+    /// its sequence-parallel input (`norm_gather`) drops the row-wise usage only for MXFP8 and
+    /// blockwise FP8, so under NVFP4 it keeps both usages.
+    pub fn saved_input_bytes(&self, rows: u64, cols: u64, norm_gather: bool) -> u64 {
+        match self.format {
+            Format::PerTensorFp8 => rows * cols + FP32_BYTES,
+            Format::Mxfp8 | Format::BlockwiseFp8 => self.copy_bytes(cols, rows, false),
+            Format::Nvfp4 => {
+                let columnwise = self.copy_bytes(cols, rows, false);
+                if norm_gather {
+                    columnwise + self.copy_bytes(rows, cols, false)
+                } else {
+                    columnwise
+                }
+            }
+        }
+    }
+
+    /// Whether Megatron-Core has a layer save its original (bf16) input rather than the
+    /// quantised copy (megatron/core/transformer/attention.py, `Attention.__init__`: the
+    /// output projection under every recipe but delayed-scaling FP8, since the fused
+    /// attention already saves its output; `set_save_original_input` in
+    /// megatron/core/extensions/transformer_engine.py).
+    pub fn saves_original_projection_input(&self, fp8_recipe: Option<Fp8Recipe>) -> bool {
+        !(self.format == Format::PerTensorFp8
+            && fp8_recipe.unwrap_or_default() == Fp8Recipe::Delayed)
+    }
+
     /// The quantise op of a linear layer's GEMM [m x k] . [k x n] (weights [n x k] as
     /// Transformer Engine keeps them, `tensors` of them: a rank's experts): forward, its input
     /// X read in bf16 and written quantised; backward, the output gradient dY the same; per

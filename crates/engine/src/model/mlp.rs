@@ -2,7 +2,7 @@
 
 use super::attention::push_linear;
 use super::dims::Dims;
-use super::linear::{Linear, Split};
+use super::linear::{Linear, SavedInput, Split};
 use super::norm::{dropout, norm};
 use super::op::{Op, OpKind, TensorRole};
 use crate::config::{Activation, LoraTarget, ModelConfig, TrainingConfig};
@@ -26,7 +26,10 @@ pub fn mlp_norm(ops: &mut Vec<Op>, m: &ModelConfig, d: &Dims) {
     ops.push(norm("mlp.norm", m.normalization, d.h, d.n_sp, d));
 }
 
-/// Appends a TP-split MLP of intermediate size `f` (after the norm).
+/// Appends a TP-split MLP of intermediate size `f` (after the norm). `save_input`: fc1 saves
+/// its input (a dense MLP's fc1 is layer-norm-fused in Megatron-Core's TE spec); a shared
+/// expert's input is the router's saved input, beside which a low-precision recipe's fc1
+/// (TEColumnParallelLinear) keeps its own quantised copy.
 pub fn mlp_body(
     ops: &mut Vec<Op>,
     names: [&'static str; 6],
@@ -47,9 +50,14 @@ pub fn mlp_body(
         split: Split::Column,
         bias: m.add_bias_linear,
         trainable,
-        save_input,
+        save_input: save_input || d.quantized.is_some(),
         communicate: true,
         sp_gathered_input: true,
+        input: if save_input {
+            SavedInput::NormFused
+        } else {
+            SavedInput::Quantized
+        },
     };
     push_linear(ops, fc1, d, lora(LoraTarget::Fc1), "", fc1_lora);
     ops.push(activation_op(act_name, d.n, width.div_ceil(d.t), d));

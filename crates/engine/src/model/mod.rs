@@ -7,6 +7,7 @@
 mod attention;
 mod dims;
 mod embedding;
+pub mod layer_wise;
 mod linear;
 pub mod low_precision;
 mod mamba;
@@ -492,7 +493,8 @@ impl Ledger {
         let recipe = low_precision::Recipe::of(r);
         // A layer the recipe keeps in bf16 saves its linear inputs in bf16 too.
         let dh = Dims {
-            lin: d.act,
+            quantized: None,
+            proj_input_original: false,
             ..d.clone()
         };
         let build = |kind: BlockKind, span: AttentionSpan, hp: bool| {

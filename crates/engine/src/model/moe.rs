@@ -11,7 +11,7 @@ use super::norm::dropout;
 use super::op::{
     Collective, CollectiveKind, Flops, Op, OpKind, ParamClass, Params, Phase, TensorRole,
 };
-use crate::config::{LoraTarget, ModelConfig, TrainingConfig};
+use crate::config::{Framework, LoraTarget, ModelConfig, Precision, TrainingConfig};
 use crate::layout::GroupKind;
 
 /// Tokens of the hottest EP rank over a uniform share. A rank hosts E/ep experts; with the
@@ -196,7 +196,13 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
 
     // Combine: reduce-scatter the experts' outputs over expert TP, all-to-all back, unpermute,
     // weight by the router probabilities (the expert outputs are saved for the probabilities'
-    // gradient); the backward all-gathers the output gradients after the all-to-all.
+    // gradient, unless the experts' activation applied them); the backward all-gathers the
+    // output gradients after the all-to-all.
+    let expert_outputs = if probs_in_activation(tr) {
+        0
+    } else {
+        tokens_bytes
+    };
     ops.push(
         Op::new(
             "moe.combine",
@@ -208,12 +214,27 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
         .comm(a2a(Phase::Backward, tokens_bytes))
         .comm(scatter(Phase::Forward))
         .comm(gather(Phase::Backward))
-        .save(TensorRole::ExpertOutputs, tokens_bytes)
+        .save(TensorRole::ExpertOutputs, expert_outputs)
         .temp(2 * tokens_bytes),
     );
     project_up(ops, m, local, d);
 
     ops.push(dropout("mlp.dropout", d.n_sp, d.h, d.hidden_dropout));
+}
+
+/// Whether the router's probabilities weight the experts' activation rather than the combine,
+/// as Megatron-Core's grouped experts do (megatron/core/transformer/moe/experts.py,
+/// `TEGroupedMLP.forward`: `weighted_bias_swiglu_impl` and its kin take the permuted probs,
+/// and the token dispatcher's `unpermute` gets none), so the combine keeps no expert outputs
+/// and the activation keeps the probabilities (fp32) beside its input. parsim's executor
+/// weights the combine and runs no low-precision recipe, so a Megatron-Core run under a
+/// recipe (Transformer Engine's) takes this path and a bf16 one keeps the executor's.
+pub fn probs_in_activation(tr: &TrainingConfig) -> bool {
+    tr.framework == Framework::MegatronCore
+        && matches!(
+            tr.precision,
+            Precision::Fp8 | Precision::Mxfp8 | Precision::Nvfp4
+        )
 }
 
 /// The expert-TP all-gather and reduce-scatter around the experts (Megatron-Core's
@@ -287,7 +308,7 @@ fn routed_experts(
         });
         op.model_flops = Flops::matmul(2.0 * (d.tokens * k) as f64 * (i * o) as f64, trainable);
         op.rank_flops = Flops::matmul(2.0 * rows as f64 * (ri * ro) as f64, trainable);
-        op.save(TensorRole::Input, rows * ri * d.lin)
+        op.save(TensorRole::Input, d.saved_input_bytes(rows, ri, false))
     };
     // With expert TP the received tokens are all-gathered over the expert-TP group, so each
     // expert slice sees the tokens of every member (Megatron-Core's all-to-all dispatcher).
@@ -299,12 +320,12 @@ fn routed_experts(
         let dims = (rows, h, width, true);
         ops.push(expert_adapter("moe.experts.fc1_lora", dims, r, shape, d));
     }
-    ops.push(activation_op(
-        "moe.experts.act",
-        rows,
-        width.div_ceil(d.etp),
-        d,
-    ));
+    let act = activation_op("moe.experts.act", rows, width.div_ceil(d.etp), d);
+    ops.push(if probs_in_activation(tr) {
+        act.save(TensorRole::Routing, rows * 4)
+    } else {
+        act
+    });
     // The experts' backward holds the output-gradient rows received by the combine's
     // all-to-all and the input-gradient rows gathered for the dispatch's (2 x rows x h, as
     // Megatron-Core's grouped GEMM over the local experts) beside an expert's own gradients.

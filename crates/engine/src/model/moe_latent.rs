@@ -17,7 +17,7 @@ pub fn project_down(ops: &mut Vec<Op>, m: &ModelConfig, rows: u64, d: &Dims) {
             "moe.fc1_latent_proj",
             rows,
             dims,
-            d.lin != d.act,
+            d.quantized.is_some(),
             d,
         ));
     }
@@ -66,7 +66,7 @@ fn latent_proj(
     op.model_flops = Flops::matmul(2.0 * (d.tokens * i * o) as f64, trainable);
     op.rank_flops = Flops::matmul(2.0 * (rows * i * o) as f64, trainable);
     if save_input {
-        op = op.save(TensorRole::Input, rows * i * d.lin);
+        op = op.save(TensorRole::Input, d.saved_input_bytes(rows, i, false));
     }
     op
 }

@@ -12,7 +12,7 @@
 //! gather), so the shapes are this rank's shards; `muon_split_qkv` (on by default) treats the
 //! fused QKV weight as its query, key and value matrices.
 
-use super::op::{OpKind, ParamClass};
+use super::op::{Op, OpKind, ParamClass};
 use super::Block;
 
 /// Newton-Schulz iterations a step (Megatron's `--muon-num-ns-steps`, default 5).
@@ -34,6 +34,20 @@ pub fn ns_iteration_flops(rows: u64, cols: u64) -> f64 {
     4.0 * m * m * n + 2.0 * m * m * m
 }
 
+/// The matrices Muon updates in an op: `(copies, elements of each)`, a trainable matmul's
+/// weight `k` x `n` a copy (the routed experts hold one a local expert; a bias in the same op
+/// stays with Adam), but the output layer's.
+pub fn matrices(o: &Op) -> Option<(u64, u64)> {
+    let (OpKind::Matmul { n, k, .. }, Some(p)) = (o.kind, o.params) else {
+        return None;
+    };
+    if !p.trainable || o.name == "output.layer" || n * k == 0 {
+        return None;
+    }
+    let copies = p.rank / (n * k);
+    (copies > 0).then_some((copies, n * k))
+}
+
 impl MuonSums {
     /// The block's matrices on this rank: each trainable matmul's weight, `k` x `n` a copy
     /// (the routed experts hold one a local expert; a bias in the same op stays with Adam).
@@ -41,16 +55,11 @@ impl MuonSums {
     pub fn of(b: &Block, heads: u64, groups: u64) -> MuonSums {
         let mut s = MuonSums::default();
         for o in &b.ops {
-            let (OpKind::Matmul { n, k, .. }, Some(p)) = (o.kind, o.params) else {
+            let (Some((copies, _)), OpKind::Matmul { n, k, .. }, Some(p)) =
+                (matrices(o), o.kind, o.params)
+            else {
                 continue;
             };
-            if !p.trainable || o.name == "output.layer" || n * k == 0 {
-                continue;
-            }
-            let copies = p.rank / (n * k);
-            if copies == 0 {
-                continue;
-            }
             let elements = copies * n * k;
             if p.class == ParamClass::Expert {
                 s.expert += elements;

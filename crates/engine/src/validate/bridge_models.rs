@@ -20,7 +20,8 @@ pub struct BridgeModel {
     /// `pipeline_model_parallel_layout` by the number of virtual stages (pp x vpp), written
     /// with the recipe's MTP layers (`m`).
     pub layouts: &'static [(u32, &'static str)],
-    /// Muon without the distributed optimizer (ZeRO-0), as the recipe trains.
+    /// Muon under the layer-wise distributed optimizer (`dist_muon`, ZeRO-1), as the recipe
+    /// trains.
     pub muon: bool,
     /// `recompute_modules` the recipe sets, by the GPU profile and precision they apply to
     /// (`""`: any); absent: Megatron-Core's default, no recomputation.
@@ -247,7 +248,10 @@ pub const MODELS: &[BridgeModel] = &[
             flex("gb300", "", "hybridep", false),
         ],
         cite: "Megatron-Bridge kimi_workload_base_configs.py and kimi_llm_pretrain.py: Muon \
-               without the distributed optimizer, recompute_modules by system (GB300: \
+               as dist_muon (recipes/utils/optimizer_utils.py, \
+               distributed_muon_with_cosine_annealing; training/optim.py builds it as \
+               Megatron-Core's layer-wise distributed optimizer, ddp.use_distributed_optimizer \
+               off, so without a parameter layout), recompute_modules by system (GB300: \
                mla_up_proj since commit fecfbc9a1, Mar 2026, as perf_recipes/kimi/gb300/kimi_k2.py \
                today), and _get_kimi_k2_pipeline_layout for 16 virtual stages; \
                perf_recipes/kimi/{h100,b200,gb200,gb300}/kimi_k2.py: fp8_param_gather = False",

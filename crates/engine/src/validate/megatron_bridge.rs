@@ -202,8 +202,10 @@ fn overlay(v: &Value, p: &Printed, notes: &mut Vec<String>) -> Result<Value, Row
         m.insert("moe_capacity_factor".into(), json!(1.0));
     }
 
+    // ZeRO-1: the distributed optimizer, or under Muon (the recipes' `dist_muon`) the
+    // layer-wise distributed optimizer.
     let mut par = json!({"tp": p.tp, "pp": p.pp, "cp": p.cp, "vpp": p.vpp, "ep": p.ep,
-                         "zero": u8::from(!model.muon)});
+                         "zero": 1});
     if p.vpp > 1 {
         par["schedule"] = json!("interleaved-1f1b");
     }

@@ -100,9 +100,11 @@ pub fn offloading(cfg: &Config, gpu: &GpuProfile) -> Vec<Violation> {
     errs
 }
 
-/// Muon as Megatron-Core runs it (megatron/core/optimizer/muon.py): not with the
-/// distributed optimizer (ZeRO-1 and above), not with fp16 loss scaling; LoRA trains only
-/// adapters, which parsim does not run under Muon.
+/// Muon as Megatron-Core runs it (megatron/core/optimizer/emerging_optimizers.py): ZeRO-1
+/// is its layer-wise distributed optimizer (`dist_muon`, model/layer_wise.rs), which shards
+/// the optimizer state by whole parameters and keeps whole gradients and weights, so not
+/// ZeRO-2 or 3; not with fp16 loss scaling; LoRA trains only adapters, which parsim does not
+/// run under Muon.
 pub fn optimizer(cfg: &Config) -> Vec<Violation> {
     let t = &cfg.training;
     if t.optimizer != Optimizer::Muon {
@@ -110,16 +112,16 @@ pub fn optimizer(cfg: &Config) -> Vec<Violation> {
     }
     let field = "training.optimizer";
     let mut errs = Vec::new();
-    if cfg.parallel.zero >= 1 {
+    if cfg.parallel.zero >= 2 {
         errs.push(
             Violation::new(
                 field,
                 format!(
-                    "muon runs without the distributed optimizer (Megatron-Core: \"muon with dist optimizer is not supported\"), got parallel.zero {}",
+                    "muon shards only its optimizer state (Megatron-Core's layer-wise distributed optimizer keeps whole gradients and weights), got parallel.zero {}",
                     cfg.parallel.zero
                 ),
             )
-            .hint("set parallel.zero = 0"),
+            .hint("set parallel.zero = 1 (dist_muon) or 0"),
         );
     }
     if t.precision == Precision::Fp16 {
@@ -200,18 +202,20 @@ mod tests {
     }
 
     #[test]
-    fn muon_with_the_distributed_optimizer_is_refused() {
+    fn muon_shards_its_state_only() {
         let v = optimizer(&with(|c| {
             c.training.optimizer = Optimizer::Muon;
-            c.parallel.zero = 1;
+            c.parallel.zero = 2;
         }));
         assert_eq!(v.len(), 1, "{v:?}");
         assert_eq!(v[0].field, "training.optimizer");
-        assert!(v[0].rule.contains("parallel.zero 1"), "{}", v[0]);
-        assert!(optimizer(&with(|c| {
-            c.training.optimizer = Optimizer::Muon;
-            c.parallel.zero = 0;
-        }))
-        .is_empty());
+        assert!(v[0].rule.contains("parallel.zero 2"), "{}", v[0]);
+        for zero in [0, 1] {
+            assert!(optimizer(&with(|c| {
+                c.training.optimizer = Optimizer::Muon;
+                c.parallel.zero = zero;
+            }))
+            .is_empty());
+        }
     }
 }

@@ -60,14 +60,20 @@ impl State {
     }
 
     /// `--optimizer`: adam (Megatron's default) or muon as parsim models it (blockwise TP,
-    /// 5 Newton-Schulz steps); any other optimizer or Muon setting is refused by name.
+    /// 5 Newton-Schulz steps); `dist_muon` (Megatron's older spelling of muon with
+    /// `--use-distributed-optimizer`) is muon under the layer-wise distributed optimizer,
+    /// ZeRO-1; any other optimizer or Muon setting is refused by name.
     pub(super) fn optimizer(&mut self) -> Result<(), String> {
         match self.word("--optimizer") {
             None | Some("adam") => {}
             Some("muon") => self.set("training", "optimizer", json!("muon")),
+            Some("dist_muon") => {
+                self.set("training", "optimizer", json!("muon"));
+                self.set("parallel", "zero", json!(1));
+            }
             Some(other) => {
                 return Err(format!(
-                "--optimizer: '{other}' is not modelled (adam, muon), so the run is not estimated"
+                "--optimizer: '{other}' is not modelled (adam, muon, dist_muon), so the run is not estimated"
             ))
             }
         }
