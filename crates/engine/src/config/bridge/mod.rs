@@ -167,12 +167,22 @@ fn mentions(text: &str, flag: &str) -> bool {
 /// A note of the Megatron mapping with each flag it names replaced by the Bridge field it
 /// came from.
 fn rename_flags(note: &str, flags: &[(String, Vec<String>, String)]) -> String {
+    // The flags translated here first, then any other the table maps (a note may name a
+    // flag the configuration did not give, such as the switch a setting needs).
+    let table = fields::all();
+    let mut pairs: Vec<(&str, &str)> = flags
+        .iter()
+        .map(|(f, _, p)| (f.as_str(), p.as_str()))
+        .chain(table.iter().filter_map(|(p, r)| match r {
+            Rule::Flag(f) | Rule::FlagOff(f) | Rule::FlagDtype(f) => Some((*f, *p)),
+            _ => None,
+        }))
+        .collect();
+    pairs.sort_by_key(|(f, _)| std::cmp::Reverse(f.len()));
     let mut out = note.to_string();
-    let mut by_length: Vec<&(String, Vec<String>, String)> = flags.iter().collect();
-    by_length.sort_by_key(|(f, _, _)| std::cmp::Reverse(f.len()));
-    for (flag, _, path) in by_length {
+    for (flag, path) in pairs {
         if mentions(&out, flag) {
-            out = out.replace(flag.as_str(), path);
+            out = out.replace(flag, path);
         }
     }
     out

@@ -157,6 +157,20 @@ pub fn read_fields(
         w.push("--grad-reduce-in-bf16", &[], "ddp.grad_reduce_in_fp32");
     }
     sections(w, &mut notes)?;
+    // The sharding strategies configure Megatron-FSDP only; without it they do nothing
+    // (`DistributedDataParallelConfig.data_parallel_sharding_strategy`: "Sharding strategy for
+    // FSDP").
+    if w.flag("--use-megatron-fsdp").is_none() {
+        let strategies = [
+            "--data-parallel-sharding-strategy",
+            "--outer-dp-sharding-strategy",
+        ];
+        let (unused, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut w.flags)
+            .into_iter()
+            .partition(|(f, _, _)| strategies.contains(&f.as_str()));
+        w.flags = kept;
+        w.accepted.extend(unused.into_iter().map(|(_, _, p)| p));
+    }
     if let Some(dp) = w.read("comm_overlap.data_parallel_size").as_u64() {
         let degree = |f: &str| w.int(f).unwrap_or(1);
         let gpus = dp
