@@ -107,11 +107,11 @@ pub fn import(text: &str, origin: &str) -> Result<BridgeImport, BridgeError> {
         ));
     }
     read::apply_mixed_precision(&mut top)?;
-    let mut notes = read::apply_comm_overlap(&mut top)?;
+    read::apply_comm_overlap(&mut top)?;
     let mut w = Walked::default();
     section(&top, "", &mut w)?;
     let mut extra = Map::new();
-    notes.extend(read::read_fields(&mut w, &mut extra)?);
+    let mut notes = read::read_fields(&mut w, &mut extra)?;
     let flags = std::mem::take(&mut w.flags);
     let pairs: Vec<(String, Vec<String>)> = flags
         .iter()

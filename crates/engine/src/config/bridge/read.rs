@@ -38,9 +38,9 @@ pub fn apply_mixed_precision(top: &mut Map<String, Value>) -> Result<(), BridgeE
 /// reduce-scatter and parameter all-gather overlap with 128 Mi-element buckets unless it says
 /// otherwise (`_get_optimizer_overlap_cfgs`; with one data-parallel rank there is nothing to
 /// overlap, so the values do not matter there).
-pub fn apply_comm_overlap(top: &mut Map<String, Value>) -> Result<Vec<String>, BridgeError> {
+pub fn apply_comm_overlap(top: &mut Map<String, Value>) -> Result<(), BridgeError> {
     let Some(Value::Object(co)) = top.get("comm_overlap").cloned() else {
-        return Ok(Vec::new());
+        return Ok(());
     };
     let given = |k: &str| co.get(k).filter(|v| !v.is_null()).cloned();
     let model = section_mut(top, "model")?;
@@ -67,7 +67,7 @@ pub fn apply_comm_overlap(top: &mut Map<String, Value>) -> Result<Vec<String>, B
             given("bucket_size").unwrap_or(json!(128u64 * 1024 * 1024)),
         );
     }
-    Ok(Vec::new())
+    Ok(())
 }
 
 fn section_mut<'a>(
