@@ -23,8 +23,11 @@ pub fn apply_mixed_precision(top: &mut Map<String, Value>) -> Result<(), BridgeE
         if rule(&format!("mixed_precision.{key}")) != Some(&Rule::Precision) {
             continue;
         }
+        // Where the copy lands on a field that changes nothing it is left out (so the note
+        // of accepted fields lists only what the file says).
         for section in ["model", "ddp", "optimizer"] {
-            if rule(&format!("{section}.{key}")).is_some() {
+            let target = rule(&format!("{section}.{key}"));
+            if target.is_some_and(|r| *r != Rule::NoEffect) {
                 section_mut(top, section)?.insert(key.clone(), value.clone());
             }
         }

@@ -10,7 +10,7 @@ const RECIPE: &str =
 fn refused(text: &str) -> (String, String) {
     match import(text, "t.yaml").unwrap_err() {
         BridgeError::Field { at, rule } => (at, rule),
-        e => panic!("not a field error: {e}"),
+        e @ BridgeError::Parse(_) => panic!("not a field error: {e}"),
     }
 }
 
