@@ -1,5 +1,6 @@
 //! The `parsim` command line (clap). Each subcommand lives in its own file.
 
+mod bridge_layer;
 pub(crate) mod calibrate;
 pub(crate) mod calibrate_trace;
 mod closed_loop;

@@ -1,7 +1,8 @@
 //! Where a configuration comes from: a file, a model preset or Hugging Face config.json, and
-//! the launches of other frameworks (a Megatron-LM script, a torchtitan job file, a DeepSpeed
-//! JSON), each read into one override layer merged in that order under the flags.
+//! the launches of other frameworks (a Megatron-LM script, a Megatron-Bridge YAML, a torchtitan
+//! job file, a DeepSpeed JSON), each read into one override layer merged in that order under the flags.
 
+use super::bridge_layer;
 use super::deepspeed_layer;
 use super::registry_help;
 use anyhow::Context;
@@ -30,6 +31,11 @@ pub struct SourceArgs {
     /// it. Flags with no counterpart are named in a warning.
     #[arg(long, value_name = "FILE|-")]
     pub megatron_args: Option<PathBuf>,
+    /// A Megatron-Bridge configuration (the YAML `ConfigContainer.to_yaml()` writes, a run's
+    /// run_config.yaml): applies over --config and --megatron-args, flags over it; fields
+    /// parsim cannot model are refused by name.
+    #[arg(long, value_name = "BRIDGE_YAML")]
+    pub bridge_config: Option<PathBuf>,
     /// A torchtitan job file (TOML JobConfig): applies over --config, flags over it; what
     /// parsim cannot model is refused by name.
     #[arg(long, value_name = "JOB_TOML")]
@@ -86,6 +92,9 @@ impl SourceArgs {
         }
         if let Some(path) = &self.megatron_args {
             layers.push(megatron_layer(path, warnings)?);
+        }
+        if let Some(path) = &self.bridge_config {
+            layers.push(bridge_layer::read(path, warnings)?);
         }
         if let Some(path) = &self.torchtitan_config {
             let tt = torchtitan::load(path, &self.torchtitan_overrides, &layers, &overrides)?;

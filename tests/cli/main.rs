@@ -1,5 +1,6 @@
 //! The `parsim` binary's flags and outputs: validation errors, JSON, generated help and shells, snapshots, imports.
 
+mod bridge_config;
 mod deepspeed_config;
 mod generated;
 mod human_output;

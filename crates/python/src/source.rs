@@ -1,13 +1,14 @@
 //! A configuration as a Python caller gives it: a dict shaped like parsim's TOML, a path to a
 //! TOML or JSON configuration, a Hugging Face config.json, a torchtitan job file, a DeepSpeed
-//! configuration or a Megatron-LM launch script, or a Megatron argument list (such as
-//! `sys.argv`); an optional dict of overrides goes over it, as the CLI's flags go over
-//! `--config`. A file's kind is told by its top-level keys, which never overlap: parsim's
-//! sections, torchtitan's `[job]`, `[parallelism]` and the like, DeepSpeed's `zero_optimization` and batch
-//! keys, Hugging Face's `model_type`/`architectures`.
+//! configuration, a Megatron-Bridge configuration (YAML) or a Megatron-LM launch script, or a
+//! Megatron argument list (such as `sys.argv`); an optional dict of overrides goes over it, as
+//! the CLI's flags go over `--config`. A file's kind is told by its extension (`.yaml` is
+//! Megatron-Bridge's) and its top-level keys, which never overlap: parsim's sections,
+//! torchtitan's `[job]`, `[parallelism]` and the like, DeepSpeed's `zero_optimization` and
+//! batch keys, Hugging Face's `model_type`/`architectures`.
 
 use crate::errors::config_error;
-use parsim::config::{deepspeed, load, megatron, torchtitan, Config, Layer};
+use parsim::config::{bridge, deepspeed, load, megatron, torchtitan, Config, Layer};
 use pyo3::exceptions::{PyTypeError, PyUserWarning};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
@@ -111,7 +112,8 @@ fn layer_of(
 /// A file's layer: `.toml` is a configuration or (with a section only torchtitan has) a
 /// torchtitan job file, `.json` a configuration, a Hugging Face config.json (with
 /// `model_type` or `architectures` at its top) or a DeepSpeed configuration (with
-/// `zero_optimization` or a batch key), anything else a Megatron-LM launch script. A DeepSpeed
+/// `zero_optimization` or a batch key), `.yaml` (or `.yml`) a Megatron-Bridge configuration
+/// (parsim's own configurations are TOML or JSON), anything else a Megatron-LM launch script. A DeepSpeed
 /// import comes back beside its layer: its batch is resolved once the layers are merged.
 fn file_layer(
     path: &Path,
@@ -157,6 +159,24 @@ fn file_layer(
                 value: imported.layer.clone(),
             };
             Ok((layer, Some(imported)))
+        }
+        Some("yaml" | "yml") => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                crate::errors::ConfigError::new_err(format!("reading {origin}: {e}"))
+            })?;
+            let imported = bridge::import(&text, &origin).map_err(|e| in_file(&origin, e))?;
+            warnings.extend(
+                imported
+                    .warnings()
+                    .into_iter()
+                    .map(|w| format!("{origin}: {w}")),
+            );
+            let layer = Layer {
+                origin,
+                base_dir: None,
+                value: imported.layer,
+            };
+            Ok((layer, None))
         }
         _ => {
             let origin = path.display().to_string();

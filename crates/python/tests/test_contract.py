@@ -3,6 +3,7 @@ configuration: the CLI's own output is the independent reference (a second front
 the same engine, its text parsed by Python's json)."""
 
 import json
+from pathlib import Path
 
 import parsim
 import pytest
@@ -113,6 +114,7 @@ def test_estimate_with_a_token_budget_has_the_run(cli_json):
 
 TORCHTITAN = "tests/fixtures/torchtitan/llama3_8b.toml"
 DEEPSPEED = "tests/fixtures/deepspeed/megatron_deepspeed_gpt_zero1_fp16.json"
+BRIDGE = "docs/examples/bridge_llama3_8b_h100_bf16.yaml"
 
 
 def test_estimate_of_a_torchtitan_job_equals_the_cli(repo, cli_json):
@@ -134,15 +136,29 @@ def test_estimate_of_a_deepspeed_config_equals_the_cli(repo, cli_json):
     assert got["config"]["parallel"]["zero"] == 1
 
 
+def test_estimate_of_a_bridge_config_equals_the_cli(repo, cli_json):
+    overrides = {"cluster": {"num_gpus": 8}}
+    with pytest.warns(UserWarning):
+        got = parsim.estimate(repo / BRIDGE, overrides=overrides)
+    want = cli_json("estimate", "--bridge-config", BRIDGE, "--gpus", "8", "--json")
+    assert got == want
+    assert got["config"]["training"]["framework"] == "megatron-core"
+    assert got["config"]["parallel"]["cp"] == 2
+
+
+IMPORT_FLAGS = {".toml": "--torchtitan-config", ".json": "--deepspeed-config", ".yaml": "--bridge-config"}
+
+
 @pytest.mark.parametrize(
     "path, field",
     [
         ("tests/fixtures/torchtitan/unknown_key.toml", "unknown_key.toml"),
         ("tests/fixtures/deepspeed/refuse_unknown_key.json", "refuse_unknown_key.json"),
+        ("tests/fixtures/bridge/llama3_8b_pretrain_8gpu_h100_fp8cs.yaml", "model.recompute_num_layers"),
     ],
 )
 def test_imports_refuse_what_they_cannot_model_by_name(repo, cli, path, field):
-    flag = "--torchtitan-config" if path.endswith(".toml") else "--deepspeed-config"
+    flag = IMPORT_FLAGS[Path(path).suffix]
     with pytest.raises(parsim.ConfigError) as raised:
         parsim.estimate(repo / path)
     message = str(raised.value)

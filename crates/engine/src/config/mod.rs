@@ -5,6 +5,7 @@
 //! file, then command-line overrides; the merged document is deserialized once, so type errors
 //! name the field. [`Config::resolve`] validates the result into a [`Resolved`] configuration.
 
+pub mod bridge;
 mod cluster;
 pub mod deepspeed;
 mod enums;

@@ -124,6 +124,36 @@ pub fn import(text: &str, origin: &str) -> Result<MegatronImport, ConfigError> {
     })
 }
 
+/// Reads a list of Megatron-LM flags (`("--num-layers", ["32"])`) as a launch of them would
+/// be read: the other imports that speak Megatron-Core's field names (Megatron-Bridge's
+/// configuration) reuse the flags' mapping. The error of a flag names it; `flag_error` turns
+/// it into the caller's error, given the flag and the message.
+pub(crate) fn import_flags<E>(
+    flags: &[(String, Vec<String>)],
+    flag_error: impl Fn(&str, String) -> E,
+    finish_error: impl Fn(String) -> E,
+) -> Result<MegatronImport, E> {
+    let mut state = flags::State::default();
+    for (flag, values) in flags {
+        state
+            .apply(flag, values)
+            .map_err(|message| flag_error(flag, message))?;
+    }
+    let finished = state.finish().map_err(finish_error)?;
+    Ok(MegatronImport {
+        layer: finished.layer,
+        ignored: finished.ignored,
+        unresolved: Vec::new(),
+        notes: finished.notes,
+    })
+}
+
+/// True when the Megatron import reads `flag` (spelled with dashes) or refuses it by name.
+#[cfg(test)]
+pub(crate) fn knows_flag(flag: &str) -> bool {
+    flags::reads(flag) || flag_table::REFUSED.iter().any(|(f, _)| *f == flag)
+}
+
 fn plain_arg(text: String) -> shell::Arg {
     shell::Arg {
         text,
