@@ -47,6 +47,30 @@ fn low_precision_weights(r: &Resolved, s: &LedgerSummary, chunks: &[ChunkContent
     (cache.saturating_sub(rowwise), narrowed)
 }
 
+/// The allocation sequence of a DeepSpeed rank of one chunk (src/memory/alloc_trace.rs).
+fn traced(
+    r: &Resolved,
+    l: &Ledger,
+    chunks: &[ChunkContents],
+    ds: &deepspeed::DeepspeedBuffers,
+) -> Option<std::sync::Arc<RankTrace>> {
+    let [only] = chunks else {
+        return None;
+    };
+    if *ds == deepspeed::DeepspeedBuffers::default() {
+        return None;
+    }
+    let inputs = TraceInputs {
+        recompute: r.config.training.recompute,
+        grad_bytes: r.config.training.grad_dtype.bytes(),
+        residual_bytes: l.dims.residual_bytes(),
+        kept_output: if only.output { 0 } else { ds.kept_output },
+        kept_input: if only.embedding { 0 } else { ds.kept_input },
+    };
+    let trace = RankTrace::of(l, only, inputs, &ds.step_allocs);
+    Some(std::sync::Arc::new(trace))
+}
+
 /// Steps the allocation sequence is replayed for. Measured figures are often of a later step
 /// (BLOOM tr11's of iteration 2, bigscience-workshop/bigscience train/tr11-176B-ml/
 /// chronicles-prequel.md), whose allocator starts from the segments the first left; on every
@@ -201,20 +225,7 @@ impl RankStatic {
             table_wgrad: ds.table_wgrad,
         };
         let phase = rank_phases.of(s, chunks);
-        let trace = match chunks {
-            [only] if ds != deepspeed::DeepspeedBuffers::default() => {
-                let inputs = TraceInputs {
-                    recompute: tr.recompute,
-                    grad_bytes: g,
-                    residual_bytes: d.residual_bytes(),
-                    kept_output: if only.output { 0 } else { ds.kept_output },
-                    kept_input: if only.embedding { 0 } else { ds.kept_input },
-                };
-                let t = RankTrace::of(l, only, inputs, &ds.step_allocs);
-                Some(std::sync::Arc::new(t))
-            }
-            _ => None,
-        };
+        let trace = traced(r, l, chunks, &ds);
         // The blocks the backward leaves cached are at most a block's whole saved set or one
         // of its transients (an upper bound on any one tensor among them).
         let largest_cached = blocks()
