@@ -50,8 +50,8 @@ pub struct RankTrace {
     /// The largest event id and parameter number.
     ids: u32,
     params: u32,
-    /// Replays already run: (order of forwards and backwards, steps, their peaks).
-    replays: Mutex<Vec<(Vec<bool>, u32, (u64, u64))>>,
+    /// Replays already run.
+    replays: Mutex<Vec<Replayed>>,
 }
 
 /// What the trace reads of the rank beyond its ledger blocks.
@@ -66,6 +66,10 @@ pub struct TraceInputs {
     pub kept_output: u64,
     pub kept_input: u64,
 }
+
+/// A replay already run: its order of forwards (true) and backwards, its steps, and its
+/// (peak reserved, peak allocated) bytes.
+type Replayed = (Vec<bool>, u32, (u64, u64));
 
 /// Builds the events, assigning ids.
 #[derive(Default)]
