@@ -24,7 +24,7 @@ impl RankStaticMemo {
         self.0
             .iter()
             .find(|(k, st)| alike(st, split, handoff, k, chunks))
-            .map(|(_, st)| *st)
+            .map(|(_, st)| st.clone())
     }
 }
 
@@ -75,19 +75,20 @@ impl<'a, 'm> AlikeRanks<'a, 'm> {
             .iter()
             .position(|(k, st)| alike(st, split, handoff, &chunks[*k], ch));
         if let Some(i) = known {
-            return (self.seen[i].1, false, i);
+            return (self.seen[i].1.clone(), false, i);
         }
         let kept = self
             .memo
             .as_deref()
             .and_then(|m| m.find(ch, split, handoff));
+        let remembered = kept.is_some();
         let st = kept.unwrap_or_else(|| RankStatic::of(self.r, self.s, self.l, ch, split));
-        if kept.is_none() {
+        if !remembered {
             if let Some(m) = self.memo.as_deref_mut() {
-                m.0.push((ch.clone(), st));
+                m.0.push((ch.clone(), st.clone()));
             }
         }
-        self.seen.push((rank, st));
+        self.seen.push((rank, st.clone()));
         (st, true, self.seen.len() - 1)
     }
 }

@@ -9,7 +9,9 @@ use serde::Serialize;
 use walk::ChunkBytes;
 
 mod alike;
+mod alloc_trace;
 mod allocator;
+mod caching_allocator;
 mod deepspeed;
 mod rank_static;
 mod walk;

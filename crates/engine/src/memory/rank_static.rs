@@ -3,6 +3,7 @@
 //! (src/memory/deepspeed.rs), worked out once per set of alike ranks; and the rank's total
 //! with its activation walk.
 
+use super::alloc_trace::{RankTrace, TraceInputs};
 use super::walk::ChunkBytes;
 use super::{
     activation_peak, allocator, chunk_bytes, deepspeed, hands_off, updated_params, walk,
@@ -71,9 +72,41 @@ fn low_precision_weights(r: &Resolved, s: &LedgerSummary, chunks: &[ChunkContent
     (cache.saturating_sub(rowwise), narrowed)
 }
 
+/// The allocation sequence of a DeepSpeed rank of one chunk (src/memory/alloc_trace.rs).
+fn traced(
+    r: &Resolved,
+    l: &Ledger,
+    chunks: &[ChunkContents],
+    ds: &deepspeed::DeepspeedBuffers,
+) -> Option<std::sync::Arc<RankTrace>> {
+    let [only] = chunks else {
+        return None;
+    };
+    if *ds == deepspeed::DeepspeedBuffers::default() {
+        return None;
+    }
+    let inputs = TraceInputs {
+        recompute: r.config.training.recompute,
+        grad_bytes: r.config.training.grad_dtype.bytes(),
+        residual_bytes: l.dims.residual_bytes(),
+        kept_output: if only.output { 0 } else { ds.kept_output },
+        kept_input: if only.embedding { 0 } else { ds.kept_input },
+    };
+    let trace = RankTrace::of(l, only, inputs, &ds.step_allocs);
+    Some(std::sync::Arc::new(trace))
+}
+
+/// Steps the allocation sequence is replayed for. Measured figures are often of a later step
+/// (BLOOM tr11's of iteration 2, bigscience-workshop/bigscience train/tr11-176B-ml/
+/// chronicles-prequel.md), whose allocator starts from the segments the first left; on every
+/// BLOOM row a second step reserves nothing more than the first (the first step's backward
+/// allocates the gradients between the activations, as every later one does, and its step
+/// takes the same segments), so one is replayed.
+const TRACED_ITERATIONS: u32 = 1;
+
 /// The memory of a rank that depends only on the blocks it holds, whether it splits its
 /// backward and whether it hands off inside the rank: all but the activation walk.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct RankStatic {
     weights: u64,
     low_precision_weights: u64,
@@ -90,6 +123,9 @@ pub(super) struct RankStatic {
     /// Blocks the backward leaves cached (for the allocator): the largest one tensor of the
     /// walk, and the vocabulary table's weight-gradient transient.
     cached: [u64; 2],
+    /// The rank's allocation sequence for the caching allocator (src/memory/alloc_trace.rs):
+    /// DeepSpeed ranks of one chunk.
+    trace: Option<std::sync::Arc<RankTrace>>,
 }
 
 impl RankStatic {
@@ -213,6 +249,7 @@ impl RankStatic {
             table_wgrad: ds.table_wgrad,
         };
         let phase = rank_phases.of(s, chunks);
+        let trace = traced(r, l, chunks, &ds);
         // The blocks the backward leaves cached are at most a block's whole saved set or one
         // of its transients (an upper bound on any one tensor among them).
         let largest_cached = blocks()
@@ -231,6 +268,7 @@ impl RankStatic {
             phase,
             ds,
             cached: [largest_cached, ds.table_wgrad],
+            trace,
         }
     }
 
@@ -258,7 +296,7 @@ impl RankStatic {
         single: Option<&ChunkBytes<i128>>,
     ) -> StageMemory {
         let tr = &r.config.training;
-        let RankStatic {
+        let &RankStatic {
             weights,
             low_precision_weights,
             grads,
@@ -267,7 +305,7 @@ impl RankStatic {
             rank_phases,
             phase,
             ..
-        } = *self;
+        } = self;
         let blocks = || chunks.iter().flat_map(|c| c.blocks(s)).map(|(b, _)| b);
         // Activations: the chunk sets live at the worst moment of this rank's action list; the
         // total takes each moment with the buffers of the phase running then.
@@ -357,9 +395,27 @@ impl RankStatic {
         let resident = weights + low_precision_weights + grads + optimizer + fixed;
         let backward_total = resident.saturating_add(peak.with_buffers);
         let total = backward_total.max(resident.saturating_add(self.ds.after_backward));
-        let new_segments = allocator::new_segment_bytes(&self.cached, &self.ds.step_allocs);
-        let allocator_cache =
-            allocator::cache_bytes(backward_total, new_segments, total, r.gpu.memory_bytes);
+        // The allocator's reserve beyond the allocated peak: from the rank's allocation sequence
+        // where it is traced, else from the step's new segments beside the backward's blocks.
+        let replayed = match (&self.trace, pipeline) {
+            (Some(t), Pipeline::Actions(actions) | Pipeline::WholePasses { actions, .. }) => {
+                t.replay(actions, TRACED_ITERATIONS)
+            }
+            _ => None,
+        };
+        let allocator_cache = match replayed {
+            Some((reserved, allocated)) => {
+                let beyond = reserved.saturating_sub(allocated);
+                total
+                    .saturating_add(beyond)
+                    .min(r.gpu.memory_bytes.max(total))
+                    - total
+            }
+            None => {
+                let new_segments = allocator::new_segment_bytes(&self.cached, &self.ds.step_allocs);
+                allocator::cache_bytes(backward_total, new_segments, total, r.gpu.memory_bytes)
+            }
+        };
         StageMemory {
             stage: rank,
             weights,

@@ -27,7 +27,41 @@ fit.";
 /// Every row of the table.
 pub fn rows() -> Result<Vec<SourceRow>, RowError> {
     let t = data::table("BigScience BLOOM")?;
-    Ok(t.rows.iter().enumerate().map(|(i, v)| row(i, v)).collect())
+    let mut rows: Vec<SourceRow> = t.rows.iter().enumerate().map(|(i, v)| row(i, v)).collect();
+    note_contradictions(&t.rows, &mut rows);
+    Ok(rows)
+}
+
+/// Notes each row whose memory contradicts another row of the same model and degrees, by more
+/// than 5%: the same micro batch measured with another figure, or a smaller micro batch with
+/// more memory (activations only grow with it). Both are single nvidia-smi snapshots; such a row is said
+/// to be inconsistent, never fitted.
+fn note_contradictions(values: &[Value], rows: &mut [SourceRow]) {
+    let setting =
+        |v: &Value| ["model", "gpus", "tp", "pp", "dp", "zero_stage"].map(|k| v.get(k).cloned());
+    let mbs = |v: &Value| data::number(v, "mbs").ok().flatten();
+    for i in 0..rows.len() {
+        let (Some(gib), Some(mi)) = (rows[i].measured.memory_bytes, mbs(&values[i])) else {
+            continue;
+        };
+        let clash = (0..rows.len()).find_map(|j| {
+            let other = rows[j].measured.memory_bytes?;
+            let mj = mbs(&values[j])?;
+            let same = j != i && setting(&values[i]) == setting(&values[j]);
+            // Beyond the snapshots' 1 GB rounding and noise: more than 5% apart.
+            let apart = other.abs_diff(gib) * 20 > other.max(gib);
+            let contradicts = apart && (mj == mi || (mj > mi && other < gib));
+            (same && contradicts).then_some((j, mj, other))
+        });
+        if let Some((j, mj, other)) = clash {
+            rows[i].notes.push(format!(
+                "memory inconsistent with row {j} of the same settings ({} GiB at micro batch \
+                 {mj} against {} GiB at {mi}): noted, not fitted",
+                other >> 30,
+                gib >> 30
+            ));
+        }
+    }
 }
 
 /// The size in the model description ("BLOOM-style GPT (181B): ..." -> "181B").
@@ -172,6 +206,20 @@ mod tests {
             ooms += usize::from(!p.fits);
         }
         assert_eq!(ooms, 3);
+    }
+
+    /// The source's two contradictions are noted: the 196B model at TP 8 PP 6 (65 GB at micro
+    /// batch 2, 56 GB at 4) and the 181B one at TP 4 PP 12 micro batch 2 (44 GB and 38 GB).
+    #[test]
+    fn contradicting_memory_rows_are_noted() {
+        let rows = rows().unwrap();
+        let noted: Vec<usize> = rows
+            .iter()
+            .filter(|r| r.notes.iter().any(|n| n.contains("memory inconsistent")))
+            .map(|r| r.index)
+            .collect();
+        assert_eq!(noted, [9, 53, 54]);
+        assert!(rows[9].notes[0].contains("56 GiB at micro batch 4 against 65 GiB at 2"));
     }
 
     /// 78 layers over 12 stages: 6 stages of 7 and 6 of 6, every layer once.
