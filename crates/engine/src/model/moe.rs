@@ -143,6 +143,12 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
             .save(TensorRole::Logits, local * e * 4)
             .save(TensorRole::Routing, routed * (4 + 8)),
     );
+    ops.push(Op::new(
+        "moe.router.topk",
+        OpKind::MemoryBound {
+            bytes: routing_bytes(local, e, k, m.moe_aux_loss_coeff > 0.0),
+        },
+    ));
     if m.moe_router_linear_bias {
         let mut bias = Op::new("moe.router_linear_bias", OpKind::MemoryBound { bytes: 0 });
         bias.params = Some(Params {
@@ -216,6 +222,22 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
     ops.push(dropout("mlp.dropout", d.n_sp, d.h, d.hidden_dropout));
 }
 
+/// HBM bytes of the routing after the gating GEMM, forward, for `tokens` tokens over
+/// `experts` experts choosing `k` (Megatron-Core's `TopKRouter.routing`,
+/// megatron/core/transformer/moe/router.py, through moe_utils.py's
+/// `topk_routing_with_score_function` and `compute_routing_scores_for_aux_loss`, unfused):
+/// the score function (softmax or sigmoid) reads and writes the fp32 [tokens x experts]
+/// scores (8 bytes an element); top-k reads them (4) and writes the k probabilities (fp32)
+/// and indices (int64); the routing probabilities and the routing map are scattered into
+/// dense [tokens x experts] fp32 and bool tensors (5). With an auxiliary loss, its scores
+/// are the score function again (8) and the switch loss reads them once more to sum them
+/// over the tokens (4).
+pub fn routing_bytes(tokens: u64, experts: u64, k: u64, aux_loss: bool) -> u64 {
+    let dense = tokens * experts;
+    let aux = if aux_loss { 12 * dense } else { 0 };
+    (8 + 4 + 5) * dense + tokens * k * (4 + 8) + aux
+}
+
 /// The expert-TP all-gather and reduce-scatter around the experts (Megatron-Core's
 /// `MoEAlltoAllTokenDispatcher`, megatron/core/transformer/moe/token_dispatcher.py: "AG(TP)"
 /// of the received rows after the EP all-to-all in `dispatch_postprocess`, "RS(TP)" of the
@@ -287,7 +309,10 @@ fn routed_experts(
         });
         op.model_flops = Flops::matmul(2.0 * (d.tokens * k) as f64 * (i * o) as f64, trainable);
         op.rank_flops = Flops::matmul(2.0 * rows as f64 * (ri * ro) as f64, trainable);
-        op.save(TensorRole::Input, rows * ri * d.lin)
+        // One grouped GEMM over the local experts (Megatron-Core's TEGroupedLinear), each
+        // expert its own weight and its share of the rows.
+        op.grouped(local_experts)
+            .save(TensorRole::Input, rows * ri * d.lin)
     };
     // With expert TP the received tokens are all-gathered over the expert-TP group, so each
     // expert slice sees the tokens of every member (Megatron-Core's all-to-all dispatcher).
@@ -384,6 +409,57 @@ mod tests {
         let cfg = Config::from_layers(&[Layer::overrides(v)]).expect("loads");
         let r = Resolved::new(cfg).expect("validates");
         Ledger::build(&r).moe.expect("moe block").ops
+    }
+
+    /// The MoE block of a GPT-OSS-120B layer (hidden 2880, 128 experts of FFN 2880 with
+    /// SwiGLU, top-4) on an H100 SXM at sequence 4096, micro batch 1, EP 8, bf16.
+    fn gpt_oss_block() -> (Vec<Op>, crate::config::GpuProfile) {
+        let v = serde_json::json!({
+            "model": {"preset": "gpt-oss-120b"},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 8},
+            "parallel": {"tp": 1, "pp": 1, "ep": 8},
+            "training": {"seq_length": 4096, "micro_batch_size": 1, "global_batch_size": 8}
+        });
+        let cfg = Config::from_layers(&[Layer::overrides(v)]).expect("loads");
+        let r = Resolved::new(cfg).expect("validates");
+        let gpu = (*r.gpu).clone();
+        (Ledger::build(&r).moe.expect("moe block").ops, gpu)
+    }
+
+    #[test]
+    fn the_moe_blocks_grouped_expert_gemm_and_routing_by_hand() {
+        let (ops, gpu) = gpt_oss_block();
+        let rates = crate::time::Rates {
+            gpu: &gpu,
+            peak_flops: gpu.peak_flops.bf16,
+            element_bytes: 2,
+            matmul_efficiency: gpu.efficiency.matmul,
+        };
+        let op = |name: &str| ops.iter().find(|o| o.name == name).expect(name);
+        let (e, ovh) = (&gpu.efficiency, gpu.efficiency.kernel_overhead_s);
+        // 4096 tokens x top-4 = 16384 rows reach the rank's 128 / 8 = 16 experts: 1024 rows
+        // each. fc1 forward: 16 x [1024 x 2880] . [2880 x 5760]: 543.6 GFLOP over 16 x 8 x 23
+        // = 2944 tiles of 2880 / 64 = 45 k-iterations on 132 SMs (stream-K: 132480 units in
+        // 1004 rounds); memory: 16 x (1024 x 2880 + 2880 x 5760 + 1024 x 5760) bf16 elements
+        // at the operand stream share of HBM. The slower of the two, after one launch.
+        let fc1 = op("moe.experts.fc1");
+        assert_eq!(fc1.gemm_groups, 16);
+        let flops = 16.0 * 2.0 * 1024.0 * 2880.0 * 5760.0;
+        let compute = flops / (989.4e12 * e.matmul * 132480.0 / (1004.0 * 132.0));
+        let stream = gpu.hbm_bytes_per_s * gpu.gemm.operand_stream_fraction.unwrap();
+        let memory = 16.0 * (1024.0 * 2880.0 + 2880.0 * 5760.0 + 1024.0 * 5760.0) * 2.0 / stream;
+        let (fwd, _, _) = rates.op_s(fc1);
+        let by_hand = compute.max(memory) + ovh;
+        assert!((fwd / by_hand - 1.0).abs() < 1e-9, "{fwd} vs {by_hand}");
+        // The routing: 4096 x 128 scores, 17 bytes an element (score function 8, top-k 4,
+        // scattered probabilities and map 5) and 4096 x 4 chosen (12 bytes each); no aux loss.
+        let routing = op("moe.router.topk");
+        let bytes = 17 * 4096 * 128 + 4096 * 4 * 12;
+        assert_eq!(routing.kind, OpKind::MemoryBound { bytes });
+        let (fwd, bwd, _) = rates.op_s(routing);
+        let hbm = gpu.hbm_bytes_per_s * e.memory_bound;
+        assert!((fwd - (bytes as f64 / hbm + ovh)).abs() < 1e-15);
+        assert!((bwd - (2.0 * bytes as f64 / hbm + ovh)).abs() < 1e-15);
     }
 
     #[test]
