@@ -483,15 +483,6 @@ impl GpuProfile {
                 message: "gemm.sms, gemm.tile_m and gemm.tile_n must be positive".into(),
             });
         }
-        if let Some(f) = self.gemm.operand_stream_fraction.filter(|f| *f > 1.0) {
-            return Err(ConfigError::Profile {
-                origin: origin.to_string(),
-                message: format!(
-                    "gemm.operand_stream_fraction is a share of hbm_bytes_per_s and must be at \
-                     most 1, got {f}"
-                ),
-            });
-        }
         let margin = self.memory_margin_fraction;
         if !(margin.is_finite() && (0.0..1.0).contains(&margin)) {
             return Err(ConfigError::Profile {
