@@ -11,7 +11,7 @@ use super::norm::dropout;
 use super::op::{
     Collective, CollectiveKind, Flops, Op, OpKind, ParamClass, Params, Phase, TensorRole,
 };
-use crate::config::{LoraTarget, ModelConfig, TrainingConfig};
+use crate::config::{Activation, Framework, LoraTarget, ModelConfig, TrainingConfig};
 use crate::layout::GroupKind;
 
 /// Tokens of the hottest EP rank over a uniform share. A rank hosts E/ep experts; with the
@@ -324,6 +324,16 @@ fn routed_experts(
         let dims = (rows, h, width, true);
         ops.push(expert_adapter("moe.experts.fc1_lora", dims, r, shape, d));
     }
+    // Megatron-Core's unfused expert path runs these as kernels of their own.
+    let megatron = tr.framework == Framework::MegatronCore && !tr.fused_grouped_mlp;
+    if let (true, Some(_), Activation::Swiglu) = (megatron, m.activation_clamp, m.activation) {
+        ops.push(activation_clamp(
+            "moe.experts.act_clamp",
+            rows,
+            width.div_ceil(d.etp),
+            d,
+        ));
+    }
     ops.push(activation_op(
         "moe.experts.act",
         rows,
@@ -336,10 +346,48 @@ fn routed_experts(
     let mut fc2 = expert("moe.experts.fc2", rows, f, h, false);
     fc2.backward_scratch_bytes = 2 * rows * h * d.act;
     ops.push(fc2);
+    if megatron && m.add_bias_linear {
+        ops.push(expert_output_bias(rows, h, d));
+    }
     if let Some(r) = lora(LoraTarget::Fc2) {
         let dims = (rows, f, h, false);
         ops.push(expert_adapter("moe.experts.fc2_lora", dims, r, shape, d));
     }
+}
+
+/// The clamp on a gated activation's inputs as Megatron-Core runs it (megatron/core/fusions/
+/// fused_bias_geglu.py, `weighted_bias_quick_geglu_impl`, GPT-OSS's `activation_func_clamp_value`):
+/// before the fused activation, the gate and linear halves are clamped by two elementwise
+/// kernels and concatenated again by a third, over `rows` rows of `width` (both halves).
+/// Forward they move 4 x width an element row (each clamp reads and writes its half, the
+/// concatenation reads and writes both); backward 5 x width (each clamp's backward reads the
+/// gradient and its input and writes a gradient, the split's backward concatenates the two).
+/// The op's bytes are a third of those 9 x width, as the ledger's backward moves twice an
+/// op's forward bytes (time.rs), so the two passes sum to the kernels' traffic. The fused
+/// activation keeps the concatenated copy for its backward (`ctx.save_for_backward`).
+fn activation_clamp(name: &'static str, rows: u64, width: u64, d: &Dims) -> Op {
+    let bytes = rows * width * d.act;
+    Op::new(name, OpKind::MemoryBound { bytes: 3 * bytes }).save(TensorRole::Input, bytes)
+}
+
+/// The routed experts' fc2 bias as Megatron-Core adds it (megatron/core/transformer/moe/
+/// experts.py, `TEGroupedMLP._apply_bias`, from "Enable bias in expert mlp", 2025-09 until the
+/// packed path of 2026-08): fc2 skips its bias, then per local expert its bias times each
+/// row's routing probability is added to the expert's rows (`t + b * p`), the rows are
+/// concatenated and cast back to the activations' dtype, all unfused. Per element of the
+/// [rows x h] output, with b * p in the probabilities' dtype (2 or 4 bytes, [`Dims::probs`]):
+/// forward, the product written, the sum read and written, the concatenation read and written
+/// and, for fp32 probabilities, the cast to bf16 (12 or 28 bytes for bf16 activations); backward, the
+/// cast's and the sum's gradient casts (fp32 only), the product's two gradients (each a
+/// product written and summed: 6 x the probabilities' bytes) and the split's concatenation of
+/// the row gradients (16 or 40 bytes). As for [`activation_clamp`], the op's bytes are a third
+/// of the two passes' sum.
+fn expert_output_bias(rows: u64, h: u64, d: &Dims) -> Op {
+    let (a, p) = (d.act, d.probs);
+    let fwd = p + (a + 2 * p) + 2 * p + if p == a { 0 } else { p + a };
+    let bwd = if p == a { 0 } else { 2 * (a + p) } + 6 * p + 2 * a;
+    let bytes = rows * h * (fwd + bwd) / 3;
+    Op::new("moe.experts.fc2_bias", OpKind::MemoryBound { bytes })
 }
 
 #[cfg(test)]
@@ -414,12 +462,25 @@ mod tests {
     /// The MoE block of a GPT-OSS-120B layer (hidden 2880, 128 experts of FFN 2880 with
     /// SwiGLU, top-4) on an H100 SXM at sequence 4096, micro batch 1, EP 8, bf16.
     fn gpt_oss_block() -> (Vec<Op>, crate::config::GpuProfile) {
-        let v = serde_json::json!({
+        gpt_oss_block_with(serde_json::json!({}), serde_json::json!({}))
+    }
+
+    /// [`gpt_oss_block`] with `parallel` and `training` fields over its own.
+    fn gpt_oss_block_with(
+        parallel: serde_json::Value,
+        training: serde_json::Value,
+    ) -> (Vec<Op>, crate::config::GpuProfile) {
+        let mut v = serde_json::json!({
             "model": {"preset": "gpt-oss-120b"},
             "cluster": {"gpu": "h100-sxm", "num_gpus": 8},
             "parallel": {"tp": 1, "pp": 1, "ep": 8},
             "training": {"seq_length": 4096, "micro_batch_size": 1, "global_batch_size": 8}
         });
+        for (section, over) in [("parallel", parallel), ("training", training)] {
+            for (k, x) in over.as_object().expect("an object") {
+                v[section][k] = x.clone();
+            }
+        }
         let cfg = Config::from_layers(&[Layer::overrides(v)]).expect("loads");
         let r = Resolved::new(cfg).expect("validates");
         let gpu = (*r.gpu).clone();
@@ -460,6 +521,48 @@ mod tests {
         let hbm = gpu.hbm_bytes_per_s * e.memory_bound;
         assert!((fwd - (bytes as f64 / hbm + ovh)).abs() < 1e-15);
         assert!((bwd - (2.0 * bytes as f64 / hbm + ovh)).abs() < 1e-15);
+    }
+
+    /// GPT-OSS's clamped GLU and expert biases as Megatron-Core runs them, counted kernel by
+    /// kernel (megatron/core/fusions/fused_bias_geglu.py, moe/experts.py `_apply_bias`): the
+    /// rank's 16384 rows of 2 x 2880 (clamp) and of 2880 (fc2's bias), bf16 activations.
+    #[test]
+    fn gpt_oss_clamp_and_expert_bias_move_their_kernels_bytes() {
+        let bytes = |ops: &[Op], name: &str| match ops.iter().find(|o| o.name == name) {
+            Some(Op {
+                kind: OpKind::MemoryBound { bytes },
+                ..
+            }) => Some(*bytes),
+            _ => None,
+        };
+        let (rows, w, h) = (16384u64, 5760u64, 2880u64);
+        // Clamp: forward two clamps over the halves (read and write w) and the concatenation
+        // (read and write w); backward two clamp backwards (gradient, input, output: 1.5 w)
+        // and the split's concatenation (2 w): 9 w elements of 2 bytes over both passes, the
+        // forward a third of them.
+        let clamp_total = rows * (2 * w + 2 * w + 3 * w + 2 * w) * 2;
+        // fc2's bias with bf16 probabilities (the all-to-all dispatcher): forward b * p
+        // written (2), t + b * p (2 + 2 read, 2 written), the concatenation (2 + 2); backward
+        // the two product gradients (each 2 + 2 written and read, then 2 summed) and the
+        // split's concatenation (2 + 2).
+        let bias_total = rows * h * ((2 + 6 + 4) + (6 + 6 + 4));
+        let (ops, _) = gpt_oss_block();
+        assert_eq!(bytes(&ops, "moe.experts.act_clamp"), Some(clamp_total / 3));
+        assert_eq!(bytes(&ops, "moe.experts.fc2_bias"), Some(bias_total / 3));
+        // The flex dispatcher hands the experts fp32 probabilities: b * p, the sum and the
+        // concatenation in fp32, a cast back forward (4 + 10 + 8 + 6); backward the casts of
+        // the output's and the rows' gradients (6 + 6), the product gradients in fp32 (12 +
+        // 12) and the concatenation (4).
+        let flex = serde_json::json!({"moe_token_dispatcher": "flex",
+                                      "moe_flex_dispatcher_backend": "deepep"});
+        let (ops, _) = gpt_oss_block_with(flex, serde_json::json!({}));
+        let fp32_total = rows * h * ((4 + 10 + 8 + 6) + (6 + 6 + 24 + 4));
+        assert_eq!(bytes(&ops, "moe.experts.fc2_bias"), Some(fp32_total / 3));
+        // Another framework's experts are not Megatron-Core's unfused kernels.
+        let fsdp = serde_json::json!({"framework": "fsdp"});
+        let (ops, _) = gpt_oss_block_with(serde_json::json!({}), fsdp);
+        assert_eq!(bytes(&ops, "moe.experts.act_clamp"), None);
+        assert_eq!(bytes(&ops, "moe.experts.fc2_bias"), None);
     }
 
     #[test]
