@@ -601,7 +601,7 @@ const LANDING: f64 = 0.005;
 /// coordinates' box (matmul and memory_bound at 0.1 or 0.95) and from one seeded random point
 /// in it (attention drawn too), lands within [`LANDING`] of the shipped values; every start is
 /// at least 0.15 away from them in a fitted coordinate (the nearest, H100's corner (0.95, 0.1)
-/// against (0.788, 0.292), by 0.19), so landing there is the fit's doing.
+/// against (0.795, 0.281), by 0.18), so landing there is the fit's doing.
 /// What the fit does not move comes back as it went in: `attention` (no published row
 /// depends on it), the measured overlap interference (also from a start of 0) and the
 /// intra-node link efficiency. The eleven fits take about 7 s of CPU in the test profile

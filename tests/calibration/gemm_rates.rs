@@ -301,7 +301,7 @@ fn the_gemm_model_predicts_published_rates_at_shapes_the_fractions_did_not_come_
 
 /// A large FP8 GEMM on H100 runs at 1978.9 TF x matmul x 0.709 / 0.803, and a GPU of the
 /// H100 family without training rows takes H100's fitted share scaled by its own measured
-/// GEMM rate (MI300X: 0.788 x 0.511 / 0.803 = 0.501).
+/// GEMM rate (MI300X: 0.795 x 0.511 / 0.803 = 0.506).
 #[test]
 fn fp8_and_other_gpus_use_their_own_measured_shares() {
     let h100 = GpuProfile::load("h100-sxm").unwrap();

@@ -4,6 +4,7 @@ mod calibrate;
 mod calibrate_cpu;
 mod closed_loop;
 mod gemm_rates;
+mod grouped_gemm_rates;
 mod kernel_rates;
 mod nccl_busbw;
 mod nccl_latency;

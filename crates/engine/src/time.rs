@@ -72,6 +72,12 @@ impl Rates<'_> {
         self.cost(&Call::Gemm { m, n, k }).total_s()
     }
 
+    /// Seconds of one pass of a matmul of `groups` equal groups: per group an
+    /// [m x k] . [k x n] GEMM (a grouped GEMM, [`Call::GroupedGemm`]), with its launch.
+    pub fn grouped_gemm_s(&self, groups: u64, m: u64, n: u64, k: u64) -> f64 {
+        self.cost(&Call::GroupedGemm { groups, m, n, k }).total_s()
+    }
+
     /// Seconds to stream `bytes` through HBM once, with the launch.
     pub fn memory_s(&self, bytes: u64) -> f64 {
         self.cost(&Call::Memory { bytes }).total_s()
@@ -223,6 +229,8 @@ impl Rates<'_> {
     pub fn table_covers(&self, op: &Op) -> Option<(&'static str, bool)> {
         let mem = |b: u64| b == 0 || self.table_memory(b).is_some();
         match op.kind {
+            // The measured GEMM tables time one GEMM a call, not a grouped kernel.
+            OpKind::Matmul { .. } if op.gemm_groups > 1 => Some(("gemm", false)),
             OpKind::Matmul { m, n, k } => {
                 let f = &op.rank_flops;
                 let passes = [
@@ -275,23 +283,23 @@ impl Rates<'_> {
         match op.kind {
             OpKind::Matmul { m, n, k } => {
                 let f = &op.rank_flops;
-                let fwd = if f.fwd > 0.0 {
-                    self.gemm_s(m, n, k)
-                } else {
-                    0.0
+                // A grouped GEMM's groups split the rows: each group's forward is
+                // [m/g x k] . [k x n], its dX = dY . W^T [m/g x n] . [n x k] and its
+                // dW = X^T . dY [k x m/g] . [m/g x n] (one weight gradient per group).
+                let g = op.gemm_groups.max(1);
+                let rows = m.div_ceil(g);
+                let pass = |flops: f64, (a, b, c): (u64, u64, u64)| {
+                    if flops > 0.0 {
+                        self.grouped_gemm_s(g, a, b, c)
+                    } else {
+                        0.0
+                    }
                 };
-                // dX = dY . W^T is [m x n] . [n x k]; dW = X^T . dY is [k x m] . [m x n].
-                let dgrad = if f.dgrad > 0.0 {
-                    self.gemm_s(m, k, n)
-                } else {
-                    0.0
-                };
-                let wgrad = if f.wgrad > 0.0 {
-                    self.gemm_s(k, n, m)
-                } else {
-                    0.0
-                };
-                (fwd, dgrad, wgrad)
+                (
+                    pass(f.fwd, (rows, n, k)),
+                    pass(f.dgrad, (rows, k, n)),
+                    pass(f.wgrad, (k, n, rows)),
+                )
             }
             // An unfused core also streams its s x s tensors. Backward moves about 1.5 times
             // the forward's bytes: the product with V reads the probabilities and writes

@@ -148,6 +148,12 @@ pub struct GemmShape {
     /// gemm-rates-blackwell.json); absent, NVFP4 GEMMs take the FP8 share.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub achievable_fp4_fraction: Option<f64>,
+    /// The best HBM bandwidth share a memory-bound GEMM (few rows against its weights: a
+    /// grouped expert GEMM's small groups) streams its operands at, measured on this GPU's
+    /// memory system (calibration/data/grouped-gemm-rates.json); absent, a GEMM's memory side
+    /// runs at `efficiency.memory_bound`, as elementwise kernels do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operand_stream_fraction: Option<f64>,
 }
 
 impl Default for GemmShape {
@@ -161,6 +167,7 @@ impl Default for GemmShape {
             achievable_bf16_fraction: None,
             achievable_fp8_fraction: None,
             achievable_fp4_fraction: None,
+            operand_stream_fraction: None,
         }
     }
 }
@@ -458,6 +465,7 @@ impl GpuProfile {
             ("gemm.achievable_bf16_fraction", g.achievable_bf16_fraction),
             ("gemm.achievable_fp8_fraction", g.achievable_fp8_fraction),
             ("gemm.achievable_fp4_fraction", g.achievable_fp4_fraction),
+            ("gemm.operand_stream_fraction", g.operand_stream_fraction),
         ]
         .into_iter()
         .filter_map(|(field, v)| v.map(|v| (field, v)));

@@ -418,6 +418,7 @@ fn gpt_oss(f: &Fields) -> Result<ModelConfig, ConfigError> {
         moe_router_renormalize: true,
         moe_router_linear_bias: true,
         attention_sinks: true,
+        activation_clamp: Some(f.f64_or("swiglu_limit", 7.0)?),
         window_size: (!all_full).then_some(window),
         window_attn_skip_freq: if all_full {
             0

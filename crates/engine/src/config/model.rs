@@ -138,6 +138,11 @@ pub struct ModelConfig {
     /// per head added to the softmax's denominator, so a head may attend to nothing.
     #[serde(default, skip_serializing_if = "is_false")]
     pub attention_sinks: bool,
+    /// The clamp on a gated linear unit's inputs (Megatron's `--activation-func-clamp-value`;
+    /// GPT-OSS's `swiglu_limit`, 7.0): the gate half is clamped from above, the linear half to
+    /// [-limit, limit], before the activation. `None`: no clamp.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activation_clamp: Option<f64>,
     /// Sliding-window attention (GPT-OSS 128, Mistral 7B 4096): a query attends to the last
     /// `window_size` keys, itself included (Hugging Face's `sliding_window`; Megatron's
     /// `--window-size L,0` is L + 1). `None`: every query sees its whole causal past.
@@ -324,6 +329,7 @@ impl Default for ModelConfig {
             mtp_loss_scaling_factor: default_mtp_loss_scaling_factor(),
             qk_layernorm: false,
             attention_sinks: false,
+            activation_clamp: None,
             window_size: None,
             attention_chunk_size: None,
             window_attn_skip_freq: 0,

@@ -106,7 +106,8 @@ fn qwen3(
 /// the released config.json files): `l` layers of hidden 2880, 64 query and 8 KV heads of 64,
 /// biases on attention and experts, a learned sink per head, a 128-token sliding window on
 /// every other layer (from the first), `e` experts of 2880 with top-4 softmax routing and a
-/// biased router, the o200k vocabulary (201,088 rows).
+/// biased router, the GLU's inputs clamped to 7 (`swiglu_limit`), the o200k vocabulary
+/// (201,088 rows).
 fn gpt_oss(name: &str, l: u32, e: u32) -> ModelConfig {
     ModelConfig {
         kv_channels: Some(64),
@@ -118,6 +119,7 @@ fn gpt_oss(name: &str, l: u32, e: u32) -> ModelConfig {
         moe_router_renormalize: true,
         moe_router_linear_bias: true,
         attention_sinks: true,
+        activation_clamp: Some(7.0),
         window_size: Some(128),
         window_attn_skip_freq: 2,
         ..llama(name, l, 2880, (64, 8), 2880, 201088, 131072)

@@ -101,6 +101,13 @@ pub struct TrainingConfig {
     /// of each kernel (calibration/data/host-overhead.json).
     #[serde(default, skip_serializing_if = "is_false")]
     pub cuda_graphs: bool,
+    /// Megatron-Core runs the routed experts as one fused grouped MLP of Transformer Engine's
+    /// op fuser (`use_transformer_engine_op_fuser` with `NVTE_CUTEDSL_FUSED_GROUPED_MLP=1`;
+    /// moe/experts.py, `_is_fused_impl_supported`): fc1, the (clamped) gated activation and
+    /// fc2 with its probability-scaled bias in one CuTe DSL kernel chain, so the unfused
+    /// path's clamp and bias kernels do not run.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub fused_grouped_mlp: bool,
     pub mode: TrainingMode,
     pub lora: LoraConfig,
 }
@@ -128,6 +135,7 @@ impl Default for TrainingConfig {
             attention_kernel: None,
             flops_attention: FlopsAttention::Causal,
             cuda_graphs: false,
+            fused_grouped_mlp: false,
             mode: TrainingMode::Full,
             lora: LoraConfig::default(),
         }

@@ -3,7 +3,7 @@
 //! t tensor-parallel degree; plus c (context parallel), g (KV heads), d (head dim), V (vocab).
 
 use super::low_precision::Recipe;
-use crate::config::{CpComm, FlopsAttention, Resolved, TrainingMode};
+use crate::config::{CpComm, FlopsAttention, Precision, Resolved, TokenDispatcher, TrainingMode};
 use serde::Serialize;
 
 /// Per-rank shapes and byte sizes of one microbatch.
@@ -59,6 +59,11 @@ pub struct Dims {
     pub etp: u64,
     /// Score tiles the attention kernel materialises (the profile's `attention_score_tiles`).
     pub attention_score_tiles: u64,
+    /// Bytes of one routing probability as the experts receive it: 4 under the flex
+    /// dispatcher (DeepEP and HybridEP take fp32 probabilities and cast them: Megatron-Core's
+    /// token_dispatcher.py, `_DeepepManager` and `_HybridEPManager`), else the router's output
+    /// dtype, the activations' (router.py's `gating` computes in the input dtype).
+    pub probs: u64,
 }
 
 impl Dims {
@@ -109,6 +114,11 @@ impl Dims {
             ep: p.ep as u64,
             etp: p.etp() as u64,
             attention_score_tiles: r.gpu.attention_score_tiles as u64,
+            probs: if p.moe_token_dispatcher == TokenDispatcher::Flex {
+                4
+            } else {
+                tr.activation_bytes()
+            },
         }
     }
 

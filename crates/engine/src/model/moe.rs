@@ -11,7 +11,7 @@ use super::norm::dropout;
 use super::op::{
     Collective, CollectiveKind, Flops, Op, OpKind, ParamClass, Params, Phase, TensorRole,
 };
-use crate::config::{Framework, LoraTarget, ModelConfig, Precision, TrainingConfig};
+use crate::config::{Activation, Framework, LoraTarget, ModelConfig, Precision, TrainingConfig};
 use crate::layout::GroupKind;
 
 /// Tokens of the hottest EP rank over a uniform share. A rank hosts E/ep experts; with the
@@ -143,6 +143,12 @@ pub fn moe_block(ops: &mut Vec<Op>, m: &ModelConfig, tr: &TrainingConfig, d: &Di
             .save(TensorRole::Logits, local * e * 4)
             .save(TensorRole::Routing, routed * (4 + 8)),
     );
+    ops.push(Op::new(
+        "moe.router.topk",
+        OpKind::MemoryBound {
+            bytes: routing_bytes(local, e, k, m.moe_aux_loss_coeff > 0.0),
+        },
+    ));
     if m.moe_router_linear_bias {
         let mut bias = Op::new("moe.router_linear_bias", OpKind::MemoryBound { bytes: 0 });
         bias.params = Some(Params {
@@ -237,6 +243,22 @@ pub fn probs_in_activation(tr: &TrainingConfig) -> bool {
         )
 }
 
+/// HBM bytes of the routing after the gating GEMM, forward, for `tokens` tokens over
+/// `experts` experts choosing `k` (Megatron-Core's `TopKRouter.routing`,
+/// megatron/core/transformer/moe/router.py, through moe_utils.py's
+/// `topk_routing_with_score_function` and `compute_routing_scores_for_aux_loss`, unfused):
+/// the score function (softmax or sigmoid) reads and writes the fp32 [tokens x experts]
+/// scores (8 bytes an element); top-k reads them (4) and writes the k probabilities (fp32)
+/// and indices (int64); the routing probabilities and the routing map are scattered into
+/// dense [tokens x experts] fp32 and bool tensors (5). With an auxiliary loss, its scores
+/// are the score function again (8) and the switch loss reads them once more to sum them
+/// over the tokens (4).
+pub fn routing_bytes(tokens: u64, experts: u64, k: u64, aux_loss: bool) -> u64 {
+    let dense = tokens * experts;
+    let aux = if aux_loss { 12 * dense } else { 0 };
+    (8 + 4 + 5) * dense + tokens * k * (4 + 8) + aux
+}
+
 /// The expert-TP all-gather and reduce-scatter around the experts (Megatron-Core's
 /// `MoEAlltoAllTokenDispatcher`, megatron/core/transformer/moe/token_dispatcher.py: "AG(TP)"
 /// of the received rows after the EP all-to-all in `dispatch_postprocess`, "RS(TP)" of the
@@ -308,7 +330,10 @@ fn routed_experts(
         });
         op.model_flops = Flops::matmul(2.0 * (d.tokens * k) as f64 * (i * o) as f64, trainable);
         op.rank_flops = Flops::matmul(2.0 * rows as f64 * (ri * ro) as f64, trainable);
-        op.save(TensorRole::Input, d.saved_input_bytes(rows, ri, false))
+        // One grouped GEMM over the local experts (Megatron-Core's TEGroupedLinear), each
+        // expert its own weight and its share of the rows.
+        op.grouped(local_experts)
+            .save(TensorRole::Input, d.saved_input_bytes(rows, ri, false))
     };
     // With expert TP the received tokens are all-gathered over the expert-TP group, so each
     // expert slice sees the tokens of every member (Megatron-Core's all-to-all dispatcher).
@@ -319,6 +344,16 @@ fn routed_experts(
     if let Some(r) = lora(LoraTarget::Fc1) {
         let dims = (rows, h, width, true);
         ops.push(expert_adapter("moe.experts.fc1_lora", dims, r, shape, d));
+    }
+    // Megatron-Core's unfused expert path runs these as kernels of their own.
+    let megatron = tr.framework == Framework::MegatronCore && !tr.fused_grouped_mlp;
+    if let (true, Some(_), Activation::Swiglu) = (megatron, m.activation_clamp, m.activation) {
+        ops.push(activation_clamp(
+            "moe.experts.act_clamp",
+            rows,
+            width.div_ceil(d.etp),
+            d,
+        ));
     }
     let act = activation_op("moe.experts.act", rows, width.div_ceil(d.etp), d);
     ops.push(if probs_in_activation(tr) {
@@ -332,10 +367,48 @@ fn routed_experts(
     let mut fc2 = expert("moe.experts.fc2", rows, f, h, false);
     fc2.backward_scratch_bytes = 2 * rows * h * d.act;
     ops.push(fc2);
+    if megatron && m.add_bias_linear {
+        ops.push(expert_output_bias(rows, h, d));
+    }
     if let Some(r) = lora(LoraTarget::Fc2) {
         let dims = (rows, f, h, false);
         ops.push(expert_adapter("moe.experts.fc2_lora", dims, r, shape, d));
     }
+}
+
+/// The clamp on a gated activation's inputs as Megatron-Core runs it (megatron/core/fusions/
+/// fused_bias_geglu.py, `weighted_bias_quick_geglu_impl`, GPT-OSS's `activation_func_clamp_value`):
+/// before the fused activation, the gate and linear halves are clamped by two elementwise
+/// kernels and concatenated again by a third, over `rows` rows of `width` (both halves).
+/// Forward they move 4 x width an element row (each clamp reads and writes its half, the
+/// concatenation reads and writes both); backward 5 x width (each clamp's backward reads the
+/// gradient and its input and writes a gradient, the split's backward concatenates the two).
+/// The op's bytes are a third of those 9 x width, as the ledger's backward moves twice an
+/// op's forward bytes (time.rs), so the two passes sum to the kernels' traffic. The fused
+/// activation keeps the concatenated copy for its backward (`ctx.save_for_backward`).
+fn activation_clamp(name: &'static str, rows: u64, width: u64, d: &Dims) -> Op {
+    let bytes = rows * width * d.act;
+    Op::new(name, OpKind::MemoryBound { bytes: 3 * bytes }).save(TensorRole::Input, bytes)
+}
+
+/// The routed experts' fc2 bias as Megatron-Core adds it (megatron/core/transformer/moe/
+/// experts.py, `TEGroupedMLP._apply_bias`, from "Enable bias in expert mlp", 2025-09 until the
+/// packed path of 2026-08): fc2 skips its bias, then per local expert its bias times each
+/// row's routing probability is added to the expert's rows (`t + b * p`), the rows are
+/// concatenated and cast back to the activations' dtype, all unfused. Per element of the
+/// [rows x h] output, with b * p in the probabilities' dtype (2 or 4 bytes, [`Dims::probs`]):
+/// forward, the product written, the sum read and written, the concatenation read and written
+/// and, for fp32 probabilities, the cast to bf16 (12 or 28 bytes for bf16 activations); backward, the
+/// cast's and the sum's gradient casts (fp32 only), the product's two gradients (each a
+/// product written and summed: 6 x the probabilities' bytes) and the split's concatenation of
+/// the row gradients (16 or 40 bytes). As for [`activation_clamp`], the op's bytes are a third
+/// of the two passes' sum.
+fn expert_output_bias(rows: u64, h: u64, d: &Dims) -> Op {
+    let (a, p) = (d.act, d.probs);
+    let fwd = p + (a + 2 * p) + 2 * p + if p == a { 0 } else { p + a };
+    let bwd = if p == a { 0 } else { 2 * (a + p) } + 6 * p + 2 * a;
+    let bytes = rows * h * (fwd + bwd) / 3;
+    Op::new("moe.experts.fc2_bias", OpKind::MemoryBound { bytes })
 }
 
 #[cfg(test)]
@@ -405,6 +478,112 @@ mod tests {
         let cfg = Config::from_layers(&[Layer::overrides(v)]).expect("loads");
         let r = Resolved::new(cfg).expect("validates");
         Ledger::build(&r).moe.expect("moe block").ops
+    }
+
+    /// The MoE block of a GPT-OSS-120B layer (hidden 2880, 128 experts of FFN 2880 with
+    /// SwiGLU, top-4) on an H100 SXM at sequence 4096, micro batch 1, EP 8, bf16.
+    fn gpt_oss_block() -> (Vec<Op>, crate::config::GpuProfile) {
+        gpt_oss_block_with(serde_json::json!({}), serde_json::json!({}))
+    }
+
+    /// [`gpt_oss_block`] with `parallel` and `training` fields over its own.
+    fn gpt_oss_block_with(
+        parallel: serde_json::Value,
+        training: serde_json::Value,
+    ) -> (Vec<Op>, crate::config::GpuProfile) {
+        let mut v = serde_json::json!({
+            "model": {"preset": "gpt-oss-120b"},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 8},
+            "parallel": {"tp": 1, "pp": 1, "ep": 8},
+            "training": {"seq_length": 4096, "micro_batch_size": 1, "global_batch_size": 8}
+        });
+        for (section, over) in [("parallel", parallel), ("training", training)] {
+            for (k, x) in over.as_object().expect("an object") {
+                v[section][k] = x.clone();
+            }
+        }
+        let cfg = Config::from_layers(&[Layer::overrides(v)]).expect("loads");
+        let r = Resolved::new(cfg).expect("validates");
+        let gpu = (*r.gpu).clone();
+        (Ledger::build(&r).moe.expect("moe block").ops, gpu)
+    }
+
+    #[test]
+    fn the_moe_blocks_grouped_expert_gemm_and_routing_by_hand() {
+        let (ops, gpu) = gpt_oss_block();
+        let rates = crate::time::Rates {
+            gpu: &gpu,
+            peak_flops: gpu.peak_flops.bf16,
+            element_bytes: 2,
+            matmul_efficiency: gpu.efficiency.matmul,
+        };
+        let op = |name: &str| ops.iter().find(|o| o.name == name).expect(name);
+        let (e, ovh) = (&gpu.efficiency, gpu.efficiency.kernel_overhead_s);
+        // 4096 tokens x top-4 = 16384 rows reach the rank's 128 / 8 = 16 experts: 1024 rows
+        // each. fc1 forward: 16 x [1024 x 2880] . [2880 x 5760]: 543.6 GFLOP over 16 x 8 x 23
+        // = 2944 tiles of 2880 / 64 = 45 k-iterations on 132 SMs (stream-K: 132480 units in
+        // 1004 rounds); memory: 16 x (1024 x 2880 + 2880 x 5760 + 1024 x 5760) bf16 elements
+        // at the operand stream share of HBM. The slower of the two, after one launch.
+        let fc1 = op("moe.experts.fc1");
+        assert_eq!(fc1.gemm_groups, 16);
+        let flops = 16.0 * 2.0 * 1024.0 * 2880.0 * 5760.0;
+        let compute = flops / (989.4e12 * e.matmul * 132480.0 / (1004.0 * 132.0));
+        let stream = gpu.hbm_bytes_per_s * gpu.gemm.operand_stream_fraction.unwrap();
+        let memory = 16.0 * (1024.0 * 2880.0 + 2880.0 * 5760.0 + 1024.0 * 5760.0) * 2.0 / stream;
+        let (fwd, _, _) = rates.op_s(fc1);
+        let by_hand = compute.max(memory) + ovh;
+        assert!((fwd / by_hand - 1.0).abs() < 1e-9, "{fwd} vs {by_hand}");
+        // The routing: 4096 x 128 scores, 17 bytes an element (score function 8, top-k 4,
+        // scattered probabilities and map 5) and 4096 x 4 chosen (12 bytes each); no aux loss.
+        let routing = op("moe.router.topk");
+        let bytes = 17 * 4096 * 128 + 4096 * 4 * 12;
+        assert_eq!(routing.kind, OpKind::MemoryBound { bytes });
+        let (fwd, bwd, _) = rates.op_s(routing);
+        let hbm = gpu.hbm_bytes_per_s * e.memory_bound;
+        assert!((fwd - (bytes as f64 / hbm + ovh)).abs() < 1e-15);
+        assert!((bwd - (2.0 * bytes as f64 / hbm + ovh)).abs() < 1e-15);
+    }
+
+    /// GPT-OSS's clamped GLU and expert biases as Megatron-Core runs them, counted kernel by
+    /// kernel (megatron/core/fusions/fused_bias_geglu.py, moe/experts.py `_apply_bias`): the
+    /// rank's 16384 rows of 2 x 2880 (clamp) and of 2880 (fc2's bias), bf16 activations.
+    #[test]
+    fn gpt_oss_clamp_and_expert_bias_move_their_kernels_bytes() {
+        let bytes = |ops: &[Op], name: &str| match ops.iter().find(|o| o.name == name) {
+            Some(Op {
+                kind: OpKind::MemoryBound { bytes },
+                ..
+            }) => Some(*bytes),
+            _ => None,
+        };
+        let (rows, w, h) = (16384u64, 5760u64, 2880u64);
+        // Clamp: forward two clamps over the halves (read and write w) and the concatenation
+        // (read and write w); backward two clamp backwards (gradient, input, output: 1.5 w)
+        // and the split's concatenation (2 w): 9 w elements of 2 bytes over both passes, the
+        // forward a third of them.
+        let clamp_total = rows * (2 * w + 2 * w + 3 * w + 2 * w) * 2;
+        // fc2's bias with bf16 probabilities (the all-to-all dispatcher): forward b * p
+        // written (2), t + b * p (2 + 2 read, 2 written), the concatenation (2 + 2); backward
+        // the two product gradients (each 2 + 2 written and read, then 2 summed) and the
+        // split's concatenation (2 + 2).
+        let bias_total = rows * h * ((2 + 6 + 4) + (6 + 6 + 4));
+        let (ops, _) = gpt_oss_block();
+        assert_eq!(bytes(&ops, "moe.experts.act_clamp"), Some(clamp_total / 3));
+        assert_eq!(bytes(&ops, "moe.experts.fc2_bias"), Some(bias_total / 3));
+        // The flex dispatcher hands the experts fp32 probabilities: b * p, the sum and the
+        // concatenation in fp32, a cast back forward (4 + 10 + 8 + 6); backward the casts of
+        // the output's and the rows' gradients (6 + 6), the product gradients in fp32 (12 +
+        // 12) and the concatenation (4).
+        let flex = serde_json::json!({"moe_token_dispatcher": "flex",
+                                      "moe_flex_dispatcher_backend": "deepep"});
+        let (ops, _) = gpt_oss_block_with(flex, serde_json::json!({}));
+        let fp32_total = rows * h * ((4 + 10 + 8 + 6) + (6 + 6 + 24 + 4));
+        assert_eq!(bytes(&ops, "moe.experts.fc2_bias"), Some(fp32_total / 3));
+        // Another framework's experts are not Megatron-Core's unfused kernels.
+        let fsdp = serde_json::json!({"framework": "fsdp"});
+        let (ops, _) = gpt_oss_block_with(serde_json::json!({}), fsdp);
+        assert_eq!(bytes(&ops, "moe.experts.act_clamp"), None);
+        assert_eq!(bytes(&ops, "moe.experts.fc2_bias"), None);
     }
 
     #[test]

@@ -282,7 +282,16 @@ pub struct Op {
     /// partial sums over the sequence shards, reduced over TP like the norms'.
     #[serde(skip_serializing_if = "is_zero")]
     pub lora_replicated_params: u64,
+    /// A matmul run as one grouped GEMM of this many equal groups (a rank's local experts:
+    /// the m rows split evenly over them, each group with its own [k x n] weight); 1 for one
+    /// GEMM.
+    #[serde(skip_serializing_if = "is_one")]
+    pub gemm_groups: u64,
     pub comms: Vec<Collective>,
+}
+
+fn is_one(x: &u64) -> bool {
+    *x == 1
 }
 
 impl Op {
@@ -303,8 +312,15 @@ impl Op {
             grad_out_bytes: 0,
             grad_in_saved: false,
             lora_replicated_params: 0,
+            gemm_groups: 1,
             comms: Vec::new(),
         }
+    }
+
+    /// The same matmul run as one grouped GEMM of `groups` equal groups.
+    pub fn grouped(mut self, groups: u64) -> Op {
+        self.gemm_groups = groups.max(1);
+        self
     }
 
     /// The share of the op's forward compute a rerun repeats (1 unless it reruns in part).

@@ -42,8 +42,10 @@ pub fn apply_modules(ops: &mut [Op], modules: &[RecomputeModule]) {
         }
     }
     if has(RecomputeModule::MoeAct) {
-        // The experts' activation output, fc2's saved input, is rebuilt from fc1's output.
-        rerun(ops, &["moe.experts.act"]);
+        // The experts' activation output, fc2's saved input, is rebuilt from fc1's output;
+        // so is the clamped copy a clamped GLU keeps (the checkpoint runs it without grad).
+        rerun(ops, &["moe.experts.act_clamp", "moe.experts.act"]);
+        discard_output(ops, &["moe.experts.act_clamp"], &[TensorRole::Input]);
         discard_output(
             ops,
             &["moe.experts.fc2", "moe.experts.fc2_lora"],

@@ -93,6 +93,14 @@ pub enum Call<'a> {
         n: u64,
         k: u64,
     },
+    /// `groups` independent `C[m, n] = A[m, k] B[k, n]` in one grouped kernel (a rank's local
+    /// experts, [`Rates::grouped_gemm_roofline`]); one group is [`Call::Gemm`].
+    GroupedGemm {
+        groups: u64,
+        m: u64,
+        n: u64,
+        k: u64,
+    },
     Attention(AttentionCall<'a>),
     /// A memory-bound kernel moving `bytes` (read plus written).
     Memory {
@@ -119,10 +127,22 @@ impl CostModel<'_> {
     pub fn cost(&self, call: &Call) -> Option<OpCost> {
         let r = &self.rates;
         Some(match *call {
-            Call::Gemm { m, n, k } if m == 0 || n == 0 || k == 0 => OpCost::default(),
-            Call::Gemm { m, n, k } => r
+            Call::Gemm { m, n, k } | Call::GroupedGemm { m, n, k, .. }
+                if m == 0 || n == 0 || k == 0 =>
+            {
+                OpCost::default()
+            }
+            Call::Gemm { m, n, k }
+            | Call::GroupedGemm {
+                groups: 0 | 1,
+                m,
+                n,
+                k,
+            } => r
                 .table_gemm(m, n, k)
                 .unwrap_or_else(|| r.gemm_roofline(m, n, k)),
+            // The measured GEMM tables time one GEMM a call, not a grouped kernel.
+            Call::GroupedGemm { groups, m, n, k } => r.grouped_gemm_roofline(groups, m, n, k),
             Call::Memory { bytes: 0 } => OpCost::default(),
             Call::Memory { bytes } => r
                 .table_memory(bytes)

@@ -103,15 +103,46 @@ impl<'a> Rates<'a> {
 impl Rates<'_> {
     /// An [m x k] . [k x n] GEMM by the roofline: the slower of compute (at the matmul
     /// efficiency, divided by the wave-quantisation efficiency of its output tiles) and memory
-    /// (operands and result over HBM), after the kernel overhead.
+    /// (operands and result over HBM at [`Self::gemm_stream_bytes_per_s`]), after the kernel
+    /// overhead: [`Self::grouped_gemm_roofline`] of one group.
     pub fn gemm_roofline(&self, m: u64, n: u64, k: u64) -> OpCost {
-        let wave_efficiency = self.wave_efficiency(self.output_tiles(m, n), k);
-        let flops = 2.0 * m as f64 * n as f64 * k as f64;
+        self.grouped_gemm_roofline(1, m, n, k)
+    }
+
+    /// `groups` independent [m x k] . [k x n] GEMMs in one grouped kernel (Megatron-Core's
+    /// `TEGroupedLinear` over a rank's local experts, megatron/core/extensions/
+    /// transformer_engine.py; DeepGEMM's `m_grouped_gemm_*_contiguous`, each group its own
+    /// weight): their output tiles share the waves, and each group streams its own [k x n]
+    /// operand, so a group of few rows is bound by its weight's bytes where one dense GEMM
+    /// of the same total rows reads the weight once. The slower of compute and memory, after
+    /// one kernel overhead; one group is the dense GEMM. Each group's last row tile is
+    /// partly empty: the groups' row tiles over the dense GEMM's (`padding`) are computed
+    /// for nothing.
+    pub fn grouped_gemm_roofline(&self, groups: u64, m: u64, n: u64, k: u64) -> OpCost {
+        let groups = groups.max(1);
+        let tiles = groups.saturating_mul(self.output_tiles(m, n));
+        let wave_efficiency = self.wave_efficiency(tiles, k);
+        let tile_m = u64::from(self.gpu.gemm.tile_m.max(1));
+        let padding = (groups.saturating_mul(m.div_ceil(tile_m))) as f64
+            / groups.saturating_mul(m).div_ceil(tile_m).max(1) as f64;
+        let flops = groups as f64 * 2.0 * m as f64 * n as f64 * k as f64;
         let e = &self.gpu.efficiency;
-        let compute = flops / (self.peak_flops * self.matmul_efficiency * wave_efficiency);
-        let bytes = (m * k + k * n + m * n) as f64 * self.element_bytes as f64;
-        let memory = bytes / (self.gpu.hbm_bytes_per_s * e.memory_bound);
+        let compute =
+            padding * flops / (self.peak_flops * self.matmul_efficiency * wave_efficiency);
+        let bytes = groups as f64 * (m * k + k * n + m * n) as f64 * self.element_bytes as f64;
+        let memory = bytes / self.gemm_stream_bytes_per_s();
         OpCost::new(compute.max(memory), e.kernel_overhead_s)
+    }
+
+    /// The HBM rate a GEMM streams its operands at: the profile's measured share for
+    /// memory-bound GEMMs (`gemm.operand_stream_fraction`), else `efficiency.memory_bound`.
+    pub fn gemm_stream_bytes_per_s(&self) -> f64 {
+        let g = self.gpu;
+        let share = g
+            .gemm
+            .operand_stream_fraction
+            .unwrap_or(g.efficiency.memory_bound);
+        g.hbm_bytes_per_s * share
     }
 
     /// The GEMM dtype a measured table is keyed by: f32 for 4-byte operands, bf16 for 2-byte

@@ -45,6 +45,9 @@ pub struct BridgeModel {
     /// The recipe's MoE token dispatcher by the GPU profile and precision it applies to
     /// (`""`: any), first match wins; absent: the all-to-all dispatcher.
     pub dispatch: &'static [DispatchRule],
+    /// Where the recipe runs the routed experts as Transformer Engine's fused grouped MLP
+    /// (`training.fused_grouped_mlp`), by the GPU profile and precision it applies to.
+    pub fused_grouped_mlp: &'static [ByRecipe<()>],
     /// Where the settings above come from.
     pub cite: &'static str,
 }
@@ -126,6 +129,7 @@ const fn none() -> BridgeModel {
         unmodelled: &[],
         refused: None,
         dispatch: &[],
+        fused_grouped_mlp: &[],
         cite: "",
     }
 }
@@ -313,12 +317,16 @@ pub const MODELS: &[BridgeModel] = &[
             flex("gb300", "mxfp8", "hybridep", true),
             flex("b300", "", "hybridep", false),
         ],
+        fused_grouped_mlp: &[off("gb200", "mxfp8"), off("gb300", "mxfp8")],
         cite: "Megatron-Bridge gpt_oss_workload_base_configs.py: the H100, B200 and GB200 BF16 \
                configs recompute layernorm and moe_act; the MXFP8 configs recompute nothing; \
                perf_recipes/gpt_oss/common.py: fp8_param_gather and fp4_param_gather = False; \
                the dispatcher from perf_recipes/gpt_oss/{b300,gb200,gb300}/gpt_oss.py and \
                common.py's _apply_gpt_oss_120b_full_iter_fp8mx_configs (commit 067f987d): flex \
-               with HybridEP on B300 and for MXFP8 on GB200/GB300, there with the EP overlap",
+               with HybridEP on B300 and for MXFP8 on GB200/GB300, there with the EP overlap \
+               and the experts as Transformer Engine's fused grouped MLP \
+               (use_transformer_engine_op_fuser, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1; since \
+               \"full-iter CG for GPT-OSS 120B\", 2026-06-09)",
         ..none()
     },
     BridgeModel {
@@ -428,6 +436,12 @@ impl BridgeModel {
     pub fn gathers_low_precision(&self, gpu: &str, precision: &str) -> bool {
         matches!(precision, "fp8" | "mxfp8" | "nvfp4")
             && first_match(self.param_gather_off, gpu, precision).is_none()
+    }
+
+    /// Whether the recipe fuses the routed experts into one grouped MLP on `gpu` at
+    /// `precision`.
+    pub fn fuses_grouped_mlp(&self, gpu: &str, precision: &str) -> bool {
+        first_match(self.fused_grouped_mlp, gpu, precision).is_some()
     }
 
     /// The decoder layers the recipe's Megatron-FSDP run on `gpu` at `precision` offloads.

@@ -278,6 +278,10 @@ fn overlay(v: &Value, p: &Printed, notes: &mut Vec<String>) -> Result<Value, Row
     if model.gathers_low_precision(gpu, precision) {
         train["fp8_param_gather"] = json!(true);
     }
+    if moe && model.fuses_grouped_mlp(gpu, precision) {
+        train["fused_grouped_mlp"] = json!(true);
+        notes.push("experts as the fused grouped MLP (the model's recipe)".into());
+    }
     for setting in model.unmodelled {
         notes.push(format!("not modelled: {setting} (the model's recipe)"));
     }

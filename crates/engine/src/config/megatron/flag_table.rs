@@ -58,6 +58,12 @@ pub(super) const DIRECT: &[(&str, &str, &str, Kind)] = &[
         Kind::Float,
     ),
     (
+        "--activation-func-clamp-value",
+        "model",
+        "activation_clamp",
+        Kind::Float,
+    ),
+    (
         "--moe-router-force-load-balancing",
         "model",
         "moe_router_force_load_balancing",

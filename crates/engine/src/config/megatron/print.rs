@@ -78,6 +78,9 @@ fn model_flags(cfg: &Config, flag: &mut impl FnMut(&str, Option<String>)) {
     if m.activation == Activation::Swiglu {
         flag("--swiglu", None);
     }
+    if let Some(v) = m.activation_clamp {
+        flag("--activation-func-clamp-value", Some(v.to_string()));
+    }
     if !m.add_bias_linear {
         flag("--disable-bias-linear", None);
         if m.add_qkv_bias {

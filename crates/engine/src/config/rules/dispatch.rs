@@ -19,6 +19,21 @@ pub fn token_dispatcher(cfg: &Config) -> Vec<Violation> {
             ),
         ));
     }
+    if t.fused_grouped_mlp {
+        let field = "training.fused_grouped_mlp";
+        if !m.is_moe() || t.framework != super::super::Framework::MegatronCore {
+            errs.push(Violation::new(
+                field,
+                "is Megatron-Core's fused expert MLP: it needs an MoE model under megatron-core",
+            ));
+        }
+        if p.etp() > 1 {
+            errs.push(Violation::new(
+                field,
+                format!("Megatron-Core fuses the experts only without expert TP (experts.py, _is_fused_impl_supported); expert_tp is {}", p.etp()),
+            ));
+        }
+    }
     if !p.overlap_moe_expert_parallel_comm {
         return errs;
     }

@@ -123,6 +123,12 @@ pub fn layer_patterns(cfg: &Config) -> Vec<Violation> {
         }
     }
     errs.extend(hybrid(cfg));
+    if let Some(v) = m.activation_clamp.filter(|v| !(v.is_finite() && *v > 0.0)) {
+        errs.push(Violation::new(
+            "model.activation_clamp",
+            format!("is the limit a gated activation's inputs are clamped to, a positive number; got {v}"),
+        ));
+    }
     if m.moe_router_linear_bias && m.num_experts == 0 {
         errs.push(Violation::new(
             "model.moe_router_linear_bias",
