@@ -135,7 +135,9 @@ pub fn intervals(
     Ok(rows
         .iter()
         .map(|r| {
-            let i = model.lookup(&r.regime);
+            // The row's own source may answer for it (a cross-fitted half); under
+            // leave-one-source-out the model holds none of it.
+            let i = model.lookup_from(&r.regime, Some(&r.source));
             let ratio = r.log_ratio.exp();
             (
                 ratio >= i.lower_factor && ratio <= i.upper_factor,

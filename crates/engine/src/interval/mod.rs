@@ -95,6 +95,8 @@ pub struct IntervalModel {
     cells: HashMap<(u8, Key), Cell>,
     /// Residuals per regime, unpooled (however few).
     own: HashMap<Key, u32>,
+    /// The file's sources, in first-seen order.
+    source_names: Vec<String>,
     /// The interval of a regime without evidence: the envelope of every fully pooled cell (each
     /// evidence combination that holds enough residuals, widened by the regimes it pools), the
     /// widest spread observed.
@@ -108,6 +110,9 @@ struct Cell {
     n: u32,
     /// Distinct sources among the cell's own residuals.
     sources: u32,
+    /// The one source of a cell that holds a single source's residuals (an index into
+    /// [`IntervalModel::source_names`]).
+    only_source: Option<u32>,
 }
 
 /// The fewest sources a cell needs to answer a lookup where the file holds several.
@@ -147,8 +152,13 @@ impl IntervalModel {
                 sources.insert(r.source.as_str());
             }
         }
-        let file_sources: HashSet<&str> =
-            file.residuals.iter().map(|r| r.source.as_str()).collect();
+        let mut source_names: Vec<String> = Vec::new();
+        for r in &file.residuals {
+            if !source_names.contains(&r.source) {
+                source_names.push(r.source.clone());
+            }
+        }
+        let source_index = |name: &str| source_names.iter().position(|s| s == name);
         let own = pooled
             .iter()
             .filter(|((level, _), _)| *level == 0)
@@ -166,6 +176,10 @@ impl IntervalModel {
                         hi_log: v[hi - 1],
                         n: v.len() as u32,
                         sources: sources.len() as u32,
+                        only_source: (sources.len() == 1)
+                            .then(|| sources.iter().next().and_then(|s| source_index(s)))
+                            .flatten()
+                            .map(|i| i as u32),
                     },
                 ))
             })
@@ -183,6 +197,7 @@ impl IntervalModel {
                 hi_log: a.hi_log.max(b.hi_log),
                 n: a.n + b.n,
                 sources: a.sources.max(b.sources),
+                only_source: None,
             })
             .ok_or(IntervalError::NoEvidence {
                 need: min_residuals,
@@ -192,10 +207,11 @@ impl IntervalModel {
             upper_percentile: upper,
             backoff: file.backoff.clone(),
             min_residuals,
-            min_sources: MIN_SOURCES.min(file_sources.len() as u32),
+            min_sources: MIN_SOURCES.min(source_names.len() as u32),
             total: file.residuals.len(),
             cells,
             own,
+            source_names,
             widest,
         })
     }
@@ -204,7 +220,14 @@ impl IntervalModel {
     /// those of the least pooled regime that does (the whole file at last, which holds enough
     /// by construction).
     pub fn lookup(&self, regime: &Regime) -> StepInterval {
-        let Some((level, cell)) = self.cell(regime) else {
+        self.lookup_from(regime, None)
+    }
+
+    /// The interval of a prediction in `regime` of a run from `source`, where it is known (a
+    /// measured row checked against the file): a cell of that source alone speaks for its own
+    /// rows, so it answers though it holds one source.
+    pub fn lookup_from(&self, regime: &Regime, source: Option<&str>) -> StepInterval {
+        let Some((level, cell)) = self.cell(regime, source) else {
             return self.no_evidence(regime);
         };
         let pooled_over = self.backoff[..level].to_vec();
@@ -256,22 +279,29 @@ impl IntervalModel {
     /// its pooling level; `None` when even the fully pooled one (its evidence dimensions
     /// alone) does not. A cell of a regime calibrated on the machine (the dimension not
     /// pooled) needs only enough residuals: they are the machine's own held-out runs.
-    fn cell(&self, regime: &Regime) -> Option<(usize, Cell)> {
+    fn cell(&self, regime: &Regime, source: Option<&str>) -> Option<(usize, Cell)> {
         let own_machine = regime.value(Dimension::Calibrated) == "yes";
+        let own_source = source
+            .and_then(|s| self.source_names.iter().position(|n| n == s))
+            .map(|i| i as u32);
         (0..=self.backoff.len()).find_map(|level| {
             let pooled = &self.backoff[..level];
             let key = masked(regime, pooled);
             let machine = own_machine && !pooled.contains(&Dimension::Calibrated);
             self.cells
                 .get(&(level as u8, key))
-                .filter(|c| machine || c.sources >= self.min_sources)
+                .filter(|c| {
+                    machine
+                        || c.sources >= self.min_sources
+                        || (own_source.is_some() && c.only_source == own_source)
+                })
                 .map(|c| (level, *c))
         })
     }
 
     /// The cell `regime` takes: its own or a pooled one, else the widest spread.
     fn cell_or_widest(&self, regime: &Regime) -> Cell {
-        self.cell(regime).map_or(self.widest, |(_, c)| c)
+        self.cell(regime, None).map_or(self.widest, |(_, c)| c)
     }
 
     /// The smallest upper factor any communication share could give `regime` (the other

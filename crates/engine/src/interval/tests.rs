@@ -362,8 +362,8 @@ fn from(source: &str, r: Regime, log_ratio: f64) -> Residual {
 /// communication share, scale and sequence to the 38 of both: ranks 3 and 36 (-0.07 and
 /// +0.37), widened to the regimes it pools (a's ranks 2 and 18: +0.22, +0.38; b's: -0.08,
 /// +0.08): -0.08 .. +0.38. With a alone in the file, its regime keeps its own +0.22 .. +0.38
-/// (the lower end widened to hold the prediction); a regime calibrated on the machine keeps
-/// its own held-out runs though they are one source's.
+/// (the lower end widened to hold the prediction), as it does for a row known to be a's own;
+/// a regime calibrated on the machine keeps its own held-out runs though they are one source's.
 #[test]
 fn a_regime_one_source_shows_is_pooled_until_several_do() {
     let x = regime("hopper", "<=2048");
@@ -385,6 +385,11 @@ fn a_regime_one_source_shows_is_pooled_until_several_do() {
     assert!((i.lower_factor - (-0.08f64).exp()).abs() < 1e-12, "{i:?}");
     assert!((i.upper_factor - 0.38f64.exp()).abs() < 1e-12, "{i:?}");
     assert!(i.note.contains("of at least 2 sources"), "{}", i.note);
+    // A row known to be a's own (a cross-fitted half) is answered by a's cell.
+    let own = both.lookup_from(&x, Some("a"));
+    assert!(own.pooled_over.is_empty(), "{own:?}");
+    assert!((own.upper_factor - 0.38f64.exp()).abs() < 1e-12, "{own:?}");
+    assert_eq!(both.lookup_from(&x, Some("b")).residuals, 38);
     let alone = IntervalModel::new(&file(a)).unwrap();
     assert_eq!(alone.min_sources, 1);
     let j = alone.lookup(&x);
