@@ -77,6 +77,9 @@ pub const BACKOFF: [Dimension; 5] = [
 /// A regime key: band indices, [`ANY`] where pooled.
 type Key = [u8; REGIME_DIMENSIONS];
 
+/// A pooled cell's residuals (log ratios) and the sources they come from.
+type Pooled<'f> = (Vec<f64>, HashSet<&'f str>);
+
 /// Residual percentiles per regime and per pooled regime, built once from a file.
 #[derive(Debug, Clone)]
 pub struct IntervalModel {
@@ -143,7 +146,7 @@ impl IntervalModel {
                 upper,
             });
         }
-        let mut pooled: HashMap<(u8, Key), (Vec<f64>, HashSet<&str>)> = HashMap::new();
+        let mut pooled: HashMap<(u8, Key), Pooled> = HashMap::new();
         for r in &file.residuals {
             for level in 0..=file.backoff.len() {
                 let key = masked(&r.regime, &file.backoff[..level]);
