@@ -135,7 +135,9 @@ pub fn intervals(
     Ok(rows
         .iter()
         .map(|r| {
-            let i = model.lookup(&r.regime);
+            // The row's own source may answer for it (a cross-fitted half); under
+            // leave-one-source-out the model holds none of it.
+            let i = model.lookup_from(&r.regime, Some(&r.source));
             let ratio = r.log_ratio.exp();
             (
                 ratio >= i.lower_factor && ratio <= i.upper_factor,
@@ -324,9 +326,15 @@ pub fn markdown(file: &ResidualFile) -> Result<String, CalibrateError> {
          floor((n+1) 0.1)-th and ceil((n+1) 0.9)-th smallest, so a regime needs at least 9 and a \
          thin one sits at its extremes; a regime with fewer is pooled with its neighbours, \
          dropping {backoff} in that order, and its interval is the envelope of the pooled cell's \
-         and those of the regimes it pools that hold enough (it could be like any of them). The \
+         and those of the regimes it pools that hold enough (it could be like any of them). A \
+         regime's residuals must also come from at least two sources: one source's rows scatter \
+         around that source's own offset (its stack, its cluster, its unstated settings), which \
+         says nothing of how far another's lies, so a regime only one source shows is pooled \
+         until several sources' offsets are in its spread (a profile calibrated on the machine \
+         keeps its own held-out runs). The \
          GPU family, dense or MoE, fabric and host-bound band are never pooled over: a regime \
-         whose combination of them holds fewer than 9 residuals has **no evidence**, and its \
+         whose combination of them holds fewer than 9 residuals of two sources has **no \
+         evidence**, and its \
          interval is the widest spread any regime shows (the envelope of every such \
          combination's interval), never a neighbour's; `step_interval.no_evidence` and \
          `step_interval.note` say so. Every interval is widened where needed to hold the \

@@ -8,8 +8,13 @@
 //! neighbours along the file's back-off order, and the interval says so. The dimensions the
 //! back-off never drops (GPU family, dense or MoE, fabric, host-bound) say what evidence a
 //! regime needs: one whose combination of them holds too few residuals has no evidence, and
-//! its interval is the widest spread any regime shows, never a neighbour's. The interval is a
-//! lookup, not a second run of the model.
+//! its interval is the widest spread any regime shows, never a neighbour's. A cell answers a
+//! lookup only when its residuals come from at least two sources (where the file holds two):
+//! one source's rows scatter around that source's own offset (its stack, its cluster, its
+//! unstated settings), which says nothing of how far another source's offset lies, so a
+//! regime only one source shows is pooled until several sources' offsets are in its spread.
+//! A regime calibrated on the machine is the exception: its residuals are that machine's own
+//! held-out runs. The interval is a lookup, not a second run of the model.
 
 pub mod file;
 pub mod memory;
@@ -19,7 +24,7 @@ pub use file::{IntervalError, Residual, ResidualFile};
 pub use regime::{Dimension, Regime, DIMENSIONS, REGIME_DIMENSIONS};
 
 use serde::Serialize;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::OnceLock;
 
 /// The shipped residual model (calibration/residuals.json; rebuilt by
@@ -72,6 +77,9 @@ pub const BACKOFF: [Dimension; 5] = [
 /// A regime key: band indices, [`ANY`] where pooled.
 type Key = [u8; REGIME_DIMENSIONS];
 
+/// A pooled cell's residuals (log ratios) and the sources they come from.
+type Pooled<'f> = (Vec<f64>, HashSet<&'f str>);
+
 /// Residual percentiles per regime and per pooled regime, built once from a file.
 #[derive(Debug, Clone)]
 pub struct IntervalModel {
@@ -81,12 +89,17 @@ pub struct IntervalModel {
     pub backoff: Vec<Dimension>,
     /// The fewest residuals whose order statistics give both percentiles.
     pub min_residuals: usize,
+    /// The fewest sources a cell's residuals must come from to answer a lookup: two, or one
+    /// where the file holds a single source.
+    pub min_sources: u32,
     /// Residuals in the file.
     pub total: usize,
     /// (pooling level, regime with the pooled dimensions set to [`ANY`]) -> cell.
     cells: HashMap<(u8, Key), Cell>,
     /// Residuals per regime, unpooled (however few).
     own: HashMap<Key, u32>,
+    /// The file's sources, in first-seen order.
+    source_names: Vec<String>,
     /// The interval of a regime without evidence: the envelope of every fully pooled cell (each
     /// evidence combination that holds enough residuals, widened by the regimes it pools), the
     /// widest spread observed.
@@ -98,7 +111,15 @@ struct Cell {
     lo_log: f64,
     hi_log: f64,
     n: u32,
+    /// Distinct sources among the cell's own residuals.
+    sources: u32,
+    /// The one source of a cell that holds a single source's residuals (an index into
+    /// [`IntervalModel::source_names`]).
+    only_source: Option<u32>,
 }
+
+/// The fewest sources a cell needs to answer a lookup where the file holds several.
+pub const MIN_SOURCES: u32 = 2;
 
 /// The 1-based ranks of the lower and upper order statistics of `n` residuals, or `None`
 /// when `n` is too few for either.
@@ -125,24 +146,30 @@ impl IntervalModel {
                 upper,
             });
         }
-        let mut pooled: HashMap<(u8, Key), Vec<f64>> = HashMap::new();
+        let mut pooled: HashMap<(u8, Key), Pooled> = HashMap::new();
         for r in &file.residuals {
             for level in 0..=file.backoff.len() {
                 let key = masked(&r.regime, &file.backoff[..level]);
-                pooled
-                    .entry((level as u8, key))
-                    .or_default()
-                    .push(r.log_ratio);
+                let (ratios, sources) = pooled.entry((level as u8, key)).or_default();
+                ratios.push(r.log_ratio);
+                sources.insert(r.source.as_str());
             }
         }
+        let mut source_names: Vec<String> = Vec::new();
+        for r in &file.residuals {
+            if !source_names.contains(&r.source) {
+                source_names.push(r.source.clone());
+            }
+        }
+        let source_index = |name: &str| source_names.iter().position(|s| s == name);
         let own = pooled
             .iter()
             .filter(|((level, _), _)| *level == 0)
-            .map(|((_, k), v)| (*k, v.len() as u32))
+            .map(|((_, k), (v, _))| (*k, v.len() as u32))
             .collect();
         let mut cells: HashMap<(u8, Key), Cell> = pooled
             .into_iter()
-            .filter_map(|(k, mut v)| {
+            .filter_map(|(k, (mut v, sources))| {
                 v.sort_by(f64::total_cmp);
                 let (lo, hi) = conformal_ranks(v.len(), lower, upper)?;
                 Some((
@@ -151,6 +178,11 @@ impl IntervalModel {
                         lo_log: v[lo - 1],
                         hi_log: v[hi - 1],
                         n: v.len() as u32,
+                        sources: sources.len() as u32,
+                        only_source: (sources.len() == 1)
+                            .then(|| sources.iter().next().and_then(|s| source_index(s)))
+                            .flatten()
+                            .map(|i| i as u32),
                     },
                 ))
             })
@@ -167,6 +199,8 @@ impl IntervalModel {
                 lo_log: a.lo_log.min(b.lo_log),
                 hi_log: a.hi_log.max(b.hi_log),
                 n: a.n + b.n,
+                sources: a.sources.max(b.sources),
+                only_source: None,
             })
             .ok_or(IntervalError::NoEvidence {
                 need: min_residuals,
@@ -176,9 +210,11 @@ impl IntervalModel {
             upper_percentile: upper,
             backoff: file.backoff.clone(),
             min_residuals,
+            min_sources: MIN_SOURCES.min(source_names.len() as u32),
             total: file.residuals.len(),
             cells,
             own,
+            source_names,
             widest,
         })
     }
@@ -187,7 +223,14 @@ impl IntervalModel {
     /// those of the least pooled regime that does (the whole file at last, which holds enough
     /// by construction).
     pub fn lookup(&self, regime: &Regime) -> StepInterval {
-        let Some((level, cell)) = self.cell(regime) else {
+        self.lookup_from(regime, None)
+    }
+
+    /// The interval of a prediction in `regime` of a run from `source`, where it is known (a
+    /// measured row checked against the file): a cell of that source alone speaks for its own
+    /// rows, so it answers though it holds one source.
+    pub fn lookup_from(&self, regime: &Regime, source: Option<&str>) -> StepInterval {
+        let Some((level, cell)) = self.cell(regime, source) else {
             return self.no_evidence(regime);
         };
         let pooled_over = self.backoff[..level].to_vec();
@@ -223,8 +266,9 @@ impl IntervalModel {
             regime: *regime,
             pooled_over: self.backoff.clone(),
             note: format!(
-                "no evidence: fewer than {} residuals share {}, so the {}-{} interval is the widest spread any measured regime shows (not a neighbour's)",
+                "no evidence: fewer than {} residuals{} share {}, so the {}-{} interval is the widest spread any measured regime shows (not a neighbour's)",
                 self.min_residuals,
+                self.of_sources(),
                 evidence.join(" "),
                 pct(self.lower_percentile),
                 pct(self.upper_percentile)
@@ -234,18 +278,33 @@ impl IntervalModel {
         }
     }
 
-    /// The least pooled cell holding enough residuals for `regime`, with its pooling level;
-    /// `None` when even the fully pooled one (its evidence dimensions alone) holds too few.
-    fn cell(&self, regime: &Regime) -> Option<(usize, Cell)> {
+    /// The least pooled cell holding enough residuals of enough sources for `regime`, with
+    /// its pooling level; `None` when even the fully pooled one (its evidence dimensions
+    /// alone) does not. A cell of a regime calibrated on the machine (the dimension not
+    /// pooled) needs only enough residuals: they are the machine's own held-out runs.
+    fn cell(&self, regime: &Regime, source: Option<&str>) -> Option<(usize, Cell)> {
+        let own_machine = regime.value(Dimension::Calibrated) == "yes";
+        let own_source = source
+            .and_then(|s| self.source_names.iter().position(|n| n == s))
+            .map(|i| i as u32);
         (0..=self.backoff.len()).find_map(|level| {
-            let key = masked(regime, &self.backoff[..level]);
-            self.cells.get(&(level as u8, key)).map(|c| (level, *c))
+            let pooled = &self.backoff[..level];
+            let key = masked(regime, pooled);
+            let machine = own_machine && !pooled.contains(&Dimension::Calibrated);
+            self.cells
+                .get(&(level as u8, key))
+                .filter(|c| {
+                    machine
+                        || c.sources >= self.min_sources
+                        || (own_source.is_some() && c.only_source == own_source)
+                })
+                .map(|c| (level, *c))
         })
     }
 
     /// The cell `regime` takes: its own or a pooled one, else the widest spread.
     fn cell_or_widest(&self, regime: &Regime) -> Cell {
-        self.cell(regime).map_or(self.widest, |(_, c)| c)
+        self.cell(regime, None).map_or(self.widest, |(_, c)| c)
     }
 
     /// The smallest upper factor any communication share could give `regime` (the other
@@ -260,6 +319,16 @@ impl IntervalModel {
             .exp()
     }
 
+    /// " of at least N sources" where a cell needs several (one source's offset is no evidence
+    /// of another's), else nothing.
+    fn of_sources(&self) -> String {
+        if self.min_sources > 1 {
+            format!(" of at least {} sources", self.min_sources)
+        } else {
+            String::new()
+        }
+    }
+
     fn note(&self, n: usize, pooled_over: &[Dimension]) -> String {
         let pct = |p: f64| format!("p{}", (100.0 * p).round());
         let mut s = format!(
@@ -270,9 +339,10 @@ impl IntervalModel {
         if !pooled_over.is_empty() {
             let dims: Vec<_> = pooled_over.iter().map(|d| d.key()).collect();
             s.push_str(&format!(
-                ", pooled over {}: the regime itself holds fewer than {}, so the interval is wider than its own residuals would give",
+                ", pooled over {}: the regime itself holds fewer than {} residuals{}, so the interval is wider than its own residuals would give",
                 dims.join(" and "),
-                self.min_residuals
+                self.min_residuals,
+                self.of_sources()
             ));
         } else if n < 2 * self.min_residuals {
             s.push_str(" of this regime; few, so the interval sits at their extremes");

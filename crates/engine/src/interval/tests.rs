@@ -348,3 +348,65 @@ fn every_interval_is_finite_and_holds_the_prediction() {
         })
         .unwrap();
 }
+
+fn from(source: &str, r: Regime, log_ratio: f64) -> Residual {
+    Residual {
+        source: source.into(),
+        ..residual(r, log_ratio)
+    }
+}
+
+/// One source's offset is no evidence of another's. Source a shows a regime 19 times at
+/// +0.21 .. +0.39 (its own offset +0.3), source b a neighbour (longer sequences) 19 times at
+/// -0.09 .. +0.09. The first regime's own cell holds one source, so it is pooled over
+/// communication share, scale and sequence to the 38 of both: ranks 3 and 36 (-0.07 and
+/// +0.37), widened to the regimes it pools (a's ranks 2 and 18: +0.22, +0.38; b's: -0.08,
+/// +0.08): -0.08 .. +0.38. With a alone in the file, its regime keeps its own +0.22 .. +0.38
+/// (the lower end widened to hold the prediction), as it does for a row known to be a's own;
+/// a regime calibrated on the machine keeps its own held-out runs though they are one source's.
+#[test]
+fn a_regime_one_source_shows_is_pooled_until_several_do() {
+    let x = regime("hopper", "<=2048");
+    let y = regime("hopper", "2049-8192");
+    let a: Vec<Residual> = (-9..=9)
+        .map(|i| from("a", x, 0.3 + f64::from(i) / 100.0))
+        .collect();
+    let b: Vec<Residual> = (-9..=9)
+        .map(|i| from("b", y, f64::from(i) / 100.0))
+        .collect();
+    let both = IntervalModel::new(&file([a.clone(), b].concat())).unwrap();
+    assert_eq!(both.min_sources, 2);
+    let i = both.lookup(&x);
+    assert_eq!(
+        i.pooled_over,
+        vec![Dimension::CommShare, Dimension::Scale, Dimension::Sequence]
+    );
+    assert_eq!(i.residuals, 38);
+    assert!((i.lower_factor - (-0.08f64).exp()).abs() < 1e-12, "{i:?}");
+    assert!((i.upper_factor - 0.38f64.exp()).abs() < 1e-12, "{i:?}");
+    assert!(i.note.contains("of at least 2 sources"), "{}", i.note);
+    // A row known to be a's own (a cross-fitted half) is answered by a's cell.
+    let own = both.lookup_from(&x, Some("a"));
+    assert!(own.pooled_over.is_empty(), "{own:?}");
+    assert!((own.upper_factor - 0.38f64.exp()).abs() < 1e-12, "{own:?}");
+    assert_eq!(both.lookup_from(&x, Some("b")).residuals, 38);
+    let alone = IntervalModel::new(&file(a)).unwrap();
+    assert_eq!(alone.min_sources, 1);
+    let j = alone.lookup(&x);
+    assert!(j.pooled_over.is_empty());
+    assert_eq!(j.lower_factor, 1.0);
+    assert!((j.upper_factor - 0.38f64.exp()).abs() < 1e-12, "{j:?}");
+    let yes = Dimension::Calibrated
+        .values()
+        .iter()
+        .position(|v| *v == "yes")
+        .unwrap() as u8;
+    let machine = x.with(Dimension::Calibrated, yes);
+    let mut rs: Vec<Residual> = (-9..=9)
+        .map(|i| from("m", machine, f64::from(i) / 100.0))
+        .collect();
+    rs.extend((-9..=9).map(|i| from("b", y, 0.5 + f64::from(i) / 100.0)));
+    let k = IntervalModel::new(&file(rs)).unwrap().lookup(&machine);
+    assert!(k.pooled_over.is_empty(), "{k:?}");
+    assert!((k.upper_factor - 0.08f64.exp()).abs() < 1e-12, "{k:?}");
+}

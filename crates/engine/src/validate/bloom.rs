@@ -22,7 +22,57 @@ positions, tied embeddings, dropout 0.1), no fused attention (2022), no sequence
 reduction after the backward). Memory 'as labelled' is nvidia-smi's (the chronicle: 'getting \
 the memory snapshot with ... nvidia-smi'), read as GiB (2^30 bytes: nvidia-smi's MiB / 1024) and \
 compared with parsim's reserved peak of the most loaded GPU; an 'oom' row is one that did not \
-fit.";
+fit. Jean Zay's network: four Omni-Path 100 Gb/s links per node (the BLOOM paper, arXiv \
+2211.05100, 'Hardware'), not one 200 Gb/s NIC per GPU. A row whose TFLOPs column implies \
+another global batch than it prints (by the chronicle's calculator, Megatron's \
+96 B s l h^2 (1 + s/6h + V/16lh)) runs at the implied one: the three 18B single-node rows, \
+whose section heading reads GBS=512.";
+
+/// The padded vocabulary of the sweeps (`--pad-vocab-size-to 250880`).
+const VOCAB: u64 = 250880;
+
+/// Jean Zay's inter-node links (the BLOOM paper, BigScience 2022, arXiv 2211.05100,
+/// 'Hardware': "4 Omni-Path 100 Gbps links per node"), bytes/s each way.
+const JEAN_ZAY_LINKS_PER_NODE: u32 = 4;
+const JEAN_ZAY_LINK_BYTES_PER_S: f64 = 100e9 / 8.0;
+
+/// The share by which a row's implied batch may differ from its printed one before the
+/// implied one is taken: the chronicle's calculator changed by about 3% mid-way ("TFLOPs
+/// calculation improved"), and every other row agrees within 4%.
+const BATCH_TOLERANCE: f64 = 0.04;
+
+/// The global batch a row's TFLOPs column implies, when it is not the printed one: the
+/// chronicle's calculator is Megatron's hardware-FLOPs formula with recomputation (Narayanan
+/// et al. 2021, eq. 3: 96 B s l h^2 (1 + s / 6h + V / 16 l h) per iteration), so
+/// B = TFLOPs x GPUs x seconds / (96 s l h^2 (1 + s / 6h + V / 16 l h)), rounded to a
+/// whole number of micro batches across the data-parallel replicas.
+fn implied_global_batch(
+    v: &Value,
+    (h, l): (u64, u32),
+    vocab: u64,
+) -> Result<Option<u64>, RowError> {
+    let (Some(tflops), Some(seconds)) = (
+        data::number(v, "tflops_per_gpu")?,
+        data::number(v, "metric_value")?.filter(|_| data::text(v, "metric_unit") == "s"),
+    ) else {
+        return Ok(None);
+    };
+    let (s, h, l, vocab) = (
+        data::required(v, "seq")? as f64,
+        h as f64,
+        f64::from(l),
+        vocab as f64,
+    );
+    let per_sample = 96.0 * s * l * h * h * (1.0 + s / (6.0 * h) + vocab / (16.0 * l * h));
+    let gpus = f64::from(data::degree(v, "gpus")?);
+    let implied = tflops * 1e12 * gpus * seconds / per_sample;
+    let printed = data::required(v, "gbs")?;
+    let step = data::required(v, "mbs")? * data::required(v, "dp")?;
+    if step == 0 || (implied / printed as f64 - 1.0).abs() <= BATCH_TOLERANCE {
+        return Ok(None);
+    }
+    Ok(Some(((implied / step as f64).round() as u64).max(1) * step))
+}
 
 /// Every row of the table.
 pub fn rows() -> Result<Vec<SourceRow>, RowError> {
@@ -136,11 +186,21 @@ fn overlay(
 ) -> Result<Value, RowError> {
     let name = format!("bloom-{}", size(data::text(v, "model")).to_lowercase());
     let zero = data::required(v, "zero_stage")?;
-    let mut o = deepspeed_gpt::overlay(v, &name, (h, l, a), 250880, zero)?;
+    let mut o = deepspeed_gpt::overlay(v, &name, (h, l, a), VOCAB, zero)?;
     // fp16 with DeepSpeed's fp16 optimizers: `.grad` stays in the parameters' dtype (ZeRO-1/2
     // accumulate into the bit16 parameters' gradients, stage_1_and_2.py; FP16_Optimizer casts
     // them only in its step, fused_optimizer.py).
     o["training"]["grad_dtype"] = json!("fp16");
+    // Jean Zay's A100 nodes: four Omni-Path 100 Gb/s links per node, shared by its 8 GPUs.
+    o["cluster"]["nics_per_node"] = json!(JEAN_ZAY_LINKS_PER_NODE);
+    o["cluster"]["nic_bandwidth_bytes_per_s"] = json!(JEAN_ZAY_LINK_BYTES_PER_S);
+    if let Some(batch) = implied_global_batch(v, (h, l), VOCAB)? {
+        let printed = data::required(v, "gbs")?;
+        notes.push(format!(
+            "global batch {batch}, not the printed {printed}: the row's TFLOPs column implies it (its section heading reads GBS={batch})"
+        ));
+        o["training"]["global_batch_size"] = json!(batch);
+    }
     let pp = data::degree(v, "pp")?;
     if l % pp != 0 {
         let layout = balanced_layout(l, pp);
@@ -220,6 +280,36 @@ mod tests {
             .collect();
         assert_eq!(noted, [9, 53, 54]);
         assert!(rows[9].notes[0].contains("56 GiB at micro batch 4 against 65 GiB at 2"));
+    }
+
+    /// The batch by hand from Megatron's formula (Narayanan et al. 2021, eq. 3): the 18B
+    /// single-node row (hidden 14336, 6 layers, sequence 2048, vocabulary 250880) costs
+    /// 96 x 2048 x 6 x 14336^2 x (1 + 2048/86016 + 250880/1376256 = 1.2061) = 2.924e14 FLOPs
+    /// per sample, and its 143.48 TFLOPs on 8 GPUs for 130.43 s are 1.497e17: 512.0 samples,
+    /// as its section heading says, not the 2048 it prints. The first 181B row's 112.49 TFLOPs
+    /// on 384 GPUs for 143.31 s are 2047.9 samples of 3.023e15: its printed 2048 stands. Every
+    /// row runs on Jean Zay's four 100 Gb/s links per node.
+    #[test]
+    fn batches_follow_the_tflops_column_and_the_network_is_jean_zays() {
+        let rows = rows().unwrap();
+        let batch =
+            |i: usize| rows[i].setup.as_ref().unwrap()["training"]["global_batch_size"].clone();
+        assert_eq!(rows[12].model, "GPT 18B h14336 l6 a64");
+        assert_eq!(batch(12), 512);
+        assert!(rows[12]
+            .notes
+            .iter()
+            .any(|n| n.contains("global batch 512")));
+        assert_eq!(batch(0), 2048);
+        assert!(rows[0].notes.is_empty());
+        let changed = rows
+            .iter()
+            .filter(|r| r.notes.iter().any(|n| n.starts_with("global batch")))
+            .count();
+        assert_eq!(changed, 3);
+        let cluster = &rows[0].setup.as_ref().unwrap()["cluster"];
+        assert_eq!(cluster["nics_per_node"], 4);
+        assert_eq!(cluster["nic_bandwidth_bytes_per_s"], 12.5e9);
     }
 
     /// 78 layers over 12 stages: 6 stages of 7 and 6 of 6, every layer once.
