@@ -3,7 +3,7 @@
 //! t tensor-parallel degree; plus c (context parallel), g (KV heads), d (head dim), V (vocab).
 
 use super::low_precision::Recipe;
-use crate::config::{CpComm, FlopsAttention, Precision, Resolved, TokenDispatcher, TrainingMode};
+use crate::config::{CpComm, FlopsAttention, Resolved, TokenDispatcher, TrainingMode};
 use serde::Serialize;
 
 /// Per-rank shapes and byte sizes of one microbatch.
