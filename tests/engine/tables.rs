@@ -42,7 +42,8 @@ fn close(a: f64, b: f64, tol: f64) -> bool {
 
 /// A GEMM in a measured bucket runs at 2mnk / (peak x efficiency) plus the host gap; one
 /// in another bucket keeps the analytic roofline; a memory-bound op between two points runs
-/// at the log-log interpolation of their rates (the geometric mean halfway in log bytes).
+/// at the log-log interpolation of their rates (the geometric mean halfway in log bytes); a
+/// grouped GEMM whose groups a bucket covers runs as one call per group.
 #[test]
 fn tables_time_the_ops_they_cover_and_the_analytic_model_the_rest() {
     let plain = GpuProfile::load("h100-sxm").unwrap();
@@ -77,6 +78,18 @@ fn tables_time_the_ops_they_cover_and_the_analytic_model_the_rest() {
     let by_hand = 2.0 * 5000f64.powi(3) / (989.4e12 * 0.5) + 2e-6;
     assert!(close(r.gemm_s(5000, 5000, 5000), by_hand, 1e-12));
     assert_eq!(r.gemm_s(5000, 5000, 16384), p.gemm_s(5000, 5000, 16384));
+    // A grouped GEMM whose groups the table covers runs as its groups' calls, each with its
+    // host gap (the measured runner loops over its experts): 8 x the hand figure above. One
+    // the table does not cover stays the analytic grouped kernel of the plain profile.
+    assert!(close(
+        r.grouped_gemm_s(8, 5000, 5000, 5000),
+        8.0 * by_hand,
+        1e-12
+    ));
+    assert_eq!(
+        r.grouped_gemm_s(8, 5000, 5000, 16384),
+        p.grouped_gemm_s(8, 5000, 5000, 16384)
+    );
     // 1e7 bytes: halfway between 1e6 and 1e8 in log bytes, so sqrt(1e11 x 1e12) bytes/s.
     let mid = 1e7 / (1e11f64 * 1e12).sqrt() + 2e-6;
     assert!(close(r.memory_s(10_000_000), mid, 1e-9));

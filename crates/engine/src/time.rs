@@ -229,10 +229,10 @@ impl Rates<'_> {
     pub fn table_covers(&self, op: &Op) -> Option<(&'static str, bool)> {
         let mem = |b: u64| b == 0 || self.table_memory(b).is_some();
         match op.kind {
-            // The measured GEMM tables time one GEMM a call, not a grouped kernel.
-            OpKind::Matmul { .. } if op.gemm_groups > 1 => Some(("gemm", false)),
+            // A grouped GEMM is covered where its groups' GEMMs are (each group its rows).
             OpKind::Matmul { m, n, k } => {
                 let f = &op.rank_flops;
+                let m = m.div_ceil(op.gemm_groups.max(1));
                 let passes = [
                     (f.fwd, (m, n, k)),
                     (f.dgrad, (m, k, n)),

@@ -141,8 +141,14 @@ impl CostModel<'_> {
             } => r
                 .table_gemm(m, n, k)
                 .unwrap_or_else(|| r.gemm_roofline(m, n, k)),
-            // The measured GEMM tables time one GEMM a call, not a grouped kernel.
-            Call::GroupedGemm { groups, m, n, k } => r.grouped_gemm_roofline(groups, m, n, k),
+            // A profile whose measured GEMM table covers one group's shape was measured on a
+            // runner that issues a GEMM per group (parsim's executor loops over its local
+            // experts, crates/executor/src/layers/moe.rs): the groups' calls, each with its
+            // launch. Else one grouped kernel (Megatron-Core's TEGroupedLinear).
+            Call::GroupedGemm { groups, m, n, k } => r
+                .table_gemm(m, n, k)
+                .map(|one| one.times(groups as f64))
+                .unwrap_or_else(|| r.grouped_gemm_roofline(groups, m, n, k)),
             Call::Memory { bytes: 0 } => OpCost::default(),
             Call::Memory { bytes } => r
                 .table_memory(bytes)
