@@ -698,7 +698,7 @@ fn markdown_held_out_error(s: &mut String, e: &Evaluation) {
     ));
     let fit_rows = e.summary(|r| r.role == Role::Fit);
     s.push_str(&format!(
-        "\nOn the {} fitting rows: median {}, worst {}. Goal (issue 4): median within 5%, \
+        "\nOn the {} fitting rows: median {}, worst {}. Goal: median within 5%, \
          worst within 10%; the tests fail when the median of the fully specified held-out rows \
          outside the known misses below passes {} (the error a family's GEMM efficiency a \
          tenth off gives) or any one of them passes {} (a lost mechanism: a quarter of a \
