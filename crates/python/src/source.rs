@@ -109,6 +109,27 @@ fn layer_of(
     file_layer(&path, flags, warnings)
 }
 
+/// An imported file's text, its read error a configuration error naming the file.
+fn read_text(path: &Path, origin: &str) -> PyResult<String> {
+    std::fs::read_to_string(path)
+        .map_err(|e| crate::errors::ConfigError::new_err(format!("reading {origin}: {e}")))
+}
+
+/// An import's layer from `origin`, its notes added to `warnings` under the file's name.
+fn noted_layer(
+    origin: String,
+    value: Value,
+    notes: Vec<String>,
+    warnings: &mut Vec<String>,
+) -> Layer {
+    warnings.extend(notes.into_iter().map(|w| format!("{origin}: {w}")));
+    Layer {
+        origin,
+        base_dir: None,
+        value,
+    }
+}
+
 /// A file's layer: `.toml` is a configuration or (with a section only torchtitan has) a
 /// torchtitan job file, `.json` a configuration, a Hugging Face config.json (with
 /// `model_type` or `architectures` at its top) or a DeepSpeed configuration (with
@@ -143,40 +164,21 @@ fn file_layer(
             if !is_deepspeed_config(&layer.value) {
                 return Ok((layer, None));
             }
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                crate::errors::ConfigError::new_err(format!("reading {origin}: {e}"))
-            })?;
+            let text = read_text(path, &origin)?;
             let imported = deepspeed::import(&text, &origin).map_err(|e| in_file(&origin, e))?;
-            warnings.extend(
-                imported
-                    .warnings()
-                    .into_iter()
-                    .map(|w| format!("{origin}: {w}")),
-            );
-            let layer = Layer {
+            let layer = noted_layer(
                 origin,
-                base_dir: None,
-                value: imported.layer.clone(),
-            };
+                imported.layer.clone(),
+                imported.warnings(),
+                warnings,
+            );
             Ok((layer, Some(imported)))
         }
         Some("yaml" | "yml") => {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                crate::errors::ConfigError::new_err(format!("reading {origin}: {e}"))
-            })?;
+            let text = read_text(path, &origin)?;
             let imported = bridge::import(&text, &origin).map_err(|e| in_file(&origin, e))?;
-            warnings.extend(
-                imported
-                    .warnings()
-                    .into_iter()
-                    .map(|w| format!("{origin}: {w}")),
-            );
-            let layer = Layer {
-                origin,
-                base_dir: None,
-                value: imported.layer,
-            };
-            Ok((layer, None))
+            let notes = imported.warnings();
+            Ok((noted_layer(origin, imported.layer, notes, warnings), None))
         }
         _ => {
             let origin = path.display().to_string();
