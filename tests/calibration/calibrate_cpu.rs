@@ -251,10 +251,11 @@ fn three_sweeps_fitted_alone_identify_the_parameters_and_predict_each_other() {
         .map(|(i, m)| (m, sweeps.iter().map(|s| s[i].step_s).sum::<f64>() / 3.0))
         .collect();
     for (k, f) in fits.iter().enumerate() {
+        let profile = std::sync::Arc::new(f.profile.clone());
         let mut errors: Vec<f64> = held
             .iter()
             .map(|(m, mean_s)| {
-                let e = estimate(&m.resolve(&f.profile).expect("the run resolves"))
+                let e = estimate(&m.resolve(&profile).expect("the run resolves"))
                     .expect("the run estimates");
                 (e.time.step_s / mean_s - 1.0).abs()
             })

@@ -662,7 +662,13 @@ impl TableCoverage {
                 c.covered_ops += 1;
             } else {
                 c.outside_ops += 1;
-                *c.outside_by_class.entry(class.to_string()).or_default() += 1;
+                // Counted in place once the class has an entry: no key allocated per op.
+                match c.outside_by_class.get_mut(class) {
+                    Some(n) => *n += 1,
+                    None => {
+                        c.outside_by_class.insert(class.to_string(), 1);
+                    }
+                }
             }
         };
         for b in blocks {

@@ -27,9 +27,13 @@ pub struct Measurement {
 }
 
 impl Measurement {
-    /// The configuration validated against `gpu` (the profile being fitted).
-    pub fn resolve(&self, gpu: &crate::config::GpuProfile) -> Result<Resolved, ConfigError> {
-        Resolved::with_gpu(self.config.clone(), gpu.clone())
+    /// The configuration validated against `gpu` (the profile being fitted). Shared, not
+    /// copied: a fit resolves every measurement under each trial profile.
+    pub fn resolve(
+        &self,
+        gpu: &std::sync::Arc<crate::config::GpuProfile>,
+    ) -> Result<Resolved, ConfigError> {
+        Resolved::with_gpu(self.config.clone(), std::sync::Arc::clone(gpu))
     }
 }
 

@@ -16,6 +16,7 @@ use nalgebra::DMatrix;
 use serde::Serialize;
 use statrs::distribution::{ContinuousCDF, StudentsT};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// A fitted profile field and the change of variables it is fitted in.
 #[derive(Debug)]
@@ -202,7 +203,7 @@ fn collapse(ms: &[Measurement]) -> Vec<Group<'_>> {
         .collect()
 }
 
-fn predict(g: &Group<'_>, profile: &GpuProfile) -> Result<(f64, u64), ProfileFitError> {
+fn predict(g: &Group<'_>, profile: &Arc<GpuProfile>) -> Result<(f64, u64), ProfileFitError> {
     let err = |e: String| ProfileFitError::Predict {
         line: g.first.line,
         message: e,
@@ -314,8 +315,9 @@ impl<'a> Fitter<'a> {
 
     /// Predicted log step times of the groups `rows` under profile `g`.
     fn log_pred(&self, rows: &[usize], g: &GpuProfile) -> Result<Vec<f64>, ProfileFitError> {
+        let g = Arc::new(g.clone());
         rows.iter()
-            .map(|&i| predict(&self.groups[i], g).map(|(s, _)| s.ln()))
+            .map(|&i| predict(&self.groups[i], &g).map(|(s, _)| s.ln()))
             .collect()
     }
 
@@ -483,11 +485,12 @@ impl<'a> Fitter<'a> {
             return None;
         }
         let overhead_before = self.base.runtime_overhead_bytes;
+        let fitted = Arc::new(fitted.clone());
         let gaps: Vec<f64> = mem_rows
             .iter()
             .map(|&i| {
                 let g = &self.groups[i];
-                let (_, p) = predict(g, fitted).unwrap_or((0.0, 0));
+                let (_, p) = predict(g, &fitted).unwrap_or((0.0, 0));
                 g.peak.unwrap_or(0) as f64 - (p as f64 - overhead_before as f64)
             })
             .collect();
@@ -565,10 +568,11 @@ fn row_reports(
     held: &[bool],
     outlier: &[bool],
 ) -> Result<Vec<RowReport>, ProfileFitError> {
+    let (base, fitted) = (Arc::new(base.clone()), Arc::new(fitted.clone()));
     let mut rows = Vec::with_capacity(groups.len());
     for (i, g) in groups.iter().enumerate() {
-        let (bs, bp) = predict(g, base)?;
-        let (a_s, ap) = predict(g, fitted)?;
+        let (bs, bp) = predict(g, &base)?;
+        let (a_s, ap) = predict(g, &fitted)?;
         rows.push(RowReport {
             label: g.first.label.clone(),
             line: g.first.line,

@@ -57,8 +57,9 @@ pub fn calibration_residuals(
     profile: &str,
 ) -> Result<Vec<Residual>, CalibrateError> {
     let ms = measurements::read(&root.join(jsonl)).map_err(residuals_error)?;
-    let gpu =
-        GpuProfile::load(&root.join(profile).display().to_string()).map_err(residuals_error)?;
+    let gpu = std::sync::Arc::new(
+        GpuProfile::load(&root.join(profile).display().to_string()).map_err(residuals_error)?,
+    );
     let mut out = Vec::new();
     for (m, measured_s) in held_out_configs(&ms) {
         let r = m.resolve(&gpu).map_err(residuals_error)?;

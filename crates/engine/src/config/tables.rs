@@ -156,23 +156,38 @@ pub fn octave(x: u64) -> u64 {
 
 /// Interpolates `values` at `x` in log-log space between `keys` (strictly increasing);
 /// `None` outside `[keys[0], keys[last]]`: a table never extrapolates.
-pub fn interpolate_log(keys: &[f64], values: &[f64], x: f64) -> Option<f64> {
-    let (first, last) = (*keys.first()?, *keys.last()?);
+pub fn interpolate_log<K: TableKey>(keys: &[K], values: &[f64], x: f64) -> Option<f64> {
+    let (first, last) = (keys.first()?.as_f64(), keys.last()?.as_f64());
     if !(x >= first && x <= last) || keys.len() != values.len() {
         return None;
     }
-    let i = keys.iter().position(|&k| k >= x)?;
-    if keys[i] == x || i == 0 {
+    let i = keys.iter().position(|k| k.as_f64() >= x)?;
+    if keys[i].as_f64() == x || i == 0 {
         return Some(values[i]);
     }
-    let (x0, x1) = (keys[i - 1].ln(), keys[i].ln());
+    let (x0, x1) = (keys[i - 1].as_f64().ln(), keys[i].as_f64().ln());
     let (y0, y1) = (values[i - 1].ln(), values[i].ln());
     let t = (x.ln() - x0) / (x1 - x0);
     Some((y0 + t * (y1 - y0)).exp())
 }
 
-fn as_f64(keys: &[u64]) -> Vec<f64> {
-    keys.iter().map(|&k| k as f64).collect()
+/// A table's key (bytes, sequence length) read as a float where it is interpolated: the
+/// tables keep integer keys, and reading them in place spares the estimate an allocation per
+/// lookup (every timed op looks up at least one table).
+pub trait TableKey: Copy {
+    fn as_f64(self) -> f64;
+}
+
+impl TableKey for u64 {
+    fn as_f64(self) -> f64 {
+        self as f64
+    }
+}
+
+impl TableKey for f64 {
+    fn as_f64(self) -> f64 {
+        self
+    }
 }
 
 /// Checks one curve: at least one point, as many values and counts as keys, keys strictly
@@ -423,13 +438,13 @@ impl RateTables {
             .curves
             .iter()
             .find(|c| (c.pass, c.mask, c.head_dim) == (pass, mask, head_dim))?;
-        interpolate_log(&as_f64(&c.seq_len), &c.flops_per_s, seq_len as f64)
+        interpolate_log(&c.seq_len, &c.flops_per_s, seq_len as f64)
     }
 
     /// Bytes per second of a memory-bound op moving `bytes`, when the table covers it.
     pub fn memory_bytes_per_s(&self, bytes: u64) -> Option<f64> {
         let m = self.memory.as_ref()?;
-        interpolate_log(&as_f64(&m.bytes), &m.bytes_per_s, bytes as f64)
+        interpolate_log(&m.bytes, &m.bytes_per_s, bytes as f64)
     }
 
     /// Bus bandwidth of `op` over `group_size` ranks placed `placement` at `bytes`, when
@@ -447,7 +462,7 @@ impl RateTables {
             .curves
             .iter()
             .find(|c| (c.op, c.group_size, c.placement) == (op, group_size, placement))?;
-        interpolate_log(&as_f64(&c.bytes), &c.bus_bytes_per_s, bytes as f64)
+        interpolate_log(&c.bytes, &c.bus_bytes_per_s, bytes as f64)
     }
 
     /// Seconds added per table-timed op: the measured host gap, or 0 without a host-gap table.

@@ -101,7 +101,8 @@ pub struct Network {
     models: Vec<[CollectiveModel; 3]>,
     /// Per group kind (as [`GroupKind::ALL`]): its shape's entry in `models`.
     model_of: [usize; GroupKind::ALL.len()],
-    /// The profile's measured tables when it has a collective table ([`Self::table_collective_s`]).
+    /// The profile's collective and host-gap tables when it has a collective table
+    /// ([`Self::table_collective_s`]).
     tables: Option<Box<crate::config::RateTables>>,
     /// How the EP group's all-to-all calls run when not NCCL's all-to-all
     /// ([`ep_dispatch::EpDispatch`]).
@@ -217,11 +218,15 @@ impl Network {
             nccl: gpu.links.nccl,
             models: Vec::new(),
             model_of: [0; GroupKind::ALL.len()],
-            tables: gpu
-                .tables
-                .collective
-                .is_some()
-                .then(|| Box::new(gpu.tables.clone())),
+            // Only the parts a collective reads: the GEMM and attention tables are most of a
+            // profile's tables, and an estimate builds its network once per call.
+            tables: gpu.tables.collective.as_ref().map(|c| {
+                Box::new(crate::config::RateTables {
+                    collective: Some(c.clone()),
+                    host_gap: gpu.tables.host_gap.clone(),
+                    ..Default::default()
+                })
+            }),
             ep_dispatch: None,
         }
     }
