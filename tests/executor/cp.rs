@@ -1,10 +1,10 @@
 //! Context parallelism executed: every comm kind (ring, zigzag, all-gather, Ulysses) at cp 2
 //! and 4, alone and with TP + SP, PP 2 and DP 2, against the single-rank run (loss after one
-//! step, parameters after three, within 1e-5 relative); the causal work per rank of the
+//! step, parameters after two, within 1e-5 relative); the causal work per rank of the
 //! contiguous ring and of zigzag against their closed forms.
 
 use super::common::*;
-use super::equivalence::compare;
+use super::equivalence::{compare, STEPS};
 use parsim_executor::runner::{run_cpu, RunOptions};
 
 /// Global batch of the CP runs: eight sequences (four microbatches per rank under DP 2), enough
@@ -56,7 +56,7 @@ fn companions() -> Vec<(&'static str, Mix)> {
 fn every_comm_kind_matches_the_single_rank_run() {
     let reference = run(
         &plan(config(&Mix::single(), GBS, true, "rmsnorm", "swiglu")),
-        3,
+        STEPS,
     );
     let mut ran = 0;
     for cp in [2, 4] {
@@ -81,13 +81,13 @@ fn every_comm_kind_matches_the_single_rank_run() {
                         v["model"]["num_query_groups"] = 8.into();
                         v
                     };
-                    let reference = run(&plan(mha(&Mix::single())), 3);
-                    let got = run(&plan(mha(&mix)), 3);
+                    let reference = run(&plan(mha(&Mix::single())), STEPS);
+                    let got = run(&plan(mha(&mix)), STEPS);
                     compare(&format!("cp {cp} {kind} {name} (MHA)"), &got, &reference);
                     ran += 1;
                     continue;
                 }
-                let got = run(&plan(cfg), 3);
+                let got = run(&plan(cfg), STEPS);
                 compare(&format!("cp {cp} {kind} {name}"), &got, &reference);
                 ran += 1;
             }
@@ -112,7 +112,7 @@ fn recomputation_under_cp_matches_the_single_rank_run() {
                 "layernorm",
                 "gelu",
             )),
-            3,
+            STEPS,
         );
         for kind in KINDS {
             let mix = with_cp(
@@ -123,7 +123,7 @@ fn recomputation_under_cp_matches_the_single_rank_run() {
                     ..Mix::single()
                 },
             );
-            let got = run(&plan(config(&mix, GBS, true, "layernorm", "gelu")), 3);
+            let got = run(&plan(config(&mix, GBS, true, "layernorm", "gelu")), STEPS);
             compare(&format!("cp 2 {kind} {recompute}"), &got, &reference);
         }
     }
