@@ -72,6 +72,7 @@ fn print_fit(f: &ProfileFit, report: bool) {
             p.ci95
                 .map_or("n/a".into(), |(a, b)| format!("[{}, {}]", num(a), num(b))),
             match (p.identifiable, fitted) {
+                _ if p.measured => "measured: kept".into(),
                 (true, true) => "yes".into(),
                 (true, false) => "yes, but not fitted: more parameters than measurements".into(),
                 (false, _) => "NO: kept at base".to_string(),

@@ -6,13 +6,16 @@
 //! spread of any point is what the machine's load alone moves a timing by. The full loop with
 //! its eight unseen configurations is `parsim execute --calibrate --closed-loop`.
 
-use parsim::calibrate::loop_fit::{fit_with_tables, measured_matmul_efficiency};
-use parsim::calibrate::measurements::Measurement;
+use parsim::calibrate::closed_loop::ClosedLoop;
+use parsim::calibrate::loop_fit::{
+    fit_with_tables, fitting_ops, measured_link_efficiency, measured_matmul_efficiency,
+};
+use parsim::calibrate::measurements::{self, Measurement};
 use parsim::calibrate::sweep::{self, SweepPoint};
-use parsim::config::tables::TableProvenance;
+use parsim::config::tables::{GemmBucket, GemmTable, RateTables, TableProvenance};
 use parsim::config::GpuProfile;
 use parsim_plan::dtype::DType;
-use parsim_plan::op_timing::{OpKey, OpTiming};
+use parsim_plan::op_timing::{CollectiveKind, OpKey, OpTiming, Placement};
 
 /// Fitted points: DP 2 at two shapes and micro batch 2, TP 2 + SP at two shapes.
 const FITTED: [&str; 5] = [
@@ -118,6 +121,67 @@ fn unseen_mixes_are_predicted_within_the_goal_plus_the_measured_noise() {
     );
 }
 
+/// The closed loop recorded on a quiet host (calibration/closed-loop-quiet-2026-12-07.jsonl:
+/// `parsim execute --calibrate --closed-loop --backend cpu`, load average under 1, the built-in
+/// sweep and the eight unseen configurations), refitted from its lines: the unseen runs,
+/// which no fitting line resembles in width, schedule or mix, are predicted within the
+/// closed loop's goal at the median (5%; reached: 4.5%) and within 13% at worst (the goal is
+/// 10%, not reached: 12.4%, DP 2 ZeRO-3 at hidden 512, whose collectives and host gaps outgrow
+/// the sweep's, docs/calibration.md "On a quiet host"; before the measured link and the GEMM
+/// transpose lookup: 9.6% / 21.8%). The values measured from the op timings (the GEMM efficiency and the
+/// intra-node link's) are held, never moved by the scalar fit, and lie in (0, 1]; the fitted
+/// `efficiency.sync_skew` lies inside its 95% interval and below 1.
+#[test]
+fn the_recorded_quiet_closed_loop_predicts_its_unseen_configurations() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("calibration/closed-loop-quiet-2026-12-07.jsonl");
+    let ms = measurements::read(&path).expect("the quiet recording reads");
+    let cpu = GpuProfile::load("cpu").expect("the cpu profile ships");
+    let provenance = TableProvenance {
+        date: "2026-12-07".into(),
+        device: "the recorded host".into(),
+        driver: "none: the CPU backend".into(),
+        software: "tests/calibration/closed_loop.rs".into(),
+    };
+    let fit = fit_with_tables(&cpu, &ms, "the quiet closed loop", &provenance)
+        .expect("the recording fits")
+        .fit;
+    let ops = fitting_ops(&ms);
+    let gemm = measured_matmul_efficiency(&ops, &cpu).expect("GEMMs timed");
+    let link = measured_link_efficiency(&ops, &cpu, Placement::IntraNode).expect("collectives");
+    for (name, value) in [
+        ("efficiency.matmul", gemm),
+        ("links.intra_node.efficiency", link),
+    ] {
+        let p = fit.params.iter().find(|p| p.name == name).expect(name);
+        assert!(p.measured && p.after == value, "{name}: {p:?}");
+        assert!(value > 0.0 && value <= 1.0, "{name}: {value}");
+    }
+    let skew = fit
+        .params
+        .iter()
+        .find(|p| p.name == "efficiency.sync_skew")
+        .expect("sync_skew");
+    let (lo, hi) = skew.ci95.expect("sync_skew is fitted");
+    assert!(lo <= skew.after && skew.after <= hi && hi < 1.0, "{skew:?}");
+    let closed = ClosedLoop::of(&ms, &fit, &cpu);
+    let report: Vec<String> = closed
+        .rows
+        .iter()
+        .map(|r| format!("{}: {:+.1}%", r.label, 100.0 * r.error()))
+        .collect();
+    assert_eq!(report.len(), 8, "{report:?}");
+    let (median, worst) = closed.summary().expect("unseen rows");
+    eprintln!(
+        "quiet closed loop: median {:.1}%, worst {:.1}%\n{}",
+        100.0 * median,
+        100.0 * worst,
+        report.join("\n")
+    );
+    assert!(median <= 0.05, "median {:.1}%: {report:?}", 100.0 * median);
+    assert!(worst <= 0.13, "worst {:.1}%: {report:?}", 100.0 * worst);
+}
+
 /// The roofline's efficiency for GEMMs outside the table is the timings' FLOPs over their
 /// seconds at the peak: 10 calls of 2 x 256^3 FLOPs at half the cpu profile's fp32 peak and
 /// 10 of 2 x 512 x 256 x 128 FLOPs at a quarter give, time-weighted, the FLOPs of both over
@@ -155,4 +219,104 @@ fn the_fallback_gemm_efficiency_is_the_timings_flops_over_their_seconds() {
         total_s: 1e-6,
     };
     assert_eq!(measured_matmul_efficiency(&[memory], &cpu), None);
+}
+
+/// The ring's link efficiency for collectives outside the table is the timings' bus bytes
+/// (nccl-tests' bus factor: 2(n-1)/n for an all-reduce, (n-1)/n for a reduce-scatter) over
+/// their seconds less the link latency per call, over the link's bandwidth: a 2-rank
+/// all-reduce of 1 MB moves 1 MB on the bus, here at 0.2 of the cpu profile's intra-node
+/// bandwidth; a 2-rank reduce-scatter of 4 MB moves 2 MB, at 0.1. Time-weighted:
+/// 3 MB over the link bandwidth times the two wire times. An inter-node timing is not the
+/// intra-node link's; no collective on a link leaves it unset.
+#[test]
+fn the_fallback_link_efficiency_is_the_timings_bus_bytes_over_their_wire_seconds() {
+    let cpu = GpuProfile::load("cpu").expect("the cpu profile ships");
+    let link = &cpu.links.intra_node;
+    let collective = |op, bytes: u64, placement, efficiency: f64, bus_bytes: f64| OpTiming {
+        key: OpKey::Collective {
+            op,
+            bytes,
+            group_size: 2,
+            placement,
+        },
+        calls: 4,
+        total_s: 4.0 * (link.latency_s + bus_bytes / (efficiency * link.bandwidth_bytes_per_s)),
+    };
+    let ar = collective(
+        CollectiveKind::AllReduce,
+        1_000_000,
+        Placement::IntraNode,
+        0.2,
+        1e6,
+    );
+    let rs = collective(
+        CollectiveKind::ReduceScatter,
+        4_000_000,
+        Placement::IntraNode,
+        0.1,
+        2e6,
+    );
+    let wire_s = |t: &OpTiming| t.total_s - 4.0 * link.latency_s;
+    let expected = 4.0 * 3e6 / (link.bandwidth_bytes_per_s * (wire_s(&ar) + wire_s(&rs)));
+    let inter = collective(
+        CollectiveKind::AllReduce,
+        1_000_000,
+        Placement::InterNode,
+        0.9,
+        1e6,
+    );
+    let e = measured_link_efficiency(&[ar.clone(), rs, inter.clone()], &cpu, Placement::IntraNode)
+        .expect("collectives timed on the link");
+    assert!(
+        (e - expected).abs() < 1e-9 && (e - 0.12).abs() < 1e-9,
+        "{e} vs {expected}"
+    );
+    let alone = measured_link_efficiency(&[ar], &cpu, Placement::IntraNode).expect("timed");
+    assert!((alone - 0.2).abs() < 1e-9, "{alone}");
+    assert_eq!(
+        measured_link_efficiency(&[inter], &cpu, Placement::IntraNode),
+        None
+    );
+}
+
+/// A GEMM and its transpose are one GEMM with the operands swapped (`C^T = B^T A^T`: the same
+/// FLOPs over the same bytes), so a bucket timed in one orientation times the other: a table
+/// holding (1024.., 256.., 512..) gives its efficiency to 1500 x 300 x 600 and to
+/// 300 x 1500 x 600, not to a GEMM whose k (the reduced dimension, which the transpose keeps)
+/// lies in another octave. Where both orientations were timed, each keeps its own.
+#[test]
+fn a_gemm_outside_the_buckets_takes_the_bucket_of_its_transpose() {
+    let bucket = |m: u64, n: u64, efficiency: f64| GemmBucket {
+        dtype: DType::F32,
+        m,
+        n,
+        k: 512,
+        efficiency,
+        count: 1,
+    };
+    let mut tables = RateTables {
+        gemm: Some(GemmTable {
+            provenance: TableProvenance {
+                date: "2026-12-07".into(),
+                device: "test".into(),
+                driver: "none".into(),
+                software: "test".into(),
+            },
+            buckets: vec![bucket(1024, 256, 0.3)],
+        }),
+        ..Default::default()
+    };
+    let e = |t: &RateTables, m, n, k| t.gemm_efficiency(DType::F32, m, n, k);
+    assert_eq!(e(&tables, 1500, 300, 600), Some(0.3));
+    assert_eq!(e(&tables, 300, 1500, 600), Some(0.3));
+    assert_eq!(e(&tables, 300, 1500, 1500), None);
+    assert_eq!(e(&tables, 300, 300, 600), None);
+    tables
+        .gemm
+        .as_mut()
+        .expect("a gemm table")
+        .buckets
+        .push(bucket(256, 1024, 0.2));
+    assert_eq!(e(&tables, 1500, 300, 600), Some(0.3));
+    assert_eq!(e(&tables, 300, 1500, 600), Some(0.2));
 }

@@ -3,13 +3,14 @@
 //! scalar efficiencies on top of the tables, so the scalars fit only what no table covers and
 //! the held-out lines are predicted by a profile that never saw them.
 
+use super::fields::{ProfileField, INTER_LINK, INTRA_LINK, MATMUL};
 use super::measurements::Measurement;
-use super::profile_fit::{fit_profile, held_out_lines, ProfileFit, ProfileFitError};
+use super::profile_fit::{fit_profile_holding, held_out_lines, ProfileFit, ProfileFitError};
 use super::table_fit::{fit_tables, merge_tables, reproduce, Reproduction, TableFitError};
 use crate::config::tables::{RateTables, TableProvenance};
 use crate::config::GpuProfile;
 use crate::op_cost::gemm_peak;
-use parsim_plan::op_timing::{OpKey, OpTiming};
+use parsim_plan::op_timing::{OpKey, OpTiming, Placement};
 use serde::Serialize;
 
 /// Why measurement lines cannot be fitted.
@@ -67,6 +68,76 @@ pub fn measured_matmul_efficiency(ops: &[OpTiming], gpu: &GpuProfile) -> Option<
     (measured_s > 0.0 && e.is_finite() && e > 0.0 && e <= 1.0).then_some(e)
 }
 
+/// The share of the link's bandwidth the timed collectives on `placement` ran at, every size
+/// and kind together: their bus bytes (nccl-tests' bus factor times the payload) over their
+/// seconds less the link's latency per call, over the link's bandwidth (time-weighted, as the
+/// tables' rates are); `None` without such a timing or outside (0, 1]. A collective outside
+/// the table's byte range (a width the sweep never ran) is timed by the alpha-beta ring on the
+/// link at its efficiency, which no fitting step identifies: without this it kept the base
+/// profile's value (the CPU profile's 10 GB/s at 1.0, where this host's large collectives
+/// moved 1-3 GB/s).
+pub fn measured_link_efficiency(
+    ops: &[OpTiming],
+    gpu: &GpuProfile,
+    placement: Placement,
+) -> Option<f64> {
+    let link = match placement {
+        Placement::IntraNode => &gpu.links.intra_node,
+        Placement::InterNode => &gpu.links.inter_node,
+    };
+    let (mut bus_bytes, mut wire_s) = (0.0, 0.0);
+    for t in ops {
+        let OpKey::Collective {
+            op,
+            bytes,
+            group_size,
+            placement: p,
+        } = t.key
+        else {
+            continue;
+        };
+        if p != placement || group_size < 2 {
+            continue;
+        }
+        bus_bytes += op.bus_factor(group_size) * bytes as f64 * t.calls as f64;
+        wire_s += t.total_s - link.latency_s * t.calls as f64;
+    }
+    let e = bus_bytes / (wire_s * link.bandwidth_bytes_per_s);
+    (wire_s > 0.0 && e.is_finite() && e > 0.0 && e <= 1.0).then_some(e)
+}
+
+/// Sets the values measured from the fitting op timings `ops` in `base`, each with its
+/// provenance naming `origin`: the GEMM efficiency and each link's efficiency (the rates of
+/// the ops no table covers). Returns the fields set, which the scalar fit holds.
+fn set_measured(base: &mut GpuProfile, ops: &[OpTiming], origin: &str) -> Vec<&'static str> {
+    let mut measured = Vec::new();
+    let mut set = |g: &mut GpuProfile, field: ProfileField, value: Option<f64>, what: &str| {
+        if let Some(v) = value {
+            (field.set)(g, v);
+            g.provenance.insert(
+                field.name.into(),
+                format!("the time-weighted {what} timings in {origin}, measured, not fitted"),
+            );
+            measured.push(field.name);
+        }
+    };
+    let gemm = measured_matmul_efficiency(ops, base);
+    set(base, MATMUL, gemm, "efficiency of the GEMM");
+    for (field, placement) in [
+        (INTRA_LINK, Placement::IntraNode),
+        (INTER_LINK, Placement::InterNode),
+    ] {
+        let link = measured_link_efficiency(ops, base, placement);
+        set(
+            base,
+            field,
+            link,
+            "bus bandwidth over the link's of the collective",
+        );
+    }
+    measured
+}
+
 /// Fits tables from the fitting lines' op timings into `base` (each with `provenance`), then
 /// the scalars on top of them.
 pub fn fit_with_tables(
@@ -77,24 +148,21 @@ pub fn fit_with_tables(
 ) -> Result<LoopFit, LoopFitError> {
     let ops = fitting_ops(ms);
     let mut base = base.clone();
+    let mut measured = Vec::new();
     let tables = if ops.is_empty() {
         None
     } else {
         let tables = fit_tables(&ops, &base, provenance)?;
         let reproduction = reproduce(&ops, &tables, &base);
         merge_tables(&mut base.tables, tables.clone());
-        if let Some(e) = measured_matmul_efficiency(&ops, &base) {
-            base.efficiency.matmul = e;
-            base.provenance.insert(
-                "efficiency.matmul".into(),
-                format!("the time-weighted efficiency of the GEMM timings in {origin}: the roofline's rate for a GEMM outside the table's buckets"),
-            );
-        }
+        measured = set_measured(&mut base, &ops, origin);
         Some(FittedTables {
             tables,
             reproduction,
         })
     };
-    let fit = fit_profile(&base, ms, origin)?;
+    // The measured values are held: fitted, the GEMM efficiency took up what the off-table
+    // GEMMs' share of some fitting steps left over and timed every unseen GEMM by it.
+    let fit = fit_profile_holding(&base, ms, origin, &measured)?;
     Ok(LoopFit { fit, tables })
 }

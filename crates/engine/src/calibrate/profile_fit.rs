@@ -96,6 +96,9 @@ pub struct ParamReport {
     /// 95% confidence interval (Student's t on the Gauss-Newton covariance), when available.
     pub ci95: Option<(f64, f64)>,
     pub identifiable: bool,
+    /// Measured apart from the step times (its provenance says how) and held at that value:
+    /// never a free parameter of the fit.
+    pub measured: bool,
     pub note: String,
 }
 
@@ -519,6 +522,8 @@ fn round_fitted(fitted: &mut GpuProfile, free: &[usize]) {
 struct Outcome<'a> {
     stamp: &'a str,
     free: &'a [usize],
+    /// By index into [`PARAMS`]: held at a measured value.
+    measured: &'a [bool],
     identifiable: &'a [bool],
     ci: &'a [Option<(f64, f64)>],
     r2: f64,
@@ -531,7 +536,12 @@ fn param_reports(base: &GpuProfile, fitted: &mut GpuProfile, o: &Outcome<'_>) ->
     let mut params = Vec::new();
     for (j, p) in PARAMS.iter().enumerate() {
         let is_free = o.free.contains(&j);
-        let note = if is_free {
+        let note = if o.measured[j] {
+            base.provenance
+                .get(p.name())
+                .cloned()
+                .unwrap_or_else(|| "measured, not fitted".into())
+        } else if is_free {
             match o.ci[j] {
                 Some((a, b)) => format!(
                     "{stamp}; 95% CI [{a:.4}, {b:.4}]; R^2 {r2:.3}; residual spread {rms:.1}% rms"
@@ -554,6 +564,7 @@ fn param_reports(base: &GpuProfile, fitted: &mut GpuProfile, o: &Outcome<'_>) ->
             after: p.get(fitted),
             ci95: o.ci[j],
             identifiable: o.identifiable[j],
+            measured: o.measured[j],
             note,
         });
     }
@@ -602,6 +613,22 @@ pub fn fit_profile(
     ms: &[Measurement],
     origin: &str,
 ) -> Result<ProfileFit, ProfileFitError> {
+    fit_profile_holding(base, ms, origin, &[])
+}
+
+/// [`fit_profile`], holding the fields named in `measured` at their values in `base`: values
+/// measured apart from the step times (the GEMM timings' own efficiency), which the scalar fit
+/// must not move to absorb what some other cost of the fitting steps leaves over.
+pub fn fit_profile_holding(
+    base: &GpuProfile,
+    ms: &[Measurement],
+    origin: &str,
+    measured: &[&str],
+) -> Result<ProfileFit, ProfileFitError> {
+    let measured: Vec<bool> = PARAMS
+        .iter()
+        .map(|p| measured.contains(&p.name()))
+        .collect();
     let groups = collapse(ms);
     let held = held_out(&groups);
     let train: Vec<usize> = (0..groups.len()).filter(|&i| !held[i]).collect();
@@ -611,7 +638,9 @@ pub fn fit_profile(
     let fitter = Fitter::new(base, &groups);
 
     let identifiable = fitter.identifiable(&train)?;
-    let mut free: Vec<usize> = (0..PARAMS.len()).filter(|&j| identifiable[j]).collect();
+    let mut free: Vec<usize> = (0..PARAMS.len())
+        .filter(|&j| identifiable[j] && !measured[j])
+        .collect();
     // More parameters than measurements cannot be fitted: keep the most sensitive ones.
     free.truncate(train.len().saturating_sub(1).max(1).min(free.len()));
 
@@ -651,6 +680,7 @@ pub fn fit_profile(
     let outcome = Outcome {
         stamp: &stamp,
         free: &free,
+        measured: &measured,
         identifiable: &identifiable,
         ci: &ci,
         r2,

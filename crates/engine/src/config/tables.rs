@@ -412,14 +412,22 @@ impl RateTables {
     }
 
     /// The efficiency of an `m x n x k` GEMM of `dtype` when a bucket covers it.
+    ///
+    /// Where no bucket holds (m, n, k), the bucket of its transpose (n, m, k) does: `C = A B`
+    /// and `C^T = B^T A^T` are one GEMM with the operands swapped (how a row-major caller drives
+    /// a column-major BLAS), the same FLOPs over the same bytes. A framework computes a weight
+    /// gradient in either orientation (the CPU executor's SwiGLU fc1 `dW` is `dY^T X`, the
+    /// estimate's `X^T dY`), and without this the one it did not time fell to the roofline.
     pub fn gemm_efficiency(&self, dtype: DType, m: u64, n: u64, k: u64) -> Option<f64> {
-        let key = (dtype, octave(m), octave(n), octave(k));
-        self.gemm
-            .as_ref()?
-            .buckets
-            .iter()
-            .find(|b| (b.dtype, b.m, b.n, b.k) == key)
-            .map(|b| b.efficiency)
+        let buckets = &self.gemm.as_ref()?.buckets;
+        let find = |m: u64, n: u64| {
+            let key = (dtype, octave(m), octave(n), octave(k));
+            buckets
+                .iter()
+                .find(|b| (b.dtype, b.m, b.n, b.k) == key)
+                .map(|b| b.efficiency)
+        };
+        find(m, n).or_else(|| find(n, m))
     }
 
     /// FLOP/s of kernel `kernel`'s `pass` at `seq_len`, when its curve for the mask and head
