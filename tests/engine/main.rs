@@ -29,6 +29,7 @@ mod memory;
 mod model_cards;
 mod moe_recipes;
 mod nvlink_domains;
+mod optimizer_offload;
 mod params;
 mod pp_p2p;
 mod profiles;
