@@ -17,6 +17,7 @@ mod expert_tp_comm;
 mod flops;
 mod framework;
 mod fsdp;
+mod fsdp2_shard;
 mod golden_headline;
 mod hf_import;
 mod hybrid;

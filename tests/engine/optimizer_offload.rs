@@ -191,3 +191,15 @@ fn megatron_optimizer_cpu_offload_is_read() {
         assert!(e.contains(needle), "{extra}: {e}");
     }
 }
+
+/// The executor steps the optimizer on the device: a plan with offload is refused by field
+/// rather than run with the state where the estimate says it is not.
+#[test]
+fn the_executor_refuses_optimizer_offload_by_field() {
+    let r = resolve(tiny(json!({"optimizer_offload_fraction": 0.5})));
+    let e = parsim::lower::check_training(&r.config.training)
+        .expect_err("refused")
+        .to_string();
+    assert!(e.contains("training.optimizer_offload_fraction"), "{e}");
+    assert!(parsim::lower::check_training(&resolve(tiny(json!({}))).config.training).is_ok());
+}

@@ -13,6 +13,7 @@ mod alloc_trace;
 mod allocator;
 mod caching_allocator;
 mod deepspeed;
+pub mod fsdp2;
 pub mod optimizer_offload;
 mod rank_static;
 mod walk;

@@ -6,7 +6,7 @@
 use super::alloc_trace::{RankTrace, TraceInputs};
 use super::walk::ChunkBytes;
 use super::{
-    activation_peak, allocator, chunk_bytes, deepspeed, hands_off, optimizer_offload,
+    activation_peak, allocator, chunk_bytes, deepspeed, fsdp2, hands_off, optimizer_offload,
     updated_params, walk, ActivationPeak, PhaseBuffers, Pipeline, RankPhases, StageMemory,
 };
 use crate::config::{Recompute, Resolved};
@@ -48,7 +48,12 @@ fn optimizer_split(
     chunks: &[ChunkContents],
     p: &crate::model::ParamSums,
 ) -> (u64, u64) {
-    let state = optimizer_state(r, s, l, chunks, p);
+    let mut state = optimizer_state(r, s, l, chunks, p);
+    if fsdp2::master_shard_bytes(r).is_some() {
+        // torch FSDP2's fp32 shard is the master copy, counted with the weights.
+        let master = crate::model::OptimizerState::of(&r.config.training).master_bytes;
+        state = state.saturating_sub(updated_params(r, p) * master);
+    }
     let offloaded = optimizer_offload::offloaded_params(r, updated_params(r, p));
     let host = optimizer_offload::host_state_bytes(r, offloaded).min(state);
     (state - host, host)
@@ -170,7 +175,9 @@ impl RankStatic {
         let once = crate::config::syncs_once_per_step(&r.config);
         let zero = crate::config::held_zero(&r.config);
         let mut weights = if zero >= 3 {
-            (shard(p.rank_dense, dense_rep) + shard(p.rank_expert, expert_rep)) * w
+            // torch FSDP2 holds its shard in fp32, the master copy (src/memory/fsdp2.rs).
+            let shard_bytes = fsdp2::master_shard_bytes(r).unwrap_or(w);
+            (shard(p.rank_dense, dense_rep) + shard(p.rank_expert, expert_rep)) * shard_bytes
         } else {
             p.rank() * w
         };

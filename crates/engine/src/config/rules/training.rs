@@ -127,6 +127,12 @@ pub fn optimizer_offload(cfg: &Config, gpu: &GpuProfile) -> Vec<Violation> {
             ),
         ));
     }
+    if cfg.parallel.fsdp == Some(super::super::Fsdp::Torch) {
+        errs.push(Violation::new(
+            field,
+            "torch FSDP2 offloads through its CPUOffloadPolicy (parameters and gradients too), which is not modelled",
+        ));
+    }
     if t.optimizer != Optimizer::Adam {
         errs.push(Violation::new(
             field,
