@@ -122,12 +122,18 @@ fn offload_cpu(
     out: &mut Walked,
 ) -> Result<(), DeepspeedError> {
     let m = match value {
-        Value::Null => return Ok(out.accepted.push(path.to_string())),
         Value::Object(m) => m,
+        Value::Null => {
+            out.accepted.push(path.to_string());
+            return Ok(());
+        }
         _ => return Err(DeepspeedError::field(path, "must be an object")),
     };
     match m.get("device").and_then(Value::as_str) {
-        None | Some("none") => return Ok(out.accepted.push(path.to_string())),
+        None | Some("none") => {
+            out.accepted.push(path.to_string());
+            return Ok(());
+        }
         Some("cpu") => {}
         Some(d) if OFFLOAD_DEVICES.contains(&d) => {
             return Err(DeepspeedError::field(
