@@ -102,8 +102,8 @@ fn search_and_compare_take_a_deepspeed_config() {
 fn refusals_exit_1_naming_the_path() {
     for (name, says) in [
         (
-            "refuse_offload_optimizer",
-            "zero_optimization.offload_optimizer: CPU optimizer offload is not modelled",
+            "refuse_offload_optimizer_nvme",
+            "zero_optimization.offload_optimizer: optimizer offload to NVMe is not modelled",
         ),
         (
             "deepspeedexamples_imagenet_fp16_z1",

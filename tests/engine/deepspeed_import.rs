@@ -101,8 +101,8 @@ fn published_configs_map_their_stage_and_precision() {
 fn each_refusal_names_its_path() {
     for (name, path) in [
         (
-            "refuse_offload_optimizer",
-            "zero_optimization.offload_optimizer: CPU optimizer offload is not modelled",
+            "refuse_offload_optimizer_nvme",
+            "zero_optimization.offload_optimizer: optimizer offload to NVMe is not modelled",
         ),
         (
             "refuse_offload_param_nvme",

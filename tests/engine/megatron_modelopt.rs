@@ -172,10 +172,11 @@ fn model_and_layout_flags_that_are_not_understood_are_errors() {
         ("--hybrid-layer-pattern M*M*M", "--hybrid-layer-pattern"),
         ("--hybrid-layer-pattern M*X-", "--hybrid-layer-pattern"),
         ("--hybrid-attention-ratio 0.1", "--hybrid-attention-ratio"),
-        // Was ignored with a warning; refused by name like DeepSpeed's offload_optimizer.
+        // CPU optimizer offload is read (tests/engine/optimizer_offload.rs); overlapping its
+        // copies with the CPU step is not modelled.
         (
-            "--use-distributed-optimizer --optimizer-cpu-offload",
-            "--optimizer-cpu-offload",
+            "--use-distributed-optimizer --optimizer-cpu-offload --overlap-cpu-optimizer-d2h-h2d",
+            "--overlap-cpu-optimizer-d2h-h2d",
         ),
         // FP4 is read now (issue 30: e2m1 with the nvfp4 recipe); an unknown format is not.
         ("--fp4-format e3m0", "--fp4-format"),

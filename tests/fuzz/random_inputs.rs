@@ -191,6 +191,7 @@ fn plausible(r: &mut Rng, key: &str) -> Value {
             json!(["attention"]),
         ]),
         "offload_activation_layers" => ints(r, &[0, 1, 3, 1000]),
+        "optimizer_offload_fraction" => json!(r.pick(&[0.0, 0.5, 1.0, 1.5, -0.25])),
         "optimizer" => json!(r.pick(&["adam", "muon", "sgd"])),
         "flops_attention" => json!(r.pick(&["causal", "full"])),
         "cuda_graphs" => json!(r.pick(&[json!(true), json!(false), json!("yes")])),
@@ -285,6 +286,7 @@ const FIELDS: &[(&str, &[&str])] = &[
             "recompute",
             "recompute_modules",
             "offload_activation_layers",
+            "optimizer_offload_fraction",
             "optimizer",
             "flash_attention",
             "flops_attention",
@@ -513,6 +515,8 @@ fn fuzz_megatron_args_in_process() {
         ),
         ("--cpu-offloading", &[]),
         ("--cpu-offloading-num-layers", &["0", "2", "99"]),
+        ("--optimizer-cpu-offload", &[]),
+        ("--optimizer-offload-fraction", &["0.5", "1.0", "2", "nan"]),
     ];
     let mut r = Rng::seeded(7);
     for i in 0..case_count(400) {

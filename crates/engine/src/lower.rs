@@ -85,6 +85,12 @@ pub fn check_training(t: &crate::config::TrainingConfig) -> Result<(), LowerErro
             "the executor does not offload activations to the host; set it to 0",
         ));
     }
+    if t.optimizer_offload_fraction > 0.0 {
+        return Err(unsupported(
+            "training.optimizer_offload_fraction",
+            "the executor keeps the optimizer state on the device and steps it there; set it to 0",
+        ));
+    }
     if t.recompute_modules() != [crate::config::RecomputeModule::CoreAttn] {
         return Err(unsupported(
             "training.recompute_modules",

@@ -71,6 +71,12 @@ pub struct TrainingConfig {
     /// with activations and not weights offloaded); 0: none.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub offload_activation_layers: u32,
+    /// The share of the optimizer state kept in host memory and updated on the CPU (CPU
+    /// optimizer offload: Megatron-Core's `--optimizer-cpu-offload` with
+    /// `--optimizer-offload-fraction`, DeepSpeed's `offload_optimizer` with `device: cpu`);
+    /// 0: none, 1: all of it (src/memory/optimizer_offload.rs).
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub optimizer_offload_fraction: f64,
     /// The optimizer: `adam` (default) or `muon` (Adam on the parameters Muon does not
     /// take: embeddings, output layer, norms, biases).
     #[serde(default, skip_serializing_if = "is_adam")]
@@ -128,6 +134,7 @@ impl Default for TrainingConfig {
             recompute: Recompute::Selective,
             recompute_modules: None,
             offload_activation_layers: 0,
+            optimizer_offload_fraction: 0.0,
             optimizer: Optimizer::Adam,
             master_weights: true,
             optimizer_state_dtype: None,
@@ -156,6 +163,10 @@ fn is_true(b: &bool) -> bool {
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
+}
+
+fn is_zero_f64(x: &f64) -> bool {
+    *x == 0.0
 }
 
 fn is_adam(o: &Optimizer) -> bool {

@@ -228,9 +228,15 @@ impl<'a> Chunked<'a> {
                 .map(|(b, n)| b.quantized.step_bytes * n)
                 .sum();
             let muon = crate::model::rank_muon(ch, &s);
-            let step_bytes = crate::model::optimizer_bytes(tr, updated, muon.dense + muon.expert).1;
-            let optimizer_s =
-                rates.memory_s(step_bytes) + rates.memory_s(cast_bytes) + muon_ns_s(r, &muon);
+            // CPU optimizer offload: the offloaded parameters step on the host
+            // (src/memory/optimizer_offload.rs), the rest on the GPU.
+            let offloaded = crate::memory::optimizer_offload::offloaded_params(r, updated);
+            let on_gpu = updated - offloaded;
+            let step_bytes = crate::model::optimizer_bytes(tr, on_gpu, muon.dense + muon.expert).1;
+            let optimizer_s = rates.memory_s(step_bytes)
+                + rates.memory_s(cast_bytes)
+                + muon_ns_s(r, &muon)
+                + crate::memory::optimizer_offload::step_s(r, offloaded);
             let done = (
                 dp_tail_s(r, &network, &ledger, &s, ch, &rank_step),
                 optimizer_s,

@@ -13,6 +13,8 @@ mod alloc_trace;
 mod allocator;
 mod caching_allocator;
 mod deepspeed;
+pub mod fsdp2;
+pub mod optimizer_offload;
 mod rank_static;
 mod walk;
 
@@ -38,6 +40,11 @@ pub struct StageMemory {
     /// (`training.offload_activation_layers`; src/offload.rs); zero without offloading.
     #[serde(skip_serializing_if = "is_zero")]
     pub host_offload: u64,
+    /// Host memory holding the offloaded optimizer state (`training.optimizer_offload_fraction`;
+    /// src/memory/optimizer_offload.rs), which the `optimizer` line no longer holds; zero
+    /// without CPU optimizer offload.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub host_optimizer: u64,
     /// The framework's gradient reduce bucket(s) (DeepSpeed's `reduce_bucket_size`;
     /// src/memory/deepspeed.rs), within `total` at the moment it lives; zero where the
     /// framework's bucket is a view of a buffer counted elsewhere.

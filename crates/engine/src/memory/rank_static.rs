@@ -6,8 +6,8 @@
 use super::alloc_trace::{RankTrace, TraceInputs};
 use super::walk::ChunkBytes;
 use super::{
-    activation_peak, allocator, chunk_bytes, deepspeed, hands_off, updated_params, walk,
-    ActivationPeak, PhaseBuffers, Pipeline, RankPhases, StageMemory,
+    activation_peak, allocator, chunk_bytes, deepspeed, fsdp2, hands_off, optimizer_offload,
+    updated_params, walk, ActivationPeak, PhaseBuffers, Pipeline, RankPhases, StageMemory,
 };
 use crate::config::{Recompute, Resolved};
 use crate::model::{
@@ -37,6 +37,26 @@ fn optimizer_state(
     }
     let muon = crate::model::rank_muon(chunks, s);
     optimizer_bytes(tr, updated_params(r, p), muon.dense + muon.expert).0
+}
+
+/// A rank's optimizer state split into (GPU, host) bytes under CPU optimizer offload
+/// (src/memory/optimizer_offload.rs): the offloaded parameters' state leaves the GPU.
+fn optimizer_split(
+    r: &Resolved,
+    s: &LedgerSummary,
+    l: &Ledger,
+    chunks: &[ChunkContents],
+    p: &crate::model::ParamSums,
+) -> (u64, u64) {
+    let mut state = optimizer_state(r, s, l, chunks, p);
+    if fsdp2::master_shard_bytes(r).is_some() {
+        // torch FSDP2's fp32 shard is the master copy, counted with the weights.
+        let master = crate::model::OptimizerState::of(&r.config.training).master_bytes;
+        state = state.saturating_sub(updated_params(r, p) * master);
+    }
+    let offloaded = optimizer_offload::offloaded_params(r, updated_params(r, p));
+    let host = optimizer_offload::host_state_bytes(r, offloaded).min(state);
+    (state - host, host)
 }
 
 /// A rank's low-precision weight copies and the bytes its weights shrink by: the cached
@@ -112,6 +132,8 @@ pub(super) struct RankStatic {
     low_precision_weights: u64,
     grads: u64,
     optimizer: u64,
+    /// The optimizer state offloaded to host memory (src/memory/optimizer_offload.rs).
+    host_optimizer: u64,
     fixed: u64,
     pub(super) split: bool,
     pub(super) handoff: bool,
@@ -153,7 +175,9 @@ impl RankStatic {
         let once = crate::config::syncs_once_per_step(&r.config);
         let zero = crate::config::held_zero(&r.config);
         let mut weights = if zero >= 3 {
-            (shard(p.rank_dense, dense_rep) + shard(p.rank_expert, expert_rep)) * w
+            // torch FSDP2 holds its shard in fp32, the master copy (src/memory/fsdp2.rs).
+            let shard_bytes = fsdp2::master_shard_bytes(r).unwrap_or(w);
+            (shard(p.rank_dense, dense_rep) + shard(p.rank_expert, expert_rep)) * shard_bytes
         } else {
             p.rank() * w
         };
@@ -168,7 +192,7 @@ impl RankStatic {
         } else {
             (p.rank_dense_trainable + p.rank_expert_trainable) * g
         };
-        let optimizer = optimizer_state(r, s, l, chunks, &p);
+        let (optimizer, host_optimizer) = optimizer_split(r, s, l, chunks, &p);
 
         // Buffers: runtime overhead, the SP all-gather buffer, pipeline send/receive buffers,
         // then, by phase, ZeRO's gathered blocks and gradient bucket and the ops' transients:
@@ -261,6 +285,7 @@ impl RankStatic {
             low_precision_weights,
             grads,
             optimizer,
+            host_optimizer,
             fixed,
             split,
             handoff,
@@ -426,6 +451,7 @@ impl RankStatic {
             buffers,
             total,
             host_offload,
+            host_optimizer: self.host_optimizer,
             reduce_bucket: self.ds.reduce_bucket,
             step_grads: self.ds.step_grads,
             grad_check_copies: self.ds.grad_check_copies,

@@ -29,6 +29,9 @@ pub enum Rule {
     Section,
     /// An offload section: accepted at `device` "none", refused otherwise with the reason.
     Offload(&'static str),
+    /// The optimizer's offload section: accepted at `device` "none", mapped at "cpu" (CPU
+    /// optimizer offload, src/memory/optimizer_offload.rs), refused at "nvme" with the reason.
+    OffloadCpu(&'static str),
 }
 
 /// DeepSpeed's default of a [`Rule::DefaultOnly`] key.
@@ -71,6 +74,7 @@ pub fn parse_table(text: &'static str) -> Result<Vec<(&'static str, Rule)>, Tabl
                 ("unmodelled", Some(why)) => Rule::Unmodelled(why),
                 ("unless-disabled", Some(why)) => Rule::UnlessDisabled(why),
                 ("offload", Some(why)) => Rule::Offload(why),
+                ("offload-cpu", Some(why)) => Rule::OffloadCpu(why),
                 _ => return Err(row.error(format!("unknown rule '{rule}'"))),
             };
             Ok((path, rule))
@@ -89,6 +93,22 @@ pub fn rule(path: &str) -> Option<Rule> {
 /// The offload sections' `device` values DeepSpeed knows (offload_config.py
 /// `OffloadDeviceEnum`).
 pub const OFFLOAD_DEVICES: [&str; 3] = ["none", "cpu", "nvme"];
+
+/// The keys of the optimizer's offload section (`DeepSpeedZeroOffloadOptimizerConfig`,
+/// deepspeed/runtime/zero/offload_config.py) and whether each changes what parsim models
+/// under CPU offload: `ratio` (a partial offload, read by ZeRO-3's optimizer only) does and is
+/// modelled at 1 only; the NVMe path and its pipelining are for `device` "nvme", pinned host
+/// buffers and `fast_init` change host memory and start-up only.
+pub const OFFLOAD_OPTIMIZER_KEYS: [&str; 8] = [
+    "device",
+    "nvme_path",
+    "buffer_count",
+    "pin_memory",
+    "pipeline_read",
+    "pipeline_write",
+    "fast_init",
+    "ratio",
+];
 
 #[cfg(test)]
 mod tests {

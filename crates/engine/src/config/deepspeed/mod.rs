@@ -4,8 +4,9 @@
 //!
 //! Every key is read from DeepSpeed's own config code ([`keys`]): what parsim models lands in
 //! the layer; what changes neither memory nor step time is listed in one note; anything else
-//! (an unknown key, CPU/NVMe offload, ZeRO++, a setting away from the default parsim models)
-//! is refused by its JSON path. The batch fields are checked against DeepSpeed's identity
+//! (an unknown key, parameter or NVMe offload, ZeRO++, a setting away from the default parsim
+//! models) is refused by its JSON path; the optimizer's CPU offload is read
+//! (`training.optimizer_offload_fraction`). The batch fields are checked against DeepSpeed's identity
 //! train_batch_size = micro x accumulation x dp once the data-parallel size is known
 //! ([`DeepspeedImport::batch_layer`]).
 
@@ -80,6 +81,7 @@ pub fn import(text: &str, origin: &str) -> Result<DeepspeedImport, DeepspeedErro
     precision(&walked, &mut m, &mut notes)?;
     zero_settings(&walked, stage, &mut m, &mut accepted)?;
     optimizer(&walked, &mut m)?;
+    offload_optimizer(&walked, stage, &mut m)?;
     bf16_optimizer_precision(&walked, &mut m)?;
     if let Some(v) = walked.get("data_types.grad_accum_dtype") {
         let Some(dtype @ ("fp32" | "bf16" | "fp16")) = v.as_str() else {
@@ -294,6 +296,31 @@ fn zero_settings(
             }
         }
     }
+    Ok(())
+}
+
+/// `zero_optimization.offload_optimizer` with `device` "cpu": ZeRO-Offload keeps the
+/// partition's master copy and moments in host memory and steps them with `DeepSpeedCPUAdam`
+/// (src/memory/optimizer_offload.rs), all of them (`optimizer_offload_fraction` 1). The
+/// section belongs to the ZeRO config (`DeepSpeedZeroConfig.offload_optimizer`) and only the
+/// ZeRO optimizers read it (deepspeed/runtime/zero/stage_1_and_2.py, stage3.py): at stage 0
+/// it would do nothing, so it is refused there rather than dropped.
+fn offload_optimizer(
+    w: &walk::Walked,
+    stage: u8,
+    m: &mut Map<String, Value>,
+) -> Result<(), DeepspeedError> {
+    let path = "zero_optimization.offload_optimizer";
+    if w.get(&format!("{path}.device")).is_none() {
+        return Ok(());
+    }
+    if stage == 0 {
+        return Err(invalid(
+            path,
+            "CPU optimizer offload needs ZeRO stage 1, 2 or 3 (DeepSpeed offloads the ZeRO optimizer's partition)",
+        ));
+    }
+    put(m, "training", "optimizer_offload_fraction", 1.0.into());
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 //! Walks a DeepSpeed configuration against the key tables ([`super::keys`]): every key is
 //! mapped, accepted as having no effect, or refused by its JSON path.
 
-use super::keys::{self, Default, Rule, OFFLOAD_DEVICES};
+use super::keys::{self, Default, Rule, OFFLOAD_DEVICES, OFFLOAD_OPTIMIZER_KEYS};
 use super::DeepspeedError;
 use serde_json::{Map, Value};
 
@@ -108,7 +108,67 @@ fn apply(rule: Rule, path: &str, value: &Value, out: &mut Walked) -> Result<(), 
                 }
             }
         }
+        Rule::OffloadCpu(why) => offload_cpu(path, value, why, out)?,
     }
+    Ok(())
+}
+
+/// The optimizer's offload section ([`Rule::OffloadCpu`]): `device` "cpu" is mapped (as the
+/// path `<section>.device`), with every other key one DeepSpeed has and `ratio` at 1.
+fn offload_cpu(
+    path: &str,
+    value: &Value,
+    why: &str,
+    out: &mut Walked,
+) -> Result<(), DeepspeedError> {
+    let m = match value {
+        Value::Object(m) => m,
+        Value::Null => {
+            out.accepted.push(path.to_string());
+            return Ok(());
+        }
+        _ => return Err(DeepspeedError::field(path, "must be an object")),
+    };
+    match m.get("device").and_then(Value::as_str) {
+        None | Some("none") => {
+            out.accepted.push(path.to_string());
+            return Ok(());
+        }
+        Some("cpu") => {}
+        Some(d) if OFFLOAD_DEVICES.contains(&d) => {
+            return Err(DeepspeedError::field(
+                path,
+                format!("{why} (device \"{d}\")"),
+            ));
+        }
+        Some(d) => {
+            return Err(DeepspeedError::field(
+                format!("{path}.device"),
+                format!(
+                    "unknown offload device \"{d}\" (DeepSpeed's: {})",
+                    OFFLOAD_DEVICES.join(", ")
+                ),
+            ))
+        }
+    }
+    for (key, v) in m {
+        let sub = format!("{path}.{key}");
+        if !OFFLOAD_OPTIMIZER_KEYS.contains(&key.as_str()) {
+            return Err(DeepspeedError::field(
+                sub,
+                "unknown key (not a key of DeepSpeed's offload_optimizer section)",
+            ));
+        }
+        if key == "ratio" && !at_default(v, Default::Num(1.0)) {
+            return Err(DeepspeedError::field(
+                sub,
+                format!(
+                    "a partial optimizer offload (ZeRO-3's ratio) is not modelled: only 1, got {v}"
+                ),
+            ));
+        }
+    }
+    out.mapped.push((format!("{path}.device"), "cpu".into()));
     Ok(())
 }
 

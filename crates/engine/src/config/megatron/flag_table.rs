@@ -220,6 +220,8 @@ pub(super) const KEPT_SWITCHES: &[&str] = &[
     "--overlap-moe-expert-parallel-comm",
     "--enable-cuda-graph",
     "--external-cuda-graph",
+    "--optimizer-cpu-offload",
+    "--overlap-cpu-optimizer-d2h-h2d",
 ];
 
 /// Flags with a word value that the reader's `State::finish` combines.
@@ -254,6 +256,7 @@ pub(super) const KEPT_WORDS: &[&str] = &[
     "--exp-avg-sq-dtype",
     "--moe-flex-dispatcher-backend",
     "--cuda-graph-impl",
+    "--optimizer-offload-fraction",
 ];
 
 /// Flags with a list of words that the reader's `State::finish` combines.
@@ -310,9 +313,5 @@ pub(super) const REFUSED: &[(&str, &str)] = &[
     (
         "--fine-grained-activation-offloading",
         "fine-grained activation offloading is not modelled (training.offload_activation_layers is whole-layer --cpu-offloading)",
-    ),
-    (
-        "--optimizer-cpu-offload",
-        "CPU optimizer offload (master weights and moments in host memory, the update on the CPU) is not modelled",
     ),
 ];

@@ -59,7 +59,7 @@ pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
     if !errs.is_empty() {
         return Err(ConfigError::Invalid(errs));
     }
-    let groups: [&dyn Fn() -> Vec<Violation>; 25] = [
+    let groups: [&dyn Fn() -> Vec<Violation>; 26] = [
         &|| shape::heads(c),
         &|| shape::layer_patterns(c),
         &|| experts::model(c),
@@ -82,6 +82,7 @@ pub fn check(c: &Config, gpu: &GpuProfile) -> Result<(), ConfigError> {
         &|| lora::lora(c),
         &|| training::recompute_modules(c),
         &|| training::offloading(c, gpu),
+        &|| training::optimizer_offload(c, gpu),
         &|| training::optimizer(c),
         &|| optimizer_state::master_weights(c),
         &|| optimizer_state::state_dtype(c),

@@ -100,6 +100,51 @@ pub fn offloading(cfg: &Config, gpu: &GpuProfile) -> Vec<Violation> {
     errs
 }
 
+/// CPU optimizer offload (`training.optimizer_offload_fraction`): a share in [0, 1], a GPU
+/// profile with a host link to time the gradient and parameter copies over, and an optimizer
+/// the CPU runs (Adam: Megatron-Core's HybridDeviceOptimizer and DeepSpeed's CPU Adam; Muon
+/// has no CPU step there).
+pub fn optimizer_offload(cfg: &Config, gpu: &GpuProfile) -> Vec<Violation> {
+    let t = &cfg.training;
+    let f = t.optimizer_offload_fraction;
+    let field = "training.optimizer_offload_fraction";
+    if !(f.is_finite() && (0.0..=1.0).contains(&f)) {
+        return vec![Violation::new(
+            field,
+            format!("must be a share between 0 and 1, got {f}"),
+        )];
+    }
+    if f == 0.0 {
+        return Vec::new();
+    }
+    let mut errs = Vec::new();
+    if gpu.links.host.is_none() {
+        errs.push(Violation::new(
+            field,
+            format!(
+                "the {} profile has no host link (links.host) to time the copies over",
+                gpu.name
+            ),
+        ));
+    }
+    if cfg.parallel.fsdp == Some(super::super::Fsdp::Torch) {
+        errs.push(Violation::new(
+            field,
+            "torch FSDP2 offloads through its CPUOffloadPolicy (parameters and gradients too), which is not modelled",
+        ));
+    }
+    if t.optimizer != Optimizer::Adam {
+        errs.push(Violation::new(
+            field,
+            format!(
+                "offloads Adam only (Megatron-Core's HybridDeviceOptimizer, DeepSpeed's CPU Adam), got optimizer {}",
+                t.optimizer
+            ),
+        ));
+    }
+    errs
+}
+
 /// Muon as Megatron-Core runs it (megatron/core/optimizer/emerging_optimizers.py): ZeRO-1
 /// is its layer-wise distributed optimizer (`dist_muon`, model/layer_wise.rs), which shards
 /// the optimizer state by whole parameters and keeps whole gradients and weights, so not

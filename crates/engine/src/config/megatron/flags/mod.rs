@@ -756,6 +756,7 @@ impl State {
         }
         self.recompute_modules(recompute)?;
         self.offloading()?;
+        self.optimizer_offload()?;
         self.cuda_graph_flags()?;
         self.optimizer()?;
         match self.word("--attention-backend") {

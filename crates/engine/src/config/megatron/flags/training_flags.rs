@@ -59,6 +59,42 @@ impl State {
         Ok(())
     }
 
+    /// `--optimizer-cpu-offload` with `--optimizer-offload-fraction F` (Megatron's default 1.0,
+    /// megatron/training/arguments.py): `training.optimizer_offload_fraction = F`
+    /// (src/memory/optimizer_offload.rs). The fraction alone offloads nothing; the overlap of
+    /// the copies with the CPU step (`--overlap-cpu-optimizer-d2h-h2d`) is not modelled, so it
+    /// is refused with offload on.
+    pub(super) fn optimizer_offload(&mut self) -> Result<(), String> {
+        let fraction = self
+            .word("--optimizer-offload-fraction")
+            .map(str::to_string);
+        if !self.on("--optimizer-cpu-offload") {
+            if let Some(f) = fraction {
+                self.notes.push(format!(
+                    "--optimizer-offload-fraction {f} without --optimizer-cpu-offload offloads nothing"
+                ));
+            }
+            return Ok(());
+        }
+        if self.on("--overlap-cpu-optimizer-d2h-h2d") {
+            return Err("--overlap-cpu-optimizer-d2h-h2d: the CPU optimizer's copies overlapped with its step are not modelled (parsim runs them one after the other), so the run is not estimated".into());
+        }
+        let f = match fraction {
+            None => 1.0,
+            Some(v) => v
+                .parse::<f64>()
+                .ok()
+                .filter(|f| f.is_finite() && (0.0..=1.0).contains(f))
+                .ok_or_else(|| {
+                    format!(
+                        "--optimizer-offload-fraction: expected a share between 0 and 1, got '{v}'"
+                    )
+                })?,
+        };
+        self.set("training", "optimizer_offload_fraction", json!(f));
+        Ok(())
+    }
+
     /// `--optimizer`: adam (Megatron's default) or muon as parsim models it (blockwise TP,
     /// 5 Newton-Schulz steps); `dist_muon` (Megatron's older spelling of muon with
     /// `--use-distributed-optimizer`) is muon under the layer-wise distributed optimizer,
