@@ -35,6 +35,11 @@ fn peak_flops(r: &Resolved) -> f64 {
 
 /// The op ledger of `r` with every block timed on `network`.
 pub fn timed_ledger(r: &Resolved, network: &Network) -> (Ledger, LedgerSummary) {
+    time_ledger(r, network, Ledger::build(r))
+}
+
+/// `ledger` (of `r`, or built from it and edited) with every block timed on `network`.
+pub fn time_ledger(r: &Resolved, network: &Network, ledger: Ledger) -> (Ledger, LedgerSummary) {
     let tr = &r.config.training;
     let timing = TimingContext {
         rates: rates(r),
@@ -44,7 +49,6 @@ pub fn timed_ledger(r: &Resolved, network: &Network) -> (Ledger, LedgerSummary) 
         step_sync: crate::time::step_sync_group(r.dp, r.config.parallel.pp),
         host: crate::op_cost::host_issue::HostIssue::of(tr.framework, tr.cuda_graphs),
     };
-    let ledger = Ledger::build(r);
     let s = LedgerSummary::timed(&ledger, tr.recompute, |b| {
         timing.block_times(b, tr.recompute)
     });
@@ -229,8 +233,9 @@ impl<'a> Chunked<'a> {
                 .sum();
             let muon = crate::model::rank_muon(ch, &s);
             let step_bytes = crate::model::optimizer_bytes(tr, updated, muon.dense + muon.expert).1;
-            let optimizer_s =
-                rates.memory_s(step_bytes) + rates.memory_s(cast_bytes) + muon_ns_s(r, &muon);
+            let optimizer_s = rates.memory_s(step_bytes)
+                + crate::op_cost::cast::kernel_s(&rates, cast_bytes)
+                + muon_ns_s(r, &muon);
             let done = (
                 dp_tail_s(r, &network, &ledger, &s, ch, &rank_step),
                 optimizer_s,
