@@ -7,7 +7,12 @@
 use super::common::{est, resolve};
 use parsim::comm::{dp_collectives, replica_sets};
 use parsim::config::{Config, GpuProfile, Layer, Precision, Resolved};
+use parsim::estimate::{time_ledger, Prepared};
+use parsim::layout::Layout;
 use parsim::model::{chunks_per_rank, Ledger, LedgerSummary, OpKind, TensorRole};
+use parsim::network::ep_dispatch::EpDispatch;
+use parsim::network::Network;
+use parsim::op_cost::cast::CastPass;
 use parsim::time::Rates;
 use serde_json::{json, Value};
 
@@ -192,8 +197,7 @@ fn fp4_param_gather_holds_and_gathers_weights_in_half_a_byte() {
 /// gradient dY [m x n] likewise. MXFP8 writes two copies of 33/32 bytes a value: 2 + 2 x
 /// 33/32 = 4.0625 bytes a value. Inputs k: 4096 (qkv), 4096 (proj), 4096 (fc1), 14336
 /// (fc2); outputs n: 6144, 4096, 28672, 4096. Each runs at HBM bandwidth x the profile's
-/// memory-bound efficiency plus a launch (per-tensor FP8's are in the ledger but untimed:
-/// the efficiencies fitted to published FP8 runs hold them).
+/// memory-bound efficiency plus a launch.
 #[test]
 fn quantise_kernels_of_one_layer_by_hand() {
     let m = 2048u64;
@@ -201,14 +205,10 @@ fn quantise_kernels_of_one_layer_by_hand() {
     let l = Ledger::build(&r);
     let (mut fwd, mut bwd, mut kernels) = (0u64, 0u64, 0u64);
     for op in &l.dense.ops {
-        if let OpKind::Quantize {
-            fwd_bytes,
-            bwd_bytes,
-            ..
-        } = op.kind
-        {
-            fwd += fwd_bytes;
-            bwd += bwd_bytes;
+        if let OpKind::Quantize { fwd: f, bwd: b, .. } = op.kind {
+            assert_eq!((f.amax_bytes, b.amax_bytes), (0, 0));
+            fwd += f.cast_bytes;
+            bwd += b.cast_bytes;
             kernels += 1;
         }
     }
@@ -216,28 +216,6 @@ fn quantise_kernels_of_one_layer_by_hand() {
     let per_value = |values: u64| values * 2 + 2 * (values + values / 32);
     assert_eq!(fwd, per_value(m * (4096 + 4096 + 4096 + 14336)));
     assert_eq!(bwd, per_value(m * (6144 + 4096 + 28672 + 4096)));
-    // Per-tensor FP8 on H100 writes the cast and its transpose (each with an FP32 scale), on
-    // GB200 one copy.
-    let first_fwd = |v: Value| {
-        let r = resolve(v);
-        Ledger::build(&r)
-            .dense
-            .ops
-            .iter()
-            .find_map(|o| match o.kind {
-                OpKind::Quantize { fwd_bytes, .. } => Some(fwd_bytes),
-                _ => None,
-            })
-            .unwrap()
-    };
-    assert_eq!(
-        first_fwd(l8b("h100-sxm", "fp8")),
-        m * 4096 * 2 + 2 * (m * 4096 + 4)
-    );
-    assert_eq!(
-        first_fwd(with(l8b("gb200", "fp8"), "fp8_recipe", json!("current"))),
-        m * 4096 * 2 + m * 4096 + 4
-    );
     // Timed as memory-bound ops.
     let gpu = &r.gpu;
     let rates = Rates {
@@ -252,34 +230,15 @@ fn quantise_kernels_of_one_layer_by_hand() {
         .iter()
         .find(|o| matches!(o.kind, OpKind::Quantize { .. }))
         .unwrap();
-    let OpKind::Quantize {
-        fwd_bytes,
-        bwd_bytes,
-        ..
-    } = q.kind
-    else {
+    let OpKind::Quantize { fwd, bwd, .. } = q.kind else {
         unreachable!()
     };
     let bw = gpu.hbm_bytes_per_s * gpu.efficiency.memory_bound;
     let o = gpu.efficiency.kernel_overhead_s;
     let (f, d, w) = rates.op_s(q);
-    assert!((f - (fwd_bytes as f64 / bw + o)).abs() < 1e-15);
-    assert!((d - (bwd_bytes as f64 / bw + o)).abs() < 1e-15);
+    assert!((f - (fwd.cast_bytes as f64 / bw + o)).abs() < 1e-15);
+    assert!((d - (bwd.cast_bytes as f64 / bw + o)).abs() < 1e-15);
     assert_eq!(w, 0.0);
-    // Per-tensor FP8's kernels are not timed again.
-    let h100 = resolve(l8b("h100-sxm", "fp8"));
-    let hl = Ledger::build(&h100);
-    let hq = hl
-        .dense
-        .ops
-        .iter()
-        .find(|o| matches!(o.kind, OpKind::Quantize { .. }))
-        .unwrap();
-    let hr = Rates {
-        gpu: &h100.gpu,
-        ..rates
-    };
-    assert_eq!(hr.op_s(hq), (0.0, 0.0, 0.0));
     // bf16 runs no quantise kernel.
     let bf16 = Ledger::build(&resolve(l8b("b200", "bf16")));
     assert!(!bf16
@@ -289,19 +248,207 @@ fn quantise_kernels_of_one_layer_by_hand() {
         .any(|o| matches!(o.kind, OpKind::Quantize { .. })));
 }
 
-/// The recipes' extra kernels and copies cost time: MXFP8 (two block-scaled copies of every
-/// operand) takes longer than per-tensor FP8 on GB200 (one copy), at the same GEMM rate.
+/// A quantise op's kernels and seconds, with the HBM rate and launch that time them.
+struct CastOp {
+    fwd: CastPass,
+    bwd: CastPass,
+    /// (forward, input gradient, weight gradient) seconds.
+    seconds: (f64, f64, f64),
+    bw: f64,
+    launch_s: f64,
+}
+
+/// The quantise op after `name` in the dense layer of `v`, and its timed seconds.
+fn cast_after(v: Value, name: &str) -> CastOp {
+    let r = resolve(v);
+    let l = Ledger::build(&r);
+    let at = l.dense.ops.iter().position(|o| o.name == name).unwrap();
+    let q = &l.dense.ops[at + 1];
+    let OpKind::Quantize { fwd, bwd, .. } = q.kind else {
+        panic!("no quantise op after {name}")
+    };
+    let gpu = &r.gpu;
+    let rates = Rates {
+        gpu,
+        peak_flops: gpu.peak_flops.fp8.unwrap(),
+        element_bytes: 2,
+        matmul_efficiency: gpu.efficiency.matmul,
+    };
+    // A cast streams at the measured share of HBM a streaming kernel reaches on the die
+    // (DeepGEMM's memory-bound GEMMs on H800, 0.796), else the elementwise share.
+    let share = gpu.gemm.operand_stream_fraction;
+    let bw = gpu.hbm_bytes_per_s * share.unwrap_or(gpu.efficiency.memory_bound);
+    CastOp {
+        fwd,
+        bwd,
+        seconds: rates.op_s(q),
+        bw,
+        launch_s: gpu.efficiency.kernel_overhead_s,
+    }
+}
+
+/// Per-tensor FP8 on H100, by hand from Transformer Engine's code for the output projection
+/// (m = 2048 tokens, k = n = 4096): current scaling (`Float8CurrentScalingQuantizer::
+/// quantize_impl`, csrc/quantizer.cpp) reads X in bf16 for its amax (2mk = 16 MiB), runs the
+/// scale kernel (8 bytes), then casts: 2mk read plus the FP8 copy and its transpose, each
+/// with an FP32 scale (Hopper reads FP8 only rowwise): 2mk + 2(mk + 4). Three kernels, each
+/// at 3.35 TB/s x the measured streaming share 0.796 with its launch. Backward the same over dY
+/// [m x n]. Delayed scaling casts in one kernel (the amax recorded as it casts).
+#[test]
+fn per_tensor_fp8_casts_by_hand_from_transformer_engine() {
+    let (m, k, n) = (2048u64, 4096u64, 4096u64);
+    let current = with(l8b("h100-sxm", "fp8"), "fp8_recipe", json!("current"));
+    let CastOp {
+        fwd,
+        bwd,
+        seconds: (f, d, w),
+        bw,
+        launch_s: o,
+    } = cast_after(current, "attn.proj");
+    assert!((bw - 3.35e12 * 0.796).abs() < 1.0, "{bw}");
+    assert_eq!(fwd.amax_bytes, 2 * m * k);
+    assert_eq!(fwd.cast_bytes, 2 * m * k + 2 * (m * k + 4));
+    assert_eq!(bwd.amax_bytes, 2 * m * n);
+    assert_eq!(bwd.cast_bytes, 2 * m * n + 2 * (m * n + 4));
+    let by_hand =
+        |amax: u64, cast: u64| (amax as f64 / bw + o) + (8.0 / bw + o) + (cast as f64 / bw + o);
+    assert!((f - by_hand(2 * m * k, 4 * m * k + 8)).abs() < 1e-12, "{f}");
+    assert!((d - by_hand(2 * m * n, 4 * m * n + 8)).abs() < 1e-12, "{d}");
+    assert_eq!(w, 0.0);
+    // 48 MiB of HBM traffic and three launches: tens of microseconds, not noise.
+    assert!(f > 1e-5, "{f}");
+    let CastOp {
+        fwd,
+        seconds: (f, ..),
+        bw,
+        launch_s: o,
+        ..
+    } = cast_after(l8b("h100-sxm", "fp8"), "attn.proj");
+    assert_eq!(
+        (fwd.amax_bytes, fwd.cast_bytes),
+        (0, 2 * m * k + 2 * (m * k + 4))
+    );
+    assert!((f - ((4 * m * k + 8) as f64 / bw + o)).abs() < 1e-12);
+}
+
+/// A cast fused into the norm before the layer is not paid again: under delayed scaling TE's
+/// norm kernel writes FP8 itself (normalization.cpp, FULLY_FUSED), so the QKV projection's
+/// forward cast is only the transpose on H100 (FP8 read and written, 2mk) and nothing on
+/// GB200; under current scaling the norm computes the amax (FUSED_NORM_AMAX_FP8), so the
+/// cast runs without its amax pass. The output projection, whose input no norm makes, pays
+/// the whole cast; every backward (dY) cast is unfused.
+#[test]
+fn casts_fused_into_the_norm_are_not_paid_twice() {
+    let (m, k) = (2048u64, 4096u64);
+    let CastOp { fwd, bwd, .. } = cast_after(l8b("h100-sxm", "fp8"), "attn.qkv");
+    assert_eq!((fwd.amax_bytes, fwd.cast_bytes), (0, 2 * m * k));
+    assert_eq!(bwd.cast_bytes, 2 * m * 6144 + 2 * (m * 6144 + 4));
+    let CastOp {
+        fwd,
+        seconds: (f, ..),
+        ..
+    } = cast_after(l8b("gb200", "fp8"), "mlp.fc1");
+    assert_eq!((fwd.amax_bytes, fwd.cast_bytes), (0, 0));
+    assert_eq!(f, 0.0);
+    let current = with(l8b("h100-sxm", "fp8"), "fp8_recipe", json!("current"));
+    let fwd = cast_after(current.clone(), "attn.qkv").fwd;
+    assert_eq!(
+        (fwd.amax_bytes, fwd.cast_bytes),
+        (0, 2 * m * k + 2 * (m * k + 4))
+    );
+    let proj = cast_after(current, "attn.proj").fwd;
+    assert!(proj.amax_bytes > 0);
+}
+
+/// Under sequence parallelism TE casts the local sequence shard before gathering it in FP8
+/// (`_Linear.forward`, `grad_output_preprocess`): at TP 2 the QKV projection's input cast
+/// and the output projection's dY cast cover m / 2 rows, while the output projection's
+/// input (the attention output, whole on every rank) covers m rows of k / 2 features.
+#[test]
+fn sequence_parallel_casts_cover_the_local_shard() {
+    let (m, h) = (2048u64, 4096u64);
+    let mut v = with(l8b("h100-sxm", "fp8"), "fp8_recipe", json!("current"));
+    v["cluster"]["num_gpus"] = json!(2);
+    v["parallel"] = json!({"tp": 2, "sp": true});
+    let qkv = cast_after(v.clone(), "attn.qkv").fwd;
+    assert_eq!(qkv.cast_bytes, 2 * (m / 2) * h + 2 * ((m / 2) * h + 4));
+    let proj = cast_after(v, "attn.proj");
+    assert_eq!(proj.fwd.amax_bytes, 2 * m * (h / 2));
+    assert_eq!(proj.bwd.amax_bytes, 2 * (m / 2) * h);
+}
+
+/// The step of `v` with its ledger's cast ops, and with them taken out (everything else the
+/// same ledger, timed the same way).
+fn step_with_and_without_casts(v: Value) -> (f64, f64) {
+    let r = resolve(v);
+    let with = Prepared::new(&r, None)
+        .unwrap()
+        .finish()
+        .unwrap()
+        .time
+        .step_s;
+    let network = Network::new(&Layout::of(&r), &r.gpu).with_ep_dispatch(EpDispatch::of(&r.config));
+    let mut l = Ledger::build(&r);
+    let strip =
+        |b: &mut parsim::model::Block| b.ops.retain(|o| !matches!(o.kind, OpKind::Quantize { .. }));
+    strip(&mut l.dense);
+    l.moe.iter_mut().for_each(strip);
+    l.variants.iter_mut().for_each(strip);
+    let timed = time_ledger(&r, &network, l);
+    let without = Prepared::with_ledger(&r, Some(network), Some(timed))
+        .unwrap()
+        .finish()
+        .unwrap()
+        .time
+        .step_s;
+    (with, without)
+}
+
+/// Adding the casts never speeds a step, and under per-tensor FP8 they now cost time: on
+/// each GPU family, recipe and parallel mix, the step with the cast ops is at least the step
+/// without them (a property of the time model: kernels added to a stream cannot shorten it).
+#[test]
+fn casts_never_speed_a_step() {
+    for (gpu, precision, recipe, tp, mbs) in [
+        ("h100-sxm", "fp8", "delayed", 1, 1),
+        ("h100-sxm", "fp8", "current", 2, 2),
+        ("gb200", "fp8", "current", 1, 1),
+        ("gb200", "fp8", "delayed", 2, 1),
+        ("b200", "mxfp8", "", 1, 2),
+    ] {
+        let mut v = l8b(gpu, precision);
+        v["cluster"]["num_gpus"] = json!(tp);
+        v["parallel"] = json!({"tp": tp, "sp": tp > 1});
+        v["training"]["micro_batch_size"] = json!(mbs);
+        v["training"]["global_batch_size"] = json!(2 * mbs);
+        if !recipe.is_empty() {
+            v["training"]["fp8_recipe"] = json!(recipe);
+        }
+        let (with, without) = step_with_and_without_casts(v);
+        assert!(
+            with > without,
+            "{gpu} {precision} {recipe} tp {tp} mbs {mbs}: {with} <= {without}"
+        );
+    }
+}
+
+/// The recipes' extra kernels and copies cost time, at the same GEMM rate: MXFP8 (two
+/// block-scaled copies of every operand, its norms unfused) takes longer than delayed-scaling
+/// FP8 on GB200 (one copy, written by the norms where they fuse the cast); current scaling
+/// takes longer than delayed (its amax pass reads every unfused input once more: 5 bytes a
+/// value to MXFP8's 4.06, so it may even exceed MXFP8).
 #[test]
 fn block_scaled_copies_cost_more_than_one_per_tensor_copy() {
-    let gb = |p: &str| {
+    let gb = |p: &str, recipe: &str| {
         let mut v = l8b("gb200", p);
-        if p == "fp8" {
-            v["training"]["fp8_recipe"] = json!("current");
+        if !recipe.is_empty() {
+            v["training"]["fp8_recipe"] = json!(recipe);
         }
         est(v).time.compute_s
     };
-    let (fp8, mxfp8) = (gb("fp8"), gb("mxfp8"));
-    assert!(mxfp8 > fp8, "{mxfp8} vs {fp8}");
+    let (delayed, current, mxfp8) = (gb("fp8", "delayed"), gb("fp8", "current"), gb("mxfp8", ""));
+    assert!(mxfp8 > delayed, "{mxfp8} vs {delayed}");
+    assert!(current > delayed, "{current} vs {delayed}");
     let gpu = GpuProfile::load("gb200").unwrap();
     assert_eq!(
         gpu.matmul_efficiency_for(Precision::Fp8),

@@ -225,7 +225,7 @@ impl Rates<'_> {
 
     /// Whether the profile's tables time `op`'s compute: every GEMM of a matmul (forward and
     /// both gradients), both passes of a fused attention core, a memory-bound op's forward
-    /// and backward bytes. `None` for ops no table times (an unfused core, untimed casts).
+    /// and backward bytes, every cast kernel. `None` for ops no table times (an unfused core).
     pub fn table_covers(&self, op: &Op) -> Option<(&'static str, bool)> {
         let mem = |b: u64| b == 0 || self.table_memory(b).is_some();
         match op.kind {
@@ -251,13 +251,12 @@ impl Rates<'_> {
             }
             OpKind::Attention { .. } => None,
             OpKind::MemoryBound { bytes } => Some(("memory", mem(bytes) && mem(2 * bytes))),
-            OpKind::Quantize {
-                fwd_bytes,
-                bwd_bytes,
-                timed: true,
-                ..
-            } => Some(("memory", mem(fwd_bytes) && mem(bwd_bytes))),
-            OpKind::Quantize { timed: false, .. } => None,
+            OpKind::Quantize { fwd, bwd, .. } => Some((
+                "memory",
+                [fwd, bwd]
+                    .iter()
+                    .all(|p| mem(p.amax_bytes) && mem(p.cast_bytes)),
+            )),
         }
     }
 
@@ -316,14 +315,8 @@ impl Rates<'_> {
             }
             // Backward reads the output gradient and the saved input and writes the input gradient.
             OpKind::MemoryBound { bytes } => (self.memory_s(bytes), self.memory_s(2 * bytes), 0.0),
-            OpKind::Quantize {
-                fwd_bytes,
-                bwd_bytes,
-                timed: true,
-                ..
-            } => (self.memory_s(fwd_bytes), self.memory_s(bwd_bytes), 0.0),
-            // Per-tensor FP8's casts are inside the efficiencies fitted to published FP8 runs.
-            OpKind::Quantize { timed: false, .. } => (0.0, 0.0, 0.0),
+            // Each cast's kernels (src/op_cost/cast.rs), each with its launch.
+            OpKind::Quantize { fwd, bwd, .. } => (fwd.seconds(self), bwd.seconds(self), 0.0),
         }
     }
 }

@@ -24,8 +24,8 @@ mod prepare;
 
 use dp::per_microbatch_dp_s;
 pub use prepare::{
-    split_free_bound_of, split_free_lower_bound, split_free_per_microbatch_s, timed_ledger,
-    Chunked, RunMemo,
+    split_free_bound_of, split_free_lower_bound, split_free_per_microbatch_s, time_ledger,
+    timed_ledger, Chunked, RunMemo,
 };
 use std::borrow::Cow;
 

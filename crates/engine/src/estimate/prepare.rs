@@ -35,6 +35,11 @@ fn peak_flops(r: &Resolved) -> f64 {
 
 /// The op ledger of `r` with every block timed on `network`.
 pub fn timed_ledger(r: &Resolved, network: &Network) -> (Ledger, LedgerSummary) {
+    time_ledger(r, network, Ledger::build(r))
+}
+
+/// `ledger` (of `r`, or built from it and edited) with every block timed on `network`.
+pub fn time_ledger(r: &Resolved, network: &Network, ledger: Ledger) -> (Ledger, LedgerSummary) {
     let tr = &r.config.training;
     let timing = TimingContext {
         rates: rates(r),
@@ -44,7 +49,6 @@ pub fn timed_ledger(r: &Resolved, network: &Network) -> (Ledger, LedgerSummary) 
         step_sync: crate::time::step_sync_group(r.dp, r.config.parallel.pp),
         host: crate::op_cost::host_issue::HostIssue::of(tr.framework, tr.cuda_graphs),
     };
-    let ledger = Ledger::build(r);
     let s = LedgerSummary::timed(&ledger, tr.recompute, |b| {
         timing.block_times(b, tr.recompute)
     });
@@ -234,7 +238,7 @@ impl<'a> Chunked<'a> {
             let on_gpu = updated - offloaded;
             let step_bytes = crate::model::optimizer_bytes(tr, on_gpu, muon.dense + muon.expert).1;
             let optimizer_s = rates.memory_s(step_bytes)
-                + rates.memory_s(cast_bytes)
+                + crate::op_cost::cast::kernel_s(&rates, cast_bytes)
                 + muon_ns_s(r, &muon)
                 + crate::memory::optimizer_offload::step_s(r, offloaded);
             let done = (

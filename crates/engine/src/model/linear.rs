@@ -6,7 +6,7 @@
 
 use super::dims::Dims;
 use super::op::{
-    Collective, CollectiveKind, Flops, Op, OpKind, ParamClass, Params, Phase, TensorRole,
+    Collective, CollectiveKind, Flops, Op, OpKind, OpRole, ParamClass, Params, Phase, TensorRole,
 };
 use crate::layout::GroupKind;
 
@@ -145,6 +145,9 @@ impl Linear {
             class,
             trainable: self.trainable,
         });
+        if self.input == SavedInput::NormFused {
+            op.role = OpRole::NormFusedLinear;
+        }
         op.model_flops = Flops::matmul(2.0 * d.tokens as f64 * i as f64 * o as f64, self.trainable);
         op.rank_flops = Flops::matmul(
             2.0 * d.n as f64 * rank_in as f64 * rank_out as f64,

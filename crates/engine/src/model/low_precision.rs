@@ -9,13 +9,14 @@
 //! one axis, so the two usages are two tensors with their own scales. Weights are quantised
 //! once per step and cached across microbatches (Megatron passes `is_first_microbatch`).
 //!
-//! Per-tensor FP8's kernels are in the ledger but not timed: the shipped efficiencies were
-//! fitted to published per-tensor FP8 runs (MosaicML's H100 amp_fp8 rows, Transformer
-//! Engine's delayed scaling), so its casts are inside them; timing them again would count
-//! them twice. The block-scaled recipes, in no fitted run, have their kernels timed.
+//! Every recipe's cast kernels are timed, as Transformer Engine runs them
+//! (src/op_cost/cast.rs): per-tensor FP8's amax pass under current scaling, the casts its
+//! norms fuse left out, block scaling's one kernel per cast.
 
-use super::op::{Op, OpKind, ParamClass};
+use super::op::{CollectiveKind, Op, OpKind, OpRole, ParamClass, Phase};
 use crate::config::{Fp8Recipe, Precision, Resolved};
+use crate::layout::GroupKind;
+use crate::op_cost::cast::{CastInput, CastPass, Scaling};
 
 /// How a recipe stores a quantised tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +41,8 @@ pub struct Recipe {
     /// (block scaling, or per-tensor FP8 on a GPU without native columnwise FP8 access), 1
     /// when one copy serves both.
     pub copies: u64,
+    /// How its casts find their scales.
+    pub scaling: Scaling,
 }
 
 /// Values per scale along the scaled axis: MXFP8's 32, NVFP4's 16, blockwise FP8's 128.
@@ -56,18 +59,29 @@ impl Recipe {
     pub fn of(r: &Resolved) -> Option<Recipe> {
         let tr = &r.config.training;
         let native_columnwise = r.gpu.peak_flops.fp4.is_some();
-        let (format, copies) = match tr.precision {
+        let (format, copies, scaling) = match tr.precision {
             Precision::Fp8 => match tr.fp8_recipe.unwrap_or_default() {
-                Fp8Recipe::Delayed | Fp8Recipe::Current => {
-                    (Format::PerTensorFp8, if native_columnwise { 1 } else { 2 })
-                }
-                Fp8Recipe::Blockwise => (Format::BlockwiseFp8, 2),
+                Fp8Recipe::Delayed => (
+                    Format::PerTensorFp8,
+                    if native_columnwise { 1 } else { 2 },
+                    Scaling::Delayed,
+                ),
+                Fp8Recipe::Current => (
+                    Format::PerTensorFp8,
+                    if native_columnwise { 1 } else { 2 },
+                    Scaling::Current,
+                ),
+                Fp8Recipe::Blockwise => (Format::BlockwiseFp8, 2, Scaling::Block),
             },
-            Precision::Mxfp8 => (Format::Mxfp8, 2),
-            Precision::Nvfp4 => (Format::Nvfp4, 2),
+            Precision::Mxfp8 => (Format::Mxfp8, 2, Scaling::Block),
+            Precision::Nvfp4 => (Format::Nvfp4, 2, Scaling::Block),
             Precision::Bf16 | Precision::Fp16 | Precision::Fp32 => return None,
         };
-        Some(Recipe { format, copies })
+        Some(Recipe {
+            format,
+            copies,
+            scaling,
+        })
     }
 
     /// Bytes of one copy of a [rows x cols] tensor quantised along `cols` (its rows are
@@ -150,26 +164,75 @@ impl Recipe {
             && fp8_recipe.unwrap_or_default() == Fp8Recipe::Delayed)
     }
 
-    /// The quantise op of a linear layer's GEMM [m x k] . [k x n] (weights [n x k] as
-    /// Transformer Engine keeps them, `tensors` of them: a rank's experts): forward, its input
-    /// X read in bf16 and written quantised; backward, the output gradient dY the same; per
-    /// step, the weights read and their copies written (cached over the microbatches).
-    pub fn quantize_op(&self, m: u64, n: u64, k: u64, tensors: u64, expert: bool) -> Op {
-        const BF16: u64 = 2;
-        let weights = tensors * self.tensor_bytes(n, k, true);
+    /// The cast kernels of a [rows x cols] bf16 tensor (every copy written); `norm_fused`:
+    /// the norm before the layer quantises it (src/op_cost/cast.rs).
+    pub fn cast(&self, rows: u64, cols: u64, weight: bool, norm_fused: bool) -> CastPass {
+        CastPass::of(CastInput {
+            scaling: self.scaling,
+            elements: rows * cols,
+            quantized_bytes: self.tensor_bytes(rows, cols, weight),
+            copies: self.copies,
+            norm_fused,
+        })
+    }
+
+    /// The quantise op of a linear layer (`l`): forward, its input X cast (by the norm where
+    /// `norm_fused`); backward, the output gradient dY (`grad_output_preprocess` in
+    /// transformer_engine/pytorch/module/base.py: never fused with a norm); per step, the
+    /// weights, cast on the first microbatch and cached over the rest (Megatron passes
+    /// `is_first_microbatch`; module/linear.py `quantize_weight`).
+    pub fn quantize_op(&self, l: &QuantizedLinear) -> Op {
+        let Gemm { n, k, .. } = l.gemm;
+        let weights = l.tensors * self.tensor_bytes(n, k, true);
+        let w = self.cast(n, k, true, false);
         Op::new(
             "quantize",
             OpKind::Quantize {
-                fwd_bytes: m * k * BF16 + self.tensor_bytes(m, k, false),
-                bwd_bytes: m * n * BF16 + self.tensor_bytes(m, n, false),
-                weight_elements: tensors * n * k,
+                fwd: self.cast(l.input_rows, k, false, l.norm_fused),
+                bwd: self.cast(l.grad_rows, n, false, false),
+                weight_elements: l.tensors * n * k,
                 weight_cache_bytes: weights,
-                weight_step_bytes: tensors * n * k * BF16 + weights,
-                expert,
-                timed: self.format != Format::PerTensorFp8,
+                weight_step_bytes: l.tensors * (w.amax_bytes + w.cast_bytes),
+                expert: l.expert,
             },
         )
     }
+}
+
+/// A GEMM's shape: [m x k] . [k x n].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gemm {
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+}
+
+/// One linear layer as its recipe casts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuantizedLinear {
+    /// Its GEMM on this rank, [m x k] . [k x n] (weights [n x k] as TE keeps them).
+    pub gemm: Gemm,
+    /// Rows of X and of dY this rank casts: m, or under sequence parallelism the sequence
+    /// shard of a tensor TE casts before gathering it in FP8 (a column-parallel layer's
+    /// input, a row-parallel layer's output gradient: `_Linear.forward` and
+    /// `grad_output_preprocess` quantise the local shard, then all-gather it).
+    pub input_rows: u64,
+    pub grad_rows: u64,
+    /// Weight tensors of that shape (a rank's experts).
+    pub tensors: u64,
+    /// Routed experts' weights.
+    pub expert: bool,
+    /// The norm before the layer quantises its input (TE's LayerNormLinear).
+    pub norm_fused: bool,
+}
+
+/// The TP ranks `op` shards a tensor over before the sequence-parallel collective `kind` of
+/// `phase` gathers or scatters it; 1 without one.
+fn sp_shards(op: &Op, phase: Phase, kind: CollectiveKind) -> u64 {
+    op.comms
+        .iter()
+        .find(|c| c.group == GroupKind::Tp && c.phase == phase && c.kind == kind)
+        .map_or(1, |c| u64::from(c.group_size.max(1)))
 }
 
 /// Appends a quantise op after every linear layer of a layer block that the recipe casts:
@@ -182,8 +245,18 @@ pub fn add_quantize_ops(ops: &mut Vec<Op>, recipe: &Recipe) {
             (OpKind::Matmul { m, n, k }, Some(p))
                 if !op.name.contains("router") && !op.name.contains("lora") && n * k > 0 =>
             {
-                let tensors = (p.rank / (n * k)).max(1);
-                Some(recipe.quantize_op(m, n, k, tensors, p.class == ParamClass::Expert))
+                // A column-parallel layer all-gathers its input forward, a row-parallel one
+                // reduce-scatters its output (and gathers dY backward).
+                let input = sp_shards(&op, Phase::Forward, CollectiveKind::AllGather);
+                let grad = sp_shards(&op, Phase::Forward, CollectiveKind::ReduceScatter);
+                Some(recipe.quantize_op(&QuantizedLinear {
+                    gemm: Gemm { m, n, k },
+                    input_rows: m.div_ceil(input),
+                    grad_rows: m.div_ceil(grad),
+                    tensors: (p.rank / (n * k)).max(1),
+                    expert: p.class == ParamClass::Expert,
+                    norm_fused: op.role == OpRole::NormFusedLinear,
+                }))
             }
             _ => None,
         };
@@ -201,7 +274,7 @@ pub struct QuantizedWeights {
     pub expert_elements: u64,
     /// Bytes of their cached low-precision copies with scales.
     pub cache_bytes: u64,
-    /// HBM bytes of casting them once a step (those the time model times).
+    /// HBM bytes of casting them once a step.
     pub step_bytes: u64,
 }
 
@@ -215,13 +288,10 @@ impl QuantizedWeights {
                 weight_cache_bytes,
                 weight_step_bytes,
                 expert,
-                timed,
                 ..
             } = op.kind
             {
-                if timed {
-                    q.step_bytes += weight_step_bytes;
-                }
+                q.step_bytes += weight_step_bytes;
                 if expert {
                     q.expert_elements += weight_elements;
                 } else {
@@ -253,7 +323,11 @@ mod tests {
     fn weight_copies_by_hand() {
         let n = 4096u64;
         let mib = 1u64 << 20;
-        let r = |format, copies| Recipe { format, copies };
+        let r = |format, copies| Recipe {
+            format,
+            copies,
+            scaling: Scaling::Block,
+        };
         assert_eq!(
             r(Format::Mxfp8, 2).tensor_bytes(n, n, true),
             2 * (16 * mib + mib / 2)

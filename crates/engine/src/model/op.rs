@@ -3,6 +3,7 @@
 //! transiently, and which collectives it issues.
 
 use crate::layout::GroupKind;
+use crate::op_cost::cast::CastPass;
 use serde::Serialize;
 
 /// How an op's parameters are laid out over ranks.
@@ -123,22 +124,21 @@ pub enum OpKind {
     /// Bandwidth-bound: bytes read and written on this rank, forward.
     MemoryBound { bytes: u64 },
     /// A low-precision recipe's quantise (and transpose) kernels beside one linear layer
-    /// (src/model/low_precision.rs): HBM bytes read and written forward (its input) and
-    /// backward (its output gradient), and its weights, cast once a step and cached.
+    /// (src/model/low_precision.rs, kernels as src/op_cost/cast.rs runs them): forward, its
+    /// input X cast; backward, its output gradient dY cast; and its weights, cast once a step
+    /// and cached.
     Quantize {
-        fwd_bytes: u64,
-        bwd_bytes: u64,
+        fwd: CastPass,
+        bwd: CastPass,
         /// Weight elements cast.
         weight_elements: u64,
         /// Bytes of the cached low-precision weight copies with their scales.
         weight_cache_bytes: u64,
-        /// HBM bytes of casting the weights once a step (bf16 read, copies written).
+        /// HBM bytes of casting the weights once a step (bf16 read, copies written, and the
+        /// amax pass's read under current scaling).
         weight_step_bytes: u64,
         /// Routed experts' weights (sharded over expert data parallelism).
         expert: bool,
-        /// Whether the time model times these kernels: not for per-tensor FP8, whose casts
-        /// are inside the efficiencies fitted to published FP8 runs (docs/accuracy.md).
-        timed: bool,
     },
 }
 
@@ -180,6 +180,9 @@ pub enum TensorRole {
 pub enum OpRole {
     WordEmbedding,
     FinalNorm,
+    /// A linear layer whose input its norm quantises (Transformer Engine's LayerNormLinear,
+    /// src/op_cost/cast.rs).
+    NormFusedLinear,
     #[default]
     Other,
 }

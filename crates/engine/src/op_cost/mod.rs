@@ -9,6 +9,7 @@
 //! unfused one as batched GEMMs, memory-bound kernels over HBM, collectives by NCCL's model or
 //! the alpha-beta ring ([`crate::network`]).
 
+pub mod cast;
 pub mod host_issue;
 pub mod issue;
 pub mod rates;
