@@ -107,6 +107,12 @@ pub struct TrainingConfig {
     /// of each kernel (calibration/data/host-overhead.json).
     #[serde(default, skip_serializing_if = "is_false")]
     pub cuda_graphs: bool,
+    /// Every kernel launch returns only once the kernel has run (`CUDA_LAUNCH_BLOCKING=1` in
+    /// the launch environment): the host's issue adds to the device's time instead of hiding
+    /// under it, each launch waits for the kernel's completion to reach the host, and no
+    /// communication overlaps compute (calibration/data/host-overhead.json).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub launch_blocking: bool,
     /// Megatron-Core runs the routed experts as one fused grouped MLP of Transformer Engine's
     /// op fuser (`use_transformer_engine_op_fuser` with `NVTE_CUTEDSL_FUSED_GROUPED_MLP=1`;
     /// moe/experts.py, `_is_fused_impl_supported`): fc1, the (clamped) gated activation and
@@ -142,6 +148,7 @@ impl Default for TrainingConfig {
             attention_kernel: None,
             flops_attention: FlopsAttention::Causal,
             cuda_graphs: false,
+            launch_blocking: false,
             fused_grouped_mlp: false,
             mode: TrainingMode::Full,
             lora: LoraConfig::default(),
@@ -224,5 +231,31 @@ impl TrainingConfig {
             Precision::Fp32 => 4,
             _ => 2,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `launch_blocking` is absent from a written configuration unless set, and round-trips
+    /// through JSON and TOML when it is.
+    #[test]
+    fn launch_blocking_round_trips() {
+        let off = TrainingConfig::default();
+        assert!(!off.launch_blocking);
+        let v = serde_json::to_value(&off).unwrap();
+        assert!(v.get("launch_blocking").is_none(), "{v}");
+        let on = TrainingConfig {
+            launch_blocking: true,
+            ..TrainingConfig::default()
+        };
+        let v = serde_json::to_value(&on).unwrap();
+        assert_eq!(v["launch_blocking"], true);
+        let back: TrainingConfig = serde_json::from_value(v).unwrap();
+        assert_eq!(back, on);
+        let text = toml::to_string(&on).unwrap();
+        assert!(text.contains("launch_blocking = true"), "{text}");
+        assert_eq!(toml::from_str::<TrainingConfig>(&text).unwrap(), on);
     }
 }

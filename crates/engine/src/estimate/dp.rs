@@ -51,6 +51,25 @@ pub(super) fn bucketed_s(network: &Network, c: &Collective, bucket_bytes: u64) -
     full as f64 * one(bucket) + one(rest)
 }
 
+/// Which data-parallel collectives overlap compute: the configuration's switches, none under
+/// blocking launches (`training.launch_blocking`: the host waits out each collective first).
+#[derive(Debug, Clone, Copy)]
+struct DpOverlap {
+    grad_reduce: bool,
+    param_gather: bool,
+}
+
+impl DpOverlap {
+    fn of(r: &Resolved) -> DpOverlap {
+        let par = &r.config.parallel;
+        let asynchronous = !r.config.training.launch_blocking;
+        DpOverlap {
+            grad_reduce: par.overlap_grad_reduce && asynchronous,
+            param_gather: par.overlap_param_gather && asynchronous,
+        }
+    }
+}
+
 /// ZeRO-2/3 collectives issued every microbatch for a chunk's parameters (the chunk's own
 /// [`dp_collectives`]: the gradient reduce-scatter in backward, in the framework's buckets,
 /// and ZeRO-3's parameter all-gather before forward and backward), exposed beyond the compute
@@ -68,6 +87,7 @@ pub(super) fn per_microbatch_dp_s(
     bwd_compute: f64,
 ) -> (f64, f64) {
     let par = &r.config.parallel;
+    let overlap = DpOverlap::of(r);
     if par.zero < 2 {
         return (0.0, 0.0);
     }
@@ -106,7 +126,7 @@ pub(super) fn per_microbatch_dp_s(
         let exposed = zero3_exposed_s(comm, compute, layers, layer_params, prefetch);
         e.charged_s(comm, exposed)
     };
-    let (fwd_exposed, bwd_gather) = if par.overlap_param_gather {
+    let (fwd_exposed, bwd_gather) = if overlap.param_gather {
         (
             hidden(fwd_gather, fwd_compute),
             hidden(bwd_gather_all, bwd_compute),
@@ -120,7 +140,7 @@ pub(super) fn per_microbatch_dp_s(
         // microbatches' forwards), and the reductions wait for the last backward (the tail).
         return (fwd_exposed / f64::from(r.microbatches.max(1)), 0.0);
     }
-    let bwd_exposed = if par.overlap_grad_reduce {
+    let bwd_exposed = if overlap.grad_reduce {
         // The backward's gathers come first on the communication stream; the reduction
         // overlaps with whatever compute they leave.
         let left = (bwd_compute - (bwd_gather_all - bwd_gather)).max(0.0);
@@ -177,6 +197,7 @@ pub(super) fn dp_tail_s(
     step: &[StepCollective],
 ) -> f64 {
     let par = &r.config.parallel;
+    let overlap = DpOverlap::of(r);
     let gb = r.config.training.grad_dtype.bytes();
     let (layer_params, _) = units(s, chunks);
     let bucket_bytes = bucket_params(r, layer_params) * gb;
@@ -210,18 +231,18 @@ pub(super) fn dp_tail_s(
                 Some(calls) => calls.iter().filter(|k| k.group == c.group).map(time).sum(),
                 None => bucketed_s(network, c, bucket_bytes),
             },
-            StepRole::ParamGather if par.overlap_param_gather => e.charged_s(
+            StepRole::ParamGather if overlap.param_gather => e.charged_s(
                 network.collective_s(c.group, c.kind, c.payload_bytes, c.group_size),
                 0.0,
             ),
             // ZeRO-2/3 reduce every microbatch in its backward, where a reduction not
             // overlapped is charged whole (the stage costs): nothing of it is left after.
-            StepRole::GradReduce if par.zero >= 2 && !par.overlap_grad_reduce => 0.0,
+            StepRole::GradReduce if par.zero >= 2 && !overlap.grad_reduce => 0.0,
             StepRole::GradReduce if reduce_calls.is_some() => {
                 let mut own = reduce_calls.iter().flatten().filter(|k| k.group == c.group);
                 let full: f64 = own.clone().map(time).sum();
                 let last = own.next_back().map_or(0.0, time);
-                if par.overlap_grad_reduce {
+                if overlap.grad_reduce {
                     e.charged_s(full, last.min(full))
                 } else {
                     full
@@ -229,7 +250,7 @@ pub(super) fn dp_tail_s(
             }
             StepRole::GradReduce => {
                 let full = bucketed_s(network, c, bucket_bytes);
-                if par.overlap_grad_reduce {
+                if overlap.grad_reduce {
                     let last = network.collective_s(
                         c.group,
                         c.kind,

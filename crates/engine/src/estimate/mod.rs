@@ -310,13 +310,16 @@ pub fn pipeline(r: &Resolved) -> Result<(crate::schedule::Program, Costs), Estim
 }
 
 /// The overlap switches of a configuration.
+/// Under blocking launches (`training.launch_blocking`) none: the host waits out each
+/// collective's kernel before it issues the compute that would hide it.
 fn overlaps(r: &Resolved) -> Overlaps {
     let par = &r.config.parallel;
+    let asynchronous = !r.config.training.launch_blocking;
     Overlaps {
-        tp_comm: par.tp_comm_overlap,
-        cp_ring: par.cp_comm_overlap,
-        ep: par.schedule == ScheduleKind::DualPipeV,
-        ep_1f1b: par.overlap_moe_expert_parallel_comm,
+        tp_comm: par.tp_comm_overlap && asynchronous,
+        cp_ring: par.cp_comm_overlap && asynchronous,
+        ep: par.schedule == ScheduleKind::DualPipeV && asynchronous,
+        ep_1f1b: par.overlap_moe_expert_parallel_comm && asynchronous,
     }
 }
 

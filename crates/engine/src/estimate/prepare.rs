@@ -47,7 +47,8 @@ pub fn time_ledger(r: &Resolved, network: &Network, ledger: Ledger) -> (Ledger, 
         overlaps: overlaps(r),
         cp_comm: r.config.parallel.cp_comm,
         step_sync: crate::time::step_sync_group(r.dp, r.config.parallel.pp),
-        host: crate::op_cost::host_issue::HostIssue::of(tr.framework, tr.cuda_graphs),
+        host: crate::op_cost::host_issue::HostIssue::of(tr.framework, tr.cuda_graphs)
+            .with_launch_blocking(tr.launch_blocking),
     };
     let s = LedgerSummary::timed(&ledger, tr.recompute, |b| {
         timing.block_times(b, tr.recompute)

@@ -2,7 +2,8 @@
 //! (calibration/data/host-overhead.json, each figure with its source): the CPU time of one
 //! eager call (Python, autograd, the dispatcher, the launch), how many such calls each ledger
 //! op and each layer's own code are in that framework, and a CUDA graph replacing a captured
-//! layer's issue with one launch.
+//! layer's issue with one launch. Under `CUDA_LAUNCH_BLOCKING=1` the host waits out every
+//! kernel, so nothing it does hides under the device.
 //! [`BlockIssue`] collects a block's calls per pass and runs them through the issue queue
 //! ([`super::issue`]) for the time the device waits on the host.
 
@@ -54,6 +55,9 @@ pub struct HostOverheadTable {
     pub sources: BTreeMap<String, String>,
     pub host_per_call_s: Figure,
     pub graph_launch_s: Figure,
+    /// Per launch under `CUDA_LAUNCH_BLOCKING=1`: the kernel's start and its completion
+    /// reaching the host, beyond the launch call and the kernel.
+    pub blocking_sync_s: Figure,
     pub frameworks: BTreeMap<String, FrameworkCalls>,
 }
 
@@ -74,6 +78,9 @@ pub struct HostIssue<'a> {
     pub per_call_s: f64,
     /// Host seconds of one CUDA graph replay, where the layers run as graphs.
     pub graph_launch_s: Option<f64>,
+    /// Host seconds each launch waits beyond its kernel, where every launch blocks until its
+    /// kernel ends (`training.launch_blocking`); `None`: launches are asynchronous.
+    pub blocking_sync_s: Option<f64>,
 }
 
 impl HostIssue<'static> {
@@ -82,6 +89,7 @@ impl HostIssue<'static> {
         calls: None,
         per_call_s: 0.0,
         graph_launch_s: None,
+        blocking_sync_s: None,
     };
 
     /// `framework`'s issue at the table's figures; with `cuda_graphs`, each block's pass is
@@ -94,6 +102,18 @@ impl HostIssue<'static> {
             calls: t.frameworks.get(framework.name()),
             per_call_s: t.host_per_call_s.value,
             graph_launch_s: cuda_graphs.then_some(t.graph_launch_s.value),
+            blocking_sync_s: None,
+        }
+    }
+
+    /// This issue with every launch blocking until its kernel ends (`CUDA_LAUNCH_BLOCKING=1`)
+    /// where `on`, at the table's round trip per launch.
+    pub fn with_launch_blocking(self, on: bool) -> HostIssue<'static> {
+        HostIssue {
+            blocking_sync_s: table()
+                .filter(|_| on && self.calls.is_some())
+                .map(|t| t.blocking_sync_s.value),
+            ..self
         }
     }
 }
@@ -197,6 +217,8 @@ impl BlockIssue {
     /// back to back ([`steady_idle_s`]); as one graph replay per pass under CUDA graphs.
     /// A pass with work also runs the layer's own code first (the framework's `block` calls;
     /// a recomputation rerunning every op, activation checkpointing, runs the forward's).
+    /// With blocking launches the host never runs ahead: the device waits every host call
+    /// and each launch's round trip ([`blocking_idle_s`]).
     pub fn wait(mut self, host: &HostIssue) -> HostWait {
         let Some(k) = host.calls else {
             return HostWait::default();
@@ -224,7 +246,10 @@ impl BlockIssue {
                     },
                 );
             }
-            steady_idle_s(calls)
+            match host.blocking_sync_s {
+                Some(sync_s) => blocking_idle_s(calls, sync_s, host.graph_launch_s.is_some()),
+                None => steady_idle_s(calls),
+            }
         };
         let [block_fwd, block_bwd] = k.block;
         let block_rerun = if whole_rerun { block_fwd } else { 0 };
@@ -234,6 +259,19 @@ impl BlockIssue {
             recompute_s: idle(&mut self.recompute, block_rerun),
         }
     }
+}
+
+/// The device's idle time over `calls` when every launch blocks until its kernel ends
+/// (`CUDA_LAUNCH_BLOCKING=1`): the host issues a call only after the previous kernel has
+/// finished and its completion has reached the host, so every host second and every launch's
+/// `sync_s` round trip is idle device time. A call with device work is taken as one launch
+/// (an op's further kernels are not counted, so this is the least such a pass waits); under a
+/// CUDA graph the pass is one launch.
+pub fn blocking_idle_s(calls: &[Issued], sync_s: f64, graphed: bool) -> f64 {
+    let host_s: f64 = calls.iter().map(|c| c.host_s).sum();
+    let launches = calls.iter().filter(|c| c.device_s > 0.0).count();
+    let launches = if graphed { launches.min(1) } else { launches };
+    host_s + launches as f64 * sync_s
 }
 
 #[cfg(test)]
@@ -257,7 +295,7 @@ mod tests {
                 k.source
             );
         }
-        for fig in [&t.host_per_call_s, &t.graph_launch_s] {
+        for fig in [&t.host_per_call_s, &t.graph_launch_s, &t.blocking_sync_s] {
             assert!(
                 fig.range[0] <= fig.value && fig.value <= fig.range[1],
                 "{fig:?}"
@@ -345,5 +383,54 @@ mod tests {
         }
         let w = b.wait(&host);
         assert!((w.recompute_s - w.fwd_s).abs() < 1e-15, "{w:?}");
+    }
+
+    /// A BLOOM tr11 decoder layer under Megatron-DeepSpeed at TP 8 with CUDA_LAUNCH_BLOCKING=1,
+    /// by hand from the table (megatron/model/transformer.py's calls): forward attn.norm 4,
+    /// qkv 2, core 27, proj 2, proj_bias 1, dropout 2, mlp.norm 4, fc1 2, act 2, fc2 2,
+    /// fc2_bias 1, dropout 2 = 51 calls, 2 TP all-reduces 1 each and the layer's own 10: 63
+    /// calls of 20 us = 1.26 ms, and 14 launches (12 ops, 2 all-reduces) of 2.9 us = 40.6 us
+    /// (the table names the core's calls; its kind does not matter here).
+    /// Backward: 3+3+22+3+1+2+3+3+2+3+1+2 = 48, 2 all-reduces, 16 of its own: 66 calls = 1.32 ms
+    /// and 14 launches. Its kernels are long (milliseconds at hidden 14336), so without
+    /// blocking the device never waits; with it the device waits exactly those sums.
+    #[test]
+    fn blocking_launches_wait_every_call_and_round_trip() {
+        let eager = HostIssue::of(Framework::Deepspeed, false);
+        let blocking = eager.with_launch_blocking(true);
+        let (c, sync) = (eager.per_call_s, blocking.blocking_sync_s.unwrap());
+        assert_eq!((c, sync), (20e-6, 2.9e-6));
+        let layer = |host: &HostIssue| {
+            let mut b = BlockIssue::default();
+            let mm = |name: &'static str| Op::new(name, matmul().kind);
+            let mem = |name: &'static str| Op::new(name, OpKind::MemoryBound { bytes: 1 << 30 });
+            for (op, all_reduce) in [
+                (mem("attn.norm"), false),
+                (mm("attn.qkv"), false),
+                (mem("attn.core"), false),
+                (mm("attn.proj"), true),
+                (mem("attn.proj_bias"), false),
+                (mem("attn.dropout"), false),
+                (mem("mlp.norm"), false),
+                (mm("mlp.fc1"), false),
+                (mem("mlp.act"), false),
+                (mm("mlp.fc2"), true),
+                (mem("mlp.fc2_bias"), false),
+                (mem("mlp.dropout"), false),
+            ] {
+                b.op(host, &op, (2e-3, 1e-3, 1e-3), false);
+                if all_reduce {
+                    b.collective(host, Phase::Forward, 1e-3, false);
+                }
+                if op.name == "attn.qkv" || op.name == "mlp.fc1" {
+                    b.collective(host, Phase::Backward, 1e-3, false);
+                }
+            }
+            b.wait(host)
+        };
+        assert_eq!(layer(&eager), HostWait::default());
+        let w = layer(&blocking);
+        assert!((w.fwd_s - (63.0 * c + 14.0 * sync)).abs() < 1e-12, "{w:?}");
+        assert!((w.bwd_s - (66.0 * c + 14.0 * sync)).abs() < 1e-12, "{w:?}");
     }
 }
