@@ -323,8 +323,8 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
     // The tracked categories hold what the model allocates; the profile's runtime reserve and
     // runtime lines (CUDA context, cuBLAS workspace, NCCL buffers) are the driver's and the
     // libraries', so they leave the comparison.
-    let runtime_bytes = resolved.gpu.runtime_overhead_bytes
-        + parsim::memory::RuntimeLines::of(&resolved).total();
+    let runtime_bytes =
+        resolved.gpu.runtime_overhead_bytes + parsim::memory::RuntimeLines::of(&resolved).total();
     if args.backend == Backend::Cpu && !args.plan_only {
         check_host_memory(&predicted, world)?;
     }

@@ -38,7 +38,10 @@ fn a_tp8_dp2_plan_holds_one_set_a_channel_in_its_node_and_both_sides_across() {
     assert_eq!(m.nccl_buffers.tp, 231_211_008);
     assert_eq!(m.nccl_buffers.dp, 16 * (SET + SEND));
     assert_eq!(m.nccl_buffers.dp, 299_892_736);
-    assert_eq!((m.nccl_buffers.pp, m.nccl_buffers.cp, m.nccl_buffers.ep), (0, 0, 0));
+    assert_eq!(
+        (m.nccl_buffers.pp, m.nccl_buffers.cp, m.nccl_buffers.ep),
+        (0, 0, 0)
+    );
     // The A100's lazy-loading context and Transformer Engine's pre-Hopper workspace.
     assert_eq!(m.cuda_context, 400 * MIB);
     assert_eq!(m.blas_workspace, 4 * MIB);
