@@ -320,9 +320,11 @@ pub fn run(args: ExecuteArgs) -> anyhow::Result<()> {
     }
     let est = parsim::estimate::estimate(&resolved).context("estimating the same configuration")?;
     let predicted: Vec<_> = est.memory.stages.clone();
-    // The tracked categories hold what the model allocates; the profile's runtime reserve
-    // (CUDA context, cuBLAS and NCCL workspaces) is the driver's, so it leaves the comparison.
-    let runtime_bytes = resolved.gpu.runtime_overhead_bytes;
+    // The tracked categories hold what the model allocates; the profile's runtime reserve and
+    // runtime lines (CUDA context, cuBLAS workspace, NCCL buffers) are the driver's and the
+    // libraries', so they leave the comparison.
+    let runtime_bytes =
+        resolved.gpu.runtime_overhead_bytes + parsim::memory::RuntimeLines::of(&resolved).total();
     if args.backend == Backend::Cpu && !args.plan_only {
         check_host_memory(&predicted, world)?;
     }

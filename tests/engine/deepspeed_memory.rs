@@ -35,8 +35,13 @@ fn model(framework: &str, parallel: Value, training: Value) -> Value {
     c
 }
 
-/// The H100 profile's runtime reserve (calibration/h100-sxm.toml), part of every total.
-const RUNTIME_BYTES: u64 = 1 << 30;
+/// The H100 profile's runtime lines (calibration/h100-sxm.toml, `[runtime_memory]`): the 400 MiB
+/// context, Transformer Engine's 32 MiB cuBLAS workspace and the data-parallel group's NCCL
+/// buffers (none on one GPU); part of every total.
+fn runtime_bytes(m: &parsim::memory::StageMemory) -> u64 {
+    assert_eq!((m.cuda_context, m.blas_workspace), (400 << 20, 32 << 20));
+    m.cuda_context + m.blas_workspace + m.nccl_buffers.total()
+}
 
 fn both(parallel: Value, training: Value) -> (Estimate, Estimate) {
     (
@@ -64,7 +69,7 @@ fn without_zero_the_step_holds_fp32_casts_and_their_flat_copy() {
     assert_eq!(d.weights + d.gradients + d.optimizer, 16 * p);
     // The peak is the step: the resident tensors and the runtime reserve plus the copies,
     // above Megatron-Core's worst moment of the walk.
-    let resident = d.weights + d.gradients + d.optimizer + RUNTIME_BYTES;
+    let resident = d.weights + d.gradients + d.optimizer + runtime_bytes(d);
     assert!(resident + 8 * p > m.total, "the step is the peak here");
     assert_eq!(d.total, resident + 8 * p);
     // fp32 gradients need no cast: only the flat copy.
@@ -87,7 +92,7 @@ fn zero_one_reduces_through_a_bucket_and_casts_only_its_partition() {
     // the walk (Megatron-Core's bucket is a view of its grad buffer): the peak holds the
     // resident tensors and the bucket, and at most Megatron-Core's worst moment plus the bucket.
     // Its backward also holds the vocabulary table's fresh gradient (512 x 256 in 2 bytes).
-    let resident = d.weights + d.gradients + d.optimizer + RUNTIME_BYTES;
+    let resident = d.weights + d.gradients + d.optimizer + runtime_bytes(d);
     assert!(d.total >= resident + d.reduce_bucket);
     assert!(d.total <= m.total + d.reduce_bucket + 2 * 512 * 256 && d.total > m.total);
     // The bucket follows `parallel.ddp_bucket_size` (DeepSpeed's `reduce_bucket_size`).
@@ -136,7 +141,7 @@ fn zero_one_steps_on_its_partition_once_the_other_gradients_are_released() {
     // `independent_gradient_partition_epilogue` keeps the partition's pieces and `zero_grad`
     // drops the rest (2 bytes each); the step then holds the partition's flat fp16 copy and its
     // fp32 cast (6 bytes an element), more than the checks' copies.
-    let resident = d.weights + d.gradients + d.optimizer + RUNTIME_BYTES;
+    let resident = d.weights + d.gradients + d.optimizer + runtime_bytes(d);
     assert_eq!(d.total, resident - 2 * (p - part) + 6 * part);
 }
 

@@ -36,6 +36,7 @@ mod pp_p2p;
 mod profiles;
 mod properties;
 mod run_energy;
+mod runtime_memory;
 mod step_breakdown;
 mod tables;
 mod time;

@@ -190,6 +190,10 @@ pub struct GpuPower {
 /// GPUs per node when a profile names none: an HGX/DGX board of eight.
 pub const DEFAULT_GPUS_PER_NODE: u32 = 8;
 
+fn is_unstated(m: &super::RuntimeMemory) -> bool {
+    !m.is_stated()
+}
+
 fn default_gpus_per_node() -> u32 {
     DEFAULT_GPUS_PER_NODE
 }
@@ -236,8 +240,13 @@ pub struct GpuProfile {
     pub precisions: Vec<Precision>,
     /// Device memory as the driver reports it.
     pub memory_bytes: u64,
-    /// Memory outside tensors: CUDA context, library workspaces.
+    /// Memory outside tensors that no line of `runtime_memory` states (all of it on a profile
+    /// without that table: CUDA context, library workspaces).
     pub runtime_overhead_bytes: u64,
+    /// The CUDA context, the BLAS workspace and NCCL's ring channels of this GPU generation
+    /// (src/config/runtime_memory.rs), each a memory line of its own.
+    #[serde(default, skip_serializing_if = "is_unstated")]
+    pub runtime_memory: super::RuntimeMemory,
     /// Fraction of `memory_bytes` kept free for the allocator's fragmentation and reserve
     /// (PyTorch's caching allocator rounds blocks up and cannot always reuse freed ones), so
     /// that "fits" means fits with room. Default [`DEFAULT_MEMORY_MARGIN_FRACTION`].

@@ -24,6 +24,7 @@ pub mod registry;
 mod resolve;
 pub(crate) mod rules;
 mod run;
+mod runtime_memory;
 pub mod tables;
 pub mod torchtitan;
 mod training;
@@ -49,6 +50,7 @@ pub use resolve::{PipelinePlacement, Resolved};
 pub use rules::check_base;
 pub use rules::pipeline_layout;
 pub use run::{parse_token_count, RunConfig, TokenCountError};
+pub use runtime_memory::RuntimeMemory;
 pub use tables::RateTables;
 pub use training::{LoraConfig, TrainingConfig};
 

@@ -122,6 +122,12 @@ pub struct TrainingConfig {
     pub fused_grouped_mlp: bool,
     pub mode: TrainingMode,
     pub lora: LoraConfig,
+    /// CUDA loads every kernel of every library when the context is created
+    /// (`CUDA_MODULE_LOADING=EAGER`, the only behaviour before CUDA 11.7 and PyTorch 1.13):
+    /// the context takes the profile's `runtime_memory.cuda_context_eager_bytes`. Default:
+    /// lazy loading, the default since.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub eager_module_loading: bool,
 }
 
 impl Default for TrainingConfig {
@@ -152,6 +158,7 @@ impl Default for TrainingConfig {
             fused_grouped_mlp: false,
             mode: TrainingMode::Full,
             lora: LoraConfig::default(),
+            eager_module_loading: false,
         }
     }
 }

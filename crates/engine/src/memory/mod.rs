@@ -16,11 +16,13 @@ mod deepspeed;
 pub mod fsdp2;
 pub mod optimizer_offload;
 mod rank_static;
+mod runtime;
 mod walk;
 
 use alike::AlikeRanks;
 pub use alike::RankStaticMemo;
 use rank_static::RankStatic;
+pub use runtime::{NcclBuffers, RuntimeLines};
 
 /// Memory of one pipeline rank (the most loaded rank of that stage), in bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -62,6 +64,20 @@ pub struct StageMemory {
     /// `total + allocator_cache` is what `torch.cuda.max_memory_reserved()` and nvidia-smi show.
     #[serde(skip_serializing_if = "is_zero")]
     pub allocator_cache: u64,
+    /// The CUDA context (src/memory/runtime.rs), within `buffers`; zero on a profile without
+    /// `[runtime_memory]`, whose `runtime_overhead_bytes` holds it.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub cuda_context: u64,
+    /// The BLAS workspace of the GEMM stream (src/memory/runtime.rs), within `buffers`.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub blas_workspace: u64,
+    /// NCCL's connection buffers by process group (src/memory/runtime.rs), within `buffers`.
+    #[serde(skip_serializing_if = "no_nccl")]
+    pub nccl_buffers: NcclBuffers,
+}
+
+fn no_nccl(n: &NcclBuffers) -> bool {
+    n.total() == 0
 }
 
 impl StageMemory {

@@ -7,7 +7,7 @@ use super::alloc_trace::{RankTrace, TraceInputs};
 use super::walk::ChunkBytes;
 use super::{
     activation_peak, allocator, chunk_bytes, deepspeed, fsdp2, hands_off, optimizer_offload,
-    updated_params, walk, ActivationPeak, PhaseBuffers, Pipeline, RankPhases, StageMemory,
+    runtime, updated_params, walk, ActivationPeak, PhaseBuffers, Pipeline, RankPhases, StageMemory,
 };
 use crate::config::{Recompute, Resolved};
 use crate::model::{
@@ -142,6 +142,8 @@ pub(super) struct RankStatic {
     phase: PhaseBuffers,
     /// The framework's own lines (src/memory/deepspeed.rs).
     ds: deepspeed::DeepspeedBuffers,
+    /// The CUDA context, BLAS workspace and NCCL buffers (src/memory/runtime.rs), in `fixed`.
+    runtime: runtime::RuntimeLines,
     /// Blocks the backward leaves cached (for the allocator): the largest one tensor of the
     /// walk, and the vocabulary table's weight-gradient transient.
     cached: [u64; 2],
@@ -207,7 +209,8 @@ impl RankStatic {
         // with its own chunk's transients (`RankPhases::of` on that chunk alone).
         let held = held_blocks(chunks, s);
         let blocks = || held.iter().copied();
-        let mut fixed = r.gpu.runtime_overhead_bytes;
+        let runtime = runtime::RuntimeLines::of(r);
+        let mut fixed = r.gpu.runtime_overhead_bytes + runtime.total();
         fixed += blocks().map(|b| b.sp_gather).max().unwrap_or(0);
         // Pipeline: the receive buffer, and a send buffer. A chunk's output waits in it from its
         // forward to the send right after (a forward transient), unless the next stage sits on
@@ -292,6 +295,7 @@ impl RankStatic {
             rank_phases,
             phase,
             ds,
+            runtime,
             cached: [largest_cached, ds.table_wgrad],
             trace,
         }
@@ -456,6 +460,9 @@ impl RankStatic {
             step_grads: self.ds.step_grads,
             grad_check_copies: self.ds.grad_check_copies,
             allocator_cache,
+            cuda_context: self.runtime.cuda_context,
+            blas_workspace: self.runtime.blas_workspace,
+            nccl_buffers: self.runtime.nccl,
         }
     }
 }

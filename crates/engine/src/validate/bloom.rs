@@ -104,9 +104,10 @@ fn note_contradictions(values: &[Value], rows: &mut [SourceRow]) {
             (same && contradicts).then_some((j, mj, other))
         });
         if let Some((j, mj, other)) = clash {
+            rows[i].measured.memory_contradicted = true;
             rows[i].notes.push(format!(
                 "memory inconsistent with row {j} of the same settings ({} GiB at micro batch \
-                 {mj} against {} GiB at {mi}): noted, not fitted",
+                 {mj} against {} GiB at {mi}): noted, not fitted, left out of the memory error",
                 other >> 30,
                 gib >> 30
             ));
@@ -153,6 +154,7 @@ fn row(index: usize, v: &Value) -> SourceRow {
             step_s: seconds.filter(|_| data::text(v, "metric_unit") == "s"),
             memory_bytes: gib.map(|g| (g * (1u64 << 30) as f64).round() as u64),
             fits: oom.map(|o| !o),
+            memory_contradicted: false,
         },
         setup,
         notes,
@@ -178,6 +180,33 @@ pub fn balanced_layout(layers: u32, pp: u32) -> String {
         .join("|")
 }
 
+/// The models the chronicle's 'Re-do' section ran with the embedding as a pipeline slot of its
+/// own: "HIDDEN=12288; NLAYERS=106; regex partition_method='type:transformer|embed'"
+/// (train/tr11-176B-ml/chronicles-prequel.md, the line above the 195B table), as (hidden, layers).
+const EMBEDDING_SLOT_SHAPES: &[(u64, u32)] = &[(12288, 106)];
+
+/// `layers` over `pp` stages as DeepSpeed's `PipelineModule` partitions them under
+/// `partition_method='type:transformer|embed'` (deepspeed/runtime/pipe/module.py,
+/// `_partition_layers`: every layer whose class matches weighs 1, then `partition_balanced`): the
+/// tied `EmbeddingPipe` at each end weighs as much as a transformer layer, so the `layers + 2`
+/// slots split as uniformly as `layers` do in [`balanced_layout`], and the first and last stages
+/// each give one slot to the embedding.
+pub fn embedding_slot_layout(layers: u32, pp: u32) -> String {
+    let slots = layers + 2;
+    let (base, extra) = (slots / pp, slots % pp);
+    (0..pp)
+        .map(|s| {
+            let n = base + u32::from(s < extra) - u32::from(s == 0) - u32::from(s + 1 == pp);
+            format!(
+                "{}t*{n}{}",
+                if s == 0 { "E" } else { "" },
+                if s + 1 == pp { "L" } else { "" }
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
 /// The configuration of a row.
 fn overlay(
     v: &Value,
@@ -193,6 +222,10 @@ fn overlay(
     o["training"]["grad_dtype"] = json!("fp16");
     // CUDA_LAUNCH_BLOCKING=1, the sweeps' workaround for Jean Zay's hangs (see DEFAULTS).
     o["training"]["launch_blocking"] = json!(true);
+    // The sweeps' stack (February 2022, CUDA 11 before lazy module loading) loaded every
+    // kernel at context creation: the chronicle's own 1573 MiB context ("40GB A100 takes
+    // 1573MiB for cuda kernels").
+    o["training"]["eager_module_loading"] = json!(true);
     // Jean Zay's A100 nodes: four Omni-Path 100 Gb/s links per node, shared by its 8 GPUs.
     o["cluster"]["nics_per_node"] = json!(JEAN_ZAY_LINKS_PER_NODE);
     o["cluster"]["nic_bandwidth_bytes_per_s"] = json!(JEAN_ZAY_LINK_BYTES_PER_S);
@@ -204,7 +237,14 @@ fn overlay(
         o["training"]["global_batch_size"] = json!(batch);
     }
     let pp = data::degree(v, "pp")?;
-    if l % pp != 0 {
+    if EMBEDDING_SLOT_SHAPES.contains(&(h, l)) && pp > 1 {
+        let layout = embedding_slot_layout(l, pp);
+        notes.push(format!(
+            "{l} layers over {pp} stages with the embedding as a slot of its own \
+             (partition_method 'type:transformer|embed'): {layout}"
+        ));
+        o["parallel"]["pipeline_layout"] = json!(layout);
+    } else if l % pp != 0 {
         let layout = balanced_layout(l, pp);
         notes.push(format!(
             "{l} layers over {pp} stages as DeepSpeed's balanced partition: {layout}"
@@ -283,6 +323,13 @@ mod tests {
             .collect();
         assert_eq!(noted, [9, 53, 54]);
         assert!(rows[9].notes[0].contains("56 GiB at micro batch 4 against 65 GiB at 2"));
+        // Those rows, and only those, are left out of the memory error.
+        let left_out: Vec<usize> = rows
+            .iter()
+            .filter(|r| r.measured.memory_contradicted)
+            .map(|r| r.index)
+            .collect();
+        assert_eq!(left_out, noted);
     }
 
     /// The batch by hand from Megatron's formula (Narayanan et al. 2021, eq. 3): the 18B
@@ -391,6 +438,26 @@ mod tests {
         assert!(
             (predicted / measured - 1.0).abs() < 0.15,
             "predicted {predicted} s, measured {measured} s"
+        );
+    }
+
+    /// The 195B rows: 106 layers and the two embedding slots are 108 slots, 9 a stage; the first
+    /// and last stages give one to the embedding (8 layers each), the ten between hold 9.
+    #[test]
+    fn the_embedding_takes_a_slot_where_the_chronicle_says_so() {
+        let l = embedding_slot_layout(106, 12);
+        let stages = crate::config::pipeline_layout::parse(&l).unwrap();
+        let sizes: Vec<u32> = stages.iter().map(|s| s.decoder).collect();
+        assert_eq!(sizes, [8, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 8]);
+        assert_eq!(sizes.iter().sum::<u32>(), 106);
+        let rows = rows().unwrap();
+        assert_eq!(rows[89].model, "GPT 195B h12288 l106 a96");
+        let setup = rows[89].setup.as_ref().unwrap();
+        assert_eq!(setup["parallel"]["pipeline_layout"], l.as_str());
+        // The 182B rows of 78 layers keep the transformer-only partition.
+        assert_eq!(
+            rows[65].setup.as_ref().unwrap()["parallel"]["pipeline_layout"],
+            balanced_layout(78, 12).as_str()
         );
     }
 }

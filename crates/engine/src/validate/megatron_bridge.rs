@@ -116,6 +116,7 @@ fn row(index: usize, v: &Value) -> SourceRow {
             memory_bytes: None,
             // Every row ran.
             fits: Some(true),
+            memory_contradicted: false,
         },
         _ => Measured::default(),
     };

@@ -150,6 +150,11 @@ pub struct Measured {
     pub memory_bytes: Option<u64>,
     /// The run fitted in memory (it ran), or ran out of memory (`false`).
     pub fits: Option<bool>,
+    /// The memory figure contradicts another row of the same settings in the source (a single
+    /// snapshot that cannot both be right): listed with its note, left out of the memory error's
+    /// median and worst.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub memory_contradicted: bool,
 }
 
 /// parsim's estimate of an expressible row.
@@ -240,10 +245,14 @@ impl Row {
         Some(self.measured.step_s? / p.step_s - 1.0)
     }
 
-    /// Predicted over measured peak memory - 1.
+    /// Predicted over measured peak memory - 1 (none where the measured figure contradicts
+    /// another row of the source).
     pub fn memory_error(&self) -> Option<f64> {
         let p = self.predicted()?;
-        let m = self.measured.memory_bytes?;
+        let m = self
+            .measured
+            .memory_bytes
+            .filter(|_| !self.measured.memory_contradicted)?;
         (m > 0).then(|| p.peak_bytes as f64 / m as f64 - 1.0)
     }
 

@@ -81,7 +81,10 @@ pub fn memory_file() -> Result<MemoryResidualFile, ValidateError> {
             read(source)?.into_iter().map(|r| (source, r)).collect();
         let labelled: Vec<_> = rows
             .into_iter()
-            .filter(|(_, r)| r.measured.memory_bytes.is_some_and(|m| m > 0))
+            // A figure that contradicts another row of its source is not fitted.
+            .filter(|(_, r)| {
+                r.measured.memory_bytes.is_some_and(|m| m > 0) && !r.measured.memory_contradicted
+            })
             .collect();
         if labelled.is_empty() {
             continue;

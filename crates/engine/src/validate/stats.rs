@@ -158,6 +158,7 @@ mod tests {
                 step_s: Some(measured_s),
                 memory_bytes: Some(100),
                 fits: Some(true),
+                memory_contradicted: false,
             },
             outcome: Outcome::Predicted(Predicted {
                 step_s: predicted_s,

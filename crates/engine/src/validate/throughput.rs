@@ -77,6 +77,7 @@ pub fn rows(sources: &[Source], every: usize) -> Result<(Vec<Row>, Vec<String>),
                     step_s: Some(measured_s),
                     memory_bytes: None,
                     fits: Some(true),
+                    memory_contradicted: false,
                 },
                 outcome,
                 notes: case

@@ -56,6 +56,7 @@ fn row(index: usize, v: &Value) -> SourceRow {
             step_s: ms.filter(|_| unit_ms).map(|t| t / 1e3),
             memory_bytes: None,
             fits: Some(true),
+            memory_contradicted: false,
         },
         setup: shape.and_then(|s| overlay(v, s)),
         notes: Vec::new(),

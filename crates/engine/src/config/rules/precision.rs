@@ -52,6 +52,20 @@ pub fn hardware(cfg: &Config, gpu: &GpuProfile) -> Vec<Violation> {
         );
     }
     errs.extend(recipe_settings(cfg));
+    let m = &gpu.runtime_memory;
+    if t.eager_module_loading && m.is_stated() && m.cuda_context_eager_bytes.is_none() {
+        errs.push(
+            Violation::new(
+                "training.eager_module_loading",
+                format!(
+                    "{} states no CUDA context under eager module loading \
+                     (runtime_memory.cuda_context_eager_bytes)",
+                    gpu.name
+                ),
+            )
+            .hint("leave it out (lazy loading), or add the measured figure to the profile"),
+        );
+    }
     errs
 }
 
