@@ -13,10 +13,10 @@
 //! (src/op_cost/cast.rs): per-tensor FP8's amax pass under current scaling, the casts its
 //! norms fuse left out, block scaling's one kernel per cast.
 
+use super::cast_kernels::{CastInput, CastPass, Scaling};
 use super::op::{CollectiveKind, Op, OpKind, OpRole, ParamClass, Phase};
 use crate::config::{Fp8Recipe, Precision, Resolved};
 use crate::layout::GroupKind;
-use crate::op_cost::cast::{CastInput, CastPass, Scaling};
 
 /// How a recipe stores a quantised tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,6 +5,7 @@
 //! layer, MoE layer, output, MTP module), each sized for one microbatch on the most loaded rank.
 
 mod attention;
+pub mod cast_kernels;
 mod dims;
 mod embedding;
 pub mod layer_wise;

@@ -2,8 +2,8 @@
 //! forward, input gradient, weight gradient), what it keeps for backward, what it allocates
 //! transiently, and which collectives it issues.
 
+use super::cast_kernels::CastPass;
 use crate::layout::GroupKind;
-use crate::op_cost::cast::CastPass;
 use serde::Serialize;
 
 /// How an op's parameters are laid out over ranks.
