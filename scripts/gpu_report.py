@@ -114,8 +114,8 @@ for o in objects(RES / "memory.jsonl"):
 MIX_FLAGS = ["", "--tp 2 --sp --gpus 2", "--pp 2 --gpus 2", "--dp 2 --zero 1 --gpus 2",
              "--dp 2 --zero 3 --gpus 2", "--cp 2 --gpus 2"]
 # The engine at this commit on the same configurations (`PARSIM` names the binary; default
-# `cargo run -q --`): each stage's total without the profile's runtime reserve, as execute
-# compares.
+# `cargo run -q --`): each stage's total without the profile's runtime reserve and the runtime
+# lines (CUDA context, BLAS workspace, NCCL buffers), as execute compares.
 PARSIM = shlex.split(os.environ.get("PARSIM", "cargo run -q --"))
 runtime = tomllib.loads((ROOT / "calibration/h100-sxm.toml").read_text())["runtime_overhead_bytes"]
 now = []
@@ -123,7 +123,9 @@ for flags in MIX_FLAGS:
     out = subprocess.run(PARSIM + ["estimate", "--config", "tests/fixtures/gpu_memory.toml",
                                    "--precision", "bf16", "--grad-dtype", "fp32", "--json"]
                          + flags.split(), cwd=ROOT, check=True, capture_output=True, text=True)
-    now.append([st["total"] - runtime for st in json.loads(out.stdout)["memory"]["stages"]])
+    now.append([st["total"] - runtime - st.get("cuda_context", 0) - st.get("blas_workspace", 0)
+                - sum(st.get("nccl_buffers", {}).values())
+                for st in json.loads(out.stdout)["memory"]["stages"]])
 mix_of = []
 for flags, o in zip(MIX_FLAGS, objects(RES / "memory.jsonl")):
     for r in o["ranks"]:
