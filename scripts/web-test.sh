@@ -31,7 +31,11 @@ mkdir -p "$(dirname "$shot")"
 [ -f "$dist/index.html" ] || { echo "web-test: no $dist/index.html (run scripts/web-build.sh)" >&2; exit 1; }
 
 # What the page must show, from the native CLI on the same files.
-parsim() { cargo run -q --bin parsim -- "$@"; }
+# `PARSIM` names a built binary (CI passes the debug one its tests built: `cargo run` would
+# resolve the root package's features alone and rebuild part of the workspace, about 95 s).
+parsim() {
+    if [ -n "${PARSIM:-}" ]; then "$PARSIM" "$@"; else cargo run -q --bin parsim -- "$@"; fi
+}
 expected_params=$(parsim estimate --json --config tests/web/config.toml \
     | python3 -c 'import json, sys; print(json.load(sys.stdin)["params"]["total"])')
 # The fastest mix of the search the page runs (the GUI's defaults: top 10, micro batch <= 2).
