@@ -167,12 +167,18 @@ fn row(index: usize, v: &Value) -> SourceRow {
 /// stage and the loss on the last, as a Megatron-Core layout string.
 pub fn balanced_layout(layers: u32, pp: u32) -> String {
     let (base, extra) = (layers / pp, layers % pp);
+    layout_of(pp, |s| base + u32::from(s < extra))
+}
+
+/// The Megatron-Core layout string of `pp` stages holding `decoder(s)` layers each, with the
+/// embedding on the first stage and the loss on the last.
+fn layout_of(pp: u32, decoder: impl Fn(u32) -> u32) -> String {
     (0..pp)
         .map(|s| {
-            let n = base + u32::from(s < extra);
             format!(
-                "{}t*{n}{}",
+                "{}t*{}{}",
                 if s == 0 { "E" } else { "" },
+                decoder(s),
                 if s + 1 == pp { "L" } else { "" }
             )
         })
@@ -194,17 +200,9 @@ const EMBEDDING_SLOT_SHAPES: &[(u64, u32)] = &[(12288, 106)];
 pub fn embedding_slot_layout(layers: u32, pp: u32) -> String {
     let slots = layers + 2;
     let (base, extra) = (slots / pp, slots % pp);
-    (0..pp)
-        .map(|s| {
-            let n = base + u32::from(s < extra) - u32::from(s == 0) - u32::from(s + 1 == pp);
-            format!(
-                "{}t*{n}{}",
-                if s == 0 { "E" } else { "" },
-                if s + 1 == pp { "L" } else { "" }
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("|")
+    layout_of(pp, |s| {
+        base + u32::from(s < extra) - u32::from(s == 0) - u32::from(s + 1 == pp)
+    })
 }
 
 /// The configuration of a row.

@@ -97,20 +97,23 @@ fn apply(rule: Rule, path: &str, value: &Value, out: &mut Walked) -> Result<(), 
                 Some(d) if OFFLOAD_DEVICES.contains(&d) => {
                     return Err(refuse(&format!("{why} (device \"{d}\")")));
                 }
-                Some(d) => {
-                    return Err(DeepspeedError::field(
-                        format!("{path}.device"),
-                        format!(
-                            "unknown offload device \"{d}\" (DeepSpeed's: {})",
-                            OFFLOAD_DEVICES.join(", ")
-                        ),
-                    ))
-                }
+                Some(d) => return Err(unknown_device(path, d)),
             }
         }
         Rule::OffloadCpu(why) => offload_cpu(path, value, why, out)?,
     }
     Ok(())
+}
+
+/// An offload section's `device` that DeepSpeed does not have.
+fn unknown_device(path: &str, d: &str) -> DeepspeedError {
+    DeepspeedError::field(
+        format!("{path}.device"),
+        format!(
+            "unknown offload device \"{d}\" (DeepSpeed's: {})",
+            OFFLOAD_DEVICES.join(", ")
+        ),
+    )
 }
 
 /// The optimizer's offload section ([`Rule::OffloadCpu`]): `device` "cpu" is mapped (as the
@@ -141,15 +144,7 @@ fn offload_cpu(
                 format!("{why} (device \"{d}\")"),
             ));
         }
-        Some(d) => {
-            return Err(DeepspeedError::field(
-                format!("{path}.device"),
-                format!(
-                    "unknown offload device \"{d}\" (DeepSpeed's: {})",
-                    OFFLOAD_DEVICES.join(", ")
-                ),
-            ))
-        }
+        Some(d) => return Err(unknown_device(path, d)),
     }
     for (key, v) in m {
         let sub = format!("{path}.{key}");
