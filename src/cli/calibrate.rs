@@ -405,7 +405,7 @@ fn print_sweep_fit(
 }
 
 /// The CPU backend's seconds per synchronisation on this host now: the median of five rounds
-/// of 400 one-element all-reduces between two threads (`tables.collective.rendezvous_s`).
+/// of 400 one-element all-reduces between two threads (every measurement line's `rendezvous_s`).
 fn rendezvous_s() -> anyhow::Result<f64> {
     let mut rounds = (0..5)
         .map(|_| parsim_executor::backend::cpu::rendezvous::rendezvous_s(400))
@@ -446,7 +446,7 @@ pub fn run_execute_calibrate(
             .context("progress template")?
             .progress_chars("=> "),
     );
-    let ms = sweep::measure_all(
+    let mut ms = sweep::measure_all(
         &points,
         steps,
         warmup,
@@ -455,18 +455,13 @@ pub fn run_execute_calibrate(
         |_| bar.inc(1),
     )?;
     bar.finish_and_clear();
-    let mut base = GpuProfile::load("cpu")?;
-    if let Some(c) = base.tables.collective.as_mut() {
-        let s = rendezvous_s()?;
-        c.rendezvous_s = Some(s);
-        base.provenance.insert(
-            "tables.collective.rendezvous_s".into(),
-            format!(
-                "measured by `execute --calibrate` after its sweep: {:.1} us per one-element all-reduce between two threads, median of five rounds of 400",
-                1e6 * s
-            ),
-        );
+    // The host's synchronisation as the sweep ran, written into every line: the fit reads it
+    // from the lines, so a refit of the JSONL gives the profile this run writes.
+    let rendezvous = rendezvous_s()?;
+    for m in &mut ms {
+        m.rendezvous_s = Some(rendezvous);
     }
+    let base = GpuProfile::load("cpu")?;
     let date = std::process::Command::new("date")
         .arg("-u")
         .arg("+%Y-%m-%d")

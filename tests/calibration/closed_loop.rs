@@ -9,6 +9,7 @@
 use parsim::calibrate::closed_loop::ClosedLoop;
 use parsim::calibrate::loop_fit::{
     fit_with_tables, fitting_ops, measured_link_efficiency, measured_matmul_efficiency,
+    measured_op_link_efficiency,
 };
 use parsim::calibrate::measurements::{self, Measurement};
 use parsim::calibrate::sweep::{self, SweepPoint};
@@ -125,24 +126,35 @@ fn unseen_mixes_are_predicted_within_the_goal_plus_the_measured_noise() {
 /// `parsim execute --calibrate --closed-loop --backend cpu`, load average under 1, the built-in
 /// sweep and the eight unseen configurations), refitted from its lines: the unseen runs,
 /// which no fitting line resembles in width, schedule or mix, are predicted within the
-/// closed loop's goal at the median (5%; reached: 4.5%) and within 13% at worst (the goal is
-/// 10%, not reached: 12.4%, DP 2 ZeRO-3 at hidden 512, whose collectives and host gaps outgrow
-/// the sweep's, docs/calibration.md "On a quiet host"; before the measured link and the GEMM
-/// transpose lookup: 9.6% / 21.8%). The values measured from the op timings (the GEMM efficiency and the
-/// intra-node link's) are held, never moved by the scalar fit, and lie in (0, 1]; the fitted
+/// closed loop's goal: 5% at the median (reached: 4.5%) and 10% at worst (reached: 9.6%, CP 2
+/// zigzag at hidden 512; DP 2 ZeRO-3 at hidden 512 -8.6%, docs/calibration.md "On a quiet
+/// host"; before each collective kind's own link share past its curve: 4.5% / 12.4%; before
+/// the measured link and the GEMM transpose lookup: 9.6% / 21.8%). The values measured from
+/// the op timings (the GEMM efficiency, the intra-node link's, each collective curve's share)
+/// are held, never moved by the scalar fit, and lie in (0, 1]; the fitted
 /// `efficiency.sync_skew` lies inside its 95% interval and below 1.
-#[test]
-fn the_recorded_quiet_closed_loop_predicts_its_unseen_configurations() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("calibration/closed-loop-quiet-2026-12-07.jsonl");
-    let ms = measurements::read(&path).expect("the quiet recording reads");
-    let cpu = GpuProfile::load("cpu").expect("the cpu profile ships");
-    let provenance = TableProvenance {
+/// The quiet closed loop's recording.
+fn quiet_recording() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("calibration/closed-loop-quiet-2026-12-07.jsonl")
+}
+
+/// The provenance of tables fitted from the recording.
+fn recorded_provenance() -> TableProvenance {
+    TableProvenance {
         date: "2026-12-07".into(),
         device: "the recorded host".into(),
         driver: "none: the CPU backend".into(),
         software: "tests/calibration/closed_loop.rs".into(),
-    };
+    }
+}
+
+#[test]
+fn the_recorded_quiet_closed_loop_predicts_its_unseen_configurations() {
+    let path = quiet_recording();
+    let ms = measurements::read(&path).expect("the quiet recording reads");
+    let cpu = GpuProfile::load("cpu").expect("the cpu profile ships");
+    let provenance = recorded_provenance();
     let fit = fit_with_tables(&cpu, &ms, "the quiet closed loop", &provenance)
         .expect("the recording fits")
         .fit;
@@ -156,6 +168,23 @@ fn the_recorded_quiet_closed_loop_predicts_its_unseen_configurations() {
         let p = fit.params.iter().find(|p| p.name == name).expect(name);
         assert!(p.measured && p.after == value, "{name}: {p:?}");
         assert!(value > 0.0 && value <= 1.0, "{name}: {value}");
+    }
+    for c in &fit
+        .profile
+        .tables
+        .collective
+        .as_ref()
+        .expect("a collective table")
+        .curves
+    {
+        let e = measured_op_link_efficiency(&ops, &cpu, c.placement, c.op, c.group_size);
+        assert!(
+            c.link_efficiency == e && e.is_some_and(|e| e > 0.0 && e <= 1.0),
+            "{:?} over {}: {:?} vs {e:?}",
+            c.op,
+            c.group_size,
+            c.link_efficiency
+        );
     }
     let skew = fit
         .params
@@ -179,7 +208,7 @@ fn the_recorded_quiet_closed_loop_predicts_its_unseen_configurations() {
         report.join("\n")
     );
     assert!(median <= 0.05, "median {:.1}%: {report:?}", 100.0 * median);
-    assert!(worst <= 0.13, "worst {:.1}%: {report:?}", 100.0 * worst);
+    assert!(worst <= 0.10, "worst {:.1}%: {report:?}", 100.0 * worst);
 }
 
 /// The roofline's efficiency for GEMMs outside the table is the timings' FLOPs over their
@@ -265,14 +294,32 @@ fn the_fallback_link_efficiency_is_the_timings_bus_bytes_over_their_wire_seconds
         0.9,
         1e6,
     );
-    let e = measured_link_efficiency(&[ar.clone(), rs, inter.clone()], &cpu, Placement::IntraNode)
-        .expect("collectives timed on the link");
+    let e = measured_link_efficiency(
+        &[ar.clone(), rs.clone(), inter.clone()],
+        &cpu,
+        Placement::IntraNode,
+    )
+    .expect("collectives timed on the link");
     assert!(
         (e - expected).abs() < 1e-9 && (e - 0.12).abs() < 1e-9,
         "{e} vs {expected}"
     );
-    let alone = measured_link_efficiency(&[ar], &cpu, Placement::IntraNode).expect("timed");
+    let alone = measured_link_efficiency(&[ar.clone()], &cpu, Placement::IntraNode).expect("timed");
     assert!((alone - 0.2).abs() < 1e-9, "{alone}");
+    // Per kind, each op's own timings: the all-reduce's 0.2 and the reduce-scatter's 0.1, not
+    // their 0.12 mix; a kind or group size with no timing has none.
+    let all = [ar.clone(), rs, inter.clone()];
+    let of = |op, n| measured_op_link_efficiency(&all, &cpu, Placement::IntraNode, op, n);
+    let (ar_e, rs_e) = (
+        of(CollectiveKind::AllReduce, 2).expect("all-reduce timed"),
+        of(CollectiveKind::ReduceScatter, 2).expect("reduce-scatter timed"),
+    );
+    assert!(
+        (ar_e - 0.2).abs() < 1e-9 && (rs_e - 0.1).abs() < 1e-9,
+        "{ar_e} {rs_e}"
+    );
+    assert_eq!(of(CollectiveKind::AllGather, 2), None);
+    assert_eq!(of(CollectiveKind::AllReduce, 4), None);
     assert_eq!(
         measured_link_efficiency(&[inter], &cpu, Placement::IntraNode),
         None
@@ -319,4 +366,72 @@ fn a_gemm_outside_the_buckets_takes_the_bucket_of_its_transpose() {
         .push(bucket(256, 1024, 0.2));
     assert_eq!(e(&tables, 1500, 300, 600), Some(0.3));
     assert_eq!(e(&tables, 300, 1500, 600), Some(0.2));
+}
+
+/// `rendezvous_s` travels in the measurement lines (`execute --calibrate` writes the host's
+/// synchronisation beside its sweep): it reads back as written, a negative, non-numeric or
+/// longer-than-a-second value is refused by name, and the fit sets
+/// `tables.collective.rendezvous_s` to the median of the fitting lines' values (by hand: 10,
+/// 20, 30, 40 us over four fitting lines gives 25 us), never a held-out line's, as a measured
+/// value with its provenance. Lines without it leave the base profile's.
+#[test]
+fn the_measured_rendezvous_travels_in_the_lines_and_the_fit_takes_the_fitting_lines_median() {
+    let path = quiet_recording();
+    let text = std::fs::read_to_string(&path).expect("the quiet recording reads");
+    let mut ms = measurements::parse(&text, "recording").expect("parses");
+    ms.truncate(5);
+    for (i, m) in ms.iter_mut().enumerate() {
+        m.holdout = i == 4;
+        m.rendezvous_s = Some(if m.holdout {
+            0.5
+        } else {
+            10e-6 * (i + 1) as f64
+        });
+    }
+    let back = measurements::parse(&sweep::to_jsonl(&ms), "written").expect("reads back");
+    let values: Vec<Option<f64>> = back.iter().map(|m| m.rendezvous_s).collect();
+    assert_eq!(
+        values,
+        ms.iter().map(|m| m.rendezvous_s).collect::<Vec<_>>()
+    );
+    let line = text.lines().next().expect("a line");
+    for bad in ["-1e-6", "\"fast\"", "2.0"] {
+        let l = format!(
+            "{}, \"rendezvous_s\": {bad}}}",
+            line.trim_end().trim_end_matches('}')
+        );
+        let e = measurements::parse(&l, "bad").expect_err(bad).to_string();
+        assert!(
+            e.contains("`rendezvous_s`") && e.contains("bad:1"),
+            "{bad}: {e}"
+        );
+    }
+    let cpu = GpuProfile::load("cpu").expect("the cpu profile ships");
+    let provenance = recorded_provenance();
+    let fitted = fit_with_tables(&cpu, &back, "five lines", &provenance)
+        .expect("fits")
+        .fit
+        .profile;
+    let s = fitted.tables.collective_rendezvous_s();
+    assert!((s - 25e-6).abs() < 1e-12, "{s}");
+    let why = &fitted.provenance["tables.collective.rendezvous_s"];
+    assert!(
+        why.contains("measured") && why.contains("4 fitting lines"),
+        "{why}"
+    );
+    let without: Vec<Measurement> = back
+        .into_iter()
+        .map(|m| Measurement {
+            rendezvous_s: None,
+            ..m
+        })
+        .collect();
+    let kept = fit_with_tables(&cpu, &without, "five lines", &provenance)
+        .expect("fits")
+        .fit
+        .profile;
+    assert_eq!(
+        kept.tables.collective_rendezvous_s(),
+        cpu.tables.collective_rendezvous_s()
+    );
 }

@@ -231,6 +231,7 @@ fn a_collective_table_times_the_collectives_it_covers() {
             bytes: vec![1 << 20, 1 << 30],
             bus_bytes_per_s: vec![100e9, 100e9],
             count: vec![1, 1],
+            link_efficiency: None,
         }],
     });
     let layout = Layout::new("tp-cp-ep-dp-pp", 8, 1, 1, 1, 1, 8).unwrap();
@@ -572,4 +573,54 @@ fn shipped_gpu_profiles_have_no_tables_and_the_cpu_profile_has_all() {
         assert!(p.tables.is_empty(), "{name}");
         assert!(!toml::to_string(&p).unwrap().contains("tables"), "{name}");
     }
+}
+
+/// A collective outside its curve's bytes is timed on the alpha-beta ring at the share of the
+/// link its own kind's timings ran at (`link_efficiency`), with the table's host gap and
+/// rendezvous: by hand, a 2-rank reduce-scatter of 64 MiB on the cpu profile's intra-node
+/// link (10 GB/s, 2 us) at 0.1 takes 2 us + 0.5 x 64 MiB / 1 GB/s + 5 us + 3 us. A kind whose
+/// curve has no share keeps the link's efficiency; a share outside (0, 1] is refused by name.
+#[test]
+fn a_collective_past_its_curve_runs_at_its_own_kinds_measured_share_of_the_link() {
+    let mut gpu = GpuProfile::load("cpu").unwrap();
+    let curve = |op, link_efficiency| CollectiveCurve {
+        op,
+        group_size: 2,
+        placement: Placement::IntraNode,
+        bytes: vec![1 << 20, 4 << 20],
+        bus_bytes_per_s: vec![1e9, 1e9],
+        count: vec![1, 1],
+        link_efficiency,
+    };
+    gpu.tables.collective = Some(CollectiveTable {
+        provenance: provenance(),
+        rendezvous_s: Some(3e-6),
+        curves: vec![
+            curve(op_timing::CollectiveKind::ReduceScatter, Some(0.1)),
+            curve(op_timing::CollectiveKind::AllGather, None),
+        ],
+    });
+    gpu.tables.host_gap = Some(HostGapTable {
+        provenance: provenance(),
+        seconds_per_op: 5e-6,
+        count: 1,
+    });
+    let link = gpu.links.intra_node.clone();
+    assert_eq!((link.bandwidth_bytes_per_s, link.latency_s), (10e9, 2e-6));
+    let layout = Layout::new("tp-cp-ep-dp-pp", 1, 1, 1, 2, 1, 2).unwrap();
+    let net = Network::new(&layout, &gpu);
+    let b = 64u64 << 20;
+    let rs = net.collective_s(GroupKind::Dp, CollectiveKind::ReduceScatter, b, 2);
+    let expected = 2e-6 + 0.5 * b as f64 / 1e9 + 5e-6 + 3e-6;
+    assert!(close(rs, expected, 1e-12), "{rs} vs {expected}");
+    let ag = net.collective_s(GroupKind::Dp, CollectiveKind::AllGather, b, 2);
+    let ring = 2e-6 + 0.5 * b as f64 / (10e9 * link.efficiency);
+    assert!(close(ag, ring, 1e-12), "{ag} vs {ring}");
+    let inside = net.collective_s(GroupKind::Dp, CollectiveKind::ReduceScatter, 2 << 20, 2);
+    let table = 0.5 * (2u64 << 20) as f64 / 1e9 + 5e-6 + 3e-6;
+    assert!(close(inside, table, 1e-12), "{inside} vs {table}");
+    let c = gpu.tables.collective.as_mut().unwrap();
+    c.curves[0].link_efficiency = Some(1.5);
+    let e = gpu.tables.check().unwrap_err();
+    assert_eq!(e.0, "tables.collective.curves[0].link_efficiency", "{e:?}");
 }

@@ -10,7 +10,7 @@ use super::table_fit::{fit_tables, merge_tables, reproduce, Reproduction, TableF
 use crate::config::tables::{RateTables, TableProvenance};
 use crate::config::GpuProfile;
 use crate::op_cost::gemm_peak;
-use parsim_plan::op_timing::{OpKey, OpTiming, Placement};
+use parsim_plan::op_timing::{CollectiveKind, OpKey, OpTiming, Placement};
 use serde::Serialize;
 
 /// Why measurement lines cannot be fitted.
@@ -81,6 +81,32 @@ pub fn measured_link_efficiency(
     gpu: &GpuProfile,
     placement: Placement,
 ) -> Option<f64> {
+    link_share(ops, gpu, placement, |_, _| true)
+}
+
+/// [`measured_link_efficiency`] of one collective kind over one group size: the rate of that
+/// op's own timings, which times its calls outside its table curve
+/// ([`crate::config::tables::CollectiveCurve::link_efficiency`]). A reduce-scatter on the CPU
+/// backend copies its input and then sums it where an all-gather only copies: on this
+/// project's host it moved half an all-gather's bus bytes per second.
+pub fn measured_op_link_efficiency(
+    ops: &[OpTiming],
+    gpu: &GpuProfile,
+    placement: Placement,
+    op: CollectiveKind,
+    group_size: u32,
+) -> Option<f64> {
+    link_share(ops, gpu, placement, |o, n| (o, n) == (op, group_size))
+}
+
+/// The bus bytes over the link's bandwidth times the wire seconds of the collectives on
+/// `placement` that `keep` (op, group size) takes; `None` without one or outside (0, 1].
+fn link_share(
+    ops: &[OpTiming],
+    gpu: &GpuProfile,
+    placement: Placement,
+    keep: impl Fn(CollectiveKind, u32) -> bool,
+) -> Option<f64> {
     let link = match placement {
         Placement::IntraNode => &gpu.links.intra_node,
         Placement::InterNode => &gpu.links.inter_node,
@@ -96,7 +122,7 @@ pub fn measured_link_efficiency(
         else {
             continue;
         };
-        if p != placement || group_size < 2 {
+        if p != placement || group_size < 2 || !keep(op, group_size) {
             continue;
         }
         bus_bytes += op.bus_factor(group_size) * bytes as f64 * t.calls as f64;
@@ -104,6 +130,48 @@ pub fn measured_link_efficiency(
     }
     let e = bus_bytes / (wire_s * link.bandwidth_bytes_per_s);
     (wire_s > 0.0 && e.is_finite() && e > 0.0 && e <= 1.0).then_some(e)
+}
+
+/// Sets `tables.collective.rendezvous_s` in `base` to the median synchronisation the fitting
+/// lines of `ms` measured (`rendezvous_s`), with its provenance naming `origin`, where `base`
+/// has a collective table and a line measured one: every table-timed collective pays it (the
+/// rank's wait for its peer to wake, which the collective's own timing leaves out).
+fn set_measured_rendezvous(base: &mut GpuProfile, ms: &[Measurement], origin: &str) {
+    let lines: Vec<f64> = ms
+        .iter()
+        .zip(held_out_lines(ms))
+        .filter(|(_, held)| !held)
+        .filter_map(|(m, _)| m.rendezvous_s)
+        .collect();
+    let Some(table) = base.tables.collective.as_mut() else {
+        return;
+    };
+    if lines.is_empty() {
+        return;
+    }
+    let n = lines.len();
+    let s = super::fields::median(lines);
+    table.rendezvous_s = Some(s);
+    base.provenance.insert(
+        "tables.collective.rendezvous_s".into(),
+        format!(
+            "measured: {:.1} us per synchronisation between two rank threads, the median of the `rendezvous_s` of {n} fitting lines in {origin}, not fitted",
+            1e6 * s
+        ),
+    );
+}
+
+/// Sets on each collective curve of `base` the share of the link's bandwidth its own timings
+/// in `ops` ran at ([`measured_op_link_efficiency`]), which times its calls outside the curve.
+fn set_curve_link_efficiencies(base: &mut GpuProfile, ops: &[OpTiming]) {
+    let measured = base.clone();
+    let Some(table) = base.tables.collective.as_mut() else {
+        return;
+    };
+    for c in &mut table.curves {
+        c.link_efficiency =
+            measured_op_link_efficiency(ops, &measured, c.placement, c.op, c.group_size);
+    }
 }
 
 /// Sets the values measured from the fitting op timings `ops` in `base`, each with its
@@ -155,6 +223,8 @@ pub fn fit_with_tables(
         let tables = fit_tables(&ops, &base, provenance)?;
         let reproduction = reproduce(&ops, &tables, &base);
         merge_tables(&mut base.tables, tables.clone());
+        set_curve_link_efficiencies(&mut base, &ops);
+        set_measured_rendezvous(&mut base, ms, origin);
         measured = set_measured(&mut base, &ops, origin);
         Some(FittedTables {
             tables,

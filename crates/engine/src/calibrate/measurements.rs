@@ -4,7 +4,9 @@
 //! `--config` file (model preset or fields, cluster, parallel, training); `peak_bytes` is
 //! optional. Lines that are empty or start with `#` are skipped. Every error names the line.
 //! `ops` (optional) holds the op-class timings of the run's slowest rank, as
-//! `execute --calibrate` writes them (docs/calibration.md, "Op timings").
+//! `execute --calibrate` writes them (docs/calibration.md, "Op timings"). `rendezvous_s`
+//! (optional) is the host's seconds per synchronisation between two rank threads when the
+//! run was made, which `execute --calibrate` measures beside its sweep.
 
 use crate::config::{Config, ConfigError, Layer, Resolved};
 use parsim_plan::op_timing::OpTiming;
@@ -24,6 +26,10 @@ pub struct Measurement {
     pub holdout: bool,
     /// The op-class timings of the slowest rank over the timed steps (empty: not profiled).
     pub ops: Vec<OpTiming>,
+    /// Seconds per synchronisation between two rank threads on the host when the run was
+    /// made (`parsim_executor::backend::cpu::rendezvous`: a member that arrives first sleeps
+    /// and must be woken), which no op timing holds; `None`: not measured.
+    pub rendezvous_s: Option<f64>,
 }
 
 impl Measurement {
@@ -76,12 +82,24 @@ pub fn peak_warnings(measurements: &[Measurement], origin: &str) -> Vec<String> 
 }
 
 /// The fields a measurement line may hold.
-const KNOWN_KEYS: [&str; 6] = ["config", "step_s", "peak_bytes", "label", "holdout", "ops"];
+const KNOWN_KEYS: [&str; 7] = [
+    "config",
+    "step_s",
+    "peak_bytes",
+    "label",
+    "holdout",
+    "ops",
+    "rendezvous_s",
+];
 
 /// The shortest and longest measured step accepted, in seconds: outside them a fit divides
 /// its way to infinity (a step of 1e-300 s) or the figure is not a step time.
 const MIN_STEP_S: f64 = 1e-6;
 const MAX_STEP_S: f64 = 1e7;
+
+/// The longest synchronisation accepted, in seconds (as `tables.collective.rendezvous_s`):
+/// a wake-up slower than a second is a deadlock timeout, not a rendezvous.
+const MAX_RENDEZVOUS_S: f64 = 1.0;
 
 /// A line's `ops`: an array of op timings, each checked ([`OpTiming::validate`]); errors name
 /// the element and its field.
@@ -175,6 +193,18 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<Measurement>, MeasurementEr
                 .ok_or_else(|| err(format!("`holdout` must be true or false, got {h}")))?,
         };
         let ops = parse_ops(obj.get("ops")).map_err(err)?;
+        let rendezvous_s = match obj.get("rendezvous_s") {
+            None | Some(Value::Null) => None,
+            Some(r) => Some(
+                r.as_f64()
+                    .filter(|s| s.is_finite() && (0.0..=MAX_RENDEZVOUS_S).contains(s))
+                    .ok_or_else(|| {
+                        err(format!(
+                            "`rendezvous_s` must be a number of seconds in [0, {MAX_RENDEZVOUS_S}], got {r}"
+                        ))
+                    })?,
+            ),
+        };
         let layer = Layer {
             origin: format!("{origin}:{line}"),
             base_dir: Path::new(origin).parent().map(Path::to_path_buf),
@@ -193,6 +223,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<Measurement>, MeasurementEr
             peak_bytes,
             holdout,
             ops,
+            rendezvous_s,
         });
     }
     if out.is_empty() {

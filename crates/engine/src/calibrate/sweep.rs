@@ -678,6 +678,7 @@ pub fn measure(
         peak_bytes: (peak > 0).then_some(peak),
         holdout: p.holdout,
         ops,
+        rendezvous_s: None,
     })
 }
 
@@ -689,6 +690,9 @@ pub fn to_jsonl(ms: &[Measurement]) -> String {
             let mut v = json!({"label": m.label, "config": m.config, "step_s": m.step_s, "peak_bytes": m.peak_bytes, "holdout": m.holdout});
             if !m.ops.is_empty() {
                 v["ops"] = json!(m.ops);
+            }
+            if let Some(s) = m.rendezvous_s {
+                v["rendezvous_s"] = json!(s);
             }
             v.to_string()
         })

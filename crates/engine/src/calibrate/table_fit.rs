@@ -306,6 +306,7 @@ fn assemble(b: Buckets, provenance: &TableProvenance) -> RateTables {
                         bytes,
                         bus_bytes_per_s,
                         count,
+                        link_efficiency: None,
                     }
                 })
                 .collect(),

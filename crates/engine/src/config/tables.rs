@@ -97,6 +97,15 @@ pub struct CollectiveCurve {
     pub bytes: Vec<u64>,
     pub bus_bytes_per_s: Vec<f64>,
     pub count: Vec<u64>,
+    /// The share of the link's bandwidth this op's timings ran at, every size together (bus
+    /// bytes over seconds less the link's latency per call): a call of this op, group size and
+    /// placement outside `bytes` is timed on the alpha-beta ring at it. Each kind moves its
+    /// bytes its own way (on parsim's CPU backend a send hands over its buffer, an all-gather
+    /// copies in and out, a reduce-scatter copies and then sums), so the link's one
+    /// efficiency, all kinds together, is the wrong rate for any one of them. Absent: the
+    /// link's efficiency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_efficiency: Option<f64>,
 }
 
 /// Collective bus bandwidth by message size, per collective, group size and placement.
@@ -377,6 +386,14 @@ impl RateTables {
                         ),
                     ));
                 }
+                if let Some(e) = cv.link_efficiency {
+                    if !(e.is_finite() && e > 0.0 && e <= 1.0) {
+                        return Err((
+                            format!("{cf}.link_efficiency"),
+                            format!("must be a share of the link's bandwidth in (0, 1] (got {e})"),
+                        ));
+                    }
+                }
                 let dup = c.curves[..i].iter().any(|o| {
                     (o.op, o.group_size, o.placement) == (cv.op, cv.group_size, cv.placement)
                 });
@@ -471,6 +488,22 @@ impl RateTables {
             .iter()
             .find(|c| (c.op, c.group_size, c.placement) == (op, group_size, placement))?;
         interpolate_log(&c.bytes, &c.bus_bytes_per_s, bytes as f64)
+    }
+
+    /// The measured share of the link's bandwidth of `op` over `group_size` ranks placed
+    /// `placement` ([`CollectiveCurve::link_efficiency`]), for a call outside its curve.
+    pub fn collective_link_efficiency(
+        &self,
+        op: CollectiveKind,
+        group_size: u32,
+        placement: Placement,
+    ) -> Option<f64> {
+        self.collective
+            .as_ref()?
+            .curves
+            .iter()
+            .find(|c| (c.op, c.group_size, c.placement) == (op, group_size, placement))?
+            .link_efficiency
     }
 
     /// Seconds added per table-timed op: the measured host gap, or 0 without a host-gap table.

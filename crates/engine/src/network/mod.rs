@@ -26,6 +26,16 @@ pub fn ring_s(kind: CollectiveKind, bytes: f64, n: u32, bandwidth: f64, latency_
     latency_s + kind.bus_factor(n) * bytes / bandwidth
 }
 
+/// A collective the profile's tables time: `wire_s` on the wire, plus the measured host gap
+/// and synchronisation (`tables.collective.rendezvous_s`), which the timings keep apart.
+fn table_time(t: &crate::config::tables::RateTables, wire_s: f64) -> CollectiveTime {
+    CollectiveTime {
+        wire_s,
+        pipeline_s: 0.0,
+        host_gap_s: t.host_gap_s() + t.collective_rendezvous_s(),
+    }
+}
+
 /// How one group kind sits on the cluster: its size, members per NVLink domain, domains spanned
 /// (a domain is a node unless `cluster.nvlink_domain_size` joins several: NCCL's multi-node
 /// NVLink sees a GB200 NVL72 rack as one node).
@@ -240,13 +250,18 @@ impl Network {
 
     /// One collective from the profile's measured bus bandwidth for its op, group size and
     /// placement (nccl-tests' busbw: seconds = bus factor x bytes / busbw), with the measured
-    /// host gap, when the collective table covers `payload` bytes.
+    /// host gap, when the collective table covers `payload` bytes. With `past_curve`, a call
+    /// outside its curve's bytes runs the alpha-beta ring at the share of the link's bandwidth
+    /// that op's own timings ran at ([`crate::config::tables::CollectiveCurve::link_efficiency`],
+    /// with the same host gap), where the curve has one and the group sits on one link kind (in
+    /// one node, or one member per node).
     fn table_collective(
         &self,
         g: GroupGeometry,
         coll: CollectiveKind,
         payload: u64,
         n: u32,
+        past_curve: bool,
     ) -> Option<CollectiveTime> {
         let t = self.tables.as_deref()?;
         let placement = if g.nodes > 1 {
@@ -254,12 +269,21 @@ impl Network {
         } else {
             Placement::IntraNode
         };
-        let busbw = t.collective_bus_bytes_per_s(coll, n, placement, payload)?;
-        Some(CollectiveTime {
-            wire_s: coll.bus_factor(n) * payload as f64 / busbw,
-            pipeline_s: 0.0,
-            host_gap_s: t.host_gap_s() + t.collective_rendezvous_s(),
-        })
+        if let Some(busbw) = t.collective_bus_bytes_per_s(coll, n, placement, payload) {
+            return Some(table_time(t, coll.bus_factor(n) * payload as f64 / busbw));
+        }
+        let link = match (past_curve, g.nodes, g.per_node) {
+            (false, _, _) => return None,
+            (true, ..=1, _) => &self.intra,
+            (true, _, 1) => &self.inter,
+            _ => return None,
+        };
+        let e = t.collective_link_efficiency(coll, n, placement)?;
+        let bandwidth = link.bandwidth_bytes_per_s * e;
+        Some(table_time(
+            t,
+            ring_s(coll, payload as f64, n, bandwidth, link.latency_s),
+        ))
     }
 
     /// [`Self::collective_s`] from the profile's collective table alone, `None` where it does
@@ -271,7 +295,7 @@ impl Network {
         payload: u64,
         n: u32,
     ) -> Option<f64> {
-        self.table_collective(self.geometry(kind), coll, payload, n)
+        self.table_collective(self.geometry(kind), coll, payload, n, false)
             .map(|t| t.wire_s + t.host_gap_s)
     }
 
@@ -342,7 +366,7 @@ impl Network {
                 return t;
             }
         }
-        if let Some(t) = self.table_collective(g, coll, payload, n) {
+        if let Some(t) = self.table_collective(g, coll, payload, n, true) {
             return t;
         }
         if let (Some(arch), Some(c)) = (self.nccl, tuned_index(coll)) {
