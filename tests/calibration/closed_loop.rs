@@ -304,11 +304,12 @@ fn the_fallback_link_efficiency_is_the_timings_bus_bytes_over_their_wire_seconds
         (e - expected).abs() < 1e-9 && (e - 0.12).abs() < 1e-9,
         "{e} vs {expected}"
     );
-    let alone = measured_link_efficiency(&[ar.clone()], &cpu, Placement::IntraNode).expect("timed");
+    let alone = measured_link_efficiency(std::slice::from_ref(&ar), &cpu, Placement::IntraNode)
+        .expect("timed");
     assert!((alone - 0.2).abs() < 1e-9, "{alone}");
     // Per kind, each op's own timings: the all-reduce's 0.2 and the reduce-scatter's 0.1, not
     // their 0.12 mix; a kind or group size with no timing has none.
-    let all = [ar.clone(), rs, inter.clone()];
+    let all = [ar, rs, inter.clone()];
     let of = |op, n| measured_op_link_efficiency(&all, &cpu, Placement::IntraNode, op, n);
     let (ar_e, rs_e) = (
         of(CollectiveKind::AllReduce, 2).expect("all-reduce timed"),
