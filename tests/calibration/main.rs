@@ -6,6 +6,7 @@ mod closed_loop;
 mod gemm_rates;
 mod grouped_gemm_rates;
 mod kernel_rates;
+mod memory_bound_rates;
 mod nccl_busbw;
 mod nccl_latency;
 mod nccl_rows;
