@@ -94,16 +94,11 @@ const fn over(
 /// The rows still over, each with the term that makes it so. Every entry names a term parsim
 /// has not found the mechanism for, never a figure shrunk to pass.
 const KNOWN_OVER: &[KnownOver] = &[
-    over("DeepSeekV3", "DGX-GB300", "mbs2", "activations, of pp 2 x vp 8 at micro batch 2 with no recomputation (today's GB300 MXFP8 recipe runs micro batch 1): +57 GiB; the recipe the 26.02-26.04.01 containers ran is not the one published"),
     over("DeepSeekV3 (w/o MTP)", "DGX-GB200", "BF16", "activations of pp 4 x vp 4 at mla_up_proj recomputation: +8 GiB"),
     over("GPT OSS 120B", "DGX-B200", "BF16", "activations at micro batch 4: +2 GiB"),
-    over("GPT OSS 120B", "DGX-H100", "BF16", "activations, 71 GiB at micro batch 4 over pp 4: +34 GiB"),
     over("LLAMA3.1_405B", "DGX-GB200", "p16 c1 v4", "FP8 and FP8-CS: activations of pp 16 x vp 4, with the attention output counted as Transformer Engine keeps it (bf16, saved by the fused attention and shared with the output projection, where a 1-byte copy was counted): +0.4 GiB"),
-    over("LLAMA3.1_405B", "DGX-GB200", "fsdp", "activations at TP 2 without recomputation or offloading (no published 128-GPU GB200 FP8 FSDP recipe says which the 25.09 container ran): +103 GiB"),
     over("LLAMA3_70B", "DGX-GB200", "fsdp", "activations of the 40 layers kept on the GPU at micro batch 2: +8 GiB"),
-    over("LLAMA3_70B", "DGX-GB300", "NVFP4 t1 p1 c1 v1", "activations without recomputation at p 1 x v 1, micro batch 2 (no FSDP printed): +245 GiB"),
-    over("LLAMA3_70B", "DGX-GB300", "MXFP8 t1 p4 c1 v1", "activations of pp 4 at micro batch 2 without recomputation: +119 GiB"),
-    over("Qwen3_235B_a22B", "DGX-GB300", "BF16", "activations of pp 4 x vp 12 at micro batch 2: +3 GiB"),
+    over("Qwen3_235B_a22B", "DGX-GB300", "BF16", "activations of pp 4 x vp 12 at micro batch 2: +3 GiB; the row's printed 32 accumulation steps fit neither its pp 4 nor its micro batch 2 (64), and no 256-GPU recipe of that container is published"),
 ];
 
 /// Every Megatron-Bridge recipe that ran (every row of the table: a property, since they ran)
@@ -147,6 +142,7 @@ fn megatron_bridge_recipes_that_ran_fit() {
     }
     // 130 of 271 before the recipes' gradients, parameter gather, recomputation and offloading;
     // 216 before Transformer Engine's saved inputs, Megatron-Core's expert activation and the
-    // layer-wise distributed optimizer.
-    assert!(fitting >= 245, "{fitting}");
+    // layer-wise distributed optimizer; 245 before the rows ran at the settings their recipe
+    // ran (misprinted layouts, DeepSeek-V3's earlier GB300 recompute, 405B's GB200 offload).
+    assert!(fitting >= 253, "{fitting}");
 }

@@ -26,6 +26,9 @@ pub struct BridgeModel {
     /// `recompute_modules` the recipe sets, by the GPU profile and precision they apply to
     /// (`""`: any); absent: Megatron-Core's default, no recomputation.
     pub recompute_modules: &'static [RecomputeRule],
+    /// `recompute_modules` of an earlier recipe, told apart by the micro batch the table prints
+    /// (the recipe change moved both): consulted before `recompute_modules`.
+    pub recompute_at_micro_batch: &'static [MicroBatchRecompute],
     /// Decoder layers whose activations the recipe offloads to the host, on its Megatron-FSDP
     /// rows (the recipes that shard with Megatron-FSDP are the ones that offload), by the GPU
     /// profile and precision they apply to; absent: none.
@@ -100,6 +103,14 @@ pub struct ByRecipe<T> {
 /// Selective recomputation of these modules.
 pub type RecomputeRule = ByRecipe<&'static [&'static str]>;
 
+/// Selective recomputation of `modules` on `gpu` at `precision` in the recipe that ran at
+/// micro batch `micro_batch` (an earlier version of the model's recipe).
+#[derive(Debug, Clone, Copy)]
+pub struct MicroBatchRecompute {
+    pub rule: RecomputeRule,
+    pub micro_batch: u64,
+}
+
 /// Activation offloading of this many decoder layers (Megatron-Core's `cpu_offloading` with
 /// `cpu_offloading_weights = False` and `cpu_offloading_num_layers`).
 pub type OffloadRule = ByRecipe<u32>;
@@ -124,6 +135,7 @@ const fn none() -> BridgeModel {
         layouts: &[],
         muon: false,
         recompute_modules: &[],
+        recompute_at_micro_batch: &[],
         fsdp_offload_layers: &[],
         param_gather_off: &[],
         unmodelled: &[],
@@ -188,11 +200,18 @@ pub const MODELS: &[BridgeModel] = &[
         name: "LLAMA3.1_405B",
         preset: Ok("llama3-405b"),
         pipeline_slots: true,
-        fsdp_offload_layers: &[offload("b300", "bf16", 40), offload("gb300", "bf16", 40)],
+        fsdp_offload_layers: &[
+            offload("b300", "bf16", 40),
+            offload("gb300", "bf16", 40),
+            offload("gb200", "fp8", 95),
+        ],
         cite: "Megatron-Bridge's Llama 3.1 405B recipe: the embedding and the loss take a slot \
                each, 126 layers in 128 slots; perf_recipes/llama/{b300,gb300}/llama31.py \
                (llama31_405b_pretrain_*gpu_*_bf16_config, commit 067f987d): the Megatron-FSDP \
-               configs offload 40 decoder layers' activations",
+               configs offload 40 decoder layers' activations; the GB200 FP8 Megatron-FSDP \
+               config (tp 2, the 25.09 row) offloads 95 (v0.1.0rc4's \
+               scripts/performance/configs/llama31/llama31_405b_llm_pretrain.yaml, perf_matrix \
+               gb200 fp8_cs and fp8_ds: cpu_offloading_num_layers 95)",
         ..none()
     },
     BridgeModel {
@@ -217,6 +236,10 @@ pub const MODELS: &[BridgeModel] = &[
             rule("gb300", "mxfp8", &[]),
             rule("gb300", "", &["mla_up_proj"]),
         ],
+        recompute_at_micro_batch: &[MicroBatchRecompute {
+            rule: rule("gb300", "mxfp8", &["mla_up_proj"]),
+            micro_batch: 2,
+        }],
         param_gather_off: &[off("b200", "nvfp4")],
         dispatch: &[
             flex("b200", "", "deepep", true),
@@ -229,7 +252,11 @@ pub const MODELS: &[BridgeModel] = &[
                stages (the embedding first, the MTP layer and the loss last); \
                perf_recipes/deepseek/{h100,b200,b300,gb200,gb300}/deepseek_v3.py \
                (deepseek_v3_pretrain_*_config, commit 067f987d): recompute_modules by system \
-               and precision (none in the GB300 MXFP8 config); the B200 NVFP4 config \
+               and precision (none in the GB300 MXFP8 config, at micro batch 1); before \
+               8af195c0a (2026-06-06, \"DSV3 GB300 MXFP8 full-iter CG recipe\") the GB300 \
+               MXFP8 config was DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_V1/V2 of \
+               scripts/performance/configs/deepseek/deepseek_workload_base_configs.py: micro \
+               batch 2, recompute_modules [mla_up_proj] (the 26.02-26.04.01 rows); the B200 NVFP4 config \
                turns fp4_param_gather off; the dispatcher from those files and common.py's \
                _enable_deepseek_full_iteration_mxfp8: flex with DeepEP on B200, HybridEP \
                elsewhere, overlap_moe_expert_parallel_comm",
@@ -431,6 +458,23 @@ impl BridgeModel {
         first_match(self.recompute_modules, gpu, precision)
     }
 
+    /// [`Self::recompute_modules`] of the recipe that ran at micro batch `micro_batch`: an
+    /// earlier recipe's where one is listed for it.
+    pub fn recompute_modules_at(
+        &self,
+        gpu: &str,
+        precision: &str,
+        micro_batch: u64,
+    ) -> Option<&'static [&'static str]> {
+        let earlier: Vec<RecomputeRule> = self
+            .recompute_at_micro_batch
+            .iter()
+            .filter(|e| e.micro_batch == micro_batch)
+            .map(|e| e.rule)
+            .collect();
+        first_match(&earlier, gpu, precision).or_else(|| self.recompute_modules(gpu, precision))
+    }
+
     /// Whether the recipe on `gpu` at `precision` gathers its weights in their low-precision
     /// format (`fp8_param_gather`, `fp4_param_gather`).
     pub fn gathers_low_precision(&self, gpu: &str, precision: &str) -> bool {
@@ -506,12 +550,27 @@ mod tests {
         let deepseek = find("DeepSeekV3").unwrap();
         assert_eq!(deepseek.recompute_modules("gb300", "mxfp8"), Some(&[][..]));
         assert_eq!(
+            deepseek.recompute_modules_at("gb300", "mxfp8", 1),
+            Some(&[][..])
+        );
+        assert_eq!(
+            deepseek.recompute_modules_at("gb300", "mxfp8", 2),
+            Some(&["mla_up_proj"][..])
+        );
+        assert_eq!(
+            deepseek.recompute_modules_at("gb200", "fp8", 2),
+            Some(&["mlp"][..])
+        );
+        assert_eq!(
             deepseek.recompute_modules("gb200", "fp8"),
             Some(&["mlp"][..])
         );
         let llama = find("LLAMA3_70B").unwrap();
         assert_eq!(llama.fsdp_offload_layers("gb200", "fp8"), 40);
         assert_eq!(llama.fsdp_offload_layers("h100-sxm", "fp8"), 0);
+        let llama31 = find("LLAMA3.1_405B").unwrap();
+        assert_eq!(llama31.fsdp_offload_layers("gb200", "fp8"), 95);
+        assert_eq!(llama31.fsdp_offload_layers("gb200", "bf16"), 0);
         assert!(llama.gathers_low_precision("gb300", "nvfp4"));
         assert!(!llama.gathers_low_precision("gb300", "bf16"));
         assert!(!deepseek.gathers_low_precision("b200", "nvfp4"));

@@ -30,7 +30,9 @@ in that format (training/mixed_precision.py: fp8_param_gather = True, NVFP4's \
 fp4_param_gather = True); the recipe settings parsim's configuration does not say (a \
 token dispatcher other than all-to-all, CUDA graphs) are named in the row's notes, and a \
 recipe parsim cannot say at all (Megatron-FSDP as HSDP, fine-grained activation offloading) \
-leaves its rows not expressible, by name. A figure in parentheses (the same run at another quantisation \
+leaves its rows not expressible, by name; a row whose printed layout no version of its \
+recipe had (the 26.02.01 GB300 LLAMA3_70B MXFP8 and NVFP4 rows, the 25.11 H100 GPT OSS \
+120B row) runs at the recipe's layout, named in its notes. A figure in parentheses (the same run at another quantisation \
 granularity or layout) is not used. Measured step = global batch x sequence / (tokens/s per GPU \
 x GPUs).";
 
@@ -85,6 +87,84 @@ fn printed(v: &Value) -> Result<Printed, RowError> {
     })
 }
 
+/// A row whose printed layout no version of its model's recipe ever had, and the layout the
+/// recipe runs (the same run as a later container prints it).
+struct Misprint {
+    container: &'static str,
+    model: &'static str,
+    system: &'static str,
+    precision: &'static str,
+    /// (tp, pp, vp, micro batch) of the recipe.
+    recipe: (u32, u32, u32, u64),
+    cite: &'static str,
+}
+
+/// The 26.02.01 archive's two GB300 LLAMA3_70B low-precision rows print pp 4 without vp at
+/// micro batch 2 (MXFP8) and pp 1 at micro batch 2 (NVFP4); the recipes of every container
+/// (scripts/performance/configs/llama/llama3_workload_base_configs.py from its first GB300
+/// configs, commit 5ccbfdfc0, to its removal; then perf_recipes/llama/gb300/llama3.py's
+/// llama3_70b_pretrain_64gpu_gb300_{fp8mx,nvfp4}_config) run pp 4 x vp 5 at micro batch 1
+/// (WorkloadBaseConfig's default), and the 26.04 table prints that layout for the same runs
+/// at 4742 and 7397 tokens/s (printed here: 4798 and 7002). Neither printed layout can run:
+/// without recomputation, 1F1B's four micro batches of two 8192-token sequences in flight on
+/// the first of four stages hold 80 layer activations of Llama 3 70B, over 280 GiB.
+/// The 25.11 H100 GPT OSS 120B row prints micro batch 4 and 2 accumulation steps, the B200
+/// row's figures beside it: at pp 4 (16 data-parallel ranks) its global batch of 512 makes 8
+/// steps at micro batch 4; every recipe runs micro batch 1 (v0.2.0's
+/// scripts/performance/configs/gpt_oss/workload_base_configs.py,
+/// GPT_OSS_120B_H100_BF16_BASE_CONFIG: pp 4 over the base's micro batch 1; today's
+/// perf_recipes/gpt_oss/h100/gpt_oss.py), as the 26.02-26.04.01 H100 rows print it.
+const MISPRINTS: [Misprint; 3] = [
+    Misprint {
+        container: "26.02.01",
+        model: "LLAMA3_70B",
+        system: "DGX-GB300",
+        precision: "MXFP8",
+        recipe: (1, 4, 5, 1),
+        cite: "llama3_70b_pretrain_64gpu_gb300_fp8mx_config; the 26.04 row",
+    },
+    Misprint {
+        container: "26.02.01",
+        model: "LLAMA3_70B",
+        system: "DGX-GB300",
+        precision: "NVFP4",
+        recipe: (1, 4, 5, 1),
+        cite: "llama3_70b_pretrain_64gpu_gb300_nvfp4_config; the 26.04 row",
+    },
+    Misprint {
+        container: "25.11",
+        model: "GPT OSS 120B",
+        system: "DGX-H100",
+        precision: "BF16",
+        recipe: (1, 4, 1, 1),
+        cite: "GPT_OSS_120B_H100_BF16_BASE_CONFIG; the row's own 2 accumulation steps",
+    },
+];
+
+/// The recipe's layout in place of a misprinted one (see [`MISPRINTS`]), with a note.
+fn recipe_layout(v: &Value, mut p: Printed, notes: &mut Vec<String>) -> Printed {
+    let field = |k: &str| data::text(v, k);
+    let Some(m) = MISPRINTS.iter().find(|m| {
+        field("container") == m.container
+            && field("model") == m.model
+            && field("system") == m.system
+            && field("precision") == m.precision
+    }) else {
+        return p;
+    };
+    let (tp, pp, vpp, mbs) = m.recipe;
+    notes.push(format!(
+        "printed layout t{} p{} v{} mbs{} is not the recipe's: run at t{tp} p{pp} v{vpp} \
+         mbs{mbs} ({})",
+        p.tp, p.pp, p.vpp, p.mbs, m.cite
+    ));
+    p.tp = tp;
+    p.pp = pp;
+    p.vpp = vpp;
+    p.mbs = mbs;
+    p
+}
+
 fn row(index: usize, v: &Value) -> SourceRow {
     let name = data::text(v, "model");
     let system = data::text(v, "system");
@@ -121,7 +201,7 @@ fn row(index: usize, v: &Value) -> SourceRow {
         _ => Measured::default(),
     };
     let mut notes = Vec::new();
-    let setup = p.and_then(|p| overlay(v, &p, &mut notes));
+    let setup = p.and_then(|p| overlay(v, &recipe_layout(v, p, &mut notes), &mut notes));
     SourceRow {
         index,
         label,
@@ -252,7 +332,7 @@ fn overlay(v: &Value, p: &Printed, notes: &mut Vec<String>) -> Result<Value, Row
         train["fp8_recipe"] = json!(r);
     }
     if let Some(modules) = model
-        .recompute_modules(gpu, precision)
+        .recompute_modules_at(gpu, precision, p.mbs)
         .filter(|m| !m.is_empty())
     {
         train["recompute"] = json!("selective");
@@ -403,6 +483,94 @@ mod tests {
         assert_eq!(
             gb300.setup.as_ref().unwrap()["training"]["recompute"],
             "none"
+        );
+    }
+
+    /// The two misprinted 26.02.01 rows run as the 26.04 table prints the same runs (a second
+    /// printing, independent of the recipe file): the same overlay, the printed layout named
+    /// in a note; no other row is touched.
+    #[test]
+    fn misprinted_rows_run_at_the_layout_a_later_container_prints() {
+        let rows = rows().unwrap();
+        let find = |container: &str, precision: &str| {
+            rows.iter()
+                .find(|r| {
+                    r.label
+                        .starts_with(&format!("{container} LLAMA3_70B GB300 x64 {precision} "))
+                })
+                .unwrap_or_else(|| panic!("{container} {precision}"))
+        };
+        for precision in ["MXFP8", "NVFP4"] {
+            let old = find("26.02.01", precision);
+            let new = find("26.04", precision);
+            assert!(new.label.contains("t1 p4 c1 v5 e1 mbs1"), "{}", new.label);
+            let (o, n) = (old.setup.as_ref().unwrap(), new.setup.as_ref().unwrap());
+            assert_eq!(o["parallel"], n["parallel"], "{precision}");
+            assert_eq!(o["training"], n["training"], "{precision}");
+            assert!(
+                old.notes.iter().any(|n| n.contains("is not the recipe's")),
+                "{:?}",
+                old.notes
+            );
+        }
+        // The H100 GPT OSS row: its 2 accumulation steps are 512 / (mbs x dp) at pp 1 and
+        // micro batch 4 (64 data-parallel ranks), not at its printed pp 4 (8 steps); run at the
+        // recipe's micro batch 1, as the 26.02 row prints the same layout.
+        let gpt = rows
+            .iter()
+            .find(|r| {
+                r.label
+                    .starts_with("25.11 GPT OSS 120B H100 x64 BF16 t1 p4")
+            })
+            .expect("the 25.11 H100 row");
+        let later = rows
+            .iter()
+            .find(|r| r.label.starts_with("26.02 GPT OSS 120B H100 x64 BF16"))
+            .expect("the 26.02 H100 row");
+        let (o, n) = (gpt.setup.as_ref().unwrap(), later.setup.as_ref().unwrap());
+        assert_eq!(o["parallel"], n["parallel"]);
+        assert_eq!(o["training"]["micro_batch_size"], 1);
+        assert_eq!(
+            o["training"]["micro_batch_size"],
+            n["training"]["micro_batch_size"]
+        );
+        let noted = rows
+            .iter()
+            .filter(|r| r.notes.iter().any(|n| n.contains("is not the recipe's")))
+            .count();
+        assert_eq!(noted, 3);
+    }
+
+    /// Where the table prints accumulation steps (the 25.11 pages), global batch = steps x
+    /// micro batch x data-parallel ranks (GPUs / (tp pp cp)) must hold: the rows where it does
+    /// not are the misprinted H100 GPT OSS row (corrected from its recipe) and the GB300
+    /// Qwen3 235B row, whose steps fit neither its pp nor its micro batch and whose 256-GPU
+    /// recipe is not published (left at its printed settings).
+    #[test]
+    fn printed_accumulation_steps_contradict_only_the_known_rows() {
+        let t = data::table("NVIDIA Megatron-Bridge").unwrap();
+        let mut broken = Vec::new();
+        for v in &t.rows {
+            let Some(steps) = data::whole(v, "grad_accum").unwrap() else {
+                continue;
+            };
+            let p = printed(v).unwrap();
+            let dp = u64::from(p.gpus / (p.tp * p.pp * p.cp));
+            if steps * p.mbs * dp != p.gbs {
+                broken.push(format!(
+                    "{} {} {}",
+                    data::text(v, "container"),
+                    data::text(v, "model"),
+                    data::text(v, "system")
+                ));
+            }
+        }
+        assert_eq!(
+            broken,
+            [
+                "25.11 Qwen3_235B_a22B DGX-GB300",
+                "25.11 GPT OSS 120B DGX-H100"
+            ]
         );
     }
 
