@@ -1,10 +1,12 @@
 //! What a collective costs over the cluster's links. All-reduce, all-gather and reduce-scatter
 //! are timed by NCCL's own tuning model ([`nccl`]: ring, tree and NVLink SHARP by message
 //! size, over the group's NVLink and its share of the node's NICs) where the profile names an
-//! NCCL generation (`links.nccl`); all-to-all, pipeline sends and profiles without one use the
+//! NCCL generation (`links.nccl`); pipeline sends and profiles without one use the
 //! alpha-beta ring model (Thakur et al. 2005, "Optimization of Collective Communication
-//! Operations in MPICH") on NVLink inside a node and on the network across nodes.
+//! Operations in MPICH") on NVLink inside a node and on the network across nodes; an
+//! all-to-all across nodes sends each peer's slice over the link to that peer ([`all_to_all`]).
 
+pub mod all_to_all;
 pub mod ep_dispatch;
 mod model_cache;
 pub mod nccl;
@@ -339,7 +341,8 @@ impl Network {
     /// network. An all-reduce is a reduce-scatter in the node, an all-reduce across nodes on
     /// 1/k of the data and an all-gather in the node; an all-gather is an all-gather across
     /// nodes of 1/k of the output, then one in the node (a reduce-scatter the reverse).
-    /// All-to-all and send/recv run at the inter-node link.
+    /// An all-to-all sends the slices for peers in the node over NVLink and the rest over the
+    /// network at once ([`all_to_all::all_to_all_s`]); send/recv runs at the inter-node link.
     ///
     /// With an NCCL generation in the profile, all-reduce, all-gather and reduce-scatter are
     /// NCCL's predicted time instead ([`nccl::CollectiveModel`]), for the group's placement,
@@ -444,6 +447,15 @@ impl Network {
                 self.inter.latency_s,
             );
             return CollectiveTime::on_wire(intra + inter);
+        }
+        if coll == CollectiveKind::AllToAll {
+            return CollectiveTime::on_wire(all_to_all::all_to_all_s(
+                b,
+                n,
+                g.nodes.min(n),
+                &self.intra,
+                &self.inter,
+            ));
         }
         CollectiveTime::on_wire(ring_s(coll, b, n, link(&self.inter), self.inter.latency_s))
     }

@@ -64,6 +64,16 @@ pub struct DispatchRule {
     pub dispatcher: &'static str,
     pub backend: &'static str,
     pub overlap: bool,
+    /// The first container whose recipe runs the EP overlap (`""`: every one); the table's
+    /// container labels (YY.MM, YY.MM.N) order as text.
+    pub overlap_from: &'static str,
+}
+
+impl DispatchRule {
+    /// Whether the recipe of `container` runs the EP overlap.
+    pub fn overlaps_in(&self, container: &str) -> bool {
+        self.overlap && container >= self.overlap_from
+    }
 }
 
 const fn flex(
@@ -78,16 +88,24 @@ const fn flex(
         dispatcher: "flex",
         backend,
         overlap,
+        overlap_from: "",
     }
 }
 
-const fn alltoall(gpu: &'static str) -> DispatchRule {
+/// The all-to-all dispatcher on `gpu`, with the EP overlap from container `overlap_from` on
+/// (`None`: never).
+const fn alltoall(gpu: &'static str, overlap_from: Option<&'static str>) -> DispatchRule {
+    let (overlap, overlap_from) = match overlap_from {
+        Some(container) => (true, container),
+        None => (false, ""),
+    };
     DispatchRule {
         gpu,
         precision: "",
         dispatcher: "alltoall",
         backend: "",
-        overlap: false,
+        overlap,
+        overlap_from,
     }
 }
 
@@ -313,9 +331,9 @@ pub const MODELS: &[BridgeModel] = &[
         preset: Ok("qwen3-235b-a22b"),
         pipeline_slots: true,
         dispatch: &[
-            alltoall("h100-sxm"),
+            alltoall("h100-sxm", Some("25.11")),
             flex("b200", "mxfp8", "hybridep", true),
-            alltoall("b200"),
+            alltoall("b200", None),
             flex("b300", "mxfp8", "hybridep", true),
             flex("gb200", "mxfp8", "hybridep", true),
             flex("gb300", "mxfp8", "hybridep", true),
@@ -327,7 +345,13 @@ pub const MODELS: &[BridgeModel] = &[
                slot each (94 layers in 96 slots); no recomputation; the dispatcher from \
                perf_recipes/qwen/{h100,b200,b300,gb200,gb300}/qwen3_moe.py (commit 067f987d): \
                all-to-all on H100 and on B200 but for MXFP8, else flex with HybridEP, the EP \
-               overlap with MXFP8",
+               overlap with MXFP8 and on H100 (qwen3_235b_a22b_pretrain_256gpu_h100_*_config: \
+               overlap_moe_expert_parallel_comm and delay_wgrad_compute) from the 25.11 \
+               container on: commit cb62f8620 (2025-11-21, \"cuda graph fine grained scope | \
+               hybridEP | a2a overlap\") set moe_a2a_overlap on the H100 presets of \
+               scripts/performance/configs/qwen/, before the 25.11 summary (2025-12-04); the \
+               25.09 scripts (setup_experiment.py, v0.1.0rc4) overlapped on H100 only \
+               DeepSeek-V3",
         ..none()
     },
     BridgeModel {

@@ -306,7 +306,7 @@ fn overlay(v: &Value, p: &Printed, notes: &mut Vec<String>) -> Result<Value, Row
             what = format!("{what} ({})", d.backend);
         }
         // Megatron-Core runs the EP overlap only with virtual stages under pipelining.
-        if d.overlap && p.ep > 1 && (p.pp == 1 || p.vpp > 1) {
+        if d.overlaps_in(data::text(v, "container")) && p.ep > 1 && (p.pp == 1 || p.vpp > 1) {
             par["overlap_moe_expert_parallel_comm"] = json!(true);
             what.push_str(", EP overlap");
         }
@@ -571,6 +571,35 @@ mod tests {
                 "25.11 Qwen3_235B_a22B DGX-GB300",
                 "25.11 GPT OSS 120B DGX-H100"
             ]
+        );
+    }
+
+    /// Qwen3-235B's H100 recipe overlaps the all-to-all dispatcher's EP communication
+    /// (perf_recipes/qwen/h100/qwen3_moe.py, qwen3_235b_a22b_pretrain_256gpu_h100_fp8cs_config:
+    /// overlap_moe_expert_parallel_comm = True) since the 25.11 container; the 25.09 scripts
+    /// did not; its B200 FP8 recipe never does
+    /// (qwen3_235b_a22b_pretrain_64gpu_b200_fp8cs_config: moe_a2a_overlap = False).
+    #[test]
+    fn qwen3_235b_overlaps_the_all_to_all_on_h100_from_25_11() {
+        let rows = rows().unwrap();
+        let overlay = |prefix: &str| {
+            let r = rows
+                .iter()
+                .find(|r| r.label.starts_with(prefix))
+                .unwrap_or_else(|| panic!("{prefix}"));
+            r.setup.as_ref().unwrap()["parallel"].clone()
+        };
+        let h100 = overlay("26.04 Qwen3_235B_a22B H100 x256 FP8");
+        assert_eq!(h100["moe_token_dispatcher"], "alltoall");
+        assert_eq!(h100["overlap_moe_expert_parallel_comm"], true);
+        let h100_2509 = overlay("25.09 Qwen3_235B_a22B (tokendrop) H100 x256 FP8");
+        assert_eq!(h100_2509["moe_token_dispatcher"], "alltoall");
+        assert!(h100_2509.get("overlap_moe_expert_parallel_comm").is_none());
+        let b200 = overlay("25.09 Qwen3_235B_a22B (tokendrop) B200 x64 FP8");
+        assert_eq!(b200["moe_token_dispatcher"], "alltoall");
+        assert!(
+            b200.get("overlap_moe_expert_parallel_comm").is_none(),
+            "{b200}"
         );
     }
 
