@@ -48,12 +48,25 @@ pub fn time_ledger(r: &Resolved, network: &Network, ledger: Ledger) -> (Ledger, 
         cp_comm: r.config.parallel.cp_comm,
         step_sync: crate::time::step_sync_group(r.dp, r.config.parallel.pp),
         host: crate::op_cost::host_issue::HostIssue::of(tr.framework, tr.cuda_graphs)
-            .with_launch_blocking(tr.launch_blocking),
+            .with_launch_blocking(tr.launch_blocking)
+            .with_dropless_moe(
+                dropless_moe(&r.config.model),
+                r.config.parallel.moe_token_dispatcher,
+            ),
     };
     let s = LedgerSummary::timed(&ledger, tr.recompute, |b| {
         timing.block_times(b, tr.recompute)
     });
     (ledger, s)
+}
+
+/// Whether the model's MoE layers route without an expert capacity (Megatron-Core's
+/// dropless default), so the tokens per expert are known only on the device. A capacity
+/// factor is taken as Megatron-Bridge's token-drop setting, which pads every expert to its
+/// capacity (src/megatron/bridge/training/utils/moe_token_drop.py, `apply_moe_token_drop`:
+/// `moe_pad_expert_input_to_capacity = True`), so the host computes the sizes itself.
+pub fn dropless_moe(m: &crate::config::ModelConfig) -> bool {
+    m.num_experts > 0 && m.moe_capacity_factor <= 0.0
 }
 
 /// The most loaded rank's memory with one activation set in flight: a lower bound of its

@@ -8,7 +8,7 @@
 //! ([`super::issue`]) for the time the device waits on the host.
 
 use super::issue::{steady_idle_s, Issued};
-use crate::config::Framework;
+use crate::config::{Framework, TokenDispatcher};
 use crate::model::{Op, OpKind, Phase};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -47,6 +47,24 @@ pub struct FrameworkCalls {
     /// Calls (forward, backward) of a layer's own code beside its ops.
     pub block: [u32; 2],
     pub calls_by_kind: KindCalls,
+    /// Where the host waits for the device in a dropless MoE layer.
+    #[serde(default)]
+    pub dropless_moe_syncs: Vec<MoeSync>,
+}
+
+/// A point of a dropless MoE layer where the host reads the tokens per expert from the device
+/// to size what follows (the framework's code: a `.tolist()`, `.item()` or stream
+/// synchronisation), so it waits for everything issued before and cannot run ahead across it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct MoeSync {
+    /// The ledger op whose calls wait.
+    pub op: String,
+    /// The token dispatchers (`parallel.moe_token_dispatcher`) that wait here.
+    pub dispatchers: Vec<String>,
+    /// Waits (forward, backward).
+    pub syncs: [u32; 2],
+    /// The file and function that read the counts.
+    pub code: String,
 }
 
 /// The data file.
@@ -81,6 +99,12 @@ pub struct HostIssue<'a> {
     /// Host seconds each launch waits beyond its kernel, where every launch blocks until its
     /// kernel ends (`training.launch_blocking`); `None`: launches are asynchronous.
     pub blocking_sync_s: Option<f64>,
+    /// Host seconds of one device-to-host read the host waits for (the device's completion
+    /// reaching the host), where dropless MoE routing syncs the host with the device
+    /// ([`FrameworkCalls::dropless_moe_syncs`]); `None`: no such sync.
+    pub moe_sync_s: Option<f64>,
+    /// The token dispatcher, which decides where the dropless layer syncs.
+    pub dispatcher: TokenDispatcher,
 }
 
 impl HostIssue<'static> {
@@ -90,6 +114,8 @@ impl HostIssue<'static> {
         per_call_s: 0.0,
         graph_launch_s: None,
         blocking_sync_s: None,
+        moe_sync_s: None,
+        dispatcher: TokenDispatcher::AllToAll,
     };
 
     /// `framework`'s issue at the table's figures; with `cuda_graphs`, each block's pass is
@@ -103,6 +129,8 @@ impl HostIssue<'static> {
             per_call_s: t.host_per_call_s.value,
             graph_launch_s: cuda_graphs.then_some(t.graph_launch_s.value),
             blocking_sync_s: None,
+            moe_sync_s: None,
+            dispatcher: TokenDispatcher::AllToAll,
         }
     }
 
@@ -116,9 +144,36 @@ impl HostIssue<'static> {
             ..self
         }
     }
+
+    /// This issue with the host waiting for the device wherever the framework reads dropless
+    /// MoE routing's tokens per expert on the host under `dispatcher` (`on`: the model routes
+    /// without an expert capacity), each read a kernel completion reaching the host (the
+    /// table's `blocking_sync_s`: the same round trip a blocking launch waits).
+    pub fn with_dropless_moe(self, on: bool, dispatcher: TokenDispatcher) -> HostIssue<'static> {
+        HostIssue {
+            moe_sync_s: table()
+                .filter(|_| on && self.calls.is_some())
+                .map(|t| t.blocking_sync_s.value),
+            dispatcher,
+            ..self
+        }
+    }
 }
 
 impl HostIssue<'_> {
+    /// The host's waits for the device (forward, backward) before `op`'s calls.
+    fn op_syncs(&self, op: &Op) -> (u32, u32) {
+        let (Some(k), Some(_)) = (self.calls, self.moe_sync_s) else {
+            return (0, 0);
+        };
+        k.dropless_moe_syncs
+            .iter()
+            .filter(|s| {
+                s.op == op.name && s.dispatchers.iter().any(|d| d == self.dispatcher.as_str())
+            })
+            .fold((0, 0), |(f, b), s| (f + s.syncs[0], b + s.syncs[1]))
+    }
+
     /// Calls (forward, backward) of `op`, given which of its passes do work: none for a pass
     /// that does none; a matmul's backward counts only the gradients it computes.
     fn op_calls(&self, op: &Op, (fwd, dgrad, wgrad): (f64, f64, f64)) -> (u32, u32) {
@@ -169,12 +224,27 @@ pub struct HostWait {
 impl BlockIssue {
     /// `op`'s calls, whose device seconds are (forward, input gradient, weight gradient);
     /// `rerun`: recomputation reruns its forward.
+    /// The host first waits for the device where the op needs a device value on the host
+    /// ([`HostIssue::with_dropless_moe`]).
     pub fn op(&mut self, host: &HostIssue, op: &Op, device: (f64, f64, f64), rerun: bool) {
         let (kf, kb) = host.op_calls(op, device);
+        let (sf, sb) = host.op_syncs(op);
+        let sync = Issued {
+            host_s: host.moe_sync_s.unwrap_or(0.0),
+            device_s: 0.0,
+            host_waits: true,
+        };
         let fwd = Issued {
             host_s: f64::from(kf) * host.per_call_s,
             device_s: device.0,
+            host_waits: false,
         };
+        for _ in 0..if device.0 > 0.0 { sf } else { 0 } {
+            self.fwd.push(sync);
+            if rerun {
+                self.recompute.push(sync);
+            }
+        }
         self.fwd.push(fwd);
         if rerun {
             self.recompute.push(fwd);
@@ -182,7 +252,12 @@ impl BlockIssue {
         self.bwd.push(Issued {
             host_s: f64::from(kb) * host.per_call_s,
             device_s: device.1 + device.2,
+            host_waits: false,
         });
+        // After the op's backward in the list, which runs reversed: before it.
+        for _ in 0..if device.1 + device.2 > 0.0 { sb } else { 0 } {
+            self.bwd.push(sync);
+        }
     }
 
     /// A collective of `phase` of the op last added, leaving `exposed_s` on the compute
@@ -200,6 +275,7 @@ impl BlockIssue {
         let call = Issued {
             host_s: f64::from(n) * host.per_call_s,
             device_s: exposed_s,
+            host_waits: false,
         };
         match phase {
             Phase::Forward => {
@@ -232,17 +308,21 @@ impl BlockIssue {
             let block = Issued {
                 host_s: f64::from(block_calls) * host.per_call_s,
                 device_s: 0.0,
+                host_waits: false,
             };
             calls.insert(0, block);
             if let Some(launch_s) = host.graph_launch_s {
+                // A captured graph replays without the host: no call and no read in it.
                 for c in calls.iter_mut() {
                     c.host_s = 0.0;
+                    c.host_waits = false;
                 }
                 calls.insert(
                     0,
                     Issued {
                         host_s: launch_s,
                         device_s: 0.0,
+                        host_waits: false,
                     },
                 );
             }
@@ -383,6 +463,55 @@ mod tests {
         }
         let w = b.wait(&host);
         assert!((w.recompute_s - w.fwd_s).abs() < 1e-15, "{w:?}");
+    }
+
+    /// A dropless MoE layer under Megatron-Core, by hand from the table (c = 20 us a call, the
+    /// read's round trip s = 2.9 us): the layer's own 4 calls, a 1 ms QKV matmul (2 calls),
+    /// the dispatch (1 call, 10 us), fc1 and fc2 (2 calls, 50 us each). Eager, the host (220
+    /// us) runs far ahead of the device (1110 us): no wait. With the flex dispatcher the host
+    /// waits for the QKV to end before the dispatch and for the dispatch before fc1: per
+    /// forward it waits s + 20 (the dispatch's issue) + s + 40 (fc1's), fc2's issue hides
+    /// under fc1, and the host ends only 60 us ahead, so the next layer's own calls and QKV
+    /// (120 us) wait 60 more: 125.8 us. With the all-to-all dispatcher only the first read:
+    /// s + 20, then fc1's issue (40) beside the dispatch's 10 us waits 30, and 60 as before:
+    /// 112.9 us. A capacity (no read) or CUDA graphs: no wait; the backward reads nothing.
+    #[test]
+    fn dropless_moe_waits_for_the_device_at_each_read() {
+        use crate::config::TokenDispatcher;
+        let layer = |host: &HostIssue| {
+            let mut b = BlockIssue::default();
+            let mm = |name: &'static str| Op::new(name, matmul().kind);
+            let dispatch = Op::new("moe.dispatch", OpKind::MemoryBound { bytes: 1 << 20 });
+            for (op, s) in [
+                (mm("attn.qkv"), 1e-3),
+                (dispatch, 10e-6),
+                (mm("moe.experts.fc1"), 50e-6),
+                (mm("moe.experts.fc2"), 50e-6),
+            ] {
+                b.op(host, &op, (s, s, s), false);
+            }
+            b.wait(host)
+        };
+        let eager = HostIssue::of(Framework::MegatronCore, false);
+        let (c, s) = (eager.per_call_s, 2.9e-6);
+        assert_eq!(c, 20e-6);
+        assert_eq!(layer(&eager), HostWait::default());
+        let flex = eager.with_dropless_moe(true, TokenDispatcher::Flex);
+        assert_eq!(flex.moe_sync_s, Some(s));
+        let w = layer(&flex);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        assert!(close(w.fwd_s, s + c + s + 2.0 * c + 3.0 * c), "{w:?}");
+        assert_eq!(w.bwd_s, layer(&eager).bwd_s);
+        let a2a = layer(&eager.with_dropless_moe(true, TokenDispatcher::AllToAll));
+        assert!(
+            close(a2a.fwd_s, s + c + (2.0 * c - 10e-6) + 3.0 * c),
+            "{a2a:?}"
+        );
+        let capped = eager.with_dropless_moe(false, TokenDispatcher::Flex);
+        assert_eq!(layer(&capped), HostWait::default());
+        let graphed = HostIssue::of(Framework::MegatronCore, true)
+            .with_dropless_moe(true, TokenDispatcher::Flex);
+        assert!(layer(&graphed).fwd_s <= graphed.graph_launch_s.unwrap());
     }
 
     /// A BLOOM tr11 decoder layer under Megatron-DeepSpeed at TP 8 with CUDA_LAUNCH_BLOCKING=1,

@@ -19,6 +19,10 @@ pub struct Issued {
     pub host_s: f64,
     /// The call's time on the device.
     pub device_s: f64,
+    /// The host waits for the device to finish everything issued before it, then issues the
+    /// call: a device-to-host read the host needs to go on (a `.tolist()` or `.item()` of a
+    /// device tensor), so nothing the host issued earlier is still queued to hide its issue.
+    pub host_waits: bool,
 }
 
 /// Where the host and the device have got to.
@@ -39,6 +43,9 @@ impl IssueQueue {
     pub fn run(&mut self, calls: &[Issued]) -> f64 {
         let before = self.device_idle_s;
         for c in calls {
+            if c.host_waits {
+                self.host_end_s = self.host_end_s.max(self.dev_end_s);
+            }
             self.host_end_s += c.host_s;
             let idle = (self.host_end_s - self.dev_end_s).max(0.0);
             self.device_idle_s += idle;
@@ -64,7 +71,11 @@ mod tests {
     use super::*;
 
     fn call(host_s: f64, device_s: f64) -> Issued {
-        Issued { host_s, device_s }
+        Issued {
+            host_s,
+            device_s,
+            host_waits: false,
+        }
     }
 
     /// By hand: A (host 3, device 1) then B (host 1, device 5). The host issues A by 3; the
@@ -84,6 +95,27 @@ mod tests {
         // Host-bound the other way round: each period waits host - device = 8 - 6 = 2.
         let slow = [call(7.0, 1.0), call(1.0, 5.0)];
         assert_eq!(steady_idle_s(&slow), 2.0);
+    }
+
+    /// A host wait, by hand: A (host 1, device 5), a sync S (host 0.5, the read's round trip),
+    /// B (host 2, device 1). Without the wait the host runs ahead: A issued by 1 runs 1..6, S by
+    /// 1.5, B by 3.5 runs 6..7; after the first repetition the host stays ahead (3.5 of host a
+    /// repetition against 6 of device), so no wait. With it the host waits for A to end at 6,
+    /// reads by 6.5 (the device idles 0.5), issues B by 8.5 (idle 2 more), B runs 8.5..9.5: in
+    /// the steady state each repetition waits S + B = 2.5, what the host does after the sync.
+    #[test]
+    fn a_host_wait_drains_the_queue() {
+        let sync = |host_waits| Issued {
+            host_s: 0.5,
+            device_s: 0.0,
+            host_waits,
+        };
+        let run = |host_waits| [call(1.0, 5.0), sync(host_waits), call(2.0, 1.0)];
+        assert_eq!(steady_idle_s(&run(false)), 0.0);
+        let mut q = IssueQueue::default();
+        assert_eq!(q.run(&run(true)), 1.0 + 0.5 + 2.0);
+        assert_eq!((q.host_end_s, q.dev_end_s), (8.5, 9.5));
+        assert_eq!(steady_idle_s(&run(true)), 2.5);
     }
 
     /// Host cost 0: the device never waits, exactly (today's time unchanged).

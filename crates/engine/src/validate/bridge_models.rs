@@ -51,6 +51,11 @@ pub struct BridgeModel {
     /// Where the recipe runs the routed experts as Transformer Engine's fused grouped MLP
     /// (`training.fused_grouped_mlp`), by the GPU profile and precision it applies to.
     pub fused_grouped_mlp: &'static [ByRecipe<()>],
+    /// Where the recipe captures the whole iteration as one CUDA graph (`cuda_graph_impl =
+    /// "full_iteration"`, with HybridEP's static budget `moe_expert_rank_capacity_factor`, so
+    /// no MoE layer reads its token counts on the host): `training.cuda_graphs`, by the GPU
+    /// profile and precision it applies to.
+    pub full_iteration_graphs: &'static [ByRecipe<()>],
     /// Where the settings above come from.
     pub cite: &'static str,
 }
@@ -160,6 +165,7 @@ const fn none() -> BridgeModel {
         refused: None,
         dispatch: &[],
         fused_grouped_mlp: &[],
+        full_iteration_graphs: &[],
         cite: "",
     }
 }
@@ -320,10 +326,17 @@ pub const MODELS: &[BridgeModel] = &[
             flex("gb200", "", "hybridep", false),
             flex("gb300", "", "hybridep", false),
         ],
+        full_iteration_graphs: &[
+            off("b300", "mxfp8"),
+            off("gb200", "mxfp8"),
+            off("gb300", "mxfp8"),
+        ],
         cite: "Megatron-Bridge qwen3 performance configs: no recomputation; the dispatcher \
                from perf_recipes/qwen/{h100,b200,b300,gb200,gb300}/qwen3_moe.py and common.py's \
                _enable_hybridep_full_iteration_mxfp8 (commit 067f987d): flex with HybridEP, \
-               the EP overlap with MXFP8",
+               the EP overlap with MXFP8; the same helper captures the whole iteration as a \
+               CUDA graph (qwen3_30b_a3b_pretrain_8gpu_{b300,gb200,gb300}_fp8mx_config; B200's \
+               keeps partial graphs: its memory cannot hold the full one)",
         ..none()
     },
     BridgeModel {
@@ -341,6 +354,12 @@ pub const MODELS: &[BridgeModel] = &[
             flex("gb200", "", "hybridep", false),
             flex("gb300", "", "hybridep", false),
         ],
+        full_iteration_graphs: &[
+            off("b200", "mxfp8"),
+            off("b300", "mxfp8"),
+            off("gb200", "mxfp8"),
+            off("gb300", "mxfp8"),
+        ],
         cite: "Megatron-Bridge recipes/qwen/qwen3_moe.py: the embedding and the loss take a \
                slot each (94 layers in 96 slots); no recomputation; the dispatcher from \
                perf_recipes/qwen/{h100,b200,b300,gb200,gb300}/qwen3_moe.py (commit 067f987d): \
@@ -351,7 +370,8 @@ pub const MODELS: &[BridgeModel] = &[
                hybridEP | a2a overlap\") set moe_a2a_overlap on the H100 presets of \
                scripts/performance/configs/qwen/, before the 25.11 summary (2025-12-04); the \
                25.09 scripts (setup_experiment.py, v0.1.0rc4) overlapped on H100 only \
-               DeepSeek-V3",
+               DeepSeek-V3; with MXFP8 but on 64 B200s the whole iteration as a CUDA \
+               graph (common.py's _enable_hybridep_full_iteration_mxfp8)",
         ..none()
     },
     BridgeModel {
@@ -369,6 +389,7 @@ pub const MODELS: &[BridgeModel] = &[
             flex("b300", "", "hybridep", false),
         ],
         fused_grouped_mlp: &[off("gb200", "mxfp8"), off("gb300", "mxfp8")],
+        full_iteration_graphs: &[off("gb200", "mxfp8"), off("gb300", "mxfp8")],
         cite: "Megatron-Bridge gpt_oss_workload_base_configs.py: the H100, B200 and GB200 BF16 \
                configs recompute layernorm and moe_act; the MXFP8 configs recompute nothing; \
                perf_recipes/gpt_oss/common.py: fp8_param_gather and fp4_param_gather = False; \
@@ -377,7 +398,8 @@ pub const MODELS: &[BridgeModel] = &[
                with HybridEP on B300 and for MXFP8 on GB200/GB300, there with the EP overlap \
                and the experts as Transformer Engine's fused grouped MLP \
                (use_transformer_engine_op_fuser, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1; since \
-               \"full-iter CG for GPT-OSS 120B\", 2026-06-09)",
+               \"full-iter CG for GPT-OSS 120B\", 2026-06-09), the whole iteration as a CUDA \
+               graph with a static HybridEP budget (moe_expert_rank_capacity_factor 1.5)",
         ..none()
     },
     BridgeModel {
@@ -510,6 +532,11 @@ impl BridgeModel {
     /// `precision`.
     pub fn fuses_grouped_mlp(&self, gpu: &str, precision: &str) -> bool {
         first_match(self.fused_grouped_mlp, gpu, precision).is_some()
+    }
+
+    /// Whether the recipe on `gpu` at `precision` runs the whole iteration as a CUDA graph.
+    pub fn graphs_full_iteration(&self, gpu: &str, precision: &str) -> bool {
+        first_match(self.full_iteration_graphs, gpu, precision).is_some()
     }
 
     /// The decoder layers the recipe's Megatron-FSDP run on `gpu` at `precision` offloads.

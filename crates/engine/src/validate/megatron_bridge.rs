@@ -363,6 +363,10 @@ fn overlay(v: &Value, p: &Printed, notes: &mut Vec<String>) -> Result<Value, Row
         train["fused_grouped_mlp"] = json!(true);
         notes.push("experts as the fused grouped MLP (the model's recipe)".into());
     }
+    if moe && model.graphs_full_iteration(gpu, precision) {
+        train["cuda_graphs"] = json!(true);
+        notes.push("the whole iteration as a CUDA graph (the model's recipe)".into());
+    }
     for setting in model.unmodelled {
         notes.push(format!("not modelled: {setting} (the model's recipe)"));
     }
@@ -447,6 +451,30 @@ mod tests {
         ];
         let got: Vec<(&str, &str)> = refused.iter().map(|(m, r)| (m.as_str(), *r)).collect();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn full_iteration_graph_recipes_run_as_graphs() {
+        // perf_recipes/qwen/gb300/qwen3_moe.py's qwen3_30b_a3b_pretrain_8gpu_gb300_fp8mx_config
+        // and perf_recipes/gpt_oss/gb200/gpt_oss.py's gpt_oss_120b_pretrain_64gpu_gb200_fp8mx_config
+        // capture the whole iteration (common.py's _enable_hybridep_full_iteration_mxfp8,
+        // _apply_gpt_oss_120b_full_iter_fp8mx_configs); the B200 MXFP8 Qwen3-30B recipe keeps
+        // partial graphs (qwen/b200/qwen3_moe.py) and the BF16 ones none.
+        let rows = rows().unwrap();
+        let graphed = |prefix: &str| {
+            let r = rows
+                .iter()
+                .find(|r| r.label.starts_with(prefix))
+                .unwrap_or_else(|| panic!("no row {prefix}"));
+            let on = r.setup.as_ref().unwrap()["training"]["cuda_graphs"] == json!(true);
+            let noted = r.notes.iter().any(|n| n.contains("whole iteration"));
+            assert_eq!(on, noted, "{:?}", r.notes);
+            on
+        };
+        assert!(graphed("26.08 Qwen3_30B_a3B GB300 x8 MXFP8"));
+        assert!(graphed("26.08 GPT OSS 120B GB200 x64 MXFP8"));
+        assert!(!graphed("26.02 Qwen3_30B_a3B B200 x8 MXFP8"));
+        assert!(!graphed("26.04 GPT OSS 120B GB200 x64 BF16"));
     }
 
     #[test]
