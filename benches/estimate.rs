@@ -1,7 +1,9 @@
-//! One full estimate of Llama-3-405B on 16,384 H100s (issue 17: under 25 us on 2 cores).
+//! One full estimate of Llama-3-405B on 16,384 H100s (issue 17: under 25 us on 2 cores), and
+//! the step-time interval model an estimate process builds once.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use parsim::config::{Config, Layer, Resolved};
+use parsim::interval::{IntervalModel, ResidualFile, SHIPPED_JSON};
 use std::hint::black_box;
 
 fn resolved() -> Resolved {
@@ -33,6 +35,14 @@ fn bench(c: &mut Criterion) {
             })
         },
     );
+    // What each `parsim estimate` process pays once, on its first interval: the shipped
+    // residual file read and its model built (the benchmarks above reuse the built model).
+    c.bench_function("interval model from the shipped residuals", |b| {
+        b.iter(|| {
+            let f = ResidualFile::parse(black_box(SHIPPED_JSON), "residuals.json").expect("parse");
+            black_box(IntervalModel::new(&f).expect("model"))
+        })
+    });
     let cfg = r.config.clone();
     let gpu = r.gpu.clone();
     c.bench_function("validate + estimate llama3-405b on 16384 x h100", |b| {

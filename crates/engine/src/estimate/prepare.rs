@@ -340,3 +340,63 @@ pub(super) fn drain_lower_bound(p: &Prepared<'_>, schedule: crate::config::Sched
         0.0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, Layer};
+    use crate::layout::Layout;
+
+    fn resolved(parallel: serde_json::Value) -> Resolved {
+        let cfg = Config::from_layers(&[Layer::overrides(serde_json::json!({
+            "model": {"preset": "llama3-8b"},
+            "cluster": {"num_gpus": 64, "gpus_per_node": 8},
+            "parallel": parallel,
+            "training": {"seq_length": 4096, "micro_batch_size": 1, "global_batch_size": 64}
+        }))])
+        .expect("config");
+        Resolved::new(cfg).expect("valid")
+    }
+
+    /// A run's memo (one timed ledger, mixes differing only in their pipeline split) gives each
+    /// mix the memory lower bound and in-flight peaks it gets without one, whether the memo
+    /// holds the mix's ranks already (the second pass) or not; the memo is filled, then used.
+    #[test]
+    fn run_memo_gives_the_bounds_worked_out_afresh() {
+        // Llama-3-8B's 32 layers over pp 4: even, uneven ends, and interleaved.
+        let splits = [
+            serde_json::json!({"tp": 2, "pp": 4, "zero": 1}),
+            serde_json::json!({"tp": 2, "pp": 4, "zero": 1, "first_stage_layers": 5, "last_stage_layers": 9}),
+            serde_json::json!({"tp": 2, "pp": 4, "zero": 1, "first_stage_layers": 7, "last_stage_layers": 7}),
+            serde_json::json!({"tp": 2, "pp": 4, "zero": 1, "vpp": 2, "schedule": "interleaved-1f1b"}),
+            serde_json::json!({"tp": 2, "pp": 4, "zero": 1, "first_stage_layers": 10, "last_stage_layers": 6}),
+        ];
+        let runs: Vec<Resolved> = splits.into_iter().map(resolved).collect();
+        let network = Network::new(&Layout::of(&runs[0]), &runs[0].gpu);
+        let (ledger, s) = timed_ledger(&runs[0], &network);
+        let mut memo = RunMemo::default();
+        let mut statics = RankStaticMemo::default();
+        for pass in 0..2 {
+            for r in &runs {
+                let c = Chunked::new(r, Cow::Borrowed(&ledger), Cow::Borrowed(&s));
+                let fresh = c.memory_lower_bound();
+                assert!(fresh > 0);
+                assert_eq!(c.memory_lower_bound_memo(&mut memo), fresh, "pass {pass}");
+                for (sets, split) in [(3, false), (1, true), (5, false), (3, false)] {
+                    let alone = inflight_peak_bytes(r, &s, &ledger, &c.chunks, sets, split);
+                    let kept = inflight_peak_bytes_memo(
+                        r,
+                        &s,
+                        &ledger,
+                        &c.chunks,
+                        sets,
+                        split,
+                        Some(&mut statics),
+                    );
+                    assert_eq!(kept, alone, "pass {pass}, {sets} sets, split {split}");
+                }
+            }
+        }
+        assert!(!memo.is_empty() && !statics.is_empty());
+    }
+}

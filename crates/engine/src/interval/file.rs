@@ -2,8 +2,10 @@
 //! percentiles, the back-off order and every residual with its regime. Read field by field so
 //! that a bad file is refused naming the field and the rule.
 
-use super::regime::{Dimension, Regime, DIMENSIONS};
+use super::regime::{Dimension, Regime, DIMENSIONS, REGIME_DIMENSIONS};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use std::borrow::Cow;
 
 /// One prediction's error: ln(measured step time / predicted step time), with where it comes
 /// from and its regime.
@@ -83,8 +85,21 @@ impl ResidualFile {
         Self::parse(&text, &path.display().to_string())
     }
 
-    /// Parses and validates `text` (`origin` names it in errors).
+    /// Parses and validates `text` (`origin` names it in errors): in one typed pass where the
+    /// file is valid (the shipped one is read on every estimate), else field by field, so that
+    /// the error names the field and the rule.
     pub fn parse(text: &str, origin: &str) -> Result<ResidualFile, IntervalError> {
+        match serde_json::from_str::<TypedFile>(text) {
+            Ok(typed) => match typed.valid() {
+                Some(file) => Ok(file),
+                None => Self::parse_by_field(text, origin),
+            },
+            Err(_) => Self::parse_by_field(text, origin),
+        }
+    }
+
+    /// [`ResidualFile::parse`] through a JSON value, field by field, naming the first defect.
+    pub(super) fn parse_by_field(text: &str, origin: &str) -> Result<ResidualFile, IntervalError> {
         let v: Value = serde_json::from_str(text).map_err(|e| IntervalError::Parse {
             origin: origin.to_string(),
             message: e.to_string(),
@@ -162,6 +177,118 @@ impl ResidualFile {
             "upper_percentile": self.upper_percentile,
             "backoff": self.backoff.iter().map(|d| d.key()).collect::<Vec<_>>(),
             "residuals": residuals,
+        })
+    }
+}
+
+/// A residual file as serde reads it in one pass, strings borrowed from the text where they
+/// hold no escape. Any defect (an unknown or missing key, a wrong type) fails the read, and
+/// [`ResidualFile::parse`] reads the file again field by field to name it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TypedFile<'a> {
+    #[serde(borrow)]
+    about: Cow<'a, str>,
+    #[serde(borrow)]
+    command: Cow<'a, str>,
+    lower_percentile: f64,
+    upper_percentile: f64,
+    #[serde(borrow)]
+    backoff: Vec<Cow<'a, str>>,
+    #[serde(borrow)]
+    residuals: Vec<TypedResidual<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TypedResidual<'a> {
+    #[serde(borrow)]
+    source: Cow<'a, str>,
+    #[serde(borrow)]
+    row: Cow<'a, str>,
+    #[serde(borrow)]
+    regime: Entries<'a>,
+    log_ratio: f64,
+}
+
+/// A JSON object of strings as its entries in order, duplicates kept (a regime's bands are
+/// plain names: one holding an escape fails the typed read).
+struct Entries<'a>(Vec<(&'a str, &'a str)>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Entries<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Entries<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object of strings")
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(
+                self,
+                mut m: M,
+            ) -> Result<Self::Value, M::Error> {
+                let mut out = Vec::with_capacity(REGIME_DIMENSIONS);
+                while let Some(entry) = m.next_entry()? {
+                    out.push(entry);
+                }
+                Ok(Entries(out))
+            }
+        }
+        d.deserialize_map(Visit(std::marker::PhantomData))
+    }
+}
+
+impl TypedFile<'_> {
+    /// The file, when it keeps every rule [`ResidualFile::parse_by_field`] checks; `None`
+    /// otherwise (that reading names the defect).
+    pub(super) fn valid(self) -> Option<ResidualFile> {
+        let (lower, upper) = (self.lower_percentile, self.upper_percentile);
+        let inside = |p: f64| p > 0.0 && p < 1.0;
+        if !(inside(lower) && inside(upper) && lower < upper) {
+            return None;
+        }
+        let mut backoff = Vec::with_capacity(self.backoff.len());
+        for name in &self.backoff {
+            let d = Dimension::parse(name)?;
+            if backoff.contains(&d) {
+                return None;
+            }
+            backoff.push(d);
+        }
+        let values = DIMENSIONS.map(Dimension::values);
+        let residuals = self
+            .residuals
+            .into_iter()
+            .map(|r| {
+                // Every dimension once: as many entries as dimensions, none repeated.
+                if !r.log_ratio.is_finite() || r.regime.0.len() != REGIME_DIMENSIONS {
+                    return None;
+                }
+                let mut regime = Regime([0; REGIME_DIMENSIONS]);
+                let mut given = [false; REGIME_DIMENSIONS];
+                for (key, value) in r.regime.0 {
+                    let i = DIMENSIONS.iter().position(|d| d.key() == key)?;
+                    let band = values[i].iter().position(|v| *v == value)?;
+                    if std::mem::replace(&mut given[i], true) {
+                        return None;
+                    }
+                    regime = regime.with(DIMENSIONS[i], band as u8);
+                }
+                Some(Residual {
+                    source: r.source.into_owned(),
+                    row: r.row.into_owned(),
+                    regime,
+                    log_ratio: r.log_ratio,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(ResidualFile {
+            about: self.about.into_owned(),
+            command: self.command.into_owned(),
+            lower_percentile: lower,
+            upper_percentile: upper,
+            backoff,
+            residuals,
         })
     }
 }

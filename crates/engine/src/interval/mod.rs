@@ -24,7 +24,7 @@ pub use file::{IntervalError, Residual, ResidualFile};
 pub use regime::{Dimension, Regime, DIMENSIONS, REGIME_DIMENSIONS};
 
 use serde::Serialize;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::OnceLock;
 
 /// The shipped residual model (calibration/residuals.json; rebuilt by
@@ -77,8 +77,9 @@ pub const BACKOFF: [Dimension; 5] = [
 /// A regime key: band indices, [`ANY`] where pooled.
 type Key = [u8; REGIME_DIMENSIONS];
 
-/// A pooled cell's residuals (log ratios) and the sources they come from.
-type Pooled<'f> = (Vec<f64>, HashSet<&'f str>);
+/// A pooled cell's residuals (log ratios) and the sources they come from (indices into
+/// [`IntervalModel::source_names`], each once).
+type Pooled = (Vec<f64>, Vec<u32>);
 
 /// Residual percentiles per regime and per pooled regime, built once from a file.
 #[derive(Debug, Clone)]
@@ -146,22 +147,26 @@ impl IntervalModel {
                 upper,
             });
         }
+        let mut source_names: Vec<String> = Vec::new();
+        let mut source_of: HashMap<&str, u32> = HashMap::new();
+        for r in &file.residuals {
+            if !source_of.contains_key(r.source.as_str()) {
+                source_of.insert(&r.source, source_names.len() as u32);
+                source_names.push(r.source.clone());
+            }
+        }
         let mut pooled: HashMap<(u8, Key), Pooled> = HashMap::new();
         for r in &file.residuals {
+            let source = source_of[r.source.as_str()];
             for level in 0..=file.backoff.len() {
                 let key = masked(&r.regime, &file.backoff[..level]);
                 let (ratios, sources) = pooled.entry((level as u8, key)).or_default();
                 ratios.push(r.log_ratio);
-                sources.insert(r.source.as_str());
+                if !sources.contains(&source) {
+                    sources.push(source);
+                }
             }
         }
-        let mut source_names: Vec<String> = Vec::new();
-        for r in &file.residuals {
-            if !source_names.contains(&r.source) {
-                source_names.push(r.source.clone());
-            }
-        }
-        let source_index = |name: &str| source_names.iter().position(|s| s == name);
         let own = pooled
             .iter()
             .filter(|((level, _), _)| *level == 0)
@@ -179,10 +184,10 @@ impl IntervalModel {
                         hi_log: v[hi - 1],
                         n: v.len() as u32,
                         sources: sources.len() as u32,
-                        only_source: (sources.len() == 1)
-                            .then(|| sources.iter().next().and_then(|s| source_index(s)))
-                            .flatten()
-                            .map(|i| i as u32),
+                        only_source: match sources[..] {
+                            [only] => Some(only),
+                            _ => None,
+                        },
                     },
                 ))
             })

@@ -169,6 +169,40 @@ fn bad_files_name_the_field() {
     assert!(e.contains("f.json") && e.contains("not valid JSON"), "{e}");
 }
 
+/// The one-pass typed reading and the field-by-field one give the same file: on the shipped
+/// file, which the typed reading takes, and on valid files it leaves to the other: a repeated
+/// key (JSON's last one holds) and a band written with an escape.
+#[test]
+fn typed_and_field_by_field_readings_agree() {
+    let shipped = ResidualFile::parse_by_field(SHIPPED_JSON, "shipped").unwrap();
+    assert!(shipped.residuals.len() > 100);
+    let typed: file::TypedFile = serde_json::from_str(SHIPPED_JSON).unwrap();
+    assert_eq!(typed.valid().as_ref(), Some(&shipped));
+    assert_eq!(
+        ResidualFile::parse(SHIPPED_JSON, "shipped").unwrap(),
+        shipped
+    );
+    let f = file(vec![residual(regime("ampere", "<=2048"), 0.1)]);
+    let text = serde_json::to_string(&f.to_json()).unwrap();
+    let edits = [
+        ("\"log_ratio\":0.1", "\"log_ratio\":7.0,\"log_ratio\":0.1"),
+        (
+            "\"calibrated\":\"no\"",
+            "\"calibrated\":\"yes\",\"calibrated\":\"no\"",
+        ),
+        ("\"<=2048\"", "\"\\u003c=2048\""),
+    ];
+    for (from, to) in edits {
+        assert!(text.contains(from), "{text} lacks {from}");
+        let edited = text.replacen(from, to, 1);
+        let typed = serde_json::from_str::<file::TypedFile>(&edited)
+            .ok()
+            .and_then(file::TypedFile::valid);
+        assert!(typed.is_none(), "{edited}");
+        assert_eq!(ResidualFile::parse(&edited, "t").unwrap(), f, "{edited}");
+    }
+}
+
 /// A skewed residual distribution with known quantiles: Gumbel, location 0, scale 0.05 (a
 /// long right tail: runs slower than predicted more often than faster). Its 10th and 90th
 /// percentiles straddle 0, so widening an interval to hold the prediction changes nothing

@@ -366,7 +366,8 @@ pub fn stage_memory(
     chunks: &[ChunkContents],
     pipeline: Pipeline,
 ) -> StageMemory {
-    let st = RankStatic::of(r, s, l, chunks, splits_backward(&pipeline));
+    let split = splits_backward(&pipeline);
+    let st = RankStatic::of(r, s, l, chunks, split, RuntimeLines::of(r));
     st.memory(r, s, rank, chunks, pipeline, None)
 }
 
@@ -460,11 +461,12 @@ pub fn inflight_peak_bytes_memo(
 ) -> u64 {
     let mut alike = AlikeRanks::new(r, s, l, chunks);
     alike.memo = memo;
+    let pl = Pipeline::Inflight { sets, split };
     (0..chunks.len())
         .filter_map(|rank| {
-            let (st, first) = alike.of(rank, split);
-            let pl = Pipeline::Inflight { sets, split };
-            first.then(|| st.memory(r, s, rank as u32, &chunks[rank], pl, None).total)
+            alike.inflight_total(rank, split, sets, |st| {
+                st.memory(r, s, rank as u32, &chunks[rank], pl, None).total
+            })
         })
         .max()
         .unwrap_or(0)

@@ -153,13 +153,16 @@ pub(super) struct RankStatic {
 }
 
 impl RankStatic {
-    /// The parts of the memory of a rank holding `chunks` that its action list does not change.
+    /// The parts of the memory of a rank holding `chunks` that its action list does not change;
+    /// `runtime` is what every rank of `r` holds ([`runtime::RuntimeLines::of`]), which callers
+    /// of many ranks work out once.
     pub(super) fn of(
         r: &Resolved,
         s: &LedgerSummary,
         l: &Ledger,
         chunks: &[ChunkContents],
         split: bool,
+        runtime: runtime::RuntimeLines,
     ) -> RankStatic {
         let tr = &r.config.training;
         let par = &r.config.parallel;
@@ -209,7 +212,6 @@ impl RankStatic {
         // with its own chunk's transients (`RankPhases::of` on that chunk alone).
         let held = held_blocks(chunks, s);
         let blocks = || held.iter().copied();
-        let runtime = runtime::RuntimeLines::of(r);
         let mut fixed = r.gpu.runtime_overhead_bytes + runtime.total();
         fixed += blocks().map(|b| b.sp_gather).max().unwrap_or(0);
         // Pipeline: the receive buffer, and a send buffer. A chunk's output waits in it from its

@@ -85,21 +85,6 @@ pub fn stage_layers(layers: u32, pp: u32, first: u32, last: u32) -> Option<Vec<u
     Some(v)
 }
 
-/// Each stage's cost in layer units.
-fn stage_costs(split: &[u32], ends: EndCosts) -> impl Iterator<Item = f64> + '_ {
-    let n = split.len();
-    split.iter().enumerate().map(move |(i, &l)| {
-        l as f64
-            + if i == 0 { ends.embedding } else { 0.0 }
-            + if i + 1 == n { ends.output } else { 0.0 }
-    })
-}
-
-/// The most expensive stage of a split, in layer units.
-fn worst_stage(split: &[u32], ends: EndCosts) -> f64 {
-    stage_costs(split, ends).fold(0.0, f64::max)
-}
-
 /// The (first, last) stage layer counts whose split has the cheapest most expensive stage
 /// (the pipeline runs at its slowest stage's pace); among those the most even one (least
 /// sum of squared stage costs), then the one with the fewest layers on the first stage (it
@@ -108,11 +93,15 @@ pub fn balanced_split(layers: u32, pp: u32, ends: EndCosts) -> Option<(u32, u32)
     let mut best: Option<(f64, f64, u32, u32)> = None;
     for first in 1..=layers {
         for last in 1..=layers - first {
-            let Some(split) = stage_layers(layers, pp, first, last) else {
+            let Some(split) = EvenMiddle::of(layers, pp, first, last) else {
                 continue;
             };
-            let w = worst_stage(&split, ends);
-            let sq: f64 = stage_costs(&split, ends).map(|c| c * c).sum();
+            let w = split.worst(ends);
+            // The sum of squares only breaks a tie of the worst stage.
+            if best.is_some_and(|(bw, _, _, _)| w > bw + 1e-9) {
+                continue;
+            }
+            let sq = split.squares(ends);
             let better = match best {
                 None => true,
                 Some((bw, bsq, _, _)) => w < bw - 1e-9 || (w <= bw + 1e-9 && sq < bsq - 1e-9),
@@ -123,6 +112,74 @@ pub fn balanced_split(layers: u32, pp: u32, ends: EndCosts) -> Option<(u32, u32)
         }
     }
     best.map(|(_, _, f, l)| (f, l))
+}
+
+/// [`stage_layers`]' split without its list: the first and last stages' layers, and the
+/// middle stages' `base` layers, the last `extra` of them one more. [`balanced_split`] weighs
+/// every (first, last), so it reads each split's worst stage and sum of squared costs from
+/// these without building a list per split. A stage's cost, in layer units, is its layers
+/// plus the embedding's cost on the first and the output layer's on the last.
+struct EvenMiddle {
+    first: u32,
+    last: u32,
+    middle: u32,
+    base: u32,
+    extra: u32,
+}
+
+impl EvenMiddle {
+    /// As [`stage_layers`] (`None` where it gives none).
+    fn of(layers: u32, pp: u32, first: u32, last: u32) -> Option<EvenMiddle> {
+        if pp < 2 || first == 0 || last == 0 || first + last > layers {
+            return None;
+        }
+        let middle = pp - 2;
+        let rest = layers - first - last;
+        if (middle == 0 && rest != 0) || rest < middle {
+            return None;
+        }
+        // No middle stage: no middle layers.
+        let base = rest.checked_div(middle).unwrap_or(0);
+        let extra = rest.checked_rem(middle).unwrap_or(0);
+        Some(EvenMiddle {
+            first,
+            last,
+            middle,
+            base,
+            extra,
+        })
+    }
+
+    /// The middle stages' layers, in stage order.
+    fn middle_layers(&self) -> impl Iterator<Item = u32> + '_ {
+        let (m, e) = (self.middle, self.extra);
+        (0..m).map(move |i| self.base + u32::from(i >= m - e))
+    }
+
+    /// Each stage's cost in layer units, in stage order.
+    fn costs(&self, ends: EndCosts) -> impl Iterator<Item = f64> + '_ {
+        let first = self.first as f64 + ends.embedding + 0.0;
+        let last = self.last as f64 + 0.0 + ends.output;
+        std::iter::once(first)
+            .chain(self.middle_layers().map(|l| l as f64 + 0.0 + 0.0))
+            .chain(std::iter::once(last))
+    }
+
+    /// The most expensive stage's cost (the middle's largest stage is its last).
+    fn worst(&self, ends: EndCosts) -> f64 {
+        let first = self.first as f64 + ends.embedding + 0.0;
+        let last = self.last as f64 + 0.0 + ends.output;
+        let middle = self
+            .middle_layers()
+            .last()
+            .map_or(0.0, |l| l as f64 + 0.0 + 0.0);
+        [first, middle, last].into_iter().fold(0.0, f64::max)
+    }
+
+    /// The sum of squared stage costs, in stage order.
+    fn squares(&self, ends: EndCosts) -> f64 {
+        self.costs(ends).map(|c| c * c).sum()
+    }
 }
 
 /// Megatron-Core's layout string for a split (`E` embedding, `t` layer, `L` loss, `|` between
@@ -183,6 +240,64 @@ mod tests {
                     })
             })
             .collect()
+    }
+
+    /// Each stage's cost in layer units, from the split's list.
+    fn stage_costs(split: &[u32], ends: EndCosts) -> impl Iterator<Item = f64> + '_ {
+        let n = split.len();
+        split.iter().enumerate().map(move |(i, &l)| {
+            l as f64
+                + if i == 0 { ends.embedding } else { 0.0 }
+                + if i + 1 == n { ends.output } else { 0.0 }
+        })
+    }
+
+    /// The most expensive stage of a split, in layer units.
+    fn worst_stage(split: &[u32], ends: EndCosts) -> f64 {
+        stage_costs(split, ends).fold(0.0, f64::max)
+    }
+
+    /// The split read without its list gives, to the bit, the costs, worst stage and sum of
+    /// squares of [`stage_layers`]' list, and exists exactly where the list does.
+    #[test]
+    fn the_split_without_its_list_is_the_list() {
+        let ends = EndCosts {
+            embedding: 0.37,
+            output: 2.9,
+        };
+        let mut compared = 0;
+        for layers in 1..=40 {
+            for pp in 0..=9 {
+                for first in 0..=layers + 1 {
+                    for last in 0..=layers + 1 {
+                        let list = stage_layers(layers, pp, first, last);
+                        let split = EvenMiddle::of(layers, pp, first, last);
+                        assert_eq!(
+                            list.is_some(),
+                            split.is_some(),
+                            "{layers} {pp} {first} {last}"
+                        );
+                        let (Some(list), Some(split)) = (list, split) else {
+                            continue;
+                        };
+                        let bits =
+                            |c: Vec<f64>| c.into_iter().map(f64::to_bits).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(split.costs(ends).collect()),
+                            bits(stage_costs(&list, ends).collect())
+                        );
+                        assert_eq!(
+                            split.worst(ends).to_bits(),
+                            worst_stage(&list, ends).to_bits()
+                        );
+                        let sq: f64 = stage_costs(&list, ends).map(|c| c * c).sum();
+                        assert_eq!(split.squares(ends).to_bits(), sq.to_bits());
+                        compared += 1;
+                    }
+                }
+            }
+        }
+        assert!(compared > 10_000, "{compared}");
     }
 
     #[test]
