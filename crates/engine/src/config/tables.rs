@@ -360,47 +360,7 @@ impl RateTables {
             )?;
         }
         if let Some(c) = &self.collective {
-            check_provenance("tables.collective", &c.provenance)?;
-            if c.curves.is_empty() {
-                return Err((
-                    "tables.collective.curves".into(),
-                    "a table needs at least one point".into(),
-                ));
-            }
-            for (i, cv) in c.curves.iter().enumerate() {
-                let cf = format!("tables.collective.curves[{i}]");
-                check_curve(
-                    &cf,
-                    "bytes",
-                    "bus_bytes_per_s",
-                    &cv.bytes,
-                    &cv.bus_bytes_per_s,
-                    &cv.count,
-                )?;
-                if cv.group_size < 2 {
-                    return Err((
-                        format!("{cf}.group_size"),
-                        format!(
-                            "a collective needs at least 2 ranks (got {})",
-                            cv.group_size
-                        ),
-                    ));
-                }
-                if let Some(e) = cv.link_efficiency {
-                    if !(e.is_finite() && e > 0.0 && e <= 1.0) {
-                        return Err((
-                            format!("{cf}.link_efficiency"),
-                            format!("must be a share of the link's bandwidth in (0, 1] (got {e})"),
-                        ));
-                    }
-                }
-                let dup = c.curves[..i].iter().any(|o| {
-                    (o.op, o.group_size, o.placement) == (cv.op, cv.group_size, cv.placement)
-                });
-                if dup {
-                    return Err((cf, "op, group_size and placement are given twice".into()));
-                }
-            }
+            check_collective(c)?;
         }
         if let Some(s) = self.collective.as_ref().and_then(|c| c.rendezvous_s) {
             if !(s.is_finite() && (0.0..=1.0).contains(&s)) {
@@ -519,6 +479,52 @@ impl RateTables {
             .and_then(|c| c.rendezvous_s)
             .unwrap_or(0.0)
     }
+}
+
+/// Checks the collective table's curves; `Err((field, rule))` names the first bad one.
+fn check_collective(c: &CollectiveTable) -> Result<(), (String, String)> {
+    check_provenance("tables.collective", &c.provenance)?;
+    if c.curves.is_empty() {
+        return Err((
+            "tables.collective.curves".into(),
+            "a table needs at least one point".into(),
+        ));
+    }
+    for (i, cv) in c.curves.iter().enumerate() {
+        let cf = format!("tables.collective.curves[{i}]");
+        check_curve(
+            &cf,
+            "bytes",
+            "bus_bytes_per_s",
+            &cv.bytes,
+            &cv.bus_bytes_per_s,
+            &cv.count,
+        )?;
+        if cv.group_size < 2 {
+            return Err((
+                format!("{cf}.group_size"),
+                format!(
+                    "a collective needs at least 2 ranks (got {})",
+                    cv.group_size
+                ),
+            ));
+        }
+        if let Some(e) = cv.link_efficiency {
+            if !(e.is_finite() && e > 0.0 && e <= 1.0) {
+                return Err((
+                    format!("{cf}.link_efficiency"),
+                    format!("must be a share of the link's bandwidth in (0, 1] (got {e})"),
+                ));
+            }
+        }
+        let dup = c.curves[..i]
+            .iter()
+            .any(|o| (o.op, o.group_size, o.placement) == (cv.op, cv.group_size, cv.placement));
+        if dup {
+            return Err((cf, "op, group_size and placement are given twice".into()));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
