@@ -15,7 +15,7 @@ pub fn model() -> String {
 pub fn gpu() -> String {
     format!(
         "{} [default from config: h100-sxm]",
-        Registry::shipped().gpu_help()
+        Registry::shipped_gpu_help()
     )
 }
 
@@ -23,6 +23,6 @@ pub fn gpu() -> String {
 pub fn precision() -> String {
     format!(
         "{} [default from config: bf16]",
-        Registry::shipped().precision_help()
+        Registry::shipped_precision_help()
     )
 }

@@ -260,3 +260,20 @@ fn presets_are_one_table() {
         assert!(err.contains(n), "{n} missing from: {err}");
     }
 }
+
+/// What start-up reads without parsing every profile (the `--gpu` and `--precision` help, the
+/// names, the interval regime's GPU families, one profile by name) equals what the fully
+/// parsed registry derives: the cheap path is a second method for the same lists.
+#[test]
+fn start_up_lists_equal_the_parsed_registry() {
+    use parsim::config::registry::shipped_hardware_families;
+    use parsim::config::Registry;
+    let shipped = Registry::shipped();
+    assert_eq!(Registry::shipped_gpu_help(), shipped.gpu_help());
+    assert_eq!(Registry::shipped_precision_help(), shipped.precision_help());
+    assert_eq!(GpuProfile::shipped_names(), shipped.names());
+    assert_eq!(shipped_hardware_families(), shipped.hardware_families());
+    for p in shipped.profiles() {
+        assert_eq!(&GpuProfile::load(&p.name).unwrap(), p);
+    }
+}

@@ -390,17 +390,31 @@ impl Layout {
         let odometer = &mut odometer[..varied.len()];
         let size: u32 = odometer.iter().map(|&(_, n, _)| n).product();
         let mut member = u64::from(compose(grid, &base));
-        let domain = |m: u64| m / u64::from(self.nvlink_domain_size);
+        let span = u64::from(self.nvlink_domain_size);
+        let domain = |m: u64| m / span;
         let first = domain(member);
-        let (mut per_node, mut nodes, mut last) = (0, 0, u64::MAX);
-        for _ in 0..size {
-            let node = domain(member);
-            per_node += u32::from(node == first);
-            if node != last {
-                nodes += 1;
-                last = node;
+        // The fastest axis walks a run of members in one arithmetic step (the others step
+        // between runs): a run's domains are its ends' and those between (every one when a
+        // step crosses a whole domain), and members in rising order keep its domains sorted.
+        let (step, run) = odometer
+            .first()
+            .map_or((1, 1), |&(stride, n, _)| (stride, n));
+        let outer = &mut odometer[varied.len().min(1)..];
+        let (mut per_node, mut nodes, mut last) = (0u32, 0u32, u64::MAX);
+        for _ in 0..size / run {
+            let (lo, hi) = (domain(member), domain(member + step * u64::from(run - 1)));
+            if lo == first {
+                let in_first = ((first + 1) * span - member).div_ceil(step);
+                per_node += in_first.min(u64::from(run)) as u32;
             }
-            for (stride, n, digit) in odometer.iter_mut() {
+            let spanned = if step >= span {
+                run
+            } else {
+                (hi - lo + 1) as u32
+            };
+            nodes += spanned - u32::from(lo == last);
+            last = hi;
+            for (stride, n, digit) in outer.iter_mut() {
                 *digit += 1;
                 member += *stride;
                 if *digit < *n {
@@ -584,10 +598,12 @@ mod tests {
         for order in ["tp-cp-ep-dp-pp", "pp-dp-ep-cp-tp", "tp-pp-dp-cp-ep"] {
             for (gpn, etp) in [
                 (1, None),
+                (2, None),
                 (4, Some(1)),
                 (8, None),
                 (8, Some(8)),
                 (16, Some(2)),
+                (32, None),
             ] {
                 let l = Layout::new(order, 4, 2, 2, 8, 4, gpn).unwrap();
                 // Folded where Megatron's rule allows it (pp mid-order may be refused).

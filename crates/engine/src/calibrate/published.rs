@@ -315,29 +315,42 @@ pub fn load(text: &str) -> Result<Vec<Result<Case, PublishedError>>, PublishedEr
             .ok_or(PublishedError::MissingTable(prefix))
     };
     let mut out = Vec::new();
-    let approx = |v: &serde_json::Value| v.to_string().contains("APPROXIMATE");
     for (i, v) in table("Narayanan")?.rows.iter().enumerate() {
         out.push(
-            serde_json::from_value::<NarayananRow>(v.clone())
+            NarayananRow::deserialize(v)
                 .map_err(|e| row_err(Source::Narayanan2021, i, e.to_string()))
-                .and_then(|r| narayanan(i, &r, approx(v))),
+                .and_then(|r| narayanan(i, &r, marked_approximate(v))),
         );
     }
     for (i, v) in table("Megatron-LM README")?.rows.iter().enumerate() {
         out.push(
-            serde_json::from_value::<MegatronRow>(v.clone())
+            MegatronRow::deserialize(v)
                 .map_err(|e| row_err(Source::MegatronCore2024, i, e.to_string()))
-                .and_then(|r| megatron(i, &r, approx(v))),
+                .and_then(|r| megatron(i, &r, marked_approximate(v))),
         );
     }
     for (i, v) in table("MosaicML")?.rows.iter().enumerate() {
         out.push(
-            serde_json::from_value::<FoundryRow>(v.clone())
+            FoundryRow::deserialize(v)
                 .map_err(|e| row_err(Source::LlmFoundry, i, e.to_string()))
-                .and_then(|r| foundry(i, &r, approx(v))),
+                .and_then(|r| foundry(i, &r, marked_approximate(v))),
         );
     }
     Ok(out)
+}
+
+/// Whether a row is marked read from a chart: `APPROXIMATE` in any of its keys or strings
+/// (what its JSON text contains, read without writing the text out).
+fn marked_approximate(v: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => s.contains("APPROXIMATE"),
+        Value::Array(items) => items.iter().any(marked_approximate),
+        Value::Object(m) => m
+            .iter()
+            .any(|(k, v)| k.contains("APPROXIMATE") || marked_approximate(v)),
+        Value::Null | Value::Bool(_) | Value::Number(_) => false,
+    }
 }
 
 /// A GPT of Narayanan et al. 2021 / Megatron-LM: LayerNorm, GeLU, biases, learned positions,
@@ -697,4 +710,29 @@ fn foundry(i: usize, r: &FoundryRow, approximate: bool) -> Result<Case, Publishe
         approximate,
         out_of_scope: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::marked_approximate;
+    use serde_json::json;
+
+    /// The walk agrees with the JSON text's substring (the definition it replaces) on rows
+    /// with the mark in a value, a key, a nested array, and none.
+    #[test]
+    fn approximate_mark_is_the_texts() {
+        for v in [
+            json!({"tflops": 120.0, "note": "APPROXIMATE, read from Fig. 3"}),
+            json!({"APPROXIMATE_tflops": 120.0}),
+            json!({"notes": [1, {"x": "approximately APPROXIMATE"}]}),
+            json!({"note": "approximate", "model": "GPT-3 \"175B\"", "n": null}),
+        ] {
+            assert_eq!(
+                marked_approximate(&v),
+                v.to_string().contains("APPROXIMATE"),
+                "{v}"
+            );
+        }
+        assert!(!marked_approximate(&json!({"note": "approximate"})));
+    }
 }
