@@ -144,6 +144,8 @@ pub(super) struct RankStatic {
     ds: deepspeed::DeepspeedBuffers,
     /// The CUDA context, BLAS workspace and NCCL buffers (src/memory/runtime.rs), in `fixed`.
     runtime: runtime::RuntimeLines,
+    /// The rest of `fixed` line by line (its `phase` is filled in by [`RankStatic::memory`]).
+    parts: super::BufferParts,
     /// Blocks the backward leaves cached (for the allocator): the largest one tensor of the
     /// walk, and the vocabulary table's weight-gradient transient.
     cached: [u64; 2],
@@ -212,15 +214,21 @@ impl RankStatic {
         // with its own chunk's transients (`RankPhases::of` on that chunk alone).
         let held = held_blocks(chunks, s);
         let blocks = || held.iter().copied();
+        let mut parts = super::BufferParts {
+            runtime_overhead: r.gpu.runtime_overhead_bytes,
+            sp_gather: blocks().map(|b| b.sp_gather).max().unwrap_or(0),
+            ..super::BufferParts::default()
+        };
         let mut fixed = r.gpu.runtime_overhead_bytes + runtime.total();
-        fixed += blocks().map(|b| b.sp_gather).max().unwrap_or(0);
+        fixed += parts.sp_gather;
         // Pipeline: the receive buffer, and a send buffer. A chunk's output waits in it from its
         // forward to the send right after (a forward transient), unless the next stage sits on
         // the same rank (the bottom of a V), where it waits for that chunk's forward.
         let handoff = hands_off(chunks);
         let pp_send = if par.pp > 1 { d.residual_bytes() } else { 0 };
         if par.pp > 1 {
-            fixed += pp_send + if handoff { pp_send } else { 0 };
+            parts.pipeline = pp_send + if handoff { pp_send } else { 0 };
+            fixed += parts.pipeline;
         }
         // ZeRO-3 gathers a block's experts apart from the rest of it (the expert space), so the
         // two sets forward holds (the one in use and the one beside it) are each a unit's dense
@@ -256,9 +264,11 @@ impl RankStatic {
             None => (0, 0),
         };
         if par.fsdp.is_some_and(|f| f.holds_root(zero)) && chunks.iter().any(|c| c.embedding) {
-            fixed += s.embedding.params.rank() * w;
+            parts.fsdp_root = s.embedding.params.rank() * w;
+            fixed += parts.fsdp_root;
         }
         let ds = deepspeed::buffers(r, &p, deepspeed::RankTensors::of(r, d, chunks));
+        parts.reduce_bucket_in_phase = ds.bucket_in_backward;
         let rank_phases = RankPhases {
             zero,
             weight_bytes: w,
@@ -298,6 +308,7 @@ impl RankStatic {
             phase,
             ds,
             runtime,
+            parts,
             cached: [largest_cached, ds.table_wgrad],
             trace,
         }
@@ -465,6 +476,10 @@ impl RankStatic {
             cuda_context: self.runtime.cuda_context,
             blas_workspace: self.runtime.blas_workspace,
             nccl_buffers: self.runtime.nccl,
+            buffer_parts: super::BufferParts {
+                phase: phase.max(),
+                ..self.parts
+            },
         }
     }
 }

@@ -209,6 +209,14 @@ fn memory_section(out: &mut String, e: &Estimate) {
         gib(mem.capacity_bytes)
     );
     let _ = writeln!(out, "{t}");
+    if let Some(worst) = super::memory_lines::most_loaded(mem) {
+        let _ = writeln!(
+            out,
+            "the most loaded GPU (pipeline rank {}) line by line, in GiB",
+            worst.stage
+        );
+        let _ = writeln!(out, "{}", super::memory_lines::lines_table(worst));
+    }
     // A fit is decided on the allocated peak: the allocator returns its cache before failing.
     let needs = match mem.reserved_peak_bytes() {
         Some(r) => format!(
