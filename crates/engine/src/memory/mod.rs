@@ -101,6 +101,13 @@ pub struct BufferParts {
     pub reduce_bucket_in_phase: bool,
 }
 
+impl BufferParts {
+    /// The fixed buffers beside the runtime lines (all but the phase).
+    pub fn fixed(&self) -> u64 {
+        self.runtime_overhead + self.sp_gather + self.pipeline + self.fsdp_root
+    }
+}
+
 fn no_nccl(n: &NcclBuffers) -> bool {
     n.total() == 0
 }

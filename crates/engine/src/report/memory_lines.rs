@@ -5,10 +5,8 @@
 //! lines leave the GPU, so they are shown beside the sum, not in it.
 
 use super::format::gib;
-use super::table::{right_align_columns, table};
 use crate::estimate::MemoryReport;
 use crate::memory::StageMemory;
-use comfy_table::Table;
 
 /// How a line relates to the allocated peak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,9 +39,8 @@ pub fn most_loaded(m: &MemoryReport) -> Option<&StageMemory> {
         .reduce(|best, s| if s.total > best.total { s } else { best })
 }
 
-/// Every line of `s`, the parts first (zero lines left out), then the allocated peak, the
-/// allocator's reserve and the host lines.
-pub fn lines(s: &StageMemory) -> Vec<MemoryLine> {
+/// The lines of `s` that sum to its allocated peak but for the moment line (zero ones left out).
+fn parts(s: &StageMemory) -> Vec<MemoryLine> {
     let b = &s.buffer_parts;
     let n = &s.nccl_buffers;
     let part = |name, bytes: u64, from| MemoryLine {
@@ -140,6 +137,14 @@ pub fn lines(s: &StageMemory) -> Vec<MemoryLine> {
         ),
     ];
     out.retain(|l| l.bytes != 0);
+    out
+}
+
+/// Every line of `s`, the parts first (zero lines left out), then the allocated peak, the
+/// allocator's reserve and the host lines.
+pub fn lines(s: &StageMemory) -> Vec<MemoryLine> {
+    let b = &s.buffer_parts;
+    let mut out = parts(s);
     let summed: i128 = out.iter().map(|l| l.bytes).sum();
     let moment = i128::from(s.total) - summed;
     if moment != 0 {
@@ -226,20 +231,6 @@ pub fn signed_gib(bytes: i128) -> String {
     } else {
         magnitude
     }
-}
-
-/// The lines of `s` as a table: line, GiB, from.
-pub fn lines_table(s: &StageMemory) -> Table {
-    let mut t = table(&["line", "GiB", "from"]);
-    for l in lines(s) {
-        t.add_row(vec![
-            l.name.to_string(),
-            signed_gib(l.bytes),
-            l.from.to_string(),
-        ]);
-    }
-    right_align_columns(&mut t, 1..2);
-    t
 }
 
 #[cfg(test)]
