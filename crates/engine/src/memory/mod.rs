@@ -74,6 +74,38 @@ pub struct StageMemory {
     /// NCCL's connection buffers by process group (src/memory/runtime.rs), within `buffers`.
     #[serde(skip_serializing_if = "no_nccl")]
     pub nccl_buffers: NcclBuffers,
+    /// The rest of `buffers` line by line, for the memory lines of the table and the GUI
+    /// (src/report/memory_lines.rs); not in the JSON, whose figures it only splits.
+    #[serde(skip)]
+    pub buffer_parts: BufferParts,
+}
+
+/// The parts of [`StageMemory::buffers`] beside the runtime lines, in bytes: with
+/// `cuda_context`, `blas_workspace` and `nccl_buffers` they sum to `buffers` exactly.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BufferParts {
+    /// The GPU profile's `runtime_overhead_bytes` (a profile without `[runtime_memory]`).
+    pub runtime_overhead: u64,
+    /// The sequence-parallel all-gather buffer of the rank's largest block.
+    pub sp_gather: u64,
+    /// The pipeline's receive buffer (and the output handed on at the bottom of a V); the
+    /// send buffer is a forward transient, among the phase buffers.
+    pub pipeline: u64,
+    /// torch FSDP2's root module (the embedding) held gathered from forward to backward.
+    pub fsdp_root: u64,
+    /// The rank's worst phase ([`PhaseBuffers::max`]): ZeRO-3's gathered units, gradient
+    /// buckets, FSDP double buffers and the ops' transients.
+    pub phase: u64,
+    /// Whether DeepSpeed's reduce bucket is among the phase buffers (its backward hooks fill
+    /// it) rather than live after the backward.
+    pub reduce_bucket_in_phase: bool,
+}
+
+impl BufferParts {
+    /// The fixed buffers beside the runtime lines (all but the phase).
+    pub fn fixed(&self) -> u64 {
+        self.runtime_overhead + self.sp_gather + self.pipeline + self.fsdp_root
+    }
 }
 
 fn no_nccl(n: &NcclBuffers) -> bool {

@@ -124,6 +124,33 @@ fn traced(
 /// takes the same segments), so one is replayed.
 const TRACED_ITERATIONS: u32 = 1;
 
+/// The fixed buffers of a rank holding `chunks` (`held`: their blocks) beside the runtime
+/// lines, with `pipeline` bytes of pipeline buffers: the profile's runtime overhead, the SP
+/// all-gather buffer, and torch FSDP2's root module (the embedding) gathered from forward to
+/// backward on the rank holding it.
+fn fixed_parts(
+    r: &Resolved,
+    s: &LedgerSummary,
+    chunks: &[ChunkContents],
+    held: &[&crate::model::BlockSummary],
+    pipeline: u64,
+) -> super::BufferParts {
+    let zero = crate::config::held_zero(&r.config);
+    let root = r.config.parallel.fsdp.is_some_and(|f| f.holds_root(zero))
+        && chunks.iter().any(|c| c.embedding);
+    super::BufferParts {
+        runtime_overhead: r.gpu.runtime_overhead_bytes,
+        sp_gather: held.iter().map(|b| b.sp_gather).max().unwrap_or(0),
+        pipeline,
+        fsdp_root: if root {
+            s.embedding.params.rank() * r.config.training.weight_bytes()
+        } else {
+            0
+        },
+        ..super::BufferParts::default()
+    }
+}
+
 /// The memory of a rank that depends only on the blocks it holds, whether it splits its
 /// backward and whether it hands off inside the rank: all but the activation walk.
 #[derive(Debug, Clone)]
@@ -144,6 +171,8 @@ pub(super) struct RankStatic {
     ds: deepspeed::DeepspeedBuffers,
     /// The CUDA context, BLAS workspace and NCCL buffers (src/memory/runtime.rs), in `fixed`.
     runtime: runtime::RuntimeLines,
+    /// The rest of `fixed` line by line, and the worst phase.
+    parts: super::BufferParts,
     /// Blocks the backward leaves cached (for the allocator): the largest one tensor of the
     /// walk, and the vocabulary table's weight-gradient transient.
     cached: [u64; 2],
@@ -212,16 +241,19 @@ impl RankStatic {
         // with its own chunk's transients (`RankPhases::of` on that chunk alone).
         let held = held_blocks(chunks, s);
         let blocks = || held.iter().copied();
-        let mut fixed = r.gpu.runtime_overhead_bytes + runtime.total();
-        fixed += blocks().map(|b| b.sp_gather).max().unwrap_or(0);
         // Pipeline: the receive buffer, and a send buffer. A chunk's output waits in it from its
         // forward to the send right after (a forward transient), unless the next stage sits on
         // the same rank (the bottom of a V), where it waits for that chunk's forward.
         let handoff = hands_off(chunks);
         let pp_send = if par.pp > 1 { d.residual_bytes() } else { 0 };
-        if par.pp > 1 {
-            fixed += pp_send + if handoff { pp_send } else { 0 };
-        }
+        let mut parts = fixed_parts(
+            r,
+            s,
+            chunks,
+            &held,
+            pp_send + if handoff { pp_send } else { 0 },
+        );
+        let fixed = runtime.total() + parts.fixed();
         // ZeRO-3 gathers a block's experts apart from the rest of it (the expert space), so the
         // two sets forward holds (the one in use and the one beside it) are each a unit's dense
         // part or its experts: an MoE layer's two parts, or one part and the previous block's
@@ -255,9 +287,6 @@ impl RankStatic {
             }
             None => (0, 0),
         };
-        if par.fsdp.is_some_and(|f| f.holds_root(zero)) && chunks.iter().any(|c| c.embedding) {
-            fixed += s.embedding.params.rank() * w;
-        }
         let ds = deepspeed::buffers(r, &p, deepspeed::RankTensors::of(r, d, chunks));
         let rank_phases = RankPhases {
             zero,
@@ -278,6 +307,7 @@ impl RankStatic {
             table_wgrad: ds.table_wgrad,
         };
         let phase = rank_phases.of(s, chunks);
+        (parts.phase, parts.reduce_bucket_in_phase) = (phase.max(), ds.bucket_in_backward);
         let trace = traced(r, l, chunks, &ds);
         // The blocks the backward leaves cached are at most a block's whole saved set or one
         // of its transients (an upper bound on any one tensor among them).
@@ -298,6 +328,7 @@ impl RankStatic {
             phase,
             ds,
             runtime,
+            parts,
             cached: [largest_cached, ds.table_wgrad],
             trace,
         }
@@ -418,7 +449,6 @@ impl RankStatic {
             (peak, 0)
         };
         let activations = peak.activations;
-        let buffers = fixed + phase.max();
         // The worst moment, not the sum of each category's worst (which can be larger): a
         // moment of the activation walk, or one after the backward, when no activation lives
         // (the framework's bucket when it reduces then, its step's copies less the gradients
@@ -454,7 +484,7 @@ impl RankStatic {
             gradients: grads,
             optimizer,
             activations,
-            buffers,
+            buffers: fixed + phase.max(),
             total,
             host_offload,
             host_optimizer: self.host_optimizer,
@@ -465,6 +495,7 @@ impl RankStatic {
             cuda_context: self.runtime.cuda_context,
             blas_workspace: self.runtime.blas_workspace,
             nccl_buffers: self.runtime.nccl,
+            buffer_parts: self.parts,
         }
     }
 }

@@ -15,6 +15,7 @@ pub mod kineto_ops;
 pub mod layout;
 pub mod measured_trace;
 pub mod memory_chart;
+pub mod memory_lines;
 pub mod no_fit;
 pub mod run_table;
 pub mod scaling_chart;

@@ -1,6 +1,7 @@
 //! Aligned tables for `parsim estimate`.
 
 use super::format::{bytes, count, flops, gib, grouped, seconds};
+use super::memory_lines;
 use crate::estimate::Estimate;
 use crate::model::CommKind;
 use comfy_table::{presets, CellAlignment, Table};
@@ -209,6 +210,14 @@ fn memory_section(out: &mut String, e: &Estimate) {
         gib(mem.capacity_bytes)
     );
     let _ = writeln!(out, "{t}");
+    if let Some(worst) = memory_lines::most_loaded(mem) {
+        let _ = writeln!(
+            out,
+            "the most loaded GPU (pipeline rank {}) line by line, in GiB",
+            worst.stage
+        );
+        let _ = writeln!(out, "{}", memory_lines_table(worst));
+    }
     // A fit is decided on the allocated peak: the allocator returns its cache before failing.
     let needs = match mem.reserved_peak_bytes() {
         Some(r) => format!(
@@ -245,6 +254,20 @@ fn memory_section(out: &mut String, e: &Estimate) {
         gib(mem.per_gpu_max_bytes_p90),
         mem.interval.note
     );
+}
+
+/// The lines of `s` as a table: line, GiB, from.
+fn memory_lines_table(s: &crate::memory::StageMemory) -> Table {
+    let mut t = table(&["line", "GiB", "from"]);
+    for l in memory_lines::lines(s) {
+        t.add_row(vec![
+            l.name.to_string(),
+            memory_lines::signed_gib(l.bytes),
+            l.from.to_string(),
+        ]);
+    }
+    right_align_columns(&mut t, 1..2);
+    t
 }
 
 /// FLOPs per step and per token.

@@ -1,13 +1,15 @@
 //! Per-GPU memory as a stacked bar per pipeline rank (weights, gradients, optimizer states,
 //! activations, buffers) against a line at the GPU's capacity, in GiB; red when the most
 //! loaded GPU does not fit. The y axis carries GiB ticks at a round step, and the legend sits
-//! in room kept right of the last bar, never over it.
+//! in room kept right of the last bar, never over it. Under the chart, the most loaded GPU's
+//! memory line by line, each with where it comes from.
 
 use egui::{Color32, RichText, Ui};
 use egui_plot::{Bar, BarChart, Corner, GridInput, GridMark, HLine, Legend, Plot};
 use parsim::estimate::Estimate;
 use parsim::report::colors::MEMORY_PARTS;
 use parsim::report::memory_chart::{self, stage_parts};
+use parsim::report::memory_lines::{self, LineRole};
 
 /// Bytes in a GiB (2^30, as nvidia-smi and PyTorch report).
 pub const GIB: f64 = (1u64 << 30) as f64;
@@ -137,6 +139,39 @@ pub fn ui(ui: &mut Ui, e: &Estimate, height: f32) {
                     .color(line)
                     .width(2.0),
             );
+        });
+    lines_ui(ui, m);
+}
+
+/// The most loaded GPU's memory line by line (the CLI's table: src/report/memory_lines.rs),
+/// folded under the chart.
+fn lines_ui(ui: &mut Ui, m: &parsim::estimate::MemoryReport) {
+    let Some(worst) = memory_lines::most_loaded(m) else {
+        return;
+    };
+    let title = format!("pipeline rank {} line by line", worst.stage);
+    egui::CollapsingHeader::new(title)
+        .id_salt("memory_lines")
+        .show(ui, |ui| {
+            egui::Grid::new("memory_lines_grid")
+                .striped(true)
+                .show(ui, |ui| {
+                    ui.strong("line");
+                    ui.strong("GiB");
+                    ui.strong("from");
+                    ui.end_row();
+                    for l in memory_lines::lines(worst) {
+                        let name = RichText::new(l.name);
+                        ui.label(if l.role == LineRole::Peak {
+                            name.strong()
+                        } else {
+                            name
+                        });
+                        ui.label(memory_lines::signed_gib(l.bytes));
+                        ui.label(RichText::new(l.from).weak());
+                        ui.end_row();
+                    }
+                });
         });
 }
 
