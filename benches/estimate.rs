@@ -1,4 +1,4 @@
-//! One full estimate of Llama-3-405B on 16,384 H100s (issue 17: under 25 us on 2 cores), and
+//! One full estimate of Llama-3-405B on 16,384 H100s (the aim: under 25 us on 2 cores), and
 //! the step-time interval model an estimate process builds once.
 
 use criterion::{criterion_group, criterion_main, Criterion};

@@ -199,6 +199,14 @@ impl TableKey for f64 {
     }
 }
 
+/// A table needs at least one point: `Err((field, rule))` when it has none.
+fn require_points(field: &str, points: usize) -> Result<(), (String, String)> {
+    if points == 0 {
+        return Err((field.to_string(), "a table needs at least one point".into()));
+    }
+    Ok(())
+}
+
 /// Checks one curve: at least one point, as many values and counts as keys, keys strictly
 /// increasing and positive, values positive and finite. `Err((field, rule))`.
 fn check_curve(
@@ -210,9 +218,7 @@ fn check_curve(
     counts: &[u64],
 ) -> Result<(), (String, String)> {
     let at = |name: &str| format!("{field}.{name}");
-    if keys.is_empty() {
-        return Err((at(key_name), "a table needs at least one point".into()));
-    }
+    require_points(&at(key_name), keys.len())?;
     if values.len() != keys.len() || counts.len() != keys.len() {
         return Err((
             field.to_string(),
@@ -272,12 +278,7 @@ impl RateTables {
     pub fn check(&self) -> Result<(), (String, String)> {
         if let Some(g) = &self.gemm {
             check_provenance("tables.gemm", &g.provenance)?;
-            if g.buckets.is_empty() {
-                return Err((
-                    "tables.gemm.buckets".into(),
-                    "a table needs at least one point".into(),
-                ));
-            }
+            require_points("tables.gemm.buckets", g.buckets.len())?;
             for (i, b) in g.buckets.iter().enumerate() {
                 let f = format!("tables.gemm.buckets[{i}]");
                 for (name, v) in [("m", b.m), ("n", b.n), ("k", b.k)] {
@@ -310,12 +311,7 @@ impl RateTables {
         for (name, t) in &self.attention {
             let f = format!("tables.attention.{name}");
             check_provenance(&f, &t.provenance)?;
-            if t.curves.is_empty() {
-                return Err((
-                    format!("{f}.curves"),
-                    "a table needs at least one point".into(),
-                ));
-            }
+            require_points(&format!("{f}.curves"), t.curves.len())?;
             for (i, c) in t.curves.iter().enumerate() {
                 let cf = format!("{f}.curves[{i}]");
                 check_curve(
@@ -484,12 +480,7 @@ impl RateTables {
 /// Checks the collective table's curves; `Err((field, rule))` names the first bad one.
 fn check_collective(c: &CollectiveTable) -> Result<(), (String, String)> {
     check_provenance("tables.collective", &c.provenance)?;
-    if c.curves.is_empty() {
-        return Err((
-            "tables.collective.curves".into(),
-            "a table needs at least one point".into(),
-        ));
-    }
+    require_points("tables.collective.curves", c.curves.len())?;
     for (i, cv) in c.curves.iter().enumerate() {
         let cf = format!("tables.collective.curves[{i}]");
         check_curve(

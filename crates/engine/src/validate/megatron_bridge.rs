@@ -386,6 +386,13 @@ fn overlay(v: &Value, p: &Printed, notes: &mut Vec<String>) -> Result<Value, Row
 mod tests {
     use super::*;
 
+    /// The first row whose label starts with `prefix`.
+    fn row<'a>(rows: &'a [SourceRow], prefix: &str) -> &'a SourceRow {
+        rows.iter()
+            .find(|r| r.label.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no row {prefix}"))
+    }
+
     #[test]
     fn every_row_is_read_and_the_measured_step_follows_from_its_tokens() {
         let rows = rows().unwrap();
@@ -462,10 +469,7 @@ mod tests {
         // partial graphs (qwen/b200/qwen3_moe.py) and the BF16 ones none.
         let rows = rows().unwrap();
         let graphed = |prefix: &str| {
-            let r = rows
-                .iter()
-                .find(|r| r.label.starts_with(prefix))
-                .unwrap_or_else(|| panic!("no row {prefix}"));
+            let r = row(&rows, prefix);
             let on = r.setup.as_ref().unwrap()["training"]["cuda_graphs"] == json!(true);
             let noted = r.notes.iter().any(|n| n.contains("whole iteration"));
             assert_eq!(on, noted, "{:?}", r.notes);
@@ -482,13 +486,7 @@ mod tests {
         // The 26.04.01 B200 MXFP8 row: perf_recipes/nemotronh/b200/nemotronh.py's
         // nemotron_3_super_pretrain_64gpu_b200_fp8mx_config recomputes moe_act and layernorm.
         let rows = rows().unwrap();
-        let r = rows
-            .iter()
-            .find(|r| {
-                r.label
-                    .starts_with("26.04.01 Nemotron_3_Super B200 x64 MXFP8")
-            })
-            .expect("the row");
+        let r = row(&rows, "26.04.01 Nemotron_3_Super B200 x64 MXFP8");
         let o = r.setup.as_ref().unwrap();
         assert_eq!(o["model"]["preset"], "nemotron-3-super");
         assert_eq!(o["model"]["mtp_num_layers"], 1);
@@ -521,12 +519,10 @@ mod tests {
     fn misprinted_rows_run_at_the_layout_a_later_container_prints() {
         let rows = rows().unwrap();
         let find = |container: &str, precision: &str| {
-            rows.iter()
-                .find(|r| {
-                    r.label
-                        .starts_with(&format!("{container} LLAMA3_70B GB300 x64 {precision} "))
-                })
-                .unwrap_or_else(|| panic!("{container} {precision}"))
+            row(
+                &rows,
+                &format!("{container} LLAMA3_70B GB300 x64 {precision} "),
+            )
         };
         for precision in ["MXFP8", "NVFP4"] {
             let old = find("26.02.01", precision);
@@ -544,17 +540,8 @@ mod tests {
         // The H100 GPT OSS row: its 2 accumulation steps are 512 / (mbs x dp) at pp 1 and
         // micro batch 4 (64 data-parallel ranks), not at its printed pp 4 (8 steps); run at the
         // recipe's micro batch 1, as the 26.02 row prints the same layout.
-        let gpt = rows
-            .iter()
-            .find(|r| {
-                r.label
-                    .starts_with("25.11 GPT OSS 120B H100 x64 BF16 t1 p4")
-            })
-            .expect("the 25.11 H100 row");
-        let later = rows
-            .iter()
-            .find(|r| r.label.starts_with("26.02 GPT OSS 120B H100 x64 BF16"))
-            .expect("the 26.02 H100 row");
+        let gpt = row(&rows, "25.11 GPT OSS 120B H100 x64 BF16 t1 p4");
+        let later = row(&rows, "26.02 GPT OSS 120B H100 x64 BF16");
         let (o, n) = (gpt.setup.as_ref().unwrap(), later.setup.as_ref().unwrap());
         assert_eq!(o["parallel"], n["parallel"]);
         assert_eq!(o["training"]["micro_batch_size"], 1);
@@ -611,10 +598,7 @@ mod tests {
     fn qwen3_235b_overlaps_the_all_to_all_on_h100_from_25_11() {
         let rows = rows().unwrap();
         let overlay = |prefix: &str| {
-            let r = rows
-                .iter()
-                .find(|r| r.label.starts_with(prefix))
-                .unwrap_or_else(|| panic!("{prefix}"));
+            let r = row(&rows, prefix);
             r.setup.as_ref().unwrap()["parallel"].clone()
         };
         let h100 = overlay("26.04 Qwen3_235B_a22B H100 x256 FP8");
